@@ -1,0 +1,55 @@
+/* A discrete-event simulation of a schedule under a cost model.
+ *
+ * Compute: T_f, T_b and T_w are the times of one microbatch through a rank's
+ * whole share of layers, so with vp chunks each F, B or W costs 1/vp of them.
+ * A B without a W costs T_b + T_w.
+ *
+ * Communication: a send is posted when its action is reached and never
+ * blocks; its data arrives p2p_latency + activation_bytes / p2p_bandwidth
+ * later. A receive blocks until the data has arrived. The defaults (all
+ * zero, bandwidth 0 meaning infinite) make the closed forms exact:
+ *   1F1B, T_f = T_b:  makespan (M+P-1)(T_f+T_b), bubble (P-1)/(M+P-1);
+ *   interleaved, M a multiple of P: bubble (P-1)/(V*M+P-1).
+ *
+ * Ownership: mega_sim_run fills a caller-owned mega_sim whose arrays it
+ * allocates; free them with mega_sim_free. */
+#ifndef MEGA_CORE_SIM_H
+#define MEGA_CORE_SIM_H
+
+#include "core/schedule.h"
+
+typedef struct mega_cost {
+  double t_f, t_b, t_w;
+  double p2p_latency;      /* per message, in the same time unit */
+  double p2p_bandwidth;    /* bytes per time unit; 0 means infinite */
+  double activation_bytes; /* bytes of one activation or gradient message */
+} mega_cost;
+
+typedef struct mega_span {
+  double start, end;
+} mega_span;
+
+typedef struct mega_sim_rank {
+  mega_span *spans; /* one per action, parallel to the schedule's acts; a
+                       receive's span is the time it waited */
+  double busy;      /* time in F, B and W */
+  double idle;      /* makespan - busy */
+  double bubble_fraction; /* idle / makespan */
+  double end;       /* when the rank's last action ends */
+  int peak_inflight;
+} mega_sim_rank;
+
+typedef struct mega_sim {
+  int pp;
+  double makespan;
+  double bubble_fraction; /* mean over ranks */
+  mega_sim_rank *ranks;   /* [pp] */
+} mega_sim;
+
+/* Runs the schedule. Fails with a message naming the stuck ranks and
+ * actions if it cannot finish (a schedule that has not been validated). */
+mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim *out,
+                         mega_err *err);
+void mega_sim_free(mega_sim *sim);
+
+#endif
