@@ -1,0 +1,246 @@
+/* A job's flags, parsed and checked in one place.
+ *
+ * megactl, megad and megaw accept the same job flags (Megatron's names) and
+ * must give the same errors, so all three go through this module. One static
+ * table describes every flag (name, type, field, default, bounds, help);
+ * parsing, help text, argv serialization and JSON all come from it.
+ *
+ * Typical use:
+ *
+ *   mega_jobspec s;
+ *   mega_jobspec_defaults(&s);
+ *   for (int i = 1; i < argc;) {
+ *     mega_status st = mega_jobspec_parse_flag(&s, argc, argv, &i, &err);
+ *     if (st == MEGA_ERR_NOT_FOUND) st = my_own_flag(argc, argv, &i, &err);
+ *     if (st != MEGA_OK) { report(err.msg); break; }
+ *   }
+ *   mega_jobspec_check(&s, world_size, data_bytes, &err);
+ *   ...
+ *   mega_jobspec_free(&s);
+ *
+ * Two stages of errors: parse rejects a value that cannot be stored or is
+ * below its flag's minimum ("--hidden-size: 'abc' is not an integer");
+ * check rejects a combination ("invalid job: world size 6 is not divisible
+ * by TP·PP = 4 (TP 2 × PP 2)"). check does not apply the schedule's own
+ * microbatch rules: callers also run mega_sched_check_params (core/schedule.h)
+ * on the parameters the helpers below give.
+ *
+ * "Absent" values: an optional int whose default is derived from other flags
+ * holds -1 until given (the accessors below resolve it); an optional enum
+ * holds -1; a string holds NULL; --lr holds NAN until given.
+ *
+ * Ownership: a mega_jobspec owns its strings (malloc'd); release them with
+ * mega_jobspec_free. Flag descriptions (mega_jobflag) are static. Arrays and
+ * JSON returned by the functions below are the caller's, as each says. */
+#ifndef MEGA_CORE_JOBSPEC_H
+#define MEGA_CORE_JOBSPEC_H
+
+#include <stdbool.h>
+
+#include <jansson.h>
+
+#include "core/layout.h"
+#include "core/status.h"
+
+/* Byte-level vocabulary: every byte value is a token. Not a flag. */
+#define MEGA_VOCAB_SIZE 256
+
+typedef enum mega_lr_style {
+  MEGA_LR_CONSTANT,
+  MEGA_LR_LINEAR, /* Megatron's default */
+  MEGA_LR_COSINE,
+} mega_lr_style;
+
+typedef enum mega_recompute {
+  MEGA_RECOMPUTE_NONE = -1, /* flag absent */
+  MEGA_RECOMPUTE_FULL,
+  MEGA_RECOMPUTE_SELECTIVE,
+} mega_recompute;
+
+/* --schedule absent: the schedule is chosen automatically
+ * (mega_sched_default_kind). Otherwise the field holds a mega_sched_kind:
+ * no-pipelining, gpipe, 1f1b, interleaved or zb-h1. */
+#define MEGA_JOB_SCHEDULE_AUTO (-1)
+
+typedef struct mega_jobspec {
+  /* model */
+  int num_layers;              /* --num-layers, required */
+  int hidden_size;             /* --hidden-size, required */
+  int num_attention_heads;     /* --num-attention-heads, required */
+  int seq_length;              /* --seq-length, required */
+  int max_position_embeddings; /* -1: seq-length */
+  double init_method_std;      /* 0.02 */
+  int seed;                    /* 1234 */
+  /* batch */
+  int micro_batch_size;  /* required */
+  int global_batch_size; /* required */
+  int train_iters;       /* required */
+  /* data */
+  char *data_path; /* required; any file, read as bytes */
+  /* optimizer */
+  double lr;           /* required (NAN until given) */
+  double min_lr;       /* 0 */
+  int lr_warmup_iters; /* 0 */
+  int lr_decay_iters;  /* -1: train-iters */
+  int lr_decay_style;  /* mega_lr_style, MEGA_LR_LINEAR */
+  double weight_decay; /* 0.01 */
+  double adam_beta1;   /* 0.9 */
+  double adam_beta2;   /* 0.999 */
+  double adam_eps;     /* 1e-8 */
+  double clip_grad;    /* 1.0; 0 disables clipping */
+  /* checkpoints */
+  char *save;        /* NULL: no checkpoints */
+  int save_interval; /* 0: save only at the end (when --save is given) */
+  bool save_initial; /* also save before the first step */
+  char *load;        /* NULL: start from fresh weights */
+  /* evaluation */
+  int eval_interval; /* 0: never */
+  int eval_iters;    /* 10 */
+  /* parallelism */
+  int tensor_model_parallel_size;            /* 1 */
+  int pipeline_model_parallel_size;          /* 1 */
+  int virtual_pipeline_model_parallel_size;  /* -1: see mega_jobspec_vp */
+  int num_layers_per_virtual_pipeline_stage; /* -1: not given */
+  int microbatch_group_size_per_vp_stage;    /* -1: pipeline size */
+  char *pipeline_model_parallel_layout;      /* NULL: uniform split */
+  int decoder_first_pipeline_num_layers;     /* -1: not given */
+  int decoder_last_pipeline_num_layers;      /* -1: not given */
+  int schedule;                              /* MEGA_JOB_SCHEDULE_AUTO or a mega_sched_kind */
+  /* P2P and memory */
+  bool batch_p2p_comm;
+  bool overlap_p2p_comm;
+  bool overlap_p2p_comm_warmup_flush;
+  bool variable_seq_lengths;
+  bool deallocate_pipeline_outputs;
+  int recompute_granularity; /* mega_recompute */
+  /* data parallel */
+  bool overlap_grad_reduce;
+  bool align_grad_reduce;
+  int bucket_size; /* elements, 40000000 */
+  bool use_distributed_optimizer;
+  /* worker and measurement */
+  int blas_threads;       /* 1 */
+  int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
+  char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
+  int log_interval;       /* 1 */
+} mega_jobspec;
+
+/* ---- the flag table ---- */
+
+typedef enum mega_jobflag_type {
+  MEGA_JOBFLAG_INT,    /* int field */
+  MEGA_JOBFLAG_FLOAT,  /* double field */
+  MEGA_JOBFLAG_STRING, /* char * field, owned by the spec */
+  MEGA_JOBFLAG_BOOL,   /* bool field; the flag takes no value */
+  MEGA_JOBFLAG_ENUM,   /* int field: index into choices, -1 when absent */
+} mega_jobflag_type;
+
+typedef struct mega_jobflag {
+  const char *name;           /* "--hidden-size" */
+  const char *key;            /* "hidden_size": JSON key (Megatron's args name) */
+  const char *group;          /* "model", "batch", ...; the table keeps groups together */
+  mega_jobflag_type type;
+  const char *metavar;        /* "N", "F", "DIR", "constant|linear|cosine"; NULL for bool */
+  const char *default_text;   /* "1234", "seq-length", "required", "none", "off" */
+  const char *help;           /* one sentence */
+  const char *const *choices; /* enum names, NULL-terminated; NULL for other types */
+  bool required;
+  double min, max;            /* bounds for int and float; NAN when unbounded */
+  bool min_exclusive, max_exclusive;
+} mega_jobflag;
+
+int mega_jobspec_flag_count(void);
+/* Flag i in table order, or NULL when i is out of range. */
+const mega_jobflag *mega_jobspec_flag(int i);
+/* By name, "--hidden-size"; NULL when no job flag has that name. */
+const mega_jobflag *mega_jobspec_flag_find(const char *name);
+
+/* ---- life cycle ---- */
+
+/* Every field to its default. Does not free anything: use on a fresh struct. */
+void mega_jobspec_defaults(mega_jobspec *s);
+/* Frees the spec's strings and resets it to defaults. */
+void mega_jobspec_free(mega_jobspec *s);
+/* Deep copy into dst (which must not hold strings). On failure dst is left
+ * at defaults. */
+mega_status mega_jobspec_copy(mega_jobspec *dst, const mega_jobspec *src, mega_err *err);
+/* Field-by-field equality (strings by content; NAN equals NAN). */
+bool mega_jobspec_equal(const mega_jobspec *a, const mega_jobspec *b);
+
+/* ---- parsing ---- */
+
+/* Parses the flag at argv[*i], in "--flag value" or "--flag=value" form (a
+ * bool flag takes no value), into s, and advances *i past it. A later value
+ * for the same flag replaces an earlier one.
+ * Returns MEGA_ERR_NOT_FOUND, with *i unchanged and err saying "unknown
+ * flag", when argv[*i] is not a job flag, so the caller can try its own
+ * flags; MEGA_ERR_INVALID for a missing or bad value; MEGA_ERR_NOMEM. */
+mega_status mega_jobspec_parse_flag(mega_jobspec *s, int argc, char *const *argv, int *i,
+                                    mega_err *err);
+
+/* Parses argv[0..argc) (no program name), all of which must be job flags:
+ * an unknown flag or a stray word is MEGA_ERR_INVALID. s must be initialized
+ * (defaults or an earlier parse). */
+mega_status mega_jobspec_parse(mega_jobspec *s, int argc, char *const *argv, mega_err *err);
+
+/* ---- checking ---- */
+
+/* Checks the whole job. world_size is TP·PP·DP, or 0 when not known yet
+ * (then the checks that need DP are skipped). data_bytes is the data file's
+ * size, or -1 when unknown. Every message starts "invalid job: ". */
+mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
+                               mega_err *err);
+
+/* ---- derived values (meaningful once check has passed) ---- */
+
+/* world / (TP·PP). */
+int mega_jobspec_dp(const mega_jobspec *s, int world_size);
+/* The virtual pipeline size: from the layout string's stage count, else
+ * from --num-layers-per-virtual-pipeline-stage, else the flag, else 1. */
+int mega_jobspec_vp(const mega_jobspec *s);
+/* --microbatch-group-size-per-vp-stage, or PP when absent. */
+int mega_jobspec_group_size(const mega_jobspec *s);
+/* Microbatches per pipeline per iteration: global / (micro × DP). */
+int mega_jobspec_num_microbatches(const mega_jobspec *s, int world_size);
+/* Tokens per iteration over all replicas: global batch × seq-length. */
+long long mega_jobspec_tokens_per_iter(const mega_jobspec *s);
+int mega_jobspec_max_position_embeddings(const mega_jobspec *s);
+int mega_jobspec_lr_decay_iters(const mega_jobspec *s);
+/* Megatron's padded vocabulary: MEGA_VOCAB_SIZE rounded up to a multiple
+ * of 128 × TP. */
+int mega_jobspec_padded_vocab(const mega_jobspec *s);
+/* The layer layout: the layout string's, else the uniform split with
+ * --decoder-first/last-pipeline-num-layers. out is the caller's to
+ * mega_layout_free. */
+mega_status mega_jobspec_layout(const mega_jobspec *s, mega_layout *out, mega_err *err);
+
+/* --simulate-compute "F_MS:B_MS[:W_MS]": forward, backward and (optional)
+ * weight-gradient milliseconds per microbatch and chunk, each finite and
+ * >= 0. Without W, has_w is false, w_ms is 0 and B includes the weight
+ * gradient. */
+typedef struct mega_sim_compute {
+  double f_ms, b_ms, w_ms;
+  bool has_w;
+} mega_sim_compute;
+mega_status mega_jobspec_parse_simulate_compute(const char *str, mega_sim_compute *out,
+                                                mega_err *err);
+
+/* ---- serialization ---- */
+
+/* The flags that differ from their defaults, as "--flag" ["value"] words in
+ * table order; parsing them onto a default spec gives s back exactly. The
+ * array is NULL-terminated, *argc gets its length; NULL when out of memory.
+ * Free it with mega_jobspec_argv_free. */
+char **mega_jobspec_to_argv(const mega_jobspec *s, int *argc);
+void mega_jobspec_argv_free(char **argv);
+
+/* Every field, keyed by mega_jobflag.key: ints and floats as numbers, bools
+ * as booleans, enums as their names, absent values as null. A new
+ * reference; NULL when out of memory. */
+json_t *mega_jobspec_to_json(const mega_jobspec *s);
+/* The reverse: each key present in obj overwrites s (which must be
+ * initialized); null means the default. An unknown key or a value of the
+ * wrong type is MEGA_ERR_INVALID. */
+mega_status mega_jobspec_from_json(mega_jobspec *s, const json_t *obj, mega_err *err);
+
+#endif
