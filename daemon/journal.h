@@ -1,0 +1,45 @@
+/* An append-only journal of opaque records, the daemon's memory across
+ * restarts. Each record is framed as
+ *
+ *   u32 length (little endian) | u32 crc32 of the payload | payload
+ *
+ * and made durable with fdatasync before append returns, so a job is
+ * journaled before megad answers its submitter. A crash can only tear the
+ * last record; replay stops at the first record that is short or fails its
+ * CRC and cuts the file there, so the next append starts on a clean tail.
+ *
+ * The journal owns its file descriptor; records passed to the replay
+ * callback are valid only during the call. */
+#ifndef MEGA_DAEMON_JOURNAL_H
+#define MEGA_DAEMON_JOURNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#define MEGA_JOURNAL_MAX_RECORD (64u << 20)
+
+typedef struct mega_journal mega_journal;
+
+/* Returns non-zero to stop the replay early (an error in the caller). */
+typedef int (*mega_journal_fn)(void *ctx, const uint8_t *rec, size_t len);
+
+/* Opens (creating if needed) the journal at path. */
+mega_status mega_journal_open(const char *path, mega_journal **out, mega_err *err);
+
+/* Calls fn for every intact record, in order. *dropped gets the bytes cut
+ * from a torn tail (0 normally). Call once, before the first append. */
+mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
+                                size_t *dropped, mega_err *err);
+
+mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err);
+
+/* Replaces the whole journal with the given records, atomically (temp file,
+ * fsync, rename), to keep it from growing without bound. */
+mega_status mega_journal_rewrite(mega_journal *j, const void *const *recs, const size_t *lens,
+                                 size_t n, mega_err *err);
+
+void mega_journal_close(mega_journal *j);
+
+#endif
