@@ -1,0 +1,183 @@
+/* The math and memory backend: the narrow interface the model, the optimizer
+ * and the engine compute through. The cpu backend (cpu.c) uses OpenBLAS and
+ * plain C loops; a cuda backend implements the same table with cuBLAS and
+ * the kernels in kernels/. Both share the per-element math of kernels/*.h.
+ *
+ * Memory. Every float/int pointer an op takes is backend memory (from
+ * ops->alloc), unless the comment says "host". On the cpu backend backend
+ * memory is ordinary host memory. Ops are issued in order on one stream;
+ * host-visible results (memcpy to host, sum, sum_squares) are complete when
+ * the call returns. synchronize waits for everything issued before it.
+ *
+ * Layout. Matrices are row-major. Activations are [N, C] with N = B*T rows.
+ * A linear layer's weight is stored either as Hugging Face Conv1D does,
+ * [in, out] (MEGA_W_IN_OUT: c_attn, c_proj, c_fc), or as nn.Linear / an
+ * embedding does, [out, in] (MEGA_W_OUT_IN: the head tied to wte [V, C]).
+ *
+ * Gradient conventions. Ops that produce an activation gradient overwrite
+ * their output, except layernorm_backward_input, which adds (+=) so the
+ * residual stream's two paths sum in place. Ops that produce a parameter
+ * gradient always add (+=), so microbatches accumulate.
+ *
+ * Ownership. mega_backend_cpu_create returns a backend the caller frees with
+ * mega_backend_destroy, after freeing every buffer it allocated. Compute ops
+ * return nothing: their inputs are checked by the caller (the model checks
+ * shapes once, at create time); only alloc, memcpy and the host-visible
+ * reductions can fail. */
+#ifndef MEGA_WORKER_BACKEND_H
+#define MEGA_WORKER_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+typedef struct mega_backend mega_backend;
+
+typedef enum mega_copy_kind {
+  MEGA_COPY_H2D, /* host -> backend */
+  MEGA_COPY_D2H, /* backend -> host */
+  MEGA_COPY_D2D, /* backend -> backend */
+} mega_copy_kind;
+
+typedef enum mega_wlayout {
+  MEGA_W_IN_OUT, /* weight [C, OC]: out = inp @ W (HF Conv1D) */
+  MEGA_W_OUT_IN, /* weight [OC, C]: out = inp @ W^T (nn.Linear, tied head) */
+} mega_wlayout;
+
+/* AdamW hyperparameters for one update of a flat range. step counts from 1;
+ * bias correction uses it. grad_scale multiplies each gradient before use
+ * (1.0, or the clipping coefficient). Weight decay is decoupled:
+ * p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p). */
+typedef struct mega_adamw_params {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  int step;
+} mega_adamw_params;
+
+typedef struct mega_backend_ops {
+  const char *name; /* "cpu", "cuda" */
+  void (*destroy)(mega_backend *be); /* frees impl and be; via mega_backend_destroy */
+
+  /* ---- memory ---- */
+  /* Zero-filled, 64-byte aligned. *out is the caller's, for ops->free. */
+  mega_status (*alloc)(mega_backend *be, size_t bytes, void **out, mega_err *err);
+  void (*free)(mega_backend *be, void *p); /* NULL is fine */
+  void (*memset0)(mega_backend *be, void *p, size_t bytes);
+  mega_status (*memcpy)(mega_backend *be, void *dst, const void *src, size_t bytes,
+                        mega_copy_kind kind, mega_err *err);
+  mega_status (*synchronize)(mega_backend *be, mega_err *err);
+  /* Threads one worker's math may use (BLAS threads on cpu; ignored on
+   * cuda). n >= 1. */
+  mega_status (*set_threads)(mega_backend *be, int n, mega_err *err);
+
+  /* ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major ----
+   * op(A) is [M, K], op(B) is [K, N], C is [M, N]; lda/ldb/ldc are the row
+   * strides of A, B, C as stored. The batched form repeats it batch times,
+   * stepping each pointer by its stride (in floats). */
+  void (*gemm)(mega_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
+               float alpha, const float *A, int lda, const float *B, int ldb,
+               float beta, float *C, int ldc);
+  void (*gemm_batched)(mega_backend *be, bool trans_a, bool trans_b, int M, int N,
+                       int K, float alpha, const float *A, int lda, int64_t stride_a,
+                       const float *B, int ldb, int64_t stride_b, float beta, float *C,
+                       int ldc, int64_t stride_c, int batch);
+
+  /* ---- GPT kernels (llm.c's, with backward halves) ---- */
+  /* out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]. tok is backend memory. */
+  void (*encoder_forward)(mega_backend *be, float *out, const int32_t *tok,
+                          const float *wte, const float *wpe, int B, int T, int C);
+  /* dwte[tok[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. Either
+   * gradient may be NULL to skip it. */
+  void (*encoder_backward)(mega_backend *be, float *dwte, float *dwpe,
+                           const float *dout, const int32_t *tok, int B, int T, int C);
+
+  /* out = (inp - mean) * rstd * w + b over each row of C; mean and rstd
+   * ([N]) are saved for the backward. */
+  void (*layernorm_forward)(mega_backend *be, float *out, float *mean, float *rstd,
+                            const float *inp, const float *w, const float *b, int N,
+                            int C, float eps);
+  /* dinp += LN'(dout): the input part. */
+  void (*layernorm_backward_input)(mega_backend *be, float *dinp, const float *dout,
+                                   const float *inp, const float *w, const float *mean,
+                                   const float *rstd, int N, int C);
+  /* dw += sum_n dout * xhat; db += sum_n dout: the weight part. */
+  void (*layernorm_backward_weight)(mega_backend *be, float *dw, float *db,
+                                    const float *dout, const float *inp,
+                                    const float *mean, const float *rstd, int N, int C);
+
+  /* out[N,OC] = inp[N,C] @ W + bias (bias may be NULL). */
+  void (*matmul_forward)(mega_backend *be, float *out, const float *inp, const float *w,
+                         const float *bias, int N, int C, int OC, mega_wlayout lay);
+  /* dinp[N,C] = dout[N,OC] @ W^T (overwrites). */
+  void (*matmul_backward_input)(mega_backend *be, float *dinp, const float *dout,
+                                const float *w, int N, int C, int OC, mega_wlayout lay);
+  /* dW += inp^T @ dout (in W's layout); dbias += sum_n dout (dbias may be
+   * NULL). */
+  void (*matmul_backward_weight)(mega_backend *be, float *dw, float *dbias,
+                                 const float *dout, const float *inp, int N, int C,
+                                 int OC, mega_wlayout lay);
+
+  /* Causal self-attention on a fused qkv [B,T,3C] (q | k | v, heads of
+   * hs = C/NH contiguous within each), softmax scale 1/sqrt(hs). Writes
+   * out [B,T,C] and the probabilities att [B,NH,T,T] (zero above the
+   * diagonal) for the backward. */
+  void (*attention_forward)(mega_backend *be, float *out, float *att, const float *qkv,
+                            int B, int T, int C, int NH);
+  /* dqkv [B,T,3C] = attention'(dout) (overwrites). scratch holds
+   * B*NH*T*T floats. */
+  void (*attention_backward)(mega_backend *be, float *dqkv, float *scratch,
+                             const float *dout, const float *qkv, const float *att,
+                             int B, int T, int C, int NH);
+
+  /* GELU, tanh approximation. dinp may alias dout. */
+  void (*gelu_forward)(mega_backend *be, float *out, const float *inp, size_t n);
+  void (*gelu_backward)(mega_backend *be, float *dinp, const float *inp,
+                        const float *dout, size_t n);
+
+  /* out = a + b; out may alias a or b. */
+  void (*residual_forward)(mega_backend *be, float *out, const float *a, const float *b,
+                           size_t n);
+  /* out += a. */
+  void (*add_inplace)(mega_backend *be, float *out, const float *a, size_t n);
+
+  /* Fused softmax + cross-entropy over V classes for N rows.
+   * forward: probs = softmax(logits); losses[n] = -log probs[n, targets[n]].
+   * backward: dlogits = (probs - onehot(targets)) * scale (overwrites;
+   * dlogits may alias probs). targets is backend memory, each in [0, V). */
+  void (*crossentropy_forward)(mega_backend *be, float *losses, float *probs,
+                               const float *logits, const int32_t *targets, int N,
+                               int V);
+  void (*crossentropy_backward)(mega_backend *be, float *dlogits, const float *probs,
+                                const int32_t *targets, float scale, int N, int V);
+
+  /* AdamW on a flat range of n elements; m and v are the moment buffers. */
+  void (*adamw)(mega_backend *be, float *params, const float *grads, float *m, float *v,
+                size_t n, const mega_adamw_params *hp);
+  /* *out (host) = sum of x[i] (resp. x[i]^2), accumulated in double. */
+  mega_status (*sum)(mega_backend *be, const float *x, size_t n, double *out,
+                     mega_err *err);
+  mega_status (*sum_squares)(mega_backend *be, const float *x, size_t n, double *out,
+                             mega_err *err);
+  /* x *= s. */
+  void (*scale)(mega_backend *be, float *x, size_t n, float s);
+} mega_backend_ops;
+
+/* The handle. ops is never NULL; impl is the backend's own state. */
+struct mega_backend {
+  const mega_backend_ops *ops;
+  void *impl;
+};
+
+typedef struct mega_backend_cpu_opts {
+  int threads; /* BLAS threads; 0 means 1 (workers share the node's cores) */
+} mega_backend_cpu_opts;
+
+/* opts may be NULL (one thread). */
+mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts,
+                                    mega_backend **out, mega_err *err);
+
+/* Frees the handle itself; NULL is fine. */
+void mega_backend_destroy(mega_backend *be);
+
+#endif

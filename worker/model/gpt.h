@@ -1,0 +1,161 @@
+/* GPT-2, built per pipeline stage.
+ *
+ * Architecture (exactly GPT-2's): learned token and position embeddings;
+ * pre-LN blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with causal
+ * self-attention (fused QKV [C,3C], output projection [C,C]) and an MLP of
+ * 4C with tanh-GELU; a final layernorm ln_f; the LM head tied to wte. No
+ * dropout. Weights use Hugging Face GPT-2 names and layouts, so a
+ * checkpoint is a plain copy.
+ *
+ * A stage holds a contiguous run of layers, plus the embedding (wte, wpe;
+ * its input is tokens) and/or the loss (ln_f and the tied head; its output
+ * is the loss). A loss stage that is not also the embedding stage holds its
+ * own copy of wte (mega_param_info.tied_copy); it starts equal to the
+ * embedding stage's wte, and keeping the two equal (summing their gradients
+ * across the embedding group) is the engine's job.
+ *
+ * Parameters live in one flat buffer and gradients in another of the same
+ * size (backend memory), in Hugging Face order: wte, wpe, then per layer
+ * ln_1.{weight,bias}, attn.c_attn.{weight,bias}, attn.c_proj.{weight,bias},
+ * ln_2.{weight,bias}, mlp.c_fc.{weight,bias}, mlp.c_proj.{weight,bias},
+ * then ln_f.{weight,bias}, then the head copy of wte (loss-only stages).
+ *
+ * Initialisation never depends on the parallel layout: element i of the
+ * full tensor named n is a function of (seed, n, i) alone (kernels/rng.h),
+ * so a stage's tensors equal the single-stage ones. Weights (wte, wpe,
+ * c_attn, c_fc) ~ N(0, init_std); the residual output projections
+ * (attn.c_proj.weight, mlp.c_proj.weight) ~ N(0, init_std/sqrt(2*num_layers));
+ * biases 0; layernorm weights 1. GPT-2 and Megatron use init_std 0.02.
+ *
+ * Activations of one microbatch in flight are a mega_gpt_acts: the pipeline
+ * keeps several alive, and microbatches may differ in length T.
+ *
+ * Backward comes in two halves so the zero-bubble schedule can call them
+ * apart: backward_input computes the input gradient and keeps in the acts
+ * what the weight half needs (each linear's and layernorm's output
+ * gradient); backward_weight adds (+=) every parameter gradient of the stage
+ * (linears, biases, layernorms, wte, wpe, the head) into the grad buffer. A
+ * plain backward calls both, in that order, once per forward.
+ *
+ * Pointer kinds: tokens, targets and loss_sum are host memory; input,
+ * output, doutput, dinput, the param and grad buffers and the logits are
+ * backend memory (the same as host on the cpu backend).
+ *
+ * Ownership: a stage borrows its backend (which must outlive it) and owns
+ * its buffers; acts borrow their stage (destroy acts first) and own theirs.
+ * Pointers returned by accessors live as long as their object. */
+#ifndef MEGA_WORKER_GPT_H
+#define MEGA_WORKER_GPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "worker/backend/backend.h"
+#include "worker/model/safetensors.h"
+
+typedef struct mega_gpt_config {
+  int vocab_size;  /* 256: byte-level */
+  int max_seq_len; /* rows of wpe */
+  int num_layers;  /* of the whole model */
+  int num_heads;
+  int channels;    /* C; num_heads must divide it */
+  float init_std;  /* 0.02 */
+  float ln_eps;    /* 1e-5 */
+  uint64_t seed;
+} mega_gpt_config;
+
+/* vocab 256, max_seq_len 1024, 12 layers, 12 heads, 768 channels,
+ * init_std 0.02, ln_eps 1e-5, seed 1337. */
+void mega_gpt_config_default(mega_gpt_config *cfg);
+/* Checks sizes and divisibility; the message names the bad field. */
+mega_status mega_gpt_config_check(const mega_gpt_config *cfg, mega_err *err);
+
+typedef struct mega_gpt_stage_desc {
+  bool embedding;  /* holds wte, wpe; its input is tokens */
+  bool loss;       /* holds ln_f and the tied head; its output is the loss */
+  int first_layer; /* global id of its first block */
+  int num_layers;  /* may be 0 for an embedding-only or loss-only stage */
+} mega_gpt_stage_desc;
+
+typedef struct mega_param_info {
+  char name[64]; /* HF name: "transformer.h.3.attn.c_attn.weight"; the head
+                    copy of a loss-only stage is "transformer.wte.weight" */
+  int ndim;      /* 1 or 2 */
+  int shape[2];
+  size_t offset, numel; /* in floats, into the flat param and grad buffers */
+  bool decay;           /* 2-D weights decay; biases and LN params don't */
+  bool tied_copy;       /* the loss-only stage's copy of wte */
+} mega_param_info;
+
+typedef struct mega_gpt_stage mega_gpt_stage;
+typedef struct mega_gpt_acts mega_gpt_acts;
+
+/* Allocates the flat param and grad buffers, initialises the params and
+ * zeroes the grads. cfg and desc are copied. */
+mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
+                                  const mega_gpt_stage_desc *desc,
+                                  mega_gpt_stage **out, mega_err *err);
+void mega_gpt_stage_destroy(mega_gpt_stage *s); /* NULL is fine */
+
+const mega_gpt_config *mega_gpt_stage_config(const mega_gpt_stage *s);
+const mega_gpt_stage_desc *mega_gpt_stage_desc_get(const mega_gpt_stage *s);
+mega_backend *mega_gpt_stage_backend(const mega_gpt_stage *s);
+
+const mega_param_info *mega_gpt_params(const mega_gpt_stage *s, int *count);
+const mega_param_info *mega_gpt_param_find(const mega_gpt_stage *s, const char *name);
+float *mega_gpt_param_data(mega_gpt_stage *s); /* flat, backend memory */
+float *mega_gpt_grad_data(mega_gpt_stage *s);  /* flat, backend memory */
+size_t mega_gpt_num_params(const mega_gpt_stage *s); /* floats in each buffer */
+void mega_gpt_zero_grad(mega_gpt_stage *s);
+/* Re-runs the initialisation (create already did). */
+mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err);
+
+/* Loads every param of the stage by its HF name from whichever of the files
+ * holds it (the head copy of wte also accepts "lm_head.weight"); shapes must
+ * match. Fails, naming the tensor, when one is missing. */
+mega_status mega_gpt_load_safetensors(mega_gpt_stage *s,
+                                      const mega_st_file *const *files,
+                                      size_t nfiles, mega_err *err);
+/* Writes every param of the stage (tied copy included) to one file. */
+mega_status mega_gpt_save_safetensors(mega_gpt_stage *s, const char *path,
+                                      mega_err *err);
+
+/* Activations for one microbatch of B sequences of T tokens (T <=
+ * max_seq_len). */
+mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts **out,
+                                 mega_err *err);
+size_t mega_gpt_acts_bytes(const mega_gpt_acts *a);
+void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T);
+/* Loss stage: logits [B,T,V] of the last forward (backend memory). */
+const float *mega_gpt_acts_logits(const mega_gpt_acts *a);
+void mega_gpt_acts_destroy(mega_gpt_acts *a); /* NULL is fine */
+
+/* Forward one microbatch.
+ * tokens  [B,T] host, embedding stage (else NULL); each in [0, V).
+ * input   [B,T,C] backend, other stages (else NULL); copied into acts, the
+ *         caller may free it after.
+ * targets [B,T] host, loss stage; may be NULL for logits only (then no
+ *         backward), each in [0, V).
+ * output  [B,T,C] backend, non-loss stages (else NULL); not referenced
+ *         after return.
+ * loss_sum (host) loss stage with targets: the sum of the B*T per-token
+ *         cross-entropies. */
+mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t *tokens,
+                             const float *input, const int32_t *targets, float *output,
+                             double *loss_sum, mega_err *err);
+
+/* Input half of the backward of the acts' last forward.
+ * doutput [B,T,C] backend, non-loss stages (else NULL): d(total loss)/d(output).
+ * loss_scale: loss stage, d(total loss)/d(each token's loss), e.g. 1/(G*B*T).
+ * dinput [B,T,C] backend, non-embedding stages (else NULL), overwritten. */
+mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
+                                    const float *doutput, float loss_scale,
+                                    float *dinput, mega_err *err);
+/* Weight half: grads += this microbatch's parameter gradients. Requires
+ * backward_input on the same acts first. */
+mega_status mega_gpt_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a,
+                                     mega_err *err);
+
+#endif
