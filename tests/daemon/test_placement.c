@@ -1,0 +1,86 @@
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "daemon/placement.h"
+
+static const mega_node_slots cluster[] = {
+    {"a", 4, true}, {"b", 2, true}, {"c", 4, false}, {"d", 4, true}, {"e", 8, true},
+};
+
+static void places_on_alive_nodes_with_room(void **state) {
+  (void)state;
+  mega_placement_req req = {.nnodes_min = 1, .nnodes_max = 3, .nproc_per_node = 4,
+                            .model_parallel = 2};
+  int out[3], n = 0;
+  mega_err err = {0};
+  assert_int_equal(mega_place(cluster, 5, &req, out, &n, &err), MEGA_OK);
+  assert_int_equal(n, 3);
+  assert_int_equal(out[0], 0); /* b has 2 slots, c is dead */
+  assert_int_equal(out[1], 3);
+  assert_int_equal(out[2], 4);
+}
+
+static void preferred_node_comes_first(void **state) {
+  (void)state;
+  mega_placement_req req = {.nnodes_min = 2, .nnodes_max = 2, .nproc_per_node = 2,
+                            .model_parallel = 1, .prefer = "e"};
+  int out[2], n = 0;
+  assert_int_equal(mega_place(cluster, 5, &req, out, &n, NULL), MEGA_OK);
+  assert_int_equal(n, 2);
+  assert_int_equal(out[0], 4);
+  assert_int_equal(out[1], 0);
+}
+
+static void world_must_divide_by_model_parallel(void **state) {
+  (void)state;
+  /* 3 nodes x 2 = 6 is not a multiple of TP*PP = 4; 2 nodes x 2 = 4 is. */
+  mega_placement_req req = {.nnodes_min = 1, .nnodes_max = 3, .nproc_per_node = 2,
+                            .model_parallel = 4};
+  int out[3], n = 0;
+  assert_int_equal(mega_place(cluster, 5, &req, out, &n, NULL), MEGA_OK);
+  assert_int_equal(n, 2);
+
+  mega_placement_req fixed = {.nnodes_min = 3, .nnodes_max = 3, .nproc_per_node = 2,
+                              .model_parallel = 4};
+  mega_err err = {0};
+  assert_int_equal(mega_place(cluster, 5, &fixed, out, &n, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "TP·PP = 4"));
+}
+
+static void too_few_nodes_says_how_many(void **state) {
+  (void)state;
+  mega_placement_req req = {.nnodes_min = 4, .nnodes_max = 4, .nproc_per_node = 4,
+                            .model_parallel = 1};
+  int out[4], n = 0;
+  mega_err err = {0};
+  assert_int_equal(mega_place(cluster, 5, &req, out, &n, &err), MEGA_ERR_UNSUPPORTED);
+  assert_string_equal(err.msg, "not enough nodes: the job needs 4 nodes with 4 free slots "
+                               "each, and 3 of 4 alive nodes have them");
+}
+
+static void bad_requests_are_refused(void **state) {
+  (void)state;
+  int out[4], n = 0;
+  mega_err err = {0};
+  mega_placement_req zero = {.nnodes_min = 1, .nnodes_max = 1, .nproc_per_node = 0};
+  assert_int_equal(mega_place(cluster, 5, &zero, out, &n, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--nproc-per-node"));
+  mega_placement_req range = {.nnodes_min = 3, .nnodes_max = 2, .nproc_per_node = 1};
+  assert_int_equal(mega_place(cluster, 5, &range, out, &n, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--nnodes 3:2"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(places_on_alive_nodes_with_room),
+      cmocka_unit_test(preferred_node_comes_first),
+      cmocka_unit_test(world_must_divide_by_model_parallel),
+      cmocka_unit_test(too_few_nodes_says_how_many),
+      cmocka_unit_test(bad_requests_are_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
