@@ -3,5 +3,6 @@
 #ifndef MEGA_CLIENT_COMMANDS_H
 #define MEGA_CLIENT_COMMANDS_H
 
+int megactl_plan(int argc, char **argv);
 
 #endif

@@ -1,0 +1,439 @@
+/* megactl plan: print, simulate and draw a pipeline schedule, no cluster
+ * needed. Generates the schedule from Megatron's flags (or loads its text
+ * form), validates it, runs the simulator, and writes a terminal drawing,
+ * JSON, a Chrome trace, or the text form itself.
+ *
+ * Exit status: 0 on success, 2 for a bad command line (unknown flag,
+ * missing or malformed value, a combination Megatron refuses, flags that
+ * disagree with a loaded file), 1 for anything else (an unreadable,
+ * unparsable or invalid schedule file, a failed write). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "client/commands.h"
+#include "client/render.h"
+#include "core/sim.h"
+#include "core/trace.h"
+
+#define PROG "megactl plan"
+#define EXIT_USAGE 2
+#define EXIT_FAIL 1
+#define TRACE_UNIT_US 1000.0 /* one cost-model time unit is drawn as 1 ms */
+
+typedef enum { FMT_TEXT, FMT_JSON, FMT_TRACE, FMT_SCHEDULE } out_format;
+
+typedef struct plan_opts {
+  int pp, vp, mb, group; /* 0: not given */
+  const char *schedule;  /* NULL: not given */
+  double t_f, t_b, t_w, latency;
+  bool t_w_given;
+  out_format format;
+  const char *load, *output;
+  bool help;
+} plan_opts;
+
+enum { O_PP, O_M, O_VP, O_GROUP, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP };
+
+static const struct {
+  const char *name;
+  bool has_value;
+} flags[] = {
+    [O_PP] = {"pipeline-model-parallel-size", true},
+    [O_M] = {"num-microbatches", true},
+    [O_VP] = {"virtual-pipeline-model-parallel-size", true},
+    [O_GROUP] = {"microbatch-group-size-per-vp-stage", true},
+    [O_SCHED] = {"schedule", true},
+    [O_TF] = {"t-forward", true},
+    [O_TB] = {"t-backward", true},
+    [O_TW] = {"t-weight", true},
+    [O_LAT] = {"p2p-latency", true},
+    [O_FORMAT] = {"format", true},
+    [O_LOAD] = {"load", true},
+    [O_OUT] = {"output", true},
+    [O_HELP] = {"help", false},
+};
+#define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
+
+static void usage(FILE *f) {
+  fputs(
+      "usage: megactl plan --pipeline-model-parallel-size P --num-microbatches M\n"
+      "                    [--virtual-pipeline-model-parallel-size V]\n"
+      "                    [--microbatch-group-size-per-vp-stage N]\n"
+      "                    [--schedule no-pipelining|gpipe|1f1b|interleaved|zb-h1]\n"
+      "                    [--t-forward F] [--t-backward B] [--t-weight W] [--p2p-latency L]\n"
+      "                    [--format text|json|trace|schedule] [--load FILE] [--output FILE]\n"
+      "\n"
+      "Generates a pipeline schedule, validates it, simulates it under a cost model\n"
+      "and shows the result. No cluster is needed.\n"
+      "\n"
+      "  --schedule       default: no-pipelining at P=1, interleaved when V>1, else 1f1b\n"
+      "  --t-forward      time of one microbatch's forward through a rank's layers (1)\n"
+      "  --t-backward     time of its backward, input gradient (1)\n"
+      "  --t-weight       time of its weight gradient (0; 1 when the schedule has W\n"
+      "                   actions, as zb-h1 has: the zero-bubble paper's F=B=W).\n"
+      "                   Without W actions a backward costs T_b + T_w.\n"
+      "  --p2p-latency    delay of each send (0)\n"
+      "  --format         text: a timeline and per-rank phases and bubbles (default)\n"
+      "                   json: the same figures as one JSON object\n"
+      "                   trace: a Chrome trace for Perfetto (one time unit = 1 ms)\n"
+      "                   schedule: the schedule's text form, to edit and --load\n"
+      "  --load FILE      read a schedule in text form; P, V and M come from it, and\n"
+      "                   size flags, when given, must agree with it\n"
+      "  --output FILE    write there instead of stdout\n"
+      "\n"
+      "Times are in any unit you like; busy and idle are reported in it.\n",
+      f);
+}
+
+static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs(PROG ": ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return code;
+}
+
+static bool parse_int(const char *flag, const char *v, int *out, mega_err *err) {
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (!*v || *end || errno || x < 1 || x > 1000000000) {
+    mega_fail(err, MEGA_ERR_INVALID, "--%s: '%s' is not a whole number from 1 up", flag, v);
+    return false;
+  }
+  *out = (int)x;
+  return true;
+}
+
+static bool parse_time(const char *flag, const char *v, double *out, mega_err *err) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (!*v || *end || errno || !isfinite(x) || x < 0) {
+    mega_fail(err, MEGA_ERR_INVALID, "--%s: '%s' is not a time (a number, 0 or more)", flag, v);
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
+  const char *name = flags[id].name;
+  switch (id) {
+  case O_PP: return parse_int(name, v, &o->pp, err);
+  case O_M: return parse_int(name, v, &o->mb, err);
+  case O_VP: return parse_int(name, v, &o->vp, err);
+  case O_GROUP: return parse_int(name, v, &o->group, err);
+  case O_SCHED: o->schedule = v; return true;
+  case O_TF: return parse_time(name, v, &o->t_f, err);
+  case O_TB: return parse_time(name, v, &o->t_b, err);
+  case O_TW: o->t_w_given = true; return parse_time(name, v, &o->t_w, err);
+  case O_LAT: return parse_time(name, v, &o->latency, err);
+  case O_LOAD: o->load = v; return true;
+  case O_OUT: o->output = v; return true;
+  case O_HELP: o->help = true; return true;
+  case O_FORMAT:
+    if (!strcmp(v, "text")) o->format = FMT_TEXT;
+    else if (!strcmp(v, "json")) o->format = FMT_JSON;
+    else if (!strcmp(v, "trace")) o->format = FMT_TRACE;
+    else if (!strcmp(v, "schedule")) o->format = FMT_SCHEDULE;
+    else {
+      mega_fail(err, MEGA_ERR_INVALID, "--format: '%s' is not one of text, json, trace, schedule",
+                v);
+      return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+/* "--name value" or "--name=value", names matched exactly. */
+static bool parse_args(int argc, char **argv, plan_opts *o, mega_err *err) {
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (!strcmp(arg, "-h")) arg = "--help";
+    if (strncmp(arg, "--", 2) || !arg[2]) {
+      mega_fail(err, MEGA_ERR_INVALID, "unexpected argument '%s' (see megactl plan --help)", arg);
+      return false;
+    }
+    const char *name = arg + 2, *eq = strchr(name, '=');
+    size_t len = eq ? (size_t)(eq - name) : strlen(name);
+    int id = -1;
+    for (int k = 0; k < NFLAGS; k++)
+      if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) id = k;
+    if (id < 0) {
+      mega_fail(err, MEGA_ERR_INVALID, "unknown flag '--%.*s' (see megactl plan --help)", (int)len,
+                name);
+      return false;
+    }
+    const char *value = NULL;
+    if (flags[id].has_value) {
+      if (eq) value = eq + 1;
+      else if (i + 1 < argc) value = argv[++i];
+      else {
+        mega_fail(err, MEGA_ERR_INVALID, "--%s needs a value", flags[id].name);
+        return false;
+      }
+    } else if (eq) {
+      mega_fail(err, MEGA_ERR_INVALID, "--%s takes no value", flags[id].name);
+      return false;
+    }
+    if (!set_flag(o, id, value, err)) return false;
+  }
+  return true;
+}
+
+/* Reads a whole file; NULL with errno set on failure. */
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  while (buf) {
+    n += fread(buf + n, 1, cap - 1 - n, f);
+    if (ferror(f)) {
+      int e = errno;
+      free(buf);
+      fclose(f);
+      errno = e ? e : EIO;
+      return NULL;
+    }
+    if (feof(f)) break;
+    char *bigger = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+    if (!bigger) {
+      free(buf);
+      buf = NULL;
+      errno = ENOMEM;
+      break;
+    }
+    buf = bigger;
+    cap *= 2;
+  }
+  fclose(f);
+  if (buf) buf[n] = '\0';
+  return buf;
+}
+
+/* The loaded schedule's shape against the flags the user also gave. */
+static int check_agrees(const plan_opts *o, const mega_schedule *s) {
+  struct {
+    int given, have;
+    const char *flag, *key;
+  } sizes[] = {
+      {o->pp, s->pp, "pipeline-model-parallel-size", "pp"},
+      {o->vp, s->vp, "virtual-pipeline-model-parallel-size", "vp"},
+      {o->mb, s->microbatches, "num-microbatches", "microbatches"},
+      {o->group, s->group_size, "microbatch-group-size-per-vp-stage", "group"},
+  };
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+    if (sizes[k].given && sizes[k].given != sizes[k].have)
+      return fail(EXIT_USAGE, "--%s %d disagrees with %s, which has %s=%d; drop the flag or "
+                              "make it match", sizes[k].flag, sizes[k].given, o->load,
+                  sizes[k].key, sizes[k].have);
+  if (o->schedule) {
+    mega_sched_kind k;
+    mega_err err = {0};
+    if (mega_sched_kind_parse(o->schedule, &k, &err) != MEGA_OK)
+      return fail(EXIT_USAGE, "%s", err.msg);
+    if (k != s->kind)
+      return fail(EXIT_USAGE, "--schedule %s disagrees with %s, which has kind=%s; drop the flag "
+                              "or make it match", o->schedule, o->load,
+                  mega_sched_kind_name(s->kind));
+  }
+  return 0;
+}
+
+/* Fills s from --load or from the flags; returns 0 or an exit status. */
+static int build_schedule(const plan_opts *o, mega_schedule *s) {
+  mega_err err = {0};
+  if (o->load) {
+    char *text = read_file(o->load);
+    if (!text) return fail(EXIT_FAIL, "cannot read %s: %s", o->load, strerror(errno));
+    mega_status st = mega_sched_parse(text, s, &err);
+    free(text);
+    if (st != MEGA_OK) return fail(EXIT_FAIL, "%s: %s", o->load, err.msg);
+    int rc = check_agrees(o, s);
+    if (rc) return rc;
+    if (mega_sched_validate(s, &err) != MEGA_OK)
+      return fail(EXIT_FAIL, "%s is not a valid schedule: %s", o->load, err.msg);
+    return 0;
+  }
+  if (!o->pp) return fail(EXIT_USAGE, "--pipeline-model-parallel-size is required (or --load FILE)");
+  if (!o->mb) return fail(EXIT_USAGE, "--num-microbatches is required (or --load FILE)");
+  mega_sched_params p = {.pp = o->pp, .vp = o->vp ? o->vp : 1, .microbatches = o->mb,
+                         .group_size = o->group};
+  if (o->schedule) {
+    if (mega_sched_kind_parse(o->schedule, &p.kind, &err) != MEGA_OK)
+      return fail(EXIT_USAGE, "%s", err.msg);
+  } else {
+    p.kind = mega_sched_default_kind(p.pp, p.vp);
+  }
+  if (mega_sched_check_params(&p, &err) != MEGA_OK) return fail(EXIT_USAGE, "%s", err.msg);
+  if (mega_sched_generate(&p, s, &err) != MEGA_OK) return fail(EXIT_FAIL, "%s", err.msg);
+  if (mega_sched_validate(s, &err) != MEGA_OK)
+    return fail(EXIT_FAIL, "the generated %s schedule is not valid (a bug in mega): %s",
+                mega_sched_kind_name(p.kind), err.msg);
+  return 0;
+}
+
+static bool has_weight_actions(const mega_schedule *s) {
+  for (int r = 0; r < s->pp; r++)
+    for (int i = 0; i < s->ranks[r].n; i++)
+      if (s->ranks[r].acts[i].kind == MEGA_ACT_W) return true;
+  return false;
+}
+
+static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega_cost *c) {
+  json_t *root = json_object();
+  json_object_set_new(root, "schedule", json_string(mega_sched_kind_name(s->kind)));
+  json_object_set_new(root, "pp", json_integer(s->pp));
+  json_object_set_new(root, "vp", json_integer(s->vp));
+  json_object_set_new(root, "microbatches", json_integer(s->microbatches));
+  json_object_set_new(root, "group_size", json_integer(s->group_size));
+  json_object_set_new(root, "makespan", json_real(sim->makespan));
+  json_object_set_new(root, "bubble_fraction", json_real(sim->bubble_fraction));
+  json_t *cost = json_object();
+  json_object_set_new(cost, "t_forward", json_real(c->t_f));
+  json_object_set_new(cost, "t_backward", json_real(c->t_b));
+  json_object_set_new(cost, "t_weight", json_real(c->t_w));
+  json_object_set_new(cost, "p2p_latency", json_real(c->p2p_latency));
+  json_object_set_new(root, "cost", cost);
+  /* Megatron's table exists for the interleaved schedule only: [] otherwise. */
+  json_t *table = json_array();
+  if (s->kind == MEGA_SCHED_INTERLEAVED) {
+    size_t n = (size_t)s->microbatches * (size_t)s->vp;
+    int(*t)[2] = malloc(sizeof *t * n);
+    if (!t) {
+      json_decref(table);
+      json_decref(root);
+      return NULL;
+    }
+    mega_sched_table(s->microbatches, s->vp, s->group_size, t);
+    for (size_t k = 0; k < n; k++)
+      json_array_append_new(table, json_pack("[ii]", t[k][0], t[k][1]));
+    free(t);
+  }
+  json_object_set_new(root, "schedule_table", table);
+  json_t *ranks = json_array();
+  for (int r = 0; r < s->pp; r++) {
+    mega_phases ph = mega_sched_phases(s, r);
+    const mega_sim_rank *mr = &sim->ranks[r];
+    char *acts = mega_sched_format_rank(s, r);
+    json_t *o = json_object();
+    json_object_set_new(o, "rank", json_integer(r));
+    json_object_set_new(o, "warmup", json_integer(ph.warmup));
+    json_object_set_new(o, "steady", json_integer(ph.steady));
+    json_object_set_new(o, "cooldown", json_integer(ph.cooldown));
+    json_object_set_new(o, "peak_inflight", json_integer(mr->peak_inflight));
+    json_object_set_new(o, "busy", json_real(mr->busy));
+    json_object_set_new(o, "idle", json_real(mr->idle));
+    json_object_set_new(o, "bubble_fraction", json_real(mr->bubble_fraction));
+    json_object_set_new(o, "actions", acts ? json_string(acts) : json_null());
+    free(acts);
+    json_array_append_new(ranks, o);
+  }
+  json_object_set_new(root, "ranks", ranks);
+  return root;
+}
+
+static int terminal_width(FILE *out) {
+  const char *cols = getenv("COLUMNS");
+  if (cols && atoi(cols) > 0) return atoi(cols);
+  struct winsize ws;
+  if (isatty(fileno(out)) && ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    return ws.ws_col;
+  return 80;
+}
+
+static bool want_color(FILE *out) {
+  const char *term = getenv("TERM");
+  return isatty(fileno(out)) && !getenv("NO_COLOR") && term && strcmp(term, "dumb");
+}
+
+/* Writes one formatted document to out; returns 0 or an exit status. */
+static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
+  if (o->format == FMT_SCHEDULE) {
+    char *text = mega_sched_format(s);
+    if (!text) return fail(EXIT_FAIL, "out of memory");
+    fputs(text, out);
+    free(text);
+    return 0;
+  }
+  mega_cost cost = {.t_f = o->t_f, .t_b = o->t_b, .t_w = o->t_w, .p2p_latency = o->latency};
+  if (!o->t_w_given && has_weight_actions(s)) cost.t_w = 1;
+  mega_sim sim = {0};
+  mega_err err = {0};
+  if (mega_sim_run(s, &cost, &sim, &err) != MEGA_OK)
+    return fail(EXIT_FAIL, "simulation failed: %s", err.msg);
+  int rc = 0;
+  if (o->format == FMT_TEXT) {
+    if (plan_render_text(out, s, &sim, &cost, terminal_width(out), want_color(out)))
+      rc = fail(EXIT_FAIL, "out of memory");
+  } else {
+    char *doc = NULL;
+    if (o->format == FMT_JSON) {
+      json_t *j = plan_json(s, &sim, &cost);
+      doc = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(12)) : NULL;
+      json_decref(j);
+    } else {
+      char name[128];
+      snprintf(name, sizeof name, "megactl plan: %s pp=%d vp=%d microbatches=%d",
+               mega_sched_kind_name(s->kind), s->pp, s->vp, s->microbatches);
+      mega_trace *t = mega_trace_new(name);
+      if (t) {
+        mega_trace_add_sim(t, s, &sim, TRACE_UNIT_US);
+        doc = mega_trace_dump(t);
+      }
+      mega_trace_free(t);
+    }
+    if (doc) {
+      fputs(doc, out);
+      fputc('\n', out);
+      free(doc);
+    } else {
+      rc = fail(EXIT_FAIL, "out of memory");
+    }
+  }
+  mega_sim_free(&sim);
+  return rc;
+}
+
+int megactl_plan(int argc, char **argv) {
+  plan_opts o = {.t_f = 1, .t_b = 1, .t_w = 0, .latency = 0, .format = FMT_TEXT};
+  mega_err err = {0};
+  if (!parse_args(argc, argv, &o, &err)) return fail(EXIT_USAGE, "%s", err.msg);
+  if (o.help) {
+    usage(stdout);
+    return 0;
+  }
+  mega_schedule s = {0};
+  int rc = build_schedule(&o, &s);
+  if (rc) {
+    mega_sched_free(&s);
+    return rc;
+  }
+  FILE *out = stdout;
+  if (o.output && !(out = fopen(o.output, "w"))) {
+    rc = fail(EXIT_FAIL, "cannot write %s: %s", o.output, strerror(errno));
+    mega_sched_free(&s);
+    return rc;
+  }
+  rc = emit(&o, out, &s);
+  if (out != stdout) {
+    if (fclose(out) && !rc) rc = fail(EXIT_FAIL, "cannot write %s: %s", o.output, strerror(errno));
+  } else if (fflush(out) && !rc) {
+    rc = fail(EXIT_FAIL, "cannot write to stdout: %s", strerror(errno));
+  }
+  mega_sched_free(&s);
+  return rc;
+}

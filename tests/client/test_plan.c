@@ -1,0 +1,419 @@
+/* megactl plan, run as a user runs it: the built binary (argv[1]) in a child
+ * process, its stdout and stderr captured in files. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+extern char **environ;
+
+static const char *megactl;
+static char tmpdir[] = "/tmp/mega-test-plan-XXXXXX";
+
+typedef struct result {
+  int status; /* exit status */
+  char *out, *err;
+} result;
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  char chunk[8192];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, n, m);
+  fclose(m);
+  fclose(f);
+  return buf;
+}
+
+static void spit(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static char *tmp_path(const char *name) {
+  static char buf[4][512];
+  static int k;
+  char *p = buf[k++ % 4];
+  snprintf(p, 512, "%s/%s", tmpdir, name);
+  return p;
+}
+
+/* Runs `megactl plan ARGS...` (NULL-terminated). */
+static result plan(const char *first, ...) {
+  const char *argv[64] = {megactl, "plan"};
+  int argc = 2;
+  va_list ap;
+  va_start(ap, first);
+  for (const char *a = first; a; a = va_arg(ap, const char *)) {
+    assert_true(argc < 63);
+    argv[argc++] = a;
+  }
+  va_end(ap);
+  argv[argc] = NULL;
+
+  char out_path[512], err_path[512];
+  snprintf(out_path, sizeof out_path, "%s/stdout", tmpdir);
+  snprintf(err_path, sizeof err_path, "%s/stderr", tmpdir);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  pid_t pid;
+  int rc = posix_spawn(&pid, megactl, &fa, NULL, (char *const *)argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  assert_int_equal(rc, 0);
+  int ws;
+  assert_int_equal(waitpid(pid, &ws, 0), pid);
+  if (!WIFEXITED(ws)) fail_msg("megactl plan died with signal %d", WTERMSIG(ws));
+  result r = {WEXITSTATUS(ws), slurp(out_path), slurp(err_path)};
+  return r;
+}
+
+static void result_free(result *r) {
+  free(r->out);
+  free(r->err);
+}
+
+static json_t *parse_json(const char *text) {
+  json_error_t e;
+  json_t *j = json_loads(text, 0, &e);
+  if (!j) fail_msg("not JSON (%s, line %d): %.200s", e.text, e.line, text);
+  return j;
+}
+
+static double num(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  if (!json_is_number(v)) fail_msg("field '%s' is not a number", key);
+  return json_number_value(v);
+}
+
+static void ok_json(result *r, json_t **out) {
+  if (r->status != 0) fail_msg("exit %d: %s", r->status, r->err);
+  assert_string_equal(r->err, "");
+  *out = parse_json(r->out);
+}
+
+/* 1F1B, P=4, M=8, T_f = T_b = 1: makespan (M+P-1)(T_f+T_b) = 22, bubble
+ * (P-1)/(M+P-1) = 3/11 on every rank, Megatron's warmup P-rank-1. */
+static void json_1f1b_closed_forms(void **state) {
+  (void)state;
+  result r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                  "--format", "json", NULL);
+  json_t *j;
+  ok_json(&r, &j);
+  assert_string_equal(json_string_value(json_object_get(j, "schedule")), "1f1b");
+  assert_int_equal(num(j, "pp"), 4);
+  assert_int_equal(num(j, "vp"), 1);
+  assert_int_equal(num(j, "microbatches"), 8);
+  assert_true(fabs(num(j, "makespan") - 22) < 1e-9);
+  assert_true(fabs(num(j, "bubble_fraction") - 3.0 / 11) < 1e-9);
+  assert_int_equal(json_array_size(json_object_get(j, "schedule_table")), 0);
+  json_t *ranks = json_object_get(j, "ranks");
+  assert_int_equal(json_array_size(ranks), 4);
+  for (int k = 0; k < 4; k++) {
+    json_t *rk = json_array_get(ranks, (size_t)k);
+    assert_int_equal(num(rk, "rank"), k);
+    assert_int_equal(num(rk, "warmup"), 3 - k);
+    assert_int_equal(num(rk, "steady"), 8 - (3 - k));
+    assert_int_equal(num(rk, "cooldown"), 3 - k);
+    assert_int_equal(num(rk, "peak_inflight"), 4 - k);
+    assert_true(fabs(num(rk, "busy") - 16) < 1e-9);
+    assert_true(fabs(num(rk, "idle") - 6) < 1e-9);
+    assert_true(fabs(num(rk, "bubble_fraction") - 3.0 / 11) < 1e-9);
+    const char *acts = json_string_value(json_object_get(rk, "actions"));
+    assert_non_null(acts);
+    assert_non_null(strstr(acts, "F7.0"));
+    assert_non_null(strstr(acts, "B7.0"));
+  }
+  json_decref(j);
+  result_free(&r);
+}
+
+/* Interleaved, P=4, V=2, M=8 (group N = P): bubble (P-1)/(V*M+P-1) = 3/19,
+ * warmup (P-rank-1)*2 + (V-1)*N virtual microbatches, and Megatron's table. */
+static void json_interleaved(void **state) {
+  (void)state;
+  result r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                  "--virtual-pipeline-model-parallel-size", "2", "--format", "json", NULL);
+  json_t *j;
+  ok_json(&r, &j);
+  assert_string_equal(json_string_value(json_object_get(j, "schedule")), "interleaved");
+  assert_int_equal(num(j, "vp"), 2);
+  assert_true(fabs(num(j, "bubble_fraction") - 3.0 / 19) < 1e-9);
+  json_t *table = json_object_get(j, "schedule_table");
+  assert_int_equal(json_array_size(table), 16);
+  static const int want[16][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1},
+                                  {4, 0}, {5, 0}, {6, 0}, {7, 0}, {4, 1}, {5, 1}, {6, 1}, {7, 1}};
+  for (size_t k = 0; k < 16; k++) {
+    json_t *e = json_array_get(table, k);
+    assert_int_equal(json_integer_value(json_array_get(e, 0)), want[k][0]);
+    assert_int_equal(json_integer_value(json_array_get(e, 1)), want[k][1]);
+  }
+  json_t *ranks = json_object_get(j, "ranks");
+  for (int k = 0; k < 4; k++) {
+    json_t *rk = json_array_get(ranks, (size_t)k);
+    int warmup = (4 - k - 1) * 2 + (2 - 1) * 4;
+    assert_int_equal(num(rk, "warmup"), warmup);
+    assert_int_equal(num(rk, "steady"), 16 - warmup);
+    assert_int_equal(num(rk, "cooldown"), warmup);
+  }
+  json_decref(j);
+  result_free(&r);
+}
+
+/* Seed 000's table: P=2, M=5, V=2, N=3. */
+static void seed_schedule_table(void **state) {
+  (void)state;
+  result r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "5",
+                  "--virtual-pipeline-model-parallel-size", "2",
+                  "--microbatch-group-size-per-vp-stage", "3", "--format", "json", NULL);
+  json_t *j;
+  ok_json(&r, &j);
+  static const int mb[10] = {0, 1, 2, 0, 1, 2, 3, 4, 3, 4}, ch[10] = {0, 0, 0, 1, 1, 1, 0, 0, 1, 1};
+  json_t *table = json_object_get(j, "schedule_table");
+  assert_int_equal(json_array_size(table), 10);
+  for (size_t k = 0; k < 10; k++) {
+    assert_int_equal(json_integer_value(json_array_get(json_array_get(table, k), 0)), mb[k]);
+    assert_int_equal(json_integer_value(json_array_get(json_array_get(table, k), 1)), ch[k]);
+  }
+  json_decref(j);
+  result_free(&r);
+}
+
+/* --format schedule, saved and given back with --load, is the same schedule
+ * and simulates to the same figures; its rank lines are the JSON actions. */
+static void text_form_round_trip(void **state) {
+  (void)state;
+  const char *kinds[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    const char *vp = strcmp(kinds[k], "interleaved") ? "1" : "2";
+    result a = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--virtual-pipeline-model-parallel-size", vp, "--schedule", kinds[k],
+                    "--format", "schedule", NULL);
+    if (a.status) fail_msg("%s: exit %d: %s", kinds[k], a.status, a.err);
+    assert_true(!strncmp(a.out, "mega-schedule v1", 16));
+    char *file = tmp_path("saved.txt");
+    spit(file, a.out);
+
+    result b = plan("--load", file, "--format", "schedule", NULL);
+    assert_int_equal(b.status, 0);
+    assert_string_equal(b.out, a.out);
+
+    result gen = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                      "--virtual-pipeline-model-parallel-size", vp, "--schedule", kinds[k],
+                      "--format", "json", NULL);
+    result load = plan("--load", file, "--pipeline-model-parallel-size", "4", "--format", "json",
+                       NULL);
+    json_t *jg, *jl;
+    ok_json(&gen, &jg);
+    ok_json(&load, &jl);
+    assert_true(fabs(num(jg, "makespan") - num(jl, "makespan")) < 1e-9);
+    assert_true(fabs(num(jg, "bubble_fraction") - num(jl, "bubble_fraction")) < 1e-9);
+    json_t *ranks = json_object_get(jl, "ranks");
+    for (size_t i = 0; i < json_array_size(ranks); i++) {
+      char line[64];
+      snprintf(line, sizeof line, "\n%zu: ", i);
+      const char *at = strstr(a.out, line);
+      assert_non_null(at);
+      at += strlen(line);
+      const char *acts = json_string_value(json_object_get(json_array_get(ranks, i), "actions"));
+      assert_true(!strncmp(at, acts, strlen(acts)));
+      assert_true(at[strlen(acts)] == '\n' || at[strlen(acts)] == '\0');
+    }
+    json_decref(jg);
+    json_decref(jl);
+    result_free(&a);
+    result_free(&b);
+    result_free(&gen);
+    result_free(&load);
+  }
+}
+
+static void trace_parses(void **state) {
+  (void)state;
+  char *file = tmp_path("trace.json");
+  result r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8", "--schedule",
+                  "zb-h1", "--format", "trace", "--output", file, NULL);
+  if (r.status) fail_msg("exit %d: %s", r.status, r.err);
+  assert_string_equal(r.out, "");
+  char *text = slurp(file);
+  json_t *j = parse_json(text);
+  json_t *events = json_object_get(j, "traceEvents");
+  assert_true(json_is_array(events));
+  int compute = 0, weight = 0, names = 0;
+  size_t i;
+  json_t *ev;
+  json_array_foreach(events, i, ev) {
+    const char *ph = json_string_value(json_object_get(ev, "ph"));
+    const char *name = json_string_value(json_object_get(ev, "name"));
+    assert_non_null(ph);
+    if (!strcmp(ph, "M") && !strcmp(name, "thread_name")) names++;
+    if (strcmp(ph, "X")) continue;
+    const char *cat = json_string_value(json_object_get(ev, "cat"));
+    assert_true(!strcmp(cat, "compute") || !strcmp(cat, "p2p") || !strcmp(cat, "bubble"));
+    assert_true(num(ev, "dur") > 0);
+    if (!strcmp(cat, "compute")) {
+      compute++;
+      if (name[0] == 'W') weight++;
+      assert_true(json_is_integer(json_object_get(json_object_get(ev, "args"), "microbatch")));
+    }
+  }
+  assert_int_equal(names, 4);
+  assert_int_equal(compute, 4 * 8 * 3); /* F, B and W per microbatch and rank */
+  assert_int_equal(weight, 4 * 8);
+  json_decref(j);
+  free(text);
+  result_free(&r);
+}
+
+static void text_fits_80_columns(void **state) {
+  (void)state;
+  const char *shapes[][6] = {
+      {"4", "8", "1", "1f1b"},  {"4", "8", "2", "interleaved"}, {"4", "8", "1", "zb-h1"},
+      {"8", "64", "1", "1f1b"}, {"16", "64", "4", "interleaved"}, {"2", "3", "1", "gpipe"},
+      {"1", "4", "1", "no-pipelining"},
+  };
+  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+    result r = plan("--pipeline-model-parallel-size", shapes[k][0], "--num-microbatches",
+                    shapes[k][1], "--virtual-pipeline-model-parallel-size", shapes[k][2],
+                    "--schedule", shapes[k][3], NULL);
+    if (r.status) fail_msg("%s: exit %d: %s", shapes[k][3], r.status, r.err);
+    assert_non_null(strstr(r.out, "rank 0"));
+    assert_non_null(strstr(r.out, "makespan "));
+    assert_non_null(strstr(r.out, "mean bubble "));
+    for (const char *line = r.out; *line;) {
+      const char *nl = strchr(line, '\n');
+      size_t len = nl ? (size_t)(nl - line) : strlen(line);
+      if (len > 80) fail_msg("%s: a line of %zu columns: %.*s", shapes[k][3], len, (int)len, line);
+      line += len + (nl != NULL);
+    }
+    result_free(&r);
+  }
+  /* P=4, M=8 fits at one cell per time unit: rank 0 starts with its warmup. */
+  result r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8", NULL);
+  assert_int_equal(r.status, 0);
+  assert_non_null(strstr(r.out, "\nrank 0 F0 F1 F2 F3 "));
+  assert_non_null(strstr(r.out, "\nrank 3 ......... F0 B0 F1 B1 "));
+  assert_non_null(strstr(r.out, "makespan 22, mean bubble 27.27%"));
+  result_free(&r);
+}
+
+/* One readable line on stderr, nothing on stdout, and the exit status. */
+static void expect_error(result r, int status, const char *needle) {
+  if (r.status != status) fail_msg("exit %d, wanted %d: %s", r.status, status, r.err);
+  assert_string_equal(r.out, "");
+  assert_true(!strncmp(r.err, "megactl plan: ", 14));
+  if (!strstr(r.err, needle)) fail_msg("'%s' lacks '%s'", r.err, needle);
+  char *nl = strchr(r.err, '\n');
+  assert_non_null(nl);
+  assert_string_equal(nl + 1, "");
+  result_free(&r);
+}
+
+static void errors(void **state) {
+  (void)state;
+  expect_error(plan("--pipeline-model-parallel-size", "1", "--num-microbatches", "4",
+                    "--virtual-pipeline-model-parallel-size", "2", NULL),
+               2, "--virtual-pipeline-model-parallel-size");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--schedule", "pipedream", NULL),
+               2, "'pipedream'");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "2",
+                    "--virtual-pipeline-model-parallel-size", "2", NULL),
+               2, "microbatches");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "eight", NULL),
+               2, "--num-microbatches: 'eight' is not a whole number");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "0", NULL), 2,
+               "--num-microbatches: '0'");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--t-forward", "-1", NULL),
+               2, "--t-forward: '-1'");
+  expect_error(plan("--pipeline-model-parallel-size", "4", NULL), 2,
+               "--num-microbatches is required");
+  expect_error(plan("--num-microbatches", "8", NULL), 2,
+               "--pipeline-model-parallel-size is required");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8", "--pp",
+                    "2", NULL),
+               2, "unknown flag '--pp'");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", NULL), 2,
+               "--num-microbatches needs a value");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--format", "svg", NULL),
+               2, "--format: 'svg'");
+  expect_error(plan("4", NULL), 2, "unexpected argument '4'");
+  expect_error(plan("--load", tmp_path("no-such-file"), NULL), 1, "No such file or directory");
+
+  char *bad = tmp_path("bad.txt");
+  spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
+            "0: F0.0 SF0.0 RB0.0 B0.0\n"
+            "1: RF0.0 F0.0 X0.0 SB0.0\n");
+  expect_error(plan("--load", bad, NULL), 1, "line 3");
+
+  /* Parses, but rank 1 never sends the gradient rank 0 waits for. */
+  spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
+            "0: F0.0 SF0.0 RB0.0 B0.0\n"
+            "1: RF0.0 F0.0 B0.0\n");
+  expect_error(plan("--load", bad, NULL), 1, "is not a valid schedule");
+
+  spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
+            "0: F0.0 SF0.0 RB0.0 B0.0\n"
+            "1: RF0.0 F0.0 B0.0 SB0.0\n");
+  expect_error(plan("--load", bad, "--pipeline-model-parallel-size", "4", NULL), 2,
+               "--pipeline-model-parallel-size 4 disagrees with");
+  result ok = plan("--load", bad, "--format", "json", NULL);
+  assert_int_equal(ok.status, 0);
+  result_free(&ok);
+}
+
+static void help(void **state) {
+  (void)state;
+  result r = plan("--help", NULL);
+  assert_int_equal(r.status, 0);
+  assert_true(!strncmp(r.out, "usage: megactl plan", 19));
+  result_free(&r);
+}
+
+static int cleanup(void **state) {
+  (void)state;
+  const char *names[] = {"stdout", "stderr", "saved.txt", "trace.json", "bad.txt"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tmp_path(names[i]));
+  rmdir(tmpdir);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: test_plan PATH-TO-MEGACTL\n");
+    return 1;
+  }
+  megactl = argv[1];
+  if (!mkdtemp(tmpdir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  setenv("COLUMNS", "80", 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(json_1f1b_closed_forms), cmocka_unit_test(json_interleaved),
+      cmocka_unit_test(seed_schedule_table),    cmocka_unit_test(text_form_round_trip),
+      cmocka_unit_test(trace_parses),           cmocka_unit_test(text_fits_80_columns),
+      cmocka_unit_test(errors),                 cmocka_unit_test(help),
+  };
+  return cmocka_run_group_tests(tests, NULL, cleanup);
+}
