@@ -1,7 +1,8 @@
 /* The math and memory backend: the narrow interface the model, the optimizer
  * and the engine compute through. The cpu backend (cpu.c) uses OpenBLAS and
  * plain C loops; a cuda backend implements the same table with cuBLAS and
- * the kernels in kernels/. Both share the per-element math of kernels/*.h.
+ * the kernels in kernels/. Both share the per-element math of the headers
+ * in kernels/ (elementwise.h, rng.h).
  *
  * Memory. Every float/int pointer an op takes is backend memory (from
  * ops->alloc), unless the comment says "host". On the cpu backend backend

@@ -1,0 +1,47 @@
+/* Shared between the cpu backend's files; not a public header. */
+#ifndef MEGA_WORKER_BACKEND_CPU_INTERNAL_H
+#define MEGA_WORKER_BACKEND_CPU_INTERNAL_H
+
+#include "worker/backend/backend.h"
+
+/* Hot loops get an AVX-512 and an AVX2 clone picked at load time, so a
+ * generic build still runs them at the machine's width. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define MEGA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MEGA_CPU_CLONES
+#endif
+
+void mega_cpu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
+                              const float *wte, const float *wpe, int B, int T, int C);
+void mega_cpu_encoder_backward(mega_backend *be, float *dwte, float *dwpe,
+                               const float *dout, const int32_t *tok, int B, int T, int C);
+void mega_cpu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
+                                const float *inp, const float *w, const float *b, int N,
+                                int C, float eps);
+void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dout,
+                                       const float *inp, const float *w,
+                                       const float *mean, const float *rstd, int N, int C);
+void mega_cpu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
+                                        const float *dout, const float *inp,
+                                        const float *mean, const float *rstd, int N,
+                                        int C);
+void mega_cpu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n);
+void mega_cpu_gelu_backward(mega_backend *be, float *dinp, const float *inp,
+                            const float *dout, size_t n);
+void mega_cpu_residual_forward(mega_backend *be, float *out, const float *a,
+                               const float *b, size_t n);
+void mega_cpu_add_inplace(mega_backend *be, float *out, const float *a, size_t n);
+void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
+                                   const float *logits, const int32_t *targets, int N,
+                                   int V);
+void mega_cpu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
+                                    const int32_t *targets, float scale, int N, int V);
+void mega_cpu_attention_forward(mega_backend *be, float *out, float *att,
+                                const float *qkv, int B, int T, int C, int NH);
+void mega_cpu_attention_backward(mega_backend *be, float *dqkv, float *scratch,
+                                 const float *dout, const float *qkv, const float *att,
+                                 int B, int T, int C, int NH);
+
+#endif

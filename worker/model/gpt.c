@@ -1,0 +1,300 @@
+/* GPT stage: configuration checks, the parameter table, initialisation and
+ * safetensors load/save. The passes are in gpt_pass.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/rng.h"
+#include "worker/model/gpt_internal.h"
+
+void mega_gpt_config_default(mega_gpt_config *cfg) {
+  *cfg = (mega_gpt_config){.vocab_size = 256,
+                           .max_seq_len = 1024,
+                           .num_layers = 12,
+                           .num_heads = 12,
+                           .channels = 768,
+                           .init_std = 0.02f,
+                           .ln_eps = 1e-5f,
+                           .seed = 1337};
+}
+
+mega_status mega_gpt_config_check(const mega_gpt_config *c, mega_err *err) {
+  if (c->vocab_size < 1)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: vocab_size must be >= 1, got %d",
+                     c->vocab_size);
+  if (c->max_seq_len < 1)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: max_seq_len must be >= 1, got %d",
+                     c->max_seq_len);
+  if (c->num_layers < 1)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: num_layers must be >= 1, got %d",
+                     c->num_layers);
+  if (c->num_heads < 1 || c->channels < 1)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: num_heads (%d) and channels (%d) must be >= 1", c->num_heads,
+                     c->channels);
+  if (c->channels % c->num_heads != 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: num_heads (%d) must divide channels (%d); pick a head count "
+                     "that divides the hidden size",
+                     c->num_heads, c->channels);
+  /* Every tensor, activations included, must index in int and size_t. */
+  if ((int64_t)c->channels * 4 > (1 << 24) || (int64_t)c->vocab_size > (1 << 24) ||
+      (int64_t)c->max_seq_len > (1 << 20))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: sizes too large (channels %d, vocab %d, max_seq_len %d)",
+                     c->channels, c->vocab_size, c->max_seq_len);
+  if (!(c->init_std >= 0.0f) || !isfinite(c->init_std))
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: init_std must be finite and >= 0, got %g",
+                     (double)c->init_std);
+  if (!(c->ln_eps > 0.0f) || !isfinite(c->ln_eps))
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: ln_eps must be finite and > 0, got %g",
+                     (double)c->ln_eps);
+  return MEGA_OK;
+}
+
+static mega_status check_desc(const mega_gpt_config *c, const mega_gpt_stage_desc *d,
+                              mega_err *err) {
+  if (d->first_layer < 0 || d->num_layers < 0 ||
+      d->first_layer + d->num_layers > c->num_layers)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: stage layers %d..%d are outside the model's %d layers",
+                     d->first_layer, d->first_layer + d->num_layers - 1, c->num_layers);
+  if (!d->embedding && !d->loss && d->num_layers == 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: a stage needs the embedding, the loss or at least one layer");
+  return MEGA_OK;
+}
+
+typedef struct table {
+  mega_param_info *p;
+  int n, cap;
+  size_t off;
+} table;
+
+static size_t add(table *t, const char *name, int d0, int d1, bool decay, bool tied) {
+  mega_param_info *pi = &t->p[t->n++];
+  memset(pi, 0, sizeof *pi);
+  snprintf(pi->name, sizeof pi->name, "%s", name);
+  pi->ndim = d1 ? 2 : 1;
+  pi->shape[0] = d0;
+  pi->shape[1] = d1;
+  pi->numel = (size_t)d0 * (d1 ? (size_t)d1 : 1);
+  /* 16-float alignment keeps every tensor on a cache line. */
+  pi->offset = t->off;
+  t->off += (pi->numel + 15) / 16 * 16;
+  pi->decay = decay;
+  pi->tied_copy = tied;
+  return pi->offset;
+}
+
+static void build_table(mega_gpt_stage *s, table *t) {
+  const mega_gpt_config *c = &s->cfg;
+  int C = c->channels, V = c->vocab_size;
+  char nm[64];
+  s->wte = s->wpe = s->lnfw = s->lnfb = s->head = GPT_NO_OFF;
+  if (s->desc.embedding) {
+    s->wte = add(t, "transformer.wte.weight", V, C, true, false);
+    s->wpe = add(t, "transformer.wpe.weight", c->max_seq_len, C, true, false);
+  }
+  for (int i = 0; i < s->desc.num_layers; i++) {
+    int l = s->desc.first_layer + i;
+    gpt_layer_off *o = &s->layers[i];
+#define P(field, suffix, d0, d1, decay)                                  \
+  snprintf(nm, sizeof nm, "transformer.h.%d.%s", l, suffix);             \
+  o->field = add(t, nm, d0, d1, decay, false)
+    P(ln1w, "ln_1.weight", C, 0, false);
+    P(ln1b, "ln_1.bias", C, 0, false);
+    P(qkvw, "attn.c_attn.weight", C, 3 * C, true);
+    P(qkvb, "attn.c_attn.bias", 3 * C, 0, false);
+    P(projw, "attn.c_proj.weight", C, C, true);
+    P(projb, "attn.c_proj.bias", C, 0, false);
+    P(ln2w, "ln_2.weight", C, 0, false);
+    P(ln2b, "ln_2.bias", C, 0, false);
+    P(fcw, "mlp.c_fc.weight", C, 4 * C, true);
+    P(fcb, "mlp.c_fc.bias", 4 * C, 0, false);
+    P(fcprojw, "mlp.c_proj.weight", 4 * C, C, true);
+    P(fcprojb, "mlp.c_proj.bias", C, 0, false);
+#undef P
+  }
+  if (s->desc.loss) {
+    s->lnfw = add(t, "transformer.ln_f.weight", C, 0, false, false);
+    s->lnfb = add(t, "transformer.ln_f.bias", C, 0, false, false);
+    s->head = s->desc.embedding ? s->wte
+                                : add(t, "transformer.wte.weight", V, C, true, true);
+  }
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* The init of one full tensor, by its name alone (see gpt.h). */
+static void init_tensor(const mega_gpt_config *c, const mega_param_info *pi, float *dst) {
+  if (ends_with(pi->name, ".bias")) {
+    memset(dst, 0, pi->numel * sizeof *dst);
+    return;
+  }
+  if (strstr(pi->name, ".ln_")) {
+    for (size_t i = 0; i < pi->numel; i++) dst[i] = 1.0f;
+    return;
+  }
+  double std = c->init_std;
+  if (ends_with(pi->name, "attn.c_proj.weight") || ends_with(pi->name, "mlp.c_proj.weight"))
+    std /= sqrt(2.0 * c->num_layers);
+  uint64_t key = mega_rng_key(c->seed, pi->name);
+  for (size_t i = 0; i < pi->numel; i++) dst[i] = (float)(std * mega_rng_normal(key, i));
+}
+
+mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err) {
+  float *host = malloc(s->numel * sizeof *host);
+  if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for init");
+  memset(host, 0, s->numel * sizeof *host);
+  for (int i = 0; i < s->nparams; i++)
+    init_tensor(&s->cfg, &s->params[i], host + s->params[i].offset);
+  mega_status st = s->be->ops->memcpy(s->be, s->param, host, s->numel * sizeof *host,
+                                      MEGA_COPY_H2D, err);
+  free(host);
+  return st;
+}
+
+mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
+                                  const mega_gpt_stage_desc *desc, mega_gpt_stage **out,
+                                  mega_err *err) {
+  mega_status st = mega_gpt_config_check(cfg, err);
+  if (st) return st;
+  if ((st = check_desc(cfg, desc, err))) return st;
+  mega_gpt_stage *s = calloc(1, sizeof *s);
+  int cap = 2 + 12 * desc->num_layers + 3;
+  if (s) {
+    s->params = calloc((size_t)cap, sizeof *s->params);
+    s->layers = calloc((size_t)desc->num_layers + 1, sizeof *s->layers);
+  }
+  if (!s || !s->params || !s->layers) {
+    mega_gpt_stage_destroy(s);
+    return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory");
+  }
+  s->be = be;
+  s->cfg = *cfg;
+  s->desc = *desc;
+  table t = {.p = s->params, .cap = cap};
+  build_table(s, &t);
+  s->nparams = t.n;
+  s->numel = t.off;
+  void *p = NULL, *g = NULL;
+  if ((st = be->ops->alloc(be, s->numel * sizeof(float), &p, err)) ||
+      (st = be->ops->alloc(be, s->numel * sizeof(float), &g, err))) {
+    be->ops->free(be, p);
+    mega_gpt_stage_destroy(s);
+    mega_err_prefix(err, "gpt: parameters");
+    return st;
+  }
+  s->param = p;
+  s->grad = g;
+  if ((st = mega_gpt_init_params(s, err))) {
+    mega_gpt_stage_destroy(s);
+    return st;
+  }
+  *out = s;
+  return MEGA_OK;
+}
+
+void mega_gpt_stage_destroy(mega_gpt_stage *s) {
+  if (!s) return;
+  if (s->be) {
+    s->be->ops->free(s->be, s->param);
+    s->be->ops->free(s->be, s->grad);
+  }
+  free(s->params);
+  free(s->layers);
+  free(s);
+}
+
+const mega_gpt_config *mega_gpt_stage_config(const mega_gpt_stage *s) { return &s->cfg; }
+const mega_gpt_stage_desc *mega_gpt_stage_desc_get(const mega_gpt_stage *s) {
+  return &s->desc;
+}
+mega_backend *mega_gpt_stage_backend(const mega_gpt_stage *s) { return s->be; }
+
+const mega_param_info *mega_gpt_params(const mega_gpt_stage *s, int *count) {
+  *count = s->nparams;
+  return s->params;
+}
+
+const mega_param_info *mega_gpt_param_find(const mega_gpt_stage *s, const char *name) {
+  for (int i = 0; i < s->nparams; i++)
+    if (strcmp(s->params[i].name, name) == 0) return &s->params[i];
+  return NULL;
+}
+
+float *mega_gpt_param_data(mega_gpt_stage *s) { return s->param; }
+float *mega_gpt_grad_data(mega_gpt_stage *s) { return s->grad; }
+size_t mega_gpt_num_params(const mega_gpt_stage *s) { return s->numel; }
+
+void mega_gpt_zero_grad(mega_gpt_stage *s) {
+  s->be->ops->memset0(s->be, s->grad, s->numel * sizeof(float));
+}
+
+mega_status mega_gpt_load_safetensors(mega_gpt_stage *s, const mega_st_file *const *files,
+                                      size_t nfiles, mega_err *err) {
+  size_t maxn = 0;
+  for (int i = 0; i < s->nparams; i++)
+    if (s->params[i].numel > maxn) maxn = s->params[i].numel;
+  float *host = malloc(maxn * sizeof *host);
+  if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for loading");
+  mega_status st = MEGA_OK;
+  for (int i = 0; i < s->nparams && !st; i++) {
+    const mega_param_info *pi = &s->params[i];
+    const mega_st_file *f = NULL;
+    const char *name = pi->name;
+    for (size_t k = 0; k < nfiles && !f; k++)
+      if (mega_st_find(files[k], name)) f = files[k];
+    if (!f && pi->tied_copy)
+      for (size_t k = 0; k < nfiles && !f; k++)
+        if (mega_st_find(files[k], "lm_head.weight")) {
+          f = files[k];
+          name = "lm_head.weight";
+        }
+    if (!f) {
+      st = mega_fail(err, MEGA_ERR_NOT_FOUND,
+                     "gpt: tensor %s is in none of the %zu checkpoint file(s)%s%s", pi->name,
+                     nfiles, nfiles ? ", e.g. " : "", nfiles ? mega_st_path(files[0]) : "");
+      break;
+    }
+    int64_t shape[2] = {pi->shape[0], pi->shape[1]};
+    st = mega_st_read_f32(f, name, host, pi->numel, shape, pi->ndim, err);
+    if (!st)
+      st = s->be->ops->memcpy(s->be, s->param + pi->offset, host, pi->numel * sizeof *host,
+                              MEGA_COPY_H2D, err);
+  }
+  free(host);
+  return st;
+}
+
+mega_status mega_gpt_save_safetensors(mega_gpt_stage *s, const char *path, mega_err *err) {
+  float *host = malloc(s->numel * sizeof *host);
+  mega_st_tensor *ts = calloc((size_t)s->nparams, sizeof *ts);
+  mega_status st = MEGA_OK;
+  if (!host || !ts) {
+    st = mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for saving");
+    goto done;
+  }
+  if ((st = s->be->ops->memcpy(s->be, host, s->param, s->numel * sizeof *host,
+                               MEGA_COPY_D2H, err)))
+    goto done;
+  for (int i = 0; i < s->nparams; i++) {
+    const mega_param_info *pi = &s->params[i];
+    ts[i].name = pi->name;
+    ts[i].ndim = pi->ndim;
+    ts[i].shape[0] = pi->shape[0];
+    ts[i].shape[1] = pi->shape[1];
+    ts[i].numel = pi->numel;
+    ts[i].data = host + pi->offset;
+  }
+  st = mega_st_write(path, ts, (size_t)s->nparams, NULL, 0, err);
+done:
+  free(host);
+  free(ts);
+  return st;
+}

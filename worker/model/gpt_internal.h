@@ -1,0 +1,29 @@
+/* Shared between gpt.c (stage, params) and gpt_pass.c (activations, forward,
+ * backward); not a public header. */
+#ifndef MEGA_WORKER_GPT_INTERNAL_H
+#define MEGA_WORKER_GPT_INTERNAL_H
+
+#include "worker/model/gpt.h"
+
+/* Float offsets of one block's tensors in the flat buffers. */
+typedef struct gpt_layer_off {
+  size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+} gpt_layer_off;
+
+#define GPT_NO_OFF ((size_t)-1)
+
+struct mega_gpt_stage {
+  mega_backend *be;
+  mega_gpt_config cfg;
+  mega_gpt_stage_desc desc;
+  mega_param_info *params;
+  int nparams;
+  size_t numel;
+  float *param, *grad;
+  /* GPT_NO_OFF when the stage lacks them; head is wte's offset on a stage
+   * that is both embedding and loss. */
+  size_t wte, wpe, lnfw, lnfb, head;
+  gpt_layer_off *layers; /* desc.num_layers */
+};
+
+#endif
