@@ -1,0 +1,44 @@
+/* Shared by the worker tests: a tiny GPT, deterministic data, and a probe
+ * that evaluates a stage's scalar objective and its analytic gradients.
+ * The tests run the cpu backend, so backend memory is host memory. */
+#ifndef MEGA_TESTS_WORKER_GPT_FIXTURE_H
+#define MEGA_TESTS_WORKER_GPT_FIXTURE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/backend/backend.h"
+#include "worker/model/gpt.h"
+
+/* C=16, 2 layers, 2 heads, max_seq_len 8, vocab 256. */
+void fx_config(mega_gpt_config *cfg, float init_std);
+/* Deterministic values: ids in [0, V), normals scaled by std. */
+void fx_ids(int32_t *ids, size_t n, int V, uint64_t seed);
+void fx_normals(float *x, size_t n, float std, uint64_t seed);
+
+/* One stage's objective: the loss stage's mean token loss
+ * loss_sum / (B*T), else sum(output * R) for a fixed R; its gradient is
+ * what backward_input/backward_weight compute with loss_scale = 1/(B*T) or
+ * doutput = R. */
+typedef struct fx_probe {
+  mega_gpt_stage *s;
+  mega_gpt_acts *a;
+  int B, T, C;
+  int32_t *tokens, *targets; /* host [BT], used by their stages */
+  float *input;              /* [BT,C], non-embedding stages */
+  float *R;                  /* [BT,C], non-loss stages */
+  float *output, *dinput;    /* [BT,C] */
+} fx_probe;
+
+/* Creates acts and data for stage s (B x T); frees with fx_probe_free. */
+void fx_probe_init(fx_probe *p, mega_gpt_stage *s, int B, int T, uint64_t seed);
+void fx_probe_free(fx_probe *p);
+/* The objective; *mag (may be NULL) gets the sum of the magnitudes of its
+ * terms, the scale of its float rounding error. */
+double fx_probe_value(fx_probe *p, double *mag);
+/* Zeroes grads, then forward, backward_input, backward_weight; fills
+ * p->dinput on non-embedding stages. */
+void fx_probe_grad(fx_probe *p);
+
+#endif

@@ -1,0 +1,354 @@
+/* Stage equivalence: a model split into pipeline stages computes the same
+ * initial weights, loss and gradients as the single stage; and the stage
+ * API's contracts (the split backward, errors on bad configs and calls). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "gpt_fixture.h"
+
+#define B 2
+#define T 8
+
+typedef struct model {
+  mega_backend *be;
+  mega_gpt_config cfg;
+  int n;
+  mega_gpt_stage *st[4];
+  mega_gpt_acts *acts[4];
+} model;
+
+static void model_init(model *m, const mega_gpt_stage_desc *descs, int n) {
+  mega_err err = {0};
+  memset(m, 0, sizeof *m);
+  fx_config(&m->cfg, 0.2f);
+  m->cfg.num_layers = 4;
+  assert_int_equal(mega_backend_cpu_create(NULL, &m->be, &err), MEGA_OK);
+  m->n = n;
+  for (int i = 0; i < n; i++) {
+    if (mega_gpt_stage_create(m->be, &m->cfg, &descs[i], &m->st[i], &err) != MEGA_OK)
+      fail_msg("stage %d: %s", i, err.msg);
+    if (mega_gpt_acts_create(m->st[i], B, T, &m->acts[i], &err) != MEGA_OK)
+      fail_msg("acts %d: %s", i, err.msg);
+  }
+}
+
+static void model_free(model *m) {
+  for (int i = 0; i < m->n; i++) {
+    mega_gpt_acts_destroy(m->acts[i]);
+    mega_gpt_stage_destroy(m->st[i]);
+  }
+  mega_backend_destroy(m->be);
+}
+
+/* Runs forward and both backward halves through every stage in pipeline
+ * order, passing activations and their gradients along; returns the loss. */
+static double model_step(model *m, const int32_t *tokens, const int32_t *targets) {
+  mega_err err = {0};
+  size_t NC = (size_t)B * T * m->cfg.channels;
+  float *x = calloc(NC, sizeof *x), *y = calloc(NC, sizeof *y);
+  assert_non_null(x);
+  assert_non_null(y);
+  double loss = NAN;
+  for (int i = 0; i < m->n; i++) {
+    bool first = i == 0, last = i == m->n - 1;
+    mega_gpt_zero_grad(m->st[i]);
+    if (mega_gpt_forward(m->st[i], m->acts[i], first ? tokens : NULL, first ? NULL : x,
+                         last ? targets : NULL, last ? NULL : y, &loss, &err) != MEGA_OK)
+      fail_msg("forward %d: %s", i, err.msg);
+    memcpy(x, y, NC * sizeof *x);
+  }
+  /* x now holds the gradient flowing back */
+  for (int i = m->n - 1; i >= 0; i--) {
+    bool first = i == 0, last = i == m->n - 1;
+    if (mega_gpt_backward_input(m->st[i], m->acts[i], last ? NULL : x,
+                                1.0f / (B * T), first ? NULL : y, &err) != MEGA_OK)
+      fail_msg("backward_input %d: %s", i, err.msg);
+    if (mega_gpt_backward_weight(m->st[i], m->acts[i], &err) != MEGA_OK)
+      fail_msg("backward_weight %d: %s", i, err.msg);
+    memcpy(x, y, NC * sizeof *x);
+  }
+  free(x);
+  free(y);
+  return loss;
+}
+
+/* Param (or, with grads, gradient) `name` summed over every stage holding it. */
+static void gather(model *m, const char *name, bool grads, float *out, size_t n) {
+  memset(out, 0, n * sizeof *out);
+  int found = 0;
+  for (int i = 0; i < m->n; i++) {
+    const mega_param_info *pi = mega_gpt_param_find(m->st[i], name);
+    if (!pi) continue;
+    assert_int_equal(pi->numel, n);
+    const float *src = (grads ? mega_gpt_grad_data(m->st[i]) : mega_gpt_param_data(m->st[i])) +
+                       pi->offset;
+    if (!grads && found) {
+      /* a tied copy starts bitwise equal */
+      assert_memory_equal(out, src, n * sizeof *out);
+      continue;
+    }
+    for (size_t k = 0; k < n; k++) out[k] += src[k];
+    found++;
+  }
+  if (!found) fail_msg("no stage holds %s", name);
+}
+
+static void assert_close(const float *a, const float *b, size_t n, double tol,
+                         const char *what) {
+  double scale = 0.0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(a[i]));
+  for (size_t i = 0; i < n; i++)
+    if (fabs((double)a[i] - b[i]) > tol * (scale + 1e-30))
+      fail_msg("%s[%zu]: single stage %.9g, split %.9g", what, i, a[i], b[i]);
+}
+
+static void compare_with_single(const mega_gpt_stage_desc *descs, int n) {
+  model one, split;
+  mega_gpt_stage_desc whole = {true, true, 0, 4};
+  model_init(&one, &whole, 1);
+  model_init(&split, descs, n);
+  int32_t tokens[B * T], targets[B * T];
+  fx_ids(tokens, B * T, 256, 5);
+  fx_ids(targets, B * T, 256, 6);
+  int np;
+  const mega_param_info *params = mega_gpt_params(one.st[0], &np);
+  float *a = malloc(mega_gpt_num_params(one.st[0]) * sizeof *a),
+        *b = malloc(mega_gpt_num_params(one.st[0]) * sizeof *b);
+  assert_non_null(a);
+  assert_non_null(b);
+  /* identical initial weights, whatever the split */
+  for (int i = 0; i < np; i++) {
+    gather(&split, params[i].name, false, b, params[i].numel);
+    assert_memory_equal(mega_gpt_param_data(one.st[0]) + params[i].offset, b,
+                        params[i].numel * sizeof *b);
+  }
+  double l1 = model_step(&one, tokens, targets), l2 = model_step(&split, tokens, targets);
+  printf("# loss single %.9f split %.9f\n", l1, l2);
+  assert_true(fabs(l1 - l2) <= 1e-6 * fabs(l1));
+  /* the same gradients; wte's is the sum of the embedding's and the head's */
+  for (int i = 0; i < np; i++) {
+    memcpy(a, mega_gpt_grad_data(one.st[0]) + params[i].offset, params[i].numel * sizeof *a);
+    gather(&split, params[i].name, true, b, params[i].numel);
+    assert_close(a, b, params[i].numel, 1e-5, params[i].name);
+  }
+  free(a);
+  free(b);
+  model_free(&one);
+  model_free(&split);
+}
+
+static void two_stages_match_single(void **state) {
+  (void)state;
+  mega_gpt_stage_desc d[2] = {{true, false, 0, 2}, {false, true, 2, 2}};
+  compare_with_single(d, 2);
+}
+
+static void four_stages_with_bare_embedding_and_loss(void **state) {
+  (void)state;
+  /* Et | t t t | t | L : embedding-only and loss-only stages */
+  mega_gpt_stage_desc d[4] = {
+      {true, false, 0, 0}, {false, false, 0, 3}, {false, false, 3, 1}, {false, true, 4, 0}};
+  compare_with_single(d, 4);
+}
+
+static void loss_stage_head_is_a_tied_copy(void **state) {
+  (void)state;
+  model m;
+  mega_gpt_stage_desc d[2] = {{true, false, 0, 2}, {false, true, 2, 2}};
+  model_init(&m, d, 2);
+  const mega_param_info *emb = mega_gpt_param_find(m.st[0], "transformer.wte.weight");
+  const mega_param_info *head = mega_gpt_param_find(m.st[1], "transformer.wte.weight");
+  assert_non_null(emb);
+  assert_non_null(head);
+  assert_false(emb->tied_copy);
+  assert_true(head->tied_copy);
+  assert_true(head->decay);
+  assert_null(mega_gpt_param_find(m.st[1], "transformer.wpe.weight"));
+  assert_null(mega_gpt_param_find(m.st[0], "transformer.ln_f.weight"));
+  assert_non_null(mega_gpt_param_find(m.st[1], "transformer.h.3.mlp.c_proj.bias"));
+  assert_null(mega_gpt_param_find(m.st[1], "transformer.h.1.mlp.c_proj.bias"));
+  model_free(&m);
+}
+
+static void param_table_is_hf_order_and_shapes(void **state) {
+  (void)state;
+  model m;
+  mega_gpt_stage_desc d = {true, true, 0, 4};
+  model_init(&m, &d, 1);
+  int np;
+  const mega_param_info *p = mega_gpt_params(m.st[0], &np);
+  assert_int_equal(np, 2 + 12 * 4 + 2);
+  assert_string_equal(p[0].name, "transformer.wte.weight");
+  assert_int_equal(p[0].shape[0], 256);
+  assert_int_equal(p[0].shape[1], 16);
+  assert_string_equal(p[1].name, "transformer.wpe.weight");
+  assert_string_equal(p[2].name, "transformer.h.0.ln_1.weight");
+  assert_string_equal(p[4].name, "transformer.h.0.attn.c_attn.weight");
+  assert_int_equal(p[4].shape[0], 16);
+  assert_int_equal(p[4].shape[1], 48);
+  assert_true(p[4].decay);
+  assert_false(p[5].decay);
+  assert_string_equal(p[12].name, "transformer.h.0.mlp.c_proj.weight");
+  assert_int_equal(p[12].shape[0], 64);
+  assert_string_equal(p[np - 1].name, "transformer.ln_f.bias");
+  size_t end = 0;
+  for (int i = 0; i < np; i++) {
+    assert_true(p[i].offset >= end);
+    end = p[i].offset + p[i].numel;
+  }
+  assert_true(end <= mega_gpt_num_params(m.st[0]));
+  /* initialisation: LN weights 1, biases 0, projections at std/sqrt(2L) */
+  const float *w = mega_gpt_param_data(m.st[0]);
+  assert_true(w[p[2].offset] == 1.0f && w[p[3].offset] == 0.0f);
+  double v4 = 0, v12 = 0;
+  for (size_t i = 0; i < p[4].numel; i++) v4 += (double)w[p[4].offset + i] * w[p[4].offset + i];
+  for (size_t i = 0; i < p[12].numel; i++)
+    v12 += (double)w[p[12].offset + i] * w[p[12].offset + i];
+  double std4 = sqrt(v4 / p[4].numel), std12 = sqrt(v12 / p[12].numel);
+  printf("# c_attn std %.4f (want 0.2), mlp.c_proj std %.4f (want %.4f)\n", std4, std12,
+         0.2 / sqrt(8.0));
+  assert_true(fabs(std4 - 0.2) < 0.02);
+  assert_true(fabs(std12 - 0.2 / sqrt(8.0)) < 0.01);
+  model_free(&m);
+}
+
+/* backward_input alone leaves the gradients alone; backward_weight then adds
+ * exactly the step's gradients, and accumulates across microbatches. */
+static void split_backward_halves_and_accumulation(void **state) {
+  (void)state;
+  model m;
+  mega_gpt_stage_desc d = {true, true, 0, 4};
+  model_init(&m, &d, 1);
+  mega_gpt_stage *s = m.st[0];
+  mega_err err = {0};
+  size_t n = mega_gpt_num_params(s);
+  int32_t tokens[B * T], targets[B * T];
+  fx_ids(tokens, B * T, 256, 5);
+  fx_ids(targets, B * T, 256, 6);
+  float *g1 = malloc(n * sizeof *g1);
+  assert_non_null(g1);
+  model_step(&m, tokens, targets);
+  memcpy(g1, mega_gpt_grad_data(s), n * sizeof *g1);
+  double loss;
+  assert_int_equal(mega_gpt_forward(s, m.acts[0], tokens, NULL, targets, NULL, &loss, &err),
+                   MEGA_OK);
+  assert_int_equal(mega_gpt_backward_input(s, m.acts[0], NULL, 1.0f / (B * T), NULL, &err),
+                   MEGA_OK);
+  assert_memory_equal(g1, mega_gpt_grad_data(s), n * sizeof *g1);
+  assert_int_equal(mega_gpt_backward_weight(s, m.acts[0], &err), MEGA_OK);
+  /* BLAS adds into a non-zero C in its own order: equal to rounding */
+  int np;
+  const mega_param_info *p = mega_gpt_params(s, &np);
+  float *g2 = malloc(n * sizeof *g2);
+  assert_non_null(g2);
+  for (size_t i = 0; i < n; i++) g2[i] = 0.5f * mega_gpt_grad_data(s)[i];
+  for (int i = 0; i < np; i++)
+    assert_close(g1 + p[i].offset, g2 + p[i].offset, p[i].numel, 1e-6, p[i].name);
+  free(g2);
+  free(g1);
+  model_free(&m);
+}
+
+static void bad_configs_and_calls_fail_clearly(void **state) {
+  (void)state;
+  mega_backend *be;
+  mega_err err = {0};
+  mega_gpt_stage *s = NULL;
+  mega_gpt_acts *a = NULL;
+  assert_int_equal(mega_backend_cpu_create(NULL, &be, &err), MEGA_OK);
+  mega_gpt_config cfg;
+  fx_config(&cfg, 0.02f);
+  mega_gpt_stage_desc whole = {true, true, 0, 2};
+  cfg.num_heads = 3;
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "num_heads (3) must divide channels (16)"));
+  fx_config(&cfg, 0.02f);
+  mega_gpt_stage_desc outside = {false, true, 1, 2};
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &outside, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "outside the model's 2 layers"));
+  mega_gpt_stage_desc empty = {false, false, 1, 0};
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &empty, &s, &err), MEGA_ERR_INVALID);
+  cfg.ln_eps = 0.0f;
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_ERR_INVALID);
+  fx_config(&cfg, 0.02f);
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_acts_create(s, 2, 9, &a, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "exceeds max_seq_len 8"));
+  assert_int_equal(mega_gpt_acts_create(s, 2, 4, &a, &err), MEGA_OK);
+  int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 256}, tgt[8] = {0};
+  double loss;
+  assert_int_equal(mega_gpt_backward_input(s, a, NULL, 1.0f, NULL, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "needs a forward first"));
+  assert_int_equal(mega_gpt_forward(s, a, tok, NULL, tgt, NULL, &loss, &err),
+                   MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "tokens[1][3] = 256 is outside the vocabulary"));
+  tok[7] = 7;
+  float junk[2 * 4 * 16];
+  assert_int_equal(mega_gpt_forward(s, a, tok, junk, tgt, NULL, &loss, &err),
+                   MEGA_ERR_INVALID);
+  assert_int_equal(mega_gpt_forward(s, a, NULL, NULL, tgt, NULL, &loss, &err),
+                   MEGA_ERR_INVALID);
+  /* logits only: no backward */
+  assert_int_equal(mega_gpt_forward(s, a, tok, NULL, NULL, NULL, NULL, &err), MEGA_OK);
+  assert_non_null(mega_gpt_acts_logits(a));
+  assert_int_equal(mega_gpt_backward_input(s, a, NULL, 1.0f, NULL, &err), MEGA_ERR_INVALID);
+  assert_int_equal(mega_gpt_forward(s, a, tok, NULL, tgt, NULL, &loss, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_backward_weight(s, a, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "backward_input first"));
+  assert_int_equal(mega_gpt_backward_input(s, a, NULL, 1.0f, NULL, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_backward_input(s, a, NULL, 1.0f, NULL, &err), MEGA_ERR_INVALID);
+  assert_true(mega_gpt_acts_bytes(a) > 0);
+  mega_gpt_acts_destroy(a);
+  mega_gpt_stage_destroy(s);
+  mega_backend_destroy(be);
+}
+
+/* Microbatches of different lengths on one stage, each its own acts. */
+static void variable_lengths_in_flight(void **state) {
+  (void)state;
+  model m;
+  mega_gpt_stage_desc d = {true, true, 0, 4};
+  model_init(&m, &d, 1);
+  mega_err err = {0};
+  mega_gpt_stage *s = m.st[0];
+  mega_gpt_acts *shortacts = NULL;
+  assert_int_equal(mega_gpt_acts_create(s, 1, 3, &shortacts, &err), MEGA_OK);
+  int32_t tok[B * T], tgt[B * T];
+  fx_ids(tok, B * T, 256, 5);
+  fx_ids(tgt, B * T, 256, 6);
+  double l_long, l_short, l_short2;
+  assert_int_equal(mega_gpt_forward(s, m.acts[0], tok, NULL, tgt, NULL, &l_long, &err),
+                   MEGA_OK);
+  assert_int_equal(mega_gpt_forward(s, shortacts, tok, NULL, tgt, NULL, &l_short, &err),
+                   MEGA_OK);
+  /* causal: the first 3 positions of sequence 0 do not see the rest */
+  const float *lg = mega_gpt_acts_logits(m.acts[0]), *ls = mega_gpt_acts_logits(shortacts);
+  for (int i = 0; i < 3 * 256; i++) assert_true(fabsf(lg[i] - ls[i]) <= 1e-5f);
+  assert_int_equal(mega_gpt_backward_input(s, shortacts, NULL, 1.0f, NULL, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_backward_input(s, m.acts[0], NULL, 1.0f, NULL, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_backward_weight(s, shortacts, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_backward_weight(s, m.acts[0], &err), MEGA_OK);
+  assert_int_equal(mega_gpt_forward(s, shortacts, tok, NULL, tgt, NULL, &l_short2, &err),
+                   MEGA_OK);
+  assert_true(l_short == l_short2);
+  mega_gpt_acts_destroy(shortacts);
+  model_free(&m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(two_stages_match_single),
+      cmocka_unit_test(four_stages_with_bare_embedding_and_loss),
+      cmocka_unit_test(loss_stage_head_is_a_tied_copy),
+      cmocka_unit_test(param_table_is_hf_order_and_shapes),
+      cmocka_unit_test(split_backward_halves_and_accumulation),
+      cmocka_unit_test(bad_configs_and_calls_fail_clearly),
+      cmocka_unit_test(variable_lengths_in_flight),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
