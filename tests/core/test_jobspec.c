@@ -1,0 +1,816 @@
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/jobspec.h"
+#include "core/schedule.h"
+
+/* A small valid job: 4 layers, 8 samples per iteration in microbatches of 2. */
+static const char *const base_argv[] = {
+    "--num-layers",       "4",  "--hidden-size",       "64",     "--num-attention-heads", "4",
+    "--seq-length",       "32", "--micro-batch-size",  "2",      "--global-batch-size",   "8",
+    "--train-iters",      "10", "--data-path",         "/tmp/x", "--lr",                  "0.001",
+};
+enum { BASE_ARGC = sizeof base_argv / sizeof base_argv[0] };
+
+/* an argv literal and its length, in the two orders the calls below take */
+#define NARGS(...) (int)(sizeof((char *[]){__VA_ARGS__}) / sizeof(char *))
+#define ARGV(...) (char *const[]){__VA_ARGS__}, NARGS(__VA_ARGS__)
+#define PARSE_ARGS(...) NARGS(__VA_ARGS__), (char *const[]){__VA_ARGS__}
+
+static void expect_msg(const mega_err *err, const char *want) {
+  if (!strstr(err->msg, want)) fail_msg("message '%s' lacks '%s'", err->msg, want);
+}
+
+/* base, then extra flags on top; fails the test when parsing fails */
+static void make_spec(mega_jobspec *s, char *const *extra, int n) {
+  mega_err err = {0};
+  mega_jobspec_defaults(s);
+  if (mega_jobspec_parse(s, BASE_ARGC, (char *const *)base_argv, &err) != MEGA_OK)
+    fail_msg("base: %s", err.msg);
+  if (n && mega_jobspec_parse(s, n, extra, &err) != MEGA_OK) fail_msg("extra: %s", err.msg);
+}
+
+static void expect_parse_error(char *const *argv, int argc, mega_status want_st, const char *want) {
+  mega_jobspec s;
+  mega_err err = {0};
+  mega_jobspec_defaults(&s);
+  assert_int_equal(mega_jobspec_parse(&s, argc, argv, &err), want_st);
+  assert_int_equal(err.status, want_st);
+  expect_msg(&err, want);
+  mega_jobspec_free(&s);
+}
+
+/* check with base + extra flags, at the given world size and data size */
+static void expect_check_error(char *const *extra, int n, int world, long long bytes,
+                               const char *want) {
+  mega_jobspec s;
+  mega_err err = {0};
+  make_spec(&s, extra, n);
+  assert_int_equal(mega_jobspec_check(&s, world, bytes, &err), MEGA_ERR_INVALID);
+  assert_int_equal(err.status, MEGA_ERR_INVALID);
+  expect_msg(&err, "invalid job: ");
+  expect_msg(&err, want);
+  mega_jobspec_free(&s);
+}
+
+static void expect_check_ok(char *const *extra, int n, int world, long long bytes) {
+  mega_jobspec s;
+  mega_err err = {0};
+  make_spec(&s, extra, n);
+  if (mega_jobspec_check(&s, world, bytes, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  mega_jobspec_free(&s);
+}
+
+static void test_defaults(void **state) {
+  (void)state;
+  mega_jobspec s;
+  mega_jobspec_defaults(&s);
+  assert_int_equal(s.num_layers, 0);
+  assert_int_equal(s.max_position_embeddings, -1);
+  assert_true(fabs(s.init_method_std - 0.02) < 1e-15);
+  assert_int_equal(s.seed, 1234);
+  assert_null(s.data_path);
+  assert_true(isnan(s.lr));
+  assert_true(s.min_lr == 0);
+  assert_int_equal(s.lr_warmup_iters, 0);
+  assert_int_equal(s.lr_decay_iters, -1);
+  assert_int_equal(s.lr_decay_style, MEGA_LR_LINEAR);
+  assert_true(s.weight_decay == 0.01);
+  assert_true(s.adam_beta1 == 0.9);
+  assert_true(s.adam_beta2 == 0.999);
+  assert_true(s.adam_eps == 1e-8);
+  assert_true(s.clip_grad == 1.0);
+  assert_null(s.save);
+  assert_int_equal(s.save_interval, 0);
+  assert_false(s.save_initial);
+  assert_int_equal(s.eval_interval, 0);
+  assert_int_equal(s.eval_iters, 10);
+  assert_int_equal(s.tensor_model_parallel_size, 1);
+  assert_int_equal(s.pipeline_model_parallel_size, 1);
+  assert_int_equal(s.virtual_pipeline_model_parallel_size, -1);
+  assert_int_equal(s.num_layers_per_virtual_pipeline_stage, -1);
+  assert_int_equal(s.microbatch_group_size_per_vp_stage, -1);
+  assert_null(s.pipeline_model_parallel_layout);
+  assert_int_equal(s.decoder_first_pipeline_num_layers, -1);
+  assert_int_equal(s.decoder_last_pipeline_num_layers, -1);
+  assert_int_equal(s.schedule, MEGA_JOB_SCHEDULE_AUTO);
+  assert_false(s.batch_p2p_comm || s.overlap_p2p_comm || s.overlap_p2p_comm_warmup_flush ||
+               s.variable_seq_lengths || s.deallocate_pipeline_outputs);
+  assert_int_equal(s.recompute_granularity, MEGA_RECOMPUTE_NONE);
+  assert_false(s.overlap_grad_reduce || s.align_grad_reduce || s.use_distributed_optimizer);
+  assert_int_equal(s.bucket_size, 40000000);
+  assert_int_equal(s.blas_threads, 1);
+  assert_int_equal(s.trace_iteration, 0);
+  assert_null(s.simulate_compute);
+  assert_int_equal(s.log_interval, 1);
+
+  /* derived defaults */
+  make_spec(&s, NULL, 0);
+  assert_int_equal(mega_jobspec_max_position_embeddings(&s), 32);
+  assert_int_equal(mega_jobspec_lr_decay_iters(&s), 10);
+  assert_int_equal(mega_jobspec_vp(&s), 1);
+  assert_int_equal(mega_jobspec_group_size(&s), 1);
+  mega_jobspec_free(&s);
+}
+
+static void test_table(void **state) {
+  (void)state;
+  int n = mega_jobspec_flag_count();
+  assert_true(n >= 50);
+  assert_null(mega_jobspec_flag(n));
+  assert_null(mega_jobspec_flag(-1));
+  int required = 0;
+  for (int i = 0; i < n; i++) {
+    const mega_jobflag *f = mega_jobspec_flag(i);
+    assert_non_null(f);
+    assert_true(strncmp(f->name, "--", 2) == 0);
+    /* the JSON key is Megatron's args name: the flag without "--", '-' -> '_' */
+    char key[96];
+    snprintf(key, sizeof key, "%s", f->name + 2);
+    for (char *p = key; *p; p++)
+      if (*p == '-') *p = '_';
+    assert_string_equal(f->key, key);
+    assert_true(f->help && strlen(f->help) > 10);
+    assert_true(f->group && *f->group);
+    assert_non_null(f->default_text);
+    assert_ptr_equal(mega_jobspec_flag_find(f->name), f);
+    if (f->type == MEGA_JOBFLAG_BOOL) {
+      assert_null(f->metavar);
+      assert_string_equal(f->default_text, "off"); /* to_argv can only say "on" */
+    } else {
+      assert_non_null(f->metavar);
+    }
+    assert_true((f->type == MEGA_JOBFLAG_ENUM) == (f->choices != NULL));
+    required += f->required;
+    /* a group's flags stay together: a new group has not been seen before */
+    if (i > 0 && strcmp(mega_jobspec_flag(i - 1)->group, f->group) != 0)
+      for (int j = 0; j < i; j++) assert_string_not_equal(mega_jobspec_flag(j)->group, f->group);
+  }
+  assert_int_equal(required, 9);
+  assert_null(mega_jobspec_flag_find("--nope"));
+  assert_null(mega_jobspec_flag_find("hidden-size"));
+  assert_null(mega_jobspec_flag_find(NULL));
+  const mega_jobflag *f = mega_jobspec_flag_find("--lr-decay-style");
+  assert_int_equal(f->type, MEGA_JOBFLAG_ENUM);
+  assert_string_equal(f->choices[0], "constant");
+  assert_string_equal(f->default_text, "linear");
+  f = mega_jobspec_flag_find("--adam-beta1");
+  assert_true(f->min == 0 && f->max == 1 && f->max_exclusive && !f->min_exclusive);
+}
+
+static void test_both_syntaxes(void **state) {
+  (void)state;
+  mega_jobspec a, b;
+  mega_err err = {0};
+  mega_jobspec_defaults(&a);
+  mega_jobspec_defaults(&b);
+  assert_int_equal(mega_jobspec_parse(&a, PARSE_ARGS("--hidden-size", "64", "--lr", "3e-4", "--save",
+                                               "/ckpt", "--schedule", "zb-h1", "--save-initial"),
+                                      &err),
+                   MEGA_OK);
+  assert_int_equal(mega_jobspec_parse(&b, PARSE_ARGS("--hidden-size=64", "--lr=3e-4", "--save=/ckpt",
+                                               "--schedule=zb-h1", "--save-initial"),
+                                      &err),
+                   MEGA_OK);
+  assert_true(mega_jobspec_equal(&a, &b));
+  assert_int_equal(a.hidden_size, 64);
+  assert_true(a.lr == 3e-4);
+  assert_string_equal(a.save, "/ckpt");
+  assert_int_equal(a.schedule, MEGA_SCHED_ZB_H1);
+  assert_true(a.save_initial);
+
+  /* a later value replaces an earlier one (and the old string is freed) */
+  assert_int_equal(mega_jobspec_parse(&a, PARSE_ARGS("--save", "/other", "--hidden-size=128"), &err),
+                   MEGA_OK);
+  assert_string_equal(a.save, "/other");
+  assert_int_equal(a.hidden_size, 128);
+
+  /* a value may contain '=' and may look like a flag after '=' */
+  assert_int_equal(mega_jobspec_parse(&a, PARSE_ARGS("--data-path=a=b", "--load=--odd"), &err), MEGA_OK);
+  assert_string_equal(a.data_path, "a=b");
+  assert_string_equal(a.load, "--odd");
+  /* negative numbers are values, not flags */
+  assert_int_equal(mega_jobspec_parse(&a, PARSE_ARGS("--seed", "-0"), &err), MEGA_OK);
+
+  const char *names[] = {"no-pipelining", "gpipe", "1f1b", "interleaved", "zb-h1"};
+  const int kinds[] = {MEGA_SCHED_NO_PIPELINING, MEGA_SCHED_GPIPE, MEGA_SCHED_1F1B,
+                       MEGA_SCHED_INTERLEAVED, MEGA_SCHED_ZB_H1};
+  for (int k = 0; k < 5; k++) {
+    char *argv[] = {"--schedule", (char *)names[k]};
+    assert_int_equal(mega_jobspec_parse(&a, 2, argv, &err), MEGA_OK);
+    assert_int_equal(a.schedule, kinds[k]);
+  }
+  assert_int_equal(mega_jobspec_parse(&a, PARSE_ARGS("--recompute-granularity", "selective",
+                                               "--lr-decay-style", "cosine"),
+                                      &err),
+                   MEGA_OK);
+  assert_int_equal(a.recompute_granularity, MEGA_RECOMPUTE_SELECTIVE);
+  assert_int_equal(a.lr_decay_style, MEGA_LR_COSINE);
+
+  const char *bools[] = {"--save-initial", "--batch-p2p-comm", "--overlap-p2p-comm",
+                         "--overlap-p2p-comm-warmup-flush", "--variable-seq-lengths",
+                         "--deallocate-pipeline-outputs", "--overlap-grad-reduce",
+                         "--align-grad-reduce", "--use-distributed-optimizer"};
+  mega_jobspec_free(&b);
+  for (int k = 0; k < 9; k++) {
+    char *argv[] = {(char *)bools[k]};
+    assert_int_equal(mega_jobspec_parse(&b, 1, argv, &err), MEGA_OK);
+  }
+  assert_true(b.save_initial && b.batch_p2p_comm && b.overlap_p2p_comm &&
+              b.overlap_p2p_comm_warmup_flush && b.variable_seq_lengths &&
+              b.deallocate_pipeline_outputs && b.overlap_grad_reduce && b.align_grad_reduce &&
+              b.use_distributed_optimizer);
+  mega_jobspec_free(&a);
+  mega_jobspec_free(&b);
+}
+
+/* A caller with its own flags tries the job flags first, then its own. */
+static void test_parse_flag_loop(void **state) {
+  (void)state;
+  char *argv[] = {"megactl", "--num-layers", "4", "--nodes", "2", "--lr=0.5", "--follow"};
+  int argc = 7, nodes = 0;
+  bool follow = false;
+  mega_jobspec s;
+  mega_jobspec_defaults(&s);
+  for (int i = 1; i < argc;) {
+    mega_err err = {0};
+    int before = i;
+    mega_status st = mega_jobspec_parse_flag(&s, argc, argv, &i, &err);
+    if (st == MEGA_ERR_NOT_FOUND) {
+      assert_int_equal(i, before);
+      expect_msg(&err, "unknown flag");
+      if (strcmp(argv[i], "--nodes") == 0) {
+        nodes = atoi(argv[i + 1]);
+        i += 2;
+      } else if (strcmp(argv[i], "--follow") == 0) {
+        follow = true;
+        i++;
+      } else {
+        fail_msg("unexpected %s", argv[i]);
+      }
+      continue;
+    }
+    assert_int_equal(st, MEGA_OK);
+  }
+  assert_int_equal(s.num_layers, 4);
+  assert_true(s.lr == 0.5);
+  assert_int_equal(nodes, 2);
+  assert_true(follow);
+
+  mega_err err = {0};
+  int i = 0;
+  char *words[] = {"submit"};
+  assert_int_equal(mega_jobspec_parse_flag(&s, 1, words, &i, &err), MEGA_ERR_NOT_FOUND);
+  expect_msg(&err, "unexpected argument 'submit' (job flags start with --)");
+  i = 1;
+  assert_int_equal(mega_jobspec_parse_flag(&s, 1, words, &i, &err), MEGA_ERR_INVALID);
+  mega_jobspec_free(&s);
+}
+
+static void test_unknown_flags(void **state) {
+  (void)state;
+  expect_parse_error(ARGV("--hiden-size", "4"), MEGA_ERR_INVALID,
+                     "unknown flag '--hiden-size'; did you mean --hidden-size?");
+  expect_parse_error(ARGV("--tensor-parallel-size=2"), MEGA_ERR_INVALID,
+                     "unknown flag '--tensor-parallel-size'");
+  expect_parse_error(ARGV("--xyz"), MEGA_ERR_INVALID, "unknown flag '--xyz'");
+  expect_parse_error(ARGV("--num-layers", "4", "extra"), MEGA_ERR_INVALID,
+                     "unexpected argument 'extra'");
+  expect_parse_error(ARGV("-num-layers", "4"), MEGA_ERR_INVALID, "unexpected argument '-num-layers'");
+  /* Megatron's abbreviations are not accepted: names match exactly */
+  expect_parse_error(ARGV("--num-layer", "4"), MEGA_ERR_INVALID, "did you mean --num-layers?");
+
+  mega_jobspec s;
+  mega_err err = {0};
+  mega_jobspec_defaults(&s);
+  int i = 0;
+  char *argv[] = {"--hiden-size", "4"};
+  assert_int_equal(mega_jobspec_parse_flag(&s, 2, argv, &i, &err), MEGA_ERR_NOT_FOUND);
+  assert_int_equal(i, 0);
+  mega_jobspec_free(&s);
+}
+
+static void test_value_errors(void **state) {
+  (void)state;
+  expect_parse_error(ARGV("--hidden-size", "abc"), MEGA_ERR_INVALID,
+                     "--hidden-size: 'abc' is not a whole number");
+  expect_parse_error(ARGV("--hidden-size", "12abc"), MEGA_ERR_INVALID,
+                     "--hidden-size: '12abc' is not a whole number");
+  expect_parse_error(ARGV("--hidden-size", "1.5"), MEGA_ERR_INVALID, "'1.5' is not a whole number");
+  expect_parse_error(ARGV("--hidden-size", " 5"), MEGA_ERR_INVALID, "' 5' is not a whole number");
+  expect_parse_error(ARGV("--hidden-size="), MEGA_ERR_INVALID, "--hidden-size: '' is not a whole number");
+  expect_parse_error(ARGV("--hidden-size", "99999999999"), MEGA_ERR_INVALID,
+                     "--hidden-size: '99999999999' is out of range (at most 2147483647)");
+  expect_parse_error(ARGV("--seed", "99999999999999999999999"), MEGA_ERR_INVALID, "is out of range");
+  expect_parse_error(ARGV("--hidden-size", "0"), MEGA_ERR_INVALID,
+                     "--hidden-size must be at least 1 (got 0)");
+  expect_parse_error(ARGV("--tensor-model-parallel-size", "-2"), MEGA_ERR_INVALID,
+                     "--tensor-model-parallel-size must be at least 1 (got -2)");
+  expect_parse_error(ARGV("--pipeline-model-parallel-size=0"), MEGA_ERR_INVALID,
+                     "--pipeline-model-parallel-size must be at least 1 (got 0)");
+  expect_parse_error(ARGV("--eval-iters", "0"), MEGA_ERR_INVALID, "--eval-iters must be at least 1 (got 0)");
+  expect_parse_error(ARGV("--decoder-first-pipeline-num-layers", "-1"), MEGA_ERR_INVALID,
+                     "--decoder-first-pipeline-num-layers must be at least 0 (got -1)");
+  expect_parse_error(ARGV("--lr", "1e400"), MEGA_ERR_INVALID, "--lr: '1e400' is too large to represent");
+  expect_parse_error(ARGV("--lr", "1e-400"), MEGA_ERR_INVALID, "--lr: '1e-400' is too small to represent");
+  expect_parse_error(ARGV("--lr", "0.1x"), MEGA_ERR_INVALID, "--lr: '0.1x' is not a number");
+  expect_parse_error(ARGV("--lr", "fast"), MEGA_ERR_INVALID, "--lr: 'fast' is not a number");
+  expect_parse_error(ARGV("--lr", "nan"), MEGA_ERR_INVALID, "--lr: 'nan' is not a finite number");
+  expect_parse_error(ARGV("--lr", "inf"), MEGA_ERR_INVALID, "--lr: 'inf' is not a finite number");
+  expect_parse_error(ARGV("--lr", "-0.1"), MEGA_ERR_INVALID, "--lr must be at least 0 (got -0.1)");
+  expect_parse_error(ARGV("--adam-beta1", "1"), MEGA_ERR_INVALID, "--adam-beta1 must be less than 1 (got 1)");
+  expect_parse_error(ARGV("--adam-beta2=-0.5"), MEGA_ERR_INVALID, "--adam-beta2 must be at least 0 (got -0.5)");
+  expect_parse_error(ARGV("--adam-eps", "0"), MEGA_ERR_INVALID, "--adam-eps must be greater than 0 (got 0)");
+  expect_parse_error(ARGV("--init-method-std", "0"), MEGA_ERR_INVALID,
+                     "--init-method-std must be greater than 0 (got 0)");
+  expect_parse_error(ARGV("--clip-grad", "-1"), MEGA_ERR_INVALID, "--clip-grad must be at least 0");
+  expect_parse_error(ARGV("--lr-decay-style", "exponential"), MEGA_ERR_INVALID,
+                     "--lr-decay-style: 'exponential' is not one of constant, linear, cosine");
+  expect_parse_error(ARGV("--schedule", "1F1B"), MEGA_ERR_INVALID,
+                     "--schedule: '1F1B' is not one of no-pipelining, gpipe, 1f1b, interleaved, zb-h1");
+  expect_parse_error(ARGV("--recompute-granularity", "none"), MEGA_ERR_INVALID,
+                     "'none' is not one of full, selective");
+  expect_parse_error(ARGV("--save-initial=yes"), MEGA_ERR_INVALID,
+                     "--save-initial takes no value (got '--save-initial=yes')");
+  expect_parse_error(ARGV("--hidden-size"), MEGA_ERR_INVALID, "--hidden-size needs a value (--hidden-size N)");
+  expect_parse_error(ARGV("--save", "--load", "x"), MEGA_ERR_INVALID, "--save needs a value (--save DIR)");
+  expect_parse_error(ARGV("--save="), MEGA_ERR_INVALID, "--save: the value is empty");
+  expect_parse_error(ARGV("--data-path", ""), MEGA_ERR_INVALID, "--data-path: the value is empty");
+
+  /* a failed parse leaves the field as it was */
+  mega_jobspec s;
+  mega_jobspec_defaults(&s);
+  mega_err err = {0};
+  assert_int_equal(mega_jobspec_parse(&s, PARSE_ARGS("--seed", "7", "--seed", "x"), &err), MEGA_ERR_INVALID);
+  assert_int_equal(s.seed, 7);
+  mega_jobspec_free(&s);
+}
+
+static void test_check_ok(void **state) {
+  (void)state;
+  expect_check_ok(NULL, 0, 1, -1);
+  expect_check_ok(NULL, 0, 0, 33);
+  expect_check_ok(ARGV("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"),
+                  8, 1 << 20);
+  expect_check_ok(ARGV("--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
+                       "2", "--overlap-p2p-comm", "--overlap-p2p-comm-warmup-flush"),
+                  2, -1);
+  expect_check_ok(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                       "Et|t|t|tL"),
+                  2, -1);
+  expect_check_ok(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                       "Et|t|t|tL", "--virtual-pipeline-model-parallel-size", "2"),
+                  2, -1);
+  expect_check_ok(ARGV("--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers",
+                       "0", "--decoder-last-pipeline-num-layers", "2"),
+                  3, -1);
+  expect_check_ok(ARGV("--simulate-compute", "1.5:3:0", "--save", "/c", "--save-interval", "5",
+                       "--save-initial", "--trace-iteration", "10", "--schedule", "gpipe"),
+                  1, -1);
+  expect_check_ok(ARGV("--max-position-embeddings", "32", "--lr-warmup-iters", "9"), 1, -1);
+}
+
+static void test_check_required(void **state) {
+  (void)state;
+  mega_jobspec s;
+  mega_err err = {0};
+  mega_jobspec_defaults(&s);
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "invalid job: --num-layers is required");
+  mega_jobspec_free(&s);
+
+  /* drop each required flag from the base job in turn */
+  for (int k = 0; k < BASE_ARGC; k += 2) {
+    char *argv[BASE_ARGC];
+    int n = 0;
+    for (int j = 0; j < BASE_ARGC; j += 2)
+      if (j != k) argv[n++] = (char *)base_argv[j], argv[n++] = (char *)base_argv[j + 1];
+    mega_jobspec_defaults(&s);
+    assert_int_equal(mega_jobspec_parse(&s, n, argv, &err), MEGA_OK);
+    assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+    char want[128];
+    snprintf(want, sizeof want, "invalid job: %s is required", base_argv[k]);
+    assert_string_equal(err.msg, want);
+    mega_jobspec_free(&s);
+  }
+}
+
+/* Values that parse refuses can still arrive in a struct built by code. */
+static void test_check_fields(void **state) {
+  (void)state;
+  mega_jobspec s;
+  mega_err err = {0};
+  make_spec(&s, NULL, 0);
+  s.hidden_size = -5;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "invalid job: --hidden-size must be at least 1 (got -5)");
+  s.hidden_size = 64;
+  s.tensor_model_parallel_size = 0;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "invalid job: --tensor-model-parallel-size must be at least 1 (got 0)");
+  s.tensor_model_parallel_size = 1;
+  s.lr = -1;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "invalid job: --lr must be at least 0 (got -1)");
+  s.lr = INFINITY;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, "--lr must be a finite number");
+  s.lr = 0.001;
+  s.lr_decay_style = 7;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg,
+                      "invalid job: --lr-decay-style has no choice number 7; it takes constant|linear|cosine");
+  s.lr_decay_style = MEGA_LR_COSINE;
+  s.schedule = -2;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, "--schedule has no choice number -2");
+  s.schedule = MEGA_JOB_SCHEDULE_AUTO;
+  s.save = strdup("");
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "invalid job: --save is empty");
+  assert_int_equal(mega_jobspec_check(&s, -1, -1, NULL), MEGA_ERR_INVALID); /* NULL err is fine */
+  mega_jobspec_free(&s);
+}
+
+static void test_check_errors(void **state) {
+  (void)state;
+  expect_check_error(NULL, 0, -1, -1, "world size must be at least 1 (got -1)");
+  expect_check_error(ARGV("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"),
+                     6, -1, "invalid job: world size 6 is not divisible by TP·PP = 4");
+  expect_check_error(ARGV("--num-attention-heads", "6"), 1, -1,
+                     "--hidden-size 64 is not divisible by --num-attention-heads 6");
+  expect_check_error(ARGV("--tensor-model-parallel-size", "8", "--hidden-size", "64"), 8, -1,
+                     "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 8");
+  expect_check_error(ARGV("--max-position-embeddings", "16"), 1, -1,
+                     "--seq-length 32 is longer than --max-position-embeddings 16");
+  expect_check_error(NULL, 0, 1, 32,
+                     "the data file /tmp/x has 32 bytes, fewer than one window of --seq-length + 1 = 33 bytes");
+  expect_check_error(NULL, 0, 1, 0, "has 0 bytes");
+  expect_check_error(ARGV("--global-batch-size", "6"), 2, -1,
+                     "--global-batch-size 6 is not divisible by --micro-batch-size 2 × data-parallel size 2 = 4");
+  expect_check_error(ARGV("--global-batch-size", "7"), 0, -1,
+                     "--global-batch-size 7 is not divisible by --micro-batch-size 2");
+  expect_check_error(ARGV("--min-lr", "0.01"), 1, -1, "--min-lr 0.01 is larger than --lr 0.001");
+  expect_check_error(ARGV("--lr-warmup-iters", "10"), 1, -1,
+                     "--lr-warmup-iters 10 must be less than the decay iterations 10");
+  expect_check_error(ARGV("--lr-warmup-iters", "10", "--lr-decay-iters", "5"), 1, -1,
+                     "--lr-warmup-iters 10 must be less than the decay iterations 5");
+  expect_check_error(ARGV("--save-interval", "5"), 1, -1, "--save-interval needs --save DIR");
+  expect_check_error(ARGV("--save-initial"), 1, -1, "--save-initial needs --save DIR");
+  expect_check_error(ARGV("--trace-iteration", "11"), 1, -1,
+                     "--trace-iteration 11 is past the last iteration (--train-iters 10)");
+
+  /* virtual pipeline and layouts */
+  expect_check_error(ARGV("--virtual-pipeline-model-parallel-size", "2"), 1, -1,
+                     "a virtual pipeline (VP = 2) needs --pipeline-model-parallel-size > 1");
+  expect_check_error(ARGV("--num-layers-per-virtual-pipeline-stage", "2"), 1, -1,
+                     "a virtual pipeline (VP = 2) needs --pipeline-model-parallel-size > 1");
+  expect_check_error(ARGV("--pipeline-model-parallel-layout", "Et|tttL"), 1, -1,
+                     "the layout's 2 stages at PP = 1 make a virtual pipeline (VP = 2)");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                          "Etx|L"),
+                     2, -1, "invalid job: --pipeline-model-parallel-layout: column 3: unknown letter 'x'");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                          "Et|t|tL"),
+                     2, -1, "--pipeline-model-parallel-layout: the layout has 3 stages, which is not a multiple");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                          "Ett|tttL"),
+                     2, -1, "--pipeline-model-parallel-layout has 5 decoder layers ('t') but --num-layers is 4");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                          "Et|t|t|tL", "--virtual-pipeline-model-parallel-size", "3"),
+                     2, -1,
+                     "--virtual-pipeline-model-parallel-size 3 disagrees with the layout, whose 4 stages at PP = 2 mean VP = 2");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                          "Ett|ttmL"),
+                     2, -1, "has 1 multi-token prediction layer ('m')");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                          "Ett|ttL", "--decoder-first-pipeline-num-layers", "2"),
+                     2, -1,
+                     "--pipeline-model-parallel-layout cannot be combined with --decoder-first-pipeline-num-layers");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                          "Ett|ttL", "--num-layers-per-virtual-pipeline-stage", "1"),
+                     2, -1,
+                     "--pipeline-model-parallel-layout cannot be combined with --num-layers-per-virtual-pipeline-stage");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "3"), 3, -1,
+                     "invalid job: num-layers 4 is not divisible by the pipeline size PP = 3");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
+                          "4"),
+                     2, -1, "pipeline rank 0's 2 layers are not divisible by the virtual pipeline size VP = 4");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "3", "--num-layers", "5",
+                          "--decoder-first-pipeline-num-layers", "2"),
+                     3, -1, "leaves 3 layers, which are not divisible by the 2 other pipeline ranks");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--num-layers", "8",
+                          "--num-layers-per-virtual-pipeline-stage", "3"),
+                     2, -1,
+                     "the 4 layers per pipeline rank (--num-layers 8 / PP 2) are not divisible by --num-layers-per-virtual-pipeline-stage 3");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--num-layers", "7",
+                          "--num-layers-per-virtual-pipeline-stage", "1"),
+                     2, -1, "--num-layers 7 is not divisible by --pipeline-model-parallel-size 2");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--num-layers", "8",
+                          "--num-layers-per-virtual-pipeline-stage", "2",
+                          "--virtual-pipeline-model-parallel-size", "4"),
+                     2, -1,
+                     "--virtual-pipeline-model-parallel-size 4 disagrees with --num-layers-per-virtual-pipeline-stage 2, which gives VP = 2");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
+                          "1", "--decoder-last-pipeline-num-layers", "2"),
+                     2, -1,
+                     "--num-layers-per-virtual-pipeline-stage cannot be combined with --decoder-last-pipeline-num-layers");
+
+  /* P2P rules */
+  expect_check_error(ARGV("--overlap-p2p-comm-warmup-flush"), 1, -1,
+                     "--overlap-p2p-comm-warmup-flush needs --overlap-p2p-comm");
+  expect_check_error(ARGV("--overlap-p2p-comm-warmup-flush", "--overlap-p2p-comm", "--batch-p2p-comm"),
+                     1, -1, "--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
+  expect_check_error(ARGV("--overlap-p2p-comm", "--batch-p2p-comm"), 1, -1,
+                     "--overlap-p2p-comm cannot be used with --batch-p2p-comm");
+
+  /* --simulate-compute */
+  expect_check_error(ARGV("--simulate-compute", "1:x"), 1, -1,
+                     "invalid job: --simulate-compute B_MS: 'x' is not a number");
+  expect_check_error(ARGV("--simulate-compute", "1"), 1, -1,
+                     "--simulate-compute '1': expected F_MS:B_MS or F_MS:B_MS:W_MS");
+  expect_check_error(ARGV("--simulate-compute", "1:2:3:4"), 1, -1, "expected F_MS:B_MS or F_MS:B_MS:W_MS");
+  expect_check_error(ARGV("--simulate-compute", "-1:2"), 1, -1,
+                     "--simulate-compute F_MS must be at least 0 ms (got -1)");
+  expect_check_error(ARGV("--simulate-compute", "1::2"), 1, -1, "--simulate-compute B_MS: '' is not a number");
+  expect_check_error(ARGV("--simulate-compute", "1:2:1e999"), 1, -1, "W_MS: '1e999' is too large");
+}
+
+static void test_simulate_compute(void **state) {
+  (void)state;
+  mega_sim_compute c;
+  mega_err err = {0};
+  assert_int_equal(mega_jobspec_parse_simulate_compute("2:4.5", &c, &err), MEGA_OK);
+  assert_true(c.f_ms == 2 && c.b_ms == 4.5 && c.w_ms == 0 && !c.has_w);
+  assert_int_equal(mega_jobspec_parse_simulate_compute("1:1:0.25", &c, &err), MEGA_OK);
+  assert_true(c.f_ms == 1 && c.b_ms == 1 && c.w_ms == 0.25 && c.has_w);
+  assert_int_equal(mega_jobspec_parse_simulate_compute("", &c, &err), MEGA_ERR_INVALID);
+  assert_int_equal(mega_jobspec_parse_simulate_compute(NULL, &c, &err), MEGA_ERR_INVALID);
+  assert_int_equal(mega_jobspec_parse_simulate_compute("1:2 ", &c, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, "B_MS: '2 ' is not a number");
+}
+
+static void test_derived(void **state) {
+  (void)state;
+  mega_jobspec s;
+  make_spec(&s, ARGV("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                     "--global-batch-size", "16", "--num-layers", "8",
+                     "--num-layers-per-virtual-pipeline-stage", "2"));
+  mega_err err = {0};
+  assert_int_equal(mega_jobspec_check(&s, 8, 1000, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_dp(&s, 8), 2);
+  assert_int_equal(mega_jobspec_dp(&s, 6), 0);
+  assert_int_equal(mega_jobspec_num_microbatches(&s, 8), 4); /* 16 / (2 × 2) */
+  assert_int_equal(mega_jobspec_num_microbatches(&s, 4), 8);
+  assert_int_equal(mega_jobspec_tokens_per_iter(&s), 16 * 32);
+  assert_int_equal(mega_jobspec_vp(&s), 2);
+  assert_int_equal(mega_jobspec_group_size(&s), 2);
+  assert_int_equal(mega_jobspec_padded_vocab(&s), 256);
+  mega_layout l;
+  assert_int_equal(mega_jobspec_layout(&s, &l, &err), MEGA_OK);
+  assert_int_equal(l.pp, 2);
+  assert_int_equal(l.vp, 2);
+  char *str = mega_layout_format(&l);
+  assert_string_equal(str, "Ett|tt|tt|ttL");
+  free(str);
+  mega_layout_free(&l);
+
+  s.tensor_model_parallel_size = 3;
+  assert_int_equal(mega_jobspec_padded_vocab(&s), 384);
+  s.tensor_model_parallel_size = 4;
+  assert_int_equal(mega_jobspec_padded_vocab(&s), 512);
+  s.microbatch_group_size_per_vp_stage = 3;
+  assert_int_equal(mega_jobspec_group_size(&s), 3);
+  mega_jobspec_free(&s);
+
+  make_spec(&s, ARGV("--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+                     "Et|t|t|tL", "--max-position-embeddings", "64", "--lr-decay-iters", "7"));
+  assert_int_equal(mega_jobspec_vp(&s), 2);
+  assert_int_equal(mega_jobspec_max_position_embeddings(&s), 64);
+  assert_int_equal(mega_jobspec_lr_decay_iters(&s), 7);
+  assert_int_equal(mega_jobspec_layout(&s, &l, &err), MEGA_OK);
+  assert_int_equal(mega_layout_count(&l, 1, 1, MEGA_LAYER_LOSS), 1);
+  mega_layout_free(&l);
+  mega_jobspec_free(&s);
+}
+
+/* A spec with every flag away from its default. */
+static void make_full(mega_jobspec *s) {
+  make_spec(s, ARGV("--max-position-embeddings", "64", "--init-method-std", "0.006",
+                    "--seed", "0", "--lr", "0.30000000000000004", "--min-lr", "1e-300",
+                    "--lr-warmup-iters", "2", "--lr-decay-iters", "9", "--lr-decay-style",
+                    "constant", "--weight-decay", "0", "--adam-beta1", "0.8", "--adam-beta2",
+                    "0.95", "--adam-eps", "1e-6", "--clip-grad", "0", "--save", "/s",
+                    "--save-interval", "3", "--save-initial", "--load", "-weird dir",
+                    "--eval-interval", "5", "--eval-iters", "2",
+                    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+                    "--virtual-pipeline-model-parallel-size", "2",
+                    "--num-layers-per-virtual-pipeline-stage", "1",
+                    "--microbatch-group-size-per-vp-stage", "5",
+                    "--pipeline-model-parallel-layout", "Et|t*3",
+                    "--decoder-first-pipeline-num-layers", "0",
+                    "--decoder-last-pipeline-num-layers", "0", "--schedule", "interleaved",
+                    "--batch-p2p-comm", "--overlap-p2p-comm", "--overlap-p2p-comm-warmup-flush",
+                    "--variable-seq-lengths", "--deallocate-pipeline-outputs",
+                    "--recompute-granularity", "full", "--overlap-grad-reduce",
+                    "--align-grad-reduce", "--bucket-size", "1000", "--use-distributed-optimizer",
+                    "--blas-threads", "4", "--trace-iteration", "3", "--simulate-compute",
+                    "1:2:3", "--log-interval", "2"));
+}
+
+static void test_argv_round_trip(void **state) {
+  (void)state;
+  mega_jobspec s, back;
+  mega_err err = {0};
+
+  /* defaults give no words at all */
+  mega_jobspec_defaults(&s);
+  int argc = -1;
+  char **argv = mega_jobspec_to_argv(&s, &argc);
+  assert_non_null(argv);
+  assert_int_equal(argc, 0);
+  assert_null(argv[0]);
+  mega_jobspec_argv_free(argv);
+
+  /* the base job gives back its own flags, in table order */
+  make_spec(&s, NULL, 0);
+  argv = mega_jobspec_to_argv(&s, &argc);
+  assert_int_equal(argc, BASE_ARGC);
+  for (int k = 0; k < BASE_ARGC; k++) assert_string_equal(argv[k], base_argv[k]);
+  assert_null(argv[argc]);
+  mega_jobspec_argv_free(argv);
+  mega_jobspec_free(&s);
+
+  make_full(&s);
+  argv = mega_jobspec_to_argv(&s, &argc);
+  assert_non_null(argv);
+  mega_jobspec_defaults(&back);
+  if (mega_jobspec_parse(&back, argc, argv, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  assert_true(mega_jobspec_equal(&s, &back));
+  assert_true(back.lr == 0.30000000000000004);
+  assert_true(back.min_lr == 1e-300);
+  assert_string_equal(back.load, "-weird dir");
+  /* every non-required flag was emitted (each is away from its default) */
+  int flags = 0;
+  for (int k = 0; k < argc; k++) flags += strncmp(argv[k], "--", 2) == 0;
+  assert_int_equal(flags, mega_jobspec_flag_count());
+  mega_jobspec_argv_free(argv);
+
+  /* a single change gives a single flag */
+  back.blas_threads = 1;
+  assert_false(mega_jobspec_equal(&s, &back));
+  mega_jobspec_free(&back);
+  mega_jobspec_defaults(&back);
+  back.overlap_grad_reduce = true;
+  back.lr = 0.1;
+  argv = mega_jobspec_to_argv(&back, &argc);
+  assert_int_equal(argc, 3);
+  assert_string_equal(argv[0], "--lr");
+  assert_string_equal(argv[1], "0.1");
+  assert_string_equal(argv[2], "--overlap-grad-reduce");
+  mega_jobspec_argv_free(argv);
+  mega_jobspec_argv_free(NULL);
+  mega_jobspec_free(&back);
+  mega_jobspec_free(&s);
+}
+
+static void test_copy_equal(void **state) {
+  (void)state;
+  mega_jobspec s, c;
+  mega_err err = {0};
+  make_full(&s);
+  assert_int_equal(mega_jobspec_copy(&c, &s, &err), MEGA_OK);
+  assert_true(mega_jobspec_equal(&s, &c));
+  assert_ptr_not_equal(c.data_path, s.data_path);
+  c.data_path[0] = 'X';
+  assert_false(mega_jobspec_equal(&s, &c));
+  mega_jobspec_free(&c);
+  mega_jobspec_defaults(&c);
+  mega_jobspec d;
+  mega_jobspec_defaults(&d);
+  assert_true(mega_jobspec_equal(&c, &d)); /* NAN lr equals NAN lr */
+  mega_jobspec_free(&s);
+  mega_jobspec_free(&s); /* free resets to defaults: a second free is harmless */
+  mega_jobspec_free(NULL);
+}
+
+static void test_json(void **state) {
+  (void)state;
+  mega_jobspec s, back;
+  mega_err err = {0};
+  make_spec(&s, ARGV("--schedule", "1f1b", "--overlap-grad-reduce"));
+  json_t *j = mega_jobspec_to_json(&s);
+  assert_non_null(j);
+  assert_int_equal(json_object_size(j), (size_t)mega_jobspec_flag_count());
+  assert_int_equal(json_integer_value(json_object_get(j, "hidden_size")), 64);
+  assert_true(json_real_value(json_object_get(j, "lr")) == 0.001);
+  assert_string_equal(json_string_value(json_object_get(j, "data_path")), "/tmp/x");
+  assert_string_equal(json_string_value(json_object_get(j, "lr_decay_style")), "linear");
+  assert_string_equal(json_string_value(json_object_get(j, "schedule")), "1f1b");
+  assert_true(json_is_true(json_object_get(j, "overlap_grad_reduce")));
+  assert_true(json_is_false(json_object_get(j, "save_initial")));
+  assert_true(json_is_null(json_object_get(j, "max_position_embeddings")));
+  assert_true(json_is_null(json_object_get(j, "recompute_granularity")));
+  assert_true(json_is_null(json_object_get(j, "save")));
+  assert_int_equal(json_integer_value(json_object_get(j, "bucket_size")), 40000000);
+  assert_int_equal(json_integer_value(json_object_get(j, "eval_interval")), 0);
+
+  /* through text and back */
+  char *text = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  json_error_t jerr;
+  j = json_loads(text, 0, &jerr);
+  free(text);
+  assert_non_null(j);
+  mega_jobspec_defaults(&back);
+  assert_int_equal(mega_jobspec_from_json(&back, j, &err), MEGA_OK);
+  assert_true(mega_jobspec_equal(&s, &back));
+  json_decref(j);
+  mega_jobspec_free(&back);
+  mega_jobspec_free(&s);
+
+  make_full(&s);
+  j = mega_jobspec_to_json(&s);
+  mega_jobspec_defaults(&back);
+  assert_int_equal(mega_jobspec_from_json(&back, j, &err), MEGA_OK);
+  assert_true(mega_jobspec_equal(&s, &back));
+  json_decref(j);
+  mega_jobspec_free(&back);
+
+  /* the defaults: required fields and absent values are null */
+  mega_jobspec_defaults(&back);
+  j = mega_jobspec_to_json(&back);
+  assert_true(json_is_null(json_object_get(j, "num_layers")));
+  assert_true(json_is_null(json_object_get(j, "lr")));
+  assert_true(json_is_null(json_object_get(j, "data_path")));
+  assert_int_equal(json_integer_value(json_object_get(j, "seed")), 1234);
+  /* null resets a value to its default */
+  assert_int_equal(mega_jobspec_from_json(&s, j, &err), MEGA_OK);
+  assert_true(mega_jobspec_equal(&s, &back));
+  json_decref(j);
+  mega_jobspec_free(&s);
+  mega_jobspec_free(&back);
+}
+
+static void expect_json_error(const char *text, const char *want) {
+  mega_jobspec s;
+  mega_err err = {0};
+  json_error_t jerr;
+  json_t *j = json_loads(text, JSON_DECODE_ANY, &jerr);
+  assert_non_null(j);
+  mega_jobspec_defaults(&s);
+  assert_int_equal(mega_jobspec_from_json(&s, j, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, want);
+  json_decref(j);
+  mega_jobspec_free(&s);
+}
+
+static void test_json_errors(void **state) {
+  (void)state;
+  expect_json_error("[1]", "a job spec in JSON must be an object");
+  expect_json_error("{\"hidden_sise\": 64}", "unknown job spec key \"hidden_sise\"");
+  expect_json_error("{\"hidden_size\": \"64\"}", "--hidden-size (JSON key \"hidden_size\") must be an integer");
+  expect_json_error("{\"hidden_size\": 1.5}", "must be an integer");
+  expect_json_error("{\"hidden_size\": 0}", "--hidden-size must be at least 1 (got 0)");
+  expect_json_error("{\"hidden_size\": 4294967296}", "--hidden-size: 4294967296 is out of range");
+  expect_json_error("{\"lr\": \"fast\"}", "--lr (JSON key \"lr\") must be a number");
+  expect_json_error("{\"lr\": -1}", "--lr must be at least 0 (got -1)");
+  expect_json_error("{\"save_initial\": 1}", "must be true or false");
+  expect_json_error("{\"schedule\": \"fast\"}", "--schedule: 'fast' is not one of");
+  expect_json_error("{\"schedule\": 2}", "--schedule (JSON key \"schedule\") must be a string");
+  expect_json_error("{\"data_path\": \"\"}", "--data-path: the value is empty");
+  expect_json_error("{\"data_path\": 3}", "must be a string");
+
+  /* ints are accepted for float fields */
+  mega_jobspec s;
+  mega_err err = {0};
+  json_error_t jerr;
+  json_t *j = json_loads("{\"lr\": 1, \"save\": null}", 0, &jerr);
+  mega_jobspec_defaults(&s);
+  assert_int_equal(mega_jobspec_from_json(&s, j, &err), MEGA_OK);
+  assert_true(s.lr == 1.0);
+  assert_null(s.save);
+  json_decref(j);
+  mega_jobspec_free(&s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_defaults),       cmocka_unit_test(test_table),
+      cmocka_unit_test(test_both_syntaxes),  cmocka_unit_test(test_parse_flag_loop),
+      cmocka_unit_test(test_unknown_flags),  cmocka_unit_test(test_value_errors),
+      cmocka_unit_test(test_check_ok),       cmocka_unit_test(test_check_required),
+      cmocka_unit_test(test_check_fields),   cmocka_unit_test(test_check_errors),
+      cmocka_unit_test(test_simulate_compute), cmocka_unit_test(test_derived),
+      cmocka_unit_test(test_argv_round_trip), cmocka_unit_test(test_copy_equal),
+      cmocka_unit_test(test_json),           cmocka_unit_test(test_json_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
