@@ -205,16 +205,13 @@ void mega_jobspec_free(mega_jobspec *s) {
 
 mega_status mega_jobspec_copy(mega_jobspec *dst, const mega_jobspec *src, mega_err *err) {
   *dst = *src;
+  for (int i = 0; i < NFLAGS; i++)
+    if (table[i].info.type == MEGA_JOBFLAG_STRING) *FIELD(dst, &table[i], char *) = NULL;
   for (int i = 0; i < NFLAGS; i++) {
     const flagdef *f = &table[i];
     if (f->info.type != MEGA_JOBFLAG_STRING) continue;
-    *FIELD(dst, f, char *) = NULL;
-  }
-  for (int i = 0; i < NFLAGS; i++) {
-    const flagdef *f = &table[i];
     const char *v = *CFIELD(src, f, char *);
-    if (f->info.type != MEGA_JOBFLAG_STRING || !v) continue;
-    if (!(*FIELD(dst, f, char *) = strdup(v))) {
+    if (v && !(*FIELD(dst, f, char *) = strdup(v))) {
       mega_jobspec_free(dst);
       return mega_fail(err, MEGA_ERR_NOMEM, "out of memory copying a job spec");
     }
