@@ -174,13 +174,15 @@ bool mega_jobspec_equal(const mega_jobspec *a, const mega_jobspec *b);
  * for the same flag replaces an earlier one.
  * Returns MEGA_ERR_NOT_FOUND, with *i unchanged and err saying "unknown
  * flag", when argv[*i] is not a job flag, so the caller can try its own
- * flags; MEGA_ERR_INVALID for a missing or bad value; MEGA_ERR_NOMEM. */
+ * flags; MEGA_ERR_INVALID for a missing or bad value (the field keeps its
+ * old value) or when *i is not below argc; MEGA_ERR_NOMEM. */
 mega_status mega_jobspec_parse_flag(mega_jobspec *s, int argc, char *const *argv, int *i,
                                     mega_err *err);
 
 /* Parses argv[0..argc) (no program name), all of which must be job flags:
  * an unknown flag or a stray word is MEGA_ERR_INVALID. s must be initialized
- * (defaults or an earlier parse). */
+ * (defaults or an earlier parse). On failure the flags before the bad one
+ * have been applied; s stays valid to free. */
 mega_status mega_jobspec_parse(mega_jobspec *s, int argc, char *const *argv, mega_err *err);
 
 /* ---- checking ---- */
@@ -239,8 +241,9 @@ void mega_jobspec_argv_free(char **argv);
  * reference; NULL when out of memory. */
 json_t *mega_jobspec_to_json(const mega_jobspec *s);
 /* The reverse: each key present in obj overwrites s (which must be
- * initialized); null means the default. An unknown key or a value of the
- * wrong type is MEGA_ERR_INVALID. */
+ * initialized); null means the default. An unknown key, a value of the
+ * wrong type or one out of its flag's bounds is MEGA_ERR_INVALID; s may then
+ * hold some of obj's values and stays valid to free. */
 mega_status mega_jobspec_from_json(mega_jobspec *s, const json_t *obj, mega_err *err);
 
 #endif
