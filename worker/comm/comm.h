@@ -1,0 +1,227 @@
+/* The communicator: what the engine uses to move bytes between ranks.
+ *
+ * A narrow, NCCL-like C interface. The cpu backend fills it with Gloo over
+ * TCP (gloo_*.cc, a C++ shim behind extern "C"); a cuda backend fills the
+ * same calls with NCCL. Ranks here are always ranks *within the group* of
+ * the communicator, 0..size-1.
+ *
+ * Rendezvous. Ranks of a group meet through a key-value store: either Gloo's
+ * FileStore on a directory every rank can see (tests, single node), or a C
+ * vtable (mega_kv_ops) the worker backs with its daemon's store. A store
+ * carries a prefix (job and attempt, e.g. "job7/a0"); each communicator adds
+ * its group name, so every key reads "<prefix>/<group>/<gloo key>". Keys are
+ * write-once (FileStore keeps its files): build a group again after a failure
+ * under a new prefix or group name.
+ *
+ * Requests. mega_comm_isend/irecv and the mega_comm_i* collectives return a
+ * mega_req that the caller owns and gives back with mega_req_free.
+ * Buffer lifetime: the memory of a request must stay valid (and, for a send
+ * or collective input, unchanged) until mega_req_wait returns MEGA_OK or
+ * mega_req_test reports it done with MEGA_OK; after any other result, until
+ * mega_req_free returns. Freeing a request that has not completed cancels it,
+ * and since neither Gloo nor NCCL can withdraw a posted operation, that
+ * breaks the communicator (mega_comm_status then says so).
+ *
+ * Matching. A send and a receive match by (peer, tag); several outstanding
+ * operations with the same (peer, tag) match in the order they were posted.
+ * Sizes must agree exactly on both sides: Gloo cannot survive a send larger
+ * than the receive posted for it.
+ *
+ * Ordering. Collectives of one communicator (blocking or not) run one at a
+ * time on its comm thread, in the order the calling process issued them;
+ * every rank must issue the same collectives in the same order. P2P
+ * operations do not queue behind collectives: they run at once and overlap.
+ *
+ * Threads. Different requests and communicators may be used from different
+ * threads at once; one request is used by one thread at a time.
+ * mega_comm_abort may be called from any thread at any time.
+ *
+ * Timeouts. Every wait is bounded. A timeout_ms <= 0 means the
+ * communicator's timeout (given at creation). A wait that times out returns
+ * MEGA_ERR_TIMEOUT and breaks the communicator: Gloo closes every connection
+ * of the group when an operation times out, so a timeout is a failure
+ * detector, not a polling tool; poll with mega_req_test.
+ *
+ * Failures. A closed or reset connection gives MEGA_ERR_PEER with a message
+ * naming the peer's rank (usually within tens of milliseconds of its death,
+ * on the ranks that talk to it). After the first failure the communicator is
+ * broken: every pending and later call fails at once with the first cause,
+ * and the connections of the group are closed, so the other ranks learn of
+ * it promptly too. A broken communicator is only good for mega_comm_destroy.
+ *
+ * Process-wide effect: creating the first communicator sets SIGPIPE to
+ * SIG_IGN if it was SIG_DFL, because Gloo writes to sockets with writev and
+ * a peer's death must be an error, not the end of this process. */
+#ifndef MEGA_WORKER_COMM_H
+#define MEGA_WORKER_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mega_store mega_store;
+typedef struct mega_comm mega_comm;
+typedef struct mega_req mega_req;
+
+/* ---- Stores ------------------------------------------------------------ */
+
+/* A key-value store the caller implements (the worker forwards to megad).
+ * Functions may be called from any thread that creates a communicator, and
+ * concurrently from several such threads; ctx is passed back unchanged.
+ * A failing function returns its status and fills err (it may be NULL). */
+typedef struct mega_kv_ops {
+  /* Stores len bytes of value under key (keys are set once). */
+  mega_status (*set)(void *ctx, const char *key, const void *value,
+                     size_t len, mega_err *err);
+  /* Waits up to timeout_ms for key to exist, then returns its value in
+   * *value (allocated with malloc; the caller frees it) and *len.
+   * Returns MEGA_ERR_TIMEOUT when the key did not appear in time. */
+  mega_status (*get)(void *ctx, const char *key, void **value, size_t *len,
+                     int timeout_ms, mega_err *err);
+  /* Waits up to timeout_ms until every one of the nkeys keys exists. */
+  mega_status (*wait)(void *ctx, const char *const *keys, size_t nkeys,
+                      int timeout_ms, mega_err *err);
+} mega_kv_ops;
+
+/* Gloo's FileStore on directory dir (must exist, shared by all ranks).
+ * prefix namespaces the keys (job/attempt); it must be non-empty. */
+mega_status mega_store_open_file(const char *dir, const char *prefix,
+                                 mega_store **out, mega_err *err);
+
+/* A store over the caller's vtable. ops and ctx are borrowed: they must stay
+ * valid until mega_store_close. */
+mega_status mega_store_open_kv(const mega_kv_ops *ops, void *ctx,
+                               const char *prefix, mega_store **out,
+                               mega_err *err);
+
+/* A store is only used while mega_comm_create runs; it may be closed as soon
+ * as the communicators it served exist. NULL is ignored. */
+void mega_store_close(mega_store *store);
+
+/* ---- Communicators ------------------------------------------------------ */
+
+/* Creates rank `rank` of a group of `size` ranks called `group` (unique
+ * within the store's prefix), connecting to every other rank. Blocks until
+ * all ranks of the group have joined, or timeout_ms (> 0) passes
+ * (MEGA_ERR_TIMEOUT). hostname is the address this rank binds and peers dial
+ * (NULL means "127.0.0.1", loopback only). timeout_ms also becomes the
+ * default timeout of every later operation. The caller owns *out. */
+mega_status mega_comm_create(mega_store *store, const char *group, int rank,
+                             int size, const char *hostname, int timeout_ms,
+                             mega_comm **out, mega_err *err);
+
+/* Ends the communicator. Work still pending is cancelled first (as by
+ * mega_comm_abort); requests not yet freed stay safe to wait on (they report
+ * MEGA_ERR_CANCELLED) and to free. NULL is ignored. */
+void mega_comm_destroy(mega_comm *comm);
+
+int mega_comm_rank(const mega_comm *comm);
+int mega_comm_size(const mega_comm *comm);
+
+/* MEGA_OK while healthy; otherwise the first cause (PEER, TIMEOUT,
+ * CANCELLED, ...) with its message. */
+mega_status mega_comm_status(const mega_comm *comm, mega_err *err);
+
+/* Cancels everything on the communicator, from any thread: every pending
+ * and future wait returns MEGA_ERR_CANCELLED promptly. The collective
+ * running on the comm thread, if any, is stopped by closing the group's
+ * connections (Gloo has no other way), which the peers see as this rank's
+ * failure (MEGA_ERR_PEER); a Gloo operation that had already taken its data
+ * off the socket's queue can only end at its own timeout, on the comm
+ * thread, without delaying any waiter here. Abort is final. */
+void mega_comm_abort(mega_comm *comm);
+
+/* ---- Point to point ---------------------------------------------------- */
+
+/* Posts a send of nbytes from buf to rank peer, matched by tag, and returns
+ * at once. nbytes may be 0 (buf may then be NULL). */
+mega_status mega_comm_isend(mega_comm *comm, const void *buf, size_t nbytes,
+                            int peer, uint32_t tag, mega_req **req,
+                            mega_err *err);
+
+/* Posts a receive of exactly nbytes into buf from rank peer. */
+mega_status mega_comm_irecv(mega_comm *comm, void *buf, size_t nbytes,
+                            int peer, uint32_t tag, mega_req **req,
+                            mega_err *err);
+
+/* ---- Requests ---------------------------------------------------------- */
+
+/* Waits until req completes, at most timeout_ms (<= 0: the communicator's
+ * timeout). Returns MEGA_OK, or the request's failure. Waiting again on a
+ * completed request returns the same result. */
+mega_status mega_req_wait(mega_req *req, int timeout_ms, mega_err *err);
+
+/* Never blocks: *done tells whether req has completed. Returns MEGA_OK while
+ * it runs or when it completed well, else its failure (with *done true). */
+mega_status mega_req_test(mega_req *req, bool *done, mega_err *err);
+
+/* Releases req; see "Buffer lifetime" above. NULL is ignored. */
+void mega_req_free(mega_req *req);
+
+/* ---- Collectives --------------------------------------------------------
+ * Each blocking call is its mega_comm_i* twin followed by mega_req_wait with
+ * the same timeout. timeout_ms also bounds the collective itself.
+ * Collectives move float32 (MEGA_DT_F32) or raw bytes (MEGA_DT_BYTE). */
+
+typedef enum mega_dtype {
+  MEGA_DT_F32 = 0,
+  MEGA_DT_BYTE,
+} mega_dtype;
+
+/* Sums count floats of buf over all ranks, in place (Gloo ring). */
+mega_status mega_comm_all_reduce(mega_comm *comm, float *buf, size_t count,
+                                 int timeout_ms, mega_err *err);
+mega_status mega_comm_iall_reduce(mega_comm *comm, float *buf, size_t count,
+                                  int timeout_ms, mega_req **req,
+                                  mega_err *err);
+
+/* Rank r contributes counts[r] elements from in; out receives every rank's
+ * elements, rank by rank (sum(counts) elements). in may point into out at
+ * this rank's place (in place). counts is copied; it needs no lifetime. */
+mega_status mega_comm_all_gather(mega_comm *comm, const void *in, void *out,
+                                 const size_t *counts, mega_dtype dt,
+                                 int timeout_ms, mega_err *err);
+mega_status mega_comm_iall_gather(mega_comm *comm, const void *in, void *out,
+                                  const size_t *counts, mega_dtype dt,
+                                  int timeout_ms, mega_req **req,
+                                  mega_err *err);
+
+/* Copies count elements of buf on rank root to buf on every rank. */
+mega_status mega_comm_broadcast(mega_comm *comm, void *buf, size_t count,
+                                mega_dtype dt, int root, int timeout_ms,
+                                mega_err *err);
+mega_status mega_comm_ibroadcast(mega_comm *comm, void *buf, size_t count,
+                                 mega_dtype dt, int root, int timeout_ms,
+                                 mega_req **req, mega_err *err);
+
+/* in holds sum(counts) floats on every rank, laid out rank by rank; out
+ * (counts[rank] floats) receives the sum over ranks of this rank's part.
+ * in is not modified; out must not overlap in.
+ * Cost: a ring of size-1 steps; each rank sends and receives
+ * sum(counts) - counts[rank] floats in all (the (n-1)/n of an all-reduce's
+ * traffic, half of it), plus size-1 latencies, and holds two scratch chunks
+ * of max(counts) floats. Built on Gloo's P2P, since Gloo has no usable
+ * reduce-scatter. */
+mega_status mega_comm_reduce_scatter(mega_comm *comm, const float *in,
+                                     float *out, const size_t *counts,
+                                     int timeout_ms, mega_err *err);
+mega_status mega_comm_ireduce_scatter(mega_comm *comm, const float *in,
+                                      float *out, const size_t *counts,
+                                      int timeout_ms, mega_req **req,
+                                      mega_err *err);
+
+mega_status mega_comm_barrier(mega_comm *comm, int timeout_ms, mega_err *err);
+mega_status mega_comm_ibarrier(mega_comm *comm, int timeout_ms,
+                               mega_req **req, mega_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,438 @@
+// Collectives over Gloo, run in issue order by each communicator's comm
+// thread; the blocking calls are the asynchronous ones plus a wait.
+#include <cstdint>
+#include <cstring>
+#include <new>
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+
+#include "worker/comm/gloo_internal.hh"
+
+namespace mega_gloo {
+
+namespace {
+
+size_t elem_size(mega_dtype dt) { return dt == MEGA_DT_F32 ? sizeof(float) : 1; }
+
+const char *kind_name(Job::Kind k) {
+  switch (k) {
+  case Job::ALL_REDUCE: return "all_reduce";
+  case Job::ALL_GATHER: return "all_gather";
+  case Job::BROADCAST: return "broadcast";
+  case Job::REDUCE_SCATTER: return "reduce_scatter";
+  case Job::BARRIER: return "barrier";
+  }
+  return "collective";
+}
+
+void sum_f32(void *c, const void *a, const void *b, size_t n) {
+  float *o = static_cast<float *>(c);
+  const float *x = static_cast<const float *>(a);
+  const float *y = static_cast<const float *>(b);
+  for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
+}
+
+ms remaining(steady::time_point deadline) {
+  auto left = std::chrono::duration_cast<ms>(deadline - steady::now());
+  return left.count() < 1 ? ms(1) : left;
+}
+
+// Ring reduce-scatter on Gloo's P2P: at step k (0..n-2) rank r sends chunk
+// (r-k-1) to r+1 and receives chunk (r-k-2) from r-1, adds its own part of
+// that chunk, and forwards the sum at the next step; after n-1 steps it holds
+// chunk r summed over all ranks. Two scratch chunks alternate so the chunk
+// being forwarded is never the one being received.
+void reduce_scatter_ring(State &s, Job &j) {
+  const int n = s.size, r = s.rank;
+  const float *in = static_cast<const float *>(j.in);
+  float *out = static_cast<float *>(j.out);
+  std::vector<size_t> off(n + 1, 0);
+  size_t maxc = 0;
+  for (int i = 0; i < n; i++) {
+    off[i + 1] = off[i] + j.counts[i];
+    if (j.counts[i] > maxc) maxc = j.counts[i];
+  }
+  if (n == 1) {
+    if (j.counts[0]) memcpy(out, in, j.counts[0] * sizeof(float));
+    return;
+  }
+  if (off[n] == 0) return;
+  const auto deadline = steady::now() + j.timeout;
+  const int left = (r + n - 1) % n, right = (r + 1) % n;
+  const uint64_t slot = ring_slot(j.tag);
+  std::vector<float> scratch[2] = {std::vector<float>(maxc ? maxc : 1),
+                                   std::vector<float>(maxc ? maxc : 1)};
+  auto src = s.ctx->createUnboundBuffer(const_cast<float *>(in), off[n] * sizeof(float));
+  std::unique_ptr<gloo::transport::UnboundBuffer> tmp[2] = {
+      s.ctx->createUnboundBuffer(scratch[0].data(), scratch[0].size() * sizeof(float)),
+      s.ctx->createUnboundBuffer(scratch[1].data(), scratch[1].size() * sizeof(float))};
+  for (int k = 0; k < n - 1; k++) {
+    const int si = (r - k - 1 + 2 * n) % n, ri = (r - k - 2 + 2 * n) % n;
+    auto &rbuf = tmp[k % 2];
+    rbuf->recv(left, slot, 0, j.counts[ri] * sizeof(float));
+    gloo::transport::UnboundBuffer *sbuf = k == 0 ? src.get() : tmp[(k + 1) % 2].get();
+    size_t soff = k == 0 ? off[si] * sizeof(float) : 0;
+    sbuf->send(right, slot, soff, j.counts[si] * sizeof(float));
+    if (!rbuf->waitRecv(nullptr, remaining(deadline)))
+      throw gloo::IoException("reduce_scatter: receive aborted");
+    const float *mine = in + off[ri];
+    float *acc = scratch[k % 2].data();
+    float *dst = k == n - 2 ? out : acc;  // the last chunk received is ours
+    for (size_t i = 0; i < j.counts[ri]; i++) dst[i] = acc[i] + mine[i];
+    if (!sbuf->waitSend(nullptr, remaining(deadline)))
+      throw gloo::IoException("reduce_scatter: send aborted");
+  }
+}
+
+template <typename T>
+void all_gather(State &s, Job &j) {
+  size_t total = 0, before = 0;
+  for (int i = 0; i < s.size; i++) {
+    if (i < s.rank) before += j.counts[i];
+    total += j.counts[i];
+  }
+  T *out = static_cast<T *>(j.out);
+  const T *in = static_cast<const T *>(j.in);
+  bool in_place = in == out + before || j.counts[s.rank] == 0;
+  if (total == 0) return;
+  if (s.size == 1) {
+    if (!in_place) memmove(out, in, total * sizeof(T));
+    return;
+  }
+  gloo::AllgathervOptions o(s.ctx);
+  if (!in_place) o.setInput(const_cast<T *>(in), j.counts[s.rank]);
+  o.setOutput(out, j.counts);
+  o.setTag(j.tag);
+  o.setTimeout(j.timeout);
+  gloo::allgatherv(o);
+}
+
+template <typename T>
+void broadcast(State &s, Job &j) {
+  gloo::BroadcastOptions o(s.ctx);
+  o.setOutput(static_cast<T *>(j.out), j.count);
+  o.setRoot(j.root);
+  o.setTag(j.tag);
+  o.setTimeout(j.timeout);
+  gloo::broadcast(o);
+}
+
+}  // namespace
+
+std::string Job::describe(const State &s) const {
+  std::string what = kind_name(kind);
+  size_t n = count;
+  if (kind == ALL_GATHER || kind == REDUCE_SCATTER) {
+    n = 0;
+    for (size_t c : counts) n += c;
+  }
+  if (kind != BARRIER)
+    what += " of " + std::to_string(n) + (dt == MEGA_DT_F32 ? " floats" : " bytes");
+  return what + " (collective #" + std::to_string(tag) + ") in group '" + s.group + "'";
+}
+
+void run_job(State &s, Job &j) {
+  switch (j.kind) {
+  case Job::ALL_REDUCE: {
+    if (j.count == 0 || s.size == 1) return;
+    gloo::AllreduceOptions o(s.ctx);
+    o.setOutput(static_cast<float *>(j.out), j.count);
+    o.setReduceFunction(sum_f32);
+    o.setTag(j.tag);
+    o.setTimeout(j.timeout);
+    gloo::allreduce(o);
+    return;
+  }
+  case Job::ALL_GATHER:
+    if (j.dt == MEGA_DT_F32)
+      all_gather<float>(s, j);
+    else
+      all_gather<uint8_t>(s, j);
+    return;
+  case Job::BROADCAST:
+    if (j.count == 0 || s.size == 1) return;
+    if (j.dt == MEGA_DT_F32)
+      broadcast<float>(s, j);
+    else
+      broadcast<uint8_t>(s, j);
+    return;
+  case Job::REDUCE_SCATTER:
+    reduce_scatter_ring(s, j);
+    return;
+  case Job::BARRIER: {
+    if (s.size == 1) return;
+    gloo::BarrierOptions o(s.ctx);
+    o.setTag(j.tag);
+    o.setTimeout(j.timeout);
+    gloo::barrier(o);
+    return;
+  }
+  }
+}
+
+void comm_thread(std::shared_ptr<State> sp) {
+  State &s = *sp;
+  std::unique_lock<std::mutex> lock(s.mu);
+  for (;;) {
+    s.cv.wait(lock, [&] { return s.stopping || !s.queue.empty(); });
+    if (s.queue.empty()) return;
+    std::shared_ptr<Job> job = s.queue.front();
+    s.queue.pop_front();
+    job->started = true;
+    job->start = steady::now();
+    s.running = job;
+    s.cv.notify_all();  // waiters start counting their timeout now
+    bool failed = s.failed;
+    lock.unlock();
+    mega_err e = {};
+    mega_status st = MEGA_OK;
+    if (failed) {
+      st = report(s, &e);
+    } else {
+      try {
+        run_job(s, *job);
+      } catch (...) {
+        st = fail(s, std::current_exception(), job->describe(s), -1, &e);
+      }
+    }
+    lock.lock();
+    s.running.reset();
+    job->done = true;
+    job->status = st;
+    job->msg = e.msg;
+    s.cv.notify_all();
+  }
+}
+
+}  // namespace mega_gloo
+
+using namespace mega_gloo;
+
+namespace {
+
+mega_status enqueue(mega_comm *comm, const char *fn, std::shared_ptr<Job> job,
+                    int timeout_ms, mega_req **req, mega_err *err) {
+  State &s = *comm->s;
+  job->timeout = timeout_ms > 0 ? ms(timeout_ms) : s.timeout;
+  mega_req *r;
+  try {
+    r = new mega_req();
+  } catch (...) {
+    return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  }
+  r->kind = mega_req::COLL;
+  r->s = comm->s;
+  r->job = job;
+  std::lock_guard<std::mutex> lock(s.mu);
+  mega_status st = report_locked(s, err);
+  if (st != MEGA_OK) {
+    delete r;
+    return st;
+  }
+  try {
+    job->tag = s.coll_seq++;
+    s.queue.push_back(job);
+  } catch (...) {
+    delete r;
+    return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  }
+  s.cv.notify_all();
+  *req = r;
+  return MEGA_OK;
+}
+
+mega_status start(mega_comm *comm, const char *fn, mega_req **req,
+                  mega_err *err) {
+  if (!req) return mega_fail(err, MEGA_ERR_INVALID, "%s: req is NULL", fn);
+  *req = nullptr;
+  if (!comm) return mega_fail(err, MEGA_ERR_INVALID, "%s: comm is NULL", fn);
+  return MEGA_OK;
+}
+
+std::shared_ptr<Job> new_job(Job::Kind kind) {
+  try {
+    auto j = std::make_shared<Job>();
+    j->kind = kind;
+    return j;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// Sum of counts, refusing overflow of the byte size.
+bool total_of(const size_t *counts, int n, size_t esz, size_t *total) {
+  size_t t = 0;
+  for (int i = 0; i < n; i++) {
+    if (counts[i] > SIZE_MAX / esz - t) return false;
+    t += counts[i];
+  }
+  *total = t;
+  return true;
+}
+
+mega_status blocking(mega_status st, mega_req *r, int timeout_ms, mega_err *err) {
+  if (st != MEGA_OK) return st;
+  st = mega_req_wait(r, timeout_ms, err);
+  mega_req_free(r);
+  return st;
+}
+
+}  // namespace
+
+extern "C" {
+
+mega_status mega_comm_iall_reduce(mega_comm *comm, float *buf, size_t count,
+                                  int timeout_ms, mega_req **req,
+                                  mega_err *err) {
+  const char *fn = "mega_comm_iall_reduce";
+  mega_status st = start(comm, fn, req, err);
+  if (st != MEGA_OK) return st;
+  if (!buf && count)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: buf is NULL for %zu floats", fn, count);
+  auto j = new_job(Job::ALL_REDUCE);
+  if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  j->out = buf;
+  j->count = count;
+  return enqueue(comm, fn, j, timeout_ms, req, err);
+}
+
+mega_status mega_comm_all_reduce(mega_comm *comm, float *buf, size_t count,
+                                 int timeout_ms, mega_err *err) {
+  mega_req *r = nullptr;
+  mega_status st = mega_comm_iall_reduce(comm, buf, count, timeout_ms, &r, err);
+  return blocking(st, r, timeout_ms, err);
+}
+
+mega_status mega_comm_iall_gather(mega_comm *comm, const void *in, void *out,
+                                  const size_t *counts, mega_dtype dt,
+                                  int timeout_ms, mega_req **req,
+                                  mega_err *err) {
+  const char *fn = "mega_comm_iall_gather";
+  mega_status st = start(comm, fn, req, err);
+  if (st != MEGA_OK) return st;
+  State &s = *comm->s;
+  if (!counts) return mega_fail(err, MEGA_ERR_INVALID, "%s: counts is NULL", fn);
+  if (dt != MEGA_DT_F32 && dt != MEGA_DT_BYTE)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: unknown dtype %d", fn, (int)dt);
+  size_t total;
+  if (!total_of(counts, s.size, elem_size(dt), &total))
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: counts overflow", fn);
+  if (total && !out) return mega_fail(err, MEGA_ERR_INVALID, "%s: out is NULL", fn);
+  if (counts[s.rank] && !in) return mega_fail(err, MEGA_ERR_INVALID, "%s: in is NULL", fn);
+  auto j = new_job(Job::ALL_GATHER);
+  if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  try {
+    j->counts.assign(counts, counts + s.size);
+  } catch (...) {
+    return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  }
+  j->in = in;
+  j->out = out;
+  j->dt = dt;
+  return enqueue(comm, fn, j, timeout_ms, req, err);
+}
+
+mega_status mega_comm_all_gather(mega_comm *comm, const void *in, void *out,
+                                 const size_t *counts, mega_dtype dt,
+                                 int timeout_ms, mega_err *err) {
+  mega_req *r = nullptr;
+  mega_status st =
+      mega_comm_iall_gather(comm, in, out, counts, dt, timeout_ms, &r, err);
+  return blocking(st, r, timeout_ms, err);
+}
+
+mega_status mega_comm_ibroadcast(mega_comm *comm, void *buf, size_t count,
+                                 mega_dtype dt, int root, int timeout_ms,
+                                 mega_req **req, mega_err *err) {
+  const char *fn = "mega_comm_ibroadcast";
+  mega_status st = start(comm, fn, req, err);
+  if (st != MEGA_OK) return st;
+  State &s = *comm->s;
+  if (dt != MEGA_DT_F32 && dt != MEGA_DT_BYTE)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: unknown dtype %d", fn, (int)dt);
+  if (root < 0 || root >= s.size)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: root %d is not in group '%s' of size %d",
+                     fn, root, s.group.c_str(), s.size);
+  if (count > SIZE_MAX / elem_size(dt))
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: count overflows", fn);
+  if (!buf && count) return mega_fail(err, MEGA_ERR_INVALID, "%s: buf is NULL", fn);
+  auto j = new_job(Job::BROADCAST);
+  if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  j->out = buf;
+  j->count = count;
+  j->dt = dt;
+  j->root = root;
+  return enqueue(comm, fn, j, timeout_ms, req, err);
+}
+
+mega_status mega_comm_broadcast(mega_comm *comm, void *buf, size_t count,
+                                mega_dtype dt, int root, int timeout_ms,
+                                mega_err *err) {
+  mega_req *r = nullptr;
+  mega_status st =
+      mega_comm_ibroadcast(comm, buf, count, dt, root, timeout_ms, &r, err);
+  return blocking(st, r, timeout_ms, err);
+}
+
+mega_status mega_comm_ireduce_scatter(mega_comm *comm, const float *in,
+                                      float *out, const size_t *counts,
+                                      int timeout_ms, mega_req **req,
+                                      mega_err *err) {
+  const char *fn = "mega_comm_ireduce_scatter";
+  mega_status st = start(comm, fn, req, err);
+  if (st != MEGA_OK) return st;
+  State &s = *comm->s;
+  if (!counts) return mega_fail(err, MEGA_ERR_INVALID, "%s: counts is NULL", fn);
+  size_t total;
+  if (!total_of(counts, s.size, sizeof(float), &total))
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: counts overflow", fn);
+  if (total && !in) return mega_fail(err, MEGA_ERR_INVALID, "%s: in is NULL", fn);
+  if (counts[s.rank] && !out) return mega_fail(err, MEGA_ERR_INVALID, "%s: out is NULL", fn);
+  if (counts[s.rank] && total) {
+    uintptr_t a = (uintptr_t)in, b = (uintptr_t)out;
+    if (b < a + total * sizeof(float) && a < b + counts[s.rank] * sizeof(float))
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "%s: out overlaps in; reduce-scatter needs its input "
+                       "intact until the end", fn);
+  }
+  auto j = new_job(Job::REDUCE_SCATTER);
+  if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  try {
+    j->counts.assign(counts, counts + s.size);
+  } catch (...) {
+    return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  }
+  j->in = in;
+  j->out = out;
+  return enqueue(comm, fn, j, timeout_ms, req, err);
+}
+
+mega_status mega_comm_reduce_scatter(mega_comm *comm, const float *in,
+                                     float *out, const size_t *counts,
+                                     int timeout_ms, mega_err *err) {
+  mega_req *r = nullptr;
+  mega_status st =
+      mega_comm_ireduce_scatter(comm, in, out, counts, timeout_ms, &r, err);
+  return blocking(st, r, timeout_ms, err);
+}
+
+mega_status mega_comm_ibarrier(mega_comm *comm, int timeout_ms, mega_req **req,
+                               mega_err *err) {
+  const char *fn = "mega_comm_ibarrier";
+  mega_status st = start(comm, fn, req, err);
+  if (st != MEGA_OK) return st;
+  auto j = new_job(Job::BARRIER);
+  if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  return enqueue(comm, fn, j, timeout_ms, req, err);
+}
+
+mega_status mega_comm_barrier(mega_comm *comm, int timeout_ms, mega_err *err) {
+  mega_req *r = nullptr;
+  mega_status st = mega_comm_ibarrier(comm, timeout_ms, &r, err);
+  return blocking(st, r, timeout_ms, err);
+}
+
+}  // extern "C"

@@ -1,0 +1,171 @@
+// Internals of the Gloo communicator shim, shared by gloo_*.cc. Nothing here
+// crosses the C boundary: every entry point in comm.h catches all C++
+// exceptions and turns them into a mega_status.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "worker/comm/comm.h"
+
+namespace mega_gloo {
+
+using ms = std::chrono::milliseconds;
+using steady = std::chrono::steady_clock;
+
+// A failure reported by the caller's mega_kv_ops, carried through Gloo's
+// rendezvous code unchanged.
+struct StoreError : std::runtime_error {
+  mega_status status;
+  StoreError(mega_status s, const std::string &msg)
+      : std::runtime_error(msg), status(s) {}
+};
+
+// The store seen by one group's rendezvous: keys get "<prefix>/<group>/",
+// and every wait is bounded by the group's timeout.
+class GroupStore : public gloo::rendezvous::Store {
+ public:
+  GroupStore(mega_store &base, const std::string &group, ms timeout);
+  void set(const std::string &key, const std::vector<char> &data) override;
+  std::vector<char> get(const std::string &key) override;
+  void wait(const std::vector<std::string> &keys) override;
+  void wait(const std::vector<std::string> &keys, const ms &timeout) override;
+
+ private:
+  mega_store &base_;
+  std::string prefix_;
+  ms timeout_;
+};
+
+struct Job;
+
+// One communicator. Requests hold a shared_ptr, so a request outliving
+// mega_comm_destroy stays safe.
+struct State {
+  std::string group;
+  int rank = 0, size = 1;
+  ms timeout{0};
+  std::shared_ptr<gloo::transport::Device> dev;
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  // peer_addr[j]: how rank j's end of our connection prints in Gloo's
+  // messages, to name the rank behind "Connection closed by peer [ip]:port".
+  std::vector<std::string> peer_addr;
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  mega_status cause = MEGA_OK;  // first failure; the communicator is broken
+  std::string cause_msg;
+  bool aborted = false;
+  std::string abort_msg;
+  std::atomic<bool> failed{false};  // cause != OK || aborted, for fast paths
+  std::atomic<bool> poisoned{false};
+  std::set<mega_req *> live;  // posted P2P requests, for abort
+  // Helper threads that wait on P2P requests handed over by mega_req_test
+  // (Gloo has no non-blocking completion check, so someone must block).
+  std::condition_variable pool_cv;
+  std::deque<mega_req *> pool_queue;
+  std::vector<std::thread> pool;
+  size_t pool_idle = 0;
+  std::deque<std::shared_ptr<Job>> queue;
+  std::shared_ptr<Job> running;
+  uint32_t coll_seq = 0;
+  bool stopping = false;
+  std::thread thread;
+
+  std::string peer_of(const std::string &msg) const;  // "rank 2" or ""
+};
+
+// A collective, queued to the comm thread.
+struct Job {
+  enum Kind { ALL_REDUCE, ALL_GATHER, BROADCAST, REDUCE_SCATTER, BARRIER };
+  Kind kind;
+  const void *in = nullptr;
+  void *out = nullptr;
+  size_t count = 0;
+  std::vector<size_t> counts;
+  mega_dtype dt = MEGA_DT_F32;
+  int root = 0;
+  ms timeout{0};
+  uint32_t tag = 0;
+  // Guarded by State::mu.
+  bool started = false, done = false;
+  steady::time_point start;
+  mega_status status = MEGA_OK;
+  std::string msg;
+
+  std::string describe(const State &s) const;
+};
+
+// Records the failure of `what` (the exception in flight, or ep) as the
+// communicator's cause if it is the first, breaks the communicator, and
+// returns the status to report, with err filled. peer is the rank the
+// operation talked to, or -1.
+mega_status fail(State &s, std::exception_ptr ep, const std::string &what,
+                 int peer, mega_err *err);
+// Reports an already broken or aborted communicator; MEGA_OK if healthy.
+mega_status report(State &s, mega_err *err);
+mega_status report_locked(State &s, mega_err *err);  // State::mu held
+// Marks the communicator broken with (st, msg) unless it already is, then
+// wakes every waiter and closes the group's connections.
+void break_comm(State &s, mega_status st, const std::string &msg,
+                bool abort);
+
+// Exception text without Gloo's "[file:line] " prefixes.
+std::string clean_what(const char *what);
+
+// The comm thread, and one collective's work (throws on failure).
+void comm_thread(std::shared_ptr<State> s);
+void run_job(State &s, Job &job);
+// A helper thread of the P2P wait pool.
+void pool_thread(std::shared_ptr<State> s);
+
+uint64_t p2p_slot(uint32_t tag);
+uint64_t ring_slot(uint32_t tag);
+
+}  // namespace mega_gloo
+
+struct mega_store {
+  std::string prefix;
+  std::unique_ptr<gloo::rendezvous::FileStore> file;
+  std::mutex file_mu;  // FileStore::set appends to a vector
+  const mega_kv_ops *ops = nullptr;
+  void *ctx = nullptr;
+};
+
+struct mega_comm {
+  std::shared_ptr<mega_gloo::State> s;
+};
+
+struct mega_req {
+  enum Kind { SEND, RECV, COLL } kind;
+  std::shared_ptr<mega_gloo::State> s;
+  // P2P
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+  int peer = -1;
+  uint32_t tag = 0;
+  size_t nbytes = 0;
+  // Handed to the wait pool (by mega_req_test); guarded by State::mu.
+  bool pooled = false, pool_busy = false, pool_done = false;
+  mega_status pool_status = MEGA_OK;
+  std::string pool_msg;
+  // Collective
+  std::shared_ptr<mega_gloo::Job> job;
+  // Result, once known.
+  bool done = false;
+  mega_status status = MEGA_OK;
+  std::string msg;
+};

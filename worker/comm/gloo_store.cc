@@ -1,0 +1,156 @@
+// Rendezvous stores: Gloo's FileStore, or the caller's mega_kv_ops vtable,
+// both seen by Gloo through GroupStore.
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "worker/comm/gloo_internal.hh"
+
+namespace mega_gloo {
+
+namespace {
+
+int clamp_ms(ms t) {
+  long long v = t.count();
+  if (v <= 0) return 1;
+  return v > 0x7fffffff ? 0x7fffffff : static_cast<int>(v);
+}
+
+[[noreturn]] void throw_kv(const char *op, const std::string &key,
+                           mega_status st, const mega_err &e) {
+  throw StoreError(st, std::string("store ") + op + " of key '" + key +
+                           "': " + (e.msg[0] ? e.msg : mega_status_str(st)));
+}
+
+}  // namespace
+
+GroupStore::GroupStore(mega_store &base, const std::string &group, ms timeout)
+    : base_(base), prefix_(base.prefix + "/" + group + "/"),
+      timeout_(timeout) {}
+
+void GroupStore::set(const std::string &key, const std::vector<char> &data) {
+  std::string k = prefix_ + key;
+  if (base_.file) {
+    std::lock_guard<std::mutex> lock(base_.file_mu);
+    base_.file->set(k, data);
+    return;
+  }
+  mega_err e = {};
+  mega_status st = base_.ops->set(base_.ctx, k.c_str(), data.data(),
+                                  data.size(), &e);
+  if (st != MEGA_OK) throw_kv("set", k, st, e);
+}
+
+std::vector<char> GroupStore::get(const std::string &key) {
+  std::string k = prefix_ + key;
+  if (base_.file) {
+    // FileStore::get waits 30 s by itself; bound the wait by ours first.
+    base_.file->wait({k}, timeout_);
+    return base_.file->get(k);
+  }
+  mega_err e = {};
+  void *v = nullptr;
+  size_t len = 0;
+  mega_status st =
+      base_.ops->get(base_.ctx, k.c_str(), &v, &len, clamp_ms(timeout_), &e);
+  if (st != MEGA_OK) throw_kv("get", k, st, e);
+  std::vector<char> out;
+  try {
+    out.assign(static_cast<char *>(v), static_cast<char *>(v) + len);
+  } catch (...) {
+    free(v);
+    throw;
+  }
+  free(v);
+  return out;
+}
+
+void GroupStore::wait(const std::vector<std::string> &keys) {
+  wait(keys, timeout_);
+}
+
+void GroupStore::wait(const std::vector<std::string> &keys, const ms &timeout) {
+  std::vector<std::string> ks;
+  for (const auto &k : keys) ks.push_back(prefix_ + k);
+  if (base_.file) {
+    base_.file->wait(ks, timeout);
+    return;
+  }
+  std::vector<const char *> ptrs;
+  for (const auto &k : ks) ptrs.push_back(k.c_str());
+  mega_err e = {};
+  mega_status st = base_.ops->wait(base_.ctx, ptrs.data(), ptrs.size(),
+                                   clamp_ms(timeout), &e);
+  if (st != MEGA_OK) throw_kv("wait", ks.empty() ? "" : ks[0], st, e);
+}
+
+}  // namespace mega_gloo
+
+extern "C" {
+
+static mega_status check_prefix(const char *prefix, mega_err *err) {
+  if (!prefix || !prefix[0])
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "store prefix is empty: pass the job and attempt, e.g. "
+                     "\"job7/a0\", so keys of different runs never meet");
+  return MEGA_OK;
+}
+
+mega_status mega_store_open_file(const char *dir, const char *prefix,
+                                 mega_store **out, mega_err *err) {
+  if (!out) return mega_fail(err, MEGA_ERR_INVALID, "mega_store_open_file: out is NULL");
+  *out = nullptr;
+  if (!dir || !dir[0])
+    return mega_fail(err, MEGA_ERR_INVALID, "store directory is empty");
+  mega_status st = check_prefix(prefix, err);
+  if (st != MEGA_OK) return st;
+  struct stat sb;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return mega_fail(err, MEGA_ERR_NOT_FOUND,
+                     "store directory '%s' does not exist or is not a "
+                     "directory: create it, on a file system every rank sees",
+                     dir);
+  try {
+    auto s = std::make_unique<mega_store>();
+    s->prefix = prefix;
+    s->file = std::make_unique<gloo::rendezvous::FileStore>(dir);
+    *out = s.release();
+    return MEGA_OK;
+  } catch (const std::bad_alloc &) {
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory opening a file store");
+  } catch (const std::exception &e) {
+    return mega_fail(err, MEGA_ERR_IO, "cannot open file store at '%s': %s",
+                     dir, mega_gloo::clean_what(e.what()).c_str());
+  } catch (...) {
+    return mega_fail(err, MEGA_ERR_INTERNAL, "cannot open file store at '%s'", dir);
+  }
+}
+
+mega_status mega_store_open_kv(const mega_kv_ops *ops, void *ctx,
+                               const char *prefix, mega_store **out,
+                               mega_err *err) {
+  if (!out) return mega_fail(err, MEGA_ERR_INVALID, "mega_store_open_kv: out is NULL");
+  *out = nullptr;
+  if (!ops || !ops->set || !ops->get || !ops->wait)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "key-value store ops are incomplete: set, get and wait "
+                     "are all required");
+  mega_status st = check_prefix(prefix, err);
+  if (st != MEGA_OK) return st;
+  try {
+    auto s = std::make_unique<mega_store>();
+    s->prefix = prefix;
+    s->ops = ops;
+    s->ctx = ctx;
+    *out = s.release();
+    return MEGA_OK;
+  } catch (...) {
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory opening a store");
+  }
+}
+
+void mega_store_close(mega_store *store) { delete store; }
+
+}  // extern "C"
