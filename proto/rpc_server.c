@@ -1,0 +1,569 @@
+#include "proto/rpc_server.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+
+#include "proto/rpc_internal.h"
+
+typedef struct method_entry {
+  const mega_rpc_method *m;
+  mega_rpc_handler fn;
+  void *data;
+  void *registered; /* gRPC's handle for the path */
+} method_entry;
+
+typedef struct out_msg {
+  struct out_msg *next;
+  grpc_byte_buffer *bb;
+} out_msg;
+
+/* One accepted call, or one armed request waiting for a call. Each tag in
+ * flight holds a reference, and so does the handler until it ends the call. */
+struct mega_rpc_call {
+  mega_rpc_server *srv;
+  method_entry *me; /* NULL: the fallback that answers unknown paths */
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  grpc_byte_buffer *payload;
+  grpc_call_details details; /* fallback only */
+  mega_rpc_tag t_new, t_close, t_send;
+  int refs;
+  int cancelled; /* written by RECV_CLOSE_ON_SERVER */
+  bool linked;   /* on the server's list of accepted calls */
+  bool closed;   /* RECV_CLOSE_ON_SERVER came back: nothing more goes out */
+  bool held;     /* the handler has not ended it */
+  bool sending;  /* one send batch in flight at a time */
+  bool md_sent, status_due, status_sent;
+  mega_rpc_code code;
+  grpc_slice status_details;
+  out_msg *head, *tail;
+  size_t queued;
+  grpc_byte_buffer *inflight;
+  ProtobufCMessage *req;
+  mega_rpc_cancel_fn on_cancel;
+  void *cancel_arg;
+  char *peer;
+  mega_rpc_call *prev, *next;
+};
+
+struct mega_rpc_server {
+  mega_rpc_cq *cq;
+  grpc_server *server;
+  size_t max_msg;
+  method_entry *methods;
+  size_t n_methods;
+  bool started, shutting_down, shutdown_seen, finishing;
+  size_t armed; /* requests posted, not yet back */
+  size_t live;  /* accepted calls not yet freed */
+  mega_rpc_call *calls;
+  mega_rpc_tag t_shutdown;
+  uv_timer_t grace;
+  void (*done)(void *);
+  void *done_arg;
+};
+
+static void on_new(mega_rpc_tag *t, bool ok);
+static void on_close(mega_rpc_tag *t, bool ok);
+static void on_send(mega_rpc_tag *t, bool ok);
+static void maybe_finish_shutdown(mega_rpc_server *s);
+
+/* ---- call lifetime ---- */
+
+static void drop_queue(mega_rpc_call *c) {
+  while (c->head) {
+    out_msg *o = c->head;
+    c->head = o->next;
+    grpc_byte_buffer_destroy(o->bb);
+    free(o);
+  }
+  c->tail = NULL;
+  c->queued = 0;
+}
+
+static void call_free(mega_rpc_call *c) {
+  mega_rpc_server *s = c->srv;
+  if (c->linked) {
+    if (c->prev) c->prev->next = c->next;
+    else s->calls = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->live--;
+  }
+  drop_queue(c);
+  if (c->inflight) grpc_byte_buffer_destroy(c->inflight);
+  if (c->payload) grpc_byte_buffer_destroy(c->payload);
+  if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
+  grpc_slice_unref(c->status_details);
+  grpc_metadata_array_destroy(&c->md);
+  if (!c->me) grpc_call_details_destroy(&c->details);
+  if (c->call) grpc_call_unref(c->call);
+  gpr_free(c->peer);
+  bool linked = c->linked;
+  free(c);
+  if (linked) maybe_finish_shutdown(s);
+}
+
+static void call_unref(mega_rpc_call *c) {
+  if (--c->refs == 0) call_free(c);
+}
+
+/* Posts the next send batch: initial metadata with the first, the status
+ * with the last message when the handler has already ended the call. */
+static void pump(mega_rpc_call *c) {
+  if (c->sending || c->status_sent) return;
+  if (c->closed) {
+    drop_queue(c);
+    return;
+  }
+  grpc_op ops[3];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  bool send_md = !c->md_sent && (c->head || c->status_due);
+  if (send_md) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  grpc_byte_buffer *bb = NULL;
+  if (c->head) {
+    out_msg *o = c->head;
+    c->head = o->next;
+    if (!c->head) c->tail = NULL;
+    c->queued--;
+    bb = o->bb;
+    free(o);
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = bb;
+  }
+  bool send_status = c->status_due && !c->head;
+  if (send_status) {
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)c->code;
+    ops[n++].data.send_status_from_server.status_details = &c->status_details;
+  }
+  if (n == 0) return;
+  c->refs++;
+  if (grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL) != GRPC_CALL_OK) {
+    /* Only a bug in this file gets here; stop sending rather than crash. */
+    c->refs--;
+    if (bb) grpc_byte_buffer_destroy(bb);
+    drop_queue(c);
+    c->status_sent = true;
+    return;
+  }
+  c->sending = true;
+  c->inflight = bb;
+  if (send_md) c->md_sent = true;
+  if (send_status) c->status_sent = true;
+}
+
+static void on_send(mega_rpc_tag *t, bool ok) {
+  mega_rpc_call *c = MEGA_RPC_CONTAINER(t, mega_rpc_call, t_send);
+  c->sending = false;
+  if (c->inflight) grpc_byte_buffer_destroy(c->inflight);
+  c->inflight = NULL;
+  if (ok) {
+    pump(c);
+  } else {
+    /* The call broke (cancelled); RECV_CLOSE_ON_SERVER reports it. */
+    drop_queue(c);
+    c->status_sent = true;
+  }
+  call_unref(c);
+}
+
+static void on_close(mega_rpc_tag *t, bool ok) {
+  (void)ok;
+  mega_rpc_call *c = MEGA_RPC_CONTAINER(t, mega_rpc_call, t_close);
+  c->closed = true;
+  drop_queue(c);
+  if (c->cancelled && c->held && c->on_cancel) {
+    mega_rpc_cancel_fn fn = c->on_cancel;
+    c->on_cancel = NULL;
+    fn(c, c->cancel_arg);
+  }
+  call_unref(c);
+}
+
+static void set_status(mega_rpc_call *c, mega_rpc_code code, const char *msg) {
+  c->status_due = true;
+  c->code = code;
+  grpc_slice_unref(c->status_details);
+  c->status_details = msg && msg[0] ? grpc_slice_from_copied_string(msg) : grpc_empty_slice();
+}
+
+/* Ends the handler's hold: the status goes out after the queued messages. */
+static void end_call(mega_rpc_call *c, mega_rpc_code code, const char *msg) {
+  set_status(c, code, msg);
+  pump(c);
+  c->held = false;
+  call_unref(c);
+}
+
+static void enqueue(mega_rpc_call *c, grpc_byte_buffer *bb) {
+  out_msg *o = malloc(sizeof *o);
+  if (!o) {
+    grpc_byte_buffer_destroy(bb);
+    return;
+  }
+  *o = (out_msg){NULL, bb};
+  if (c->tail) c->tail->next = o;
+  else c->head = o;
+  c->tail = o;
+  c->queued++;
+}
+
+static void arm(mega_rpc_server *s, method_entry *me) {
+  mega_rpc_call *c = calloc(1, sizeof *c);
+  if (!c) return; /* the method stays unreachable; nothing better to do without memory */
+  c->srv = s;
+  c->me = me;
+  c->refs = 1;
+  c->t_new.fn = on_new;
+  c->t_close.fn = on_close;
+  c->t_send.fn = on_send;
+  c->status_details = grpc_empty_slice();
+  grpc_metadata_array_init(&c->md);
+  grpc_completion_queue *q = mega_rpc_cq_raw(s->cq);
+  grpc_call_error e;
+  if (me) {
+    e = grpc_server_request_registered_call(s->server, me->registered, &c->call, &c->deadline,
+                                            &c->md, &c->payload, q, q, &c->t_new);
+  } else {
+    grpc_call_details_init(&c->details);
+    e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, q, q, &c->t_new);
+  }
+  if (e != GRPC_CALL_OK) {
+    call_free(c);
+    return;
+  }
+  s->armed++;
+}
+
+static void on_new(mega_rpc_tag *t, bool ok) {
+  mega_rpc_call *c = MEGA_RPC_CONTAINER(t, mega_rpc_call, t_new);
+  mega_rpc_server *s = c->srv;
+  s->armed--;
+  if (!ok) { /* shutdown took back the request */
+    call_free(c);
+    maybe_finish_shutdown(s);
+    return;
+  }
+  if (!s->shutting_down) arm(s, c->me);
+  c->linked = true;
+  c->next = s->calls;
+  if (s->calls) s->calls->prev = c;
+  s->calls = c;
+  s->live++;
+
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  c->refs++;
+  if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK) {
+    c->refs--;
+    c->closed = true;
+  }
+
+  char msg[512];
+  if (!c->me) {
+    c->deadline = c->details.deadline;
+    snprintf(msg, sizeof msg, "unknown method %.*s", (int)GRPC_SLICE_LENGTH(c->details.method),
+             (const char *)GRPC_SLICE_START_PTR(c->details.method));
+    set_status(c, MEGA_RPC_UNIMPLEMENTED, msg);
+    pump(c);
+  } else {
+    const mega_rpc_method *m = c->me->m;
+    if (c->payload) c->req = mega_rpc_unpack(c->payload, m->request);
+    if (c->payload) grpc_byte_buffer_destroy(c->payload);
+    c->payload = NULL;
+    if (!c->req) {
+      snprintf(msg, sizeof msg, "the request to %s is not a valid %s", m->path,
+               m->request->name);
+      set_status(c, MEGA_RPC_INVALID_ARGUMENT, msg);
+      pump(c);
+    } else {
+      c->held = true;
+      c->refs++;
+      c->me->fn(c, c->req, c->me->data);
+    }
+  }
+  call_unref(c);
+}
+
+/* ---- answering ---- */
+
+void mega_rpc_reply(mega_rpc_call *c, const ProtobufCMessage *resp) {
+  if (!c || !c->held) return;
+  mega_err e;
+  grpc_byte_buffer *bb;
+  if (mega_rpc_pack(resp, c->me->m->response, c->srv->max_msg, &bb, &e) != MEGA_OK) {
+    end_call(c, mega_rpc_code_from_status(e.status), e.msg);
+    return;
+  }
+  if (!c->closed) enqueue(c, bb);
+  else grpc_byte_buffer_destroy(bb);
+  end_call(c, MEGA_RPC_OK, NULL);
+}
+
+void mega_rpc_fail(mega_rpc_call *c, mega_rpc_code code, const char *fmt, ...) {
+  if (!c || !c->held) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  end_call(c, code, msg);
+}
+
+void mega_rpc_fail_err(mega_rpc_call *c, const mega_err *err) {
+  if (!c || !c->held) return;
+  if (!err || err->status == MEGA_OK) {
+    end_call(c, MEGA_RPC_INTERNAL, "the server failed without saying why");
+    return;
+  }
+  end_call(c, mega_rpc_code_from_status(err->status), err->msg);
+}
+
+mega_status mega_rpc_send(mega_rpc_call *c, const ProtobufCMessage *msg, mega_err *err) {
+  if (!c || !c->held)
+    return mega_fail(err, MEGA_ERR_INTERNAL, "send on a call that was already ended");
+  if (c->closed)
+    return mega_fail(err, MEGA_ERR_CANCELLED, "the client of %s went away", c->me->m->path);
+  grpc_byte_buffer *bb;
+  mega_status st = mega_rpc_pack(msg, c->me->m->response, c->srv->max_msg, &bb, err);
+  if (st != MEGA_OK) return st;
+  size_t before = c->queued;
+  enqueue(c, bb);
+  if (c->queued == before)
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory queueing a %s", msg->descriptor->name);
+  pump(c);
+  return MEGA_OK;
+}
+
+void mega_rpc_finish(mega_rpc_call *c) {
+  if (!c || !c->held) return;
+  end_call(c, MEGA_RPC_OK, NULL);
+}
+
+void mega_rpc_call_on_cancel(mega_rpc_call *c, mega_rpc_cancel_fn fn, void *arg) {
+  c->on_cancel = fn;
+  c->cancel_arg = arg;
+}
+
+bool mega_rpc_call_cancelled(const mega_rpc_call *c) { return c->closed && c->cancelled; }
+
+size_t mega_rpc_call_queued(const mega_rpc_call *c) { return c->queued; }
+
+const mega_rpc_method *mega_rpc_call_method(const mega_rpc_call *c) {
+  return c->me ? c->me->m : NULL;
+}
+
+const char *mega_rpc_call_peer(mega_rpc_call *c) {
+  if (!c->peer) c->peer = grpc_call_get_peer(c->call);
+  return c->peer ? c->peer : "unknown";
+}
+
+int64_t mega_rpc_call_remaining_ms(const mega_rpc_call *c) {
+  gpr_timespec d = c->deadline;
+  if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0) return -1;
+  gpr_timespec left = gpr_time_sub(d, gpr_now(d.clock_type)); /* same clock: see notes §8 */
+  int64_t ms = left.tv_sec * 1000 + left.tv_nsec / 1000000;
+  return ms < 0 ? 0 : ms;
+}
+
+/* ---- the server ---- */
+
+mega_status mega_rpc_server_new(mega_rpc_cq *cq, const mega_rpc_server_opts *opts,
+                                mega_rpc_server **out, mega_err *err) {
+  *out = NULL;
+  mega_rpc_server *s = calloc(1, sizeof *s);
+  if (!s) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating a server");
+  s->cq = cq;
+  s->max_msg = opts && opts->max_message_bytes ? opts->max_message_bytes
+                                               : MEGA_RPC_MAX_MESSAGE_DEFAULT;
+  if (s->max_msg > INT_MAX) s->max_msg = INT_MAX;
+  s->t_shutdown.fn = NULL;
+  int rc = uv_timer_init(mega_rpc_cq_loop(cq), &s->grace);
+  if (rc != 0) {
+    free(s);
+    return mega_fail(err, MEGA_ERR_IO, "cannot create a libuv timer: %s", uv_strerror(rc));
+  }
+  mega_rpc_lib_ref();
+  grpc_arg args[3];
+  memset(args, 0, sizeof args);
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = (char *)GRPC_ARG_ALLOW_REUSEPORT; /* a second server must fail to bind */
+  args[0].value.integer = 0;
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[1].value.integer = (int)s->max_msg;
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[2].value.integer = (int)s->max_msg;
+  grpc_channel_args ca = {3, args};
+  s->server = grpc_server_create(&ca, NULL);
+  grpc_server_register_completion_queue(s->server, mega_rpc_cq_raw(cq), NULL);
+  *out = s;
+  return MEGA_OK;
+}
+
+mega_status mega_rpc_server_handle(mega_rpc_server *s, const mega_rpc_method *m,
+                                   mega_rpc_handler fn, void *data, mega_err *err) {
+  if (s->started)
+    return mega_fail(err, MEGA_ERR_INTERNAL, "handler for %s added after the server started",
+                     m->path);
+  if (!fn || !m->request || !m->response || !m->path || m->path[0] != '/')
+    return mega_fail(err, MEGA_ERR_INVALID, "incomplete method table entry for %s",
+                     m->path ? m->path : "(no path)");
+  for (size_t i = 0; i < s->n_methods; i++)
+    if (strcmp(s->methods[i].m->path, m->path) == 0)
+      return mega_fail(err, MEGA_ERR_INVALID, "two handlers for %s", m->path);
+  method_entry *me = realloc(s->methods, (s->n_methods + 1) * sizeof *me);
+  if (!me) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory adding a handler");
+  s->methods = me;
+  void *reg = grpc_server_register_method(s->server, m->path, NULL,
+                                          GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+  if (!reg) return mega_fail(err, MEGA_ERR_INVALID, "gRPC refused to register %s", m->path);
+  s->methods[s->n_methods++] = (method_entry){m, fn, data, reg};
+  return MEGA_OK;
+}
+
+static void errno_sentence(int e, char *buf, size_t n) {
+  snprintf(buf, n, "%s", strerror(e));
+  buf[0] = (char)tolower((unsigned char)buf[0]);
+}
+
+/* gRPC reports a failed bind only to its log, so find out first whether the
+ * address is free, to give the user the reason. */
+static mega_status probe_listen(const char *addr, mega_err *err) {
+  char why[128];
+  if (strncmp(addr, "unix:", 5) == 0) {
+    const char *path = addr + 5;
+    if (strncmp(path, "//", 2) == 0) path += 2;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sa.sun_path)
+      return mega_fail(err, MEGA_ERR_INVALID, "cannot listen on %s: the path is longer than %zu bytes",
+                       addr, sizeof sa.sun_path - 1);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return MEGA_OK;
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    close(fd);
+    if (rc == 0) /* gRPC would unlink a live server's socket: refuse instead */
+      return mega_fail(err, MEGA_ERR_IO,
+                       "cannot listen on %s: address already in use (a server answers there)",
+                       addr);
+    return MEGA_OK;
+  }
+  char host[256], port[32];
+  const char *colon = strrchr(addr, ':');
+  if (!colon || strlen(colon + 1) >= sizeof port) return MEGA_OK; /* gRPC will say */
+  snprintf(port, sizeof port, "%s", colon + 1);
+  size_t hl = (size_t)(colon - addr);
+  if (hl >= sizeof host) return MEGA_OK;
+  memcpy(host, addr, hl);
+  host[hl] = '\0';
+  if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+    memmove(host, host + 1, hl - 2);
+    host[hl - 2] = '\0';
+  }
+  if (strcmp(port, "0") == 0) return MEGA_OK;
+  struct addrinfo hints = {.ai_flags = AI_PASSIVE, .ai_socktype = SOCK_STREAM}, *res = NULL;
+  if (getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) return MEGA_OK;
+  mega_status st = MEGA_OK;
+  for (struct addrinfo *ai = res; ai && st == MEGA_OK; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    int one = 1; /* as gRPC does, so a closed socket in TIME_WAIT is no conflict */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      errno_sentence(errno, why, sizeof why);
+      st = mega_fail(err, MEGA_ERR_IO, "cannot listen on %s: %s", addr, why);
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return st;
+}
+
+mega_status mega_rpc_server_listen(mega_rpc_server *s, const char *addr, int *port,
+                                   mega_err *err) {
+  if (port) *port = 0;
+  if (s->started)
+    return mega_fail(err, MEGA_ERR_INTERNAL, "listen on %s after the server started", addr);
+  mega_status st = probe_listen(addr, err);
+  if (st != MEGA_OK) return st;
+  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  int p = grpc_server_add_http2_port(s->server, addr, creds);
+  grpc_server_credentials_release(creds);
+  if (p == 0)
+    return mega_fail(err, MEGA_ERR_IO,
+                     "cannot listen on %s: gRPC could not bind it (expected host:port or "
+                     "unix:/path)",
+                     addr);
+  if (port) *port = strncmp(addr, "unix:", 5) == 0 ? 0 : p;
+  return MEGA_OK;
+}
+
+mega_status mega_rpc_server_start(mega_rpc_server *s, mega_err *err) {
+  if (s->started || s->shutting_down)
+    return mega_fail(err, MEGA_ERR_INTERNAL, "server started twice");
+  grpc_server_start(s->server);
+  s->started = true;
+  for (size_t i = 0; i < s->n_methods; i++) arm(s, &s->methods[i]);
+  arm(s, NULL);
+  return MEGA_OK;
+}
+
+static void on_shutdown(mega_rpc_tag *t, bool ok) {
+  (void)ok;
+  mega_rpc_server *s = MEGA_RPC_CONTAINER(t, mega_rpc_server, t_shutdown);
+  s->shutdown_seen = true;
+  maybe_finish_shutdown(s);
+}
+
+static void on_grace(uv_timer_t *h) {
+  mega_rpc_server *s = MEGA_RPC_CONTAINER(h, mega_rpc_server, grace);
+  grpc_server_cancel_all_calls(s->server);
+}
+
+static void on_grace_closed(uv_handle_t *h) {
+  mega_rpc_server *s = MEGA_RPC_CONTAINER(h, mega_rpc_server, grace);
+  void (*done)(void *) = s->done;
+  void *arg = s->done_arg;
+  grpc_server_destroy(s->server);
+  free(s->methods);
+  free(s);
+  mega_rpc_lib_unref();
+  if (done) done(arg);
+}
+
+static void maybe_finish_shutdown(mega_rpc_server *s) {
+  if (!s->shutting_down || !s->shutdown_seen || s->armed || s->live || s->finishing) return;
+  s->finishing = true;
+  uv_timer_stop(&s->grace);
+  uv_close((uv_handle_t *)&s->grace, on_grace_closed);
+}
+
+void mega_rpc_server_shutdown(mega_rpc_server *s, unsigned grace_ms, void (*done)(void *arg),
+                              void *arg) {
+  if (!s || s->shutting_down) return;
+  s->shutting_down = true;
+  s->done = done;
+  s->done_arg = arg;
+  s->t_shutdown.fn = on_shutdown;
+  grpc_server_shutdown_and_notify(s->server, mega_rpc_cq_raw(s->cq), &s->t_shutdown);
+  if (grace_ms == 0) grpc_server_cancel_all_calls(s->server);
+  else uv_timer_start(&s->grace, on_grace, grace_ms, 0);
+}
