@@ -43,7 +43,14 @@ void mega_err_prefix(mega_err *err, const char *fmt, ...) {
   vsnprintf(head, sizeof head, fmt, ap);
   va_end(ap);
   memcpy(old, err->msg, sizeof old);
-  snprintf(err->msg, sizeof err->msg, "%s: %s", head, old);
+  /* Joined by hand: snprintf("%s: %s") of two full buffers trips -Wformat-truncation. */
+  size_t n = strnlen(head, sizeof head - 1), m = strnlen(old, sizeof old - 1), cap = sizeof err->msg - 1;
+  size_t at = n < cap ? n : cap;
+  memcpy(err->msg, head, at);
+  for (const char *sep = ": "; *sep && at < cap; sep++) err->msg[at++] = *sep;
+  size_t rest = m < cap - at ? m : cap - at;
+  memcpy(err->msg + at, old, rest);
+  err->msg[at + rest] = '\0';
 }
 
 void mega_err_clear(mega_err *err) {
