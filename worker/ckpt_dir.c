@@ -187,7 +187,7 @@ mega_status mega_ckpt_commit(const char *save_dir, const char *tmp, int64_t iter
 static bool is_checkpoint_dir(const char *dir) {
   char p[4096];
   struct stat st;
-  snprintf(p, sizeof p, "%s/" MEGA_CKPT_STATE_FILE, dir);
+  if ((size_t)snprintf(p, sizeof p, "%s/" MEGA_CKPT_STATE_FILE, dir) >= sizeof p) return false;
   return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 

@@ -46,6 +46,12 @@ static void usage(FILE *f) {
           "worker flags:\n"
           "  --json  print one JSON object per iteration on stdout\n"
           "  --help  print this help\n");
+  int width = 0;
+  for (int i = 0; i < mega_jobspec_flag_count(); i++) {
+    const mega_jobflag *fl = mega_jobspec_flag(i);
+    int w = (int)strlen(fl->name) + (fl->metavar ? 1 + (int)strlen(fl->metavar) : 0);
+    if (w > width && w <= 40) width = w;
+  }
   const char *group = NULL;
   for (int i = 0; i < mega_jobspec_flag_count(); i++) {
     const mega_jobflag *fl = mega_jobspec_flag(i);
@@ -56,7 +62,7 @@ static void usage(FILE *f) {
     char head[96];
     snprintf(head, sizeof head, "%s%s%s", fl->name, fl->metavar ? " " : "",
              fl->metavar ? fl->metavar : "");
-    fprintf(f, "  %-44s %s", head, fl->help);
+    fprintf(f, "  %-*s  %s", width, head, fl->help);
     if (fl->default_text) fprintf(f, " (default: %s)", fl->default_text);
     fputc('\n', f);
   }

@@ -1,0 +1,480 @@
+/* Checkpoints through the public API: round trip, HF sharding and its
+ * index, the atomic directory protocol, and bad checkpoints, each a clear
+ * error. */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "ckpt_util.h"
+#include "worker/backend/backend.h"
+#include "worker/checkpoint.h"
+#include "worker/model/gpt.h"
+#include "worker/model/safetensors.h"
+#include "worker/optim.h"
+
+/* A tiny model with an optimizer that has taken one step, so the params and
+ * both moments hold distinct values. */
+typedef struct model {
+  mega_backend *be;
+  mega_gpt_config cfg;
+  mega_gpt_stage *s;
+  mega_optim *o;
+  mega_ckpt_param *cp;
+  size_t n;
+} model;
+
+static void model_make(model *m, uint64_t seed) {
+  mega_err err = {0};
+  assert_int_equal(mega_backend_cpu_create(NULL, &m->be, &err), MEGA_OK);
+  mega_gpt_config_default(&m->cfg);
+  m->cfg.max_seq_len = 8;
+  m->cfg.num_layers = 2;
+  m->cfg.num_heads = 2;
+  m->cfg.channels = 16;
+  m->cfg.seed = seed;
+  mega_gpt_stage_desc d = {.embedding = true, .loss = true, .first_layer = 0, .num_layers = 2};
+  assert_int_equal(mega_gpt_stage_create(m->be, &m->cfg, &d, &m->s, &err), MEGA_OK);
+  int count;
+  const mega_param_info *pi = mega_gpt_params(m->s, &count);
+  float *p = mega_gpt_param_data(m->s), *g = mega_gpt_grad_data(m->s);
+  size_t total = mega_gpt_num_params(m->s);
+  for (size_t i = 0; i < total; i++) g[i] = (float)((i * 2654435761u + seed) % 1000) / 1000.0f - 0.5f;
+  mega_optim_range *r = calloc((size_t)count, sizeof *r);
+  m->cp = calloc((size_t)count, sizeof *m->cp);
+  m->n = (size_t)count;
+  for (int i = 0; i < count; i++)
+    r[i] = (mega_optim_range){p + pi[i].offset, g + pi[i].offset, pi[i].numel, pi[i].decay};
+  mega_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                           .clip_grad = 1.0};
+  assert_int_equal(mega_optim_create(m->be, r, m->n, &hp, &m->o, &err), MEGA_OK);
+  free(r);
+  double ss;
+  assert_int_equal(mega_optim_grad_sumsq(m->o, &ss, &err), MEGA_OK);
+  assert_int_equal(mega_optim_step(m->o, ss, 1e-3, NULL, &err), MEGA_OK);
+  for (int i = 0; i < count; i++) {
+    m->cp[i] = (mega_ckpt_param){.name = pi[i].name, .ndim = pi[i].ndim,
+                                 .shape = {pi[i].shape[0], pi[i].shape[1]},
+                                 .numel = pi[i].numel, .param = p + pi[i].offset,
+                                 .exp_avg = mega_optim_exp_avg(m->o, (size_t)i),
+                                 .exp_avg_sq = mega_optim_exp_avg_sq(m->o, (size_t)i)};
+  }
+}
+
+static void model_free(model *m) {
+  mega_optim_destroy(m->o);
+  mega_gpt_stage_destroy(m->s);
+  mega_backend_destroy(m->be);
+  free(m->cp);
+}
+
+static void assert_same(const model *a, const model *b) {
+  assert_int_equal(a->n, b->n);
+  for (size_t i = 0; i < a->n; i++) {
+    size_t bytes = a->cp[i].numel * sizeof(float);
+    assert_memory_equal(a->cp[i].param, b->cp[i].param, bytes);
+    assert_memory_equal(a->cp[i].exp_avg, b->cp[i].exp_avg, bytes);
+    assert_memory_equal(a->cp[i].exp_avg_sq, b->cp[i].exp_avg_sq, bytes);
+  }
+}
+
+static mega_ckpt_state state_at(int64_t it) {
+  return (mega_ckpt_state){.iteration = it, .consumed_samples = 4 * it, .optimizer_steps = it};
+}
+
+static void save_ok(model *m, const char *dir, int64_t it, uint64_t limit) {
+  mega_err err = {0};
+  mega_ckpt_state s = state_at(it);
+  mega_ckpt_save_opts o = {.max_shard_bytes = limit};
+  mega_status st = mega_ckpt_save(dir, m->be, &m->cfg, NULL, &s, m->cp, m->n, &o, &err);
+  if (st != MEGA_OK) fail_msg("save: %s", err.msg);
+}
+
+/* Resolves dir and loads into m; returns the status, message in err. */
+static mega_status load(model *m, const char *dir, mega_ckpt_state *s, mega_err *err) {
+  char *path = NULL;
+  mega_status st = mega_ckpt_resolve(dir, &path, err);
+  if (st != MEGA_OK) return st;
+  st = mega_ckpt_load(path, m->be, &m->cfg, NULL, m->cp, m->n, s, err);
+  free(path);
+  return st;
+}
+
+static void test_round_trip(void **state) {
+  (void)state;
+  char dir[256], path[512];
+  tu_mkdtemp(dir, "ckpt");
+  model a, b;
+  model_make(&a, 1);
+  model_make(&b, 2);
+  save_ok(&a, dir, 7, 0);
+  snprintf(path, sizeof path, "%s/iter_0000007/model.safetensors", dir);
+  assert_true(tu_exists(path));
+  snprintf(path, sizeof path, "%s/iter_0000007/optimizer.safetensors", dir);
+  assert_true(tu_exists(path));
+  snprintf(path, sizeof path, "%s/iter_0000007/model.safetensors.index.json", dir);
+  assert_false(tu_exists(path)); /* one shard: no index, as HF */
+
+  /* HF names, no tied head; config.json for GPT2LMHeadModel */
+  mega_st_file *f;
+  mega_err err = {0};
+  snprintf(path, sizeof path, "%s/iter_0000007/model.safetensors", dir);
+  assert_int_equal(mega_st_open(path, &f, &err), MEGA_OK);
+  assert_int_equal(mega_st_count(f), a.n);
+  assert_non_null(mega_st_find(f, "transformer.wte.weight"));
+  assert_non_null(mega_st_find(f, "transformer.h.1.mlp.c_proj.weight"));
+  assert_null(mega_st_find(f, "lm_head.weight"));
+  assert_string_equal(mega_st_meta_get(f, "format"), "pt");
+  mega_st_close(f);
+  snprintf(path, sizeof path, "%s/iter_0000007/config.json", dir);
+  json_t *cfg = json_load_file(path, 0, NULL);
+  assert_non_null(cfg);
+  assert_string_equal(json_string_value(json_object_get(cfg, "model_type")), "gpt2");
+  assert_string_equal(json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0)),
+                      "GPT2LMHeadModel");
+  assert_int_equal(json_integer_value(json_object_get(cfg, "vocab_size")), 256);
+  assert_int_equal(json_integer_value(json_object_get(cfg, "n_positions")), 8);
+  assert_int_equal(json_integer_value(json_object_get(cfg, "n_embd")), 16);
+  assert_int_equal(json_integer_value(json_object_get(cfg, "n_layer")), 2);
+  assert_int_equal(json_integer_value(json_object_get(cfg, "n_head")), 2);
+  assert_true(json_real_value(json_object_get(cfg, "layer_norm_epsilon")) == 1e-5);
+  assert_string_equal(json_string_value(json_object_get(cfg, "activation_function")), "gelu_new");
+  assert_true(json_is_true(json_object_get(cfg, "tie_word_embeddings")));
+  json_decref(cfg);
+
+  mega_ckpt_state s;
+  assert_int_equal(load(&b, dir, &s, &err), MEGA_OK);
+  assert_same(&a, &b);
+  assert_int_equal(s.iteration, 7);
+  assert_int_equal(s.consumed_samples, 28);
+  assert_int_equal(s.optimizer_steps, 7);
+  model_free(&a);
+  model_free(&b);
+  tu_rmtree(dir);
+}
+
+static void test_sharding(void **state) {
+  (void)state;
+  char dir[256], path[512];
+  tu_mkdtemp(dir, "ckpt");
+  model a, b;
+  model_make(&a, 1);
+  model_make(&b, 2);
+  save_ok(&a, dir, 3, 8192); /* wte alone is 16 KiB */
+  char it[300];
+  snprintf(it, sizeof it, "%s/iter_0000003", dir);
+  int nshards = tu_count_prefix(it, "model-");
+  assert_true(nshards > 2);
+  assert_int_equal(tu_count_prefix(it, "optimizer-"), tu_count_prefix(it, "optimizer-"));
+  assert_true(tu_count_prefix(it, "optimizer-") > 2);
+
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", it);
+  json_t *idx = json_load_file(path, 0, NULL);
+  assert_non_null(idx);
+  json_t *wmap = json_object_get(idx, "weight_map");
+  assert_int_equal(json_object_size(wmap), a.n);
+  size_t total = 0;
+  for (size_t i = 0; i < a.n; i++) total += a.cp[i].numel * 4;
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(idx, "metadata"),
+                                                      "total_size")), total);
+  /* HF: an oversized tensor alone in its own shard, the first one */
+  char first[64];
+  snprintf(first, sizeof first, "model-00001-of-%05d.safetensors", nshards);
+  assert_string_equal(json_string_value(json_object_get(wmap, "transformer.wte.weight")), first);
+  /* every shard holds exactly what the map says */
+  size_t seen = 0;
+  for (int k = 1; k <= nshards; k++) {
+    char name[64];
+    snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k, nshards);
+    snprintf(path, sizeof path, "%s/%s", it, name);
+    mega_st_file *f;
+    mega_err err = {0};
+    assert_int_equal(mega_st_open(path, &f, &err), MEGA_OK);
+    size_t bytes = 0;
+    for (size_t i = 0; i < mega_st_count(f); i++) {
+      const mega_st_tensor *t = mega_st_at(f, i);
+      assert_string_equal(json_string_value(json_object_get(wmap, t->name)), name);
+      bytes += t->numel * 4;
+      seen++;
+    }
+    assert_true(bytes <= 8192 || mega_st_count(f) == 1);
+    mega_st_close(f);
+  }
+  assert_int_equal(seen, a.n);
+  json_decref(idx);
+
+  mega_ckpt_state s;
+  mega_err err = {0};
+  assert_int_equal(load(&b, dir, &s, &err), MEGA_OK);
+  assert_same(&a, &b);
+
+  /* a tampered index is refused */
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", it);
+  idx = json_load_file(path, 0, NULL);
+  json_object_set_new(json_object_get(idx, "metadata"), "total_size", json_integer(12));
+  json_dump_file(idx, path, 0);
+  assert_int_equal(load(&b, dir, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "total_size"));
+  json_object_set_new(json_object_get(idx, "metadata"), "total_size", json_integer((json_int_t)total));
+  json_object_set_new(json_object_get(idx, "weight_map"), "transformer.wte.weight",
+                      json_string("model-00009-of-00009.safetensors"));
+  json_dump_file(idx, path, 0);
+  assert_int_equal(load(&b, dir, &s, &err), MEGA_ERR_IO);
+  assert_non_null(strstr(err.msg, "model-00009-of-00009.safetensors"));
+  json_decref(idx);
+  model_free(&a);
+  model_free(&b);
+  tu_rmtree(dir);
+}
+
+static void test_atomicity(void **state) {
+  (void)state;
+  char dir[256], path[1024];
+  tu_mkdtemp(dir, "ckpt");
+  model a, b;
+  model_make(&a, 1);
+  model_make(&b, 2);
+  mega_err err = {0};
+  save_ok(&a, dir, 1, 0);
+
+  /* A crash mid-save leaves a temp dir (and a temp latest file): ignored by
+   * loads, removed by the cleanup. */
+  char tmp[512];
+  snprintf(tmp, sizeof tmp, "%s/.tmp.iter_0000002.AbCdEf", dir);
+  assert_int_equal(mkdir(tmp, 0755), 0);
+  snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+  tu_write_text(path, "half a file");
+  snprintf(path, sizeof path, "%s/.tmp.latest_checkpointed_iteration.txt", dir);
+  tu_write_text(path, "2\n");
+  mega_ckpt_state s;
+  assert_int_equal(load(&b, dir, &s, &err), MEGA_OK);
+  assert_int_equal(s.iteration, 1);
+  int removed = 0;
+  assert_int_equal(mega_ckpt_clean_temps(dir, &removed, &err), MEGA_OK);
+  assert_int_equal(removed, 2);
+  assert_false(tu_exists(tmp));
+
+  /* A save that fails part way (two tensors with one name) leaves nothing
+   * behind and latest unchanged. */
+  mega_ckpt_param dup[2] = {a.cp[0], a.cp[0]};
+  mega_ckpt_state s2 = state_at(2);
+  assert_int_not_equal(mega_ckpt_save(dir, a.be, &a.cfg, NULL, &s2, dup, 2, NULL, &err), MEGA_OK);
+  assert_non_null(strstr(err.msg, "iteration 2"));
+  snprintf(path, sizeof path, "%s/iter_0000002", dir);
+  assert_false(tu_exists(path));
+  assert_int_equal(tu_count_prefix(dir, ".tmp"), 0);
+  char *resolved = NULL;
+  assert_int_equal(mega_ckpt_resolve(dir, &resolved, &err), MEGA_OK);
+  assert_non_null(strstr(resolved, "iter_0000001"));
+  free(resolved);
+
+  /* Saving the same iteration again replaces it whole. */
+  save_ok(&b, dir, 1, 0);
+  assert_int_equal(tu_count_prefix(dir, ".tmp"), 0);
+  assert_int_equal(tu_count_prefix(dir, "iter_"), 1);
+  model c;
+  model_make(&c, 3);
+  assert_int_equal(load(&c, dir, &s, &err), MEGA_OK);
+  assert_same(&b, &c);
+  model_free(&c);
+
+  /* latest names the newest complete save */
+  save_ok(&a, dir, 5, 0);
+  snprintf(path, sizeof path, "%s/" MEGA_CKPT_LATEST_FILE, dir);
+  FILE *f = fopen(path, "r");
+  char line[32] = {0};
+  assert_non_null(fgets(line, sizeof line, f));
+  fclose(f);
+  assert_string_equal(line, "5\n");
+  model_free(&a);
+  model_free(&b);
+  tu_rmtree(dir);
+}
+
+static void test_resolve(void **state) {
+  (void)state;
+  char dir[256], path[512];
+  tu_mkdtemp(dir, "ckpt");
+  mega_err err = {0};
+  char *p = NULL;
+  assert_int_equal(mega_ckpt_resolve(dir, &p, &err), MEGA_ERR_NOT_FOUND);
+  assert_int_equal(mega_ckpt_resolve("/nonexistent/mega", &p, &err), MEGA_ERR_NOT_FOUND);
+  snprintf(path, sizeof path, "%s/" MEGA_CKPT_LATEST_FILE, dir);
+  tu_write_text(path, "banana\n");
+  assert_int_equal(mega_ckpt_resolve(dir, &p, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "one iteration number"));
+  tu_write_text(path, "40\n");
+  assert_int_equal(mega_ckpt_resolve(dir, &p, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "iter_0000040"));
+
+  model a;
+  model_make(&a, 1);
+  save_ok(&a, dir, 40, 0);
+  snprintf(path, sizeof path, "%s/iter_0000040", dir);
+  assert_int_equal(mega_ckpt_resolve(path, &p, &err), MEGA_OK); /* a checkpoint dir itself */
+  assert_string_equal(p, path);
+  free(p);
+  model_free(&a);
+  tu_rmtree(dir);
+}
+
+/* Corrupts one file of a fresh checkpoint, then expects load to fail with
+ * a message containing `needle`. */
+typedef void (*corrupt_fn)(const char *iter_dir);
+
+static void trunc_model(const char *d) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/model.safetensors", d);
+  FILE *f = fopen(p, "r+");
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fclose(f);
+  assert_int_equal(truncate(p, n / 2), 0);
+}
+
+static void flip_header(const char *d) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/model.safetensors", d);
+  int fd = open(p, O_RDWR);
+  char c;
+  assert_int_equal(pread(fd, &c, 1, 8), 1);
+  c ^= 0x5a; /* the JSON header's '{' */
+  assert_int_equal(pwrite(fd, &c, 1, 8), 1);
+  close(fd);
+}
+
+static void drop_optimizer(const char *d) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/optimizer.safetensors", d);
+  assert_int_equal(unlink(p), 0);
+}
+
+static void bad_state_json(const char *d) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/trainer_state.json", d);
+  tu_write_text(p, "{\"format\": \"mega-checkpoint\", \"version\": 1, \"iteration\": ");
+}
+
+static void check_corrupt(corrupt_fn fn, mega_status want, const char *needle) {
+  char dir[256], it[512];
+  tu_mkdtemp(dir, "ckpt");
+  model a, b;
+  model_make(&a, 1);
+  model_make(&b, 2);
+  save_ok(&a, dir, 2, 0);
+  snprintf(it, sizeof it, "%s/iter_0000002", dir);
+  fn(it);
+  mega_err err = {0};
+  mega_ckpt_state s;
+  mega_status st = mega_ckpt_load(it, b.be, &b.cfg, NULL, b.cp, b.n, &s, &err);
+  if (st != want || !strstr(err.msg, needle))
+    fail_msg("status %d (want %d), message: %s (want '%s')", st, want, err.msg, needle);
+  model_free(&a);
+  model_free(&b);
+  tu_rmtree(dir);
+}
+
+static void test_corrupt_files(void **state) {
+  (void)state;
+  check_corrupt(trunc_model, MEGA_ERR_INVALID, "model.safetensors");
+  check_corrupt(flip_header, MEGA_ERR_INVALID, "model.safetensors");
+  check_corrupt(drop_optimizer, MEGA_ERR_NOT_FOUND, "optimizer.safetensors");
+  check_corrupt(bad_state_json, MEGA_ERR_INVALID, "trainer_state.json");
+}
+
+static void test_missing_and_mismatched(void **state) {
+  (void)state;
+  char dir[256], it[512];
+  mega_err err = {0};
+  mega_ckpt_state s;
+  model a, b;
+  model_make(&a, 1);
+  model_make(&b, 2);
+
+  /* missing tensor: saved without the last one */
+  tu_mkdtemp(dir, "ckpt");
+  snprintf(it, sizeof it, "%s/iter_0000002", dir);
+  mega_ckpt_state st2 = state_at(2);
+  assert_int_equal(mega_ckpt_save(dir, a.be, &a.cfg, NULL, &st2, a.cp, a.n - 1, NULL, &err), MEGA_OK);
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, NULL, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "missing model tensor 'transformer.ln_f.bias'"));
+  tu_rmtree(dir);
+
+  /* shape mismatch: c_attn saved as [3C, C] instead of [C, 3C] */
+  tu_mkdtemp(dir, "ckpt");
+  snprintf(it, sizeof it, "%s/iter_0000002", dir);
+  size_t k = 0;
+  while (strcmp(a.cp[k].name, "transformer.h.0.attn.c_attn.weight")) k++;
+  int64_t s0 = a.cp[k].shape[0];
+  a.cp[k].shape[0] = a.cp[k].shape[1];
+  a.cp[k].shape[1] = s0;
+  assert_int_equal(mega_ckpt_save(dir, a.be, &a.cfg, NULL, &st2, a.cp, a.n, NULL, &err), MEGA_OK);
+  a.cp[k].shape[1] = a.cp[k].shape[0];
+  a.cp[k].shape[0] = s0;
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, NULL, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "transformer.h.0.attn.c_attn.weight")) fail_msg("%s", err.msg);
+  tu_rmtree(dir);
+
+  /* config mismatch */
+  tu_mkdtemp(dir, "ckpt");
+  snprintf(it, sizeof it, "%s/iter_0000002", dir);
+  save_ok(&a, dir, 2, 0);
+  mega_gpt_config other = b.cfg;
+  other.num_layers = 3;
+  assert_int_equal(mega_ckpt_load(it, b.be, &other, NULL, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "n_layer 2"));
+  assert_non_null(strstr(err.msg, "--num-layers 3"));
+  tu_rmtree(dir);
+
+  /* job mismatch: the data order (--global-batch-size) differs */
+  tu_mkdtemp(dir, "ckpt");
+  snprintf(it, sizeof it, "%s/iter_0000002", dir);
+  mega_jobspec j1, j2;
+  mega_jobspec_defaults(&j1);
+  j1.num_layers = 2;
+  j1.hidden_size = 16;
+  j1.num_attention_heads = 2;
+  j1.seq_length = 8;
+  j1.micro_batch_size = 2;
+  j1.global_batch_size = 4;
+  j1.train_iters = 10;
+  j1.lr = 1e-3;
+  mega_jobspec_defaults(&j2);
+  assert_int_equal(mega_jobspec_copy(&j2, &j1, &err), MEGA_OK);
+  j2.global_batch_size = 8;
+  assert_int_equal(mega_ckpt_save(dir, a.be, &a.cfg, &j1, &st2, a.cp, a.n, NULL, &err), MEGA_OK);
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j1, b.cp, b.n, &s, &err), MEGA_OK);
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--global-batch-size 4"));
+  j2.global_batch_size = 4;
+  j2.lr_decay_style = MEGA_LR_COSINE;
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--lr-decay-style"));
+  mega_jobspec_free(&j1);
+  mega_jobspec_free(&j2);
+  tu_rmtree(dir);
+
+  model_free(&a);
+  model_free(&b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_sharding),
+      cmocka_unit_test(test_atomicity),
+      cmocka_unit_test(test_resolve),
+      cmocka_unit_test(test_corrupt_files),
+      cmocka_unit_test(test_missing_and_mismatched),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
