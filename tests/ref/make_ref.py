@@ -169,7 +169,66 @@ def vectors_forward_backward(model, tokens, targets):
     return out
 
 
-VECTOR_SETS = [vectors_forward_backward]
+# ---- AdamW steps (the trainer's; tests/train/test_adamw_parity.c) ------------
+
+# The C test uses the same values; change both together.
+ADAMW = dict(steps=4, lr=1e-2, min_lr=1e-3, warmup_iters=2, decay_iters=5,
+             beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip_grad=0.5)
+
+
+def megatron_cosine_lr(it, c):
+    """Megatron's OptimizerParamScheduler (cosine) for the step taken after
+    `it` steps: linear warmup from 0, then cosine from lr to min_lr."""
+    if c["warmup_iters"] > 0 and it <= c["warmup_iters"]:
+        return c["lr"] * it / c["warmup_iters"]
+    if it > c["decay_iters"]:
+        return c["min_lr"]
+    r = (it - c["warmup_iters"]) / (c["decay_iters"] - c["warmup_iters"])
+    return c["min_lr"] + (c["lr"] - c["min_lr"]) * 0.5 * (math.cos(math.pi * r) + 1.0)
+
+
+def vectors_adamw_steps(model, tokens, targets):
+    """ADAMW["steps"] steps of torch.optim.AdamW on the batch, each after
+    clip_grad_norm_, weight decay on the 2-D weights only, at Megatron's
+    cosine schedule. adamw.loss [steps+1]: the mean token loss before each
+    step and after the last; adamw.grad_norm [steps]: the norm before
+    clipping; adamw.lr [steps]; adamw.param.<name>: the weights after the
+    last step (HF layout)."""
+    c = ADAMW
+    params = model.hf_params()
+    decay = [p for p, _ in params.values() if p.dim() == 2]
+    no_decay = [p for p, _ in params.values() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": c["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=c["lr"], betas=(c["beta1"], c["beta2"]), eps=c["eps"])
+    losses, norms, lrs = [], [], []
+
+    def loss_fn():
+        logits = model(tokens)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    for it in range(c["steps"]):
+        lr = megatron_cosine_lr(it, c)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip_grad"])
+        opt.step()
+        losses.append(loss.item())
+        norms.append(norm.item())
+        lrs.append(lr)
+    with torch.no_grad():
+        losses.append(loss_fn().item())
+    out = {"adamw.loss": np.array(losses), "adamw.grad_norm": np.array(norms),
+           "adamw.lr": np.array(lrs)}
+    for name, (p, t) in params.items():
+        out["adamw.param." + name] = (p.t() if t else p).detach().numpy()
+    return out
+
+
+VECTOR_SETS = [vectors_forward_backward, vectors_adamw_steps]
 
 
 def main():
