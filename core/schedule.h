@@ -142,8 +142,12 @@ mega_phases mega_sched_phases(const mega_schedule *s, int rank);
 int mega_sched_peak_inflight(const mega_schedule *s, int rank);
 
 /* The most in-flight activations the kind allows on a rank: min(pp-rank, M)
- * for 1F1B and ZB-H1, M for GPipe, min(warmup+1, M*vp) for interleaved,
- * 1 for no-pipelining and forward-only, M*vp for custom. */
+ * for 1F1B, M for GPipe, min(warmup+1, M*vp) for interleaved, 1 for
+ * no-pipelining and forward-only, M*vp for custom. ZB-H1: min(pp, M) on
+ * every rank. As in the paper, each rank delays its W's until it holds as
+ * many activations as 1F1B's first rank (F to B still follows 1F1B's
+ * min(pp-rank, M)); with min(pp-rank, M) counted F to W the last rank could
+ * defer no W, and no order could get below 2/3 of 1F1B's bubble. */
 int mega_sched_inflight_bound(const mega_schedule *s, int rank);
 
 /* The rank and chunk at the other end of a communication action. */
