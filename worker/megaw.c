@@ -78,7 +78,7 @@ static int fail(const char *what, const mega_err *err) {
 static mega_status check_alone(const mega_jobspec *s, mega_err *err) {
   if (s->tensor_model_parallel_size > 1 || s->pipeline_model_parallel_size > 1)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "megaw alone trains on one rank; --tensor-model-parallel-size and "
+                     "without megad, training runs alone on one rank; --tensor-model-parallel-size and "
                      "--pipeline-model-parallel-size above 1 need megad (megactl submit)");
   if (s->eval_interval > 0)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED, "megaw alone does not evaluate; drop --eval-interval");
