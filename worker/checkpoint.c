@@ -107,7 +107,11 @@ static mega_status dump_json(json_t *j, const char *dir, const char *name, mega_
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory building %s", path);
-  int rc = json_dump_file(j, path, JSON_INDENT(2));
+  /* config.json reads better with 1e-05 than 1.0000000000000001e-05; the
+   * state file keeps every digit, since resume compares its values exactly. */
+  size_t flags = JSON_INDENT(2);
+  if (!strcmp(name, MEGA_CKPT_CONFIG_FILE)) flags |= JSON_REAL_PRECISION(9);
+  int rc = json_dump_file(j, path, flags);
   json_decref(j);
   if (rc != 0) return mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
   return MEGA_OK;

@@ -93,6 +93,7 @@ mega_status mega_ckpt_begin(const char *save_dir, int64_t iteration, char *tmp, 
   if (!mkdtemp(tmp))
     return mega_fail(err, MEGA_ERR_IO, "cannot create a temp directory in %s: %s", save_dir,
                      strerror(errno));
+  chmod(tmp, 0755); /* mkdtemp's 0700 would make the checkpoint private */
   return MEGA_OK;
 }
 

@@ -4,7 +4,8 @@
  *   megaw [job flags] [--json]
  *
  * With --json each iteration is one JSON object on one line of stdout;
- * notes go to stderr. SIGINT and SIGTERM stop training after the current
+ * without it a readable line every --log-interval iterations. Notes go to
+ * stderr. SIGINT and SIGTERM stop training after the current
  * step (exit 130 and 143); completed checkpoints stay intact. */
 #include <math.h>
 #include <signal.h>
@@ -29,6 +30,7 @@ static void install_signals(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESETHAND; /* a second signal stops at once, as usual */
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
@@ -150,7 +152,10 @@ static int run_alone(const mega_jobspec *job, const worker_opts *o) {
       rc = fail(NULL, &err);
       goto out;
     }
-    print_step(o, &r, job->train_iters);
+    /* JSON lines are for programs: every iteration. Readable lines follow
+     * --log-interval, and the last iteration always prints. */
+    if (o->json || r.iteration % job->log_interval == 0 || r.iteration == job->train_iters)
+      print_step(o, &r, job->train_iters);
     if (mega_trainer_save_due(t) && (rc = save(t, job)) != 0) goto out;
   }
   if (stop_signal) {
