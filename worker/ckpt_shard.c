@@ -22,29 +22,27 @@ static bool file_exists(const char *path) {
  * filled), otherwise a new shard when the next tensor would pass the limit.
  * shard_of[i] gets tensor i's shard; returns the number of shards. */
 static int plan_shards(const mega_st_tensor *t, size_t n, uint64_t limit, int *shard_of) {
-  /* First pass: the order shards are created in, as HF appends them. */
-  int nshards = 0, current = -1;
-  uint64_t current_size = 0;
-  int *order = malloc((n ? n : 1) * sizeof *order); /* creation index -> final index */
-  int *create_seq = malloc((n ? n : 1) * sizeof *create_seq);
-  if (!order || !create_seq) {
-    free(order);
-    free(create_seq);
+  /* Shards get ids as they open; HF lists them in the order they close (an
+   * oversized tensor's at once, the one being filled when the next tensor
+   * would overflow it), so number them by closing order at the end. */
+  int *closed = malloc((n ? n : 1) * sizeof *closed); /* k-th closed -> id */
+  int *rank = malloc((n ? n : 1) * sizeof *rank);     /* id -> k */
+  if (!closed || !rank) {
+    free(closed);
+    free(rank);
     return -1;
   }
-  /* Assign provisional ids; HF appends an oversized tensor's shard at once and
-   * the current shard when it closes, so record the closing order. */
-  int nclosed = 0, next_id = 0;
+  int nclosed = 0, next_id = 0, current = -1;
+  uint64_t current_size = 0;
   for (size_t i = 0; i < n; i++) {
     uint64_t sz = (uint64_t)t[i].numel * 4;
     if (sz > limit) {
-      int id = next_id++;
-      shard_of[i] = id;
-      create_seq[nclosed++] = id;
+      shard_of[i] = next_id;
+      closed[nclosed++] = next_id++;
       continue;
     }
     if (current >= 0 && current_size + sz > limit) {
-      create_seq[nclosed++] = current;
+      closed[nclosed++] = current;
       current = -1;
     }
     if (current < 0) {
@@ -54,13 +52,12 @@ static int plan_shards(const mega_st_tensor *t, size_t n, uint64_t limit, int *s
     shard_of[i] = current;
     current_size += sz;
   }
-  if (current >= 0) create_seq[nclosed++] = current;
-  nshards = nclosed;
-  for (int k = 0; k < nclosed; k++) order[create_seq[k]] = k;
-  for (size_t i = 0; i < n; i++) shard_of[i] = order[shard_of[i]];
-  free(order);
-  free(create_seq);
-  return nshards;
+  if (current >= 0) closed[nclosed++] = current;
+  for (int k = 0; k < nclosed; k++) rank[closed[k]] = k;
+  for (size_t i = 0; i < n; i++) shard_of[i] = rank[shard_of[i]];
+  free(closed);
+  free(rank);
+  return nclosed;
 }
 
 static void shard_name(char *buf, size_t cap, const char *prefix, int k, int nshards) {

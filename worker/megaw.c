@@ -138,6 +138,9 @@ static int run_alone(const mega_jobspec *job, const worker_opts *o) {
   if (resumed)
     fprintf(stderr, "megaw: resumed from %s at iteration %lld\n", mega_trainer_loaded_path(t),
             (long long)mega_trainer_iteration(t));
+  if (mega_trainer_iteration(t) >= job->train_iters)
+    fprintf(stderr, "megaw: already at iteration %lld, --train-iters %d: nothing to train\n",
+            (long long)mega_trainer_iteration(t), job->train_iters);
   if (!o->json)
     printf("megaw: %zu parameters, %d layers, hidden %d, %d heads, seq %d, global batch %d, "
            "micro batch %d\n", mega_trainer_num_params(t), job->num_layers, job->hidden_size,
