@@ -23,7 +23,10 @@
  *
  * The API works on a list of tensors (mega_ckpt_param) so that a pipeline
  * rank saves and loads only its stage's tensors; a load ignores tensors it
- * was not asked for. Every failure (missing or truncated file, bad header,
+ * was not asked for. A loss-only stage leaves its tied copy of wte out of
+ * what it saves (the embedding stage writes transformer.wte.weight once) and
+ * loads that name into its copy. Several ranks saving into one iteration
+ * directory will need one committer; today one process writes it whole. Every failure (missing or truncated file, bad header,
  * missing tensor, wrong shape, config or job mismatch) is a status with a
  * message naming the file and the tensor or field. */
 #ifndef MEGA_WORKER_CHECKPOINT_H

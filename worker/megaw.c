@@ -46,8 +46,9 @@ static void usage(FILE *f) {
           "Trains a GPT on one rank. Without an assignment from megad it runs alone, as\n"
           "rank 0 of 1.\n\n"
           "worker flags:\n"
-          "  --json  print one JSON object per iteration on stdout\n"
-          "  --help  print this help\n");
+          "  --json     print one JSON object per iteration on stdout\n"
+          "  --help     print this help\n"
+          "  --version  print megaw's version\n");
   int width = 0;
   for (int i = 0; i < mega_jobspec_flag_count(); i++) {
     const mega_jobflag *fl = mega_jobspec_flag(i);
@@ -181,6 +182,11 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc;) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
+      mega_jobspec_free(&job);
+      return 0;
+    }
+    if (!strcmp(argv[i], "--version")) {
+      printf("megaw %s\n", MEGA_VERSION);
       mega_jobspec_free(&job);
       return 0;
     }
