@@ -59,11 +59,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-
 #ifdef __cplusplus
-extern "C" {
+extern "C" {  /* core/status.h has no C++ guards of its own */
 #endif
+
+#include "core/status.h"
 
 typedef struct mega_store mega_store;
 typedef struct mega_comm mega_comm;

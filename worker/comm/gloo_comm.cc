@@ -6,6 +6,7 @@
 #include <new>
 
 #include <gloo/common/error.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "worker/comm/gloo_internal.hh"
@@ -38,9 +39,16 @@ std::string clean_what(const char *what) {
 }
 
 std::string State::peer_of(const std::string &msg) const {
-  for (size_t j = 0; j < peer_addr.size(); j++)
-    if (!peer_addr[j].empty() && msg.find(peer_addr[j]) != std::string::npos)
-      return "rank " + std::to_string(j);
+  for (size_t j = 0; j < peer_addr.size(); j++) {
+    for (const std::string &a : peer_addr[j]) {
+      if (a.empty()) continue;
+      for (size_t at = msg.find(a); at != std::string::npos; at = msg.find(a, at + 1)) {
+        size_t end = at + a.size();  // "...:4444" must not match "...:44441"
+        if (end == msg.size() || !std::isdigit(static_cast<unsigned char>(msg[end])))
+          return "rank " + std::to_string(j);
+      }
+    }
+  }
   return "";
 }
 
@@ -167,11 +175,31 @@ void ignore_sigpipe() {
     signal(SIGPIPE, SIG_IGN);
 }
 
-// Each rank publishes how its end of every connection prints, so that a
-// Gloo message naming "[ip]:port" can be turned into a rank.
-void exchange_addresses(State &s, GroupStore &store) {
-  s.peer_addr.assign(s.size, "");
+// Gloo names a failed connection by an address of the peer: the one the
+// peer published at rendezvous (connectFullMesh stores under key "<j>" rank
+// j's listening address for each other rank: size-1 equal chunks, j itself
+// skipped), or the peer's end of the connection, which each rank publishes
+// here once connected.
+void name_peers(State &s, GroupStore &store) {
+  s.peer_addr.assign(s.size, {});
   if (s.size < 2) return;
+  const size_t n = static_cast<size_t>(s.size - 1);
+  for (int j = 0; j < s.size; j++) {
+    auto it = store.got.find(std::to_string(j));
+    if (j == s.rank || it == store.got.end()) continue;
+    const std::vector<char> &v = it->second;
+    size_t chunk = v.size() / n;
+    if (chunk == 0 || v.size() % n) continue;
+    size_t at = static_cast<size_t>(s.rank < j ? s.rank : s.rank - 1) * chunk;
+    try {
+      std::string a = gloo::transport::tcp::Address(
+                          std::vector<char>(v.begin() + at, v.begin() + at + chunk))
+                          .str();
+      s.peer_addr[j].push_back(a.substr(0, a.find('$')));  // drop a sequence number
+    } catch (...) {
+      // Unnamed peers are reported as "a peer".
+    }
+  }
   std::string mine;
   for (int j = 0; j < s.size; j++) {
     if (j != s.rank) mine += s.ctx->getPair(j)->address().str();
@@ -189,7 +217,8 @@ void exchange_addresses(State &s, GroupStore &store) {
       if (pos != std::string::npos) pos++;
     }
     if (pos == std::string::npos) continue;
-    s.peer_addr[j] = all.substr(pos, all.find('\n', pos) - pos);
+    std::string a = all.substr(pos, all.find('\n', pos) - pos);
+    s.peer_addr[j].push_back(a.substr(0, a.find('$')));
   }
 }
 
@@ -254,7 +283,7 @@ mega_status mega_comm_create(mega_store *store, const char *group, int rank,
     GroupStore gs(*store, group, s->timeout);
     ctx->connectFullMesh(gs, s->dev);
     s->ctx = ctx;
-    exchange_addresses(*s, gs);
+    name_peers(*s, gs);
     auto c = std::make_unique<mega_comm>();
     c->s = s;
     s->thread = std::thread(comm_thread, s);

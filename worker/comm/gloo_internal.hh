@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -45,6 +46,9 @@ class GroupStore : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string> &keys) override;
   void wait(const std::vector<std::string> &keys, const ms &timeout) override;
 
+  // Every value read, by key: the rendezvous carries each peer's address.
+  std::map<std::string, std::vector<char>> got;
+
  private:
   mega_store &base_;
   std::string prefix_;
@@ -61,9 +65,11 @@ struct State {
   ms timeout{0};
   std::shared_ptr<gloo::transport::Device> dev;
   std::shared_ptr<gloo::rendezvous::Context> ctx;
-  // peer_addr[j]: how rank j's end of our connection prints in Gloo's
-  // messages, to name the rank behind "Connection closed by peer [ip]:port".
-  std::vector<std::string> peer_addr;
+  // peer_addr[j]: how rank j's addresses print in Gloo's messages, to name
+  // the rank behind "Connection closed by peer [ip]:port". A pair that
+  // dialled shows the peer's listening address, one that accepted shows the
+  // peer's end of the connection; both are kept.
+  std::vector<std::vector<std::string>> peer_addr;
 
   std::mutex mu;  // guards everything below
   std::condition_variable cv;

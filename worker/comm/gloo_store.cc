@@ -48,7 +48,7 @@ std::vector<char> GroupStore::get(const std::string &key) {
   if (base_.file) {
     // FileStore::get waits 30 s by itself; bound the wait by ours first.
     base_.file->wait({k}, timeout_);
-    return base_.file->get(k);
+    return got[key] = base_.file->get(k);
   }
   mega_err e = {};
   void *v = nullptr;
@@ -64,7 +64,7 @@ std::vector<char> GroupStore::get(const std::string &key) {
     throw;
   }
   free(v);
-  return out;
+  return got[key] = out;
 }
 
 void GroupStore::wait(const std::vector<std::string> &keys) {
