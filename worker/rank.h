@@ -1,0 +1,102 @@
+/* One rank of a parallel job: what megaw runs once it knows who it is.
+ *
+ * The rank builds its topology (core/topology), meets its peers through the
+ * rendezvous store, builds a communicator per group it belongs to, builds
+ * the stage models of its pipeline chunks from the layout, and trains: each
+ * iteration the engine executes this rank's action list from core/schedule,
+ * then the gradients are finalised (embedding group, data parallel) and the
+ * optimizer steps. After each iteration the rank hands a mega_rank_metrics to
+ * on_step, which megaw forwards to its daemon (or prints, when alone).
+ *
+ *   mega_rank *r;
+ *   mega_rank_create(&env, &r, &err);   // cheap: checks, no I/O with peers
+ *   ... another thread may now call mega_rank_abort(r, "why") at any time ...
+ *   mega_rank_run(r, &err);             // rendezvous, train, checkpoint
+ *   mega_rank_destroy(r);
+ *
+ * A world of one needs no store. Otherwise exactly one of kv (the daemon's
+ * store, through the worker's pipe) or store_dir (Gloo's FileStore on a
+ * directory all ranks see: tests and hand launches) is set.
+ *
+ * Ownership: env and everything it points to are borrowed and must outlive
+ * the rank; the rank copies nothing it does not say it copies. */
+#ifndef MEGA_WORKER_RANK_H
+#define MEGA_WORKER_RANK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/jobspec.h"
+#include "core/status.h"
+#include "worker/comm/comm.h"
+
+/* One measured action, for the Chrome trace of --trace-iteration. */
+typedef struct mega_rank_span {
+  char name[24];   /* the action's text form, "F3.0", or "optimizer", ... */
+  const char *cat; /* "compute", "p2p", "bubble", "grad_sync", "optimizer" (static) */
+  double start_us; /* from the iteration's start */
+  double dur_us;
+} mega_rank_span;
+
+/* What one rank measured in one iteration. Times are seconds on this rank. */
+typedef struct mega_rank_metrics {
+  int64_t iteration; /* 1-based */
+  int rank, pp_rank, dp_rank, tp_rank;
+  bool has_loss; /* the last pipeline stage knows the loss */
+  double loss;   /* mean cross-entropy over the iteration's G*T tokens (all DP) */
+  bool has_grad_norm;
+  double grad_norm; /* global, before clipping */
+  double lr;
+  uint64_t tokens; /* tokens of this rank's data-parallel replica */
+  bool skipped;    /* the optimizer skipped a non-finite step */
+  double step_time_s;
+  double compute_s; /* F, B and W */
+  double bubble_s;  /* waiting for a peer with nothing to compute */
+  double bubble_warmup_s, bubble_steady_s, bubble_cooldown_s;
+  double p2p_wait_s;          /* waiting for P2P transfers themselves */
+  double grad_sync_exposed_s; /* gradient reduction not hidden behind compute */
+  uint64_t peak_activation_bytes;
+  int64_t step_start_unix_us;
+  const mega_rank_span *spans; /* only for --trace-iteration; valid during on_step */
+  size_t nspans;
+} mega_rank_metrics;
+
+typedef struct mega_rank_env {
+  const mega_jobspec *job; /* passed mega_jobspec_check for this world */
+  int rank, world_size;
+  int local_rank, local_world_size;
+
+  /* Rendezvous (see above). */
+  const mega_kv_ops *kv;
+  void *kv_ctx;
+  const char *store_dir;
+  const char *kv_prefix;  /* private to one job attempt, e.g. "j-7/1" */
+  int kv_timeout_ms;      /* rendezvous and collective timeout; 0: 60000 */
+  const char *hostname;   /* address this rank binds for its peers; NULL: 127.0.0.1 */
+
+  const char *state_dir;  /* this rank's scratch directory (traces); may be NULL */
+  int device;             /* CUDA device, or -1 for the cpu backend */
+
+  /* Called on the rank's thread after every iteration and checkpoint. */
+  void (*on_step)(void *arg, const mega_rank_metrics *m);
+  void (*on_checkpoint)(void *arg, int64_t iteration, const char *path, uint64_t bytes,
+                        double seconds);
+  void *arg;
+} mega_rank_env;
+
+typedef struct mega_rank mega_rank;
+
+mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err *err);
+
+/* Trains to --train-iters (or until aborted). MEGA_ERR_CANCELLED after an
+ * abort; MEGA_ERR_PEER when another rank failed (the message names it). */
+mega_status mega_rank_run(mega_rank *r, mega_err *err);
+
+/* From any thread, at any time after create: stops the rank promptly. Every
+ * communicator is aborted, so the rank's peers fail fast as well. */
+void mega_rank_abort(mega_rank *r, const char *reason);
+
+void mega_rank_destroy(mega_rank *r); /* NULL is fine */
+
+#endif
