@@ -1,0 +1,315 @@
+/* The simulator against the closed forms of seed 000 and the papers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/sim.h"
+
+#define EPS 1e-9
+
+static void generate(mega_sched_kind kind, int pp, int vp, int m, int group, mega_schedule *s) {
+  mega_sched_params p = {kind, pp, vp, m, group};
+  mega_err err = {0};
+  if (mega_sched_generate(&p, s, &err) != MEGA_OK) fail_msg("generate: %s", err.msg);
+}
+
+static void run(const mega_schedule *s, double tf, double tb, double tw, mega_sim *sim) {
+  mega_cost c = {.t_f = tf, .t_b = tb, .t_w = tw};
+  mega_err err = {0};
+  if (mega_sim_run(s, &c, sim, &err) != MEGA_OK) fail_msg("sim: %s", err.msg);
+}
+
+static void near(double got, double want, const char *what, int pp, int vp, int m) {
+  if (fabs(got - want) > EPS * (1 + fabs(want)))
+    fail_msg("%s: got %.12g, want %.12g (pp=%d vp=%d M=%d)", what, got, want, pp, vp, m);
+}
+
+/* 1F1B, T_f = T_b: makespan (M+P-1)(T_f+T_b), bubble (P-1)/(M+P-1) on
+ * every rank (the Megatron paper's formula, per rank against the global
+ * makespan). */
+static void one_f_one_b_closed_form(void **state) {
+  (void)state;
+  const int pps[] = {1, 2, 3, 4, 8};
+  for (size_t i = 0; i < sizeof pps / sizeof pps[0]; i++)
+    for (int m = 1; m <= 3 * pps[i] + 1; m++)
+      for (double t = 1; t <= 2.5; t += 1.5) {
+        int p = pps[i];
+        mega_schedule s;
+        mega_sim sim;
+        generate(p == 1 ? MEGA_SCHED_NO_PIPELINING : MEGA_SCHED_1F1B, p, 1, m, 0, &s);
+        run(&s, t, t, 0, &sim);
+        near(sim.makespan, (m + p - 1) * 2 * t, "makespan", p, 1, m);
+        for (int r = 0; r < p; r++) {
+          near(sim.ranks[r].bubble_fraction, (double)(p - 1) / (m + p - 1), "bubble", p, 1, m);
+          near(sim.ranks[r].busy, m * 2 * t, "busy", p, 1, m);
+          near(sim.ranks[r].idle, (p - 1) * 2 * t, "idle", p, 1, m);
+          assert_int_equal(sim.ranks[r].peak_inflight, p - r < m ? p - r : m);
+        }
+        near(sim.bubble_fraction, (double)(p - 1) / (m + p - 1), "mean bubble", p, 1, m);
+        mega_sim_free(&sim);
+        mega_sched_free(&s);
+      }
+}
+
+/* Interleaved, T_f = T_b: bubble (P-1)/(V*M+P-1). Seed 000 states it for M
+ * a multiple of P; Megatron's order reaches it exactly for every
+ * combination Megatron accepts (pp <= N <= M, last group 0 or >= pp), so
+ * the cases below include N > P and M not a multiple of P. */
+static void interleaved_closed_form(void **state) {
+  (void)state;
+  static const int cases[][4] = {
+      /* P, V, M, N */
+      {2, 2, 4, 2},  {2, 2, 8, 2},  {2, 4, 6, 2},  {3, 2, 6, 3},  {3, 3, 9, 3},
+      {4, 2, 8, 4},  {4, 2, 16, 4}, {4, 3, 12, 4}, {4, 4, 8, 4},  {8, 2, 16, 8},
+      {8, 4, 32, 8}, {4, 2, 8, 8},  {4, 2, 12, 6}, {3, 2, 7, 4},  {4, 2, 10, 6},
+      {5, 3, 13, 8}, {2, 3, 5, 5},  {4, 2, 4, 4}, /* all of rank 0 in warmup */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int p = cases[i][0], v = cases[i][1], m = cases[i][2], n = cases[i][3];
+    mega_schedule s;
+    mega_sim sim;
+    generate(MEGA_SCHED_INTERLEAVED, p, v, m, n, &s);
+    run(&s, 1, 1, 0, &sim);
+    near(sim.makespan, 2.0 * (v * m + p - 1) / v, "makespan", p, v, m);
+    for (int r = 0; r < p; r++)
+      near(sim.ranks[r].bubble_fraction, (double)(p - 1) / (v * m + p - 1), "bubble", p, v, m);
+    mega_sim_free(&sim);
+    mega_sched_free(&s);
+  }
+}
+
+/* ZB-H1 with T_f = T_b = T_w and free communication: 1F1B's bubble is
+ * (P-1)(T_f+T_b+T_w) per rank, the paper's ZB-H1 (P-1)(T_f+T_b-T_w), a
+ * third. Ours reaches exactly that once M >= P. */
+static void zb_h1_has_a_third_of_1f1b_bubble(void **state) {
+  (void)state;
+  static const int cases[][2] = {{2, 2}, {2, 8}, {3, 3}, {3, 10}, {4, 4}, {4, 8},
+                                 {4, 13}, {6, 12}, {8, 8}, {8, 16}, {8, 33}, {16, 32}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int p = cases[i][0], m = cases[i][1];
+    mega_schedule z, o;
+    mega_sim zs, os;
+    generate(MEGA_SCHED_ZB_H1, p, 1, m, 0, &z);
+    generate(MEGA_SCHED_1F1B, p, 1, m, 0, &o);
+    run(&z, 1, 1, 1, &zs);
+    run(&o, 1, 1, 1, &os);
+    for (int r = 0; r < p; r++) {
+      near(os.ranks[r].idle, 3.0 * (p - 1), "1f1b idle", p, 1, m);
+      near(zs.ranks[r].idle, 1.0 * (p - 1), "zb-h1 idle", p, 1, m);
+      near(zs.ranks[r].busy, 3.0 * m, "zb-h1 busy", p, 1, m);
+    }
+    assert_true(zs.bubble_fraction < os.bubble_fraction);
+    mega_sim_free(&zs);
+    mega_sim_free(&os);
+    mega_sched_free(&z);
+    mega_sched_free(&o);
+  }
+  /* With fewer microbatches than stages there is too little to fill the
+   * cooldown: PP=8, M=2 idles 13 units against 1F1B's 21. */
+  mega_schedule z;
+  mega_sim zs;
+  generate(MEGA_SCHED_ZB_H1, 8, 1, 2, 0, &z);
+  run(&z, 1, 1, 1, &zs);
+  near(zs.ranks[0].idle, 13, "zb-h1 idle", 8, 1, 2);
+  mega_sim_free(&zs);
+  mega_sched_free(&z);
+}
+
+/* Seed 000's "Bubble Visualization" (PP=4, M=8, T_f = T_b = 1) draws rank 0
+ * running B0 at t=4 and the step ending at t=16. The dependencies forbid
+ * it: F0 reaches rank 3 at t=3, B0 runs there at t=4 and must then pass
+ * ranks 2 and 1 before rank 0 can start it at t=7, and the makespan is
+ * (M+P-1)(T_f+T_b) = 22, the paper's formula, which stands. */
+static void seed_000_drawing_versus_dependencies(void **state) {
+  (void)state;
+  mega_schedule s;
+  mega_sim sim;
+  generate(MEGA_SCHED_1F1B, 4, 1, 8, 0, &s);
+  run(&s, 1, 1, 0, &sim);
+  near(sim.makespan, 22, "makespan", 4, 1, 8);
+  for (int r = 0; r < 4; r++) {
+    for (int i = 0; i < s.ranks[r].n; i++) {
+      mega_action a = s.ranks[r].acts[i];
+      if (a.kind == MEGA_ACT_F && a.mb == 0) near(sim.ranks[r].spans[i].start, r, "F0 start", 4, 1, 8);
+      if (a.kind == MEGA_ACT_B && a.mb == 0)
+        near(sim.ranks[r].spans[i].start, 4 + (3 - r), "B0 start", 4, 1, 8);
+    }
+  }
+  mega_sim_free(&sim);
+  mega_sched_free(&s);
+}
+
+static void gpipe_has_1f1b_bubble(void **state) {
+  (void)state;
+  mega_schedule g, o;
+  mega_sim gs, os;
+  generate(MEGA_SCHED_GPIPE, 4, 1, 6, 0, &g);
+  generate(MEGA_SCHED_1F1B, 4, 1, 6, 0, &o);
+  run(&g, 1, 2, 0, &gs);
+  run(&o, 1, 2, 0, &os);
+  near(gs.makespan, os.makespan, "makespan", 4, 1, 6);
+  assert_int_equal(gs.ranks[3].peak_inflight, 6);
+  assert_int_equal(os.ranks[3].peak_inflight, 1);
+  mega_sim_free(&gs);
+  mega_sim_free(&os);
+  mega_sched_free(&g);
+  mega_sched_free(&o);
+}
+
+/* The cost model by hand: PP=2, M=1, T_f=1, T_b=2, a message takes
+ * 0.5 + 50/100 = 1. */
+static void communication_costs_and_spans(void **state) {
+  (void)state;
+  mega_schedule s;
+  mega_sim sim;
+  mega_err err = {0};
+  generate(MEGA_SCHED_1F1B, 2, 1, 1, 0, &s);
+  /* rank 0: F0.0 SF0.0 RB0.0 B0.0 ; rank 1: RF0.0 F0.0 B0.0 SB0.0 */
+  mega_cost c = {.t_f = 1, .t_b = 2, .p2p_latency = 0.5, .p2p_bandwidth = 100, .activation_bytes = 50};
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_OK);
+  const mega_span want0[] = {{0, 1}, {1, 1}, {1, 6}, {6, 8}};
+  const mega_span want1[] = {{0, 2}, {2, 3}, {3, 5}, {5, 5}};
+  for (int i = 0; i < 4; i++) {
+    near(sim.ranks[0].spans[i].start, want0[i].start, "rank 0 start", 2, 1, 1);
+    near(sim.ranks[0].spans[i].end, want0[i].end, "rank 0 end", 2, 1, 1);
+    near(sim.ranks[1].spans[i].start, want1[i].start, "rank 1 start", 2, 1, 1);
+    near(sim.ranks[1].spans[i].end, want1[i].end, "rank 1 end", 2, 1, 1);
+  }
+  near(sim.makespan, 8, "makespan", 2, 1, 1);
+  near(sim.ranks[0].busy, 3, "busy", 2, 1, 1);
+  near(sim.ranks[0].idle, 5, "idle", 2, 1, 1);
+  near(sim.ranks[1].end, 5, "end", 2, 1, 1);
+  near(sim.ranks[1].bubble_fraction, 5.0 / 8, "bubble", 2, 1, 1);
+  mega_sim_free(&sim);
+  mega_sched_free(&s);
+}
+
+/* Each F, B, W costs T/vp; B costs T_b + T_w on a rank without W's. */
+static void compute_costs_per_chunk(void **state) {
+  (void)state;
+  static const struct {
+    mega_sched_kind kind;
+    int pp, vp, m;
+  } cases[] = {
+      {MEGA_SCHED_1F1B, 3, 1, 5},        {MEGA_SCHED_INTERLEAVED, 2, 3, 4},
+      {MEGA_SCHED_INTERLEAVED, 4, 2, 8}, {MEGA_SCHED_ZB_H1, 3, 1, 5},
+      {MEGA_SCHED_GPIPE, 2, 1, 3},       {MEGA_SCHED_NO_PIPELINING, 1, 1, 4},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mega_schedule s;
+    mega_sim sim;
+    generate(cases[i].kind, cases[i].pp, cases[i].vp, cases[i].m, 0, &s);
+    run(&s, 1.5, 2.25, 0.75, &sim);
+    for (int r = 0; r < cases[i].pp; r++) {
+      near(sim.ranks[r].busy, cases[i].m * (1.5 + 2.25 + 0.75), "busy", cases[i].pp, cases[i].vp,
+           cases[i].m);
+      near(sim.ranks[r].busy + sim.ranks[r].idle, sim.makespan, "busy + idle", cases[i].pp,
+           cases[i].vp, cases[i].m);
+      double t = 0;
+      for (int a = 0; a < s.ranks[r].n; a++) { /* spans run forward, back to back or waiting */
+        mega_span sp = sim.ranks[r].spans[a];
+        assert_true(sp.start >= t - EPS && sp.end >= sp.start);
+        t = sp.end;
+        mega_act_kind k = (mega_act_kind)s.ranks[r].acts[a].kind;
+        double want = k == MEGA_ACT_F ? 1.5 : k == MEGA_ACT_W ? 0.75
+                      : k == MEGA_ACT_B ? (cases[i].kind == MEGA_SCHED_ZB_H1 ? 2.25 : 3.0) : -1;
+        if (want >= 0) near(sp.end - sp.start, want / cases[i].vp, "duration", cases[i].pp, cases[i].vp, cases[i].m);
+        if (k == MEGA_ACT_SEND_F || k == MEGA_ACT_SEND_B) near(sp.end, sp.start, "send", 0, 0, 0);
+      }
+      near(sim.ranks[r].end, t, "end", cases[i].pp, cases[i].vp, cases[i].m);
+      assert_int_equal(sim.ranks[r].peak_inflight, mega_sched_peak_inflight(&s, r));
+    }
+    mega_sim_free(&sim);
+    mega_sched_free(&s);
+  }
+}
+
+static void fails_cleanly_when_it_cannot_finish(void **state) {
+  (void)state;
+  mega_schedule s;
+  mega_sim sim;
+  mega_err err = {0};
+  mega_cost c = {1, 1, 0, 0, 0, 0};
+  /* Rank 0 waits for B0's gradient before sending F1's output; rank 1
+   * wants F1 before it runs B0. */
+  assert_int_equal(mega_sched_parse("mega-schedule v1 kind=custom pp=2 vp=1 microbatches=2 group=2\n"
+                                    "0: F0.0 SF0.0 RB0.0 B0.0 F1.0 SF1.0 RB1.0 B1.0\n"
+                                    "1: RF0.0 F0.0 RF1.0 F1.0 B0.0 SB0.0 B1.0 SB1.0\n",
+                                    &s, &err),
+                   MEGA_OK);
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "the schedule cannot finish: rank 0 waits at RB0.0 (action 2), "
+                               "rank 1 waits at RF1.0 (action 2)");
+  assert_null(sim.ranks);
+  mega_sched_free(&s);
+  /* A receive with no send at all. */
+  assert_int_equal(mega_sched_parse("mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
+                                    "0: F0.0\n1: RF0.0 F0.0\n",
+                                    &s, &err),
+                   MEGA_OK);
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "the schedule cannot finish: rank 1 waits at RF0.0 (action 0)");
+  mega_sched_free(&s);
+  /* A receive that would take another microbatch's message. */
+  assert_int_equal(mega_sched_parse("mega-schedule v1 kind=custom pp=2 vp=1 microbatches=2 group=2\n"
+                                    "0: F1.0 SF1.0 F0.0 SF0.0\n1: RF0.0 F0.0 RF1.0 F1.0\n",
+                                    &s, &err),
+                   MEGA_OK);
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "rank 1, action 0 (RF0.0) would receive the message of SF1.0 from "
+                               "rank 0; validate the schedule");
+  mega_sched_free(&s);
+  /* Bad costs. */
+  generate(MEGA_SCHED_1F1B, 2, 1, 2, 0, &s);
+  mega_cost neg = {1, -1, 0, 0, 0, 0}, nan_cost = {NAN, 1, 0, 0, 0, 0};
+  assert_int_equal(mega_sim_run(&s, &neg, &sim, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "costs must be finite and not negative"));
+  assert_int_equal(mega_sim_run(&s, &nan_cost, &sim, &err), MEGA_ERR_INVALID);
+  mega_sched_free(&s);
+}
+
+/* Sends never block in the simulator, so an order that deadlocks only
+ * under NCCL's rendezvous (see test_sched_check) still runs here. */
+static void buffered_sends_run_a_rendezvous_deadlock(void **state) {
+  (void)state;
+  mega_schedule s;
+  mega_sim sim;
+  mega_err err = {0};
+  assert_int_equal(
+      mega_sched_parse(
+          "mega-schedule v1 kind=interleaved pp=2 vp=2 microbatches=4 group=2\n"
+          "0: F0.0 SF0.0 F1.0 SF1.0 RF0.1 F0.1 SF0.1 RF1.1 F1.1 SF1.1 F2.0 SF2.0 RB0.1 B0.1 SB0.1 "
+          "F3.0 SF3.0 RB1.1 B1.1 SB1.1 RF2.1 F2.1 SF2.1 RB0.0 B0.0 RF3.1 F3.1 SF3.1 RB1.0 B1.0 "
+          "RB2.1 B2.1 SB2.1 RB3.1 B3.1 SB3.1 RB2.0 B2.0 RB3.0 B3.0\n"
+          "1: RF0.0 F0.0 SF0.0 RF1.0 F1.0 SF1.0 RF0.1 F0.1 B0.1 SB0.1 RF1.1 F1.1 B1.1 SB1.1 RF2.0 "
+          "F2.0 SF2.0 RB0.0 B0.0 SB0.0 RF3.0 F3.0 SF3.0 RB1.0 B1.0 SB1.0 RF2.1 F2.1 B2.1 SB2.1 "
+          "RF3.1 F3.1 B3.1 SB3.1 RB2.0 B2.0 SB2.0 RB3.0 B3.0 SB3.0\n",
+          &s, &err),
+      MEGA_OK);
+  assert_int_equal(mega_sched_validate(&s, &err), MEGA_ERR_INVALID);
+  run(&s, 1, 1, 0, &sim);
+  near(sim.makespan, 2.0 * (2 * 4 + 1) / 2, "makespan", 2, 2, 4);
+  mega_sim_free(&sim);
+  mega_sched_free(&s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(one_f_one_b_closed_form),
+      cmocka_unit_test(interleaved_closed_form),
+      cmocka_unit_test(zb_h1_has_a_third_of_1f1b_bubble),
+      cmocka_unit_test(seed_000_drawing_versus_dependencies),
+      cmocka_unit_test(gpipe_has_1f1b_bubble),
+      cmocka_unit_test(communication_costs_and_spans),
+      cmocka_unit_test(compute_costs_per_chunk),
+      cmocka_unit_test(fails_cleanly_when_it_cannot_finish),
+      cmocka_unit_test(buffered_sends_run_a_rendezvous_deadlock),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
