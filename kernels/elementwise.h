@@ -3,8 +3,46 @@
 #define MEGA_KERNELS_ELEMENTWISE_H
 
 #include <math.h>
+#include <stdint.h>
 
 #include "kernels/hd.h"
+
+/* e^x in float, vectorisable (no table, no libm call): Cody-Waite range
+ * reduction x = n ln2 + r and a degree-6 polynomial (Cephes' expf), about
+ * 2 ulp. Inputs are clamped to [-87, 88]: below, the result is ~1e-38 rather
+ * than 0 or a denormal. NaN propagates. */
+static inline MEGA_HD float mega_expf(float x) {
+  if (x != x) return x;
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  /* n = round(x / ln2) by the 1.5 * 2^23 trick: no libm call, so it
+   * vectorises. */
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  union {
+    int32_t i;
+    float f;
+  } scale;
+  scale.i = (int32_t)((uint32_t)((int32_t)n + 127) << 23); /* n in [-126, 127] */
+  return p * scale.f;
+}
+
+/* tanh(x) = sign(x) (1 - 2 / (e^{2|x|} + 1)); absolute error below 1e-7,
+ * which is what GELU needs. */
+static inline MEGA_HD float mega_tanhf(float x) {
+  float a = x < 0.0f ? -x : x;
+  a = a > 10.0f ? 10.0f : a; /* tanh(10) rounds to exactly 1 */
+  float t = 1.0f - 2.0f / (mega_expf(2.0f * a) + 1.0f);
+  return x < 0.0f ? -t : t;
+}
 
 #define MEGA_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define MEGA_GELU_CUBE 0.044715f
@@ -12,13 +50,13 @@
 /* GELU, tanh approximation (GPT-2's "gelu_new"). */
 static inline MEGA_HD float mega_gelu(float x) {
   float cube = MEGA_GELU_CUBE * x * x * x;
-  return 0.5f * x * (1.0f + tanhf(MEGA_GELU_SCALE * (x + cube)));
+  return 0.5f * x * (1.0f + mega_tanhf(MEGA_GELU_SCALE * (x + cube)));
 }
 
 /* d gelu(x) / dx. */
 static inline MEGA_HD float mega_gelu_grad(float x) {
   float cube = MEGA_GELU_CUBE * x * x * x;
-  float th = tanhf(MEGA_GELU_SCALE * (x + cube));
+  float th = mega_tanhf(MEGA_GELU_SCALE * (x + cube));
   float sech2 = 1.0f - th * th;
   return 0.5f * (1.0f + th) +
          0.5f * x * sech2 * MEGA_GELU_SCALE * (1.0f + 3.0f * MEGA_GELU_CUBE * x * x);

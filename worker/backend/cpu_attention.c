@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/elementwise.h"
 #include "worker/backend/cpu_internal.h"
 
 #define ABLK 64
@@ -21,7 +22,7 @@ static void causal_softmax_rows(float *a, int r0, int r1, int T) {
     for (int s = 0; s <= t; s++) mx = row[s] > mx ? row[s] : mx;
     float sum = 0.0f;
     for (int s = 0; s <= t; s++) {
-      row[s] = expf(row[s] - mx);
+      row[s] = mega_expf(row[s] - mx);
       sum += row[s];
     }
     float inv = 1.0f / sum;

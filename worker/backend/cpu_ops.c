@@ -129,6 +129,7 @@ void mega_cpu_add_inplace(mega_backend *be, float *out, const float *a, size_t n
 
 /* loss = logsumexp(logits) - logits[target], computed from the max-shifted
  * row so it is exact to float rounding even when probs[target] underflows. */
+MEGA_CPU_CLONES
 void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
                                    const float *logits, const int32_t *targets, int N,
                                    int V) {
@@ -140,7 +141,7 @@ void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs
     for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
     float s = 0.0f;
     for (int i = 0; i < V; i++) {
-      p[i] = expf(l[i] - mx);
+      p[i] = mega_expf(l[i] - mx);
       s += p[i];
     }
     float inv = 1.0f / s;

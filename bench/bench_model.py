@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""mega's cpu GPT next to Debian's PyTorch on the same model and machine.
+
+    /usr/bin/python3 bench/bench_model.py BUILD/bench/bench_model \
+        [--threads 1,2] [--rounds 3] [--steps 6]
+
+For each thread count it runs the C benchmark and the same training step in
+PyTorch (forward, backward, AdamW; GPT-2 from tests/ref/make_ref.py, C=256,
+4 layers, 4 heads, T=256, B=8) alternately, --rounds times each, every run in
+its own process with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS (and, with
+--coretype, OPENBLAS_CORETYPE) set, and prints
+min and median tokens/s of each and the ratio of the medians. PyTorch runs
+its AdamW both with and without foreach; the faster is the baseline. Both
+sides use the same OpenBLAS for their GEMMs. It never fails on a time.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+C, L, NH, T, B, V = 256, 4, 4, 256, 8, 256
+
+
+def torch_run(threads, steps, warmup, foreach):
+    """One PyTorch measurement (in this process): tokens/s per step."""
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
+    from make_ref import GPT
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = GPT({"vocab_size": V, "max_seq_len": T, "num_layers": L, "num_heads": NH,
+                 "channels": C, "ln_eps": 1e-5})
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    rest = [p for p in model.parameters() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=foreach)
+    data = torch.randint(0, V, (B, T + 1))
+    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    rates = []
+    for it in range(warmup + steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, V), y.view(-1))
+        loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        if it >= warmup:
+            rates.append(B * T / dt)
+    return rates
+
+
+CORETYPE = None
+
+
+def env_for(threads):
+    env = dict(os.environ)
+    if CORETYPE:
+        env["OPENBLAS_CORETYPE"] = CORETYPE
+    env["OPENBLAS_NUM_THREADS"] = str(threads)
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_c(binary, threads, steps):
+    out = subprocess.run([binary, "--threads", str(threads), "--steps", str(steps)],
+                         env=env_for(threads), capture_output=True, text=True, check=True)
+    return [float(l.split()[-1]) for l in out.stdout.splitlines() if l.startswith("step ")]
+
+
+def run_torch(threads, steps, foreach):
+    out = subprocess.run([sys.executable, __file__, "--torch-child", str(threads), str(steps),
+                          "1" if foreach else "0"],
+                         env=env_for(threads), capture_output=True, text=True, check=True)
+    return [float(v) for v in out.stdout.split()]
+
+
+def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--torch-child":
+        rates = torch_run(int(sys.argv[2]), int(sys.argv[3]), 2, sys.argv[4] == "1")
+        print(" ".join(f"{r:.1f}" for r in rates))
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary", help="path to the built bench_model")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--coretype", default=None,
+                    help="OPENBLAS_CORETYPE for both sides (e.g. COOPERLAKE: OpenBLAS "
+                         "0.3.21 autodetects AVX-512 Zen 5 as Haswell)")
+    args = ap.parse_args()
+    global CORETYPE
+    CORETYPE = args.coretype
+    import torch
+    print(f"# model C={C} layers={L} heads={NH} T={T} B={B} V={V}; torch {torch.__version__}; "
+          f"{args.rounds} rounds x {args.steps} steps per run; tokens/s of "
+          f"forward+backward+AdamW; OPENBLAS_CORETYPE={args.coretype or '(autodetect)'}")
+    for threads in (int(t) for t in args.threads.split(",")):
+        c, tf, tl = [], [], []
+        for _ in range(args.rounds):
+            c += run_c(args.binary, threads, args.steps)
+            tl += run_torch(threads, args.steps, False)
+            tf += run_torch(threads, args.steps, True)
+        torch_best = max((tl, tf), key=statistics.median)
+        which = "foreach" if torch_best is tf else "for-loop"
+        mc, mt = statistics.median(c), statistics.median(torch_best)
+        print(f"threads={threads}  mega: min {min(c):.0f} median {mc:.0f}  |  "
+              f"torch ({which} AdamW): min {min(torch_best):.0f} median {mt:.0f}  "
+              f"[other AdamW median {statistics.median(tl if torch_best is tf else tf):.0f}]"
+              f"  |  ratio of medians {mc / mt:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

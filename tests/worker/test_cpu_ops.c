@@ -1,0 +1,370 @@
+/* The cpu backend's ops against plain double-precision loops, at sizes that
+ * exercise the blocked and partial-block paths (attention with T = 150 spans
+ * three row blocks), and the shared element math against libm. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "gpt_fixture.h"
+#include "kernels/elementwise.h"
+#include "kernels/rng.h"
+
+static mega_backend *be;
+
+static int setup(void **state) {
+  (void)state;
+  return mega_backend_cpu_create(NULL, &be, NULL) == MEGA_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  mega_backend_destroy(be);
+  return 0;
+}
+
+static float *vec(size_t n, float std, uint64_t seed) {
+  float *p = malloc((n ? n : 1) * sizeof *p);
+  assert_non_null(p);
+  fx_normals(p, n, std, seed);
+  return p;
+}
+
+/* max |a - b| <= tol * max(1, max |b|) */
+static void near(const float *a, const double *b, size_t n, double tol, const char *what) {
+  double scale = 1.0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+  for (size_t i = 0; i < n; i++)
+    if (fabs(a[i] - b[i]) > tol * scale)
+      fail_msg("%s[%zu]: backend %.9g, reference %.9g", what, i, a[i], b[i]);
+}
+
+static void element_math_matches_libm(void **state) {
+  (void)state;
+  double worst_exp = 0, worst_tanh = 0, worst_gelu = 0, worst_grad = 0;
+  for (int i = -200000; i <= 200000; i++) {
+    float x = i * 4.35e-4f; /* [-87, 87]; below -87 the result is clamped */
+    double e = exp((double)x);
+    worst_exp = fmax(worst_exp, fabs(mega_expf(x) - e) / e);
+    float u = i * 5e-5f; /* [-10, 10] */
+    worst_tanh = fmax(worst_tanh, fabs(mega_tanhf(u) - tanh((double)u)));
+    double c = 0.7978845608028654 * (u + 0.044715 * (double)u * u * u);
+    double g = 0.5 * u * (1 + tanh(c));
+    worst_gelu = fmax(worst_gelu, fabs(mega_gelu(u) - g) / fmax(1.0, fabs(g)));
+    double h = 1e-4, up = u + h, um = u - h;
+    double gp = 0.5 * up * (1 + tanh(0.7978845608028654 * (up + 0.044715 * up * up * up)));
+    double gm = 0.5 * um * (1 + tanh(0.7978845608028654 * (um + 0.044715 * um * um * um)));
+    worst_grad = fmax(worst_grad, fabs(mega_gelu_grad(u) - (gp - gm) / (2 * h)));
+  }
+  printf("# worst: expf rel %.2g, tanhf abs %.2g, gelu %.2g, gelu' %.2g\n", worst_exp,
+         worst_tanh, worst_gelu, worst_grad);
+  assert_true(worst_exp < 5e-7);
+  assert_true(worst_tanh < 2e-7);
+  assert_true(worst_gelu < 5e-7);
+  assert_true(worst_grad < 1e-6);
+  assert_true(isnan(mega_expf(NAN)));
+  assert_true(mega_expf(-1000.0f) < 1e-37f && mega_expf(-1000.0f) >= 0.0f);
+  assert_true(mega_tanhf(50.0f) == 1.0f && mega_tanhf(-50.0f) == -1.0f);
+}
+
+static void rng_is_a_function_of_key_and_index(void **state) {
+  (void)state;
+  uint64_t k1 = mega_rng_key(1, "transformer.wte.weight"),
+           k2 = mega_rng_key(1, "transformer.wpe.weight"), k3 = mega_rng_key(2, "transformer.wte.weight");
+  assert_true(k1 != k2 && k1 != k3);
+  assert_true(mega_rng_normal(k1, 12345) == mega_rng_normal(k1, 12345));
+  double s = 0, s2 = 0;
+  int n = 200000;
+  for (int i = 0; i < n; i++) {
+    double z = mega_rng_normal(k1, (uint64_t)i);
+    s += z;
+    s2 += z * z;
+  }
+  printf("# normal: mean %.4f var %.4f\n", s / n, s2 / n);
+  assert_true(fabs(s / n) < 0.01 && fabs(s2 / n - 1) < 0.02);
+}
+
+static void adamw_matches_reference(void **state) {
+  (void)state;
+  size_t n = 1000;
+  float *p = vec(n, 1, 1), *g = vec(n, 1, 2), *m = vec(n, 0.1f, 3), *v = vec(n, 0.1f, 4);
+  double *rp = malloc(n * sizeof *rp);
+  for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+  mega_adamw_params hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.1f, .grad_scale = 0.5f, .step = 3};
+  for (size_t i = 0; i < n; i++) {
+    double gi = g[i] * 0.5, mi = 0.9 * m[i] + 0.1 * gi, vi = 0.95 * v[i] + 0.05 * gi * gi;
+    double mh = mi / (1 - pow(0.9, 3)), vh = vi / (1 - pow(0.95, 3));
+    rp[i] = p[i] - 1e-3 * (mh / (sqrt(vh) + 1e-8) + 0.1 * p[i]);
+  }
+  be->ops->adamw(be, p, g, m, v, n, &hp);
+  near(p, rp, n, 1e-6, "adamw params");
+  double ss = 0, s = 0, got;
+  for (size_t i = 0; i < n; i++) {
+    ss += (double)g[i] * g[i];
+    s += g[i];
+  }
+  assert_int_equal(be->ops->sum_squares(be, g, n, &got, NULL), MEGA_OK);
+  assert_true(fabs(got - ss) <= 1e-6 * ss);
+  assert_int_equal(be->ops->sum(be, g, n, &got, NULL), MEGA_OK);
+  assert_true(fabs(got - s) <= 1e-5 * fmax(1, fabs(s)) + 1e-4);
+  be->ops->scale(be, g, n, 2.0f);
+  assert_int_equal(be->ops->sum(be, g, n, &got, NULL), MEGA_OK);
+  assert_true(fabs(got - 2 * s) <= 1e-5 * fmax(1, fabs(s)) + 1e-4);
+  free(p);
+  free(g);
+  free(m);
+  free(v);
+  free(rp);
+}
+
+static void matmul_both_layouts(void **state) {
+  (void)state;
+  int N = 37, C = 24, OC = 40;
+  float *x = vec((size_t)N * C, 1, 1), *w = vec((size_t)C * OC, 1, 2), *b = vec(OC, 1, 3);
+  float *dy = vec((size_t)N * OC, 1, 4), *out = malloc(sizeof(float) * N * OC);
+  float *dx = malloc(sizeof(float) * N * C), *dw = vec((size_t)C * OC, 1, 5),
+        *db = vec(OC, 1, 6);
+  double *r = malloc(sizeof(double) * N * OC * 2);
+  for (int lay = 0; lay < 2; lay++) {
+    /* W(c, o) in the layout under test */
+#define W(c, o) (lay == MEGA_W_IN_OUT ? w[(size_t)(c) * OC + (o)] : w[(size_t)(o) * C + (c)])
+    be->ops->matmul_forward(be, out, x, w, b, N, C, OC, (mega_wlayout)lay);
+    for (int n = 0; n < N; n++)
+      for (int o = 0; o < OC; o++) {
+        double s = b[o];
+        for (int c = 0; c < C; c++) s += (double)x[n * C + c] * W(c, o);
+        r[n * OC + o] = s;
+      }
+    near(out, r, (size_t)N * OC, 1e-5, "matmul_forward");
+    be->ops->matmul_backward_input(be, dx, dy, w, N, C, OC, (mega_wlayout)lay);
+    for (int n = 0; n < N; n++)
+      for (int c = 0; c < C; c++) {
+        double s = 0;
+        for (int o = 0; o < OC; o++) s += (double)dy[n * OC + o] * W(c, o);
+        r[n * C + c] = s;
+      }
+    near(dx, r, (size_t)N * C, 1e-5, "matmul_backward_input");
+    for (int c = 0; c < C; c++)
+      for (int o = 0; o < OC; o++) {
+        double s = lay == MEGA_W_IN_OUT ? dw[c * OC + o] : dw[o * C + c];
+        for (int n = 0; n < N; n++) s += (double)x[n * C + c] * dy[n * OC + o];
+        r[lay == MEGA_W_IN_OUT ? c * OC + o : o * C + c] = s;
+      }
+    for (int o = 0; o < OC; o++) {
+      double s = db[o];
+      for (int n = 0; n < N; n++) s += dy[n * OC + o];
+      r[C * OC + o] = s;
+    }
+    be->ops->matmul_backward_weight(be, dw, db, dy, x, N, C, OC, (mega_wlayout)lay);
+    near(dw, r, (size_t)C * OC, 1e-5, "matmul_backward_weight dW");
+    near(db, r + C * OC, OC, 1e-5, "matmul_backward_weight dbias");
+#undef W
+  }
+  free(x), free(w), free(b), free(dy), free(out), free(dx), free(dw), free(db), free(r);
+}
+
+/* Naive causal attention in double: out and att, then the backward. */
+static void attention_reference(const float *qkv, const float *dout, int B, int T, int C,
+                                int NH, double *out, double *att, double *dqkv) {
+  int hs = C / NH;
+  double scale = 1.0 / sqrt(hs);
+  memset(dqkv, 0, sizeof(double) * B * T * 3 * C);
+  double *datt = malloc(sizeof(double) * T);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++) {
+        const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+        double *a = att + (((size_t)b * NH + h) * T + t) * T, mx = -INFINITY, sum = 0;
+        for (int s = 0; s < T; s++) {
+          a[s] = 0;
+          if (s > t) continue;
+          const float *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
+          for (int i = 0; i < hs; i++) a[s] += (double)q[i] * k[i];
+          a[s] *= scale;
+          mx = fmax(mx, a[s]);
+        }
+        for (int s = 0; s <= t; s++) sum += (a[s] = exp(a[s] - mx));
+        for (int s = 0; s <= t; s++) a[s] /= sum;
+        double *o = out + ((size_t)b * T + t) * C + h * hs;
+        const float *dy = dout + ((size_t)b * T + t) * C + h * hs;
+        for (int i = 0; i < hs; i++) {
+          o[i] = 0;
+          for (int s = 0; s <= t; s++) o[i] += a[s] * qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + i];
+        }
+        /* backward of this row */
+        double dot = 0;
+        for (int s = 0; s <= t; s++) {
+          datt[s] = 0;
+          for (int i = 0; i < hs; i++)
+            datt[s] += dy[i] * (double)qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + i];
+          dot += datt[s] * a[s];
+        }
+        double *dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
+        for (int s = 0; s <= t; s++) {
+          double dpre = a[s] * (datt[s] - dot) * scale;
+          double *dk = dqkv + ((size_t)b * T + s) * 3 * C + C + h * hs, *dv = dk + C;
+          const float *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
+          for (int i = 0; i < hs; i++) {
+            dq[i] += dpre * k[i];
+            dk[i] += dpre * q[i];
+            dv[i] += a[s] * dy[i];
+          }
+        }
+      }
+  free(datt);
+}
+
+static void attention_blocked_matches_naive(void **state) {
+  (void)state;
+  int B = 2, T = 150, C = 32, NH = 4;
+  size_t nq = (size_t)B * T * 3 * C, nc = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+  float *qkv = vec(nq, 1.0f, 1), *dout = vec(nc, 1.0f, 2), *out = malloc(nc * 4),
+        *att = malloc(na * 4), *dqkv = malloc(nq * 4), *scratch = malloc(na * 4);
+  double *rout = malloc(nc * 8), *ratt = malloc(na * 8), *rdqkv = malloc(nq * 8);
+  memset(att, 0xff, na * 4); /* NaN: every element must be written */
+  be->ops->attention_forward(be, out, att, qkv, B, T, C, NH);
+  attention_reference(qkv, dout, B, T, C, NH, rout, ratt, rdqkv);
+  near(out, rout, nc, 1e-5, "attention out");
+  near(att, ratt, na, 1e-6, "attention probabilities (zero above the diagonal)");
+  memset(scratch, 0xff, na * 4);
+  be->ops->attention_backward(be, dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  near(dqkv, rdqkv, nq, 1e-5, "attention dqkv");
+  free(qkv), free(dout), free(out), free(att), free(dqkv), free(scratch);
+  free(rout), free(ratt), free(rdqkv);
+}
+
+static void layernorm_gelu_crossentropy_encoder(void **state) {
+  (void)state;
+  int N = 33, C = 48, V = 40, T = 11, B = 3;
+  float *x = vec((size_t)N * C, 2, 1), *w = vec(C, 1, 2), *b = vec(C, 1, 3);
+  float *dy = vec((size_t)N * C, 1, 4), *out = malloc(sizeof(float) * N * C);
+  float *mean = malloc(sizeof(float) * N), *rstd = malloc(sizeof(float) * N);
+  float *dx = vec((size_t)N * C, 1, 5), *dw = vec(C, 1, 6), *db = vec(C, 1, 7);
+  double *r = malloc(sizeof(double) * N * C), *rdw = malloc(sizeof(double) * C * 2);
+  be->ops->layernorm_forward(be, out, mean, rstd, x, w, b, N, C, 1e-5f);
+  for (int c = 0; c < C; c++) rdw[c] = dw[c], rdw[C + c] = db[c];
+  double *rdx = malloc(sizeof(double) * N * C);
+  for (int n = 0; n < N; n++) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; c++) m += x[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; c++) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+    double rs = 1 / sqrt(v / C + 1e-5), s1 = 0, s2 = 0;
+    for (int c = 0; c < C; c++) {
+      double xh = (x[n * C + c] - m) * rs;
+      r[n * C + c] = xh * w[c] + b[c];
+      rdw[c] += dy[n * C + c] * xh;
+      rdw[C + c] += dy[n * C + c];
+      s1 += dy[n * C + c] * w[c];
+      s2 += dy[n * C + c] * w[c] * xh;
+    }
+    for (int c = 0; c < C; c++) {
+      double xh = (x[n * C + c] - m) * rs;
+      rdx[n * C + c] = dx[n * C + c] + rs * (dy[n * C + c] * w[c] - s1 / C - xh * s2 / C);
+    }
+  }
+  near(out, r, (size_t)N * C, 1e-5, "layernorm_forward");
+  be->ops->layernorm_backward_input(be, dx, dy, x, w, mean, rstd, N, C);
+  near(dx, rdx, (size_t)N * C, 1e-5, "layernorm_backward_input (+=)");
+  be->ops->layernorm_backward_weight(be, dw, db, dy, x, mean, rstd, N, C);
+  near(dw, rdw, C, 1e-5, "layernorm dweight (+=)");
+  near(db, rdw + C, C, 1e-5, "layernorm dbias (+=)");
+
+  /* GELU over a wide range, in place backward */
+  size_t n = (size_t)N * C;
+  be->ops->gelu_forward(be, out, x, n);
+  for (size_t i = 0; i < n; i++) {
+    double u = x[i];
+    r[i] = 0.5 * u * (1 + tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)));
+  }
+  near(out, r, n, 1e-6, "gelu_forward");
+  memcpy(out, dy, n * sizeof *out);
+  be->ops->gelu_backward(be, out, x, out, n);
+  for (size_t i = 0; i < n; i++) r[i] = mega_gelu_grad(x[i]) * (double)dy[i];
+  near(out, r, n, 1e-6, "gelu_backward");
+
+  /* softmax cross-entropy, with logits large enough to need the max shift */
+  float *logits = vec((size_t)N * V, 30, 8), *probs = malloc(sizeof(float) * N * V),
+        *losses = malloc(sizeof(float) * N), *dl = malloc(sizeof(float) * N * V);
+  int32_t *tg = malloc(sizeof(int32_t) * N);
+  fx_ids(tg, N, V, 9);
+  be->ops->crossentropy_forward(be, losses, probs, logits, tg, N, V);
+  be->ops->crossentropy_backward(be, dl, probs, tg, 0.25f, N, V);
+  double *rl = malloc(sizeof(double) * N), *rd = malloc(sizeof(double) * N * V);
+  for (int i = 0; i < N; i++) {
+    double mx = -INFINITY, s = 0;
+    for (int k = 0; k < V; k++) mx = fmax(mx, logits[i * V + k]);
+    for (int k = 0; k < V; k++) s += exp(logits[i * V + k] - mx);
+    rl[i] = log(s) + mx - logits[i * V + tg[i]];
+    for (int k = 0; k < V; k++)
+      rd[i * V + k] = 0.25 * (exp(logits[i * V + k] - mx) / s - (k == tg[i]));
+  }
+  near(losses, rl, N, 1e-5, "crossentropy losses");
+  near(dl, rd, (size_t)N * V, 1e-6, "crossentropy dlogits");
+
+  /* encoder */
+  float *wte = vec((size_t)V * C, 1, 10), *wpe = vec((size_t)T * C, 1, 11);
+  float *dwte = calloc((size_t)V * C, 4), *dwpe = calloc((size_t)T * C, 4);
+  int32_t *tok = malloc(sizeof(int32_t) * B * T);
+  fx_ids(tok, (size_t)B * T, V, 12);
+  float *enc = malloc(sizeof(float) * B * T * C), *denc = vec((size_t)B * T * C, 1, 13);
+  be->ops->encoder_forward(be, enc, tok, wte, wpe, B, T, C);
+  be->ops->encoder_backward(be, dwte, dwpe, denc, tok, B, T, C);
+  double *rw = calloc((size_t)V * C + (size_t)T * C, 8);
+  for (int i = 0; i < B * T; i++)
+    for (int c = 0; c < C; c++) {
+      assert_true(enc[i * C + c] == wte[tok[i] * C + c] + wpe[(i % T) * C + c]);
+      rw[tok[i] * C + c] += denc[i * C + c];
+      rw[V * C + (i % T) * C + c] += denc[i * C + c];
+    }
+  near(dwte, rw, (size_t)V * C, 1e-6, "encoder dwte");
+  near(dwpe, rw + V * C, (size_t)T * C, 1e-6, "encoder dwpe");
+
+  free(x), free(w), free(b), free(dy), free(out), free(mean), free(rstd), free(dx);
+  free(dw), free(db), free(r), free(rdw), free(rdx), free(logits), free(probs), free(losses);
+  free(dl), free(tg), free(rl), free(rd), free(wte), free(wpe), free(dwte), free(dwpe);
+  free(tok), free(enc), free(denc), free(rw);
+}
+
+static void gemm_and_memory(void **state) {
+  (void)state;
+  void *p = NULL;
+  mega_err err = {0};
+  assert_int_equal(be->ops->alloc(be, 1000, &p, &err), MEGA_OK);
+  assert_int_equal((uintptr_t)p % 64, 0);
+  for (int i = 0; i < 1000; i++) assert_int_equal(((unsigned char *)p)[i], 0);
+  float host[4] = {1, 2, 3, 4}, back[4];
+  assert_int_equal(be->ops->memcpy(be, p, host, sizeof host, MEGA_COPY_H2D, &err), MEGA_OK);
+  assert_int_equal(be->ops->memcpy(be, back, p, sizeof back, MEGA_COPY_D2H, &err), MEGA_OK);
+  assert_memory_equal(host, back, sizeof host);
+  be->ops->memset0(be, p, 8);
+  assert_true(((float *)p)[0] == 0 && ((float *)p)[2] == 3);
+  be->ops->free(be, p);
+  assert_int_equal(be->ops->synchronize(be, &err), MEGA_OK);
+  assert_int_equal(be->ops->set_threads(be, 0, &err), MEGA_ERR_INVALID);
+  assert_int_equal(be->ops->set_threads(be, 1, &err), MEGA_OK);
+  /* two batched 2x3 @ 3x2 with a transposed B */
+  float A[12] = {1, 2, 3, 4, 5, 6, 1, 0, 0, 0, 1, 0}, Bt[12] = {1, 0, 1, 0, 1, 0,
+                                                                  2, 2, 2, 1, 1, 1};
+  float Cm[8];
+  be->ops->gemm_batched(be, false, true, 2, 2, 3, 1.0f, A, 3, 6, Bt, 3, 6, 0.0f, Cm, 2, 4, 2);
+  float want[8] = {4, 2, 10, 5, 2, 1, 2, 1};
+  assert_memory_equal(Cm, want, sizeof want);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(element_math_matches_libm),
+      cmocka_unit_test(rng_is_a_function_of_key_and_index),
+      cmocka_unit_test(adamw_matches_reference),
+      cmocka_unit_test(matmul_both_layouts),
+      cmocka_unit_test(attention_blocked_matches_naive),
+      cmocka_unit_test(layernorm_gelu_crossentropy_encoder),
+      cmocka_unit_test(gemm_and_memory),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
