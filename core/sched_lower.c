@@ -34,7 +34,8 @@ typedef struct lowering {
   int *cur, *pending;   /* [rank] step it stands at; its ops not yet matched */
 } lowering;
 
-/* The compute action whose output (q, i) action p of rank r consumes, if any. */
+/* (q, qi): the compute action whose output compute i of rank r consumes;
+ * false when it needs no message. */
 static bool producer(const lowering *L, int r, int i, int *q, int *qi) {
   mega_action a = L->s->ranks[r].acts[i];
   int pr, pc;
@@ -160,10 +161,8 @@ static void arrive(lowering *L, int r, int g, int *ready, int *nready) {
   if (wait == 0) ready[(*nready)++] = r;
 }
 
-/* Runs the rendezvous of the current placement to its end. At a standstill,
- * every posted send whose receive is not posted gets that receive moved up
- * into the step its receiver stands at: the receiver could not get past it
- * anyway, and the send is there, so this adds no wait. */
+/* Runs the rendezvous of the current placement to its end, moving receives
+ * up at each standstill (see the top of this file). */
 static mega_status place_receives(lowering *L, mega_err *err) {
   const mega_schedule *s = L->s;
   int pp = L->pp, nready = 0;
@@ -184,7 +183,7 @@ static mega_status place_receives(lowering *L, mega_err *err) {
      * at a send (a receive there would wait for a rank further behind);
      * its receiver stands at or past the step the plan would put the
      * receive in, so moving it there never moves it earlier than the plan
-     * needs. */
+     * needs. The second pass, any stuck send, is only a safety net. */
     int moved = 0, stuck = -1, first_end = INT_MAX;
     for (int q = 0; q < pp; q++) {
       int g = L->cur[q];

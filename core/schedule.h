@@ -66,7 +66,7 @@ typedef enum mega_sched_kind {
   MEGA_SCHED_GPIPE,         /* all forwards, then all backwards */
   MEGA_SCHED_1F1B,          /* Megatron's non-interleaved schedule */
   MEGA_SCHED_INTERLEAVED,   /* Megatron's interleaved 1F1B, vp > 1 */
-  MEGA_SCHED_ZB_H1,         /* zero bubble H1: B and W apart, 1F1B's memory */
+  MEGA_SCHED_ZB_H1,         /* zero bubble H1: B and W apart, 1F1B's peak memory */
   MEGA_SCHED_FORWARD_ONLY,  /* evaluation */
   MEGA_SCHED_CUSTOM,        /* loaded from text; no kind-specific memory bound */
   MEGA_SCHED_KINDS
