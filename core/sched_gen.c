@@ -178,8 +178,9 @@ static mega_status order_interleaved(mega_schedule *s, const mega_sched_params *
  * order is 1F1B's; each W is placed by list-scheduling the whole pipeline
  * with T_f = T_b = T_w = 1 and free communication: a rank runs its next F or
  * B as soon as its input is there, and only otherwise (or when another F
- * would exceed the in-flight bound) runs its oldest pending W. So W's are
- * delayed through the steady phase, exactly as far as the bound allows, and
+ * would hold more than min(pp, M) activations until their W, the paper's
+ * bound, see schedule.h) runs its oldest pending W. So W's are delayed
+ * through the steady phase as far as the bound allows (rank r by r), and
  * fill the waits of the cooldown. */
 static mega_status order_zb_h1(mega_schedule *s, mega_err *err) {
   int pp = s->pp, m = s->microbatches;
