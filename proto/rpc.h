@@ -10,6 +10,7 @@
 #ifndef MEGA_PROTO_RPC_H
 #define MEGA_PROTO_RPC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <protobuf-c/protobuf-c.h>
 
@@ -73,6 +74,13 @@ mega_status mega_rpc_status_from_code(mega_rpc_code code);
 
 /* "GetJob" from "/mega.v1.Control/GetJob" (a pointer into path). */
 const char *mega_rpc_method_name(const mega_rpc_method *m);
+
+/* At the end of main, after every queue, server and channel is gone: waits
+ * (up to timeout_ms) until gRPC has let go of its own threads and memory.
+ * gRPC may finish freeing objects on its internal threads after our last
+ * reference, and a process that exits meanwhile looks leaky to valgrind.
+ * Returns false on timeout. */
+bool mega_rpc_wait_released(unsigned timeout_ms);
 
 /* gRPC core logs through gpr_log to stderr. A program that wants those lines
  * elsewhere (the journal) installs fn; NULL drops them. The severity is 0

@@ -60,6 +60,16 @@ void mega_rpc_lib_ref(void) { grpc_init(); }
 
 void mega_rpc_lib_unref(void) { grpc_shutdown(); }
 
+bool mega_rpc_wait_released(unsigned timeout_ms) {
+  /* grpc_is_initialized takes gRPC's init lock, which a deferred clean-up
+   * holds until it is done. */
+  for (unsigned waited = 0; grpc_is_initialized(); waited++) {
+    if (waited >= timeout_ms) return false;
+    gpr_sleep_until(gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(1, GPR_TIMESPAN)));
+  }
+  return true;
+}
+
 const char *mega_rpc_method_name(const mega_rpc_method *m) {
   const char *slash = strrchr(m->path, '/');
   return slash ? slash + 1 : m->path;

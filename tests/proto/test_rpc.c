@@ -1,0 +1,814 @@
+/* The rpc wrapper end to end on loopback: a test server on the real Control
+ * service (testsrv.c) runs on its own thread and loop; the tests call it
+ * with the blocking client, and with the async client on a loop of their
+ * own. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto/mega_rpc.h"
+#include "proto/rpc_client.h"
+#include "testsrv.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Waits up to 5 s for *v to reach want. */
+static bool wait_atomic(atomic_int *v, int want) {
+  for (int i = 0; i < 500; i++) {
+    if (atomic_load(v) >= want) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+/* ---- a test server on its own thread ---- */
+
+typedef struct srv_thread {
+  uv_thread_t th;
+  uv_loop_t loop;
+  uv_async_t stop;
+  uv_sem_t ready;
+  mega_rpc_cq *cq;
+  testsrv *srv;
+  testsrv_stats stats;
+  char addr[128];
+  char target[160];
+  size_t max_msg;
+  unsigned grace_ms;
+  int port;
+  mega_status st;
+  mega_err err;
+} srv_thread;
+
+static void srv_cq_closed(void *arg) {
+  srv_thread *s = arg;
+  uv_close((uv_handle_t *)&s->stop, NULL);
+}
+
+static void srv_down(void *arg) {
+  srv_thread *s = arg;
+  mega_rpc_cq_close(s->cq, srv_cq_closed, s);
+}
+
+static void srv_stop(uv_async_t *a) {
+  srv_thread *s = a->data;
+  testsrv_shutdown(s->srv, s->grace_ms, srv_down, s);
+}
+
+static void srv_main(void *arg) {
+  srv_thread *s = arg;
+  uv_loop_init(&s->loop);
+  uv_async_init(&s->loop, &s->stop, srv_stop);
+  s->stop.data = s;
+  s->st = mega_rpc_cq_new(&s->loop, &s->cq, &s->err);
+  if (s->st == MEGA_OK)
+    s->st = testsrv_new(s->cq, s->addr, s->max_msg, &s->stats, &s->port, &s->srv, &s->err);
+  uv_sem_post(&s->ready);
+  if (s->st != MEGA_OK) return; /* the test fails on st */
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&s->loop);
+}
+
+static srv_thread *srv_start(const char *addr, size_t max_msg, unsigned grace_ms) {
+  srv_thread *s = calloc(1, sizeof *s);
+  snprintf(s->addr, sizeof s->addr, "%s", addr);
+  s->max_msg = max_msg;
+  s->grace_ms = grace_ms;
+  uv_sem_init(&s->ready, 0);
+  uv_thread_create(&s->th, srv_main, s);
+  uv_sem_wait(&s->ready);
+  if (s->st != MEGA_OK) fail_msg("test server on %s: %s", addr, s->err.msg);
+  if (strncmp(addr, "unix:", 5) == 0) snprintf(s->target, sizeof s->target, "%s", addr);
+  else snprintf(s->target, sizeof s->target, "127.0.0.1:%d", s->port);
+  return s;
+}
+
+static void srv_stop_join(srv_thread *s) {
+  uv_async_send(&s->stop);
+  uv_thread_join(&s->th);
+  uv_sem_destroy(&s->ready);
+  free(s);
+}
+
+/* ---- a client loop on this thread ---- */
+
+typedef struct client_loop {
+  uv_loop_t loop;
+  mega_rpc_cq *cq;
+} client_loop;
+
+static void cl_open(client_loop *cl) {
+  mega_err err;
+  uv_loop_init(&cl->loop);
+  assert_int_equal(mega_rpc_cq_new(&cl->loop, &cl->cq, &err), MEGA_OK);
+}
+
+static void cl_run_until(client_loop *cl, const int *counter, int want) {
+  while (*counter < want) uv_run(&cl->loop, UV_RUN_ONCE);
+}
+
+static void cl_close(client_loop *cl) {
+  mega_rpc_cq_close(cl->cq, NULL, NULL);
+  uv_run(&cl->loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&cl->loop), 0);
+}
+
+/* ---- shared fixture: one server, one channel ---- */
+
+static srv_thread *S;
+static mega_rpc_channel *CH;
+
+#define SERVER_MAX_MSG (8u << 20)
+
+static int group_setup(void **state) {
+  (void)state;
+  signal(SIGPIPE, SIG_IGN);
+  S = srv_start("127.0.0.1:0", SERVER_MAX_MSG, 200);
+  mega_err err;
+  mega_rpc_channel_opts o = {.peer_name = "megad"};
+  if (mega_rpc_channel_new(S->target, &o, &CH, &err) != MEGA_OK) return -1;
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  mega_rpc_channel_free(CH);
+  srv_stop_join(S);
+  return mega_rpc_wait_released(5000) ? 0 : -1;
+}
+
+static char *submit(const char *name, const char *iters) {
+  Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  char *args[] = {"--train-iters", (char *)iters, "--pipeline-model-parallel-size", "1"};
+  spec.name = (char *)name;
+  spec.n_args = 4;
+  spec.args = args;
+  req.spec = &spec;
+  ProtobufCMessage *resp;
+  mega_err err;
+  mega_status st = mega_rpc_unary(CH, &mega_control_submit_job, &req.base, 5000, &resp, &err);
+  if (st != MEGA_OK) fail_msg("SubmitJob: %s", err.msg);
+  Mega__V1__SubmitJobResponse *r = (void *)resp;
+  char *id = strdup(r->job->id);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return id;
+}
+
+static Mega__V1__GetJobResponse *get_job(const char *id, mega_status *st, mega_err *err) {
+  Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = (char *)id;
+  ProtobufCMessage *resp;
+  *st = mega_rpc_unary(CH, &mega_control_get_job, &req.base, 5000, &resp, err);
+  return (void *)resp;
+}
+
+/* ---- unary ---- */
+
+static void test_unary_ok(void **state) {
+  (void)state;
+  char *id = submit("unary-ok", "10");
+  mega_status st;
+  mega_err err;
+  Mega__V1__GetJobResponse *r = get_job(id, &st, &err);
+  assert_int_equal(st, MEGA_OK);
+  assert_string_equal(r->job->id, id);
+  assert_string_equal(r->job->name, "unary-ok");
+  assert_int_equal(r->job->spec->n_args, 4);
+  assert_string_equal(r->job->spec->args[2], "--pipeline-model-parallel-size");
+  assert_int_equal(r->job->train_iters, 10);
+  assert_int_equal(r->job->state, MEGA__V1__JOB_STATE__JOB_STATE_PENDING);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+
+  /* CancelJob answers from a timer, 20 ms after the request. */
+  Mega__V1__CancelJobRequest creq = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  creq.job_id = id;
+  ProtobufCMessage *resp;
+  assert_int_equal(mega_rpc_unary(CH, &mega_control_cancel_job, &creq.base, 5000, &resp, &err),
+                   MEGA_OK);
+  assert_int_equal(((Mega__V1__CancelJobResponse *)resp)->job->state,
+                   MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED);
+  protobuf_c_message_free_unpacked(resp, NULL);
+
+  Mega__V1__ListJobsRequest lreq = MEGA__V1__LIST_JOBS_REQUEST__INIT;
+  Mega__V1__JobState want = MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED;
+  lreq.n_states = 1;
+  lreq.states = &want;
+  assert_int_equal(mega_rpc_unary(CH, &mega_control_list_jobs, &lreq.base, 5000, &resp, &err),
+                   MEGA_OK);
+  Mega__V1__ListJobsResponse *l = (void *)resp;
+  bool seen = false;
+  for (size_t i = 0; i < l->n_jobs; i++) {
+    assert_int_equal(l->jobs[i]->state, MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED);
+    seen |= strcmp(l->jobs[i]->id, id) == 0;
+  }
+  assert_true(seen);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  free(id);
+}
+
+static void test_unary_error_status(void **state) {
+  (void)state;
+  mega_status st;
+  mega_err err;
+  Mega__V1__GetJobResponse *r = get_job("j-404", &st, &err);
+  assert_null(r);
+  assert_int_equal(st, MEGA_ERR_NOT_FOUND);
+  assert_int_equal(err.status, MEGA_ERR_NOT_FOUND);
+  assert_string_equal(err.msg, "job j-404 not found");
+
+  Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  req.spec = &spec;
+  ProtobufCMessage *resp;
+  st = mega_rpc_unary(CH, &mega_control_submit_job, &req.base, 5000, &resp, &err);
+  assert_int_equal(st, MEGA_ERR_INVALID);
+  assert_string_equal(err.msg, "the job spec has no name: give --name");
+}
+
+static void test_request_over_server_limit(void **state) {
+  (void)state;
+  size_t n = SERVER_MAX_MSG + 1024;
+  char *big = malloc(n + 1);
+  memset(big, 'x', n);
+  big[n] = '\0';
+  Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = "big";
+  spec.n_args = 1;
+  spec.args = &big;
+  req.spec = &spec;
+  ProtobufCMessage *resp;
+  mega_err err;
+  mega_status st = mega_rpc_unary(CH, &mega_control_submit_job, &req.base, 5000, &resp, &err);
+  assert_int_equal(st, MEGA_ERR_NOMEM); /* RESOURCE_EXHAUSTED */
+  assert_non_null(strstr(err.msg, "larger than max"));
+  free(big);
+  /* The server is fine afterwards. */
+  char *id = submit("after-big", "1");
+  free(id);
+}
+
+/* ---- streams ---- */
+
+static void test_stream_many_slow_reader(void **state) {
+  (void)state;
+  const int N = 3000;
+  char *id = submit("stream", "3000");
+  Mega__V1__WatchJobRequest req = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  req.job_id = id;
+  mega_rpc_stream *s;
+  mega_err err;
+  assert_int_equal(mega_rpc_stream_open(CH, &mega_control_watch_job, &req.base, 20000, &s, &err),
+                   MEGA_OK);
+  usleep(100000); /* let the server queue everything before we read */
+  int steps = 0;
+  bool event = false, final = false;
+  ProtobufCMessage *msg;
+  while (mega_rpc_stream_next(s, &msg, &err) == MEGA_OK && msg) {
+    Mega__V1__WatchJobResponse *w = (void *)msg;
+    if (w->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) {
+      assert_false(event);
+      assert_int_equal(w->step->iteration, (uint64_t)steps + 1);
+      assert_int_equal(w->step->n_ranks, 2);
+      steps++;
+      if (steps % 500 == 0) usleep(20000); /* a slow reader */
+    } else if (w->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT) {
+      assert_string_equal(w->event->message, "finished");
+      event = true;
+    } else {
+      assert_int_equal(w->final_state->state, MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+      final = true;
+    }
+    protobuf_c_message_free_unpacked(msg, NULL);
+  }
+  assert_int_equal(err.status, MEGA_OK);
+  assert_null(msg);
+  assert_int_equal(steps, N);
+  assert_true(event && final);
+  /* The end repeats. */
+  assert_int_equal(mega_rpc_stream_next(s, &msg, &err), MEGA_OK);
+  assert_null(msg);
+  mega_rpc_stream_close(s);
+  assert_true(atomic_load(&S->stats.max_queued) >= 100);
+  free(id);
+}
+
+static void test_stream_large_chunks(void **state) {
+  (void)state;
+  Mega__V1__GetTraceRequest req = MEGA__V1__GET_TRACE_REQUEST__INIT;
+  req.job_id = "any";
+  mega_rpc_stream *s;
+  mega_err err;
+  assert_int_equal(mega_rpc_stream_open(CH, &mega_control_get_trace, &req.base, 20000, &s, &err),
+                   MEGA_OK);
+  size_t off = 0;
+  ProtobufCMessage *msg;
+  bool pattern_ok = true;
+  while (mega_rpc_stream_next(s, &msg, &err) == MEGA_OK && msg) {
+    Mega__V1__TraceChunk *c = (void *)msg;
+    assert_int_equal(c->total_bytes, TESTSRV_TRACE_BYTES);
+    for (size_t i = 0; i < c->data.len; i++)
+      pattern_ok &= c->data.data[i] == (uint8_t)(((off + i) * 7 + 3) % 251);
+    off += c->data.len;
+    protobuf_c_message_free_unpacked(msg, NULL);
+  }
+  assert_int_equal(err.status, MEGA_OK);
+  assert_int_equal(off, TESTSRV_TRACE_BYTES);
+  assert_true(pattern_ok);
+  mega_rpc_stream_close(s);
+}
+
+static void test_stream_not_found(void **state) {
+  (void)state;
+  Mega__V1__WatchJobRequest req = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  req.job_id = "j-none";
+  mega_rpc_stream *s;
+  mega_err err;
+  assert_int_equal(mega_rpc_stream_open(CH, &mega_control_watch_job, &req.base, 5000, &s, &err),
+                   MEGA_OK);
+  ProtobufCMessage *msg;
+  assert_int_equal(mega_rpc_stream_next(s, &msg, &err), MEGA_ERR_NOT_FOUND);
+  assert_null(msg);
+  assert_string_equal(err.msg, "job j-none not found");
+  mega_rpc_stream_close(s);
+}
+
+static void test_client_cancel_seen_by_server(void **state) {
+  (void)state;
+  char *id = submit("forever", "0");
+  int cancels = atomic_load(&S->stats.cancels);
+  Mega__V1__WatchJobRequest req = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  req.job_id = id;
+  mega_rpc_stream *s;
+  mega_err err;
+  assert_int_equal(mega_rpc_stream_open(CH, &mega_control_watch_job, &req.base, 0, &s, &err),
+                   MEGA_OK);
+  for (int i = 0; i < 3; i++) {
+    ProtobufCMessage *msg;
+    assert_int_equal(mega_rpc_stream_next(s, &msg, &err), MEGA_OK);
+    assert_non_null(msg);
+    protobuf_c_message_free_unpacked(msg, NULL);
+  }
+  mega_rpc_stream_close(s); /* cancels */
+  assert_true(wait_atomic(&S->stats.cancels, cancels + 1));
+  mega_status st;
+  Mega__V1__GetJobResponse *r = get_job(id, &st, &err);
+  assert_int_equal(st, MEGA_OK);
+  assert_int_equal(r->job->state, MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED);
+  assert_true(r->job->last_iteration >= 3);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  free(id);
+}
+
+/* ---- deadlines, unknown methods, refused connections ---- */
+
+static void test_deadline_exceeded(void **state) {
+  (void)state;
+  int cancels = atomic_load(&S->stats.cancels);
+  mega_status st;
+  mega_err err;
+  double t0 = now_ms();
+  Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = "j-slow";
+  ProtobufCMessage *resp;
+  st = mega_rpc_unary(CH, &mega_control_get_job, &req.base, 200, &resp, &err);
+  double took = now_ms() - t0;
+  assert_int_equal(st, MEGA_ERR_TIMEOUT);
+  assert_null(resp);
+  char want[256];
+  snprintf(want, sizeof want, "megad at %s did not answer GetJob within 0.2 s", S->target);
+  assert_string_equal(err.msg, want);
+  assert_true(took >= 150 && took < 5000);
+  /* The server learns of it through RECV_CLOSE_ON_SERVER. */
+  assert_true(wait_atomic(&S->stats.cancels, cancels + 1));
+}
+
+static void test_unknown_method_unimplemented(void **state) {
+  (void)state;
+  static const mega_rpc_method nope = {"/mega.v1.Control/Nope",
+                                       &mega__v1__get_job_request__descriptor,
+                                       &mega__v1__get_job_response__descriptor, MEGA_RPC_UNARY};
+  Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
+  ProtobufCMessage *resp;
+  mega_err err;
+  double t0 = now_ms();
+  mega_status st = mega_rpc_unary(CH, &nope, &req.base, 10000, &resp, &err);
+  assert_true(now_ms() - t0 < 2000); /* promptly, not at the deadline */
+  assert_int_equal(st, MEGA_ERR_UNSUPPORTED);
+  char want[256];
+  snprintf(want, sizeof want,
+           "megad at %s does not implement /mega.v1.Control/Nope (is it another version of mega?)",
+           S->target);
+  assert_string_equal(err.msg, want);
+
+  /* A real method this server has no handler for. */
+  Mega__V1__KvGetRequest kv = MEGA__V1__KV_GET_REQUEST__INIT;
+  kv.key = "k";
+  st = mega_rpc_unary(CH, &mega_peer_kv_get, &kv.base, 10000, &resp, &err);
+  assert_int_equal(st, MEGA_ERR_UNSUPPORTED);
+
+  /* A stream to an unknown path ends with the same status. */
+  static const mega_rpc_method nope_stream = {
+      "/mega.v1.Control/NopeStream", &mega__v1__get_job_request__descriptor,
+      &mega__v1__get_job_response__descriptor, MEGA_RPC_SERVER_STREAM};
+  mega_rpc_stream *s;
+  assert_int_equal(mega_rpc_stream_open(CH, &nope_stream, &req.base, 10000, &s, &err), MEGA_OK);
+  ProtobufCMessage *msg;
+  assert_int_equal(mega_rpc_stream_next(s, &msg, &err), MEGA_ERR_UNSUPPORTED);
+  mega_rpc_stream_close(s);
+}
+
+static int closed_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  bind(fd, (struct sockaddr *)&sa, sizeof sa);
+  socklen_t len = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+static void test_connection_refused(void **state) {
+  (void)state;
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", closed_port());
+  mega_rpc_channel *ch;
+  mega_err err;
+  mega_rpc_channel_opts o = {.peer_name = "megad"};
+  assert_int_equal(mega_rpc_channel_new(target, &o, &ch, &err), MEGA_OK);
+  Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *resp;
+  double t0 = now_ms();
+  mega_status st = mega_rpc_unary(ch, &mega_control_list_nodes, &req.base, 5000, &resp, &err);
+  assert_true(now_ms() - t0 < 3000);
+  assert_int_equal(st, MEGA_ERR_IO);
+  char want[128];
+  snprintf(want, sizeof want, "cannot reach megad at %s: connection refused", target);
+  assert_string_equal(err.msg, want);
+  mega_rpc_channel_free(ch);
+}
+
+/* ---- binding ---- */
+
+static void flag_done(void *arg) { (*(int *)arg)++; }
+
+static void never_called(mega_rpc_call *call, const ProtobufCMessage *req, void *data) {
+  (void)req;
+  (void)data;
+  mega_rpc_fail(call, MEGA_RPC_INTERNAL, "unexpected");
+}
+
+/* A second server on a taken address gets a sentence, and shuts down clean. */
+static void expect_bind_error(const char *addr, const char *want) {
+  client_loop cl;
+  cl_open(&cl);
+  mega_rpc_server *srv;
+  mega_err err;
+  assert_int_equal(mega_rpc_server_new(cl.cq, NULL, &srv, &err), MEGA_OK);
+  assert_int_equal(mega_rpc_server_handle(srv, &mega_control_get_job, never_called, NULL, &err),
+                   MEGA_OK);
+  int port = -1;
+  mega_status st = mega_rpc_server_listen(srv, addr, &port, &err);
+  assert_int_equal(st, MEGA_ERR_IO);
+  assert_int_equal(port, 0);
+  assert_string_equal(err.msg, want);
+  int done = 0;
+  mega_rpc_server_shutdown(srv, 0, flag_done, &done);
+  cl_run_until(&cl, &done, 1);
+  cl_close(&cl);
+}
+
+static void test_second_server_same_port(void **state) {
+  (void)state;
+  char addr[64], want[160];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", S->port);
+  snprintf(want, sizeof want, "cannot listen on %s: address already in use", addr);
+  expect_bind_error(addr, want);
+  /* The first server is unharmed. */
+  char *id = submit("after-bind", "1");
+  free(id);
+}
+
+static void test_unix_socket(void **state) {
+  (void)state;
+  char addr[128];
+  snprintf(addr, sizeof addr, "unix:/tmp/mega-test-rpc-%d.sock", (int)getpid());
+  srv_thread *u = srv_start(addr, 0, 0);
+  mega_rpc_channel *ch;
+  mega_err err;
+  assert_int_equal(mega_rpc_channel_new(addr, NULL, &ch, &err), MEGA_OK);
+  Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *resp;
+  assert_int_equal(mega_rpc_unary(ch, &mega_control_list_nodes, &req.base, 5000, &resp, &err),
+                   MEGA_OK);
+  assert_string_equal(((Mega__V1__ListNodesResponse *)resp)->self_node_id, "test-node");
+  protobuf_c_message_free_unpacked(resp, NULL);
+
+  char want[200];
+  snprintf(want, sizeof want, "cannot listen on %s: address already in use (a server answers there)",
+           addr);
+  expect_bind_error(addr, want);
+
+  mega_rpc_channel_free(ch);
+  srv_stop_join(u);
+  unlink(addr + 5);
+}
+
+/* ---- garbage on the port ---- */
+
+static void send_raw(int port, const void *head, size_t head_len) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  struct timeval tv = {.tv_sec = 3};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  send(fd, head, head_len, MSG_NOSIGNAL);
+  unsigned char junk[16384];
+  unsigned seed = 12345;
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (unsigned char)(rand_r(&seed) >> 7);
+  for (int i = 0; i < 4; i++) send(fd, junk, sizeof junk, MSG_NOSIGNAL);
+  char buf[4096];
+  while (recv(fd, buf, sizeof buf, 0) > 0) { /* until the server drops us */
+  }
+  close(fd);
+}
+
+static void test_garbage_bytes_server_survives(void **state) {
+  (void)state;
+  const char http1[] = "GET / HTTP/1.1\r\nHost: megad\r\n\r\n";
+  const char h2[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  send_raw(S->port, http1, sizeof http1 - 1);
+  send_raw(S->port, h2, sizeof h2 - 1);
+  send_raw(S->port, "", 0);
+  Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *resp;
+  mega_err err;
+  assert_int_equal(mega_rpc_unary(CH, &mega_control_list_nodes, &req.base, 5000, &resp, &err),
+                   MEGA_OK);
+  protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+/* ---- async ---- */
+
+typedef struct tally {
+  int done, ok, items;
+  uint64_t last_iter;
+  mega_status last;
+  char msg[MEGA_ERR_MSG_MAX];
+} tally;
+
+static void on_reply(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+  tally *t = arg;
+  t->done++;
+  t->last = err->status;
+  snprintf(t->msg, sizeof t->msg, "%s", err->msg);
+  if (err->status == MEGA_OK) {
+    assert_non_null(resp);
+    t->ok++;
+    protobuf_c_message_free_unpacked(resp, NULL);
+  } else {
+    assert_null(resp);
+  }
+}
+
+static void on_item(void *arg, ProtobufCMessage *msg) {
+  tally *t = arg;
+  Mega__V1__WatchJobResponse *w = (void *)msg;
+  if (w->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) {
+    assert_int_equal(w->step->iteration, t->last_iter + 1);
+    t->last_iter = w->step->iteration;
+  }
+  t->items++;
+  protobuf_c_message_free_unpacked(msg, NULL);
+}
+
+static void on_end(void *arg, const mega_err *err) {
+  tally *t = arg;
+  t->done++;
+  t->last = err->status;
+  snprintf(t->msg, sizeof t->msg, "%s", err->msg);
+  if (err->status == MEGA_OK) t->ok++;
+}
+
+static void test_async_parallel_unary(void **state) {
+  (void)state;
+  client_loop cl;
+  cl_open(&cl);
+  tally t = {0};
+  mega_err err;
+  Mega__V1__ListNodesRequest nreq = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  Mega__V1__SubmitJobRequest sreq = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = "parallel";
+  sreq.spec = &spec;
+  for (int i = 0; i < 40; i++) {
+    mega_status st = i % 2 ? mega_rpc_unary_async(CH, cl.cq, &mega_control_list_nodes,
+                                                  &nreq.base, 10000, on_reply, &t, NULL, &err)
+                           : mega_rpc_unary_async(CH, cl.cq, &mega_control_submit_job,
+                                                  &sreq.base, 10000, on_reply, &t, NULL, &err);
+    assert_int_equal(st, MEGA_OK);
+  }
+  cl_run_until(&cl, &t.done, 40);
+  assert_int_equal(t.ok, 40);
+  cl_close(&cl);
+}
+
+static void test_async_stream_and_errors(void **state) {
+  (void)state;
+  char *id = submit("async-stream", "500");
+  client_loop cl;
+  cl_open(&cl);
+  tally t = {0}, nf = {0};
+  mega_err err;
+  Mega__V1__WatchJobRequest req = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  req.job_id = id;
+  assert_int_equal(mega_rpc_stream_async(CH, cl.cq, &mega_control_watch_job, &req.base, 10000,
+                                         on_item, on_end, &t, NULL, &err),
+                   MEGA_OK);
+  Mega__V1__GetJobRequest g = MEGA__V1__GET_JOB_REQUEST__INIT;
+  g.job_id = "j-missing";
+  assert_int_equal(mega_rpc_unary_async(CH, cl.cq, &mega_control_get_job, &g.base, 10000,
+                                        on_reply, &nf, NULL, &err),
+                   MEGA_OK);
+  cl_run_until(&cl, &t.done, 1);
+  cl_run_until(&cl, &nf.done, 1);
+  assert_int_equal(t.last, MEGA_OK);
+  assert_int_equal(t.items, 502); /* 500 steps, an event, the final state */
+  assert_int_equal(t.last_iter, 500);
+  assert_int_equal(nf.last, MEGA_ERR_NOT_FOUND);
+  assert_string_equal(nf.msg, "job j-missing not found");
+
+  /* Wrong request type: refused at once, nothing started. */
+  mega_status st = mega_rpc_unary_async(CH, cl.cq, &mega_control_get_job, &req.base, 1000,
+                                        on_reply, &nf, NULL, &err);
+  assert_int_equal(st, MEGA_ERR_INTERNAL);
+  cl_close(&cl);
+  free(id);
+}
+
+typedef struct cancel_ctx {
+  mega_rpc_pending *p;
+  uv_timer_t timer;
+} cancel_ctx;
+
+static void cancel_fire(uv_timer_t *h) {
+  cancel_ctx *c = h->data;
+  mega_rpc_pending_cancel(c->p);
+  uv_close((uv_handle_t *)h, NULL);
+}
+
+static void test_async_cancel(void **state) {
+  (void)state;
+  int cancels = atomic_load(&S->stats.cancels);
+  client_loop cl;
+  cl_open(&cl);
+  tally t = {0};
+  mega_err err;
+  cancel_ctx c;
+  Mega__V1__GetJobRequest g = MEGA__V1__GET_JOB_REQUEST__INIT;
+  g.job_id = "j-slow";
+  assert_int_equal(mega_rpc_unary_async(CH, cl.cq, &mega_control_get_job, &g.base, 0, on_reply,
+                                        &t, &c.p, &err),
+                   MEGA_OK);
+  uv_timer_init(&cl.loop, &c.timer);
+  c.timer.data = &c;
+  uv_timer_start(&c.timer, cancel_fire, 100, 0);
+  cl_run_until(&cl, &t.done, 1);
+  assert_int_equal(t.last, MEGA_ERR_CANCELLED);
+  assert_true(wait_atomic(&S->stats.cancels, cancels + 1));
+  cl_close(&cl);
+}
+
+/* ---- shutdown with calls in flight ---- */
+
+static void test_shutdown_with_calls_in_flight(void **state) {
+  (void)state;
+  srv_thread *s2 = srv_start("127.0.0.1:0", 0, 100);
+  mega_rpc_channel *ch;
+  mega_err err;
+  assert_int_equal(mega_rpc_channel_new(s2->target, NULL, &ch, &err), MEGA_OK);
+  /* A job whose watch never ends. */
+  Mega__V1__SubmitJobRequest sreq = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = "forever";
+  sreq.spec = &spec;
+  ProtobufCMessage *resp;
+  assert_int_equal(mega_rpc_unary(ch, &mega_control_submit_job, &sreq.base, 5000, &resp, &err),
+                   MEGA_OK);
+  char *id = strdup(((Mega__V1__SubmitJobResponse *)resp)->job->id);
+  protobuf_c_message_free_unpacked(resp, NULL);
+
+  client_loop cl;
+  cl_open(&cl);
+  tally watch = {0}, slow = {0}, cancel = {0};
+  Mega__V1__WatchJobRequest w = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  w.job_id = id;
+  assert_int_equal(mega_rpc_stream_async(ch, cl.cq, &mega_control_watch_job, &w.base, 0, on_item,
+                                         on_end, &watch, NULL, &err),
+                   MEGA_OK);
+  Mega__V1__GetJobRequest g = MEGA__V1__GET_JOB_REQUEST__INIT;
+  g.job_id = "j-slow";
+  assert_int_equal(mega_rpc_unary_async(ch, cl.cq, &mega_control_get_job, &g.base, 0, on_reply,
+                                        &slow, NULL, &err),
+                   MEGA_OK);
+  Mega__V1__CancelJobRequest c = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  c.job_id = id;
+  assert_int_equal(mega_rpc_unary_async(ch, cl.cq, &mega_control_cancel_job, &c.base, 0,
+                                        on_reply, &cancel, NULL, &err),
+                   MEGA_OK);
+  /* Run the client until the server holds all three. */
+  while (atomic_load(&s2->stats.handled) < 4 || watch.items < 2) uv_run(&cl.loop, UV_RUN_ONCE);
+
+  mega_rpc_channel_free(ch); /* the calls keep the channel alive */
+  srv_stop_join(s2);         /* returns once the server and its queue are gone */
+
+  cl_run_until(&cl, &watch.done, 1);
+  cl_run_until(&cl, &slow.done, 1);
+  cl_run_until(&cl, &cancel.done, 1);
+  assert_int_not_equal(watch.last, MEGA_OK);
+  assert_int_not_equal(slow.last, MEGA_OK);
+  /* CancelJob answers within its 20 ms, inside the grace period. */
+  assert_int_equal(cancel.last, MEGA_OK);
+  cl_close(&cl);
+  free(id);
+}
+
+/* ---- latency (a figure, never a failure) ---- */
+
+static void test_loopback_latency(void **state) {
+  (void)state;
+  Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *resp;
+  mega_err err;
+  const int N = getenv("MEGA_RPC_LATENCY_N") ? atoi(getenv("MEGA_RPC_LATENCY_N")) : 200;
+  for (int i = 0; i < 20; i++) { /* warm up */
+    assert_int_equal(mega_rpc_unary(CH, &mega_control_list_nodes, &req.base, 5000, &resp, &err),
+                     MEGA_OK);
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+  double t0 = now_ms();
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(mega_rpc_unary(CH, &mega_control_list_nodes, &req.base, 5000, &resp, &err),
+                     MEGA_OK);
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+  double blocking_us = (now_ms() - t0) * 1000.0 / N;
+
+  client_loop cl;
+  cl_open(&cl);
+  tally t = {0};
+  t0 = now_ms();
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(mega_rpc_unary_async(CH, cl.cq, &mega_control_list_nodes, &req.base, 5000,
+                                          on_reply, &t, NULL, &err),
+                     MEGA_OK);
+    cl_run_until(&cl, &t.done, i + 1);
+  }
+  double async_us = (now_ms() - t0) * 1000.0 / N;
+  assert_int_equal(t.ok, N);
+  cl_close(&cl);
+  printf("loopback unary round trip (%d calls): blocking %.0f us, async via bridge %.0f us\n", N,
+         blocking_us, async_us);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_unary_ok),
+      cmocka_unit_test(test_unary_error_status),
+      cmocka_unit_test(test_request_over_server_limit),
+      cmocka_unit_test(test_stream_many_slow_reader),
+      cmocka_unit_test(test_stream_large_chunks),
+      cmocka_unit_test(test_stream_not_found),
+      cmocka_unit_test(test_client_cancel_seen_by_server),
+      cmocka_unit_test(test_deadline_exceeded),
+      cmocka_unit_test(test_unknown_method_unimplemented),
+      cmocka_unit_test(test_connection_refused),
+      cmocka_unit_test(test_second_server_same_port),
+      cmocka_unit_test(test_unix_socket),
+      cmocka_unit_test(test_garbage_bytes_server_survives),
+      cmocka_unit_test(test_async_parallel_unary),
+      cmocka_unit_test(test_async_stream_and_errors),
+      cmocka_unit_test(test_async_cancel),
+      cmocka_unit_test(test_shutdown_with_calls_in_flight),
+      cmocka_unit_test(test_loopback_latency),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
