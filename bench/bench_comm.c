@@ -1,0 +1,187 @@
+/* Communicator figures on loopback (Gloo over TCP), with 2 and 4 ranks
+ * forked on this machine: P2P bandwidth, small round-trip latency, and
+ * all-reduce bus bandwidth. Prints figures; never fails on a time.
+ *
+ *   bench_comm [ranks...]      (default: 2 4) */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/comm/mp.h"
+
+#define TIMEOUT_MS 30000
+#define WINDOW 8
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Ranks pair up (0-1, 2-3, ...); each even rank streams `count` messages of
+ * `len` bytes to its odd partner, WINDOW in flight, all pairs at once. The
+ * time runs from a barrier to the partner's 1-byte acknowledgement. */
+static int p2p_bandwidth(int rank, int n, mega_comm *c, size_t len, int count) {
+  mega_err err = {0};
+  char *buf[WINDOW];
+  for (int w = 0; w < WINDOW; w++) {
+    buf[w] = malloc(len);
+    MP_CHECK(buf[w], "malloc");
+    memset(buf[w], rank, len);
+  }
+  int peer = rank ^ 1;
+  MP_OK(mega_comm_barrier(c, 0, &err), err);
+  double t0 = mp_now_ms();
+  mega_req *req[WINDOW] = {NULL};
+  for (int i = 0; i < count; i++) {
+    int w = i % WINDOW;
+    if (req[w]) {
+      MP_OK(mega_req_wait(req[w], 0, &err), err);
+      mega_req_free(req[w]);
+    }
+    if (rank % 2 == 0)
+      MP_OK(mega_comm_isend(c, buf[w], len, peer, 1, &req[w], &err), err);
+    else
+      MP_OK(mega_comm_irecv(c, buf[w], len, peer, 1, &req[w], &err), err);
+  }
+  for (int w = 0; w < WINDOW; w++) {
+    if (!req[w]) continue;
+    MP_OK(mega_req_wait(req[w], 0, &err), err);
+    mega_req_free(req[w]);
+  }
+  char ack = 1;
+  mega_req *r;
+  if (rank % 2 == 0)
+    MP_OK(mega_comm_irecv(c, &ack, 1, peer, 2, &r, &err), err);
+  else
+    MP_OK(mega_comm_isend(c, &ack, 1, peer, 2, &r, &err), err);
+  MP_OK(mega_req_wait(r, 0, &err), err);
+  mega_req_free(r);
+  double ms = mp_now_ms() - t0;
+  /* Gather every sender's time on rank 0. */
+  float mine = (float)ms, all[16] = {0};
+  size_t counts[16];
+  for (int i = 0; i < n; i++) counts[i] = 1;
+  MP_OK(mega_comm_all_gather(c, &mine, all, counts, MEGA_DT_F32, 0, &err), err);
+  if (rank == 0) {
+    double bytes = (double)len * count, sum = 0, worst = 0;
+    for (int i = 0; i < n; i += 2) {
+      double gbs = bytes / (all[i] * 1e-3) / 1e9;
+      sum += gbs;
+      if (all[i] > worst) worst = all[i];
+    }
+    printf("ranks=%d  p2p %5zu KiB: %5.2f GB/s per pair, %5.2f GB/s total over %d pair(s) "
+           "(%d msgs, %d in flight, slowest pair %.0f ms)\n",
+           n, len >> 10, sum / (n / 2), sum, n / 2, count, WINDOW, worst);
+  }
+  for (int w = 0; w < WINDOW; w++) free(buf[w]);
+  return 0;
+}
+
+/* Ping-pong of 8 bytes between ranks 0 and 1; other ranks idle. */
+static int round_trip(int rank, int n, mega_comm *c, int iters) {
+  mega_err err = {0};
+  MP_OK(mega_comm_barrier(c, 0, &err), err);
+  if (rank < 2) {
+    double *rtt = malloc(sizeof(double) * (size_t)iters);
+    MP_CHECK(rtt, "malloc");
+    char msg[8] = {0};
+    for (int i = 0; i < iters; i++) {
+      double t0 = mp_now_ms();
+      mega_req *r;
+      for (int leg = 0; leg < 2; leg++) {
+        bool send = (leg == 0) == (rank == 0);
+        if (send)
+          MP_OK(mega_comm_isend(c, msg, sizeof msg, 1 - rank, 3, &r, &err), err);
+        else
+          MP_OK(mega_comm_irecv(c, msg, sizeof msg, 1 - rank, 3, &r, &err), err);
+        MP_OK(mega_req_wait(r, 0, &err), err);
+        mega_req_free(r);
+      }
+      rtt[i] = (mp_now_ms() - t0) * 1e3;
+    }
+    if (rank == 0) {
+      double mean = 0;
+      for (int i = 0; i < iters; i++) mean += rtt[i];
+      mean /= iters;
+      qsort(rtt, (size_t)iters, sizeof *rtt, cmp_double);
+      printf("ranks=%d  p2p 8 B round trip: median %.1f us, p90 %.1f us, mean %.1f us "
+             "(%d round trips, 0<->1)\n",
+             n, rtt[iters / 2], rtt[iters * 9 / 10], mean, iters);
+    }
+    free(rtt);
+  }
+  MP_OK(mega_comm_barrier(c, 0, &err), err);
+  return 0;
+}
+
+static int all_reduce(int rank, int n, mega_comm *c, size_t count, int iters) {
+  mega_err err = {0};
+  float *buf = malloc(count * sizeof(float));
+  MP_CHECK(buf, "malloc");
+  for (size_t i = 0; i < count; i++) buf[i] = 1.0f;
+  MP_OK(mega_comm_all_reduce(c, buf, count, 0, &err), err); /* warm up */
+  MP_OK(mega_comm_barrier(c, 0, &err), err);
+  double t0 = mp_now_ms();
+  for (int i = 0; i < iters; i++) MP_OK(mega_comm_all_reduce(c, buf, count, 0, &err), err);
+  double ms = (mp_now_ms() - t0) / iters;
+  if (rank == 0) {
+    double bytes = (double)count * sizeof(float);
+    double algbw = bytes / (ms * 1e-3) / 1e9;
+    if (count >= 1000)
+      printf("ranks=%d  all_reduce %zuM floats: %.1f ms, busbw %.2f GB/s (algbw %.2f GB/s, "
+             "%d iterations)\n",
+             n, count / 1000000, ms, algbw * 2.0 * (n - 1) / n, algbw, iters);
+    else
+      printf("ranks=%d  all_reduce %zu float(s): %.1f us per call, through the comm thread "
+             "(%d iterations)\n",
+             n, count, ms * 1e3, iters);
+  }
+  free(buf);
+  return 0;
+}
+
+static int body(int rank, const mp_env *env) {
+  int n = env->nranks;
+  mega_store *store = mp_store(env, false);
+  MP_CHECK(store, "no store");
+  mega_comm *c = NULL;
+  mega_err err = {0};
+  double t0 = mp_now_ms();
+  MP_OK(mega_comm_create(store, "bench", rank, n, NULL, TIMEOUT_MS, &c, &err), err);
+  double t_create = mp_now_ms() - t0;
+  mega_store_close(store);
+  if (rank == 0)
+    printf("ranks=%d  create (FileStore rendezvous + full mesh): %.0f ms\n", n, t_create);
+  if (n % 2 == 0) {
+    if (p2p_bandwidth(rank, n, c, 64u << 10, 4096)) return 1;
+    if (p2p_bandwidth(rank, n, c, 1u << 20, 256)) return 1;
+    if (p2p_bandwidth(rank, n, c, 4u << 20, 64)) return 1;
+  }
+  if (round_trip(rank, n, c, 2000)) return 1;
+  if (all_reduce(rank, n, c, 1, 2000)) return 1;
+  if (all_reduce(rank, n, c, 10000000, 5)) return 1;
+  fflush(stdout);
+  mega_comm_destroy(c);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int ranks[8] = {2, 4}, nr = 2;
+  if (argc > 1) {
+    nr = 0;
+    for (int i = 1; i < argc && nr < 8; i++) {
+      int n = atoi(argv[i]);
+      if (n < 2 || n > 16) {
+        fprintf(stderr, "bench_comm: rank counts are 2..16, not '%s'\n", argv[i]);
+        return 2;
+      }
+      ranks[nr++] = n;
+    }
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  printf("bench_comm: Gloo over loopback TCP, one process per rank, %ld core(s)\n", cores);
+  int failed = 0;
+  for (int i = 0; i < nr; i++) failed += mp_run(ranks[i], body, NULL, 120000, 0);
+  if (failed) fprintf(stderr, "bench_comm: %d rank(s) failed\n", failed);
+  return failed ? 1 : 0;
+}
