@@ -162,7 +162,7 @@ static mega_status ccall_result(const ccall *c, mega_err *err) {
   char both[MEGA_ERR_MSG_MAX];
   if (c->status == GRPC_STATUS_UNAVAILABLE && c->error_string) {
     /* The reason ("Connection refused") may be only in the debug string. */
-    snprintf(both, sizeof both, "%.*s; %s", (int)n, d, c->error_string);
+    snprintf(both, sizeof both, "%.*s\n%s", (int)n, d, c->error_string);
     d = both;
     n = strlen(both);
   }

@@ -340,6 +340,9 @@ mega_status mega_rpc_send(mega_rpc_call *c, const ProtobufCMessage *msg, mega_er
     return mega_fail(err, MEGA_ERR_INTERNAL, "send on a call that was already ended");
   if (c->closed)
     return mega_fail(err, MEGA_ERR_CANCELLED, "the client of %s went away", c->me->m->path);
+  if (c->me->m->kind == MEGA_RPC_UNARY && (c->md_sent || c->queued))
+    return mega_fail(err, MEGA_ERR_INTERNAL, "%s is unary: it answers once, with mega_rpc_reply",
+                     c->me->m->path);
   grpc_byte_buffer *bb;
   mega_status st = mega_rpc_pack(msg, c->me->m->response, c->srv->max_msg, &bb, err);
   if (st != MEGA_OK) return st;

@@ -91,6 +91,8 @@ void mega_rpc_finish(mega_rpc_call *call);
 
 /* ---- about a call ---- */
 
+/* Set it in the handler itself: a cancel that arrived before it was set is
+ * not replayed (mega_rpc_call_cancelled still tells). */
 void mega_rpc_call_on_cancel(mega_rpc_call *call, mega_rpc_cancel_fn fn, void *arg);
 bool mega_rpc_call_cancelled(const mega_rpc_call *call);
 

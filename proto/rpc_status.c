@@ -56,8 +56,9 @@ mega_status mega_rpc_status_from_code(mega_rpc_code code) {
 
 /* Core's UNAVAILABLE details are long ("failed to connect to all addresses;
  * last error: UNKNOWN: ipv4:127.0.0.1:7070: Failed to connect to remote host:
- * Connection refused"); users need the last words. */
-static const char *unavailable_reason(const char *d) {
+ * Connection refused"); users need the last words. d may hold a second line,
+ * core's debug string, searched for a known reason too. */
+static const char *unavailable_reason(const char *d, char *buf, size_t n) {
   static const struct {
     const char *needle, *reason;
   } known[] = {
@@ -66,6 +67,8 @@ static const char *unavailable_reason(const char *d) {
       {"connection reset", "connection reset by peer"},
       {"broken pipe", "the connection broke"},
       {"socket closed", "the connection closed"},
+      {"failed parsing http/2", "what answers there does not speak gRPC"},
+      {"http1.x server", "what answers there does not speak gRPC"},
       {"dns resolution failed", "cannot resolve the host name"},
       {"name resolution", "cannot resolve the host name"},
       {"network is unreachable", "network is unreachable"},
@@ -76,7 +79,14 @@ static const char *unavailable_reason(const char *d) {
   };
   for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
     if (strcasestr(d, known[i].needle)) return known[i].reason;
-  return d[0] ? d : "unavailable";
+  /* Unknown: the last clause of the first line. */
+  size_t len = strcspn(d, "\n");
+  const char *start = d;
+  for (const char *p = d; p + 1 < d + len; p++)
+    if (p[0] == ':' && p[1] == ' ') start = p + 2;
+  snprintf(buf, n, "%.*s", (int)(d + len - start), start);
+  if (buf[0] >= 'A' && buf[0] <= 'Z' && !(buf[1] >= 'A' && buf[1] <= 'Z')) buf[0] += 'a' - 'A';
+  return buf[0] ? buf : "unavailable";
 }
 
 mega_status mega_rpc_client_error(mega_err *err, mega_rpc_code code, const char *details,
@@ -91,9 +101,18 @@ mega_status mega_rpc_client_error(mega_err *err, mega_rpc_code code, const char 
   const char *who = peer_name && peer_name[0] ? peer_name : "the server";
   const char *method = mega_rpc_method_name(m);
 
+  /* Something answered HTTP, but not gRPC (a proxy, a web server). */
+  const char *http = strcasestr(d, "http2 header with status: ");
+  if (http)
+    return mega_fail(err, s, "%s at %s is not a gRPC server (it answered HTTP status %s)", who,
+                     target, http + strlen("http2 header with status: "));
+
   switch (code) {
-  case MEGA_RPC_UNAVAILABLE:
-    return mega_fail(err, s, "cannot reach %s at %s: %s", who, target, unavailable_reason(d));
+  case MEGA_RPC_UNAVAILABLE: {
+    char reason[MEGA_ERR_MSG_MAX];
+    return mega_fail(err, s, "cannot reach %s at %s: %s", who, target,
+                     unavailable_reason(d, reason, sizeof reason));
+  }
   case MEGA_RPC_DEADLINE_EXCEEDED:
     /* Core's own deadline says just this; a server's message says more. */
     if (!d[0] || strcmp(d, "Deadline Exceeded") == 0)

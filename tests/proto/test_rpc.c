@@ -465,6 +465,59 @@ static void test_connection_refused(void **state) {
   mega_rpc_channel_free(ch);
 }
 
+/* Answers every connection with HTTP/1.1, as a web server would, until
+ * the listening socket is shut down. */
+static void http1_main(void *arg) {
+  int lfd = *(int *)arg;
+  for (;;) {
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0) return;
+    char buf[1024];
+    struct timeval tv = {.tv_sec = 1};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    recv(fd, buf, sizeof buf, 0);
+    const char resp[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+    send(fd, resp, sizeof resp - 1, MSG_NOSIGNAL);
+    close(fd);
+  }
+}
+
+static void expect_unreachable(const char *target, const char *reason) {
+  mega_rpc_channel *ch;
+  mega_err err;
+  mega_rpc_channel_opts o = {.peer_name = "megad"};
+  assert_int_equal(mega_rpc_channel_new(target, &o, &ch, &err), MEGA_OK);
+  Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *resp;
+  assert_int_equal(mega_rpc_unary(ch, &mega_control_list_nodes, &req.base, 5000, &resp, &err),
+                   MEGA_ERR_IO);
+  char want[256];
+  snprintf(want, sizeof want, "cannot reach megad at %s: %s", target, reason);
+  assert_string_equal(err.msg, want);
+  mega_rpc_channel_free(ch);
+}
+
+static void test_unreachable_sentences(void **state) {
+  (void)state;
+  char target[64];
+  snprintf(target, sizeof target, "unix:/tmp/mega-test-missing-%d.sock", (int)getpid());
+  expect_unreachable(target, "no such socket");
+
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(lfd, 8), 0);
+  socklen_t len = sizeof sa;
+  getsockname(lfd, (struct sockaddr *)&sa, &len);
+  uv_thread_t th;
+  uv_thread_create(&th, http1_main, &lfd);
+  snprintf(target, sizeof target, "127.0.0.1:%d", ntohs(sa.sin_port));
+  expect_unreachable(target, "what answers there does not speak gRPC");
+  shutdown(lfd, SHUT_RDWR); /* wakes accept */
+  uv_thread_join(&th);
+  close(lfd);
+}
+
 /* ---- binding ---- */
 
 static void flag_done(void *arg) { (*(int *)arg)++; }
@@ -801,6 +854,7 @@ int main(void) {
       cmocka_unit_test(test_deadline_exceeded),
       cmocka_unit_test(test_unknown_method_unimplemented),
       cmocka_unit_test(test_connection_refused),
+      cmocka_unit_test(test_unreachable_sentences),
       cmocka_unit_test(test_second_server_same_port),
       cmocka_unit_test(test_unix_socket),
       cmocka_unit_test(test_garbage_bytes_server_survives),
