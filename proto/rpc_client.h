@@ -16,6 +16,10 @@
  * thread through the mega_rpc_cq bridge): mega_rpc_unary_async and
  * mega_rpc_stream_async.
  *
+ * Threads: a channel may be shared; blocking calls may run on any thread
+ * (never on a loop thread that must keep running meanwhile); async calls are
+ * started, cancelled and called back on their cq's loop thread.
+ *
  * Every response message handed to the caller is the caller's to free with
  * protobuf_c_message_free_unpacked(msg, NULL). Errors come as a mega_status
  * plus a sentence; the mapping from gRPC codes is in rpc.h. */

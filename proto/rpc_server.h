@@ -20,7 +20,7 @@
  * later must set a cancel callback, or shutdown waits for its answer.
  *
  * Methods not given a handler, and paths the server does not know, get
- * UNIMPLEMENTED at once. */
+ * UNIMPLEMENTED at once. Every function here runs on the cq's loop thread. */
 #ifndef MEGA_PROTO_RPC_SERVER_H
 #define MEGA_PROTO_RPC_SERVER_H
 
