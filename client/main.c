@@ -19,6 +19,7 @@ static const struct {
   const char *summary;
 } commands[] = {
     {"version", cmd_version, "print megactl's version"},
+    {"plan", megactl_plan, "print, simulate and draw a pipeline schedule (no cluster needed)"},
 };
 
 static void usage(FILE *f) {

@@ -275,6 +275,9 @@ static int build_schedule(const plan_opts *o, mega_schedule *s) {
   if (o->schedule) {
     if (mega_sched_kind_parse(o->schedule, &p.kind, &err) != MEGA_OK)
       return fail(EXIT_USAGE, "%s", err.msg);
+    if (p.kind == MEGA_SCHED_CUSTOM)
+      return fail(EXIT_USAGE, "--schedule custom is a schedule you write: give it with --load FILE "
+                              "(start from another kind's --format schedule)");
   } else {
     p.kind = mega_sched_default_kind(p.pp, p.vp);
   }
@@ -383,7 +386,7 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
     char *doc = NULL;
     if (o->format == FMT_JSON) {
       json_t *j = plan_json(s, &sim, &cost);
-      doc = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(12)) : NULL;
+      doc = j ? json_dumps(j, JSON_INDENT(2)) : NULL; /* full precision: exact closed forms */
       json_decref(j);
     } else {
       char name[128];

@@ -124,9 +124,10 @@ static layout choose_layout(const mega_schedule *s, const mega_sim *sim, int ava
     if (max_bands < 1) max_bands = 1;
     L.grid = true;
     L.q = q;
-    if (per_band >= 1 && (cells + per_band - 1) / per_band <= max_bands) {
+    int bands = per_band >= 1 ? (cells + per_band - 1) / per_band : max_bands + 1;
+    if (bands <= max_bands) {
       L.w = wlab;
-      L.band_cols = per_band * wlab;
+      L.band_cols = (cells + bands - 1) / bands * wlab; /* bands of even length */
     } else if (cells <= avail) {
       L.w = avail / cells < wlab ? avail / cells : wlab;
       L.band_cols = avail;
@@ -179,6 +180,48 @@ static void draw_action(canvas *cv, const layout *L, int r, int c0, int c1, cons
     row[c0] = label[0];
 }
 
+/* Scaled: a column stands for per_col of time. It shows '.' when the rank
+ * was busy less than a quarter of it, else the letter of the kind that
+ * filled at least three quarters of the busy time (upper case when busy
+ * most of the column, lower case when partly idle), else '+' for a mix,
+ * as in 1F1B's steady phase. Sampling one instant per column would alias
+ * F B F B into a run of one letter. */
+static void paint_scaled(canvas *cv, const layout *L, const mega_schedule *s, const mega_sim *sim,
+                         int r, double (*acc)[3]) {
+  char *row = cv->text + (size_t)r * cv->cols;
+  unsigned char *st = cv->style + (size_t)r * cv->cols;
+  memset(acc, 0, sizeof *acc * (size_t)cv->cols);
+  for (int i = 0; i < s->ranks[r].n; i++) {
+    mega_action a = s->ranks[r].acts[i];
+    if (!is_compute(a.kind)) continue;
+    mega_span sp = sim->ranks[r].spans[i];
+    int k = a.kind == MEGA_ACT_F ? 0 : a.kind == MEGA_ACT_B ? 1 : 2;
+    int c0 = (int)floor(sp.start / L->per_col), c1 = (int)floor(sp.end / L->per_col);
+    if (c0 < 0) c0 = 0;
+    if (c1 >= cv->cols) c1 = cv->cols - 1;
+    for (int c = c0; c <= c1; c++) {
+      double lo = fmax(sp.start, c * L->per_col), hi = fmin(sp.end, (c + 1) * L->per_col);
+      if (hi > lo) acc[c][k] += hi - lo;
+    }
+  }
+  static const char letters[3] = {'F', 'B', 'W'};
+  for (int c = 0; c < cv->cols; c++) {
+    double busy = acc[c][0] + acc[c][1] + acc[c][2];
+    if (busy < 0.25 * L->per_col) continue; /* stays idle */
+    int top = 0;
+    for (int k = 1; k < 3; k++)
+      if (acc[c][k] > acc[c][top]) top = k;
+    bool full = busy >= 0.75 * L->per_col;
+    if (acc[c][top] >= 0.75 * busy) {
+      row[c] = full ? letters[top] : (char)tolower((unsigned char)letters[top]);
+      st[c] = (unsigned char)(top == 0 ? ST_F : top == 1 ? ST_B : ST_W);
+    } else {
+      row[c] = '+';
+      st[c] = ST_NONE;
+    }
+  }
+}
+
 static int paint(canvas *cv, const layout *L, const mega_schedule *s, const mega_sim *sim) {
   cv->rows = s->pp;
   cv->cols = L->cols;
@@ -188,25 +231,29 @@ static int paint(canvas *cv, const layout *L, const mega_schedule *s, const mega
   if (!cv->text || !cv->style) return -1;
   memset(cv->text, '.', cells);
   memset(cv->style, ST_IDLE, cells);
+  if (!L->grid) {
+    double(*acc)[3] = malloc(sizeof *acc * (size_t)(cv->cols ? cv->cols : 1));
+    if (!acc) return -1;
+    for (int r = 0; r < s->pp; r++) paint_scaled(cv, L, s, sim, r, acc);
+    free(acc);
+    return 0;
+  }
   for (int r = 0; r < s->pp; r++) {
     char *row = cv->text + (size_t)r * cv->cols;
+    unsigned char *st = cv->style + (size_t)r * cv->cols;
     for (int i = 0; i < s->ranks[r].n; i++) {
       mega_action a = s->ranks[r].acts[i];
       if (!is_compute(a.kind)) continue;
       mega_span sp = sim->ranks[r].spans[i];
-      if (!(sp.end > sp.start)) continue;
       char lab[32];
       act_label(s, a, lab, sizeof lab);
       int c0 = col_of(L, sp.start), c1 = col_of(L, sp.end);
-      if (c1 > c0) {
-        draw_action(cv, L, r, c0, c1, lab, a);
-      } else if (!L->grid) {
-        /* Shorter than a column: still show that the rank was busy. */
-        int c = (int)floor((sp.start + sp.end) / 2 / L->per_col);
-        if (c >= cv->cols) c = cv->cols - 1;
-        if (c >= 0 && row[c] == '.') draw_action(cv, L, r, c, c + 1, lab, a);
-      }
+      if (c1 > c0) draw_action(cv, L, r, c0, c1, lab, a);
     }
+    /* An idle run ends in a space too, so "... B0" reads like "F0 B0". */
+    if (!L->letters)
+      for (int c = L->w - 1; c < cv->cols; c += L->w)
+        if (row[c] == '.' && (c + 1 == cv->cols || row[c + 1] != '.')) row[c] = ' ', st[c] = ST_NONE;
   }
   return 0;
 }
@@ -266,7 +313,7 @@ static void print_row(FILE *f, const canvas *cv, int r, int from, int to, bool c
   const char *row = cv->text + (size_t)r * cv->cols;
   const unsigned char *st = cv->style + (size_t)r * cv->cols;
   int end = to;
-  while (end > from && row[end - 1] == ' ' && st[end - 1] == ST_NONE) end--;
+  while (end > from && row[end - 1] == ' ' && (!color || st[end - 1] == ST_NONE)) end--;
   int cur = ST_NONE;
   for (int c = from; c < end; c++) {
     if (color && st[c] != cur) {
@@ -297,10 +344,10 @@ int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const
                      int width, bool color) {
   if (width < 40) width = 40;
   char a[64], b[64], c[64], d[64];
-  fprintf(f, "%s schedule: pp=%d vp=%d microbatches=%d", mega_sched_kind_name(s->kind), s->pp,
+  fprintf(f, "%s schedule, pp=%d vp=%d microbatches=%d", mega_sched_kind_name(s->kind), s->pp,
           s->vp, s->microbatches);
   if (s->kind == MEGA_SCHED_INTERLEAVED) fprintf(f, " group=%d", s->group_size);
-  fprintf(f, "  (T_f=%s T_b=%s T_w=%s latency=%s)\n\n", fmt_num(cost->t_f, a, sizeof a),
+  fprintf(f, "\ncost model: T_f=%s T_b=%s T_w=%s p2p latency=%s\n\n", fmt_num(cost->t_f, a, sizeof a),
           fmt_num(cost->t_b, b, sizeof b), fmt_num(cost->t_w, c, sizeof c),
           fmt_num(cost->p2p_latency, d, sizeof d));
 
@@ -327,13 +374,17 @@ int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const
   free(cv.style);
 
   fputc('\n', f);
-  if (L.letters)
-    fprintf(f, "F forward, B backward, W weight gradient (lower case: odd microbatches); . idle; "
-               "1 column = %s time units\n\n",
-            fmt_num(L.per_col, a, sizeof a));
+  double unit = L.grid ? L.q : L.per_col;
+  if (!L.grid)
+    fputs("F B W: a column mostly forward, backward, weight gradient; + a mix of them\n"
+          "lower case: partly idle; ", f);
+  else if (L.letters)
+    fputs("F B W: forward, backward, weight gradient (lower case: odd microbatches)\n", f);
   else
-    fprintf(f, "F3 forward, B3 backward, W3 weight gradient of microbatch 3%s; . idle; 1 cell = %s\n\n",
-            s->vp > 1 ? " (F3.1: model chunk 1)" : "", fmt_num(L.q, a, sizeof a));
+    fprintf(f, "F3 B3 W3: forward, backward, weight gradient of microbatch 3%s\n",
+            s->vp > 1 ? " (F3.1: chunk 1)" : "");
+  fprintf(f, ".: idle; one %s is %s time unit%s\n\n", L.grid && !L.letters ? "cell" : "column",
+          fmt_num(unit, a, sizeof a), unit == 1 ? "" : "s");
   print_stats(f, s, sim);
   fprintf(f, "\nmakespan %s, mean bubble %.2f%%", fmt_num(sim->makespan, a, sizeof a),
           100.0 * sim->bubble_fraction);
