@@ -1,0 +1,39 @@
+#include "daemon/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+ProtobufCMessage *megad_pb_copy(const ProtobufCMessage *m) {
+  uint8_t *buf;
+  size_t len;
+  if (!megad_pb_pack(m, &buf, &len)) return NULL;
+  ProtobufCMessage *c = protobuf_c_message_unpack(m->descriptor, NULL, len, buf);
+  free(buf);
+  return c;
+}
+
+bool megad_pb_pack(const ProtobufCMessage *m, uint8_t **buf, size_t *len) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *b = malloc(n ? n : 1);
+  if (!b) return false;
+  protobuf_c_message_pack(m, b);
+  *buf = b;
+  *len = n;
+  return true;
+}
+
+int64_t megad_unix_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t megad_unix_ms(void) { return megad_unix_us() / 1000; }
+
+char *megad_strdup(const char *s) { return strdup(s ? s : ""); }
+
+const char *megad_signal_name(int sig) {
+  const char *s = strsignal(sig);
+  return s ? s : "unknown signal";
+}

@@ -1,0 +1,26 @@
+/* Small helpers shared by megad's files. */
+#ifndef MEGA_DAEMON_UTIL_H
+#define MEGA_DAEMON_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <protobuf-c/protobuf-c.h>
+
+/* A deep copy of m (pack, then unpack), the caller's to free with
+ * protobuf_c_message_free_unpacked; NULL when out of memory. */
+ProtobufCMessage *megad_pb_copy(const ProtobufCMessage *m);
+
+/* Packs m into a new buffer (*buf, the caller frees); false when out of memory. */
+bool megad_pb_pack(const ProtobufCMessage *m, uint8_t **buf, size_t *len);
+
+int64_t megad_unix_ms(void);
+int64_t megad_unix_us(void);
+
+/* strdup that treats NULL as "". */
+char *megad_strdup(const char *s);
+
+/* A signal's name for messages: "Killed", "Segmentation fault", ... */
+const char *megad_signal_name(int sig);
+
+#endif

@@ -1,0 +1,265 @@
+/* daemon/job: the job state machine, the Job message both ways, and the
+ * journal: records round trip through a real journal file and replay into
+ * the same job state (history included). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/job.h"
+#include "daemon/journal.h"
+
+static char *args[] = {"--num-layers", "2", "--train-iters", "3"};
+
+static mega_job *new_job(const char *id) {
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = "tiny";
+  spec.args = args;
+  spec.n_args = 4;
+  spec.nnodes_min = 2;
+  spec.nproc_per_node = 1;
+  mega_job *j = NULL;
+  assert_int_equal(mega_job_new(id, &spec, "n1", 1000, &j, NULL), MEGA_OK);
+  return j;
+}
+
+static void test_transitions(void **state) {
+  (void)state;
+  const mega_job_state all[] = {MEGA_JOB_PENDING, MEGA_JOB_RUNNING, MEGA_JOB_SUCCEEDED,
+                                MEGA_JOB_FAILED, MEGA_JOB_CANCELLED, MEGA_JOB_RESTARTING};
+  /* allowed[from][to], in the order of `all` */
+  const int allowed[6][6] = {
+      {0, 1, 0, 1, 1, 0}, /* PENDING */
+      {0, 0, 1, 1, 1, 1}, /* RUNNING */
+      {0, 0, 0, 0, 0, 0}, /* SUCCEEDED */
+      {0, 0, 0, 0, 0, 0}, /* FAILED */
+      {0, 0, 0, 0, 0, 0}, /* CANCELLED */
+      {0, 1, 0, 1, 1, 0}, /* RESTARTING */
+  };
+  for (int f = 0; f < 6; f++)
+    for (int t = 0; t < 6; t++) {
+      mega_job *j = new_job("j-1");
+      j->state = all[f];
+      mega_err err = {0};
+      mega_status s = mega_job_transition(j, all[t], 5000, "why", &err);
+      if (allowed[f][t]) {
+        assert_int_equal(s, MEGA_OK);
+        assert_int_equal(j->state, all[t]);
+      } else {
+        assert_int_equal(s, MEGA_ERR_INVALID);
+        assert_int_equal(j->state, all[f]);
+        assert_non_null(strstr(err.msg, "cannot go from"));
+      }
+      mega_job_free(j);
+    }
+}
+
+static void test_times_and_error(void **state) {
+  (void)state;
+  mega_job *j = new_job("j-1");
+  assert_int_equal(j->created_ms, 1000);
+  assert_int_equal(mega_job_transition(j, MEGA_JOB_RUNNING, 2000, NULL, NULL), MEGA_OK);
+  assert_int_equal(j->started_ms, 2000);
+  assert_int_equal(j->ended_ms, 0);
+  assert_int_equal(mega_job_transition(j, MEGA_JOB_RESTARTING, 2500, NULL, NULL), MEGA_OK);
+  assert_int_equal(mega_job_transition(j, MEGA_JOB_RUNNING, 2600, NULL, NULL), MEGA_OK);
+  assert_int_equal(j->started_ms, 2000); /* the first start stays */
+  assert_int_equal(mega_job_transition(j, MEGA_JOB_FAILED, 3000, "rank 1 exited with signal 9 (Killed)",
+                                       NULL), MEGA_OK);
+  assert_int_equal(j->ended_ms, 3000);
+  assert_string_equal(j->error, "rank 1 exited with signal 9 (Killed)");
+  assert_true(mega_job_state_final(j->state));
+  mega_job_free(j);
+}
+
+static void test_msg_round_trip(void **state) {
+  (void)state;
+  mega_job *j = new_job("j-7");
+  mega_job_node nodes[] = {{"n1", 0, 2}, {"n2", 2, 2}};
+  assert_int_equal(mega_job_place(j, nodes, 2, 4, 1, 2, 1, NULL), MEGA_OK);
+  assert_int_equal(j->dp, 2);
+  assert_string_equal(mega_job_node_of(j, 3)->node_id, "n2");
+  assert_null(mega_job_node_of(j, 4));
+  mega_job_msg m;
+  assert_int_equal(mega_job_msg_init(&m, j, NULL), MEGA_OK);
+  assert_int_equal(m.job.n_placement, 2);
+  assert_int_equal(m.job.placement[1]->n_ranks, 2);
+  assert_int_equal(m.job.placement[1]->ranks[1], 3);
+  mega_job *back = NULL;
+  assert_int_equal(mega_job_from_msg(&m.job, &back, NULL), MEGA_OK);
+  mega_job_msg_free(&m);
+  assert_string_equal(back->id, "j-7");
+  assert_string_equal(back->name, "tiny");
+  assert_int_equal(back->nargs, 4);
+  assert_string_equal(back->args[3], "3");
+  assert_int_equal(back->nnodes_min, 2);
+  assert_int_equal(back->world, 4);
+  assert_int_equal(back->pp, 2);
+  assert_int_equal(back->nplaced, 2);
+  assert_int_equal(back->placement[1].first_rank, 2);
+  assert_string_equal(back->coordinator, "n1");
+  mega_job_free(back);
+  mega_job_free(j);
+}
+
+static void append_rec(mega_journal *jn, uint8_t *buf, size_t len) {
+  assert_int_equal(mega_journal_append(jn, buf, len, NULL), MEGA_OK);
+  free(buf);
+}
+
+static void journal_job(mega_journal *jn, const mega_job *j) {
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(mega_jrec_job(j, &buf, &len, NULL), MEGA_OK);
+  append_rec(jn, buf, len);
+}
+
+static void journal_event(mega_journal *jn, const char *id, Mega__V1__JobEventKind kind,
+                          const char *msg) {
+  Mega__V1__JobEvent ev = MEGA__V1__JOB_EVENT__INIT;
+  ev.kind = kind;
+  ev.message = (char *)msg;
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(mega_jrec_event(id, &ev, &buf, &len, NULL), MEGA_OK);
+  append_rec(jn, buf, len);
+}
+
+static int apply(void *ctx, const uint8_t *rec, size_t len) {
+  return mega_jobs_apply(ctx, rec, len, NULL) != MEGA_OK;
+}
+
+static void record_failed(void *arg, mega_job *j) { *(mega_job **)arg = j; }
+
+static void test_journal_replay(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mega-jobs-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[64];
+  snprintf(path, sizeof path, "%s/journal", dir);
+
+  mega_journal *jn;
+  assert_int_equal(mega_journal_open(path, &jn, NULL), MEGA_OK);
+  /* j-1 runs to the end; j-2 is still running when "the daemon dies";
+   * j-3 waits. */
+  mega_job *a = new_job("j-1"), *b = new_job("j-2"), *c = new_job("j-3");
+  journal_job(jn, a);
+  journal_event(jn, "j-1", MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED, "submitted");
+  mega_job_node nodes[] = {{"n1", 0, 1}, {"n2", 1, 1}};
+  assert_int_equal(mega_job_place(a, nodes, 2, 2, 1, 2, 1, NULL), MEGA_OK);
+  assert_int_equal(mega_job_transition(a, MEGA_JOB_RUNNING, 2000, NULL, NULL), MEGA_OK);
+  journal_job(jn, a);
+  journal_job(jn, b);
+  assert_int_equal(mega_job_transition(b, MEGA_JOB_RUNNING, 2100, NULL, NULL), MEGA_OK);
+  journal_job(jn, b);
+  journal_job(jn, c);
+  Mega__V1__StepMetrics step = MEGA__V1__STEP_METRICS__INIT;
+  step.iteration = 3;
+  step.loss = 4.25;
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(mega_jrec_step("j-1", &step, &buf, &len, NULL), MEGA_OK);
+  append_rec(jn, buf, len);
+  a->last_iteration = 3;
+  a->ckpt_iteration = 3;
+  a->ckpt_path = strdup("/ckpt/iter_0000003");
+  assert_int_equal(mega_job_transition(a, MEGA_JOB_SUCCEEDED, 3000, NULL, NULL), MEGA_OK);
+  journal_job(jn, a);
+  journal_event(jn, "j-1", MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUCCEEDED, "done");
+  journal_event(jn, "j-404", MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, "of no known job");
+  mega_journal_close(jn);
+
+  mega_jobs t;
+  mega_jobs_init(&t);
+  assert_int_equal(mega_journal_open(path, &jn, NULL), MEGA_OK);
+  size_t dropped = 99;
+  assert_int_equal(mega_journal_replay(jn, apply, &t, &dropped, NULL), MEGA_OK);
+  assert_int_equal(dropped, 0);
+  mega_journal_close(jn);
+
+  assert_int_equal(t.n, 3);
+  mega_job *ra = mega_jobs_find(&t, "j-1");
+  assert_non_null(ra);
+  assert_int_equal(ra->state, MEGA_JOB_SUCCEEDED);
+  assert_int_equal(ra->started_ms, 2000);
+  assert_int_equal(ra->ended_ms, 3000);
+  assert_int_equal(ra->last_iteration, 3);
+  assert_int_equal(ra->ckpt_iteration, 3);
+  assert_string_equal(ra->ckpt_path, "/ckpt/iter_0000003");
+  assert_int_equal(ra->nplaced, 2);
+  assert_string_equal(ra->placement[1].node_id, "n2");
+  /* history: submitted, step 3, done (in journal order) */
+  assert_int_equal(ra->hist_len, 3);
+  assert_int_equal(mega_job_hist_at(ra, 0)->event->kind,
+                   MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED);
+  assert_int_equal(mega_job_hist_at(ra, 1)->step->iteration, 3);
+  assert_string_equal(mega_job_hist_at(ra, 2)->event->message, "done");
+  assert_non_null(ra->last_step);
+  assert_true(ra->last_step->loss == 4.25);
+  assert_int_equal(mega_jobs_find(&t, "j-2")->state, MEGA_JOB_RUNNING);
+  assert_int_equal(mega_jobs_find(&t, "j-3")->state, MEGA_JOB_PENDING);
+
+  /* the running job did not survive the daemon */
+  mega_job *failed = NULL;
+  assert_int_equal(mega_jobs_fail_unfinished(&t, 9000, "megad restarted while the job was running",
+                                             record_failed, &failed), 1);
+  assert_non_null(failed);
+  assert_string_equal(failed->id, "j-2");
+  assert_int_equal(failed->state, MEGA_JOB_FAILED);
+  assert_string_equal(failed->error, "megad restarted while the job was running");
+  assert_int_equal(failed->ended_ms, 9000);
+  assert_int_equal(mega_jobs_find(&t, "j-3")->state, MEGA_JOB_PENDING);
+
+  /* ids continue after the replayed ones */
+  char id[32];
+  mega_jobs_next_id(&t, id, sizeof id);
+  assert_string_equal(id, "j-4");
+
+  /* garbage is refused */
+  mega_err err = {0};
+  const uint8_t junk[] = {0xff, 0xff, 0xff};
+  assert_int_equal(mega_jobs_apply(&t, junk, sizeof junk, &err), MEGA_ERR_INVALID);
+
+  mega_jobs_free(&t);
+  mega_job_free(a);
+  mega_job_free(b);
+  mega_job_free(c);
+  unlink(path);
+  rmdir(dir);
+}
+
+static void test_history_bound(void **state) {
+  (void)state;
+  mega_job *j = new_job("j-1");
+  for (uint64_t i = 1; i <= MEGA_JOB_HISTORY + 10; i++) {
+    Mega__V1__StepMetrics s = MEGA__V1__STEP_METRICS__INIT;
+    s.iteration = i;
+    Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+    item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
+    item.step = &s;
+    assert_int_equal(mega_job_hist_push(j, &item, NULL), MEGA_OK);
+  }
+  assert_int_equal(j->hist_len, MEGA_JOB_HISTORY);
+  assert_int_equal(mega_job_hist_at(j, 0)->step->iteration, 11);
+  assert_int_equal(mega_job_hist_at(j, MEGA_JOB_HISTORY - 1)->step->iteration,
+                   MEGA_JOB_HISTORY + 10);
+  assert_null(mega_job_hist_at(j, MEGA_JOB_HISTORY));
+  assert_int_equal(j->last_step->iteration, MEGA_JOB_HISTORY + 10);
+  mega_job_free(j);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_transitions),
+      cmocka_unit_test(test_times_and_error),
+      cmocka_unit_test(test_msg_round_trip),
+      cmocka_unit_test(test_journal_replay),
+      cmocka_unit_test(test_history_bound),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
