@@ -77,6 +77,10 @@ static void test_create_errors(void **state) {
   assert_int_equal(mega_comm_create(s, "g", 0, 1, NULL, 0, &c, &err), MEGA_ERR_INVALID);
   assert_int_equal(mega_comm_create(s, "g", 0, 1, NULL, 1000, NULL, &err), MEGA_ERR_INVALID);
   assert_null(c);
+  /* An address of no interface here (TEST-NET-1) cannot be bound. */
+  assert_int_equal(mega_comm_create(s, "g", 0, 1, "192.0.2.1", 1000, &c, &err), MEGA_ERR_IO);
+  assert_null(c);
+  assert_non_null(strstr(err.msg, "192.0.2.1"));
   mega_store_close(s);
   mega_comm_destroy(NULL);
 }

@@ -18,9 +18,9 @@
  * Buffer lifetime: the memory of a request must stay valid (and, for a send
  * or collective input, unchanged) until mega_req_wait returns MEGA_OK or
  * mega_req_test reports it done with MEGA_OK; after any other result, until
- * mega_req_free returns. Freeing a request that has not completed cancels it,
- * and since neither Gloo nor NCCL can withdraw a posted operation, that
- * breaks the communicator (mega_comm_status then says so).
+ * mega_req_free returns. Freeing a request before a wait or test has seen it
+ * complete cancels it, and since neither Gloo nor NCCL can withdraw a posted
+ * operation, that breaks the communicator (mega_comm_status then says so).
  *
  * Matching. A send and a receive match by (peer, tag); several outstanding
  * operations with the same (peer, tag) match in the order they were posted.
@@ -34,13 +34,18 @@
  *
  * Threads. Different requests and communicators may be used from different
  * threads at once; one request is used by one thread at a time.
- * mega_comm_abort may be called from any thread at any time.
+ * mega_comm_abort may be called from any thread at any time; destroy a
+ * communicator only once no other thread is inside a call on it (abort
+ * first to get them out).
  *
  * Timeouts. Every wait is bounded. A timeout_ms <= 0 means the
  * communicator's timeout (given at creation). A wait that times out returns
  * MEGA_ERR_TIMEOUT and breaks the communicator: Gloo closes every connection
  * of the group when an operation times out, so a timeout is a failure
- * detector, not a polling tool; poll with mega_req_test.
+ * detector, not a polling tool; poll with mega_req_test. A P2P wait's
+ * timeout counts from the call; a collective's from the moment it starts on
+ * the comm thread (the collectives queued before it are bounded by their
+ * own timeouts).
  *
  * Failures. A closed or reset connection gives MEGA_ERR_PEER with a message
  * naming the peer's rank (usually within tens of milliseconds of its death,
@@ -129,12 +134,15 @@ int mega_comm_size(const mega_comm *comm);
 mega_status mega_comm_status(const mega_comm *comm, mega_err *err);
 
 /* Cancels everything on the communicator, from any thread: every pending
- * and future wait returns MEGA_ERR_CANCELLED promptly. The collective
- * running on the comm thread, if any, is stopped by closing the group's
- * connections (Gloo has no other way), which the peers see as this rank's
- * failure (MEGA_ERR_PEER); a Gloo operation that had already taken its data
- * off the socket's queue can only end at its own timeout, on the comm
- * thread, without delaying any waiter here. Abort is final. */
+ * and future wait returns MEGA_ERR_CANCELLED promptly. The group's
+ * connections are closed (Gloo has no other way to stop an operation in
+ * flight), which the peers see as this rank's failure (MEGA_ERR_PEER). The
+ * collective running on the comm thread stops with them; the one exception
+ * is a Gloo transfer already half read from or written to its socket, which
+ * only ends at its own timeout: a blocking collective (or mega_req_free of
+ * its request) returns only once the comm thread has let go of the caller's
+ * buffers, so in that rare case it returns at that timeout. Abort is
+ * final. */
 void mega_comm_abort(mega_comm *comm);
 
 /* ---- Point to point ---------------------------------------------------- */
@@ -158,7 +166,11 @@ mega_status mega_comm_irecv(mega_comm *comm, void *buf, size_t nbytes,
 mega_status mega_req_wait(mega_req *req, int timeout_ms, mega_err *err);
 
 /* Never blocks: *done tells whether req has completed. Returns MEGA_OK while
- * it runs or when it completed well, else its failure (with *done true). */
+ * it runs or when it completed well, else its failure (with *done true).
+ * Gloo has only blocking waits, so the first test of a P2P request hands it
+ * to a helper thread of the communicator that blocks for it (bounded by the
+ * communicator's timeout from then on); requests only waited on cost no
+ * thread. */
 mega_status mega_req_test(mega_req *req, bool *done, mega_err *err);
 
 /* Releases req; see "Buffer lifetime" above. NULL is ignored. */
@@ -203,11 +215,12 @@ mega_status mega_comm_ibroadcast(mega_comm *comm, void *buf, size_t count,
 /* in holds sum(counts) floats on every rank, laid out rank by rank; out
  * (counts[rank] floats) receives the sum over ranks of this rank's part.
  * in is not modified; out must not overlap in.
- * Cost: a ring of size-1 steps; each rank sends and receives
- * sum(counts) - counts[rank] floats in all (the (n-1)/n of an all-reduce's
- * traffic, half of it), plus size-1 latencies, and holds two scratch chunks
- * of max(counts) floats. Built on Gloo's P2P, since Gloo has no usable
- * reduce-scatter. */
+ * Cost: a ring of size-1 steps. Each rank sends every chunk but its own
+ * once and receives every chunk but its left neighbour's (for equal counts,
+ * (n-1)/n of the data each way: half an all-reduce's traffic), pays size-1
+ * latencies, adds each received chunk once, and holds two scratch chunks of
+ * max(counts) floats. Built on Gloo's P2P, since Gloo has no usable
+ * reduce-scatter; a step does not overlap its transfer with its sum. */
 mega_status mega_comm_reduce_scatter(mega_comm *comm, const float *in,
                                      float *out, const size_t *counts,
                                      int timeout_ms, mega_err *err);
