@@ -5,4 +5,14 @@
 
 int megactl_plan(int argc, char **argv);
 
+/* The cluster commands (client/jobs.c, watch.c, nodes.c, trace_cmd.c): they
+ * talk to megad; client/conn.h has what they share. */
+int megactl_submit(int argc, char **argv);
+int megactl_status(int argc, char **argv);
+int megactl_ls(int argc, char **argv);
+int megactl_cancel(int argc, char **argv);
+int megactl_watch(int argc, char **argv);
+int megactl_nodes(int argc, char **argv);
+int megactl_trace(int argc, char **argv);
+
 #endif

@@ -1,0 +1,152 @@
+#include "client/conn.h"
+
+#include <errno.h>
+#include <langinfo.h>
+#include <locale.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/ioctl.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+/* Set once by main from the words before the command. */
+static const char *global_server;
+
+void megactl_set_server(const char *addr) { global_server = addr; }
+
+const char *megactl_server(const char *flag_value) {
+  if (flag_value && flag_value[0]) return flag_value;
+  if (global_server && global_server[0]) return global_server;
+  const char *env = getenv("MEGA_SERVER");
+  if (env && env[0]) return env;
+  return MEGACTL_DEFAULT_SERVER;
+}
+
+mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega_err *err) {
+  mega_rpc_channel_opts opts = {.peer_name = "megad"};
+  return mega_rpc_channel_new(megactl_server(flag_value), &opts, out, err);
+}
+
+int megactl_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("megactl: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return MEGACTL_EXIT_FAIL;
+}
+
+int megactl_usage(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "megactl %s: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "; see 'megactl %s --help'\n", cmd);
+  va_end(ap);
+  return MEGACTL_EXIT_USAGE;
+}
+
+int megactl_job_error(const char *job_id, const mega_err *err) {
+  if (err->status == MEGA_ERR_NOT_FOUND) return megactl_fail("no job '%s'", job_id);
+  return megactl_fail("%s", err->msg);
+}
+
+int megactl_flag_value(const char *cmd, int argc, char **argv, int *i, const char *name,
+                       const char **value) {
+  const char *a = argv[*i];
+  size_t n = strlen(name);
+  if (strncmp(a, name, n) != 0) return 0;
+  if (a[n] == '=') {
+    *value = a + n + 1;
+    (*i)++;
+    return 1;
+  }
+  if (a[n] != '\0') return 0;
+  if (*i + 1 >= argc) {
+    megactl_usage(cmd, "%s needs a value", name);
+    return -1;
+  }
+  *value = argv[*i + 1];
+  *i += 2;
+  return 1;
+}
+
+int megactl_parse_common(const char *cmd, int argc, char **argv, bool wants_job, bool has_json,
+                         megactl_common *cf, megactl_extra_fn extra, void *ctx) {
+  memset(cf, 0, sizeof *cf);
+  for (int i = 1; i < argc;) {
+    const char *a = argv[i];
+    int r;
+    if (megactl_is_help(a)) {
+      cf->help = true;
+      return 0;
+    }
+    if (has_json && !strcmp(a, "--json")) {
+      cf->json = true;
+      i++;
+      continue;
+    }
+    if ((r = megactl_flag_value(cmd, argc, argv, &i, "--server", &cf->server)) ||
+        (extra && (r = extra(cmd, argc, argv, &i, ctx)))) {
+      if (r < 0) return MEGACTL_EXIT_USAGE;
+      continue;
+    }
+    if (megactl_is_flag(a)) return megactl_usage(cmd, "unknown flag '%s'", a);
+    if (!wants_job || cf->job) return megactl_usage(cmd, "unexpected word '%s'", a);
+    cf->job = a;
+    i++;
+  }
+  if (wants_job && !cf->job) return megactl_usage(cmd, "which job? give its id, e.g. j-1");
+  return 0;
+}
+
+bool megactl_parse_count(const char *s, uint32_t *out) {
+  char *end;
+  if (!s[0] || s[0] == '-' || s[0] == '+') return false;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (*end || errno || v < 1 || v > 1000000) return false;
+  *out = (uint32_t)v;
+  return true;
+}
+
+int megactl_print_json(json_t *j, size_t flags) {
+  if (!j) return megactl_fail("out of memory building JSON");
+  int rc = json_dumpf(j, stdout, flags) == 0 ? 0 : megactl_fail("cannot write JSON to stdout");
+  json_decref(j);
+  if (rc == 0) fputc('\n', stdout);
+  return rc;
+}
+
+int64_t megactl_now_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+bool megactl_is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
+
+bool megactl_is_flag(const char *a) { return a[0] == '-' && a[1] != '\0'; }
+
+int megactl_term_width(FILE *f) {
+  const char *cols = getenv("COLUMNS");
+  if (cols && atoi(cols) > 0) return atoi(cols);
+  struct winsize ws;
+  if (isatty(fileno(f)) && ioctl(fileno(f), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    return ws.ws_col;
+  return 80;
+}
+
+bool megactl_use_color(FILE *f) {
+  const char *term = getenv("TERM");
+  return isatty(fileno(f)) && !getenv("NO_COLOR") && term && strcmp(term, "dumb") != 0;
+}
+
+bool megactl_utf8(void) {
+  if (!setlocale(LC_CTYPE, "")) return false;
+  const char *cs = nl_langinfo(CODESET);
+  return cs && (!strcasecmp(cs, "UTF-8") || !strcasecmp(cs, "utf8"));
+}

@@ -1,0 +1,368 @@
+/* megactl submit, status, ls and cancel: one Control call each. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "client/commands.h"
+#include "client/conn.h"
+#include "client/tables.h"
+#include "client/view.h"
+#include "core/jobspec.h"
+#include "core/schedule.h"
+#include "proto/pb_json.h"
+
+#define SUBMIT_TIMEOUT_MS 30000 /* the daemon journals the job before answering */
+
+/* ---------------------------------------------------------------- submit */
+
+static void submit_help(FILE *f) {
+  fprintf(f,
+          "usage: megactl submit [job flags] [--name N] [--nnodes MIN[:MAX]]\n"
+          "                      [--nproc-per-node K] [--server ADDR]\n\n"
+          "Submits a training job to megad, which journals it, places its ranks on nodes and\n"
+          "runs it. Prints a summary, then the job id alone on the last line:\n"
+          "  id=$(megactl submit ... | tail -1)\n\n"
+          "The job flags are checked here as megad checks them. Relative paths in --data-path,\n"
+          "--save and --load are made absolute against this directory.\n\n"
+          "submit flags:\n"
+          "  --name N              a name for the job (default: megad picks one)\n"
+          "  --nnodes MIN[:MAX]    nodes to run on; a MAX above MIN lets the job shrink\n"
+          "                        its data-parallel size when nodes are lost (default: 1)\n"
+          "  --nproc-per-node K    ranks per node (default: every slot of a node)\n"
+          "  --server ADDR         megad's address (default: $MEGA_SERVER, else %s)\n",
+          MEGACTL_DEFAULT_SERVER);
+  int width = 0;
+  for (int i = 0; i < mega_jobspec_flag_count(); i++) {
+    const mega_jobflag *fl = mega_jobspec_flag(i);
+    int w = (int)strlen(fl->name) + (fl->metavar ? 1 + (int)strlen(fl->metavar) : 0);
+    if (w > width && w <= 40) width = w;
+  }
+  const char *group = NULL;
+  for (int i = 0; i < mega_jobspec_flag_count(); i++) {
+    const mega_jobflag *fl = mega_jobspec_flag(i);
+    if (!group || strcmp(group, fl->group) != 0) {
+      group = fl->group;
+      fprintf(f, "\n%s flags:\n", group);
+    }
+    char head[96];
+    snprintf(head, sizeof head, "%s%s%s", fl->name, fl->metavar ? " " : "",
+             fl->metavar ? fl->metavar : "");
+    fprintf(f, "  %-*s  %s", width, head, fl->help);
+    if (fl->default_text) fprintf(f, " (default: %s)", fl->default_text);
+    fputc('\n', f);
+  }
+}
+
+/* "4" or "2:4". */
+static bool parse_nnodes(const char *s, uint32_t *lo, uint32_t *hi) {
+  char buf[64];
+  if (strlen(s) >= sizeof buf) return false;
+  strcpy(buf, s);
+  char *colon = strchr(buf, ':');
+  if (colon) *colon = '\0';
+  if (!megactl_parse_count(buf, lo)) return false;
+  *hi = *lo;
+  if (colon && !megactl_parse_count(colon + 1, hi)) return false;
+  return *hi >= *lo;
+}
+
+/* Makes a relative path absolute against the working directory, since
+ * megad's working directory means nothing to the user. */
+static mega_status absolutize(char **path, mega_err *err) {
+  if (!*path || (*path)[0] == '/') return MEGA_OK;
+  char *cwd = getcwd(NULL, 0);
+  if (!cwd) return mega_fail(err, MEGA_ERR_IO, "cannot read the working directory to resolve %s", *path);
+  size_t n = strlen(cwd) + strlen(*path) + 2;
+  char *abs = malloc(n);
+  if (!abs) {
+    free(cwd);
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  }
+  const char *rel = (*path)[0] == '.' && (*path)[1] == '/' ? *path + 2 : *path;
+  snprintf(abs, n, "%s/%s", cwd, rel);
+  free(cwd);
+  free(*path);
+  *path = abs;
+  return MEGA_OK;
+}
+
+/* The checks megad makes too. world 0: unknown here (megad knows it once it
+ * places the job), so the checks that need DP wait for megad. */
+static mega_status check_job(const mega_jobspec *s, int world, mega_err *err) {
+  struct stat stt;
+  long long bytes = s->data_path && stat(s->data_path, &stt) == 0 && S_ISREG(stt.st_mode)
+                        ? (long long)stt.st_size
+                        : -1;
+  mega_status st = mega_jobspec_check(s, world, bytes, err);
+  if (st != MEGA_OK || world == 0) return st;
+  int vp = mega_jobspec_vp(s), pp = s->pipeline_model_parallel_size;
+  mega_sched_params p = {
+      .kind = s->schedule == MEGA_JOB_SCHEDULE_AUTO ? mega_sched_default_kind(pp, vp)
+                                                    : (mega_sched_kind)s->schedule,
+      .pp = pp,
+      .vp = vp,
+      .microbatches = mega_jobspec_num_microbatches(s, world),
+      .group_size = mega_jobspec_group_size(s),
+  };
+  mega_err sub = {0};
+  if ((st = mega_sched_check_params(&p, &sub)) != MEGA_OK)
+    return mega_fail(err, st, "invalid job: %s", sub.msg);
+  return MEGA_OK;
+}
+
+int megactl_submit(int argc, char **argv) {
+  const char *cmd = "submit";
+  mega_jobspec s;
+  mega_jobspec_defaults(&s);
+  mega_err err = {0};
+  const char *name = "", *nnodes = NULL, *nproc = NULL, *server = NULL;
+  int rc = 0;
+  for (int i = 1; i < argc && !rc;) {
+    if (megactl_is_help(argv[i])) {
+      submit_help(stdout);
+      mega_jobspec_free(&s);
+      return 0;
+    }
+    mega_status st = mega_jobspec_parse_flag(&s, argc, argv, &i, &err);
+    if (st == MEGA_OK) continue;
+    if (st != MEGA_ERR_NOT_FOUND) {
+      rc = megactl_usage(cmd, "%s", err.msg);
+      break;
+    }
+    int r;
+    if ((r = megactl_flag_value(cmd, argc, argv, &i, "--name", &name)) ||
+        (r = megactl_flag_value(cmd, argc, argv, &i, "--nnodes", &nnodes)) ||
+        (r = megactl_flag_value(cmd, argc, argv, &i, "--nproc-per-node", &nproc)) ||
+        (r = megactl_flag_value(cmd, argc, argv, &i, "--server", &server))) {
+      if (r < 0) rc = MEGACTL_EXIT_USAGE;
+      continue;
+    }
+    rc = megactl_is_flag(argv[i]) ? megactl_usage(cmd, "unknown flag '%s'", argv[i])
+                                  : megactl_usage(cmd, "unexpected word '%s'", argv[i]);
+  }
+  uint32_t lo = 0, hi = 0, per = 0;
+  if (!rc && nnodes && !parse_nnodes(nnodes, &lo, &hi))
+    rc = megactl_usage(cmd, "--nnodes: '%s' is not MIN or MIN:MAX with 1 <= MIN <= MAX", nnodes);
+  if (!rc && nproc && !megactl_parse_count(nproc, &per))
+    rc = megactl_usage(cmd, "--nproc-per-node: '%s' is not a positive integer", nproc);
+  if (!rc && (absolutize(&s.data_path, &err) != MEGA_OK || absolutize(&s.save, &err) != MEGA_OK ||
+              absolutize(&s.load, &err) != MEGA_OK))
+    rc = megactl_fail("%s", err.msg);
+  int world = per && lo == hi ? (int)(per * (lo ? lo : 1)) : 0;
+  if (!rc && check_job(&s, world, &err) != MEGA_OK) {
+    megactl_fail("%s", err.msg);
+    rc = MEGACTL_EXIT_USAGE;
+  }
+  if (rc) {
+    mega_jobspec_free(&s);
+    return rc;
+  }
+
+  int nargs = 0;
+  char **args = mega_jobspec_to_argv(&s, &nargs);
+  mega_jobspec_free(&s);
+  if (!args) return megactl_fail("out of memory");
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = (char *)name;
+  spec.n_args = (size_t)nargs;
+  spec.args = args;
+  spec.nnodes_min = lo;
+  spec.nnodes_max = hi;
+  spec.nproc_per_node = per;
+  Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
+  req.spec = &spec;
+
+  mega_rpc_channel *ch = NULL;
+  ProtobufCMessage *out = NULL;
+  if (megactl_connect(server, &ch, &err) != MEGA_OK ||
+      mega_rpc_unary(ch, &mega_control_submit_job, &req.base, SUBMIT_TIMEOUT_MS, &out, &err) !=
+          MEGA_OK) {
+    rc = megactl_fail("%s", err.msg);
+    if (err.status == MEGA_ERR_INVALID) rc = MEGACTL_EXIT_USAGE;
+  } else {
+    const Mega__V1__Job *j = ((Mega__V1__SubmitJobResponse *)out)->job;
+    if (!j || !j->id || !j->id[0]) {
+      rc = megactl_fail("megad accepted the job but sent back no job id");
+    } else {
+      printf("submitted %s%s%s%s: %s", j->id, j->name && j->name[0] ? " (" : "",
+             j->name && j->name[0] ? j->name : "", j->name && j->name[0] ? ")" : "",
+             view_state_name(j->state));
+      if (j->world_size)
+        printf(", world %u = TP %u x PP %u x DP %u", j->world_size, j->tp, j->pp, j->dp);
+      printf(", %" PRIu64 " iterations\n", j->train_iters);
+      printf("watch it with: megactl watch %s\n", j->id);
+      printf("%s\n", j->id);
+    }
+  }
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  mega_rpc_channel_free(ch);
+  mega_jobspec_argv_free(args);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- status */
+
+int megactl_status(int argc, char **argv) {
+  megactl_common cf;
+  int rc = megactl_parse_common("status", argc, argv, true, true, &cf, NULL, NULL);
+  if (rc) return rc;
+  if (cf.help) {
+    printf("usage: megactl status JOB [--json] [--server ADDR]\n\n"
+           "Shows one job: its state (and why it failed), world and parallel layout,\n"
+           "progress, times, placement and flags. --json prints the Job message as JSON\n"
+           "(fields under their mega.proto names).\n");
+    return 0;
+  }
+  mega_err err = {0};
+  mega_rpc_channel *ch = NULL;
+  ProtobufCMessage *out = NULL;
+  Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = (char *)cf.job;
+  if (megactl_connect(cf.server, &ch, &err) != MEGA_OK ||
+      mega_rpc_unary(ch, &mega_control_get_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) !=
+          MEGA_OK) {
+    rc = megactl_job_error(cf.job, &err);
+  } else {
+    const Mega__V1__Job *j = ((Mega__V1__GetJobResponse *)out)->job;
+    if (!j)
+      rc = megactl_fail("megad answered GetJob without a job");
+    else if (cf.json)
+      rc = megactl_print_json(mega_pb_json(&j->base), JSON_INDENT(2));
+    else
+      tables_job_detail(stdout, j, megactl_now_ms());
+  }
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  mega_rpc_channel_free(ch);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- ls */
+
+static const char *const state_names[] = {"", "pending", "running", "succeeded", "failed",
+                                          "cancelled", "restarting"};
+
+typedef struct ls_opts {
+  Mega__V1__JobState states[16];
+  size_t n_states;
+  uint32_t limit;
+} ls_opts;
+
+static int ls_extra(const char *cmd, int argc, char **argv, int *i, void *ctx) {
+  ls_opts *o = ctx;
+  const char *v;
+  int r = megactl_flag_value(cmd, argc, argv, i, "--state", &v);
+  if (r > 0) {
+    /* "running,pending" or repeated flags */
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+      size_t k = 1;
+      while (k < sizeof state_names / sizeof *state_names && strcmp(w, state_names[k])) k++;
+      if (k == sizeof state_names / sizeof *state_names) {
+        megactl_usage(cmd,
+                      "--state: '%s' is not a job state (pending, running, succeeded, failed, "
+                      "cancelled, restarting)",
+                      w);
+        return -1;
+      }
+      if (o->n_states < sizeof o->states / sizeof *o->states)
+        o->states[o->n_states++] = (Mega__V1__JobState)k;
+    }
+    return 1;
+  }
+  if (r < 0) return r;
+  r = megactl_flag_value(cmd, argc, argv, i, "--limit", &v);
+  if (r > 0 && !megactl_parse_count(v, &o->limit)) {
+    megactl_usage(cmd, "--limit: '%s' is not a positive integer", v);
+    return -1;
+  }
+  return r;
+}
+
+int megactl_ls(int argc, char **argv) {
+  megactl_common cf;
+  ls_opts o = {0};
+  int rc = megactl_parse_common("ls", argc, argv, false, true, &cf, ls_extra, &o);
+  if (rc) return rc;
+  if (cf.help) {
+    printf("usage: megactl ls [--state S[,S...]] [--limit N] [--json] [--server ADDR]\n\n"
+           "Lists jobs, newest first: id, name, state, world, TP/PP/DP, iteration/train-iters\n"
+           "and age.\n\n"
+           "  --state S   only jobs in these states (pending, running, succeeded, failed,\n"
+           "              cancelled, restarting); comma-separated or repeated\n"
+           "  --limit N   at most N jobs\n"
+           "  --json      a JSON array of Job messages (fields under their mega.proto names)\n");
+    return 0;
+  }
+  mega_err err = {0};
+  mega_rpc_channel *ch = NULL;
+  ProtobufCMessage *out = NULL;
+  Mega__V1__ListJobsRequest req = MEGA__V1__LIST_JOBS_REQUEST__INIT;
+  req.n_states = o.n_states;
+  req.states = o.states;
+  req.limit = o.limit;
+  if (megactl_connect(cf.server, &ch, &err) != MEGA_OK ||
+      mega_rpc_unary(ch, &mega_control_list_jobs, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) !=
+          MEGA_OK) {
+    rc = megactl_fail("%s", err.msg);
+  } else {
+    const Mega__V1__ListJobsResponse *r = (const void *)out;
+    if (cf.json) {
+      json_t *a = json_array();
+      for (size_t i = 0; a && i < r->n_jobs; i++)
+        if (json_array_append_new(a, mega_pb_json(&r->jobs[i]->base)) != 0) {
+          json_decref(a);
+          a = NULL;
+        }
+      rc = megactl_print_json(a, JSON_INDENT(2));
+    } else {
+      tables_jobs(stdout, r->jobs, r->n_jobs, megactl_now_ms());
+    }
+  }
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  mega_rpc_channel_free(ch);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- cancel */
+
+static int cancel_extra(const char *cmd, int argc, char **argv, int *i, void *ctx) {
+  return megactl_flag_value(cmd, argc, argv, i, "--reason", (const char **)ctx);
+}
+
+int megactl_cancel(int argc, char **argv) {
+  megactl_common cf;
+  const char *reason = "";
+  int rc = megactl_parse_common("cancel", argc, argv, true, false, &cf, cancel_extra, &reason);
+  if (rc) return rc;
+  if (cf.help) {
+    printf("usage: megactl cancel JOB [--reason R] [--server ADDR]\n\n"
+           "Cancels a job: megad stops its workers and marks it cancelled. The reason is\n"
+           "shown in the job's events.\n");
+    return 0;
+  }
+  mega_err err = {0};
+  mega_rpc_channel *ch = NULL;
+  ProtobufCMessage *out = NULL;
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = (char *)cf.job;
+  req.reason = (char *)reason;
+  if (megactl_connect(cf.server, &ch, &err) != MEGA_OK ||
+      mega_rpc_unary(ch, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) !=
+          MEGA_OK) {
+    rc = megactl_job_error(cf.job, &err);
+  } else {
+    const Mega__V1__Job *j = ((Mega__V1__CancelJobResponse *)out)->job;
+    if (j && j->state == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED)
+      printf("cancelled %s\n", cf.job);
+    else
+      printf("cancelling %s (now %s)\n", cf.job, j ? view_state_name(j->state) : "unknown");
+  }
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  mega_rpc_channel_free(ch);
+  return rc;
+}

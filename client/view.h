@@ -1,0 +1,76 @@
+/* The drawing of `megactl watch`, as pure functions of the messages, so a
+ * test can render constructed StepMetrics and read the text.
+ *
+ * On a terminal, watch redraws a block in place (view_render), with job
+ * events printed above it as lines that stay (view_event_line). Otherwise
+ * it prints one plain line per iteration (view_step_line) and the same
+ * event lines. Nothing here owns memory past a call; a view_model points
+ * into the messages it was filled from. */
+#ifndef MEGA_CLIENT_VIEW_H
+#define MEGA_CLIENT_VIEW_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "proto/mega.pb-c.h"
+
+typedef struct view_opts {
+  int width;    /* terminal columns; lines never exceed it (at least 40 is used) */
+  bool color;   /* ANSI colors */
+  bool unicode; /* block characters; ASCII otherwise */
+} view_opts;
+
+/* What the live block shows: the job as GetJob gave it, kept current by
+ * the events and steps of the watch. */
+typedef struct view_model {
+  const char *job_id, *name;
+  Mega__V1__JobState state;
+  uint32_t world, tp, pp, dp, vp, attempt;
+  uint64_t train_iters;
+  int64_t started_ms, ended_ms; /* Unix ms; 0: not yet */
+  const Mega__V1__StepMetrics *step; /* the latest; NULL before the first */
+} view_model;
+
+void view_model_from_job(view_model *v, const Mega__V1__Job *job);
+/* Moves the state along an event (started: running, restarting, ...). */
+void view_model_event(view_model *v, const Mega__V1__JobEvent *e);
+
+/* One pipeline stage's bubble as fractions of the step time, averaged over
+ * the stage's ranks (its data- and tensor-parallel replicas). A rank's own
+ * step_time_s is the denominator, else the step's. */
+typedef struct view_stage {
+  int ranks;                        /* ranks that reported for this stage */
+  double bubble;                    /* 0..1 */
+  double warmup, steady, cooldown;  /* the split of bubble, when reported */
+  bool split;                       /* some rank reported a phase split */
+} view_stage;
+
+/* Fills out[s] for stages 0..n-1, n = the largest pp_rank + 1, at most max;
+ * returns n (0 when the step has no ranks). */
+int view_stage_bubbles(const Mega__V1__StepMetrics *m, view_stage *out, int max);
+
+/* Draws the live block; now_ms (Unix ms) gives the elapsed time of a
+ * running job. Returns the number of lines written, each ending in '\n'
+ * and at most o->width columns wide. */
+int view_render(FILE *f, const view_model *v, int64_t now_ms, const view_opts *o);
+
+/* One plain line for an iteration:
+ *   iter 3/3 loss 5.5451 grad_norm 0.8123 lr 1.000e-04 step 0.0123s tokens/s 5210 bubble 12.3% 10.1% */
+void view_step_line(FILE *f, const Mega__V1__StepMetrics *m, uint64_t train_iters);
+
+/* One line for a job event: "12:00:01 rank failed  worker exited ... [rank 3, node n1]".
+ * The time is local time. */
+void view_event_line(FILE *f, const Mega__V1__JobEvent *e, const view_opts *o);
+
+/* "placed", "rank failed", ... */
+const char *view_event_kind_name(Mega__V1__JobEventKind k);
+/* "pending", "running", ... */
+const char *view_state_name(Mega__V1__JobState s);
+
+/* 12 ms, 1.23 s, 2m05s, 3h02m: a duration in seconds, short. */
+void view_duration(double s, char *buf, size_t n);
+/* 512, 12.3k, 4.56M: a rate or count, short. */
+void view_si(double v, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,32 @@
+/* JSON forms of mega's messages, shared by megactl and megad so that
+ * `megactl watch --json` and `megad run --json` print the same lines.
+ *
+ *   mega_step_metrics_json  the fixed form of one merged step, one object
+ *                           per line in --json output (keys below)
+ *   mega_pb_json            any message, generically from its descriptor
+ *                           (megactl status/ls/nodes --json)
+ *
+ * Non-finite doubles (a NaN loss) become null: JSON has no NaN.
+ * Both return a new reference (the caller's to json_decref), or NULL when
+ * out of memory. */
+#ifndef MEGA_PROTO_PB_JSON_H
+#define MEGA_PROTO_PB_JSON_H
+
+#include <jansson.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "proto/mega.pb-c.h"
+
+/* Exactly these keys, in this order:
+ *   iteration, loss, grad_norm, lr, step_time_s, tokens_per_s,
+ *   ranks: [{rank, pp_rank, dp_rank, tp_rank, compute_s, bubble_s,
+ *            p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes}] */
+json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m);
+
+/* Every field under its .proto name (snake_case), defaults included; enums
+ * by value name ("JOB_STATE_RUNNING"); 64-bit integers as JSON numbers;
+ * bytes as base64; an unset message field as null; of a oneof, only the
+ * member that is set. */
+json_t *mega_pb_json(const ProtobufCMessage *m);
+
+#endif
