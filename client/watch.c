@@ -62,11 +62,7 @@ static bool take(watch *w, Mega__V1__WatchJobResponse *r) {
   switch (r->item_case) {
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP:
     if (w->mode == OUT_JSON) {
-      json_t *j = mega_step_metrics_json(r->step);
-      if (j) json_dumpf(j, stdout, JSON_COMPACT);
-      json_decref(j);
-      fputc('\n', stdout);
-      fflush(stdout);
+      mega_step_metrics_write(stdout, r->step);
     } else if (w->mode == OUT_PLAIN) {
       view_step_line(stdout, r->step, w->model.train_iters);
       fflush(stdout);

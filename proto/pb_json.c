@@ -56,6 +56,15 @@ json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m) {
   return o;
 }
 
+bool mega_step_metrics_write(FILE *f, const Mega__V1__StepMetrics *m) {
+  json_t *j = mega_step_metrics_json(m);
+  if (!j) return false;
+  bool ok = json_dumpf(j, f, JSON_COMPACT | JSON_REAL_PRECISION(17)) == 0;
+  json_decref(j);
+  ok = fputc('\n', f) != EOF && ok;
+  return fflush(f) == 0 && ok;
+}
+
 /* ---- generic ---- */
 
 static json_t *base64(const ProtobufCBinaryData *b) {

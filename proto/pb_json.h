@@ -12,6 +12,9 @@
 #ifndef MEGA_PROTO_PB_JSON_H
 #define MEGA_PROTO_PB_JSON_H
 
+#include <stdbool.h>
+#include <stdio.h>
+
 #include <jansson.h>
 #include <protobuf-c/protobuf-c.h>
 
@@ -22,6 +25,12 @@
  *   ranks: [{rank, pp_rank, dp_rank, tp_rank, compute_s, bubble_s,
  *            p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes}] */
 json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m);
+
+/* Writes mega_step_metrics_json(m) to f as one compact line (doubles with
+ * 17 significant digits, so they read back exactly) and flushes f: the
+ * --json line of `megactl watch` and `megad run`. False when memory ran out
+ * or the write failed. */
+bool mega_step_metrics_write(FILE *f, const Mega__V1__StepMetrics *m);
 
 /* Every field under its .proto name (snake_case), defaults included; enums
  * by value name ("JOB_STATE_RUNNING"); 64-bit integers as JSON numbers;

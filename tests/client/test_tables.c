@@ -216,6 +216,20 @@ static void test_step_metrics_json_keys(void **state) {
                       "\"grad_sync_exposed_s\":0.002,\"peak_activation_bytes\":1099511627776}]}");
   free(s);
   json_decref(j);
+
+  char *line = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&line, &len);
+  assert_true(mega_step_metrics_write(f, &m));
+  fclose(f);
+  assert_int_equal(line[len - 1], '\n');
+  assert_null(strchr(line, ' '));
+  json_t *back = json_loads(line, 0, NULL);
+  assert_non_null(back);
+  assert_true(json_real_value(json_object_get(json_array_get(json_object_get(back, "ranks"), 0),
+                                              "compute_s")) == 0.2);
+  json_decref(back);
+  free(line);
 }
 
 static void test_generic_json(void **state) {
