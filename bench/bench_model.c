@@ -5,8 +5,8 @@
  *               [--layers L] [--heads H] [--seq T] [--batch B] [--profile]
  *
  * Defaults: C=256, 4 layers, 4 heads, T=256, B=8, 1 BLAS thread. Prints one
- * line per step, then "tokens/s min/median/max". --profile prints time by
- * phase. bench/bench_model.py runs this next to PyTorch. */
+ * line per step (wall time and process CPU time), then "tokens/s
+ * min/median/max". --profile prints time by phase. bench/bench_model.py runs this next to PyTorch. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +19,14 @@
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the whole process: with one thread, the step's cost without
+ * the time other processes on the shared cores took from it. */
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -81,11 +89,12 @@ int main(int argc, char **argv) {
   const mega_param_info *pi = mega_gpt_params(s, &np);
   int32_t *tok = malloc(sizeof *tok * (B * T + 1));
   for (int i = 0; i <= B * T; i++) tok[i] = (int32_t)(mega_splitmix64(i) % 256);
-  printf("# C=%d layers=%d heads=%d T=%d B=%d threads=%d params=%zu acts=%.1f MiB\n", C, L,
-         NH, T, B, threads, n, mega_gpt_acts_bytes(a) / 1048576.0);
+  printf("# C=%d layers=%d heads=%d T=%d B=%d threads=%d blas=%s params=%zu acts=%.1f MiB\n",
+         C, L, NH, T, B, threads, mega_backend_cpu_blas_core(), n,
+         mega_gpt_acts_bytes(a) / 1048576.0);
   double *dt = malloc(sizeof *dt * steps), ph[4] = {0};
   for (int it = 0; it < warmup + steps; it++) {
-    double t0 = now(), loss;
+    double t0 = now(), c0 = cpu_now(), loss;
     mega_gpt_zero_grad(s);
     if (mega_gpt_forward(s, a, tok, NULL, tok + 1, NULL, &loss, &err)) return die(&err);
     double t1 = now();
@@ -101,7 +110,7 @@ int main(int argc, char **argv) {
                      mega_gpt_grad_data(s) + pi[i].offset, (float *)m + pi[i].offset,
                      (float *)v + pi[i].offset, pi[i].numel, &hp);
     }
-    double t4 = now();
+    double t4 = now(), c4 = cpu_now();
     if (it < warmup) continue;
     int k = it - warmup;
     dt[k] = t4 - t0;
@@ -109,8 +118,8 @@ int main(int argc, char **argv) {
     ph[1] += t2 - t1;
     ph[2] += t3 - t2;
     ph[3] += t4 - t3;
-    printf("step %d loss %.4f time %.1f ms tokens/s %.0f\n", k, loss / (B * T), dt[k] * 1e3,
-           B * T / dt[k]);
+    printf("step %d loss %.4f time %.1f ms cpu %.1f ms cpu-tokens/s %.0f tokens/s %.0f\n", k,
+           loss / (B * T), dt[k] * 1e3, (c4 - c0) * 1e3, B * T / (c4 - c0), B * T / dt[k]);
   }
   if (profile)
     printf("# per step: forward %.1f ms, backward_input %.1f ms, backward_weight %.1f ms, "

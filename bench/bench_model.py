@@ -43,15 +43,15 @@ def torch_run(threads, steps, warmup, foreach):
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
     rates = []
     for it in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, V), y.view(-1))
         loss.backward()
         opt.step()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if it >= warmup:
-            rates.append(B * T / dt)
+            rates.append((B * T / dt, B * T / dc))
     return rates
 
 
@@ -60,7 +60,9 @@ CORETYPE = None
 
 def env_for(threads):
     env = dict(os.environ)
-    if CORETYPE:
+    if CORETYPE == "":
+        env.pop("OPENBLAS_CORETYPE", None)
+    elif CORETYPE:
         env["OPENBLAS_CORETYPE"] = CORETYPE
     env["OPENBLAS_NUM_THREADS"] = str(threads)
     env["OMP_NUM_THREADS"] = str(threads)
@@ -70,20 +72,21 @@ def env_for(threads):
 def run_c(binary, threads, steps):
     out = subprocess.run([binary, "--threads", str(threads), "--steps", str(steps)],
                          env=env_for(threads), capture_output=True, text=True, check=True)
-    return [float(l.split()[-1]) for l in out.stdout.splitlines() if l.startswith("step ")]
+    return [(float(l.split()[-1]), float(l.split()[-3])) for l in out.stdout.splitlines()
+            if l.startswith("step ")]
 
 
 def run_torch(threads, steps, foreach):
     out = subprocess.run([sys.executable, __file__, "--torch-child", str(threads), str(steps),
                           "1" if foreach else "0"],
                          env=env_for(threads), capture_output=True, text=True, check=True)
-    return [float(v) for v in out.stdout.split()]
+    return [tuple(float(x) for x in v.split(",")) for v in out.stdout.split()]
 
 
 def main():
     if len(sys.argv) == 5 and sys.argv[1] == "--torch-child":
         rates = torch_run(int(sys.argv[2]), int(sys.argv[3]), 2, sys.argv[4] == "1")
-        print(" ".join(f"{r:.1f}" for r in rates))
+        print(" ".join(f"{w:.1f},{c:.1f}" for w, c in rates))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("binary", help="path to the built bench_model")
@@ -91,28 +94,35 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--coretype", default=None,
-                    help="OPENBLAS_CORETYPE for both sides (e.g. COOPERLAKE: OpenBLAS "
-                         "0.3.21 autodetects AVX-512 Zen 5 as Haswell)")
+                    help="OPENBLAS_CORETYPE for both sides (default: the environment's; "
+                         "'' for OpenBLAS's own detection)")
     args = ap.parse_args()
     global CORETYPE
     CORETYPE = args.coretype
     import torch
     print(f"# model C={C} layers={L} heads={NH} T={T} B={B} V={V}; torch {torch.__version__}; "
           f"{args.rounds} rounds x {args.steps} steps per run; tokens/s of "
-          f"forward+backward+AdamW; OPENBLAS_CORETYPE={args.coretype or '(autodetect)'}")
+          f"forward+backward+AdamW; OPENBLAS_CORETYPE="
+          f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)') if args.coretype is None else args.coretype or '(unset)'}")
     for threads in (int(t) for t in args.threads.split(",")):
         c, tf, tl = [], [], []
         for _ in range(args.rounds):
             c += run_c(args.binary, threads, args.steps)
             tl += run_torch(threads, args.steps, False)
             tf += run_torch(threads, args.steps, True)
-        torch_best = max((tl, tf), key=statistics.median)
+        med = lambda runs, k: statistics.median(r[k] for r in runs)
+        torch_best = max((tl, tf), key=lambda runs: med(runs, 0))
         which = "foreach" if torch_best is tf else "for-loop"
-        mc, mt = statistics.median(c), statistics.median(torch_best)
-        print(f"threads={threads}  mega: min {min(c):.0f} median {mc:.0f}  |  "
-              f"torch ({which} AdamW): min {min(torch_best):.0f} median {mt:.0f}  "
-              f"[other AdamW median {statistics.median(tl if torch_best is tf else tf):.0f}]"
-              f"  |  ratio of medians {mc / mt:.2f}x")
+        other = tl if torch_best is tf else tf
+        mc, mt = med(c, 0), med(torch_best, 0)
+        print(f"threads={threads} wall tokens/s: mega min {min(r[0] for r in c):.0f} "
+              f"median {mc:.0f} | torch ({which} AdamW) min "
+              f"{min(r[0] for r in torch_best):.0f} median {mt:.0f} "
+              f"[other AdamW median {med(other, 0):.0f}] | ratio of medians {mc / mt:.2f}x")
+        if threads == 1:
+            cc, ct = med(c, 1), med(torch_best, 1)
+            print(f"threads=1 CPU-time tokens/s (immune to time taken by other processes): "
+                  f"mega median {cc:.0f} | torch median {ct:.0f} | ratio {cc / ct:.2f}x")
     return 0
 
 

@@ -340,6 +340,29 @@ static void variable_lengths_in_flight(void **state) {
   model_free(&m);
 }
 
+/* More threads change nothing but rounding. */
+static void threads_give_the_same_step(void **state) {
+  (void)state;
+  model one, three;
+  mega_gpt_stage_desc d = {true, true, 0, 4};
+  model_init(&one, &d, 1);
+  model_init(&three, &d, 1);
+  mega_err err = {0};
+  assert_int_equal(three.be->ops->set_threads(three.be, 3, &err), MEGA_OK);
+  int32_t tokens[B * T], targets[B * T];
+  fx_ids(tokens, B * T, 256, 5);
+  fx_ids(targets, B * T, 256, 6);
+  double l1 = model_step(&one, tokens, targets), l3 = model_step(&three, tokens, targets);
+  assert_true(fabs(l1 - l3) <= 1e-6 * fabs(l1));
+  int np;
+  const mega_param_info *p = mega_gpt_params(one.st[0], &np);
+  for (int i = 0; i < np; i++)
+    assert_close(mega_gpt_grad_data(one.st[0]) + p[i].offset,
+                 mega_gpt_grad_data(three.st[0]) + p[i].offset, p[i].numel, 1e-5, p[i].name);
+  model_free(&one);
+  model_free(&three);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(two_stages_match_single),
@@ -349,6 +372,7 @@ int main(void) {
       cmocka_unit_test(split_backward_halves_and_accumulation),
       cmocka_unit_test(bad_configs_and_calls_fail_clearly),
       cmocka_unit_test(variable_lengths_in_flight),
+      cmocka_unit_test(threads_give_the_same_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -121,8 +121,8 @@ typedef struct mega_backend_ops {
 
   /* Causal self-attention on a fused qkv [B,T,3C] (q | k | v, heads of
    * hs = C/NH contiguous within each), softmax scale 1/sqrt(hs). Writes
-   * out [B,T,C] and the probabilities att [B,NH,T,T] (zero above the
-   * diagonal) for the backward. */
+   * out [B,T,C] and, for the backward, the probabilities att [B,NH,T,T]
+   * (above the diagonal att holds whatever the backend's backward needs). */
   void (*attention_forward)(mega_backend *be, float *out, float *att, const float *qkv,
                             int B, int T, int C, int NH);
   /* dqkv [B,T,3C] = attention'(dout) (overwrites). scratch holds
@@ -174,9 +174,14 @@ typedef struct mega_backend_cpu_opts {
   int threads; /* BLAS threads; 0 means 1 (workers share the node's cores) */
 } mega_backend_cpu_opts;
 
-/* opts may be NULL (one thread). */
+/* opts may be NULL (one thread). OpenBLAS picks its kernel set (Haswell,
+ * SkylakeX, ...) once per process, from OPENBLAS_CORETYPE or its own CPU
+ * detection. */
 mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts,
                                     mega_backend **out, mega_err *err);
+
+/* The OpenBLAS kernel set in use ("Haswell", "SkylakeX", ...), for logs. */
+const char *mega_backend_cpu_blas_core(void);
 
 /* Frees the handle itself; NULL is fine. */
 void mega_backend_destroy(mega_backend *be);

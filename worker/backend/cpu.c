@@ -47,10 +47,17 @@ static mega_status cpu_synchronize(mega_backend *be, mega_err *err) {
 }
 
 static mega_status cpu_set_threads(mega_backend *be, int n, mega_err *err) {
-  (void)be;
+  mega_cpu_impl *impl = be->impl;
   if (n < 1)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "cpu backend: BLAS threads must be at least 1, got %d", n);
+    return mega_fail(err, MEGA_ERR_INVALID, "cpu backend: threads must be at least 1, got %d",
+                     n);
+  if (n == impl->threads) return MEGA_OK;
+  mega_cpu_pool *pool;
+  mega_status st = mega_cpu_pool_create(n, &pool, err);
+  if (st) return st;
+  mega_cpu_pool_destroy(impl->pool);
+  impl->pool = pool;
+  impl->threads = n;
   openblas_set_num_threads(n);
   return MEGA_OK;
 }
@@ -72,33 +79,44 @@ static void cpu_gemm_batched(mega_backend *be, bool ta, bool tb, int M, int N, i
              ldc);
 }
 
+typedef struct bias_ctx {
+  float *rows, *bias;
+  const float *cbias, *crows;
+  int N, OC;
+} bias_ctx;
+
+/* out[n, :] = bias, before a GEMM that adds into it (beta = 1). */
 MEGA_CPU_CLONES
-static void add_bias_rows(float *out, const float *bias, int N, int OC) {
-  for (int n = 0; n < N; n++) {
-    float *o = out + (size_t)n * OC;
-    for (int j = 0; j < OC; j++) o[j] += bias[j];
-  }
+static void fill_bias_rows(void *vc, int64_t n0, int64_t n1) {
+  const bias_ctx *c = vc;
+  for (int64_t n = n0; n < n1; n++) memcpy(c->rows + n * c->OC, c->cbias, c->OC * sizeof(float));
 }
 
+/* dbias[j] += sum_n dout[n, j], threads owning column ranges. */
 MEGA_CPU_CLONES
-static void sum_rows_into(float *dbias, const float *dout, int N, int OC) {
-  for (int n = 0; n < N; n++) {
-    const float *d = dout + (size_t)n * OC;
-    for (int j = 0; j < OC; j++) dbias[j] += d[j];
+static void sum_rows_cols(void *vc, int64_t j0, int64_t j1) {
+  const bias_ctx *c = vc;
+  for (int n = 0; n < c->N; n++) {
+    const float *d = c->crows + (size_t)n * c->OC;
+    for (int64_t j = j0; j < j1; j++) c->bias[j] += d[j];
   }
 }
 
 static void cpu_matmul_forward(mega_backend *be, float *out, const float *inp,
                                const float *w, const float *bias, int N, int C, int OC,
                                mega_wlayout lay) {
-  (void)be;
+  float beta = 0.0f;
+  if (bias) {
+    bias_ctx c = {.rows = out, .cbias = bias, .N = N, .OC = OC};
+    mega_cpu_parallel_for(mega_cpu_pool_of(be), N, 64, fill_bias_rows, &c);
+    beta = 1.0f;
+  }
   if (lay == MEGA_W_IN_OUT)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, C, 1.0f, inp, C, w, OC,
-                0.0f, out, OC);
+                beta, out, OC);
   else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C,
-                0.0f, out, OC);
-  if (bias) add_bias_rows(out, bias, N, OC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta,
+                out, OC);
 }
 
 static void cpu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
@@ -116,31 +134,43 @@ static void cpu_matmul_backward_input(mega_backend *be, float *dinp, const float
 static void cpu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
                                        const float *dout, const float *inp, int N, int C,
                                        int OC, mega_wlayout lay) {
-  (void)be;
   if (lay == MEGA_W_IN_OUT)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC,
                 1.0f, dw, OC);
   else
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
                 1.0f, dw, C);
-  if (dbias) sum_rows_into(dbias, dout, N, OC);
+  if (dbias) {
+    bias_ctx c = {.bias = dbias, .crows = dout, .N = N, .OC = OC};
+    mega_cpu_parallel_for(mega_cpu_pool_of(be), OC, 64, sum_rows_cols, &c);
+  }
 }
 
+typedef struct adamw_ctx {
+  float *p, *m, *v;
+  const float *g;
+  float lr, b1, b2, eps, wd, gs, bc1, bc2, s;
+  double partial[64]; /* per block, for the reductions */
+  int64_t chunk, n;
+  int squares;
+} adamw_ctx;
+
 MEGA_CPU_CLONES
-static void adamw_range(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                        float b1, float b2, float eps, float wd, float gs, float bc1,
-                        float bc2) {
-  for (size_t i = 0; i < n; i++)
-    mega_adamw_elem(&p[i], &m[i], &v[i], g[i] * gs, lr, b1, b2, eps, wd, bc1, bc2);
+static void adamw_range(void *vc, int64_t i0, int64_t i1) {
+  const adamw_ctx *c = vc;
+  for (int64_t i = i0; i < i1; i++)
+    mega_adamw_elem(&c->p[i], &c->m[i], &c->v[i], c->g[i] * c->gs, c->lr, c->b1, c->b2,
+                    c->eps, c->wd, c->bc1, c->bc2);
 }
 
 static void cpu_adamw(mega_backend *be, float *params, const float *grads, float *m,
                       float *v, size_t n, const mega_adamw_params *hp) {
-  (void)be;
-  float bc1 = 1.0f - powf(hp->beta1, (float)hp->step);
-  float bc2 = 1.0f - powf(hp->beta2, (float)hp->step);
-  adamw_range(params, grads, m, v, n, hp->lr, hp->beta1, hp->beta2, hp->eps,
-              hp->weight_decay, hp->grad_scale, bc1, bc2);
+  adamw_ctx c = {.p = params, .g = grads, .m = m, .v = v, .lr = hp->lr, .b1 = hp->beta1,
+                 .b2 = hp->beta2, .eps = hp->eps, .wd = hp->weight_decay,
+                 .gs = hp->grad_scale, .bc1 = 1.0f - powf(hp->beta1, (float)hp->step),
+                 .bc2 = 1.0f - powf(hp->beta2, (float)hp->step)};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS, adamw_range,
+                        &c);
 }
 
 /* Blocks of 256 floats summed in float by 8 lanes, blocks added in double:
@@ -164,29 +194,60 @@ static double sum_impl(const float *x, size_t n, int squares) {
   return total;
 }
 
+/* Over block indices k0..k1 of c->chunk floats each (c->p holds n). */
+static void sum_blocks(void *vc, int64_t k0, int64_t k1) {
+  adamw_ctx *c = vc;
+  for (int64_t k = k0; k < k1; k++) {
+    int64_t b = k * c->chunk, e = b + c->chunk < c->n ? b + c->chunk : c->n;
+    c->partial[k] = sum_impl(c->g + b, (size_t)(e - b), c->squares);
+  }
+}
+
+/* Blocks fixed by n alone, added in order: the result does not depend on
+ * the thread count. */
+static double sum_any(mega_backend *be, const float *x, size_t n, int squares) {
+  adamw_ctx c = {.g = x, .squares = squares, .n = (int64_t)n};
+  c.chunk = ((int64_t)n + 63) / 64;
+  if (c.chunk < (1 << 16)) c.chunk = 1 << 16;
+  int64_t chunks = ((int64_t)n + c.chunk - 1) / c.chunk;
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), chunks, 1, sum_blocks, &c);
+  double total = 0.0;
+  for (int64_t k = 0; k < chunks; k++) total += c.partial[k];
+  return total;
+}
+
 static mega_status cpu_sum(mega_backend *be, const float *x, size_t n, double *out,
                            mega_err *err) {
-  (void)be;
   (void)err;
-  *out = sum_impl(x, n, 0);
+  *out = sum_any(be, x, n, 0);
   return MEGA_OK;
 }
 
 static mega_status cpu_sum_squares(mega_backend *be, const float *x, size_t n, double *out,
                                    mega_err *err) {
-  (void)be;
   (void)err;
-  *out = sum_impl(x, n, 1);
+  *out = sum_any(be, x, n, 1);
   return MEGA_OK;
 }
 
 MEGA_CPU_CLONES
-static void cpu_scale(mega_backend *be, float *x, size_t n, float s) {
-  (void)be;
-  for (size_t i = 0; i < n; i++) x[i] *= s;
+static void scale_range(void *vc, int64_t i0, int64_t i1) {
+  const adamw_ctx *c = vc;
+  for (int64_t i = i0; i < i1; i++) c->p[i] *= c->s;
 }
 
-static void cpu_destroy(mega_backend *be) { free(be); }
+static void cpu_scale(mega_backend *be, float *x, size_t n, float s) {
+  adamw_ctx c = {.p = x, .s = s};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS, scale_range,
+                        &c);
+}
+
+static void cpu_destroy(mega_backend *be) {
+  mega_cpu_impl *impl = be->impl;
+  mega_cpu_pool_destroy(impl->pool);
+  free(impl);
+  free(be);
+}
 
 static const mega_backend_ops cpu_ops = {
     .name = "cpu",
@@ -221,6 +282,8 @@ static const mega_backend_ops cpu_ops = {
     .scale = cpu_scale,
 };
 
+const char *mega_backend_cpu_blas_core(void) { return openblas_get_corename(); }
+
 mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts, mega_backend **out,
                                     mega_err *err) {
   int threads = opts && opts->threads ? opts->threads : 1;
@@ -228,8 +291,21 @@ mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts, mega_back
     return mega_fail(err, MEGA_ERR_INVALID,
                      "cpu backend: BLAS threads must be at least 1, got %d", threads);
   mega_backend *be = calloc(1, sizeof *be);
-  if (!be) return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: out of memory");
+  mega_cpu_impl *impl = calloc(1, sizeof *impl);
+  if (!be || !impl) {
+    free(be);
+    free(impl);
+    return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: out of memory");
+  }
+  mega_status st = mega_cpu_pool_create(threads, &impl->pool, err);
+  if (st) {
+    free(be);
+    free(impl);
+    return st;
+  }
+  impl->threads = threads;
   be->ops = &cpu_ops;
+  be->impl = impl;
   openblas_set_num_threads(threads);
   *out = be;
   return MEGA_OK;

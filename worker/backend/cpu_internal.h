@@ -2,6 +2,9 @@
 #ifndef MEGA_WORKER_BACKEND_CPU_INTERNAL_H
 #define MEGA_WORKER_BACKEND_CPU_INTERNAL_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "worker/backend/backend.h"
 
 /* Hot loops get an AVX-512 and an AVX2 clone picked at load time, so a
@@ -12,6 +15,30 @@
 #else
 #define MEGA_CPU_CLONES
 #endif
+
+/* Worker threads for the ops' own loops (OpenBLAS has its own). */
+typedef struct mega_cpu_pool mega_cpu_pool;
+typedef void (*mega_cpu_task)(void *ctx, int64_t begin, int64_t end);
+/* threads <= 1 gives *out = NULL, which every pool function accepts. */
+mega_status mega_cpu_pool_create(int threads, mega_cpu_pool **out, mega_err *err);
+void mega_cpu_pool_destroy(mega_cpu_pool *p);
+int mega_cpu_pool_threads(const mega_cpu_pool *p);
+/* Runs fn over [0, n) split in contiguous chunks of at least grain items,
+ * one per thread; returns when all are done. */
+void mega_cpu_parallel_for(mega_cpu_pool *p, int64_t n, int64_t grain, mega_cpu_task fn,
+                           void *ctx);
+
+typedef struct mega_cpu_impl {
+  int threads;
+  mega_cpu_pool *pool;
+} mega_cpu_impl;
+
+static inline mega_cpu_pool *mega_cpu_pool_of(mega_backend *be) {
+  return ((mega_cpu_impl *)be->impl)->pool;
+}
+
+/* Items per chunk below which splitting costs more than it saves. */
+#define MEGA_CPU_GRAIN_ELEMS 16384
 
 void mega_cpu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
                               const float *wte, const float *wpe, int B, int T, int C);

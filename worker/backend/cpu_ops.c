@@ -1,49 +1,83 @@
 /* The cpu backend's element and row kernels: encoder, layernorm, GELU,
- * residual, softmax cross-entropy. Loops run along the contiguous channel
- * axis so they vectorise. */
+ * residual, softmax cross-entropy. Each is a range function over rows (or
+ * elements, or channels for the reductions over rows, so threads never
+ * write the same float) run through the backend's thread pool. Inner loops
+ * run along the contiguous channel axis so they vectorise. */
 #include <math.h>
 #include <string.h>
 
 #include "kernels/elementwise.h"
 #include "worker/backend/cpu_internal.h"
 
+/* Rows per chunk: about MEGA_CPU_GRAIN_ELEMS floats. */
+static int64_t row_grain(int64_t width) {
+  int64_t g = MEGA_CPU_GRAIN_ELEMS / (width > 0 ? width : 1);
+  return g > 0 ? g : 1;
+}
+
+/* ---- encoder ---- */
+
+typedef struct enc_ctx {
+  float *out, *dwte, *dwpe;
+  const float *wte, *wpe, *dout;
+  const int32_t *tok;
+  int B, T, C;
+} enc_ctx;
+
 MEGA_CPU_CLONES
+static void enc_fwd_rows(void *vc, int64_t r0, int64_t r1) {
+  const enc_ctx *c = vc;
+  for (int64_t r = r0; r < r1; r++) {
+    float *o = c->out + r * c->C;
+    const float *e = c->wte + (size_t)c->tok[r] * c->C, *p = c->wpe + (r % c->T) * c->C;
+    for (int i = 0; i < c->C; i++) o[i] = e[i] + p[i];
+  }
+}
+
 void mega_cpu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
                               const float *wte, const float *wpe, int B, int T, int C) {
-  (void)be;
-  for (int b = 0; b < B; b++)
-    for (int t = 0; t < T; t++) {
-      float *o = out + ((size_t)b * T + t) * C;
-      const float *e = wte + (size_t)tok[b * T + t] * C, *p = wpe + (size_t)t * C;
-      for (int i = 0; i < C; i++) o[i] = e[i] + p[i];
-    }
+  enc_ctx c = {.out = out, .wte = wte, .wpe = wpe, .tok = tok, .B = B, .T = T, .C = C};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)B * T, row_grain(C), enc_fwd_rows, &c);
 }
 
+/* Threads own channel ranges, so two rows with the same token never race. */
 MEGA_CPU_CLONES
+static void enc_bwd_cols(void *vc, int64_t c0, int64_t c1) {
+  const enc_ctx *c = vc;
+  for (int64_t r = 0; r < (int64_t)c->B * c->T; r++) {
+    const float *d = c->dout + r * c->C;
+    if (c->dwte) {
+      float *e = c->dwte + (size_t)c->tok[r] * c->C;
+      for (int64_t i = c0; i < c1; i++) e[i] += d[i];
+    }
+    if (c->dwpe) {
+      float *p = c->dwpe + (r % c->T) * c->C;
+      for (int64_t i = c0; i < c1; i++) p[i] += d[i];
+    }
+  }
+}
+
 void mega_cpu_encoder_backward(mega_backend *be, float *dwte, float *dwpe,
                                const float *dout, const int32_t *tok, int B, int T, int C) {
-  (void)be;
-  for (int b = 0; b < B; b++)
-    for (int t = 0; t < T; t++) {
-      const float *d = dout + ((size_t)b * T + t) * C;
-      if (dwte) {
-        float *e = dwte + (size_t)tok[b * T + t] * C;
-        for (int i = 0; i < C; i++) e[i] += d[i];
-      }
-      if (dwpe) {
-        float *p = dwpe + (size_t)t * C;
-        for (int i = 0; i < C; i++) p[i] += d[i];
-      }
-    }
+  enc_ctx c = {.dwte = dwte, .dwpe = dwpe, .dout = dout, .tok = tok, .B = B, .T = T, .C = C};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), C, 64, enc_bwd_cols, &c);
 }
 
+/* ---- layernorm ---- */
+
+typedef struct ln_ctx {
+  float *out, *mean, *rstd, *dinp, *dw, *db;
+  const float *inp, *w, *b, *dout, *cmean, *crstd;
+  int N, C;
+  float eps;
+} ln_ctx;
+
 MEGA_CPU_CLONES
-void mega_cpu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
-                                const float *inp, const float *w, const float *b, int N,
-                                int C, float eps) {
-  (void)be;
-  for (int n = 0; n < N; n++) {
-    const float *x = inp + (size_t)n * C;
+static void ln_fwd_rows(void *vc, int64_t n0, int64_t n1) {
+  const ln_ctx *c = vc;
+  int C = c->C;
+  for (int64_t n = n0; n < n1; n++) {
+    const float *x = c->inp + n * C;
     float s = 0.0f;
     for (int i = 0; i < C; i++) s += x[i];
     float m = s / C;
@@ -52,22 +86,30 @@ void mega_cpu_layernorm_forward(mega_backend *be, float *out, float *mean, float
       float d = x[i] - m;
       v += d * d;
     }
-    float r = 1.0f / sqrtf(v / C + eps);
-    float *o = out + (size_t)n * C;
-    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * r * w[i] + b[i];
-    mean[n] = m;
-    rstd[n] = r;
+    float r = 1.0f / sqrtf(v / C + c->eps);
+    float *o = c->out + n * C;
+    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * r * c->w[i] + c->b[i];
+    c->mean[n] = m;
+    c->rstd[n] = r;
   }
 }
 
+void mega_cpu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
+                                const float *inp, const float *w, const float *b, int N,
+                                int C, float eps) {
+  ln_ctx c = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .w = w, .b = b, .N = N,
+              .C = C, .eps = eps};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(C), ln_fwd_rows, &c);
+}
+
 MEGA_CPU_CLONES
-void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dout,
-                                       const float *inp, const float *w,
-                                       const float *mean, const float *rstd, int N, int C) {
-  (void)be;
-  for (int n = 0; n < N; n++) {
-    const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
-    float m = mean[n], r = rstd[n];
+static void ln_bwd_in_rows(void *vc, int64_t n0, int64_t n1) {
+  const ln_ctx *c = vc;
+  int C = c->C;
+  const float *w = c->w;
+  for (int64_t n = n0; n < n1; n++) {
+    const float *x = c->inp + n * C, *d = c->dout + n * C;
+    float m = c->cmean[n], r = c->crstd[n];
     /* dxhat = d * w; dx = r * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) */
     float s1 = 0.0f, s2 = 0.0f;
     for (int i = 0; i < C; i++) {
@@ -77,7 +119,7 @@ void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const floa
     }
     s1 /= C;
     s2 /= C;
-    float *di = dinp + (size_t)n * C;
+    float *di = c->dinp + n * C;
     for (int i = 0; i < C; i++) {
       float xhat = (x[i] - m) * r;
       di[i] += (d[i] * w[i] - s1 - xhat * s2) * r;
@@ -85,58 +127,108 @@ void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const floa
   }
 }
 
+void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dout,
+                                       const float *inp, const float *w,
+                                       const float *mean, const float *rstd, int N, int C) {
+  ln_ctx c = {.dinp = dinp, .dout = dout, .inp = inp, .w = w, .cmean = mean, .crstd = rstd,
+              .N = N, .C = C};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(C), ln_bwd_in_rows, &c);
+}
+
+/* Over a channel range: each thread sums its columns over all rows. */
 MEGA_CPU_CLONES
-void mega_cpu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
-                                        const float *dout, const float *inp,
-                                        const float *mean, const float *rstd, int N,
-                                        int C) {
-  (void)be;
-  for (int n = 0; n < N; n++) {
-    const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
-    float m = mean[n], r = rstd[n];
-    for (int i = 0; i < C; i++) {
-      dw[i] += d[i] * (x[i] - m) * r;
-      db[i] += d[i];
+static void ln_bwd_w_cols(void *vc, int64_t i0, int64_t i1) {
+  const ln_ctx *c = vc;
+  for (int64_t n = 0; n < c->N; n++) {
+    const float *x = c->inp + n * c->C, *d = c->dout + n * c->C;
+    float m = c->cmean[n], r = c->crstd[n];
+    for (int64_t i = i0; i < i1; i++) {
+      c->dw[i] += d[i] * (x[i] - m) * r;
+      c->db[i] += d[i];
     }
   }
 }
 
-MEGA_CPU_CLONES
-void mega_cpu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
-  (void)be;
-  for (size_t i = 0; i < n; i++) out[i] = mega_gelu(inp[i]);
+void mega_cpu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
+                                        const float *dout, const float *inp,
+                                        const float *mean, const float *rstd, int N,
+                                        int C) {
+  ln_ctx c = {.dw = dw, .db = db, .dout = dout, .inp = inp, .cmean = mean, .crstd = rstd,
+              .N = N, .C = C};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), C, 64, ln_bwd_w_cols, &c);
 }
 
+/* ---- element-wise ---- */
+
+typedef struct elem_ctx {
+  float *out;
+  const float *a, *b;
+} elem_ctx;
+
 MEGA_CPU_CLONES
+static void gelu_fwd_range(void *vc, int64_t i0, int64_t i1) {
+  const elem_ctx *c = vc;
+  for (int64_t i = i0; i < i1; i++) c->out[i] = mega_gelu(c->a[i]);
+}
+
+void mega_cpu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
+  elem_ctx c = {.out = out, .a = inp};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS,
+                        gelu_fwd_range, &c);
+}
+
+/* a = inp, b = dout */
+MEGA_CPU_CLONES
+static void gelu_bwd_range(void *vc, int64_t i0, int64_t i1) {
+  const elem_ctx *c = vc;
+  for (int64_t i = i0; i < i1; i++) c->out[i] = mega_gelu_grad(c->a[i]) * c->b[i];
+}
+
 void mega_cpu_gelu_backward(mega_backend *be, float *dinp, const float *inp,
                             const float *dout, size_t n) {
-  (void)be;
-  for (size_t i = 0; i < n; i++) dinp[i] = mega_gelu_grad(inp[i]) * dout[i];
+  elem_ctx c = {.out = dinp, .a = inp, .b = dout};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS,
+                        gelu_bwd_range, &c);
 }
 
 MEGA_CPU_CLONES
+static void add_range(void *vc, int64_t i0, int64_t i1) {
+  const elem_ctx *c = vc;
+  for (int64_t i = i0; i < i1; i++) c->out[i] = c->a[i] + c->b[i];
+}
+
 void mega_cpu_residual_forward(mega_backend *be, float *out, const float *a,
                                const float *b, size_t n) {
-  (void)be;
-  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+  elem_ctx c = {.out = out, .a = a, .b = b};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS, add_range,
+                        &c);
 }
 
-MEGA_CPU_CLONES
 void mega_cpu_add_inplace(mega_backend *be, float *out, const float *a, size_t n) {
-  (void)be;
-  for (size_t i = 0; i < n; i++) out[i] += a[i];
+  elem_ctx c = {.out = out, .a = out, .b = a};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS, add_range,
+                        &c);
 }
+
+/* ---- softmax cross-entropy ---- */
+
+typedef struct xent_ctx {
+  float *losses, *probs, *dlogits;
+  const float *logits, *cprobs;
+  const int32_t *targets;
+  int V;
+  float scale;
+} xent_ctx;
 
 /* loss = logsumexp(logits) - logits[target], computed from the max-shifted
  * row so it is exact to float rounding even when probs[target] underflows. */
 MEGA_CPU_CLONES
-void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
-                                   const float *logits, const int32_t *targets, int N,
-                                   int V) {
-  (void)be;
-  for (int n = 0; n < N; n++) {
-    const float *l = logits + (size_t)n * V;
-    float *p = probs + (size_t)n * V;
+static void xent_fwd_rows(void *vc, int64_t n0, int64_t n1) {
+  const xent_ctx *c = vc;
+  int V = c->V;
+  for (int64_t n = n0; n < n1; n++) {
+    const float *l = c->logits + n * V;
+    float *p = c->probs + n * V;
     float mx = -INFINITY;
     for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
     float s = 0.0f;
@@ -146,18 +238,32 @@ void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs
     }
     float inv = 1.0f / s;
     for (int i = 0; i < V; i++) p[i] *= inv;
-    losses[n] = logf(s) + mx - l[targets[n]];
+    c->losses[n] = logf(s) + mx - l[c->targets[n]];
   }
 }
 
+void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
+                                   const float *logits, const int32_t *targets, int N,
+                                   int V) {
+  xent_ctx c = {.losses = losses, .probs = probs, .logits = logits, .targets = targets, .V = V};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(V), xent_fwd_rows, &c);
+}
+
 MEGA_CPU_CLONES
+static void xent_bwd_rows(void *vc, int64_t n0, int64_t n1) {
+  const xent_ctx *c = vc;
+  int V = c->V;
+  for (int64_t n = n0; n < n1; n++) {
+    const float *p = c->cprobs + n * V;
+    float *d = c->dlogits + n * V;
+    for (int i = 0; i < V; i++) d[i] = p[i] * c->scale;
+    d[c->targets[n]] -= c->scale;
+  }
+}
+
 void mega_cpu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
                                     const int32_t *targets, float scale, int N, int V) {
-  (void)be;
-  for (int n = 0; n < N; n++) {
-    const float *p = probs + (size_t)n * V;
-    float *d = dlogits + (size_t)n * V;
-    for (int i = 0; i < V; i++) d[i] = p[i] * scale;
-    d[targets[n]] -= scale;
-  }
+  xent_ctx c = {.dlogits = dlogits, .cprobs = probs, .targets = targets, .V = V,
+                .scale = scale};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(V), xent_bwd_rows, &c);
 }
