@@ -122,3 +122,10 @@ mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, i
   }
   return MEGA_OK;
 }
+
+int mega_data_variable_seq_len(int seq_len, const mega_batch_plan *p, int64_t iteration,
+                               int first_sample) {
+  int64_t per_iter = p->global_batch / p->micro_batch;
+  int64_t k = iteration * per_iter + first_sample / p->micro_batch;
+  return seq_len - (int)(k % 4) * (seq_len / 8);
+}

@@ -60,4 +60,13 @@ mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, i
                                  int dp_rank, int micro, int32_t *tokens, int32_t *targets,
                                  mega_err *err);
 
+/* --variable-seq-lengths: microbatches of one iteration differ in length
+ * while the data order stays the same. Global microbatch k of an iteration
+ * (samples [k*b, (k+1)*b), whatever the data-parallel split) of iteration i
+ * keeps the first T - ((i*G/b + k) mod 4) * floor(T/8) tokens of each of its
+ * windows, so lengths cycle through T, 7T/8, 3T/4, 5T/8. first_sample is the
+ * microbatch's first sample in the iteration (mega_batch_first_sample). */
+int mega_data_variable_seq_len(int seq_len, const mega_batch_plan *p, int64_t iteration,
+                               int first_sample);
+
 #endif

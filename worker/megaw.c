@@ -1,7 +1,8 @@
 /* megaw: the worker. Without an assignment from megad it trains alone, as
- * rank 0 of 1:
+ * rank 0 of 1, or as one rank of a hand launch:
  *
  *   megaw [job flags] [--json]
+ *   megaw --rank R --world-size N --rendezvous-dir DIR [job flags] [--json]
  *
  * With --json each iteration is one JSON object on one line of stdout;
  * without it a readable line every --log-interval iterations. Notes go to
@@ -19,8 +20,9 @@
 #include "core/jobspec.h"
 #include "core/status.h"
 #include "worker/backend/backend.h"
+#include "core/schedule.h"
 #include "worker/data.h"
-#include "worker/train.h"
+#include "worker/rank.h"
 
 static volatile sig_atomic_t stop_signal = 0;
 
@@ -38,17 +40,24 @@ static void install_signals(void) {
 
 typedef struct worker_opts {
   bool json;
+  int rank, world, dp;        /* world 1 unless launched by hand with --world-size */
+  const char *rendezvous_dir; /* FileStore directory for a hand launch */
 } worker_opts;
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: megaw [job flags] [--json]\n\n"
-          "Trains a GPT on one rank. Without an assignment from megad it runs alone, as\n"
-          "rank 0 of 1.\n\n"
+          "usage: megaw [job flags] [--json]\n"
+          "       megaw --rank R --world-size N --rendezvous-dir DIR [job flags] [--json]\n\n"
+          "Trains a GPT. megad starts workers with an assignment; without one, megaw\n"
+          "trains alone as rank 0 of 1, or as rank R of N ranks started by hand that meet\n"
+          "through a directory they all see.\n\n"
           "worker flags:\n"
-          "  --json     print one JSON object per iteration on stdout\n"
-          "  --help     print this help\n"
-          "  --version  print megaw's version\n");
+          "  --json                 print one JSON object per iteration on stdout\n"
+          "  --rank R               this process's rank (hand launch)\n"
+          "  --world-size N         ranks in the job (hand launch)\n"
+          "  --rendezvous-dir DIR   where the ranks meet (hand launch)\n"
+          "  --help                 print this help\n"
+          "  --version              print megaw's version\n");
   int width = 0;
   for (int i = 0; i < mega_jobspec_flag_count(); i++) {
     const mega_jobflag *fl = mega_jobspec_flag(i);
@@ -76,108 +85,178 @@ static int fail(const char *what, const mega_err *err) {
   return 1;
 }
 
-/* Rejects the flags single-rank training does not act on, rather than
- * ignoring them silently. */
-static mega_status check_alone(const mega_jobspec *s, mega_err *err) {
-  if (s->tensor_model_parallel_size > 1 || s->pipeline_model_parallel_size > 1)
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "without megad, training runs alone on one rank; --tensor-model-parallel-size and "
-                     "--pipeline-model-parallel-size above 1 need megad (megactl submit)");
+/* Rejects what a run without megad cannot do, rather than ignoring it. */
+static mega_status check_standalone(const mega_jobspec *s, mega_err *err) {
   if (s->eval_interval > 0)
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "megaw alone does not evaluate; drop --eval-interval");
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "evaluation is not built yet; drop --eval-interval");
   if (s->trace_iteration > 0)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "--trace-iteration needs the pipeline engine (megactl submit)");
-  if (s->simulate_compute)
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "--simulate-compute needs the pipeline engine (megactl submit)");
+                     "--trace-iteration needs megad, which gathers every rank's spans into one "
+                     "trace (megad run or megactl submit)");
   return MEGA_OK;
 }
 
-static void print_step(const worker_opts *o, const mega_step_report *r, int64_t total) {
+typedef struct run_state {
+  const worker_opts *o;
+  const mega_jobspec *job;
+  mega_rank *rank;
+} run_state;
+
+static void print_step(void *arg, const mega_rank_metrics *m) {
+  run_state *rs = arg;
+  const worker_opts *o = rs->o;
+  /* Every replica consumes as many tokens as this one. */
+  double tokens_per_s = m->step_time_s > 0 ? (double)m->tokens * o->dp / m->step_time_s : 0;
   if (o->json) {
-    json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f}", "iteration", (json_int_t)r->iteration,
-                          "loss", r->loss, "grad_norm", r->grad_norm, "lr", r->lr,
-                          "step_time_s", r->step_time_s, "tokens_per_s", r->tokens_per_s);
+    /* iteration and loss lead, as megaw has always printed them */
+    json_t *j = json_pack("{s:I}", "iteration", (json_int_t)m->iteration);
+    if (j && m->has_loss) json_object_set_new(j, "loss", json_real(m->loss));
+    json_t *rest = json_pack("{s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:f, s:f, s:f, s:I}",
+                             "grad_norm", m->grad_norm, "lr", m->lr, "step_time_s",
+                             m->step_time_s, "tokens_per_s", tokens_per_s, "rank", m->rank,
+                             "pp_rank", m->pp_rank, "dp_rank", m->dp_rank, "compute_s",
+                             m->compute_s, "bubble_s", m->bubble_s, "p2p_wait_s", m->p2p_wait_s,
+                             "peak_activation_bytes", (json_int_t)m->peak_activation_bytes);
+    if (j && rest) json_object_update(j, rest);
+    json_decref(rest);
     if (j) {
-      char *line = json_dumps(j, JSON_COMPACT);
+      char *line = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
       if (line) printf("%s\n", line);
       free(line);
       json_decref(j);
     }
-  } else {
-    printf("iteration %6lld/%lld | loss %.6f | grad_norm %.4f | lr %.4e | %.3f s | %.0f tokens/s\n",
-           (long long)r->iteration, (long long)total, r->loss, r->grad_norm, r->lr,
-           r->step_time_s, r->tokens_per_s);
+  } else if (m->iteration % rs->job->log_interval == 0 || m->iteration == rs->job->train_iters) {
+    /* Readable lines follow --log-interval, and the last iteration always prints. */
+    if (m->has_loss)
+      printf("iteration %6lld/%d | loss %.6f | grad_norm %.4f | lr %.4e | %.3f s | %.0f tokens/s\n",
+             (long long)m->iteration, rs->job->train_iters, m->loss, m->grad_norm, m->lr,
+             m->step_time_s, tokens_per_s);
+    else
+      printf("iteration %6lld/%d | rank %d | compute %.3f s | bubble %.3f s | %.3f s\n",
+             (long long)m->iteration, rs->job->train_iters, m->rank, m->compute_s, m->bubble_s,
+             m->step_time_s);
   }
   fflush(stdout);
+  /* A signal stops training after the step that was running. */
+  if (stop_signal) mega_rank_abort(rs->rank, "stopped by a signal");
 }
 
-static int save(mega_trainer *t, const mega_jobspec *job) {
-  mega_err err = {0};
-  if (mega_trainer_save(t, &err) != MEGA_OK) return fail(NULL, &err);
-  fprintf(stderr, "megaw: saved checkpoint of iteration %lld in %s\n",
-          (long long)mega_trainer_iteration(t), job->save);
-  return 0;
+static void print_checkpoint(void *arg, int64_t iteration, const char *path, uint64_t bytes,
+                             double seconds) {
+  (void)arg;
+  fprintf(stderr, "megaw: saved checkpoint of iteration %lld in %s (%.1f MB, %.2f s)\n",
+          (long long)iteration, path, (double)bytes / 1e6, seconds);
 }
 
-/* Training as rank 0 of 1. */
-static int run_alone(const mega_jobspec *job, const worker_opts *o) {
+/* Training without megad: alone (rank 0 of 1), or as one of --world-size
+ * ranks started by hand that meet through --rendezvous-dir. */
+static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
   mega_err err = {0};
-  mega_backend *be = NULL;
-  mega_backend_cpu_opts bo = {.threads = job->blas_threads};
-  if (mega_backend_cpu_create(&bo, &be, &err) != MEGA_OK) return fail("cpu backend", &err);
-  mega_trainer *t = NULL;
-  bool resumed = false;
+  run_state rs = {.o = o, .job = job};
+  mega_rank_env env = {.job = job, .rank = o->rank, .world_size = o->world,
+                       .local_rank = o->rank, .local_world_size = o->world,
+                       .store_dir = o->world > 1 ? o->rendezvous_dir : NULL,
+                       .kv_prefix = "megaw", .device = -1,
+                       .on_step = print_step, .on_checkpoint = print_checkpoint, .arg = &rs};
+  if (mega_rank_create(&env, &rs.rank, &err) != MEGA_OK) return fail(NULL, &err);
   int rc = 0;
-  if (mega_trainer_create(job, be, NULL, &t, &resumed, &err) != MEGA_OK) {
+  if (mega_rank_setup(rs.rank, &err) != MEGA_OK) {
     rc = fail(NULL, &err);
     goto out;
   }
-  if (job->load && !resumed)
+  int64_t it = mega_rank_iteration(rs.rank);
+  if (job->load && !mega_rank_loaded_path(rs.rank))
     fprintf(stderr, "megaw: no checkpoint in --load %s; starting from fresh weights\n", job->load);
-  if (resumed)
-    fprintf(stderr, "megaw: resumed from %s at iteration %lld\n", mega_trainer_loaded_path(t),
-            (long long)mega_trainer_iteration(t));
-  if (mega_trainer_iteration(t) >= job->train_iters)
+  if (mega_rank_loaded_path(rs.rank))
+    fprintf(stderr, "megaw: resumed from %s at iteration %lld\n", mega_rank_loaded_path(rs.rank),
+            (long long)it);
+  if (it >= job->train_iters)
     fprintf(stderr, "megaw: already at iteration %lld, --train-iters %d: nothing to train\n",
-            (long long)mega_trainer_iteration(t), job->train_iters);
-  if (!o->json)
-    printf("megaw: %zu parameters, %d layers, hidden %d, %d heads, seq %d, global batch %d, "
-           "micro batch %d\n", mega_trainer_num_params(t), job->num_layers, job->hidden_size,
+            (long long)it, job->train_iters);
+  if (job->simulate_compute)
+    fprintf(stderr, "megaw: BENCHMARK MODE (--simulate-compute %s): F, B and W sleep instead of "
+                    "computing; P2P and collectives are real; no loss is computed\n",
+            job->simulate_compute);
+  if (!o->json && o->rank == 0)
+    printf("megaw: rank %d of %d, %zu parameters here, %d layers, hidden %d, %d heads, seq %d, "
+           "global batch %d, micro batch %d\n", o->rank, o->world,
+           mega_rank_num_params(rs.rank), job->num_layers, job->hidden_size,
            job->num_attention_heads, job->seq_length, job->global_batch_size,
            job->micro_batch_size);
-  if (job->save && job->save_initial && mega_trainer_iteration(t) == 0 && !stop_signal &&
-      (rc = save(t, job)) != 0)
-    goto out;
-  while (mega_trainer_iteration(t) < job->train_iters && !stop_signal) {
-    mega_step_report r;
-    if (mega_trainer_step(t, &r, &err) != MEGA_OK) {
+  if (mega_rank_run(rs.rank, &err) != MEGA_OK) {
+    if (stop_signal && err.status == MEGA_ERR_CANCELLED) {
+      fprintf(stderr, "megaw: stopped by signal %d after iteration %lld\n", (int)stop_signal,
+              (long long)mega_rank_iteration(rs.rank));
+      rc = 128 + stop_signal;
+    } else {
       rc = fail(NULL, &err);
-      goto out;
     }
-    /* JSON lines are for programs: every iteration. Readable lines follow
-     * --log-interval, and the last iteration always prints. */
-    if (o->json || r.iteration % job->log_interval == 0 || r.iteration == job->train_iters)
-      print_step(o, &r, job->train_iters);
-    if (mega_trainer_save_due(t) && (rc = save(t, job)) != 0) goto out;
-  }
-  if (stop_signal) {
-    fprintf(stderr, "megaw: stopped by signal %d after iteration %lld\n", (int)stop_signal,
-            (long long)mega_trainer_iteration(t));
+  } else if (stop_signal) {
     rc = 128 + stop_signal;
   }
 out:
-  mega_trainer_destroy(t);
-  mega_backend_destroy(be);
+  mega_rank_destroy(rs.rank);
   return rc;
+}
+
+/* The schedule's own rules (Megatron's), with the same words megad gives. */
+static mega_status check_schedule(const mega_jobspec *job, int world, mega_err *err) {
+  int pp = job->pipeline_model_parallel_size, vp = mega_jobspec_vp(job);
+  mega_sched_params p = {
+      .kind = job->schedule >= 0 ? (mega_sched_kind)job->schedule : mega_sched_default_kind(pp, vp),
+      .pp = pp, .vp = vp, .microbatches = mega_jobspec_num_microbatches(job, world),
+      .group_size = vp > 1 ? mega_jobspec_group_size(job) : 0};
+  mega_status st = mega_sched_check_params(&p, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "invalid job");
+  return st;
+}
+
+/* --rank, --world-size and --rendezvous-dir: a hand launch without megad. */
+static mega_status parse_launch_flag(worker_opts *o, int argc, char **argv, int *i,
+                                     mega_err *err) {
+  const char *name = argv[*i];
+  bool rank = !strcmp(name, "--rank"), world = !strcmp(name, "--world-size"),
+       dir = !strcmp(name, "--rendezvous-dir");
+  if (!rank && !world && !dir) return MEGA_ERR_NOT_FOUND;
+  if (*i + 1 >= argc) return mega_fail(err, MEGA_ERR_INVALID, "%s needs a value", name);
+  const char *v = argv[*i + 1];
+  *i += 2;
+  if (dir) {
+    o->rendezvous_dir = v;
+    return MEGA_OK;
+  }
+  char *end;
+  long n = strtol(v, &end, 10);
+  if (*v == '\0' || *end || n < (rank ? 0 : 1) || n > 1000000)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: '%s' is not a %s integer", name, v,
+                     rank ? "non-negative" : "positive");
+  if (rank) o->rank = (int)n;
+  else o->world = (int)n;
+  return MEGA_OK;
+}
+
+static mega_status check_launch(const worker_opts *o, const mega_jobspec *job, mega_err *err) {
+  int mp = job->tensor_model_parallel_size * job->pipeline_model_parallel_size;
+  if (o->world == 1 && mp > 1)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "TP·PP = %d needs at least %d ranks: start them with megad (megad run "
+                     "--slots %d), or by hand with --rank, --world-size and --rendezvous-dir",
+                     mp, mp, mp);
+  if (o->rank >= o->world)
+    return mega_fail(err, MEGA_ERR_INVALID, "--rank %d is out of range for --world-size %d",
+                     o->rank, o->world);
+  if (o->world > 1 && !o->rendezvous_dir)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--world-size %d needs --rendezvous-dir DIR, a directory every rank sees "
+                     "(or let megad start the ranks: megad run --slots %d)", o->world, o->world);
+  return MEGA_OK;
 }
 
 int main(int argc, char **argv) {
   install_signals();
   mega_jobspec job;
   mega_jobspec_defaults(&job);
-  worker_opts o = {0};
+  worker_opts o = {.world = 1};
   mega_err err = {0};
   for (int i = 1; i < argc;) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -196,6 +275,7 @@ int main(int argc, char **argv) {
       continue;
     }
     mega_status st = mega_jobspec_parse_flag(&job, argc, argv, &i, &err);
+    if (st == MEGA_ERR_NOT_FOUND) st = parse_launch_flag(&o, argc, argv, &i, &err);
     if (st != MEGA_OK) {
       if (st == MEGA_ERR_NOT_FOUND)
         fprintf(stderr, "megaw: unknown flag '%s' (see megaw --help)\n", argv[i]);
@@ -207,14 +287,16 @@ int main(int argc, char **argv) {
   }
   /* Flag errors exit 2, like a usage error; failures while training exit 1. */
   long long bytes = -1;
-  if (check_alone(&job, &err) != MEGA_OK ||
+  if (check_launch(&o, &job, &err) != MEGA_OK || check_standalone(&job, &err) != MEGA_OK ||
       (job.data_path && mega_data_file_size(job.data_path, &bytes, &err) != MEGA_OK) ||
-      mega_jobspec_check(&job, 1, bytes, &err) != MEGA_OK) {
+      mega_jobspec_check(&job, o.world, bytes, &err) != MEGA_OK ||
+      check_schedule(&job, o.world, &err) != MEGA_OK) {
     mega_jobspec_free(&job);
     fprintf(stderr, "megaw: %s\n", err.msg);
     return 2;
   }
-  int rc = run_alone(&job, &o);
+  o.dp = mega_jobspec_dp(&job, o.world);
+  int rc = run_standalone(&job, &o);
   mega_jobspec_free(&job);
   return rc;
 }

@@ -11,8 +11,11 @@
  *   mega_rank *r;
  *   mega_rank_create(&env, &r, &err);   // cheap: checks, no I/O with peers
  *   ... another thread may now call mega_rank_abort(r, "why") at any time ...
- *   mega_rank_run(r, &err);             // rendezvous, train, checkpoint
+ *   mega_rank_run(r, &err);             // set up, train, checkpoint
  *   mega_rank_destroy(r);
+ *
+ * mega_rank_run is mega_rank_setup, then mega_rank_step and the due
+ * checkpoints until --train-iters; tests drive the steps themselves.
  *
  * A world of one needs no store. Otherwise exactly one of kv (the daemon's
  * store, through the worker's pipe) or store_dir (Gloo's FileStore on a
@@ -89,7 +92,23 @@ typedef struct mega_rank mega_rank;
 
 mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err *err);
 
-/* Trains to --train-iters (or until aborted). MEGA_ERR_CANCELLED after an
+/* Builds the backend, model chunks, schedule and optimizer, meets the peers
+ * and builds the groups, and resumes from --load when it holds a
+ * checkpoint. */
+mega_status mega_rank_setup(mega_rank *r, mega_err *err);
+
+/* One iteration: the schedule, gradient reductions, optimizer. */
+mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err);
+
+/* Writes a checkpoint of the current iteration under --save (the rank that
+ * writes for its replicas does; the others return at once). */
+mega_status mega_rank_save(mega_rank *r, mega_err *err);
+
+int64_t mega_rank_iteration(const mega_rank *r); /* completed */
+const char *mega_rank_loaded_path(const mega_rank *r); /* the checkpoint resumed, or NULL */
+size_t mega_rank_num_params(const mega_rank *r);       /* in this rank's chunks */
+
+/* Sets up if needed, then trains to --train-iters (or until aborted). MEGA_ERR_CANCELLED after an
  * abort; MEGA_ERR_PEER when another rank failed (the message names it). */
 mega_status mega_rank_run(mega_rank *r, mega_err *err);
 

@@ -1,0 +1,121 @@
+#include "worker/chunks.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, mega_err *err) {
+  mega_gpt_config_default(cfg);
+  cfg->vocab_size = MEGA_VOCAB_SIZE;
+  cfg->max_seq_len = mega_jobspec_max_position_embeddings(job);
+  cfg->num_layers = job->num_layers;
+  cfg->num_heads = job->num_attention_heads;
+  cfg->channels = job->hidden_size;
+  cfg->init_std = (float)job->init_method_std;
+  cfg->ln_eps = 1e-5f;
+  cfg->seed = (uint64_t)job->seed;
+  return mega_gpt_config_check(cfg, err);
+}
+
+static mega_status stage_desc(const mega_layout *l, int pp_rank, int chunk,
+                              mega_gpt_stage_desc *d, mega_err *err) {
+  if (mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_MTP) > 0)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "layout: stage (pp %d, vp %d) has multi-token prediction layers ('m'), "
+                     "which mega's GPT does not have", pp_rank, chunk);
+  *d = (mega_gpt_stage_desc){
+      .embedding = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_EMBEDDING) > 0,
+      .loss = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_LOSS) > 0,
+      .first_layer = mega_layout_offset(l, pp_rank, chunk, MEGA_LAYER_DECODER),
+      .num_layers = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_DECODER)};
+  return MEGA_OK;
+}
+
+static mega_status build_views(mega_chunks *c, mega_err *err) {
+  size_t total = 0;
+  for (int v = 0; v < c->vp; v++) {
+    int n = 0;
+    mega_gpt_params(c->stages[v], &n);
+    total += (size_t)n;
+  }
+  c->ranges = calloc(total + 1, sizeof *c->ranges);
+  c->ckpt = calloc(total + 1, sizeof *c->ckpt);
+  c->tied_copy = calloc(total + 1, sizeof *c->tied_copy);
+  if (!c->ranges || !c->ckpt || !c->tied_copy)
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %zu parameter views", total);
+  size_t k = 0;
+  for (int v = 0; v < c->vp; v++) {
+    int n = 0;
+    const mega_param_info *info = mega_gpt_params(c->stages[v], &n);
+    float *p = mega_gpt_param_data(c->stages[v]), *g = mega_gpt_grad_data(c->stages[v]);
+    for (int i = 0; i < n; i++, k++) {
+      c->ranges[k] = (mega_optim_range){.params = p + info[i].offset,
+                                        .grads = g + info[i].offset,
+                                        .numel = info[i].numel, .decay = info[i].decay};
+      mega_ckpt_param *cp = &c->ckpt[k];
+      cp->name = info[i].name;
+      cp->ndim = info[i].ndim;
+      for (int d = 0; d < info[i].ndim; d++) cp->shape[d] = info[i].shape[d];
+      cp->numel = info[i].numel;
+      cp->param = p + info[i].offset;
+      c->tied_copy[k] = info[i].tied_copy;
+      if (!strcmp(info[i].name, "transformer.wte.weight")) {
+        c->wte_grad = g + info[i].offset;
+        c->wte_numel = info[i].numel;
+      }
+    }
+  }
+  c->nparams = total;
+  return MEGA_OK;
+}
+
+mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
+                              const mega_layout *layout, int pp_rank, mega_err *err) {
+  *c = (mega_chunks){.vp = layout->vp};
+  mega_status st = mega_chunks_config(job, &c->cfg, err);
+  if (st != MEGA_OK) return st;
+  c->stages = calloc((size_t)c->vp, sizeof *c->stages);
+  if (!c->stages) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d chunks", c->vp);
+  for (int v = 0; v < c->vp && st == MEGA_OK; v++) {
+    mega_gpt_stage_desc d;
+    st = stage_desc(layout, pp_rank, v, &d, err);
+    if (st == MEGA_OK) st = mega_gpt_stage_create(be, &c->cfg, &d, &c->stages[v], err);
+  }
+  if (st == MEGA_OK) st = build_views(c, err);
+  if (st != MEGA_OK) mega_chunks_free(c);
+  return st;
+}
+
+void mega_chunks_bind_optim(mega_chunks *c, mega_optim *o) {
+  for (size_t k = 0; k < c->nparams; k++) {
+    c->ckpt[k].exp_avg = mega_optim_exp_avg(o, k);
+    c->ckpt[k].exp_avg_sq = mega_optim_exp_avg_sq(o, k);
+  }
+}
+
+void mega_chunks_zero_grad(mega_chunks *c) {
+  for (int v = 0; v < c->vp; v++) mega_gpt_zero_grad(c->stages[v]);
+}
+
+mega_status mega_chunks_grad_sumsq(const mega_chunks *c, mega_backend *be, double *out,
+                                   mega_err *err) {
+  double sum = 0;
+  for (size_t k = 0; k < c->nparams; k++) {
+    if (c->tied_copy[k]) continue;
+    double s;
+    mega_status st = be->ops->sum_squares(be, c->ranges[k].grads, c->ranges[k].numel, &s, err);
+    if (st != MEGA_OK) return st;
+    sum += s;
+  }
+  *out = sum;
+  return MEGA_OK;
+}
+
+void mega_chunks_free(mega_chunks *c) {
+  if (c->stages)
+    for (int v = 0; v < c->vp; v++) mega_gpt_stage_destroy(c->stages[v]);
+  free(c->stages);
+  free(c->ranges);
+  free(c->ckpt);
+  free(c->tied_copy);
+  *c = (mega_chunks){0};
+}

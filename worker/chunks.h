@@ -1,0 +1,51 @@
+/* A rank's model chunks: one GPT stage per virtual pipeline stage it owns,
+ * built from the layout, plus the views of their parameters that the
+ * optimizer, the gradient reductions and checkpoints need.
+ *
+ * Ownership: mega_chunks owns its stages and arrays; it borrows the backend. */
+#ifndef MEGA_WORKER_CHUNKS_H
+#define MEGA_WORKER_CHUNKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/jobspec.h"
+#include "core/layout.h"
+#include "core/status.h"
+#include "worker/checkpoint.h"
+#include "worker/model/gpt.h"
+#include "worker/optim.h"
+
+typedef struct mega_chunks {
+  int vp;
+  mega_gpt_config cfg;
+  mega_gpt_stage **stages;      /* [vp] */
+  mega_optim_range *ranges;     /* one per parameter of every chunk */
+  mega_ckpt_param *ckpt;        /* parallel to ranges */
+  bool *tied_copy;              /* parallel to ranges: the loss stage's copy of wte */
+  size_t nparams;
+  float *wte_grad;              /* this rank's wte gradient (embedding or its copy), or NULL */
+  size_t wte_numel;
+} mega_chunks;
+
+/* The model config a job describes. */
+mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, mega_err *err);
+
+/* Builds the stages of pipeline rank pp_rank from the layout. */
+mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
+                              const mega_layout *layout, int pp_rank, mega_err *err);
+
+/* Points the checkpoint views at the optimizer's moments (after
+ * mega_optim_create over c->ranges). */
+void mega_chunks_bind_optim(mega_chunks *c, mega_optim *o);
+
+void mega_chunks_zero_grad(mega_chunks *c);
+
+/* Sum of squares of this rank's gradients, the tied copy left out so the
+ * model's norm counts wte once. */
+mega_status mega_chunks_grad_sumsq(const mega_chunks *c, mega_backend *be, double *out,
+                                   mega_err *err);
+
+void mega_chunks_free(mega_chunks *c);
+
+#endif

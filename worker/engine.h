@@ -1,0 +1,93 @@
+/* The engine: one loop that executes this rank's action list from
+ * core/schedule for one iteration, whatever the schedule.
+ *
+ * F, B and W run on the rank's stage models (one per model chunk). A run
+ * of communication actions between two compute actions is one P2P step: it
+ * is posted together (worker/p2p.h) and, without --overlap-p2p-comm, waited
+ * at once; with it, each receive is waited only by the compute action that
+ * needs its data, and sends complete in the background.
+ *
+ * Memory: per (microbatch, chunk) the engine holds the activations the
+ * backward needs (mega_gpt_acts), the received input until F has copied it,
+ * the output until it is sent (--deallocate-pipeline-outputs) or until its
+ * backward, and the gradients in flight. It counts the bytes of all of them
+ * and reports the peak. Buffers and activations are pooled across
+ * microbatches and iterations, so the count is what the schedule needs, not
+ * what malloc was asked.
+ *
+ * Measurement: every action is timed. Compute is F, B and W; a wait for a
+ * receive is bubble while its sender had not yet sent (the pipeline had
+ * nothing for this rank) and transfer time after; the bubble is split by
+ * the phase (warmup, steady, cooldown) of the compute action that waited.
+ *
+ * Ownership: the engine borrows everything in its config, which must
+ * outlive it. */
+#ifndef MEGA_WORKER_ENGINE_H
+#define MEGA_WORKER_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/jobspec.h"
+#include "core/schedule.h"
+#include "core/status.h"
+#include "worker/data.h"
+#include "worker/model/gpt.h"
+#include "worker/p2p.h"
+#include "worker/rank.h"
+
+typedef struct mega_engine_config {
+  const mega_schedule *sched;
+  int pp_rank;
+  mega_gpt_stage *const *chunks; /* [sched->vp] */
+  mega_backend *be;
+  mega_p2p *p2p;                 /* NULL when pp == 1 */
+  const mega_data *data;
+  const mega_batch_plan *plan;
+  int dp_rank;
+  int seq_len, hidden;
+  bool overlap_p2p;        /* --overlap-p2p-comm */
+  bool deallocate_outputs; /* --deallocate-pipeline-outputs */
+  bool variable_seq;       /* --variable-seq-lengths */
+  bool forward_only;       /* evaluation: no backward, no gradients */
+  /* --simulate-compute: F, B and W sleep instead of computing (ms for the
+   * rank's whole share; a chunk sleeps 1/vp of it). */
+  bool simulate;
+  double sim_f_ms, sim_b_ms, sim_w_ms;
+} mega_engine_config;
+
+typedef struct mega_engine_result {
+  double loss_sum;   /* last stage: sum of token losses of this replica */
+  uint64_t tokens;   /* target tokens this replica's microbatches hold */
+  double schedule_s; /* wall time from the first action to the last */
+  double compute_s;
+  double bubble_s, bubble_warmup_s, bubble_steady_s, bubble_cooldown_s;
+  double p2p_wait_s;
+  size_t peak_bytes; /* activations and P2P buffers alive at once */
+  int peak_inflight; /* (microbatch, chunk) activations alive at once */
+} mega_engine_result;
+
+typedef struct mega_engine mega_engine;
+
+mega_status mega_engine_create(const mega_engine_config *cfg, mega_engine **out, mega_err *err);
+void mega_engine_destroy(mega_engine *e);
+
+/* Runs the schedule once for `iteration` (0-based, which picks the data).
+ * Gradients accumulate into the chunks' grad buffers (zero them first).
+ * With spans non-NULL, every action's span is appended there (cap entries
+ * at most; *nspans counts them), times from t0_wall (seconds, wall clock). */
+mega_status mega_engine_run(mega_engine *e, int64_t iteration, mega_engine_result *res,
+                            mega_rank_span *spans, size_t cap, size_t *nspans, double t0_wall,
+                            mega_err *err);
+
+/* Sizes a variable-length receive once its shape is known (a
+ * mega_p2p_alloc_fn; give it the engine). */
+mega_status mega_engine_alloc_recv(void *engine, mega_p2p_msg *m, size_t floats, mega_err *err);
+
+/* Sequence length of microbatch `micro` (of this replica) in an iteration:
+ * seq_len, or with --variable-seq-lengths the length the data order gives
+ * it (worker/data.h). */
+int mega_engine_seq_len(const mega_engine *e, int64_t iteration, int micro);
+
+#endif

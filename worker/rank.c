@@ -1,0 +1,403 @@
+#include "worker/rank.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/schedule.h"
+#include "core/topology.h"
+#include "worker/chunks.h"
+#include "worker/data.h"
+#include "worker/engine.h"
+#include "worker/lr_sched.h"
+#include "worker/rank_ckpt.h"
+
+enum { GROUP_PP, GROUP_DP, GROUP_EMBD, NGROUPS };
+
+struct mega_rank {
+  mega_rank_env env;
+  const mega_jobspec *job;
+  mega_topo topo;
+  mega_coord me;
+  atomic_bool aborted;
+  char abort_reason[256];
+
+  mega_backend *be;
+  mega_layout layout;
+  mega_chunks chunks;
+  mega_schedule sched;
+  mega_data *data;
+  mega_batch_plan plan;
+  mega_lr_sched lr;
+  mega_optim *optim;
+  mega_store *store;
+  mega_comm *comm[NGROUPS]; /* NULL where this rank is in no such group of size > 1 */
+  pthread_mutex_t comm_lock; /* guards comm[] against mega_rank_abort's thread */
+  mega_p2p *p2p;
+  bool simulate;
+  const char *loaded;
+  mega_engine *engine;
+  int64_t iteration; /* completed */
+  mega_rank_span *spans;
+  size_t nspans, span_cap;
+};
+
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int timeout_ms(const mega_rank *r) {
+  return r->env.kv_timeout_ms > 0 ? r->env.kv_timeout_ms : 60000;
+}
+
+mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err *err) {
+  *out = NULL;
+  const mega_jobspec *job = env->job;
+  if (env->world_size < 1 || env->rank < 0 || env->rank >= env->world_size)
+    return mega_fail(err, MEGA_ERR_INVALID, "rank %d is out of range for world size %d",
+                     env->rank, env->world_size);
+  if (env->world_size > 1 && !env->kv == !env->store_dir)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "a world of %d ranks needs exactly one rendezvous store (the daemon's "
+                     "key-value store or a store directory)", env->world_size);
+  if (job->tensor_model_parallel_size > 1)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "--tensor-model-parallel-size %d: tensor parallelism is not built yet; use 1",
+                     job->tensor_model_parallel_size);
+  mega_rank *r = calloc(1, sizeof *r);
+  if (!r) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating rank %d", env->rank);
+  r->env = *env;
+  r->job = job;
+  pthread_mutex_init(&r->comm_lock, NULL);
+  mega_status st = mega_topo_init(&r->topo, env->world_size, job->tensor_model_parallel_size,
+                                  job->pipeline_model_parallel_size, err);
+  if (st != MEGA_OK) {
+    free(r);
+    return st;
+  }
+  r->me = mega_topo_coord(&r->topo, env->rank);
+  *out = r;
+  return MEGA_OK;
+}
+
+void mega_rank_abort(mega_rank *r, const char *reason) {
+  if (atomic_exchange(&r->aborted, true)) return;
+  snprintf(r->abort_reason, sizeof r->abort_reason, "%s", reason ? reason : "aborted");
+  pthread_mutex_lock(&r->comm_lock);
+  for (int g = 0; g < NGROUPS; g++)
+    if (r->comm[g]) mega_comm_abort(r->comm[g]);
+  pthread_mutex_unlock(&r->comm_lock);
+}
+
+static mega_status check_abort(mega_rank *r, mega_err *err) {
+  if (!atomic_load(&r->aborted)) return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_CANCELLED, "rank %d aborted: %s", r->env.rank, r->abort_reason);
+}
+
+/* ---- groups ---- */
+
+static mega_status make_group(mega_rank *r, int g, mega_group_kind kind, const char *name,
+                              mega_err *err) {
+  int pos = 0, idx = mega_topo_group_of(&r->topo, kind, r->env.rank, &pos);
+  int size = mega_topo_group_size(&r->topo, kind);
+  if (idx < 0 || size < 2) return MEGA_OK;
+  char group[64];
+  snprintf(group, sizeof group, "%s%d", name, idx);
+  mega_comm *c = NULL;
+  mega_status st = mega_comm_create(r->store, group, pos, size, r->env.hostname, timeout_ms(r),
+                                    &c, err);
+  if (st != MEGA_OK) {
+    mega_err_prefix(err, "joining %s group %d as rank %d of %d", name, idx, pos, size);
+    return st;
+  }
+  pthread_mutex_lock(&r->comm_lock);
+  r->comm[g] = c;
+  /* An abort that raced with the creation must still reach this group. */
+  if (atomic_load(&r->aborted)) mega_comm_abort(c);
+  pthread_mutex_unlock(&r->comm_lock);
+  return check_abort(r, err);
+}
+
+/* Every rank builds its groups in the same order (PP, DP, EMBD), so each
+ * creation only waits for members that are creating the same group. */
+static mega_status build_groups(mega_rank *r, mega_err *err) {
+  if (r->env.world_size == 1) return MEGA_OK;
+  char prefix[256];
+  snprintf(prefix, sizeof prefix, "%s", r->env.kv_prefix ? r->env.kv_prefix : "mega");
+  mega_status st = r->env.kv ? mega_store_open_kv(r->env.kv, r->env.kv_ctx, prefix, &r->store, err)
+                             : mega_store_open_file(r->env.store_dir, prefix, &r->store, err);
+  if (st == MEGA_OK) st = make_group(r, GROUP_PP, MEGA_GROUP_PP, "pp", err);
+  if (st == MEGA_OK) st = make_group(r, GROUP_DP, MEGA_GROUP_DP, "dp", err);
+  if (st == MEGA_OK) st = make_group(r, GROUP_EMBD, MEGA_GROUP_EMBD, "embd", err);
+  mega_store_close(r->store);
+  r->store = NULL;
+  return st;
+}
+
+/* Data-parallel replicas hold the same weights: the first one saves. */
+static bool is_writer(const mega_rank *r) { return r->me.dp == 0 && r->me.tp == 0; }
+
+mega_status mega_rank_save(mega_rank *r, mega_err *err) {
+  if (!r->job->save) return mega_fail(err, MEGA_ERR_INVALID, "no --save directory given");
+  bool wrote = false;
+  uint64_t bytes = 0;
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  mega_status st = mega_rank_ckpt_save(r->be, r->job, &r->chunks, r->optim, r->iteration,
+                                       is_writer(r), &wrote, &bytes, err);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  if (st == MEGA_OK && wrote && r->env.on_checkpoint) {
+    char path[4096];
+    mega_ckpt_iter_path(path, sizeof path, r->job->save, r->iteration);
+    r->env.on_checkpoint(r->env.arg, r->iteration, path, bytes,
+                         (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec));
+  }
+  return st;
+}
+
+/* ---- set-up ---- */
+
+static mega_status build_schedule(mega_rank *r, bool forward_only, mega_schedule *out,
+                                  mega_err *err) {
+  const mega_jobspec *j = r->job;
+  int pp = j->pipeline_model_parallel_size, vp = r->layout.vp;
+  mega_sched_params p = {
+      .kind = j->schedule >= 0 ? (mega_sched_kind)j->schedule : mega_sched_default_kind(pp, vp),
+      .pp = pp, .vp = vp, .microbatches = r->plan.num_micro,
+      .group_size = vp > 1 ? mega_jobspec_group_size(j) : 0};
+  if (forward_only) p.kind = MEGA_SCHED_FORWARD_ONLY;
+  mega_status st = mega_sched_check_params(&p, err);
+  if (st == MEGA_OK) st = mega_sched_generate(&p, out, err);
+  if (st == MEGA_OK) st = mega_sched_validate(out, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "schedule");
+  return st;
+}
+
+static mega_status build_optimizer(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  mega_optim_hparams hp = {.beta1 = j->adam_beta1, .beta2 = j->adam_beta2, .eps = j->adam_eps,
+                           .weight_decay = j->weight_decay, .clip_grad = j->clip_grad};
+  mega_status st = mega_optim_create(r->be, r->chunks.ranges, r->chunks.nparams, &hp, &r->optim,
+                                     err);
+  if (st == MEGA_OK) mega_chunks_bind_optim(&r->chunks, r->optim);
+  return st;
+}
+
+static mega_status build_engine(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  mega_status st = MEGA_OK;
+  if (r->comm[GROUP_PP]) {
+    mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths};
+    st = mega_p2p_create(r->comm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
+  }
+  mega_engine_config ec = {
+      .sched = &r->sched, .pp_rank = r->me.pp, .chunks = r->chunks.stages, .be = r->be,
+      .p2p = r->p2p, .data = r->data, .plan = &r->plan, .dp_rank = r->me.dp,
+      .seq_len = j->seq_length, .hidden = j->hidden_size, .overlap_p2p = j->overlap_p2p_comm,
+      .deallocate_outputs = j->deallocate_pipeline_outputs,
+      .variable_seq = j->variable_seq_lengths};
+  if (j->simulate_compute) {
+    mega_sim_compute sc;
+    if (st == MEGA_OK) st = mega_jobspec_parse_simulate_compute(j->simulate_compute, &sc, err);
+    ec.simulate = r->simulate = true;
+    ec.sim_f_ms = sc.f_ms;
+    ec.sim_b_ms = sc.b_ms;
+    ec.sim_w_ms = sc.has_w ? sc.w_ms : 0;
+  }
+  if (st == MEGA_OK) st = mega_engine_create(&ec, &r->engine, err);
+  if (st == MEGA_OK && r->p2p) mega_p2p_set_alloc(r->p2p, mega_engine_alloc_recv, r->engine);
+  return st;
+}
+
+mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  if (r->be) return MEGA_OK;
+  mega_backend_cpu_opts bo = {.threads = j->blas_threads};
+  mega_status st = mega_backend_cpu_create(&bo, &r->be, err);
+  if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
+  if (st == MEGA_OK) st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, err);
+  if (st == MEGA_OK)
+    st = mega_batch_plan_init(&r->plan, j->global_batch_size, j->micro_batch_size, r->topo.dp,
+                              err);
+  if (st == MEGA_OK) {
+    r->lr = mega_lr_sched_from_job(j);
+    st = mega_lr_sched_check(&r->lr, err);
+  }
+  if (st == MEGA_OK) st = mega_data_open(j->data_path, j->seq_length, &r->data, err);
+  if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
+  if (st == MEGA_OK) st = build_optimizer(r, err);
+  if (st == MEGA_OK) st = build_groups(r, err);
+  if (st == MEGA_OK) st = build_engine(r, err);
+  if (st == MEGA_OK && j->trace_iteration > 0) {
+    r->span_cap = (size_t)r->sched.ranks[r->me.pp].n * 2 + 16;
+    r->spans = calloc(r->span_cap, sizeof *r->spans);
+    if (!r->spans) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
+  }
+  if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
+  if (st == MEGA_OK && j->save && is_writer(r)) st = mega_ckpt_clean_temps(j->save, NULL, err);
+  if (st == MEGA_OK && j->load)
+    st = mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->iteration, &r->loaded, err);
+  return st;
+}
+
+/* ---- one iteration ---- */
+
+/* Sums one double per rank of a group, in rank order, so every member gets
+ * the same bits whatever the group's size. */
+static mega_status sum_doubles(mega_comm *c, double *v, mega_err *err) {
+  if (!c) return MEGA_OK;
+  int n = mega_comm_size(c);
+  double all[n];
+  size_t counts[n];
+  for (int i = 0; i < n; i++) counts[i] = sizeof(double);
+  mega_status st = mega_comm_all_gather(c, v, all, counts, MEGA_DT_BYTE, 0, err);
+  if (st != MEGA_OK) return st;
+  double s = 0;
+  for (int i = 0; i < n; i++) s += all[i];
+  *v = s;
+  return MEGA_OK;
+}
+
+/* finalize_model_grads: data-parallel sums, then the tied embedding's two
+ * copies summed across the first and last stage. */
+static mega_status finalize_grads(mega_rank *r, mega_err *err) {
+  mega_status st = MEGA_OK;
+  if (r->comm[GROUP_DP])
+    for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
+      st = mega_comm_all_reduce(r->comm[GROUP_DP], mega_gpt_grad_data(r->chunks.stages[v]),
+                                mega_gpt_num_params(r->chunks.stages[v]), 0, err);
+  if (st == MEGA_OK && r->comm[GROUP_EMBD] && r->chunks.wte_grad)
+    st = mega_comm_all_reduce(r->comm[GROUP_EMBD], r->chunks.wte_grad, r->chunks.wte_numel, 0,
+                              err);
+  return st;
+}
+
+static uint64_t replica_tokens(const mega_rank *r, int64_t it) {
+  uint64_t n = 0;
+  for (int m = 0; m < r->plan.num_micro; m++)
+    n += (uint64_t)r->plan.micro_batch * (uint64_t)mega_engine_seq_len(r->engine, it, m);
+  return n;
+}
+
+mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
+  int64_t it = r->iteration;
+  bool trace = r->job->trace_iteration == it + 1 && r->spans;
+  double t0 = wall_s();
+  *m = (mega_rank_metrics){.iteration = it + 1, .rank = r->env.rank, .pp_rank = r->me.pp,
+                           .dp_rank = r->me.dp, .tp_rank = r->me.tp,
+                           .step_start_unix_us = (int64_t)(t0 * 1e6)};
+  r->nspans = 0;
+  mega_chunks_zero_grad(&r->chunks);
+  mega_engine_result res;
+  mega_status st = mega_engine_run(r->engine, it, &res, trace ? r->spans : NULL, r->span_cap,
+                                   &r->nspans, t0, err);
+  if (st != MEGA_OK) return st;
+
+  double ts = wall_s();
+  st = finalize_grads(r, err);
+  /* The loss is known on the last stage; its replicas add their sums. */
+  bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
+                  !r->simulate;
+  double loss_sum = res.loss_sum;
+  if (st == MEGA_OK && has_loss) st = sum_doubles(r->comm[GROUP_DP], &loss_sum, err);
+  double sumsq = 0;
+  if (st == MEGA_OK) st = mega_chunks_grad_sumsq(&r->chunks, r->be, &sumsq, err);
+  if (st == MEGA_OK) st = sum_doubles(r->comm[GROUP_PP], &sumsq, err);
+  double tsync = wall_s();
+  double lr = mega_lr_at(&r->lr, it);
+  mega_optim_result or = {.grad_norm = sqrt(sumsq)};
+  if (st == MEGA_OK && !r->simulate) st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+  if (st == MEGA_OK) st = r->be->ops->synchronize(r->be, err);
+  if (st != MEGA_OK) {
+    mega_err_prefix(err, "iteration %lld", (long long)it + 1);
+    return st;
+  }
+  double t1 = wall_s();
+  if (trace) {
+    if (r->nspans < r->span_cap)
+      r->spans[r->nspans++] = (mega_rank_span){.name = "grad-sync", .cat = "grad_sync",
+                                               .start_us = (ts - t0) * 1e6,
+                                               .dur_us = (tsync - ts) * 1e6};
+    if (r->nspans < r->span_cap)
+      r->spans[r->nspans++] = (mega_rank_span){.name = "optimizer", .cat = "optimizer",
+                                               .start_us = (tsync - t0) * 1e6,
+                                               .dur_us = (t1 - tsync) * 1e6};
+  }
+  r->iteration++;
+  uint64_t tokens = replica_tokens(r, it);
+  double global_tokens = (double)tokens * r->topo.dp;
+  m->has_loss = has_loss;
+  m->loss = has_loss ? loss_sum / global_tokens : 0;
+  m->has_grad_norm = true;
+  m->grad_norm = or.grad_norm;
+  m->lr = lr;
+  m->tokens = tokens;
+  m->step_time_s = t1 - t0;
+  m->compute_s = res.compute_s;
+  m->bubble_s = res.bubble_s;
+  m->bubble_warmup_s = res.bubble_warmup_s;
+  m->bubble_steady_s = res.bubble_steady_s;
+  m->bubble_cooldown_s = res.bubble_cooldown_s;
+  m->p2p_wait_s = res.p2p_wait_s;
+  m->grad_sync_exposed_s = tsync - ts;
+  m->peak_activation_bytes = res.peak_bytes;
+  m->spans = trace ? r->spans : NULL;
+  m->nspans = trace ? r->nspans : 0;
+  return MEGA_OK;
+}
+
+int64_t mega_rank_iteration(const mega_rank *r) { return r->iteration; }
+const char *mega_rank_loaded_path(const mega_rank *r) { return r->loaded; }
+
+size_t mega_rank_num_params(const mega_rank *r) {
+  size_t n = 0;
+  for (int v = 0; r->chunks.stages && v < r->chunks.vp; v++)
+    n += mega_gpt_num_params(r->chunks.stages[v]);
+  return n;
+}
+
+mega_status mega_rank_run(mega_rank *r, mega_err *err) {
+  mega_status st = mega_rank_setup(r, err);
+  if (st == MEGA_OK && r->job->save && r->job->save_initial && r->iteration == 0)
+    st = mega_rank_save(r, err);
+  while (st == MEGA_OK && r->iteration < r->job->train_iters) {
+    st = check_abort(r, err);
+    if (st != MEGA_OK) break;
+    mega_rank_metrics m;
+    st = mega_rank_step(r, &m, err);
+    if (st == MEGA_OK && r->env.on_step) r->env.on_step(r->env.arg, &m);
+    if (st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration)) st = mega_rank_save(r, err);
+  }
+  /* A communicator fails with the cause of the first broken link; an abort
+   * explains itself better. */
+  if (st != MEGA_OK && atomic_load(&r->aborted) && st != MEGA_ERR_CANCELLED) check_abort(r, err);
+  return st;
+}
+
+void mega_rank_destroy(mega_rank *r) {
+  if (!r) return;
+  mega_engine_destroy(r->engine);
+  mega_p2p_destroy(r->p2p);
+  pthread_mutex_lock(&r->comm_lock);
+  for (int g = 0; g < NGROUPS; g++) {
+    mega_comm_destroy(r->comm[g]);
+    r->comm[g] = NULL;
+  }
+  pthread_mutex_unlock(&r->comm_lock);
+  pthread_mutex_destroy(&r->comm_lock);
+  mega_store_close(r->store);
+  mega_optim_destroy(r->optim);
+  mega_chunks_free(&r->chunks);
+  mega_sched_free(&r->sched);
+  mega_layout_free(&r->layout);
+  mega_data_close(r->data);
+  mega_backend_destroy(r->be);
+  free(r->spans);
+  free(r);
+}
