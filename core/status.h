@@ -8,6 +8,10 @@
 
 #include <stdarg.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum mega_status {
   MEGA_OK = 0,
   MEGA_ERR_INVALID,     /* bad input: a flag, a string, a file's contents */
@@ -42,5 +46,9 @@ void mega_err_prefix(mega_err *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 void mega_err_clear(mega_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
