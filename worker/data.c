@@ -1,6 +1,7 @@
 #include "worker/data.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,18 +103,22 @@ int mega_batch_first_sample(const mega_batch_plan *p, int dp_rank, int micro) {
   return dp_rank * (p->global_batch / p->dp_size) + micro * p->micro_batch;
 }
 
-mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, int64_t iteration,
-                                 int dp_rank, int micro, int32_t *tokens, int32_t *targets,
-                                 mega_err *err) {
+/* Copies microbatch `micro` of DP rank dp_rank, with window(sample) giving
+ * each sample's window. */
+static mega_status copy_microbatch(const mega_data *d, const mega_batch_plan *p, int64_t iteration,
+                                   int dp_rank, int micro, bool eval, int32_t *tokens,
+                                   int32_t *targets, mega_err *err) {
   if (iteration < 0 || dp_rank < 0 || dp_rank >= p->dp_size || micro < 0 ||
       micro >= p->num_micro)
     return mega_fail(err, MEGA_ERR_INVALID,
-                     "no microbatch %d of DP rank %d in iteration %lld (%d microbatches, DP %d)",
-                     micro, dp_rank, (long long)iteration, p->num_micro, p->dp_size);
+                     "no microbatch %d of DP rank %d in %siteration %lld (%d microbatches, DP %d)",
+                     micro, dp_rank, eval ? "evaluation " : "", (long long)iteration,
+                     p->num_micro, p->dp_size);
   int T = d->seq_len;
   int first = mega_batch_first_sample(p, dp_rank, micro);
   for (int b = 0; b < p->micro_batch; b++) {
     int64_t k = mega_data_sample_window(d, iteration, p->global_batch, first + b);
+    if (eval) k = d->windows - 1 - k;
     const uint8_t *src = d->bytes + (size_t)k * (size_t)T;
     for (int t = 0; t < T; t++) {
       tokens[(size_t)b * T + t] = src[t];
@@ -121,6 +126,18 @@ mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, i
     }
   }
   return MEGA_OK;
+}
+
+mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, int64_t iteration,
+                                 int dp_rank, int micro, int32_t *tokens, int32_t *targets,
+                                 mega_err *err) {
+  return copy_microbatch(d, p, iteration, dp_rank, micro, false, tokens, targets, err);
+}
+
+mega_status mega_data_eval_microbatch(const mega_data *d, const mega_batch_plan *p,
+                                      int64_t eval_iteration, int dp_rank, int micro,
+                                      int32_t *tokens, int32_t *targets, mega_err *err) {
+  return copy_microbatch(d, p, eval_iteration, dp_rank, micro, true, tokens, targets, err);
 }
 
 int mega_data_variable_seq_len(int seq_len, const mega_batch_plan *p, int64_t iteration,

@@ -60,6 +60,15 @@ mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, i
                                  int dp_rank, int micro, int32_t *tokens, int32_t *targets,
                                  mega_err *err);
 
+/* Evaluation batches count windows from the end of the file: sample j of
+ * evaluation iteration e is window K-1 - ((e*G + j) mod K), dealt to DP
+ * ranks and microbatches as training samples are. (A file used only for
+ * training overlaps its evaluation windows; give evaluation its own text
+ * by appending it to the end of the training file.) */
+mega_status mega_data_eval_microbatch(const mega_data *d, const mega_batch_plan *p,
+                                      int64_t eval_iteration, int dp_rank, int micro,
+                                      int32_t *tokens, int32_t *targets, mega_err *err);
+
 /* --variable-seq-lengths: microbatches of one iteration differ in length
  * while the data order stays the same. Global microbatch k of an iteration
  * (samples [k*b, (k+1)*b), whatever the data-parallel split) of iteration i

@@ -266,10 +266,36 @@ static mega_status prepare_msg(mega_engine *e, const mega_action *a, int64_t it,
   return MEGA_OK;
 }
 
+static bool already_posted(mega_engine *e, const mega_action *a) {
+  slot *s = slot_of(e, a->mb, a->chunk);
+  return (a->kind == MEGA_ACT_RECV_F && s->rf.posted) || (a->kind == MEGA_ACT_RECV_B && s->rb.posted);
+}
+
+/* --overlap-p2p-comm: posts the receives of the next P2P step now, so their
+ * data can arrive while this rank computes. Posting a receive never blocks,
+ * so it cannot deadlock the schedule. */
+static mega_status prefetch(mega_engine *e, int from, int64_t it, mega_err *err) {
+  int k = from;
+  while (k < e->nacts && !is_comm(e->acts[k].kind)) k++;
+  if (k >= e->nacts) return MEGA_OK;
+  if (e->phase[k] != PH_STEADY && !e->cfg.overlap_warmup_flush) return MEGA_OK;
+  int n = 0;
+  for (; k < e->nacts && is_comm(e->acts[k].kind); k++) {
+    const mega_action *a = &e->acts[k];
+    if (is_send(a->kind) || already_posted(e, a)) continue;
+    mega_status st = prepare_msg(e, a, it, &e->step[n++], err);
+    if (st != MEGA_OK) return st;
+  }
+  mega_status st = n ? mega_p2p_post(e->cfg.p2p, e->step, n, err) : MEGA_OK;
+  if (st == MEGA_OK && n) track_peak(e);
+  return st;
+}
+
 /* One P2P step: the run of communication actions at [i, *end). */
 static mega_status run_step(mega_engine *e, int i, int64_t it, int *end, mega_err *err) {
   int n = 0, j = i;
   for (; j < e->nacts && is_comm(e->acts[j].kind); j++) {
+    if (already_posted(e, &e->acts[j])) continue; /* prefetched */
     mega_status st = prepare_msg(e, &e->acts[j], it, &e->step[n++], err);
     if (st != MEGA_OK) return st;
   }
@@ -297,7 +323,9 @@ static mega_status run_step(mega_engine *e, int i, int64_t it, int *end, mega_er
       e->pending[e->npending++] = m;
     }
   }
-  return e->cfg.overlap_p2p ? reap_sends(e, err) : MEGA_OK;
+  if (!e->cfg.overlap_p2p) return MEGA_OK;
+  st = reap_sends(e, err);
+  return st == MEGA_OK ? prefetch(e, j, it, err) : st;
 }
 
 /* ---- compute ---- */
@@ -309,8 +337,12 @@ static void sleep_ms(double ms) {
 }
 
 static mega_status load_batch(mega_engine *e, int64_t it, int mb, int T, mega_err *err) {
-  mega_status st = mega_data_microbatch(e->cfg.data, e->cfg.plan, it, e->cfg.dp_rank, mb,
-                                        e->tokens, e->targets, err);
+  mega_status st =
+      e->cfg.eval_data
+          ? mega_data_eval_microbatch(e->cfg.data, e->cfg.plan, it, e->cfg.dp_rank, mb, e->tokens,
+                                      e->targets, err)
+          : mega_data_microbatch(e->cfg.data, e->cfg.plan, it, e->cfg.dp_rank, mb, e->tokens,
+                                 e->targets, err);
   if (st != MEGA_OK || T == e->cfg.seq_len) return st;
   /* A shorter microbatch keeps the head of each window. */
   for (int b = 1; b < e->B; b++) {
@@ -461,6 +493,9 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
   e->t0_wall = t0_wall;
   e->inflight = 0;
   e->npending = 0;
+  /* Variable-length receives land in this engine's slots (a rank may hold
+   * a training and an evaluation engine over one P2P). */
+  if (e->cfg.p2p) mega_p2p_set_alloc(e->cfg.p2p, mega_engine_alloc_recv, e);
   for (int i = 0; i < e->num_micro * e->vp; i++) { /* empty unless the last one failed */
     release_slot(e, &e->slots[i]);
     e->slots[i] = (slot){0};

@@ -5,7 +5,10 @@
  * of communication actions between two compute actions is one P2P step: it
  * is posted together (worker/p2p.h) and, without --overlap-p2p-comm, waited
  * at once; with it, each receive is waited only by the compute action that
- * needs its data, and sends complete in the background.
+ * needs its data, sends complete in the background, and in the steady phase
+ * the receives of the next step are posted one step ahead so their transfer
+ * overlaps this rank's compute (--overlap-p2p-comm-warmup-flush prefetches
+ * in warmup and cooldown too, as Megatron's flag does).
  *
  * Memory: per (microbatch, chunk) the engine holds the activations the
  * backward needs (mega_gpt_acts), the received input until F has copied it,
@@ -48,9 +51,11 @@ typedef struct mega_engine_config {
   int dp_rank;
   int seq_len, hidden;
   bool overlap_p2p;        /* --overlap-p2p-comm */
+  bool overlap_warmup_flush; /* --overlap-p2p-comm-warmup-flush */
   bool deallocate_outputs; /* --deallocate-pipeline-outputs */
   bool variable_seq;       /* --variable-seq-lengths */
   bool forward_only;       /* evaluation: no backward, no gradients */
+  bool eval_data;          /* read the evaluation windows (mega_data_eval_microbatch) */
   /* --simulate-compute: F, B and W sleep instead of computing (ms for the
    * rank's whole share; a chunk sleeps 1/vp of it). */
   bool simulate;

@@ -87,8 +87,6 @@ static int fail(const char *what, const mega_err *err) {
 
 /* Rejects what a run without megad cannot do, rather than ignoring it. */
 static mega_status check_standalone(const mega_jobspec *s, mega_err *err) {
-  if (s->eval_interval > 0)
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "evaluation is not built yet; drop --eval-interval");
   if (s->trace_iteration > 0)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "--trace-iteration needs megad, which gathers every rank's spans into one "
@@ -117,6 +115,8 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
                              "pp_rank", m->pp_rank, "dp_rank", m->dp_rank, "compute_s",
                              m->compute_s, "bubble_s", m->bubble_s, "p2p_wait_s", m->p2p_wait_s,
                              "peak_activation_bytes", (json_int_t)m->peak_activation_bytes);
+    if (rest) json_object_set_new(rest, "peak_inflight", json_integer(m->peak_inflight));
+    if (rest && m->has_eval_loss) json_object_set_new(rest, "eval_loss", json_real(m->eval_loss));
     if (j && rest) json_object_update(j, rest);
     json_decref(rest);
     if (j) {

@@ -41,6 +41,9 @@ struct mega_rank {
   bool simulate;
   const char *loaded;
   mega_engine *engine;
+  mega_schedule eval_sched;  /* forward-only, when --eval-interval is set */
+  mega_engine *eval_engine;
+  int64_t eval_done;         /* evaluation batches run so far */
   int64_t iteration; /* completed */
   mega_rank_span *spans;
   size_t nspans, span_cap;
@@ -189,6 +192,29 @@ static mega_status build_optimizer(mega_rank *r, mega_err *err) {
   return st;
 }
 
+static mega_status make_engine(mega_rank *r, const mega_schedule *sched, bool eval,
+                               mega_engine **out, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  mega_engine_config ec = {
+      .sched = sched, .pp_rank = r->me.pp, .chunks = r->chunks.stages, .be = r->be,
+      .p2p = r->p2p, .data = r->data, .plan = &r->plan, .dp_rank = r->me.dp,
+      .seq_len = j->seq_length, .hidden = j->hidden_size, .overlap_p2p = j->overlap_p2p_comm,
+      .overlap_warmup_flush = j->overlap_p2p_comm_warmup_flush,
+      .deallocate_outputs = j->deallocate_pipeline_outputs,
+      .variable_seq = j->variable_seq_lengths && !eval, .forward_only = eval, .eval_data = eval};
+  mega_status st = MEGA_OK;
+  if (j->simulate_compute) {
+    mega_sim_compute sc;
+    st = mega_jobspec_parse_simulate_compute(j->simulate_compute, &sc, err);
+    ec.simulate = r->simulate = true;
+    ec.sim_f_ms = sc.f_ms;
+    ec.sim_b_ms = sc.b_ms;
+    ec.sim_w_ms = sc.has_w ? sc.w_ms : 0;
+  }
+  if (st == MEGA_OK) st = mega_engine_create(&ec, out, err);
+  return st;
+}
+
 static mega_status build_engine(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_status st = MEGA_OK;
@@ -196,22 +222,9 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
     mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths};
     st = mega_p2p_create(r->comm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
   }
-  mega_engine_config ec = {
-      .sched = &r->sched, .pp_rank = r->me.pp, .chunks = r->chunks.stages, .be = r->be,
-      .p2p = r->p2p, .data = r->data, .plan = &r->plan, .dp_rank = r->me.dp,
-      .seq_len = j->seq_length, .hidden = j->hidden_size, .overlap_p2p = j->overlap_p2p_comm,
-      .deallocate_outputs = j->deallocate_pipeline_outputs,
-      .variable_seq = j->variable_seq_lengths};
-  if (j->simulate_compute) {
-    mega_sim_compute sc;
-    if (st == MEGA_OK) st = mega_jobspec_parse_simulate_compute(j->simulate_compute, &sc, err);
-    ec.simulate = r->simulate = true;
-    ec.sim_f_ms = sc.f_ms;
-    ec.sim_b_ms = sc.b_ms;
-    ec.sim_w_ms = sc.has_w ? sc.w_ms : 0;
-  }
-  if (st == MEGA_OK) st = mega_engine_create(&ec, &r->engine, err);
-  if (st == MEGA_OK && r->p2p) mega_p2p_set_alloc(r->p2p, mega_engine_alloc_recv, r->engine);
+  if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
+  if (st == MEGA_OK && j->eval_interval > 0)
+    st = make_engine(r, &r->eval_sched, true, &r->eval_engine, err);
   return st;
 }
 
@@ -231,6 +244,11 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   }
   if (st == MEGA_OK) st = mega_data_open(j->data_path, j->seq_length, &r->data, err);
   if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
+  if (st == MEGA_OK && j->eval_interval > 0) st = build_schedule(r, true, &r->eval_sched, err);
+  if (st == MEGA_OK && j->recompute_granularity >= 0)
+    st = mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                   "--recompute-granularity: activation recomputation is not built yet; drop the "
+                   "flag (--deallocate-pipeline-outputs saves pipeline memory)");
   if (st == MEGA_OK) st = build_optimizer(r, err);
   if (st == MEGA_OK) st = build_groups(r, err);
   if (st == MEGA_OK) st = build_engine(r, err);
@@ -276,6 +294,30 @@ static mega_status finalize_grads(mega_rank *r, mega_err *err) {
     st = mega_comm_all_reduce(r->comm[GROUP_EMBD], r->chunks.wte_grad, r->chunks.wte_numel, 0,
                               err);
   return st;
+}
+
+/* --eval-interval: --eval-iters forward-only batches of the evaluation
+ * windows (worker/data.h), their mean loss reported with this iteration. */
+static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
+  double loss_sum = 0, tokens = 0;
+  bool last = mega_sched_is_last_stage(&r->eval_sched, r->me.pp, r->eval_sched.vp - 1);
+  for (int k = 0; k < r->job->eval_iters; k++) {
+    mega_engine_result res;
+    mega_status st = mega_engine_run(r->eval_engine, r->eval_done++, &res, NULL, 0, NULL, 0, err);
+    if (st != MEGA_OK) {
+      mega_err_prefix(err, "evaluation after iteration %lld", (long long)r->iteration);
+      return st;
+    }
+    loss_sum += res.loss_sum;
+    tokens += (double)res.tokens;
+  }
+  if (!last || r->simulate) return MEGA_OK;
+  mega_status st = sum_doubles(r->comm[GROUP_DP], &loss_sum, err);
+  if (st == MEGA_OK) st = sum_doubles(r->comm[GROUP_DP], &tokens, err);
+  if (st != MEGA_OK) return st;
+  m->has_eval_loss = true;
+  m->eval_loss = tokens > 0 ? loss_sum / tokens : 0;
+  return MEGA_OK;
 }
 
 static uint64_t replica_tokens(const mega_rank *r, int64_t it) {
@@ -347,8 +389,10 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->p2p_wait_s = res.p2p_wait_s;
   m->grad_sync_exposed_s = tsync - ts;
   m->peak_activation_bytes = res.peak_bytes;
+  m->peak_inflight = res.peak_inflight;
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
+  if (r->eval_engine && r->iteration % r->job->eval_interval == 0) return evaluate(r, m, err);
   return MEGA_OK;
 }
 
@@ -383,6 +427,7 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
 void mega_rank_destroy(mega_rank *r) {
   if (!r) return;
   mega_engine_destroy(r->engine);
+  mega_engine_destroy(r->eval_engine);
   mega_p2p_destroy(r->p2p);
   pthread_mutex_lock(&r->comm_lock);
   for (int g = 0; g < NGROUPS; g++) {
@@ -395,6 +440,7 @@ void mega_rank_destroy(mega_rank *r) {
   mega_optim_destroy(r->optim);
   mega_chunks_free(&r->chunks);
   mega_sched_free(&r->sched);
+  mega_sched_free(&r->eval_sched);
   mega_layout_free(&r->layout);
   mega_data_close(r->data);
   mega_backend_destroy(r->be);

@@ -60,6 +60,9 @@ typedef struct mega_rank_metrics {
   double p2p_wait_s;          /* waiting for P2P transfers themselves */
   double grad_sync_exposed_s; /* gradient reduction not hidden behind compute */
   uint64_t peak_activation_bytes;
+  int peak_inflight; /* (microbatch, chunk) activations alive at once */
+  bool has_eval_loss; /* an evaluation ran after this iteration (last stage) */
+  double eval_loss;   /* mean cross-entropy over --eval-iters forward-only batches */
   int64_t step_start_unix_us;
   const mega_rank_span *spans; /* only for --trace-iteration; valid during on_step */
   size_t nspans;
