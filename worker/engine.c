@@ -506,7 +506,13 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
   for (int i = 0; i < e->nacts && st == MEGA_OK;) {
     const mega_action *a = &e->acts[i];
     if (is_comm(a->kind)) {
+      int at = i;
       st = run_step(e, i, it, &i, err);
+      if (st != MEGA_OK) {
+        char name[24];
+        mega_err_prefix(err, "iteration %lld, P2P step at %s", (long long)it + 1,
+                        mega_action_format(e->acts[at], name));
+      }
       continue;
     }
     if (a->kind == MEGA_ACT_F) st = do_forward(e, a, it, e->phase[i], err);

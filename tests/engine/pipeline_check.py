@@ -1,0 +1,262 @@
+#!/usr/bin/python3
+"""The pipeline engine across real processes (megaw ranks launched by hand,
+meeting through a Gloo FileStore), checked against a single rank.
+
+  equivalence  per-iteration losses of every (PP, VP, schedule, P2P options,
+               layout, DP) equal the single-rank run's (--full: all of them;
+               default: a sample that covers every option)
+  memory       peak in-flight activations match the schedule's bound, and
+               --deallocate-pipeline-outputs lowers the measured peak
+  kill         a rank killed mid-schedule makes every other rank fail within
+               seconds, with a cause that names the lost peer
+
+usage: pipeline_check.py MEGAW {equivalence [--full] | memory | kill}
+"""
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MODEL = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "2",
+         "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "16",
+         "--lr", "3e-3", "--lr-warmup-iters", "1", "--clip-grad", "1.0", "--seed", "7"]
+ITERS = 3
+RTOL = 2e-5
+
+
+def write_data(path):
+    words = ("pipeline bubble microbatch stage rank gradient schedule warmup steady "
+             "cooldown activation tensor layer embedding loss").split()
+    out, state = [], 12345
+    for _ in range(6000):
+        state = (state * 1103515245 + 12345) % (1 << 31)
+        out.append(words[state % len(words)])
+    with open(path, "w") as f:
+        f.write(" ".join(out))
+
+
+def launch(megaw, world, args, tmp, timeout=120):
+    """Runs `world` ranks; returns (returncodes, per-rank JSON lines, stderr texts)."""
+    rdv = tempfile.mkdtemp(dir=tmp, prefix="rdv-")
+    base = [megaw] + args + ["--json"]
+    if world > 1:
+        base += ["--world-size", str(world), "--rendezvous-dir", rdv]
+    procs = []
+    for r in range(world):
+        cmd = base + (["--rank", str(r)] if world > 1 else [])
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    results = []
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError("ranks did not finish within %d s: %s" % (timeout, " ".join(base)))
+        lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+        results.append((p.returncode, lines, err))
+    return results
+
+
+def losses_of(results, what):
+    """iteration -> loss, checking every rank that knows the loss agrees."""
+    seen = {}
+    for rc, lines, err in results:
+        if rc != 0:
+            raise RuntimeError("%s: a rank exited %d: %s" % (what, rc, err.strip()[-400:]))
+        for l in lines:
+            if "loss" in l:
+                prev = seen.setdefault(l["iteration"], l["loss"])
+                if abs(prev - l["loss"]) > RTOL * abs(prev):
+                    raise RuntimeError("%s: ranks disagree at iteration %d: %r vs %r" %
+                                       (what, l["iteration"], prev, l["loss"]))
+    if sorted(seen) != list(range(1, ITERS + 1)):
+        raise RuntimeError("%s: losses for iterations %s, want 1..%d" % (what, sorted(seen), ITERS))
+    return seen
+
+
+LAYOUTS = {
+    # name: {(pp, vp): args}
+    "uniform": None,
+    "string": {(2, 1): "Ettt|tttttL", (4, 1): "Et|tttt|t|ttL", (2, 2): "Et|ttt|tt|ttL",
+               (4, 2): "Et|t|t|t|t|t|t|tL"},
+    "first-last": {(2, 1): ["--decoder-first-pipeline-num-layers", "3"],
+                   (4, 1): ["--decoder-first-pipeline-num-layers", "1",
+                            "--decoder-last-pipeline-num-layers", "3"],
+                   (2, 2): ["--decoder-first-pipeline-num-layers", "2"],
+                   (4, 2): ["--decoder-first-pipeline-num-layers", "2",
+                            "--decoder-last-pipeline-num-layers", "2"]},
+}
+
+P2P = {
+    "even-odd": [],
+    "batched": ["--batch-p2p-comm"],
+    "overlap": ["--overlap-p2p-comm"],
+    "overlap-warmup-flush": ["--overlap-p2p-comm", "--overlap-p2p-comm-warmup-flush"],
+    "deallocate": ["--deallocate-pipeline-outputs"],
+    "variable-seq": ["--variable-seq-lengths"],
+}
+
+
+def layout_args(name, pp, vp):
+    spec = LAYOUTS[name]
+    if spec is None:
+        return ["--virtual-pipeline-model-parallel-size", str(vp)] if vp > 1 else []
+    v = spec[(pp, vp)]
+    if isinstance(v, str):
+        return ["--pipeline-model-parallel-layout", v]
+    return v + (["--virtual-pipeline-model-parallel-size", str(vp)] if vp > 1 else [])
+
+
+def all_combos():
+    for pp, vp, dp in itertools.product((2, 4), (1, 2), (1, 2)):
+        scheds = ["interleaved"] if vp > 1 else ["gpipe", "1f1b", "zb-h1"]
+        for sched, p2p, layout in itertools.product(scheds, P2P, LAYOUTS):
+            yield pp, vp, dp, sched, p2p, layout
+
+
+def sample_combos():
+    """Every schedule at PP 2 and 4, every P2P option set with and without
+    VP and at PP 2 and 4, every layout at every (PP, VP), and DP 1 and 2 with
+    every schedule and option set."""
+    combos = list(all_combos())
+    picked, need = [], {}
+    for c in combos:
+        keys = [("sched-pp", c[3], c[0]), ("p2p-vp", c[4], c[1]), ("p2p-pp", c[4], c[0]),
+                ("layout-pp-vp", c[5], c[0], c[1]), ("dp-sched", c[2], c[3]),
+                ("dp-p2p", c[2], c[4])]
+        if any(k not in need for k in keys):
+            picked.append(c)
+            for k in keys:
+                need[k] = True
+    return picked
+
+
+def equivalence(megaw, tmp, full):
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    base = MODEL + ["--train-iters", str(ITERS), "--data-path", data]
+    ref = losses_of(launch(megaw, 1, base, tmp), "single rank")
+    variable_ref = losses_of(launch(megaw, 1, base + ["--variable-seq-lengths"], tmp),
+                             "single rank, variable lengths")
+    combos = list(all_combos()) if full else sample_combos()
+    failed = 0
+    t0 = time.time()
+    for pp, vp, dp, sched, p2p, layout in combos:
+        name = "pp=%d vp=%d dp=%d %s %s layout=%s" % (pp, vp, dp, sched, p2p, layout)
+        args = base + ["--pipeline-model-parallel-size", str(pp), "--schedule", sched]
+        args += layout_args(layout, pp, vp) + P2P[p2p]
+        want = variable_ref if p2p == "variable-seq" else ref
+        try:
+            got = losses_of(launch(megaw, pp * dp, args, tmp), name)
+            for it, loss in want.items():
+                if abs(got[it] - loss) > RTOL * abs(loss):
+                    raise RuntimeError("%s: iteration %d loss %.9f, single rank %.9f" %
+                                       (name, it, got[it], loss))
+            print("ok   %s" % name, flush=True)
+        except RuntimeError as e:
+            failed += 1
+            print("FAIL %s" % e, flush=True)
+    print("%d of %d layouts match the single rank (%.0f s); reference losses %s" %
+          (len(combos) - failed, len(combos), time.time() - t0,
+           " ".join("%.6f" % ref[i] for i in sorted(ref))))
+    return failed == 0
+
+
+def memory(megaw, tmp):
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    base = MODEL + ["--train-iters", "2", "--data-path", data,
+                    "--pipeline-model-parallel-size", "4"]
+    ok = True
+    M, P = 8, 4
+
+    def peaks(extra):
+        res = launch(megaw, P, base + extra, tmp)
+        losses_of_ok = all(rc == 0 for rc, _, _ in res)
+        if not losses_of_ok:
+            raise RuntimeError("memory run failed: %s" % [e for _, _, e in res])
+        return [(r[1][0]["peak_inflight"], r[1][0]["peak_activation_bytes"]) for r in res]
+
+    for sched, bound in (("1f1b", lambda r: min(P - r, M)), ("gpipe", lambda r: M)):
+        got = peaks(["--schedule", sched])
+        want = [bound(r) for r in range(P)]
+        line = "%s peak in-flight per rank %s, bound %s" % (sched, [g[0] for g in got], want)
+        if [g[0] for g in got] != want:
+            ok = False
+            print("FAIL " + line)
+        else:
+            print("ok   " + line)
+    kept = peaks(["--schedule", "1f1b"])
+    freed = peaks(["--schedule", "1f1b", "--deallocate-pipeline-outputs"])
+    line = "peak activation bytes per rank: kept %s, deallocated %s" % (
+        [k[1] for k in kept], [f[1] for f in freed])
+    # The last stage sends nothing forward; every other stage must save memory.
+    if all(f[1] < k[1] for k, f in zip(kept[:-1], freed[:-1])) and freed[-1][1] <= kept[-1][1]:
+        print("ok   " + line)
+    else:
+        ok = False
+        print("FAIL " + line)
+    return ok
+
+
+def kill(megaw, tmp):
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    rdv = tempfile.mkdtemp(dir=tmp, prefix="rdv-")
+    args = MODEL + ["--train-iters", "1000", "--data-path", data,
+                    "--pipeline-model-parallel-size", "4", "--simulate-compute", "10:20",
+                    "--world-size", "4", "--rendezvous-dir", rdv, "--json"]
+    procs = [subprocess.Popen([megaw] + args + ["--rank", str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(4)]
+    # Wait until the pipeline is running: rank 3 has printed an iteration.
+    first = procs[3].stdout.readline()
+    if not first.startswith("{"):
+        for p in procs:
+            p.kill()
+        print("FAIL the pipeline never ran: %r" % first)
+        return False
+    procs[1].send_signal(signal.SIGKILL)
+    t0 = time.time()
+    ok = True
+    for r in (0, 2, 3):
+        try:
+            _, err = procs[r].communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            procs[r].kill()
+            print("FAIL rank %d still running 10 s after rank 1 was killed" % r)
+            ok = False
+            continue
+        dt = time.time() - t0
+        cause = err.strip().splitlines()[-1] if err.strip() else ""
+        good = procs[r].returncode != 0 and "failed or closed its connection" in cause
+        print("%s rank %d exited %d after %.2f s: %s" %
+              ("ok  " if good else "FAIL", r, procs[r].returncode, dt, cause))
+        ok &= good and dt < 10
+    procs[1].wait()
+    return ok
+
+
+def main():
+    if len(sys.argv) < 3 or sys.argv[2] not in ("equivalence", "memory", "kill"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    megaw, mode = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory(prefix="mega-pipeline-") as tmp:
+        if mode == "equivalence":
+            ok = equivalence(megaw, tmp, "--full" in sys.argv[3:])
+        elif mode == "memory":
+            ok = memory(megaw, tmp)
+        else:
+            ok = kill(megaw, tmp)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
