@@ -314,18 +314,22 @@ static mega_status run_step(mega_engine *e, int i, int64_t it, int *end, mega_er
       if (st != MEGA_OK) return st;
       account_wait(e, m, e->phase[i], t0, &w);
     }
+  /* Sends never hold up compute: they complete once their receiver has
+   * posted, and are reaped (their buffers freed) as they do, as core/sim
+   * models them. Receives are waited here, or with --overlap-p2p-comm only
+   * by the compute action that needs them. */
   for (int k = 0; k < n; k++) {
     mega_p2p_msg *m = e->step[k];
-    if (!e->cfg.overlap_p2p) {
+    if (is_send(m->kind)) {
+      e->pending[e->npending++] = m;
+    } else if (!e->cfg.overlap_p2p) {
       st = wait_msg(e, m, e->phase[i], err);
       if (st != MEGA_OK) return st;
-    } else if (is_send(m->kind)) {
-      e->pending[e->npending++] = m;
     }
   }
-  if (!e->cfg.overlap_p2p) return MEGA_OK;
   st = reap_sends(e, err);
-  return st == MEGA_OK ? prefetch(e, j, it, err) : st;
+  if (st != MEGA_OK || !e->cfg.overlap_p2p) return st;
+  return prefetch(e, j, it, err);
 }
 
 /* ---- compute ---- */

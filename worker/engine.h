@@ -3,12 +3,14 @@
  *
  * F, B and W run on the rank's stage models (one per model chunk). A run
  * of communication actions between two compute actions is one P2P step: it
- * is posted together (worker/p2p.h) and, without --overlap-p2p-comm, waited
- * at once; with it, each receive is waited only by the compute action that
- * needs its data, sends complete in the background, and in the steady phase
- * the receives of the next step are posted one step ahead so their transfer
- * overlaps this rank's compute (--overlap-p2p-comm-warmup-flush prefetches
- * in warmup and cooldown too, as Megatron's flag does).
+ * is posted together (worker/p2p.h). Sends complete in the background: they
+ * never hold up compute, as core/sim models them. Without
+ * --overlap-p2p-comm the step's receives are waited at once; with it, each
+ * receive is waited only by the compute action that needs its data, and in
+ * the steady phase the receives of the next step are posted one step ahead
+ * so their transfer overlaps this rank's compute
+ * (--overlap-p2p-comm-warmup-flush prefetches in warmup and cooldown too, as
+ * Megatron's flag does).
  *
  * Memory: per (microbatch, chunk) the engine holds the activations the
  * backward needs (mega_gpt_acts), the received input until F has copied it,

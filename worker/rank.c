@@ -282,6 +282,24 @@ static mega_status sum_doubles(mega_comm *c, double *v, mega_err *err) {
   return MEGA_OK;
 }
 
+/* Over the pipeline group: the sum of the gradients' squares (for the
+ * global norm) and the latest schedule end (when the pipeline drained). */
+static mega_status pipeline_stats(mega_comm *c, double *sumsq, double *end, mega_err *err) {
+  if (!c) return MEGA_OK;
+  int n = mega_comm_size(c);
+  double mine[2] = {*sumsq, *end}, all[2 * n];
+  size_t counts[n];
+  for (int i = 0; i < n; i++) counts[i] = sizeof mine;
+  mega_status st = mega_comm_all_gather(c, mine, all, counts, MEGA_DT_BYTE, 0, err);
+  if (st != MEGA_OK) return st;
+  *sumsq = 0;
+  for (int i = 0; i < n; i++) {
+    *sumsq += all[2 * i];
+    if (all[2 * i + 1] > *end) *end = all[2 * i + 1];
+  }
+  return MEGA_OK;
+}
+
 /* finalize_model_grads: data-parallel sums, then the tied embedding's two
  * copies summed across the first and last stage. */
 static mega_status finalize_grads(mega_rank *r, mega_err *err) {
@@ -348,10 +366,15 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
                   !r->simulate;
   double loss_sum = res.loss_sum;
   if (st == MEGA_OK && has_loss) st = sum_doubles(r->comm[GROUP_DP], &loss_sum, err);
-  double sumsq = 0;
+  double sumsq = 0, drained = ts;
   if (st == MEGA_OK) st = mega_chunks_grad_sumsq(&r->chunks, r->be, &sumsq, err);
-  if (st == MEGA_OK) st = sum_doubles(r->comm[GROUP_PP], &sumsq, err);
+  if (st == MEGA_OK) st = pipeline_stats(r->comm[GROUP_PP], &sumsq, &drained, err);
   double tsync = wall_s();
+  /* Waiting here while another stage still runs its schedule is pipeline
+   * bubble (the drain), not gradient sync. Clocks of two nodes may disagree
+   * a little: the split is clamped to the wait. */
+  double tail = (drained < tsync ? drained : tsync) - ts;
+  if (tail < 0) tail = 0;
   double lr = mega_lr_at(&r->lr, it);
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
   if (st == MEGA_OK && !r->simulate) st = mega_optim_step(r->optim, sumsq, lr, &or, err);
@@ -382,12 +405,12 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->tokens = tokens;
   m->step_time_s = t1 - t0;
   m->compute_s = res.compute_s;
-  m->bubble_s = res.bubble_s;
+  m->bubble_s = res.bubble_s + tail;
   m->bubble_warmup_s = res.bubble_warmup_s;
   m->bubble_steady_s = res.bubble_steady_s;
-  m->bubble_cooldown_s = res.bubble_cooldown_s;
+  m->bubble_cooldown_s = res.bubble_cooldown_s + tail;
   m->p2p_wait_s = res.p2p_wait_s;
-  m->grad_sync_exposed_s = tsync - ts;
+  m->grad_sync_exposed_s = tsync - ts - tail;
   m->peak_activation_bytes = res.peak_bytes;
   m->peak_inflight = res.peak_inflight;
   m->spans = trace ? r->spans : NULL;
