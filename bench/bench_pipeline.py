@@ -127,9 +127,11 @@ def compute(megaw, megactl, tmp):
     print("== real compute: tokens/s, 4 layers, d=128, seq 128, micro 4, global 32 (median)")
     for name, world, extra in (("single rank, 1 thread", 1, []),
                                ("single rank, 2 threads", 1, ["--blas-threads", "2"]),
-                               ("PP=2, 1 thread each", 2, ["--pipeline-model-parallel-size", "2"]),
-                               ("PP=2, 1F1B, 8 microbatches", 2,
-                                ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "4"])):
+                               ("PP=2, 1 thread each, M=8", 2,
+                                ["--pipeline-model-parallel-size", "2"]),
+                               ("PP=2, 1 thread each, M=16", 2,
+                                ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2"]),
+                               ("DP=2, 1 thread each", 2, [])):
         ranks = run_job(megaw, world, model + extra, tmp)
         steps = per_iteration(ranks, "step_time_s")
         tokens = 32 * 128
