@@ -24,6 +24,7 @@ void mega_job_free(mega_job *j) {
   free(j->error);
   free(j->coordinator);
   free(j->ckpt_path);
+  free(j->wait);
   free_placement(j);
   for (size_t i = 0; i < j->hist_len; i++)
     protobuf_c_message_free_unpacked(&j->hist[(j->hist_head + i) % MEGA_JOB_HISTORY]->base, NULL);
@@ -295,8 +296,7 @@ mega_job *mega_jobs_find(const mega_jobs *t, const char *id) {
 
 static void note_id(mega_jobs *t, const char *id) {
   unsigned long long n;
-  char tail;
-  if (sscanf(id, "j-%llu%c", &n, &tail) == 1 && n >= t->next_id) t->next_id = n + 1;
+  if (sscanf(id, "j-%llu", &n) == 1 && n >= t->next_id) t->next_id = n + 1;
 }
 
 mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err) {
@@ -312,6 +312,6 @@ mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err) {
   return MEGA_OK;
 }
 
-void mega_jobs_next_id(mega_jobs *t, char *buf, size_t len) {
-  snprintf(buf, len, "j-%llu", (unsigned long long)t->next_id++);
+void mega_jobs_next_id(mega_jobs *t, const char *node, char *buf, size_t len) {
+  snprintf(buf, len, "j-%llu-%s", (unsigned long long)t->next_id++, node);
 }

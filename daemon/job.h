@@ -57,7 +57,8 @@ typedef struct mega_job {
   size_t hist_head, hist_len;
   Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
 
-  void *rt; /* the coordinator's runtime state while the job runs */
+  void *rt;   /* the coordinator's runtime state while the job runs */
+  char *wait; /* why a pending job waits (said once per change); not journaled */
 } mega_job;
 
 /* ---- life cycle ---- */
@@ -117,7 +118,7 @@ const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i);
 typedef struct mega_jobs {
   mega_job **v; /* in submission order */
   size_t n, cap;
-  uint64_t next_id; /* the next "j-<n>" */
+  uint64_t next_id; /* n of the next "j-<n>-<node>" */
 } mega_jobs;
 
 void mega_jobs_init(mega_jobs *t);
@@ -125,8 +126,10 @@ void mega_jobs_free(mega_jobs *t);
 mega_job *mega_jobs_find(const mega_jobs *t, const char *id);
 /* Adds j (the table takes it). */
 mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err);
-/* A fresh id, "j-1", "j-2", ... above every id the table holds. */
-void mega_jobs_next_id(mega_jobs *t, char *buf, size_t len);
+/* A fresh id, "j-<n>-<node>" with n above every id the table holds. The
+ * coordinator's node name keeps ids unique across the cluster, so a node
+ * running ranks of several coordinators' jobs never confuses two. */
+void mega_jobs_next_id(mega_jobs *t, const char *node, char *buf, size_t len);
 
 /* ---- journal records (daemon/megad.proto) ---- */
 

@@ -217,8 +217,8 @@ static void test_journal_replay(void **state) {
 
   /* ids continue after the replayed ones */
   char id[32];
-  mega_jobs_next_id(&t, id, sizeof id);
-  assert_string_equal(id, "j-4");
+  mega_jobs_next_id(&t, "n1", id, sizeof id);
+  assert_string_equal(id, "j-4-n1");
 
   /* garbage is refused */
   mega_err err = {0};

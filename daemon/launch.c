@@ -1,0 +1,888 @@
+/* A node's share of a job: one megaw per local rank, spawned with a
+ * bidirectional pipe on fd 3 (frames of proto/frame.h), stdout and stderr
+ * captured into the rank's log file, the last stderr lines kept for the
+ * error message. Worker frames go to the job's coordinator (at once when it
+ * is this node, batched over Peer ReportStep otherwise); KvRequests are
+ * served from this node's store or forwarded to the coordinator's.
+ *
+ * A worker is done once it has exited and its stderr has drained (or a
+ * moment later); its exit is reported, its handles closed. Abort sends an
+ * Abort frame, then SIGKILL after the grace. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/megad.h"
+#include "daemon/util.h"
+
+extern char **environ;
+
+#define LINE_MAX_KEPT 300
+
+typedef struct kvop kvop;
+
+typedef struct megad_worker {
+  megad_launch *l;
+  uint32_t rank, local_rank;
+  uv_process_t proc;
+  uv_pipe_t pipe, out, err;
+  uv_timer_t timer; /* pipe EOF without exit; stderr drain after exit */
+  int open;         /* handles not yet closed */
+  mega_frame_decoder dec;
+  int pid;
+  bool spawned, exited, pipe_eof, err_eof, out_eof, reported, closing, broken;
+  int64_t exit_status;
+  int term_signal;
+  char *error_msg; /* its WorkerError, if it sent one */
+  char tail[MEGAD_TAIL_LINES][LINE_MAX_KEPT];
+  int tail_n, tail_next;
+  char partial[LINE_MAX_KEPT];
+  size_t partial_len;
+  int log_fd;
+  kvop *ops;
+} megad_worker;
+
+struct megad_launch {
+  megad_launch *next;
+  megad *d;
+  Mega__V1__LaunchRanksRequest *req; /* owned copy */
+  char *dir;                         /* state_dir/jobs/<id>/<attempt> */
+  bool coord_local, coord_gone, aborting;
+  megad_worker *w;
+  size_t nw, live; /* live: workers with handles still open */
+  uv_timer_t kill_timer, retry_timer;
+  int timers_open;
+  /* reports to a remote coordinator: queued, and the batch in flight */
+  Mega__V1__StepReport **steps;
+  size_t nsteps;
+  Mega__V1__RankEvent **events;
+  size_t nevents;
+  bool sending;
+  int refs; /* async callbacks still to come (reports, KV forwards) */
+};
+
+/* A KV request of a worker in progress. */
+struct kvop {
+  kvop *next;
+  megad_worker *w; /* NULL once the worker went away */
+  megad_launch *l;
+  uint64_t request_id;
+  megad_kvwait *wait;
+  int timeout_ms;
+};
+
+static void maybe_free_launch(megad_launch *l);
+static void flush_reports(megad_launch *l);
+
+/* ---- the pipe to the worker ---- */
+
+typedef struct write_req {
+  uv_write_t req;
+  uint8_t *buf;
+} write_req;
+
+static void written(uv_write_t *req, int status) {
+  (void)status; /* a dead worker shows as its exit */
+  write_req *w = (write_req *)req;
+  free(w->buf);
+  free(w);
+}
+
+static void send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f) {
+  if (!w->spawned || w->closing || w->pipe_eof) return;
+  write_req *wr = calloc(1, sizeof *wr);
+  size_t len;
+  if (!wr || mega_frame_encode(&f->base, 0, &wr->buf, &len, NULL) != MEGA_OK) {
+    free(wr);
+    return;
+  }
+  uv_buf_t b = uv_buf_init((char *)wr->buf, (unsigned)len);
+  if (uv_write(&wr->req, (uv_stream_t *)&w->pipe, &b, 1, written)) {
+    free(wr->buf);
+    free(wr);
+  }
+}
+
+static void send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
+                             size_t len, const char *error) {
+  Mega__V1__KvResponse r = MEGA__V1__KV_RESPONSE__INIT;
+  r.request_id = id;
+  r.found = found;
+  r.value.data = (uint8_t *)val;
+  r.value.len = len;
+  r.error = (char *)(error ? error : "");
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_KV;
+  f.kv = &r;
+  send_frame(w, &f);
+}
+
+static void send_abort(megad_worker *w, const char *reason, unsigned grace_ms) {
+  Mega__V1__Abort a = MEGA__V1__ABORT__INIT;
+  a.reason = (char *)reason;
+  a.grace_ms = grace_ms;
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ABORT;
+  f.abort = &a;
+  send_frame(w, &f);
+}
+
+/* ---- reports to the coordinator ---- */
+
+static bool queue_push(void ***v, size_t *n, void *item) {
+  void **nv = realloc(*v, (*n + 1) * sizeof *nv);
+  if (!nv) return false;
+  nv[(*n)++] = item;
+  *v = nv;
+  return true;
+}
+
+static void report_step(megad_launch *l, const Mega__V1__StepReport *r) {
+  megad *d = l->d;
+  if (l->coord_local) {
+    megad_coord_step(d, l->req->job_id, l->req->attempt, d->node_id, r);
+    return;
+  }
+  if (l->coord_gone) return;
+  ProtobufCMessage *c = megad_pb_copy(&r->base);
+  if (c && !queue_push((void ***)&l->steps, &l->nsteps, c)) protobuf_c_message_free_unpacked(c, NULL);
+  flush_reports(l);
+}
+
+static void report_event(megad_launch *l, megad_worker *w, Mega__V1__RankEvent *ev) {
+  megad *d = l->d;
+  ev->rank = w->rank;
+  ev->time_unix_ms = megad_unix_ms();
+  if (l->coord_local) {
+    megad_coord_event(d, l->req->job_id, l->req->attempt, d->node_id, ev);
+    return;
+  }
+  if (l->coord_gone) return;
+  ProtobufCMessage *c = megad_pb_copy(&ev->base);
+  if (c && !queue_push((void ***)&l->events, &l->nevents, c))
+    protobuf_c_message_free_unpacked(c, NULL);
+  flush_reports(l);
+}
+
+typedef struct report_ctx {
+  megad_launch *l;
+  Mega__V1__StepReport **steps;
+  size_t nsteps;
+  Mega__V1__RankEvent **events;
+  size_t nevents;
+} report_ctx;
+
+static void free_batch(report_ctx *c) {
+  for (size_t i = 0; i < c->nsteps; i++) protobuf_c_message_free_unpacked(&c->steps[i]->base, NULL);
+  for (size_t i = 0; i < c->nevents; i++)
+    protobuf_c_message_free_unpacked(&c->events[i]->base, NULL);
+  free(c->steps);
+  free(c->events);
+  free(c);
+}
+
+/* Puts an unsent batch back in front of what queued meanwhile. */
+static void requeue(megad_launch *l, report_ctx *c) {
+  void **s = realloc(c->steps, (c->nsteps + l->nsteps) * sizeof *s + 1);
+  void **e = s ? realloc(c->events, (c->nevents + l->nevents) * sizeof *e + 1) : NULL;
+  if (!s || !e) {
+    if (s) c->steps = (Mega__V1__StepReport **)s;
+    free_batch(c);
+    return;
+  }
+  memcpy(s + c->nsteps, l->steps, l->nsteps * sizeof *s);
+  memcpy(e + c->nevents, l->events, l->nevents * sizeof *e);
+  free(l->steps);
+  free(l->events);
+  l->steps = (Mega__V1__StepReport **)s;
+  l->nsteps += c->nsteps;
+  l->events = (Mega__V1__RankEvent **)e;
+  l->nevents += c->nevents;
+  free(c);
+}
+
+static void on_retry(uv_timer_t *t) { flush_reports(t->data); }
+
+static void reported(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+  report_ctx *c = arg;
+  megad_launch *l = c->l;
+  megad *d = l->d;
+  l->sending = false;
+  l->refs--;
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  if (err->status == MEGA_OK || l->coord_gone || d->stopping) {
+    free_batch(c);
+  } else if (err->status == MEGA_ERR_NOT_FOUND || err->status == MEGA_ERR_INVALID) {
+    /* the coordinator does not know this attempt (it restarted) */
+    free_batch(c);
+    megad_warn(d, "job %s: the coordinator refused our report: %s", l->req->job_id, err->msg);
+    megad_launch_abort(d, l->req->job_id, l->req->attempt, "the coordinator no longer runs this job",
+                       MEGAD_ABORT_GRACE_MS);
+    l->coord_gone = true;
+  } else {
+    requeue(l, c);
+    uv_timer_start(&l->retry_timer, on_retry, 500, 0);
+    maybe_free_launch(l);
+    return;
+  }
+  flush_reports(l);
+  maybe_free_launch(l);
+}
+
+static void flush_reports(megad_launch *l) {
+  megad *d = l->d;
+  if (l->sending || l->coord_gone || (!l->nsteps && !l->nevents)) {
+    if (l->coord_gone) {
+      report_ctx drop = {0};
+      drop.steps = l->steps;
+      drop.nsteps = l->nsteps;
+      drop.events = l->events;
+      drop.nevents = l->nevents;
+      l->steps = NULL;
+      l->events = NULL;
+      l->nsteps = l->nevents = 0;
+      report_ctx *c = malloc(sizeof *c);
+      if (c) {
+        *c = drop;
+        free_batch(c);
+      }
+    }
+    return;
+  }
+  report_ctx *c = calloc(1, sizeof *c);
+  if (!c) return;
+  c->l = l;
+  c->steps = l->steps;
+  c->nsteps = l->nsteps;
+  c->events = l->events;
+  c->nevents = l->nevents;
+  l->steps = NULL;
+  l->events = NULL;
+  l->nsteps = l->nevents = 0;
+  Mega__V1__ReportStepRequest req = MEGA__V1__REPORT_STEP_REQUEST__INIT;
+  req.job_id = l->req->job_id;
+  req.attempt = l->req->attempt;
+  req.node_id = d->node_id;
+  req.steps = c->steps;
+  req.n_steps = c->nsteps;
+  req.events = c->events;
+  req.n_events = c->nevents;
+  mega_err e = {0};
+  if (megad_call_addr(d, l->req->coordinator_address, &mega_peer_report_step, &req.base, 5000,
+                      reported, c, &e) != MEGA_OK) {
+    requeue(l, c);
+    uv_timer_start(&l->retry_timer, on_retry, 500, 0);
+    return;
+  }
+  l->sending = true;
+  l->refs++;
+}
+
+/* ---- KV requests of workers ---- */
+
+static void kvop_unlink(kvop *op) {
+  if (!op->w) return;
+  for (kvop **p = &op->w->ops; *p; p = &(*p)->next)
+    if (*p == op) {
+      *p = op->next;
+      break;
+    }
+  op->w = NULL;
+}
+
+static void kvop_end(kvop *op) {
+  megad_launch *l = op->l;
+  kvop_unlink(op);
+  free(op);
+  l->refs--;
+  maybe_free_launch(l);
+}
+
+static kvop *kvop_new(megad_worker *w, uint64_t id) {
+  kvop *op = calloc(1, sizeof *op);
+  if (!op) return NULL;
+  op->w = w;
+  op->l = w->l;
+  op->request_id = id;
+  op->next = w->ops;
+  w->ops = op;
+  w->l->refs++;
+  return op;
+}
+
+static void local_wait_done(void *arg, mega_status s, const char *msg) {
+  kvop *op = arg;
+  op->wait = NULL;
+  if (op->w) send_kv_response(op->w, op->request_id, false, NULL, 0, s == MEGA_OK ? NULL : msg);
+  kvop_end(op);
+}
+
+static void forwarded(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+  kvop *op = arg;
+  if (op->w) {
+    if (err->status != MEGA_OK) {
+      send_kv_response(op->w, op->request_id, false, NULL, 0, err->msg);
+    } else if (resp->descriptor == &mega__v1__kv_get_response__descriptor) {
+      Mega__V1__KvGetResponse *g = (void *)resp;
+      send_kv_response(op->w, op->request_id, g->found, g->value.data, g->value.len, NULL);
+    } else {
+      send_kv_response(op->w, op->request_id, false, NULL, 0, NULL);
+    }
+  }
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  kvop_end(op);
+}
+
+static void handle_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
+  megad_launch *l = w->l;
+  megad *d = l->d;
+  uint64_t id = req->request_id;
+  if (l->coord_local) {
+    mega_err e = {0};
+    switch (req->op_case) {
+    case MEGA__V1__KV_REQUEST__OP_SET:
+      if (mega_kv_set(d->kv, req->set->key, req->set->value.data, req->set->value.len, &e) != MEGA_OK)
+        send_kv_response(w, id, false, NULL, 0, e.msg);
+      else
+        send_kv_response(w, id, false, NULL, 0, NULL);
+      return;
+    case MEGA__V1__KV_REQUEST__OP_GET: {
+      const uint8_t *v = NULL;
+      size_t len = 0;
+      bool found = mega_kv_get(d->kv, req->get->key, &v, &len);
+      send_kv_response(w, id, found, v, len, NULL);
+      return;
+    }
+    case MEGA__V1__KV_REQUEST__OP_WAIT: {
+      kvop *op = kvop_new(w, id);
+      if (!op) {
+        send_kv_response(w, id, false, NULL, 0, "megad is out of memory");
+        return;
+      }
+      int t = req->wait->timeout_ms ? (int)req->wait->timeout_ms : MEGAD_KV_TIMEOUT_MS;
+      megad_kvwait *kw = megad_kvwait_start(d, req->wait->keys, req->wait->n_keys, t,
+                                            local_wait_done, op);
+      if (kw) op->wait = kw; /* else answered already, op is gone */
+      return;
+    }
+    default:
+      send_kv_response(w, id, false, NULL, 0, "an empty key-value request");
+      return;
+    }
+  }
+  /* Forward to the coordinator's Peer Kv*. */
+  kvop *op = kvop_new(w, id);
+  if (!op) {
+    send_kv_response(w, id, false, NULL, 0, "megad is out of memory");
+    return;
+  }
+  const mega_rpc_method *m;
+  const ProtobufCMessage *fwd;
+  unsigned timeout = 10000;
+  switch (req->op_case) {
+  case MEGA__V1__KV_REQUEST__OP_SET: m = &mega_peer_kv_set; fwd = &req->set->base; break;
+  case MEGA__V1__KV_REQUEST__OP_GET: m = &mega_peer_kv_get; fwd = &req->get->base; break;
+  case MEGA__V1__KV_REQUEST__OP_WAIT:
+    m = &mega_peer_kv_wait;
+    fwd = &req->wait->base;
+    timeout = (req->wait->timeout_ms ? req->wait->timeout_ms : MEGAD_KV_TIMEOUT_MS) + 5000;
+    break;
+  default:
+    send_kv_response(w, id, false, NULL, 0, "an empty key-value request");
+    kvop_end(op);
+    return;
+  }
+  mega_err e = {0};
+  if (megad_call_addr(d, l->req->coordinator_address, m, fwd, timeout, forwarded, op, &e) != MEGA_OK) {
+    send_kv_response(w, id, false, NULL, 0, e.msg);
+    kvop_end(op);
+  }
+}
+
+/* ---- output capture ---- */
+
+static void keep_line(megad_worker *w, const char *s, size_t n) {
+  if (n > LINE_MAX_KEPT - 1) n = LINE_MAX_KEPT - 1;
+  memcpy(w->tail[w->tail_next], s, n);
+  w->tail[w->tail_next][n] = '\0';
+  w->tail_next = (w->tail_next + 1) % MEGAD_TAIL_LINES;
+  if (w->tail_n < MEGAD_TAIL_LINES) w->tail_n++;
+}
+
+static void capture(megad_worker *w, const char *buf, size_t n, bool is_err) {
+  if (w->log_fd >= 0 && write(w->log_fd, buf, n) < 0) {
+    /* a full disk loses log lines, not the job */
+  }
+  if (!is_err) return;
+  for (size_t i = 0; i < n; i++) {
+    if (buf[i] == '\n') {
+      keep_line(w, w->partial, w->partial_len);
+      w->partial_len = 0;
+    } else if (w->partial_len < LINE_MAX_KEPT - 1) {
+      w->partial[w->partial_len++] = buf[i];
+    }
+  }
+}
+
+/* The last stderr lines, joined by newlines (the caller frees). */
+static char *tail_text(megad_worker *w) {
+  if (w->partial_len) {
+    keep_line(w, w->partial, w->partial_len);
+    w->partial_len = 0;
+  }
+  size_t cap = (size_t)w->tail_n * LINE_MAX_KEPT + 1, off = 0;
+  char *s = malloc(cap);
+  if (!s) return NULL;
+  s[0] = '\0';
+  for (int i = 0; i < w->tail_n; i++) {
+    int k = (w->tail_next - w->tail_n + i + MEGAD_TAIL_LINES) % MEGAD_TAIL_LINES;
+    off += (size_t)snprintf(s + off, cap - off, "%s%s", off ? "\n" : "", w->tail[k]);
+  }
+  return s;
+}
+
+static void alloc_buf(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)h;
+  size_t n = suggested < 65536 ? suggested : 65536;
+  buf->base = malloc(n);
+  buf->len = buf->base ? n : 0;
+}
+
+static void worker_try_finish(megad_worker *w);
+
+static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  megad_worker *w = s->data;
+  bool is_err = s == (uv_stream_t *)&w->err;
+  if (n > 0) capture(w, buf->base, (size_t)n, is_err);
+  free(buf->base);
+  if (n < 0) {
+    uv_read_stop(s);
+    if (is_err) w->err_eof = true;
+    else w->out_eof = true;
+    worker_try_finish(w);
+  }
+}
+
+/* ---- frames from the worker ---- */
+
+static void kill_worker(megad_worker *w) {
+  if (w->spawned && !w->exited) uv_process_kill(&w->proc, SIGKILL);
+}
+
+static void worker_broke(megad_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void worker_broke(megad_worker *w, const char *fmt, ...) {
+  if (w->broken || w->exited) return;
+  w->broken = true;
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  Mega__V1__WorkerError e = MEGA__V1__WORKER_ERROR__INIT;
+  e.message = msg;
+  Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
+  ev.kind_case = MEGA__V1__RANK_EVENT__KIND_ERROR;
+  ev.error = &e;
+  if (!w->error_msg) w->error_msg = strdup(msg);
+  report_event(w->l, w, &ev);
+  kill_worker(w);
+}
+
+static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
+  megad_launch *l = w->l;
+  Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
+  switch (f->msg_case) {
+  case MEGA__V1__WORKER_FRAME__MSG_HELLO:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_STARTED;
+    ev.started = f->hello;
+    report_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_STEP:
+    if (f->step->metrics) f->step->metrics->rank = w->rank; /* the pipe says who it is */
+    report_step(l, f->step);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_CHECKPOINT_DONE:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_CHECKPOINT;
+    ev.checkpoint = f->checkpoint_done;
+    report_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_ERROR:
+    if (!w->error_msg) w->error_msg = megad_strdup(f->error->message);
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_ERROR;
+    ev.error = f->error;
+    report_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_KV:
+    handle_kv(w, f->kv);
+    break;
+  default:
+    break;
+  }
+}
+
+static void on_pipe_eof_timer(uv_timer_t *t) {
+  megad_worker *w = t->data;
+  if (!w->exited)
+    worker_broke(w, "rank %u closed its pipe to megad but did not exit; killed it", w->rank);
+}
+
+static void on_pipe(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  megad_worker *w = s->data;
+  if (n > 0) {
+    mega_err e = {0};
+    if (mega_frame_decoder_feed(&w->dec, buf->base, (size_t)n, &e) == MEGA_OK) {
+      ProtobufCMessage *m;
+      while (!w->closing && mega_frame_decoder_next(&w->dec, &m, &e) == MEGA_OK && m) {
+        handle_frame(w, (Mega__V1__WorkerFrame *)m);
+        protobuf_c_message_free_unpacked(m, NULL);
+      }
+    }
+    if (e.status != MEGA_OK) {
+      uv_read_stop(s);
+      w->pipe_eof = true;
+      worker_broke(w, "rank %u sent megad a frame that does not parse (%s); killed it", w->rank,
+                   e.msg);
+    }
+  }
+  free(buf->base);
+  if (n < 0) {
+    uv_read_stop(s);
+    w->pipe_eof = true;
+    if (!w->exited && !w->closing) uv_timer_start(&w->timer, on_pipe_eof_timer, 2000, 0);
+    worker_try_finish(w);
+  }
+}
+
+/* ---- exit and clean-up ---- */
+
+static void handle_closed(uv_handle_t *h) {
+  megad_worker *w = h->data;
+  if (--w->open > 0) return;
+  megad_launch *l = w->l;
+  mega_frame_decoder_free(&w->dec);
+  if (w->log_fd >= 0) close(w->log_fd);
+  w->log_fd = -1;
+  free(w->error_msg);
+  w->error_msg = NULL;
+  if (megad_self(l->d)->slots_used) megad_self(l->d)->slots_used--;
+  l->live--;
+  maybe_free_launch(l);
+}
+
+static void close_worker(megad_worker *w) {
+  if (w->closing) return;
+  w->closing = true;
+  for (kvop *op = w->ops, *next; op; op = next) {
+    next = op->next;
+    megad_kvwait *kw = op->wait;
+    op->wait = NULL;
+    kvop_unlink(op);
+    if (kw) {
+      megad_kvwait_cancel(kw); /* its callback will not come: end the op here */
+      op->l->refs--;
+      free(op);
+    }
+  }
+  uv_handle_t *hs[] = {(uv_handle_t *)&w->proc, (uv_handle_t *)&w->pipe, (uv_handle_t *)&w->out,
+                       (uv_handle_t *)&w->err, (uv_handle_t *)&w->timer};
+  for (size_t i = 0; i < 5; i++)
+    if (!uv_is_closing(hs[i])) uv_close(hs[i], handle_closed);
+}
+
+static void report_exit(megad_worker *w) {
+  if (w->reported) return;
+  w->reported = true;
+  char *tail = tail_text(w);
+  Mega__V1__RankExit x = MEGA__V1__RANK_EXIT__INIT;
+  x.exit_status = (int32_t)w->exit_status;
+  x.term_signal = w->term_signal;
+  x.stderr_tail = tail ? tail : "";
+  Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
+  ev.kind_case = MEGA__V1__RANK_EVENT__KIND_EXIT;
+  ev.exit = &x;
+  report_event(w->l, w, &ev);
+  free(tail);
+}
+
+static void on_drain_timer(uv_timer_t *t) {
+  megad_worker *w = t->data;
+  w->err_eof = w->out_eof = w->pipe_eof = true;
+  worker_try_finish(w);
+}
+
+/* Done once it exited and its output drained (or the drain timer fired). */
+static void worker_try_finish(megad_worker *w) {
+  if (!w->exited || w->closing) return;
+  if (!w->err_eof || !w->out_eof || !w->pipe_eof) return;
+  report_exit(w);
+  close_worker(w);
+}
+
+static void on_worker_exit(uv_process_t *p, int64_t status, int sig) {
+  megad_worker *w = p->data;
+  w->exited = true;
+  w->exit_status = status;
+  w->term_signal = sig;
+  megad_log(w->l->d, "job %s rank %u (pid %d) exited %s %d", w->l->req->job_id, w->rank, w->pid,
+            sig ? "with signal" : "with status", sig ? sig : (int)status);
+  /* stderr may still hold its last words; give it a moment */
+  uv_timer_stop(&w->timer);
+  uv_timer_start(&w->timer, on_drain_timer, 500, 0);
+  worker_try_finish(w);
+}
+
+/* ---- start ---- */
+
+static void free_launch_mem(megad_launch *l) {
+  if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
+  report_ctx c = {.steps = l->steps, .nsteps = l->nsteps, .events = l->events, .nevents = l->nevents};
+  for (size_t i = 0; i < c.nsteps; i++) protobuf_c_message_free_unpacked(&c.steps[i]->base, NULL);
+  for (size_t i = 0; i < c.nevents; i++) protobuf_c_message_free_unpacked(&c.events[i]->base, NULL);
+  free(l->steps);
+  free(l->events);
+  free(l->w);
+  free(l->dir);
+  free(l);
+}
+
+static void timer_closed(uv_handle_t *h) {
+  megad_launch *l = h->data;
+  if (--l->timers_open == 0) free_launch_mem(l);
+}
+
+static void maybe_free_launch(megad_launch *l) {
+  if (l->live || l->refs || l->sending || l->timers_open < 2) return;
+  if (!l->coord_gone && (l->nsteps || l->nevents)) return; /* still to tell the coordinator */
+  megad *d = l->d;
+  for (megad_launch **p = &d->launches; *p; p = &(*p)->next)
+    if (*p == l) {
+      *p = l->next;
+      break;
+    }
+  uv_close((uv_handle_t *)&l->kill_timer, timer_closed);
+  uv_close((uv_handle_t *)&l->retry_timer, timer_closed);
+}
+
+static char *rank_path(const megad_launch *l, uint32_t rank, const char *suffix) {
+  char *p = NULL;
+  if (asprintf(&p, "%s/rank-%u%s", l->dir, rank, suffix) < 0) return NULL;
+  return p;
+}
+
+/* MEGA_WORKER_FD tells megaw it was started by megad; MEGAD_PID lets it
+ * notice a parent that died before PR_SET_PDEATHSIG was set. */
+static char **worker_env(megad *d) {
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **env = calloc(n + 4, sizeof *env);
+  if (!env) return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(environ[i], "MEGA_WORKER_", 12) && strncmp(environ[i], "MEGAD_PID=", 10) &&
+        strncmp(environ[i], "NOTIFY_SOCKET=", 14) && strncmp(environ[i], "WATCHDOG_", 9))
+      env[k++] = environ[i];
+  if (asprintf(&env[k++], "MEGA_WORKER_FD=3") < 0 ||
+      asprintf(&env[k++], "MEGAD_PID=%d", (int)getpid()) < 0 ||
+      asprintf(&env[k++], "MEGA_WORKER_HOSTNAME=%s", d->worker_host) < 0)
+    env[k - 1] = NULL;
+  return env;
+}
+
+static void free_env(char **env) {
+  if (!env) return;
+  size_t n = 0;
+  while (env[n]) n++;
+  for (size_t i = n >= 3 ? n - 3 : 0; i < n; i++) free(env[i]);
+  free(env);
+}
+
+static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, mega_err *err) {
+  megad *d = l->d;
+  uv_loop_t *loop = d->loop;
+  const Mega__V1__LaunchRanksRequest *req = l->req;
+  w->proc.data = w->pipe.data = w->out.data = w->err.data = w->timer.data = w;
+  uv_pipe_init(loop, &w->pipe, 0);
+  uv_pipe_init(loop, &w->out, 0);
+  uv_pipe_init(loop, &w->err, 0);
+  uv_timer_init(loop, &w->timer);
+  w->open = 4;
+  mega_frame_decoder_init(&w->dec, &mega__v1__worker_frame__descriptor, 0);
+  char *log = rank_path(l, w->rank, ".log");
+  w->log_fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+  free(log);
+
+  uv_stdio_container_t stdio[4];
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[1].data.stream = (uv_stream_t *)&w->out;
+  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[2].data.stream = (uv_stream_t *)&w->err;
+  stdio[3].flags = UV_CREATE_PIPE | UV_READABLE_PIPE | UV_WRITABLE_PIPE;
+  stdio[3].data.stream = (uv_stream_t *)&w->pipe;
+  char *args[] = {d->worker_path, NULL};
+  uv_process_options_t po;
+  memset(&po, 0, sizeof po);
+  po.file = d->worker_path;
+  po.args = args;
+  po.env = env;
+  po.exit_cb = on_worker_exit;
+  po.stdio = stdio;
+  po.stdio_count = 4;
+  int rc = uv_spawn(loop, &w->proc, &po);
+  w->open++; /* the process handle needs closing even when spawn failed */
+  if (rc) {
+    w->exited = true;
+    w->reported = true;
+    close_worker(w);
+    return mega_fail(err, MEGA_ERR_IO, "cannot start %s for rank %u: %s", d->worker_path, w->rank,
+                     uv_strerror(rc));
+  }
+  w->spawned = true;
+  w->pid = w->proc.pid;
+  uv_read_start((uv_stream_t *)&w->pipe, alloc_buf, on_pipe);
+  uv_read_start((uv_stream_t *)&w->out, alloc_buf, on_out);
+  uv_read_start((uv_stream_t *)&w->err, alloc_buf, on_out);
+
+  char *sdir = rank_path(l, w->rank, "");
+  if (sdir) mkdir(sdir, 0755);
+  Mega__V1__Assignment a = MEGA__V1__ASSIGNMENT__INIT;
+  a.job_id = req->job_id;
+  a.attempt = req->attempt;
+  a.args = req->spec ? req->spec->args : NULL;
+  a.n_args = req->spec ? req->spec->n_args : 0;
+  a.rank = w->rank;
+  a.world_size = req->world_size;
+  a.local_rank = w->local_rank;
+  a.local_world_size = (uint32_t)req->n_ranks;
+  a.tp = req->tp;
+  a.pp = req->pp;
+  a.dp = req->dp;
+  a.bootstrap = req->bootstrap;
+  a.state_dir = sdir ? sdir : "";
+  a.device = -1;
+  a.backend = "cpu";
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ASSIGNMENT;
+  f.assignment = &a;
+  send_frame(w, &f);
+  free(sdir);
+  return MEGA_OK;
+}
+
+mega_status megad_launch_start(megad *d, const Mega__V1__LaunchRanksRequest *req, int32_t *pids,
+                               mega_err *err) {
+  megad_node *self = megad_self(d);
+  if (d->stopping) return mega_fail(err, MEGA_ERR_UNSUPPORTED, "node %s is shutting down", d->node_id);
+  if (!req->n_ranks || !req->job_id || !req->job_id[0] || !req->bootstrap)
+    return mega_fail(err, MEGA_ERR_INVALID, "LaunchRanks needs a job id, ranks and a bootstrap");
+  if (self->slots_used + req->n_ranks > self->slots)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "node %s has %u free slot%s, and %zu rank%s were asked of it", d->node_id,
+                     self->slots - self->slots_used, self->slots - self->slots_used == 1 ? "" : "s",
+                     req->n_ranks, req->n_ranks == 1 ? "" : "s");
+  megad_launch *l = calloc(1, sizeof *l);
+  if (!l) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  l->d = d;
+  l->req = (Mega__V1__LaunchRanksRequest *)megad_pb_copy(&req->base);
+  l->w = calloc(req->n_ranks, sizeof *l->w);
+  char *jdir = megad_job_dir(d, req->job_id);
+  if (jdir && asprintf(&l->dir, "%s/%u", jdir, req->attempt) < 0) l->dir = NULL;
+  free(jdir);
+  if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0755) && errno != EEXIST)) {
+    mega_status s = l->dir ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
+                           : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
+    free(l->w);
+    free(l->dir);
+    free(l);
+    return s;
+  }
+  l->coord_local = !strcmp(req->coordinator_node_id, d->node_id);
+  uv_timer_init(d->loop, &l->kill_timer);
+  uv_timer_init(d->loop, &l->retry_timer);
+  l->kill_timer.data = l->retry_timer.data = l;
+  l->timers_open = 2;
+  l->next = d->launches;
+  d->launches = l;
+  char **env = worker_env(d);
+  mega_status s = env ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; i < req->n_ranks; i++) {
+    megad_worker *w = &l->w[i];
+    w->l = l;
+    w->rank = req->ranks[i];
+    w->local_rank = (uint32_t)i;
+    w->log_fd = -1;
+    pids[i] = 0;
+    if (s != MEGA_OK) continue;
+    l->nw++;
+    l->live++;
+    self->slots_used++;
+    if ((s = spawn_worker(l, w, env, err)) == MEGA_OK) pids[i] = w->pid;
+  }
+  free_env(env);
+  if (s != MEGA_OK) {
+    megad_launch_abort(d, req->job_id, req->attempt, err->msg, 0);
+    return s;
+  }
+  megad_log(d, "job %s attempt %u: started %zu worker%s (ranks %u..%u)", req->job_id, req->attempt,
+            req->n_ranks, req->n_ranks == 1 ? "" : "s", req->ranks[0], req->ranks[req->n_ranks - 1]);
+  return MEGA_OK;
+}
+
+/* ---- abort ---- */
+
+static void on_kill_timer(uv_timer_t *t) {
+  megad_launch *l = t->data;
+  for (size_t i = 0; i < l->nw; i++) kill_worker(&l->w[i]);
+}
+
+static void abort_launch(megad_launch *l, const char *reason, unsigned grace_ms) {
+  if (l->aborting) return;
+  l->aborting = true;
+  for (size_t i = 0; i < l->nw; i++) send_abort(&l->w[i], reason, grace_ms);
+  uv_timer_start(&l->kill_timer, on_kill_timer, grace_ms, 0);
+}
+
+void megad_launch_abort(megad *d, const char *job_id, int64_t attempt, const char *reason,
+                        unsigned grace_ms) {
+  for (megad_launch *l = d->launches; l; l = l->next)
+    if (!strcmp(l->req->job_id, job_id) && (attempt < 0 || l->req->attempt == (uint32_t)attempt))
+      abort_launch(l, reason, grace_ms);
+}
+
+void megad_launch_abort_coord(megad *d, const char *coord_id, const char *reason) {
+  for (megad_launch *l = d->launches; l; l = l->next)
+    if (!strcmp(l->req->coordinator_node_id, coord_id)) {
+      l->coord_gone = true;
+      abort_launch(l, reason, MEGAD_ABORT_GRACE_MS);
+      flush_reports(l);
+      maybe_free_launch(l);
+    }
+}
+
+void megad_launch_abort_all(megad *d, const char *reason) {
+  for (megad_launch *l = d->launches; l; l = l->next) abort_launch(l, reason, MEGAD_ABORT_GRACE_MS);
+}
+
+bool megad_launch_idle(megad *d) {
+  for (megad_launch *l = d->launches; l; l = l->next)
+    if (l->live) return false;
+  return true;
+}
+
+size_t megad_launch_job_ids(megad *d, const char **ids, size_t max) {
+  size_t n = 0;
+  for (megad_launch *l = d->launches; l && n < max; l = l->next) {
+    if (!l->live) continue;
+    bool dup = false;
+    for (size_t i = 0; i < n && !dup; i++) dup = !strcmp(ids[i], l->req->job_id);
+    if (!dup) ids[n++] = l->req->job_id;
+  }
+  return n;
+}

@@ -1,0 +1,340 @@
+/* megad: the daemon.
+ *
+ *   megad serve --listen ADDR --state-dir DIR --slots N [--node-name NAME]
+ *               [--peers ADDR,...] [--advertise HOST] [--worker PATH]
+ *               [--metrics-listen ADDR]
+ *   megad run --slots N [--state-dir DIR] [--json] [--name NAME]
+ *             [--nproc-per-node K] [--worker PATH] [job flags]
+ *
+ * `run` is the same daemon on a private unix socket with one job: it prints
+ * the merged steps and exits with the job's status (0 succeeded, 1 failed,
+ * 130/143 after SIGINT/SIGTERM, 2 for a bad flag or job). */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/jobspec.h"
+#include "daemon/megad.h"
+#include "proto/pb_json.h"
+
+#define EXIT_USAGE 2
+
+typedef struct app {
+  uv_loop_t loop;
+  megad d;
+  uv_signal_t sigint, sigterm;
+  bool started, json;
+  int exit_code;
+  /* run */
+  mega_job *job;
+  char *tmp_dir;
+  int signal;
+} app;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: megad serve --listen ADDR --state-dir DIR --slots N [options]\n"
+          "       megad run --slots N [--json] [options] [job flags]\n\n"
+          "serve: run the daemon of one node. Jobs come from megactl (or another megad).\n"
+          "  --listen ADDR          host:port (port 0 picks one) or unix:/path\n"
+          "  --state-dir DIR        journal, job files, worker logs\n"
+          "  --slots N              worker processes this node runs at once\n"
+          "  --node-name NAME       this node's name (default: the hostname)\n"
+          "  --peers ADDR,...       megads to join (host:port of each)\n"
+          "  --advertise HOST       the host peers and workers use to reach this node\n"
+          "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
+          "  --worker PATH          the megaw program (default: next to megad)\n\n"
+          "run: train one job of N ranks on this machine and exit with its status.\n"
+          "  --slots N              ranks (every slot runs one)\n"
+          "  --json                 one JSON object per iteration on stdout\n"
+          "  --name NAME            the job's name\n"
+          "  --nproc-per-node K     ranks (default: N)\n"
+          "  --state-dir DIR        keep the journal and job files there (default: a\n"
+          "                         temporary directory, removed when the job succeeds)\n"
+          "  --worker PATH          the megaw program\n"
+          "  job flags: as megaw --help lists them (--num-layers, --hidden-size, ...)\n");
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "megad: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, " (see megad --help)\n");
+  return EXIT_USAGE;
+}
+
+static bool parse_slots(const char *s, int *out) {
+  char *end;
+  errno = 0;
+  long n = strtol(s, &end, 10);
+  if (errno || *s == '\0' || *end || n < 1 || n > 4096) return false;
+  *out = (int)n;
+  return true;
+}
+
+/* "--flag value" or "--flag=value" for the daemon's own flags. */
+static int own_flag(int argc, char **argv, int *i, const char *name, const char **val) {
+  size_t n = strlen(name);
+  if (strncmp(argv[*i], name, n)) return 0;
+  if (argv[*i][n] == '=') {
+    *val = argv[*i] + n + 1;
+    (*i)++;
+    return 1;
+  }
+  if (argv[*i][n] != '\0') return 0;
+  if (*i + 1 >= argc) return -1;
+  *val = argv[*i + 1];
+  *i += 2;
+  return 1;
+}
+
+/* ---- shared ---- */
+
+static void stopped(void *arg) {
+  app *a = arg;
+  uv_close((uv_handle_t *)&a->sigint, NULL);
+  uv_close((uv_handle_t *)&a->sigterm, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int sig) {
+  app *a = h->data;
+  if (a->job && !mega_job_state_final(a->job->state)) { /* run: cancel, then stop */
+    a->signal = sig;
+    megad_cancel(&a->d, a->job, sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)",
+                 NULL, NULL);
+    return;
+  }
+  char why[64];
+  snprintf(why, sizeof why, "signal %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  megad_stop(&a->d, why, stopped, a);
+}
+
+static int start(app *a, const megad_opts *o) {
+  signal(SIGPIPE, SIG_IGN);
+  uv_loop_init(&a->loop);
+  mega_err err = {0};
+  if (megad_start(&a->d, &a->loop, o, &err) != MEGA_OK) {
+    fprintf(stderr, "megad: %s\n", err.msg);
+    return err.status == MEGA_ERR_INVALID ? EXIT_USAGE : 1;
+  }
+  a->started = true;
+  uv_signal_init(&a->loop, &a->sigint);
+  uv_signal_init(&a->loop, &a->sigterm);
+  a->sigint.data = a->sigterm.data = a;
+  uv_signal_start(&a->sigint, on_signal, SIGINT);
+  uv_signal_start(&a->sigterm, on_signal, SIGTERM);
+  return 0;
+}
+
+static void finish_loop(app *a) {
+  uv_run(&a->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&a->loop);
+  mega_rpc_wait_released(5000);
+}
+
+/* ---- serve ---- */
+
+static int serve(int argc, char **argv) {
+  megad_opts o = {0};
+  const char *slots = NULL;
+  for (int i = 2; i < argc;) {
+    int r;
+    if ((r = own_flag(argc, argv, &i, "--listen", &o.listen)) ||
+        (r = own_flag(argc, argv, &i, "--state-dir", &o.state_dir)) ||
+        (r = own_flag(argc, argv, &i, "--slots", &slots)) ||
+        (r = own_flag(argc, argv, &i, "--node-name", &o.node_name)) ||
+        (r = own_flag(argc, argv, &i, "--peers", &o.peers)) ||
+        (r = own_flag(argc, argv, &i, "--advertise", &o.advertise)) ||
+        (r = own_flag(argc, argv, &i, "--metrics-listen", &o.metrics_listen)) ||
+        (r = own_flag(argc, argv, &i, "--worker", &o.worker_path))) {
+      if (r < 0) return usage_error("%s needs a value", argv[i]);
+      continue;
+    }
+    return usage_error("serve: unknown flag '%s'", argv[i]);
+  }
+  if (!o.listen) return usage_error("serve needs --listen ADDR%s", "");
+  if (!o.state_dir) return usage_error("serve needs --state-dir DIR%s", "");
+  if (!slots) return usage_error("serve needs --slots N%s", "");
+  if (!parse_slots(slots, &o.slots)) return usage_error("--slots: '%s' is not a count in 1..4096", slots);
+
+  static app a;
+  int rc = start(&a, &o);
+  if (rc) return rc;
+  printf("megad: listening on %s\n", a.d.address);
+  fflush(stdout);
+  char *path = NULL;
+  if (asprintf(&path, "%s/address", a.d.state_dir) >= 0) {
+    FILE *f = fopen(path, "w");
+    if (f) {
+      fprintf(f, "%s\n", a.d.address);
+      fclose(f);
+    } else {
+      megad_warn(&a.d, "cannot write %s: %s", path, strerror(errno));
+    }
+    free(path);
+  }
+  finish_loop(&a);
+  return 0;
+}
+
+/* ---- run ---- */
+
+static void print_event(const Mega__V1__JobEvent *ev) {
+  switch (ev->kind) {
+  case MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED:
+  case MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_PLACED:
+  case MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUCCEEDED:
+    return; /* the steps say as much */
+  default:
+    fprintf(stderr, "megad: %s\n", ev->message);
+  }
+}
+
+static void print_step(app *a, const Mega__V1__StepMetrics *s) {
+  if (a->json) {
+    mega_step_metrics_write(stdout, s);
+    return;
+  }
+  double bubble = 0, time = 0;
+  for (size_t r = 0; r < s->n_ranks; r++) {
+    bubble += s->ranks[r]->bubble_s;
+    time += s->ranks[r]->step_time_s;
+  }
+  printf("iteration %6llu/%llu | loss %.6f | grad_norm %.4f | lr %.4e | %.3f s | %.0f tokens/s | "
+         "bubble %.1f%%\n",
+         (unsigned long long)s->iteration, (unsigned long long)a->job->train_iters, s->loss,
+         s->grad_norm, s->lr, s->step_time_s, s->tokens_per_s, time > 0 ? 100 * bubble / time : 0);
+  fflush(stdout);
+}
+
+static void on_item(void *arg, const Mega__V1__WatchJobResponse *item) {
+  app *a = arg;
+  switch (item->item_case) {
+  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP:
+    print_step(a, item->step);
+    break;
+  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT:
+    print_event(item->event);
+    break;
+  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE: {
+    const Mega__V1__Job *j = item->final_state;
+    if (j->state == MEGA_JOB_SUCCEEDED) a->exit_code = 0;
+    else if (j->state == MEGA_JOB_CANCELLED && a->signal) a->exit_code = 128 + a->signal;
+    else a->exit_code = 1;
+    if (a->exit_code && a->tmp_dir)
+      fprintf(stderr, "megad: worker logs kept in %s/jobs/%s\n", a->tmp_dir, j->id);
+    a->job = NULL; /* freed with the daemon */
+    megad_stop(&a->d, "the job is over", stopped, a);
+    break;
+  }
+  default:
+    break;
+  }
+}
+
+static int remove_tree(const char *dir) {
+  char *cmd = NULL;
+  if (asprintf(&cmd, "rm -rf -- '%s'", dir) < 0) return -1;
+  int rc = system(cmd);
+  free(cmd);
+  return rc;
+}
+
+static int run(int argc, char **argv) {
+  megad_opts o = {.quiet = true};
+  const char *slots = NULL, *name = "", *nproc = NULL;
+  static app a;
+  mega_jobspec spec;
+  mega_jobspec_defaults(&spec);
+  mega_err err = {0};
+  int rc = 0;
+  for (int i = 2; i < argc && !rc;) {
+    if (!strcmp(argv[i], "--json")) {
+      a.json = true;
+      i++;
+      continue;
+    }
+    int r;
+    if ((r = own_flag(argc, argv, &i, "--slots", &slots)) ||
+        (r = own_flag(argc, argv, &i, "--state-dir", &o.state_dir)) ||
+        (r = own_flag(argc, argv, &i, "--name", &name)) ||
+        (r = own_flag(argc, argv, &i, "--nproc-per-node", &nproc)) ||
+        (r = own_flag(argc, argv, &i, "--worker", &o.worker_path))) {
+      if (r < 0) rc = usage_error("%s needs a value", argv[i]);
+      continue;
+    }
+    mega_status st = mega_jobspec_parse_flag(&spec, argc, argv, &i, &err);
+    if (st == MEGA_ERR_NOT_FOUND) rc = usage_error("run: unknown flag '%s'", argv[i]);
+    else if (st != MEGA_OK) rc = usage_error("%s", err.msg);
+  }
+  int n = 0, per = 0;
+  if (!rc && !slots) rc = usage_error("run needs --slots N%s", "");
+  if (!rc && !parse_slots(slots, &n)) rc = usage_error("--slots: '%s' is not a count in 1..4096", slots);
+  if (!rc && nproc && (!parse_slots(nproc, &per) || per > n))
+    rc = usage_error("--nproc-per-node: '%s' must be a count no larger than --slots", nproc);
+  int nargs = 0;
+  char **args = rc ? NULL : mega_jobspec_to_argv(&spec, &nargs);
+  mega_jobspec_free(&spec);
+  if (rc) return rc;
+  if (!args) {
+    fprintf(stderr, "megad: out of memory\n");
+    return 1;
+  }
+  o.slots = n;
+  if (!o.state_dir) {
+    char tmpl[] = "/tmp/megad-run-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+      fprintf(stderr, "megad: cannot create a temporary state directory: %s\n", strerror(errno));
+      mega_jobspec_argv_free(args);
+      return 1;
+    }
+    a.tmp_dir = strdup(tmpl);
+    o.state_dir = a.tmp_dir;
+  }
+  char listen[PATH_MAX + 16];
+  snprintf(listen, sizeof listen, "unix:%s/megad.sock", o.state_dir);
+  o.listen = listen;
+  o.node_name = "local";
+  if ((rc = start(&a, &o)) != 0) {
+    mega_jobspec_argv_free(args);
+    if (a.tmp_dir) remove_tree(a.tmp_dir);
+    return rc;
+  }
+  Mega__V1__JobSpec js = MEGA__V1__JOB_SPEC__INIT;
+  js.name = (char *)name;
+  js.args = args;
+  js.n_args = (size_t)nargs;
+  js.nnodes_min = js.nnodes_max = 1;
+  js.nproc_per_node = (uint32_t)(per ? per : n);
+  if (megad_submit(&a.d, &js, &a.job, &err) != MEGA_OK) {
+    fprintf(stderr, "megad: %s\n", err.msg);
+    a.exit_code = err.status == MEGA_ERR_INVALID ? EXIT_USAGE : 1;
+    megad_stop(&a.d, "the job was refused", stopped, &a);
+  } else {
+    megad_watch_local(&a.d, a.job, false, on_item, &a);
+    megad_schedule(&a.d);
+  }
+  mega_jobspec_argv_free(args);
+  finish_loop(&a);
+  if (a.tmp_dir && a.exit_code != 1) remove_tree(a.tmp_dir);
+  free(a.tmp_dir);
+  return a.exit_code;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+      !strcmp(argv[1], "help")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? EXIT_USAGE : 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("megad %s\n", MEGA_VERSION);
+    return 0;
+  }
+  if (!strcmp(argv[1], "serve")) return serve(argc, argv);
+  if (!strcmp(argv[1], "run")) return run(argc, argv);
+  return usage_error("unknown command '%s': use serve or run", argv[1]);
+}

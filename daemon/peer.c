@@ -1,0 +1,63 @@
+/* The Peer service's job calls: a coordinator starts and aborts a node's
+ * ranks, and nodes report their workers' steps and events to it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/megad.h"
+
+static void on_launch_ranks(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad *d = data;
+  const Mega__V1__LaunchRanksRequest *req = (const void *)msg;
+  int32_t *pids = calloc(req->n_ranks ? req->n_ranks : 1, sizeof *pids);
+  if (!pids) {
+    mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  mega_err e = {0};
+  if (megad_launch_start(d, req, pids, &e) != MEGA_OK) {
+    /* slots taken meanwhile: the coordinator queues the job again */
+    mega_rpc_fail(call, e.status == MEGA_ERR_UNSUPPORTED ? MEGA_RPC_RESOURCE_EXHAUSTED
+                                                        : mega_rpc_code_from_status(e.status),
+                  "%s", e.msg);
+    free(pids);
+    return;
+  }
+  Mega__V1__LaunchRanksResponse r = MEGA__V1__LAUNCH_RANKS_RESPONSE__INIT;
+  r.pids = pids;
+  r.n_pids = req->n_ranks;
+  mega_rpc_reply(call, &r.base);
+  free(pids);
+}
+
+static void on_abort_job(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad *d = data;
+  const Mega__V1__AbortJobRequest *req = (const void *)msg;
+  megad_launch_abort(d, req->job_id, req->attempt, req->reason && req->reason[0] ? req->reason
+                                                                                : "aborted",
+                     req->grace_ms ? req->grace_ms : MEGAD_ABORT_GRACE_MS);
+  Mega__V1__AbortJobResponse r = MEGA__V1__ABORT_JOB_RESPONSE__INIT;
+  mega_rpc_reply(call, &r.base);
+}
+
+static void on_report_step(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad *d = data;
+  const Mega__V1__ReportStepRequest *req = (const void *)msg;
+  mega_job *j = mega_jobs_find(&d->jobs, req->job_id);
+  if (!j || strcmp(j->coordinator, d->node_id)) {
+    mega_rpc_fail(call, MEGA_RPC_NOT_FOUND, "node %s coordinates no job %s", d->node_id,
+                  req->job_id);
+    return;
+  }
+  for (size_t i = 0; i < req->n_steps; i++)
+    megad_coord_step(d, req->job_id, req->attempt, req->node_id, req->steps[i]);
+  for (size_t i = 0; i < req->n_events; i++)
+    megad_coord_event(d, req->job_id, req->attempt, req->node_id, req->events[i]);
+  Mega__V1__ReportStepResponse r = MEGA__V1__REPORT_STEP_RESPONSE__INIT;
+  mega_rpc_reply(call, &r.base);
+}
+
+void megad_peer_register(megad *d) {
+  mega_rpc_server_handle(d->srv, &mega_peer_launch_ranks, on_launch_ranks, d, NULL);
+  mega_rpc_server_handle(d->srv, &mega_peer_abort_job, on_abort_job, d, NULL);
+  mega_rpc_server_handle(d->srv, &mega_peer_report_step, on_report_step, d, NULL);
+}

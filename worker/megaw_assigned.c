@@ -1,0 +1,182 @@
+/* megaw under megad: read the Assignment, check its job flags with the same
+ * code as everyone else (core/jobspec, the schedule's rules), and run the
+ * rank with the daemon's store for rendezvous. Steps, checkpoints and a
+ * failure go back over the pipe; an Abort frame or the pipe's EOF (megad
+ * died) stops the rank. PR_SET_PDEATHSIG takes the worker along if megad is
+ * killed outright. */
+#include "worker/megaw_assigned.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "core/jobspec.h"
+#include "core/schedule.h"
+#include "worker/data.h"
+#include "worker/link.h"
+#include "worker/rank.h"
+
+typedef struct assigned {
+  mega_link *link;
+  pthread_mutex_t mu;
+  mega_rank *rank;     /* set between create and destroy */
+  char *abort_reason;  /* an abort that came before the rank existed */
+  uint32_t rank_id;
+} assigned;
+
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_signal(int sig) { stop_signal = sig; }
+
+/* Runs on the link's reader thread. */
+static void on_abort(void *arg, const char *reason) {
+  assigned *a = arg;
+  pthread_mutex_lock(&a->mu);
+  if (a->rank) mega_rank_abort(a->rank, reason);
+  else if (!a->abort_reason) a->abort_reason = strdup(reason);
+  pthread_mutex_unlock(&a->mu);
+}
+
+static void on_step(void *arg, const mega_rank_metrics *m) {
+  assigned *a = arg;
+  mega_err err = {0};
+  if (mega_link_send_step(a->link, m, &err) != MEGA_OK)
+    fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
+  /* a signal stops training after the step that was running */
+  if (stop_signal) mega_rank_abort(a->rank, "stopped by a signal");
+}
+
+static void on_checkpoint(void *arg, int64_t iteration, const char *path, uint64_t bytes,
+                          double seconds) {
+  assigned *a = arg;
+  mega_err err = {0};
+  if (mega_link_send_checkpoint(a->link, iteration, path, bytes, seconds, &err) != MEGA_OK)
+    fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
+}
+
+/* Says why on stderr (megad keeps the last lines) and over the pipe. */
+static int fail(assigned *a, const mega_err *e, int code) {
+  fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, e->msg);
+  bool retryable = e->status == MEGA_ERR_PEER || e->status == MEGA_ERR_TIMEOUT;
+  mega_err ignored = {0};
+  if (a->link) mega_link_send_error(a->link, e->msg, retryable, &ignored);
+  return code;
+}
+
+static mega_status check_job(const mega_jobspec *job, int world, mega_err *err) {
+  long long bytes = -1;
+  if (job->data_path && mega_data_file_size(job->data_path, &bytes, err) != MEGA_OK)
+    return err->status;
+  mega_status st = mega_jobspec_check(job, world, bytes, err);
+  if (st != MEGA_OK) return st;
+  int pp = job->pipeline_model_parallel_size, vp = mega_jobspec_vp(job);
+  mega_sched_params p = {
+      .kind = job->schedule >= 0 ? (mega_sched_kind)job->schedule : mega_sched_default_kind(pp, vp),
+      .pp = pp, .vp = vp, .microbatches = mega_jobspec_num_microbatches(job, world),
+      .group_size = vp > 1 ? mega_jobspec_group_size(job) : 0};
+  if ((st = mega_sched_check_params(&p, err)) != MEGA_OK) mega_err_prefix(err, "invalid job");
+  return st;
+}
+
+static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assignment *as) {
+  const Mega__V1__Bootstrap *b = as->bootstrap;
+  mega_rank_env env = {
+      .job = job,
+      .rank = (int)as->rank,
+      .world_size = (int)as->world_size,
+      .local_rank = (int)as->local_rank,
+      .local_world_size = (int)as->local_world_size,
+      .kv = as->world_size > 1 ? &mega_link_kv_ops : NULL,
+      .kv_ctx = a->link,
+      .kv_prefix = b && b->kv_prefix[0] ? b->kv_prefix : as->job_id,
+      .kv_timeout_ms = b ? (int)b->kv_timeout_ms : 0,
+      .hostname = getenv("MEGA_WORKER_HOSTNAME"),
+      .state_dir = as->state_dir[0] ? as->state_dir : NULL,
+      .device = -1,
+      .on_step = on_step,
+      .on_checkpoint = on_checkpoint,
+      .arg = a,
+  };
+  mega_err err = {0};
+  mega_rank *r = NULL;
+  if (mega_rank_create(&env, &r, &err) != MEGA_OK) return fail(a, &err, 1);
+  pthread_mutex_lock(&a->mu);
+  a->rank = r;
+  if (a->abort_reason) mega_rank_abort(r, a->abort_reason);
+  pthread_mutex_unlock(&a->mu);
+
+  mega_err e2 = {0};
+  if (mega_link_send_hello(a->link, "cpu", &e2) != MEGA_OK)
+    fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, e2.msg);
+  int rc = 0;
+  if (mega_rank_run(r, &err) != MEGA_OK) {
+    if (err.status == MEGA_ERR_CANCELLED && stop_signal) {
+      rc = 128 + stop_signal;
+    } else if (err.status == MEGA_ERR_CANCELLED) { /* megad asked: it knows why */
+      fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
+      rc = 1;
+    } else {
+      rc = fail(a, &err, 1);
+    }
+  }
+  pthread_mutex_lock(&a->mu);
+  a->rank = NULL;
+  pthread_mutex_unlock(&a->mu);
+  mega_rank_destroy(r);
+  return rc;
+}
+
+int megaw_run_assigned(const char *fd_env) {
+  /* die with megad, even if it is SIGKILLed; and notice if it already died */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  const char *ppid = getenv("MEGAD_PID");
+  if (ppid && atoi(ppid) != (int)getppid()) {
+    fprintf(stderr, "megaw: megad (pid %s) is gone; exiting\n", ppid);
+    return 1;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
+  char *end;
+  long fd = strtol(fd_env, &end, 10);
+  if (*fd_env == '\0' || *end || fd < 0 || fd > 1024) {
+    fprintf(stderr, "megaw: MEGA_WORKER_FD='%s' is not a file descriptor; megad sets it\n", fd_env);
+    return 2;
+  }
+  assigned a = {0};
+  pthread_mutex_init(&a.mu, NULL);
+  mega_err err = {0};
+  if (mega_link_open((int)fd, 30000, &a.link, &err) != MEGA_OK) {
+    fprintf(stderr, "megaw: %s\n", err.msg);
+    pthread_mutex_destroy(&a.mu);
+    return 1;
+  }
+  const Mega__V1__Assignment *as = mega_link_assignment(a.link);
+  a.rank_id = as->rank;
+  mega_jobspec job;
+  mega_jobspec_defaults(&job);
+  int rc;
+  if (mega_jobspec_parse(&job, (int)as->n_args, as->args, &err) != MEGA_OK ||
+      check_job(&job, (int)as->world_size, &err) != MEGA_OK) {
+    rc = fail(&a, &err, 2);
+  } else if (mega_link_start(a.link, on_abort, &a, &err) != MEGA_OK) {
+    rc = fail(&a, &err, 1);
+  } else {
+    rc = run_rank(&a, &job, as);
+  }
+  mega_jobspec_free(&job);
+  mega_link_close(a.link);
+  free(a.abort_reason);
+  pthread_mutex_destroy(&a.mu);
+  return rc;
+}
