@@ -9,17 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/jobspec_internal.h"
 #include "core/schedule.h"
-#include "core/topology.h"
 
-/* ---- the table ---- */
+/* ---- the mega_jf_table ---- */
 
-typedef struct flagdef {
-  mega_jobflag info;
-  size_t off;
-  long long idef; /* int, bool, enum */
-  double fdef;    /* float */
-} flagdef;
 
 static const char *const lr_styles[] = {"constant", "linear", "cosine", NULL};
 static const char *const recomputes[] = {"full", "selective", NULL};
@@ -46,7 +40,7 @@ _Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1, "enum choic
 #define ENUM(nm, f, grp, meta, ch, idf, dtext, hlp) \
   FLAG(nm, f, grp, MEGA_JOBFLAG_ENUM, meta, dtext, hlp, ch, false, NAN, NAN, false, false, idf, 0)
 
-static const flagdef table[] = {
+const flagdef mega_jf_table[] = {
     INT("--num-layers", num_layers, "model", "N", 0, "required", true, 1,
         "Number of transformer decoder layers."),
     INT("--hidden-size", hidden_size, "model", "N", 0, "required", true, 1,
@@ -56,7 +50,7 @@ static const flagdef table[] = {
     INT("--seq-length", seq_length, "model", "N", 0, "required", true, 1,
         "Tokens (bytes) per sample."),
     INT("--max-position-embeddings", max_position_embeddings, "model", "N", -1, "seq-length",
-        false, 1, "Rows of the learned position table; at least --seq-length."),
+        false, 1, "Rows of the learned position mega_jf_table; at least --seq-length."),
     FLT("--init-method-std", init_method_std, "model", 0.02, "0.02", false, 0, NAN, true, false,
         "Standard deviation of the normal weight initialization."),
     INT("--seed", seed, "model", "N", 1234, "1234", false, 0,
@@ -150,21 +144,19 @@ static const flagdef table[] = {
         "Report every N iterations."),
 };
 
-enum { NFLAGS = sizeof table / sizeof table[0] };
+const int mega_jf_nflags = sizeof mega_jf_table / sizeof mega_jf_table[0];
 
-#define FIELD(s, f, type) ((type *)((char *)(s) + (f)->off))
-#define CFIELD(s, f, type) ((const type *)((const char *)(s) + (f)->off))
 
 int mega_jobspec_flag_count(void) { return NFLAGS; }
 
 const mega_jobflag *mega_jobspec_flag(int i) {
-  return i >= 0 && i < NFLAGS ? &table[i].info : NULL;
+  return i >= 0 && i < NFLAGS ? &mega_jf_table[i].info : NULL;
 }
 
 static const flagdef *find_n(const char *name, size_t n) {
   for (int i = 0; i < NFLAGS; i++)
-    if (strlen(table[i].info.name) == n && memcmp(table[i].info.name, name, n) == 0)
-      return &table[i];
+    if (strlen(mega_jf_table[i].info.name) == n && memcmp(mega_jf_table[i].info.name, name, n) == 0)
+      return &mega_jf_table[i];
   return NULL;
 }
 
@@ -173,7 +165,7 @@ const mega_jobflag *mega_jobspec_flag_find(const char *name) {
   return f ? &f->info : NULL;
 }
 
-static int nchoices(const flagdef *f) {
+int mega_jf_nchoices(const flagdef *f) {
   int n = 0;
   while (f->info.choices[n]) n++;
   return n;
@@ -181,7 +173,7 @@ static int nchoices(const flagdef *f) {
 
 /* ---- life cycle ---- */
 
-static void set_default(mega_jobspec *s, const flagdef *f) {
+void mega_jf_set_default(mega_jobspec *s, const flagdef *f) {
   switch (f->info.type) {
   case MEGA_JOBFLAG_INT:
   case MEGA_JOBFLAG_ENUM: *FIELD(s, f, int) = (int)f->idef; break;
@@ -193,22 +185,22 @@ static void set_default(mega_jobspec *s, const flagdef *f) {
 
 void mega_jobspec_defaults(mega_jobspec *s) {
   memset(s, 0, sizeof *s);
-  for (int i = 0; i < NFLAGS; i++) set_default(s, &table[i]);
+  for (int i = 0; i < NFLAGS; i++) mega_jf_set_default(s, &mega_jf_table[i]);
 }
 
 void mega_jobspec_free(mega_jobspec *s) {
   if (!s) return;
   for (int i = 0; i < NFLAGS; i++)
-    if (table[i].info.type == MEGA_JOBFLAG_STRING) free(*FIELD(s, &table[i], char *));
+    if (mega_jf_table[i].info.type == MEGA_JOBFLAG_STRING) free(*FIELD(s, &mega_jf_table[i], char *));
   mega_jobspec_defaults(s);
 }
 
 mega_status mega_jobspec_copy(mega_jobspec *dst, const mega_jobspec *src, mega_err *err) {
   *dst = *src;
   for (int i = 0; i < NFLAGS; i++)
-    if (table[i].info.type == MEGA_JOBFLAG_STRING) *FIELD(dst, &table[i], char *) = NULL;
+    if (mega_jf_table[i].info.type == MEGA_JOBFLAG_STRING) *FIELD(dst, &mega_jf_table[i], char *) = NULL;
   for (int i = 0; i < NFLAGS; i++) {
-    const flagdef *f = &table[i];
+    const flagdef *f = &mega_jf_table[i];
     if (f->info.type != MEGA_JOBFLAG_STRING) continue;
     const char *v = *CFIELD(src, f, char *);
     if (v && !(*FIELD(dst, f, char *) = strdup(v))) {
@@ -238,11 +230,11 @@ static bool same_value(const mega_jobspec *a, const mega_jobspec *b, const flagd
 
 bool mega_jobspec_equal(const mega_jobspec *a, const mega_jobspec *b) {
   for (int i = 0; i < NFLAGS; i++)
-    if (!same_value(a, b, &table[i])) return false;
+    if (!same_value(a, b, &mega_jf_table[i])) return false;
   return true;
 }
 
-static bool is_default(const mega_jobspec *s, const flagdef *f) {
+bool mega_jf_is_default(const mega_jobspec *s, const flagdef *f) {
   switch (f->info.type) {
   case MEGA_JOBFLAG_INT:
   case MEGA_JOBFLAG_ENUM: return *CFIELD(s, f, int) == f->idef;
@@ -259,7 +251,7 @@ static bool is_default(const mega_jobspec *s, const flagdef *f) {
 /* ---- typed setters: the one place a flag's bounds are enforced ---- */
 
 /* The shortest text that reads back as exactly v. */
-static void format_double(double v, char *buf, size_t n) {
+void mega_jf_format_double(double v, char *buf, size_t n) {
   for (int prec = 6; prec <= 17; prec++) {
     snprintf(buf, n, "%.*g", prec, v);
     if (strtod(buf, NULL) == v) return;
@@ -267,11 +259,11 @@ static void format_double(double v, char *buf, size_t n) {
 }
 
 
-static mega_status check_bounds(const flagdef *f, double v, const char *lead, mega_err *err) {
+mega_status mega_jf_check_bounds(const flagdef *f, double v, const char *lead, mega_err *err) {
   const mega_jobflag *in = &f->info;
   char got[64];
   if (in->type == MEGA_JOBFLAG_INT) snprintf(got, sizeof got, "%.0f", v);
-  else format_double(v, got, sizeof got);
+  else mega_jf_format_double(v, got, sizeof got);
   if (in->type == MEGA_JOBFLAG_FLOAT && !isfinite(v))
     return mega_fail(err, MEGA_ERR_INVALID, "%s%s must be a finite number (got %s)", lead,
                      in->name, got);
@@ -284,7 +276,7 @@ static mega_status check_bounds(const flagdef *f, double v, const char *lead, me
   return MEGA_OK;
 }
 
-static mega_status set_string(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err) {
+mega_status mega_jf_set_string(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err) {
   if (!*v) return mega_fail(err, MEGA_ERR_INVALID, "%s: the value is empty", f->info.name);
   char *copy = strdup(v);
   if (!copy) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory storing %s", f->info.name);
@@ -293,7 +285,7 @@ static mega_status set_string(mega_jobspec *s, const flagdef *f, const char *v, 
   return MEGA_OK;
 }
 
-static mega_status set_enum(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err) {
+mega_status mega_jf_set_enum(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err) {
   for (int k = 0; f->info.choices[k]; k++)
     if (strcmp(v, f->info.choices[k]) == 0) {
       *FIELD(s, f, int) = k;
@@ -323,7 +315,7 @@ static mega_status parse_int_text(const flagdef *f, const char *v, int *out, meg
   return MEGA_OK;
 }
 
-static mega_status parse_float_text(const char *name, const char *v, double *out, mega_err *err) {
+mega_status mega_jf_parse_float_text(const char *name, const char *v, double *out, mega_err *err) {
   if (!*v || isspace((unsigned char)*v))
     return mega_fail(err, MEGA_ERR_INVALID, "%s: '%s' is not a number", name, v);
   errno = 0;
@@ -340,14 +332,14 @@ static mega_status parse_float_text(const char *name, const char *v, double *out
   return MEGA_OK;
 }
 
-static mega_status set_int(mega_jobspec *s, const flagdef *f, int v, mega_err *err) {
-  mega_status st = check_bounds(f, v, "", err);
+mega_status mega_jf_set_int(mega_jobspec *s, const flagdef *f, int v, mega_err *err) {
+  mega_status st = mega_jf_check_bounds(f, v, "", err);
   if (st == MEGA_OK) *FIELD(s, f, int) = v;
   return st;
 }
 
-static mega_status set_float(mega_jobspec *s, const flagdef *f, double v, mega_err *err) {
-  mega_status st = check_bounds(f, v, "", err);
+mega_status mega_jf_set_float(mega_jobspec *s, const flagdef *f, double v, mega_err *err) {
+  mega_status st = mega_jf_check_bounds(f, v, "", err);
   if (st == MEGA_OK) *FIELD(s, f, double) = v;
   return st;
 }
@@ -358,15 +350,15 @@ static mega_status set_text(mega_jobspec *s, const flagdef *f, const char *v, me
   case MEGA_JOBFLAG_INT: {
     int x = 0;
     if ((st = parse_int_text(f, v, &x, err)) != MEGA_OK) return st;
-    return set_int(s, f, x, err);
+    return mega_jf_set_int(s, f, x, err);
   }
   case MEGA_JOBFLAG_FLOAT: {
     double x = 0;
-    if ((st = parse_float_text(f->info.name, v, &x, err)) != MEGA_OK) return st;
-    return set_float(s, f, x, err);
+    if ((st = mega_jf_parse_float_text(f->info.name, v, &x, err)) != MEGA_OK) return st;
+    return mega_jf_set_float(s, f, x, err);
   }
-  case MEGA_JOBFLAG_STRING: return set_string(s, f, v, err);
-  case MEGA_JOBFLAG_ENUM: return set_enum(s, f, v, err);
+  case MEGA_JOBFLAG_STRING: return mega_jf_set_string(s, f, v, err);
+  case MEGA_JOBFLAG_ENUM: return mega_jf_set_enum(s, f, v, err);
   case MEGA_JOBFLAG_BOOL: break;
   }
   return mega_fail(err, MEGA_ERR_INTERNAL, "%s takes no value", f->info.name);
@@ -399,8 +391,8 @@ static mega_status unknown_flag(const char *arg, size_t n, mega_err *err) {
   const char *best = NULL;
   int best_d = 3;
   for (int i = 0; i < NFLAGS; i++) {
-    int d = edit_distance(name, table[i].info.name);
-    if (d < best_d) best_d = d, best = table[i].info.name;
+    int d = edit_distance(name, mega_jf_table[i].info.name);
+    if (d < best_d) best_d = d, best = mega_jf_table[i].info.name;
   }
   if (best)
     return mega_fail(err, MEGA_ERR_NOT_FOUND, "unknown flag '%s'; did you mean %s?", name, best);
@@ -442,435 +434,6 @@ mega_status mega_jobspec_parse(mega_jobspec *s, int argc, char *const *argv, meg
       if (err) err->status = MEGA_ERR_INVALID;
       return MEGA_ERR_INVALID;
     }
-    if (st != MEGA_OK) return st;
-  }
-  return MEGA_OK;
-}
-
-/* ---- derived values ---- */
-
-int mega_jobspec_dp(const mega_jobspec *s, int world_size) {
-  long long mp = (long long)s->tensor_model_parallel_size * s->pipeline_model_parallel_size;
-  if (mp < 1 || world_size < 1 || world_size % mp) return 0;
-  return (int)(world_size / mp);
-}
-
-int mega_jobspec_group_size(const mega_jobspec *s) {
-  return s->microbatch_group_size_per_vp_stage > 0 ? s->microbatch_group_size_per_vp_stage
-                                                   : s->pipeline_model_parallel_size;
-}
-
-int mega_jobspec_num_microbatches(const mega_jobspec *s, int world_size) {
-  long long per = (long long)s->micro_batch_size * mega_jobspec_dp(s, world_size);
-  return per > 0 ? (int)(s->global_batch_size / per) : 0;
-}
-
-long long mega_jobspec_tokens_per_iter(const mega_jobspec *s) {
-  return (long long)s->global_batch_size * s->seq_length;
-}
-
-int mega_jobspec_max_position_embeddings(const mega_jobspec *s) {
-  return s->max_position_embeddings > 0 ? s->max_position_embeddings : s->seq_length;
-}
-
-int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
-  return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
-}
-
-int mega_jobspec_padded_vocab(const mega_jobspec *s) {
-  int multiple = 128 * (s->tensor_model_parallel_size > 0 ? s->tensor_model_parallel_size : 1);
-  return (MEGA_VOCAB_SIZE + multiple - 1) / multiple * multiple;
-}
-
-#define BAD(...) mega_fail(err, MEGA_ERR_INVALID, "invalid job: " __VA_ARGS__)
-
-/* The layout, and with it VP, as Megatron derives them: from the layout
- * string, else from --num-layers-per-virtual-pipeline-stage, else from the
- * VP flag with the uniform split. */
-mega_status mega_jobspec_layout(const mega_jobspec *s, mega_layout *out, mega_err *err) {
-  memset(out, 0, sizeof *out);
-  int pp = s->pipeline_model_parallel_size, vp_flag = s->virtual_pipeline_model_parallel_size;
-  int first = s->decoder_first_pipeline_num_layers, last = s->decoder_last_pipeline_num_layers;
-  int nlpvs = s->num_layers_per_virtual_pipeline_stage;
-  bool uneven = first >= 0 || last >= 0;
-  const char *uneven_flag =
-      first >= 0 ? "--decoder-first-pipeline-num-layers" : "--decoder-last-pipeline-num-layers";
-  mega_err sub = {0};
-  if (s->pipeline_model_parallel_layout) {
-    if (uneven)
-      return BAD("--pipeline-model-parallel-layout cannot be combined with %s; the layout "
-                 "already places every layer",
-                 uneven_flag);
-    if (nlpvs > 0)
-      return BAD("--pipeline-model-parallel-layout cannot be combined with "
-                 "--num-layers-per-virtual-pipeline-stage; the layout's stage count sets VP");
-    mega_status st = mega_layout_parse(s->pipeline_model_parallel_layout, pp, out, &sub);
-    if (st != MEGA_OK)
-      return mega_fail(err, st, "invalid job: --pipeline-model-parallel-layout: %s", sub.msg);
-    int stages = out->nstages;
-    if (vp_flag > 0 && vp_flag != out->vp) {
-      mega_layout_free(out);
-      return BAD("--virtual-pipeline-model-parallel-size %d disagrees with the layout, whose %d "
-                 "stages at PP = %d mean VP = %d",
-                 vp_flag, stages, pp, stages / pp);
-    }
-    if (pp == 1 && stages > 1) {
-      mega_layout_free(out);
-      return BAD("the layout's %d stages at PP = 1 make a virtual pipeline (VP = %d), which "
-                 "needs --pipeline-model-parallel-size > 1",
-                 stages, stages);
-    }
-    return MEGA_OK;
-  }
-  int vp = vp_flag > 0 ? vp_flag : 1;
-  if (nlpvs > 0) {
-    if (uneven)
-      return BAD("--num-layers-per-virtual-pipeline-stage cannot be combined with %s; give "
-                 "--virtual-pipeline-model-parallel-size instead",
-                 uneven_flag);
-    if (s->num_layers % pp)
-      return BAD("--num-layers %d is not divisible by --pipeline-model-parallel-size %d, so "
-                 "--num-layers-per-virtual-pipeline-stage cannot split it",
-                 s->num_layers, pp);
-    int per_rank = s->num_layers / pp;
-    if (per_rank % nlpvs)
-      return BAD("the %d layers per pipeline rank (--num-layers %d / PP %d) are not divisible "
-                 "by --num-layers-per-virtual-pipeline-stage %d",
-                 per_rank, s->num_layers, pp, nlpvs);
-    if (vp_flag > 0 && vp_flag != per_rank / nlpvs)
-      return BAD("--virtual-pipeline-model-parallel-size %d disagrees with "
-                 "--num-layers-per-virtual-pipeline-stage %d, which gives VP = %d "
-                 "(%d layers per pipeline rank)",
-                 vp_flag, nlpvs, per_rank / nlpvs, per_rank);
-    vp = per_rank / nlpvs;
-  }
-  if (vp > 1 && pp == 1)
-    return BAD("a virtual pipeline (VP = %d) needs --pipeline-model-parallel-size > 1", vp);
-  mega_status st = mega_layout_uniform(s->num_layers, pp, vp, first, last, out, &sub);
-  if (st != MEGA_OK) return mega_fail(err, st, "invalid job: %s", sub.msg);
-  return MEGA_OK;
-}
-
-int mega_jobspec_vp(const mega_jobspec *s) {
-  mega_layout l;
-  if (mega_jobspec_layout(s, &l, NULL) != MEGA_OK) {
-    int vp = s->virtual_pipeline_model_parallel_size;
-    return vp > 0 ? vp : 1;
-  }
-  int vp = l.vp;
-  mega_layout_free(&l);
-  return vp;
-}
-
-mega_status mega_jobspec_parse_simulate_compute(const char *str, mega_sim_compute *out,
-                                                mega_err *err) {
-  static const char *const part_names[] = {"F_MS", "B_MS", "W_MS"};
-  mega_sim_compute r = {0};
-  double v[3] = {0};
-  int n = 0;
-  const char *p = str ? str : "";
-  char part[64];
-  for (;;) {
-    const char *colon = strchr(p, ':');
-    size_t len = colon ? (size_t)(colon - p) : strlen(p);
-    if (n == 3 || len >= sizeof part)
-      return mega_fail(err, MEGA_ERR_INVALID,
-                       "--simulate-compute '%s': expected F_MS:B_MS or F_MS:B_MS:W_MS, "
-                       "e.g. 2:4 or 2:2:2",
-                       str ? str : "");
-    memcpy(part, p, len);
-    part[len] = '\0';
-    char what[96];
-    snprintf(what, sizeof what, "--simulate-compute %s", part_names[n]);
-    mega_status st = parse_float_text(what, part, &v[n], err);
-    if (st != MEGA_OK) return st;
-    if (v[n] < 0)
-      return mega_fail(err, MEGA_ERR_INVALID, "%s must be at least 0 ms (got %s)", what, part);
-    n++;
-    if (!colon) break;
-    p = colon + 1;
-  }
-  if (n < 2)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "--simulate-compute '%s': expected F_MS:B_MS or F_MS:B_MS:W_MS, "
-                     "e.g. 2:4 or 2:2:2",
-                     str ? str : "");
-  r.f_ms = v[0];
-  r.b_ms = v[1];
-  r.w_ms = v[2];
-  r.has_w = n == 3;
-  if (out) *out = r;
-  return MEGA_OK;
-}
-
-/* ---- checking ---- */
-
-static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err *err) {
-  const mega_jobflag *in = &f->info;
-  switch (in->type) {
-  case MEGA_JOBFLAG_INT: {
-    int v = *CFIELD(s, f, int);
-    if (in->required && v == f->idef) return BAD("%s is required", in->name);
-    if (v == f->idef) return MEGA_OK;
-    return check_bounds(f, v, "invalid job: ", err);
-  }
-  case MEGA_JOBFLAG_FLOAT: {
-    double v = *CFIELD(s, f, double);
-    if (in->required && isnan(v)) return BAD("%s is required", in->name);
-    return check_bounds(f, v, "invalid job: ", err);
-  }
-  case MEGA_JOBFLAG_STRING: {
-    const char *v = *CFIELD(s, f, char *);
-    if (in->required && !v) return BAD("%s is required", in->name);
-    if (v && !*v) return BAD("%s is empty", in->name);
-    return MEGA_OK;
-  }
-  case MEGA_JOBFLAG_ENUM: {
-    int v = *CFIELD(s, f, int);
-    if (v == f->idef || (v >= 0 && v < nchoices(f))) return MEGA_OK;
-    return BAD("%s has no choice number %d; it takes %s", in->name, v, in->metavar);
-  }
-  case MEGA_JOBFLAG_BOOL: return MEGA_OK;
-  }
-  return MEGA_OK;
-}
-
-static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
-  mega_layout l;
-  mega_status st = mega_jobspec_layout(s, &l, err);
-  if (st != MEGA_OK) return st;
-  int decoders = mega_layout_total(&l, MEGA_LAYER_DECODER);
-  int mtp = mega_layout_total(&l, MEGA_LAYER_MTP);
-  mega_layout_free(&l);
-  if (s->pipeline_model_parallel_layout) {
-    if (decoders != s->num_layers)
-      return BAD("--pipeline-model-parallel-layout has %d decoder layers ('t') but "
-                 "--num-layers is %d",
-                 decoders, s->num_layers);
-    if (mtp > 0)
-      return BAD("--pipeline-model-parallel-layout has %d multi-token prediction layer%s "
-                 "('m'), which mega's GPT model does not have; remove them",
-                 mtp, mtp == 1 ? "" : "s");
-  }
-  if (s->overlap_p2p_comm_warmup_flush && !s->overlap_p2p_comm)
-    return BAD("--overlap-p2p-comm-warmup-flush needs --overlap-p2p-comm");
-  if (s->overlap_p2p_comm_warmup_flush && s->batch_p2p_comm)
-    return BAD("--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
-  if (s->overlap_p2p_comm && s->batch_p2p_comm)
-    return BAD("--overlap-p2p-comm cannot be used with --batch-p2p-comm; pick one");
-  return MEGA_OK;
-}
-
-mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
-                               mega_err *err) {
-  mega_status st;
-  for (int i = 0; i < NFLAGS; i++)
-    if ((st = check_flag(s, &table[i], err)) != MEGA_OK) return st;
-
-  int tp = s->tensor_model_parallel_size, pp = s->pipeline_model_parallel_size, dp = 0;
-  if (world_size < 0) return BAD("world size must be at least 1 (got %d)", world_size);
-  if (world_size > 0) {
-    mega_topo t;
-    mega_err sub = {0};
-    if ((st = mega_topo_init(&t, world_size, tp, pp, &sub)) != MEGA_OK)
-      return mega_fail(err, st, "invalid job: %s", sub.msg);
-    dp = t.dp;
-  }
-
-  if (s->hidden_size % s->num_attention_heads)
-    return BAD("--hidden-size %d is not divisible by --num-attention-heads %d", s->hidden_size,
-               s->num_attention_heads);
-  if (s->num_attention_heads % tp)
-    return BAD("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
-               s->num_attention_heads, tp);
-  int max_pos = mega_jobspec_max_position_embeddings(s);
-  if (s->seq_length > max_pos)
-    return BAD("--seq-length %d is longer than --max-position-embeddings %d", s->seq_length,
-               max_pos);
-  if (data_bytes >= 0 && data_bytes < (long long)s->seq_length + 1)
-    return BAD("the data file %s has %lld bytes, fewer than one window of --seq-length + 1 = "
-               "%lld bytes",
-               s->data_path, data_bytes, (long long)s->seq_length + 1);
-
-  if (dp > 0) {
-    long long per = (long long)s->micro_batch_size * dp;
-    if (s->global_batch_size % per)
-      return BAD("--global-batch-size %d is not divisible by --micro-batch-size %d × "
-                 "data-parallel size %d = %lld",
-                 s->global_batch_size, s->micro_batch_size, dp, per);
-  } else if (s->global_batch_size % s->micro_batch_size) {
-    return BAD("--global-batch-size %d is not divisible by --micro-batch-size %d",
-               s->global_batch_size, s->micro_batch_size);
-  }
-
-  if (s->min_lr > s->lr)
-    return BAD("--min-lr %g is larger than --lr %g", s->min_lr, s->lr);
-  int decay = mega_jobspec_lr_decay_iters(s);
-  if (s->lr_warmup_iters >= decay)
-    return BAD("--lr-warmup-iters %d must be less than the decay iterations %d "
-               "(--lr-decay-iters, by default --train-iters)",
-               s->lr_warmup_iters, decay);
-
-  if (!s->save && s->save_interval > 0) return BAD("--save-interval needs --save DIR");
-  if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
-  if (s->trace_iteration > s->train_iters)
-    return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
-               s->trace_iteration, s->train_iters);
-
-  if ((st = check_parallel(s, err)) != MEGA_OK) return st;
-
-  if (s->simulate_compute) {
-    mega_err sub = {0};
-    if ((st = mega_jobspec_parse_simulate_compute(s->simulate_compute, NULL, &sub)) != MEGA_OK)
-      return mega_fail(err, st, "invalid job: %s", sub.msg);
-  }
-  return MEGA_OK;
-}
-
-/* ---- serialization ---- */
-
-static void value_text(const mega_jobspec *s, const flagdef *f, char *buf, size_t n) {
-  switch (f->info.type) {
-  case MEGA_JOBFLAG_INT: snprintf(buf, n, "%d", *CFIELD(s, f, int)); break;
-  case MEGA_JOBFLAG_FLOAT: format_double(*CFIELD(s, f, double), buf, n); break;
-  case MEGA_JOBFLAG_ENUM: {
-    int v = *CFIELD(s, f, int);
-    snprintf(buf, n, "%s", v >= 0 && v < nchoices(f) ? f->info.choices[v] : "?");
-    break;
-  }
-  default: buf[0] = '\0';
-  }
-}
-
-void mega_jobspec_argv_free(char **argv) {
-  if (!argv) return;
-  for (char **p = argv; *p; p++) free(*p);
-  free(argv);
-}
-
-char **mega_jobspec_to_argv(const mega_jobspec *s, int *argc) {
-  char **out = calloc(2 * NFLAGS + 1, sizeof *out);
-  int n = 0;
-  if (!out) goto nomem;
-  for (int i = 0; i < NFLAGS; i++) {
-    const flagdef *f = &table[i];
-    if (is_default(s, f)) continue;
-    const char *name = f->info.name;
-    if (f->info.type == MEGA_JOBFLAG_BOOL) {
-      if (!(out[n++] = strdup(name))) goto nomem;
-      continue;
-    }
-    if (f->info.type == MEGA_JOBFLAG_STRING) {
-      const char *v = *CFIELD(s, f, char *);
-      /* a value that looks like a flag travels in the --flag=value form */
-      if (v[0] == '-') {
-        if (asprintf(&out[n], "%s=%s", name, v) < 0) goto nomem;
-        n++;
-      } else if (!(out[n++] = strdup(name)) || !(out[n++] = strdup(v))) {
-        goto nomem;
-      }
-      continue;
-    }
-    char buf[64];
-    value_text(s, f, buf, sizeof buf);
-    if (!(out[n++] = strdup(name)) || !(out[n++] = strdup(buf))) goto nomem;
-  }
-  if (argc) *argc = n;
-  return out;
-nomem:
-  mega_jobspec_argv_free(out);
-  if (argc) *argc = 0;
-  return NULL;
-}
-
-static bool is_absent(const mega_jobspec *s, const flagdef *f) {
-  if (!is_default(s, f)) return false;
-  switch (f->info.type) {
-  case MEGA_JOBFLAG_INT:
-  case MEGA_JOBFLAG_ENUM: return f->idef == -1 || f->info.required;
-  case MEGA_JOBFLAG_FLOAT: return isnan(f->fdef);
-  case MEGA_JOBFLAG_STRING: return true;
-  case MEGA_JOBFLAG_BOOL: return false;
-  }
-  return false;
-}
-
-json_t *mega_jobspec_to_json(const mega_jobspec *s) {
-  json_t *obj = json_object();
-  if (!obj) return NULL;
-  for (int i = 0; i < NFLAGS; i++) {
-    const flagdef *f = &table[i];
-    json_t *v;
-    if (is_absent(s, f)) {
-      v = json_null();
-    } else {
-      switch (f->info.type) {
-      case MEGA_JOBFLAG_INT: v = json_integer(*CFIELD(s, f, int)); break;
-      case MEGA_JOBFLAG_FLOAT: v = json_real(*CFIELD(s, f, double)); break;
-      case MEGA_JOBFLAG_STRING: v = json_string(*CFIELD(s, f, char *)); break;
-      case MEGA_JOBFLAG_BOOL: v = json_boolean(*CFIELD(s, f, bool)); break;
-      default: {
-        char buf[64];
-        value_text(s, f, buf, sizeof buf);
-        v = json_string(buf);
-      }
-      }
-    }
-    if (!v || json_object_set_new(obj, f->info.key, v) != 0) {
-      json_decref(obj);
-      return NULL;
-    }
-  }
-  return obj;
-}
-
-static mega_status from_json_value(mega_jobspec *s, const flagdef *f, json_t *v, mega_err *err) {
-  const char *name = f->info.name;
-  if (json_is_null(v)) {
-    if (f->info.type == MEGA_JOBFLAG_STRING) free(*FIELD(s, f, char *));
-    set_default(s, f);
-    return MEGA_OK;
-  }
-  switch (f->info.type) {
-  case MEGA_JOBFLAG_INT: {
-    if (!json_is_integer(v)) break;
-    json_int_t x = json_integer_value(v);
-    if (x > INT_MAX || x < INT_MIN)
-      return mega_fail(err, MEGA_ERR_INVALID, "%s: %lld is out of range (at most %d)", name,
-                       (long long)x, INT_MAX);
-    return set_int(s, f, (int)x, err);
-  }
-  case MEGA_JOBFLAG_FLOAT:
-    if (!json_is_number(v)) break;
-    return set_float(s, f, json_number_value(v), err);
-  case MEGA_JOBFLAG_STRING:
-    if (!json_is_string(v)) break;
-    return set_string(s, f, json_string_value(v), err);
-  case MEGA_JOBFLAG_BOOL:
-    if (!json_is_boolean(v)) break;
-    *FIELD(s, f, bool) = json_is_true(v);
-    return MEGA_OK;
-  case MEGA_JOBFLAG_ENUM:
-    if (!json_is_string(v)) break;
-    return set_enum(s, f, json_string_value(v), err);
-  }
-  static const char *const want[] = {"an integer", "a number", "a string", "true or false",
-                                     "a string"};
-  return mega_fail(err, MEGA_ERR_INVALID, "%s (JSON key \"%s\") must be %s", name, f->info.key,
-                   want[f->info.type]);
-}
-
-mega_status mega_jobspec_from_json(mega_jobspec *s, const json_t *obj, mega_err *err) {
-  if (!json_is_object(obj))
-    return mega_fail(err, MEGA_ERR_INVALID, "a job spec in JSON must be an object");
-  const char *key;
-  json_t *v;
-  json_object_foreach((json_t *)obj, key, v) {
-    const flagdef *f = NULL;
-    for (int i = 0; i < NFLAGS && !f; i++)
-      if (strcmp(table[i].info.key, key) == 0) f = &table[i];
-    if (!f) return mega_fail(err, MEGA_ERR_INVALID, "unknown job spec key \"%s\"", key);
-    mega_status st = from_json_value(s, f, v, err);
     if (st != MEGA_OK) return st;
   }
   return MEGA_OK;

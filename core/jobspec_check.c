@@ -1,0 +1,294 @@
+/* Derived values and the checks of a whole job spec. */
+#include "core/jobspec.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/jobspec_internal.h"
+#include "core/schedule.h"
+#include "core/topology.h"
+
+/* ---- derived values ---- */
+
+int mega_jobspec_dp(const mega_jobspec *s, int world_size) {
+  long long mp = (long long)s->tensor_model_parallel_size * s->pipeline_model_parallel_size;
+  if (mp < 1 || world_size < 1 || world_size % mp) return 0;
+  return (int)(world_size / mp);
+}
+
+int mega_jobspec_group_size(const mega_jobspec *s) {
+  return s->microbatch_group_size_per_vp_stage > 0 ? s->microbatch_group_size_per_vp_stage
+                                                   : s->pipeline_model_parallel_size;
+}
+
+int mega_jobspec_num_microbatches(const mega_jobspec *s, int world_size) {
+  long long per = (long long)s->micro_batch_size * mega_jobspec_dp(s, world_size);
+  return per > 0 ? (int)(s->global_batch_size / per) : 0;
+}
+
+long long mega_jobspec_tokens_per_iter(const mega_jobspec *s) {
+  return (long long)s->global_batch_size * s->seq_length;
+}
+
+int mega_jobspec_max_position_embeddings(const mega_jobspec *s) {
+  return s->max_position_embeddings > 0 ? s->max_position_embeddings : s->seq_length;
+}
+
+int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
+  return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
+}
+
+int mega_jobspec_padded_vocab(const mega_jobspec *s) {
+  int multiple = 128 * (s->tensor_model_parallel_size > 0 ? s->tensor_model_parallel_size : 1);
+  return (MEGA_VOCAB_SIZE + multiple - 1) / multiple * multiple;
+}
+
+#define BAD(...) mega_fail(err, MEGA_ERR_INVALID, "invalid job: " __VA_ARGS__)
+
+/* The layout, and with it VP, as Megatron derives them: from the layout
+ * string, else from --num-layers-per-virtual-pipeline-stage, else from the
+ * VP flag with the uniform split. */
+mega_status mega_jobspec_layout(const mega_jobspec *s, mega_layout *out, mega_err *err) {
+  memset(out, 0, sizeof *out);
+  int pp = s->pipeline_model_parallel_size, vp_flag = s->virtual_pipeline_model_parallel_size;
+  int first = s->decoder_first_pipeline_num_layers, last = s->decoder_last_pipeline_num_layers;
+  int nlpvs = s->num_layers_per_virtual_pipeline_stage;
+  bool uneven = first >= 0 || last >= 0;
+  const char *uneven_flag =
+      first >= 0 ? "--decoder-first-pipeline-num-layers" : "--decoder-last-pipeline-num-layers";
+  mega_err sub = {0};
+  if (s->pipeline_model_parallel_layout) {
+    if (uneven)
+      return BAD("--pipeline-model-parallel-layout cannot be combined with %s; the layout "
+                 "already places every layer",
+                 uneven_flag);
+    if (nlpvs > 0)
+      return BAD("--pipeline-model-parallel-layout cannot be combined with "
+                 "--num-layers-per-virtual-pipeline-stage; the layout's stage count sets VP");
+    mega_status st = mega_layout_parse(s->pipeline_model_parallel_layout, pp, out, &sub);
+    if (st != MEGA_OK)
+      return mega_fail(err, st, "invalid job: --pipeline-model-parallel-layout: %s", sub.msg);
+    int stages = out->nstages;
+    if (vp_flag > 0 && vp_flag != out->vp) {
+      mega_layout_free(out);
+      return BAD("--virtual-pipeline-model-parallel-size %d disagrees with the layout, whose %d "
+                 "stages at PP = %d mean VP = %d",
+                 vp_flag, stages, pp, stages / pp);
+    }
+    if (pp == 1 && stages > 1) {
+      mega_layout_free(out);
+      return BAD("the layout's %d stages at PP = 1 make a virtual pipeline (VP = %d), which "
+                 "needs --pipeline-model-parallel-size > 1",
+                 stages, stages);
+    }
+    return MEGA_OK;
+  }
+  int vp = vp_flag > 0 ? vp_flag : 1;
+  if (nlpvs > 0) {
+    if (uneven)
+      return BAD("--num-layers-per-virtual-pipeline-stage cannot be combined with %s; give "
+                 "--virtual-pipeline-model-parallel-size instead",
+                 uneven_flag);
+    if (s->num_layers % pp)
+      return BAD("--num-layers %d is not divisible by --pipeline-model-parallel-size %d, so "
+                 "--num-layers-per-virtual-pipeline-stage cannot split it",
+                 s->num_layers, pp);
+    int per_rank = s->num_layers / pp;
+    if (per_rank % nlpvs)
+      return BAD("the %d layers per pipeline rank (--num-layers %d / PP %d) are not divisible "
+                 "by --num-layers-per-virtual-pipeline-stage %d",
+                 per_rank, s->num_layers, pp, nlpvs);
+    if (vp_flag > 0 && vp_flag != per_rank / nlpvs)
+      return BAD("--virtual-pipeline-model-parallel-size %d disagrees with "
+                 "--num-layers-per-virtual-pipeline-stage %d, which gives VP = %d "
+                 "(%d layers per pipeline rank)",
+                 vp_flag, nlpvs, per_rank / nlpvs, per_rank);
+    vp = per_rank / nlpvs;
+  }
+  if (vp > 1 && pp == 1)
+    return BAD("a virtual pipeline (VP = %d) needs --pipeline-model-parallel-size > 1", vp);
+  mega_status st = mega_layout_uniform(s->num_layers, pp, vp, first, last, out, &sub);
+  if (st != MEGA_OK) return mega_fail(err, st, "invalid job: %s", sub.msg);
+  return MEGA_OK;
+}
+
+int mega_jobspec_vp(const mega_jobspec *s) {
+  mega_layout l;
+  if (mega_jobspec_layout(s, &l, NULL) != MEGA_OK) {
+    int vp = s->virtual_pipeline_model_parallel_size;
+    return vp > 0 ? vp : 1;
+  }
+  int vp = l.vp;
+  mega_layout_free(&l);
+  return vp;
+}
+
+mega_status mega_jobspec_parse_simulate_compute(const char *str, mega_sim_compute *out,
+                                                mega_err *err) {
+  static const char *const part_names[] = {"F_MS", "B_MS", "W_MS"};
+  mega_sim_compute r = {0};
+  double v[3] = {0};
+  int n = 0;
+  const char *p = str ? str : "";
+  char part[64];
+  for (;;) {
+    const char *colon = strchr(p, ':');
+    size_t len = colon ? (size_t)(colon - p) : strlen(p);
+    if (n == 3 || len >= sizeof part)
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "--simulate-compute '%s': expected F_MS:B_MS or F_MS:B_MS:W_MS, "
+                       "e.g. 2:4 or 2:2:2",
+                       str ? str : "");
+    memcpy(part, p, len);
+    part[len] = '\0';
+    char what[96];
+    snprintf(what, sizeof what, "--simulate-compute %s", part_names[n]);
+    mega_status st = mega_jf_parse_float_text(what, part, &v[n], err);
+    if (st != MEGA_OK) return st;
+    if (v[n] < 0)
+      return mega_fail(err, MEGA_ERR_INVALID, "%s must be at least 0 ms (got %s)", what, part);
+    n++;
+    if (!colon) break;
+    p = colon + 1;
+  }
+  if (n < 2)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--simulate-compute '%s': expected F_MS:B_MS or F_MS:B_MS:W_MS, "
+                     "e.g. 2:4 or 2:2:2",
+                     str ? str : "");
+  r.f_ms = v[0];
+  r.b_ms = v[1];
+  r.w_ms = v[2];
+  r.has_w = n == 3;
+  if (out) *out = r;
+  return MEGA_OK;
+}
+
+/* ---- checking ---- */
+
+static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err *err) {
+  const mega_jobflag *in = &f->info;
+  switch (in->type) {
+  case MEGA_JOBFLAG_INT: {
+    int v = *CFIELD(s, f, int);
+    if (in->required && v == f->idef) return BAD("%s is required", in->name);
+    if (v == f->idef) return MEGA_OK;
+    return mega_jf_check_bounds(f, v, "invalid job: ", err);
+  }
+  case MEGA_JOBFLAG_FLOAT: {
+    double v = *CFIELD(s, f, double);
+    if (in->required && isnan(v)) return BAD("%s is required", in->name);
+    return mega_jf_check_bounds(f, v, "invalid job: ", err);
+  }
+  case MEGA_JOBFLAG_STRING: {
+    const char *v = *CFIELD(s, f, char *);
+    if (in->required && !v) return BAD("%s is required", in->name);
+    if (v && !*v) return BAD("%s is empty", in->name);
+    return MEGA_OK;
+  }
+  case MEGA_JOBFLAG_ENUM: {
+    int v = *CFIELD(s, f, int);
+    if (v == f->idef || (v >= 0 && v < mega_jf_nchoices(f))) return MEGA_OK;
+    return BAD("%s has no choice number %d; it takes %s", in->name, v, in->metavar);
+  }
+  case MEGA_JOBFLAG_BOOL: return MEGA_OK;
+  }
+  return MEGA_OK;
+}
+
+static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
+  mega_layout l;
+  mega_status st = mega_jobspec_layout(s, &l, err);
+  if (st != MEGA_OK) return st;
+  int decoders = mega_layout_total(&l, MEGA_LAYER_DECODER);
+  int mtp = mega_layout_total(&l, MEGA_LAYER_MTP);
+  mega_layout_free(&l);
+  if (s->pipeline_model_parallel_layout) {
+    if (decoders != s->num_layers)
+      return BAD("--pipeline-model-parallel-layout has %d decoder layers ('t') but "
+                 "--num-layers is %d",
+                 decoders, s->num_layers);
+    if (mtp > 0)
+      return BAD("--pipeline-model-parallel-layout has %d multi-token prediction layer%s "
+                 "('m'), which mega's GPT model does not have; remove them",
+                 mtp, mtp == 1 ? "" : "s");
+  }
+  if (s->overlap_p2p_comm_warmup_flush && !s->overlap_p2p_comm)
+    return BAD("--overlap-p2p-comm-warmup-flush needs --overlap-p2p-comm");
+  if (s->overlap_p2p_comm_warmup_flush && s->batch_p2p_comm)
+    return BAD("--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
+  if (s->overlap_p2p_comm && s->batch_p2p_comm)
+    return BAD("--overlap-p2p-comm cannot be used with --batch-p2p-comm; pick one");
+  return MEGA_OK;
+}
+
+mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
+                               mega_err *err) {
+  mega_status st;
+  for (int i = 0; i < NFLAGS; i++)
+    if ((st = check_flag(s, &mega_jf_table[i], err)) != MEGA_OK) return st;
+
+  int tp = s->tensor_model_parallel_size, pp = s->pipeline_model_parallel_size, dp = 0;
+  if (world_size < 0) return BAD("world size must be at least 1 (got %d)", world_size);
+  if (world_size > 0) {
+    mega_topo t;
+    mega_err sub = {0};
+    if ((st = mega_topo_init(&t, world_size, tp, pp, &sub)) != MEGA_OK)
+      return mega_fail(err, st, "invalid job: %s", sub.msg);
+    dp = t.dp;
+  }
+
+  if (s->hidden_size % s->num_attention_heads)
+    return BAD("--hidden-size %d is not divisible by --num-attention-heads %d", s->hidden_size,
+               s->num_attention_heads);
+  if (s->num_attention_heads % tp)
+    return BAD("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
+               s->num_attention_heads, tp);
+  int max_pos = mega_jobspec_max_position_embeddings(s);
+  if (s->seq_length > max_pos)
+    return BAD("--seq-length %d is longer than --max-position-embeddings %d", s->seq_length,
+               max_pos);
+  if (data_bytes >= 0 && data_bytes < (long long)s->seq_length + 1)
+    return BAD("the data file %s has %lld bytes, fewer than one window of --seq-length + 1 = "
+               "%lld bytes",
+               s->data_path, data_bytes, (long long)s->seq_length + 1);
+
+  if (dp > 0) {
+    long long per = (long long)s->micro_batch_size * dp;
+    if (s->global_batch_size % per)
+      return BAD("--global-batch-size %d is not divisible by --micro-batch-size %d × "
+                 "data-parallel size %d = %lld",
+                 s->global_batch_size, s->micro_batch_size, dp, per);
+  } else if (s->global_batch_size % s->micro_batch_size) {
+    return BAD("--global-batch-size %d is not divisible by --micro-batch-size %d",
+               s->global_batch_size, s->micro_batch_size);
+  }
+
+  if (s->min_lr > s->lr)
+    return BAD("--min-lr %g is larger than --lr %g", s->min_lr, s->lr);
+  int decay = mega_jobspec_lr_decay_iters(s);
+  if (s->lr_warmup_iters >= decay)
+    return BAD("--lr-warmup-iters %d must be less than the decay iterations %d "
+               "(--lr-decay-iters, by default --train-iters)",
+               s->lr_warmup_iters, decay);
+
+  if (!s->save && s->save_interval > 0) return BAD("--save-interval needs --save DIR");
+  if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
+  if (s->trace_iteration > s->train_iters)
+    return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
+               s->trace_iteration, s->train_iters);
+
+  if ((st = check_parallel(s, err)) != MEGA_OK) return st;
+
+  if (s->simulate_compute) {
+    mega_err sub = {0};
+    if ((st = mega_jobspec_parse_simulate_compute(s->simulate_compute, NULL, &sub)) != MEGA_OK)
+      return mega_fail(err, st, "invalid job: %s", sub.msg);
+  }
+  return MEGA_OK;
+}

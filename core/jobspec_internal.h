@@ -1,0 +1,37 @@
+/* Private to core/jobspec*.c: the flag table and the typed setters that
+ * parsing, checking and serialization share. */
+#ifndef MEGA_CORE_JOBSPEC_INTERNAL_H
+#define MEGA_CORE_JOBSPEC_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/jobspec.h"
+
+typedef struct flagdef {
+  mega_jobflag info;
+  size_t off;
+  long long idef; /* int, bool, enum */
+  double fdef;    /* float */
+} flagdef;
+
+extern const flagdef mega_jf_table[];
+extern const int mega_jf_nflags;
+#define NFLAGS mega_jf_nflags
+
+#define FIELD(s, f, type) ((type *)((char *)(s) + (f)->off))
+#define CFIELD(s, f, type) ((const type *)((const char *)(s) + (f)->off))
+
+int mega_jf_nchoices(const flagdef *f);
+bool mega_jf_is_default(const mega_jobspec *s, const flagdef *f);
+void mega_jf_set_default(mega_jobspec *s, const flagdef *f);
+void mega_jf_format_double(double v, char *buf, size_t n);
+/* The one place a flag's bounds are enforced; lead starts the message. */
+mega_status mega_jf_check_bounds(const flagdef *f, double v, const char *lead, mega_err *err);
+mega_status mega_jf_set_string(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err);
+mega_status mega_jf_set_enum(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err);
+mega_status mega_jf_set_int(mega_jobspec *s, const flagdef *f, int v, mega_err *err);
+mega_status mega_jf_set_float(mega_jobspec *s, const flagdef *f, double v, mega_err *err);
+mega_status mega_jf_parse_float_text(const char *name, const char *v, double *out, mega_err *err);
+
+#endif
