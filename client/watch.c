@@ -263,6 +263,8 @@ static int verdict(const watch *w) {
   switch (v->state) {
   case MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED: return 0;
   case MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED:
+    /* megad may already say "cancelled: REASON" */
+    if (why && !strncmp(why, "cancelled", 9)) return megactl_fail("job %s was %s", v->job_id, why);
     return why ? megactl_fail("job %s was cancelled: %s", v->job_id, why)
                : megactl_fail("job %s was cancelled", v->job_id);
   default:

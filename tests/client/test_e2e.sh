@@ -1,0 +1,187 @@
+#!/bin/bash
+# megactl against a real megad (and real megaw workers, cpu backend): submit,
+# watch (--json, plain), status, ls, nodes, cancel, trace, and every error a
+# user meets: an unknown job, an invalid job (megactl's check and megad's),
+# a job that fails, an unreachable server.
+#
+# usage: test_e2e.sh MEGACTL MEGAD
+set -u
+megactl=$(readlink -f "$1")
+megad=$(readlink -f "$2")
+work=$(mktemp -d)
+megad_pid=
+cleanup() {
+  if [ -n "$megad_pid" ] && kill -0 "$megad_pid" 2>/dev/null; then
+    kill -TERM "$megad_pid"
+    wait "$megad_pid"
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work" || exit 1
+unset MEGA_SERVER
+fails=0
+
+fail() {
+  echo "FAIL: $*"
+  fails=$((fails + 1))
+}
+
+# run RC CMD...: runs CMD with stdout in out.txt and stderr in err.txt, and
+# checks its exit status.
+run() {
+  local rc=$1
+  shift
+  "$@" >out.txt 2>err.txt
+  local got=$?
+  [ "$got" = "$rc" ] || fail "'$*' exited $got, want $rc; stderr: $(cat err.txt); stdout: $(head -c 2000 out.txt)"
+}
+
+has() { grep -q -- "$2" "$1" || fail "$1 lacks '$2': $(head -c 2000 "$1")"; }
+lacks() { ! grep -q -- "$2" "$1" || fail "$1 has '$2': $(head -c 2000 "$1")"; }
+same() { [ "$1" = "$2" ] || fail "got '$1', want '$2'"; }
+
+# ---- megad on a free port, two cpu slots ----
+"$megad" serve --listen 127.0.0.1:0 --state-dir "$work/state" --slots 2 --node-name e2e-node \
+  >megad.out 2>megad.log &
+megad_pid=$!
+port=
+for _ in $(seq 300); do
+  port=$(grep -o 'listening on [^ ]*:[0-9]*' megad.out megad.log 2>/dev/null | head -1 | sed 's/.*://')
+  [ -n "$port" ] && break
+  kill -0 "$megad_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$port" ]; then
+  echo "FAIL: megad did not say its port"
+  cat megad.out megad.log
+  exit 1
+fi
+export MEGA_SERVER=127.0.0.1:$port
+
+printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 40) > data.txt
+tiny=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16
+      --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --data-path data.txt)
+
+# ---- nodes ----
+run 0 "$megactl" nodes
+has out.txt '^ID  *ADDRESS  *STATE'
+has out.txt "^\*e2e-node  *127.0.0.1:$port  *alive  *cpu  *0/2"
+run 0 "$megactl" nodes --json
+same "$(jq -r .self_node_id out.txt)" e2e-node
+same "$(jq -r '.nodes[0].state' out.txt)" NODE_STATE_ALIVE
+
+# ---- submit and watch --json to the end ----
+run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --pipeline-model-parallel-size 2 \
+  --name tiny --nproc-per-node 2
+id=$(tail -1 out.txt)
+[[ "$id" =~ ^[A-Za-z0-9._-]+$ ]] || fail "the last line of submit is not a job id: '$id'"
+has out.txt "^submitted $id (tiny)"
+run 0 "$megactl" watch "$id" --json
+same "$(wc -l <out.txt)" 3
+same "$(jq -c '[.iteration]' out.txt | tr -d '\n')" '[1][2][3]'
+keys='["iteration","loss","grad_norm","lr","step_time_s","tokens_per_s","ranks"]'
+rkeys='["rank","pp_rank","dp_rank","tp_rank","compute_s","bubble_s","p2p_wait_s","grad_sync_exposed_s","peak_activation_bytes"]'
+while read -r line; do
+  same "$(jq -c keys_unsorted <<<"$line")" "$keys"
+  same "$(jq -c '[.ranks[] | keys_unsorted] | unique | .[]' <<<"$line")" "$rkeys"
+  same "$(jq -c '[.ranks[].pp_rank] | sort' <<<"$line")" '[0,1]'
+  jq -e '.loss > 0 and .step_time_s > 0 and .tokens_per_s > 0 and
+         all(.ranks[]; .compute_s > 0 and .bubble_s >= 0)' <<<"$line" >/dev/null ||
+    fail "implausible step: $line"
+done <out.txt
+[ -s err.txt ] && fail "watch --json wrote to stderr: $(cat err.txt)"
+
+# plain lines (stdout is not a terminal) of the finished job: a replay
+run 0 "$megactl" watch "$id"
+has out.txt '^iter 1/3 loss [0-9.]* grad_norm [0-9.e+-]* lr [0-9.e+-]* step [0-9.]*s tokens/s [0-9]* bubble [0-9.]*% [0-9.]*%$'
+has out.txt '^iter 3/3 '
+has out.txt "^job $id succeeded at iteration 3"
+has out.txt ' started '
+
+# on a terminal (script gives it one): the block is redrawn in place
+if command -v script >/dev/null; then
+  TERM=xterm COLUMNS=100 script -qec "'$megactl' watch '$id'" /dev/null >tty.txt 2>&1 </dev/null
+  same "$?" 0
+  grep -q $'\x1b\\[[0-9]*A\x1b\\[J' tty.txt || fail "no redraw in place: $(cat -v tty.txt | head -c 2000)"
+  has tty.txt 'bubble per stage'
+  has tty.txt 'stage 1 \['
+  has tty.txt "job $id succeeded at iteration 3"
+fi
+
+# ---- status and ls ----
+run 0 "$megactl" status "$id"
+has out.txt "^job  *$id$"
+has out.txt '^state  *succeeded$'
+has out.txt '^world  *2 = TP 1 x PP 2 x DP 1$'
+has out.txt '^progress  *3/3 iterations$'
+run 0 "$megactl" status "$id" --json
+same "$(jq -r .state out.txt)" JOB_STATE_SUCCEEDED
+same "$(jq -r .spec.nproc_per_node out.txt)" 2
+run 0 "$megactl" ls
+has out.txt '^ID  *NAME  *STATE  *WORLD  *TP/PP/DP  *ITER  *AGE$'
+has out.txt "^$id  *tiny  *succeeded  *2  *1/2/1  *3/3 "
+run 0 "$megactl" ls --state succeeded --json
+same "$(jq -r "[.[].id] | index(\"$id\") != null" out.txt)" true
+run 0 "$megactl" ls --state running,pending
+lacks out.txt "^$id "
+
+# ---- cancel ----
+run 0 "$megactl" submit "${tiny[@]}" --train-iters 100000 --name long --nproc-per-node 1
+long=$(tail -1 out.txt)
+run 0 "$megactl" cancel "$long" --reason "e2e says stop"
+has out.txt "$long"
+run 1 "$megactl" watch "$long"
+same "$(cat err.txt)" "megactl: job $long was cancelled: e2e says stop"
+has out.txt "^job $long cancelled"
+
+# ---- trace ----
+run 0 "$megactl" submit "${tiny[@]}" --train-iters 2 --trace-iteration 2 --name traced \
+  --nproc-per-node 2 --pipeline-model-parallel-size 2
+traced=$(tail -1 out.txt)
+run 0 "$megactl" watch "$traced" --json
+run 0 "$megactl" trace "$traced"
+has out.txt "^wrote $traced-trace.json ([0-9]* bytes)$"
+jq -e '(.traceEvents // .) | map(select(.ph == "X")) | length > 0' "$traced-trace.json" >/dev/null ||
+  fail "the trace has no spans"
+run 0 "$megactl" trace "$traced" -o t.json
+cmp -s t.json "$traced-trace.json" || fail "-o wrote another trace"
+
+# ---- errors ----
+for c in status cancel watch trace; do
+  run 1 "$megactl" "$c" j-nope
+  same "$(cat err.txt)" "megactl: no job 'j-nope'"
+done
+run 1 "$megactl" watch j-nope --json
+same "$(cat err.txt)" "megactl: no job 'j-nope'"
+# megactl cannot know the world without --nproc-per-node; megad refuses it, in the same words.
+run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --tensor-model-parallel-size 2 \
+  --pipeline-model-parallel-size 2
+same "$(cat err.txt)" "megactl: invalid job: world size 2 is not divisible by TP·PP = 4 (TP 2 × PP 2); use a world size that is a multiple of 4"
+# The same job with the world given is refused before any call.
+run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --tensor-model-parallel-size 2 \
+  --pipeline-model-parallel-size 2 --nproc-per-node 2
+same "$(cat err.txt)" "megactl: invalid job: world size 2 is not divisible by TP·PP = 4 (TP 2 × PP 2); use a world size that is a multiple of 4"
+# A job that fails on the node: watch exits 1 with the cause.
+run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --data-path /nonexistent/data.txt \
+  --nproc-per-node 1 --name broken
+broken=$(tail -1 out.txt)
+run 1 "$megactl" watch "$broken"
+[[ "$(cat err.txt)" == "megactl: job $broken failed: "*nonexistent* ]] ||
+  fail "the failed job's cause: $(cat err.txt)"
+
+# ---- megad gone ----
+kill -TERM "$megad_pid"
+wait "$megad_pid"
+rc=$?
+megad_pid=
+same "$rc" 0
+run 1 "$megactl" ls
+same "$(cat err.txt)" "megactl: cannot reach megad at 127.0.0.1:$port: connection refused"
+
+if [ "$fails" != 0 ]; then
+  echo "$fails check(s) failed; megad's log:"
+  tail -50 "$work/megad.log"
+  exit 1
+fi
+echo "test_e2e: ok"
