@@ -9,7 +9,8 @@
 /* How much a failure explains. A rank that fails because a peer died says
  * so with a retryable WorkerError (secondary); the peer's own crash or
  * non-retryable error is the cause (primary). A secondary cause waits
- * MEGAD_CAUSE_WAIT_MS for a primary one before the job is stopped. */
+ * MEGAD_CAUSE_WAIT_MS for a primary one before the job is stopped (longer
+ * while a node of the job has gone quiet: its loss is the cause then). */
 enum { CAUSE_NONE, CAUSE_SECONDARY, CAUSE_PRIMARY };
 #define MEGAD_CAUSE_WAIT_MS 1500
 
@@ -32,6 +33,7 @@ typedef struct coord_run {
   char *end_error;
   char *cause;
   int cause_prio;
+  uint64_t cause_since; /* uv_now of the first secondary cause */
   uv_timer_t cause_timer, stop_timer;
   int timers_open; /* while closing */
   cancel_wait *cancels;

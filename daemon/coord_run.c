@@ -95,8 +95,28 @@ void coord_stop(coord_run *run, mega_job_state state, const char *error) {
   uv_timer_start(&run->stop_timer, on_stop_timer, MEGAD_ABORT_GRACE_MS + 4000, 0);
 }
 
+/* A node of the job that has gone quiet may be dying: its death is the
+ * better cause than the peers' echo of it, so wait until it is declared. */
+static bool node_going_quiet(coord_run *run) {
+  megad *d = run->d;
+  uint64_t now = uv_now(d->loop);
+  for (size_t i = 0; i < run->job->nplaced; i++) {
+    megad_node *n = megad_node_find(d, run->job->placement[i].node_id);
+    if (n && !n->self &&
+        (n->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE ||
+         n->state == MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT) &&
+        now - n->seen_ms > MEGAD_HEARTBEAT_MS + 500)
+      return true;
+  }
+  return false;
+}
+
 static void on_cause_timer(uv_timer_t *t) {
   coord_run *run = t->data;
+  if (node_going_quiet(run) && uv_now(run->d->loop) - run->cause_since < MEGAD_DEAD_MS + 2000) {
+    uv_timer_start(&run->cause_timer, on_cause_timer, 250, 0);
+    return;
+  }
   coord_stop(run, MEGA_JOB_FAILED, run->cause);
 }
 
@@ -111,8 +131,10 @@ void coord_cause(coord_run *run, int prio, const char *msg) {
     }
   }
   if (prio == CAUSE_PRIMARY) coord_stop(run, MEGA_JOB_FAILED, run->cause);
-  else if (!uv_is_active((uv_handle_t *)&run->cause_timer))
+  else if (!uv_is_active((uv_handle_t *)&run->cause_timer)) {
+    run->cause_since = uv_now(run->d->loop);
     uv_timer_start(&run->cause_timer, on_cause_timer, MEGAD_CAUSE_WAIT_MS, 0);
+  }
 }
 
 static void journal_last_step(megad *d, mega_job *j) {

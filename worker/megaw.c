@@ -22,6 +22,7 @@
 #include "worker/backend/backend.h"
 #include "core/schedule.h"
 #include "worker/data.h"
+#include "worker/megaw_assigned.h"
 #include "worker/rank.h"
 
 static volatile sig_atomic_t stop_signal = 0;
@@ -253,6 +254,9 @@ static mega_status check_launch(const worker_opts *o, const mega_jobspec *job, m
 }
 
 int main(int argc, char **argv) {
+  /* Started by megad: the job comes over the pipe, not argv. */
+  const char *worker_fd = getenv("MEGA_WORKER_FD");
+  if (worker_fd) return megaw_run_assigned(worker_fd);
   install_signals();
   mega_jobspec job;
   mega_jobspec_defaults(&job);

@@ -1,0 +1,283 @@
+#include "harness.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+double hd_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+void hd_tmpdir(char *buf, size_t len) {
+  snprintf(buf, len, "/tmp/megad-test-XXXXXX");
+  if (!mkdtemp(buf)) buf[0] = '\0';
+}
+
+void hd_rmdir(const char *dir) {
+  if (!dir[0] || strncmp(dir, "/tmp/megad-test-", 16)) return;
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd)) {
+    /* leftovers in /tmp are harmless */
+  }
+}
+
+static const char *prog(const char *env, const char *fallback) {
+  const char *p = getenv(env);
+  return p && p[0] ? p : fallback;
+}
+
+void hd_dump_log(const hd *d) {
+  FILE *f = fopen(d->log, "r");
+  if (!f) return;
+  fprintf(stderr, "---- megad %s log (%s) ----\n", d->name, d->log);
+  char line[1024];
+  while (fgets(line, sizeof line, f)) fputs(line, stderr);
+  fprintf(stderr, "---- end of %s log ----\n", d->name);
+  fclose(f);
+}
+
+bool hd_start(hd *d, const char *name, int slots, const char *peers, const char *state_dir,
+              const char *const *extra) {
+  memset(d, 0, sizeof *d);
+  snprintf(d->name, sizeof d->name, "%s", name);
+  if (state_dir) snprintf(d->dir, sizeof d->dir, "%s", state_dir);
+  else hd_tmpdir(d->dir, sizeof d->dir);
+  snprintf(d->log, sizeof d->log, "%s.log", d->dir);
+  char slots_s[16];
+  snprintf(slots_s, sizeof slots_s, "%d", slots);
+  const char *argv[32];
+  int n = 0;
+  argv[n++] = prog("MEGAD", "megad");
+  argv[n++] = "serve";
+  argv[n++] = "--listen";
+  argv[n++] = "127.0.0.1:0";
+  argv[n++] = "--state-dir";
+  argv[n++] = d->dir;
+  argv[n++] = "--slots";
+  argv[n++] = slots_s;
+  argv[n++] = "--node-name";
+  argv[n++] = d->name;
+  argv[n++] = "--worker";
+  argv[n++] = prog("MEGAW", "megaw");
+  if (peers) {
+    argv[n++] = "--peers";
+    argv[n++] = peers;
+  }
+  for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
+  int out[2];
+  if (pipe(out)) return false;
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    int log = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(out[1], 1);
+    if (log >= 0) dup2(log, 2);
+    close(out[0]);
+    execvp(argv[0], (char **)argv);
+    fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  close(out[1]);
+  d->pid = pid;
+  /* "megad: listening on 127.0.0.1:PORT" */
+  FILE *f = fdopen(out[0], "r");
+  char line[256] = "";
+  bool ok = f && fgets(line, sizeof line, f) && sscanf(line, "megad: listening on %63s", d->addr) == 1;
+  if (f) fclose(f);
+  if (!ok) {
+    fprintf(stderr, "megad %s did not start (first line: '%s')\n", name, line);
+    hd_dump_log(d);
+    hd_kill(d);
+    return false;
+  }
+  mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 200};
+  return mega_rpc_channel_new(d->addr, &o, &d->ch, NULL) == MEGA_OK;
+}
+
+int hd_stop(hd *d) {
+  if (d->pid <= 0) return -1;
+  kill(d->pid, SIGTERM);
+  for (int i = 0; i < 2000; i++) {
+    int st;
+    pid_t r = waitpid(d->pid, &st, WNOHANG);
+    if (r == d->pid) {
+      d->pid = 0;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    usleep(10000);
+  }
+  hd_kill(d);
+  return -1;
+}
+
+void hd_kill(hd *d) {
+  if (d->pid <= 0) return;
+  kill(d->pid, SIGKILL);
+  waitpid(d->pid, NULL, 0);
+  d->pid = 0;
+}
+
+void hd_cleanup(hd *d) {
+  if (d->pid > 0) hd_kill(d);
+  if (d->ch) mega_rpc_channel_free(d->ch);
+  d->ch = NULL;
+  unlink(d->log);
+  hd_rmdir(d->dir);
+}
+
+int hd_workers(const hd *d, pid_t *pids, int max) {
+  DIR *dir = opendir("/proc");
+  if (!dir) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(dir)) && n < max) {
+    char *end;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0) continue;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = '\0';
+    /* pid (comm) state ppid ...; comm may hold spaces, so go from the last ')' */
+    char *rp = strrchr(buf, ')');
+    char state;
+    long ppid;
+    if (rp && sscanf(rp + 1, " %c %ld", &state, &ppid) == 2 && ppid == d->pid && state != 'Z')
+      pids[n++] = (pid_t)pid;
+  }
+  closedir(dir);
+  return n;
+}
+
+bool hd_wait_workers(const hd *d, int n, int ms, pid_t *pids) {
+  for (int t = 0; t < ms; t += 20) {
+    if (hd_workers(d, pids, 64) >= n) return true;
+    usleep(20000);
+  }
+  return false;
+}
+
+bool hd_pid_alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+
+void hd_tiny_spec(Mega__V1__JobSpec *spec, const char *dir, int iters, const char *const *extra) {
+  static char data[256], iters_s[16];
+  static const char *argv[64];
+  snprintf(data, sizeof data, "%s/tiny.txt", dir);
+  if (access(data, R_OK)) {
+    FILE *f = fopen(data, "w");
+    for (int i = 0; f && i < 200; i++)
+      fprintf(f, "The quick brown fox jumps over the lazy dog, line %d of a tiny corpus.\n", i);
+    if (f) fclose(f);
+  }
+  snprintf(iters_s, sizeof iters_s, "%d", iters);
+  const char *base[] = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
+                        "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
+                        "--lr", "0.001", "--train-iters", iters_s, "--data-path", data};
+  int n = 0;
+  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[n++] = base[i];
+  for (int i = 0; extra && extra[i] && n < 63; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
+  mega__v1__job_spec__init(spec);
+  spec->name = "tiny";
+  spec->args = (char **)argv;
+  spec->n_args = (size_t)n;
+}
+
+mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t len,
+                      mega_err *err) {
+  Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
+  req.spec = (Mega__V1__JobSpec *)spec;
+  ProtobufCMessage *resp = NULL;
+  mega_status s = mega_rpc_unary(d->ch, &mega_control_submit_job, &req.base, 10000, &resp, err);
+  if (s != MEGA_OK) return s;
+  snprintf(job_id, len, "%s", ((Mega__V1__SubmitJobResponse *)resp)->job->id);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return MEGA_OK;
+}
+
+Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err) {
+  Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = (char *)job_id;
+  ProtobufCMessage *resp = NULL;
+  if (mega_rpc_unary(d->ch, &mega_control_get_job, &req.base, 5000, &resp, err) != MEGA_OK)
+    return NULL;
+  Mega__V1__GetJobResponse *r = (void *)resp;
+  Mega__V1__Job *j = r->job;
+  r->job = NULL;
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return j;
+}
+
+Mega__V1__ListNodesResponse *hd_list_nodes(hd *d, mega_err *err) {
+  Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *resp = NULL;
+  if (mega_rpc_unary(d->ch, &mega_control_list_nodes, &req.base, 5000, &resp, err) != MEGA_OK)
+    return NULL;
+  return (Mega__V1__ListNodesResponse *)resp;
+}
+
+bool hd_wait_alive(hd *d, int want, int ms) {
+  for (int t = 0; t < ms; t += 100) {
+    Mega__V1__ListNodesResponse *r = hd_list_nodes(d, NULL);
+    int alive = 0;
+    for (size_t i = 0; r && i < r->n_nodes; i++)
+      alive += r->nodes[i]->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE;
+    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    if (alive >= want) return true;
+    usleep(100000);
+  }
+  return false;
+}
+
+void hd_watch_job(hd *d, const char *job_id, bool replay, unsigned timeout_ms, hd_watch *w) {
+  memset(w, 0, sizeof *w);
+  Mega__V1__WatchJobRequest req = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  req.job_id = (char *)job_id;
+  req.replay = replay;
+  mega_rpc_stream *s = NULL;
+  w->end = mega_rpc_stream_open(d->ch, &mega_control_watch_job, &req.base, timeout_ms, &s, &w->err);
+  size_t off = 0;
+  while (w->end == MEGA_OK) {
+    ProtobufCMessage *m = NULL;
+    w->end = mega_rpc_stream_next(s, &m, &w->err);
+    if (w->end != MEGA_OK || !m) break;
+    Mega__V1__WatchJobResponse *it = (void *)m;
+    if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) {
+      w->steps++;
+      w->last_iteration = it->step->iteration;
+      w->last_loss = it->step->loss;
+      w->ranks = (uint32_t)it->step->n_ranks;
+    } else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT) {
+      w->events++;
+      if (off < sizeof w->events_text)
+        off += (size_t)snprintf(w->events_text + off, sizeof w->events_text - off, "%s\n",
+                                it->event->message);
+    } else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE) {
+      if (w->final) protobuf_c_message_free_unpacked(&w->final->base, NULL);
+      w->final = it->final_state;
+      it->final_state = NULL;
+      it->item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM__NOT_SET;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  mega_rpc_stream_close(s);
+}
+
+void hd_watch_free(hd_watch *w) {
+  if (w->final) protobuf_c_message_free_unpacked(&w->final->base, NULL);
+  w->final = NULL;
+}

@@ -1,0 +1,79 @@
+/* Real megad processes for the integration tests and the benchmark: start
+ * one on 127.0.0.1 with a port of its own and a temporary state dir, talk to
+ * it through proto/rpc_client, find its workers, stop or kill it.
+ *
+ * MEGAD and MEGAW (environment) name the programs; the meson test sets them. */
+#ifndef MEGA_TESTS_DAEMON_HARNESS_H
+#define MEGA_TESTS_DAEMON_HARNESS_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "proto/mega_rpc.h"
+#include "proto/rpc_client.h"
+
+typedef struct hd {
+  pid_t pid;
+  char name[32];
+  char dir[128];  /* state dir (owned by the test: removed by hd_cleanup) */
+  char log[160];  /* megad's stderr */
+  char addr[64];  /* 127.0.0.1:PORT */
+  mega_rpc_channel *ch;
+} hd;
+
+/* A temporary directory for a test (removed by hd_rmdir). */
+void hd_tmpdir(char *buf, size_t len);
+void hd_rmdir(const char *dir);
+
+/* Starts `megad serve --listen 127.0.0.1:0 --state-dir DIR --slots SLOTS
+ * --node-name NAME [--peers PEERS] [extra...]` and waits for its "listening"
+ * line. state_dir NULL: a fresh one. Returns false (with the log on stderr)
+ * when it does not come up. */
+bool hd_start(hd *d, const char *name, int slots, const char *peers, const char *state_dir,
+              const char *const *extra);
+/* SIGTERM and wait (up to 20 s); the exit status, or -1. */
+int hd_stop(hd *d);
+/* SIGKILL and reap. */
+void hd_kill(hd *d);
+/* Frees the channel and removes the state dir. */
+void hd_cleanup(hd *d);
+void hd_dump_log(const hd *d);
+
+/* Pids of megad's live child processes (its workers); returns how many. */
+int hd_workers(const hd *d, pid_t *pids, int max);
+/* Waits up to ms until megad has n workers (or more). */
+bool hd_wait_workers(const hd *d, int n, int ms, pid_t *pids);
+bool hd_pid_alive(pid_t pid);
+
+/* The tiny GPT's flags on a data file in dir, with iters and any extra flags
+ * (NULL-terminated); writes the argv into spec (which points into static
+ * storage of the call: use it before the next call). */
+void hd_tiny_spec(Mega__V1__JobSpec *spec, const char *dir, int iters, const char *const *extra);
+
+/* Unary calls; resp is the caller's (free_unpacked). */
+mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t len,
+                      mega_err *err);
+Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err);
+Mega__V1__ListNodesResponse *hd_list_nodes(hd *d, mega_err *err);
+/* Nodes the view shows ALIVE; waits up to ms for want. */
+bool hd_wait_alive(hd *d, int want, int ms);
+
+/* What a WatchJob stream brought, to its end. */
+typedef struct hd_watch {
+  int steps, events;
+  uint64_t last_iteration;
+  double last_loss;
+  uint32_t ranks;
+  Mega__V1__Job *final; /* the caller's */
+  char events_text[4096];
+  mega_status end;
+  mega_err err;
+} hd_watch;
+
+/* Watches to the stream's end (timeout_ms for the whole stream). */
+void hd_watch_job(hd *d, const char *job_id, bool replay, unsigned timeout_ms, hd_watch *w);
+void hd_watch_free(hd_watch *w);
+
+double hd_now_s(void);
+
+#endif

@@ -1,0 +1,395 @@
+/* megad end to end: real daemons on 127.0.0.1 with ports and state dirs of
+ * their own, real megaw workers training a tiny GPT, a small C client on
+ * proto/rpc_client. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "harness.h"
+
+#define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
+
+/* Three nodes joined with --peers; a job submitted to n1 runs its two
+ * pipeline stages on two nodes and trains to SUCCEEDED. */
+static void test_cluster_trains_across_nodes(void **state) {
+  (void)state;
+  hd n1, n2, n3;
+  assert_true(hd_start(&n1, "n1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n2, "n2", 1, n1.addr, NULL, NULL));
+  assert_true(hd_start(&n3, "n3", 1, n1.addr, NULL, NULL));
+  /* every daemon sees all three */
+  assert_true(hd_wait_alive(&n1, 3, 10000));
+  assert_true(hd_wait_alive(&n2, 3, 10000));
+  assert_true(hd_wait_alive(&n3, 3, 10000));
+  Mega__V1__ListNodesResponse *ln = hd_list_nodes(&n2, NULL);
+  assert_non_null(ln);
+  assert_string_equal(ln->self_node_id, "n2");
+  assert_int_equal(ln->n_nodes, 3);
+  for (size_t i = 0; i < ln->n_nodes; i++) assert_int_equal(ln->nodes[i]->slots, 1);
+  protobuf_c_message_free_unpacked(&ln->base, NULL);
+
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", NULL};
+  hd_tiny_spec(&spec, n1.dir, 3, extra);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(&n1, id, true, 60000, &w);
+  if (!w.final || w.final->state != STATE(SUCCEEDED)) {
+    fprintf(stderr, "watch: %s\nevents:\n%s", w.err.msg, w.events_text);
+    hd_dump_log(&n1);
+    hd_dump_log(&n2);
+  }
+  assert_int_equal(w.end, MEGA_OK);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(SUCCEEDED));
+  assert_int_equal(w.steps, 3);
+  assert_int_equal(w.last_iteration, 3);
+  assert_int_equal(w.ranks, 2);
+  assert_true(w.last_loss > 0 && w.last_loss < 10);
+  assert_int_equal(w.final->world_size, 2);
+  assert_int_equal(w.final->pp, 2);
+  assert_int_equal(w.final->n_placement, 2);
+  assert_string_equal(w.final->placement[0]->node_id, "n1"); /* the coordinator first */
+  assert_string_not_equal(w.final->placement[1]->node_id, "n1");
+  assert_non_null(strstr(w.events_text, "placed"));
+  hd_watch_free(&w);
+
+  assert_int_equal(hd_stop(&n3), 0);
+  assert_int_equal(hd_stop(&n2), 0);
+  assert_int_equal(hd_stop(&n1), 0);
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
+  hd_cleanup(&n3);
+}
+
+/* Unknown ids, bad specs, garbage on the port, a taken port. */
+static void test_bad_input(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "solo", 2, NULL, NULL, NULL));
+  mega_err err = {0};
+  assert_null(hd_get_job(&d, "j-404-solo", &err));
+  assert_int_equal(err.status, MEGA_ERR_NOT_FOUND);
+  assert_non_null(strstr(err.msg, "j-404-solo"));
+
+  /* an invalid spec: the reason comes back as INVALID_ARGUMENT */
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--num-attention-heads", "7", NULL}; /* 32 is not divisible by 7 */
+  hd_tiny_spec(&spec, d.dir, 3, extra);
+  char id[64];
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "invalid job"));
+  const char *bad_flag[] = {"--no-such-flag", NULL};
+  hd_tiny_spec(&spec, d.dir, 3, bad_flag);
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--no-such-flag"));
+  Mega__V1__CancelJobRequest creq = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  creq.job_id = "nope";
+  ProtobufCMessage *resp = NULL;
+  assert_int_equal(mega_rpc_unary(d.ch, &mega_control_cancel_job, &creq.base, 5000, &resp, &err),
+                   MEGA_ERR_NOT_FOUND);
+
+  /* garbage bytes on the gRPC port */
+  int port = atoi(strrchr(d.addr, ':') + 1);
+  for (int k = 0; k < 3; k++) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof sa), 0);
+    const char junk[] = "GET / HTTP/1.1\r\n\r\n\x00\xff\xfe garbage \x01\x02\x03";
+    ssize_t wr = write(s, junk, sizeof junk);
+    (void)wr;
+    char buf[256];
+    ssize_t rd = read(s, buf, sizeof buf); /* whatever it answers, or EOF */
+    (void)rd;
+    close(s);
+  }
+  Mega__V1__ListNodesResponse *ln = hd_list_nodes(&d, &err);
+  assert_non_null(ln); /* still serving */
+  protobuf_c_message_free_unpacked(&ln->base, NULL);
+
+  /* a second daemon on the same port: a clear error, non-zero exit */
+  char dir2[128];
+  hd_tmpdir(dir2, sizeof dir2);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "'%s' serve --listen %s --state-dir %s --slots 1 --worker '%s' 2>&1",
+           getenv("MEGAD"), d.addr, dir2, getenv("MEGAW"));
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  char out[2048] = "";
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+  assert_non_null(strstr(out, "cannot listen on"));
+  hd_rmdir(dir2);
+
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+static void wait_running(hd *d, const char *id, int want_workers, pid_t *pids) {
+  if (!hd_wait_workers(d, want_workers, 20000, pids)) {
+    hd_dump_log(d);
+    fail_msg("the workers of %s did not start", id);
+  }
+}
+
+/* CancelJob answers once the workers are gone: none is left behind. */
+static void test_cancel_leaves_no_worker(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "c1", 2, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--simulate-compute", "5:10", NULL};
+  hd_tiny_spec(&spec, d.dir, 100000, extra);
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  pid_t pids[64];
+  wait_running(&d, id, 2, pids);
+  usleep(500000);
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = id;
+  req.reason = "test";
+  ProtobufCMessage *resp = NULL;
+  double t0 = hd_now_s();
+  assert_int_equal(mega_rpc_unary(d.ch, &mega_control_cancel_job, &req.base, 20000, &resp, &err),
+                   MEGA_OK);
+  double took = hd_now_s() - t0;
+  Mega__V1__Job *j = ((Mega__V1__CancelJobResponse *)resp)->job;
+  assert_int_equal(j->state, STATE(CANCELLED));
+  assert_non_null(strstr(j->error, "cancelled: test"));
+  protobuf_c_message_free_unpacked(resp, NULL);
+  for (int i = 0; i < 2; i++) assert_false(hd_pid_alive(pids[i]));
+  assert_int_equal(hd_workers(&d, pids, 64), 0);
+  fprintf(stderr, "cancel answered in %.2f s\n", took);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* A worker killed with SIGKILL fails the job within seconds, naming the
+ * rank and the signal; its peers are aborted. */
+static void test_killed_worker_fails_job(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "k1", 2, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--simulate-compute", "5:10", NULL};
+  hd_tiny_spec(&spec, d.dir, 100000, extra);
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  pid_t pids[64];
+  wait_running(&d, id, 2, pids);
+  usleep(800000);
+  double t0 = hd_now_s();
+  kill(pids[0], SIGKILL);
+  hd_watch w;
+  hd_watch_job(&d, id, false, 30000, &w);
+  double took = hd_now_s() - t0;
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(FAILED));
+  fprintf(stderr, "failed in %.2f s: %s\n", took, w.final->error);
+  assert_non_null(strstr(w.final->error, "exited with signal 9 (Killed)"));
+  assert_non_null(strstr(w.final->error, "rank "));
+  assert_true(took < 10);
+  assert_false(hd_pid_alive(pids[0]));
+  assert_false(hd_pid_alive(pids[1]));
+  hd_watch_free(&w);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* A restarted megad replays its journal: the jobs are still listed, and one
+ * that was running when the daemon died is FAILED with the reason. */
+static void test_restart_replays_journal(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "r1", 2, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 2, NULL);
+  char done_id[64], run_id[64];
+  mega_err err = {0};
+  spec.nproc_per_node = 1;
+  assert_int_equal(hd_submit(&d, &spec, done_id, sizeof done_id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(&d, done_id, false, 60000, &w);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(SUCCEEDED));
+  hd_watch_free(&w);
+  const char *slow[] = {"--simulate-compute", "5:10", NULL};
+  hd_tiny_spec(&spec, d.dir, 100000, slow);
+  spec.nproc_per_node = 1;
+  assert_int_equal(hd_submit(&d, &spec, run_id, sizeof run_id, &err), MEGA_OK);
+  pid_t pids[64];
+  wait_running(&d, run_id, 1, pids);
+  hd_kill(&d); /* no clean shutdown: the worker dies with it (PR_SET_PDEATHSIG) */
+  for (int i = 0; i < 100 && hd_pid_alive(pids[0]); i++) usleep(50000);
+  assert_false(hd_pid_alive(pids[0]));
+
+  char dir[128];
+  snprintf(dir, sizeof dir, "%s", d.dir);
+  if (d.ch) mega_rpc_channel_free(d.ch);
+  hd d2;
+  assert_true(hd_start(&d2, "r1", 2, NULL, dir, NULL));
+  Mega__V1__Job *a = hd_get_job(&d2, done_id, &err);
+  assert_non_null(a);
+  assert_int_equal(a->state, STATE(SUCCEEDED));
+  assert_int_equal(a->last_iteration, 2);
+  protobuf_c_message_free_unpacked(&a->base, NULL);
+  Mega__V1__Job *b = hd_get_job(&d2, run_id, &err);
+  assert_non_null(b);
+  assert_int_equal(b->state, STATE(FAILED));
+  assert_string_equal(b->error, "megad restarted while the job was running");
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+  /* the finished job's history replays: its steps' last one and the end */
+  hd_watch_job(&d2, done_id, true, 10000, &w);
+  assert_int_equal(w.end, MEGA_OK);
+  assert_non_null(w.final);
+  assert_true(w.steps >= 1);
+  assert_non_null(strstr(w.events_text, "succeeded"));
+  hd_watch_free(&w);
+  /* new ids continue after the old ones */
+  hd_tiny_spec(&spec, d2.dir, 1, NULL);
+  char id3[64];
+  assert_int_equal(hd_submit(&d2, &spec, id3, sizeof id3, &err), MEGA_OK);
+  assert_string_not_equal(id3, done_id);
+  assert_string_not_equal(id3, run_id);
+  assert_int_equal(hd_stop(&d2), 0);
+  hd_cleanup(&d2);
+}
+
+/* megad run --slots 2 --json: one well-formed object per iteration. */
+static void test_run_json(void **state) {
+  (void)state;
+  char dir[128];
+  hd_tmpdir(dir, sizeof dir);
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", NULL};
+  hd_tiny_spec(&spec, dir, 3, extra);
+  char cmd[2048];
+  int off = snprintf(cmd, sizeof cmd, "'%s' run --slots 2 --json --worker '%s'", getenv("MEGAD"),
+                     getenv("MEGAW"));
+  for (size_t i = 0; i < spec.n_args; i++)
+    off += snprintf(cmd + off, sizeof cmd - (size_t)off, " '%s'", spec.args[i]);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  char line[8192];
+  int lines = 0;
+  const char *keys[] = {"iteration", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s", "ranks"};
+  const char *rkeys[] = {"rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "bubble_s",
+                         "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes"};
+  while (fgets(line, sizeof line, p)) {
+    json_error_t je;
+    json_t *o = json_loads(line, 0, &je);
+    assert_non_null(o);
+    assert_int_equal(json_object_size(o), 7);
+    for (size_t k = 0; k < 7; k++) assert_non_null(json_object_get(o, keys[k]));
+    assert_int_equal(json_integer_value(json_object_get(o, "iteration")), lines + 1);
+    json_t *ranks = json_object_get(o, "ranks");
+    assert_int_equal(json_array_size(ranks), 2);
+    for (size_t r = 0; r < 2; r++) {
+      json_t *ro = json_array_get(ranks, r);
+      assert_int_equal(json_object_size(ro), 9);
+      for (size_t k = 0; k < 9; k++) assert_non_null(json_object_get(ro, rkeys[k]));
+      assert_int_equal(json_integer_value(json_object_get(ro, "pp_rank")), (json_int_t)r);
+    }
+    json_decref(o);
+    lines++;
+  }
+  int st = pclose(p);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_int_equal(lines, 3);
+
+  /* a bad job: exit 2 with the reason */
+  snprintf(cmd, sizeof cmd, "'%s' run --slots 2 --worker '%s' --num-layers 2 2>&1",
+           getenv("MEGAD"), getenv("MEGAW"));
+  p = popen(cmd, "r");
+  char out[2048] = "";
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  st = pclose(p);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 2);
+  assert_non_null(strstr(out, "megad: "));
+  hd_rmdir(dir);
+}
+
+/* A node that dies takes its jobs with it, with that cause; the surviving
+ * ranks are aborted. */
+static void test_node_death_fails_job(void **state) {
+  (void)state;
+  hd n1, n2;
+  assert_true(hd_start(&n1, "d1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n2, "d2", 1, n1.addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--simulate-compute", "5:10", NULL};
+  hd_tiny_spec(&spec, n1.dir, 100000, extra);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  pid_t p1[64], p2[64];
+  wait_running(&n1, id, 1, p1);
+  wait_running(&n2, id, 1, p2);
+  usleep(800000);
+  double t0 = hd_now_s();
+  hd_kill(&n2);
+  hd_watch w;
+  hd_watch_job(&n1, id, false, 30000, &w);
+  double took = hd_now_s() - t0;
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(FAILED));
+  fprintf(stderr, "failed in %.2f s: %s\n", took, w.final->error);
+  assert_non_null(strstr(w.final->error, "node d2 stopped answering heartbeats"));
+  for (int i = 0; i < 100 && (hd_pid_alive(p1[0]) || hd_pid_alive(p2[0])); i++) usleep(50000);
+  assert_false(hd_pid_alive(p1[0]));
+  assert_false(hd_pid_alive(p2[0])); /* PR_SET_PDEATHSIG */
+  Mega__V1__ListNodesResponse *ln = hd_list_nodes(&n1, NULL);
+  for (size_t i = 0; ln && i < ln->n_nodes; i++)
+    if (!strcmp(ln->nodes[i]->id, "d2"))
+      assert_int_equal(ln->nodes[i]->state, MEGA__V1__NODE_STATE__NODE_STATE_DEAD);
+  if (ln) protobuf_c_message_free_unpacked(&ln->base, NULL);
+  hd_watch_free(&w);
+  assert_int_equal(hd_stop(&n1), 0);
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
+}
+
+int main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test(test_cluster_trains_across_nodes),
+      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_cancel_leaves_no_worker),
+      cmocka_unit_test(test_killed_worker_fails_job),
+      cmocka_unit_test(test_restart_replays_journal),
+      cmocka_unit_test(test_run_json),
+      cmocka_unit_test(test_node_death_fails_job),
+  };
+  /* one test by name: test_megad NAME (meson runs each as its own test) */
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
+  return cmocka_run_group_tests(all, NULL, NULL);
+}
