@@ -357,10 +357,14 @@ int megactl_cancel(int argc, char **argv) {
     rc = megactl_job_error(cf.job, &err);
   } else {
     const Mega__V1__Job *j = ((Mega__V1__CancelJobResponse *)out)->job;
-    if (j && j->state == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED)
+    Mega__V1__JobState st = j ? j->state : MEGA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
+    if (st == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED)
       printf("cancelled %s\n", cf.job);
+    else if (st == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
+             st == MEGA__V1__JOB_STATE__JOB_STATE_FAILED)
+      printf("%s already %s; nothing to cancel\n", cf.job, view_state_name(st));
     else
-      printf("cancelling %s (now %s)\n", cf.job, j ? view_state_name(j->state) : "unknown");
+      printf("cancelling %s (now %s)\n", cf.job, view_state_name(st));
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
   mega_rpc_channel_free(ch);

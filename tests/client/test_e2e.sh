@@ -134,6 +134,8 @@ has out.txt "$long"
 run 1 "$megactl" watch "$long"
 same "$(cat err.txt)" "megactl: job $long was cancelled: e2e says stop"
 has out.txt "^job $long cancelled"
+run 0 "$megactl" cancel "$id"
+same "$(cat out.txt)" "$id already succeeded; nothing to cancel"
 
 # ---- trace ----
 run 0 "$megactl" submit "${tiny[@]}" --train-iters 2 --trace-iteration 2 --name traced \
