@@ -1,6 +1,6 @@
 /* The cpu backend's ops against plain double-precision loops, at sizes that
- * exercise the blocked and partial-block paths (attention with T = 150 spans
- * three row blocks), and the shared element math against libm. */
+ * exercise the tiled and edge paths (attention at T = 150 and 75, head
+ * sizes 8 and 64), and the shared element math against libm. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -230,15 +230,14 @@ static void attention_reference(const float *qkv, const float *dout, int B, int 
   free(datt);
 }
 
-static void attention_blocked_matches_naive(void **state) {
-  (void)state;
-  int B = 2, T = 150, C = 32, NH = 4;
+static void attention_case(int B, int T, int C, int NH) {
   size_t nq = (size_t)B * T * 3 * C, nc = (size_t)B * T * C, na = (size_t)B * NH * T * T;
   float *qkv = vec(nq, 1.0f, 1), *dout = vec(nc, 1.0f, 2), *out = malloc(nc * 4),
-        *att = malloc(na * 4), *dqkv = malloc(nq * 4), *scratch = malloc(na * 4);
+        *att = malloc(na * 4), *dqkv = malloc(nq * 4), *scratch = malloc((na + nc) * 4);
   double *rout = malloc(nc * 8), *ratt = malloc(na * 8), *rdqkv = malloc(nq * 8);
   memset(att, 0xff, na * 4); /* NaN: every element used must be written */
-  be->ops->attention_forward(be, out, att, qkv, B, T, C, NH);
+  memset(scratch, 0xff, (na + nc) * 4);
+  be->ops->attention_forward(be, out, att, scratch, qkv, B, T, C, NH);
   attention_reference(qkv, dout, B, T, C, NH, rout, ratt, rdqkv);
   near(out, rout, nc, 1e-5, "attention out");
   float *lower = malloc(na * 4);
@@ -246,11 +245,19 @@ static void attention_blocked_matches_naive(void **state) {
     lower[i] = (int)(i % T) <= (int)(i / T % T) ? att[i] : 0.0f;
   near(lower, ratt, na, 1e-6, "attention probabilities");
   free(lower);
-  memset(scratch, 0xff, na * 4);
+  memset(scratch, 0xff, (na + nc) * 4);
   be->ops->attention_backward(be, dqkv, scratch, dout, qkv, att, B, T, C, NH);
   near(dqkv, rdqkv, nq, 1e-5, "attention dqkv");
   free(qkv), free(dout), free(out), free(att), free(dqkv), free(scratch);
   free(rout), free(ratt), free(rdqkv);
+}
+
+/* Head size 8 (edge tiles only) and 64 (full tiles), T not a multiple of
+ * the 8-row groups or the 32-column tiles. */
+static void attention_matches_naive(void **state) {
+  (void)state;
+  attention_case(2, 150, 32, 4);
+  attention_case(1, 75, 128, 2);
 }
 
 static void layernorm_gelu_crossentropy_encoder(void **state) {
@@ -284,8 +291,20 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
     }
   }
   near(out, r, (size_t)N * C, 1e-5, "layernorm_forward");
-  be->ops->layernorm_backward_input(be, dx, dy, x, w, mean, rstd, N, C);
-  near(dx, rdx, (size_t)N * C, 1e-5, "layernorm_backward_input (+=)");
+  /* three ways: into a fresh buffer (dres NULL), out of place, in place */
+  size_t nc = (size_t)N * C;
+  float *old = malloc(nc * sizeof *old), *d1 = malloc(nc * sizeof *d1),
+        *d2 = malloc(nc * sizeof *d2);
+  double *rln = malloc(nc * sizeof *rln);
+  memcpy(old, dx, nc * sizeof *old);
+  for (size_t i = 0; i < nc; i++) rln[i] = rdx[i] - old[i];
+  be->ops->layernorm_backward_input(be, d1, NULL, dy, x, w, mean, rstd, N, C);
+  near(d1, rln, nc, 1e-5, "layernorm_backward_input (no residual)");
+  be->ops->layernorm_backward_input(be, d2, old, dy, x, w, mean, rstd, N, C);
+  near(d2, rdx, nc, 1e-5, "layernorm_backward_input (residual out of place)");
+  be->ops->layernorm_backward_input(be, dx, dx, dy, x, w, mean, rstd, N, C);
+  near(dx, rdx, nc, 1e-5, "layernorm_backward_input (residual in place)");
+  free(old), free(d1), free(d2), free(rln);
   be->ops->layernorm_backward_weight(be, dw, db, dy, x, mean, rstd, N, C);
   near(dw, rdw, C, 1e-5, "layernorm dweight (+=)");
   near(db, rdw + C, C, 1e-5, "layernorm dbias (+=)");
@@ -378,7 +397,7 @@ int main(void) {
       cmocka_unit_test(rng_is_a_function_of_key_and_index),
       cmocka_unit_test(adamw_matches_reference),
       cmocka_unit_test(matmul_both_layouts),
-      cmocka_unit_test(attention_blocked_matches_naive),
+      cmocka_unit_test(attention_matches_naive),
       cmocka_unit_test(layernorm_gelu_crossentropy_encoder),
       cmocka_unit_test(gemm_and_memory),
   };

@@ -16,9 +16,9 @@
  * embedding does, [out, in] (MEGA_W_OUT_IN: the head tied to wte [V, C]).
  *
  * Gradient conventions. Ops that produce an activation gradient overwrite
- * their output, except layernorm_backward_input, which adds (+=) so the
- * residual stream's two paths sum in place. Ops that produce a parameter
- * gradient always add (+=), so microbatches accumulate.
+ * their output; layernorm_backward_input also adds the residual stream's
+ * other path. Ops that produce a parameter gradient always add (+=), so
+ * microbatches accumulate.
  *
  * Ownership. mega_backend_cpu_create returns a backend the caller frees with
  * mega_backend_destroy, after freeing every buffer it allocated. Compute ops
@@ -98,10 +98,11 @@ typedef struct mega_backend_ops {
   void (*layernorm_forward)(mega_backend *be, float *out, float *mean, float *rstd,
                             const float *inp, const float *w, const float *b, int N,
                             int C, float eps);
-  /* dinp += LN'(dout): the input part. */
-  void (*layernorm_backward_input)(mega_backend *be, float *dinp, const float *dout,
-                                   const float *inp, const float *w, const float *mean,
-                                   const float *rstd, int N, int C);
+  /* dinp = dres + LN'(dout): the input part plus the residual's gradient
+   * dres, which may be dinp itself (+=) or NULL (none). */
+  void (*layernorm_backward_input)(mega_backend *be, float *dinp, const float *dres,
+                                   const float *dout, const float *inp, const float *w,
+                                   const float *mean, const float *rstd, int N, int C);
   /* dw += sum_n dout * xhat; db += sum_n dout: the weight part. */
   void (*layernorm_backward_weight)(mega_backend *be, float *dw, float *db,
                                     const float *dout, const float *inp,
@@ -122,11 +123,11 @@ typedef struct mega_backend_ops {
   /* Causal self-attention on a fused qkv [B,T,3C] (q | k | v, heads of
    * hs = C/NH contiguous within each), softmax scale 1/sqrt(hs). Writes
    * out [B,T,C] and, for the backward, the probabilities att [B,NH,T,T]
-   * (above the diagonal att holds whatever the backend's backward needs). */
-  void (*attention_forward)(mega_backend *be, float *out, float *att, const float *qkv,
-                            int B, int T, int C, int NH);
-  /* dqkv [B,T,3C] = attention'(dout) (overwrites). scratch holds
-   * B*NH*T*T floats. */
+   * (above the diagonal att holds whatever the backend's backward needs).
+   * scratch holds B*NH*T*T + B*T*C floats, for both directions. */
+  void (*attention_forward)(mega_backend *be, float *out, float *att, float *scratch,
+                            const float *qkv, int B, int T, int C, int NH);
+  /* dqkv [B,T,3C] = attention'(dout) (overwrites). */
   void (*attention_backward)(mega_backend *be, float *dqkv, float *scratch,
                              const float *dout, const float *qkv, const float *att,
                              int B, int T, int C, int NH);

@@ -1,20 +1,21 @@
-/* Causal self-attention on the cpu: per (batch, head), QK^T, att.V and
- * their backward are sgemm calls on strided views of the fused qkv. Rows are
- * taken in blocks of ABLK so each block multiplies only the columns at or
- * below the diagonal: about half the work of the full T x T products. */
-#include <cblas.h>
+/* Causal self-attention on the cpu, per (batch, head), in groups of 8 query
+ * rows: each group multiplies only the key columns up to its own end, so
+ * the work is the causal half plus a sliver, and the products are the
+ * register-tiled kernels of cpu_tile.c (no BLAS: at head size they beat
+ * sgemm). K (forward) and V (backward) are transposed once per head into
+ * scratch so every product streams contiguous rows. */
 #include <math.h>
 #include <string.h>
 
 #include "kernels/elementwise.h"
 #include "worker/backend/cpu_internal.h"
 
-#define ABLK 64
+#define GROUP 8 /* query rows per step; the tiles' row count */
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
 /* Rows r0..r1 of a (T wide): softmax of cols 0..t (already scaled), zeros
- * after it up to the block's end r1, the only columns the products read. */
+ * after it up to the group's end r1, the only columns the products read. */
 MEGA_CPU_CLONES
 static void causal_softmax_rows(float *a, int r0, int r1, int T) {
   for (int t = r0; t < r1; t++) {
@@ -32,51 +33,6 @@ static void causal_softmax_rows(float *a, int r0, int r1, int T) {
   }
 }
 
-typedef struct attn_ctx {
-  float *out, *att, *dqkv, *scratch;
-  const float *qkv, *catt, *dout;
-  int B, T, C, NH;
-} attn_ctx;
-
-/* Heads bh0..bh1 (bh = b * NH + h). */
-static void attn_fwd_heads(void *vc, int64_t bh0, int64_t bh1) {
-  const attn_ctx *c = vc;
-  int T = c->T, C = c->C, hs = C / c->NH, C3 = 3 * C;
-  float scale = 1.0f / sqrtf((float)hs);
-  for (int64_t bh = bh0; bh < bh1; bh++) {
-    int b = (int)(bh / c->NH), h = (int)(bh % c->NH);
-    const float *q = c->qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
-    float *a = c->att + (size_t)bh * T * T;
-    float *o = c->out + (size_t)b * T * C + h * hs;
-    for (int r0 = 0; r0 < T; r0 += ABLK) {
-      int r1 = imin(r0 + ABLK, T), rb = r1 - r0;
-      /* a[r0:r1, 0:r1] = scale * q[r0:r1] k[0:r1]^T */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb, r1, hs, scale,
-                  q + (size_t)r0 * C3, C3, k, C3, 0.0f, a + (size_t)r0 * T, T);
-      causal_softmax_rows(a, r0, r1, T);
-      /* o[r0:r1] = a[r0:r1, 0:r1] v[0:r1] */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f,
-                  a + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
-    }
-  }
-}
-
-/* Runs fn over the B*NH heads on the pool, each thread calling a one-thread
- * sgemm (the products are small, and OpenBLAS's own threads would compete). */
-static void over_heads(mega_backend *be, attn_ctx *c, mega_cpu_task fn) {
-  mega_cpu_pool *pool = mega_cpu_pool_of(be);
-  int threads = mega_cpu_pool_threads(pool);
-  if (threads > 1) openblas_set_num_threads(1);
-  mega_cpu_parallel_for(pool, (int64_t)c->B * c->NH, 1, fn, c);
-  if (threads > 1) openblas_set_num_threads(threads);
-}
-
-void mega_cpu_attention_forward(mega_backend *be, float *out, float *att,
-                                const float *qkv, int B, int T, int C, int NH) {
-  attn_ctx c = {.out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
-  over_heads(be, &c, attn_fwd_heads);
-}
-
 /* In place over da's causal part: dpre = scale * a * (da - sum_s a*da). */
 MEGA_CPU_CLONES
 static void softmax_backward_rows(float *da, const float *a, int r0, int r1, int T,
@@ -91,12 +47,68 @@ static void softmax_backward_rows(float *da, const float *a, int r0, int r1, int
   }
 }
 
+/* dst[i][t] = src[t][i] for a [T x hs] view with row stride ld, in 16 x 16
+ * blocks so both sides stay in cache lines. */
+MEGA_CPU_CLONES
+static void transpose(float *dst, const float *src, int T, int hs, int ld) {
+  for (int t0 = 0; t0 < T; t0 += 16)
+    for (int i0 = 0; i0 < hs; i0 += 16) {
+      int t1 = imin(t0 + 16, T), i1 = imin(i0 + 16, hs);
+      for (int i = i0; i < i1; i++)
+        for (int t = t0; t < t1; t++) dst[(size_t)i * T + t] = src[(size_t)t * ld + i];
+    }
+}
+
+/* Columns a group of rows ending at g1 computes: g1 rounded up to whole
+ * 32-wide tiles. The extra columns lie above the diagonal, past anything
+ * the products read (see the backward's note). */
+static inline int tile_cols(int g1, int T) { return imin((g1 + 31) / 32 * 32, T); }
+
+typedef struct attn_ctx {
+  float *out, *att, *dqkv, *scratch;
+  const float *qkv, *catt, *dout;
+  int B, T, C, NH;
+} attn_ctx;
+
+/* Heads bh0..bh1 (bh = b * NH + h). */
+static void attn_fwd_heads(void *vc, int64_t bh0, int64_t bh1) {
+  const attn_ctx *c = vc;
+  int T = c->T, C = c->C, hs = C / c->NH, C3 = 3 * C;
+  float scale = 1.0f / sqrtf((float)hs);
+  float *kT = c->scratch + (size_t)bh0 * hs * T; /* this chunk's slot */
+  for (int64_t bh = bh0; bh < bh1; bh++) {
+    int b = (int)(bh / c->NH), h = (int)(bh % c->NH);
+    const float *q = c->qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+    float *a = c->att + (size_t)bh * T * T;
+    float *o = c->out + (size_t)b * T * C + h * hs;
+    transpose(kT, k, T, hs, C3);
+    for (int g0 = 0; g0 < T; g0 += GROUP) {
+      int g1 = imin(g0 + GROUP, T), rows = g1 - g0;
+      /* a[g0:g1, 0:g1] = scale * q[g0:g1] k[0:g1]^T */
+      mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, scale, q + (size_t)g0 * C3, C3, kT, T,
+                       a + (size_t)g0 * T, T);
+      causal_softmax_rows(a, g0, g1, T);
+      /* o[g0:g1] = a[g0:g1, 0:g1] v[0:g1] */
+      mega_cpu_tile_nn(rows, hs, g1, 1.0f, a + (size_t)g0 * T, T, v, C3, o + (size_t)g0 * C,
+                       C);
+    }
+  }
+}
+
+void mega_cpu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
+                                const float *qkv, int B, int T, int C, int NH) {
+  attn_ctx c = {.out = out, .att = att, .scratch = scratch, .qkv = qkv, .B = B, .T = T,
+                .C = C, .NH = NH};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)B * NH, 1, attn_fwd_heads, &c);
+}
+
 static void attn_bwd_heads(void *vc, int64_t bh0, int64_t bh1) {
   const attn_ctx *c = vc;
   int T = c->T, C = c->C, hs = C / c->NH, C3 = 3 * C;
   float scale = 1.0f / sqrtf((float)hs);
-  /* one T x T tile per chunk of heads, reused: it stays in cache */
-  float *da = c->scratch + (size_t)bh0 * T * T;
+  /* this chunk's slots: V^T, and one T x T tile reused so it stays in cache */
+  float *vT = c->scratch + (size_t)bh0 * hs * T;
+  float *da = c->scratch + (size_t)c->B * T * C + (size_t)bh0 * T * T;
   for (int64_t bh = bh0; bh < bh1; bh++) {
     int b = (int)(bh / c->NH), h = (int)(bh % c->NH);
     size_t qoff = (size_t)b * T * C3 + h * hs;
@@ -104,27 +116,29 @@ static void attn_bwd_heads(void *vc, int64_t bh0, int64_t bh1) {
     float *dq = c->dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
     const float *a = c->catt + (size_t)bh * T * T;
     const float *dy = c->dout + (size_t)b * T * C + h * hs;
-    for (int r0 = 0; r0 < T; r0 += ABLK) {
-      int r1 = imin(r0 + ABLK, T), rb = r1 - r0;
-      /* da[r0:r1, 0:r1] = dy[r0:r1] v[0:r1]^T, then through the softmax */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb, r1, hs, 1.0f,
-                  dy + (size_t)r0 * C, C, v, C3, 0.0f, da + (size_t)r0 * T, T);
-      softmax_backward_rows(da, a, r0, r1, T, scale);
-      /* dq[r0:r1] = dpre[r0:r1, 0:r1] k[0:r1] */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f,
-                  da + (size_t)r0 * T, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
+    transpose(vT, v, T, hs, C3);
+    for (int g0 = 0; g0 < T; g0 += GROUP) {
+      int g1 = imin(g0 + GROUP, T), rows = g1 - g0;
+      /* da[g0:g1, 0:g1] = dy[g0:g1] v[0:g1]^T, then through the softmax */
+      mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, 1.0f, dy + (size_t)g0 * C, C, vT, T,
+                       da + (size_t)g0 * T, T);
+      softmax_backward_rows(da, a, g0, g1, T, scale);
+      /* dq[g0:g1] = dpre[g0:g1, 0:g1] k[0:g1] */
+      mega_cpu_tile_nn(rows, hs, g1, 1.0f, da + (size_t)g0 * T, T, k, C3,
+                       dq + (size_t)g0 * C3, C3);
     }
-    for (int c0 = 0; c0 < T; c0 += ABLK) {
-      int c1 = imin(c0 + ABLK, T), cb = c1 - c0;
-      /* Columns c0:c1 get contributions from rows c0..T-1 only. */
-      /* dv[c0:c1] = a[c0:T, c0:c1]^T dy[c0:T] */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cb, hs, T - c0, 1.0f,
-                  a + (size_t)c0 * T + c0, T, dy + (size_t)c0 * C, C, 0.0f,
-                  dv + (size_t)c0 * C3, C3);
-      /* dk[c0:c1] = dpre[c0:T, c0:c1]^T q[c0:T] */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cb, hs, T - c0, 1.0f,
-                  da + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, 0.0f,
-                  dk + (size_t)c0 * C3, C3);
+    /* Keys and values s0:s1 get contributions from queries s0..T-1 only,
+     * and read a and dpre only at rows >= s0 and columns < s1: at or below
+     * the diagonal, or above it within the row's own group, where the
+     * softmax wrote zeros. */
+    for (int s0 = 0; s0 < T; s0 += GROUP) {
+      int s1 = imin(s0 + GROUP, T), rows = s1 - s0;
+      /* dv[s0:s1] = a[s0:T, s0:s1]^T dy[s0:T] */
+      mega_cpu_tile_tn(rows, hs, T - s0, 1.0f, a + (size_t)s0 * T + s0, T,
+                       dy + (size_t)s0 * C, C, dv + (size_t)s0 * C3, C3);
+      /* dk[s0:s1] = dpre[s0:T, s0:s1]^T q[s0:T] */
+      mega_cpu_tile_tn(rows, hs, T - s0, 1.0f, da + (size_t)s0 * T + s0, T,
+                       q + (size_t)s0 * C3, C3, dk + (size_t)s0 * C3, C3);
     }
   }
 }
@@ -134,5 +148,5 @@ void mega_cpu_attention_backward(mega_backend *be, float *dqkv, float *scratch,
                                  int B, int T, int C, int NH) {
   attn_ctx c = {.dqkv = dqkv, .scratch = scratch, .dout = dout, .qkv = qkv, .catt = att,
                 .B = B, .T = T, .C = C, .NH = NH};
-  over_heads(be, &c, attn_bwd_heads);
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)B * NH, 1, attn_bwd_heads, &c);
 }

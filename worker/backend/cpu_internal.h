@@ -40,6 +40,13 @@ static inline mega_cpu_pool *mega_cpu_pool_of(mega_backend *be) {
 /* Items per chunk below which splitting costs more than it saves. */
 #define MEGA_CPU_GRAIN_ELEMS 16384
 
+/* Small row-major products for attention (cpu_tile.c):
+ * nn: C[M x N] = alpha * A[M x K] B[K x N]; tn: the same with A^T, A [K x M]. */
+void mega_cpu_tile_nn(int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float *C, int ldc);
+void mega_cpu_tile_tn(int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float *C, int ldc);
+
 void mega_cpu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
                               const float *wte, const float *wpe, int B, int T, int C);
 void mega_cpu_encoder_backward(mega_backend *be, float *dwte, float *dwpe,
@@ -47,7 +54,8 @@ void mega_cpu_encoder_backward(mega_backend *be, float *dwte, float *dwpe,
 void mega_cpu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
                                 const float *inp, const float *w, const float *b, int N,
                                 int C, float eps);
-void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dout,
+void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dres,
+                                       const float *dout,
                                        const float *inp, const float *w,
                                        const float *mean, const float *rstd, int N, int C);
 void mega_cpu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
@@ -65,7 +73,7 @@ void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs
                                    int V);
 void mega_cpu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
                                     const int32_t *targets, float scale, int N, int V);
-void mega_cpu_attention_forward(mega_backend *be, float *out, float *att,
+void mega_cpu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                 const float *qkv, int B, int T, int C, int NH);
 void mega_cpu_attention_backward(mega_backend *be, float *dqkv, float *scratch,
                                  const float *dout, const float *qkv, const float *att,

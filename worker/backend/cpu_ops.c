@@ -67,7 +67,7 @@ void mega_cpu_encoder_backward(mega_backend *be, float *dwte, float *dwpe,
 
 typedef struct ln_ctx {
   float *out, *mean, *rstd, *dinp, *dw, *db;
-  const float *inp, *w, *b, *dout, *cmean, *crstd;
+  const float *inp, *w, *b, *dout, *cmean, *crstd, *dres;
   int N, C;
   float eps;
 } ln_ctx;
@@ -120,18 +120,26 @@ static void ln_bwd_in_rows(void *vc, int64_t n0, int64_t n1) {
     s1 /= C;
     s2 /= C;
     float *di = c->dinp + n * C;
-    for (int i = 0; i < C; i++) {
-      float xhat = (x[i] - m) * r;
-      di[i] += (d[i] * w[i] - s1 - xhat * s2) * r;
+    const float *dr = c->dres ? c->dres + n * C : NULL;
+    if (dr) {
+      for (int i = 0; i < C; i++) {
+        float xhat = (x[i] - m) * r;
+        di[i] = dr[i] + (d[i] * w[i] - s1 - xhat * s2) * r;
+      }
+    } else {
+      for (int i = 0; i < C; i++) {
+        float xhat = (x[i] - m) * r;
+        di[i] = (d[i] * w[i] - s1 - xhat * s2) * r;
+      }
     }
   }
 }
 
-void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dout,
-                                       const float *inp, const float *w,
+void mega_cpu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dres,
+                                       const float *dout, const float *inp, const float *w,
                                        const float *mean, const float *rstd, int N, int C) {
-  ln_ctx c = {.dinp = dinp, .dout = dout, .inp = inp, .w = w, .cmean = mean, .crstd = rstd,
-              .N = N, .C = C};
+  ln_ctx c = {.dinp = dinp, .dres = dres, .dout = dout, .inp = inp, .w = w, .cmean = mean,
+              .crstd = rstd, .N = N, .C = C};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(C), ln_bwd_in_rows, &c);
 }
 

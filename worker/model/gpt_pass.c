@@ -41,7 +41,7 @@ struct mega_gpt_acts {
   float *logits, *probs, *losses;   /* [BT,V], [BT,V], [BT] */
   float *dlogits, *dlnf;            /* [BT,V], [BT,C] */
   float *datty;                     /* [BT,C] scratch: attention output grad */
-  float *att_scratch;               /* [B,NH,T,T] */
+  float *att_scratch;               /* B*NH*T*T + B*T*C floats */
 };
 
 typedef struct carver {
@@ -91,7 +91,7 @@ static void layout(mega_gpt_acts *a, carver *cv) {
   }
   if (L > 0) {
     a->datty = carve(cv, BT * C);
-    a->att_scratch = carve(cv, TT);
+    a->att_scratch = carve(cv, TT + BT * C);
   }
   if (s->desc.loss) {
     a->lnf = carve(cv, BT * C);
@@ -202,7 +202,7 @@ static void block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, const floa
                        P + w->ln1b, N, C, s->cfg.ln_eps);
   o->matmul_forward(be, la->qkv, la->ln1, P + w->qkvw, P + w->qkvb, N, C, 3 * C,
                     MEGA_W_IN_OUT);
-  o->attention_forward(be, la->atty, la->att, la->qkv, B, T, C, NH);
+  o->attention_forward(be, la->atty, la->att, a->att_scratch, la->qkv, B, T, C, NH);
   o->matmul_forward(be, la->x2, la->atty, P + w->projw, P + w->projb, N, C, C,
                     MEGA_W_IN_OUT);
   o->add_inplace(be, la->x2, x, NC);
@@ -278,23 +278,19 @@ static void block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
   layer_acts *la = &a->layers[l];
   const float *P = s->param;
   int B = a->B, T = a->T, C = s->cfg.channels, NH = s->cfg.num_heads, N = B * T;
-  size_t NC = (size_t)N * C;
   const float *dy = a->dresid[l + 1];
   const float *x = a->resid[l];
-  mega_err ignore;
   o->matmul_backward_input(be, la->dfch, dy, P + w->fcprojw, N, 4 * C, C, MEGA_W_IN_OUT);
   o->gelu_backward(be, la->dfch, la->fch, la->dfch, (size_t)N * 4 * C);
   o->matmul_backward_input(be, la->dln2, la->dfch, P + w->fcw, N, C, 4 * C, MEGA_W_IN_OUT);
-  o->memcpy(be, la->dx2, dy, NC * sizeof(float), MEGA_COPY_D2D, &ignore);
-  o->layernorm_backward_input(be, la->dx2, la->dln2, la->x2, P + w->ln2w, la->ln2_mean,
+  o->layernorm_backward_input(be, la->dx2, dy, la->dln2, la->x2, P + w->ln2w, la->ln2_mean,
                               la->ln2_rstd, N, C);
   o->matmul_backward_input(be, a->datty, la->dx2, P + w->projw, N, C, C, MEGA_W_IN_OUT);
   o->attention_backward(be, la->dqkv, a->att_scratch, a->datty, la->qkv, la->att, B, T, C,
                         NH);
   o->matmul_backward_input(be, la->dln1, la->dqkv, P + w->qkvw, N, C, 3 * C, MEGA_W_IN_OUT);
-  o->memcpy(be, a->dresid[l], la->dx2, NC * sizeof(float), MEGA_COPY_D2D, &ignore);
-  o->layernorm_backward_input(be, a->dresid[l], la->dln1, x, P + w->ln1w, la->ln1_mean,
-                              la->ln1_rstd, N, C);
+  o->layernorm_backward_input(be, a->dresid[l], la->dx2, la->dln1, x, P + w->ln1w,
+                              la->ln1_mean, la->ln1_rstd, N, C);
 }
 
 mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
@@ -322,9 +318,8 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
     o->crossentropy_backward(be, a->dlogits, a->probs, a->targets, loss_scale, N, V);
     o->matmul_backward_input(be, a->dlnf, a->dlogits, s->param + s->head, N, C, V,
                              MEGA_W_OUT_IN);
-    o->memset0(be, a->dresid[L], NC * sizeof(float));
-    o->layernorm_backward_input(be, a->dresid[L], a->dlnf, a->resid[L], s->param + s->lnfw,
-                                a->lnf_mean, a->lnf_rstd, N, C);
+    o->layernorm_backward_input(be, a->dresid[L], NULL, a->dlnf, a->resid[L],
+                                s->param + s->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
   } else if ((st = o->memcpy(be, a->dresid[L], doutput, NC * sizeof(float), MEGA_COPY_D2D,
                              err))) {
     return st;
