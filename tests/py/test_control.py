@@ -224,6 +224,9 @@ def main():
     except ImportError:
         print("grpcio is missing: skipped")
         sys.exit(SKIP)
+    if not shutil.which("protoc") or not os.path.exists("/usr/bin/grpc_python_plugin"):
+        print("protoc or /usr/bin/grpc_python_plugin is missing: skipped")
+        sys.exit(SKIP)
     generate(proto, out)
     import grpc
     import mega_pb2 as pb
