@@ -68,8 +68,9 @@ typedef struct mega_backend_ops {
   mega_status (*memcpy)(mega_backend *be, void *dst, const void *src, size_t bytes,
                         mega_copy_kind kind, mega_err *err);
   mega_status (*synchronize)(mega_backend *be, mega_err *err);
-  /* Threads one worker's math may use (BLAS threads on cpu; ignored on
-   * cuda). n >= 1. */
+  /* Threads one worker's math may use (on cpu: OpenBLAS's threads for the
+   * GEMMs and the backend's own, which sleep between ops, for everything
+   * else; ignored on cuda). n >= 1. */
   mega_status (*set_threads)(mega_backend *be, int n, mega_err *err);
 
   /* ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major ----
@@ -172,7 +173,8 @@ struct mega_backend {
 };
 
 typedef struct mega_backend_cpu_opts {
-  int threads; /* BLAS threads; 0 means 1 (workers share the node's cores) */
+  int threads; /* math threads (see set_threads); 0 means 1: workers share
+                  the node's cores */
 } mega_backend_cpu_opts;
 
 /* opts may be NULL (one thread). OpenBLAS picks its kernel set (Haswell,

@@ -47,16 +47,58 @@ static void softmax_backward_rows(float *da, const float *a, int r0, int r1, int
   }
 }
 
-/* dst[i][t] = src[t][i] for a [T x hs] view with row stride ld, in 16 x 16
- * blocks so both sides stay in cache lines. */
-MEGA_CPU_CLONES
-static void transpose(float *dst, const float *src, int T, int hs, int ld) {
-  for (int t0 = 0; t0 < T; t0 += 16)
-    for (int i0 = 0; i0 < hs; i0 += 16) {
-      int t1 = imin(t0 + 16, T), i1 = imin(i0 + 16, hs);
-      for (int i = i0; i < i1; i++)
-        for (int t = t0; t < t1; t++) dst[(size_t)i * T + t] = src[(size_t)t * ld + i];
+/* dst[i][t] = src[t][i] for a [T x hs] view with row stride ld. */
+static void transpose_scalar(float *dst, const float *src, int t0, int t1, int i0, int i1,
+                             int T, int ld) {
+  for (int i = i0; i < i1; i++)
+    for (int t = t0; t < t1; t++) dst[(size_t)i * T + t] = src[(size_t)t * ld + i];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* 8 x 8 blocks through AVX registers; the ragged edges go scalar. */
+__attribute__((target("avx"))) static void transpose_avx(float *dst, const float *src, int T,
+                                                         int hs, int ld) {
+  int T8 = T / 8 * 8, h8 = hs / 8 * 8;
+  for (int t = 0; t < T8; t += 8)
+    for (int i = 0; i < h8; i += 8) {
+      const float *s = src + (size_t)t * ld + i;
+      __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + ld),
+             r2 = _mm256_loadu_ps(s + 2 * (size_t)ld), r3 = _mm256_loadu_ps(s + 3 * (size_t)ld),
+             r4 = _mm256_loadu_ps(s + 4 * (size_t)ld), r5 = _mm256_loadu_ps(s + 5 * (size_t)ld),
+             r6 = _mm256_loadu_ps(s + 6 * (size_t)ld), r7 = _mm256_loadu_ps(s + 7 * (size_t)ld);
+      __m256 u0 = _mm256_unpacklo_ps(r0, r1), u1 = _mm256_unpackhi_ps(r0, r1),
+             u2 = _mm256_unpacklo_ps(r2, r3), u3 = _mm256_unpackhi_ps(r2, r3),
+             u4 = _mm256_unpacklo_ps(r4, r5), u5 = _mm256_unpackhi_ps(r4, r5),
+             u6 = _mm256_unpacklo_ps(r6, r7), u7 = _mm256_unpackhi_ps(r6, r7);
+      __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE),
+             v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE),
+             v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE),
+             v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
+      float *d = dst + (size_t)i * T + t;
+      _mm256_storeu_ps(d, _mm256_permute2f128_ps(v0, v4, 0x20));
+      _mm256_storeu_ps(d + T, _mm256_permute2f128_ps(v1, v5, 0x20));
+      _mm256_storeu_ps(d + 2 * (size_t)T, _mm256_permute2f128_ps(v2, v6, 0x20));
+      _mm256_storeu_ps(d + 3 * (size_t)T, _mm256_permute2f128_ps(v3, v7, 0x20));
+      _mm256_storeu_ps(d + 4 * (size_t)T, _mm256_permute2f128_ps(v0, v4, 0x31));
+      _mm256_storeu_ps(d + 5 * (size_t)T, _mm256_permute2f128_ps(v1, v5, 0x31));
+      _mm256_storeu_ps(d + 6 * (size_t)T, _mm256_permute2f128_ps(v2, v6, 0x31));
+      _mm256_storeu_ps(d + 7 * (size_t)T, _mm256_permute2f128_ps(v3, v7, 0x31));
     }
+  transpose_scalar(dst, src, 0, T8, h8, hs, T, ld);
+  transpose_scalar(dst, src, T8, T, 0, hs, T, ld);
+}
+#endif
+
+static void transpose(float *dst, const float *src, int T, int hs, int ld) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx")) {
+    transpose_avx(dst, src, T, hs, ld);
+    return;
+  }
+#endif
+  transpose_scalar(dst, src, 0, T, 0, hs, T, ld);
 }
 
 /* Columns a group of rows ending at g1 computes: g1 rounded up to whole

@@ -43,7 +43,8 @@
  *
  * Ownership: a stage borrows its backend (which must outlive it) and owns
  * its buffers; acts borrow their stage (destroy acts first) and own theirs.
- * Pointers returned by accessors live as long as their object. */
+ * Pointers returned by accessors live as long as their object. A stage, its
+ * acts and its backend are used from one thread at a time. */
 #ifndef MEGA_WORKER_GPT_H
 #define MEGA_WORKER_GPT_H
 
