@@ -97,21 +97,7 @@ static mega_status check_job(const mega_jobspec *s, int world, mega_err *err) {
   long long bytes = s->data_path && stat(s->data_path, &stt) == 0 && S_ISREG(stt.st_mode)
                         ? (long long)stt.st_size
                         : -1;
-  mega_status st = mega_jobspec_check(s, world, bytes, err);
-  if (st != MEGA_OK || world == 0) return st;
-  int vp = mega_jobspec_vp(s), pp = s->pipeline_model_parallel_size;
-  mega_sched_params p = {
-      .kind = s->schedule == MEGA_JOB_SCHEDULE_AUTO ? mega_sched_default_kind(pp, vp)
-                                                    : (mega_sched_kind)s->schedule,
-      .pp = pp,
-      .vp = vp,
-      .microbatches = mega_jobspec_num_microbatches(s, world),
-      .group_size = mega_jobspec_group_size(s),
-  };
-  mega_err sub = {0};
-  if ((st = mega_sched_check_params(&p, &sub)) != MEGA_OK)
-    return mega_fail(err, st, "invalid job: %s", sub.msg);
-  return MEGA_OK;
+  return mega_jobspec_check_all(s, world, bytes, err);
 }
 
 int megactl_submit(int argc, char **argv) {

@@ -227,6 +227,19 @@ typedef struct mega_sim_compute {
 mega_status mega_jobspec_parse_simulate_compute(const char *str, mega_sim_compute *out,
                                                 mega_err *err);
 
+/* The schedule parameters a job gives for a world of world_size ranks
+ * (kind from --schedule or seed 000's decision tree). */
+struct mega_sched_params;
+void mega_jobspec_sched_params(const mega_jobspec *s, int world_size,
+                               struct mega_sched_params *out);
+
+/* The one check every program runs before a job starts: mega_jobspec_check,
+ * then, when world_size is known (> 0), the schedule's own rules
+ * (mega_sched_check_params), with the same "invalid job: " lead. megactl,
+ * megad and megaw all call this, so they refuse a job in the same words. */
+mega_status mega_jobspec_check_all(const mega_jobspec *s, int world_size, long long data_bytes,
+                                   mega_err *err);
+
 /* ---- serialization ---- */
 
 /* The flags that differ from their defaults, as "--flag" ["value"] words in

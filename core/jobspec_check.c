@@ -292,3 +292,22 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
   }
   return MEGA_OK;
 }
+
+void mega_jobspec_sched_params(const mega_jobspec *s, int world_size, mega_sched_params *out) {
+  int pp = s->pipeline_model_parallel_size, vp = mega_jobspec_vp(s);
+  *out = (mega_sched_params){
+      .kind = s->schedule >= 0 ? (mega_sched_kind)s->schedule : mega_sched_default_kind(pp, vp),
+      .pp = pp, .vp = vp, .microbatches = mega_jobspec_num_microbatches(s, world_size),
+      .group_size = vp > 1 ? mega_jobspec_group_size(s) : 0};
+}
+
+mega_status mega_jobspec_check_all(const mega_jobspec *s, int world_size, long long data_bytes,
+                                   mega_err *err) {
+  mega_status st = mega_jobspec_check(s, world_size, data_bytes, err);
+  if (st != MEGA_OK || world_size <= 0) return st;
+  mega_sched_params p;
+  mega_jobspec_sched_params(s, world_size, &p);
+  st = mega_sched_check_params(&p, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "invalid job");
+  return st;
+}
