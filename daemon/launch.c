@@ -734,6 +734,9 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   po.exit_cb = on_worker_exit;
   po.stdio = stdio;
   po.stdio_count = 4;
+  /* a session of its own: a terminal's ^C reaches megad, which stops the
+   * job in order, not every worker at once */
+  po.flags = UV_PROCESS_DETACHED;
   int rc = uv_spawn(loop, &w->proc, &po);
   w->open++; /* the process handle needs closing even when spawn failed */
   if (rc) {

@@ -11,6 +11,49 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Daemons started and not yet cleaned up, by state dir. Copies, not
+ * pointers: a failed test leaves its stack frame before the teardown. */
+#define MAX_LIVE 16
+typedef struct live_ent {
+  bool used;
+  pid_t pid;
+  char dir[128], log[160];
+} live_ent;
+static live_ent live[MAX_LIVE];
+
+static live_ent *entry(const char *dir, bool add) {
+  live_ent *free_ent = NULL;
+  for (int i = 0; i < MAX_LIVE; i++) {
+    if (live[i].used && !strcmp(live[i].dir, dir)) return &live[i];
+    if (!live[i].used && !free_ent) free_ent = &live[i];
+  }
+  if (!add || !free_ent) return NULL;
+  free_ent->used = true;
+  snprintf(free_ent->dir, sizeof free_ent->dir, "%s", dir);
+  return free_ent;
+}
+
+static void note_pid(const hd *d) {
+  live_ent *e = entry(d->dir, d->pid > 0);
+  if (!e) return;
+  e->pid = d->pid;
+  snprintf(e->log, sizeof e->log, "%s", d->log);
+}
+
+void hd_cleanup_all(void) {
+  for (int i = 0; i < MAX_LIVE; i++) {
+    live_ent *e = &live[i];
+    if (!e->used) continue;
+    if (e->pid > 0) {
+      kill(e->pid, SIGKILL);
+      waitpid(e->pid, NULL, 0);
+    }
+    unlink(e->log);
+    hd_rmdir(e->dir);
+    memset(e, 0, sizeof *e);
+  }
+}
+
 double hd_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -90,6 +133,10 @@ bool hd_start(hd *d, const char *name, int slots, const char *peers, const char 
   }
   close(out[1]);
   d->pid = pid;
+  static bool registered;
+  if (!registered) atexit(hd_cleanup_all);
+  registered = true;
+  note_pid(d);
   /* "megad: listening on 127.0.0.1:PORT" */
   FILE *f = fdopen(out[0], "r");
   char line[256] = "";
@@ -113,6 +160,7 @@ int hd_stop(hd *d) {
     pid_t r = waitpid(d->pid, &st, WNOHANG);
     if (r == d->pid) {
       d->pid = 0;
+      note_pid(d);
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     usleep(10000);
@@ -126,10 +174,13 @@ void hd_kill(hd *d) {
   kill(d->pid, SIGKILL);
   waitpid(d->pid, NULL, 0);
   d->pid = 0;
+  note_pid(d);
 }
 
 void hd_cleanup(hd *d) {
   if (d->pid > 0) hd_kill(d);
+  live_ent *e = entry(d->dir, false);
+  if (e) memset(e, 0, sizeof *e);
   if (d->ch) mega_rpc_channel_free(d->ch);
   d->ch = NULL;
   unlink(d->log);

@@ -37,6 +37,9 @@ int hd_stop(hd *d);
 void hd_kill(hd *d);
 /* Frees the channel and removes the state dir. */
 void hd_cleanup(hd *d);
+/* Kills and cleans up every daemon still running (a failed test's teardown;
+ * also runs at exit), so no megad outlives its test. */
+void hd_cleanup_all(void);
 void hd_dump_log(const hd *d);
 
 /* Pids of megad's live child processes (its workers); returns how many. */

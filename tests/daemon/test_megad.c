@@ -378,16 +378,22 @@ static void test_node_death_fails_job(void **state) {
   hd_cleanup(&n2);
 }
 
+static int teardown(void **state) {
+  (void)state;
+  hd_cleanup_all();
+  return 0;
+}
+
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
-      cmocka_unit_test(test_cluster_trains_across_nodes),
-      cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_cancel_leaves_no_worker),
-      cmocka_unit_test(test_killed_worker_fails_job),
-      cmocka_unit_test(test_restart_replays_journal),
-      cmocka_unit_test(test_run_json),
-      cmocka_unit_test(test_node_death_fails_job),
+      cmocka_unit_test_teardown(test_cluster_trains_across_nodes, teardown),
+      cmocka_unit_test_teardown(test_bad_input, teardown),
+      cmocka_unit_test_teardown(test_cancel_leaves_no_worker, teardown),
+      cmocka_unit_test_teardown(test_killed_worker_fails_job, teardown),
+      cmocka_unit_test_teardown(test_restart_replays_journal, teardown),
+      cmocka_unit_test_teardown(test_run_json, teardown),
+      cmocka_unit_test_teardown(test_node_death_fails_job, teardown),
   };
   /* one test by name: test_megad NAME (meson runs each as its own test) */
   if (argc > 1) cmocka_set_test_filter(argv[1]);

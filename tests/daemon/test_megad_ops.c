@@ -1,0 +1,453 @@
+/* megad's operations end to end: FIFO queueing on busy slots, the Chrome
+ * trace and GetTrace, GET /metrics, sd_notify, a watcher too slow to keep
+ * up, and `megad run` stopped by a signal. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+#define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
+
+static int teardown(void **state) {
+  (void)state;
+  hd_cleanup_all();
+  return 0;
+}
+
+/* Two jobs that each need both slots: the second waits PENDING, then runs. */
+static void test_fifo_when_slots_are_busy(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "f1", 2, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", NULL};
+  hd_tiny_spec(&spec, d.dir, 30, extra);
+  char a[64], b[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, a, sizeof a, &err), MEGA_OK);
+  assert_int_equal(hd_submit(&d, &spec, b, sizeof b, &err), MEGA_OK);
+  Mega__V1__Job *jb = hd_get_job(&d, b, &err);
+  assert_non_null(jb);
+  assert_int_equal(jb->state, STATE(PENDING));
+  protobuf_c_message_free_unpacked(&jb->base, NULL);
+  hd_watch w;
+  hd_watch_job(&d, b, true, 60000, &w);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(SUCCEEDED));
+  assert_non_null(strstr(w.events_text, "waiting: "));
+  Mega__V1__Job *ja = hd_get_job(&d, a, &err);
+  assert_int_equal(ja->state, STATE(SUCCEEDED));
+  /* b started only after a had ended */
+  assert_true(w.final->started_unix_ms >= ja->ended_unix_ms);
+  protobuf_c_message_free_unpacked(&ja->base, NULL);
+  hd_watch_free(&w);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* --trace-iteration: one Chrome trace, one track per rank, via GetTrace. */
+static void test_trace(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "t1", 2, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--trace-iteration", "2", NULL};
+  hd_tiny_spec(&spec, d.dir, 3, extra);
+  char id[64];
+  mega_err err = {0};
+  Mega__V1__GetTraceRequest req = MEGA__V1__GET_TRACE_REQUEST__INIT;
+  req.job_id = "j-9-nope";
+  mega_rpc_stream *s = NULL;
+  ProtobufCMessage *m = NULL;
+  assert_int_equal(mega_rpc_stream_open(d.ch, &mega_control_get_trace, &req.base, 5000, &s, &err),
+                   MEGA_OK);
+  assert_int_equal(mega_rpc_stream_next(s, &m, &err), MEGA_ERR_NOT_FOUND);
+  mega_rpc_stream_close(s);
+
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(&d, id, true, 60000, &w);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(SUCCEEDED));
+  assert_non_null(strstr(w.events_text, "trace of iteration 2 written"));
+  hd_watch_free(&w);
+
+  req.job_id = id;
+  assert_int_equal(mega_rpc_stream_open(d.ch, &mega_control_get_trace, &req.base, 5000, &s, &err),
+                   MEGA_OK);
+  size_t len = 0, total = 0, cap = 1 << 20;
+  char *buf = malloc(cap);
+  while (mega_rpc_stream_next(s, &m, &err) == MEGA_OK && m) {
+    Mega__V1__TraceChunk *c = (void *)m;
+    total = c->total_bytes;
+    if (len + c->data.len + 1 > cap) buf = realloc(buf, cap = 2 * (len + c->data.len + 1));
+    memcpy(buf + len, c->data.data, c->data.len);
+    len += c->data.len;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  mega_rpc_stream_close(s);
+  assert_int_equal(err.status, MEGA_OK);
+  assert_int_equal(len, total);
+  buf[len] = '\0';
+  json_error_t je;
+  json_t *t = json_loads(buf, 0, &je);
+  assert_non_null(t);
+  json_t *evs = json_object_get(t, "traceEvents");
+  int tracks[2] = {0, 0}, spans = 0;
+  for (size_t i = 0; i < json_array_size(evs); i++) {
+    json_t *e = json_array_get(evs, i);
+    const char *ph = json_string_value(json_object_get(e, "ph"));
+    json_int_t tid = json_integer_value(json_object_get(e, "tid"));
+    if (ph && !strcmp(ph, "X") && tid >= 0 && tid < 2) {
+      tracks[tid]++;
+      spans++;
+    }
+  }
+  assert_true(tracks[0] > 0 && tracks[1] > 0);
+  json_decref(t);
+  free(buf);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* GET /metrics: Prometheus text with the jobs and their last step. */
+static void test_metrics_page(void **state) {
+  (void)state;
+  /* a free port for --metrics-listen */
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  socklen_t sl = sizeof sa;
+  assert_int_equal(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  getsockname(s, (struct sockaddr *)&sa, &sl);
+  close(s);
+  char maddr[64];
+  snprintf(maddr, sizeof maddr, "127.0.0.1:%d", ntohs(sa.sin_port));
+  const char *extra[] = {"--metrics-listen", maddr, NULL};
+  hd d;
+  assert_true(hd_start(&d, "m1", 1, NULL, NULL, extra));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 2, NULL);
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(&d, id, false, 60000, &w);
+  assert_int_equal(w.final->state, STATE(SUCCEEDED));
+  hd_watch_free(&w);
+
+  s = socket(AF_INET, SOCK_STREAM, 0);
+  assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  const char req[] = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+  assert_int_equal(write(s, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+  char page[16384];
+  size_t n = 0;
+  ssize_t r;
+  while ((r = read(s, page + n, sizeof page - 1 - n)) > 0) n += (size_t)r;
+  close(s);
+  page[n] = '\0';
+  assert_non_null(strstr(page, "HTTP/1.0 200 OK"));
+  assert_non_null(strstr(page, "mega_jobs{state=\"succeeded\"} 1"));
+  char want[128];
+  snprintf(want, sizeof want, "mega_job_last_iteration{job=\"%s\"", id);
+  assert_non_null(strstr(page, want));
+  snprintf(want, sizeof want, "mega_job_loss{job=\"%s\"}", id);
+  assert_non_null(strstr(page, want));
+  assert_non_null(strstr(page, "mega_rank_bubble_fraction{"));
+  assert_non_null(strstr(page, "mega_job_tokens_per_second{"));
+
+  s = socket(AF_INET, SOCK_STREAM, 0);
+  assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  const char bad[] = "GET /nope HTTP/1.0\r\n\r\n";
+  assert_int_equal(write(s, bad, sizeof bad - 1), (ssize_t)(sizeof bad - 1));
+  n = 0;
+  while ((r = read(s, page + n, sizeof page - 1 - n)) > 0) n += (size_t)r;
+  close(s);
+  page[n] = '\0';
+  assert_non_null(strstr(page, "404"));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* Under systemd: READY=1 with a status, WATCHDOG=1 at half the interval,
+ * STOPPING=1 on the way out. A datagram socket plays systemd. */
+static void test_sd_notify(void **state) {
+  (void)state;
+  char dir[128];
+  hd_tmpdir(dir, sizeof dir);
+  char path[100];
+  snprintf(path, sizeof path, "%.80s/notify", dir);
+  int s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un su = {.sun_family = AF_UNIX};
+  snprintf(su.sun_path, sizeof su.sun_path, "%s", path);
+  assert_int_equal(bind(s, (struct sockaddr *)&su, sizeof su), 0);
+  struct timeval tv = {.tv_sec = 5};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setenv("NOTIFY_SOCKET", path, 1);
+  setenv("WATCHDOG_USEC", "200000", 1);
+  hd d;
+  bool up = hd_start(&d, "s1", 1, NULL, NULL, NULL);
+  unsetenv("NOTIFY_SOCKET");
+  unsetenv("WATCHDOG_USEC");
+  assert_true(up);
+  char msg[512];
+  bool ready = false;
+  int watchdogs = 0;
+  double t0 = hd_now_s();
+  while (hd_now_s() - t0 < 3 && watchdogs < 3) {
+    ssize_t n = recv(s, msg, sizeof msg - 1, 0);
+    if (n <= 0) break;
+    msg[n] = '\0';
+    if (strstr(msg, "READY=1")) {
+      ready = true;
+      assert_non_null(strstr(msg, "STATUS=node s1 listening on"));
+    }
+    if (strstr(msg, "WATCHDOG=1")) watchdogs++;
+  }
+  assert_true(ready);
+  assert_int_equal(watchdogs, 3);
+  kill(d.pid, SIGTERM);
+  bool stopping = false;
+  for (int i = 0; i < 50 && !stopping; i++) {
+    ssize_t n = recv(s, msg, sizeof msg - 1, 0);
+    if (n <= 0) break;
+    msg[n] = '\0';
+    stopping = strstr(msg, "STOPPING=1") != NULL;
+  }
+  assert_true(stopping);
+  assert_int_equal(hd_stop(&d), 0);
+  close(s);
+  hd_cleanup(&d);
+  hd_rmdir(dir);
+}
+
+/* A watcher that stops reading (a stopped process: its socket fills, and
+ * HTTP/2 flow control holds megad's sends) is dropped with a clear status
+ * once it is far behind; the job and a watcher that keeps up carry on,
+ * missing nothing. The slow watcher is this program run again in
+ * --slow-watcher mode, since gRPC does not survive fork alone. */
+typedef struct watch_thread {
+  hd *d;
+  const char *id;
+  hd_watch w;
+} watch_thread;
+
+static void *watch_main(void *arg) {
+  watch_thread *t = arg;
+  hd_watch_job(t->d, t->id, true, 120000, &t->w);
+  return NULL;
+}
+
+/* --slow-watcher ADDR JOB: a WatchJob client on gRPC core directly, with a
+ * small flow-control window and no BDP probing (what a slow link looks
+ * like), so megad's sends back up instead of vanishing into buffers. It
+ * reads one item, says "ready", stops itself; once continued, it reads to
+ * the end and prints "items N code C: details". */
+static int slow_watcher(const char *addr, const char *job) {
+  grpc_init();
+  grpc_arg args[2];
+  memset(args, 0, sizeof args);
+  args[0].type = args[1].type = GRPC_ARG_INTEGER;
+  args[0].key = GRPC_ARG_HTTP2_BDP_PROBE;
+  args[0].value.integer = 0;
+  args[1].key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
+  args[1].value.integer = 4096;
+  grpc_channel_args ca = {2, args};
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  grpc_channel *ch = grpc_channel_create(addr, creds, &ca);
+  grpc_channel_credentials_release(creds);
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_slice method = grpc_slice_from_static_string(mega_control_watch_job.path);
+  grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+                                             gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  Mega__V1__WatchJobRequest req = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  req.job_id = (char *)job;
+  size_t len = protobuf_c_message_get_packed_size(&req.base);
+  grpc_slice body = grpc_slice_malloc(len);
+  protobuf_c_message_pack(&req.base, GRPC_SLICE_START_PTR(body));
+  grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
+  grpc_slice_unref(body);
+  grpc_metadata_array md, trailing;
+  grpc_metadata_array_init(&md);
+  grpc_metadata_array_init(&trailing);
+  grpc_status_code code = GRPC_STATUS_OK;
+  grpc_slice details = grpc_empty_slice();
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = send;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &md;
+  if (grpc_call_start_batch(call, ops, 4, (void *)1, NULL) != GRPC_CALL_OK) return 1;
+  grpc_completion_queue_pluck(cq, (void *)1, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  grpc_byte_buffer_destroy(send);
+  int items = 0;
+  for (;;) {
+    grpc_byte_buffer *got = NULL;
+    grpc_op r;
+    memset(&r, 0, sizeof r);
+    r.op = GRPC_OP_RECV_MESSAGE;
+    r.data.recv_message.recv_message = &got;
+    if (grpc_call_start_batch(call, &r, 1, (void *)2, NULL) != GRPC_CALL_OK) break;
+    grpc_completion_queue_pluck(cq, (void *)2, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (!got) break;
+    grpc_byte_buffer_destroy(got);
+    if (++items == 1) {
+      printf("ready\n");
+      fflush(stdout);
+      raise(SIGSTOP);
+    }
+  }
+  grpc_op st;
+  memset(&st, 0, sizeof st);
+  st.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  st.data.recv_status_on_client.trailing_metadata = &trailing;
+  st.data.recv_status_on_client.status = &code;
+  st.data.recv_status_on_client.status_details = &details;
+  grpc_call_start_batch(call, &st, 1, (void *)3, NULL);
+  grpc_completion_queue_pluck(cq, (void *)3, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  char *d = grpc_slice_to_c_string(details);
+  printf("items %d code %d: %s\n", items, (int)code, d);
+  fflush(stdout);
+  gpr_free(d);
+  _exit(0); /* the test needs the line, not a tidy gRPC shutdown */
+}
+
+static const char *self_exe;
+
+static void test_slow_watcher_is_dropped(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "w1", 2, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--simulate-compute", "0:0", NULL};
+  hd_tiny_spec(&spec, d.dir, 4000, extra);
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+
+  int out[2];
+  assert_int_equal(pipe(out), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    execl(self_exe, self_exe, "--slow-watcher", d.addr, id, (char *)NULL);
+    _exit(127);
+  }
+  close(out[1]);
+  FILE *f = fdopen(out[0], "r");
+  char line[512] = "";
+  assert_non_null(fgets(line, sizeof line, f));
+  assert_string_equal(line, "ready\n");
+
+  watch_thread fast = {&d, id, {0}};
+  pthread_t th;
+  pthread_create(&th, NULL, watch_main, &fast);
+  pthread_join(th, NULL);
+  kill(child, SIGCONT);
+  assert_non_null(fgets(line, sizeof line, f));
+  fclose(f);
+  waitpid(child, NULL, 0);
+  fprintf(stderr, "slow watcher: %s", line);
+  assert_non_null(fast.w.final);
+  assert_int_equal(fast.w.final->state, STATE(SUCCEEDED));
+  assert_int_equal(fast.w.steps, 4000); /* the one that kept up missed nothing */
+  assert_non_null(strstr(fast.w.events_text, "fell more than"));
+  hd_watch_free(&fast.w);
+  int items = 0, code = -1;
+  assert_int_equal(sscanf(line, "items %d code %d", &items, &code), 2);
+  assert_int_equal(code, MEGA_RPC_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(line, "fell more than"));
+  assert_true(items < 4000);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* megad run stopped by SIGINT: the job is cancelled, no worker is left,
+ * and megad exits 130. */
+static void test_run_interrupted(void **state) {
+  (void)state;
+  char dir[128];
+  hd_tmpdir(dir, sizeof dir);
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--simulate-compute", "5:10", NULL};
+  hd_tiny_spec(&spec, dir, 100000, extra);
+  const char *argv[64];
+  int n = 0;
+  argv[n++] = getenv("MEGAD");
+  argv[n++] = "run";
+  argv[n++] = "--slots";
+  argv[n++] = "2";
+  argv[n++] = "--json";
+  argv[n++] = "--worker";
+  argv[n++] = getenv("MEGAW");
+  for (size_t i = 0; i < spec.n_args; i++) argv[n++] = spec.args[i];
+  argv[n] = NULL;
+  int out[2];
+  assert_int_equal(pipe(out), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    execv(argv[0], (char **)argv);
+    _exit(127);
+  }
+  close(out[1]);
+  FILE *f = fdopen(out[0], "r");
+  char line[8192];
+  assert_non_null(fgets(line, sizeof line, f)); /* training has begun */
+  hd fake = {.pid = pid};
+  pid_t workers[64];
+  int nw = hd_workers(&fake, workers, 64);
+  assert_int_equal(nw, 2);
+  kill(pid, SIGINT);
+  while (fgets(line, sizeof line, f)) {
+  }
+  fclose(f);
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 130);
+  for (int i = 0; i < nw; i++) assert_false(hd_pid_alive(workers[i]));
+  hd_rmdir(dir);
+}
+
+int main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  if (argc == 4 && !strcmp(argv[1], "--slow-watcher")) return slow_watcher(argv[2], argv[3]);
+  self_exe = argv[0];
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test_teardown(test_fifo_when_slots_are_busy, teardown),
+      cmocka_unit_test_teardown(test_trace, teardown),
+      cmocka_unit_test_teardown(test_metrics_page, teardown),
+      cmocka_unit_test_teardown(test_sd_notify, teardown),
+      cmocka_unit_test_teardown(test_slow_watcher_is_dropped, teardown),
+      cmocka_unit_test_teardown(test_run_interrupted, teardown),
+  };
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
+  return cmocka_run_group_tests(all, NULL, NULL);
+}
