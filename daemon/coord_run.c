@@ -199,6 +199,18 @@ static void on_step_merged(coord_run *run, mega_step_done *done) {
   megad *d = run->d;
   mega_job *j = run->job;
   if (done->step->iteration > j->last_iteration) j->last_iteration = done->step->iteration;
+  /* how stale a merged step is when it leaves: from the last rank's step end */
+  int64_t end_us = 0;
+  for (uint32_t r = 0; r < done->world; r++) {
+    const Mega__V1__StepReport *rep = done->reports[r];
+    int64_t e = rep->step_start_unix_us +
+                (int64_t)((rep->metrics ? rep->metrics->step_time_s : 0) * 1e6);
+    if (rep->step_start_unix_us && e > end_us) end_us = e;
+  }
+  if (end_us) {
+    j->report_delay_sum_s += (double)(megad_unix_us() - end_us) / 1e6;
+    j->report_delay_n++;
+  }
   Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
   item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
   item.step = done->step;

@@ -86,36 +86,62 @@ static char *page(megad *d) {
            "mega_node_slots %u\n# HELP mega_node_slots_used Slots running workers.\n"
            "# TYPE mega_node_slots_used gauge\nmega_node_slots_used %u\n",
        self->slots, self->slots_used);
+  /* Prometheus wants each family's lines together: one pass per family. */
+  size_t n = d->jobs.n;
+  char (*ids)[256] = calloc(n ? n : 1, sizeof *ids);
+  if (!ids) return b.p;
+  for (size_t i = 0; i < n; i++) label(ids[i], sizeof ids[i], d->jobs.v[i]->id);
   addf(&b, "# HELP mega_job_last_iteration The last iteration every rank finished.\n"
-           "# TYPE mega_job_last_iteration gauge\n"
-           "# HELP mega_job_loss Loss of the last iteration.\n# TYPE mega_job_loss gauge\n"
-           "# HELP mega_job_tokens_per_second Global tokens per second, last iteration.\n"
-           "# TYPE mega_job_tokens_per_second gauge\n"
-           "# HELP mega_job_bubble_fraction Pipeline bubble time over step time, all ranks.\n"
-           "# TYPE mega_job_bubble_fraction gauge\n"
-           "# HELP mega_rank_bubble_fraction One rank's bubble time over its step time.\n"
-           "# TYPE mega_rank_bubble_fraction gauge\n");
-  for (size_t i = 0; i < d->jobs.n; i++) {
-    const mega_job *j = d->jobs.v[i];
-    char id[256], name[256];
-    label(id, sizeof id, j->id);
-    label(name, sizeof name, j->name);
-    addf(&b, "mega_job_last_iteration{job=\"%s\",name=\"%s\",state=\"%s\"} %llu\n", id, name,
-         mega_job_state_name(j->state), (unsigned long long)j->last_iteration);
-    const Mega__V1__StepMetrics *s = j->last_step;
+           "# TYPE mega_job_last_iteration gauge\n");
+  for (size_t i = 0; i < n; i++) {
+    char name[256];
+    label(name, sizeof name, d->jobs.v[i]->name);
+    addf(&b, "mega_job_last_iteration{job=\"%s\",name=\"%s\",state=\"%s\"} %llu\n", ids[i],
+         name, mega_job_state_name(d->jobs.v[i]->state),
+         (unsigned long long)d->jobs.v[i]->last_iteration);
+  }
+  addf(&b, "# HELP mega_job_loss Loss of the last iteration.\n# TYPE mega_job_loss gauge\n");
+  for (size_t i = 0; i < n; i++)
+    if (d->jobs.v[i]->last_step)
+      addf(&b, "mega_job_loss{job=\"%s\"} %.9g\n", ids[i], d->jobs.v[i]->last_step->loss);
+  addf(&b, "# HELP mega_job_tokens_per_second Global tokens per second, last iteration.\n"
+           "# TYPE mega_job_tokens_per_second gauge\n");
+  for (size_t i = 0; i < n; i++)
+    if (d->jobs.v[i]->last_step)
+      addf(&b, "mega_job_tokens_per_second{job=\"%s\"} %.9g\n", ids[i],
+           d->jobs.v[i]->last_step->tokens_per_s);
+  addf(&b, "# HELP mega_job_bubble_fraction Pipeline bubble time over step time, all ranks.\n"
+           "# TYPE mega_job_bubble_fraction gauge\n");
+  for (size_t i = 0; i < n; i++) {
+    const Mega__V1__StepMetrics *s = d->jobs.v[i]->last_step;
     if (!s) continue;
-    addf(&b, "mega_job_loss{job=\"%s\"} %.9g\n", id, s->loss);
-    addf(&b, "mega_job_tokens_per_second{job=\"%s\"} %.9g\n", id, s->tokens_per_s);
     double bubble = 0, time = 0;
     for (size_t r = 0; r < s->n_ranks; r++) {
+      bubble += s->ranks[r]->bubble_s;
+      time += s->ranks[r]->step_time_s;
+    }
+    addf(&b, "mega_job_bubble_fraction{job=\"%s\"} %.6f\n", ids[i], time > 0 ? bubble / time : 0.0);
+  }
+  addf(&b, "# HELP mega_rank_bubble_fraction One rank's bubble time over its step time.\n"
+           "# TYPE mega_rank_bubble_fraction gauge\n");
+  for (size_t i = 0; i < n; i++) {
+    const Mega__V1__StepMetrics *s = d->jobs.v[i]->last_step;
+    for (size_t r = 0; s && r < s->n_ranks; r++) {
       const Mega__V1__RankMetrics *m = s->ranks[r];
-      bubble += m->bubble_s;
-      time += m->step_time_s;
-      addf(&b, "mega_rank_bubble_fraction{job=\"%s\",rank=\"%u\",pp_rank=\"%u\"} %.6f\n", id,
+      addf(&b, "mega_rank_bubble_fraction{job=\"%s\",rank=\"%u\",pp_rank=\"%u\"} %.6f\n", ids[i],
            m->rank, m->pp_rank, m->step_time_s > 0 ? m->bubble_s / m->step_time_s : 0.0);
     }
-    addf(&b, "mega_job_bubble_fraction{job=\"%s\"} %.6f\n", id, time > 0 ? bubble / time : 0.0);
   }
+  addf(&b, "# HELP mega_job_step_report_delay_seconds From the slowest rank's step end to the "
+           "coordinator's merge.\n# TYPE mega_job_step_report_delay_seconds summary\n");
+  for (size_t i = 0; i < n; i++) {
+    const mega_job *j = d->jobs.v[i];
+    if (j->report_delay_n)
+      addf(&b, "mega_job_step_report_delay_seconds_sum{job=\"%s\"} %.9g\n"
+               "mega_job_step_report_delay_seconds_count{job=\"%s\"} %llu\n",
+           ids[i], j->report_delay_sum_s, ids[i], (unsigned long long)j->report_delay_n);
+  }
+  free(ids);
   return b.p;
 }
 

@@ -59,6 +59,10 @@ typedef struct mega_job {
 
   void *rt;   /* the coordinator's runtime state while the job runs */
   char *wait; /* why a pending job waits (said once per change); not journaled */
+  /* From the slowest rank's step end to the merge, summed over merged steps
+   * (for /metrics; not journaled). */
+  double report_delay_sum_s;
+  uint64_t report_delay_n;
 } mega_job;
 
 /* ---- life cycle ---- */
