@@ -35,31 +35,28 @@ static inline MEGA_HD float mega_expf(float x) {
   return p * scale.f;
 }
 
-/* tanh(x) = sign(x) (1 - 2 / (e^{2|x|} + 1)); absolute error below 1e-7,
- * which is what GELU needs. */
-static inline MEGA_HD float mega_tanhf(float x) {
-  float a = x < 0.0f ? -x : x;
-  a = a > 10.0f ? 10.0f : a; /* tanh(10) rounds to exactly 1 */
-  float t = 1.0f - 2.0f / (mega_expf(2.0f * a) + 1.0f);
-  return x < 0.0f ? -t : t;
-}
-
 #define MEGA_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define MEGA_GELU_CUBE 0.044715f
 
-/* GELU, tanh approximation (GPT-2's "gelu_new"). */
-static inline MEGA_HD float mega_gelu(float x) {
-  float cube = MEGA_GELU_CUBE * x * x * x;
-  return 0.5f * x * (1.0f + mega_tanhf(MEGA_GELU_SCALE * (x + cube)));
+/* GELU, tanh approximation (GPT-2's "gelu_new"):
+ * 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as
+ * x * sigmoid(2u) = x / (1 + e^{-2u}): one exp and one division, and no
+ * cancellation near the tails. The exponent is capped at 80 so nothing in
+ * it or its gradient goes denormal. */
+static inline MEGA_HD float mega_gelu_exp(float x) {
+  float t = -2.0f * MEGA_GELU_SCALE * (x + MEGA_GELU_CUBE * x * x * x);
+  return mega_expf(t > 80.0f ? 80.0f : t);
 }
 
-/* d gelu(x) / dx. */
+static inline MEGA_HD float mega_gelu(float x) { return x / (1.0f + mega_gelu_exp(x)); }
+
+/* d gelu(x) / dx = s + 2 x u'(x) e s^2, with e = e^{-2u} and s = 1 / (1 + e)
+ * (so that 1 - s = e s without cancellation). */
 static inline MEGA_HD float mega_gelu_grad(float x) {
-  float cube = MEGA_GELU_CUBE * x * x * x;
-  float th = mega_tanhf(MEGA_GELU_SCALE * (x + cube));
-  float sech2 = 1.0f - th * th;
-  return 0.5f * (1.0f + th) +
-         0.5f * x * sech2 * MEGA_GELU_SCALE * (1.0f + 3.0f * MEGA_GELU_CUBE * x * x);
+  float e = mega_gelu_exp(x);
+  float s = 1.0f / (1.0f + e);
+  float du = MEGA_GELU_SCALE * (1.0f + 3.0f * MEGA_GELU_CUBE * x * x);
+  return s + 2.0f * x * du * (e * s) * s;
 }
 
 /* One AdamW element update with decoupled weight decay. g is the gradient

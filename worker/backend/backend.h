@@ -109,9 +109,12 @@ typedef struct mega_backend_ops {
                                     const float *dout, const float *inp,
                                     const float *mean, const float *rstd, int N, int C);
 
-  /* out[N,OC] = inp[N,C] @ W + bias (bias may be NULL). */
+  /* out[N,OC] = inp[N,C] @ W + bias + residual[N,OC]; bias and residual
+   * may be NULL, and residual may be out itself (+=). Folding the residual
+   * in saves the separate add's pass over memory. */
   void (*matmul_forward)(mega_backend *be, float *out, const float *inp, const float *w,
-                         const float *bias, int N, int C, int OC, mega_wlayout lay);
+                         const float *bias, const float *residual, int N, int C, int OC,
+                         mega_wlayout lay);
   /* dinp[N,C] = dout[N,OC] @ W^T (overwrites). */
   void (*matmul_backward_input)(mega_backend *be, float *dinp, const float *dout,
                                 const float *w, int N, int C, int OC, mega_wlayout lay);

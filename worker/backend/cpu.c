@@ -85,11 +85,21 @@ typedef struct bias_ctx {
   int N, OC;
 } bias_ctx;
 
-/* out[n, :] = bias, before a GEMM that adds into it (beta = 1). */
+/* out[n, :] = bias (+ residual[n, :]), before a GEMM that adds into it
+ * (beta = 1): the pass that replaces the GEMM's own zeroing of out. */
 MEGA_CPU_CLONES
 static void fill_bias_rows(void *vc, int64_t n0, int64_t n1) {
   const bias_ctx *c = vc;
-  for (int64_t n = n0; n < n1; n++) memcpy(c->rows + n * c->OC, c->cbias, c->OC * sizeof(float));
+  for (int64_t n = n0; n < n1; n++) {
+    float *o = c->rows + n * c->OC;
+    const float *r = c->crows ? c->crows + n * c->OC : NULL;
+    if (r && c->cbias)
+      for (int j = 0; j < c->OC; j++) o[j] = r[j] + c->cbias[j];
+    else if (r)
+      memmove(o, r, c->OC * sizeof(float));
+    else
+      memcpy(o, c->cbias, c->OC * sizeof(float));
+  }
 }
 
 /* dbias[j] += sum_n dout[n, j], threads owning column ranges. */
@@ -103,11 +113,13 @@ static void sum_rows_cols(void *vc, int64_t j0, int64_t j1) {
 }
 
 static void cpu_matmul_forward(mega_backend *be, float *out, const float *inp,
-                               const float *w, const float *bias, int N, int C, int OC,
-                               mega_wlayout lay) {
+                               const float *w, const float *bias, const float *residual,
+                               int N, int C, int OC, mega_wlayout lay) {
   float beta = 0.0f;
-  if (bias) {
-    bias_ctx c = {.rows = out, .cbias = bias, .N = N, .OC = OC};
+  if (residual == out && !bias) {
+    beta = 1.0f;
+  } else if (bias || residual) {
+    bias_ctx c = {.rows = out, .cbias = bias, .crows = residual, .N = N, .OC = OC};
     mega_cpu_parallel_for(mega_cpu_pool_of(be), N, 64, fill_bias_rows, &c);
     beta = 1.0f;
   }

@@ -197,23 +197,20 @@ static void block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, const floa
   layer_acts *la = &a->layers[l];
   const float *P = s->param;
   int B = a->B, T = a->T, C = s->cfg.channels, NH = s->cfg.num_heads, N = B * T;
-  size_t NC = (size_t)N * C;
   o->layernorm_forward(be, la->ln1, la->ln1_mean, la->ln1_rstd, x, P + w->ln1w,
                        P + w->ln1b, N, C, s->cfg.ln_eps);
-  o->matmul_forward(be, la->qkv, la->ln1, P + w->qkvw, P + w->qkvb, N, C, 3 * C,
+  o->matmul_forward(be, la->qkv, la->ln1, P + w->qkvw, P + w->qkvb, NULL, N, C, 3 * C,
                     MEGA_W_IN_OUT);
   o->attention_forward(be, la->atty, la->att, a->att_scratch, la->qkv, B, T, C, NH);
-  o->matmul_forward(be, la->x2, la->atty, P + w->projw, P + w->projb, N, C, C,
+  o->matmul_forward(be, la->x2, la->atty, P + w->projw, P + w->projb, x, N, C, C,
                     MEGA_W_IN_OUT);
-  o->add_inplace(be, la->x2, x, NC);
   o->layernorm_forward(be, la->ln2, la->ln2_mean, la->ln2_rstd, la->x2, P + w->ln2w,
                        P + w->ln2b, N, C, s->cfg.ln_eps);
-  o->matmul_forward(be, la->fch, la->ln2, P + w->fcw, P + w->fcb, N, C, 4 * C,
+  o->matmul_forward(be, la->fch, la->ln2, P + w->fcw, P + w->fcb, NULL, N, C, 4 * C,
                     MEGA_W_IN_OUT);
   o->gelu_forward(be, la->fch_gelu, la->fch, (size_t)N * 4 * C);
-  o->matmul_forward(be, y, la->fch_gelu, P + w->fcprojw, P + w->fcprojb, N, 4 * C, C,
-                    MEGA_W_IN_OUT);
-  o->add_inplace(be, y, la->x2, NC);
+  o->matmul_forward(be, y, la->fch_gelu, P + w->fcprojw, P + w->fcprojb, la->x2, N, 4 * C,
+                    C, MEGA_W_IN_OUT);
 }
 
 mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t *tokens,
@@ -257,7 +254,7 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
   }
   o->layernorm_forward(be, a->lnf, a->lnf_mean, a->lnf_rstd, a->resid[L],
                        s->param + s->lnfw, s->param + s->lnfb, N, C, s->cfg.ln_eps);
-  o->matmul_forward(be, a->logits, a->lnf, s->param + s->head, NULL, N, C, V,
+  o->matmul_forward(be, a->logits, a->lnf, s->param + s->head, NULL, NULL, N, C, V,
                     MEGA_W_OUT_IN);
   a->have_targets = targets != NULL;
   if (targets) {
