@@ -168,9 +168,16 @@ size_t megad_calls_in_flight(const megad *d) {
 
 /* ---- start ---- */
 
+typedef struct replay_ctx {
+  megad *d;
+  size_t records;
+} replay_ctx;
+
 static int replay_one(void *ctx, const uint8_t *rec, size_t len) {
-  megad *d = ctx;
+  replay_ctx *c = ctx;
+  megad *d = c->d;
   mega_err e = {0};
+  c->records++;
   if (mega_jobs_apply(&d->jobs, rec, len, &e) != MEGA_OK)
     megad_warn(d, "journal: skipping a record: %s", e.msg);
   return 0;
@@ -182,13 +189,64 @@ static void failed_on_restart(void *arg, mega_job *j) {
   megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_FAILED, NULL, -1, "%s", j->error);
 }
 
+/* The journal holds every change; once it is mostly history, it is
+ * rewritten as one record per job, its kept events and its last step. */
+static void compact_journal(megad *d, size_t replayed) {
+  size_t cap = 64, n = 0;
+  void **recs = malloc(cap * sizeof *recs);
+  size_t *lens = malloc(cap * sizeof *lens);
+  bool ok = recs && lens;
+  for (size_t i = 0; ok && i < d->jobs.n; i++) {
+    mega_job *j = d->jobs.v[i];
+    for (size_t k = 0; ok && k <= j->hist_len + 1; k++) {
+      if (n + 1 > cap) {
+        cap *= 2;
+        void **r = realloc(recs, cap * sizeof *r);
+        size_t *l = r ? realloc(lens, cap * sizeof *l) : NULL;
+        if (r) recs = r;
+        if (!r || !l) {
+          ok = false;
+          break;
+        }
+        lens = l;
+      }
+      uint8_t *buf = NULL;
+      mega_status st = MEGA_OK;
+      if (k == 0) {
+        st = mega_jrec_job(j, &buf, &lens[n], NULL);
+      } else if (k <= j->hist_len) {
+        const Mega__V1__WatchJobResponse *it = mega_job_hist_at(j, k - 1);
+        if (it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT) continue;
+        st = mega_jrec_event(j->id, it->event, &buf, &lens[n], NULL);
+      } else if (j->last_step) {
+        st = mega_jrec_step(j->id, j->last_step, &buf, &lens[n], NULL);
+      } else {
+        continue;
+      }
+      if (st != MEGA_OK) ok = false;
+      else recs[n++] = buf;
+    }
+  }
+  mega_err e = {0};
+  if (ok && 2 * n + 64 < replayed) {
+    if (mega_journal_rewrite(d->journal, (const void *const *)recs, lens, n, &e) == MEGA_OK)
+      megad_log(d, "journal: compacted %zu records into %zu", replayed, n);
+    else
+      megad_warn(d, "journal: %s", e.msg);
+  }
+  for (size_t i = 0; i < n; i++) free(recs[i]);
+  free(recs);
+  free(lens);
+}
+
 static mega_status open_journal(megad *d, mega_err *err) {
   char *path = NULL;
   if (asprintf(&path, "%s/journal", d->state_dir) < 0)
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   mega_status s = mega_journal_open(path, &d->journal, err);
   size_t dropped = 0;
-  if (s == MEGA_OK) s = mega_journal_replay(d->journal, replay_one, d, &dropped, err);
+  replay_ctx rc = {d, 0};
+  if (s == MEGA_OK) s = mega_journal_replay(d->journal, replay_one, &rc, &dropped, err);
   if (s == MEGA_OK && dropped)
     megad_warn(d, "journal %s: cut a torn last record (%zu bytes)", path, dropped);
   free(path);
@@ -199,6 +257,7 @@ static mega_status open_journal(megad *d, mega_err *err) {
   if (d->jobs.n)
     megad_log(d, "journal: %zu job%s replayed, %zu marked failed (they were running)", d->jobs.n,
               d->jobs.n == 1 ? "" : "s", n);
+  compact_journal(d, rc.records);
   return MEGA_OK;
 }
 
