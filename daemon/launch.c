@@ -1,9 +1,8 @@
 /* A node's share of a job: one megaw per local rank, spawned with a
  * bidirectional pipe on fd 3 (frames of proto/frame.h), stdout and stderr
  * captured into the rank's log file, the last stderr lines kept for the
- * error message. Worker frames go to the job's coordinator (at once when it
- * is this node, batched over Peer ReportStep otherwise); KvRequests are
- * served from this node's store or forwarded to the coordinator's.
+ * error message. Worker frames go on to the job's coordinator through
+ * relay.c.
  *
  * A worker is done once it has exited and its stderr has drained (or a
  * moment later); its exit is reported, its handles closed. Abort sends an
@@ -18,67 +17,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/megad.h"
+#include "daemon/launch.h"
 #include "daemon/util.h"
 
 extern char **environ;
-
-#define LINE_MAX_KEPT 300
-
-typedef struct kvop kvop;
-
-typedef struct megad_worker {
-  megad_launch *l;
-  uint32_t rank, local_rank;
-  uv_process_t proc;
-  uv_pipe_t pipe, out, err;
-  uv_timer_t timer; /* pipe EOF without exit; stderr drain after exit */
-  int open;         /* handles not yet closed */
-  mega_frame_decoder dec;
-  int pid;
-  bool spawned, exited, pipe_eof, err_eof, out_eof, reported, closing, broken;
-  int64_t exit_status;
-  int term_signal;
-  char *error_msg; /* its WorkerError, if it sent one */
-  char tail[MEGAD_TAIL_LINES][LINE_MAX_KEPT];
-  int tail_n, tail_next;
-  char partial[LINE_MAX_KEPT];
-  size_t partial_len;
-  int log_fd;
-  kvop *ops;
-} megad_worker;
-
-struct megad_launch {
-  megad_launch *next;
-  megad *d;
-  Mega__V1__LaunchRanksRequest *req; /* owned copy */
-  char *dir;                         /* state_dir/jobs/<id>/<attempt> */
-  bool coord_local, coord_gone, aborting;
-  megad_worker *w;
-  size_t nw, live; /* live: workers with handles still open */
-  uv_timer_t kill_timer, retry_timer;
-  int timers_open;
-  /* reports to a remote coordinator: queued, and the batch in flight */
-  Mega__V1__StepReport **steps;
-  size_t nsteps;
-  Mega__V1__RankEvent **events;
-  size_t nevents;
-  bool sending;
-  int refs; /* async callbacks still to come (reports, KV forwards) */
-};
-
-/* A KV request of a worker in progress. */
-struct kvop {
-  kvop *next;
-  megad_worker *w; /* NULL once the worker went away */
-  megad_launch *l;
-  uint64_t request_id;
-  megad_kvwait *wait;
-  int timeout_ms;
-};
-
-static void maybe_free_launch(megad_launch *l);
-static void flush_reports(megad_launch *l);
 
 /* ---- the pipe to the worker ---- */
 
@@ -109,7 +51,7 @@ static void send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f) {
   }
 }
 
-static void send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
+void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
                              size_t len, const char *error) {
   Mega__V1__KvResponse r = MEGA__V1__KV_RESPONSE__INIT;
   r.request_id = id;
@@ -131,278 +73,6 @@ static void send_abort(megad_worker *w, const char *reason, unsigned grace_ms) {
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ABORT;
   f.abort = &a;
   send_frame(w, &f);
-}
-
-/* ---- reports to the coordinator ---- */
-
-static bool queue_push(void ***v, size_t *n, void *item) {
-  void **nv = realloc(*v, (*n + 1) * sizeof *nv);
-  if (!nv) return false;
-  nv[(*n)++] = item;
-  *v = nv;
-  return true;
-}
-
-static void report_step(megad_launch *l, const Mega__V1__StepReport *r) {
-  megad *d = l->d;
-  if (l->coord_local) {
-    megad_coord_step(d, l->req->job_id, l->req->attempt, d->node_id, r);
-    return;
-  }
-  if (l->coord_gone) return;
-  ProtobufCMessage *c = megad_pb_copy(&r->base);
-  if (c && !queue_push((void ***)&l->steps, &l->nsteps, c)) protobuf_c_message_free_unpacked(c, NULL);
-  flush_reports(l);
-}
-
-static void report_event(megad_launch *l, megad_worker *w, Mega__V1__RankEvent *ev) {
-  megad *d = l->d;
-  ev->rank = w->rank;
-  ev->time_unix_ms = megad_unix_ms();
-  if (l->coord_local) {
-    megad_coord_event(d, l->req->job_id, l->req->attempt, d->node_id, ev);
-    return;
-  }
-  if (l->coord_gone) return;
-  ProtobufCMessage *c = megad_pb_copy(&ev->base);
-  if (c && !queue_push((void ***)&l->events, &l->nevents, c))
-    protobuf_c_message_free_unpacked(c, NULL);
-  flush_reports(l);
-}
-
-typedef struct report_ctx {
-  megad_launch *l;
-  Mega__V1__StepReport **steps;
-  size_t nsteps;
-  Mega__V1__RankEvent **events;
-  size_t nevents;
-} report_ctx;
-
-static void free_batch(report_ctx *c) {
-  for (size_t i = 0; i < c->nsteps; i++) protobuf_c_message_free_unpacked(&c->steps[i]->base, NULL);
-  for (size_t i = 0; i < c->nevents; i++)
-    protobuf_c_message_free_unpacked(&c->events[i]->base, NULL);
-  free(c->steps);
-  free(c->events);
-  free(c);
-}
-
-/* Puts an unsent batch back in front of what queued meanwhile. */
-static void requeue(megad_launch *l, report_ctx *c) {
-  void **s = realloc(c->steps, (c->nsteps + l->nsteps) * sizeof *s + 1);
-  void **e = s ? realloc(c->events, (c->nevents + l->nevents) * sizeof *e + 1) : NULL;
-  if (!s || !e) {
-    if (s) c->steps = (Mega__V1__StepReport **)s;
-    free_batch(c);
-    return;
-  }
-  memcpy(s + c->nsteps, l->steps, l->nsteps * sizeof *s);
-  memcpy(e + c->nevents, l->events, l->nevents * sizeof *e);
-  free(l->steps);
-  free(l->events);
-  l->steps = (Mega__V1__StepReport **)s;
-  l->nsteps += c->nsteps;
-  l->events = (Mega__V1__RankEvent **)e;
-  l->nevents += c->nevents;
-  free(c);
-}
-
-static void on_retry(uv_timer_t *t) { flush_reports(t->data); }
-
-static void reported(void *arg, ProtobufCMessage *resp, const mega_err *err) {
-  report_ctx *c = arg;
-  megad_launch *l = c->l;
-  megad *d = l->d;
-  l->sending = false;
-  l->refs--;
-  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-  if (err->status == MEGA_OK || l->coord_gone || d->stopping) {
-    free_batch(c);
-  } else if (err->status == MEGA_ERR_NOT_FOUND || err->status == MEGA_ERR_INVALID) {
-    /* the coordinator does not know this attempt (it restarted) */
-    free_batch(c);
-    megad_warn(d, "job %s: the coordinator refused our report: %s", l->req->job_id, err->msg);
-    megad_launch_abort(d, l->req->job_id, l->req->attempt, "the coordinator no longer runs this job",
-                       MEGAD_ABORT_GRACE_MS);
-    l->coord_gone = true;
-  } else {
-    requeue(l, c);
-    uv_timer_start(&l->retry_timer, on_retry, 500, 0);
-    maybe_free_launch(l);
-    return;
-  }
-  flush_reports(l);
-  maybe_free_launch(l);
-}
-
-static void flush_reports(megad_launch *l) {
-  megad *d = l->d;
-  if (l->sending || l->coord_gone || (!l->nsteps && !l->nevents)) {
-    if (l->coord_gone) {
-      report_ctx drop = {0};
-      drop.steps = l->steps;
-      drop.nsteps = l->nsteps;
-      drop.events = l->events;
-      drop.nevents = l->nevents;
-      l->steps = NULL;
-      l->events = NULL;
-      l->nsteps = l->nevents = 0;
-      report_ctx *c = malloc(sizeof *c);
-      if (c) {
-        *c = drop;
-        free_batch(c);
-      }
-    }
-    return;
-  }
-  report_ctx *c = calloc(1, sizeof *c);
-  if (!c) return;
-  c->l = l;
-  c->steps = l->steps;
-  c->nsteps = l->nsteps;
-  c->events = l->events;
-  c->nevents = l->nevents;
-  l->steps = NULL;
-  l->events = NULL;
-  l->nsteps = l->nevents = 0;
-  Mega__V1__ReportStepRequest req = MEGA__V1__REPORT_STEP_REQUEST__INIT;
-  req.job_id = l->req->job_id;
-  req.attempt = l->req->attempt;
-  req.node_id = d->node_id;
-  req.steps = c->steps;
-  req.n_steps = c->nsteps;
-  req.events = c->events;
-  req.n_events = c->nevents;
-  mega_err e = {0};
-  if (megad_call_addr(d, l->req->coordinator_address, &mega_peer_report_step, &req.base, 5000,
-                      reported, c, &e) != MEGA_OK) {
-    requeue(l, c);
-    uv_timer_start(&l->retry_timer, on_retry, 500, 0);
-    return;
-  }
-  l->sending = true;
-  l->refs++;
-}
-
-/* ---- KV requests of workers ---- */
-
-static void kvop_unlink(kvop *op) {
-  if (!op->w) return;
-  for (kvop **p = &op->w->ops; *p; p = &(*p)->next)
-    if (*p == op) {
-      *p = op->next;
-      break;
-    }
-  op->w = NULL;
-}
-
-static void kvop_end(kvop *op) {
-  megad_launch *l = op->l;
-  kvop_unlink(op);
-  free(op);
-  l->refs--;
-  maybe_free_launch(l);
-}
-
-static kvop *kvop_new(megad_worker *w, uint64_t id) {
-  kvop *op = calloc(1, sizeof *op);
-  if (!op) return NULL;
-  op->w = w;
-  op->l = w->l;
-  op->request_id = id;
-  op->next = w->ops;
-  w->ops = op;
-  w->l->refs++;
-  return op;
-}
-
-static void local_wait_done(void *arg, mega_status s, const char *msg) {
-  kvop *op = arg;
-  op->wait = NULL;
-  if (op->w) send_kv_response(op->w, op->request_id, false, NULL, 0, s == MEGA_OK ? NULL : msg);
-  kvop_end(op);
-}
-
-static void forwarded(void *arg, ProtobufCMessage *resp, const mega_err *err) {
-  kvop *op = arg;
-  if (op->w) {
-    if (err->status != MEGA_OK) {
-      send_kv_response(op->w, op->request_id, false, NULL, 0, err->msg);
-    } else if (resp->descriptor == &mega__v1__kv_get_response__descriptor) {
-      Mega__V1__KvGetResponse *g = (void *)resp;
-      send_kv_response(op->w, op->request_id, g->found, g->value.data, g->value.len, NULL);
-    } else {
-      send_kv_response(op->w, op->request_id, false, NULL, 0, NULL);
-    }
-  }
-  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-  kvop_end(op);
-}
-
-static void handle_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
-  megad_launch *l = w->l;
-  megad *d = l->d;
-  uint64_t id = req->request_id;
-  if (l->coord_local) {
-    mega_err e = {0};
-    switch (req->op_case) {
-    case MEGA__V1__KV_REQUEST__OP_SET:
-      if (mega_kv_set(d->kv, req->set->key, req->set->value.data, req->set->value.len, &e) != MEGA_OK)
-        send_kv_response(w, id, false, NULL, 0, e.msg);
-      else
-        send_kv_response(w, id, false, NULL, 0, NULL);
-      return;
-    case MEGA__V1__KV_REQUEST__OP_GET: {
-      const uint8_t *v = NULL;
-      size_t len = 0;
-      bool found = mega_kv_get(d->kv, req->get->key, &v, &len);
-      send_kv_response(w, id, found, v, len, NULL);
-      return;
-    }
-    case MEGA__V1__KV_REQUEST__OP_WAIT: {
-      kvop *op = kvop_new(w, id);
-      if (!op) {
-        send_kv_response(w, id, false, NULL, 0, "megad is out of memory");
-        return;
-      }
-      int t = req->wait->timeout_ms ? (int)req->wait->timeout_ms : MEGAD_KV_TIMEOUT_MS;
-      megad_kvwait *kw = megad_kvwait_start(d, req->wait->keys, req->wait->n_keys, t,
-                                            local_wait_done, op);
-      if (kw) op->wait = kw; /* else answered already, op is gone */
-      return;
-    }
-    default:
-      send_kv_response(w, id, false, NULL, 0, "an empty key-value request");
-      return;
-    }
-  }
-  /* Forward to the coordinator's Peer Kv*. */
-  kvop *op = kvop_new(w, id);
-  if (!op) {
-    send_kv_response(w, id, false, NULL, 0, "megad is out of memory");
-    return;
-  }
-  const mega_rpc_method *m;
-  const ProtobufCMessage *fwd;
-  unsigned timeout = 10000;
-  switch (req->op_case) {
-  case MEGA__V1__KV_REQUEST__OP_SET: m = &mega_peer_kv_set; fwd = &req->set->base; break;
-  case MEGA__V1__KV_REQUEST__OP_GET: m = &mega_peer_kv_get; fwd = &req->get->base; break;
-  case MEGA__V1__KV_REQUEST__OP_WAIT:
-    m = &mega_peer_kv_wait;
-    fwd = &req->wait->base;
-    timeout = (req->wait->timeout_ms ? req->wait->timeout_ms : MEGAD_KV_TIMEOUT_MS) + 5000;
-    break;
-  default:
-    send_kv_response(w, id, false, NULL, 0, "an empty key-value request");
-    kvop_end(op);
-    return;
-  }
-  mega_err e = {0};
-  if (megad_call_addr(d, l->req->coordinator_address, m, fwd, timeout, forwarded, op, &e) != MEGA_OK) {
-    send_kv_response(w, id, false, NULL, 0, e.msg);
-    kvop_end(op);
-  }
 }
 
 /* ---- output capture ---- */
@@ -490,7 +160,7 @@ static void worker_broke(megad_worker *w, const char *fmt, ...) {
   ev.kind_case = MEGA__V1__RANK_EVENT__KIND_ERROR;
   ev.error = &e;
   if (!w->error_msg) w->error_msg = strdup(msg);
-  report_event(w->l, w, &ev);
+  relay_event(w->l, w, &ev);
   kill_worker(w);
 }
 
@@ -501,25 +171,25 @@ static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
   case MEGA__V1__WORKER_FRAME__MSG_HELLO:
     ev.kind_case = MEGA__V1__RANK_EVENT__KIND_STARTED;
     ev.started = f->hello;
-    report_event(l, w, &ev);
+    relay_event(l, w, &ev);
     break;
   case MEGA__V1__WORKER_FRAME__MSG_STEP:
     if (f->step->metrics) f->step->metrics->rank = w->rank; /* the pipe says who it is */
-    report_step(l, f->step);
+    relay_step(l, f->step);
     break;
   case MEGA__V1__WORKER_FRAME__MSG_CHECKPOINT_DONE:
     ev.kind_case = MEGA__V1__RANK_EVENT__KIND_CHECKPOINT;
     ev.checkpoint = f->checkpoint_done;
-    report_event(l, w, &ev);
+    relay_event(l, w, &ev);
     break;
   case MEGA__V1__WORKER_FRAME__MSG_ERROR:
     if (!w->error_msg) w->error_msg = megad_strdup(f->error->message);
     ev.kind_case = MEGA__V1__RANK_EVENT__KIND_ERROR;
     ev.error = f->error;
-    report_event(l, w, &ev);
+    relay_event(l, w, &ev);
     break;
   case MEGA__V1__WORKER_FRAME__MSG_KV:
-    handle_kv(w, f->kv);
+    relay_kv(w, f->kv);
     break;
   default:
     break;
@@ -572,23 +242,13 @@ static void handle_closed(uv_handle_t *h) {
   w->error_msg = NULL;
   if (megad_self(l->d)->slots_used) megad_self(l->d)->slots_used--;
   l->live--;
-  maybe_free_launch(l);
+  launch_maybe_free(l);
 }
 
 static void close_worker(megad_worker *w) {
   if (w->closing) return;
   w->closing = true;
-  for (kvop *op = w->ops, *next; op; op = next) {
-    next = op->next;
-    megad_kvwait *kw = op->wait;
-    op->wait = NULL;
-    kvop_unlink(op);
-    if (kw) {
-      megad_kvwait_cancel(kw); /* its callback will not come: end the op here */
-      op->l->refs--;
-      free(op);
-    }
-  }
+  relay_worker_gone(w);
   uv_handle_t *hs[] = {(uv_handle_t *)&w->proc, (uv_handle_t *)&w->pipe, (uv_handle_t *)&w->out,
                        (uv_handle_t *)&w->err, (uv_handle_t *)&w->timer};
   for (size_t i = 0; i < 5; i++)
@@ -606,7 +266,7 @@ static void report_exit(megad_worker *w) {
   Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
   ev.kind_case = MEGA__V1__RANK_EVENT__KIND_EXIT;
   ev.exit = &x;
-  report_event(w->l, w, &ev);
+  relay_event(w->l, w, &ev);
   free(tail);
 }
 
@@ -641,11 +301,7 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int sig) {
 
 static void free_launch_mem(megad_launch *l) {
   if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
-  report_ctx c = {.steps = l->steps, .nsteps = l->nsteps, .events = l->events, .nevents = l->nevents};
-  for (size_t i = 0; i < c.nsteps; i++) protobuf_c_message_free_unpacked(&c.steps[i]->base, NULL);
-  for (size_t i = 0; i < c.nevents; i++) protobuf_c_message_free_unpacked(&c.events[i]->base, NULL);
-  free(l->steps);
-  free(l->events);
+  relay_free_queue(l);
   free(l->w);
   free(l->dir);
   free(l);
@@ -656,7 +312,7 @@ static void timer_closed(uv_handle_t *h) {
   if (--l->timers_open == 0) free_launch_mem(l);
 }
 
-static void maybe_free_launch(megad_launch *l) {
+void launch_maybe_free(megad_launch *l) {
   if (l->live || l->refs || l->sending || l->timers_open < 2) return;
   if (!l->coord_gone && (l->nsteps || l->nevents)) return; /* still to tell the coordinator */
   megad *d = l->d;
@@ -864,8 +520,8 @@ void megad_launch_abort_coord(megad *d, const char *coord_id, const char *reason
     if (!strcmp(l->req->coordinator_node_id, coord_id)) {
       l->coord_gone = true;
       abort_launch(l, reason, MEGAD_ABORT_GRACE_MS);
-      flush_reports(l);
-      maybe_free_launch(l);
+      relay_flush(l);
+      launch_maybe_free(l);
     }
 }
 
