@@ -274,9 +274,12 @@ void megad_coord_event(megad *d, const char *job_id, uint32_t attempt, const cha
   case MEGA__V1__RANK_EVENT__KIND_STARTED:
     if (run->hello[r]) break;
     run->hello[r] = true;
-    if (++run->nhello == run->world)
+    if (++run->nhello == run->world && run->world == 1)
       megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_STARTED, NULL, -1,
-                      "all %u rank%s started", run->world, run->world == 1 ? "" : "s");
+                      "rank 0 started");
+    else if (run->nhello == run->world)
+      megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_STARTED, NULL, -1,
+                      "all %u ranks started", run->world);
     break;
   case MEGA__V1__RANK_EVENT__KIND_CHECKPOINT: {
     const Mega__V1__CheckpointDone *c = ev->checkpoint;

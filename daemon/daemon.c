@@ -160,11 +160,6 @@ mega_status megad_call_addr(megad *d, const char *address, const mega_rpc_method
   return call_on(d, ch, true, m, req, timeout_ms, cb, arg, err);
 }
 
-size_t megad_calls_in_flight(const megad *d) {
-  size_t n = 0;
-  for (const megad_rpc *r = d->rpcs; r; r = r->next) n++;
-  return n;
-}
 
 /* ---- start ---- */
 

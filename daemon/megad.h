@@ -155,7 +155,6 @@ mega_status megad_call(megad *d, megad_node *n, const mega_rpc_method *m,
 mega_status megad_call_addr(megad *d, const char *address, const mega_rpc_method *m,
                             const ProtobufCMessage *req, unsigned timeout_ms,
                             mega_rpc_reply_fn cb, void *arg, mega_err *err);
-size_t megad_calls_in_flight(const megad *d);
 
 /* ---- members.c ---- */
 
@@ -167,8 +166,6 @@ megad_node *megad_self(megad *d);
 void megad_members_tick(megad *d);
 void megad_members_leave(megad *d); /* best effort, at shutdown */
 void megad_members_register(megad *d);
-/* Slots of this node held by live workers. */
-uint32_t megad_local_slots_used(megad *d);
 
 /* ---- coord.c ---- */
 

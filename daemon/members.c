@@ -115,7 +115,6 @@ void megad_members_free(megad *d) {
   d->npeers = 0;
 }
 
-uint32_t megad_local_slots_used(megad *d) { return megad_self(d)->slots_used; }
 
 /* ---- messages ---- */
 
