@@ -43,9 +43,11 @@ static void on_report_step(mega_rpc_call *call, const ProtobufCMessage *msg, voi
   megad *d = data;
   const Mega__V1__ReportStepRequest *req = (const void *)msg;
   mega_job *j = mega_jobs_find(&d->jobs, req->job_id);
-  if (!j || strcmp(j->coordinator, d->node_id)) {
-    mega_rpc_fail(call, MEGA_RPC_NOT_FOUND, "node %s coordinates no job %s", d->node_id,
-                  req->job_id);
+  /* Ranks of an attempt that is over (they were launched as it ended, or
+   * this megad restarted) hear so, and their node aborts them. */
+  if (!j || !j->rt || j->attempt != req->attempt) {
+    mega_rpc_fail(call, MEGA_RPC_NOT_FOUND, "node %s runs no attempt %u of job %s", d->node_id,
+                  req->attempt, req->job_id);
     return;
   }
   for (size_t i = 0; i < req->n_steps; i++)
