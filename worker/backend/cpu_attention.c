@@ -20,16 +20,27 @@ MEGA_CPU_CLONES
 static void causal_softmax_rows(float *a, int r0, int r1, int T) {
   for (int t = r0; t < r1; t++) {
     float *row = a + (size_t)t * T;
-    float mx = -INFINITY;
-    for (int s = 0; s <= t; s++) mx = row[s] > mx ? row[s] : mx;
-    float sum = 0.0f;
-    for (int s = 0; s <= t; s++) {
+    int n = t + 1, n16 = n / MEGA_LANES * MEGA_LANES;
+    float acc[MEGA_LANES];
+    for (int k = 0; k < MEGA_LANES; k++) acc[k] = -INFINITY;
+    for (int s = 0; s < n16; s += MEGA_LANES)
+      for (int k = 0; k < MEGA_LANES; k++) acc[k] = row[s + k] > acc[k] ? row[s + k] : acc[k];
+    float mx = mega_lanes_max(acc);
+    for (int s = n16; s < n; s++) mx = row[s] > mx ? row[s] : mx;
+    for (int k = 0; k < MEGA_LANES; k++) acc[k] = 0.0f;
+    for (int s = 0; s < n16; s += MEGA_LANES)
+      for (int k = 0; k < MEGA_LANES; k++) {
+        row[s + k] = mega_expf(row[s + k] - mx);
+        acc[k] += row[s + k];
+      }
+    float sum = mega_lanes_sum(acc);
+    for (int s = n16; s < n; s++) {
       row[s] = mega_expf(row[s] - mx);
       sum += row[s];
     }
     float inv = 1.0f / sum;
-    for (int s = 0; s <= t; s++) row[s] *= inv;
-    for (int s = t + 1; s < r1; s++) row[s] = 0.0f;
+    for (int s = 0; s < n; s++) row[s] *= inv;
+    for (int s = n; s < r1; s++) row[s] = 0.0f;
   }
 }
 
@@ -40,10 +51,14 @@ static void softmax_backward_rows(float *da, const float *a, int r0, int r1, int
   for (int t = r0; t < r1; t++) {
     float *d = da + (size_t)t * T;
     const float *p = a + (size_t)t * T;
-    float dot = 0.0f;
-    for (int s = 0; s <= t; s++) dot += p[s] * d[s];
-    for (int s = 0; s <= t; s++) d[s] = scale * p[s] * (d[s] - dot);
-    for (int s = t + 1; s < r1; s++) d[s] = 0.0f;
+    int n = t + 1, n16 = n / MEGA_LANES * MEGA_LANES;
+    float acc[MEGA_LANES] = {0};
+    for (int s = 0; s < n16; s += MEGA_LANES)
+      for (int k = 0; k < MEGA_LANES; k++) acc[k] += p[s + k] * d[s + k];
+    float dot = mega_lanes_sum(acc);
+    for (int s = n16; s < n; s++) dot += p[s] * d[s];
+    for (int s = 0; s < n; s++) d[s] = scale * p[s] * (d[s] - dot);
+    for (int s = n; s < r1; s++) d[s] = 0.0f;
   }
 }
 

@@ -37,6 +37,23 @@ static inline mega_cpu_pool *mega_cpu_pool_of(mega_backend *be) {
   return ((mega_cpu_impl *)be->impl)->pool;
 }
 
+/* Row reductions keep MEGA_LANES independent partial sums (or maxima), one
+ * per vector lane: an in-order float sum cannot be vectorised (GCC keeps
+ * its order without -ffast-math), lanes can. */
+#define MEGA_LANES 16
+
+static inline float mega_lanes_sum(const float *acc) {
+  float s = 0.0f;
+  for (int k = 0; k < MEGA_LANES; k++) s += acc[k];
+  return s;
+}
+
+static inline float mega_lanes_max(const float *acc) {
+  float m = acc[0];
+  for (int k = 1; k < MEGA_LANES; k++) m = acc[k] > m ? acc[k] : m;
+  return m;
+}
+
 /* Items per chunk below which splitting costs more than it saves. */
 #define MEGA_CPU_GRAIN_ELEMS 16384
 

@@ -76,16 +76,23 @@ MEGA_CPU_CLONES
 static void ln_fwd_rows(void *vc, int64_t n0, int64_t n1) {
   const ln_ctx *c = vc;
   int C = c->C;
+  int C16 = C / MEGA_LANES * MEGA_LANES;
   for (int64_t n = n0; n < n1; n++) {
     const float *x = c->inp + n * C;
-    float s = 0.0f;
-    for (int i = 0; i < C; i++) s += x[i];
+    float acc[MEGA_LANES] = {0};
+    for (int i = 0; i < C16; i += MEGA_LANES)
+      for (int k = 0; k < MEGA_LANES; k++) acc[k] += x[i + k];
+    float s = mega_lanes_sum(acc);
+    for (int i = C16; i < C; i++) s += x[i];
     float m = s / C;
-    float v = 0.0f;
-    for (int i = 0; i < C; i++) {
-      float d = x[i] - m;
-      v += d * d;
-    }
+    for (int k = 0; k < MEGA_LANES; k++) acc[k] = 0.0f;
+    for (int i = 0; i < C16; i += MEGA_LANES)
+      for (int k = 0; k < MEGA_LANES; k++) {
+        float d = x[i + k] - m;
+        acc[k] += d * d;
+      }
+    float v = mega_lanes_sum(acc);
+    for (int i = C16; i < C; i++) v += (x[i] - m) * (x[i] - m);
     float r = 1.0f / sqrtf(v / C + c->eps);
     float *o = c->out + n * C;
     for (int i = 0; i < C; i++) o[i] = (x[i] - m) * r * c->w[i] + c->b[i];
@@ -105,14 +112,21 @@ void mega_cpu_layernorm_forward(mega_backend *be, float *out, float *mean, float
 MEGA_CPU_CLONES
 static void ln_bwd_in_rows(void *vc, int64_t n0, int64_t n1) {
   const ln_ctx *c = vc;
-  int C = c->C;
+  int C = c->C, C16 = C / MEGA_LANES * MEGA_LANES;
   const float *w = c->w;
   for (int64_t n = n0; n < n1; n++) {
     const float *x = c->inp + n * C, *d = c->dout + n * C;
     float m = c->cmean[n], r = c->crstd[n];
     /* dxhat = d * w; dx = r * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) */
-    float s1 = 0.0f, s2 = 0.0f;
-    for (int i = 0; i < C; i++) {
+    float a1[MEGA_LANES] = {0}, a2[MEGA_LANES] = {0};
+    for (int i = 0; i < C16; i += MEGA_LANES)
+      for (int k = 0; k < MEGA_LANES; k++) {
+        float dn = d[i + k] * w[i + k];
+        a1[k] += dn;
+        a2[k] += dn * (x[i + k] - m) * r;
+      }
+    float s1 = mega_lanes_sum(a1), s2 = mega_lanes_sum(a2);
+    for (int i = C16; i < C; i++) {
       float dn = d[i] * w[i];
       s1 += dn;
       s2 += dn * (x[i] - m) * r;
@@ -233,14 +247,24 @@ typedef struct xent_ctx {
 MEGA_CPU_CLONES
 static void xent_fwd_rows(void *vc, int64_t n0, int64_t n1) {
   const xent_ctx *c = vc;
-  int V = c->V;
+  int V = c->V, V16 = V / MEGA_LANES * MEGA_LANES;
   for (int64_t n = n0; n < n1; n++) {
     const float *l = c->logits + n * V;
     float *p = c->probs + n * V;
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
-    float s = 0.0f;
-    for (int i = 0; i < V; i++) {
+    float acc[MEGA_LANES];
+    for (int k = 0; k < MEGA_LANES; k++) acc[k] = -INFINITY;
+    for (int i = 0; i < V16; i += MEGA_LANES)
+      for (int k = 0; k < MEGA_LANES; k++) acc[k] = l[i + k] > acc[k] ? l[i + k] : acc[k];
+    float mx = mega_lanes_max(acc);
+    for (int i = V16; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int k = 0; k < MEGA_LANES; k++) acc[k] = 0.0f;
+    for (int i = 0; i < V16; i += MEGA_LANES)
+      for (int k = 0; k < MEGA_LANES; k++) {
+        p[i + k] = mega_expf(l[i + k] - mx);
+        acc[k] += p[i + k];
+      }
+    float s = mega_lanes_sum(acc);
+    for (int i = V16; i < V; i++) {
       p[i] = mega_expf(l[i] - mx);
       s += p[i];
     }
