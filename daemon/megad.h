@@ -108,7 +108,7 @@ struct megad {
   size_t nnodes;
   uint64_t view_version;
   char **peers; /* --peers, joined until each has answered once */
-  bool *peer_joined, *peer_joining;
+  bool *peer_joined, *peer_joining, *peer_warned;
   size_t npeers;
 
   megad_launch *launches;

@@ -92,9 +92,11 @@ mega_status megad_members_init(megad *d, mega_err *err) {
       if (j) d->peer_joined = j;
       bool *g = j ? realloc(d->peer_joining, (d->npeers + 1) * sizeof *g) : NULL;
       if (g) d->peer_joining = g;
-      if (!v || !j || !g || !(d->peers[d->npeers] = strndup(p, len)))
+      bool *w = g ? realloc(d->peer_warned, (d->npeers + 1) * sizeof *w) : NULL;
+      if (w) d->peer_warned = w;
+      if (!v || !j || !g || !w || !(d->peers[d->npeers] = strndup(p, len)))
         return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-      d->peer_joined[d->npeers] = d->peer_joining[d->npeers] = false;
+      d->peer_joined[d->npeers] = d->peer_joining[d->npeers] = d->peer_warned[d->npeers] = false;
       d->npeers++;
     }
     p = end ? end + 1 : NULL;
@@ -111,6 +113,7 @@ void megad_members_free(megad *d) {
   free(d->peers);
   free(d->peer_joined);
   free(d->peer_joining);
+  free(d->peer_warned);
   d->peers = NULL;
   d->npeers = 0;
 }
@@ -261,11 +264,16 @@ typedef struct join_ctx {
 } join_ctx;
 
 static void joined(void *arg, ProtobufCMessage *resp, const mega_err *err) {
-  (void)err; /* a peer not up yet is asked again on the next tick */
   join_ctx *c = arg;
   megad *d = c->d;
   bool peer = c->peer < d->npeers;
   if (peer) d->peer_joining[c->peer] = false;
+  /* A peer not up yet is asked again on the next tick; a refusal (a taken
+   * node name) is worth saying, once. */
+  if (peer && !resp && err->status == MEGA_ERR_INVALID && !d->peer_warned[c->peer]) {
+    d->peer_warned[c->peer] = true;
+    megad_warn(d, "joining %s: %s", d->peers[c->peer], err->msg);
+  }
   if (resp && !d->stopping) {
     Mega__V1__JoinResponse *r = (void *)resp;
     merge_view(d, r->view, NULL);
