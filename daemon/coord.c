@@ -10,7 +10,6 @@
 #include <sys/stat.h>
 
 #include "core/jobspec.h"
-#include "core/schedule.h"
 #include "daemon/coord.h"
 #include "daemon/placement.h"
 #include "daemon/util.h"
@@ -54,28 +53,14 @@ typedef struct spec_info {
   int tp, pp, vp, train_iters, trace_iteration;
 } spec_info;
 
-/* What megactl checks before it submits (client/jobs.c), with the world
- * known: the job checker, then the schedule's own rules. */
+/* The check megactl and megaw make too (core/jobspec), on the data file
+ * when this node can see it. */
 static mega_status check_world(const mega_jobspec *s, int world, mega_err *err) {
   struct stat st;
   long long bytes = s->data_path && stat(s->data_path, &st) == 0 && S_ISREG(st.st_mode)
                         ? (long long)st.st_size
                         : -1;
-  mega_status rc = mega_jobspec_check(s, world, bytes, err);
-  if (rc != MEGA_OK || world == 0) return rc;
-  int vp = mega_jobspec_vp(s), pp = s->pipeline_model_parallel_size;
-  mega_sched_params p = {
-      .kind = s->schedule == MEGA_JOB_SCHEDULE_AUTO ? mega_sched_default_kind(pp, vp)
-                                                    : (mega_sched_kind)s->schedule,
-      .pp = pp,
-      .vp = vp,
-      .microbatches = mega_jobspec_num_microbatches(s, world),
-      .group_size = mega_jobspec_group_size(s),
-  };
-  mega_err sub = {0};
-  if ((rc = mega_sched_check_params(&p, &sub)) != MEGA_OK)
-    return mega_fail(err, rc, "invalid job: %s", sub.msg);
-  return MEGA_OK;
+  return mega_jobspec_check_all(s, world, bytes, err);
 }
 
 static mega_status parse_spec(megad *d, uint32_t nargs, char **args, uint32_t nproc,

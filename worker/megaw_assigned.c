@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include "core/jobspec.h"
-#include "core/schedule.h"
 #include "worker/data.h"
 #include "worker/link.h"
 #include "worker/rank.h"
@@ -72,15 +71,7 @@ static mega_status check_job(const mega_jobspec *job, int world, mega_err *err) 
   long long bytes = -1;
   if (job->data_path && mega_data_file_size(job->data_path, &bytes, err) != MEGA_OK)
     return err->status;
-  mega_status st = mega_jobspec_check(job, world, bytes, err);
-  if (st != MEGA_OK) return st;
-  int pp = job->pipeline_model_parallel_size, vp = mega_jobspec_vp(job);
-  mega_sched_params p = {
-      .kind = job->schedule >= 0 ? (mega_sched_kind)job->schedule : mega_sched_default_kind(pp, vp),
-      .pp = pp, .vp = vp, .microbatches = mega_jobspec_num_microbatches(job, world),
-      .group_size = vp > 1 ? mega_jobspec_group_size(job) : 0};
-  if ((st = mega_sched_check_params(&p, err)) != MEGA_OK) mega_err_prefix(err, "invalid job");
-  return st;
+  return mega_jobspec_check_all(job, world, bytes, err);
 }
 
 static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assignment *as) {
