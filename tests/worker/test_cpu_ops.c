@@ -403,6 +403,19 @@ static void gemm_and_memory(void **state) {
   be->ops->gemm_batched(be, false, true, 2, 2, 3, 1.0f, A, 3, 6, Bt, 3, 6, 0.0f, Cm, 2, 4, 2);
   float want[8] = {4, 2, 10, 5, 2, 1, 2, 1};
   assert_memory_equal(Cm, want, sizeof want);
+  /* C = 2 * A^T B + C with A stored 3x2 (so op(A) is 2x3), B 3x2 */
+  float At[6] = {1, 4, 2, 5, 3, 6}, Bm[6] = {1, 0, 0, 1, 1, 1}, C2[4] = {1, 1, 1, 1};
+  be->ops->gemm(be, true, false, 2, 2, 3, 2.0f, At, 2, Bm, 2, 1.0f, C2, 2);
+  float want2[4] = {9, 11, 21, 23};
+  assert_memory_equal(C2, want2, sizeof want2);
+  /* residual add, out of place and in place, over enough floats to split */
+  size_t n = 100000;
+  float *a = vec(n, 1, 21), *b = vec(n, 1, 22), *o = malloc(n * sizeof *o);
+  be->ops->residual_forward(be, o, a, b, n);
+  for (size_t i = 0; i < n; i++) assert_true(o[i] == a[i] + b[i]);
+  be->ops->residual_forward(be, a, a, b, n);
+  assert_memory_equal(a, o, n * sizeof *o);
+  free(a), free(b), free(o);
 }
 
 int main(void) {

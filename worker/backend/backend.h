@@ -141,11 +141,10 @@ typedef struct mega_backend_ops {
   void (*gelu_backward)(mega_backend *be, float *dinp, const float *inp,
                         const float *dout, size_t n);
 
-  /* out = a + b; out may alias a or b. */
+  /* out = a + b; out may alias a or b. (The GPT folds its residuals into
+   * matmul_forward instead.) */
   void (*residual_forward)(mega_backend *be, float *out, const float *a, const float *b,
                            size_t n);
-  /* out += a. */
-  void (*add_inplace)(mega_backend *be, float *out, const float *a, size_t n);
 
   /* Fused softmax + cross-entropy over V classes for N rows.
    * forward: probs = softmax(logits); losses[n] = -log probs[n, targets[n]].

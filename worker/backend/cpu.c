@@ -285,7 +285,6 @@ static const mega_backend_ops cpu_ops = {
     .gelu_forward = mega_cpu_gelu_forward,
     .gelu_backward = mega_cpu_gelu_backward,
     .residual_forward = mega_cpu_residual_forward,
-    .add_inplace = mega_cpu_add_inplace,
     .crossentropy_forward = mega_cpu_crossentropy_forward,
     .crossentropy_backward = mega_cpu_crossentropy_backward,
     .adamw = cpu_adamw,

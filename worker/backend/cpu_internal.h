@@ -84,7 +84,6 @@ void mega_cpu_gelu_backward(mega_backend *be, float *dinp, const float *inp,
                             const float *dout, size_t n);
 void mega_cpu_residual_forward(mega_backend *be, float *out, const float *a,
                                const float *b, size_t n);
-void mega_cpu_add_inplace(mega_backend *be, float *out, const float *a, size_t n);
 void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
                                    const float *logits, const int32_t *targets, int N,
                                    int V);

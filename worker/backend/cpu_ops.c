@@ -226,12 +226,6 @@ void mega_cpu_residual_forward(mega_backend *be, float *out, const float *a,
                         &c);
 }
 
-void mega_cpu_add_inplace(mega_backend *be, float *out, const float *a, size_t n) {
-  elem_ctx c = {.out = out, .a = out, .b = a};
-  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS, add_range,
-                        &c);
-}
-
 /* ---- softmax cross-entropy ---- */
 
 typedef struct xent_ctx {
