@@ -35,26 +35,9 @@ static void submit_help(FILE *f) {
           "  --nproc-per-node K    ranks per node (default: every slot of a node)\n"
           "  --server ADDR         megad's address (default: $MEGA_SERVER, else %s)\n",
           MEGACTL_DEFAULT_SERVER);
-  int width = 0;
-  for (int i = 0; i < mega_jobspec_flag_count(); i++) {
-    const mega_jobflag *fl = mega_jobspec_flag(i);
-    int w = (int)strlen(fl->name) + (fl->metavar ? 1 + (int)strlen(fl->metavar) : 0);
-    if (w > width && w <= 40) width = w;
-  }
-  const char *group = NULL;
-  for (int i = 0; i < mega_jobspec_flag_count(); i++) {
-    const mega_jobflag *fl = mega_jobspec_flag(i);
-    if (!group || strcmp(group, fl->group) != 0) {
-      group = fl->group;
-      fprintf(f, "\n%s flags:\n", group);
-    }
-    char head[96];
-    snprintf(head, sizeof head, "%s%s%s", fl->name, fl->metavar ? " " : "",
-             fl->metavar ? fl->metavar : "");
-    fprintf(f, "  %-*s  %s", width, head, fl->help);
-    if (fl->default_text) fprintf(f, " (default: %s)", fl->default_text);
-    fputc('\n', f);
-  }
+  char *flags = mega_jobspec_help_text();
+  if (flags) fputs(flags, f);
+  free(flags);
 }
 
 /* "4" or "2:4". */

@@ -227,6 +227,11 @@ typedef struct mega_sim_compute {
 mega_status mega_jobspec_parse_simulate_compute(const char *str, mega_sim_compute *out,
                                                 mega_err *err);
 
+/* Every job flag as help text, grouped as the table groups them:
+ * "\nmodel flags:\n  --num-layers N  Number of ... (default: required)\n...".
+ * NULL when out of memory; the caller frees it. */
+char *mega_jobspec_help_text(void);
+
 /* The schedule parameters a job gives for a world of world_size ranks
  * (kind from --schedule or seed 000's decision tree). */
 struct mega_sched_params;

@@ -1,7 +1,8 @@
-/* A job spec as argv words and as JSON, both from the flag table. */
+/* A job spec as argv words, as JSON and as help text, all from the flag table. */
 #include "core/jobspec.h"
 
 #include <ctype.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -158,4 +159,56 @@ mega_status mega_jobspec_from_json(mega_jobspec *s, const json_t *obj, mega_err 
     if (st != MEGA_OK) return st;
   }
   return MEGA_OK;
+}
+
+/* Appends to a growing string; false when out of memory. */
+static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) return false;
+  if (*len + (size_t)n + 1 > *cap) {
+    size_t ncap = (*cap ? *cap * 2 : 4096) + (size_t)n;
+    char *nb = realloc(*buf, ncap);
+    if (!nb) return false;
+    *buf = nb;
+    *cap = ncap;
+  }
+  va_start(ap, fmt);
+  vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+  va_end(ap);
+  *len += (size_t)n;
+  return true;
+}
+
+char *mega_jobspec_help_text(void) {
+  int width = 0;
+  for (int i = 0; i < NFLAGS; i++) {
+    const mega_jobflag *fl = &mega_jf_table[i].info;
+    int w = (int)strlen(fl->name) + (fl->metavar ? 1 + (int)strlen(fl->metavar) : 0);
+    if (w > width && w <= 40) width = w;
+  }
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  bool ok = append(&buf, &len, &cap, "%s", "");
+  const char *group = NULL;
+  for (int i = 0; i < NFLAGS && ok; i++) {
+    const mega_jobflag *fl = &mega_jf_table[i].info;
+    if (!group || strcmp(group, fl->group) != 0) {
+      group = fl->group;
+      ok = append(&buf, &len, &cap, "\n%s flags:\n", group);
+    }
+    char head[96];
+    snprintf(head, sizeof head, "%s%s%s", fl->name, fl->metavar ? " " : "",
+             fl->metavar ? fl->metavar : "");
+    ok = ok && append(&buf, &len, &cap, "  %-*s  %s", width, head, fl->help);
+    if (ok && fl->default_text) ok = append(&buf, &len, &cap, " (default: %s)", fl->default_text);
+    ok = ok && append(&buf, &len, &cap, "\n");
+  }
+  if (!ok) {
+    free(buf);
+    return NULL;
+  }
+  return buf;
 }

@@ -131,6 +131,10 @@ static Mega__V1__StepMetrics *merge(const mega_stepmerge *m, const pending *p) {
       s.loss = rep->loss;
       have_loss = true;
     }
+    if (rep->has_eval_loss && !s.has_eval_loss) {
+      s.eval_loss = rep->eval_loss;
+      s.has_eval_loss = true;
+    }
     if (rep->has_grad_norm && !have_norm) {
       s.grad_norm = rep->grad_norm;
       have_norm = true;

@@ -361,6 +361,7 @@ mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_e
   rm.grad_sync_exposed_s = m->grad_sync_exposed_s;
   rm.peak_activation_bytes = m->peak_activation_bytes;
   rm.step_time_s = m->step_time_s;
+  rm.peak_inflight = m->peak_inflight > 0 ? (uint32_t)m->peak_inflight : 0;
   Mega__V1__StepReport r = MEGA__V1__STEP_REPORT__INIT;
   r.iteration = m->iteration > 0 ? (uint64_t)m->iteration : 0;
   r.metrics = &rm;
@@ -372,6 +373,8 @@ mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_e
   r.tokens = m->tokens;
   r.skipped = m->skipped;
   r.step_start_unix_us = m->step_start_unix_us;
+  r.has_eval_loss = m->has_eval_loss;
+  r.eval_loss = m->eval_loss;
   Mega__V1__ActionSpan *spans = NULL, **sp = NULL;
   if (m->nspans) {
     spans = calloc(m->nspans, sizeof *spans);

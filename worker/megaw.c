@@ -59,26 +59,9 @@ static void usage(FILE *f) {
           "  --rendezvous-dir DIR   where the ranks meet (hand launch)\n"
           "  --help                 print this help\n"
           "  --version              print megaw's version\n");
-  int width = 0;
-  for (int i = 0; i < mega_jobspec_flag_count(); i++) {
-    const mega_jobflag *fl = mega_jobspec_flag(i);
-    int w = (int)strlen(fl->name) + (fl->metavar ? 1 + (int)strlen(fl->metavar) : 0);
-    if (w > width && w <= 40) width = w;
-  }
-  const char *group = NULL;
-  for (int i = 0; i < mega_jobspec_flag_count(); i++) {
-    const mega_jobflag *fl = mega_jobspec_flag(i);
-    if (!group || strcmp(group, fl->group) != 0) {
-      group = fl->group;
-      fprintf(f, "\n%s flags:\n", group);
-    }
-    char head[96];
-    snprintf(head, sizeof head, "%s%s%s", fl->name, fl->metavar ? " " : "",
-             fl->metavar ? fl->metavar : "");
-    fprintf(f, "  %-*s  %s", width, head, fl->help);
-    if (fl->default_text) fprintf(f, " (default: %s)", fl->default_text);
-    fputc('\n', f);
-  }
+  char *flags = mega_jobspec_help_text();
+  if (flags) fputs(flags, f);
+  free(flags);
 }
 
 static int fail(const char *what, const mega_err *err) {
@@ -200,18 +183,6 @@ out:
   return rc;
 }
 
-/* The schedule's own rules (Megatron's), with the same words megad gives. */
-static mega_status check_schedule(const mega_jobspec *job, int world, mega_err *err) {
-  int pp = job->pipeline_model_parallel_size, vp = mega_jobspec_vp(job);
-  mega_sched_params p = {
-      .kind = job->schedule >= 0 ? (mega_sched_kind)job->schedule : mega_sched_default_kind(pp, vp),
-      .pp = pp, .vp = vp, .microbatches = mega_jobspec_num_microbatches(job, world),
-      .group_size = vp > 1 ? mega_jobspec_group_size(job) : 0};
-  mega_status st = mega_sched_check_params(&p, err);
-  if (st != MEGA_OK) mega_err_prefix(err, "invalid job");
-  return st;
-}
-
 /* --rank, --world-size and --rendezvous-dir: a hand launch without megad. */
 static mega_status parse_launch_flag(worker_opts *o, int argc, char **argv, int *i,
                                      mega_err *err) {
@@ -293,8 +264,7 @@ int main(int argc, char **argv) {
   long long bytes = -1;
   if (check_launch(&o, &job, &err) != MEGA_OK || check_standalone(&job, &err) != MEGA_OK ||
       (job.data_path && mega_data_file_size(job.data_path, &bytes, &err) != MEGA_OK) ||
-      mega_jobspec_check(&job, o.world, bytes, &err) != MEGA_OK ||
-      check_schedule(&job, o.world, &err) != MEGA_OK) {
+      mega_jobspec_check_all(&job, o.world, bytes, &err) != MEGA_OK) {
     mega_jobspec_free(&job);
     fprintf(stderr, "megaw: %s\n", err.msg);
     return 2;
