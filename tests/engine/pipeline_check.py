@@ -9,8 +9,11 @@ meeting through a Gloo FileStore), checked against a single rank.
                --deallocate-pipeline-outputs lowers the measured peak
   kill         a rank killed mid-schedule makes every other rank fail within
                seconds, with a cause that names the lost peer
+  daemon       the same through megad run (the daemon's job machinery, its
+               key-value store for rendezvous and its merged metrics):
+               DP=2, DP=4 and PP=2 x DP=2 equal the single rank
 
-usage: pipeline_check.py MEGAW {equivalence [--full] | memory | kill}
+usage: pipeline_check.py MEGAW {equivalence [--full] | memory | kill | daemon MEGAD}
 """
 import itertools
 import json
@@ -243,8 +246,34 @@ def kill(megaw, tmp):
     return ok
 
 
+def daemon(megaw, megad, tmp):
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    base = MODEL + ["--train-iters", str(ITERS), "--data-path", data]
+    ref = losses_of(launch(megaw, 1, base, tmp), "single rank")
+    ok = True
+    for name, slots, extra in (("DP=2", 2, []), ("DP=4", 4, []),
+                               ("PP=2 x DP=2, interleaved", 4,
+                                ["--pipeline-model-parallel-size", "2",
+                                 "--virtual-pipeline-model-parallel-size", "2"])):
+        p = subprocess.run([megad, "run", "--slots", str(slots), "--json"] + base + extra,
+                           capture_output=True, text=True, timeout=300)
+        lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        got = {l["iteration"]: l["loss"] for l in lines}
+        bad = p.returncode != 0 or sorted(got) != sorted(ref) or any(
+            abs(got[i] - ref[i]) > RTOL * abs(ref[i]) for i in ref)
+        ranks = {r["rank"] for l in lines for r in l.get("ranks", [])}
+        bad |= ranks != set(range(slots))
+        print("%s megad run %s: losses %s (single rank %s), ranks reporting %s%s" %
+              ("FAIL" if bad else "ok  ", name, " ".join("%.6f" % got[i] for i in sorted(got)),
+               " ".join("%.6f" % ref[i] for i in sorted(ref)), sorted(ranks),
+               (": exit %d: %s" % (p.returncode, p.stderr.strip()[-300:])) if bad else ""))
+        ok &= not bad
+    return ok
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[2] not in ("equivalence", "memory", "kill"):
+    if len(sys.argv) < 3 or sys.argv[2] not in ("equivalence", "memory", "kill", "daemon"):
         print(__doc__, file=sys.stderr)
         return 2
     megaw, mode = sys.argv[1], sys.argv[2]
@@ -253,6 +282,8 @@ def main():
             ok = equivalence(megaw, tmp, "--full" in sys.argv[3:])
         elif mode == "memory":
             ok = memory(megaw, tmp)
+        elif mode == "daemon":
+            ok = daemon(megaw, sys.argv[3], tmp)
         else:
             ok = kill(megaw, tmp)
     return 0 if ok else 1
