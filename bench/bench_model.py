@@ -116,9 +116,11 @@ def main():
         other = tl if torch_best is tf else tf
         mc, mt = med(c, 0), med(torch_best, 0)
         print(f"threads={threads} wall tokens/s: mega min {min(r[0] for r in c):.0f} "
-              f"median {mc:.0f} | torch ({which} AdamW) min "
+              f"median {mc:.0f} max {max(r[0] for r in c):.0f} | torch ({which} AdamW) min "
               f"{min(r[0] for r in torch_best):.0f} median {mt:.0f} "
-              f"[other AdamW median {med(other, 0):.0f}] | ratio of medians {mc / mt:.2f}x")
+              f"max {max(r[0] for r in torch_best):.0f} "
+              f"[other AdamW median {med(other, 0):.0f}] | ratio of medians {mc / mt:.2f}x, "
+              f"of maxima {max(r[0] for r in c) / max(r[0] for r in torch_best):.2f}x")
         if threads == 1:
             cc, ct = med(c, 1), med(torch_best, 1)
             print(f"threads=1 CPU-time tokens/s (immune to time taken by other processes): "
