@@ -291,6 +291,15 @@ static mega_status prefetch(mega_engine *e, int from, int64_t it, mega_err *err)
   return st;
 }
 
+/* --deallocate-pipeline-outputs without overlap waits for a step's sends,
+ * as Megatron's send_forward returns before deallocate_output_tensor: each
+ * output is freed as soon as it is sent, whatever the timing, so the
+ * memory it saves is the same on every run. In 1F1B the wait costs
+ * nothing (the peer posts its receive in the step that answers this one). */
+static bool sync_sends(const mega_engine *e) {
+  return e->cfg.deallocate_outputs && !e->cfg.overlap_p2p;
+}
+
 /* One P2P step: the run of communication actions at [i, *end). */
 static mega_status run_step(mega_engine *e, int i, int64_t it, int *end, mega_err *err) {
   int n = 0, j = i;
@@ -314,15 +323,15 @@ static mega_status run_step(mega_engine *e, int i, int64_t it, int *end, mega_er
       if (st != MEGA_OK) return st;
       account_wait(e, m, e->phase[i], t0, &w);
     }
-  /* Sends never hold up compute: they complete once their receiver has
-   * posted, and are reaped (their buffers freed) as they do, as core/sim
-   * models them. Receives are waited here, or with --overlap-p2p-comm only
-   * by the compute action that needs them. */
+  /* Sends never hold up compute (but see sync_sends): they complete once
+   * their receiver has posted, and are reaped (their buffers freed) as they
+   * do, as core/sim models them. Receives are waited here, or with
+   * --overlap-p2p-comm only by the compute action that needs them. */
   for (int k = 0; k < n; k++) {
     mega_p2p_msg *m = e->step[k];
-    if (is_send(m->kind)) {
+    if (is_send(m->kind) && !sync_sends(e)) {
       e->pending[e->npending++] = m;
-    } else if (!e->cfg.overlap_p2p) {
+    } else if (!e->cfg.overlap_p2p || is_send(m->kind)) {
       st = wait_msg(e, m, e->phase[i], err);
       if (st != MEGA_OK) return st;
     }

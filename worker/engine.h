@@ -4,7 +4,9 @@
  * F, B and W run on the rank's stage models (one per model chunk). A run
  * of communication actions between two compute actions is one P2P step: it
  * is posted together (worker/p2p.h). Sends complete in the background: they
- * never hold up compute, as core/sim models them. Without
+ * never hold up compute, as core/sim models them (except with
+ * --deallocate-pipeline-outputs and no overlap, where a step waits for its
+ * sends so each output is freed the moment it is sent, as in Megatron). Without
  * --overlap-p2p-comm the step's receives are waited at once; with it, each
  * receive is waited only by the compute action that needs its data, and in
  * the steady phase the receives of the next step are posted one step ahead
