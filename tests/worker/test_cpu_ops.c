@@ -418,6 +418,25 @@ static void gemm_and_memory(void **state) {
   free(a), free(b), free(o);
 }
 
+/* Thousands of back-to-back split jobs: helpers that wake late or not at
+ * all must never run a chunk twice, skip one, or touch the next job. */
+static void many_small_jobs(void **state) {
+  (void)state;
+  size_t n = 50000;
+  float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *o = malloc(n * sizeof *o);
+  for (size_t i = 0; i < n; i++) a[i] = (float)i, b[i] = 1.0f;
+  for (int it = 0; it < 1500; it++) {
+    size_t m = n - (size_t)(it % 7) * 1000; /* lengths vary, so do the chunks */
+    be->ops->residual_forward(be, o, a, b, m);
+    if (o[0] != 1.0f || o[m / 2] != (float)(m / 2) + 1.0f || o[m - 1] != (float)(m - 1) + 1.0f)
+      fail_msg("job %d: wrong sums", it);
+    be->ops->scale(be, o, m, 0.0f);
+    for (size_t i = 0; i < m; i += 997)
+      if (o[i] != 0.0f) fail_msg("job %d: element %zu not scaled", it, i);
+  }
+  free(a), free(b), free(o);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(element_math_matches_libm),
@@ -426,6 +445,7 @@ int main(void) {
       cmocka_unit_test(matmul_both_layouts),
       cmocka_unit_test(attention_matches_naive),
       cmocka_unit_test(layernorm_gelu_crossentropy_encoder),
+      cmocka_unit_test(many_small_jobs),
       cmocka_unit_test(gemm_and_memory),
   };
   int failed = cmocka_run_group_tests_name("one thread", tests, setup, teardown);

@@ -58,25 +58,7 @@ static mega_status cpu_set_threads(mega_backend *be, int n, mega_err *err) {
   mega_cpu_pool_destroy(impl->pool);
   impl->pool = pool;
   impl->threads = n;
-  openblas_set_num_threads(n);
   return MEGA_OK;
-}
-
-static void cpu_gemm(mega_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
-                     const float *A, int lda, const float *B, int ldb, float beta,
-                     float *C, int ldc) {
-  (void)be;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-static void cpu_gemm_batched(mega_backend *be, bool ta, bool tb, int M, int N, int K,
-                             float alpha, const float *A, int lda, int64_t sa,
-                             const float *B, int ldb, int64_t sb, float beta, float *C,
-                             int ldc, int64_t sc, int batch) {
-  for (int i = 0; i < batch; i++)
-    cpu_gemm(be, ta, tb, M, N, K, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc,
-             ldc);
 }
 
 typedef struct bias_ctx {
@@ -102,6 +84,61 @@ static void fill_bias_rows(void *vc, int64_t n0, int64_t n1) {
   }
 }
 
+/* One sgemm split into row blocks (or column blocks, when C is wider than
+ * tall) over the backend's threads, OpenBLAS itself running one thread:
+ * its idle threads spin, which on shared cores costs more than they give. */
+typedef struct gemm_ctx {
+  bool ta, tb, split_cols;
+  int M, N, K, lda, ldb, ldc;
+  float alpha, beta;
+  const float *A, *B;
+  float *C;
+  const bias_ctx *fill; /* matmul_forward: prefill C's rows first */
+} gemm_ctx;
+
+static void gemm_part(void *vc, int64_t p0, int64_t p1) {
+  const gemm_ctx *g = vc;
+  int n = (int)(p1 - p0);
+  CBLAS_TRANSPOSE ta = g->ta ? CblasTrans : CblasNoTrans, tb = g->tb ? CblasTrans : CblasNoTrans;
+  if (g->split_cols) {
+    const float *B = g->tb ? g->B + p0 * g->ldb : g->B + p0;
+    cblas_sgemm(CblasRowMajor, ta, tb, g->M, n, g->K, g->alpha, g->A, g->lda, B, g->ldb,
+                g->beta, g->C + p0, g->ldc);
+  } else {
+    if (g->fill) fill_bias_rows((void *)g->fill, p0, p1);
+    const float *A = g->ta ? g->A + p0 : g->A + p0 * g->lda;
+    cblas_sgemm(CblasRowMajor, ta, tb, n, g->N, g->K, g->alpha, A, g->lda, g->B, g->ldb,
+                g->beta, g->C + p0 * g->ldc, g->ldc);
+  }
+}
+
+static void par_gemm(mega_backend *be, gemm_ctx *g) {
+  if (g->M <= 0 || g->N <= 0) return;
+  g->split_cols = !g->fill && g->N > g->M;
+  mega_cpu_pool *pool = mega_cpu_pool_of(be);
+  int64_t n = g->split_cols ? g->N : g->M;
+  /* two blocks per thread: each block packs the other operand again */
+  int64_t grain = n / (2 * mega_cpu_pool_threads(pool));
+  mega_cpu_parallel_for(pool, n, grain > 64 ? grain : 64, gemm_part, g);
+}
+
+static void cpu_gemm(mega_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                     const float *A, int lda, const float *B, int ldb, float beta,
+                     float *C, int ldc) {
+  gemm_ctx g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .A = A,
+                .lda = lda, .B = B, .ldb = ldb, .beta = beta, .C = C, .ldc = ldc};
+  par_gemm(be, &g);
+}
+
+static void cpu_gemm_batched(mega_backend *be, bool ta, bool tb, int M, int N, int K,
+                             float alpha, const float *A, int lda, int64_t sa,
+                             const float *B, int ldb, int64_t sb, float beta, float *C,
+                             int ldc, int64_t sc, int batch) {
+  for (int i = 0; i < batch; i++)
+    cpu_gemm(be, ta, tb, M, N, K, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc,
+             ldc);
+}
+
 /* dbias[j] += sum_n dout[n, j], threads owning column ranges. */
 MEGA_CPU_CLONES
 static void sum_rows_cols(void *vc, int64_t j0, int64_t j1) {
@@ -115,43 +152,33 @@ static void sum_rows_cols(void *vc, int64_t j0, int64_t j1) {
 static void cpu_matmul_forward(mega_backend *be, float *out, const float *inp,
                                const float *w, const float *bias, const float *residual,
                                int N, int C, int OC, mega_wlayout lay) {
-  float beta = 0.0f;
-  if (residual == out && !bias) {
-    beta = 1.0f;
-  } else if (bias || residual) {
-    bias_ctx c = {.rows = out, .cbias = bias, .crows = residual, .N = N, .OC = OC};
-    mega_cpu_parallel_for(mega_cpu_pool_of(be), N, 64, fill_bias_rows, &c);
-    beta = 1.0f;
-  }
-  if (lay == MEGA_W_IN_OUT)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, C, 1.0f, inp, C, w, OC,
-                beta, out, OC);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta,
-                out, OC);
+  bias_ctx fill = {.rows = out, .cbias = bias, .crows = residual, .N = N, .OC = OC};
+  gemm_ctx g = {.tb = lay == MEGA_W_OUT_IN, .M = N, .N = OC, .K = C, .alpha = 1.0f,
+                .A = inp, .lda = C, .B = w, .ldb = lay == MEGA_W_IN_OUT ? OC : C,
+                .C = out, .ldc = OC};
+  if (bias || residual) g.beta = 1.0f;
+  if (bias || (residual && residual != out)) g.fill = &fill;
+  par_gemm(be, &g);
 }
 
 static void cpu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
                                       const float *w, int N, int C, int OC,
                                       mega_wlayout lay) {
-  (void)be;
-  if (lay == MEGA_W_IN_OUT)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, w, OC,
-                0.0f, dinp, C);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C,
-                0.0f, dinp, C);
+  gemm_ctx g = {.tb = lay == MEGA_W_IN_OUT, .M = N, .N = C, .K = OC, .alpha = 1.0f,
+                .A = dout, .lda = OC, .B = w, .ldb = lay == MEGA_W_IN_OUT ? OC : C,
+                .C = dinp, .ldc = C};
+  par_gemm(be, &g);
 }
 
 static void cpu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
                                        const float *dout, const float *inp, int N, int C,
                                        int OC, mega_wlayout lay) {
+  gemm_ctx g = {.ta = true, .alpha = 1.0f, .beta = 1.0f, .C = dw};
   if (lay == MEGA_W_IN_OUT)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC,
-                1.0f, dw, OC);
+    g.M = C, g.N = OC, g.K = N, g.A = inp, g.lda = C, g.B = dout, g.ldb = OC, g.ldc = OC;
   else
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
-                1.0f, dw, C);
+    g.M = OC, g.N = C, g.K = N, g.A = dout, g.lda = OC, g.B = inp, g.ldb = C, g.ldc = C;
+  par_gemm(be, &g);
   if (dbias) {
     bias_ctx c = {.bias = dbias, .crows = dout, .N = N, .OC = OC};
     mega_cpu_parallel_for(mega_cpu_pool_of(be), OC, 64, sum_rows_cols, &c);
@@ -317,7 +344,7 @@ mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts, mega_back
   impl->threads = threads;
   be->ops = &cpu_ops;
   be->impl = impl;
-  openblas_set_num_threads(threads);
+  openblas_set_num_threads(1); /* the backend's threads split the GEMMs */
   *out = be;
   return MEGA_OK;
 }

@@ -23,8 +23,9 @@ typedef void (*mega_cpu_task)(void *ctx, int64_t begin, int64_t end);
 mega_status mega_cpu_pool_create(int threads, mega_cpu_pool **out, mega_err *err);
 void mega_cpu_pool_destroy(mega_cpu_pool *p);
 int mega_cpu_pool_threads(const mega_cpu_pool *p);
-/* Runs fn over [0, n) split in contiguous chunks of at least grain items,
- * one per thread; returns when all are done. */
+/* Runs fn over [0, n) split in contiguous chunks of at least grain items
+ * (a few per thread, claimed by whichever thread is free); returns when all
+ * are done. */
 void mega_cpu_parallel_for(mega_cpu_pool *p, int64_t n, int64_t grain, mega_cpu_task fn,
                            void *ctx);
 
