@@ -1,8 +1,9 @@
 /* The math and memory backend: the narrow interface the model, the optimizer
- * and the engine compute through. The cpu backend (cpu.c) uses OpenBLAS and
- * plain C loops; a cuda backend implements the same table with cuBLAS and
- * the kernels in kernels/. Both share the per-element math of the headers
- * in kernels/ (elementwise.h, rng.h).
+ * and the engine compute through. The cpu backend (cpu*.c) uses OpenBLAS
+ * for the linear layers and plain, vectorisable C loops for the rest
+ * (attention's head-sized products included); a cuda backend implements the
+ * same table with cuBLAS and the kernels in kernels/. Both share the
+ * per-element math of the headers in kernels/ (elementwise.h, rng.h).
  *
  * Memory. Every float/int pointer an op takes is backend memory (from
  * ops->alloc), unless the comment says "host". On the cpu backend backend

@@ -1,5 +1,7 @@
-/* The cpu backend: memory, GEMM (OpenBLAS), matmuls, reductions, AdamW and
- * the ops table. The GPT kernels are in cpu_ops.c and cpu_attention.c. */
+/* The cpu backend: memory, GEMM (OpenBLAS at one thread, split over the
+ * backend's threads), matmuls, reductions, AdamW and the ops table. The row
+ * and element kernels are in cpu_ops.c, attention in cpu_attention.c (on
+ * the tiles of cpu_tile.c), the threads in cpu_pool.c. */
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
