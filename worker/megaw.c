@@ -56,7 +56,8 @@ static void usage(FILE *f) {
           "  --json                 print one JSON object per iteration on stdout\n"
           "  --rank R               this process's rank (hand launch)\n"
           "  --world-size N         ranks in the job (hand launch)\n"
-          "  --rendezvous-dir DIR   where the ranks meet (hand launch)\n"
+          "  --rendezvous-dir DIR   where the ranks meet (hand launch): an empty directory\n"
+          "                         every rank sees, fresh for each launch\n"
           "  --help                 print this help\n"
           "  --version              print megaw's version\n");
   char *flags = mega_jobspec_help_text();
