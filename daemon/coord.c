@@ -137,13 +137,17 @@ uint32_t megad_coord_slots_on(megad *d, const char *node_id) {
 }
 
 /* Picks the nodes: out gets node indexes, *n their count. */
-static mega_status place(megad *d, const spec_info *info, int *out, int *n, mega_err *err) {
+/* With empty, every alive node's slots count as free: whether the job could
+ * run at all on today's nodes. */
+static mega_status place_on(megad *d, const spec_info *info, bool empty, int *out, int *n,
+                            mega_err *err) {
   mega_node_slots *ns = calloc(d->nnodes, sizeof *ns);
   if (!ns) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   for (size_t i = 0; i < d->nnodes; i++) {
     megad_node *nd = d->nodes[i];
     uint32_t used = nd->slots_used, mine = megad_coord_slots_on(d, nd->id);
     if (!nd->self && mine > used) used = mine; /* its heartbeat may not show them yet */
+    if (empty) used = 0;
     ns[i].name = nd->id;
     ns[i].free_slots = used >= nd->slots ? 0 : (int)(nd->slots - used);
     ns[i].alive = nd->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE;
@@ -154,6 +158,23 @@ static mega_status place(megad *d, const spec_info *info, int *out, int *n, mega
   mega_status rc = mega_place(ns, (int)d->nnodes, &req, out, n, err);
   free(ns);
   return rc;
+}
+
+static mega_status place(megad *d, const spec_info *info, int *out, int *n, mega_err *err) {
+  return place_on(d, info, false, out, n, err);
+}
+
+/* A pending job that could not run even on an idle cluster waits for nodes
+ * to join, but does not hold up the jobs behind it. */
+static bool blocks_queue(megad *d, mega_job *j) {
+  spec_info info;
+  int *idx = calloc(d->nnodes ? d->nnodes : 1, sizeof *idx), n = 0;
+  bool fits = idx &&
+              parse_spec(d, (uint32_t)j->nargs, j->args, j->nproc_per_node, j->nnodes_min,
+                         j->nnodes_max, 0, &info, NULL) == MEGA_OK &&
+              place_on(d, &info, true, idx, &n, NULL) == MEGA_OK;
+  free(idx);
+  return fits;
 }
 
 /* ---- launching ---- */
@@ -370,7 +391,8 @@ void megad_schedule(megad *d) {
   if (d->stopping) return;
   for (size_t i = 0; i < d->jobs.n; i++) {
     mega_job *j = d->jobs.v[i];
-    if (j->state == MEGA_JOB_PENDING && !try_start(d, j)) return; /* FIFO: the rest wait too */
+    /* FIFO: while the first job waiting for busy slots waits, the rest do too. */
+    if (j->state == MEGA_JOB_PENDING && !try_start(d, j) && blocks_queue(d, j)) return;
   }
 }
 
