@@ -29,6 +29,17 @@ mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega
   return mega_rpc_channel_new(megactl_server(flag_value), &opts, out, err);
 }
 
+mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
+                          const ProtobufCMessage *req, unsigned timeout_ms,
+                          ProtobufCMessage **resp, mega_err *err) {
+  *resp = NULL;
+  mega_rpc_channel *ch = NULL;
+  mega_status st = megactl_connect(flag_value, &ch, err);
+  if (st == MEGA_OK) st = mega_rpc_unary(ch, m, req, timeout_ms, resp, err);
+  mega_rpc_channel_free(ch);
+  return st;
+}
+
 int megactl_fail(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

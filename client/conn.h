@@ -38,6 +38,12 @@ const char *megactl_server(const char *flag_value);
  * call). The caller frees *out with mega_rpc_channel_free. */
 mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega_err *err);
 
+/* One unary call to the megad that flag_value (or the default) names: on
+ * MEGA_OK *resp is the caller's to free with protobuf_c_message_free_unpacked. */
+mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
+                          const ProtobufCMessage *req, unsigned timeout_ms,
+                          ProtobufCMessage **resp, mega_err *err);
+
 /* Prints "megactl: MSG" on stderr; returns MEGACTL_EXIT_FAIL. */
 int megactl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

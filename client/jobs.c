@@ -145,11 +145,8 @@ int megactl_submit(int argc, char **argv) {
   Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
   req.spec = &spec;
 
-  mega_rpc_channel *ch = NULL;
   ProtobufCMessage *out = NULL;
-  if (megactl_connect(server, &ch, &err) != MEGA_OK ||
-      mega_rpc_unary(ch, &mega_control_submit_job, &req.base, SUBMIT_TIMEOUT_MS, &out, &err) !=
-          MEGA_OK) {
+  if (megactl_unary(server, &mega_control_submit_job, &req.base, SUBMIT_TIMEOUT_MS, &out, &err) != MEGA_OK) {
     rc = megactl_fail("%s", err.msg);
     if (err.status == MEGA_ERR_INVALID) rc = MEGACTL_EXIT_USAGE;
   } else {
@@ -168,7 +165,6 @@ int megactl_submit(int argc, char **argv) {
     }
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
-  mega_rpc_channel_free(ch);
   mega_jobspec_argv_free(args);
   return rc;
 }
@@ -187,13 +183,10 @@ int megactl_status(int argc, char **argv) {
     return 0;
   }
   mega_err err = {0};
-  mega_rpc_channel *ch = NULL;
   ProtobufCMessage *out = NULL;
   Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
   req.job_id = (char *)cf.job;
-  if (megactl_connect(cf.server, &ch, &err) != MEGA_OK ||
-      mega_rpc_unary(ch, &mega_control_get_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) !=
-          MEGA_OK) {
+  if (megactl_unary(cf.server, &mega_control_get_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
     rc = megactl_job_error(cf.job, &err);
   } else {
     const Mega__V1__Job *j = ((Mega__V1__GetJobResponse *)out)->job;
@@ -205,7 +198,6 @@ int megactl_status(int argc, char **argv) {
       tables_job_detail(stdout, j, megactl_now_ms());
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
-  mega_rpc_channel_free(ch);
   return rc;
 }
 
@@ -268,15 +260,12 @@ int megactl_ls(int argc, char **argv) {
     return 0;
   }
   mega_err err = {0};
-  mega_rpc_channel *ch = NULL;
   ProtobufCMessage *out = NULL;
   Mega__V1__ListJobsRequest req = MEGA__V1__LIST_JOBS_REQUEST__INIT;
   req.n_states = o.n_states;
   req.states = o.states;
   req.limit = o.limit;
-  if (megactl_connect(cf.server, &ch, &err) != MEGA_OK ||
-      mega_rpc_unary(ch, &mega_control_list_jobs, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) !=
-          MEGA_OK) {
+  if (megactl_unary(cf.server, &mega_control_list_jobs, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
     rc = megactl_fail("%s", err.msg);
   } else {
     const Mega__V1__ListJobsResponse *r = (const void *)out;
@@ -293,7 +282,6 @@ int megactl_ls(int argc, char **argv) {
     }
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
-  mega_rpc_channel_free(ch);
   return rc;
 }
 
@@ -315,14 +303,11 @@ int megactl_cancel(int argc, char **argv) {
     return 0;
   }
   mega_err err = {0};
-  mega_rpc_channel *ch = NULL;
   ProtobufCMessage *out = NULL;
   Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
   req.job_id = (char *)cf.job;
   req.reason = (char *)reason;
-  if (megactl_connect(cf.server, &ch, &err) != MEGA_OK ||
-      mega_rpc_unary(ch, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) !=
-          MEGA_OK) {
+  if (megactl_unary(cf.server, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
     rc = megactl_job_error(cf.job, &err);
   } else {
     const Mega__V1__Job *j = ((Mega__V1__CancelJobResponse *)out)->job;
@@ -336,6 +321,5 @@ int megactl_cancel(int argc, char **argv) {
       printf("cancelling %s (now %s)\n", cf.job, view_state_name(st));
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
-  mega_rpc_channel_free(ch);
   return rc;
 }

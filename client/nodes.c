@@ -19,12 +19,9 @@ int megactl_nodes(int argc, char **argv) {
     return 0;
   }
   mega_err err = {0};
-  mega_rpc_channel *ch = NULL;
   ProtobufCMessage *out = NULL;
   Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
-  if (megactl_connect(cf.server, &ch, &err) != MEGA_OK ||
-      mega_rpc_unary(ch, &mega_control_list_nodes, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) !=
-          MEGA_OK) {
+  if (megactl_unary(cf.server, &mega_control_list_nodes, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
     rc = megactl_fail("%s", err.msg);
   } else {
     const Mega__V1__ListNodesResponse *r = (const void *)out;
@@ -34,6 +31,5 @@ int megactl_nodes(int argc, char **argv) {
       tables_nodes(stdout, r->nodes, r->n_nodes, r->self_node_id, megactl_now_ms());
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
-  mega_rpc_channel_free(ch);
   return rc;
 }
