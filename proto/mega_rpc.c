@@ -11,6 +11,8 @@ METHOD(mega_control_cancel_job, "Control", "CancelJob", cancel_job_request, canc
 METHOD(mega_control_watch_job, "Control", "WatchJob", watch_job_request, watch_job_response, MEGA_RPC_SERVER_STREAM);
 METHOD(mega_control_list_nodes, "Control", "ListNodes", list_nodes_request, list_nodes_response, MEGA_RPC_UNARY);
 METHOD(mega_control_get_trace, "Control", "GetTrace", get_trace_request, trace_chunk, MEGA_RPC_SERVER_STREAM);
+METHOD(mega_control_resume_job, "Control", "ResumeJob", resume_job_request, resume_job_response, MEGA_RPC_UNARY);
+METHOD(mega_control_rescale_job, "Control", "RescaleJob", rescale_job_request, rescale_job_response, MEGA_RPC_UNARY);
 
 METHOD(mega_peer_join, "Peer", "Join", join_request, join_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_heartbeat, "Peer", "Heartbeat", heartbeat_request, heartbeat_response, MEGA_RPC_UNARY);
@@ -21,16 +23,18 @@ METHOD(mega_peer_report_step, "Peer", "ReportStep", report_step_request, report_
 METHOD(mega_peer_kv_set, "Peer", "KvSet", kv_set_request, kv_set_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_kv_get, "Peer", "KvGet", kv_get_request, kv_get_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_kv_wait, "Peer", "KvWait", kv_wait_request, kv_wait_response, MEGA_RPC_UNARY);
+METHOD(mega_peer_commit_checkpoint, "Peer", "CommitCheckpoint", commit_checkpoint_request, commit_checkpoint_response, MEGA_RPC_UNARY);
 
 const mega_rpc_method *const mega_control_methods[] = {
     &mega_control_submit_job, &mega_control_get_job,    &mega_control_list_jobs,
     &mega_control_cancel_job, &mega_control_watch_job,  &mega_control_list_nodes,
-    &mega_control_get_trace,  NULL,
+    &mega_control_get_trace,  &mega_control_resume_job, &mega_control_rescale_job,
+    NULL,
 };
 
 const mega_rpc_method *const mega_peer_methods[] = {
     &mega_peer_join,        &mega_peer_heartbeat,   &mega_peer_leave,
     &mega_peer_launch_ranks, &mega_peer_abort_job,  &mega_peer_report_step,
     &mega_peer_kv_set,      &mega_peer_kv_get,      &mega_peer_kv_wait,
-    NULL,
+    &mega_peer_commit_checkpoint, NULL,
 };

@@ -19,6 +19,8 @@ extern const mega_rpc_method mega_control_cancel_job;
 extern const mega_rpc_method mega_control_watch_job; /* server stream */
 extern const mega_rpc_method mega_control_list_nodes;
 extern const mega_rpc_method mega_control_get_trace; /* server stream */
+extern const mega_rpc_method mega_control_resume_job;
+extern const mega_rpc_method mega_control_rescale_job;
 
 extern const mega_rpc_method mega_peer_join;
 extern const mega_rpc_method mega_peer_heartbeat;
@@ -29,6 +31,7 @@ extern const mega_rpc_method mega_peer_report_step;
 extern const mega_rpc_method mega_peer_kv_set;
 extern const mega_rpc_method mega_peer_kv_get;
 extern const mega_rpc_method mega_peer_kv_wait;
+extern const mega_rpc_method mega_peer_commit_checkpoint;
 
 extern const mega_rpc_method *const mega_control_methods[];
 extern const mega_rpc_method *const mega_peer_methods[];

@@ -404,13 +404,15 @@ mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_e
   return s;
 }
 
-mega_status mega_link_send_checkpoint(mega_link *l, int64_t iteration, const char *path,
-                                      uint64_t bytes, double seconds, mega_err *err) {
+mega_status mega_link_send_checkpoint(mega_link *l, const mega_rank_ckpt_report *r,
+                                      mega_err *err) {
   Mega__V1__CheckpointDone c = MEGA__V1__CHECKPOINT_DONE__INIT;
-  c.iteration = iteration > 0 ? (uint64_t)iteration : 0;
-  c.path = (char *)(path ? path : "");
-  c.bytes = bytes;
-  c.duration_s = seconds;
+  c.iteration = r->iteration > 0 ? (uint64_t)r->iteration : 0;
+  c.path = (char *)(r->path ? r->path : "");
+  c.bytes = r->bytes;
+  c.duration_s = r->duration_s;
+  c.committed = r->committed;
+  c.blocked_s = r->blocked_s;
   Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
   f.msg_case = MEGA__V1__WORKER_FRAME__MSG_CHECKPOINT_DONE;
   f.checkpoint_done = &c;

@@ -60,8 +60,8 @@ extern const mega_kv_ops mega_link_kv_ops;
 mega_status mega_link_send_hello(mega_link *l, const char *device, mega_err *err);
 /* m's spans (if any) go along, for the trace of --trace-iteration. */
 mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_err *err);
-mega_status mega_link_send_checkpoint(mega_link *l, int64_t iteration, const char *path,
-                                      uint64_t bytes, double seconds, mega_err *err);
+mega_status mega_link_send_checkpoint(mega_link *l, const mega_rank_ckpt_report *r,
+                                      mega_err *err);
 mega_status mega_link_send_error(mega_link *l, const char *message, bool retryable,
                                  mega_err *err);
 

@@ -126,11 +126,12 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
   if (stop_signal) mega_rank_abort(rs->rank, "stopped by a signal");
 }
 
-static void print_checkpoint(void *arg, int64_t iteration, const char *path, uint64_t bytes,
-                             double seconds) {
+static void print_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
   (void)arg;
-  fprintf(stderr, "megaw: saved checkpoint of iteration %lld in %s (%.1f MB, %.2f s)\n",
-          (long long)iteration, path, (double)bytes / 1e6, seconds);
+  if (!r->committed) return;
+  fprintf(stderr, "megaw: saved checkpoint of iteration %lld in %s (%.1f MB, %.2f s, training "
+                  "blocked %.2f s)\n",
+          (long long)r->iteration, r->path, (double)r->bytes / 1e6, r->duration_s, r->blocked_s);
 }
 
 /* Training without megad: alone (rank 0 of 1), or as one of --world-size

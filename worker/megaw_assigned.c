@@ -50,11 +50,10 @@ static void on_step(void *arg, const mega_rank_metrics *m) {
   if (stop_signal) mega_rank_abort(a->rank, "stopped by a signal");
 }
 
-static void on_checkpoint(void *arg, int64_t iteration, const char *path, uint64_t bytes,
-                          double seconds) {
+static void on_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
   assigned *a = arg;
   mega_err err = {0};
-  if (mega_link_send_checkpoint(a->link, iteration, path, bytes, seconds, &err) != MEGA_OK)
+  if (mega_link_send_checkpoint(a->link, r, &err) != MEGA_OK)
     fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
 }
 

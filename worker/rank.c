@@ -158,8 +158,10 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK && wrote && r->env.on_checkpoint) {
     char path[4096];
     mega_ckpt_iter_path(path, sizeof path, r->job->save, r->iteration);
-    r->env.on_checkpoint(r->env.arg, r->iteration, path, bytes,
-                         (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec));
+    double s = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    mega_rank_ckpt_report rep = {.iteration = r->iteration, .path = path, .bytes = bytes,
+                                 .duration_s = s, .blocked_s = s, .committed = true};
+    r->env.on_checkpoint(r->env.arg, &rep);
   }
   return st;
 }

@@ -68,6 +68,20 @@ typedef struct mega_rank_metrics {
   size_t nspans;
 } mega_rank_metrics;
 
+/* A checkpoint as one rank saw it (mega_rank_env.on_checkpoint). Every
+ * rank reports once its part of iteration's checkpoint is durable
+ * (committed false; a replica that writes nothing reports too); the
+ * committing rank reports again once the manifest and
+ * latest_checkpointed_iteration.txt are written (committed true). */
+typedef struct mega_rank_ckpt_report {
+  int64_t iteration;
+  const char *path;  /* SAVE/iter_NNNNNNN (valid during the call) */
+  uint64_t bytes;    /* written by this rank; committed: the whole checkpoint */
+  double duration_s; /* from the start of the save */
+  double blocked_s;  /* of that, the time training waited */
+  bool committed;
+} mega_rank_ckpt_report;
+
 typedef struct mega_rank_env {
   const mega_jobspec *job; /* passed mega_jobspec_check for this world */
   int rank, world_size;
@@ -83,11 +97,24 @@ typedef struct mega_rank_env {
 
   const char *state_dir;  /* this rank's scratch directory (traces); may be NULL */
   int device;             /* CUDA device, or -1 for the cpu backend */
+  int attempt;            /* the launcher's attempt (0 by hand): names checkpoint temp files
+                             and is recorded in every checkpoint's manifest */
 
-  /* Called on the rank's thread after every iteration and checkpoint. */
+  /* Called on the rank's thread after every iteration. */
   void (*on_step)(void *arg, const mega_rank_metrics *m);
-  void (*on_checkpoint)(void *arg, int64_t iteration, const char *path, uint64_t bytes,
-                        double seconds);
+  /* Called when the rank enters a phase ("setup", "train", "eval",
+   * "checkpoint") with the iterations completed, so a watchdog knows which
+   * time limit applies. May be NULL. */
+  void (*on_phase)(void *arg, const char *phase, int64_t iteration);
+  /* Called for each checkpoint report (above); may run on the rank's
+   * checkpoint thread (--async-save). May be NULL. */
+  void (*on_checkpoint)(void *arg, const mega_rank_ckpt_report *r);
+  /* Under a coordinator: the committing rank asks before it commits
+   * iteration's checkpoint, once every rank's part is durable. MEGA_OK
+   * commits; any other status leaves the checkpoint uncommitted (err says
+   * why; loads never use it). NULL: commit at once. May run on the
+   * checkpoint thread. */
+  mega_status (*await_commit)(void *arg, int64_t iteration, mega_err *err);
   void *arg;
 } mega_rank_env;
 

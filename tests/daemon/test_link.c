@@ -139,10 +139,14 @@ static void test_assignment_and_sends(void **state) {
   assert_string_equal(f->step->spans[1]->cat, "p2p");
   protobuf_c_message_free_unpacked(&f->base, NULL);
 
-  assert_int_equal(mega_link_send_checkpoint(fx->link, 7, "/ck/iter_7", 1000, 0.5, NULL), MEGA_OK);
+  mega_rank_ckpt_report ck = {.iteration = 7, .path = "/ck/iter_7", .bytes = 1000,
+                              .duration_s = 0.5, .blocked_s = 0.125, .committed = true};
+  assert_int_equal(mega_link_send_checkpoint(fx->link, &ck, NULL), MEGA_OK);
   f = read_worker(fx->daemon_fd);
   assert_int_equal(f->msg_case, MEGA__V1__WORKER_FRAME__MSG_CHECKPOINT_DONE);
   assert_string_equal(f->checkpoint_done->path, "/ck/iter_7");
+  assert_true(f->checkpoint_done->committed);
+  assert_true(f->checkpoint_done->blocked_s == 0.125);
   protobuf_c_message_free_unpacked(&f->base, NULL);
 
   assert_int_equal(mega_link_send_error(fx->link, "peer rank 1 closed", true, NULL), MEGA_OK);
