@@ -116,7 +116,7 @@ typedef struct mega_jobspec {
   /* data parallel */
   bool overlap_grad_reduce;
   bool align_grad_reduce;
-  int bucket_size; /* elements, 40000000 */
+  int bucket_size; /* elements; -1: Megatron's max(40M, 1M x DP) */
   bool use_distributed_optimizer;
   /* worker and measurement */
   int blas_threads;       /* 1 */

@@ -201,6 +201,22 @@ static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err 
   return MEGA_OK;
 }
 
+/* The data-parallel flags: each one works, or is refused here, never
+ * silently ignored. */
+static mega_status check_data_parallel(const mega_jobspec *s, mega_err *err) {
+  if (s->overlap_grad_reduce)
+    return BAD("--overlap-grad-reduce is not built yet (gradients are reduced in one "
+               "all-reduce after the schedule); drop the flag");
+  if (s->align_grad_reduce)
+    return BAD("--align-grad-reduce is not built yet; drop the flag");
+  if (s->bucket_size >= 0)
+    return BAD("--bucket-size is not built yet (the gradients form one bucket); drop the flag");
+  if (s->use_distributed_optimizer)
+    return BAD("--use-distributed-optimizer is not built yet (every data-parallel rank keeps "
+               "the whole optimizer state); drop the flag");
+  return MEGA_OK;
+}
+
 static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   mega_layout l;
   mega_status st = mega_jobspec_layout(s, &l, err);
@@ -224,7 +240,7 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
     return BAD("--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
   if (s->overlap_p2p_comm && s->batch_p2p_comm)
     return BAD("--overlap-p2p-comm cannot be used with --batch-p2p-comm; pick one");
-  return MEGA_OK;
+  return check_data_parallel(s, err);
 }
 
 mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
