@@ -290,15 +290,9 @@ static void block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
                               la->ln1_mean, la->ln1_rstd, N, C);
 }
 
-mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
-                                    const float *doutput, float loss_scale, float *dinput,
-                                    mega_err *err) {
-  mega_backend *be = s->be;
-  const mega_backend_ops *o = be->ops;
+static mega_status backward_check(mega_gpt_stage *s, mega_gpt_acts *a, const float *doutput,
+                                  const float *dinput, mega_err *err) {
   const mega_gpt_stage_desc *d = &s->desc;
-  int C = s->cfg.channels, V = s->cfg.vocab_size, N = a->B * a->T;
-  int L = d->num_layers;
-  size_t NC = (size_t)N * C;
   mega_status st;
   if (a->s != s)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: activations belong to another stage");
@@ -308,15 +302,46 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
   if ((st = need(err, "backward_input", "doutput", !d->loss, doutput)) ||
       (st = need(err, "backward_input", "dinput", !d->embedding, dinput)))
     return st;
+  if (d->loss && !a->have_targets)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: backward needs a forward that was given targets");
+  return MEGA_OK;
+}
+
+/* The loss stage's input half: dresid[L] from the targets. */
+static void loss_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, float loss_scale) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  int C = s->cfg.channels, V = s->cfg.vocab_size, N = a->B * a->T, L = s->desc.num_layers;
+  o->crossentropy_backward(be, a->dlogits, a->probs, a->targets, loss_scale, N, V);
+  o->matmul_backward_input(be, a->dlnf, a->dlogits, s->param + s->head, N, C, V, MEGA_W_OUT_IN);
+  o->layernorm_backward_input(be, a->dresid[L], NULL, a->dlnf, a->resid[L], s->param + s->lnfw,
+                              a->lnf_mean, a->lnf_rstd, N, C);
+}
+
+/* The loss stage's weight half: the head and ln_f. */
+static void loss_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  int C = s->cfg.channels, V = s->cfg.vocab_size, N = a->B * a->T, L = s->desc.num_layers;
+  float *G = s->grad;
+  o->matmul_backward_weight(be, G + s->head, NULL, a->dlogits, a->lnf, N, C, V, MEGA_W_OUT_IN);
+  o->layernorm_backward_weight(be, G + s->lnfw, G + s->lnfb, a->dlnf, a->resid[L], a->lnf_mean,
+                               a->lnf_rstd, N, C);
+}
+
+mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
+                                    const float *doutput, float loss_scale, float *dinput,
+                                    mega_err *err) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  const mega_gpt_stage_desc *d = &s->desc;
+  int C = s->cfg.channels, N = a->B * a->T;
+  int L = d->num_layers;
+  size_t NC = (size_t)N * C;
+  mega_status st = backward_check(s, a, doutput, dinput, err);
+  if (st) return st;
   if (d->loss) {
-    if (!a->have_targets)
-      return mega_fail(err, MEGA_ERR_INVALID,
-                       "gpt: backward needs a forward that was given targets");
-    o->crossentropy_backward(be, a->dlogits, a->probs, a->targets, loss_scale, N, V);
-    o->matmul_backward_input(be, a->dlnf, a->dlogits, s->param + s->head, N, C, V,
-                             MEGA_W_OUT_IN);
-    o->layernorm_backward_input(be, a->dresid[L], NULL, a->dlnf, a->resid[L],
-                                s->param + s->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
+    loss_backward_input(s, a, loss_scale);
   } else if ((st = o->memcpy(be, a->dresid[L], doutput, NC * sizeof(float), MEGA_COPY_D2D,
                              err))) {
     return st;
@@ -354,7 +379,7 @@ mega_status mega_gpt_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
   mega_backend *be = s->be;
   const mega_backend_ops *o = be->ops;
   const mega_gpt_stage_desc *d = &s->desc;
-  int C = s->cfg.channels, V = s->cfg.vocab_size, N = a->B * a->T;
+  int C = s->cfg.channels;
   int L = d->num_layers;
   float *G = s->grad;
   if (a->s != s)
@@ -362,15 +387,55 @@ mega_status mega_gpt_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
   if (a->state != ST_BACKWARD_INPUT)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: backward_weight needs backward_input first (once per forward)");
+  int u = 0;
   if (d->loss) {
-    o->matmul_backward_weight(be, G + s->head, NULL, a->dlogits, a->lnf, N, C, V,
-                              MEGA_W_OUT_IN);
-    o->layernorm_backward_weight(be, G + s->lnfw, G + s->lnfb, a->dlnf, a->resid[L],
-                                 a->lnf_mean, a->lnf_rstd, N, C);
+    loss_backward_weight(s, a);
+    gpt_unit_done(s, u++);
   }
-  for (int l = L - 1; l >= 0; l--) block_backward_weight(s, a, l);
-  if (d->embedding)
+  for (int l = L - 1; l >= 0; l--) {
+    block_backward_weight(s, a, l);
+    gpt_unit_done(s, u++);
+  }
+  if (d->embedding) {
     o->encoder_backward(be, G + s->wte, G + s->wpe, a->dresid[0], a->tokens, a->B, a->T, C);
+    gpt_unit_done(s, u++);
+  }
+  a->state = ST_EMPTY;
+  return MEGA_OK;
+}
+
+mega_status mega_gpt_backward(mega_gpt_stage *s, mega_gpt_acts *a, const float *doutput,
+                              float loss_scale, float *dinput, mega_err *err) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  const mega_gpt_stage_desc *d = &s->desc;
+  int C = s->cfg.channels, N = a->B * a->T;
+  int L = d->num_layers;
+  size_t NC = (size_t)N * C;
+  mega_status st = backward_check(s, a, doutput, dinput, err);
+  if (st) return st;
+  int u = 0;
+  if (d->loss) {
+    loss_backward_input(s, a, loss_scale);
+    loss_backward_weight(s, a);
+    gpt_unit_done(s, u++);
+  } else if ((st = o->memcpy(be, a->dresid[L], doutput, NC * sizeof(float), MEGA_COPY_D2D,
+                             err))) {
+    return st;
+  }
+  for (int l = L - 1; l >= 0; l--) {
+    block_backward_input(s, a, l);
+    block_backward_weight(s, a, l);
+    gpt_unit_done(s, u++);
+  }
+  if (!d->embedding &&
+      (st = o->memcpy(be, dinput, a->dresid[0], NC * sizeof(float), MEGA_COPY_D2D, err)))
+    return st;
+  if (d->embedding) {
+    o->encoder_backward(be, s->grad + s->wte, s->grad + s->wpe, a->dresid[0], a->tokens, a->B,
+                        a->T, C);
+    gpt_unit_done(s, u++);
+  }
   a->state = ST_EMPTY;
   return MEGA_OK;
 }
