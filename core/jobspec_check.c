@@ -201,19 +201,19 @@ static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err 
   return MEGA_OK;
 }
 
-/* The data-parallel flags: each one works, or is refused here, never
- * silently ignored. */
+/* The data-parallel flags Megatron ties together. */
 static mega_status check_data_parallel(const mega_jobspec *s, mega_err *err) {
-  if (s->overlap_grad_reduce)
-    return BAD("--overlap-grad-reduce is not built yet (gradients are reduced in one "
-               "all-reduce after the schedule); drop the flag");
-  if (s->align_grad_reduce)
-    return BAD("--align-grad-reduce is not built yet; drop the flag");
-  if (s->bucket_size >= 0)
-    return BAD("--bucket-size is not built yet (the gradients form one bucket); drop the flag");
-  if (s->use_distributed_optimizer)
-    return BAD("--use-distributed-optimizer is not built yet (every data-parallel rank keeps "
-               "the whole optimizer state); drop the flag");
+  if (s->align_grad_reduce && !s->overlap_grad_reduce)
+    return BAD("--align-grad-reduce needs --overlap-grad-reduce (without it the reduction "
+               "follows the schedule on every stage)");
+  if (s->bucket_size >= 0 && !s->overlap_grad_reduce)
+    return BAD("--bucket-size needs --overlap-grad-reduce (without it the gradients form one "
+               "bucket)");
+  if (s->overlap_param_gather && !s->use_distributed_optimizer)
+    return BAD("--overlap-param-gather needs --use-distributed-optimizer (only sharded "
+               "parameters are gathered)");
+  if (s->overlap_param_gather && !s->overlap_grad_reduce)
+    return BAD("--overlap-param-gather needs --overlap-grad-reduce, as in Megatron");
   return MEGA_OK;
 }
 

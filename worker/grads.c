@@ -32,6 +32,7 @@ struct mega_grads {
   mega_optim_range *ranges;
   int *range_chunk;
   size_t *range_pos; /* of each range in its chunk's buffers */
+  bool *range_copy;  /* a piece of the loss-only stage's copy of wte */
   size_t nranges;
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
@@ -116,6 +117,11 @@ static void on_unit(void *arg, int first, int count) {
   mega_grads_ready(c->g, c->index, first, count);
 }
 
+static void on_need(void *arg, int first, int count) {
+  chunk *c = arg;
+  mega_grads_need(c->g, c->index, first, count);
+}
+
 /* The optimizer's ranges: whole params, or their pieces inside this rank's
  * shards. */
 static mega_status build_ranges(mega_grads *g, mega_err *err) {
@@ -128,7 +134,8 @@ static mega_status build_ranges(mega_grads *g, mega_err *err) {
   g->ranges = calloc(cap + 1, sizeof *g->ranges);
   g->range_chunk = calloc(cap + 1, sizeof *g->range_chunk);
   g->range_pos = calloc(cap + 1, sizeof *g->range_pos);
-  if (!g->ranges || !g->range_chunk || !g->range_pos)
+  g->range_copy = calloc(cap + 1, sizeof *g->range_copy);
+  if (!g->ranges || !g->range_chunk || !g->range_pos || !g->range_copy)
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for optimizer ranges");
   size_t n = 0;
   for (int v = 0; v < g->vp; v++) {
@@ -146,6 +153,7 @@ static mega_status build_ranges(mega_grads *g, mega_err *err) {
                                         .numel = hi - lo, .decay = p[i].decay};
       g->range_chunk[n] = v;
       g->range_pos[n] = lo;
+      g->range_copy[n] = p[i].tied_copy;
       n++;
     }
   }
@@ -189,7 +197,10 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
     be->ops->memset0(be, c->params, c->numel * sizeof(float));
     be->ops->memset0(be, c->grads, c->numel * sizeof(float));
     st = mega_gpt_rebind(c->stage, c->params, c->grads, c->numel, offset, err);
-    if (st == MEGA_OK) mega_gpt_on_grads_done(c->stage, on_unit, c);
+    if (st == MEGA_OK) {
+      mega_gpt_on_grads_done(c->stage, on_unit, c);
+      mega_gpt_on_params_needed(c->stage, on_need, c);
+    }
   }
   free(offset);
   if (st == MEGA_OK) {
@@ -218,7 +229,10 @@ void mega_grads_destroy(mega_grads *g) {
     chunk *c = &g->chunks[v];
     /* The stage keeps borrowing the buffers until it is destroyed; only
      * stop its callbacks from reaching freed memory. */
-    if (c->stage) mega_gpt_on_grads_done(c->stage, NULL, NULL);
+    if (c->stage) {
+      mega_gpt_on_grads_done(c->stage, NULL, NULL);
+      mega_gpt_on_params_needed(c->stage, NULL, NULL);
+    }
     if (c->params) g->be->ops->free(g->be, c->params);
     if (c->grads) g->be->ops->free(g->be, c->grads);
     free(c->bucket_of);
@@ -232,6 +246,7 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->ranges);
   free(g->range_chunk);
   free(g->range_pos);
+  free(g->range_copy);
   free(g);
 }
 
@@ -351,14 +366,14 @@ double mega_grads_loss_scale_factor(const mega_grads *g) {
 }
 
 mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err) {
+  /* Over the ranges the optimizer steps: each element this rank owns once,
+   * padding never, the tied copy left out. */
   double sum = 0;
-  for (int b = 0; b < g->nbuckets; b++) {
-    const mega_grads_bucket *k = &g->buckets[b];
-    if (k->tied_copy) continue;
-    const chunk *c = &g->chunks[k->chunk];
+  for (size_t i = 0; i < g->nranges; i++) {
+    if (g->range_copy[i]) continue;
     double s;
-    mega_status st = g->be->ops->sum_squares(g->be, c->grads + k->offset + k->shard_offset,
-                                             k->shard_numel, &s, err);
+    mega_status st = g->be->ops->sum_squares(g->be, g->ranges[i].grads, g->ranges[i].numel, &s,
+                                             err);
     if (st != MEGA_OK) return st;
     sum += s;
   }
@@ -424,8 +439,20 @@ mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err) {
   return st;
 }
 
+void mega_grads_need(mega_grads *g, int ci, int first, int count) {
+  chunk *c = &g->chunks[ci];
+  for (int i = first; i < first + count; i++) {
+    int b = c->bucket_of[i];
+    if (!g->preq[b]) continue;
+    mega_status st = mega_req_wait(g->preq[b], 0, &g->fail_err);
+    mega_req_free(g->preq[b]);
+    g->preq[b] = NULL;
+    if (st != MEGA_OK && g->failed == MEGA_OK) g->failed = st;
+  }
+}
+
 mega_status mega_grads_wait_params(mega_grads *g, int ci, mega_err *err) {
-  mega_status st = MEGA_OK;
+  mega_status st = sticky(g, err);
   for (int v = 0; v < g->vp; v++) {
     if (ci >= 0 && v != ci) continue;
     chunk *c = &g->chunks[v];

@@ -155,6 +155,11 @@ const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n);
  * A no-op without the distributed optimizer or at DP 1. */
 mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err);
 mega_status mega_grads_wait_params(mega_grads *g, int c, mega_err *err);
+/* Params [first, first+count) of chunk c are about to be read (forward):
+ * waits for the gathers of their buckets still in flight. The model calls
+ * it through its params-needed callback; a failure is kept like a launch's
+ * and returned by mega_grads_wait_params or mega_grads_launch. */
+void mega_grads_need(mega_grads *g, int c, int first, int count);
 
 /* Checkpoints of a distributed optimizer: whole moments in the buffers'
  * layout (per chunk and moment one host array of mega_gpt_num_params

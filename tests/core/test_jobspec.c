@@ -375,6 +375,10 @@ static void test_check_ok(void **state) {
                        "--save-initial", "--trace-iteration", "10", "--schedule", "gpipe"),
                   1, -1);
   expect_check_ok(ARGV("--max-position-embeddings", "32", "--lr-warmup-iters", "9"), 1, -1);
+  expect_check_ok(ARGV("--overlap-grad-reduce", "--align-grad-reduce", "--bucket-size", "1000",
+                       "--use-distributed-optimizer", "--overlap-param-gather",
+                       "--average-in-collective"),
+                  2, -1);
 }
 
 static void test_check_required(void **state) {
@@ -498,12 +502,14 @@ static void test_check_errors(void **state) {
                           "Ett|ttL", "--num-layers-per-virtual-pipeline-stage", "1"),
                      2, -1,
                      "--pipeline-model-parallel-layout cannot be combined with --num-layers-per-virtual-pipeline-stage");
-  /* data-parallel flags that do nothing yet are refused, one line each */
-  expect_check_error(ARGV("--overlap-grad-reduce"), 2, -1, "--overlap-grad-reduce is not built yet");
-  expect_check_error(ARGV("--align-grad-reduce"), 2, -1, "--align-grad-reduce is not built yet");
-  expect_check_error(ARGV("--bucket-size", "1000"), 2, -1, "--bucket-size is not built yet");
-  expect_check_error(ARGV("--use-distributed-optimizer"), 2, -1,
-                     "--use-distributed-optimizer is not built yet");
+  /* data-parallel flags that only mean something together */
+  expect_check_error(ARGV("--align-grad-reduce"), 2, -1,
+                     "--align-grad-reduce needs --overlap-grad-reduce");
+  expect_check_error(ARGV("--bucket-size", "1000"), 2, -1, "--bucket-size needs --overlap-grad-reduce");
+  expect_check_error(ARGV("--overlap-param-gather", "--overlap-grad-reduce"), 2, -1,
+                     "--overlap-param-gather needs --use-distributed-optimizer");
+  expect_check_error(ARGV("--overlap-param-gather", "--use-distributed-optimizer"), 2, -1,
+                     "--overlap-param-gather needs --overlap-grad-reduce");
   expect_check_error(ARGV("--pipeline-model-parallel-size", "3"), 3, -1,
                      "invalid job: num-layers 4 is not divisible by the pipeline size PP = 3");
   expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
@@ -627,6 +633,7 @@ static void make_full(mega_jobspec *s) {
                     "--variable-seq-lengths", "--deallocate-pipeline-outputs",
                     "--recompute-granularity", "full", "--overlap-grad-reduce",
                     "--align-grad-reduce", "--bucket-size", "1000", "--use-distributed-optimizer",
+                    "--overlap-param-gather", "--average-in-collective",
                     "--blas-threads", "4", "--trace-iteration", "3", "--simulate-compute",
                     "1:2:3", "--log-interval", "2"));
 }

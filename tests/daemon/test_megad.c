@@ -297,7 +297,8 @@ static void test_run_json(void **state) {
   int lines = 0;
   const char *keys[] = {"iteration", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s", "ranks"};
   const char *rkeys[] = {"rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "bubble_s",
-                         "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes"};
+                         "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes",
+                         "param_bytes", "grad_bytes", "optimizer_state_bytes"};
   while (fgets(line, sizeof line, p)) {
     json_error_t je;
     json_t *o = json_loads(line, 0, &je);

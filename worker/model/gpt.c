@@ -265,6 +265,11 @@ void mega_gpt_on_grads_done(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *
   s->grads_done_arg = arg;
 }
 
+void mega_gpt_on_params_needed(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg) {
+  s->params_needed = fn;
+  s->params_needed_arg = arg;
+}
+
 mega_status mega_gpt_rebind(mega_gpt_stage *s, float *params, float *grads, size_t numel,
                             const size_t *offset, mega_err *err) {
   if (!params || !grads)

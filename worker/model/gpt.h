@@ -134,6 +134,11 @@ const mega_gpt_unit *mega_gpt_units(const mega_gpt_stage *s, int *count);
  * caller decides what a finished unit means. fn NULL unregisters. */
 typedef void (*mega_gpt_grads_done_fn)(void *arg, int first, int count);
 void mega_gpt_on_grads_done(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg);
+/* Forward tells its caller, unit by unit in forward order (the embedding,
+ * the first block, ..., the loss unit), just before it first reads the
+ * unit's parameters, so that parameters still arriving (a distributed
+ * optimizer's all-gather) are waited for only then. fn NULL unregisters. */
+void mega_gpt_on_params_needed(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg);
 
 /* Moves the stage's parameters and gradients into the caller's buffers of
  * numel floats each (backend memory): param i (mega_gpt_params order) lives

@@ -234,8 +234,10 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
   if (targets && !loss_sum)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: forward with targets needs loss_sum");
   a->state = ST_EMPTY;
+  int u = s->nunits; /* units in forward order: from the last */
   if (d->embedding) {
     if ((st = copy_ids(a, a->tokens, tokens, "tokens", err))) return st;
+    gpt_unit_needed(s, --u);
     o->encoder_forward(be, a->resid[0], a->tokens, s->param + s->wte, s->param + s->wpe, B,
                        T, C);
   } else if ((st = o->memcpy(be, a->resid[0], input, NC * sizeof(float), MEGA_COPY_D2D,
@@ -244,6 +246,7 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
   }
   for (int l = 0; l < L; l++) {
     float *y = (l == L - 1 && !d->loss) ? output : a->resid[l + 1];
+    gpt_unit_needed(s, --u);
     block_forward(s, a, l, a->resid[l], y);
   }
   if (!d->loss) {
@@ -252,6 +255,7 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
       return o->memcpy(be, output, a->resid[0], NC * sizeof(float), MEGA_COPY_D2D, err);
     return MEGA_OK;
   }
+  gpt_unit_needed(s, --u);
   o->layernorm_forward(be, a->lnf, a->lnf_mean, a->lnf_rstd, a->resid[L],
                        s->param + s->lnfw, s->param + s->lnfb, N, C, s->cfg.ln_eps);
   o->matmul_forward(be, a->logits, a->lnf, s->param + s->head, NULL, NULL, N, C, V,
