@@ -310,8 +310,8 @@ static void test_run_json(void **state) {
     assert_int_equal(json_array_size(ranks), 2);
     for (size_t r = 0; r < 2; r++) {
       json_t *ro = json_array_get(ranks, r);
-      assert_int_equal(json_object_size(ro), 9);
-      for (size_t k = 0; k < 9; k++) assert_non_null(json_object_get(ro, rkeys[k]));
+      assert_int_equal(json_object_size(ro), 12);
+      for (size_t k = 0; k < 12; k++) assert_non_null(json_object_get(ro, rkeys[k]));
       assert_int_equal(json_integer_value(json_object_get(ro, "pp_rank")), (json_int_t)r);
     }
     json_decref(o);
