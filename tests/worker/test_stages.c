@@ -255,12 +255,12 @@ static void split_backward_halves_and_accumulation(void **state) {
 }
 
 typedef struct unit_log {
-  int n, first[16], count[16];
+  int n, first[64], count[64];
 } unit_log;
 
 static void log_unit(void *arg, int first, int count) {
   unit_log *l = arg;
-  assert_true(l->n < 16);
+  assert_true(l->n < 64);
   l->first[l->n] = first;
   l->count[l->n++] = count;
 }
@@ -283,7 +283,7 @@ static void fused_backward_units_and_rebind(void **state) {
     int np, nu;
     const mega_param_info *p = mega_gpt_params(s, &np);
     const mega_gpt_unit *u = mega_gpt_units(s, &nu);
-    assert_int_equal(nu, descs[k].num_layers + 1 + emb);
+    assert_int_equal(nu, 6 * descs[k].num_layers + 2); /* 6 per block; ln_f; head or embedding */
     int32_t tokens[B * T], targets[B * T];
     fx_ids(tokens, B * T, 256, 5);
     fx_ids(targets, B * T, 256, 6);
@@ -310,11 +310,16 @@ static void fused_backward_units_and_rebind(void **state) {
       for (int j = 0; j < u[i].count; j++) seen[u[i].first + j]++;
     }
     for (int i = 0; i < np; i++) assert_int_equal(seen[i], 1);
-    /* the loss unit first, the blocks from the last, the embedding last */
-    assert_true(!strncmp(p[u[0].first].name, "transformer.ln_f", 16));
-    assert_true(strstr(p[u[1].first].name, emb ? "h.3." : "h.3.") != NULL);
+    /* the head copy and ln_f first, the blocks from the last (mlp.c_proj
+     * first, ln_1 last), the embedding last */
+    int b0 = emb ? 1 : 2;
+    if (!emb) assert_string_equal(p[u[0].first].name, "transformer.wte.weight");
+    assert_string_equal(p[u[b0 - 1].first].name, "transformer.ln_f.weight");
+    assert_string_equal(p[u[b0].first].name, "transformer.h.3.mlp.c_proj.weight");
+    assert_string_equal(p[u[b0 + 5].first].name, "transformer.h.3.ln_1.weight");
+    assert_int_equal(u[b0].layer, descs[k].num_layers - 1);
+    assert_string_equal(p[u[b0 + 6].first].name, "transformer.h.2.mlp.c_proj.weight");
     if (emb) assert_string_equal(p[u[nu - 1].first].name, "transformer.wte.weight");
-    else assert_string_equal(p[u[0].first + 2].name, "transformer.wte.weight");
     /* fused */
     log.n = 0;
     mega_gpt_zero_grad(s);

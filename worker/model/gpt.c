@@ -151,15 +151,19 @@ static void build_table(mega_gpt_stage *s, table *t) {
 
 /* The units in backward order (gpt.h). */
 static void build_units(mega_gpt_stage *s) {
-  int n = 0, emb = s->desc.embedding ? 2 : 0, L = s->desc.num_layers;
+  int n = 0, emb = s->desc.embedding ? 2 : 0, L = s->desc.num_layers, np = s->nparams;
   mega_gpt_unit *u = s->units;
   if (s->desc.loss) {
-    int count = s->desc.embedding ? 2 : 3; /* ln_f, and the head copy */
-    u[n++] = (mega_gpt_unit){.first = s->nparams - count, .count = count};
+    if (!s->desc.embedding) u[n++] = (mega_gpt_unit){.first = np - 1, .count = 1, .layer = -1};
+    int lnf = s->desc.embedding ? np - 2 : np - 3;
+    u[n++] = (mega_gpt_unit){.first = lnf, .count = 2, .layer = -1};
   }
+  /* Within a block the table is ln_1, c_attn, c_proj, ln_2, c_fc,
+   * mlp.c_proj (weight and bias each); backward goes the other way. */
   for (int l = L - 1; l >= 0; l--)
-    u[n++] = (mega_gpt_unit){.first = emb + LAYER_PARAMS * l, .count = LAYER_PARAMS};
-  if (s->desc.embedding) u[n++] = (mega_gpt_unit){.first = 0, .count = 2};
+    for (int k = LAYER_PARAMS - 2; k >= 0; k -= 2)
+      u[n++] = (mega_gpt_unit){.first = emb + LAYER_PARAMS * l + k, .count = 2, .layer = l};
+  if (s->desc.embedding) u[n++] = (mega_gpt_unit){.first = 0, .count = 2, .layer = -1};
   for (int i = 0; i < n; i++)
     for (int k = 0; k < u[i].count; k++) u[i].numel += s->params[u[i].first + k].numel;
   s->nunits = n;
@@ -210,7 +214,7 @@ mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
   if (s) {
     s->params = calloc((size_t)cap, sizeof *s->params);
     s->layers = calloc((size_t)desc->num_layers + 1, sizeof *s->layers);
-    s->units = calloc((size_t)desc->num_layers + 2, sizeof *s->units);
+    s->units = calloc((size_t)LAYER_PARAMS / 2 * desc->num_layers + 3, sizeof *s->units);
   }
   if (!s || !s->params || !s->layers || !s->units) {
     mega_gpt_stage_destroy(s);

@@ -114,16 +114,21 @@ void mega_gpt_zero_grad(mega_gpt_stage *s);
 /* Re-runs the initialisation (create already did). */
 mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err);
 
-/* Units: the groups of parameters whose gradients backward completes
- * together, in the order it completes them: the loss unit (ln_f and, on a
- * loss-only stage, the head copy of wte), then each block from the last to
- * the first, then the embedding (wte, wpe). On a stage that is both
- * embedding and loss the head is wte itself, which is complete only with
- * the embedding unit. Each unit is a run [first, first+count) of
- * mega_gpt_params; numel sums their elements. */
+/* Units: the groups of parameters whose gradients one step of backward
+ * completes together (one weight-gradient GEMM with its bias, or one
+ * layernorm), in the order backward completes them: the head (a loss-only
+ * stage's copy of wte) and ln_f; then block by block from the last, each
+ * block's mlp.c_proj, mlp.c_fc, ln_2, attn.c_proj, attn.c_attn, ln_1; then
+ * the embedding (wte, wpe). On a stage that is both embedding and loss the
+ * head is wte itself, which is complete only with the embedding unit. Each
+ * unit is a run [first, first+count) of mega_gpt_params, numel its
+ * elements; layer is the block's index within the stage (-1 for the loss
+ * and embedding units). Megatron learns the same from autograd's
+ * per-parameter hooks. */
 typedef struct mega_gpt_unit {
   int first, count;
   size_t numel;
+  int layer;
 } mega_gpt_unit;
 const mega_gpt_unit *mega_gpt_units(const mega_gpt_stage *s, int *count);
 
@@ -134,10 +139,11 @@ const mega_gpt_unit *mega_gpt_units(const mega_gpt_stage *s, int *count);
  * caller decides what a finished unit means. fn NULL unregisters. */
 typedef void (*mega_gpt_grads_done_fn)(void *arg, int first, int count);
 void mega_gpt_on_grads_done(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg);
-/* Forward tells its caller, unit by unit in forward order (the embedding,
- * the first block, ..., the loss unit), just before it first reads the
- * unit's parameters, so that parameters still arriving (a distributed
- * optimizer's all-gather) are waited for only then. fn NULL unregisters. */
+/* Forward tells its caller, unit by unit in forward order (the reverse of
+ * the above), just before the part of forward that first reads the unit's
+ * parameters (a block asks for all its units before it starts), so that
+ * parameters still arriving (a distributed optimizer's all-gather) are
+ * waited for only then. fn NULL unregisters. */
 void mega_gpt_on_params_needed(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg);
 
 /* Moves the stage's parameters and gradients into the caller's buffers of
