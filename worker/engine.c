@@ -364,6 +364,17 @@ static void sleep_ms(double ms) {
   }
 }
 
+/* Sleeps until t0 + ms (CLOCK_MONOTONIC seconds t0): an action split into
+ * many sleeps lasts its whole time, not that plus each sleep's overshoot,
+ * so data-parallel ranks do not drift apart. */
+static void sleep_until(double t0, double ms) {
+  double t = t0 + ms * 1e-3;
+  struct timespec ts = {.tv_sec = (time_t)t, .tv_nsec = (long)((t - (double)(time_t)t) * 1e9)};
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+  }
+}
+
 /* --simulate-compute: sleeps ms over the chunk's units, in proportion to
  * their parameters, in backward order; with ready, each unit then marks its
  * parameters ready, as the model's backward does. */
@@ -376,8 +387,11 @@ static void sleep_units(mega_engine *e, int chunk, double ms, bool ready) {
     sleep_ms(ms);
     return;
   }
+  double t0 = mono_s();
+  size_t done = 0;
   for (int k = 0; k < nu; k++) {
-    sleep_ms(ms * (double)u[k].numel / (double)total);
+    done += u[k].numel;
+    sleep_until(t0, ms * (double)done / (double)total);
     mega_grads_ready(e->cfg.grads, chunk, u[k].first, u[k].count);
   }
 }
@@ -393,9 +407,12 @@ static void sleep_units_forward(mega_engine *e, int chunk, double ms) {
     sleep_ms(ms);
     return;
   }
+  double t0 = mono_s();
+  size_t done = 0;
   for (int k = nu - 1; k >= 0; k--) {
     mega_grads_need(e->cfg.grads, chunk, u[k].first, u[k].count);
-    sleep_ms(ms * (double)u[k].numel / (double)total);
+    done += u[k].numel;
+    sleep_until(t0, ms * (double)done / (double)total);
   }
 }
 

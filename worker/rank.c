@@ -459,6 +459,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
                   !r->simulate;
   double loss_sum = res.loss_sum;
   if (st == MEGA_OK && has_loss) st = sum_doubles(r->comm[GROUP_DP], &loss_sum, err);
+  double tg = wall_s(); /* gradients reduced (finish_grad_sync, finalize_model_grads) */
   /* The global norm counts every element once: the shards this rank owns
    * summed over the data-parallel group (distributed optimizer), the stages
    * over the pipeline, the tied copy left out. */
@@ -473,6 +474,10 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
    * a little: the split is clamped to the wait. */
   double tail = (drained < tsync ? drained : tsync) - ts;
   if (tail < 0) tail = 0;
+  /* Exposed: the reductions' end past the pipeline's (the norm that follows
+   * is the optimizer's, as in Megatron's timers). */
+  double exposed = tg - (drained > ts ? drained : ts);
+  if (exposed < 0) exposed = 0;
   double lr = mega_lr_at(&r->lr, it);
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
   if (st == MEGA_OK && !r->simulate) st = mega_optim_step(r->optim, sumsq, lr, &or, err);
@@ -490,7 +495,11 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "grad-sync", .cat = "grad_sync",
                                                .start_us = (ts - t0) * 1e6,
-                                               .dur_us = (tsync - ts) * 1e6};
+                                               .dur_us = (tg - ts) * 1e6};
+    if (r->nspans < r->span_cap)
+      r->spans[r->nspans++] = (mega_rank_span){.name = "grad-norm", .cat = "optimizer",
+                                               .start_us = (tg - t0) * 1e6,
+                                               .dur_us = (tsync - tg) * 1e6};
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "optimizer", .cat = "optimizer",
                                                .start_us = (tsync - t0) * 1e6,
@@ -512,7 +521,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->bubble_steady_s = res.bubble_steady_s;
   m->bubble_cooldown_s = res.bubble_cooldown_s + tail;
   m->p2p_wait_s = res.p2p_wait_s;
-  m->grad_sync_exposed_s = tsync - ts - tail;
+  m->grad_sync_exposed_s = exposed;
   m->peak_activation_bytes = res.peak_bytes;
   m->peak_inflight = res.peak_inflight;
   m->param_bytes = mega_grads_param_bytes(r->chunks.grads);
