@@ -537,9 +537,8 @@ int64_t mega_rank_iteration(const mega_rank *r) { return r->iteration; }
 const char *mega_rank_loaded_path(const mega_rank *r) { return r->loaded; }
 
 size_t mega_rank_num_params(const mega_rank *r) {
-  size_t n = 0;
-  for (int v = 0; r->chunks.stages && v < r->chunks.vp; v++)
-    n += mega_gpt_num_params(r->chunks.stages[v]);
+  size_t n = 0; /* the tensors' elements, not the buffers' padding */
+  for (size_t k = 0; r->chunks.ranges && k < r->chunks.nparams; k++) n += r->chunks.ranges[k].numel;
   return n;
 }
 
