@@ -165,11 +165,17 @@ run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --tensor-model-parallel-siz
   --pipeline-model-parallel-size 2 --nproc-per-node 2
 same "$(cat err.txt)" "megactl: invalid job: world size 2 is not divisible by TP·PP = 4 (TP 2 × PP 2); use a world size that is a multiple of 4"
 # A job that fails on the node: watch exits 1 with the cause.
-run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --data-path /nonexistent/data.txt \
+# what can be checked at submit is: a data file megad cannot see
+run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --data-path /nonexistent/data.txt \
   --nproc-per-node 1 --name broken
+grep -q "nonexistent/data.txt" err.txt || fail "submit of a missing data file: $(cat err.txt)"
+# what only a worker finds: a checkpoint directory it cannot read
+mkdir -p badckpt && echo garbage > badckpt/latest_checkpointed_iteration.txt
+run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --load badckpt --nproc-per-node 1 \
+  --name broken
 broken=$(tail -1 out.txt)
 run 1 "$megactl" watch "$broken"
-[[ "$(cat err.txt)" == "megactl: job $broken failed: "*nonexistent* ]] ||
+[[ "$(cat err.txt)" == "megactl: job $broken failed: "*"one iteration number"* ]] ||
   fail "the failed job's cause: $(cat err.txt)"
 
 # ---- megad gone ----
