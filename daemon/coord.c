@@ -111,14 +111,48 @@ uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id) {
   return n;
 }
 
-/* Slots of node free for j: what its heartbeat says is used, or what this
- * coordinator's attempts take there, whichever is more. own: j's own ranks
- * there count as free; empty: every slot counts as free. */
+void coord_released(megad_coord *c, const mega_job *j) {
+  uint64_t now = uv_now(c->b->loop);
+  for (size_t k = 0; k < j->nplaced; k++) {
+    struct megad_released *slot = NULL;
+    for (size_t i = 0; i < sizeof c->released / sizeof c->released[0] && !slot; i++)
+      if (!c->released[i].nranks) slot = &c->released[i];
+    if (!slot) slot = &c->released[0]; /* the oldest matters least */
+    snprintf(slot->node_id, sizeof slot->node_id, "%s", j->placement[k].node_id);
+    slot->nranks = j->placement[k].nranks;
+    slot->at_ms = now;
+  }
+}
+
+/* Ranks released on nd that its heartbeats may still count: until one sent
+ * after the release has come in. */
+static uint32_t released_on(megad_coord *c, const megad_node *nd) {
+  uint32_t n = 0;
+  for (size_t i = 0; i < sizeof c->released / sizeof c->released[0]; i++) {
+    struct megad_released *r = &c->released[i];
+    if (!r->nranks) continue;
+    if (nd->seen_ms > r->at_ms + c->o.heartbeat_ms + 50) {
+      if (!strcmp(r->node_id, nd->id)) r->nranks = 0; /* its heartbeats know now */
+      continue;
+    }
+    if (!strcmp(r->node_id, nd->id)) n += r->nranks;
+  }
+  return n;
+}
+
+/* Slots of node free for j: what its heartbeat says is used (less what this
+ * coordinator saw leave since), or what this coordinator's attempts take
+ * there, whichever is more. own: j's own ranks there count as free; empty:
+ * every slot counts as free. */
 static int free_slots(megad_coord *c, const megad_node *nd, const mega_job *j, bool own,
                       bool empty) {
   if (empty) return (int)nd->slots;
   uint32_t mine = megad_coord_slots_on(c, nd->id);
   uint32_t used = nd->self ? c->L->slots_used : nd->slots_used;
+  if (!nd->self) {
+    uint32_t gone = released_on(c, nd);
+    used = used > gone ? used - gone : 0;
+  }
   if (mine > used) used = mine; /* its heartbeat may not show them yet */
   if (own && j->rt)
     for (size_t k = 0; k < j->nplaced; k++)

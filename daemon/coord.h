@@ -51,6 +51,13 @@ typedef struct megad_coord {
   megad_coord_opts o;
   uv_timer_t tick; /* retries the placement of waiting jobs */
   bool tick_on;
+  /* Ranks of ended attempts, per node, that the node's heartbeats may still
+   * count as busy: placement discounts them until its next heartbeat. */
+  struct megad_released {
+    char node_id[64];
+    uint32_t nranks;
+    uint64_t at_ms; /* uv_now */
+  } released[32];
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,

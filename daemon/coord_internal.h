@@ -76,6 +76,8 @@ void coord_abort_nodes(coord_run *run, const char *reason);
 void coord_attempt_over(coord_run *run, mega_end_kind kind, const char *cause);
 /* Sends the committing rank the go-ahead for iteration. */
 void coord_ask_commit(coord_run *run, uint64_t iteration);
+/* Notes that an ended attempt's ranks left their nodes. */
+void coord_released(megad_coord *c, const mega_job *j);
 /* The placement a job would get now, as a node count (0: none); own: count
  * the job's own slots as free (a re-plan of a running job). */
 uint32_t coord_could_place(megad_coord *c, mega_job *j, bool own);

@@ -157,6 +157,7 @@ static void finish(coord_run *run) {
   snprintf(prefix, sizeof prefix, "%s/", run->kv_prefix);
   mega_kv_delete_prefix(c->kvs->kv, prefix);
   j->rt = NULL;
+  coord_released(c, j);
   coord_attempt_over(run, kind, run->cause);
   for (size_t i = 0; i < run->ncancels; i++)
     if (run->cancels[i].done) run->cancels[i].done(run->cancels[i].arg, j);

@@ -234,6 +234,14 @@ static void on_pipe(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
 
 /* ---- exit and clean-up ---- */
 
+/* A worker's slot is free once its process is gone: before its handles
+ * close, so the attempt its exit ends can be placed here again at once. */
+static void release_slot(megad_worker *w) {
+  if (!w->slot_held) return;
+  w->slot_held = false;
+  if (w->l->L->slots_used) w->l->L->slots_used--;
+}
+
 static void handle_closed(uv_handle_t *h) {
   megad_worker *w = h->data;
   if (--w->open > 0) return;
@@ -243,7 +251,7 @@ static void handle_closed(uv_handle_t *h) {
   w->log_fd = -1;
   free(w->error_msg);
   w->error_msg = NULL;
-  if (l->L->slots_used) l->L->slots_used--;
+  release_slot(w);
   l->live--;
   launch_maybe_free(l);
 }
@@ -261,6 +269,7 @@ static void close_worker(megad_worker *w) {
 static void report_exit(megad_worker *w) {
   if (w->reported) return;
   w->reported = true;
+  release_slot(w);
   char *tail = tail_text(w);
   Mega__V1__RankExit x = MEGA__V1__RANK_EXIT__INIT;
   x.exit_status = (int32_t)w->exit_status;
@@ -516,6 +525,7 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
     l->nw++;
     l->live++;
     L->slots_used++;
+    w->slot_held = true;
     if ((s = spawn_worker(l, w, env, err)) == MEGA_OK) pids[i] = w->pid;
   }
   free_env(env);

@@ -24,6 +24,7 @@ typedef struct megad_worker {
   mega_frame_decoder dec;
   int pid;
   bool spawned, exited, pipe_eof, err_eof, out_eof, reported, closing, broken;
+  bool slot_held; /* counted in the launcher's slots_used */
   int64_t exit_status;
   int term_signal;
   char *error_msg; /* its WorkerError, if it sent one */

@@ -14,6 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,11 +62,16 @@ static void reference(hd *d, const Mega__V1__JobSpec *spec, hd_watch *ref) {
   must_succeed(d, ref);
 }
 
+/* Every iteration within rtol of the uninterrupted run; and where a new
+ * attempt takes over (restored from a checkpoint), within 1e-6 whatever
+ * rtol: lost or wrong state shows there at once, while the drift of
+ * another reduction order only grows over many iterations. */
 static void same_losses(const hd_watch *got, const hd_watch *ref, int iters, double rtol) {
   for (int k = 1; k <= iters; k++) {
     assert_true(got->seen[k]);
     double a = got->loss[k], b = ref->loss[k];
-    if (fabs(a - b) > rtol * fabs(b)) {
+    double tol = k > 1 && got->attempt[k] != got->attempt[k - 1] && rtol > 1e-6 ? 1e-6 : rtol;
+    if (fabs(a - b) > tol * fabs(b)) {
       fprintf(stderr, "iteration %d: loss %.9g (attempt %u, world %u), uninterrupted %.9g\n", k, a,
               got->attempt[k], got->world[k], b);
       fail();
@@ -354,6 +362,164 @@ static void test_elastic_shrinks_on_node_loss(void **state) {
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* ---- nodes come back: the job grows again at a checkpoint; megactl rescale
+ * re-plans it on request ---- */
+
+typedef struct regrow {
+  hd *nodes;
+  char dir3[128];
+  const char *job_id;
+  int step;
+  mega_status rescale_st;
+} regrow;
+
+static void regrow_step(void *arg, const Mega__V1__WatchJobResponse *it) {
+  regrow *g = arg;
+  if (it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
+  uint32_t a = it->step->attempt;
+  if (g->step == 0 && it->step->iteration >= 15) {
+    snprintf(g->dir3, sizeof g->dir3, "%s", g->nodes[2].dir);
+    hd_kill(&g->nodes[2]);
+    if (g->nodes[2].ch) mega_rpc_channel_free(g->nodes[2].ch);
+    g->nodes[2].ch = NULL;
+    g->step = 1;
+  } else if (g->step == 1 && a == 1) { /* running on two: the third comes back */
+    assert_true(hd_start(&g->nodes[2], "g3", 1, g->nodes[0].addr, g->dir3, NULL));
+    g->step = 2;
+  } else if (g->step == 2 && a == 2) { /* grown back to three: ask for two */
+    Mega__V1__RescaleJobRequest req = MEGA__V1__RESCALE_JOB_REQUEST__INIT;
+    req.job_id = (char *)g->job_id;
+    req.nnodes = 2;
+    ProtobufCMessage *resp = NULL;
+    g->rescale_st = mega_rpc_unary(g->nodes[1].ch, &mega_control_rescale_job, &req.base, 5000,
+                                   &resp, NULL); /* through another node: forwarded */
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    g->step = 3;
+  }
+}
+
+static void test_grows_back_and_rescales(void **state) {
+  (void)state;
+  hd n[3];
+  assert_true(hd_start(&n[0], "g1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "g2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "g3", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *ref_extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 300, ref_extra);
+  spec.nproc_per_node = 1;
+  hd_watch ref;
+  reference(&n[0], &spec, &ref);
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6",
+                         "--save", ckpt, "--save-interval", "10", NULL};
+  hd_tiny_spec(&spec, n[0].dir, 300, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  regrow g = {.nodes = n, .job_id = id};
+  hd_watch w;
+  hd_watch_job_cb(&n[0], id, true, 180000, &w, regrow_step, &g);
+  must_succeed(&n[0], &w);
+  if (g.step != 3 || w.final->attempt != 3) fprintf(stderr, "events:\n%s", w.events_text);
+  assert_int_equal(g.step, 3);
+  assert_int_equal(g.rescale_st, MEGA_OK);
+  assert_int_equal(w.final->attempt, 3);
+  assert_int_equal(w.final->restarts, 0);
+  assert_non_null(strstr(w.events_text, "rescaled from DP 3 to DP 2"));
+  assert_non_null(strstr(w.events_text, "re-planning on 3 nodes (was 2)"));
+  assert_non_null(strstr(w.events_text, "rescaled from DP 2 to DP 3"));
+  assert_non_null(strstr(w.events_text, "rescale to 2 nodes requested"));
+  assert_non_null(strstr(w.events_text, "re-planning on 2 nodes (was 3)"));
+  assert_int_equal(w.world[300], 2);
+  /* DP 2 and 3 sum gradients in another order than one rank: seen here,
+   * 1e-8 at every restart, then drift growing to 7e-5 by iteration 180 within
+   * one attempt (chaotic amplification, no restart there). A wrong data
+   * order or lost optimizer state is off by 1e-2 and more. */
+  same_losses(&w, &ref, 300, 5e-4);
+  hd_watch_free(&w);
+  hd_watch_free(&ref);
+  for (int i = 0; i < 3; i++) assert_true(workers_gone(n[i].pid, 5000));
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
+/* ---- the coordinator's node dies: the other nodes stop the job's ranks at
+ * once; started again, it resumes the job on both ---- */
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
+    close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static void test_coordinator_loss_stops_remote_ranks(void **state) {
+  (void)state;
+  char listen[64];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", free_port());
+  const char *fixed[] = {"--listen", listen, NULL};
+  hd n1, n2;
+  assert_true(hd_start(&n1, "k1", 1, NULL, NULL, fixed));
+  assert_true(hd_start(&n2, "k2", 1, n1.addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n1.dir);
+  const char *extra[] = {"--save", ckpt, "--save-interval", "5", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n1.dir, 600, extra);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  uint64_t ck = 0;
+  for (int i = 0; i < 200 && !ck; i++) {
+    Mega__V1__Job *j = hd_get_job(&n1, id, &err);
+    if (j) ck = j->checkpoint_iteration;
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    usleep(50000);
+  }
+  assert_true(ck > 0);
+  pid_t remote[64];
+  assert_true(hd_wait_workers(&n2, 1, 5000, remote));
+  double t0 = hd_now_s();
+  hd_kill(&n1);
+  /* n2 must not go on training without the job's coordinator */
+  assert_true(workers_gone(n2.pid, 10000));
+  fprintf(stderr, "coordinator lost: the other node's rank stopped %.2f s after kill -9\n",
+          hd_now_s() - t0);
+  char dir[128];
+  snprintf(dir, sizeof dir, "%s", n1.dir);
+  if (n1.ch) mega_rpc_channel_free(n1.ch);
+  assert_true(hd_start(&n1, "k1", 1, NULL, dir, fixed));
+  /* through the other node; a call right after k1's restart may meet the
+   * old channel's backoff and is tried again, as megactl watch does */
+  hd_watch w;
+  for (int i = 0; i < 20; i++) {
+    hd_watch_job(&n2, id, true, 120000, &w);
+    if (w.final) break;
+    hd_watch_free(&w);
+    usleep(500000);
+  }
+  must_succeed(&n1, &w);
+  assert_true(w.final->attempt >= 1);
+  assert_int_equal(w.last_iteration, 600);
+  hd_watch_free(&w);
+  assert_true(workers_gone(n1.pid, 5000));
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
 /* ---- a job waiting for a node runs when the node is back (it failed with
  * "connection refused" once) ---- */
 
@@ -535,6 +701,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_hung_worker_restarts, teardown),
       cmocka_unit_test_teardown(test_coordinator_restart_resumes, teardown),
       cmocka_unit_test_teardown(test_elastic_shrinks_on_node_loss, teardown),
+      cmocka_unit_test_teardown(test_grows_back_and_rescales, teardown),
+      cmocka_unit_test_teardown(test_coordinator_loss_stops_remote_ranks, teardown),
       cmocka_unit_test_teardown(test_waiting_job_runs_when_node_returns, teardown),
       cmocka_unit_test_teardown(test_state_dir_is_locked, teardown),
       cmocka_unit_test_teardown(test_damaged_journal_keeps_jobs, teardown),
