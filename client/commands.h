@@ -11,6 +11,8 @@ int megactl_submit(int argc, char **argv);
 int megactl_status(int argc, char **argv);
 int megactl_ls(int argc, char **argv);
 int megactl_cancel(int argc, char **argv);
+int megactl_resume(int argc, char **argv);
+int megactl_rescale(int argc, char **argv);
 int megactl_watch(int argc, char **argv);
 int megactl_nodes(int argc, char **argv);
 int megactl_trace(int argc, char **argv);

@@ -11,6 +11,7 @@
 #include "client/conn.h"
 #include "client/tables.h"
 #include "client/view.h"
+#include "core/duration.h"
 #include "core/jobspec.h"
 #include "core/schedule.h"
 #include "proto/pb_json.h"
@@ -22,7 +23,8 @@
 static void submit_help(FILE *f) {
   fprintf(f,
           "usage: megactl submit [job flags] [--name N] [--nnodes MIN[:MAX]]\n"
-          "                      [--nproc-per-node K] [--server ADDR]\n\n"
+          "                      [--nproc-per-node K] [--max-restarts N]\n"
+          "                      [--step-timeout D] [--server ADDR]\n\n"
           "Submits a training job to megad, which journals it, places its ranks on nodes and\n"
           "runs it. Prints a summary, then the job id alone on the last line:\n"
           "  id=$(megactl submit ... | tail -1)\n\n"
@@ -30,9 +32,17 @@ static void submit_help(FILE *f) {
           "--save and --load are made absolute against this directory.\n\n"
           "submit flags:\n"
           "  --name N              a name for the job (default: megad picks one)\n"
-          "  --nnodes MIN[:MAX]    nodes to run on; a MAX above MIN lets the job shrink\n"
-          "                        its data-parallel size when nodes are lost (default: 1)\n"
+          "  --nnodes MIN[:MAX]    nodes to run on (default: 1). With a MAX above MIN the\n"
+          "                        job runs on as many as it can; when nodes are lost it\n"
+          "                        goes on with fewer data-parallel replicas (same global\n"
+          "                        batch) from its newest checkpoint, and grows back at a\n"
+          "                        checkpoint when they return\n"
           "  --nproc-per-node K    ranks per node (default: every slot of a node)\n"
+          "  --max-restarts N      restarts after a rank fails (crash, hang, error), each\n"
+          "                        from the newest checkpoint (default 0: the job fails).\n"
+          "                        Lost nodes and megad's own restarts never count\n"
+          "  --step-timeout D      a rank with no progress this long is hung (e.g. 30s;\n"
+          "                        default: 10 x its median step time, at least 2s)\n"
           "  --server ADDR         megad's address (default: $MEGA_SERVER, else %s)\n",
           MEGACTL_DEFAULT_SERVER);
   char *flags = mega_jobspec_help_text();
@@ -88,7 +98,8 @@ int megactl_submit(int argc, char **argv) {
   mega_jobspec s;
   mega_jobspec_defaults(&s);
   mega_err err = {0};
-  const char *name = "", *nnodes = NULL, *nproc = NULL, *server = NULL;
+  const char *name = "", *nnodes = NULL, *nproc = NULL, *server = NULL, *restarts = NULL,
+             *step_timeout = NULL;
   int rc = 0;
   for (int i = 1; i < argc && !rc;) {
     if (megactl_is_help(argv[i])) {
@@ -106,6 +117,8 @@ int megactl_submit(int argc, char **argv) {
     if ((r = megactl_flag_value(cmd, argc, argv, &i, "--name", &name)) ||
         (r = megactl_flag_value(cmd, argc, argv, &i, "--nnodes", &nnodes)) ||
         (r = megactl_flag_value(cmd, argc, argv, &i, "--nproc-per-node", &nproc)) ||
+        (r = megactl_flag_value(cmd, argc, argv, &i, "--max-restarts", &restarts)) ||
+        (r = megactl_flag_value(cmd, argc, argv, &i, "--step-timeout", &step_timeout)) ||
         (r = megactl_flag_value(cmd, argc, argv, &i, "--server", &server))) {
       if (r < 0) rc = MEGACTL_EXIT_USAGE;
       continue;
@@ -118,6 +131,13 @@ int megactl_submit(int argc, char **argv) {
     rc = megactl_usage(cmd, "--nnodes: '%s' is not MIN or MIN:MAX with 1 <= MIN <= MAX", nnodes);
   if (!rc && nproc && !megactl_parse_count(nproc, &per))
     rc = megactl_usage(cmd, "--nproc-per-node: '%s' is not a positive integer", nproc);
+  uint32_t max_restarts = 0;
+  if (!rc && restarts && strcmp(restarts, "0") && !megactl_parse_count(restarts, &max_restarts))
+    rc = megactl_usage(cmd, "--max-restarts: '%s' is not a count (0 or more)", restarts);
+  unsigned step_ms = 0;
+  if (!rc && step_timeout &&
+      mega_duration_parse("--step-timeout", step_timeout, 100, 86400000, &step_ms, &err) != MEGA_OK)
+    rc = megactl_usage(cmd, "%s", err.msg);
   if (!rc && (absolutize(&s.data_path, &err) != MEGA_OK || absolutize(&s.save, &err) != MEGA_OK ||
               absolutize(&s.load, &err) != MEGA_OK))
     rc = megactl_fail("%s", err.msg);
@@ -142,6 +162,8 @@ int megactl_submit(int argc, char **argv) {
   spec.nnodes_min = lo;
   spec.nnodes_max = hi;
   spec.nproc_per_node = per;
+  spec.max_restarts = max_restarts;
+  spec.step_timeout_ms = step_ms;
   Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
   req.spec = &spec;
 
@@ -178,8 +200,10 @@ int megactl_status(int argc, char **argv) {
   if (cf.help) {
     printf("usage: megactl status JOB [--json] [--server ADDR]\n\n"
            "Shows one job: its state (and why it failed), world and parallel layout,\n"
-           "progress, times, placement and flags. --json prints the Job message as JSON\n"
-           "(fields under their mega.proto names).\n");
+           "progress, restarts, the newest checkpoint, times, placement, flags, and its\n"
+           "whole history of events. --json prints the Job message as JSON (fields under\n"
+           "their mega.proto names) with the history as \"events\" (each with\n"
+           "time_unix_ms, kind, message and node_id). Any node of the cluster answers.\n");
     return 0;
   }
   mega_err err = {0};
@@ -189,13 +213,26 @@ int megactl_status(int argc, char **argv) {
   if (megactl_unary(cf.server, &mega_control_get_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
     rc = megactl_job_error(cf.job, &err);
   } else {
-    const Mega__V1__Job *j = ((Mega__V1__GetJobResponse *)out)->job;
-    if (!j)
+    const Mega__V1__GetJobResponse *r = (const void *)out;
+    const Mega__V1__Job *j = r->job;
+    if (!j) {
       rc = megactl_fail("megad answered GetJob without a job");
-    else if (cf.json)
-      rc = megactl_print_json(mega_pb_json(&j->base), JSON_INDENT(2));
-    else
+    } else if (cf.json) {
+      json_t *o = mega_pb_json(&j->base), *ev = json_array();
+      for (size_t i = 0; o && ev && i < r->n_events; i++)
+        json_array_append_new(ev, mega_pb_json(&r->events[i]->base));
+      if (o && ev) json_object_set_new(o, "events", ev);
+      else json_decref(ev);
+      rc = megactl_print_json(o, JSON_INDENT(2));
+    } else {
       tables_job_detail(stdout, j, megactl_now_ms());
+      if (r->n_events) printf("events\n");
+      view_opts vo = {0};
+      for (size_t i = 0; i < r->n_events; i++) {
+        printf("  ");
+        view_event_line(stdout, r->events[i], &vo);
+      }
+    }
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
   return rc;
@@ -319,6 +356,75 @@ int megactl_cancel(int argc, char **argv) {
       printf("%s already %s; nothing to cancel\n", cf.job, view_state_name(st));
     else
       printf("cancelling %s (now %s)\n", cf.job, view_state_name(st));
+  }
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- resume, rescale */
+
+static void print_job_line(const char *verb, const Mega__V1__Job *j) {
+  printf("%s %s: %s", verb, j->id, view_state_name(j->state));
+  if (j->checkpoint_iteration)
+    printf(", from the checkpoint of iteration %" PRIu64, j->checkpoint_iteration);
+  printf("\n");
+}
+
+int megactl_resume(int argc, char **argv) {
+  megactl_common cf;
+  int rc = megactl_parse_common("resume", argc, argv, true, false, &cf, NULL, NULL);
+  if (rc) return rc;
+  if (cf.help) {
+    printf("usage: megactl resume JOB [--server ADDR]\n\n"
+           "Restarts a failed job from its newest complete checkpoint, as a new attempt (from\n"
+           "the start when it has none). Follow it with megactl watch JOB.\n");
+    return 0;
+  }
+  mega_err err = {0};
+  ProtobufCMessage *out = NULL;
+  Mega__V1__ResumeJobRequest req = MEGA__V1__RESUME_JOB_REQUEST__INIT;
+  req.job_id = (char *)cf.job;
+  if (megactl_unary(cf.server, &mega_control_resume_job, &req.base, MEGACTL_TIMEOUT_MS, &out,
+                    &err) != MEGA_OK)
+    rc = megactl_job_error(cf.job, &err);
+  else
+    print_job_line("resumed", ((Mega__V1__ResumeJobResponse *)out)->job);
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  return rc;
+}
+
+static int rescale_extra(const char *cmd, int argc, char **argv, int *i, void *ctx) {
+  return megactl_flag_value(cmd, argc, argv, i, "--nnodes", (const char **)ctx);
+}
+
+int megactl_rescale(int argc, char **argv) {
+  megactl_common cf;
+  const char *nnodes = NULL;
+  int rc = megactl_parse_common("rescale", argc, argv, true, false, &cf, rescale_extra, &nnodes);
+  if (rc) return rc;
+  if (cf.help) {
+    printf("usage: megactl rescale JOB --nnodes N [--server ADDR]\n\n"
+           "Re-plans a running job on N nodes (within its --nnodes MIN:MAX) at its next\n"
+           "checkpoint: it goes on from that checkpoint with the data-parallel size N nodes\n"
+           "give, and the same global batch. The job then stays at N nodes.\n");
+    return 0;
+  }
+  uint32_t n = 0;
+  if (!nnodes) return megactl_usage("rescale", "--nnodes N is required");
+  if (!megactl_parse_count(nnodes, &n))
+    return megactl_usage("rescale", "--nnodes: '%s' is not a positive integer", nnodes);
+  mega_err err = {0};
+  ProtobufCMessage *out = NULL;
+  Mega__V1__RescaleJobRequest req = MEGA__V1__RESCALE_JOB_REQUEST__INIT;
+  req.job_id = (char *)cf.job;
+  req.nnodes = n;
+  if (megactl_unary(cf.server, &mega_control_rescale_job, &req.base, MEGACTL_TIMEOUT_MS, &out,
+                    &err) != MEGA_OK) {
+    rc = megactl_job_error(cf.job, &err);
+  } else {
+    const Mega__V1__Job *j = ((Mega__V1__RescaleJobResponse *)out)->job;
+    printf("%s will re-plan on %u node%s at its next checkpoint (now %u)\n", j->id, n,
+           n == 1 ? "" : "s", (unsigned)j->n_placement);
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
   return rc;

@@ -26,6 +26,8 @@ static const struct {
     {"status", megactl_status, "show one job"},
     {"ls", megactl_ls, "list jobs"},
     {"cancel", megactl_cancel, "cancel a job"},
+    {"resume", megactl_resume, "restart a failed job from its newest checkpoint"},
+    {"rescale", megactl_rescale, "re-plan a running job on N nodes at its next checkpoint"},
     {"nodes", megactl_nodes, "list the cluster's nodes"},
     {"trace", megactl_trace, "download a job's Chrome trace"},
 };

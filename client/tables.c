@@ -127,6 +127,13 @@ void tables_job_detail(FILE *f, const Mega__V1__Job *j, int64_t now_ms) {
   fprintf(f, "%-12s %" PRIu64 "/%" PRIu64 " iterations\n", "progress", j->last_iteration,
           j->train_iters);
   if (j->attempt) fprintf(f, "%-12s %u\n", "attempt", j->attempt);
+  const Mega__V1__JobSpec *sp = j->spec;
+  if (j->restarts || (sp && sp->max_restarts))
+    fprintf(f, "%-12s %u of %u (rank failures; lost nodes do not count)\n", "restarts",
+            j->restarts, sp ? sp->max_restarts : 0);
+  if (j->checkpoint_iteration)
+    fprintf(f, "%-12s iteration %" PRIu64 " in %s\n", "checkpoint", j->checkpoint_iteration,
+            j->checkpoint_path && j->checkpoint_path[0] ? j->checkpoint_path : "?");
   when(f, "created", j->created_unix_ms, now_ms);
   when(f, "started", j->started_unix_ms, now_ms);
   when(f, "ended", j->ended_unix_ms, now_ms);

@@ -1,5 +1,8 @@
 /* megactl watch: follow a job until it ends (Control.WatchJob with replay,
- * so a late watcher still sees every step the coordinator holds).
+ * so a late watcher still sees every step the coordinator holds). The
+ * stream follows the job across attempts (restarts and rescales are event
+ * lines); when it breaks before the job ended (its coordinator restarted),
+ * the watch reconnects and skips what it already showed.
  *
  * Three outputs: on a terminal, a block redrawn in place with events
  * printed above it; otherwise one plain line per iteration and per event;
@@ -19,6 +22,7 @@
 
 #define REDRAW_MS 100
 #define TICK_MS 1000
+#define RECONNECT_S 120 /* how long a broken watch keeps trying */
 
 typedef enum { OUT_LIVE, OUT_PLAIN, OUT_JSON } out_mode;
 
@@ -33,7 +37,42 @@ typedef struct watch {
   const Mega__V1__Job *final_job;       /* the job as it ended */
   int drawn;                            /* lines of the live block on screen */
   int64_t last_draw_ms;
+  /* what was shown, so a reconnect's replay shows nothing twice */
+  uint32_t seen_attempt;
+  uint64_t seen_iteration;
+  int64_t seen_event_ms;
+  uint32_t seen_sigs[64]; /* events at seen_event_ms */
+  int nsigs;
 } watch;
+
+static uint32_t event_sig(const Mega__V1__JobEvent *e) {
+  uint32_t h = 2166136261u ^ (uint32_t)e->kind;
+  for (const char *p = e->message ? e->message : ""; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+  return h;
+}
+
+/* True when the item was shown already (a reconnect replays history). */
+static bool seen_before(watch *w, const Mega__V1__WatchJobResponse *r) {
+  if (r->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) {
+    uint32_t a = r->step->attempt;
+    uint64_t it = r->step->iteration;
+    if (a < w->seen_attempt || (a == w->seen_attempt && it <= w->seen_iteration)) return true;
+    w->seen_attempt = a;
+    w->seen_iteration = it;
+    return false;
+  }
+  if (r->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT) return false;
+  int64_t t = r->event->time_unix_ms;
+  uint32_t sig = event_sig(r->event);
+  if (t < w->seen_event_ms) return true;
+  if (t == w->seen_event_ms)
+    for (int i = 0; i < w->nsigs; i++)
+      if (w->seen_sigs[i] == sig) return true;
+  if (t > w->seen_event_ms) w->nsigs = 0;
+  w->seen_event_ms = t;
+  if (w->nsigs < 64) w->seen_sigs[w->nsigs++] = sig;
+  return false;
+}
 
 static bool is_ended(Mega__V1__JobState s) {
   return s == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
@@ -59,6 +98,10 @@ static void draw_block(watch *w) {
 /* Takes one stream message (ownership passes to w); returns true when the
  * stream has said its last word (final_state). */
 static bool take(watch *w, Mega__V1__WatchJobResponse *r) {
+  if (seen_before(w, r)) {
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return false;
+  }
   switch (r->item_case) {
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP:
     if (w->mode == OUT_JSON) {
@@ -292,8 +335,11 @@ int megactl_watch(int argc, char **argv) {
            "           p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes,\n"
            "           param_bytes, grad_bytes, optimizer_state_bytes)\n"
            "  --plain  plain lines even on a terminal\n\n"
+           "The watch follows the job across restarts and rescales (shown as events), and\n"
+           "through a restart of its coordinator: a broken stream is opened again for up to\n"
+           "%d s, and nothing is shown twice.\n\n"
            "Exit status: 0 when the job succeeded; 1 when it failed or was cancelled (the\n"
-           "cause on stderr) or the watch was lost.\n");
+           "cause on stderr) or the watch was lost.\n", RECONNECT_S);
     return 0;
   }
   if (cf.json && plain) return megactl_usage("watch", "--json and --plain do not go together");
@@ -326,25 +372,43 @@ int megactl_watch(int argc, char **argv) {
   Mega__V1__WatchJobRequest req = MEGA__V1__WATCH_JOB_REQUEST__INIT;
   req.job_id = (char *)cf.job;
   req.replay = true;
-  mega_rpc_stream *s = NULL;
-  if (mega_rpc_stream_open(ch, &mega_control_watch_job, &req.base, 0, &s, &err) != MEGA_OK) {
-    rc = megactl_job_error(cf.job, &err);
-  } else {
-    if (w.mode == OUT_LIVE)
-      run_live(&w, s, &err);
-    else
-      run_plain(&w, s, &err);
-    mega_rpc_stream_close(s);
+  int64_t broken_since = 0;
+  for (;;) {
+    mega_rpc_stream *s = NULL;
+    if (mega_rpc_stream_open(ch, &mega_control_watch_job, &req.base, 0, &s, &err) == MEGA_OK) {
+      if (w.mode == OUT_LIVE)
+        run_live(&w, s, &err);
+      else
+        run_plain(&w, s, &err);
+      mega_rpc_stream_close(s);
+    }
     if (!w.final_job && err.status == MEGA_OK) ended_without_final(&w, ch);
     if (w.final_job) {
       rc = verdict(&w);
-    } else if (err.status != MEGA_OK) {
-      rc = err.status == MEGA_ERR_NOT_FOUND ? megactl_job_error(cf.job, &err)
-                                            : megactl_fail("lost the watch of %s: %s", cf.job,
-                                                           err.msg);
-    } else {
-      rc = megactl_fail("megad ended the watch of %s before the job ended", cf.job);
+      break;
     }
+    if (err.status == MEGA_OK) {
+      rc = megactl_fail("megad ended the watch of %s before the job ended", cf.job);
+      break;
+    }
+    if (err.status == MEGA_ERR_NOT_FOUND || err.status == MEGA_ERR_INVALID) {
+      rc = megactl_job_error(cf.job, &err);
+      break;
+    }
+    /* the stream broke (its coordinator restarting): try again for a while */
+    int64_t now = megactl_now_ms();
+    if (!broken_since) {
+      broken_since = now;
+      if (w.mode == OUT_LIVE) clear_block(&w);
+      if (w.mode != OUT_JSON)
+        fprintf(stderr, "megactl: lost the watch of %s (%s); reconnecting\n", cf.job, err.msg);
+    }
+    if (now - broken_since > RECONNECT_S * 1000) {
+      rc = megactl_fail("lost the watch of %s: %s", cf.job, err.msg);
+      break;
+    }
+    sleep(1);
+    memset(&err, 0, sizeof err);
   }
   free_watch(&w);
   mega_rpc_channel_free(ch);

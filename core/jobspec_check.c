@@ -305,6 +305,10 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
     mega_err sub = {0};
     if ((st = mega_jobspec_parse_simulate_compute(s->simulate_compute, NULL, &sub)) != MEGA_OK)
       return mega_fail(err, st, "invalid job: %s", sub.msg);
+    /* its optimizer never steps: a checkpoint of it would not load */
+    if (s->save)
+      return BAD("--simulate-compute trains nothing, so there is nothing to --save; drop one "
+                 "of them");
   }
   return MEGA_OK;
 }

@@ -1,60 +1,28 @@
-/* The coordinator, first half: a submitted job is checked, journaled and
- * queued; pending jobs start in FIFO order when the cluster has the slots;
- * a started job is placed (daemon/placement), and each node of the placement
- * is told to launch its ranks, with the Gloo rendezvous under a key-value
- * prefix of its own. (coord_run.c follows the attempt from there.) */
-#include <stdarg.h>
+/* The coordinator, first half: submission, placement, attempts and their
+ * launches, the end of an attempt (the recovery decision), cancel, resume
+ * and rescale. coord_run.c follows a running attempt. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "core/jobspec.h"
-#include "daemon/coord.h"
+#include "daemon/coord_internal.h"
 #include "daemon/placement.h"
 #include "daemon/util.h"
 
-/* ---- events ---- */
+#define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
+#define SCHEDULE_MS 500
 
-void megad_job_event(megad *d, mega_job *j, Mega__V1__JobEventKind kind, const char *node_id,
-                     int rank, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  Mega__V1__JobEvent ev = MEGA__V1__JOB_EVENT__INIT;
-  ev.time_unix_ms = megad_unix_ms();
-  ev.kind = kind;
-  ev.message = msg;
-  ev.node_id = (char *)(node_id ? node_id : "");
-  ev.has_rank = rank >= 0;
-  ev.rank = rank >= 0 ? (uint32_t)rank : 0;
-  ev.attempt = j->attempt;
-  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
-  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
-  item.event = &ev;
-  mega_err e = {0};
-  if (mega_job_hist_push(j, &item, &e) != MEGA_OK) megad_warn(d, "job %s: %s", j->id, e.msg);
-  uint8_t *buf;
-  size_t len;
-  if (d->journal && mega_jrec_event(j->id, &ev, &buf, &len, &e) == MEGA_OK) {
-    if (mega_journal_append(d->journal, buf, len, &e) != MEGA_OK) megad_warn(d, "journal: %s", e.msg);
-    free(buf);
-  }
-  megad_log(d, "job %s: %s", j->id, msg);
-  megad_watch_broadcast(d, j, &item);
+/* ---- checking a job ---- */
+
+static uint32_t nproc_of(megad_coord *c, const mega_job *j) {
+  return j->nproc_per_node ? j->nproc_per_node : megad_members_self(c->members)->slots;
 }
 
-/* ---- checking a spec ---- */
-
-typedef struct spec_info {
-  int nproc, nmin, nmax;
-  int tp, pp, vp, train_iters, trace_iteration;
-} spec_info;
-
-/* The check megactl and megaw make too (core/jobspec), on the data file
- * when this node can see it. */
+/* The check megactl and megaw make too (core/jobspec), on the data file as
+ * this node sees it. */
 static mega_status check_world(const mega_jobspec *s, int world, mega_err *err) {
   struct stat st;
   long long bytes = s->data_path && stat(s->data_path, &st) == 0 && S_ISREG(st.st_mode)
@@ -63,72 +31,79 @@ static mega_status check_world(const mega_jobspec *s, int world, mega_err *err) 
   return mega_jobspec_check_all(s, world, bytes, err);
 }
 
-static mega_status parse_spec(megad *d, uint32_t nargs, char **args, uint32_t nproc,
-                              uint32_t nmin, uint32_t nmax, int world, spec_info *info,
-                              mega_err *err) {
-  mega_jobspec s;
-  mega_jobspec_defaults(&s);
-  mega_status rc = mega_jobspec_parse(&s, (int)nargs, args, err);
-  if (rc == MEGA_OK) {
-    info->nproc = nproc ? (int)nproc : (int)megad_self(d)->slots;
-    info->nmin = nmin ? (int)nmin : 1;
-    info->nmax = nmax ? (int)nmax : info->nmin;
-    info->tp = s.tensor_model_parallel_size;
-    info->pp = s.pipeline_model_parallel_size;
-    info->vp = mega_jobspec_vp(&s);
-    info->train_iters = s.train_iters;
-    info->trace_iteration = s.trace_iteration;
-    if (info->nmax < info->nmin) {
-      rc = mega_fail(err, MEGA_ERR_INVALID, "--nnodes %d:%d: MAX is below MIN", info->nmin,
-                     info->nmax);
-    } else if (world > 0) {
-      rc = check_world(&s, world, err);
-    } else {
-      /* Before placement: some node count in range must give a valid world. */
-      rc = check_world(&s, info->nmin * info->nproc, err);
-      for (int n = info->nmax; rc != MEGA_OK && n > info->nmin; n--)
-        if (check_world(&s, n * info->nproc, NULL) == MEGA_OK) rc = MEGA_OK;
-    }
-  }
-  mega_jobspec_free(&s);
+/* What can be checked when a job arrives: its flags, a node count in range
+ * giving a valid world, and the files as the coordinator sees them (it runs
+ * the first ranks; every node checks again before its ranks start). */
+static mega_status check_submit(megad_coord *c, const mega_job *j, mega_err *err) {
+  const mega_jobspec *s = &j->spec;
+  uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo;
+  if (j->nnodes_max && j->nnodes_max < lo)
+    return mega_fail(err, MEGA_ERR_INVALID, "--nnodes %u:%u: MAX is below MIN", lo, j->nnodes_max);
+  struct stat st;
+  if (s->data_path && stat(s->data_path, &st) != 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "invalid job: --data-path %s: %s on node %s (the coordinator; every node of "
+                     "the job must see it)", s->data_path, strerror(errno), c->b->node_id);
+  if (s->data_path && !S_ISREG(st.st_mode))
+    return mega_fail(err, MEGA_ERR_INVALID, "invalid job: --data-path %s is not a file",
+                     s->data_path);
+  if (s->save && stat(s->save, &st) == 0 && !S_ISDIR(st.st_mode))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "invalid job: --save %s is a file; give a directory for the checkpoints",
+                     s->save);
+  uint32_t nproc = nproc_of(c, j);
+  mega_status rc = check_world(s, (int)(lo * nproc), err);
+  for (uint32_t n = hi; rc != MEGA_OK && n > lo; n--)
+    if (check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
   return rc;
 }
 
-mega_status megad_submit(megad *d, const Mega__V1__JobSpec *spec, mega_job **out, mega_err *err) {
+mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, mega_job **out,
+                               mega_err *err) {
   *out = NULL;
-  if (d->stopping)
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "megad on %s is shutting down", d->node_id);
+  if (c->b->stopping)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "megad on %s is shutting down", c->b->node_id);
   if (!spec) return mega_fail(err, MEGA_ERR_INVALID, "SubmitJob needs a job spec");
-  spec_info info;
-  mega_status rc = parse_spec(d, (uint32_t)spec->n_args, spec->args, spec->nproc_per_node,
-                              spec->nnodes_min, spec->nnodes_max, 0, &info, err);
+  mega_jobspec probe;
+  mega_jobspec_defaults(&probe);
+  mega_status rc = mega_jobspec_parse(&probe, (int)spec->n_args, spec->args, err);
+  mega_jobspec_free(&probe);
   if (rc != MEGA_OK) return rc;
   char id[128];
-  mega_jobs_next_id(&d->jobs, d->node_id, id, sizeof id);
+  mega_jobs_next_id(&c->jobs->t, c->b->node_id, id, sizeof id);
   mega_job *j;
-  if ((rc = mega_job_new(id, spec, d->node_id, megad_unix_ms(), &j, err)) != MEGA_OK) return rc;
-  j->train_iters = (uint64_t)info.train_iters;
-  j->tp = (uint32_t)info.tp;
-  j->pp = (uint32_t)info.pp;
-  j->vp = (uint32_t)info.vp;
-  if ((rc = megad_journal_job(d, j, err)) != MEGA_OK || (rc = mega_jobs_add(&d->jobs, j, err)) != MEGA_OK) {
+  if ((rc = mega_job_new(id, spec, c->b->node_id, megad_unix_ms(), &j, err)) != MEGA_OK) return rc;
+  j->train_iters = (uint64_t)j->spec.train_iters;
+  j->tp = (uint32_t)j->spec.tensor_model_parallel_size;
+  j->pp = (uint32_t)j->spec.pipeline_model_parallel_size;
+  j->vp = (uint32_t)mega_jobspec_vp(&j->spec);
+  if ((rc = check_submit(c, j, err)) != MEGA_OK || (rc = megad_jobs_add(c->jobs, j, err)) != MEGA_OK) {
     mega_job_free(j);
     return rc;
   }
-  megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED, d->node_id, -1,
-                  "submitted%s%s: %d node%s x %d rank%s, TP %d, PP %d, %d iterations",
-                  j->name[0] ? " as " : "", j->name, info.nmin, info.nmin == 1 ? "" : "s",
-                  info.nproc, info.nproc == 1 ? "" : "s", info.tp, info.pp, info.train_iters);
+  uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo,
+           nproc = nproc_of(c, j);
+  char nodes[48];
+  if (hi > lo) snprintf(nodes, sizeof nodes, "%u to %u nodes", lo, hi);
+  else snprintf(nodes, sizeof nodes, "%u node%s", lo, lo == 1 ? "" : "s");
+  char restarts[48] = "";
+  if (j->max_restarts)
+    snprintf(restarts, sizeof restarts, ", up to %u restart%s", j->max_restarts,
+             j->max_restarts == 1 ? "" : "s");
+  megad_job_event(c->jobs, j, EV(SUBMITTED), c->b->node_id, -1,
+                  "submitted%s%s: %s x %u rank%s, TP %u, PP %u, %llu iterations%s",
+                  j->name[0] ? " as " : "", j->name, nodes, nproc, nproc == 1 ? "" : "s", j->tp,
+                  j->pp, (unsigned long long)j->train_iters, restarts);
   *out = j;
   return MEGA_OK;
 }
 
 /* ---- placement ---- */
 
-uint32_t megad_coord_slots_on(megad *d, const char *node_id) {
+uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id) {
   uint32_t n = 0;
-  for (size_t i = 0; i < d->jobs.n; i++) {
-    const mega_job *j = d->jobs.v[i];
+  for (size_t i = 0; i < c->jobs->t.n; i++) {
+    const mega_job *j = c->jobs->t.v[i];
     if (!j->rt) continue;
     for (size_t k = 0; k < j->nplaced; k++)
       if (!strcmp(j->placement[k].node_id, node_id)) n += j->placement[k].nranks;
@@ -136,98 +111,155 @@ uint32_t megad_coord_slots_on(megad *d, const char *node_id) {
   return n;
 }
 
-/* Picks the nodes: out gets node indexes, *n their count. */
-/* With empty, every alive node's slots count as free: whether the job could
- * run at all on today's nodes. */
-static mega_status place_on(megad *d, const spec_info *info, bool empty, int *out, int *n,
-                            mega_err *err) {
-  mega_node_slots *ns = calloc(d->nnodes, sizeof *ns);
-  if (!ns) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-  for (size_t i = 0; i < d->nnodes; i++) {
-    megad_node *nd = d->nodes[i];
-    uint32_t used = nd->slots_used, mine = megad_coord_slots_on(d, nd->id);
-    if (!nd->self && mine > used) used = mine; /* its heartbeat may not show them yet */
-    if (empty) used = 0;
-    ns[i].name = nd->id;
-    ns[i].free_slots = used >= nd->slots ? 0 : (int)(nd->slots - used);
-    ns[i].alive = nd->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE;
+void coord_released(megad_coord *c, const mega_job *j) {
+  uint64_t now = uv_now(c->b->loop);
+  for (size_t k = 0; k < j->nplaced; k++) {
+    struct megad_released *slot = NULL;
+    for (size_t i = 0; i < sizeof c->released / sizeof c->released[0] && !slot; i++)
+      if (!c->released[i].nranks) slot = &c->released[i];
+    if (!slot) slot = &c->released[0]; /* the oldest matters least */
+    snprintf(slot->node_id, sizeof slot->node_id, "%s", j->placement[k].node_id);
+    slot->nranks = j->placement[k].nranks;
+    slot->at_ms = now;
   }
-  mega_placement_req req = {.nnodes_min = info->nmin, .nnodes_max = info->nmax,
-                            .nproc_per_node = info->nproc, .model_parallel = info->tp * info->pp,
-                            .prefer = d->node_id};
-  mega_status rc = mega_place(ns, (int)d->nnodes, &req, out, n, err);
+}
+
+/* Ranks released on nd that its heartbeats may still count: until one sent
+ * after the release has come in. */
+static uint32_t released_on(megad_coord *c, const megad_node *nd) {
+  uint32_t n = 0;
+  for (size_t i = 0; i < sizeof c->released / sizeof c->released[0]; i++) {
+    struct megad_released *r = &c->released[i];
+    if (!r->nranks) continue;
+    if (nd->seen_ms > r->at_ms + c->o.heartbeat_ms + 50) {
+      if (!strcmp(r->node_id, nd->id)) r->nranks = 0; /* its heartbeats know now */
+      continue;
+    }
+    if (!strcmp(r->node_id, nd->id)) n += r->nranks;
+  }
+  return n;
+}
+
+/* Slots of node free for j: what its heartbeat says is used (less what this
+ * coordinator saw leave since), or what this coordinator's attempts take
+ * there, whichever is more. own: j's own ranks there count as free; empty:
+ * every slot counts as free. */
+static int free_slots(megad_coord *c, const megad_node *nd, const mega_job *j, bool own,
+                      bool empty) {
+  if (empty) return (int)nd->slots;
+  uint32_t mine = megad_coord_slots_on(c, nd->id);
+  uint32_t used = nd->self ? c->L->slots_used : nd->slots_used;
+  if (!nd->self) {
+    uint32_t gone = released_on(c, nd);
+    used = used > gone ? used - gone : 0;
+  }
+  if (mine > used) used = mine; /* its heartbeat may not show them yet */
+  if (own && j->rt)
+    for (size_t k = 0; k < j->nplaced; k++)
+      if (!strcmp(j->placement[k].node_id, nd->id))
+        used = used > j->placement[k].nranks ? used - j->placement[k].nranks : 0;
+  return used >= nd->slots ? 0 : (int)(nd->slots - used);
+}
+
+/* Picks nodes for j: idx gets node indexes into members, *n their count,
+ * the largest count in j's range that gives a valid job. own, empty: see
+ * free_slots. UNSUPPORTED: not enough usable nodes now (wait); INVALID: no
+ * count in range gives a valid job. */
+static mega_status place(megad_coord *c, mega_job *j, bool own, bool empty, int *idx, int *n,
+                         mega_err *err) {
+  megad_members *m = c->members;
+  mega_node_slots *ns = calloc(m->nnodes ? m->nnodes : 1, sizeof *ns);
+  if (!ns) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; i < m->nnodes; i++) {
+    megad_node *nd = m->nodes[i];
+    ns[i].name = nd->id;
+    ns[i].free_slots = free_slots(c, nd, j, own, empty);
+    ns[i].alive = megad_node_usable(nd);
+  }
+  uint32_t lo, hi;
+  mega_recovery_node_range(j, &lo, &hi);
+  int nproc = (int)nproc_of(c, j);
+  mega_placement_req req = {.nnodes_min = (int)lo, .nnodes_max = (int)hi, .nproc_per_node = nproc,
+                            .model_parallel = (int)(j->tp * j->pp), .prefer = c->b->node_id};
+  mega_status rc = mega_place(ns, (int)m->nnodes, &req, idx, n, err);
   free(ns);
+  /* The largest count whose world the job's own checks accept. */
+  for (; rc == MEGA_OK && *n >= (int)lo; (*n)--)
+    if (check_world(&j->spec, *n * nproc, err) == MEGA_OK) return MEGA_OK;
+  if (rc == MEGA_OK) rc = err ? err->status : MEGA_ERR_INVALID;
   return rc;
 }
 
-static mega_status place(megad *d, const spec_info *info, int *out, int *n, mega_err *err) {
-  return place_on(d, info, false, out, n, err);
-}
-
-/* A pending job that could not run even on an idle cluster waits for nodes
- * to join, but does not hold up the jobs behind it. */
-static bool blocks_queue(megad *d, mega_job *j) {
-  spec_info info;
-  int *idx = calloc(d->nnodes ? d->nnodes : 1, sizeof *idx), n = 0;
-  bool fits = idx &&
-              parse_spec(d, (uint32_t)j->nargs, j->args, j->nproc_per_node, j->nnodes_min,
-                         j->nnodes_max, 0, &info, NULL) == MEGA_OK &&
-              place_on(d, &info, true, idx, &n, NULL) == MEGA_OK;
+uint32_t coord_could_place(megad_coord *c, mega_job *j, bool own) {
+  int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
+  uint32_t r = idx && place(c, j, own, false, idx, &n, NULL) == MEGA_OK ? (uint32_t)n : 0;
   free(idx);
-  return fits;
+  return r;
 }
 
 /* ---- launching ---- */
 
 typedef struct launch_ctx {
-  megad *d;
+  megad_coord *c;
   char *job_id, *node_id;
   uint32_t attempt, first, n;
 } launch_ctx;
 
-static coord_run *run_of(megad *d, const char *job_id, uint32_t attempt) {
-  mega_job *j = mega_jobs_find(&d->jobs, job_id);
-  return j && j->rt && j->attempt == attempt ? j->rt : NULL;
+/* Why a node could not start its ranks: not reachable yet, busy or
+ * stopping (the job waits and is placed again), or a problem of the job or
+ * the node that a retry would meet again (bad files, megaw missing): the
+ * job fails. Over the wire a node's refusal is INVALID or INTERNAL, an
+ * unreachable node IO (UNAVAILABLE) or TIMEOUT, a busy one NOMEM. */
+static mega_end_kind launch_failure(mega_status s, bool remote) {
+  if (s == MEGA_ERR_INVALID || s == MEGA_ERR_INTERNAL) return MEGA_END_FATAL;
+  if (!remote && s == MEGA_ERR_IO) return MEGA_END_FATAL;
+  return MEGA_END_LAUNCH;
+}
+
+static void launch_failed(coord_run *run, uint32_t first, uint32_t n, const char *node_id,
+                          mega_status s, bool remote, const char *msg) {
+  char why[MEGA_ERR_MSG_MAX + 128];
+  snprintf(why, sizeof why, "cannot start ranks %u..%u on node %s: %s", first, first + n - 1,
+           node_id, msg);
+  coord_cause(run, CAUSE_PRIMARY, launch_failure(s, remote), why); /* the cause, then the ranks */
+  coord_ranks_gone(run, first, n);
 }
 
 static void launched(void *arg, ProtobufCMessage *resp, const mega_err *err) {
-  launch_ctx *c = arg;
-  coord_run *run = run_of(c->d, c->job_id, c->attempt);
-  if (run && err->status != MEGA_OK) {
-    char msg[MEGA_ERR_MSG_MAX + 128];
-    snprintf(msg, sizeof msg, "cannot start ranks %u..%u on node %s: %s", c->first,
-             c->first + c->n - 1, c->node_id, err->msg);
-    coord_cause(run, CAUSE_PRIMARY, msg); /* first the cause, then the ranks (which may end it) */
-    coord_ranks_gone(run, c->first, c->n);
-  }
+  launch_ctx *lc = arg;
+  coord_run *run = coord_run_of(lc->c, lc->job_id, lc->attempt);
+  if (run && err->status != MEGA_OK)
+    launch_failed(run, lc->first, lc->n, lc->node_id, err->status, true, err->msg);
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-  free(c->job_id);
-  free(c->node_id);
-  free(c);
+  free(lc->job_id);
+  free(lc->node_id);
+  free(lc);
 }
 
-static void launch_on(coord_run *run, const mega_job_node *jn) {
-  megad *d = run->d;
+static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size_t nargs) {
+  megad_coord *c = run->c;
   mega_job *j = run->job;
   uint32_t *ranks = calloc(jn->nranks, sizeof *ranks);
   if (!ranks) {
-    coord_cause(run, CAUSE_PRIMARY, "megad ran out of memory starting the job");
-    coord_ranks_gone(run, jn->first_rank, jn->nranks);
+    launch_failed(run, jn->first_rank, jn->nranks, jn->node_id, MEGA_ERR_NOMEM, false,
+                  "out of memory");
     return;
   }
   for (uint32_t i = 0; i < jn->nranks; i++) ranks[i] = jn->first_rank + i;
   Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
   spec.name = j->name;
-  spec.args = j->args;
-  spec.n_args = j->nargs;
+  spec.args = args;
+  spec.n_args = nargs;
   spec.nnodes_min = j->nnodes_min;
   spec.nnodes_max = j->nnodes_max;
   spec.nproc_per_node = j->nproc_per_node;
-  Mega__V1__Bootstrap b = MEGA__V1__BOOTSTRAP__INIT;
-  b.comm_backend = "gloo";
-  b.kv_address = d->address;
-  b.kv_prefix = run->kv_prefix;
-  b.kv_timeout_ms = MEGAD_KV_TIMEOUT_MS;
+  spec.max_restarts = j->max_restarts;
+  spec.step_timeout_ms = j->step_timeout_ms;
+  Mega__V1__Bootstrap boot = MEGA__V1__BOOTSTRAP__INIT;
+  boot.comm_backend = "gloo";
+  boot.kv_address = (char *)c->o.address;
+  boot.kv_prefix = run->kv_prefix;
+  boot.kv_timeout_ms = c->o.rendezvous_timeout_ms;
   Mega__V1__LaunchRanksRequest req = MEGA__V1__LAUNCH_RANKS_REQUEST__INIT;
   req.job_id = j->id;
   req.attempt = j->attempt;
@@ -238,187 +270,252 @@ static void launch_on(coord_run *run, const mega_job_node *jn) {
   req.dp = j->dp;
   req.ranks = ranks;
   req.n_ranks = jn->nranks;
-  req.bootstrap = &b;
-  req.coordinator_node_id = d->node_id;
-  req.coordinator_address = d->address;
+  req.bootstrap = &boot;
+  req.coordinator_node_id = c->b->node_id;
+  req.coordinator_address = (char *)c->o.address;
   mega_err e = {0};
-  megad_node *node = megad_node_find(d, jn->node_id);
+  megad_node *node = megad_members_find(c->members, jn->node_id);
   mega_status rc;
   if (node && node->self) {
     int32_t *pids = calloc(jn->nranks, sizeof *pids);
-    rc = pids ? megad_launch_start(d, &req, pids, &e) : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
+    rc = pids ? megad_launch_start(c->L, &req, pids, &e)
+              : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
     free(pids);
   } else {
-    launch_ctx *c = calloc(1, sizeof *c);
-    rc = c ? MEGA_OK : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
-    if (c) {
-      *c = (launch_ctx){d, strdup(j->id), strdup(jn->node_id), j->attempt, jn->first_rank, jn->nranks};
-      rc = node ? megad_call(d, node, &mega_peer_launch_ranks, &req.base, 10000, launched, c, &e)
-                : mega_fail(&e, MEGA_ERR_NOT_FOUND, "the node is not known here");
+    launch_ctx *lc = calloc(1, sizeof *lc);
+    rc = lc ? MEGA_OK : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
+    if (lc) {
+      *lc = (launch_ctx){c, strdup(j->id), strdup(jn->node_id), j->attempt, jn->first_rank,
+                         jn->nranks};
+      rc = node ? megad_call(c->b, node->address, &mega_peer_launch_ranks, &req.base, 10000,
+                             launched, lc, &e)
+                : mega_fail(&e, MEGA_ERR_IO, "the node is not known here");
       if (rc != MEGA_OK) {
-        free(c->job_id);
-        free(c->node_id);
-        free(c);
+        free(lc->job_id);
+        free(lc->node_id);
+        free(lc);
       }
     }
   }
   free(ranks);
-  if (rc != MEGA_OK) {
-    char msg[MEGA_ERR_MSG_MAX + 128];
-    snprintf(msg, sizeof msg, "cannot start ranks %u..%u on node %s: %s", jn->first_rank,
-             jn->first_rank + jn->nranks - 1, jn->node_id, e.msg);
-    coord_cause(run, CAUSE_PRIMARY, msg);
-    coord_ranks_gone(run, jn->first_rank, jn->nranks);
-  }
+  if (rc != MEGA_OK)
+    launch_failed(run, jn->first_rank, jn->nranks, jn->node_id, rc, !(node && node->self), e.msg);
 }
 
-static void abort_done(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+static void ignore_reply(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   (void)arg;
   (void)err; /* a node that cannot be reached is handled by its heartbeats */
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);
 }
 
-void coord_abort_nodes(coord_run *run, const char *reason) {
-  megad *d = run->d;
-  mega_job *j = run->job;
+static void abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool stale,
+                     const char *reason) {
+  megad_node *n = megad_members_find(c->members, node_id);
+  if (!n) return;
+  if (n->self) {
+    megad_launch_abort(c->L, j->id, j->attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
+    return;
+  }
+  if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
+      n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
+    return;
   Mega__V1__AbortJobRequest req = MEGA__V1__ABORT_JOB_REQUEST__INIT;
   req.job_id = j->id;
   req.attempt = j->attempt;
   req.reason = (char *)reason;
   req.grace_ms = MEGAD_ABORT_GRACE_MS;
-  for (size_t i = 0; i < j->nplaced; i++) {
-    megad_node *n = megad_node_find(d, j->placement[i].node_id);
-    if (!n) continue;
-    if (n->self)
-      megad_launch_abort(d, j->id, j->attempt, reason, MEGAD_ABORT_GRACE_MS);
-    else if (n->state != MEGA__V1__NODE_STATE__NODE_STATE_DEAD &&
-             n->state != MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
-      megad_call(d, n, &mega_peer_abort_job, &req.base, 5000, abort_done, NULL, NULL);
+  req.stale = stale;
+  megad_call(c->b, n->address, &mega_peer_abort_job, &req.base, 5000, ignore_reply, NULL, NULL);
+}
+
+void coord_abort_nodes(coord_run *run, const char *reason) {
+  const mega_job *j = run->job;
+  for (size_t i = 0; i < j->nplaced; i++)
+    abort_on(run->c, j, j->placement[i].node_id, false, reason);
+}
+
+void coord_ask_commit(coord_run *run, uint64_t iteration) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  const mega_job_node *jn = mega_job_node_of(j, 0);
+  Mega__V1__CommitCheckpointRequest req = MEGA__V1__COMMIT_CHECKPOINT_REQUEST__INIT;
+  req.job_id = j->id;
+  req.attempt = j->attempt;
+  req.rank = 0;
+  req.iteration = iteration;
+  megad_node *n = jn ? megad_members_find(c->members, jn->node_id) : NULL;
+  mega_err e = {0};
+  if (n && n->self) {
+    if (megad_launch_commit(c->L, &req, &e) != MEGA_OK)
+      megad_warn(c->b, "job %s: checkpoint of iteration %llu: %s", j->id,
+                 (unsigned long long)iteration, e.msg);
+  } else if (n) {
+    megad_call(c->b, n->address, &mega_peer_commit_checkpoint, &req.base, 5000, ignore_reply,
+               NULL, NULL);
   }
 }
 
-/* ---- starting ---- */
+/* ---- starting an attempt ---- */
 
-static void set_wait(megad *d, mega_job *j, const char *why) {
+static void set_wait(megad_coord *c, mega_job *j, const char *why) {
   if (j->wait && !strcmp(j->wait, why)) return;
   free(j->wait);
   j->wait = strdup(why);
-  megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1, "waiting: %s", why);
+  megad_job_event(c->jobs, j, EV(INFO), NULL, -1, "waiting: %s", why);
 }
 
-static void fail_pending(megad *d, mega_job *j, const char *why) {
-  if (mega_job_transition(j, MEGA_JOB_FAILED, megad_unix_ms(), why, NULL) != MEGA_OK) return;
-  megad_journal_job(d, j, NULL);
-  megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_FAILED, NULL, -1, "%s", why);
-  mega_job_msg m;
-  if (mega_job_msg_init(&m, j, NULL) == MEGA_OK) {
-    Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
-    item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
-    item.final_state = &m.job;
-    megad_watch_broadcast(d, j, &item);
-    mega_job_msg_free(&m);
+static void describe(const mega_job *j, char *buf, size_t len) {
+  size_t off = (size_t)snprintf(buf, len, "world %u = TP %u x PP %u x DP %u;", j->world, j->tp,
+                                j->pp, j->dp);
+  for (size_t i = 0; i < j->nplaced && off < len; i++) {
+    const mega_job_node *p = &j->placement[i];
+    off += (size_t)snprintf(buf + off, len - off, "%s %s %u..%u on %s", i ? "," : "",
+                            p->nranks == 1 ? "rank" : "ranks", p->first_rank,
+                            p->first_rank + p->nranks - 1, p->node_id);
   }
 }
 
-/* Returns false when j must keep waiting (and the jobs behind it too). */
-static bool try_start(megad *d, mega_job *j) {
-  spec_info info;
+/* Starts j's next attempt now if the cluster has room. Returns false when j
+ * must keep waiting (and the jobs behind it too, FIFO). */
+static bool try_start(megad_coord *c, mega_job *j) {
   mega_err e = {0};
-  if (parse_spec(d, (uint32_t)j->nargs, j->args, j->nproc_per_node, j->nnodes_min, j->nnodes_max,
-                 0, &info, &e) != MEGA_OK) {
-    fail_pending(d, j, e.msg);
+  mega_jobspec as;
+  mega_jobspec_defaults(&as);
+  if (mega_recovery_attempt_spec(j, &as, &e) != MEGA_OK) {
+    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, e.msg);
     return true;
   }
-  int *idx = calloc(d->nnodes, sizeof *idx), n = 0;
-  if (!idx) return false;
-  mega_status rc = place(d, &info, idx, &n, &e);
-  if (rc == MEGA_ERR_UNSUPPORTED) {
-    set_wait(d, j, e.msg);
+  int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
+  mega_status rc = idx ? place(c, j, false, false, idx, &n, &e)
+                       : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
+  if (rc != MEGA_OK) {
+    /* no count fits now: wait (submit made sure some count in range can) */
     free(idx);
+    mega_jobspec_free(&as);
+    if (rc != MEGA_ERR_NOMEM) set_wait(c, j, e.msg);
     return false;
   }
-  int world = n * info.nproc;
-  if (rc == MEGA_OK)
-    rc = parse_spec(d, (uint32_t)j->nargs, j->args, j->nproc_per_node, j->nnodes_min,
-                    j->nnodes_max, world, &info, &e);
-  if (rc != MEGA_OK) {
-    fail_pending(d, j, e.msg);
-    free(idx);
-    return true;
-  }
+  uint32_t nproc = nproc_of(c, j), world = (uint32_t)n * nproc, old_dp = j->dp,
+           old_world = j->world;
+  bool restart = j->state == MEGA_JOB_RESTARTING;
   mega_job_node *nodes = calloc((size_t)n, sizeof *nodes);
-  char where[512] = "";
-  size_t off = 0;
-  for (int i = 0; nodes && i < n; i++) {
-    nodes[i].node_id = d->nodes[idx[i]]->id;
-    nodes[i].first_rank = (uint32_t)(i * info.nproc);
-    nodes[i].nranks = (uint32_t)info.nproc;
-    if (off < sizeof where)
-      off += (size_t)snprintf(where + off, sizeof where - off, "%s%s %u..%u on %s", i ? "," : "",
-                              info.nproc == 1 ? "rank" : "ranks", nodes[i].first_rank,
-                              nodes[i].first_rank + nodes[i].nranks - 1, nodes[i].node_id);
-  }
+  for (int i = 0; nodes && i < n; i++)
+    nodes[i] = (mega_job_node){.node_id = c->members->nodes[idx[i]]->id,
+                               .first_rank = (uint32_t)i * nproc, .nranks = nproc};
   free(idx);
-  if (!nodes || mega_job_place(j, nodes, (size_t)n, (uint32_t)world, (uint32_t)info.tp,
-                               (uint32_t)info.pp, (uint32_t)info.vp, &e) != MEGA_OK ||
+  if (restart) j->attempt++;
+  if (!nodes ||
+      mega_job_place(j, nodes, (size_t)n, world, j->tp, j->pp, (uint32_t)mega_jobspec_vp(&as),
+                     &e) != MEGA_OK ||
       mega_job_transition(j, MEGA_JOB_RUNNING, megad_unix_ms(), NULL, &e) != MEGA_OK) {
     free(nodes);
-    fail_pending(d, j, e.msg[0] ? e.msg : "out of memory placing the job");
+    mega_jobspec_free(&as);
+    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, e.msg[0] ? e.msg : "out of memory");
     return true;
   }
   free(nodes);
   free(j->wait);
   j->wait = NULL;
-  coord_run *run = coord_run_new(d, j, info.trace_iteration);
+  int nargs = 0;
+  char **args = mega_jobspec_to_argv(&as, &nargs);
+  coord_run *run = args ? coord_run_new(c, j, as.trace_iteration) : NULL;
+  mega_jobspec_free(&as);
   if (!run) {
-    megad_warn(d, "job %s: out of memory starting it", j->id);
-    return false;
+    mega_jobspec_argv_free(args);
+    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, "megad ran out of memory starting the job");
+    return true;
   }
-  megad_journal_job(d, j, NULL);
-  megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_PLACED, NULL, -1,
-                  "placed: world %u = TP %u x PP %u x DP %u; %s", j->world, j->tp, j->pp, j->dp,
-                  where);
+  megad_jobs_save(c->jobs, j, NULL);
+  char where[640];
+  describe(j, where, sizeof where);
+  if (restart && old_world && world != old_world)
+    megad_job_event(c->jobs, j, EV(RESCALED), NULL, -1,
+                    "rescaled from DP %u to DP %u as attempt %u, from %s: %s", old_dp, j->dp,
+                    j->attempt,
+                    j->ckpt_iteration ? "the newest checkpoint" : "the start", where);
+  else if (restart)
+    megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed attempt %u: %s", j->attempt, where);
+  else
+    megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed: %s", where);
   /* After a failed launch the rest are not started: their ranks count as
    * gone, and the last of them ends the attempt (run is freed then). */
   for (size_t i = 0; i < j->nplaced && (run = j->rt); i++) {
     if (run->stopping) coord_ranks_gone(run, j->placement[i].first_rank, j->placement[i].nranks);
-    else launch_on(run, &j->placement[i]);
+    else launch_on(run, &j->placement[i], args, (size_t)nargs);
   }
+  mega_jobspec_argv_free(args);
   return true;
 }
 
-void megad_schedule(megad *d) {
-  if (d->stopping) return;
-  for (size_t i = 0; i < d->jobs.n; i++) {
-    mega_job *j = d->jobs.v[i];
-    /* FIFO: while the first job waiting for busy slots waits, the rest do too. */
-    if (j->state == MEGA_JOB_PENDING && !try_start(d, j) && blocks_queue(d, j)) return;
+/* A job waiting for nodes that could not run even on an idle cluster does
+ * not hold up the jobs behind it. */
+static bool blocks_queue(megad_coord *c, mega_job *j) {
+  int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
+  bool fits = idx && place(c, j, false, true, idx, &n, NULL) == MEGA_OK;
+  free(idx);
+  return fits;
+}
+
+static bool waiting(const mega_job *j) {
+  return !j->rt && (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING);
+}
+
+void megad_coord_schedule(megad_coord *c) {
+  if (c->b->stopping) return;
+  for (size_t i = 0; i < c->jobs->t.n; i++) {
+    mega_job *j = c->jobs->t.v[i];
+    if (waiting(j) && !try_start(c, j) && blocks_queue(c, j)) return;
   }
 }
 
-/* ---- cancel and stop ---- */
+static void on_tick(uv_timer_t *t) { megad_coord_schedule(t->data); }
 
-void megad_cancel(megad *d, mega_job *j, const char *reason,
-                  void (*done)(void *arg, mega_job *j), void *arg) {
+/* ---- the end of an attempt ---- */
+
+void coord_attempt_over(coord_run *run, mega_end_kind kind, const char *cause) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  mega_recovery r = mega_recovery_decide(j, kind, cause);
+  if (r.next != MEGA_JOB_RESTARTING) {
+    megad_job_finalize(c->jobs, j, r.next, r.why[0] ? r.why : NULL);
+    return;
+  }
+  mega_err e = {0};
+  if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) {
+    megad_warn(c->b, "%s", e.msg);
+    return;
+  }
+  if (r.counted) j->restarts++;
+  megad_jobs_save(c->jobs, j, NULL);
+  char budget[64] = "";
+  if (r.counted)
+    snprintf(budget, sizeof budget, " (restart %u of %u)", j->restarts, j->max_restarts);
+  char from[160];
+  if (j->ckpt_iteration && j->spec.save)
+    snprintf(from, sizeof from, "the checkpoint of iteration %llu (%llu iteration%s to redo)",
+             (unsigned long long)j->ckpt_iteration,
+             (unsigned long long)(j->last_iteration - j->ckpt_iteration),
+             j->last_iteration - j->ckpt_iteration == 1 ? "" : "s");
+  else
+    snprintf(from, sizeof from, "the start (%s)",
+             j->spec.save ? "no checkpoint was committed yet" : "the job saves no checkpoints");
+  megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1, "attempt %u ended (%s); restarting from %s%s",
+                  j->attempt, cause && cause[0] ? cause : mega_end_kind_name(kind), from, budget);
+}
+
+/* ---- cancel, resume, rescale ---- */
+
+void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
+                        void (*done)(void *arg, mega_job *j), void *arg) {
   char why[512];
   snprintf(why, sizeof why, "cancelled%s%s", reason && reason[0] ? ": " : "",
            reason ? reason : "");
-  if (j->state == MEGA_JOB_PENDING) {
-    mega_job_transition(j, MEGA_JOB_CANCELLED, megad_unix_ms(), why, NULL);
-    megad_journal_job(d, j, NULL);
-    megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_CANCELLED, NULL, -1, "%s", why);
-    mega_job_msg m;
-    if (mega_job_msg_init(&m, j, NULL) == MEGA_OK) {
-      Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
-      item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
-      item.final_state = &m.job;
-      megad_watch_broadcast(d, j, &item);
-      mega_job_msg_free(&m);
-    }
-    megad_schedule(d);
-  }
   coord_run *run = j->rt;
   if (!run) {
+    if (!mega_job_state_final(j->state)) {
+      megad_job_finalize(c->jobs, j, MEGA_JOB_CANCELLED, why);
+      megad_coord_schedule(c);
+    }
     if (done) done(arg, j);
     return;
   }
@@ -429,44 +526,148 @@ void megad_cancel(megad *d, mega_job *j, const char *reason,
       v[run->ncancels++] = (cancel_wait){done, arg};
     }
   }
-  coord_stop(run, MEGA_JOB_CANCELLED, why);
+  coord_stop(run, MEGA_END_CANCELLED, why);
 }
 
-void megad_cancel_forget(megad *d, mega_job *j, void *arg) {
-  (void)d;
+void megad_coord_cancel_forget(megad_coord *c, mega_job *j, void *arg) {
+  (void)c;
   coord_run *run = j->rt;
   for (size_t i = 0; run && i < run->ncancels; i++)
     if (run->cancels[i].arg == arg) run->cancels[i].done = NULL;
 }
 
-void megad_coord_stop_all(megad *d, const char *reason) {
-  char why[512];
-  snprintf(why, sizeof why, "megad on %s stopped while the job was running (%s)", d->node_id,
-           reason);
-  for (size_t i = 0; i < d->jobs.n; i++)
-    if (d->jobs.v[i]->rt) coord_stop(d->jobs.v[i]->rt, MEGA_JOB_FAILED, why);
+mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err) {
+  if (j->state != MEGA_JOB_FAILED)
+    return mega_fail(err, MEGA_ERR_INVALID, "job %s is %s; only a failed job can be resumed",
+                     j->id, mega_job_state_name(j->state));
+  if (!j->spec_ok)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "job %s: its flags do not parse in this megad; submit it again", j->id);
+  mega_status s = mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, err);
+  if (s != MEGA_OK) return s;
+  free(j->error);
+  j->error = NULL;
+  j->ended_ms = 0;
+  megad_jobs_save(c->jobs, j, NULL);
+  if (j->ckpt_iteration && j->spec.save)
+    megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                    "resumed by a user from the checkpoint of iteration %llu",
+                    (unsigned long long)j->ckpt_iteration);
+  else
+    megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                    "resumed by a user from the start (no checkpoint was committed)");
+  megad_coord_schedule(c);
+  return MEGA_OK;
 }
 
-size_t megad_coord_stopping(megad *d) {
-  size_t n = 0;
-  for (size_t i = 0; i < d->jobs.n; i++) n += d->jobs.v[i]->rt != NULL;
-  return n;
+mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, mega_err *err) {
+  uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo;
+  if (mega_job_state_final(j->state))
+    return mega_fail(err, MEGA_ERR_INVALID, "job %s is %s; only a running job can be rescaled",
+                     j->id, mega_job_state_name(j->state));
+  if (nnodes < lo || nnodes > hi)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--nnodes %u is outside job %s's range %u:%u (submit with --nnodes MIN:MAX "
+                     "to let a job change size)", nnodes, j->id, lo, hi);
+  if (j->rt && !j->spec.save)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "job %s saves no checkpoints (--save): it cannot re-plan without losing "
+                     "its progress", j->id);
+  j->want_nodes = nnodes;
+  megad_job_event(c->jobs, j, EV(INFO), NULL, -1, "rescale to %u node%s requested; %s", nnodes,
+                  nnodes == 1 ? "" : "s",
+                  j->rt ? "it happens at the next checkpoint" : "it applies when the job starts");
+  return MEGA_OK;
 }
 
-void megad_coord_node_lost(megad *d, const char *node_id, const char *why) {
-  for (size_t i = 0; i < d->jobs.n; i++) {
-    mega_job *j = d->jobs.v[i];
+/* ---- membership ---- */
+
+void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why) {
+  for (size_t i = 0; i < c->jobs->t.n; i++) {
+    mega_job *j = c->jobs->t.v[i];
     coord_run *run = j->rt;
     if (!run) continue;
     for (size_t k = 0; k < j->nplaced; k++) {
-      if (strcmp(j->placement[k].node_id, node_id)) continue;
-      megad_job_event(d, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_NODE_LOST, node_id, -1, "%s",
-                      why);
-      coord_cause(run, CAUSE_PRIMARY, why);
-      /* run may be gone now: the job ended with these ranks */
-      if (!j->rt) break;
-      coord_ranks_gone(run, j->placement[k].first_rank, j->placement[k].nranks);
+      if (strcmp(j->placement[k].node_id, n->id)) continue;
+      if (!run->stopping)
+        megad_job_event(c->jobs, j, EV(NODE_LOST), n->id, -1, "%s", why);
+      coord_cause(run, CAUSE_PRIMARY, MEGA_END_NODE_LOST, why);
+      /* run may be gone now: the attempt ended with these ranks */
+      if (j->rt) coord_ranks_gone(run, j->placement[k].first_rank, j->placement[k].nranks);
       break;
     }
   }
+}
+
+void megad_coord_node_up(megad_coord *c, const megad_node *n) {
+  /* A node that comes back may still run ranks of attempts that ended
+   * while it was away: they must do no harm. */
+  for (size_t i = 0; !n->self && i < c->jobs->t.n; i++) {
+    mega_job *j = c->jobs->t.v[i];
+    if (j->state == MEGA_JOB_RUNNING || j->state == MEGA_JOB_RESTARTING)
+      abort_on(c, j, n->id, true, "this attempt of the job is over");
+  }
+  megad_coord_schedule(c);
+}
+
+/* ---- life cycle ---- */
+
+bool megad_coord_runs(megad_coord *c, const char *job_id, uint32_t attempt) {
+  return coord_run_of(c, job_id, attempt) != NULL;
+}
+
+void megad_coord_stop_all(megad_coord *c, const char *reason) {
+  char why[512];
+  snprintf(why, sizeof why, "megad on %s stopped (%s)", c->b->node_id, reason);
+  if (c->tick_on) uv_timer_stop(&c->tick);
+  for (size_t i = 0; i < c->jobs->t.n; i++)
+    if (c->jobs->t.v[i]->rt) coord_stop(c->jobs->t.v[i]->rt, MEGA_END_COORDINATOR, why);
+}
+
+size_t megad_coord_stopping(const megad_coord *c) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->jobs->t.n; i++) n += c->jobs->t.v[i]->rt != NULL;
+  return n;
+}
+
+mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
+                             megad_members *members, megad_launcher *L, megad_kvserve *kvs,
+                             const megad_coord_opts *o, mega_err *err) {
+  (void)err;
+  memset(c, 0, sizeof *c);
+  c->b = b;
+  c->jobs = jobs;
+  c->members = members;
+  c->L = L;
+  c->kvs = kvs;
+  c->o = *o;
+  uv_timer_init(b->loop, &c->tick);
+  c->tick.data = c;
+  c->tick_on = true;
+  return MEGA_OK;
+}
+
+void megad_coord_start(megad_coord *c) {
+  for (size_t i = 0; i < c->jobs->t.n; i++) {
+    mega_job *j = c->jobs->t.v[i];
+    if (j->state != MEGA_JOB_RUNNING) continue;
+    mega_err e = {0};
+    if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) continue;
+    megad_jobs_save(c->jobs, j, NULL);
+    char from[96];
+    if (j->ckpt_iteration && j->spec.save)
+      snprintf(from, sizeof from, "the checkpoint of iteration %llu",
+               (unsigned long long)j->ckpt_iteration);
+    else
+      snprintf(from, sizeof from, "the start");
+    megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                    "megad on %s restarted while attempt %u ran; resuming from %s", c->b->node_id,
+                    j->attempt, from);
+  }
+  uv_timer_start(&c->tick, on_tick, 0, SCHEDULE_MS);
+}
+
+void megad_coord_free(megad_coord *c) {
+  if (c->tick_on) uv_close((uv_handle_t *)&c->tick, NULL);
+  c->tick_on = false;
 }

@@ -1,57 +1,113 @@
-/* The coordinator's state of one running job attempt, shared by coord.c
- * (submit, scheduling, placement, launch) and coord_run.c (worker events,
- * failures and their cause, the end of the attempt). Private to the daemon. */
+/* The coordinator: the jobs this node owns, from submission to their end.
+ *
+ * A submitted job is checked, journaled and queued. Jobs waiting (pending,
+ * or restarting after a failure) start in submission order when the cluster
+ * has the slots: each start is an attempt, placed on usable nodes
+ * (daemon/placement), launched on every node of the placement with a
+ * rendezvous prefix of its own ("<job>/<attempt>").
+ *
+ * During an attempt, step reports merge into StepMetrics for the watchers,
+ * and checkpoints are decided here: once every rank reported its part of
+ * iteration k durable, the committing rank (global rank 0) gets the
+ * go-ahead; its "committed" report is journaled and becomes the CHECKPOINT
+ * event. At a commit an elastic job re-plans when nodes came back (or
+ * megactl rescale asked).
+ *
+ * The first real failure is the attempt's cause (a peer's echo of it is
+ * told apart: see coord_internal.h); then every node aborts its ranks, and
+ * once every rank's exit is known daemon/recovery decides: the job ends, or
+ * it waits as RESTARTING and starts again as attempt k+1 from its newest
+ * committed checkpoint, on as many nodes as its --nnodes range and the
+ * cluster allow.
+ *
+ * On the loop thread only. Ownership: the coordinator's runtime state hangs
+ * off its jobs (mega_job.rt); it borrows every layer below. */
 #ifndef MEGA_DAEMON_COORD_H
 #define MEGA_DAEMON_COORD_H
 
-#include "daemon/megad.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
-/* How much a failure explains. A rank that fails because a peer died says
- * so with a retryable WorkerError (secondary); the peer's own crash or
- * non-retryable error is the cause (primary). A secondary cause waits
- * MEGAD_CAUSE_WAIT_MS for a primary one before the job is stopped (longer
- * while a node of the job has gone quiet: its loss is the cause then). */
-enum { CAUSE_NONE, CAUSE_SECONDARY, CAUSE_PRIMARY };
-#define MEGAD_CAUSE_WAIT_MS 1500
+#include "daemon/base.h"
+#include "daemon/jobs.h"
+#include "daemon/kvserve.h"
+#include "daemon/launch.h"
+#include "daemon/members.h"
 
-typedef struct cancel_wait {
-  void (*done)(void *arg, mega_job *j);
-  void *arg;
-} cancel_wait;
+typedef struct megad_coord_opts {
+  const char *address;            /* this node's host:port: rendezvous and reports come here */
+  unsigned rendezvous_timeout_ms; /* how long a rank waits for the others at rendezvous */
+  unsigned heartbeat_ms;          /* members' interval: how soon a quiet node is suspect */
+  unsigned heartbeat_timeout_ms;  /* members' timeout: when a quiet node is lost */
+} megad_coord_opts;
 
-typedef struct coord_run {
-  megad *d;
-  mega_job *job;
-  uint32_t world;
-  mega_stepmerge *merge;
-  char kv_prefix[192];
-  int trace_iteration;
-  bool *hello, *exited, *errored;
-  uint32_t nhello, nexited;
-  bool stopping;
-  mega_job_state end_state;
-  char *end_error;
-  char *cause;
-  int cause_prio;
-  uint64_t cause_since; /* uv_now of the first secondary cause */
-  uv_timer_t cause_timer, stop_timer;
-  int timers_open; /* while closing */
-  cancel_wait *cancels;
-  size_t ncancels;
-} coord_run;
+typedef struct megad_coord {
+  megad_base *b;
+  megad_jobs *jobs;
+  megad_members *members;
+  megad_launcher *L;
+  megad_kvserve *kvs;
+  megad_coord_opts o;
+  uv_timer_t tick; /* retries the placement of waiting jobs */
+  bool tick_on;
+  /* Ranks of ended attempts, per node, that the node's heartbeats may still
+   * count as busy: placement discounts them until its next heartbeat. */
+  struct megad_released {
+    char node_id[64];
+    uint32_t nranks;
+    uint64_t at_ms; /* uv_now */
+  } released[32];
+} megad_coord;
 
-/* coord_run.c */
-coord_run *coord_run_new(megad *d, mega_job *j, int trace_iteration);
-/* Ranks [first, first+n) will never report (not started, or their node is
- * lost): counted as exited. */
-void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n);
-/* A failure of the attempt, with its weight (CAUSE_*). */
-void coord_cause(coord_run *run, int prio, const char *msg);
-/* Stops the attempt: every node aborts its ranks; the job ends in state
- * once every rank has exited (or after the grace). */
-void coord_stop(coord_run *run, mega_job_state state, const char *error);
+mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
+                             megad_members *members, megad_launcher *L, megad_kvserve *kvs,
+                             const megad_coord_opts *o, mega_err *err);
+void megad_coord_free(megad_coord *c);
 
-/* coord.c: sends AbortJob for the attempt to every node of the placement. */
-void coord_abort_nodes(coord_run *run, const char *reason);
+/* After the journal replay: jobs that were running when this megad stopped
+ * restart from their newest committed checkpoint (not counted against
+ * --max-restarts); starts the scheduling timer. */
+void megad_coord_start(megad_coord *c);
+
+/* Checks a spec as SubmitJob does, journals the job and queues it. On
+ * failure nothing is kept; INVALID errors carry the reason for the user. */
+mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, mega_job **out,
+                               mega_err *err);
+/* Starts waiting jobs in order while slots allow. */
+void megad_coord_schedule(megad_coord *c);
+/* Cancels: a waiting job at once; a running one once its workers are gone,
+ * then done(arg, job) runs (at once when already over). */
+void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
+                        void (*done)(void *arg, mega_job *j), void *arg);
+/* Forgets a waiting done of megad_coord_cancel (its call went away). */
+void megad_coord_cancel_forget(megad_coord *c, mega_job *j, void *arg);
+/* megactl resume: a FAILED job restarts from its newest committed
+ * checkpoint. MEGA_ERR_INVALID when it is not failed or cannot start. */
+mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err);
+/* megactl rescale: re-plan on nnodes at the next checkpoint. */
+mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, mega_err *err);
+
+/* Whether this node runs attempt `attempt` of job_id now (reports of other
+ * attempts are refused, which stops their ranks). */
+bool megad_coord_runs(megad_coord *c, const char *job_id, uint32_t attempt);
+/* Worker reports of a job this node coordinates (from the local launcher or
+ * a node's ReportStep). */
+void megad_coord_step(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
+                      const Mega__V1__StepReport *r);
+void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
+                       const Mega__V1__RankEvent *ev);
+
+/* Membership, as members publishes it. */
+void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why);
+void megad_coord_node_up(megad_coord *c, const megad_node *n);
+
+/* Shutdown: running attempts end and their jobs wait as RESTARTING, so a
+ * megad started again on this state dir resumes them. */
+void megad_coord_stop_all(megad_coord *c, const char *reason);
+/* Attempts still ending (waiting for their workers). */
+size_t megad_coord_stopping(const megad_coord *c);
+/* Slots of node taken by attempts this node coordinates. */
+uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id);
 
 #endif

@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/megad.h"
+#include "daemon/services.h"
 
 #define REQ_MAX 8192
 
 typedef struct http_srv {
-  megad *d;
+  megad_services *s;
   uv_tcp_t tcp;
   int conns;
   bool closing;
@@ -71,49 +71,49 @@ static void label(char *out, size_t cap, const char *s) {
   out[o] = '\0';
 }
 
-static char *page(megad *d) {
+static char *page(megad_services *sv) {
+  const mega_jobs *jobs = &sv->jobs->t;
   sbuf b = {0};
   static const mega_job_state states[] = {MEGA_JOB_PENDING, MEGA_JOB_RUNNING, MEGA_JOB_SUCCEEDED,
                                           MEGA_JOB_FAILED, MEGA_JOB_CANCELLED, MEGA_JOB_RESTARTING};
   addf(&b, "# HELP mega_jobs Jobs this megad coordinates, by state.\n# TYPE mega_jobs gauge\n");
   for (size_t s = 0; s < sizeof states / sizeof states[0]; s++) {
     size_t n = 0;
-    for (size_t i = 0; i < d->jobs.n; i++) n += d->jobs.v[i]->state == states[s];
+    for (size_t i = 0; i < jobs->n; i++) n += jobs->v[i]->state == states[s];
     addf(&b, "mega_jobs{state=\"%s\"} %zu\n", mega_job_state_name(states[s]), n);
   }
-  megad_node *self = megad_self(d);
   addf(&b, "# HELP mega_node_slots Worker slots of this node.\n# TYPE mega_node_slots gauge\n"
            "mega_node_slots %u\n# HELP mega_node_slots_used Slots running workers.\n"
            "# TYPE mega_node_slots_used gauge\nmega_node_slots_used %u\n",
-       self->slots, self->slots_used);
+       sv->L->o.slots, sv->L->slots_used);
   /* Prometheus wants each family's lines together: one pass per family. */
-  size_t n = d->jobs.n;
+  size_t n = jobs->n;
   char (*ids)[256] = calloc(n ? n : 1, sizeof *ids);
   if (!ids) return b.p;
-  for (size_t i = 0; i < n; i++) label(ids[i], sizeof ids[i], d->jobs.v[i]->id);
+  for (size_t i = 0; i < n; i++) label(ids[i], sizeof ids[i], jobs->v[i]->id);
   addf(&b, "# HELP mega_job_last_iteration The last iteration every rank finished.\n"
            "# TYPE mega_job_last_iteration gauge\n");
   for (size_t i = 0; i < n; i++) {
     char name[256];
-    label(name, sizeof name, d->jobs.v[i]->name);
+    label(name, sizeof name, jobs->v[i]->name);
     addf(&b, "mega_job_last_iteration{job=\"%s\",name=\"%s\",state=\"%s\"} %llu\n", ids[i],
-         name, mega_job_state_name(d->jobs.v[i]->state),
-         (unsigned long long)d->jobs.v[i]->last_iteration);
+         name, mega_job_state_name(jobs->v[i]->state),
+         (unsigned long long)jobs->v[i]->last_iteration);
   }
   addf(&b, "# HELP mega_job_loss Loss of the last iteration.\n# TYPE mega_job_loss gauge\n");
   for (size_t i = 0; i < n; i++)
-    if (d->jobs.v[i]->last_step)
-      addf(&b, "mega_job_loss{job=\"%s\"} %.9g\n", ids[i], d->jobs.v[i]->last_step->loss);
+    if (jobs->v[i]->last_step)
+      addf(&b, "mega_job_loss{job=\"%s\"} %.9g\n", ids[i], jobs->v[i]->last_step->loss);
   addf(&b, "# HELP mega_job_tokens_per_second Global tokens per second, last iteration.\n"
            "# TYPE mega_job_tokens_per_second gauge\n");
   for (size_t i = 0; i < n; i++)
-    if (d->jobs.v[i]->last_step)
+    if (jobs->v[i]->last_step)
       addf(&b, "mega_job_tokens_per_second{job=\"%s\"} %.9g\n", ids[i],
-           d->jobs.v[i]->last_step->tokens_per_s);
+           jobs->v[i]->last_step->tokens_per_s);
   addf(&b, "# HELP mega_job_bubble_fraction Pipeline bubble time over step time, all ranks.\n"
            "# TYPE mega_job_bubble_fraction gauge\n");
   for (size_t i = 0; i < n; i++) {
-    const Mega__V1__StepMetrics *s = d->jobs.v[i]->last_step;
+    const Mega__V1__StepMetrics *s = jobs->v[i]->last_step;
     if (!s) continue;
     double bubble = 0, time = 0;
     for (size_t r = 0; r < s->n_ranks; r++) {
@@ -125,7 +125,7 @@ static char *page(megad *d) {
   addf(&b, "# HELP mega_rank_bubble_fraction One rank's bubble time over its step time.\n"
            "# TYPE mega_rank_bubble_fraction gauge\n");
   for (size_t i = 0; i < n; i++) {
-    const Mega__V1__StepMetrics *s = d->jobs.v[i]->last_step;
+    const Mega__V1__StepMetrics *s = jobs->v[i]->last_step;
     for (size_t r = 0; s && r < s->n_ranks; r++) {
       const Mega__V1__RankMetrics *m = s->ranks[r];
       addf(&b, "mega_rank_bubble_fraction{job=\"%s\",rank=\"%u\",pp_rank=\"%u\"} %.6f\n", ids[i],
@@ -135,7 +135,7 @@ static char *page(megad *d) {
   addf(&b, "# HELP mega_job_step_report_delay_seconds From the slowest rank's step end to the "
            "coordinator's merge.\n# TYPE mega_job_step_report_delay_seconds summary\n");
   for (size_t i = 0; i < n; i++) {
-    const mega_job *j = d->jobs.v[i];
+    const mega_job *j = jobs->v[i];
     if (j->report_delay_n)
       addf(&b, "mega_job_step_report_delay_seconds_sum{job=\"%s\"} %.9g\n"
                "mega_job_step_report_delay_seconds_count{job=\"%s\"} %llu\n",
@@ -207,7 +207,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
     return;
   }
   if (!strncmp(c->req, "GET /metrics ", 13) || !strncmp(c->req, "GET /metrics?", 13)) {
-    char *body = page(c->s->d);
+    char *body = page(c->s->s);
     respond(c, 200, "text/plain; version=0.0.4", body ? body : "");
     free(body);
   } else if (!strncmp(c->req, "GET ", 4)) {
@@ -223,7 +223,7 @@ static void on_conn(uv_stream_t *server, int status) {
   http_conn *c = calloc(1, sizeof *c);
   if (!c) return;
   c->s = s;
-  uv_tcp_init(s->d->loop, &c->tcp);
+  uv_tcp_init(s->s->b->loop, &c->tcp);
   c->tcp.data = c;
   s->conns++;
   if (uv_accept(server, (uv_stream_t *)&c->tcp) ||
@@ -236,7 +236,7 @@ static void listener_closed(uv_handle_t *h) {
   if (--s->conns == 0) free(s);
 }
 
-mega_status megad_http_start(megad *d, const char *addr, mega_err *err) {
+mega_status megad_http_start(megad_services *sv, const char *addr, mega_err *err) {
   char host[256];
   const char *colon = strrchr(addr, ':');
   if (!colon || colon == addr)
@@ -250,9 +250,9 @@ mega_status megad_http_start(megad *d, const char *addr, mega_err *err) {
                      host);
   http_srv *s = calloc(1, sizeof *s);
   if (!s) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-  s->d = d;
+  s->s = sv;
   s->conns = 1; /* the listener itself */
-  uv_tcp_init(d->loop, &s->tcp);
+  uv_tcp_init(sv->b->loop, &s->tcp);
   s->tcp.data = s;
   int rc = uv_tcp_bind(&s->tcp, (struct sockaddr *)&sa, 0);
   if (!rc) rc = uv_listen((uv_stream_t *)&s->tcp, 64, on_conn);
@@ -261,14 +261,14 @@ mega_status megad_http_start(megad *d, const char *addr, mega_err *err) {
     uv_close((uv_handle_t *)&s->tcp, listener_closed);
     return mega_fail(err, MEGA_ERR_IO, "cannot serve /metrics on %s: %s", addr, uv_strerror(rc));
   }
-  d->http = s;
+  sv->http = s;
   return MEGA_OK;
 }
 
-void megad_http_stop(megad *d) {
-  http_srv *s = d->http;
+void megad_http_stop(megad_services *sv) {
+  http_srv *s = sv->http;
   if (!s) return;
-  d->http = NULL;
+  sv->http = NULL;
   s->closing = true;
   uv_close((uv_handle_t *)&s->tcp, listener_closed);
 }

@@ -26,6 +26,9 @@ void mega_job_free(mega_job *j) {
   free(j->ckpt_path);
   free(j->wait);
   free_placement(j);
+  mega_jobspec_free(&j->spec);
+  for (size_t i = 0; i < j->nevents; i++) protobuf_c_message_free_unpacked(&j->events[i]->base, NULL);
+  free(j->events);
   for (size_t i = 0; i < j->hist_len; i++)
     protobuf_c_message_free_unpacked(&j->hist[(j->hist_head + i) % MEGA_JOB_HISTORY]->base, NULL);
   free(j->hist);
@@ -46,7 +49,11 @@ static mega_status set_spec(mega_job *j, const Mega__V1__JobSpec *spec, mega_err
     j->nnodes_min = spec->nnodes_min;
     j->nnodes_max = spec->nnodes_max;
     j->nproc_per_node = spec->nproc_per_node;
+    j->max_restarts = spec->max_restarts;
+    j->step_timeout_ms = spec->step_timeout_ms;
   }
+  /* parsed once; a job whose flags no longer parse keeps its record */
+  j->spec_ok = mega_jobspec_parse(&j->spec, (int)j->nargs, j->args, NULL) == MEGA_OK;
   return MEGA_OK;
 }
 
@@ -58,6 +65,7 @@ mega_status mega_job_new(const char *id, const Mega__V1__JobSpec *spec, const ch
   j->state = MEGA_JOB_PENDING;
   j->created_ms = now_ms;
   j->tp = j->pp = j->dp = j->vp = 1;
+  mega_jobspec_defaults(&j->spec);
   if (!(j->id = strdup(id)) || !(j->coordinator = megad_strdup(coordinator)) ||
       set_spec(j, spec, err) != MEGA_OK) {
     mega_job_free(j);
@@ -92,6 +100,8 @@ static bool allowed(mega_job_state from, mega_job_state to) {
            to == MEGA_JOB_RESTARTING;
   case MEGA_JOB_RESTARTING:
     return to == MEGA_JOB_RUNNING || to == MEGA_JOB_FAILED || to == MEGA_JOB_CANCELLED;
+  case MEGA_JOB_FAILED:
+    return to == MEGA_JOB_RESTARTING;
   default:
     return false;
   }
@@ -175,6 +185,8 @@ mega_status mega_job_msg_init(mega_job_msg *m, const mega_job *j, mega_err *err)
   m->spec.nnodes_min = j->nnodes_min;
   m->spec.nnodes_max = j->nnodes_max;
   m->spec.nproc_per_node = j->nproc_per_node;
+  m->spec.max_restarts = j->max_restarts;
+  m->spec.step_timeout_ms = j->step_timeout_ms;
   Mega__V1__Job *o = &m->job;
   o->id = j->id;
   o->name = j->name;
@@ -195,6 +207,9 @@ mega_status mega_job_msg_init(mega_job_msg *m, const mega_job *j, mega_err *err)
   o->placement = m->nrp;
   o->n_placement = j->nplaced;
   o->coordinator_node_id = j->coordinator;
+  o->checkpoint_iteration = j->ckpt_iteration;
+  o->checkpoint_path = j->ckpt_path ? j->ckpt_path : "";
+  o->restarts = j->restarts;
   return MEGA_OK;
 }
 
@@ -223,6 +238,10 @@ mega_status mega_job_from_msg(const Mega__V1__Job *msg, mega_job **out, mega_err
   j->last_iteration = msg->last_iteration;
   j->train_iters = msg->train_iters;
   j->attempt = msg->attempt;
+  j->restarts = msg->restarts;
+  j->ckpt_iteration = msg->checkpoint_iteration;
+  if (msg->checkpoint_path && msg->checkpoint_path[0] && !(j->ckpt_path = strdup(msg->checkpoint_path)))
+    goto nomem;
   mega_job_node *nodes = calloc(msg->n_placement ? msg->n_placement : 1, sizeof *nodes);
   if (!nodes) goto nomem;
   for (size_t i = 0; i < msg->n_placement; i++) {
@@ -259,6 +278,24 @@ mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *it
     }
     if (j->last_step) protobuf_c_message_free_unpacked(&j->last_step->base, NULL);
     j->last_step = s;
+  }
+  if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT && item->event) {
+    if (j->nevents == j->events_cap) {
+      size_t cap = j->events_cap ? 2 * j->events_cap : 16;
+      Mega__V1__JobEvent **v = realloc(j->events, cap * sizeof *v);
+      if (!v) {
+        protobuf_c_message_free_unpacked(&c->base, NULL);
+        return oom(err);
+      }
+      j->events = v;
+      j->events_cap = cap;
+    }
+    Mega__V1__JobEvent *e = (void *)megad_pb_copy(&item->event->base);
+    if (!e) {
+      protobuf_c_message_free_unpacked(&c->base, NULL);
+      return oom(err);
+    }
+    j->events[j->nevents++] = e;
   }
   if (j->hist_len == MEGA_JOB_HISTORY) {
     protobuf_c_message_free_unpacked(&j->hist[j->hist_head]->base, NULL);

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/jobspec.h"
 #include "core/status.h"
 #include "proto/mega.pb-c.h"
 
@@ -37,9 +38,17 @@ typedef struct mega_job_node {
 
 typedef struct mega_job {
   char *id, *name;
-  char **args;
+  char **args; /* as submitted (what users see) */
   size_t nargs;
+  /* The args parsed once, when the job arrives; an attempt's launch flags
+   * come from this struct (mega_recovery_attempt_spec), never from editing
+   * argv. spec_ok is false when the args do not parse (a journal written by
+   * another version): such a job cannot start again. */
+  mega_jobspec spec;
+  bool spec_ok;
   uint32_t nnodes_min, nnodes_max, nproc_per_node;
+  uint32_t max_restarts, step_timeout_ms;
+  uint32_t restarts; /* restarts after rank failures so far */
   mega_job_state state;
   uint32_t world, tp, pp, dp, vp;
   int64_t created_ms, started_ms, ended_ms;
@@ -56,9 +65,14 @@ typedef struct mega_job {
   Mega__V1__WatchJobResponse **hist;
   size_t hist_head, hist_len;
   Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
+  /* Every event of the job, oldest first (owned; GetJob's history). */
+  Mega__V1__JobEvent **events;
+  size_t nevents, events_cap;
 
   void *rt;   /* the coordinator's runtime state while the job runs */
   char *wait; /* why a pending job waits (said once per change); not journaled */
+  uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
+  int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
   /* From the slowest rank's step end to the merge, summed over merged steps
    * (for /metrics; not journaled). */
   double report_delay_sum_s;
@@ -76,7 +90,8 @@ void mega_job_free(mega_job *j);
  *   PENDING    -> RUNNING | FAILED | CANCELLED
  *   RUNNING    -> SUCCEEDED | FAILED | CANCELLED | RESTARTING
  *   RESTARTING -> RUNNING | FAILED | CANCELLED
- *   SUCCEEDED, FAILED, CANCELLED: final.
+ *   FAILED     -> RESTARTING (megactl resume)
+ *   SUCCEEDED, CANCELLED: final; FAILED is final until resumed.
  * Entering RUNNING sets started_ms (the first time); a final state sets
  * ended_ms. error (may be NULL) is kept for FAILED and CANCELLED. A
  * transition not listed is MEGA_ERR_INVALID and changes nothing. */
@@ -112,7 +127,8 @@ mega_status mega_job_from_msg(const Mega__V1__Job *msg, mega_job **out, mega_err
 /* ---- history ---- */
 
 /* Appends a copy of item (a step, an event or the final state); the oldest
- * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step. */
+ * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step,
+ * an event also joins events (which keeps them all). */
 mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err);
 /* Item i (0: oldest) of the history. */
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i);
@@ -148,11 +164,5 @@ mega_status mega_jrec_step(const char *job_id, const Mega__V1__StepMetrics *step
  * keeping its history; events and steps join their job's history. Records of
  * unknown jobs are ignored. Bytes that do not parse are MEGA_ERR_INVALID. */
 mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_err *err);
-
-/* After a replay: every job that was RUNNING or RESTARTING when the daemon
- * stopped becomes FAILED with `reason`; its ids go to the caller's arrays
- * through fn (for journaling and events). Returns how many changed. */
-size_t mega_jobs_fail_unfinished(mega_jobs *t, int64_t now_ms, const char *reason,
-                                 void (*fn)(void *arg, mega_job *j), void *arg);
 
 #endif

@@ -72,9 +72,14 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
     nj->hist_head = old->hist_head;
     nj->hist_len = old->hist_len;
     nj->last_step = old->last_step;
+    nj->events = old->events;
+    nj->nevents = old->nevents;
+    nj->events_cap = old->events_cap;
     old->hist = NULL;
     old->hist_len = 0;
     old->last_step = NULL;
+    old->events = NULL;
+    old->nevents = old->events_cap = 0;
     mega_job_free(old);
     t->v[i] = nj;
     return MEGA_OK;
@@ -118,17 +123,4 @@ mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_e
   }
   megad__v1__journal_record__free_unpacked(r, NULL);
   return s;
-}
-
-size_t mega_jobs_fail_unfinished(mega_jobs *t, int64_t now_ms, const char *reason,
-                                 void (*fn)(void *arg, mega_job *j), void *arg) {
-  size_t n = 0;
-  for (size_t i = 0; i < t->n; i++) {
-    mega_job *j = t->v[i];
-    if (j->state != MEGA_JOB_RUNNING && j->state != MEGA_JOB_RESTARTING) continue;
-    if (mega_job_transition(j, MEGA_JOB_FAILED, now_ms, reason, NULL) != MEGA_OK) continue;
-    n++;
-    if (fn) fn(arg, j);
-  }
-  return n;
 }

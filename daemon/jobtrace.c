@@ -1,6 +1,6 @@
-/* --trace-iteration K: the ranks' ActionSpans of iteration K become one
- * Chrome trace (core/trace, one track per rank) in the job's directory, and
- * Control.GetTrace streams that file in chunks. */
+/* The Chrome trace of --trace-iteration (see jobtrace.h). */
+#include "daemon/jobtrace.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,18 +9,17 @@
 #include <unistd.h>
 
 #include "core/trace.h"
-#include "daemon/megad.h"
 
 #define TRACE_CHUNK (1u << 20)
 
-static char *trace_path(megad *d, const char *job_id) {
+static char *trace_path(const megad_base *b, const char *job_id) {
   char *p = NULL;
-  if (asprintf(&p, "%s/jobs/%s/trace.json", d->state_dir, job_id) < 0) return NULL;
+  if (asprintf(&p, "%s/jobs/%s/trace.json", b->state_dir, job_id) < 0) return NULL;
   return p;
 }
 
-mega_status megad_trace_write(megad *d, mega_job *j, const mega_step_done *done, char **path,
-                              mega_err *err) {
+mega_status megad_trace_write(megad_base *b, const mega_job *j, const mega_step_done *done,
+                              char **path, mega_err *err) {
   *path = NULL;
   char title[256];
   snprintf(title, sizeof title, "job %s%s%s, iteration %llu", j->id, j->name[0] ? " " : "", j->name,
@@ -49,7 +48,7 @@ mega_status megad_trace_write(megad *d, mega_job *j, const mega_step_done *done,
   char *json = mega_trace_dump(t);
   mega_trace_free(t);
   if (!json) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-  char *dir = megad_job_dir(d, j->id), *p = trace_path(d, j->id), *tmp = NULL;
+  char *dir = megad_job_dir(b, j->id), *p = trace_path(b, j->id), *tmp = NULL;
   mega_status s = MEGA_OK;
   if (!dir || !p || asprintf(&tmp, "%s.tmp", p) < 0) {
     tmp = NULL;
@@ -63,7 +62,7 @@ mega_status megad_trace_write(megad *d, mega_job *j, const mega_step_done *done,
       unlink(tmp);
     }
   }
-  if (s == MEGA_OK && !spans) megad_warn(d, "job %s: the ranks sent no spans to trace", j->id);
+  if (s == MEGA_OK && !spans) megad_warn(b, "job %s: the ranks sent no spans to trace", j->id);
   free(json);
   free(dir);
   free(tmp);
@@ -72,15 +71,8 @@ mega_status megad_trace_write(megad *d, mega_job *j, const mega_step_done *done,
   return s;
 }
 
-static void on_get_trace(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
-  megad *d = data;
-  const Mega__V1__GetTraceRequest *req = (const void *)msg;
-  mega_job *j = mega_jobs_find(&d->jobs, req->job_id);
-  if (!j) {
-    mega_rpc_fail(call, MEGA_RPC_NOT_FOUND, "no job '%s' on node %s", req->job_id, d->node_id);
-    return;
-  }
-  char *p = trace_path(d, j->id);
+void megad_trace_send(const megad_base *b, const mega_job *j, mega_rpc_call *call) {
+  char *p = trace_path(b, j->id);
   FILE *f = p ? fopen(p, "rb") : NULL;
   free(p);
   if (!f) {
@@ -110,8 +102,4 @@ static void on_get_trace(mega_rpc_call *call, const ProtobufCMessage *msg, void 
   free(buf);
   fclose(f);
   mega_rpc_finish(call); /* also when the client went away meanwhile (ok false) */
-}
-
-void megad_trace_register(megad *d) {
-  mega_rpc_server_handle(d->srv, &mega_control_get_trace, on_get_trace, d, NULL);
 }

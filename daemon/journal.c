@@ -3,10 +3,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -85,16 +87,33 @@ mega_status mega_journal_open(const char *path, mega_journal **out, mega_err *er
   return MEGA_OK;
 }
 
-mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx, size_t *dropped,
-                                mega_err *err) {
+/* Whether a valid record starts at off. */
+static bool record_at(const uint8_t *buf, size_t size, size_t off, uint32_t *len) {
+  if (off + 8 > size) return false;
+  uint32_t l = get_u32(buf + off), crc = get_u32(buf + off + 4);
+  if (l > MEGA_JOURNAL_MAX_RECORD || l > size - off - 8) return false;
+  if (crc_of(buf + off + 8, l) != crc) return false;
+  *len = l;
+  return true;
+}
+
+/* The next offset after a bad record where a valid record starts, or size. */
+static size_t resync(const uint8_t *buf, size_t size, size_t from) {
+  uint32_t len;
+  for (size_t k = from; k + 8 <= size; k++)
+    if (record_at(buf, size, k, &len)) return k;
+  return size;
+}
+
+static mega_status read_whole(mega_journal *j, uint8_t **out, size_t *size, mega_err *err) {
   struct stat st;
   if (fstat(j->fd, &st)) return io_fail(err, "cannot stat", j->path);
-  size_t size = (size_t)st.st_size;
-  uint8_t *buf = size ? malloc(size) : NULL;
-  if (size && !buf) return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
+  *size = (size_t)st.st_size;
+  uint8_t *buf = malloc(*size ? *size : 1);
+  if (!buf) return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
   size_t got = 0;
-  while (got < size) {
-    ssize_t n = pread(j->fd, buf + got, size - got, (off_t)got);
+  while (got < *size) {
+    ssize_t n = pread(j->fd, buf + got, *size - got, (off_t)got);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       free(buf);
@@ -102,25 +121,92 @@ mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx, 
     }
     got += (size_t)n;
   }
-  size_t off = 0;
-  mega_status s = MEGA_OK;
-  while (off + 8 <= size) {
-    uint32_t len = get_u32(buf + off), crc = get_u32(buf + off + 4);
-    if (len > MEGA_JOURNAL_MAX_RECORD || len > size - off - 8) break;
-    if (crc_of(buf + off + 8, len) != crc) break;
+  *out = buf;
+  return MEGA_OK;
+}
+
+static mega_status keep_copy(mega_journal *j, const uint8_t *buf, size_t size, char *copy,
+                             size_t cap, mega_err *err) {
+  snprintf(copy, cap, "%s.damaged-%lld", j->path, (long long)time(NULL));
+  int fd = open(copy, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || write_all(fd, buf, size) || fsync(fd)) {
+    if (fd >= 0) close(fd);
+    return io_fail(err, "cannot keep a copy of the damaged journal", copy);
+  }
+  close(fd);
+  return MEGA_OK;
+}
+
+mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
+                                mega_journal_report *rep, mega_err *err) {
+  mega_journal_report r = {0};
+  uint8_t *buf = NULL;
+  size_t size = 0;
+  mega_status s = read_whole(j, &buf, &size, err);
+  if (s != MEGA_OK) return s;
+  /* Good records as (offset, length) runs, for a rewrite after damage. */
+  size_t nrec = 0, cap = 64;
+  size_t (*recs)[2] = malloc(cap * sizeof *recs);
+  if (!recs) {
+    free(buf);
+    return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
+  }
+  size_t off = 0, good_end = 0;
+  while (off < size) {
+    uint32_t len;
+    if (!record_at(buf, size, off, &len)) {
+      size_t next = resync(buf, size, off + 1);
+      if (next == size) break; /* nothing valid follows: a torn tail */
+      r.damaged_bytes += next - off;
+      r.damaged_regions++;
+      off = next;
+      continue;
+    }
     if (fn && fn(ctx, buf + off + 8, len)) {
       s = mega_fail(err, MEGA_ERR_INVALID, "journal %s: record at byte %zu was refused", j->path,
                     off);
       break;
     }
+    if (nrec == cap) {
+      void *v = realloc(recs, 2 * cap * sizeof *recs);
+      if (!v) {
+        s = mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
+        break;
+      }
+      recs = v;
+      cap *= 2;
+    }
+    recs[nrec][0] = off + 8;
+    recs[nrec++][1] = len;
+    r.records++;
     off += 8 + len;
+    good_end = off;
   }
+  if (s == MEGA_OK) {
+    r.torn_bytes = size - good_end;
+    if (r.damaged_regions) {
+      s = keep_copy(j, buf, size, r.copy, sizeof r.copy, err);
+      const void **ptrs = s == MEGA_OK ? malloc((nrec ? nrec : 1) * sizeof *ptrs) : NULL;
+      size_t *lens = ptrs ? malloc((nrec ? nrec : 1) * sizeof *lens) : NULL;
+      if (s == MEGA_OK && !lens) s = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+      for (size_t i = 0; s == MEGA_OK && i < nrec; i++) {
+        ptrs[i] = buf + recs[i][0];
+        lens[i] = recs[i][1];
+      }
+      if (s == MEGA_OK) s = mega_journal_rewrite(j, (const void *const *)ptrs, lens, nrec, err);
+      free(ptrs);
+      free(lens);
+    } else if (r.torn_bytes) {
+      /* A crash tears at most the tail; keep what was cut all the same. */
+      s = keep_copy(j, buf, size, r.copy, sizeof r.copy, err);
+      if (s == MEGA_OK && (ftruncate(j->fd, (off_t)good_end) || fdatasync(j->fd)))
+        s = io_fail(err, "cannot cut its torn tail", j->path);
+    }
+  }
+  free(recs);
   free(buf);
-  if (s != MEGA_OK) return s;
-  if (dropped) *dropped = size - off;
-  if (off < size && (ftruncate(j->fd, (off_t)off) || fdatasync(j->fd)))
-    return io_fail(err, "cannot cut its torn tail", j->path);
-  return MEGA_OK;
+  if (rep) *rep = r;
+  return s;
 }
 
 mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err) {

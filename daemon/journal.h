@@ -4,9 +4,16 @@
  *   u32 length (little endian) | u32 crc32 of the payload | payload
  *
  * and made durable with fdatasync before append returns, so a job is
- * journaled before megad answers its submitter. A crash can only tear the
- * last record; replay stops at the first record that is short or fails its
- * CRC and cuts the file there, so the next append starts on a clean tail.
+ * journaled before megad answers its submitter.
+ *
+ * A crash can only tear the last record: when nothing valid follows a bad
+ * record, replay cuts the file there (a torn tail), so the next append
+ * starts clean. A bad record with good ones after it is not a crash but
+ * damage (a flipped bit, a bad disk): replay keeps a copy of the file as it
+ * found it (PATH.damaged-UNIXTIME), skips only the damaged bytes, replays
+ * every good record after them, and rewrites the journal from the good
+ * records; the report says what happened, for the caller to say loudly.
+ * Whatever is cut or skipped, the file as found is kept. 
  *
  * The journal owns its file descriptor; records passed to the replay
  * callback are valid only during the call. */
@@ -28,10 +35,18 @@ typedef int (*mega_journal_fn)(void *ctx, const uint8_t *rec, size_t len);
 /* Opens (creating if needed) the journal at path. */
 mega_status mega_journal_open(const char *path, mega_journal **out, mega_err *err);
 
-/* Calls fn for every intact record, in order. *dropped gets the bytes cut
- * from a torn tail (0 normally). Call once, before the first append. */
+typedef struct mega_journal_report {
+  size_t records;         /* replayed */
+  size_t torn_bytes;      /* cut from a torn tail */
+  size_t damaged_bytes;   /* skipped between good records */
+  size_t damaged_regions;
+  char copy[4096];        /* the file as found, kept when anything was cut or skipped ("" else) */
+} mega_journal_report;
+
+/* Calls fn for every intact record, in order; rep (may be NULL) says what
+ * was cut or skipped. Call once, before the first append. */
 mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
-                                size_t *dropped, mega_err *err);
+                                mega_journal_report *rep, mega_err *err);
 
 mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err);
 

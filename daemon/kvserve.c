@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/megad.h"
+#include "daemon/kvserve.h"
 
 struct megad_kvwait {
-  megad *d;
+  megad_kvserve *ks;
   char **keys;
   size_t n, i;
   uint64_t deadline; /* uv_now; 0: none */
@@ -64,7 +64,7 @@ static bool step(megad_kvwait *w) {
   while (w->i < w->n) {
     int left = 0;
     if (w->deadline) {
-      uint64_t now = uv_now(w->d->loop);
+      uint64_t now = uv_now(w->ks->b->loop);
       if (now >= w->deadline) {
         finish(w, MEGA_ERR_TIMEOUT);
         return true;
@@ -73,7 +73,7 @@ static bool step(megad_kvwait *w) {
     }
     w->in_step = true;
     w->sync_done = false;
-    uint64_t id = mega_kv_wait(w->d->kv, w->keys[w->i], left, on_key, w);
+    uint64_t id = mega_kv_wait(w->ks->kv, w->keys[w->i], left, on_key, w);
     w->in_step = false;
     if (!w->sync_done) {
       w->cur = id;
@@ -89,7 +89,7 @@ static bool step(megad_kvwait *w) {
   return true;
 }
 
-megad_kvwait *megad_kvwait_start(megad *d, char *const *keys, size_t n, int timeout_ms,
+megad_kvwait *megad_kvwait_start(megad_kvserve *ks, char *const *keys, size_t n, int timeout_ms,
                                  megad_kvwait_fn fn, void *arg) {
   megad_kvwait *w = calloc(1, sizeof *w);
   char **k = calloc(n ? n : 1, sizeof *k);
@@ -99,7 +99,7 @@ megad_kvwait *megad_kvwait_start(megad *d, char *const *keys, size_t n, int time
     fn(arg, MEGA_ERR_NOMEM, "out of memory waiting for keys");
     return NULL;
   }
-  w->d = d;
+  w->ks = ks;
   w->keys = k;
   for (size_t i = 0; i < n; i++) {
     if (!(k[i] = strdup(keys[i] ? keys[i] : ""))) {
@@ -112,23 +112,23 @@ megad_kvwait *megad_kvwait_start(megad *d, char *const *keys, size_t n, int time
   w->fn = fn;
   w->arg = arg;
   w->timeout_ms = timeout_ms;
-  if (timeout_ms > 0) w->deadline = uv_now(d->loop) + (uint64_t)timeout_ms;
+  if (timeout_ms > 0) w->deadline = uv_now(ks->b->loop) + (uint64_t)timeout_ms;
   return step(w) ? NULL : w;
 }
 
 void megad_kvwait_cancel(megad_kvwait *w) {
   if (!w) return;
   w->cancelled = true;
-  if (w->cur) mega_kv_cancel(w->d->kv, w->cur);
+  if (w->cur) mega_kv_cancel(w->ks->kv, w->cur);
 }
 
 /* ---- Peer Kv* ---- */
 
 static void on_kv_set(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
-  megad *d = data;
+  megad_kvserve *ks = data;
   const Mega__V1__KvSetRequest *req = (const void *)msg;
   mega_err e = {0};
-  if (mega_kv_set(d->kv, req->key, req->value.data, req->value.len, &e) != MEGA_OK) {
+  if (mega_kv_set(ks->kv, req->key, req->value.data, req->value.len, &e) != MEGA_OK) {
     mega_rpc_fail_err(call, &e);
     return;
   }
@@ -137,12 +137,12 @@ static void on_kv_set(mega_rpc_call *call, const ProtobufCMessage *msg, void *da
 }
 
 static void on_kv_get(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
-  megad *d = data;
+  megad_kvserve *ks = data;
   const Mega__V1__KvGetRequest *req = (const void *)msg;
   Mega__V1__KvGetResponse r = MEGA__V1__KV_GET_RESPONSE__INIT;
   const uint8_t *v;
   size_t len;
-  if (mega_kv_get(d->kv, req->key, &v, &len)) {
+  if (mega_kv_get(ks->kv, req->key, &v, &len)) {
     r.found = true;
     r.value.data = (uint8_t *)v;
     r.value.len = len;
@@ -179,7 +179,7 @@ static void peer_wait_cancelled(mega_rpc_call *call, void *arg) {
 }
 
 static void on_kv_wait(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
-  megad *d = data;
+  megad_kvserve *ks = data;
   const Mega__V1__KvWaitRequest *req = (const void *)msg;
   peer_wait *p = calloc(1, sizeof *p);
   if (!p) {
@@ -191,15 +191,26 @@ static void on_kv_wait(mega_rpc_call *call, const ProtobufCMessage *msg, void *d
   int t = (int)req->timeout_ms;
   if (left >= 0 && (t <= 0 || left < t)) t = left > 0 ? (int)left : 1;
   /* NULL: answered at once, and p is gone */
-  megad_kvwait *w = megad_kvwait_start(d, req->keys, req->n_keys, t, peer_wait_done, p);
+  megad_kvwait *w = megad_kvwait_start(ks, req->keys, req->n_keys, t, peer_wait_done, p);
   if (w) {
     p->w = w;
     mega_rpc_call_on_cancel(call, peer_wait_cancelled, p);
   }
 }
 
-void megad_kv_register(megad *d) {
-  mega_rpc_server_handle(d->srv, &mega_peer_kv_set, on_kv_set, d, NULL);
-  mega_rpc_server_handle(d->srv, &mega_peer_kv_get, on_kv_get, d, NULL);
-  mega_rpc_server_handle(d->srv, &mega_peer_kv_wait, on_kv_wait, d, NULL);
+mega_status megad_kvserve_init(megad_kvserve *ks, megad_base *b, mega_err *err) {
+  ks->b = b;
+  if (!(ks->kv = mega_kv_new(b->loop))) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  return MEGA_OK;
+}
+
+void megad_kvserve_free(megad_kvserve *ks) {
+  mega_kv_free(ks->kv);
+  ks->kv = NULL;
+}
+
+void megad_kvserve_register(megad_kvserve *ks, mega_rpc_server *srv) {
+  mega_rpc_server_handle(srv, &mega_peer_kv_set, on_kv_set, ks, NULL);
+  mega_rpc_server_handle(srv, &mega_peer_kv_get, on_kv_get, ks, NULL);
+  mega_rpc_server_handle(srv, &mega_peer_kv_wait, on_kv_wait, ks, NULL);
 }

@@ -1,8 +1,6 @@
-/* A node's share of a job: one megaw per local rank, spawned with a
- * bidirectional pipe on fd 3 (frames of proto/frame.h), stdout and stderr
- * captured into the rank's log file, the last stderr lines kept for the
- * error message. Worker frames go on to the job's coordinator through
- * relay.c.
+/* The launcher's worker processes (see launch.h): spawn, the pipe and its
+ * frames, output capture, exits and abort. Worker frames go on to the job's
+ * coordinator through relay.c; watchdog.c pings and watches.
  *
  * A worker is done once it has exited and its stderr has drained (or a
  * moment later); its exit is reported, its handles closed. Abort sends an
@@ -17,7 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/launch.h"
+#include "core/jobspec.h"
+#include "daemon/launch_internal.h"
 #include "daemon/util.h"
 
 extern char **environ;
@@ -36,7 +35,7 @@ static void written(uv_write_t *req, int status) {
   free(w);
 }
 
-static void send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f) {
+void launch_send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f) {
   if (!w->spawned || w->closing || w->pipe_eof) return;
   write_req *wr = calloc(1, sizeof *wr);
   size_t len;
@@ -62,7 +61,7 @@ void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uin
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_KV;
   f.kv = &r;
-  send_frame(w, &f);
+  launch_send_frame(w, &f);
 }
 
 static void send_abort(megad_worker *w, const char *reason, unsigned grace_ms) {
@@ -72,7 +71,7 @@ static void send_abort(megad_worker *w, const char *reason, unsigned grace_ms) {
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ABORT;
   f.abort = &a;
-  send_frame(w, &f);
+  launch_send_frame(w, &f);
 }
 
 /* ---- output capture ---- */
@@ -141,7 +140,7 @@ static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
 
 /* ---- frames from the worker ---- */
 
-static void kill_worker(megad_worker *w) {
+void launch_kill_worker(megad_worker *w) {
   if (w->spawned && !w->exited) uv_process_kill(&w->proc, SIGKILL);
 }
 
@@ -161,7 +160,7 @@ static void worker_broke(megad_worker *w, const char *fmt, ...) {
   ev.error = &e;
   if (!w->error_msg) w->error_msg = strdup(msg);
   relay_event(w->l, w, &ev);
-  kill_worker(w);
+  launch_kill_worker(w);
 }
 
 static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
@@ -175,7 +174,11 @@ static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
     break;
   case MEGA__V1__WORKER_FRAME__MSG_STEP:
     if (f->step->metrics) f->step->metrics->rank = w->rank; /* the pipe says who it is */
+    watchdog_progress(w, "train", f->step->metrics ? f->step->metrics->step_time_s : 0);
     relay_step(l, f->step);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_PROGRESS:
+    watchdog_progress(w, f->progress->phase, 0);
     break;
   case MEGA__V1__WORKER_FRAME__MSG_CHECKPOINT_DONE:
     ev.kind_case = MEGA__V1__RANK_EVENT__KIND_CHECKPOINT;
@@ -231,6 +234,14 @@ static void on_pipe(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
 
 /* ---- exit and clean-up ---- */
 
+/* A worker's slot is free once its process is gone: before its handles
+ * close, so the attempt its exit ends can be placed here again at once. */
+static void release_slot(megad_worker *w) {
+  if (!w->slot_held) return;
+  w->slot_held = false;
+  if (w->l->L->slots_used) w->l->L->slots_used--;
+}
+
 static void handle_closed(uv_handle_t *h) {
   megad_worker *w = h->data;
   if (--w->open > 0) return;
@@ -240,7 +251,7 @@ static void handle_closed(uv_handle_t *h) {
   w->log_fd = -1;
   free(w->error_msg);
   w->error_msg = NULL;
-  if (megad_self(l->d)->slots_used) megad_self(l->d)->slots_used--;
+  release_slot(w);
   l->live--;
   launch_maybe_free(l);
 }
@@ -258,6 +269,7 @@ static void close_worker(megad_worker *w) {
 static void report_exit(megad_worker *w) {
   if (w->reported) return;
   w->reported = true;
+  release_slot(w);
   char *tail = tail_text(w);
   Mega__V1__RankExit x = MEGA__V1__RANK_EXIT__INIT;
   x.exit_status = (int32_t)w->exit_status;
@@ -289,8 +301,9 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int sig) {
   w->exited = true;
   w->exit_status = status;
   w->term_signal = sig;
-  megad_log(w->l->d, "job %s rank %u (pid %d) exited %s %d", w->l->req->job_id, w->rank, w->pid,
-            sig ? "with signal" : "with status", sig ? sig : (int)status);
+  megad_log(w->l->L->b, "job %s attempt %u rank %u (pid %d) exited %s %d", w->l->req->job_id,
+            w->l->req->attempt, w->rank, w->pid, sig ? "with signal" : "with status",
+            sig ? sig : (int)status);
   /* stderr may still hold its last words; give it a moment */
   uv_timer_stop(&w->timer);
   uv_timer_start(&w->timer, on_drain_timer, 500, 0);
@@ -315,8 +328,7 @@ static void timer_closed(uv_handle_t *h) {
 void launch_maybe_free(megad_launch *l) {
   if (l->live || l->refs || l->sending || l->timers_open < 2) return;
   if (!l->coord_gone && (l->nsteps || l->nevents)) return; /* still to tell the coordinator */
-  megad *d = l->d;
-  for (megad_launch **p = &d->launches; *p; p = &(*p)->next)
+  for (megad_launch **p = &l->L->launches; *p; p = &(*p)->next)
     if (*p == l) {
       *p = l->next;
       break;
@@ -333,7 +345,7 @@ static char *rank_path(const megad_launch *l, uint32_t rank, const char *suffix)
 
 /* MEGA_WORKER_FD tells megaw it was started by megad; MEGAD_PID lets it
  * notice a parent that died before PR_SET_PDEATHSIG was set. */
-static char **worker_env(megad *d) {
+static char **worker_env(const megad_launcher *L) {
   size_t n = 0;
   while (environ[n]) n++;
   char **env = calloc(n + 4, sizeof *env);
@@ -345,7 +357,7 @@ static char **worker_env(megad *d) {
       env[k++] = environ[i];
   if (asprintf(&env[k++], "MEGA_WORKER_FD=3") < 0 ||
       asprintf(&env[k++], "MEGAD_PID=%d", (int)getpid()) < 0 ||
-      asprintf(&env[k++], "MEGA_WORKER_HOSTNAME=%s", d->worker_host) < 0)
+      asprintf(&env[k++], "MEGA_WORKER_HOSTNAME=%s", L->o.worker_host) < 0)
     env[k - 1] = NULL;
   return env;
 }
@@ -359,8 +371,8 @@ static void free_env(char **env) {
 }
 
 static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, mega_err *err) {
-  megad *d = l->d;
-  uv_loop_t *loop = d->loop;
+  megad_launcher *L = l->L;
+  uv_loop_t *loop = L->b->loop;
   const Mega__V1__LaunchRanksRequest *req = l->req;
   w->proc.data = w->pipe.data = w->out.data = w->err.data = w->timer.data = w;
   uv_pipe_init(loop, &w->pipe, 0);
@@ -381,10 +393,10 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   stdio[2].data.stream = (uv_stream_t *)&w->err;
   stdio[3].flags = UV_CREATE_PIPE | UV_READABLE_PIPE | UV_WRITABLE_PIPE;
   stdio[3].data.stream = (uv_stream_t *)&w->pipe;
-  char *args[] = {d->worker_path, NULL};
+  char *args[] = {(char *)L->o.worker_path, NULL};
   uv_process_options_t po;
   memset(&po, 0, sizeof po);
-  po.file = d->worker_path;
+  po.file = L->o.worker_path;
   po.args = args;
   po.env = env;
   po.exit_cb = on_worker_exit;
@@ -399,11 +411,13 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
     w->exited = true;
     w->reported = true;
     close_worker(w);
-    return mega_fail(err, MEGA_ERR_IO, "cannot start %s for rank %u: %s", d->worker_path, w->rank,
-                     uv_strerror(rc));
+    return mega_fail(err, MEGA_ERR_IO, "cannot start %s for rank %u: %s", L->o.worker_path,
+                     w->rank, uv_strerror(rc));
   }
   w->spawned = true;
   w->pid = w->proc.pid;
+  snprintf(w->phase, sizeof w->phase, "setup");
+  w->progress_ms = uv_now(loop);
   uv_read_start((uv_stream_t *)&w->pipe, alloc_buf, on_pipe);
   uv_read_start((uv_stream_t *)&w->out, alloc_buf, on_out);
   uv_read_start((uv_stream_t *)&w->err, alloc_buf, on_out);
@@ -426,51 +440,80 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   a.state_dir = sdir ? sdir : "";
   a.device = -1;
   a.backend = "cpu";
+  a.pipe_timeout_ms = L->o.pipe_timeout_ms;
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ASSIGNMENT;
   f.assignment = &a;
-  send_frame(w, &f);
+  launch_send_frame(w, &f);
   free(sdir);
   return MEGA_OK;
 }
 
-mega_status megad_launch_start(megad *d, const Mega__V1__LaunchRanksRequest *req, int32_t *pids,
-                               mega_err *err) {
-  megad_node *self = megad_self(d);
-  if (d->stopping) return mega_fail(err, MEGA_ERR_UNSUPPORTED, "node %s is shutting down", d->node_id);
+/* What only this node can check, before any rank starts: the files as it
+ * sees them. */
+static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
+                              mega_err *err) {
+  mega_jobspec s;
+  mega_jobspec_defaults(&s);
+  mega_status st = MEGA_OK;
+  if (req->spec && mega_jobspec_parse(&s, (int)req->spec->n_args, req->spec->args, err) != MEGA_OK) {
+    mega_jobspec_free(&s);
+    return mega_fail(err, MEGA_ERR_INVALID, "node %s cannot parse the job's flags: %s",
+                     L->b->node_id, err->msg);
+  }
+  struct stat sb;
+  if (s.data_path && stat(s.data_path, &sb) != 0)
+    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read --data-path %s: %s",
+                   L->b->node_id, s.data_path, strerror(errno));
+  else if (s.data_path && !S_ISREG(sb.st_mode))
+    st = mega_fail(err, MEGA_ERR_INVALID, "--data-path %s is not a file on node %s",
+                   s.data_path, L->b->node_id);
+  else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
+    st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
+                   L->b->node_id);
+  mega_jobspec_free(&s);
+  return st;
+}
+
+mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
+                               int32_t *pids, mega_err *err) {
+  megad_base *b = L->b;
+  if (b->stopping) return mega_fail(err, MEGA_ERR_UNSUPPORTED, "node %s is shutting down", b->node_id);
   if (!req->n_ranks || !req->job_id || !req->job_id[0] || !req->bootstrap)
     return mega_fail(err, MEGA_ERR_INVALID, "LaunchRanks needs a job id, ranks and a bootstrap");
-  if (self->slots_used + req->n_ranks > self->slots)
+  if (L->slots_used + req->n_ranks > L->o.slots)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "node %s has %u free slot%s, and %zu rank%s were asked of it", d->node_id,
-                     self->slots - self->slots_used, self->slots - self->slots_used == 1 ? "" : "s",
+                     "node %s has %u free slot%s, and %zu rank%s were asked of it", b->node_id,
+                     L->o.slots - L->slots_used, L->o.slots - L->slots_used == 1 ? "" : "s",
                      req->n_ranks, req->n_ranks == 1 ? "" : "s");
+  mega_status s = check_here(L, req, err);
+  if (s != MEGA_OK) return s;
   megad_launch *l = calloc(1, sizeof *l);
   if (!l) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-  l->d = d;
+  l->L = L;
   l->req = (Mega__V1__LaunchRanksRequest *)megad_pb_copy(&req->base);
   l->w = calloc(req->n_ranks, sizeof *l->w);
-  char *jdir = megad_job_dir(d, req->job_id);
+  char *jdir = megad_job_dir(b, req->job_id);
   if (jdir && asprintf(&l->dir, "%s/%u", jdir, req->attempt) < 0) l->dir = NULL;
   free(jdir);
   if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0755) && errno != EEXIST)) {
-    mega_status s = l->dir ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
-                           : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    s = l->dir ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
+               : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
     if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
     free(l->w);
     free(l->dir);
     free(l);
     return s;
   }
-  l->coord_local = !strcmp(req->coordinator_node_id, d->node_id);
-  uv_timer_init(d->loop, &l->kill_timer);
-  uv_timer_init(d->loop, &l->retry_timer);
+  l->coord_local = !strcmp(req->coordinator_node_id, b->node_id);
+  uv_timer_init(b->loop, &l->kill_timer);
+  uv_timer_init(b->loop, &l->retry_timer);
   l->kill_timer.data = l->retry_timer.data = l;
   l->timers_open = 2;
-  l->next = d->launches;
-  d->launches = l;
-  char **env = worker_env(d);
-  mega_status s = env ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  l->next = L->launches;
+  L->launches = l;
+  char **env = worker_env(L);
+  s = env ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   for (size_t i = 0; i < req->n_ranks; i++) {
     megad_worker *w = &l->w[i];
     w->l = l;
@@ -481,16 +524,18 @@ mega_status megad_launch_start(megad *d, const Mega__V1__LaunchRanksRequest *req
     if (s != MEGA_OK) continue;
     l->nw++;
     l->live++;
-    self->slots_used++;
+    L->slots_used++;
+    w->slot_held = true;
     if ((s = spawn_worker(l, w, env, err)) == MEGA_OK) pids[i] = w->pid;
   }
   free_env(env);
   if (s != MEGA_OK) {
-    megad_launch_abort(d, req->job_id, req->attempt, err->msg, 0);
+    megad_launch_abort(L, req->job_id, req->attempt, false, err->msg, 0);
     return s;
   }
-  megad_log(d, "job %s attempt %u: started %zu worker%s (ranks %u..%u)", req->job_id, req->attempt,
-            req->n_ranks, req->n_ranks == 1 ? "" : "s", req->ranks[0], req->ranks[req->n_ranks - 1]);
+  megad_log(b, "job %s attempt %u: started %zu worker%s (ranks %u..%u)", req->job_id,
+            req->attempt, req->n_ranks, req->n_ranks == 1 ? "" : "s", req->ranks[0],
+            req->ranks[req->n_ranks - 1]);
   return MEGA_OK;
 }
 
@@ -498,7 +543,7 @@ mega_status megad_launch_start(megad *d, const Mega__V1__LaunchRanksRequest *req
 
 static void on_kill_timer(uv_timer_t *t) {
   megad_launch *l = t->data;
-  for (size_t i = 0; i < l->nw; i++) kill_worker(&l->w[i]);
+  for (size_t i = 0; i < l->nw; i++) launch_kill_worker(&l->w[i]);
 }
 
 static void abort_launch(megad_launch *l, const char *reason, unsigned grace_ms) {
@@ -508,15 +553,18 @@ static void abort_launch(megad_launch *l, const char *reason, unsigned grace_ms)
   uv_timer_start(&l->kill_timer, on_kill_timer, grace_ms, 0);
 }
 
-void megad_launch_abort(megad *d, const char *job_id, int64_t attempt, const char *reason,
-                        unsigned grace_ms) {
-  for (megad_launch *l = d->launches; l; l = l->next)
-    if (!strcmp(l->req->job_id, job_id) && (attempt < 0 || l->req->attempt == (uint32_t)attempt))
-      abort_launch(l, reason, grace_ms);
+void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
+                        const char *reason, unsigned grace_ms) {
+  for (megad_launch *l = L->launches; l; l = l->next) {
+    if (strcmp(l->req->job_id, job_id)) continue;
+    bool match = attempt < 0 || (stale ? l->req->attempt < (uint32_t)attempt
+                                       : l->req->attempt == (uint32_t)attempt);
+    if (match) abort_launch(l, reason, grace_ms);
+  }
 }
 
-void megad_launch_abort_coord(megad *d, const char *coord_id, const char *reason) {
-  for (megad_launch *l = d->launches; l; l = l->next)
+void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason) {
+  for (megad_launch *l = L->launches; l; l = l->next)
     if (!strcmp(l->req->coordinator_node_id, coord_id)) {
       l->coord_gone = true;
       abort_launch(l, reason, MEGAD_ABORT_GRACE_MS);
@@ -525,23 +573,71 @@ void megad_launch_abort_coord(megad *d, const char *coord_id, const char *reason
     }
 }
 
-void megad_launch_abort_all(megad *d, const char *reason) {
-  for (megad_launch *l = d->launches; l; l = l->next) abort_launch(l, reason, MEGAD_ABORT_GRACE_MS);
+void megad_launch_abort_all(megad_launcher *L, const char *reason) {
+  for (megad_launch *l = L->launches; l; l = l->next) abort_launch(l, reason, MEGAD_ABORT_GRACE_MS);
 }
 
-bool megad_launch_idle(megad *d) {
-  for (megad_launch *l = d->launches; l; l = l->next)
+mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpointRequest *req,
+                                mega_err *err) {
+  for (megad_launch *l = L->launches; l; l = l->next) {
+    if (strcmp(l->req->job_id, req->job_id) || l->req->attempt != req->attempt || l->aborting)
+      continue;
+    for (size_t i = 0; i < l->nw; i++) {
+      megad_worker *w = &l->w[i];
+      if (w->rank != req->rank || w->exited || w->closing) continue;
+      Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+      f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_COMMIT;
+      f.commit = (Mega__V1__CommitCheckpointRequest *)req;
+      launch_send_frame(w, &f);
+      return MEGA_OK;
+    }
+  }
+  return mega_fail(err, MEGA_ERR_NOT_FOUND, "node %s runs no rank %u of job %s attempt %u",
+                   L->b->node_id, req->rank, req->job_id, req->attempt);
+}
+
+bool megad_launch_idle(const megad_launcher *L) {
+  for (const megad_launch *l = L->launches; l; l = l->next)
     if (l->live) return false;
   return true;
 }
 
-size_t megad_launch_job_ids(megad *d, const char **ids, size_t max) {
-  size_t n = 0;
-  for (megad_launch *l = d->launches; l && n < max; l = l->next) {
+uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max, size_t *n) {
+  *n = 0;
+  for (const megad_launch *l = L->launches; l && *n < max; l = l->next) {
     if (!l->live) continue;
     bool dup = false;
-    for (size_t i = 0; i < n && !dup; i++) dup = !strcmp(ids[i], l->req->job_id);
-    if (!dup) ids[n++] = l->req->job_id;
+    for (size_t i = 0; i < *n && !dup; i++) dup = !strcmp(ids[i], l->req->job_id);
+    if (!dup) ids[(*n)++] = l->req->job_id;
   }
-  return n;
+  return L->slots_used;
+}
+
+/* ---- the launcher ---- */
+
+static void on_tick(uv_timer_t *t) { watchdog_tick(t->data); }
+
+mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
+                                const megad_launcher_opts *o, const megad_launcher_cbs *cbs,
+                                mega_err *err) {
+  (void)err;
+  memset(L, 0, sizeof *L);
+  L->b = b;
+  L->kvs = kvs;
+  L->o = *o;
+  if (!L->o.ping_ms) L->o.ping_ms = 500;
+  if (!L->o.pipe_timeout_ms) L->o.pipe_timeout_ms = 3000;
+  if (!L->o.step_floor_ms) L->o.step_floor_ms = 2000;
+  if (!L->o.rendezvous_timeout_ms) L->o.rendezvous_timeout_ms = 60000;
+  L->cbs = *cbs;
+  uv_timer_init(b->loop, &L->tick);
+  L->tick.data = L;
+  L->tick_on = true;
+  uv_timer_start(&L->tick, on_tick, 100, 100);
+  return MEGA_OK;
+}
+
+void megad_launcher_free(megad_launcher *L) {
+  if (L->tick_on) uv_close((uv_handle_t *)&L->tick, NULL);
+  L->tick_on = false;
 }

@@ -2,9 +2,10 @@
  *
  *   megad serve --listen ADDR --state-dir DIR --slots N [--node-name NAME]
  *               [--peers ADDR,...] [--advertise HOST] [--worker PATH]
- *               [--metrics-listen ADDR]
+ *               [--metrics-listen ADDR] [--heartbeat-interval D]
+ *               [--heartbeat-timeout D] [--rendezvous-timeout D]
  *   megad run --slots N [--state-dir DIR] [--json] [--name NAME]
- *             [--nproc-per-node K] [--worker PATH] [job flags]
+ *             [--nproc-per-node K] [--max-restarts N] [--worker PATH] [job flags]
  *
  * `run` is the same daemon on a private unix socket with one job: it prints
  * the merged steps and exits with the job's status (0 succeeded, 1 failed,
@@ -17,8 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/duration.h"
 #include "core/jobspec.h"
-#include "daemon/megad.h"
+#include "daemon/daemon.h"
 #include "proto/pb_json.h"
 
 #define EXIT_USAGE 2
@@ -33,6 +35,7 @@ typedef struct app {
   mega_job *job;
   char *tmp_dir;
   int signal;
+  char last_said[1024]; /* the last event line printed, so a cause prints once */
 } app;
 
 static void usage(FILE *f) {
@@ -47,12 +50,18 @@ static void usage(FILE *f) {
           "  --peers ADDR,...       megads to join (host:port of each)\n"
           "  --advertise HOST       the host peers and workers use to reach this node\n"
           "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
-          "  --worker PATH          the megaw program (default: next to megad)\n\n"
+          "  --worker PATH          the megaw program (default: next to megad)\n"
+          "  --heartbeat-interval D how often nodes heartbeat each other (default 250ms)\n"
+          "  --heartbeat-timeout D  a node silent this long is lost (default 1.5s)\n"
+          "  --rendezvous-timeout D how long a rank waits for its peers to meet (default 60s)\n"
+          "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n\n"
           "run: train one job of N ranks on this machine and exit with its status.\n"
           "  --slots N              ranks (every slot runs one)\n"
           "  --json                 one JSON object per iteration on stdout\n"
           "  --name NAME            the job's name\n"
           "  --nproc-per-node K     ranks (default: N)\n"
+          "  --max-restarts N       restarts after a rank fails, from the newest checkpoint\n"
+          "                         (default 0: the job fails)\n"
           "  --state-dir DIR        keep the journal and job files there (default: a\n"
           "                         temporary directory, removed when the job succeeds)\n"
           "  --worker PATH          the megaw program\n"
@@ -103,8 +112,8 @@ static void on_signal(uv_signal_t *h, int sig) {
   app *a = h->data;
   if (a->job && !mega_job_state_final(a->job->state)) { /* run: cancel, then stop */
     a->signal = sig;
-    megad_cancel(&a->d, a->job, sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)",
-                 NULL, NULL);
+    megad_coord_cancel(&a->d.coord, a->job,
+                       sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", NULL, NULL);
     return;
   }
   char why[64];
@@ -135,11 +144,18 @@ static void finish_loop(app *a) {
   mega_rpc_wait_released(5000);
 }
 
+static int duration_flag(const char *flag, const char *v, unsigned min, unsigned max,
+                         unsigned *out) {
+  mega_err err = {0};
+  if (!v || mega_duration_parse(flag, v, min, max, out, &err) == MEGA_OK) return 0;
+  return usage_error("%s", err.msg);
+}
+
 /* ---- serve ---- */
 
 static int serve(int argc, char **argv) {
   megad_opts o = {0};
-  const char *slots = NULL;
+  const char *slots = NULL, *hbi = NULL, *hbt = NULL, *rdv = NULL;
   for (int i = 2; i < argc;) {
     int r;
     if ((r = own_flag(argc, argv, &i, "--listen", &o.listen)) ||
@@ -149,6 +165,9 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--peers", &o.peers)) ||
         (r = own_flag(argc, argv, &i, "--advertise", &o.advertise)) ||
         (r = own_flag(argc, argv, &i, "--metrics-listen", &o.metrics_listen)) ||
+        (r = own_flag(argc, argv, &i, "--heartbeat-interval", &hbi)) ||
+        (r = own_flag(argc, argv, &i, "--heartbeat-timeout", &hbt)) ||
+        (r = own_flag(argc, argv, &i, "--rendezvous-timeout", &rdv)) ||
         (r = own_flag(argc, argv, &i, "--worker", &o.worker_path))) {
       if (r < 0) return usage_error("%s needs a value", argv[i]);
       continue;
@@ -159,20 +178,24 @@ static int serve(int argc, char **argv) {
   if (!o.state_dir) return usage_error("serve needs --state-dir DIR%s", "");
   if (!slots) return usage_error("serve needs --slots N%s", "");
   if (!parse_slots(slots, &o.slots)) return usage_error("--slots: '%s' is not a count in 1..4096", slots);
+  int rc = duration_flag("--heartbeat-interval", hbi, 10, 60000, &o.heartbeat_interval_ms);
+  if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
+  if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);
+  if (rc) return rc;
 
   static app a;
-  int rc = start(&a, &o);
+  rc = start(&a, &o);
   if (rc) return rc;
   printf("megad: listening on %s\n", a.d.address);
   fflush(stdout);
   char *path = NULL;
-  if (asprintf(&path, "%s/address", a.d.state_dir) >= 0) {
+  if (asprintf(&path, "%s/address", a.d.base.state_dir) >= 0) {
     FILE *f = fopen(path, "w");
     if (f) {
       fprintf(f, "%s\n", a.d.address);
       fclose(f);
     } else {
-      megad_warn(&a.d, "cannot write %s: %s", path, strerror(errno));
+      megad_warn(&a.d.base, "cannot write %s: %s", path, strerror(errno));
     }
     free(path);
   }
@@ -182,13 +205,16 @@ static int serve(int argc, char **argv) {
 
 /* ---- run ---- */
 
-static void print_event(const Mega__V1__JobEvent *ev) {
+static void print_event(app *a, const Mega__V1__JobEvent *ev) {
   switch (ev->kind) {
   case MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED:
   case MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_PLACED:
   case MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUCCEEDED:
     return; /* the steps say as much */
   default:
+    /* a failure's cause is said once, not again as the job's end */
+    if (!strcmp(ev->message, a->last_said)) return;
+    snprintf(a->last_said, sizeof a->last_said, "%s", ev->message);
     fprintf(stderr, "megad: %s\n", ev->message);
   }
 }
@@ -217,7 +243,7 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *item) {
     print_step(a, item->step);
     break;
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT:
-    print_event(item->event);
+    print_event(a, item->event);
     break;
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE: {
     const Mega__V1__Job *j = item->final_state;
@@ -225,7 +251,8 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *item) {
     else if (j->state == MEGA_JOB_CANCELLED && a->signal) a->exit_code = 128 + a->signal;
     else a->exit_code = 1;
     if (a->exit_code && a->tmp_dir)
-      fprintf(stderr, "megad: worker logs kept in %s/jobs/%s\n", a->tmp_dir, j->id);
+      fprintf(stderr, "megad: the worker logs were in a temporary directory, now removed; give "
+                      "--state-dir DIR to keep them\n");
     a->job = NULL; /* freed with the daemon */
     megad_stop(&a->d, "the job is over", stopped, a);
     break;
@@ -245,7 +272,7 @@ static int remove_tree(const char *dir) {
 
 static int run(int argc, char **argv) {
   megad_opts o = {.quiet = true};
-  const char *slots = NULL, *name = "", *nproc = NULL;
+  const char *slots = NULL, *name = "", *nproc = NULL, *restarts = NULL;
   static app a;
   mega_jobspec spec;
   mega_jobspec_defaults(&spec);
@@ -262,6 +289,7 @@ static int run(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--state-dir", &o.state_dir)) ||
         (r = own_flag(argc, argv, &i, "--name", &name)) ||
         (r = own_flag(argc, argv, &i, "--nproc-per-node", &nproc)) ||
+        (r = own_flag(argc, argv, &i, "--max-restarts", &restarts)) ||
         (r = own_flag(argc, argv, &i, "--worker", &o.worker_path))) {
       if (r < 0) rc = usage_error("%s needs a value", argv[i]);
       continue;
@@ -275,6 +303,9 @@ static int run(int argc, char **argv) {
   if (!rc && !parse_slots(slots, &n)) rc = usage_error("--slots: '%s' is not a count in 1..4096", slots);
   if (!rc && nproc && (!parse_slots(nproc, &per) || per > n))
     rc = usage_error("--nproc-per-node: '%s' must be a count no larger than --slots", nproc);
+  int max_restarts = 0;
+  if (!rc && restarts && strcmp(restarts, "0") && !parse_slots(restarts, &max_restarts))
+    rc = usage_error("--max-restarts: '%s' is not a count in 0..4096", restarts);
   int nargs = 0;
   char **args = rc ? NULL : mega_jobspec_to_argv(&spec, &nargs);
   mega_jobspec_free(&spec);
@@ -309,17 +340,18 @@ static int run(int argc, char **argv) {
   js.n_args = (size_t)nargs;
   js.nnodes_min = js.nnodes_max = 1;
   js.nproc_per_node = (uint32_t)(per ? per : n);
-  if (megad_submit(&a.d, &js, &a.job, &err) != MEGA_OK) {
+  js.max_restarts = (uint32_t)max_restarts;
+  if (megad_coord_submit(&a.d.coord, &js, &a.job, &err) != MEGA_OK) {
     fprintf(stderr, "megad: %s\n", err.msg);
     a.exit_code = err.status == MEGA_ERR_INVALID ? EXIT_USAGE : 1;
     megad_stop(&a.d, "the job was refused", stopped, &a);
   } else {
-    megad_watch_local(&a.d, a.job, false, on_item, &a);
-    megad_schedule(&a.d);
+    megad_watch_local(&a.d.jobs, a.job, false, on_item, &a);
+    megad_coord_schedule(&a.d.coord);
   }
   mega_jobspec_argv_free(args);
   finish_loop(&a);
-  if (a.tmp_dir && a.exit_code != 1) remove_tree(a.tmp_dir);
+  if (a.tmp_dir) remove_tree(a.tmp_dir);
   free(a.tmp_dir);
   return a.exit_code;
 }

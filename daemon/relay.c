@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/launch.h"
+#include "daemon/launch_internal.h"
 #include "daemon/util.h"
 
 /* ---- reports to the coordinator ---- */
@@ -18,9 +18,9 @@ static bool queue_push(void ***v, size_t *n, void *item) {
 }
 
 void relay_step(megad_launch *l, const Mega__V1__StepReport *r) {
-  megad *d = l->d;
+  megad_launcher *L = l->L;
   if (l->coord_local) {
-    megad_coord_step(d, l->req->job_id, l->req->attempt, d->node_id, r);
+    if (L->cbs.step) L->cbs.step(L->cbs.arg, l->req->job_id, l->req->attempt, L->b->node_id, r);
     return;
   }
   if (l->coord_gone) return;
@@ -30,11 +30,11 @@ void relay_step(megad_launch *l, const Mega__V1__StepReport *r) {
 }
 
 void relay_event(megad_launch *l, megad_worker *w, Mega__V1__RankEvent *ev) {
-  megad *d = l->d;
+  megad_launcher *L = l->L;
   ev->rank = w->rank;
   ev->time_unix_ms = megad_unix_ms();
   if (l->coord_local) {
-    megad_coord_event(d, l->req->job_id, l->req->attempt, d->node_id, ev);
+    if (L->cbs.event) L->cbs.event(L->cbs.arg, l->req->job_id, l->req->attempt, L->b->node_id, ev);
     return;
   }
   if (l->coord_gone) return;
@@ -86,18 +86,20 @@ static void on_retry(uv_timer_t *t) { relay_flush(t->data); }
 static void reported(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   report_ctx *c = arg;
   megad_launch *l = c->l;
-  megad *d = l->d;
+  megad_launcher *L = l->L;
   l->sending = false;
   l->refs--;
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-  if (err->status == MEGA_OK || l->coord_gone || d->stopping) {
+  if (err->status == MEGA_OK || l->coord_gone || L->b->stopping) {
     free_batch(c);
   } else if (err->status == MEGA_ERR_NOT_FOUND || err->status == MEGA_ERR_INVALID) {
-    /* the coordinator does not know this attempt (it restarted) */
+    /* the coordinator does not run this attempt (it is over, or the
+     * coordinator restarted): a stale attempt does no harm */
     free_batch(c);
-    megad_warn(d, "job %s: the coordinator refused our report: %s", l->req->job_id, err->msg);
-    megad_launch_abort(d, l->req->job_id, l->req->attempt, "the coordinator no longer runs this job",
-                       MEGAD_ABORT_GRACE_MS);
+    megad_warn(L->b, "job %s attempt %u: the coordinator refused our report: %s",
+               l->req->job_id, l->req->attempt, err->msg);
+    megad_launch_abort(L, l->req->job_id, l->req->attempt, false,
+                       "the coordinator no longer runs this attempt", MEGAD_ABORT_GRACE_MS);
     l->coord_gone = true;
   } else {
     requeue(l, c);
@@ -110,7 +112,7 @@ static void reported(void *arg, ProtobufCMessage *resp, const mega_err *err) {
 }
 
 void relay_flush(megad_launch *l) {
-  megad *d = l->d;
+  megad_launcher *L = l->L;
   if (l->coord_gone) relay_free_queue(l); /* nobody to tell */
   if (l->sending || (!l->nsteps && !l->nevents)) return;
   report_ctx *c = calloc(1, sizeof *c);
@@ -126,14 +128,14 @@ void relay_flush(megad_launch *l) {
   Mega__V1__ReportStepRequest req = MEGA__V1__REPORT_STEP_REQUEST__INIT;
   req.job_id = l->req->job_id;
   req.attempt = l->req->attempt;
-  req.node_id = d->node_id;
+  req.node_id = L->b->node_id;
   req.steps = c->steps;
   req.n_steps = c->nsteps;
   req.events = c->events;
   req.n_events = c->nevents;
   mega_err e = {0};
-  if (megad_call_addr(d, l->req->coordinator_address, &mega_peer_report_step, &req.base, 5000,
-                      reported, c, &e) != MEGA_OK) {
+  if (megad_call(L->b, l->req->coordinator_address, &mega_peer_report_step, &req.base, 5000,
+                 reported, c, &e) != MEGA_OK) {
     requeue(l, c);
     uv_timer_start(&l->retry_timer, on_retry, 500, 0);
     return;
@@ -199,13 +201,14 @@ static void forwarded(void *arg, ProtobufCMessage *resp, const mega_err *err) {
 
 void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
   megad_launch *l = w->l;
-  megad *d = l->d;
+  megad_launcher *L = l->L;
+  mega_kv *kv = L->kvs->kv;
   uint64_t id = req->request_id;
   if (l->coord_local) {
     mega_err e = {0};
     switch (req->op_case) {
     case MEGA__V1__KV_REQUEST__OP_SET:
-      if (mega_kv_set(d->kv, req->set->key, req->set->value.data, req->set->value.len, &e) != MEGA_OK)
+      if (mega_kv_set(kv, req->set->key, req->set->value.data, req->set->value.len, &e) != MEGA_OK)
         launch_send_kv_response(w, id, false, NULL, 0, e.msg);
       else
         launch_send_kv_response(w, id, false, NULL, 0, NULL);
@@ -213,7 +216,7 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
     case MEGA__V1__KV_REQUEST__OP_GET: {
       const uint8_t *v = NULL;
       size_t len = 0;
-      bool found = mega_kv_get(d->kv, req->get->key, &v, &len);
+      bool found = mega_kv_get(kv, req->get->key, &v, &len);
       launch_send_kv_response(w, id, found, v, len, NULL);
       return;
     }
@@ -223,8 +226,8 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
         launch_send_kv_response(w, id, false, NULL, 0, "megad is out of memory");
         return;
       }
-      int t = req->wait->timeout_ms ? (int)req->wait->timeout_ms : MEGAD_KV_TIMEOUT_MS;
-      megad_kvwait *kw = megad_kvwait_start(d, req->wait->keys, req->wait->n_keys, t,
+      int t = req->wait->timeout_ms ? (int)req->wait->timeout_ms : (int)L->o.rendezvous_timeout_ms;
+      megad_kvwait *kw = megad_kvwait_start(L->kvs, req->wait->keys, req->wait->n_keys, t,
                                             local_wait_done, op);
       if (kw) op->wait = kw; /* else answered already, op is gone */
       return;
@@ -249,7 +252,7 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
   case MEGA__V1__KV_REQUEST__OP_WAIT:
     m = &mega_peer_kv_wait;
     fwd = &req->wait->base;
-    timeout = (req->wait->timeout_ms ? req->wait->timeout_ms : MEGAD_KV_TIMEOUT_MS) + 5000;
+    timeout = (req->wait->timeout_ms ? req->wait->timeout_ms : L->o.rendezvous_timeout_ms) + 5000;
     break;
   default:
     launch_send_kv_response(w, id, false, NULL, 0, "an empty key-value request");
@@ -257,7 +260,7 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
     return;
   }
   mega_err e = {0};
-  if (megad_call_addr(d, l->req->coordinator_address, m, fwd, timeout, forwarded, op, &e) != MEGA_OK) {
+  if (megad_call(L->b, l->req->coordinator_address, m, fwd, timeout, forwarded, op, &e) != MEGA_OK) {
     launch_send_kv_response(w, id, false, NULL, 0, e.msg);
     kvop_end(op);
   }

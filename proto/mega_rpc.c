@@ -35,6 +35,6 @@ const mega_rpc_method *const mega_control_methods[] = {
 const mega_rpc_method *const mega_peer_methods[] = {
     &mega_peer_join,        &mega_peer_heartbeat,   &mega_peer_leave,
     &mega_peer_launch_ranks, &mega_peer_abort_job,  &mega_peer_report_step,
-    &mega_peer_kv_set,      &mega_peer_kv_get,      &mega_peer_kv_wait,
-    &mega_peer_commit_checkpoint, NULL,
+    &mega_peer_commit_checkpoint, &mega_peer_kv_set, &mega_peer_kv_get,
+    &mega_peer_kv_wait,     NULL,
 };

@@ -36,6 +36,9 @@ struct mega_link {
   mega_link_abort_fn abort_fn;
   void *abort_arg;
   int default_timeout_ms;
+  int pipe_timeout_ms; /* silence that means megad is frozen or gone; 0: none */
+  uint64_t commits[8]; /* checkpoint go-aheads received, newest last */
+  size_t ncommits;
 };
 
 static void link_free(mega_link *l) {
@@ -102,6 +105,7 @@ mega_status mega_link_open(int fd, int timeout_ms, mega_link **out, mega_err *er
   l->first = f;
   const Mega__V1__Bootstrap *b = f->assignment->bootstrap;
   l->default_timeout_ms = b && b->kv_timeout_ms ? (int)b->kv_timeout_ms : 60000;
+  l->pipe_timeout_ms = (int)f->assignment->pipe_timeout_ms;
   *out = l;
   return MEGA_OK;
 }
@@ -138,13 +142,34 @@ static void on_kv_response(mega_link *l, Mega__V1__KvResponse *r) {
   if (r) protobuf_c_message_free_unpacked(&r->base, NULL); /* a call that gave up */
 }
 
+static void on_commit(mega_link *l, uint64_t iteration) {
+  pthread_mutex_lock(&l->mu);
+  size_t cap = sizeof l->commits / sizeof l->commits[0];
+  if (l->ncommits == cap) {
+    memmove(l->commits, l->commits + 1, (cap - 1) * sizeof l->commits[0]);
+    l->ncommits--;
+  }
+  l->commits[l->ncommits++] = iteration;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
 static void *reader_main(void *arg) {
   mega_link *l = arg;
   for (;;) {
     struct pollfd p[2] = {{.fd = l->fd, .events = POLLIN}, {.fd = l->wake, .events = POLLIN}};
-    if (poll(p, 2, -1) < 0) {
+    int n = poll(p, 2, l->pipe_timeout_ms > 0 ? l->pipe_timeout_ms : -1);
+    if (n < 0) {
       if (errno == EINTR) continue;
       end_link(l, "the link to megad failed (poll)");
+      return NULL;
+    }
+    if (n == 0) { /* megad pings far more often than this */
+      char why[160];
+      snprintf(why, sizeof why,
+               "megad sent nothing on the worker pipe for %.1f s (it is frozen or gone)",
+               l->pipe_timeout_ms / 1000.0);
+      end_link(l, why);
       return NULL;
     }
     if (p[1].revents) return NULL; /* mega_link_close */
@@ -165,6 +190,8 @@ static void *reader_main(void *arg) {
       on_kv_response(l, f->kv);
       f->kv = NULL; /* on_kv_response took it */
       f->msg_case = MEGA__V1__DAEMON_FRAME__MSG__NOT_SET;
+    } else if (f->msg_case == MEGA__V1__DAEMON_FRAME__MSG_COMMIT) {
+      on_commit(l, f->commit->iteration);
     } else if (f->msg_case == MEGA__V1__DAEMON_FRAME__MSG_ABORT) {
       char why[MEGA_ERR_MSG_MAX];
       snprintf(why, sizeof why, "aborted by megad: %s",
@@ -422,11 +449,49 @@ mega_status mega_link_send_checkpoint(mega_link *l, const mega_rank_ckpt_report 
   return send_frame(l, &f, err);
 }
 
-mega_status mega_link_send_error(mega_link *l, const char *message, bool retryable,
+mega_status mega_link_send_progress(mega_link *l, const char *phase, int64_t iteration,
+                                    mega_err *err) {
+  Mega__V1__Progress p = MEGA__V1__PROGRESS__INIT;
+  p.phase = (char *)phase;
+  p.iteration = iteration > 0 ? (uint64_t)iteration : 0;
+  Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
+  f.msg_case = MEGA__V1__WORKER_FRAME__MSG_PROGRESS;
+  f.progress = &p;
+  return send_frame(l, &f, err);
+}
+
+mega_status mega_link_await_commit(mega_link *l, int64_t iteration, int timeout_ms,
+                                   mega_err *err) {
+  struct timespec until;
+  deadline_after(&until, timeout_ms > 0 ? timeout_ms : l->default_timeout_ms);
+  mega_status s = MEGA_OK;
+  pthread_mutex_lock(&l->mu);
+  for (;;) {
+    bool got = false;
+    for (size_t i = 0; i < l->ncommits && !got; i++) got = l->commits[i] == (uint64_t)iteration;
+    if (got) break;
+    if (l->closed) {
+      s = mega_fail(err, MEGA_ERR_CANCELLED, "%s", l->why);
+      break;
+    }
+    if (pthread_cond_timedwait(&l->cv, &l->mu, &until) == ETIMEDOUT) {
+      s = mega_fail(err, MEGA_ERR_TIMEOUT,
+                    "megad did not confirm the checkpoint of iteration %lld in %d ms (every rank "
+                    "must report its part saved first)",
+                    (long long)iteration, timeout_ms > 0 ? timeout_ms : l->default_timeout_ms);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&l->mu);
+  return s;
+}
+
+mega_status mega_link_send_error(mega_link *l, const char *message, bool retryable, bool fatal,
                                  mega_err *err) {
   Mega__V1__WorkerError e = MEGA__V1__WORKER_ERROR__INIT;
   e.message = (char *)(message ? message : "");
   e.retryable = retryable;
+  e.fatal = fatal;
   Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
   f.msg_case = MEGA__V1__WORKER_FRAME__MSG_ERROR;
   f.error = &e;

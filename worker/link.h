@@ -1,9 +1,12 @@
 /* The worker's end of its pipe to megad (fd 3, frames of proto/frame.h).
  *
  * megad writes an Assignment first; the worker answers with a Hello, then
- * StepReports, CheckpointDones, a WorkerError when it fails, and KvRequests
- * for its rendezvous store. megad answers KvRequests with KvResponses and
- * may send an Abort at any time; EOF means megad died.
+ * StepReports, Progress, CheckpointDones, a WorkerError when it fails, and
+ * KvRequests for its rendezvous store. megad answers KvRequests with
+ * KvResponses, pings, passes the coordinator's checkpoint go-aheads, and may
+ * send an Abort at any time. EOF means megad died; silence longer than the
+ * Assignment's pipe_timeout_ms means it is frozen or gone: the link ends as
+ * it does for an Abort, so the rank stops on its own.
  *
  *   mega_link *l;
  *   mega_link_open(3, &l, &err);                 // blocks for the Assignment
@@ -17,8 +20,8 @@
  * Threads. Sends and KV calls may come from any thread (writes hold a
  * mutex; each KV call waits for its own answer, matched by request id). The
  * abort callback runs on the reader thread, once: for the first Abort frame,
- * or at EOF/a broken pipe ("megad closed the worker pipe"); it must not call
- * back into the link's close.
+ * at EOF/a broken pipe ("megad closed the worker pipe"), or after the pipe's
+ * silence; it must not call back into the link's close.
  *
  * Ownership: the link owns its fd from open on and the Assignment it read;
  * mega_link_assignment's pointer is valid until mega_link_close. */
@@ -62,8 +65,18 @@ mega_status mega_link_send_hello(mega_link *l, const char *device, mega_err *err
 mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_err *err);
 mega_status mega_link_send_checkpoint(mega_link *l, const mega_rank_ckpt_report *r,
                                       mega_err *err);
-mega_status mega_link_send_error(mega_link *l, const char *message, bool retryable,
+/* retryable: likely the echo of another rank's failure; fatal: the job
+ * itself is bad (a restart would fail the same way). */
+mega_status mega_link_send_error(mega_link *l, const char *message, bool retryable, bool fatal,
                                  mega_err *err);
+mega_status mega_link_send_progress(mega_link *l, const char *phase, int64_t iteration,
+                                    mega_err *err);
+/* Waits up to timeout_ms (<= 0: the rendezvous timeout) for the
+ * coordinator's go-ahead to commit iteration's checkpoint. MEGA_ERR_TIMEOUT
+ * when it does not come; MEGA_ERR_CANCELLED when the link ended. Any
+ * thread. */
+mega_status mega_link_await_commit(mega_link *l, int64_t iteration, int timeout_ms,
+                                   mega_err *err);
 
 /* Stops the reader, fails KV calls still waiting, closes the fd and frees
  * the link. NULL is fine. */

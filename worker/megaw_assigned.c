@@ -1,9 +1,10 @@
 /* megaw under megad: read the Assignment, check its job flags with the same
  * code as everyone else (core/jobspec, the schedule's rules), and run the
- * rank with the daemon's store for rendezvous. Steps, checkpoints and a
- * failure go back over the pipe; an Abort frame or the pipe's EOF (megad
- * died) stops the rank. PR_SET_PDEATHSIG takes the worker along if megad is
- * killed outright. */
+ * rank with the daemon's store for rendezvous. Steps, phases, checkpoints
+ * and a failure go back over the pipe, and the committing rank waits there
+ * for the coordinator's go-ahead; an Abort frame, the pipe's EOF (megad
+ * died) or its silence (megad frozen) stops the rank. PR_SET_PDEATHSIG
+ * takes the worker along if megad is killed outright. */
 #include "worker/megaw_assigned.h"
 
 #include <errno.h>
@@ -26,6 +27,7 @@ typedef struct assigned {
   mega_rank *rank;     /* set between create and destroy */
   char *abort_reason;  /* an abort that came before the rank existed */
   uint32_t rank_id;
+  char phase[16];      /* the last phase told to megad */
 } assigned;
 
 static volatile sig_atomic_t stop_signal = 0;
@@ -50,6 +52,21 @@ static void on_step(void *arg, const mega_rank_metrics *m) {
   if (stop_signal) mega_rank_abort(a->rank, "stopped by a signal");
 }
 
+/* Only changes of phase go on the pipe; step reports show progress. */
+static void on_phase(void *arg, const char *phase, int64_t iteration) {
+  assigned *a = arg;
+  if (!strcmp(a->phase, phase)) return;
+  snprintf(a->phase, sizeof a->phase, "%s", phase);
+  mega_err err = {0};
+  if (mega_link_send_progress(a->link, phase, iteration, &err) != MEGA_OK)
+    fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
+}
+
+static mega_status await_commit(void *arg, int64_t iteration, mega_err *err) {
+  assigned *a = arg;
+  return mega_link_await_commit(a->link, iteration, 0, err);
+}
+
 static void on_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
   assigned *a = arg;
   mega_err err = {0};
@@ -61,8 +78,10 @@ static void on_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
 static int fail(assigned *a, const mega_err *e, int code) {
   fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, e->msg);
   bool retryable = e->status == MEGA_ERR_PEER || e->status == MEGA_ERR_TIMEOUT;
+  /* a bad flag, file or checkpoint: a restart would meet it again */
+  bool fatal = code == 2 || e->status == MEGA_ERR_INVALID || e->status == MEGA_ERR_UNSUPPORTED;
   mega_err ignored = {0};
-  if (a->link) mega_link_send_error(a->link, e->msg, retryable, &ignored);
+  if (a->link) mega_link_send_error(a->link, e->msg, retryable, fatal, &ignored);
   return code;
 }
 
@@ -88,8 +107,11 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
       .hostname = getenv("MEGA_WORKER_HOSTNAME"),
       .state_dir = as->state_dir[0] ? as->state_dir : NULL,
       .device = -1,
+      .attempt = (int)as->attempt,
       .on_step = on_step,
+      .on_phase = on_phase,
       .on_checkpoint = on_checkpoint,
+      .await_commit = await_commit,
       .arg = a,
   };
   mega_err err = {0};

@@ -115,9 +115,16 @@ has out.txt "^job  *$id$"
 has out.txt '^state  *succeeded$'
 has out.txt '^world  *2 = TP 1 x PP 2 x DP 1$'
 has out.txt '^progress  *3/3 iterations$'
+has out.txt '^events$'
+has out.txt '^  [0-9:]* submitted  *submitted as tiny'
+has out.txt '^  [0-9:]* succeeded  *succeeded after 3 iterations'
 run 0 "$megactl" status "$id" --json
 same "$(jq -r .state out.txt)" JOB_STATE_SUCCEEDED
 same "$(jq -r .spec.nproc_per_node out.txt)" 2
+same "$(jq -r '.events[0].kind' out.txt)" JOB_EVENT_KIND_SUBMITTED
+same "$(jq -r '.events[-1].kind' out.txt)" JOB_EVENT_KIND_SUCCEEDED
+jq -e '.events | all(.time_unix_ms > 0 and (.message | length) > 0)' out.txt >/dev/null ||
+  fail "events without a time or a message: $(cat out.txt)"
 run 0 "$megactl" ls
 has out.txt '^ID  *NAME  *STATE  *WORLD  *TP/PP/DP  *ITER  *AGE$'
 has out.txt "^$id  *tiny  *succeeded  *2  *1/2/1  *3/3 "
@@ -165,12 +172,36 @@ run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --tensor-model-parallel-siz
   --pipeline-model-parallel-size 2 --nproc-per-node 2
 same "$(cat err.txt)" "megactl: invalid job: world size 2 is not divisible by TP·PP = 4 (TP 2 × PP 2); use a world size that is a multiple of 4"
 # A job that fails on the node: watch exits 1 with the cause.
-run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --data-path /nonexistent/data.txt \
+# what can be checked at submit is: a data file megad cannot see
+run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --data-path /nonexistent/data.txt \
   --nproc-per-node 1 --name broken
+grep -q "nonexistent/data.txt" err.txt || fail "submit of a missing data file: $(cat err.txt)"
+# what only a worker finds: a checkpoint directory it cannot read
+mkdir -p badckpt && echo garbage > badckpt/latest_checkpointed_iteration.txt
+run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --load badckpt --nproc-per-node 1 \
+  --name broken
 broken=$(tail -1 out.txt)
 run 1 "$megactl" watch "$broken"
-[[ "$(cat err.txt)" == "megactl: job $broken failed: "*nonexistent* ]] ||
+[[ "$(cat err.txt)" == "megactl: job $broken failed: "*"one iteration number"* ]] ||
   fail "the failed job's cause: $(cat err.txt)"
+# resume: only a failed job; it runs again (and fails the same way here)
+run 0 "$megactl" resume "$broken"
+has out.txt "^resumed $broken: "
+run 1 "$megactl" watch "$broken"
+run 0 "$megactl" status "$broken" --json
+same "$(jq -r '[.events[] | select(.kind == "JOB_EVENT_KIND_RESTARTING")] | length' out.txt)" 1
+run 1 "$megactl" resume "$id"
+has err.txt "is succeeded; only a failed job can be resumed"
+# rescale: within the job's --nnodes range only
+run 1 "$megactl" rescale "$id" --nnodes 2
+has err.txt "only a running job can be rescaled"
+run 2 "$megactl" rescale "$id"
+has err.txt "--nnodes N is required"
+# the launcher's flags
+run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --max-restarts many
+has err.txt "--max-restarts: 'many' is not a count"
+run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --step-timeout 30
+has err.txt "needs a unit: write 30ms or 30s"
 
 # ---- megad gone ----
 kill -TERM "$megad_pid"

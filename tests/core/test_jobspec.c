@@ -371,9 +371,10 @@ static void test_check_ok(void **state) {
   expect_check_ok(ARGV("--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers",
                        "0", "--decoder-last-pipeline-num-layers", "2"),
                   3, -1);
-  expect_check_ok(ARGV("--simulate-compute", "1.5:3:0", "--save", "/c", "--save-interval", "5",
-                       "--save-initial", "--trace-iteration", "10", "--schedule", "gpipe"),
+  expect_check_ok(ARGV("--simulate-compute", "1.5:3:0", "--trace-iteration", "10", "--schedule",
+                       "gpipe"),
                   1, -1);
+  expect_check_ok(ARGV("--save", "/c", "--save-interval", "5", "--save-initial"), 1, -1);
   expect_check_ok(ARGV("--max-position-embeddings", "32", "--lr-warmup-iters", "9"), 1, -1);
   expect_check_ok(ARGV("--overlap-grad-reduce", "--align-grad-reduce", "--bucket-size", "1000",
                        "--use-distributed-optimizer", "--overlap-param-gather",
@@ -546,6 +547,9 @@ static void test_check_errors(void **state) {
   /* --simulate-compute */
   expect_check_error(ARGV("--simulate-compute", "1:x"), 1, -1,
                      "invalid job: --simulate-compute B_MS: 'x' is not a number");
+  expect_check_error(ARGV("--simulate-compute", "1:2", "--save", "/c"), 1, -1,
+                     "invalid job: --simulate-compute trains nothing, so there is nothing to "
+                     "--save; drop one of them");
   expect_check_error(ARGV("--simulate-compute", "1"), 1, -1,
                      "--simulate-compute '1': expected F_MS:B_MS or F_MS:B_MS:W_MS");
   expect_check_error(ARGV("--simulate-compute", "1:2:3:4"), 1, -1, "expected F_MS:B_MS or F_MS:B_MS:W_MS");

@@ -295,6 +295,11 @@ bool hd_wait_alive(hd *d, int want, int ms) {
 }
 
 void hd_watch_job(hd *d, const char *job_id, bool replay, unsigned timeout_ms, hd_watch *w) {
+  hd_watch_job_cb(d, job_id, replay, timeout_ms, w, NULL, NULL);
+}
+
+void hd_watch_job_cb(hd *d, const char *job_id, bool replay, unsigned timeout_ms, hd_watch *w,
+                     hd_item_fn fn, void *arg) {
   memset(w, 0, sizeof *w);
   Mega__V1__WatchJobRequest req = MEGA__V1__WATCH_JOB_REQUEST__INIT;
   req.job_id = (char *)job_id;
@@ -307,11 +312,20 @@ void hd_watch_job(hd *d, const char *job_id, bool replay, unsigned timeout_ms, h
     w->end = mega_rpc_stream_next(s, &m, &w->err);
     if (w->end != MEGA_OK || !m) break;
     Mega__V1__WatchJobResponse *it = (void *)m;
+    if (fn) fn(arg, it);
     if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) {
       w->steps++;
       w->last_iteration = it->step->iteration;
       w->last_loss = it->step->loss;
       w->ranks = (uint32_t)it->step->n_ranks;
+      uint64_t k = it->step->iteration;
+      if (k <= HD_MAX_ITERS) {
+        if (w->seen[k]) w->redone++;
+        w->seen[k] = true;
+        w->loss[k] = it->step->loss;
+        w->attempt[k] = it->step->attempt;
+        w->world[k] = (uint32_t)it->step->n_ranks;
+      }
     } else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT) {
       w->events++;
       if (off < sizeof w->events_text)
@@ -331,4 +345,43 @@ void hd_watch_job(hd *d, const char *job_id, bool replay, unsigned timeout_ms, h
 void hd_watch_free(hd_watch *w) {
   if (w->final) protobuf_c_message_free_unpacked(&w->final->base, NULL);
   w->final = NULL;
+}
+
+int hd_procs_matching(const char *needle, pid_t *pids, int max) {
+  DIR *dir = opendir("/proc");
+  if (!dir) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(dir)) && n < max) {
+    char *end;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0 || pid == getpid()) continue;
+    char path[64], buf[16384];
+    ssize_t k = 0;
+    for (int part = 0; part < 2; part++) { /* the command line, then the environment */
+      snprintf(path, sizeof path, "/proc/%ld/%s", pid, part ? "environ" : "cmdline");
+      int fd = open(path, O_RDONLY);
+      if (fd < 0) continue;
+      ssize_t r = read(fd, buf + k, sizeof buf - 1 - (size_t)k);
+      close(fd);
+      if (r > 0) k += r;
+    }
+    if (k <= 0) continue;
+    for (ssize_t i = 0; i < k; i++)
+      if (!buf[i]) buf[i] = ' ';
+    buf[k] = '\0';
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    char st[512] = "";
+    if (f) {
+      size_t r = fread(st, 1, sizeof st - 1, f);
+      st[r] = '\0';
+      fclose(f);
+    }
+    char *rp = strrchr(st, ')');
+    bool zombie = rp && rp[1] == ' ' && rp[2] == 'Z';
+    if (!zombie && strstr(buf, needle)) pids[n++] = (pid_t)pid;
+  }
+  closedir(dir);
+  return n;
 }

@@ -61,6 +61,8 @@ Mega__V1__ListNodesResponse *hd_list_nodes(hd *d, mega_err *err);
 /* Nodes the view shows ALIVE; waits up to ms for want. */
 bool hd_wait_alive(hd *d, int want, int ms);
 
+#define HD_MAX_ITERS 512
+
 /* What a WatchJob stream brought, to its end. */
 typedef struct hd_watch {
   int steps, events;
@@ -68,14 +70,30 @@ typedef struct hd_watch {
   double last_loss;
   uint32_t ranks;
   Mega__V1__Job *final; /* the caller's */
-  char events_text[4096];
+  char events_text[8192];
   mega_status end;
   mega_err err;
+  /* every iteration's loss as the last attempt that reached it merged it */
+  double loss[HD_MAX_ITERS + 1];
+  uint32_t attempt[HD_MAX_ITERS + 1], world[HD_MAX_ITERS + 1];
+  bool seen[HD_MAX_ITERS + 1];
+  int redone; /* iterations merged again by a later attempt */
 } hd_watch;
+
+/* Called for every item as it comes (before it is counted), so a test can
+ * act at a chosen point; may be NULL. */
+typedef void (*hd_item_fn)(void *arg, const Mega__V1__WatchJobResponse *item);
 
 /* Watches to the stream's end (timeout_ms for the whole stream). */
 void hd_watch_job(hd *d, const char *job_id, bool replay, unsigned timeout_ms, hd_watch *w);
+void hd_watch_job_cb(hd *d, const char *job_id, bool replay, unsigned timeout_ms, hd_watch *w,
+                     hd_item_fn fn, void *arg);
 void hd_watch_free(hd_watch *w);
+
+/* Live processes whose command line or environment holds needle (a state
+ * dir; "MEGAD_PID=123" finds megad 123's workers, orphans too): what a
+ * test checks is left over. Returns how many. */
+int hd_procs_matching(const char *needle, pid_t *pids, int max);
 
 double hd_now_s(void);
 

@@ -53,12 +53,12 @@ static void append(mega_journal *j, const char *s) {
   assert_int_equal(mega_journal_append(j, s, strlen(s), &err), MEGA_OK);
 }
 
-static collected reopen_and_replay(const char *path, size_t *dropped) {
+static collected reopen_and_replay(const char *path, mega_journal_report *rep) {
   collected c = {0};
   mega_journal *j;
   mega_err err = {0};
   assert_int_equal(mega_journal_open(path, &j, &err), MEGA_OK);
-  assert_int_equal(mega_journal_replay(j, collect, &c, dropped, &err), MEGA_OK);
+  assert_int_equal(mega_journal_replay(j, collect, &c, rep, &err), MEGA_OK);
   mega_journal_close(j);
   return c;
 }
@@ -74,9 +74,12 @@ static void records_survive_reopen_in_order(void **state) {
   append(j, "job-1 running");
   mega_journal_close(j);
 
-  size_t dropped = 99;
-  collected c = reopen_and_replay(path, &dropped);
-  assert_int_equal(dropped, 0);
+  mega_journal_report r = {.torn_bytes = 99};
+  collected c = reopen_and_replay(path, &r);
+  assert_int_equal(r.torn_bytes, 0);
+  assert_int_equal(r.damaged_regions, 0);
+  assert_int_equal(r.records, 3);
+  assert_string_equal(r.copy, "");
   assert_int_equal(c.n, 3);
   assert_string_equal(c.recs[0], "submit job-1");
   assert_int_equal(c.lens[1], 0);
@@ -98,20 +101,65 @@ static void torn_tail_is_cut_and_appends_continue(void **state) {
   assert_int_equal(write(fd, torn, sizeof torn), (ssize_t)sizeof torn);
   close(fd);
 
-  size_t dropped = 0;
+  mega_journal_report r;
   mega_journal *j2;
   collected c = {0};
   assert_int_equal(mega_journal_open(path, &j2, &err), MEGA_OK);
-  assert_int_equal(mega_journal_replay(j2, collect, &c, &dropped, &err), MEGA_OK);
+  assert_int_equal(mega_journal_replay(j2, collect, &c, &r, &err), MEGA_OK);
   assert_int_equal(c.n, 2);
-  assert_int_equal(dropped, sizeof torn);
+  assert_int_equal(r.torn_bytes, sizeof torn);
+  assert_int_equal(r.damaged_regions, 0);
+  /* what was cut is kept beside the journal */
+  struct stat st;
+  assert_int_equal(stat(r.copy, &st), 0);
+  assert_int_equal(st.st_size, 2 * 8 + strlen("first") + strlen("second") + sizeof torn);
+  unlink(r.copy);
   append(j2, "third");
   mega_journal_close(j2);
 
-  c = reopen_and_replay(path, &dropped);
+  c = reopen_and_replay(path, &r);
   assert_int_equal(c.n, 3);
   assert_string_equal(c.recs[2], "third");
-  assert_int_equal(dropped, 0);
+  assert_int_equal(r.torn_bytes, 0);
+}
+
+/* One flipped byte in the middle is damage, not a torn tail: the records
+ * after it survive, the file as found is kept, and the journal is rewritten
+ * clean. (An earlier megad cut the file there: 11 jobs became 6.) */
+static void damage_mid_journal_keeps_the_records_after_it(void **state) {
+  const char *path = path_in(state, "j");
+  mega_journal *j;
+  mega_err err = {0};
+  assert_int_equal(mega_journal_open(path, &j, &err), MEGA_OK);
+  const char *names[] = {"job-1", "job-2", "job-3", "job-4", "job-5"};
+  for (int i = 0; i < 5; i++) append(j, names[i]);
+  mega_journal_close(j);
+
+  int fd = open(path, O_RDWR);
+  off_t at = 2 * (8 + 5) + 8 + 2; /* inside job-3's payload */
+  assert_int_equal(pwrite(fd, "X", 1, at), 1);
+  close(fd);
+
+  mega_journal_report r;
+  collected c = reopen_and_replay(path, &r);
+  assert_int_equal(c.n, 4);
+  assert_string_equal(c.recs[0], "job-1");
+  assert_string_equal(c.recs[1], "job-2");
+  assert_string_equal(c.recs[2], "job-4");
+  assert_string_equal(c.recs[3], "job-5");
+  assert_int_equal(r.damaged_regions, 1);
+  assert_int_equal(r.damaged_bytes, 8 + 5);
+  assert_int_equal(r.torn_bytes, 0);
+  struct stat st;
+  assert_int_equal(stat(r.copy, &st), 0);
+  assert_int_equal(st.st_size, 5 * (8 + 5));
+  unlink(r.copy);
+
+  /* rewritten: the next replay finds nothing wrong */
+  c = reopen_and_replay(path, &r);
+  assert_int_equal(c.n, 4);
+  assert_int_equal(r.damaged_regions, 0);
+  assert_string_equal(r.copy, "");
 }
 
 static void corrupt_record_ends_the_log(void **state) {
@@ -129,11 +177,12 @@ static void corrupt_record_ends_the_log(void **state) {
   assert_int_equal(pwrite(fd, "X", 1, at), 1);
   close(fd);
 
-  size_t dropped = 0;
-  collected c = reopen_and_replay(path, &dropped);
+  mega_journal_report r;
+  collected c = reopen_and_replay(path, &r);
   assert_int_equal(c.n, 1);
   assert_string_equal(c.recs[0], "good");
-  assert_int_equal(dropped, 8 + strlen("flipped"));
+  assert_int_equal(r.torn_bytes, 8 + strlen("flipped"));
+  unlink(r.copy);
 }
 
 static void absurd_length_is_not_allocated(void **state) {
@@ -142,10 +191,11 @@ static void absurd_length_is_not_allocated(void **state) {
   const uint8_t head[] = {0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0};
   assert_int_equal(write(fd, head, sizeof head), (ssize_t)sizeof head);
   close(fd);
-  size_t dropped = 0;
-  collected c = reopen_and_replay(path, &dropped);
+  mega_journal_report r;
+  collected c = reopen_and_replay(path, &r);
   assert_int_equal(c.n, 0);
-  assert_int_equal(dropped, sizeof head);
+  assert_int_equal(r.torn_bytes, sizeof head);
+  unlink(r.copy);
 }
 
 static void rewrite_replaces_everything(void **state) {
@@ -204,6 +254,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(rewrite_replaces_everything, setup, teardown),
       cmocka_unit_test_setup_teardown(unwritable_path_is_a_clear_error, setup, teardown),
       cmocka_unit_test_setup_teardown(refusing_callback_stops_replay, setup, teardown),
+      cmocka_unit_test_setup_teardown(damage_mid_journal_keeps_the_records_after_it, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

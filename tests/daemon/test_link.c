@@ -28,6 +28,8 @@ static Mega__V1__WorkerFrame *read_worker(int fd) {
   return (Mega__V1__WorkerFrame *)m;
 }
 
+static unsigned pipe_timeout_ms; /* of the next fixture's assignment */
+
 static void send_assignment(int fd) {
   Mega__V1__Bootstrap b = MEGA__V1__BOOTSTRAP__INIT;
   b.comm_backend = "gloo";
@@ -38,6 +40,7 @@ static void send_assignment(int fd) {
   a.rank = 3;
   a.world_size = 4;
   a.bootstrap = &b;
+  a.pipe_timeout_ms = pipe_timeout_ms;
   char *args[] = {"--num-layers", "2"};
   a.args = args;
   a.n_args = 2;
@@ -153,10 +156,19 @@ static void test_assignment_and_sends(void **state) {
   assert_true(f->checkpoint_done->blocked_s == 0.125);
   protobuf_c_message_free_unpacked(&f->base, NULL);
 
-  assert_int_equal(mega_link_send_error(fx->link, "peer rank 1 closed", true, NULL), MEGA_OK);
+  assert_int_equal(mega_link_send_error(fx->link, "peer rank 1 closed", true, false, NULL),
+                   MEGA_OK);
   f = read_worker(fx->daemon_fd);
   assert_int_equal(f->msg_case, MEGA__V1__WORKER_FRAME__MSG_ERROR);
   assert_true(f->error->retryable);
+  assert_false(f->error->fatal);
+  protobuf_c_message_free_unpacked(&f->base, NULL);
+
+  assert_int_equal(mega_link_send_progress(fx->link, "checkpoint", 40, NULL), MEGA_OK);
+  f = read_worker(fx->daemon_fd);
+  assert_int_equal(f->msg_case, MEGA__V1__WORKER_FRAME__MSG_PROGRESS);
+  assert_string_equal(f->progress->phase, "checkpoint");
+  assert_int_equal(f->progress->iteration, 40);
   protobuf_c_message_free_unpacked(&f->base, NULL);
 }
 
@@ -289,6 +301,80 @@ static void test_timeout(void **state) {
   protobuf_c_message_free_unpacked(&w->base, NULL);
 }
 
+static void send_commit(int fd, uint64_t iteration) {
+  Mega__V1__CommitCheckpointRequest c = MEGA__V1__COMMIT_CHECKPOINT_REQUEST__INIT;
+  c.iteration = iteration;
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_COMMIT;
+  f.commit = &c;
+  send_daemon(fd, &f);
+}
+
+typedef struct committer {
+  mega_link *link;
+  int64_t iteration;
+  mega_status s;
+} committer;
+
+static void *do_await(void *arg) {
+  committer *c = arg;
+  c->s = mega_link_await_commit(c->link, c->iteration, 5000, NULL);
+  return NULL;
+}
+
+/* The committing rank waits for the coordinator's go-ahead for its own
+ * iteration, not another's. */
+static void test_commit_go_ahead(void **state) {
+  fixture *fx = *state;
+  committer c = {fx->link, 20, MEGA_ERR_INTERNAL};
+  pthread_t t;
+  pthread_create(&t, NULL, do_await, &c);
+  send_commit(fx->daemon_fd, 10);
+  usleep(100000);
+  assert_int_equal(c.s, MEGA_ERR_INTERNAL); /* still waiting */
+  send_commit(fx->daemon_fd, 20);
+  pthread_join(t, NULL);
+  assert_int_equal(c.s, MEGA_OK);
+  /* one that never comes times out; an ended link cancels */
+  mega_err err = {0};
+  assert_int_equal(mega_link_await_commit(fx->link, 30, 100, &err), MEGA_ERR_TIMEOUT);
+  assert_non_null(strstr(err.msg, "iteration 30"));
+  close(fx->daemon_fd);
+  fx->daemon_fd = -1;
+  assert_int_equal(mega_link_await_commit(fx->link, 30, 5000, &err), MEGA_ERR_CANCELLED);
+}
+
+/* megad pings; a frozen megad says nothing, and the worker stops on its
+ * own (a SIGSTOPped megad once left its workers running for as long). */
+static void test_silence_is_abort(void **state) {
+  (void)state;
+  pipe_timeout_ms = 300;
+  fixture *fx;
+  assert_int_equal(setup((void **)&fx), 0);
+  pipe_timeout_ms = 0;
+  Mega__V1__Ping ping = MEGA__V1__PING__INIT;
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_PING;
+  f.ping = &ping;
+  for (int i = 0; i < 8; i++) {
+    send_daemon(fx->daemon_fd, &f);
+    usleep(100000);
+  }
+  pthread_mutex_lock(&fx->ab.mu);
+  assert_int_equal(fx->ab.n, 0);
+  pthread_mutex_unlock(&fx->ab.mu);
+  int n = 0;
+  for (int i = 0; i < 100 && !n; i++) { /* now silence */
+    usleep(10000);
+    pthread_mutex_lock(&fx->ab.mu);
+    n = fx->ab.n;
+    pthread_mutex_unlock(&fx->ab.mu);
+  }
+  assert_int_equal(n, 1);
+  assert_non_null(strstr(fx->ab.why, "sent nothing on the worker pipe for 0.3 s"));
+  teardown((void **)&fx);
+}
+
 static void test_first_frame_must_be_assignment(void **state) {
   (void)state;
   int sv[2];
@@ -311,6 +397,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_abort_frame, setup, teardown),
       cmocka_unit_test_setup_teardown(test_eof_is_abort, setup, teardown),
       cmocka_unit_test_setup_teardown(test_timeout, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_commit_go_ahead, setup, teardown),
+      cmocka_unit_test(test_silence_is_abort),
       cmocka_unit_test(test_first_frame_must_be_assignment),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

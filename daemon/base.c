@@ -1,0 +1,281 @@
+/* The base layer: logging, the state directory and its lock, job
+ * directories, and async calls over channels cached by address. */
+#include "daemon/base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- logging ---- */
+
+static void vlog(const megad_base *b, bool warn, const char *fmt, va_list ap) {
+  if (b->quiet && !warn) return;
+  char line[1024];
+  vsnprintf(line, sizeof line, fmt, ap);
+  /* Under systemd the journal adds time and name; a terminal gets both. */
+  if (getenv("JOURNAL_STREAM")) {
+    fprintf(stderr, "%s%s\n", warn ? "<4>" : "<6>", line);
+  } else {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%H:%M:%S", localtime_r(&ts.tv_sec, &tm));
+    fprintf(stderr, "megad[%s] %s.%03ld %s%s\n", b->node_id ? b->node_id : "-", stamp,
+            ts.tv_nsec / 1000000, warn ? "warning: " : "", line);
+  }
+}
+
+void megad_log(const megad_base *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(b, false, fmt, ap);
+  va_end(ap);
+}
+
+void megad_warn(const megad_base *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(b, true, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- the state directory ---- */
+
+static int mkdir_p(const char *path) {
+  char buf[PATH_MAX];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+char *megad_job_dir(const megad_base *b, const char *job_id) {
+  char *dir = NULL;
+  if (asprintf(&dir, "%s/jobs/%s", b->state_dir, job_id) < 0) return NULL;
+  if (mkdir_p(dir)) {
+    megad_warn(b, "cannot create %s: %s", dir, strerror(errno));
+    free(dir);
+    return NULL;
+  }
+  return dir;
+}
+
+/* One megad per state dir: a second one would append to the first one's
+ * journal and undo its jobs. The lock dies with the process. */
+static mega_status lock_state_dir(megad_base *b, mega_err *err) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/lock", b->state_dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return mega_fail(err, MEGA_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char pid[32] = "";
+    ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+    pid[n > 0 ? n : 0] = '\0';
+    pid[strcspn(pid, "\n")] = '\0';
+    close(fd);
+    if (e == EWOULDBLOCK)
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "the state directory %s is in use by another megad (pid %s); give each "
+                       "megad its own --state-dir", b->state_dir, pid[0] ? pid : "unknown");
+    return mega_fail(err, MEGA_ERR_IO, "cannot lock %s: %s", path, strerror(e));
+  }
+  char text[32];
+  int len = snprintf(text, sizeof text, "%d\n", (int)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)len, 0) != len) {
+    /* the lock holds without the pid; the message just says "unknown" */
+  }
+  b->lock_fd = fd;
+  return MEGA_OK;
+}
+
+mega_status megad_base_init(megad_base *b, uv_loop_t *loop, const char *node_id,
+                            const char *state_dir, bool quiet, mega_err *err) {
+  memset(b, 0, sizeof *b);
+  b->loop = loop;
+  b->quiet = quiet;
+  b->lock_fd = -1;
+  if (!(b->node_id = strdup(node_id))) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  b->state_dir = realpath(state_dir, NULL);
+  if (!b->state_dir && (mkdir_p(state_dir) || !(b->state_dir = realpath(state_dir, NULL))))
+    return mega_fail(err, MEGA_ERR_IO, "cannot create the state directory %s: %s", state_dir,
+                     strerror(errno));
+  mega_status s = lock_state_dir(b, err);
+  if (s == MEGA_OK) s = mega_rpc_cq_new(loop, &b->cq, err);
+  return s;
+}
+
+/* ---- calls ---- */
+
+struct megad_chan {
+  megad_chan *next;
+  char *address;
+  mega_rpc_channel *ch;
+};
+
+struct megad_rpc {
+  megad_rpc *next, *prev;
+  megad_base *b;
+  mega_rpc_pending *p;
+  mega_rpc_reply_fn cb;
+  mega_rpc_item_fn on_item;
+  mega_rpc_end_fn on_end;
+  void *arg;
+};
+
+static mega_status channel_for(megad_base *b, const char *address, mega_rpc_channel **out,
+                               mega_err *err) {
+  for (megad_chan *c = b->chans; c; c = c->next)
+    if (!strcmp(c->address, address)) {
+      *out = c->ch;
+      return MEGA_OK;
+    }
+  megad_chan *c = calloc(1, sizeof *c);
+  if (!c || !(c->address = strdup(address))) {
+    free(c);
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  }
+  mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 1000};
+  mega_status s = mega_rpc_channel_new(address, &o, &c->ch, err);
+  if (s != MEGA_OK) {
+    free(c->address);
+    free(c);
+    return s;
+  }
+  c->next = b->chans;
+  b->chans = c;
+  *out = c->ch;
+  return MEGA_OK;
+}
+
+void megad_forget_channel(megad_base *b, const char *address) {
+  for (megad_chan **p = &b->chans; *p; p = &(*p)->next)
+    if (!strcmp((*p)->address, address)) {
+      megad_chan *c = *p;
+      *p = c->next;
+      mega_rpc_channel_free(c->ch); /* calls in flight keep it until they end */
+      free(c->address);
+      free(c);
+      return;
+    }
+}
+
+static void rpc_unlink(megad_rpc *r) {
+  if (r->prev) r->prev->next = r->next;
+  else r->b->rpcs = r->next;
+  if (r->next) r->next->prev = r->prev;
+}
+
+static void rpc_done(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+  megad_rpc *r = arg;
+  rpc_unlink(r);
+  r->cb(r->arg, resp, err);
+  free(r);
+}
+
+static void rpc_item(void *arg, ProtobufCMessage *msg) {
+  megad_rpc *r = arg;
+  r->on_item(r->arg, msg);
+}
+
+static void rpc_end(void *arg, const mega_err *err) {
+  megad_rpc *r = arg;
+  rpc_unlink(r);
+  r->on_end(r->arg, err);
+  free(r);
+}
+
+static megad_rpc *rpc_new(megad_base *b, void *arg) {
+  megad_rpc *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->b = b;
+  r->arg = arg;
+  return r;
+}
+
+static void rpc_link(megad_base *b, megad_rpc *r) {
+  r->next = b->rpcs;
+  if (b->rpcs) b->rpcs->prev = r;
+  b->rpcs = r;
+}
+
+mega_status megad_call(megad_base *b, const char *address, const mega_rpc_method *m,
+                       const ProtobufCMessage *req, unsigned timeout_ms, mega_rpc_reply_fn cb,
+                       void *arg, mega_err *err) {
+  mega_rpc_channel *ch;
+  mega_status s = channel_for(b, address, &ch, err);
+  if (s != MEGA_OK) return s;
+  megad_rpc *r = rpc_new(b, arg);
+  if (!r) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  r->cb = cb;
+  s = mega_rpc_unary_async(ch, b->cq, m, req, timeout_ms, rpc_done, r, &r->p, err);
+  if (s != MEGA_OK) {
+    free(r);
+    return s;
+  }
+  rpc_link(b, r);
+  return MEGA_OK;
+}
+
+mega_status megad_call_stream(megad_base *b, const char *address, const mega_rpc_method *m,
+                              const ProtobufCMessage *req, unsigned timeout_ms,
+                              mega_rpc_item_fn on_item, mega_rpc_end_fn on_end, void *arg,
+                              mega_rpc_pending **handle, mega_err *err) {
+  mega_rpc_channel *ch;
+  mega_status s = channel_for(b, address, &ch, err);
+  if (s != MEGA_OK) return s;
+  megad_rpc *r = rpc_new(b, arg);
+  if (!r) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  r->on_item = on_item;
+  r->on_end = on_end;
+  s = mega_rpc_stream_async(ch, b->cq, m, req, timeout_ms, rpc_item, rpc_end, r, &r->p, err);
+  if (s != MEGA_OK) {
+    free(r);
+    return s;
+  }
+  rpc_link(b, r);
+  if (handle) *handle = r->p;
+  return MEGA_OK;
+}
+
+void megad_calls_cancel(megad_base *b) {
+  for (megad_rpc *r = b->rpcs; r; r = r->next) mega_rpc_pending_cancel(r->p);
+}
+
+bool megad_calls_idle(const megad_base *b) { return b->rpcs == NULL; }
+
+void megad_base_close_cq(megad_base *b, void (*done)(void *arg), void *arg) {
+  mega_rpc_cq *cq = b->cq;
+  b->cq = NULL;
+  if (cq) mega_rpc_cq_close(cq, done, arg);
+  else if (done) done(arg);
+}
+
+void megad_base_free(megad_base *b) {
+  while (b->chans) {
+    megad_chan *c = b->chans;
+    b->chans = c->next;
+    mega_rpc_channel_free(c->ch);
+    free(c->address);
+    free(c);
+  }
+  if (b->lock_fd >= 0) close(b->lock_fd);
+  b->lock_fd = -1;
+  free(b->node_id);
+  free(b->state_dir);
+  b->node_id = b->state_dir = NULL;
+}

@@ -1,0 +1,81 @@
+/* megad's base layer: what every other part of the daemon stands on.
+ *
+ * The loop and the RPC completion queue, logging, the state directory
+ * (locked, so exactly one megad owns it) and its per-job directories, and
+ * async calls to peers over channels cached by address.
+ *
+ * The daemon's layers, each calling only down (a layer tells the ones above
+ * it things through callbacks they registered):
+ *
+ *   base       this file: loop, log, state dir, peer calls
+ *   jobs       jobs.h: the jobs table, journal, history, watchers, events
+ *   members    members.h: nodes, heartbeats, liveness (node up/lost events)
+ *   kvserve    kvserve.h: the rendezvous store and its Peer calls
+ *   launcher   launch.h: this node's workers (spawn, pipes, watchdog)
+ *   coord      coord.h: the jobs this node coordinates (attempts, recovery)
+ *   services   control.c, peer.c, jobtrace.c, http.c: what the wire asks
+ *   daemon.c   wires them together: start, callbacks, stop
+ *
+ * Single-threaded: everything runs on the loop thread. */
+#ifndef MEGA_DAEMON_BASE_H
+#define MEGA_DAEMON_BASE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "core/status.h"
+#include "proto/rpc_bridge.h"
+#include "proto/mega_rpc.h"
+#include "proto/rpc_client.h"
+
+typedef struct megad_rpc megad_rpc;
+typedef struct megad_chan megad_chan;
+
+typedef struct megad_base {
+  uv_loop_t *loop;
+  mega_rpc_cq *cq;
+  char *node_id;
+  char *state_dir; /* absolute */
+  bool quiet;      /* only warnings on stderr */
+  bool stopping;   /* shutdown has begun */
+  int lock_fd;     /* flock on STATE/lock while this megad runs */
+  megad_rpc *rpcs; /* async calls in flight */
+  megad_chan *chans;
+} megad_base;
+
+/* Creates (if needed) and locks state_dir, and makes the completion queue.
+ * A state dir locked by another megad is MEGA_ERR_INVALID naming its pid. */
+mega_status megad_base_init(megad_base *b, uv_loop_t *loop, const char *node_id,
+                            const char *state_dir, bool quiet, mega_err *err);
+/* Frees the channels and releases the lock (the queue is closed by
+ * megad_base_close_cq first). */
+void megad_base_free(megad_base *b);
+/* Shuts the completion queue down; done runs once it has drained. */
+void megad_base_close_cq(megad_base *b, void (*done)(void *arg), void *arg);
+
+void megad_log(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void megad_warn(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* STATE/jobs/<id> (created), or NULL; the caller frees it. */
+char *megad_job_dir(const megad_base *b, const char *job_id);
+
+/* An async unary call to the megad at address; cb runs exactly once on the
+ * loop. Channels are kept per address. During shutdown pending calls are
+ * cancelled (cb then sees MEGA_ERR_CANCELLED). */
+mega_status megad_call(megad_base *b, const char *address, const mega_rpc_method *m,
+                       const ProtobufCMessage *req, unsigned timeout_ms, mega_rpc_reply_fn cb,
+                       void *arg, mega_err *err);
+/* The same for a server stream (on_item per message, then on_end once).
+ * *handle (may be NULL) cancels it with mega_rpc_pending_cancel. */
+mega_status megad_call_stream(megad_base *b, const char *address, const mega_rpc_method *m,
+                              const ProtobufCMessage *req, unsigned timeout_ms,
+                              mega_rpc_item_fn on_item, mega_rpc_end_fn on_end, void *arg,
+                              mega_rpc_pending **handle, mega_err *err);
+/* Drops the cached channel of address (the node there changed). */
+void megad_forget_channel(megad_base *b, const char *address);
+/* Cancels every call in flight; true once none is left. */
+void megad_calls_cancel(megad_base *b);
+bool megad_calls_idle(const megad_base *b);
+
+#endif

@@ -1,0 +1,85 @@
+/* The coordinator's state of one running attempt, shared by coord.c
+ * (submit, scheduling, placement, launch, cancel, resume, rescale) and
+ * coord_run.c (worker reports, checkpoints, failures and their cause, the
+ * end of the attempt). Private to the coordinator.
+ *
+ * How much a failure explains: a rank that fails because a peer died says
+ * so with a retryable WorkerError (a secondary cause); the peer's own crash
+ * or non-retryable error is the cause (primary). A secondary cause waits
+ * CAUSE_WAIT_MS for a primary one before the attempt is stopped (longer
+ * while a node of the job has gone quiet: its loss is the cause then). */
+#ifndef MEGA_DAEMON_COORD_INTERNAL_H
+#define MEGA_DAEMON_COORD_INTERNAL_H
+
+#include "daemon/coord.h"
+#include "daemon/recovery.h"
+#include "daemon/stepmerge.h"
+
+enum { CAUSE_NONE, CAUSE_SECONDARY, CAUSE_PRIMARY };
+#define CAUSE_WAIT_MS 1500
+#define PENDING_SAVES 8 /* checkpoints whose ranks are still reporting */
+
+typedef struct cancel_wait {
+  void (*done)(void *arg, mega_job *j);
+  void *arg;
+} cancel_wait;
+
+/* One checkpoint iteration while its ranks report it saved. */
+typedef struct save_wait {
+  uint64_t iteration; /* 0: free */
+  uint32_t nsaved;
+  bool *saved; /* [world] */
+  bool asked;  /* the go-ahead was sent */
+} save_wait;
+
+typedef struct coord_run {
+  megad_coord *c;
+  mega_job *job;
+  uint32_t world;
+  mega_stepmerge *merge;
+  char kv_prefix[192];
+  int trace_iteration;
+  bool *hello, *exited, *errored;
+  uint32_t nhello, nexited;
+  int64_t started_ms; /* placed */
+  save_wait saves[PENDING_SAVES];
+  /* the end */
+  bool stopping;
+  mega_end_kind end_kind;
+  char *cause;
+  int cause_prio;
+  mega_end_kind cause_kind;
+  uint64_t cause_since; /* uv_now of the first secondary cause */
+  uv_timer_t cause_timer, stop_timer;
+  int timers_open; /* while closing */
+  cancel_wait *cancels;
+  size_t ncancels;
+} coord_run;
+
+/* coord_run.c */
+coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration);
+coord_run *coord_run_of(megad_coord *c, const char *job_id, uint32_t attempt);
+/* Ranks [first, first+n) will never report (not started, or their node is
+ * lost): counted as exited. */
+void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n);
+/* A failure of the attempt, with its weight and kind. */
+void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg);
+/* Ends the attempt: every node aborts its ranks; once every rank has exited
+ * (or after the grace) the recovery decision is made. */
+void coord_stop(coord_run *run, mega_end_kind kind, const char *why);
+
+/* coord.c */
+/* Sends AbortJob for the attempt to every node of the placement. */
+void coord_abort_nodes(coord_run *run, const char *reason);
+/* The attempt is over with its decision made (daemon/recovery): the job
+ * ends, or waits as RESTARTING for its next attempt. */
+void coord_attempt_over(coord_run *run, mega_end_kind kind, const char *cause);
+/* Sends the committing rank the go-ahead for iteration. */
+void coord_ask_commit(coord_run *run, uint64_t iteration);
+/* Notes that an ended attempt's ranks left their nodes. */
+void coord_released(megad_coord *c, const mega_job *j);
+/* The placement a job would get now, as a node count (0: none); own: count
+ * the job's own slots as free (a re-plan of a running job). */
+uint32_t coord_could_place(megad_coord *c, mega_job *j, bool own);
+
+#endif

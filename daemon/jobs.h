@@ -1,0 +1,84 @@
+/* The jobs layer: the jobs this megad coordinates (the table of
+ * daemon/job.h), kept durable in the journal, each job's history (events and
+ * merged steps) and the watchers that follow it.
+ *
+ * Every change of a job goes through here, so the journal, the history and
+ * the watchers never disagree: megad_jobs_save journals a job's record,
+ * megad_job_event and megad_job_step add to its history and reach every
+ * watcher, and megad_job_finalize is the one place a job ends.
+ *
+ * On the loop thread only. Ownership: the layer owns the table, the journal
+ * and the watchers; it borrows its base. */
+#ifndef MEGA_DAEMON_JOBS_H
+#define MEGA_DAEMON_JOBS_H
+
+#include <stdbool.h>
+
+#include "daemon/base.h"
+#include "daemon/job.h"
+#include "daemon/journal.h"
+#include "proto/rpc_server.h"
+
+/* A watcher further behind than this many messages is dropped. Above the
+ * history, so a replay alone never drops one. */
+#define MEGAD_WATCH_QUEUE_MAX (MEGA_JOB_HISTORY + 1024)
+
+typedef void (*megad_watch_fn)(void *arg, const Mega__V1__WatchJobResponse *item);
+
+/* A WatchJob stream (call), or an in-process watcher (fn). */
+typedef struct megad_watcher {
+  struct megad_watcher *next;
+  struct megad_jobs *js;
+  mega_job *job;
+  mega_rpc_call *call;
+  megad_watch_fn fn;
+  void *arg;
+} megad_watcher;
+
+typedef struct megad_jobs {
+  megad_base *b;
+  mega_jobs t;
+  mega_journal *journal;
+  megad_watcher *watchers;
+} megad_jobs;
+
+/* Opens STATE/journal and replays it into the table. A torn tail or damage
+ * is said loudly (the damaged file is kept); a journal mostly made of
+ * history is compacted. */
+mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err);
+void megad_jobs_close(megad_jobs *js);
+
+mega_job *megad_jobs_find(megad_jobs *js, const char *id);
+/* Journals j, then adds it (the table takes it). On failure j is the
+ * caller's still. */
+mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err);
+/* Journals j's record (its state after a change); a failure is a warning. */
+mega_status megad_jobs_save(megad_jobs *js, const mega_job *j, mega_err *err);
+
+/* An event: history, journal, log line and every watcher. */
+void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
+                     const char *node_id, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* A merged step: history (last_step) and every watcher. */
+void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *step);
+/* Moves j to state (a transition of job.h), journals it, sends the event and
+ * the final state to every watcher, whose streams then end. error: the cause
+ * for FAILED and CANCELLED. The one place a job ends. */
+void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const char *error);
+
+/* ---- watchers (watch.c) ---- */
+
+/* Starts a WatchJob stream on call: the history first when replay, then
+ * every new item; a job already over gets its final state and the stream
+ * ends. */
+void megad_watch_call(megad_jobs *js, mega_job *j, mega_rpc_call *call, bool replay);
+/* An in-process watcher (megad run); replay sends the history first. It is
+ * freed after the final state. */
+megad_watcher *megad_watch_local(megad_jobs *js, mega_job *j, bool replay, megad_watch_fn fn,
+                                 void *arg);
+/* Sends item to every watcher of j; a final_state item ends their streams. */
+void megad_watch_broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobResponse *item);
+/* Shutdown: every stream ends with UNAVAILABLE and why. */
+void megad_watch_drop_all(megad_jobs *js, const char *why);
+
+#endif

@@ -1,0 +1,32 @@
+/* The service layer: what the wire asks of megad, on top of every other
+ * layer. control.c serves Control (forwarding calls about a job to its
+ * coordinator when another node owns it), peer.c the Peer calls about jobs,
+ * http.c GET /metrics. Members and kvserve register their own calls. */
+#ifndef MEGA_DAEMON_SERVICES_H
+#define MEGA_DAEMON_SERVICES_H
+
+#include "daemon/coord.h"
+
+typedef struct megad_services {
+  megad_base *b;
+  megad_jobs *jobs;
+  megad_members *members;
+  megad_launcher *L;
+  megad_coord *coord;
+  void *http; /* http.c */
+} megad_services;
+
+void megad_control_register(megad_services *s, mega_rpc_server *srv);
+void megad_peer_register(megad_services *s, mega_rpc_server *srv);
+
+/* Forwards a call about job_id to the job's coordinator (from the id,
+ * "j-N-NODE") when that is another node, relaying the answer or stream.
+ * Returns false, touching nothing, when this node is the coordinator or the
+ * node is not known: the caller answers then. */
+bool megad_forward(megad_services *s, mega_rpc_call *call, const char *job_id,
+                   const ProtobufCMessage *req);
+
+mega_status megad_http_start(megad_services *s, const char *addr, mega_err *err);
+void megad_http_stop(megad_services *s);
+
+#endif

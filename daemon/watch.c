@@ -1,0 +1,171 @@
+/* Watchers of a job: WatchJob streams and in-process watchers.
+ *
+ * A stream has a write queue in the rpc wrapper; a watcher that lets it grow
+ * past MEGAD_WATCH_QUEUE_MAX messages is dropped with RESOURCE_EXHAUSTED
+ * (and an event says so), so a slow client never holds up the loop, the job
+ * or the other watchers. A watcher follows its job across attempts: only the
+ * job's end ends the stream. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/jobs.h"
+
+static void unlink_watcher(megad_jobs *js, megad_watcher *w) {
+  for (megad_watcher **p = &js->watchers; *p; p = &(*p)->next)
+    if (*p == w) {
+      *p = w->next;
+      return;
+    }
+}
+
+typedef struct dropped {
+  char peer[128];
+} dropped;
+
+void megad_watch_broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobResponse *item) {
+  bool final = item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
+  dropped drops[8];
+  size_t ndrops = 0, more = 0;
+  for (megad_watcher **p = &js->watchers; *p;) {
+    megad_watcher *w = *p;
+    if (w->job != j) {
+      p = &w->next;
+      continue;
+    }
+    if (!w->call) {
+      w->fn(w->arg, item);
+      if (final) {
+        *p = w->next;
+        free(w);
+      } else {
+        p = &w->next;
+      }
+      continue;
+    }
+    /* A failed send means the client went away: its cancel callback
+     * (watcher_gone) unlinks it. */
+    if (mega_rpc_send(w->call, &item->base, NULL) != MEGA_OK) {
+      p = &w->next;
+      continue;
+    }
+    if (final) {
+      *p = w->next;
+      mega_rpc_call_on_cancel(w->call, NULL, NULL);
+      mega_rpc_finish(w->call);
+      free(w);
+      continue;
+    }
+    if (mega_rpc_call_queued(w->call) <= MEGAD_WATCH_QUEUE_MAX) {
+      p = &w->next;
+      continue;
+    }
+    /* too far behind: drop this watcher, never the job */
+    *p = w->next;
+    if (ndrops < 8)
+      snprintf(drops[ndrops++].peer, sizeof drops[0].peer, "%s", mega_rpc_call_peer(w->call));
+    else
+      more++;
+    mega_rpc_call_on_cancel(w->call, NULL, NULL);
+    mega_rpc_fail(w->call, MEGA_RPC_RESOURCE_EXHAUSTED,
+                  "this watcher fell more than %d messages behind job %s and was dropped; the job "
+                  "goes on (watch again, with replay, to catch up)",
+                  MEGAD_WATCH_QUEUE_MAX, j->id);
+    free(w);
+  }
+  for (size_t i = 0; i < ndrops; i++)
+    megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
+                    "a watcher at %s fell more than %d messages behind and was dropped",
+                    drops[i].peer, MEGAD_WATCH_QUEUE_MAX);
+  if (more)
+    megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
+                    "%zu more watchers fell behind and were dropped", more);
+}
+
+static void watcher_gone(mega_rpc_call *call, void *arg) {
+  megad_watcher *w = arg;
+  unlink_watcher(w->js, w);
+  free(w);
+  mega_rpc_finish(call);
+}
+
+/* A final state in the history is the job's end only when it is the last
+ * item and the job is over: a resumed job's history holds the end of the
+ * attempt that failed before. */
+static bool replay_item(const mega_job *j, size_t i) {
+  const Mega__V1__WatchJobResponse *item = mega_job_hist_at(j, i);
+  if (item->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE) return true;
+  return i + 1 == j->hist_len && mega_job_state_final(j->state);
+}
+
+static megad_watcher *add(megad_jobs *js, mega_job *j) {
+  megad_watcher *w = calloc(1, sizeof *w);
+  if (!w) return NULL;
+  w->js = js;
+  w->job = j;
+  w->next = js->watchers;
+  js->watchers = w;
+  return w;
+}
+
+megad_watcher *megad_watch_local(megad_jobs *js, mega_job *j, bool replay, megad_watch_fn fn,
+                                 void *arg) {
+  for (size_t i = 0; replay && i < j->hist_len; i++)
+    if (replay_item(j, i)) fn(arg, mega_job_hist_at(j, i));
+  megad_watcher *w = add(js, j);
+  if (!w) return NULL;
+  w->fn = fn;
+  w->arg = arg;
+  return w;
+}
+
+void megad_watch_call(megad_jobs *js, mega_job *j, mega_rpc_call *call, bool replay) {
+  bool final_sent = false;
+  for (size_t i = 0; replay && i < j->hist_len; i++) {
+    if (!replay_item(j, i)) continue;
+    const Mega__V1__WatchJobResponse *item = mega_job_hist_at(j, i);
+    if (mega_rpc_send(call, &item->base, NULL) != MEGA_OK) {
+      mega_rpc_finish(call);
+      return;
+    }
+    final_sent = item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
+  }
+  if (mega_job_state_final(j->state)) {
+    if (!final_sent) {
+      mega_job_msg m;
+      if (mega_job_msg_init(&m, j, NULL) == MEGA_OK) {
+        Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+        item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
+        item.final_state = &m.job;
+        mega_rpc_send(call, &item.base, NULL);
+        mega_job_msg_free(&m);
+      }
+    }
+    mega_rpc_finish(call);
+    return;
+  }
+  megad_watcher *w = add(js, j);
+  if (!w) {
+    mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  w->call = call;
+  mega_rpc_call_on_cancel(call, watcher_gone, w);
+  /* a cancel before the callback was set is not replayed */
+  if (mega_rpc_call_cancelled(call)) {
+    mega_rpc_call_on_cancel(call, NULL, NULL);
+    watcher_gone(call, w);
+  }
+}
+
+void megad_watch_drop_all(megad_jobs *js, const char *why) {
+  while (js->watchers) {
+    megad_watcher *w = js->watchers;
+    js->watchers = w->next;
+    if (w->call) {
+      mega_rpc_call_on_cancel(w->call, NULL, NULL);
+      mega_rpc_fail(w->call, MEGA_RPC_UNAVAILABLE, "%s", why);
+    }
+    free(w);
+  }
+}
