@@ -50,9 +50,9 @@
  * callback too); the communicator's own thread does the transfers.
  *
  * Ownership: mega_grads owns the buffers (backend memory of be) and borrows
- * the stages, the backend and the communicator, which must outlive it;
- * destroy it after the stages stop being used but before they are
- * destroyed or after (the stages never free borrowed buffers). */
+ * the stages, the backend and the communicator, which must outlive it:
+ * destroy it once the stages are no longer run, and before the stages (it
+ * unhooks their callbacks; a stage never frees the buffers it borrows). */
 #ifndef MEGA_WORKER_GRADS_H
 #define MEGA_WORKER_GRADS_H
 

@@ -37,8 +37,8 @@ static void setup(fixture *f, mega_gpt_stage_desc d, mega_grads_opts o) {
 }
 
 static void teardown(fixture *f) {
+  mega_grads_destroy(f->g); /* first: it unhooks itself from the stage */
   mega_gpt_stage_destroy(f->stage);
-  mega_grads_destroy(f->g);
   mega_backend_destroy(f->be);
 }
 
