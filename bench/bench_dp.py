@@ -112,8 +112,8 @@ def bubble(megaw, megactl, tmp):
                    "%d:%d" % (f, b)]
     print("== bubble hiding: PP=%d x DP=%d, hidden 512, 8 layers, M=%d, --simulate-compute "
           "%d:%d, buckets of %d, iterations %d..%d" % (P, DP, M, f, b, bucket, skip + 1, iters))
-    print("%-40s %10s %10s  %-26s %10s" % ("configuration", "exposed", "hidden", "per PP rank (ms)",
-                                          "sim"))
+    print("%-36s %9s %7s %8s  %-24s %8s" % ("configuration", "exposed", "hidden", "median",
+                                             "per PP rank (ms)", "sim"))
     ov = ["--overlap-grad-reduce", "--bucket-size", str(bucket)]
     rows = (("1f1b, sync after the schedule", 1, [], []),
             ("1f1b, sync in the cooldown", 1, ov, ["--overlap-grad-reduce"]),
@@ -134,6 +134,7 @@ def bubble(megaw, megactl, tmp):
                     per_pp.setdefault(l["pp_rank"], []).append(l["grad_sync_exposed_s"])
         pp_mean = [statistics.mean(per_pp[r]) for r in range(P)]
         mean = statistics.mean(pp_mean)
+        med = statistics.mean(statistics.median(per_pp[r]) for r in range(P))
         grad_floats = max(l["grad_bytes"] for lines in ranks for l in lines) / 4
         if not plan_flags:
             # Nothing hides rank 0's reduction after its schedule: its exposed
@@ -146,12 +147,12 @@ def bubble(megaw, megactl, tmp):
                              "--t-grad-sync", "%.3f" % (1e3 * t_gs), "--grad-buckets", str(nb)] +
                    (["--virtual-pipeline-model-parallel-size", str(vp)] if vp > 1 else []) +
                    plan_flags)
-        print("%-40s %7.1f ms %9.1f%%  %-26s %7.1f ms" %
-              (name, 1e3 * mean, 100 * (1 - mean / base[vp][0]),
+        print("%-36s %6.1f ms %6.1f%% %5.1f ms  %-24s %5.1f ms" %
+              (name, 1e3 * mean, 100 * (1 - mean / base[vp][0]), 1e3 * med,
                " ".join("%.1f" % (1e3 * x) for x in pp_mean), sim["grad_sync_exposed"]))
     print("(exposed: mean over ranks and iterations; hidden: against the same schedule with the "
-          "sync after it;\n sim: megactl plan's mean exposed grad sync with T_grad_sync = PP rank "
-          "0's measured reduction)")
+          "sync after it;\n median: the mean over ranks of each rank's median; sim: megactl "
+          "plan's mean exposed grad\n sync with T_grad_sync = PP rank 0's measured reduction)")
 
 
 def memory(megaw, megactl, tmp):

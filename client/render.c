@@ -391,7 +391,9 @@ static void print_stats(FILE *f, const mega_schedule *s, const mega_sim *sim) {
     if (sync) fprintf(f, "  %7s", fmt_num(mr->grad_sync_exposed, exp, sizeof exp));
     fputc('\n', f);
   }
-  if (sync) fputs("exposed: grad sync outlasting the pipeline's work (what a GW waits past it)\n", f);
+  if (sync)
+    fputs("exposed: grad sync outlasting the pipeline's work; the first and last stage\n"
+          "share the later one's (they sum the tied embedding after their reductions)\n", f);
 }
 
 int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const mega_cost *cost,

@@ -223,9 +223,19 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
     if (clock[r] > out->makespan) out->makespan = clock[r];
     if (out->ranks[r].work_end > drained) drained = out->ranks[r].work_end;
   }
+  /* finalize_model_grads: the first and last stage sum the tied
+   * embedding's gradient once both have their reductions, so with gradient
+   * sync in the schedule each of the two is done when the later one is. */
+  bool sync = false;
+  for (int r = 0; r < pp && !sync; r++)
+    for (int i = 0; i < s->ranks[r].n && !sync; i++)
+      sync = s->ranks[r].acts[i].kind == MEGA_ACT_GRAD_WAIT;
+  double tied = out->ranks[0].end > out->ranks[pp - 1].end ? out->ranks[0].end
+                                                            : out->ranks[pp - 1].end;
   for (int r = 0; r < pp; r++) {
     mega_sim_rank *o = &out->ranks[r];
-    o->grad_sync_exposed = o->end > drained ? o->end - drained : 0;
+    double done = sync && pp > 1 && (r == 0 || r == pp - 1) ? tied : o->end;
+    o->grad_sync_exposed = done > drained ? done - drained : 0;
     exposed += o->grad_sync_exposed;
   }
   out->grad_sync_exposed = exposed / pp;

@@ -21,7 +21,9 @@
  * is done. A rank's exposed grad sync is how long its reductions outlast
  * the pipeline: max(0, its end - the latest end of any rank's other
  * actions), the engine's grad_sync_exposed_s (waiting while another stage
- * still computes is bubble).
+ * still computes is bubble). The first and last stage then sum the tied
+ * embedding's gradient (finalize_model_grads), so each of them is done only
+ * when the later of the two is.
  *
  * Ownership: mega_sim_run fills a caller-owned mega_sim whose arrays it
  * allocates; free them with mega_sim_free. */
