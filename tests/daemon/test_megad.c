@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -350,6 +351,40 @@ static void test_run_json(void **state) {
   assert_true(WIFEXITED(st));
   assert_int_equal(WEXITSTATUS(st), 0);
   assert_int_equal(lines, 3);
+
+  /* a job that fails in its worker: the cause once, exit 1, no temp dir left */
+  char bad[256];
+  snprintf(bad, sizeof bad, "%s/badckpt", dir);
+  mkdir(bad, 0755);
+  char latest[300];
+  snprintf(latest, sizeof latest, "%s/latest_checkpointed_iteration.txt", bad);
+  FILE *lf = fopen(latest, "w");
+  fputs("garbage\n", lf);
+  fclose(lf);
+  const char *fails[] = {"--load", bad, NULL};
+  hd_tiny_spec(&spec, dir, 3, fails);
+  off = snprintf(cmd, sizeof cmd, "'%s' run --slots 1 --worker '%s'", getenv("MEGAD"),
+                 getenv("MEGAW"));
+  for (size_t i = 0; i < spec.n_args; i++)
+    off += snprintf(cmd + off, sizeof cmd - (size_t)off, " '%s'", spec.args[i]);
+  snprintf(cmd + off, sizeof cmd - (size_t)off, " 2>&1");
+  p = popen(cmd, "r");
+  char all[8192] = "";
+  size_t got = fread(all, 1, sizeof all - 1, p);
+  all[got] = '\0';
+  st = pclose(p);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  const char *first = strstr(all, "one iteration number");
+  if (!first) fprintf(stderr, "megad run said: %s\n", all);
+  assert_non_null(first);
+  assert_null(strstr(first + 1, "one iteration number")); /* said once */
+  assert_non_null(strstr(all, "now removed"));
+  char tmp[256] = "";
+  const char *t = strstr(all, "/tmp/megad-run-");
+  if (t) snprintf(tmp, sizeof tmp, "%.21s", t);
+  struct stat sb;
+  if (tmp[0]) assert_int_not_equal(stat(tmp, &sb), 0);
 
   /* a bad job: exit 2 with the reason */
   snprintf(cmd, sizeof cmd, "'%s' run --slots 2 --worker '%s' --num-layers 2 2>&1",
