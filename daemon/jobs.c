@@ -26,6 +26,8 @@ typedef struct recs {
   bool ok;
 } recs;
 
+/* Adds the record st made into *buf (its status first, then the buffer:
+ * never both in one call, whose arguments C evaluates in any order). */
 static void recs_add(recs *r, mega_status st, uint8_t *buf, size_t len) {
   if (st != MEGA_OK) {
     r->ok = false;
@@ -56,10 +58,16 @@ static void compact(megad_jobs *js, size_t replayed) {
     mega_job *j = js->t.v[i];
     uint8_t *buf = NULL;
     size_t len = 0;
-    recs_add(&r, mega_jrec_job(j, &buf, &len, NULL), buf, len);
-    for (size_t k = 0; r.ok && k < j->nevents; k++)
-      recs_add(&r, mega_jrec_event(j->id, j->events[k], &buf, &len, NULL), buf, len);
-    if (r.ok && j->last_step) recs_add(&r, mega_jrec_step(j->id, j->last_step, &buf, &len, NULL), buf, len);
+    mega_status st = mega_jrec_job(j, &buf, &len, NULL);
+    recs_add(&r, st, buf, len);
+    for (size_t k = 0; r.ok && k < j->nevents; k++) {
+      st = mega_jrec_event(j->id, j->events[k], &buf, &len, NULL);
+      recs_add(&r, st, buf, len);
+    }
+    if (r.ok && j->last_step) {
+      st = mega_jrec_step(j->id, j->last_step, &buf, &len, NULL);
+      recs_add(&r, st, buf, len);
+    }
   }
   mega_err e = {0};
   if (r.ok && 2 * r.n + 64 < replayed) {

@@ -70,8 +70,8 @@ static void requeue(megad_launch *l, report_ctx *c) {
     free_batch(c);
     return;
   }
-  memcpy(s + c->nsteps, l->steps, l->nsteps * sizeof *s);
-  memcpy(e + c->nevents, l->events, l->nevents * sizeof *e);
+  if (l->nsteps) memcpy(s + c->nsteps, l->steps, l->nsteps * sizeof *s); /* may be NULL */
+  if (l->nevents) memcpy(e + c->nevents, l->events, l->nevents * sizeof *e);
   free(l->steps);
   free(l->events);
   l->steps = (Mega__V1__StepReport **)s;

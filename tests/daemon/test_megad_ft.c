@@ -511,6 +511,7 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
     hd_watch_free(&w);
     usleep(500000);
   }
+  if (!w.final) hd_dump_log(&n2);
   must_succeed(&n1, &w);
   assert_true(w.final->attempt >= 1);
   assert_int_equal(w.last_iteration, 600);
