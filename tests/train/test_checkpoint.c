@@ -516,6 +516,111 @@ static void test_missing_and_mismatched(void **state) {
   model_free(&b);
 }
 
+/* ---- completeness: the manifest, and falling back past a bad checkpoint ---- */
+
+static void flip_last_byte(const char *d) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/model.safetensors", d);
+  int fd = open(p, O_RDWR);
+  off_t end = lseek(fd, 0, SEEK_END);
+  char c;
+  assert_int_equal(pread(fd, &c, 1, end - 1), 1);
+  c ^= 0x01; /* one bit of the last tensor's data: the header still parses */
+  assert_int_equal(pwrite(fd, &c, 1, end - 1), 1);
+  close(fd);
+}
+
+static void trunc_optimizer(const char *d) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/optimizer.safetensors", d);
+  struct stat sb;
+  assert_int_equal(stat(p, &sb), 0);
+  assert_int_equal(truncate(p, sb.st_size - 4), 0);
+}
+
+static void drop_manifest(const char *d) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/manifest.json", d);
+  assert_int_equal(unlink(p), 0);
+}
+
+static void drop_config(const char *d) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/config.json", d);
+  assert_int_equal(unlink(p), 0);
+}
+
+static void test_fallback(void **state) {
+  (void)state;
+  static const struct {
+    corrupt_fn fn;
+    const char *why;
+  } cases[] = {
+      {flip_last_byte, "model.safetensors has crc32"},
+      {trunc_optimizer, "optimizer.safetensors is"},
+      {drop_manifest, "has no manifest.json"},
+      {drop_config, "config.json is missing"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char dir[256], it4[512], it2[512];
+    tu_mkdtemp(dir, "ckpt");
+    model a, b, x;
+    model_make(&a, 1);
+    model_make(&b, 2);
+    model_make(&x, 3);
+    save_ok(&a, dir, 2, 0);
+    save_ok(&b, dir, 4, 0);
+    snprintf(it2, sizeof it2, "%s/iter_0000002", dir);
+    snprintf(it4, sizeof it4, "%s/iter_0000004", dir);
+    mega_err err = {0};
+    assert_int_equal(mega_ckpt_verify(it4, 4, &err), MEGA_OK);
+    cases[c].fn(it4);
+    assert_int_equal(mega_ckpt_verify(it4, 4, &err), MEGA_ERR_INVALID);
+    if (!strstr(err.msg, cases[c].why)) fail_msg("verify: %s (want '%s')", err.msg, cases[c].why);
+
+    /* latest names 4, which is incomplete: 2 loads, and the notice says why */
+    char *path = NULL, *notice = NULL;
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_OK);
+    assert_string_equal(path, it2);
+    assert_non_null(notice);
+    if (!strstr(notice, "iteration 4") || !strstr(notice, "incomplete") ||
+        !strstr(notice, cases[c].why) || !strstr(notice, "loading iteration 2"))
+      fail_msg("notice: %s", notice);
+    mega_ckpt_state s;
+    assert_int_equal(mega_ckpt_load(path, x.be, &x.cfg, NULL, x.cp, x.n, &s, &err), MEGA_OK);
+    assert_same(&a, &x);
+    assert_int_equal(s.iteration, 2);
+    free(path);
+    free(notice);
+
+    /* without the latest file: the newest complete one, with the notice */
+    char latest[600];
+    snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, dir);
+    assert_int_equal(unlink(latest), 0);
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_OK);
+    assert_string_equal(path, it2);
+    assert_non_null(notice);
+    assert_non_null(strstr(notice, "iteration 4"));
+    free(path);
+    free(notice);
+
+    /* and when none is complete, an error that says so */
+    drop_manifest(it2);
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "no complete checkpoint"));
+    tu_write_text(latest, "4\n");
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_ERR_INVALID);
+    if (!strstr(err.msg, "names iteration 4") || !strstr(err.msg, cases[c].why) ||
+        !strstr(err.msg, "no other complete checkpoint"))
+      fail_msg("%s", err.msg);
+    assert_null(path);
+    model_free(&a);
+    model_free(&b);
+    model_free(&x);
+    tu_rmtree(dir);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),
@@ -525,6 +630,7 @@ int main(void) {
       cmocka_unit_test(test_resolve),
       cmocka_unit_test(test_corrupt_files),
       cmocka_unit_test(test_missing_and_mismatched),
+      cmocka_unit_test(test_fallback),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
