@@ -129,8 +129,8 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
 static void print_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
   (void)arg;
   if (!r->committed) return;
-  fprintf(stderr, "megaw: saved checkpoint of iteration %lld in %s (%.1f MB, %.2f s, training "
-                  "blocked %.2f s)\n",
+  fprintf(stderr, "megaw: saved checkpoint of iteration %lld in %s (%.1f MB, %.3f s, training "
+                  "blocked %.3f s)\n",
           (long long)r->iteration, r->path, (double)r->bytes / 1e6, r->duration_s, r->blocked_s);
 }
 
