@@ -8,8 +8,6 @@
 
 #include "worker/ckpt_internal.h"
 
-#define DEFAULT_TIMEOUT_MS (30 * 60 * 1000)
-
 static const char *const moment_suffix[2] = {".exp_avg", ".exp_avg_sq"};
 
 struct mega_ckpt_writer {
@@ -49,7 +47,7 @@ mega_status mega_ckpt_writer_create(const mega_ckpt_writer_config *cfg,
   mega_ckpt_writer *w = calloc(1, sizeof *w);
   if (!w) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for a checkpoint writer");
   w->c = *cfg;
-  if (!w->c.timeout_ms) w->c.timeout_ms = DEFAULT_TIMEOUT_MS;
+  if (!w->c.timeout_ms) w->c.timeout_ms = MEGA_CKPT_WRITERS_TIMEOUT_MS;
   w->params = params;
   w->n = n;
   w->rank = cfg->comm ? mega_comm_rank(cfg->comm) : 0;
@@ -138,7 +136,12 @@ static mega_status gather_texts(mega_ckpt_writer *w, const char *mine, char ***t
     lens[0] = len;
   if (st != MEGA_OK) return st;
   size_t total = 0;
-  for (int i = 0; i < n; i++) total += lens[i];
+  for (int i = 0; i < n; i++) {
+    if (lens[i] == 0 || lens[i] > (1u << 30))
+      return mega_fail(err, MEGA_ERR_INTERNAL, "writer %d sent a file list of %llu bytes", i,
+                       (unsigned long long)lens[i]);
+    total += lens[i];
+  }
   char **out = malloc(n * sizeof *out + total);
   if (!out) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory gathering the writers' files");
   char *bytes = (char *)(out + n);
@@ -152,9 +155,10 @@ static mega_status gather_texts(mega_ckpt_writer *w, const char *mine, char ***t
     free(out);
     return st;
   }
-  for (int i = 0; i < n; i++, bytes += lens[i - 1]) {
+  for (int i = 0; i < n; i++) {
     out[i] = bytes;
     bytes[lens[i] - 1] = '\0'; /* a peer's text is trusted no further than its length */
+    bytes += lens[i];
   }
   *texts = out;
   return MEGA_OK;

@@ -43,6 +43,10 @@
 #include "worker/checkpoint.h"
 #include "worker/comm/comm.h"
 
+/* How long a writer's gather waits for the slowest writer: writing
+ * shards to a slow disk takes long, and writers finish unevenly. */
+#define MEGA_CKPT_WRITERS_TIMEOUT_MS (30 * 60 * 1000)
+
 typedef struct mega_ckpt_writer_config {
   const char *save_dir;       /* --save */
   const mega_gpt_config *cfg; /* config.json (the committer writes it) */
@@ -50,7 +54,7 @@ typedef struct mega_ckpt_writer_config {
   mega_comm *comm;            /* the writers, rank = writer index; NULL: a lone writer */
   int attempt;                /* the launcher's: in the temp directory's name and the manifest */
   uint64_t max_shard_bytes;   /* 0: MEGA_CKPT_DEFAULT_SHARD_BYTES */
-  int timeout_ms;             /* each gather's bound; 0: 30 minutes (writers finish unevenly) */
+  int timeout_ms;             /* each gather's bound; 0: MEGA_CKPT_WRITERS_TIMEOUT_MS */
   /* Called inside write once this writer's files are durable; may be NULL. */
   void (*on_durable)(void *arg, int64_t iteration, uint64_t bytes);
   /* The committer's go-ahead, asked before the manifest; may be NULL

@@ -167,18 +167,27 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
   if (!r->job->save) return mega_fail(err, MEGA_ERR_INVALID, "no --save directory given");
   phase(r, "checkpoint");
   double t0 = mega_rank_saver_now();
+  mega_status st = MEGA_OK;
   if (!r->saver) { /* a replica: nothing of its own to write */
     char path[4096];
     mega_ckpt_iter_path(path, sizeof path, r->job->save, r->iteration);
     mega_rank_ckpt_report rep = {.iteration = r->iteration, .path = path};
     if (r->env.on_checkpoint) r->env.on_checkpoint(r->env.arg, &rep);
-    return MEGA_OK;
+  } else {
+    mega_ckpt_state s = {.iteration = r->iteration,
+                         .consumed_samples = r->iteration * (int64_t)r->job->global_batch_size,
+                         .optimizer_steps = mega_optim_steps(r->optim),
+                         .attempt = r->env.attempt, .has_sched = true, .sched = r->lr};
+    st = mega_rank_saver_save(r->saver, r->be, &s, t0, err);
   }
-  mega_ckpt_state s = {.iteration = r->iteration,
-                       .consumed_samples = r->iteration * (int64_t)r->job->global_batch_size,
-                       .optimizer_steps = mega_optim_steps(r->optim),
-                       .attempt = r->env.attempt, .has_sched = true, .sched = r->lr};
-  mega_status st = mega_rank_saver_save(r->saver, r->be, &s, t0, err);
+  /* A synchronous save returns on every rank once it is committed: the
+   * writers wait for the committer, then the replicas for their writer,
+   * under the writers' long bound, since a save may outlast the
+   * communicators' timeout that the next step's collectives would use. */
+  if (st == MEGA_OK && !r->job->async_save && r->comm[GROUP_CKPT])
+    st = mega_comm_barrier(r->comm[GROUP_CKPT], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
+  if (st == MEGA_OK && !r->job->async_save && r->comm[GROUP_DP])
+    st = mega_comm_barrier(r->comm[GROUP_DP], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
   if (st != MEGA_OK) mega_err_prefix(err, "rank %d", r->env.rank);
   return st;
 }
