@@ -167,6 +167,7 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
   if (!r->job->save) return mega_fail(err, MEGA_ERR_INVALID, "no --save directory given");
   phase(r, "checkpoint");
   double t0 = mega_rank_saver_now();
+  bool async = r->job->async_save;
   mega_status st = MEGA_OK;
   if (!r->saver) { /* a replica: nothing of its own to write */
     char path[4096];
@@ -178,16 +179,21 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
                          .consumed_samples = r->iteration * (int64_t)r->job->global_batch_size,
                          .optimizer_steps = mega_optim_steps(r->optim),
                          .attempt = r->env.attempt, .has_sched = true, .sched = r->lr};
-    st = mega_rank_saver_save(r->saver, r->be, &s, t0, err);
+    st = mega_rank_saver_stage(r->saver, r->be, &s, t0, err);
+    if (st == MEGA_OK && !async) st = mega_rank_saver_write(r->saver, err);
   }
-  /* A synchronous save returns on every rank once it is committed: the
-   * writers wait for the committer, then the replicas for their writer,
-   * under the writers' long bound, since a save may outlast the
-   * communicators' timeout that the next step's collectives would use. */
-  if (st == MEGA_OK && !r->job->async_save && r->comm[GROUP_CKPT])
+  /* Every rank leaves the save point together: the writers meet (with
+   * --async-save before the write starts, so the training thread never
+   * shares GROUP_CKPT with the checkpoint thread; without it once the
+   * committer has committed), then the replicas meet their writer. The
+   * wait for a save, or for the one before it, may outlast the
+   * communicators' timeout that the next step's collectives would use, so
+   * it happens here, under the writers' long bound. */
+  if (st == MEGA_OK && r->comm[GROUP_CKPT])
     st = mega_comm_barrier(r->comm[GROUP_CKPT], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
-  if (st == MEGA_OK && !r->job->async_save && r->comm[GROUP_DP])
+  if (st == MEGA_OK && r->comm[GROUP_DP])
     st = mega_comm_barrier(r->comm[GROUP_DP], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
+  if (st == MEGA_OK && r->saver && async) st = mega_rank_saver_write(r->saver, err);
   if (st != MEGA_OK) mega_err_prefix(err, "rank %d", r->env.rank);
   return st;
 }

@@ -133,12 +133,12 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err);
 /* Writes a checkpoint of the current iteration under --save. Every rank of
  * the job calls it at the same iteration. The dp 0, tp 0 rank of each
  * pipeline stage writes that stage's tensors, and rank 0 commits; the
- * others report at once (on_checkpoint). Without --async-save it returns
- * on every rank once the checkpoint is committed (or refused). With
- * --async-save a writer returns once its tensors are copied to host memory,
- * and the files are written on a thread; the next save, mega_rank_save_wait
- * and mega_rank_run wait for it. A failure of that write is returned by
- * whichever waits next. */
+ * others report at once (on_checkpoint). Every rank returns when the
+ * others have reached the save too. Without --async-save that is once the
+ * checkpoint is committed (or refused). With --async-save it is once the
+ * writers' tensors are copied to host memory; the files are written on a
+ * thread, and the next save, mega_rank_save_wait and mega_rank_run wait for
+ * it. A failure of that write is returned by whichever waits next. */
 mega_status mega_rank_save(mega_rank *r, mega_err *err);
 /* Waits for this rank's checkpoint write in flight, if any. */
 mega_status mega_rank_save_wait(mega_rank *r, mega_err *err);

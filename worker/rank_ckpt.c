@@ -184,8 +184,8 @@ mega_status mega_rank_saver_wait(mega_rank_saver *s, mega_err *err) {
   return st;
 }
 
-mega_status mega_rank_saver_save(mega_rank_saver *s, mega_backend *be,
-                                 const mega_ckpt_state *state, double t0, mega_err *err) {
+mega_status mega_rank_saver_stage(mega_rank_saver *s, mega_backend *be,
+                                  const mega_ckpt_state *state, double t0, mega_err *err) {
   mega_status st = mega_rank_saver_wait(s, err);
   if (st != MEGA_OK) {
     mega_err_prefix(err, "the previous checkpoint (iteration %lld)", (long long)s->iteration);
@@ -194,9 +194,11 @@ mega_status mega_rank_saver_save(mega_rank_saver *s, mega_backend *be,
   s->iteration = state->iteration;
   s->t0 = t0;
   mega_ckpt_iter_path(s->path, sizeof s->path, s->c.writer.save_dir, state->iteration);
-  st = mega_ckpt_writer_stage(s->w, be, state, err);
-  if (st != MEGA_OK) return st;
-  s->blocked_s = mega_rank_saver_now() - t0;
+  return mega_ckpt_writer_stage(s->w, be, state, err);
+}
+
+mega_status mega_rank_saver_write(mega_rank_saver *s, mega_err *err) {
+  s->blocked_s = mega_rank_saver_now() - s->t0;
   s->on_thread = s->c.async;
   if (s->on_thread && pthread_create(&s->thread, NULL, thread_main, s) == 0) {
     s->running = true;

@@ -72,12 +72,17 @@ mega_status mega_rank_saver_create(const mega_rank_saver_config *cfg,
                                    const mega_ckpt_param *params, size_t n,
                                    mega_rank_saver **out, mega_err *err);
 
-/* Saves state->iteration: waits for the previous save (its failure is
- * returned here), copies the tensors to host memory, then writes inline or
- * on the saver's thread. t0 is when the caller started blocking (monotonic
- * seconds, mega_rank_saver_now). */
-mega_status mega_rank_saver_save(mega_rank_saver *s, mega_backend *be,
-                                 const mega_ckpt_state *state, double t0, mega_err *err);
+/* A save in two calls, so that the caller may align the ranks in between
+ * (rank.c does, with barriers, while no write is running):
+ *
+ *   stage: waits for the previous save (its failure is returned here) and
+ *          copies the tensors of state->iteration to host memory; t0 is
+ *          when the caller started blocking (mega_rank_saver_now).
+ *   write: writes them, inline, or with async on the saver's thread (then
+ *          returns at once; wait gives the result). */
+mega_status mega_rank_saver_stage(mega_rank_saver *s, mega_backend *be,
+                                  const mega_ckpt_state *state, double t0, mega_err *err);
+mega_status mega_rank_saver_write(mega_rank_saver *s, mega_err *err);
 
 /* Waits for the save in flight, if any; returns its status. */
 mega_status mega_rank_saver_wait(mega_rank_saver *s, mega_err *err);
