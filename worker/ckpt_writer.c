@@ -281,8 +281,8 @@ static mega_status merge(mega_ckpt_writer *w, char **texts, merged *m, mega_err 
       if (st != MEGA_OK) break;
       mega_ckpt_file cf = {.size = (uint64_t)json_integer_value(json_object_get(f, "size")),
                            .crc32 = (uint32_t)json_integer_value(json_object_get(f, "crc32"))};
-      snprintf(cf.name, sizeof cf.name, "%s",
-               json_string_value(json_object_get(f, "name")) ?: "");
+      const char *name = json_string_value(json_object_get(f, "name"));
+      snprintf(cf.name, sizeof cf.name, "%s", name ? name : "");
       st = add_file(m, &cf, err);
     }
     if (st == MEGA_OK) st = merge_map(m->map_m, json_object_get(j, "model"), k, err);
