@@ -324,6 +324,9 @@ void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, con
   case MEGA__V1__RANK_EVENT__KIND_STARTED:
     on_hello(run, r);
     break;
+  case MEGA__V1__RANK_EVENT__KIND_NOTE:
+    megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r, "%s", ev->note->message);
+    break;
   case MEGA__V1__RANK_EVENT__KIND_CHECKPOINT:
     if (run->stopping) break;
     if (ev->checkpoint->committed) committed(run, node_id, r, ev->checkpoint);

@@ -180,6 +180,11 @@ static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
   case MEGA__V1__WORKER_FRAME__MSG_PROGRESS:
     watchdog_progress(w, f->progress->phase, 0);
     break;
+  case MEGA__V1__WORKER_FRAME__MSG_NOTE:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_NOTE;
+    ev.note = f->note;
+    relay_event(l, w, &ev);
+    break;
   case MEGA__V1__WORKER_FRAME__MSG_CHECKPOINT_DONE:
     ev.kind_case = MEGA__V1__RANK_EVENT__KIND_CHECKPOINT;
     ev.checkpoint = f->checkpoint_done;

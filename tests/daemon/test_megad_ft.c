@@ -183,6 +183,71 @@ static void test_worker_kill_restarts_exactly(void **state) {
   hd_cleanup(&d);
 }
 
+/* ---- the newest checkpoint is damaged when a restart needs it: the
+ * restart loads the one before, and the job's history says so ---- */
+
+typedef struct truncater {
+  hd *d;
+  const char *job_id;
+  bool done;
+  uint64_t damaged, ck_at_kill;
+} truncater;
+
+static void truncate_then_kill(void *arg, const Mega__V1__WatchJobResponse *it) {
+  truncater *t = arg;
+  if (t->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < 22)
+    return;
+  Mega__V1__Job *j = hd_get_job(t->d, t->job_id, NULL);
+  if (!j || j->checkpoint_iteration < 20) {
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    return;
+  }
+  /* cut the newest committed checkpoint's model file in half */
+  char path[512];
+  snprintf(path, sizeof path, "%s/model.safetensors", j->checkpoint_path);
+  struct stat st;
+  if (stat(path, &st) == 0 && truncate(path, st.st_size / 2) == 0) {
+    t->damaged = j->checkpoint_iteration;
+    pid_t pids[64];
+    if (hd_workers(t->d, pids, 64) > 0) kill(pids[0], SIGKILL);
+    t->done = true;
+  }
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+}
+
+static void test_damaged_checkpoint_falls_back(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "t1", 2, NULL, NULL, NULL));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", d.dir);
+  const char *extra[] = {"--save", ckpt, "--save-interval", "10", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 60, extra);
+  spec.nproc_per_node = 2;
+  spec.max_restarts = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  truncater t = {.d = &d, .job_id = id};
+  hd_watch w;
+  hd_watch_job_cb(&d, id, true, 120000, &w, truncate_then_kill, &t);
+  must_succeed(&d, &w);
+  assert_true(t.done);
+  char want[128];
+  snprintf(want, sizeof want, "checkpoint iteration %llu in", (unsigned long long)t.damaged);
+  if (!strstr(w.events_text, want)) fprintf(stderr, "events:\n%s", w.events_text);
+  assert_non_null(strstr(w.events_text, want)); /* rank 0's note: which, why, what instead */
+  assert_non_null(strstr(w.events_text, "is incomplete"));
+  /* the redone iterations began at the checkpoint before the damaged one */
+  assert_int_equal(w.attempt[t.damaged - 10 + 1], 1);
+  hd_watch_free(&w);
+  assert_true(workers_gone(d.pid, 5000));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
 /* ---- a rank that hangs (SIGSTOP) is caught by the step watchdog ---- */
 
 static void test_hung_worker_restarts(void **state) {
@@ -699,6 +764,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_worker_kill_restarts_exactly, teardown),
+      cmocka_unit_test_teardown(test_damaged_checkpoint_falls_back, teardown),
       cmocka_unit_test_teardown(test_hung_worker_restarts, teardown),
       cmocka_unit_test_teardown(test_coordinator_restart_resumes, teardown),
       cmocka_unit_test_teardown(test_elastic_shrinks_on_node_loss, teardown),

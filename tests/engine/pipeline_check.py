@@ -12,8 +12,15 @@ meeting through a Gloo FileStore), checked against a single rank.
   daemon       the same through megad run (the daemon's job machinery, its
                key-value store for rendezvous and its merged metrics):
                DP=2, DP=4 and PP=2 x DP=2 equal the single rank
+  checkpoint   a run saved mid-way under one layout (PP=2 1F1B, interleaved
+               VP=2, PP=2 x DP=2, ...; sync or --async-save) and resumed
+               under another gives the uninterrupted run's losses: exactly
+               when the layout is the same, within RTOL of the single rank
+               otherwise; every saved file matches its manifest (Python's
+               zlib.crc32) (--full: every pair of layouts)
 
-usage: pipeline_check.py MEGAW {equivalence [--full] | memory | kill | daemon MEGAD}
+usage: pipeline_check.py MEGAW {equivalence [--full] | memory | kill | daemon MEGAD |
+                                checkpoint [--full]}
 """
 import itertools
 import json
@@ -23,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 MODEL = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "2",
          "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "16",
@@ -272,8 +280,116 @@ def daemon(megaw, megad, tmp):
     return ok
 
 
+CKPT_LAYOUTS = {
+    # name: (world, flags)
+    "single": (1, []),
+    "dp2": (2, []),
+    "pp2-1f1b": (2, ["--pipeline-model-parallel-size", "2", "--schedule", "1f1b"]),
+    "pp2-vp2": (2, ["--pipeline-model-parallel-size", "2",
+                    "--virtual-pipeline-model-parallel-size", "2"]),
+    "pp2xdp2": (4, ["--pipeline-model-parallel-size", "2"]),
+    "pp4": (4, ["--pipeline-model-parallel-size", "4"]),
+    "pp2-vp2xdp2": (4, ["--pipeline-model-parallel-size", "2",
+                        "--virtual-pipeline-model-parallel-size", "2"]),
+}
+CKPT_ITERS, CKPT_SAVE_AT = 4, 2
+# (saved under, resumed under, --async-save)
+CKPT_SAMPLE = [("pp2-1f1b", "pp2-1f1b", True), ("pp2-1f1b", "single", False),
+               ("pp2-vp2", "pp2xdp2", False), ("pp2xdp2", "pp2-vp2", True)]
+
+
+def losses_range(results, what, first, last):
+    """iteration -> loss for first..last (every rank that knows agrees exactly)."""
+    seen = {}
+    for rc, lines, err in results:
+        if rc != 0:
+            raise RuntimeError("%s: a rank exited %d: %s" % (what, rc, err.strip()[-400:]))
+        for l in lines:
+            if "loss" in l:
+                if seen.setdefault(l["iteration"], l["loss"]) != l["loss"]:
+                    raise RuntimeError("%s: ranks disagree at iteration %d" % (what, l["iteration"]))
+    if sorted(seen) != list(range(first, last + 1)):
+        raise RuntimeError("%s: losses for iterations %s, want %d..%d" %
+                           (what, sorted(seen), first, last))
+    return seen
+
+
+def check_manifest(path):
+    """Every file of a checkpoint directory is in its manifest, with its size and crc32."""
+    man = json.load(open(os.path.join(path, "manifest.json")))
+    files = set(os.listdir(path)) - {"manifest.json"}
+    if set(man["files"]) != files:
+        raise RuntimeError("%s: manifest lists %s, directory holds %s" %
+                           (path, sorted(man["files"]), sorted(files)))
+    for name, e in man["files"].items():
+        data = open(os.path.join(path, name), "rb").read()
+        if len(data) != e["size"] or zlib.crc32(data) != e["crc32"]:
+            raise RuntimeError("%s/%s: size or crc32 differs from the manifest" % (path, name))
+    return sorted(files)
+
+
+def checkpoint(megaw, tmp, full):
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    base = MODEL + ["--lr-decay-iters", str(CKPT_ITERS), "--data-path", data]
+    straight = {}
+
+    def uninterrupted(name):
+        if name not in straight:
+            world, flags = CKPT_LAYOUTS[name]
+            straight[name] = losses_range(
+                launch(megaw, world, base + flags + ["--train-iters", str(CKPT_ITERS)], tmp),
+                name, 1, CKPT_ITERS)
+        return straight[name]
+
+    ref = uninterrupted("single")
+    names = list(CKPT_LAYOUTS)
+    # --async-save on every other pair, and on every other same-layout pair
+    cases = ([(a, b, (i + i // len(names)) % 2 == 1)
+              for i, (a, b) in enumerate(itertools.product(names, names))]
+             if full else CKPT_SAMPLE)
+    failed = 0
+    t0 = time.time()
+    for k, (src, dst, async_save) in enumerate(cases):
+        name = "%s -> %s%s" % (src, dst, " (--async-save)" if async_save else "")
+        save = os.path.join(tmp, "ckpt-%d" % k)
+        try:
+            world, flags = CKPT_LAYOUTS[src]
+            first = base + flags + ["--train-iters", str(CKPT_SAVE_AT), "--save", save]
+            got = losses_range(launch(megaw, world, first + (["--async-save"] if async_save
+                                                             else []), tmp),
+                               name + " (saving)", 1, CKPT_SAVE_AT)
+            files = check_manifest(os.path.join(save, "iter_%07d" % CKPT_SAVE_AT))
+            world, flags = CKPT_LAYOUTS[dst]
+            res = launch(megaw, world, base + flags + ["--train-iters", str(CKPT_ITERS),
+                                                       "--load", save], tmp)
+            got.update(losses_range(res, name + " (resumed)", CKPT_SAVE_AT + 1, CKPT_ITERS))
+            if "resumed from" not in res[0][2]:
+                raise RuntimeError("%s: rank 0 did not resume: %s" % (name, res[0][2][-300:]))
+            if src == dst:
+                want = uninterrupted(src)
+                bad = [i for i in want if got[i] != want[i]]
+                how = "exactly the uninterrupted %s run" % src
+            else:
+                bad = [i for i in ref if abs(got[i] - ref[i]) > RTOL * abs(ref[i])]
+                how = "the single rank within %g" % RTOL
+            if bad:
+                raise RuntimeError("%s: iteration %d loss %.17g, want %s (%.17g)" %
+                                   (name, bad[0], got[bad[0]], how, (uninterrupted(src)
+                                    if src == dst else ref)[bad[0]]))
+            shards = [f for f in files if f.startswith("model")]
+            print("ok   %s: %s; saved %s" % (name, how, " ".join(shards)), flush=True)
+        except RuntimeError as e:
+            failed += 1
+            print("FAIL %s" % e, flush=True)
+    print("%d of %d save/resume pairs give the uninterrupted losses (%.0f s)" %
+          (len(cases) - failed, len(cases), time.time() - t0))
+    return failed == 0
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[2] not in ("equivalence", "memory", "kill", "daemon"):
+    if len(sys.argv) < 3 or sys.argv[2] not in ("equivalence", "memory", "kill", "daemon",
+                                                "checkpoint"):
         print(__doc__, file=sys.stderr)
         return 2
     megaw, mode = sys.argv[1], sys.argv[2]
@@ -284,6 +400,8 @@ def main():
             ok = memory(megaw, tmp)
         elif mode == "daemon":
             ok = daemon(megaw, sys.argv[3], tmp)
+        elif mode == "checkpoint":
+            ok = checkpoint(megaw, tmp, "--full" in sys.argv[3:])
         else:
             ok = kill(megaw, tmp)
     return 0 if ok else 1
