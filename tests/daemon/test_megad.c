@@ -326,15 +326,16 @@ static void test_run_json(void **state) {
   assert_non_null(p);
   char line[8192];
   int lines = 0;
-  const char *keys[] = {"iteration", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s", "ranks"};
+  const char *keys[] = {"iteration", "attempt", "loss", "grad_norm", "lr", "step_time_s",
+                        "tokens_per_s", "ranks"};
   const char *rkeys[] = {"rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "bubble_s",
                          "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes"};
   while (fgets(line, sizeof line, p)) {
     json_error_t je;
     json_t *o = json_loads(line, 0, &je);
     assert_non_null(o);
-    assert_int_equal(json_object_size(o), 7);
-    for (size_t k = 0; k < 7; k++) assert_non_null(json_object_get(o, keys[k]));
+    assert_int_equal(json_object_size(o), 8);
+    for (size_t k = 0; k < 8; k++) assert_non_null(json_object_get(o, keys[k]));
     assert_int_equal(json_integer_value(json_object_get(o, "iteration")), lines + 1);
     json_t *ranks = json_object_get(o, "ranks");
     assert_int_equal(json_array_size(ranks), 2);
