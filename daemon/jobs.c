@@ -141,6 +141,21 @@ mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
 
 /* ---- history ---- */
 
+/* To every watcher; one that fell behind is dropped, and the job's history
+ * says so. */
+static void broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobResponse *item) {
+  megad_watch_drops d;
+  megad_watch_broadcast(&js->watchers, j, item, &d);
+  size_t shown = d.n < 8 ? d.n : 8;
+  for (size_t i = 0; i < shown; i++)
+    megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
+                    "a watcher at %s fell more than %d messages behind and was dropped",
+                    d.peers[i], MEGAD_WATCH_QUEUE_MAX);
+  if (d.n > shown)
+    megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
+                    "%zu more watchers fell behind and were dropped", d.n - shown);
+}
+
 void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
                      const char *node_id, int rank, const char *fmt, ...) {
   char msg[1024];
@@ -169,7 +184,7 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
     free(buf);
   }
   megad_log(js->b, "job %s: %s", j->id, msg);
-  megad_watch_broadcast(js, j, &item);
+  broadcast(js, j, &item);
 }
 
 void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *step) {
@@ -179,7 +194,7 @@ void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *st
   item.step = (Mega__V1__StepMetrics *)step;
   mega_err e = {0};
   if (mega_job_hist_push(j, &item, &e) != MEGA_OK) megad_warn(js->b, "job %s: %s", j->id, e.msg);
-  megad_watch_broadcast(js, j, &item);
+  broadcast(js, j, &item);
 }
 
 static Mega__V1__JobEventKind end_kind(mega_job_state s) {
@@ -219,7 +234,7 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
     item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
     item.final_state = &m.job;
     mega_job_hist_push(j, &item, NULL);
-    megad_watch_broadcast(js, j, &item);
+    broadcast(js, j, &item);
     mega_job_msg_free(&m);
   }
 }
