@@ -1,7 +1,7 @@
 /* Saving and loading a checkpoint: model and optimizer tensors, config.json
- * and trainer_state.json. Writing is ckpt_writer.c's, the directory protocol
- * ckpt_dir.c's, the sharding ckpt_shard.c's, completeness ckpt_manifest.c's
- * and ckpt_resolve.c's. */
+ * and trainer_state.json. Writing is ckpt_writer.c's, the two JSON files
+ * ckpt_json.c's, the directory protocol ckpt_dir.c's, the sharding
+ * ckpt_shard.c's, completeness ckpt_manifest.c's and ckpt_resolve.c's. */
 #include "worker/checkpoint.h"
 
 #include <errno.h>
@@ -15,67 +15,7 @@
 #include "worker/ckpt_internal.h"
 #include "worker/ckpt_writer.h"
 
-#define STATE_FORMAT "mega-checkpoint"
-#define STATE_VERSION 2 /* 2: attempt, lr_schedule, manifest.json */
-
 static const char *const moment_suffix[2] = {".exp_avg", ".exp_avg_sq"};
-
-/* A float as the shortest decimal that reads back as it, so 1e-5f is
- * written 1e-05 rather than 9.99999974738e-06. */
-static double tidy(float x) {
-  char buf[32];
-  snprintf(buf, sizeof buf, "%.9g", (double)x);
-  for (int prec = 1; prec <= 9; prec++) {
-    char b2[32];
-    snprintf(b2, sizeof b2, "%.*g", prec, (double)x);
-    if (strtof(b2, NULL) == x) return strtod(b2, NULL);
-  }
-  return strtod(buf, NULL);
-}
-
-json_t *mega_ckpt_config_json(const mega_gpt_config *cfg) {
-  json_t *archs = json_pack("[s]", "GPT2LMHeadModel");
-  return json_pack(
-      "{s:o, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:n, s:f, s:s, s:b, s:f, s:f, s:f, s:f, s:s}",
-      "architectures", archs, "model_type", "gpt2", "vocab_size", cfg->vocab_size,
-      "n_positions", cfg->max_seq_len, "n_ctx", cfg->max_seq_len, "n_embd", cfg->channels,
-      "n_layer", cfg->num_layers, "n_head", cfg->num_heads, "n_inner", "layer_norm_epsilon",
-      tidy(cfg->ln_eps), "activation_function", "gelu_new", "tie_word_embeddings", 1,
-      "initializer_range", tidy(cfg->init_std),
-      /* no dropout in mega, so an HF model in train mode computes the same */
-      "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0, "torch_dtype", "float32");
-}
-
-static const char *const lr_style_names[] = {"constant", "linear", "cosine"};
-
-json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
-                             bool has_optimizer_state) {
-  json_t *js = json_pack("{s:s, s:i, s:I, s:I, s:I, s:i, s:b}", "format", STATE_FORMAT,
-                         "version", STATE_VERSION, "iteration", (json_int_t)s->iteration,
-                         "consumed_samples", (json_int_t)s->consumed_samples, "optimizer_steps",
-                         (json_int_t)s->optimizer_steps, "attempt", s->attempt,
-                         "has_optimizer_state", has_optimizer_state);
-  if (js && s->has_sched) {
-    /* Megatron's OptimizerParamScheduler state: what a resume checks */
-    const mega_lr_sched *l = &s->sched;
-    json_t *lj = json_pack("{s:f, s:f, s:I, s:I, s:s}", "lr", l->lr, "min_lr", l->min_lr,
-                           "warmup_iters", (json_int_t)l->warmup_iters, "decay_iters",
-                           (json_int_t)l->decay_iters, "decay_style",
-                           (unsigned)l->style < 3 ? lr_style_names[l->style] : "?");
-    if (!lj || json_object_set_new(js, "lr_schedule", lj)) {
-      json_decref(js);
-      return NULL;
-    }
-  }
-  if (js && job) {
-    json_t *jj = mega_jobspec_to_json(job);
-    if (!jj || json_object_set_new(js, "job", jj)) {
-      json_decref(js);
-      return NULL;
-    }
-  }
-  return js;
-}
 
 mega_status mega_ckpt_save(const char *save_dir, mega_backend *be, const mega_gpt_config *cfg,
                            const mega_jobspec *job, const mega_ckpt_state *state,
@@ -212,7 +152,7 @@ static mega_status read_sched(const char *dir, const json_t *l, mega_ckpt_state 
   const char *style = json_string_value(json_object_get(l, "decay_style"));
   int k = -1;
   for (int i = 0; style && i < 3; i++)
-    if (!strcmp(style, lr_style_names[i])) k = i;
+    if (!strcmp(style, mega_ckpt_lr_style_names[i])) k = i;
   if (!json_is_number(lr) || !json_is_number(min) || !json_is_integer(wu) ||
       !json_is_integer(dec) || k < 0)
     return mega_fail(err, MEGA_ERR_INVALID, "%s/%s has a bad lr_schedule", dir,
@@ -247,8 +187,8 @@ mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
     snprintf(b, sizeof b, "%lld", (long long)mine->decay_iters);
   } else if (saved->style != mine->style) {
     flag = "--lr-decay-style";
-    snprintf(a, sizeof a, "%s", (unsigned)saved->style < 3 ? lr_style_names[saved->style] : "?");
-    snprintf(b, sizeof b, "%s", (unsigned)mine->style < 3 ? lr_style_names[mine->style] : "?");
+    snprintf(a, sizeof a, "%s", (unsigned)saved->style < 3 ? mega_ckpt_lr_style_names[saved->style] : "?");
+    snprintf(b, sizeof b, "%s", (unsigned)mine->style < 3 ? mega_ckpt_lr_style_names[mine->style] : "?");
   }
   if (!flag) return MEGA_OK;
   return mega_fail(err, MEGA_ERR_INVALID,
@@ -265,10 +205,10 @@ static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckp
   mega_status st = MEGA_OK;
   const char *fmt = json_string_value(json_object_get(j, "format"));
   json_t *ver = json_object_get(j, "version");
-  if (!fmt || strcmp(fmt, STATE_FORMAT) != 0 || !json_is_integer(ver) ||
-      json_integer_value(ver) != STATE_VERSION) {
+  if (!fmt || strcmp(fmt, MEGA_CKPT_STATE_FORMAT) != 0 || !json_is_integer(ver) ||
+      json_integer_value(ver) != MEGA_CKPT_STATE_VERSION) {
     st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s is not a %s version %d state file", dir,
-                   MEGA_CKPT_STATE_FILE, STATE_FORMAT, STATE_VERSION);
+                   MEGA_CKPT_STATE_FILE, MEGA_CKPT_STATE_FORMAT, MEGA_CKPT_STATE_VERSION);
     goto out;
   }
   if ((st = get_i64(j, "iteration", dir, &state->iteration, err)) != MEGA_OK ||

@@ -13,6 +13,8 @@
 #include "worker/checkpoint.h"
 
 #define MEGA_CKPT_STATE_FILE "trainer_state.json"
+#define MEGA_CKPT_STATE_FORMAT "mega-checkpoint"
+#define MEGA_CKPT_STATE_VERSION 2 /* 2: attempt, lr_schedule, manifest.json */
 #define MEGA_CKPT_CONFIG_FILE "config.json"
 #define MEGA_CKPT_TEMP_PREFIX ".tmp."
 
@@ -34,9 +36,11 @@ void mega_ckpt_abort(const char *tmp);
 mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, size_t flags,
                                  mega_ckpt_file *out, mega_err *err);
 
-/* config.json for cfg, and trainer_state.json's object; NULL when out of
- * memory. */
+/* ckpt_json.c: config.json for cfg, and trainer_state.json's object; NULL
+ * when out of memory. */
 json_t *mega_ckpt_config_json(const mega_gpt_config *cfg);
+/* trainer_state.json's names of mega_lr_style (constant, linear, cosine). */
+extern const char *const mega_ckpt_lr_style_names[3];
 json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
                              bool has_optimizer_state);
 
