@@ -263,11 +263,8 @@ static void test_restart_replays_journal(void **state) {
   for (int i = 0; i < 100 && hd_pid_alive(pids[0]); i++) usleep(50000);
   assert_false(hd_pid_alive(pids[0]));
 
-  char dir[128];
-  snprintf(dir, sizeof dir, "%s", d.dir);
-  if (d.ch) mega_rpc_channel_free(d.ch);
-  hd d2;
-  assert_true(hd_start(&d2, "r1", 2, NULL, dir, NULL));
+  hd d2 = d;
+  assert_true(hd_restart(&d2, NULL));
   Mega__V1__Job *a = hd_get_job(&d2, done_id, &err);
   assert_non_null(a);
   assert_int_equal(a->state, STATE(SUCCEEDED));
