@@ -330,7 +330,8 @@ int megactl_watch(int argc, char **argv) {
            "the workers report it), with job events as lines above. Otherwise, or with\n"
            "--plain, it prints one line per iteration and per event.\n\n"
            "  --json   one JSON object per iteration, nothing else on stdout; keys:\n"
-           "           iteration, loss, grad_norm, lr, step_time_s, tokens_per_s, ranks\n"
+           "           iteration, attempt, loss, grad_norm, lr, step_time_s, tokens_per_s,\n"
+           "           ranks\n"
            "           (each: rank, pp_rank, dp_rank, tp_rank, compute_s, bubble_s,\n"
            "           p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes,\n"
            "           param_bytes, grad_bytes, optimizer_state_bytes)\n"
@@ -400,8 +401,7 @@ int megactl_watch(int argc, char **argv) {
     if (!broken_since) {
       broken_since = now;
       if (w.mode == OUT_LIVE) clear_block(&w);
-      if (w.mode != OUT_JSON)
-        fprintf(stderr, "megactl: lost the watch of %s (%s); reconnecting\n", cf.job, err.msg);
+      fprintf(stderr, "megactl: lost the watch of %s (%s); reconnecting\n", cf.job, err.msg);
     }
     if (now - broken_since > RECONNECT_S * 1000) {
       rc = megactl_fail("lost the watch of %s: %s", cf.job, err.msg);

@@ -87,7 +87,29 @@ const flagdef mega_jf_table[] = {
     INT("--save-interval", save_interval, "checkpoints", "N", 0, "0", false, 0,
         "Save every N iterations; 0 saves only at the end."),
     BOOL("--save-initial", save_initial, "checkpoints", "Also save before the first iteration."),
-    STR("--load", load, "checkpoints", "DIR", false, "Directory to resume from."),
+    STR("--load", load, "checkpoints", "DIR", false,
+        "Directory to resume from: its latest complete checkpoint (a checkpoint whose files "
+        "fail the manifest's sizes or checksums is passed over, with a message)."),
+    BOOL("--async-save", async_save, "checkpoints",
+         "Write checkpoints on a background thread: the step waits only for the copy to host "
+         "memory."),
+    BOOL("--finetune", finetune, "checkpoints",
+         "With --load: load the weights only, and start at iteration 0 with fresh optimizer "
+         "state, the data from its start and this job's LR schedule."),
+    BOOL("--no-load-optim", no_load_optim, "checkpoints",
+         "With --load: do not load the optimizer state; Adam's moments and step count start "
+         "fresh, and, as in Megatron, the LR schedule is this job's (the checkpoint's is not "
+         "loaded). Weights, iteration and data position load."),
+    BOOL("--no-load-rng", no_load_rng, "checkpoints",
+         "Accepted for Megatron compatibility and changes nothing: mega's training has no "
+         "random state to load (no dropout, counter-based initialization, data order from "
+         "the flags)."),
+    BOOL("--override-opt_param-scheduler", override_opt_param_scheduler, "checkpoints",
+         "With --load: use this job's LR schedule (--lr, --min-lr, --lr-warmup-iters, "
+         "--lr-decay-iters, --lr-decay-style) where the checkpoint's differs."),
+    BOOL("--use-checkpoint-opt_param-scheduler", use_checkpoint_opt_param_scheduler,
+         "checkpoints",
+         "With --load: use the checkpoint's LR schedule instead of this job's LR flags."),
     INT("--eval-interval", eval_interval, "evaluation", "N", 0, "0", false, 0,
         "Evaluate every N iterations; 0 never evaluates."),
     INT("--eval-iters", eval_iters, "evaluation", "N", 10, "10", false, 1,

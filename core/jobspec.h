@@ -93,6 +93,12 @@ typedef struct mega_jobspec {
   int save_interval; /* 0: save only at the end (when --save is given) */
   bool save_initial; /* also save before the first step */
   char *load;        /* NULL: start from fresh weights */
+  bool async_save;   /* write checkpoints on a thread; the step waits for the host copy only */
+  bool finetune;     /* --load weights only; iteration 0, fresh optimizer and data order */
+  bool no_load_optim; /* --load without the optimizer state (and so the LR scheduler's) */
+  bool no_load_rng;  /* accepted; mega's training has no random state to load */
+  bool override_opt_param_scheduler;       /* --load: this job's LR schedule wins */
+  bool use_checkpoint_opt_param_scheduler; /* --load: the checkpoint's LR schedule wins */
   /* evaluation */
   int eval_interval; /* 0: never */
   int eval_iters;    /* 10 */

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +244,33 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   return check_data_parallel(s, err);
 }
 
+/* Megatron's load flags: each needs --load, and the scheduler's choices
+ * exclude each other. */
+static mega_status check_load_flags(const mega_jobspec *s, mega_err *err) {
+  static const struct {
+    const char *flag;
+    size_t off;
+  } needs_load[] = {
+      {"--finetune", offsetof(mega_jobspec, finetune)},
+      {"--no-load-optim", offsetof(mega_jobspec, no_load_optim)},
+      {"--no-load-rng", offsetof(mega_jobspec, no_load_rng)},
+      {"--override-opt_param-scheduler", offsetof(mega_jobspec, override_opt_param_scheduler)},
+      {"--use-checkpoint-opt_param-scheduler",
+       offsetof(mega_jobspec, use_checkpoint_opt_param_scheduler)},
+  };
+  for (size_t i = 0; i < sizeof needs_load / sizeof needs_load[0]; i++)
+    if (*(const bool *)((const char *)s + needs_load[i].off) && !s->load)
+      return BAD("%s needs --load DIR", needs_load[i].flag);
+  if (s->override_opt_param_scheduler && s->use_checkpoint_opt_param_scheduler)
+    return BAD("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler "
+               "exclude each other; pick the job's LR schedule or the checkpoint's");
+  if (s->use_checkpoint_opt_param_scheduler && (s->finetune || s->no_load_optim))
+    return BAD("--use-checkpoint-opt_param-scheduler cannot be used with %s, which does not "
+               "load the checkpoint's LR schedule (Megatron loads it with the optimizer)",
+               s->finetune ? "--finetune" : "--no-load-optim");
+  return MEGA_OK;
+}
+
 mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
                                mega_err *err) {
   mega_status st;
@@ -295,6 +323,8 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
 
   if (!s->save && s->save_interval > 0) return BAD("--save-interval needs --save DIR");
   if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
+  if (!s->save && s->async_save) return BAD("--async-save needs --save DIR");
+  if ((st = check_load_flags(s, err)) != MEGA_OK) return st;
   if (s->trace_iteration > s->train_iters)
     return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
                s->trace_iteration, s->train_iters);

@@ -8,13 +8,18 @@
  * it things through callbacks they registered):
  *
  *   base       this file: loop, log, state dir, peer calls
- *   jobs       jobs.h: the jobs table, journal, history, watchers, events
+ *   jobs       jobs.h (over watch.h): the jobs table, journal, history,
+ *              watchers, events
  *   members    members.h: nodes, heartbeats, liveness (node up/lost events)
  *   kvserve    kvserve.h: the rendezvous store and its Peer calls
  *   launcher   launch.h: this node's workers (spawn, pipes, watchdog)
  *   coord      coord.h: the jobs this node coordinates (attempts, recovery)
- *   services   control.c, peer.c, jobtrace.c, http.c: what the wire asks
+ *   services   services.h: Control (forwarding to a job's coordinator),
+ *              Peer, GetTrace, /metrics
  *   daemon.c   wires them together: start, callbacks, stop
+ *
+ * Inside a layer its files stack the same way (launch_internal.h and
+ * coord_internal.h draw theirs): no two files call each other in a circle.
  *
  * Single-threaded: everything runs on the loop thread. */
 #ifndef MEGA_DAEMON_BASE_H

@@ -184,7 +184,7 @@ static void on_watch(mega_rpc_call *call, const ProtobufCMessage *msg, void *dat
   megad_services *s = data;
   const Mega__V1__WatchJobRequest *req = (const void *)msg;
   mega_job *j = find(s, call, req->job_id, msg);
-  if (j) megad_watch_call(s->jobs, j, call, req->replay);
+  if (j) megad_watch_call(&s->jobs->watchers, j, call, req->replay);
 }
 
 static void on_get_trace(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {

@@ -9,7 +9,6 @@
 
 #include "core/jobspec.h"
 #include "daemon/coord_internal.h"
-#include "daemon/placement.h"
 #include "daemon/util.h"
 
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
@@ -17,23 +16,6 @@
 
 /* ---- checking a job ---- */
 
-static uint32_t nproc_of(megad_coord *c, const mega_job *j) {
-  return j->nproc_per_node ? j->nproc_per_node : megad_members_self(c->members)->slots;
-}
-
-/* The check megactl and megaw make too (core/jobspec), on the data file as
- * this node sees it. */
-static mega_status check_world(const mega_jobspec *s, int world, mega_err *err) {
-  struct stat st;
-  long long bytes = s->data_path && stat(s->data_path, &st) == 0 && S_ISREG(st.st_mode)
-                        ? (long long)st.st_size
-                        : -1;
-  return mega_jobspec_check_all(s, world, bytes, err);
-}
-
-/* What can be checked when a job arrives: its flags, a node count in range
- * giving a valid world, and the files as the coordinator sees them (it runs
- * the first ranks; every node checks again before its ranks start). */
 static mega_status check_submit(megad_coord *c, const mega_job *j, mega_err *err) {
   const mega_jobspec *s = &j->spec;
   uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo;
@@ -51,10 +33,10 @@ static mega_status check_submit(megad_coord *c, const mega_job *j, mega_err *err
     return mega_fail(err, MEGA_ERR_INVALID,
                      "invalid job: --save %s is a file; give a directory for the checkpoints",
                      s->save);
-  uint32_t nproc = nproc_of(c, j);
-  mega_status rc = check_world(s, (int)(lo * nproc), err);
+  uint32_t nproc = coord_nproc(c, j);
+  mega_status rc = coord_check_world(s, (int)(lo * nproc), err);
   for (uint32_t n = hi; rc != MEGA_OK && n > lo; n--)
-    if (check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
+    if (coord_check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
   return rc;
 }
 
@@ -82,7 +64,7 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
     return rc;
   }
   uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo,
-           nproc = nproc_of(c, j);
+           nproc = coord_nproc(c, j);
   char nodes[48];
   if (hi > lo) snprintf(nodes, sizeof nodes, "%u to %u nodes", lo, hi);
   else snprintf(nodes, sizeof nodes, "%u node%s", lo, lo == 1 ? "" : "s");
@@ -96,105 +78,6 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
                   j->pp, (unsigned long long)j->train_iters, restarts);
   *out = j;
   return MEGA_OK;
-}
-
-/* ---- placement ---- */
-
-uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id) {
-  uint32_t n = 0;
-  for (size_t i = 0; i < c->jobs->t.n; i++) {
-    const mega_job *j = c->jobs->t.v[i];
-    if (!j->rt) continue;
-    for (size_t k = 0; k < j->nplaced; k++)
-      if (!strcmp(j->placement[k].node_id, node_id)) n += j->placement[k].nranks;
-  }
-  return n;
-}
-
-void coord_released(megad_coord *c, const mega_job *j) {
-  uint64_t now = uv_now(c->b->loop);
-  for (size_t k = 0; k < j->nplaced; k++) {
-    struct megad_released *slot = NULL;
-    for (size_t i = 0; i < sizeof c->released / sizeof c->released[0] && !slot; i++)
-      if (!c->released[i].nranks) slot = &c->released[i];
-    if (!slot) slot = &c->released[0]; /* the oldest matters least */
-    snprintf(slot->node_id, sizeof slot->node_id, "%s", j->placement[k].node_id);
-    slot->nranks = j->placement[k].nranks;
-    slot->at_ms = now;
-  }
-}
-
-/* Ranks released on nd that its heartbeats may still count: until one sent
- * after the release has come in. */
-static uint32_t released_on(megad_coord *c, const megad_node *nd) {
-  uint32_t n = 0;
-  for (size_t i = 0; i < sizeof c->released / sizeof c->released[0]; i++) {
-    struct megad_released *r = &c->released[i];
-    if (!r->nranks) continue;
-    if (nd->seen_ms > r->at_ms + c->o.heartbeat_ms + 50) {
-      if (!strcmp(r->node_id, nd->id)) r->nranks = 0; /* its heartbeats know now */
-      continue;
-    }
-    if (!strcmp(r->node_id, nd->id)) n += r->nranks;
-  }
-  return n;
-}
-
-/* Slots of node free for j: what its heartbeat says is used (less what this
- * coordinator saw leave since), or what this coordinator's attempts take
- * there, whichever is more. own: j's own ranks there count as free; empty:
- * every slot counts as free. */
-static int free_slots(megad_coord *c, const megad_node *nd, const mega_job *j, bool own,
-                      bool empty) {
-  if (empty) return (int)nd->slots;
-  uint32_t mine = megad_coord_slots_on(c, nd->id);
-  uint32_t used = nd->self ? c->L->slots_used : nd->slots_used;
-  if (!nd->self) {
-    uint32_t gone = released_on(c, nd);
-    used = used > gone ? used - gone : 0;
-  }
-  if (mine > used) used = mine; /* its heartbeat may not show them yet */
-  if (own && j->rt)
-    for (size_t k = 0; k < j->nplaced; k++)
-      if (!strcmp(j->placement[k].node_id, nd->id))
-        used = used > j->placement[k].nranks ? used - j->placement[k].nranks : 0;
-  return used >= nd->slots ? 0 : (int)(nd->slots - used);
-}
-
-/* Picks nodes for j: idx gets node indexes into members, *n their count,
- * the largest count in j's range that gives a valid job. own, empty: see
- * free_slots. UNSUPPORTED: not enough usable nodes now (wait); INVALID: no
- * count in range gives a valid job. */
-static mega_status place(megad_coord *c, mega_job *j, bool own, bool empty, int *idx, int *n,
-                         mega_err *err) {
-  megad_members *m = c->members;
-  mega_node_slots *ns = calloc(m->nnodes ? m->nnodes : 1, sizeof *ns);
-  if (!ns) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-  for (size_t i = 0; i < m->nnodes; i++) {
-    megad_node *nd = m->nodes[i];
-    ns[i].name = nd->id;
-    ns[i].free_slots = free_slots(c, nd, j, own, empty);
-    ns[i].alive = megad_node_usable(nd);
-  }
-  uint32_t lo, hi;
-  mega_recovery_node_range(j, &lo, &hi);
-  int nproc = (int)nproc_of(c, j);
-  mega_placement_req req = {.nnodes_min = (int)lo, .nnodes_max = (int)hi, .nproc_per_node = nproc,
-                            .model_parallel = (int)(j->tp * j->pp), .prefer = c->b->node_id};
-  mega_status rc = mega_place(ns, (int)m->nnodes, &req, idx, n, err);
-  free(ns);
-  /* The largest count whose world the job's own checks accept. */
-  for (; rc == MEGA_OK && *n >= (int)lo; (*n)--)
-    if (check_world(&j->spec, *n * nproc, err) == MEGA_OK) return MEGA_OK;
-  if (rc == MEGA_OK) rc = err ? err->status : MEGA_ERR_INVALID;
-  return rc;
-}
-
-uint32_t coord_could_place(megad_coord *c, mega_job *j, bool own) {
-  int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
-  uint32_t r = idx && place(c, j, own, false, idx, &n, NULL) == MEGA_OK ? (uint32_t)n : 0;
-  free(idx);
-  return r;
 }
 
 /* ---- launching ---- */
@@ -302,59 +185,6 @@ static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size
     launch_failed(run, jn->first_rank, jn->nranks, jn->node_id, rc, !(node && node->self), e.msg);
 }
 
-static void ignore_reply(void *arg, ProtobufCMessage *resp, const mega_err *err) {
-  (void)arg;
-  (void)err; /* a node that cannot be reached is handled by its heartbeats */
-  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-}
-
-static void abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool stale,
-                     const char *reason) {
-  megad_node *n = megad_members_find(c->members, node_id);
-  if (!n) return;
-  if (n->self) {
-    megad_launch_abort(c->L, j->id, j->attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
-    return;
-  }
-  if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
-      n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
-    return;
-  Mega__V1__AbortJobRequest req = MEGA__V1__ABORT_JOB_REQUEST__INIT;
-  req.job_id = j->id;
-  req.attempt = j->attempt;
-  req.reason = (char *)reason;
-  req.grace_ms = MEGAD_ABORT_GRACE_MS;
-  req.stale = stale;
-  megad_call(c->b, n->address, &mega_peer_abort_job, &req.base, 5000, ignore_reply, NULL, NULL);
-}
-
-void coord_abort_nodes(coord_run *run, const char *reason) {
-  const mega_job *j = run->job;
-  for (size_t i = 0; i < j->nplaced; i++)
-    abort_on(run->c, j, j->placement[i].node_id, false, reason);
-}
-
-void coord_ask_commit(coord_run *run, uint64_t iteration) {
-  megad_coord *c = run->c;
-  mega_job *j = run->job;
-  const mega_job_node *jn = mega_job_node_of(j, 0);
-  Mega__V1__CommitCheckpointRequest req = MEGA__V1__COMMIT_CHECKPOINT_REQUEST__INIT;
-  req.job_id = j->id;
-  req.attempt = j->attempt;
-  req.rank = 0;
-  req.iteration = iteration;
-  megad_node *n = jn ? megad_members_find(c->members, jn->node_id) : NULL;
-  mega_err e = {0};
-  if (n && n->self) {
-    if (megad_launch_commit(c->L, &req, &e) != MEGA_OK)
-      megad_warn(c->b, "job %s: checkpoint of iteration %llu: %s", j->id,
-                 (unsigned long long)iteration, e.msg);
-  } else if (n) {
-    megad_call(c->b, n->address, &mega_peer_commit_checkpoint, &req.base, 5000, ignore_reply,
-               NULL, NULL);
-  }
-}
-
 /* ---- starting an attempt ---- */
 
 static void set_wait(megad_coord *c, mega_job *j, const char *why) {
@@ -386,7 +216,7 @@ static bool try_start(megad_coord *c, mega_job *j) {
     return true;
   }
   int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
-  mega_status rc = idx ? place(c, j, false, false, idx, &n, &e)
+  mega_status rc = idx ? coord_place(c, j, false, false, idx, &n, &e)
                        : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
   if (rc != MEGA_OK) {
     /* no count fits now: wait (submit made sure some count in range can) */
@@ -395,7 +225,7 @@ static bool try_start(megad_coord *c, mega_job *j) {
     if (rc != MEGA_ERR_NOMEM) set_wait(c, j, e.msg);
     return false;
   }
-  uint32_t nproc = nproc_of(c, j), world = (uint32_t)n * nproc, old_dp = j->dp,
+  uint32_t nproc = coord_nproc(c, j), world = (uint32_t)n * nproc, old_dp = j->dp,
            old_world = j->world;
   bool restart = j->state == MEGA_JOB_RESTARTING;
   mega_job_node *nodes = calloc((size_t)n, sizeof *nodes);
@@ -451,7 +281,7 @@ static bool try_start(megad_coord *c, mega_job *j) {
  * not hold up the jobs behind it. */
 static bool blocks_queue(megad_coord *c, mega_job *j) {
   int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
-  bool fits = idx && place(c, j, false, true, idx, &n, NULL) == MEGA_OK;
+  bool fits = idx && coord_place(c, j, false, true, idx, &n, NULL) == MEGA_OK;
   free(idx);
   return fits;
 }
@@ -472,9 +302,8 @@ static void on_tick(uv_timer_t *t) { megad_coord_schedule(t->data); }
 
 /* ---- the end of an attempt ---- */
 
-void coord_attempt_over(coord_run *run, mega_end_kind kind, const char *cause) {
-  megad_coord *c = run->c;
-  mega_job *j = run->job;
+/* The recovery decision: the job ends, or waits as RESTARTING. */
+static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause) {
   mega_recovery r = mega_recovery_decide(j, kind, cause);
   if (r.next != MEGA_JOB_RESTARTING) {
     megad_job_finalize(c->jobs, j, r.next, r.why[0] ? r.why : NULL);
@@ -503,6 +332,16 @@ void coord_attempt_over(coord_run *run, mega_end_kind kind, const char *cause) {
                   j->attempt, cause && cause[0] ? cause : mega_end_kind_name(kind), from, budget);
 }
 
+/* coord_run.c calls this (megad_coord.attempt_over) once an attempt's
+ * every rank is gone. */
+static void attempt_over(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause,
+                         const megad_cancel_wait *cancels, size_t ncancels) {
+  decide(c, j, kind, cause);
+  for (size_t i = 0; i < ncancels; i++)
+    if (cancels[i].done) cancels[i].done(cancels[i].arg, j);
+  megad_coord_schedule(c);
+}
+
 /* ---- cancel, resume, rescale ---- */
 
 void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
@@ -520,10 +359,10 @@ void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
     return;
   }
   if (done) {
-    cancel_wait *v = realloc(run->cancels, (run->ncancels + 1) * sizeof *v);
+    megad_cancel_wait *v = realloc(run->cancels, (run->ncancels + 1) * sizeof *v);
     if (v) {
       run->cancels = v;
-      v[run->ncancels++] = (cancel_wait){done, arg};
+      v[run->ncancels++] = (megad_cancel_wait){done, arg};
     }
   }
   coord_stop(run, MEGA_END_CANCELLED, why);
@@ -605,7 +444,7 @@ void megad_coord_node_up(megad_coord *c, const megad_node *n) {
   for (size_t i = 0; !n->self && i < c->jobs->t.n; i++) {
     mega_job *j = c->jobs->t.v[i];
     if (j->state == MEGA_JOB_RUNNING || j->state == MEGA_JOB_RESTARTING)
-      abort_on(c, j, n->id, true, "this attempt of the job is over");
+      coord_abort_on(c, j, n->id, true, "this attempt of the job is over");
   }
   megad_coord_schedule(c);
 }
@@ -641,6 +480,7 @@ mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
   c->L = L;
   c->kvs = kvs;
   c->o = *o;
+  c->attempt_over = attempt_over;
   uv_timer_init(b->loop, &c->tick);
   c->tick.data = c;
   c->tick_on = true;

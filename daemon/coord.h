@@ -34,6 +34,13 @@
 #include "daemon/kvserve.h"
 #include "daemon/launch.h"
 #include "daemon/members.h"
+#include "daemon/recovery.h"
+
+/* A cancel waiting for its job's end (megad_coord_cancel's done). */
+typedef struct megad_cancel_wait {
+  void (*done)(void *arg, mega_job *j);
+  void *arg;
+} megad_cancel_wait;
 
 typedef struct megad_coord_opts {
   const char *address;            /* this node's host:port: rendezvous and reports come here */
@@ -58,6 +65,10 @@ typedef struct megad_coord {
     uint32_t nranks;
     uint64_t at_ms; /* uv_now */
   } released[32];
+  /* How an attempt's end reaches the coordinator (coord_run.c calls it:
+   * the run is below the coordinator that made it). */
+  void (*attempt_over)(struct megad_coord *c, mega_job *j, mega_end_kind kind,
+                       const char *cause, const megad_cancel_wait *cancels, size_t ncancels);
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,

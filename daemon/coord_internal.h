@@ -1,7 +1,13 @@
-/* The coordinator's state of one running attempt, shared by coord.c
- * (submit, scheduling, placement, launch, cancel, resume, rescale) and
- * coord_run.c (worker reports, checkpoints, failures and their cause, the
- * end of the attempt). Private to the coordinator.
+/* The coordinator's files, each calling only the ones below it:
+ *
+ *   coord.c        submit, scheduling, launches, the recovery decision,
+ *                  cancel, resume, rescale, membership events
+ *   coord_run.c    one running attempt: worker reports, checkpoints,
+ *                  failures and their cause, aborts; its end goes up
+ *                  through megad_coord.attempt_over
+ *   coord_place.c  where a job can run now
+ *
+ * Private to the coordinator.
  *
  * How much a failure explains: a rank that fails because a peer died says
  * so with a retryable WorkerError (a secondary cause); the peer's own crash
@@ -12,17 +18,11 @@
 #define MEGA_DAEMON_COORD_INTERNAL_H
 
 #include "daemon/coord.h"
-#include "daemon/recovery.h"
 #include "daemon/stepmerge.h"
 
 enum { CAUSE_NONE, CAUSE_SECONDARY, CAUSE_PRIMARY };
 #define CAUSE_WAIT_MS 1500
 #define PENDING_SAVES 8 /* checkpoints whose ranks are still reporting */
-
-typedef struct cancel_wait {
-  void (*done)(void *arg, mega_job *j);
-  void *arg;
-} cancel_wait;
 
 /* One checkpoint iteration while its ranks report it saved. */
 typedef struct save_wait {
@@ -52,11 +52,27 @@ typedef struct coord_run {
   uint64_t cause_since; /* uv_now of the first secondary cause */
   uv_timer_t cause_timer, stop_timer;
   int timers_open; /* while closing */
-  cancel_wait *cancels;
+  megad_cancel_wait *cancels;
   size_t ncancels;
 } coord_run;
 
-/* coord_run.c */
+/* coord_place.c: where a job can run now */
+uint32_t coord_nproc(megad_coord *c, const mega_job *j); /* ranks per node */
+/* core/jobspec's check for a world, on the data file as this node sees it. */
+mega_status coord_check_world(const mega_jobspec *s, int world, mega_err *err);
+/* Picks nodes for j: idx gets node indexes into members, *n their count,
+ * the largest count in j's range that gives a valid job. own: j's own ranks
+ * count as free (a re-plan); empty: every slot counts as free (could it run
+ * at all). UNSUPPORTED: not enough usable nodes now; INVALID: no count in
+ * range gives a valid job. */
+mega_status coord_place(megad_coord *c, mega_job *j, bool own, bool empty, int *idx, int *n,
+                        mega_err *err);
+/* The placement a job would get now, as a node count (0: none). */
+uint32_t coord_could_place(megad_coord *c, mega_job *j, bool own);
+/* Notes that an ended attempt's ranks left their nodes. */
+void coord_released(megad_coord *c, const mega_job *j);
+
+/* coord_run.c: one running attempt */
 coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration);
 coord_run *coord_run_of(megad_coord *c, const char *job_id, uint32_t attempt);
 /* Ranks [first, first+n) will never report (not started, or their node is
@@ -68,18 +84,13 @@ void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg);
  * (or after the grace) the recovery decision is made. */
 void coord_stop(coord_run *run, mega_end_kind kind, const char *why);
 
-/* coord.c */
+/* Sends AbortJob for j's current attempt to a node (stale: the attempts
+ * before it), or aborts here when the node is this one. */
+void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool stale,
+                    const char *reason);
 /* Sends AbortJob for the attempt to every node of the placement. */
 void coord_abort_nodes(coord_run *run, const char *reason);
-/* The attempt is over with its decision made (daemon/recovery): the job
- * ends, or waits as RESTARTING for its next attempt. */
-void coord_attempt_over(coord_run *run, mega_end_kind kind, const char *cause);
 /* Sends the committing rank the go-ahead for iteration. */
 void coord_ask_commit(coord_run *run, uint64_t iteration);
-/* Notes that an ended attempt's ranks left their nodes. */
-void coord_released(megad_coord *c, const mega_job *j);
-/* The placement a job would get now, as a node count (0: none); own: count
- * the job's own slots as free (a re-plan of a running job). */
-uint32_t coord_could_place(megad_coord *c, mega_job *j, bool own);
 
 #endif

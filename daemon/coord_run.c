@@ -158,11 +158,64 @@ static void finish(coord_run *run) {
   mega_kv_delete_prefix(c->kvs->kv, prefix);
   j->rt = NULL;
   coord_released(c, j);
-  coord_attempt_over(run, kind, run->cause);
-  for (size_t i = 0; i < run->ncancels; i++)
-    if (run->cancels[i].done) run->cancels[i].done(run->cancels[i].arg, j);
+  /* the coordinator decides what follows, answers the cancels, schedules */
+  c->attempt_over(c, j, kind, run->cause, run->cancels, run->ncancels);
   run_free(run);
-  megad_coord_schedule(c);
+}
+
+/* ---- telling the nodes ---- */
+
+static void ignore_reply(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+  (void)arg;
+  (void)err; /* a node that cannot be reached is handled by its heartbeats */
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool stale,
+                     const char *reason) {
+  megad_node *n = megad_members_find(c->members, node_id);
+  if (!n) return;
+  if (n->self) {
+    megad_launch_abort(c->L, j->id, j->attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
+    return;
+  }
+  if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
+      n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
+    return;
+  Mega__V1__AbortJobRequest req = MEGA__V1__ABORT_JOB_REQUEST__INIT;
+  req.job_id = j->id;
+  req.attempt = j->attempt;
+  req.reason = (char *)reason;
+  req.grace_ms = MEGAD_ABORT_GRACE_MS;
+  req.stale = stale;
+  megad_call(c->b, n->address, &mega_peer_abort_job, &req.base, 5000, ignore_reply, NULL, NULL);
+}
+
+void coord_abort_nodes(coord_run *run, const char *reason) {
+  const mega_job *j = run->job;
+  for (size_t i = 0; i < j->nplaced; i++)
+    coord_abort_on(run->c, j, j->placement[i].node_id, false, reason);
+}
+
+void coord_ask_commit(coord_run *run, uint64_t iteration) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  const mega_job_node *jn = mega_job_node_of(j, 0);
+  Mega__V1__CommitCheckpointRequest req = MEGA__V1__COMMIT_CHECKPOINT_REQUEST__INIT;
+  req.job_id = j->id;
+  req.attempt = j->attempt;
+  req.rank = 0;
+  req.iteration = iteration;
+  megad_node *n = jn ? megad_members_find(c->members, jn->node_id) : NULL;
+  mega_err e = {0};
+  if (n && n->self) {
+    if (megad_launch_commit(c->L, &req, &e) != MEGA_OK)
+      megad_warn(c->b, "job %s: checkpoint of iteration %llu: %s", j->id,
+                 (unsigned long long)iteration, e.msg);
+  } else if (n) {
+    megad_call(c->b, n->address, &mega_peer_commit_checkpoint, &req.base, 5000, ignore_reply,
+               NULL, NULL);
+  }
 }
 
 /* ---- steps ---- */
@@ -323,6 +376,9 @@ void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, con
   switch (ev->kind_case) {
   case MEGA__V1__RANK_EVENT__KIND_STARTED:
     on_hello(run, r);
+    break;
+  case MEGA__V1__RANK_EVENT__KIND_NOTE:
+    megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r, "%s", ev->note->message);
     break;
   case MEGA__V1__RANK_EVENT__KIND_CHECKPOINT:
     if (run->stopping) break;

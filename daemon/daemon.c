@@ -249,7 +249,7 @@ static void stop_step(uv_timer_t *t) {
     uv_timer_stop(&st->t);
     char why[128];
     snprintf(why, sizeof why, "megad on %s is shutting down", d->base.node_id);
-    megad_watch_drop_all(&d->jobs, why);
+    megad_watch_drop_all(&d->jobs.watchers, why);
     megad_http_stop(&d->svc);
     mega_rpc_server_shutdown(d->srv, 500, server_down, st);
     return;

@@ -59,8 +59,9 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
   mega_job *nj;
   mega_status s = mega_job_from_msg(jr->job, &nj, err);
   if (s != MEGA_OK) return s;
-  nj->ckpt_iteration = jr->checkpoint_iteration;
-  if (jr->checkpoint_path && jr->checkpoint_path[0] &&
+  /* older journals kept the checkpoint beside the Job message only */
+  if (jr->checkpoint_iteration > nj->ckpt_iteration) nj->ckpt_iteration = jr->checkpoint_iteration;
+  if (!nj->ckpt_path && jr->checkpoint_path && jr->checkpoint_path[0] &&
       !(nj->ckpt_path = strdup(jr->checkpoint_path))) {
     mega_job_free(nj);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");

@@ -26,6 +26,8 @@ typedef struct recs {
   bool ok;
 } recs;
 
+/* Adds the record st made into *buf (its status first, then the buffer:
+ * never both in one call, whose arguments C evaluates in any order). */
 static void recs_add(recs *r, mega_status st, uint8_t *buf, size_t len) {
   if (st != MEGA_OK) {
     r->ok = false;
@@ -56,10 +58,16 @@ static void compact(megad_jobs *js, size_t replayed) {
     mega_job *j = js->t.v[i];
     uint8_t *buf = NULL;
     size_t len = 0;
-    recs_add(&r, mega_jrec_job(j, &buf, &len, NULL), buf, len);
-    for (size_t k = 0; r.ok && k < j->nevents; k++)
-      recs_add(&r, mega_jrec_event(j->id, j->events[k], &buf, &len, NULL), buf, len);
-    if (r.ok && j->last_step) recs_add(&r, mega_jrec_step(j->id, j->last_step, &buf, &len, NULL), buf, len);
+    mega_status st = mega_jrec_job(j, &buf, &len, NULL);
+    recs_add(&r, st, buf, len);
+    for (size_t k = 0; r.ok && k < j->nevents; k++) {
+      st = mega_jrec_event(j->id, j->events[k], &buf, &len, NULL);
+      recs_add(&r, st, buf, len);
+    }
+    if (r.ok && j->last_step) {
+      st = mega_jrec_step(j->id, j->last_step, &buf, &len, NULL);
+      recs_add(&r, st, buf, len);
+    }
   }
   mega_err e = {0};
   if (r.ok && 2 * r.n + 64 < replayed) {
@@ -133,6 +141,21 @@ mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
 
 /* ---- history ---- */
 
+/* To every watcher; one that fell behind is dropped, and the job's history
+ * says so. */
+static void broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobResponse *item) {
+  megad_watch_drops d;
+  megad_watch_broadcast(&js->watchers, j, item, &d);
+  size_t shown = d.n < 8 ? d.n : 8;
+  for (size_t i = 0; i < shown; i++)
+    megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
+                    "a watcher at %s fell more than %d messages behind and was dropped",
+                    d.peers[i], MEGAD_WATCH_QUEUE_MAX);
+  if (d.n > shown)
+    megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
+                    "%zu more watchers fell behind and were dropped", d.n - shown);
+}
+
 void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
                      const char *node_id, int rank, const char *fmt, ...) {
   char msg[1024];
@@ -161,7 +184,7 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
     free(buf);
   }
   megad_log(js->b, "job %s: %s", j->id, msg);
-  megad_watch_broadcast(js, j, &item);
+  broadcast(js, j, &item);
 }
 
 void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *step) {
@@ -171,7 +194,7 @@ void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *st
   item.step = (Mega__V1__StepMetrics *)step;
   mega_err e = {0};
   if (mega_job_hist_push(j, &item, &e) != MEGA_OK) megad_warn(js->b, "job %s: %s", j->id, e.msg);
-  megad_watch_broadcast(js, j, &item);
+  broadcast(js, j, &item);
 }
 
 static Mega__V1__JobEventKind end_kind(mega_job_state s) {
@@ -211,7 +234,7 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
     item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
     item.final_state = &m.job;
     mega_job_hist_push(j, &item, NULL);
-    megad_watch_broadcast(js, j, &item);
+    broadcast(js, j, &item);
     mega_job_msg_free(&m);
   }
 }

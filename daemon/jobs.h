@@ -5,7 +5,8 @@
  * Every change of a job goes through here, so the journal, the history and
  * the watchers never disagree: megad_jobs_save journals a job's record,
  * megad_job_event and megad_job_step add to its history and reach every
- * watcher, and megad_job_finalize is the one place a job ends.
+ * watcher (daemon/watch.h: jobs.watchers), and megad_job_finalize is the one
+ * place a job ends.
  *
  * On the loop thread only. Ownership: the layer owns the table, the journal
  * and the watchers; it borrows its base. */
@@ -17,29 +18,13 @@
 #include "daemon/base.h"
 #include "daemon/job.h"
 #include "daemon/journal.h"
-#include "proto/rpc_server.h"
-
-/* A watcher further behind than this many messages is dropped. Above the
- * history, so a replay alone never drops one. */
-#define MEGAD_WATCH_QUEUE_MAX (MEGA_JOB_HISTORY + 1024)
-
-typedef void (*megad_watch_fn)(void *arg, const Mega__V1__WatchJobResponse *item);
-
-/* A WatchJob stream (call), or an in-process watcher (fn). */
-typedef struct megad_watcher {
-  struct megad_watcher *next;
-  struct megad_jobs *js;
-  mega_job *job;
-  mega_rpc_call *call;
-  megad_watch_fn fn;
-  void *arg;
-} megad_watcher;
+#include "daemon/watch.h"
 
 typedef struct megad_jobs {
   megad_base *b;
   mega_jobs t;
   mega_journal *journal;
-  megad_watcher *watchers;
+  megad_watchers watchers;
 } megad_jobs;
 
 /* Opens STATE/journal and replays it into the table. A torn tail or damage
@@ -65,20 +50,5 @@ void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *st
  * the final state to every watcher, whose streams then end. error: the cause
  * for FAILED and CANCELLED. The one place a job ends. */
 void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const char *error);
-
-/* ---- watchers (watch.c) ---- */
-
-/* Starts a WatchJob stream on call: the history first when replay, then
- * every new item; a job already over gets its final state and the stream
- * ends. */
-void megad_watch_call(megad_jobs *js, mega_job *j, mega_rpc_call *call, bool replay);
-/* An in-process watcher (megad run); replay sends the history first. It is
- * freed after the final state. */
-megad_watcher *megad_watch_local(megad_jobs *js, mega_job *j, bool replay, megad_watch_fn fn,
-                                 void *arg);
-/* Sends item to every watcher of j; a final_state item ends their streams. */
-void megad_watch_broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobResponse *item);
-/* Shutdown: every stream ends with UNAVAILABLE and why. */
-void megad_watch_drop_all(megad_jobs *js, const char *why);
 
 #endif

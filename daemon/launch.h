@@ -14,9 +14,10 @@
  * A step watchdog checks every worker: one that makes no progress within
  * its phase's limit (setup: the rendezvous timeout; training: the job's
  * --step-timeout, or 10 x its median step time with a 2 s floor; eval and
- * checkpoints: 10 minutes) is reported as hung. A stopped process (SIGSTOP,
- * state T) is the cause and is killed; one merely waiting is reported as
- * the likely echo of a hung peer.
+ * checkpoints: 10 minutes) is reported as hung; a stopped process (SIGSTOP,
+ * state T) is hung after the floor in any phase. A stopped process is the
+ * cause and is killed; one merely waiting is reported as the likely echo of
+ * a hung peer.
  *
  * On the loop thread only. Ownership: the launcher owns its launches and
  * workers; it borrows base and kvserve. */

@@ -1,7 +1,13 @@
-/* A node's share of a job, shared by launch.c (the worker processes: spawn,
- * pipes, output, exits, abort), relay.c (what passes between the workers
- * and the job's coordinator: reports and KV requests) and watchdog.c (pings
- * and the step watchdog). Private to the launcher. */
+/* A node's share of a job, shared by the launcher's files, each calling
+ * only the ones below it:
+ *
+ *   launch.c       the worker processes: spawn, pipes, output, exits
+ *   watchdog.c     pings and the step watchdog
+ *   relay.c        what passes between the workers and the job's
+ *                  coordinator: reports and KV requests
+ *   launch_life.c  frames down the pipe, kill, abort, the launch's end
+ *
+ * Private to the launcher. */
 #ifndef MEGA_DAEMON_LAUNCH_INTERNAL_H
 #define MEGA_DAEMON_LAUNCH_INTERNAL_H
 
@@ -70,11 +76,16 @@ struct kvop {
   megad_kvwait *wait;
 };
 
-/* launch.c */
+/* launch_life.c: the lower half, which relay.c and watchdog.c use */
 void launch_send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f);
 void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
                              size_t len, const char *error);
+void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms);
 void launch_kill_worker(megad_worker *w);
+/* Abort frames to l's workers, then SIGKILL after grace_ms (once). */
+void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms);
+/* Drops the reports still queued for the coordinator. */
+void launch_free_queue(megad_launch *l);
 /* Frees l once nothing refers to it any more (workers closed, callbacks in). */
 void launch_maybe_free(megad_launch *l);
 
@@ -85,7 +96,6 @@ void launch_maybe_free(megad_launch *l);
 void relay_step(megad_launch *l, const Mega__V1__StepReport *r);
 void relay_event(megad_launch *l, megad_worker *w, Mega__V1__RankEvent *ev);
 void relay_flush(megad_launch *l);
-void relay_free_queue(megad_launch *l);
 /* A worker's KvRequest: served from this node's store when it coordinates
  * the job, else forwarded to the coordinator's Peer Kv*. */
 void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req);

@@ -346,7 +346,7 @@ static int run(int argc, char **argv) {
     a.exit_code = err.status == MEGA_ERR_INVALID ? EXIT_USAGE : 1;
     megad_stop(&a.d, "the job was refused", stopped, &a);
   } else {
-    megad_watch_local(&a.d.jobs, a.job, false, on_item, &a);
+    megad_watch_local(&a.d.jobs.watchers, a.job, false, on_item, &a);
     megad_coord_schedule(&a.d.coord);
   }
   mega_jobspec_argv_free(args);

@@ -91,5 +91,9 @@ mega_status mega_recovery_attempt_spec(const mega_job *j, mega_jobspec *out, meg
   }
   free(out->load);
   out->load = load;
+  /* the job's own checkpoint is resumed whole: the flags that load only a
+   * part of a foreign one (a pretrained model) were for the first start */
+  out->finetune = false;
+  out->no_load_optim = false;
   return MEGA_OK;
 }

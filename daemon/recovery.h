@@ -76,7 +76,9 @@ bool mega_recovery_should_replan(const mega_job *j, uint32_t now, uint32_t could
 
 /* The flags of the next attempt (into out, which must be fresh): the job's
  * parsed spec, with --load pointed at --save when a checkpoint there was
- * committed, so the attempt resumes from it. */
+ * committed, so the attempt resumes from it whole (--finetune and
+ * --no-load-optim, which were for loading the first start's --load, are
+ * dropped then). */
 mega_status mega_recovery_attempt_spec(const mega_job *j, mega_jobspec *out, mega_err *err);
 
 #endif

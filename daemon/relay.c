@@ -70,8 +70,8 @@ static void requeue(megad_launch *l, report_ctx *c) {
     free_batch(c);
     return;
   }
-  memcpy(s + c->nsteps, l->steps, l->nsteps * sizeof *s);
-  memcpy(e + c->nevents, l->events, l->nevents * sizeof *e);
+  if (l->nsteps) memcpy(s + c->nsteps, l->steps, l->nsteps * sizeof *s); /* may be NULL */
+  if (l->nevents) memcpy(e + c->nevents, l->events, l->nevents * sizeof *e);
   free(l->steps);
   free(l->events);
   l->steps = (Mega__V1__StepReport **)s;
@@ -113,7 +113,7 @@ static void reported(void *arg, ProtobufCMessage *resp, const mega_err *err) {
 
 void relay_flush(megad_launch *l) {
   megad_launcher *L = l->L;
-  if (l->coord_gone) relay_free_queue(l); /* nobody to tell */
+  if (l->coord_gone) launch_free_queue(l); /* nobody to tell */
   if (l->sending || (!l->nsteps && !l->nevents)) return;
   report_ctx *c = calloc(1, sizeof *c);
   if (!c) return;
@@ -266,17 +266,6 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
   }
 }
 
-
-void relay_free_queue(megad_launch *l) {
-  for (size_t i = 0; i < l->nsteps; i++) protobuf_c_message_free_unpacked(&l->steps[i]->base, NULL);
-  for (size_t i = 0; i < l->nevents; i++)
-    protobuf_c_message_free_unpacked(&l->events[i]->base, NULL);
-  free(l->steps);
-  free(l->events);
-  l->steps = NULL;
-  l->events = NULL;
-  l->nsteps = l->nevents = 0;
-}
 
 void relay_worker_gone(megad_worker *w) {
   for (kvop *op = w->ops, *next; op; op = next) {

@@ -1,33 +1,32 @@
-/* Watchers of a job: WatchJob streams and in-process watchers.
- *
- * A stream has a write queue in the rpc wrapper; a watcher that lets it grow
- * past MEGAD_WATCH_QUEUE_MAX messages is dropped with RESOURCE_EXHAUSTED
- * (and an event says so), so a slow client never holds up the loop, the job
- * or the other watchers. A watcher follows its job across attempts: only the
- * job's end ends the stream. */
+/* Watchers of jobs (see watch.h). */
+#include "daemon/watch.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/jobs.h"
+struct megad_watcher {
+  megad_watcher *next;
+  megad_watchers *ws;
+  mega_job *job;
+  mega_rpc_call *call; /* a stream, or NULL for an in-process watcher */
+  megad_watch_fn fn;
+  void *arg;
+};
 
-static void unlink_watcher(megad_jobs *js, megad_watcher *w) {
-  for (megad_watcher **p = &js->watchers; *p; p = &(*p)->next)
+static void unlink_watcher(megad_watchers *ws, megad_watcher *w) {
+  for (megad_watcher **p = &ws->head; *p; p = &(*p)->next)
     if (*p == w) {
       *p = w->next;
       return;
     }
 }
 
-typedef struct dropped {
-  char peer[128];
-} dropped;
-
-void megad_watch_broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobResponse *item) {
+void megad_watch_broadcast(megad_watchers *ws, mega_job *j, const Mega__V1__WatchJobResponse *item,
+                           megad_watch_drops *drops) {
   bool final = item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
-  dropped drops[8];
-  size_t ndrops = 0, more = 0;
-  for (megad_watcher **p = &js->watchers; *p;) {
+  if (drops) drops->n = 0;
+  for (megad_watcher **p = &ws->head; *p;) {
     megad_watcher *w = *p;
     if (w->job != j) {
       p = &w->next;
@@ -62,10 +61,9 @@ void megad_watch_broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJob
     }
     /* too far behind: drop this watcher, never the job */
     *p = w->next;
-    if (ndrops < 8)
-      snprintf(drops[ndrops++].peer, sizeof drops[0].peer, "%s", mega_rpc_call_peer(w->call));
-    else
-      more++;
+    if (drops && drops->n < sizeof drops->peers / sizeof drops->peers[0])
+      snprintf(drops->peers[drops->n], sizeof drops->peers[0], "%s", mega_rpc_call_peer(w->call));
+    if (drops) drops->n++;
     mega_rpc_call_on_cancel(w->call, NULL, NULL);
     mega_rpc_fail(w->call, MEGA_RPC_RESOURCE_EXHAUSTED,
                   "this watcher fell more than %d messages behind job %s and was dropped; the job "
@@ -73,18 +71,11 @@ void megad_watch_broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJob
                   MEGAD_WATCH_QUEUE_MAX, j->id);
     free(w);
   }
-  for (size_t i = 0; i < ndrops; i++)
-    megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
-                    "a watcher at %s fell more than %d messages behind and was dropped",
-                    drops[i].peer, MEGAD_WATCH_QUEUE_MAX);
-  if (more)
-    megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
-                    "%zu more watchers fell behind and were dropped", more);
 }
 
 static void watcher_gone(mega_rpc_call *call, void *arg) {
   megad_watcher *w = arg;
-  unlink_watcher(w->js, w);
+  unlink_watcher(w->ws, w);
   free(w);
   mega_rpc_finish(call);
 }
@@ -98,28 +89,28 @@ static bool replay_item(const mega_job *j, size_t i) {
   return i + 1 == j->hist_len && mega_job_state_final(j->state);
 }
 
-static megad_watcher *add(megad_jobs *js, mega_job *j) {
+static megad_watcher *add(megad_watchers *ws, mega_job *j) {
   megad_watcher *w = calloc(1, sizeof *w);
   if (!w) return NULL;
-  w->js = js;
+  w->ws = ws;
   w->job = j;
-  w->next = js->watchers;
-  js->watchers = w;
+  w->next = ws->head;
+  ws->head = w;
   return w;
 }
 
-megad_watcher *megad_watch_local(megad_jobs *js, mega_job *j, bool replay, megad_watch_fn fn,
+megad_watcher *megad_watch_local(megad_watchers *ws, mega_job *j, bool replay, megad_watch_fn fn,
                                  void *arg) {
   for (size_t i = 0; replay && i < j->hist_len; i++)
     if (replay_item(j, i)) fn(arg, mega_job_hist_at(j, i));
-  megad_watcher *w = add(js, j);
+  megad_watcher *w = add(ws, j);
   if (!w) return NULL;
   w->fn = fn;
   w->arg = arg;
   return w;
 }
 
-void megad_watch_call(megad_jobs *js, mega_job *j, mega_rpc_call *call, bool replay) {
+void megad_watch_call(megad_watchers *ws, mega_job *j, mega_rpc_call *call, bool replay) {
   bool final_sent = false;
   for (size_t i = 0; replay && i < j->hist_len; i++) {
     if (!replay_item(j, i)) continue;
@@ -144,7 +135,7 @@ void megad_watch_call(megad_jobs *js, mega_job *j, mega_rpc_call *call, bool rep
     mega_rpc_finish(call);
     return;
   }
-  megad_watcher *w = add(js, j);
+  megad_watcher *w = add(ws, j);
   if (!w) {
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
@@ -158,10 +149,10 @@ void megad_watch_call(megad_jobs *js, mega_job *j, mega_rpc_call *call, bool rep
   }
 }
 
-void megad_watch_drop_all(megad_jobs *js, const char *why) {
-  while (js->watchers) {
-    megad_watcher *w = js->watchers;
-    js->watchers = w->next;
+void megad_watch_drop_all(megad_watchers *ws, const char *why) {
+  while (ws->head) {
+    megad_watcher *w = ws->head;
+    ws->head = w->next;
     if (w->call) {
       mega_rpc_call_on_cancel(w->call, NULL, NULL);
       mega_rpc_fail(w->call, MEGA_RPC_UNAVAILABLE, "%s", why);

@@ -52,11 +52,15 @@ static char proc_state(int pid) {
   return rp && rp[1] == ' ' && rp[2] ? rp[2] : '?';
 }
 
+static bool stopped(int pid) {
+  char st = proc_state(pid);
+  return st == 'T' || st == 't';
+}
+
 static void hung(megad_worker *w, uint64_t quiet) {
   megad_launch *l = w->l;
   w->hung = true;
-  char st = proc_state(w->pid);
-  bool stopped = st == 'T' || st == 't';
+  bool is_stopped = stopped(w->pid);
   char msg[600];
   double med = median_step(w);
   int k = snprintf(msg, sizeof msg, "rank %u made no progress for %.1f s", w->rank,
@@ -65,20 +69,20 @@ static void hung(megad_worker *w, uint64_t quiet) {
     k += snprintf(msg + k, sizeof msg - (size_t)k, " (median step %.2f s)", med);
   else
     k += snprintf(msg + k, sizeof msg - (size_t)k, " (in %s)", w->phase);
-  if (stopped)
+  if (is_stopped)
     snprintf(msg + k, sizeof msg - (size_t)k, "; its process (pid %d) is stopped; killed it",
              w->pid);
   megad_warn(l->L->b, "job %s attempt %u: %s", l->req->job_id, l->req->attempt, msg);
   Mega__V1__WorkerError e = MEGA__V1__WORKER_ERROR__INIT;
   e.message = msg;
   /* a rank merely waiting is likely the echo of a peer that hangs */
-  e.retryable = !stopped;
+  e.retryable = !is_stopped;
   Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
   ev.kind_case = MEGA__V1__RANK_EVENT__KIND_ERROR;
   ev.error = &e;
   if (!w->error_msg) w->error_msg = strdup(msg);
   relay_event(l, w, &ev);
-  if (stopped) launch_kill_worker(w);
+  if (is_stopped) launch_kill_worker(w);
 }
 
 static bool running(const megad_worker *w) {
@@ -100,7 +104,9 @@ void watchdog_tick(megad_launcher *L) {
       if (!running(w)) continue;
       if (ping) launch_send_frame(w, &f);
       uint64_t quiet = now - w->progress_ms;
-      if (!w->hung && quiet >= limit_ms(w)) hung(w, quiet);
+      if (w->hung || quiet < L->o.step_floor_ms) continue;
+      /* a stopped process is hung in any phase; others get their phase's limit */
+      if (quiet >= limit_ms(w) || stopped(w->pid)) hung(w, quiet);
     }
   }
 }

@@ -1,6 +1,7 @@
 /* Saving and loading a checkpoint: model and optimizer tensors, config.json
- * and trainer_state.json. The directory protocol is in ckpt_dir.c, the
- * sharding in ckpt_shard.c. */
+ * and trainer_state.json. Writing is ckpt_writer.c's, the two JSON files
+ * ckpt_json.c's, the directory protocol ckpt_dir.c's, the sharding
+ * ckpt_shard.c's, completeness ckpt_manifest.c's and ckpt_resolve.c's. */
 #include "worker/checkpoint.h"
 
 #include <errno.h>
@@ -12,185 +13,23 @@
 #include <jansson.h>
 
 #include "worker/ckpt_internal.h"
-
-#define STATE_FORMAT "mega-checkpoint"
-#define STATE_VERSION 1
+#include "worker/ckpt_writer.h"
 
 static const char *const moment_suffix[2] = {".exp_avg", ".exp_avg_sq"};
-
-/* Host copies of the tensors being written; names for the optimizer's. */
-typedef struct staging {
-  mega_st_tensor *t;
-  float **host;
-  char **names;
-  size_t n;
-} staging;
-
-static void staging_free(staging *s) {
-  for (size_t i = 0; i < s->n; i++) {
-    free(s->host[i]);
-    if (s->names) free(s->names[i]);
-  }
-  free(s->t);
-  free(s->host);
-  free(s->names);
-  memset(s, 0, sizeof *s);
-}
-
-/* which: -1 the params, 0 exp_avg, 1 exp_avg_sq (tensors without state are
- * skipped). */
-static mega_status stage_tensors(mega_backend *be, const mega_ckpt_param *p, size_t n, int which,
-                                 staging *s, mega_err *err) {
-  memset(s, 0, sizeof *s);
-  s->t = calloc(n ? n : 1, sizeof *s->t);
-  s->host = calloc(n ? n : 1, sizeof *s->host);
-  s->names = calloc(n ? n : 1, sizeof *s->names);
-  if (!s->t || !s->host || !s->names) goto nomem;
-  for (size_t i = 0; i < n; i++) {
-    const float *src = which < 0 ? p[i].param : which == 0 ? p[i].exp_avg : p[i].exp_avg_sq;
-    if (!src) continue;
-    size_t k = s->n;
-    s->host[k] = malloc((p[i].numel ? p[i].numel : 1) * sizeof(float));
-    if (!s->host[k]) goto nomem;
-    s->n++;
-    if (which >= 0) {
-      size_t len = strlen(p[i].name) + strlen(moment_suffix[which]) + 1;
-      s->names[k] = malloc(len);
-      if (!s->names[k]) goto nomem;
-      snprintf(s->names[k], len, "%s%s", p[i].name, moment_suffix[which]);
-    }
-    mega_status st = be->ops->memcpy(be, s->host[k], src, p[i].numel * sizeof(float),
-                                     MEGA_COPY_D2H, err);
-    if (st != MEGA_OK) {
-      staging_free(s);
-      return st;
-    }
-    s->t[k].name = which >= 0 ? s->names[k] : p[i].name;
-    s->t[k].ndim = p[i].ndim;
-    for (int d = 0; d < p[i].ndim && d < 2; d++) s->t[k].shape[d] = p[i].shape[d];
-    s->t[k].numel = p[i].numel;
-    s->t[k].data = s->host[k];
-  }
-  return MEGA_OK;
-nomem:
-  staging_free(s);
-  return mega_fail(err, MEGA_ERR_NOMEM, "out of memory staging the checkpoint's tensors");
-}
-
-/* A float as the shortest decimal that reads back as it, so 1e-5f is
- * written 1e-05 rather than 9.99999974738e-06. */
-static double tidy(float x) {
-  char buf[32];
-  snprintf(buf, sizeof buf, "%.9g", (double)x);
-  for (int prec = 1; prec <= 9; prec++) {
-    char b2[32];
-    snprintf(b2, sizeof b2, "%.*g", prec, (double)x);
-    if (strtof(b2, NULL) == x) return strtod(b2, NULL);
-  }
-  return strtod(buf, NULL);
-}
-
-static json_t *config_json(const mega_gpt_config *cfg) {
-  json_t *archs = json_pack("[s]", "GPT2LMHeadModel");
-  return json_pack(
-      "{s:o, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:n, s:f, s:s, s:b, s:f, s:f, s:f, s:f, s:s}",
-      "architectures", archs, "model_type", "gpt2", "vocab_size", cfg->vocab_size,
-      "n_positions", cfg->max_seq_len, "n_ctx", cfg->max_seq_len, "n_embd", cfg->channels,
-      "n_layer", cfg->num_layers, "n_head", cfg->num_heads, "n_inner", "layer_norm_epsilon",
-      tidy(cfg->ln_eps), "activation_function", "gelu_new", "tie_word_embeddings", 1,
-      "initializer_range", tidy(cfg->init_std),
-      /* no dropout in mega, so an HF model in train mode computes the same */
-      "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0, "torch_dtype", "float32");
-}
-
-static mega_status dump_json(json_t *j, const char *dir, const char *name, mega_err *err) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory building %s", path);
-  /* config.json reads better with 1e-05 than 1.0000000000000001e-05; the
-   * state file keeps every digit, since resume compares its values exactly. */
-  size_t flags = JSON_INDENT(2);
-  if (!strcmp(name, MEGA_CKPT_CONFIG_FILE)) flags |= JSON_REAL_PRECISION(9);
-  int rc = json_dump_file(j, path, flags);
-  json_decref(j);
-  if (rc != 0) return mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-  return MEGA_OK;
-}
-
-static mega_status write_all(const char *tmp, mega_backend *be, const mega_gpt_config *cfg,
-                             const mega_jobspec *job, const mega_ckpt_state *state,
-                             const mega_ckpt_param *params, size_t n, uint64_t limit,
-                             mega_err *err) {
-  staging s;
-  mega_status st = stage_tensors(be, params, n, -1, &s, err);
-  if (st != MEGA_OK) return st;
-  st = mega_ckpt_write_shards(tmp, "model", s.t, s.n, limit, NULL, err);
-  staging_free(&s);
-  if (st != MEGA_OK) return st;
-
-  bool has_state = false;
-  for (size_t i = 0; i < n; i++) has_state |= params[i].exp_avg != NULL;
-  if (has_state) {
-    staging m, v;
-    st = stage_tensors(be, params, n, 0, &m, err);
-    if (st != MEGA_OK) return st;
-    st = stage_tensors(be, params, n, 1, &v, err);
-    if (st != MEGA_OK) {
-      staging_free(&m);
-      return st;
-    }
-    /* Interleave NAME.exp_avg, NAME.exp_avg_sq per tensor. */
-    mega_st_tensor *all = malloc((m.n + v.n + 1) * sizeof *all);
-    if (!all) {
-      st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory staging the optimizer state");
-    } else {
-      for (size_t i = 0; i < m.n; i++) {
-        all[2 * i] = m.t[i];
-        all[2 * i + 1] = v.t[i];
-      }
-      st = mega_ckpt_write_shards(tmp, "optimizer", all, m.n + v.n, limit, NULL, err);
-      free(all);
-    }
-    staging_free(&m);
-    staging_free(&v);
-    if (st != MEGA_OK) return st;
-  }
-
-  st = dump_json(config_json(cfg), tmp, MEGA_CKPT_CONFIG_FILE, err);
-  if (st != MEGA_OK) return st;
-  json_t *js = json_pack("{s:s, s:i, s:I, s:I, s:I, s:b}", "format", STATE_FORMAT, "version",
-                         STATE_VERSION, "iteration", (json_int_t)state->iteration,
-                         "consumed_samples", (json_int_t)state->consumed_samples,
-                         "optimizer_steps", (json_int_t)state->optimizer_steps,
-                         "has_optimizer_state", has_state);
-  if (js && job) {
-    json_t *jj = mega_jobspec_to_json(job);
-    if (!jj) {
-      json_decref(js);
-      js = NULL;
-    } else {
-      json_object_set_new(js, "job", jj);
-    }
-  }
-  return dump_json(js, tmp, MEGA_CKPT_STATE_FILE, err);
-}
 
 mega_status mega_ckpt_save(const char *save_dir, mega_backend *be, const mega_gpt_config *cfg,
                            const mega_jobspec *job, const mega_ckpt_state *state,
                            const mega_ckpt_param *params, size_t n,
                            const mega_ckpt_save_opts *opts, mega_err *err) {
-  char tmp[4096];
-  mega_status st = mega_ckpt_begin(save_dir, state->iteration, tmp, sizeof tmp, err);
-  if (st != MEGA_OK) return st;
-  uint64_t limit = opts && opts->max_shard_bytes ? opts->max_shard_bytes
-                                                 : MEGA_CKPT_DEFAULT_SHARD_BYTES;
-  st = write_all(tmp, be, cfg, job, state, params, n, limit, err);
-  if (st == MEGA_OK) st = mega_ckpt_commit(save_dir, tmp, state->iteration, err);
-  if (st != MEGA_OK) {
-    mega_ckpt_abort(tmp);
-    mega_err_prefix(err, "saving checkpoint of iteration %lld in %s",
-                    (long long)state->iteration, save_dir);
-  }
+  mega_ckpt_writer_config wc = {.save_dir = save_dir, .cfg = cfg, .job = job,
+                                .attempt = state->attempt,
+                                .max_shard_bytes = opts ? opts->max_shard_bytes : 0};
+  mega_ckpt_writer *w = NULL;
+  mega_ckpt_write_result res;
+  mega_status st = mega_ckpt_writer_create(&wc, params, n, &w, err);
+  if (st == MEGA_OK) st = mega_ckpt_writer_stage(w, be, state, err);
+  if (st == MEGA_OK) st = mega_ckpt_writer_write(w, &res, err);
+  mega_ckpt_writer_destroy(w);
   return st;
 }
 
@@ -261,9 +100,8 @@ out:
   return st;
 }
 
-/* The flags a resumed job must share with the saved one: the model, the
- * data order and the LR schedule (Megatron checks the same scheduler
- * values). */
+/* The flags a resumed job must share with the saved one: the model and the
+ * data order. The LR schedule has its own check (mega_ckpt_check_sched). */
 static mega_status check_job(const char *dir, const json_t *saved_json, const mega_jobspec *job,
                              mega_err *err) {
   mega_jobspec saved;
@@ -285,11 +123,6 @@ static mega_status check_job(const char *dir, const json_t *saved_json, const me
       {"--max-position-embeddings", mega_jobspec_max_position_embeddings(&saved),
        mega_jobspec_max_position_embeddings(job)},
       {"--global-batch-size", saved.global_batch_size, job->global_batch_size},
-      {"--lr", saved.lr, job->lr},
-      {"--min-lr", saved.min_lr, job->min_lr},
-      {"--lr-warmup-iters", saved.lr_warmup_iters, job->lr_warmup_iters},
-      {"--lr-decay-iters", mega_jobspec_lr_decay_iters(&saved), mega_jobspec_lr_decay_iters(job)},
-      {"--lr-decay-style", saved.lr_decay_style, job->lr_decay_style},
   };
   mega_jobspec_free(&saved);
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
@@ -310,6 +143,61 @@ static mega_status get_i64(const json_t *j, const char *key, const char *dir, in
   return MEGA_OK;
 }
 
+static mega_status read_sched(const char *dir, const json_t *l, mega_ckpt_state *state,
+                              mega_err *err) {
+  state->has_sched = false;
+  if (!l) return MEGA_OK;
+  json_t *lr = json_object_get(l, "lr"), *min = json_object_get(l, "min_lr");
+  json_t *wu = json_object_get(l, "warmup_iters"), *dec = json_object_get(l, "decay_iters");
+  const char *style = json_string_value(json_object_get(l, "decay_style"));
+  int k = -1;
+  for (int i = 0; style && i < 3; i++)
+    if (!strcmp(style, mega_ckpt_lr_style_names[i])) k = i;
+  if (!json_is_number(lr) || !json_is_number(min) || !json_is_integer(wu) ||
+      !json_is_integer(dec) || k < 0)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s/%s has a bad lr_schedule", dir,
+                     MEGA_CKPT_STATE_FILE);
+  state->sched = (mega_lr_sched){.lr = json_number_value(lr), .min_lr = json_number_value(min),
+                                 .warmup_iters = json_integer_value(wu),
+                                 .decay_iters = json_integer_value(dec),
+                                 .style = (mega_lr_style)k};
+  state->has_sched = true;
+  return MEGA_OK;
+}
+
+mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
+                                  const mega_lr_sched *mine, mega_err *err) {
+  char a[64], b[64];
+  const char *flag = NULL;
+  if (saved->lr != mine->lr) {
+    flag = "--lr";
+    snprintf(a, sizeof a, "%.10g", saved->lr);
+    snprintf(b, sizeof b, "%.10g", mine->lr);
+  } else if (saved->min_lr != mine->min_lr) {
+    flag = "--min-lr";
+    snprintf(a, sizeof a, "%.10g", saved->min_lr);
+    snprintf(b, sizeof b, "%.10g", mine->min_lr);
+  } else if (saved->warmup_iters != mine->warmup_iters) {
+    flag = "--lr-warmup-iters";
+    snprintf(a, sizeof a, "%lld", (long long)saved->warmup_iters);
+    snprintf(b, sizeof b, "%lld", (long long)mine->warmup_iters);
+  } else if (saved->decay_iters != mine->decay_iters) {
+    flag = "--lr-decay-iters";
+    snprintf(a, sizeof a, "%lld", (long long)saved->decay_iters);
+    snprintf(b, sizeof b, "%lld", (long long)mine->decay_iters);
+  } else if (saved->style != mine->style) {
+    flag = "--lr-decay-style";
+    snprintf(a, sizeof a, "%s", (unsigned)saved->style < 3 ? mega_ckpt_lr_style_names[saved->style] : "?");
+    snprintf(b, sizeof b, "%s", (unsigned)mine->style < 3 ? mega_ckpt_lr_style_names[mine->style] : "?");
+  }
+  if (!flag) return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_INVALID,
+                   "checkpoint %s was saved with %s %s, but this job has %s; resume with the "
+                   "same LR schedule, or add --override-opt_param-scheduler (use this job's) or "
+                   "--use-checkpoint-opt_param-scheduler (use the checkpoint's)",
+                   path, flag, a, b);
+}
+
 static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckpt_state *state,
                               bool *has_opt, mega_err *err) {
   json_t *j = load_json(dir, MEGA_CKPT_STATE_FILE, err);
@@ -317,10 +205,10 @@ static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckp
   mega_status st = MEGA_OK;
   const char *fmt = json_string_value(json_object_get(j, "format"));
   json_t *ver = json_object_get(j, "version");
-  if (!fmt || strcmp(fmt, STATE_FORMAT) != 0 || !json_is_integer(ver) ||
-      json_integer_value(ver) != STATE_VERSION) {
+  if (!fmt || strcmp(fmt, MEGA_CKPT_STATE_FORMAT) != 0 || !json_is_integer(ver) ||
+      json_integer_value(ver) != MEGA_CKPT_STATE_VERSION) {
     st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s is not a %s version %d state file", dir,
-                   MEGA_CKPT_STATE_FILE, STATE_FORMAT, STATE_VERSION);
+                   MEGA_CKPT_STATE_FILE, MEGA_CKPT_STATE_FORMAT, MEGA_CKPT_STATE_VERSION);
     goto out;
   }
   if ((st = get_i64(j, "iteration", dir, &state->iteration, err)) != MEGA_OK ||
@@ -328,6 +216,9 @@ static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckp
       (st = get_i64(j, "optimizer_steps", dir, &state->optimizer_steps, err)) != MEGA_OK)
     goto out;
   *has_opt = json_is_true(json_object_get(j, "has_optimizer_state"));
+  json_t *att = json_object_get(j, "attempt");
+  state->attempt = json_is_integer(att) ? (int)json_integer_value(att) : 0;
+  if ((st = read_sched(dir, json_object_get(j, "lr_schedule"), state, err)) != MEGA_OK) goto out;
   if (job) {
     json_t *saved = json_object_get(j, "job");
     if (!json_is_object(saved)) {

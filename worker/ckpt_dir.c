@@ -1,5 +1,5 @@
-/* The checkpoint directory protocol: temp directory, fsync, rename into
- * place, latest_checkpointed_iteration.txt, cleanup and resolution. */
+/* The checkpoint directory protocol: the shared temp directory, fsync,
+ * rename into place, latest_checkpointed_iteration.txt, cleanup. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,10 +10,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "worker/checkpoint.h"
 #include "worker/ckpt_internal.h"
 
-#define TEMP_PREFIX ".tmp."
+#define TEMP_PREFIX MEGA_CKPT_TEMP_PREFIX
 
 bool mega_ckpt_iter_path(char *buf, size_t cap, const char *dir, int64_t iteration) {
   int w = snprintf(buf, cap, "%s/iter_%07" PRId64, dir, iteration);
@@ -84,36 +86,56 @@ mega_status mega_ckpt_clean_temps(const char *save_dir, int *removed, mega_err *
   return MEGA_OK;
 }
 
-mega_status mega_ckpt_begin(const char *save_dir, int64_t iteration, char *tmp, size_t cap,
-                            mega_err *err) {
+mega_status mega_ckpt_begin(const char *save_dir, int64_t iteration, int attempt, bool fresh,
+                            char *tmp, size_t cap, mega_err *err) {
   mega_status st = mkdir_p(save_dir, err);
   if (st != MEGA_OK) return st;
-  int w = snprintf(tmp, cap, "%s/" TEMP_PREFIX "iter_%07" PRId64 ".XXXXXX", save_dir, iteration);
+  int w = snprintf(tmp, cap, "%s/" TEMP_PREFIX "iter_%07" PRId64 ".a%d", save_dir, iteration,
+                   attempt);
   if (w < 0 || (size_t)w >= cap) return mega_fail(err, MEGA_ERR_INVALID, "--save path too long");
-  if (!mkdtemp(tmp))
-    return mega_fail(err, MEGA_ERR_IO, "cannot create a temp directory in %s: %s", save_dir,
+  if (fresh) remove_flat_dir(tmp);
+  if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+    return mega_fail(err, MEGA_ERR_IO, "cannot create the temp directory %s: %s", tmp,
                      strerror(errno));
-  chmod(tmp, 0755); /* mkdtemp's 0700 would make the checkpoint private */
   return MEGA_OK;
 }
 
-void mega_ckpt_abort(const char *tmp) { remove_flat_dir(tmp); }
-
-static mega_status fsync_dir_files(const char *dir, mega_err *err) {
-  DIR *d = opendir(dir);
-  if (!d) return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", dir, strerror(errno));
-  struct dirent *e;
+mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, size_t flags,
+                                 mega_ckpt_file *out, mega_err *err) {
   char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  char *text = j ? json_dumps(j, flags) : NULL;
+  json_decref(j);
+  if (!text) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory building %s", path);
+  size_t len = strlen(text);
+  text[len] = '\n'; /* json_dump_file ends without one; a file reads better with it */
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   mega_status st = MEGA_OK;
-  while (st == MEGA_OK && (e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    st = mega_ckpt_fsync_path(path, err);
+  if (fd < 0) {
+    st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+  } else {
+    size_t done = 0;
+    while (done < len + 1) {
+      ssize_t w = write(fd, text + done, len + 1 - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      done += (size_t)w;
+    }
+    if (done != len + 1 || fsync(fd) != 0)
+      st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    if (close(fd) != 0 && st == MEGA_OK)
+      st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
   }
-  closedir(d);
-  if (st != MEGA_OK) return st;
-  return mega_ckpt_fsync_path(dir, err);
+  if (st == MEGA_OK && out) {
+    snprintf(out->name, sizeof out->name, "%s", name);
+    out->size = len + 1;
+    out->crc32 = (uint32_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)text, (uInt)(len + 1));
+  }
+  free(text);
+  return st;
 }
+
+void mega_ckpt_abort(const char *tmp) { remove_flat_dir(tmp); }
 
 static mega_status write_latest(const char *save_dir, int64_t iteration, mega_err *err) {
   char tmp[4096], path[4096];
@@ -155,7 +177,7 @@ static mega_status replace_plain(const char *save_dir, const char *tmp, const ch
 
 mega_status mega_ckpt_commit(const char *save_dir, const char *tmp, int64_t iteration,
                              mega_err *err) {
-  mega_status st = fsync_dir_files(tmp, err);
+  mega_status st = mega_ckpt_fsync_path(tmp, err);
   if (st != MEGA_OK) return st;
   char final[4096];
   if (!mega_ckpt_iter_path(final, sizeof final, save_dir, iteration))
@@ -183,47 +205,4 @@ mega_status mega_ckpt_commit(const char *save_dir, const char *tmp, int64_t iter
   st = mega_ckpt_fsync_path(save_dir, err);
   if (st != MEGA_OK) return st;
   return write_latest(save_dir, iteration, err);
-}
-
-static bool is_checkpoint_dir(const char *dir) {
-  char p[4096];
-  struct stat st;
-  if ((size_t)snprintf(p, sizeof p, "%s/" MEGA_CKPT_STATE_FILE, dir) >= sizeof p) return false;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-mega_status mega_ckpt_resolve(const char *load_dir, char **path, mega_err *err) {
-  *path = NULL;
-  char latest[4096], dir[4096];
-  snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, load_dir);
-  FILE *f = fopen(latest, "r");
-  if (!f) {
-    if (errno != ENOENT)
-      return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(errno));
-    if (is_checkpoint_dir(load_dir)) {
-      *path = strdup(load_dir);
-      return *path ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-    }
-    return mega_fail(err, MEGA_ERR_NOT_FOUND, "--load %s holds no checkpoint (no %s)", load_dir,
-                     MEGA_CKPT_LATEST_FILE);
-  }
-  char line[64] = {0};
-  size_t got = fread(line, 1, sizeof line - 1, f);
-  fclose(f);
-  line[got] = '\0';
-  char *end;
-  errno = 0;
-  long long it = strtoll(line, &end, 10);
-  while (*end == '\n' || *end == ' ' || *end == '\r') end++;
-  if (got == 0 || end == line || *end || errno || it < 0)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "%s should hold one iteration number, not '%.20s'", latest, line);
-  if (!mega_ckpt_iter_path(dir, sizeof dir, load_dir, it))
-    return mega_fail(err, MEGA_ERR_INVALID, "--load path too long");
-  if (!is_checkpoint_dir(dir))
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "%s names iteration %lld, but %s is not a complete checkpoint", latest, it,
-                     dir);
-  *path = strdup(dir);
-  return *path ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
 }

@@ -19,9 +19,9 @@ static bool file_exists(const char *path) {
 
 /* huggingface_hub's split_state_dict_into_shards: in order, a tensor larger
  * than the limit alone in its own shard (placed before the shard being
- * filled), otherwise a new shard when the next tensor would pass the limit.
- * shard_of[i] gets tensor i's shard; returns the number of shards. */
-static int plan_shards(const mega_st_tensor *t, size_t n, uint64_t limit, int *shard_of) {
+ * filled), otherwise a new shard when the next tensor would pass the limit. */
+int mega_ckpt_plan_shards(const mega_st_tensor *t, size_t n, uint64_t limit, int *shard_of) {
+  if (limit == 0) limit = MEGA_CKPT_DEFAULT_SHARD_BYTES;
   /* Shards get ids as they open; HF lists them in the order they close (an
    * oversized tensor's at once, the one being filled when the next tensor
    * would overflow it), so number them by closing order at the end. */
@@ -60,62 +60,73 @@ static int plan_shards(const mega_st_tensor *t, size_t n, uint64_t limit, int *s
   return nclosed;
 }
 
-static void shard_name(char *buf, size_t cap, const char *prefix, int k, int nshards) {
-  if (nshards == 1)
+void mega_ckpt_shard_name(char *buf, size_t cap, const char *prefix, int k, int total) {
+  if (total == 1)
     snprintf(buf, cap, "%s.safetensors", prefix);
   else
-    snprintf(buf, cap, "%s-%05d-of-%05d.safetensors", prefix, k + 1, nshards);
+    snprintf(buf, cap, "%s-%05d-of-%05d.safetensors", prefix, k + 1, total);
+}
+
+mega_status mega_ckpt_write_part(const char *dir, const char *prefix,
+                                 const mega_st_tensor *tensors, size_t n, const int *shard_of,
+                                 int nshards, int first, int total, mega_ckpt_file *files,
+                                 json_t *weight_map, mega_err *err) {
+  mega_st_tensor *group = malloc((n ? n : 1) * sizeof *group);
+  if (!group) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory writing %s shards", prefix);
+  mega_status st = MEGA_OK;
+  char path[4096];
+  for (int k = 0; k < nshards && st == MEGA_OK; k++) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+      if (shard_of[i] == k) group[m++] = tensors[i];
+    mega_ckpt_file *f = &files[k];
+    mega_ckpt_shard_name(f->name, sizeof f->name, prefix, first + k, total);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, f->name) >= sizeof path) {
+      st = mega_fail(err, MEGA_ERR_INVALID, "checkpoint path too long: %s", dir);
+      break;
+    }
+    st = mega_st_write(path, group, m, pt_meta, 1, err); /* fsyncs the file */
+    if (st == MEGA_OK) st = mega_ckpt_file_sum(path, &f->size, &f->crc32, err);
+    for (size_t i = 0; i < m && st == MEGA_OK && weight_map; i++)
+      if (json_object_set_new(weight_map, group[i].name, json_string(f->name)))
+        st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory writing %s shards", prefix);
+  }
+  free(group);
+  return st;
 }
 
 mega_status mega_ckpt_write_shards(const char *dir, const char *prefix,
                                    const mega_st_tensor *tensors, size_t n,
                                    uint64_t max_shard_bytes, int *nshards, mega_err *err) {
-  if (max_shard_bytes == 0) max_shard_bytes = MEGA_CKPT_DEFAULT_SHARD_BYTES;
   int *shard_of = malloc((n ? n : 1) * sizeof *shard_of);
-  mega_st_tensor *group = malloc((n ? n : 1) * sizeof *group);
+  mega_ckpt_file *files = calloc(n ? n : 1, sizeof *files);
   json_t *index = json_object(), *wmap = json_object();
   mega_status st = MEGA_OK;
-  if (!shard_of || !group || !index || !wmap) {
+  int ns = shard_of && files ? mega_ckpt_plan_shards(tensors, n, max_shard_bytes, shard_of) : -1;
+  if (ns < 0 || !index || !wmap) {
     st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory writing %s shards", prefix);
     goto out;
   }
-  int ns = n ? plan_shards(tensors, n, max_shard_bytes, shard_of) : 1;
-  if (ns < 0) {
-    st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory writing %s shards", prefix);
-    goto out;
+  if (ns == 0) { /* no tensors: one empty file, as HF writes */
+    ns = 1;
+    shard_of[0] = 0;
   }
-  uint64_t total = 0;
-  char name[128], path[4096];
-  for (int k = 0; k < ns; k++) {
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
-      if (shard_of[i] == k) group[m++] = tensors[i];
-    shard_name(name, sizeof name, prefix, k, ns);
-    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path) {
-      st = mega_fail(err, MEGA_ERR_INVALID, "checkpoint path too long: %s", dir);
-      goto out;
-    }
-    st = mega_st_write(path, group, m, pt_meta, 1, err);
-    if (st != MEGA_OK) goto out;
-    for (size_t i = 0; i < m; i++) {
-      total += (uint64_t)group[i].numel * 4;
-      json_object_set_new(wmap, group[i].name, json_string(name));
-    }
-  }
-  if (ns > 1) {
+  st = mega_ckpt_write_part(dir, prefix, tensors, n, shard_of, ns, 0, ns, files, wmap, err);
+  if (st == MEGA_OK && ns > 1) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += (uint64_t)tensors[i].numel * 4;
     json_object_set_new(index, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total));
     json_object_set(index, "weight_map", wmap);
+    char path[4096];
     snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, prefix);
-    if (json_dump_file(index, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
+    if (json_dump_file(index, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
       st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-      goto out;
-    }
   }
-  if (nshards) *nshards = ns;
+  if (st == MEGA_OK && nshards) *nshards = ns;
 out:
   json_decref(index);
   json_decref(wmap);
-  free(group);
+  free(files);
   free(shard_of);
   return st;
 }

@@ -460,6 +460,15 @@ mega_status mega_link_send_progress(mega_link *l, const char *phase, int64_t ite
   return send_frame(l, &f, err);
 }
 
+mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err) {
+  Mega__V1__WorkerNote n = MEGA__V1__WORKER_NOTE__INIT;
+  n.message = (char *)message;
+  Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
+  f.msg_case = MEGA__V1__WORKER_FRAME__MSG_NOTE;
+  f.note = &n;
+  return send_frame(l, &f, err);
+}
+
 mega_status mega_link_await_commit(mega_link *l, int64_t iteration, int timeout_ms,
                                    mega_err *err) {
   struct timespec until;

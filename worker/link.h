@@ -71,6 +71,8 @@ mega_status mega_link_send_error(mega_link *l, const char *message, bool retryab
                                  mega_err *err);
 mega_status mega_link_send_progress(mega_link *l, const char *phase, int64_t iteration,
                                     mega_err *err);
+/* A line for the job's history (an event on the coordinator). */
+mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err);
 /* Waits up to timeout_ms (<= 0: the rendezvous timeout) for the
  * coordinator's go-ahead to commit iteration's checkpoint. MEGA_ERR_TIMEOUT
  * when it does not come; MEGA_ERR_CANCELLED when the link ended. Any

@@ -136,8 +136,8 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
 static void print_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
   (void)arg;
   if (!r->committed) return;
-  fprintf(stderr, "megaw: saved checkpoint of iteration %lld in %s (%.1f MB, %.2f s, training "
-                  "blocked %.2f s)\n",
+  fprintf(stderr, "megaw: saved checkpoint of iteration %lld in %s (%.1f MB, %.3f s, training "
+                  "blocked %.3f s)\n",
           (long long)r->iteration, r->path, (double)r->bytes / 1e6, r->duration_s, r->blocked_s);
 }
 
@@ -160,9 +160,12 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
   int64_t it = mega_rank_iteration(rs.rank);
   if (job->load && !mega_rank_loaded_path(rs.rank))
     fprintf(stderr, "megaw: no checkpoint in --load %s; starting from fresh weights\n", job->load);
+  if (mega_rank_load_notice(rs.rank))
+    fprintf(stderr, "megaw: %s\n", mega_rank_load_notice(rs.rank));
   if (mega_rank_loaded_path(rs.rank))
-    fprintf(stderr, "megaw: resumed from %s at iteration %lld\n", mega_rank_loaded_path(rs.rank),
-            (long long)it);
+    fprintf(stderr, "megaw: %s %s at iteration %lld\n",
+            job->finetune ? "loaded the weights of" : "resumed from",
+            mega_rank_loaded_path(rs.rank), (long long)it);
   if (it >= job->train_iters)
     fprintf(stderr, "megaw: already at iteration %lld, --train-iters %d: nothing to train\n",
             (long long)it, job->train_iters);

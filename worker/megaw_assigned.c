@@ -56,15 +56,32 @@ static void on_step(void *arg, const mega_rank_metrics *m) {
 static void on_phase(void *arg, const char *phase, int64_t iteration) {
   assigned *a = arg;
   if (!strcmp(a->phase, phase)) return;
+  bool after_setup = !strcmp(a->phase, "setup");
   snprintf(a->phase, sizeof a->phase, "%s", phase);
   mega_err err = {0};
   if (mega_link_send_progress(a->link, phase, iteration, &err) != MEGA_OK)
     fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
+  /* every rank loaded alike: rank 0 says once what --load passed over */
+  const char *notice = after_setup && a->rank ? mega_rank_load_notice(a->rank) : NULL;
+  if (notice) fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, notice);
+  if (notice && a->rank_id == 0 && mega_link_send_note(a->link, notice, &err) != MEGA_OK)
+    fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
 }
 
+/* The coordinator's go-ahead, in slices, so a signal that stops the rank
+ * is not held up by the wait (an Abort ends the link, and the wait with it). */
 static mega_status await_commit(void *arg, int64_t iteration, mega_err *err) {
   assigned *a = arg;
-  return mega_link_await_commit(a->link, iteration, 0, err);
+  int left = (int)mega_link_assignment(a->link)->bootstrap->kv_timeout_ms;
+  if (left <= 0) left = 60000;
+  for (;;) {
+    int slice = left < 250 ? left : 250;
+    mega_status s = mega_link_await_commit(a->link, iteration, slice, err);
+    left -= slice;
+    if (s != MEGA_ERR_TIMEOUT || left <= 0) return s;
+    if (stop_signal)
+      return mega_fail(err, MEGA_ERR_CANCELLED, "stopped by a signal before the commit");
+  }
 }
 
 static void on_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
@@ -165,7 +182,7 @@ int megaw_run_assigned(const char *fd_env) {
     fprintf(stderr, "megaw: MEGA_WORKER_FD='%s' is not a file descriptor; megad sets it\n", fd_env);
     return 2;
   }
-  assigned a = {0};
+  assigned a = {.phase = "setup"};
   pthread_mutex_init(&a.mu, NULL);
   mega_err err = {0};
   if (mega_link_open((int)fd, 30000, &a.link, &err) != MEGA_OK) {

@@ -16,7 +16,10 @@
 #include "worker/lr_sched.h"
 #include "worker/rank_ckpt.h"
 
-enum { GROUP_PP, GROUP_DP, GROUP_EMBD, NGROUPS };
+/* GROUP_CKPT: the writers (each stage's dp 0, tp 0 rank), used only by
+ * whichever thread writes a checkpoint, never by the training thread's
+ * collectives (comm.h, Ordering). */
+enum { GROUP_PP, GROUP_DP, GROUP_EMBD, GROUP_CKPT, NGROUPS };
 
 struct mega_rank {
   mega_rank_env env;
@@ -39,7 +42,9 @@ struct mega_rank {
   pthread_mutex_t comm_lock; /* guards comm[] against mega_rank_abort's thread */
   mega_p2p *p2p;
   bool simulate;
-  const char *loaded;
+  mega_rank_ckpt_loaded loaded;
+  mega_ckpt_param *save_params; /* the writer's tensors: chunks' views less the tied copy */
+  mega_rank_saver *saver;       /* writers with --save */
   mega_engine *engine;
   mega_schedule eval_sched;  /* forward-only, when --eval-interval is set */
   mega_engine *eval_engine;
@@ -105,18 +110,13 @@ static mega_status check_abort(mega_rank *r, mega_err *err) {
 
 /* ---- groups ---- */
 
-static mega_status make_group(mega_rank *r, int g, mega_group_kind kind, const char *name,
+static mega_status join_group(mega_rank *r, int g, const char *group, int pos, int size,
                               mega_err *err) {
-  int pos = 0, idx = mega_topo_group_of(&r->topo, kind, r->env.rank, &pos);
-  int size = mega_topo_group_size(&r->topo, kind);
-  if (idx < 0 || size < 2) return MEGA_OK;
-  char group[64];
-  snprintf(group, sizeof group, "%s%d", name, idx);
   mega_comm *c = NULL;
   mega_status st = mega_comm_create(r->store, group, pos, size, r->env.hostname, timeout_ms(r),
                                     &c, err);
   if (st != MEGA_OK) {
-    mega_err_prefix(err, "joining %s group %d as rank %d of %d", name, idx, pos, size);
+    mega_err_prefix(err, "joining group %s as rank %d of %d", group, pos, size);
     return st;
   }
   pthread_mutex_lock(&r->comm_lock);
@@ -126,6 +126,19 @@ static mega_status make_group(mega_rank *r, int g, mega_group_kind kind, const c
   pthread_mutex_unlock(&r->comm_lock);
   return check_abort(r, err);
 }
+
+static mega_status make_group(mega_rank *r, int g, mega_group_kind kind, const char *name,
+                              mega_err *err) {
+  int pos = 0, idx = mega_topo_group_of(&r->topo, kind, r->env.rank, &pos);
+  int size = mega_topo_group_size(&r->topo, kind);
+  if (idx < 0 || size < 2) return MEGA_OK;
+  char group[64];
+  snprintf(group, sizeof group, "%s%d", name, idx);
+  return join_group(r, g, group, pos, size, err);
+}
+
+/* Data-parallel replicas hold the same weights: the first one saves. */
+static bool is_writer(const mega_rank *r) { return r->me.dp == 0 && r->me.tp == 0; }
 
 /* Every rank builds its groups in the same order (PP, DP, EMBD), so each
  * creation only waits for members that are creating the same group. */
@@ -138,13 +151,17 @@ static mega_status build_groups(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK) st = make_group(r, GROUP_PP, MEGA_GROUP_PP, "pp", err);
   if (st == MEGA_OK) st = make_group(r, GROUP_DP, MEGA_GROUP_DP, "dp", err);
   if (st == MEGA_OK) st = make_group(r, GROUP_EMBD, MEGA_GROUP_EMBD, "embd", err);
+  /* The writers: the pipeline of dp 0, tp 0, once more, for checkpoints. */
+  if (st == MEGA_OK && r->job->save && is_writer(r) && r->topo.pp > 1)
+    st = join_group(r, GROUP_CKPT, "ckpt", r->me.pp, r->topo.pp, err);
   mega_store_close(r->store);
   r->store = NULL;
   return st;
 }
 
-/* Data-parallel replicas hold the same weights: the first one saves. */
-static bool is_writer(const mega_rank *r) { return r->me.dp == 0 && r->me.tp == 0; }
+static void phase(mega_rank *r, const char *name) {
+  if (r->env.on_phase) r->env.on_phase(r->env.arg, name, r->iteration);
+}
 
 /* A distributed optimizer holds only its shards of the moments, and
  * checkpoints hold whole tensors: whole moments live in these arrays (one
@@ -179,36 +196,99 @@ static mega_status whole_moments_alloc(mega_rank *r, whole_moments *w, mega_err 
   return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the optimizer's whole moments");
 }
 
+/* The writer's tensors in save_params (which the saver borrows): the
+ * chunks' views, a loss stage's tied copy of wte left out. */
+static size_t fill_save_params(mega_rank *r) {
+  size_t n = 0;
+  for (size_t k = 0; k < r->chunks.nparams; k++)
+    if (!r->chunks.tied_copy[k]) r->save_params[n++] = r->chunks.ckpt[k];
+  return n;
+}
+
+/* Distributed optimizer: points the writer's tensors' moments at whole
+ * moments (the saver reads them only while it stages a save). */
+static void point_save_moments(mega_rank *r, const whole_moments *w) {
+  mega_chunks_point_moments(&r->chunks, w->avg, w->sq);
+  fill_save_params(r);
+  mega_chunks_point_moments(&r->chunks, NULL, NULL);
+}
+
 mega_status mega_rank_save(mega_rank *r, mega_err *err) {
   if (!r->job->save) return mega_fail(err, MEGA_ERR_INVALID, "no --save directory given");
-  bool wrote = false;
-  uint64_t bytes = 0;
-  struct timespec a, b;
-  clock_gettime(CLOCK_MONOTONIC, &a);
+  phase(r, "checkpoint");
+  double t0 = mega_rank_saver_now();
+  bool async = r->job->async_save;
+  /* --overlap-param-gather may leave gathers in flight */
   mega_status st = mega_grads_wait_params(r->chunks.grads, -1, err);
   whole_moments w = {0};
   if (st == MEGA_OK && r->job->use_distributed_optimizer) {
-    /* every data-parallel rank takes part in the gather; the writer saves */
+    /* every data-parallel rank takes part in the gather of the moments; the
+     * writer stages whole tensors from them */
     st = whole_moments_alloc(r, &w, err);
     if (st == MEGA_OK) st = mega_grads_gather_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
-    if (st == MEGA_OK) mega_chunks_point_moments(&r->chunks, w.avg, w.sq);
+    if (st == MEGA_OK && r->saver) point_save_moments(r, &w);
   }
-  if (st == MEGA_OK)
-    st = mega_rank_ckpt_save(r->be, r->job, &r->chunks, r->optim, r->iteration, is_writer(r),
-                             &wrote, &bytes, err);
-  if (w.avg) {
-    mega_chunks_point_moments(&r->chunks, NULL, NULL);
-    whole_moments_free(&w);
-  }
-  clock_gettime(CLOCK_MONOTONIC, &b);
-  if (st == MEGA_OK && wrote && r->env.on_checkpoint) {
+  if (st != MEGA_OK) {
+    /* nothing staged */
+  } else if (!r->saver) { /* a replica: nothing of its own to write */
     char path[4096];
     mega_ckpt_iter_path(path, sizeof path, r->job->save, r->iteration);
-    double s = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
-    mega_rank_ckpt_report rep = {.iteration = r->iteration, .path = path, .bytes = bytes,
-                                 .duration_s = s, .blocked_s = s, .committed = true};
-    r->env.on_checkpoint(r->env.arg, &rep);
+    mega_rank_ckpt_report rep = {.iteration = r->iteration, .path = path};
+    if (r->env.on_checkpoint) r->env.on_checkpoint(r->env.arg, &rep);
+  } else {
+    mega_ckpt_state s = {.iteration = r->iteration,
+                         .consumed_samples = r->iteration * (int64_t)r->job->global_batch_size,
+                         .optimizer_steps = mega_optim_steps(r->optim),
+                         .attempt = r->env.attempt, .has_sched = true, .sched = r->lr};
+    st = mega_rank_saver_stage(r->saver, r->be, &s, t0, err);
+    if (st == MEGA_OK && !async) st = mega_rank_saver_write(r->saver, err);
   }
+  whole_moments_free(&w); /* staged: the writer has its host copies */
+  /* Every rank leaves the save point together: the writers meet (with
+   * --async-save before the write starts, so the training thread never
+   * shares GROUP_CKPT with the checkpoint thread; without it once the
+   * committer has committed), then the replicas meet their writer. The
+   * wait for a save, or for the one before it, may outlast the
+   * communicators' timeout that the next step's collectives would use, so
+   * it happens here, under the writers' long bound. */
+  if (st == MEGA_OK && r->comm[GROUP_CKPT])
+    st = mega_comm_barrier(r->comm[GROUP_CKPT], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
+  if (st == MEGA_OK && r->comm[GROUP_DP])
+    st = mega_comm_barrier(r->comm[GROUP_DP], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
+  if (st == MEGA_OK && r->saver && async) st = mega_rank_saver_write(r->saver, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "rank %d", r->env.rank);
+  return st;
+}
+
+mega_status mega_rank_save_wait(mega_rank *r, mega_err *err) {
+  if (!r->saver) return MEGA_OK;
+  mega_status st = mega_rank_saver_wait(r->saver, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "rank %d", r->env.rank);
+  return st;
+}
+
+/* The writer's tensors and its saver (after the optimizer and the groups). */
+static mega_status build_saver(mega_rank *r, mega_err *err) {
+  if (!r->job->save || !is_writer(r)) return MEGA_OK;
+  r->save_params = calloc(r->chunks.nparams + 1, sizeof *r->save_params);
+  if (!r->save_params) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the saver");
+  size_t n = fill_save_params(r);
+  /* A distributed optimizer's tensors have state too: the saver sees that
+   * from their moments, which every save points at whole ones. */
+  whole_moments w = {0};
+  mega_status st = MEGA_OK;
+  if (r->job->use_distributed_optimizer) {
+    st = whole_moments_alloc(r, &w, err);
+    if (st == MEGA_OK) point_save_moments(r, &w);
+  }
+  mega_rank_saver_config sc = {
+      .writer = {.save_dir = r->job->save, .cfg = &r->chunks.cfg, .job = r->job,
+                 .comm = r->comm[GROUP_CKPT], .attempt = r->env.attempt},
+      .async = r->job->async_save, .rank = r->env.rank,
+      .on_checkpoint = r->env.on_checkpoint, .await_commit = r->env.await_commit,
+      .arg = r->env.arg};
+  if (st == MEGA_OK) st = mega_rank_saver_create(&sc, r->save_params, n, &r->saver, err);
+  whole_moments_free(&w);
   return st;
 }
 
@@ -292,15 +372,15 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
 /* --load: whole tensors by name, at any data-parallel size; a distributed
  * optimizer keeps its shards of the whole moments. */
 static mega_status load_checkpoint(mega_rank *r, mega_err *err) {
-  if (!r->job->use_distributed_optimizer)
-    return mega_rank_ckpt_load(r->be, r->job, &r->chunks, r->optim, &r->iteration, &r->loaded,
-                               err);
+  const mega_jobspec *j = r->job;
+  if (!j->use_distributed_optimizer)
+    return mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
   whole_moments w;
   mega_status st = whole_moments_alloc(r, &w, err);
   if (st != MEGA_OK) return st;
   mega_chunks_point_moments(&r->chunks, w.avg, w.sq);
-  st = mega_rank_ckpt_load(r->be, r->job, &r->chunks, r->optim, &r->iteration, &r->loaded, err);
-  if (st == MEGA_OK && r->loaded)
+  st = mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
+  if (st == MEGA_OK && r->loaded.loaded && !j->finetune && !j->no_load_optim)
     st = mega_grads_scatter_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
   mega_chunks_point_moments(&r->chunks, NULL, NULL);
   whole_moments_free(&w);
@@ -310,6 +390,7 @@ static mega_status load_checkpoint(mega_rank *r, mega_err *err) {
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
+  phase(r, "setup");
   mega_backend_cpu_opts bo = {.threads = j->blas_threads};
   mega_status st = mega_backend_cpu_create(&bo, &r->be, err);
   if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
@@ -335,6 +416,10 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
                    "--recompute-granularity: activation recomputation is not built yet; drop the "
                    "flag (--deallocate-pipeline-outputs saves pipeline memory)");
   if (st == MEGA_OK) st = build_optimizer(r, err);
+  if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
+  /* The committer clears interrupted saves before the groups exist, so no
+   * rank can be writing into SAVE yet. */
+  if (st == MEGA_OK && j->save && r->env.rank == 0) st = mega_ckpt_clean_temps(j->save, NULL, err);
   if (st == MEGA_OK) st = build_groups(r, err);
   if (st == MEGA_OK) mega_grads_set_comm(r->chunks.grads, r->comm[GROUP_DP]);
   if (st == MEGA_OK) st = build_engine(r, err);
@@ -343,9 +428,11 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     r->spans = calloc(r->span_cap, sizeof *r->spans);
     if (!r->spans) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
   }
-  if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
-  if (st == MEGA_OK && j->save && is_writer(r)) st = mega_ckpt_clean_temps(j->save, NULL, err);
-  if (st == MEGA_OK && j->load) st = load_checkpoint(r, err);
+  if (st == MEGA_OK && j->load) {
+    st = load_checkpoint(r, err);
+    if (st == MEGA_OK) r->iteration = r->loaded.iteration;
+  }
+  if (st == MEGA_OK) st = build_saver(r, err);
   return st;
 }
 
@@ -437,6 +524,7 @@ static uint64_t replica_tokens(const mega_rank *r, int64_t it) {
 
 mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   int64_t it = r->iteration;
+  phase(r, "train");
   bool trace = r->job->trace_iteration == it + 1 && r->spans;
   double t0 = wall_s();
   *m = (mega_rank_metrics){.iteration = it + 1, .rank = r->env.rank, .pp_rank = r->me.pp,
@@ -529,12 +617,20 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->optimizer_state_bytes = mega_optim_state_bytes(r->optim);
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
-  if (r->eval_engine && r->iteration % r->job->eval_interval == 0) return evaluate(r, m, err);
+  if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {
+    phase(r, "eval");
+    return evaluate(r, m, err);
+  }
   return MEGA_OK;
 }
 
 int64_t mega_rank_iteration(const mega_rank *r) { return r->iteration; }
-const char *mega_rank_loaded_path(const mega_rank *r) { return r->loaded; }
+const char *mega_rank_loaded_path(const mega_rank *r) {
+  return r->loaded.loaded ? r->loaded.path : NULL;
+}
+const char *mega_rank_load_notice(const mega_rank *r) {
+  return r->loaded.notice[0] ? r->loaded.notice : NULL;
+}
 
 size_t mega_rank_num_params(const mega_rank *r) {
   size_t n = 0; /* the tensors' elements, not the buffers' padding */
@@ -557,6 +653,22 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
   /* --overlap-param-gather leaves the last gathers in flight: finish them
    * before the communicators go, or a peer still in them would fail. */
   if (st == MEGA_OK) st = mega_grads_wait_params(r->chunks.grads, -1, err);
+  /* The last save's write may still run (--async-save). After a failure
+   * its gathers could wait on writers that will never come: abandon it. */
+  if (st != MEGA_OK) {
+    pthread_mutex_lock(&r->comm_lock);
+    if (r->comm[GROUP_CKPT]) mega_comm_abort(r->comm[GROUP_CKPT]);
+    pthread_mutex_unlock(&r->comm_lock);
+  }
+  if (r->saver) {
+    if (st == MEGA_OK) phase(r, "checkpoint");
+    mega_err werr = {0};
+    mega_status ws = mega_rank_save_wait(r, &werr);
+    if (st == MEGA_OK && ws != MEGA_OK) {
+      st = ws;
+      if (err) *err = werr;
+    }
+  }
   /* A communicator fails with the cause of the first broken link; an abort
    * explains itself better. */
   if (st != MEGA_OK && atomic_load(&r->aborted) && st != MEGA_ERR_CANCELLED) check_abort(r, err);
@@ -565,6 +677,8 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
 
 void mega_rank_destroy(mega_rank *r) {
   if (!r) return;
+  mega_rank_saver_destroy(r->saver); /* waits for its thread, which uses GROUP_CKPT */
+  free(r->save_params);
   mega_engine_destroy(r->engine);
   mega_engine_destroy(r->eval_engine);
   mega_p2p_destroy(r->p2p);

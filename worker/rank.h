@@ -135,16 +135,30 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err);
 /* One iteration: the schedule, gradient reductions, optimizer. */
 mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err);
 
-/* Writes a checkpoint of the current iteration under --save (the rank that
- * writes for its replicas does; the others return at once). */
+/* Writes a checkpoint of the current iteration under --save. Every rank of
+ * the job calls it at the same iteration. The dp 0, tp 0 rank of each
+ * pipeline stage writes that stage's tensors, and rank 0 commits; the
+ * others report at once (on_checkpoint). Every rank returns when the
+ * others have reached the save too. Without --async-save that is once the
+ * checkpoint is committed (or refused). With --async-save it is once the
+ * writers' tensors are copied to host memory; the files are written on a
+ * thread, and the next save, mega_rank_save_wait and mega_rank_run wait for
+ * it. A failure of that write is returned by whichever waits next. */
 mega_status mega_rank_save(mega_rank *r, mega_err *err);
+/* Waits for this rank's checkpoint write in flight, if any. */
+mega_status mega_rank_save_wait(mega_rank *r, mega_err *err);
 
 int64_t mega_rank_iteration(const mega_rank *r); /* completed */
 const char *mega_rank_loaded_path(const mega_rank *r); /* the checkpoint resumed, or NULL */
+/* One line when --load passed over an incomplete checkpoint (which, why,
+ * and what loaded instead), else NULL. Valid until destroy. */
+const char *mega_rank_load_notice(const mega_rank *r);
 size_t mega_rank_num_params(const mega_rank *r);       /* in this rank's chunks */
 
-/* Sets up if needed, then trains to --train-iters (or until aborted). MEGA_ERR_CANCELLED after an
- * abort; MEGA_ERR_PEER when another rank failed (the message names it). */
+/* Sets up if needed, then trains to --train-iters (or until aborted), saving
+ * when due, and waits for the last checkpoint's write. MEGA_ERR_CANCELLED
+ * after an abort; MEGA_ERR_PEER when another rank failed (the message names
+ * it). */
 mega_status mega_rank_run(mega_rank *r, mega_err *err);
 
 /* From any thread, at any time after create: stops the rank promptly. Every

@@ -80,7 +80,7 @@ has out.txt "^submitted $id (tiny)"
 run 0 "$megactl" watch "$id" --json
 same "$(wc -l <out.txt)" 3
 same "$(jq -c '[.iteration]' out.txt | tr -d '\n')" '[1][2][3]'
-keys='["iteration","loss","grad_norm","lr","step_time_s","tokens_per_s","ranks"]'
+keys='["iteration","attempt","loss","grad_norm","lr","step_time_s","tokens_per_s","ranks"]'
 rkeys='["rank","pp_rank","dp_rank","tp_rank","compute_s","bubble_s","p2p_wait_s","grad_sync_exposed_s","peak_activation_bytes","param_bytes","grad_bytes","optimizer_state_bytes"]'
 while read -r line; do
   same "$(jq -c keys_unsorted <<<"$line")" "$keys"
@@ -202,6 +202,33 @@ run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --max-restarts many
 has err.txt "--max-restarts: 'many' is not a count"
 run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --step-timeout 30
 has err.txt "needs a unit: write 30ms or 30s"
+
+# ---- watch through the coordinator's restart ----
+# kill -9 megad under a running job; started again on its state dir (and
+# port) it resumes the job, and the watch follows without a gap or a repeat
+run 0 "$megactl" submit "${tiny[@]}" --train-iters 400 --save "$work/ck" --save-interval 20 \
+  --name survivor --nproc-per-node 2
+survivor=$(tail -1 out.txt)
+"$megactl" watch "$survivor" --json >survivor.json 2>survivor.err &
+watch_pid=$!
+for _ in $(seq 200); do
+  [ "$(wc -l <survivor.json)" -ge 60 ] && break
+  sleep 0.05
+done
+kill -KILL "$megad_pid"
+wait "$megad_pid" 2>/dev/null
+"$megad" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --slots 2 \
+  --node-name e2e-node >megad.out 2>>megad.log &
+megad_pid=$!
+wait "$watch_pid"
+same "$?" 0
+grep -q "lost the watch of $survivor" survivor.err || fail "no reconnect said: $(cat survivor.err)"
+same "$(jq -s 'map(.iteration) | last' survivor.json)" 400
+# after the restart the redone iterations come again, under the new attempt
+jq -e -s 'group_by(.attempt) | length == 2' survivor.json >/dev/null ||
+  fail "not two attempts in the watch: $(jq -c -s 'map([.attempt, .iteration])' survivor.json | head -c 400)"
+[ "$(jq -s 'map(select(.attempt == 0)) | map(.iteration) | . == (. | unique)' survivor.json)" = true ] ||
+  fail "an iteration shown twice within one attempt"
 
 # ---- megad gone ----
 kill -TERM "$megad_pid"

@@ -191,7 +191,7 @@ static void test_step_metrics_json_keys(void **state) {
   m.lr = 1e-4;
   m.step_time_s = 0.25;
   m.tokens_per_s = 256;
-  m.attempt = 2;          /* not among the keys */
+  m.attempt = 2;          /* which attempt merged it: a restart redoes iterations */
   m.time_unix_ms = 12345; /* nor this */
   m.ranks = &rp;
   m.n_ranks = 1;
@@ -212,7 +212,7 @@ static void test_step_metrics_json_keys(void **state) {
   assert_non_null(j);
   char *s = json_dumps(j, JSON_COMPACT);
   assert_string_equal(s,
-                      "{\"iteration\":3,\"loss\":null,\"grad_norm\":0.5,\"lr\":0.0001,"
+                      "{\"iteration\":3,\"attempt\":2,\"loss\":null,\"grad_norm\":0.5,\"lr\":0.0001,"
                       "\"step_time_s\":0.25,\"tokens_per_s\":256.0,\"ranks\":[{\"rank\":1,"
                       "\"pp_rank\":1,\"dp_rank\":0,\"tp_rank\":0,\"compute_s\":0.20000000000000001,"
                       "\"bubble_s\":0.050000000000000003,\"p2p_wait_s\":0.01,"

@@ -469,6 +469,29 @@ static void test_check_errors(void **state) {
                      "--lr-warmup-iters 10 must be less than the decay iterations 5");
   expect_check_error(ARGV("--save-interval", "5"), 1, -1, "--save-interval needs --save DIR");
   expect_check_error(ARGV("--save-initial"), 1, -1, "--save-initial needs --save DIR");
+  expect_check_error(ARGV("--async-save"), 1, -1, "--async-save needs --save DIR");
+  /* Megatron's load flags */
+  static const char *const load_flags[] = {"--finetune", "--no-load-optim", "--no-load-rng",
+                                           "--override-opt_param-scheduler",
+                                           "--use-checkpoint-opt_param-scheduler"};
+  for (size_t i = 0; i < 5; i++) {
+    char want[96];
+    snprintf(want, sizeof want, "%s needs --load DIR", load_flags[i]);
+    char *flag = (char *)load_flags[i];
+    expect_check_error(ARGV(flag), 1, -1, want);
+    expect_check_ok(ARGV(flag, "--load", "/l"), 1, -1);
+  }
+  expect_check_error(ARGV("--load", "/l", "--override-opt_param-scheduler",
+                          "--use-checkpoint-opt_param-scheduler"),
+                     1, -1, "exclude each other");
+  expect_check_error(ARGV("--load", "/l", "--finetune", "--use-checkpoint-opt_param-scheduler"),
+                     1, -1, "cannot be used with --finetune");
+  expect_check_error(ARGV("--load", "/l", "--no-load-optim",
+                          "--use-checkpoint-opt_param-scheduler"),
+                     1, -1, "cannot be used with --no-load-optim");
+  expect_check_ok(ARGV("--load", "/l", "--no-load-optim", "--override-opt_param-scheduler",
+                       "--no-load-rng"), 1, -1);
+  expect_check_ok(ARGV("--save", "/s", "--async-save"), 1, -1);
   expect_check_error(ARGV("--trace-iteration", "11"), 1, -1,
                      "--trace-iteration 11 is past the last iteration (--train-iters 10)");
 
@@ -625,6 +648,8 @@ static void make_full(mega_jobspec *s) {
                     "constant", "--weight-decay", "0", "--adam-beta1", "0.8", "--adam-beta2",
                     "0.95", "--adam-eps", "1e-6", "--clip-grad", "0", "--save", "/s",
                     "--save-interval", "3", "--save-initial", "--load", "-weird dir",
+                    "--async-save", "--finetune", "--no-load-optim", "--no-load-rng",
+                    "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
                     "--eval-interval", "5", "--eval-iters", "2",
                     "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
                     "--virtual-pipeline-model-parallel-size", "2",

@@ -93,6 +93,8 @@ bool hd_start(hd *d, const char *name, int slots, const char *peers, const char 
               const char *const *extra) {
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "%s", name);
+  d->slots = slots;
+  snprintf(d->peers, sizeof d->peers, "%s", peers ? peers : "");
   if (state_dir) snprintf(d->dir, sizeof d->dir, "%s", state_dir);
   else hd_tmpdir(d->dir, sizeof d->dir);
   snprintf(d->log, sizeof d->log, "%s.log", d->dir);
@@ -150,6 +152,14 @@ bool hd_start(hd *d, const char *name, int slots, const char *peers, const char 
   }
   mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 200};
   return mega_rpc_channel_new(d->addr, &o, &d->ch, NULL) == MEGA_OK;
+}
+
+bool hd_restart(hd *d, const char *const *extra) {
+  hd_kill(d);
+  if (d->ch) mega_rpc_channel_free(d->ch);
+  d->ch = NULL;
+  hd was = *d;
+  return hd_start(d, was.name, was.slots, was.peers[0] ? was.peers : NULL, was.dir, extra);
 }
 
 int hd_stop(hd *d) {
@@ -279,6 +289,17 @@ Mega__V1__ListNodesResponse *hd_list_nodes(hd *d, mega_err *err) {
   if (mega_rpc_unary(d->ch, &mega_control_list_nodes, &req.base, 5000, &resp, err) != MEGA_OK)
     return NULL;
   return (Mega__V1__ListNodesResponse *)resp;
+}
+
+uint64_t hd_wait_checkpoint(hd *d, const char *job_id, uint64_t iteration, int ms) {
+  for (int t = 0; t < ms; t += 50) {
+    Mega__V1__Job *j = hd_get_job(d, job_id, NULL);
+    uint64_t k = j ? j->checkpoint_iteration : 0;
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    if (k && k >= iteration) return k;
+    usleep(50000);
+  }
+  return 0;
 }
 
 bool hd_wait_alive(hd *d, int want, int ms) {

@@ -15,6 +15,8 @@
 typedef struct hd {
   pid_t pid;
   char name[32];
+  int slots;
+  char peers[128];
   char dir[128];  /* state dir (owned by the test: removed by hd_cleanup) */
   char log[160];  /* megad's stderr */
   char addr[64];  /* 127.0.0.1:PORT */
@@ -31,6 +33,9 @@ void hd_rmdir(const char *dir);
  * when it does not come up. */
 bool hd_start(hd *d, const char *name, int slots, const char *peers, const char *state_dir,
               const char *const *extra);
+/* kill -9 (when it runs), then starts the same megad again on its state dir
+ * (name, slots, peers; extra as hd_start's): a restart after a crash. */
+bool hd_restart(hd *d, const char *const *extra);
 /* SIGTERM and wait (up to 20 s); the exit status, or -1. */
 int hd_stop(hd *d);
 /* SIGKILL and reap. */
@@ -58,6 +63,9 @@ mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t
                       mega_err *err);
 Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err);
 Mega__V1__ListNodesResponse *hd_list_nodes(hd *d, mega_err *err);
+/* Waits up to ms until job_id has a committed checkpoint at or past
+ * iteration; returns its iteration (0: none in time). */
+uint64_t hd_wait_checkpoint(hd *d, const char *job_id, uint64_t iteration, int ms);
 /* Nodes the view shows ALIVE; waits up to ms for want. */
 bool hd_wait_alive(hd *d, int want, int ms);
 

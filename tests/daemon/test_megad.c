@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -262,11 +263,8 @@ static void test_restart_replays_journal(void **state) {
   for (int i = 0; i < 100 && hd_pid_alive(pids[0]); i++) usleep(50000);
   assert_false(hd_pid_alive(pids[0]));
 
-  char dir[128];
-  snprintf(dir, sizeof dir, "%s", d.dir);
-  if (d.ch) mega_rpc_channel_free(d.ch);
-  hd d2;
-  assert_true(hd_start(&d2, "r1", 2, NULL, dir, NULL));
+  hd d2 = d;
+  assert_true(hd_restart(&d2, NULL));
   Mega__V1__Job *a = hd_get_job(&d2, done_id, &err);
   assert_non_null(a);
   assert_int_equal(a->state, STATE(SUCCEEDED));
@@ -325,7 +323,8 @@ static void test_run_json(void **state) {
   assert_non_null(p);
   char line[8192];
   int lines = 0;
-  const char *keys[] = {"iteration", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s", "ranks"};
+  const char *keys[] = {"iteration", "attempt", "loss", "grad_norm", "lr", "step_time_s",
+                        "tokens_per_s", "ranks"};
   const char *rkeys[] = {"rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "bubble_s",
                          "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes",
                          "param_bytes", "grad_bytes", "optimizer_state_bytes"};
@@ -333,8 +332,8 @@ static void test_run_json(void **state) {
     json_error_t je;
     json_t *o = json_loads(line, 0, &je);
     assert_non_null(o);
-    assert_int_equal(json_object_size(o), 7);
-    for (size_t k = 0; k < 7; k++) assert_non_null(json_object_get(o, keys[k]));
+    assert_int_equal(json_object_size(o), 8);
+    for (size_t k = 0; k < 8; k++) assert_non_null(json_object_get(o, keys[k]));
     assert_int_equal(json_integer_value(json_object_get(o, "iteration")), lines + 1);
     json_t *ranks = json_object_get(o, "ranks");
     assert_int_equal(json_array_size(ranks), 2);
@@ -351,6 +350,40 @@ static void test_run_json(void **state) {
   assert_true(WIFEXITED(st));
   assert_int_equal(WEXITSTATUS(st), 0);
   assert_int_equal(lines, 3);
+
+  /* a job that fails in its worker: the cause once, exit 1, no temp dir left */
+  char bad[256];
+  snprintf(bad, sizeof bad, "%s/badckpt", dir);
+  mkdir(bad, 0755);
+  char latest[300];
+  snprintf(latest, sizeof latest, "%s/latest_checkpointed_iteration.txt", bad);
+  FILE *lf = fopen(latest, "w");
+  fputs("garbage\n", lf);
+  fclose(lf);
+  const char *fails[] = {"--load", bad, NULL};
+  hd_tiny_spec(&spec, dir, 3, fails);
+  off = snprintf(cmd, sizeof cmd, "'%s' run --slots 1 --worker '%s'", getenv("MEGAD"),
+                 getenv("MEGAW"));
+  for (size_t i = 0; i < spec.n_args; i++)
+    off += snprintf(cmd + off, sizeof cmd - (size_t)off, " '%s'", spec.args[i]);
+  snprintf(cmd + off, sizeof cmd - (size_t)off, " 2>&1");
+  p = popen(cmd, "r");
+  char all[8192] = "";
+  size_t got = fread(all, 1, sizeof all - 1, p);
+  all[got] = '\0';
+  st = pclose(p);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  const char *first = strstr(all, "one iteration number");
+  if (!first) fprintf(stderr, "megad run said: %s\n", all);
+  assert_non_null(first);
+  assert_null(strstr(first + 1, "one iteration number")); /* said once */
+  assert_non_null(strstr(all, "now removed"));
+  char tmp[256] = "";
+  const char *t = strstr(all, "/tmp/megad-run-");
+  if (t) snprintf(tmp, sizeof tmp, "%.21s", t);
+  struct stat sb;
+  if (tmp[0]) assert_int_not_equal(stat(tmp, &sb), 0);
 
   /* a bad job: exit 2 with the reason */
   snprintf(cmd, sizeof cmd, "'%s' run --slots 2 --worker '%s' --num-layers 2 2>&1",

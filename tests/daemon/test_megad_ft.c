@@ -183,6 +183,71 @@ static void test_worker_kill_restarts_exactly(void **state) {
   hd_cleanup(&d);
 }
 
+/* ---- the newest checkpoint is damaged when a restart needs it: the
+ * restart loads the one before, and the job's history says so ---- */
+
+typedef struct truncater {
+  hd *d;
+  const char *job_id;
+  bool done;
+  uint64_t damaged, ck_at_kill;
+} truncater;
+
+static void truncate_then_kill(void *arg, const Mega__V1__WatchJobResponse *it) {
+  truncater *t = arg;
+  if (t->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < 22)
+    return;
+  Mega__V1__Job *j = hd_get_job(t->d, t->job_id, NULL);
+  if (!j || j->checkpoint_iteration < 20) {
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    return;
+  }
+  /* cut the newest committed checkpoint's model file in half */
+  char path[512];
+  snprintf(path, sizeof path, "%s/model.safetensors", j->checkpoint_path);
+  struct stat st;
+  if (stat(path, &st) == 0 && truncate(path, st.st_size / 2) == 0) {
+    t->damaged = j->checkpoint_iteration;
+    pid_t pids[64];
+    if (hd_workers(t->d, pids, 64) > 0) kill(pids[0], SIGKILL);
+    t->done = true;
+  }
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+}
+
+static void test_damaged_checkpoint_falls_back(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "t1", 2, NULL, NULL, NULL));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", d.dir);
+  const char *extra[] = {"--save", ckpt, "--save-interval", "10", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 60, extra);
+  spec.nproc_per_node = 2;
+  spec.max_restarts = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  truncater t = {.d = &d, .job_id = id};
+  hd_watch w;
+  hd_watch_job_cb(&d, id, true, 120000, &w, truncate_then_kill, &t);
+  must_succeed(&d, &w);
+  assert_true(t.done);
+  char want[128];
+  snprintf(want, sizeof want, "checkpoint iteration %llu in", (unsigned long long)t.damaged);
+  if (!strstr(w.events_text, want)) fprintf(stderr, "events:\n%s", w.events_text);
+  assert_non_null(strstr(w.events_text, want)); /* rank 0's note: which, why, what instead */
+  assert_non_null(strstr(w.events_text, "is incomplete"));
+  /* the redone iterations began at the checkpoint before the damaged one */
+  assert_int_equal(w.attempt[t.damaged - 10 + 1], 1);
+  hd_watch_free(&w);
+  assert_true(workers_gone(d.pid, 5000));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
 /* ---- a rank that hangs (SIGSTOP) is caught by the step watchdog ---- */
 
 static void test_hung_worker_restarts(void **state) {
@@ -233,27 +298,16 @@ static void test_coordinator_restart_resumes(void **state) {
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
-  /* until a checkpoint is committed */
-  uint64_t ck = 0;
-  for (int i = 0; i < 200 && !ck; i++) {
-    Mega__V1__Job *j = hd_get_job(&d, id, &err);
-    if (j) ck = j->checkpoint_iteration;
-    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
-    usleep(50000);
-  }
+  uint64_t ck = hd_wait_checkpoint(&d, id, 1, 10000);
   assert_true(ck > 0);
   pid_t old = d.pid;
   hd_kill(&d);
   assert_true(workers_gone(old, 5000)); /* PR_SET_PDEATHSIG, and the pipe's silence */
-  char dir[128];
-  snprintf(dir, sizeof dir, "%s", d.dir);
-  if (d.ch) mega_rpc_channel_free(d.ch);
   double t0 = hd_now_s();
-  hd d2;
-  assert_true(hd_start(&d2, "c1", 2, NULL, dir, NULL));
+  assert_true(hd_restart(&d, NULL));
   hd_watch w;
-  hd_watch_job(&d2, id, true, 120000, &w);
-  must_succeed(&d2, &w);
+  hd_watch_job(&d, id, true, 120000, &w);
+  must_succeed(&d, &w);
   fprintf(stderr, "coordinator restart: resumed from iteration %llu and finished in %.2f s\n",
           (unsigned long long)ck, hd_now_s() - t0);
   assert_int_equal(w.final->attempt, 1);
@@ -262,9 +316,9 @@ static void test_coordinator_restart_resumes(void **state) {
                                         "checkpoint of iteration"));
   assert_int_equal(w.last_iteration, 500);
   hd_watch_free(&w);
-  assert_true(workers_gone(d2.pid, 5000));
-  assert_int_equal(hd_stop(&d2), 0);
-  hd_cleanup(&d2);
+  assert_true(workers_gone(d.pid, 5000));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
 }
 
 /* ---- four nodes, --nnodes 2:4: a node killed, then one frozen; the job
@@ -367,7 +421,6 @@ static void test_elastic_shrinks_on_node_loss(void **state) {
 
 typedef struct regrow {
   hd *nodes;
-  char dir3[128];
   const char *job_id;
   int step;
   mega_status rescale_st;
@@ -378,13 +431,10 @@ static void regrow_step(void *arg, const Mega__V1__WatchJobResponse *it) {
   if (it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
   uint32_t a = it->step->attempt;
   if (g->step == 0 && it->step->iteration >= 15) {
-    snprintf(g->dir3, sizeof g->dir3, "%s", g->nodes[2].dir);
     hd_kill(&g->nodes[2]);
-    if (g->nodes[2].ch) mega_rpc_channel_free(g->nodes[2].ch);
-    g->nodes[2].ch = NULL;
     g->step = 1;
   } else if (g->step == 1 && a == 1) { /* running on two: the third comes back */
-    assert_true(hd_start(&g->nodes[2], "g3", 1, g->nodes[0].addr, g->dir3, NULL));
+    assert_true(hd_restart(&g->nodes[2], NULL));
     g->step = 2;
   } else if (g->step == 2 && a == 2) { /* grown back to three: ask for two */
     Mega__V1__RescaleJobRequest req = MEGA__V1__RESCALE_JOB_REQUEST__INIT;
@@ -482,14 +532,7 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
-  uint64_t ck = 0;
-  for (int i = 0; i < 200 && !ck; i++) {
-    Mega__V1__Job *j = hd_get_job(&n1, id, &err);
-    if (j) ck = j->checkpoint_iteration;
-    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
-    usleep(50000);
-  }
-  assert_true(ck > 0);
+  assert_true(hd_wait_checkpoint(&n1, id, 1, 10000) > 0);
   pid_t remote[64];
   assert_true(hd_wait_workers(&n2, 1, 5000, remote));
   double t0 = hd_now_s();
@@ -498,10 +541,7 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   assert_true(workers_gone(n2.pid, 10000));
   fprintf(stderr, "coordinator lost: the other node's rank stopped %.2f s after kill -9\n",
           hd_now_s() - t0);
-  char dir[128];
-  snprintf(dir, sizeof dir, "%s", n1.dir);
-  if (n1.ch) mega_rpc_channel_free(n1.ch);
-  assert_true(hd_start(&n1, "k1", 1, NULL, dir, fixed));
+  assert_true(hd_restart(&n1, fixed));
   /* through the other node; a call right after k1's restart may meet the
    * old channel's backoff and is tried again, as megactl watch does */
   hd_watch w;
@@ -511,6 +551,7 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
     hd_watch_free(&w);
     usleep(500000);
   }
+  if (!w.final) hd_dump_log(&n2);
   must_succeed(&n1, &w);
   assert_true(w.final->attempt >= 1);
   assert_int_equal(w.last_iteration, 600);
@@ -529,10 +570,7 @@ static void test_waiting_job_runs_when_node_returns(void **state) {
   assert_true(hd_start(&n1, "r1", 1, NULL, NULL, NULL));
   assert_true(hd_start(&n2, "r2", 1, n1.addr, NULL, NULL));
   assert_true(hd_wait_alive(&n1, 2, 10000));
-  char dir2[128];
-  snprintf(dir2, sizeof dir2, "%s", n2.dir);
   hd_kill(&n2);
-  if (n2.ch) mega_rpc_channel_free(n2.ch);
   Mega__V1__JobSpec spec;
   hd_tiny_spec(&spec, n1.dir, 5, NULL);
   spec.nnodes_min = spec.nnodes_max = 2;
@@ -545,7 +583,7 @@ static void test_waiting_job_runs_when_node_returns(void **state) {
   assert_non_null(j);
   assert_true(j->state == STATE(PENDING) || j->state == STATE(RESTARTING));
   protobuf_c_message_free_unpacked(&j->base, NULL);
-  assert_true(hd_start(&n2, "r2", 1, n1.addr, dir2, NULL));
+  assert_true(hd_restart(&n2, NULL));
   hd_watch w;
   hd_watch_job(&n1, id, true, 60000, &w);
   must_succeed(&n1, &w);
@@ -608,25 +646,21 @@ static void test_damaged_journal_keeps_jobs(void **state) {
   c ^= 0x5a;
   assert_int_equal(pwrite(fd, &c, 1, at), 1);
   close(fd);
-  char dir[128];
-  snprintf(dir, sizeof dir, "%s", d.dir);
-  if (d.ch) mega_rpc_channel_free(d.ch);
-  hd d2;
-  assert_true(hd_start(&d2, "j1", 1, NULL, dir, NULL));
+  assert_true(hd_restart(&d, NULL));
   for (int i = 0; i < 6; i++) {
-    Mega__V1__Job *j = hd_get_job(&d2, ids[i], &err);
+    Mega__V1__Job *j = hd_get_job(&d, ids[i], &err);
     assert_non_null(j); /* each job has several records: none is lost */
     protobuf_c_message_free_unpacked(&j->base, NULL);
   }
-  FILE *f = fopen(d2.log, "r");
+  FILE *f = fopen(d.log, "r");
   char log[65536];
   size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
   log[n] = '\0';
   if (f) fclose(f);
   assert_non_null(strstr(log, "JOURNAL DAMAGED"));
   assert_non_null(strstr(log, ".damaged-"));
-  assert_int_equal(hd_stop(&d2), 0);
-  hd_cleanup(&d2);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
 }
 
 /* ---- what only a node can check fails before any rank starts, naming
@@ -698,6 +732,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_worker_kill_restarts_exactly, teardown),
+      cmocka_unit_test_teardown(test_damaged_checkpoint_falls_back, teardown),
       cmocka_unit_test_teardown(test_hung_worker_restarts, teardown),
       cmocka_unit_test_teardown(test_coordinator_restart_resumes, teardown),
       cmocka_unit_test_teardown(test_elastic_shrinks_on_node_loss, teardown),

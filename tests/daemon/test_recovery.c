@@ -135,10 +135,14 @@ static void attempt_flags(void **state) {
   assert_null(s.load);
   mega_jobspec_free(&s);
   j->ckpt_iteration = 20;
+  j->spec.finetune = j->spec.no_load_optim = true; /* started from a pretrained model */
   mega_jobspec_defaults(&s);
   assert_int_equal(mega_recovery_attempt_spec(j, &s, NULL), MEGA_OK);
   assert_string_equal(s.load, "/ck");
+  assert_false(s.finetune); /* its own checkpoint resumes whole */
+  assert_false(s.no_load_optim);
   assert_null(j->spec.load);
+  assert_true(j->spec.finetune);
   mega_jobspec_free(&s);
   j->spec_ok = false;
   mega_err err = {0};

@@ -102,7 +102,7 @@ static void save_ok(model *m, const char *dir, int64_t it, uint64_t limit) {
 /* Resolves dir and loads into m; returns the status, message in err. */
 static mega_status load(model *m, const char *dir, mega_ckpt_state *s, mega_err *err) {
   char *path = NULL;
-  mega_status st = mega_ckpt_resolve(dir, &path, err);
+  mega_status st = mega_ckpt_resolve(dir, &path, NULL, err);
   if (st != MEGA_OK) return st;
   st = mega_ckpt_load(path, m->be, &m->cfg, NULL, m->cp, m->n, s, err);
   free(path);
@@ -216,18 +216,23 @@ static void test_sharding(void **state) {
   assert_int_equal(load(&b, dir, &s, &err), MEGA_OK);
   assert_same(&a, &b);
 
-  /* a tampered index is refused */
+  /* a tampered index fails the manifest's checksum, and resolving refuses
+   * the checkpoint; loaded anyway, the index is checked against its files */
   snprintf(path, sizeof path, "%s/model.safetensors.index.json", it);
   idx = json_load_file(path, 0, NULL);
   json_object_set_new(json_object_get(idx, "metadata"), "total_size", json_integer(12));
   json_dump_file(idx, path, 0);
   assert_int_equal(load(&b, dir, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "model.safetensors.index.json"));
+  assert_non_null(strstr(err.msg, "incomplete"));
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, NULL, b.cp, b.n, &s, &err),
+                   MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "total_size"));
   json_object_set_new(json_object_get(idx, "metadata"), "total_size", json_integer((json_int_t)total));
   json_object_set_new(json_object_get(idx, "weight_map"), "transformer.wte.weight",
                       json_string("model-00009-of-00009.safetensors"));
   json_dump_file(idx, path, 0);
-  assert_int_equal(load(&b, dir, &s, &err), MEGA_ERR_IO);
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, NULL, b.cp, b.n, &s, &err), MEGA_ERR_IO);
   assert_non_null(strstr(err.msg, "model-00009-of-00009.safetensors"));
   json_decref(idx);
   model_free(&a);
@@ -309,7 +314,7 @@ static void test_atomicity(void **state) {
   assert_false(tu_exists(path));
   assert_int_equal(tu_count_prefix(dir, ".tmp"), 0);
   char *resolved = NULL;
-  assert_int_equal(mega_ckpt_resolve(dir, &resolved, &err), MEGA_OK);
+  assert_int_equal(mega_ckpt_resolve(dir, &resolved, NULL, &err), MEGA_OK);
   assert_non_null(strstr(resolved, "iter_0000001"));
   free(resolved);
 
@@ -342,21 +347,21 @@ static void test_resolve(void **state) {
   tu_mkdtemp(dir, "ckpt");
   mega_err err = {0};
   char *p = NULL;
-  assert_int_equal(mega_ckpt_resolve(dir, &p, &err), MEGA_ERR_NOT_FOUND);
-  assert_int_equal(mega_ckpt_resolve("/nonexistent/mega", &p, &err), MEGA_ERR_NOT_FOUND);
+  assert_int_equal(mega_ckpt_resolve(dir, &p, NULL, &err), MEGA_ERR_NOT_FOUND);
+  assert_int_equal(mega_ckpt_resolve("/nonexistent/mega", &p, NULL, &err), MEGA_ERR_NOT_FOUND);
   snprintf(path, sizeof path, "%s/" MEGA_CKPT_LATEST_FILE, dir);
   tu_write_text(path, "banana\n");
-  assert_int_equal(mega_ckpt_resolve(dir, &p, &err), MEGA_ERR_INVALID);
+  assert_int_equal(mega_ckpt_resolve(dir, &p, NULL, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "one iteration number"));
   tu_write_text(path, "40\n");
-  assert_int_equal(mega_ckpt_resolve(dir, &p, &err), MEGA_ERR_INVALID);
+  assert_int_equal(mega_ckpt_resolve(dir, &p, NULL, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "iter_0000040"));
 
   model a;
   model_make(&a, 1);
   save_ok(&a, dir, 40, 0);
   snprintf(path, sizeof path, "%s/iter_0000040", dir);
-  assert_int_equal(mega_ckpt_resolve(path, &p, &err), MEGA_OK); /* a checkpoint dir itself */
+  assert_int_equal(mega_ckpt_resolve(path, &p, NULL, &err), MEGA_OK); /* a checkpoint dir itself */
   assert_string_equal(p, path);
   free(p);
   model_free(&a);
@@ -491,16 +496,129 @@ static void test_missing_and_mismatched(void **state) {
   assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j1, b.cp, b.n, &s, &err), MEGA_OK);
   assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--global-batch-size 4"));
-  j2.global_batch_size = 4;
-  j2.lr_decay_style = MEGA_LR_COSINE;
-  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
-  assert_non_null(strstr(err.msg, "--lr-decay-style"));
+  /* the LR schedule has its own check, which names Megatron's two ways out */
+  mega_lr_sched saved = mega_lr_sched_from_job(&j1), mine = saved;
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_OK);
+  mine.style = MEGA_LR_COSINE;
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--lr-decay-style linear, but this job has cosine"));
+  assert_non_null(strstr(err.msg, "--override-opt_param-scheduler"));
+  assert_non_null(strstr(err.msg, "--use-checkpoint-opt_param-scheduler"));
+  mine = saved;
+  mine.decay_iters = 7;
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--lr-decay-iters 10, but this job has 7"));
   mega_jobspec_free(&j1);
   mega_jobspec_free(&j2);
   tu_rmtree(dir);
 
   model_free(&a);
   model_free(&b);
+}
+
+/* ---- completeness: the manifest, and falling back past a bad checkpoint ---- */
+
+static void flip_last_byte(const char *d) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/model.safetensors", d);
+  int fd = open(p, O_RDWR);
+  off_t end = lseek(fd, 0, SEEK_END);
+  char c;
+  assert_int_equal(pread(fd, &c, 1, end - 1), 1);
+  c ^= 0x01; /* one bit of the last tensor's data: the header still parses */
+  assert_int_equal(pwrite(fd, &c, 1, end - 1), 1);
+  close(fd);
+}
+
+static void trunc_optimizer(const char *d) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/optimizer.safetensors", d);
+  struct stat sb;
+  assert_int_equal(stat(p, &sb), 0);
+  assert_int_equal(truncate(p, sb.st_size - 4), 0);
+}
+
+static void drop_manifest(const char *d) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/manifest.json", d);
+  assert_int_equal(unlink(p), 0);
+}
+
+static void drop_config(const char *d) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/config.json", d);
+  assert_int_equal(unlink(p), 0);
+}
+
+static void test_fallback(void **state) {
+  (void)state;
+  static const struct {
+    corrupt_fn fn;
+    const char *why;
+  } cases[] = {
+      {flip_last_byte, "model.safetensors has crc32"},
+      {trunc_optimizer, "optimizer.safetensors is"},
+      {drop_manifest, "has no manifest.json"},
+      {drop_config, "config.json is missing"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char dir[256], it4[512], it2[512];
+    tu_mkdtemp(dir, "ckpt");
+    model a, b, x;
+    model_make(&a, 1);
+    model_make(&b, 2);
+    model_make(&x, 3);
+    save_ok(&a, dir, 2, 0);
+    save_ok(&b, dir, 4, 0);
+    snprintf(it2, sizeof it2, "%s/iter_0000002", dir);
+    snprintf(it4, sizeof it4, "%s/iter_0000004", dir);
+    mega_err err = {0};
+    assert_int_equal(mega_ckpt_verify(it4, 4, &err), MEGA_OK);
+    cases[c].fn(it4);
+    assert_int_equal(mega_ckpt_verify(it4, 4, &err), MEGA_ERR_INVALID);
+    if (!strstr(err.msg, cases[c].why)) fail_msg("verify: %s (want '%s')", err.msg, cases[c].why);
+
+    /* latest names 4, which is incomplete: 2 loads, and the notice says why */
+    char *path = NULL, *notice = NULL;
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_OK);
+    assert_string_equal(path, it2);
+    assert_non_null(notice);
+    if (!strstr(notice, "iteration 4") || !strstr(notice, "incomplete") ||
+        !strstr(notice, cases[c].why) || !strstr(notice, "loading iteration 2"))
+      fail_msg("notice: %s", notice);
+    mega_ckpt_state s;
+    assert_int_equal(mega_ckpt_load(path, x.be, &x.cfg, NULL, x.cp, x.n, &s, &err), MEGA_OK);
+    assert_same(&a, &x);
+    assert_int_equal(s.iteration, 2);
+    free(path);
+    free(notice);
+
+    /* without the latest file: the newest complete one, with the notice */
+    char latest[600];
+    snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, dir);
+    assert_int_equal(unlink(latest), 0);
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_OK);
+    assert_string_equal(path, it2);
+    assert_non_null(notice);
+    assert_non_null(strstr(notice, "iteration 4"));
+    free(path);
+    free(notice);
+
+    /* and when none is complete, an error that says so */
+    drop_manifest(it2);
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "no complete checkpoint"));
+    tu_write_text(latest, "4\n");
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_ERR_INVALID);
+    if (!strstr(err.msg, "names iteration 4") || !strstr(err.msg, cases[c].why) ||
+        !strstr(err.msg, "no other complete checkpoint"))
+      fail_msg("%s", err.msg);
+    assert_null(path);
+    model_free(&a);
+    model_free(&b);
+    model_free(&x);
+    tu_rmtree(dir);
+  }
 }
 
 int main(void) {
@@ -512,6 +630,7 @@ int main(void) {
       cmocka_unit_test(test_resolve),
       cmocka_unit_test(test_corrupt_files),
       cmocka_unit_test(test_missing_and_mismatched),
+      cmocka_unit_test(test_fallback),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,53 @@
+/* Watchers of jobs: WatchJob streams and in-process watchers (megad run).
+ *
+ * A stream has a write queue in the rpc wrapper; a watcher that lets it grow
+ * past MEGAD_WATCH_QUEUE_MAX messages is dropped with RESOURCE_EXHAUSTED, so
+ * a slow client never holds up the loop, the job or the other watchers; the
+ * caller hears of each drop and may say so. A watcher follows its job across
+ * attempts: only the job's end ends the stream.
+ *
+ * On the loop thread only. Ownership: the list owns its watchers; it borrows
+ * their jobs, which must outlive them (a job's end ends its watchers). */
+#ifndef MEGA_DAEMON_WATCH_H
+#define MEGA_DAEMON_WATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "daemon/job.h"
+#include "proto/rpc_server.h"
+
+/* Above the history, so a replay alone never drops a watcher. */
+#define MEGAD_WATCH_QUEUE_MAX (MEGA_JOB_HISTORY + 1024)
+
+typedef void (*megad_watch_fn)(void *arg, const Mega__V1__WatchJobResponse *item);
+
+typedef struct megad_watcher megad_watcher;
+
+typedef struct megad_watchers {
+  megad_watcher *head;
+} megad_watchers;
+
+/* Starts a WatchJob stream on call: the history first when replay, then
+ * every new item; a job already over gets its final state and the stream
+ * ends. */
+void megad_watch_call(megad_watchers *ws, mega_job *j, mega_rpc_call *call, bool replay);
+/* An in-process watcher; replay sends the history first. It is freed after
+ * the final state. */
+megad_watcher *megad_watch_local(megad_watchers *ws, mega_job *j, bool replay, megad_watch_fn fn,
+                                 void *arg);
+
+/* The watchers a broadcast dropped for falling behind. */
+typedef struct megad_watch_drops {
+  size_t n;
+  char peers[8][128]; /* the first ones' addresses */
+} megad_watch_drops;
+
+/* Sends item to every watcher of j; a final_state item ends their streams.
+ * drops (may be NULL) gets the watchers dropped. */
+void megad_watch_broadcast(megad_watchers *ws, mega_job *j, const Mega__V1__WatchJobResponse *item,
+                           megad_watch_drops *drops);
+/* Shutdown: every stream ends with UNAVAILABLE and why. */
+void megad_watch_drop_all(megad_watchers *ws, const char *why);
+
+#endif
