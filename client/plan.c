@@ -32,14 +32,16 @@ typedef enum { FMT_TEXT, FMT_JSON, FMT_TRACE, FMT_SCHEDULE } out_format;
 typedef struct plan_opts {
   int pp, vp, mb, group; /* 0: not given */
   const char *schedule;  /* NULL: not given */
-  double t_f, t_b, t_w, latency;
-  bool t_w_given;
+  double t_f, t_b, t_w, latency, t_grad_sync;
+  bool t_w_given, t_grad_sync_given, overlap_grad, align_grad;
+  int grad_buckets;
   out_format format;
   const char *load, *output;
   bool help;
 } plan_opts;
 
-enum { O_PP, O_M, O_VP, O_GROUP, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP };
+enum { O_PP, O_M, O_VP, O_GROUP, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP,
+       O_OVERLAP, O_ALIGN, O_TGS, O_BUCKETS };
 
 static const struct {
   const char *name;
@@ -58,6 +60,10 @@ static const struct {
     [O_LOAD] = {"load", true},
     [O_OUT] = {"output", true},
     [O_HELP] = {"help", false},
+    [O_OVERLAP] = {"overlap-grad-reduce", false},
+    [O_ALIGN] = {"align-grad-reduce", false},
+    [O_TGS] = {"t-grad-sync", true},
+    [O_BUCKETS] = {"grad-buckets", true},
 };
 #define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
 
@@ -69,6 +75,8 @@ static void usage(FILE *f) {
       "                    [--schedule no-pipelining|gpipe|1f1b|interleaved|zb-h1]\n"
       "                    [--t-forward F] [--t-backward B] [--t-weight W]\n"
       "                    [--p2p-latency L] [--format text|json|trace|schedule]\n"
+      "                    [--overlap-grad-reduce] [--align-grad-reduce]\n"
+      "                    [--t-grad-sync G] [--grad-buckets N]\n"
       "                    [--load FILE] [--output FILE]\n"
       "\n"
       "Generates a pipeline schedule, validates it, simulates it under a cost model\n"
@@ -81,6 +89,13 @@ static void usage(FILE *f) {
       "                   actions, as zb-h1 has: the zero-bubble paper's F=B=W).\n"
       "                   Without W actions a backward costs T_b + T_w.\n"
       "  --p2p-latency    delay of each send (0)\n"
+      "  --t-grad-sync    time of a rank's data-parallel gradient reduction, all its\n"
+      "                   chunks (0); places each chunk's GS (launch) and GW (wait):\n"
+      "                   after the schedule, or with --overlap-grad-reduce right\n"
+      "                   after the chunk's last backward, or with --align-grad-reduce\n"
+      "                   offset by pipeline rank (seed 003)\n"
+      "  --grad-buckets   buckets per chunk (1): with overlap they launch through the\n"
+      "                   chunk's last backward\n"
       "  --format         text: a timeline and per-rank phases and bubbles (default)\n"
       "                   json: the same figures as one JSON object\n"
       "                   trace: a Chrome trace for Perfetto (one time unit = 1 ms)\n"
@@ -143,6 +158,10 @@ static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   case O_LOAD: o->load = v; return true;
   case O_OUT: o->output = v; return true;
   case O_HELP: o->help = true; return true;
+  case O_OVERLAP: o->overlap_grad = true; return true;
+  case O_ALIGN: o->align_grad = true; return true;
+  case O_TGS: o->t_grad_sync_given = true; return parse_time(name, v, &o->t_grad_sync, err);
+  case O_BUCKETS: return parse_int(name, v, &o->grad_buckets, err);
   case O_FORMAT:
     if (!strcmp(v, "text")) o->format = FMT_TEXT;
     else if (!strcmp(v, "json")) o->format = FMT_JSON;
@@ -271,8 +290,14 @@ static int build_schedule(const plan_opts *o, mega_schedule *s) {
   }
   if (!o->pp) return fail(EXIT_USAGE, "--pipeline-model-parallel-size is required (or --load FILE)");
   if (!o->mb) return fail(EXIT_USAGE, "--num-microbatches is required (or --load FILE)");
+  if (o->align_grad && !o->overlap_grad)
+    return fail(EXIT_USAGE, "--align-grad-reduce needs --overlap-grad-reduce");
   mega_sched_params p = {.pp = o->pp, .vp = o->vp ? o->vp : 1, .microbatches = o->mb,
                          .group_size = o->group};
+  if (o->overlap_grad)
+    p.grad_sync = o->align_grad ? MEGA_GRAD_SYNC_ALIGNED : MEGA_GRAD_SYNC_LAST_BACKWARD;
+  else if (o->t_grad_sync_given)
+    p.grad_sync = MEGA_GRAD_SYNC_END;
   if (o->schedule) {
     if (mega_sched_kind_parse(o->schedule, &p.kind, &err) != MEGA_OK)
       return fail(EXIT_USAGE, "%s", err.msg);
@@ -306,11 +331,14 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
   json_object_set_new(root, "group_size", json_integer(s->group_size));
   json_object_set_new(root, "makespan", json_real(sim->makespan));
   json_object_set_new(root, "bubble_fraction", json_real(sim->bubble_fraction));
+  json_object_set_new(root, "grad_sync_exposed", json_real(sim->grad_sync_exposed));
   json_t *cost = json_object();
   json_object_set_new(cost, "t_forward", json_real(c->t_f));
   json_object_set_new(cost, "t_backward", json_real(c->t_b));
   json_object_set_new(cost, "t_weight", json_real(c->t_w));
   json_object_set_new(cost, "p2p_latency", json_real(c->p2p_latency));
+  json_object_set_new(cost, "grad_sync", json_real(c->grad_sync));
+  json_object_set_new(cost, "grad_buckets", json_integer(c->grad_buckets));
   json_object_set_new(root, "cost", cost);
   /* Megatron's table exists for the interleaved schedule only: [] otherwise. */
   json_t *table = json_array();
@@ -342,6 +370,7 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
     json_object_set_new(o, "busy", json_real(mr->busy));
     json_object_set_new(o, "idle", json_real(mr->idle));
     json_object_set_new(o, "bubble_fraction", json_real(mr->bubble_fraction));
+    json_object_set_new(o, "grad_sync_exposed", json_real(mr->grad_sync_exposed));
     json_object_set_new(o, "actions", acts ? json_string(acts) : json_null());
     free(acts);
     json_array_append_new(ranks, o);
@@ -373,7 +402,8 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
     free(text);
     return 0;
   }
-  mega_cost cost = {.t_f = o->t_f, .t_b = o->t_b, .t_w = o->t_w, .p2p_latency = o->latency};
+  mega_cost cost = {.t_f = o->t_f, .t_b = o->t_b, .t_w = o->t_w, .p2p_latency = o->latency,
+                    .grad_sync = o->t_grad_sync, .grad_buckets = o->grad_buckets ? o->grad_buckets : 1};
   if (!o->t_w_given && has_weight_actions(s)) cost.t_w = 1;
   mega_sim sim = {0};
   mega_err err = {0};

@@ -8,7 +8,10 @@
  *  2. the same grid with narrower cells, labels cut to their letter;
  *  3. time scaled to the terminal width, one letter per column.
  * Letters alternate case with the microbatch (F0 f1 F2) so neighbours stay
- * apart when there is no room for numbers. Idle time is dots. */
+ * apart when there is no room for numbers. Idle time is dots. A schedule
+ * with gradient sync (GS/GW) gets a second row per rank for its
+ * data-parallel communicator ('=' while it reduces buckets), and a GW's
+ * wait shows as '~' on the rank's row. */
 #include "client/render.h"
 
 #include <ctype.h>
@@ -16,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { ST_NONE, ST_F, ST_B, ST_W, ST_IDLE };
+enum { ST_NONE, ST_F, ST_B, ST_W, ST_IDLE, ST_SYNC };
 
 #define MAX_CELLS 200000 /* beyond this the grid is not worth drawing */
 #define MAX_LINES 60     /* bands are wrapped only while they fit in this */
@@ -187,9 +190,9 @@ static void draw_action(canvas *cv, const layout *L, int r, int c0, int c1, cons
  * as in 1F1B's steady phase. Sampling one instant per column would alias
  * F B F B into a run of one letter. */
 static void paint_scaled(canvas *cv, const layout *L, const mega_schedule *s, const mega_sim *sim,
-                         int r, double (*acc)[3]) {
-  char *row = cv->text + (size_t)r * cv->cols;
-  unsigned char *st = cv->style + (size_t)r * cv->cols;
+                         int line, int r, double (*acc)[3]) {
+  char *row = cv->text + (size_t)line * cv->cols;
+  unsigned char *st = cv->style + (size_t)line * cv->cols;
   memset(acc, 0, sizeof *acc * (size_t)cv->cols);
   for (int i = 0; i < s->ranks[r].n; i++) {
     mega_action a = s->ranks[r].acts[i];
@@ -222,8 +225,41 @@ static void paint_scaled(canvas *cv, const layout *L, const mega_schedule *s, co
   }
 }
 
+static bool has_sync(const mega_schedule *s) {
+  for (int r = 0; r < s->pp; r++)
+    for (int i = 0; i < s->ranks[r].n; i++)
+      if (s->ranks[r].acts[i].kind == MEGA_ACT_GRAD_SYNC) return true;
+  return false;
+}
+
+/* Rows per rank: the rank, and its communicator when there is grad sync. */
+static int rows_per_rank(const mega_schedule *s) { return has_sync(s) ? 2 : 1; }
+
+static void paint_span(canvas *cv, const layout *L, int row, double t0, double t1, char ch) {
+  int c0 = col_of(L, t0), c1 = col_of(L, t1);
+  if (c1 == c0 && t1 > t0 && c0 < cv->cols) c1 = c0 + 1; /* short, but there */
+  for (int c = c0; c < c1 && c < cv->cols; c++) {
+    cv->text[(size_t)row * cv->cols + c] = ch;
+    cv->style[(size_t)row * cv->cols + c] = ST_SYNC;
+  }
+}
+
+/* GW waits on the rank rows, reductions on the communicator rows. */
+static void paint_sync(canvas *cv, const layout *L, const mega_schedule *s, const mega_sim *sim) {
+  for (int r = 0; r < s->pp; r++) {
+    const mega_sim_rank *mr = &sim->ranks[r];
+    for (int i = 0; i < s->ranks[r].n; i++)
+      if (s->ranks[r].acts[i].kind == MEGA_ACT_GRAD_WAIT &&
+          mr->spans[i].end > mr->spans[i].start)
+        paint_span(cv, L, 2 * r, mr->spans[i].start, mr->spans[i].end, '~');
+    for (int k = 0; k < mr->nreduce; k++)
+      paint_span(cv, L, 2 * r + 1, mr->reduce[k].start, mr->reduce[k].end, '=');
+  }
+}
+
 static int paint(canvas *cv, const layout *L, const mega_schedule *s, const mega_sim *sim) {
-  cv->rows = s->pp;
+  int per = rows_per_rank(s);
+  cv->rows = s->pp * per;
   cv->cols = L->cols;
   size_t cells = (size_t)cv->rows * (size_t)cv->cols;
   cv->text = malloc(cells ? cells : 1);
@@ -234,13 +270,14 @@ static int paint(canvas *cv, const layout *L, const mega_schedule *s, const mega
   if (!L->grid) {
     double(*acc)[3] = malloc(sizeof *acc * (size_t)(cv->cols ? cv->cols : 1));
     if (!acc) return -1;
-    for (int r = 0; r < s->pp; r++) paint_scaled(cv, L, s, sim, r, acc);
+    for (int r = 0; r < s->pp; r++) paint_scaled(cv, L, s, sim, r * per, r, acc);
     free(acc);
+    if (per == 2) paint_sync(cv, L, s, sim);
     return 0;
   }
   for (int r = 0; r < s->pp; r++) {
-    char *row = cv->text + (size_t)r * cv->cols;
-    unsigned char *st = cv->style + (size_t)r * cv->cols;
+    char *row = cv->text + (size_t)(r * per) * cv->cols;
+    unsigned char *st = cv->style + (size_t)(r * per) * cv->cols;
     for (int i = 0; i < s->ranks[r].n; i++) {
       mega_action a = s->ranks[r].acts[i];
       if (!is_compute(a.kind)) continue;
@@ -248,12 +285,20 @@ static int paint(canvas *cv, const layout *L, const mega_schedule *s, const mega
       char lab[32];
       act_label(s, a, lab, sizeof lab);
       int c0 = col_of(L, sp.start), c1 = col_of(L, sp.end);
-      if (c1 > c0) draw_action(cv, L, r, c0, c1, lab, a);
+      if (c1 > c0) draw_action(cv, L, r * per, c0, c1, lab, a);
     }
     /* An idle run ends in a space too, so "... B0" reads like "F0 B0". */
     if (!L->letters)
       for (int c = L->w - 1; c < cv->cols; c += L->w)
         if (row[c] == '.' && (c + 1 == cv->cols || row[c + 1] != '.')) row[c] = ' ', st[c] = ST_NONE;
+  }
+  if (per == 2) {
+    /* the communicator rows start blank */
+    for (int r = 0; r < s->pp; r++) {
+      memset(cv->text + (size_t)(2 * r + 1) * cv->cols, ' ', (size_t)cv->cols);
+      memset(cv->style + (size_t)(2 * r + 1) * cv->cols, ST_NONE, (size_t)cv->cols);
+    }
+    paint_sync(cv, L, s, sim);
   }
   return 0;
 }
@@ -305,6 +350,7 @@ static const char *style_on(int st) {
   case ST_B: return "\033[30;43m";
   case ST_W: return "\033[30;45m";
   case ST_IDLE: return "\033[2m";
+  case ST_SYNC: return "\033[30;42m";
   default: return "";
   }
 }
@@ -328,16 +374,26 @@ static void print_row(FILE *f, const canvas *cv, int r, int from, int to, bool c
 }
 
 static void print_stats(FILE *f, const mega_schedule *s, const mega_sim *sim) {
-  char busy[64], idle[64];
-  fprintf(f, "%4s  %6s  %6s  %8s  %14s  %8s  %8s  %7s\n", "rank", "warmup", "steady", "cooldown",
-          "peak in-flight", "busy", "idle", "bubble");
+  char busy[64], idle[64], exp[64];
+  bool sync = has_sync(s);
+  /* with grad sync a narrower in-flight column makes room for the exposed
+   * part, within 80 columns */
+  int wf = sync ? 9 : 14;
+  fprintf(f, "%4s  %6s  %6s  %8s  %*s  %8s  %8s  %7s%s\n", "rank", "warmup", "steady", "cooldown",
+          wf, sync ? "in-flight" : "peak in-flight", "busy", "idle", "bubble",
+          sync ? "  exposed" : "");
   for (int r = 0; r < s->pp; r++) {
     mega_phases ph = mega_sched_phases(s, r);
     const mega_sim_rank *mr = &sim->ranks[r];
-    fprintf(f, "%4d  %6d  %6d  %8d  %14d  %8s  %8s  %6.2f%%\n", r, ph.warmup, ph.steady,
-            ph.cooldown, mr->peak_inflight, fmt_num(mr->busy, busy, sizeof busy),
+    fprintf(f, "%4d  %6d  %6d  %8d  %*d  %8s  %8s  %6.2f%%", r, ph.warmup, ph.steady,
+            ph.cooldown, wf, mr->peak_inflight, fmt_num(mr->busy, busy, sizeof busy),
             fmt_num(mr->idle, idle, sizeof idle), 100.0 * mr->bubble_fraction);
+    if (sync) fprintf(f, "  %7s", fmt_num(mr->grad_sync_exposed, exp, sizeof exp));
+    fputc('\n', f);
   }
+  if (sync)
+    fputs("exposed: grad sync outlasting the pipeline's work; the first and last stage\n"
+          "share the later one's (they sum the tied embedding after their reductions)\n", f);
 }
 
 int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const mega_cost *cost,
@@ -365,9 +421,14 @@ int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const
     if (to > L.cols) to = L.cols;
     if (band) fputc('\n', f);
     print_axis(f, &L, sim->makespan, from, to, label_w);
+    int per = rows_per_rank(s);
     for (int r = 0; r < s->pp; r++) {
       fprintf(f, "rank %*d ", label_w - 6, r);
-      print_row(f, &cv, r, from, to, color);
+      print_row(f, &cv, r * per, from, to, color);
+      if (per == 2) {
+        fprintf(f, "%*s ", label_w - 1, "dp");
+        print_row(f, &cv, r * per + 1, from, to, color);
+      }
     }
   }
   free(cv.text);
@@ -383,12 +444,22 @@ int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const
   else
     fprintf(f, "F3 B3 W3: forward, backward, weight gradient of microbatch 3%s\n",
             s->vp > 1 ? " (F3.1: chunk 1)" : "");
-  fprintf(f, ".: idle; one %s is %s time unit%s\n\n", L.grid && !L.letters ? "cell" : "column",
+  fprintf(f, ".: idle; one %s is %s time unit%s\n", L.grid && !L.letters ? "cell" : "column",
           fmt_num(unit, a, sizeof a), unit == 1 ? "" : "s");
+  if (has_sync(s))
+    fprintf(f, "dp =: the rank's data-parallel gradient reduction, launched by GS (its\n"
+               "buckets during the chunk's last backward when GS follows it); ~: waiting\n"
+               "for it (GW); T_grad_sync=%s in %d bucket%s per chunk\n",
+            fmt_num(cost->grad_sync, b, sizeof b), cost->grad_buckets > 1 ? cost->grad_buckets : 1,
+            cost->grad_buckets > 1 ? "s" : "");
+  fputc('\n', f);
   print_stats(f, s, sim);
   fprintf(f, "\nmakespan %s, mean bubble %.2f%%", fmt_num(sim->makespan, a, sizeof a),
           100.0 * sim->bubble_fraction);
+
   if (s->vp > 1) fprintf(f, " (phases count virtual microbatches)");
   fputc('\n', f);
+  if (has_sync(s))
+    fprintf(f, "mean exposed grad sync %s\n", fmt_num(sim->grad_sync_exposed, c, sizeof c));
   return 0;
 }

@@ -122,8 +122,10 @@ typedef struct mega_jobspec {
   /* data parallel */
   bool overlap_grad_reduce;
   bool align_grad_reduce;
-  int bucket_size; /* elements, 40000000 */
+  int bucket_size; /* elements; -1: Megatron's max(40M, 1M x DP) */
   bool use_distributed_optimizer;
+  bool overlap_param_gather;  /* distributed optimizer: gather parameters while forward runs */
+  bool average_in_collective; /* scale by 1/DP in the reduction, not before it */
   /* worker and measurement */
   int blas_threads;       /* 1 */
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */

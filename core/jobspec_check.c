@@ -202,6 +202,22 @@ static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err 
   return MEGA_OK;
 }
 
+/* The data-parallel flags Megatron ties together. */
+static mega_status check_data_parallel(const mega_jobspec *s, mega_err *err) {
+  if (s->align_grad_reduce && !s->overlap_grad_reduce)
+    return BAD("--align-grad-reduce needs --overlap-grad-reduce (without it the reduction "
+               "follows the schedule on every stage)");
+  if (s->bucket_size >= 0 && !s->overlap_grad_reduce)
+    return BAD("--bucket-size needs --overlap-grad-reduce (without it the gradients form one "
+               "bucket)");
+  if (s->overlap_param_gather && !s->use_distributed_optimizer)
+    return BAD("--overlap-param-gather needs --use-distributed-optimizer (only sharded "
+               "parameters are gathered)");
+  if (s->overlap_param_gather && !s->overlap_grad_reduce)
+    return BAD("--overlap-param-gather needs --overlap-grad-reduce, as in Megatron");
+  return MEGA_OK;
+}
+
 static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   mega_layout l;
   mega_status st = mega_jobspec_layout(s, &l, err);
@@ -225,7 +241,7 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
     return BAD("--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
   if (s->overlap_p2p_comm && s->batch_p2p_comm)
     return BAD("--overlap-p2p-comm cannot be used with --batch-p2p-comm; pick one");
-  return MEGA_OK;
+  return check_data_parallel(s, err);
 }
 
 /* Megatron's load flags: each needs --load, and the scheduler's choices

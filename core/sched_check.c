@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool is_comm(uint8_t k) { return k >= MEGA_ACT_SEND_F && k < MEGA_ACT_KINDS; }
+static bool is_comm(uint8_t k) { return mega_act_is_p2p(k); }
 
 static bool rank_has(const mega_sched_rank *q, mega_act_kind kind) {
   for (int i = 0; i < q->n; i++)
@@ -86,13 +86,69 @@ enum {
   mega_fail(err, MEGA_ERR_INVALID, "rank %d, action %d (%s): " fmt, r, i,                    \
             mega_action_format(a, tok), __VA_ARGS__)
 
+/* GS and GW: none on the rank, or one of each per chunk, GS after the
+ * chunk's last weight-gradient action and GW after GS. wg counts each
+ * chunk's weight-gradient actions so far. */
+static mega_status check_sync(const mega_schedule *s, int r, int i, mega_action a, int *wg,
+                              uint8_t *gs, uint8_t *gw, mega_err *err) {
+  char tok[24];
+  int m = s->microbatches;
+  if (a.kind != MEGA_ACT_GRAD_SYNC && a.kind != MEGA_ACT_GRAD_WAIT) return MEGA_OK;
+  if (a.mb != 0)
+    return FAIL_AT("gradient-sync actions are per chunk and name microbatch 0 (%s0.%d)",
+                   mega_act_kind_name((mega_act_kind)a.kind), a.chunk);
+  if (a.kind == MEGA_ACT_GRAD_SYNC) {
+    if (gs[a.chunk]) return FAIL_AT("chunk %d's gradient reduction is launched twice", a.chunk);
+    if (wg[a.chunk] < m)
+      return FAIL_AT("launches chunk %d's gradient reduction before its last backward (%d of %d "
+                     "done); a GS goes after the chunk's last %s",
+                     a.chunk, wg[a.chunk], m,
+                     mega_act_kind_name(mega_sched_grad_kind(s, r)));
+    gs[a.chunk] = 1;
+  } else {
+    if (gw[a.chunk]) return FAIL_AT("waits for chunk %d's gradient reduction twice", a.chunk);
+    if (!gs[a.chunk])
+      return FAIL_AT("waits for chunk %d's gradient reduction before its GS launched it", a.chunk);
+    gw[a.chunk] = 1;
+  }
+  return MEGA_OK;
+}
+
 static mega_status check_rank(const mega_schedule *s, int r, uint8_t *state, mega_err *err) {
   const mega_sched_rank *q = &s->ranks[r];
   int m = s->microbatches, vp = s->vp;
   bool fwd_only = s->kind == MEGA_SCHED_FORWARD_ONLY;
   bool has_w = rank_has(q, MEGA_ACT_W);
+  bool any_sync = rank_has(q, MEGA_ACT_GRAD_SYNC) || rank_has(q, MEGA_ACT_GRAD_WAIT);
+  mega_act_kind wk = has_w ? MEGA_ACT_W : MEGA_ACT_B;
   char tok[24], tok2[24];
+  int *wg = calloc((size_t)vp, sizeof *wg);
+  uint8_t *gs = calloc((size_t)vp, 1), *gw = calloc((size_t)vp, 1);
+  mega_status st = MEGA_OK;
+  if (!wg || !gs || !gw) {
+    st = mega_fail(err, MEGA_ERR_NOMEM, "no memory to validate rank %d", r);
+    goto out;
+  }
   memset(state, 0, (size_t)m * vp);
+  for (int i = 0; i < q->n && !st; i++) {
+    mega_action a0 = q->acts[i];
+    if (a0.kind < MEGA_ACT_KINDS && a0.chunk < vp && a0.kind == wk && a0.mb >= 0 && a0.mb < m)
+      wg[a0.chunk]++;
+    if (a0.kind < MEGA_ACT_KINDS && a0.chunk < vp && !fwd_only)
+      st = check_sync(s, r, i, a0, wg, gs, gw, err);
+  }
+  if (!st && any_sync && !fwd_only)
+    for (int c = 0; c < vp && !st; c++)
+      if (!gs[c] || !gw[c])
+        st = mega_fail(err, MEGA_ERR_INVALID,
+                       "rank %d has gradient-sync actions but no %s for chunk %d; a rank has "
+                       "one GS and one GW per chunk, or none",
+                       r, !gs[c] ? "GS" : "GW", c);
+out:
+  free(wg);
+  free(gs);
+  free(gw);
+  if (st) return st;
   for (int i = 0; i < q->n; i++) {
     mega_action a = q->acts[i], want = a;
     if (a.kind >= MEGA_ACT_KINDS)
@@ -104,7 +160,8 @@ static mega_status check_rank(const mega_schedule *s, int r, uint8_t *state, meg
     bool last = mega_sched_is_last_stage(s, r, a.chunk);
     uint8_t *st = &state[a.mb * vp + a.chunk];
     if (fwd_only && a.kind != MEGA_ACT_F && a.kind != MEGA_ACT_SEND_F && a.kind != MEGA_ACT_RECV_F)
-      return FAIL_AT("a forward-only schedule has no %s actions", "backward or weight-gradient");
+      return FAIL_AT("a forward-only schedule has no %s actions",
+                     "backward, weight-gradient or gradient-sync");
     switch (a.kind) {
     case MEGA_ACT_RECV_F:
       if (first) return FAIL_AT("%s", "stray receive: the first virtual stage has no previous stage");
@@ -149,6 +206,8 @@ static mega_status check_rank(const mega_schedule *s, int r, uint8_t *state, meg
       if (!(*st & ST_B)) return FAIL_AT("sends before %s produced it", mega_action_format(want, tok2));
       *st |= ST_SB;
       break;
+    case MEGA_ACT_GRAD_SYNC:
+    case MEGA_ACT_GRAD_WAIT: break; /* checked by check_sync */
     case MEGA_ACT_W:
       if (*st & ST_W) return FAIL_AT("%s", "weight gradient computed twice");
       want.kind = MEGA_ACT_B;

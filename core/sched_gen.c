@@ -47,6 +47,13 @@ mega_status mega_sched_check_params(mega_sched_params *p, mega_err *err) {
                      "one of them",
                      (long long)p->pp * p->vp * p->microbatches, MAX_WORK);
   if (p->group_size == 0) p->group_size = p->pp;
+  if ((unsigned)p->grad_sync >= MEGA_GRAD_SYNC_KINDS)
+    return mega_fail(err, MEGA_ERR_INVALID, "gradient sync placement %d is not a known one",
+                     (int)p->grad_sync);
+  if (p->kind == MEGA_SCHED_FORWARD_ONLY && p->grad_sync != MEGA_GRAD_SYNC_NONE)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "a forward-only schedule has no gradients to synchronise; plan it without "
+                     "gradient sync");
 
   if (p->kind == MEGA_SCHED_NO_PIPELINING && p->pp != 1)
     return mega_fail(err, MEGA_ERR_INVALID,
@@ -294,6 +301,65 @@ static mega_status compute_order(const mega_sched_params *p, mega_schedule *s, m
   }
 }
 
+/* ---- gradient sync (seed 003) ----------------------------------------- */
+
+/* Inserts rank r's GS and GW actions into its lowered list. A GS goes right
+ * after a weight-gradient action (before the P2P step that follows it, so
+ * no step is split) or at the end; the GWs close the list. */
+static mega_status place_grad_sync(mega_schedule *s, int r, mega_grad_sync mode, mega_err *err) {
+  mega_sched_rank *q = &s->ranks[r];
+  int vp = s->vp, nw = 0;
+  mega_act_kind wk = mega_sched_grad_kind(s, r);
+  int *last = malloc((size_t)vp * sizeof *last), *at = malloc((size_t)vp * sizeof *at);
+  int *order = malloc((size_t)vp * sizeof *order);
+  mega_action *old = q->acts;
+  int n = q->n;
+  if (!last || !at || !order) {
+    free(last);
+    free(at);
+    free(order);
+    return mega_fail(err, MEGA_ERR_NOMEM, "no memory to place gradient syncs");
+  }
+  for (int c = 0; c < vp; c++) last[c] = -1;
+  for (int i = 0; i < n; i++)
+    if (old[i].kind == wk) last[old[i].chunk] = nw++;
+  /* Launch order: by the chunk's last backward. */
+  for (int c = 0; c < vp; c++) order[c] = c;
+  for (int a = 1; a < vp; a++)
+    for (int b = a; b > 0 && last[order[b]] < last[order[b - 1]]; b--) {
+      int t = order[b];
+      order[b] = order[b - 1];
+      order[b - 1] = t;
+    }
+  for (int c = 0; c < vp; c++) {
+    switch (mode) {
+    case MEGA_GRAD_SYNC_LAST_BACKWARD: at[c] = last[c]; break;
+    case MEGA_GRAD_SYNC_ALIGNED: at[c] = last[c] + r < nw ? last[c] + r : -1; break;
+    default: at[c] = -1; break; /* at the end */
+    }
+  }
+  q->acts = NULL;
+  q->n = q->cap = 0;
+  mega_status st = MEGA_OK;
+  int w = 0;
+  for (int i = 0; i < n && !st; i++) {
+    st = mega_sched_push(s, r, old[i], err);
+    if (old[i].kind != wk) continue;
+    for (int k = 0; k < vp && !st; k++)
+      if (at[order[k]] == w)
+        st = push(s, r, MEGA_ACT_GRAD_SYNC, 0, order[k], err);
+    w++;
+  }
+  for (int k = 0; k < vp && !st; k++)
+    if (at[order[k]] < 0) st = push(s, r, MEGA_ACT_GRAD_SYNC, 0, order[k], err);
+  for (int k = 0; k < vp && !st; k++) st = push(s, r, MEGA_ACT_GRAD_WAIT, 0, order[k], err);
+  free(old);
+  free(last);
+  free(at);
+  free(order);
+  return st;
+}
+
 mega_status mega_sched_generate(const mega_sched_params *params, mega_schedule *out,
                                 mega_err *err) {
   memset(out, 0, sizeof *out);
@@ -307,6 +373,8 @@ mega_status mega_sched_generate(const mega_sched_params *params, mega_schedule *
   if (!st) st = mega_sched_init(out, p.kind, p.pp, p.vp, p.microbatches, p.group_size, err);
   if (!st) st = mega_sched_lower(&compute, out, err);
   mega_sched_free(&compute);
+  if (p.grad_sync != MEGA_GRAD_SYNC_NONE)
+    for (int r = 0; r < p.pp && !st; r++) st = place_grad_sync(out, r, p.grad_sync, err);
   if (st) mega_sched_free(out);
   return st;
 }

@@ -25,8 +25,15 @@ static const char *const kind_names[MEGA_SCHED_KINDS] = {
 static const char *const act_names[MEGA_ACT_KINDS] = {
     [MEGA_ACT_F] = "F",       [MEGA_ACT_B] = "B",       [MEGA_ACT_W] = "W",
     [MEGA_ACT_SEND_F] = "SF", [MEGA_ACT_RECV_F] = "RF", [MEGA_ACT_SEND_B] = "SB",
-    [MEGA_ACT_RECV_B] = "RB",
+    [MEGA_ACT_RECV_B] = "RB", [MEGA_ACT_GRAD_SYNC] = "GS", [MEGA_ACT_GRAD_WAIT] = "GW",
 };
+
+mega_act_kind mega_sched_grad_kind(const mega_schedule *s, int rank) {
+  const mega_sched_rank *q = &s->ranks[rank];
+  for (int i = 0; i < q->n; i++)
+    if (q->acts[i].kind == MEGA_ACT_W) return MEGA_ACT_W;
+  return MEGA_ACT_B;
+}
 
 const char *mega_sched_kind_name(mega_sched_kind k) {
   if ((unsigned)k >= MEGA_SCHED_KINDS) return "unknown";
@@ -422,7 +429,7 @@ mega_status mega_sched_parse(const char *text, mega_schedule *out, mega_err *err
       if (!parse_action(t, &a)) {
         st = mega_fail(err, MEGA_ERR_INVALID,
                        "line %d: unknown action '%.*s'; actions look like F3.0 "
-                       "(F, B, W, SF, RF, SB or RB, then microbatch.chunk)",
+                       "(F, B, W, SF, RF, SB, RB, GS or GW, then microbatch.chunk)",
                        line, t.len > 40 ? 40 : t.len, t.p);
         goto fail;
       }

@@ -19,10 +19,22 @@
  *   SF send F's output forward       RF receive the input of F
  *   SB send B's input gradient back  RB receive the output gradient of B
  *
- * A maximal run of communication actions between two compute actions is one
- * P2P step: the engine posts its operations together (batched, or in the
- * even/odd order of seed 000) and the validator checks that no step can wait
- * forever.
+ * Gradient-sync actions, one of each per model chunk and iteration (or none
+ * at all on a rank), the data-parallel reduction of seeds 002 and 003:
+ *   GS launch the chunk's gradient reduction (what its buckets have not
+ *      launched yet); after the chunk's last backward (its last W when the
+ *      rank has W's). When GS follows that action at once, the buckets
+ *      launch during it, as their layers finish (Megatron's
+ *      enable_grad_sync on the last backward).
+ *   GW wait for the chunk's reduction (finish_grad_sync); after its GS.
+ * Their microbatch is always 0: "GS0.1" is chunk 1's launch.
+ *
+ * A maximal run of communication actions (SF, RF, SB, RB) between two
+ * other actions is one P2P step: the engine posts its operations together
+ * (batched, or in the even/odd order of seed 000) and the validator checks
+ * that no step can wait forever. GS and GW never wait for another pipeline
+ * rank (only for the same stage's data-parallel peers, which run the same
+ * list), so they are not part of any step.
  *
  * Text form, one action per token, one rank per line:
  *
@@ -52,8 +64,15 @@ typedef enum mega_act_kind {
   MEGA_ACT_RECV_F,
   MEGA_ACT_SEND_B,
   MEGA_ACT_RECV_B,
+  MEGA_ACT_GRAD_SYNC, /* "GS" */
+  MEGA_ACT_GRAD_WAIT, /* "GW" */
   MEGA_ACT_KINDS
 } mega_act_kind;
+
+/* True for SF, RF, SB and RB: the actions that make up P2P steps. */
+static inline bool mega_act_is_p2p(uint8_t k) {
+  return k >= MEGA_ACT_SEND_F && k <= MEGA_ACT_RECV_B;
+}
 
 typedef struct mega_action {
   uint8_t kind;   /* mega_act_kind */
@@ -72,12 +91,27 @@ typedef enum mega_sched_kind {
   MEGA_SCHED_KINDS
 } mega_sched_kind;
 
+/* Where a generator places each chunk's GS (GW always go at the end of a
+ * rank's list, in launch order). Seed 003. */
+typedef enum mega_grad_sync {
+  MEGA_GRAD_SYNC_NONE,    /* no GS/GW actions: forward-only, or no data parallelism to plan */
+  MEGA_GRAD_SYNC_END,     /* after the rank's schedule (Megatron without --overlap-grad-reduce) */
+  MEGA_GRAD_SYNC_LAST_BACKWARD, /* right after the chunk's last backward, so its buckets launch
+                                   during it and the reduction runs in the cooldown
+                                   (--overlap-grad-reduce) */
+  MEGA_GRAD_SYNC_ALIGNED, /* --align-grad-reduce: rank r launches chunk c after its backward
+                             number k_c + r, k_c being the chunk's last, so every stage launches
+                             together; past the rank's last backward, at the end */
+  MEGA_GRAD_SYNC_KINDS
+} mega_grad_sync;
+
 typedef struct mega_sched_params {
   mega_sched_kind kind;
   int pp;           /* --pipeline-model-parallel-size */
   int vp;           /* --virtual-pipeline-model-parallel-size (1 when absent) */
   int microbatches; /* per pipeline, per iteration */
   int group_size;   /* --microbatch-group-size-per-vp-stage; 0 means pp */
+  mega_grad_sync grad_sync; /* MEGA_GRAD_SYNC_NONE when zeroed */
 } mega_sched_params;
 
 typedef struct mega_sched_rank {
@@ -122,15 +156,18 @@ int mega_sched_num_warmup(const mega_sched_params *p, int rank);
  * 0 1 2 0 1 2 3 4 3 4 and the chunks 0 0 0 1 1 1 0 0 1 1 (seed 000). */
 void mega_sched_table(int microbatches, int vp, int group_size, int (*out)[2]);
 
-/* Builds every rank's action list, communication included. */
+/* Builds every rank's action list, communication included, and the GS/GW
+ * actions p->grad_sync asks for. */
 mega_status mega_sched_generate(const mega_sched_params *p, mega_schedule *out, mega_err *err);
 
 /* Proves a schedule sound, or says the first problem with its rank and
  * action: every (mb, chunk) is forwarded once (and, unless forward-only,
  * backwarded once) on each rank; F before B before W; each F or B has the
  * receive it needs before it; sends and receives pair up across ranks in
- * the same order; no P2P step can wait forever; and the peak of in-flight
- * activations stays within mega_sched_inflight_bound. */
+ * the same order; no P2P step can wait forever; the peak of in-flight
+ * activations stays within mega_sched_inflight_bound; and a rank with GS/GW
+ * actions has exactly one GS per chunk, after the chunk's last backward,
+ * and exactly one GW per chunk, after its GS. */
 mega_status mega_sched_validate(const mega_schedule *s, mega_err *err);
 
 /* Phase counts read back from the action list: warmup is the forwards before
@@ -157,6 +194,10 @@ void mega_sched_peer(const mega_schedule *s, int rank, mega_action a, int *peer_
 /* True when (chunk, rank) is the first / last virtual stage of the model. */
 bool mega_sched_is_first_stage(const mega_schedule *s, int rank, int chunk);
 bool mega_sched_is_last_stage(const mega_schedule *s, int rank, int chunk);
+
+/* The weight-gradient action of a rank (W when it has W's, else B): the
+ * action that completes a microbatch's parameter gradients. */
+mega_act_kind mega_sched_grad_kind(const mega_schedule *s, int rank);
 
 /* Text form (see above). */
 char *mega_sched_format(const mega_schedule *s);

@@ -15,7 +15,10 @@ static bool bad_cost(double v) { return !isfinite(v) || v < 0; }
 void mega_sim_free(mega_sim *sim) {
   if (!sim) return;
   if (sim->ranks)
-    for (int r = 0; r < sim->pp; r++) free(sim->ranks[r].spans);
+    for (int r = 0; r < sim->pp; r++) {
+      free(sim->ranks[r].spans);
+      free(sim->ranks[r].reduce);
+    }
   free(sim->ranks);
   memset(sim, 0, sizeof *sim);
 }
@@ -44,7 +47,7 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
     return mega_fail(err, MEGA_ERR_INVALID, "the schedule is empty or not initialised");
   if (bad_cost(cost->t_f) || bad_cost(cost->t_b) || bad_cost(cost->t_w) ||
       bad_cost(cost->p2p_latency) || bad_cost(cost->p2p_bandwidth) ||
-      bad_cost(cost->activation_bytes))
+      bad_cost(cost->activation_bytes) || bad_cost(cost->grad_sync))
     return mega_fail(err, MEGA_ERR_INVALID,
                      "costs must be finite and not negative (t_f=%g t_b=%g t_w=%g latency=%g "
                      "bandwidth=%g bytes=%g)",
@@ -66,8 +69,12 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
   int *pc = calloc((size_t)pp, sizeof *pc), *ready = malloc((size_t)pp * sizeof *ready);
   bool *blocked = calloc((size_t)pp, sizeof *blocked), *has_w = calloc((size_t)pp, sizeof *has_w);
   double *clock = calloc((size_t)pp, sizeof *clock);
+  double *comm_free = calloc((size_t)pp, sizeof *comm_free);
+  double *done = calloc((size_t)pp * (size_t)s->vp, sizeof *done); /* [rank][chunk] */
+  int nbk = cost->grad_buckets > 1 ? cost->grad_buckets : 1;
   msg *msgs = NULL;
-  if (!out->ranks || !off || !posted || !taken || !pc || !ready || !blocked || !has_w || !clock) {
+  if (!out->ranks || !off || !posted || !taken || !pc || !ready || !blocked || !has_w || !clock ||
+      !comm_free || !done) {
     st = mega_fail(err, MEGA_ERR_NOMEM, "no memory to simulate pp=%d", pp);
     goto out;
   }
@@ -77,6 +84,15 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
     if (!out->ranks[r].spans) {
       st = mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's %d spans", r, q->n);
       goto out;
+    }
+    int syncs = 0;
+    for (int i = 0; i < q->n; i++) syncs += q->acts[i].kind == MEGA_ACT_GRAD_SYNC;
+    if (syncs) {
+      out->ranks[r].reduce = malloc((size_t)syncs * (size_t)nbk * sizeof(mega_span));
+      if (!out->ranks[r].reduce) {
+        st = mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's reductions", r);
+        goto out;
+      }
     }
     for (int i = 0; i < q->n; i++) {
       mega_action a = q->acts[i];
@@ -115,6 +131,27 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
       case MEGA_ACT_F: dur = cost->t_f / vp; break;
       case MEGA_ACT_B: dur = (has_w[r] ? cost->t_b : cost->t_b + cost->t_w) / vp; break;
       case MEGA_ACT_W: dur = cost->t_w / vp; break;
+      case MEGA_ACT_GRAD_SYNC: {
+        /* Buckets are ready during the chunk's last backward when the GS
+         * follows it at once, else at the GS. */
+        mega_act_kind wk = has_w[r] ? MEGA_ACT_W : MEGA_ACT_B;
+        bool during = i > 0 && q->acts[i - 1].kind == wk && q->acts[i - 1].chunk == a.chunk;
+        mega_span prev = during ? o->spans[i - 1] : (mega_span){t, t};
+        double each = cost->grad_sync / vp / nbk;
+        for (int j = 0; j < nbk; j++) {
+          double rdy = prev.start + (prev.end - prev.start) * (j + 1) / nbk;
+          double start = rdy > comm_free[r] ? rdy : comm_free[r];
+          comm_free[r] = start + each;
+          o->reduce[o->nreduce++] = (mega_span){start, comm_free[r]};
+        }
+        done[(size_t)r * s->vp + a.chunk] = comm_free[r];
+        break;
+      }
+      case MEGA_ACT_GRAD_WAIT: {
+        double d = done[(size_t)r * s->vp + a.chunk];
+        if (d > t) dur = d - t;
+        break;
+      }
       case MEGA_ACT_SEND_F:
       case MEGA_ACT_SEND_B: {
         int ch = channel_of(s, r, a);
@@ -156,6 +193,7 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
       if (blocked[r] || st) break;
       o->spans[i] = (mega_span){t, t + dur};
       if (a.kind <= MEGA_ACT_W) o->busy += dur;
+      if (a.kind != MEGA_ACT_GRAD_SYNC && a.kind != MEGA_ACT_GRAD_WAIT) o->work_end = t + dur;
       clock[r] = t + dur;
       pc[r]++;
     }
@@ -179,11 +217,28 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
     goto out;
   }
 
-  double sum = 0;
+  double sum = 0, drained = 0, exposed = 0;
   for (int r = 0; r < pp; r++) {
     out->ranks[r].end = clock[r];
     if (clock[r] > out->makespan) out->makespan = clock[r];
+    if (out->ranks[r].work_end > drained) drained = out->ranks[r].work_end;
   }
+  /* finalize_model_grads: the first and last stage sum the tied
+   * embedding's gradient once both have their reductions, so with gradient
+   * sync in the schedule each of the two is done when the later one is. */
+  bool sync = false;
+  for (int r = 0; r < pp && !sync; r++)
+    for (int i = 0; i < s->ranks[r].n && !sync; i++)
+      sync = s->ranks[r].acts[i].kind == MEGA_ACT_GRAD_WAIT;
+  double tied = out->ranks[0].end > out->ranks[pp - 1].end ? out->ranks[0].end
+                                                            : out->ranks[pp - 1].end;
+  for (int r = 0; r < pp; r++) {
+    mega_sim_rank *o = &out->ranks[r];
+    double done = sync && pp > 1 && (r == 0 || r == pp - 1) ? tied : o->end;
+    o->grad_sync_exposed = done > drained ? done - drained : 0;
+    exposed += o->grad_sync_exposed;
+  }
+  out->grad_sync_exposed = exposed / pp;
   for (int r = 0; r < pp; r++) {
     mega_sim_rank *o = &out->ranks[r];
     o->idle = out->makespan - o->busy;
@@ -202,6 +257,8 @@ out:
   free(blocked);
   free(has_w);
   free(clock);
+  free(comm_free);
+  free(done);
   free(msgs);
   if (st) mega_sim_free(out);
   return st;

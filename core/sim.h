@@ -11,6 +11,20 @@
  *   1F1B, T_f = T_b:  makespan (M+P-1)(T_f+T_b), bubble (P-1)/(M+P-1);
  *   interleaved, M a multiple of P: bubble (P-1)/(V*M+P-1).
  *
+ * Gradient sync (GS, GW): each rank has one data-parallel communicator
+ * whose collectives run one at a time in launch order. A chunk's reduction
+ * costs grad_sync / vp (grad_sync is the whole rank's), split into
+ * grad_buckets equal buckets. When a GS follows its chunk's last backward
+ * at once, bucket j is ready (j+1)/grad_buckets of the way through that
+ * backward, as the engine launches buckets while layers finish; otherwise
+ * every bucket is ready at the GS. A GW waits until the chunk's last bucket
+ * is done. A rank's exposed grad sync is how long its reductions outlast
+ * the pipeline: max(0, its end - the latest end of any rank's other
+ * actions), the engine's grad_sync_exposed_s (waiting while another stage
+ * still computes is bubble). The first and last stage then sum the tied
+ * embedding's gradient (finalize_model_grads), so each of them is done only
+ * when the later of the two is.
+ *
  * Ownership: mega_sim_run fills a caller-owned mega_sim whose arrays it
  * allocates; free them with mega_sim_free. */
 #ifndef MEGA_CORE_SIM_H
@@ -23,6 +37,8 @@ typedef struct mega_cost {
   double p2p_latency;      /* per message, in the same time unit */
   double p2p_bandwidth;    /* bytes per time unit; 0 means infinite */
   double activation_bytes; /* bytes of one activation or gradient message */
+  double grad_sync;        /* one rank's data-parallel gradient reduction, all chunks */
+  int grad_buckets;        /* buckets per chunk (< 1: 1) */
 } mega_cost;
 
 typedef struct mega_span {
@@ -37,12 +53,17 @@ typedef struct mega_sim_rank {
   double bubble_fraction; /* idle / makespan */
   double end;       /* when the rank's last action ends */
   int peak_inflight;
+  double work_end;  /* when its last action other than GS and GW ends */
+  double grad_sync_exposed; /* see above */
+  mega_span *reduce; /* when its data-parallel communicator reduced each bucket */
+  int nreduce;
 } mega_sim_rank;
 
 typedef struct mega_sim {
   int pp;
   double makespan;
   double bubble_fraction; /* mean over ranks */
+  double grad_sync_exposed; /* mean over ranks */
   mega_sim_rank *ranks;   /* [pp] */
 } mega_sim;
 

@@ -164,6 +164,20 @@ void mega_trace_add_sim(mega_trace *t, const mega_schedule *s, const mega_sim *s
     flush_gap(t, s, mr, r, cursor, sim->makespan, eps, waits, nwaits, time_unit_us);
     free(waits);
   }
+  /* Each rank's data-parallel communicator: its bucket reductions. */
+  for (int r = 0; r < pp; r++) {
+    const mega_sim_rank *mr = &sim->ranks[r];
+    if (!mr->nreduce) continue;
+    char track[48];
+    snprintf(track, sizeof track, "rank %d grad sync", r);
+    mega_trace_track(t, pp + r, track);
+    for (int k = 0; k < mr->nreduce; k++) {
+      json_t *args = json_object();
+      json_object_set_new(args, "bucket", json_integer(k));
+      add_span(t, pp + r, "reduce", "grad_sync", mr->reduce[k].start * time_unit_us,
+               (mr->reduce[k].end - mr->reduce[k].start) * time_unit_us, args);
+    }
+  }
 }
 
 char *mega_trace_dump(const mega_trace *t) {

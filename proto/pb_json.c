@@ -25,6 +25,9 @@ static json_t *rank_json(const Mega__V1__RankMetrics *r) {
   bad |= set(o, "p2p_wait_s", real_or_null(r->p2p_wait_s));
   bad |= set(o, "grad_sync_exposed_s", real_or_null(r->grad_sync_exposed_s));
   bad |= set(o, "peak_activation_bytes", json_integer((json_int_t)r->peak_activation_bytes));
+  bad |= set(o, "param_bytes", json_integer((json_int_t)r->param_bytes));
+  bad |= set(o, "grad_bytes", json_integer((json_int_t)r->grad_bytes));
+  bad |= set(o, "optimizer_state_bytes", json_integer((json_int_t)r->optimizer_state_bytes));
   if (bad) {
     json_decref(o);
     return NULL;

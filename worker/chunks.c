@@ -69,7 +69,8 @@ static mega_status build_views(mega_chunks *c, mega_err *err) {
 }
 
 mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
-                              const mega_layout *layout, int pp_rank, mega_err *err) {
+                              const mega_layout *layout, int pp_rank,
+                              const mega_grads_opts *grads, mega_err *err) {
   *c = (mega_chunks){.vp = layout->vp};
   mega_status st = mega_chunks_config(job, &c->cfg, err);
   if (st != MEGA_OK) return st;
@@ -80,6 +81,7 @@ mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobsp
     st = stage_desc(layout, pp_rank, v, &d, err);
     if (st == MEGA_OK) st = mega_gpt_stage_create(be, &c->cfg, &d, &c->stages[v], err);
   }
+  if (st == MEGA_OK) st = mega_grads_create(be, c->stages, c->vp, grads, &c->grads, err);
   if (st == MEGA_OK) st = build_views(c, err);
   if (st != MEGA_OK) mega_chunks_free(c);
   return st;
@@ -92,25 +94,20 @@ void mega_chunks_bind_optim(mega_chunks *c, mega_optim *o) {
   }
 }
 
-void mega_chunks_zero_grad(mega_chunks *c) {
-  for (int v = 0; v < c->vp; v++) mega_gpt_zero_grad(c->stages[v]);
-}
-
-mega_status mega_chunks_grad_sumsq(const mega_chunks *c, mega_backend *be, double *out,
-                                   mega_err *err) {
-  double sum = 0;
-  for (size_t k = 0; k < c->nparams; k++) {
-    if (c->tied_copy[k]) continue;
-    double s;
-    mega_status st = be->ops->sum_squares(be, c->ranges[k].grads, c->ranges[k].numel, &s, err);
-    if (st != MEGA_OK) return st;
-    sum += s;
+void mega_chunks_point_moments(mega_chunks *c, float *const *exp_avg, float *const *exp_avg_sq) {
+  size_t k = 0;
+  for (int v = 0; v < c->vp; v++) {
+    int n = 0;
+    const mega_param_info *info = mega_gpt_params(c->stages[v], &n);
+    for (int i = 0; i < n; i++, k++) {
+      c->ckpt[k].exp_avg = exp_avg ? exp_avg[v] + info[i].offset : NULL;
+      c->ckpt[k].exp_avg_sq = exp_avg_sq ? exp_avg_sq[v] + info[i].offset : NULL;
+    }
   }
-  *out = sum;
-  return MEGA_OK;
 }
 
 void mega_chunks_free(mega_chunks *c) {
+  mega_grads_destroy(c->grads); /* first: it unhooks itself from the stages */
   if (c->stages)
     for (int v = 0; v < c->vp; v++) mega_gpt_stage_destroy(c->stages[v]);
   free(c->stages);

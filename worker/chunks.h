@@ -13,6 +13,7 @@
 #include "core/layout.h"
 #include "core/status.h"
 #include "worker/checkpoint.h"
+#include "worker/grads.h"
 #include "worker/model/gpt.h"
 #include "worker/optim.h"
 
@@ -26,25 +27,28 @@ typedef struct mega_chunks {
   size_t nparams;
   float *wte_grad;              /* this rank's wte gradient (embedding or its copy), or NULL */
   size_t wte_numel;
+  mega_grads *grads;            /* the chunks' param and grad buffers and their buckets */
 } mega_chunks;
 
 /* The model config a job describes. */
 mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, mega_err *err);
 
-/* Builds the stages of pipeline rank pp_rank from the layout. */
+/* Builds the stages of pipeline rank pp_rank from the layout, and moves
+ * their parameters and gradients into worker/grads buffers laid out by
+ * grads (data-parallel size and rank, buckets). */
 mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
-                              const mega_layout *layout, int pp_rank, mega_err *err);
+                              const mega_layout *layout, int pp_rank,
+                              const mega_grads_opts *grads, mega_err *err);
 
 /* Points the checkpoint views at the optimizer's moments (after
  * mega_optim_create over c->ranges). */
 void mega_chunks_bind_optim(mega_chunks *c, mega_optim *o);
 
-void mega_chunks_zero_grad(mega_chunks *c);
-
-/* Sum of squares of this rank's gradients, the tied copy left out so the
- * model's norm counts wte once. */
-mega_status mega_chunks_grad_sumsq(const mega_chunks *c, mega_backend *be, double *out,
-                                   mega_err *err);
+/* Points the checkpoint views' moments at whole-moment arrays laid out
+ * like the chunks' buffers (one per chunk, as mega_grads_gather_moments
+ * fills them), or back at nothing (NULL arrays): a distributed optimizer
+ * holds only shards, so its checkpoints go through such arrays. */
+void mega_chunks_point_moments(mega_chunks *c, float *const *exp_avg, float *const *exp_avg_sq);
 
 void mega_chunks_free(mega_chunks *c);
 

@@ -23,6 +23,7 @@ struct mega_engine {
   int vp, nacts, num_micro, B;
   const mega_action *acts;
   uint8_t *phase;  /* per action */
+  bool *sync_in;   /* per action: the chunk's last backward, its GS right after it */
   bool has_w;      /* the rank's schedule splits backward into B and W */
   slot *slots;     /* [num_micro * vp] */
   mega_emem mem;
@@ -49,7 +50,8 @@ static double wall_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static bool is_comm(uint8_t k) { return k >= MEGA_ACT_SEND_F; }
+static bool is_comm(uint8_t k) { return mega_act_is_p2p(k); }
+static bool is_sync(uint8_t k) { return k == MEGA_ACT_GRAD_SYNC || k == MEGA_ACT_GRAD_WAIT; }
 
 static slot *slot_of(mega_engine *e, int mb, int chunk) { return &e->slots[mb * e->vp + chunk]; }
 
@@ -118,6 +120,18 @@ mega_status mega_engine_create(const mega_engine_config *cfg, mega_engine **out,
   if (!e->slots || !e->step || !e->pending || !e->tokens || !e->targets)
     st = mega_fail(err, MEGA_ERR_NOMEM, "engine: out of memory for %zu microbatch slots", nslots);
   if (st == MEGA_OK) st = build_phases(e, err);
+  if (st == MEGA_OK && !(e->sync_in = calloc((size_t)e->nacts + 1, sizeof *e->sync_in)))
+    st = mega_fail(err, MEGA_ERR_NOMEM, "engine: out of memory");
+  if (st == MEGA_OK) {
+    uint8_t wk = e->has_w ? MEGA_ACT_W : MEGA_ACT_B;
+    for (int i = 0; i + 1 < e->nacts; i++)
+      e->sync_in[i] = e->acts[i].kind == wk && e->acts[i + 1].kind == MEGA_ACT_GRAD_SYNC &&
+                      e->acts[i + 1].chunk == e->acts[i].chunk;
+  }
+  if (st == MEGA_OK && !cfg->grads && !cfg->forward_only)
+    for (int i = 0; i < e->nacts; i++)
+      if (is_sync(e->acts[i].kind))
+        st = mega_fail(err, MEGA_ERR_INTERNAL, "engine: a schedule with GS/GW needs gradients");
   if (st != MEGA_OK) {
     mega_engine_destroy(e);
     return st;
@@ -150,6 +164,7 @@ void mega_engine_destroy(mega_engine *e) {
   free(e->tokens);
   free(e->targets);
   free(e->phase);
+  free(e->sync_in);
   free(e);
 }
 
@@ -349,6 +364,58 @@ static void sleep_ms(double ms) {
   }
 }
 
+/* Sleeps until t0 + ms (CLOCK_MONOTONIC seconds t0): an action split into
+ * many sleeps lasts its whole time, not that plus each sleep's overshoot,
+ * so data-parallel ranks do not drift apart. */
+static void sleep_until(double t0, double ms) {
+  double t = t0 + ms * 1e-3;
+  struct timespec ts = {.tv_sec = (time_t)t, .tv_nsec = (long)((t - (double)(time_t)t) * 1e9)};
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+  }
+}
+
+/* --simulate-compute: sleeps ms over the chunk's units, in proportion to
+ * their parameters, in backward order; with ready, each unit then marks its
+ * parameters ready, as the model's backward does. */
+static void sleep_units(mega_engine *e, int chunk, double ms, bool ready) {
+  int nu;
+  const mega_gpt_unit *u = mega_gpt_units(e->cfg.chunks[chunk], &nu);
+  size_t total = 0;
+  for (int k = 0; k < nu; k++) total += u[k].numel;
+  if (!ready || !e->cfg.grads || nu == 0 || total == 0) {
+    sleep_ms(ms);
+    return;
+  }
+  double t0 = mono_s();
+  size_t done = 0;
+  for (int k = 0; k < nu; k++) {
+    done += u[k].numel;
+    sleep_until(t0, ms * (double)done / (double)total);
+    mega_grads_ready(e->cfg.grads, chunk, u[k].first, u[k].count);
+  }
+}
+
+/* --simulate-compute's forward: the units in forward order, each waiting
+ * for its parameters first, as the model's forward does. */
+static void sleep_units_forward(mega_engine *e, int chunk, double ms) {
+  int nu;
+  const mega_gpt_unit *u = mega_gpt_units(e->cfg.chunks[chunk], &nu);
+  size_t total = 0;
+  for (int k = 0; k < nu; k++) total += u[k].numel;
+  if (!e->cfg.grads || nu == 0 || total == 0) {
+    sleep_ms(ms);
+    return;
+  }
+  double t0 = mono_s();
+  size_t done = 0;
+  for (int k = nu - 1; k >= 0; k--) {
+    mega_grads_need(e->cfg.grads, chunk, u[k].first, u[k].count);
+    done += u[k].numel;
+    sleep_until(t0, ms * (double)done / (double)total);
+  }
+}
+
 static mega_status load_batch(mega_engine *e, int64_t it, int mb, int T, mega_err *err) {
   mega_status st =
       e->cfg.eval_data
@@ -394,7 +461,7 @@ static mega_status do_forward(mega_engine *e, const mega_action *a, int64_t it, 
   track_peak(e);
   double t0 = wall_s();
   if (e->cfg.simulate) {
-    sleep_ms(e->cfg.sim_f_ms / e->vp);
+    sleep_units_forward(e, a->chunk, e->cfg.sim_f_ms / e->vp);
   } else {
     if (first || last) {
       st = load_batch(e, it, a->mb, s->T, err);
@@ -428,15 +495,17 @@ static void free_activations(mega_engine *e, slot *s) {
   e->inflight--;
 }
 
-static mega_status do_weight(mega_engine *e, const mega_action *a, mega_err *err) {
+static mega_status do_weight(mega_engine *e, const mega_action *a, bool sync, mega_err *err) {
   slot *s = slot_of(e, a->mb, a->chunk);
   double t0 = wall_s();
+  if (sync) mega_grads_enable(e->cfg.grads, a->chunk, true);
   if (e->cfg.simulate) {
-    sleep_ms(e->cfg.sim_w_ms / e->vp);
+    sleep_units(e, a->chunk, e->cfg.sim_w_ms / e->vp, true);
   } else {
     mega_status st = mega_gpt_backward_weight(e->cfg.chunks[a->chunk], s->acts, err);
     if (st != MEGA_OK) return st;
   }
+  if (sync) mega_grads_enable(e->cfg.grads, a->chunk, false);
   double t1 = wall_s();
   e->res->compute_s += t1 - t0;
   char name[24];
@@ -446,7 +515,7 @@ static mega_status do_weight(mega_engine *e, const mega_action *a, mega_err *err
 }
 
 static mega_status do_backward(mega_engine *e, const mega_action *a, float loss_scale,
-                               uint8_t ph, mega_err *err) {
+                               uint8_t ph, bool sync, mega_err *err) {
   slot *s = slot_of(e, a->mb, a->chunk);
   bool first = first_stage(e, a->chunk), last = last_stage(e, a->chunk);
   mega_status st;
@@ -462,15 +531,21 @@ static mega_status do_backward(mega_engine *e, const mega_action *a, float loss_
     track_peak(e);
   }
   double t0 = wall_s();
+  if (sync) mega_grads_enable(e->cfg.grads, a->chunk, true);
   if (e->cfg.simulate) {
-    sleep_ms((e->cfg.sim_b_ms + (e->has_w ? 0 : e->cfg.sim_w_ms)) / e->vp);
-  } else {
+    sleep_units(e, a->chunk, (e->cfg.sim_b_ms + (e->has_w ? 0 : e->cfg.sim_w_ms)) / e->vp,
+                !e->has_w);
+  } else if (e->has_w) {
     st = mega_gpt_backward_input(e->cfg.chunks[a->chunk], s->acts, last ? NULL : s->dout.p,
                                  loss_scale, first ? NULL : s->din.p, err);
     if (st != MEGA_OK) return st;
-    if (!e->has_w) st = mega_gpt_backward_weight(e->cfg.chunks[a->chunk], s->acts, err);
+  } else {
+    /* layer by layer, so each layer's gradients are ready as it ends */
+    st = mega_gpt_backward(e->cfg.chunks[a->chunk], s->acts, last ? NULL : s->dout.p, loss_scale,
+                           first ? NULL : s->din.p, err);
     if (st != MEGA_OK) return st;
   }
+  if (sync) mega_grads_enable(e->cfg.grads, a->chunk, false);
   double t1 = wall_s();
   e->res->compute_s += t1 - t0;
   char name[24];
@@ -492,7 +567,20 @@ static float loss_scale_of(const mega_engine *e, int64_t it) {
                                   : e->cfg.seq_len;
       tokens += (double)p->micro_batch * T;
     }
-  return (float)(1.0 / tokens);
+  double factor = e->cfg.grads ? mega_grads_loss_scale_factor(e->cfg.grads) : 1.0;
+  return (float)(factor / tokens);
+}
+
+/* GS launches the chunk's remaining buckets; GW waits for all of them. */
+static mega_status do_sync(mega_engine *e, const mega_action *a, mega_err *err) {
+  if (a->kind == MEGA_ACT_GRAD_SYNC) return mega_grads_launch(e->cfg.grads, a->chunk, err);
+  double t0 = wall_s();
+  mega_status st = mega_grads_wait(e->cfg.grads, a->chunk, err);
+  double t1 = wall_s();
+  e->res->grad_wait_s += t1 - t0;
+  char name[24];
+  add_span(e, mega_action_format(*a, name), "grad_sync", t0, t1);
+  return st;
 }
 
 mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
@@ -515,12 +603,14 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
   }
   float scale = e->cfg.forward_only ? 0.0f : loss_scale_of(e, it);
   double t0 = mono_s();
+  res->work_end_wall = wall_s();
   mega_status st = MEGA_OK;
   for (int i = 0; i < e->nacts && st == MEGA_OK;) {
     const mega_action *a = &e->acts[i];
     if (is_comm(a->kind)) {
       int at = i;
       st = run_step(e, i, it, &i, err);
+      res->work_end_wall = wall_s();
       if (st != MEGA_OK) {
         char name[24];
         mega_err_prefix(err, "iteration %lld, P2P step at %s", (long long)it + 1,
@@ -529,8 +619,10 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
       continue;
     }
     if (a->kind == MEGA_ACT_F) st = do_forward(e, a, it, e->phase[i], err);
-    else if (a->kind == MEGA_ACT_B) st = do_backward(e, a, scale, e->phase[i], err);
-    else st = do_weight(e, a, err);
+    else if (a->kind == MEGA_ACT_B) st = do_backward(e, a, scale, e->phase[i], e->sync_in[i], err);
+    else if (a->kind == MEGA_ACT_W) st = do_weight(e, a, e->sync_in[i], err);
+    else st = do_sync(e, a, err);
+    if (!is_sync(a->kind)) res->work_end_wall = wall_s();
     if (st == MEGA_OK && e->npending) st = reap_sends(e, err);
     if (st != MEGA_OK) {
       char name[24];
@@ -540,6 +632,7 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
   }
   for (int k = 0; k < e->npending && st == MEGA_OK; k++)
     st = wait_msg(e, e->pending[k], PH_COOLDOWN, err);
+  if (e->npending) res->work_end_wall = wall_s();
   e->npending = 0;
   res->schedule_s = mono_s() - t0;
   e->res = NULL;

@@ -22,10 +22,26 @@
  * microbatches and iterations, so the count is what the schedule needs, not
  * what malloc was asked.
  *
+ * Gradient sync: GS and GW run the chunk's data-parallel reduction through
+ * worker/grads (launch, wait). When a chunk's GS follows its last backward
+ * (B, or W with zero-bubble), that backward runs with the chunk's buckets
+ * enabled: each layer that finishes marks its parameters ready and a full
+ * bucket launches at once (a plain B runs input and weight halves layer by
+ * layer for that: mega_gpt_backward); every other backward only
+ * accumulates (no_sync). The time a GW waits is reported (grad_wait_s),
+ * with work_end_wall, the moment the rank's other work ended, so the rank
+ * can tell the pipeline's drain from the exposed reduction.
+ *
  * Measurement: every action is timed. Compute is F, B and W; a wait for a
  * receive is bubble while its sender had not yet sent (the pipeline had
  * nothing for this rank) and transfer time after; the bubble is split by
  * the phase (warmup, steady, cooldown) of the compute action that waited.
+ *
+ * --simulate-compute: F, B and W sleep, split over the chunk's units
+ * (mega_gpt_units) in proportion to their parameters, and each unit of a
+ * backward marks its parameters ready as its share ends, so overlap is
+ * measured on real-sized gradient buffers without compute competing for the
+ * cores.
  *
  * Ownership: the engine borrows everything in its config, which must
  * outlive it. */
@@ -40,6 +56,7 @@
 #include "core/schedule.h"
 #include "core/status.h"
 #include "worker/data.h"
+#include "worker/grads.h"
 #include "worker/model/gpt.h"
 #include "worker/p2p.h"
 #include "worker/rank.h"
@@ -50,6 +67,7 @@ typedef struct mega_engine_config {
   mega_gpt_stage *const *chunks; /* [sched->vp] */
   mega_backend *be;
   mega_p2p *p2p;                 /* NULL when pp == 1 */
+  mega_grads *grads;             /* the chunks' gradient buffers; NULL when forward_only */
   const mega_data *data;
   const mega_batch_plan *plan;
   int dp_rank;
@@ -75,6 +93,8 @@ typedef struct mega_engine_result {
   double p2p_wait_s;
   size_t peak_bytes; /* activations and P2P buffers alive at once */
   int peak_inflight; /* (microbatch, chunk) activations alive at once */
+  double grad_wait_s;   /* in GW actions */
+  double work_end_wall; /* wall clock when the last action other than GS and GW ended */
 } mega_engine_result;
 
 typedef struct mega_engine mega_engine;

@@ -389,6 +389,9 @@ mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_e
   rm.peak_activation_bytes = m->peak_activation_bytes;
   rm.step_time_s = m->step_time_s;
   rm.peak_inflight = m->peak_inflight > 0 ? (uint32_t)m->peak_inflight : 0;
+  rm.param_bytes = m->param_bytes;
+  rm.grad_bytes = m->grad_bytes;
+  rm.optimizer_state_bytes = m->optimizer_state_bytes;
   Mega__V1__StepReport r = MEGA__V1__STEP_REPORT__INIT;
   r.iteration = m->iteration > 0 ? (uint64_t)m->iteration : 0;
   r.metrics = &rm;

@@ -100,7 +100,14 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
                              "pp_rank", m->pp_rank, "dp_rank", m->dp_rank, "compute_s",
                              m->compute_s, "bubble_s", m->bubble_s, "p2p_wait_s", m->p2p_wait_s,
                              "peak_activation_bytes", (json_int_t)m->peak_activation_bytes);
-    if (rest) json_object_set_new(rest, "peak_inflight", json_integer(m->peak_inflight));
+    if (rest) {
+      json_object_set_new(rest, "peak_inflight", json_integer(m->peak_inflight));
+      json_object_set_new(rest, "grad_sync_exposed_s", json_real(m->grad_sync_exposed_s));
+      json_object_set_new(rest, "param_bytes", json_integer((json_int_t)m->param_bytes));
+      json_object_set_new(rest, "grad_bytes", json_integer((json_int_t)m->grad_bytes));
+      json_object_set_new(rest, "optimizer_state_bytes",
+                          json_integer((json_int_t)m->optimizer_state_bytes));
+    }
     if (rest && m->has_eval_loss) json_object_set_new(rest, "eval_loss", json_real(m->eval_loss));
     if (j && rest) json_object_update(j, rest);
     json_decref(rest);

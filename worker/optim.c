@@ -138,5 +138,11 @@ float *mega_optim_exp_avg_sq(mega_optim *o, size_t i) {
   return i < o->n ? o->moments + o->offset[i] + o->ranges[i].numel : NULL;
 }
 
+size_t mega_optim_state_bytes(const mega_optim *o) {
+  size_t n = 0;
+  for (size_t i = 0; i < o->n; i++) n += 2 * o->ranges[i].numel;
+  return n * sizeof(float);
+}
+
 int64_t mega_optim_steps(const mega_optim *o) { return o->steps; }
 void mega_optim_set_steps(mega_optim *o, int64_t steps) { o->steps = steps; }

@@ -73,6 +73,10 @@ const mega_optim_range *mega_optim_range_at(const mega_optim *o, size_t i);
  * a checkpoint reads and writes them in place. */
 float *mega_optim_exp_avg(mega_optim *o, size_t i);
 float *mega_optim_exp_avg_sq(mega_optim *o, size_t i);
+/* Bytes of the optimizer's state: the two moments of every range. (The
+ * model trains in fp32, so the parameters are the master weights; there is
+ * no second copy.) */
+size_t mega_optim_state_bytes(const mega_optim *o);
 /* Steps taken so far (bias correction uses it); set it when resuming. */
 int64_t mega_optim_steps(const mega_optim *o);
 void mega_optim_set_steps(mega_optim *o, int64_t steps);

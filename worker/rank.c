@@ -163,13 +163,74 @@ static void phase(mega_rank *r, const char *name) {
   if (r->env.on_phase) r->env.on_phase(r->env.arg, name, r->iteration);
 }
 
+/* A distributed optimizer holds only its shards of the moments, and
+ * checkpoints hold whole tensors: whole moments live in these arrays (one
+ * per chunk and moment, laid out like the chunk's buffers) while a
+ * checkpoint is saved or loaded. */
+typedef struct whole_moments {
+  int vp;
+  float **avg, **sq;
+} whole_moments;
+
+static void whole_moments_free(whole_moments *w) {
+  for (int v = 0; v < w->vp; v++) {
+    if (w->avg) free(w->avg[v]);
+    if (w->sq) free(w->sq[v]);
+  }
+  free(w->avg);
+  free(w->sq);
+  *w = (whole_moments){0};
+}
+
+static mega_status whole_moments_alloc(mega_rank *r, whole_moments *w, mega_err *err) {
+  int vp = r->chunks.vp;
+  *w = (whole_moments){.vp = vp, .avg = calloc((size_t)vp, sizeof(float *)),
+                       .sq = calloc((size_t)vp, sizeof(float *))};
+  bool ok = w->avg && w->sq;
+  for (int v = 0; ok && v < vp; v++) {
+    size_t n = mega_gpt_num_params(r->chunks.stages[v]);
+    ok = (w->avg[v] = calloc(n, sizeof(float))) && (w->sq[v] = calloc(n, sizeof(float)));
+  }
+  if (ok) return MEGA_OK;
+  whole_moments_free(w);
+  return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the optimizer's whole moments");
+}
+
+/* The writer's tensors in save_params (which the saver borrows): the
+ * chunks' views, a loss stage's tied copy of wte left out. */
+static size_t fill_save_params(mega_rank *r) {
+  size_t n = 0;
+  for (size_t k = 0; k < r->chunks.nparams; k++)
+    if (!r->chunks.tied_copy[k]) r->save_params[n++] = r->chunks.ckpt[k];
+  return n;
+}
+
+/* Distributed optimizer: points the writer's tensors' moments at whole
+ * moments (the saver reads them only while it stages a save). */
+static void point_save_moments(mega_rank *r, const whole_moments *w) {
+  mega_chunks_point_moments(&r->chunks, w->avg, w->sq);
+  fill_save_params(r);
+  mega_chunks_point_moments(&r->chunks, NULL, NULL);
+}
+
 mega_status mega_rank_save(mega_rank *r, mega_err *err) {
   if (!r->job->save) return mega_fail(err, MEGA_ERR_INVALID, "no --save directory given");
   phase(r, "checkpoint");
   double t0 = mega_rank_saver_now();
   bool async = r->job->async_save;
-  mega_status st = MEGA_OK;
-  if (!r->saver) { /* a replica: nothing of its own to write */
+  /* --overlap-param-gather may leave gathers in flight */
+  mega_status st = mega_grads_wait_params(r->chunks.grads, -1, err);
+  whole_moments w = {0};
+  if (st == MEGA_OK && r->job->use_distributed_optimizer) {
+    /* every data-parallel rank takes part in the gather of the moments; the
+     * writer stages whole tensors from them */
+    st = whole_moments_alloc(r, &w, err);
+    if (st == MEGA_OK) st = mega_grads_gather_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
+    if (st == MEGA_OK && r->saver) point_save_moments(r, &w);
+  }
+  if (st != MEGA_OK) {
+    /* nothing staged */
+  } else if (!r->saver) { /* a replica: nothing of its own to write */
     char path[4096];
     mega_ckpt_iter_path(path, sizeof path, r->job->save, r->iteration);
     mega_rank_ckpt_report rep = {.iteration = r->iteration, .path = path};
@@ -182,6 +243,7 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
     st = mega_rank_saver_stage(r->saver, r->be, &s, t0, err);
     if (st == MEGA_OK && !async) st = mega_rank_saver_write(r->saver, err);
   }
+  whole_moments_free(&w); /* staged: the writer has its host copies */
   /* Every rank leaves the save point together: the writers meet (with
    * --async-save before the write starts, so the training thread never
    * shares GROUP_CKPT with the checkpoint thread; without it once the
@@ -210,16 +272,24 @@ static mega_status build_saver(mega_rank *r, mega_err *err) {
   if (!r->job->save || !is_writer(r)) return MEGA_OK;
   r->save_params = calloc(r->chunks.nparams + 1, sizeof *r->save_params);
   if (!r->save_params) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the saver");
-  size_t n = 0;
-  for (size_t k = 0; k < r->chunks.nparams; k++)
-    if (!r->chunks.tied_copy[k]) r->save_params[n++] = r->chunks.ckpt[k];
+  size_t n = fill_save_params(r);
+  /* A distributed optimizer's tensors have state too: the saver sees that
+   * from their moments, which every save points at whole ones. */
+  whole_moments w = {0};
+  mega_status st = MEGA_OK;
+  if (r->job->use_distributed_optimizer) {
+    st = whole_moments_alloc(r, &w, err);
+    if (st == MEGA_OK) point_save_moments(r, &w);
+  }
   mega_rank_saver_config sc = {
       .writer = {.save_dir = r->job->save, .cfg = &r->chunks.cfg, .job = r->job,
                  .comm = r->comm[GROUP_CKPT], .attempt = r->env.attempt},
       .async = r->job->async_save, .rank = r->env.rank,
       .on_checkpoint = r->env.on_checkpoint, .await_commit = r->env.await_commit,
       .arg = r->env.arg};
-  return mega_rank_saver_create(&sc, r->save_params, n, &r->saver, err);
+  if (st == MEGA_OK) st = mega_rank_saver_create(&sc, r->save_params, n, &r->saver, err);
+  whole_moments_free(&w);
+  return st;
 }
 
 /* ---- set-up ---- */
@@ -231,8 +301,15 @@ static mega_status build_schedule(mega_rank *r, bool forward_only, mega_schedule
   mega_sched_params p = {
       .kind = j->schedule >= 0 ? (mega_sched_kind)j->schedule : mega_sched_default_kind(pp, vp),
       .pp = pp, .vp = vp, .microbatches = r->plan.num_micro,
-      .group_size = vp > 1 ? mega_jobspec_group_size(j) : 0};
-  if (forward_only) p.kind = MEGA_SCHED_FORWARD_ONLY;
+      .group_size = vp > 1 ? mega_jobspec_group_size(j) : 0,
+      /* seed 003: without overlap the reduction follows the schedule */
+      .grad_sync = !j->overlap_grad_reduce ? MEGA_GRAD_SYNC_END
+                   : j->align_grad_reduce  ? MEGA_GRAD_SYNC_ALIGNED
+                                           : MEGA_GRAD_SYNC_LAST_BACKWARD};
+  if (forward_only) {
+    p.kind = MEGA_SCHED_FORWARD_ONLY;
+    p.grad_sync = MEGA_GRAD_SYNC_NONE;
+  }
   mega_status st = mega_sched_check_params(&p, err);
   if (st == MEGA_OK) st = mega_sched_generate(&p, out, err);
   if (st == MEGA_OK) st = mega_sched_validate(out, err);
@@ -244,6 +321,11 @@ static mega_status build_optimizer(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_optim_hparams hp = {.beta1 = j->adam_beta1, .beta2 = j->adam_beta2, .eps = j->adam_eps,
                            .weight_decay = j->weight_decay, .clip_grad = j->clip_grad};
+  if (j->use_distributed_optimizer) { /* this rank's shards only */
+    size_t n;
+    const mega_optim_range *ranges = mega_grads_ranges(r->chunks.grads, &n);
+    return mega_optim_create(r->be, ranges, n, &hp, &r->optim, err);
+  }
   mega_status st = mega_optim_create(r->be, r->chunks.ranges, r->chunks.nparams, &hp, &r->optim,
                                      err);
   if (st == MEGA_OK) mega_chunks_bind_optim(&r->chunks, r->optim);
@@ -255,7 +337,8 @@ static mega_status make_engine(mega_rank *r, const mega_schedule *sched, bool ev
   const mega_jobspec *j = r->job;
   mega_engine_config ec = {
       .sched = sched, .pp_rank = r->me.pp, .chunks = r->chunks.stages, .be = r->be,
-      .p2p = r->p2p, .data = r->data, .plan = &r->plan, .dp_rank = r->me.dp,
+      .p2p = r->p2p, .grads = eval ? NULL : r->chunks.grads, .data = r->data, .plan = &r->plan,
+      .dp_rank = r->me.dp,
       .seq_len = j->seq_length, .hidden = j->hidden_size, .overlap_p2p = j->overlap_p2p_comm,
       .overlap_warmup_flush = j->overlap_p2p_comm_warmup_flush,
       .deallocate_outputs = j->deallocate_pipeline_outputs,
@@ -286,6 +369,24 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
   return st;
 }
 
+/* --load: whole tensors by name, at any data-parallel size; a distributed
+ * optimizer keeps its shards of the whole moments. */
+static mega_status load_checkpoint(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  if (!j->use_distributed_optimizer)
+    return mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
+  whole_moments w;
+  mega_status st = whole_moments_alloc(r, &w, err);
+  if (st != MEGA_OK) return st;
+  mega_chunks_point_moments(&r->chunks, w.avg, w.sq);
+  st = mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
+  if (st == MEGA_OK && r->loaded.loaded && !j->finetune && !j->no_load_optim)
+    st = mega_grads_scatter_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
+  mega_chunks_point_moments(&r->chunks, NULL, NULL);
+  whole_moments_free(&w);
+  return st;
+}
+
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
@@ -293,7 +394,13 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   mega_backend_cpu_opts bo = {.threads = j->blas_threads};
   mega_status st = mega_backend_cpu_create(&bo, &r->be, err);
   if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
-  if (st == MEGA_OK) st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, err);
+  mega_grads_opts go = {.dp_size = r->topo.dp, .dp_rank = r->me.dp,
+                        .overlap = j->overlap_grad_reduce,
+                        .distributed = j->use_distributed_optimizer,
+                        .average_in_collective = j->average_in_collective,
+                        .bucket_size = j->bucket_size};
+  if (st == MEGA_OK)
+    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &go, err);
   if (st == MEGA_OK)
     st = mega_batch_plan_init(&r->plan, j->global_batch_size, j->micro_batch_size, r->topo.dp,
                               err);
@@ -314,6 +421,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
    * rank can be writing into SAVE yet. */
   if (st == MEGA_OK && j->save && r->env.rank == 0) st = mega_ckpt_clean_temps(j->save, NULL, err);
   if (st == MEGA_OK) st = build_groups(r, err);
+  if (st == MEGA_OK) mega_grads_set_comm(r->chunks.grads, r->comm[GROUP_DP]);
   if (st == MEGA_OK) st = build_engine(r, err);
   if (st == MEGA_OK && j->trace_iteration > 0) {
     r->span_cap = (size_t)r->sched.ranks[r->me.pp].n * 2 + 16;
@@ -321,7 +429,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     if (!r->spans) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
   }
   if (st == MEGA_OK && j->load) {
-    st = mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
+    st = load_checkpoint(r, err);
     if (st == MEGA_OK) r->iteration = r->loaded.iteration;
   }
   if (st == MEGA_OK) st = build_saver(r, err);
@@ -364,17 +472,20 @@ static mega_status pipeline_stats(mega_comm *c, double *sumsq, double *end, mega
   return MEGA_OK;
 }
 
-/* finalize_model_grads: data-parallel sums, then the tied embedding's two
- * copies summed across the first and last stage. */
+/* finalize_model_grads: the data-parallel reductions (the schedule's GWs
+ * waited for them already; this finds nothing left), then the tied
+ * embedding's two copies summed across the first and last stage: with the
+ * distributed optimizer only the shard this rank owns, which covers the
+ * same elements on both stages (worker/grads.h). */
 static mega_status finalize_grads(mega_rank *r, mega_err *err) {
   mega_status st = MEGA_OK;
-  if (r->comm[GROUP_DP])
-    for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
-      st = mega_comm_all_reduce(r->comm[GROUP_DP], mega_gpt_grad_data(r->chunks.stages[v]),
-                                mega_gpt_num_params(r->chunks.stages[v]), 0, err);
-  if (st == MEGA_OK && r->comm[GROUP_EMBD] && r->chunks.wte_grad)
-    st = mega_comm_all_reduce(r->comm[GROUP_EMBD], r->chunks.wte_grad, r->chunks.wte_numel, 0,
-                              err);
+  for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
+    st = mega_grads_wait(r->chunks.grads, v, err);
+  float *tied;
+  size_t n;
+  mega_grads_tied_region(r->chunks.grads, &tied, &n);
+  if (st == MEGA_OK && r->comm[GROUP_EMBD] && n)
+    st = mega_comm_all_reduce(r->comm[GROUP_EMBD], tied, n, 0, err);
   return st;
 }
 
@@ -383,6 +494,8 @@ static mega_status finalize_grads(mega_rank *r, mega_err *err) {
 static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   double loss_sum = 0, tokens = 0;
   bool last = mega_sched_is_last_stage(&r->eval_sched, r->me.pp, r->eval_sched.vp - 1);
+  mega_status wst = mega_grads_wait_params(r->chunks.grads, -1, err);
+  if (wst != MEGA_OK) return wst;
   for (int k = 0; k < r->job->eval_iters; k++) {
     mega_engine_result res;
     mega_status st = mega_engine_run(r->eval_engine, r->eval_done++, &res, NULL, 0, NULL, 0, err);
@@ -418,21 +531,30 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
                            .dp_rank = r->me.dp, .tp_rank = r->me.tp,
                            .step_start_unix_us = (int64_t)(t0 * 1e6)};
   r->nspans = 0;
-  mega_chunks_zero_grad(&r->chunks);
+  mega_status st = mega_grads_start(r->chunks.grads, err);
   mega_engine_result res;
-  mega_status st = mega_engine_run(r->engine, it, &res, trace ? r->spans : NULL, r->span_cap,
-                                   &r->nspans, t0, err);
+  if (st == MEGA_OK)
+    st = mega_engine_run(r->engine, it, &res, trace ? r->spans : NULL, r->span_cap, &r->nspans,
+                         t0, err);
   if (st != MEGA_OK) return st;
 
-  double ts = wall_s();
+  /* The rank's pipeline work ended at ts; since then it has waited for its
+   * gradient reductions (the schedule's GWs) and the pipeline's drain. */
+  double ts = res.work_end_wall;
   st = finalize_grads(r, err);
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
   double loss_sum = res.loss_sum;
   if (st == MEGA_OK && has_loss) st = sum_doubles(r->comm[GROUP_DP], &loss_sum, err);
+  double tg = wall_s(); /* gradients reduced (finish_grad_sync, finalize_model_grads) */
+  /* The global norm counts every element once: the shards this rank owns
+   * summed over the data-parallel group (distributed optimizer), the stages
+   * over the pipeline, the tied copy left out. */
   double sumsq = 0, drained = ts;
-  if (st == MEGA_OK) st = mega_chunks_grad_sumsq(&r->chunks, r->be, &sumsq, err);
+  if (st == MEGA_OK) st = mega_grads_sumsq(r->chunks.grads, &sumsq, err);
+  if (st == MEGA_OK && r->job->use_distributed_optimizer)
+    st = sum_doubles(r->comm[GROUP_DP], &sumsq, err);
   if (st == MEGA_OK) st = pipeline_stats(r->comm[GROUP_PP], &sumsq, &drained, err);
   double tsync = wall_s();
   /* Waiting here while another stage still runs its schedule is pipeline
@@ -440,9 +562,17 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
    * a little: the split is clamped to the wait. */
   double tail = (drained < tsync ? drained : tsync) - ts;
   if (tail < 0) tail = 0;
+  /* Exposed: the reductions' end past the pipeline's (the norm that follows
+   * is the optimizer's, as in Megatron's timers). */
+  double exposed = tg - (drained > ts ? drained : ts);
+  if (exposed < 0) exposed = 0;
   double lr = mega_lr_at(&r->lr, it);
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
   if (st == MEGA_OK && !r->simulate) st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+  /* distributed optimizer: every rank gets every updated parameter; with
+   * --overlap-param-gather forward waits for each bucket when it needs it */
+  if (st == MEGA_OK)
+    st = mega_grads_gather_params(r->chunks.grads, r->job->overlap_param_gather, err);
   if (st == MEGA_OK) st = r->be->ops->synchronize(r->be, err);
   if (st != MEGA_OK) {
     mega_err_prefix(err, "iteration %lld", (long long)it + 1);
@@ -453,7 +583,11 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "grad-sync", .cat = "grad_sync",
                                                .start_us = (ts - t0) * 1e6,
-                                               .dur_us = (tsync - ts) * 1e6};
+                                               .dur_us = (tg - ts) * 1e6};
+    if (r->nspans < r->span_cap)
+      r->spans[r->nspans++] = (mega_rank_span){.name = "grad-norm", .cat = "optimizer",
+                                               .start_us = (tg - t0) * 1e6,
+                                               .dur_us = (tsync - tg) * 1e6};
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "optimizer", .cat = "optimizer",
                                                .start_us = (tsync - t0) * 1e6,
@@ -475,9 +609,12 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->bubble_steady_s = res.bubble_steady_s;
   m->bubble_cooldown_s = res.bubble_cooldown_s + tail;
   m->p2p_wait_s = res.p2p_wait_s;
-  m->grad_sync_exposed_s = tsync - ts - tail;
+  m->grad_sync_exposed_s = exposed;
   m->peak_activation_bytes = res.peak_bytes;
   m->peak_inflight = res.peak_inflight;
+  m->param_bytes = mega_grads_param_bytes(r->chunks.grads);
+  m->grad_bytes = mega_grads_grad_bytes(r->chunks.grads);
+  m->optimizer_state_bytes = mega_optim_state_bytes(r->optim);
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
   if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {
@@ -496,9 +633,8 @@ const char *mega_rank_load_notice(const mega_rank *r) {
 }
 
 size_t mega_rank_num_params(const mega_rank *r) {
-  size_t n = 0;
-  for (int v = 0; r->chunks.stages && v < r->chunks.vp; v++)
-    n += mega_gpt_num_params(r->chunks.stages[v]);
+  size_t n = 0; /* the tensors' elements, not the buffers' padding */
+  for (size_t k = 0; r->chunks.ranges && k < r->chunks.nparams; k++) n += r->chunks.ranges[k].numel;
   return n;
 }
 
@@ -514,6 +650,9 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
     if (st == MEGA_OK && r->env.on_step) r->env.on_step(r->env.arg, &m);
     if (st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration)) st = mega_rank_save(r, err);
   }
+  /* --overlap-param-gather leaves the last gathers in flight: finish them
+   * before the communicators go, or a peer still in them would fail. */
+  if (st == MEGA_OK) st = mega_grads_wait_params(r->chunks.grads, -1, err);
   /* The last save's write may still run (--async-save). After a failure
    * its gathers could wait on writers that will never come: abandon it. */
   if (st != MEGA_OK) {

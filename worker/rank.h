@@ -3,9 +3,11 @@
  * The rank builds its topology (core/topology), meets its peers through the
  * rendezvous store, builds a communicator per group it belongs to, builds
  * the stage models of its pipeline chunks from the layout, and trains: each
- * iteration the engine executes this rank's action list from core/schedule,
- * then the gradients are finalised (embedding group, data parallel) and the
- * optimizer steps. After each iteration the rank hands a mega_rank_metrics to
+ * iteration the engine executes this rank's action list from core/schedule
+ * (its GS/GW actions reduce the gradient buckets over the data-parallel
+ * group, worker/grads.h), then the gradients are finalised (the embedding
+ * group's all-reduce) and the optimizer steps (with the distributed
+ * optimizer, on this rank's shards, then the parameters are all-gathered). After each iteration the rank hands a mega_rank_metrics to
  * on_step, which megaw forwards to its daemon (or prints, when alone).
  *
  *   mega_rank *r;
@@ -61,6 +63,9 @@ typedef struct mega_rank_metrics {
   double grad_sync_exposed_s; /* gradient reduction not hidden behind compute */
   uint64_t peak_activation_bytes;
   int peak_inflight; /* (microbatch, chunk) activations alive at once */
+  uint64_t param_bytes;           /* resident parameter buffers of this rank */
+  uint64_t grad_bytes;            /* its gradient buffers */
+  uint64_t optimizer_state_bytes; /* its optimizer state (the moments it owns) */
   bool has_eval_loss; /* an evaluation ran after this iteration (last stage) */
   double eval_loss;   /* mean cross-entropy over --eval-iters forward-only batches */
   int64_t step_start_unix_us;

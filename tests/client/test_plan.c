@@ -315,6 +315,57 @@ static void text_fits_80_columns(void **state) {
   result_free(&r);
 }
 
+/* Seed 003 in the plan: GS/GW placed by the flags, the reduction drawn on
+ * a row of its own, the exposed part predicted. */
+static void grad_sync(void **state) {
+  (void)state;
+  result r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+                  "--overlap-grad-reduce", "--format", "schedule", NULL);
+  assert_int_equal(r.status, 0);
+  assert_non_null(strstr(r.out, "0: F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GS0.0 GW0.0\n"));
+  assert_non_null(strstr(r.out, "1: RF0.0 F0.0 B0.0 SB0.0 RF1.0 F1.0 B1.0 GS0.0 SB1.0 GW0.0\n"));
+  result_free(&r);
+  /* 1F1B P=2 M=2: rank 0's work ends at 6; a reduction of 1 in 4 buckets,
+   * 3 of them launched during its last backward, leaves 0.25 exposed. */
+  json_t *j;
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+           "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-buckets", "4", "--format",
+           "json", NULL);
+  ok_json(&r, &j);
+  assert_true(fabs(num(j, "grad_sync_exposed") - 0.25) < 1e-9); /* rank 1 waits for rank 0 */
+  assert_true(fabs(num(j, "makespan") - 6.25) < 1e-9);
+  json_t *r0 = json_array_get(json_object_get(j, "ranks"), 0);
+  assert_true(fabs(num(r0, "grad_sync_exposed") - 0.25) < 1e-9);
+  json_decref(j);
+  result_free(&r);
+  /* after the schedule: all of it exposed on rank 0 */
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", "--t-grad-sync", "1",
+           "--format", "json", NULL);
+  ok_json(&r, &j);
+  assert_true(fabs(num(j, "grad_sync_exposed") - 1) < 1e-9);
+  json_decref(j);
+  result_free(&r);
+  r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+           "--virtual-pipeline-model-parallel-size", "2", "--overlap-grad-reduce",
+           "--align-grad-reduce", "--t-grad-sync", "2", NULL);
+  assert_int_equal(r.status, 0);
+  assert_non_null(strstr(r.out, "\n    dp "));
+  assert_non_null(strstr(r.out, "="));
+  assert_non_null(strstr(r.out, "mean exposed grad sync "));
+  for (const char *line = r.out; *line;) {
+    const char *nl = strchr(line, '\n');
+    size_t len = nl ? (size_t)(nl - line) : strlen(line);
+    if (len > 80) fail_msg("a line of %zu columns: %.*s", len, (int)len, line);
+    line += len + (nl != NULL);
+  }
+  result_free(&r);
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+           "--align-grad-reduce", NULL);
+  assert_int_equal(r.status, 2);
+  assert_non_null(strstr(r.err, "--align-grad-reduce needs --overlap-grad-reduce"));
+  result_free(&r);
+}
+
 /* One readable line on stderr, nothing on stdout, and the exit status. */
 static void expect_error(result r, int status, const char *needle) {
   if (r.status != status) fail_msg("exit %d, wanted %d: %s", r.status, status, r.err);
@@ -414,6 +465,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(seed_schedule_table),    cmocka_unit_test(text_form_round_trip),
       cmocka_unit_test(trace_parses),           cmocka_unit_test(text_fits_80_columns),
       cmocka_unit_test(errors),                 cmocka_unit_test(help),
+      cmocka_unit_test(grad_sync),
   };
   return cmocka_run_group_tests(tests, NULL, cleanup);
 }

@@ -205,6 +205,9 @@ static void test_step_metrics_json_keys(void **state) {
   r.p2p_wait_s = 0.01;
   r.grad_sync_exposed_s = 0.002;
   r.peak_activation_bytes = 1ull << 40;
+  r.param_bytes = 4000;
+  r.grad_bytes = 4000;
+  r.optimizer_state_bytes = 4000;
   json_t *j = mega_step_metrics_json(&m);
   assert_non_null(j);
   char *s = json_dumps(j, JSON_COMPACT);
@@ -213,7 +216,8 @@ static void test_step_metrics_json_keys(void **state) {
                       "\"step_time_s\":0.25,\"tokens_per_s\":256.0,\"ranks\":[{\"rank\":1,"
                       "\"pp_rank\":1,\"dp_rank\":0,\"tp_rank\":0,\"compute_s\":0.20000000000000001,"
                       "\"bubble_s\":0.050000000000000003,\"p2p_wait_s\":0.01,"
-                      "\"grad_sync_exposed_s\":0.002,\"peak_activation_bytes\":1099511627776}]}");
+                      "\"grad_sync_exposed_s\":0.002,\"peak_activation_bytes\":1099511627776,"
+                      "\"param_bytes\":4000,\"grad_bytes\":4000,\"optimizer_state_bytes\":4000}]}");
   free(s);
   json_decref(j);
 

@@ -148,6 +148,13 @@ static int check_reduce_scatter(int rank, int n, mega_comm *c) {
     MP_CHECK(out[counts[rank]] == 12345.0f, "reduce_scatter wrote past its chunk");
     for (size_t i = 0; i < total; i++)
       MP_CHECK(in[i] == mp_val(rank, i), "reduce_scatter changed its input");
+    /* in place: into this rank's own part of in; the rest stays */
+    MP_OK(mega_comm_reduce_scatter(c, in, in + off, counts, 0, &err), err);
+    for (size_t i = 0; i < total; i++) {
+      float want = i >= off && i < off + counts[rank] ? sum_over(n, i) : mp_val(rank, i);
+      MP_CHECK(in[i] == want, "in-place reduce_scatter set %d: [%zu] = %g, want %g", set, i,
+               in[i], want);
+    }
     free(in);
     free(out);
   }

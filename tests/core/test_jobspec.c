@@ -105,7 +105,7 @@ static void test_defaults(void **state) {
                s.variable_seq_lengths || s.deallocate_pipeline_outputs);
   assert_int_equal(s.recompute_granularity, MEGA_RECOMPUTE_NONE);
   assert_false(s.overlap_grad_reduce || s.align_grad_reduce || s.use_distributed_optimizer);
-  assert_int_equal(s.bucket_size, 40000000);
+  assert_int_equal(s.bucket_size, -1);
   assert_int_equal(s.blas_threads, 1);
   assert_int_equal(s.trace_iteration, 0);
   assert_null(s.simulate_compute);
@@ -376,6 +376,10 @@ static void test_check_ok(void **state) {
                   1, -1);
   expect_check_ok(ARGV("--save", "/c", "--save-interval", "5", "--save-initial"), 1, -1);
   expect_check_ok(ARGV("--max-position-embeddings", "32", "--lr-warmup-iters", "9"), 1, -1);
+  expect_check_ok(ARGV("--overlap-grad-reduce", "--align-grad-reduce", "--bucket-size", "1000",
+                       "--use-distributed-optimizer", "--overlap-param-gather",
+                       "--average-in-collective"),
+                  2, -1);
 }
 
 static void test_check_required(void **state) {
@@ -522,6 +526,14 @@ static void test_check_errors(void **state) {
                           "Ett|ttL", "--num-layers-per-virtual-pipeline-stage", "1"),
                      2, -1,
                      "--pipeline-model-parallel-layout cannot be combined with --num-layers-per-virtual-pipeline-stage");
+  /* data-parallel flags that only mean something together */
+  expect_check_error(ARGV("--align-grad-reduce"), 2, -1,
+                     "--align-grad-reduce needs --overlap-grad-reduce");
+  expect_check_error(ARGV("--bucket-size", "1000"), 2, -1, "--bucket-size needs --overlap-grad-reduce");
+  expect_check_error(ARGV("--overlap-param-gather", "--overlap-grad-reduce"), 2, -1,
+                     "--overlap-param-gather needs --use-distributed-optimizer");
+  expect_check_error(ARGV("--overlap-param-gather", "--use-distributed-optimizer"), 2, -1,
+                     "--overlap-param-gather needs --overlap-grad-reduce");
   expect_check_error(ARGV("--pipeline-model-parallel-size", "3"), 3, -1,
                      "invalid job: num-layers 4 is not divisible by the pipeline size PP = 3");
   expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
@@ -650,6 +662,7 @@ static void make_full(mega_jobspec *s) {
                     "--variable-seq-lengths", "--deallocate-pipeline-outputs",
                     "--recompute-granularity", "full", "--overlap-grad-reduce",
                     "--align-grad-reduce", "--bucket-size", "1000", "--use-distributed-optimizer",
+                    "--overlap-param-gather", "--average-in-collective",
                     "--blas-threads", "4", "--trace-iteration", "3", "--simulate-compute",
                     "1:2:3", "--log-interval", "2"));
 }
@@ -748,7 +761,7 @@ static void test_json(void **state) {
   assert_true(json_is_null(json_object_get(j, "max_position_embeddings")));
   assert_true(json_is_null(json_object_get(j, "recompute_granularity")));
   assert_true(json_is_null(json_object_get(j, "save")));
-  assert_int_equal(json_integer_value(json_object_get(j, "bucket_size")), 40000000);
+  assert_true(json_is_null(json_object_get(j, "bucket_size")));
   assert_int_equal(json_integer_value(json_object_get(j, "eval_interval")), 0);
 
   /* through text and back */

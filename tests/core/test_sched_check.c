@@ -56,6 +56,38 @@ static void a_sound_schedule_validates(void **state) {
         "rank 0, action 2 (F1.0): 2 activations in flight, more than the bound of 1 for zb-h1");
 }
 
+/* GS/GW: one of each per chunk after its last backward, or none. */
+static void grad_sync_actions(void **state) {
+  (void)state;
+  check(HEADER_1F1B_PP2_M2 "0: F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GS0.0 GW0.0\n"
+                           "1: RF0.0 F0.0 B0.0 SB0.0 RF1.0 F1.0 B1.0 GS0.0 SB1.0 GW0.0\n",
+        NULL);
+  /* a rank may have none while another has them */
+  check(HEADER_1F1B_PP2_M2 GOOD_RANK0 "1: RF0.0 F0.0 B0.0 SB0.0 RF1.0 F1.0 B1.0 SB1.0 GS0.0 GW0.0\n",
+        NULL);
+  check(HEADER_1F1B_PP2_M2 "0: F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 GS0.0 RB1.0 B1.0 GW0.0\n" GOOD_RANK1,
+        "rank 0, action 6 (GS0.0): launches chunk 0's gradient reduction before its last backward "
+        "(1 of 2 done)");
+  check(HEADER_1F1B_PP2_M2 "0: F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GS0.0 GS0.0 GW0.0\n"
+                           GOOD_RANK1,
+        "rank 0, action 9 (GS0.0): chunk 0's gradient reduction is launched twice");
+  check(HEADER_1F1B_PP2_M2 "0: F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GW0.0 GS0.0\n" GOOD_RANK1,
+        "rank 0, action 8 (GW0.0): waits for chunk 0's gradient reduction before its GS");
+  check(HEADER_1F1B_PP2_M2 "0: F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GS0.0\n" GOOD_RANK1,
+        "rank 0 has gradient-sync actions but no GW for chunk 0");
+  check(HEADER_1F1B_PP2_M2 "0: F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GS1.0 GW1.0\n" GOOD_RANK1,
+        "per chunk and name microbatch 0 (GS0.0)");
+  /* with W's the last W completes the gradients */
+  check("mega-schedule v1 kind=custom pp=1 vp=1 microbatches=2 group=1\n"
+        "0: F0.0 B0.0 F1.0 B1.0 W0.0 GS0.0 W1.0 GW0.0\n",
+        "before its last backward (1 of 2 done); a GS goes after the chunk's last W");
+  check("mega-schedule v1 kind=custom pp=1 vp=1 microbatches=2 group=1\n"
+        "0: F0.0 B0.0 F1.0 B1.0 W0.0 W1.0 GS0.0 GW0.0\n",
+        NULL);
+  check("mega-schedule v1 kind=forward-only pp=1 vp=1 microbatches=1 group=1\n0: F0.0 GS0.0 GW0.0\n",
+        "a forward-only schedule has no backward, weight-gradient or gradient-sync actions");
+}
+
 static void per_rank_mistakes(void **state) {
   (void)state;
   check(HEADER_1F1B_PP2_M2 "0: F0.0 SF0.0 F0.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0\n" GOOD_RANK1,
@@ -208,6 +240,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_sound_schedule_validates),
       cmocka_unit_test(per_rank_mistakes),
+      cmocka_unit_test(grad_sync_actions),
       cmocka_unit_test(messages_pair_in_order),
       cmocka_unit_test(deadlocks_name_every_stuck_rank),
       cmocka_unit_test(the_memory_bound_is_enforced),

@@ -412,6 +412,124 @@ static void every_generated_schedule_validates(void **state) {
   assert_true(n > 1000);
 }
 
+static void generate_sync(mega_sched_kind kind, int pp, int vp, int m, mega_grad_sync gs,
+                          mega_schedule *s) {
+  mega_sched_params p = {kind, pp, vp, m, 0, gs};
+  mega_err err = {0};
+  if (mega_sched_generate(&p, s, &err) != MEGA_OK) fail_msg("generate: %s", err.msg);
+  if (mega_sched_validate(s, &err) != MEGA_OK) fail_msg("validate: %s", err.msg);
+}
+
+/* Seed 003: each chunk's GS right after its last backward (so the buckets
+ * launch during it and the reduction runs in the cooldown), or after the
+ * schedule (no overlap), or offset by pipeline rank (--align-grad-reduce);
+ * the GWs close each rank's list. */
+static void grad_sync_placement(void **state) {
+  (void)state;
+  mega_schedule s;
+  char *t;
+  generate_sync(MEGA_SCHED_1F1B, 2, 1, 2, MEGA_GRAD_SYNC_LAST_BACKWARD, &s);
+  t = mega_sched_format_rank(&s, 0);
+  assert_string_equal(t, "F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GS0.0 GW0.0");
+  free(t);
+  t = mega_sched_format_rank(&s, 1);
+  assert_string_equal(t, "RF0.0 F0.0 B0.0 SB0.0 RF1.0 F1.0 B1.0 GS0.0 SB1.0 GW0.0");
+  free(t);
+  /* the text form round-trips */
+  char *text = mega_sched_format(&s);
+  mega_schedule back;
+  mega_err err = {0};
+  assert_int_equal(mega_sched_parse(text, &back, &err), MEGA_OK);
+  assert_true(mega_sched_equal(&s, &back));
+  mega_sched_free(&back);
+  free(text);
+  mega_sched_free(&s);
+
+  generate_sync(MEGA_SCHED_1F1B, 2, 1, 2, MEGA_GRAD_SYNC_END, &s);
+  t = mega_sched_format_rank(&s, 1);
+  assert_string_equal(t, "RF0.0 F0.0 B0.0 SB0.0 RF1.0 F1.0 B1.0 SB1.0 GS0.0 GW0.0");
+  free(t);
+  mega_sched_free(&s);
+
+  /* 1F1B aligned: rank 0 launches in its last backward, the others after
+   * their schedule (Megatron's grad_sync_func path) */
+  generate_sync(MEGA_SCHED_1F1B, 2, 1, 2, MEGA_GRAD_SYNC_ALIGNED, &s);
+  t = mega_sched_format_rank(&s, 0);
+  assert_string_equal(t, "F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GS0.0 GW0.0");
+  free(t);
+  t = mega_sched_format_rank(&s, 1);
+  assert_string_equal(t, "RF0.0 F0.0 B0.0 SB0.0 RF1.0 F1.0 B1.0 SB1.0 GS0.0 GW0.0");
+  free(t);
+  mega_sched_free(&s);
+
+  /* zero bubble: the last W completes a chunk's gradients */
+  generate_sync(MEGA_SCHED_ZB_H1, 2, 1, 3, MEGA_GRAD_SYNC_LAST_BACKWARD, &s);
+  for (int r = 0; r < 2; r++) {
+    const mega_sched_rank *q = &s.ranks[r];
+    int gs = -1, lastw = -1;
+    for (int i = 0; i < q->n; i++) {
+      if (q->acts[i].kind == MEGA_ACT_W) lastw = i;
+      if (q->acts[i].kind == MEGA_ACT_GRAD_SYNC) gs = i;
+    }
+    assert_int_equal(gs, lastw + 1);
+    assert_int_equal(q->acts[q->n - 1].kind, MEGA_ACT_GRAD_WAIT);
+  }
+  mega_sched_free(&s);
+
+  /* Interleaved PP=2 VP=2 M=4: each chunk's GS after its last backward;
+   * aligned, rank 1 launches each one backward later (chunk 0's, whose last
+   * backward is the rank's last, after the schedule). GWs in launch order:
+   * chunk 1 (nearer the loss) first. */
+  for (int aligned = 0; aligned < 2; aligned++) {
+    generate_sync(MEGA_SCHED_INTERLEAVED, 2, 2, 4,
+                  aligned ? MEGA_GRAD_SYNC_ALIGNED : MEGA_GRAD_SYNC_LAST_BACKWARD, &s);
+    for (int r = 0; r < 2; r++) {
+      const mega_sched_rank *q = &s.ranks[r];
+      int nb = 0, lastb[2] = {-1, -1}, gs_after[2] = {-1, -1}, gs_at[2] = {-1, -1};
+      for (int i = 0; i < q->n; i++) {
+        mega_action a = q->acts[i];
+        if (a.kind == MEGA_ACT_B) lastb[a.chunk] = nb++;
+        if (a.kind == MEGA_ACT_GRAD_SYNC) {
+          gs_after[a.chunk] = nb - 1;
+          gs_at[a.chunk] = i;
+        }
+      }
+      for (int c = 0; c < 2; c++) {
+        int want = lastb[c] + (aligned ? r : 0);
+        if (want >= nb) assert_true(gs_at[c] >= q->n - 3); /* at the end, before the GWs */
+        else assert_int_equal(gs_after[c], want);
+        assert_int_equal(q->acts[gs_at[c] - (want >= nb ? 0 : 1)].kind,
+                         want >= nb ? MEGA_ACT_GRAD_SYNC : MEGA_ACT_B);
+      }
+      assert_int_equal(q->acts[q->n - 2].kind, MEGA_ACT_GRAD_WAIT);
+      assert_int_equal(q->acts[q->n - 2].chunk, 1);
+      assert_int_equal(q->acts[q->n - 1].chunk, 0);
+    }
+    mega_sched_free(&s);
+  }
+
+  /* every kind, every placement validates; forward-only has none */
+  for (int kind = 0; kind < MEGA_SCHED_CUSTOM; kind++)
+    for (int gs = MEGA_GRAD_SYNC_END; gs < MEGA_GRAD_SYNC_KINDS; gs++)
+      for (int pp = 1; pp <= 4; pp++)
+        for (int vp = 1; vp <= 3; vp++) {
+          mega_sched_params p = {(mega_sched_kind)kind, pp, vp, 2 * pp, 0, (mega_grad_sync)gs};
+          if (mega_sched_check_params(&p, &err) != MEGA_OK) {
+            if (kind == MEGA_SCHED_FORWARD_ONLY && vp == 1)
+              assert_true(strstr(err.msg, "no gradients to synchronise") != NULL);
+            continue;
+          }
+          generate_sync(p.kind, pp, vp, 2 * pp, p.grad_sync, &s);
+          for (int r = 0; r < pp; r++) {
+            int n = 0;
+            for (int i = 0; i < s.ranks[r].n; i++)
+              n += s.ranks[r].acts[i].kind == MEGA_ACT_GRAD_SYNC;
+            assert_int_equal(n, vp);
+          }
+          mega_sched_free(&s);
+        }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(default_kind_follows_seed_000),
@@ -426,6 +544,7 @@ int main(void) {
       cmocka_unit_test(lowering_moves_receives_only_where_rendezvous_needs_it),
       cmocka_unit_test(zb_h1_keeps_1f1b_order_and_memory),
       cmocka_unit_test(every_generated_schedule_validates),
+      cmocka_unit_test(grad_sync_placement),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -210,7 +210,7 @@ static void names_round_trip(void **state) {
   assert_int_equal(k, MEGA_SCHED_INTERLEAVED);
   assert_int_equal(mega_sched_kind_parse("pipedream", &k, &err), MEGA_ERR_INVALID);
   assert_msg_has(err, "unknown schedule kind 'pipedream'; use one of");
-  static const char *acts[] = {"F", "B", "W", "SF", "RF", "SB", "RB"};
+  static const char *acts[] = {"F", "B", "W", "SF", "RF", "SB", "RB", "GS", "GW"};
   for (int a = 0; a < MEGA_ACT_KINDS; a++)
     assert_string_equal(mega_act_kind_name((mega_act_kind)a), acts[a]);
   char buf[24];

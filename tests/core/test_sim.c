@@ -299,9 +299,67 @@ static void buffered_sends_run_a_rendezvous_deadlock(void **state) {
   mega_sched_free(&s);
 }
 
+/* The data-parallel reduction: a communicator per rank, buckets launched
+ * during the chunk's last backward when GS follows it, exposed grad sync as
+ * the part that outlasts the pipeline. 1F1B PP=2 M=2, T_f = T_b = 1: rank 0
+ * ends its work at 6, rank 1 at 5. */
+static void grad_sync_costs_and_exposure(void **state) {
+  (void)state;
+  mega_err err = {0};
+  struct {
+    mega_grad_sync gs;
+    int buckets;
+    double exposed0, exposed1, makespan;
+  } cases[] = {
+      /* rank 1's own reduction ends in the drain, but it sums the tied
+       * embedding with rank 0 (finalize_model_grads), so it waits as long */
+      {MEGA_GRAD_SYNC_END, 1, 1, 1, 7},
+      {MEGA_GRAD_SYNC_LAST_BACKWARD, 1, 1, 1, 7},  /* one bucket: ready at the end of B1 */
+      {MEGA_GRAD_SYNC_LAST_BACKWARD, 4, 0.25, 0.25, 6.25}, /* 3 of 4 buckets during B1 */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    mega_sched_params p = {MEGA_SCHED_1F1B, 2, 1, 2, 0, cases[k].gs};
+    mega_schedule s;
+    mega_sim sim;
+    assert_int_equal(mega_sched_generate(&p, &s, &err), MEGA_OK);
+    mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = 1, .grad_buckets = cases[k].buckets};
+    assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_OK);
+    near(sim.ranks[0].work_end, 6, "work end 0", 2, 1, 2);
+    near(sim.ranks[1].work_end, 5, "work end 1", 2, 1, 2);
+    near(sim.ranks[0].grad_sync_exposed, cases[k].exposed0, "exposed 0", 2, 1, 2);
+    near(sim.ranks[1].grad_sync_exposed, cases[k].exposed1, "exposed 1", 2, 1, 2);
+    near(sim.grad_sync_exposed, (cases[k].exposed0 + cases[k].exposed1) / 2, "mean", 2, 1, 2);
+    near(sim.makespan, cases[k].makespan, "makespan", 2, 1, 2);
+    assert_int_equal(sim.ranks[0].nreduce, cases[k].buckets);
+    near(sim.ranks[0].busy, 4, "busy", 2, 1, 2); /* GS and GW are not compute */
+    mega_sim_free(&sim);
+    mega_sched_free(&s);
+  }
+  /* Interleaved VP=2: each chunk reduces half; chunk 1's reduction, launched
+   * in the cooldown, is hidden; GWs wait only for what outlasts the work. */
+  mega_sched_params p = {MEGA_SCHED_INTERLEAVED, 2, 2, 4, 0, MEGA_GRAD_SYNC_LAST_BACKWARD};
+  mega_schedule s;
+  mega_sim sim;
+  assert_int_equal(mega_sched_generate(&p, &s, &err), MEGA_OK);
+  mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = 1, .grad_buckets = 1};
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_OK);
+  assert_int_equal(sim.ranks[0].nreduce, 2);
+  near(sim.ranks[0].reduce[1].end - sim.ranks[0].reduce[1].start, 0.5, "chunk share", 2, 2, 4);
+  assert_true(sim.ranks[0].grad_sync_exposed <= 0.5 + EPS);
+  near(sim.ranks[1].grad_sync_exposed, sim.ranks[0].grad_sync_exposed, "tied", 2, 2, 4);
+  mega_sim_free(&sim);
+  mega_sched_free(&s);
+  /* A negative cost is refused. */
+  c.grad_sync = -1;
+  generate(MEGA_SCHED_1F1B, 2, 1, 2, 0, &s);
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+  mega_sched_free(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(one_f_one_b_closed_form),
+      cmocka_unit_test(grad_sync_costs_and_exposure),
       cmocka_unit_test(interleaved_closed_form),
       cmocka_unit_test(zb_h1_has_a_third_of_1f1b_bubble),
       cmocka_unit_test(seed_000_drawing_versus_dependencies),

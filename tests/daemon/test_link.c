@@ -128,6 +128,7 @@ static void test_assignment_and_sends(void **state) {
   mega_rank_metrics m = {.iteration = 7, .rank = 3, .pp_rank = 1, .dp_rank = 1, .has_loss = true,
                          .loss = 4.5, .lr = 1e-4, .tokens = 512, .step_time_s = 0.25,
                          .compute_s = 0.2, .bubble_s = 0.03, .peak_activation_bytes = 4096,
+                         .param_bytes = 100, .grad_bytes = 200, .optimizer_state_bytes = 300,
                          .step_start_unix_us = 123456789, .spans = spans, .nspans = 2};
   assert_int_equal(mega_link_send_step(fx->link, &m, NULL), MEGA_OK);
   f = read_worker(fx->daemon_fd);
@@ -136,6 +137,9 @@ static void test_assignment_and_sends(void **state) {
   assert_true(f->step->has_loss && f->step->loss == 4.5);
   assert_int_equal(f->step->metrics->pp_rank, 1);
   assert_int_equal(f->step->metrics->peak_activation_bytes, 4096);
+  assert_int_equal(f->step->metrics->param_bytes, 100);
+  assert_int_equal(f->step->metrics->grad_bytes, 200);
+  assert_int_equal(f->step->metrics->optimizer_state_bytes, 300);
   assert_int_equal(f->step->step_start_unix_us, 123456789);
   assert_int_equal(f->step->n_spans, 2);
   assert_string_equal(f->step->spans[1]->name, "RECV_F1.0");

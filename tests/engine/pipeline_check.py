@@ -19,13 +19,27 @@ meeting through a Gloo FileStore), checked against a single rank.
                otherwise; every saved file matches its manifest (Python's
                zlib.crc32) (--full: every pair of layouts)
 
+  dataparallel gradient buckets (seeds 002, 003): DP 2 and 4 x {plain,
+               --overlap-grad-reduce, + --use-distributed-optimizer} x several
+               buckets, alone, with PP=2 and with interleaved VP=2, with and
+               without --align-grad-reduce: losses and clipped grad norms
+               equal the single rank (--full: all of them; default: a sample
+               that covers every option)
+  distckpt     a distributed-optimizer checkpoint (DP=2, and PP=2 x DP=2 with
+               --async-save) holds whole tensors under HF names, equal to the
+               unsharded run's, and resumes at DP 1, 2 and 4 on the
+               uninterrupted loss curve
+
+
 usage: pipeline_check.py MEGAW {equivalence [--full] | memory | kill | daemon MEGAD |
-                                checkpoint [--full]}
+                                checkpoint [--full] | dataparallel [--full] | distckpt}
 """
+import array
 import itertools
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -263,7 +277,11 @@ def daemon(megaw, megad, tmp):
     for name, slots, extra in (("DP=2", 2, []), ("DP=4", 4, []),
                                ("PP=2 x DP=2, interleaved", 4,
                                 ["--pipeline-model-parallel-size", "2",
-                                 "--virtual-pipeline-model-parallel-size", "2"])):
+                                 "--virtual-pipeline-model-parallel-size", "2"]),
+                               ("PP=2 x DP=2, overlap, distributed optimizer", 4,
+                                ["--pipeline-model-parallel-size", "2",
+                                 "--overlap-grad-reduce", "--bucket-size", "3000",
+                                 "--use-distributed-optimizer"])):
         p = subprocess.run([megad, "run", "--slots", str(slots), "--json"] + base + extra,
                            capture_output=True, text=True, timeout=300)
         lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
@@ -272,6 +290,12 @@ def daemon(megaw, megad, tmp):
             abs(got[i] - ref[i]) > RTOL * abs(ref[i]) for i in ref)
         ranks = {r["rank"] for l in lines for r in l.get("ranks", [])}
         bad |= ranks != set(range(slots))
+        # every rank reports its memory; sharded optimizer state is smaller
+        mem = [(r["param_bytes"], r["grad_bytes"], r["optimizer_state_bytes"])
+               for l in lines for r in l.get("ranks", [])]
+        bad |= not mem or any(min(m) <= 0 for m in mem)
+        if "--use-distributed-optimizer" in extra:
+            bad |= any(m[2] >= 2 * m[0] for m in mem)
         print("%s megad run %s: losses %s (single rank %s), ranks reporting %s%s" %
               ("FAIL" if bad else "ok  ", name, " ".join("%.6f" % got[i] for i in sorted(got)),
                " ".join("%.6f" % ref[i] for i in sorted(ref)), sorted(ranks),
@@ -291,11 +315,14 @@ CKPT_LAYOUTS = {
     "pp4": (4, ["--pipeline-model-parallel-size", "4"]),
     "pp2-vp2xdp2": (4, ["--pipeline-model-parallel-size", "2",
                         "--virtual-pipeline-model-parallel-size", "2"]),
+    "pp2xdp2-dist": (4, ["--pipeline-model-parallel-size", "2", "--overlap-grad-reduce",
+                         "--bucket-size", "3000", "--use-distributed-optimizer"]),
 }
 CKPT_ITERS, CKPT_SAVE_AT = 4, 2
 # (saved under, resumed under, --async-save)
 CKPT_SAMPLE = [("pp2-1f1b", "pp2-1f1b", True), ("pp2-1f1b", "single", False),
-               ("pp2-vp2", "pp2xdp2", False), ("pp2xdp2", "pp2-vp2", True)]
+               ("pp2-vp2", "pp2xdp2", False), ("pp2xdp2", "pp2-vp2", True),
+               ("pp2xdp2-dist", "pp2xdp2-dist", True), ("pp2xdp2-dist", "dp2", False)]
 
 
 def losses_range(results, what, first, last):
@@ -387,9 +414,181 @@ def checkpoint(megaw, tmp, full):
     return failed == 0
 
 
+# Clipping active (the norms are about 4), so the global norm over shards is
+# checked too; buckets of 3000 elements give 3 to 10 buckets per chunk.
+DP_CLIP = ["--clip-grad", "0.05"]
+DP_MODES = {
+    "plain": [],
+    "overlap": ["--overlap-grad-reduce", "--bucket-size", "3000"],
+    "distributed": ["--overlap-grad-reduce", "--bucket-size", "3000",
+                    "--use-distributed-optimizer"],
+}
+DP_PIPES = {
+    "pp1": [],
+    "pp2": ["--pipeline-model-parallel-size", "2"],
+    "pp2-vp2": ["--pipeline-model-parallel-size", "2",
+                "--virtual-pipeline-model-parallel-size", "2"],
+}
+
+
+def dp_combos():
+    for dp, mode, pipe in itertools.product((2, 4), DP_MODES, DP_PIPES):
+        for align in ((False, True) if mode != "plain" and pipe != "pp1" else (False,)):
+            yield dp, mode, pipe, align, []
+
+
+def dp_sample():
+    """Every mode at DP 2 and 4, every pipeline with and without alignment,
+    plus the extras: zero-bubble (readiness from W), --overlap-param-gather,
+    --average-in-collective, the distributed optimizer without overlap."""
+    picked, need = [], set()
+    for c in dp_combos():
+        keys = [("mode-dp", c[1], c[0]), ("pipe-align", c[2], c[3]), ("mode-pipe", c[1], c[2])]
+        if any(k not in need for k in keys):
+            picked.append(c)
+            need.update(keys)
+    return [c for c in picked if c[0] * (2 if c[2] != "pp1" else 1) <= 4] + [
+        (2, "distributed", "pp2", False, ["--schedule", "zb-h1"]),
+        (4, "distributed", "pp1", False, ["--overlap-param-gather"]),
+        (2, "overlap", "pp1", False, ["--average-in-collective"]),
+        (2, "plain", "pp1", False, ["--use-distributed-optimizer"]),
+    ]
+
+
+def losses_and_norms(results, what):
+    losses = losses_of(results, what)
+    norms = {}
+    for _, lines, _ in results:
+        for l in lines:
+            norms.setdefault(l["iteration"], l["grad_norm"])
+    return losses, norms
+
+
+def dataparallel(megaw, tmp, full):
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    base = MODEL + ["--train-iters", str(ITERS), "--data-path", data] + DP_CLIP
+    ref, ref_norm = losses_and_norms(launch(megaw, 1, base, tmp), "single rank")
+    combos = list(dp_combos()) + dp_sample()[-4:] if full else dp_sample()
+    failed = 0
+    t0 = time.time()
+    for dp, mode, pipe, align, extra in combos:
+        pp = 2 if pipe != "pp1" else 1
+        name = "dp=%d %s %s%s %s" % (dp, mode, pipe, " align" if align else "", " ".join(extra))
+        args = base + DP_MODES[mode] + DP_PIPES[pipe] + extra
+        args += ["--align-grad-reduce"] if align else []
+        try:
+            got, norm = losses_and_norms(launch(megaw, pp * dp, args, tmp), name)
+            for it, loss in ref.items():
+                if abs(got[it] - loss) > RTOL * abs(loss):
+                    raise RuntimeError("%s: iteration %d loss %.9f, single rank %.9f" %
+                                       (name, it, got[it], loss))
+                if abs(norm[it] - ref_norm[it]) > 1e-4 * ref_norm[it]:
+                    raise RuntimeError("%s: iteration %d grad norm %.7f, single rank %.7f" %
+                                       (name, it, norm[it], ref_norm[it]))
+            print("ok   %s" % name, flush=True)
+        except RuntimeError as e:
+            failed += 1
+            print("FAIL %s" % e, flush=True)
+    print("%d of %d data-parallel layouts match the single rank (%.0f s)" %
+          (len(combos) - failed, len(combos), time.time() - t0))
+    return failed == 0
+
+
+def read_safetensors(path):
+    """name -> (shape, floats) of an F32 safetensors file."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        body = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = t["data_offsets"]
+        a = array.array("f")
+        a.frombytes(body[lo:hi])
+        out[name] = (t["shape"], a)
+    return out
+
+
+def read_checkpoint(it, prefix):
+    """name -> (shape, floats) over every PREFIX*.safetensors file of a
+    checkpoint directory (one file, or HF's shards when several stages wrote)."""
+    out = {}
+    for f in sorted(os.listdir(it)):
+        if f.startswith(prefix) and f.endswith(".safetensors"):
+            out.update(read_safetensors(os.path.join(it, f)))
+    return out
+
+
+def distckpt(megaw, tmp):
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    base = MODEL + ["--data-path", data, "--lr-decay-iters", str(ITERS)]
+    dist = ["--overlap-grad-reduce", "--bucket-size", "3000", "--use-distributed-optimizer"]
+    pp2 = ["--pipeline-model-parallel-size", "2"]
+    ok = True
+    ref = losses_of(launch(megaw, 1, base + ["--train-iters", str(ITERS)], tmp), "single rank")
+    # The same checkpoint, saved unsharded and with the moments sharded over
+    # DP=2 (alone, and on two pipeline stages with --async-save).
+    saves = {}
+    for name, world, extra in (("unsharded", 1, []), ("distributed dp=2", 2, dist),
+                               ("distributed pp=2 x dp=2 async", 4, dist + pp2 + ["--async-save"])):
+        d = os.path.join(tmp, "ckpt-" + name.replace(" ", "-"))
+        res = launch(megaw, world, base + extra + ["--train-iters", "1", "--save", d], tmp)
+        if any(rc != 0 for rc, _, _ in res):
+            print("FAIL save %s: %s" % (name, [e.strip()[-300:] for _, _, e in res]))
+            return False
+        it = os.path.join(d, "iter_0000001")
+        saves[name] = (d, read_checkpoint(it, "model"), read_checkpoint(it, "optimizer"))
+    _, model_a, opt_a = saves["unsharded"]
+    for name in ("distributed dp=2", "distributed pp=2 x dp=2 async"):
+        _, model_b, opt_b = saves[name]
+        worst, shapes_ok = 0.0, True
+        for a, b in ((model_a, model_b), (opt_a, opt_b)):
+            shapes_ok &= sorted(a) == sorted(b)
+            for k in a:
+                shapes_ok &= k in b and a[k][0] == b[k][0]
+                for x, y in zip(a[k][1], b.get(k, ([], []))[1]):
+                    worst = max(worst, abs(x - y) / (abs(x) + 1e-6))
+        wte = model_b.get("transformer.wte.weight", ([], None))[0]
+        good = shapes_ok and worst < 1e-4 and wte == [256, 32] and \
+            "transformer.wte.weight.exp_avg_sq" in opt_b
+        print("%s %s checkpoint: %d tensors and %d moments under HF names, whole shapes "
+              "(wte %s), largest relative difference to the unsharded one %.2g" %
+              ("ok  " if good else "FAIL", name, len(model_b), len(opt_b), wte, worst))
+        ok &= good
+    d = saves["distributed dp=2"][0]
+    d_pp = saves["distributed pp=2 x dp=2 async"][0]
+    for name, world, extra, src in (("dp=1", 1, [], d), ("dp=4 distributed", 4, dist, d),
+                                    ("dp=2 distributed, from pp=2", 2, dist, d_pp)):
+        res = launch(megaw, world, base + extra + ["--train-iters", str(ITERS), "--load", src],
+                     tmp)
+        try:
+            got = {}
+            for rc, lines, err in res:
+                if rc != 0:
+                    raise RuntimeError("exit %d: %s" % (rc, err.strip()[-300:]))
+                for l in lines:
+                    if "loss" in l:
+                        got[l["iteration"]] = l["loss"]
+            good = sorted(got) == list(range(2, ITERS + 1)) and all(
+                abs(got[i] - ref[i]) <= RTOL * abs(ref[i]) for i in got)
+            print("%s resumed at %s: losses %s, uninterrupted %s" %
+                  ("ok  " if good else "FAIL", name,
+                   " ".join("%.6f" % got[i] for i in sorted(got)),
+                   " ".join("%.6f" % ref[i] for i in sorted(got))))
+        except RuntimeError as e:
+            good = False
+            print("FAIL resumed at %s: %s" % (name, e))
+        ok &= good
+    return ok
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[2] not in ("equivalence", "memory", "kill", "daemon",
-                                                "checkpoint"):
+    modes = ("equivalence", "memory", "kill", "daemon", "checkpoint", "dataparallel", "distckpt")
+    if len(sys.argv) < 3 or sys.argv[2] not in modes:
         print(__doc__, file=sys.stderr)
         return 2
     megaw, mode = sys.argv[1], sys.argv[2]
@@ -402,6 +601,10 @@ def main():
             ok = daemon(megaw, sys.argv[3], tmp)
         elif mode == "checkpoint":
             ok = checkpoint(megaw, tmp, "--full" in sys.argv[3:])
+        elif mode == "dataparallel":
+            ok = dataparallel(megaw, tmp, "--full" in sys.argv[3:])
+        elif mode == "distckpt":
+            ok = distckpt(megaw, tmp)
         else:
             ok = kill(megaw, tmp)
     return 0 if ok else 1

@@ -254,6 +254,121 @@ static void split_backward_halves_and_accumulation(void **state) {
   model_free(&m);
 }
 
+typedef struct unit_log {
+  int n, first[64], count[64];
+} unit_log;
+
+static void log_unit(void *arg, int first, int count) {
+  unit_log *l = arg;
+  assert_true(l->n < 64);
+  l->first[l->n] = first;
+  l->count[l->n++] = count;
+}
+
+/* mega_gpt_backward (input and weight halves block by block) gives the
+ * same bits as the two halves; both report each unit as it finishes, in
+ * backward order: ln_f (and the head copy), blocks last to first, the
+ * embedding; every parameter exactly once. After mega_gpt_rebind into
+ * buffers laid out the other way round, a step gives the same bits. */
+static void fused_backward_units_and_rebind(void **state) {
+  (void)state;
+  mega_err err = {0};
+  const mega_gpt_stage_desc descs[2] = {{true, true, 0, 4}, {false, true, 1, 3}};
+  for (int k = 0; k < 2; k++) {
+    model m;
+    model_init(&m, &descs[k], 1);
+    mega_gpt_stage *s = m.st[0];
+    bool emb = descs[k].embedding;
+    size_t n = mega_gpt_num_params(s), NC = (size_t)B * T * m.cfg.channels;
+    int np, nu;
+    const mega_param_info *p = mega_gpt_params(s, &np);
+    const mega_gpt_unit *u = mega_gpt_units(s, &nu);
+    assert_int_equal(nu, 6 * descs[k].num_layers + 2); /* 6 per block; ln_f; head or embedding */
+    int32_t tokens[B * T], targets[B * T];
+    fx_ids(tokens, B * T, 256, 5);
+    fx_ids(targets, B * T, 256, 6);
+    float *in = malloc(NC * sizeof *in), *din1 = malloc(NC * sizeof *din1),
+          *din2 = malloc(NC * sizeof *din2), *g1 = malloc(n * sizeof *g1);
+    fx_normals(in, NC, 1.0f, 9);
+    double loss;
+    unit_log log = {0};
+    mega_gpt_on_grads_done(s, log_unit, &log);
+    /* the two halves */
+    mega_gpt_zero_grad(s);
+    assert_int_equal(mega_gpt_forward(s, m.acts[0], emb ? tokens : NULL, emb ? NULL : in,
+                                      targets, NULL, &loss, &err), MEGA_OK);
+    assert_int_equal(mega_gpt_backward_input(s, m.acts[0], NULL, 0.1f, emb ? NULL : din1, &err),
+                     MEGA_OK);
+    assert_int_equal(log.n, 0); /* the input half completes no parameter gradient */
+    assert_int_equal(mega_gpt_backward_weight(s, m.acts[0], &err), MEGA_OK);
+    memcpy(g1, mega_gpt_grad_data(s), n * sizeof *g1);
+    assert_int_equal(log.n, nu);
+    int seen[64] = {0};
+    for (int i = 0; i < nu; i++) {
+      assert_int_equal(log.first[i], u[i].first);
+      assert_int_equal(log.count[i], u[i].count);
+      for (int j = 0; j < u[i].count; j++) seen[u[i].first + j]++;
+    }
+    for (int i = 0; i < np; i++) assert_int_equal(seen[i], 1);
+    /* the head copy and ln_f first, the blocks from the last (mlp.c_proj
+     * first, ln_1 last), the embedding last */
+    int b0 = emb ? 1 : 2;
+    if (!emb) assert_string_equal(p[u[0].first].name, "transformer.wte.weight");
+    assert_string_equal(p[u[b0 - 1].first].name, "transformer.ln_f.weight");
+    assert_string_equal(p[u[b0].first].name, "transformer.h.3.mlp.c_proj.weight");
+    assert_string_equal(p[u[b0 + 5].first].name, "transformer.h.3.ln_1.weight");
+    assert_int_equal(u[b0].layer, descs[k].num_layers - 1);
+    assert_string_equal(p[u[b0 + 6].first].name, "transformer.h.2.mlp.c_proj.weight");
+    if (emb) assert_string_equal(p[u[nu - 1].first].name, "transformer.wte.weight");
+    /* fused */
+    log.n = 0;
+    mega_gpt_zero_grad(s);
+    assert_int_equal(mega_gpt_forward(s, m.acts[0], emb ? tokens : NULL, emb ? NULL : in,
+                                      targets, NULL, &loss, &err), MEGA_OK);
+    assert_int_equal(mega_gpt_backward(s, m.acts[0], NULL, 0.1f, emb ? NULL : din2, &err),
+                     MEGA_OK);
+    assert_int_equal(log.n, nu);
+    assert_memory_equal(g1, mega_gpt_grad_data(s), n * sizeof *g1);
+    if (!emb) assert_memory_equal(din1, din2, NC * sizeof *din1);
+    /* rebind: reverse order, 32-float gaps */
+    size_t *off = calloc((size_t)np, sizeof *off), total = 0;
+    for (int i = np - 1; i >= 0; i--) {
+      off[i] = total + 32;
+      total = off[i] + p[i].numel;
+    }
+    float *pb = calloc(total, sizeof *pb), *gb = calloc(total, sizeof *gb);
+    float *before = malloc(n * sizeof *before);
+    memcpy(before, mega_gpt_param_data(s), n * sizeof *before);
+    size_t old_off[64];
+    for (int i = 0; i < np; i++) old_off[i] = p[i].offset;
+    assert_int_equal(mega_gpt_rebind(s, pb, gb, total, off, &err), MEGA_OK);
+    assert_ptr_equal(mega_gpt_param_data(s), pb);
+    assert_int_equal(mega_gpt_num_params(s), total);
+    for (int i = 0; i < np; i++) {
+      assert_int_equal(p[i].offset, off[i]);
+      assert_memory_equal(pb + off[i], before + old_off[i], p[i].numel * sizeof(float));
+    }
+    mega_gpt_zero_grad(s);
+    assert_int_equal(mega_gpt_forward(s, m.acts[0], emb ? tokens : NULL, emb ? NULL : in,
+                                      targets, NULL, &loss, &err), MEGA_OK);
+    assert_int_equal(mega_gpt_backward(s, m.acts[0], NULL, 0.1f, emb ? NULL : din2, &err),
+                     MEGA_OK);
+    for (int i = 0; i < np; i++)
+      assert_memory_equal(gb + off[i], g1 + old_off[i], p[i].numel * sizeof(float));
+    off[0] = total; /* out of the buffer */
+    assert_int_equal(mega_gpt_rebind(s, pb, gb, total, off, &err), MEGA_ERR_INVALID);
+    free(off);
+    free(before);
+    free(in);
+    free(din1);
+    free(din2);
+    free(g1);
+    model_free(&m); /* the stage borrows pb and gb: they outlive it */
+    free(pb);
+    free(gb);
+  }
+}
+
 static void bad_configs_and_calls_fail_clearly(void **state) {
   (void)state;
   mega_backend *be;
@@ -370,6 +485,7 @@ int main(void) {
       cmocka_unit_test(loss_stage_head_is_a_tied_copy),
       cmocka_unit_test(param_table_is_hf_order_and_shapes),
       cmocka_unit_test(split_backward_halves_and_accumulation),
+      cmocka_unit_test(fused_backward_units_and_rebind),
       cmocka_unit_test(bad_configs_and_calls_fail_clearly),
       cmocka_unit_test(variable_lengths_in_flight),
       cmocka_unit_test(threads_give_the_same_step),

@@ -214,7 +214,10 @@ mega_status mega_comm_ibroadcast(mega_comm *comm, void *buf, size_t count,
 
 /* in holds sum(counts) floats on every rank, laid out rank by rank; out
  * (counts[rank] floats) receives the sum over ranks of this rank's part.
- * in is not modified; out must not overlap in.
+ * Either out does not overlap in, and in is not modified; or out is this
+ * rank's own part of in (in + the counts before it: in place, as the
+ * distributed optimizer reduces a bucket into its shard), and only that
+ * part changes.
  * Cost: a ring of size-1 steps. Each rank sends every chunk but its own
  * once and receives every chunk but its left neighbour's (for equal counts,
  * (n-1)/n of the data each way: half an all-reduce's traffic), pays size-1

@@ -56,7 +56,7 @@ void reduce_scatter_ring(State &s, Job &j) {
     if (j.counts[i] > maxc) maxc = j.counts[i];
   }
   if (n == 1) {
-    if (j.counts[0]) memcpy(out, in, j.counts[0] * sizeof(float));
+    if (j.counts[0] && out != in) memcpy(out, in, j.counts[0] * sizeof(float));
     return;
   }
   if (off[n] == 0) return;
@@ -391,7 +391,12 @@ mega_status mega_comm_ireduce_scatter(mega_comm *comm, const float *in,
     return mega_fail(err, MEGA_ERR_INVALID, "%s: counts overflow", fn);
   if (total && !in) return mega_fail(err, MEGA_ERR_INVALID, "%s: in is NULL", fn);
   if (counts[s.rank] && !out) return mega_fail(err, MEGA_ERR_INVALID, "%s: out is NULL", fn);
-  if (counts[s.rank] && total) {
+  size_t before = 0;
+  for (int i = 0; i < s.rank; i++) before += counts[i];
+  /* In place: out is this rank's own part of in. The ring reads that part
+   * only in its last step, element by element as it writes the sum. */
+  bool in_place = out == in + before;
+  if (counts[s.rank] && total && !in_place) {
     uintptr_t a = (uintptr_t)in, b = (uintptr_t)out;
     if (b < a + total * sizeof(float) && a < b + counts[s.rank] * sizeof(float))
       return mega_fail(err, MEGA_ERR_INVALID,

@@ -88,41 +88,85 @@ static size_t add(table *t, const char *name, int d0, int d1, bool decay, bool t
   return pi->offset;
 }
 
+#define LAYER_PARAMS 12
+
+/* The named offsets (s->wte, s->layers[l].qkvw, ...) from the table, which
+ * lists them in this same order. */
+static void derive_offsets(mega_gpt_stage *s) {
+  const mega_param_info *p = s->params;
+  int k = 0;
+  s->wte = s->wpe = s->lnfw = s->lnfb = s->head = GPT_NO_OFF;
+  if (s->desc.embedding) {
+    s->wte = p[k++].offset;
+    s->wpe = p[k++].offset;
+  }
+  for (int i = 0; i < s->desc.num_layers; i++) {
+    gpt_layer_off *o = &s->layers[i];
+    size_t *f[LAYER_PARAMS] = {&o->ln1w, &o->ln1b, &o->qkvw,   &o->qkvb, &o->projw, &o->projb,
+                               &o->ln2w, &o->ln2b, &o->fcw,    &o->fcb,  &o->fcprojw,
+                               &o->fcprojb};
+    for (int j = 0; j < LAYER_PARAMS; j++) *f[j] = p[k++].offset;
+  }
+  if (s->desc.loss) {
+    s->lnfw = p[k++].offset;
+    s->lnfb = p[k++].offset;
+    s->head = s->desc.embedding ? s->wte : p[k++].offset;
+  }
+}
+
 static void build_table(mega_gpt_stage *s, table *t) {
   const mega_gpt_config *c = &s->cfg;
   int C = c->channels, V = c->vocab_size;
   char nm[64];
-  s->wte = s->wpe = s->lnfw = s->lnfb = s->head = GPT_NO_OFF;
   if (s->desc.embedding) {
-    s->wte = add(t, "transformer.wte.weight", V, C, true, false);
-    s->wpe = add(t, "transformer.wpe.weight", c->max_seq_len, C, true, false);
+    add(t, "transformer.wte.weight", V, C, true, false);
+    add(t, "transformer.wpe.weight", c->max_seq_len, C, true, false);
   }
   for (int i = 0; i < s->desc.num_layers; i++) {
     int l = s->desc.first_layer + i;
-    gpt_layer_off *o = &s->layers[i];
-#define P(field, suffix, d0, d1, decay)                                  \
+#define P(suffix, d0, d1, decay)                                          \
   snprintf(nm, sizeof nm, "transformer.h.%d.%s", l, suffix);             \
-  o->field = add(t, nm, d0, d1, decay, false)
-    P(ln1w, "ln_1.weight", C, 0, false);
-    P(ln1b, "ln_1.bias", C, 0, false);
-    P(qkvw, "attn.c_attn.weight", C, 3 * C, true);
-    P(qkvb, "attn.c_attn.bias", 3 * C, 0, false);
-    P(projw, "attn.c_proj.weight", C, C, true);
-    P(projb, "attn.c_proj.bias", C, 0, false);
-    P(ln2w, "ln_2.weight", C, 0, false);
-    P(ln2b, "ln_2.bias", C, 0, false);
-    P(fcw, "mlp.c_fc.weight", C, 4 * C, true);
-    P(fcb, "mlp.c_fc.bias", 4 * C, 0, false);
-    P(fcprojw, "mlp.c_proj.weight", 4 * C, C, true);
-    P(fcprojb, "mlp.c_proj.bias", C, 0, false);
+  add(t, nm, d0, d1, decay, false)
+    /* in derive_offsets' order */
+    P("ln_1.weight", C, 0, false);
+    P("ln_1.bias", C, 0, false);
+    P("attn.c_attn.weight", C, 3 * C, true);
+    P("attn.c_attn.bias", 3 * C, 0, false);
+    P("attn.c_proj.weight", C, C, true);
+    P("attn.c_proj.bias", C, 0, false);
+    P("ln_2.weight", C, 0, false);
+    P("ln_2.bias", C, 0, false);
+    P("mlp.c_fc.weight", C, 4 * C, true);
+    P("mlp.c_fc.bias", 4 * C, 0, false);
+    P("mlp.c_proj.weight", 4 * C, C, true);
+    P("mlp.c_proj.bias", C, 0, false);
 #undef P
   }
   if (s->desc.loss) {
-    s->lnfw = add(t, "transformer.ln_f.weight", C, 0, false, false);
-    s->lnfb = add(t, "transformer.ln_f.bias", C, 0, false, false);
-    s->head = s->desc.embedding ? s->wte
-                                : add(t, "transformer.wte.weight", V, C, true, true);
+    add(t, "transformer.ln_f.weight", C, 0, false, false);
+    add(t, "transformer.ln_f.bias", C, 0, false, false);
+    if (!s->desc.embedding) add(t, "transformer.wte.weight", V, C, true, true);
   }
+}
+
+/* The units in backward order (gpt.h). */
+static void build_units(mega_gpt_stage *s) {
+  int n = 0, emb = s->desc.embedding ? 2 : 0, L = s->desc.num_layers, np = s->nparams;
+  mega_gpt_unit *u = s->units;
+  if (s->desc.loss) {
+    if (!s->desc.embedding) u[n++] = (mega_gpt_unit){.first = np - 1, .count = 1, .layer = -1};
+    int lnf = s->desc.embedding ? np - 2 : np - 3;
+    u[n++] = (mega_gpt_unit){.first = lnf, .count = 2, .layer = -1};
+  }
+  /* Within a block the table is ln_1, c_attn, c_proj, ln_2, c_fc,
+   * mlp.c_proj (weight and bias each); backward goes the other way. */
+  for (int l = L - 1; l >= 0; l--)
+    for (int k = LAYER_PARAMS - 2; k >= 0; k -= 2)
+      u[n++] = (mega_gpt_unit){.first = emb + LAYER_PARAMS * l + k, .count = 2, .layer = l};
+  if (s->desc.embedding) u[n++] = (mega_gpt_unit){.first = 0, .count = 2, .layer = -1};
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < u[i].count; k++) u[i].numel += s->params[u[i].first + k].numel;
+  s->nunits = n;
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -166,12 +210,13 @@ mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
   if (st) return st;
   if ((st = check_desc(cfg, desc, err))) return st;
   mega_gpt_stage *s = calloc(1, sizeof *s);
-  int cap = 2 + 12 * desc->num_layers + 3;
+  int cap = 2 + LAYER_PARAMS * desc->num_layers + 3;
   if (s) {
     s->params = calloc((size_t)cap, sizeof *s->params);
     s->layers = calloc((size_t)desc->num_layers + 1, sizeof *s->layers);
+    s->units = calloc((size_t)LAYER_PARAMS / 2 * desc->num_layers + 3, sizeof *s->units);
   }
-  if (!s || !s->params || !s->layers) {
+  if (!s || !s->params || !s->layers || !s->units) {
     mega_gpt_stage_destroy(s);
     return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory");
   }
@@ -182,6 +227,8 @@ mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
   build_table(s, &t);
   s->nparams = t.n;
   s->numel = t.off;
+  derive_offsets(s);
+  build_units(s);
   void *p = NULL, *g = NULL;
   if ((st = be->ops->alloc(be, s->numel * sizeof(float), &p, err)) ||
       (st = be->ops->alloc(be, s->numel * sizeof(float), &g, err))) {
@@ -202,13 +249,56 @@ mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
 
 void mega_gpt_stage_destroy(mega_gpt_stage *s) {
   if (!s) return;
-  if (s->be) {
+  if (s->be && !s->borrowed) {
     s->be->ops->free(s->be, s->param);
     s->be->ops->free(s->be, s->grad);
   }
   free(s->params);
   free(s->layers);
+  free(s->units);
   free(s);
+}
+
+const mega_gpt_unit *mega_gpt_units(const mega_gpt_stage *s, int *count) {
+  *count = s->nunits;
+  return s->units;
+}
+
+void mega_gpt_on_grads_done(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg) {
+  s->grads_done = fn;
+  s->grads_done_arg = arg;
+}
+
+void mega_gpt_on_params_needed(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg) {
+  s->params_needed = fn;
+  s->params_needed_arg = arg;
+}
+
+mega_status mega_gpt_rebind(mega_gpt_stage *s, float *params, float *grads, size_t numel,
+                            const size_t *offset, mega_err *err) {
+  if (!params || !grads)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: rebind needs a param and a grad buffer");
+  for (int i = 0; i < s->nparams; i++)
+    if (offset[i] > numel || s->params[i].numel > numel - offset[i])
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "gpt: rebind puts %s at [%zu, %zu), past the buffer's %zu floats",
+                       s->params[i].name, offset[i], offset[i] + s->params[i].numel, numel);
+  for (int i = 0; i < s->nparams; i++) {
+    mega_status st = s->be->ops->memcpy(s->be, params + offset[i], s->param + s->params[i].offset,
+                                        s->params[i].numel * sizeof(float), MEGA_COPY_D2D, err);
+    if (st) return st;
+  }
+  if (!s->borrowed) {
+    s->be->ops->free(s->be, s->param);
+    s->be->ops->free(s->be, s->grad);
+  }
+  s->borrowed = true;
+  s->param = params;
+  s->grad = grads;
+  s->numel = numel;
+  for (int i = 0; i < s->nparams; i++) s->params[i].offset = offset[i];
+  derive_offsets(s);
+  return MEGA_OK;
 }
 
 const mega_gpt_config *mega_gpt_stage_config(const mega_gpt_stage *s) { return &s->cfg; }

@@ -35,7 +35,8 @@
  * what the weight half needs (each linear's and layernorm's output
  * gradient); backward_weight adds (+=) every parameter gradient of the stage
  * (linears, biases, layernorms, wte, wpe, the head) into the grad buffer. A
- * plain backward calls both, in that order, once per forward.
+ * plain backward calls both, in that order, once per forward, or
+ * mega_gpt_backward, which interleaves them block by block.
  *
  * Pointer kinds: tokens, targets and loss_sum are host memory; input,
  * output, doutput, dinput, the param and grad buffers and the logits are
@@ -113,6 +114,50 @@ void mega_gpt_zero_grad(mega_gpt_stage *s);
 /* Re-runs the initialisation (create already did). */
 mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err);
 
+/* Units: the groups of parameters whose gradients one step of backward
+ * completes together (one weight-gradient GEMM with its bias, or one
+ * layernorm), in the order backward completes them: the head (a loss-only
+ * stage's copy of wte) and ln_f; then block by block from the last, each
+ * block's mlp.c_proj, mlp.c_fc, ln_2, attn.c_proj, attn.c_attn, ln_1; then
+ * the embedding (wte, wpe). On a stage that is both embedding and loss the
+ * head is wte itself, which is complete only with the embedding unit. Each
+ * unit is a run [first, first+count) of mega_gpt_params, numel its
+ * elements; layer is the block's index within the stage (-1 for the loss
+ * and embedding units). Megatron learns the same from autograd's
+ * per-parameter hooks. */
+typedef struct mega_gpt_unit {
+  int first, count;
+  size_t numel;
+  int layer;
+} mega_gpt_unit;
+const mega_gpt_unit *mega_gpt_units(const mega_gpt_stage *s, int *count);
+
+/* Backward tells its caller, unit by unit in that order, that it has added
+ * this microbatch's gradients of params [first, first+count): called from
+ * backward_weight and mega_gpt_backward as each unit finishes, on the
+ * calling thread. The model knows nothing of microbatches or buckets; the
+ * caller decides what a finished unit means. fn NULL unregisters. */
+typedef void (*mega_gpt_grads_done_fn)(void *arg, int first, int count);
+void mega_gpt_on_grads_done(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg);
+/* Forward tells its caller, unit by unit in forward order (the reverse of
+ * the above), just before the part of forward that first reads the unit's
+ * parameters (a block asks for all its units before it starts), so that
+ * parameters still arriving (a distributed optimizer's all-gather) are
+ * waited for only then. fn NULL unregisters. */
+void mega_gpt_on_params_needed(mega_gpt_stage *s, mega_gpt_grads_done_fn fn, void *arg);
+
+/* Moves the stage's parameters and gradients into the caller's buffers of
+ * numel floats each (backend memory): param i (mega_gpt_params order) lives
+ * at params + offset[i] and its gradient at grads + offset[i], every range
+ * inside numel and none overlapping. The current parameter values are
+ * copied over; the gradients are not (zero grads first). The stage frees
+ * its own buffers and from now on borrows these, which must outlive it;
+ * mega_param_info.offset, mega_gpt_param_data, mega_gpt_grad_data and
+ * mega_gpt_num_params describe the new buffers (floats between the
+ * tensors are the caller's padding). */
+mega_status mega_gpt_rebind(mega_gpt_stage *s, float *params, float *grads, size_t numel,
+                            const size_t *offset, mega_err *err);
+
 /* Loads every param of the stage by its HF name from whichever of the files
  * holds it (the head copy of wte also accepts "lm_head.weight"); shapes must
  * match. Fails, naming the tensor, when one is missing. */
@@ -158,5 +203,12 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
  * backward_input on the same acts first. */
 mega_status mega_gpt_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a,
                                      mega_err *err);
+
+/* Both halves, unit by unit: each block's weight gradients right after its
+ * input gradient, as autograd would, so a unit's gradients are complete
+ * (and reported) as early as possible. Bit-identical to backward_input
+ * then backward_weight. */
+mega_status mega_gpt_backward(mega_gpt_stage *s, mega_gpt_acts *a, const float *doutput,
+                              float loss_scale, float *dinput, mega_err *err);
 
 #endif

@@ -24,6 +24,22 @@ struct mega_gpt_stage {
    * that is both embedding and loss. */
   size_t wte, wpe, lnfw, lnfb, head;
   gpt_layer_off *layers; /* desc.num_layers */
+  bool borrowed;         /* param and grad are the caller's (mega_gpt_rebind) */
+  mega_gpt_unit *units;  /* backward order */
+  int nunits;
+  mega_gpt_grads_done_fn grads_done, params_needed;
+  void *grads_done_arg, *params_needed_arg;
 };
+
+/* Calls the stage's params-needed callback for unit u, if any. */
+static inline void gpt_unit_needed(mega_gpt_stage *s, int u) {
+  if (s->params_needed)
+    s->params_needed(s->params_needed_arg, s->units[u].first, s->units[u].count);
+}
+
+/* Calls the stage's grads-done callback for unit u, if any. */
+static inline void gpt_unit_done(mega_gpt_stage *s, int u) {
+  if (s->grads_done) s->grads_done(s->grads_done_arg, s->units[u].first, s->units[u].count);
+}
 
 #endif

@@ -5,6 +5,8 @@
 
 #include "worker/model/gpt_internal.h"
 
+#define LAYER_UNITS 6 /* a block's units (gpt.h) */
+
 /* One block's saved activations and (after backward_input) the output
  * gradients its weight half needs. */
 typedef struct layer_acts {
@@ -234,8 +236,10 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
   if (targets && !loss_sum)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: forward with targets needs loss_sum");
   a->state = ST_EMPTY;
+  int u = s->nunits; /* units in forward order: from the last */
   if (d->embedding) {
     if ((st = copy_ids(a, a->tokens, tokens, "tokens", err))) return st;
+    gpt_unit_needed(s, --u);
     o->encoder_forward(be, a->resid[0], a->tokens, s->param + s->wte, s->param + s->wpe, B,
                        T, C);
   } else if ((st = o->memcpy(be, a->resid[0], input, NC * sizeof(float), MEGA_COPY_D2D,
@@ -244,6 +248,7 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
   }
   for (int l = 0; l < L; l++) {
     float *y = (l == L - 1 && !d->loss) ? output : a->resid[l + 1];
+    for (int k = 0; k < LAYER_UNITS; k++) gpt_unit_needed(s, --u);
     block_forward(s, a, l, a->resid[l], y);
   }
   if (!d->loss) {
@@ -252,6 +257,7 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
       return o->memcpy(be, output, a->resid[0], NC * sizeof(float), MEGA_COPY_D2D, err);
     return MEGA_OK;
   }
+  while (u > 0) gpt_unit_needed(s, --u); /* ln_f, and the head copy */
   o->layernorm_forward(be, a->lnf, a->lnf_mean, a->lnf_rstd, a->resid[L],
                        s->param + s->lnfw, s->param + s->lnfb, N, C, s->cfg.ln_eps);
   o->matmul_forward(be, a->logits, a->lnf, s->param + s->head, NULL, NULL, N, C, V,
@@ -290,15 +296,9 @@ static void block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
                               la->ln1_mean, la->ln1_rstd, N, C);
 }
 
-mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
-                                    const float *doutput, float loss_scale, float *dinput,
-                                    mega_err *err) {
-  mega_backend *be = s->be;
-  const mega_backend_ops *o = be->ops;
+static mega_status backward_check(mega_gpt_stage *s, mega_gpt_acts *a, const float *doutput,
+                                  const float *dinput, mega_err *err) {
   const mega_gpt_stage_desc *d = &s->desc;
-  int C = s->cfg.channels, V = s->cfg.vocab_size, N = a->B * a->T;
-  int L = d->num_layers;
-  size_t NC = (size_t)N * C;
   mega_status st;
   if (a->s != s)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: activations belong to another stage");
@@ -308,15 +308,50 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
   if ((st = need(err, "backward_input", "doutput", !d->loss, doutput)) ||
       (st = need(err, "backward_input", "dinput", !d->embedding, dinput)))
     return st;
+  if (d->loss && !a->have_targets)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: backward needs a forward that was given targets");
+  return MEGA_OK;
+}
+
+/* The loss stage's input half: dresid[L] from the targets. */
+static void loss_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, float loss_scale) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  int C = s->cfg.channels, V = s->cfg.vocab_size, N = a->B * a->T, L = s->desc.num_layers;
+  o->crossentropy_backward(be, a->dlogits, a->probs, a->targets, loss_scale, N, V);
+  o->matmul_backward_input(be, a->dlnf, a->dlogits, s->param + s->head, N, C, V, MEGA_W_OUT_IN);
+  o->layernorm_backward_input(be, a->dresid[L], NULL, a->dlnf, a->resid[L], s->param + s->lnfw,
+                              a->lnf_mean, a->lnf_rstd, N, C);
+}
+
+/* The loss stage's weight half: the head (a unit of its own on a
+ * loss-only stage; on a stage with the embedding it is wte, complete only
+ * after the embedding's backward), then ln_f. */
+static void loss_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, int *u) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  int C = s->cfg.channels, V = s->cfg.vocab_size, N = a->B * a->T, L = s->desc.num_layers;
+  float *G = s->grad;
+  o->matmul_backward_weight(be, G + s->head, NULL, a->dlogits, a->lnf, N, C, V, MEGA_W_OUT_IN);
+  if (!s->desc.embedding) gpt_unit_done(s, (*u)++);
+  o->layernorm_backward_weight(be, G + s->lnfw, G + s->lnfb, a->dlnf, a->resid[L], a->lnf_mean,
+                               a->lnf_rstd, N, C);
+  gpt_unit_done(s, (*u)++);
+}
+
+mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
+                                    const float *doutput, float loss_scale, float *dinput,
+                                    mega_err *err) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  const mega_gpt_stage_desc *d = &s->desc;
+  int C = s->cfg.channels, N = a->B * a->T;
+  int L = d->num_layers;
+  size_t NC = (size_t)N * C;
+  mega_status st = backward_check(s, a, doutput, dinput, err);
+  if (st) return st;
   if (d->loss) {
-    if (!a->have_targets)
-      return mega_fail(err, MEGA_ERR_INVALID,
-                       "gpt: backward needs a forward that was given targets");
-    o->crossentropy_backward(be, a->dlogits, a->probs, a->targets, loss_scale, N, V);
-    o->matmul_backward_input(be, a->dlnf, a->dlogits, s->param + s->head, N, C, V,
-                             MEGA_W_OUT_IN);
-    o->layernorm_backward_input(be, a->dresid[L], NULL, a->dlnf, a->resid[L],
-                                s->param + s->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
+    loss_backward_input(s, a, loss_scale);
   } else if ((st = o->memcpy(be, a->dresid[L], doutput, NC * sizeof(float), MEGA_COPY_D2D,
                              err))) {
     return st;
@@ -329,7 +364,9 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
   return MEGA_OK;
 }
 
-static void block_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
+/* Block l's weight gradients, one unit after another (gpt.h's order), each
+ * reported as it is complete; *u is the next unit's index. */
+static void block_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, int l, int *u) {
   mega_backend *be = s->be;
   const mega_backend_ops *o = be->ops;
   const gpt_layer_off *w = &s->layers[l];
@@ -338,23 +375,29 @@ static void block_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
   int C = s->cfg.channels, N = a->B * a->T;
   o->matmul_backward_weight(be, G + w->fcprojw, G + w->fcprojb, a->dresid[l + 1],
                             la->fch_gelu, N, 4 * C, C, MEGA_W_IN_OUT);
+  gpt_unit_done(s, (*u)++);
   o->matmul_backward_weight(be, G + w->fcw, G + w->fcb, la->dfch, la->ln2, N, C, 4 * C,
                             MEGA_W_IN_OUT);
+  gpt_unit_done(s, (*u)++);
   o->layernorm_backward_weight(be, G + w->ln2w, G + w->ln2b, la->dln2, la->x2,
                                la->ln2_mean, la->ln2_rstd, N, C);
+  gpt_unit_done(s, (*u)++);
   o->matmul_backward_weight(be, G + w->projw, G + w->projb, la->dx2, la->atty, N, C, C,
                             MEGA_W_IN_OUT);
+  gpt_unit_done(s, (*u)++);
   o->matmul_backward_weight(be, G + w->qkvw, G + w->qkvb, la->dqkv, la->ln1, N, C, 3 * C,
                             MEGA_W_IN_OUT);
+  gpt_unit_done(s, (*u)++);
   o->layernorm_backward_weight(be, G + w->ln1w, G + w->ln1b, la->dln1, a->resid[l],
                                la->ln1_mean, la->ln1_rstd, N, C);
+  gpt_unit_done(s, (*u)++);
 }
 
 mega_status mega_gpt_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *err) {
   mega_backend *be = s->be;
   const mega_backend_ops *o = be->ops;
   const mega_gpt_stage_desc *d = &s->desc;
-  int C = s->cfg.channels, V = s->cfg.vocab_size, N = a->B * a->T;
+  int C = s->cfg.channels;
   int L = d->num_layers;
   float *G = s->grad;
   if (a->s != s)
@@ -362,15 +405,47 @@ mega_status mega_gpt_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
   if (a->state != ST_BACKWARD_INPUT)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: backward_weight needs backward_input first (once per forward)");
-  if (d->loss) {
-    o->matmul_backward_weight(be, G + s->head, NULL, a->dlogits, a->lnf, N, C, V,
-                              MEGA_W_OUT_IN);
-    o->layernorm_backward_weight(be, G + s->lnfw, G + s->lnfb, a->dlnf, a->resid[L],
-                                 a->lnf_mean, a->lnf_rstd, N, C);
-  }
-  for (int l = L - 1; l >= 0; l--) block_backward_weight(s, a, l);
-  if (d->embedding)
+  int u = 0;
+  if (d->loss) loss_backward_weight(s, a, &u);
+  for (int l = L - 1; l >= 0; l--) block_backward_weight(s, a, l, &u);
+  if (d->embedding) {
     o->encoder_backward(be, G + s->wte, G + s->wpe, a->dresid[0], a->tokens, a->B, a->T, C);
+    gpt_unit_done(s, u++);
+  }
+  a->state = ST_EMPTY;
+  return MEGA_OK;
+}
+
+mega_status mega_gpt_backward(mega_gpt_stage *s, mega_gpt_acts *a, const float *doutput,
+                              float loss_scale, float *dinput, mega_err *err) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  const mega_gpt_stage_desc *d = &s->desc;
+  int C = s->cfg.channels, N = a->B * a->T;
+  int L = d->num_layers;
+  size_t NC = (size_t)N * C;
+  mega_status st = backward_check(s, a, doutput, dinput, err);
+  if (st) return st;
+  int u = 0;
+  if (d->loss) {
+    loss_backward_input(s, a, loss_scale);
+    loss_backward_weight(s, a, &u);
+  } else if ((st = o->memcpy(be, a->dresid[L], doutput, NC * sizeof(float), MEGA_COPY_D2D,
+                             err))) {
+    return st;
+  }
+  for (int l = L - 1; l >= 0; l--) {
+    block_backward_input(s, a, l);
+    block_backward_weight(s, a, l, &u);
+  }
+  if (!d->embedding &&
+      (st = o->memcpy(be, dinput, a->dresid[0], NC * sizeof(float), MEGA_COPY_D2D, err)))
+    return st;
+  if (d->embedding) {
+    o->encoder_backward(be, s->grad + s->wte, s->grad + s->wpe, a->dresid[0], a->tokens, a->B,
+                        a->T, C);
+    gpt_unit_done(s, u++);
+  }
   a->state = ST_EMPTY;
   return MEGA_OK;
 }

@@ -1,0 +1,282 @@
+/* Gradient buffers and buckets (worker/grads.h): the layout (reverse
+ * order, alignment, padding, the tied embedding's own bucket), the
+ * distributed optimizer's shards, and when buckets launch: each exactly
+ * once per iteration, during the last microbatch's backward as its layers
+ * finish, and never under no_sync. DP is 1 here (no communicator: a launch
+ * reduces nothing but is observed); the reductions themselves are checked
+ * against the single rank by tests/engine/pipeline_check.py. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "gpt_fixture.h"
+#include "worker/grads.h"
+
+#define B 2
+#define T 8
+
+typedef struct fixture {
+  mega_backend *be;
+  mega_gpt_config cfg;
+  mega_gpt_stage *stage;
+  mega_grads *g;
+} fixture;
+
+static void setup(fixture *f, mega_gpt_stage_desc d, mega_grads_opts o) {
+  mega_err err = {0};
+  memset(f, 0, sizeof *f);
+  fx_config(&f->cfg, 0.2f);
+  f->cfg.num_layers = 4;
+  assert_int_equal(mega_backend_cpu_create(NULL, &f->be, &err), MEGA_OK);
+  if (mega_gpt_stage_create(f->be, &f->cfg, &d, &f->stage, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  if (mega_grads_create(f->be, &f->stage, 1, &o, &f->g, &err) != MEGA_OK) fail_msg("%s", err.msg);
+}
+
+static void teardown(fixture *f) {
+  mega_grads_destroy(f->g); /* first: it unhooks itself from the stage */
+  mega_gpt_stage_destroy(f->stage);
+  mega_backend_destroy(f->be);
+}
+
+/* Buckets tile the buffer; each holds a run of params; offsets descend with
+ * the param index; every tensor is 16-aligned. */
+static void check_tiling(fixture *f, size_t pad) {
+  int np, nb = mega_grads_num_buckets(f->g);
+  const mega_param_info *p = mega_gpt_params(f->stage, &np);
+  size_t at = 0;
+  int covered = 0;
+  for (int b = 0; b < nb; b++) {
+    const mega_grads_bucket *k = mega_grads_bucket_at(f->g, b);
+    assert_int_equal(k->offset, at);
+    assert_int_equal(k->numel % pad, 0);
+    assert_true(k->numel_unpadded <= k->numel && k->numel - k->numel_unpadded < pad + 16);
+    assert_true(k->param_lo < k->param_hi);
+    for (int i = k->param_lo; i < k->param_hi; i++) {
+      assert_true(p[i].offset >= k->offset);
+      assert_true(p[i].offset + p[i].numel <= k->offset + k->numel_unpadded);
+    }
+    covered += k->param_hi - k->param_lo;
+    at += k->numel;
+  }
+  assert_int_equal(covered, np);
+  assert_int_equal(at, mega_gpt_num_params(f->stage));
+  for (int i = 0; i < np; i++) {
+    assert_int_equal(p[i].offset % 16, 0);
+    if (i > 0) assert_true(p[i].offset + p[i].numel <= p[i - 1].offset);
+  }
+  /* bucket 0 starts with the param backward finishes first */
+  assert_int_equal(p[np - 1].offset, 0);
+}
+
+static void layout_reverse_order_and_buckets(void **state) {
+  (void)state;
+  fixture f;
+  /* One stage with everything; C=16: a block is 12*16*16 + 13*16 = 3280 floats. */
+  setup(&f, (mega_gpt_stage_desc){true, true, 0, 4},
+        (mega_grads_opts){.dp_size = 1, .overlap = true, .bucket_size = 5000});
+  check_tiling(&f, 16);
+  int np, nb = mega_grads_num_buckets(&*f.g);
+  const mega_param_info *p = mega_gpt_params(f.stage, &np);
+  assert_true(nb >= 4);
+  /* Every bucket but the last two reaches the size; the tied embedding
+   * (wte, param 0) is the last bucket, alone. */
+  for (int b = 0; b < nb - 2; b++)
+    assert_true(mega_grads_bucket_at(f.g, b)->numel_unpadded >= 5000);
+  const mega_grads_bucket *last = mega_grads_bucket_at(f.g, nb - 1);
+  assert_true(last->tied && !last->tied_copy);
+  assert_int_equal(last->param_lo, 0);
+  assert_int_equal(last->param_hi, 1);
+  assert_string_equal(p[0].name, "transformer.wte.weight");
+  for (int b = 0; b < nb - 1; b++) assert_false(mega_grads_bucket_at(f.g, b)->tied);
+  teardown(&f);
+
+  /* Without overlap: one bucket, whatever its size. */
+  setup(&f, (mega_gpt_stage_desc){true, true, 0, 4}, (mega_grads_opts){.dp_size = 1});
+  check_tiling(&f, 16);
+  assert_int_equal(mega_grads_num_buckets(f.g), 1);
+  assert_false(mega_grads_bucket_at(f.g, 0)->tied);
+  teardown(&f);
+
+  /* A loss-only stage: its copy of wte is the first bucket, alone. */
+  setup(&f, (mega_gpt_stage_desc){false, true, 2, 2},
+        (mega_grads_opts){.dp_size = 1, .overlap = true, .bucket_size = 100000});
+  check_tiling(&f, 16);
+  p = mega_gpt_params(f.stage, &np);
+  assert_int_equal(mega_grads_num_buckets(f.g), 2);
+  const mega_grads_bucket *first = mega_grads_bucket_at(f.g, 0);
+  assert_true(first->tied && first->tied_copy);
+  assert_int_equal(first->param_lo, np - 1);
+  assert_string_equal(p[np - 1].name, "transformer.wte.weight");
+  teardown(&f);
+}
+
+/* Distributed optimizer: buckets padded to 16 x DP; DP ranks' shards split
+ * each bucket evenly; their optimizer ranges cover every element of every
+ * parameter exactly once; without overlap the tied embedding still gets its
+ * own bucket. */
+static void distributed_shards_cover_each_element_once(void **state) {
+  (void)state;
+  enum { DP = 3 };
+  fixture f[DP];
+  for (int overlap = 0; overlap < 2; overlap++) {
+    for (int d = 0; d < DP; d++)
+      setup(&f[d], (mega_gpt_stage_desc){true, false, 0, 3},
+            (mega_grads_opts){.dp_size = DP, .dp_rank = d, .overlap = overlap != 0,
+                              .distributed = true, .bucket_size = 3000});
+    check_tiling(&f[0], 16 * DP);
+    int np, nb = mega_grads_num_buckets(f[0].g);
+    const mega_param_info *p = mega_gpt_params(f[0].stage, &np);
+    assert_int_equal(nb, overlap ? 5 : 2); /* 3 blocks (+ wpe), and wte alone */
+    assert_true(mega_grads_bucket_at(f[0].g, nb - 1)->tied);
+    size_t total = mega_gpt_num_params(f[0].stage);
+    unsigned char *seen = calloc(total, 1);
+    size_t owned = 0;
+    for (int d = 0; d < DP; d++) {
+      for (int b = 0; b < nb; b++) {
+        const mega_grads_bucket *k = mega_grads_bucket_at(f[d].g, b);
+        assert_int_equal(k->shard_numel * DP, k->numel);
+        assert_int_equal(k->shard_offset, k->shard_numel * (size_t)d);
+        assert_int_equal(k->shard_numel % 16, 0);
+      }
+      size_t nr;
+      const mega_optim_range *r = mega_grads_ranges(f[d].g, &nr);
+      const float *base = mega_gpt_param_data(f[d].stage);
+      for (size_t i = 0; i < nr; i++) {
+        size_t at = (size_t)(r[i].params - base);
+        assert_ptr_equal(r[i].grads, mega_gpt_grad_data(f[d].stage) + at);
+        for (size_t e = 0; e < r[i].numel; e++) seen[at + e]++;
+        owned += r[i].numel;
+      }
+    }
+    size_t numel = 0;
+    for (int i = 0; i < np; i++) {
+      numel += p[i].numel;
+      for (size_t e = 0; e < p[i].numel; e++) assert_int_equal(seen[p[i].offset + e], 1);
+    }
+    assert_int_equal(owned, numel);
+    free(seen);
+    for (int d = 0; d < DP; d++) teardown(&f[d]);
+  }
+}
+
+/* ---- when buckets launch ---- */
+
+typedef struct watch {
+  mega_grads *g;
+  int units;          /* units backward has finished in this microbatch */
+  int nlaunch;
+  int bucket[64];
+  int at_unit[64];    /* units finished when each launch happened */
+} watch;
+
+static void count_unit(void *arg, int first, int count) {
+  watch *w = arg;
+  w->units++;
+  mega_grads_ready(w->g, 0, first, count);
+}
+
+static void record_launch(void *arg, int bucket) {
+  watch *w = arg;
+  assert_true(w->nlaunch < 64);
+  w->bucket[w->nlaunch] = bucket;
+  w->at_unit[w->nlaunch++] = w->units;
+}
+
+/* Index of the unit whose end completes bucket b: the unit holding its
+ * lowest-indexed param (units finish params in descending index order). */
+static int unit_completing(fixture *f, int b) {
+  int nu;
+  const mega_gpt_unit *u = mega_gpt_units(f->stage, &nu);
+  const mega_grads_bucket *k = mega_grads_bucket_at(f->g, b);
+  int last = 0;
+  for (int i = 0; i < nu; i++)
+    for (int j = 0; j < u[i].count; j++)
+      if (u[i].first + j >= k->param_lo && u[i].first + j < k->param_hi && i + 1 > last)
+        last = i + 1;
+  return last;
+}
+
+static void run_iteration(fixture *f, watch *w, int micro, bool split) {
+  mega_err err = {0};
+  mega_gpt_acts *a;
+  assert_int_equal(mega_gpt_acts_create(f->stage, B, T, &a, &err), MEGA_OK);
+  int32_t tokens[B * T], targets[B * T];
+  assert_int_equal(mega_grads_start(f->g, &err), MEGA_OK);
+  w->nlaunch = 0;
+  for (int mb = 0; mb < micro; mb++) {
+    bool last = mb == micro - 1;
+    fx_ids(tokens, B * T, 256, 10 + (uint64_t)mb);
+    fx_ids(targets, B * T, 256, 20 + (uint64_t)mb);
+    double loss;
+    assert_int_equal(mega_gpt_forward(f->stage, a, tokens, NULL, targets, NULL, &loss, &err),
+                     MEGA_OK);
+    mega_grads_enable(f->g, 0, last);
+    w->units = 0;
+    if (split) {
+      assert_int_equal(mega_gpt_backward_input(f->stage, a, NULL, 0.01f, NULL, &err), MEGA_OK);
+      assert_int_equal(w->nlaunch, 0); /* the input half finishes no gradient */
+      assert_int_equal(mega_gpt_backward_weight(f->stage, a, &err), MEGA_OK);
+    } else {
+      assert_int_equal(mega_gpt_backward(f->stage, a, NULL, 0.01f, NULL, &err), MEGA_OK);
+    }
+    mega_grads_enable(f->g, 0, false);
+    if (!last) assert_int_equal(w->nlaunch, 0); /* no_sync: nothing sent */
+  }
+  int n = w->nlaunch;
+  assert_int_equal(mega_grads_launch(f->g, 0, &err), MEGA_OK);
+  assert_int_equal(w->nlaunch, n); /* GRAD_SYNC finds nothing left */
+  assert_int_equal(mega_grads_wait(f->g, 0, &err), MEGA_OK);
+  mega_gpt_acts_destroy(a);
+}
+
+static void buckets_launch_once_during_last_backward(void **state) {
+  (void)state;
+  for (int split = 0; split < 2; split++) {
+    fixture f;
+    setup(&f, (mega_gpt_stage_desc){true, true, 0, 4},
+          (mega_grads_opts){.dp_size = 1, .overlap = true, .bucket_size = 4000});
+    watch w = {.g = f.g};
+    mega_gpt_on_grads_done(f.stage, count_unit, &w);
+    mega_grads_on_launch(f.g, record_launch, &w);
+    int nb = mega_grads_num_buckets(f.g), nu;
+    mega_gpt_units(f.stage, &nu);
+    assert_true(nb >= 5);
+    for (int it = 0; it < 2; it++) {
+      run_iteration(&f, &w, 3, split != 0);
+      /* each bucket exactly once, in order, as soon as its last layer
+       * finished: all but the last while backward still had layers to go */
+      assert_int_equal(w.nlaunch, nb);
+      for (int i = 0; i < nb; i++) {
+        assert_int_equal(w.bucket[i], i);
+        assert_int_equal(w.at_unit[i], unit_completing(&f, i));
+      }
+      assert_true(w.at_unit[0] < nu - 2);
+    }
+    teardown(&f);
+  }
+  /* Without overlap the one bucket launches at the end of the backward. */
+  fixture f;
+  setup(&f, (mega_gpt_stage_desc){true, true, 0, 4}, (mega_grads_opts){.dp_size = 1});
+  watch w = {.g = f.g};
+  mega_gpt_on_grads_done(f.stage, count_unit, &w);
+  mega_grads_on_launch(f.g, record_launch, &w);
+  run_iteration(&f, &w, 2, false);
+  int nu;
+  mega_gpt_units(f.stage, &nu);
+  assert_int_equal(w.nlaunch, 1);
+  assert_int_equal(w.at_unit[0], nu);
+  teardown(&f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(layout_reverse_order_and_buckets),
+      cmocka_unit_test(distributed_shards_cover_each_element_once),
+      cmocka_unit_test(buckets_launch_once_during_last_backward),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
