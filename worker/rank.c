@@ -14,45 +14,7 @@
 #include "worker/data.h"
 #include "worker/engine.h"
 #include "worker/lr_sched.h"
-#include "worker/rank_ckpt.h"
-
-/* GROUP_CKPT: the writers (each stage's dp 0, tp 0 rank), used only by
- * whichever thread writes a checkpoint, never by the training thread's
- * collectives (comm.h, Ordering). */
-enum { GROUP_PP, GROUP_DP, GROUP_EMBD, GROUP_CKPT, NGROUPS };
-
-struct mega_rank {
-  mega_rank_env env;
-  const mega_jobspec *job;
-  mega_topo topo;
-  mega_coord me;
-  atomic_bool aborted;
-  char abort_reason[256];
-
-  mega_backend *be;
-  mega_layout layout;
-  mega_chunks chunks;
-  mega_schedule sched;
-  mega_data *data;
-  mega_batch_plan plan;
-  mega_lr_sched lr;
-  mega_optim *optim;
-  mega_store *store;
-  mega_comm *comm[NGROUPS]; /* NULL where this rank is in no such group of size > 1 */
-  pthread_mutex_t comm_lock; /* guards comm[] against mega_rank_abort's thread */
-  mega_p2p *p2p;
-  bool simulate;
-  mega_rank_ckpt_loaded loaded;
-  mega_ckpt_param *save_params; /* the writer's tensors: chunks' views less the tied copy */
-  mega_rank_saver *saver;       /* writers with --save */
-  mega_engine *engine;
-  mega_schedule eval_sched;  /* forward-only, when --eval-interval is set */
-  mega_engine *eval_engine;
-  int64_t eval_done;         /* evaluation batches run so far */
-  int64_t iteration; /* completed */
-  mega_rank_span *spans;
-  size_t nspans, span_cap;
-};
+#include "worker/rank_internal.h"
 
 static double wall_s(void) {
   struct timespec ts;
@@ -138,7 +100,6 @@ static mega_status make_group(mega_rank *r, int g, mega_group_kind kind, const c
 }
 
 /* Data-parallel replicas hold the same weights: the first one saves. */
-static bool is_writer(const mega_rank *r) { return r->me.dp == 0 && r->me.tp == 0; }
 
 /* Every rank builds its groups in the same order (PP, DP, EMBD), so each
  * creation only waits for members that are creating the same group. */
@@ -152,145 +113,13 @@ static mega_status build_groups(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK) st = make_group(r, GROUP_DP, MEGA_GROUP_DP, "dp", err);
   if (st == MEGA_OK) st = make_group(r, GROUP_EMBD, MEGA_GROUP_EMBD, "embd", err);
   /* The writers: the pipeline of dp 0, tp 0, once more, for checkpoints. */
-  if (st == MEGA_OK && r->job->save && is_writer(r) && r->topo.pp > 1)
+  if (st == MEGA_OK && r->job->save && rank_is_writer(r) && r->topo.pp > 1)
     st = join_group(r, GROUP_CKPT, "ckpt", r->me.pp, r->topo.pp, err);
   mega_store_close(r->store);
   r->store = NULL;
   return st;
 }
 
-static void phase(mega_rank *r, const char *name) {
-  if (r->env.on_phase) r->env.on_phase(r->env.arg, name, r->iteration);
-}
-
-/* A distributed optimizer holds only its shards of the moments, and
- * checkpoints hold whole tensors: whole moments live in these arrays (one
- * per chunk and moment, laid out like the chunk's buffers) while a
- * checkpoint is saved or loaded. */
-typedef struct whole_moments {
-  int vp;
-  float **avg, **sq;
-} whole_moments;
-
-static void whole_moments_free(whole_moments *w) {
-  for (int v = 0; v < w->vp; v++) {
-    if (w->avg) free(w->avg[v]);
-    if (w->sq) free(w->sq[v]);
-  }
-  free(w->avg);
-  free(w->sq);
-  *w = (whole_moments){0};
-}
-
-static mega_status whole_moments_alloc(mega_rank *r, whole_moments *w, mega_err *err) {
-  int vp = r->chunks.vp;
-  *w = (whole_moments){.vp = vp, .avg = calloc((size_t)vp, sizeof(float *)),
-                       .sq = calloc((size_t)vp, sizeof(float *))};
-  bool ok = w->avg && w->sq;
-  for (int v = 0; ok && v < vp; v++) {
-    size_t n = mega_gpt_num_params(r->chunks.stages[v]);
-    ok = (w->avg[v] = calloc(n, sizeof(float))) && (w->sq[v] = calloc(n, sizeof(float)));
-  }
-  if (ok) return MEGA_OK;
-  whole_moments_free(w);
-  return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the optimizer's whole moments");
-}
-
-/* The writer's tensors in save_params (which the saver borrows): the
- * chunks' views, a loss stage's tied copy of wte left out. */
-static size_t fill_save_params(mega_rank *r) {
-  size_t n = 0;
-  for (size_t k = 0; k < r->chunks.nparams; k++)
-    if (!r->chunks.tied_copy[k]) r->save_params[n++] = r->chunks.ckpt[k];
-  return n;
-}
-
-/* Distributed optimizer: points the writer's tensors' moments at whole
- * moments (the saver reads them only while it stages a save). */
-static void point_save_moments(mega_rank *r, const whole_moments *w) {
-  mega_chunks_point_moments(&r->chunks, w->avg, w->sq);
-  fill_save_params(r);
-  mega_chunks_point_moments(&r->chunks, NULL, NULL);
-}
-
-mega_status mega_rank_save(mega_rank *r, mega_err *err) {
-  if (!r->job->save) return mega_fail(err, MEGA_ERR_INVALID, "no --save directory given");
-  phase(r, "checkpoint");
-  double t0 = mega_rank_saver_now();
-  bool async = r->job->async_save;
-  /* --overlap-param-gather may leave gathers in flight */
-  mega_status st = mega_grads_wait_params(r->chunks.grads, -1, err);
-  whole_moments w = {0};
-  if (st == MEGA_OK && r->job->use_distributed_optimizer) {
-    /* every data-parallel rank takes part in the gather of the moments; the
-     * writer stages whole tensors from them */
-    st = whole_moments_alloc(r, &w, err);
-    if (st == MEGA_OK) st = mega_grads_gather_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
-    if (st == MEGA_OK && r->saver) point_save_moments(r, &w);
-  }
-  if (st != MEGA_OK) {
-    /* nothing staged */
-  } else if (!r->saver) { /* a replica: nothing of its own to write */
-    char path[4096];
-    mega_ckpt_iter_path(path, sizeof path, r->job->save, r->iteration);
-    mega_rank_ckpt_report rep = {.iteration = r->iteration, .path = path};
-    if (r->env.on_checkpoint) r->env.on_checkpoint(r->env.arg, &rep);
-  } else {
-    mega_ckpt_state s = {.iteration = r->iteration,
-                         .consumed_samples = r->iteration * (int64_t)r->job->global_batch_size,
-                         .optimizer_steps = mega_optim_steps(r->optim),
-                         .attempt = r->env.attempt, .has_sched = true, .sched = r->lr};
-    st = mega_rank_saver_stage(r->saver, r->be, &s, t0, err);
-    if (st == MEGA_OK && !async) st = mega_rank_saver_write(r->saver, err);
-  }
-  whole_moments_free(&w); /* staged: the writer has its host copies */
-  /* Every rank leaves the save point together: the writers meet (with
-   * --async-save before the write starts, so the training thread never
-   * shares GROUP_CKPT with the checkpoint thread; without it once the
-   * committer has committed), then the replicas meet their writer. The
-   * wait for a save, or for the one before it, may outlast the
-   * communicators' timeout that the next step's collectives would use, so
-   * it happens here, under the writers' long bound. */
-  if (st == MEGA_OK && r->comm[GROUP_CKPT])
-    st = mega_comm_barrier(r->comm[GROUP_CKPT], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
-  if (st == MEGA_OK && r->comm[GROUP_DP])
-    st = mega_comm_barrier(r->comm[GROUP_DP], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
-  if (st == MEGA_OK && r->saver && async) st = mega_rank_saver_write(r->saver, err);
-  if (st != MEGA_OK) mega_err_prefix(err, "rank %d", r->env.rank);
-  return st;
-}
-
-mega_status mega_rank_save_wait(mega_rank *r, mega_err *err) {
-  if (!r->saver) return MEGA_OK;
-  mega_status st = mega_rank_saver_wait(r->saver, err);
-  if (st != MEGA_OK) mega_err_prefix(err, "rank %d", r->env.rank);
-  return st;
-}
-
-/* The writer's tensors and its saver (after the optimizer and the groups). */
-static mega_status build_saver(mega_rank *r, mega_err *err) {
-  if (!r->job->save || !is_writer(r)) return MEGA_OK;
-  r->save_params = calloc(r->chunks.nparams + 1, sizeof *r->save_params);
-  if (!r->save_params) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the saver");
-  size_t n = fill_save_params(r);
-  /* A distributed optimizer's tensors have state too: the saver sees that
-   * from their moments, which every save points at whole ones. */
-  whole_moments w = {0};
-  mega_status st = MEGA_OK;
-  if (r->job->use_distributed_optimizer) {
-    st = whole_moments_alloc(r, &w, err);
-    if (st == MEGA_OK) point_save_moments(r, &w);
-  }
-  mega_rank_saver_config sc = {
-      .writer = {.save_dir = r->job->save, .cfg = &r->chunks.cfg, .job = r->job,
-                 .comm = r->comm[GROUP_CKPT], .attempt = r->env.attempt},
-      .async = r->job->async_save, .rank = r->env.rank,
-      .on_checkpoint = r->env.on_checkpoint, .await_commit = r->env.await_commit,
-      .arg = r->env.arg};
-  if (st == MEGA_OK) st = mega_rank_saver_create(&sc, r->save_params, n, &r->saver, err);
-  whole_moments_free(&w);
-  return st;
-}
 
 /* ---- set-up ---- */
 
@@ -369,28 +198,10 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
   return st;
 }
 
-/* --load: whole tensors by name, at any data-parallel size; a distributed
- * optimizer keeps its shards of the whole moments. */
-static mega_status load_checkpoint(mega_rank *r, mega_err *err) {
-  const mega_jobspec *j = r->job;
-  if (!j->use_distributed_optimizer)
-    return mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
-  whole_moments w;
-  mega_status st = whole_moments_alloc(r, &w, err);
-  if (st != MEGA_OK) return st;
-  mega_chunks_point_moments(&r->chunks, w.avg, w.sq);
-  st = mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
-  if (st == MEGA_OK && r->loaded.loaded && !j->finetune && !j->no_load_optim)
-    st = mega_grads_scatter_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
-  mega_chunks_point_moments(&r->chunks, NULL, NULL);
-  whole_moments_free(&w);
-  return st;
-}
-
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
-  phase(r, "setup");
+  rank_phase(r, "setup");
   mega_backend_cpu_opts bo = {.threads = j->blas_threads};
   mega_status st = mega_backend_cpu_create(&bo, &r->be, err);
   if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
@@ -429,10 +240,10 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     if (!r->spans) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
   }
   if (st == MEGA_OK && j->load) {
-    st = load_checkpoint(r, err);
+    st = rank_load_checkpoint(r, err);
     if (st == MEGA_OK) r->iteration = r->loaded.iteration;
   }
-  if (st == MEGA_OK) st = build_saver(r, err);
+  if (st == MEGA_OK) st = rank_build_saver(r, err);
   return st;
 }
 
@@ -524,7 +335,7 @@ static uint64_t replica_tokens(const mega_rank *r, int64_t it) {
 
 mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   int64_t it = r->iteration;
-  phase(r, "train");
+  rank_phase(r, "train");
   bool trace = r->job->trace_iteration == it + 1 && r->spans;
   double t0 = wall_s();
   *m = (mega_rank_metrics){.iteration = it + 1, .rank = r->env.rank, .pp_rank = r->me.pp,
@@ -618,7 +429,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
   if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {
-    phase(r, "eval");
+    rank_phase(r, "eval");
     return evaluate(r, m, err);
   }
   return MEGA_OK;
@@ -661,7 +472,7 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
     pthread_mutex_unlock(&r->comm_lock);
   }
   if (r->saver) {
-    if (st == MEGA_OK) phase(r, "checkpoint");
+    if (st == MEGA_OK) rank_phase(r, "checkpoint");
     mega_err werr = {0};
     mega_status ws = mega_rank_save_wait(r, &werr);
     if (st == MEGA_OK && ws != MEGA_OK) {

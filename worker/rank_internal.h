@@ -1,0 +1,70 @@
+/* A rank's state, shared by rank.c (create, groups, set-up, the steps, run)
+ * and rank_save.c (checkpoints: the save point, the writer's saver, loads
+ * with a distributed optimizer's whole moments). Private to the rank. */
+#ifndef MEGA_WORKER_RANK_INTERNAL_H
+#define MEGA_WORKER_RANK_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/topology.h"
+#include "worker/chunks.h"
+#include "worker/data.h"
+#include "worker/engine.h"
+#include "worker/lr_sched.h"
+#include "worker/rank.h"
+#include "worker/rank_ckpt.h"
+
+/* GROUP_CKPT: the writers (each stage's dp 0, tp 0 rank), used only by
+ * whichever thread writes a checkpoint, never by the training thread's
+ * collectives (comm.h, Ordering). */
+enum { GROUP_PP, GROUP_DP, GROUP_EMBD, GROUP_CKPT, NGROUPS };
+
+struct mega_rank {
+  mega_rank_env env;
+  const mega_jobspec *job;
+  mega_topo topo;
+  mega_coord me;
+  atomic_bool aborted;
+  char abort_reason[256];
+
+  mega_backend *be;
+  mega_layout layout;
+  mega_chunks chunks;
+  mega_schedule sched;
+  mega_data *data;
+  mega_batch_plan plan;
+  mega_lr_sched lr;
+  mega_optim *optim;
+  mega_store *store;
+  mega_comm *comm[NGROUPS]; /* NULL where this rank is in no such group of size > 1 */
+  pthread_mutex_t comm_lock; /* guards comm[] against mega_rank_abort's thread */
+  mega_p2p *p2p;
+  bool simulate;
+  mega_rank_ckpt_loaded loaded;
+  mega_ckpt_param *save_params; /* the writer's tensors: chunks' views less the tied copy */
+  mega_rank_saver *saver;       /* writers with --save */
+  mega_engine *engine;
+  mega_schedule eval_sched;  /* forward-only, when --eval-interval is set */
+  mega_engine *eval_engine;
+  int64_t eval_done;         /* evaluation batches run so far */
+  int64_t iteration; /* completed */
+  mega_rank_span *spans;
+  size_t nspans, span_cap;
+};
+
+/* Writes a checkpoint for its stage: each stage's dp 0, tp 0 rank. */
+static inline bool rank_is_writer(const mega_rank *r) { return r->me.dp == 0 && r->me.tp == 0; }
+
+static inline void rank_phase(mega_rank *r, const char *name) {
+  if (r->env.on_phase) r->env.on_phase(r->env.arg, name, r->iteration);
+}
+
+/* rank_save.c */
+/* The writer's tensors and its saver (after the optimizer and the groups). */
+mega_status rank_build_saver(mega_rank *r, mega_err *err);
+/* --load into the chunks and the optimizer (resharding a distributed
+ * optimizer's moments). */
+mega_status rank_load_checkpoint(mega_rank *r, mega_err *err);
+
+#endif
