@@ -406,3 +406,25 @@ int hd_procs_matching(const char *needle, pid_t *pids, int max) {
   closedir(dir);
   return n;
 }
+
+bool hd_workers_gone(pid_t megad_pid, int ms) {
+  char needle[32];
+  snprintf(needle, sizeof needle, "MEGAD_PID=%d", (int)megad_pid);
+  pid_t pids[64];
+  for (int t = 0; t < ms; t += 50) {
+    if (hd_procs_matching(needle, pids, 64) == 0) return true;
+    usleep(50000);
+  }
+  int n = hd_procs_matching(needle, pids, 64);
+  fprintf(stderr, "%d process(es) of megad %d still alive, the first pid %d\n", n, (int)megad_pid,
+          n ? (int)pids[0] : 0);
+  return false;
+}
+
+bool hd_succeeded(const hd *d, const hd_watch *w) {
+  if (w->final && w->final->state == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED) return true;
+  fprintf(stderr, "watch: %s\nfinal: %s\nevents:\n%s", w->err.msg,
+          w->final ? w->final->error : "none", w->events_text);
+  hd_dump_log(d);
+  return false;
+}

@@ -98,6 +98,14 @@ void hd_watch_job_cb(hd *d, const char *job_id, bool replay, unsigned timeout_ms
                      hd_item_fn fn, void *arg);
 void hd_watch_free(hd_watch *w);
 
+/* Waits up to ms until no process of megad megad_pid is left (its workers,
+ * orphans included: MEGAD_PID in their environment); false, naming one,
+ * after ms. */
+bool hd_workers_gone(pid_t megad_pid, int ms);
+/* Whether the watch ended with the job SUCCEEDED; if not, says what the
+ * watch saw and dumps d's log. */
+bool hd_succeeded(const hd *d, const hd_watch *w);
+
 /* Live processes whose command line or environment holds needle (a state
  * dir; "MEGAD_PID=123" finds megad 123's workers, orphans too): what a
  * test checks is left over. Returns how many. */

@@ -1,0 +1,200 @@
+/* What megad guards, end to end: a job waiting for a node survives the
+ * node's return, a state dir belongs to one megad, a damaged journal keeps
+ * its jobs, and files are checked before any rank starts. Each case runs as
+ * a test of its own (meson). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
+
+/* ---- a job waiting for a node runs when the node is back (it failed with
+ * "connection refused" once) ---- */
+
+static void test_waiting_job_runs_when_node_returns(void **state) {
+  (void)state;
+  hd n1, n2;
+  assert_true(hd_start(&n1, "r1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n2, "r2", 1, n1.addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  hd_kill(&n2);
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n1.dir, 5, NULL);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  usleep(2500000); /* r2 is lost by now; the job waits (a launch r2 refused requeues it) */
+  Mega__V1__Job *j = hd_get_job(&n1, id, &err);
+  assert_non_null(j);
+  assert_true(j->state == STATE(PENDING) || j->state == STATE(RESTARTING));
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  assert_true(hd_restart(&n2, NULL));
+  hd_watch w;
+  hd_watch_job(&n1, id, true, 60000, &w);
+  assert_true(hd_succeeded(&n1, &w));
+  assert_int_equal(w.final->restarts, 0); /* a refused launch requeues; it is no failure */
+  hd_watch_free(&w);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
+/* ---- two megads on one state dir: the second is refused ---- */
+
+static void test_state_dir_is_locked(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "l1", 1, NULL, NULL, NULL));
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "'%s' serve --listen 127.0.0.1:0 --state-dir '%s' --slots 1 2>&1",
+           getenv("MEGAD"), d.dir);
+  FILE *p = popen(cmd, "r");
+  char out[2048] = "";
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  assert_true(WIFEXITED(st));
+  assert_int_not_equal(WEXITSTATUS(st), 0);
+  char want[64];
+  snprintf(want, sizeof want, "in use by another megad (pid %d)", (int)d.pid);
+  if (!strstr(out, want)) fprintf(stderr, "got: %s\n", out);
+  assert_non_null(strstr(out, want));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* ---- a damaged journal keeps every job it can ---- */
+
+static void test_damaged_journal_keeps_jobs(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "j1", 1, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 1, NULL);
+  char ids[6][64];
+  mega_err err = {0};
+  for (int i = 0; i < 6; i++) {
+    assert_int_equal(hd_submit(&d, &spec, ids[i], sizeof ids[i], &err), MEGA_OK);
+    hd_watch w;
+    hd_watch_job(&d, ids[i], false, 60000, &w);
+    hd_watch_free(&w);
+  }
+  assert_int_equal(hd_stop(&d), 0);
+  /* one flipped byte in the middle of the journal */
+  char path[256];
+  snprintf(path, sizeof path, "%s/journal", d.dir);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  int fd = open(path, O_RDWR);
+  off_t at = st.st_size / 2;
+  char c;
+  assert_int_equal(pread(fd, &c, 1, at), 1);
+  c ^= 0x5a;
+  assert_int_equal(pwrite(fd, &c, 1, at), 1);
+  close(fd);
+  assert_true(hd_restart(&d, NULL));
+  for (int i = 0; i < 6; i++) {
+    Mega__V1__Job *j = hd_get_job(&d, ids[i], &err);
+    assert_non_null(j); /* each job has several records: none is lost */
+    protobuf_c_message_free_unpacked(&j->base, NULL);
+  }
+  FILE *f = fopen(d.log, "r");
+  char log[65536];
+  size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+  log[n] = '\0';
+  if (f) fclose(f);
+  assert_non_null(strstr(log, "JOURNAL DAMAGED"));
+  assert_non_null(strstr(log, ".damaged-"));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* ---- what only a node can check fails before any rank starts, naming
+ * the node; what the coordinator can check fails at submit ---- */
+
+static void test_files_checked_before_ranks_start(void **state) {
+  (void)state;
+  hd n1, n2;
+  assert_true(hd_start(&n1, "f1", 1, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  char dir[160];
+  snprintf(dir, sizeof dir, "%s/sub", n1.dir);
+  mkdir(dir, 0755);
+  mega_err err = {0};
+  char id[64];
+  /* at submit: a missing data file, a directory, --save naming a file */
+  const char *missing[] = {"--data-path", "/nonexistent/corpus.txt", NULL};
+  hd_tiny_spec(&spec, n1.dir, 2, missing);
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--data-path /nonexistent/corpus.txt"));
+  const char *is_dir[] = {"--data-path", dir, NULL};
+  hd_tiny_spec(&spec, n1.dir, 2, is_dir);
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "is not a file"));
+  char file[200];
+  snprintf(file, sizeof file, "%s/tiny.txt", n1.dir);
+  const char *save_file[] = {"--save", file, NULL};
+  hd_tiny_spec(&spec, n1.dir, 2, save_file);
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--save"));
+  assert_non_null(strstr(err.msg, "is a file"));
+
+  /* at placement: the data file went away while the job waited */
+  char data[200];
+  snprintf(data, sizeof data, "%s/only-here.txt", n1.dir);
+  FILE *f = fopen(file, "r"), *g = fopen(data, "w");
+  char buf[4096];
+  size_t k;
+  while ((k = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, k, g);
+  fclose(f);
+  fclose(g);
+  const char *later[] = {"--data-path", data, NULL};
+  hd_tiny_spec(&spec, n1.dir, 2, later);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  unlink(data);
+  assert_true(hd_start(&n2, "f2", 1, n1.addr, NULL, NULL));
+  hd_watch w;
+  hd_watch_job(&n1, id, true, 30000, &w);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(FAILED));
+  fprintf(stderr, "refused at placement: %s\n", w.final->error);
+  assert_non_null(strstr(w.final->error, "cannot read --data-path"));
+  assert_non_null(strstr(w.final->error, "node f"));
+  assert_null(strstr(w.events_text, "started"));
+  hd_watch_free(&w);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hd_cleanup_all();
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test_teardown(test_waiting_job_runs_when_node_returns, teardown),
+      cmocka_unit_test_teardown(test_state_dir_is_locked, teardown),
+      cmocka_unit_test_teardown(test_damaged_journal_keeps_jobs, teardown),
+      cmocka_unit_test_teardown(test_files_checked_before_ranks_start, teardown),
+  };
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
+  return cmocka_run_group_tests(all, NULL, NULL);
+}
