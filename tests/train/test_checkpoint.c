@@ -16,66 +16,17 @@
 #include <jansson.h>
 
 #include "ckpt_util.h"
+#include "tiny_model.h"
 #include "worker/backend/backend.h"
 #include "worker/checkpoint.h"
 #include "worker/model/gpt.h"
 #include "worker/model/safetensors.h"
 #include "worker/optim.h"
 
-/* A tiny model with an optimizer that has taken one step, so the params and
- * both moments hold distinct values. */
-typedef struct model {
-  mega_backend *be;
-  mega_gpt_config cfg;
-  mega_gpt_stage *s;
-  mega_optim *o;
-  mega_ckpt_param *cp;
-  size_t n;
-} model;
+typedef tu_model model;
 
-static void model_make(model *m, uint64_t seed) {
-  mega_err err = {0};
-  assert_int_equal(mega_backend_cpu_create(NULL, &m->be, &err), MEGA_OK);
-  mega_gpt_config_default(&m->cfg);
-  m->cfg.max_seq_len = 8;
-  m->cfg.num_layers = 2;
-  m->cfg.num_heads = 2;
-  m->cfg.channels = 16;
-  m->cfg.seed = seed;
-  mega_gpt_stage_desc d = {.embedding = true, .loss = true, .first_layer = 0, .num_layers = 2};
-  assert_int_equal(mega_gpt_stage_create(m->be, &m->cfg, &d, &m->s, &err), MEGA_OK);
-  int count;
-  const mega_param_info *pi = mega_gpt_params(m->s, &count);
-  float *p = mega_gpt_param_data(m->s), *g = mega_gpt_grad_data(m->s);
-  size_t total = mega_gpt_num_params(m->s);
-  for (size_t i = 0; i < total; i++) g[i] = (float)((i * 2654435761u + seed) % 1000) / 1000.0f - 0.5f;
-  mega_optim_range *r = calloc((size_t)count, sizeof *r);
-  m->cp = calloc((size_t)count, sizeof *m->cp);
-  m->n = (size_t)count;
-  for (int i = 0; i < count; i++)
-    r[i] = (mega_optim_range){p + pi[i].offset, g + pi[i].offset, pi[i].numel, pi[i].decay};
-  mega_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
-                           .clip_grad = 1.0};
-  assert_int_equal(mega_optim_create(m->be, r, m->n, &hp, &m->o, &err), MEGA_OK);
-  free(r);
-  double ss;
-  assert_int_equal(mega_optim_grad_sumsq(m->o, &ss, &err), MEGA_OK);
-  assert_int_equal(mega_optim_step(m->o, ss, 1e-3, NULL, &err), MEGA_OK);
-  for (int i = 0; i < count; i++) {
-    m->cp[i] = (mega_ckpt_param){.name = pi[i].name, .ndim = pi[i].ndim,
-                                 .shape = {pi[i].shape[0], pi[i].shape[1]},
-                                 .numel = pi[i].numel, .param = p + pi[i].offset,
-                                 .exp_avg = mega_optim_exp_avg(m->o, (size_t)i),
-                                 .exp_avg_sq = mega_optim_exp_avg_sq(m->o, (size_t)i)};
-  }
-}
-
-static void model_free(model *m) {
-  mega_optim_destroy(m->o);
-  mega_gpt_stage_destroy(m->s);
-  mega_backend_destroy(m->be);
-  free(m->cp);
-}
+static void model_make(model *m, uint64_t seed) { assert_true(tu_model_make(m, seed, 2, 0.1)); }
+static void model_free(model *m) { tu_model_free(m); }
 
 static void assert_same(const model *a, const model *b) {
   assert_int_equal(a->n, b->n);
