@@ -157,13 +157,14 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                          err);
   if (s != MEGA_OK) return s;
   d->svc = (megad_services){.b = &d->base, .jobs = &d->jobs, .members = &d->members,
-                            .L = &d->launcher, .coord = &d->coord};
+                            .L = &d->launcher, .coord = &d->coord, .srv = d->srv};
   megad_control_register(&d->svc, d->srv);
   megad_peer_register(&d->svc, d->srv);
   megad_kvserve_register(&d->kvs, d->srv);
   megad_members_register(&d->members, d->srv);
   if ((s = mega_rpc_server_start(d->srv, err)) != MEGA_OK) return s;
-  if (o->metrics_listen && (s = megad_http_start(&d->svc, o->metrics_listen, err)) != MEGA_OK)
+  if (o->metrics_listen &&
+      (s = megad_metrics_start(&d->svc, o->metrics_listen, o->metrics_token, err)) != MEGA_OK)
     return s;
 
   megad_members_start(&d->members);
@@ -250,7 +251,7 @@ static void stop_step(uv_timer_t *t) {
     char why[128];
     snprintf(why, sizeof why, "megad on %s is shutting down", d->base.node_id);
     megad_watch_drop_all(&d->jobs.watchers, why);
-    megad_http_stop(&d->svc);
+    megad_metrics_stop(&d->svc);
     mega_rpc_server_shutdown(d->srv, 500, server_down, st);
     return;
   default:

@@ -22,6 +22,7 @@ typedef struct megad_opts {
   const char *advertise;      /* host peers and workers use; NULL: the listen host */
   const char *worker_path;    /* NULL: megaw next to megad */
   const char *metrics_listen; /* "127.0.0.1:9100"; NULL: no /metrics */
+  const char *metrics_token;  /* wanted as a bearer token on /metrics; NULL: open */
   bool quiet;                 /* megad run: no log lines on stderr but warnings */
   unsigned heartbeat_interval_ms; /* 0: 250 */
   unsigned heartbeat_timeout_ms;  /* 0: 1500 */

@@ -1,274 +1,253 @@
-/* GET /metrics: Prometheus text for the jobs this megad coordinates. A tiny
- * HTTP/1.0 responder on libuv: one request per connection, then close. */
+/* libmicrohttpd driven from libuv. MHD runs in external polling mode with
+ * epoll: all its sockets sit in one epoll fd, which a uv_poll_t watches;
+ * MHD_get_timeout says when it next needs a turn (a connection to time out,
+ * or 0 when it has work left that no fd will announce, as epoll is
+ * edge-triggered inside MHD), which a uv_timer_t keeps. Every MHD_run is on
+ * the loop thread, so no locks. */
+#include "daemon/http.h"
+
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
-#include "daemon/services.h"
+#include <microhttpd.h>
 
-#define REQ_MAX 8192
+struct megad_http {
+  megad_http_opts o;
+  char *token, *path, *content_type; /* owned copies */
+  size_t token_len;
+  struct MHD_Daemon *d;
+  uv_poll_t poll;
+  uv_timer_t timer;
+  int open_handles;
+  unsigned port;
+  unsigned conns; /* connections after the last turn */
+  char last_log[256]; /* MHD's last complaint, for the start error */
+};
 
-typedef struct http_srv {
-  megad_services *s;
-  uv_tcp_t tcp;
-  int conns;
-  bool closing;
-} http_srv;
+/* ---- answering ---- */
 
-typedef struct http_conn {
-  http_srv *s;
-  uv_tcp_t tcp;
-  char req[REQ_MAX];
-  size_t len;
-  bool answered;
-} http_conn;
-
-typedef struct http_write {
-  uv_write_t w;
-  char *buf;
-} http_write;
-
-/* ---- the page ---- */
-
-typedef struct sbuf {
-  char *p;
-  size_t len, cap;
-} sbuf;
-
-static void addf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void addf(sbuf *b, const char *fmt, ...) {
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if (b->p && b->len + (size_t)n < b->cap) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
-    char *p = realloc(b->p, cap);
-    if (!p) return;
-    b->p = p;
-    b->cap = cap;
-  }
+/* Equal without a timing that depends on where a guess goes wrong: every
+ * byte of the configured token is looked at, whatever was sent. */
+static bool token_equal(const char *sent, size_t sent_len, const char *want, size_t want_len) {
+  volatile unsigned char diff = sent_len != want_len;
+  for (size_t i = 0; i < want_len; i++)
+    diff |= (unsigned char)((i < sent_len ? sent[i] : 0) ^ want[i]);
+  return diff == 0;
 }
 
-/* Label values escape backslash, quote and newline. */
-static void label(char *out, size_t cap, const char *s) {
-  size_t o = 0;
-  for (; s && *s && o + 3 < cap; s++) {
-    if (*s == '\\' || *s == '"') out[o++] = '\\';
-    if (*s == '\n') {
-      out[o++] = '\\';
-      out[o++] = 'n';
-      continue;
-    }
-    out[o++] = *s;
-  }
-  out[o] = '\0';
+static bool authorized(megad_http *h, struct MHD_Connection *c) {
+  if (!h->token) return true;
+  const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+  if (!v || strncasecmp(v, "Bearer ", 7)) return false; /* the scheme is case-blind (RFC 7235) */
+  v += 7;
+  while (*v == ' ') v++;
+  return token_equal(v, strlen(v), h->token, h->token_len);
 }
 
-static char *page(megad_services *sv) {
-  const mega_jobs *jobs = &sv->jobs->t;
-  sbuf b = {0};
-  static const mega_job_state states[] = {MEGA_JOB_PENDING, MEGA_JOB_RUNNING, MEGA_JOB_SUCCEEDED,
-                                          MEGA_JOB_FAILED, MEGA_JOB_CANCELLED, MEGA_JOB_RESTARTING};
-  addf(&b, "# HELP mega_jobs Jobs this megad coordinates, by state.\n# TYPE mega_jobs gauge\n");
-  for (size_t s = 0; s < sizeof states / sizeof states[0]; s++) {
-    size_t n = 0;
-    for (size_t i = 0; i < jobs->n; i++) n += jobs->v[i]->state == states[s];
-    addf(&b, "mega_jobs{state=\"%s\"} %zu\n", mega_job_state_name(states[s]), n);
-  }
-  addf(&b, "# HELP mega_node_slots Worker slots of this node.\n# TYPE mega_node_slots gauge\n"
-           "mega_node_slots %u\n# HELP mega_node_slots_used Slots running workers.\n"
-           "# TYPE mega_node_slots_used gauge\nmega_node_slots_used %u\n",
-       sv->L->o.slots, sv->L->slots_used);
-  /* Prometheus wants each family's lines together: one pass per family. */
-  size_t n = jobs->n;
-  char (*ids)[256] = calloc(n ? n : 1, sizeof *ids);
-  if (!ids) return b.p;
-  for (size_t i = 0; i < n; i++) label(ids[i], sizeof ids[i], jobs->v[i]->id);
-  addf(&b, "# HELP mega_job_last_iteration The last iteration every rank finished.\n"
-           "# TYPE mega_job_last_iteration gauge\n");
-  for (size_t i = 0; i < n; i++) {
-    char name[256];
-    label(name, sizeof name, jobs->v[i]->name);
-    addf(&b, "mega_job_last_iteration{job=\"%s\",name=\"%s\",state=\"%s\"} %llu\n", ids[i],
-         name, mega_job_state_name(jobs->v[i]->state),
-         (unsigned long long)jobs->v[i]->last_iteration);
-  }
-  addf(&b, "# HELP mega_job_loss Loss of the last iteration.\n# TYPE mega_job_loss gauge\n");
-  for (size_t i = 0; i < n; i++)
-    if (jobs->v[i]->last_step)
-      addf(&b, "mega_job_loss{job=\"%s\"} %.9g\n", ids[i], jobs->v[i]->last_step->loss);
-  addf(&b, "# HELP mega_job_tokens_per_second Global tokens per second, last iteration.\n"
-           "# TYPE mega_job_tokens_per_second gauge\n");
-  for (size_t i = 0; i < n; i++)
-    if (jobs->v[i]->last_step)
-      addf(&b, "mega_job_tokens_per_second{job=\"%s\"} %.9g\n", ids[i],
-           jobs->v[i]->last_step->tokens_per_s);
-  addf(&b, "# HELP mega_job_bubble_fraction Pipeline bubble time over step time, all ranks.\n"
-           "# TYPE mega_job_bubble_fraction gauge\n");
-  for (size_t i = 0; i < n; i++) {
-    const Mega__V1__StepMetrics *s = jobs->v[i]->last_step;
-    if (!s) continue;
-    double bubble = 0, time = 0;
-    for (size_t r = 0; r < s->n_ranks; r++) {
-      bubble += s->ranks[r]->bubble_s;
-      time += s->ranks[r]->step_time_s;
-    }
-    addf(&b, "mega_job_bubble_fraction{job=\"%s\"} %.6f\n", ids[i], time > 0 ? bubble / time : 0.0);
-  }
-  addf(&b, "# HELP mega_rank_bubble_fraction One rank's bubble time over its step time.\n"
-           "# TYPE mega_rank_bubble_fraction gauge\n");
-  for (size_t i = 0; i < n; i++) {
-    const Mega__V1__StepMetrics *s = jobs->v[i]->last_step;
-    for (size_t r = 0; s && r < s->n_ranks; r++) {
-      const Mega__V1__RankMetrics *m = s->ranks[r];
-      addf(&b, "mega_rank_bubble_fraction{job=\"%s\",rank=\"%u\",pp_rank=\"%u\"} %.6f\n", ids[i],
-           m->rank, m->pp_rank, m->step_time_s > 0 ? m->bubble_s / m->step_time_s : 0.0);
-    }
-  }
-  addf(&b, "# HELP mega_job_step_report_delay_seconds From the slowest rank's step end to the "
-           "coordinator's merge.\n# TYPE mega_job_step_report_delay_seconds summary\n");
-  for (size_t i = 0; i < n; i++) {
-    const mega_job *j = jobs->v[i];
-    if (j->report_delay_n)
-      addf(&b, "mega_job_step_report_delay_seconds_sum{job=\"%s\"} %.9g\n"
-               "mega_job_step_report_delay_seconds_count{job=\"%s\"} %llu\n",
-           ids[i], j->report_delay_sum_s, ids[i], (unsigned long long)j->report_delay_n);
-  }
-  free(ids);
-  return b.p;
-}
-
-/* ---- the responder ---- */
-
-static void conn_closed(uv_handle_t *h) {
-  http_conn *c = h->data;
-  http_srv *s = c->s;
-  free(c);
-  if (--s->conns == 0 && s->closing) free(s);
-}
-
-static void written(uv_write_t *w, int status) {
-  (void)status;
-  http_write *hw = (http_write *)w;
-  http_conn *c = w->data;
-  free(hw->buf);
-  free(hw);
-  if (!uv_is_closing((uv_handle_t *)&c->tcp)) uv_close((uv_handle_t *)&c->tcp, conn_closed);
-}
-
-static void respond(http_conn *c, int code, const char *type, const char *body) {
-  c->answered = true;
-  uv_read_stop((uv_stream_t *)&c->tcp);
-  http_write *hw = calloc(1, sizeof *hw);
-  const char *reason = code == 200 ? "OK" : code == 404 ? "Not Found" : "Bad Request";
-  if (!hw || asprintf(&hw->buf,
-                      "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                      "Connection: close\r\n\r\n%s",
-                      code, reason, type, strlen(body), body) < 0) {
-    free(hw);
-    uv_close((uv_handle_t *)&c->tcp, conn_closed);
-    return;
-  }
-  hw->w.data = c;
-  uv_buf_t buf = uv_buf_init(hw->buf, (unsigned)strlen(hw->buf));
-  if (uv_write(&hw->w, (uv_stream_t *)&c->tcp, &buf, 1, written)) {
-    free(hw->buf);
-    free(hw);
-    uv_close((uv_handle_t *)&c->tcp, conn_closed);
-  }
-}
-
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)suggested;
-  http_conn *c = h->data;
-  buf->base = c->req + c->len;
-  buf->len = REQ_MAX - 1 - c->len;
-}
-
-static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
-  (void)buf;
-  http_conn *c = st->data;
-  if (c->answered) return;
-  if (n < 0) {
-    uv_close((uv_handle_t *)&c->tcp, conn_closed);
-    return;
-  }
-  c->len += (size_t)n;
-  c->req[c->len] = '\0';
-  if (!strstr(c->req, "\r\n\r\n") && !strstr(c->req, "\n\n")) {
-    if (c->len >= REQ_MAX - 1) respond(c, 400, "text/plain", "request too large\n");
-    return;
-  }
-  if (!strncmp(c->req, "GET /metrics ", 13) || !strncmp(c->req, "GET /metrics?", 13)) {
-    char *body = page(c->s->s);
-    respond(c, 200, "text/plain; version=0.0.4", body ? body : "");
+static enum MHD_Result answer(megad_http *h, struct MHD_Connection *c, unsigned code,
+                              const char *type, char *body, size_t len) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+  if (!r) {
     free(body);
-  } else if (!strncmp(c->req, "GET ", 4)) {
-    respond(c, 404, "text/plain", "megad serves only /metrics\n");
-  } else {
-    respond(c, 400, "text/plain", "only GET is served\n");
+    return MHD_NO;
   }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  if (code == MHD_HTTP_UNAUTHORIZED)
+    MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"megad\"");
+  if (code == MHD_HTTP_METHOD_NOT_ALLOWED) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  enum MHD_Result ret = MHD_queue_response(c, code, r);
+  MHD_destroy_response(r);
+  if (ret == MHD_YES && h->o.count) h->o.count(h->o.arg, code);
+  return ret;
 }
 
-static void on_conn(uv_stream_t *server, int status) {
-  http_srv *s = server->data;
-  if (status < 0 || s->closing) return;
-  http_conn *c = calloc(1, sizeof *c);
-  if (!c) return;
-  c->s = s;
-  uv_tcp_init(s->s->b->loop, &c->tcp);
-  c->tcp.data = c;
-  s->conns++;
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) ||
-      uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read))
-    uv_close((uv_handle_t *)&c->tcp, conn_closed);
+static enum MHD_Result answer_text(megad_http *h, struct MHD_Connection *c, unsigned code,
+                                   const char *text) {
+  char *body = strdup(text);
+  if (!body) return MHD_NO;
+  return answer(h, c, code, "text/plain; charset=utf-8", body, strlen(body));
 }
 
-static void listener_closed(uv_handle_t *h) {
-  http_srv *s = h->data;
-  if (--s->conns == 0) free(s);
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+  (void)version;
+  (void)upload_data;
+  megad_http *h = cls;
+  if (*upload_data_size) { /* a body nobody asked for: drop it */
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  if (*con_cls) return MHD_YES; /* answered already; the body's end */
+  *con_cls = h;
+  if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
+    return answer_text(h, c, MHD_HTTP_METHOD_NOT_ALLOWED, "megad serves only GET\n");
+  if (!authorized(h, c))
+    return answer_text(h, c, MHD_HTTP_UNAUTHORIZED,
+                       "megad wants a token here: send the header "
+                       "'Authorization: Bearer TOKEN' with megad's cluster token\n");
+  if (strcmp(url, h->path)) {
+    char msg[320];
+    snprintf(msg, sizeof msg, "megad serves only %s\n", h->path);
+    return answer_text(h, c, MHD_HTTP_NOT_FOUND, msg);
+  }
+  size_t len = 0;
+  char *body = h->o.body(h->o.arg, &len);
+  if (!body) return answer_text(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+  return answer(h, c, MHD_HTTP_OK, h->content_type, body, len);
 }
 
-mega_status megad_http_start(megad_services *sv, const char *addr, mega_err *err) {
-  char host[256];
+/* ---- the loop ---- */
+
+static void on_timer(uv_timer_t *t);
+
+/* One turn of MHD, then its next deadline on the timer. A connection that
+ * closed may have freed a slot: MHD puts its listening socket back into
+ * epoll only at the start of its next turn, so that turn comes at once (a
+ * client waiting in the backlog makes no new edge to wake us). */
+static void drive(megad_http *h) {
+  MHD_run(h->d);
+  const union MHD_DaemonInfo *ci = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+  unsigned conns = ci ? ci->num_connections : 0;
+  bool freed = conns < h->conns;
+  h->conns = conns;
+  MHD_UNSIGNED_LONG_LONG ms;
+  if (freed)
+    uv_timer_start(&h->timer, on_timer, 0, 0);
+  else if (MHD_get_timeout(h->d, &ms) == MHD_YES)
+    uv_timer_start(&h->timer, on_timer, ms > 60000 ? 60000 : (uint64_t)ms, 0);
+  else
+    uv_timer_stop(&h->timer);
+}
+
+static void on_timer(uv_timer_t *t) { drive(t->data); }
+
+static void on_poll(uv_poll_t *p, int status, int events) {
+  (void)status;
+  (void)events;
+  drive(p->data);
+}
+
+static void on_log(void *arg, const char *fmt, va_list ap) {
+  megad_http *h = arg;
+  vsnprintf(h->last_log, sizeof h->last_log, fmt, ap);
+  size_t n = strlen(h->last_log);
+  while (n && (h->last_log[n - 1] == '\n' || h->last_log[n - 1] == '.')) h->last_log[--n] = '\0';
+  if (h->o.log) h->o.log(h->o.arg, h->last_log);
+}
+
+/* ---- start, stop ---- */
+
+/* HOST:PORT or [V6]:PORT into sa; false when it is not that. */
+static bool parse_addr(const char *addr, struct sockaddr_storage *sa, bool *v6, char *why,
+                       size_t whylen) {
   const char *colon = strrchr(addr, ':');
-  if (!colon || colon == addr)
-    return mega_fail(err, MEGA_ERR_INVALID, "--metrics-listen %s: give HOST:PORT", addr);
-  snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
-  int port = atoi(colon + 1);
-  struct sockaddr_storage sa;
-  if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) &&
-      uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa))
-    return mega_fail(err, MEGA_ERR_INVALID, "--metrics-listen %s: '%s' is not an IP address", addr,
-                     host);
-  http_srv *s = calloc(1, sizeof *s);
-  if (!s) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-  s->s = sv;
-  s->conns = 1; /* the listener itself */
-  uv_tcp_init(sv->b->loop, &s->tcp);
-  s->tcp.data = s;
-  int rc = uv_tcp_bind(&s->tcp, (struct sockaddr *)&sa, 0);
-  if (!rc) rc = uv_listen((uv_stream_t *)&s->tcp, 64, on_conn);
-  if (rc) {
-    s->closing = true;
-    uv_close((uv_handle_t *)&s->tcp, listener_closed);
-    return mega_fail(err, MEGA_ERR_IO, "cannot serve /metrics on %s: %s", addr, uv_strerror(rc));
+  if (!colon || colon == addr) {
+    snprintf(why, whylen, "give HOST:PORT");
+    return false;
   }
-  sv->http = s;
+  char host[256];
+  const char *hs = addr;
+  size_t hl = (size_t)(colon - addr);
+  if (hl >= 2 && hs[0] == '[' && hs[hl - 1] == ']') {
+    hs++;
+    hl -= 2;
+  }
+  if (hl >= sizeof host) {
+    snprintf(why, whylen, "the host is too long");
+    return false;
+  }
+  memcpy(host, hs, hl);
+  host[hl] = '\0';
+  char *end;
+  long port = strtol(colon + 1, &end, 10);
+  if (!colon[1] || *end || port < 0 || port > 65535) {
+    snprintf(why, whylen, "the port must be a number from 0 to 65535");
+    return false;
+  }
+  memset(sa, 0, sizeof *sa);
+  *v6 = false;
+  if (!uv_ip4_addr(host, (int)port, (struct sockaddr_in *)sa)) return true;
+  if (!uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)sa)) {
+    *v6 = true;
+    return true;
+  }
+  snprintf(why, whylen, "'%s' is not an IP address", host);
+  return false;
+}
+
+static void free_http(megad_http *h) {
+  free(h->token);
+  free(h->path);
+  free(h->content_type);
+  free(h);
+}
+
+mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_http **out,
+                             mega_err *err) {
+  struct sockaddr_storage sa;
+  bool v6;
+  char why[320];
+  if (!o->listen || !parse_addr(o->listen, &sa, &v6, why, sizeof why))
+    return mega_fail(err, MEGA_ERR_INVALID, "listen address %s: %s", o->listen ? o->listen : "",
+                     why);
+  megad_http *h = calloc(1, sizeof *h);
+  if (!h) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  h->o = *o;
+  h->path = strdup(o->path ? o->path : "/");
+  h->content_type = strdup(o->content_type ? o->content_type : "text/plain");
+  h->token = o->token && o->token[0] ? strdup(o->token) : NULL;
+  h->token_len = h->token ? strlen(h->token) : 0;
+  if (!h->path || !h->content_type || (o->token && o->token[0] && !h->token)) {
+    free_http(h);
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  }
+  h->d = MHD_start_daemon(
+      MHD_USE_EPOLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0), 0, NULL, NULL, on_request, h,
+      MHD_OPTION_EXTERNAL_LOGGER, on_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->conn_limit ? o->conn_limit : 64),
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->per_ip_limit ? o->per_ip_limit : 16),
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s ? o->timeout_s : 10),
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)32768,
+      MHD_OPTION_LISTEN_BACKLOG_SIZE, 64u, MHD_OPTION_END);
+  const union MHD_DaemonInfo *ep = h->d ? MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
+  if (!ep) {
+    mega_status s = mega_fail(err, MEGA_ERR_IO, "cannot serve HTTP on %s: %s", o->listen,
+                              h->last_log[0] ? h->last_log : "libmicrohttpd would not start");
+    if (h->d) MHD_stop_daemon(h->d);
+    free_http(h);
+    return s;
+  }
+  const union MHD_DaemonInfo *pi = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+  h->port = pi ? pi->port : 0;
+  uv_timer_init(loop, &h->timer);
+  uv_poll_init(loop, &h->poll, ep->epoll_fd);
+  h->timer.data = h->poll.data = h;
+  h->open_handles = 2;
+  uv_poll_start(&h->poll, UV_READABLE, on_poll);
+  drive(h);
+  *out = h;
   return MEGA_OK;
 }
 
-void megad_http_stop(megad_services *sv) {
-  http_srv *s = sv->http;
-  if (!s) return;
-  sv->http = NULL;
-  s->closing = true;
-  uv_close((uv_handle_t *)&s->tcp, listener_closed);
+unsigned megad_http_port(const megad_http *h) { return h->port; }
+
+static void handle_closed(uv_handle_t *hd) {
+  megad_http *h = hd->data;
+  if (--h->open_handles == 0) free_http(h);
+}
+
+void megad_http_stop(megad_http *h) {
+  if (!h) return;
+  /* libuv lets go of the epoll fd before MHD closes it */
+  uv_poll_stop(&h->poll);
+  uv_close((uv_handle_t *)&h->poll, handle_closed);
+  uv_close((uv_handle_t *)&h->timer, handle_closed);
+  MHD_stop_daemon(h->d);
+  h->d = NULL;
 }

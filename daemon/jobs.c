@@ -136,6 +136,7 @@ mega_status megad_jobs_save(megad_jobs *js, const mega_job *j, mega_err *err) {
 mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
   mega_status s = megad_jobs_save(js, j, err);
   if (s == MEGA_OK) s = mega_jobs_add(&js->t, j, err);
+  if (s == MEGA_OK) js->stats.submitted++;
   return s;
 }
 
@@ -146,6 +147,7 @@ mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
 static void broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobResponse *item) {
   megad_watch_drops d;
   megad_watch_broadcast(&js->watchers, j, item, &d);
+  js->stats.watchers_dropped += d.n;
   size_t shown = d.n < 8 ? d.n : 8;
   for (size_t i = 0; i < shown; i++)
     megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
@@ -171,6 +173,8 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
   ev.has_rank = rank >= 0;
   ev.rank = rank >= 0 ? (uint32_t)rank : 0;
   ev.attempt = j->attempt;
+  if ((unsigned)kind < sizeof js->stats.events / sizeof js->stats.events[0])
+    js->stats.events[kind]++;
   Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
   item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
   item.event = &ev;
@@ -189,6 +193,7 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
 
 void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *step) {
   if (step->iteration > j->last_iteration) j->last_iteration = step->iteration;
+  js->stats.steps++;
   Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
   item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
   item.step = (Mega__V1__StepMetrics *)step;
@@ -222,6 +227,7 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
     free(buf);
   }
   megad_jobs_save(js, j, NULL);
+  js->stats.finished[state == MEGA_JOB_SUCCEEDED ? 0 : state == MEGA_JOB_CANCELLED ? 2 : 1]++;
   if (state == MEGA_JOB_SUCCEEDED)
     megad_job_event(js, j, end_kind(state), NULL, -1, "succeeded after %llu iteration%s",
                     (unsigned long long)j->last_iteration, j->last_iteration == 1 ? "" : "s");

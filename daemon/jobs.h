@@ -20,11 +20,21 @@
 #include "daemon/journal.h"
 #include "daemon/watch.h"
 
+/* What happened since this megad started (for /metrics). */
+typedef struct megad_jobs_stats {
+  uint64_t submitted;
+  uint64_t finished[3]; /* succeeded, failed, cancelled */
+  uint64_t events[16];  /* by JobEventKind */
+  uint64_t steps;       /* merged steps */
+  uint64_t watchers_dropped;
+} megad_jobs_stats;
+
 typedef struct megad_jobs {
   megad_base *b;
   mega_jobs t;
   mega_journal *journal;
   megad_watchers watchers;
+  megad_jobs_stats stats;
 } megad_jobs;
 
 /* Opens STATE/journal and replays it into the table. A torn tail or damage

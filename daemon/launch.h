@@ -65,6 +65,7 @@ typedef struct megad_launcher {
   uv_timer_t tick; /* pings and the watchdog */
   bool tick_on;
   uint64_t last_ping_ms;
+  uint64_t steps_relayed; /* workers' step reports passed on (for /metrics) */
 } megad_launcher;
 
 mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,

@@ -19,6 +19,7 @@ static bool queue_push(void ***v, size_t *n, void *item) {
 
 void relay_step(megad_launch *l, const Mega__V1__StepReport *r) {
   megad_launcher *L = l->L;
+  L->steps_relayed++;
   if (l->coord_local) {
     if (L->cbs.step) L->cbs.step(L->cbs.arg, l->req->job_id, l->req->attempt, L->b->node_id, r);
     return;

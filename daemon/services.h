@@ -1,7 +1,7 @@
 /* The service layer: what the wire asks of megad, on top of every other
  * layer. control.c serves Control (forwarding calls about a job to its
  * coordinator when another node owns it), peer.c the Peer calls about jobs,
- * http.c GET /metrics. Members and kvserve register their own calls. */
+ * metrics.c GET /metrics (served by http.c). Members and kvserve register their own calls. */
 #ifndef MEGA_DAEMON_SERVICES_H
 #define MEGA_DAEMON_SERVICES_H
 
@@ -13,7 +13,8 @@ typedef struct megad_services {
   megad_members *members;
   megad_launcher *L;
   megad_coord *coord;
-  void *http; /* http.c */
+  mega_rpc_server *srv; /* for its per-method counts; may be NULL */
+  void *http;           /* metrics.c */
 } megad_services;
 
 void megad_control_register(megad_services *s, mega_rpc_server *srv);
@@ -26,7 +27,10 @@ void megad_peer_register(megad_services *s, mega_rpc_server *srv);
 bool megad_forward(megad_services *s, mega_rpc_call *call, const char *job_id,
                    const ProtobufCMessage *req);
 
-mega_status megad_http_start(megad_services *s, const char *addr, mega_err *err);
-void megad_http_stop(megad_services *s);
+/* GET /metrics on addr ("HOST:PORT"); token (NULL: open) is then wanted as
+ * `Authorization: Bearer TOKEN`. */
+mega_status megad_metrics_start(megad_services *s, const char *addr, const char *token,
+                                mega_err *err);
+void megad_metrics_stop(megad_services *s);
 
 #endif

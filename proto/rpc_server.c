@@ -23,6 +23,7 @@ typedef struct method_entry {
   mega_rpc_handler fn;
   void *data;
   void *registered; /* gRPC's handle for the path */
+  uint64_t served;  /* calls handed to fn */
 } method_entry;
 
 typedef struct out_msg {
@@ -295,6 +296,7 @@ static void on_new(mega_rpc_tag *t, bool ok) {
     } else {
       c->held = true;
       c->refs++;
+      c->me->served++;
       c->me->fn(c, c->req, c->me->data);
     }
   }
@@ -438,8 +440,17 @@ mega_status mega_rpc_server_handle(mega_rpc_server *s, const mega_rpc_method *m,
   void *reg = grpc_server_register_method(s->server, m->path, NULL,
                                           GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
   if (!reg) return mega_fail(err, MEGA_ERR_INVALID, "gRPC refused to register %s", m->path);
-  s->methods[s->n_methods++] = (method_entry){m, fn, data, reg};
+  s->methods[s->n_methods++] = (method_entry){m, fn, data, reg, 0};
   return MEGA_OK;
+}
+
+size_t mega_rpc_server_served(const mega_rpc_server *s, size_t i, const char **path,
+                              uint64_t *served) {
+  if (i < s->n_methods) {
+    *path = s->methods[i].m->path;
+    *served = s->methods[i].served;
+  }
+  return s->n_methods;
 }
 
 static void errno_sentence(int e, char *buf, size_t n) {

@@ -69,6 +69,12 @@ mega_status mega_rpc_server_start(mega_rpc_server *srv, mega_err *err);
 void mega_rpc_server_shutdown(mega_rpc_server *srv, unsigned grace_ms, void (*done)(void *arg),
                               void *arg);
 
+/* Method i's path and how many calls went to its handler so far (a counter
+ * for /metrics); returns how many methods have handlers (i past them sets
+ * nothing). */
+size_t mega_rpc_server_served(const mega_rpc_server *srv, size_t i, const char **path,
+                              uint64_t *served);
+
 /* ---- answering ---- */
 
 /* Sends resp and ends the call with OK (unary, or a one-message stream). */

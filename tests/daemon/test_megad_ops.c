@@ -131,7 +131,37 @@ static void test_trace(void **state) {
   hd_cleanup(&d);
 }
 
-/* GET /metrics: Prometheus text with the jobs and their last step. */
+/* GET on 127.0.0.1:port; the whole answer (the caller frees). */
+static char *http_get(int port, const char *path) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  char req[256];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
+  assert_int_equal(write(s, req, (size_t)n), n);
+  size_t cap = 1 << 16, got = 0;
+  char *page = malloc(cap);
+  ssize_t r;
+  while ((r = read(s, page + got, cap - 1 - got)) > 0) got += (size_t)r;
+  close(s);
+  page[got] = '\0';
+  return page;
+}
+
+typedef struct metrics_seen {
+  int port;
+  char *running; /* the page while the job ran */
+} metrics_seen;
+
+static void fetch_on_step(void *arg, const Mega__V1__WatchJobResponse *item) {
+  metrics_seen *m = arg;
+  if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && !m->running)
+    m->running = http_get(m->port, "/metrics");
+}
+
+/* GET /metrics: Prometheus text. A running job has series by its id (never
+ * by its user-given name); a finished one leaves only the counters. */
 static void test_metrics_page(void **state) {
   (void)state;
   /* a free port for --metrics-listen */
@@ -148,44 +178,50 @@ static void test_metrics_page(void **state) {
   hd d;
   assert_true(hd_start(&d, "m1", 1, NULL, NULL, extra));
   Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, d.dir, 2, NULL);
+  hd_tiny_spec(&spec, d.dir, 20, NULL);
+  spec.name = "user-name";
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  metrics_seen m = {.port = ntohs(sa.sin_port)};
   hd_watch w;
-  hd_watch_job(&d, id, false, 60000, &w);
-  assert_int_equal(w.final->state, STATE(SUCCEEDED));
+  hd_watch_job_cb(&d, id, false, 60000, &w, fetch_on_step, &m);
+  assert_true(hd_succeeded(&d, &w));
   hd_watch_free(&w);
 
-  s = socket(AF_INET, SOCK_STREAM, 0);
-  assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof sa), 0);
-  const char req[] = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-  assert_int_equal(write(s, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
-  char page[16384];
-  size_t n = 0;
-  ssize_t r;
-  while ((r = read(s, page + n, sizeof page - 1 - n)) > 0) n += (size_t)r;
-  close(s);
-  page[n] = '\0';
-  assert_non_null(strstr(page, "HTTP/1.0 200 OK"));
-  assert_non_null(strstr(page, "mega_jobs{state=\"succeeded\"} 1"));
-  char want[128];
-  snprintf(want, sizeof want, "mega_job_last_iteration{job=\"%s\"", id);
-  assert_non_null(strstr(page, want));
-  snprintf(want, sizeof want, "mega_job_loss{job=\"%s\"}", id);
-  assert_non_null(strstr(page, want));
-  assert_non_null(strstr(page, "mega_rank_bubble_fraction{"));
-  assert_non_null(strstr(page, "mega_job_tokens_per_second{"));
+  char want[160];
+  assert_non_null(m.running);
+  assert_non_null(strstr(m.running, " 200 OK\r\n"));
+  assert_non_null(strstr(m.running, "mega_jobs{state=\"running\"} 1\n"));
+  snprintf(want, sizeof want, "mega_job_iteration{job=\"%s\"} ", id);
+  assert_non_null(strstr(m.running, want));
+  snprintf(want, sizeof want, "mega_job_loss{job=\"%s\"} ", id);
+  assert_non_null(strstr(m.running, want));
+  snprintf(want, sizeof want, "mega_job_stage_bubble_ratio{job=\"%s\",stage=\"0\"} ", id);
+  assert_non_null(strstr(m.running, want));
+  snprintf(want, sizeof want, "mega_job_tokens_per_second{job=\"%s\"} ", id);
+  assert_non_null(strstr(m.running, want));
+  assert_null(strstr(m.running, "user-name"));
+  free(m.running);
 
-  s = socket(AF_INET, SOCK_STREAM, 0);
-  assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof sa), 0);
-  const char bad[] = "GET /nope HTTP/1.0\r\n\r\n";
-  assert_int_equal(write(s, bad, sizeof bad - 1), (ssize_t)(sizeof bad - 1));
-  n = 0;
-  while ((r = read(s, page + n, sizeof page - 1 - n)) > 0) n += (size_t)r;
-  close(s);
-  page[n] = '\0';
-  assert_non_null(strstr(page, "404"));
+  char *page = http_get(m.port, "/metrics");
+  assert_non_null(strstr(page, " 200 OK\r\n"));
+  assert_non_null(strstr(page, "Content-Type: text/plain; version=0.0.4"));
+  assert_non_null(strstr(page, "\nmega_jobs{state=\"succeeded\"} 1\n"));
+  assert_non_null(strstr(page, "\nmega_jobs_submitted_total 1\n"));
+  assert_non_null(strstr(page, "\nmega_jobs_finished_total{state=\"succeeded\"} 1\n"));
+  assert_non_null(strstr(page, "\nmega_steps_merged_total 20\n"));
+  assert_non_null(
+      strstr(page, "\nmega_rpc_served_total{method=\"/mega.v1.Control/SubmitJob\"} 1\n"));
+  assert_null(strstr(page, "\nmega_worker_steps_relayed_total 0\n"));
+  assert_non_null(strstr(page, "\nprocess_resident_memory_bytes "));
+  assert_non_null(strstr(page, "\nprocess_open_fds "));
+  assert_null(strstr(page, id)); /* the job is over: no series of its own */
+  free(page);
+
+  page = http_get(m.port, "/nope");
+  assert_non_null(strstr(page, " 404 "));
+  free(page);
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
 }

@@ -1,0 +1,285 @@
+/* daemon/http: libmicrohttpd on a libuv loop. Real sockets: a client thread
+ * asks while the test's thread runs the loop. The bearer token, 404 and
+ * 405, a slowloris connection timed out, the connection limit, and bad
+ * listen addresses refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/http.h"
+
+typedef struct srv {
+  uv_loop_t loop;
+  uv_timer_t tick; /* wakes the loop so it sees the client finish */
+  megad_http *h;
+  int bodies;
+  unsigned last_status;
+} srv;
+
+static char *body(void *arg, size_t *len) {
+  srv *s = arg;
+  s->bodies++;
+  char *b = strdup("up 1\n");
+  *len = b ? strlen(b) : 0;
+  return b;
+}
+
+static void count(void *arg, unsigned status) { ((srv *)arg)->last_status = status; }
+
+static void on_tick(uv_timer_t *t) { (void)t; }
+
+static void on_log(void *arg, const char *msg) {
+  (void)arg;
+  fprintf(stderr, "http: %s\n", msg);
+}
+
+static void start(srv *s, const char *token, unsigned conn_limit, unsigned timeout_s) {
+  memset(s, 0, sizeof *s);
+  assert_int_equal(uv_loop_init(&s->loop), 0);
+  uv_timer_init(&s->loop, &s->tick);
+  uv_timer_start(&s->tick, on_tick, 10, 10);
+  megad_http_opts o = {.listen = "127.0.0.1:0", .path = "/metrics",
+                       .content_type = "text/plain; version=0.0.4", .token = token,
+                       .conn_limit = conn_limit, .timeout_s = timeout_s, .body = body,
+                       .count = count, .log = on_log, .arg = s};
+  mega_err err = {0};
+  assert_int_equal(megad_http_start(&s->loop, &o, &s->h, &err), MEGA_OK);
+  assert_true(megad_http_port(s->h) > 0);
+}
+
+static void stop(srv *s) {
+  megad_http_stop(s->h);
+  uv_close((uv_handle_t *)&s->tick, NULL);
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&s->loop), 0);
+}
+
+static int dial(unsigned port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  return fd;
+}
+
+/* ---- a client on its own thread ---- */
+
+typedef struct ask {
+  unsigned port;
+  const char *req;
+  char resp[8192];
+  atomic_bool done;
+} ask;
+
+static void *asker(void *arg) {
+  ask *a = arg;
+  int fd = dial(a->port);
+  size_t n = strlen(a->req);
+  if (write(fd, a->req, n) != (ssize_t)n) a->resp[0] = '\0';
+  size_t got = 0;
+  ssize_t r;
+  while (got < sizeof a->resp - 1 && (r = read(fd, a->resp + got, sizeof a->resp - 1 - got)) > 0)
+    got += (size_t)r;
+  a->resp[got] = '\0';
+  close(fd);
+  atomic_store(&a->done, true);
+  return NULL;
+}
+
+/* Sends req and returns the whole response, the loop running meanwhile. */
+static const char *request(srv *s, ask *a, const char *req) {
+  memset(a, 0, sizeof *a);
+  a->port = megad_http_port(s->h);
+  a->req = req;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, asker, a), 0);
+  while (!atomic_load(&a->done)) uv_run(&s->loop, UV_RUN_ONCE);
+  pthread_join(t, NULL);
+  return a->resp;
+}
+
+static void run_for(srv *s, int ms) {
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    uv_run(&s->loop, UV_RUN_ONCE);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 >= ms) return;
+  }
+}
+
+/* ---- the cases ---- */
+
+static void test_open_server(void **state) {
+  (void)state;
+  srv s;
+  start(&s, NULL, 0, 0);
+  ask a;
+  const char *r = request(&s, &a, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  assert_non_null(strstr(r, "Content-Type: text/plain; version=0.0.4\r\n"));
+  assert_non_null(strstr(r, "\r\n\r\nup 1\n"));
+  assert_int_equal(s.last_status, 200);
+  /* a query string is still the path */
+  r = request(&s, &a, "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  r = request(&s, &a, "GET /nope HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 404 "));
+  assert_non_null(strstr(r, "megad serves only /metrics"));
+  r = request(&s, &a, "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
+  assert_non_null(strstr(r, " 405 "));
+  r = request(&s, &a, "HEAD /metrics HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  assert_null(strstr(r, "up 1"));
+  /* garbage gets an error and a close, and the server goes on */
+  r = request(&s, &a, "\x01\x02garbage\r\n\r\n");
+  assert_null(strstr(r, " 200 "));
+  r = request(&s, &a, "GET /metrics HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  stop(&s);
+}
+
+static void test_bearer_token(void **state) {
+  (void)state;
+  srv s;
+  start(&s, "s3cret-token", 0, 0);
+  ask a;
+  const char *r = request(&s, &a, "GET /metrics HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 401 "));
+  assert_non_null(strstr(r, "WWW-Authenticate: Bearer realm=\"megad\"\r\n"));
+  assert_non_null(strstr(r, "Authorization: Bearer TOKEN"));
+  assert_int_equal(s.last_status, 401);
+  const char *wrong[] = {
+      "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret-toke\r\n\r\n",
+      "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret-token2\r\n\r\n",
+      "GET /metrics HTTP/1.0\r\nAuthorization: Bearer \r\n\r\n",
+      "GET /metrics HTTP/1.0\r\nAuthorization: Basic s3cret-token\r\n\r\n",
+      "GET /metrics HTTP/1.0\r\nAuthorization: s3cret-token\r\n\r\n",
+  };
+  for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+    r = request(&s, &a, wrong[i]);
+    assert_non_null(strstr(r, " 401 "));
+  }
+  /* other paths are not told apart from /metrics without the token */
+  r = request(&s, &a, "GET /nope HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 401 "));
+  assert_int_equal(s.bodies, 0);
+  r = request(&s, &a, "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret-token\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  assert_non_null(strstr(r, "up 1\n"));
+  r = request(&s, &a, "GET /metrics HTTP/1.0\r\nauthorization: bearer s3cret-token\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  assert_int_equal(s.bodies, 2);
+  stop(&s);
+}
+
+/* Whether the server closed fd, running the loop up to ms meanwhile. */
+static bool closed_within(srv *s, int fd, int ms) {
+  for (int waited = 0; waited <= ms; waited += 50) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) == 1) {
+      char c;
+      return read(fd, &c, 1) <= 0;
+    }
+    run_for(s, 50);
+  }
+  return false;
+}
+
+/* A client that sends half a request and waits is closed after the
+ * timeout; one over the connection limit waits in the backlog until a slot
+ * frees, then is served. */
+static void test_slow_and_too_many(void **state) {
+  (void)state;
+  srv s;
+  start(&s, NULL, 2, 3);
+  unsigned port = megad_http_port(s.h);
+  int slow1 = dial(port), slow2 = dial(port);
+  assert_int_equal(write(slow1, "GET /met", 8), 8);
+  run_for(&s, 100);
+  int third = dial(port);
+  const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+  assert_int_equal(write(third, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+  run_for(&s, 300);
+  struct pollfd p = {.fd = third, .events = POLLIN};
+  assert_int_equal(poll(&p, 1, 0), 0); /* over the limit: not served yet */
+  p.fd = slow1;
+  assert_int_equal(poll(&p, 1, 0), 0); /* the timeout is 3 s: still open */
+  /* the slow ones time out, and the third gets its answer */
+  assert_true(closed_within(&s, slow1, 20000));
+  assert_true(closed_within(&s, slow2, 20000));
+  close(slow1);
+  close(slow2);
+  char resp[4096] = "";
+  size_t got = 0;
+  for (int waited = 0; waited < 20000 && !strstr(resp, "up 1"); waited += 50) {
+    run_for(&s, 50);
+    p.fd = third;
+    if (poll(&p, 1, 0) == 1) {
+      ssize_t r = read(third, resp + got, sizeof resp - 1 - got);
+      if (r <= 0) break;
+      got += (size_t)r;
+    }
+    resp[got] = '\0';
+  }
+  resp[got] = '\0';
+  assert_non_null(strstr(resp, " 200 OK\r\n"));
+  close(third);
+  stop(&s);
+}
+
+static void test_bad_listen(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  const char *bad[] = {"127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:80x", "9100",
+                       "localhost:9100", ":9100"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    megad_http_opts o = {.listen = bad[i], .path = "/metrics", .body = body};
+    megad_http *h = NULL;
+    mega_err err = {0};
+    assert_int_equal(megad_http_start(&loop, &o, &h, &err), MEGA_ERR_INVALID);
+    assert_non_null(strstr(err.msg, bad[i]));
+    assert_null(h);
+  }
+  /* a port taken */
+  srv s;
+  start(&s, NULL, 0, 0);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", megad_http_port(s.h));
+  megad_http_opts o = {.listen = addr, .path = "/metrics", .body = body};
+  megad_http *h = NULL;
+  mega_err err = {0};
+  assert_int_equal(megad_http_start(&loop, &o, &h, &err), MEGA_ERR_IO);
+  assert_non_null(strstr(err.msg, addr));
+  stop(&s);
+  /* IPv6 loopback, when the machine has it */
+  o.listen = "[::1]:0";
+  if (megad_http_start(&loop, &o, &h, &err) == MEGA_OK) megad_http_stop(h);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_open_server),
+      cmocka_unit_test(test_bearer_token),
+      cmocka_unit_test(test_slow_and_too_many),
+      cmocka_unit_test(test_bad_listen),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
