@@ -1,0 +1,381 @@
+/* Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/NAME/)
+ * from the real writers, so a seed is what the program itself produces:
+ *   fuzz_seeds OUTDIR        (scripts/fuzz --seeds runs it into corpus/)
+ * Each file is the target's input: its selector byte (if any), then the
+ * bytes. */
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/jobspec.h"
+#include "core/schedule.h"
+#include "daemon/job.h"
+#include "daemon/journal.h"
+#include "proto/frame.h"
+#include "proto/mega.pb-c.h"
+#include "worker/ckpt_internal.h"
+#include "worker/model/gpt.h"
+#include "worker/model/safetensors.h"
+#include "fuzz.h"
+
+static const char *out;
+
+static void put(const char *target, const char *name, int sel, const void *data, size_t n) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s/%s", out, target);
+  if (mkdir(p, 0755) && errno != EEXIST) abort();
+  snprintf(p, sizeof p, "%s/%s/%s", out, target, name);
+  FILE *f = fopen(p, "wb");
+  if (!f) abort();
+  if (sel >= 0) fputc(sel, f);
+  if (n) fwrite(data, 1, n, f);
+  fclose(f);
+}
+
+static void put_str(const char *target, const char *name, int sel, const char *s) {
+  put(target, name, sel, s, strlen(s));
+}
+
+static void *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) abort();
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  void *b = malloc((size_t)len + 1);
+  if (fread(b, 1, (size_t)len, f) != (size_t)len) abort();
+  fclose(f);
+  *n = (size_t)len;
+  return b;
+}
+
+static void layouts(void) {
+  put_str("layout", "seed001", 15, "Et*3|(tt|)*29,m|L");
+  put_str("layout", "pp1", 0, "EttL");
+  put_str("layout", "pp2", 1, "Ett|ttL");
+  put_str("layout", "pp2vp2", 1, "Et|t|t|tL");
+  put_str("layout", "pp4", 3, "E(t|)*3tL");
+}
+
+static void schedules(void) {
+  mega_sched_params ps[] = {
+      {MEGA_SCHED_1F1B, 2, 1, 4, 0, MEGA_GRAD_SYNC_NONE},
+      {MEGA_SCHED_INTERLEAVED, 2, 2, 4, 0, MEGA_GRAD_SYNC_LAST_BACKWARD},
+      {MEGA_SCHED_ZB_H1, 3, 1, 3, 0, MEGA_GRAD_SYNC_END},
+      {MEGA_SCHED_GPIPE, 2, 1, 2, 0, MEGA_GRAD_SYNC_ALIGNED},
+      {MEGA_SCHED_NO_PIPELINING, 1, 1, 2, 0, MEGA_GRAD_SYNC_NONE},
+      {MEGA_SCHED_FORWARD_ONLY, 2, 1, 2, 0, MEGA_GRAD_SYNC_NONE},
+  };
+  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+    mega_schedule s;
+    mega_err err = {0};
+    if (mega_sched_generate(&ps[i], &s, &err) != MEGA_OK) {
+      fprintf(stderr, "seeds: %s\n", err.msg);
+      abort();
+    }
+    char *t = mega_sched_format(&s);
+    put_str("schedule", mega_sched_kind_name(ps[i].kind), -1, t);
+    free(t);
+    mega_sched_free(&s);
+  }
+}
+
+static const char *const tiny[] = {"--num-layers", "2", "--hidden-size", "32",
+                                   "--num-attention-heads", "2", "--seq-length", "16",
+                                   "--micro-batch-size", "2", "--global-batch-size", "4",
+                                   "--lr", "0.001", "--train-iters", "20",
+                                   "--data-path", "/tmp/tiny.txt"};
+
+static void jobspecs(void) {
+  const char *extra[][10] = {
+      {NULL},
+      {"--pipeline-model-parallel-size", "2", NULL},
+      {"--pipeline-model-parallel-size=2", "--virtual-pipeline-model-parallel-size", "2",
+       "--num-layers", "4", NULL},
+      {"--pipeline-model-parallel-layout", "Et|tL", "--pipeline-model-parallel-size", "2",
+       "--overlap-grad-reduce", NULL},
+      {"--schedule", "zb-h1", "--pipeline-model-parallel-size", "2", "--save", "/tmp/ck",
+       "--save-interval", "5", NULL},
+      {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--lr-decay-style",
+       "cosine", "--lr-warmup-iters", "2", NULL},
+  };
+  int worlds[] = {1, 2, 4, 2, 2, 4};
+  for (size_t e = 0; e < sizeof extra / sizeof extra[0]; e++) {
+    char buf[2048];
+    size_t n = 0;
+    const char *words[64];
+    int nw = 0;
+    for (size_t i = 0; i < sizeof tiny / sizeof tiny[0]; i++) words[nw++] = tiny[i];
+    for (int i = 0; extra[e][i]; i++) words[nw++] = extra[e][i];
+    for (int i = 0; i < nw; i++) {
+      size_t l = strlen(words[i]) + 1;
+      memcpy(buf + n, words[i], l);
+      n += l;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "spec%zu", e);
+    put("jobspec", name, worlds[e], buf, n - 1);
+    /* the same spec as JSON */
+    mega_jobspec s;
+    mega_jobspec_defaults(&s);
+    mega_err err = {0};
+    if (mega_jobspec_parse(&s, nw, (char *const *)words, &err) != MEGA_OK) {
+      fprintf(stderr, "seeds: %s\n", err.msg);
+      abort();
+    }
+    json_t *j = mega_jobspec_to_json(&s);
+    char *t = json_dumps(j, JSON_COMPACT);
+    put_str("jobspec_json", name, -1, t);
+    free(t);
+    json_decref(j);
+    mega_jobspec_free(&s);
+  }
+}
+
+static Mega__V1__RankMetrics rm[2];
+static Mega__V1__RankMetrics *rmp[2] = {&rm[0], &rm[1]};
+
+static void step_metrics(Mega__V1__StepMetrics *s) {
+  mega__v1__step_metrics__init(s);
+  s->iteration = 3;
+  s->loss = 5.25;
+  s->lr = 1e-3;
+  s->step_time_s = 0.5;
+  s->tokens_per_s = 128;
+  for (int r = 0; r < 2; r++) {
+    mega__v1__rank_metrics__init(&rm[r]);
+    rm[r].rank = (uint32_t)r;
+    rm[r].pp_rank = (uint32_t)r;
+    rm[r].bubble_s = 0.1;
+    rm[r].step_time_s = 0.5;
+    rm[r].peak_activation_bytes = 4096;
+  }
+  s->ranks = rmp;
+  s->n_ranks = 2;
+}
+
+static void pack_put(const char *target, const char *name, int sel, const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *b = malloc(n + 1);
+  protobuf_c_message_pack(m, b);
+  put(target, name, sel, b, n);
+  free(b);
+}
+
+static void frames(void) {
+  uint8_t *all = NULL;
+  size_t alln = 0;
+  Mega__V1__WorkerHello hello = MEGA__V1__WORKER_HELLO__INIT;
+  hello.rank = 1;
+  hello.pid = 1234;
+  hello.version = "0.1.0";
+  hello.device = "cpu";
+  Mega__V1__RankMetrics m = MEGA__V1__RANK_METRICS__INIT;
+  m.rank = 1;
+  m.bubble_s = 0.25;
+  Mega__V1__ActionSpan span = MEGA__V1__ACTION_SPAN__INIT, *spans[1] = {&span};
+  span.name = "F0.0";
+  span.cat = "compute";
+  span.dur_us = 10;
+  Mega__V1__StepReport step = MEGA__V1__STEP_REPORT__INIT;
+  step.iteration = 7;
+  step.metrics = &m;
+  step.has_loss = true;
+  step.loss = 4.5;
+  step.spans = spans;
+  step.n_spans = 1;
+  Mega__V1__Progress prog = MEGA__V1__PROGRESS__INIT;
+  prog.phase = "train";
+  prog.iteration = 7;
+  Mega__V1__WorkerFrame wf[3];
+  for (int i = 0; i < 3; i++) mega__v1__worker_frame__init(&wf[i]);
+  wf[0].msg_case = MEGA__V1__WORKER_FRAME__MSG_HELLO;
+  wf[0].hello = &hello;
+  wf[1].msg_case = MEGA__V1__WORKER_FRAME__MSG_STEP;
+  wf[1].step = &step;
+  wf[2].msg_case = MEGA__V1__WORKER_FRAME__MSG_PROGRESS;
+  wf[2].progress = &prog;
+  for (int i = 0; i < 3; i++) {
+    uint8_t *b;
+    size_t n;
+    mega_err err = {0};
+    if (mega_frame_encode(&wf[i].base, 0, &b, &n, &err) != MEGA_OK) abort();
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", i);
+    put("frame", name, 2 * (i + 1), b, n); /* even: WorkerFrame, cut in reads of i+2 bytes */
+    all = realloc(all, alln + n);
+    memcpy(all + alln, b, n);
+    alln += n;
+    free(b);
+  }
+  put("frame", "worker_all", 6, all, alln);
+  free(all);
+  Mega__V1__Abort ab = MEGA__V1__ABORT__INIT;
+  ab.reason = "cancelled";
+  ab.grace_ms = 2000;
+  Mega__V1__DaemonFrame df = MEGA__V1__DAEMON_FRAME__INIT;
+  df.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ABORT;
+  df.abort = &ab;
+  uint8_t *b;
+  size_t n;
+  mega_err err = {0};
+  if (mega_frame_encode(&df.base, 0, &b, &n, &err) != MEGA_OK) abort();
+  put("frame", "daemon_abort", 1, b, n);
+  free(b);
+
+  /* pb_json: the types' indices in fuzz_pb_json.c */
+  Mega__V1__StepMetrics sm;
+  step_metrics(&sm);
+  pack_put("pb_json", "step_metrics", 2, &sm.base);
+  Mega__V1__JobEvent ev = MEGA__V1__JOB_EVENT__INIT;
+  ev.kind = MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING;
+  ev.message = "attempt 1 ended";
+  ev.has_rank = true;
+  ev.rank = 1;
+  pack_put("pb_json", "job_event", 1, &ev.base);
+  Mega__V1__WatchJobResponse w = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  w.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
+  w.step = &sm;
+  pack_put("pb_json", "watch_step", 3, &w.base);
+}
+
+/* A job as megad journals it. */
+static mega_job *make_job(const char *id) {
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = "tiny";
+  spec.args = (char **)tiny;
+  spec.n_args = sizeof tiny / sizeof tiny[0];
+  spec.nnodes_min = spec.nnodes_max = spec.nproc_per_node = 1;
+  mega_job *j = NULL;
+  mega_err err = {0};
+  if (mega_job_new(id, &spec, "n1", 1700000000000, &j, &err) != MEGA_OK) {
+    fprintf(stderr, "seeds: %s\n", err.msg);
+    abort();
+  }
+  return j;
+}
+
+static void journals(void) {
+  const char *dir = fuzz_dir();
+  char p[512];
+  snprintf(p, sizeof p, "%s/journal", dir);
+  unlink(p);
+  mega_journal *jn;
+  mega_err err = {0};
+  if (mega_journal_open(p, &jn, &err) != MEGA_OK) abort();
+  mega_job *j = make_job("j-1-n1");
+  uint8_t *b;
+  size_t n;
+  if (mega_jrec_job(j, &b, &n, &err) != MEGA_OK) abort();
+  mega_journal_append(jn, b, n, &err);
+  free(b);
+  Mega__V1__JobEvent ev = MEGA__V1__JOB_EVENT__INIT;
+  ev.kind = MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED;
+  ev.message = "submitted";
+  if (mega_jrec_event(j->id, &ev, &b, &n, &err) != MEGA_OK) abort();
+  mega_journal_append(jn, b, n, &err);
+  free(b);
+  Mega__V1__StepMetrics sm;
+  step_metrics(&sm);
+  if (mega_jrec_step(j->id, &sm, &b, &n, &err) != MEGA_OK) abort();
+  mega_journal_append(jn, b, n, &err);
+  free(b);
+  if (mega_job_transition(j, MEGA_JOB_RUNNING, 1700000001000, NULL, &err) != MEGA_OK) abort();
+  if (mega_jrec_job(j, &b, &n, &err) != MEGA_OK) abort();
+  mega_journal_append(jn, b, n, &err);
+  free(b);
+  mega_job_free(j);
+  mega_journal_close(jn);
+  void *all = slurp(p, &n);
+  put("journal", "jobs", -1, all, n);
+  put("journal", "torn", -1, all, n - 3);
+  ((uint8_t *)all)[12] ^= 0x40; /* damage in the first record */
+  put("journal", "damaged", -1, all, n);
+  free(all);
+  put("journal", "empty", -1, "", 0);
+}
+
+static void tensors(void) {
+  const char *dir = fuzz_dir();
+  char p[512];
+  snprintf(p, sizeof p, "%s/t.safetensors", dir);
+  float a[6] = {1, 2, 3, 4, 5, 6}, s = 0.5f;
+  mega_st_tensor t[] = {{.name = "h.0.attn.c_attn.weight", .ndim = 2, .shape = {2, 3}, .numel = 6,
+                         .data = a},
+                        {.name = "scale", .ndim = 0, .numel = 1, .data = &s}};
+  mega_st_meta meta[] = {{"format", "pt"}};
+  mega_err err = {0};
+  if (mega_st_write(p, t, 2, meta, 1, &err) != MEGA_OK) abort();
+  size_t n;
+  void *b = slurp(p, &n);
+  put("safetensors", "two", -1, b, n);
+  free(b);
+  if (mega_st_write(p, t, 1, NULL, 0, &err) != MEGA_OK) abort();
+  b = slurp(p, &n);
+  put("safetensors", "one", -1, b, n);
+  free(b);
+  unlink(p);
+}
+
+static void checkpoints(void) {
+  /* 0: the index fuzz_ckpt.c's two shards match */
+  put_str("ckpt", "index", 0,
+          "{\"metadata\": {\"total_size\": 32}, \"weight_map\": {\"wte\": "
+          "\"model-00001-of-00002.safetensors\", \"ln.b\": \"model-00002-of-00002.safetensors\"}}");
+  /* 1: a manifest of the three files fuzz_ckpt.c writes */
+  const char *dir = fuzz_dir();
+  fuzz_file("config.json", (const uint8_t *)"{}\n", 3);
+  fuzz_file("trainer_state.json", (const uint8_t *)"{}\n", 3);
+  fuzz_file("a.bin", (const uint8_t *)"abc", 3);
+  mega_ckpt_file files[3] = {{.name = "config.json"}, {.name = "trainer_state.json"},
+                             {.name = "a.bin"}};
+  mega_err err = {0};
+  for (int i = 0; i < 3; i++) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, files[i].name);
+    if (mega_ckpt_file_sum(p, &files[i].size, &files[i].crc32, &err) != MEGA_OK) abort();
+  }
+  if (mega_ckpt_write_manifest(dir, 10, 1, files, 3, &err) != MEGA_OK) abort();
+  char p[512];
+  snprintf(p, sizeof p, "%s/manifest.json", dir);
+  size_t n;
+  void *b = slurp(p, &n);
+  put("ckpt", "manifest", 1, b, n);
+  free(b);
+  /* 2: the latest file */
+  put_str("ckpt", "latest", 2, "10\n");
+  put_str("ckpt", "latest_release", 2, "release\n");
+  /* 3: trainer_state.json for fuzz_ckpt.c's config and job */
+  mega_jobspec job;
+  mega_jobspec_defaults(&job);
+  job.num_layers = 2;
+  job.hidden_size = 32;
+  job.num_attention_heads = 2;
+  job.seq_length = 16;
+  mega_ckpt_state st = {.iteration = 10, .consumed_samples = 40, .optimizer_steps = 10,
+                        .attempt = 1, .has_sched = true,
+                        .sched = {.lr = 1e-3, .min_lr = 0, .warmup_iters = 0, .decay_iters = 20}};
+  json_t *j = mega_ckpt_state_json(&st, &job, true);
+  char *t = json_dumps(j, JSON_INDENT(2));
+  put_str("ckpt", "trainer_state", 3, t);
+  free(t);
+  json_decref(j);
+  mega_jobspec_free(&job);
+  fuzz_clean();
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: fuzz_seeds OUTDIR\n");
+    return 2;
+  }
+  out = argv[1];
+  layouts();
+  schedules();
+  jobspecs();
+  frames();
+  journals();
+  tensors();
+  checkpoints();
+  return 0;
+}
