@@ -110,7 +110,7 @@ static void count(void *arg, unsigned status) {
 
 static void http_log(void *arg, const char *msg) {
   metrics_srv *ms = arg;
-  megad_warn(ms->s->b, "/metrics: %s", msg);
+  megad_log(ms->s->b, "/metrics: %s", msg);
 }
 
 mega_status megad_metrics_start(megad_services *sv, const char *addr, const char *token,
