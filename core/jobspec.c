@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/jobspec_internal.h"
+#include "core/utf8.h"
 #include "core/schedule.h"
 
 /* ---- the mega_jf_table ---- */
@@ -304,6 +305,12 @@ mega_status mega_jf_check_bounds(const flagdef *f, double v, const char *lead, m
 
 mega_status mega_jf_set_string(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err) {
   if (!*v) return mega_fail(err, MEGA_ERR_INVALID, "%s: the value is empty", f->info.name);
+  /* specs travel as JSON (trainer_state.json, megactl --json), which holds
+   * only UTF-8 text */
+  if (!mega_utf8_valid(v))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "%s: the value is not valid UTF-8 text; give a UTF-8 name (for a file, "
+                     "rename it or link it under a UTF-8 name)", f->info.name);
   char *copy = strdup(v);
   if (!copy) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory storing %s", f->info.name);
   free(*FIELD(s, f, char *));

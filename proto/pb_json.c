@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "core/utf8.h"
+
 static json_t *real_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 /* Each set_new consumes its value, also on failure (jansson's rule), so a
@@ -136,8 +138,14 @@ static json_t *value_json(const ProtobufCFieldDescriptor *f, const void *p) {
     return ev ? json_string(ev->name) : json_integer(v);
   }
   case PROTOBUF_C_TYPE_STRING: {
+    /* proto3 strings are UTF-8, but protobuf-c does not check: whatever
+     * came over the wire is shown, its bad bytes as U+FFFD */
     const char *s = *(char *const *)p;
-    return json_string(s ? s : "");
+    if (!s || mega_utf8_valid(s)) return json_string(s ? s : "");
+    char *fixed = mega_utf8_sanitize(s);
+    json_t *j = fixed ? json_string(fixed) : NULL;
+    free(fixed);
+    return j;
   }
   case PROTOBUF_C_TYPE_BYTES: return base64(p);
   case PROTOBUF_C_TYPE_MESSAGE: {

@@ -289,6 +289,24 @@ static void test_generic_json(void **state) {
   }
 }
 
+/* Found by fuzzing (fuzz_pb_json): a string that is not UTF-8 (protobuf-c
+ * does not check what the wire brings) made mega_pb_json return NULL, as if
+ * out of memory. It is shown with U+FFFD for the bad bytes. */
+static void test_json_bad_utf8(void **state) {
+  (void)state;
+  Mega__V1__JobEvent e = MEGA__V1__JOB_EVENT__INIT;
+  e.message = "attemp\x8c\xdf\xce\xe9" "ended";
+  json_t *j = mega_pb_json(&e.base);
+  assert_non_null(j);
+  assert_string_equal(json_string_value(json_object_get(j, "message")),
+                      "attemp\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "ended");
+  json_decref(j);
+  e.message = "caf\xc3\xa9"; /* valid: kept as it is */
+  j = mega_pb_json(&e.base);
+  assert_string_equal(json_string_value(json_object_get(j, "message")), "caf\xc3\xa9");
+  json_decref(j);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_jobs_table),
@@ -297,6 +315,7 @@ int main(void) {
       cmocka_unit_test(test_ranks_and_ages),
       cmocka_unit_test(test_step_metrics_json_keys),
       cmocka_unit_test(test_generic_json),
+      cmocka_unit_test(test_json_bad_utf8),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -830,6 +830,22 @@ static void test_json_errors(void **state) {
   expect_json_error("{\"data_path\": \"\"}", "--data-path: the value is empty");
   expect_json_error("{\"data_path\": 3}", "must be a string");
 
+  /* Found by fuzzing (fuzz_jobspec): a --data-path that was not UTF-8 was
+   * taken, then mega_jobspec_to_json failed (a checkpoint's trainer_state.json
+   * could not be written). It is refused where it comes in. */
+  mega_jobspec bad;
+  mega_jobspec_defaults(&bad);
+  char *argv[] = {"--data-path", "/tmp/\x82iny.txt"};
+  mega_err e = {0};
+  assert_int_equal(mega_jobspec_parse(&bad, 2, argv, &e), MEGA_ERR_INVALID);
+  assert_non_null(strstr(e.msg, "--data-path: the value is not valid UTF-8"));
+  char *ok[] = {"--data-path", "/tmp/caf\xc3\xa9.txt"};
+  assert_int_equal(mega_jobspec_parse(&bad, 2, ok, &e), MEGA_OK);
+  json_t *bj = mega_jobspec_to_json(&bad);
+  assert_non_null(bj);
+  json_decref(bj);
+  mega_jobspec_free(&bad);
+
   /* ints are accepted for float fields */
   mega_jobspec s;
   mega_err err = {0};
