@@ -111,12 +111,11 @@ static void report_delay(const char *maddr) {
   close(s);
   page[n] = '\0';
   double sum = 0, count = 0;
-  for (char *p = page; (p = strstr(p, "mega_job_step_report_delay_seconds_")); p++) {
-    char *sp = strchr(p, ' ');
-    if (!sp) break;
-    if (!strncmp(p + 35, "sum", 3)) sum += atof(sp + 1);
-    else if (!strncmp(p + 35, "count", 5)) count += atof(sp + 1);
-  }
+  /* the node-wide summary: it outlives the jobs */
+  char *p = strstr(page, "\nmega_step_report_delay_seconds_sum ");
+  if (p) sum = atof(strchr(p + 1, ' ') + 1);
+  p = strstr(page, "\nmega_step_report_delay_seconds_count ");
+  if (p) count = atof(strchr(p + 1, ' ') + 1);
   if (count > 0)
     printf("worker step end -> merge at the coordinator (slowest rank's StepReport.step_start_unix_us"
            " + step_time_s): mean %.2f ms over %.0f steps\n",

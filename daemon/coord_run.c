@@ -232,8 +232,11 @@ static void on_step_merged(coord_run *run, mega_step_done *done) {
     if (rep->step_start_unix_us && e > end_us) end_us = e;
   }
   if (end_us) {
-    j->report_delay_sum_s += (double)(megad_unix_us() - end_us) / 1e6;
+    double delay = (double)(megad_unix_us() - end_us) / 1e6;
+    j->report_delay_sum_s += delay;
     j->report_delay_n++;
+    c->jobs->stats.report_delay_sum_s += delay;
+    c->jobs->stats.report_delay_n++;
   }
   if (j->failed_ms) {
     megad_job_event(c->jobs, j, EV(INFO), NULL, -1,

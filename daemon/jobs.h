@@ -27,6 +27,8 @@ typedef struct megad_jobs_stats {
   uint64_t events[16];  /* by JobEventKind */
   uint64_t steps;       /* merged steps */
   uint64_t watchers_dropped;
+  double report_delay_sum_s; /* slowest rank's step end -> merge, summed */
+  uint64_t report_delay_n;
 } megad_jobs_stats;
 
 typedef struct megad_jobs {

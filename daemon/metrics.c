@@ -85,6 +85,8 @@ static char *page(void *arg, size_t *len) {
   for (int k = 0; k < MEGAD_METRICS_EVENT_KINDS; k++) m.c.job_events[k] = js->events[k];
   m.c.steps_merged = js->steps;
   m.c.watchers_dropped = js->watchers_dropped;
+  m.c.report_delay_sum_s = js->report_delay_sum_s;
+  m.c.report_delay_n = js->report_delay_n;
   m.c.steps_relayed = sv->L->steps_relayed;
   memcpy(m.c.http_requests, ms->http_requests, sizeof m.c.http_requests);
   megad_rpc_count *rpcs = NULL;

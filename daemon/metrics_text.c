@@ -153,6 +153,10 @@ static void node_metrics(sbuf *b, const megad_metrics *m) {
   family(b, "mega_steps_merged_total", "counter",
          "Training steps this coordinator merged from every rank.");
   sample_u(b, "mega_steps_merged_total", NULL, c->steps_merged);
+  family(b, "mega_step_report_delay_seconds", "summary",
+         "From the slowest rank's step end to this coordinator's merge, every job.");
+  sample(b, "mega_step_report_delay_seconds_sum", NULL, c->report_delay_sum_s);
+  sample_u(b, "mega_step_report_delay_seconds_count", NULL, c->report_delay_n);
   family(b, "mega_worker_steps_relayed_total", "counter",
          "Step reports of this node's workers passed on to their coordinator.");
   sample_u(b, "mega_worker_steps_relayed_total", NULL, c->steps_relayed);

@@ -39,6 +39,8 @@ typedef struct megad_counters {
   uint64_t steps_relayed;    /* worker step reports this node passed on */
   uint64_t watchers_dropped; /* WatchJob streams dropped for falling behind */
   uint64_t http_requests[4]; /* 200, 401, 404, other */
+  double report_delay_sum_s; /* slowest rank's step end -> merge, every merged step */
+  uint64_t report_delay_n;
 } megad_counters;
 
 /* gRPC calls served, per method. */

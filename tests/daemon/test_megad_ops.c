@@ -211,6 +211,7 @@ static void test_metrics_page(void **state) {
   assert_non_null(strstr(page, "\nmega_jobs_submitted_total 1\n"));
   assert_non_null(strstr(page, "\nmega_jobs_finished_total{state=\"succeeded\"} 1\n"));
   assert_non_null(strstr(page, "\nmega_steps_merged_total 20\n"));
+  assert_non_null(strstr(page, "\nmega_step_report_delay_seconds_count 20\n"));
   assert_non_null(
       strstr(page, "\nmega_rpc_served_total{method=\"/mega.v1.Control/SubmitJob\"} 1\n"));
   assert_null(strstr(page, "\nmega_worker_steps_relayed_total 0\n"));

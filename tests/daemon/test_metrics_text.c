@@ -190,6 +190,8 @@ static void test_page_follows_the_format(void **state) {
   m.c.steps_relayed = 140;
   m.c.watchers_dropped = 1;
   m.c.http_requests[0] = 5;
+  m.c.report_delay_sum_s = 0.25;
+  m.c.report_delay_n = 10;
   char *page = render(&m);
   fam f[128];
   int nf = 0;
@@ -211,6 +213,8 @@ static void test_page_follows_the_format(void **state) {
   assert_non_null(
       strstr(page, "\nmega_rpc_served_total{method=\"/mega.v1.Control/GetJob\"} 9\n"));
   assert_non_null(strstr(page, "\nmega_http_requests_total{code=\"200\"} 5\n"));
+  assert_non_null(strstr(page, "\nmega_step_report_delay_seconds_sum 0.25\n"));
+  assert_non_null(strstr(page, "\nmega_step_report_delay_seconds_count 10\n"));
   /* gauges of now */
   assert_non_null(strstr(page, "\nmega_jobs{state=\"pending\"} 1\n"));
   assert_non_null(strstr(page, "\nmega_jobs{state=\"succeeded\"} 1\n"));
