@@ -196,6 +196,17 @@ static mega_status check_ends(const expansion *x, int nstages, int len, mega_err
   return MEGA_OK;
 }
 
+/* E, t, m, L as 0..3; -1 for anything else. */
+static int kind_index(char c) {
+  switch (c) {
+  case MEGA_LAYER_EMBEDDING: return 0;
+  case MEGA_LAYER_DECODER: return 1;
+  case MEGA_LAYER_MTP: return 2;
+  case MEGA_LAYER_LOSS: return 3;
+  default: return -1;
+  }
+}
+
 /* Builds out from expanded letters with '|' between stages. */
 static mega_status build(const char *letters, size_t n, int pp, mega_layout *out, mega_err *err) {
   int nstages = 1;
@@ -208,7 +219,8 @@ static mega_status build(const char *letters, size_t n, int pp, mega_layout *out
   mega_layout l = {.pp = pp, .vp = nstages / pp, .nstages = nstages};
   l.stage_start = malloc(sizeof(int) * (size_t)(nstages + 1));
   l.kinds = malloc(n + 1);
-  if (!l.stage_start || !l.kinds) {
+  l.before = calloc(4 * ((size_t)nstages + 1), sizeof(int));
+  if (!l.stage_start || !l.kinds || !l.before) {
     mega_layout_free(&l);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory building a layout");
   }
@@ -220,6 +232,13 @@ static mega_status build(const char *letters, size_t n, int pp, mega_layout *out
   }
   l.stage_start[nstages] = m;
   l.kinds[m] = '\0';
+  for (int st = 0; st < nstages; st++)
+    for (int k = 0; k < 4; k++) {
+      int c = 0;
+      for (int i = l.stage_start[st]; i < l.stage_start[st + 1]; i++)
+        c += kind_index(l.kinds[i]) == k;
+      l.before[k * (nstages + 1) + st + 1] = l.before[k * (nstages + 1) + st] + c;
+    }
   *out = l;
   return MEGA_OK;
 }
@@ -336,6 +355,7 @@ void mega_layout_free(mega_layout *l) {
   if (!l) return;
   free(l->stage_start);
   free(l->kinds);
+  free(l->before);
   memset(l, 0, sizeof *l);
 }
 
@@ -356,10 +376,10 @@ const char *mega_layout_stage(const mega_layout *l, int pp_rank, int vp_stage, i
 }
 
 static int count_range(const mega_layout *l, int from_stage, int to_stage, char kind) {
-  int n = 0;
-  for (int k = l->stage_start[from_stage]; k < l->stage_start[to_stage]; k++)
-    n += l->kinds[k] == kind;
-  return n;
+  int k = kind_index(kind);
+  if (k < 0) return 0;
+  const int *b = l->before + (size_t)k * ((size_t)l->nstages + 1);
+  return b[to_stage] - b[from_stage];
 }
 
 int mega_layout_count(const mega_layout *l, int pp_rank, int vp_stage, char kind) {

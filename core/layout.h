@@ -28,6 +28,8 @@ typedef struct mega_layout {
   int nstages;      /* pp * vp, in the string's order */
   int *stage_start; /* nstages + 1 offsets into kinds */
   char *kinds;      /* every stage's letters, concatenated, NUL-terminated */
+  int *before;      /* [4][nstages + 1]: letters of each kind (E, t, m, L) in the
+                       stages before, so counts and offsets cost O(1) */
 } mega_layout;
 
 /* Parses a layout string. Errors name the 1-based column and the problem:
