@@ -113,68 +113,78 @@ int megad_metrics_http_slot(unsigned status) {
   return status == 200 ? 0 : status == 401 ? 1 : status == 404 ? 2 : 3;
 }
 
+/* One family with one label over a fixed list of values. */
+static void by_label(sbuf *b, const char *name, const char *type, const char *help,
+                     const char *key, const char *const *values, const uint64_t *counts,
+                     size_t n) {
+  family(b, name, type, help);
+  char l[320];
+  for (size_t i = 0; i < n; i++) {
+    snprintf(l, sizeof l, "%s=\"%s\"", key, values[i]);
+    sample_u(b, name, l, counts[i]);
+  }
+}
+
 static void node_metrics(sbuf *b, const megad_metrics *m) {
   const megad_counters *c = &m->c;
   char l[320];
   family(b, "mega_build_info", "gauge", "Always 1; the version is a label.");
   label(l, sizeof l, m->version ? m->version : "");
   addf(b, "mega_build_info{version=\"%s\"} 1\n", l);
-  family(b, "mega_node_slots", "gauge", "Worker slots of this node.");
-  sample_u(b, "mega_node_slots", NULL, m->slots);
-  family(b, "mega_node_slots_used", "gauge", "Slots running workers now.");
-  sample_u(b, "mega_node_slots_used", NULL, m->slots_used);
 
   static const mega_job_state states[] = {MEGA_JOB_PENDING,   MEGA_JOB_RUNNING,
                                           MEGA_JOB_RESTARTING, MEGA_JOB_SUCCEEDED,
                                           MEGA_JOB_FAILED,    MEGA_JOB_CANCELLED};
-  family(b, "mega_jobs", "gauge", "Jobs this megad coordinates now, by state.");
-  for (size_t s = 0; s < sizeof states / sizeof states[0]; s++) {
-    size_t n = 0;
-    for (size_t i = 0; i < m->njobs; i++) n += m->jobs[i]->state == states[s];
-    addf(b, "mega_jobs{state=\"%s\"} %zu\n", mega_job_state_name(states[s]), n);
+  enum { NSTATES = sizeof states / sizeof states[0] };
+  const char *names[NSTATES];
+  uint64_t now[NSTATES] = {0};
+  for (size_t s = 0; s < NSTATES; s++) {
+    names[s] = mega_job_state_name(states[s]);
+    for (size_t i = 0; i < m->njobs; i++) now[s] += m->jobs[i]->state == states[s];
+  }
+  by_label(b, "mega_jobs", "gauge", "Jobs this megad coordinates now, by state.", "state", names,
+           now, NSTATES);
+  static const char *const fin[3] = {"succeeded", "failed", "cancelled"};
+  by_label(b, "mega_jobs_finished_total", "counter", "Jobs that ended, by final state.", "state",
+           fin, c->jobs_finished, 3);
+  by_label(b, "mega_job_events_total", "counter", "Job events, by kind.", "kind", event_kinds + 1,
+           c->job_events + 1, MEGAD_METRICS_EVENT_KINDS - 1);
+  static const char *const codes[4] = {"200", "401", "404", "other"};
+  by_label(b, "mega_http_requests_total", "counter", "HTTP requests answered, by status code.",
+           "code", codes, c->http_requests, 4);
+
+  const struct {
+    const char *name, *type, *help;
+    uint64_t v;
+  } one[] = {
+      {"mega_node_slots", "gauge", "Worker slots of this node.", m->slots},
+      {"mega_node_slots_used", "gauge", "Slots running workers now.", m->slots_used},
+      {"mega_jobs_submitted_total", "counter", "Jobs submitted to this megad.", c->jobs_submitted},
+      {"mega_job_restarts_total", "counter",
+       "Jobs sent back to RESTARTING: a failed attempt, a megad restart or a resume.",
+       c->job_events[7]},
+      {"mega_steps_merged_total", "counter",
+       "Training steps this coordinator merged from every rank.", c->steps_merged},
+      {"mega_worker_steps_relayed_total", "counter",
+       "Step reports of this node's workers passed on to their coordinator.", c->steps_relayed},
+      {"mega_watchers_dropped_total", "counter",
+       "WatchJob streams dropped for falling too far behind.", c->watchers_dropped},
+  };
+  for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) {
+    family(b, one[i].name, one[i].type, one[i].help);
+    sample_u(b, one[i].name, NULL, one[i].v);
   }
 
-  family(b, "mega_jobs_submitted_total", "counter", "Jobs submitted to this megad.");
-  sample_u(b, "mega_jobs_submitted_total", NULL, c->jobs_submitted);
-  family(b, "mega_jobs_finished_total", "counter", "Jobs that ended, by final state.");
-  static const char *const fin[3] = {"succeeded", "failed", "cancelled"};
-  for (int i = 0; i < 3; i++) {
-    snprintf(l, sizeof l, "state=\"%s\"", fin[i]);
-    sample_u(b, "mega_jobs_finished_total", l, c->jobs_finished[i]);
-  }
-  family(b, "mega_job_restarts_total", "counter",
-         "Jobs sent back to RESTARTING: a failed attempt, a megad restart or a resume.");
-  sample_u(b, "mega_job_restarts_total", NULL, c->job_events[7]);
-  family(b, "mega_job_events_total", "counter", "Job events, by kind.");
-  for (int k = 1; k < MEGAD_METRICS_EVENT_KINDS; k++) {
-    snprintf(l, sizeof l, "kind=\"%s\"", event_kinds[k]);
-    sample_u(b, "mega_job_events_total", l, c->job_events[k]);
-  }
-  family(b, "mega_steps_merged_total", "counter",
-         "Training steps this coordinator merged from every rank.");
-  sample_u(b, "mega_steps_merged_total", NULL, c->steps_merged);
   family(b, "mega_step_report_delay_seconds", "summary",
          "From the slowest rank's step end to this coordinator's merge, every job.");
   sample(b, "mega_step_report_delay_seconds_sum", NULL, c->report_delay_sum_s);
   sample_u(b, "mega_step_report_delay_seconds_count", NULL, c->report_delay_n);
-  family(b, "mega_worker_steps_relayed_total", "counter",
-         "Step reports of this node's workers passed on to their coordinator.");
-  sample_u(b, "mega_worker_steps_relayed_total", NULL, c->steps_relayed);
-  family(b, "mega_watchers_dropped_total", "counter",
-         "WatchJob streams dropped for falling too far behind.");
-  sample_u(b, "mega_watchers_dropped_total", NULL, c->watchers_dropped);
   family(b, "mega_rpc_served_total", "counter", "gRPC calls handed to a handler, by method.");
   for (size_t i = 0; i < m->nrpcs; i++) {
     char meth[256];
     label(meth, sizeof meth, m->rpcs[i].method);
     snprintf(l, sizeof l, "method=\"%s\"", meth);
     sample_u(b, "mega_rpc_served_total", l, m->rpcs[i].served);
-  }
-  family(b, "mega_http_requests_total", "counter", "HTTP requests answered, by status code.");
-  static const char *const codes[4] = {"200", "401", "404", "other"};
-  for (int i = 0; i < 4; i++) {
-    snprintf(l, sizeof l, "code=\"%s\"", codes[i]);
-    sample_u(b, "mega_http_requests_total", l, c->http_requests[i]);
   }
 }
 
