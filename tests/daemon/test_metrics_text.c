@@ -171,15 +171,18 @@ static char *render(const megad_metrics *m) {
   return page;
 }
 
-static void test_page_follows_the_format(void **state) {
-  (void)state;
+/* A page with a bit of everything: four jobs in four states (one id that
+ * needs escaping), counters, process figures. */
+static char *sample_page(void) {
   static tjob t[4];
   make_job(&t[0], "j-1-a", MEGA_JOB_RUNNING, true);
   make_job(&t[1], "j-2-a", MEGA_JOB_SUCCEEDED, true);
   make_job(&t[2], "j-3-a", MEGA_JOB_PENDING, false);
   make_job(&t[3], "j-4-\"x\\y\nz", MEGA_JOB_RESTARTING, false);
-  const mega_job *jobs[4] = {&t[0].j, &t[1].j, &t[2].j, &t[3].j};
-  megad_rpc_count rpcs[2] = {{"/mega.v1.Control/SubmitJob", 3}, {"/mega.v1.Control/GetJob", 9}};
+  static const mega_job *jobs[4];
+  for (int i = 0; i < 4; i++) jobs[i] = &t[i].j;
+  static megad_rpc_count rpcs[2] = {{"/mega.v1.Control/SubmitJob", 3},
+                                    {"/mega.v1.Control/GetJob", 9}};
   megad_metrics m = {.proc = {12.5, 1.7e9, 4096 * 1024.0, 1e8, 12, 1024},
                      .version = "0.1.0", .slots = 4, .slots_used = 2, .rpcs = rpcs, .nrpcs = 2,
                      .jobs = jobs, .njobs = 4};
@@ -192,7 +195,12 @@ static void test_page_follows_the_format(void **state) {
   m.c.http_requests[0] = 5;
   m.c.report_delay_sum_s = 0.25;
   m.c.report_delay_n = 10;
-  char *page = render(&m);
+  return render(&m);
+}
+
+static void test_page_follows_the_format(void **state) {
+  (void)state;
+  char *page = sample_page();
   fam f[128];
   int nf = 0;
   assert_true(check_format(page, f, &nf) > 30);
@@ -281,7 +289,15 @@ static void test_special_values(void **state) {
   free(page);
 }
 
-int main(void) {
+/* --print: the sample page on stdout, for check_metrics.py (Prometheus'
+ * own parser). */
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--print")) {
+    char *page = sample_page();
+    fputs(page, stdout);
+    free(page);
+    return 0;
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_page_follows_the_format),
       cmocka_unit_test(test_jobs_are_bounded),
