@@ -162,7 +162,12 @@ static mega_status open_indexed(const char *dir, const char *index_path, mega_ck
     goto out;
   }
   size_t cap = json_object_size(wmap);
-  out->files = calloc(cap ? cap : 1, sizeof *out->files);
+  if (!cap) {
+    st = mega_fail(err, MEGA_ERR_INVALID, "%s lists no tensors (its weight_map is empty)",
+                   index_path);
+    goto out;
+  }
+  out->files = calloc(cap, sizeof *out->files);
   if (!out->files) {
     st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory reading %s", index_path);
     goto out;

@@ -225,6 +225,15 @@ static void test_shard_order(void **state) {
   assert_non_null(mega_ckpt_shards_find(&sh, "b"));
   assert_null(mega_ckpt_shards_find(&sh, "c"));
   mega_ckpt_close_shards(&sh);
+  /* Found by fuzzing (fuzz_ckpt): an index with an empty weight_map (and
+   * total_size 0) opened as a checkpoint of no files. It is refused. */
+  snprintf(path, sizeof path, "%s/t.safetensors.index.json", dir);
+  FILE *fi = fopen(path, "w");
+  fputs("{\"metadata\": {\"total_size\": 0}, \"weight_map\": {}}", fi);
+  fclose(fi);
+  assert_int_equal(mega_ckpt_open_shards(dir, "t", &sh, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "lists no tensors"));
+  assert_int_equal(sh.nfiles, 0);
   tu_rmtree(dir);
 }
 
