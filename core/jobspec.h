@@ -202,6 +202,10 @@ mega_status mega_jobspec_parse(mega_jobspec *s, int argc, char *const *argv, meg
 mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
                                mega_err *err);
 
+/* Tensor-parallel groups stay inside one node (their collectives sit on
+ * the critical path): TP must divide the processes each node runs. */
+mega_status mega_jobspec_check_node(const mega_jobspec *s, int nproc_per_node, mega_err *err);
+
 /* ---- derived values (meaningful once check has passed) ---- */
 
 /* world / (TP·PP). */

@@ -352,6 +352,19 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
   return MEGA_OK;
 }
 
+mega_status mega_jobspec_check_node(const mega_jobspec *s, int nproc_per_node, mega_err *err) {
+  int tp = s->tensor_model_parallel_size;
+  if (tp > nproc_per_node)
+    return BAD("--tensor-model-parallel-size %d is larger than the %d process%s a node runs "
+               "(--nproc-per-node, or the node's slots); a TP group stays inside one node",
+               tp, nproc_per_node, nproc_per_node == 1 ? "" : "es");
+  if (nproc_per_node % tp)
+    return BAD("--tensor-model-parallel-size %d does not divide the %d processes a node runs "
+               "(--nproc-per-node, or the node's slots); a TP group stays inside one node",
+               tp, nproc_per_node);
+  return MEGA_OK;
+}
+
 void mega_jobspec_sched_params(const mega_jobspec *s, int world_size, mega_sched_params *out) {
   int pp = s->pipeline_model_parallel_size, vp = mega_jobspec_vp(s);
   *out = (mega_sched_params){
