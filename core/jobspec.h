@@ -62,6 +62,13 @@ typedef enum mega_recompute {
  * no-pipelining, gpipe, 1f1b, interleaved or zb-h1. */
 #define MEGA_JOB_SCHEDULE_AUTO (-1)
 
+/* --backend: the worker's math backend. */
+typedef enum mega_job_backend {
+  MEGA_JOB_BACKEND_AUTO = 0, /* cuda where a GPU and the cuda module are, else cpu */
+  MEGA_JOB_BACKEND_CPU,
+  MEGA_JOB_BACKEND_CUDA,
+} mega_job_backend;
+
 typedef struct mega_jobspec {
   /* model */
   int num_layers;              /* --num-layers, required */
@@ -129,6 +136,7 @@ typedef struct mega_jobspec {
   bool average_in_collective; /* scale by 1/DP in the reduction, not before it */
   /* worker and measurement */
   int blas_threads;       /* 1 */
+  int backend;            /* mega_job_backend */
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
   char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
   int log_interval;       /* 1 */
