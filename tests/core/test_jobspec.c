@@ -651,7 +651,8 @@ static void make_full(mega_jobspec *s) {
                     "--async-save", "--finetune", "--no-load-optim", "--no-load-rng",
                     "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
                     "--eval-interval", "5", "--eval-iters", "2",
-                    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+                    "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                    "--pipeline-model-parallel-size", "4",
                     "--virtual-pipeline-model-parallel-size", "2",
                     "--num-layers-per-virtual-pipeline-stage", "1",
                     "--microbatch-group-size-per-vp-stage", "5",
@@ -663,7 +664,8 @@ static void make_full(mega_jobspec *s) {
                     "--recompute-granularity", "full", "--overlap-grad-reduce",
                     "--align-grad-reduce", "--bucket-size", "1000", "--use-distributed-optimizer",
                     "--overlap-param-gather", "--average-in-collective",
-                    "--blas-threads", "4", "--trace-iteration", "3", "--simulate-compute",
+                    "--blas-threads", "4", "--backend", "cpu", "--trace-iteration", "3",
+                    "--simulate-compute",
                     "1:2:3", "--log-interval", "2"));
 }
 
