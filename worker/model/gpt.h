@@ -74,11 +74,29 @@ void mega_gpt_config_default(mega_gpt_config *cfg);
 /* Checks sizes and divisibility; the message names the bad field. */
 mega_status mega_gpt_config_check(const mega_gpt_config *cfg, mega_err *err);
 
+/* Activation recomputation, as Megatron's --recompute-granularity and
+ * --recompute-method define it. Full recomputation keeps only a recomputed
+ * group's input through forward and reruns the group's forward just before
+ * its backward; its blocks' activations live in one scratch set per acts,
+ * shared by every group, instead of one set per block. Selective keeps
+ * every block's activations but the attention probabilities [B,NH,T,T]
+ * (one buffer for all blocks), which backward recomputes from the kept qkv.
+ * Losses and gradients are bit-identical to MEGA_GPT_RECOMPUTE_NONE: the
+ * same operations run on the same inputs. */
+typedef enum mega_gpt_recompute {
+  MEGA_GPT_RECOMPUTE_NONE,
+  MEGA_GPT_RECOMPUTE_UNIFORM,   /* full: groups of recompute_layers blocks from the first */
+  MEGA_GPT_RECOMPUTE_BLOCK,     /* full: only the first recompute_layers blocks, each alone */
+  MEGA_GPT_RECOMPUTE_SELECTIVE, /* the attention core of every block */
+} mega_gpt_recompute;
+
 typedef struct mega_gpt_stage_desc {
   bool embedding;  /* holds wte, wpe; its input is tokens */
   bool loss;       /* holds ln_f and the tied head; its output is the loss */
   int first_layer; /* global id of its first block */
   int num_layers;  /* may be 0 for an embedding-only or loss-only stage */
+  mega_gpt_recompute recompute; /* zero: none */
+  int recompute_layers;         /* N >= 1 for UNIFORM and BLOCK (may exceed num_layers) */
 } mega_gpt_stage_desc;
 
 typedef struct mega_param_info {
@@ -169,10 +187,17 @@ mega_status mega_gpt_save_safetensors(mega_gpt_stage *s, const char *path,
                                       mega_err *err);
 
 /* Activations for one microbatch of B sequences of T tokens (T <=
- * max_seq_len). */
+ * max_seq_len), laid out for the stage's recomputation (desc.recompute). */
 mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts **out,
                                  mega_err *err);
+/* Bytes the acts own: with full recomputation they hold only each
+ * recomputed group's input, not its blocks' activations. */
 size_t mega_gpt_acts_bytes(const mega_gpt_acts *a);
+/* Bytes of the stage's recomputation scratch, shared by all its acts (0
+ * without recomputation): full recomputation's largest group of blocks, or
+ * selective's attention probabilities of one block. Count it once per stage
+ * beside the acts. */
+size_t mega_gpt_scratch_bytes(const mega_gpt_stage *s);
 void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T);
 /* Loss stage: logits [B,T,V] of the last forward (backend memory). */
 const float *mega_gpt_acts_logits(const mega_gpt_acts *a);

@@ -38,7 +38,12 @@ struct mega_gpt_acts {
   /* resid[l]: input of local block l; resid[L] is the loss stage's ln_f
    * input. dresid[l] is its gradient. */
   float **resid, **dresid;
+  /* Blocks that full recomputation reruns point into the stage's scratch
+   * (one set for the group being rerun), and with selective recomputation
+   * every block's att does; gen is the scratch's rc_gen they point into. */
   layer_acts *layers;
+  unsigned gen;
+  float *sink; /* [BT,C] scratch: where a rerun group's output goes (the real one is kept) */
   float *lnf, *lnf_mean, *lnf_rstd; /* loss stage */
   float *logits, *probs, *losses;   /* [BT,V], [BT,V], [BT] */
   float *dlogits, *dlnf;            /* [BT,V], [BT,C] */
@@ -58,33 +63,80 @@ static void *carve(carver *c, size_t floats) {
   return p;
 }
 
-static void layout(mega_gpt_acts *a, carver *cv) {
+/* Full recomputation's groups: block l is rerun with the blocks
+ * [*first, *end), from the input of *first, or false when l keeps its
+ * activations. Megatron's methods: uniform cuts the chunk into groups of N
+ * from its first block; block reruns each of the first N blocks alone. */
+static bool rc_group(const mega_gpt_stage *s, int l, int *first, int *end) {
+  int L = s->desc.num_layers, N = s->desc.recompute_layers;
+  if (s->desc.recompute == MEGA_GPT_RECOMPUTE_UNIFORM) {
+    *first = l / N * N;
+    *end = *first + N < L ? *first + N : L;
+    return true;
+  }
+  if (s->desc.recompute == MEGA_GPT_RECOMPUTE_BLOCK && l < N) {
+    *first = l;
+    *end = l + 1;
+    return true;
+  }
+  return false;
+}
+
+/* A block's forward activations; att: carve none, use this shared one. */
+static void carve_forward(carver *cv, layer_acts *la, size_t BT, size_t C, size_t TT,
+                          bool shared_att, float *att) {
+  la->ln1 = carve(cv, BT * C);
+  la->ln1_mean = carve(cv, BT);
+  la->ln1_rstd = carve(cv, BT);
+  la->qkv = carve(cv, BT * 3 * C);
+  la->atty = carve(cv, BT * C);
+  la->att = shared_att ? att : carve(cv, TT);
+  la->x2 = carve(cv, BT * C);
+  la->ln2 = carve(cv, BT * C);
+  la->ln2_mean = carve(cv, BT);
+  la->ln2_rstd = carve(cv, BT);
+  la->fch = carve(cv, BT * 4 * C);
+  la->fch_gelu = carve(cv, BT * 4 * C);
+}
+
+/* Carves the acts' own buffers from cv and the ones in the stage's
+ * recomputation scratch from sc. */
+static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
   const mega_gpt_stage *s = a->s;
   const mega_gpt_config *c = &s->cfg;
   size_t BT = (size_t)a->B * a->T, C = c->channels, V = c->vocab_size;
   size_t TT = (size_t)a->B * c->num_heads * a->T * a->T;
-  int L = s->desc.num_layers;
+  int L = s->desc.num_layers, first, end;
   a->tokens = carve(cv, BT); /* int32 and float have the same size */
   a->targets = carve(cv, BT);
+  /* The scratch set of full recomputation: the largest group's blocks and
+   * their inputs but the first (which is kept). */
+  int G = 0;
+  for (int l = 0; l < L; l++)
+    if (rc_group(s, l, &first, &end) && end - first > G) G = end - first;
+  layer_acts scratch[G > 0 ? G : 1];
+  float *scratch_in[G > 0 ? G : 1];
+  for (int g = 0; g < G; g++) {
+    carve_forward(sc, &scratch[g], BT, C, TT, false, NULL);
+    scratch_in[g] = g > 0 ? carve(sc, BT * C) : NULL;
+  }
+  a->sink = G > 0 ? carve(sc, BT * C) : NULL;
+  bool selective = s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && L > 0;
+  float *att = selective ? carve(sc, TT) : NULL;
   for (int l = 0; l <= L; l++) {
-    /* A non-loss stage writes its last block's output to the caller. */
-    a->resid[l] = (l < L || L == 0 || s->desc.loss) ? carve(cv, BT * C) : NULL;
+    bool rerun = l < L && rc_group(s, l, &first, &end);
+    if (rerun && l > first)
+      a->resid[l] = scratch_in[l - first];
+    else /* A non-loss stage writes its last block's output to the caller. */
+      a->resid[l] = (l < L || L == 0 || s->desc.loss) ? carve(cv, BT * C) : NULL;
     a->dresid[l] = carve(cv, BT * C);
   }
   for (int l = 0; l < L; l++) {
     layer_acts *la = &a->layers[l];
-    la->ln1 = carve(cv, BT * C);
-    la->ln1_mean = carve(cv, BT);
-    la->ln1_rstd = carve(cv, BT);
-    la->qkv = carve(cv, BT * 3 * C);
-    la->atty = carve(cv, BT * C);
-    la->att = carve(cv, TT);
-    la->x2 = carve(cv, BT * C);
-    la->ln2 = carve(cv, BT * C);
-    la->ln2_mean = carve(cv, BT);
-    la->ln2_rstd = carve(cv, BT);
-    la->fch = carve(cv, BT * 4 * C);
-    la->fch_gelu = carve(cv, BT * 4 * C);
+    if (rc_group(s, l, &first, &end))
+      *la = scratch[l - first];
+    else
+      carve_forward(cv, la, BT, C, TT, selective, att);
     la->dx2 = carve(cv, BT * C);
     la->dfch = carve(cv, BT * 4 * C);
     la->dln2 = carve(cv, BT * C);
@@ -135,22 +187,46 @@ mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts 
   a->s = s;
   a->B = B;
   a->T = T;
-  carver cv = {0};
-  layout(a, &cv);
+  carver cv = {0}, sc = {0};
+  layout(a, &cv, &sc);
   a->bytes = cv.off;
   mega_status st = s->be->ops->alloc(s->be, a->bytes, &a->block, err);
+  if (st == MEGA_OK && sc.off > s->rc_bytes) { /* the scratch grows to the largest acts */
+    void *p;
+    st = s->be->ops->alloc(s->be, sc.off, &p, err);
+    if (st == MEGA_OK) {
+      if (s->rc_buf) s->be->ops->free(s->be, s->rc_buf);
+      s->rc_buf = p;
+      s->rc_bytes = sc.off;
+      s->rc_gen++; /* every acts re-points before it next uses the scratch */
+      s->rc_holder = NULL;
+    }
+  }
   if (st) {
     mega_err_prefix(err, "gpt: activations for B=%d T=%d", B, T);
     mega_gpt_acts_destroy(a);
     return st;
   }
   cv = (carver){.base = a->block};
-  layout(a, &cv);
+  sc = (carver){.base = s->rc_buf};
+  layout(a, &cv, &sc);
+  a->gen = s->rc_gen;
   *out = a;
   return MEGA_OK;
 }
 
+/* Points the acts' recomputed buffers into the stage's scratch again after
+ * it moved (a larger acts grew it). */
+static void bind(mega_gpt_acts *a) {
+  if (a->gen == a->s->rc_gen) return;
+  carver cv = {.base = a->block}, sc = {.base = a->s->rc_buf};
+  layout(a, &cv, &sc);
+  a->gen = a->s->rc_gen;
+}
+
 size_t mega_gpt_acts_bytes(const mega_gpt_acts *a) { return a->bytes; }
+
+size_t mega_gpt_scratch_bytes(const mega_gpt_stage *s) { return s->rc_bytes; }
 
 void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T) {
   *B = a->B;
@@ -161,6 +237,7 @@ const float *mega_gpt_acts_logits(const mega_gpt_acts *a) { return a->logits; }
 
 void mega_gpt_acts_destroy(mega_gpt_acts *a) {
   if (!a) return;
+  if (a->s && a->s->rc_holder == a) a->s->rc_holder = NULL;
   if (a->block) a->s->be->ops->free(a->s->be, a->block);
   free(a->resid);
   free(a->dresid);
@@ -189,6 +266,16 @@ static mega_status need(mega_err *err, const char *fn, const char *what, bool wa
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: %s on this stage takes no %s (pass NULL)", fn, what);
   return MEGA_OK;
+}
+
+/* Whether the stage's recomputation scratch holds a's group or block k. */
+static bool holds(const mega_gpt_stage *s, const mega_gpt_acts *a, int k) {
+  return s->rc_holder == a && s->rc_held == k;
+}
+
+static void hold(mega_gpt_stage *s, const mega_gpt_acts *a, int k) {
+  s->rc_holder = a;
+  s->rc_held = k;
 }
 
 static void block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, const float *x,
@@ -236,6 +323,7 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
   if (targets && !loss_sum)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: forward with targets needs loss_sum");
   a->state = ST_EMPTY;
+  bind(a);
   int u = s->nunits; /* units in forward order: from the last */
   if (d->embedding) {
     if ((st = copy_ids(a, a->tokens, tokens, "tokens", err))) return st;
@@ -250,6 +338,9 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
     float *y = (l == L - 1 && !d->loss) ? output : a->resid[l + 1];
     for (int k = 0; k < LAYER_UNITS; k++) gpt_unit_needed(s, --u);
     block_forward(s, a, l, a->resid[l], y);
+    int first, end;
+    if (rc_group(s, l, &first, &end)) hold(s, a, first);
+    if (s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE) hold(s, a, l);
   }
   if (!d->loss) {
     a->state = ST_FORWARD;
@@ -288,12 +379,31 @@ static void block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
   o->matmul_backward_input(be, la->dln2, la->dfch, P + w->fcw, N, C, 4 * C, MEGA_W_IN_OUT);
   o->layernorm_backward_input(be, la->dx2, dy, la->dln2, la->x2, P + w->ln2w, la->ln2_mean,
                               la->ln2_rstd, N, C);
+  if (s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && !holds(s, a, l)) {
+    /* selective recomputation: the probabilities, from the kept qkv (the
+     * output, which datty's GEMM overwrites next, is not needed) */
+    o->attention_forward(be, a->datty, la->att, a->att_scratch, la->qkv, B, T, C, NH);
+    hold(s, a, l);
+  }
   o->matmul_backward_input(be, a->datty, la->dx2, P + w->projw, N, C, C, MEGA_W_IN_OUT);
   o->attention_backward(be, la->dqkv, a->att_scratch, a->datty, la->qkv, la->att, B, T, C,
                         NH);
   o->matmul_backward_input(be, la->dln1, la->dqkv, P + w->qkvw, N, C, 3 * C, MEGA_W_IN_OUT);
   o->layernorm_backward_input(be, a->dresid[l], la->dx2, la->dln1, x, P + w->ln1w,
                               la->ln1_mean, la->ln1_rstd, N, C);
+}
+
+/* Full recomputation: before block l's backward, reruns its group's forward
+ * from the kept input into the scratch set, unless the scratch holds that
+ * group already (the last group forward ran, or the one backward_input left).
+ * The group's output goes to the sink: the kept one is the next group's
+ * input. Asks for no parameters: forward already had them. */
+static void rematerialize(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
+  int first, end;
+  if (!rc_group(s, l, &first, &end) || holds(s, a, first)) return;
+  for (int k = first; k < end; k++)
+    block_forward(s, a, k, a->resid[k], k + 1 < end ? a->resid[k + 1] : a->sink);
+  hold(s, a, first);
 }
 
 static mega_status backward_check(mega_gpt_stage *s, mega_gpt_acts *a, const float *doutput,
@@ -310,6 +420,7 @@ static mega_status backward_check(mega_gpt_stage *s, mega_gpt_acts *a, const flo
     return st;
   if (d->loss && !a->have_targets)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: backward needs a forward that was given targets");
+  bind(a);
   return MEGA_OK;
 }
 
@@ -356,7 +467,10 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
                              err))) {
     return st;
   }
-  for (int l = L - 1; l >= 0; l--) block_backward_input(s, a, l);
+  for (int l = L - 1; l >= 0; l--) {
+    rematerialize(s, a, l);
+    block_backward_input(s, a, l);
+  }
   if (!d->embedding &&
       (st = o->memcpy(be, dinput, a->dresid[0], NC * sizeof(float), MEGA_COPY_D2D, err)))
     return st;
@@ -405,9 +519,13 @@ mega_status mega_gpt_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
   if (a->state != ST_BACKWARD_INPUT)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: backward_weight needs backward_input first (once per forward)");
+  bind(a);
   int u = 0;
   if (d->loss) loss_backward_weight(s, a, &u);
-  for (int l = L - 1; l >= 0; l--) block_backward_weight(s, a, l, &u);
+  for (int l = L - 1; l >= 0; l--) {
+    rematerialize(s, a, l); /* zero-bubble: backward_input may have used the scratch since */
+    block_backward_weight(s, a, l, &u);
+  }
   if (d->embedding) {
     o->encoder_backward(be, G + s->wte, G + s->wpe, a->dresid[0], a->tokens, a->B, a->T, C);
     gpt_unit_done(s, u++);
@@ -435,6 +553,7 @@ mega_status mega_gpt_backward(mega_gpt_stage *s, mega_gpt_acts *a, const float *
     return st;
   }
   for (int l = L - 1; l >= 0; l--) {
+    rematerialize(s, a, l);
     block_backward_input(s, a, l);
     block_backward_weight(s, a, l, &u);
   }
