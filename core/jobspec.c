@@ -117,7 +117,13 @@ const flagdef mega_jf_table[] = {
     INT("--eval-iters", eval_iters, "evaluation", "N", 10, "10", false, 1,
         "Iterations per evaluation."),
     INT("--tensor-model-parallel-size", tensor_model_parallel_size, "parallelism", "N", 1, "1",
-        false, 1, "Tensor-parallel size (TP)."),
+        false, 1, "Tensor-parallel size (TP): each layer's weights split over TP ranks of "
+        "one node (Megatron's column- and row-parallel linears, vocabulary-parallel "
+        "embedding and loss)."),
+    BOOL("--sequence-parallel", sequence_parallel, "parallelism",
+         "With TP > 1, split the layernorm regions along the sequence over the TP ranks "
+         "(all-gather before and reduce-scatter after the parallel linears); as in "
+         "Megatron, nothing changes at TP 1."),
     INT("--pipeline-model-parallel-size", pipeline_model_parallel_size, "parallelism", "N", 1,
         "1", false, 1, "Pipeline-parallel size (PP)."),
     INT("--virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size,

@@ -110,6 +110,7 @@ typedef struct mega_jobspec {
   int eval_iters;    /* 10 */
   /* parallelism */
   int tensor_model_parallel_size;            /* 1 */
+  bool sequence_parallel;                    /* split the stream along the sequence over TP */
   int pipeline_model_parallel_size;          /* 1 */
   int virtual_pipeline_model_parallel_size;  /* -1: see mega_jobspec_vp */
   int num_layers_per_virtual_pipeline_stage; /* -1: not given */

@@ -285,6 +285,15 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
     return BAD("--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
   if (s->overlap_p2p_comm && s->batch_p2p_comm)
     return BAD("--overlap-p2p-comm cannot be used with --batch-p2p-comm; pick one");
+  int tp = s->tensor_model_parallel_size;
+  if (s->sequence_parallel && tp > 1 && s->seq_length % tp)
+    return BAD("--sequence-parallel splits the sequence over the tensor-parallel ranks: "
+               "--seq-length %d is not divisible by --tensor-model-parallel-size %d",
+               s->seq_length, tp);
+  if (s->sequence_parallel && tp > 1 && s->variable_seq_lengths)
+    return BAD("--sequence-parallel needs every sequence length divisible by "
+               "--tensor-model-parallel-size, which --variable-seq-lengths does not keep; "
+               "drop one of them");
   return check_data_parallel(s, err);
 }
 

@@ -699,6 +699,7 @@ static void make_full(mega_jobspec *s) {
                     "--pipeline-model-parallel-layout", "Et|t*3",
                     "--decoder-first-pipeline-num-layers", "0",
                     "--decoder-last-pipeline-num-layers", "0", "--schedule", "interleaved",
+                    "--sequence-parallel",
                     "--batch-p2p-comm", "--overlap-p2p-comm", "--overlap-p2p-comm-warmup-flush",
                     "--variable-seq-lengths", "--deallocate-pipeline-outputs",
                     "--recompute-granularity", "full", "--recompute-method", "block",

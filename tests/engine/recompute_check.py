@@ -11,8 +11,11 @@ launcher and model), with the pipeline engine:
   flight pays the shared scratch and may save nothing).
 
   default: PP 2 with 1F1B and zb-h1 (its split backward), interleaved
-  PP 2 x VP 2, PP 4 zb-h1, and PP 2 x DP 2; --full: PP 2 and 4 x VP 1 and 2
-  x every schedule x DP 1 and 2, with more layer counts.
+  PP 2 x VP 2, PP 4 zb-h1, PP 2 x DP 2, and TP 2 x PP 2 (zb-h1, and 1F1B
+  with --sequence-parallel: the rerun forward issues the TP collectives
+  again); --full: PP 2 and 4 x VP 1 and 2 x every schedule x DP 1 and 2,
+  and TP 2 x PP 2 with and without sequence parallelism, with more layer
+  counts.
 
 usage: recompute_check.py MEGAW [--full]
 """
@@ -45,14 +48,19 @@ def modes(per_chunk, full):
 
 
 def layouts(full):
-    """(pp, vp, dp, schedule)"""
+    """(tp, sequence parallel, pp, vp, dp, schedule)"""
     if not full:
-        return [(2, 1, 1, "1f1b"), (2, 1, 1, "zb-h1"), (2, 2, 1, "interleaved"),
-                (4, 1, 1, "zb-h1"), (2, 1, 2, "1f1b")]
+        return [(1, False, 2, 1, 1, "1f1b"), (1, False, 2, 1, 1, "zb-h1"),
+                (1, False, 2, 2, 1, "interleaved"), (1, False, 4, 1, 1, "zb-h1"),
+                (1, False, 2, 1, 2, "1f1b"), (2, False, 2, 1, 1, "zb-h1"),
+                (2, True, 2, 1, 1, "1f1b")]
     out = []
     for pp, vp, dp in itertools.product((2, 4), (1, 2), (1, 2)):
         for sched in (["interleaved"] if vp > 1 else ["gpipe", "1f1b", "zb-h1"]):
-            out.append((pp, vp, dp, sched))
+            out.append((1, False, pp, vp, dp, sched))
+    for sp, (vp, sched) in itertools.product((False, True), ((1, "1f1b"), (1, "zb-h1"),
+                                                              (2, "interleaved"))):
+        out.append((2, sp, 2, vp, 1, sched))
     return out
 
 
@@ -81,12 +89,15 @@ def main():
         write_data(data)
         base = MODEL + ["--train-iters", str(ITERS), "--data-path", data]
         single, _ = run(megaw, tmp, 1, base, "single rank")
-        for pp, vp, dp, sched in layouts(full):
-            name = "pp=%d vp=%d dp=%d %s" % (pp, vp, dp, sched)
-            args = base + ["--pipeline-model-parallel-size", str(pp), "--schedule", sched]
+        for tp, sp, pp, vp, dp, sched in layouts(full):
+            name = "tp=%d%s pp=%d vp=%d dp=%d %s" % (tp, " sp" if sp else "", pp, vp, dp, sched)
+            args = base + ["--pipeline-model-parallel-size", str(pp), "--schedule", sched,
+                           "--tensor-model-parallel-size", str(tp)]
             if vp > 1:
                 args += ["--virtual-pipeline-model-parallel-size", str(vp)]
-            world = pp * dp
+            if sp:
+                args += ["--sequence-parallel"]
+            world = tp * pp * dp
             try:
                 ref, ref_peaks = run(megaw, tmp, world, args, name)
             except RuntimeError as e:

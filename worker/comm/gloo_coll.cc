@@ -35,6 +35,13 @@ void sum_f32(void *c, const void *a, const void *b, size_t n) {
   for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
 }
 
+void max_f32(void *c, const void *a, const void *b, size_t n) {
+  float *o = static_cast<float *>(c);
+  const float *x = static_cast<const float *>(a);
+  const float *y = static_cast<const float *>(b);
+  for (size_t i = 0; i < n; i++) o[i] = x[i] > y[i] ? x[i] : y[i];
+}
+
 ms remaining(steady::time_point deadline) {
   auto left = std::chrono::duration_cast<ms>(deadline - steady::now());
   return left.count() < 1 ? ms(1) : left;
@@ -140,7 +147,7 @@ void run_job(State &s, Job &j) {
     if (j.count == 0 || s.size == 1) return;
     gloo::AllreduceOptions o(s.ctx);
     o.setOutput(static_cast<float *>(j.out), j.count);
-    o.setReduceFunction(sum_f32);
+    o.setReduceFunction(j.max ? max_f32 : sum_f32);
     o.setTag(j.tag);
     o.setTimeout(j.timeout);
     gloo::allreduce(o);
@@ -303,6 +310,23 @@ mega_status mega_comm_all_reduce(mega_comm *comm, float *buf, size_t count,
                                  int timeout_ms, mega_err *err) {
   mega_req *r = nullptr;
   mega_status st = mega_comm_iall_reduce(comm, buf, count, timeout_ms, &r, err);
+  return blocking(st, r, timeout_ms, err);
+}
+
+mega_status mega_comm_all_reduce_max(mega_comm *comm, float *buf, size_t count,
+                                     int timeout_ms, mega_err *err) {
+  const char *fn = "mega_comm_all_reduce_max";
+  mega_req *r = nullptr;
+  mega_status st = start(comm, fn, &r, err);
+  if (st != MEGA_OK) return st;
+  if (!buf && count)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: buf is NULL for %zu floats", fn, count);
+  auto j = new_job(Job::ALL_REDUCE);
+  if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
+  j->out = buf;
+  j->count = count;
+  j->max = true;
+  st = enqueue(comm, fn, j, timeout_ms, &r, err);
   return blocking(st, r, timeout_ms, err);
 }
 

@@ -104,6 +104,7 @@ struct Job {
   size_t count = 0;
   std::vector<size_t> counts;
   mega_dtype dt = MEGA_DT_F32;
+  bool max = false;  // ALL_REDUCE: the maximum instead of the sum
   int root = 0;
   ms timeout{0};
   uint32_t tag = 0;
