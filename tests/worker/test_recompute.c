@@ -47,15 +47,6 @@ static void on_needed(void *arg, int first, int count) {
 
 static const int lens[NMB] = {4, 8, 8, 4, 8}; /* the second grows the scratch */
 
-static void forward(fx_probe *p, double *loss) {
-  const mega_gpt_stage_desc *d = mega_gpt_stage_desc_get(p->s);
-  mega_err err = {0};
-  if (mega_gpt_forward(p->s, p->a, d->embedding ? p->tokens : NULL,
-                       d->embedding ? NULL : p->input, d->loss ? p->targets : NULL,
-                       d->loss ? NULL : p->output, loss, &err) != MEGA_OK)
-    fail_msg("forward: %s", err.msg);
-}
-
 static void bwd_input(fx_probe *p) {
   const mega_gpt_stage_desc *d = mega_gpt_stage_desc_get(p->s);
   mega_err err = {0};
@@ -94,15 +85,15 @@ static void run_stage(mega_gpt_stage_desc d, run *r) {
   mega_gpt_on_params_needed(s, on_needed, r);
   fx_probe p[NMB];
   for (int m = 0; m < NMB; m++) fx_probe_init(&p[m], s, B, lens[m], 100 + 10 * (uint64_t)m);
-  for (int m = 0; m < 3; m++) forward(&p[m], &r->loss[m]);
+  for (int m = 0; m < 3; m++) fx_probe_forward(&p[m], &r->loss[m]);
   bwd_input(&p[0]);
   bwd_input(&p[1]);
   bwd_weight(&p[0]);
   bwd_input(&p[2]);
   bwd_weight(&p[2]);
   bwd_weight(&p[1]);
-  forward(&p[3], &r->loss[3]);
-  forward(&p[4], &r->loss[4]);
+  fx_probe_forward(&p[3], &r->loss[3]);
+  fx_probe_forward(&p[4], &r->loss[4]);
   bwd_both(&p[4]);
   bwd_both(&p[3]);
   for (int m = 0; m < NMB; m++) {
