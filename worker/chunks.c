@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/schedule.h"
+
 mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, mega_err *err) {
   mega_gpt_config_default(cfg);
   cfg->vocab_size = MEGA_VOCAB_SIZE;
@@ -16,8 +18,12 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
   return mega_gpt_config_check(cfg, err);
 }
 
-/* The job's recomputation flags, per model chunk as Megatron applies them. */
+/* The job's recomputation flags, per model chunk as Megatron applies them;
+ * zero-bubble runs the backward halves apart. */
 static void stage_recompute(const mega_jobspec *job, mega_gpt_stage_desc *d) {
+  mega_sched_params p;
+  mega_jobspec_sched_params(job, 0, &p);
+  d->split_backward = p.kind == MEGA_SCHED_ZB_H1;
   if (job->recompute_granularity == MEGA_RECOMPUTE_SELECTIVE) {
     d->recompute = MEGA_GPT_RECOMPUTE_SELECTIVE;
   } else if (job->recompute_granularity == MEGA_RECOMPUTE_FULL) {

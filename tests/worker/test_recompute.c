@@ -69,8 +69,9 @@ static void bwd_both(fx_probe *p) {
     fail_msg("backward: %s", err.msg);
 }
 
-/* Microbatches 0-2 in zero-bubble order (F0 F1 F2 Bi0 Bi1 W0 Bi2 W2 W1),
- * then 3-4 with the interleaved backward (F3 F4 B4 B3). */
+/* With d.split_backward, microbatches 0-2 in zero-bubble order (F0 F1 F2
+ * Bi0 Bi1 W0 Bi2 W2 W1), else with the interleaved backward (F0 F1 F2 B1
+ * B0 B2); then 3-4 with the interleaved backward (F3 F4 B4 B3). */
 static void run_stage(mega_gpt_stage_desc d, run *r) {
   mega_err err = {0};
   mega_backend *be;
@@ -86,12 +87,18 @@ static void run_stage(mega_gpt_stage_desc d, run *r) {
   fx_probe p[NMB];
   for (int m = 0; m < NMB; m++) fx_probe_init(&p[m], s, B, lens[m], 100 + 10 * (uint64_t)m);
   for (int m = 0; m < 3; m++) fx_probe_forward(&p[m], &r->loss[m]);
-  bwd_input(&p[0]);
-  bwd_input(&p[1]);
-  bwd_weight(&p[0]);
-  bwd_input(&p[2]);
-  bwd_weight(&p[2]);
-  bwd_weight(&p[1]);
+  if (d.split_backward) {
+    bwd_input(&p[0]);
+    bwd_input(&p[1]);
+    bwd_weight(&p[0]);
+    bwd_input(&p[2]);
+    bwd_weight(&p[2]);
+    bwd_weight(&p[1]);
+  } else {
+    bwd_both(&p[1]);
+    bwd_both(&p[0]);
+    bwd_both(&p[2]);
+  }
   fx_probe_forward(&p[3], &r->loss[3]);
   fx_probe_forward(&p[4], &r->loss[4]);
   bwd_both(&p[4]);
@@ -157,7 +164,7 @@ static const mode modes[] = {
     {"selective", MEGA_GPT_RECOMPUTE_SELECTIVE, 0, true},
 };
 
-static void check_stage(mega_gpt_stage_desc d) {
+static void check_stage_split(mega_gpt_stage_desc d) {
   run none, got;
   run_stage(d, &none);
   assert_int_equal(none.scratch_bytes, 0);
@@ -167,8 +174,9 @@ static void check_stage(mega_gpt_stage_desc d) {
     dm.recompute_layers = modes[i].n;
     run_stage(dm, &got);
     char what[96];
-    snprintf(what, sizeof what, "%s (stage layers %d..%d, emb %d, loss %d)", modes[i].name,
-             d.first_layer, d.first_layer + d.num_layers - 1, d.embedding, d.loss);
+    snprintf(what, sizeof what, "%s (stage layers %d..%d, emb %d, loss %d%s)", modes[i].name,
+             d.first_layer, d.first_layer + d.num_layers - 1, d.embedding, d.loss,
+             d.split_backward ? ", split backward" : "");
     assert_same(&none, &got, what);
     if (d.num_layers > 1) {
       /* each microbatch in flight holds less; the scratch is once per stage */
@@ -182,6 +190,14 @@ static void check_stage(mega_gpt_stage_desc d) {
     run_free(&got);
   }
   run_free(&none);
+}
+
+/* Both ways of running backward: the halves apart and interleaved. */
+static void check_stage(mega_gpt_stage_desc d) {
+  d.split_backward = true;
+  check_stage_split(d);
+  d.split_backward = false;
+  check_stage_split(d);
 }
 
 static void whole_model(void **state) {
@@ -236,6 +252,43 @@ static void bytes_order(void **state) {
   for (int i = 0; i < 4; i++) run_free(&r[i]);
 }
 
+/* Without split_backward, full recomputation keeps a rerun block's output
+ * gradients in the shared scratch, so less stays per microbatch, and the
+ * halves refuse to run apart. */
+static void split_backward(void **state) {
+  (void)state;
+  mega_gpt_stage_desc d = {.embedding = true, .loss = true, .num_layers = L,
+                           .recompute = MEGA_GPT_RECOMPUTE_UNIFORM, .recompute_layers = 1};
+  run apart, joined;
+  d.split_backward = true;
+  run_stage(d, &apart);
+  d.split_backward = false;
+  run_stage(d, &joined);
+  assert_true(joined.acts_bytes < apart.acts_bytes);
+  assert_true(joined.scratch_bytes > apart.scratch_bytes);
+  run_free(&apart);
+  run_free(&joined);
+
+  mega_err err = {0};
+  mega_backend *be;
+  mega_gpt_config cfg;
+  mega_gpt_stage *s;
+  fx_config(&cfg, 0.2f);
+  cfg.num_layers = L;
+  assert_int_equal(mega_backend_cpu_create(NULL, &be, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &d, &s, &err), MEGA_OK);
+  fx_probe p;
+  fx_probe_init(&p, s, B, 8, 5);
+  double loss;
+  fx_probe_forward(&p, &loss);
+  assert_int_equal(mega_gpt_backward_input(s, p.a, NULL, 0.1f, NULL, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "split_backward"));
+  bwd_both(&p); /* the acts are still good for the joined backward */
+  fx_probe_free(&p);
+  mega_gpt_stage_destroy(s);
+  mega_backend_destroy(be);
+}
+
 static void bad_desc(void **state) {
   (void)state;
   mega_err err = {0};
@@ -258,6 +311,7 @@ int main(void) {
       cmocka_unit_test(whole_model), cmocka_unit_test(first_stage),
       cmocka_unit_test(middle_stage), cmocka_unit_test(last_stage),
       cmocka_unit_test(no_blocks),   cmocka_unit_test(bytes_order),
+      cmocka_unit_test(split_backward),
       cmocka_unit_test(bad_desc),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -132,6 +132,11 @@ typedef struct mega_gpt_stage_desc {
   mega_gpt_tp tp;  /* zero means {1, 0}: no tensor parallelism */
   mega_gpt_recompute recompute; /* zero: none */
   int recompute_layers;         /* N >= 1 for UNIFORM and BLOCK (may exceed num_layers) */
+  /* The caller runs backward_input and backward_weight apart (zero-bubble):
+   * then a rerun block keeps its output gradients in the acts from one to
+   * the other; else they live in the scratch, and with full recomputation
+   * only mega_gpt_backward may run the stage's backward. */
+  bool split_backward;
 } mega_gpt_stage_desc;
 
 typedef struct mega_param_info {

@@ -53,15 +53,35 @@ static void carve_forward(carver *cv, const mega_gpt_acts *a, layer_acts *la, bo
   la->fch_gelu = carve(cv, N * Fl);
 }
 
+/* A block's output gradients (backward_input writes them, backward_weight
+ * reads them); without sequence parallelism the whole ones are aliases the
+ * caller sets. */
+static void carve_grads(carver *cv, const mega_gpt_acts *a, layer_acts *la) {
+  const mega_gpt_stage *s = a->s;
+  const mega_gpt_tp *tp = &s->desc.tp;
+  size_t N = (size_t)a->B * a->T, C = s->cfg.channels, RC = (size_t)a->R * C;
+  size_t Cl = C / tp->size, Fl = 4 * C / tp->size;
+  bool sp = tp->sequence_parallel;
+  la->dx2 = carve(cv, RC);
+  la->dfch = carve(cv, N * Fl);
+  la->dln2 = carve(cv, RC);
+  la->dqkv = carve(cv, N * 3 * Cl);
+  la->dln1 = carve(cv, RC);
+  la->dy_all = sp ? carve(cv, N * C) : NULL;
+  la->dx2_all = sp ? carve(cv, N * C) : NULL;
+}
+
 /* Carves the acts' own buffers from cv and the ones in the stage's
- * recomputation scratch from sc. */
+ * recomputation scratch from sc. A rerun block's output gradients are in
+ * the scratch too unless the stage's backward is split (zero-bubble's W
+ * reads them after other microbatches' backward_input). */
 static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
   const mega_gpt_stage *s = a->s;
   const mega_gpt_config *c = &s->cfg;
   const mega_gpt_tp *tp = &s->desc.tp;
   bool sp = tp->sequence_parallel;
   size_t N = (size_t)a->B * a->T, RC = (size_t)a->R * c->channels, C = c->channels;
-  size_t Cl = C / tp->size, Fl = 4 * C / tp->size, Vl = (size_t)c->vocab_size / tp->size;
+  size_t Cl = C / tp->size, Vl = (size_t)c->vocab_size / tp->size;
   size_t TT = (size_t)a->B * (c->num_heads / tp->size) * a->T * a->T;
   int L = s->desc.num_layers, first, end;
   a->tokens = carve(cv, N); /* int32 and float have the same size */
@@ -73,8 +93,10 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
     if (gpt_rc_group(s, l, &first, &end) && end - first > G) G = end - first;
   layer_acts scratch[G > 0 ? G : 1];
   float *scratch_in[G > 0 ? G : 1];
+  bool split = s->desc.split_backward;
   for (int g = 0; g < G; g++) {
     carve_forward(sc, a, &scratch[g], false, NULL);
+    if (!split) carve_grads(sc, a, &scratch[g]);
     scratch_in[g] = g > 0 ? carve(sc, RC) : NULL;
   }
   a->sink = G > 0 ? carve(sc, RC) : NULL;
@@ -89,17 +111,16 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
   }
   for (int l = 0; l < L; l++) {
     layer_acts *la = &a->layers[l];
-    if (gpt_rc_group(s, l, &first, &end))
+    bool rerun = gpt_rc_group(s, l, &first, &end);
+    if (rerun)
       *la = scratch[l - first];
     else
       carve_forward(cv, a, la, selective, att);
-    la->dx2 = carve(cv, RC);
-    la->dfch = carve(cv, N * Fl);
-    la->dln2 = carve(cv, RC);
-    la->dqkv = carve(cv, N * 3 * Cl);
-    la->dln1 = carve(cv, RC);
-    la->dy_all = sp ? carve(cv, N * C) : a->dresid[l + 1];
-    la->dx2_all = sp ? carve(cv, N * C) : la->dx2;
+    if (!rerun || split) carve_grads(cv, a, la);
+    if (!sp) {
+      la->dy_all = a->dresid[l + 1];
+      la->dx2_all = la->dx2;
+    }
   }
   /* a non-loss stage's last block: dy is the caller's doutput, copied to
    * dresid[L] */

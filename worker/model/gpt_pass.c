@@ -373,6 +373,12 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
   size_t RC = (size_t)a->R * s->cfg.channels;
   mega_status st = backward_check(s, a, doutput, dinput, err);
   if (st) return st;
+  int first, end;
+  if (!d->split_backward && L > 0 && gpt_rc_group(s, 0, &first, &end))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: backward_input on a stage whose recomputed blocks keep their output "
+                     "gradients only through mega_gpt_backward; create the stage with "
+                     "split_backward to run the halves apart");
   if (d->loss) {
     if ((st = loss_backward_input(s, a, loss_scale, err))) return st;
   } else if ((st = o->memcpy(be, a->dresid[L], doutput, RC * sizeof(float), MEGA_COPY_D2D,
