@@ -7,8 +7,10 @@ A small GPT (8 layers, hidden 128, 4 heads, sequences of 256, microbatches
 of 2, 8 microbatches per iteration) at PP=2 with 1F1B, so rank 0 holds two
 microbatches in flight. Each mode runs ITERS iterations; the step time is
 the median over the iterations after the first (which allocates), and so
-is the compute time (the busiest rank's), which is less noisy where other
-work shares the cores. The
+is the compute time (the busiest rank's). Where other work shares the
+cores both are noisy; the CPU seconds per iteration (every rank's user and
+system time, start-up included, over the iterations) are not, so compare
+those there. The
 losses of every mode are checked equal to the run without recomputation.
 The modes run round-robin ROUNDS times and each figure is the median over
 the rounds, so load from other work on the machine falls on all of them.
@@ -17,6 +19,7 @@ usage: bench_recompute.py MEGAW [--pp N] [--schedule S] [--iters N] [--rounds N]
 """
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -57,13 +60,16 @@ def main():
                         "--pipeline-model-parallel-size", str(a.pp), "--schedule", a.schedule]
         print("GPT 8 layers, hidden 128, 4 heads, T=256, B=2, 8 microbatches; PP=%d %s; "
               "%d iterations, step time = median after the first" % (a.pp, a.schedule, a.iters))
-        print("%-16s %-24s %9s %8s %11s %8s %s" % (
+        print("%-16s %-24s %9s %8s %11s %8s %9s %8s %s" % (
             "mode", "peak act. bytes per rank", "step (s)", "vs none", "compute (s)", "vs none",
-            "rank 0 bytes vs none"))
+            "CPU s/it", "vs none", "rank 0 bytes vs none"))
         figs = {}  # name -> [(peaks, step, comp, losses)] per round
         for _ in range(a.rounds):
             for name, flags in modes(8 // a.pp):
+                ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 res = launch(a.megaw, a.pp, base + flags, tmp, timeout=900)
+                ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / a.iters
                 for rc, _, err in res:
                     if rc != 0:
                         raise SystemExit("%s: a rank failed: %s" % (name, err.strip()[-400:]))
@@ -74,19 +80,21 @@ def main():
                 comp = max(statistics.median(l["compute_s"] for l in lines if l["iteration"] > 1)
                            for _, lines, _ in res)
                 losses = [l["loss"] for l in res[-1][1] if "loss" in l]
-                figs.setdefault(name, []).append((peaks, step, comp, losses))
+                figs.setdefault(name, []).append((peaks, step, comp, losses, cpu))
         ref = None
         for name, runs in figs.items():
             peaks = runs[0][0]
             step = statistics.median(r[1] for r in runs)
             comp = statistics.median(r[2] for r in runs)
+            cpu = statistics.median(r[4] for r in runs)
             if ref is None:
-                ref = (peaks, step, comp, runs[0][3])
+                ref = (peaks, step, comp, runs[0][3], cpu)
             if any(r[3] != ref[3] for r in runs):
                 raise SystemExit("%s: losses differ from none's %s" % (name, ref[3]))
-            print("%-16s %-24s %9.3f %7.2fx %11.3f %7.2fx %6.1f%%" % (
+            print("%-16s %-24s %9.3f %7.2fx %11.3f %7.2fx %9.3f %7.2fx %6.1f%%" % (
                 name, " ".join("%.1f MiB" % (p / 2**20) for p in peaks), step, step / ref[1],
-                comp, comp / ref[2], 100.0 * peaks[0] / ref[0][0]), flush=True)
+                comp, comp / ref[2], cpu, cpu / ref[4], 100.0 * peaks[0] / ref[0][0]),
+                flush=True)
         print("losses of every mode equal none's, bit for bit")
 
 
