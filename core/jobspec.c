@@ -18,6 +18,7 @@
 static const char *const lr_styles[] = {"constant", "linear", "cosine", NULL};
 static const char *const recomputes[] = {"full", "selective", NULL};
 static const char *const recompute_methods[] = {"uniform", "block", NULL};
+static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 /* Index i is mega_sched_kind i. */
 static const char *const schedules[] = {"no-pipelining", "gpipe", "1f1b", "interleaved", "zb-h1",
                                         NULL};
@@ -25,7 +26,8 @@ _Static_assert(MEGA_SCHED_NO_PIPELINING == 0 && MEGA_SCHED_GPIPE == 1 && MEGA_SC
                    MEGA_SCHED_INTERLEAVED == 3 && MEGA_SCHED_ZB_H1 == 4,
                "--schedule's choices index mega_sched_kind");
 _Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1 &&
-                   MEGA_RECOMPUTE_BLOCK == 1, "enum choices order");
+                   MEGA_RECOMPUTE_BLOCK == 1 && MEGA_JOB_BACKEND_CUDA == 2,
+               "enum choices order");
 
 #define OFF(f) offsetof(mega_jobspec, f)
 #define FLAG(nm, f, grp, ty, meta, dtext, hlp, ch, req, mn, mx, mnx, mxx, idf, fdf) \
@@ -180,6 +182,11 @@ const flagdef mega_jf_table[] = {
          "Divide gradients by DP inside the reduction instead of before it."),
     INT("--blas-threads", blas_threads, "worker", "N", 1, "1", false, 1,
         "BLAS threads per CPU worker."),
+    ENUM("--backend", backend, "worker", "auto|cpu|cuda", backends, MEGA_JOB_BACKEND_AUTO,
+         "auto",
+         "The math backend: cuda (the cuda module on the rank's GPU; one rank only until the "
+         "NCCL communicator is built), cpu, or auto (cuda for a single rank on a machine "
+         "with a GPU and the module, else cpu)."),
     INT("--trace-iteration", trace_iteration, "worker", "N", 0, "0", false, 0,
         "Record a Chrome trace of iteration N (1-based); 0 records none."),
     STR("--simulate-compute", simulate_compute, "worker", "F_MS:B_MS[:W_MS]", false,

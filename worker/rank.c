@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/schedule.h"
 #include "core/topology.h"
+#include "worker/backend/cuda_module.h"
 #include "worker/chunks.h"
 #include "worker/data.h"
 #include "worker/engine.h"
@@ -188,7 +190,8 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_status st = MEGA_OK;
   if (r->comm[GROUP_PP]) {
-    mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths};
+    mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths,
+                        .be = r->be};
     st = mega_p2p_create(r->comm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
   }
   if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
@@ -197,12 +200,31 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
   return st;
 }
 
+/* --backend: cuda through its module on the rank's device (the
+ * assignment's, else its local rank); auto takes cuda for a single rank
+ * where a GPU's device files are, and says why when it falls back. */
+static mega_status make_backend(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  int kind = j->backend;
+  bool gpu = access("/dev/nvidiactl", F_OK) == 0;
+  if (kind == MEGA_JOB_BACKEND_AUTO)
+    kind = gpu && r->env.world_size == 1 ? MEGA_JOB_BACKEND_CUDA : MEGA_JOB_BACKEND_CPU;
+  if (kind == MEGA_JOB_BACKEND_CUDA) {
+    int dev = r->env.device >= 0 ? r->env.device : r->env.local_rank;
+    mega_err why = {0};
+    mega_status st = mega_backend_cuda_create(dev, &r->be, j->backend == MEGA_JOB_BACKEND_CUDA ? err : &why);
+    if (st == MEGA_OK || j->backend == MEGA_JOB_BACKEND_CUDA) return st;
+    fprintf(stderr, "megaw: rank %d: --backend auto: using cpu (%s)\n", r->env.rank, why.msg);
+  }
+  mega_backend_cpu_opts bo = {.threads = j->blas_threads};
+  return mega_backend_cpu_create(&bo, &r->be, err);
+}
+
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
   rank_phase(r, "setup");
-  mega_backend_cpu_opts bo = {.threads = j->blas_threads};
-  mega_status st = mega_backend_cpu_create(&bo, &r->be, err);
+  mega_status st = make_backend(r, err);
   if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
   mega_grads_opts go = {.dp_size = r->topo.dp, .dp_rank = r->me.dp,
                         .overlap = j->overlap_grad_reduce,
