@@ -69,18 +69,25 @@ static void bwd_both(fx_probe *p) {
     fail_msg("backward: %s", err.msg);
 }
 
-/* With d.split_backward, microbatches 0-2 in zero-bubble order (F0 F1 F2
- * Bi0 Bi1 W0 Bi2 W2 W1), else with the interleaved backward (F0 F1 F2 B1
- * B0 B2); then 3-4 with the interleaved backward (F3 F4 B4 B3). */
-static void run_stage(mega_gpt_stage_desc d, run *r) {
+/* A stage of the L-layer model on a fresh cpu backend. */
+static mega_gpt_stage *make_stage(const mega_gpt_stage_desc *d, mega_backend **be) {
   mega_err err = {0};
-  mega_backend *be;
   mega_gpt_config cfg;
   mega_gpt_stage *s;
   fx_config(&cfg, 0.2f);
   cfg.num_layers = L;
-  assert_int_equal(mega_backend_cpu_create(NULL, &be, &err), MEGA_OK);
-  if (mega_gpt_stage_create(be, &cfg, &d, &s, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  assert_int_equal(mega_backend_cpu_create(NULL, be, &err), MEGA_OK);
+  if (mega_gpt_stage_create(*be, &cfg, d, &s, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  return s;
+}
+
+/* With d.split_backward, microbatches 0-2 in zero-bubble order (F0 F1 F2
+ * Bi0 Bi1 W0 Bi2 W2 W1), else with the interleaved backward (F0 F1 F2 B1
+ * B0 B2); then 3-4 with the interleaved backward (F3 F4 B4 B3). */
+static void run_stage(mega_gpt_stage_desc d, run *r) {
+  mega_backend *be;
+  mega_gpt_stage *s = make_stage(&d, &be);
+  mega_gpt_config cfg = *mega_gpt_stage_config(s);
   memset(r, 0, sizeof *r);
   mega_gpt_on_grads_done(s, on_done, r);
   mega_gpt_on_params_needed(s, on_needed, r);
@@ -271,12 +278,7 @@ static void split_backward(void **state) {
 
   mega_err err = {0};
   mega_backend *be;
-  mega_gpt_config cfg;
-  mega_gpt_stage *s;
-  fx_config(&cfg, 0.2f);
-  cfg.num_layers = L;
-  assert_int_equal(mega_backend_cpu_create(NULL, &be, &err), MEGA_OK);
-  assert_int_equal(mega_gpt_stage_create(be, &cfg, &d, &s, &err), MEGA_OK);
+  mega_gpt_stage *s = make_stage(&d, &be);
   fx_probe p;
   fx_probe_init(&p, s, B, 8, 5);
   double loss;
