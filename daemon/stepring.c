@@ -9,10 +9,11 @@ void mega_stepring_free(mega_stepring *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* A point that starts an attempt or carries an eval loss is what the page
- * marks, so thinning keeps it while that frees enough room. */
-static bool pinned(const mega_stepring *r, size_t i) {
-  return r->v[i].has_eval || (i > 0 && r->v[i].attempt != r->v[i - 1].attempt);
+/* A point that starts an attempt is marked on the curve, so thinning always
+ * keeps it (there are few); one with an eval loss is kept while that still
+ * frees enough room. */
+static bool pinned(const mega_stepring *r, size_t i, bool evals) {
+  return (evals && r->v[i].has_eval) || (i > 0 && r->v[i].attempt != r->v[i - 1].attempt);
 }
 
 /* Drops every second point of the older half: each thinning halves the
@@ -20,13 +21,17 @@ static bool pinned(const mega_stepring *r, size_t i) {
 static void thin(mega_stepring *r) {
   size_t half = r->n / 2;
   for (int pass = 0; pass < 2; pass++) {
+    bool evals = pass == 0;
     size_t o = 0;
     for (size_t i = 0; i < half; i++)
-      if (i % 2 == 0 || (pass == 0 && pinned(r, i))) o++;
-    if (pass == 0 && half - o < r->n / 8) continue; /* the pins leave too little room */
+      if (i % 2 == 0 || pinned(r, i, evals)) o++;
+    if (evals && half - o < r->n / 8) continue; /* the evals leave too little room */
+    /* in place: a kept point is never written over before it is read */
     o = 0;
-    for (size_t i = 0; i < half; i++)
-      if (i % 2 == 0 || (pass == 0 && pinned(r, i))) r->v[o++] = r->v[i];
+    for (size_t i = 0; i < half; i++) {
+      bool keep = i % 2 == 0 || pinned(r, i, evals);
+      if (keep) r->v[o++] = r->v[i];
+    }
     memmove(r->v + o, r->v + half, (r->n - half) * sizeof *r->v);
     r->thinned += half - o;
     r->n -= half - o;
