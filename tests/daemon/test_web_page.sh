@@ -15,23 +15,7 @@ if ! command -v chromium >/dev/null; then
   echo "SKIP: chromium is not installed (scripts/install-deps installs it)"
   exit 77
 fi
-work=$(mktemp -d)
-megad_pid=
-cleanup() {
-  if [ -n "$megad_pid" ] && kill -0 "$megad_pid" 2>/dev/null; then
-    kill -TERM "$megad_pid"
-    wait "$megad_pid"
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$work" || exit 1
-unset MEGA_SERVER
-fails=0
-fail() {
-  echo "FAIL: $*"
-  fails=$((fails + 1))
-}
+source "$(dirname "$(readlink -f "$0")")/../megad_lib.sh"
 
 # chromium as root needs --no-sandbox (../shared/notes/chromium.md); its own
 # profile here, so nothing outside $work is touched
@@ -52,22 +36,7 @@ get() {
 field() { "$py" -c "import json, sys; x = json.load(sys.stdin); print($1)"; }
 
 web_port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$megad" serve --listen 127.0.0.1:0 --metrics-listen "127.0.0.1:$web_port" --state-dir "$work/state" \
-  --slots 2 --node-name web-node >megad.out 2>megad.log &
-megad_pid=$!
-port=
-for _ in $(seq 300); do
-  port=$(grep -o 'listening on [^ ]*:[0-9]*' megad.out megad.log 2>/dev/null | head -1 | sed 's/.*://')
-  [ -n "$port" ] && break
-  kill -0 "$megad_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [ -z "$port" ]; then
-  echo "FAIL: megad did not say its port"
-  cat megad.out megad.log
-  exit 1
-fi
-export MEGA_SERVER=127.0.0.1:$port
+start_megad --metrics-listen "127.0.0.1:$web_port" --slots 2 --node-name web-node
 web=http://127.0.0.1:$web_port
 
 printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 40) >data.txt
