@@ -52,7 +52,8 @@ static void text(megad_web_resp *r, int status, const char *fmt, ...) {
 
 /* Takes doc's reference. */
 static void json_resp(megad_web_resp *r, json_t *doc) {
-  char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+  /* 7 significant digits: plenty for a plot, half the bytes of a full double */
+  char *s = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(7)) : NULL;
   json_decref(doc);
   if (!s) {
     text(r, 503, "out of memory");

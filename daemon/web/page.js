@@ -315,13 +315,15 @@ function renderJob(view) {
   const bub = h('section', {id: 'bubbles'}, h('h2', {text: 'Bubble per stage' +
       (job.last_step ? ` (iteration ${job.last_step.iteration})` : '')}),
       h('div', {class: 'legend'},
-        h('span', {}, h('i', {class: 'warmup', style: 'background:var(--warm)'}), 'warmup'),
+        h('span', {}, h('i', {style: 'background:var(--warm)'}), 'warmup'),
         h('span', {}, h('i', {style: 'background:var(--steady)'}), 'steady'),
         h('span', {}, h('i', {style: 'background:var(--cool)'}), 'cooldown'),
-        cf ? h('span', {}, h('i', {style: 'background:var(--closed)'}),
-               `closed form: ${cf.schedule}, P=${cf.pp}, V=${cf.vp}, M=${cf.microbatches}, ` +
-               `T_f=${cf.t_forward} T_b=${cf.t_backward} T_w=${cf.t_weight}: mean ` +
-               `${(100 * cf.bubble_fraction).toFixed(1)}%`) : null),
+        h('span', {}, h('i', {style: 'background:var(--closed)'}), 'closed form')),
+      cf ? h('div', {class: 'legend', id: 'closed-form',
+                     text: `closed form: ${cf.schedule}, P=${cf.pp}, V=${cf.vp}, ` +
+                           `M=${cf.microbatches}, T_f=${cf.t_forward} T_b=${cf.t_backward} ` +
+                           `T_w=${cf.t_weight}: mean ${(100 * cf.bubble_fraction).toFixed(1)}%`})
+         : null,
       stages.length ? bubbleChart(stages, cf)
                     : h('p', {class: 'muted', text: 'no step reported yet'}));
 
@@ -359,6 +361,9 @@ function renderJob(view) {
   document.getElementById('where').textContent = 'job ' + job.id;
   document.title = 'mega · ' + job.id + (job.name ? ' ' + job.name : '');
   if (last) document.body.setAttribute('data-iteration', String(last.it));
+  // when the first full view was drawn, for bench/web_view.sh
+  if (!document.body.hasAttribute('data-first-render-ms'))
+    document.body.setAttribute('data-first-render-ms', performance.now().toFixed(0));
 }
 
 function mega_final(state) { return ['succeeded', 'failed', 'cancelled'].includes(state); }

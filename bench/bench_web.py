@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""Web view figures for megad (printed, never a pass/fail):
+
+  size     the page's bytes (page.html + page.js), and the JSON a job page
+           first loads for a 10,000-iteration job
+  paint    headless chromium: when the job page of a 10,000-iteration job
+           drew its first full view (performance.now() at the first render,
+           from the page's data-first-render-ms), and the whole load's wall
+           time, three runs
+  pollers  megad's CPU over 30 s on a live job, without pages and with 20
+           clients making the page's requests (steps?since=next every second,
+           the job every other second); plain HTTP clients stand in for 20
+           browsers, which this 2-core machine cannot hold beside megad
+
+usage: bench_web.py MEGAD MEGACTL [size|paint|pollers ...]
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_megad(megad, work, web_port):
+    log = open(os.path.join(work, "megad.log"), "a+")
+    proc = subprocess.Popen([megad, "serve", "--listen", "127.0.0.1:0", "--metrics-listen",
+                             "127.0.0.1:%d" % web_port, "--state-dir", os.path.join(work, "state"),
+                             "--slots", "2", "--node-name", "bench"],
+                            stdout=subprocess.DEVNULL, stderr=log)
+    for _ in range(300):
+        log.seek(0)
+        m = re.search(r"listening on \S*:(\d+)", log.read())
+        if m:
+            return proc, int(m.group(1))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    sys.exit("megad did not start: see " + log.name)
+
+
+def get(url):
+    with urllib.request.urlopen(url) as r:
+        return r.read()
+
+
+def submit(megactl, port, work, iters):
+    data = os.path.join(work, "data.txt")
+    with open(data, "w") as f:
+        f.write("The quick brown fox jumps over the lazy dog. " * 40)
+    out = subprocess.run([megactl, "submit", "--num-layers", "1", "--hidden-size", "16",
+                          "--num-attention-heads", "1", "--seq-length", "8",
+                          "--micro-batch-size", "1", "--global-batch-size", "1", "--lr", "1e-3",
+                          "--data-path", data, "--train-iters", str(iters), "--log-interval",
+                          "1", "--nproc-per-node", "1", "--name", "bench"],
+                         env=dict(os.environ, MEGA_SERVER="127.0.0.1:%d" % port),
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def job(web, jid):
+    return json.loads(get("%s/api/jobs/%s" % (web, jid)))
+
+
+def cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_size(web, jid):
+    html, js = len(get(web + "/")), len(get(web + "/page.js"))
+    print("page: %d bytes (page.html %d + page.js %d), uncompressed" % (html + js, html, js))
+    t0 = time.perf_counter()
+    steps = get("%s/api/jobs/%s/steps?since=0" % (web, jid))
+    dt = time.perf_counter() - t0
+    doc = json.loads(steps)
+    print("10,000-iteration job: steps?since=0 %d bytes, %d points kept (%d thinned), %.1f ms"
+          % (len(steps), len(doc["points"]), doc["thinned"], dt * 1000))
+    one = get("%s/api/jobs/%s" % (web, jid))
+    print("10,000-iteration job: /api/jobs/ID %d bytes" % len(one))
+
+
+def bench_paint(web, jid, work):
+    if not shutil.which("chromium"):
+        print("paint: skipped, chromium is not installed")
+        return
+    firsts, walls = [], []
+    for i in range(3):
+        t0 = time.perf_counter()
+        dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                              "--user-data-dir=" + os.path.join(work, "chromium%d" % i),
+                              "--virtual-time-budget=3000", "--dump-dom",
+                              "%s/jobs/%s" % (web, jid)],
+                             capture_output=True, text=True).stdout
+        walls.append(time.perf_counter() - t0)
+        m = re.search(r'data-first-render-ms="(\d+)"', dom)
+        n = len(re.findall(r'class="loss-pt"', dom))
+        if m:
+            firsts.append(int(m.group(1)))
+        print("  run %d: first render at %s ms, %d loss points drawn as dots, wall %.2f s"
+              % (i + 1, m.group(1) if m else "?", n, walls[-1]))
+    if firsts:
+        print("paint: 10,000-iteration job page, first full render median %d ms after navigation"
+              " start; chromium process wall median %.2f s"
+              % (statistics.median(firsts), statistics.median(walls)))
+
+
+def bench_pollers(megad_pid, megactl, port, web, work):
+    jid = submit(megactl, port, work, 1000000)
+    for _ in range(600):
+        if job(web, jid)["last_iteration"] >= 5:
+            break
+        time.sleep(0.1)
+    c0 = cpu_s(megad_pid)
+    time.sleep(30)
+    idle = (cpu_s(megad_pid) - c0) / 30
+    stop = threading.Event()
+    reqs = [0]
+
+    def poller():
+        nxt, tick = 0, 0
+        while not stop.is_set():
+            doc = json.loads(get("%s/api/jobs/%s/steps?since=%d" % (web, jid, nxt)))
+            nxt = doc["next"]
+            if tick % 2 == 0:
+                get("%s/api/jobs/%s" % (web, jid))
+            reqs[0] += 1 + (tick % 2 == 0)
+            tick += 1
+            stop.wait(1.0)
+
+    threads = [threading.Thread(target=poller) for _ in range(20)]
+    for t in threads:
+        t.start()
+    c0 = cpu_s(megad_pid)
+    it0 = job(web, jid)["last_iteration"]
+    time.sleep(30)
+    busy = (cpu_s(megad_pid) - c0) / 30
+    it1 = job(web, jid)["last_iteration"]
+    stop.set()
+    for t in threads:
+        t.join()
+    subprocess.run([megactl, "cancel", jid], env=dict(os.environ, MEGA_SERVER="127.0.0.1:%d" % port),
+                   capture_output=True)
+    print("pollers: megad CPU on a live job (%.0f iterations/s): %.1f%% of a core without pages,"
+          " %.1f%% with 20 pollers (%d requests in 30 s)"
+          % ((it1 - it0) / 30, 100 * idle, 100 * busy, reqs[0]))
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    megad, megactl = sys.argv[1], sys.argv[2]
+    what = sys.argv[3:] or ["size", "paint", "pollers"]
+    work = tempfile.mkdtemp(prefix="bench_web.")
+    web_port = free_port()
+    proc, port = start_megad(megad, work, web_port)
+    web = "http://127.0.0.1:%d" % web_port
+    try:
+        if "size" in what or "paint" in what:
+            t0 = time.perf_counter()
+            jid = submit(megactl, port, work, 10000)
+            while not job(web, jid)["state"] in ("succeeded", "failed", "cancelled"):
+                time.sleep(0.5)
+            print("a 10,000-iteration job ran in %.0f s" % (time.perf_counter() - t0))
+            if "size" in what:
+                bench_size(web, jid)
+            if "paint" in what:
+                bench_paint(web, jid, work)
+        if "pollers" in what:
+            bench_pollers(proc.pid, megactl, port, web, work)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
