@@ -154,8 +154,7 @@ static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, co
 void megad_web_handle(const megad_web_data *d, const char *method, const char *path,
                       const char *query, megad_web_resp *out) {
   memset(out, 0, sizeof *out);
-  if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-    return text(out, 405, "the web view is read-only: use GET");
+  if (strcmp(method, "GET")) return text(out, 405, "the web view is read-only: use GET");
   if (!strcmp(path, "/") || !strncmp(path, "/jobs/", 6))
     return set_body(out, 200, "text/html; charset=utf-8", megad_web_page_html,
                     megad_web_page_html_len);

@@ -55,9 +55,10 @@ typedef struct megad_web_resp {
 /* Whether path (without its query) is the web view's: "/", "/page.js",
  * "/jobs/...", "/api/...". Anything else (/metrics) is the server's. */
 bool megad_web_owns(const char *path);
-/* Answers method (e.g. "GET") for path with query (the part after '?',
- * percent-encoded as sent; NULL when none). Never fails: an error is a
- * response with a status and a plain-text reason. */
+/* Answers method ("GET"; anything else is 405) for path and query (the part
+ * after '?'; NULL when none), both percent-encoded as sent: a job id in the
+ * path is decoded here. Never fails: an error is a response with a status
+ * and a plain-text reason. */
 void megad_web_handle(const megad_web_data *d, const char *method, const char *path,
                       const char *query, megad_web_resp *out);
 void megad_web_resp_free(megad_web_resp *r);

@@ -278,7 +278,7 @@ static void test_one_job(void **state) {
   get(f, "/api/jobs/j-9-n1", NULL, 404);
   get(f, "/api/jobs/j-9-n1/steps", NULL, 404);
   get(f, "/api/jobs/j-1-n1/nope", NULL, 404);
-  get(f, "/api/jobs/j-1%2Dn1", NULL, 200); /* percent-encoded ids */
+  json_decref(get(f, "/api/jobs/j-1%2Dn1", NULL, 200)); /* percent-encoded ids */
   get(f, "/api/jobs/j%zz", NULL, 400);
   get(f, "/api/nope", NULL, 404);
   get(f, "/nope", NULL, 404);
@@ -322,6 +322,9 @@ static void test_trace_and_methods(void **state) {
   json_decref(t);
   megad_web_resp r;
   megad_web_handle(&f->d, "POST", "/api/jobs", NULL, &r);
+  assert_int_equal(r.status, 405);
+  megad_web_resp_free(&r);
+  megad_web_handle(&f->d, "HEAD", "/", NULL, &r);
   assert_int_equal(r.status, 405);
   megad_web_resp_free(&r);
   megad_web_handle(&f->d, "DELETE", "/api/jobs/j-1-n1", NULL, &r);
