@@ -222,7 +222,8 @@ function timeline(trace) {
   for (const e of trace.traceEvents || [])
     if (e.ph === 'M' && e.name === 'thread_name') names.set(e.tid, e.args.name);
   const tids = [...new Set(evs.map(e => e.tid))].sort((a, b) => a - b);
-  const t0 = Math.min(...evs.map(e => e.ts)), t1 = Math.max(...evs.map(e => e.ts + e.dur));
+  let t0 = Infinity, t1 = -Infinity; // no spread: a trace may hold 100,000 spans
+  for (const e of evs) { t0 = Math.min(t0, e.ts); t1 = Math.max(t1, e.ts + e.dur); }
   const rowH = 22, L = 150, W = 1000, H = tids.length * rowH + 20;
   const svg = s('svg', {viewBox: `0 0 ${W} ${H}`, id: 'timeline-svg'});
   const X = t => L + (t - t0) / Math.max(t1 - t0, 1) * (W - L - 5);
@@ -340,7 +341,7 @@ function renderJob(view) {
     tl.append(h('div', {class: 'legend'}, 'iteration ' + job.trace_iteration + ' · ',
         h('a', {id: 'trace-link', href: '/api/jobs/' + encodeURIComponent(job.id) + '/trace',
                 download: `trace-${job.id}.json`, text: 'download the Chrome trace (Perfetto)'})),
-        timeline(view.trace));
+        view.traceSvg || (view.traceSvg = timeline(view.trace))); // drawn once
   } else {
     tl.append(h('p', {class: 'muted', text: job.trace_iteration ?
         `waiting for iteration ${job.trace_iteration}'s trace` :
@@ -370,7 +371,7 @@ function mega_final(state) { return ['succeeded', 'failed', 'cancelled'].include
 
 async function jobPage(id) {
   const base = '/api/jobs/' + encodeURIComponent(id);
-  const view = {job: null, pts: [], marks: [], next: 0, thinned: 0, trace: null};
+  const view = {job: null, pts: [], marks: [], next: 0, thinned: 0, trace: null, traceSvg: null};
   let tick = 0;
   for (;;) {
     try {
