@@ -15,7 +15,6 @@ usage: bench_web.py MEGAD MEGACTL [size|paint|pollers ...]
 """
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -27,6 +26,9 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_control import start_megad  # noqa: E402
+
 
 def free_port():
     s = socket.socket()
@@ -34,23 +36,6 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
-
-
-def start_megad(megad, work, web_port):
-    log = open(os.path.join(work, "megad.log"), "a+")
-    proc = subprocess.Popen([megad, "serve", "--listen", "127.0.0.1:0", "--metrics-listen",
-                             "127.0.0.1:%d" % web_port, "--state-dir", os.path.join(work, "state"),
-                             "--slots", "2", "--node-name", "bench"],
-                            stdout=subprocess.DEVNULL, stderr=log)
-    for _ in range(300):
-        log.seek(0)
-        m = re.search(r"listening on \S*:(\d+)", log.read())
-        if m:
-            return proc, int(m.group(1))
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    sys.exit("megad did not start: see " + log.name)
 
 
 def get(url):
@@ -232,7 +217,7 @@ def main():
     what = sys.argv[3:] or ["size", "paint", "pollers"]
     work = tempfile.mkdtemp(prefix="bench_web.")
     web_port = free_port()
-    proc, port = start_megad(megad, work, web_port)
+    proc, port = start_megad(megad, work, "--metrics-listen", "127.0.0.1:%d" % web_port)
     web = "http://127.0.0.1:%d" % web_port
     try:
         if "size" in what or "paint" in what:
