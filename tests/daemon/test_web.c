@@ -103,6 +103,62 @@ static void test_ring_thins_and_marks(void **state) {
   mega_stepring_free(&r);
 }
 
+/* Eval loss on every iteration: pinning them all would leave no room, so
+ * thinning drops them too, and the ring stays bounded. */
+static void test_ring_dense_evals(void **state) {
+  (void)state;
+  mega_stepring r = {0};
+  Mega__V1__StepMetrics s;
+  Mega__V1__RankMetrics rm[4];
+  Mega__V1__RankMetrics *rp[4];
+  for (uint64_t it = 1; it <= 20000; it++) {
+    step(&s, rm, rp, it, 0, 2);
+    s.has_eval_loss = true;
+    assert_int_equal(mega_stepring_push(&r, &s, NULL), MEGA_OK);
+  }
+  assert_true(r.n <= MEGA_STEPRING_CAP);
+  assert_int_equal(r.thinned + r.n, 20000);
+  assert_int_equal(r.v[r.n - 1].iteration, 20000);
+  mega_stepring_free(&r);
+}
+
+/* The curve is filled from the journal's step records too, and a job record
+ * replayed over its job keeps it. */
+static void test_ring_from_journal(void **state) {
+  (void)state;
+  mega_jobs t;
+  mega_jobs_init(&t);
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = "j";
+  spec.args = args;
+  spec.n_args = sizeof args / sizeof args[0];
+  mega_job *j = NULL;
+  assert_int_equal(mega_job_new("j-2-n1", &spec, "n1", 1000, &j, NULL), MEGA_OK);
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(mega_jrec_job(j, &buf, &len, NULL), MEGA_OK);
+  assert_int_equal(mega_jobs_apply(&t, buf, len, NULL), MEGA_OK);
+  for (uint64_t it = 1; it <= 3; it++) {
+    Mega__V1__StepMetrics s;
+    Mega__V1__RankMetrics rm[4];
+    Mega__V1__RankMetrics *rp[4];
+    step(&s, rm, rp, it, 0, 2);
+    uint8_t *sb;
+    size_t sl;
+    assert_int_equal(mega_jrec_step("j-2-n1", &s, &sb, &sl, NULL), MEGA_OK);
+    assert_int_equal(mega_jobs_apply(&t, sb, sl, NULL), MEGA_OK);
+    free(sb);
+  }
+  assert_int_equal(mega_jobs_find(&t, "j-2-n1")->curve.n, 3);
+  assert_int_equal(mega_jobs_apply(&t, buf, len, NULL), MEGA_OK); /* the job again */
+  const mega_job *k = mega_jobs_find(&t, "j-2-n1");
+  assert_int_equal(k->curve.n, 3);
+  assert_int_equal(k->curve.v[2].iteration, 3);
+  free(buf);
+  mega_job_free(j);
+  mega_jobs_free(&t);
+}
+
 /* ---- the router ---- */
 
 typedef struct fixture {
@@ -335,6 +391,8 @@ static void test_trace_and_methods(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ring_thins_and_marks),
+      cmocka_unit_test(test_ring_dense_evals),
+      cmocka_unit_test(test_ring_from_journal),
       cmocka_unit_test(test_owns),
       cmocka_unit_test_setup_teardown(test_page_is_self_contained, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cluster_and_jobs, setup, teardown),
