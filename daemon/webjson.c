@@ -78,6 +78,7 @@ json_t *megad_webjson_cluster(const megad_web_data *d) {
     json_object_set_new(x, "slots", json_integer(n->slots));
     json_object_set_new(x, "slots_used", json_integer(n->slots_used));
     json_object_set_new(x, "backend", json_string(n->backend ? n->backend : ""));
+    json_object_set_new(x, "devices", json_string(n->device_name ? n->device_name : ""));
     json_object_set_new(x, "version", json_string(n->version ? n->version : ""));
     json_object_set_new(x, "last_heartbeat_ms", ms(n->last_heartbeat_unix_ms));
     for (size_t k = 0; k < n->njob_ids; k++) json_array_append_new(ids, json_string(n->job_ids[k]));

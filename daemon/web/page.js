@@ -71,7 +71,7 @@ function renderCluster(c) {
   const main = document.getElementById('main');
   const nodes = c.nodes.map(n => h('tr', {class: 'node'},
       h('td', {text: (n.self ? '*' : '') + n.id}), h('td', {text: n.address}),
-      h('td', {}, stateBadge(n.state)), h('td', {text: n.backend}),
+      h('td', {}, stateBadge(n.state)), h('td', {text: n.backend}), h('td', {text: n.devices}),
       h('td', {class: 'num', text: `${n.slots_used}/${n.slots}`}),
       h('td', {}, ...n.job_ids.flatMap((id, i) => i ? [', ', jobLink(id)] : [jobLink(id)]))));
   const jobs = c.jobs.map(j => h('tr', {class: 'job', 'data-job': j.id},
@@ -82,7 +82,7 @@ function renderCluster(c) {
       h('td', {class: 'num', text: fmt(j.tokens_per_s)})));
   main.replaceChildren(
       h('section', {}, h('h2', {text: 'Nodes'}),
-        table('nodes', ['node', 'address', 'state', 'backend', 'slots', 'jobs'], nodes)),
+        table('nodes', ['node', 'address', 'state', 'backend', 'devices', 'slots', 'jobs'], nodes)),
       h('section', {}, h('h2', {text: 'Jobs coordinated by ' + c.self}),
         jobs.length ? table('jobs', ['job', 'name', 'state', 'world', 'iteration', 'loss',
                                      'tokens/s'], jobs)

@@ -204,7 +204,8 @@ static int setup(void **state) {
   assert_int_equal(mega_jobs_add(&f->t, j, NULL), MEGA_OK);
   static char *ids[] = {"j-1-n1"};
   f->self = (megad_node){.id = "n1", .address = "127.0.0.1:7000", .version = "0.1.0",
-                         .backend = "cpu", .state = MEGA__V1__NODE_STATE__NODE_STATE_ALIVE,
+                         .backend = "cuda", .device_name = "2 x NVIDIA H100 80GB HBM3",
+                         .state = MEGA__V1__NODE_STATE__NODE_STATE_ALIVE,
                          .slots = 4, .slots_used = 2, .job_ids = ids, .njob_ids = 1};
   f->nodes[0] = &f->self;
   f->d = (megad_web_data){.jobs = &f->t, .nodes = f->nodes, .nnodes = 1,
@@ -285,6 +286,8 @@ static void test_cluster_and_jobs(void **state) {
   json_t *n = json_array_get(json_object_get(c, "nodes"), 0);
   assert_string_equal(json_string_value(json_object_get(n, "state")), "alive");
   assert_int_equal(json_integer_value(json_object_get(n, "slots")), 4);
+  assert_string_equal(json_string_value(json_object_get(n, "backend")), "cuda");
+  assert_string_equal(json_string_value(json_object_get(n, "devices")), "2 x NVIDIA H100 80GB HBM3");
   assert_int_equal(json_integer_value(json_object_get(n, "slots_used")), 2);
   assert_string_equal(json_string_value(json_array_get(json_object_get(n, "job_ids"), 0)), "j-1-n1");
   assert_true(json_is_true(json_object_get(n, "self")));
