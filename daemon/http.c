@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "daemon/services.h"
+#include "daemon/webserve.h"
 
 #define REQ_MAX 8192
 
@@ -167,7 +168,11 @@ static void respond(http_conn *c, int code, const char *type, const char *body) 
   c->answered = true;
   uv_read_stop((uv_stream_t *)&c->tcp);
   http_write *hw = calloc(1, sizeof *hw);
-  const char *reason = code == 200 ? "OK" : code == 404 ? "Not Found" : "Bad Request";
+  const char *reason = code == 200   ? "OK"
+                       : code == 404 ? "Not Found"
+                       : code == 405 ? "Method Not Allowed"
+                       : code == 503 ? "Service Unavailable"
+                                     : "Bad Request";
   if (!hw || asprintf(&hw->buf,
                       "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
                       "Connection: close\r\n\r\n%s",
@@ -192,6 +197,17 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   buf->len = REQ_MAX - 1 - c->len;
 }
 
+/* The web view (daemon/web.h): "METHOD TARGET HTTP/1.x" for its paths. */
+static bool web(http_conn *c) {
+  char method[16], target[2048];
+  if (sscanf(c->req, "%15s %2047s", method, target) != 2) return false;
+  megad_web_resp r;
+  if (!megad_web_serve(c->s->s, method, target, &r)) return false;
+  respond(c, r.status, r.type, r.body ? r.body : "");
+  megad_web_resp_free(&r);
+  return true;
+}
+
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   (void)buf;
   http_conn *c = st->data;
@@ -210,8 +226,9 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
     char *body = page(c->s->s);
     respond(c, 200, "text/plain; version=0.0.4", body ? body : "");
     free(body);
+  } else if (web(c)) {
   } else if (!strncmp(c->req, "GET ", 4)) {
-    respond(c, 404, "text/plain", "megad serves only /metrics\n");
+    respond(c, 404, "text/plain", "megad serves /metrics and the web view at /\n");
   } else {
     respond(c, 400, "text/plain", "only GET is served\n");
   }

@@ -33,6 +33,7 @@ void mega_job_free(mega_job *j) {
     protobuf_c_message_free_unpacked(&j->hist[(j->hist_head + i) % MEGA_JOB_HISTORY]->base, NULL);
   free(j->hist);
   if (j->last_step) protobuf_c_message_free_unpacked(&j->last_step->base, NULL);
+  mega_stepring_free(&j->curve);
   free(j);
 }
 
@@ -272,7 +273,8 @@ mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *it
   if (!c) return oom(err);
   if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && item->step) {
     Mega__V1__StepMetrics *s = (void *)megad_pb_copy(&item->step->base);
-    if (!s) {
+    if (!s || mega_stepring_push(&j->curve, item->step, NULL) != MEGA_OK) {
+      if (s) protobuf_c_message_free_unpacked(&s->base, NULL);
       protobuf_c_message_free_unpacked(&c->base, NULL);
       return oom(err);
     }

@@ -17,6 +17,7 @@
 
 #include "core/jobspec.h"
 #include "core/status.h"
+#include "daemon/stepring.h"
 #include "proto/mega.pb-c.h"
 
 /* Items kept for WatchJob's replay, per job (the oldest go first). */
@@ -65,6 +66,7 @@ typedef struct mega_job {
   Mega__V1__WatchJobResponse **hist;
   size_t hist_head, hist_len;
   Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
+  mega_stepring curve; /* every step, thinned when old (the web view's curves) */
   /* Every event of the job, oldest first (owned; GetJob's history). */
   Mega__V1__JobEvent **events;
   size_t nevents, events_cap;
@@ -127,8 +129,8 @@ mega_status mega_job_from_msg(const Mega__V1__Job *msg, mega_job **out, mega_err
 /* ---- history ---- */
 
 /* Appends a copy of item (a step, an event or the final state); the oldest
- * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step,
- * an event also joins events (which keeps them all). */
+ * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step
+ * and joins curve, an event also joins events (which keeps them all). */
 mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err);
 /* Item i (0: oldest) of the history. */
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i);

@@ -76,6 +76,8 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
     nj->events = old->events;
     nj->nevents = old->nevents;
     nj->events_cap = old->events_cap;
+    nj->curve = old->curve;
+    memset(&old->curve, 0, sizeof old->curve);
     old->hist = NULL;
     old->hist_len = 0;
     old->last_step = NULL;
