@@ -87,9 +87,9 @@ static mega_status absolutize(char **path, mega_err *err) {
  * places the job), so the checks that need DP wait for megad. */
 static mega_status check_job(const mega_jobspec *s, int world, mega_err *err) {
   struct stat stt;
-  long long bytes = s->data_path && stat(s->data_path, &stt) == 0 && S_ISREG(stt.st_mode)
-                        ? (long long)stt.st_size
-                        : -1;
+  const char *one = mega_jobspec_data_single(s);
+  long long bytes = one && stat(one, &stt) == 0 && S_ISREG(stt.st_mode) ? (long long)stt.st_size
+                                                                        : -1;
   return mega_jobspec_check_all(s, world, bytes, err);
 }
 
@@ -138,7 +138,10 @@ int megactl_submit(int argc, char **argv) {
   if (!rc && step_timeout &&
       mega_duration_parse("--step-timeout", step_timeout, 100, 86400000, &step_ms, &err) != MEGA_OK)
     rc = megactl_usage(cmd, "%s", err.msg);
-  if (!rc && (absolutize(&s.data_path, &err) != MEGA_OK || absolutize(&s.save, &err) != MEGA_OK ||
+  /* a blend's paths are its odd words; its weights stay as they are */
+  for (int k = s.data_path.n > 1 ? 1 : 0; !rc && k < s.data_path.n; k += s.data_path.n > 1 ? 2 : 1)
+    if (absolutize(&s.data_path.v[k], &err) != MEGA_OK) rc = megactl_fail("%s", err.msg);
+  if (!rc && (absolutize(&s.save, &err) != MEGA_OK ||
               absolutize(&s.load, &err) != MEGA_OK))
     rc = megactl_fail("%s", err.msg);
   int world = per && lo == hi ? (int)(per * (lo ? lo : 1)) : 0;

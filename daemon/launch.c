@@ -385,12 +385,10 @@ static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRan
                      L->b->node_id, err->msg);
   }
   struct stat sb;
-  if (s.data_path && stat(s.data_path, &sb) != 0)
+  const char *bad, *why;
+  if (!megad_data_visible(&s, &bad, &why))
     st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read --data-path %s: %s",
-                   L->b->node_id, s.data_path, strerror(errno));
-  else if (s.data_path && !S_ISREG(sb.st_mode))
-    st = mega_fail(err, MEGA_ERR_INVALID, "--data-path %s is not a file on node %s",
-                   s.data_path, L->b->node_id);
+                   L->b->node_id, bad, why);
   else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
     st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
                    L->b->node_id);
