@@ -52,7 +52,7 @@ static void usage(FILE *f) {
           "Trains a GPT. megad starts workers with an assignment; without one, megaw\n"
           "trains alone as rank 0 of 1, or as rank R of N ranks started by hand that meet\n"
           "through a directory they all see.\n\n"
-          "worker flags:\n"
+          "megaw flags:\n"
           "  --json                 print one JSON object per iteration on stdout\n"
           "  --rank R               this process's rank (hand launch)\n"
           "  --world-size N         ranks in the job (hand launch)\n"

@@ -47,6 +47,8 @@ dead=127.0.0.1:$port
 refused="megactl: cannot reach megad at $dead: connection refused"
 
 # ---- help ----
+expect 0 "" "$megactl" --version
+check "--version prints megactl's version" grep -q "^megactl [0-9]" out.txt
 expect 0 "" "$megactl" --help
 check "top help lists the cluster commands" grep -q "^  submit " out.txt
 check "top help names --server" grep -q -- "--server ADDR" out.txt
@@ -57,6 +59,8 @@ done
 expect 0 "" "$megactl" submit -h
 check "submit help lists job flags from the table" grep -q -- "--pipeline-model-parallel-size N" out.txt
 check "submit help lists submit flags" grep -q -- "--nproc-per-node K" out.txt
+check "submit help gives --data-path's three forms" grep -q -- "--data-path FILE|PREFIX|W1 P1 W2 P2" out.txt
+check "no help line names an internal symbol" sh -c '! grep -q mega_ out.txt' 
 
 # ---- usage errors ----
 "$megactl" frobnicate >/dev/null 2>err.txt
