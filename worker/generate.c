@@ -10,13 +10,20 @@
 #include "kernels/rng.h"
 #include "worker/checkpoint.h"
 
+/* dir/name parsed into *out; path gets the file's path for messages. */
+static mega_status load_json(const char *dir, const char *name, char *path, size_t cap,
+                             json_t **out, mega_err *err) {
+  snprintf(path, cap, "%s/%s", dir, name);
+  json_error_t je;
+  *out = json_load_file(path, 0, &je);
+  return *out ? MEGA_OK : mega_fail(err, MEGA_ERR_INVALID, "%s: %s", path, je.text);
+}
+
 /* config.json's GPT2LMHeadModel fields as mega's config. */
 static mega_status read_config(const char *dir, mega_gpt_config *cfg, mega_err *err) {
   char path[4200];
-  snprintf(path, sizeof path, "%s/config.json", dir);
-  json_error_t je;
-  json_t *j = json_load_file(path, 0, &je);
-  if (!j) return mega_fail(err, MEGA_ERR_INVALID, "%s: %s", path, je.text);
+  json_t *j;
+  if (load_json(dir, "config.json", path, sizeof path, &j, err) != MEGA_OK) return err->status;
   mega_gpt_config_default(cfg);
   static const struct {
     const char *key;
@@ -45,10 +52,9 @@ static mega_status read_config(const char *dir, mega_gpt_config *cfg, mega_err *
 /* The tokenizer from the job flags trainer_state.json recorded. */
 static mega_status read_tokenizer(const char *dir, mega_gen_model *m, mega_err *err) {
   char path[4200];
-  snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-  json_error_t je;
-  json_t *j = json_load_file(path, 0, &je);
-  if (!j) return mega_fail(err, MEGA_ERR_INVALID, "%s: %s", path, je.text);
+  json_t *j;
+  if (load_json(dir, "trainer_state.json", path, sizeof path, &j, err) != MEGA_OK)
+    return err->status;
   mega_jobspec job;
   mega_jobspec_defaults(&job);
   mega_err sub = {0};
