@@ -103,6 +103,16 @@ void mega_gen_free(mega_gen_model *m) {
   *m = (mega_gen_model){0};
 }
 
+mega_status mega_gen_use_vocab(mega_gen_model *m, int vocab, int eod, mega_err *err) {
+  if (vocab < 1 || vocab > m->cfg.vocab_size)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "the tokenizer has %d ids, but the model of %s has a vocabulary of %d",
+                     vocab, m->path, m->cfg.vocab_size);
+  m->vocab = vocab;
+  m->eod = eod;
+  return MEGA_OK;
+}
+
 int32_t mega_gen_pick(const float *logits, int vocab, const mega_gen_opts *o, uint64_t step) {
   int best = 0;
   for (int v = 1; v < vocab; v++)

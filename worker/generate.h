@@ -36,6 +36,9 @@ typedef struct mega_gen_model {
 mega_status mega_gen_load(const char *load_dir, mega_backend *be, mega_gen_model *m,
                           mega_err *err);
 void mega_gen_free(mega_gen_model *m);
+/* Reads and writes with another tokenizer of vocab ids (eod: its
+ * end-of-document id, or -1); it must fit the model's vocabulary. */
+mega_status mega_gen_use_vocab(mega_gen_model *m, int vocab, int eod, mega_err *err);
 
 typedef struct mega_gen_opts {
   int max_new_tokens;

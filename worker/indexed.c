@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,4 +199,102 @@ mega_status mega_indexed_read(const mega_indexed *x, int64_t seq, int64_t off, i
     out[k] = (int32_t)v;
   }
   return MEGA_OK;
+}
+
+/* ---- writing ---- */
+
+struct mega_indexed_writer {
+  char *prefix;
+  FILE *bin;
+  int dtype;
+  int32_t *lengths;
+  int64_t *pointers, offset;
+  size_t n, cap;
+};
+
+mega_status mega_indexed_writer_open(const char *prefix, int dtype, mega_indexed_writer **out,
+                                     mega_err *err) {
+  *out = NULL;
+  if (dtype < 1 || dtype > 8)
+    return mega_fail(err, MEGA_ERR_INVALID, "unknown dtype code %d", dtype);
+  mega_indexed_writer *w = calloc(1, sizeof *w);
+  char *bin = NULL;
+  if (!w || !(w->prefix = strdup(prefix)) || asprintf(&bin, "%s.bin", prefix) < 0) {
+    if (w) free(w->prefix);
+    free(w);
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  }
+  w->dtype = dtype;
+  w->bin = fopen(bin, "wb");
+  if (!w->bin) {
+    mega_status st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", bin, strerror(errno));
+    free(bin);
+    free(w->prefix);
+    free(w);
+    return st;
+  }
+  free(bin);
+  *out = w;
+  return MEGA_OK;
+}
+
+mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, size_t n,
+                                    mega_err *err) {
+  if (n > INT32_MAX) return mega_fail(err, MEGA_ERR_INVALID, "a document of %zu tokens", n);
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? 2 * w->cap : 1024;
+    int32_t *l = realloc(w->lengths, cap * sizeof *l);
+    if (l) w->lengths = l;
+    int64_t *p = l ? realloc(w->pointers, cap * sizeof *p) : NULL;
+    if (!p) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    w->pointers = p;
+    w->cap = cap;
+  }
+  int size = itemsize[w->dtype];
+  for (size_t k = 0; k < n; k++) {
+    uint8_t b[8];
+    int32_t v = ids[k];
+    switch (w->dtype) {
+    case 1: case 2: b[0] = (uint8_t)v; break;
+    case 3: case 8: { uint16_t x = (uint16_t)v; memcpy(b, &x, 2); break; }
+    case 4: memcpy(b, &v, 4); break;
+    case 5: { int64_t x = v; memcpy(b, &x, 8); break; }
+    case 6: { double x = v; memcpy(b, &x, 8); break; }
+    default: { float x = (float)v; memcpy(b, &x, 4); break; }
+    }
+    if (fwrite(b, (size_t)size, 1, w->bin) != 1)
+      return mega_fail(err, MEGA_ERR_IO, "cannot write %s.bin: %s", w->prefix, strerror(errno));
+  }
+  w->lengths[w->n] = (int32_t)n;
+  w->pointers[w->n++] = w->offset;
+  w->offset += (int64_t)n * size;
+  return MEGA_OK;
+}
+
+mega_status mega_indexed_writer_close(mega_indexed_writer *w, mega_err *err) {
+  mega_status st = MEGA_OK;
+  if (fclose(w->bin) != 0)
+    st = mega_fail(err, MEGA_ERR_IO, "cannot write %s.bin: %s", w->prefix, strerror(errno));
+  char *path = NULL;
+  FILE *f = NULL;
+  if (st == MEGA_OK && asprintf(&path, "%s.idx", w->prefix) >= 0) f = fopen(path, "wb");
+  if (st == MEGA_OK && !f)
+    st = mega_fail(err, MEGA_ERR_IO, "cannot write %s.idx: %s", w->prefix, strerror(errno));
+  if (f) {
+    uint64_t version = 1, nseq = w->n, ndoc = w->n + 1;
+    uint8_t dt = (uint8_t)w->dtype;
+    bool ok = fwrite(magic, 9, 1, f) == 1 && fwrite(&version, 8, 1, f) == 1 &&
+              fwrite(&dt, 1, 1, f) == 1 && fwrite(&nseq, 8, 1, f) == 1 &&
+              fwrite(&ndoc, 8, 1, f) == 1 &&
+              fwrite(w->lengths, 4, w->n, f) == w->n && fwrite(w->pointers, 8, w->n, f) == w->n;
+    for (int64_t d = 0; ok && d <= (int64_t)w->n; d++) ok = fwrite(&d, 8, 1, f) == 1;
+    if (fclose(f) != 0 || !ok)
+      st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+  }
+  free(path);
+  free(w->lengths);
+  free(w->pointers);
+  free(w->prefix);
+  free(w);
+  return st;
 }

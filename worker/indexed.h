@@ -20,6 +20,7 @@
 #define MEGA_WORKER_INDEXED_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -46,5 +47,16 @@ int64_t mega_indexed_length(const mega_indexed *x, int64_t i);
  * (MEGA_ERR_INVALID) naming the file, the sequence and the value. */
 mega_status mega_indexed_read(const mega_indexed *x, int64_t seq, int64_t off, int64_t n,
                               int vocab, int32_t *out, mega_err *err);
+
+/* Writing (tools/preprocess): one sequence per document, as Megatron's
+ * preprocess_data.py writes a GPT dataset. dtype is a code above. */
+typedef struct mega_indexed_writer mega_indexed_writer;
+mega_status mega_indexed_writer_open(const char *prefix, int dtype, mega_indexed_writer **out,
+                                     mega_err *err);
+/* Appends a document of n ids (each must fit the dtype). */
+mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, size_t n,
+                                    mega_err *err);
+/* Writes PREFIX.idx and closes both files; frees w whatever happens. */
+mega_status mega_indexed_writer_close(mega_indexed_writer *w, mega_err *err);
 
 #endif

@@ -2,11 +2,14 @@
  *
  *   megaw generate --load DIR --prompt TEXT [--max-new-tokens N]
  *                  [--temperature T] [--top-k K] [--seed S]
+ *                  [--tokenizer-type GPT2BPETokenizer --vocab-file F --merge-file F]
  *
  * With the byte tokenizer the prompt's bytes are its tokens and stdout gets
  * the prompt, then the continuation's bytes, then a newline. With
  * NullTokenizer the prompt is token ids separated by spaces (Megatron's
- * NullTokenizer.text_to_ids) and so is the output. */
+ * NullTokenizer.text_to_ids) and so is the output. GPT2BPETokenizer (for a
+ * model trained on ids tools/preprocess wrote) encodes the prompt and
+ * decodes the output as text. */
 #include "worker/megaw_generate.h"
 
 #include <errno.h>
@@ -16,6 +19,7 @@
 #include <string.h>
 
 #include "worker/backend/backend.h"
+#include "worker/bpe.h"
 #include "worker/generate.h"
 
 static void usage(FILE *f) {
@@ -32,7 +36,11 @@ static void usage(FILE *f) {
           "                        above 0, sample from softmax(logits / T)\n"
           "  --top-k K             sample only among the K likeliest tokens (default 0: all)\n"
           "  --seed S              the sampling's seed (default 1234); the same seed gives\n"
-          "                        the same text\n");
+          "                        the same text\n"
+          "  --tokenizer-type GPT2BPETokenizer --vocab-file F --merge-file F\n"
+          "                        read and write text with GPT-2's BPE (a model trained on\n"
+          "                        ids from tools/preprocess), instead of the checkpoint's\n"
+          "                        tokenizer\n");
 }
 
 static int bad(const char *fmt, const char *a, const char *b) {
@@ -79,7 +87,7 @@ static int parse_ids(const char *text, int32_t *out, int cap) {
 }
 
 int megaw_generate(int argc, char **argv) {
-  const char *load = NULL, *prompt = NULL, *v;
+  const char *load = NULL, *prompt = NULL, *tok = NULL, *vocab = NULL, *merges = NULL, *v;
   mega_gen_opts o = {.max_new_tokens = 64, .temperature = 0, .top_k = 0, .seed = 1234};
   for (int i = 1; i < argc;) {
     double x;
@@ -90,6 +98,15 @@ int megaw_generate(int argc, char **argv) {
       load = v;
     } else if ((v = value(argc, argv, &i, "--prompt"))) {
       prompt = v;
+    } else if ((v = value(argc, argv, &i, "--tokenizer-type"))) {
+      if (strcmp(v, "GPT2BPETokenizer"))
+        return bad("--tokenizer-type: '%s' is not GPT2BPETokenizer%s (without the flag, the "
+                   "checkpoint's tokenizer)", v, "");
+      tok = v;
+    } else if ((v = value(argc, argv, &i, "--vocab-file"))) {
+      vocab = v;
+    } else if ((v = value(argc, argv, &i, "--merge-file"))) {
+      merges = v;
     } else if ((v = value(argc, argv, &i, "--max-new-tokens"))) {
       if (!number(v, 0, 1 << 20, &x) || x != floor(x))
         return bad("--max-new-tokens: '%s' is not a whole number from 0 to 1048576%s", v, "");
@@ -110,10 +127,17 @@ int megaw_generate(int argc, char **argv) {
     }
   }
   if (!load || !prompt) return bad("%s%s is required", !load ? "--load DIR" : "--prompt TEXT", "");
+  if ((tok || vocab || merges) && !(tok && vocab && merges))
+    return bad("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file%s%s", "",
+               "");
 
   mega_err err = {0};
   mega_backend *be = NULL;
   mega_gen_model m = {0};
+  mega_bpe *bpe = NULL;
+  mega_bpe_ids pids = {0};
+  char *text = NULL;
+  size_t tlen;
   int rc = 1;
   size_t plen = strlen(prompt);
   int32_t *ids = malloc((plen + 1) * sizeof *ids);
@@ -127,9 +151,18 @@ int megaw_generate(int argc, char **argv) {
     goto done;
   }
   if (m.notice) fprintf(stderr, "megaw generate: %s\n", m.notice);
-  bool bytes = m.tokenizer == MEGA_TOKENIZER_BYTES;
+  if (tok && (mega_bpe_load(vocab, merges, &bpe, &err) != MEGA_OK ||
+              mega_gen_use_vocab(&m, mega_bpe_vocab_size(bpe), mega_bpe_eod(bpe), &err) != MEGA_OK ||
+              mega_bpe_encode(bpe, prompt, plen, &pids, &err) != MEGA_OK)) {
+    fprintf(stderr, "megaw generate: %s\n", err.msg);
+    goto done;
+  }
+  bool bytes = !bpe && m.tokenizer == MEGA_TOKENIZER_BYTES;
   int n = (int)plen;
-  if (bytes) {
+  if (bpe) {
+    n = (int)pids.n;
+    memcpy(ids, pids.ids, pids.n * sizeof *ids); /* never more ids than bytes */
+  } else if (bytes) {
     for (size_t k = 0; k < plen; k++) ids[k] = (unsigned char)prompt[k];
   } else if ((n = parse_ids(prompt, ids, (int)plen + 1)) < 0) {
     rc = bad("--prompt '%s': this checkpoint's NullTokenizer reads token ids separated by "
@@ -141,7 +174,14 @@ int megaw_generate(int argc, char **argv) {
     fprintf(stderr, "megaw generate: %s\n", err.msg);
     goto done;
   }
-  if (bytes) {
+  if (bpe) {
+    if (mega_bpe_decode(bpe, out, (size_t)nout, &text, &tlen, &err) != MEGA_OK) {
+      fprintf(stderr, "megaw generate: %s\n", err.msg);
+      goto done;
+    }
+    fwrite(prompt, 1, plen, stdout);
+    fwrite(text, 1, tlen, stdout);
+  } else if (bytes) {
     fwrite(prompt, 1, plen, stdout);
     for (int k = 0; k < nout; k++) putchar(out[k]);
   } else {
@@ -152,6 +192,9 @@ int megaw_generate(int argc, char **argv) {
   rc = 0;
 done:
   mega_gen_free(&m);
+  mega_bpe_free(bpe);
+  free(pids.ids);
+  free(text);
   if (be) mega_backend_destroy(be);
   free(ids);
   free(out);

@@ -93,7 +93,9 @@ expect 2 "megactl: invalid job: --num-layers is required" "$megactl" submit --se
 expect 2 "megactl submit: --hidden-size: 'abc' is not a whole number; see 'megactl submit --help'" \
   "$megactl" submit --hidden-size abc
 expect 2 "megactl submit: unknown flag '--bogus'; see 'megactl submit --help'" "$megactl" submit "${job[@]}" --bogus
-expect 2 "megactl submit: unexpected word 'now'; see 'megactl submit --help'" "$megactl" submit "${job[@]}" now
+expect 2 "megactl submit: unexpected word 'now'; see 'megactl submit --help'" "$megactl" submit now "${job[@]}"
+# --data-path takes every word up to the next flag: a stray one reads as a blend
+expect 2 "megactl: invalid job: --data-path: 'data.txt' is not a weight; a blend is weighted pairs W1 P1 W2 P2 ..., e.g. --data-path 0.3 web 0.7 books" "$megactl" submit "${job[@]}" now
 expect 2 "megactl submit: --nnodes: '3:2' is not MIN or MIN:MAX with 1 <= MIN <= MAX; see 'megactl submit --help'" \
   "$megactl" submit "${job[@]}" --nnodes 3:2
 expect 2 "megactl submit: --nproc-per-node: 'x' is not a positive integer; see 'megactl submit --help'" \
