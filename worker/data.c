@@ -185,12 +185,14 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
   d->vocab = o->vocab > 0 ? o->vocab : MEGA_VOCAB_SIZE;
   d->src = calloc((size_t)n, sizeof *d->src);
   d->train = calloc((size_t)n, sizeof *d->train);
-  if (o->split) d->valid = calloc((size_t)n, sizeof *d->valid);
-  mega_status st = d->src && d->train && (!o->split || d->valid)
+  bool valid = o->split && o->eval;
+  if (valid) d->valid = calloc((size_t)n, sizeof *d->valid);
+  mega_status st = d->src && d->train && (!valid || d->valid)
                        ? MEGA_OK
                        : mega_fail(err, MEGA_ERR_NOMEM, "out of memory opening the data");
-  for (int k = 0; k < n && st == MEGA_OK; k++, d->n = k) {
+  for (int k = 0; k < n && st == MEGA_OK; k++) {
     source *s = &d->src[k];
+    d->n = k + 1; /* closed on failure too */
     st = open_source(s, paths[k], err);
     if (st == MEGA_OK && o->split && !s->ix)
       st = mega_fail(err, MEGA_ERR_INVALID,
@@ -206,7 +208,7 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
     int64_t pts[4];
     split_points(o->shares, nseq, pts);
     st = make_stream(s, pts[0], pts[1], T, "'s train split", &d->train[k], err);
-    if (st == MEGA_OK && o->shares[1] > 0)
+    if (st == MEGA_OK && o->eval)
       st = make_stream(s, pts[1], pts[2], T, "'s valid split", &d->valid[k], err);
   }
   if (st == MEGA_OK && n > 1) st = mega_blend_create(weights, n, o->samples, &d->blend, err);
@@ -228,7 +230,7 @@ mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err 
   const char **paths = calloc((size_t)(n > 0 ? n : 1), sizeof *paths);
   double *weights = calloc((size_t)(n > 0 ? n : 1), sizeof *weights);
   mega_data_opts o = {.seq_len = j->seq_length, .vocab = mega_jobspec_tokenizer_vocab(j),
-                      .split = j->split != NULL};
+                      .split = j->split != NULL, .eval = j->eval_interval > 0};
   /* training samples, and as many evaluation ones as the job can read */
   int64_t G = j->global_batch_size, evals = j->eval_interval > 0
                                                ? (int64_t)j->train_iters / j->eval_interval + 1

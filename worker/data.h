@@ -60,6 +60,8 @@ typedef struct mega_data_opts {
   int vocab;        /* token ids must be below it; 0: 256 (bytes) */
   bool split;       /* shares below are given */
   double shares[3]; /* train, valid, test, summing to 1 */
+  bool eval;        /* with split: evaluation reads the valid split, which must
+                       hold a window (its share > 0) */
   int64_t samples;  /* blends: sample numbers below it are looked up fast */
 } mega_data_opts;
 

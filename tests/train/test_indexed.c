@@ -243,7 +243,7 @@ static void test_split_eval(void **state) {
   for (int i = 0; i < 100; i++) len[i] = 5;
   write_pair("split", 4, 100, len, tok_seq, NULL);
   const char *p = prefix;
-  mega_data_opts o = {.seq_len = 8, .split = true, .shares = {0.8, 0.1, 0.1}};
+  mega_data_opts o = {.seq_len = 8, .split = true, .shares = {0.8, 0.1, 0.1}, .eval = true};
   mega_data *d;
   mega_err err = {0};
   assert_int_equal(mega_data_open_set(&p, NULL, 1, &o, &d, &err), MEGA_OK);
@@ -273,6 +273,10 @@ static void test_split_eval(void **state) {
   if (!strstr(err.msg, "split's valid split (sequences 99..100) holds 5 tokens, fewer than one "
                        "window"))
     fail_msg("%s", err.msg);
+  /* without evaluation the valid split is never read, so never refused */
+  o.eval = false;
+  assert_int_equal(mega_data_open_set(&p, NULL, 1, &o, &d, &err), MEGA_OK);
+  mega_data_close(d);
   /* a plain file has no documents to split */
   char plain[160];
   snprintf(plain, sizeof plain, "%s/plain.txt", dir);
@@ -292,7 +296,7 @@ static void test_split_megatron_default(void **state) {
   for (int i = 0; i < 1000; i++) len[i] = 2;
   write_pair("split1000", 1, 1000, len, tok_seq, NULL);
   const char *p = prefix;
-  mega_data_opts o = {.seq_len = 3, .split = true, .shares = {0.969, 0.03, 0.001}};
+  mega_data_opts o = {.seq_len = 3, .split = true, .shares = {0.969, 0.03, 0.001}, .eval = true};
   mega_data *d;
   mega_err err = {0};
   assert_int_equal(mega_data_open_set(&p, NULL, 1, &o, &d, &err), MEGA_OK);
