@@ -355,6 +355,15 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
     return BAD("--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
   if (s->overlap_p2p_comm && s->batch_p2p_comm)
     return BAD("--overlap-p2p-comm cannot be used with --batch-p2p-comm; pick one");
+  int tp = s->tensor_model_parallel_size;
+  if (s->sequence_parallel && tp > 1 && s->seq_length % tp)
+    return BAD("--sequence-parallel splits the sequence over the tensor-parallel ranks: "
+               "--seq-length %d is not divisible by --tensor-model-parallel-size %d",
+               s->seq_length, tp);
+  if (s->sequence_parallel && tp > 1 && s->variable_seq_lengths)
+    return BAD("--sequence-parallel needs every sequence length divisible by "
+               "--tensor-model-parallel-size, which --variable-seq-lengths does not keep; "
+               "drop one of them");
   return check_data_parallel(s, err);
 }
 
@@ -440,6 +449,9 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
   if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
   if (!s->save && s->async_save) return BAD("--async-save needs --save DIR");
   if ((st = check_load_flags(s, err)) != MEGA_OK) return st;
+  if (s->backend == MEGA_JOB_BACKEND_CUDA && world_size > 1)
+    return BAD("--backend cuda runs one rank until the NCCL communicator is built (world size "
+               "%d here); use --backend cpu or auto for several ranks", world_size);
   if (s->trace_iteration > s->train_iters)
     return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
                s->trace_iteration, s->train_iters);
@@ -455,6 +467,19 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
       return BAD("--simulate-compute trains nothing, so there is nothing to --save; drop one "
                  "of them");
   }
+  return MEGA_OK;
+}
+
+mega_status mega_jobspec_check_node(const mega_jobspec *s, int nproc_per_node, mega_err *err) {
+  int tp = s->tensor_model_parallel_size;
+  if (tp > nproc_per_node)
+    return BAD("--tensor-model-parallel-size %d is larger than the %d process%s a node runs "
+               "(--nproc-per-node, or the node's slots); a TP group stays inside one node",
+               tp, nproc_per_node, nproc_per_node == 1 ? "" : "es");
+  if (nproc_per_node % tp)
+    return BAD("--tensor-model-parallel-size %d does not divide the %d processes a node runs "
+               "(--nproc-per-node, or the node's slots); a TP group stays inside one node",
+               tp, nproc_per_node);
   return MEGA_OK;
 }
 

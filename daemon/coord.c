@@ -33,7 +33,9 @@ static mega_status check_submit(megad_coord *c, const mega_job *j, mega_err *err
                      "invalid job: --save %s is a file; give a directory for the checkpoints",
                      s->save);
   uint32_t nproc = coord_nproc(c, j);
-  mega_status rc = coord_check_world(s, (int)(lo * nproc), err);
+  mega_status rc = mega_jobspec_check_node(s, (int)nproc, err);
+  if (rc != MEGA_OK) return rc;
+  rc = coord_check_world(s, (int)(lo * nproc), err);
   for (uint32_t n = hi; rc != MEGA_OK && n > lo; n--)
     if (coord_check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
   return rc;

@@ -17,7 +17,7 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
 }
 
 static mega_status stage_desc(const mega_layout *l, int pp_rank, int chunk,
-                              mega_gpt_stage_desc *d, mega_err *err) {
+                              const mega_gpt_tp *tp, mega_gpt_stage_desc *d, mega_err *err) {
   if (mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_MTP) > 0)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "layout: stage (pp %d, vp %d) has multi-token prediction layers ('m'), "
@@ -26,7 +26,8 @@ static mega_status stage_desc(const mega_layout *l, int pp_rank, int chunk,
       .embedding = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_EMBEDDING) > 0,
       .loss = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_LOSS) > 0,
       .first_layer = mega_layout_offset(l, pp_rank, chunk, MEGA_LAYER_DECODER),
-      .num_layers = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_DECODER)};
+      .num_layers = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_DECODER),
+      .tp = tp ? *tp : (mega_gpt_tp){.size = 1}};
   return MEGA_OK;
 }
 
@@ -52,10 +53,15 @@ static mega_status build_views(mega_chunks *c, mega_err *err) {
                                         .grads = g + info[i].offset,
                                         .numel = info[i].numel, .decay = info[i].decay};
       mega_ckpt_param *cp = &c->ckpt[k];
+      const mega_gpt_tp *tp = mega_gpt_stage_tp(c->stages[v]);
       cp->name = info[i].name;
       cp->ndim = info[i].ndim;
-      for (int d = 0; d < info[i].ndim; d++) cp->shape[d] = info[i].shape[d];
-      cp->numel = info[i].numel;
+      for (int d = 0; d < info[i].ndim; d++) cp->shape[d] = info[i].full_shape[d];
+      cp->numel = info[i].full_numel;
+      cp->tp_size = tp->size;
+      cp->tp_rank = tp->rank;
+      cp->tp = info[i].tp;
+      cp->local_numel = info[i].numel;
       cp->param = p + info[i].offset;
       c->tied_copy[k] = info[i].tied_copy;
       if (!strcmp(info[i].name, "transformer.wte.weight")) {
@@ -69,7 +75,7 @@ static mega_status build_views(mega_chunks *c, mega_err *err) {
 }
 
 mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
-                              const mega_layout *layout, int pp_rank,
+                              const mega_layout *layout, int pp_rank, const mega_gpt_tp *tp,
                               const mega_grads_opts *grads, mega_err *err) {
   *c = (mega_chunks){.vp = layout->vp};
   mega_status st = mega_chunks_config(job, &c->cfg, err);
@@ -78,7 +84,7 @@ mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobsp
   if (!c->stages) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d chunks", c->vp);
   for (int v = 0; v < c->vp && st == MEGA_OK; v++) {
     mega_gpt_stage_desc d;
-    st = stage_desc(layout, pp_rank, v, &d, err);
+    st = stage_desc(layout, pp_rank, v, tp, &d, err);
     if (st == MEGA_OK) st = mega_gpt_stage_create(be, &c->cfg, &d, &c->stages[v], err);
   }
   if (st == MEGA_OK) st = mega_grads_create(be, c->stages, c->vp, grads, &c->grads, err);

@@ -72,6 +72,7 @@ typedef struct mega_engine_config {
   const mega_batch_plan *plan;
   int dp_rank;
   int seq_len, hidden;
+  int stream_split;        /* sequence parallelism: activations are [B*T/split, hidden]; 0 or 1: whole */
   bool overlap_p2p;        /* --overlap-p2p-comm */
   bool overlap_warmup_flush; /* --overlap-p2p-comm-warmup-flush */
   bool deallocate_outputs; /* --deallocate-pipeline-outputs */

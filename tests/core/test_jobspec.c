@@ -654,7 +654,8 @@ static void make_full(mega_jobspec *s) {
                     "--async-save", "--finetune", "--no-load-optim", "--no-load-rng",
                     "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
                     "--eval-interval", "5", "--eval-iters", "2",
-                    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+                    "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                    "--pipeline-model-parallel-size", "4",
                     "--virtual-pipeline-model-parallel-size", "2",
                     "--num-layers-per-virtual-pipeline-stage", "1",
                     "--microbatch-group-size-per-vp-stage", "5",
@@ -666,8 +667,8 @@ static void make_full(mega_jobspec *s) {
                     "--recompute-granularity", "full", "--overlap-grad-reduce",
                     "--align-grad-reduce", "--bucket-size", "1000", "--use-distributed-optimizer",
                     "--overlap-param-gather", "--average-in-collective",
-                    "--blas-threads", "4", "--trace-iteration", "3", "--simulate-compute",
-                    "1:2:3", "--log-interval", "2", "--data-path", "0.3", "a b", "0.7", "-c",
+                    "--blas-threads", "4", "--backend", "cpu", "--trace-iteration", "3",
+                    "--simulate-compute", "1:2:3", "--log-interval", "2", "--data-path", "0.3", "a b", "0.7", "-c",
                     "--split", "969,30,1", "--tokenizer-type", "NullTokenizer", "--vocab-size",
                     "50257", "--make-vocab-size-divisible-by", "64"));
 }

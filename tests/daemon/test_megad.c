@@ -113,6 +113,21 @@ static void test_bad_input(void **state) {
   char id[64];
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "invalid job"));
+  /* tensor parallelism megactl would refuse, sent raw: heads, the
+   * sequence under --sequence-parallel, TP past the node's 2 slots */
+  const char *tp_bad[][8] = {
+      {"--tensor-model-parallel-size", "2", "--num-attention-heads", "1", "--hidden-size", "32",
+       NULL},
+      {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "15", NULL},
+      {"--tensor-model-parallel-size", "4", "--num-attention-heads", "4", NULL},
+  };
+  const char *tp_why[] = {"not divisible by --tensor-model-parallel-size 2",
+                          "--seq-length 15 is not divisible", "larger than the 2 processes"};
+  for (int k = 0; k < 3; k++) {
+    hd_tiny_spec(&spec, d.dir, 3, tp_bad[k]);
+    assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+    if (!strstr(err.msg, tp_why[k])) fail_msg("case %d: %s", k, err.msg);
+  }
   const char *bad_flag[] = {"--no-such-flag", NULL};
   hd_tiny_spec(&spec, d.dir, 3, bad_flag);
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
