@@ -190,7 +190,8 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_status st = MEGA_OK;
   if (r->comm[GROUP_PP]) {
-    mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths};
+    mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths,
+                        .be = r->be};
     st = mega_p2p_create(r->comm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
   }
   if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);

@@ -357,6 +357,10 @@ static const mega_backend_ops cuda_ops = {
     .scale = cu_scale,
 };
 
+cudaStream_t mega_cuda_backend_stream(mega_backend *be) {
+  return be && be->ops == &cuda_ops ? impl_of(be)->stream : NULL;
+}
+
 mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *err) {
   *out = NULL;
   int count = 0; /* left unwritten without a driver */

@@ -48,4 +48,5 @@ __attribute__((visibility("default"))) const mega_cuda_module mega_cuda_module_v
     .device_info = device_info,
     .backend_create = mega_cuda_backend_create,
     .versions = versions,
+    .nccl_create = mega_cuda_nccl_create,
 };

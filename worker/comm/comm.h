@@ -109,6 +109,14 @@ mega_status mega_store_open_kv(const mega_kv_ops *ops, void *ctx,
  * as the communicators it served exist. NULL is ignored. */
 void mega_store_close(mega_store *store);
 
+/* One value under "<prefix>/<group>/<key>": what a communicator other than
+ * Gloo shares at creation (NCCL's unique id). get waits up to timeout_ms
+ * for the key and returns a malloc'd copy the caller frees. */
+mega_status mega_store_set(mega_store *store, const char *group, const char *key,
+                           const void *value, size_t len, mega_err *err);
+mega_status mega_store_get(mega_store *store, const char *group, const char *key,
+                           void **value, size_t *len, int timeout_ms, mega_err *err);
+
 /* ---- Communicators ------------------------------------------------------ */
 
 /* Creates rank `rank` of a group of `size` ranks called `group` (unique
