@@ -67,10 +67,17 @@ const flagdef mega_jf_table[] = {
         "Samples per iteration over all data-parallel replicas."),
     INT("--train-iters", train_iters, "batch", "N", 0, "required", true, 1,
         "Number of training iterations."),
-    LIST("--data-path", data_path, "data", "FILE|PREFIX|W1 P1 W2 P2...", true,
+    /* required unless --train-data-path is given (check_data) */
+    FLAG("--data-path", data_path, "data", MEGA_JOBFLAG_LIST, "FILE|PREFIX|W1 P1 W2 P2...",
+         "required",
          "Training data: a FILE read as bytes (the byte tokenizer); a PREFIX naming "
          "Megatron's indexed dataset PREFIX.bin and PREFIX.idx; or a blend of weighted "
-         "datasets W1 P1 W2 P2 ..., each P a FILE or a PREFIX."),
+         "datasets W1 P1 W2 P2 ..., each P a FILE or a PREFIX.",
+         NULL, false, NAN, NAN, false, false, 0, 0),
+    LIST("--train-data-path", train_data_path, "data", "FILE|PREFIX|W1 P1...", false,
+         "Instead of --data-path: the training data alone, in --data-path's forms."),
+    LIST("--valid-data-path", valid_data_path, "data", "FILE|PREFIX|W1 P1...", false,
+         "With --train-data-path: the data evaluation reads, in --data-path's forms."),
     STR("--split", split, "data", "A,B,C", false,
         "Train, valid and test shares of each dataset's documents (e.g. 969,30,1); "
         "evaluation then reads the valid split."),

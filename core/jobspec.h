@@ -97,7 +97,9 @@ typedef struct mega_jobspec {
   int global_batch_size; /* required */
   int train_iters;       /* required */
   /* data */
-  mega_strlist data_path; /* required: FILE (bytes), PREFIX (.bin/.idx), or W1 P1 W2 P2 ... */
+  mega_strlist data_path; /* FILE (bytes), PREFIX (.bin/.idx), or W1 P1 W2 P2 ... */
+  mega_strlist train_data_path; /* instead of --data-path: the training data alone */
+  mega_strlist valid_data_path; /* with --train-data-path: what evaluation reads */
   char *split;            /* NULL: no split; else "969,30,1" (train, valid, test) */
   int tokenizer_type;     /* mega_tokenizer */
   int vocab_size;         /* -1: not given (NullTokenizer needs it) */
@@ -257,13 +259,24 @@ int mega_jobspec_tokenizer_vocab(const mega_jobspec *s);
  * tokenizer's vocabulary rounded up to a multiple of
  * --make-vocab-size-divisible-by × TP. */
 int mega_jobspec_padded_vocab(const mega_jobspec *s);
-/* --data-path's datasets (meaningful once check has passed): a lone path
- * is one dataset of weight 1; W1 P1 W2 P2 ... is a blend. */
+/* The datasets a data flag names (meaningful once check has passed): a
+ * lone path is one dataset of weight 1; W1 P1 W2 P2 ... is a blend. 0
+ * datasets for an absent flag. */
+int mega_jobspec_blend_count(const mega_strlist *l);
+const char *mega_jobspec_blend_prefix(const mega_strlist *l, int k);
+double mega_jobspec_blend_weight(const mega_strlist *l, int k); /* as given, unnormalized */
+/* The training data: --train-data-path when given, else --data-path. */
+const mega_strlist *mega_jobspec_train_data(const mega_jobspec *s);
+/* Every dataset path of the job (training, then --valid-data-path's), for
+ * the checks that each can be read: path k, or NULL past the last; *flag
+ * (may be NULL) gets the flag that named it. */
+const char *mega_jobspec_data_file(const mega_jobspec *s, int k, const char **flag);
+/* The training data's datasets, as above. */
 int mega_jobspec_data_count(const mega_jobspec *s);
 const char *mega_jobspec_data_prefix(const mega_jobspec *s, int k);
-double mega_jobspec_data_weight(const mega_jobspec *s, int k); /* as given, unnormalized */
-/* The one plain path when --data-path names a single dataset, else NULL
- * (callers stat it for mega_jobspec_check's data_bytes). */
+double mega_jobspec_data_weight(const mega_jobspec *s, int k);
+/* The one plain path when the training data is a single dataset, else
+ * NULL (callers stat it for mega_jobspec_check's data_bytes). */
 const char *mega_jobspec_data_single(const mega_jobspec *s);
 /* --split as Megatron normalizes it: up to three non-negative numbers
  * ("969,30,1", "90/5/5"), missing ones 0, divided by their sum. */

@@ -71,22 +71,44 @@ static bool weight_text(const char *w, double *out) {
   return true;
 }
 
+int mega_jobspec_blend_count(const mega_strlist *l) {
+  return l->n == 1 ? 1 : l->n % 2 == 0 ? l->n / 2 : 0;
+}
+
+const char *mega_jobspec_blend_prefix(const mega_strlist *l, int k) {
+  if (k < 0 || k >= mega_jobspec_blend_count(l)) return NULL;
+  return l->n == 1 ? l->v[0] : l->v[2 * k + 1];
+}
+
+double mega_jobspec_blend_weight(const mega_strlist *l, int k) {
+  double w = 1;
+  if (l->n > 1 && k >= 0 && k < mega_jobspec_blend_count(l)) weight_text(l->v[2 * k], &w);
+  return w;
+}
+
+const mega_strlist *mega_jobspec_train_data(const mega_jobspec *s) {
+  return s->train_data_path.n ? &s->train_data_path : &s->data_path;
+}
+
+const char *mega_jobspec_data_file(const mega_jobspec *s, int k, const char **flag) {
+  int n = mega_jobspec_data_count(s);
+  if (flag)
+    *flag = k >= n ? "--valid-data-path" : s->train_data_path.n ? "--train-data-path"
+                                                                 : "--data-path";
+  return k < n ? mega_jobspec_data_prefix(s, k)
+               : mega_jobspec_blend_prefix(&s->valid_data_path, k - n);
+}
+
 int mega_jobspec_data_count(const mega_jobspec *s) {
-  int n = s->data_path.n;
-  return n == 1 ? 1 : n % 2 == 0 ? n / 2 : 0;
+  return mega_jobspec_blend_count(mega_jobspec_train_data(s));
 }
 
 const char *mega_jobspec_data_prefix(const mega_jobspec *s, int k) {
-  int n = s->data_path.n;
-  if (k < 0 || k >= mega_jobspec_data_count(s)) return NULL;
-  return n == 1 ? s->data_path.v[0] : s->data_path.v[2 * k + 1];
+  return mega_jobspec_blend_prefix(mega_jobspec_train_data(s), k);
 }
 
 double mega_jobspec_data_weight(const mega_jobspec *s, int k) {
-  double w = 1;
-  if (s->data_path.n > 1 && k >= 0 && k < mega_jobspec_data_count(s))
-    weight_text(s->data_path.v[2 * k], &w);
-  return w;
+  return mega_jobspec_blend_weight(mega_jobspec_train_data(s), k);
 }
 
 const char *mega_jobspec_data_single(const mega_jobspec *s) {
@@ -124,25 +146,47 @@ mega_status mega_jobspec_split(const mega_jobspec *s, double out[3], mega_err *e
   return MEGA_OK;
 }
 
-/* The data flags: --data-path's three forms, --split, the tokenizer. */
-static mega_status check_data(const mega_jobspec *s, mega_err *err) {
-  const mega_strlist *d = &s->data_path;
+/* A data flag's words: FILE, PREFIX, or weighted pairs. */
+static mega_status check_blend(const char *flag, const mega_strlist *d, mega_err *err) {
   if (d->n > 1) {
     if (d->n % 2)
-      return BAD("--data-path has %d words; a blend is weighted pairs W1 P1 W2 P2 ... (an "
-                 "even count), a single dataset one FILE or PREFIX",
-                 d->n);
+      return BAD("%s has %d words; a blend is weighted pairs W1 P1 W2 P2 ... (an even count), "
+                 "a single dataset one FILE or PREFIX",
+                 flag, d->n);
     for (int k = 0; k < d->n; k += 2) {
       double w;
       if (!weight_text(d->v[k], &w))
-        return BAD("--data-path: '%s' is not a weight; a blend is weighted pairs W1 P1 W2 P2 "
-                   "..., e.g. --data-path 0.3 web 0.7 books",
-                   d->v[k]);
+        return BAD("%s: '%s' is not a weight; a blend is weighted pairs W1 P1 W2 P2 ..., e.g. "
+                   "%s 0.3 web 0.7 books",
+                   flag, d->v[k], flag);
       if (!(w > 0))
-        return BAD("--data-path: the weight of %s is %s; weights must be greater than 0",
+        return BAD("%s: the weight of %s is %s; weights must be greater than 0", flag,
                    d->v[k + 1], d->v[k]);
     }
   }
+  return MEGA_OK;
+}
+
+/* The data flags: --data-path's three forms or the train and valid paths,
+ * --split, the tokenizer. */
+static mega_status check_data(const mega_jobspec *s, mega_err *err) {
+  mega_status st;
+  if ((st = check_blend("--data-path", &s->data_path, err)) != MEGA_OK ||
+      (st = check_blend("--train-data-path", &s->train_data_path, err)) != MEGA_OK ||
+      (st = check_blend("--valid-data-path", &s->valid_data_path, err)) != MEGA_OK)
+    return st;
+  if (!s->data_path.n && !s->train_data_path.n) return BAD("--data-path is required");
+  if (s->data_path.n && s->train_data_path.n)
+    return BAD("--data-path and --train-data-path exclude each other; give the training data "
+               "once");
+  if (s->valid_data_path.n && !s->train_data_path.n)
+    return BAD("--valid-data-path needs --train-data-path (with --data-path, --split gives "
+               "evaluation a valid split)");
+  if (s->valid_data_path.n && s->eval_interval == 0)
+    return BAD("--valid-data-path is what evaluation reads; give --eval-interval N too");
+  if (s->split && s->train_data_path.n)
+    return BAD("--split divides --data-path; with --train-data-path give evaluation's data as "
+               "--valid-data-path");
   double split[3];
   mega_err sub = {0};
   if (mega_jobspec_split(s, split, &sub) != MEGA_OK) return BAD("%s", sub.msg);

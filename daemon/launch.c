@@ -385,10 +385,10 @@ static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRan
                      L->b->node_id, err->msg);
   }
   struct stat sb;
-  const char *bad, *why;
-  if (!megad_data_visible(&s, &bad, &why))
-    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read --data-path %s: %s",
-                   L->b->node_id, bad, why);
+  const char *flag, *bad, *why;
+  if (!megad_data_visible(&s, &flag, &bad, &why))
+    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read %s %s: %s", L->b->node_id, flag,
+                   bad, why);
   else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
     st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
                    L->b->node_id);

@@ -56,9 +56,10 @@ static bool is_file(const char *path, const char *ext, const char **why) {
   return S_ISREG(st.st_mode);
 }
 
-bool megad_data_visible(const mega_jobspec *s, const char **bad, const char **why) {
-  for (int k = 0; k < mega_jobspec_data_count(s); k++) {
-    const char *p = mega_jobspec_data_prefix(s, k);
+bool megad_data_visible(const mega_jobspec *s, const char **flag, const char **bad,
+                        const char **why) {
+  const char *p;
+  for (int k = 0; (p = mega_jobspec_data_file(s, k, flag)); k++) {
     const char *w = NULL;
     bool ok = is_file(p, ".idx", &w) ? is_file(p, ".bin", why) : is_file(p, "", why);
     if (!ok) {

@@ -34,10 +34,13 @@ typedef struct stream {
 } stream;
 
 struct mega_data {
-  int seq_len, vocab, n;
-  source *src;
-  stream *train, *valid; /* per dataset; valid NULL without a split */
+  int seq_len, vocab;
+  int n, nv, nsrc;       /* training and valid datasets, sources opened */
+  source *src;           /* n training sources, then nv valid ones */
+  stream *train, *valid; /* valid: per training dataset with a split, or per valid
+                            dataset (nv > 0); NULL without either */
   mega_blend *blend;     /* NULL for one dataset */
+  mega_blend *vblend;    /* the valid datasets' blend, NULL for fewer than two */
 };
 
 mega_status mega_batch_plan_init(mega_batch_plan *p, int global_batch, int micro_batch,
@@ -69,27 +72,28 @@ mega_status mega_data_file_size(const char *path, long long *bytes, mega_err *er
 
 mega_status mega_data_probe(const mega_jobspec *job, long long *bytes, mega_err *err) {
   *bytes = -1;
-  for (int k = 0; k < mega_jobspec_data_count(job); k++) {
-    const char *p = mega_jobspec_data_prefix(job, k);
+  const char *p, *flag;
+  for (int k = 0; (p = mega_jobspec_data_file(job, k, &flag)); k++) {
     struct stat st;
     if (mega_indexed_exists(p)) {
       char bin[4096];
       snprintf(bin, sizeof bin, "%s.bin", p);
       if (stat(bin, &st) != 0 || !S_ISREG(st.st_mode))
         return mega_fail(err, MEGA_ERR_IO,
-                         "--data-path '%s': %s.idx is there but %s is %s; an indexed dataset "
-                         "is the pair PREFIX.bin and PREFIX.idx", p, p, bin,
+                         "%s '%s': %s.idx is there but %s is %s; an indexed dataset is the pair "
+                         "PREFIX.bin and PREFIX.idx", flag, p, p, bin,
                          stat(bin, &st) != 0 ? "missing" : "not a regular file");
       continue;
     }
-    if (stat(p, &st) != 0 && errno == ENOENT)
+    if (stat(p, &st) != 0)
       return mega_fail(err, MEGA_ERR_IO,
-                       "cannot read --data-path '%s': there is no such file, nor an indexed "
-                       "dataset %s.bin and %s.idx", p, p, p);
-    long long n;
-    mega_status r = mega_data_file_size(p, &n, err);
-    if (r != MEGA_OK) return r;
-    if (mega_jobspec_data_single(job)) *bytes = n;
+                       errno == ENOENT ? "cannot read %s '%s': there is no such file, nor an "
+                                         "indexed dataset %s.bin and %s.idx"
+                                       : "cannot read %s '%s': %s",
+                       flag, p, errno == ENOENT ? p : strerror(errno), p);
+    if (!S_ISREG(st.st_mode))
+      return mega_fail(err, MEGA_ERR_IO, "%s '%s' is not a regular file", flag, p);
+    if (k == 0 && mega_jobspec_data_single(job)) *bytes = (long long)st.st_size;
   }
   return MEGA_OK;
 }
@@ -140,12 +144,16 @@ static void close_source(source *s) {
 }
 
 /* Megatron's get_split_indices: split points round(share * count), ties to
- * even as Python's round, then all moved so the last is count. */
+ * even as Python's round, then all moved so the last is count (kept in
+ * 0..count and in order, where Megatron's would leave them). */
 static void split_points(const double shares[3], int64_t count, int64_t pts[4]) {
   pts[0] = 0;
   for (int k = 0; k < 3; k++) pts[k + 1] = pts[k] + (int64_t)nearbyint(shares[k] * (double)count);
   int64_t diff = pts[3] - count;
-  for (int k = 1; k < 4; k++) pts[k] -= diff;
+  for (int k = 1; k < 4; k++) {
+    pts[k] -= diff;
+    if (pts[k] < pts[k - 1]) pts[k] = pts[k - 1];
+  }
 }
 
 static mega_status make_stream(const source *src, int64_t seq0, int64_t seq1, int T,
@@ -183,16 +191,18 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
   if (!d) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory opening the data");
   d->seq_len = T;
   d->vocab = o->vocab > 0 ? o->vocab : MEGA_VOCAB_SIZE;
-  d->src = calloc((size_t)n, sizeof *d->src);
+  d->n = n;
+  d->nv = o->valid_n > 0 ? o->valid_n : 0;
+  d->src = calloc((size_t)(n + d->nv), sizeof *d->src);
   d->train = calloc((size_t)n, sizeof *d->train);
-  bool valid = o->split && o->eval;
-  if (valid) d->valid = calloc((size_t)n, sizeof *d->valid);
+  bool valid = (o->split && o->eval) || d->nv;
+  if (valid) d->valid = calloc((size_t)(d->nv ? d->nv : n), sizeof *d->valid);
   mega_status st = d->src && d->train && (!valid || d->valid)
                        ? MEGA_OK
                        : mega_fail(err, MEGA_ERR_NOMEM, "out of memory opening the data");
   for (int k = 0; k < n && st == MEGA_OK; k++) {
     source *s = &d->src[k];
-    d->n = k + 1; /* closed on failure too */
+    d->nsrc = k + 1; /* closed on failure too */
     st = open_source(s, paths[k], err);
     if (st == MEGA_OK && o->split && !s->ix)
       st = mega_fail(err, MEGA_ERR_INVALID,
@@ -211,7 +221,16 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
     if (st == MEGA_OK && o->eval)
       st = make_stream(s, pts[1], pts[2], T, "'s valid split", &d->valid[k], err);
   }
+  for (int k = 0; k < d->nv && st == MEGA_OK; k++) {
+    source *s = &d->src[n + k];
+    d->nsrc = n + k + 1;
+    st = open_source(s, o->valid_paths[k], err);
+    int64_t nseq = s->ix ? mega_indexed_sequences(s->ix) : 0;
+    if (st == MEGA_OK) st = make_stream(s, 0, nseq, T, " (--valid-data-path)", &d->valid[k], err);
+  }
   if (st == MEGA_OK && n > 1) st = mega_blend_create(weights, n, o->samples, &d->blend, err);
+  if (st == MEGA_OK && d->nv > 1)
+    st = mega_blend_create(o->valid_weights, d->nv, o->samples, &d->vblend, err);
   if (st != MEGA_OK) {
     mega_data_close(d);
     return st;
@@ -226,9 +245,9 @@ mega_status mega_data_open(const char *path, int seq_len, mega_data **out, mega_
 }
 
 mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err *err) {
-  int n = mega_jobspec_data_count(j);
-  const char **paths = calloc((size_t)(n > 0 ? n : 1), sizeof *paths);
-  double *weights = calloc((size_t)(n > 0 ? n : 1), sizeof *weights);
+  int n = mega_jobspec_data_count(j), nv = mega_jobspec_blend_count(&j->valid_data_path);
+  const char **paths = calloc((size_t)(n + nv + 1), sizeof *paths);
+  double *weights = calloc((size_t)(n + nv + 1), sizeof *weights);
   mega_data_opts o = {.seq_len = j->seq_length, .vocab = mega_jobspec_tokenizer_vocab(j),
                       .split = j->split != NULL, .eval = j->eval_interval > 0};
   /* training samples, and as many evaluation ones as the job can read */
@@ -243,6 +262,13 @@ mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err 
     paths[k] = mega_jobspec_data_prefix(j, k);
     weights[k] = mega_jobspec_data_weight(j, k);
   }
+  for (int k = 0; k < nv && st == MEGA_OK; k++) {
+    paths[n + k] = mega_jobspec_blend_prefix(&j->valid_data_path, k);
+    weights[n + k] = mega_jobspec_blend_weight(&j->valid_data_path, k);
+  }
+  o.valid_paths = paths + n;
+  o.valid_weights = weights + n;
+  o.valid_n = nv;
   if (st == MEGA_OK) st = mega_data_open_set(paths, weights, n, &o, out, err);
   free(paths);
   free(weights);
@@ -251,8 +277,9 @@ mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err 
 
 void mega_data_close(mega_data *d) {
   if (!d) return;
-  for (int k = 0; k < d->n; k++) close_source(&d->src[k]);
+  for (int k = 0; k < d->nsrc; k++) close_source(&d->src[k]);
   mega_blend_destroy(d->blend);
+  mega_blend_destroy(d->vblend);
   free(d->src);
   free(d->train);
   free(d->valid);
@@ -269,7 +296,8 @@ void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *data
                              int64_t *window) {
   int k = 0;
   int64_t c = s;
-  if (d->blend) mega_blend_source(d->blend, s, &k, &c);
+  const mega_blend *b = eval && d->nv ? d->vblend : d->blend;
+  if (b) mega_blend_source(b, s, &k, &c);
   const stream *st = eval && d->valid ? &d->valid[k] : &d->train[k];
   int64_t w = c % st->windows;
   *dataset = k;

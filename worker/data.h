@@ -17,7 +17,8 @@
  *
  * A split (train, valid, test shares of each indexed dataset's sequences,
  * Megatron's get_split_indices) makes each share its own stream: training
- * reads the train stream, evaluation the valid one.
+ * reads the train stream, evaluation the valid one. Separate valid datasets
+ * (--valid-data-path) are evaluation's streams instead, blended alike.
  *
  * mega_data maps the files read-only once and is then immutable, so any
  * number of threads may read it at once. */
@@ -49,7 +50,7 @@ mega_status mega_batch_plan_init(mega_batch_plan *p, int global_batch, int micro
  * opened (so the user sees the job checker's message). */
 mega_status mega_data_file_size(const char *path, long long *bytes, mega_err *err);
 
-/* Checks that every dataset of --data-path can be read (a file, or
+/* Checks that every dataset of the job can be read (a file, or
  * PREFIX.bin and PREFIX.idx) and sets *bytes to the size of the one plain
  * file when the data is a single plain file, else -1: mega_jobspec_check's
  * data_bytes. */
@@ -62,6 +63,11 @@ typedef struct mega_data_opts {
   double shares[3]; /* train, valid, test, summing to 1 */
   bool eval;        /* with split: evaluation reads the valid split, which must
                        hold a window (its share > 0) */
+  /* --valid-data-path: evaluation reads these datasets (blended by their
+   * weights, each from its start) instead; valid_n 0: none */
+  const char *const *valid_paths;
+  const double *valid_weights;
+  int valid_n;
   int64_t samples;  /* blends: sample numbers below it are looked up fast */
 } mega_data_opts;
 

@@ -280,7 +280,7 @@ int main(int argc, char **argv) {
   /* Flag errors exit 2, like a usage error; failures while training exit 1. */
   long long bytes = -1;
   if (check_launch(&o, &job, &err) != MEGA_OK || check_standalone(&job, &err) != MEGA_OK ||
-      (job.data_path.n && mega_data_probe(&job, &bytes, &err) != MEGA_OK) ||
+      (mega_jobspec_data_file(&job, 0, NULL) && mega_data_probe(&job, &bytes, &err) != MEGA_OK) ||
       mega_jobspec_check_all(&job, o.world, bytes, &err) != MEGA_OK) {
     mega_jobspec_free(&job);
     fprintf(stderr, "megaw: %s\n", err.msg);

@@ -155,7 +155,7 @@ static void test_table(void **state) {
     if (i > 0 && strcmp(mega_jobspec_flag(i - 1)->group, f->group) != 0)
       for (int j = 0; j < i; j++) assert_string_not_equal(mega_jobspec_flag(j)->group, f->group);
   }
-  assert_int_equal(required, 9);
+  assert_int_equal(required, 8); /* and --data-path, unless --train-data-path (check) */
   assert_null(mega_jobspec_flag_find("--nope"));
   assert_null(mega_jobspec_flag_find("hidden-size"));
   assert_null(mega_jobspec_flag_find(NULL));
@@ -669,7 +669,8 @@ static void make_full(mega_jobspec *s) {
                     "--overlap-param-gather", "--average-in-collective",
                     "--blas-threads", "4", "--backend", "cpu", "--trace-iteration", "3",
                     "--simulate-compute", "1:2:3", "--log-interval", "2", "--data-path", "0.3", "a b", "0.7", "-c",
-                    "--split", "969,30,1", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                    "--split", "969,30,1", "--train-data-path", "t", "--valid-data-path",
+                    "0.5", "v", "0.5", "w", "--tokenizer-type", "NullTokenizer", "--vocab-size",
                     "50257", "--make-vocab-size-divisible-by", "64"));
 }
 
@@ -701,6 +702,36 @@ static void test_data_flags(void **state) {
                      "the weight of a is 0; weights must be greater than 0");
   expect_parse_error(ARGV("--data-path"), MEGA_ERR_INVALID, "--data-path needs a value");
   expect_parse_error(ARGV("--data-path", "--lr", "1"), MEGA_ERR_INVALID, "--data-path needs a value");
+
+  /* the training and evaluation data apart */
+  mega_jobspec_free(&s);
+  mega_jobspec_defaults(&s);
+  char *const tv[] = {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+                      "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+                      "--train-iters", "10", "--lr", "0.001", "--train-data-path", "0.5", "a",
+                      "0.5", "b", "--valid-data-path", "c", "--eval-interval", "5"};
+  assert_int_equal(mega_jobspec_parse(&s, (int)(sizeof tv / sizeof tv[0]), tv, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_data_count(&s), 2);
+  assert_string_equal(mega_jobspec_data_prefix(&s, 1), "b");
+  const char *flag;
+  assert_string_equal(mega_jobspec_data_file(&s, 1, &flag), "b");
+  assert_string_equal(flag, "--train-data-path");
+  assert_string_equal(mega_jobspec_data_file(&s, 2, &flag), "c");
+  assert_string_equal(flag, "--valid-data-path");
+  assert_null(mega_jobspec_data_file(&s, 3, NULL));
+  s.eval_interval = 0;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, "--valid-data-path is what evaluation reads; give --eval-interval N too");
+  mega_jobspec_free(&s);
+  expect_check_error(ARGV("--train-data-path", "t"), 1, -1,
+                     "--data-path and --train-data-path exclude each other");
+  expect_check_error(ARGV("--valid-data-path", "v", "--eval-interval", "5"), 1, -1,
+                     "--valid-data-path needs --train-data-path");
+  expect_check_error(ARGV("--train-data-path", "1", "t", "--split", "9,1"), 1, -1,
+                     "exclude each other"); /* base's --data-path comes first */
+  expect_check_error(ARGV("--valid-data-path", "0.3", "v", "w"), 1, -1,
+                     "--valid-data-path has 3 words");
 
   /* --split */
   make_spec(&s, ARGV("--split", "969, 30, 1"));

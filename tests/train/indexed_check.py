@@ -8,7 +8,9 @@ of uneven length, once as uint16 tokens (dtype code 8) and once as int32
 vocabulary is 256 ids, as the byte tokenizer's, so the model is the same,
 and since the sequences' tokens concatenated in index order are the
 stream, each run must print exactly the plain file's losses. Megatron's
-one-file blend (--data-path 1.0 PREFIX) must too.
+one-file blend (--data-path 1.0 PREFIX) must too, and so must
+--train-data-path PREFIX, whose --valid-data-path evaluation reports an
+evaluation loss.
 
   /usr/bin/python3 indexed_check.py MEGAW WORKDIR
 """
@@ -46,9 +48,13 @@ def write_mmidx(prefix, docs, dtype):
         f.write(struct.pack("<%dq" % len(doc_idx), *doc_idx))
 
 
-def losses(cmd):
+def steps(cmd):
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE).stdout.decode()
-    return [json.loads(line)["loss"] for line in out.strip().splitlines()]
+    return [json.loads(line) for line in out.strip().splitlines()]
+
+
+def losses(cmd):
+    return [s["loss"] for s in steps(cmd)]
 
 
 def main():
@@ -79,6 +85,14 @@ def main():
             ok &= same
             print(f"{dtype} {len(docs)} documents, {' '.join(data[1:-1]) or 'prefix'}: "
                   f"{'same losses' if same else 'DIFFERENT'} {got} vs {want}")
+    prefix = os.path.join(work, "text_uint16")
+    got = steps(flags + null + ["--train-data-path", prefix, "--valid-data-path", prefix,
+                                "--eval-interval", "2", "--eval-iters", "1"])
+    same = [s["loss"] for s in got] == want
+    evals = [s["iteration"] for s in got if "eval_loss" in s]
+    ok &= same and evals == [2, 4]
+    print(f"--train-data-path, --valid-data-path: {'same losses' if same else 'DIFFERENT'}, "
+          f"evaluation losses at iterations {evals}")
     return 0 if ok else 1
 
 

@@ -289,6 +289,52 @@ static void test_split_eval(void **state) {
   if (!strstr(err.msg, "--split divides an indexed dataset's documents, but")) fail_msg("%s", err.msg);
 }
 
+static int64_t tok_100(int i, int k) { (void)i; (void)k; return 100; }
+static int64_t tok_200(int i, int k) { return 200 + (i + k) % 2; }
+
+/* --train-data-path A B --valid-data-path V W: evaluation reads V and W
+ * only, blended by their weights, training A and B only. */
+static void test_valid_datasets(void **state) {
+  (void)state;
+  int len[3] = {20, 20, 20};
+  char a[160], b[160], v[160], w[160];
+  write_pair("tv_a", 4, 3, len, tok_seq, NULL); /* 0, 1, 2 */
+  strcpy(a, prefix);
+  write_pair("tv_b", 8, 3, len, tok_100, NULL);
+  strcpy(b, prefix);
+  write_pair("tv_v", 3, 3, len, tok_200, NULL); /* 200, 201 */
+  strcpy(v, prefix);
+  write_pair("tv_w", 1, 3, len, tok_seq, NULL); /* 0, 1, 2 again: told apart by the blend */
+  strcpy(w, prefix);
+  const char *train[2] = {a, b}, *valid[2] = {v, w};
+  double tw[2] = {1, 1}, vw[2] = {0.25, 0.75};
+  mega_data_opts o = {.seq_len = 4, .samples = 64, .valid_paths = valid, .valid_weights = vw,
+                      .valid_n = 2};
+  mega_data *d;
+  mega_err err = {0};
+  assert_int_equal(mega_data_open_set(train, tw, 2, &o, &d, &err), MEGA_OK);
+  int from[2] = {0, 0};
+  for (int64_t s = 0; s < 40; s++) {
+    int k;
+    int64_t win;
+    mega_data_sample_source(d, s, true, &k, &win);
+    from[k]++;
+  }
+  assert_int_equal(from[0], 10); /* a quarter from V */
+  mega_batch_plan plan;
+  assert_int_equal(mega_batch_plan_init(&plan, 4, 4, 1, &err), MEGA_OK);
+  int32_t tok[16], tgt[16];
+  for (int64_t e = 0; e < 4; e++) {
+    assert_int_equal(mega_data_eval_microbatch(d, &plan, e, 0, 0, tok, tgt, &err), MEGA_OK);
+    for (int t = 0; t < 16; t++) assert_true(tok[t] >= 200 || tok[t] <= 2);
+    if (e == 0) /* sample 0: W, 0.75 ahead of 0.25 */
+      for (int t = 0; t < 4; t++) assert_true(tok[t] <= 2);
+    assert_int_equal(mega_data_microbatch(d, &plan, e, 0, 0, tok, tgt, &err), MEGA_OK);
+    for (int t = 0; t < 16; t++) assert_true(tok[t] == 100 || tok[t] <= 2);
+  }
+  mega_data_close(d);
+}
+
 /* Megatron's get_split_indices on its default 969,30,1 over 1000 sequences. */
 static void test_split_megatron_default(void **state) {
   (void)state;
@@ -329,6 +375,7 @@ int main(void) {
       cmocka_unit_test(test_truncated_index),   cmocka_unit_test(test_pointer_past_bin),
       cmocka_unit_test(test_token_outside_vocab), cmocka_unit_test(test_blend_order),
       cmocka_unit_test(test_split_eval),        cmocka_unit_test(test_split_megatron_default),
+      cmocka_unit_test(test_valid_datasets),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
