@@ -69,7 +69,7 @@ const flagdef mega_jf_table[] = {
         "Number of training iterations."),
     /* required unless --train-data-path is given (check_data) */
     FLAG("--data-path", data_path, "data", MEGA_JOBFLAG_LIST, "FILE|PREFIX|W1 P1 W2 P2...",
-         "required",
+         "required, or --train-data-path",
          "Training data: a FILE read as bytes (the byte tokenizer); a PREFIX naming "
          "Megatron's indexed dataset PREFIX.bin and PREFIX.idx; or a blend of weighted "
          "datasets W1 P1 W2 P2 ..., each P a FILE or a PREFIX.",
