@@ -17,6 +17,7 @@
 static const char *const lr_styles[] = {"constant", "linear", "cosine", NULL};
 static const char *const recomputes[] = {"full", "selective", NULL};
 static const char *const tokenizers[] = {"NullTokenizer", NULL};
+static const char *const recompute_methods[] = {"uniform", "block", NULL};
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 /* Index i is mega_sched_kind i. */
 static const char *const schedules[] = {"no-pipelining", "gpipe", "1f1b", "interleaved", "zb-h1",
@@ -24,8 +25,9 @@ static const char *const schedules[] = {"no-pipelining", "gpipe", "1f1b", "inter
 _Static_assert(MEGA_SCHED_NO_PIPELINING == 0 && MEGA_SCHED_GPIPE == 1 && MEGA_SCHED_1F1B == 2 &&
                    MEGA_SCHED_INTERLEAVED == 3 && MEGA_SCHED_ZB_H1 == 4,
                "--schedule's choices index mega_sched_kind");
-_Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1 && MEGA_TOKENIZER_NULL == 0 &&
-                   MEGA_JOB_BACKEND_CUDA == 2,
+_Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1 &&
+                   MEGA_RECOMPUTE_BLOCK == 1 && MEGA_JOB_BACKEND_CUDA == 2 &&
+                   MEGA_TOKENIZER_NULL == 0,
                "enum choices order");
 
 #define OFF(f) offsetof(mega_jobspec, f)
@@ -180,7 +182,16 @@ const flagdef mega_jf_table[] = {
          "Free a stage's output as soon as it is sent, keeping only what backward needs."),
     ENUM("--recompute-granularity", recompute_granularity, "p2p and memory", "full|selective", recomputes,
          MEGA_RECOMPUTE_NONE, "none",
-         "Recompute activations in backward instead of storing them (not built yet: refused)."),
+         "Recompute activations in backward instead of storing them: full recomputes whole "
+         "layers (with --recompute-method), selective only the attention core."),
+    ENUM("--recompute-method", recompute_method, "p2p and memory", "uniform|block",
+         recompute_methods, MEGA_RECOMPUTE_METHOD_NONE, "none",
+         "With --recompute-granularity full: uniform splits each model chunk's layers into "
+         "groups of --recompute-num-layers and keeps only each group's input; block recomputes "
+         "only the first --recompute-num-layers layers of each model chunk."),
+    INT("--recompute-num-layers", recompute_num_layers, "p2p and memory", "N", -1, "none", false,
+        1, "With --recompute-granularity full: layers per recomputed group (uniform), or "
+        "recomputed layers per model chunk (block)."),
     BOOL("--overlap-grad-reduce", overlap_grad_reduce, "data parallel",
          "Reduce gradient buckets while backward still runs."),
     BOOL("--align-grad-reduce", align_grad_reduce, "data parallel",

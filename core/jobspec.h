@@ -71,6 +71,12 @@ typedef enum mega_recompute {
   MEGA_RECOMPUTE_SELECTIVE,
 } mega_recompute;
 
+typedef enum mega_recompute_method {
+  MEGA_RECOMPUTE_METHOD_NONE = -1, /* flag absent */
+  MEGA_RECOMPUTE_UNIFORM,
+  MEGA_RECOMPUTE_BLOCK,
+} mega_recompute_method;
+
 /* --schedule absent: the schedule is chosen automatically
  * (mega_sched_default_kind). Otherwise the field holds a mega_sched_kind:
  * no-pipelining, gpipe, 1f1b, interleaved or zb-h1. */
@@ -147,6 +153,8 @@ typedef struct mega_jobspec {
   bool variable_seq_lengths;
   bool deallocate_pipeline_outputs;
   int recompute_granularity; /* mega_recompute */
+  int recompute_method;      /* mega_recompute_method; full needs it */
+  int recompute_num_layers;  /* -1: not given; full needs it */
   /* data parallel */
   bool overlap_grad_reduce;
   bool align_grad_reduce;

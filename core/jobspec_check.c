@@ -376,13 +376,57 @@ static mega_status check_data_parallel(const mega_jobspec *s, mega_err *err) {
   return MEGA_OK;
 }
 
+/* Megatron's recomputation flags (TransformerConfig's checks): full needs a
+ * method and a layer count of at most a model chunk's layers; selective
+ * takes neither. max_chunk is the most decoder layers one chunk holds. */
+static mega_status check_recompute(const mega_jobspec *s, int max_chunk, mega_err *err) {
+  const char *given = s->recompute_method >= 0      ? "--recompute-method"
+                      : s->recompute_num_layers > 0 ? "--recompute-num-layers"
+                                                    : NULL;
+  if (s->recompute_granularity == MEGA_RECOMPUTE_NONE) {
+    if (given)
+      return BAD("%s needs --recompute-granularity full (without it nothing is recomputed)",
+                 given);
+    return MEGA_OK;
+  }
+  if (s->simulate_compute)
+    return BAD("--recompute-granularity with --simulate-compute recomputes nothing (simulated "
+               "compute keeps no activations); drop one of them");
+  if (s->recompute_granularity == MEGA_RECOMPUTE_SELECTIVE) {
+    if (given)
+      return BAD("%s is for --recompute-granularity full; selective recomputation always "
+                 "recomputes the attention core of every layer, so drop %s",
+                 given, given);
+    return MEGA_OK;
+  }
+  if (s->recompute_method < 0)
+    return BAD("--recompute-granularity full needs --recompute-method uniform|block "
+               "(uniform: groups of N layers; block: the first N layers of each model chunk)");
+  if (s->recompute_num_layers < 1)
+    return BAD("--recompute-granularity full needs --recompute-num-layers N, between 1 and "
+               "the %d decoder layers of the largest model chunk",
+               max_chunk);
+  if (s->recompute_num_layers > max_chunk)
+    return BAD("--recompute-num-layers %d is more than the %d decoder layers of the largest "
+               "model chunk; use 1 to %d",
+               s->recompute_num_layers, max_chunk, max_chunk);
+  return MEGA_OK;
+}
+
 static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   mega_layout l;
   mega_status st = mega_jobspec_layout(s, &l, err);
   if (st != MEGA_OK) return st;
   int decoders = mega_layout_total(&l, MEGA_LAYER_DECODER);
   int mtp = mega_layout_total(&l, MEGA_LAYER_MTP);
+  int max_chunk = 0;
+  for (int p = 0; p < l.pp; p++)
+    for (int v = 0; v < l.vp; v++) {
+      int n = mega_layout_count(&l, p, v, MEGA_LAYER_DECODER);
+      if (n > max_chunk) max_chunk = n;
+    }
   mega_layout_free(&l);
+  if ((st = check_recompute(s, max_chunk, err)) != MEGA_OK) return st;
   if (s->pipeline_model_parallel_layout) {
     if (decoders != s->num_layers)
       return BAD("--pipeline-model-parallel-layout has %d decoder layers ('t') but "

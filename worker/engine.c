@@ -203,7 +203,10 @@ static void add_bubble(mega_engine *e, uint8_t phase, double s) {
 }
 
 static void track_peak(mega_engine *e) {
-  if (e->mem.live_bytes > e->res->peak_bytes) e->res->peak_bytes = e->mem.live_bytes;
+  size_t live = e->mem.live_bytes; /* and each chunk's recomputation scratch, once */
+  for (int v = 0; v < e->vp && !e->cfg.simulate; v++)
+    live += mega_gpt_scratch_bytes(e->cfg.chunks[v]);
+  if (live > e->res->peak_bytes) e->res->peak_bytes = live;
   if (e->inflight > e->res->peak_inflight) e->res->peak_inflight = e->inflight;
 }
 

@@ -92,7 +92,7 @@ typedef struct mega_engine_result {
   double compute_s;
   double bubble_s, bubble_warmup_s, bubble_steady_s, bubble_cooldown_s;
   double p2p_wait_s;
-  size_t peak_bytes; /* activations and P2P buffers alive at once */
+  size_t peak_bytes; /* activations (each chunk's recompute scratch too) and P2P buffers alive at once */
   int peak_inflight; /* (microbatch, chunk) activations alive at once */
   double grad_wait_s;   /* in GW actions */
   double work_end_wall; /* wall clock when the last action other than GS and GW ended */

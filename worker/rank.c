@@ -245,10 +245,6 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK) st = mega_data_open_job(j, &r->data, err);
   if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
   if (st == MEGA_OK && j->eval_interval > 0) st = build_schedule(r, true, &r->eval_sched, err);
-  if (st == MEGA_OK && j->recompute_granularity >= 0)
-    st = mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                   "--recompute-granularity: activation recomputation is not built yet; drop the "
-                   "flag (--deallocate-pipeline-outputs saves pipeline memory)");
   if (st == MEGA_OK) st = build_optimizer(r, err);
   if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
   /* The committer clears interrupted saves before the groups exist, so no

@@ -78,6 +78,13 @@ static mega_status check_desc(const mega_gpt_config *c, const mega_gpt_stage_des
                      "vocabulary (%d; pad it to a multiple of --make-vocab-size-divisible-by "
                      "x TP)",
                      tp->size, c->num_heads, c->vocab_size);
+  if (d->recompute < MEGA_GPT_RECOMPUTE_NONE || d->recompute > MEGA_GPT_RECOMPUTE_SELECTIVE)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: unknown recompute mode %d", (int)d->recompute);
+  bool full = d->recompute == MEGA_GPT_RECOMPUTE_UNIFORM || d->recompute == MEGA_GPT_RECOMPUTE_BLOCK;
+  if (full && d->recompute_layers < 1)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: full recomputation needs recompute_layers >= 1, got %d",
+                     d->recompute_layers);
   return MEGA_OK;
 }
 
@@ -296,6 +303,7 @@ void mega_gpt_stage_destroy(mega_gpt_stage *s) {
     s->be->ops->free(s->be, s->param);
     s->be->ops->free(s->be, s->grad);
   }
+  if (s->rc_buf) s->be->ops->free(s->be, s->rc_buf);
   free(s->params);
   free(s->layers);
   free(s->units);

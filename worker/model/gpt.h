@@ -107,12 +107,36 @@ typedef struct mega_gpt_tp {
   void *ctx; /* borrowed; must outlive the stage */
 } mega_gpt_tp;
 
+/* Activation recomputation, as Megatron's --recompute-granularity and
+ * --recompute-method define it. Full recomputation keeps only a recomputed
+ * group's input through forward and reruns the group's forward just before
+ * its backward; its blocks' activations live in the stage's scratch (one
+ * set for the group being rerun, shared by all the stage's acts) instead of
+ * one set per block. Selective keeps every block's activations but the
+ * attention probabilities [B,NHl,T,T] (one scratch buffer for all blocks),
+ * which backward recomputes from the kept qkv.
+ * Losses and gradients are bit-identical to MEGA_GPT_RECOMPUTE_NONE: the
+ * same operations run on the same inputs. */
+typedef enum mega_gpt_recompute {
+  MEGA_GPT_RECOMPUTE_NONE,
+  MEGA_GPT_RECOMPUTE_UNIFORM,   /* full: groups of recompute_layers blocks from the first */
+  MEGA_GPT_RECOMPUTE_BLOCK,     /* full: only the first recompute_layers blocks, each alone */
+  MEGA_GPT_RECOMPUTE_SELECTIVE, /* the attention core of every block */
+} mega_gpt_recompute;
+
 typedef struct mega_gpt_stage_desc {
   bool embedding;  /* holds wte, wpe; its input is tokens */
   bool loss;       /* holds ln_f and the tied head; its output is the loss */
   int first_layer; /* global id of its first block */
   int num_layers;  /* may be 0 for an embedding-only or loss-only stage */
   mega_gpt_tp tp;  /* zero means {1, 0}: no tensor parallelism */
+  mega_gpt_recompute recompute; /* zero: none */
+  int recompute_layers;         /* N >= 1 for UNIFORM and BLOCK (may exceed num_layers) */
+  /* The caller runs backward_input and backward_weight apart (zero-bubble):
+   * then a rerun block keeps its output gradients in the acts from one to
+   * the other; else they live in the scratch, and with full recomputation
+   * only mega_gpt_backward may run the stage's backward. */
+  bool split_backward;
 } mega_gpt_stage_desc;
 
 typedef struct mega_param_info {
@@ -220,10 +244,17 @@ const mega_gpt_tp *mega_gpt_stage_tp(const mega_gpt_stage *s);
 int mega_gpt_stream_rows(const mega_gpt_stage *s, int B, int T);
 
 /* Activations for one microbatch of B sequences of T tokens (T <=
- * max_seq_len). */
+ * max_seq_len), laid out for the stage's recomputation (desc.recompute). */
 mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts **out,
                                  mega_err *err);
+/* Bytes the acts own: with full recomputation they hold only each
+ * recomputed group's input, not its blocks' activations. */
 size_t mega_gpt_acts_bytes(const mega_gpt_acts *a);
+/* Bytes of the stage's recomputation scratch, shared by all its acts (0
+ * without recomputation): full recomputation's largest group of blocks, or
+ * selective's attention probabilities of one block. Count it once per stage
+ * beside the acts. */
+size_t mega_gpt_scratch_bytes(const mega_gpt_stage *s);
 void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T);
 /* Loss stage: logits [B,T,V/tp] of the last forward (backend memory):
  * this rank's slice of the vocabulary. */

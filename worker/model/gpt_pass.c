@@ -1,206 +1,9 @@
-/* GPT activations of one microbatch, and the forward and split backward
- * passes of a stage (see gpt.h), tensor-parallel when the stage is.
- *
- * Shapes, with N = B*T tokens, R the stream's rows on this rank (N/tp with
- * sequence parallelism, else N), and Cl = C/tp, Fl = 4C/tp, Vl = V/tp,
- * NHl = NH/tp this rank's channels, MLP width, vocabulary and heads:
- * the residual stream, layernorm statistics and their gradients are [R,..];
- * the column-parallel GEMMs' inputs (ln1, ln2, lnf) are whole [N,C], and
- * their outputs, the attention and the MLP inside are [N, local width]. */
-#include <stdlib.h>
-#include <string.h>
-
-#include "worker/model/gpt_internal.h"
+/* The forward and split backward passes of a stage over one microbatch's
+ * activations (see gpt.h; the activations' shapes are in gpt_acts.h),
+ * tensor-parallel when the stage is, recomputing when it does. */
+#include "worker/model/gpt_acts.h"
 
 #define LAYER_UNITS 6 /* a block's units (gpt.h) */
-
-/* One block's saved activations and (after backward_input) the output
- * gradients its weight half needs. */
-typedef struct layer_acts {
-  float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [R], [R] */
-  float *qkv;                       /* [N,3Cl] */
-  float *atty;                      /* [N,Cl] attention output */
-  float *att;                       /* [B,NHl,T,T] probabilities */
-  float *x2;                        /* [R,C] residual after attention */
-  float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [R], [R] */
-  float *fch, *fch_gelu;            /* [N,Fl] */
-  /* gradients */
-  float *dx2;  /* [R,C] d(x2): attn.c_proj's output gradient */
-  float *dfch; /* [N,Fl] d(fch): c_fc's output gradient */
-  float *dln2; /* [R,C] */
-  float *dqkv; /* [N,3Cl] */
-  float *dln1; /* [R,C] */
-  /* the whole [N,C] output gradients of the row-parallel GEMMs: gathered
-   * with sequence parallelism, else dresid[l+1] and dx2 themselves */
-  float *dy_all, *dx2_all;
-} layer_acts;
-
-typedef enum { ST_EMPTY, ST_FORWARD, ST_BACKWARD_INPUT } acts_state;
-
-struct mega_gpt_acts {
-  mega_gpt_stage *s;
-  int B, T;
-  int R; /* the stream's rows on this rank */
-  size_t bytes;
-  void *block; /* the one backend allocation everything below points into */
-  acts_state state;
-  bool have_targets;
-  int32_t *tokens, *targets; /* [N] */
-  /* resid[l]: input of local block l; resid[L] is the loss stage's ln_f
-   * input. dresid[l] is its gradient. [R,C] each. */
-  float **resid, **dresid;
-  layer_acts *layers;
-  float *lnf, *lnf_mean, *lnf_rstd; /* loss stage: [N,C], [R], [R] */
-  float *logits, *probs, *losses;   /* [N,Vl], [N,Vl], [N] */
-  float *dlogits, *dlnf;            /* [N,Vl], [R,C] */
-  float *rowmax, *ce_sums;          /* TP loss: [N], [2N] */
-  float *datty;                     /* [N,Cl] scratch: attention output grad */
-  float *att_scratch;               /* B*NHl*T*T + N*Cl floats */
-  float *partial;                   /* [N,C] scratch: a row-parallel result
-                                       before its reduce-scatter (sequence
-                                       parallelism) */
-};
-
-typedef struct carver {
-  char *base;
-  size_t off;
-} carver;
-
-/* Lays buffers out in one allocation: a first pass with base NULL sizes it. */
-static void *carve(carver *c, size_t floats) {
-  void *p = c->base ? c->base + c->off : NULL;
-  c->off += (floats * sizeof(float) + 63) / 64 * 64;
-  return p;
-}
-
-static void layout(mega_gpt_acts *a, carver *cv) {
-  const mega_gpt_stage *s = a->s;
-  const mega_gpt_config *c = &s->cfg;
-  const mega_gpt_tp *tp = &s->desc.tp;
-  bool sp = tp->sequence_parallel;
-  size_t N = (size_t)a->B * a->T, RC = (size_t)a->R * c->channels, C = c->channels;
-  size_t Cl = C / tp->size, Fl = 4 * C / tp->size, Vl = (size_t)c->vocab_size / tp->size;
-  size_t TT = (size_t)a->B * (c->num_heads / tp->size) * a->T * a->T;
-  int L = s->desc.num_layers;
-  a->tokens = carve(cv, N); /* int32 and float have the same size */
-  a->targets = carve(cv, N);
-  for (int l = 0; l <= L; l++) {
-    /* A non-loss stage writes its last block's output to the caller. */
-    a->resid[l] = (l < L || L == 0 || s->desc.loss) ? carve(cv, RC) : NULL;
-    a->dresid[l] = carve(cv, RC);
-  }
-  for (int l = 0; l < L; l++) {
-    layer_acts *la = &a->layers[l];
-    la->ln1 = carve(cv, N * C);
-    la->ln1_mean = carve(cv, a->R);
-    la->ln1_rstd = carve(cv, a->R);
-    la->qkv = carve(cv, N * 3 * Cl);
-    la->atty = carve(cv, N * Cl);
-    la->att = carve(cv, TT);
-    la->x2 = carve(cv, RC);
-    la->ln2 = carve(cv, N * C);
-    la->ln2_mean = carve(cv, a->R);
-    la->ln2_rstd = carve(cv, a->R);
-    la->fch = carve(cv, N * Fl);
-    la->fch_gelu = carve(cv, N * Fl);
-    la->dx2 = carve(cv, RC);
-    la->dfch = carve(cv, N * Fl);
-    la->dln2 = carve(cv, RC);
-    la->dqkv = carve(cv, N * 3 * Cl);
-    la->dln1 = carve(cv, RC);
-    la->dy_all = sp ? carve(cv, N * C) : a->dresid[l + 1];
-    la->dx2_all = sp ? carve(cv, N * C) : la->dx2;
-  }
-  /* a non-loss stage's last block: dy is the caller's doutput, copied to
-   * dresid[L] */
-  if (L > 0) {
-    a->datty = carve(cv, N * Cl);
-    a->att_scratch = carve(cv, TT + N * Cl);
-  }
-  if (sp) a->partial = carve(cv, N * C);
-  if (s->desc.loss) {
-    a->lnf = carve(cv, N * C);
-    a->lnf_mean = carve(cv, a->R);
-    a->lnf_rstd = carve(cv, a->R);
-    a->logits = carve(cv, N * Vl);
-    a->probs = carve(cv, N * Vl);
-    a->losses = carve(cv, N);
-    a->dlogits = carve(cv, N * Vl);
-    a->dlnf = carve(cv, RC);
-    if (tp->size > 1) {
-      a->rowmax = carve(cv, N);
-      a->ce_sums = carve(cv, 2 * N);
-    }
-  }
-}
-
-mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts **out,
-                                 mega_err *err) {
-  if (B < 1 || T < 1)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "gpt: microbatch size and sequence length must be >= 1 (got B=%d, T=%d)",
-                     B, T);
-  if (T > s->cfg.max_seq_len)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "gpt: sequence length %d exceeds max_seq_len %d; raise "
-                     "--max-position-embeddings or shorten the sequences",
-                     T, s->cfg.max_seq_len);
-  if ((int64_t)B * T > (1 << 24) ||
-      (int64_t)B * s->cfg.num_heads * T * (int64_t)T > ((int64_t)1 << 40))
-    return mega_fail(err, MEGA_ERR_INVALID, "gpt: microbatch B=%d T=%d is too large", B, T);
-  if (s->desc.tp.sequence_parallel && (B * T) % s->desc.tp.size)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "gpt: sequence parallelism splits the %d tokens of a microbatch over %d "
-                     "tensor-parallel ranks, which does not divide them; use a sequence "
-                     "length divisible by --tensor-model-parallel-size",
-                     B * T, s->desc.tp.size);
-  int L = s->desc.num_layers;
-  mega_gpt_acts *a = calloc(1, sizeof *a);
-  if (a) {
-    a->resid = calloc((size_t)L + 1, sizeof *a->resid);
-    a->dresid = calloc((size_t)L + 1, sizeof *a->dresid);
-    a->layers = calloc((size_t)L + 1, sizeof *a->layers);
-  }
-  if (!a || !a->resid || !a->dresid || !a->layers) {
-    mega_gpt_acts_destroy(a);
-    return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for activations");
-  }
-  a->s = s;
-  a->B = B;
-  a->T = T;
-  a->R = mega_gpt_stream_rows(s, B, T);
-  carver cv = {0};
-  layout(a, &cv);
-  a->bytes = cv.off;
-  mega_status st = s->be->ops->alloc(s->be, a->bytes, &a->block, err);
-  if (st) {
-    mega_err_prefix(err, "gpt: activations for B=%d T=%d", B, T);
-    mega_gpt_acts_destroy(a);
-    return st;
-  }
-  cv = (carver){.base = a->block};
-  layout(a, &cv);
-  *out = a;
-  return MEGA_OK;
-}
-
-size_t mega_gpt_acts_bytes(const mega_gpt_acts *a) { return a->bytes; }
-
-void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T) {
-  *B = a->B;
-  *T = a->T;
-}
-
-const float *mega_gpt_acts_logits(const mega_gpt_acts *a) { return a->logits; }
-
-void mega_gpt_acts_destroy(mega_gpt_acts *a) {
-  if (!a) return;
-  if (a->block) a->s->be->ops->free(a->s->be, a->block);
-  free(a->resid);
-  free(a->dresid);
-  free(a->layers);
-  free(a);
-}
 
 static mega_status copy_ids(mega_gpt_acts *a, int32_t *dst, const int32_t *src,
                             const char *what, mega_err *err) {
@@ -304,6 +107,16 @@ static mega_status layernorm_whole(mega_gpt_stage *s, mega_gpt_acts *a, float *w
   return gather_rows(s, a, whole, err);
 }
 
+/* Whether the stage's recomputation scratch holds a's group or block k. */
+static bool holds(const mega_gpt_stage *s, const mega_gpt_acts *a, int k) {
+  return s->rc_holder == a && s->rc_held == k;
+}
+
+static void hold(mega_gpt_stage *s, const mega_gpt_acts *a, int k) {
+  s->rc_holder = a;
+  s->rc_held = k;
+}
+
 static mega_status block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, const float *x,
                                  float *y, mega_err *err) {
   mega_backend *be = s->be;
@@ -385,6 +198,7 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
   if (targets && !loss_sum)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: forward with targets needs loss_sum");
   a->state = ST_EMPTY;
+  gpt_acts_bind(a);
   int u = s->nunits; /* units in forward order: from the last */
   if (d->embedding) {
     if ((st = copy_ids(a, a->tokens, tokens, "tokens", err))) return st;
@@ -398,6 +212,9 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
     float *y = (l == L - 1 && !d->loss) ? output : a->resid[l + 1];
     for (int k = 0; k < LAYER_UNITS; k++) gpt_unit_needed(s, --u);
     if ((st = block_forward(s, a, l, a->resid[l], y, err))) return st;
+    int first, end;
+    if (gpt_rc_group(s, l, &first, &end)) hold(s, a, first);
+    if (d->recompute == MEGA_GPT_RECOMPUTE_SELECTIVE) hold(s, a, l);
   }
   if (!d->loss) {
     a->state = ST_FORWARD;
@@ -444,6 +261,12 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   o->layernorm_backward_input(be, la->dx2, dy, la->dln2, la->x2, P + w->ln2w, la->ln2_mean,
                               la->ln2_rstd, R, C);
   if ((st = gather_into(s, a, la->dx2, la->dx2_all, err))) return st;
+  if (s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && !holds(s, a, l)) {
+    /* selective recomputation: the probabilities, from the kept qkv (the
+     * output, which datty's GEMM overwrites next, is not needed) */
+    o->attention_forward(be, a->datty, la->att, a->att_scratch, la->qkv, B, T, Cl, NHl);
+    hold(s, a, l);
+  }
   o->matmul_backward_input(be, a->datty, la->dx2_all, P + w->projw, N, Cl, C, MEGA_W_IN_OUT);
   o->attention_backward(be, la->dqkv, a->att_scratch, a->datty, la->qkv, la->att, B, T, Cl,
                         NHl);
@@ -451,6 +274,25 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
     return st;
   o->layernorm_backward_input(be, a->dresid[l], la->dx2, la->dln1, x, P + w->ln1w,
                               la->ln1_mean, la->ln1_rstd, R, C);
+  return MEGA_OK;
+}
+
+/* Full recomputation: before block l's backward, reruns its group's forward
+ * from the kept input into the scratch set, unless the scratch holds that
+ * group already (the last group forward ran, or the one backward_input left).
+ * The group's output goes to the sink: the kept one is the next group's
+ * input. Asks for no parameters: forward already had them. With TP every
+ * rank of the stage reruns the same groups, so the collectives match. */
+static mega_status rematerialize(mega_gpt_stage *s, mega_gpt_acts *a, int l, mega_err *err) {
+  int first, end;
+  if (!gpt_rc_group(s, l, &first, &end) || holds(s, a, first)) return MEGA_OK;
+  s->rc_holder = NULL; /* until the whole group is back */
+  for (int k = first; k < end; k++) {
+    mega_status st =
+        block_forward(s, a, k, a->resid[k], k + 1 < end ? a->resid[k + 1] : a->sink, err);
+    if (st) return st;
+  }
+  hold(s, a, first);
   return MEGA_OK;
 }
 
@@ -468,6 +310,7 @@ static mega_status backward_check(mega_gpt_stage *s, mega_gpt_acts *a, const flo
     return st;
   if (d->loss && !a->have_targets)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: backward needs a forward that was given targets");
+  gpt_acts_bind(a);
   return MEGA_OK;
 }
 
@@ -530,6 +373,12 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
   size_t RC = (size_t)a->R * s->cfg.channels;
   mega_status st = backward_check(s, a, doutput, dinput, err);
   if (st) return st;
+  int first, end;
+  if (!d->split_backward && L > 0 && gpt_rc_group(s, 0, &first, &end))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: backward_input on a stage whose recomputed blocks keep their output "
+                     "gradients only through mega_gpt_backward; create the stage with "
+                     "split_backward to run the halves apart");
   if (d->loss) {
     if ((st = loss_backward_input(s, a, loss_scale, err))) return st;
   } else if ((st = o->memcpy(be, a->dresid[L], doutput, RC * sizeof(float), MEGA_COPY_D2D,
@@ -537,7 +386,8 @@ mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
     return st;
   }
   for (int l = L - 1; l >= 0; l--)
-    if ((st = block_backward_input(s, a, l, err))) return st;
+    if ((st = rematerialize(s, a, l, err)) || (st = block_backward_input(s, a, l, err)))
+      return st;
   if (!d->embedding &&
       (st = o->memcpy(be, dinput, a->dresid[0], RC * sizeof(float), MEGA_COPY_D2D, err)))
     return st;
@@ -583,9 +433,15 @@ mega_status mega_gpt_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
   if (a->state != ST_BACKWARD_INPUT)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: backward_weight needs backward_input first (once per forward)");
+  gpt_acts_bind(a);
   int u = 0;
   if (d->loss) loss_backward_weight(s, a, &u);
-  for (int l = L - 1; l >= 0; l--) block_backward_weight(s, a, l, &u);
+  for (int l = L - 1; l >= 0; l--) {
+    /* zero-bubble: another backward_input may have used the scratch since */
+    mega_status st = rematerialize(s, a, l, err);
+    if (st) return st;
+    block_backward_weight(s, a, l, &u);
+  }
   if (d->embedding) {
     mega_status st = embedding_backward(s, a, err);
     if (st) return st;
@@ -613,7 +469,8 @@ mega_status mega_gpt_backward(mega_gpt_stage *s, mega_gpt_acts *a, const float *
     return st;
   }
   for (int l = L - 1; l >= 0; l--) {
-    if ((st = block_backward_input(s, a, l, err))) return st;
+    if ((st = rematerialize(s, a, l, err)) || (st = block_backward_input(s, a, l, err)))
+      return st;
     block_backward_weight(s, a, l, &u);
   }
   if (!d->embedding &&
