@@ -28,7 +28,7 @@ static void submit_help(FILE *f) {
           "Submits a training job to megad, which journals it, places its ranks on nodes and\n"
           "runs it. Prints a summary, then the job id alone on the last line:\n"
           "  id=$(megactl submit ... | tail -1)\n\n"
-          "The job flags are checked here as megad checks them. Relative paths in --data-path,\n"
+          "The job flags are checked here as megad checks them. Relative paths in the data flags,\n"
           "--save and --load are made absolute against this directory.\n\n"
           "submit flags:\n"
           "  --name N              a name for the job (default: megad picks one)\n"
@@ -87,9 +87,9 @@ static mega_status absolutize(char **path, mega_err *err) {
  * places the job), so the checks that need DP wait for megad. */
 static mega_status check_job(const mega_jobspec *s, int world, mega_err *err) {
   struct stat stt;
-  long long bytes = s->data_path && stat(s->data_path, &stt) == 0 && S_ISREG(stt.st_mode)
-                        ? (long long)stt.st_size
-                        : -1;
+  const char *one = mega_jobspec_data_single(s);
+  long long bytes = one && stat(one, &stt) == 0 && S_ISREG(stt.st_mode) ? (long long)stt.st_size
+                                                                        : -1;
   return mega_jobspec_check_all(s, world, bytes, err);
 }
 
@@ -138,7 +138,12 @@ int megactl_submit(int argc, char **argv) {
   if (!rc && step_timeout &&
       mega_duration_parse("--step-timeout", step_timeout, 100, 86400000, &step_ms, &err) != MEGA_OK)
     rc = megactl_usage(cmd, "%s", err.msg);
-  if (!rc && (absolutize(&s.data_path, &err) != MEGA_OK || absolutize(&s.save, &err) != MEGA_OK ||
+  /* a blend's paths are its odd words; its weights stay as they are */
+  mega_strlist *lists[] = {&s.data_path, &s.train_data_path, &s.valid_data_path};
+  for (int l = 0; l < 3; l++)
+    for (int k = lists[l]->n > 1 ? 1 : 0; !rc && k < lists[l]->n; k += lists[l]->n > 1 ? 2 : 1)
+      if (absolutize(&lists[l]->v[k], &err) != MEGA_OK) rc = megactl_fail("%s", err.msg);
+  if (!rc && (absolutize(&s.save, &err) != MEGA_OK ||
               absolutize(&s.load, &err) != MEGA_OK))
     rc = megactl_fail("%s", err.msg);
   int world = per && lo == hi ? (int)(per * (lo ? lo : 1)) : 0;

@@ -63,6 +63,8 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
+  /* as megad --version and megaw --version */
+  if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "megactl: unknown command '%s'\n", argv[1]);

@@ -22,13 +22,12 @@ static mega_status check_submit(megad_coord *c, const mega_job *j, mega_err *err
   if (j->nnodes_max && j->nnodes_max < lo)
     return mega_fail(err, MEGA_ERR_INVALID, "--nnodes %u:%u: MAX is below MIN", lo, j->nnodes_max);
   struct stat st;
-  if (s->data_path && stat(s->data_path, &st) != 0)
+  const char *flag, *bad, *why;
+  if (!megad_data_visible(s, &flag, &bad, &why))
     return mega_fail(err, MEGA_ERR_INVALID,
-                     "invalid job: --data-path %s: %s on node %s (the coordinator; every node of "
-                     "the job must see it)", s->data_path, strerror(errno), c->b->node_id);
-  if (s->data_path && !S_ISREG(st.st_mode))
-    return mega_fail(err, MEGA_ERR_INVALID, "invalid job: --data-path %s is not a file",
-                     s->data_path);
+                     "invalid job: %s %s: %s on node %s (the coordinator; every node of the job "
+                     "must see it: a file, or PREFIX.bin and PREFIX.idx)", flag, bad, why,
+                     c->b->node_id);
   if (s->save && stat(s->save, &st) == 0 && !S_ISDIR(st.st_mode))
     return mega_fail(err, MEGA_ERR_INVALID,
                      "invalid job: --save %s is a file; give a directory for the checkpoints",

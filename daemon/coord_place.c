@@ -17,9 +17,8 @@ uint32_t coord_nproc(megad_coord *c, const mega_job *j) {
  * this node sees it. */
 mega_status coord_check_world(const mega_jobspec *s, int world, mega_err *err) {
   struct stat st;
-  long long bytes = s->data_path && stat(s->data_path, &st) == 0 && S_ISREG(st.st_mode)
-                        ? (long long)st.st_size
-                        : -1;
+  const char *one = mega_jobspec_data_single(s);
+  long long bytes = one && stat(one, &st) == 0 && S_ISREG(st.st_mode) ? (long long)st.st_size : -1;
   return mega_jobspec_check_all(s, world, bytes, err);
 }
 

@@ -396,12 +396,10 @@ static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRan
                      L->b->node_id, err->msg);
   }
   struct stat sb;
-  if (s.data_path && stat(s.data_path, &sb) != 0)
-    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read --data-path %s: %s",
-                   L->b->node_id, s.data_path, strerror(errno));
-  else if (s.data_path && !S_ISREG(sb.st_mode))
-    st = mega_fail(err, MEGA_ERR_INVALID, "--data-path %s is not a file on node %s",
-                   s.data_path, L->b->node_id);
+  const char *flag, *bad, *why;
+  if (!megad_data_visible(&s, &flag, &bad, &why))
+    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read %s %s: %s", L->b->node_id, flag,
+                   bad, why);
   else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
     st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
                    L->b->node_id);

@@ -7,7 +7,7 @@
 
 mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, mega_err *err) {
   mega_gpt_config_default(cfg);
-  cfg->vocab_size = MEGA_VOCAB_SIZE;
+  cfg->vocab_size = mega_jobspec_padded_vocab(job); /* Megatron pads wte's rows */
   cfg->max_seq_len = mega_jobspec_max_position_embeddings(job);
   cfg->num_layers = job->num_layers;
   cfg->num_heads = job->num_attention_heads;

@@ -242,7 +242,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     r->lr = mega_lr_sched_from_job(j);
     st = mega_lr_sched_check(&r->lr, err);
   }
-  if (st == MEGA_OK) st = mega_data_open(j->data_path, j->seq_length, &r->data, err);
+  if (st == MEGA_OK) st = mega_data_open_job(j, &r->data, err);
   if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
   if (st == MEGA_OK && j->eval_interval > 0) st = build_schedule(r, true, &r->eval_sched, err);
   if (st == MEGA_OK) st = build_optimizer(r, err);

@@ -47,6 +47,8 @@ dead=127.0.0.1:$port
 refused="megactl: cannot reach megad at $dead: connection refused"
 
 # ---- help ----
+expect 0 "" "$megactl" --version
+check "--version prints megactl's version" grep -q "^megactl [0-9]" out.txt
 expect 0 "" "$megactl" --help
 check "top help lists the cluster commands" grep -q "^  submit " out.txt
 check "top help names --server" grep -q -- "--server ADDR" out.txt
@@ -57,6 +59,8 @@ done
 expect 0 "" "$megactl" submit -h
 check "submit help lists job flags from the table" grep -q -- "--pipeline-model-parallel-size N" out.txt
 check "submit help lists submit flags" grep -q -- "--nproc-per-node K" out.txt
+check "submit help gives --data-path's three forms" grep -q -- "--data-path FILE|PREFIX|W1 P1 W2 P2" out.txt
+check "no help line names an internal symbol" sh -c '! grep -q mega_ out.txt' 
 
 # ---- usage errors ----
 "$megactl" frobnicate >/dev/null 2>err.txt
@@ -96,7 +100,9 @@ expect 2 "megactl: invalid job: --tensor-model-parallel-size 2 is larger than th
 expect 2 "megactl submit: --hidden-size: 'abc' is not a whole number; see 'megactl submit --help'" \
   "$megactl" submit --hidden-size abc
 expect 2 "megactl submit: unknown flag '--bogus'; see 'megactl submit --help'" "$megactl" submit "${job[@]}" --bogus
-expect 2 "megactl submit: unexpected word 'now'; see 'megactl submit --help'" "$megactl" submit "${job[@]}" now
+expect 2 "megactl submit: unexpected word 'now'; see 'megactl submit --help'" "$megactl" submit now "${job[@]}"
+# --data-path takes every word up to the next flag: a stray one reads as a blend
+expect 2 "megactl: invalid job: --data-path: 'data.txt' is not a weight; a blend is weighted pairs W1 P1 W2 P2 ..., e.g. --data-path 0.3 web 0.7 books" "$megactl" submit "${job[@]}" now
 expect 2 "megactl submit: --nnodes: '3:2' is not MIN or MIN:MAX with 1 <= MIN <= MAX; see 'megactl submit --help'" \
   "$megactl" submit "${job[@]}" --nnodes 3:2
 expect 2 "megactl submit: --nproc-per-node: 'x' is not a positive integer; see 'megactl submit --help'" \
