@@ -142,6 +142,21 @@ def checkpoint(megaw, tmp):
             else:
                 print("ok   %s: %d whole tensors, same names and shapes, largest difference %g"
                       % (what, len(a), worst))
+    # a padded vocabulary that does not fit: TP 4 with the default divisor
+    # pads to 512 rows, the checkpoint has 256; refused, saying why
+    save = os.path.join(tmp, "ckpt-single")
+    if os.path.isdir(save):
+        args = [a for a in base if a not in ("--make-vocab-size-divisible-by", "64")]
+        res = pc.launch(megaw, 4, args + ["--tensor-model-parallel-size", "4", "--train-iters",
+                                          str(pc.CKPT_ITERS), "--load", save], tmp)
+        errs = " ".join(e for _, _, e in res)
+        if all(rc != 0 for rc, _, _ in res[:1]) and "--make-vocab-size-divisible-by" in errs \
+                and "vocab_size 256" in errs:
+            print("ok   a 256-row vocabulary at TP 4 (padded to 512) is refused, naming the flag")
+        else:
+            failed += 1
+            print("FAIL TP 4 loading a 256-row vocabulary: exit %s: %s" %
+                  ([rc for rc, _, _ in res], errs.strip()[-300:]))
     return failed == 0
 
 
