@@ -119,7 +119,8 @@ int megactl_submit(int argc, char **argv) {
         (r = megactl_flag_value(cmd, argc, argv, &i, "--nproc-per-node", &nproc)) ||
         (r = megactl_flag_value(cmd, argc, argv, &i, "--max-restarts", &restarts)) ||
         (r = megactl_flag_value(cmd, argc, argv, &i, "--step-timeout", &step_timeout)) ||
-        (r = megactl_flag_value(cmd, argc, argv, &i, "--server", &server))) {
+        (r = megactl_flag_value(cmd, argc, argv, &i, "--server", &server)) ||
+        (r = megactl_security_flag(cmd, argc, argv, &i))) {
       if (r < 0) rc = MEGACTL_EXIT_USAGE;
       continue;
     }

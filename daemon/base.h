@@ -45,6 +45,7 @@ typedef struct megad_base {
   bool quiet;      /* only warnings on stderr */
   bool stopping;   /* shutdown has begun */
   int lock_fd;     /* flock on STATE/lock while this megad runs */
+  const mega_rpc_auth *auth; /* what calls to peers carry (token, TLS); NULL: none */
   megad_rpc *rpcs; /* async calls in flight */
   megad_chan *chans;
 } megad_base;

@@ -14,41 +14,17 @@
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
 #define SCHEDULE_MS 500
 
-/* ---- checking a job ---- */
-
-static mega_status check_submit(megad_coord *c, const mega_job *j, mega_err *err) {
-  const mega_jobspec *s = &j->spec;
-  uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo;
-  if (j->nnodes_max && j->nnodes_max < lo)
-    return mega_fail(err, MEGA_ERR_INVALID, "--nnodes %u:%u: MAX is below MIN", lo, j->nnodes_max);
-  struct stat st;
-  if (s->data_path && stat(s->data_path, &st) != 0)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "invalid job: --data-path %s: %s on node %s (the coordinator; every node of "
-                     "the job must see it)", s->data_path, strerror(errno), c->b->node_id);
-  if (s->data_path && !S_ISREG(st.st_mode))
-    return mega_fail(err, MEGA_ERR_INVALID, "invalid job: --data-path %s is not a file",
-                     s->data_path);
-  if (s->save && stat(s->save, &st) == 0 && !S_ISDIR(st.st_mode))
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "invalid job: --save %s is a file; give a directory for the checkpoints",
-                     s->save);
-  uint32_t nproc = coord_nproc(c, j);
-  mega_status rc = coord_check_world(s, (int)(lo * nproc), err);
-  for (uint32_t n = hi; rc != MEGA_OK && n > lo; n--)
-    if (coord_check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
-  return rc;
-}
-
 mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, mega_job **out,
                                mega_err *err) {
   *out = NULL;
   if (c->b->stopping)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED, "megad on %s is shutting down", c->b->node_id);
   if (!spec) return mega_fail(err, MEGA_ERR_INVALID, "SubmitJob needs a job spec");
+  mega_status rc = coord_check_msg(c, spec, err);
+  if (rc != MEGA_OK) return rc;
   mega_jobspec probe;
   mega_jobspec_defaults(&probe);
-  mega_status rc = mega_jobspec_parse(&probe, (int)spec->n_args, spec->args, err);
+  rc = mega_jobspec_parse(&probe, (int)spec->n_args, spec->args, err);
   mega_jobspec_free(&probe);
   if (rc != MEGA_OK) return rc;
   char id[128];
@@ -59,7 +35,7 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
   j->tp = (uint32_t)j->spec.tensor_model_parallel_size;
   j->pp = (uint32_t)j->spec.pipeline_model_parallel_size;
   j->vp = (uint32_t)mega_jobspec_vp(&j->spec);
-  if ((rc = check_submit(c, j, err)) != MEGA_OK || (rc = megad_jobs_add(c->jobs, j, err)) != MEGA_OK) {
+  if ((rc = coord_admit(c, j, err)) != MEGA_OK || (rc = megad_jobs_add(c->jobs, j, err)) != MEGA_OK) {
     mega_job_free(j);
     return rc;
   }
@@ -211,7 +187,10 @@ static bool try_start(megad_coord *c, mega_job *j) {
   mega_err e = {0};
   mega_jobspec as;
   mega_jobspec_defaults(&as);
-  if (mega_recovery_attempt_spec(j, &as, &e) != MEGA_OK) {
+  /* the roots again: a job from the journal was admitted under other ones */
+  if (mega_recovery_attempt_spec(j, &as, &e) != MEGA_OK ||
+      (c->o.roots && megad_roots_check(c->o.roots, &as, &e) != MEGA_OK)) {
+    mega_jobspec_free(&as);
     megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, e.msg);
     return true;
   }

@@ -35,6 +35,7 @@
 #include "daemon/launch.h"
 #include "daemon/members.h"
 #include "daemon/recovery.h"
+#include "daemon/roots.h"
 
 /* A cancel waiting for its job's end (megad_coord_cancel's done). */
 typedef struct megad_cancel_wait {
@@ -47,6 +48,8 @@ typedef struct megad_coord_opts {
   unsigned rendezvous_timeout_ms; /* how long a rank waits for the others at rendezvous */
   unsigned heartbeat_ms;          /* members' interval: how soon a quiet node is suspect */
   unsigned heartbeat_timeout_ms;  /* members' timeout: when a quiet node is lost */
+  const megad_roots *roots;       /* the paths jobs may name */
+  unsigned max_pending;           /* waiting jobs this node may hold (0: no limit) */
 } megad_coord_opts;
 
 typedef struct megad_coord {
