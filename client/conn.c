@@ -1,4 +1,5 @@
 #include "client/conn.h"
+#include "client/view.h"
 
 #include <errno.h>
 #include <langinfo.h>
@@ -79,12 +80,12 @@ mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
 }
 
 int megactl_fail(const char *fmt, ...) {
+  char msg[2048], esc[4096]; /* megad's words may hold anything: escape them */
   va_list ap;
   va_start(ap, fmt);
-  fputs("megactl: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  fprintf(stderr, "megactl: %s\n", view_escape(msg, esc, sizeof esc));
   return MEGACTL_EXIT_FAIL;
 }
 

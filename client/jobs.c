@@ -177,8 +177,9 @@ int megactl_submit(int argc, char **argv) {
     if (!j || !j->id || !j->id[0]) {
       rc = megactl_fail("megad accepted the job but sent back no job id");
     } else {
-      printf("submitted %s%s%s%s: %s", j->id, j->name && j->name[0] ? " (" : "",
-             j->name && j->name[0] ? j->name : "", j->name && j->name[0] ? ")" : "",
+      char name[512];
+      view_escape(j->name, name, sizeof name);
+      printf("submitted %s%s%s%s: %s", j->id, name[0] ? " (" : "", name, name[0] ? ")" : "",
              view_state_name(j->state));
       if (j->world_size)
         printf(", world %u = TP %u x PP %u x DP %u", j->world_size, j->tp, j->pp, j->dp);

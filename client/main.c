@@ -52,6 +52,10 @@ int main(int argc, char **argv) {
   while (argc > 1 && !strncmp(argv[1], "--", 2) && argv[1][2]) {
     int i = 1, r;
     const char *server;
+    if (!strcmp(argv[1], "--server") && argc < 3) {
+      fprintf(stderr, "megactl: --server needs a value (host:port or unix:/path)\n");
+      return 2;
+    }
     if ((r = megactl_flag_value("", argc, argv, &i, "--server", &server)) == 1)
       megactl_set_server(server);
     else if (!r)

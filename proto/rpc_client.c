@@ -199,8 +199,16 @@ static mega_status ccall_result(const ccall *c, mega_err *err) {
     return mega_fail(err, MEGA_ERR_IO, "%s at %s refused the token (%.*s): %s",
                      c->ch->peer_name, c->ch->target, (int)k, d, c->ch->auth_hint);
   }
-  return mega_rpc_client_error(err, (mega_rpc_code)c->status, d, n, c->ch->peer_name,
-                               c->ch->target, c->m, c->timeout_ms);
+  mega_status st = mega_rpc_client_error(err, (mega_rpc_code)c->status, d, n, c->ch->peer_name,
+                                         c->ch->target, c->m, c->timeout_ms);
+  /* A TLS server closes a plaintext connection without a word. */
+  if (err && !c->ch->tls && c->status == GRPC_STATUS_UNAVAILABLE &&
+      strstr(err->msg, "the connection closed")) {
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof err->msg - len, " (if %s uses TLS, pass --tls-ca)",
+             c->ch->peer_name);
+  }
+  return st;
 }
 
 /* Takes the received message as m->response; NULL (and err) if it does not parse. */
