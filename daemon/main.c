@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/duration.h"
@@ -138,6 +139,10 @@ static void on_signal(uv_signal_t *h, int sig) {
 
 static int start(app *a, const megad_opts *o) {
   signal(SIGPIPE, SIG_IGN);
+  /* Private by default: the state dir, journal and logs, and everything the
+   * workers (who inherit it) write, checkpoints included, are 0600 in 0700
+   * directories. Share a checkpoint on purpose, with chmod. */
+  umask(077);
   uv_loop_init(&a->loop);
   mega_err err = {0};
   if (megad_start(&a->d, &a->loop, o, &err) != MEGA_OK) {

@@ -54,6 +54,10 @@ void hd_cleanup_all(void) {
   }
 }
 
+static const mega_rpc_auth *client_auth;
+
+void hd_set_auth(const mega_rpc_auth *a) { client_auth = a; }
+
 double hd_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -150,7 +154,7 @@ bool hd_start(hd *d, const char *name, int slots, const char *peers, const char 
     hd_kill(d);
     return false;
   }
-  mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 200};
+  mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 200, .auth = client_auth};
   return mega_rpc_channel_new(d->addr, &o, &d->ch, NULL) == MEGA_OK;
 }
 

@@ -23,6 +23,10 @@ typedef struct hd {
   mega_rpc_channel *ch;
 } hd;
 
+/* What the channels hd_start opens from now on carry (the token, TLS);
+ * NULL: nothing. a must outlive those daemons. */
+void hd_set_auth(const mega_rpc_auth *a);
+
 /* A temporary directory for a test (removed by hd_rmdir). */
 void hd_tmpdir(char *buf, size_t len);
 void hd_rmdir(const char *dir);
