@@ -25,7 +25,7 @@ static const struct {
     {"watch", megactl_watch, "follow a job's steps and events until it ends"},
     {"status", megactl_status, "show one job"},
     {"ls", megactl_ls, "list jobs"},
-    {"cancel", megactl_cancel, "cancel a job"},
+    {"cancel", megactl_cancel, "cancel jobs (several ids, or --all-pending)"},
     {"resume", megactl_resume, "restart a failed job from its newest checkpoint"},
     {"rescale", megactl_rescale, "re-plan a running job on N nodes at its next checkpoint"},
     {"nodes", megactl_nodes, "list the cluster's nodes"},

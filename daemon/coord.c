@@ -39,6 +39,7 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
     mega_job_free(j);
     return rc;
   }
+  coord_wq_add(c, j);
   uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo,
            nproc = coord_nproc(c, j);
   char nodes[48];
@@ -257,11 +258,13 @@ static bool try_start(megad_coord *c, mega_job *j) {
 }
 
 /* A job waiting for nodes that could not run even on an idle cluster does
- * not hold up the jobs behind it. */
+ * not hold up the jobs behind it; it is not looked at again until the
+ * membership changes (epoch). */
 static bool blocks_queue(megad_coord *c, mega_job *j) {
   int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
   bool fits = idx && coord_place(c, j, false, true, idx, &n, NULL) == MEGA_OK;
   free(idx);
+  if (!fits) j->wq_epoch = c->epoch + 1;
   return fits;
 }
 
@@ -269,15 +272,44 @@ static bool waiting(const mega_job *j) {
   return !j->rt && (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING);
 }
 
+/* FIFO from the queue's head: each waiting job starts if the cluster has
+ * room; the first that must wait holds up the rest. A pass costs the jobs it
+ * starts plus one, not the jobs held (a job that cannot fit even an idle
+ * cluster is skipped until the membership changes). A pass asked for during
+ * one (a launch that fails at once ends its attempt) runs after it. */
 void megad_coord_schedule(megad_coord *c) {
   if (c->b->stopping) return;
-  for (size_t i = 0; i < c->jobs->t.n; i++) {
-    mega_job *j = c->jobs->t.v[i];
-    if (waiting(j) && !try_start(c, j) && blocks_queue(c, j)) return;
+  if (c->scheduling) {
+    c->reschedule = true;
+    return;
   }
+  c->scheduling = true;
+  do {
+    c->reschedule = false;
+    for (mega_job *j = c->wq_head, *next; j && !c->reschedule; j = next) {
+      next = j->wq_next;
+      if (!waiting(j)) {
+        coord_wq_remove(c, j);
+        continue;
+      }
+      if (j->wq_epoch == c->epoch + 1) continue; /* too big for this membership */
+      if (try_start(c, j)) {
+        coord_wq_remove(c, j);
+        next = c->wq_head; /* the queue may have changed under the start */
+        continue;
+      }
+      if (blocks_queue(c, j)) break;
+    }
+  } while (c->reschedule && !c->b->stopping);
+  c->scheduling = false;
 }
 
-static void on_tick(uv_timer_t *t) { megad_coord_schedule(t->data); }
+/* Nodes' heartbeats free slots without an event here: look again, while
+ * anything waits. */
+static void on_tick(uv_timer_t *t) {
+  megad_coord *c = t->data;
+  if (c->wq_head) megad_coord_schedule(c);
+}
 
 /* ---- the end of an attempt ---- */
 
@@ -295,6 +327,7 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
   }
   if (r.counted) j->restarts++;
   megad_jobs_save(c->jobs, j, NULL);
+  coord_wq_add(c, j);
   char budget[64] = "";
   if (r.counted)
     snprintf(budget, sizeof budget, " (restart %u of %u)", j->restarts, j->max_restarts);
@@ -331,6 +364,7 @@ void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
   coord_run *run = j->rt;
   if (!run) {
     if (!mega_job_state_final(j->state)) {
+      coord_wq_remove(c, j);
       megad_job_finalize(c->jobs, j, MEGA_JOB_CANCELLED, why);
       megad_coord_schedule(c);
     }
@@ -367,6 +401,7 @@ mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err) {
   j->error = NULL;
   j->ended_ms = 0;
   megad_jobs_save(c->jobs, j, NULL);
+  coord_wq_add(c, j);
   if (j->ckpt_iteration && j->spec.save)
     megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
                     "resumed by a user from the checkpoint of iteration %llu",
@@ -401,6 +436,7 @@ mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, me
 /* ---- membership ---- */
 
 void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why) {
+  c->epoch++;
   for (size_t i = 0; i < c->jobs->t.n; i++) {
     mega_job *j = c->jobs->t.v[i];
     coord_run *run = j->rt;
@@ -418,6 +454,7 @@ void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why)
 }
 
 void megad_coord_node_up(megad_coord *c, const megad_node *n) {
+  c->epoch++;
   /* A node that comes back may still run ranks of attempts that ended
    * while it was away: they must do no harm. */
   for (size_t i = 0; !n->self && i < c->jobs->t.n; i++) {
@@ -469,6 +506,7 @@ mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
 void megad_coord_start(megad_coord *c) {
   for (size_t i = 0; i < c->jobs->t.n; i++) {
     mega_job *j = c->jobs->t.v[i];
+    if (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING) coord_wq_add(c, j);
     if (j->state != MEGA_JOB_RUNNING) continue;
     mega_err e = {0};
     if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) continue;
@@ -482,6 +520,7 @@ void megad_coord_start(megad_coord *c) {
     megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
                     "megad on %s restarted while attempt %u ran; resuming from %s", c->b->node_id,
                     j->attempt, from);
+    coord_wq_add(c, j);
   }
   uv_timer_start(&c->tick, on_tick, 0, SCHEDULE_MS);
 }

@@ -72,6 +72,14 @@ typedef struct megad_coord {
    * the run is below the coordinator that made it). */
   void (*attempt_over)(struct megad_coord *c, mega_job *j, mega_end_kind kind,
                        const char *cause, const megad_cancel_wait *cancels, size_t ncancels);
+  /* The jobs waiting to start, oldest first (coord_queue.c), so scheduling
+   * looks at the head of the queue, not at every job ever submitted; and
+   * the attempts running, for the slots they take. */
+  mega_job *wq_head, *wq_tail;
+  size_t nwaiting;
+  uint64_t epoch;              /* membership changes: a job too big for the cluster waits for one */
+  bool scheduling, reschedule; /* a pass is running; another was asked for meanwhile */
+  struct coord_run *runs;
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,

@@ -55,16 +55,6 @@ mega_status coord_check_msg(const megad_coord *c, const Mega__V1__JobSpec *spec,
   return MEGA_OK;
 }
 
-/* Jobs this node coordinates that wait to start. */
-static size_t waiting_count(const megad_coord *c) {
-  size_t n = 0;
-  for (size_t i = 0; i < c->jobs->t.n; i++) {
-    const mega_job *j = c->jobs->t.v[i];
-    n += !j->rt && (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING);
-  }
-  return n;
-}
-
 /* A job whose ranks per node no node has the slots for, or whose TP group
  * is larger than a node's ranks, can never start. */
 static mega_status check_placeable(megad_coord *c, const mega_job *j, mega_err *err) {
@@ -110,7 +100,7 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
   for (uint32_t n = hi; rc != MEGA_OK && n > lo; n--)
     if (coord_check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
   if (rc != MEGA_OK) return rc;
-  size_t waiting = waiting_count(c);
+  size_t waiting = c->nwaiting;
   if (c->o.max_pending && waiting >= c->o.max_pending)
     return mega_fail(err, MEGA_ERR_NOMEM,
                      "node %s already holds %zu waiting jobs (--max-pending %u); cancel some or "

@@ -6,6 +6,7 @@
  *                  failures and their cause, aborts; its end goes up
  *                  through megad_coord.attempt_over
  *   coord_admit.c  what a job must be to be accepted at submit
+ *   coord_queue.c  the queue of waiting jobs
  *   coord_place.c  where a job can run now
  *
  * Private to the coordinator.
@@ -34,6 +35,7 @@ typedef struct save_wait {
 } save_wait;
 
 typedef struct coord_run {
+  struct coord_run *prev, *next; /* megad_coord.runs */
   megad_coord *c;
   mega_job *job;
   uint32_t world;
@@ -68,6 +70,11 @@ typedef struct coord_run {
 #define MEGAD_RESTARTS_MAX 10000
 mega_status coord_check_msg(const megad_coord *c, const Mega__V1__JobSpec *spec, mega_err *err);
 mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err);
+
+/* coord_queue.c: the queue of waiting jobs. add puts j in submission order
+ * (a restarting job goes before the younger ones); remove takes it out. */
+void coord_wq_add(megad_coord *c, mega_job *j);
+void coord_wq_remove(megad_coord *c, mega_job *j);
 
 /* coord_place.c: where a job can run now */
 uint32_t coord_nproc(megad_coord *c, const mega_job *j); /* ranks per node */

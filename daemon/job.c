@@ -298,6 +298,11 @@ mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *it
     j->events[j->nevents++] = e;
   }
   if (j->hist_len == MEGA_JOB_HISTORY) {
+    const Mega__V1__WatchJobResponse *old = j->hist[j->hist_head];
+    if (old->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && old->step) {
+      if (!j->hist_lost_steps++) j->hist_lost_first = old->step->iteration;
+      j->hist_lost_last = old->step->iteration;
+    }
     protobuf_c_message_free_unpacked(&j->hist[j->hist_head]->base, NULL);
     j->hist[j->hist_head] = c;
     j->hist_head = (j->hist_head + 1) % MEGA_JOB_HISTORY;

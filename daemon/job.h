@@ -64,12 +64,19 @@ typedef struct mega_job {
   /* History for WatchJob replay: a ring of owned items, oldest at hist_head. */
   Mega__V1__WatchJobResponse **hist;
   size_t hist_head, hist_len;
+  /* steps the ring let go (a replay says so with a gap marker) */
+  uint64_t hist_lost_steps, hist_lost_first, hist_lost_last;
   Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
   /* Every event of the job, oldest first (owned; GetJob's history). */
   Mega__V1__JobEvent **events;
   size_t nevents, events_cap;
 
   void *rt;   /* the coordinator's runtime state while the job runs */
+  /* The coordinator's queue of waiting jobs (coord_queue.c), in submission
+   * order; wq_epoch: the membership it last could not fit even empty. */
+  struct mega_job *wq_prev, *wq_next;
+  bool wq_in;
+  uint64_t wq_epoch;
   char *wait; /* why a pending job waits (said once per change); not journaled */
   uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
   int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
