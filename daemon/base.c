@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -60,6 +61,16 @@ static int mkdir_p(const char *path) {
     *p = '/';
   }
   return mkdir(buf, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st;
+  (void)ftw;
+  return (flag == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+bool megad_rmtree(const char *path) {
+  return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS) == 0 || errno == ENOENT;
 }
 
 char *megad_job_dir(const megad_base *b, const char *job_id) {

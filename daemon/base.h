@@ -63,6 +63,9 @@ void megad_base_close_cq(megad_base *b, void (*done)(void *arg), void *arg);
 void megad_log(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void megad_warn(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* rm -rf path, without following symlinks; false if something stayed. */
+bool megad_rmtree(const char *path);
+
 /* STATE/jobs/<id> (created), or NULL; the caller frees it. */
 char *megad_job_dir(const megad_base *b, const char *job_id);
 

@@ -304,11 +304,14 @@ void megad_coord_schedule(megad_coord *c) {
   c->scheduling = false;
 }
 
+#define RETAIN_TICKS (10000 / SCHEDULE_MS)
+
 /* Nodes' heartbeats free slots without an event here: look again, while
- * anything waits. */
+ * anything waits. Every 10 s, retention. */
 static void on_tick(uv_timer_t *t) {
   megad_coord *c = t->data;
   if (c->wq_head) megad_coord_schedule(c);
+  if (++c->ticks % RETAIN_TICKS == 0) coord_retain(c, megad_unix_ms());
 }
 
 /* ---- the end of an attempt ---- */
@@ -522,6 +525,7 @@ void megad_coord_start(megad_coord *c) {
                     j->attempt, from);
     coord_wq_add(c, j);
   }
+  coord_retain(c, megad_unix_ms());
   uv_timer_start(&c->tick, on_tick, 0, SCHEDULE_MS);
 }
 

@@ -50,6 +50,8 @@ typedef struct megad_coord_opts {
   unsigned heartbeat_timeout_ms;  /* members' timeout: when a quiet node is lost */
   const megad_roots *roots;       /* the paths jobs may name */
   unsigned max_pending;           /* waiting jobs this node may hold (0: no limit) */
+  unsigned retain_jobs;           /* ended jobs kept (0: every one) */
+  unsigned retain_ms;             /* ended jobs older than this are forgotten (0: never) */
 } megad_coord_opts;
 
 typedef struct megad_coord {
@@ -80,6 +82,7 @@ typedef struct megad_coord {
   uint64_t epoch;              /* membership changes: a job too big for the cluster waits for one */
   bool scheduling, reschedule; /* a pass is running; another was asked for meanwhile */
   struct coord_run *runs;
+  unsigned ticks; /* retention runs every RETAIN_TICKS ticks */
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,

@@ -221,7 +221,9 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                          .heartbeat_ms = d->o.heartbeat_interval_ms,
                          .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms,
                          .roots = &d->roots,
-                         .max_pending = d->o.max_pending ? d->o.max_pending : 1000};
+                         .max_pending = d->o.max_pending ? d->o.max_pending : 1000,
+                         .retain_jobs = d->o.retain_jobs ? d->o.retain_jobs : 1000,
+                         .retain_ms = d->o.retain_ms ? d->o.retain_ms : 7 * 86400000u};
   s = megad_launcher_init(&d->launcher, &d->base, &d->kvs, &lo, &lc, err);
   if (s == MEGA_OK) s = megad_members_init(&d->members, &d->base, &mo, d->incarnation, &mc, err);
   if (s == MEGA_OK)

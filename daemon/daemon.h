@@ -36,8 +36,8 @@ typedef struct megad_opts {
   const char *const *data_roots, *const *save_roots; /* what jobs may read and write */
   size_t n_data_roots, n_save_roots;
   unsigned max_pending;       /* jobs this node coordinates that may wait; 0: 1000 */
-  unsigned retain_jobs;       /* finished jobs kept; 0: 1000 */
-  unsigned retain_ms;         /* finished jobs older than this are forgotten; 0: 7 days */
+  unsigned retain_jobs;       /* ended jobs kept; 0: 1000 */
+  unsigned retain_ms;         /* ended jobs older than this are forgotten; 0: 7 days */
 } megad_opts;
 
 typedef struct megad {

@@ -341,6 +341,22 @@ static void note_id(mega_jobs *t, const char *id) {
   if (sscanf(id, "j-%llu", &n) == 1 && n >= t->next_id) t->next_id = n + 1;
 }
 
+void mega_jobs_filter(mega_jobs *t, bool (*keep)(const mega_job *j, void *arg), void *arg) {
+  size_t k = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    if (keep(t->v[i], arg)) t->v[k++] = t->v[i];
+    else mega_job_free(t->v[i]);
+  }
+  t->n = k;
+}
+
+static bool not_id(const mega_job *j, void *id) { return strcmp(j->id, id) != 0; }
+
+void mega_jobs_forget(mega_jobs *t, const char *id) {
+  note_id(t, id);
+  mega_jobs_filter(t, not_id, (void *)id);
+}
+
 mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err) {
   if (t->n == t->cap) {
     size_t cap = t->cap ? 2 * t->cap : 16;

@@ -157,6 +157,12 @@ mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err);
  * coordinator's node name keeps ids unique across the cluster, so a node
  * running ranks of several coordinators' jobs never confuses two. */
 void mega_jobs_next_id(mega_jobs *t, const char *node, char *buf, size_t len);
+/* Frees and removes every job keep(j, arg) says no to, in one pass; the
+ * order of the rest stays. */
+void mega_jobs_filter(mega_jobs *t, bool (*keep)(const mega_job *j, void *arg), void *arg);
+/* A forgotten job (a replayed ForgetRecord): gone from the table, its id
+ * still used. */
+void mega_jobs_forget(mega_jobs *t, const char *id);
 
 /* ---- journal records (daemon/megad.proto) ---- */
 
@@ -164,6 +170,7 @@ void mega_jobs_next_id(mega_jobs *t, const char *node, char *buf, size_t len);
 mega_status mega_jrec_job(const mega_job *j, uint8_t **buf, size_t *len, mega_err *err);
 mega_status mega_jrec_event(const char *job_id, const Mega__V1__JobEvent *ev, uint8_t **buf,
                             size_t *len, mega_err *err);
+mega_status mega_jrec_forget(const char *job_id, uint8_t **buf, size_t *len, mega_err *err);
 mega_status mega_jrec_step(const char *job_id, const Mega__V1__StepMetrics *step, uint8_t **buf,
                            size_t *len, mega_err *err);
 

@@ -69,6 +69,18 @@ static void compact(megad_jobs *js, size_t replayed) {
       recs_add(&r, st, buf, len);
     }
   }
+  /* ids of forgotten jobs stay used: one ForgetRecord of the newest keeps
+   * the next id where it was */
+  unsigned long long top = 0, n;
+  for (size_t i = 0; i < js->t.n; i++)
+    if (sscanf(js->t.v[i]->id, "j-%llu", &n) == 1 && n > top) top = n;
+  if (r.ok && js->t.next_id > top + 1) {
+    char id[64];
+    snprintf(id, sizeof id, "j-%llu-forgotten", (unsigned long long)js->t.next_id - 1);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    recs_add(&r, mega_jrec_forget(id, &buf, &len, NULL), buf, len);
+  }
   mega_err e = {0};
   if (r.ok && 2 * r.n + 64 < replayed) {
     if (mega_journal_rewrite(js->journal, (const void *const *)r.v, r.lens, r.n, &e) == MEGA_OK)
@@ -116,6 +128,43 @@ void megad_jobs_close(megad_jobs *js) {
 }
 
 mega_job *megad_jobs_find(megad_jobs *js, const char *id) { return mega_jobs_find(&js->t, id); }
+
+typedef struct forget_ctx {
+  megad_jobs *js;
+  bool (*gone)(const mega_job *j, void *arg);
+  void *arg;
+  size_t n;
+} forget_ctx;
+
+/* Journals the job's end as a ForgetRecord and removes its directory
+ * (worker logs, traces) before the table lets it go. */
+static bool keep_or_forget(const mega_job *j, void *arg) {
+  forget_ctx *f = arg;
+  if (!mega_job_state_final(j->state) || !f->gone(j, f->arg)) return true;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  mega_err e = {0};
+  if (mega_jrec_forget(j->id, &buf, &len, &e) != MEGA_OK ||
+      mega_journal_append(f->js->journal, buf, len, &e) != MEGA_OK) {
+    free(buf);
+    megad_warn(f->js->b, "journal: %s; keeping job %s", e.msg, j->id);
+    return true;
+  }
+  free(buf);
+  char *dir = NULL;
+  if (asprintf(&dir, "%s/jobs/%s", f->js->b->state_dir, j->id) >= 0) {
+    megad_rmtree(dir);
+    free(dir);
+  }
+  f->n++;
+  return false;
+}
+
+size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *arg), void *arg) {
+  forget_ctx f = {js, gone, arg, 0};
+  mega_jobs_filter(&js->t, keep_or_forget, &f);
+  return f.n;
+}
 
 mega_status megad_jobs_save(megad_jobs *js, const mega_job *j, mega_err *err) {
   uint8_t *buf;

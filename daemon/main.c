@@ -58,6 +58,8 @@ static void usage(FILE *f) {
           "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n"
           "  --max-pending N        jobs this node coordinates that may wait at once\n"
           "                         (default 1000; more are refused: RESOURCE_EXHAUSTED)\n"
+          "  --retain-jobs N        ended jobs kept (default 1000; older ones are forgotten)\n"
+          "  --retain-age D         ended jobs are forgotten after D (default 168h; at most 720h)\n"
           "security (README \"Security\"):\n"
           "  --token-file FILE      the cluster token (mode 600) every call must carry; needed\n"
           "                         to listen on anything but 127.0.0.1 or a unix: socket\n"
@@ -177,7 +179,8 @@ static int duration_flag(const char *flag, const char *v, unsigned min, unsigned
 
 static int serve(int argc, char **argv) {
   megad_opts o = {0};
-  const char *slots = NULL, *hbi = NULL, *hbt = NULL, *rdv = NULL, *pending = NULL, *root;
+  const char *slots = NULL, *hbi = NULL, *hbt = NULL, *rdv = NULL, *pending = NULL, *root,
+             *retain = NULL, *retain_age = NULL;
   static const char *data_roots[MAX_ROOTS], *save_roots[MAX_ROOTS];
   o.data_roots = data_roots;
   o.save_roots = save_roots;
@@ -203,6 +206,8 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--tls-key", &o.tls_key)) ||
         (r = own_flag(argc, argv, &i, "--tls-ca", &o.tls_ca)) ||
         (r = own_flag(argc, argv, &i, "--max-pending", &pending)) ||
+        (r = own_flag(argc, argv, &i, "--retain-jobs", &retain)) ||
+        (r = own_flag(argc, argv, &i, "--retain-age", &retain_age)) ||
         (r = own_flag(argc, argv, &i, "--state-dir", &o.state_dir)) ||
         (r = own_flag(argc, argv, &i, "--slots", &slots)) ||
         (r = own_flag(argc, argv, &i, "--node-name", &o.node_name)) ||
@@ -226,9 +231,14 @@ static int serve(int argc, char **argv) {
   if (pending && (!parse_count(pending, 1000000, &max_pending)))
     return usage_error("--max-pending: '%s' is not a count in 1..1000000", pending);
   o.max_pending = (unsigned)max_pending;
+  int retain_jobs = 0;
+  if (retain && !parse_count(retain, 1000000, &retain_jobs))
+    return usage_error("--retain-jobs: '%s' is not a count in 1..1000000", retain);
+  o.retain_jobs = (unsigned)retain_jobs;
   int rc = duration_flag("--heartbeat-interval", hbi, 10, 60000, &o.heartbeat_interval_ms);
   if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
   if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);
+  if (!rc) rc = duration_flag("--retain-age", retain_age, 1000, 30 * 86400000u, &o.retain_ms);
   if (rc) return rc;
 
   static app a;

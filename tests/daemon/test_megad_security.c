@@ -389,6 +389,71 @@ static void test_bounded_input(void **state) {
   hd_cleanup(&d);
 }
 
+/* ---- retention of ended jobs, and the queue's limit ---- */
+
+static size_t count_jobs(hd *d) {
+  Mega__V1__ListJobsRequest req = MEGA__V1__LIST_JOBS_REQUEST__INIT;
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  if (mega_rpc_unary(d->ch, &mega_control_list_jobs, &req.base, 5000, &resp, &err) != MEGA_OK)
+    fail_msg("ListJobs: %s", err.msg);
+  size_t n = ((Mega__V1__ListJobsResponse *)resp)->n_jobs;
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return n;
+}
+
+static void cancel(hd *d, const char *id) {
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = (char *)id;
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  assert_int_equal(mega_rpc_unary(d->ch, &mega_control_cancel_job, &req.base, 5000, &resp, &err),
+                   MEGA_OK);
+  protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+static void test_retention(void **state) {
+  (void)state;
+  const char *extra[] = {"--retain-jobs", "2", NULL};
+  hd d;
+  assert_true(hd_start(&d, "k1", 1, NULL, NULL, extra));
+  char ids[4][64], path[256];
+  mega_err err = {0};
+  for (int i = 0; i < 4; i++) {
+    Mega__V1__JobSpec spec;
+    hd_tiny_spec(&spec, d.dir, 2, NULL);
+    spec.nnodes_min = 2; /* waits: nothing runs */
+    assert_int_equal(hd_submit(&d, &spec, ids[i], sizeof ids[i], &err), MEGA_OK);
+    cancel(&d, ids[i]);
+  }
+  assert_int_equal(count_jobs(&d), 4);
+  snprintf(path, sizeof path, "%s/jobs/%s", d.dir, ids[0]);
+  mkdir(path, 0700); /* as a job that ran leaves it (logs) */
+  assert_true(hd_restart(&d, extra)); /* retention runs at start, then every 10 s */
+  assert_int_equal(count_jobs(&d), 2);
+  Mega__V1__Job *j = hd_get_job(&d, ids[0], &err);
+  assert_null(j);
+  assert_int_equal(access(path, F_OK), -1); /* its directory went with it */
+  j = hd_get_job(&d, ids[3], &err);
+  assert_non_null(j);
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  /* ids are never given twice, even once their jobs are forgotten */
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 2, NULL);
+  spec.nnodes_min = 2;
+  char id[64];
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  assert_string_equal(id, "j-5-k1");
+  cancel(&d, id);
+  const char *age[] = {"--retain-age", "1s", NULL};
+  usleep(1200000);
+  assert_true(hd_restart(&d, age));
+  assert_int_equal(count_jobs(&d), 0);
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  assert_string_equal(id, "j-6-k1");
+  hd_cleanup(&d);
+}
+
 /* ---- private files ---- */
 
 static void test_files_are_private(void **state) {
@@ -439,6 +504,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_path_roots, teardown),
       cmocka_unit_test_teardown(test_bounded_input, teardown),
       cmocka_unit_test_teardown(test_files_are_private, teardown),
+      cmocka_unit_test_teardown(test_retention, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
