@@ -52,6 +52,7 @@ typedef struct megad_coord_opts {
   unsigned max_pending;           /* waiting jobs this node may hold (0: no limit) */
   unsigned retain_jobs;           /* ended jobs kept (0: every one) */
   unsigned retain_ms;             /* ended jobs older than this are forgotten (0: never) */
+  double node_memory_bytes;       /* what a node holds, for the fit check; 0: this node's RAM */
 } megad_coord_opts;
 
 typedef struct megad_coord {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 
 #include "core/jobspec.h"
 #include "daemon/coord_internal.h"
@@ -75,6 +76,48 @@ static mega_status check_placeable(megad_coord *c, const mega_job *j, mega_err *
   return MEGA_OK;
 }
 
+/* This node's memory (MemTotal): the coordinator's view of a node's, the
+ * nodes of a cluster being alike. 0 when unknown. */
+static double node_memory_bytes(void) {
+  struct sysinfo si;
+  return sysinfo(&si) == 0 ? (double)si.totalram * si.mem_unit : 0;
+}
+
+/* A job whose model cannot fit in a node's memory is refused now rather
+ * than OOM-killed later. An upper estimate per rank (fp32, as the workers
+ * train): the stage's share of the parameters at 16 bytes each (weights,
+ * gradients, Adam's two moments; the moments divided over DP with the
+ * distributed optimizer), plus the activations of the microbatches a stage
+ * holds at once (Megatron's 34·s·b·h + 5·a·s²·b per layer, doubled for fp32)
+ * and the last stage's logits. */
+static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t nproc, uint32_t nodes,
+                                mega_err *err) {
+  const mega_jobspec *s = &j->spec;
+  double mem = c->o.node_memory_bytes > 0 ? c->o.node_memory_bytes : node_memory_bytes();
+  if (mem <= 0) return MEGA_OK;
+  double h = s->hidden_size, L = s->num_layers, seq = s->seq_length, b = s->micro_batch_size,
+         a = s->num_attention_heads, V = mega_jobspec_padded_vocab(s),
+         pos = mega_jobspec_max_position_embeddings(s);
+  double tp = j->tp ? j->tp : 1, pp = j->pp ? j->pp : 1, world = (double)nproc * nodes;
+  double dp = world / (tp * pp) >= 1 ? world / (tp * pp) : 1;
+  double params = V * h + pos * h + L * (12 * h * h + 13 * h) + 2 * h;
+  double per_rank_params = params / (tp * pp);
+  double state = per_rank_params * (8 + (s->use_distributed_optimizer ? 8 / dp : 8));
+  double in_flight = pp; /* 1F1B holds at most PP microbatches' activations */
+  double act = (L / pp) * in_flight * 2 * (34 * seq * b * h + 5 * a * seq * seq * b) / tp +
+               3 * 4 * seq * b * V / tp;
+  double need = nproc * (state + act);
+  if (need <= mem) return MEGA_OK;
+  const double gib = 1024.0 * 1024 * 1024;
+  return mega_fail(err, MEGA_ERR_INVALID,
+                   "invalid job: the model needs about %.1f GiB on each node (%u rank%s x "
+                   "(%.1f GiB of weights, gradients and Adam state for %.2fB parameters / TP %g / "
+                   "PP %g, plus %.1f GiB of activations)), but node %s has %.1f GiB; use more "
+                   "pipeline or tensor parallelism, fewer ranks per node, or a smaller model",
+                   need / gib, nproc, nproc == 1 ? "" : "s", state / gib, params / 1e9, tp, pp,
+                   act / gib, c->b->node_id, mem / gib);
+}
+
 mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
   const mega_jobspec *s = &j->spec;
   uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo;
@@ -100,6 +143,7 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
   for (uint32_t n = hi; rc != MEGA_OK && n > lo; n--)
     if (coord_check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
   if (rc != MEGA_OK) return rc;
+  if ((rc = check_memory(c, j, nproc, lo, err)) != MEGA_OK) return rc;
   size_t waiting = c->nwaiting;
   if (c->o.max_pending && waiting >= c->o.max_pending)
     return mega_fail(err, MEGA_ERR_NOMEM,

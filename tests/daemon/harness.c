@@ -356,6 +356,9 @@ void hd_watch_job_cb(hd *d, const char *job_id, bool replay, unsigned timeout_ms
       if (off < sizeof w->events_text)
         off += (size_t)snprintf(w->events_text + off, sizeof w->events_text - off, "%s\n",
                                 it->event->message);
+    } else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_GAP) {
+      w->gaps++;
+      w->missed += it->gap->missed_steps;
     } else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE) {
       if (w->final) protobuf_c_message_free_unpacked(&w->final->base, NULL);
       w->final = it->final_state;

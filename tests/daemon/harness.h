@@ -90,6 +90,8 @@ typedef struct hd_watch {
   uint32_t attempt[HD_MAX_ITERS + 1], world[HD_MAX_ITERS + 1];
   bool seen[HD_MAX_ITERS + 1];
   int redone; /* iterations merged again by a later attempt */
+  int gaps;            /* WatchGap items: megad skipped steps for this watcher */
+  uint64_t missed;     /* the steps they counted */
 } hd_watch;
 
 /* Called for every item as it comes (before it is counted), so a test can

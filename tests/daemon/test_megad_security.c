@@ -342,6 +342,12 @@ static void test_bounded_input(void **state) {
   assert_int_equal(submit_with(&d, "x", 1, 2, tp, &err), MEGA_ERR_INVALID);
   fprintf(stderr, "tp: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "must fit in one node"));
+  const char *gpt3[] = {"--num-layers", "96", "--hidden-size", "12288", "--num-attention-heads",
+                        "96", "--seq-length", "2048", NULL};
+  assert_int_equal(submit_with(&d, "x", 1, 1, gpt3, &err), MEGA_ERR_INVALID);
+  fprintf(stderr, "memory: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "the model needs about"));
+  assert_non_null(strstr(err.msg, "but node b1 has"));
   const char *layers[] = {"--num-layers", "100000", NULL};
   assert_int_equal(submit_with(&d, "x", 1, 1, layers, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--num-layers 100000 is larger than the 4096 allowed"));

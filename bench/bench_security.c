@@ -1,0 +1,281 @@
+/* megad under load with the cluster token on (issue 11): prints figures,
+ * never fails on a time.
+ *
+ *   1. pending flood: one job holds the only slot, then N jobs wait behind
+ *      it; submit, GetJob and cancel latency (p50, p99, max) at the start
+ *      and at the end of the flood, and megad's CPU while idle with N
+ *      pending (from /proc/PID/stat)
+ *   2. W watchers of a job of S steps, while C SubmitJob/GetJob calls run,
+ *      every 10th without the token: steps each watcher got plus the steps a
+ *      gap marker told it it missed, refused and failed calls, megad's RSS
+ *      before and after
+ *
+ *   bench_security [--pending N] [--watchers W] [--steps S] [--calls C]
+ *
+ * Defaults: N 10000, W 500, S 3000, C 10000. Uses the megad and megaw of the
+ * build (or MEGAD / MEGAW) and the test harness (tests/daemon/harness.h). */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+#define TOKEN "YmVuY2gtdG9rZW4tb2YtbWVnYWQtYmVuY2g="
+
+static double now_ms(void) { return hd_now_s() * 1e3; }
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void print_lat(const char *what, double *v, int n) {
+  if (n <= 0) return;
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  printf("  %-34s p50 %7.2f ms  p99 %7.2f ms  max %7.2f ms  (%d calls)\n", what, v[n / 2],
+         v[(n * 99) / 100], v[n - 1], n);
+}
+
+/* utime + stime of pid, in seconds */
+static double cpu_s(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  unsigned long ut = 0, st = 0;
+  if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st);
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static long rss_kb(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb;
+}
+
+static mega_status submit(hd *d, mega_rpc_channel *ch, int iters, const char *const *extra,
+                          uint32_t nnodes, char *id) {
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d->dir, iters, extra);
+  spec.nnodes_min = nnodes;
+  spec.nproc_per_node = 1;
+  Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
+  req.spec = &spec;
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  mega_status s = mega_rpc_unary(ch, &mega_control_submit_job, &req.base, 30000, &resp, &err);
+  if (s == MEGA_OK && id) snprintf(id, 64, "%s", ((Mega__V1__SubmitJobResponse *)resp)->job->id);
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  return s;
+}
+
+static mega_status get_or_cancel(mega_rpc_channel *ch, const char *id, bool cancel) {
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  mega_status s;
+  if (cancel) {
+    Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+    req.job_id = (char *)id;
+    s = mega_rpc_unary(ch, &mega_control_cancel_job, &req.base, 30000, &resp, &err);
+  } else {
+    Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
+    req.job_id = (char *)id;
+    s = mega_rpc_unary(ch, &mega_control_get_job, &req.base, 30000, &resp, &err);
+  }
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  return s;
+}
+
+/* ---- 1 ---- */
+
+static void pending_flood(hd *d, int n) {
+  printf("1. %d jobs pending behind one that holds the only slot\n", n);
+  const char *slow[] = {"--simulate-compute", "1000:1000", NULL};
+  char holder[64];
+  if (submit(d, d->ch, 1000000, slow, 1, holder) != MEGA_OK) {
+    printf("  the first job was refused\n");
+    return;
+  }
+  char(*ids)[64] = calloc((size_t)n, sizeof *ids);
+  double *lat = calloc((size_t)n, sizeof *lat);
+  int k = n < 1000 ? n : 1000, failed = 0;
+  double t0 = now_ms();
+  for (int i = 0; i < n; i++) {
+    double t = now_ms();
+    if (submit(d, d->ch, 2, NULL, 1, ids[i]) != MEGA_OK) failed++;
+    lat[i] = now_ms() - t;
+  }
+  double total = now_ms() - t0;
+  printf("  submitted %d in %.1f s (%.0f/s), %d refused\n", n, total / 1e3, n / (total / 1e3), failed);
+  double *first = malloc((size_t)k * sizeof *first), *last = malloc((size_t)k * sizeof *last);
+  memcpy(first, lat, (size_t)k * sizeof *lat);
+  memcpy(last, lat + n - k, (size_t)k * sizeof *lat);
+  print_lat("submit, the first 1000", first, k);
+  print_lat("submit, the last 1000", last, k);
+  for (int i = 0; i < k; i++) {
+    double t = now_ms();
+    get_or_cancel(d->ch, ids[n - 1 - i], false);
+    lat[i] = now_ms() - t;
+  }
+  print_lat("GetJob with all pending", lat, k);
+  double c0 = cpu_s(d->pid);
+  sleep(10);
+  printf("  megad idle with %d pending: %.2f%% of a core over 10 s\n", n,
+         100 * (cpu_s(d->pid) - c0) / 10);
+  for (int i = 0; i < k; i++) {
+    double t = now_ms();
+    get_or_cancel(d->ch, ids[n - 1 - i], true);
+    lat[i] = now_ms() - t;
+  }
+  print_lat("cancel, with the rest pending", lat, k);
+  for (int i = 0; i < n - k; i++) get_or_cancel(d->ch, ids[i], true);
+  get_or_cancel(d->ch, holder, true);
+  printf("  megad RSS after the flood: %ld kB\n", rss_kb(d->pid));
+  free(ids);
+  free(lat);
+  free(first);
+  free(last);
+}
+
+/* ---- 2 ---- */
+
+typedef struct watcher {
+  hd *d;
+  const char *id;
+  hd_watch *w;
+} watcher;
+
+static void *watch_one(void *arg) {
+  watcher *w = arg;
+  hd_watch_job(w->d, w->id, true, 600000, w->w);
+  return NULL;
+}
+
+typedef struct caller {
+  hd *d;
+  mega_rpc_channel *good, *bad;
+  int calls, ok, refused, failed;
+  const char *job;
+} caller;
+
+static void *call_many(void *arg) {
+  caller *c = arg;
+  for (int i = 0; i < c->calls; i++) {
+    bool unauth = i % 10 == 9;
+    mega_rpc_channel *ch = unauth ? c->bad : c->good;
+    mega_status s = i % 2 ? get_or_cancel(ch, c->job, false) : submit(c->d, ch, 2, NULL, 2, NULL);
+    if (unauth) c->refused += s != MEGA_OK;
+    else if (s == MEGA_OK) c->ok++;
+    else c->failed++;
+  }
+  return NULL;
+}
+
+static void watchers_and_calls(hd *d, int nw, int steps, int calls) {
+  printf("2. %d watchers of a %d-step job while %d SubmitJob/GetJob calls run (every 10th "
+         "without the token)\n", nw, steps, calls);
+  long rss0 = rss_kb(d->pid);
+  const char *fast[] = {"--simulate-compute", "0:0", NULL};
+  char id[64];
+  if (submit(d, d->ch, steps, fast, 1, id) != MEGA_OK) {
+    printf("  the job was refused\n");
+    return;
+  }
+  watcher *ws = calloc((size_t)nw, sizeof *ws);
+  pthread_t *th = calloc((size_t)nw, sizeof *th);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 << 10);
+  for (int i = 0; i < nw; i++) {
+    ws[i] = (watcher){d, id, calloc(1, sizeof(hd_watch))};
+    pthread_create(&th[i], &attr, watch_one, &ws[i]);
+  }
+  mega_rpc_auth none = {0};
+  mega_rpc_channel_opts bo = {.peer_name = "megad", .auth = &none};
+  caller cs[4];
+  pthread_t ct[4];
+  for (int i = 0; i < 4; i++) {
+    cs[i] = (caller){.d = d, .good = d->ch, .calls = calls / 4, .job = id};
+    mega_rpc_channel_new(d->addr, &bo, &cs[i].bad, NULL);
+    pthread_create(&ct[i], NULL, call_many, &cs[i]);
+  }
+  int ok = 0, refused = 0, failed = 0;
+  for (int i = 0; i < 4; i++) {
+    pthread_join(ct[i], NULL);
+    ok += cs[i].ok;
+    refused += cs[i].refused;
+    failed += cs[i].failed;
+    mega_rpc_channel_free(cs[i].bad);
+  }
+  long rss_mid = rss_kb(d->pid);
+  int full = 0, told = 0, short_silent = 0, ended = 0;
+  uint64_t min_got = UINT64_MAX, max_missed = 0;
+  for (int i = 0; i < nw; i++) {
+    pthread_join(th[i], NULL);
+    hd_watch *w = ws[i].w;
+    ended += w->final != NULL;
+    if ((uint64_t)w->steps < min_got) min_got = (uint64_t)w->steps;
+    if (w->missed > max_missed) max_missed = w->missed;
+    if (w->steps == steps) full++;
+    else if ((uint64_t)w->steps + w->missed == (uint64_t)steps) told++;
+    else short_silent++;
+    hd_watch_free(w);
+    free(w);
+  }
+  printf("  calls: %d authenticated ok, %d failed; %d unauthenticated refused of %d\n", ok, failed,
+         refused, calls / 10);
+  printf("  watchers: %d got every step, %d were told of a gap (at most %llu steps missed), "
+         "%d lost steps silently; %d saw the end; fewest steps got %llu\n",
+         full, told, (unsigned long long)max_missed, short_silent, ended,
+         (unsigned long long)min_got);
+  printf("  megad RSS: %ld kB before, %ld kB under load, %ld kB after\n", rss0, rss_mid,
+         rss_kb(d->pid));
+  free(ws);
+  free(th);
+}
+
+int main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  int pending = 10000, watchers = 500, steps = 3000, calls = 10000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--pending")) pending = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--watchers")) watchers = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--calls")) calls = atoi(argv[i + 1]);
+  }
+  if (!getenv("MEGAD")) setenv("MEGAD", BENCH_MEGAD, 1);
+  if (!getenv("MEGAW")) setenv("MEGAW", BENCH_MEGAW, 1);
+  char dir[64], tok[128];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(tok, sizeof tok, "%s/token", dir);
+  FILE *f = fopen(tok, "w");
+  fputs(TOKEN, f);
+  fclose(f);
+  chmod(tok, 0600);
+  mega_rpc_auth auth = {.token = TOKEN};
+  hd_set_auth(&auth);
+  char maxp[32];
+  snprintf(maxp, sizeof maxp, "%d", pending + 100);
+  const char *extra[] = {"--token-file", tok, "--max-pending", maxp, NULL};
+  hd d;
+  if (!hd_start(&d, "bench", 1, NULL, NULL, extra)) return 1;
+  printf("megad %d, RSS at start %ld kB\n", (int)d.pid, rss_kb(d.pid));
+  pending_flood(&d, pending);
+  watchers_and_calls(&d, watchers, steps, calls);
+  hd_cleanup(&d);
+  hd_rmdir(dir);
+  return 0;
+}
