@@ -472,15 +472,25 @@ mega_status mega_rpc_server_new(mega_rpc_cq *cq, const mega_rpc_server_opts *opt
   };
 #undef OPT_MS
   enum { NARGS = sizeof kv / sizeof kv[0] };
-  grpc_arg args[NARGS];
+  grpc_arg args[NARGS + 1];
   memset(args, 0, sizeof args);
   for (size_t i = 0; i < NARGS; i++) {
     args[i].type = GRPC_ARG_INTEGER;
     args[i].key = (char *)kv[i].key;
     args[i].value.integer = kv[i].val;
   }
-  grpc_channel_args ca = {NARGS, args};
+  /* All connections together get this much memory: past it gRPC refuses
+   * new connections and streams rather than let a flood of them grow the
+   * process. */
+  grpc_resource_quota *quota = grpc_resource_quota_create("mega server");
+  grpc_resource_quota_resize(quota, opts && opts->memory_bytes ? opts->memory_bytes : 512u << 20);
+  args[NARGS].type = GRPC_ARG_POINTER;
+  args[NARGS].key = (char *)GRPC_ARG_RESOURCE_QUOTA;
+  args[NARGS].value.pointer.p = quota;
+  args[NARGS].value.pointer.vtable = grpc_resource_quota_arg_vtable();
+  grpc_channel_args ca = {NARGS + 1, args};
   s->server = grpc_server_create(&ca, NULL);
+  grpc_resource_quota_unref(quota); /* the server holds its own reference */
   grpc_server_register_completion_queue(s->server, mega_rpc_cq_raw(cq), NULL);
   *out = s;
   return MEGA_OK;

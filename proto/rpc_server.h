@@ -63,6 +63,7 @@ typedef struct mega_rpc_server_opts {
    * defaults (30 s, 10 s, 5 min, 10 s). */
   unsigned keepalive_ms, keepalive_timeout_ms, idle_ms, handshake_ms;
   unsigned max_streams; /* concurrent calls per connection; 0: 1000 */
+  size_t memory_bytes;  /* memory every connection together may take; 0: 512 MiB */
 } mega_rpc_server_opts;
 
 /* opts may be NULL. The server posts its events to cq, which must outlive it. */
