@@ -10,15 +10,25 @@
  *      gap marker told it it missed, refused and failed calls, megad's RSS
  *      before and after
  *
- *   bench_security [--pending N] [--watchers W] [--steps S] [--calls C]
+ *   3. I idle connections, 100 that sent garbage bytes and 100 that sent half
+ *      an HTTP/2 preface (slowloris) on megad's port: GetJob latency of an
+ *      authenticated client meanwhile, and how many of them megad closed
+ *      within 15 s (its handshake timeout is 10 s)
  *
- * Defaults: N 10000, W 500, S 3000, C 10000. Uses the megad and megaw of the
+ *   bench_security [--pending N] [--watchers W] [--steps S] [--calls C] [--idle I]
+ *
+ * Defaults: N 10000, W 500, S 3000, C 10000, I 1000. Uses the megad and megaw of the
  * build (or MEGAD / MEGAW) and the test harness (tests/daemon/harness.h). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <errno.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -247,14 +257,81 @@ static void watchers_and_calls(hd *d, int nw, int steps, int calls) {
   free(th);
 }
 
+/* ---- 3 ---- */
+
+static int connect_to(const char *addr) {
+  const char *colon = strrchr(addr, ':');
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+static void idle_and_garbage(hd *d, int idle) {
+  printf("3. %d idle connections, 100 sending garbage, 100 half a preface (slowloris)\n", idle);
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+  int n = idle + 200, opened = 0;
+  int *fds = calloc((size_t)n, sizeof *fds);
+  for (int i = 0; i < n; i++) {
+    fds[i] = connect_to(d->addr);
+    opened += fds[i] >= 0;
+    if (fds[i] < 0) continue;
+    if (i >= idle && i < idle + 100) {
+      char junk[512];
+      for (size_t k = 0; k < sizeof junk; k++) junk[k] = (char)(k * 131 + i);
+      if (write(fds[i], junk, sizeof junk) < 0) {}
+    } else if (i >= idle + 100) {
+      if (write(fds[i], "PRI * HTTP/2.0\r\n", 16) < 0) {}
+    }
+  }
+  printf("  opened %d of %d connections\n", opened, n);
+  double lat[200];
+  int k = 0;
+  for (int i = 0; i < 200; i++) {
+    double t = now_ms();
+    Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    mega_err err = {0};
+    if (mega_rpc_unary(d->ch, &mega_control_list_nodes, &req.base, 5000, &resp, &err) == MEGA_OK)
+      lat[k++] = now_ms() - t;
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    usleep(20000);
+  }
+  print_lat("ListNodes meanwhile", lat, k);
+  sleep(12);
+  int closed = 0;
+  for (int i = 0; i < n; i++) {
+    if (fds[i] < 0) continue;
+    char buf[4096];
+    ssize_t r;
+    while ((r = recv(fds[i], buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+    } /* a GOAWAY, then the end */
+    closed += r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+  printf("  after 12 s megad had closed %d of the %d (idle, garbage and slowloris alike)\n",
+         closed, opened);
+  for (int i = 0; i < n; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  free(fds);
+  printf("  megad RSS: %ld kB\n", rss_kb(d->pid));
+}
+
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
-  int pending = 10000, watchers = 500, steps = 3000, calls = 10000;
+  int pending = 10000, watchers = 500, steps = 3000, calls = 10000, idle = 1000;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--pending")) pending = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--watchers")) watchers = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--calls")) calls = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--idle")) idle = atoi(argv[i + 1]);
   }
   if (!getenv("MEGAD")) setenv("MEGAD", BENCH_MEGAD, 1);
   if (!getenv("MEGAW")) setenv("MEGAW", BENCH_MEGAW, 1);
@@ -275,6 +352,7 @@ int main(int argc, char **argv) {
   printf("megad %d, RSS at start %ld kB\n", (int)d.pid, rss_kb(d.pid));
   pending_flood(&d, pending);
   watchers_and_calls(&d, watchers, steps, calls);
+  idle_and_garbage(&d, idle);
   hd_cleanup(&d);
   hd_rmdir(dir);
   return 0;

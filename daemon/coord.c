@@ -259,12 +259,12 @@ static bool try_start(megad_coord *c, mega_job *j) {
 
 /* A job waiting for nodes that could not run even on an idle cluster does
  * not hold up the jobs behind it; it is not looked at again until the
- * membership changes (epoch). */
+ * membership view changes (a node joins, is suspect, alive or lost). */
 static bool blocks_queue(megad_coord *c, mega_job *j) {
   int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
   bool fits = idx && coord_place(c, j, false, true, idx, &n, NULL) == MEGA_OK;
   free(idx);
-  if (!fits) j->wq_epoch = c->epoch + 1;
+  if (!fits) j->wq_epoch = c->members->view_version + 1;
   return fits;
 }
 
@@ -292,7 +292,7 @@ void megad_coord_schedule(megad_coord *c) {
         coord_wq_remove(c, j);
         continue;
       }
-      if (j->wq_epoch == c->epoch + 1) continue; /* too big for this membership */
+      if (j->wq_epoch == c->members->view_version + 1) continue; /* too big for this view */
       if (try_start(c, j)) {
         coord_wq_remove(c, j);
         next = c->wq_head; /* the queue may have changed under the start */
@@ -439,7 +439,6 @@ mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, me
 /* ---- membership ---- */
 
 void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why) {
-  c->epoch++;
   for (size_t i = 0; i < c->jobs->t.n; i++) {
     mega_job *j = c->jobs->t.v[i];
     coord_run *run = j->rt;
@@ -457,7 +456,6 @@ void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why)
 }
 
 void megad_coord_node_up(megad_coord *c, const megad_node *n) {
-  c->epoch++;
   /* A node that comes back may still run ranks of attempts that ended
    * while it was away: they must do no harm. */
   for (size_t i = 0; !n->self && i < c->jobs->t.n; i++) {

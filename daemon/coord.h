@@ -80,7 +80,6 @@ typedef struct megad_coord {
    * the attempts running, for the slots they take. */
   mega_job *wq_head, *wq_tail;
   size_t nwaiting;
-  uint64_t epoch;              /* membership changes: a job too big for the cluster waits for one */
   bool scheduling, reschedule; /* a pass is running; another was asked for meanwhile */
   struct coord_run *runs;
   unsigned ticks; /* retention runs every RETAIN_TICKS ticks */

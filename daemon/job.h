@@ -73,7 +73,7 @@ typedef struct mega_job {
 
   void *rt;   /* the coordinator's runtime state while the job runs */
   /* The coordinator's queue of waiting jobs (coord_queue.c), in submission
-   * order; wq_epoch: the membership it last could not fit even empty. */
+   * order; wq_epoch: 1 + the membership view it could not fit even empty. */
   struct mega_job *wq_prev, *wq_next;
   bool wq_in;
   uint64_t wq_epoch;
