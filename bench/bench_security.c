@@ -17,7 +17,9 @@
  *
  *   bench_security [--pending N] [--watchers W] [--steps S] [--calls C] [--idle I]
  *
- * Defaults: N 10000, W 500, S 3000, C 10000, I 1000. Uses the megad and megaw of the
+ * Defaults: N 10000, W 500, S 3000, C 10000, I 1000. BENCH_PLAIN=1 starts
+ * megad without the token and limits (a megad from before issue 11, for
+ * figures before and after: MEGAD=/path/to/old/megad BENCH_PLAIN=1).  Uses the megad and megaw of the
  * build (or MEGAD / MEGAW) and the test harness (tests/daemon/harness.h). */
 #include <pthread.h>
 #include <signal.h>
@@ -76,10 +78,26 @@ static long rss_kb(pid_t pid) {
   return kb;
 }
 
-static mega_status submit(hd *d, mega_rpc_channel *ch, int iters, const char *const *extra,
-                          uint32_t nnodes, char *id) {
-  Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, d->dir, iters, extra);
+/* A job spec of its own (hd_tiny_spec's storage is static: one thread at a
+ * time); free it with free_spec. */
+static Mega__V1__JobSpec *make_spec(hd *d, int iters, const char *const *extra) {
+  Mega__V1__JobSpec tmp, *spec = malloc(sizeof *spec);
+  hd_tiny_spec(&tmp, d->dir, iters, extra);
+  *spec = tmp;
+  spec->args = calloc(tmp.n_args, sizeof *spec->args);
+  for (size_t i = 0; i < tmp.n_args; i++) spec->args[i] = strdup(tmp.args[i]);
+  return spec;
+}
+
+static void free_spec(Mega__V1__JobSpec *spec) {
+  for (size_t i = 0; i < spec->n_args; i++) free(spec->args[i]);
+  free(spec->args);
+  free(spec);
+}
+
+static mega_status submit_spec(mega_rpc_channel *ch, Mega__V1__JobSpec *sp, uint32_t nnodes,
+                               char *id) {
+  Mega__V1__JobSpec spec = *sp;
   spec.nnodes_min = nnodes;
   spec.nproc_per_node = 1;
   Mega__V1__SubmitJobRequest req = MEGA__V1__SUBMIT_JOB_REQUEST__INIT;
@@ -89,6 +107,14 @@ static mega_status submit(hd *d, mega_rpc_channel *ch, int iters, const char *co
   mega_status s = mega_rpc_unary(ch, &mega_control_submit_job, &req.base, 30000, &resp, &err);
   if (s == MEGA_OK && id) snprintf(id, 64, "%s", ((Mega__V1__SubmitJobResponse *)resp)->job->id);
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  return s;
+}
+
+static mega_status submit(hd *d, mega_rpc_channel *ch, int iters, const char *const *extra,
+                          uint32_t nnodes, char *id) {
+  Mega__V1__JobSpec *spec = make_spec(d, iters, extra);
+  mega_status s = submit_spec(ch, spec, nnodes, id);
+  free_spec(spec);
   return s;
 }
 
@@ -113,9 +139,13 @@ static mega_status get_or_cancel(mega_rpc_channel *ch, const char *id, bool canc
 
 static void pending_flood(hd *d, int n) {
   printf("1. %d jobs pending behind one that holds the only slot\n", n);
-  const char *slow[] = {"--simulate-compute", "1000:1000", NULL};
+  const char *slow[] = {"--simulate-compute", "200:200", NULL};
   char holder[64];
-  if (submit(d, d->ch, 1000000, slow, 1, holder) != MEGA_OK) {
+  Mega__V1__JobSpec *hs = make_spec(d, 1000000, slow);
+  hs->step_timeout_ms = 600000; /* it must hold the slot for the whole flood */
+  mega_status hst = submit_spec(d->ch, hs, 1, holder);
+  free_spec(hs);
+  if (hst != MEGA_OK) {
     printf("  the first job was refused\n");
     return;
   }
@@ -133,8 +163,11 @@ static void pending_flood(hd *d, int n) {
   double *first = malloc((size_t)k * sizeof *first), *last = malloc((size_t)k * sizeof *last);
   memcpy(first, lat, (size_t)k * sizeof *lat);
   memcpy(last, lat + n - k, (size_t)k * sizeof *lat);
-  print_lat("submit, the first 1000", first, k);
-  print_lat("submit, the last 1000", last, k);
+  char what[64];
+  snprintf(what, sizeof what, "submit, the first %d", k);
+  print_lat(what, first, k);
+  snprintf(what, sizeof what, "submit, the last %d", k);
+  print_lat(what, last, k);
   for (int i = 0; i < k; i++) {
     double t = now_ms();
     get_or_cancel(d->ch, ids[n - 1 - i], false);
@@ -151,6 +184,11 @@ static void pending_flood(hd *d, int n) {
     lat[i] = now_ms() - t;
   }
   print_lat("cancel, with the rest pending", lat, k);
+  Mega__V1__Job *hj = hd_get_job(d, holder, NULL);
+  printf("  the holder is %s at iteration %llu (it must have held the slot throughout)\n",
+         hj && hj->state == MEGA__V1__JOB_STATE__JOB_STATE_RUNNING ? "running" : "NOT running",
+         hj ? (unsigned long long)hj->last_iteration : 0ULL);
+  if (hj) protobuf_c_message_free_unpacked(&hj->base, NULL);
   for (int i = 0; i < n - k; i++) get_or_cancel(d->ch, ids[i], true);
   get_or_cancel(d->ch, holder, true);
   printf("  megad RSS after the flood: %ld kB\n", rss_kb(d->pid));
@@ -175,9 +213,9 @@ static void *watch_one(void *arg) {
 }
 
 typedef struct caller {
-  hd *d;
+  Mega__V1__JobSpec *spec;
   mega_rpc_channel *good, *bad;
-  int calls, ok, refused, failed;
+  int calls, ok, refused, failed, full;
   const char *job;
 } caller;
 
@@ -186,9 +224,10 @@ static void *call_many(void *arg) {
   for (int i = 0; i < c->calls; i++) {
     bool unauth = i % 10 == 9;
     mega_rpc_channel *ch = unauth ? c->bad : c->good;
-    mega_status s = i % 2 ? get_or_cancel(ch, c->job, false) : submit(c->d, ch, 2, NULL, 2, NULL);
+    mega_status s = i % 2 ? get_or_cancel(ch, c->job, false) : submit_spec(ch, c->spec, 2, NULL);
     if (unauth) c->refused += s != MEGA_OK;
     else if (s == MEGA_OK) c->ok++;
+    else if (s == MEGA_ERR_NOMEM) c->full++; /* --max-pending */
     else c->failed++;
   }
   return NULL;
@@ -218,20 +257,22 @@ static void watchers_and_calls(hd *d, int nw, int steps, int calls) {
   caller cs[4];
   pthread_t ct[4];
   for (int i = 0; i < 4; i++) {
-    cs[i] = (caller){.d = d, .good = d->ch, .calls = calls / 4, .job = id};
+    cs[i] = (caller){.spec = make_spec(d, 2, NULL), .good = d->ch, .calls = calls / 4, .job = id};
     mega_rpc_channel_new(d->addr, &bo, &cs[i].bad, NULL);
     pthread_create(&ct[i], NULL, call_many, &cs[i]);
   }
-  int ok = 0, refused = 0, failed = 0;
+  int ok = 0, refused = 0, failed = 0, full = 0;
   for (int i = 0; i < 4; i++) {
     pthread_join(ct[i], NULL);
     ok += cs[i].ok;
     refused += cs[i].refused;
     failed += cs[i].failed;
+    full += cs[i].full;
     mega_rpc_channel_free(cs[i].bad);
+    free_spec(cs[i].spec);
   }
   long rss_mid = rss_kb(d->pid);
-  int full = 0, told = 0, short_silent = 0, ended = 0;
+  int every = 0, told = 0, short_silent = 0, ended = 0;
   uint64_t min_got = UINT64_MAX, max_missed = 0;
   for (int i = 0; i < nw; i++) {
     pthread_join(th[i], NULL);
@@ -239,17 +280,17 @@ static void watchers_and_calls(hd *d, int nw, int steps, int calls) {
     ended += w->final != NULL;
     if ((uint64_t)w->steps < min_got) min_got = (uint64_t)w->steps;
     if (w->missed > max_missed) max_missed = w->missed;
-    if (w->steps == steps) full++;
+    if (w->steps == steps) every++;
     else if ((uint64_t)w->steps + w->missed == (uint64_t)steps) told++;
     else short_silent++;
     hd_watch_free(w);
     free(w);
   }
-  printf("  calls: %d authenticated ok, %d failed; %d unauthenticated refused of %d\n", ok, failed,
-         refused, calls / 10);
+  printf("  calls: %d authenticated ok, %d failed, %d refused by --max-pending; %d "
+         "unauthenticated refused of %d\n", ok, failed, full, refused, calls / 10);
   printf("  watchers: %d got every step, %d were told of a gap (at most %llu steps missed), "
          "%d lost steps silently; %d saw the end; fewest steps got %llu\n",
-         full, told, (unsigned long long)max_missed, short_silent, ended,
+         every, told, (unsigned long long)max_missed, short_silent, ended,
          (unsigned long long)min_got);
   printf("  megad RSS: %ld kB before, %ld kB under load, %ld kB after\n", rss0, rss_mid,
          rss_kb(d->pid));
@@ -325,6 +366,7 @@ static void idle_and_garbage(hd *d, int idle) {
 
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
+  setvbuf(stdout, NULL, _IOLBF, 0);
   int pending = 10000, watchers = 500, steps = 3000, calls = 10000, idle = 1000;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--pending")) pending = atoi(argv[i + 1]);
@@ -343,12 +385,14 @@ int main(int argc, char **argv) {
   fclose(f);
   chmod(tok, 0600);
   mega_rpc_auth auth = {.token = TOKEN};
-  hd_set_auth(&auth);
+  bool plain = getenv("BENCH_PLAIN") && !strcmp(getenv("BENCH_PLAIN"), "1");
+  hd_set_auth(plain ? NULL : &auth);
   char maxp[32];
-  snprintf(maxp, sizeof maxp, "%d", pending + 100);
+  snprintf(maxp, sizeof maxp, "%d", pending + calls / 2 + 100);
   const char *extra[] = {"--token-file", tok, "--max-pending", maxp, NULL};
   hd d;
-  if (!hd_start(&d, "bench", 1, NULL, NULL, extra)) return 1;
+  if (!hd_start(&d, "bench", 1, NULL, NULL, plain ? NULL : extra)) return 1;
+  if (plain) printf("(BENCH_PLAIN: no token, so the 'unauthenticated' calls are served)\n");
   printf("megad %d, RSS at start %ld kB\n", (int)d.pid, rss_kb(d.pid));
   pending_flood(&d, pending);
   watchers_and_calls(&d, watchers, steps, calls);
