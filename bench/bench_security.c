@@ -239,7 +239,11 @@ static void watchers_and_calls(hd *d, int nw, int steps, int calls) {
   long rss0 = rss_kb(d->pid);
   const char *fast[] = {"--simulate-compute", "0:0", NULL};
   char id[64];
-  if (submit(d, d->ch, steps, fast, 1, id) != MEGA_OK) {
+  Mega__V1__JobSpec *js = make_spec(d, steps, fast);
+  js->step_timeout_ms = 600000; /* megad's loop is what is loaded here, not the worker */
+  mega_status jst = submit_spec(d->ch, js, 1, id);
+  free_spec(js);
+  if (jst != MEGA_OK) {
     printf("  the job was refused\n");
     return;
   }
@@ -273,12 +277,13 @@ static void watchers_and_calls(hd *d, int nw, int steps, int calls) {
   }
   long rss_mid = rss_kb(d->pid);
   int every = 0, told = 0, short_silent = 0, ended = 0;
-  uint64_t min_got = UINT64_MAX, max_missed = 0;
+  uint64_t min_got = UINT64_MAX, max_got = 0, max_missed = 0;
   for (int i = 0; i < nw; i++) {
     pthread_join(th[i], NULL);
     hd_watch *w = ws[i].w;
     ended += w->final != NULL;
     if ((uint64_t)w->steps < min_got) min_got = (uint64_t)w->steps;
+    if ((uint64_t)w->steps > max_got) max_got = (uint64_t)w->steps;
     if (w->missed > max_missed) max_missed = w->missed;
     if (w->steps == steps) every++;
     else if ((uint64_t)w->steps + w->missed == (uint64_t)steps) told++;
@@ -289,9 +294,17 @@ static void watchers_and_calls(hd *d, int nw, int steps, int calls) {
   printf("  calls: %d authenticated ok, %d failed, %d refused by --max-pending; %d "
          "unauthenticated refused of %d\n", ok, failed, full, refused, calls / 10);
   printf("  watchers: %d got every step, %d were told of a gap (at most %llu steps missed), "
-         "%d lost steps silently; %d saw the end; fewest steps got %llu\n",
+         "%d lost steps silently; %d saw the end; steps got %llu to %llu\n",
          every, told, (unsigned long long)max_missed, short_silent, ended,
-         (unsigned long long)min_got);
+         (unsigned long long)min_got, (unsigned long long)max_got);
+  Mega__V1__Job *j = hd_get_job(d, id, NULL);
+  if (j) {
+    printf("  the job: %s at iteration %llu of %d, attempt %u%s%s\n", j->state ==
+           MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED ? "succeeded" : "did not succeed",
+           (unsigned long long)j->last_iteration, steps, j->attempt,
+           j->error && j->error[0] ? ": " : "", j->error ? j->error : "");
+    protobuf_c_message_free_unpacked(&j->base, NULL);
+  }
   printf("  megad RSS: %ld kB before, %ld kB under load, %ld kB after\n", rss0, rss_mid,
          rss_kb(d->pid));
   free(ws);

@@ -29,6 +29,8 @@ typedef struct ccall {
   const mega_rpc_method *m;
   unsigned timeout_ms;
   grpc_call *call;
+  grpc_metadata auth; /* the channel's token; a copy per call, since gRPC may
+                         write into a grpc_metadata while a call uses it */
   grpc_byte_buffer *send_bb;
   grpc_metadata_array md_initial, md_trailing;
   grpc_byte_buffer *recv_bb;
@@ -152,8 +154,9 @@ static size_t send_ops(ccall *c, grpc_op *ops) {
   memset(ops, 0, 6 * sizeof *ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
   if (c->ch->has_token) {
+    c->auth = c->ch->md; /* the slices stay the channel's, which outlives the call */
     ops[0].data.send_initial_metadata.count = 1;
-    ops[0].data.send_initial_metadata.metadata = &c->ch->md;
+    ops[0].data.send_initial_metadata.metadata = &c->auth;
   }
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = c->send_bb;
