@@ -143,7 +143,8 @@ int megactl_submit(int argc, char **argv) {
               absolutize(&s.load, &err) != MEGA_OK))
     rc = megactl_fail("%s", err.msg);
   int world = per && lo == hi ? (int)(per * (lo ? lo : 1)) : 0;
-  if (!rc && check_job(&s, world, &err) != MEGA_OK) {
+  if (!rc && (check_job(&s, world, &err) != MEGA_OK ||
+              (per && mega_jobspec_check_node(&s, (int)per, &err) != MEGA_OK))) {
     megactl_fail("%s", err.msg);
     rc = MEGACTL_EXIT_USAGE;
   }

@@ -379,6 +379,12 @@ int view_render(FILE *f, const view_model *v, int64_t now_ms, const view_opts *o
   sb_add(&b, "loss %s%.4f%s  grad norm %.4g  lr %.3e  step %s  tokens/s %s", SGR(o, "1"), m->loss,
          RESET(o), m->grad_norm, m->lr, st, tok);
   if (m->has_eval_loss) sb_add(&b, "  eval loss %.4f", m->eval_loss);
+  if (v->tp > 1 && m->n_ranks) { /* TP collectives sit on the critical path */
+    double share = 0;
+    for (size_t i = 0; i < m->n_ranks; i++)
+      if (m->ranks[i]->step_time_s > 0) share += m->ranks[i]->tp_comm_s / m->ranks[i]->step_time_s;
+    sb_add(&b, "  TP comm %.1f%%", 100 * share / (double)m->n_ranks);
+  }
   emit(f, line, width, o->color);
   lines++;
 

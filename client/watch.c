@@ -353,7 +353,7 @@ int megactl_watch(int argc, char **argv) {
            "  --json   one JSON object per iteration, nothing else on stdout; keys:\n"
            "           iteration, attempt, loss, grad_norm, lr, step_time_s, tokens_per_s,\n"
            "           ranks\n"
-           "           (each: rank, pp_rank, dp_rank, tp_rank, compute_s, bubble_s,\n"
+           "           (each: rank, pp_rank, dp_rank, tp_rank, compute_s, tp_comm_s, bubble_s,\n"
            "           p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes,\n"
            "           param_bytes, grad_bytes, optimizer_state_bytes)\n"
            "  --plain  plain lines even on a terminal\n\n"

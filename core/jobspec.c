@@ -17,13 +17,17 @@
 
 static const char *const lr_styles[] = {"constant", "linear", "cosine", NULL};
 static const char *const recomputes[] = {"full", "selective", NULL};
+static const char *const recompute_methods[] = {"uniform", "block", NULL};
+static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 /* Index i is mega_sched_kind i. */
 static const char *const schedules[] = {"no-pipelining", "gpipe", "1f1b", "interleaved", "zb-h1",
                                         NULL};
 _Static_assert(MEGA_SCHED_NO_PIPELINING == 0 && MEGA_SCHED_GPIPE == 1 && MEGA_SCHED_1F1B == 2 &&
                    MEGA_SCHED_INTERLEAVED == 3 && MEGA_SCHED_ZB_H1 == 4,
                "--schedule's choices index mega_sched_kind");
-_Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1, "enum choices order");
+_Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1 &&
+                   MEGA_RECOMPUTE_BLOCK == 1 && MEGA_JOB_BACKEND_CUDA == 2,
+               "enum choices order");
 
 #define OFF(f) offsetof(mega_jobspec, f)
 #define FLAG(nm, f, grp, ty, meta, dtext, hlp, ch, req, mn, mx, mnx, mxx, idf, fdf) \
@@ -115,7 +119,13 @@ const flagdef mega_jf_table[] = {
     INT("--eval-iters", eval_iters, "evaluation", "N", 10, "10", false, 1,
         "Iterations per evaluation."),
     INT("--tensor-model-parallel-size", tensor_model_parallel_size, "parallelism", "N", 1, "1",
-        false, 1, "Tensor-parallel size (TP)."),
+        false, 1, "Tensor-parallel size (TP): each layer's weights split over TP ranks of "
+        "one node (Megatron's column- and row-parallel linears, vocabulary-parallel "
+        "embedding and loss)."),
+    BOOL("--sequence-parallel", sequence_parallel, "parallelism",
+         "With TP > 1, split the layernorm regions along the sequence over the TP ranks "
+         "(all-gather before and reduce-scatter after the parallel linears); as in "
+         "Megatron, nothing changes at TP 1."),
     INT("--pipeline-model-parallel-size", pipeline_model_parallel_size, "parallelism", "N", 1,
         "1", false, 1, "Pipeline-parallel size (PP)."),
     INT("--virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size,
@@ -147,7 +157,17 @@ const flagdef mega_jf_table[] = {
     BOOL("--deallocate-pipeline-outputs", deallocate_pipeline_outputs, "p2p and memory",
          "Free a stage's output as soon as it is sent, keeping only what backward needs."),
     ENUM("--recompute-granularity", recompute_granularity, "p2p and memory", "full|selective", recomputes,
-         MEGA_RECOMPUTE_NONE, "none", "Recompute activations in backward instead of storing them."),
+         MEGA_RECOMPUTE_NONE, "none",
+         "Recompute activations in backward instead of storing them: full recomputes whole "
+         "layers (with --recompute-method), selective only the attention core."),
+    ENUM("--recompute-method", recompute_method, "p2p and memory", "uniform|block",
+         recompute_methods, MEGA_RECOMPUTE_METHOD_NONE, "none",
+         "With --recompute-granularity full: uniform splits each model chunk's layers into "
+         "groups of --recompute-num-layers and keeps only each group's input; block recomputes "
+         "only the first --recompute-num-layers layers of each model chunk."),
+    INT("--recompute-num-layers", recompute_num_layers, "p2p and memory", "N", -1, "none", false,
+        1, "With --recompute-granularity full: layers per recomputed group (uniform), or "
+        "recomputed layers per model chunk (block)."),
     BOOL("--overlap-grad-reduce", overlap_grad_reduce, "data parallel",
          "Reduce gradient buckets while backward still runs."),
     BOOL("--align-grad-reduce", align_grad_reduce, "data parallel",
@@ -162,6 +182,11 @@ const flagdef mega_jf_table[] = {
          "Divide gradients by DP inside the reduction instead of before it."),
     INT("--blas-threads", blas_threads, "worker", "N", 1, "1", false, 1,
         "BLAS threads per CPU worker."),
+    ENUM("--backend", backend, "worker", "auto|cpu|cuda", backends, MEGA_JOB_BACKEND_AUTO,
+         "auto",
+         "The math backend: cuda (the cuda module on the rank's GPU; one rank only until the "
+         "NCCL communicator is built), cpu, or auto (cuda for a single rank on a machine "
+         "with a GPU and the module, else cpu)."),
     INT("--trace-iteration", trace_iteration, "worker", "N", 0, "0", false, 0,
         "Record a Chrome trace of iteration N (1-based); 0 records none."),
     STR("--simulate-compute", simulate_compute, "worker", "F_MS:B_MS[:W_MS]", false,

@@ -57,10 +57,23 @@ typedef enum mega_recompute {
   MEGA_RECOMPUTE_SELECTIVE,
 } mega_recompute;
 
+typedef enum mega_recompute_method {
+  MEGA_RECOMPUTE_METHOD_NONE = -1, /* flag absent */
+  MEGA_RECOMPUTE_UNIFORM,
+  MEGA_RECOMPUTE_BLOCK,
+} mega_recompute_method;
+
 /* --schedule absent: the schedule is chosen automatically
  * (mega_sched_default_kind). Otherwise the field holds a mega_sched_kind:
  * no-pipelining, gpipe, 1f1b, interleaved or zb-h1. */
 #define MEGA_JOB_SCHEDULE_AUTO (-1)
+
+/* --backend: the worker's math backend. */
+typedef enum mega_job_backend {
+  MEGA_JOB_BACKEND_AUTO = 0, /* cuda where a GPU and the cuda module are, else cpu */
+  MEGA_JOB_BACKEND_CPU,
+  MEGA_JOB_BACKEND_CUDA,
+} mega_job_backend;
 
 typedef struct mega_jobspec {
   /* model */
@@ -104,6 +117,7 @@ typedef struct mega_jobspec {
   int eval_iters;    /* 10 */
   /* parallelism */
   int tensor_model_parallel_size;            /* 1 */
+  bool sequence_parallel;                    /* split the stream along the sequence over TP */
   int pipeline_model_parallel_size;          /* 1 */
   int virtual_pipeline_model_parallel_size;  /* -1: see mega_jobspec_vp */
   int num_layers_per_virtual_pipeline_stage; /* -1: not given */
@@ -119,6 +133,8 @@ typedef struct mega_jobspec {
   bool variable_seq_lengths;
   bool deallocate_pipeline_outputs;
   int recompute_granularity; /* mega_recompute */
+  int recompute_method;      /* mega_recompute_method; full needs it */
+  int recompute_num_layers;  /* -1: not given; full needs it */
   /* data parallel */
   bool overlap_grad_reduce;
   bool align_grad_reduce;
@@ -128,6 +144,7 @@ typedef struct mega_jobspec {
   bool average_in_collective; /* scale by 1/DP in the reduction, not before it */
   /* worker and measurement */
   int blas_threads;       /* 1 */
+  int backend;            /* mega_job_backend */
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
   char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
   int log_interval;       /* 1 */
@@ -200,6 +217,10 @@ mega_status mega_jobspec_parse(mega_jobspec *s, int argc, char *const *argv, meg
  * size, or -1 when unknown. Every message starts "invalid job: ". */
 mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
                                mega_err *err);
+
+/* Tensor-parallel groups stay inside one node (their collectives sit on
+ * the critical path): TP must divide the processes each node runs. */
+mega_status mega_jobspec_check_node(const mega_jobspec *s, int nproc_per_node, mega_err *err);
 
 /* ---- derived values (meaningful once check has passed) ---- */
 

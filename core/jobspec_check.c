@@ -218,13 +218,57 @@ static mega_status check_data_parallel(const mega_jobspec *s, mega_err *err) {
   return MEGA_OK;
 }
 
+/* Megatron's recomputation flags (TransformerConfig's checks): full needs a
+ * method and a layer count of at most a model chunk's layers; selective
+ * takes neither. max_chunk is the most decoder layers one chunk holds. */
+static mega_status check_recompute(const mega_jobspec *s, int max_chunk, mega_err *err) {
+  const char *given = s->recompute_method >= 0      ? "--recompute-method"
+                      : s->recompute_num_layers > 0 ? "--recompute-num-layers"
+                                                    : NULL;
+  if (s->recompute_granularity == MEGA_RECOMPUTE_NONE) {
+    if (given)
+      return BAD("%s needs --recompute-granularity full (without it nothing is recomputed)",
+                 given);
+    return MEGA_OK;
+  }
+  if (s->simulate_compute)
+    return BAD("--recompute-granularity with --simulate-compute recomputes nothing (simulated "
+               "compute keeps no activations); drop one of them");
+  if (s->recompute_granularity == MEGA_RECOMPUTE_SELECTIVE) {
+    if (given)
+      return BAD("%s is for --recompute-granularity full; selective recomputation always "
+                 "recomputes the attention core of every layer, so drop %s",
+                 given, given);
+    return MEGA_OK;
+  }
+  if (s->recompute_method < 0)
+    return BAD("--recompute-granularity full needs --recompute-method uniform|block "
+               "(uniform: groups of N layers; block: the first N layers of each model chunk)");
+  if (s->recompute_num_layers < 1)
+    return BAD("--recompute-granularity full needs --recompute-num-layers N, between 1 and "
+               "the %d decoder layers of the largest model chunk",
+               max_chunk);
+  if (s->recompute_num_layers > max_chunk)
+    return BAD("--recompute-num-layers %d is more than the %d decoder layers of the largest "
+               "model chunk; use 1 to %d",
+               s->recompute_num_layers, max_chunk, max_chunk);
+  return MEGA_OK;
+}
+
 static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   mega_layout l;
   mega_status st = mega_jobspec_layout(s, &l, err);
   if (st != MEGA_OK) return st;
   int decoders = mega_layout_total(&l, MEGA_LAYER_DECODER);
   int mtp = mega_layout_total(&l, MEGA_LAYER_MTP);
+  int max_chunk = 0;
+  for (int p = 0; p < l.pp; p++)
+    for (int v = 0; v < l.vp; v++) {
+      int n = mega_layout_count(&l, p, v, MEGA_LAYER_DECODER);
+      if (n > max_chunk) max_chunk = n;
+    }
   mega_layout_free(&l);
+  if ((st = check_recompute(s, max_chunk, err)) != MEGA_OK) return st;
   if (s->pipeline_model_parallel_layout) {
     if (decoders != s->num_layers)
       return BAD("--pipeline-model-parallel-layout has %d decoder layers ('t') but "
@@ -241,6 +285,15 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
     return BAD("--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
   if (s->overlap_p2p_comm && s->batch_p2p_comm)
     return BAD("--overlap-p2p-comm cannot be used with --batch-p2p-comm; pick one");
+  int tp = s->tensor_model_parallel_size;
+  if (s->sequence_parallel && tp > 1 && s->seq_length % tp)
+    return BAD("--sequence-parallel splits the sequence over the tensor-parallel ranks: "
+               "--seq-length %d is not divisible by --tensor-model-parallel-size %d",
+               s->seq_length, tp);
+  if (s->sequence_parallel && tp > 1 && s->variable_seq_lengths)
+    return BAD("--sequence-parallel needs every sequence length divisible by "
+               "--tensor-model-parallel-size, which --variable-seq-lengths does not keep; "
+               "drop one of them");
   return check_data_parallel(s, err);
 }
 
@@ -362,6 +415,9 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
   if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
   if (!s->save && s->async_save) return BAD("--async-save needs --save DIR");
   if ((st = check_load_flags(s, err)) != MEGA_OK) return st;
+  if (s->backend == MEGA_JOB_BACKEND_CUDA && world_size > 1)
+    return BAD("--backend cuda runs one rank until the NCCL communicator is built (world size "
+               "%d here); use --backend cpu or auto for several ranks", world_size);
   if (s->trace_iteration > s->train_iters)
     return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
                s->trace_iteration, s->train_iters);
@@ -377,6 +433,19 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
       return BAD("--simulate-compute trains nothing, so there is nothing to --save; drop one "
                  "of them");
   }
+  return MEGA_OK;
+}
+
+mega_status mega_jobspec_check_node(const mega_jobspec *s, int nproc_per_node, mega_err *err) {
+  int tp = s->tensor_model_parallel_size;
+  if (tp > nproc_per_node)
+    return BAD("--tensor-model-parallel-size %d is larger than the %d process%s a node runs "
+               "(--nproc-per-node, or the node's slots); a TP group stays inside one node",
+               tp, nproc_per_node, nproc_per_node == 1 ? "" : "es");
+  if (nproc_per_node % tp)
+    return BAD("--tensor-model-parallel-size %d does not divide the %d processes a node runs "
+               "(--nproc-per-node, or the node's slots); a TP group stays inside one node",
+               tp, nproc_per_node);
   return MEGA_OK;
 }
 

@@ -57,7 +57,7 @@ mega_status coord_check_msg(const megad_coord *c, const Mega__V1__JobSpec *spec,
 }
 
 /* A job whose ranks per node no node has the slots for, or whose TP group
- * is larger than a node's ranks, can never start. */
+ * does not fit a node's ranks, can never start. */
 static mega_status check_placeable(megad_coord *c, const mega_job *j, mega_err *err) {
   uint32_t most = 0;
   for (size_t i = 0; i < c->members->nnodes; i++)
@@ -68,12 +68,7 @@ static mega_status check_placeable(megad_coord *c, const mega_job *j, mega_err *
                      "--nproc-per-node %u: no node of the cluster has that many slots (the most "
                      "is %u), so the job could never start",
                      nproc, most);
-  if (j->tp > nproc)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "--tensor-model-parallel-size %u is larger than the %u rank%s per node: a "
-                     "tensor-parallel group must fit in one node",
-                     j->tp, nproc, nproc == 1 ? "" : "s");
-  return MEGA_OK;
+  return mega_jobspec_check_node(&j->spec, (int)nproc, err); /* a TP group within a node */
 }
 
 /* This node's memory (MemTotal): the coordinator's view of a node's, the

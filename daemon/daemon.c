@@ -12,6 +12,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "daemon/util.h"
+#include "worker/backend/cuda_module.h"
 
 /* ---- wiring: what one layer tells the layers above ---- */
 
@@ -165,15 +166,39 @@ static void on_watchdog(uv_timer_t *t) {
   sd_notify(0, "WATCHDOG=1");
 }
 
+/* The GPUs the cuda module sees (none without the module or a driver):
+ * one slot each, when --slots is not given. */
+static int discover_gpus(char *name, size_t cap) {
+  const mega_cuda_module *m;
+  mega_err err = {0};
+  name[0] = '\0';
+  if (mega_cuda_module_load(&m, &err) != MEGA_OK) return 0;
+  int n = m->device_count(&err);
+  mega_cuda_device dev;
+  if (n > 0 && m->device_info(0, &dev, &err) == MEGA_OK)
+    snprintf(name, cap, "%d x %s (%.0f GiB)", n, dev.name, (double)dev.memory_bytes / (1u << 30));
+  return n > 0 ? n : 0;
+}
+
 mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err *err) {
   memset(d, 0, sizeof *d);
   d->o = *o;
+  char gpu_name[160];
+  int gpus = discover_gpus(gpu_name, sizeof gpu_name);
+  if (!d->o.slots) d->o.slots = gpus;
+  o = &d->o;
   if (!d->o.heartbeat_interval_ms) d->o.heartbeat_interval_ms = 250;
   if (!d->o.heartbeat_timeout_ms) d->o.heartbeat_timeout_ms = 1500;
   if (!d->o.rendezvous_timeout_ms) d->o.rendezvous_timeout_ms = 60000;
+  if (!o->slots)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--slots: this node has no GPU the cuda module can use; give the number of "
+                     "CPU worker slots (1..4096)");
   if (o->slots < 1 || o->slots > 4096)
     return mega_fail(err, MEGA_ERR_INVALID, "--slots %d: give the number of worker slots (1..4096)",
                      o->slots);
+  /* a GPU per slot, when there are as many GPUs as slots or more */
+  bool per_gpu = gpus > 0 && o->slots <= gpus;
   if (d->o.heartbeat_timeout_ms < 2 * d->o.heartbeat_interval_ms)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--heartbeat-timeout %u ms must be at least twice --heartbeat-interval %u ms",
@@ -208,9 +233,12 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
 
   megad_launcher_opts lo = {.worker_path = d->worker_path, .worker_host = d->worker_host,
                             .slots = (uint32_t)o->slots,
-                            .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms};
+                            .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms,
+                            .gpus = per_gpu};
   megad_launcher_cbs lc = {.step = on_worker_step, .event = on_worker_event, .arg = d};
-  megad_members_opts mo = {.address = d->address, .slots = (uint32_t)o->slots, .backend = "cpu",
+  megad_members_opts mo = {.address = d->address, .slots = (uint32_t)o->slots,
+                           .backend = per_gpu ? "cuda" : "cpu",
+                           .device_name = per_gpu ? gpu_name : NULL,
                            .peers = o->peers,
                            .heartbeat_interval_ms = d->o.heartbeat_interval_ms,
                            .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms};

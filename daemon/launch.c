@@ -186,8 +186,19 @@ static void on_pipe(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
  * close, so the attempt its exit ends can be placed here again at once. */
 static void release_slot(megad_worker *w) {
   if (!w->slot_held) return;
+  megad_launcher *L = w->l->L;
   w->slot_held = false;
-  if (w->l->L->slots_used) w->l->L->slots_used--;
+  if (L->slots_used) L->slots_used--;
+  if (L->slot_busy && w->slot < L->o.slots) L->slot_busy[w->slot] = false;
+}
+
+/* Takes the lowest free slot (the caller checked one is free). */
+static void take_slot(megad_launcher *L, megad_worker *w) {
+  L->slots_used++;
+  w->slot_held = true;
+  w->slot = 0;
+  while (L->slot_busy && w->slot < L->o.slots && L->slot_busy[w->slot]) w->slot++;
+  if (L->slot_busy && w->slot < L->o.slots) L->slot_busy[w->slot] = true;
 }
 
 static void handle_closed(uv_handle_t *h) {
@@ -361,8 +372,8 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   a.dp = req->dp;
   a.bootstrap = req->bootstrap;
   a.state_dir = sdir ? sdir : "";
-  a.device = -1;
-  a.backend = "cpu";
+  a.device = L->o.gpus ? (int32_t)w->slot : -1;
+  a.backend = L->o.gpus ? "cuda" : "cpu";
   a.pipe_timeout_ms = L->o.pipe_timeout_ms;
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ASSIGNMENT;
@@ -447,8 +458,7 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
     if (s != MEGA_OK) continue;
     l->nw++;
     l->live++;
-    L->slots_used++;
-    w->slot_held = true;
+    take_slot(L, w);
     if ((s = spawn_worker(l, w, env, err)) == MEGA_OK) pids[i] = w->pid;
   }
   free_env(env);
@@ -521,11 +531,12 @@ static void on_tick(uv_timer_t *t) { watchdog_tick(t->data); }
 mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
                                 const megad_launcher_opts *o, const megad_launcher_cbs *cbs,
                                 mega_err *err) {
-  (void)err;
   memset(L, 0, sizeof *L);
   L->b = b;
   L->kvs = kvs;
   L->o = *o;
+  if (!(L->slot_busy = calloc(o->slots ? o->slots : 1, sizeof *L->slot_busy)))
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %u slots", o->slots);
   if (!L->o.ping_ms) L->o.ping_ms = 500;
   if (!L->o.pipe_timeout_ms) L->o.pipe_timeout_ms = 3000;
   if (!L->o.step_floor_ms) L->o.step_floor_ms = 2000;
@@ -541,4 +552,6 @@ mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve 
 void megad_launcher_free(megad_launcher *L) {
   if (L->tick_on) uv_close((uv_handle_t *)&L->tick, NULL);
   L->tick_on = false;
+  free(L->slot_busy); /* workers of launches still closing read it no more: slots_used only */
+  L->slot_busy = NULL;
 }

@@ -41,12 +41,13 @@ typedef struct app {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: megad serve --listen ADDR --state-dir DIR --slots N [options]\n"
+          "usage: megad serve --listen ADDR --state-dir DIR [--slots N] [options]\n"
           "       megad run --slots N [--json] [options] [job flags]\n\n"
           "serve: run the daemon of one node. Jobs come from megactl (or another megad).\n"
           "  --listen ADDR          host:port (port 0 picks one) or unix:/path\n"
           "  --state-dir DIR        journal, job files, worker logs\n"
-          "  --slots N              worker processes this node runs at once\n"
+          "  --slots N              worker processes this node runs at once (default: one\n"
+          "                         per GPU the cuda module finds; required without GPUs)\n"
           "  --node-name NAME       this node's name (default: the hostname)\n"
           "  --peers ADDR,...       megads to join (host:port of each)\n"
           "  --advertise HOST       the host peers and workers use to reach this node\n"
@@ -225,8 +226,9 @@ static int serve(int argc, char **argv) {
   }
   if (!o.listen) return usage_error("serve needs --listen ADDR%s", "");
   if (!o.state_dir) return usage_error("serve needs --state-dir DIR%s", "");
-  if (!slots) return usage_error("serve needs --slots N%s", "");
-  if (!parse_slots(slots, &o.slots)) return usage_error("--slots: '%s' is not a count in 1..4096", slots);
+  /* without --slots, one slot per GPU (megad_start finds them, or says why not) */
+  if (slots && !parse_slots(slots, &o.slots))
+    return usage_error("--slots: '%s' is not a count in 1..4096", slots);
   int max_pending = 0;
   if (pending && (!parse_count(pending, 1000000, &max_pending)))
     return usage_error("--max-pending: '%s' is not a count in 1..1000000", pending);

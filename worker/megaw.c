@@ -102,6 +102,8 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
                              "peak_activation_bytes", (json_int_t)m->peak_activation_bytes);
     if (rest) {
       json_object_set_new(rest, "peak_inflight", json_integer(m->peak_inflight));
+      json_object_set_new(rest, "tp_rank", json_integer(m->tp_rank));
+      json_object_set_new(rest, "tp_comm_s", json_real(m->tp_comm_s));
       json_object_set_new(rest, "grad_sync_exposed_s", json_real(m->grad_sync_exposed_s));
       json_object_set_new(rest, "param_bytes", json_integer((json_int_t)m->param_bytes));
       json_object_set_new(rest, "grad_bytes", json_integer((json_int_t)m->grad_bytes));

@@ -86,6 +86,13 @@ expect 2 "megactl: invalid job: --hidden-size 30 is not divisible by --num-atten
 expect 2 "megactl: invalid job: --global-batch-size 4 is not divisible by --micro-batch-size 2 × data-parallel size 4 = 8" \
   "$megactl" submit --server "$dead" "${job[@]}" --nnodes 2 --nproc-per-node 2
 expect 2 "megactl: invalid job: --num-layers is required" "$megactl" submit --server "$dead" --hidden-size 32
+# tensor parallelism: heads, the sequence under --sequence-parallel, a node's processes
+expect 2 "megactl: invalid job: --num-attention-heads 2 is not divisible by --tensor-model-parallel-size 4" \
+  "$megactl" submit --server "$dead" "${job[@]}" --tensor-model-parallel-size 4
+expect 2 "megactl: invalid job: --sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length 15 is not divisible by --tensor-model-parallel-size 2" \
+  "$megactl" submit --server "$dead" "${job[@]}" --tensor-model-parallel-size 2 --sequence-parallel --seq-length 15
+expect 2 "megactl: invalid job: --tensor-model-parallel-size 2 is larger than the 1 process a node runs (--nproc-per-node, or the node's slots); a TP group stays inside one node" \
+  "$megactl" submit --server "$dead" "${job[@]}" --tensor-model-parallel-size 2 --nnodes 2 --nproc-per-node 1
 expect 2 "megactl submit: --hidden-size: 'abc' is not a whole number; see 'megactl submit --help'" \
   "$megactl" submit --hidden-size abc
 expect 2 "megactl submit: unknown flag '--bogus'; see 'megactl submit --help'" "$megactl" submit "${job[@]}" --bogus

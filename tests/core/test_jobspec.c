@@ -444,6 +444,47 @@ static void test_check_fields(void **state) {
   mega_jobspec_free(&s);
 }
 
+/* Megatron's recomputation rules: full needs a method and a layer count of
+ * at most one model chunk's layers; selective takes neither. */
+static void test_recompute_flags(void **state) {
+  (void)state;
+  expect_check_ok(ARGV("--recompute-granularity", "selective"), 1, -1);
+  expect_check_ok(ARGV("--recompute-granularity", "full", "--recompute-method", "uniform",
+                       "--recompute-num-layers", "1"), 1, -1);
+  expect_check_ok(ARGV("--recompute-granularity", "full", "--recompute-method", "block",
+                       "--recompute-num-layers", "4"), 1, -1);
+  expect_check_ok(ARGV("--recompute-granularity", "full", "--recompute-method", "uniform",
+                       "--recompute-num-layers", "3", "--pipeline-model-parallel-size", "2",
+                       "--pipeline-model-parallel-layout", "Et|tttL"), 2, -1);
+  expect_check_error(ARGV("--recompute-method", "uniform"), 1, -1,
+                     "--recompute-method needs --recompute-granularity full");
+  expect_check_error(ARGV("--recompute-num-layers", "2"), 1, -1,
+                     "--recompute-num-layers needs --recompute-granularity full");
+  expect_check_error(ARGV("--recompute-granularity", "full"), 1, -1,
+                     "--recompute-granularity full needs --recompute-method uniform|block");
+  expect_check_error(ARGV("--recompute-granularity", "full", "--recompute-method", "uniform"), 1,
+                     -1, "--recompute-granularity full needs --recompute-num-layers N, between 1 "
+                         "and the 4 decoder layers of the largest model chunk");
+  expect_check_error(ARGV("--recompute-granularity", "full", "--recompute-method", "block",
+                          "--recompute-num-layers", "3", "--pipeline-model-parallel-size", "2"),
+                     2, -1, "--recompute-num-layers 3 is more than the 2 decoder layers of the "
+                            "largest model chunk; use 1 to 2");
+  expect_check_error(ARGV("--recompute-granularity", "full", "--recompute-method", "block",
+                          "--recompute-num-layers", "2", "--pipeline-model-parallel-size", "2",
+                          "--virtual-pipeline-model-parallel-size", "2"),
+                     2, -1, "--recompute-num-layers 2 is more than the 1 decoder layers");
+  expect_check_error(ARGV("--recompute-granularity", "selective", "--recompute-method", "block"),
+                     1, -1, "--recompute-method is for --recompute-granularity full");
+  expect_check_error(ARGV("--recompute-granularity", "selective", "--recompute-num-layers", "1"),
+                     1, -1, "--recompute-num-layers is for --recompute-granularity full");
+  expect_check_error(ARGV("--recompute-granularity", "selective", "--simulate-compute", "1:2"),
+                     1, -1, "recomputes nothing");
+  expect_parse_error(ARGV("--recompute-method", "fancy"), MEGA_ERR_INVALID,
+                     "--recompute-method: 'fancy' is not one of uniform, block");
+  expect_parse_error(ARGV("--recompute-num-layers", "0"), MEGA_ERR_INVALID,
+                     "--recompute-num-layers must be at least 1 (got 0)");
+}
+
 static void test_check_errors(void **state) {
   (void)state;
   expect_check_error(NULL, 0, -1, -1, "world size must be at least 1 (got -1)");
@@ -651,7 +692,8 @@ static void make_full(mega_jobspec *s) {
                     "--async-save", "--finetune", "--no-load-optim", "--no-load-rng",
                     "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
                     "--eval-interval", "5", "--eval-iters", "2",
-                    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+                    "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                    "--pipeline-model-parallel-size", "4",
                     "--virtual-pipeline-model-parallel-size", "2",
                     "--num-layers-per-virtual-pipeline-stage", "1",
                     "--microbatch-group-size-per-vp-stage", "5",
@@ -660,10 +702,12 @@ static void make_full(mega_jobspec *s) {
                     "--decoder-last-pipeline-num-layers", "0", "--schedule", "interleaved",
                     "--batch-p2p-comm", "--overlap-p2p-comm", "--overlap-p2p-comm-warmup-flush",
                     "--variable-seq-lengths", "--deallocate-pipeline-outputs",
-                    "--recompute-granularity", "full", "--overlap-grad-reduce",
+                    "--recompute-granularity", "full", "--recompute-method", "block",
+                    "--recompute-num-layers", "2", "--overlap-grad-reduce",
                     "--align-grad-reduce", "--bucket-size", "1000", "--use-distributed-optimizer",
                     "--overlap-param-gather", "--average-in-collective",
-                    "--blas-threads", "4", "--trace-iteration", "3", "--simulate-compute",
+                    "--blas-threads", "4", "--backend", "cpu", "--trace-iteration", "3",
+                    "--simulate-compute",
                     "1:2:3", "--log-interval", "2"));
 }
 
@@ -850,6 +894,7 @@ int main(void) {
       cmocka_unit_test(test_unknown_flags),  cmocka_unit_test(test_value_errors),
       cmocka_unit_test(test_check_ok),       cmocka_unit_test(test_check_required),
       cmocka_unit_test(test_check_fields),   cmocka_unit_test(test_check_errors),
+      cmocka_unit_test(test_recompute_flags),
       cmocka_unit_test(test_simulate_compute), cmocka_unit_test(test_derived),
       cmocka_unit_test(test_argv_round_trip), cmocka_unit_test(test_copy_equal),
       cmocka_unit_test(test_json),           cmocka_unit_test(test_json_errors),

@@ -341,7 +341,7 @@ static void test_bounded_input(void **state) {
   const char *tp[] = {"--tensor-model-parallel-size", "4", NULL};
   assert_int_equal(submit_with(&d, "x", 1, 2, tp, &err), MEGA_ERR_INVALID);
   fprintf(stderr, "tp: %s\n", err.msg);
-  assert_non_null(strstr(err.msg, "must fit in one node"));
+  assert_non_null(strstr(err.msg, "a TP group stays inside one node"));
   const char *gpt3[] = {"--num-layers", "96", "--hidden-size", "12288", "--num-attention-heads",
                         "96", "--seq-length", "2048", NULL};
   assert_int_equal(submit_with(&d, "x", 1, 1, gpt3, &err), MEGA_ERR_INVALID);
