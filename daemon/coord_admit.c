@@ -56,8 +56,7 @@ mega_status coord_check_msg(const megad_coord *c, const Mega__V1__JobSpec *spec,
   return MEGA_OK;
 }
 
-/* A job whose ranks per node no node has the slots for, or whose TP group
- * does not fit a node's ranks, can never start. */
+/* A job whose ranks per node no node has the slots for can never start. */
 static mega_status check_placeable(megad_coord *c, const mega_job *j, mega_err *err) {
   uint32_t most = 0;
   for (size_t i = 0; i < c->members->nnodes; i++)
@@ -68,7 +67,7 @@ static mega_status check_placeable(megad_coord *c, const mega_job *j, mega_err *
                      "--nproc-per-node %u: no node of the cluster has that many slots (the most "
                      "is %u), so the job could never start",
                      nproc, most);
-  return mega_jobspec_check_node(&j->spec, (int)nproc, err); /* a TP group within a node */
+  return MEGA_OK;
 }
 
 /* This node's memory (MemTotal): the coordinator's view of a node's, the
@@ -132,12 +131,13 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
     return mega_fail(err, MEGA_ERR_INVALID,
                      "invalid job: --save %s is a file; give a directory for the checkpoints",
                      s->save);
-  if ((rc = check_placeable(c, j, err)) != MEGA_OK) return rc;
   uint32_t nproc = coord_nproc(c, j);
+  if ((rc = mega_jobspec_check_node(s, (int)nproc, err)) != MEGA_OK) return rc;
   rc = coord_check_world(s, (int)(lo * nproc), err);
   for (uint32_t n = hi; rc != MEGA_OK && n > lo; n--)
     if (coord_check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
   if (rc != MEGA_OK) return rc;
+  if ((rc = check_placeable(c, j, err)) != MEGA_OK) return rc;
   if ((rc = check_memory(c, j, nproc, lo, err)) != MEGA_OK) return rc;
   size_t waiting = c->nwaiting;
   if (c->o.max_pending && waiting >= c->o.max_pending)

@@ -335,7 +335,8 @@ static void test_bounded_input(void **state) {
   assert_non_null(strstr(err.msg, "at most 1024 nodes"));
   assert_int_equal(submit_with(&d, "x", 1, 65536, NULL, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "at most 4096"));
-  assert_int_equal(submit_with(&d, "x", 1, 3, NULL, &err), MEGA_ERR_INVALID);
+  const char *gbs8[] = {"--global-batch-size", "8", NULL}; /* a valid job of 4 ranks */
+  assert_int_equal(submit_with(&d, "x", 1, 4, gbs8, &err), MEGA_ERR_INVALID);
   fprintf(stderr, "nproc: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "no node of the cluster has that many slots"));
   const char *tp[] = {"--tensor-model-parallel-size", "4", NULL};
