@@ -30,7 +30,7 @@ void mega_job_free(mega_job *j) {
   for (size_t i = 0; i < j->nevents; i++) protobuf_c_message_free_unpacked(&j->events[i]->base, NULL);
   free(j->events);
   for (size_t i = 0; i < j->hist_len; i++)
-    protobuf_c_message_free_unpacked(&j->hist[(j->hist_head + i) % MEGA_JOB_HISTORY]->base, NULL);
+    protobuf_c_message_free_unpacked(&j->hist[(j->hist_head + i) % j->hist_cap]->base, NULL);
   free(j->hist);
   if (j->last_step) protobuf_c_message_free_unpacked(&j->last_step->base, NULL);
   free(j);
@@ -267,7 +267,17 @@ nomem:
 /* ---- history ---- */
 
 mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err) {
-  if (!j->hist && !(j->hist = calloc(MEGA_JOB_HISTORY, sizeof *j->hist))) return oom(err);
+  if (j->hist_len == j->hist_cap && j->hist_cap < MEGA_JOB_HISTORY) {
+    size_t cap = j->hist_cap ? 2 * j->hist_cap : 16;
+    if (cap > MEGA_JOB_HISTORY) cap = MEGA_JOB_HISTORY;
+    Mega__V1__WatchJobResponse **v = malloc(cap * sizeof *v);
+    if (!v) return oom(err);
+    for (size_t i = 0; i < j->hist_len; i++) v[i] = j->hist[(j->hist_head + i) % j->hist_cap];
+    free(j->hist);
+    j->hist = v;
+    j->hist_head = 0;
+    j->hist_cap = cap;
+  }
   Mega__V1__WatchJobResponse *c = (void *)megad_pb_copy(&item->base);
   if (!c) return oom(err);
   if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && item->step) {
@@ -297,7 +307,7 @@ mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *it
     }
     j->events[j->nevents++] = e;
   }
-  if (j->hist_len == MEGA_JOB_HISTORY) {
+  if (j->hist_len == j->hist_cap) { /* full at MEGA_JOB_HISTORY: the oldest goes */
     const Mega__V1__WatchJobResponse *old = j->hist[j->hist_head];
     if (old->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && old->step) {
       if (!j->hist_lost_steps++) j->hist_lost_first = old->step->iteration;
@@ -305,15 +315,15 @@ mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *it
     }
     protobuf_c_message_free_unpacked(&j->hist[j->hist_head]->base, NULL);
     j->hist[j->hist_head] = c;
-    j->hist_head = (j->hist_head + 1) % MEGA_JOB_HISTORY;
+    j->hist_head = (j->hist_head + 1) % j->hist_cap;
   } else {
-    j->hist[(j->hist_head + j->hist_len++) % MEGA_JOB_HISTORY] = c;
+    j->hist[(j->hist_head + j->hist_len++) % j->hist_cap] = c;
   }
   return MEGA_OK;
 }
 
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i) {
-  return i < j->hist_len ? j->hist[(j->hist_head + i) % MEGA_JOB_HISTORY] : NULL;
+  return i < j->hist_len ? j->hist[(j->hist_head + i) % j->hist_cap] : NULL;
 }
 
 /* ---- the table ---- */

@@ -63,7 +63,8 @@ typedef struct mega_job {
 
   /* History for WatchJob replay: a ring of owned items, oldest at hist_head. */
   Mega__V1__WatchJobResponse **hist;
-  size_t hist_head, hist_len;
+  size_t hist_head, hist_len, hist_cap; /* the ring grows to MEGA_JOB_HISTORY as it
+                                           fills: a job that never ran costs little */
   /* steps the ring let go (a replay says so with a gap marker) */
   uint64_t hist_lost_steps, hist_lost_first, hist_lost_last;
   Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */

@@ -81,12 +81,16 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
     nj->hist = old->hist;
     nj->hist_head = old->hist_head;
     nj->hist_len = old->hist_len;
+    nj->hist_cap = old->hist_cap;
+    nj->hist_lost_steps = old->hist_lost_steps;
+    nj->hist_lost_first = old->hist_lost_first;
+    nj->hist_lost_last = old->hist_lost_last;
     nj->last_step = old->last_step;
     nj->events = old->events;
     nj->nevents = old->nevents;
     nj->events_cap = old->events_cap;
     old->hist = NULL;
-    old->hist_len = 0;
+    old->hist_len = old->hist_cap = 0;
     old->last_step = NULL;
     old->events = NULL;
     old->nevents = old->events_cap = 0;
