@@ -482,11 +482,48 @@ static mega_status check_load_flags(const mega_jobspec *s, mega_err *err) {
   return MEGA_OK;
 }
 
+/* Upper bounds on what comes from outside, checked before any arithmetic
+ * (products of these fit in 64 bits): a value past them is a typo or an
+ * attack, never a model this program trains. */
+static mega_status check_bounds(const mega_jobspec *s, mega_err *err) {
+  static const struct {
+    const char *flag;
+    size_t off;
+    int max;
+  } b[] = {
+#define B(f, field, max) {f, offsetof(mega_jobspec, field), max}
+      B("--num-layers", num_layers, 4096),
+      B("--hidden-size", hidden_size, 1 << 17),
+      B("--num-attention-heads", num_attention_heads, 4096),
+      B("--seq-length", seq_length, 1 << 20),
+      B("--max-position-embeddings", max_position_embeddings, 1 << 20),
+      B("--micro-batch-size", micro_batch_size, 1 << 16),
+      B("--global-batch-size", global_batch_size, 1 << 24),
+      B("--train-iters", train_iters, 1 << 30),
+      B("--tensor-model-parallel-size", tensor_model_parallel_size, 4096),
+      B("--pipeline-model-parallel-size", pipeline_model_parallel_size, 4096),
+      B("--virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, 4096),
+      B("--eval-iters", eval_iters, 1 << 20),
+      B("--blas-threads", blas_threads, 1024),
+#undef B
+  };
+  for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+    int v = *(const int *)(const void *)((const char *)s + b[i].off);
+    if (v > b[i].max) return BAD("%s %d is larger than the %d allowed", b[i].flag, v, b[i].max);
+  }
+  const char *layout = s->pipeline_model_parallel_layout;
+  if (layout && strlen(layout) > 4096)
+    return BAD("--pipeline-model-parallel-layout is %zu characters, more than the 4096 allowed",
+               strlen(layout));
+  return MEGA_OK;
+}
+
 mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
                                mega_err *err) {
   mega_status st;
   for (int i = 0; i < NFLAGS; i++)
     if ((st = check_flag(s, &mega_jf_table[i], err)) != MEGA_OK) return st;
+  if ((st = check_bounds(s, err)) != MEGA_OK) return st;
 
   int tp = s->tensor_model_parallel_size, pp = s->pipeline_model_parallel_size, dp = 0;
   if (world_size < 0) return BAD("world size must be at least 1 (got %d)", world_size);

@@ -316,7 +316,7 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   w->open = 4;
   mega_frame_decoder_init(&w->dec, &mega__v1__worker_frame__descriptor, 0);
   char *log = rank_path(l, w->rank, ".log");
-  w->log_fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+  w->log_fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
   free(log);
 
   uv_stdio_container_t stdio[4];
@@ -357,7 +357,7 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   uv_read_start((uv_stream_t *)&w->err, alloc_buf, on_out);
 
   char *sdir = rank_path(l, w->rank, "");
-  if (sdir) mkdir(sdir, 0755);
+  if (sdir) mkdir(sdir, 0700);
   Mega__V1__Assignment a = MEGA__V1__ASSIGNMENT__INIT;
   a.job_id = req->job_id;
   a.attempt = req->attempt;
@@ -428,7 +428,7 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
   char *jdir = megad_job_dir(b, req->job_id);
   if (jdir && asprintf(&l->dir, "%s/%u", jdir, req->attempt) < 0) l->dir = NULL;
   free(jdir);
-  if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0755) && errno != EEXIST)) {
+  if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0700) && errno != EEXIST)) {
     s = l->dir ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
                : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
     if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);

@@ -111,6 +111,20 @@ same "$(cat err.txt)" "megactl: job $long was cancelled: e2e says stop"
 has out.txt "^job $long cancelled"
 run 0 "$megactl" cancel "$id"
 same "$(cat out.txt)" "$id already succeeded; nothing to cancel"
+# several at once, and every pending job (these wait for a second node)
+ids=()
+for n in 1 2 3 4; do
+  run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --nnodes 2 --nproc-per-node 1 --name "w$n"
+  ids+=("$(tail -1 out.txt)")
+done
+run 0 "$megactl" cancel "${ids[0]}" "${ids[1]}"
+has out.txt "^cancelled ${ids[0]}$"
+has out.txt "^cancelled ${ids[1]}$"
+run 0 "$megactl" cancel --all-pending
+same "$(cat out.txt)" "$(printf 'cancelled %s\ncancelled %s' "${ids[3]}" "${ids[2]}")"
+run 0 "$megactl" cancel --all-pending
+same "$(cat out.txt)" "no pending jobs"
+run 2 "$megactl" cancel "${ids[0]}" --all-pending
 
 # ---- trace ----
 run 0 "$megactl" submit "${tiny[@]}" --train-iters 2 --trace-iteration 2 --name traced \
