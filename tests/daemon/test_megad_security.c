@@ -275,6 +275,28 @@ static void test_path_roots(void **state) {
   assert_non_null(strstr(err.msg, "outside this megad's --data-root"));
   assert_non_null(strstr(err.msg, droot));
 
+  { /* a blend is checked dataset by dataset: the second one is outside */
+    Mega__V1__JobSpec spec;
+    hd_tiny_spec(&spec, d.dir, 2, NULL);
+    char *words[72], ok[256];
+    size_t n = 0;
+    snprintf(ok, sizeof ok, "%s/ok.txt", droot);
+    for (size_t i = 0; i < spec.n_args && n < 64; i++) {
+      words[n++] = spec.args[i];
+      if (!strcmp(spec.args[i], "--data-path")) {
+        words[n++] = "0.5", words[n++] = ok, words[n++] = "0.5", words[n++] = p;
+        i++;
+      }
+    }
+    spec.args = words;
+    spec.n_args = n;
+    spec.nnodes_min = 2;
+    assert_int_equal(hd_submit(&d, &spec, id, 64, &err), MEGA_ERR_INVALID);
+    fprintf(stderr, "blend: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "outside.txt"));
+    assert_non_null(strstr(err.msg, "outside this megad's --data-root"));
+  }
+
   snprintf(p, sizeof p, "%s/link.txt", droot); /* a symlink out of the root */
   assert_int_equal(submit_paths(&d, p, NULL, NULL, id, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "resolves to"));
