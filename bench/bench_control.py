@@ -25,11 +25,12 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))]
 
 
-def start_megad(megad, work):
+def start_megad(megad, work, *extra):
+    """megad on a free port (extra: more flags of megad serve): (process, port)."""
     log = open(os.path.join(work, "megad.log"), "a+")
     proc = subprocess.Popen([megad, "serve", "--listen", "127.0.0.1:0", "--state-dir",
-                             os.path.join(work, "state"), "--slots", "2", "--node-name", "bench"],
-                            stdout=subprocess.DEVNULL, stderr=log)
+                             os.path.join(work, "state"), "--slots", "2", "--node-name", "bench"]
+                            + list(extra), stdout=subprocess.DEVNULL, stderr=log)
     for _ in range(300):
         log.seek(0)
         m = re.search(r"listening on \S*:(\d+)", log.read())

@@ -2,9 +2,10 @@
  * backward halves and AdamW, on one stage holding the whole model.
  *
  *   bench_model [--threads N] [--steps S] [--warmup W] [--channels C]
- *               [--layers L] [--heads H] [--seq T] [--batch B] [--profile]
+ *               [--layers L] [--heads H] [--seq T] [--batch B] [--vocab V]
+ *               [--profile]
  *
- * Defaults: C=256, 4 layers, 4 heads, T=256, B=8, 1 BLAS thread. Prints one
+ * Defaults: C=256, 4 layers, 4 heads, T=256, B=8, V=256, 1 BLAS thread. Prints one
  * line per step (wall time and process CPU time), then "tokens/s
  * min/median/max". --profile prints time by phase. bench/bench_model.py runs this next to PyTorch. */
 #include <stdio.h>
@@ -41,7 +42,7 @@ static int die(const mega_err *err) {
 }
 
 int main(int argc, char **argv) {
-  int threads = 1, steps = 10, warmup = 2, C = 256, L = 4, NH = 4, T = 256, B = 8;
+  int threads = 1, steps = 10, warmup = 2, C = 256, L = 4, NH = 4, T = 256, B = 8, V = 256;
   int profile = 0;
   for (int i = 1; i < argc; i++) {
     int *dst = NULL;
@@ -53,6 +54,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--heads")) dst = &NH;
     else if (!strcmp(argv[i], "--seq")) dst = &T;
     else if (!strcmp(argv[i], "--batch")) dst = &B;
+    else if (!strcmp(argv[i], "--vocab")) dst = &V;
     else if (!strcmp(argv[i], "--profile")) profile = 1;
     else {
       fprintf(stderr, "bench_model: unknown argument %s (see the file's header)\n", argv[i]);
@@ -75,6 +77,7 @@ int main(int argc, char **argv) {
   cfg.num_layers = L;
   cfg.num_heads = NH;
   cfg.max_seq_len = T;
+  cfg.vocab_size = V;
   mega_gpt_stage_desc whole = {true, true, 0, L};
   mega_gpt_stage *s;
   mega_gpt_acts *a;
@@ -88,9 +91,9 @@ int main(int argc, char **argv) {
   int np;
   const mega_param_info *pi = mega_gpt_params(s, &np);
   int32_t *tok = malloc(sizeof *tok * (B * T + 1));
-  for (int i = 0; i <= B * T; i++) tok[i] = (int32_t)(mega_splitmix64(i) % 256);
-  printf("# C=%d layers=%d heads=%d T=%d B=%d threads=%d blas=%s params=%zu acts=%.1f MiB\n",
-         C, L, NH, T, B, threads, mega_backend_cpu_blas_core(), n,
+  for (int i = 0; i <= B * T; i++) tok[i] = (int32_t)(mega_splitmix64(i) % (uint64_t)V);
+  printf("# C=%d layers=%d heads=%d T=%d B=%d V=%d threads=%d blas=%s params=%zu acts=%.1f MiB\n",
+         C, L, NH, T, B, V, threads, mega_backend_cpu_blas_core(), n,
          mega_gpt_acts_bytes(a) / 1048576.0);
   double *dt = malloc(sizeof *dt * steps), ph[4] = {0};
   for (int it = 0; it < warmup + steps; it++) {

@@ -2,7 +2,8 @@
 """mega's cpu GPT next to Debian's PyTorch on the same model and machine.
 
     /usr/bin/python3 bench/bench_model.py BUILD/bench/bench_model \
-        [--threads 1,2] [--rounds 3] [--steps 6]
+        [--threads 1,2] [--rounds 3] [--steps 6] [--vocab 256,50304]
+        [--channels C] [--layers L] [--seq T] [--batch B]
 
 For each thread count it runs the C benchmark and the same training step in
 PyTorch (forward, backward, AdamW; GPT-2 from tests/ref/make_ref.py, C=256,
@@ -12,8 +13,10 @@ its own process with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS (and, with
 of each and the ratios. PyTorch runs its AdamW with and without foreach and,
 above one thread, with libgomp's default and passive waiting (its spinning
 threads fight OpenBLAS's on shared cores); its fastest variant is the
-baseline. Both sides use the same OpenBLAS for their GEMMs. It never fails
-on a time.
+baseline. Both sides use the same OpenBLAS for their GEMMs. --vocab runs
+the whole comparison once per vocabulary size (GPT-2's 50,257 is 50,304
+padded as Megatron pads it) and prints how much slower the larger ones are
+than the first. It never fails on a time.
 """
 import argparse
 import os
@@ -24,6 +27,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 C, L, NH, T, B, V = 256, 4, 4, 256, 8, 256
+
+
+def shape_args():
+    return ["--channels", str(C), "--layers", str(L), "--seq", str(T), "--batch", str(B),
+            "--vocab", str(V)]
 
 
 def torch_run(threads, steps, warmup, foreach):
@@ -74,7 +82,7 @@ def env_for(threads, omp_passive=False):
 
 
 def run_c(binary, threads, steps):
-    out = subprocess.run([binary, "--threads", str(threads), "--steps", str(steps)],
+    out = subprocess.run([binary, "--threads", str(threads), "--steps", str(steps)] + shape_args(),
                          env=env_for(threads), capture_output=True, text=True, check=True)
     return [(float(l.split()[-1]), float(l.split()[-3])) for l in out.stdout.splitlines()
             if l.startswith("step ")]
@@ -82,31 +90,17 @@ def run_c(binary, threads, steps):
 
 def run_torch(threads, steps, foreach, omp_passive):
     out = subprocess.run([sys.executable, __file__, "--torch-child", str(threads), str(steps),
-                          "1" if foreach else "0"],
+                          "1" if foreach else "0"] + shape_args(),
                          env=env_for(threads, omp_passive), capture_output=True, text=True,
                          check=True)
     return [tuple(float(x) for x in v.split(",")) for v in out.stdout.split()]
 
 
-def main():
-    if len(sys.argv) == 5 and sys.argv[1] == "--torch-child":
-        rates = torch_run(int(sys.argv[2]), int(sys.argv[3]), 2, sys.argv[4] == "1")
-        print(" ".join(f"{w:.1f},{c:.1f}" for w, c in rates))
-        return 0
-    ap = argparse.ArgumentParser()
-    ap.add_argument("binary", help="path to the built bench_model")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--coretype", default=None,
-                    help="OPENBLAS_CORETYPE for both sides (default: the environment's; "
-                         "'' for OpenBLAS's own detection)")
-    args = ap.parse_args()
-    global CORETYPE
-    CORETYPE = args.coretype
+def run_shape(args, core):
+    """The comparison at the current shapes; {threads: (mega, torch) wall medians, then
+    (mega, torch) CPU-time medians}."""
     import torch
-    core = (os.environ.get("OPENBLAS_CORETYPE", "(unset)") if args.coretype is None
-            else args.coretype or "(unset)")
+    result = {}
     print(f"# model C={C} layers={L} heads={NH} T={T} B={B} V={V}; torch {torch.__version__}; "
           f"{args.rounds} rounds x {args.steps} steps per run; tokens/s of "
           f"forward+backward+AdamW; OPENBLAS_CORETYPE={core}")
@@ -137,6 +131,48 @@ def main():
             cc, ct = med(c, 1), med(tb, 1)
             print(f"threads=1 CPU-time tokens/s (immune to time taken by other processes): "
                   f"mega median {cc:.0f} | torch median {ct:.0f} | ratio {cc / ct:.2f}x")
+        result[threads] = (mc, mt, med(c, 1), med(tb, 1))
+    return result
+
+
+def main():
+    global C, L, T, B, V
+    if len(sys.argv) == 15 and sys.argv[1] == "--torch-child":
+        C, L, T, B, V = (int(sys.argv[k]) for k in (6, 8, 10, 12, 14))
+        rates = torch_run(int(sys.argv[2]), int(sys.argv[3]), 2, sys.argv[4] == "1")
+        print(" ".join(f"{w:.1f},{c:.1f}" for w, c in rates))
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary", help="path to the built bench_model")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--coretype", default=None,
+                    help="OPENBLAS_CORETYPE for both sides (default: the environment's; "
+                         "'' for OpenBLAS's own detection)")
+    ap.add_argument("--vocab", default=str(V), help="vocabulary sizes to compare, e.g. 256,50304")
+    ap.add_argument("--channels", type=int, default=C)
+    ap.add_argument("--layers", type=int, default=L)
+    ap.add_argument("--seq", type=int, default=T)
+    ap.add_argument("--batch", type=int, default=B)
+    args = ap.parse_args()
+    C, L, T, B = args.channels, args.layers, args.seq, args.batch
+    global CORETYPE
+    CORETYPE = args.coretype
+    import torch
+    core = (os.environ.get("OPENBLAS_CORETYPE", "(unset)") if args.coretype is None
+            else args.coretype or "(unset)")
+    first_v, first = None, {}
+    for V in (int(v) for v in args.vocab.split(",")):
+        for threads, r in run_shape(args, core).items():
+            if first_v is None or threads not in first:
+                first[threads] = r
+                continue
+            r0 = first[threads]
+            print(f"threads={threads} V={V} against V={first_v}: wall tokens/s mega "
+                  f"{r0[0] / r[0]:.2f}x slower, torch {r0[1] / r[1]:.2f}x slower; CPU-time "
+                  f"mega {r0[2] / r[2]:.2f}x slower, torch {r0[3] / r[3]:.2f}x slower")
+        first_v = V if first_v is None else first_v
     return 0
 
 

@@ -1,9 +1,11 @@
 #include "client/conn.h"
+#include "client/view.h"
 
 #include <errno.h>
 #include <langinfo.h>
 #include <locale.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -13,6 +15,19 @@
 
 /* Set once by main from the words before the command. */
 static const char *global_server;
+/* --token-file, --tls-ca, --tls-cert, --tls-key (before or after the command) */
+static const char *sec_files[4];
+static const char *const sec_flags[4] = {"--token-file", "--tls-ca", "--tls-cert", "--tls-key"};
+static const char *const sec_envs[4] = {"MEGA_TOKEN_FILE", "MEGA_TLS_CA", "MEGA_TLS_CERT",
+                                        "MEGA_TLS_KEY"};
+
+int megactl_security_flag(const char *cmd, int argc, char **argv, int *i) {
+  for (int k = 0; k < 4; k++) {
+    int r = megactl_flag_value(cmd, argc, argv, i, sec_flags[k], &sec_files[k]);
+    if (r) return r;
+  }
+  return 0;
+}
 
 void megactl_set_server(const char *addr) { global_server = addr; }
 
@@ -25,8 +40,32 @@ const char *megactl_server(const char *flag_value) {
 }
 
 mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega_err *err) {
-  mega_rpc_channel_opts opts = {.peer_name = "megad"};
-  return mega_rpc_channel_new(megactl_server(flag_value), &opts, out, err);
+  *out = NULL;
+  char *pem[4] = {NULL}; /* the token, then the PEMs */
+  mega_status st = MEGA_OK;
+  for (int k = 0; k < 4 && st == MEGA_OK; k++) {
+    const char *path = sec_files[k] ? sec_files[k] : getenv(sec_envs[k]);
+    if (!path || !path[0]) continue;
+    char what[64];
+    snprintf(what, sizeof what, sec_files[k] ? "%s" : "$%s",
+             sec_files[k] ? sec_flags[k] : sec_envs[k]);
+    st = k == 0 ? mega_rpc_read_token(what, path, false, &pem[k], err)
+                : mega_rpc_read_pem(what, path, false, &pem[k], err);
+  }
+  if (st == MEGA_OK && !pem[2] != !pem[3])
+    st = mega_fail(err, MEGA_ERR_INVALID, "--tls-cert and --tls-key go together");
+  if (st == MEGA_OK && pem[2] && !pem[1])
+    st = mega_fail(err, MEGA_ERR_INVALID, "--tls-cert needs --tls-ca (the CA of megad's "
+                   "certificate)");
+  mega_rpc_auth auth = {.token = pem[0], .tls_ca = pem[1], .tls_cert = pem[2], .tls_key = pem[3]};
+  mega_rpc_channel_opts opts = {.peer_name = "megad", .auth = &auth,
+                                .auth_hint = "pass --token-file or set MEGA_TOKEN_FILE"};
+  if (st == MEGA_OK) st = mega_rpc_channel_new(megactl_server(flag_value), &opts, out, err);
+  for (int k = 0; k < 4; k++) {
+    if (pem[k]) memset(pem[k], 0, strlen(pem[k]));
+    free(pem[k]);
+  }
+  return st;
 }
 
 mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
@@ -41,21 +80,22 @@ mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
 }
 
 int megactl_fail(const char *fmt, ...) {
+  char msg[2048], esc[4096]; /* megad's words may hold anything: escape them */
   va_list ap;
   va_start(ap, fmt);
-  fputs("megactl: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  fprintf(stderr, "megactl: %s\n", view_escape(msg, esc, sizeof esc));
   return MEGACTL_EXIT_FAIL;
 }
 
 int megactl_usage(const char *cmd, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "megactl %s: ", cmd);
+  const char *sp = cmd[0] ? " " : ""; /* "": a flag before the command */
+  fprintf(stderr, "megactl%s%s: ", sp, cmd);
   vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "; see 'megactl %s --help'\n", cmd);
+  fprintf(stderr, "; see 'megactl%s%s --help'\n", sp, cmd);
   va_end(ap);
   return MEGACTL_EXIT_USAGE;
 }
@@ -101,6 +141,7 @@ int megactl_parse_common(const char *cmd, int argc, char **argv, bool wants_job,
       continue;
     }
     if ((r = megactl_flag_value(cmd, argc, argv, &i, "--server", &cf->server)) ||
+        (r = megactl_security_flag(cmd, argc, argv, &i)) ||
         (extra && (r = extra(cmd, argc, argv, &i, ctx)))) {
       if (r < 0) return MEGACTL_EXIT_USAGE;
       continue;

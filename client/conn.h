@@ -34,8 +34,14 @@ void megactl_set_server(const char *addr);
 /* The address a command talks to, given its own --server value (or NULL). */
 const char *megactl_server(const char *flag_value);
 
+/* --token-file, --tls-ca, --tls-cert, --tls-key, before or after the
+ * command; like megactl_flag_value (1, 0 or -1). Without them megactl
+ * reads $MEGA_TOKEN_FILE, $MEGA_TLS_CA, $MEGA_TLS_CERT and $MEGA_TLS_KEY. */
+int megactl_security_flag(const char *cmd, int argc, char **argv, int *i);
+
 /* Opens a channel to megad (lazily: a dead address shows in the first
- * call). The caller frees *out with mega_rpc_channel_free. */
+ * call) carrying the token and TLS settings. The caller frees *out with
+ * mega_rpc_channel_free. */
 mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega_err *err);
 
 /* One unary call to the megad that flag_value (or the default) names: on
@@ -64,8 +70,8 @@ int megactl_job_error(const char *job_id, const mega_err *err);
 int megactl_flag_value(const char *cmd, int argc, char **argv, int *i, const char *name,
                        const char **value);
 
-/* The flags most commands share: --json (when has_json), --server, --help,
- * and one positional JOB (when wants_job). */
+/* The flags most commands share: --json (when has_json), --server, the
+ * security flags, --help, and one positional JOB (when wants_job). */
 typedef struct megactl_common {
   bool json, help;
   const char *server; /* NULL: not given */

@@ -28,7 +28,7 @@ static void submit_help(FILE *f) {
           "Submits a training job to megad, which journals it, places its ranks on nodes and\n"
           "runs it. Prints a summary, then the job id alone on the last line:\n"
           "  id=$(megactl submit ... | tail -1)\n\n"
-          "The job flags are checked here as megad checks them. Relative paths in --data-path,\n"
+          "The job flags are checked here as megad checks them. Relative paths in the data flags,\n"
           "--save and --load are made absolute against this directory.\n\n"
           "submit flags:\n"
           "  --name N              a name for the job (default: megad picks one)\n"
@@ -87,9 +87,9 @@ static mega_status absolutize(char **path, mega_err *err) {
  * places the job), so the checks that need DP wait for megad. */
 static mega_status check_job(const mega_jobspec *s, int world, mega_err *err) {
   struct stat stt;
-  long long bytes = s->data_path && stat(s->data_path, &stt) == 0 && S_ISREG(stt.st_mode)
-                        ? (long long)stt.st_size
-                        : -1;
+  const char *one = mega_jobspec_data_single(s);
+  long long bytes = one && stat(one, &stt) == 0 && S_ISREG(stt.st_mode) ? (long long)stt.st_size
+                                                                        : -1;
   return mega_jobspec_check_all(s, world, bytes, err);
 }
 
@@ -119,7 +119,8 @@ int megactl_submit(int argc, char **argv) {
         (r = megactl_flag_value(cmd, argc, argv, &i, "--nproc-per-node", &nproc)) ||
         (r = megactl_flag_value(cmd, argc, argv, &i, "--max-restarts", &restarts)) ||
         (r = megactl_flag_value(cmd, argc, argv, &i, "--step-timeout", &step_timeout)) ||
-        (r = megactl_flag_value(cmd, argc, argv, &i, "--server", &server))) {
+        (r = megactl_flag_value(cmd, argc, argv, &i, "--server", &server)) ||
+        (r = megactl_security_flag(cmd, argc, argv, &i))) {
       if (r < 0) rc = MEGACTL_EXIT_USAGE;
       continue;
     }
@@ -138,11 +139,17 @@ int megactl_submit(int argc, char **argv) {
   if (!rc && step_timeout &&
       mega_duration_parse("--step-timeout", step_timeout, 100, 86400000, &step_ms, &err) != MEGA_OK)
     rc = megactl_usage(cmd, "%s", err.msg);
-  if (!rc && (absolutize(&s.data_path, &err) != MEGA_OK || absolutize(&s.save, &err) != MEGA_OK ||
+  /* a blend's paths are its odd words; its weights stay as they are */
+  mega_strlist *lists[] = {&s.data_path, &s.train_data_path, &s.valid_data_path};
+  for (int l = 0; l < 3; l++)
+    for (int k = lists[l]->n > 1 ? 1 : 0; !rc && k < lists[l]->n; k += lists[l]->n > 1 ? 2 : 1)
+      if (absolutize(&lists[l]->v[k], &err) != MEGA_OK) rc = megactl_fail("%s", err.msg);
+  if (!rc && (absolutize(&s.save, &err) != MEGA_OK ||
               absolutize(&s.load, &err) != MEGA_OK))
     rc = megactl_fail("%s", err.msg);
   int world = per && lo == hi ? (int)(per * (lo ? lo : 1)) : 0;
-  if (!rc && check_job(&s, world, &err) != MEGA_OK) {
+  if (!rc && (check_job(&s, world, &err) != MEGA_OK ||
+              (per && mega_jobspec_check_node(&s, (int)per, &err) != MEGA_OK))) {
     megactl_fail("%s", err.msg);
     rc = MEGACTL_EXIT_USAGE;
   }
@@ -176,8 +183,9 @@ int megactl_submit(int argc, char **argv) {
     if (!j || !j->id || !j->id[0]) {
       rc = megactl_fail("megad accepted the job but sent back no job id");
     } else {
-      printf("submitted %s%s%s%s: %s", j->id, j->name && j->name[0] ? " (" : "",
-             j->name && j->name[0] ? j->name : "", j->name && j->name[0] ? ")" : "",
+      char name[512];
+      view_escape(j->name, name, sizeof name);
+      printf("submitted %s%s%s%s: %s", j->id, name[0] ? " (" : "", name, name[0] ? ")" : "",
              view_state_name(j->state));
       if (j->world_size)
         printf(", world %u = TP %u x PP %u x DP %u", j->world_size, j->tp, j->pp, j->dp);
@@ -324,40 +332,99 @@ int megactl_ls(int argc, char **argv) {
 
 /* ---------------------------------------------------------------- cancel */
 
+typedef struct cancel_opts {
+  const char *reason;
+  bool all_pending;
+  const char **ids;
+  size_t n;
+} cancel_opts;
+
+/* --reason, --all-pending, and the job ids (several) */
 static int cancel_extra(const char *cmd, int argc, char **argv, int *i, void *ctx) {
-  return megactl_flag_value(cmd, argc, argv, i, "--reason", (const char **)ctx);
+  cancel_opts *o = ctx;
+  if (!strcmp(argv[*i], "--all-pending")) {
+    o->all_pending = true;
+    (*i)++;
+    return 1;
+  }
+  int r = megactl_flag_value(cmd, argc, argv, i, "--reason", &o->reason);
+  if (r || megactl_is_flag(argv[*i])) return r;
+  o->ids[o->n++] = argv[(*i)++];
+  return 1;
 }
 
-int megactl_cancel(int argc, char **argv) {
-  megactl_common cf;
-  const char *reason = "";
-  int rc = megactl_parse_common("cancel", argc, argv, true, false, &cf, cancel_extra, &reason);
-  if (rc) return rc;
-  if (cf.help) {
-    printf("usage: megactl cancel JOB [--reason R] [--server ADDR]\n\n"
-           "Cancels a job: megad stops its workers and marks it cancelled. The reason is\n"
-           "shown in the job's events.\n");
-    return 0;
-  }
+static int cancel_one(const char *server, const char *id, const char *reason) {
   mega_err err = {0};
   ProtobufCMessage *out = NULL;
   Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
-  req.job_id = (char *)cf.job;
+  req.job_id = (char *)id;
   req.reason = (char *)reason;
-  if (megactl_unary(cf.server, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
-    rc = megactl_job_error(cf.job, &err);
+  int rc = 0;
+  if (megactl_unary(server, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
+    rc = megactl_job_error(id, &err);
   } else {
     const Mega__V1__Job *j = ((Mega__V1__CancelJobResponse *)out)->job;
     Mega__V1__JobState st = j ? j->state : MEGA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
     if (st == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED)
-      printf("cancelled %s\n", cf.job);
+      printf("cancelled %s\n", id);
     else if (st == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
              st == MEGA__V1__JOB_STATE__JOB_STATE_FAILED)
-      printf("%s already %s; nothing to cancel\n", cf.job, view_state_name(st));
+      printf("%s already %s; nothing to cancel\n", id, view_state_name(st));
     else
-      printf("cancelling %s (now %s)\n", cf.job, view_state_name(st));
+      printf("cancelling %s (now %s)\n", id, view_state_name(st));
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
+  return rc;
+}
+
+int megactl_cancel(int argc, char **argv) {
+  megactl_common cf;
+  cancel_opts o = {.reason = "", .ids = calloc((size_t)argc + 1, sizeof(char *))};
+  if (!o.ids) return megactl_fail("out of memory");
+  int rc = megactl_parse_common("cancel", argc, argv, false, false, &cf, cancel_extra, &o);
+  if (!rc && cf.help) {
+    printf("usage: megactl cancel JOB... [--reason R] [--server ADDR]\n"
+           "       megactl cancel --all-pending [--reason R] [--server ADDR]\n\n"
+           "Cancels jobs: megad stops their workers and marks them cancelled. The reason is\n"
+           "shown in each job's events. --all-pending cancels every job still waiting to\n"
+           "start (on the node that answers and the jobs it knows).\n");
+  } else if (!rc && !o.n && !o.all_pending) {
+    rc = megactl_usage("cancel", "which job? give its id, e.g. j-1, or --all-pending");
+  } else if (!rc && o.n && o.all_pending) {
+    rc = megactl_usage("cancel", "give job ids or --all-pending, not both");
+  }
+  if (rc || cf.help) {
+    free(o.ids);
+    return rc;
+  }
+  Mega__V1__ListJobsResponse *pending = NULL;
+  if (o.all_pending) {
+    Mega__V1__JobState want = MEGA__V1__JOB_STATE__JOB_STATE_PENDING;
+    Mega__V1__ListJobsRequest req = MEGA__V1__LIST_JOBS_REQUEST__INIT;
+    req.states = &want;
+    req.n_states = 1;
+    mega_err err = {0};
+    ProtobufCMessage *out = NULL;
+    if (megactl_unary(cf.server, &mega_control_list_jobs, &req.base, MEGACTL_TIMEOUT_MS, &out,
+                      &err) != MEGA_OK) {
+      free(o.ids);
+      return megactl_fail("%s", err.msg);
+    }
+    pending = (Mega__V1__ListJobsResponse *)out;
+    const char **ids = realloc(o.ids, (pending->n_jobs + 1) * sizeof *ids);
+    if (!ids) {
+      protobuf_c_message_free_unpacked(out, NULL);
+      free(o.ids);
+      return megactl_fail("out of memory");
+    }
+    o.ids = ids;
+    for (size_t i = 0; i < pending->n_jobs; i++) o.ids[o.n++] = pending->jobs[i]->id;
+    if (!o.n) printf("no pending jobs\n");
+  }
+  for (size_t i = 0; i < o.n; i++)
+    if (cancel_one(cf.server, o.ids[i], o.reason)) rc = MEGACTL_EXIT_FAIL;
+  if (pending) protobuf_c_message_free_unpacked(&pending->base, NULL);
+  free(o.ids);
   return rc;
 }
 

@@ -25,7 +25,7 @@ static const struct {
     {"watch", megactl_watch, "follow a job's steps and events until it ends"},
     {"status", megactl_status, "show one job"},
     {"ls", megactl_ls, "list jobs"},
-    {"cancel", megactl_cancel, "cancel a job"},
+    {"cancel", megactl_cancel, "cancel jobs (several ids, or --all-pending)"},
     {"resume", megactl_resume, "restart a failed job from its newest checkpoint"},
     {"rescale", megactl_rescale, "re-plan a running job on N nodes at its next checkpoint"},
     {"nodes", megactl_nodes, "list the cluster's nodes"},
@@ -33,27 +33,37 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: megactl [--server ADDR] COMMAND [flags]\n\ncommands:\n");
+  fprintf(f, "usage: megactl [--server ADDR] [--token-file FILE] [--tls-ca FILE] COMMAND [flags]\n\n"
+             "commands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
   fprintf(f, "\nRun 'megactl COMMAND --help' for a command's flags.\n"
              "--server ADDR (before or after the command) is megad's host:port or unix:/path;\n"
-             "the default is $MEGA_SERVER, else " MEGACTL_DEFAULT_SERVER ".\n");
+             "the default is $MEGA_SERVER, else " MEGACTL_DEFAULT_SERVER ".\n"
+             "--token-file FILE ($MEGA_TOKEN_FILE) holds the cluster token megad asks for;\n"
+             "--tls-ca FILE ($MEGA_TLS_CA) is the CA of megad's certificate (TLS), and\n"
+             "--tls-cert/--tls-key FILE ($MEGA_TLS_CERT/$MEGA_TLS_KEY) this client's own\n"
+             "certificate when megad asks for one (--tls-client-auth).\n");
 }
 
 int main(int argc, char **argv) {
-  /* --server before the command; each cluster command also takes it after. */
-  while (argc > 1 && !strncmp(argv[1], "--server", 8) && (argv[1][8] == '=' || !argv[1][8])) {
-    if (argv[1][8] == '=') {
-      megactl_set_server(argv[1] + 9);
-      argc -= 1, argv += 1;
-    } else if (argc > 2) {
-      megactl_set_server(argv[2]);
-      argc -= 2, argv += 2;
-    } else {
+  /* --server and the security flags before the command; each cluster
+   * command also takes them after. */
+  while (argc > 1 && !strncmp(argv[1], "--", 2) && argv[1][2]) {
+    int i = 1, r;
+    const char *server;
+    if (!strcmp(argv[1], "--server") && argc < 3) {
       fprintf(stderr, "megactl: --server needs a value (host:port or unix:/path)\n");
       return 2;
     }
+    if ((r = megactl_flag_value("", argc, argv, &i, "--server", &server)) == 1)
+      megactl_set_server(server);
+    else if (!r)
+      r = megactl_security_flag("", argc, argv, &i);
+    if (r < 0) return 2;
+    if (!r) break;
+    argc -= i - 1;
+    argv += i - 1;
   }
   if (argc < 2) {
     usage(stderr);
@@ -63,6 +73,8 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
+  /* as megad --version and megaw --version */
+  if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "megactl: unknown command '%s'\n", argv[1]);

@@ -25,17 +25,18 @@ static void print_table(FILE *f, const char *const *heads, int ncols, const void
   int w[16] = {0};
   char buf[CELL];
   for (int c = 0; c < ncols; c++) w[c] = (int)strlen(heads[c]);
+  char esc[CELL];
   for (size_t r = 0; r < n; r++)
     for (int c = 0; c < ncols; c++) {
       cell(rows[r], c, now_ms, ctx, buf);
-      int len = (int)strlen(buf);
+      int len = (int)strlen(view_escape(buf, esc, sizeof esc));
       if (len > w[c]) w[c] = len;
     }
   for (int c = 0; c < ncols; c++) put_cell(f, heads[c], w[c], c + 1 == ncols);
   for (size_t r = 0; r < n; r++)
     for (int c = 0; c < ncols; c++) {
       cell(rows[r], c, now_ms, ctx, buf);
-      put_cell(f, buf, w[c], c + 1 == ncols);
+      put_cell(f, view_escape(buf, esc, sizeof esc), w[c], c + 1 == ncols);
     }
 }
 
@@ -114,11 +115,20 @@ static void when(FILE *f, const char *key, int64_t ms, int64_t now_ms) {
   fprintf(f, "%-12s %s (%s ago)\n", key, t, age);
 }
 
+/* Escaped text from megad (view_escape), in one of a few rotating buffers
+ * so a printf may hold several. */
+static const char *E(const char *s) {
+  static char bufs[4][2048];
+  static int k;
+  k = (k + 1) % 4;
+  return view_escape(s, bufs[k], sizeof bufs[k]);
+}
+
 void tables_job_detail(FILE *f, const Mega__V1__Job *j, int64_t now_ms) {
-  fprintf(f, "%-12s %s\n", "job", j->id);
-  if (j->name && j->name[0]) fprintf(f, "%-12s %s\n", "name", j->name);
+  fprintf(f, "%-12s %s\n", "job", E(j->id));
+  if (j->name && j->name[0]) fprintf(f, "%-12s %s\n", "name", E(j->name));
   fprintf(f, "%-12s %s\n", "state", view_state_name(j->state));
-  if (j->error && j->error[0]) fprintf(f, "%-12s %s\n", "error", j->error);
+  if (j->error && j->error[0]) fprintf(f, "%-12s %s\n", "error", E(j->error));
   if (j->world_size) {
     fprintf(f, "%-12s %u = TP %u x PP %u x DP %u", "world", j->world_size, j->tp, j->pp, j->dp);
     if (j->vp > 1) fprintf(f, ", VP %u", j->vp);
@@ -133,7 +143,7 @@ void tables_job_detail(FILE *f, const Mega__V1__Job *j, int64_t now_ms) {
             j->restarts, sp ? sp->max_restarts : 0);
   if (j->checkpoint_iteration)
     fprintf(f, "%-12s iteration %" PRIu64 " in %s\n", "checkpoint", j->checkpoint_iteration,
-            j->checkpoint_path && j->checkpoint_path[0] ? j->checkpoint_path : "?");
+            j->checkpoint_path && j->checkpoint_path[0] ? E(j->checkpoint_path) : "?");
   when(f, "created", j->created_unix_ms, now_ms);
   when(f, "started", j->started_unix_ms, now_ms);
   when(f, "ended", j->ended_unix_ms, now_ms);
@@ -145,12 +155,12 @@ void tables_job_detail(FILE *f, const Mega__V1__Job *j, int64_t now_ms) {
     fprintf(f, "%-12s %s\n", "runtime", d);
   }
   if (j->coordinator_node_id && j->coordinator_node_id[0])
-    fprintf(f, "%-12s %s\n", "coordinator", j->coordinator_node_id);
+    fprintf(f, "%-12s %s\n", "coordinator", E(j->coordinator_node_id));
   for (size_t i = 0; i < j->n_placement; i++) {
     char r[256];
     const Mega__V1__NodeRanks *p = j->placement[i];
     tables_ranks(p->ranks, p->n_ranks, r, sizeof r);
-    fprintf(f, "%-12s %s: rank%s %s\n", i ? "" : "placement", p->node_id, p->n_ranks == 1 ? "" : "s",
+    fprintf(f, "%-12s %s: rank%s %s\n", i ? "" : "placement", E(p->node_id), p->n_ranks == 1 ? "" : "s",
             r);
   }
   const Mega__V1__JobSpec *s = j->spec;
@@ -165,7 +175,7 @@ void tables_job_detail(FILE *f, const Mega__V1__Job *j, int64_t now_ms) {
     else
       fprintf(f, ", every slot\n");
     fprintf(f, "%-12s", "args");
-    for (size_t i = 0; i < s->n_args; i++) fprintf(f, " %s", s->args[i]);
+    for (size_t i = 0; i < s->n_args; i++) fprintf(f, " %s", E(s->args[i]));
     fputc('\n', f);
   }
 }

@@ -379,6 +379,12 @@ int view_render(FILE *f, const view_model *v, int64_t now_ms, const view_opts *o
   sb_add(&b, "loss %s%.4f%s  grad norm %.4g  lr %.3e  step %s  tokens/s %s", SGR(o, "1"), m->loss,
          RESET(o), m->grad_norm, m->lr, st, tok);
   if (m->has_eval_loss) sb_add(&b, "  eval loss %.4f", m->eval_loss);
+  if (v->tp > 1 && m->n_ranks) { /* TP collectives sit on the critical path */
+    double share = 0;
+    for (size_t i = 0; i < m->n_ranks; i++)
+      if (m->ranks[i]->step_time_s > 0) share += m->ranks[i]->tp_comm_s / m->ranks[i]->step_time_s;
+    sb_add(&b, "  TP comm %.1f%%", 100 * share / (double)m->n_ranks);
+  }
   emit(f, line, width, o->color);
   lines++;
 
@@ -422,6 +428,28 @@ static const char *event_color(const view_opts *o, Mega__V1__JobEventKind k) {
   }
 }
 
+const char *view_escape(const char *s, char *buf, size_t n) {
+  size_t k = 0;
+  if (!n) return buf;
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+    char e[8];
+    bool c1 = p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f; /* U+0080..U+009F */
+    if (c1) snprintf(e, sizeof e, "\\u%04x", p[1]);
+    else if (*p == '\n') snprintf(e, sizeof e, "\\n");
+    else if (*p == '\t') snprintf(e, sizeof e, "\\t");
+    else if (*p == '\r') snprintf(e, sizeof e, "\\r");
+    else if (*p < 0x20 || *p == 0x7f) snprintf(e, sizeof e, "\\x%02x", *p);
+    else e[0] = (char)*p, e[1] = '\0';
+    size_t len = strlen(e);
+    if (k + len >= n) break;
+    memcpy(buf + k, e, len);
+    k += len;
+    p += c1;
+  }
+  buf[k] = '\0';
+  return buf;
+}
+
 void view_event_line(FILE *f, const Mega__V1__JobEvent *e, const view_opts *o) {
   char when[16] = "--:--:--";
   if (e->time_unix_ms > 0) {
@@ -429,14 +457,16 @@ void view_event_line(FILE *f, const Mega__V1__JobEvent *e, const view_opts *o) {
     struct tm tm;
     if (localtime_r(&secs, &tm)) strftime(when, sizeof when, "%H:%M:%S", &tm);
   }
+  char msg[2048], nid[256];
   fprintf(f, "%s%s%s %s%-11s%s %s", SGR(o, "2"), when, RESET(o), event_color(o, e->kind),
-          view_event_kind_name(e->kind), RESET(o), e->message ? e->message : "");
+          view_event_kind_name(e->kind), RESET(o), view_escape(e->message, msg, sizeof msg));
   bool node = e->node_id && e->node_id[0];
+  view_escape(e->node_id, nid, sizeof nid);
   if (e->has_rank && node)
-    fprintf(f, " [rank %u, node %s]", e->rank, e->node_id);
+    fprintf(f, " [rank %u, node %s]", e->rank, nid);
   else if (e->has_rank)
     fprintf(f, " [rank %u]", e->rank);
   else if (node)
-    fprintf(f, " [node %s]", e->node_id);
+    fprintf(f, " [node %s]", nid);
   fputc('\n', f);
 }

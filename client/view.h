@@ -70,6 +70,11 @@ const char *view_state_name(Mega__V1__JobState s);
 
 /* 12 ms, 1.23 s, 2m05s, 3h02m: a duration in seconds, short. */
 void view_duration(double s, char *buf, size_t n);
+
+/* s with every control character escaped ("\n", "\t", "\x1b"; also C1
+ * controls in UTF-8), so text from megad cannot move the cursor or change
+ * colors on the user's terminal. Truncated to n - 1 bytes; returns buf. */
+const char *view_escape(const char *s, char *buf, size_t n);
 /* 512, 12.3k, 4.56M: a rate or count, short. */
 void view_si(double v, char *buf, size_t n);
 

@@ -135,6 +135,27 @@ static bool take(watch *w, Mega__V1__WatchJobResponse *r) {
     w->final_job = r->final_state;
     return true;
   }
+  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_GAP: {
+    /* megad skipped steps for this watcher (or no longer has them): say so */
+    const Mega__V1__WatchGap *g = r->gap;
+    char why[512];
+    view_escape(g->reason, why, sizeof why);
+    if (w->mode == OUT_JSON) {
+      megactl_print_json(json_pack("{s:{s:I,s:I,s:I,s:s}}", "gap", "missed_steps",
+                                   (json_int_t)g->missed_steps, "first_iteration",
+                                   (json_int_t)g->first_iteration, "last_iteration",
+                                   (json_int_t)g->last_iteration, "reason", why),
+                         JSON_COMPACT);
+    } else {
+      if (w->mode == OUT_LIVE) clear_block(w);
+      printf("missed %llu step%s (iterations %llu..%llu): %s\n",
+             (unsigned long long)g->missed_steps, g->missed_steps == 1 ? "" : "s",
+             (unsigned long long)g->first_iteration, (unsigned long long)g->last_iteration, why);
+    }
+    fflush(stdout);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return false;
+  }
   default: protobuf_c_message_free_unpacked(&r->base, NULL); return false;
   }
 }
@@ -332,7 +353,7 @@ int megactl_watch(int argc, char **argv) {
            "  --json   one JSON object per iteration, nothing else on stdout; keys:\n"
            "           iteration, attempt, loss, grad_norm, lr, step_time_s, tokens_per_s,\n"
            "           ranks\n"
-           "           (each: rank, pp_rank, dp_rank, tp_rank, compute_s, bubble_s,\n"
+           "           (each: rank, pp_rank, dp_rank, tp_rank, compute_s, tp_comm_s, bubble_s,\n"
            "           p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes,\n"
            "           param_bytes, grad_bytes, optimizer_state_bytes)\n"
            "  --plain  plain lines even on a terminal\n\n"

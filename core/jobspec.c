@@ -13,18 +13,23 @@
 #include "core/utf8.h"
 #include "core/schedule.h"
 
-/* ---- the mega_jf_table ---- */
-
+/* ---- the flag table ---- */
 
 static const char *const lr_styles[] = {"constant", "linear", "cosine", NULL};
 static const char *const recomputes[] = {"full", "selective", NULL};
+static const char *const tokenizers[] = {"NullTokenizer", NULL};
+static const char *const recompute_methods[] = {"uniform", "block", NULL};
+static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 /* Index i is mega_sched_kind i. */
 static const char *const schedules[] = {"no-pipelining", "gpipe", "1f1b", "interleaved", "zb-h1",
                                         NULL};
 _Static_assert(MEGA_SCHED_NO_PIPELINING == 0 && MEGA_SCHED_GPIPE == 1 && MEGA_SCHED_1F1B == 2 &&
                    MEGA_SCHED_INTERLEAVED == 3 && MEGA_SCHED_ZB_H1 == 4,
                "--schedule's choices index mega_sched_kind");
-_Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1, "enum choices order");
+_Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1 &&
+                   MEGA_RECOMPUTE_BLOCK == 1 && MEGA_JOB_BACKEND_CUDA == 2 &&
+                   MEGA_TOKENIZER_NULL == 0,
+               "enum choices order");
 
 #define OFF(f) offsetof(mega_jobspec, f)
 #define FLAG(nm, f, grp, ty, meta, dtext, hlp, ch, req, mn, mx, mnx, mxx, idf, fdf) \
@@ -35,6 +40,9 @@ _Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1, "enum choic
   FLAG(nm, f, grp, MEGA_JOBFLAG_FLOAT, "F", dtext, hlp, NULL, req, mn, mx, mnx, mxx, 0, fdf)
 #define STR(nm, f, grp, meta, req, hlp) \
   FLAG(nm, f, grp, MEGA_JOBFLAG_STRING, meta, req ? "required" : "none", hlp, NULL, req, NAN, \
+       NAN, false, false, 0, 0)
+#define LIST(nm, f, grp, meta, req, hlp) \
+  FLAG(nm, f, grp, MEGA_JOBFLAG_LIST, meta, req ? "required" : "none", hlp, NULL, req, NAN, \
        NAN, false, false, 0, 0)
 #define BOOL(nm, f, grp, hlp) \
   FLAG(nm, f, grp, MEGA_JOBFLAG_BOOL, NULL, "off", hlp, NULL, false, NAN, NAN, false, false, 0, 0)
@@ -49,9 +57,9 @@ const flagdef mega_jf_table[] = {
     INT("--num-attention-heads", num_attention_heads, "model", "N", 0, "required", true, 1,
         "Attention heads per layer; must divide --hidden-size."),
     INT("--seq-length", seq_length, "model", "N", 0, "required", true, 1,
-        "Tokens (bytes) per sample."),
+        "Tokens per sample."),
     INT("--max-position-embeddings", max_position_embeddings, "model", "N", -1, "seq-length",
-        false, 1, "Rows of the learned position mega_jf_table; at least --seq-length."),
+        false, 1, "Rows of the learned position embedding; at least --seq-length."),
     FLT("--init-method-std", init_method_std, "model", 0.02, "0.02", false, 0, NAN, true, false,
         "Standard deviation of the normal weight initialization."),
     INT("--seed", seed, "model", "N", 1234, "1234", false, 0,
@@ -62,8 +70,28 @@ const flagdef mega_jf_table[] = {
         "Samples per iteration over all data-parallel replicas."),
     INT("--train-iters", train_iters, "batch", "N", 0, "required", true, 1,
         "Number of training iterations."),
-    STR("--data-path", data_path, "data", "FILE", true,
-        "Training data: any file, read as bytes (vocabulary of 256)."),
+    /* required unless --train-data-path is given (check_data) */
+    FLAG("--data-path", data_path, "data", MEGA_JOBFLAG_LIST, "FILE|PREFIX|W1 P1 W2 P2...",
+         "required, or --train-data-path",
+         "Training data: a FILE read as bytes (the byte tokenizer); a PREFIX naming "
+         "Megatron's indexed dataset PREFIX.bin and PREFIX.idx; or a blend of weighted "
+         "datasets W1 P1 W2 P2 ..., each P a FILE or a PREFIX.",
+         NULL, false, NAN, NAN, false, false, 0, 0),
+    LIST("--train-data-path", train_data_path, "data", "FILE|PREFIX|W1 P1...", false,
+         "Instead of --data-path: the training data alone, in --data-path's forms."),
+    LIST("--valid-data-path", valid_data_path, "data", "FILE|PREFIX|W1 P1...", false,
+         "With --train-data-path: the data evaluation reads, in --data-path's forms."),
+    STR("--split", split, "data", "A,B,C", false,
+        "Train, valid and test shares of each dataset's documents (e.g. 969,30,1); "
+        "evaluation then reads the valid split."),
+    ENUM("--tokenizer-type", tokenizer_type, "data", "NullTokenizer", tokenizers,
+         MEGA_TOKENIZER_BYTES, "bytes",
+         "NullTokenizer: the data is token ids 0..--vocab-size (the last is end of "
+         "document); without it, the byte tokenizer (256 tokens)."),
+    INT("--vocab-size", vocab_size, "data", "N", -1, "none", false, 1,
+        "NullTokenizer's vocabulary size, without its end-of-document id."),
+    INT("--make-vocab-size-divisible-by", make_vocab_size_divisible_by, "data", "N", 128, "128",
+        false, 1, "Pad the model's vocabulary to a multiple of N x TP, as Megatron does."),
     FLT("--lr", lr, "optimizer", NAN, "required", true, 0, NAN, false, false,
         "Peak learning rate."),
     FLT("--min-lr", min_lr, "optimizer", 0, "0", false, 0, NAN, false, false,
@@ -116,7 +144,13 @@ const flagdef mega_jf_table[] = {
     INT("--eval-iters", eval_iters, "evaluation", "N", 10, "10", false, 1,
         "Iterations per evaluation."),
     INT("--tensor-model-parallel-size", tensor_model_parallel_size, "parallelism", "N", 1, "1",
-        false, 1, "Tensor-parallel size (TP)."),
+        false, 1, "Tensor-parallel size (TP): each layer's weights split over TP ranks of "
+        "one node (Megatron's column- and row-parallel linears, vocabulary-parallel "
+        "embedding and loss)."),
+    BOOL("--sequence-parallel", sequence_parallel, "parallelism",
+         "With TP > 1, split the layernorm regions along the sequence over the TP ranks "
+         "(all-gather before and reduce-scatter after the parallel linears); as in "
+         "Megatron, nothing changes at TP 1."),
     INT("--pipeline-model-parallel-size", pipeline_model_parallel_size, "parallelism", "N", 1,
         "1", false, 1, "Pipeline-parallel size (PP)."),
     INT("--virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size,
@@ -148,7 +182,17 @@ const flagdef mega_jf_table[] = {
     BOOL("--deallocate-pipeline-outputs", deallocate_pipeline_outputs, "p2p and memory",
          "Free a stage's output as soon as it is sent, keeping only what backward needs."),
     ENUM("--recompute-granularity", recompute_granularity, "p2p and memory", "full|selective", recomputes,
-         MEGA_RECOMPUTE_NONE, "none", "Recompute activations in backward instead of storing them."),
+         MEGA_RECOMPUTE_NONE, "none",
+         "Recompute activations in backward instead of storing them: full recomputes whole "
+         "layers (with --recompute-method), selective only the attention core."),
+    ENUM("--recompute-method", recompute_method, "p2p and memory", "uniform|block",
+         recompute_methods, MEGA_RECOMPUTE_METHOD_NONE, "none",
+         "With --recompute-granularity full: uniform splits each model chunk's layers into "
+         "groups of --recompute-num-layers and keeps only each group's input; block recomputes "
+         "only the first --recompute-num-layers layers of each model chunk."),
+    INT("--recompute-num-layers", recompute_num_layers, "p2p and memory", "N", -1, "none", false,
+        1, "With --recompute-granularity full: layers per recomputed group (uniform), or "
+        "recomputed layers per model chunk (block)."),
     BOOL("--overlap-grad-reduce", overlap_grad_reduce, "data parallel",
          "Reduce gradient buckets while backward still runs."),
     BOOL("--align-grad-reduce", align_grad_reduce, "data parallel",
@@ -163,6 +207,11 @@ const flagdef mega_jf_table[] = {
          "Divide gradients by DP inside the reduction instead of before it."),
     INT("--blas-threads", blas_threads, "worker", "N", 1, "1", false, 1,
         "BLAS threads per CPU worker."),
+    ENUM("--backend", backend, "worker", "auto|cpu|cuda", backends, MEGA_JOB_BACKEND_AUTO,
+         "auto",
+         "The math backend: cuda (the cuda module on the rank's GPU; one rank only until the "
+         "NCCL communicator is built), cpu, or auto (cuda for a single rank on a machine "
+         "with a GPU and the module, else cpu)."),
     INT("--trace-iteration", trace_iteration, "worker", "N", 0, "0", false, 0,
         "Record a Chrome trace of iteration N (1-based); 0 records none."),
     STR("--simulate-compute", simulate_compute, "worker", "F_MS:B_MS[:W_MS]", false,
@@ -207,7 +256,21 @@ void mega_jf_set_default(mega_jobspec *s, const flagdef *f) {
   case MEGA_JOBFLAG_FLOAT: *FIELD(s, f, double) = f->fdef; break;
   case MEGA_JOBFLAG_STRING: *FIELD(s, f, char *) = NULL; break;
   case MEGA_JOBFLAG_BOOL: *FIELD(s, f, bool) = f->idef != 0; break;
+  case MEGA_JOBFLAG_LIST: *FIELD(s, f, mega_strlist) = (mega_strlist){0}; break;
   }
+}
+
+void mega_jf_list_free(mega_strlist *l) {
+  for (int k = 0; k < l->n; k++) free(l->v[k]);
+  free(l->v);
+  *l = (mega_strlist){0};
+}
+
+/* The flag's owned memory, released; the field is then undefined until
+ * mega_jf_set_default. */
+static void release(mega_jobspec *s, const flagdef *f) {
+  if (f->info.type == MEGA_JOBFLAG_STRING) free(*FIELD(s, f, char *));
+  if (f->info.type == MEGA_JOBFLAG_LIST) mega_jf_list_free(FIELD(s, f, mega_strlist));
 }
 
 void mega_jobspec_defaults(mega_jobspec *s) {
@@ -217,20 +280,29 @@ void mega_jobspec_defaults(mega_jobspec *s) {
 
 void mega_jobspec_free(mega_jobspec *s) {
   if (!s) return;
-  for (int i = 0; i < NFLAGS; i++)
-    if (mega_jf_table[i].info.type == MEGA_JOBFLAG_STRING) free(*FIELD(s, &mega_jf_table[i], char *));
+  for (int i = 0; i < NFLAGS; i++) release(s, &mega_jf_table[i]);
   mega_jobspec_defaults(s);
+}
+
+static bool owns_memory(const flagdef *f) {
+  return f->info.type == MEGA_JOBFLAG_STRING || f->info.type == MEGA_JOBFLAG_LIST;
 }
 
 mega_status mega_jobspec_copy(mega_jobspec *dst, const mega_jobspec *src, mega_err *err) {
   *dst = *src;
   for (int i = 0; i < NFLAGS; i++)
-    if (mega_jf_table[i].info.type == MEGA_JOBFLAG_STRING) *FIELD(dst, &mega_jf_table[i], char *) = NULL;
+    if (owns_memory(&mega_jf_table[i])) mega_jf_set_default(dst, &mega_jf_table[i]);
   for (int i = 0; i < NFLAGS; i++) {
     const flagdef *f = &mega_jf_table[i];
-    if (f->info.type != MEGA_JOBFLAG_STRING) continue;
-    const char *v = *CFIELD(src, f, char *);
-    if (v && !(*FIELD(dst, f, char *) = strdup(v))) {
+    mega_status st = MEGA_OK;
+    if (f->info.type == MEGA_JOBFLAG_STRING) {
+      const char *v = *CFIELD(src, f, char *);
+      if (v && !(*FIELD(dst, f, char *) = strdup(v))) st = MEGA_ERR_NOMEM;
+    } else if (f->info.type == MEGA_JOBFLAG_LIST) {
+      const mega_strlist *l = CFIELD(src, f, mega_strlist);
+      if (l->n) st = mega_jf_set_list(dst, f, (const char *const *)l->v, l->n, NULL);
+    }
+    if (st != MEGA_OK) {
       mega_jobspec_free(dst);
       return mega_fail(err, MEGA_ERR_NOMEM, "out of memory copying a job spec");
     }
@@ -250,6 +322,13 @@ static bool same_value(const mega_jobspec *a, const mega_jobspec *b, const flagd
   case MEGA_JOBFLAG_STRING: {
     const char *x = *CFIELD(a, f, char *), *y = *CFIELD(b, f, char *);
     return x == y || (x && y && strcmp(x, y) == 0);
+  }
+  case MEGA_JOBFLAG_LIST: {
+    const mega_strlist *x = CFIELD(a, f, mega_strlist), *y = CFIELD(b, f, mega_strlist);
+    if (x->n != y->n) return false;
+    for (int k = 0; k < x->n; k++)
+      if (strcmp(x->v[k], y->v[k])) return false;
+    return true;
   }
   }
   return false;
@@ -271,6 +350,7 @@ bool mega_jf_is_default(const mega_jobspec *s, const flagdef *f) {
     return x == f->fdef || (isnan(x) && isnan(f->fdef));
   }
   case MEGA_JOBFLAG_STRING: return *CFIELD(s, f, char *) == NULL;
+  case MEGA_JOBFLAG_LIST: return CFIELD(s, f, mega_strlist)->n == 0;
   }
   return true;
 }
@@ -315,6 +395,32 @@ mega_status mega_jf_set_string(mega_jobspec *s, const flagdef *f, const char *v,
   if (!copy) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory storing %s", f->info.name);
   free(*FIELD(s, f, char *));
   *FIELD(s, f, char *) = copy;
+  return MEGA_OK;
+}
+
+mega_status mega_jf_set_list(mega_jobspec *s, const flagdef *f, const char *const *words, int n,
+                             mega_err *err) {
+  const char *name = f->info.name;
+  if (n < 1) return mega_fail(err, MEGA_ERR_INVALID, "%s needs at least one value", name);
+  for (int k = 0; k < n; k++) {
+    if (!*words[k] && n == 1)
+      return mega_fail(err, MEGA_ERR_INVALID, "%s: the value is empty", name);
+    if (!*words[k]) return mega_fail(err, MEGA_ERR_INVALID, "%s: value %d is empty", name, k + 1);
+    /* argv could not carry it back: it would read as the next flag */
+    if (n > 1 && !strncmp(words[k], "--", 2))
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "%s: value '%s' starts with --; write a path like that as ./%s", name,
+                       words[k], words[k]);
+  }
+  mega_strlist l = {.n = n, .v = calloc((size_t)n, sizeof(char *))};
+  for (int k = 0; l.v && k < n; k++)
+    if (!(l.v[k] = strdup(words[k]))) {
+      mega_jf_list_free(&l);
+      break;
+    }
+  if (!l.v) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory storing %s", name);
+  mega_jf_list_free(FIELD(s, f, mega_strlist));
+  *FIELD(s, f, mega_strlist) = l;
   return MEGA_OK;
 }
 
@@ -392,6 +498,7 @@ static mega_status set_text(mega_jobspec *s, const flagdef *f, const char *v, me
   }
   case MEGA_JOBFLAG_STRING: return mega_jf_set_string(s, f, v, err);
   case MEGA_JOBFLAG_ENUM: return mega_jf_set_enum(s, f, v, err);
+  case MEGA_JOBFLAG_LIST: return mega_jf_set_list(s, f, &v, 1, err);
   case MEGA_JOBFLAG_BOOL: break;
   }
   return mega_fail(err, MEGA_ERR_INTERNAL, "%s takes no value", f->info.name);
@@ -455,6 +562,14 @@ mega_status mega_jobspec_parse_flag(mega_jobspec *s, int argc, char *const *argv
   if (!eq && (!v || strncmp(v, "--", 2) == 0))
     return mega_fail(err, MEGA_ERR_INVALID, "%s needs a value (%s %s)", f->info.name,
                      f->info.name, f->info.metavar);
+  if (f->info.type == MEGA_JOBFLAG_LIST && !eq) {
+    /* every word up to the next flag */
+    int n = 1;
+    while (*i + 1 + n < argc && argv[*i + 1 + n] && strncmp(argv[*i + 1 + n], "--", 2) != 0) n++;
+    mega_status st = mega_jf_set_list(s, f, (const char *const *)&argv[*i + 1], n, err);
+    if (st == MEGA_OK) *i += 1 + n;
+    return st;
+  }
   mega_status st = set_text(s, f, v, err);
   if (st == MEGA_OK) *i += eq ? 1 : 2;
   return st;

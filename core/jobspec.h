@@ -27,7 +27,8 @@
  *
  * "Absent" values: an optional int whose default is derived from other flags
  * holds -1 until given (the accessors below resolve it); an optional enum
- * holds -1; a string holds NULL; --lr holds NAN until given.
+ * holds -1; a string holds NULL; a list holds no words; --lr holds NAN
+ * until given.
  *
  * Ownership: a mega_jobspec owns its strings (malloc'd); release them with
  * mega_jobspec_free. Flag descriptions (mega_jobflag) are static. Arrays and
@@ -42,8 +43,21 @@
 #include "core/layout.h"
 #include "core/status.h"
 
-/* Byte-level vocabulary: every byte value is a token. Not a flag. */
+/* The byte tokenizer's vocabulary (the default): every byte value is a token. */
 #define MEGA_VOCAB_SIZE 256
+
+/* A flag that takes several words: --data-path W1 P1 W2 P2 ... The words
+ * are malloc'd and owned by the spec; n 0 means absent. */
+typedef struct mega_strlist {
+  int n;
+  char **v;
+} mega_strlist;
+
+/* --tokenizer-type (absent: the byte tokenizer). */
+typedef enum mega_tokenizer {
+  MEGA_TOKENIZER_BYTES = -1, /* flag absent */
+  MEGA_TOKENIZER_NULL,       /* Megatron's NullTokenizer: ids given, --vocab-size N */
+} mega_tokenizer;
 
 typedef enum mega_lr_style {
   MEGA_LR_CONSTANT,
@@ -57,10 +71,23 @@ typedef enum mega_recompute {
   MEGA_RECOMPUTE_SELECTIVE,
 } mega_recompute;
 
+typedef enum mega_recompute_method {
+  MEGA_RECOMPUTE_METHOD_NONE = -1, /* flag absent */
+  MEGA_RECOMPUTE_UNIFORM,
+  MEGA_RECOMPUTE_BLOCK,
+} mega_recompute_method;
+
 /* --schedule absent: the schedule is chosen automatically
  * (mega_sched_default_kind). Otherwise the field holds a mega_sched_kind:
  * no-pipelining, gpipe, 1f1b, interleaved or zb-h1. */
 #define MEGA_JOB_SCHEDULE_AUTO (-1)
+
+/* --backend: the worker's math backend. */
+typedef enum mega_job_backend {
+  MEGA_JOB_BACKEND_AUTO = 0, /* cuda where a GPU and the cuda module are, else cpu */
+  MEGA_JOB_BACKEND_CPU,
+  MEGA_JOB_BACKEND_CUDA,
+} mega_job_backend;
 
 typedef struct mega_jobspec {
   /* model */
@@ -76,7 +103,13 @@ typedef struct mega_jobspec {
   int global_batch_size; /* required */
   int train_iters;       /* required */
   /* data */
-  char *data_path; /* required; any file, read as bytes */
+  mega_strlist data_path; /* FILE (bytes), PREFIX (.bin/.idx), or W1 P1 W2 P2 ... */
+  mega_strlist train_data_path; /* instead of --data-path: the training data alone */
+  mega_strlist valid_data_path; /* with --train-data-path: what evaluation reads */
+  char *split;            /* NULL: no split; else "969,30,1" (train, valid, test) */
+  int tokenizer_type;     /* mega_tokenizer */
+  int vocab_size;         /* -1: not given (NullTokenizer needs it) */
+  int make_vocab_size_divisible_by; /* 128 */
   /* optimizer */
   double lr;           /* required (NAN until given) */
   double min_lr;       /* 0 */
@@ -104,6 +137,7 @@ typedef struct mega_jobspec {
   int eval_iters;    /* 10 */
   /* parallelism */
   int tensor_model_parallel_size;            /* 1 */
+  bool sequence_parallel;                    /* split the stream along the sequence over TP */
   int pipeline_model_parallel_size;          /* 1 */
   int virtual_pipeline_model_parallel_size;  /* -1: see mega_jobspec_vp */
   int num_layers_per_virtual_pipeline_stage; /* -1: not given */
@@ -119,6 +153,8 @@ typedef struct mega_jobspec {
   bool variable_seq_lengths;
   bool deallocate_pipeline_outputs;
   int recompute_granularity; /* mega_recompute */
+  int recompute_method;      /* mega_recompute_method; full needs it */
+  int recompute_num_layers;  /* -1: not given; full needs it */
   /* data parallel */
   bool overlap_grad_reduce;
   bool align_grad_reduce;
@@ -128,6 +164,7 @@ typedef struct mega_jobspec {
   bool average_in_collective; /* scale by 1/DP in the reduction, not before it */
   /* worker and measurement */
   int blas_threads;       /* 1 */
+  int backend;            /* mega_job_backend */
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
   char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
   int log_interval;       /* 1 */
@@ -141,6 +178,7 @@ typedef enum mega_jobflag_type {
   MEGA_JOBFLAG_STRING, /* char * field, owned by the spec */
   MEGA_JOBFLAG_BOOL,   /* bool field; the flag takes no value */
   MEGA_JOBFLAG_ENUM,   /* int field: index into choices, -1 when absent */
+  MEGA_JOBFLAG_LIST,   /* mega_strlist field: every word up to the next --flag */
 } mega_jobflag_type;
 
 typedef struct mega_jobflag {
@@ -196,10 +234,15 @@ mega_status mega_jobspec_parse(mega_jobspec *s, int argc, char *const *argv, meg
 /* ---- checking ---- */
 
 /* Checks the whole job. world_size is TP·PP·DP, or 0 when not known yet
- * (then the checks that need DP are skipped). data_bytes is the data file's
- * size, or -1 when unknown. Every message starts "invalid job: ". */
+ * (then the checks that need DP are skipped). data_bytes is the size of
+ * the plain file mega_jobspec_data_single names (read as bytes), or -1 when
+ * unknown or not a plain file. Every message starts "invalid job: ". */
 mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
                                mega_err *err);
+
+/* Tensor-parallel groups stay inside one node (their collectives sit on
+ * the critical path): TP must divide the processes each node runs. */
+mega_status mega_jobspec_check_node(const mega_jobspec *s, int nproc_per_node, mega_err *err);
 
 /* ---- derived values (meaningful once check has passed) ---- */
 
@@ -216,9 +259,36 @@ int mega_jobspec_num_microbatches(const mega_jobspec *s, int world_size);
 long long mega_jobspec_tokens_per_iter(const mega_jobspec *s);
 int mega_jobspec_max_position_embeddings(const mega_jobspec *s);
 int mega_jobspec_lr_decay_iters(const mega_jobspec *s);
-/* Megatron's padded vocabulary: MEGA_VOCAB_SIZE rounded up to a multiple
- * of 128 × TP. */
+/* The tokenizer's vocabulary: 256 for the byte tokenizer; N + 1 for
+ * NullTokenizer with --vocab-size N (ids 0..N, N the end-of-document id,
+ * as Megatron's _NullTokenizer). Token ids in the data must be below it. */
+int mega_jobspec_tokenizer_vocab(const mega_jobspec *s);
+/* Megatron's padded vocabulary, the model's vocab_size (wte's rows): the
+ * tokenizer's vocabulary rounded up to a multiple of
+ * --make-vocab-size-divisible-by × TP. */
 int mega_jobspec_padded_vocab(const mega_jobspec *s);
+/* The datasets a data flag names (meaningful once check has passed): a
+ * lone path is one dataset of weight 1; W1 P1 W2 P2 ... is a blend. 0
+ * datasets for an absent flag. */
+int mega_jobspec_blend_count(const mega_strlist *l);
+const char *mega_jobspec_blend_prefix(const mega_strlist *l, int k);
+double mega_jobspec_blend_weight(const mega_strlist *l, int k); /* as given, unnormalized */
+/* The training data: --train-data-path when given, else --data-path. */
+const mega_strlist *mega_jobspec_train_data(const mega_jobspec *s);
+/* Every dataset path of the job (training, then --valid-data-path's), for
+ * the checks that each can be read: path k, or NULL past the last; *flag
+ * (may be NULL) gets the flag that named it. */
+const char *mega_jobspec_data_file(const mega_jobspec *s, int k, const char **flag);
+/* The training data's datasets, as above. */
+int mega_jobspec_data_count(const mega_jobspec *s);
+const char *mega_jobspec_data_prefix(const mega_jobspec *s, int k);
+double mega_jobspec_data_weight(const mega_jobspec *s, int k);
+/* The one plain path when the training data is a single dataset, else
+ * NULL (callers stat it for mega_jobspec_check's data_bytes). */
+const char *mega_jobspec_data_single(const mega_jobspec *s);
+/* --split as Megatron normalizes it: up to three non-negative numbers
+ * ("969,30,1", "90/5/5"), missing ones 0, divided by their sum. */
+mega_status mega_jobspec_split(const mega_jobspec *s, double out[3], mega_err *err);
 /* The layer layout: the layout string's, else the uniform split with
  * --decoder-first/last-pipeline-num-layers. out is the caller's to
  * mega_layout_free. */
@@ -263,7 +333,8 @@ char **mega_jobspec_to_argv(const mega_jobspec *s, int *argc);
 void mega_jobspec_argv_free(char **argv);
 
 /* Every field, keyed by mega_jobflag.key: ints and floats as numbers, bools
- * as booleans, enums as their names, absent values as null. A new
+ * as booleans, enums as their names, lists as arrays of strings (a plain
+ * string is read as a one-word list), absent values as null. A new
  * reference; NULL when out of memory. */
 json_t *mega_jobspec_to_json(const mega_jobspec *s);
 /* The reverse: each key present in obj overwrites s (which must be

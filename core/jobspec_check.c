@@ -14,6 +14,8 @@
 #include "core/schedule.h"
 #include "core/topology.h"
 
+#define BAD(...) mega_fail(err, MEGA_ERR_INVALID, "invalid job: " __VA_ARGS__)
+
 /* ---- derived values ---- */
 
 int mega_jobspec_dp(const mega_jobspec *s, int world_size) {
@@ -44,12 +46,165 @@ int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
   return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
 }
 
-int mega_jobspec_padded_vocab(const mega_jobspec *s) {
-  int multiple = 128 * (s->tensor_model_parallel_size > 0 ? s->tensor_model_parallel_size : 1);
-  return (MEGA_VOCAB_SIZE + multiple - 1) / multiple * multiple;
+int mega_jobspec_tokenizer_vocab(const mega_jobspec *s) {
+  if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size > 0) return s->vocab_size + 1;
+  return MEGA_VOCAB_SIZE;
 }
 
-#define BAD(...) mega_fail(err, MEGA_ERR_INVALID, "invalid job: " __VA_ARGS__)
+int mega_jobspec_padded_vocab(const mega_jobspec *s) {
+  long long by = s->make_vocab_size_divisible_by > 0 ? s->make_vocab_size_divisible_by : 128;
+  long long multiple = by * (s->tensor_model_parallel_size > 0 ? s->tensor_model_parallel_size : 1);
+  long long v = mega_jobspec_tokenizer_vocab(s);
+  long long padded = (v + multiple - 1) / multiple * multiple;
+  return padded > INT_MAX ? INT_MAX : (int)padded;
+}
+
+/* ---- --data-path and --split ---- */
+
+/* A weight: a finite number; the check says more. */
+static bool weight_text(const char *w, double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(w, &end);
+  if (end == w || *end || errno == ERANGE || !isfinite(x)) return false;
+  if (out) *out = x;
+  return true;
+}
+
+int mega_jobspec_blend_count(const mega_strlist *l) {
+  return l->n == 1 ? 1 : l->n % 2 == 0 ? l->n / 2 : 0;
+}
+
+const char *mega_jobspec_blend_prefix(const mega_strlist *l, int k) {
+  if (k < 0 || k >= mega_jobspec_blend_count(l)) return NULL;
+  return l->n == 1 ? l->v[0] : l->v[2 * k + 1];
+}
+
+double mega_jobspec_blend_weight(const mega_strlist *l, int k) {
+  double w = 1;
+  if (l->n > 1 && k >= 0 && k < mega_jobspec_blend_count(l)) weight_text(l->v[2 * k], &w);
+  return w;
+}
+
+const mega_strlist *mega_jobspec_train_data(const mega_jobspec *s) {
+  return s->train_data_path.n ? &s->train_data_path : &s->data_path;
+}
+
+const char *mega_jobspec_data_file(const mega_jobspec *s, int k, const char **flag) {
+  int n = mega_jobspec_data_count(s);
+  if (flag)
+    *flag = k >= n ? "--valid-data-path" : s->train_data_path.n ? "--train-data-path"
+                                                                 : "--data-path";
+  return k < n ? mega_jobspec_data_prefix(s, k)
+               : mega_jobspec_blend_prefix(&s->valid_data_path, k - n);
+}
+
+int mega_jobspec_data_count(const mega_jobspec *s) {
+  return mega_jobspec_blend_count(mega_jobspec_train_data(s));
+}
+
+const char *mega_jobspec_data_prefix(const mega_jobspec *s, int k) {
+  return mega_jobspec_blend_prefix(mega_jobspec_train_data(s), k);
+}
+
+double mega_jobspec_data_weight(const mega_jobspec *s, int k) {
+  return mega_jobspec_blend_weight(mega_jobspec_train_data(s), k);
+}
+
+const char *mega_jobspec_data_single(const mega_jobspec *s) {
+  return mega_jobspec_data_count(s) == 1 ? mega_jobspec_data_prefix(s, 0) : NULL;
+}
+
+mega_status mega_jobspec_split(const mega_jobspec *s, double out[3], mega_err *err) {
+  out[0] = 1, out[1] = out[2] = 0;
+  if (!s->split) return MEGA_OK;
+  double v[3] = {0};
+  int n = 0;
+  const char *p = s->split;
+  for (;;) {
+    while (isspace((unsigned char)*p)) p++;
+    char *end;
+    errno = 0;
+    double x = strtod(p, &end);
+    if (end == p || n == 3 || errno == ERANGE || !isfinite(x) || x < 0)
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "--split '%s': expected up to three non-negative numbers, the train, "
+                       "valid and test shares, e.g. 969,30,1", s->split);
+    v[n++] = x;
+    p = end;
+    while (isspace((unsigned char)*p)) p++;
+    if (!*p) break;
+    if (*p != ',' && *p != '/')
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "--split '%s': separate the shares with commas, e.g. 969,30,1", s->split);
+    p++;
+  }
+  double sum = v[0] + v[1] + v[2];
+  if (!(sum > 0))
+    return mega_fail(err, MEGA_ERR_INVALID, "--split '%s': the shares add up to 0", s->split);
+  for (int k = 0; k < 3; k++) out[k] = v[k] / sum;
+  return MEGA_OK;
+}
+
+/* A data flag's words: FILE, PREFIX, or weighted pairs. */
+static mega_status check_blend(const char *flag, const mega_strlist *d, mega_err *err) {
+  if (d->n > 1) {
+    if (d->n % 2)
+      return BAD("%s has %d words; a blend is weighted pairs W1 P1 W2 P2 ... (an even count), "
+                 "a single dataset one FILE or PREFIX",
+                 flag, d->n);
+    for (int k = 0; k < d->n; k += 2) {
+      double w;
+      if (!weight_text(d->v[k], &w))
+        return BAD("%s: '%s' is not a weight; a blend is weighted pairs W1 P1 W2 P2 ..., e.g. "
+                   "%s 0.3 web 0.7 books",
+                   flag, d->v[k], flag);
+      if (!(w > 0))
+        return BAD("%s: the weight of %s is %s; weights must be greater than 0", flag,
+                   d->v[k + 1], d->v[k]);
+    }
+  }
+  return MEGA_OK;
+}
+
+/* The data flags: --data-path's three forms or the train and valid paths,
+ * --split, the tokenizer. */
+static mega_status check_data(const mega_jobspec *s, mega_err *err) {
+  mega_status st;
+  if ((st = check_blend("--data-path", &s->data_path, err)) != MEGA_OK ||
+      (st = check_blend("--train-data-path", &s->train_data_path, err)) != MEGA_OK ||
+      (st = check_blend("--valid-data-path", &s->valid_data_path, err)) != MEGA_OK)
+    return st;
+  if (!s->data_path.n && !s->train_data_path.n) return BAD("--data-path is required");
+  if (s->data_path.n && s->train_data_path.n)
+    return BAD("--data-path and --train-data-path exclude each other; give the training data "
+               "once");
+  if (s->valid_data_path.n && !s->train_data_path.n)
+    return BAD("--valid-data-path needs --train-data-path (with --data-path, --split gives "
+               "evaluation a valid split)");
+  if (s->valid_data_path.n && s->eval_interval == 0)
+    return BAD("--valid-data-path is what evaluation reads; give --eval-interval N too");
+  if (s->split && s->train_data_path.n)
+    return BAD("--split divides --data-path; with --train-data-path give evaluation's data as "
+               "--valid-data-path");
+  double split[3];
+  mega_err sub = {0};
+  if (mega_jobspec_split(s, split, &sub) != MEGA_OK) return BAD("%s", sub.msg);
+  if (s->split && split[0] == 0)
+    return BAD("--split '%s' leaves no documents for training", s->split);
+  if (s->split && s->eval_interval > 0 && split[1] == 0)
+    return BAD("--split '%s' has no valid share, which --eval-interval reads; give it one, "
+               "e.g. 969,30,1",
+               s->split);
+  if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size < 0)
+    return BAD("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N)");
+  if (s->tokenizer_type != MEGA_TOKENIZER_NULL && s->vocab_size >= 0)
+    return BAD("--vocab-size needs --tokenizer-type NullTokenizer (the byte tokenizer has "
+               "256 tokens)");
+  if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size >= INT_MAX / 2)
+    return BAD("--vocab-size %d is too large", s->vocab_size);
+  return MEGA_OK;
+}
 
 /* The layout, and with it VP, as Megatron derives them: from the layout
  * string, else from --num-layers-per-virtual-pipeline-stage, else from the
@@ -197,6 +352,9 @@ static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err 
     if (v == f->idef || (v >= 0 && v < mega_jf_nchoices(f))) return MEGA_OK;
     return BAD("%s has no choice number %d; it takes %s", in->name, v, in->metavar);
   }
+  case MEGA_JOBFLAG_LIST:
+    if (in->required && !CFIELD(s, f, mega_strlist)->n) return BAD("%s is required", in->name);
+    return MEGA_OK;
   case MEGA_JOBFLAG_BOOL: return MEGA_OK;
   }
   return MEGA_OK;
@@ -218,13 +376,57 @@ static mega_status check_data_parallel(const mega_jobspec *s, mega_err *err) {
   return MEGA_OK;
 }
 
+/* Megatron's recomputation flags (TransformerConfig's checks): full needs a
+ * method and a layer count of at most a model chunk's layers; selective
+ * takes neither. max_chunk is the most decoder layers one chunk holds. */
+static mega_status check_recompute(const mega_jobspec *s, int max_chunk, mega_err *err) {
+  const char *given = s->recompute_method >= 0      ? "--recompute-method"
+                      : s->recompute_num_layers > 0 ? "--recompute-num-layers"
+                                                    : NULL;
+  if (s->recompute_granularity == MEGA_RECOMPUTE_NONE) {
+    if (given)
+      return BAD("%s needs --recompute-granularity full (without it nothing is recomputed)",
+                 given);
+    return MEGA_OK;
+  }
+  if (s->simulate_compute)
+    return BAD("--recompute-granularity with --simulate-compute recomputes nothing (simulated "
+               "compute keeps no activations); drop one of them");
+  if (s->recompute_granularity == MEGA_RECOMPUTE_SELECTIVE) {
+    if (given)
+      return BAD("%s is for --recompute-granularity full; selective recomputation always "
+                 "recomputes the attention core of every layer, so drop %s",
+                 given, given);
+    return MEGA_OK;
+  }
+  if (s->recompute_method < 0)
+    return BAD("--recompute-granularity full needs --recompute-method uniform|block "
+               "(uniform: groups of N layers; block: the first N layers of each model chunk)");
+  if (s->recompute_num_layers < 1)
+    return BAD("--recompute-granularity full needs --recompute-num-layers N, between 1 and "
+               "the %d decoder layers of the largest model chunk",
+               max_chunk);
+  if (s->recompute_num_layers > max_chunk)
+    return BAD("--recompute-num-layers %d is more than the %d decoder layers of the largest "
+               "model chunk; use 1 to %d",
+               s->recompute_num_layers, max_chunk, max_chunk);
+  return MEGA_OK;
+}
+
 static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   mega_layout l;
   mega_status st = mega_jobspec_layout(s, &l, err);
   if (st != MEGA_OK) return st;
   int decoders = mega_layout_total(&l, MEGA_LAYER_DECODER);
   int mtp = mega_layout_total(&l, MEGA_LAYER_MTP);
+  int max_chunk = 0;
+  for (int p = 0; p < l.pp; p++)
+    for (int v = 0; v < l.vp; v++) {
+      int n = mega_layout_count(&l, p, v, MEGA_LAYER_DECODER);
+      if (n > max_chunk) max_chunk = n;
+    }
   mega_layout_free(&l);
+  if ((st = check_recompute(s, max_chunk, err)) != MEGA_OK) return st;
   if (s->pipeline_model_parallel_layout) {
     if (decoders != s->num_layers)
       return BAD("--pipeline-model-parallel-layout has %d decoder layers ('t') but "
@@ -241,6 +443,15 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
     return BAD("--overlap-p2p-comm-warmup-flush cannot be used with --batch-p2p-comm");
   if (s->overlap_p2p_comm && s->batch_p2p_comm)
     return BAD("--overlap-p2p-comm cannot be used with --batch-p2p-comm; pick one");
+  int tp = s->tensor_model_parallel_size;
+  if (s->sequence_parallel && tp > 1 && s->seq_length % tp)
+    return BAD("--sequence-parallel splits the sequence over the tensor-parallel ranks: "
+               "--seq-length %d is not divisible by --tensor-model-parallel-size %d",
+               s->seq_length, tp);
+  if (s->sequence_parallel && tp > 1 && s->variable_seq_lengths)
+    return BAD("--sequence-parallel needs every sequence length divisible by "
+               "--tensor-model-parallel-size, which --variable-seq-lengths does not keep; "
+               "drop one of them");
   return check_data_parallel(s, err);
 }
 
@@ -271,11 +482,48 @@ static mega_status check_load_flags(const mega_jobspec *s, mega_err *err) {
   return MEGA_OK;
 }
 
+/* Upper bounds on what comes from outside, checked before any arithmetic
+ * (products of these fit in 64 bits): a value past them is a typo or an
+ * attack, never a model this program trains. */
+static mega_status check_bounds(const mega_jobspec *s, mega_err *err) {
+  static const struct {
+    const char *flag;
+    size_t off;
+    int max;
+  } b[] = {
+#define B(f, field, max) {f, offsetof(mega_jobspec, field), max}
+      B("--num-layers", num_layers, 4096),
+      B("--hidden-size", hidden_size, 1 << 17),
+      B("--num-attention-heads", num_attention_heads, 4096),
+      B("--seq-length", seq_length, 1 << 20),
+      B("--max-position-embeddings", max_position_embeddings, 1 << 20),
+      B("--micro-batch-size", micro_batch_size, 1 << 16),
+      B("--global-batch-size", global_batch_size, 1 << 24),
+      B("--train-iters", train_iters, 1 << 30),
+      B("--tensor-model-parallel-size", tensor_model_parallel_size, 4096),
+      B("--pipeline-model-parallel-size", pipeline_model_parallel_size, 4096),
+      B("--virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, 4096),
+      B("--eval-iters", eval_iters, 1 << 20),
+      B("--blas-threads", blas_threads, 1024),
+#undef B
+  };
+  for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+    int v = *(const int *)(const void *)((const char *)s + b[i].off);
+    if (v > b[i].max) return BAD("%s %d is larger than the %d allowed", b[i].flag, v, b[i].max);
+  }
+  const char *layout = s->pipeline_model_parallel_layout;
+  if (layout && strlen(layout) > 4096)
+    return BAD("--pipeline-model-parallel-layout is %zu characters, more than the 4096 allowed",
+               strlen(layout));
+  return MEGA_OK;
+}
+
 mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long data_bytes,
                                mega_err *err) {
   mega_status st;
   for (int i = 0; i < NFLAGS; i++)
     if ((st = check_flag(s, &mega_jf_table[i], err)) != MEGA_OK) return st;
+  if ((st = check_bounds(s, err)) != MEGA_OK) return st;
 
   int tp = s->tensor_model_parallel_size, pp = s->pipeline_model_parallel_size, dp = 0;
   if (world_size < 0) return BAD("world size must be at least 1 (got %d)", world_size);
@@ -297,10 +545,11 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
   if (s->seq_length > max_pos)
     return BAD("--seq-length %d is longer than --max-position-embeddings %d", s->seq_length,
                max_pos);
-  if (data_bytes >= 0 && data_bytes < (long long)s->seq_length + 1)
+  if ((st = check_data(s, err)) != MEGA_OK) return st;
+  if (data_bytes >= 0 && mega_jobspec_data_single(s) && data_bytes < (long long)s->seq_length + 1)
     return BAD("the data file %s has %lld bytes, fewer than one window of --seq-length + 1 = "
                "%lld bytes",
-               s->data_path, data_bytes, (long long)s->seq_length + 1);
+               mega_jobspec_data_single(s), data_bytes, (long long)s->seq_length + 1);
 
   if (dp > 0) {
     long long per = (long long)s->micro_batch_size * dp;
@@ -325,6 +574,9 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
   if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
   if (!s->save && s->async_save) return BAD("--async-save needs --save DIR");
   if ((st = check_load_flags(s, err)) != MEGA_OK) return st;
+  if (s->backend == MEGA_JOB_BACKEND_CUDA && world_size > 1)
+    return BAD("--backend cuda runs one rank until the NCCL communicator is built (world size "
+               "%d here); use --backend cpu or auto for several ranks", world_size);
   if (s->trace_iteration > s->train_iters)
     return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
                s->trace_iteration, s->train_iters);
@@ -340,6 +592,19 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
       return BAD("--simulate-compute trains nothing, so there is nothing to --save; drop one "
                  "of them");
   }
+  return MEGA_OK;
+}
+
+mega_status mega_jobspec_check_node(const mega_jobspec *s, int nproc_per_node, mega_err *err) {
+  int tp = s->tensor_model_parallel_size;
+  if (tp > nproc_per_node)
+    return BAD("--tensor-model-parallel-size %d is larger than the %d process%s a node runs "
+               "(--nproc-per-node, or the node's slots); a TP group stays inside one node",
+               tp, nproc_per_node, nproc_per_node == 1 ? "" : "es");
+  if (nproc_per_node % tp)
+    return BAD("--tensor-model-parallel-size %d does not divide the %d processes a node runs "
+               "(--nproc-per-node, or the node's slots); a TP group stays inside one node",
+               tp, nproc_per_node);
   return MEGA_OK;
 }
 

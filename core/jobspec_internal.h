@@ -29,6 +29,10 @@ void mega_jf_format_double(double v, char *buf, size_t n);
 /* The one place a flag's bounds are enforced; lead starts the message. */
 mega_status mega_jf_check_bounds(const flagdef *f, double v, const char *lead, mega_err *err);
 mega_status mega_jf_set_string(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err);
+/* Replaces the list with copies of words[0..n). */
+mega_status mega_jf_set_list(mega_jobspec *s, const flagdef *f, const char *const *words, int n,
+                             mega_err *err);
+void mega_jf_list_free(mega_strlist *l);
 mega_status mega_jf_set_enum(mega_jobspec *s, const flagdef *f, const char *v, mega_err *err);
 mega_status mega_jf_set_int(mega_jobspec *s, const flagdef *f, int v, mega_err *err);
 mega_status mega_jf_set_float(mega_jobspec *s, const flagdef *f, double v, mega_err *err);

@@ -34,7 +34,11 @@ void mega_jobspec_argv_free(char **argv) {
 }
 
 char **mega_jobspec_to_argv(const mega_jobspec *s, int *argc) {
-  char **out = calloc(2 * NFLAGS + 1, sizeof *out);
+  size_t cap = 2 * (size_t)NFLAGS + 1;
+  for (int i = 0; i < NFLAGS; i++)
+    if (mega_jf_table[i].info.type == MEGA_JOBFLAG_LIST)
+      cap += (size_t)CFIELD(s, &mega_jf_table[i], mega_strlist)->n;
+  char **out = calloc(cap, sizeof *out);
   int n = 0;
   if (!out) goto nomem;
   for (int i = 0; i < NFLAGS; i++) {
@@ -45,8 +49,16 @@ char **mega_jobspec_to_argv(const mega_jobspec *s, int *argc) {
       if (!(out[n++] = strdup(name))) goto nomem;
       continue;
     }
-    if (f->info.type == MEGA_JOBFLAG_STRING) {
-      const char *v = *CFIELD(s, f, char *);
+    const mega_strlist *l = CFIELD(s, f, mega_strlist);
+    if (f->info.type == MEGA_JOBFLAG_LIST && l->n > 1) {
+      /* several words never start with -- (mega_jf_set_list refuses them) */
+      if (!(out[n++] = strdup(name))) goto nomem;
+      for (int k = 0; k < l->n; k++)
+        if (!(out[n++] = strdup(l->v[k]))) goto nomem;
+      continue;
+    }
+    if (f->info.type == MEGA_JOBFLAG_STRING || f->info.type == MEGA_JOBFLAG_LIST) {
+      const char *v = f->info.type == MEGA_JOBFLAG_LIST ? l->v[0] : *CFIELD(s, f, char *);
       /* a value that looks like a flag travels in the --flag=value form */
       if (v[0] == '-') {
         if (asprintf(&out[n], "%s=%s", name, v) < 0) goto nomem;
@@ -74,10 +86,21 @@ static bool is_absent(const mega_jobspec *s, const flagdef *f) {
   case MEGA_JOBFLAG_INT:
   case MEGA_JOBFLAG_ENUM: return f->idef == -1 || f->info.required;
   case MEGA_JOBFLAG_FLOAT: return isnan(f->fdef);
-  case MEGA_JOBFLAG_STRING: return true;
+  case MEGA_JOBFLAG_STRING:
+  case MEGA_JOBFLAG_LIST: return true;
   case MEGA_JOBFLAG_BOOL: return false;
   }
   return false;
+}
+
+static json_t *list_json(const mega_strlist *l) {
+  json_t *a = json_array();
+  for (int k = 0; a && k < l->n; k++)
+    if (json_array_append_new(a, json_string(l->v[k])) != 0) {
+      json_decref(a);
+      return NULL;
+    }
+  return a;
 }
 
 json_t *mega_jobspec_to_json(const mega_jobspec *s) {
@@ -94,6 +117,7 @@ json_t *mega_jobspec_to_json(const mega_jobspec *s) {
       case MEGA_JOBFLAG_FLOAT: v = json_real(*CFIELD(s, f, double)); break;
       case MEGA_JOBFLAG_STRING: v = json_string(*CFIELD(s, f, char *)); break;
       case MEGA_JOBFLAG_BOOL: v = json_boolean(*CFIELD(s, f, bool)); break;
+      case MEGA_JOBFLAG_LIST: v = list_json(CFIELD(s, f, mega_strlist)); break;
       default: {
         char buf[64];
         value_text(s, f, buf, sizeof buf);
@@ -113,6 +137,7 @@ static mega_status from_json_value(mega_jobspec *s, const flagdef *f, json_t *v,
   const char *name = f->info.name;
   if (json_is_null(v)) {
     if (f->info.type == MEGA_JOBFLAG_STRING) free(*FIELD(s, f, char *));
+    if (f->info.type == MEGA_JOBFLAG_LIST) mega_jf_list_free(FIELD(s, f, mega_strlist));
     mega_jf_set_default(s, f);
     return MEGA_OK;
   }
@@ -138,9 +163,27 @@ static mega_status from_json_value(mega_jobspec *s, const flagdef *f, json_t *v,
   case MEGA_JOBFLAG_ENUM:
     if (!json_is_string(v)) break;
     return mega_jf_set_enum(s, f, json_string_value(v), err);
+  case MEGA_JOBFLAG_LIST: {
+    /* a string is a one-word list (what a checkpoint of a single
+     * --data-path saved before lists existed) */
+    if (json_is_string(v)) {
+      const char *w = json_string_value(v);
+      return mega_jf_set_list(s, f, &w, 1, err);
+    }
+    size_t n = json_is_array(v) ? json_array_size(v) : 0;
+    if (!n || n > INT_MAX) break;
+    const char **words = calloc(n, sizeof *words);
+    if (!words) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory reading %s", name);
+    bool ok = true;
+    for (size_t k = 0; k < n && ok; k++) ok = (words[k] = json_string_value(json_array_get(v, k)));
+    mega_status st = ok ? mega_jf_set_list(s, f, words, (int)n, err) : MEGA_ERR_INVALID;
+    free(words);
+    if (ok) return st;
+    break;
+  }
   }
   static const char *const want[] = {"an integer", "a number", "a string", "true or false",
-                                     "a string"};
+                                     "a string", "an array of strings"};
   return mega_fail(err, MEGA_ERR_INVALID, "%s (JSON key \"%s\") must be %s", name, f->info.key,
                    want[f->info.type]);
 }

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,10 +57,20 @@ static int mkdir_p(const char *path) {
   for (char *p = buf + 1; *p; p++) {
     if (*p != '/') continue;
     *p = '\0';
-    if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+    if (mkdir(buf, 0700) && errno != EEXIST) return -1;
     *p = '/';
   }
-  return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+  return mkdir(buf, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st;
+  (void)ftw;
+  return (flag == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+bool megad_rmtree(const char *path) {
+  return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS) == 0 || errno == ENOENT;
 }
 
 char *megad_job_dir(const megad_base *b, const char *job_id) {
@@ -114,6 +125,13 @@ mega_status megad_base_init(megad_base *b, uv_loop_t *loop, const char *node_id,
   if (!b->state_dir && (mkdir_p(state_dir) || !(b->state_dir = realpath(state_dir, NULL))))
     return mega_fail(err, MEGA_ERR_IO, "cannot create the state directory %s: %s", state_dir,
                      strerror(errno));
+  /* the journal and logs say what jobs ran and hold their flags: private */
+  struct stat st;
+  if (stat(b->state_dir, &st) == 0 && (st.st_mode & 077) && st.st_uid == geteuid()) {
+    if (chmod(b->state_dir, st.st_mode & 0700) == 0)
+      megad_log(b, "made the state directory %s private (mode %03o, was %03o)", b->state_dir,
+                (unsigned)(st.st_mode & 0700), (unsigned)(st.st_mode & 0777));
+  }
   mega_status s = lock_state_dir(b, err);
   if (s == MEGA_OK) s = mega_rpc_cq_new(loop, &b->cq, err);
   return s;
@@ -149,7 +167,8 @@ static mega_status channel_for(megad_base *b, const char *address, mega_rpc_chan
     free(c);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   }
-  mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 1000};
+  mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 1000, .auth = b->auth,
+                             .auth_hint = "give every megad the same --token-file"};
   mega_status s = mega_rpc_channel_new(address, &o, &c->ch, err);
   if (s != MEGA_OK) {
     free(c->address);

@@ -45,6 +45,7 @@ typedef struct megad_base {
   bool quiet;      /* only warnings on stderr */
   bool stopping;   /* shutdown has begun */
   int lock_fd;     /* flock on STATE/lock while this megad runs */
+  const mega_rpc_auth *auth; /* what calls to peers carry (token, TLS); NULL: none */
   megad_rpc *rpcs; /* async calls in flight */
   megad_chan *chans;
 } megad_base;
@@ -61,6 +62,9 @@ void megad_base_close_cq(megad_base *b, void (*done)(void *arg), void *arg);
 
 void megad_log(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void megad_warn(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* rm -rf path, without following symlinks; false if something stayed. */
+bool megad_rmtree(const char *path);
 
 /* STATE/jobs/<id> (created), or NULL; the caller frees it. */
 char *megad_job_dir(const megad_base *b, const char *job_id);

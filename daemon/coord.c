@@ -14,41 +14,17 @@
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
 #define SCHEDULE_MS 500
 
-/* ---- checking a job ---- */
-
-static mega_status check_submit(megad_coord *c, const mega_job *j, mega_err *err) {
-  const mega_jobspec *s = &j->spec;
-  uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo;
-  if (j->nnodes_max && j->nnodes_max < lo)
-    return mega_fail(err, MEGA_ERR_INVALID, "--nnodes %u:%u: MAX is below MIN", lo, j->nnodes_max);
-  struct stat st;
-  if (s->data_path && stat(s->data_path, &st) != 0)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "invalid job: --data-path %s: %s on node %s (the coordinator; every node of "
-                     "the job must see it)", s->data_path, strerror(errno), c->b->node_id);
-  if (s->data_path && !S_ISREG(st.st_mode))
-    return mega_fail(err, MEGA_ERR_INVALID, "invalid job: --data-path %s is not a file",
-                     s->data_path);
-  if (s->save && stat(s->save, &st) == 0 && !S_ISDIR(st.st_mode))
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "invalid job: --save %s is a file; give a directory for the checkpoints",
-                     s->save);
-  uint32_t nproc = coord_nproc(c, j);
-  mega_status rc = coord_check_world(s, (int)(lo * nproc), err);
-  for (uint32_t n = hi; rc != MEGA_OK && n > lo; n--)
-    if (coord_check_world(s, (int)(n * nproc), NULL) == MEGA_OK) rc = MEGA_OK;
-  return rc;
-}
-
 mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, mega_job **out,
                                mega_err *err) {
   *out = NULL;
   if (c->b->stopping)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED, "megad on %s is shutting down", c->b->node_id);
   if (!spec) return mega_fail(err, MEGA_ERR_INVALID, "SubmitJob needs a job spec");
+  mega_status rc = coord_check_msg(c, spec, err);
+  if (rc != MEGA_OK) return rc;
   mega_jobspec probe;
   mega_jobspec_defaults(&probe);
-  mega_status rc = mega_jobspec_parse(&probe, (int)spec->n_args, spec->args, err);
+  rc = mega_jobspec_parse(&probe, (int)spec->n_args, spec->args, err);
   mega_jobspec_free(&probe);
   if (rc != MEGA_OK) return rc;
   char id[128];
@@ -59,10 +35,11 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
   j->tp = (uint32_t)j->spec.tensor_model_parallel_size;
   j->pp = (uint32_t)j->spec.pipeline_model_parallel_size;
   j->vp = (uint32_t)mega_jobspec_vp(&j->spec);
-  if ((rc = check_submit(c, j, err)) != MEGA_OK || (rc = megad_jobs_add(c->jobs, j, err)) != MEGA_OK) {
+  if ((rc = coord_admit(c, j, err)) != MEGA_OK || (rc = megad_jobs_add(c->jobs, j, err)) != MEGA_OK) {
     mega_job_free(j);
     return rc;
   }
+  coord_wq_add(c, j);
   uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo,
            nproc = coord_nproc(c, j);
   char nodes[48];
@@ -211,7 +188,10 @@ static bool try_start(megad_coord *c, mega_job *j) {
   mega_err e = {0};
   mega_jobspec as;
   mega_jobspec_defaults(&as);
-  if (mega_recovery_attempt_spec(j, &as, &e) != MEGA_OK) {
+  /* the roots again: a job from the journal was admitted under other ones */
+  if (mega_recovery_attempt_spec(j, &as, &e) != MEGA_OK ||
+      (c->o.roots && megad_roots_check(c->o.roots, &as, &e) != MEGA_OK)) {
+    mega_jobspec_free(&as);
     megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, e.msg);
     return true;
   }
@@ -278,11 +258,13 @@ static bool try_start(megad_coord *c, mega_job *j) {
 }
 
 /* A job waiting for nodes that could not run even on an idle cluster does
- * not hold up the jobs behind it. */
+ * not hold up the jobs behind it; it is not looked at again until the
+ * membership view changes (a node joins, is suspect, alive or lost). */
 static bool blocks_queue(megad_coord *c, mega_job *j) {
   int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
   bool fits = idx && coord_place(c, j, false, true, idx, &n, NULL) == MEGA_OK;
   free(idx);
+  if (!fits) j->wq_epoch = c->members->view_version + 1;
   return fits;
 }
 
@@ -290,15 +272,47 @@ static bool waiting(const mega_job *j) {
   return !j->rt && (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING);
 }
 
+/* FIFO from the queue's head: each waiting job starts if the cluster has
+ * room; the first that must wait holds up the rest. A pass costs the jobs it
+ * starts plus one, not the jobs held (a job that cannot fit even an idle
+ * cluster is skipped until the membership changes). A pass asked for during
+ * one (a launch that fails at once ends its attempt) runs after it. */
 void megad_coord_schedule(megad_coord *c) {
   if (c->b->stopping) return;
-  for (size_t i = 0; i < c->jobs->t.n; i++) {
-    mega_job *j = c->jobs->t.v[i];
-    if (waiting(j) && !try_start(c, j) && blocks_queue(c, j)) return;
+  if (c->scheduling) {
+    c->reschedule = true;
+    return;
   }
+  c->scheduling = true;
+  do {
+    c->reschedule = false;
+    for (mega_job *j = c->wq_head, *next; j && !c->reschedule; j = next) {
+      next = j->wq_next;
+      if (!waiting(j)) {
+        coord_wq_remove(c, j);
+        continue;
+      }
+      if (j->wq_epoch == c->members->view_version + 1) continue; /* too big for this view */
+      if (try_start(c, j)) {
+        coord_wq_remove(c, j);
+        next = c->wq_head; /* the queue may have changed under the start */
+        continue;
+      }
+      if (blocks_queue(c, j)) break;
+    }
+  } while (c->reschedule && !c->b->stopping);
+  c->scheduling = false;
 }
 
-static void on_tick(uv_timer_t *t) { megad_coord_schedule(t->data); }
+#define RETAIN_TICKS (10000 / SCHEDULE_MS)
+
+/* Nodes' heartbeats free slots without an event here: look again, while
+ * anything waits. Every 10 s, retention. */
+static void on_tick(uv_timer_t *t) {
+  megad_coord *c = t->data;
+  if (c->wq_head) megad_coord_schedule(c);
+  if (++c->ticks % RETAIN_TICKS == 0) coord_retain(c, megad_unix_ms());
+}
 
 /* ---- the end of an attempt ---- */
 
@@ -316,6 +330,7 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
   }
   if (r.counted) j->restarts++;
   megad_jobs_save(c->jobs, j, NULL);
+  coord_wq_add(c, j);
   char budget[64] = "";
   if (r.counted)
     snprintf(budget, sizeof budget, " (restart %u of %u)", j->restarts, j->max_restarts);
@@ -352,6 +367,7 @@ void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
   coord_run *run = j->rt;
   if (!run) {
     if (!mega_job_state_final(j->state)) {
+      coord_wq_remove(c, j);
       megad_job_finalize(c->jobs, j, MEGA_JOB_CANCELLED, why);
       megad_coord_schedule(c);
     }
@@ -388,6 +404,7 @@ mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err) {
   j->error = NULL;
   j->ended_ms = 0;
   megad_jobs_save(c->jobs, j, NULL);
+  coord_wq_add(c, j);
   if (j->ckpt_iteration && j->spec.save)
     megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
                     "resumed by a user from the checkpoint of iteration %llu",
@@ -490,6 +507,7 @@ mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
 void megad_coord_start(megad_coord *c) {
   for (size_t i = 0; i < c->jobs->t.n; i++) {
     mega_job *j = c->jobs->t.v[i];
+    if (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING) coord_wq_add(c, j);
     if (j->state != MEGA_JOB_RUNNING) continue;
     mega_err e = {0};
     if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) continue;
@@ -503,7 +521,9 @@ void megad_coord_start(megad_coord *c) {
     megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
                     "megad on %s restarted while attempt %u ran; resuming from %s", c->b->node_id,
                     j->attempt, from);
+    coord_wq_add(c, j);
   }
+  coord_retain(c, megad_unix_ms());
   uv_timer_start(&c->tick, on_tick, 0, SCHEDULE_MS);
 }
 

@@ -35,6 +35,7 @@
 #include "daemon/launch.h"
 #include "daemon/members.h"
 #include "daemon/recovery.h"
+#include "daemon/roots.h"
 
 /* A cancel waiting for its job's end (megad_coord_cancel's done). */
 typedef struct megad_cancel_wait {
@@ -47,6 +48,11 @@ typedef struct megad_coord_opts {
   unsigned rendezvous_timeout_ms; /* how long a rank waits for the others at rendezvous */
   unsigned heartbeat_ms;          /* members' interval: how soon a quiet node is suspect */
   unsigned heartbeat_timeout_ms;  /* members' timeout: when a quiet node is lost */
+  const megad_roots *roots;       /* the paths jobs may name */
+  unsigned max_pending;           /* waiting jobs this node may hold (0: no limit) */
+  unsigned retain_jobs;           /* ended jobs kept (0: every one) */
+  unsigned retain_ms;             /* ended jobs older than this are forgotten (0: never) */
+  double node_memory_bytes;       /* what a node holds, for the fit check; 0: this node's RAM */
 } megad_coord_opts;
 
 typedef struct megad_coord {
@@ -69,6 +75,14 @@ typedef struct megad_coord {
    * the run is below the coordinator that made it). */
   void (*attempt_over)(struct megad_coord *c, mega_job *j, mega_end_kind kind,
                        const char *cause, const megad_cancel_wait *cancels, size_t ncancels);
+  /* The jobs waiting to start, oldest first (coord_queue.c), so scheduling
+   * looks at the head of the queue, not at every job ever submitted; and
+   * the attempts running, for the slots they take. */
+  mega_job *wq_head, *wq_tail;
+  size_t nwaiting;
+  bool scheduling, reschedule; /* a pass is running; another was asked for meanwhile */
+  struct coord_run *runs;
+  unsigned ticks; /* retention runs every RETAIN_TICKS ticks */
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,

@@ -5,6 +5,8 @@
  *   coord_run.c    one running attempt: worker reports, checkpoints,
  *                  failures and their cause, aborts; its end goes up
  *                  through megad_coord.attempt_over
+ *   coord_admit.c  what a job must be to be accepted at submit
+ *   coord_queue.c  the queue of waiting jobs
  *   coord_place.c  where a job can run now
  *
  * Private to the coordinator.
@@ -33,6 +35,7 @@ typedef struct save_wait {
 } save_wait;
 
 typedef struct coord_run {
+  struct coord_run *prev, *next; /* megad_coord.runs */
   megad_coord *c;
   mega_job *job;
   uint32_t world;
@@ -55,6 +58,26 @@ typedef struct coord_run {
   megad_cancel_wait *cancels;
   size_t ncancels;
 } coord_run;
+
+/* coord_admit.c: what a job must be to be accepted (bounds first, then the
+ * paths under the roots, placeability and the queue's room) */
+#define MEGAD_JOB_NAME_MAX 128
+#define MEGAD_JOB_ARGS_MAX 512  /* flag words */
+#define MEGAD_JOB_ARG_MAX 4096  /* bytes in one word (a path) */
+#define MEGAD_NODES_MAX 1024
+#define MEGAD_NPROC_MAX 4096
+#define MEGAD_WORLD_MAX 65536
+#define MEGAD_RESTARTS_MAX 10000
+mega_status coord_check_msg(const megad_coord *c, const Mega__V1__JobSpec *spec, mega_err *err);
+mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err);
+
+/* coord_queue.c: the queue of waiting jobs. add puts j in submission order
+ * (a restarting job goes before the younger ones); remove takes it out. */
+void coord_wq_add(megad_coord *c, mega_job *j);
+void coord_wq_remove(megad_coord *c, mega_job *j);
+/* Retention: forgets the oldest ended jobs past o.retain_jobs and those
+ * ended more than o.retain_ms ago. O(jobs); the tick runs it every 10 s. */
+void coord_retain(megad_coord *c, int64_t now_ms);
 
 /* coord_place.c: where a job can run now */
 uint32_t coord_nproc(megad_coord *c, const mega_job *j); /* ranks per node */

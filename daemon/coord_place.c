@@ -17,9 +17,8 @@ uint32_t coord_nproc(megad_coord *c, const mega_job *j) {
  * this node sees it. */
 mega_status coord_check_world(const mega_jobspec *s, int world, mega_err *err) {
   struct stat st;
-  long long bytes = s->data_path && stat(s->data_path, &st) == 0 && S_ISREG(st.st_mode)
-                        ? (long long)st.st_size
-                        : -1;
+  const char *one = mega_jobspec_data_single(s);
+  long long bytes = one && stat(one, &st) == 0 && S_ISREG(st.st_mode) ? (long long)st.st_size : -1;
   return mega_jobspec_check_all(s, world, bytes, err);
 }
 
@@ -28,9 +27,8 @@ mega_status coord_check_world(const mega_jobspec *s, int world, mega_err *err) {
  * the first ranks; every node checks again before its ranks start). */
 uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id) {
   uint32_t n = 0;
-  for (size_t i = 0; i < c->jobs->t.n; i++) {
-    const mega_job *j = c->jobs->t.v[i];
-    if (!j->rt) continue;
+  for (const coord_run *run = c->runs; run; run = run->next) {
+    const mega_job *j = run->job;
     for (size_t k = 0; k < j->nplaced; k++)
       if (!strcmp(j->placement[k].node_id, node_id)) n += j->placement[k].nranks;
   }

@@ -59,6 +59,9 @@ coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration) {
   uv_timer_init(c->b->loop, &run->stop_timer);
   run->cause_timer.data = run->stop_timer.data = run;
   j->rt = run;
+  run->next = c->runs;
+  if (c->runs) c->runs->prev = run;
+  c->runs = run;
   return run;
 }
 
@@ -157,6 +160,9 @@ static void finish(coord_run *run) {
   snprintf(prefix, sizeof prefix, "%s/", run->kv_prefix);
   mega_kv_delete_prefix(c->kvs->kv, prefix);
   j->rt = NULL;
+  if (run->prev) run->prev->next = run->next;
+  else c->runs = run->next;
+  if (run->next) run->next->prev = run->prev;
   coord_released(c, j);
   /* the coordinator decides what follows, answers the cancels, schedules */
   c->attempt_over(c, j, kind, run->cause, run->cancels, run->ncancels);

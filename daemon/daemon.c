@@ -12,6 +12,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "daemon/util.h"
+#include "worker/backend/cuda_module.h"
 
 /* ---- wiring: what one layer tells the layers above ---- */
 
@@ -98,20 +99,106 @@ static mega_status make_address(megad *d, mega_err *err) {
   return MEGA_OK;
 }
 
+/* ---- security ---- */
+
+/* A refused call (no or a wrong token), logged with its peer; a flood of
+ * them yields one line a second with a count. */
+static void on_refused(void *arg, const char *peer, const char *method, const char *why) {
+  megad *d = arg;
+  d->refused++;
+  uint64_t now = uv_now(d->base.loop);
+  if (d->refused_logged_ms && now - d->refused_logged_ms < 1000) return;
+  if (d->refused == 1)
+    megad_warn(&d->base, "refused a call to %s from %s: %s", method, peer, why);
+  else
+    megad_warn(&d->base, "refused %llu calls without the cluster token; the last, to %s from %s: %s",
+               (unsigned long long)d->refused, method, peer, why);
+  d->refused = 0;
+  d->refused_logged_ms = now;
+}
+
+/* The token and TLS files, and the rule that only a local listener may run
+ * without a token. */
+static mega_status load_security(megad *d, const megad_opts *o, mega_err *err) {
+  bool local = mega_rpc_addr_is_local(o->listen);
+  if (!local && !o->token_file)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--listen %s reaches beyond this machine: give --token-file FILE (the "
+                     "cluster token, mode 600) or listen on 127.0.0.1 or a unix: socket",
+                     o->listen);
+  if (!o->tls_cert != !o->tls_key)
+    return mega_fail(err, MEGA_ERR_INVALID, "--tls-cert and --tls-key go together");
+  if (o->tls_cert && !o->tls_ca)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--tls-cert needs --tls-ca too: megad calls its peers over TLS and checks "
+                     "their certificates against it");
+  if (o->tls_client_auth && !o->tls_cert)
+    return mega_fail(err, MEGA_ERR_INVALID, "--tls-client-auth needs --tls-cert, --tls-key and "
+                     "--tls-ca");
+  mega_status s = MEGA_OK;
+  if (o->token_file) s = mega_rpc_read_token("--token-file", o->token_file, true, &d->token, err);
+  if (s == MEGA_OK && o->tls_cert)
+    s = mega_rpc_read_pem("--tls-cert", o->tls_cert, false, &d->tls_cert, err);
+  if (s == MEGA_OK && o->tls_key)
+    s = mega_rpc_read_pem("--tls-key", o->tls_key, true, &d->tls_key, err);
+  if (s == MEGA_OK && o->tls_ca) s = mega_rpc_read_pem("--tls-ca", o->tls_ca, false, &d->tls_ca, err);
+  if (s == MEGA_OK)
+    s = megad_roots_init(&d->roots, o->data_roots, o->n_data_roots, o->save_roots,
+                         o->n_save_roots, local, err);
+  d->auth = (mega_rpc_auth){.token = d->token, .tls_ca = d->tls_ca, .tls_cert = d->tls_cert,
+                            .tls_key = d->tls_key, .tls_client_auth = o->tls_client_auth};
+  return s;
+}
+
+static void free_security(megad *d) {
+  if (d->token) memset(d->token, 0, strlen(d->token));
+  if (d->tls_key) memset(d->tls_key, 0, strlen(d->tls_key));
+  free(d->token);
+  free(d->tls_cert);
+  free(d->tls_key);
+  free(d->tls_ca);
+  d->token = d->tls_cert = d->tls_key = d->tls_ca = NULL;
+  megad_roots_free(&d->roots);
+}
+
 static void on_watchdog(uv_timer_t *t) {
   (void)t;
   sd_notify(0, "WATCHDOG=1");
 }
 
+/* The GPUs the cuda module sees (none without the module or a driver):
+ * one slot each, when --slots is not given. */
+static int discover_gpus(char *name, size_t cap) {
+  const mega_cuda_module *m;
+  mega_err err = {0};
+  name[0] = '\0';
+  if (mega_cuda_module_load(&m, &err) != MEGA_OK) return 0;
+  int n = m->device_count(&err);
+  mega_cuda_device dev;
+  if (n > 0 && m->device_info(0, &dev, &err) == MEGA_OK)
+    snprintf(name, cap, "%d x %s (%.0f GiB)", n, dev.name, (double)dev.memory_bytes / (1u << 30));
+  return n > 0 ? n : 0;
+}
+
 mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err *err) {
   memset(d, 0, sizeof *d);
   d->o = *o;
+  char gpu_name[160];
+  int gpus = discover_gpus(gpu_name, sizeof gpu_name);
+  if (!d->o.slots) d->o.slots = gpus;
+  o = &d->o;
   if (!d->o.heartbeat_interval_ms) d->o.heartbeat_interval_ms = 250;
   if (!d->o.heartbeat_timeout_ms) d->o.heartbeat_timeout_ms = 1500;
   if (!d->o.rendezvous_timeout_ms) d->o.rendezvous_timeout_ms = 60000;
+  if (!o->slots)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--slots: this node has no GPU the cuda module can use; give the number of "
+                     "CPU worker slots (1..4096)");
   if (o->slots < 1 || o->slots > 4096)
     return mega_fail(err, MEGA_ERR_INVALID, "--slots %d: give the number of worker slots (1..4096)",
                      o->slots);
+  /* a GPU per slot, when there are as many GPUs as slots or more */
+  bool per_gpu = gpus > 0 && o->slots <= gpus;
   if (d->o.heartbeat_timeout_ms < 2 * d->o.heartbeat_interval_ms)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--heartbeat-timeout %u ms must be at least twice --heartbeat-interval %u ms",
@@ -127,20 +214,31 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                      o->worker_path ? "--worker %s: not an executable file"
                                     : "cannot find megaw next to megad%s; give --worker PATH",
                      o->worker_path ? o->worker_path : "");
-  mega_status s = megad_base_init(&d->base, loop, host, o->state_dir, o->quiet, err);
+  mega_status s = load_security(d, o, err);
+  if (s != MEGA_OK) {
+    free_security(d);
+    return s;
+  }
+  s = megad_base_init(&d->base, loop, host, o->state_dir, o->quiet, err);
+  d->base.auth = &d->auth;
   if (s == MEGA_OK) d->started = true;
   if (s == MEGA_OK) s = megad_jobs_open(&d->jobs, &d->base, err);
   if (s == MEGA_OK) s = megad_kvserve_init(&d->kvs, &d->base, err);
-  if (s == MEGA_OK) s = mega_rpc_server_new(d->base.cq, NULL, &d->srv, err);
+  mega_rpc_server_opts so = {.max_request_bytes = MEGAD_MAX_REQUEST_BYTES, .auth = &d->auth,
+                             .on_refused = on_refused, .refused_arg = d};
+  if (s == MEGA_OK) s = mega_rpc_server_new(d->base.cq, &so, &d->srv, err);
   if (s == MEGA_OK) s = mega_rpc_server_listen(d->srv, o->listen, &d->port, err);
   if (s == MEGA_OK) s = make_address(d, err);
   if (s != MEGA_OK) return s;
 
   megad_launcher_opts lo = {.worker_path = d->worker_path, .worker_host = d->worker_host,
                             .slots = (uint32_t)o->slots,
-                            .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms};
+                            .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms,
+                            .gpus = per_gpu};
   megad_launcher_cbs lc = {.step = on_worker_step, .event = on_worker_event, .arg = d};
-  megad_members_opts mo = {.address = d->address, .slots = (uint32_t)o->slots, .backend = "cpu",
+  megad_members_opts mo = {.address = d->address, .slots = (uint32_t)o->slots,
+                           .backend = per_gpu ? "cuda" : "cpu",
+                           .device_name = per_gpu ? gpu_name : NULL,
                            .peers = o->peers,
                            .heartbeat_interval_ms = d->o.heartbeat_interval_ms,
                            .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms};
@@ -149,7 +247,11 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   megad_coord_opts co = {.address = d->address,
                          .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms,
                          .heartbeat_ms = d->o.heartbeat_interval_ms,
-                         .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms};
+                         .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms,
+                         .roots = &d->roots,
+                         .max_pending = d->o.max_pending ? d->o.max_pending : 1000,
+                         .retain_jobs = d->o.retain_jobs ? d->o.retain_jobs : 1000,
+                         .retain_ms = d->o.retain_ms ? d->o.retain_ms : 7 * 86400000u};
   s = megad_launcher_init(&d->launcher, &d->base, &d->kvs, &lo, &lc, err);
   if (s == MEGA_OK) s = megad_members_init(&d->members, &d->base, &mo, d->incarnation, &mc, err);
   if (s == MEGA_OK)
@@ -157,14 +259,15 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                          err);
   if (s != MEGA_OK) return s;
   d->svc = (megad_services){.b = &d->base, .jobs = &d->jobs, .members = &d->members,
-                            .L = &d->launcher, .coord = &d->coord, .srv = d->srv};
+                            .L = &d->launcher, .coord = &d->coord, .srv = d->srv,
+                            .token = d->token};
   megad_control_register(&d->svc, d->srv);
   megad_peer_register(&d->svc, d->srv);
   megad_kvserve_register(&d->kvs, d->srv);
   megad_members_register(&d->members, d->srv);
   if ((s = mega_rpc_server_start(d->srv, err)) != MEGA_OK) return s;
   if (o->metrics_listen &&
-      (s = megad_metrics_start(&d->svc, o->metrics_listen, o->metrics_token, err)) != MEGA_OK)
+      (s = megad_metrics_start(&d->svc, o->metrics_listen, d->token, err)) != MEGA_OK)
     return s;
 
   megad_members_start(&d->members);
@@ -211,6 +314,7 @@ static void final_close(void *arg) {
   megad_kvserve_free(&d->kvs);
   megad_jobs_close(&d->jobs);
   megad_base_free(&d->base);
+  free_security(d);
   free(d->address);
   free(d->worker_host);
   free(d->worker_path);

@@ -22,11 +22,22 @@ typedef struct megad_opts {
   const char *advertise;      /* host peers and workers use; NULL: the listen host */
   const char *worker_path;    /* NULL: megaw next to megad */
   const char *metrics_listen; /* "127.0.0.1:9100"; NULL: no /metrics */
-  const char *metrics_token;  /* wanted as a bearer token on /metrics; NULL: open */
   bool quiet;                 /* megad run: no log lines on stderr but warnings */
   unsigned heartbeat_interval_ms; /* 0: 250 */
   unsigned heartbeat_timeout_ms;  /* 0: 1500 */
   unsigned rendezvous_timeout_ms; /* 0: 60000 */
+  /* security (README "Security"): a listener other than loopback or a unix
+   * socket needs token_file */
+  const char *token_file;     /* the cluster token (mode 0600 or stricter); NULL: none */
+  const char *tls_cert, *tls_key; /* serve TLS; NULL: plaintext */
+  const char *tls_ca;         /* the CA of peers' certificates (and of clients' with
+                                 tls_client_auth); peers are called over TLS with it */
+  bool tls_client_auth;       /* require client certificates signed by tls_ca */
+  const char *const *data_roots, *const *save_roots; /* what jobs may read and write */
+  size_t n_data_roots, n_save_roots;
+  unsigned max_pending;       /* jobs this node coordinates that may wait; 0: 1000 */
+  unsigned retain_jobs;       /* ended jobs kept; 0: 1000 */
+  unsigned retain_ms;         /* ended jobs older than this are forgotten; 0: 7 days */
 } megad_opts;
 
 typedef struct megad {
@@ -39,6 +50,12 @@ typedef struct megad {
   megad_coord coord;
   megad_services svc;
   mega_rpc_server *srv;
+  /* the token and TLS files' contents; auth points into them */
+  char *token, *tls_cert, *tls_key, *tls_ca;
+  mega_rpc_auth auth;
+  megad_roots roots;
+  /* refused calls, logged at most once a second */
+  uint64_t refused, refused_logged_ms;
   char *address, *worker_host, *worker_path;
   int port;
   uint64_t incarnation;

@@ -72,6 +72,44 @@ static enum MHD_Result answer_text(megad_http *h, struct MHD_Connection *c, unsi
   return answer(h, c, code, "text/plain; charset=utf-8", body, strlen(body));
 }
 
+/* The query as sent (MHD keeps it raw: see raw_unescape), re-joined. */
+typedef struct query {
+  char buf[2048];
+  size_t len;
+} query;
+
+static enum MHD_Result add_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                               const char *value) {
+  (void)kind;
+  query *q = cls;
+  int n = snprintf(q->buf + q->len, sizeof q->buf - q->len, "%s%s%s%s", q->len ? "&" : "?", key,
+                   value ? "=" : "", value ? value : "");
+  if (n > 0 && q->len + (size_t)n < sizeof q->buf) q->len += (size_t)n;
+  return MHD_YES;
+}
+
+static enum MHD_Result routed(megad_http *h, struct MHD_Connection *c, const char *url,
+                              const char *method) {
+  query q = {.len = 0};
+  q.buf[0] = '\0';
+  MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, add_arg, &q);
+  size_t ul = strlen(url);
+  char *target = malloc(ul + q.len + 1);
+  if (!target) return MHD_NO;
+  memcpy(target, url, ul);
+  memcpy(target + ul, q.buf, q.len + 1);
+  megad_http_resp r = {0};
+  bool mine = h->o.route && h->o.route(h->o.arg, method, target, &r);
+  free(target);
+  if (!mine) {
+    char msg[320];
+    snprintf(msg, sizeof msg, "megad serves %s and the web view at /\n", h->path);
+    return answer_text(h, c, MHD_HTTP_NOT_FOUND, msg);
+  }
+  if (!r.body) return answer_text(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+  return answer(h, c, r.status, r.type, r.body, r.len);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -85,21 +123,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   if (*con_cls) return MHD_YES; /* answered already; the body's end */
   *con_cls = h;
+  if (strcmp(url, h->path)) return routed(h, c, url, method);
   if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
     return answer_text(h, c, MHD_HTTP_METHOD_NOT_ALLOWED, "megad serves only GET\n");
   if (!authorized(h, c))
     return answer_text(h, c, MHD_HTTP_UNAUTHORIZED,
                        "megad wants a token here: send the header "
                        "'Authorization: Bearer TOKEN' with megad's cluster token\n");
-  if (strcmp(url, h->path)) {
-    char msg[320];
-    snprintf(msg, sizeof msg, "megad serves only %s\n", h->path);
-    return answer_text(h, c, MHD_HTTP_NOT_FOUND, msg);
-  }
   size_t len = 0;
   char *body = h->o.body(h->o.arg, &len);
   if (!body) return answer_text(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
   return answer(h, c, MHD_HTTP_OK, h->content_type, body, len);
+}
+
+/* Leaves the path and query as sent: the route hook decodes what it owns. */
+static size_t raw_unescape(void *cls, struct MHD_Connection *c, char *s) {
+  (void)cls;
+  (void)c;
+  return strlen(s);
 }
 
 /* ---- the loop ---- */
@@ -214,7 +255,8 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->per_ip_limit ? o->per_ip_limit : 16),
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s ? o->timeout_s : 10),
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)32768,
-      MHD_OPTION_LISTEN_BACKLOG_SIZE, 64u, MHD_OPTION_END);
+      MHD_OPTION_LISTEN_BACKLOG_SIZE, 64u, MHD_OPTION_UNESCAPE_CALLBACK, raw_unescape, NULL,
+      MHD_OPTION_END);
   const union MHD_DaemonInfo *ep = h->d ? MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
   if (!ep) {
     mega_status s = mega_fail(err, MEGA_ERR_IO, "cannot serve HTTP on %s: %s", o->listen,

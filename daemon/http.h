@@ -16,6 +16,7 @@
 #ifndef MEGA_DAEMON_HTTP_H
 #define MEGA_DAEMON_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <uv.h>
@@ -25,6 +26,18 @@
 /* The body for one GET of the path (malloc'd; the server frees it), or NULL
  * for a 500. */
 typedef char *(*megad_http_body_fn)(void *arg, size_t *len);
+/* A response from the route hook. */
+typedef struct megad_http_resp {
+  unsigned status;
+  const char *type; /* static */
+  char *body;       /* malloc'd; the server frees it */
+  size_t len;
+} megad_http_resp;
+/* Another path's owner: answers method for target (the path, then '?' and
+ * the query when there is one) into *out and returns true, or returns false
+ * for a 404. Not behind the token (the web view is opened by a browser). */
+typedef bool (*megad_http_route_fn)(void *arg, const char *method, const char *target,
+                                    megad_http_resp *out);
 /* Told of every answered request's status (may be NULL). */
 typedef void (*megad_http_count_fn)(void *arg, unsigned status);
 
@@ -38,6 +51,7 @@ typedef struct megad_http_opts {
   unsigned timeout_s;       /* an idle or half-sent connection closes; 0: 10 */
   megad_http_body_fn body;
   megad_http_count_fn count;
+  megad_http_route_fn route; /* may be NULL */
   void *arg;
   /* log lines from the server (may be NULL) */
   void (*log)(void *arg, const char *msg);

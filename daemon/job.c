@@ -30,9 +30,10 @@ void mega_job_free(mega_job *j) {
   for (size_t i = 0; i < j->nevents; i++) protobuf_c_message_free_unpacked(&j->events[i]->base, NULL);
   free(j->events);
   for (size_t i = 0; i < j->hist_len; i++)
-    protobuf_c_message_free_unpacked(&j->hist[(j->hist_head + i) % MEGA_JOB_HISTORY]->base, NULL);
+    protobuf_c_message_free_unpacked(&j->hist[(j->hist_head + i) % j->hist_cap]->base, NULL);
   free(j->hist);
   if (j->last_step) protobuf_c_message_free_unpacked(&j->last_step->base, NULL);
+  mega_stepring_free(&j->curve);
   free(j);
 }
 
@@ -267,12 +268,23 @@ nomem:
 /* ---- history ---- */
 
 mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err) {
-  if (!j->hist && !(j->hist = calloc(MEGA_JOB_HISTORY, sizeof *j->hist))) return oom(err);
+  if (j->hist_len == j->hist_cap && j->hist_cap < MEGA_JOB_HISTORY) {
+    size_t cap = j->hist_cap ? 2 * j->hist_cap : 16;
+    if (cap > MEGA_JOB_HISTORY) cap = MEGA_JOB_HISTORY;
+    Mega__V1__WatchJobResponse **v = malloc(cap * sizeof *v);
+    if (!v) return oom(err);
+    for (size_t i = 0; i < j->hist_len; i++) v[i] = j->hist[(j->hist_head + i) % j->hist_cap];
+    free(j->hist);
+    j->hist = v;
+    j->hist_head = 0;
+    j->hist_cap = cap;
+  }
   Mega__V1__WatchJobResponse *c = (void *)megad_pb_copy(&item->base);
   if (!c) return oom(err);
   if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && item->step) {
     Mega__V1__StepMetrics *s = (void *)megad_pb_copy(&item->step->base);
-    if (!s) {
+    if (!s || mega_stepring_push(&j->curve, item->step, NULL) != MEGA_OK) {
+      if (s) protobuf_c_message_free_unpacked(&s->base, NULL);
       protobuf_c_message_free_unpacked(&c->base, NULL);
       return oom(err);
     }
@@ -297,18 +309,23 @@ mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *it
     }
     j->events[j->nevents++] = e;
   }
-  if (j->hist_len == MEGA_JOB_HISTORY) {
+  if (j->hist_len == j->hist_cap) { /* full at MEGA_JOB_HISTORY: the oldest goes */
+    const Mega__V1__WatchJobResponse *old = j->hist[j->hist_head];
+    if (old->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && old->step) {
+      if (!j->hist_lost_steps++) j->hist_lost_first = old->step->iteration;
+      j->hist_lost_last = old->step->iteration;
+    }
     protobuf_c_message_free_unpacked(&j->hist[j->hist_head]->base, NULL);
     j->hist[j->hist_head] = c;
-    j->hist_head = (j->hist_head + 1) % MEGA_JOB_HISTORY;
+    j->hist_head = (j->hist_head + 1) % j->hist_cap;
   } else {
-    j->hist[(j->hist_head + j->hist_len++) % MEGA_JOB_HISTORY] = c;
+    j->hist[(j->hist_head + j->hist_len++) % j->hist_cap] = c;
   }
   return MEGA_OK;
 }
 
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i) {
-  return i < j->hist_len ? j->hist[(j->hist_head + i) % MEGA_JOB_HISTORY] : NULL;
+  return i < j->hist_len ? j->hist[(j->hist_head + i) % j->hist_cap] : NULL;
 }
 
 /* ---- the table ---- */
@@ -334,6 +351,22 @@ mega_job *mega_jobs_find(const mega_jobs *t, const char *id) {
 static void note_id(mega_jobs *t, const char *id) {
   unsigned long long n;
   if (sscanf(id, "j-%llu", &n) == 1 && n >= t->next_id) t->next_id = n + 1;
+}
+
+void mega_jobs_filter(mega_jobs *t, bool (*keep)(const mega_job *j, void *arg), void *arg) {
+  size_t k = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    if (keep(t->v[i], arg)) t->v[k++] = t->v[i];
+    else mega_job_free(t->v[i]);
+  }
+  t->n = k;
+}
+
+static bool not_id(const mega_job *j, void *id) { return strcmp(j->id, id) != 0; }
+
+void mega_jobs_forget(mega_jobs *t, const char *id) {
+  note_id(t, id);
+  mega_jobs_filter(t, not_id, (void *)id);
 }
 
 mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err) {

@@ -17,6 +17,7 @@
 
 #include "core/jobspec.h"
 #include "core/status.h"
+#include "daemon/stepring.h"
 #include "proto/mega.pb-c.h"
 
 /* Items kept for WatchJob's replay, per job (the oldest go first). */
@@ -63,13 +64,22 @@ typedef struct mega_job {
 
   /* History for WatchJob replay: a ring of owned items, oldest at hist_head. */
   Mega__V1__WatchJobResponse **hist;
-  size_t hist_head, hist_len;
+  size_t hist_head, hist_len, hist_cap; /* the ring grows to MEGA_JOB_HISTORY as it
+                                           fills: a job that never ran costs little */
+  /* steps the ring let go (a replay says so with a gap marker) */
+  uint64_t hist_lost_steps, hist_lost_first, hist_lost_last;
   Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
+  mega_stepring curve; /* every step, thinned when old (the web view's curves) */
   /* Every event of the job, oldest first (owned; GetJob's history). */
   Mega__V1__JobEvent **events;
   size_t nevents, events_cap;
 
   void *rt;   /* the coordinator's runtime state while the job runs */
+  /* The coordinator's queue of waiting jobs (coord_queue.c), in submission
+   * order; wq_epoch: 1 + the membership view it could not fit even empty. */
+  struct mega_job *wq_prev, *wq_next;
+  bool wq_in;
+  uint64_t wq_epoch;
   char *wait; /* why a pending job waits (said once per change); not journaled */
   uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
   int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
@@ -127,8 +137,8 @@ mega_status mega_job_from_msg(const Mega__V1__Job *msg, mega_job **out, mega_err
 /* ---- history ---- */
 
 /* Appends a copy of item (a step, an event or the final state); the oldest
- * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step,
- * an event also joins events (which keeps them all). */
+ * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step
+ * and joins curve, an event also joins events (which keeps them all). */
 mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err);
 /* Item i (0: oldest) of the history. */
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i);
@@ -150,6 +160,12 @@ mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err);
  * coordinator's node name keeps ids unique across the cluster, so a node
  * running ranks of several coordinators' jobs never confuses two. */
 void mega_jobs_next_id(mega_jobs *t, const char *node, char *buf, size_t len);
+/* Frees and removes every job keep(j, arg) says no to, in one pass; the
+ * order of the rest stays. */
+void mega_jobs_filter(mega_jobs *t, bool (*keep)(const mega_job *j, void *arg), void *arg);
+/* A forgotten job (a replayed ForgetRecord): gone from the table, its id
+ * still used. */
+void mega_jobs_forget(mega_jobs *t, const char *id);
 
 /* ---- journal records (daemon/megad.proto) ---- */
 
@@ -157,6 +173,7 @@ void mega_jobs_next_id(mega_jobs *t, const char *node, char *buf, size_t len);
 mega_status mega_jrec_job(const mega_job *j, uint8_t **buf, size_t *len, mega_err *err);
 mega_status mega_jrec_event(const char *job_id, const Mega__V1__JobEvent *ev, uint8_t **buf,
                             size_t *len, mega_err *err);
+mega_status mega_jrec_forget(const char *job_id, uint8_t **buf, size_t *len, mega_err *err);
 mega_status mega_jrec_step(const char *job_id, const Mega__V1__StepMetrics *step, uint8_t **buf,
                            size_t *len, mega_err *err);
 

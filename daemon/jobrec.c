@@ -51,6 +51,15 @@ mega_status mega_jrec_step(const char *job_id, const Mega__V1__StepMetrics *step
   return pack(&r, buf, len, err);
 }
 
+mega_status mega_jrec_forget(const char *job_id, uint8_t **buf, size_t *len, mega_err *err) {
+  Megad__V1__ForgetRecord fr = MEGAD__V1__FORGET_RECORD__INIT;
+  fr.job_id = (char *)job_id;
+  Megad__V1__JournalRecord r = MEGAD__V1__JOURNAL_RECORD__INIT;
+  r.rec_case = MEGAD__V1__JOURNAL_RECORD__REC_FORGET;
+  r.forget = &fr;
+  return pack(&r, buf, len, err);
+}
+
 /* A replayed job record replaces the job's journaled state; the history,
  * which comes from other records, stays. */
 static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_err *err) {
@@ -72,12 +81,18 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
     nj->hist = old->hist;
     nj->hist_head = old->hist_head;
     nj->hist_len = old->hist_len;
+    nj->hist_cap = old->hist_cap;
+    nj->hist_lost_steps = old->hist_lost_steps;
+    nj->hist_lost_first = old->hist_lost_first;
+    nj->hist_lost_last = old->hist_lost_last;
     nj->last_step = old->last_step;
     nj->events = old->events;
     nj->nevents = old->nevents;
     nj->events_cap = old->events_cap;
+    nj->curve = old->curve;
+    memset(&old->curve, 0, sizeof old->curve);
     old->hist = NULL;
-    old->hist_len = 0;
+    old->hist_len = old->hist_cap = 0;
     old->last_step = NULL;
     old->events = NULL;
     old->nevents = old->events_cap = 0;
@@ -118,6 +133,9 @@ mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_e
       item.step = r->step->step;
       s = apply_item(t, r->step->job_id, &item, err);
     }
+    break;
+  case MEGAD__V1__JOURNAL_RECORD__REC_FORGET:
+    if (r->forget->job_id && r->forget->job_id[0]) mega_jobs_forget(t, r->forget->job_id);
     break;
   default:
     break; /* a record kind from a newer megad: skip it */

@@ -69,6 +69,18 @@ static void compact(megad_jobs *js, size_t replayed) {
       recs_add(&r, st, buf, len);
     }
   }
+  /* ids of forgotten jobs stay used: one ForgetRecord of the newest keeps
+   * the next id where it was */
+  unsigned long long top = 0, n;
+  for (size_t i = 0; i < js->t.n; i++)
+    if (sscanf(js->t.v[i]->id, "j-%llu", &n) == 1 && n > top) top = n;
+  if (r.ok && js->t.next_id > top + 1) {
+    char id[64];
+    snprintf(id, sizeof id, "j-%llu-forgotten", (unsigned long long)js->t.next_id - 1);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    recs_add(&r, mega_jrec_forget(id, &buf, &len, NULL), buf, len);
+  }
   mega_err e = {0};
   if (r.ok && 2 * r.n + 64 < replayed) {
     if (mega_journal_rewrite(js->journal, (const void *const *)r.v, r.lens, r.n, &e) == MEGA_OK)
@@ -117,6 +129,62 @@ void megad_jobs_close(megad_jobs *js) {
 
 mega_job *megad_jobs_find(megad_jobs *js, const char *id) { return mega_jobs_find(&js->t, id); }
 
+/* At most this many jobs are forgotten in one pass: one journal flush for
+ * all of them, and the loop is never held for long. */
+#define FORGET_BATCH 4096
+
+static int cmp_ptr(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct job_list {
+  mega_job **v; /* sorted by address once filled */
+  size_t n;
+} job_list;
+
+static bool not_listed(const mega_job *j, void *arg) {
+  const job_list *gone = arg;
+  return !bsearch(&j, gone->v, gone->n, sizeof *gone->v, cmp_ptr);
+}
+
+size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *arg), void *arg) {
+  recs r = {.ok = true};
+  job_list jobs = {calloc(FORGET_BATCH, sizeof(mega_job *)), 0};
+  r.ok = jobs.v != NULL;
+  for (size_t i = 0; i < js->t.n && jobs.n < FORGET_BATCH && r.ok; i++) {
+    mega_job *j = js->t.v[i];
+    if (!mega_job_state_final(j->state) || !gone(j, arg)) continue;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    recs_add(&r, mega_jrec_forget(j->id, &buf, &len, NULL), buf, len);
+    if (r.ok) jobs.v[jobs.n++] = j;
+  }
+  size_t n = 0;
+  mega_err e = {0};
+  if (!r.ok) {
+    megad_warn(js->b, "out of memory forgetting ended jobs; keeping them for now");
+  } else if (r.n && mega_journal_append_many(js->journal, (const void *const *)r.v, r.lens, r.n,
+                                             &e) != MEGA_OK) {
+    megad_warn(js->b, "journal: %s; keeping the ended jobs for now", e.msg);
+  } else if (r.n) {
+    for (size_t i = 0; i < jobs.n; i++) {
+      char *dir = NULL; /* worker logs and traces go with the job */
+      if (asprintf(&dir, "%s/jobs/%s", js->b->state_dir, jobs.v[i]->id) >= 0)
+        megad_rmtree(dir);
+      free(dir);
+    }
+    qsort(jobs.v, jobs.n, sizeof *jobs.v, cmp_ptr);
+    mega_jobs_filter(&js->t, not_listed, &jobs);
+    n = jobs.n;
+  }
+  for (size_t i = 0; i < r.n; i++) free(r.v[i]);
+  free(r.v);
+  free(r.lens);
+  free(jobs.v);
+  return n;
+}
+
 mega_status megad_jobs_save(megad_jobs *js, const mega_job *j, mega_err *err) {
   uint8_t *buf;
   size_t len;
@@ -147,7 +215,6 @@ mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
 static void broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobResponse *item) {
   megad_watch_drops d;
   megad_watch_broadcast(&js->watchers, j, item, &d);
-  js->stats.watchers_dropped += d.n;
   size_t shown = d.n < 8 ? d.n : 8;
   for (size_t i = 0; i < shown; i++)
     megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,

@@ -26,7 +26,6 @@ typedef struct megad_jobs_stats {
   uint64_t finished[3]; /* succeeded, failed, cancelled */
   uint64_t events[16];  /* by JobEventKind */
   uint64_t steps;       /* merged steps */
-  uint64_t watchers_dropped;
   double report_delay_sum_s; /* slowest rank's step end -> merge, summed */
   uint64_t report_delay_n;
 } megad_jobs_stats;
@@ -58,6 +57,12 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
     __attribute__((format(printf, 6, 7)));
 /* A merged step: history (last_step) and every watcher. */
 void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *step);
+/* Retention: forgets every ended job gone(j, arg) says yes to (journaled,
+ * its directory under STATE/jobs removed, its id never given again), in one
+ * pass. Nothing may hold such a job: ended jobs have no watchers. Returns
+ * how many went. */
+size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *arg), void *arg);
+
 /* Moves j to state (a transition of job.h), journals it, sends the event and
  * the final state to every watcher, whose streams then end. error: the cause
  * for FAILED and CANCELLED. The one place a job ends. */

@@ -103,3 +103,22 @@ void megad_trace_send(const megad_base *b, const mega_job *j, mega_rpc_call *cal
   fclose(f);
   mega_rpc_finish(call); /* also when the client went away meanwhile (ok false) */
 }
+
+char *megad_trace_load(const megad_base *b, const char *job_id, size_t *len) {
+  char *p = trace_path(b, job_id);
+  FILE *f = p ? fopen(p, "rb") : NULL;
+  free(p);
+  if (!f) return NULL;
+  struct stat st;
+  char *buf = NULL;
+  if (fstat(fileno(f), &st) == 0 && (buf = malloc((size_t)st.st_size + 1))) {
+    *len = fread(buf, 1, (size_t)st.st_size, f);
+    buf[*len] = '\0';
+    if (ferror(f)) {
+      free(buf);
+      buf = NULL;
+    }
+  }
+  fclose(f);
+  return buf;
+}

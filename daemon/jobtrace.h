@@ -15,5 +15,8 @@ mega_status megad_trace_write(megad_base *b, const mega_job *j, const mega_step_
 /* Answers Control.GetTrace for j on call: the file in chunks, or
  * NOT_FOUND saying how to get one. */
 void megad_trace_send(const megad_base *b, const mega_job *j, mega_rpc_call *call);
+/* The trace of job_id, whole (malloc'd, NUL-terminated, *len its size), or
+ * NULL when it has none (the web view's download). */
+char *megad_trace_load(const megad_base *b, const char *job_id, size_t *len);
 
 #endif

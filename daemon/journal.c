@@ -218,6 +218,18 @@ mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, me
   return MEGA_OK;
 }
 
+mega_status mega_journal_append_many(mega_journal *j, const void *const *recs, const size_t *lens,
+                                     size_t n, mega_err *err) {
+  for (size_t i = 0; i < n; i++)
+    if (lens[i] > MEGA_JOURNAL_MAX_RECORD)
+      return mega_fail(err, MEGA_ERR_INVALID, "journal %s: record of %zu bytes exceeds %u",
+                       j->path, lens[i], MEGA_JOURNAL_MAX_RECORD);
+  for (size_t i = 0; i < n; i++)
+    if (write_record(j->fd, recs[i], lens[i])) return io_fail(err, "cannot append", j->path);
+  if (n && fdatasync(j->fd)) return io_fail(err, "cannot append", j->path);
+  return MEGA_OK;
+}
+
 mega_status mega_journal_rewrite(mega_journal *j, const void *const *recs, const size_t *lens,
                                  size_t n, mega_err *err) {
   size_t plen = strlen(j->path);

@@ -49,6 +49,10 @@ mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
                                 mega_journal_report *rep, mega_err *err);
 
 mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err);
+/* n records, made durable together by one fdatasync (a batch costs one
+ * disk flush, not n). */
+mega_status mega_journal_append_many(mega_journal *j, const void *const *recs, const size_t *lens,
+                                     size_t n, mega_err *err);
 
 /* Replaces the whole journal with the given records, atomically (temp file,
  * fsync, rename), to keep it from growing without bound. */

@@ -186,8 +186,19 @@ static void on_pipe(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
  * close, so the attempt its exit ends can be placed here again at once. */
 static void release_slot(megad_worker *w) {
   if (!w->slot_held) return;
+  megad_launcher *L = w->l->L;
   w->slot_held = false;
-  if (w->l->L->slots_used) w->l->L->slots_used--;
+  if (L->slots_used) L->slots_used--;
+  if (L->slot_busy && w->slot < L->o.slots) L->slot_busy[w->slot] = false;
+}
+
+/* Takes the lowest free slot (the caller checked one is free). */
+static void take_slot(megad_launcher *L, megad_worker *w) {
+  L->slots_used++;
+  w->slot_held = true;
+  w->slot = 0;
+  while (L->slot_busy && w->slot < L->o.slots && L->slot_busy[w->slot]) w->slot++;
+  if (L->slot_busy && w->slot < L->o.slots) L->slot_busy[w->slot] = true;
 }
 
 static void handle_closed(uv_handle_t *h) {
@@ -305,7 +316,7 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   w->open = 4;
   mega_frame_decoder_init(&w->dec, &mega__v1__worker_frame__descriptor, 0);
   char *log = rank_path(l, w->rank, ".log");
-  w->log_fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+  w->log_fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
   free(log);
 
   uv_stdio_container_t stdio[4];
@@ -346,7 +357,7 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   uv_read_start((uv_stream_t *)&w->err, alloc_buf, on_out);
 
   char *sdir = rank_path(l, w->rank, "");
-  if (sdir) mkdir(sdir, 0755);
+  if (sdir) mkdir(sdir, 0700);
   Mega__V1__Assignment a = MEGA__V1__ASSIGNMENT__INIT;
   a.job_id = req->job_id;
   a.attempt = req->attempt;
@@ -361,8 +372,8 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   a.dp = req->dp;
   a.bootstrap = req->bootstrap;
   a.state_dir = sdir ? sdir : "";
-  a.device = -1;
-  a.backend = "cpu";
+  a.device = L->o.gpus ? (int32_t)w->slot : -1;
+  a.backend = L->o.gpus ? "cuda" : "cpu";
   a.pipe_timeout_ms = L->o.pipe_timeout_ms;
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ASSIGNMENT;
@@ -385,12 +396,10 @@ static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRan
                      L->b->node_id, err->msg);
   }
   struct stat sb;
-  if (s.data_path && stat(s.data_path, &sb) != 0)
-    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read --data-path %s: %s",
-                   L->b->node_id, s.data_path, strerror(errno));
-  else if (s.data_path && !S_ISREG(sb.st_mode))
-    st = mega_fail(err, MEGA_ERR_INVALID, "--data-path %s is not a file on node %s",
-                   s.data_path, L->b->node_id);
+  const char *flag, *bad, *why;
+  if (!megad_data_visible(&s, &flag, &bad, &why))
+    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read %s %s: %s", L->b->node_id, flag,
+                   bad, why);
   else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
     st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
                    L->b->node_id);
@@ -419,7 +428,7 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
   char *jdir = megad_job_dir(b, req->job_id);
   if (jdir && asprintf(&l->dir, "%s/%u", jdir, req->attempt) < 0) l->dir = NULL;
   free(jdir);
-  if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0755) && errno != EEXIST)) {
+  if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0700) && errno != EEXIST)) {
     s = l->dir ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
                : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
     if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
@@ -447,8 +456,7 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
     if (s != MEGA_OK) continue;
     l->nw++;
     l->live++;
-    L->slots_used++;
-    w->slot_held = true;
+    take_slot(L, w);
     if ((s = spawn_worker(l, w, env, err)) == MEGA_OK) pids[i] = w->pid;
   }
   free_env(env);
@@ -521,11 +529,12 @@ static void on_tick(uv_timer_t *t) { watchdog_tick(t->data); }
 mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
                                 const megad_launcher_opts *o, const megad_launcher_cbs *cbs,
                                 mega_err *err) {
-  (void)err;
   memset(L, 0, sizeof *L);
   L->b = b;
   L->kvs = kvs;
   L->o = *o;
+  if (!(L->slot_busy = calloc(o->slots ? o->slots : 1, sizeof *L->slot_busy)))
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %u slots", o->slots);
   if (!L->o.ping_ms) L->o.ping_ms = 500;
   if (!L->o.pipe_timeout_ms) L->o.pipe_timeout_ms = 3000;
   if (!L->o.step_floor_ms) L->o.step_floor_ms = 2000;
@@ -541,4 +550,6 @@ mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve 
 void megad_launcher_free(megad_launcher *L) {
   if (L->tick_on) uv_close((uv_handle_t *)&L->tick, NULL);
   L->tick_on = false;
+  free(L->slot_busy); /* workers of launches still closing read it no more: slots_used only */
+  L->slot_busy = NULL;
 }

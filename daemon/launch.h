@@ -51,6 +51,7 @@ typedef struct megad_launcher_opts {
   unsigned pipe_timeout_ms;    /* a worker stops after this much silence; 0: 3000 */
   unsigned step_floor_ms;      /* the adaptive step limit's floor; 0: 2000 */
   unsigned rendezvous_timeout_ms; /* what setup may take; 0: 60000 */
+  bool gpus; /* one GPU per slot: a worker gets its slot's device */
 } megad_launcher_opts;
 
 typedef struct megad_launch megad_launch;
@@ -62,6 +63,7 @@ typedef struct megad_launcher {
   megad_launcher_cbs cbs;
   megad_launch *launches;
   uint32_t slots_used;
+  bool *slot_busy; /* [o.slots]: which slot (and GPU) each worker holds */
   uv_timer_t tick; /* pings and the watchdog */
   bool tick_on;
   uint64_t last_ping_ms;

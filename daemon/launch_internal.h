@@ -31,6 +31,7 @@ typedef struct megad_worker {
   int pid;
   bool spawned, exited, pipe_eof, err_eof, out_eof, reported, closing, broken;
   bool slot_held; /* counted in the launcher's slots_used */
+  uint32_t slot;  /* which one: its GPU on a node with GPUs */
   int64_t exit_status;
   int term_signal;
   char *error_msg; /* its WorkerError, if it sent one */

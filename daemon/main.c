@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/duration.h"
@@ -40,12 +41,13 @@ typedef struct app {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: megad serve --listen ADDR --state-dir DIR --slots N [options]\n"
+          "usage: megad serve --listen ADDR --state-dir DIR [--slots N] [options]\n"
           "       megad run --slots N [--json] [options] [job flags]\n\n"
           "serve: run the daemon of one node. Jobs come from megactl (or another megad).\n"
           "  --listen ADDR          host:port (port 0 picks one) or unix:/path\n"
           "  --state-dir DIR        journal, job files, worker logs\n"
-          "  --slots N              worker processes this node runs at once\n"
+          "  --slots N              worker processes this node runs at once (default: one\n"
+          "                         per GPU the cuda module finds; required without GPUs)\n"
           "  --node-name NAME       this node's name (default: the hostname)\n"
           "  --peers ADDR,...       megads to join (host:port of each)\n"
           "  --advertise HOST       the host peers and workers use to reach this node\n"
@@ -54,7 +56,22 @@ static void usage(FILE *f) {
           "  --heartbeat-interval D how often nodes heartbeat each other (default 250ms)\n"
           "  --heartbeat-timeout D  a node silent this long is lost (default 1.5s)\n"
           "  --rendezvous-timeout D how long a rank waits for its peers to meet (default 60s)\n"
-          "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n\n"
+          "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n"
+          "  --max-pending N        jobs this node coordinates that may wait at once\n"
+          "                         (default 1000; more are refused: RESOURCE_EXHAUSTED)\n"
+          "  --retain-jobs N        ended jobs kept (default 1000; older ones are forgotten)\n"
+          "  --retain-age D         ended jobs are forgotten after D (default 168h; at most 720h)\n"
+          "security (README \"Security\"):\n"
+          "  --token-file FILE      the cluster token (mode 600) every call must carry; needed\n"
+          "                         to listen on anything but 127.0.0.1 or a unix: socket\n"
+          "  --tls-cert FILE --tls-key FILE  serve TLS with this certificate and key\n"
+          "  --tls-ca FILE          the CA that signs the cluster's certificates (peers are\n"
+          "                         called over TLS with it)\n"
+          "  --tls-client-auth      require client certificates signed by --tls-ca (mTLS)\n"
+          "  --data-root DIR        jobs' --data-path and --load must lie under one\n"
+          "  --save-root DIR        jobs' --save (and --load) must lie under one\n"
+          "                         (both repeatable; without any, a megad that listens\n"
+          "                         beyond this machine refuses jobs that name paths)\n\n"
           "run: train one job of N ranks on this machine and exit with its status.\n"
           "  --slots N              ranks (every slot runs one)\n"
           "  --json                 one JSON object per iteration on stdout\n"
@@ -75,14 +92,16 @@ static int usage_error(const char *fmt, const char *arg) {
   return EXIT_USAGE;
 }
 
-static bool parse_slots(const char *s, int *out) {
+static bool parse_count(const char *s, long max, int *out) {
   char *end;
   errno = 0;
   long n = strtol(s, &end, 10);
-  if (errno || *s == '\0' || *end || n < 1 || n > 4096) return false;
+  if (errno || *s == '\0' || *end || n < 1 || n > max) return false;
   *out = (int)n;
   return true;
 }
+
+static bool parse_slots(const char *s, int *out) { return parse_count(s, 4096, out); }
 
 /* "--flag value" or "--flag=value" for the daemon's own flags. */
 static int own_flag(int argc, char **argv, int *i, const char *name, const char **val) {
@@ -123,6 +142,10 @@ static void on_signal(uv_signal_t *h, int sig) {
 
 static int start(app *a, const megad_opts *o) {
   signal(SIGPIPE, SIG_IGN);
+  /* Private by default: the state dir, journal and logs, and everything the
+   * workers (who inherit it) write, checkpoints included, are 0600 in 0700
+   * directories. Share a checkpoint on purpose, with chmod. */
+  umask(077);
   uv_loop_init(&a->loop);
   mega_err err = {0};
   if (megad_start(&a->d, &a->loop, o, &err) != MEGA_OK) {
@@ -153,12 +176,39 @@ static int duration_flag(const char *flag, const char *v, unsigned min, unsigned
 
 /* ---- serve ---- */
 
+#define MAX_ROOTS 64
+
 static int serve(int argc, char **argv) {
   megad_opts o = {0};
-  const char *slots = NULL, *hbi = NULL, *hbt = NULL, *rdv = NULL;
+  const char *slots = NULL, *hbi = NULL, *hbt = NULL, *rdv = NULL, *pending = NULL, *root,
+             *retain = NULL, *retain_age = NULL;
+  static const char *data_roots[MAX_ROOTS], *save_roots[MAX_ROOTS];
+  o.data_roots = data_roots;
+  o.save_roots = save_roots;
   for (int i = 2; i < argc;) {
     int r;
+    if (!strcmp(argv[i], "--tls-client-auth")) {
+      o.tls_client_auth = true;
+      i++;
+      continue;
+    }
+    bool data = !strncmp(argv[i], "--data-root", 11);
+    if ((r = own_flag(argc, argv, &i, "--data-root", &root)) ||
+        (r = own_flag(argc, argv, &i, "--save-root", &root))) {
+      if (r < 0) return usage_error("%s needs a directory", argv[i]);
+      size_t *n = data ? &o.n_data_roots : &o.n_save_roots;
+      if (*n == MAX_ROOTS) return usage_error("more than 64 %s flags", data ? "--data-root" : "--save-root");
+      (data ? data_roots : save_roots)[(*n)++] = root;
+      continue;
+    }
     if ((r = own_flag(argc, argv, &i, "--listen", &o.listen)) ||
+        (r = own_flag(argc, argv, &i, "--token-file", &o.token_file)) ||
+        (r = own_flag(argc, argv, &i, "--tls-cert", &o.tls_cert)) ||
+        (r = own_flag(argc, argv, &i, "--tls-key", &o.tls_key)) ||
+        (r = own_flag(argc, argv, &i, "--tls-ca", &o.tls_ca)) ||
+        (r = own_flag(argc, argv, &i, "--max-pending", &pending)) ||
+        (r = own_flag(argc, argv, &i, "--retain-jobs", &retain)) ||
+        (r = own_flag(argc, argv, &i, "--retain-age", &retain_age)) ||
         (r = own_flag(argc, argv, &i, "--state-dir", &o.state_dir)) ||
         (r = own_flag(argc, argv, &i, "--slots", &slots)) ||
         (r = own_flag(argc, argv, &i, "--node-name", &o.node_name)) ||
@@ -176,11 +226,21 @@ static int serve(int argc, char **argv) {
   }
   if (!o.listen) return usage_error("serve needs --listen ADDR%s", "");
   if (!o.state_dir) return usage_error("serve needs --state-dir DIR%s", "");
-  if (!slots) return usage_error("serve needs --slots N%s", "");
-  if (!parse_slots(slots, &o.slots)) return usage_error("--slots: '%s' is not a count in 1..4096", slots);
+  /* without --slots, one slot per GPU (megad_start finds them, or says why not) */
+  if (slots && !parse_slots(slots, &o.slots))
+    return usage_error("--slots: '%s' is not a count in 1..4096", slots);
+  int max_pending = 0;
+  if (pending && (!parse_count(pending, 1000000, &max_pending)))
+    return usage_error("--max-pending: '%s' is not a count in 1..1000000", pending);
+  o.max_pending = (unsigned)max_pending;
+  int retain_jobs = 0;
+  if (retain && !parse_count(retain, 1000000, &retain_jobs))
+    return usage_error("--retain-jobs: '%s' is not a count in 1..1000000", retain);
+  o.retain_jobs = (unsigned)retain_jobs;
   int rc = duration_flag("--heartbeat-interval", hbi, 10, 60000, &o.heartbeat_interval_ms);
   if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
   if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);
+  if (!rc) rc = duration_flag("--retain-age", retain_age, 1000, 30 * 86400000u, &o.retain_ms);
   if (rc) return rc;
 
   static app a;

@@ -23,6 +23,7 @@ static void node_free(megad_node *n) {
   free(n->address);
   free(n->version);
   free(n->backend);
+  free(n->device_name);
   for (size_t i = 0; i < n->njob_ids; i++) free(n->job_ids[i]);
   free(n->job_ids);
   free(n);
@@ -98,6 +99,7 @@ mega_status megad_members_init(megad_members *m, megad_base *b, const megad_memb
   self->incarnation = incarnation;
   self->version = strdup(MEGA_VERSION);
   self->backend = strdup(o->backend ? o->backend : "cpu");
+  self->device_name = strdup(o->device_name ? o->device_name : "");
   self->last_heartbeat_unix_ms = megad_unix_ms();
   uv_timer_init(b->loop, &m->timer);
   m->timer.data = m;
@@ -156,7 +158,7 @@ static void node_msg(megad_node *n, Mega__V1__Node *m) {
   m->slots = n->slots;
   m->slots_used = n->slots_used;
   m->backend = n->backend ? n->backend : "";
-  m->device_name = "";
+  m->device_name = n->device_name ? n->device_name : "";
   m->incarnation = n->incarnation;
   m->last_heartbeat_unix_ms = n->last_heartbeat_unix_ms;
   m->version = n->version ? n->version : "";
@@ -274,6 +276,7 @@ static void merge_view(megad_members *mb, const Mega__V1__MembershipView *v, meg
     n->slots = m->slots;
     set_str(&n->version, m->version);
     set_str(&n->backend, m->backend);
+    set_str(&n->device_name, m->device_name);
     if (from == n) {
       n->slots_used = m->slots_used;
       set_job_ids(n, m->job_ids, m->n_job_ids);
@@ -472,6 +475,7 @@ static void on_join(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
   n->slots_used = nm->slots_used;
   set_str(&n->version, nm->version);
   set_str(&n->backend, nm->backend);
+  set_str(&n->device_name, nm->device_name);
   saw(m, n, nm->incarnation);
   m->view_version++;
   if (fresh) megad_log(m->b, "node %s (%s, %u slot%s) joined", n->id, n->address, n->slots,

@@ -23,6 +23,7 @@
 
 typedef struct megad_node {
   char *id, *address, *version, *backend;
+  char *device_name; /* "2 x NVIDIA H100 80GB HBM3"; empty for cpu */
   Mega__V1__NodeState state;
   uint32_t slots, slots_used;
   uint64_t incarnation;
@@ -46,6 +47,7 @@ typedef struct megad_members_opts {
   const char *address; /* this node's host:port for peers */
   uint32_t slots;
   const char *backend; /* "cpu" or "cuda" */
+  const char *device_name; /* the GPUs behind the slots, or NULL */
   const char *peers;   /* "host:port,..." to join; NULL: none */
   unsigned heartbeat_interval_ms, heartbeat_timeout_ms;
 } megad_members_opts;

@@ -10,6 +10,7 @@
 #include "daemon/http.h"
 #include "daemon/metrics_text.h"
 #include "daemon/services.h"
+#include "daemon/webserve.h"
 
 typedef struct metrics_srv {
   megad_services *s;
@@ -84,7 +85,8 @@ static char *page(void *arg, size_t *len) {
   memcpy(m.c.jobs_finished, js->finished, sizeof m.c.jobs_finished);
   for (int k = 0; k < MEGAD_METRICS_EVENT_KINDS; k++) m.c.job_events[k] = js->events[k];
   m.c.steps_merged = js->steps;
-  m.c.watchers_dropped = js->watchers_dropped;
+  m.c.watchers_dropped = sv->jobs->watchers.dropped_total;
+  m.c.watch_steps_missed = sv->jobs->watchers.steps_missed_total;
   m.c.report_delay_sum_s = js->report_delay_sum_s;
   m.c.report_delay_n = js->report_delay_n;
   m.c.steps_relayed = sv->L->steps_relayed;
@@ -105,6 +107,16 @@ static char *page(void *arg, size_t *len) {
   return text;
 }
 
+/* The web view's paths (daemon/web.h). */
+static bool route(void *arg, const char *method, const char *target, megad_http_resp *out) {
+  metrics_srv *ms = arg;
+  megad_web_resp r;
+  if (!megad_web_serve(ms->s, method, target, &r)) return false;
+  *out = (megad_http_resp){.status = (unsigned)r.status, .type = r.type, .body = r.body,
+                           .len = r.len};
+  return true; /* the body is the server's now */
+}
+
 static void count(void *arg, unsigned status) {
   metrics_srv *ms = arg;
   ms->http_requests[megad_metrics_http_slot(status)]++;
@@ -122,7 +134,8 @@ mega_status megad_metrics_start(megad_services *sv, const char *addr, const char
   ms->s = sv;
   megad_http_opts o = {.listen = addr, .path = "/metrics",
                        .content_type = "text/plain; version=0.0.4; charset=utf-8",
-                       .token = token, .body = page, .count = count, .log = http_log, .arg = ms};
+                       .token = token, .body = page, .count = count, .route = route, .log = http_log,
+                       .arg = ms};
   mega_err e = {0};
   if (megad_http_start(sv->b->loop, &o, &ms->http, &e) != MEGA_OK) {
     free(ms);

@@ -169,6 +169,9 @@ static void node_metrics(sbuf *b, const megad_metrics *m) {
        "Step reports of this node's workers passed on to their coordinator.", c->steps_relayed},
       {"mega_watchers_dropped_total", "counter",
        "WatchJob streams dropped for falling too far behind.", c->watchers_dropped},
+      {"mega_watch_steps_missed_total", "counter",
+       "Steps slow watchers skipped, each told by a gap marker in its stream.",
+       c->watch_steps_missed},
   };
   for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) {
     family(b, one[i].name, one[i].type, one[i].help);

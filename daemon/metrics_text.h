@@ -38,6 +38,7 @@ typedef struct megad_counters {
   uint64_t steps_merged;     /* steps this coordinator merged from every rank */
   uint64_t steps_relayed;    /* worker step reports this node passed on */
   uint64_t watchers_dropped; /* WatchJob streams dropped for falling behind */
+  uint64_t watch_steps_missed; /* steps slow watchers skipped (each told by a gap) */
   uint64_t http_requests[4]; /* 200, 401, 404, other */
   double report_delay_sum_s; /* slowest rank's step end -> merge, every merged step */
   uint64_t report_delay_n;

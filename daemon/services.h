@@ -15,7 +15,12 @@ typedef struct megad_services {
   megad_coord *coord;
   mega_rpc_server *srv; /* for its per-method counts; may be NULL */
   void *http;           /* metrics.c */
+  const char *token; /* the cluster token (NULL: none): /metrics wants it as a bearer token */
 } megad_services;
+
+/* The largest request megad reads: a job spec is far smaller, and a bigger
+ * message is refused by gRPC before it is parsed. */
+#define MEGAD_MAX_REQUEST_BYTES (4u << 20)
 
 void megad_control_register(megad_services *s, mega_rpc_server *srv);
 void megad_peer_register(megad_services *s, mega_rpc_server *srv);

@@ -23,4 +23,13 @@ char *megad_strdup(const char *s);
 /* A signal's name for messages: "Killed", "Segmentation fault", ... */
 const char *megad_signal_name(int sig);
 
+/* Whether this node sees every dataset of the job (--data-path, or
+ * --train-data-path and --valid-data-path): a file, or an indexed dataset
+ * PREFIX.bin and PREFIX.idx (as worker/data reads them). When not, *flag
+ * names the flag, *bad the first missing path (the spec's string) and *why
+ * what is wrong ("No such file or directory", "it is not a file"). */
+struct mega_jobspec;
+bool megad_data_visible(const struct mega_jobspec *s, const char **flag, const char **bad,
+                        const char **why);
+
 #endif

@@ -12,12 +12,40 @@ struct megad_watcher {
   mega_rpc_call *call; /* a stream, or NULL for an in-process watcher */
   megad_watch_fn fn;
   void *arg;
+  uint64_t missed, miss_first, miss_last; /* steps skipped since the last gap */
 };
+
+/* The gap marker, queued before anything else goes to w again. */
+static mega_status send_gap(mega_rpc_call *call, uint64_t missed, uint64_t first, uint64_t last,
+                            const char *reason) {
+  Mega__V1__WatchGap g = MEGA__V1__WATCH_GAP__INIT;
+  g.missed_steps = missed;
+  g.first_iteration = first;
+  g.last_iteration = last;
+  g.reason = (char *)reason;
+  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_GAP;
+  item.gap = &g;
+  return mega_rpc_send(call, &item.base, NULL);
+}
+
+/* Whether a step goes to w: not while w is behind (from the high mark
+ * until it drained half of it). A skipped step is counted. */
+static bool skip_step(megad_watchers *ws, megad_watcher *w, const Mega__V1__StepMetrics *s) {
+  size_t q = mega_rpc_call_queued(w->call);
+  if (q < MEGAD_WATCH_QUEUE_MAX && !(w->missed && q > MEGAD_WATCH_QUEUE_MAX / 2)) return false;
+  uint64_t it = s ? s->iteration : 0;
+  if (!w->missed++) w->miss_first = it;
+  w->miss_last = it;
+  ws->steps_missed_total++;
+  return true;
+}
 
 static void unlink_watcher(megad_watchers *ws, megad_watcher *w) {
   for (megad_watcher **p = &ws->head; *p; p = &(*p)->next)
     if (*p == w) {
       *p = w->next;
+      if (w->call) ws->streams--;
       return;
     }
 }
@@ -42,6 +70,17 @@ void megad_watch_broadcast(megad_watchers *ws, mega_job *j, const Mega__V1__Watc
       }
       continue;
     }
+    if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && skip_step(ws, w, item->step)) {
+      p = &w->next;
+      continue;
+    }
+    if (w->missed) {
+      char why[128];
+      snprintf(why, sizeof why, "this watcher fell behind (%d messages queued); steps were skipped",
+               MEGAD_WATCH_QUEUE_MAX);
+      send_gap(w->call, w->missed, w->miss_first, w->miss_last, why);
+      w->missed = 0;
+    }
     /* A failed send means the client went away: its cancel callback
      * (watcher_gone) unlinks it. */
     if (mega_rpc_send(w->call, &item->base, NULL) != MEGA_OK) {
@@ -50,17 +89,20 @@ void megad_watch_broadcast(megad_watchers *ws, mega_job *j, const Mega__V1__Watc
     }
     if (final) {
       *p = w->next;
+      ws->streams--;
       mega_rpc_call_on_cancel(w->call, NULL, NULL);
       mega_rpc_finish(w->call);
       free(w);
       continue;
     }
-    if (mega_rpc_call_queued(w->call) <= MEGAD_WATCH_QUEUE_MAX) {
+    if (mega_rpc_call_queued(w->call) <= MEGAD_WATCH_QUEUE_HARD) {
       p = &w->next;
       continue;
     }
-    /* too far behind: drop this watcher, never the job */
+    /* it stopped reading: drop this watcher, never the job */
     *p = w->next;
+    ws->streams--;
+    ws->dropped_total++;
     if (drops && drops->n < sizeof drops->peers / sizeof drops->peers[0])
       snprintf(drops->peers[drops->n], sizeof drops->peers[0], "%s", mega_rpc_call_peer(w->call));
     if (drops) drops->n++;
@@ -68,7 +110,7 @@ void megad_watch_broadcast(megad_watchers *ws, mega_job *j, const Mega__V1__Watc
     mega_rpc_fail(w->call, MEGA_RPC_RESOURCE_EXHAUSTED,
                   "this watcher fell more than %d messages behind job %s and was dropped; the job "
                   "goes on (watch again, with replay, to catch up)",
-                  MEGAD_WATCH_QUEUE_MAX, j->id);
+                  MEGAD_WATCH_QUEUE_HARD, j->id);
     free(w);
   }
 }
@@ -112,6 +154,22 @@ megad_watcher *megad_watch_local(megad_watchers *ws, mega_job *j, bool replay, m
 
 void megad_watch_call(megad_watchers *ws, mega_job *j, mega_rpc_call *call, bool replay) {
   bool final_sent = false;
+  if (!mega_job_state_final(j->state)) {
+    size_t mine = 0;
+    for (megad_watcher *w = ws->head; w; w = w->next) mine += w->call && w->job == j;
+    if (ws->streams >= MEGAD_WATCHERS_MAX || mine >= MEGAD_WATCHERS_PER_JOB) {
+      mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED,
+                    "megad already serves %zu watchers (%zu of job %s); the limits are %d in "
+                    "all and %d per job",
+                    ws->streams, mine, j->id, MEGAD_WATCHERS_MAX, MEGAD_WATCHERS_PER_JOB);
+      return;
+    }
+  }
+  if (replay && j->hist_lost_steps) {
+    char why[128];
+    snprintf(why, sizeof why, "older than the %d items of history megad keeps", MEGA_JOB_HISTORY);
+    send_gap(call, j->hist_lost_steps, j->hist_lost_first, j->hist_lost_last, why);
+  }
   for (size_t i = 0; replay && i < j->hist_len; i++) {
     if (!replay_item(j, i)) continue;
     const Mega__V1__WatchJobResponse *item = mega_job_hist_at(j, i);
@@ -141,6 +199,7 @@ void megad_watch_call(megad_watchers *ws, mega_job *j, mega_rpc_call *call, bool
     return;
   }
   w->call = call;
+  ws->streams++;
   mega_rpc_call_on_cancel(call, watcher_gone, w);
   /* a cancel before the callback was set is not replayed */
   if (mega_rpc_call_cancelled(call)) {
@@ -154,6 +213,7 @@ void megad_watch_drop_all(megad_watchers *ws, const char *why) {
     megad_watcher *w = ws->head;
     ws->head = w->next;
     if (w->call) {
+      ws->streams--;
       mega_rpc_call_on_cancel(w->call, NULL, NULL);
       mega_rpc_fail(w->call, MEGA_RPC_UNAVAILABLE, "%s", why);
     }

@@ -23,6 +23,7 @@ static json_t *rank_json(const Mega__V1__RankMetrics *r) {
   bad |= set(o, "dp_rank", json_integer(r->dp_rank));
   bad |= set(o, "tp_rank", json_integer(r->tp_rank));
   bad |= set(o, "compute_s", real_or_null(r->compute_s));
+  bad |= set(o, "tp_comm_s", real_or_null(r->tp_comm_s));
   bad |= set(o, "bubble_s", real_or_null(r->bubble_s));
   bad |= set(o, "p2p_wait_s", real_or_null(r->p2p_wait_s));
   bad |= set(o, "grad_sync_exposed_s", real_or_null(r->grad_sync_exposed_s));

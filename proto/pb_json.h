@@ -22,7 +22,7 @@
 
 /* Exactly these keys, in this order:
  *   iteration, loss, grad_norm, lr, step_time_s, tokens_per_s,
- *   ranks: [{rank, pp_rank, dp_rank, tp_rank, compute_s, bubble_s,
+ *   ranks: [{rank, pp_rank, dp_rank, tp_rank, compute_s, tp_comm_s, bubble_s,
  *            p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes}] */
 json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m);
 

@@ -16,7 +16,10 @@ struct mega_rpc_channel {
   grpc_channel *ch;
   char *target;
   char *peer_name;
+  char *auth_hint;
   size_t max_msg;
+  grpc_metadata md; /* authorization: Bearer TOKEN */
+  bool has_token, tls;
   atomic_int refs;
 };
 
@@ -26,6 +29,8 @@ typedef struct ccall {
   const mega_rpc_method *m;
   unsigned timeout_ms;
   grpc_call *call;
+  grpc_metadata auth; /* the channel's token; a copy per call, since gRPC may
+                         write into a grpc_metadata while a call uses it */
   grpc_byte_buffer *send_bb;
   grpc_metadata_array md_initial, md_trailing;
   grpc_byte_buffer *recv_bb;
@@ -39,8 +44,13 @@ static void channel_ref(mega_rpc_channel *ch) { atomic_fetch_add(&ch->refs, 1); 
 static void channel_unref(mega_rpc_channel *ch) {
   if (atomic_fetch_sub(&ch->refs, 1) != 1) return;
   grpc_channel_destroy(ch->ch);
+  if (ch->has_token) {
+    grpc_slice_unref(ch->md.key);
+    grpc_slice_unref(ch->md.value);
+  }
   free(ch->target);
   free(ch->peer_name);
+  free(ch->auth_hint);
   free(ch);
   mega_rpc_lib_unref();
 }
@@ -54,18 +64,30 @@ mega_status mega_rpc_channel_new(const char *target, const mega_rpc_channel_opts
   if (!ch) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating a channel");
   ch->target = strdup(target);
   ch->peer_name = strdup(opts && opts->peer_name ? opts->peer_name : "the server");
-  if (!ch->target || !ch->peer_name) {
+  ch->auth_hint = strdup(opts && opts->auth_hint ? opts->auth_hint : "give it the cluster token");
+  const mega_rpc_auth *a = opts ? opts->auth : NULL;
+  char *bearer = a ? mega_rpc_bearer(a->token) : NULL;
+  if (!ch->target || !ch->peer_name || !ch->auth_hint || (a && a->token && a->token[0] && !bearer)) {
     free(ch->target);
     free(ch->peer_name);
+    free(ch->auth_hint);
+    free(bearer);
     free(ch);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating a channel");
   }
+  mega_rpc_lib_ref(); /* slices need the library */
+  if (bearer) {
+    ch->md.key = grpc_slice_from_static_string("authorization");
+    ch->md.value = grpc_slice_from_copied_string(bearer);
+    ch->has_token = true;
+    free(bearer);
+  }
+  ch->tls = a && a->tls_ca;
   ch->max_msg = opts && opts->max_message_bytes ? opts->max_message_bytes
                                                 : MEGA_RPC_MAX_MESSAGE_DEFAULT;
   if (ch->max_msg > INT_MAX) ch->max_msg = INT_MAX;
   unsigned backoff = opts && opts->max_backoff_ms ? opts->max_backoff_ms : 2000;
   atomic_init(&ch->refs, 1);
-  mega_rpc_lib_ref();
   grpc_arg args[4];
   memset(args, 0, sizeof args);
   const char *keys[4] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
@@ -79,7 +101,7 @@ mega_status mega_rpc_channel_new(const char *target, const mega_rpc_channel_opts
     args[i].value.integer = vals[i];
   }
   grpc_channel_args ca = {4, args};
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  grpc_channel_credentials *creds = mega_rpc_channel_creds(a);
   ch->ch = grpc_channel_create(target, creds, &ca);
   grpc_channel_credentials_release(creds);
   *out = ch;
@@ -131,6 +153,11 @@ static void ccall_destroy(ccall *c) {
 static size_t send_ops(ccall *c, grpc_op *ops) {
   memset(ops, 0, 6 * sizeof *ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (c->ch->has_token) {
+    c->auth = c->ch->md; /* the slices stay the channel's, which outlives the call */
+    ops[0].data.send_initial_metadata.count = 1;
+    ops[0].data.send_initial_metadata.metadata = &c->auth;
+  }
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = c->send_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -166,8 +193,25 @@ static mega_status ccall_result(const ccall *c, mega_err *err) {
     d = both;
     n = strlen(both);
   }
-  return mega_rpc_client_error(err, (mega_rpc_code)c->status, d, n, c->ch->peer_name,
-                               c->ch->target, c->m, c->timeout_ms);
+  if (c->status == GRPC_STATUS_UNAUTHENTICATED) {
+    if (!c->ch->has_token)
+      return mega_fail(err, MEGA_ERR_IO, "%s requires a token: %s", c->ch->peer_name,
+                       c->ch->auth_hint);
+    size_t k = 0; /* the server's reason is what comes before its first colon */
+    while (k < n && d[k] != ':') k++;
+    return mega_fail(err, MEGA_ERR_IO, "%s at %s refused the token (%.*s): %s",
+                     c->ch->peer_name, c->ch->target, (int)k, d, c->ch->auth_hint);
+  }
+  mega_status st = mega_rpc_client_error(err, (mega_rpc_code)c->status, d, n, c->ch->peer_name,
+                                         c->ch->target, c->m, c->timeout_ms);
+  /* A TLS server closes a plaintext connection without a word. */
+  if (err && !c->ch->tls && c->status == GRPC_STATUS_UNAVAILABLE &&
+      strstr(err->msg, "the connection closed")) {
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof err->msg - len, " (if %s uses TLS, pass --tls-ca)",
+             c->ch->peer_name);
+  }
+  return st;
 }
 
 /* Takes the received message as m->response; NULL (and err) if it does not parse. */

@@ -27,6 +27,7 @@
 #define MEGA_PROTO_RPC_CLIENT_H
 
 #include "proto/rpc.h"
+#include "proto/rpc_auth.h"
 #include "proto/rpc_bridge.h"
 
 typedef struct mega_rpc_channel mega_rpc_channel;
@@ -36,6 +37,10 @@ typedef struct mega_rpc_channel_opts {
   size_t max_message_bytes;      /* 0: MEGA_RPC_MAX_MESSAGE_DEFAULT */
   unsigned max_backoff_ms;       /* reconnect backoff cap; 0: 2000, so a restarted
                                     peer is seen again within seconds */
+  const mega_rpc_auth *auth;     /* the token every call carries, and TLS (rpc_auth.h);
+                                    NULL: none, plaintext. Copied. */
+  const char *auth_hint;         /* how to give a token, for UNAUTHENTICATED's message:
+                                    "pass --token-file or set MEGA_TOKEN_FILE" */
 } mega_rpc_channel_opts;
 
 /* target is "host:port" or "unix:/path". Connects lazily: a wrong or dead

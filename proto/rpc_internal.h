@@ -4,9 +4,11 @@
 
 #include <stdbool.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
 #include "proto/rpc.h"
+#include "proto/rpc_auth.h"
 #include "proto/rpc_bridge.h"
 
 /* Every tag given to gRPC on a bridged queue points at one of these, embedded
@@ -43,5 +45,20 @@ mega_status mega_rpc_client_error(mega_err *err, mega_rpc_code code, const char 
                                   size_t details_len, const char *peer_name,
                                   const char *target, const mega_rpc_method *m,
                                   unsigned timeout_ms);
+
+/* ---- rpc_auth.c ---- */
+
+/* Credentials for a (may be NULL): insecure without TLS files, SSL with.
+ * The caller releases them. */
+grpc_server_credentials *mega_rpc_server_creds(const mega_rpc_auth *a);
+grpc_channel_credentials *mega_rpc_channel_creds(const mega_rpc_auth *a);
+
+/* "Bearer TOKEN" (malloc'd), or NULL for no token. */
+char *mega_rpc_bearer(const char *token);
+
+/* Whether md holds exactly one authorization entry equal to want (the
+ * whole "Bearer TOKEN"), compared in constant time. */
+bool mega_rpc_token_matches(const char *want, size_t want_len, const grpc_metadata_array *md);
+bool mega_rpc_has_authorization(const grpc_metadata_array *md);
 
 #endif

@@ -64,7 +64,13 @@ struct mega_rpc_call {
 struct mega_rpc_server {
   mega_rpc_cq *cq;
   grpc_server *server;
-  size_t max_msg;
+  size_t max_msg, max_req;
+  char *bearer; /* "Bearer TOKEN"; NULL: calls need no token */
+  size_t bearer_len;
+  char *tls_ca, *tls_cert, *tls_key; /* copies, for the listening ports' credentials */
+  bool tls_client_auth;
+  mega_rpc_refused_fn on_refused;
+  void *refused_arg;
   method_entry *methods;
   size_t n_methods;
   bool started, shutting_down, shutdown_seen, finishing;
@@ -277,7 +283,19 @@ static void on_new(mega_rpc_tag *t, bool ok) {
   }
 
   char msg[512];
-  if (!c->me) {
+  const char *bad_token = NULL;
+  if (s->bearer && !mega_rpc_token_matches(s->bearer, s->bearer_len, &c->md))
+    bad_token = mega_rpc_has_authorization(&c->md) ? "wrong token" : "no token";
+  if (bad_token) {
+    /* Nothing of the request is looked at: not even whether the path exists. */
+    if (!c->me) c->deadline = c->details.deadline;
+    const char *path = c->me ? c->me->m->path : "(unknown method)";
+    snprintf(msg, sizeof msg, "%s: the server requires `authorization: Bearer TOKEN` with the "
+             "cluster token", bad_token);
+    set_status(c, MEGA_RPC_UNAUTHENTICATED, msg);
+    pump(c);
+    if (s->on_refused) s->on_refused(s->refused_arg, mega_rpc_call_peer(c), path, bad_token);
+  } else if (!c->me) {
     c->deadline = c->details.deadline;
     snprintf(msg, sizeof msg, "unknown method %.*s", (int)GRPC_SLICE_LENGTH(c->details.method),
              (const char *)GRPC_SLICE_START_PTR(c->details.method));
@@ -389,6 +407,15 @@ int64_t mega_rpc_call_remaining_ms(const mega_rpc_call *c) {
 
 /* ---- the server ---- */
 
+static void free_server(mega_rpc_server *s) {
+  free(s->methods);
+  free(s->bearer);
+  free(s->tls_ca);
+  free(s->tls_cert);
+  free(s->tls_key);
+  free(s);
+}
+
 mega_status mega_rpc_server_new(mega_rpc_cq *cq, const mega_rpc_server_opts *opts,
                                 mega_rpc_server **out, mega_err *err) {
   *out = NULL;
@@ -398,26 +425,74 @@ mega_status mega_rpc_server_new(mega_rpc_cq *cq, const mega_rpc_server_opts *opt
   s->max_msg = opts && opts->max_message_bytes ? opts->max_message_bytes
                                                : MEGA_RPC_MAX_MESSAGE_DEFAULT;
   if (s->max_msg > INT_MAX) s->max_msg = INT_MAX;
+  s->max_req = opts && opts->max_request_bytes ? opts->max_request_bytes : s->max_msg;
+  if (s->max_req > INT_MAX) s->max_req = INT_MAX;
+  const mega_rpc_auth *a = opts ? opts->auth : NULL;
+  bool invalid = a && a->tls_client_auth && !(a->tls_ca && a->tls_cert && a->tls_key), oom = false;
+  if (!invalid && a && a->token && a->token[0]) {
+    oom |= !(s->bearer = mega_rpc_bearer(a->token));
+    if (s->bearer) s->bearer_len = strlen(s->bearer);
+  }
+  if (!invalid && a && a->tls_cert && a->tls_key) {
+    oom |= !(s->tls_cert = strdup(a->tls_cert)) || !(s->tls_key = strdup(a->tls_key));
+    if (a->tls_ca) oom |= !(s->tls_ca = strdup(a->tls_ca));
+    s->tls_client_auth = a->tls_client_auth;
+  }
+  if (invalid || oom) {
+    free_server(s);
+    if (invalid)
+      return mega_fail(err, MEGA_ERR_INVALID, "requiring client certificates needs a CA (the one "
+                       "that signs them) and the server's own certificate and key");
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating a server");
+  }
+  if (opts) {
+    s->on_refused = opts->on_refused;
+    s->refused_arg = opts->refused_arg;
+  }
   s->t_shutdown.fn = NULL;
   int rc = uv_timer_init(mega_rpc_cq_loop(cq), &s->grace);
   if (rc != 0) {
-    free(s);
+    free_server(s);
     return mega_fail(err, MEGA_ERR_IO, "cannot create a libuv timer: %s", uv_strerror(rc));
   }
   mega_rpc_lib_ref();
-  grpc_arg args[3];
+#define OPT_MS(f, def) (opts && opts->f ? (int)(opts->f > INT_MAX ? INT_MAX : opts->f) : (def))
+  /* Keepalive pings find half-open connections; idle and handshake limits
+   * close connections that hold a socket and do nothing. Clients may ping
+   * as often as every 10 s without being told off. */
+  const struct { const char *key; int val; } kv[] = {
+      {GRPC_ARG_ALLOW_REUSEPORT, 0}, /* a second server must fail to bind */
+      {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)s->max_req},
+      {GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)s->max_msg},
+      {GRPC_ARG_KEEPALIVE_TIME_MS, OPT_MS(keepalive_ms, 30000)},
+      {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, OPT_MS(keepalive_timeout_ms, 10000)},
+      {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+      {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000},
+      {GRPC_ARG_MAX_CONNECTION_IDLE_MS, OPT_MS(idle_ms, 300000)},
+      {GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, OPT_MS(handshake_ms, 10000)},
+      {GRPC_ARG_MAX_CONCURRENT_STREAMS, OPT_MS(max_streams, 1000)},
+  };
+#undef OPT_MS
+  enum { NARGS = sizeof kv / sizeof kv[0] };
+  grpc_arg args[NARGS + 1];
   memset(args, 0, sizeof args);
-  args[0].type = GRPC_ARG_INTEGER;
-  args[0].key = (char *)GRPC_ARG_ALLOW_REUSEPORT; /* a second server must fail to bind */
-  args[0].value.integer = 0;
-  args[1].type = GRPC_ARG_INTEGER;
-  args[1].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-  args[1].value.integer = (int)s->max_msg;
-  args[2].type = GRPC_ARG_INTEGER;
-  args[2].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-  args[2].value.integer = (int)s->max_msg;
-  grpc_channel_args ca = {3, args};
+  for (size_t i = 0; i < NARGS; i++) {
+    args[i].type = GRPC_ARG_INTEGER;
+    args[i].key = (char *)kv[i].key;
+    args[i].value.integer = kv[i].val;
+  }
+  /* All connections together get this much memory: past it gRPC refuses
+   * new connections and streams rather than let a flood of them grow the
+   * process. */
+  grpc_resource_quota *quota = grpc_resource_quota_create("mega server");
+  grpc_resource_quota_resize(quota, opts && opts->memory_bytes ? opts->memory_bytes : 512u << 20);
+  args[NARGS].type = GRPC_ARG_POINTER;
+  args[NARGS].key = (char *)GRPC_ARG_RESOURCE_QUOTA;
+  args[NARGS].value.pointer.p = quota;
+  args[NARGS].value.pointer.vtable = grpc_resource_quota_arg_vtable();
+  grpc_channel_args ca = {NARGS + 1, args};
   s->server = grpc_server_create(&ca, NULL);
+  grpc_resource_quota_unref(quota); /* the server holds its own reference */
   grpc_server_register_completion_queue(s->server, mega_rpc_cq_raw(cq), NULL);
   *out = s;
   return MEGA_OK;
@@ -482,7 +557,10 @@ static mega_status probe_listen(const char *addr, mega_err *err) {
   }
   char host[256], port[32];
   const char *colon = strrchr(addr, ':');
-  if (!colon || strlen(colon + 1) >= sizeof port) return MEGA_OK; /* gRPC will say */
+  if (!colon) return MEGA_OK; /* gRPC will say */
+  if (strlen(colon + 1) >= sizeof port)
+    return mega_fail(err, MEGA_ERR_INVALID, "cannot listen on %s: the port is not a number in "
+                     "0..65535", addr);
   snprintf(port, sizeof port, "%s", colon + 1);
   size_t hl = (size_t)(colon - addr);
   if (hl >= sizeof host) return MEGA_OK;
@@ -492,7 +570,15 @@ static mega_status probe_listen(const char *addr, mega_err *err) {
     memmove(host, host + 1, hl - 2);
     host[hl - 2] = '\0';
   }
-  if (strcmp(port, "0") == 0) return MEGA_OK;
+  /* gRPC binds a port past 65535 as a random one: refuse it instead */
+  char *end;
+  errno = 0;
+  unsigned long pn = strtoul(port, &end, 10);
+  if (!port[0] || *end || errno || pn > 65535 || port[0] == '-' || port[0] == '+')
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "cannot listen on %s: '%s' is not a port (0..65535; 0 picks a free one)",
+                     addr, port);
+  if (pn == 0) return MEGA_OK;
   struct addrinfo hints = {.ai_flags = AI_PASSIVE, .ai_socktype = SOCK_STREAM}, *res = NULL;
   if (getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) return MEGA_OK;
   mega_status st = MEGA_OK;
@@ -518,7 +604,9 @@ mega_status mega_rpc_server_listen(mega_rpc_server *s, const char *addr, int *po
     return mega_fail(err, MEGA_ERR_INTERNAL, "listen on %s after the server started", addr);
   mega_status st = probe_listen(addr, err);
   if (st != MEGA_OK) return st;
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  mega_rpc_auth a = {.tls_ca = s->tls_ca, .tls_cert = s->tls_cert, .tls_key = s->tls_key,
+                     .tls_client_auth = s->tls_client_auth};
+  grpc_server_credentials *creds = mega_rpc_server_creds(&a);
   int p = grpc_server_add_http2_port(s->server, addr, creds);
   grpc_server_credentials_release(creds);
   if (p == 0)
@@ -557,8 +645,7 @@ static void on_grace_closed(uv_handle_t *h) {
   void (*done)(void *) = s->done;
   void *arg = s->done_arg;
   grpc_server_destroy(s->server);
-  free(s->methods);
-  free(s);
+  free_server(s);
   mega_rpc_lib_unref();
   if (done) done(arg);
 }

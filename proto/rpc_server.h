@@ -20,7 +20,8 @@
  * later must set a cancel callback, or shutdown waits for its answer.
  *
  * Methods not given a handler, and paths the server does not know, get
- * UNIMPLEMENTED at once. Every function here runs on the cq's loop thread. */
+ * UNIMPLEMENTED at once. With a token (opts.auth) every call without it,
+ * known path or not, gets UNAUTHENTICATED before anything else. Every function here runs on the cq's loop thread. */
 #ifndef MEGA_PROTO_RPC_SERVER_H
 #define MEGA_PROTO_RPC_SERVER_H
 
@@ -28,6 +29,7 @@
 #include <stdint.h>
 
 #include "proto/rpc.h"
+#include "proto/rpc_auth.h"
 #include "proto/rpc_bridge.h"
 
 typedef struct mega_rpc_server mega_rpc_server;
@@ -41,8 +43,27 @@ typedef void (*mega_rpc_handler)(mega_rpc_call *call, const ProtobufCMessage *re
  * the handler ended it. The handler still ends the call (here or later). */
 typedef void (*mega_rpc_cancel_fn)(mega_rpc_call *call, void *arg);
 
+/* A call refused before any handler saw it (no or a wrong token): peer is
+ * the client's address, method its path. Runs on the loop thread; a
+ * server logs it (rate-limited: a flood of bad calls must not flood the
+ * log). */
+typedef void (*mega_rpc_refused_fn)(void *arg, const char *peer, const char *method,
+                                    const char *why);
+
 typedef struct mega_rpc_server_opts {
-  size_t max_message_bytes; /* 0: MEGA_RPC_MAX_MESSAGE_DEFAULT, both directions */
+  size_t max_message_bytes; /* 0: MEGA_RPC_MAX_MESSAGE_DEFAULT: what the server sends */
+  size_t max_request_bytes; /* 0: max_message_bytes: the largest message a client may send */
+  const mega_rpc_auth *auth; /* NULL: no token, plaintext. Copied. */
+  mega_rpc_refused_fn on_refused; /* may be NULL */
+  void *refused_arg;
+  /* Connections: a client that is silent this long is pinged, and dropped
+   * when the ping goes unanswered for keepalive_timeout_ms (half-open
+   * connections); a connection with no call this long is closed; a
+   * connection must finish its handshake within handshake_ms. 0: the
+   * defaults (30 s, 10 s, 5 min, 10 s). */
+  unsigned keepalive_ms, keepalive_timeout_ms, idle_ms, handshake_ms;
+  unsigned max_streams; /* concurrent calls per connection; 0: 1000 */
+  size_t memory_bytes;  /* memory every connection together may take; 0: 512 MiB */
 } mega_rpc_server_opts;
 
 /* opts may be NULL. The server posts its events to cq, which must outlive it. */

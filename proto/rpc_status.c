@@ -63,6 +63,10 @@ static const char *unavailable_reason(const char *d, char *buf, size_t n) {
     const char *needle, *reason;
   } known[] = {
       {"connection refused", "connection refused"},
+      {"handshake", "the TLS handshake failed (is --tls-ca the CA that signed the server's "
+                    "certificate, and does the server use TLS?)"},
+      {"ssl", "the TLS handshake failed (is --tls-ca the CA that signed the server's "
+              "certificate, and does the server use TLS?)"},
       {"no such file", "no such socket"},
       {"connection reset", "connection reset by peer"},
       {"broken pipe", "the connection broke"},

@@ -88,10 +88,17 @@ static mega_status check_config(const char *dir, const mega_gpt_config *cfg, meg
       goto out;
     }
     if (json_integer_value(v) != want) {
+      /* Megatron pads the vocabulary to a multiple of
+       * --make-vocab-size-divisible-by x TP, so it can differ by layout */
+      bool vocab = fields[i].off == offsetof(mega_gpt_config, vocab_size);
       st = mega_fail(err, MEGA_ERR_INVALID,
-                     "checkpoint config mismatch: %s/%s has %s %lld, but this job has %s %d",
+                     "checkpoint config mismatch: %s/%s has %s %lld, but this job has %s %d%s",
                      dir, MEGA_CKPT_CONFIG_FILE, fields[i].key,
-                     (long long)json_integer_value(v), fields[i].flag, want);
+                     (long long)json_integer_value(v), fields[i].flag, want,
+                     vocab ? " (the padded vocabulary: a multiple of "
+                             "--make-vocab-size-divisible-by x --tensor-model-parallel-size; "
+                             "choose --make-vocab-size-divisible-by so it comes out the same)"
+                           : "");
       goto out;
     }
   }
@@ -233,6 +240,8 @@ out:
   return st;
 }
 
+/* Reads the whole tensor into host (numel floats) and copies p's part of
+ * it (a TP slice, cut into host + numel) to dst. */
 static mega_status load_tensor(mega_backend *be, const mega_ckpt_shards *sh, const char *dir,
                                const char *what, const char *name, const mega_ckpt_param *p,
                                float *dst, float *host, mega_err *err) {
@@ -242,7 +251,13 @@ static mega_status load_tensor(mega_backend *be, const mega_ckpt_shards *sh, con
                      name);
   mega_status st = mega_st_read_f32(f, name, host, p->numel, p->shape, p->ndim, err);
   if (st != MEGA_OK) return st;
-  return be->ops->memcpy(be, dst, host, p->numel * sizeof(float), MEGA_COPY_H2D, err);
+  const float *src = host;
+  if (p->tp_size > 1) {
+    mega_tp_cut(&p->tp, p->tp_size, p->tp_rank, host, host + p->numel);
+    src = host + p->numel;
+  }
+  return be->ops->memcpy(be, dst, src, mega_ckpt_param_local(p) * sizeof(float),
+                         MEGA_COPY_H2D, err);
 }
 
 mega_status mega_ckpt_load(const char *path, mega_backend *be, const mega_gpt_config *cfg,
@@ -261,7 +276,7 @@ mega_status mega_ckpt_load(const char *path, mega_backend *be, const mega_gpt_co
   size_t maxn = 1;
   for (size_t i = 0; i < n; i++)
     if (params[i].numel > maxn) maxn = params[i].numel;
-  float *host = malloc(maxn * sizeof(float));
+  float *host = malloc(2 * maxn * sizeof(float)); /* a whole tensor and its slice */
   if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory loading %s", path);
 
   mega_ckpt_shards model = {0}, opt = {0};

@@ -63,7 +63,11 @@
 #define MEGA_CKPT_LATEST_FILE "latest_checkpointed_iteration.txt"
 #define MEGA_CKPT_MANIFEST_FILE "manifest.json"
 
-/* One tensor of the checkpoint. All buffers are backend memory, borrowed. */
+/* One tensor of the checkpoint. All buffers are backend memory, borrowed.
+ * shape and numel are the whole tensor's, as files hold it. The buffers
+ * hold the whole tensor too, unless tp_size > 1: then they hold rank
+ * tp_rank's slice (tp says how it is cut; local_numel floats), which loads
+ * cut from the whole tensor. Writers always get whole tensors. */
 typedef struct mega_ckpt_param {
   const char *name; /* Hugging Face name */
   int ndim;         /* 1 or 2 */
@@ -71,7 +75,15 @@ typedef struct mega_ckpt_param {
   size_t numel;
   float *param;
   float *exp_avg, *exp_avg_sq; /* NULL: no optimizer state for this tensor */
+  int tp_size, tp_rank;        /* 0 or 1: whole */
+  mega_tp_split tp;
+  size_t local_numel;
 } mega_ckpt_param;
+
+/* Floats the buffers of p hold. */
+static inline size_t mega_ckpt_param_local(const mega_ckpt_param *p) {
+  return p->tp_size > 1 ? p->local_numel : p->numel;
+}
 
 /* Where training stands. */
 typedef struct mega_ckpt_state {

@@ -3,9 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/schedule.h"
+
 mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, mega_err *err) {
   mega_gpt_config_default(cfg);
-  cfg->vocab_size = MEGA_VOCAB_SIZE;
+  cfg->vocab_size = mega_jobspec_padded_vocab(job); /* Megatron pads wte's rows */
   cfg->max_seq_len = mega_jobspec_max_position_embeddings(job);
   cfg->num_layers = job->num_layers;
   cfg->num_heads = job->num_attention_heads;
@@ -16,8 +18,24 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
   return mega_gpt_config_check(cfg, err);
 }
 
-static mega_status stage_desc(const mega_layout *l, int pp_rank, int chunk,
-                              mega_gpt_stage_desc *d, mega_err *err) {
+/* The job's recomputation flags, per model chunk as Megatron applies them;
+ * zero-bubble runs the backward halves apart. */
+static void stage_recompute(const mega_jobspec *job, mega_gpt_stage_desc *d) {
+  mega_sched_params p;
+  mega_jobspec_sched_params(job, 0, &p);
+  d->split_backward = p.kind == MEGA_SCHED_ZB_H1;
+  if (job->recompute_granularity == MEGA_RECOMPUTE_SELECTIVE) {
+    d->recompute = MEGA_GPT_RECOMPUTE_SELECTIVE;
+  } else if (job->recompute_granularity == MEGA_RECOMPUTE_FULL) {
+    d->recompute = job->recompute_method == MEGA_RECOMPUTE_BLOCK ? MEGA_GPT_RECOMPUTE_BLOCK
+                                                                 : MEGA_GPT_RECOMPUTE_UNIFORM;
+    d->recompute_layers = job->recompute_num_layers;
+  }
+}
+
+static mega_status stage_desc(const mega_jobspec *job, const mega_layout *l, int pp_rank,
+                              int chunk, const mega_gpt_tp *tp, mega_gpt_stage_desc *d,
+                              mega_err *err) {
   if (mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_MTP) > 0)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "layout: stage (pp %d, vp %d) has multi-token prediction layers ('m'), "
@@ -26,7 +44,9 @@ static mega_status stage_desc(const mega_layout *l, int pp_rank, int chunk,
       .embedding = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_EMBEDDING) > 0,
       .loss = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_LOSS) > 0,
       .first_layer = mega_layout_offset(l, pp_rank, chunk, MEGA_LAYER_DECODER),
-      .num_layers = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_DECODER)};
+      .num_layers = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_DECODER),
+      .tp = tp ? *tp : (mega_gpt_tp){.size = 1}};
+  stage_recompute(job, d);
   return MEGA_OK;
 }
 
@@ -52,10 +72,15 @@ static mega_status build_views(mega_chunks *c, mega_err *err) {
                                         .grads = g + info[i].offset,
                                         .numel = info[i].numel, .decay = info[i].decay};
       mega_ckpt_param *cp = &c->ckpt[k];
+      const mega_gpt_tp *tp = mega_gpt_stage_tp(c->stages[v]);
       cp->name = info[i].name;
       cp->ndim = info[i].ndim;
-      for (int d = 0; d < info[i].ndim; d++) cp->shape[d] = info[i].shape[d];
-      cp->numel = info[i].numel;
+      for (int d = 0; d < info[i].ndim; d++) cp->shape[d] = info[i].full_shape[d];
+      cp->numel = info[i].full_numel;
+      cp->tp_size = tp->size;
+      cp->tp_rank = tp->rank;
+      cp->tp = info[i].tp;
+      cp->local_numel = info[i].numel;
       cp->param = p + info[i].offset;
       c->tied_copy[k] = info[i].tied_copy;
       if (!strcmp(info[i].name, "transformer.wte.weight")) {
@@ -69,7 +94,7 @@ static mega_status build_views(mega_chunks *c, mega_err *err) {
 }
 
 mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
-                              const mega_layout *layout, int pp_rank,
+                              const mega_layout *layout, int pp_rank, const mega_gpt_tp *tp,
                               const mega_grads_opts *grads, mega_err *err) {
   *c = (mega_chunks){.vp = layout->vp};
   mega_status st = mega_chunks_config(job, &c->cfg, err);
@@ -78,7 +103,7 @@ mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobsp
   if (!c->stages) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d chunks", c->vp);
   for (int v = 0; v < c->vp && st == MEGA_OK; v++) {
     mega_gpt_stage_desc d;
-    st = stage_desc(layout, pp_rank, v, &d, err);
+    st = stage_desc(job, layout, pp_rank, v, tp, &d, err);
     if (st == MEGA_OK) st = mega_gpt_stage_create(be, &c->cfg, &d, &c->stages[v], err);
   }
   if (st == MEGA_OK) st = mega_grads_create(be, c->stages, c->vp, grads, &c->grads, err);

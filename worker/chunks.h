@@ -33,11 +33,12 @@ typedef struct mega_chunks {
 /* The model config a job describes. */
 mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, mega_err *err);
 
-/* Builds the stages of pipeline rank pp_rank from the layout, and moves
- * their parameters and gradients into worker/grads buffers laid out by
- * grads (data-parallel size and rank, buckets). */
+/* Builds the stages of pipeline rank pp_rank from the layout, with tensor
+ * parallelism tp (NULL: none), and moves their parameters and gradients
+ * into worker/grads buffers laid out by grads (data-parallel size and rank,
+ * buckets). */
 mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
-                              const mega_layout *layout, int pp_rank,
+                              const mega_layout *layout, int pp_rank, const mega_gpt_tp *tp,
                               const mega_grads_opts *grads, mega_err *err);
 
 /* Points the checkpoint views at the optimizer's moments (after

@@ -53,6 +53,16 @@ static double wall_s(void) {
 static bool is_comm(uint8_t k) { return mega_act_is_p2p(k); }
 static bool is_sync(uint8_t k) { return k == MEGA_ACT_GRAD_SYNC || k == MEGA_ACT_GRAD_WAIT; }
 
+/* Sequence parallelism splits a stage's activations over the TP ranks. */
+static int split_of(const mega_engine *e) {
+  return e->cfg.stream_split > 1 ? e->cfg.stream_split : 1;
+}
+
+/* Floats of one activation (or its gradient) on this rank: [B*T/split, hidden]. */
+static size_t act_floats(const mega_engine *e, int T) {
+  return (size_t)e->B * (size_t)T * (size_t)e->cfg.hidden / (size_t)split_of(e);
+}
+
 static slot *slot_of(mega_engine *e, int mb, int chunk) { return &e->slots[mb * e->vp + chunk]; }
 
 static bool first_stage(const mega_engine *e, int chunk) {
@@ -193,7 +203,10 @@ static void add_bubble(mega_engine *e, uint8_t phase, double s) {
 }
 
 static void track_peak(mega_engine *e) {
-  if (e->mem.live_bytes > e->res->peak_bytes) e->res->peak_bytes = e->mem.live_bytes;
+  size_t live = e->mem.live_bytes; /* and each chunk's recomputation scratch, once */
+  for (int v = 0; v < e->vp && !e->cfg.simulate; v++)
+    live += mega_gpt_scratch_bytes(e->cfg.chunks[v]);
+  if (live > e->res->peak_bytes) e->res->peak_bytes = live;
   if (e->inflight > e->res->peak_inflight) e->res->peak_inflight = e->inflight;
 }
 
@@ -267,7 +280,8 @@ static mega_status prepare_msg(mega_engine *e, const mega_action *a, int64_t it,
   default: m = &s->rb; buf = &s->dout; break;
   }
   *m = (mega_p2p_msg){.kind = a->kind, .mb = a->mb, .chunk = a->chunk, .B = e->B,
-                      .T = s->T ? s->T : mega_engine_seq_len(e, it, a->mb), .C = e->cfg.hidden};
+                      .T = s->T ? s->T : mega_engine_seq_len(e, it, a->mb),
+                      .C = e->cfg.hidden / split_of(e)};
   if (is_send(a->kind)) {
     if (!buf->p)
       return mega_fail(err, MEGA_ERR_INTERNAL, "engine: %s before its data was computed",
@@ -447,7 +461,7 @@ static mega_status do_forward(mega_engine *e, const mega_action *a, int64_t it, 
   } else {
     s->T = mega_engine_seq_len(e, it, a->mb);
   }
-  size_t n = (size_t)e->B * s->T * e->cfg.hidden;
+  size_t n = act_floats(e, s->T);
   if (!last) {
     st = mega_emem_get(&e->mem, &s->out, n, err);
     if (st != MEGA_OK) return st;
@@ -526,7 +540,7 @@ static mega_status do_backward(mega_engine *e, const mega_action *a, float loss_
     mega_p2p_release(&s->rb);
   }
   if (!first) {
-    st = mega_emem_get(&e->mem, &s->din, (size_t)e->B * s->T * e->cfg.hidden, err);
+    st = mega_emem_get(&e->mem, &s->din, act_floats(e, s->T), err);
     if (st != MEGA_OK) return st;
     track_peak(e);
   }

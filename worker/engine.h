@@ -72,6 +72,7 @@ typedef struct mega_engine_config {
   const mega_batch_plan *plan;
   int dp_rank;
   int seq_len, hidden;
+  int stream_split;        /* sequence parallelism: activations are [B*T/split, hidden]; 0 or 1: whole */
   bool overlap_p2p;        /* --overlap-p2p-comm */
   bool overlap_warmup_flush; /* --overlap-p2p-comm-warmup-flush */
   bool deallocate_outputs; /* --deallocate-pipeline-outputs */
@@ -91,7 +92,7 @@ typedef struct mega_engine_result {
   double compute_s;
   double bubble_s, bubble_warmup_s, bubble_steady_s, bubble_cooldown_s;
   double p2p_wait_s;
-  size_t peak_bytes; /* activations and P2P buffers alive at once */
+  size_t peak_bytes; /* activations (each chunk's recompute scratch too) and P2P buffers alive at once */
   int peak_inflight; /* (microbatch, chunk) activations alive at once */
   double grad_wait_s;   /* in GW actions */
   double work_end_wall; /* wall clock when the last action other than GS and GW ended */

@@ -32,7 +32,9 @@ struct mega_grads {
   mega_optim_range *ranges;
   int *range_chunk;
   size_t *range_pos; /* of each range in its chunk's buffers */
-  bool *range_copy;  /* a piece of the loss-only stage's copy of wte */
+  /* left out of the norm: a piece of the loss-only stage's copy of wte, or
+   * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
+  bool *range_skip;
   size_t nranges;
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
@@ -134,8 +136,8 @@ static mega_status build_ranges(mega_grads *g, mega_err *err) {
   g->ranges = calloc(cap + 1, sizeof *g->ranges);
   g->range_chunk = calloc(cap + 1, sizeof *g->range_chunk);
   g->range_pos = calloc(cap + 1, sizeof *g->range_pos);
-  g->range_copy = calloc(cap + 1, sizeof *g->range_copy);
-  if (!g->ranges || !g->range_chunk || !g->range_pos || !g->range_copy)
+  g->range_skip = calloc(cap + 1, sizeof *g->range_skip);
+  if (!g->ranges || !g->range_chunk || !g->range_pos || !g->range_skip)
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for optimizer ranges");
   size_t n = 0;
   for (int v = 0; v < g->vp; v++) {
@@ -153,7 +155,9 @@ static mega_status build_ranges(mega_grads *g, mega_err *err) {
                                         .numel = hi - lo, .decay = p[i].decay};
       g->range_chunk[n] = v;
       g->range_pos[n] = lo;
-      g->range_copy[n] = p[i].tied_copy;
+      const mega_gpt_tp *tp = mega_gpt_stage_tp(c->stage);
+      g->range_skip[n] =
+          p[i].tied_copy || (tp->rank > 0 && mega_tp_split_replicated(&p[i].tp));
       n++;
     }
   }
@@ -246,7 +250,7 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->ranges);
   free(g->range_chunk);
   free(g->range_pos);
-  free(g->range_copy);
+  free(g->range_skip);
   free(g);
 }
 
@@ -367,10 +371,10 @@ double mega_grads_loss_scale_factor(const mega_grads *g) {
 
 mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err) {
   /* Over the ranges the optimizer steps: each element this rank owns once,
-   * padding never, the tied copy left out. */
+   * padding never, the tied copy and other TP ranks' replicas left out. */
   double sum = 0;
   for (size_t i = 0; i < g->nranges; i++) {
-    if (g->range_copy[i]) continue;
+    if (g->range_skip[i]) continue;
     double s;
     mega_status st = g->be->ops->sum_squares(g->be, g->ranges[i].grads, g->ranges[i].numel, &s,
                                              err);

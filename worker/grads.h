@@ -134,8 +134,9 @@ double mega_grads_loss_scale_factor(const mega_grads *g);
 
 /* Sum of squares of the gradients this rank owns after the reduction (its
  * shards with the distributed optimizer, else everything), the loss
- * stage's copy of wte left out, so that summed over the data-parallel
- * group (distributed) and the pipeline each element counts exactly once. */
+ * stage's copy of wte left out, and TP-replicated tensors counted by TP
+ * rank 0 alone, so that summed over the data-parallel group (distributed),
+ * the TP group and the pipeline each element counts exactly once. */
 mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err);
 
 /* The part of the tied embedding's gradient this rank owns, for the

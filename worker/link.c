@@ -380,6 +380,7 @@ mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_e
   rm.dp_rank = (uint32_t)m->dp_rank;
   rm.tp_rank = (uint32_t)m->tp_rank;
   rm.compute_s = m->compute_s;
+  rm.tp_comm_s = m->tp_comm_s;
   rm.bubble_s = m->bubble_s;
   rm.bubble_warmup_s = m->bubble_warmup_s;
   rm.bubble_steady_s = m->bubble_steady_s;

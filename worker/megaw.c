@@ -23,6 +23,7 @@
 #include "core/schedule.h"
 #include "worker/data.h"
 #include "worker/megaw_assigned.h"
+#include "worker/megaw_generate.h"
 #include "worker/rank.h"
 
 static volatile sig_atomic_t stop_signal = 0;
@@ -48,11 +49,12 @@ typedef struct worker_opts {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: megaw [job flags] [--json]\n"
-          "       megaw --rank R --world-size N --rendezvous-dir DIR [job flags] [--json]\n\n"
+          "       megaw --rank R --world-size N --rendezvous-dir DIR [job flags] [--json]\n"
+          "       megaw generate --load DIR --prompt TEXT [...]   (see megaw generate --help)\n\n"
           "Trains a GPT. megad starts workers with an assignment; without one, megaw\n"
           "trains alone as rank 0 of 1, or as rank R of N ranks started by hand that meet\n"
           "through a directory they all see.\n\n"
-          "worker flags:\n"
+          "megaw flags:\n"
           "  --json                 print one JSON object per iteration on stdout\n"
           "  --rank R               this process's rank (hand launch)\n"
           "  --world-size N         ranks in the job (hand launch)\n"
@@ -102,6 +104,8 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
                              "peak_activation_bytes", (json_int_t)m->peak_activation_bytes);
     if (rest) {
       json_object_set_new(rest, "peak_inflight", json_integer(m->peak_inflight));
+      json_object_set_new(rest, "tp_rank", json_integer(m->tp_rank));
+      json_object_set_new(rest, "tp_comm_s", json_real(m->tp_comm_s));
       json_object_set_new(rest, "grad_sync_exposed_s", json_real(m->grad_sync_exposed_s));
       json_object_set_new(rest, "param_bytes", json_integer((json_int_t)m->param_bytes));
       json_object_set_new(rest, "grad_bytes", json_integer((json_int_t)m->grad_bytes));
@@ -240,6 +244,7 @@ int main(int argc, char **argv) {
   /* Started by megad: the job comes over the pipe, not argv. */
   const char *worker_fd = getenv("MEGA_WORKER_FD");
   if (worker_fd) return megaw_run_assigned(worker_fd);
+  if (argc > 1 && !strcmp(argv[1], "generate")) return megaw_generate(argc - 1, argv + 1);
   install_signals();
   mega_jobspec job;
   mega_jobspec_defaults(&job);
@@ -275,7 +280,7 @@ int main(int argc, char **argv) {
   /* Flag errors exit 2, like a usage error; failures while training exit 1. */
   long long bytes = -1;
   if (check_launch(&o, &job, &err) != MEGA_OK || check_standalone(&job, &err) != MEGA_OK ||
-      (job.data_path && mega_data_file_size(job.data_path, &bytes, &err) != MEGA_OK) ||
+      (mega_jobspec_data_file(&job, 0, NULL) && mega_data_probe(&job, &bytes, &err) != MEGA_OK) ||
       mega_jobspec_check_all(&job, o.world, bytes, &err) != MEGA_OK) {
     mega_jobspec_free(&job);
     fprintf(stderr, "megaw: %s\n", err.msg);

@@ -104,7 +104,7 @@ static int fail(assigned *a, const mega_err *e, int code) {
 
 static mega_status check_job(const mega_jobspec *job, int world, mega_err *err) {
   long long bytes = -1;
-  if (job->data_path && mega_data_file_size(job->data_path, &bytes, err) != MEGA_OK)
+  if (mega_jobspec_data_file(job, 0, NULL) && mega_data_probe(job, &bytes, err) != MEGA_OK)
     return err->status;
   return mega_jobspec_check_all(job, world, bytes, err);
 }

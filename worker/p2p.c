@@ -80,6 +80,17 @@ static size_t payload_floats(const mega_p2p_msg *m) {
   return (size_t)m->B * (size_t)m->T * (size_t)m->C;
 }
 
+/* The 8-byte trailer to or from a message buffer (backend memory). */
+static mega_status trailer_copy(mega_p2p *p, void *dst, const void *src, mega_copy_kind kind,
+                                mega_err *err) {
+  mega_backend *be = p->opts.be;
+  if (!be) {
+    memcpy(dst, src, sizeof(double));
+    return MEGA_OK;
+  }
+  return be->ops->memcpy(be, dst, src, sizeof(double), kind, err);
+}
+
 static mega_status post_data(mega_p2p *p, mega_p2p_msg *m, mega_err *err) {
   int peer = mega_p2p_peer(p, m->kind, m->chunk);
   size_t bytes = mega_p2p_buffer_bytes(payload_floats(m));
@@ -87,8 +98,9 @@ static mega_status post_data(mega_p2p *p, mega_p2p_msg *m, mega_err *err) {
   mega_status st;
   if (is_send(m->kind)) {
     double now = wall_s();
-    memcpy((uint8_t *)m->buf + payload_floats(m) * sizeof(float), &now, sizeof now);
-    st = mega_comm_isend(p->comm, m->buf, bytes, peer, tag, &m->req, err);
+    st = trailer_copy(p, (uint8_t *)m->buf + payload_floats(m) * sizeof(float), &now,
+                      MEGA_COPY_H2D, err);
+    if (st == MEGA_OK) st = mega_comm_isend(p->comm, m->buf, bytes, peer, tag, &m->req, err);
   } else {
     st = mega_comm_irecv(p->comm, m->buf, bytes, peer, tag, &m->req, err);
   }
@@ -158,10 +170,11 @@ static mega_status post_after_shape(mega_p2p *p, mega_p2p_msg *m, mega_err *err)
   return st == MEGA_OK ? post_data(p, m, err) : st;
 }
 
-static void finish(mega_p2p_msg *m) {
+static mega_status finish(mega_p2p *p, mega_p2p_msg *m, mega_err *err) {
   m->done = true;
-  if (!is_send(m->kind))
-    memcpy(&m->t_peer, (uint8_t *)m->buf + payload_floats(m) * sizeof(float), sizeof m->t_peer);
+  if (is_send(m->kind)) return MEGA_OK;
+  return trailer_copy(p, &m->t_peer, (uint8_t *)m->buf + payload_floats(m) * sizeof(float),
+                      MEGA_COPY_D2H, err);
 }
 
 static void split_wait(const mega_p2p_msg *m, double t0, double t1, double t_peer,
@@ -202,8 +215,8 @@ mega_status mega_p2p_wait_msg(mega_p2p *p, mega_p2p_msg *m, mega_p2p_wait *w, me
     if (st != MEGA_OK) return st;
   }
   st = mega_req_wait(m->req, p->opts.timeout_ms, err);
+  if (st == MEGA_OK) st = finish(p, m, err);
   if (st != MEGA_OK) return st;
-  finish(m);
   split_wait(m, t0, wall_s(), m->t_peer, w);
   return MEGA_OK;
 }
@@ -225,9 +238,9 @@ mega_status mega_p2p_test(mega_p2p *p, mega_p2p_msg *m, bool *done, mega_err *er
   }
   st = mega_req_test(m->req, &d, err);
   if (st != MEGA_OK || !d) return st;
-  finish(m);
-  *done = true;
-  return MEGA_OK;
+  st = finish(p, m, err);
+  *done = st == MEGA_OK;
+  return st;
 }
 
 void mega_p2p_release(mega_p2p_msg *m) {

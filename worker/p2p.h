@@ -25,6 +25,7 @@
 
 #include "core/schedule.h"
 #include "core/status.h"
+#include "worker/backend/backend.h"
 #include "worker/comm/comm.h"
 
 #define MEGA_P2P_TRAILER_BYTES 16u
@@ -35,6 +36,9 @@ typedef struct mega_p2p_opts {
   bool batch;          /* --batch-p2p-comm: a step's operations posted together */
   bool variable_seq;   /* --variable-seq-lengths: shapes go first */
   int timeout_ms;      /* per wait; 0: the communicator's */
+  /* Where message buffers live: the trailer's timestamp is copied in and
+   * out through it (device memory on the cuda backend). NULL: host memory. */
+  mega_backend *be;
 } mega_p2p_opts;
 
 /* One transfer. Fill kind, mb, chunk, buf, and for sends and fixed-shape

@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/schedule.h"
 #include "core/topology.h"
+#include "worker/backend/cuda_module.h"
 #include "worker/chunks.h"
 #include "worker/data.h"
 #include "worker/engine.h"
@@ -36,10 +38,6 @@ mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err
     return mega_fail(err, MEGA_ERR_INVALID,
                      "a world of %d ranks needs exactly one rendezvous store (the daemon's "
                      "key-value store or a store directory)", env->world_size);
-  if (job->tensor_model_parallel_size > 1)
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "--tensor-model-parallel-size %d: tensor parallelism is not built yet; use 1",
-                     job->tensor_model_parallel_size);
   mega_rank *r = calloc(1, sizeof *r);
   if (!r) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating rank %d", env->rank);
   r->env = *env;
@@ -101,7 +99,7 @@ static mega_status make_group(mega_rank *r, int g, mega_group_kind kind, const c
 
 /* Data-parallel replicas hold the same weights: the first one saves. */
 
-/* Every rank builds its groups in the same order (PP, DP, EMBD), so each
+/* Every rank builds its groups in the same order (PP, DP, EMBD, TP), so each
  * creation only waits for members that are creating the same group. */
 static mega_status build_groups(mega_rank *r, mega_err *err) {
   if (r->env.world_size == 1) return MEGA_OK;
@@ -112,6 +110,8 @@ static mega_status build_groups(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK) st = make_group(r, GROUP_PP, MEGA_GROUP_PP, "pp", err);
   if (st == MEGA_OK) st = make_group(r, GROUP_DP, MEGA_GROUP_DP, "dp", err);
   if (st == MEGA_OK) st = make_group(r, GROUP_EMBD, MEGA_GROUP_EMBD, "embd", err);
+  if (st == MEGA_OK) st = make_group(r, GROUP_TP, MEGA_GROUP_TP, "tp", err);
+  r->tp.comm = r->comm[GROUP_TP];
   /* The writers: the pipeline of dp 0, tp 0, once more, for checkpoints. */
   if (st == MEGA_OK && r->job->save && rank_is_writer(r) && r->topo.pp > 1)
     st = join_group(r, GROUP_CKPT, "ckpt", r->me.pp, r->topo.pp, err);
@@ -168,7 +168,8 @@ static mega_status make_engine(mega_rank *r, const mega_schedule *sched, bool ev
       .sched = sched, .pp_rank = r->me.pp, .chunks = r->chunks.stages, .be = r->be,
       .p2p = r->p2p, .grads = eval ? NULL : r->chunks.grads, .data = r->data, .plan = &r->plan,
       .dp_rank = r->me.dp,
-      .seq_len = j->seq_length, .hidden = j->hidden_size, .overlap_p2p = j->overlap_p2p_comm,
+      .seq_len = j->seq_length, .hidden = j->hidden_size,
+      .stream_split = j->sequence_parallel ? r->topo.tp : 1, .overlap_p2p = j->overlap_p2p_comm,
       .overlap_warmup_flush = j->overlap_p2p_comm_warmup_flush,
       .deallocate_outputs = j->deallocate_pipeline_outputs,
       .variable_seq = j->variable_seq_lengths && !eval, .forward_only = eval, .eval_data = eval};
@@ -189,7 +190,8 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_status st = MEGA_OK;
   if (r->comm[GROUP_PP]) {
-    mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths};
+    mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths,
+                        .be = r->be};
     st = mega_p2p_create(r->comm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
   }
   if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
@@ -198,20 +200,41 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
   return st;
 }
 
+/* --backend: cuda through its module on the rank's device (the
+ * assignment's, else its local rank); auto takes cuda for a single rank
+ * where a GPU's device files are, and says why when it falls back. */
+static mega_status make_backend(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  int kind = j->backend;
+  bool gpu = access("/dev/nvidiactl", F_OK) == 0;
+  if (kind == MEGA_JOB_BACKEND_AUTO)
+    kind = gpu && r->env.world_size == 1 ? MEGA_JOB_BACKEND_CUDA : MEGA_JOB_BACKEND_CPU;
+  if (kind == MEGA_JOB_BACKEND_CUDA) {
+    int dev = r->env.device >= 0 ? r->env.device : r->env.local_rank;
+    mega_err why = {0};
+    mega_status st = mega_backend_cuda_create(dev, &r->be, j->backend == MEGA_JOB_BACKEND_CUDA ? err : &why);
+    if (st == MEGA_OK || j->backend == MEGA_JOB_BACKEND_CUDA) return st;
+    fprintf(stderr, "megaw: rank %d: --backend auto: using cpu (%s)\n", r->env.rank, why.msg);
+  }
+  mega_backend_cpu_opts bo = {.threads = j->blas_threads};
+  return mega_backend_cpu_create(&bo, &r->be, err);
+}
+
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
   rank_phase(r, "setup");
-  mega_backend_cpu_opts bo = {.threads = j->blas_threads};
-  mega_status st = mega_backend_cpu_create(&bo, &r->be, err);
+  mega_status st = make_backend(r, err);
   if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
   mega_grads_opts go = {.dp_size = r->topo.dp, .dp_rank = r->me.dp,
                         .overlap = j->overlap_grad_reduce,
                         .distributed = j->use_distributed_optimizer,
                         .average_in_collective = j->average_in_collective,
                         .bucket_size = j->bucket_size};
+  mega_gpt_tp tp;
+  if (st == MEGA_OK) st = rank_tp_init(r, &tp, err);
   if (st == MEGA_OK)
-    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &go, err);
+    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go, err);
   if (st == MEGA_OK)
     st = mega_batch_plan_init(&r->plan, j->global_batch_size, j->micro_batch_size, r->topo.dp,
                               err);
@@ -219,13 +242,9 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     r->lr = mega_lr_sched_from_job(j);
     st = mega_lr_sched_check(&r->lr, err);
   }
-  if (st == MEGA_OK) st = mega_data_open(j->data_path, j->seq_length, &r->data, err);
+  if (st == MEGA_OK) st = mega_data_open_job(j, &r->data, err);
   if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
   if (st == MEGA_OK && j->eval_interval > 0) st = build_schedule(r, true, &r->eval_sched, err);
-  if (st == MEGA_OK && j->recompute_granularity >= 0)
-    st = mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                   "--recompute-granularity: activation recomputation is not built yet; drop the "
-                   "flag (--deallocate-pipeline-outputs saves pipeline memory)");
   if (st == MEGA_OK) st = build_optimizer(r, err);
   if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
   /* The committer clears interrupted saves before the groups exist, so no
@@ -297,6 +316,7 @@ static mega_status finalize_grads(mega_rank *r, mega_err *err) {
   mega_grads_tied_region(r->chunks.grads, &tied, &n);
   if (st == MEGA_OK && r->comm[GROUP_EMBD] && n)
     st = mega_comm_all_reduce(r->comm[GROUP_EMBD], tied, n, 0, err);
+  if (st == MEGA_OK) st = rank_tp_finalize_grads(r, err);
   return st;
 }
 
@@ -360,12 +380,14 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   if (st == MEGA_OK && has_loss) st = sum_doubles(r->comm[GROUP_DP], &loss_sum, err);
   double tg = wall_s(); /* gradients reduced (finish_grad_sync, finalize_model_grads) */
   /* The global norm counts every element once: the shards this rank owns
-   * summed over the data-parallel group (distributed optimizer), the stages
+   * summed over the data-parallel group (distributed optimizer), the slices
+   * over the TP group (replicated tensors counted by TP rank 0), the stages
    * over the pipeline, the tied copy left out. */
   double sumsq = 0, drained = ts;
   if (st == MEGA_OK) st = mega_grads_sumsq(r->chunks.grads, &sumsq, err);
   if (st == MEGA_OK && r->job->use_distributed_optimizer)
     st = sum_doubles(r->comm[GROUP_DP], &sumsq, err);
+  if (st == MEGA_OK) st = sum_doubles(r->comm[GROUP_TP], &sumsq, err);
   if (st == MEGA_OK) st = pipeline_stats(r->comm[GROUP_PP], &sumsq, &drained, err);
   double tsync = wall_s();
   /* Waiting here while another stage still runs its schedule is pipeline
@@ -415,6 +437,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->tokens = tokens;
   m->step_time_s = t1 - t0;
   m->compute_s = res.compute_s;
+  m->tp_comm_s = rank_tp_take_comm_s(r);
   m->bubble_s = res.bubble_s + tail;
   m->bubble_warmup_s = res.bubble_warmup_s;
   m->bubble_steady_s = res.bubble_steady_s;
@@ -501,6 +524,7 @@ void mega_rank_destroy(mega_rank *r) {
   pthread_mutex_unlock(&r->comm_lock);
   pthread_mutex_destroy(&r->comm_lock);
   mega_store_close(r->store);
+  rank_tp_free(r);
   mega_optim_destroy(r->optim);
   mega_chunks_free(&r->chunks);
   mega_sched_free(&r->sched);

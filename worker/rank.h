@@ -57,6 +57,7 @@ typedef struct mega_rank_metrics {
   bool skipped;    /* the optimizer skipped a non-finite step */
   double step_time_s;
   double compute_s; /* F, B and W */
+  double tp_comm_s; /* of that, the tensor-parallel collectives (on the critical path) */
   double bubble_s;  /* waiting for a peer with nothing to compute */
   double bubble_warmup_s, bubble_steady_s, bubble_cooldown_s;
   double p2p_wait_s;          /* waiting for P2P transfers themselves */

@@ -18,7 +18,20 @@
 /* GROUP_CKPT: the writers (each stage's dp 0, tp 0 rank), used only by
  * whichever thread writes a checkpoint, never by the training thread's
  * collectives (comm.h, Ordering). */
-enum { GROUP_PP, GROUP_DP, GROUP_EMBD, GROUP_CKPT, NGROUPS };
+enum { GROUP_PP, GROUP_DP, GROUP_EMBD, GROUP_TP, GROUP_CKPT, NGROUPS };
+
+/* The rank's tensor parallelism (rank_tp.c): the model's collectives go
+ * over comm (r->comm[GROUP_TP]) and add their time to comm_s. With --save,
+ * the ranks of dp 0 gather their slices for the writer, which holds whole
+ * copies (whole) of the tensors it saves. */
+typedef struct rank_tp {
+  mega_comm *comm;
+  int size;
+  size_t *counts; /* [size] scratch */
+  double comm_s;
+  mega_ckpt_param *local, *whole; /* [nwhole]: this rank's views, the writer's whole ones */
+  size_t nwhole;
+} rank_tp;
 
 struct mega_rank {
   mega_rank_env env;
@@ -39,6 +52,7 @@ struct mega_rank {
   mega_store *store;
   mega_comm *comm[NGROUPS]; /* NULL where this rank is in no such group of size > 1 */
   pthread_mutex_t comm_lock; /* guards comm[] against mega_rank_abort's thread */
+  rank_tp tp;
   mega_p2p *p2p;
   bool simulate;
   mega_rank_ckpt_loaded loaded;
@@ -59,6 +73,21 @@ static inline bool rank_is_writer(const mega_rank *r) { return r->me.dp == 0 && 
 static inline void rank_phase(mega_rank *r, const char *name) {
   if (r->env.on_phase) r->env.on_phase(r->env.arg, name, r->iteration);
 }
+
+/* rank_tp.c */
+/* The stages' TP description (its collectives bound to r->tp). */
+mega_status rank_tp_init(mega_rank *r, mega_gpt_tp *out, mega_err *err);
+void rank_tp_free(mega_rank *r);
+/* TP communication time since the last call. */
+double rank_tp_take_comm_s(mega_rank *r);
+/* Sums the sequence-parallel layernorm gradients over the TP group. */
+mega_status rank_tp_finalize_grads(mega_rank *r, mega_err *err);
+/* The writer's whole copies of local's n tensors (moments where local has
+ * them), filled by rank_tp_gather. */
+mega_status rank_tp_whole_build(mega_rank *r, const mega_ckpt_param *local, size_t n,
+                                mega_err *err);
+void rank_tp_whole_free(mega_rank *r);
+mega_status rank_tp_gather(mega_rank *r, const mega_ckpt_param *local, size_t n, mega_err *err);
 
 /* rank_save.c */
 /* The writer's tensors and its saver (after the optimizer and the groups). */

@@ -40,21 +40,28 @@ static mega_status whole_moments_alloc(mega_rank *r, whole_moments *w, mega_err 
   return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the optimizer's whole moments");
 }
 
-/* The writer's tensors in save_params (which the saver borrows): the
- * chunks' views, a loss stage's tied copy of wte left out. */
-static size_t fill_save_params(mega_rank *r) {
+/* The tensors a stage saves, into out: the chunks' views, a loss stage's
+ * tied copy of wte left out. */
+static size_t fill_views(mega_rank *r, mega_ckpt_param *out) {
   size_t n = 0;
   for (size_t k = 0; k < r->chunks.nparams; k++)
-    if (!r->chunks.tied_copy[k]) r->save_params[n++] = r->chunks.ckpt[k];
+    if (!r->chunks.tied_copy[k]) out[n++] = r->chunks.ckpt[k];
   return n;
 }
 
-/* Distributed optimizer: points the writer's tensors' moments at whole
- * moments (the saver reads them only while it stages a save). */
-static void point_save_moments(mega_rank *r, const whole_moments *w) {
-  mega_chunks_point_moments(&r->chunks, w->avg, w->sq);
-  fill_save_params(r);
-  mega_chunks_point_moments(&r->chunks, NULL, NULL);
+/* Distributed optimizer: points views (out) at whole moments, which a save
+ * reads only while it stages. */
+static size_t point_moments(mega_rank *r, const whole_moments *w, mega_ckpt_param *out) {
+  if (w) mega_chunks_point_moments(&r->chunks, w->avg, w->sq);
+  size_t n = fill_views(r, out);
+  if (w) mega_chunks_point_moments(&r->chunks, NULL, NULL);
+  return n;
+}
+
+/* Tensor parallelism: the ranks of dp 0 hand their slices to the writer,
+ * which saves whole tensors (r->tp.whole). */
+static bool tp_gathers(const mega_rank *r) {
+  return r->topo.tp > 1 && r->me.dp == 0 && r->job->save;
 }
 
 mega_status mega_rank_save(mega_rank *r, mega_err *err) {
@@ -70,7 +77,11 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
      * writer stages whole tensors from them */
     st = whole_moments_alloc(r, &w, err);
     if (st == MEGA_OK) st = mega_grads_gather_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
-    if (st == MEGA_OK && r->saver) point_save_moments(r, &w);
+    if (st == MEGA_OK && r->saver && !tp_gathers(r)) point_moments(r, &w, r->save_params);
+  }
+  if (st == MEGA_OK && tp_gathers(r)) {
+    size_t n = point_moments(r, r->job->use_distributed_optimizer ? &w : NULL, r->tp.local);
+    st = rank_tp_gather(r, r->tp.local, n, err);
   }
   if (st != MEGA_OK) {
     /* nothing staged */
@@ -113,17 +124,21 @@ mega_status mega_rank_save_wait(mega_rank *r, mega_err *err) {
 
 /* The writer's tensors and its saver (after the optimizer and the groups). */
 mega_status rank_build_saver(mega_rank *r, mega_err *err) {
+  if (tp_gathers(r) && !(r->tp.local = calloc(r->chunks.nparams + 1, sizeof *r->tp.local)))
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the TP slices");
   if (!r->job->save || !rank_is_writer(r)) return MEGA_OK;
   r->save_params = calloc(r->chunks.nparams + 1, sizeof *r->save_params);
   if (!r->save_params) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the saver");
-  size_t n = fill_save_params(r);
   /* A distributed optimizer's tensors have state too: the saver sees that
    * from their moments, which every save points at whole ones. */
   whole_moments w = {0};
   mega_status st = MEGA_OK;
-  if (r->job->use_distributed_optimizer) {
-    st = whole_moments_alloc(r, &w, err);
-    if (st == MEGA_OK) point_save_moments(r, &w);
+  if (r->job->use_distributed_optimizer) st = whole_moments_alloc(r, &w, err);
+  size_t n = point_moments(r, r->job->use_distributed_optimizer ? &w : NULL, r->save_params);
+  /* with TP the writer saves whole copies, which every save gathers */
+  if (st == MEGA_OK && tp_gathers(r)) {
+    st = rank_tp_whole_build(r, r->save_params, n, err);
+    if (st == MEGA_OK) memcpy(r->save_params, r->tp.whole, n * sizeof *r->save_params);
   }
   mega_rank_saver_config sc = {
       .writer = {.save_dir = r->job->save, .cfg = &r->chunks.cfg, .job = r->job,

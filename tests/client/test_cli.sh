@@ -47,6 +47,8 @@ dead=127.0.0.1:$port
 refused="megactl: cannot reach megad at $dead: connection refused"
 
 # ---- help ----
+expect 0 "" "$megactl" --version
+check "--version prints megactl's version" grep -q "^megactl [0-9]" out.txt
 expect 0 "" "$megactl" --help
 check "top help lists the cluster commands" grep -q "^  submit " out.txt
 check "top help names --server" grep -q -- "--server ADDR" out.txt
@@ -57,6 +59,8 @@ done
 expect 0 "" "$megactl" submit -h
 check "submit help lists job flags from the table" grep -q -- "--pipeline-model-parallel-size N" out.txt
 check "submit help lists submit flags" grep -q -- "--nproc-per-node K" out.txt
+check "submit help gives --data-path's three forms" grep -q -- "--data-path FILE|PREFIX|W1 P1 W2 P2" out.txt
+check "no help line names an internal symbol" sh -c '! grep -q mega_ out.txt' 
 
 # ---- usage errors ----
 "$megactl" frobnicate >/dev/null 2>err.txt
@@ -86,10 +90,19 @@ expect 2 "megactl: invalid job: --hidden-size 30 is not divisible by --num-atten
 expect 2 "megactl: invalid job: --global-batch-size 4 is not divisible by --micro-batch-size 2 × data-parallel size 4 = 8" \
   "$megactl" submit --server "$dead" "${job[@]}" --nnodes 2 --nproc-per-node 2
 expect 2 "megactl: invalid job: --num-layers is required" "$megactl" submit --server "$dead" --hidden-size 32
+# tensor parallelism: heads, the sequence under --sequence-parallel, a node's processes
+expect 2 "megactl: invalid job: --num-attention-heads 2 is not divisible by --tensor-model-parallel-size 4" \
+  "$megactl" submit --server "$dead" "${job[@]}" --tensor-model-parallel-size 4
+expect 2 "megactl: invalid job: --sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length 15 is not divisible by --tensor-model-parallel-size 2" \
+  "$megactl" submit --server "$dead" "${job[@]}" --tensor-model-parallel-size 2 --sequence-parallel --seq-length 15
+expect 2 "megactl: invalid job: --tensor-model-parallel-size 2 is larger than the 1 process a node runs (--nproc-per-node, or the node's slots); a TP group stays inside one node" \
+  "$megactl" submit --server "$dead" "${job[@]}" --tensor-model-parallel-size 2 --nnodes 2 --nproc-per-node 1
 expect 2 "megactl submit: --hidden-size: 'abc' is not a whole number; see 'megactl submit --help'" \
   "$megactl" submit --hidden-size abc
 expect 2 "megactl submit: unknown flag '--bogus'; see 'megactl submit --help'" "$megactl" submit "${job[@]}" --bogus
-expect 2 "megactl submit: unexpected word 'now'; see 'megactl submit --help'" "$megactl" submit "${job[@]}" now
+expect 2 "megactl submit: unexpected word 'now'; see 'megactl submit --help'" "$megactl" submit now "${job[@]}"
+# --data-path takes every word up to the next flag: a stray one reads as a blend
+expect 2 "megactl: invalid job: --data-path: 'data.txt' is not a weight; a blend is weighted pairs W1 P1 W2 P2 ..., e.g. --data-path 0.3 web 0.7 books" "$megactl" submit "${job[@]}" now
 expect 2 "megactl submit: --nnodes: '3:2' is not MIN or MIN:MAX with 1 <= MIN <= MAX; see 'megactl submit --help'" \
   "$megactl" submit "${job[@]}" --nnodes 3:2
 expect 2 "megactl submit: --nproc-per-node: 'x' is not a positive integer; see 'megactl submit --help'" \

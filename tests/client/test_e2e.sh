@@ -8,24 +8,7 @@
 set -u
 megactl=$(readlink -f "$1")
 megad=$(readlink -f "$2")
-work=$(mktemp -d)
-megad_pid=
-cleanup() {
-  if [ -n "$megad_pid" ] && kill -0 "$megad_pid" 2>/dev/null; then
-    kill -TERM "$megad_pid"
-    wait "$megad_pid"
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$work" || exit 1
-unset MEGA_SERVER
-fails=0
-
-fail() {
-  echo "FAIL: $*"
-  fails=$((fails + 1))
-}
+source "$(dirname "$(readlink -f "$0")")/../megad_lib.sh"
 
 # run RC CMD...: runs CMD with stdout in out.txt and stderr in err.txt, and
 # checks its exit status.
@@ -42,22 +25,7 @@ lacks() { ! grep -q -- "$2" "$1" || fail "$1 has '$2': $(head -c 2000 "$1")"; }
 same() { [ "$1" = "$2" ] || fail "got '$1', want '$2'"; }
 
 # ---- megad on a free port, two cpu slots ----
-"$megad" serve --listen 127.0.0.1:0 --state-dir "$work/state" --slots 2 --node-name e2e-node \
-  >megad.out 2>megad.log &
-megad_pid=$!
-port=
-for _ in $(seq 300); do
-  port=$(grep -o 'listening on [^ ]*:[0-9]*' megad.out megad.log 2>/dev/null | head -1 | sed 's/.*://')
-  [ -n "$port" ] && break
-  kill -0 "$megad_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [ -z "$port" ]; then
-  echo "FAIL: megad did not say its port"
-  cat megad.out megad.log
-  exit 1
-fi
-export MEGA_SERVER=127.0.0.1:$port
+start_megad --slots 2 --node-name e2e-node
 
 printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 40) > data.txt
 tiny=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16
@@ -81,7 +49,7 @@ run 0 "$megactl" watch "$id" --json
 same "$(wc -l <out.txt)" 3
 same "$(jq -c '[.iteration]' out.txt | tr -d '\n')" '[1][2][3]'
 keys='["iteration","attempt","loss","grad_norm","lr","step_time_s","tokens_per_s","ranks"]'
-rkeys='["rank","pp_rank","dp_rank","tp_rank","compute_s","bubble_s","p2p_wait_s","grad_sync_exposed_s","peak_activation_bytes","param_bytes","grad_bytes","optimizer_state_bytes"]'
+rkeys='["rank","pp_rank","dp_rank","tp_rank","compute_s","tp_comm_s","bubble_s","p2p_wait_s","grad_sync_exposed_s","peak_activation_bytes","param_bytes","grad_bytes","optimizer_state_bytes"]'
 while read -r line; do
   same "$(jq -c keys_unsorted <<<"$line")" "$keys"
   same "$(jq -c '[.ranks[] | keys_unsorted] | unique | .[]' <<<"$line")" "$rkeys"
@@ -143,6 +111,20 @@ same "$(cat err.txt)" "megactl: job $long was cancelled: e2e says stop"
 has out.txt "^job $long cancelled"
 run 0 "$megactl" cancel "$id"
 same "$(cat out.txt)" "$id already succeeded; nothing to cancel"
+# several at once, and every pending job (these wait for a second node)
+ids=()
+for n in 1 2 3 4; do
+  run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --nnodes 2 --nproc-per-node 1 --name "w$n"
+  ids+=("$(tail -1 out.txt)")
+done
+run 0 "$megactl" cancel "${ids[0]}" "${ids[1]}"
+has out.txt "^cancelled ${ids[0]}$"
+has out.txt "^cancelled ${ids[1]}$"
+run 0 "$megactl" cancel --all-pending
+same "$(cat out.txt)" "$(printf 'cancelled %s\ncancelled %s' "${ids[3]}" "${ids[2]}")"
+run 0 "$megactl" cancel --all-pending
+same "$(cat out.txt)" "no pending jobs"
+run 2 "$megactl" cancel "${ids[0]}" --all-pending
 
 # ---- trace ----
 run 0 "$megactl" submit "${tiny[@]}" --train-iters 2 --trace-iteration 2 --name traced \

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "client/tables.h"
+#include "client/view.h"
 #include "proto/pb_json.h"
 
 #define NOW 1700000000000LL /* 2023-11-14 22:13:20 UTC */
@@ -88,6 +89,33 @@ static void test_jobs_table(void **state) {
                       "j-1  -     pending  -      -         0/1000    3d\n"
                       "no jobs\n");
   free(buf);
+}
+
+/* Text from megad reaches the terminal escaped: a name or an error with a
+ * newline or an escape sequence cannot forge lines or colors. */
+static void test_control_characters_escaped(void **state) {
+  (void)state;
+  job_fx a;
+  make_job(&a, "j-1", "bad\nname\x1b[31mred", MEGA__V1__JOB_STATE__JOB_STATE_FAILED);
+  a.job.error = "boom\r\x7f\xc2\x9b" "2J";
+  Mega__V1__Job *jobs[] = {&a.job};
+  char *buf = NULL;
+  size_t len;
+  FILE *f = open_memstream(&buf, &len);
+  tables_jobs(f, jobs, 1, NOW);
+  tables_job_detail(f, &a.job, NOW);
+  fclose(f);
+  assert_null(strchr(buf, '\x1b'));
+  assert_null(strchr(buf, '\r'));
+  assert_null(strchr(buf, '\x7f'));
+  assert_null(strstr(buf, "\xc2\x9b"));
+  assert_non_null(strstr(buf, "j-1  bad\\nname\\x1b[31mred  failed"));
+  assert_non_null(strstr(buf, "name         bad\\nname\\x1b[31mred\n"));
+  assert_non_null(strstr(buf, "error        boom\\r\\x7f\\u009b2J\n"));
+  free(buf);
+  char small[8];
+  assert_string_equal(view_escape("a\x1b[31m", small, sizeof small), "a\\x1b[3");
+  assert_string_equal(view_escape("h\xc3\xa9llo", small, sizeof small), "h\xc3\xa9llo");
 }
 
 static void test_job_detail(void **state) {
@@ -215,7 +243,7 @@ static void test_step_metrics_json_keys(void **state) {
                       "{\"iteration\":3,\"attempt\":2,\"loss\":null,\"grad_norm\":0.5,\"lr\":0.0001,"
                       "\"step_time_s\":0.25,\"tokens_per_s\":256.0,\"ranks\":[{\"rank\":1,"
                       "\"pp_rank\":1,\"dp_rank\":0,\"tp_rank\":0,\"compute_s\":0.20000000000000001,"
-                      "\"bubble_s\":0.050000000000000003,\"p2p_wait_s\":0.01,"
+                      "\"tp_comm_s\":0.0,\"bubble_s\":0.050000000000000003,\"p2p_wait_s\":0.01,"
                       "\"grad_sync_exposed_s\":0.002,\"peak_activation_bytes\":1099511627776,"
                       "\"param_bytes\":4000,\"grad_bytes\":4000,\"optimizer_state_bytes\":4000}]}");
   free(s);
@@ -311,6 +339,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_jobs_table),
       cmocka_unit_test(test_job_detail),
+      cmocka_unit_test(test_control_characters_escaped),
       cmocka_unit_test(test_nodes_table),
       cmocka_unit_test(test_ranks_and_ages),
       cmocka_unit_test(test_step_metrics_json_keys),

@@ -76,7 +76,9 @@ static void test_defaults(void **state) {
   assert_int_equal(s.max_position_embeddings, -1);
   assert_true(fabs(s.init_method_std - 0.02) < 1e-15);
   assert_int_equal(s.seed, 1234);
-  assert_null(s.data_path);
+  assert_int_equal(s.data_path.n, 0);
+  assert_int_equal(s.tokenizer_type, MEGA_TOKENIZER_BYTES);
+  assert_int_equal(s.make_vocab_size_divisible_by, 128);
   assert_true(isnan(s.lr));
   assert_true(s.min_lr == 0);
   assert_int_equal(s.lr_warmup_iters, 0);
@@ -153,7 +155,7 @@ static void test_table(void **state) {
     if (i > 0 && strcmp(mega_jobspec_flag(i - 1)->group, f->group) != 0)
       for (int j = 0; j < i; j++) assert_string_not_equal(mega_jobspec_flag(j)->group, f->group);
   }
-  assert_int_equal(required, 9);
+  assert_int_equal(required, 8); /* and --data-path, unless --train-data-path (check) */
   assert_null(mega_jobspec_flag_find("--nope"));
   assert_null(mega_jobspec_flag_find("hidden-size"));
   assert_null(mega_jobspec_flag_find(NULL));
@@ -194,7 +196,8 @@ static void test_both_syntaxes(void **state) {
 
   /* a value may contain '=' and may look like a flag after '=' */
   assert_int_equal(mega_jobspec_parse(&a, PARSE_ARGS("--data-path=a=b", "--load=--odd"), &err), MEGA_OK);
-  assert_string_equal(a.data_path, "a=b");
+  assert_int_equal(a.data_path.n, 1);
+  assert_string_equal(a.data_path.v[0], "a=b");
   assert_string_equal(a.load, "--odd");
   /* negative numbers are values, not flags */
   assert_int_equal(mega_jobspec_parse(&a, PARSE_ARGS("--seed", "-0"), &err), MEGA_OK);
@@ -444,6 +447,47 @@ static void test_check_fields(void **state) {
   mega_jobspec_free(&s);
 }
 
+/* Megatron's recomputation rules: full needs a method and a layer count of
+ * at most one model chunk's layers; selective takes neither. */
+static void test_recompute_flags(void **state) {
+  (void)state;
+  expect_check_ok(ARGV("--recompute-granularity", "selective"), 1, -1);
+  expect_check_ok(ARGV("--recompute-granularity", "full", "--recompute-method", "uniform",
+                       "--recompute-num-layers", "1"), 1, -1);
+  expect_check_ok(ARGV("--recompute-granularity", "full", "--recompute-method", "block",
+                       "--recompute-num-layers", "4"), 1, -1);
+  expect_check_ok(ARGV("--recompute-granularity", "full", "--recompute-method", "uniform",
+                       "--recompute-num-layers", "3", "--pipeline-model-parallel-size", "2",
+                       "--pipeline-model-parallel-layout", "Et|tttL"), 2, -1);
+  expect_check_error(ARGV("--recompute-method", "uniform"), 1, -1,
+                     "--recompute-method needs --recompute-granularity full");
+  expect_check_error(ARGV("--recompute-num-layers", "2"), 1, -1,
+                     "--recompute-num-layers needs --recompute-granularity full");
+  expect_check_error(ARGV("--recompute-granularity", "full"), 1, -1,
+                     "--recompute-granularity full needs --recompute-method uniform|block");
+  expect_check_error(ARGV("--recompute-granularity", "full", "--recompute-method", "uniform"), 1,
+                     -1, "--recompute-granularity full needs --recompute-num-layers N, between 1 "
+                         "and the 4 decoder layers of the largest model chunk");
+  expect_check_error(ARGV("--recompute-granularity", "full", "--recompute-method", "block",
+                          "--recompute-num-layers", "3", "--pipeline-model-parallel-size", "2"),
+                     2, -1, "--recompute-num-layers 3 is more than the 2 decoder layers of the "
+                            "largest model chunk; use 1 to 2");
+  expect_check_error(ARGV("--recompute-granularity", "full", "--recompute-method", "block",
+                          "--recompute-num-layers", "2", "--pipeline-model-parallel-size", "2",
+                          "--virtual-pipeline-model-parallel-size", "2"),
+                     2, -1, "--recompute-num-layers 2 is more than the 1 decoder layers");
+  expect_check_error(ARGV("--recompute-granularity", "selective", "--recompute-method", "block"),
+                     1, -1, "--recompute-method is for --recompute-granularity full");
+  expect_check_error(ARGV("--recompute-granularity", "selective", "--recompute-num-layers", "1"),
+                     1, -1, "--recompute-num-layers is for --recompute-granularity full");
+  expect_check_error(ARGV("--recompute-granularity", "selective", "--simulate-compute", "1:2"),
+                     1, -1, "recomputes nothing");
+  expect_parse_error(ARGV("--recompute-method", "fancy"), MEGA_ERR_INVALID,
+                     "--recompute-method: 'fancy' is not one of uniform, block");
+  expect_parse_error(ARGV("--recompute-num-layers", "0"), MEGA_ERR_INVALID,
+                     "--recompute-num-layers must be at least 1 (got 0)");
+}
+
 static void test_check_errors(void **state) {
   (void)state;
   expect_check_error(NULL, 0, -1, -1, "world size must be at least 1 (got -1)");
@@ -651,7 +695,8 @@ static void make_full(mega_jobspec *s) {
                     "--async-save", "--finetune", "--no-load-optim", "--no-load-rng",
                     "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
                     "--eval-interval", "5", "--eval-iters", "2",
-                    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+                    "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                    "--pipeline-model-parallel-size", "4",
                     "--virtual-pipeline-model-parallel-size", "2",
                     "--num-layers-per-virtual-pipeline-stage", "1",
                     "--microbatch-group-size-per-vp-stage", "5",
@@ -660,11 +705,131 @@ static void make_full(mega_jobspec *s) {
                     "--decoder-last-pipeline-num-layers", "0", "--schedule", "interleaved",
                     "--batch-p2p-comm", "--overlap-p2p-comm", "--overlap-p2p-comm-warmup-flush",
                     "--variable-seq-lengths", "--deallocate-pipeline-outputs",
-                    "--recompute-granularity", "full", "--overlap-grad-reduce",
+                    "--recompute-granularity", "full", "--recompute-method", "block",
+                    "--recompute-num-layers", "2", "--overlap-grad-reduce",
                     "--align-grad-reduce", "--bucket-size", "1000", "--use-distributed-optimizer",
                     "--overlap-param-gather", "--average-in-collective",
-                    "--blas-threads", "4", "--trace-iteration", "3", "--simulate-compute",
-                    "1:2:3", "--log-interval", "2"));
+                    "--blas-threads", "4", "--backend", "cpu", "--trace-iteration", "3",
+                    "--simulate-compute", "1:2:3", "--log-interval", "2", "--data-path", "0.3", "a b", "0.7", "-c",
+                    "--split", "969,30,1", "--train-data-path", "t", "--valid-data-path",
+                    "0.5", "v", "0.5", "w", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                    "50257", "--make-vocab-size-divisible-by", "64"));
+}
+
+/* --data-path's three forms, --split, the tokenizer and the padded vocabulary */
+static void test_data_flags(void **state) {
+  (void)state;
+  mega_jobspec s;
+  mega_err err = {0};
+  /* Megatron's one-file blend */
+  make_spec(&s, ARGV("--data-path", "1.0", "FILE", "--seed", "7"));
+  assert_int_equal(s.seed, 7);
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_data_count(&s), 1);
+  assert_string_equal(mega_jobspec_data_prefix(&s, 0), "FILE");
+  assert_true(mega_jobspec_data_weight(&s, 0) == 1.0);
+  assert_string_equal(mega_jobspec_data_single(&s), "FILE");
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--data-path", "0.3", "web", "0.7", "books"));
+  assert_int_equal(mega_jobspec_check(&s, 1, 5, &err), MEGA_OK); /* bytes: not one file */
+  assert_int_equal(mega_jobspec_data_count(&s), 2);
+  assert_string_equal(mega_jobspec_data_prefix(&s, 1), "books");
+  assert_true(mega_jobspec_data_weight(&s, 1) == 0.7);
+  assert_null(mega_jobspec_data_single(&s));
+  assert_null(mega_jobspec_data_prefix(&s, 2));
+  mega_jobspec_free(&s);
+  expect_check_error(ARGV("--data-path", "a", "b"), 1, -1, "'a' is not a weight");
+  expect_check_error(ARGV("--data-path", "0.3", "a", "0.7"), 1, -1, "has 3 words");
+  expect_check_error(ARGV("--data-path", "0", "a", "1", "b"), 1, -1,
+                     "the weight of a is 0; weights must be greater than 0");
+  expect_parse_error(ARGV("--data-path"), MEGA_ERR_INVALID, "--data-path needs a value");
+  expect_parse_error(ARGV("--data-path", "--lr", "1"), MEGA_ERR_INVALID, "--data-path needs a value");
+
+  /* the training and evaluation data apart */
+  mega_jobspec_free(&s);
+  mega_jobspec_defaults(&s);
+  char *const tv[] = {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+                      "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+                      "--train-iters", "10", "--lr", "0.001", "--train-data-path", "0.5", "a",
+                      "0.5", "b", "--valid-data-path", "c", "--eval-interval", "5"};
+  assert_int_equal(mega_jobspec_parse(&s, (int)(sizeof tv / sizeof tv[0]), tv, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_data_count(&s), 2);
+  assert_string_equal(mega_jobspec_data_prefix(&s, 1), "b");
+  const char *flag;
+  assert_string_equal(mega_jobspec_data_file(&s, 1, &flag), "b");
+  assert_string_equal(flag, "--train-data-path");
+  assert_string_equal(mega_jobspec_data_file(&s, 2, &flag), "c");
+  assert_string_equal(flag, "--valid-data-path");
+  assert_null(mega_jobspec_data_file(&s, 3, NULL));
+  s.eval_interval = 0;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, "--valid-data-path is what evaluation reads; give --eval-interval N too");
+  mega_jobspec_free(&s);
+  expect_check_error(ARGV("--train-data-path", "t"), 1, -1,
+                     "--data-path and --train-data-path exclude each other");
+  expect_check_error(ARGV("--valid-data-path", "v", "--eval-interval", "5"), 1, -1,
+                     "--valid-data-path needs --train-data-path");
+  expect_check_error(ARGV("--train-data-path", "1", "t", "--split", "9,1"), 1, -1,
+                     "exclude each other"); /* base's --data-path comes first */
+  expect_check_error(ARGV("--valid-data-path", "0.3", "v", "w"), 1, -1,
+                     "--valid-data-path has 3 words");
+
+  /* --split */
+  make_spec(&s, ARGV("--split", "969, 30, 1"));
+  double sh[3];
+  assert_int_equal(mega_jobspec_split(&s, sh, &err), MEGA_OK);
+  assert_true(fabs(sh[0] - 0.969) < 1e-15 && fabs(sh[1] - 0.03) < 1e-15 && fabs(sh[2] - 0.001) < 1e-15);
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--split", "90/10"));
+  assert_int_equal(mega_jobspec_split(&s, sh, &err), MEGA_OK);
+  assert_true(sh[0] == 0.9 && sh[1] == 0.1 && sh[2] == 0);
+  mega_jobspec_free(&s);
+  make_spec(&s, NULL, 0);
+  assert_int_equal(mega_jobspec_split(&s, sh, &err), MEGA_OK);
+  assert_true(sh[0] == 1 && sh[1] == 0 && sh[2] == 0);
+  mega_jobspec_free(&s);
+  expect_check_error(ARGV("--split", "1,2,3,4"), 1, -1, "expected up to three non-negative");
+  expect_check_error(ARGV("--split", "a"), 1, -1, "expected up to three non-negative");
+  expect_check_error(ARGV("--split", "1;2"), 1, -1, "separate the shares with commas");
+  expect_check_error(ARGV("--split", "0,0"), 1, -1, "the shares add up to 0");
+  expect_check_error(ARGV("--split", "0,1"), 1, -1, "leaves no documents for training");
+  expect_check_error(ARGV("--split", "1,0,1", "--eval-interval", "5"), 1, -1,
+                     "has no valid share, which --eval-interval reads");
+
+  /* the tokenizer and Megatron's padding */
+  expect_check_error(ARGV("--tokenizer-type", "NullTokenizer"), 1, -1, "needs --vocab-size N");
+  expect_check_error(ARGV("--vocab-size", "100"), 1, -1, "--vocab-size needs --tokenizer-type");
+  expect_parse_error(ARGV("--tokenizer-type", "GPT2"), MEGA_ERR_INVALID,
+                     "--tokenizer-type: 'GPT2' is not one of NullTokenizer");
+  make_spec(&s, NULL, 0);
+  assert_int_equal(mega_jobspec_tokenizer_vocab(&s), 256);
+  assert_int_equal(mega_jobspec_padded_vocab(&s), 256);
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--tokenizer-type", "NullTokenizer", "--vocab-size", "50257"));
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_tokenizer_vocab(&s), 50258); /* ids 0..50257, EOD last */
+  assert_int_equal(mega_jobspec_padded_vocab(&s), 50304);
+  s.tensor_model_parallel_size = 2;
+  assert_int_equal(mega_jobspec_padded_vocab(&s), 50432); /* a multiple of 256 */
+  s.tensor_model_parallel_size = 1;
+  s.make_vocab_size_divisible_by = 1;
+  assert_int_equal(mega_jobspec_padded_vocab(&s), 50258);
+  mega_jobspec_free(&s);
+
+  /* a blend travels as argv words and back */
+  make_spec(&s, ARGV("--data-path", "0.3", "a b", "0.7", "-c"));
+  int argc;
+  char **argv = mega_jobspec_to_argv(&s, &argc);
+  mega_jobspec back;
+  mega_jobspec_defaults(&back);
+  assert_int_equal(mega_jobspec_parse(&back, argc, argv, &err), MEGA_OK);
+  assert_true(mega_jobspec_equal(&s, &back));
+  assert_int_equal(back.data_path.n, 4);
+  assert_string_equal(back.data_path.v[3], "-c");
+  mega_jobspec_argv_free(argv);
+  mega_jobspec_free(&back);
+  mega_jobspec_free(&s);
 }
 
 static void test_argv_round_trip(void **state) {
@@ -730,8 +895,8 @@ static void test_copy_equal(void **state) {
   make_full(&s);
   assert_int_equal(mega_jobspec_copy(&c, &s, &err), MEGA_OK);
   assert_true(mega_jobspec_equal(&s, &c));
-  assert_ptr_not_equal(c.data_path, s.data_path);
-  c.data_path[0] = 'X';
+  assert_ptr_not_equal(c.data_path.v[0], s.data_path.v[0]);
+  c.data_path.v[0][0] = 'X';
   assert_false(mega_jobspec_equal(&s, &c));
   mega_jobspec_free(&c);
   mega_jobspec_defaults(&c);
@@ -753,7 +918,9 @@ static void test_json(void **state) {
   assert_int_equal(json_object_size(j), (size_t)mega_jobspec_flag_count());
   assert_int_equal(json_integer_value(json_object_get(j, "hidden_size")), 64);
   assert_true(json_real_value(json_object_get(j, "lr")) == 0.001);
-  assert_string_equal(json_string_value(json_object_get(j, "data_path")), "/tmp/x");
+  json_t *dp = json_object_get(j, "data_path");
+  assert_int_equal(json_array_size(dp), 1);
+  assert_string_equal(json_string_value(json_array_get(dp, 0)), "/tmp/x");
   assert_string_equal(json_string_value(json_object_get(j, "lr_decay_style")), "linear");
   assert_string_equal(json_string_value(json_object_get(j, "schedule")), "1f1b");
   assert_true(json_is_true(json_object_get(j, "overlap_grad_reduce")));
@@ -828,7 +995,10 @@ static void test_json_errors(void **state) {
   expect_json_error("{\"schedule\": \"fast\"}", "--schedule: 'fast' is not one of");
   expect_json_error("{\"schedule\": 2}", "--schedule (JSON key \"schedule\") must be a string");
   expect_json_error("{\"data_path\": \"\"}", "--data-path: the value is empty");
-  expect_json_error("{\"data_path\": 3}", "must be a string");
+  expect_json_error("{\"data_path\": 3}", "must be an array of strings");
+  expect_json_error("{\"data_path\": []}", "must be an array of strings");
+  expect_json_error("{\"data_path\": [\"0.5\", 2]}", "must be an array of strings");
+  expect_json_error("{\"data_path\": [\"0.5\", \"--x\"]}", "write a path like that as ./--x");
 
   /* Found by fuzzing (fuzz_jobspec): a --data-path that was not UTF-8 was
    * taken, then mega_jobspec_to_json failed (a checkpoint's trainer_state.json
@@ -866,9 +1036,11 @@ int main(void) {
       cmocka_unit_test(test_unknown_flags),  cmocka_unit_test(test_value_errors),
       cmocka_unit_test(test_check_ok),       cmocka_unit_test(test_check_required),
       cmocka_unit_test(test_check_fields),   cmocka_unit_test(test_check_errors),
+      cmocka_unit_test(test_recompute_flags),
       cmocka_unit_test(test_simulate_compute), cmocka_unit_test(test_derived),
       cmocka_unit_test(test_argv_round_trip), cmocka_unit_test(test_copy_equal),
       cmocka_unit_test(test_json),           cmocka_unit_test(test_json_errors),
+      cmocka_unit_test(test_data_flags),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

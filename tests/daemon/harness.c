@@ -54,6 +54,10 @@ void hd_cleanup_all(void) {
   }
 }
 
+static const mega_rpc_auth *client_auth;
+
+void hd_set_auth(const mega_rpc_auth *a) { client_auth = a; }
+
 double hd_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -150,7 +154,7 @@ bool hd_start(hd *d, const char *name, int slots, const char *peers, const char 
     hd_kill(d);
     return false;
   }
-  mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 200};
+  mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 200, .auth = client_auth};
   return mega_rpc_channel_new(d->addr, &o, &d->ch, NULL) == MEGA_OK;
 }
 
@@ -352,6 +356,9 @@ void hd_watch_job_cb(hd *d, const char *job_id, bool replay, unsigned timeout_ms
       if (off < sizeof w->events_text)
         off += (size_t)snprintf(w->events_text + off, sizeof w->events_text - off, "%s\n",
                                 it->event->message);
+    } else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_GAP) {
+      w->gaps++;
+      w->missed += it->gap->missed_steps;
     } else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE) {
       if (w->final) protobuf_c_message_free_unpacked(&w->final->base, NULL);
       w->final = it->final_state;

@@ -23,6 +23,10 @@ typedef struct hd {
   mega_rpc_channel *ch;
 } hd;
 
+/* What the channels hd_start opens from now on carry (the token, TLS);
+ * NULL: nothing. a must outlive those daemons. */
+void hd_set_auth(const mega_rpc_auth *a);
+
 /* A temporary directory for a test (removed by hd_rmdir). */
 void hd_tmpdir(char *buf, size_t len);
 void hd_rmdir(const char *dir);
@@ -86,6 +90,8 @@ typedef struct hd_watch {
   uint32_t attempt[HD_MAX_ITERS + 1], world[HD_MAX_ITERS + 1];
   bool seen[HD_MAX_ITERS + 1];
   int redone; /* iterations merged again by a later attempt */
+  int gaps;            /* WatchGap items: megad skipped steps for this watcher */
+  uint64_t missed;     /* the steps they counted */
 } hd_watch;
 
 /* Called for every item as it comes (before it is counted), so a test can

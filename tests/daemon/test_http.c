@@ -40,6 +40,16 @@ static char *body(void *arg, size_t *len) {
 
 static void count(void *arg, unsigned status) { ((srv *)arg)->last_status = status; }
 
+/* Owns /api/...: echoes the method and target. */
+static bool route(void *arg, const char *method, const char *target, megad_http_resp *out) {
+  (void)arg;
+  if (strncmp(target, "/api/", 5)) return false;
+  char *b = NULL;
+  if (asprintf(&b, "routed %s %s\n", method, target) < 0) return false;
+  *out = (megad_http_resp){.status = 200, .type = "text/plain", .body = b, .len = strlen(b)};
+  return true;
+}
+
 static void on_tick(uv_timer_t *t) { (void)t; }
 
 static void on_log(void *arg, const char *msg) {
@@ -55,7 +65,7 @@ static void start(srv *s, const char *token, unsigned conn_limit, unsigned timeo
   megad_http_opts o = {.listen = "127.0.0.1:0", .path = "/metrics",
                        .content_type = "text/plain; version=0.0.4", .token = token,
                        .conn_limit = conn_limit, .timeout_s = timeout_s, .body = body,
-                       .count = count, .log = on_log, .arg = s};
+                       .count = count, .route = route, .log = on_log, .arg = s};
   mega_err err = {0};
   assert_int_equal(megad_http_start(&s->loop, &o, &s->h, &err), MEGA_OK);
   assert_true(megad_http_port(s->h) > 0);
@@ -139,7 +149,11 @@ static void test_open_server(void **state) {
   assert_non_null(strstr(r, " 200 OK\r\n"));
   r = request(&s, &a, "GET /nope HTTP/1.0\r\n\r\n");
   assert_non_null(strstr(r, " 404 "));
-  assert_non_null(strstr(r, "megad serves only /metrics"));
+  assert_non_null(strstr(r, "megad serves /metrics"));
+  /* another owner's path goes to the route hook, the query as sent */
+  r = request(&s, &a, "GET /api/x?since=3&a=%41 HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  assert_non_null(strstr(r, "routed GET /api/x?since=3&a=%41"));
   r = request(&s, &a, "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
   assert_non_null(strstr(r, " 405 "));
   r = request(&s, &a, "HEAD /metrics HTTP/1.0\r\n\r\n");
@@ -174,9 +188,9 @@ static void test_bearer_token(void **state) {
     r = request(&s, &a, wrong[i]);
     assert_non_null(strstr(r, " 401 "));
   }
-  /* other paths are not told apart from /metrics without the token */
-  r = request(&s, &a, "GET /nope HTTP/1.0\r\n\r\n");
-  assert_non_null(strstr(r, " 401 "));
+  /* the token guards /metrics; the route hook's paths are its own */
+  r = request(&s, &a, "GET /api/x HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
   assert_int_equal(s.bodies, 0);
   r = request(&s, &a, "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret-token\r\n\r\n");
   assert_non_null(strstr(r, " 200 OK\r\n"));

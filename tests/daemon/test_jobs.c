@@ -228,6 +228,7 @@ static void test_journal_replay(void **state) {
 static void test_history_bound(void **state) {
   (void)state;
   mega_job *j = new_job("j-1");
+  assert_int_equal(j->hist_cap, 0); /* a job that never ran holds no ring */
   for (uint64_t i = 1; i <= MEGA_JOB_HISTORY + 10; i++) {
     Mega__V1__StepMetrics s = MEGA__V1__STEP_METRICS__INIT;
     s.iteration = i;
@@ -242,6 +243,10 @@ static void test_history_bound(void **state) {
                    MEGA_JOB_HISTORY + 10);
   assert_null(mega_job_hist_at(j, MEGA_JOB_HISTORY));
   assert_int_equal(j->last_step->iteration, MEGA_JOB_HISTORY + 10);
+  /* what the ring let go is counted, for a replay's gap marker */
+  assert_int_equal(j->hist_lost_steps, 10);
+  assert_int_equal(j->hist_lost_first, 1);
+  assert_int_equal(j->hist_lost_last, 10);
   mega_job_free(j);
 }
 

@@ -113,6 +113,21 @@ static void test_bad_input(void **state) {
   char id[64];
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "invalid job"));
+  /* tensor parallelism megactl would refuse, sent raw: heads, the
+   * sequence under --sequence-parallel, TP past the node's 2 slots */
+  const char *tp_bad[][8] = {
+      {"--tensor-model-parallel-size", "2", "--num-attention-heads", "1", "--hidden-size", "32",
+       NULL},
+      {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "15", NULL},
+      {"--tensor-model-parallel-size", "4", "--num-attention-heads", "4", NULL},
+  };
+  const char *tp_why[] = {"not divisible by --tensor-model-parallel-size 2",
+                          "--seq-length 15 is not divisible", "larger than the 2 processes"};
+  for (int k = 0; k < 3; k++) {
+    hd_tiny_spec(&spec, d.dir, 3, tp_bad[k]);
+    assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+    if (!strstr(err.msg, tp_why[k])) fail_msg("case %d: %s", k, err.msg);
+  }
   const char *bad_flag[] = {"--no-such-flag", NULL};
   hd_tiny_spec(&spec, d.dir, 3, bad_flag);
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
@@ -325,8 +340,8 @@ static void test_run_json(void **state) {
   int lines = 0;
   const char *keys[] = {"iteration", "attempt", "loss", "grad_norm", "lr", "step_time_s",
                         "tokens_per_s", "ranks"};
-  const char *rkeys[] = {"rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "bubble_s",
-                         "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes",
+  const char *rkeys[] = {"rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "tp_comm_s",
+                         "bubble_s", "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes",
                          "param_bytes", "grad_bytes", "optimizer_state_bytes"};
   while (fgets(line, sizeof line, p)) {
     json_error_t je;
@@ -339,8 +354,9 @@ static void test_run_json(void **state) {
     assert_int_equal(json_array_size(ranks), 2);
     for (size_t r = 0; r < 2; r++) {
       json_t *ro = json_array_get(ranks, r);
-      assert_int_equal(json_object_size(ro), 12);
-      for (size_t k = 0; k < 12; k++) assert_non_null(json_object_get(ro, rkeys[k]));
+      size_t nk = sizeof rkeys / sizeof rkeys[0];
+      assert_int_equal(json_object_size(ro), nk);
+      for (size_t k = 0; k < nk; k++) assert_non_null(json_object_get(ro, rkeys[k]));
       assert_int_equal(json_integer_value(json_object_get(ro, "pp_rank")), (json_int_t)r);
     }
     json_decref(o);

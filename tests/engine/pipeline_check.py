@@ -11,7 +11,7 @@ meeting through a Gloo FileStore), checked against a single rank.
                seconds, with a cause that names the lost peer
   daemon       the same through megad run (the daemon's job machinery, its
                key-value store for rendezvous and its merged metrics):
-               DP=2, DP=4 and PP=2 x DP=2 equal the single rank
+               DP=2, DP=4, PP=2 x DP=2 and TP=2 x PP=2 equal the single rank
   checkpoint   a run saved mid-way under one layout (PP=2 1F1B, interleaved
                VP=2, PP=2 x DP=2, ...; sync or --async-save) and resumed
                under another gives the uninterrupted run's losses: exactly
@@ -281,7 +281,10 @@ def daemon(megaw, megad, tmp):
                                ("PP=2 x DP=2, overlap, distributed optimizer", 4,
                                 ["--pipeline-model-parallel-size", "2",
                                  "--overlap-grad-reduce", "--bucket-size", "3000",
-                                 "--use-distributed-optimizer"])):
+                                 "--use-distributed-optimizer"]),
+                               ("TP=2 x PP=2, sequence parallel", 4,
+                                ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                 "--pipeline-model-parallel-size", "2"])):
         p = subprocess.run([megad, "run", "--slots", str(slots), "--json"] + base + extra,
                            capture_output=True, text=True, timeout=300)
         lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]

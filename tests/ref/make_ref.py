@@ -155,17 +155,25 @@ def load(ckpt):
 
 # ---- vector sets --------------------------------------------------------------
 
-def vectors_forward_backward(model, tokens, targets):
-    """logits [B,T,V], the mean token loss, and grad.<name> of every param
-    (HF layout) for that mean loss."""
+def forward_backward(model, tokens, targets):
+    """logits, the mean token loss over every target (tensors), and
+    {name: gradient} of every param in HF layout for that mean loss. Also
+    used by tests/train/vocab_parity.py on megaw's own checkpoints."""
     model.zero_grad()
     logits = model(tokens)
     loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
     loss.backward()
+    grads = {name: (p.grad.t() if t else p.grad).numpy()
+             for name, (p, t) in model.hf_params().items()}
+    return logits, loss, grads
+
+
+def vectors_forward_backward(model, tokens, targets):
+    """logits [B,T,V], the mean token loss, and grad.<name> of every param
+    (HF layout) for that mean loss."""
+    logits, loss, grads = forward_backward(model, tokens, targets)
     out = {"logits": logits.detach().numpy(), "loss": loss.detach().numpy()}
-    for name, (p, t) in model.hf_params().items():
-        g = p.grad.t() if t else p.grad
-        out["grad." + name] = g.numpy()
+    out.update({"grad." + name: g for name, g in grads.items()})
     return out
 
 

@@ -131,7 +131,8 @@ static void job_init(mega_jobspec *j, const char *save, bool async) {
   j->train_iters = 4;
   j->lr = 1e-2;
   j->pipeline_model_parallel_size = 2;
-  j->data_path = strdup(data);
+  if (mega_jobspec_parse(j, 2, (char *const[]){"--data-path", (char *)data}, NULL) != MEGA_OK)
+    fail_msg("--data-path %s", data);
   j->save = strdup(save);
   j->async_save = async;
   mega_err err = {0};

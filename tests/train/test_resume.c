@@ -37,7 +37,8 @@ static void job_init(mega_jobspec *j) {
   j->lr_decay_style = MEGA_LR_COSINE;
   j->min_lr = 1e-3;
   j->clip_grad = 0.5; /* active: the norms here are above it */
-  j->data_path = strdup(data);
+  if (mega_jobspec_parse(j, 2, (char *const[]){"--data-path", (char *)data}, NULL) != MEGA_OK)
+    fail_msg("--data-path %s", data);
   mega_err err = {0};
   if (mega_jobspec_check(j, 1, 4000, &err) != MEGA_OK) fail_msg("%s", err.msg);
 }
@@ -345,8 +346,7 @@ static void test_finetune_no_load_optim(void **state) {
   tu_write_repetitive(small, 24 * 16 + 1); /* 24 windows of 16: 3 batches of 8 */
   mega_jobspec j;
   job_init(&j);
-  free(j.data_path);
-  j.data_path = strdup(small);
+  assert_int_equal(mega_jobspec_parse(&j, 2, (char *const[]){"--data-path", small}, NULL), MEGA_OK);
   j.lr_decay_style = MEGA_LR_CONSTANT;
   j.lr_warmup_iters = 0;
   j.min_lr = 0;

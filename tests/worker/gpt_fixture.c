@@ -68,7 +68,7 @@ void fx_probe_free(fx_probe *p) {
   free(p->dinput);
 }
 
-static void forward(fx_probe *p, double *loss) {
+void fx_probe_forward(fx_probe *p, double *loss) {
   const mega_gpt_stage_desc *d = mega_gpt_stage_desc_get(p->s);
   mega_err err = {0};
   if (mega_gpt_forward(p->s, p->a, d->embedding ? p->tokens : NULL,
@@ -79,7 +79,7 @@ static void forward(fx_probe *p, double *loss) {
 
 double fx_probe_value(fx_probe *p, double *mag) {
   double loss = 0.0;
-  forward(p, &loss);
+  fx_probe_forward(p, &loss);
   size_t BT = (size_t)p->B * p->T;
   if (mega_gpt_stage_desc_get(p->s)->loss) {
     if (mag) *mag = loss / (double)BT;
@@ -99,7 +99,7 @@ void fx_probe_grad(fx_probe *p) {
   mega_err err = {0};
   double loss = 0.0;
   mega_gpt_zero_grad(p->s);
-  forward(p, &loss);
+  fx_probe_forward(p, &loss);
   float scale = 1.0f / (float)(p->B * p->T);
   if (mega_gpt_backward_input(p->s, p->a, d->loss ? NULL : p->R, scale,
                               d->embedding ? NULL : p->dinput, &err) != MEGA_OK)

@@ -37,6 +37,9 @@ void fx_probe_free(fx_probe *p);
 /* The objective; *mag (may be NULL) gets the sum of the magnitudes of its
  * terms, the scale of its float rounding error. */
 double fx_probe_value(fx_probe *p, double *mag);
+/* Forward on the probe's data (tokens or input; targets or output); *loss
+ * gets the loss stage's loss_sum. */
+void fx_probe_forward(fx_probe *p, double *loss);
 /* Zeroes grads, then forward, backward_input, backward_weight; fills
  * p->dinput on non-embedding stages. */
 void fx_probe_grad(fx_probe *p);

@@ -342,7 +342,7 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
   int32_t *tg = malloc(sizeof(int32_t) * N);
   fx_ids(tg, N, V, 9);
   be->ops->crossentropy_forward(be, losses, probs, logits, tg, N, V);
-  be->ops->crossentropy_backward(be, dl, probs, tg, 0.25f, N, V);
+  be->ops->crossentropy_backward(be, dl, probs, tg, 0, 0.25f, N, V);
   double *rl = malloc(sizeof(double) * N), *rd = malloc(sizeof(double) * N * V);
   for (int i = 0; i < N; i++) {
     double mx = -INFINITY, s = 0;
@@ -361,8 +361,8 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
   int32_t *tok = malloc(sizeof(int32_t) * B * T);
   fx_ids(tok, (size_t)B * T, V, 12);
   float *enc = malloc(sizeof(float) * B * T * C), *denc = vec((size_t)B * T * C, 1, 13);
-  be->ops->encoder_forward(be, enc, tok, wte, wpe, B, T, C);
-  be->ops->encoder_backward(be, dwte, dwpe, denc, tok, B, T, C);
+  be->ops->encoder_forward(be, enc, tok, wte, 0, V, wpe, B, T, C);
+  be->ops->encoder_backward(be, dwte, 0, V, dwpe, denc, tok, B, T, C);
   double *rw = calloc((size_t)V * C + (size_t)T * C, 8);
   for (int i = 0; i < B * T; i++)
     for (int c = 0; c < C; c++) {

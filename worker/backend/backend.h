@@ -87,12 +87,16 @@ typedef struct mega_backend_ops {
                        int ldc, int64_t stride_c, int batch);
 
   /* ---- GPT kernels (llm.c's, with backward halves) ---- */
-  /* out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]. tok is backend memory. */
+  /* out[b,t,:] = wte[tok[b,t]-v0,:] + wpe[t,:]. wte holds the rows of ids
+   * [v0, v0+vn) (a vocabulary-parallel slice; 0, V when whole): an id
+   * outside contributes zeros. wpe may be NULL (adds nothing). tok is
+   * backend memory. */
   void (*encoder_forward)(mega_backend *be, float *out, const int32_t *tok,
-                          const float *wte, const float *wpe, int B, int T, int C);
-  /* dwte[tok[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. Either
-   * gradient may be NULL to skip it. */
-  void (*encoder_backward)(mega_backend *be, float *dwte, float *dwpe,
+                          const float *wte, int v0, int vn, const float *wpe, int B, int T,
+                          int C);
+  /* dwte[tok[b,t]-v0,:] += dout[b,t,:] for ids in the slice;
+   * dwpe[t,:] += dout[b,t,:]. Either gradient may be NULL to skip it. */
+  void (*encoder_backward)(mega_backend *be, float *dwte, int v0, int vn, float *dwpe,
                            const float *dout, const int32_t *tok, int B, int T, int C);
 
   /* out = (inp - mean) * rstd * w + b over each row of C; mean and rstd
@@ -146,16 +150,40 @@ typedef struct mega_backend_ops {
    * matmul_forward instead.) */
   void (*residual_forward)(mega_backend *be, float *out, const float *a, const float *b,
                            size_t n);
+  /* out[N,C] = a + b + bias (bias [C] per row, may be NULL); out may alias
+   * a or b: a row-parallel layer's residual and bias, added after its
+   * reduction. */
+  void (*bias_residual_forward)(mega_backend *be, float *out, const float *a, const float *b,
+                                const float *bias, int N, int C);
 
   /* Fused softmax + cross-entropy over V classes for N rows.
    * forward: probs = softmax(logits); losses[n] = -log probs[n, targets[n]].
-   * backward: dlogits = (probs - onehot(targets)) * scale (overwrites;
-   * dlogits may alias probs). targets is backend memory, each in [0, V). */
+   * backward: dlogits = (probs - onehot(targets - v0)) * scale (overwrites;
+   * dlogits may alias probs), the one-hot only for targets in [v0, v0+V):
+   * probs may be a vocabulary slice (v0 0 when whole). targets is backend
+   * memory, each in [0, V) for the forward. */
   void (*crossentropy_forward)(mega_backend *be, float *losses, float *probs,
                                const float *logits, const int32_t *targets, int N,
                                int V);
   void (*crossentropy_backward)(mega_backend *be, float *dlogits, const float *probs,
-                                const int32_t *targets, float scale, int N, int V);
+                                const int32_t *targets, int v0, float scale, int N, int V);
+
+  /* Vocabulary-parallel cross-entropy (Megatron's): logits [N,V] are this
+   * rank's slice of ids [v0, v0+V); the caller reduces between the steps,
+   * so full logits are never gathered.
+   * 1. rowmax[n] = max of the slice's row; the caller takes the max over
+   *    ranks.
+   * 2. sums[n] = sum exp(logits - rowmax); sums[N+n] = the target's logit
+   *    if it is in the slice, else 0; the caller sums both over ranks.
+   * 3. losses[n] = log sums[n] + rowmax[n] - sums[N+n];
+   *    probs = exp(logits - rowmax) / sums[n] (the slice's softmax). */
+  void (*crossentropy_rowmax)(mega_backend *be, float *rowmax, const float *logits, int N,
+                              int V);
+  void (*crossentropy_sums)(mega_backend *be, float *sums, const float *logits,
+                            const float *rowmax, const int32_t *targets, int v0, int N, int V);
+  void (*crossentropy_finish)(mega_backend *be, float *losses, float *probs,
+                              const float *logits, const float *rowmax, const float *sums,
+                              int N, int V);
 
   /* AdamW on a flat range of n elements; m and v are the moment buffers. */
   void (*adamw)(mega_backend *be, float *params, const float *grads, float *m, float *v,

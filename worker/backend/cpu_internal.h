@@ -66,8 +66,9 @@ void mega_cpu_tile_tn(int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float *C, int ldc);
 
 void mega_cpu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
-                              const float *wte, const float *wpe, int B, int T, int C);
-void mega_cpu_encoder_backward(mega_backend *be, float *dwte, float *dwpe,
+                              const float *wte, int v0, int vn, const float *wpe, int B, int T,
+                              int C);
+void mega_cpu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, float *dwpe,
                                const float *dout, const int32_t *tok, int B, int T, int C);
 void mega_cpu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
                                 const float *inp, const float *w, const float *b, int N,
@@ -89,7 +90,18 @@ void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs
                                    const float *logits, const int32_t *targets, int N,
                                    int V);
 void mega_cpu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
-                                    const int32_t *targets, float scale, int N, int V);
+                                    const int32_t *targets, int v0, float scale, int N, int V);
+void mega_cpu_bias_residual_forward(mega_backend *be, float *out, const float *a,
+                                    const float *b, const float *bias, int N, int C);
+/* cpu_vocab.c: vocabulary-parallel cross-entropy */
+void mega_cpu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,
+                                  int V);
+void mega_cpu_crossentropy_sums(mega_backend *be, float *sums, const float *logits,
+                                const float *rowmax, const int32_t *targets, int v0, int N,
+                                int V);
+void mega_cpu_crossentropy_finish(mega_backend *be, float *losses, float *probs,
+                                  const float *logits, const float *rowmax, const float *sums,
+                                  int N, int V);
 void mega_cpu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                 const float *qkv, int B, int T, int C, int NH);
 void mega_cpu_attention_backward(mega_backend *be, float *dqkv, float *scratch,

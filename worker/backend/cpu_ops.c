@@ -21,22 +21,40 @@ typedef struct enc_ctx {
   float *out, *dwte, *dwpe;
   const float *wte, *wpe, *dout;
   const int32_t *tok;
-  int B, T, C;
+  int v0, vn, B, T, C;
 } enc_ctx;
+
+/* This slice's row of token r's id, or NULL when the id is outside it. */
+static inline int64_t enc_row(const enc_ctx *c, int64_t r) {
+  int64_t id = (int64_t)c->tok[r] - c->v0;
+  return id >= 0 && id < c->vn ? id : -1;
+}
 
 MEGA_CPU_CLONES
 static void enc_fwd_rows(void *vc, int64_t r0, int64_t r1) {
   const enc_ctx *c = vc;
   for (int64_t r = r0; r < r1; r++) {
     float *o = c->out + r * c->C;
-    const float *e = c->wte + (size_t)c->tok[r] * c->C, *p = c->wpe + (r % c->T) * c->C;
-    for (int i = 0; i < c->C; i++) o[i] = e[i] + p[i];
+    int64_t id = enc_row(c, r);
+    const float *p = c->wpe ? c->wpe + (r % c->T) * c->C : NULL;
+    if (id >= 0 && p) {
+      const float *e = c->wte + id * c->C;
+      for (int i = 0; i < c->C; i++) o[i] = e[i] + p[i];
+    } else if (id >= 0) {
+      memcpy(o, c->wte + id * c->C, (size_t)c->C * sizeof *o);
+    } else if (p) {
+      memcpy(o, p, (size_t)c->C * sizeof *o);
+    } else {
+      memset(o, 0, (size_t)c->C * sizeof *o);
+    }
   }
 }
 
 void mega_cpu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
-                              const float *wte, const float *wpe, int B, int T, int C) {
-  enc_ctx c = {.out = out, .wte = wte, .wpe = wpe, .tok = tok, .B = B, .T = T, .C = C};
+                              const float *wte, int v0, int vn, const float *wpe, int B, int T,
+                              int C) {
+  enc_ctx c = {.out = out, .wte = wte, .wpe = wpe, .tok = tok, .v0 = v0, .vn = vn,
+               .B = B, .T = T, .C = C};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)B * T, row_grain(C), enc_fwd_rows, &c);
 }
 
@@ -46,8 +64,9 @@ static void enc_bwd_cols(void *vc, int64_t c0, int64_t c1) {
   const enc_ctx *c = vc;
   for (int64_t r = 0; r < (int64_t)c->B * c->T; r++) {
     const float *d = c->dout + r * c->C;
-    if (c->dwte) {
-      float *e = c->dwte + (size_t)c->tok[r] * c->C;
+    int64_t id = c->dwte ? enc_row(c, r) : -1;
+    if (id >= 0) {
+      float *e = c->dwte + id * c->C;
       for (int64_t i = c0; i < c1; i++) e[i] += d[i];
     }
     if (c->dwpe) {
@@ -57,9 +76,10 @@ static void enc_bwd_cols(void *vc, int64_t c0, int64_t c1) {
   }
 }
 
-void mega_cpu_encoder_backward(mega_backend *be, float *dwte, float *dwpe,
+void mega_cpu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, float *dwpe,
                                const float *dout, const int32_t *tok, int B, int T, int C) {
-  enc_ctx c = {.dwte = dwte, .dwpe = dwpe, .dout = dout, .tok = tok, .B = B, .T = T, .C = C};
+  enc_ctx c = {.dwte = dwte, .dwpe = dwpe, .dout = dout, .tok = tok, .v0 = v0, .vn = vn,
+               .B = B, .T = T, .C = C};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), C, 64, enc_bwd_cols, &c);
 }
 
@@ -226,13 +246,38 @@ void mega_cpu_residual_forward(mega_backend *be, float *out, const float *a,
                         &c);
 }
 
+typedef struct bias_ctx {
+  float *out;
+  const float *a, *b, *bias;
+  int C;
+} bias_ctx;
+
+MEGA_CPU_CLONES
+static void bias_add_rows(void *vc, int64_t n0, int64_t n1) {
+  const bias_ctx *c = vc;
+  for (int64_t n = n0; n < n1; n++) {
+    float *o = c->out + n * c->C;
+    const float *x = c->a + n * c->C, *y = c->b + n * c->C;
+    if (c->bias)
+      for (int i = 0; i < c->C; i++) o[i] = x[i] + y[i] + c->bias[i];
+    else
+      for (int i = 0; i < c->C; i++) o[i] = x[i] + y[i];
+  }
+}
+
+void mega_cpu_bias_residual_forward(mega_backend *be, float *out, const float *a,
+                                    const float *b, const float *bias, int N, int C) {
+  bias_ctx c = {.out = out, .a = a, .b = b, .bias = bias, .C = C};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(C), bias_add_rows, &c);
+}
+
 /* ---- softmax cross-entropy ---- */
 
 typedef struct xent_ctx {
   float *losses, *probs, *dlogits;
   const float *logits, *cprobs;
   const int32_t *targets;
-  int V;
+  int v0, V;
   float scale;
 } xent_ctx;
 
@@ -283,13 +328,14 @@ static void xent_bwd_rows(void *vc, int64_t n0, int64_t n1) {
     const float *p = c->cprobs + n * V;
     float *d = c->dlogits + n * V;
     for (int i = 0; i < V; i++) d[i] = p[i] * c->scale;
-    d[c->targets[n]] -= c->scale;
+    int64_t t = (int64_t)c->targets[n] - c->v0;
+    if (t >= 0 && t < V) d[t] -= c->scale;
   }
 }
 
 void mega_cpu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
-                                    const int32_t *targets, float scale, int N, int V) {
-  xent_ctx c = {.dlogits = dlogits, .cprobs = probs, .targets = targets, .V = V,
+                                    const int32_t *targets, int v0, float scale, int N, int V) {
+  xent_ctx c = {.dlogits = dlogits, .cprobs = probs, .targets = targets, .v0 = v0, .V = V,
                 .scale = scale};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(V), xent_bwd_rows, &c);
 }

@@ -109,6 +109,14 @@ mega_status mega_store_open_kv(const mega_kv_ops *ops, void *ctx,
  * as the communicators it served exist. NULL is ignored. */
 void mega_store_close(mega_store *store);
 
+/* One value under "<prefix>/<group>/<key>": what a communicator other than
+ * Gloo shares at creation (NCCL's unique id). get waits up to timeout_ms
+ * for the key and returns a malloc'd copy the caller frees. */
+mega_status mega_store_set(mega_store *store, const char *group, const char *key,
+                           const void *value, size_t len, mega_err *err);
+mega_status mega_store_get(mega_store *store, const char *group, const char *key,
+                           void **value, size_t *len, int timeout_ms, mega_err *err);
+
 /* ---- Communicators ------------------------------------------------------ */
 
 /* Creates rank `rank` of a group of `size` ranks called `group` (unique
@@ -192,6 +200,10 @@ mega_status mega_comm_all_reduce(mega_comm *comm, float *buf, size_t count,
 mega_status mega_comm_iall_reduce(mega_comm *comm, float *buf, size_t count,
                                   int timeout_ms, mega_req **req,
                                   mega_err *err);
+/* The element-wise maximum instead of the sum (a vocabulary-parallel
+ * softmax's row maxima). */
+mega_status mega_comm_all_reduce_max(mega_comm *comm, float *buf, size_t count,
+                                     int timeout_ms, mega_err *err);
 
 /* Rank r contributes counts[r] elements from in; out receives every rank's
  * elements, rank by rank (sum(counts) elements). in may point into out at

@@ -35,6 +35,13 @@ void sum_f32(void *c, const void *a, const void *b, size_t n) {
   for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
 }
 
+void max_f32(void *c, const void *a, const void *b, size_t n) {
+  float *o = static_cast<float *>(c);
+  const float *x = static_cast<const float *>(a);
+  const float *y = static_cast<const float *>(b);
+  for (size_t i = 0; i < n; i++) o[i] = x[i] > y[i] ? x[i] : y[i];
+}
+
 ms remaining(steady::time_point deadline) {
   auto left = std::chrono::duration_cast<ms>(deadline - steady::now());
   return left.count() < 1 ? ms(1) : left;
@@ -140,7 +147,7 @@ void run_job(State &s, Job &j) {
     if (j.count == 0 || s.size == 1) return;
     gloo::AllreduceOptions o(s.ctx);
     o.setOutput(static_cast<float *>(j.out), j.count);
-    o.setReduceFunction(sum_f32);
+    o.setReduceFunction(j.max ? max_f32 : sum_f32);
     o.setTag(j.tag);
     o.setTimeout(j.timeout);
     gloo::allreduce(o);
@@ -213,17 +220,17 @@ using namespace mega_gloo;
 
 namespace {
 
-mega_status enqueue(mega_comm *comm, const char *fn, std::shared_ptr<Job> job,
-                    int timeout_ms, mega_req **req, mega_err *err) {
+mega_status enqueue(GlooComm *comm, const char *fn, std::shared_ptr<Job> job,
+                    int timeout_ms, GlooReq **req, mega_err *err) {
   State &s = *comm->s;
   job->timeout = timeout_ms > 0 ? ms(timeout_ms) : s.timeout;
-  mega_req *r;
+  GlooReq *r;
   try {
-    r = new mega_req();
+    r = new GlooReq();
   } catch (...) {
     return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
   }
-  r->kind = mega_req::COLL;
+  r->kind = GlooReq::COLL;
   r->s = comm->s;
   r->job = job;
   std::lock_guard<std::mutex> lock(s.mu);
@@ -244,7 +251,7 @@ mega_status enqueue(mega_comm *comm, const char *fn, std::shared_ptr<Job> job,
   return MEGA_OK;
 }
 
-mega_status start(mega_comm *comm, const char *fn, mega_req **req,
+mega_status start(GlooComm *comm, const char *fn, GlooReq **req,
                   mega_err *err) {
   if (!req) return mega_fail(err, MEGA_ERR_INVALID, "%s: req is NULL", fn);
   *req = nullptr;
@@ -273,20 +280,12 @@ bool total_of(const size_t *counts, int n, size_t esz, size_t *total) {
   return true;
 }
 
-mega_status blocking(mega_status st, mega_req *r, int timeout_ms, mega_err *err) {
-  if (st != MEGA_OK) return st;
-  st = mega_req_wait(r, timeout_ms, err);
-  mega_req_free(r);
-  return st;
-}
-
 }  // namespace
 
 extern "C" {
 
-mega_status mega_comm_iall_reduce(mega_comm *comm, float *buf, size_t count,
-                                  int timeout_ms, mega_req **req,
-                                  mega_err *err) {
+mega_status gloo_iall_reduce(GlooComm *comm, float *buf, size_t count, bool max,
+                             int timeout_ms, GlooReq **req, mega_err *err) {
   const char *fn = "mega_comm_iall_reduce";
   mega_status st = start(comm, fn, req, err);
   if (st != MEGA_OK) return st;
@@ -296,19 +295,13 @@ mega_status mega_comm_iall_reduce(mega_comm *comm, float *buf, size_t count,
   if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
   j->out = buf;
   j->count = count;
+  j->max = max;
   return enqueue(comm, fn, j, timeout_ms, req, err);
 }
 
-mega_status mega_comm_all_reduce(mega_comm *comm, float *buf, size_t count,
-                                 int timeout_ms, mega_err *err) {
-  mega_req *r = nullptr;
-  mega_status st = mega_comm_iall_reduce(comm, buf, count, timeout_ms, &r, err);
-  return blocking(st, r, timeout_ms, err);
-}
-
-mega_status mega_comm_iall_gather(mega_comm *comm, const void *in, void *out,
+mega_status gloo_iall_gather(GlooComm *comm, const void *in, void *out,
                                   const size_t *counts, mega_dtype dt,
-                                  int timeout_ms, mega_req **req,
+                                  int timeout_ms, GlooReq **req,
                                   mega_err *err) {
   const char *fn = "mega_comm_iall_gather";
   mega_status st = start(comm, fn, req, err);
@@ -335,18 +328,9 @@ mega_status mega_comm_iall_gather(mega_comm *comm, const void *in, void *out,
   return enqueue(comm, fn, j, timeout_ms, req, err);
 }
 
-mega_status mega_comm_all_gather(mega_comm *comm, const void *in, void *out,
-                                 const size_t *counts, mega_dtype dt,
-                                 int timeout_ms, mega_err *err) {
-  mega_req *r = nullptr;
-  mega_status st =
-      mega_comm_iall_gather(comm, in, out, counts, dt, timeout_ms, &r, err);
-  return blocking(st, r, timeout_ms, err);
-}
-
-mega_status mega_comm_ibroadcast(mega_comm *comm, void *buf, size_t count,
+mega_status gloo_ibroadcast(GlooComm *comm, void *buf, size_t count,
                                  mega_dtype dt, int root, int timeout_ms,
-                                 mega_req **req, mega_err *err) {
+                                 GlooReq **req, mega_err *err) {
   const char *fn = "mega_comm_ibroadcast";
   mega_status st = start(comm, fn, req, err);
   if (st != MEGA_OK) return st;
@@ -368,18 +352,9 @@ mega_status mega_comm_ibroadcast(mega_comm *comm, void *buf, size_t count,
   return enqueue(comm, fn, j, timeout_ms, req, err);
 }
 
-mega_status mega_comm_broadcast(mega_comm *comm, void *buf, size_t count,
-                                mega_dtype dt, int root, int timeout_ms,
-                                mega_err *err) {
-  mega_req *r = nullptr;
-  mega_status st =
-      mega_comm_ibroadcast(comm, buf, count, dt, root, timeout_ms, &r, err);
-  return blocking(st, r, timeout_ms, err);
-}
-
-mega_status mega_comm_ireduce_scatter(mega_comm *comm, const float *in,
+mega_status gloo_ireduce_scatter(GlooComm *comm, const float *in,
                                       float *out, const size_t *counts,
-                                      int timeout_ms, mega_req **req,
+                                      int timeout_ms, GlooReq **req,
                                       mega_err *err) {
   const char *fn = "mega_comm_ireduce_scatter";
   mega_status st = start(comm, fn, req, err);
@@ -415,16 +390,7 @@ mega_status mega_comm_ireduce_scatter(mega_comm *comm, const float *in,
   return enqueue(comm, fn, j, timeout_ms, req, err);
 }
 
-mega_status mega_comm_reduce_scatter(mega_comm *comm, const float *in,
-                                     float *out, const size_t *counts,
-                                     int timeout_ms, mega_err *err) {
-  mega_req *r = nullptr;
-  mega_status st =
-      mega_comm_ireduce_scatter(comm, in, out, counts, timeout_ms, &r, err);
-  return blocking(st, r, timeout_ms, err);
-}
-
-mega_status mega_comm_ibarrier(mega_comm *comm, int timeout_ms, mega_req **req,
+mega_status gloo_ibarrier(GlooComm *comm, int timeout_ms, GlooReq **req,
                                mega_err *err) {
   const char *fn = "mega_comm_ibarrier";
   mega_status st = start(comm, fn, req, err);
@@ -432,12 +398,6 @@ mega_status mega_comm_ibarrier(mega_comm *comm, int timeout_ms, mega_req **req,
   auto j = new_job(Job::BARRIER);
   if (!j) return mega_fail(err, MEGA_ERR_NOMEM, "%s: out of memory", fn);
   return enqueue(comm, fn, j, timeout_ms, req, err);
-}
-
-mega_status mega_comm_barrier(mega_comm *comm, int timeout_ms, mega_err *err) {
-  mega_req *r = nullptr;
-  mega_status st = mega_comm_ibarrier(comm, timeout_ms, &r, err);
-  return blocking(st, r, timeout_ms, err);
 }
 
 }  // extern "C"

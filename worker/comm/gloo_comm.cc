@@ -126,8 +126,8 @@ void break_comm(State &s, mega_status st, const std::string &msg, bool abort) {
       s.cause_msg = msg;
     }
     s.failed = true;
-    for (mega_req *r : s.live) {
-      if (r->kind == mega_req::SEND)
+    for (GlooReq *r : s.live) {
+      if (r->kind == GlooReq::SEND)
         r->buf->abortWaitSend();
       else
         r->buf->abortWaitRecv();
@@ -247,9 +247,9 @@ mega_status create_fail(std::exception_ptr ep, const std::string &what,
 
 extern "C" {
 
-mega_status mega_comm_create(mega_store *store, const char *group, int rank,
+mega_status gloo_comm_create(mega_store *store, const char *group, int rank,
                              int size, const char *hostname, int timeout_ms,
-                             mega_comm **out, mega_err *err) {
+                             GlooComm **out, mega_err *err) {
   if (!out) return mega_fail(err, MEGA_ERR_INVALID, "mega_comm_create: out is NULL");
   *out = nullptr;
   if (!store)
@@ -284,7 +284,7 @@ mega_status mega_comm_create(mega_store *store, const char *group, int rank,
     ctx->connectFullMesh(gs, s->dev);
     s->ctx = ctx;
     name_peers(*s, gs);
-    auto c = std::make_unique<mega_comm>();
+    auto c = std::make_unique<GlooComm>();
     c->s = s;
     s->thread = std::thread(comm_thread, s);
     *out = c.release();
@@ -294,7 +294,7 @@ mega_status mega_comm_create(mega_store *store, const char *group, int rank,
   }
 }
 
-void mega_comm_destroy(mega_comm *comm) {
+void gloo_comm_destroy(GlooComm *comm) {
   if (!comm) return;
   std::shared_ptr<State> s = comm->s;
   delete comm;
@@ -323,15 +323,12 @@ void mega_comm_destroy(mega_comm *comm) {
   }
 }
 
-int mega_comm_rank(const mega_comm *comm) { return comm ? comm->s->rank : -1; }
-int mega_comm_size(const mega_comm *comm) { return comm ? comm->s->size : 0; }
-
-mega_status mega_comm_status(const mega_comm *comm, mega_err *err) {
+mega_status gloo_comm_status(const GlooComm *comm, mega_err *err) {
   if (!comm) return mega_fail(err, MEGA_ERR_INVALID, "mega_comm_status: comm is NULL");
   return report(*comm->s, err);
 }
 
-void mega_comm_abort(mega_comm *comm) {
+void gloo_comm_abort(GlooComm *comm) {
   if (!comm) return;
   State &s = *comm->s;
   break_comm(s, MEGA_ERR_CANCELLED,

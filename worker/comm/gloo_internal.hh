@@ -22,6 +22,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "worker/comm/comm.h"
+#include "worker/comm/gloo.h"
 
 namespace mega_gloo {
 
@@ -79,11 +80,11 @@ struct State {
   std::string abort_msg;
   std::atomic<bool> failed{false};  // cause != OK || aborted, for fast paths
   std::atomic<bool> poisoned{false};
-  std::set<mega_req *> live;  // posted P2P requests, for abort
+  std::set<GlooReq *> live;  // posted P2P requests, for abort
   // Helper threads that wait on P2P requests handed over by mega_req_test
   // (Gloo has no non-blocking completion check, so someone must block).
   std::condition_variable pool_cv;
-  std::deque<mega_req *> pool_queue;
+  std::deque<GlooReq *> pool_queue;
   std::vector<std::thread> pool;
   size_t pool_idle = 0;
   std::deque<std::shared_ptr<Job>> queue;
@@ -104,6 +105,7 @@ struct Job {
   size_t count = 0;
   std::vector<size_t> counts;
   mega_dtype dt = MEGA_DT_F32;
+  bool max = false;  // ALL_REDUCE: the maximum instead of the sum
   int root = 0;
   ms timeout{0};
   uint32_t tag = 0;
@@ -152,11 +154,11 @@ struct mega_store {
   void *ctx = nullptr;
 };
 
-struct mega_comm {
+struct GlooComm {
   std::shared_ptr<mega_gloo::State> s;
 };
 
-struct mega_req {
+struct GlooReq {
   enum Kind { SEND, RECV, COLL } kind;
   std::shared_ptr<mega_gloo::State> s;
   // P2P

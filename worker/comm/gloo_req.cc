@@ -9,27 +9,27 @@ using namespace mega_gloo;
 
 namespace {
 
-std::string describe(const mega_req &r) {
-  bool send = r.kind == mega_req::SEND;
+std::string describe(const GlooReq &r) {
+  bool send = r.kind == GlooReq::SEND;
   return std::string(send ? "send" : "recv") + " of " + std::to_string(r.nbytes) +
          " bytes " + (send ? "to" : "from") + " rank " + std::to_string(r.peer) +
          " (tag " + std::to_string(r.tag) + ") in group '" + r.s->group + "'";
 }
 
 // Records the result; a finished P2P request leaves the abort list.
-void finish_locked(State &s, mega_req *r, mega_status st, const char *msg) {
+void finish_locked(State &s, GlooReq *r, mega_status st, const char *msg) {
   r->done = true;
   r->status = st;
   r->msg = st == MEGA_OK ? "" : msg;
-  if (r->kind != mega_req::COLL) s.live.erase(r);
+  if (r->kind != GlooReq::COLL) s.live.erase(r);
 }
 
-void finish(State &s, mega_req *r, mega_status st, const char *msg) {
+void finish(State &s, GlooReq *r, mega_status st, const char *msg) {
   std::lock_guard<std::mutex> lock(s.mu);
   finish_locked(s, r, st, msg);
 }
 
-mega_status cached(const mega_req *r, mega_err *err) {
+mega_status cached(const GlooReq *r, mega_err *err) {
   if (r->status == MEGA_OK) return MEGA_OK;
   return mega_fail(err, r->status, "%s", r->msg.c_str());
 }
@@ -37,10 +37,10 @@ mega_status cached(const mega_req *r, mega_err *err) {
 ms at_least_1ms(ms t) { return t.count() < 1 ? ms(1) : t; }
 
 // Blocks in Gloo until the P2P request completes (or fails, or is aborted).
-mega_status gloo_wait(mega_req &r, ms t, mega_err *err) {
+mega_status gloo_wait(GlooReq &r, ms t, mega_err *err) {
   State &s = *r.s;
   try {
-    bool ok = r.kind == mega_req::SEND ? r.buf->waitSend(nullptr, t)
+    bool ok = r.kind == GlooReq::SEND ? r.buf->waitSend(nullptr, t)
                                        : r.buf->waitRecv(nullptr, t);
     if (ok) return MEGA_OK;
     mega_status st = report(s, err);  // aborted by break_comm
@@ -52,10 +52,10 @@ mega_status gloo_wait(mega_req &r, ms t, mega_err *err) {
   }
 }
 
-mega_status post(mega_comm *comm, mega_req::Kind kind, void *buf,
-                 size_t nbytes, int peer, uint32_t tag, mega_req **req,
+mega_status post(GlooComm *comm, GlooReq::Kind kind, void *buf,
+                 size_t nbytes, int peer, uint32_t tag, GlooReq **req,
                  mega_err *err) {
-  const char *fn = kind == mega_req::SEND ? "mega_comm_isend" : "mega_comm_irecv";
+  const char *fn = kind == GlooReq::SEND ? "mega_comm_isend" : "mega_comm_irecv";
   if (!req) return mega_fail(err, MEGA_ERR_INVALID, "%s: req is NULL", fn);
   *req = nullptr;
   if (!comm) return mega_fail(err, MEGA_ERR_INVALID, "%s: comm is NULL", fn);
@@ -67,9 +67,9 @@ mega_status post(mega_comm *comm, mega_req::Kind kind, void *buf,
   if (!buf && nbytes)
     return mega_fail(err, MEGA_ERR_INVALID, "%s: buf is NULL for %zu bytes", fn, nbytes);
   if (s.failed) return report(s, err);
-  mega_req *r = nullptr;
+  GlooReq *r = nullptr;
   try {
-    r = new mega_req();
+    r = new GlooReq();
     r->kind = kind;
     r->s = comm->s;
     r->peer = peer;
@@ -80,7 +80,7 @@ mega_status post(mega_comm *comm, mega_req::Kind kind, void *buf,
       std::lock_guard<std::mutex> lock(s.mu);
       s.live.insert(r);
     }
-    if (kind == mega_req::SEND)
+    if (kind == GlooReq::SEND)
       r->buf->send(peer, p2p_slot(tag), 0, nbytes);
     else
       r->buf->recv(peer, p2p_slot(tag), 0, nbytes);
@@ -101,7 +101,7 @@ mega_status post(mega_comm *comm, mega_req::Kind kind, void *buf,
   return MEGA_OK;
 }
 
-mega_status wait_p2p(mega_req *r, ms t, mega_err *err) {
+mega_status wait_p2p(GlooReq *r, ms t, mega_err *err) {
   State &s = *r->s;
   mega_err e = {};
   if (!r->pooled) {
@@ -129,7 +129,7 @@ mega_status wait_p2p(mega_req *r, ms t, mega_err *err) {
   return cached(r, err);
 }
 
-mega_status wait_coll(mega_req *r, ms t, mega_err *err) {
+mega_status wait_coll(GlooReq *r, ms t, mega_err *err) {
   State &s = *r->s;
   Job &j = *r->job;
   // Let Gloo's own timeout (same length) speak first when both fire.
@@ -179,7 +179,7 @@ void pool_thread(std::shared_ptr<State> sp) {
   for (;;) {
     s.pool_cv.wait(lock, [&] { return s.stopping || !s.pool_queue.empty(); });
     if (s.pool_queue.empty()) return;
-    mega_req *r = s.pool_queue.front();
+    GlooReq *r = s.pool_queue.front();
     s.pool_queue.pop_front();
     s.pool_idle--;
     bool failed = s.failed;
@@ -200,29 +200,29 @@ void pool_thread(std::shared_ptr<State> sp) {
 
 extern "C" {
 
-mega_status mega_comm_isend(mega_comm *comm, const void *buf, size_t nbytes,
-                            int peer, uint32_t tag, mega_req **req,
+mega_status gloo_isend(GlooComm *comm, const void *buf, size_t nbytes,
+                            int peer, uint32_t tag, GlooReq **req,
                             mega_err *err) {
   // Gloo's buffer type is not const-aware; a send only reads it.
-  return post(comm, mega_req::SEND, const_cast<void *>(buf), nbytes, peer, tag,
+  return post(comm, GlooReq::SEND, const_cast<void *>(buf), nbytes, peer, tag,
               req, err);
 }
 
-mega_status mega_comm_irecv(mega_comm *comm, void *buf, size_t nbytes,
-                            int peer, uint32_t tag, mega_req **req,
+mega_status gloo_irecv(GlooComm *comm, void *buf, size_t nbytes,
+                            int peer, uint32_t tag, GlooReq **req,
                             mega_err *err) {
-  return post(comm, mega_req::RECV, buf, nbytes, peer, tag, req, err);
+  return post(comm, GlooReq::RECV, buf, nbytes, peer, tag, req, err);
 }
 
-mega_status mega_req_wait(mega_req *req, int timeout_ms, mega_err *err) {
+mega_status gloo_req_wait(GlooReq *req, int timeout_ms, mega_err *err) {
   if (!req) return mega_fail(err, MEGA_ERR_INVALID, "mega_req_wait: req is NULL");
   if (req->done) return cached(req, err);
   ms t = at_least_1ms(timeout_ms > 0 ? ms(timeout_ms) : req->s->timeout);
-  return req->kind == mega_req::COLL ? wait_coll(req, t, err)
+  return req->kind == GlooReq::COLL ? wait_coll(req, t, err)
                                      : wait_p2p(req, t, err);
 }
 
-mega_status mega_req_test(mega_req *req, bool *done, mega_err *err) {
+mega_status gloo_req_test(GlooReq *req, bool *done, mega_err *err) {
   if (!req || !done)
     return mega_fail(err, MEGA_ERR_INVALID, "mega_req_test: req or done is NULL");
   *done = false;
@@ -232,7 +232,7 @@ mega_status mega_req_test(mega_req *req, bool *done, mega_err *err) {
   }
   State &s = *req->s;
   std::unique_lock<std::mutex> lock(s.mu);
-  if (req->kind == mega_req::COLL) {
+  if (req->kind == GlooReq::COLL) {
     if (req->job->done) {
       finish_locked(s, req, req->job->status, req->job->msg.c_str());
     } else if (s.failed) {
@@ -270,11 +270,11 @@ mega_status mega_req_test(mega_req *req, bool *done, mega_err *err) {
   return cached(req, err);
 }
 
-void mega_req_free(mega_req *req) {
+void gloo_req_free(GlooReq *req) {
   if (!req) return;
   State &s = *req->s;
   std::unique_lock<std::mutex> lock(s.mu);
-  if (req->kind == mega_req::COLL) {
+  if (req->kind == GlooReq::COLL) {
     if (!req->job->done) {
       lock.unlock();
       break_comm(s, MEGA_ERR_CANCELLED,

@@ -153,4 +153,41 @@ mega_status mega_store_open_kv(const mega_kv_ops *ops, void *ctx,
 
 void mega_store_close(mega_store *store) { delete store; }
 
+mega_status mega_store_set(mega_store *store, const char *group, const char *key,
+                           const void *value, size_t len, mega_err *err) {
+  if (!store || !group || !key || (!value && len))
+    return mega_fail(err, MEGA_ERR_INVALID, "mega_store_set: a NULL argument");
+  try {
+    mega_gloo::GroupStore gs(*store, group, mega_gloo::ms(1000));
+    const char *p = static_cast<const char *>(value);
+    gs.set(key, std::vector<char>(p, p + len));
+    return MEGA_OK;
+  } catch (const mega_gloo::StoreError &e) {
+    return mega_fail(err, e.status, "%s", e.what());
+  } catch (const std::exception &e) {
+    return mega_fail(err, MEGA_ERR_IO, "store set of '%s/%s': %s", group, key, e.what());
+  }
+}
+
+mega_status mega_store_get(mega_store *store, const char *group, const char *key,
+                           void **value, size_t *len, int timeout_ms, mega_err *err) {
+  if (!store || !group || !key || !value || !len || timeout_ms <= 0)
+    return mega_fail(err, MEGA_ERR_INVALID, "mega_store_get: a NULL argument or no timeout");
+  *value = nullptr;
+  try {
+    mega_gloo::GroupStore gs(*store, group, mega_gloo::ms(timeout_ms));
+    std::vector<char> v = gs.get(key);
+    *value = malloc(v.size() ? v.size() : 1);
+    if (!*value) return mega_fail(err, MEGA_ERR_NOMEM, "mega_store_get: out of memory");
+    if (!v.empty()) memcpy(*value, v.data(), v.size());
+    *len = v.size();
+    return MEGA_OK;
+  } catch (const mega_gloo::StoreError &e) {
+    return mega_fail(err, e.status, "%s", e.what());
+  } catch (const std::exception &e) {
+    return mega_fail(err, MEGA_ERR_TIMEOUT, "store get of '%s/%s' within %d ms: %s", group, key,
+                     timeout_ms, e.what());
+  }
+}
+
 }  // extern "C"

@@ -63,6 +63,28 @@ static mega_status check_desc(const mega_gpt_config *c, const mega_gpt_stage_des
   if (!d->embedding && !d->loss && d->num_layers == 0)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: a stage needs the embedding, the loss or at least one layer");
+  const mega_gpt_tp *tp = &d->tp;
+  if (tp->size < 0 || (tp->size > 1 && (tp->rank < 0 || tp->rank >= tp->size)))
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: tensor-parallel rank %d of size %d",
+                     tp->rank, tp->size);
+  if (tp->size > 1 && (!tp->ops || !tp->ops->all_reduce || !tp->ops->all_reduce_max ||
+                       !tp->ops->all_gather || !tp->ops->reduce_scatter))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: tensor parallelism of size %d needs the group's four collectives",
+                     tp->size);
+  if (tp->size > 1 && (c->num_heads % tp->size || c->vocab_size % tp->size))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: tensor-parallel size %d must divide the heads (%d) and the "
+                     "vocabulary (%d; pad it to a multiple of --make-vocab-size-divisible-by "
+                     "x TP)",
+                     tp->size, c->num_heads, c->vocab_size);
+  if (d->recompute < MEGA_GPT_RECOMPUTE_NONE || d->recompute > MEGA_GPT_RECOMPUTE_SELECTIVE)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: unknown recompute mode %d", (int)d->recompute);
+  bool full = d->recompute == MEGA_GPT_RECOMPUTE_UNIFORM || d->recompute == MEGA_GPT_RECOMPUTE_BLOCK;
+  if (full && d->recompute_layers < 1)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: full recomputation needs recompute_layers >= 1, got %d",
+                     d->recompute_layers);
   return MEGA_OK;
 }
 
@@ -72,14 +94,35 @@ typedef struct table {
   size_t off;
 } table;
 
-static size_t add(table *t, const char *name, int d0, int d1, bool decay, bool tied) {
+/* How a tensor splits over TP ranks (tp_split.h). */
+typedef enum { REPL, ROWS, COLS, QKV } split_kind;
+
+/* Adds the full tensor [d0, d1] (d1 0: 1-D) as this rank's slice of it. */
+static size_t add(table *t, const mega_gpt_tp *tp, const char *name, int d0, int d1,
+                  split_kind k, bool decay, bool tied) {
   mega_param_info *pi = &t->p[t->n++];
   memset(pi, 0, sizeof *pi);
   snprintf(pi->name, sizeof pi->name, "%s", name);
+  int n = tp->size > 1 ? tp->size : 1;
   pi->ndim = d1 ? 2 : 1;
+  pi->full_shape[0] = d0;
+  pi->full_shape[1] = d1;
+  pi->full_numel = (size_t)d0 * (d1 ? (size_t)d1 : 1);
+  size_t rows = (size_t)d0, cols = d1 ? (size_t)d1 : 1;
+  switch (n > 1 ? k : REPL) {
+  case REPL: pi->tp = (mega_tp_split){.parts = 0, .outer = 1, .inner = pi->full_numel}; break;
+  case ROWS: pi->tp = (mega_tp_split){.parts = 1, .outer = 1, .inner = pi->full_numel}; break;
+  case COLS: pi->tp = (mega_tp_split){.parts = 1, .outer = rows, .inner = cols}; break;
+  case QKV: /* [C, 3C] or [3C]: thirds of the last dimension */
+    pi->tp = (mega_tp_split){.parts = 3, .outer = d1 ? rows : 1, .inner = (d1 ? cols : rows) / 3};
+    break;
+  }
   pi->shape[0] = d0;
   pi->shape[1] = d1;
-  pi->numel = (size_t)d0 * (d1 ? (size_t)d1 : 1);
+  if (n > 1 && (k == ROWS || (k == QKV && !d1))) pi->shape[0] = d0 / n;
+  if (n > 1 && (k == COLS || (k == QKV && d1))) pi->shape[1] = d1 / n;
+  pi->numel = pi->full_numel / (size_t)(n > 1 && k != REPL ? n : 1);
+  pi->sp_partial = tp->sequence_parallel && n > 1 && strstr(name, "ln_") != NULL;
   /* 16-float alignment keeps every tensor on a cache line. */
   pi->offset = t->off;
   t->off += (pi->numel + 15) / 16 * 16;
@@ -116,36 +159,38 @@ static void derive_offsets(mega_gpt_stage *s) {
 
 static void build_table(mega_gpt_stage *s, table *t) {
   const mega_gpt_config *c = &s->cfg;
+  const mega_gpt_tp *tp = &s->desc.tp;
   int C = c->channels, V = c->vocab_size;
   char nm[64];
   if (s->desc.embedding) {
-    add(t, "transformer.wte.weight", V, C, true, false);
-    add(t, "transformer.wpe.weight", c->max_seq_len, C, true, false);
+    add(t, tp, "transformer.wte.weight", V, C, ROWS, true, false);
+    add(t, tp, "transformer.wpe.weight", c->max_seq_len, C, REPL, true, false);
   }
   for (int i = 0; i < s->desc.num_layers; i++) {
     int l = s->desc.first_layer + i;
-#define P(suffix, d0, d1, decay)                                          \
+#define P(suffix, d0, d1, split, decay)                                   \
   snprintf(nm, sizeof nm, "transformer.h.%d.%s", l, suffix);             \
-  add(t, nm, d0, d1, decay, false)
-    /* in derive_offsets' order */
-    P("ln_1.weight", C, 0, false);
-    P("ln_1.bias", C, 0, false);
-    P("attn.c_attn.weight", C, 3 * C, true);
-    P("attn.c_attn.bias", 3 * C, 0, false);
-    P("attn.c_proj.weight", C, C, true);
-    P("attn.c_proj.bias", C, 0, false);
-    P("ln_2.weight", C, 0, false);
-    P("ln_2.bias", C, 0, false);
-    P("mlp.c_fc.weight", C, 4 * C, true);
-    P("mlp.c_fc.bias", 4 * C, 0, false);
-    P("mlp.c_proj.weight", 4 * C, C, true);
-    P("mlp.c_proj.bias", C, 0, false);
+  add(t, tp, nm, d0, d1, split, decay, false)
+    /* in derive_offsets' order; c_attn and c_fc are column-parallel,
+     * the two c_proj row-parallel (their biases replicated) */
+    P("ln_1.weight", C, 0, REPL, false);
+    P("ln_1.bias", C, 0, REPL, false);
+    P("attn.c_attn.weight", C, 3 * C, QKV, true);
+    P("attn.c_attn.bias", 3 * C, 0, QKV, false);
+    P("attn.c_proj.weight", C, C, ROWS, true);
+    P("attn.c_proj.bias", C, 0, REPL, false);
+    P("ln_2.weight", C, 0, REPL, false);
+    P("ln_2.bias", C, 0, REPL, false);
+    P("mlp.c_fc.weight", C, 4 * C, COLS, true);
+    P("mlp.c_fc.bias", 4 * C, 0, ROWS, false);
+    P("mlp.c_proj.weight", 4 * C, C, ROWS, true);
+    P("mlp.c_proj.bias", C, 0, REPL, false);
 #undef P
   }
   if (s->desc.loss) {
-    add(t, "transformer.ln_f.weight", C, 0, false, false);
-    add(t, "transformer.ln_f.bias", C, 0, false, false);
-    if (!s->desc.embedding) add(t, "transformer.wte.weight", V, C, true, true);
+    add(t, tp, "transformer.ln_f.weight", C, 0, REPL, false, false);
+    add(t, tp, "transformer.ln_f.bias", C, 0, REPL, false, false);
+    if (!s->desc.embedding) add(t, tp, "transformer.wte.weight", V, C, ROWS, true, true);
   }
 }
 
@@ -174,8 +219,11 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* The init of one full tensor, by its name alone (see gpt.h). */
-static void init_tensor(const mega_gpt_config *c, const mega_param_info *pi, float *dst) {
+/* The init of this rank's slice of a tensor: element i of the full tensor
+ * depends on its name and i alone (see gpt.h), so slices of any TP size
+ * put together are the TP=1 tensor. */
+static void init_tensor(const mega_gpt_config *c, const mega_gpt_tp *tp,
+                        const mega_param_info *pi, float *dst) {
   if (ends_with(pi->name, ".bias")) {
     memset(dst, 0, pi->numel * sizeof *dst);
     return;
@@ -188,7 +236,8 @@ static void init_tensor(const mega_gpt_config *c, const mega_param_info *pi, flo
   if (ends_with(pi->name, "attn.c_proj.weight") || ends_with(pi->name, "mlp.c_proj.weight"))
     std /= sqrt(2.0 * c->num_layers);
   uint64_t key = mega_rng_key(c->seed, pi->name);
-  for (size_t i = 0; i < pi->numel; i++) dst[i] = (float)(std * mega_rng_normal(key, i));
+  for (size_t i = 0; i < pi->numel; i++)
+    dst[i] = (float)(std * mega_rng_normal(key, mega_tp_full_index(&pi->tp, tp->size, tp->rank, i)));
 }
 
 mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err) {
@@ -196,7 +245,7 @@ mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err) {
   if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for init");
   memset(host, 0, s->numel * sizeof *host);
   for (int i = 0; i < s->nparams; i++)
-    init_tensor(&s->cfg, &s->params[i], host + s->params[i].offset);
+    init_tensor(&s->cfg, &s->desc.tp, &s->params[i], host + s->params[i].offset);
   mega_status st = s->be->ops->memcpy(s->be, s->param, host, s->numel * sizeof *host,
                                       MEGA_COPY_H2D, err);
   free(host);
@@ -223,6 +272,7 @@ mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
   s->be = be;
   s->cfg = *cfg;
   s->desc = *desc;
+  if (s->desc.tp.size < 1) s->desc.tp = (mega_gpt_tp){.size = 1};
   table t = {.p = s->params, .cap = cap};
   build_table(s, &t);
   s->nparams = t.n;
@@ -253,6 +303,7 @@ void mega_gpt_stage_destroy(mega_gpt_stage *s) {
     s->be->ops->free(s->be, s->param);
     s->be->ops->free(s->be, s->grad);
   }
+  if (s->rc_buf) s->be->ops->free(s->be, s->rc_buf);
   free(s->params);
   free(s->layers);
   free(s->units);
@@ -306,6 +357,11 @@ const mega_gpt_stage_desc *mega_gpt_stage_desc_get(const mega_gpt_stage *s) {
   return &s->desc;
 }
 mega_backend *mega_gpt_stage_backend(const mega_gpt_stage *s) { return s->be; }
+const mega_gpt_tp *mega_gpt_stage_tp(const mega_gpt_stage *s) { return &s->desc.tp; }
+
+int mega_gpt_stream_rows(const mega_gpt_stage *s, int B, int T) {
+  return s->desc.tp.sequence_parallel ? B * T / s->desc.tp.size : B * T;
+}
 
 const mega_param_info *mega_gpt_params(const mega_gpt_stage *s, int *count) {
   *count = s->nparams;
@@ -330,9 +386,13 @@ mega_status mega_gpt_load_safetensors(mega_gpt_stage *s, const mega_st_file *con
                                       size_t nfiles, mega_err *err) {
   size_t maxn = 0;
   for (int i = 0; i < s->nparams; i++)
-    if (s->params[i].numel > maxn) maxn = s->params[i].numel;
-  float *host = malloc(maxn * sizeof *host);
-  if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for loading");
+    if (s->params[i].full_numel > maxn) maxn = s->params[i].full_numel;
+  float *host = malloc(maxn * sizeof *host), *slice = malloc(maxn * sizeof *slice);
+  if (!host || !slice) {
+    free(host);
+    free(slice);
+    return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for loading");
+  }
   mega_status st = MEGA_OK;
   for (int i = 0; i < s->nparams && !st; i++) {
     const mega_param_info *pi = &s->params[i];
@@ -352,17 +412,22 @@ mega_status mega_gpt_load_safetensors(mega_gpt_stage *s, const mega_st_file *con
                      nfiles, nfiles ? ", e.g. " : "", nfiles ? mega_st_path(files[0]) : "");
       break;
     }
-    int64_t shape[2] = {pi->shape[0], pi->shape[1]};
-    st = mega_st_read_f32(f, name, host, pi->numel, shape, pi->ndim, err);
+    int64_t shape[2] = {pi->full_shape[0], pi->full_shape[1]};
+    st = mega_st_read_f32(f, name, host, pi->full_numel, shape, pi->ndim, err);
+    if (!st) mega_tp_cut(&pi->tp, s->desc.tp.size, s->desc.tp.rank, host, slice);
     if (!st)
-      st = s->be->ops->memcpy(s->be, s->param + pi->offset, host, pi->numel * sizeof *host,
+      st = s->be->ops->memcpy(s->be, s->param + pi->offset, slice, pi->numel * sizeof *host,
                               MEGA_COPY_H2D, err);
   }
   free(host);
+  free(slice);
   return st;
 }
 
 mega_status mega_gpt_save_safetensors(mega_gpt_stage *s, const char *path, mega_err *err) {
+  if (s->desc.tp.size > 1) /* whole tensors need the group: worker/rank_tp.c gathers them */
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "gpt: a stage saves alone only without tensor parallelism");
   float *host = malloc(s->numel * sizeof *host);
   mega_st_tensor *ts = calloc((size_t)s->nparams, sizeof *ts);
   mega_status st = MEGA_OK;

@@ -56,6 +56,7 @@
 #include "core/status.h"
 #include "worker/backend/backend.h"
 #include "worker/model/safetensors.h"
+#include "worker/model/tp_split.h"
 
 typedef struct mega_gpt_config {
   int vocab_size;  /* 256: byte-level */
@@ -74,11 +75,68 @@ void mega_gpt_config_default(mega_gpt_config *cfg);
 /* Checks sizes and divisibility; the message names the bad field. */
 mega_status mega_gpt_config_check(const mega_gpt_config *cfg, mega_err *err);
 
+/* Tensor parallelism (Megatron's, seed 004 section 3). The TP ranks of a
+ * stage hold slices: column-parallel c_attn (this rank's heads' q, k and v;
+ * tp_split.h) and c_fc, row-parallel attn.c_proj and mlp.c_proj, and a
+ * contiguous slice of the vocabulary of wte and the head. Layernorms, wpe
+ * and the row-parallel biases are replicated. The model reaches its group
+ * through these ops, which the caller implements over its communicator (and
+ * times); every TP rank of a stage issues the same calls in the same order.
+ * Buffers are backend memory. */
+typedef struct mega_gpt_tp_ops {
+  /* buf[n] = its sum (resp. maximum) over the group, in place. */
+  mega_status (*all_reduce)(void *ctx, float *buf, size_t n, mega_err *err);
+  mega_status (*all_reduce_max)(void *ctx, float *buf, size_t n, mega_err *err);
+  /* out[size*n] = every rank's in[n], rank by rank. */
+  mega_status (*all_gather)(void *ctx, const float *in, float *out, size_t n, mega_err *err);
+  /* out[n] = this rank's part of in[size*n] summed over the group. */
+  mega_status (*reduce_scatter)(void *ctx, const float *in, float *out, size_t n,
+                                mega_err *err);
+} mega_gpt_tp_ops;
+
+/* With sequence_parallel, the residual stream between blocks (and so a
+ * stage's input and output) is split along the rows: rank r holds rows
+ * [r*N/tp, (r+1)*N/tp) of [N = B*T, C]; the layernorms run on those rows,
+ * an all-gather precedes each column-parallel GEMM and a reduce-scatter
+ * follows each row-parallel one. Without it the stream is whole on every
+ * rank and the row-parallel outputs are all-reduced. */
+typedef struct mega_gpt_tp {
+  int size, rank; /* 1, 0: no tensor parallelism (ops may then be NULL) */
+  bool sequence_parallel;
+  const mega_gpt_tp_ops *ops;
+  void *ctx; /* borrowed; must outlive the stage */
+} mega_gpt_tp;
+
+/* Activation recomputation, as Megatron's --recompute-granularity and
+ * --recompute-method define it. Full recomputation keeps only a recomputed
+ * group's input through forward and reruns the group's forward just before
+ * its backward; its blocks' activations live in the stage's scratch (one
+ * set for the group being rerun, shared by all the stage's acts) instead of
+ * one set per block. Selective keeps every block's activations but the
+ * attention probabilities [B,NHl,T,T] (one scratch buffer for all blocks),
+ * which backward recomputes from the kept qkv.
+ * Losses and gradients are bit-identical to MEGA_GPT_RECOMPUTE_NONE: the
+ * same operations run on the same inputs. */
+typedef enum mega_gpt_recompute {
+  MEGA_GPT_RECOMPUTE_NONE,
+  MEGA_GPT_RECOMPUTE_UNIFORM,   /* full: groups of recompute_layers blocks from the first */
+  MEGA_GPT_RECOMPUTE_BLOCK,     /* full: only the first recompute_layers blocks, each alone */
+  MEGA_GPT_RECOMPUTE_SELECTIVE, /* the attention core of every block */
+} mega_gpt_recompute;
+
 typedef struct mega_gpt_stage_desc {
   bool embedding;  /* holds wte, wpe; its input is tokens */
   bool loss;       /* holds ln_f and the tied head; its output is the loss */
   int first_layer; /* global id of its first block */
   int num_layers;  /* may be 0 for an embedding-only or loss-only stage */
+  mega_gpt_tp tp;  /* zero means {1, 0}: no tensor parallelism */
+  mega_gpt_recompute recompute; /* zero: none */
+  int recompute_layers;         /* N >= 1 for UNIFORM and BLOCK (may exceed num_layers) */
+  /* The caller runs backward_input and backward_weight apart (zero-bubble):
+   * then a rerun block keeps its output gradients in the acts from one to
+   * the other; else they live in the scratch, and with full recomputation
+   * only mega_gpt_backward may run the stage's backward. */
+  bool split_backward;
 } mega_gpt_stage_desc;
 
 typedef struct mega_param_info {
@@ -89,6 +147,14 @@ typedef struct mega_param_info {
   size_t offset, numel; /* in floats, into the flat param and grad buffers */
   bool decay;           /* 2-D weights decay; biases and LN params don't */
   bool tied_copy;       /* the loss-only stage's copy of wte */
+  /* Tensor parallelism: shape is this rank's slice; the whole tensor is
+   * full_shape (full_numel floats) and splits as tp says. */
+  mega_tp_split tp;
+  int full_shape[2];
+  size_t full_numel;
+  /* With --sequence-parallel this rank's gradient covers its rows only (the
+   * layernorms): the caller sums it over the TP group before the step. */
+  bool sp_partial;
 } mega_param_info;
 
 typedef struct mega_gpt_stage mega_gpt_stage;
@@ -160,42 +226,60 @@ mega_status mega_gpt_rebind(mega_gpt_stage *s, float *params, float *grads, size
 
 /* Loads every param of the stage by its HF name from whichever of the files
  * holds it (the head copy of wte also accepts "lm_head.weight"); shapes must
- * match. Fails, naming the tensor, when one is missing. */
+ * match the whole tensor's, and a TP rank keeps its slice. Fails, naming the
+ * tensor, when one is missing. */
 mega_status mega_gpt_load_safetensors(mega_gpt_stage *s,
                                       const mega_st_file *const *files,
                                       size_t nfiles, mega_err *err);
-/* Writes every param of the stage (tied copy included) to one file. */
+/* Writes every param of the stage (tied copy included) to one file; a TP
+ * stage is refused (its tensors are slices). */
 mega_status mega_gpt_save_safetensors(mega_gpt_stage *s, const char *path,
                                       mega_err *err);
 
+/* The stage's tensor parallelism (size 1 when it has none). */
+const mega_gpt_tp *mega_gpt_stage_tp(const mega_gpt_stage *s);
+/* Rows of the residual stream this rank holds for a microbatch of B*T
+ * tokens: B*T/tp with sequence parallelism, else B*T. A stage's input and
+ * output are [rows, C]. */
+int mega_gpt_stream_rows(const mega_gpt_stage *s, int B, int T);
+
 /* Activations for one microbatch of B sequences of T tokens (T <=
- * max_seq_len). */
+ * max_seq_len), laid out for the stage's recomputation (desc.recompute). */
 mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts **out,
                                  mega_err *err);
+/* Bytes the acts own: with full recomputation they hold only each
+ * recomputed group's input, not its blocks' activations. */
 size_t mega_gpt_acts_bytes(const mega_gpt_acts *a);
+/* Bytes of the stage's recomputation scratch, shared by all its acts (0
+ * without recomputation): full recomputation's largest group of blocks, or
+ * selective's attention probabilities of one block. Count it once per stage
+ * beside the acts. */
+size_t mega_gpt_scratch_bytes(const mega_gpt_stage *s);
 void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T);
-/* Loss stage: logits [B,T,V] of the last forward (backend memory). */
+/* Loss stage: logits [B,T,V/tp] of the last forward (backend memory):
+ * this rank's slice of the vocabulary. */
 const float *mega_gpt_acts_logits(const mega_gpt_acts *a);
 void mega_gpt_acts_destroy(mega_gpt_acts *a); /* NULL is fine */
 
 /* Forward one microbatch.
  * tokens  [B,T] host, embedding stage (else NULL); each in [0, V).
- * input   [B,T,C] backend, other stages (else NULL); copied into acts, the
+ * input   [rows,C] backend, other stages (else NULL); copied into acts, the
  *         caller may free it after.
  * targets [B,T] host, loss stage; may be NULL for logits only (then no
  *         backward), each in [0, V).
- * output  [B,T,C] backend, non-loss stages (else NULL); not referenced
+ * output  [rows,C] backend, non-loss stages (else NULL); not referenced
  *         after return.
  * loss_sum (host) loss stage with targets: the sum of the B*T per-token
- *         cross-entropies. */
+ *         cross-entropies (the same on every TP rank).
+ * rows is mega_gpt_stream_rows(s, B, T). */
 mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t *tokens,
                              const float *input, const int32_t *targets, float *output,
                              double *loss_sum, mega_err *err);
 
 /* Input half of the backward of the acts' last forward.
- * doutput [B,T,C] backend, non-loss stages (else NULL): d(total loss)/d(output).
+ * doutput [rows,C] backend, non-loss stages (else NULL): d(total loss)/d(output).
  * loss_scale: loss stage, d(total loss)/d(each token's loss), e.g. 1/(G*B*T).
- * dinput [B,T,C] backend, non-embedding stages (else NULL), overwritten. */
+ * dinput [rows,C] backend, non-embedding stages (else NULL), overwritten. */
 mega_status mega_gpt_backward_input(mega_gpt_stage *s, mega_gpt_acts *a,
                                     const float *doutput, float loss_scale,
                                     float *dinput, mega_err *err);

@@ -29,6 +29,17 @@ struct mega_gpt_stage {
   int nunits;
   mega_gpt_grads_done_fn grads_done, params_needed;
   void *grads_done_arg, *params_needed_arg;
+  /* Recomputation's scratch (gpt_pass.c), shared by all the stage's acts,
+   * since one backward runs at a time: the blocks of the group being rerun
+   * (full) or the attention probabilities (selective). It grows to the
+   * largest acts; rc_gen counts its moves, so acts know to re-point.
+   * rc_holder's group starting at block rc_held (full), or its block
+   * rc_held's probabilities (selective), are what it holds now. */
+  void *rc_buf;
+  size_t rc_bytes;
+  unsigned rc_gen;
+  const struct mega_gpt_acts *rc_holder;
+  int rc_held;
 };
 
 /* Calls the stage's params-needed callback for unit u, if any. */

@@ -1,0 +1,66 @@
+/* The web view: megad's page and its read-only JSON API, as a pure map from
+ * a request (method, path, query) to a response (status, type, body), from
+ * the data the daemon hands it. No socket, no loop: any HTTP server calls
+ * megad_web_handle for the paths megad_web_owns says are its own.
+ *
+ *   GET /                      the cluster page (page.html, compiled in)
+ *   GET /jobs/ID               the same page, showing job ID
+ *   GET /page.js               its script
+ *   GET /api/cluster           {self, nodes[], jobs[]}
+ *   GET /api/jobs              {jobs[]}: every job this megad coordinates
+ *   GET /api/jobs/ID           one job: summary, schedule and its closed-form
+ *                              bubble per stage, the last step's ranks, events
+ *   GET /api/jobs/ID/steps?since=SEQ
+ *                              the curve's points after cursor SEQ (0: all
+ *                              kept), with restart/rescale marks, and "next",
+ *                              the cursor for the next call
+ *   GET /api/jobs/ID/trace     the Chrome trace of --trace-iteration
+ *
+ * Live updates: the page polls steps?since=next (each answer holds only
+ * what is new, so polling costs little), fed from the same merged
+ * StepMetrics that WatchJob streams carry (daemon/stepring.h).
+ *
+ * Every string a user wrote (job names, messages) leaves as JSON through
+ * jansson and reaches the page's DOM only as text, never as markup.
+ *
+ * Ownership: megad_web_handle fills a response whose body it allocates;
+ * free it with megad_web_resp_free. The data is borrowed for the call. */
+#ifndef MEGA_DAEMON_WEB_H
+#define MEGA_DAEMON_WEB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/job.h"
+#include "daemon/members.h"
+
+typedef struct megad_web_data {
+  const mega_jobs *jobs;       /* the jobs this megad coordinates */
+  megad_node *const *nodes;    /* the membership view; nodes[0] is this node */
+  size_t nnodes;
+  /* The Chrome trace of job_id (malloc'd, *len its size), or NULL when the
+   * job has none. */
+  char *(*load_trace)(void *arg, const char *job_id, size_t *len);
+  void *arg;
+} megad_web_data;
+
+typedef struct megad_web_resp {
+  int status;       /* 200, 400, 404 or 405 */
+  const char *type; /* Content-Type (static) */
+  char *body;       /* malloc'd; len bytes (NUL-terminated besides) */
+  size_t len;
+} megad_web_resp;
+
+/* Whether path (without its query) is the web view's: "/", "/page.js",
+ * "/jobs/...", "/api/...". Anything else (/metrics) is the server's. */
+bool megad_web_owns(const char *path);
+/* Answers method ("GET"; anything else is 405) for path and query (the part
+ * after '?'; NULL when none), both percent-encoded as sent: a job id in the
+ * path is decoded here. Never fails: an error is a response with a status
+ * and a plain-text reason. */
+void megad_web_handle(const megad_web_data *d, const char *method, const char *path,
+                      const char *query, megad_web_resp *out);
+void megad_web_resp_free(megad_web_resp *r);
+
+#endif

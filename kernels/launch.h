@@ -1,0 +1,63 @@
+/* The cuda backend's kernel launchers (kernels/gpt_kernels.cu), callable
+ * from C. Each runs its per-thread body (kernels/gpt_bodies.h) over n items
+ * on stream s and returns the launch's cudaError_t (0: launched; errors of
+ * the kernel itself surface at the next synchronization). */
+#ifndef MEGA_KERNELS_LAUNCH_H
+#define MEGA_KERNELS_LAUNCH_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *mega_cu_stream;
+
+int mega_cu_encoder_fwd(mega_cu_stream s, float *out, const int32_t *tok, const float *wte,
+                        int v0, int vn, const float *wpe, int N, int T, int C);
+int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dwpe,
+                        const float *dout, const int32_t *tok, int N, int T, int C);
+int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, float *mean, float *rstd,
+                          const float *inp, const float *w, const float *b, int N, int C,
+                          float eps);
+int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
+                             const float *dout, const float *inp, const float *w,
+                             const float *mean, const float *rstd, int N, int C);
+int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float *dout,
+                            const float *inp, const float *mean, const float *rstd, int N,
+                            int C);
+int mega_cu_gelu_fwd(mega_cu_stream s, float *out, const float *inp, int64_t n);
+int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, const float *inp, const float *dout,
+                     int64_t n);
+int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
+                const float *bias, int64_t n, int C);
+int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const float *residual,
+                      int64_t n, int OC);
+int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC);
+int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *probs, const float *logits,
+                     const int32_t *targets, int N, int V);
+int mega_cu_xent_bwd(mega_cu_stream s, float *dlogits, const float *probs,
+                     const int32_t *targets, int v0, float scale, int N, int V);
+int mega_cu_xent_rowmax(mega_cu_stream s, float *rowmax, const float *logits, int N, int V);
+int mega_cu_xent_sums(mega_cu_stream s, float *sums, const float *logits, const float *rowmax,
+                      const int32_t *targets, int v0, int N, int V);
+int mega_cu_xent_finish(mega_cu_stream s, float *losses, float *probs, const float *logits,
+                        const float *rowmax, const float *sums, int N, int V);
+int mega_cu_causal_softmax(mega_cu_stream s, float *att, int64_t rows, int T);
+int mega_cu_causal_softmax_bwd(mega_cu_stream s, float *da, const float *att, int64_t rows,
+                               int T, float scale);
+int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v, int64_t n,
+                  float lr, float b1, float b2, float eps, float wd, float gs, float bc1,
+                  float bc2);
+int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a);
+/* partials[MEGA_CU_SUM_BLOCKS] (device) = block sums of x (or of x^2), in
+ * double, in a fixed order: the host adds them, so results are
+ * deterministic. */
+#define MEGA_CU_SUM_BLOCKS 256
+int mega_cu_sum(mega_cu_stream s, double *partials, const float *x, int64_t n, int squares);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

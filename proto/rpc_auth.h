@@ -1,0 +1,52 @@
+/* Who may call, and over what: a cluster token every call carries as
+ * `authorization: Bearer TOKEN`, and TLS through gRPC core's SSL
+ * credentials (mutual TLS when the server asks for client certificates).
+ *
+ * A server (rpc_server.h) given a token refuses every call without it with
+ * UNAUTHENTICATED, comparing in constant time; a channel (rpc_client.h)
+ * given a token sends it on every call. TLS is on for a server given
+ * tls_cert and tls_key, and for a channel given tls_ca. */
+#ifndef MEGA_PROTO_RPC_AUTH_H
+#define MEGA_PROTO_RPC_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/status.h"
+
+/* Every string is the caller's and is copied where it is kept. */
+typedef struct mega_rpc_auth {
+  const char *token;    /* the cluster token; NULL or "": none */
+  const char *tls_ca;   /* PEM. Channel: the CA that signs servers (TLS on when set).
+                           Server: the CA that signs clients (for tls_client_auth) */
+  const char *tls_cert; /* PEM: this side's certificate chain (server; channel for mTLS) */
+  const char *tls_key;  /* PEM: its private key */
+  bool tls_client_auth; /* server: require a client certificate signed by tls_ca */
+} mega_rpc_auth;
+
+/* Longest token and PEM file accepted. */
+#define MEGA_RPC_TOKEN_MAX 4096
+#define MEGA_RPC_PEM_MAX (1u << 20)
+
+/* Reads the token in path (trailing whitespace dropped) into *out (the
+ * caller frees it). flag names the file in messages ("--token-file").
+ * private_only refuses a file that group or others may read (megad does;
+ * the error says `chmod 600 PATH`). A token is 16 to MEGA_RPC_TOKEN_MAX
+ * printable ASCII characters without spaces. */
+mega_status mega_rpc_read_token(const char *flag, const char *path, bool private_only, char **out,
+                                mega_err *err);
+
+/* Reads a PEM file (a certificate, a key, a CA bundle) into *out (the caller
+ * frees it). private_only as above (for keys). */
+mega_status mega_rpc_read_pem(const char *flag, const char *path, bool private_only, char **out,
+                              mega_err *err);
+
+/* Whether host (no port; "[::1]", "127.0.0.5", "localhost") names only
+ * loopback addresses. A name that does not resolve is not loopback. */
+bool mega_rpc_host_is_loopback(const char *host);
+
+/* Whether a listen address ("host:port", "unix:/path") reaches only this
+ * machine: a unix socket or a loopback host. */
+bool mega_rpc_addr_is_local(const char *addr);
+
+#endif

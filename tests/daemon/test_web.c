@@ -1,0 +1,407 @@
+/* daemon/web and daemon/stepring: the web view's router and JSON documents
+ * from a constructed jobs table (no daemon), and the step curve's thinning
+ * and restart/rescale marks. The browser test (tests/daemon/test_web_page.sh)
+ * loads the page from a real megad. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <jansson.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/web.h"
+
+#define HOSTILE "<img src=x onerror=alert(1)>\"&'</script>"
+
+static char *args[] = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
+                       "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size",
+                       "8", "--train-iters", "100", "--pipeline-model-parallel-size", "2"};
+
+static void step(Mega__V1__StepMetrics *s, Mega__V1__RankMetrics *rm, Mega__V1__RankMetrics **rp,
+                 uint64_t it, uint32_t attempt, uint32_t world) {
+  *s = (Mega__V1__StepMetrics)MEGA__V1__STEP_METRICS__INIT;
+  s->iteration = it;
+  s->attempt = attempt;
+  s->loss = 5.0 - (double)it / 100;
+  s->tokens_per_s = 1000;
+  s->step_time_s = 0.1;
+  s->time_unix_ms = 1000 + (int64_t)it * 100;
+  s->has_eval_loss = it % 10 == 0;
+  s->eval_loss = 4.5;
+  for (uint32_t r = 0; r < world; r++) {
+    rm[r] = (Mega__V1__RankMetrics)MEGA__V1__RANK_METRICS__INIT;
+    rm[r].rank = r;
+    rm[r].pp_rank = r % 2;
+    rm[r].step_time_s = 0.1;
+    rm[r].bubble_s = 0.02;
+    rm[r].bubble_warmup_s = 0.01;
+    rm[r].bubble_cooldown_s = 0.01;
+    rm[r].grad_sync_exposed_s = 0.001 * (r + 1);
+    rp[r] = &rm[r];
+  }
+  s->ranks = rp;
+  s->n_ranks = world;
+}
+
+static void push_step(mega_job *j, uint64_t it, uint32_t attempt, uint32_t world) {
+  Mega__V1__StepMetrics s;
+  Mega__V1__RankMetrics rm[4];
+  Mega__V1__RankMetrics *rp[4];
+  step(&s, rm, rp, it, attempt, world);
+  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
+  item.step = &s;
+  assert_int_equal(mega_job_hist_push(j, &item, NULL), MEGA_OK);
+}
+
+static void test_ring_thins_and_marks(void **state) {
+  (void)state;
+  mega_stepring r = {0};
+  Mega__V1__StepMetrics s;
+  Mega__V1__RankMetrics rm[4];
+  Mega__V1__RankMetrics *rp[4];
+  for (uint64_t it = 1; it <= 100000; it++) {
+    /* attempt 1 resumes at 40000 from a checkpoint at 39000; attempt 2 rescales */
+    uint32_t attempt = it <= 40000 ? 0 : it <= 70000 ? 1 : 2;
+    uint64_t iter = attempt == 0 ? it : it - 1000 * attempt;
+    step(&s, rm, rp, iter, attempt, attempt == 2 ? 2 : 4);
+    assert_int_equal(mega_stepring_push(&r, &s, NULL), MEGA_OK);
+  }
+  assert_true(r.n <= MEGA_STEPRING_CAP);
+  assert_true(r.n > MEGA_STEPRING_CAP / 2);
+  assert_int_equal(r.seq, 100000);
+  assert_int_equal(r.thinned, 100000 - r.n);
+  assert_int_equal(r.v[0].seq, 1); /* the start stays */
+  assert_int_equal(r.v[r.n - 1].seq, 100000);
+  for (size_t i = 1; i < r.n; i++) assert_true(r.v[i].seq > r.v[i - 1].seq);
+  /* recent points at full resolution, old ones sparser */
+  assert_int_equal(r.v[r.n - 1].seq - r.v[r.n - 100].seq, 99);
+  assert_true(r.v[100].seq > 1000);
+  /* both attempts' starts were kept and marked */
+  assert_int_equal(r.nmarks, 2);
+  assert_int_equal(r.marks[0].iteration, 39001);
+  assert_int_equal(r.marks[0].attempt, 1);
+  assert_int_equal(r.marks[0].world, r.marks[0].prev_world);
+  assert_int_equal(r.marks[1].attempt, 2);
+  assert_int_equal(r.marks[1].world, 2);
+  assert_int_equal(r.marks[1].prev_world, 4);
+  bool found[2] = {false, false};
+  for (size_t i = 0; i < r.n; i++)
+    for (int m = 0; m < 2; m++) found[m] |= r.v[i].seq == r.marks[m].seq;
+  assert_true(found[0] && found[1]);
+  /* the cursor */
+  assert_int_equal(mega_stepring_after(&r, 0), 0);
+  assert_int_equal(mega_stepring_after(&r, 100000), r.n);
+  assert_int_equal(mega_stepring_after(&r, 99999), r.n - 1);
+  /* a point's figures: the bubble is the ranks' mean, grad sync the most */
+  assert_true(r.v[r.n - 1].bubble > 0.199 && r.v[r.n - 1].bubble < 0.201);
+  assert_true(r.v[r.n - 1].grad_sync_s > 0.00199 && r.v[r.n - 1].grad_sync_s < 0.00201);
+  mega_stepring_free(&r);
+}
+
+/* Eval loss on every iteration: pinning them all would leave no room, so
+ * thinning drops them too, and the ring stays bounded. */
+static void test_ring_dense_evals(void **state) {
+  (void)state;
+  mega_stepring r = {0};
+  Mega__V1__StepMetrics s;
+  Mega__V1__RankMetrics rm[4];
+  Mega__V1__RankMetrics *rp[4];
+  for (uint64_t it = 1; it <= 20000; it++) {
+    step(&s, rm, rp, it, 0, 2);
+    s.has_eval_loss = true;
+    assert_int_equal(mega_stepring_push(&r, &s, NULL), MEGA_OK);
+  }
+  assert_true(r.n <= MEGA_STEPRING_CAP);
+  assert_int_equal(r.thinned + r.n, 20000);
+  assert_int_equal(r.v[r.n - 1].iteration, 20000);
+  mega_stepring_free(&r);
+}
+
+/* The curve is filled from the journal's step records too, and a job record
+ * replayed over its job keeps it. */
+static void test_ring_from_journal(void **state) {
+  (void)state;
+  mega_jobs t;
+  mega_jobs_init(&t);
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = "j";
+  spec.args = args;
+  spec.n_args = sizeof args / sizeof args[0];
+  mega_job *j = NULL;
+  assert_int_equal(mega_job_new("j-2-n1", &spec, "n1", 1000, &j, NULL), MEGA_OK);
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(mega_jrec_job(j, &buf, &len, NULL), MEGA_OK);
+  assert_int_equal(mega_jobs_apply(&t, buf, len, NULL), MEGA_OK);
+  for (uint64_t it = 1; it <= 3; it++) {
+    Mega__V1__StepMetrics s;
+    Mega__V1__RankMetrics rm[4];
+    Mega__V1__RankMetrics *rp[4];
+    step(&s, rm, rp, it, 0, 2);
+    uint8_t *sb;
+    size_t sl;
+    assert_int_equal(mega_jrec_step("j-2-n1", &s, &sb, &sl, NULL), MEGA_OK);
+    assert_int_equal(mega_jobs_apply(&t, sb, sl, NULL), MEGA_OK);
+    free(sb);
+  }
+  assert_int_equal(mega_jobs_find(&t, "j-2-n1")->curve.n, 3);
+  assert_int_equal(mega_jobs_apply(&t, buf, len, NULL), MEGA_OK); /* the job again */
+  const mega_job *k = mega_jobs_find(&t, "j-2-n1");
+  assert_int_equal(k->curve.n, 3);
+  assert_int_equal(k->curve.v[2].iteration, 3);
+  free(buf);
+  mega_job_free(j);
+  mega_jobs_free(&t);
+}
+
+/* ---- the router ---- */
+
+typedef struct fixture {
+  mega_jobs t;
+  megad_node self;
+  megad_node *nodes[1];
+  megad_web_data d;
+  const char *trace;
+} fixture;
+
+static char *load_trace(void *arg, const char *job_id, size_t *len) {
+  fixture *f = arg;
+  (void)job_id;
+  if (!f->trace) return NULL;
+  *len = strlen(f->trace);
+  return strdup(f->trace);
+}
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  mega_jobs_init(&f->t);
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = HOSTILE;
+  spec.args = args;
+  spec.n_args = sizeof args / sizeof args[0];
+  mega_job *j = NULL;
+  assert_int_equal(mega_job_new("j-1-n1", &spec, "n1", 1000, &j, NULL), MEGA_OK);
+  mega_job_node place = {.node_id = "n1", .first_rank = 0, .nranks = 2};
+  assert_int_equal(mega_job_place(j, &place, 1, 2, 1, 2, 1, NULL), MEGA_OK);
+  assert_int_equal(mega_job_transition(j, MEGA_JOB_RUNNING, 2000, NULL, NULL), MEGA_OK);
+  for (uint64_t it = 1; it <= 25; it++) push_step(j, it, 0, 2);
+  Mega__V1__JobEvent ev = MEGA__V1__JOB_EVENT__INIT;
+  ev.kind = MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_NODE_LOST;
+  ev.message = "node n2 " HOSTILE;
+  ev.node_id = "n2";
+  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
+  item.event = &ev;
+  assert_int_equal(mega_job_hist_push(j, &item, NULL), MEGA_OK);
+  for (uint64_t it = 21; it <= 30; it++) push_step(j, it, 1, 2); /* restarted at 20 */
+  j->last_iteration = 30;  /* megad_job_step's part */
+  j->train_iters = 100;    /* the coordinator's, from the spec */
+  assert_int_equal(mega_jobs_add(&f->t, j, NULL), MEGA_OK);
+  static char *ids[] = {"j-1-n1"};
+  f->self = (megad_node){.id = "n1", .address = "127.0.0.1:7000", .version = "0.1.0",
+                         .backend = "cuda", .device_name = "2 x NVIDIA H100 80GB HBM3",
+                         .state = MEGA__V1__NODE_STATE__NODE_STATE_ALIVE,
+                         .slots = 4, .slots_used = 2, .job_ids = ids, .njob_ids = 1};
+  f->nodes[0] = &f->self;
+  f->d = (megad_web_data){.jobs = &f->t, .nodes = f->nodes, .nnodes = 1,
+                          .load_trace = load_trace, .arg = f};
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  mega_jobs_free(&f->t);
+  free(f);
+  return 0;
+}
+
+/* GET path?query: the body as JSON when status is 200 and it is JSON. */
+static json_t *get(fixture *f, const char *path, const char *query, int want_status) {
+  megad_web_resp r;
+  megad_web_handle(&f->d, "GET", path, query, &r);
+  if (r.status != want_status) fail_msg("GET %s: %d, want %d: %s", path, r.status, want_status,
+                                        r.body);
+  json_t *doc = NULL;
+  if (r.status == 200 && !strcmp(r.type, "application/json")) {
+    json_error_t e;
+    doc = json_loadb(r.body, r.len, 0, &e);
+    if (!doc) fail_msg("GET %s: not JSON: %s", path, e.text);
+  }
+  megad_web_resp_free(&r);
+  return doc;
+}
+
+static void test_owns(void **state) {
+  (void)state;
+  assert_true(megad_web_owns("/"));
+  assert_true(megad_web_owns("/jobs/j-1-n1"));
+  assert_true(megad_web_owns("/api/jobs"));
+  assert_true(megad_web_owns("/page.js"));
+  assert_false(megad_web_owns("/metrics"));
+  assert_false(megad_web_owns("/favicon.ico"));
+}
+
+/* The page loads nothing from outside megad: no URL with a scheme or a host
+ * in the served HTML and script (the SVG namespace is a name, never fetched). */
+static void test_page_is_self_contained(void **state) {
+  fixture *f = *state;
+  const char *paths[] = {"/", "/jobs/j-1-n1", "/page.js"};
+  regex_t re;
+  assert_int_equal(regcomp(&re, "(https?|ftp|wss?):|[\"'(=]//|@import", REG_EXTENDED | REG_ICASE), 0);
+  for (size_t i = 0; i < 3; i++) {
+    megad_web_resp r;
+    megad_web_handle(&f->d, "GET", paths[i], NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_true(r.len > 1000);
+    assert_int_equal(strlen(r.body), r.len);
+    char *body = strdup(r.body);
+    for (char *p; (p = strstr(body, "http://www.w3.org/2000/svg"));) memset(p, '_', 26);
+    regmatch_t m;
+    if (!regexec(&re, body, 1, &m, 0))
+      fail_msg("%s refers outside megad: ...%.60s", paths[i], body + m.rm_so);
+    free(body);
+    if (i < 2) {
+      assert_string_equal(r.type, "text/html; charset=utf-8");
+      assert_non_null(strstr(r.body, "<script src=\"/page.js\"></script>"));
+      assert_non_null(strstr(r.body, "Content-Security-Policy"));
+    } else {
+      assert_string_equal(r.type, "text/javascript; charset=utf-8");
+      assert_null(strstr(r.body, "innerHTML")); /* user text only ever as DOM text */
+    }
+    megad_web_resp_free(&r);
+  }
+  regfree(&re);
+}
+
+static void test_cluster_and_jobs(void **state) {
+  fixture *f = *state;
+  json_t *c = get(f, "/api/cluster", NULL, 200);
+  assert_string_equal(json_string_value(json_object_get(c, "self")), "n1");
+  json_t *n = json_array_get(json_object_get(c, "nodes"), 0);
+  assert_string_equal(json_string_value(json_object_get(n, "state")), "alive");
+  assert_int_equal(json_integer_value(json_object_get(n, "slots")), 4);
+  assert_string_equal(json_string_value(json_object_get(n, "backend")), "cuda");
+  assert_string_equal(json_string_value(json_object_get(n, "devices")), "2 x NVIDIA H100 80GB HBM3");
+  assert_int_equal(json_integer_value(json_object_get(n, "slots_used")), 2);
+  assert_string_equal(json_string_value(json_array_get(json_object_get(n, "job_ids"), 0)), "j-1-n1");
+  assert_true(json_is_true(json_object_get(n, "self")));
+  assert_int_equal(json_array_size(json_object_get(c, "jobs")), 1);
+  json_decref(c);
+
+  json_t *js = get(f, "/api/jobs", NULL, 200);
+  json_t *j = json_array_get(json_object_get(js, "jobs"), 0);
+  assert_string_equal(json_string_value(json_object_get(j, "id")), "j-1-n1");
+  assert_string_equal(json_string_value(json_object_get(j, "name")), HOSTILE); /* intact */
+  assert_string_equal(json_string_value(json_object_get(j, "state")), "running");
+  assert_int_equal(json_integer_value(json_object_get(j, "world")), 2);
+  assert_int_equal(json_integer_value(json_object_get(j, "pp")), 2);
+  assert_int_equal(json_integer_value(json_object_get(j, "dp")), 1);
+  assert_int_equal(json_integer_value(json_object_get(j, "last_iteration")), 30);
+  assert_int_equal(json_integer_value(json_object_get(j, "train_iters")), 100);
+  assert_true(json_is_real(json_object_get(j, "loss")));
+  assert_true(json_is_real(json_object_get(j, "tokens_per_s")));
+  assert_true(json_is_null(json_object_get(j, "error")));
+  json_decref(js);
+}
+
+static void test_one_job(void **state) {
+  fixture *f = *state;
+  json_t *j = get(f, "/api/jobs/j-1-n1", NULL, 200);
+  assert_string_equal(json_string_value(json_object_get(j, "name")), HOSTILE);
+  assert_int_equal(json_array_size(json_object_get(j, "args")), sizeof args / sizeof args[0]);
+  /* 1F1B, P = 2, M = 8 / 2 = 4: (P-1)/(M+P-1) = 1/5 on every stage */
+  json_t *cf = json_object_get(j, "closed_form");
+  assert_string_equal(json_string_value(json_object_get(cf, "schedule")), "1f1b");
+  assert_int_equal(json_integer_value(json_object_get(cf, "microbatches")), 4);
+  assert_float_equal(json_real_value(json_object_get(cf, "bubble_fraction")), 0.2, 1e-12);
+  json_t *st = json_object_get(cf, "stages");
+  assert_int_equal(json_array_size(st), 2);
+  assert_float_equal(json_real_value(json_array_get(st, 1)), 0.2, 1e-12);
+  json_t *ls = json_object_get(j, "last_step");
+  assert_int_equal(json_integer_value(json_object_get(ls, "iteration")), 30);
+  json_t *r1 = json_array_get(json_object_get(ls, "ranks"), 1);
+  assert_int_equal(json_integer_value(json_object_get(r1, "pp_rank")), 1);
+  assert_float_equal(json_real_value(json_object_get(r1, "bubble_warmup_s")), 0.01, 1e-12);
+  assert_float_equal(json_real_value(json_object_get(r1, "grad_sync_exposed_s")), 0.002, 1e-12);
+  json_t *ev = json_array_get(json_object_get(j, "events"), 0);
+  assert_string_equal(json_string_value(json_object_get(ev, "kind")), "node_lost");
+  assert_string_equal(json_string_value(json_object_get(ev, "message")), "node n2 " HOSTILE);
+  assert_true(json_is_null(json_object_get(ev, "rank")));
+  json_decref(j);
+  get(f, "/api/jobs/j-9-n1", NULL, 404);
+  get(f, "/api/jobs/j-9-n1/steps", NULL, 404);
+  get(f, "/api/jobs/j-1-n1/nope", NULL, 404);
+  json_decref(get(f, "/api/jobs/j-1%2Dn1", NULL, 200)); /* percent-encoded ids */
+  get(f, "/api/jobs/j%zz", NULL, 400);
+  get(f, "/api/nope", NULL, 404);
+  get(f, "/nope", NULL, 404);
+}
+
+static void test_steps_since(void **state) {
+  fixture *f = *state;
+  json_t *s = get(f, "/api/jobs/j-1-n1/steps", NULL, 200);
+  json_t *pts = json_object_get(s, "points");
+  assert_int_equal(json_array_size(pts), 35); /* one per reported iteration */
+  assert_int_equal(json_integer_value(json_object_get(s, "next")), 35);
+  json_t *p = json_array_get(pts, 9);
+  assert_int_equal(json_integer_value(json_object_get(p, "it")), 10);
+  assert_float_equal(json_real_value(json_object_get(p, "eval_loss")), 4.5, 0);
+  assert_null(json_object_get(json_array_get(pts, 8), "eval_loss"));
+  json_t *m = json_array_get(json_object_get(s, "marks"), 0);
+  assert_string_equal(json_string_value(json_object_get(m, "kind")), "restart");
+  assert_int_equal(json_integer_value(json_object_get(m, "it")), 21);
+  assert_int_equal(json_integer_value(json_object_get(m, "attempt")), 1);
+  json_decref(s);
+
+  s = get(f, "/api/jobs/j-1-n1/steps", "x=1&since=30", 200);
+  pts = json_object_get(s, "points");
+  assert_int_equal(json_array_size(pts), 5);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(pts, 0), "seq")), 31);
+  assert_int_equal(json_array_size(json_object_get(s, "marks")), 0); /* already seen */
+  json_decref(s);
+  s = get(f, "/api/jobs/j-1-n1/steps", "since=35", 200);
+  assert_int_equal(json_array_size(json_object_get(s, "points")), 0);
+  json_decref(s);
+  get(f, "/api/jobs/j-1-n1/steps", "since=abc", 400);
+  get(f, "/api/jobs/j-1-n1/steps", "since=-1", 400);
+}
+
+static void test_trace_and_methods(void **state) {
+  fixture *f = *state;
+  get(f, "/api/jobs/j-1-n1/trace", NULL, 404);
+  f->trace = "{\"traceEvents\":[]}";
+  json_t *t = get(f, "/api/jobs/j-1-n1/trace", NULL, 200);
+  assert_non_null(json_object_get(t, "traceEvents"));
+  json_decref(t);
+  megad_web_resp r;
+  megad_web_handle(&f->d, "POST", "/api/jobs", NULL, &r);
+  assert_int_equal(r.status, 405);
+  megad_web_resp_free(&r);
+  megad_web_handle(&f->d, "HEAD", "/", NULL, &r);
+  assert_int_equal(r.status, 405);
+  megad_web_resp_free(&r);
+  megad_web_handle(&f->d, "DELETE", "/api/jobs/j-1-n1", NULL, &r);
+  assert_int_equal(r.status, 405);
+  megad_web_resp_free(&r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ring_thins_and_marks),
+      cmocka_unit_test(test_ring_dense_evals),
+      cmocka_unit_test(test_ring_from_journal),
+      cmocka_unit_test(test_owns),
+      cmocka_unit_test_setup_teardown(test_page_is_self_contained, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cluster_and_jobs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_one_job, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_steps_since, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_trace_and_methods, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

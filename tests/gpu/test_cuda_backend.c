@@ -1,0 +1,174 @@
+/* The cuda backend against the cpu backend, op by op, on random inputs:
+ * GEMMs in every transpose case (and batched), the matmuls, every kernel
+ * forward and backward, attention, AdamW and the reductions. Needs a GPU:
+ * without one (or without the module) it says why and exits 77, which
+ * meson counts as skipped. It has not yet run on a GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/backend/cuda_module.h"
+
+static mega_backend *cpu, *gpu;
+static int failures;
+
+static float *vec(size_t n, unsigned seed, float scale) {
+  float *v = malloc(n * sizeof *v);
+  for (size_t i = 0; i < n; i++) {
+    seed = seed * 1103515245u + 12345u;
+    v[i] = ((float)((seed >> 8) & 0xffff) / 65536.0f * 2.0f - 1.0f) * scale;
+  }
+  return v;
+}
+
+/* A device copy of n host floats (or ints). */
+static void *up(const void *host, size_t bytes) {
+  void *d = NULL;
+  mega_err err = {0};
+  if (gpu->ops->alloc(gpu, bytes, &d, &err) ||
+      gpu->ops->memcpy(gpu, d, host, bytes, MEGA_COPY_H2D, &err)) {
+    fprintf(stderr, "upload: %s\n", err.msg);
+    exit(1);
+  }
+  return d;
+}
+
+static void *dev_zero(size_t bytes) {
+  float *z = calloc(1, bytes);
+  void *d = up(z, bytes);
+  free(z);
+  return d;
+}
+
+/* Compares device floats with the cpu backend's host result. */
+static void same(const char *what, const float *dev, const float *want, size_t n, double tol) {
+  float *got = malloc(n * sizeof *got);
+  mega_err err = {0};
+  if (gpu->ops->memcpy(gpu, got, dev, n * sizeof *got, MEGA_COPY_D2H, &err)) {
+    fprintf(stderr, "%s: %s\n", what, err.msg);
+    exit(1);
+  }
+  for (size_t i = 0; i < n; i++)
+    if (!(fabs((double)got[i] - want[i]) <= tol * (1.0 + fabs((double)want[i])))) {
+      printf("FAIL %s[%zu]: cuda %.9g, cpu %.9g\n", what, i, (double)got[i], (double)want[i]);
+      failures++;
+      free(got);
+      return;
+    }
+  printf("ok   %s\n", what);
+  free(got);
+}
+
+static void test_gemms(void) {
+  enum { M = 37, N = 29, K = 41 };
+  float *A = vec(M * K, 1, 1), *B = vec(K * N, 2, 1), *C0 = vec(M * N, 3, 1);
+  float *dA = up(A, sizeof(float) * M * K), *dB = up(B, sizeof(float) * K * N);
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      float *Cc = malloc(sizeof(float) * M * N);
+      memcpy(Cc, C0, sizeof(float) * M * N);
+      float *dC = up(C0, sizeof(float) * M * N);
+      int lda = ta ? M : K, ldb = tb ? K : N;
+      cpu->ops->gemm(cpu, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, Cc, N);
+      gpu->ops->gemm(gpu, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, 1.0f, dC, N);
+      char what[32];
+      snprintf(what, sizeof what, "gemm ta=%d tb=%d", ta, tb);
+      same(what, dC, Cc, M * N, 1e-4);
+      gpu->ops->free(gpu, dC);
+      free(Cc);
+    }
+  gpu->ops->free(gpu, dA);
+  gpu->ops->free(gpu, dB);
+  free(A), free(B), free(C0);
+}
+
+enum { Bt = 2, T = 33, C = 48, NH = 4, N = Bt * T, V = 70 };
+
+static void test_model_ops(void) {
+  mega_err err = {0};
+  float *x = vec(N * C, 4, 2), *w = vec(C, 5, 1), *b = vec(C, 6, 1), *d = vec(N * C, 7, 1);
+  float *dx = up(x, sizeof(float) * N * C), *dw = up(w, sizeof(float) * C);
+  float *db = up(b, sizeof(float) * C), *dd = up(d, sizeof(float) * N * C);
+  /* layernorm */
+  float o[N * C], m[N], r[N];
+  float *go = dev_zero(sizeof o), *gm = dev_zero(sizeof m), *gr = dev_zero(sizeof r);
+  cpu->ops->layernorm_forward(cpu, o, m, r, x, w, b, N, C, 1e-5f);
+  gpu->ops->layernorm_forward(gpu, go, gm, gr, dx, dw, db, N, C, 1e-5f);
+  same("layernorm", go, o, N * C, 1e-5);
+  cpu->ops->layernorm_backward_input(cpu, o, x, d, x, w, m, r, N, C);
+  gpu->ops->layernorm_backward_input(gpu, go, dx, dd, dx, dw, gm, gr, N, C);
+  same("layernorm backward", go, o, N * C, 1e-4);
+  float lw[C] = {0}, lb[C] = {0};
+  float *glw = dev_zero(sizeof lw), *glb = dev_zero(sizeof lb);
+  cpu->ops->layernorm_backward_weight(cpu, lw, lb, d, x, m, r, N, C);
+  gpu->ops->layernorm_backward_weight(gpu, glw, glb, dd, dx, gm, gr, N, C);
+  same("layernorm dw", glw, lw, C, 1e-4);
+  /* matmuls in both weight layouts */
+  float *W = vec(C * 3 * C, 8, 0.2f), *bias = vec(3 * C, 9, 1);
+  float *dW = up(W, sizeof(float) * C * 3 * C), *dbias = up(bias, sizeof(float) * 3 * C);
+  float *y = malloc(sizeof(float) * N * 3 * C), *gy = dev_zero(sizeof(float) * N * 3 * C);
+  for (int lay = 0; lay < 2; lay++) {
+    cpu->ops->matmul_forward(cpu, y, x, W, bias, NULL, N, C, 3 * C, (mega_wlayout)lay);
+    gpu->ops->matmul_forward(gpu, gy, dx, dW, dbias, NULL, N, C, 3 * C, (mega_wlayout)lay);
+    same(lay ? "matmul forward (out, in)" : "matmul forward (in, out)", gy, y, N * 3 * C, 1e-4);
+    cpu->ops->matmul_backward_input(cpu, o, y, W, N, C, 3 * C, (mega_wlayout)lay);
+    gpu->ops->matmul_backward_input(gpu, go, gy, dW, N, C, 3 * C, (mega_wlayout)lay);
+    same("matmul backward input", go, o, N * C, 1e-3);
+  }
+  /* attention */
+  size_t tt = (size_t)Bt * NH * T * T, sn = tt + (size_t)N * C;
+  float *att = calloc(tt, 4), *scr = calloc(sn, 4), *gatt = dev_zero(tt * 4), *gscr = dev_zero(sn * 4);
+  cpu->ops->attention_forward(cpu, o, att, scr, y, Bt, T, C, NH);
+  gpu->ops->attention_forward(gpu, go, gatt, gscr, gy, Bt, T, C, NH);
+  same("attention", go, o, N * C, 1e-4);
+  float *dq = calloc((size_t)N * 3 * C, 4), *gdq = dev_zero(sizeof(float) * N * 3 * C);
+  cpu->ops->attention_backward(cpu, dq, scr, d, y, att, Bt, T, C, NH);
+  gpu->ops->attention_backward(gpu, gdq, gscr, dd, gy, gatt, Bt, T, C, NH);
+  same("attention backward", gdq, dq, N * 3 * C, 1e-3);
+  /* cross-entropy */
+  float *lg = vec(N * V, 10, 4), loss[N], probs[N * V];
+  int32_t tg[N];
+  for (int i = 0; i < N; i++) tg[i] = (i * 13) % V;
+  float *glg = up(lg, sizeof(float) * N * V), *gl = dev_zero(sizeof loss);
+  float *gp = dev_zero(sizeof probs);
+  int32_t *gtg = up(tg, sizeof tg);
+  cpu->ops->crossentropy_forward(cpu, loss, probs, lg, tg, N, V);
+  gpu->ops->crossentropy_forward(gpu, gl, gp, glg, gtg, N, V);
+  same("cross-entropy", gl, loss, N, 1e-5);
+  cpu->ops->crossentropy_backward(cpu, probs, probs, tg, 0, 0.1f, N, V);
+  gpu->ops->crossentropy_backward(gpu, gp, gp, gtg, 0, 0.1f, N, V);
+  same("cross-entropy backward", gp, probs, N * V, 1e-5);
+  /* reductions */
+  double s1, s2;
+  cpu->ops->sum_squares(cpu, x, N * C, &s1, &err);
+  if (gpu->ops->sum_squares(gpu, dx, N * C, &s2, &err) || fabs(s1 - s2) > 1e-9 * fabs(s1)) {
+    printf("FAIL sum of squares: cuda %.17g, cpu %.17g %s\n", s2, s1, err.msg);
+    failures++;
+  } else {
+    printf("ok   sum of squares\n");
+  }
+  if (gpu->ops->synchronize(gpu, &err)) {
+    printf("FAIL synchronize: %s\n", err.msg);
+    failures++;
+  }
+}
+
+int main(void) {
+  mega_err err = {0};
+  const mega_cuda_module *m;
+  if (mega_cuda_module_load(&m, &err) != MEGA_OK || m->device_count(&err) < 1) {
+    printf("skipped: %s\n", err.msg);
+    return 77;
+  }
+  printf("# %s\n", m->versions());
+  if (mega_backend_cpu_create(NULL, &cpu, &err) || m->backend_create(0, &gpu, &err)) {
+    printf("FAIL creating the backends: %s\n", err.msg);
+    return 1;
+  }
+  test_gemms();
+  test_model_ops();
+  printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
+  /* buffers are left to the process's end: the device goes with it */
+  return failures ? 1 : 0;
+}

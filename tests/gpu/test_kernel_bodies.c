@@ -1,0 +1,213 @@
+/* The cuda backend's kernels without a GPU: every per-thread body of
+ * kernels/gpt_bodies.h run over every index on the CPU (as the grid-stride
+ * wrappers of kernels/gpt_kernels.cu run it on the device), and the
+ * attention composition of worker/backend/attn_gemm.c on the cpu backend's
+ * GEMMs, each against the cpu backend's op on the same random inputs. This
+ * checks the indexing and the math; the launch configuration and cuBLAS's
+ * column-major calls are checked only where a GPU is (tests/gpu/, suite
+ * gpu). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kernels/gpt_bodies.h"
+#include "worker/backend/attn_gemm.h"
+#include "worker/backend/backend.h"
+
+static mega_backend *be;
+
+static float *vec(size_t n, unsigned seed, float scale) {
+  float *v = malloc(n * sizeof *v);
+  for (size_t i = 0; i < n; i++) {
+    seed = seed * 1103515245u + 12345u;
+    v[i] = ((float)((seed >> 8) & 0xffff) / 65536.0f * 2.0f - 1.0f) * scale;
+  }
+  return v;
+}
+
+static float *copy(const float *x, size_t n) {
+  float *v = malloc(n * sizeof *v);
+  memcpy(v, x, n * sizeof *v);
+  return v;
+}
+
+static void near(const float *got, const float *want, size_t n, double tol, const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (!(fabs((double)got[i] - want[i]) <= tol * (1.0 + fabs((double)want[i]))))
+      fail_msg("%s[%zu]: body %.9g, cpu backend %.9g", what, i, (double)got[i], (double)want[i]);
+}
+
+enum { B = 2, T = 7, C = 12, NH = 3, N = B * T, V = 10 };
+
+static void test_encoder(void **state) {
+  (void)state;
+  int32_t tok[N];
+  for (int i = 0; i < N; i++) tok[i] = (i * 7 + 3) % V;
+  float *wte = vec(V * C, 1, 1), *wpe = vec(T * C, 2, 1), *dout = vec(N * C, 3, 1);
+  float want[N * C], got[N * C];
+  for (int v0 = 0; v0 < V; v0 += 5) { /* two slices of 5 ids */
+    be->ops->encoder_forward(be, want, tok, wte + v0 * C, v0, 5, v0 ? NULL : wpe, B, T, C);
+    for (int64_t i = 0; i < N * C; i++)
+      mega_kb_encoder_fwd(i, got, tok, wte + v0 * C, v0, 5, v0 ? NULL : wpe, T, C);
+    near(got, want, N * C, 0, "encoder forward");
+    float dw1[5 * C], dw2[5 * C], dp1[T * C], dp2[T * C];
+    memset(dw1, 0, sizeof dw1), memset(dw2, 0, sizeof dw2);
+    memset(dp1, 0, sizeof dp1), memset(dp2, 0, sizeof dp2);
+    be->ops->encoder_backward(be, dw1, v0, 5, dp1, dout, tok, B, T, C);
+    for (int64_t c = 0; c < C; c++) mega_kb_encoder_bwd(c, dw2, v0, 5, dp2, dout, tok, N, T, C);
+    near(dw2, dw1, 5 * C, 1e-6, "encoder backward wte");
+    near(dp2, dp1, T * C, 1e-6, "encoder backward wpe");
+  }
+  free(wte), free(wpe), free(dout);
+}
+
+static void test_layernorm(void **state) {
+  (void)state;
+  float *x = vec(N * C, 4, 2), *w = vec(C, 5, 1), *b = vec(C, 6, 1), *d = vec(N * C, 7, 1);
+  float *res = vec(N * C, 8, 1);
+  float o1[N * C], o2[N * C], m1[N], m2[N], r1[N], r2[N];
+  be->ops->layernorm_forward(be, o1, m1, r1, x, w, b, N, C, 1e-5f);
+  for (int64_t n = 0; n < N; n++) mega_kb_layernorm_fwd(n, o2, m2, r2, x, w, b, C, 1e-5f);
+  near(o2, o1, N * C, 1e-5, "layernorm");
+  near(r2, r1, N, 1e-5, "layernorm rstd");
+  for (int with_res = 0; with_res < 2; with_res++) {
+    float d1[N * C], d2[N * C];
+    be->ops->layernorm_backward_input(be, d1, with_res ? res : NULL, d, x, w, m1, r1, N, C);
+    for (int64_t n = 0; n < N; n++)
+      mega_kb_layernorm_bwd_in(n, d2, with_res ? res : NULL, d, x, w, m1, r1, C);
+    near(d2, d1, N * C, 1e-5, "layernorm backward");
+  }
+  float dw1[C] = {0}, db1[C] = {0}, dw2[C] = {0}, db2[C] = {0};
+  be->ops->layernorm_backward_weight(be, dw1, db1, d, x, m1, r1, N, C);
+  for (int64_t c = 0; c < C; c++) mega_kb_layernorm_bwd_w(c, dw2, db2, d, x, m1, r1, N, C);
+  near(dw2, dw1, C, 1e-5, "layernorm dw");
+  near(db2, db1, C, 1e-5, "layernorm db");
+  free(x), free(w), free(b), free(d), free(res);
+}
+
+static void test_elementwise(void **state) {
+  (void)state;
+  const int n = N * C;
+  float *x = vec(n, 9, 4), *y = vec(n, 10, 1), *bias = vec(C, 11, 1);
+  float a[N * C], g[N * C];
+  be->ops->gelu_forward(be, a, x, n);
+  for (int64_t i = 0; i < n; i++) mega_kb_gelu_fwd(i, g, x);
+  near(g, a, n, 0, "gelu");
+  be->ops->gelu_backward(be, a, x, y, n);
+  for (int64_t i = 0; i < n; i++) mega_kb_gelu_bwd(i, g, x, y);
+  near(g, a, n, 0, "gelu backward");
+  be->ops->bias_residual_forward(be, a, x, y, bias, N, C);
+  for (int64_t i = 0; i < n; i++) mega_kb_add(i, g, x, y, bias, C);
+  near(g, a, n, 1e-7, "bias and residual");
+  /* matmul_forward's bias and residual: the prefill, then the GEMM */
+  float *w = vec(C * C, 12, 1);
+  be->ops->matmul_forward(be, a, x, w, bias, y, N, C, C, MEGA_W_IN_OUT);
+  for (int64_t i = 0; i < n; i++) mega_kb_bias_fill(i, g, bias, y, C);
+  be->ops->gemm(be, false, false, N, C, C, 1.0f, x, C, w, C, 1.0f, g, C);
+  near(g, a, n, 1e-5, "matmul with bias and residual");
+  float dw[C * C] = {0}, db1[C] = {0}, db2[C] = {0};
+  be->ops->matmul_backward_weight(be, dw, db1, y, x, N, C, C, MEGA_W_IN_OUT);
+  for (int64_t j = 0; j < C; j++) mega_kb_bias_grad(j, db2, y, N, C);
+  near(db2, db1, C, 1e-5, "bias gradient");
+  float *p1 = vec(n, 13, 1), *m1 = vec(n, 14, 0.1f), *v1 = vec(n, 15, 0.1f);
+  for (int i = 0; i < n; i++) v1[i] = fabsf(v1[i]);
+  float *p2 = copy(p1, n), *m2 = copy(m1, n), *v2 = copy(v1, n);
+  mega_adamw_params hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.1f, .grad_scale = 0.5f, .step = 3};
+  be->ops->adamw(be, p1, y, m1, v1, n, &hp);
+  float bc1 = 1.0f - powf(0.9f, 3.0f), bc2 = 1.0f - powf(0.95f, 3.0f);
+  for (int64_t i = 0; i < n; i++)
+    mega_kb_adamw(i, p2, y, m2, v2, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, bc1, bc2);
+  near(p2, p1, n, 0, "adamw params");
+  near(m2, m1, n, 0, "adamw m");
+  be->ops->scale(be, p1, n, 0.25f);
+  for (int64_t i = 0; i < n; i++) mega_kb_scale(i, p2, 0.25f);
+  near(p2, p1, n, 0, "scale");
+  free(x), free(y), free(bias), free(w), free(p1), free(m1), free(v1), free(p2), free(m2), free(v2);
+}
+
+static void test_cross_entropy(void **state) {
+  (void)state;
+  float *logits = vec(N * V, 16, 5);
+  int32_t tg[N];
+  for (int i = 0; i < N; i++) tg[i] = (i * 3) % V;
+  float l1[N], l2[N], p1[N * V], p2[N * V], d1[N * V], d2[N * V];
+  be->ops->crossentropy_forward(be, l1, p1, logits, tg, N, V);
+  for (int64_t n = 0; n < N; n++) mega_kb_xent_fwd(n, l2, p2, logits, tg, V);
+  near(l2, l1, N, 1e-5, "cross-entropy loss");
+  near(p2, p1, N * V, 1e-5, "cross-entropy probs");
+  be->ops->crossentropy_backward(be, d1, p1, tg, 0, 0.5f, N, V);
+  for (int64_t i = 0; i < N * V; i++) mega_kb_xent_bwd(i, d2, p1, tg, 0, 0.5f, V);
+  near(d2, d1, N * V, 0, "cross-entropy backward");
+  /* the vocabulary-parallel passes on one slice of 4 ids from 3 */
+  enum { VL = 4, V0 = 3 };
+  float sl[N * VL], mx1[N], mx2[N], s1[2 * N], s2[2 * N];
+  for (int n = 0; n < N; n++) memcpy(sl + n * VL, logits + n * V + V0, VL * sizeof(float));
+  be->ops->crossentropy_rowmax(be, mx1, sl, N, VL);
+  for (int64_t n = 0; n < N; n++) mega_kb_xent_rowmax(n, mx2, sl, VL);
+  near(mx2, mx1, N, 0, "row max");
+  be->ops->crossentropy_sums(be, s1, sl, mx1, tg, V0, N, VL);
+  for (int64_t n = 0; n < N; n++) mega_kb_xent_sums(n, s2, sl, mx1, tg, V0, N, VL);
+  near(s2, s1, 2 * N, 1e-6, "exp sums and target logits");
+  be->ops->crossentropy_finish(be, l1, p1, sl, mx1, s1, N, VL);
+  for (int64_t n = 0; n < N; n++) mega_kb_xent_finish(n, l2, p2, sl, mx1, s1, N, VL);
+  near(l2, l1, N, 1e-6, "slice losses");
+  near(p2, p1, N * VL, 1e-6, "slice probs");
+  free(logits);
+}
+
+/* The bodies' softmax passes, as the cuda backend runs them, here on the
+ * CPU: attn_gemm.c's GEMM strides against the cpu backend's attention. */
+static void body_softmax(mega_backend *b, float *att, int64_t rows, int t) {
+  (void)b;
+  for (int64_t r = 0; r < rows; r++) mega_kb_causal_softmax(r, att, t);
+}
+
+static void body_softmax_bwd(mega_backend *b, float *da, const float *att, int64_t rows, int t,
+                             float scale) {
+  (void)b;
+  for (int64_t r = 0; r < rows; r++) mega_kb_causal_softmax_bwd(r, da, att, t, scale);
+}
+
+static void test_attention_composition(void **state) {
+  (void)state;
+  const mega_attn_softmax sm = {.forward = body_softmax, .backward = body_softmax_bwd};
+  size_t tt = (size_t)B * NH * T * T, scratch_n = tt + (size_t)N * C;
+  float *qkv = vec(N * 3 * C, 17, 1), *dy = vec(N * C, 18, 1);
+  float *o1 = calloc(N * C, 4), *o2 = calloc(N * C, 4), *a1 = calloc(tt, 4), *a2 = calloc(tt, 4);
+  float *s1 = calloc(scratch_n, 4), *s2 = calloc(scratch_n, 4);
+  float *g1 = calloc(N * 3 * C, 4), *g2 = calloc(N * 3 * C, 4);
+  be->ops->attention_forward(be, o1, a1, s1, qkv, B, T, C, NH);
+  mega_attn_gemm_forward(be, &sm, o2, a2, qkv, B, T, C, NH);
+  near(o2, o1, N * C, 1e-5, "attention output");
+  for (size_t r = 0; r < (size_t)B * NH * T; r++) /* probabilities, at and below the diagonal */
+    near(a2 + r * T, a1 + r * T, r % T + 1, 1e-5, "attention probabilities");
+  be->ops->attention_backward(be, g1, s1, dy, qkv, a1, B, T, C, NH);
+  mega_attn_gemm_backward(be, &sm, g2, s2, dy, qkv, a2, B, T, C, NH);
+  near(g2, g1, N * 3 * C, 1e-5, "attention dqkv");
+  free(qkv), free(dy), free(o1), free(o2), free(a1), free(a2), free(s1), free(s2), free(g1),
+      free(g2);
+}
+
+static int setup(void **state) {
+  (void)state;
+  return mega_backend_cpu_create(NULL, &be, NULL) == MEGA_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  mega_backend_destroy(be);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_encoder),         cmocka_unit_test(test_layernorm),
+      cmocka_unit_test(test_elementwise),     cmocka_unit_test(test_cross_entropy),
+      cmocka_unit_test(test_attention_composition),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

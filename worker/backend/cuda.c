@@ -1,0 +1,405 @@
+/* The cuda backend: backend.h's ops on one device, in order on one compute
+ * stream. Memory is cudaMalloc'd; GEMMs are cuBLAS (fp32) on the same
+ * stream; the other ops are the kernels of kernels/gpt_kernels.cu.
+ * Attention is cuBLAS's batched GEMMs around a causal softmax kernel (not
+ * fused; attn_gemm.c). Compute ops cannot report errors (backend.h), so the first
+ * failure is kept and returned by the next op that can fail (memcpy,
+ * synchronize, the reductions), as NCCL reports asynchronous errors.
+ *
+ * Built into the shared module libmega_cuda.so (worker/backend/cuda_module.c)
+ * and never linked into megaw itself. Nothing here has run on a GPU yet. */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/launch.h"
+#include "worker/backend/attn_gemm.h"
+#include "worker/backend/cuda_internal.h"
+
+typedef struct cuda_impl {
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  double *partials; /* device, MEGA_CU_SUM_BLOCKS */
+  mega_status sticky;
+  char why[200];
+} cuda_impl;
+
+static cuda_impl *impl_of(mega_backend *be) { return be->impl; }
+
+/* Keeps the first failure of an op that cannot return one. */
+static void note(mega_backend *be, int cuda_err, const char *what) {
+  cuda_impl *c = impl_of(be);
+  if (cuda_err == 0 || c->sticky != MEGA_OK) return;
+  c->sticky = MEGA_ERR_INTERNAL;
+  snprintf(c->why, sizeof c->why, "cuda backend: %s: %s", what,
+           cudaGetErrorString((cudaError_t)cuda_err));
+}
+
+static void note_blas(mega_backend *be, cublasStatus_t st, const char *what) {
+  cuda_impl *c = impl_of(be);
+  if (st == CUBLAS_STATUS_SUCCESS || c->sticky != MEGA_OK) return;
+  c->sticky = MEGA_ERR_INTERNAL;
+  snprintf(c->why, sizeof c->why, "cuda backend: cuBLAS %s failed (status %d)", what, (int)st);
+}
+
+static mega_status take_sticky(mega_backend *be, mega_err *err) {
+  cuda_impl *c = impl_of(be);
+  if (c->sticky == MEGA_OK) return MEGA_OK;
+  return mega_fail(err, c->sticky, "%s", c->why);
+}
+
+static mega_status check(mega_backend *be, cudaError_t e, const char *what, mega_err *err) {
+  mega_status st = take_sticky(be, err);
+  if (st != MEGA_OK) return st;
+  if (e == cudaSuccess) return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_INTERNAL, "cuda backend: %s: %s", what, cudaGetErrorString(e));
+}
+
+#define S(be) ((mega_cu_stream)impl_of(be)->stream)
+
+/* ---- memory ---- */
+
+static mega_status cu_alloc(mega_backend *be, size_t bytes, void **out, mega_err *err) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
+  if (e != cudaSuccess)
+    return mega_fail(err, MEGA_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes on device %d: %s",
+                     bytes, impl_of(be)->device, cudaGetErrorString(e));
+  /* backend.h: fresh memory reads as zeros, as the cpu backend's does */
+  e = cudaMemsetAsync(p, 0, bytes ? bytes : 64, impl_of(be)->stream);
+  if (e != cudaSuccess) {
+    cudaFree(p);
+    return check(be, e, "zeroing an allocation", err);
+  }
+  *out = p;
+  return MEGA_OK;
+}
+
+static void cu_free(mega_backend *be, void *p) {
+  if (!p) return;
+  /* the stream may still use p */
+  note(be, cudaStreamSynchronize(impl_of(be)->stream), "free");
+  note(be, cudaFree(p), "free");
+}
+
+static void cu_memset0(mega_backend *be, void *p, size_t bytes) {
+  if (bytes) note(be, cudaMemsetAsync(p, 0, bytes, impl_of(be)->stream), "memset");
+}
+
+static mega_status cu_memcpy(mega_backend *be, void *dst, const void *src, size_t bytes,
+                             mega_copy_kind kind, mega_err *err) {
+  static const enum cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                              cudaMemcpyDeviceToDevice};
+  if (kind != MEGA_COPY_H2D && kind != MEGA_COPY_D2H && kind != MEGA_COPY_D2D)
+    return mega_fail(err, MEGA_ERR_INVALID, "cuda backend: bad copy kind %d", (int)kind);
+  if (!bytes || dst == src) return take_sticky(be, err);
+  cudaStream_t s = impl_of(be)->stream;
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kinds[kind], s);
+  /* host-visible results are complete on return (backend.h); a pageable
+   * host source is also free to reuse only after the copy */
+  if (e == cudaSuccess && kind != MEGA_COPY_D2D) e = cudaStreamSynchronize(s);
+  return check(be, e, "memcpy", err);
+}
+
+static mega_status cu_synchronize(mega_backend *be, mega_err *err) {
+  return check(be, cudaStreamSynchronize(impl_of(be)->stream), "synchronize", err);
+}
+
+static mega_status cu_set_threads(mega_backend *be, int n, mega_err *err) {
+  (void)be;
+  if (n < 1)
+    return mega_fail(err, MEGA_ERR_INVALID, "cuda backend: threads must be at least 1, got %d", n);
+  return MEGA_OK; /* host threads do not matter to the device */
+}
+
+/* ---- GEMM: row-major through column-major cuBLAS (C^T = B^T A^T) ---- */
+
+static void cu_gemm(mega_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                    const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                    int ldc) {
+  if (M <= 0 || N <= 0) return;
+  cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  note_blas(be, cublasSgemm(impl_of(be)->blas, opb, opa, N, M, K, &alpha, B, ldb, A, lda, &beta,
+                            C, ldc),
+            "sgemm");
+}
+
+static void cu_gemm_batched(mega_backend *be, bool ta, bool tb, int M, int N, int K,
+                            float alpha, const float *A, int lda, int64_t sa, const float *B,
+                            int ldb, int64_t sb, float beta, float *C, int ldc, int64_t sc,
+                            int batch) {
+  if (M <= 0 || N <= 0 || batch <= 0) return;
+  cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  note_blas(be, cublasSgemmStridedBatched(impl_of(be)->blas, opb, opa, N, M, K, &alpha, B, ldb,
+                                          sb, A, lda, sa, &beta, C, ldc, sc, batch),
+            "sgemm (strided batched)");
+}
+
+static void cu_matmul_forward(mega_backend *be, float *out, const float *inp, const float *w,
+                              const float *bias, const float *residual, int N, int C, int OC,
+                              mega_wlayout lay) {
+  float beta = 0.0f;
+  if (bias || residual) { /* prefill out, then the GEMM adds into it */
+    note(be, mega_cu_bias_fill(S(be), out, bias, residual, (int64_t)N * OC, OC), "bias fill");
+    beta = 1.0f;
+  }
+  bool tb = lay == MEGA_W_OUT_IN;
+  cu_gemm(be, false, tb, N, OC, C, 1.0f, inp, C, w, tb ? C : OC, beta, out, OC);
+}
+
+static void cu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
+                                     const float *w, int N, int C, int OC, mega_wlayout lay) {
+  bool tb = lay == MEGA_W_IN_OUT;
+  cu_gemm(be, false, tb, N, C, OC, 1.0f, dout, OC, w, lay == MEGA_W_IN_OUT ? OC : C, 0.0f, dinp,
+          C);
+}
+
+static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
+                                      const float *dout, const float *inp, int N, int C, int OC,
+                                      mega_wlayout lay) {
+  if (lay == MEGA_W_IN_OUT)
+    cu_gemm(be, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, OC);
+  else
+    cu_gemm(be, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+  if (dbias) note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC), "bias grad");
+}
+
+/* ---- attention: batched GEMMs (attn_gemm.c) around the softmax kernels ---- */
+
+static void cu_softmax(mega_backend *be, float *att, int64_t rows, int T) {
+  note(be, mega_cu_causal_softmax(S(be), att, rows, T), "causal softmax");
+}
+
+static void cu_softmax_bwd(mega_backend *be, float *da, const float *att, int64_t rows, int T,
+                           float scale) {
+  note(be, mega_cu_causal_softmax_bwd(S(be), da, att, rows, T, scale), "softmax backward");
+}
+
+static const mega_attn_softmax cu_sm = {.forward = cu_softmax, .backward = cu_softmax_bwd};
+
+static void cu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
+                                 const float *qkv, int B, int T, int C, int NH) {
+  (void)scratch;
+  mega_attn_gemm_forward(be, &cu_sm, out, att, qkv, B, T, C, NH);
+}
+
+static void cu_attention_backward(mega_backend *be, float *dqkv, float *scratch,
+                                  const float *dout, const float *qkv, const float *att, int B,
+                                  int T, int C, int NH) {
+  mega_attn_gemm_backward(be, &cu_sm, dqkv, scratch, dout, qkv, att, B, T, C, NH);
+}
+
+/* ---- the kernels ---- */
+
+static void cu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
+                               const float *wte, int v0, int vn, const float *wpe, int B, int T,
+                               int C) {
+  note(be, mega_cu_encoder_fwd(S(be), out, tok, wte, v0, vn, wpe, B * T, T, C), "encoder");
+}
+
+static void cu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, float *dwpe,
+                                const float *dout, const int32_t *tok, int B, int T, int C) {
+  note(be, mega_cu_encoder_bwd(S(be), dwte, v0, vn, dwpe, dout, tok, B * T, T, C),
+       "encoder backward");
+}
+
+static void cu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
+                                 const float *inp, const float *w, const float *b, int N, int C,
+                                 float eps) {
+  note(be, mega_cu_layernorm_fwd(S(be), out, mean, rstd, inp, w, b, N, C, eps), "layernorm");
+}
+
+static void cu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dres,
+                                        const float *dout, const float *inp, const float *w,
+                                        const float *mean, const float *rstd, int N, int C) {
+  note(be, mega_cu_layernorm_bwd_in(S(be), dinp, dres, dout, inp, w, mean, rstd, N, C),
+       "layernorm backward");
+}
+
+static void cu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
+                                         const float *dout, const float *inp, const float *mean,
+                                         const float *rstd, int N, int C) {
+  note(be, mega_cu_layernorm_bwd_w(S(be), dw, db, dout, inp, mean, rstd, N, C),
+       "layernorm weight gradient");
+}
+
+static void cu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
+  note(be, mega_cu_gelu_fwd(S(be), out, inp, (int64_t)n), "gelu");
+}
+
+static void cu_gelu_backward(mega_backend *be, float *dinp, const float *inp, const float *dout,
+                             size_t n) {
+  note(be, mega_cu_gelu_bwd(S(be), dinp, inp, dout, (int64_t)n), "gelu backward");
+}
+
+static void cu_residual_forward(mega_backend *be, float *out, const float *a, const float *b,
+                                size_t n) {
+  note(be, mega_cu_add(S(be), out, a, b, NULL, (int64_t)n, 1), "residual");
+}
+
+static void cu_bias_residual_forward(mega_backend *be, float *out, const float *a,
+                                     const float *b, const float *bias, int N, int C) {
+  note(be, mega_cu_add(S(be), out, a, b, bias, (int64_t)N * C, C), "bias and residual");
+}
+
+static void cu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
+                                    const float *logits, const int32_t *targets, int N, int V) {
+  note(be, mega_cu_xent_fwd(S(be), losses, probs, logits, targets, N, V), "cross-entropy");
+}
+
+static void cu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
+                                     const int32_t *targets, int v0, float scale, int N, int V) {
+  note(be, mega_cu_xent_bwd(S(be), dlogits, probs, targets, v0, scale, N, V),
+       "cross-entropy backward");
+}
+
+static void cu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,
+                                   int V) {
+  note(be, mega_cu_xent_rowmax(S(be), rowmax, logits, N, V), "cross-entropy row max");
+}
+
+static void cu_crossentropy_sums(mega_backend *be, float *sums, const float *logits,
+                                 const float *rowmax, const int32_t *targets, int v0, int N,
+                                 int V) {
+  note(be, mega_cu_xent_sums(S(be), sums, logits, rowmax, targets, v0, N, V),
+       "cross-entropy sums");
+}
+
+static void cu_crossentropy_finish(mega_backend *be, float *losses, float *probs,
+                                   const float *logits, const float *rowmax, const float *sums,
+                                   int N, int V) {
+  note(be, mega_cu_xent_finish(S(be), losses, probs, logits, rowmax, sums, N, V),
+       "cross-entropy");
+}
+
+static void cu_adamw(mega_backend *be, float *params, const float *grads, float *m, float *v,
+                     size_t n, const mega_adamw_params *hp) {
+  float bc1 = 1.0f - powf(hp->beta1, (float)hp->step), bc2 = 1.0f - powf(hp->beta2, (float)hp->step);
+  note(be, mega_cu_adamw(S(be), params, grads, m, v, (int64_t)n, hp->lr, hp->beta1, hp->beta2,
+                         hp->eps, hp->weight_decay, hp->grad_scale, bc1, bc2),
+       "adamw");
+}
+
+static mega_status sum_any(mega_backend *be, const float *x, size_t n, int squares, double *out,
+                           mega_err *err) {
+  cuda_impl *c = impl_of(be);
+  double part[MEGA_CU_SUM_BLOCKS];
+  note(be, mega_cu_sum(S(be), c->partials, x, (int64_t)n, squares), "sum");
+  mega_status st = cu_memcpy(be, part, c->partials, sizeof part, MEGA_COPY_D2H, err);
+  if (st != MEGA_OK) return st;
+  double total = 0.0;
+  for (int i = 0; i < MEGA_CU_SUM_BLOCKS; i++) total += part[i];
+  *out = total;
+  return MEGA_OK;
+}
+
+static mega_status cu_sum(mega_backend *be, const float *x, size_t n, double *out,
+                          mega_err *err) {
+  return sum_any(be, x, n, 0, out, err);
+}
+
+static mega_status cu_sum_squares(mega_backend *be, const float *x, size_t n, double *out,
+                                  mega_err *err) {
+  return sum_any(be, x, n, 1, out, err);
+}
+
+static void cu_scale(mega_backend *be, float *x, size_t n, float s) {
+  note(be, mega_cu_scale(S(be), x, (int64_t)n, s), "scale");
+}
+
+static void cu_destroy(mega_backend *be) {
+  cuda_impl *c = impl_of(be);
+  cudaStreamSynchronize(c->stream);
+  if (c->partials) cudaFree(c->partials);
+  if (c->blas) cublasDestroy(c->blas);
+  if (c->stream) cudaStreamDestroy(c->stream);
+  free(c);
+  free(be);
+}
+
+static const mega_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cu_destroy,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .memset0 = cu_memset0,
+    .memcpy = cu_memcpy,
+    .synchronize = cu_synchronize,
+    .set_threads = cu_set_threads,
+    .gemm = cu_gemm,
+    .gemm_batched = cu_gemm_batched,
+    .encoder_forward = cu_encoder_forward,
+    .encoder_backward = cu_encoder_backward,
+    .layernorm_forward = cu_layernorm_forward,
+    .layernorm_backward_input = cu_layernorm_backward_input,
+    .layernorm_backward_weight = cu_layernorm_backward_weight,
+    .matmul_forward = cu_matmul_forward,
+    .matmul_backward_input = cu_matmul_backward_input,
+    .matmul_backward_weight = cu_matmul_backward_weight,
+    .attention_forward = cu_attention_forward,
+    .attention_backward = cu_attention_backward,
+    .gelu_forward = cu_gelu_forward,
+    .gelu_backward = cu_gelu_backward,
+    .residual_forward = cu_residual_forward,
+    .bias_residual_forward = cu_bias_residual_forward,
+    .crossentropy_forward = cu_crossentropy_forward,
+    .crossentropy_backward = cu_crossentropy_backward,
+    .crossentropy_rowmax = cu_crossentropy_rowmax,
+    .crossentropy_sums = cu_crossentropy_sums,
+    .crossentropy_finish = cu_crossentropy_finish,
+    .adamw = cu_adamw,
+    .sum = cu_sum,
+    .sum_squares = cu_sum_squares,
+    .scale = cu_scale,
+};
+
+cudaStream_t mega_cuda_backend_stream(mega_backend *be) {
+  return be && be->ops == &cuda_ops ? impl_of(be)->stream : NULL;
+}
+
+mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *err) {
+  *out = NULL;
+  int count = 0; /* left unwritten without a driver */
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count < 1)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "no CUDA device: %s",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
+  if (device < 0 || device >= count)
+    return mega_fail(err, MEGA_ERR_INVALID, "no CUDA device %d: this machine has %d", device,
+                     count);
+  if ((e = cudaSetDevice(device)) != cudaSuccess)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "CUDA device %d: %s", device,
+                     cudaGetErrorString(e));
+  mega_backend *be = calloc(1, sizeof *be);
+  cuda_impl *c = calloc(1, sizeof *c);
+  if (!be || !c) {
+    free(be);
+    free(c);
+    return mega_fail(err, MEGA_ERR_NOMEM, "cuda backend: out of memory");
+  }
+  c->device = device;
+  be->ops = &cuda_ops;
+  be->impl = c;
+  mega_status st = MEGA_OK;
+  cublasStatus_t bs;
+  if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (e = cudaMalloc((void **)&c->partials, MEGA_CU_SUM_BLOCKS * sizeof(double))) != cudaSuccess)
+    st = mega_fail(err, MEGA_ERR_INTERNAL, "cuda backend on device %d: %s", device,
+                   cudaGetErrorString(e));
+  else if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS ||
+           (bs = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS)
+    st = mega_fail(err, MEGA_ERR_INTERNAL, "cuda backend on device %d: cuBLAS status %d", device,
+                   (int)bs);
+  /* fp32 GEMMs stay fp32: no TF32 unless asked (numbers match the cpu) */
+  if (st == MEGA_OK) cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+  if (st != MEGA_OK) {
+    cu_destroy(be);
+    return st;
+  }
+  *out = be;
+  return MEGA_OK;
+}

@@ -1,0 +1,194 @@
+#include "worker/generate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "kernels/rng.h"
+#include "worker/checkpoint.h"
+
+/* dir/name parsed into *out; path gets the file's path for messages. */
+static mega_status load_json(const char *dir, const char *name, char *path, size_t cap,
+                             json_t **out, mega_err *err) {
+  snprintf(path, cap, "%s/%s", dir, name);
+  json_error_t je;
+  *out = json_load_file(path, 0, &je);
+  return *out ? MEGA_OK : mega_fail(err, MEGA_ERR_INVALID, "%s: %s", path, je.text);
+}
+
+/* config.json's GPT2LMHeadModel fields as mega's config. */
+static mega_status read_config(const char *dir, mega_gpt_config *cfg, mega_err *err) {
+  char path[4200];
+  json_t *j;
+  if (load_json(dir, "config.json", path, sizeof path, &j, err) != MEGA_OK) return err->status;
+  mega_gpt_config_default(cfg);
+  static const struct {
+    const char *key;
+    size_t off;
+  } ints[] = {{"vocab_size", offsetof(mega_gpt_config, vocab_size)},
+              {"n_positions", offsetof(mega_gpt_config, max_seq_len)},
+              {"n_layer", offsetof(mega_gpt_config, num_layers)},
+              {"n_head", offsetof(mega_gpt_config, num_heads)},
+              {"n_embd", offsetof(mega_gpt_config, channels)}};
+  mega_status st = MEGA_OK;
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0] && st == MEGA_OK; i++) {
+    json_t *v = json_object_get(j, ints[i].key);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 30)
+      st = mega_fail(err, MEGA_ERR_INVALID, "%s lacks a positive integer %s", path, ints[i].key);
+    else
+      *(int *)((char *)cfg + ints[i].off) = (int)json_integer_value(v);
+  }
+  json_t *eps = json_object_get(j, "layer_norm_epsilon");
+  if (st == MEGA_OK && !json_is_number(eps))
+    st = mega_fail(err, MEGA_ERR_INVALID, "%s lacks a number layer_norm_epsilon", path);
+  if (st == MEGA_OK) cfg->ln_eps = (float)json_number_value(eps);
+  json_decref(j);
+  return st == MEGA_OK ? mega_gpt_config_check(cfg, err) : st;
+}
+
+/* The tokenizer from the job flags trainer_state.json recorded. */
+static mega_status read_tokenizer(const char *dir, mega_gen_model *m, mega_err *err) {
+  char path[4200];
+  json_t *j;
+  if (load_json(dir, "trainer_state.json", path, sizeof path, &j, err) != MEGA_OK)
+    return err->status;
+  mega_jobspec job;
+  mega_jobspec_defaults(&job);
+  mega_err sub = {0};
+  json_t *flags = json_object_get(j, "job");
+  mega_status st = flags ? mega_jobspec_from_json(&job, flags, &sub) : MEGA_OK;
+  if (st != MEGA_OK)
+    st = mega_fail(err, MEGA_ERR_INVALID, "%s: bad job record: %s", path, sub.msg);
+  m->tokenizer = job.tokenizer_type;
+  m->vocab = mega_jobspec_tokenizer_vocab(&job);
+  m->eod = job.tokenizer_type == MEGA_TOKENIZER_NULL ? job.vocab_size : -1;
+  mega_jobspec_free(&job);
+  json_decref(j);
+  if (st == MEGA_OK && m->vocab > m->cfg.vocab_size)
+    st = mega_fail(err, MEGA_ERR_INVALID,
+                   "%s: the tokenizer has %d ids but the model's vocabulary only %d", path,
+                   m->vocab, m->cfg.vocab_size);
+  return st;
+}
+
+mega_status mega_gen_load(const char *load_dir, mega_backend *be, mega_gen_model *m,
+                          mega_err *err) {
+  *m = (mega_gen_model){0};
+  mega_status st = mega_ckpt_resolve(load_dir, &m->path, &m->notice, err);
+  if (st == MEGA_ERR_NOT_FOUND)
+    return mega_fail(err, MEGA_ERR_INVALID, "--load %s holds no checkpoint to generate from",
+                     load_dir);
+  if (st == MEGA_OK) st = read_config(m->path, &m->cfg, err);
+  if (st == MEGA_OK) st = read_tokenizer(m->path, m, err);
+  mega_gpt_stage_desc whole = {.embedding = true, .loss = true, .num_layers = m->cfg.num_layers};
+  if (st == MEGA_OK) st = mega_gpt_stage_create(be, &m->cfg, &whole, &m->stage, err);
+  mega_ckpt_shards sh = {0};
+  if (st == MEGA_OK) st = mega_ckpt_open_shards(m->path, "model", &sh, err);
+  if (st == MEGA_OK) {
+    st = mega_gpt_load_safetensors(m->stage, (const mega_st_file *const *)sh.files, sh.nfiles,
+                                   err);
+    mega_ckpt_close_shards(&sh);
+  }
+  if (st != MEGA_OK) mega_gen_free(m);
+  return st;
+}
+
+void mega_gen_free(mega_gen_model *m) {
+  mega_gpt_stage_destroy(m->stage);
+  free(m->path);
+  free(m->notice);
+  *m = (mega_gen_model){0};
+}
+
+mega_status mega_gen_use_vocab(mega_gen_model *m, int vocab, int eod, mega_err *err) {
+  if (vocab < 1 || vocab > m->cfg.vocab_size)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "the tokenizer has %d ids, but the model of %s has a vocabulary of %d",
+                     vocab, m->path, m->cfg.vocab_size);
+  m->vocab = vocab;
+  m->eod = eod;
+  return MEGA_OK;
+}
+
+int32_t mega_gen_pick(const float *logits, int vocab, const mega_gen_opts *o, uint64_t step) {
+  int best = 0;
+  for (int v = 1; v < vocab; v++)
+    if (logits[v] > logits[best]) best = v;
+  if (o->temperature <= 0) return best;
+  /* the k-th largest logit is the cut: ids below it are out */
+  double cut = -INFINITY;
+  if (o->top_k > 0 && o->top_k < vocab) {
+    float *sorted = malloc((size_t)vocab * sizeof *sorted);
+    if (!sorted) return best;
+    memcpy(sorted, logits, (size_t)vocab * sizeof *sorted);
+    /* partial selection: the top_k largest to the front */
+    for (int i = 0; i < o->top_k; i++) {
+      int m = i;
+      for (int v = i + 1; v < vocab; v++)
+        if (sorted[v] > sorted[m]) m = v;
+      float t = sorted[i];
+      sorted[i] = sorted[m];
+      sorted[m] = t;
+    }
+    cut = sorted[o->top_k - 1];
+    free(sorted);
+  }
+  double sum = 0, top = logits[best];
+  for (int v = 0; v < vocab; v++)
+    if (logits[v] >= cut) sum += exp((logits[v] - top) / o->temperature);
+  double u = mega_rng_uniform(mega_splitmix64(o->seed), step) * sum, acc = 0;
+  int last = best;
+  for (int v = 0; v < vocab; v++) {
+    if (logits[v] < cut) continue;
+    acc += exp((logits[v] - top) / o->temperature);
+    last = v;
+    if (u <= acc) return v;
+  }
+  return last; /* rounding: u a hair above the sum */
+}
+
+mega_status mega_gen_run(const mega_gen_model *m, const int32_t *prompt, int n,
+                         const mega_gen_opts *o, int32_t *out, int *nout, mega_err *err) {
+  *nout = 0;
+  if (n < 1) return mega_fail(err, MEGA_ERR_INVALID, "the prompt is empty");
+  for (int i = 0; i < n; i++)
+    if (prompt[i] < 0 || prompt[i] >= m->vocab)
+      return mega_fail(err, MEGA_ERR_INVALID, "prompt token %d is %d, outside the ids 0..%d", i,
+                       prompt[i], m->vocab - 1);
+  int cap = n + (o->max_new_tokens > 0 ? o->max_new_tokens : 0);
+  int32_t *ctx = malloc((size_t)cap * sizeof *ctx);
+  float *row = malloc((size_t)m->cfg.vocab_size * sizeof *row);
+  if (!ctx || !row) {
+    free(ctx);
+    free(row);
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for generation");
+  }
+  memcpy(ctx, prompt, (size_t)n * sizeof *ctx);
+  mega_backend *be = mega_gpt_stage_backend(m->stage);
+  mega_status st = MEGA_OK;
+  int len = n;
+  for (int k = 0; k < o->max_new_tokens && st == MEGA_OK; k++) {
+    int T = len < m->cfg.max_seq_len ? len : m->cfg.max_seq_len;
+    mega_gpt_acts *a = NULL;
+    st = mega_gpt_acts_create(m->stage, 1, T, &a, err);
+    if (st == MEGA_OK)
+      st = mega_gpt_forward(m->stage, a, ctx + len - T, NULL, NULL, NULL, NULL, err);
+    if (st == MEGA_OK) {
+      const float *logits = mega_gpt_acts_logits(a) + (size_t)(T - 1) * m->cfg.vocab_size;
+      st = be->ops->memcpy(be, row, logits, (size_t)m->cfg.vocab_size * sizeof *row,
+                           MEGA_COPY_D2H, err);
+    }
+    mega_gpt_acts_destroy(a);
+    if (st != MEGA_OK) break;
+    int32_t next = mega_gen_pick(row, m->vocab, o, (uint64_t)k);
+    ctx[len++] = next;
+    out[(*nout)++] = next;
+    if (next == m->eod) break;
+  }
+  free(ctx);
+  free(row);
+  return st;
+}

@@ -1,0 +1,79 @@
+/* One microbatch's activations: their layout (gpt_acts.c, with the stage's
+ * recomputation scratch) and the passes over them (gpt_pass.c). Not a
+ * public header.
+ *
+ * Shapes, with N = B*T tokens, R the stream's rows on this rank (N/tp with
+ * sequence parallelism, else N), and Cl = C/tp, Fl = 4C/tp, Vl = V/tp,
+ * NHl = NH/tp this rank's channels, MLP width, vocabulary and heads:
+ * the residual stream, layernorm statistics and their gradients are [R,..];
+ * the column-parallel GEMMs' inputs (ln1, ln2, lnf) are whole [N,C], and
+ * their outputs, the attention and the MLP inside are [N, local width]. */
+#ifndef MEGA_WORKER_GPT_ACTS_H
+#define MEGA_WORKER_GPT_ACTS_H
+
+#include "worker/model/gpt_internal.h"
+
+/* One block's saved activations and (after backward_input) the output
+ * gradients its weight half needs. */
+typedef struct layer_acts {
+  float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [R], [R] */
+  float *qkv;                       /* [N,3Cl] */
+  float *atty;                      /* [N,Cl] attention output */
+  float *att;                       /* [B,NHl,T,T] probabilities */
+  float *x2;                        /* [R,C] residual after attention */
+  float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [R], [R] */
+  float *fch, *fch_gelu;            /* [N,Fl] */
+  /* gradients */
+  float *dx2;  /* [R,C] d(x2): attn.c_proj's output gradient */
+  float *dfch; /* [N,Fl] d(fch): c_fc's output gradient */
+  float *dln2; /* [R,C] */
+  float *dqkv; /* [N,3Cl] */
+  float *dln1; /* [R,C] */
+  /* the whole [N,C] output gradients of the row-parallel GEMMs: gathered
+   * with sequence parallelism, else dresid[l+1] and dx2 themselves */
+  float *dy_all, *dx2_all;
+} layer_acts;
+
+typedef enum { ST_EMPTY, ST_FORWARD, ST_BACKWARD_INPUT } acts_state;
+
+struct mega_gpt_acts {
+  mega_gpt_stage *s;
+  int B, T;
+  int R; /* the stream's rows on this rank */
+  size_t bytes;
+  void *block; /* the one backend allocation everything below points into */
+  acts_state state;
+  bool have_targets;
+  int32_t *tokens, *targets; /* [N] */
+  /* resid[l]: input of local block l; resid[L] is the loss stage's ln_f
+   * input. dresid[l] is its gradient. [R,C] each. */
+  float **resid, **dresid;
+  /* Blocks that full recomputation reruns point into the stage's scratch
+   * (one set for the group being rerun), and with selective recomputation
+   * every block's att does; gen is the scratch's rc_gen they point into. */
+  layer_acts *layers;
+  unsigned gen;
+  float *sink; /* [R,C] scratch: where a rerun group's output goes (the real one is kept) */
+  float *lnf, *lnf_mean, *lnf_rstd; /* loss stage: [N,C], [R], [R] */
+  float *logits, *probs, *losses;   /* [N,Vl], [N,Vl], [N] */
+  float *dlogits, *dlnf;            /* [N,Vl], [R,C] */
+  float *rowmax, *ce_sums;          /* TP loss: [N], [2N] */
+  float *datty;                     /* [N,Cl] scratch: attention output grad */
+  float *att_scratch;               /* B*NHl*T*T + N*Cl floats */
+  float *partial;                   /* [N,C] scratch: a row-parallel result
+                                       before its reduce-scatter (sequence
+                                       parallelism) */
+};
+
+
+/* Full recomputation's groups: block l is rerun with the blocks
+ * [*first, *end), from the input of *first, or false when l keeps its
+ * activations. Megatron's methods: uniform cuts the chunk into groups of N
+ * from its first block; block reruns each of the first N blocks alone. */
+bool gpt_rc_group(const mega_gpt_stage *s, int l, int *first, int *end);
+
+/* Points the acts' recomputed buffers into the stage's scratch again after
+ * it moved (a larger acts grew it); a no-op when it did not. */
+void gpt_acts_bind(mega_gpt_acts *a);
+
+#endif
