@@ -406,6 +406,10 @@ mega_status mega_jf_set_list(mega_jobspec *s, const flagdef *f, const char *cons
     if (!*words[k] && n == 1)
       return mega_fail(err, MEGA_ERR_INVALID, "%s: the value is empty", name);
     if (!*words[k]) return mega_fail(err, MEGA_ERR_INVALID, "%s: value %d is empty", name, k + 1);
+    if (!mega_utf8_valid(words[k])) /* as for a string flag: specs travel as JSON */
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "%s: the value is not valid UTF-8 text; give a UTF-8 name (for a file, "
+                       "rename it or link it under a UTF-8 name)", name);
     /* argv could not carry it back: it would read as the next flag */
     if (n > 1 && !strncmp(words[k], "--", 2))
       return mega_fail(err, MEGA_ERR_INVALID,
