@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -434,4 +436,40 @@ bool hd_succeeded(const hd *d, const hd_watch *w) {
           w->final ? w->final->error : "none", w->events_text);
   hd_dump_log(d);
   return false;
+}
+
+int hd_free_port(void) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  socklen_t sl = sizeof sa;
+  if (s < 0 || bind(s, (struct sockaddr *)&sa, sizeof sa) ||
+      getsockname(s, (struct sockaddr *)&sa, &sl)) {
+    fprintf(stderr, "harness: no free port: %s\n", strerror(errno));
+    abort();
+  }
+  close(s);
+  return ntohs(sa.sin_port);
+}
+
+char *hd_http_get(int port, const char *path, const char *auth) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  char *page = malloc(1 << 16);
+  if (!page || connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
+    fprintf(stderr, "harness: cannot connect to 127.0.0.1:%d: %s\n", port, strerror(errno));
+    abort();
+  }
+  char req[512];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: x\r\n%s%s%s\r\n", path,
+                   auth ? "Authorization: " : "", auth ? auth : "", auth ? "\r\n" : "");
+  size_t got = 0;
+  ssize_t r;
+  if (write(fd, req, (size_t)n) == n)
+    while (got < (1 << 16) - 1 && (r = read(fd, page + got, (1 << 16) - 1 - got)) > 0)
+      got += (size_t)r;
+  close(fd);
+  page[got] = '\0';
+  return page;
 }

@@ -119,4 +119,10 @@ int hd_procs_matching(const char *needle, pid_t *pids, int max);
 
 double hd_now_s(void);
 
+/* A free TCP port on 127.0.0.1 (bound, then let go), e.g. for --metrics-listen. */
+int hd_free_port(void);
+/* GET path from 127.0.0.1:port over HTTP/1.0, with an Authorization header
+ * value (NULL: none): the whole answer, headers included (the caller frees). */
+char *hd_http_get(int port, const char *path, const char *auth);
+
 #endif

@@ -132,24 +132,6 @@ static void test_trace(void **state) {
   hd_cleanup(&d);
 }
 
-/* GET on 127.0.0.1:port; the whole answer (the caller frees). */
-static char *http_get(int port, const char *path) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof sa), 0);
-  char req[256];
-  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
-  assert_int_equal(write(s, req, (size_t)n), n);
-  size_t cap = 1 << 16, got = 0;
-  char *page = malloc(cap);
-  ssize_t r;
-  while ((r = read(s, page + got, cap - 1 - got)) > 0) got += (size_t)r;
-  close(s);
-  page[got] = '\0';
-  return page;
-}
-
 typedef struct metrics_seen {
   int port;
   char *running; /* the page while the job ran */
@@ -158,23 +140,16 @@ typedef struct metrics_seen {
 static void fetch_on_step(void *arg, const Mega__V1__WatchJobResponse *item) {
   metrics_seen *m = arg;
   if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && !m->running)
-    m->running = http_get(m->port, "/metrics");
+    m->running = hd_http_get(m->port, "/metrics", NULL);
 }
 
 /* GET /metrics: Prometheus text. A running job has series by its id (never
  * by its user-given name); a finished one leaves only the counters. */
 static void test_metrics_page(void **state) {
   (void)state;
-  /* a free port for --metrics-listen */
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  socklen_t sl = sizeof sa;
-  assert_int_equal(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
-  getsockname(s, (struct sockaddr *)&sa, &sl);
-  close(s);
+  int port = hd_free_port();
   char maddr[64];
-  snprintf(maddr, sizeof maddr, "127.0.0.1:%d", ntohs(sa.sin_port));
+  snprintf(maddr, sizeof maddr, "127.0.0.1:%d", port);
   const char *extra[] = {"--metrics-listen", maddr, NULL};
   hd d;
   assert_true(hd_start(&d, "m1", 1, NULL, NULL, extra));
@@ -184,7 +159,7 @@ static void test_metrics_page(void **state) {
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
-  metrics_seen m = {.port = ntohs(sa.sin_port)};
+  metrics_seen m = {.port = port};
   hd_watch w;
   hd_watch_job_cb(&d, id, false, 60000, &w, fetch_on_step, &m);
   assert_true(hd_succeeded(&d, &w));
@@ -205,7 +180,7 @@ static void test_metrics_page(void **state) {
   assert_null(strstr(m.running, "user-name"));
   free(m.running);
 
-  char *page = http_get(m.port, "/metrics");
+  char *page = hd_http_get(m.port, "/metrics", NULL);
   assert_non_null(strstr(page, " 200 OK\r\n"));
   assert_non_null(strstr(page, "Content-Type: text/plain; version=0.0.4"));
   assert_non_null(strstr(page, "\nmega_jobs{state=\"succeeded\"} 1\n"));
@@ -221,7 +196,7 @@ static void test_metrics_page(void **state) {
   assert_null(strstr(page, id)); /* the job is over: no series of its own */
   free(page);
 
-  page = http_get(m.port, "/nope");
+  page = hd_http_get(m.port, "/nope", NULL);
   assert_non_null(strstr(page, " 404 "));
   free(page);
   assert_int_equal(hd_stop(&d), 0);

@@ -14,9 +14,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include "harness.h"
 
@@ -527,25 +524,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* GET /metrics on 127.0.0.1:port with an Authorization header (NULL: none). */
-static char *metrics_get(int port, const char *auth) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  char req[512];
-  int n = snprintf(req, sizeof req, "GET /metrics HTTP/1.0\r\n%s%s%s\r\n",
-                   auth ? "Authorization: " : "", auth ? auth : "", auth ? "\r\n" : "");
-  assert_int_equal(write(fd, req, (size_t)n), n);
-  size_t cap = 1 << 16, got = 0;
-  char *page = malloc(cap);
-  ssize_t r;
-  while ((r = read(fd, page + got, cap - 1 - got)) > 0) got += (size_t)r;
-  close(fd);
-  page[got] = '\0';
-  return page;
-}
-
 /* With --token-file, /metrics wants the token as a bearer token. */
 static void test_metrics_wants_the_token(void **state) {
   (void)state;
@@ -553,28 +531,21 @@ static void test_metrics_wants_the_token(void **state) {
   hd_tmpdir(dir, sizeof dir);
   snprintf(tok, sizeof tok, "%s/token", dir);
   write_file(tok, TOKEN "\n", 0600);
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  socklen_t sl = sizeof sa;
-  assert_int_equal(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
-  getsockname(s, (struct sockaddr *)&sa, &sl);
-  close(s);
-  int port = ntohs(sa.sin_port);
+  int port = hd_free_port();
   snprintf(maddr, sizeof maddr, "127.0.0.1:%d", port);
   const char *extra[] = {"--token-file", tok, "--metrics-listen", maddr, NULL};
   mega_rpc_auth good = {.token = TOKEN};
   hd_set_auth(&good);
   hd n1;
   assert_true(hd_start(&n1, "m1", 1, NULL, NULL, extra));
-  char *p = metrics_get(port, NULL);
+  char *p = hd_http_get(port, "/metrics", NULL);
   assert_non_null(strstr(p, " 401 "));
   assert_null(strstr(p, "mega_jobs"));
   free(p);
-  p = metrics_get(port, "Bearer YW5vdGhlci10b2tlbi1lbnRpcmVseQ==");
+  p = hd_http_get(port, "/metrics", "Bearer YW5vdGhlci10b2tlbi1lbnRpcmVseQ==");
   assert_non_null(strstr(p, " 401 "));
   free(p);
-  p = metrics_get(port, "Bearer " TOKEN);
+  p = hd_http_get(port, "/metrics", "Bearer " TOKEN);
   assert_non_null(strstr(p, " 200 OK"));
   assert_non_null(strstr(p, "\nmega_jobs_submitted_total 0\n"));
   assert_non_null(strstr(p, "mega_http_requests_total{code=\"401\"} 2\n"));
