@@ -14,6 +14,7 @@
 #include "proto/frame.h"
 #include "proto/mega.pb-c.h"
 #include "worker/ckpt_internal.h"
+#include "worker/indexed.h"
 #include "worker/model/gpt.h"
 #include "worker/model/safetensors.h"
 #include "fuzz.h"
@@ -364,6 +365,37 @@ static void checkpoints(void) {
   fuzz_clean();
 }
 
+/* An MMIDIDX pair as tools/preprocess writes it, as fuzz_indexed's input. */
+static void indexed(int dtype, const char *name) {
+  char prefix[512], p[600];
+  snprintf(prefix, sizeof prefix, "%s/d", fuzz_dir());
+  mega_indexed_writer *w;
+  mega_err err = {0};
+  if (mega_indexed_writer_open(prefix, dtype, &w, &err) != MEGA_OK) abort();
+  int32_t a[5] = {1, 2, 3, 50, 255}, b[2] = {7, 9};
+  if (mega_indexed_writer_add(w, a, 5, &err) != MEGA_OK ||
+      mega_indexed_writer_add(w, b, 2, &err) != MEGA_OK ||
+      mega_indexed_writer_close(w, &err) != MEGA_OK) {
+    fprintf(stderr, "seeds: %s\n", err.msg);
+    abort();
+  }
+  size_t ni, nb;
+  snprintf(p, sizeof p, "%s.idx", prefix);
+  uint8_t *idx = slurp(p, &ni);
+  snprintf(p, sizeof p, "%s.bin", prefix);
+  uint8_t *bin = slurp(p, &nb);
+  uint8_t *all = malloc(2 + ni + nb);
+  all[0] = (uint8_t)ni;
+  all[1] = (uint8_t)(ni >> 8);
+  memcpy(all + 2, idx, ni);
+  memcpy(all + 2 + ni, bin, nb);
+  put("indexed", name, -1, all, 2 + ni + nb);
+  free(all);
+  free(idx);
+  free(bin);
+  fuzz_clean();
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds OUTDIR\n");
@@ -377,5 +409,7 @@ int main(int argc, char **argv) {
   journals();
   tensors();
   checkpoints();
+  indexed(8, "uint16");
+  indexed(4, "int32");
   return 0;
 }
