@@ -187,6 +187,7 @@ static double token(const mega_indexed *x, const uint8_t *b) {
 
 mega_status mega_indexed_read(const mega_indexed *x, int64_t seq, int64_t off, int64_t n,
                               int vocab, int32_t *out, mega_err *err) {
+  if (n <= 0) return MEGA_OK; /* an empty .bin is not mapped: no pointer to offset */
   const uint8_t *b = x->bin + get_i64(x->pointers + 8 * seq) + off * x->size;
   for (int64_t k = 0; k < n; k++, b += x->size) {
     double v = token(x, b);
