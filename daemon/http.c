@@ -123,6 +123,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   if (*con_cls) return MHD_YES; /* answered already; the body's end */
   *con_cls = h;
+  /* With a cluster token every path wants it: the web view has no login
+   * page yet (a browser cannot send the header), so it is closed rather
+   * than open to anyone who reaches the port. */
+  if (strcmp(url, h->path) && !authorized(h, c))
+    return answer_text(h, c, MHD_HTTP_UNAUTHORIZED,
+                       "megad wants its cluster token here ('Authorization: Bearer TOKEN'); the "
+                       "web view has no login page yet, so with a token it serves scripts only\n");
   if (strcmp(url, h->path)) return routed(h, c, url, method);
   if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
     return answer_text(h, c, MHD_HTTP_METHOD_NOT_ALLOWED, "megad serves only GET\n");

@@ -188,8 +188,10 @@ static void test_bearer_token(void **state) {
     r = request(&s, &a, wrong[i]);
     assert_non_null(strstr(r, " 401 "));
   }
-  /* the token guards /metrics; the route hook's paths are its own */
+  /* the token guards every path: the route hook's too */
   r = request(&s, &a, "GET /api/x HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 401 "));
+  r = request(&s, &a, "GET /api/x HTTP/1.0\r\nAuthorization: Bearer s3cret-token\r\n\r\n");
   assert_non_null(strstr(r, " 200 OK\r\n"));
   assert_int_equal(s.bodies, 0);
   r = request(&s, &a, "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret-token\r\n\r\n");
