@@ -20,8 +20,9 @@
  * later must set a cancel callback, or shutdown waits for its answer.
  *
  * Methods not given a handler, and paths the server does not know, get
- * UNIMPLEMENTED at once. With a token (opts.auth) every call without it,
- * known path or not, gets UNAUTHENTICATED before anything else. Every function here runs on the cq's loop thread. */
+ * the status UNIMPLEMENTED at once. With a token (opts.auth) every call
+ * without it, known path or not, gets UNAUTHENTICATED before anything else.
+ * Every function here runs on the cq's loop thread. */
 #ifndef MEGA_PROTO_RPC_SERVER_H
 #define MEGA_PROTO_RPC_SERVER_H
 
