@@ -70,7 +70,7 @@ static int check_format(const char *page, fam *fams, int *nfams) {
         assert_true(!strcmp(rest, "counter") || !strcmp(rest, "gauge") ||
                     !strcmp(rest, "summary") || !strcmp(rest, "histogram") ||
                     !strcmp(rest, "untyped"));
-        snprintf(fams[nf - 1].type, sizeof fams[nf - 1].type, "%s", rest);
+        snprintf(fams[nf - 1].type, sizeof fams[nf - 1].type, "%.15s", rest);
         /* Prometheus practice: counters and only counters end in _total */
         assert_int_equal(!strcmp(rest, "counter"), ends_with(name, "_total"));
       }
