@@ -50,6 +50,9 @@ static void usage(FILE *f) {
           "                         per GPU the cuda module finds; required without GPUs)\n"
           "  --node-name NAME       this node's name (default: the hostname)\n"
           "  --peers ADDR,...       megads to join (host:port of each)\n"
+          "  --etcd-endpoints URL,... keep cluster state in etcd (1 or 3 members): any node\n"
+          "                         answers for any job and takes a job over when its\n"
+          "                         coordinator dies (README \"No single point of failure\")\n"
           "  --advertise HOST       the host peers and workers use to reach this node\n"
           "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
           "  --worker PATH          the megaw program (default: next to megad)\n"
@@ -213,6 +216,7 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--slots", &slots)) ||
         (r = own_flag(argc, argv, &i, "--node-name", &o.node_name)) ||
         (r = own_flag(argc, argv, &i, "--peers", &o.peers)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-endpoints", &o.etcd_endpoints)) ||
         (r = own_flag(argc, argv, &i, "--advertise", &o.advertise)) ||
         (r = own_flag(argc, argv, &i, "--metrics-listen", &o.metrics_listen)) ||
         (r = own_flag(argc, argv, &i, "--heartbeat-interval", &hbi)) ||
