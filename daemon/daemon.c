@@ -222,6 +222,14 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   s = megad_base_init(&d->base, loop, host, o->state_dir, o->quiet, err);
   d->base.auth = &d->auth;
   if (s == MEGA_OK) d->started = true;
+  if (s == MEGA_OK && o->etcd_endpoints) {
+    if (o->peers && o->peers[0])
+      s = mega_fail(err, MEGA_ERR_INVALID,
+                    "--peers and --etcd-endpoints exclude each other: with etcd, every megad "
+                    "learns its peers from etcd; drop --peers");
+    else if ((s = megad_etcd_new(&d->base, o->etcd_endpoints, 0, &d->etcd, err)) != MEGA_OK)
+      mega_err_prefix(err, "--etcd-endpoints");
+  }
   if (s == MEGA_OK) s = megad_jobs_open(&d->jobs, &d->base, err);
   if (s == MEGA_OK) s = megad_kvserve_init(&d->kvs, &d->base, err);
   mega_rpc_server_opts so = {.max_request_bytes = MEGAD_MAX_REQUEST_BYTES, .auth = &d->auth,
@@ -253,7 +261,8 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                          .retain_jobs = d->o.retain_jobs ? d->o.retain_jobs : 1000,
                          .retain_ms = d->o.retain_ms ? d->o.retain_ms : 7 * 86400000u};
   s = megad_launcher_init(&d->launcher, &d->base, &d->kvs, &lo, &lc, err);
-  if (s == MEGA_OK) s = megad_members_init(&d->members, &d->base, &mo, d->incarnation, &mc, err);
+  if (s == MEGA_OK) s = megad_members_init(&d->members, &d->base, &mo, d->incarnation, d->etcd, &mc,
+                                          err);
   if (s == MEGA_OK)
     s = megad_coord_init(&d->coord, &d->base, &d->jobs, &d->members, &d->launcher, &d->kvs, &co,
                          err);
@@ -329,6 +338,8 @@ static void final_close(void *arg) {
 static void server_down(void *arg) {
   stopper *st = arg;
   st->d->srv = NULL;
+  megad_etcd_free(st->d->etcd); /* before the queue closes: its calls end on it */
+  st->d->etcd = NULL;
   megad_base_close_cq(&st->d->base, final_close, st);
 }
 
@@ -347,7 +358,8 @@ static void stop_step(uv_timer_t *t) {
     st->phase_start = uv_now(d->base.loop);
     return;
   case 2:
-    if (!megad_calls_idle(&d->base) && waited < 1500) return;
+    if ((!megad_calls_idle(&d->base) || megad_members_leaving(&d->members)) && waited < 1500)
+      return;
     megad_calls_cancel(&d->base);
     if (!megad_calls_idle(&d->base)) return;
     st->phase = 3;

@@ -1,7 +1,8 @@
 /* megad: the daemon.
  *
  *   megad serve --listen ADDR --state-dir DIR --slots N [--node-name NAME]
- *               [--peers ADDR,...] [--advertise HOST] [--worker PATH]
+ *               [--peers ADDR,... | --etcd-endpoints URL,...] [--advertise HOST]
+ *               [--worker PATH]
  *               [--metrics-listen ADDR] [--heartbeat-interval D]
  *               [--heartbeat-timeout D] [--rendezvous-timeout D]
  *   megad run --slots N [--state-dir DIR] [--json] [--name NAME]
@@ -50,6 +51,9 @@ static void usage(FILE *f) {
           "                         per GPU the cuda module finds; required without GPUs)\n"
           "  --node-name NAME       this node's name (default: the hostname)\n"
           "  --peers ADDR,...       megads to join (host:port of each)\n"
+          "  --etcd-endpoints URL,...  keep membership in this etcd cluster (http://host:port\n"
+          "                         of each member) instead of --peers: every megad of the\n"
+          "                         cluster names the same etcd\n"
           "  --advertise HOST       the host peers and workers use to reach this node\n"
           "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
           "  --worker PATH          the megaw program (default: next to megad)\n"
@@ -213,6 +217,7 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--slots", &slots)) ||
         (r = own_flag(argc, argv, &i, "--node-name", &o.node_name)) ||
         (r = own_flag(argc, argv, &i, "--peers", &o.peers)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-endpoints", &o.etcd_endpoints)) ||
         (r = own_flag(argc, argv, &i, "--advertise", &o.advertise)) ||
         (r = own_flag(argc, argv, &i, "--metrics-listen", &o.metrics_listen)) ||
         (r = own_flag(argc, argv, &i, "--heartbeat-interval", &hbi)) ||
