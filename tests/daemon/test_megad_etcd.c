@@ -1,7 +1,8 @@
 /* megad with --etcd-endpoints: membership from a real etcd (etcd_fixture.h;
  * skipped when etcd is not installed). Three megads with no --peers see each
- * other; a kill -9 of one is seen by the others within seconds and a clean
- * stop as LEFT; --peers with --etcd-endpoints is refused; and a kill -9 of
+ * other; one stopped (SIGSTOP) past its lease comes back as a new
+ * incarnation; a kill -9 of one is seen by the others within seconds and a
+ * clean stop as LEFT; --peers with --etcd-endpoints is refused; and a kill -9 of
  * one member of a 3-member etcd loses no node and does not disturb a job,
  * which trains on in the same attempt. */
 #include <setjmp.h>
@@ -9,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +77,24 @@ static void test_nodes_meet_in_etcd(void **state) {
     assert_non_null(strstr(ln->nodes[i]->address, "127.0.0.1:"));
   }
   protobuf_c_message_free_unpacked(&ln->base, NULL);
+
+  /* Stopped (SIGSTOP) past its TTL: the others lose it; when it runs again
+   * it finds its session lost and comes back as a new incarnation. */
+  Mega__V1__ListNodesResponse *before = hd_list_nodes(&n1, NULL);
+  uint64_t inc = 0;
+  for (size_t i = 0; before && i < before->n_nodes; i++)
+    if (!strcmp(before->nodes[i]->id, "n2")) inc = before->nodes[i]->incarnation;
+  if (before) protobuf_c_message_free_unpacked(&before->base, NULL);
+  kill(n2.pid, SIGSTOP);
+  assert_true(wait_state(&n1, "n2", NODE(DEAD), 15000) >= 0);
+  kill(n2.pid, SIGCONT);
+  assert_true(wait_state(&n1, "n2", NODE(ALIVE), 15000) >= 0);
+  assert_true(hd_wait_alive(&n2, 3, 10000));
+  assert_true(log_has(&n2, "etcd session lost"));
+  Mega__V1__ListNodesResponse *after = hd_list_nodes(&n1, NULL);
+  for (size_t i = 0; after && i < after->n_nodes; i++)
+    if (!strcmp(after->nodes[i]->id, "n2")) assert_true(after->nodes[i]->incarnation != inc);
+  if (after) protobuf_c_message_free_unpacked(&after->base, NULL);
 
   /* kill -9: the lease (2 s) expires and everyone watching hears it */
   hd_kill(&n3);
