@@ -252,8 +252,14 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   d->base.auth = &d->auth;
   if (s == MEGA_OK) d->started = true;
   if (s == MEGA_OK && o->etcd_endpoints) {
-    s = megad_etcd_new(&d->base, o->etcd_endpoints, 0, &d->etcd, err);
-    if (s == MEGA_OK) s = megad_jobs_open_etcd(&d->jobs, &d->base, d->etcd, err);
+    if (o->peers && o->peers[0])
+      s = mega_fail(err, MEGA_ERR_INVALID,
+                    "--peers and --etcd-endpoints exclude each other: with etcd, every megad "
+                    "learns its peers from etcd; drop --peers");
+    else if ((s = megad_etcd_new(&d->base, o->etcd_endpoints, 0, &d->etcd, err)) != MEGA_OK)
+      mega_err_prefix(err, "--etcd-endpoints");
+    else
+      s = megad_jobs_open_etcd(&d->jobs, &d->base, d->etcd, err);
   } else if (s == MEGA_OK) {
     s = megad_jobs_open(&d->jobs, &d->base, err);
   }
@@ -277,6 +283,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                            .heartbeat_interval_ms = d->o.heartbeat_interval_ms,
                            .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms};
   megad_members_cbs mc = {.node_up = on_node_up, .node_lost = on_node_lost,
+                          .self_fenced = on_self_fenced,
                           .self_load = self_load, .arg = d};
   megad_coord_opts co = {.address = d->address,
                          .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms,
@@ -287,7 +294,8 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                          .retain_jobs = d->o.retain_jobs ? d->o.retain_jobs : 1000,
                          .retain_ms = d->o.retain_ms ? d->o.retain_ms : 7 * 86400000u};
   s = megad_launcher_init(&d->launcher, &d->base, &d->kvs, &lo, &lc, err);
-  if (s == MEGA_OK) s = megad_members_init(&d->members, &d->base, &mo, d->incarnation, &mc, err);
+  if (s == MEGA_OK) s = megad_members_init(&d->members, &d->base, &mo, d->incarnation, d->etcd, &mc,
+                                          err);
   if (s == MEGA_OK)
     s = megad_coord_init(&d->coord, &d->base, &d->jobs, &d->members, &d->launcher, &d->kvs, &co,
                          err);
@@ -307,10 +315,6 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
     return s;
 
   megad_members_start(&d->members);
-  if (d->etcd) { /* TEMP until members_etcd lands */
-    megad_etcd_session_cbs sc = {.lost = on_self_fenced, .arg = d};
-    megad_etcd_session_start(d->etcd, 2, &sc, err);
-  }
   megad_coord_start(&d->coord);
   uv_timer_init(loop, &d->watchdog);
   uint64_t usec = 0;
@@ -369,8 +373,8 @@ static void final_close(void *arg) {
 static void server_down(void *arg) {
   stopper *st = arg;
   st->d->srv = NULL;
-  megad_jobs_etcd_close(&st->d->jobs); /* the client's calls end on the queue */
-  if (st->d->etcd) megad_etcd_free(st->d->etcd);
+  megad_jobs_etcd_close(&st->d->jobs); /* its watches go with the client */
+  megad_etcd_free(st->d->etcd); /* before the queue closes: its calls end on it */
   st->d->etcd = NULL;
   megad_base_close_cq(&st->d->base, final_close, st);
 }
@@ -390,7 +394,8 @@ static void stop_step(uv_timer_t *t) {
     st->phase_start = uv_now(d->base.loop);
     return;
   case 2:
-    if (!megad_calls_idle(&d->base) && waited < 1500) return;
+    if ((!megad_calls_idle(&d->base) || megad_members_leaving(&d->members)) && waited < 1500)
+      return;
     megad_calls_cancel(&d->base);
     if (!megad_calls_idle(&d->base)) return;
     st->phase = 3;

@@ -19,7 +19,8 @@ typedef struct megad_opts {
   int slots;
   const char *node_name;      /* NULL: the hostname */
   const char *peers;          /* "host:port,host:port"; NULL: none */
-  const char *etcd_endpoints; /* "http://host:port,..."; NULL: embedded mode (the journal) */
+  const char *etcd_endpoints; /* "http://host:port,..." : cluster state in etcd (members.h);
+                                 NULL: none (peers and the journal) */
   const char *advertise;      /* host peers and workers use; NULL: the listen host */
   const char *worker_path;    /* NULL: megaw next to megad */
   const char *metrics_listen; /* "127.0.0.1:9100"; NULL: no /metrics */
@@ -44,7 +45,7 @@ typedef struct megad_opts {
 typedef struct megad {
   megad_opts o;
   megad_base base;
-  megad_etcd *etcd; /* etcd mode; NULL: embedded */
+  megad_etcd *etcd; /* NULL without --etcd-endpoints; the layers borrow it */
   megad_jobs jobs;
   megad_kvserve kvs;
   megad_members members;

@@ -1,7 +1,8 @@
 /* megad: the daemon.
  *
  *   megad serve --listen ADDR --state-dir DIR --slots N [--node-name NAME]
- *               [--peers ADDR,...] [--advertise HOST] [--worker PATH]
+ *               [--peers ADDR,... | --etcd-endpoints URL,...] [--advertise HOST]
+ *               [--worker PATH]
  *               [--metrics-listen ADDR] [--heartbeat-interval D]
  *               [--heartbeat-timeout D] [--rendezvous-timeout D]
  *   megad run --slots N [--state-dir DIR] [--json] [--name NAME]
@@ -50,9 +51,10 @@ static void usage(FILE *f) {
           "                         per GPU the cuda module finds; required without GPUs)\n"
           "  --node-name NAME       this node's name (default: the hostname)\n"
           "  --peers ADDR,...       megads to join (host:port of each)\n"
-          "  --etcd-endpoints URL,... keep cluster state in etcd (1 or 3 members): any node\n"
-          "                         answers for any job and takes a job over when its\n"
-          "                         coordinator dies (README \"No single point of failure\")\n"
+          "  --etcd-endpoints URL,...  keep the cluster's state in etcd (http://host:port of\n"
+          "                         each member) instead of --peers: membership, every job,\n"
+          "                         and a job's takeover when its coordinator dies (README\n"
+          "                         \"No single point of failure\")\n"
           "  --advertise HOST       the host peers and workers use to reach this node\n"
           "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
           "  --worker PATH          the megaw program (default: next to megad)\n"

@@ -1,5 +1,5 @@
 /* Cluster membership (see members.h). */
-#include "daemon/members.h"
+#include "daemon/members_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 
 #include "daemon/util.h"
 
-static const char *state_name(Mega__V1__NodeState s) {
+static const char *members_state_name(Mega__V1__NodeState s) {
   switch (s) {
   case MEGA__V1__NODE_STATE__NODE_STATE_ALIVE: return "alive";
   case MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT: return "suspect";
@@ -41,7 +41,7 @@ bool megad_node_usable(const megad_node *n) {
   return n->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE;
 }
 
-static megad_node *node_add(megad_members *m, const char *id, const char *address) {
+megad_node *members_node_add(megad_members *m, const char *id, const char *address) {
   megad_node **v = realloc(m->nodes, (m->nnodes + 1) * sizeof *v);
   if (!v) return NULL;
   m->nodes = v;
@@ -58,7 +58,7 @@ static megad_node *node_add(megad_members *m, const char *id, const char *addres
 }
 
 /* A node's address changed: calls must go to the new one. */
-static void set_address(megad_members *m, megad_node *n, const char *address) {
+void members_set_address(megad_members *m, megad_node *n, const char *address) {
   if (!address || !address[0] || !strcmp(n->address, address)) return;
   char *a = strdup(address);
   if (!a) return;
@@ -67,7 +67,7 @@ static void set_address(megad_members *m, megad_node *n, const char *address) {
   n->address = a;
 }
 
-static void set_str(char **dst, const char *src) {
+void members_set_str(char **dst, const char *src) {
   if (!src || (*dst && !strcmp(*dst, src))) return;
   char *c = strdup(src);
   if (!c) return;
@@ -75,7 +75,7 @@ static void set_str(char **dst, const char *src) {
   *dst = c;
 }
 
-static void set_job_ids(megad_node *n, char **ids, size_t k) {
+void members_set_job_ids(megad_node *n, char **ids, size_t k) {
   char **v = calloc(k ? k : 1, sizeof *v);
   if (!v) return;
   for (size_t i = 0; i < k; i++) v[i] = megad_strdup(ids[i]);
@@ -86,13 +86,17 @@ static void set_job_ids(megad_node *n, char **ids, size_t k) {
 }
 
 mega_status megad_members_init(megad_members *m, megad_base *b, const megad_members_opts *o,
-                               uint64_t incarnation, const megad_members_cbs *cbs, mega_err *err) {
+                               uint64_t incarnation, megad_etcd *etcd,
+                               const megad_members_cbs *cbs, mega_err *err) {
   memset(m, 0, sizeof *m);
+  if (etcd && o->peers && o->peers[0])
+    return mega_fail(err, MEGA_ERR_INVALID, "membership comes from etcd or from peers, not both");
   m->b = b;
+  m->etcd = etcd;
   m->o = *o;
   m->cbs = *cbs;
   m->incarnation = incarnation;
-  megad_node *self = node_add(m, b->node_id, o->address);
+  megad_node *self = members_node_add(m, b->node_id, o->address);
   if (!self) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   self->self = true;
   self->slots = o->slots;
@@ -133,6 +137,9 @@ void megad_members_free(megad_members *m) {
   free(m->nodes);
   m->nodes = NULL;
   m->nnodes = 0;
+  free(m->etcd_key);
+  free(m->etcd_sig);
+  m->etcd_key = m->etcd_sig = NULL;
   for (size_t i = 0; i < m->npeers; i++) free(m->peers[i]);
   free(m->peers);
   free(m->peer_joined);
@@ -150,7 +157,7 @@ typedef struct view_msg {
   Mega__V1__Node *nodes, **ptrs;
 } view_msg;
 
-static void node_msg(megad_node *n, Mega__V1__Node *m) {
+void members_node_msg(megad_node *n, Mega__V1__Node *m) {
   mega__v1__node__init(m);
   m->id = n->id;
   m->address = n->address;
@@ -167,17 +174,17 @@ static void node_msg(megad_node *n, Mega__V1__Node *m) {
 }
 
 /* Refreshes what this node says about itself. */
-static void refresh_self(megad_members *m) {
+void members_refresh_self(megad_members *m) {
   megad_node *self = megad_members_self(m);
   const char *ids[256];
   size_t k = 0;
   if (m->cbs.self_load) self->slots_used = m->cbs.self_load(m->cbs.arg, ids, 256, &k);
-  set_job_ids(self, (char **)ids, k);
+  members_set_job_ids(self, (char **)ids, k);
   self->last_heartbeat_unix_ms = megad_unix_ms();
 }
 
 static bool view_init(megad_members *m, view_msg *v) {
-  refresh_self(m);
+  members_refresh_self(m);
   mega__v1__membership_view__init(&v->view);
   v->nodes = calloc(m->nnodes, sizeof *v->nodes);
   v->ptrs = calloc(m->nnodes, sizeof *v->ptrs);
@@ -187,7 +194,9 @@ static bool view_init(megad_members *m, view_msg *v) {
     return false;
   }
   for (size_t i = 0; i < m->nnodes; i++) {
-    node_msg(m->nodes[i], &v->nodes[i]);
+    members_node_msg(m->nodes[i], &v->nodes[i]);
+    /* etcd mode: a node is heard from as long as its lease lives */
+    if (m->etcd && megad_node_usable(m->nodes[i])) v->nodes[i].last_heartbeat_unix_ms = megad_unix_ms();
     v->ptrs[i] = &v->nodes[i];
   }
   v->view.version = m->view_version;
@@ -203,21 +212,21 @@ static void view_free(view_msg *v) {
 
 /* ---- liveness ---- */
 
-static void node_lost(megad_members *m, megad_node *n, Mega__V1__NodeState to, const char *why) {
+void members_node_lost(megad_members *m, megad_node *n, Mega__V1__NodeState to, const char *why) {
   n->state = to;
   m->view_version++;
-  set_job_ids(n, NULL, 0); /* its ranks are gone with it */
+  members_set_job_ids(n, NULL, 0); /* its ranks are gone with it */
   megad_forget_channel(m->b, n->address);
   megad_warn(m->b, "%s", why);
   if (m->cbs.node_lost) m->cbs.node_lost(m->cbs.arg, n, why);
 }
 
 /* A sign of life from n, in incarnation inc (0: unknown). */
-static void saw(megad_members *m, megad_node *n, uint64_t inc) {
+static void members_saw(megad_members *m, megad_node *n, uint64_t inc) {
   if (inc && n->incarnation && inc != n->incarnation) {
     char why[300];
     snprintf(why, sizeof why, "node %s restarted (its megad is a new incarnation)", n->id);
-    node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_ALIVE, why);
+    members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_ALIVE, why);
   }
   if (inc) n->incarnation = inc;
   n->seen_ms = uv_now(m->b->loop);
@@ -225,7 +234,7 @@ static void saw(megad_members *m, megad_node *n, uint64_t inc) {
   if (n->state != MEGA__V1__NODE_STATE__NODE_STATE_ALIVE) {
     bool was_lost = n->state != MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT;
     megad_log(m->b, "node %s (%s) is alive again (was %s)", n->id, n->address,
-              state_name(n->state));
+              members_state_name(n->state));
     n->state = MEGA__V1__NODE_STATE__NODE_STATE_ALIVE;
     m->view_version++;
     if (was_lost && m->cbs.node_up) m->cbs.node_up(m->cbs.arg, n);
@@ -244,7 +253,7 @@ static void check_liveness(megad_members *m) {
       char why[300];
       snprintf(why, sizeof why, "node %s missed heartbeats for %.1f s", n->id,
                (double)quiet / 1000);
-      node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_DEAD, why);
+      members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_DEAD, why);
     } else if (quiet >= m->o.heartbeat_timeout_ms / 2 &&
                n->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE) {
       n->state = MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT;
@@ -265,21 +274,21 @@ static void merge_view(megad_members *mb, const Mega__V1__MembershipView *v, meg
       if (m->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT ||
           m->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD || !m->address || !m->address[0])
         continue;
-      if (!(n = node_add(mb, m->id, m->address))) continue;
+      if (!(n = members_node_add(mb, m->id, m->address))) continue;
       n->incarnation = m->incarnation;
       fresh = true;
       megad_log(mb->b, "node %s (%s) joined the view", n->id, n->address);
     } else if (m->incarnation < n->incarnation) {
       continue; /* stale news of an older incarnation */
     }
-    set_address(mb, n, m->address);
+    members_set_address(mb, n, m->address);
     n->slots = m->slots;
-    set_str(&n->version, m->version);
-    set_str(&n->backend, m->backend);
-    set_str(&n->device_name, m->device_name);
+    members_set_str(&n->version, m->version);
+    members_set_str(&n->backend, m->backend);
+    members_set_str(&n->device_name, m->device_name);
     if (from == n) {
       n->slots_used = m->slots_used;
-      set_job_ids(n, m->job_ids, m->n_job_ids);
+      members_set_job_ids(n, m->job_ids, m->n_job_ids);
     }
     if (fresh && mb->cbs.node_up) mb->cbs.node_up(mb->cbs.arg, n);
   }
@@ -309,7 +318,7 @@ static void joined(void *arg, ProtobufCMessage *resp, const mega_err *err) {
       const Mega__V1__Node *nm = r->view->nodes[i];
       megad_node *n = megad_members_find(m, nm->id);
       if (n && !n->self && nm->address && !strcmp(nm->address, m->peers[c->peer]))
-        saw(m, n, nm->incarnation);
+        members_saw(m, n, nm->incarnation);
     }
     if (peer && !m->peer_joined[c->peer]) {
       m->peer_joined[c->peer] = true;
@@ -326,9 +335,9 @@ static void send_join(megad_members *m, const char *address, size_t peer) {
   if (!c) return;
   c->m = m;
   c->peer = peer;
-  refresh_self(m);
+  members_refresh_self(m);
   Mega__V1__Node self;
-  node_msg(megad_members_self(m), &self);
+  members_node_msg(megad_members_self(m), &self);
   Mega__V1__JoinRequest req = MEGA__V1__JOIN_REQUEST__INIT;
   req.node = &self;
   if (megad_call(m->b, address, &mega_peer_join, &req.base, 2000, joined, c, NULL) != MEGA_OK) {
@@ -358,7 +367,7 @@ static void heartbeat_done(void *arg, ProtobufCMessage *resp, const mega_err *er
       if (!strcmp(nm->id, n->id)) inc = nm->incarnation;
       if (!strcmp(nm->id, m->b->node_id) && nm->incarnation == m->incarnation) knows_me = true;
     }
-    saw(m, n, inc);
+    members_saw(m, n, inc);
     merge_view(m, r->view, n);
     if (!knows_me) send_join(m, n->address, SIZE_MAX); /* it restarted and forgot this node */
   }
@@ -394,7 +403,7 @@ static void send_heartbeat(megad_members *m, megad_node *n) {
 static void on_tick(uv_timer_t *t) {
   megad_members *m = t->data;
   if (m->b->stopping) return;
-  refresh_self(m);
+  members_refresh_self(m);
   for (size_t i = 0; i < m->npeers; i++)
     if (!m->peer_joined[i] && !m->peer_joining[i]) send_join(m, m->peers[i], i);
   for (size_t i = 1; i < m->nnodes; i++) {
@@ -405,7 +414,8 @@ static void on_tick(uv_timer_t *t) {
 }
 
 void megad_members_start(megad_members *m) {
-  uv_timer_start(&m->timer, on_tick, 0, m->o.heartbeat_interval_ms);
+  if (m->etcd) members_etcd_start(m);
+  else uv_timer_start(&m->timer, on_tick, 0, m->o.heartbeat_interval_ms);
 }
 
 static void left(void *arg, ProtobufCMessage *resp, const mega_err *err) {
@@ -414,8 +424,14 @@ static void left(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);
 }
 
+bool megad_members_leaving(const megad_members *m) { return m->etcd_leaving; }
+
 void megad_members_leave(megad_members *m) {
   uv_timer_stop(&m->timer);
+  if (m->etcd) {
+    members_etcd_leave(m);
+    return;
+  }
   Mega__V1__LeaveRequest req = MEGA__V1__LEAVE_REQUEST__INIT;
   req.node_id = m->b->node_id;
   req.incarnation = m->incarnation;
@@ -451,6 +467,12 @@ static void on_join(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
   megad_members *m = data;
   const Mega__V1__JoinRequest *req = (const void *)msg;
   const Mega__V1__Node *nm = req->node;
+  if (m->etcd) {
+    mega_rpc_fail(call, MEGA_RPC_FAILED_PRECONDITION,
+                  "megad %s takes its membership from etcd: start the joining megad with the "
+                  "same --etcd-endpoints instead of --peers", m->b->node_id);
+    return;
+  }
   if (!nm || !nm->id || !nm->id[0] || !nm->address || !nm->address[0]) {
     mega_rpc_fail(call, MEGA_RPC_INVALID_ARGUMENT, "Join needs the node's id and address");
     return;
@@ -466,17 +488,17 @@ static void on_join(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
   }
   megad_node *n = megad_members_find(m, nm->id);
   bool fresh = !n;
-  if (!n && !(n = node_add(m, nm->id, nm->address))) {
+  if (!n && !(n = members_node_add(m, nm->id, nm->address))) {
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  set_address(m, n, nm->address);
+  members_set_address(m, n, nm->address);
   n->slots = nm->slots;
   n->slots_used = nm->slots_used;
-  set_str(&n->version, nm->version);
-  set_str(&n->backend, nm->backend);
-  set_str(&n->device_name, nm->device_name);
-  saw(m, n, nm->incarnation);
+  members_set_str(&n->version, nm->version);
+  members_set_str(&n->backend, nm->backend);
+  members_set_str(&n->device_name, nm->device_name);
+  members_saw(m, n, nm->incarnation);
   m->view_version++;
   if (fresh) megad_log(m->b, "node %s (%s, %u slot%s) joined", n->id, n->address, n->slots,
                        n->slots == 1 ? "" : "s");
@@ -489,9 +511,9 @@ static void on_heartbeat(mega_rpc_call *call, const ProtobufCMessage *msg, void 
   const Mega__V1__HeartbeatRequest *req = (const void *)msg;
   megad_node *n = megad_members_find(m, req->node_id);
   if (n && !n->self) {
-    saw(m, n, req->incarnation);
+    members_saw(m, n, req->incarnation);
     n->slots_used = req->slots_used;
-    set_job_ids(n, req->job_ids, req->n_job_ids);
+    members_set_job_ids(n, req->job_ids, req->n_job_ids);
   }
   reply_view(m, call, true);
 }
@@ -504,7 +526,7 @@ static void on_leave(mega_rpc_call *call, const ProtobufCMessage *msg, void *dat
       n->state != MEGA__V1__NODE_STATE__NODE_STATE_LEFT) {
     char why[300];
     snprintf(why, sizeof why, "node %s left the cluster (its megad stopped)", n->id);
-    node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_LEFT, why);
+    members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_LEFT, why);
   }
   Mega__V1__LeaveResponse r = MEGA__V1__LEAVE_RESPONSE__INIT;
   mega_rpc_reply(call, &r.base);

@@ -1,8 +1,20 @@
-/* Cluster membership: every node heartbeats every other node it knows every
+/* Cluster membership, in one of two modes.
+ *
+ * Peers (no etcd): every node heartbeats every other node it knows every
  * --heartbeat-interval and learns new nodes from the views that come back. A
  * node not heard from for half the --heartbeat-timeout is SUSPECT (no new
  * work is placed there), for the whole timeout DEAD. A new incarnation (a
  * restarted megad) counts as a loss too.
+ *
+ * etcd (members_etcd.c): no heartbeats between nodes. Each node holds an etcd
+ * session (a lease of 2 s, kept alive) and puts its record, a mega.v1.Node,
+ * at mega/nodes/<node id> under that lease, again whenever its load changes.
+ * Every node watches mega/nodes/: a PUT is a node up (or its new load), a
+ * DELETE (the lease expired or was revoked) a node lost. A megad that stops
+ * puts its record as LEFT, then revokes its lease. If this node's own session
+ * is lost (it was cut off, or stopped, for longer than the TTL), others took
+ * it for dead: it registers again as a new incarnation and tells the layers
+ * above through self_fenced.
  *
  * Members tells the layers above through callbacks they register, never by
  * calling them: node_up when a node joins or is alive again, node_lost when
@@ -18,6 +30,7 @@
 #include <stdint.h>
 
 #include "daemon/base.h"
+#include "daemon/etcd.h"
 #include "proto/mega.pb-c.h"
 #include "proto/rpc_server.h"
 
@@ -40,6 +53,10 @@ typedef struct megad_members_cbs {
   /* This node's load for heartbeats and views: slots used, and the ids of
    * jobs with ranks here (borrowed strings, at most max). */
   uint32_t (*self_load)(void *arg, const char **job_ids, size_t max, size_t *n);
+  /* etcd mode: this node's session was lost, so the cluster took it for
+   * dead and others may hold what it held (a coordinator stands down); it is
+   * registered again as a new incarnation. May be NULL. */
+  void (*self_fenced)(void *arg, const char *why);
   void *arg;
 } megad_members_cbs;
 
@@ -65,15 +82,29 @@ typedef struct megad_members {
   size_t npeers;
   uv_timer_t timer;
   bool timer_on;
+  /* etcd mode (members_etcd.c); etcd is borrowed, NULL in peers mode */
+  megad_etcd *etcd;
+  megad_etcd_watch *etcd_watch;
+  char *etcd_key;            /* mega/nodes/<id> */
+  char *etcd_sig;            /* the load last put: slots used and job ids */
+  uint64_t etcd_taken_ms;    /* when the name was first found taken; 0: not */
+  bool etcd_registered, etcd_registering, etcd_putting, etcd_listing, etcd_leaving;
+  bool etcd_warned;
 } megad_members;
 
-/* opts' strings are copied. */
+/* opts' strings are copied. etcd: membership from etcd (opts->peers must
+ * be NULL), or NULL: from peers. */
 mega_status megad_members_init(megad_members *m, megad_base *b, const megad_members_opts *o,
-                               uint64_t incarnation, const megad_members_cbs *cbs, mega_err *err);
-/* Starts heartbeats and joins (each interval). */
+                               uint64_t incarnation, megad_etcd *etcd,
+                               const megad_members_cbs *cbs, mega_err *err);
+/* Starts heartbeats and joins (each interval), or the etcd session, the
+ * registration and the watch. */
 void megad_members_start(megad_members *m);
-/* Best effort at shutdown: Leave to every live peer, timer stopped. */
+/* Best effort at shutdown: Leave to every live peer, timer stopped; in etcd
+ * mode the record put as LEFT, then the lease revoked (megad_members_leaving
+ * is true until then). */
 void megad_members_leave(megad_members *m);
+bool megad_members_leaving(const megad_members *m);
 void megad_members_free(megad_members *m);
 /* Join, Heartbeat, Leave and Control.ListNodes. */
 void megad_members_register(megad_members *m, mega_rpc_server *srv);

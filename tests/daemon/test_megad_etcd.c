@@ -1,0 +1,210 @@
+/* megad with --etcd-endpoints: membership from a real etcd (etcd_fixture.h;
+ * skipped when etcd is not installed). Three megads with no --peers see each
+ * other; one stopped (SIGSTOP) past its lease comes back as a new
+ * incarnation; a kill -9 of one is seen by the others within seconds and a
+ * clean stop as LEFT; --peers with --etcd-endpoints is refused; and a kill -9 of
+ * one member of a 3-member etcd loses no node and does not disturb a job,
+ * which trains on in the same attempt. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "etcd_fixture.h"
+#include "harness.h"
+
+#define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
+#define NODE(s) MEGA__V1__NODE_STATE__NODE_STATE_##s
+
+static etcd_fx fx;
+
+static bool start_node(hd *d, const char *name, int slots) {
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
+  return hd_start(d, name, slots, NULL, NULL, extra);
+}
+
+/* node's state as d sees it; -1 when d does not list it. */
+static int state_of(hd *d, const char *node) {
+  Mega__V1__ListNodesResponse *r = hd_list_nodes(d, NULL);
+  int st = -1;
+  for (size_t i = 0; r && i < r->n_nodes; i++)
+    if (!strcmp(r->nodes[i]->id, node)) st = (int)r->nodes[i]->state;
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return st;
+}
+
+/* Seconds until d sees node in state want; -1 after ms. */
+static double wait_state(hd *d, const char *node, int want, int ms) {
+  double t0 = hd_now_s();
+  while (hd_now_s() - t0 < ms / 1000.0) {
+    if (state_of(d, node) == want) return hd_now_s() - t0;
+    usleep(50 * 1000);
+  }
+  return -1;
+}
+
+static bool log_has(const hd *d, const char *needle) {
+  FILE *f = fopen(d->log, "r");
+  if (!f) return false;
+  char line[1024];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f)) found = strstr(line, needle) != NULL;
+  fclose(f);
+  return found;
+}
+
+static void test_nodes_meet_in_etcd(void **state) {
+  (void)state;
+  assert_true(etcd_fx_start(&fx, 1));
+  hd n1, n2, n3;
+  assert_true(start_node(&n1, "n1", 2));
+  assert_true(start_node(&n2, "n2", 2));
+  assert_true(start_node(&n3, "n3", 2));
+  assert_true(hd_wait_alive(&n1, 3, 10000));
+  assert_true(hd_wait_alive(&n2, 3, 10000));
+  assert_true(hd_wait_alive(&n3, 3, 10000));
+  Mega__V1__ListNodesResponse *ln = hd_list_nodes(&n2, NULL);
+  assert_non_null(ln);
+  assert_int_equal(ln->n_nodes, 3);
+  for (size_t i = 0; i < ln->n_nodes; i++) {
+    assert_int_equal(ln->nodes[i]->slots, 2);
+    assert_non_null(strstr(ln->nodes[i]->address, "127.0.0.1:"));
+  }
+  protobuf_c_message_free_unpacked(&ln->base, NULL);
+
+  /* Stopped (SIGSTOP) past its TTL: the others lose it; when it runs again
+   * it finds its session lost and comes back as a new incarnation. */
+  Mega__V1__ListNodesResponse *before = hd_list_nodes(&n1, NULL);
+  uint64_t inc = 0;
+  for (size_t i = 0; before && i < before->n_nodes; i++)
+    if (!strcmp(before->nodes[i]->id, "n2")) inc = before->nodes[i]->incarnation;
+  if (before) protobuf_c_message_free_unpacked(&before->base, NULL);
+  kill(n2.pid, SIGSTOP);
+  assert_true(wait_state(&n1, "n2", NODE(DEAD), 15000) >= 0);
+  kill(n2.pid, SIGCONT);
+  assert_true(wait_state(&n1, "n2", NODE(ALIVE), 15000) >= 0);
+  assert_true(hd_wait_alive(&n2, 3, 10000));
+  assert_true(log_has(&n2, "etcd session lost"));
+  Mega__V1__ListNodesResponse *after = hd_list_nodes(&n1, NULL);
+  for (size_t i = 0; after && i < after->n_nodes; i++)
+    if (!strcmp(after->nodes[i]->id, "n2")) assert_true(after->nodes[i]->incarnation != inc);
+  if (after) protobuf_c_message_free_unpacked(&after->base, NULL);
+
+  /* kill -9: the lease (2 s) expires and everyone watching hears it */
+  hd_kill(&n3);
+  double t1 = wait_state(&n1, "n3", NODE(DEAD), 15000);
+  double t2 = wait_state(&n2, "n3", NODE(DEAD), 15000);
+  fprintf(stderr, "kill -9 of n3 seen as lost after %.2f s (n1), %.2f s (n2)\n", t1, t2);
+  assert_true(t1 >= 0 && t2 >= 0);
+  assert_true(log_has(&n1, "lost its etcd registration"));
+
+  /* a clean stop is a LEFT, at once */
+  assert_int_equal(hd_stop(&n2), 0);
+  double t3 = wait_state(&n1, "n2", NODE(LEFT), 5000);
+  fprintf(stderr, "clean stop of n2 seen as LEFT after %.2f s\n", t3);
+  assert_true(t3 >= 0);
+
+  /* n3 comes back (a new incarnation on its state dir): alive again */
+  assert_true(hd_restart(&n3, (const char *const[]){"--etcd-endpoints", fx.endpoints, NULL}));
+  assert_true(wait_state(&n1, "n3", NODE(ALIVE), 10000) >= 0);
+  hd_cleanup_all();
+  etcd_fx_stop(&fx);
+}
+
+static void test_peers_with_etcd_refused(void **state) {
+  (void)state;
+  hd d;
+  const char *extra[] = {"--etcd-endpoints", "http://127.0.0.1:1", NULL};
+  assert_false(hd_start(&d, "x", 1, "127.0.0.1:2", NULL, extra));
+  assert_true(log_has(&d, "--peers and --etcd-endpoints exclude each other"));
+  const char *bad[] = {"--etcd-endpoints", "127.0.0.1", NULL};
+  assert_false(hd_start(&d, "y", 1, NULL, NULL, bad));
+  assert_true(log_has(&d, "is not host:port"));
+  hd_cleanup_all();
+}
+
+typedef struct kill_at {
+  uint64_t iteration;
+  bool done;
+  double when;
+} kill_at;
+
+/* Kills etcd member 0 (every megad's first endpoint) mid-job. */
+static void on_item(void *arg, const Mega__V1__WatchJobResponse *it) {
+  kill_at *k = arg;
+  if (k->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < k->iteration)
+    return;
+  k->done = true;
+  k->when = hd_now_s();
+  etcd_fx_kill(&fx, 0);
+  fprintf(stderr, "killed etcd member e1 at iteration %llu\n",
+          (unsigned long long)it->step->iteration);
+}
+
+#define ITERS 500 /* several seconds: longer than the session's TTL after the kill */
+
+static void test_etcd_member_loss_keeps_job(void **state) {
+  (void)state;
+  assert_true(etcd_fx_start(&fx, 3));
+  hd n1, n2;
+  assert_true(start_node(&n1, "n1", 1));
+  assert_true(start_node(&n2, "n2", 1));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  assert_true(hd_wait_alive(&n2, 2, 10000));
+
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", NULL};
+  hd_tiny_spec(&spec, n1.dir, ITERS, extra);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  kill_at k = {.iteration = 20};
+  hd_watch w;
+  hd_watch_job_cb(&n1, id, true, 120000, &w, on_item, &k);
+  double after = hd_now_s() - k.when;
+  fprintf(stderr, "the job trained %.1f s past the kill\n", after);
+  assert_true(k.done);
+  assert_true(hd_succeeded(&n1, &w));
+  assert_int_equal(w.last_iteration, ITERS);
+  assert_int_equal(w.redone, 0); /* no iteration trained twice: one attempt */
+  for (int i = 1; i <= ITERS; i++) assert_int_equal(w.attempt[i], w.attempt[1]);
+  /* it outlived a lease TTL (2 s) after the kill, or this proved nothing */
+  assert_true(after > 2.5);
+  hd_watch_free(&w);
+  /* nobody was lost, on either side */
+  assert_int_equal(state_of(&n1, "n2"), NODE(ALIVE));
+  assert_int_equal(state_of(&n2, "n1"), NODE(ALIVE));
+  assert_false(log_has(&n1, "lost its etcd registration"));
+  assert_false(log_has(&n2, "lost its etcd registration"));
+  assert_false(log_has(&n1, "etcd session lost"));
+  assert_false(log_has(&n2, "etcd session lost"));
+  hd_cleanup_all();
+  etcd_fx_stop(&fx);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hd_cleanup_all();
+  etcd_fx_stop(&fx);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  etcd_fx_require();
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test_teardown(test_nodes_meet_in_etcd, teardown),
+      cmocka_unit_test_teardown(test_peers_with_etcd_refused, teardown),
+      cmocka_unit_test_teardown(test_etcd_member_loss_keeps_job, teardown),
+  };
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
+  return cmocka_run_group_tests(all, NULL, NULL);
+}
