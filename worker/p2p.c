@@ -5,7 +5,8 @@
 #include <time.h>
 
 struct mega_p2p {
-  mega_comm *comm;
+  mega_comm *comm;       /* the activations (backend memory) */
+  mega_comm *shape_comm; /* the shape messages (host memory) */
   int rank, pp, vp;
   mega_p2p_opts opts;
   mega_p2p_alloc_fn alloc;
@@ -52,6 +53,11 @@ mega_status mega_p2p_create(mega_comm *comm, int pp, int vp, const mega_p2p_opts
   p->pp = pp;
   p->vp = vp;
   if (opts) p->opts = *opts;
+  p->shape_comm = p->opts.shape_comm ? p->opts.shape_comm : comm;
+  if (mega_comm_size(p->shape_comm) != pp || mega_comm_rank(p->shape_comm) != p->rank) {
+    free(p);
+    return mega_fail(err, MEGA_ERR_INTERNAL, "p2p: the shape communicator is not the pipeline's");
+  }
   *out = p;
   return MEGA_OK;
 }
@@ -121,11 +127,13 @@ static mega_status post_one(mega_p2p *p, mega_p2p_msg *m, mega_err *err) {
     m->shape[1] = m->B;
     m->shape[2] = m->C;
     m->shape[3] = (int64_t)(m->t_post * 1e6); /* lets the receiver tell bubble from transfer */
-    st = mega_comm_isend(p->comm, m->shape, sizeof m->shape, peer, tag, &m->shape_req, err);
+    st = mega_comm_isend(p->shape_comm, m->shape, sizeof m->shape, peer, tag, &m->shape_req,
+                         err);
     return st == MEGA_OK ? post_data(p, m, err) : st;
   }
   /* A receive posts its data only once the shape says how much. */
-  return mega_comm_irecv(p->comm, m->shape, sizeof m->shape, peer, tag, &m->shape_req, err);
+  return mega_comm_irecv(p->shape_comm, m->shape, sizeof m->shape, peer, tag, &m->shape_req,
+                         err);
 }
 
 /* Seed 000's order, by direction: send-next, recv-prev, send-prev, recv-next

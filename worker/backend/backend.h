@@ -206,6 +206,8 @@ struct mega_backend {
 typedef struct mega_backend_cpu_opts {
   int threads; /* math threads (see set_threads); 0 means 1: workers share
                   the node's cores */
+  bool track_memory; /* keep a list of live allocations for mega_backend_cpu_owns
+                        (tests: proves which buffers are backend memory) */
 } mega_backend_cpu_opts;
 
 /* opts may be NULL (one thread). OpenBLAS picks its kernel set (Haswell,
@@ -213,6 +215,10 @@ typedef struct mega_backend_cpu_opts {
  * detection. */
 mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts,
                                     mega_backend **out, mega_err *err);
+
+/* Whether [p, p+bytes) lies inside one live allocation of a cpu backend
+ * made with track_memory (false without it). */
+bool mega_backend_cpu_owns(mega_backend *be, const void *p, size_t bytes);
 
 /* The OpenBLAS kernel set in use ("Haswell", "SkylakeX", ...), for logs. */
 const char *mega_backend_cpu_blas_core(void);

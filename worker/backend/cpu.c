@@ -5,26 +5,77 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/elementwise.h"
 #include "worker/backend/cpu_internal.h"
 
+/* --- opts.track_memory: the live allocations, so that a test can tell
+ * backend memory from host memory (mega_backend_cpu_owns) --- */
+
+static bool track_add(mega_cpu_impl *impl, void *p, size_t bytes) {
+  pthread_mutex_lock(&impl->track_mu);
+  bool ok = true;
+  if (impl->ntracked == impl->track_cap) {
+    size_t cap = impl->track_cap ? 2 * impl->track_cap : 64;
+    mega_cpu_block *b = realloc(impl->tracked, cap * sizeof *b);
+    if (b) {
+      impl->tracked = b;
+      impl->track_cap = cap;
+    } else {
+      ok = false;
+    }
+  }
+  if (ok) impl->tracked[impl->ntracked++] = (mega_cpu_block){.p = p, .bytes = bytes};
+  pthread_mutex_unlock(&impl->track_mu);
+  return ok;
+}
+
+static void track_remove(mega_cpu_impl *impl, void *p) {
+  pthread_mutex_lock(&impl->track_mu);
+  for (size_t i = 0; i < impl->ntracked; i++)
+    if (impl->tracked[i].p == p) {
+      impl->tracked[i] = impl->tracked[--impl->ntracked];
+      break;
+    }
+  pthread_mutex_unlock(&impl->track_mu);
+}
+
+bool mega_backend_cpu_owns(mega_backend *be, const void *p, size_t bytes) {
+  mega_cpu_impl *impl = be->impl;
+  if (!impl->track) return false;
+  uintptr_t a = (uintptr_t)p;
+  pthread_mutex_lock(&impl->track_mu);
+  bool in = false;
+  for (size_t i = 0; i < impl->ntracked && !in; i++) {
+    uintptr_t b = (uintptr_t)impl->tracked[i].p;
+    in = a >= b && a - b <= impl->tracked[i].bytes && bytes <= impl->tracked[i].bytes - (a - b);
+  }
+  pthread_mutex_unlock(&impl->track_mu);
+  return in;
+}
+
 static mega_status cpu_alloc(mega_backend *be, size_t bytes, void **out, mega_err *err) {
-  (void)be;
+  mega_cpu_impl *impl = be->impl;
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
   void *p = aligned_alloc(64, rounded);
   if (!p)
     return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
   memset(p, 0, rounded);
+  if (impl->track && !track_add(impl, p, bytes)) {
+    free(p);
+    return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: out of memory tracking allocations");
+  }
   *out = p;
   return MEGA_OK;
 }
 
 static void cpu_free(mega_backend *be, void *p) {
-  (void)be;
+  mega_cpu_impl *impl = be->impl;
+  if (p && impl->track) track_remove(impl, p);
   free(p);
 }
 
@@ -286,6 +337,8 @@ static void cpu_scale(mega_backend *be, float *x, size_t n, float s) {
 static void cpu_destroy(mega_backend *be) {
   mega_cpu_impl *impl = be->impl;
   mega_cpu_pool_destroy(impl->pool);
+  pthread_mutex_destroy(&impl->track_mu);
+  free(impl->tracked);
   free(impl);
   free(be);
 }
@@ -348,6 +401,8 @@ mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts, mega_back
     return st;
   }
   impl->threads = threads;
+  impl->track = opts && opts->track_memory;
+  pthread_mutex_init(&impl->track_mu, NULL);
   be->ops = &cpu_ops;
   be->impl = impl;
   openblas_set_num_threads(1); /* the backend's threads split the GEMMs */
