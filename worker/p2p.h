@@ -54,6 +54,8 @@ typedef struct mega_p2p_msg {
                    from alloc_fn when the shape arrives */
   /* internal */
   mega_req *req, *shape_req;
+  struct mega_p2p *owner;          /* variable receives awaiting their shape: */
+  struct mega_p2p_msg *next_unsized; /* the owner's list, in the order posted */
   int64_t shape[4];
   bool posted, data_posted, done;
   double t_post;  /* when this rank posted it (wall clock, seconds) */
