@@ -584,6 +584,9 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
     mega_err sub = {0};
     if ((st = mega_jobspec_parse_simulate_compute(s->simulate_compute, NULL, &sub)) != MEGA_OK)
       return mega_fail(err, st, "invalid job: %s", sub.msg);
+    if (s->bf16)
+      return BAD("--bf16 changes the GEMMs' inputs, and --simulate-compute runs no GEMMs; drop "
+                 "one of them");
     /* its optimizer never steps: a checkpoint of it would not load */
     if (s->save)
       return BAD("--simulate-compute trains nothing, so there is nothing to --save; drop one "

@@ -145,7 +145,7 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
 /* --backend: cuda through its module on the rank's device (the
  * assignment's, else its local rank); auto takes cuda for a single rank
  * where a GPU's device files are, and says why when it falls back. */
-static mega_status make_backend(mega_rank *r, mega_err *err) {
+static mega_status pick_backend(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   int kind = j->backend;
   bool gpu = access("/dev/nvidiactl", F_OK) == 0;
@@ -161,6 +161,13 @@ static mega_status make_backend(mega_rank *r, mega_err *err) {
   mega_backend_cpu_opts bo = {.threads = j->blas_threads,
                               .track_memory = r->env.check_comm_memory};
   return mega_backend_cpu_create(&bo, &r->be, err);
+}
+
+/* The backend, in --bf16 mode when asked. */
+static mega_status make_backend(mega_rank *r, mega_err *err) {
+  mega_status st = pick_backend(r, err);
+  if (st == MEGA_OK && r->job->bf16) st = r->be->ops->set_bf16(r->be, true, err);
+  return st;
 }
 
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """megaw --backend cuda trains the losses of --backend cpu (within 1e-4,
-relative) on the same job. Skipped (77) without a GPU or the module, and
+relative; 1e-3 with --bf16, where one fp32 ulp of difference in a GEMM input
+can move its bf16 rounding) on the same job. Skipped (77) without a GPU or the module, and
 the two-rank layouts without two GPUs (NCCL takes one GPU per rank).
 
   single  one rank
@@ -26,7 +27,7 @@ MODES = {
                 "20000"]),
     "bf16": (1, ["--bf16"]),
 }
-RTOL = 1e-4
+RTOL = {"bf16": 1e-3}
 
 
 def main():
@@ -47,7 +48,8 @@ def main():
         gpu = pc.losses_of(res, "cuda " + mode)
         cpu = pc.losses_of(pc.launch(megaw, world, args + ["--backend", "cpu"], tmp),
                            "cpu " + mode)
-        bad = [i for i in cpu if abs(gpu[i] - cpu[i]) > RTOL * abs(cpu[i])]
+        rtol = RTOL.get(mode, 1e-4)
+        bad = [i for i in cpu if abs(gpu[i] - cpu[i]) > rtol * abs(cpu[i])]
         for i in sorted(cpu):
             print("%s iteration %d: cuda %.7f cpu %.7f" % (mode, i, gpu[i], cpu[i]))
         return 1 if bad else 0

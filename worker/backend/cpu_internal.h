@@ -42,6 +42,11 @@ typedef struct mega_cpu_impl {
   pthread_mutex_t track_mu;
   mega_cpu_block *tracked;
   size_t ntracked, track_cap;
+  bool bf16;            /* set_bf16: the matmuls' GEMM inputs rounded into bf16_buf */
+  float *bf16_buf[2];
+  size_t bf16_cap[2];   /* floats */
+  bool failed;          /* a compute op's failure, for synchronize */
+  char why[160];
 } mega_cpu_impl;
 
 static inline mega_cpu_pool *mega_cpu_pool_of(mega_backend *be) {
