@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/etcd.h"
 #include "daemon/jobs_internal.h"
@@ -362,6 +363,12 @@ mega_status megad_jobs_open_etcd(megad_jobs *js, megad_base *b, megad_etcd *etcd
   uv_timer_init(b->loop, &js->wq_retry);
   js->wq_retry.data = js;
   js->wq_retry_on = true;
+  char path[4096];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/journal", b->state_dir);
+  if (!stat(path, &st) && st.st_size > 0)
+    megad_warn(b, "%s holds jobs of a megad without etcd; in etcd mode they are not resumed (start "
+                  "without --etcd-endpoints on this state dir to finish them)", path);
   megad_etcd_reply *r = NULL;
   mega_status s = megad_etcd_get_sync(etcd, "mega/", true, &r, err);
   if (s != MEGA_OK) return s;
