@@ -15,7 +15,7 @@
 
 /* Daemons started and not yet cleaned up, by state dir. Copies, not
  * pointers: a failed test leaves its stack frame before the teardown. */
-#define MAX_LIVE 16
+#define MAX_LIVE 64 /* bench_scale runs 32 */
 typedef struct live_ent {
   bool used;
   pid_t pid;
@@ -276,16 +276,21 @@ mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t
   return MEGA_OK;
 }
 
-Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err) {
+Mega__V1__GetJobResponse *hd_get_job_history(hd *d, const char *job_id, mega_err *err) {
   Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
   req.job_id = (char *)job_id;
   ProtobufCMessage *resp = NULL;
   if (mega_rpc_unary(d->ch, &mega_control_get_job, &req.base, 5000, &resp, err) != MEGA_OK)
     return NULL;
-  Mega__V1__GetJobResponse *r = (void *)resp;
+  return (Mega__V1__GetJobResponse *)resp;
+}
+
+Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err) {
+  Mega__V1__GetJobResponse *r = hd_get_job_history(d, job_id, err);
+  if (!r) return NULL;
   Mega__V1__Job *j = r->job;
   r->job = NULL;
-  protobuf_c_message_free_unpacked(resp, NULL);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
   return j;
 }
 

@@ -66,6 +66,8 @@ void hd_tiny_spec(Mega__V1__JobSpec *spec, const char *dir, int iters, const cha
 mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t len,
                       mega_err *err);
 Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err);
+/* The job and its whole history (events); NULL on an error. */
+Mega__V1__GetJobResponse *hd_get_job_history(hd *d, const char *job_id, mega_err *err);
 Mega__V1__ListNodesResponse *hd_list_nodes(hd *d, mega_err *err);
 /* Waits up to ms until job_id has a committed checkpoint at or past
  * iteration; returns its iteration (0: none in time). */

@@ -1,0 +1,302 @@
+/* Scale in etcd mode (issue 14): prints figures, never fails on a time.
+ *
+ * For each node count N: one etcd member and N megad on loopback (2 slots
+ * each, --etcd-endpoints, no --peers), then one job of 2N ranks: PP=4 x
+ * DP=N/2, 2 ranks per node, the tiny GPT with --simulate-compute, submitted
+ * to the first node. Where the time from submit to the first iteration goes,
+ * from the job's own events (megad's clock, the same machine's):
+ *   claim      submitted -> placed: the coordinator key and first records
+ *              written to etcd, placement, LaunchRanks sent
+ *   launch     placed -> started: every node spawned its megaw, every rank
+ *              checked its job and said hello
+ *   rendezvous started -> the last rank's first step began (the merged
+ *              step's time less that rank's own step time): the model built,
+ *              the groups met through the coordinator's KV store, Gloo's
+ *              connections made
+ *   first iter the last rank's first step began -> the coordinator merged
+ *              iteration 1: the pipeline, the DP all-reduce, the reports
+ * and submit -> the first iteration at a watcher (this program's clock).
+ * With the largest N, after its job: each megad's and etcd's RSS, and their
+ * CPU over IDLE_S seconds of doing nothing.
+ *
+ *   build/bench/bench_scale [-r RUNS] [N ...]
+ *     N: node counts (default 4 8 16 32; 2N a multiple of 4); RUNS per count
+ *     (default 1; with more, the median of submit -> first iteration).
+ *     Skips (77) without etcd. Exits 1 when a job failed (the row says why). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/daemon/etcd_fixture.h"
+#include "tests/daemon/harness.h"
+
+#define MAX_NODES 64
+#define PP 4
+#define MICRO_PER_REPLICA 4
+#define ITERS 3
+#define IDLE_S 10
+#define KIND(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
+
+static int64_t unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* What the watch saw of iteration 1. */
+typedef struct first_step {
+  int64_t seen_ms;   /* at this program */
+  int64_t merged_ms; /* at the coordinator */
+  double slowest_s;  /* the merged step's time (its slowest rank) */
+  double fastest_s;  /* the rank that began last */
+} first_step;
+
+static void on_item(void *arg, const Mega__V1__WatchJobResponse *it) {
+  first_step *f = arg;
+  if (f->seen_ms || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
+  f->seen_ms = unix_ms();
+  f->merged_ms = it->step->time_unix_ms;
+  f->slowest_s = it->step->step_time_s;
+  f->fastest_s = it->step->step_time_s;
+  for (size_t i = 0; i < it->step->n_ranks; i++)
+    if (it->step->ranks[i]->step_time_s < f->fastest_s)
+      f->fastest_s = it->step->ranks[i]->step_time_s;
+}
+
+/* ---- resident memory and CPU from /proc ---- */
+
+static double rss_mb(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  double mb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "VmRSS:", 6)) mb = atof(line + 6) / 1024;
+  if (f) fclose(f);
+  return mb;
+}
+
+static long cpu_ticks(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f) fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  long ut = 0, st = 0;
+  /* after the name: state, then 10 fields before utime and stime */
+  if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &ut, &st);
+  return ut + st;
+}
+
+static void idle(hd *d, int n, pid_t etcd, char *out, size_t cap) {
+  long hz = sysconf(_SC_CLK_TCK), before[MAX_NODES + 1];
+  for (int i = 0; i < n; i++) before[i] = cpu_ticks(d[i].pid);
+  before[n] = cpu_ticks(etcd);
+  sleep(IDLE_S);
+  double sum_rss = 0, max_rss = 0, sum_cpu = 0, max_cpu = 0;
+  for (int i = 0; i < n; i++) {
+    double r = rss_mb(d[i].pid), c = 100.0 * (double)(cpu_ticks(d[i].pid) - before[i]) / hz / IDLE_S;
+    sum_rss += r;
+    sum_cpu += c;
+    if (r > max_rss) max_rss = r;
+    if (c > max_cpu) max_cpu = c;
+  }
+  snprintf(out, cap,
+           "idle after the job, %d megad over %d s: RSS %.1f MB each (max %.1f), CPU %.2f%% of a "
+           "core each (max %.2f%%, all %.1f%%)\n"
+           "idle after the job, etcd (1 member): RSS %.1f MB, CPU %.2f%% of a core\n",
+           n, IDLE_S, sum_rss / n, max_rss, sum_cpu / n, max_cpu, sum_cpu, rss_mb(etcd),
+           100.0 * (double)(cpu_ticks(etcd) - before[n]) / hz / IDLE_S);
+}
+
+/* ---- one node count ---- */
+
+typedef struct result {
+  bool ok;
+  double started, joined, claim, launch, rdv, first, merged, watch;
+  int lost; /* NODE_LOST events of the job */
+  char why[600];
+  char idle[400]; /* the idle figures, when measured */
+} result;
+
+static void stop_all(hd *d, int n) {
+  for (int i = 0; i < n; i++)
+    if (d[i].pid > 0) kill(d[i].pid, SIGTERM);
+  for (int i = n - 1; i >= 0; i--) {
+    hd_stop(&d[i]);
+    hd_cleanup(&d[i]);
+  }
+}
+
+/* The first event of each kind (unix ms, 0: none), how many NODE_LOST. */
+static int event_times(hd *d, const char *id, int64_t at[16]) {
+  memset(at, 0, 16 * sizeof at[0]);
+  Mega__V1__GetJobResponse *r = hd_get_job_history(d, id, NULL);
+  int lost = 0;
+  for (size_t i = 0; r && i < r->n_events; i++) {
+    Mega__V1__JobEvent *e = r->events[i];
+    if ((unsigned)e->kind < 16 && !at[e->kind]) at[e->kind] = e->time_unix_ms;
+    lost += e->kind == KIND(NODE_LOST);
+  }
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return lost;
+}
+
+/* etcd's own warnings (slow requests, slow disk) of a failed run, on stderr. */
+static void etcd_warnings(const etcd_fx *fx) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "grep -h ' W | ' %s/e1.log | tail -n 5 | cut -c1-240 >&2", fx->dir);
+  if (system(cmd)) {
+    /* none */
+  }
+}
+
+static result run(int n, bool measure_idle) {
+  result res = {0};
+  etcd_fx fx;
+  if (!etcd_fx_start(&fx, 1)) {
+    snprintf(res.why, sizeof res.why, "etcd did not start");
+    return res;
+  }
+  static hd d[MAX_NODES];
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
+  double t0 = hd_now_s();
+  int up = 0;
+  bool ok = true;
+  for (; up < n && ok; up++) {
+    char name[16];
+    snprintf(name, sizeof name, "s%02d", up + 1);
+    ok = hd_start(&d[up], name, 2, NULL, NULL, extra);
+  }
+  if (!ok) up--;
+  res.started = hd_now_s() - t0;
+  for (int i = 0; i < n && ok; i++) ok = hd_wait_alive(&d[i], n, 60000);
+  res.joined = hd_now_s() - t0;
+  if (!ok) {
+    snprintf(res.why, sizeof res.why, "the %d megad did not all come up and see each other "
+             "within 60 s", n);
+    stop_all(d, up);
+    etcd_fx_stop(&fx);
+    return res;
+  }
+
+  int world = 2 * n, dp = world / PP;
+  char gbs[16];
+  snprintf(gbs, sizeof gbs, "%d", dp * MICRO_PER_REPLICA);
+  const char *flags[] = {"--num-layers", "4", "--pipeline-model-parallel-size", "4",
+                         "--micro-batch-size", "1", "--global-batch-size", gbs,
+                         "--simulate-compute", "2:4", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d[0].dir, ITERS, flags);
+  spec.nproc_per_node = 2;
+  spec.nnodes_min = spec.nnodes_max = (uint32_t)n;
+  char id[64];
+  mega_err err = {0};
+  int64_t submit_ms = unix_ms();
+  if (hd_submit(&d[0], &spec, id, sizeof id, &err) != MEGA_OK) {
+    snprintf(res.why, sizeof res.why, "submit failed: %s", err.msg);
+    stop_all(d, n);
+    etcd_fx_stop(&fx);
+    return res;
+  }
+  first_step f = {0};
+  hd_watch w;
+  hd_watch_job_cb(&d[0], id, true, 600000, &w, on_item, &f);
+  res.ok = w.final && w.final->state == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
+  if (!res.ok)
+    snprintf(res.why, sizeof res.why, "%s", w.final ? w.final->error : w.err.msg);
+  int64_t at[16];
+  res.lost = event_times(&d[0], id, at);
+  hd_watch_free(&w);
+  if (!res.ok) etcd_warnings(&fx);
+
+  /* the rank that began its first step last began it fastest_s before the merge */
+  int64_t last_began = f.merged_ms - (int64_t)(f.fastest_s * 1000);
+  res.claim = at[KIND(PLACED)] ? (at[KIND(PLACED)] - at[KIND(SUBMITTED)]) / 1e3 : -1;
+  res.launch = at[KIND(STARTED)] ? (at[KIND(STARTED)] - at[KIND(PLACED)]) / 1e3 : -1;
+  res.rdv = f.merged_ms ? (last_began - at[KIND(STARTED)]) / 1e3 : -1;
+  res.first = f.merged_ms ? (f.merged_ms - last_began) / 1e3 : -1;
+  res.merged = f.merged_ms ? (f.merged_ms - at[KIND(SUBMITTED)]) / 1e3 : -1;
+  res.watch = f.seen_ms ? (f.seen_ms - submit_ms) / 1e3 : -1;
+  if (measure_idle && res.ok) idle(d, n, fx.m[0].pid, res.idle, sizeof res.idle);
+  stop_all(d, n);
+  etcd_fx_stop(&fx);
+  return res;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+#define ROW "%4d %5d %3dx%-3d %7.2f %7.2f | %6.3f %6.3f %6.3f %6.3f | %7.3f %7.3f"
+
+int main(int argc, char **argv) {
+  etcd_fx_require();
+  int counts[16] = {4, 8, 16, 32}, nc = 0, runs = 1;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-r") && i + 1 < argc) {
+      runs = atoi(argv[++i]);
+      if (runs < 1 || runs > 50) {
+        fprintf(stderr, "bench_scale: -r '%s': give 1..50 runs per node count\n", argv[i]);
+        return 2;
+      }
+      continue;
+    }
+    int n = atoi(argv[i]);
+    if (n < 2 || n > MAX_NODES || (2 * n) % PP || nc == 16) {
+      fprintf(stderr, "bench_scale: node count '%s': give up to 16 counts of 2..%d with 2N a "
+                      "multiple of %d (PP=%d, 2 ranks per node)\n", argv[i], MAX_NODES, PP, PP);
+      return 2;
+    }
+    counts[nc++] = n;
+  }
+  if (!nc) nc = 4;
+  setenv("MEGAD", BENCH_MEGAD, 0);
+  setenv("MEGAW", BENCH_MEGAW, 0);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  double load[3] = {0};
+  getloadavg(load, 3);
+  printf("megad on etcd (1 member) on loopback: %ld CPU core%s shared by every process (load "
+         "average %.1f at the start). N megad of 2 slots; a job of 2N ranks, PP=%d x DP=2N/%d, "
+         "tiny GPT, --simulate-compute 2:4, %d microbatches per replica, %d iterations, "
+         "submitted to the first node. Seconds.\n",
+         cores, cores == 1 ? "" : "s", load[0], PP, PP, MICRO_PER_REPLICA, ITERS);
+  printf("%4s %5s %7s %7s %7s | %6s %6s %6s %6s | %7s %7s\n", "N", "world", "PPxDP", "started",
+         "all see", "claim", "launch", "rdv", "1st it", "merged", "watch");
+  int failed = 0;
+  for (int i = 0; i < nc; i++) {
+    int n = counts[i], ok = 0;
+    double watch[50];
+    for (int k = 0; k < runs; k++) {
+      result r = run(n, i == nc - 1 && k == runs - 1);
+      printf(ROW "  %s", n, 2 * n, PP, 2 * n / PP, r.started, r.joined, r.claim, r.launch, r.rdv,
+             r.first, r.merged, r.watch, r.ok ? "ok\n" : "FAILED: ");
+      if (!r.ok) printf("%s (%d node-lost events)\n", r.why, r.lost);
+      fputs(r.idle, stdout);
+      fflush(stdout);
+      if (r.ok) watch[ok++] = r.watch;
+      failed += !r.ok;
+    }
+    if (runs > 1 && ok)
+      printf("N=%d: submit -> first iteration at the watcher, median %.3f s over %d run%s; %d "
+             "of %d failed\n", n, median(watch, ok), ok, ok == 1 ? "" : "s", runs - ok, runs);
+  }
+  printf("started: the N megad up, one after another; all see: every one lists N ALIVE "
+         "(bench_etcd_join.py times the join properly). claim: submitted -> placed (the "
+         "coordinator key in etcd, placement); launch: placed -> every rank said hello; rdv: "
+         "-> the last rank began iteration 1 (model, rendezvous, Gloo connections); 1st it: -> "
+         "the coordinator merged it; merged: submit -> that merge (job events); watch: submit -> "
+         "iteration 1 at a watcher (this program's clock).\n");
+  return failed ? 1 : 0;
+}
