@@ -66,6 +66,36 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *it) {
       f->fastest_s = it->step->ranks[i]->step_time_s;
 }
 
+/* ---- etcd's own counters (its /metrics page on the client port) ---- */
+
+typedef struct etcd_counts {
+  double writes;  /* puts and transactions */
+  double events;  /* events sent to watchers */
+  double renewed; /* leases kept alive */
+  double sent;    /* bytes sent to clients */
+  double watchers;
+} etcd_counts;
+
+static double metric(const char *page, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = page; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+    if (!strncmp(p, name, n) && p[n] == ' ') return atof(p + n + 1);
+  return 0;
+}
+
+static etcd_counts etcd_read(const etcd_fx *fx) {
+  etcd_counts c = {0};
+  char *page = hd_http_get(fx->m[0].client_port, "/metrics", NULL);
+  if (!page) return c;
+  c.writes = metric(page, "etcd_mvcc_put_total") + metric(page, "etcd_mvcc_txn_total");
+  c.events = metric(page, "etcd_debugging_mvcc_events_total");
+  c.renewed = metric(page, "etcd_debugging_lease_renewed_total");
+  c.sent = metric(page, "etcd_network_client_grpc_sent_bytes_total");
+  c.watchers = metric(page, "etcd_debugging_mvcc_watcher_total");
+  free(page);
+  return c;
+}
+
 /* ---- resident memory and CPU from /proc ---- */
 
 static double rss_mb(pid_t pid) {
@@ -93,11 +123,14 @@ static long cpu_ticks(pid_t pid) {
   return ut + st;
 }
 
-static void idle(hd *d, int n, pid_t etcd, char *out, size_t cap) {
+static void idle(hd *d, int n, const etcd_fx *fx, char *out, size_t cap) {
+  pid_t etcd = fx->m[0].pid;
   long hz = sysconf(_SC_CLK_TCK), before[MAX_NODES + 1];
   for (int i = 0; i < n; i++) before[i] = cpu_ticks(d[i].pid);
   before[n] = cpu_ticks(etcd);
+  etcd_counts c0 = etcd_read(fx);
   sleep(IDLE_S);
+  etcd_counts c1 = etcd_read(fx);
   double sum_rss = 0, max_rss = 0, sum_cpu = 0, max_cpu = 0;
   for (int i = 0; i < n; i++) {
     double r = rss_mb(d[i].pid), c = 100.0 * (double)(cpu_ticks(d[i].pid) - before[i]) / hz / IDLE_S;
@@ -109,9 +142,12 @@ static void idle(hd *d, int n, pid_t etcd, char *out, size_t cap) {
   snprintf(out, cap,
            "idle after the job, %d megad over %d s: RSS %.1f MB each (max %.1f), CPU %.2f%% of a "
            "core each (max %.2f%%, all %.1f%%)\n"
-           "idle after the job, etcd (1 member): RSS %.1f MB, CPU %.2f%% of a core\n",
+           "idle after the job, etcd (1 member): RSS %.1f MB, CPU %.2f%% of a core; %.1f lease "
+           "renewals/s, %.1f writes/s, %.1f watch events/s, %.1f KB/s sent, %.0f watchers\n",
            n, IDLE_S, sum_rss / n, max_rss, sum_cpu / n, max_cpu, sum_cpu, rss_mb(etcd),
-           100.0 * (double)(cpu_ticks(etcd) - before[n]) / hz / IDLE_S);
+           100.0 * (double)(cpu_ticks(etcd) - before[n]) / hz / IDLE_S,
+           (c1.renewed - c0.renewed) / IDLE_S, (c1.writes - c0.writes) / IDLE_S,
+           (c1.events - c0.events) / IDLE_S, (c1.sent - c0.sent) / IDLE_S / 1024, c1.watchers);
 }
 
 /* ---- one node count ---- */
@@ -120,6 +156,7 @@ typedef struct result {
   bool ok;
   double started, joined, claim, launch, rdv, first, merged, watch;
   int lost; /* NODE_LOST events of the job */
+  etcd_counts job; /* etcd's counters from submit to the job's end */
   char why[600];
   char idle[400]; /* the idle figures, when measured */
 } result;
@@ -197,6 +234,7 @@ static result run(int n, bool measure_idle) {
   spec.nnodes_min = spec.nnodes_max = (uint32_t)n;
   char id[64];
   mega_err err = {0};
+  etcd_counts c0 = etcd_read(&fx);
   int64_t submit_ms = unix_ms();
   if (hd_submit(&d[0], &spec, id, sizeof id, &err) != MEGA_OK) {
     snprintf(res.why, sizeof res.why, "submit failed: %s", err.msg);
@@ -207,6 +245,9 @@ static result run(int n, bool measure_idle) {
   first_step f = {0};
   hd_watch w;
   hd_watch_job_cb(&d[0], id, true, 600000, &w, on_item, &f);
+  usleep(200000); /* the job's last records reach etcd and its watchers */
+  etcd_counts c1 = etcd_read(&fx);
+  res.job = (etcd_counts){c1.writes - c0.writes, c1.events - c0.events, 0, c1.sent - c0.sent, 0};
   res.ok = w.final && w.final->state == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   if (!res.ok)
     snprintf(res.why, sizeof res.why, "%s", w.final ? w.final->error : w.err.msg);
@@ -223,7 +264,7 @@ static result run(int n, bool measure_idle) {
   res.first = f.merged_ms ? (f.merged_ms - last_began) / 1e3 : -1;
   res.merged = f.merged_ms ? (f.merged_ms - at[KIND(SUBMITTED)]) / 1e3 : -1;
   res.watch = f.seen_ms ? (f.seen_ms - submit_ms) / 1e3 : -1;
-  if (measure_idle && res.ok) idle(d, n, fx.m[0].pid, res.idle, sizeof res.idle);
+  if (measure_idle && res.ok) idle(d, n, &fx, res.idle, sizeof res.idle);
   stop_all(d, n);
   etcd_fx_stop(&fx);
   return res;
@@ -239,7 +280,7 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-#define ROW "%4d %5d %3dx%-3d %7.2f %7.2f | %6.3f %6.3f %6.3f %6.3f | %7.3f %7.3f"
+#define ROW "%4d %5d %3dx%-3d %7.2f %7.2f | %6.3f %6.3f %6.3f %6.3f | %7.3f %7.3f | %6.0f %7.0f %7.1f"
 
 int main(int argc, char **argv) {
   etcd_fx_require();
@@ -272,8 +313,9 @@ int main(int argc, char **argv) {
          "tiny GPT, --simulate-compute 2:4, %d microbatches per replica, %d iterations, "
          "submitted to the first node. Seconds.\n",
          cores, cores == 1 ? "" : "s", load[0], PP, PP, MICRO_PER_REPLICA, ITERS);
-  printf("%4s %5s %7s %7s %7s | %6s %6s %6s %6s | %7s %7s\n", "N", "world", "PPxDP", "started",
-         "all see", "claim", "launch", "rdv", "1st it", "merged", "watch");
+  printf("%4s %5s %7s %7s %7s | %6s %6s %6s %6s | %7s %7s | %6s %7s %7s\n", "N", "world",
+         "PPxDP", "started", "all see", "claim", "launch", "rdv", "1st it", "merged", "watch",
+         "writes", "events", "sent KB");
   int failed = 0;
   for (int i = 0; i < nc; i++) {
     int n = counts[i], ok = 0;
@@ -281,7 +323,8 @@ int main(int argc, char **argv) {
     for (int k = 0; k < runs; k++) {
       result r = run(n, i == nc - 1 && k == runs - 1);
       printf(ROW "  %s", n, 2 * n, PP, 2 * n / PP, r.started, r.joined, r.claim, r.launch, r.rdv,
-             r.first, r.merged, r.watch, r.ok ? "ok\n" : "FAILED: ");
+             r.first, r.merged, r.watch, r.job.writes, r.job.events, r.job.sent / 1024,
+             r.ok ? "ok\n" : "FAILED: ");
       if (!r.ok) printf("%s (%d node-lost events)\n", r.why, r.lost);
       fputs(r.idle, stdout);
       fflush(stdout);
@@ -297,6 +340,8 @@ int main(int argc, char **argv) {
          "coordinator key in etcd, placement); launch: placed -> every rank said hello; rdv: "
          "-> the last rank began iteration 1 (model, rendezvous, Gloo connections); 1st it: -> "
          "the coordinator merged it; merged: submit -> that merge (job events); watch: submit -> "
-         "iteration 1 at a watcher (this program's clock).\n");
+         "iteration 1 at a watcher (this program's clock). writes, events, sent KB: etcd's "
+         "puts and transactions, events sent to watchers and bytes sent to clients from submit "
+         "to the job's end (its /metrics).\n");
   return failed ? 1 : 0;
 }
