@@ -96,6 +96,18 @@ static etcd_counts etcd_read(const etcd_fx *fx) {
   return c;
 }
 
+/* Key-value calls (Peer KvSet, KvGet, KvWait) the coordinator served: its
+ * workers' rendezvous from every other node (its own ranks' go locally). */
+static double kv_served(int metrics_port) {
+  char *page = hd_http_get(metrics_port, "/metrics", NULL);
+  const char *name = "mega_rpc_served_total{method=\"/mega.v1.Peer/Kv";
+  double n = 0;
+  for (const char *p = page; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+    if (!strncmp(p, name, strlen(name))) n += atof(strchr(p, ' ') + 1);
+  free(page);
+  return n;
+}
+
 /* ---- resident memory and CPU from /proc ---- */
 
 static double rss_mb(pid_t pid) {
@@ -157,6 +169,7 @@ typedef struct result {
   double started, joined, claim, launch, rdv, first, merged, watch;
   int lost; /* NODE_LOST events of the job */
   etcd_counts job; /* etcd's counters from submit to the job's end */
+  double kv;       /* the coordinator's key-value calls served meanwhile */
   char why[600];
   char idle[400]; /* the idle figures, when measured */
 } result;
@@ -201,13 +214,18 @@ static result run(int n, bool measure_idle) {
     return res;
   }
   static hd d[MAX_NODES];
-  const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
+  /* the first node, the job's coordinator, serves /metrics too */
+  int mport = hd_free_port();
+  char maddr[32];
+  snprintf(maddr, sizeof maddr, "127.0.0.1:%d", mport);
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, "--metrics-listen", maddr, NULL};
   double t0 = hd_now_s();
   int up = 0;
   bool ok = true;
   for (; up < n && ok; up++) {
     char name[16];
     snprintf(name, sizeof name, "s%02d", up + 1);
+    if (up == 1) extra[2] = NULL; /* the others: no /metrics */
     ok = hd_start(&d[up], name, 2, NULL, NULL, extra);
   }
   if (!ok) up--;
@@ -235,6 +253,7 @@ static result run(int n, bool measure_idle) {
   char id[64];
   mega_err err = {0};
   etcd_counts c0 = etcd_read(&fx);
+  double kv0 = kv_served(mport);
   int64_t submit_ms = unix_ms();
   if (hd_submit(&d[0], &spec, id, sizeof id, &err) != MEGA_OK) {
     snprintf(res.why, sizeof res.why, "submit failed: %s", err.msg);
@@ -247,6 +266,7 @@ static result run(int n, bool measure_idle) {
   hd_watch_job_cb(&d[0], id, true, 600000, &w, on_item, &f);
   usleep(200000); /* the job's last records reach etcd and its watchers */
   etcd_counts c1 = etcd_read(&fx);
+  res.kv = kv_served(mport) - kv0;
   res.job = (etcd_counts){c1.writes - c0.writes, c1.events - c0.events, 0, c1.sent - c0.sent, 0};
   res.ok = w.final && w.final->state == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   if (!res.ok)
@@ -280,7 +300,7 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-#define ROW "%4d %5d %3dx%-3d %7.2f %7.2f | %6.3f %6.3f %6.3f %6.3f | %7.3f %7.3f | %6.0f %7.0f %7.1f"
+#define ROW "%4d %5d %3dx%-3d %7.2f %7.2f | %6.3f %6.3f %6.3f %6.3f | %7.3f %7.3f | %6.0f %7.0f %7.1f | %6.0f"
 
 int main(int argc, char **argv) {
   etcd_fx_require();
@@ -313,9 +333,9 @@ int main(int argc, char **argv) {
          "tiny GPT, --simulate-compute 2:4, %d microbatches per replica, %d iterations, "
          "submitted to the first node. Seconds.\n",
          cores, cores == 1 ? "" : "s", load[0], PP, PP, MICRO_PER_REPLICA, ITERS);
-  printf("%4s %5s %7s %7s %7s | %6s %6s %6s %6s | %7s %7s | %6s %7s %7s\n", "N", "world",
-         "PPxDP", "started", "all see", "claim", "launch", "rdv", "1st it", "merged", "watch",
-         "writes", "events", "sent KB");
+  printf("%4s %5s %7s %7s %7s | %6s %6s %6s %6s | %7s %7s | %6s %7s %7s | %6s\n", "N",
+         "world", "PPxDP", "started", "all see", "claim", "launch", "rdv", "1st it", "merged",
+         "watch", "writes", "events", "sent KB", "KV");
   int failed = 0;
   for (int i = 0; i < nc; i++) {
     int n = counts[i], ok = 0;
@@ -323,7 +343,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < runs; k++) {
       result r = run(n, i == nc - 1 && k == runs - 1);
       printf(ROW "  %s", n, 2 * n, PP, 2 * n / PP, r.started, r.joined, r.claim, r.launch, r.rdv,
-             r.first, r.merged, r.watch, r.job.writes, r.job.events, r.job.sent / 1024,
+             r.first, r.merged, r.watch, r.job.writes, r.job.events, r.job.sent / 1024, r.kv,
              r.ok ? "ok\n" : "FAILED: ");
       if (!r.ok) printf("%s (%d node-lost events)\n", r.why, r.lost);
       fputs(r.idle, stdout);
@@ -342,6 +362,7 @@ int main(int argc, char **argv) {
          "the coordinator merged it; merged: submit -> that merge (job events); watch: submit -> "
          "iteration 1 at a watcher (this program's clock). writes, events, sent KB: etcd's "
          "puts and transactions, events sent to watchers and bytes sent to clients from submit "
-         "to the job's end (its /metrics).\n");
+         "to the job's end (its /metrics). KV: key-value calls (Peer KvSet/KvGet/KvWait) the "
+         "coordinator served meanwhile, from the other nodes' ranks.\n");
   return failed ? 1 : 0;
 }
