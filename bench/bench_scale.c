@@ -137,6 +137,7 @@ static long cpu_ticks(pid_t pid) {
 
 static void idle(hd *d, int n, const etcd_fx *fx, char *out, size_t cap) {
   pid_t etcd = fx->m[0].pid;
+  sleep(2); /* the nodes' records settle after the job (their load) */
   long hz = sysconf(_SC_CLK_TCK), before[MAX_NODES + 1];
   for (int i = 0; i < n; i++) before[i] = cpu_ticks(d[i].pid);
   before[n] = cpu_ticks(etcd);
