@@ -121,7 +121,8 @@ static double rss_mb(pid_t pid) {
   return mb;
 }
 
-static long cpu_ticks(pid_t pid) {
+/* CPU ticks of pid itself, or of its children it reaped (its workers). */
+static long ticks_of(pid_t pid, bool children) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   FILE *f = fopen(path, "r");
@@ -129,10 +130,29 @@ static long cpu_ticks(pid_t pid) {
   if (f) fclose(f);
   buf[n] = '\0';
   char *p = strrchr(buf, ')');
-  long ut = 0, st = 0;
-  /* after the name: state, then 10 fields before utime and stime */
-  if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &ut, &st);
-  return ut + st;
+  long ut = 0, st = 0, cut = 0, cst = 0;
+  /* after the name: state, then 10 fields before utime, stime, cutime, cstime */
+  if (p)
+    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld %ld %ld", &ut, &st, &cut,
+           &cst);
+  return children ? cut + cst : ut + st;
+}
+
+static long cpu_ticks(pid_t pid) { return ticks_of(pid, false); }
+
+/* CPU seconds used so far: every megad's own, their workers' (reaped), etcd's. */
+typedef struct cpu_use {
+  double megad, workers, etcd;
+} cpu_use;
+
+static cpu_use cpu_now(const hd *d, int n, pid_t etcd) {
+  double hz = (double)sysconf(_SC_CLK_TCK);
+  cpu_use u = {0, 0, (double)cpu_ticks(etcd) / hz};
+  for (int i = 0; i < n; i++) {
+    u.megad += (double)ticks_of(d[i].pid, false) / hz;
+    u.workers += (double)ticks_of(d[i].pid, true) / hz;
+  }
+  return u;
 }
 
 static void idle(hd *d, int n, const etcd_fx *fx, char *out, size_t cap) {
@@ -171,6 +191,7 @@ typedef struct result {
   int lost; /* NODE_LOST events of the job */
   etcd_counts job; /* etcd's counters from submit to the job's end */
   double kv;       /* the coordinator's key-value calls served meanwhile */
+  cpu_use cpu;     /* CPU seconds from submit to the job's end */
   char why[600];
   char idle[400]; /* the idle figures, when measured */
 } result;
@@ -198,10 +219,14 @@ static int event_times(hd *d, const char *id, int64_t at[16]) {
   return lost;
 }
 
-/* etcd's own warnings (slow requests, slow disk) of a failed run, on stderr. */
-static void etcd_warnings(const etcd_fx *fx) {
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "grep -h ' W | ' %s/e1.log | tail -n 5 | cut -c1-240 >&2", fx->dir);
+/* Why a run failed, on stderr: the coordinator's warnings and etcd's own
+ * (slow requests, slow disk). */
+static void warnings(const hd *coordinator, const etcd_fx *fx) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "grep -h 'warning' %s | head -n 12 | cut -c1-240 >&2; "
+           "grep -h ' W | ' %s/e1.log | tail -n 5 | cut -c1-240 >&2",
+           coordinator->log, fx->dir);
   if (system(cmd)) {
     /* none */
   }
@@ -255,6 +280,7 @@ static result run(int n, bool measure_idle) {
   mega_err err = {0};
   etcd_counts c0 = etcd_read(&fx);
   double kv0 = kv_served(mport);
+  cpu_use u0 = cpu_now(d, n, fx.m[0].pid);
   int64_t submit_ms = unix_ms();
   if (hd_submit(&d[0], &spec, id, sizeof id, &err) != MEGA_OK) {
     snprintf(res.why, sizeof res.why, "submit failed: %s", err.msg);
@@ -268,6 +294,8 @@ static result run(int n, bool measure_idle) {
   usleep(200000); /* the job's last records reach etcd and its watchers */
   etcd_counts c1 = etcd_read(&fx);
   res.kv = kv_served(mport) - kv0;
+  cpu_use u1 = cpu_now(d, n, fx.m[0].pid);
+  res.cpu = (cpu_use){u1.megad - u0.megad, u1.workers - u0.workers, u1.etcd - u0.etcd};
   res.job = (etcd_counts){c1.writes - c0.writes, c1.events - c0.events, 0, c1.sent - c0.sent, 0};
   res.ok = w.final && w.final->state == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   if (!res.ok)
@@ -275,7 +303,7 @@ static result run(int n, bool measure_idle) {
   int64_t at[16];
   res.lost = event_times(&d[0], id, at);
   hd_watch_free(&w);
-  if (!res.ok) etcd_warnings(&fx);
+  if (!res.ok) warnings(&d[0], &fx);
 
   /* the rank that began its first step last began it fastest_s before the merge */
   int64_t last_began = f.merged_ms - (int64_t)(f.fastest_s * 1000);
@@ -301,7 +329,7 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-#define ROW "%4d %5d %3dx%-3d %7.2f %7.2f | %6.3f %6.3f %6.3f %6.3f | %7.3f %7.3f | %6.0f %7.0f %7.1f | %6.0f"
+#define ROW "%4d %5d %3dx%-3d %7.2f %7.2f | %6.3f %6.3f %6.3f %6.3f | %7.3f %7.3f | %6.0f %7.0f %7.1f | %6.0f | %6.1f %5.1f %4.1f"
 
 int main(int argc, char **argv) {
   etcd_fx_require();
@@ -334,9 +362,9 @@ int main(int argc, char **argv) {
          "tiny GPT, --simulate-compute 2:4, %d microbatches per replica, %d iterations, "
          "submitted to the first node. Seconds.\n",
          cores, cores == 1 ? "" : "s", load[0], PP, PP, MICRO_PER_REPLICA, ITERS);
-  printf("%4s %5s %7s %7s %7s | %6s %6s %6s %6s | %7s %7s | %6s %7s %7s | %6s\n", "N",
-         "world", "PPxDP", "started", "all see", "claim", "launch", "rdv", "1st it", "merged",
-         "watch", "writes", "events", "sent KB", "KV");
+  printf("%4s %5s %7s %7s %7s | %6s %6s %6s %6s | %7s %7s | %6s %7s %7s | %6s | %6s %5s %4s\n",
+         "N", "world", "PPxDP", "started", "all see", "claim", "launch", "rdv", "1st it", "merged",
+         "watch", "writes", "events", "sent KB", "KV", "cpu:w", "megad", "etcd");
   int failed = 0;
   for (int i = 0; i < nc; i++) {
     int n = counts[i], ok = 0;
@@ -344,7 +372,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < runs; k++) {
       result r = run(n, i == nc - 1 && k == runs - 1);
       printf(ROW "  %s", n, 2 * n, PP, 2 * n / PP, r.started, r.joined, r.claim, r.launch, r.rdv,
-             r.first, r.merged, r.watch, r.job.writes, r.job.events, r.job.sent / 1024, r.kv,
+             r.first, r.merged, r.watch, r.job.writes, r.job.events, r.job.sent / 1024, r.kv, r.cpu.workers, r.cpu.megad, r.cpu.etcd,
              r.ok ? "ok\n" : "FAILED: ");
       if (!r.ok) printf("%s (%d node-lost events)\n", r.why, r.lost);
       fputs(r.idle, stdout);
@@ -364,6 +392,7 @@ int main(int argc, char **argv) {
          "iteration 1 at a watcher (this program's clock). writes, events, sent KB: etcd's "
          "puts and transactions, events sent to watchers and bytes sent to clients from submit "
          "to the job's end (its /metrics). KV: key-value calls (Peer KvSet/KvGet/KvWait) the "
-         "coordinator served meanwhile, from the other nodes' ranks.\n");
+         "coordinator served meanwhile, from the other nodes' ranks. cpu: CPU seconds used from "
+         "submit to the job's end by all workers, all megad and etcd.\n");
   return failed ? 1 : 0;
 }
