@@ -269,6 +269,55 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* ---- etcd away: jobs go on, new ones are refused until it is back ---- */
+
+static uint64_t iteration_of(hd *d, const char *id) {
+  Mega__V1__Job *j = hd_get_job(d, id, NULL);
+  uint64_t it = j ? j->last_iteration : 0;
+  if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+  return it;
+}
+
+static void test_etcd_away_refuses_new_jobs(void **state) {
+  (void)state;
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
+  hd d;
+  assert_true(hd_start(&d, "a1", 2, NULL, NULL, extra));
+  assert_true(hd_wait_alive(&d, 1, 10000));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 20000, NULL);
+  spec.nproc_per_node = 1;
+  char id[64], id2[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  for (int t = 0; t < 100 && iteration_of(&d, id) < 5; t++) usleep(100000);
+  etcd_fx_kill(&fx, 0);
+  mega_status st = MEGA_OK;
+  for (int t = 0; t < 100 && st == MEGA_OK; t++) { /* refused once a keepalive is a TTL late */
+    st = hd_submit(&d, &spec, id2, sizeof id2, &err);
+    if (st == MEGA_OK) usleep(100000);
+  }
+  assert_int_not_equal(st, MEGA_OK);
+  if (!strstr(err.msg, "takes no new jobs while etcd is unreachable")) { fprintf(stderr, "refused: %s\n", err.msg); hd_dump_log(&d); }
+  assert_non_null(strstr(err.msg, "takes no new jobs while etcd is unreachable"));
+  uint64_t it = iteration_of(&d, id);
+  usleep(1500000);
+  assert_true(iteration_of(&d, id) > it); /* the running job trains on */
+  assert_true(etcd_fx_restart(&fx, 0));
+  st = !MEGA_OK;
+  for (int t = 0; t < 100 && st != MEGA_OK; t++) {
+    st = hd_submit(&d, &spec, id2, sizeof id2, &err);
+    if (st != MEGA_OK) usleep(100000);
+  }
+  assert_int_equal(st, MEGA_OK);
+  Mega__V1__Job *j = hd_get_job(&d, id, NULL);
+  assert_non_null(j);
+  assert_int_equal(j->attempt, 0); /* the same attempt throughout */
+  assert_int_equal(j->state, STATE(RUNNING));
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  hd_cleanup(&d);
+}
+
 static int setup(void **state) {
   (void)state;
   return etcd_fx_start(&fx, 1) ? 0 : -1;
@@ -287,6 +336,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_setup_teardown(test_coordinator_killed_is_taken_over, setup, teardown),
       cmocka_unit_test_setup_teardown(test_partitioned_coordinator_stands_down, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_etcd_away_refuses_new_jobs, setup, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
