@@ -1,7 +1,8 @@
 /* No single point of failure, end to end: megad on a real etcd (loopback),
  * real workers, real kills. The job's coordinator is killed for good, or
  * frozen and let go again after the takeover; another node takes the job
- * over from etcd, and the job finishes on the uninterrupted loss curve.
+ * over from etcd, and the job finishes on the uninterrupted loss curve
+ * (rescaled to the survivors when its --nnodes range allows).
  * Skipped (77) where etcd is not installed. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -42,13 +43,16 @@ static void start_nodes(hd *n, const char *prefix) {
   assert_true(hd_wait_alive(&n[1], 3, 15000));
 }
 
-/* The job: DP over 2 nodes (1 rank each), checkpoints every 5 iterations. */
-static void job_spec(Mega__V1__JobSpec *spec, const char *dir, const char *ckpt) {
+/* The job: DP over `lo` to `hi` nodes (1 rank each), checkpoints every 5
+ * iterations. */
+static void job_spec(Mega__V1__JobSpec *spec, const char *dir, const char *ckpt, uint32_t lo,
+                     uint32_t hi) {
   const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
                          "--save", ckpt, "--save-interval", "5", NULL};
   hd_tiny_spec(spec, dir, ITERS, extra);
   spec->nproc_per_node = 1;
-  spec->nnodes_min = spec->nnodes_max = 2;
+  spec->nnodes_min = lo;
+  spec->nnodes_max = hi;
   spec->max_restarts = 3;
 }
 
@@ -153,7 +157,7 @@ static void test_coordinator_killed_is_taken_over(void **state) {
   char ckpt[256];
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
   Mega__V1__JobSpec spec;
-  job_spec(&spec, n[0].dir, ckpt);
+  job_spec(&spec, n[0].dir, ckpt, 2, 3); /* DP 3, then DP 2 on the survivors */
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
@@ -178,8 +182,10 @@ static void test_coordinator_killed_is_taken_over(void **state) {
   hd_watch after;
   hd_watch_job_cb(&n[3 - who], id, true, 120000, &after, note_first_step, &f);
   assert_true(hd_succeeded(&n[who], &after));
+  assert_int_equal(before.world[12], 3);
   assert_int_equal(after.final->world_size, 2);
   assert_true(after.final->attempt > old_attempt);
+  assert_non_null(strstr(after.events_text, "rescaled from DP 3 to DP 2"));
   assert_int_equal(after.last_iteration, ITERS);
   same_losses(&before, &after, &ref);
   fprintf(stderr, "coordinator kill -9: taken over by %s within %.3f s; first iteration of the "
@@ -216,7 +222,7 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   char ckpt[256];
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
   Mega__V1__JobSpec spec;
-  job_spec(&spec, n[0].dir, ckpt);
+  job_spec(&spec, n[0].dir, ckpt, 2, 2);
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
@@ -323,6 +329,12 @@ static int setup(void **state) {
   return etcd_fx_start(&fx, 1) ? 0 : -1;
 }
 
+/* The setting: three etcd members, as production runs it. */
+static int setup3(void **state) {
+  (void)state;
+  return etcd_fx_start(&fx, 3) ? 0 : -1;
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -334,7 +346,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   etcd_fx_require();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test_setup_teardown(test_coordinator_killed_is_taken_over, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_coordinator_killed_is_taken_over, setup3, teardown),
       cmocka_unit_test_setup_teardown(test_partitioned_coordinator_stands_down, setup, teardown),
       cmocka_unit_test_setup_teardown(test_etcd_away_refuses_new_jobs, setup, teardown),
   };
