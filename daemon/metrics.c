@@ -15,6 +15,7 @@
 typedef struct metrics_srv {
   megad_services *s;
   megad_http *http;
+  megad_webserve *web;
   uint64_t http_requests[4];
 } metrics_srv;
 
@@ -107,14 +108,9 @@ static char *page(void *arg, size_t *len) {
   return text;
 }
 
-/* The web view's paths (daemon/web.h). */
-static bool route(void *arg, const char *method, const char *target, megad_http_resp *out) {
-  metrics_srv *ms = arg;
-  megad_web_resp r;
-  if (!megad_web_serve(ms->s, method, target, &r)) return false;
-  *out = (megad_http_resp){.status = (unsigned)r.status, .type = r.type, .body = r.body,
-                           .len = r.len};
-  return true; /* the body is the server's now */
+/* The web view's paths (daemon/webserve.h). */
+static bool route(void *arg, const megad_http_req *req, megad_http_resp *out) {
+  return megad_webserve_route(((metrics_srv *)arg)->web, req, out);
 }
 
 static void count(void *arg, unsigned status) {
@@ -132,12 +128,18 @@ mega_status megad_metrics_start(megad_services *sv, const char *addr, const char
   metrics_srv *ms = calloc(1, sizeof *ms);
   if (!ms) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   ms->s = sv;
+  ms->web = megad_webserve_new(sv, token);
+  if (!ms->web) {
+    free(ms);
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  }
   megad_http_opts o = {.listen = addr, .path = "/metrics",
                        .content_type = "text/plain; version=0.0.4; charset=utf-8",
                        .token = token, .body = page, .count = count, .route = route, .log = http_log,
                        .arg = ms};
   mega_err e = {0};
   if (megad_http_start(sv->b->loop, &o, &ms->http, &e) != MEGA_OK) {
+    megad_webserve_free(ms->web);
     free(ms);
     return mega_fail(err, e.status, "--metrics-listen: %s", e.msg);
   }
@@ -149,6 +151,7 @@ void megad_metrics_stop(megad_services *sv) {
   metrics_srv *ms = sv->http;
   if (!ms) return;
   sv->http = NULL;
-  megad_http_stop(ms->http);
+  megad_http_stop(ms->http); /* closes the web view's streams */
+  megad_webserve_free(ms->web);
   free(ms);
 }
