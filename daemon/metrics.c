@@ -80,6 +80,7 @@ static char *page(void *arg, size_t *len) {
   const megad_jobs_stats *js = &sv->jobs->stats;
   megad_metrics m = {.version = MEGA_VERSION, .slots = sv->L->o.slots,
                      .slots_used = sv->L->slots_used,
+                     .web_streams = (uint32_t)megad_webserve_streams(ms->web),
                      .jobs = (const mega_job *const *)sv->jobs->t.v, .njobs = sv->jobs->t.n};
   proc_stats(&m.proc);
   m.c.jobs_submitted = js->submitted;

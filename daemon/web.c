@@ -111,15 +111,16 @@ bool megad_web_form_get(const char *form, const char *key, char *buf, size_t cap
   return query_get(form, key, buf, cap, true);
 }
 
-/* The cursor: since= in the query, else a reconnecting stream's
- * Last-Event-ID (the id of the last steps event it got), else 0. */
+/* The cursor: a reconnecting stream's Last-Event-ID (the id of the last
+ * steps event it got: newer than the since= of its URL), else since= in the
+ * query, else 0. */
 static bool since_of(megad_web_resp *r, const char *query, const char *last_id, uint64_t *since) {
   char v[32];
   *since = 0;
-  if (!query_get(query, "since", v, sizeof v, false)) {
-    if (!last_id || strlen(last_id) >= sizeof v) return true;
+  if (last_id && strlen(last_id) < sizeof v)
     strcpy(v, last_id);
-  }
+  else if (!query_get(query, "since", v, sizeof v, false))
+    return true;
   char *end;
   errno = 0;
   unsigned long long x = strtoull(v, &end, 10);
