@@ -394,8 +394,8 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
   }
   h->d = MHD_start_daemon(
       MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME | (v6 ? MHD_USE_IPv6 : 0), 0,
-      NULL, NULL, on_request, h, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-      MHD_OPTION_EXTERNAL_LOGGER, on_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+      NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->conn_limit ? o->conn_limit : 64),
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->per_ip_limit ? o->per_ip_limit : 16),
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s ? o->timeout_s : 10),
