@@ -3,7 +3,9 @@
  * (the jobs layer tells megad_sse_notify of each item).
  *
  *   retry: 3000                      (first: how soon EventSource reconnects)
- *   event: steps / id: NEXT / data: {steps?since=SEQ's document, new points only}
+ *   event: steps / id: NEXT / data: {steps?since=SEQ's document, new points only;
+ *                                     "reset": true when SEQ was past the curve, as
+ *                                     after megad restarted: the whole curve follows}
  *   event: skipped / data: {missed, from_seq, to_seq, why}
  *   event: job / data: {/api/jobs/ID's document}   when it changed, at most once a second
  *   event: end / data: {"state": ...}              after the job ended; then the stream closes

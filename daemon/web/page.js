@@ -388,6 +388,7 @@ function jobPage(id) {
     }, view.job && document.body.hasAttribute('data-first-render-ms') ? 200 : 0);
   };
   const addSteps = st => {
+    if (st.reset) { view.pts = []; view.marks = []; } // megad restarted: its curve anew
     view.pts = thin(view.pts.concat(st.points));
     view.marks = view.marks.concat(st.marks);
     view.thinned = view.thinned || st.thinned > 0 || st.skipped > 0;

@@ -515,6 +515,20 @@ static void test_sse_compose(void **state) {
   assert_true(c.ended);
   free(t);
   assert_null(megad_sse_compose(j, &c, 14000, true, &len));
+  /* a reconnect whose cursor is past the curve (megad restarted) gets it all */
+  megad_sse_cursor c3 = {.seq = 100000};
+  t = megad_sse_compose(j, &c3, 0, false, &len);
+  st = sse_data(t, "steps");
+  assert_true(json_is_true(json_object_get(st, "reset")));
+  assert_int_equal(json_array_size(json_object_get(st, "points")), j->curve.n);
+  json_decref(st);
+  free(t);
+  megad_sse_cursor c4 = {.seq = 3};
+  t = megad_sse_compose(j, &c4, 0, false, &len);
+  st = sse_data(t, "steps");
+  assert_null(json_object_get(st, "reset"));
+  json_decref(st);
+  free(t);
   /* a job megad forgot ends its streams */
   megad_sse_cursor c2 = {.seq = 5};
   t = megad_sse_compose(NULL, &c2, 0, false, &len);
