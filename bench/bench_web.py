@@ -174,33 +174,47 @@ def bench_paint(web, jid, work):
               " start (real time, headless chromium)" % statistics.median(firsts))
 
 
-def bench_pollers(megad_pid, megactl, port, web, work):
-    jid = live_job(megactl, port, web, work)
+def live_job(megactl, port, web, work, megad_pid):
+    """A long job, stepping: (its id, megad's CPU share over 30 s with no
+    client, iterations a second meanwhile)."""
+    jid = submit(megactl, port, work, 1000000, SMALL)
+    for _ in range(600):
+        if job(web, jid)["last_iteration"] >= 5:
+            break
+        time.sleep(0.1)
     c0 = cpu_s(megad_pid)
     it0 = job(web, jid)["last_iteration"]
     time.sleep(30)
-    idle = (cpu_s(megad_pid) - c0) / 30
-    rate0 = (job(web, jid)["last_iteration"] - it0) / 30
+    return (jid, (cpu_s(megad_pid) - c0) / 30, (job(web, jid)["last_iteration"] - it0) / 30)
+
+
+def client(web, i, timeout):
+    """Client i's connection: megad allows 16 connections per address, so 5
+    clients on each of 127.0.0.2, .3, ..."""
+    host, port = web.split("//")[1].split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=timeout,
+                                      source_address=("127.0.0.%d" % (2 + i // 5), 0))
+
+
+def bench_pollers(megad_pid, megactl, port, web, work):
+    jid, idle, rate0 = live_job(megactl, port, web, work, megad_pid)
     stop = threading.Event()
     reqs = [0]
 
-    host, wport = web.split("//")[1].split(":")
-
-    def get_from(src, path):
-        # megad allows 16 connections per address: 5 clients on each of 4
-        c = http.client.HTTPConnection(host, int(wport), timeout=30, source_address=(src, 0))
+    def get_from(i, path):
+        c = client(web, i, 30)
         c.request("GET", path)
         body = c.getresponse().read()
         c.close()
         return body
 
     def poller(i):
-        nxt, tick, src = 0, 0, "127.0.0.%d" % (2 + i // 5)
+        nxt, tick = 0, 0
         while not stop.is_set():
-            doc = json.loads(get_from(src, "/api/jobs/%s/steps?since=%d" % (jid, nxt)))
+            doc = json.loads(get_from(i, "/api/jobs/%s/steps?since=%d" % (jid, nxt)))
             nxt = doc["next"]
             if tick % 2 == 0:
-                get_from(src, "/api/jobs/%s" % jid)
+                get_from(i, "/api/jobs/%s" % jid)
             reqs[0] += 1 + (tick % 2 == 0)
             tick += 1
             stop.wait(1.0)
@@ -223,31 +237,14 @@ def bench_pollers(megad_pid, megactl, port, web, work):
           % (100 * idle, rate0, 100 * busy, (it1 - it0) / 30, reqs[0]))
 
 
-def live_job(megactl, port, web, work):
-    jid = submit(megactl, port, work, 1000000, SMALL)
-    for _ in range(600):
-        if job(web, jid)["last_iteration"] >= 5:
-            break
-        time.sleep(0.1)
-    return jid
-
-
 def bench_sse(megad_pid, megactl, port, web, work):
-    jid = live_job(megactl, port, web, work)
-    c0 = cpu_s(megad_pid)
-    it0 = job(web, jid)["last_iteration"]
-    time.sleep(30)
-    idle = (cpu_s(megad_pid) - c0) / 30
-    rate0 = (job(web, jid)["last_iteration"] - it0) / 30
+    jid, idle, rate0 = live_job(megactl, port, web, work, megad_pid)
     stop = threading.Event()
     stats = {"events": 0, "bytes": 0, "points": 0, "lag": []}
     lock = threading.Lock()
-    host, wport = web.split("//")[1].split(":")
 
     def reader(i):
-        # megad allows 16 connections per address: 5 clients on each of 4
-        c = http.client.HTTPConnection(host, int(wport), timeout=60,
-                                       source_address=("127.0.0.%d" % (2 + i // 5), 0))
+        c = client(web, i, 60)
         c.request("GET", "/api/jobs/%s/stream" % jid)
         r = c.getresponse()
         assert r.status == 200, r.status
