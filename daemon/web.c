@@ -138,7 +138,7 @@ static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, co
     if (c) json_object_set_new(c, "login", json_boolean(d->login));
     return json_resp(r, c);
   }
-  if (!strcmp(rest, "jobs")) return json_resp(r, megad_webjson_jobs(d->jobs));
+  if (!strcmp(rest, "jobs")) return json_resp(r, megad_webjson_jobs(d->jobs, d->mirror));
   if (strncmp(rest, "jobs/", 5)) return text(r, 404, "no such endpoint: /api/%.200s", rest);
   rest += 5;
   const char *slash = strchr(rest, '/');
@@ -147,6 +147,12 @@ static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, co
       !id[0])
     return text(r, 400, "a job id in /api/jobs/ID is malformed");
   const mega_job *j = mega_jobs_find(d->jobs, id);
+  const mega_job *m = j || !d->mirror ? NULL : mega_jobs_find(d->mirror, id);
+  if (m && !slash) return json_resp(r, megad_webjson_job(m)); /* record and events from etcd */
+  if (m)
+    return text(r, 404, "job %.200s is coordinated by node %.200s: its steps and trace are "
+                        "there (open that node's web view)", id,
+                m->coordinator && m->coordinator[0] ? m->coordinator : "?");
   if (!j)
     return text(r, 404, "no job %.200s on this megad (it shows the jobs it coordinates)", id);
   if (!slash) return json_resp(r, megad_webjson_job(j));

@@ -43,6 +43,8 @@ typedef struct megad_web_resp megad_web_resp;
 
 typedef struct megad_web_data {
   const mega_jobs *jobs;       /* the jobs this megad coordinates */
+  const mega_jobs *mirror;     /* etcd mode: every job of the cluster as etcd has it (records
+                                  and events; steps stay with the coordinator); NULL: none */
   megad_node *const *nodes;    /* the membership view; nodes[0] is this node */
   size_t nnodes;
   /* The Chrome trace of job_id (malloc'd, *len its size), or NULL when the

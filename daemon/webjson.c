@@ -57,9 +57,11 @@ static json_t *job_summary(const mega_job *j) {
   return o;
 }
 
-json_t *megad_webjson_jobs(const mega_jobs *t) {
+json_t *megad_webjson_jobs(const mega_jobs *t, const mega_jobs *mirror) {
   json_t *a = json_array();
   for (size_t i = t->n; i-- > 0;) json_array_append_new(a, job_summary(t->v[i])); /* newest first */
+  for (size_t i = mirror ? mirror->n : 0; i-- > 0;)
+    if (!mega_jobs_find(t, mirror->v[i]->id)) json_array_append_new(a, job_summary(mirror->v[i]));
   json_t *o = json_object();
   json_object_set_new(o, "jobs", a);
   return o;
@@ -87,7 +89,7 @@ json_t *megad_webjson_cluster(const megad_web_data *d) {
     json_array_append_new(nodes, x);
   }
   json_object_set_new(o, "nodes", nodes);
-  json_t *jobs = megad_webjson_jobs(d->jobs);
+  json_t *jobs = megad_webjson_jobs(d->jobs, d->mirror);
   json_object_set(o, "jobs", json_object_get(jobs, "jobs"));
   json_decref(jobs);
   return o;

@@ -135,8 +135,9 @@ bool megad_webserve_route(megad_webserve *w, const megad_http_req *req, megad_ht
     return true;
   }
   megad_services *sv = w->sv;
-  megad_web_data d = {.jobs = &sv->jobs->t, .nodes = sv->members->nodes,
-                      .nnodes = sv->members->nnodes, .load_trace = load_trace,
+  megad_web_data d = {.jobs = &sv->jobs->t,
+                      .mirror = sv->jobs->etcd ? &sv->jobs->mirror : NULL,
+                      .nodes = sv->members->nodes, .nnodes = sv->members->nnodes, .load_trace = load_trace,
                       .open_stream = open_stream, .arg = w,
                       .last_event_id = megad_http_header(req, "Last-Event-ID"),
                       .login = w->login != NULL};

@@ -239,6 +239,40 @@ static json_t *get(fixture *f, const char *path, const char *query, int want_sta
   return doc;
 }
 
+/* etcd mode: another node's job, from the mirror: listed, its record and
+ * events served, its steps sent to its coordinator. */
+static void test_mirror_jobs(void **state) {
+  fixture *f = *state;
+  mega_jobs mirror;
+  mega_jobs_init(&mirror);
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.args = args;
+  spec.n_args = sizeof args / sizeof args[0];
+  mega_job *j = NULL, *dup = NULL;
+  assert_int_equal(mega_job_new("j-7-n2", &spec, "n2", 3000, &j, NULL), MEGA_OK);
+  assert_int_equal(mega_jobs_add(&mirror, j, NULL), MEGA_OK);
+  /* the mirror holds this node's jobs too: listed once */
+  assert_int_equal(mega_job_new("j-1-n1", &spec, "n1", 1000, &dup, NULL), MEGA_OK);
+  assert_int_equal(mega_jobs_add(&mirror, dup, NULL), MEGA_OK);
+  f->d.mirror = &mirror;
+  json_t *doc = get(f, "/api/jobs", NULL, 200);
+  json_t *jobs = json_object_get(doc, "jobs");
+  assert_int_equal(json_array_size(jobs), 2);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(jobs, 0), "id")), "j-1-n1");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(jobs, 1), "id")), "j-7-n2");
+  json_decref(doc);
+  doc = get(f, "/api/jobs/j-7-n2", NULL, 200);
+  assert_non_null(doc);
+  json_decref(doc);
+  megad_web_resp r;
+  megad_web_handle(&f->d, "GET", "/api/jobs/j-7-n2/steps", NULL, &r);
+  assert_int_equal(r.status, 404);
+  assert_non_null(strstr(r.body, "coordinated by node n2"));
+  megad_web_resp_free(&r);
+  f->d.mirror = NULL;
+  mega_jobs_free(&mirror);
+}
+
 static void test_owns(void **state) {
   (void)state;
   assert_true(megad_web_owns("/"));
@@ -636,6 +670,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_page_is_self_contained, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cluster_and_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_one_job, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mirror_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_steps_since, setup, teardown),
       cmocka_unit_test_setup_teardown(test_trace_and_methods, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stream_route, setup, teardown),
