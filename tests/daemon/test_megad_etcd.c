@@ -113,7 +113,9 @@ static void test_nodes_meet_in_etcd(void **state) {
   /* n3 comes back (a new incarnation on its state dir): alive again */
   assert_true(hd_restart(&n3, (const char *const[]){"--etcd-endpoints", fx.endpoints, NULL}));
   assert_true(wait_state(&n1, "n3", NODE(ALIVE), 10000) >= 0);
-  hd_cleanup_all();
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
+  hd_cleanup(&n3);
   etcd_fx_stop(&fx);
 }
 
@@ -123,10 +125,11 @@ static void test_peers_with_etcd_refused(void **state) {
   const char *extra[] = {"--etcd-endpoints", "http://127.0.0.1:1", NULL};
   assert_false(hd_start(&d, "x", 1, "127.0.0.1:2", NULL, extra));
   assert_true(log_has(&d, "--peers and --etcd-endpoints exclude each other"));
+  hd_cleanup(&d);
   const char *bad[] = {"--etcd-endpoints", "127.0.0.1", NULL};
   assert_false(hd_start(&d, "y", 1, NULL, NULL, bad));
   assert_true(log_has(&d, "is not host:port"));
-  hd_cleanup_all();
+  hd_cleanup(&d);
 }
 
 typedef struct kill_at {
@@ -187,7 +190,8 @@ static void test_etcd_member_loss_keeps_job(void **state) {
   assert_false(log_has(&n2, "lost its etcd registration"));
   assert_false(log_has(&n1, "etcd session lost"));
   assert_false(log_has(&n2, "etcd session lost"));
-  hd_cleanup_all();
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
   etcd_fx_stop(&fx);
 }
 
