@@ -42,6 +42,8 @@ void etcd_note(megad_etcd *e, const mega_err *err) {
 }
 
 bool megad_etcd_ok(const megad_etcd *e, const char **why) {
+  /* A session whose keepalives go unanswered outweighs a call that got through. */
+  if (e->session && !etcd_session_reachable(e->session, why)) return false;
   if (why) *why = e->ok ? NULL : e->why;
   return e->ok;
 }
