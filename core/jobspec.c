@@ -209,9 +209,13 @@ const flagdef mega_jf_table[] = {
         "BLAS threads per CPU worker."),
     ENUM("--backend", backend, "worker", "auto|cpu|cuda", backends, MEGA_JOB_BACKEND_AUTO,
          "auto",
-         "The math backend: cuda (the cuda module on the rank's GPU; one rank only until the "
-         "NCCL communicator is built), cpu, or auto (cuda for a single rank on a machine "
-         "with a GPU and the module, else cpu)."),
+         "The math backend: cuda (the cuda module on the rank's GPU, NCCL between ranks), "
+         "cpu, or auto (cuda for a single rank on a machine with a GPU and the module, else "
+         "cpu)."),
+    BOOL("--bf16", bf16, "worker",
+         "The linear layers' GEMMs take bf16 inputs (rounded to nearest even) and accumulate "
+         "in fp32 (cuBLAS bf16 GEMMs on cuda, the same rounding before OpenBLAS on cpu); "
+         "weights, gradients, optimizer state and attention stay fp32."),
     INT("--trace-iteration", trace_iteration, "worker", "N", 0, "0", false, 0,
         "Record a Chrome trace of iteration N (1-based); 0 records none."),
     STR("--simulate-compute", simulate_compute, "worker", "F_MS:B_MS[:W_MS]", false,

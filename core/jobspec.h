@@ -165,6 +165,7 @@ typedef struct mega_jobspec {
   /* worker and measurement */
   int blas_threads;       /* 1 */
   int backend;            /* mega_job_backend */
+  bool bf16;              /* the linear layers' GEMM inputs in bf16, fp32 accumulation */
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
   char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
   int log_interval;       /* 1 */

@@ -574,9 +574,6 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
   if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
   if (!s->save && s->async_save) return BAD("--async-save needs --save DIR");
   if ((st = check_load_flags(s, err)) != MEGA_OK) return st;
-  if (s->backend == MEGA_JOB_BACKEND_CUDA && world_size > 1)
-    return BAD("--backend cuda runs one rank until the NCCL communicator is built (world size "
-               "%d here); use --backend cpu or auto for several ranks", world_size);
   if (s->trace_iteration > s->train_iters)
     return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
                s->trace_iteration, s->train_iters);
@@ -587,6 +584,9 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
     mega_err sub = {0};
     if ((st = mega_jobspec_parse_simulate_compute(s->simulate_compute, NULL, &sub)) != MEGA_OK)
       return mega_fail(err, st, "invalid job: %s", sub.msg);
+    if (s->bf16)
+      return BAD("--bf16 changes the GEMMs' inputs, and --simulate-compute runs no GEMMs; drop "
+                 "one of them");
     /* its optimizer never steps: a checkpoint of it would not load */
     if (s->save)
       return BAD("--simulate-compute trains nothing, so there is nothing to --save; drop one "

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/etcd.h"
 #include "daemon/jobtrace.h"
 #include "daemon/services.h"
 
@@ -57,8 +58,20 @@ static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
 static mega_job *find(megad_services *s, mega_rpc_call *call, const char *id,
                       const ProtobufCMessage *req) {
   mega_job *j = megad_jobs_find(s->jobs, id);
-  if (j) return j;
+  if (j && !j->fenced) return j; /* a fenced one is on its way out: another node has it */
   if (megad_forward(s, call, id, req)) return NULL;
+  /* etcd mode: a job with no coordinator right now is read from the mirror */
+  if ((j = megad_jobs_mirror_find(s->jobs, id))) {
+    if (mega_rpc_call_method(call) == &mega_control_get_job) return j;
+    /* UNAVAILABLE, so watchers try again; the message has no ": ", which
+     * clients would cut at */
+    mega_rpc_fail(call, MEGA_RPC_UNAVAILABLE,
+                  "job %s has no coordinator right now (%s); a surviving node takes a running job "
+                  "over within seconds, so ask again", id,
+                  mega_job_state_final(j->state) ? "it ended and its coordinator is gone"
+                                                  : "its coordinator's etcd lease expired");
+    return NULL;
+  }
   mega_rpc_fail(call, MEGA_RPC_NOT_FOUND, "no job '%s' in the cluster node %s knows", id ? id : "",
                 s->b->node_id);
   return NULL;
@@ -69,6 +82,15 @@ static void on_submit(mega_rpc_call *call, const ProtobufCMessage *msg, void *da
   const Mega__V1__SubmitJobRequest *req = (const void *)msg;
   mega_job *j;
   mega_err e = {0};
+  const char *away = NULL;
+  if (s->jobs->etcd && (!megad_etcd_ok(s->jobs->etcd, &away) || !megad_jobs_durable(s->jobs, &away))) {
+    /* not UNAVAILABLE, whose message clients replace with their own
+     * connection's story: this one is megad's answer, to be shown as is */
+    mega_rpc_fail(call, MEGA_RPC_FAILED_PRECONDITION,
+                  "megad on %s takes no new jobs while etcd is unreachable (%s); running jobs go "
+                  "on; submit again once etcd is back", s->b->node_id, away ? away : "?");
+    return;
+  }
   if (megad_coord_submit(s->coord, req->spec, &j, &e) != MEGA_OK) {
     if (s->b->stopping) mega_rpc_fail(call, MEGA_RPC_UNAVAILABLE, "%s", e.msg);
     else mega_rpc_fail_err(call, &e);
@@ -85,21 +107,35 @@ static void on_get(mega_rpc_call *call, const ProtobufCMessage *msg, void *data)
   if (j) reply_job(call, j, R_GET);
 }
 
+static int newest_first(const void *a, const void *b) {
+  const mega_job *x = *(const mega_job *const *)a, *y = *(const mega_job *const *)b;
+  return x->created_ms != y->created_ms ? (x->created_ms < y->created_ms ? 1 : -1)
+                                        : strcmp(y->id, x->id);
+}
+
+/* The jobs this node coordinates, and in etcd mode every other job of the
+ * cluster from the mirror; newest first. */
 static void on_list(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__ListJobsRequest *req = (const void *)msg;
-  const mega_jobs *t = &s->jobs->t;
-  size_t n = t->n, k = 0;
+  const mega_jobs *t = &s->jobs->t, *mi = &s->jobs->mirror;
+  size_t n = t->n + mi->n, k = 0, nj = 0;
   mega_job_msg *ms = calloc(n ? n : 1, sizeof *ms);
   Mega__V1__Job **ptrs = calloc(n ? n : 1, sizeof *ptrs);
-  if (!ms || !ptrs) {
+  const mega_job **jobs = calloc(n ? n : 1, sizeof *jobs);
+  if (!ms || !ptrs || !jobs) {
     free(ms);
     free(ptrs);
+    free(jobs);
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  for (size_t i = n; i-- > 0;) { /* newest first */
-    const mega_job *j = t->v[i];
+  for (size_t i = 0; i < t->n; i++) jobs[nj++] = t->v[i];
+  for (size_t i = 0; i < mi->n; i++)
+    if (!mega_jobs_find(t, mi->v[i]->id)) jobs[nj++] = mi->v[i];
+  if (mi->n) qsort(jobs, nj, sizeof *jobs, newest_first);
+  for (size_t i = 0; i < nj; i++) {
+    const mega_job *j = mi->n ? jobs[i] : jobs[nj - 1 - i]; /* the table is oldest first */
     bool want = req->n_states == 0;
     for (size_t st = 0; st < req->n_states; st++) want |= req->states[st] == j->state;
     if (!want || (req->limit && k == req->limit)) continue;
@@ -114,6 +150,7 @@ static void on_list(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
   for (size_t i = 0; i < k; i++) mega_job_msg_free(&ms[i]);
   free(ms);
   free(ptrs);
+  free(jobs);
 }
 
 typedef struct cancel_ctx {

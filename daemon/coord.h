@@ -83,6 +83,8 @@ typedef struct megad_coord {
   bool scheduling, reschedule; /* a pass is running; another was asked for meanwhile */
   struct coord_run *runs;
   unsigned ticks; /* retention runs every RETAIN_TICKS ticks */
+  /* etcd mode (coord_etcd.c): claims of orphaned jobs in flight */
+  char claims[8][160];
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
@@ -122,6 +124,14 @@ void megad_coord_step(megad_coord *c, const char *job_id, uint32_t attempt, cons
                       const Mega__V1__StepReport *r);
 void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
                        const Mega__V1__RankEvent *ev);
+
+/* etcd mode (coord_etcd.c). Another node coordinates j now: this one
+ * stops its attempt (its workers) and lets go of it. */
+void megad_coord_fenced(megad_coord *c, mega_job *j, const char *why);
+/* A job lost its coordinator: try to take it over now. */
+void megad_coord_orphan(megad_coord *c, const char *job_id);
+/* This node's lease is gone: it stands down for every job it coordinates. */
+void megad_coord_stand_down(megad_coord *c, const char *why);
 
 /* Membership, as members publishes it. */
 void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why);

@@ -8,6 +8,7 @@
  *   coord_admit.c  what a job must be to be accepted at submit
  *   coord_queue.c  the queue of waiting jobs
  *   coord_place.c  where a job can run now
+ *   coord_etcd.c   etcd mode: taking over orphaned jobs, standing down
  *
  * Private to the coordinator.
  *
@@ -113,6 +114,12 @@ void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool
                     const char *reason);
 /* Sends AbortJob for the attempt to every node of the placement. */
 void coord_abort_nodes(coord_run *run, const char *reason);
+/* coord_etcd.c: in etcd mode, whether this node may act as a coordinator
+ * now (its lease was renewed within its TTL; always in embedded mode); and
+ * the orphan scan the tick runs. */
+bool coord_may_act(const megad_coord *c);
+void coord_etcd_tick(megad_coord *c);
+
 /* Sends the committing rank the go-ahead for iteration. */
 void coord_ask_commit(coord_run *run, uint64_t iteration);
 

@@ -11,6 +11,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "daemon/etcd.h"
 #include "daemon/util.h"
 #include "worker/backend/cuda_module.h"
 
@@ -44,6 +45,34 @@ static void on_worker_event(void *arg, const char *job_id, uint32_t attempt, con
                             const Mega__V1__RankEvent *ev) {
   megad *d = arg;
   megad_coord_event(&d->coord, job_id, attempt, node_id, ev);
+}
+
+/* etcd mode: what the jobs layer tells the coordinator */
+static void on_job_fenced(void *arg, mega_job *j, const char *why) {
+  megad *d = arg;
+  megad_coord_fenced(&d->coord, j, why);
+}
+
+static void on_job_orphan(void *arg, const char *job_id) {
+  megad *d = arg;
+  megad_coord_orphan(&d->coord, job_id);
+}
+
+static void on_job_claimed(void *arg, mega_job *j) {
+  (void)j;
+  megad *d = arg;
+  megad_coord_schedule(&d->coord);
+}
+
+/* This node's lease is gone: everyone has counted it lost, so its jobs are
+ * being taken over and its workers are stale. */
+static void on_self_fenced(void *arg, const char *why) {
+  megad *d = arg;
+  char msg[512];
+  snprintf(msg, sizeof msg, "node %s lost its etcd lease (%s); standing down", d->base.node_id, why);
+  megad_warn(&d->base, "%s", msg);
+  megad_coord_stand_down(&d->coord, msg);
+  megad_launch_abort_all(&d->launcher, msg);
 }
 
 /* ---- start ---- */
@@ -229,8 +258,11 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                     "learns its peers from etcd; drop --peers");
     else if ((s = megad_etcd_new(&d->base, o->etcd_endpoints, 0, &d->etcd, err)) != MEGA_OK)
       mega_err_prefix(err, "--etcd-endpoints");
+    else
+      s = megad_jobs_open_etcd(&d->jobs, &d->base, d->etcd, err);
+  } else if (s == MEGA_OK) {
+    s = megad_jobs_open(&d->jobs, &d->base, err);
   }
-  if (s == MEGA_OK) s = megad_jobs_open(&d->jobs, &d->base, err);
   if (s == MEGA_OK) s = megad_kvserve_init(&d->kvs, &d->base, err);
   mega_rpc_server_opts so = {.max_request_bytes = MEGAD_MAX_REQUEST_BYTES, .auth = &d->auth,
                              .on_refused = on_refused, .refused_arg = d};
@@ -251,6 +283,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                            .heartbeat_interval_ms = d->o.heartbeat_interval_ms,
                            .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms};
   megad_members_cbs mc = {.node_up = on_node_up, .node_lost = on_node_lost,
+                          .self_fenced = on_self_fenced,
                           .self_load = self_load, .arg = d};
   megad_coord_opts co = {.address = d->address,
                          .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms,
@@ -267,6 +300,8 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
     s = megad_coord_init(&d->coord, &d->base, &d->jobs, &d->members, &d->launcher, &d->kvs, &co,
                          err);
   if (s != MEGA_OK) return s;
+  megad_jobs_set_cbs(&d->jobs, &(megad_jobs_cbs){.fenced = on_job_fenced, .orphan = on_job_orphan,
+                                                  .claimed = on_job_claimed, .arg = d});
   d->svc = (megad_services){.b = &d->base, .jobs = &d->jobs, .members = &d->members,
                             .L = &d->launcher, .coord = &d->coord, .srv = d->srv,
                             .token = d->token};
@@ -338,6 +373,7 @@ static void final_close(void *arg) {
 static void server_down(void *arg) {
   stopper *st = arg;
   st->d->srv = NULL;
+  megad_jobs_etcd_close(&st->d->jobs); /* its watches go with the client */
   megad_etcd_free(st->d->etcd); /* before the queue closes: its calls end on it */
   st->d->etcd = NULL;
   megad_base_close_cq(&st->d->base, final_close, st);

@@ -27,6 +27,8 @@ bool etcd_err_failover(const mega_err *err) {
   return err->status == MEGA_ERR_IO || err->status == MEGA_ERR_TIMEOUT;
 }
 
+bool megad_etcd_retryable(const mega_err *err) { return etcd_err_failover(err); }
+
 void etcd_endpoint_failed(megad_etcd *e, size_t ep) {
   if (e->cur == ep) e->cur = (ep + 1) % e->nep;
 }

@@ -92,6 +92,10 @@ void megad_etcd_free(megad_etcd *e);
  * refuses new jobs with this sentence while it is false. */
 bool megad_etcd_ok(const megad_etcd *e, const char **why);
 
+/* Whether a failed call may succeed if made again (etcd unreachable, no
+ * leader, a deadline) rather than being refused for what it asked. */
+bool megad_etcd_retryable(const mega_err *err);
+
 mega_status megad_etcd_get(megad_etcd *e, const char *key, bool prefix, megad_etcd_cb cb,
                            void *arg, mega_err *err);
 mega_status megad_etcd_put(megad_etcd *e, const char *key, const void *value, size_t len,
@@ -130,6 +134,10 @@ typedef struct megad_etcd_session_cbs {
 
 mega_status megad_etcd_session_start(megad_etcd *e, unsigned ttl_s,
                                      const megad_etcd_session_cbs *cbs, mega_err *err);
+/* Whether the lease was renewed within its TTL, by this process's clock:
+ * while true, no other node can have taken what the lease guards (a
+ * coordinator acts only then). */
+bool megad_etcd_session_fresh(const megad_etcd *e);
 /* The live lease; 0 while there is none. */
 int64_t megad_etcd_session_lease(const megad_etcd *e);
 /* Ends the session and revokes its lease: a blocking call of at most 1 s

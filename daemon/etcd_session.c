@@ -207,6 +207,14 @@ int64_t megad_etcd_session_lease(const megad_etcd *e) {
   return e->session ? e->session->lease : 0;
 }
 
+/* Within three quarters of the TTL of the last answered keepalive: the
+ * answer came after etcd renewed the lease, and the quarter left covers the
+ * gap between the two clocks. */
+bool megad_etcd_session_fresh(const megad_etcd *e) {
+  const etcd_session *s = e->session;
+  return s && s->lease && etcd_now_ms(e) - s->last_ok_ms < (uint64_t)s->ttl * 750;
+}
+
 void etcd_session_free(etcd_session *s) {
   if (s->e->session == s) s->e->session = NULL;
   etcd_call_drop(s->grant);

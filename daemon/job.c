@@ -369,6 +369,17 @@ void mega_jobs_forget(mega_jobs *t, const char *id) {
   mega_jobs_filter(t, not_id, (void *)id);
 }
 
+mega_job *mega_jobs_take(mega_jobs *t, const char *id) {
+  for (size_t i = 0; id && i < t->n; i++) {
+    mega_job *j = t->v[i];
+    if (strcmp(j->id, id)) continue;
+    memmove(t->v + i, t->v + i + 1, (t->n - i - 1) * sizeof *t->v);
+    t->n--;
+    return j;
+  }
+  return NULL;
+}
+
 mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err) {
   if (t->n == t->cap) {
     size_t cap = t->cap ? 2 * t->cap : 16;

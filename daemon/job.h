@@ -59,6 +59,11 @@ typedef struct mega_job {
   mega_job_node *placement;
   size_t nplaced;
   char *coordinator;
+  /* etcd mode: the create revision of the job's coordinator key, the fence
+   * every write and launch of its coordinator carries (0: no coordinator key,
+   * or embedded mode); fenced: this node's claim was refused (not journaled) */
+  int64_t fence;
+  bool fenced;
   uint64_t ckpt_iteration; /* the last checkpoint every rank finished; 0: none */
   char *ckpt_path;
 
@@ -163,6 +168,8 @@ void mega_jobs_next_id(mega_jobs *t, const char *node, char *buf, size_t len);
 /* Frees and removes every job keep(j, arg) says no to, in one pass; the
  * order of the rest stays. */
 void mega_jobs_filter(mega_jobs *t, bool (*keep)(const mega_job *j, void *arg), void *arg);
+/* Removes job id from the table without freeing it; NULL if absent. */
+mega_job *mega_jobs_take(mega_jobs *t, const char *id);
 /* A forgotten job (a replayed ForgetRecord): gone from the table, its id
  * still used. */
 void mega_jobs_forget(mega_jobs *t, const char *id);

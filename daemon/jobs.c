@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/jobs_internal.h"
 #include "daemon/util.h"
 
 /* ---- the journal ---- */
@@ -122,6 +123,7 @@ mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err) {
 }
 
 void megad_jobs_close(megad_jobs *js) {
+  megad_jobs_etcd_close(js);
   mega_journal_close(js->journal);
   js->journal = NULL;
   mega_jobs_free(&js->t);
@@ -164,11 +166,12 @@ size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *a
   mega_err e = {0};
   if (!r.ok) {
     megad_warn(js->b, "out of memory forgetting ended jobs; keeping them for now");
-  } else if (r.n && mega_journal_append_many(js->journal, (const void *const *)r.v, r.lens, r.n,
+  } else if (r.n && js->journal && mega_journal_append_many(js->journal, (const void *const *)r.v, r.lens, r.n,
                                              &e) != MEGA_OK) {
     megad_warn(js->b, "journal: %s; keeping the ended jobs for now", e.msg);
   } else if (r.n) {
     for (size_t i = 0; i < jobs.n; i++) {
+      if (js->etcd) megad_jobs_etcd_forget(js, jobs.v[i]->id);
       char *dir = NULL; /* worker logs and traces go with the job */
       if (asprintf(&dir, "%s/jobs/%s", js->b->state_dir, jobs.v[i]->id) >= 0)
         megad_rmtree(dir);
@@ -185,15 +188,28 @@ size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *a
   return n;
 }
 
-mega_status megad_jobs_save(megad_jobs *js, const mega_job *j, mega_err *err) {
+/* One record of j: to the journal, or to etcd (claim: j's first, which
+ * makes this node its coordinator). buf is taken. */
+static mega_status put_rec(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
+                           size_t len, bool claim, mega_err *err) {
+  mega_status s = MEGA_OK;
+  if (js->journal) {
+    s = mega_journal_append(js->journal, buf, len, err);
+    free(buf);
+  } else if (js->etcd) {
+    megad_jobs_etcd_put(js, j, suffix, buf, len, claim);
+  } else {
+    free(buf);
+  }
+  return s;
+}
+
+static mega_status save(megad_jobs *js, const mega_job *j, bool claim, mega_err *err) {
   uint8_t *buf;
   size_t len;
   mega_err e = {0};
   mega_status s = mega_jrec_job(j, &buf, &len, &e);
-  if (s == MEGA_OK) {
-    s = mega_journal_append(js->journal, buf, len, &e);
-    free(buf);
-  }
+  if (s == MEGA_OK) s = put_rec(js, j, "0", buf, len, claim, &e);
   if (s != MEGA_OK) {
     megad_warn(js->b, "journal: %s", e.msg);
     if (err) *err = e;
@@ -201,9 +217,19 @@ mega_status megad_jobs_save(megad_jobs *js, const mega_job *j, mega_err *err) {
   return s;
 }
 
+mega_status megad_jobs_save(megad_jobs *js, const mega_job *j, mega_err *err) {
+  return save(js, j, false, err);
+}
+
 mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
-  mega_status s = megad_jobs_save(js, j, err);
-  if (s == MEGA_OK) s = mega_jobs_add(&js->t, j, err);
+  mega_status s;
+  if (js->etcd) { /* in the table first: the claim is sent from there */
+    s = mega_jobs_add(&js->t, j, err);
+    if (s == MEGA_OK) save(js, j, true, NULL);
+  } else {
+    s = megad_jobs_save(js, j, err);
+    if (s == MEGA_OK) s = mega_jobs_add(&js->t, j, err);
+  }
   if (s == MEGA_OK) js->stats.submitted++;
   return s;
 }
@@ -223,6 +249,12 @@ static void broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobRespo
   if (d.n > shown)
     megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
                     "%zu more watchers fell behind and were dropped", d.n - shown);
+  if (js->on_item) js->on_item(js->on_item_arg, j, item);
+}
+
+void megad_jobs_listen(megad_jobs *js, megad_jobs_item_fn fn, void *arg) {
+  js->on_item = fn;
+  js->on_item_arg = arg;
 }
 
 void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
@@ -249,11 +281,11 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
   if (mega_job_hist_push(j, &item, &e) != MEGA_OK) megad_warn(js->b, "job %s: %s", j->id, e.msg);
   uint8_t *buf;
   size_t len;
-  if (js->journal && mega_jrec_event(j->id, &ev, &buf, &len, &e) == MEGA_OK) {
-    if (mega_journal_append(js->journal, buf, len, &e) != MEGA_OK)
-      megad_warn(js->b, "journal: %s", e.msg);
-    free(buf);
-  }
+  char suffix[32];
+  snprintf(suffix, sizeof suffix, "e/%010zu", j->nevents ? j->nevents - 1 : 0);
+  if ((js->journal || js->etcd) && mega_jrec_event(j->id, &ev, &buf, &len, &e) == MEGA_OK &&
+      put_rec(js, j, suffix, buf, len, false, &e) != MEGA_OK)
+    megad_warn(js->b, "journal: %s", e.msg);
   megad_log(js->b, "job %s: %s", j->id, msg);
   broadcast(js, j, &item);
 }
@@ -288,11 +320,9 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
   /* the last step outlives the history's ring in the journal */
   uint8_t *buf;
   size_t len;
-  if (j->last_step && mega_jrec_step(j->id, j->last_step, &buf, &len, &e) == MEGA_OK) {
-    if (mega_journal_append(js->journal, buf, len, &e) != MEGA_OK)
-      megad_warn(js->b, "journal: %s", e.msg);
-    free(buf);
-  }
+  if (j->last_step && mega_jrec_step(j->id, j->last_step, &buf, &len, &e) == MEGA_OK &&
+      put_rec(js, j, "s", buf, len, false, &e) != MEGA_OK)
+    megad_warn(js->b, "journal: %s", e.msg);
   megad_jobs_save(js, j, NULL);
   js->stats.finished[state == MEGA_JOB_SUCCEEDED ? 0 : state == MEGA_JOB_CANCELLED ? 2 : 1]++;
   if (state == MEGA_JOB_SUCCEEDED)

@@ -30,21 +30,89 @@ typedef struct megad_jobs_stats {
   uint64_t report_delay_n;
 } megad_jobs_stats;
 
+/* What the jobs layer tells the coordinator in etcd mode (jobs_etcd.c). */
+typedef struct megad_jobs_cbs {
+  /* This node's claim on j is gone (etcd refused a write of it, or its
+   * coordinator key vanished): another node coordinates j now, or will. */
+  void (*fenced)(void *arg, mega_job *j, const char *why);
+  /* etcd took this node's claim on j (its first record): j may start. */
+  void (*claimed)(void *arg, mega_job *j);
+  /* A job without a coordinator: its key went with its node's lease. */
+  void (*orphan)(void *arg, const char *job_id);
+  void *arg;
+} megad_jobs_cbs;
+
+typedef struct megad_etcd megad_etcd;
+typedef struct megad_etcd_watch megad_etcd_watch;
+typedef struct megad_jwrite megad_jwrite;
+
+/* Told of every item a job's watchers get (a merged step, an event, the
+ * final state), after they got it: how a layer above (the web view's live
+ * streams) hears of news without polling. */
+typedef void (*megad_jobs_item_fn)(void *arg, const mega_job *j,
+                                   const Mega__V1__WatchJobResponse *item);
+
 typedef struct megad_jobs {
   megad_base *b;
-  mega_jobs t;
-  mega_journal *journal;
+  mega_jobs t;             /* the jobs this node coordinates */
+  mega_journal *journal;   /* embedded mode; NULL in etcd mode */
   megad_watchers watchers;
   megad_jobs_stats stats;
+  /* etcd mode (jobs_etcd.c): the cluster's jobs as etcd has them (this
+   * node's too), and the writes of this node's jobs, in order, one
+   * transaction in flight */
+  megad_etcd *etcd;
+  megad_jobs_cbs cbs;
+  mega_jobs mirror;
+  megad_etcd_watch *watch_jobs, *watch_coord;
+  megad_jwrite *wq_head, *wq_tail;
+  size_t wq_len, wq_batch;
+  bool wq_busy;
+  char wq_err[512]; /* why the last write failed; empty once one succeeds */
+  uv_timer_t wq_retry;
+  bool wq_retry_on;
+  int64_t rev; /* the newest revision the mirror has seen */
+  megad_jobs_item_fn on_item; /* one listener (may be NULL); megad_jobs_listen sets it */
+  void *on_item_arg;
 } megad_jobs;
+
+/* Registers fn (NULL: none) to hear of every watcher item. */
+void megad_jobs_listen(megad_jobs *js, megad_jobs_item_fn fn, void *arg);
 
 /* Opens STATE/journal and replays it into the table. A torn tail or damage
  * is said loudly (the damaged file is kept); a journal mostly made of
  * history is compacted. */
 mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err);
+/* etcd mode instead of the journal (jobs_etcd.c): reads every job of the
+ * cluster from etcd into the mirror and follows it from there on. Keys:
+ *   mega/j/<id>/0          the JobRecord (a JournalRecord, as journaled)
+ *   mega/j/<id>/e/<seq>    its events, in order
+ *   mega/j/<id>/s          its last step, when it ended
+ *   mega/c/<id>            its coordinator's node id, under that node's lease
+ * Every write of a job this node coordinates is a transaction guarded by
+ * the create revision of mega/c/<id> (the job's fence). */
+mega_status megad_jobs_open_etcd(megad_jobs *js, megad_base *b, megad_etcd *etcd,
+                                 mega_err *err);
+void megad_jobs_set_cbs(megad_jobs *js, const megad_jobs_cbs *cbs);
+/* etcd mode, at shutdown before the client is freed: the watches end and
+ * writes not yet sent are dropped (megad_jobs_close does it too). */
+void megad_jobs_etcd_close(megad_jobs *js);
 void megad_jobs_close(megad_jobs *js);
 
 mega_job *megad_jobs_find(megad_jobs *js, const char *id);
+/* etcd mode: the mirror's copy of a job (any node's), or NULL. */
+mega_job *megad_jobs_mirror_find(megad_jobs *js, const char *id);
+/* etcd mode: the coordinator key's create revision as this node last saw
+ * it (0: none, or embedded mode). A launch or commit carrying an older
+ * fence comes from a coordinator that lost the job. */
+int64_t megad_jobs_coord_rev(megad_jobs *js, const char *job_id);
+/* etcd mode: takes j over (the table takes it), fence already set; saves
+ * its record under the new fence. */
+mega_status megad_jobs_adopt(megad_jobs *js, mega_job *j, mega_err *err);
+/* etcd mode: lets go of j (freed) without a write: another node has it. */
+void megad_jobs_drop(megad_jobs *js, mega_job *j);
+/* Whether writes of this node's jobs have reached etcd; false with why. */
+bool megad_jobs_durable(const megad_jobs *js, const char **why);
 /* Journals j, then adds it (the table takes it). On failure j is the
  * caller's still. */
 mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err);

@@ -5,9 +5,22 @@
 
 #include "daemon/services.h"
 
+/* etcd mode: a coordinator whose claim on the job is older than the one
+ * this node knows lost the job; nothing it asks for is done. */
+static bool stale(megad_services *s, mega_rpc_call *call, const char *job_id, int64_t fence) {
+  int64_t now = megad_jobs_coord_rev(s->jobs, job_id);
+  if (!now || fence >= now) return false;
+  mega_rpc_fail(call, MEGA_RPC_ABORTED,
+                "job %s is coordinated under fence %lld now; this call comes from a coordinator "
+                "that lost it (fence %lld) and is refused", job_id, (long long)now,
+                (long long)fence);
+  return true;
+}
+
 static void on_launch_ranks(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__LaunchRanksRequest *req = (const void *)msg;
+  if (stale(s, call, req->job_id, req->coordinator_fence)) return;
   int32_t *pids = calloc(req->n_ranks ? req->n_ranks : 1, sizeof *pids);
   if (!pids) {
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -61,6 +74,7 @@ static void on_report_step(mega_rpc_call *call, const ProtobufCMessage *msg, voi
 static void on_commit(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__CommitCheckpointRequest *req = (const void *)msg;
+  if (stale(s, call, req->job_id, req->coordinator_fence)) return;
   mega_err e = {0};
   if (megad_launch_commit(s->L, req, &e) != MEGA_OK) {
     mega_rpc_fail_err(call, &e);

@@ -208,10 +208,14 @@ void megad_watch_call(megad_watchers *ws, mega_job *j, mega_rpc_call *call, bool
   }
 }
 
-void megad_watch_drop_all(megad_watchers *ws, const char *why) {
-  while (ws->head) {
-    megad_watcher *w = ws->head;
-    ws->head = w->next;
+void megad_watch_drop_job(megad_watchers *ws, const mega_job *j, const char *why) {
+  for (megad_watcher **pw = &ws->head; *pw;) {
+    megad_watcher *w = *pw;
+    if (j && w->job != j) {
+      pw = &w->next;
+      continue;
+    }
+    *pw = w->next;
     if (w->call) {
       ws->streams--;
       mega_rpc_call_on_cancel(w->call, NULL, NULL);
@@ -220,3 +224,5 @@ void megad_watch_drop_all(megad_watchers *ws, const char *why) {
     free(w);
   }
 }
+
+void megad_watch_drop_all(megad_watchers *ws, const char *why) { megad_watch_drop_job(ws, NULL, why); }

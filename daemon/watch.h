@@ -60,7 +60,9 @@ typedef struct megad_watch_drops {
  * drops (may be NULL) gets the watchers dropped. */
 void megad_watch_broadcast(megad_watchers *ws, mega_job *j, const Mega__V1__WatchJobResponse *item,
                            megad_watch_drops *drops);
-/* Shutdown: every stream ends with UNAVAILABLE and why. */
+/* The watchers of j (every watcher when j is NULL: shutdown) end, streams
+ * with UNAVAILABLE and why. */
+void megad_watch_drop_job(megad_watchers *ws, const mega_job *j, const char *why);
 void megad_watch_drop_all(megad_watchers *ws, const char *why);
 
 #endif

@@ -187,10 +187,24 @@ json_t *megad_webjson_job(const mega_job *j) {
   return o;
 }
 
-json_t *megad_webjson_steps(const mega_job *j, uint64_t since) {
+uint64_t megad_webjson_job_version(const mega_job *j) {
+  uint64_t v[] = {j->curve.seq, j->nevents, (uint64_t)j->state, j->attempt, j->restarts,
+                  j->ckpt_iteration, j->last_iteration, j->world, (uint64_t)j->ended_ms,
+                  j->train_iters};
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over the fields */
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) h = (h ^ v[i]) * 1099511628211ull;
+  return h;
+}
+
+json_t *megad_webjson_steps(const mega_job *j, uint64_t since, size_t max) {
   const mega_stepring *r = &j->curve;
   json_t *o = json_object(), *pts = json_array(), *marks = json_array();
-  for (size_t i = mega_stepring_after(r, since); i < r->n; i++) {
+  size_t from = mega_stepring_after(r, since), skipped = 0;
+  if (r->n - from > max) {
+    skipped = r->n - from - max;
+    from = r->n - max;
+  }
+  for (size_t i = from; i < r->n; i++) {
     const mega_steppoint *p = &r->v[i];
     json_t *x = json_object();
     json_object_set_new(x, "seq", json_integer((json_int_t)p->seq));
@@ -225,6 +239,7 @@ json_t *megad_webjson_steps(const mega_job *j, uint64_t since) {
   json_object_set_new(o, "state", json_string(mega_job_state_name(j->state)));
   json_object_set_new(o, "next", json_integer((json_int_t)r->seq));
   json_object_set_new(o, "thinned", json_integer((json_int_t)r->thinned));
+  json_object_set_new(o, "skipped", json_integer((json_int_t)skipped));
   json_object_set_new(o, "points", pts);
   json_object_set_new(o, "marks", marks);
   return o;

@@ -35,6 +35,31 @@ static inline MEGA_HD float mega_expf(float x) {
   return p * scale.f;
 }
 
+/* bf16 (--bf16): the top 16 bits of a float, rounded to nearest, ties to
+ * even, as cuBLAS's and PyTorch's conversions do. Overflow rounds to
+ * infinity; a NaN stays a (quiet) NaN rather than rounding into infinity. */
+static inline MEGA_HD uint16_t mega_bf16_bits(float x) {
+  union {
+    float f;
+    uint32_t u;
+  } v = {x};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+  uint32_t lsb = (v.u >> 16) & 1u;
+  return (uint16_t)((v.u + 0x7fffu + lsb) >> 16);
+}
+
+static inline MEGA_HD float mega_bf16_to_float(uint16_t b) {
+  union {
+    uint32_t u;
+    float f;
+  } v = {(uint32_t)b << 16};
+  return v.f;
+}
+
+/* x rounded to the nearest bf16, kept in a float (the cpu backend's GEMM
+ * inputs under --bf16: the products of two such values are exact in fp32). */
+static inline MEGA_HD float mega_bf16_round(float x) { return mega_bf16_to_float(mega_bf16_bits(x)); }
+
 #define MEGA_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define MEGA_GELU_CUBE 0.044715f
 

@@ -67,6 +67,11 @@ static inline MEGA_HD void mega_kb_adamw(int64_t i, float *p, const float *g, fl
 
 static inline MEGA_HD void mega_kb_scale(int64_t i, float *x, float s) { x[i] *= s; }
 
+/* --bf16: a GEMM input's element as bf16 bits (cuBLAS's CUDA_R_16BF). */
+static inline MEGA_HD void mega_kb_to_bf16(int64_t i, uint16_t *out, const float *in) {
+  out[i] = mega_bf16_bits(in[i]);
+}
+
 /* ---- row bodies: n < N ---- */
 
 static inline MEGA_HD void mega_kb_layernorm_fwd(int64_t n, float *out, float *mean, float *rstd,

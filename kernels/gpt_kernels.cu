@@ -169,6 +169,10 @@ int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a) {
   return launch(s, n, [=] __device__(int64_t i) { mega_kb_scale(i, x, a); });
 }
 
+int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n) {
+  return launch(s, n, [=] __device__(int64_t i) { mega_kb_to_bf16(i, out, in); });
+}
+
 int mega_cu_sum(mega_cu_stream s, double *partials, const float *x, int64_t n, int squares) {
   block_sums<<<MEGA_CU_SUM_BLOCKS, kThreads, 0, (cudaStream_t)s>>>(partials, x, n, squares);
   return (int)cudaGetLastError();

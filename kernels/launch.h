@@ -50,6 +50,8 @@ int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v
                   float lr, float b1, float b2, float eps, float wd, float gs, float bc1,
                   float bc2);
 int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a);
+/* out[i] = in[i] as bf16 bits, rounded to nearest even (--bf16's GEMM inputs). */
+int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n);
 /* partials[MEGA_CU_SUM_BLOCKS] (device) = block sums of x (or of x^2), in
  * double, in a fixed order: the host adds them, so results are
  * deterministic. */

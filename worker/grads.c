@@ -28,7 +28,8 @@ struct mega_grads {
   bool *launched;   /* per bucket */
   mega_req **req;   /* per bucket: the reduction in flight */
   mega_req **preq;  /* per bucket: the parameter all-gather in flight */
-  mega_comm *comm;
+  mega_comm *comm;  /* backend memory */
+  mega_comm *hcomm; /* host memory: the moments' gather */
   mega_optim_range *ranges;
   int *range_chunk;
   size_t *range_pos; /* of each range in its chunk's buffers */
@@ -254,7 +255,10 @@ void mega_grads_destroy(mega_grads *g) {
   free(g);
 }
 
-void mega_grads_set_comm(mega_grads *g, mega_comm *dp) { g->comm = dp; }
+void mega_grads_set_comm(mega_grads *g, mega_comm *dp, mega_comm *host) {
+  g->comm = dp;
+  g->hcomm = host ? host : dp;
+}
 
 int mega_grads_num_buckets(const mega_grads *g) { return g->nbuckets; }
 
@@ -413,15 +417,15 @@ const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n) {
   return g->ranges;
 }
 
-/* All-gathers bucket b's shards of buf (one of the chunk's buffers) in
- * place. */
-static mega_status gather_bucket(mega_grads *g, int b, float *buf, mega_req **req,
-                                 mega_err *err) {
+/* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
+ * in place, over comm. */
+static mega_status gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
+                                 mega_req **req, mega_err *err) {
   const mega_grads_bucket *k = &g->buckets[b];
   size_t counts[g->o.dp_size];
   for (int d = 0; d < g->o.dp_size; d++) counts[d] = k->shard_numel;
   float *base = buf + k->offset;
-  return mega_comm_iall_gather(g->comm, base + k->shard_offset, base, counts, MEGA_DT_F32, 0, req,
+  return mega_comm_iall_gather(comm, base + k->shard_offset, base, counts, MEGA_DT_F32, 0, req,
                                err);
 }
 
@@ -435,7 +439,7 @@ mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err) {
     for (int b = c->b0 + c->nb - 1; b >= c->b0 && st == MEGA_OK; b--) {
       if (g->preq[b])
         return mega_fail(err, MEGA_ERR_INTERNAL, "bucket %d's parameter gather is in flight", b);
-      st = gather_bucket(g, b, c->params, &g->preq[b], err);
+      st = gather_bucket(g, g->comm, b, c->params, &g->preq[b], err);
     }
   }
   if (st == MEGA_OK && !async) st = mega_grads_wait_params(g, -1, err);
@@ -491,7 +495,7 @@ mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const
     int v = g->buckets[b].chunk;
     for (int m = 0; m < 2 && st == MEGA_OK; m++) {
       mega_req *req = NULL;
-      st = gather_bucket(g, b, m ? exp_avg_sq[v] : exp_avg[v], &req, err);
+      st = gather_bucket(g, g->hcomm, b, m ? exp_avg_sq[v] : exp_avg[v], &req, err);
       if (st == MEGA_OK) st = mega_req_wait(req, 0, err);
       mega_req_free(req);
     }

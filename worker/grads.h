@@ -96,9 +96,11 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
                               const mega_grads_opts *opts, mega_grads **out, mega_err *err);
 void mega_grads_destroy(mega_grads *g); /* NULL is fine; waits for nothing: wait first */
 
-/* The data-parallel communicator (NULL when DP is 1: launches then reduce
- * nothing). Set it before the first launch. */
-void mega_grads_set_comm(mega_grads *g, mega_comm *dp);
+/* The data-parallel communicators (NULL when DP is 1: launches then reduce
+ * nothing): dp moves the buffers (backend memory: buckets, shards,
+ * parameters), host the whole moments a checkpoint gathers (host memory;
+ * NULL: dp). Set them before the first launch. */
+void mega_grads_set_comm(mega_grads *g, mega_comm *dp, mega_comm *host);
 
 int mega_grads_num_buckets(const mega_grads *g);
 const mega_grads_bucket *mega_grads_bucket_at(const mega_grads *g, int i); /* chunk order */

@@ -179,10 +179,10 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
             job->simulate_compute);
   if (!o->json && o->rank == 0)
     printf("megaw: rank %d of %d, %zu parameters here, %d layers, hidden %d, %d heads, seq %d, "
-           "global batch %d, micro batch %d\n", o->rank, o->world,
+           "global batch %d, micro batch %d%s\n", o->rank, o->world,
            mega_rank_num_params(rs.rank), job->num_layers, job->hidden_size,
            job->num_attention_heads, job->seq_length, job->global_batch_size,
-           job->micro_batch_size);
+           job->micro_batch_size, job->bf16 ? ", bf16 GEMM inputs" : "");
   if (mega_rank_run(rs.rank, &err) != MEGA_OK) {
     if (stop_signal && err.status == MEGA_ERR_CANCELLED) {
       fprintf(stderr, "megaw: stopped by signal %d after iteration %lld\n", (int)stop_signal,

@@ -5,11 +5,17 @@
 #include <time.h>
 
 struct mega_p2p {
-  mega_comm *comm;
+  mega_comm *comm;       /* the activations (backend memory) */
+  mega_comm *shape_comm; /* the shape messages (host memory) */
   int rank, pp, vp;
   mega_p2p_opts opts;
   mega_p2p_alloc_fn alloc;
   void *alloc_arg;
+  /* Variable-length receives whose data is not posted yet, in the order
+   * they were posted: NCCL matches a peer's messages by order, not by tag,
+   * so each posts its data only after those from the same peer before it
+   * (the sender posts its data in that order too). */
+  mega_p2p_msg *unsized;
 };
 
 static double wall_s(void) {
@@ -52,6 +58,11 @@ mega_status mega_p2p_create(mega_comm *comm, int pp, int vp, const mega_p2p_opts
   p->pp = pp;
   p->vp = vp;
   if (opts) p->opts = *opts;
+  p->shape_comm = p->opts.shape_comm ? p->opts.shape_comm : comm;
+  if (mega_comm_size(p->shape_comm) != pp || mega_comm_rank(p->shape_comm) != p->rank) {
+    free(p);
+    return mega_fail(err, MEGA_ERR_INTERNAL, "p2p: the shape communicator is not the pipeline's");
+  }
   *out = p;
   return MEGA_OK;
 }
@@ -121,11 +132,20 @@ static mega_status post_one(mega_p2p *p, mega_p2p_msg *m, mega_err *err) {
     m->shape[1] = m->B;
     m->shape[2] = m->C;
     m->shape[3] = (int64_t)(m->t_post * 1e6); /* lets the receiver tell bubble from transfer */
-    st = mega_comm_isend(p->comm, m->shape, sizeof m->shape, peer, tag, &m->shape_req, err);
+    st = mega_comm_isend(p->shape_comm, m->shape, sizeof m->shape, peer, tag, &m->shape_req,
+                         err);
     return st == MEGA_OK ? post_data(p, m, err) : st;
   }
   /* A receive posts its data only once the shape says how much. */
-  return mega_comm_irecv(p->comm, m->shape, sizeof m->shape, peer, tag, &m->shape_req, err);
+  st = mega_comm_irecv(p->shape_comm, m->shape, sizeof m->shape, peer, tag, &m->shape_req, err);
+  if (st == MEGA_OK) {
+    mega_p2p_msg **at = &p->unsized;
+    while (*at) at = &(*at)->next_unsized;
+    *at = m;
+    m->owner = p;
+    m->next_unsized = NULL;
+  }
+  return st;
 }
 
 /* Seed 000's order, by direction: send-next, recv-prev, send-prev, recv-next
@@ -170,6 +190,44 @@ static mega_status post_after_shape(mega_p2p *p, mega_p2p_msg *m, mega_err *err)
   return st == MEGA_OK ? post_data(p, m, err) : st;
 }
 
+static void unlink_unsized(mega_p2p_msg *m) {
+  if (!m->owner) return;
+  for (mega_p2p_msg **at = &m->owner->unsized; *at; at = &(*at)->next_unsized)
+    if (*at == m) {
+      *at = m->next_unsized;
+      break;
+    }
+  m->owner = NULL;
+  m->next_unsized = NULL;
+}
+
+/* Posts m's data once its shape is here, after the data of every earlier
+ * variable receive from the same peer. block: wait for their shapes;
+ * otherwise *ready says whether m's data could be posted yet. */
+static mega_status post_in_order(mega_p2p *p, mega_p2p_msg *m, bool block, bool *ready,
+                                 mega_err *err) {
+  int peer = mega_p2p_peer(p, m->kind, m->chunk);
+  *ready = false;
+  while (!m->data_posted) {
+    mega_p2p_msg *q = p->unsized;
+    while (q && q != m && mega_p2p_peer(p, q->kind, q->chunk) != peer) q = q->next_unsized;
+    if (!q) return mega_fail(err, MEGA_ERR_INTERNAL, "p2p: a variable receive left its queue");
+    mega_status st;
+    if (block) {
+      st = mega_req_wait(q->shape_req, p->opts.timeout_ms, err);
+    } else {
+      bool d = false;
+      st = mega_req_test(q->shape_req, &d, err);
+      if (st == MEGA_OK && !d) return MEGA_OK;
+    }
+    unlink_unsized(q);
+    if (st == MEGA_OK) st = post_after_shape(p, q, err);
+    if (st != MEGA_OK) return st;
+  }
+  *ready = true;
+  return MEGA_OK;
+}
+
 static mega_status finish(mega_p2p *p, mega_p2p_msg *m, mega_err *err) {
   m->done = true;
   if (is_send(m->kind)) return MEGA_OK;
@@ -193,8 +251,8 @@ mega_status mega_p2p_wait_shape(mega_p2p *p, mega_p2p_msg *m, mega_p2p_wait *w, 
   if (w) *w = (mega_p2p_wait){0};
   if (is_send(m->kind) || !m->shape_req || m->data_posted) return MEGA_OK;
   double t0 = wall_s();
-  mega_status st = mega_req_wait(m->shape_req, p->opts.timeout_ms, err);
-  if (st == MEGA_OK) st = post_after_shape(p, m, err);
+  bool ready;
+  mega_status st = post_in_order(p, m, true, &ready, err);
   if (st == MEGA_OK) split_wait(m, t0, wall_s(), (double)m->shape[3] * 1e-6, w);
   return st;
 }
@@ -205,11 +263,9 @@ mega_status mega_p2p_wait_msg(mega_p2p *p, mega_p2p_msg *m, mega_p2p_wait *w, me
   if (!m->posted) return mega_fail(err, MEGA_ERR_INTERNAL, "p2p: waiting on a transfer never posted");
   double t0 = wall_s();
   mega_status st;
-  if (m->shape_req && !m->data_posted) {
-    st = mega_req_wait(m->shape_req, p->opts.timeout_ms, err);
-    if (st == MEGA_OK) st = post_after_shape(p, m, err);
-    if (st != MEGA_OK) return st;
-  }
+  bool ready;
+  if (m->shape_req && !m->data_posted && (st = post_in_order(p, m, true, &ready, err)) != MEGA_OK)
+    return st;
   if (m->shape_req && is_send(m->kind)) {
     st = mega_req_wait(m->shape_req, p->opts.timeout_ms, err);
     if (st != MEGA_OK) return st;
@@ -227,10 +283,8 @@ mega_status mega_p2p_test(mega_p2p *p, mega_p2p_msg *m, bool *done, mega_err *er
   bool d = false;
   mega_status st;
   if (m->shape_req && !m->data_posted) {
-    st = mega_req_test(m->shape_req, &d, err);
+    st = post_in_order(p, m, false, &d, err);
     if (st != MEGA_OK || !d) return st;
-    st = post_after_shape(p, m, err);
-    if (st != MEGA_OK) return st;
   }
   if (m->shape_req && is_send(m->kind)) {
     st = mega_req_test(m->shape_req, &d, err);
@@ -244,6 +298,7 @@ mega_status mega_p2p_test(mega_p2p *p, mega_p2p_msg *m, bool *done, mega_err *er
 }
 
 void mega_p2p_release(mega_p2p_msg *m) {
+  unlink_unsized(m);
   mega_req_free(m->req);
   mega_req_free(m->shape_req);
   m->req = m->shape_req = NULL;

@@ -39,6 +39,9 @@ typedef struct mega_p2p_opts {
   /* Where message buffers live: the trailer's timestamp is copied in and
    * out through it (device memory on the cuda backend). NULL: host memory. */
   mega_backend *be;
+  /* The shape messages of variable_seq (host memory): a cuda rank's host
+   * communicator of the pipeline group. NULL: the data communicator. */
+  mega_comm *shape_comm;
 } mega_p2p_opts;
 
 /* One transfer. Fill kind, mb, chunk, buf, and for sends and fixed-shape
@@ -51,6 +54,8 @@ typedef struct mega_p2p_msg {
                    from alloc_fn when the shape arrives */
   /* internal */
   mega_req *req, *shape_req;
+  struct mega_p2p *owner;          /* variable receives awaiting their shape: */
+  struct mega_p2p_msg *next_unsized; /* the owner's list, in the order posted */
   int64_t shape[4];
   bool posted, data_posted, done;
   double t_post;  /* when this rank posted it (wall clock, seconds) */

@@ -24,10 +24,6 @@ static double wall_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int timeout_ms(const mega_rank *r) {
-  return r->env.kv_timeout_ms > 0 ? r->env.kv_timeout_ms : 60000;
-}
-
 mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err *err) {
   *out = NULL;
   const mega_jobspec *job = env->job;
@@ -58,8 +54,7 @@ void mega_rank_abort(mega_rank *r, const char *reason) {
   if (atomic_exchange(&r->aborted, true)) return;
   snprintf(r->abort_reason, sizeof r->abort_reason, "%s", reason ? reason : "aborted");
   pthread_mutex_lock(&r->comm_lock);
-  for (int g = 0; g < NGROUPS; g++)
-    if (r->comm[g]) mega_comm_abort(r->comm[g]);
+  for (int g = 0; g < NGROUPS; g++) rank_comm_abort_locked(r, g);
   pthread_mutex_unlock(&r->comm_lock);
 }
 
@@ -67,59 +62,6 @@ static mega_status check_abort(mega_rank *r, mega_err *err) {
   if (!atomic_load(&r->aborted)) return MEGA_OK;
   return mega_fail(err, MEGA_ERR_CANCELLED, "rank %d aborted: %s", r->env.rank, r->abort_reason);
 }
-
-/* ---- groups ---- */
-
-static mega_status join_group(mega_rank *r, int g, const char *group, int pos, int size,
-                              mega_err *err) {
-  mega_comm *c = NULL;
-  mega_status st = mega_comm_create(r->store, group, pos, size, r->env.hostname, timeout_ms(r),
-                                    &c, err);
-  if (st != MEGA_OK) {
-    mega_err_prefix(err, "joining group %s as rank %d of %d", group, pos, size);
-    return st;
-  }
-  pthread_mutex_lock(&r->comm_lock);
-  r->comm[g] = c;
-  /* An abort that raced with the creation must still reach this group. */
-  if (atomic_load(&r->aborted)) mega_comm_abort(c);
-  pthread_mutex_unlock(&r->comm_lock);
-  return check_abort(r, err);
-}
-
-static mega_status make_group(mega_rank *r, int g, mega_group_kind kind, const char *name,
-                              mega_err *err) {
-  int pos = 0, idx = mega_topo_group_of(&r->topo, kind, r->env.rank, &pos);
-  int size = mega_topo_group_size(&r->topo, kind);
-  if (idx < 0 || size < 2) return MEGA_OK;
-  char group[64];
-  snprintf(group, sizeof group, "%s%d", name, idx);
-  return join_group(r, g, group, pos, size, err);
-}
-
-/* Data-parallel replicas hold the same weights: the first one saves. */
-
-/* Every rank builds its groups in the same order (PP, DP, EMBD, TP), so each
- * creation only waits for members that are creating the same group. */
-static mega_status build_groups(mega_rank *r, mega_err *err) {
-  if (r->env.world_size == 1) return MEGA_OK;
-  char prefix[256];
-  snprintf(prefix, sizeof prefix, "%s", r->env.kv_prefix ? r->env.kv_prefix : "mega");
-  mega_status st = r->env.kv ? mega_store_open_kv(r->env.kv, r->env.kv_ctx, prefix, &r->store, err)
-                             : mega_store_open_file(r->env.store_dir, prefix, &r->store, err);
-  if (st == MEGA_OK) st = make_group(r, GROUP_PP, MEGA_GROUP_PP, "pp", err);
-  if (st == MEGA_OK) st = make_group(r, GROUP_DP, MEGA_GROUP_DP, "dp", err);
-  if (st == MEGA_OK) st = make_group(r, GROUP_EMBD, MEGA_GROUP_EMBD, "embd", err);
-  if (st == MEGA_OK) st = make_group(r, GROUP_TP, MEGA_GROUP_TP, "tp", err);
-  r->tp.comm = r->comm[GROUP_TP];
-  /* The writers: the pipeline of dp 0, tp 0, once more, for checkpoints. */
-  if (st == MEGA_OK && r->job->save && rank_is_writer(r) && r->topo.pp > 1)
-    st = join_group(r, GROUP_CKPT, "ckpt", r->me.pp, r->topo.pp, err);
-  mega_store_close(r->store);
-  r->store = NULL;
-  return st;
-}
-
 
 /* ---- set-up ---- */
 
@@ -189,10 +131,10 @@ static mega_status make_engine(mega_rank *r, const mega_schedule *sched, bool ev
 static mega_status build_engine(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_status st = MEGA_OK;
-  if (r->comm[GROUP_PP]) {
+  if (r->dcomm[GROUP_PP]) {
     mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths,
-                        .be = r->be};
-    st = mega_p2p_create(r->comm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
+                        .be = r->be, .shape_comm = r->hcomm[GROUP_PP]};
+    st = mega_p2p_create(r->dcomm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
   }
   if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
   if (st == MEGA_OK && j->eval_interval > 0)
@@ -203,7 +145,7 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
 /* --backend: cuda through its module on the rank's device (the
  * assignment's, else its local rank); auto takes cuda for a single rank
  * where a GPU's device files are, and says why when it falls back. */
-static mega_status make_backend(mega_rank *r, mega_err *err) {
+static mega_status pick_backend(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   int kind = j->backend;
   bool gpu = access("/dev/nvidiactl", F_OK) == 0;
@@ -216,8 +158,16 @@ static mega_status make_backend(mega_rank *r, mega_err *err) {
     if (st == MEGA_OK || j->backend == MEGA_JOB_BACKEND_CUDA) return st;
     fprintf(stderr, "megaw: rank %d: --backend auto: using cpu (%s)\n", r->env.rank, why.msg);
   }
-  mega_backend_cpu_opts bo = {.threads = j->blas_threads};
+  mega_backend_cpu_opts bo = {.threads = j->blas_threads,
+                              .track_memory = r->env.check_comm_memory};
   return mega_backend_cpu_create(&bo, &r->be, err);
+}
+
+/* The backend, in --bf16 mode when asked. */
+static mega_status make_backend(mega_rank *r, mega_err *err) {
+  mega_status st = pick_backend(r, err);
+  if (st == MEGA_OK && r->job->bf16) st = r->be->ops->set_bf16(r->be, true, err);
+  return st;
 }
 
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
@@ -250,8 +200,9 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   /* The committer clears interrupted saves before the groups exist, so no
    * rank can be writing into SAVE yet. */
   if (st == MEGA_OK && j->save && r->env.rank == 0) st = mega_ckpt_clean_temps(j->save, NULL, err);
-  if (st == MEGA_OK) st = build_groups(r, err);
-  if (st == MEGA_OK) mega_grads_set_comm(r->chunks.grads, r->comm[GROUP_DP]);
+  if (st == MEGA_OK) st = rank_build_groups(r, err);
+  if (st == MEGA_OK)
+    mega_grads_set_comm(r->chunks.grads, r->dcomm[GROUP_DP], r->hcomm[GROUP_DP]);
   if (st == MEGA_OK) st = build_engine(r, err);
   if (st == MEGA_OK && j->trace_iteration > 0) {
     r->span_cap = (size_t)r->sched.ranks[r->me.pp].n * 2 + 16;
@@ -314,8 +265,8 @@ static mega_status finalize_grads(mega_rank *r, mega_err *err) {
   float *tied;
   size_t n;
   mega_grads_tied_region(r->chunks.grads, &tied, &n);
-  if (st == MEGA_OK && r->comm[GROUP_EMBD] && n)
-    st = mega_comm_all_reduce(r->comm[GROUP_EMBD], tied, n, 0, err);
+  if (st == MEGA_OK && r->dcomm[GROUP_EMBD] && n)
+    st = mega_comm_all_reduce(r->dcomm[GROUP_EMBD], tied, n, 0, err);
   if (st == MEGA_OK) st = rank_tp_finalize_grads(r, err);
   return st;
 }
@@ -338,8 +289,8 @@ static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     tokens += (double)res.tokens;
   }
   if (!last || r->simulate) return MEGA_OK;
-  mega_status st = sum_doubles(r->comm[GROUP_DP], &loss_sum, err);
-  if (st == MEGA_OK) st = sum_doubles(r->comm[GROUP_DP], &tokens, err);
+  mega_status st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
+  if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_DP], &tokens, err);
   if (st != MEGA_OK) return st;
   m->has_eval_loss = true;
   m->eval_loss = tokens > 0 ? loss_sum / tokens : 0;
@@ -377,7 +328,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
   double loss_sum = res.loss_sum;
-  if (st == MEGA_OK && has_loss) st = sum_doubles(r->comm[GROUP_DP], &loss_sum, err);
+  if (st == MEGA_OK && has_loss) st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
   double tg = wall_s(); /* gradients reduced (finish_grad_sync, finalize_model_grads) */
   /* The global norm counts every element once: the shards this rank owns
    * summed over the data-parallel group (distributed optimizer), the slices
@@ -386,9 +337,9 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   double sumsq = 0, drained = ts;
   if (st == MEGA_OK) st = mega_grads_sumsq(r->chunks.grads, &sumsq, err);
   if (st == MEGA_OK && r->job->use_distributed_optimizer)
-    st = sum_doubles(r->comm[GROUP_DP], &sumsq, err);
-  if (st == MEGA_OK) st = sum_doubles(r->comm[GROUP_TP], &sumsq, err);
-  if (st == MEGA_OK) st = pipeline_stats(r->comm[GROUP_PP], &sumsq, &drained, err);
+    st = sum_doubles(r->hcomm[GROUP_DP], &sumsq, err);
+  if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
+  if (st == MEGA_OK) st = pipeline_stats(r->hcomm[GROUP_PP], &sumsq, &drained, err);
   double tsync = wall_s();
   /* Waiting here while another stage still runs its schedule is pipeline
    * bubble (the drain), not gradient sync. Clocks of two nodes may disagree
@@ -491,7 +442,7 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
    * its gathers could wait on writers that will never come: abandon it. */
   if (st != MEGA_OK) {
     pthread_mutex_lock(&r->comm_lock);
-    if (r->comm[GROUP_CKPT]) mega_comm_abort(r->comm[GROUP_CKPT]);
+    rank_comm_abort_locked(r, GROUP_CKPT);
     pthread_mutex_unlock(&r->comm_lock);
   }
   if (r->saver) {
@@ -516,12 +467,7 @@ void mega_rank_destroy(mega_rank *r) {
   mega_engine_destroy(r->engine);
   mega_engine_destroy(r->eval_engine);
   mega_p2p_destroy(r->p2p);
-  pthread_mutex_lock(&r->comm_lock);
-  for (int g = 0; g < NGROUPS; g++) {
-    mega_comm_destroy(r->comm[g]);
-    r->comm[g] = NULL;
-  }
-  pthread_mutex_unlock(&r->comm_lock);
+  rank_comm_destroy_all(r);
   pthread_mutex_destroy(&r->comm_lock);
   mega_store_close(r->store);
   rank_tp_free(r);

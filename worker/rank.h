@@ -103,6 +103,10 @@ typedef struct mega_rank_env {
 
   const char *state_dir;  /* this rank's scratch directory (traces); may be NULL */
   int device;             /* CUDA device, or -1 for the cpu backend */
+  /* Tests: build each group's device and host communicators apart (as a
+   * cuda rank does) on a cpu backend that tracks its memory, and check that
+   * each gets only its kind of memory (worker/rank_comm.c). */
+  bool check_comm_memory;
   int attempt;            /* the launcher's attempt (0 by hand): names checkpoint temp files
                              and is recorded in every checkpoint's manifest */
 

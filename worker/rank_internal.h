@@ -21,11 +21,12 @@
 enum { GROUP_PP, GROUP_DP, GROUP_EMBD, GROUP_TP, GROUP_CKPT, NGROUPS };
 
 /* The rank's tensor parallelism (rank_tp.c): the model's collectives go
- * over comm (r->comm[GROUP_TP]) and add their time to comm_s. With --save,
+ * over comm (r->dcomm[GROUP_TP]) and add their time to comm_s. With --save,
  * the ranks of dp 0 gather their slices for the writer, which holds whole
  * copies (whole) of the tensors it saves. */
 typedef struct rank_tp {
-  mega_comm *comm;
+  mega_comm *comm;  /* device memory: the model's collectives */
+  mega_comm *hcomm; /* host memory: checkpoint slices */
   int size;
   size_t *counts; /* [size] scratch */
   double comm_s;
@@ -50,8 +51,12 @@ struct mega_rank {
   mega_lr_sched lr;
   mega_optim *optim;
   mega_store *store;
-  mega_comm *comm[NGROUPS]; /* NULL where this rank is in no such group of size > 1 */
-  pthread_mutex_t comm_lock; /* guards comm[] against mega_rank_abort's thread */
+  /* Per group, the communicators for device and for host memory (the rule
+   * for which carries what is in rank_comm.c); the same one on a cpu rank.
+   * NULL where this rank is in no such group of size > 1, or the group
+   * carries no such memory. */
+  mega_comm *dcomm[NGROUPS], *hcomm[NGROUPS];
+  pthread_mutex_t comm_lock; /* guards them against mega_rank_abort's thread */
   rank_tp tp;
   mega_p2p *p2p;
   bool simulate;
@@ -73,6 +78,13 @@ static inline bool rank_is_writer(const mega_rank *r) { return r->me.dp == 0 && 
 static inline void rank_phase(mega_rank *r, const char *name) {
   if (r->env.on_phase) r->env.on_phase(r->env.arg, name, r->iteration);
 }
+
+/* rank_comm.c */
+/* Opens the rendezvous store and builds every group's communicators. */
+mega_status rank_build_groups(mega_rank *r, mega_err *err);
+/* Aborts group g's communicators (the caller holds comm_lock). */
+void rank_comm_abort_locked(mega_rank *r, int g);
+void rank_comm_destroy_all(mega_rank *r);
 
 /* rank_tp.c */
 /* The stages' TP description (its collectives bound to r->tp). */

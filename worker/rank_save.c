@@ -106,10 +106,10 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
    * wait for a save, or for the one before it, may outlast the
    * communicators' timeout that the next step's collectives would use, so
    * it happens here, under the writers' long bound. */
-  if (st == MEGA_OK && r->comm[GROUP_CKPT])
-    st = mega_comm_barrier(r->comm[GROUP_CKPT], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
-  if (st == MEGA_OK && r->comm[GROUP_DP])
-    st = mega_comm_barrier(r->comm[GROUP_DP], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
+  if (st == MEGA_OK && r->hcomm[GROUP_CKPT])
+    st = mega_comm_barrier(r->hcomm[GROUP_CKPT], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
+  if (st == MEGA_OK && r->hcomm[GROUP_DP])
+    st = mega_comm_barrier(r->hcomm[GROUP_DP], MEGA_CKPT_WRITERS_TIMEOUT_MS, err);
   if (st == MEGA_OK && r->saver && async) st = mega_rank_saver_write(r->saver, err);
   if (st != MEGA_OK) mega_err_prefix(err, "rank %d", r->env.rank);
   return st;
@@ -142,7 +142,7 @@ mega_status rank_build_saver(mega_rank *r, mega_err *err) {
   }
   mega_rank_saver_config sc = {
       .writer = {.save_dir = r->job->save, .cfg = &r->chunks.cfg, .job = r->job,
-                 .comm = r->comm[GROUP_CKPT], .attempt = r->env.attempt},
+                 .comm = r->hcomm[GROUP_CKPT], .attempt = r->env.attempt},
       .async = r->job->async_save, .rank = r->env.rank,
       .on_checkpoint = r->env.on_checkpoint, .await_commit = r->env.await_commit,
       .arg = r->env.arg};

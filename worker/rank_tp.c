@@ -40,13 +40,17 @@ static mega_status tp_all_reduce_max(void *ctx, float *buf, size_t n, mega_err *
   return tp_done(t, t0, mega_comm_all_reduce_max(t->comm, buf, n, 0, err), err, "max");
 }
 
+static mega_status gather_on(rank_tp *t, mega_comm *c, const float *in, float *out, size_t n,
+                             mega_err *err) {
+  double t0 = now_s();
+  mega_status st = mega_comm_all_gather(c, in, out, equal_counts(t, n), MEGA_DT_F32, 0, err);
+  return tp_done(t, t0, st, err, "all-gather");
+}
+
 static mega_status tp_all_gather(void *ctx, const float *in, float *out, size_t n,
                                  mega_err *err) {
   rank_tp *t = ctx;
-  double t0 = now_s();
-  mega_status st = mega_comm_all_gather(t->comm, in, out, equal_counts(t, n), MEGA_DT_F32, 0,
-                                        err);
-  return tp_done(t, t0, st, err, "all-gather");
+  return gather_on(t, t->comm, in, out, n, err);
 }
 
 static mega_status tp_reduce_scatter(void *ctx, const float *in, float *out, size_t n,
@@ -168,7 +172,7 @@ mega_status rank_tp_gather(mega_rank *r, const mega_ckpt_param *local, size_t n,
                                 MEGA_COPY_D2H, err);
     if (st != MEGA_OK) break;
     bool sliced = p->tp_size > 1 && !mega_tp_split_replicated(&p->tp);
-    if (sliced) st = tp_all_gather(t, mine, all, (size_t)k * ln, err);
+    if (sliced) st = gather_on(t, t->hcomm, mine, all, (size_t)k * ln, err); /* host copies */
     if (st != MEGA_OK || !writer) continue;
     mega_ckpt_param *w = &t->whole[i];
     float *dst[3] = {w->param, w->exp_avg, w->exp_avg_sq};

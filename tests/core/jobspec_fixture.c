@@ -85,7 +85,7 @@ void make_full(mega_jobspec *s) {
                     "--recompute-num-layers", "2", "--overlap-grad-reduce",
                     "--align-grad-reduce", "--bucket-size", "1000", "--use-distributed-optimizer",
                     "--overlap-param-gather", "--average-in-collective",
-                    "--blas-threads", "4", "--backend", "cpu", "--trace-iteration", "3",
+                    "--blas-threads", "4", "--backend", "cpu", "--bf16", "--trace-iteration", "3",
                     "--simulate-compute", "1:2:3", "--log-interval", "2", "--data-path", "0.3", "a b", "0.7", "-c",
                     "--split", "969,30,1", "--train-data-path", "t", "--valid-data-path",
                     "0.5", "v", "0.5", "w", "--tokenizer-type", "NullTokenizer", "--vocab-size",

@@ -154,6 +154,42 @@ static void test_model_ops(void) {
   }
 }
 
+/* --bf16: cublasGemmEx on bf16 copies against the cpu backend's rounding
+ * before OpenBLAS. Both round the same fp32 inputs the same way and the
+ * products are exact in fp32, so only the order of the sums differs. */
+static void test_bf16_matmuls(void) {
+  mega_err err = {0};
+  if (cpu->ops->set_bf16(cpu, true, &err) || gpu->ops->set_bf16(gpu, true, &err)) {
+    printf("FAIL set_bf16: %s\n", err.msg);
+    failures++;
+    return;
+  }
+  float *x = vec(N * C, 21, 2), *W = vec(C * 3 * C, 22, 0.2f), *bias = vec(3 * C, 23, 1);
+  float *dy = vec(N * 3 * C, 24, 1);
+  float *gx = up(x, sizeof(float) * N * C), *gW = up(W, sizeof(float) * C * 3 * C);
+  float *gb = up(bias, sizeof(float) * 3 * C), *gdy = up(dy, sizeof(float) * N * 3 * C);
+  float *y = malloc(sizeof(float) * N * 3 * C), *gy = dev_zero(sizeof(float) * N * 3 * C);
+  float *dx = malloc(sizeof(float) * N * C), *gdx = dev_zero(sizeof(float) * N * C);
+  for (int lay = 0; lay < 2; lay++) {
+    mega_wlayout l = (mega_wlayout)lay;
+    cpu->ops->matmul_forward(cpu, y, x, W, bias, NULL, N, C, 3 * C, l);
+    gpu->ops->matmul_forward(gpu, gy, gx, gW, gb, NULL, N, C, 3 * C, l);
+    same(lay ? "bf16 matmul forward (out, in)" : "bf16 matmul forward (in, out)", gy, y,
+         N * 3 * C, 1e-4);
+    cpu->ops->matmul_backward_input(cpu, dx, dy, W, N, C, 3 * C, l);
+    gpu->ops->matmul_backward_input(gpu, gdx, gdy, gW, N, C, 3 * C, l);
+    same("bf16 matmul backward input", gdx, dx, N * C, 1e-3);
+    float *dW = calloc((size_t)C * 3 * C, 4), *gdW = dev_zero(sizeof(float) * C * 3 * C);
+    float *db = calloc(3 * C, 4), *gdb = dev_zero(sizeof(float) * 3 * C);
+    cpu->ops->matmul_backward_weight(cpu, dW, db, dy, x, N, C, 3 * C, l);
+    gpu->ops->matmul_backward_weight(gpu, gdW, gdb, gdy, gx, N, C, 3 * C, l);
+    same("bf16 matmul weight gradient", gdW, dW, C * 3 * C, 1e-3);
+    same("bf16 matmul bias gradient (fp32)", gdb, db, 3 * C, 1e-4);
+  }
+  cpu->ops->set_bf16(cpu, false, &err);
+  gpu->ops->set_bf16(gpu, false, &err);
+}
+
 int main(void) {
   mega_err err = {0};
   const mega_cuda_module *m;
@@ -168,6 +204,7 @@ int main(void) {
   }
   test_gemms();
   test_model_ops();
+  test_bf16_matmuls();
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
   /* buffers are left to the process's end: the device goes with it */
   return failures ? 1 : 0;

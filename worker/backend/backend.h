@@ -73,6 +73,13 @@ typedef struct mega_backend_ops {
    * GEMMs and the backend's own, which sleep between ops, for everything
    * else; ignored on cuda). n >= 1. */
   mega_status (*set_threads)(mega_backend *be, int n, mega_err *err);
+  /* --bf16 (off by default): matmul_forward, matmul_backward_input and
+   * matmul_backward_weight round both GEMM inputs to bf16 (to nearest,
+   * ties to even: kernels/elementwise.h) and accumulate in fp32, as
+   * cuBLAS's bf16 GEMMs with CUBLAS_COMPUTE_32F do. Their outputs, the
+   * bias gradients and every weight, gradient and optimizer state stay
+   * fp32. gemm and gemm_batched (attention's products) stay fp32. */
+  mega_status (*set_bf16)(mega_backend *be, bool on, mega_err *err);
 
   /* ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major ----
    * op(A) is [M, K], op(B) is [K, N], C is [M, N]; lda/ldb/ldc are the row
@@ -206,6 +213,8 @@ struct mega_backend {
 typedef struct mega_backend_cpu_opts {
   int threads; /* math threads (see set_threads); 0 means 1: workers share
                   the node's cores */
+  bool track_memory; /* keep a list of live allocations for mega_backend_cpu_owns
+                        (tests: proves which buffers are backend memory) */
 } mega_backend_cpu_opts;
 
 /* opts may be NULL (one thread). OpenBLAS picks its kernel set (Haswell,
@@ -213,6 +222,10 @@ typedef struct mega_backend_cpu_opts {
  * detection. */
 mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts,
                                     mega_backend **out, mega_err *err);
+
+/* Whether [p, p+bytes) lies inside one live allocation of a cpu backend
+ * made with track_memory (false without it). */
+bool mega_backend_cpu_owns(mega_backend *be, const void *p, size_t bytes);
 
 /* The OpenBLAS kernel set in use ("Haswell", "SkylakeX", ...), for logs. */
 const char *mega_backend_cpu_blas_core(void);

@@ -5,26 +5,77 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/elementwise.h"
 #include "worker/backend/cpu_internal.h"
 
+/* --- opts.track_memory: the live allocations, so that a test can tell
+ * backend memory from host memory (mega_backend_cpu_owns) --- */
+
+static bool track_add(mega_cpu_impl *impl, void *p, size_t bytes) {
+  pthread_mutex_lock(&impl->track_mu);
+  bool ok = true;
+  if (impl->ntracked == impl->track_cap) {
+    size_t cap = impl->track_cap ? 2 * impl->track_cap : 64;
+    mega_cpu_block *b = realloc(impl->tracked, cap * sizeof *b);
+    if (b) {
+      impl->tracked = b;
+      impl->track_cap = cap;
+    } else {
+      ok = false;
+    }
+  }
+  if (ok) impl->tracked[impl->ntracked++] = (mega_cpu_block){.p = p, .bytes = bytes};
+  pthread_mutex_unlock(&impl->track_mu);
+  return ok;
+}
+
+static void track_remove(mega_cpu_impl *impl, void *p) {
+  pthread_mutex_lock(&impl->track_mu);
+  for (size_t i = 0; i < impl->ntracked; i++)
+    if (impl->tracked[i].p == p) {
+      impl->tracked[i] = impl->tracked[--impl->ntracked];
+      break;
+    }
+  pthread_mutex_unlock(&impl->track_mu);
+}
+
+bool mega_backend_cpu_owns(mega_backend *be, const void *p, size_t bytes) {
+  mega_cpu_impl *impl = be->impl;
+  if (!impl->track) return false;
+  uintptr_t a = (uintptr_t)p;
+  pthread_mutex_lock(&impl->track_mu);
+  bool in = false;
+  for (size_t i = 0; i < impl->ntracked && !in; i++) {
+    uintptr_t b = (uintptr_t)impl->tracked[i].p;
+    in = a >= b && a - b <= impl->tracked[i].bytes && bytes <= impl->tracked[i].bytes - (a - b);
+  }
+  pthread_mutex_unlock(&impl->track_mu);
+  return in;
+}
+
 static mega_status cpu_alloc(mega_backend *be, size_t bytes, void **out, mega_err *err) {
-  (void)be;
+  mega_cpu_impl *impl = be->impl;
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
   void *p = aligned_alloc(64, rounded);
   if (!p)
     return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
   memset(p, 0, rounded);
+  if (impl->track && !track_add(impl, p, bytes)) {
+    free(p);
+    return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: out of memory tracking allocations");
+  }
   *out = p;
   return MEGA_OK;
 }
 
 static void cpu_free(mega_backend *be, void *p) {
-  (void)be;
+  mega_cpu_impl *impl = be->impl;
+  if (p && impl->track) track_remove(impl, p);
   free(p);
 }
 
@@ -42,10 +93,53 @@ static mega_status cpu_memcpy(mega_backend *be, void *dst, const void *src, size
   return MEGA_OK;
 }
 
+/* A compute op's failure (--bf16's scratch memory), kept for the next
+ * synchronize, as the cuda backend keeps its errors. */
 static mega_status cpu_synchronize(mega_backend *be, mega_err *err) {
-  (void)be;
+  mega_cpu_impl *impl = be->impl;
+  if (!impl->failed) return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_NOMEM, "%s", impl->why);
+}
+
+static mega_status cpu_set_bf16(mega_backend *be, bool on, mega_err *err) {
   (void)err;
+  ((mega_cpu_impl *)be->impl)->bf16 = on;
   return MEGA_OK;
+}
+
+typedef struct round_ctx {
+  float *out;
+  const float *in;
+} round_ctx;
+
+MEGA_CPU_CLONES
+static void round_range(void *vc, int64_t i0, int64_t i1) {
+  const round_ctx *c = vc;
+  for (int64_t i = i0; i < i1; i++) c->out[i] = mega_bf16_round(c->in[i]);
+}
+
+/* --bf16: GEMM input x (n floats) rounded to bf16 in scratch k (0 or 1);
+ * x itself when bf16 is off. NULL when the scratch cannot grow (kept for
+ * synchronize; the GEMM is skipped). */
+static const float *gemm_input(mega_backend *be, int k, const float *x, size_t n) {
+  mega_cpu_impl *impl = be->impl;
+  if (!impl->bf16) return x;
+  if (impl->bf16_cap[k] < n) {
+    float *p = realloc(impl->bf16_buf[k], n * sizeof(float));
+    if (!p) {
+      if (!impl->failed)
+        snprintf(impl->why, sizeof impl->why,
+                 "cpu backend: cannot allocate %zu bytes to round a GEMM input to bf16",
+                 n * sizeof(float));
+      impl->failed = true;
+      return NULL;
+    }
+    impl->bf16_buf[k] = p;
+    impl->bf16_cap[k] = n;
+  }
+  round_ctx c = {.out = impl->bf16_buf[k], .in = x};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS, round_range, &c);
+  return impl->bf16_buf[k];
 }
 
 static mega_status cpu_set_threads(mega_backend *be, int n, mega_err *err) {
@@ -155,6 +249,9 @@ static void cpu_matmul_forward(mega_backend *be, float *out, const float *inp,
                                const float *w, const float *bias, const float *residual,
                                int N, int C, int OC, mega_wlayout lay) {
   bias_ctx fill = {.rows = out, .cbias = bias, .crows = residual, .N = N, .OC = OC};
+  inp = gemm_input(be, 0, inp, (size_t)N * C);
+  w = gemm_input(be, 1, w, (size_t)C * OC);
+  if (!inp || !w) return;
   gemm_ctx g = {.tb = lay == MEGA_W_OUT_IN, .M = N, .N = OC, .K = C, .alpha = 1.0f,
                 .A = inp, .lda = C, .B = w, .ldb = lay == MEGA_W_IN_OUT ? OC : C,
                 .C = out, .ldc = OC};
@@ -166,6 +263,9 @@ static void cpu_matmul_forward(mega_backend *be, float *out, const float *inp,
 static void cpu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
                                       const float *w, int N, int C, int OC,
                                       mega_wlayout lay) {
+  dout = gemm_input(be, 0, dout, (size_t)N * OC);
+  w = gemm_input(be, 1, w, (size_t)C * OC);
+  if (!dout || !w) return;
   gemm_ctx g = {.tb = lay == MEGA_W_IN_OUT, .M = N, .N = C, .K = OC, .alpha = 1.0f,
                 .A = dout, .lda = OC, .B = w, .ldb = lay == MEGA_W_IN_OUT ? OC : C,
                 .C = dinp, .ldc = C};
@@ -176,12 +276,14 @@ static void cpu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias
                                        const float *dout, const float *inp, int N, int C,
                                        int OC, mega_wlayout lay) {
   gemm_ctx g = {.ta = true, .alpha = 1.0f, .beta = 1.0f, .C = dw};
+  const float *din = gemm_input(be, 0, inp, (size_t)N * C);
+  const float *dh = gemm_input(be, 1, dout, (size_t)N * OC);
   if (lay == MEGA_W_IN_OUT)
-    g.M = C, g.N = OC, g.K = N, g.A = inp, g.lda = C, g.B = dout, g.ldb = OC, g.ldc = OC;
+    g.M = C, g.N = OC, g.K = N, g.A = din, g.lda = C, g.B = dh, g.ldb = OC, g.ldc = OC;
   else
-    g.M = OC, g.N = C, g.K = N, g.A = dout, g.lda = OC, g.B = inp, g.ldb = C, g.ldc = C;
-  par_gemm(be, &g);
-  if (dbias) {
+    g.M = OC, g.N = C, g.K = N, g.A = dh, g.lda = OC, g.B = din, g.ldb = C, g.ldc = C;
+  if (din && dh) par_gemm(be, &g);
+  if (dbias) { /* from the fp32 gradient */
     bias_ctx c = {.bias = dbias, .crows = dout, .N = N, .OC = OC};
     mega_cpu_parallel_for(mega_cpu_pool_of(be), OC, 64, sum_rows_cols, &c);
   }
@@ -286,6 +388,10 @@ static void cpu_scale(mega_backend *be, float *x, size_t n, float s) {
 static void cpu_destroy(mega_backend *be) {
   mega_cpu_impl *impl = be->impl;
   mega_cpu_pool_destroy(impl->pool);
+  pthread_mutex_destroy(&impl->track_mu);
+  free(impl->tracked);
+  free(impl->bf16_buf[0]);
+  free(impl->bf16_buf[1]);
   free(impl);
   free(be);
 }
@@ -299,6 +405,7 @@ static const mega_backend_ops cpu_ops = {
     .memcpy = cpu_memcpy,
     .synchronize = cpu_synchronize,
     .set_threads = cpu_set_threads,
+    .set_bf16 = cpu_set_bf16,
     .gemm = cpu_gemm,
     .gemm_batched = cpu_gemm_batched,
     .encoder_forward = mega_cpu_encoder_forward,
@@ -348,6 +455,8 @@ mega_status mega_backend_cpu_create(const mega_backend_cpu_opts *opts, mega_back
     return st;
   }
   impl->threads = threads;
+  impl->track = opts && opts->track_memory;
+  pthread_mutex_init(&impl->track_mu, NULL);
   be->ops = &cpu_ops;
   be->impl = impl;
   openblas_set_num_threads(1); /* the backend's threads split the GEMMs */

@@ -2,6 +2,7 @@
 #ifndef MEGA_WORKER_BACKEND_CPU_INTERNAL_H
 #define MEGA_WORKER_BACKEND_CPU_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -29,9 +30,23 @@ int mega_cpu_pool_threads(const mega_cpu_pool *p);
 void mega_cpu_parallel_for(mega_cpu_pool *p, int64_t n, int64_t grain, mega_cpu_task fn,
                            void *ctx);
 
+typedef struct mega_cpu_block {
+  void *p;
+  size_t bytes;
+} mega_cpu_block;
+
 typedef struct mega_cpu_impl {
   int threads;
   mega_cpu_pool *pool;
+  bool track; /* opts.track_memory: live allocations in tracked[] (under track_mu) */
+  pthread_mutex_t track_mu;
+  mega_cpu_block *tracked;
+  size_t ntracked, track_cap;
+  bool bf16;            /* set_bf16: the matmuls' GEMM inputs rounded into bf16_buf */
+  float *bf16_buf[2];
+  size_t bf16_cap[2];   /* floats */
+  bool failed;          /* a compute op's failure, for synchronize */
+  char why[160];
 } mega_cpu_impl;
 
 static inline mega_cpu_pool *mega_cpu_pool_of(mega_backend *be) {

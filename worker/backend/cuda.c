@@ -1,5 +1,6 @@
 /* The cuda backend: backend.h's ops on one device, in order on one compute
- * stream. Memory is cudaMalloc'd; GEMMs are cuBLAS (fp32) on the same
+ * stream. Memory is cudaMalloc'd; GEMMs are cuBLAS (fp32; with --bf16 the
+ * matmuls' are cublasGemmEx on bf16 copies of their inputs) on the same
  * stream; the other ops are the kernels of kernels/gpt_kernels.cu.
  * Attention is cuBLAS's batched GEMMs around a causal softmax kernel (not
  * fused; attn_gemm.c). Compute ops cannot report errors (backend.h), so the first
@@ -24,6 +25,9 @@ typedef struct cuda_impl {
   cudaStream_t stream;
   cublasHandle_t blas;
   double *partials; /* device, MEGA_CU_SUM_BLOCKS */
+  bool bf16;          /* set_bf16: the matmuls' GEMMs take bf16 copies of their inputs */
+  uint16_t *bf16_buf[2];
+  size_t bf16_cap[2]; /* elements */
   mega_status sticky;
   char why[200];
 } cuda_impl;
@@ -139,6 +143,58 @@ static void cu_gemm_batched(mega_backend *be, bool ta, bool tb, int M, int N, in
             "sgemm (strided batched)");
 }
 
+/* ---- --bf16: the matmuls' GEMMs on bf16 copies of their inputs ---- */
+
+static mega_status cu_set_bf16(mega_backend *be, bool on, mega_err *err) {
+  impl_of(be)->bf16 = on;
+  return take_sticky(be, err);
+}
+
+/* x (n floats) as bf16 in scratch k, grown on demand; NULL after a failure
+ * (kept for the next op that can fail). */
+static const uint16_t *bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
+  cuda_impl *c = impl_of(be);
+  if (c->bf16_cap[k] < n) {
+    if (c->bf16_buf[k]) { /* the stream may still read it */
+      note(be, cudaStreamSynchronize(c->stream), "bf16 scratch");
+      note(be, cudaFree(c->bf16_buf[k]), "bf16 scratch");
+    }
+    c->bf16_buf[k] = NULL;
+    c->bf16_cap[k] = 0;
+    cudaError_t e = cudaMalloc((void **)&c->bf16_buf[k], n * sizeof(uint16_t));
+    if (e != cudaSuccess) {
+      c->bf16_buf[k] = NULL;
+      note(be, e, "allocating bf16 GEMM inputs");
+      return NULL;
+    }
+    c->bf16_cap[k] = n;
+  }
+  note(be, mega_cu_to_bf16(S(be), c->bf16_buf[k], x, (int64_t)n), "rounding to bf16");
+  return c->bf16_buf[k];
+}
+
+/* A matmul's GEMM (alpha 1): cu_gemm, or under --bf16 cublasGemmEx on bf16
+ * copies of A (na floats) and B (nb floats) with fp32 C and CUBLAS_COMPUTE_32F
+ * (fp32 accumulation), row-major through column-major as cu_gemm does. */
+static void mm_gemm(mega_backend *be, bool ta, bool tb, int M, int N, int K, const float *A,
+                    int lda, size_t na, const float *B, int ldb, size_t nb, float beta, float *C,
+                    int ldc) {
+  cuda_impl *c = impl_of(be);
+  if (!c->bf16) {
+    cu_gemm(be, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  if (M <= 0 || N <= 0) return;
+  const uint16_t *a = bf16_copy(be, 0, A, na), *b = bf16_copy(be, 1, B, nb);
+  if (!a || !b) return;
+  float alpha = 1.0f;
+  cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  note_blas(be, cublasGemmEx(c->blas, opb, opa, N, M, K, &alpha, b, CUDA_R_16BF, ldb, a,
+                             CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT),
+            "bf16 GEMM (cublasGemmEx)");
+}
+
 static void cu_matmul_forward(mega_backend *be, float *out, const float *inp, const float *w,
                               const float *bias, const float *residual, int N, int C, int OC,
                               mega_wlayout lay) {
@@ -148,24 +204,27 @@ static void cu_matmul_forward(mega_backend *be, float *out, const float *inp, co
     beta = 1.0f;
   }
   bool tb = lay == MEGA_W_OUT_IN;
-  cu_gemm(be, false, tb, N, OC, C, 1.0f, inp, C, w, tb ? C : OC, beta, out, OC);
+  size_t nx = (size_t)N * C, nw = (size_t)C * OC;
+  mm_gemm(be, false, tb, N, OC, C, inp, C, nx, w, tb ? C : OC, nw, beta, out, OC);
 }
 
 static void cu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
                                      const float *w, int N, int C, int OC, mega_wlayout lay) {
   bool tb = lay == MEGA_W_IN_OUT;
-  cu_gemm(be, false, tb, N, C, OC, 1.0f, dout, OC, w, lay == MEGA_W_IN_OUT ? OC : C, 0.0f, dinp,
-          C);
+  size_t ndy = (size_t)N * OC, nw = (size_t)C * OC;
+  mm_gemm(be, false, tb, N, C, OC, dout, OC, ndy, w, lay == MEGA_W_IN_OUT ? OC : C, nw, 0.0f,
+          dinp, C);
 }
 
 static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
                                       const float *dout, const float *inp, int N, int C, int OC,
                                       mega_wlayout lay) {
+  size_t nx = (size_t)N * C, ndy = (size_t)N * OC;
   if (lay == MEGA_W_IN_OUT)
-    cu_gemm(be, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, OC);
+    mm_gemm(be, true, false, C, OC, N, inp, C, nx, dout, OC, ndy, 1.0f, dw, OC);
   else
-    cu_gemm(be, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
-  if (dbias) note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC), "bias grad");
+    mm_gemm(be, true, false, OC, C, N, dout, OC, ndy, inp, C, nx, 1.0f, dw, C);
+  if (dbias) note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC), "bias grad"); /* fp32 */
 }
 
 /* ---- attention: batched GEMMs (attn_gemm.c) around the softmax kernels ---- */
@@ -315,6 +374,8 @@ static void cu_destroy(mega_backend *be) {
   cuda_impl *c = impl_of(be);
   cudaStreamSynchronize(c->stream);
   if (c->partials) cudaFree(c->partials);
+  for (int k = 0; k < 2; k++)
+    if (c->bf16_buf[k]) cudaFree(c->bf16_buf[k]);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
   free(c);
@@ -328,6 +389,7 @@ static const mega_backend_ops cuda_ops = {
     .free = cu_free,
     .memset0 = cu_memset0,
     .memcpy = cu_memcpy,
+    .set_bf16 = cu_set_bf16,
     .synchronize = cu_synchronize,
     .set_threads = cu_set_threads,
     .gemm = cu_gemm,

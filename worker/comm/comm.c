@@ -123,13 +123,18 @@ mega_status mega_comm_all_reduce(mega_comm *comm, float *buf, size_t count, int 
   return blocking(st, r, timeout_ms, err);
 }
 
+mega_status mega_comm_iall_reduce_max(mega_comm *comm, float *buf, size_t count,
+                                      int timeout_ms, mega_req **req, mega_err *err) {
+  NEED_COMM("mega_comm_iall_reduce_max");
+  void *r = NULL;
+  mega_status st = comm->ops->iall_reduce(comm->impl, buf, count, true, timeout_ms, &r, err);
+  return wrap_req(comm, st, r, req, err);
+}
+
 mega_status mega_comm_all_reduce_max(mega_comm *comm, float *buf, size_t count, int timeout_ms,
                                      mega_err *err) {
-  mega_req *r = NULL, **req = &r;
-  NEED_COMM("mega_comm_all_reduce_max");
-  void *impl_r = NULL;
-  mega_status st = comm->ops->iall_reduce(comm->impl, buf, count, true, timeout_ms, &impl_r, err);
-  st = wrap_req(comm, st, impl_r, req, err);
+  mega_req *r = NULL;
+  mega_status st = mega_comm_iall_reduce_max(comm, buf, count, timeout_ms, &r, err);
   return blocking(st, r, timeout_ms, err);
 }
 

@@ -204,6 +204,8 @@ mega_status mega_comm_iall_reduce(mega_comm *comm, float *buf, size_t count,
  * softmax's row maxima). */
 mega_status mega_comm_all_reduce_max(mega_comm *comm, float *buf, size_t count,
                                      int timeout_ms, mega_err *err);
+mega_status mega_comm_iall_reduce_max(mega_comm *comm, float *buf, size_t count,
+                                      int timeout_ms, mega_req **req, mega_err *err);
 
 /* Rank r contributes counts[r] elements from in; out receives every rank's
  * elements, rank by rank (sum(counts) elements). in may point into out at
