@@ -113,7 +113,9 @@ static void test_nodes_meet_in_etcd(void **state) {
   /* n3 comes back (a new incarnation on its state dir): alive again */
   assert_true(hd_restart(&n3, (const char *const[]){"--etcd-endpoints", fx.endpoints, NULL}));
   assert_true(wait_state(&n1, "n3", NODE(ALIVE), 10000) >= 0);
-  hd_cleanup_all();
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
+  hd_cleanup(&n3);
   etcd_fx_stop(&fx);
 }
 
@@ -123,10 +125,11 @@ static void test_peers_with_etcd_refused(void **state) {
   const char *extra[] = {"--etcd-endpoints", "http://127.0.0.1:1", NULL};
   assert_false(hd_start(&d, "x", 1, "127.0.0.1:2", NULL, extra));
   assert_true(log_has(&d, "--peers and --etcd-endpoints exclude each other"));
+  hd_cleanup(&d);
   const char *bad[] = {"--etcd-endpoints", "127.0.0.1", NULL};
   assert_false(hd_start(&d, "y", 1, NULL, NULL, bad));
   assert_true(log_has(&d, "is not host:port"));
-  hd_cleanup_all();
+  hd_cleanup(&d);
 }
 
 typedef struct kill_at {
@@ -148,7 +151,7 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *it) {
           (unsigned long long)it->step->iteration);
 }
 
-#define ITERS 500 /* several seconds: longer than the session's TTL after the kill */
+#define ITERS 500 /* a few seconds of training across the kill */
 
 static void test_etcd_member_loss_keeps_job(void **state) {
   (void)state;
@@ -177,17 +180,19 @@ static void test_etcd_member_loss_keeps_job(void **state) {
   assert_int_equal(w.last_iteration, ITERS);
   assert_int_equal(w.redone, 0); /* no iteration trained twice: one attempt */
   for (int i = 1; i <= ITERS; i++) assert_int_equal(w.attempt[i], w.attempt[1]);
-  /* it outlived a lease TTL (2 s) after the kill, or this proved nothing */
-  assert_true(after > 2.5);
   hd_watch_free(&w);
-  /* nobody was lost, on either side */
+  /* nobody was lost, on either side, over more than a lease's TTL (2 s)
+   * after the kill: a node whose keepalives had not moved to a live member
+   * would have been lost by then */
+  if (after < 3.5) usleep((useconds_t)((3.5 - after) * 1e6));
   assert_int_equal(state_of(&n1, "n2"), NODE(ALIVE));
   assert_int_equal(state_of(&n2, "n1"), NODE(ALIVE));
   assert_false(log_has(&n1, "lost its etcd registration"));
   assert_false(log_has(&n2, "lost its etcd registration"));
   assert_false(log_has(&n1, "etcd session lost"));
   assert_false(log_has(&n2, "etcd session lost"));
-  hd_cleanup_all();
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
   etcd_fx_stop(&fx);
 }
 
