@@ -205,16 +205,6 @@ static void test_coordinator_killed_is_taken_over(void **state) {
 
 /* ---- a frozen coordinator comes back after the takeover and stands down ---- */
 
-static bool log_has(const hd *d, const char *text) {
-  FILE *f = fopen(d->log, "r");
-  if (!f) return false;
-  char line[4096];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f)) found = strstr(line, text) != NULL;
-  fclose(f);
-  return found;
-}
-
 static void test_partitioned_coordinator_stands_down(void **state) {
   (void)state;
   hd n[3];
@@ -261,9 +251,9 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   /* p1 comes back: it stands down, its stale workers are gone, and it
    * rejoins as a plain node that sees the job under its new coordinator */
   kill(n[0].pid, SIGCONT);
-  for (int t = 0; t < 100 && !log_has(&n[0], "standing down"); t++) usleep(100000);
-  if (!log_has(&n[0], "standing down")) hd_dump_log(&n[0]);
-  assert_true(log_has(&n[0], "standing down"));
+  for (int t = 0; t < 100 && !hd_log_has(&n[0], "standing down"); t++) usleep(100000);
+  if (!hd_log_has(&n[0], "standing down")) hd_dump_log(&n[0]);
+  assert_true(hd_log_has(&n[0], "standing down"));
   assert_true(hd_wait_alive(&n[who], 3, 15000));
   hd_watch w;
   hd_watch_job(&n[0], id, true, 120000, &w);
