@@ -7,11 +7,15 @@
            a 10,000-iteration job drew its first full view (performance.now()
            at the first render, the page's data-first-render-ms), three runs
   pollers  megad's CPU over 30 s on a live job, without pages and with 20
-           clients making the page's requests (steps?since=next every second,
-           the job every other second); plain HTTP clients stand in for 20
-           browsers, which this 2-core machine cannot hold beside megad
+           clients making the fallback's requests (steps?since=next every
+           second, the job every other second)
+  sse      the same with 20 clients holding the page's live stream
+           (/api/jobs/ID/stream, Server-Sent Events) open and reading it,
+           what they got, and how soon a point reached them
+  Plain HTTP clients stand in for 20 browsers, which this 2-core machine
+  cannot hold beside megad.
 
-usage: bench_web.py MEGAD MEGACTL [size|paint|pollers ...]
+usage: bench_web.py MEGAD MEGACTL [size|paint|pollers|sse ...]
 """
 import json
 import os
@@ -24,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import http.client
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -151,15 +156,17 @@ def bench_paint(web, jid, work):
             for _ in range(200):
                 r = c.call("Runtime.evaluate", sess, returnByValue=True,
                            expression="[document.body && document.body.dataset.firstRenderMs,"
-                                      " document.querySelector('#loss-curve')?.dataset.n]")
-                first, n = r["result"]["value"]
+                                      " document.querySelector('#loss-curve')?.dataset.n,"
+                                      " performance.getEntriesByName('first-contentful-paint')"
+                                      "[0]?.startTime]")
+                first, n, fcp = r["result"]["value"]
                 if first:
                     break
                 time.sleep(0.05)
         finally:
             c.close()
-        print("  run %d: first full render %s ms after navigation start, %s loss points"
-              % (i + 1, first, n))
+        print("  run %d: first contentful paint %s ms, first full render (the curves drawn) %s ms"
+              " after navigation start, %s loss points" % (i + 1, fcp and round(fcp), first, n))
         if first:
             firsts.append(int(first))
     if firsts:
@@ -167,7 +174,9 @@ def bench_paint(web, jid, work):
               " start (real time, headless chromium)" % statistics.median(firsts))
 
 
-def bench_pollers(megad_pid, megactl, port, web, work):
+def live_job(megactl, port, web, work, megad_pid):
+    """A long job, stepping: (its id, megad's CPU share over 30 s with no
+    client, iterations a second meanwhile)."""
     jid = submit(megactl, port, work, 1000000, SMALL)
     for _ in range(600):
         if job(web, jid)["last_iteration"] >= 5:
@@ -176,23 +185,41 @@ def bench_pollers(megad_pid, megactl, port, web, work):
     c0 = cpu_s(megad_pid)
     it0 = job(web, jid)["last_iteration"]
     time.sleep(30)
-    idle = (cpu_s(megad_pid) - c0) / 30
-    rate0 = (job(web, jid)["last_iteration"] - it0) / 30
+    return (jid, (cpu_s(megad_pid) - c0) / 30, (job(web, jid)["last_iteration"] - it0) / 30)
+
+
+def client(web, i, timeout):
+    """Client i's connection: megad allows 16 connections per address, so 5
+    clients on each of 127.0.0.2, .3, ..."""
+    host, port = web.split("//")[1].split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=timeout,
+                                      source_address=("127.0.0.%d" % (2 + i // 5), 0))
+
+
+def bench_pollers(megad_pid, megactl, port, web, work):
+    jid, idle, rate0 = live_job(megactl, port, web, work, megad_pid)
     stop = threading.Event()
     reqs = [0]
 
-    def poller():
+    def get_from(i, path):
+        c = client(web, i, 30)
+        c.request("GET", path)
+        body = c.getresponse().read()
+        c.close()
+        return body
+
+    def poller(i):
         nxt, tick = 0, 0
         while not stop.is_set():
-            doc = json.loads(get("%s/api/jobs/%s/steps?since=%d" % (web, jid, nxt)))
+            doc = json.loads(get_from(i, "/api/jobs/%s/steps?since=%d" % (jid, nxt)))
             nxt = doc["next"]
             if tick % 2 == 0:
-                get("%s/api/jobs/%s" % (web, jid))
+                get_from(i, "/api/jobs/%s" % jid)
             reqs[0] += 1 + (tick % 2 == 0)
             tick += 1
             stop.wait(1.0)
 
-    threads = [threading.Thread(target=poller) for _ in range(20)]
+    threads = [threading.Thread(target=poller, args=(i,)) for i in range(20)]
     for t in threads:
         t.start()
     c0 = cpu_s(megad_pid)
@@ -210,11 +237,72 @@ def bench_pollers(megad_pid, megactl, port, web, work):
           % (100 * idle, rate0, 100 * busy, (it1 - it0) / 30, reqs[0]))
 
 
+def bench_sse(megad_pid, megactl, port, web, work):
+    jid, idle, rate0 = live_job(megactl, port, web, work, megad_pid)
+    stop = threading.Event()
+    stats = {"events": 0, "bytes": 0, "points": 0, "lag": []}
+    lock = threading.Lock()
+
+    def reader(i):
+        c = client(web, i, 60)
+        c.request("GET", "/api/jobs/%s/stream" % jid)
+        r = c.getresponse()
+        assert r.status == 200, r.status
+        name, first = None, True
+        while not stop.is_set():
+            ln = r.readline()
+            if not ln:
+                break
+            with lock:
+                stats["bytes"] += len(ln)
+            ln = ln.decode()
+            if ln.startswith("event: "):
+                name = ln[7:].strip()
+            elif ln.startswith("data: ") and name == "steps":
+                doc = json.loads(ln[6:])
+                with lock:
+                    stats["events"] += 1
+                    if not first and doc["points"]:
+                        stats["points"] += len(doc["points"])
+                        # the newest point's age on arrival: the merge time to here
+                        stats["lag"].append(time.time() * 1000 - doc["points"][-1]["t"])
+                first = False
+        r.close()
+        c.close()
+
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(2)  # the first batch (the whole curve) is not the steady state
+    with lock:
+        for k in ("events", "bytes", "points"):
+            stats[k] = 0
+        stats["lag"] = []
+    c0 = cpu_s(megad_pid)
+    it0 = job(web, jid)["last_iteration"]
+    time.sleep(30)
+    busy = (cpu_s(megad_pid) - c0) / 30
+    it1 = job(web, jid)["last_iteration"]
+    with lock:
+        ev, nb, npts, lag = stats["events"], stats["bytes"], stats["points"], sorted(stats["lag"])
+    stop.set()
+    subprocess.run([megactl, "cancel", jid], env=dict(os.environ, MEGA_SERVER="127.0.0.1:%d" % port),
+                   capture_output=True)
+    for t in threads:
+        t.join(10)
+    p50 = lag[len(lag) // 2] if lag else float("nan")
+    p99 = lag[min(len(lag) - 1, len(lag) * 99 // 100)] if lag else float("nan")
+    print("sse: megad CPU on a live job: %.1f%% of a core without pages (%.0f iterations/s),"
+          " %.1f%% with 20 SSE clients (%.0f iterations/s); in 30 s they got %d steps events,"
+          " %d points, %.0f KB; the newest point's age on arrival p50 %.0f ms, p99 %.0f ms"
+          % (100 * idle, rate0, 100 * busy, (it1 - it0) / 30, ev, npts, nb / 1024, p50, p99))
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     megad, megactl = sys.argv[1], sys.argv[2]
-    what = sys.argv[3:] or ["size", "paint", "pollers"]
+    what = sys.argv[3:] or ["size", "paint", "pollers", "sse"]
     work = tempfile.mkdtemp(prefix="bench_web.")
     web_port = free_port()
     proc, port = start_megad(megad, work, "--metrics-listen", "127.0.0.1:%d" % web_port)
@@ -232,6 +320,8 @@ def main():
                 bench_paint(web, jid, work)
         if "pollers" in what:
             bench_pollers(proc.pid, megactl, port, web, work)
+        if "sse" in what:
+            bench_sse(proc.pid, megactl, port, web, work)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait()

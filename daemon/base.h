@@ -8,9 +8,10 @@
  * it things through callbacks they registered):
  *
  *   base       this file: loop, log, state dir, peer calls
+ *   etcd       etcd.h: the etcd client (--etcd-endpoints), borrowed above
  *   jobs       jobs.h (over watch.h): the jobs table, journal, history,
  *              watchers, events
- *   members    members.h: nodes, heartbeats, liveness (node up/lost events)
+ *   members    members.h: nodes, heartbeats or etcd, liveness (node up/lost events)
  *   kvserve    kvserve.h: the rendezvous store and its Peer calls
  *   launcher   launch.h: this node's workers (spawn, pipes, watchdog)
  *   coord      coord.h: the jobs this node coordinates (attempts, recovery)

@@ -63,9 +63,11 @@ static mega_job *find(megad_services *s, mega_rpc_call *call, const char *id,
   /* etcd mode: a job with no coordinator right now is read from the mirror */
   if ((j = megad_jobs_mirror_find(s->jobs, id))) {
     if (mega_rpc_call_method(call) == &mega_control_get_job) return j;
+    /* UNAVAILABLE, so watchers try again; the message has no ": ", which
+     * clients would cut at */
     mega_rpc_fail(call, MEGA_RPC_UNAVAILABLE,
-                  "job %s has no coordinator right now (%s); a surviving node takes a running "
-                  "job over within seconds: ask again", id,
+                  "job %s has no coordinator right now (%s); a surviving node takes a running job "
+                  "over within seconds, so ask again", id,
                   mega_job_state_final(j->state) ? "it ended and its coordinator is gone"
                                                   : "its coordinator's etcd lease expired");
     return NULL;
@@ -82,7 +84,9 @@ static void on_submit(mega_rpc_call *call, const ProtobufCMessage *msg, void *da
   mega_err e = {0};
   const char *away = NULL;
   if (s->jobs->etcd && (!megad_etcd_ok(s->jobs->etcd, &away) || !megad_jobs_durable(s->jobs, &away))) {
-    mega_rpc_fail(call, MEGA_RPC_UNAVAILABLE,
+    /* not UNAVAILABLE, whose message clients replace with their own
+     * connection's story: this one is megad's answer, to be shown as is */
+    mega_rpc_fail(call, MEGA_RPC_FAILED_PRECONDITION,
                   "megad on %s takes no new jobs while etcd is unreachable (%s); running jobs go "
                   "on; submit again once etcd is back", s->b->node_id, away ? away : "?");
     return;

@@ -78,7 +78,8 @@ static void adopt(megad_coord *c, const char *id, int64_t fence, const megad_etc
     mega_job_free(j);
     return;
   }
-  megad_log(c->b, "took job %s over from %s (fence %lld)", id, old, (long long)fence);
+  megad_log(c->b, "took %s job %s over from %s (fence %lld)", mega_job_state_name(j->state), id,
+            old, (long long)fence);
   if (!mega_job_state_final(j->state)) resume_adopted(c, j, old);
 }
 
@@ -136,15 +137,15 @@ void megad_coord_orphan(megad_coord *c, const char *job_id) {
 }
 
 /* Jobs that lost their coordinator while this node could not claim them
- * (no lease yet, etcd away, a claim already in flight), and those found
- * at start. */
+ * (no lease yet, etcd away, a claim already in flight), those found at
+ * start, and ended ones: their new coordinator's retention forgets them in
+ * time, so etcd does not keep them forever. */
 void coord_etcd_tick(megad_coord *c) {
   if (!c->jobs->etcd || c->b->stopping) return;
   const mega_jobs *m = &c->jobs->mirror;
   for (size_t i = 0; i < m->n; i++) {
     const mega_job *j = m->v[i];
-    if (!j->fence && !mega_job_state_final(j->state) && !megad_jobs_find(c->jobs, j->id))
-      claim(c, j->id);
+    if (!j->fence && !megad_jobs_find(c->jobs, j->id)) claim(c, j->id);
   }
 }
 

@@ -44,6 +44,8 @@ void etcd_note(megad_etcd *e, const mega_err *err) {
 }
 
 bool megad_etcd_ok(const megad_etcd *e, const char **why) {
+  /* A session whose keepalives go unanswered outweighs a call that got through. */
+  if (e->session && !etcd_session_reachable(e->session, why)) return false;
   if (why) *why = e->ok ? NULL : e->why;
   return e->ok;
 }
@@ -130,7 +132,11 @@ mega_status megad_etcd_new(megad_base *b, const char *endpoints, unsigned timeou
       break;
     }
     e->eps[e->nep] = ep;
-    mega_rpc_channel_opts o = {.peer_name = "etcd", .max_backoff_ms = 1000};
+    /* hasleader: a member cut off from the quorum refuses calls at once, and
+     * ends our watches after 3 election timeouts, instead of serving stale
+     * reads or a watch that never fires; both then move to the next endpoint */
+    mega_rpc_channel_opts o = {.peer_name = "etcd", .max_backoff_ms = 1000,
+                               .header_key = "hasleader", .header_value = "true"};
     st = mega_rpc_channel_new(ep, &o, &e->chans[e->nep], err);
     if (st != MEGA_OK) break;
     if (e->nep) strcat(e->eps_text, ",");

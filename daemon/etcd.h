@@ -86,7 +86,8 @@ mega_status megad_etcd_new(megad_base *b, const char *endpoints, unsigned timeou
                            megad_etcd **out, mega_err *err);
 void megad_etcd_free(megad_etcd *e);
 
-/* Whether the last call reached a member with a leader, and if not why
+/* Whether the last call reached a member with a leader (and, while a
+ * session runs, whether its keepalives are answered), and if not why
  * ("etcd unreachable at 127.0.0.1:2379,...: connection refused"): megad
  * refuses new jobs with this sentence while it is false. */
 bool megad_etcd_ok(const megad_etcd *e, const char **why);

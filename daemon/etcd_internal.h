@@ -57,6 +57,9 @@ void etcd_timer_free(uv_timer_t *t);
 
 uint64_t etcd_now_ms(const megad_etcd *e);
 
+/* Whether the session's keepalives are answered (and if not, why). */
+bool etcd_session_reachable(const etcd_session *s, const char **why);
+
 /* The session and the watches, freed by megad_etcd_free (no callbacks). */
 void etcd_session_free(etcd_session *s);
 void etcd_watch_free(megad_etcd_watch *w);

@@ -28,15 +28,22 @@ struct etcd_session {
   keepalive *ka;
   uint64_t last_ok_ms;
   bool reachable;
+  char why[MEGA_ERR_MSG_MAX + 600]; /* why not reachable */
   mega_err last_err;
 };
 
 static void session_over(etcd_session *s, const char *why);
 static void on_grant_timer(uv_timer_t *t);
 
+bool etcd_session_reachable(const etcd_session *s, const char **why) {
+  if (why) *why = s->reachable ? NULL : s->why;
+  return s->reachable;
+}
+
 static void set_reachable(etcd_session *s, bool ok, const char *why) {
   if (s->reachable == ok) return;
   s->reachable = ok;
+  snprintf(s->why, sizeof s->why, "%s", ok || !why ? "" : why);
   if (s->cbs.reachable) s->cbs.reachable(s->cbs.arg, ok, why);
 }
 

@@ -249,6 +249,12 @@ static void broadcast(megad_jobs *js, mega_job *j, const Mega__V1__WatchJobRespo
   if (d.n > shown)
     megad_job_event(js, j, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, NULL, -1,
                     "%zu more watchers fell behind and were dropped", d.n - shown);
+  if (js->on_item) js->on_item(js->on_item_arg, j, item);
+}
+
+void megad_jobs_listen(megad_jobs *js, megad_jobs_item_fn fn, void *arg) {
+  js->on_item = fn;
+  js->on_item_arg = arg;
 }
 
 void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,

@@ -46,6 +46,12 @@ typedef struct megad_etcd megad_etcd;
 typedef struct megad_etcd_watch megad_etcd_watch;
 typedef struct megad_jwrite megad_jwrite;
 
+/* Told of every item a job's watchers get (a merged step, an event, the
+ * final state), after they got it: how a layer above (the web view's live
+ * streams) hears of news without polling. */
+typedef void (*megad_jobs_item_fn)(void *arg, const mega_job *j,
+                                   const Mega__V1__WatchJobResponse *item);
+
 typedef struct megad_jobs {
   megad_base *b;
   mega_jobs t;             /* the jobs this node coordinates */
@@ -66,7 +72,12 @@ typedef struct megad_jobs {
   uv_timer_t wq_retry;
   bool wq_retry_on;
   int64_t rev; /* the newest revision the mirror has seen */
+  megad_jobs_item_fn on_item; /* one listener (may be NULL); megad_jobs_listen sets it */
+  void *on_item_arg;
 } megad_jobs;
+
+/* Registers fn (NULL: none) to hear of every watcher item. */
+void megad_jobs_listen(megad_jobs *js, megad_jobs_item_fn fn, void *arg);
 
 /* Opens STATE/journal and replays it into the table. A torn tail or damage
  * is said loudly (the damaged file is kept); a journal mostly made of

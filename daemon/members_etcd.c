@@ -168,7 +168,7 @@ static void on_lost(void *arg, const char *why) {
 static void on_reachable(void *arg, bool ok, const char *why) {
   megad_members *m = arg;
   if (ok) megad_log(m->b, "etcd is reachable again");
-  else megad_warn(m->b, "%s (jobs keep running; new ones are refused until etcd answers)", why);
+  else megad_warn(m->b, "%s (running jobs go on; trying the other endpoints)", why);
 }
 
 static void session_start(megad_members *m) {

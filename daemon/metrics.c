@@ -15,6 +15,7 @@
 typedef struct metrics_srv {
   megad_services *s;
   megad_http *http;
+  megad_webserve *web;
   uint64_t http_requests[4];
 } metrics_srv;
 
@@ -79,6 +80,7 @@ static char *page(void *arg, size_t *len) {
   const megad_jobs_stats *js = &sv->jobs->stats;
   megad_metrics m = {.version = MEGA_VERSION, .slots = sv->L->o.slots,
                      .slots_used = sv->L->slots_used,
+                     .web_streams = (uint32_t)megad_webserve_streams(ms->web),
                      .jobs = (const mega_job *const *)sv->jobs->t.v, .njobs = sv->jobs->t.n};
   proc_stats(&m.proc);
   m.c.jobs_submitted = js->submitted;
@@ -107,14 +109,9 @@ static char *page(void *arg, size_t *len) {
   return text;
 }
 
-/* The web view's paths (daemon/web.h). */
-static bool route(void *arg, const char *method, const char *target, megad_http_resp *out) {
-  metrics_srv *ms = arg;
-  megad_web_resp r;
-  if (!megad_web_serve(ms->s, method, target, &r)) return false;
-  *out = (megad_http_resp){.status = (unsigned)r.status, .type = r.type, .body = r.body,
-                           .len = r.len};
-  return true; /* the body is the server's now */
+/* The web view's paths (daemon/webserve.h). */
+static bool route(void *arg, const megad_http_req *req, megad_http_resp *out) {
+  return megad_webserve_route(((metrics_srv *)arg)->web, req, out);
 }
 
 static void count(void *arg, unsigned status) {
@@ -132,12 +129,18 @@ mega_status megad_metrics_start(megad_services *sv, const char *addr, const char
   metrics_srv *ms = calloc(1, sizeof *ms);
   if (!ms) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   ms->s = sv;
+  ms->web = megad_webserve_new(sv, token);
+  if (!ms->web) {
+    free(ms);
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  }
   megad_http_opts o = {.listen = addr, .path = "/metrics",
                        .content_type = "text/plain; version=0.0.4; charset=utf-8",
                        .token = token, .body = page, .count = count, .route = route, .log = http_log,
                        .arg = ms};
   mega_err e = {0};
   if (megad_http_start(sv->b->loop, &o, &ms->http, &e) != MEGA_OK) {
+    megad_webserve_free(ms->web);
     free(ms);
     return mega_fail(err, e.status, "--metrics-listen: %s", e.msg);
   }
@@ -149,6 +152,7 @@ void megad_metrics_stop(megad_services *sv) {
   metrics_srv *ms = sv->http;
   if (!ms) return;
   sv->http = NULL;
-  megad_http_stop(ms->http);
+  megad_http_stop(ms->http); /* closes the web view's streams */
+  megad_webserve_free(ms->web);
   free(ms);
 }

@@ -159,6 +159,8 @@ static void node_metrics(sbuf *b, const megad_metrics *m) {
   } one[] = {
       {"mega_node_slots", "gauge", "Worker slots of this node.", m->slots},
       {"mega_node_slots_used", "gauge", "Slots running workers now.", m->slots_used},
+      {"mega_web_streams", "gauge", "The web view's live update streams open now.",
+       m->web_streams},
       {"mega_jobs_submitted_total", "counter", "Jobs submitted to this megad.", c->jobs_submitted},
       {"mega_job_restarts_total", "counter",
        "Jobs sent back to RESTARTING: a failed attempt, a megad restart or a resume.",

@@ -54,6 +54,7 @@ typedef struct megad_metrics {
   megad_proc_stats proc;
   const char *version;
   uint32_t slots, slots_used;
+  uint32_t web_streams; /* the web view's live streams open now */
   megad_counters c;
   const megad_rpc_count *rpcs;
   size_t nrpcs;

@@ -70,13 +70,14 @@ bool megad_web_owns(const char *path) {
          !strncmp(path, "/api/", 5);
 }
 
-/* Percent-decodes src[0, n) into dst (cap bytes); false when it does not fit
- * or is malformed. */
-static bool unescape(const char *src, size_t n, char *dst, size_t cap) {
+/* Percent-decodes src[0, n) into dst (cap bytes), '+' a space when plus;
+ * false when it does not fit or is malformed. */
+static bool unescape(const char *src, size_t n, char *dst, size_t cap, bool plus) {
   size_t o = 0;
   for (size_t i = 0; i < n; i++) {
     if (o + 1 >= cap) return false;
     char c = src[i];
+    if (c == '+' && plus) c = ' ';
     if (c == '%') {
       unsigned v;
       if (i + 2 >= n || !isxdigit((unsigned char)src[i + 1]) ||
@@ -94,48 +95,78 @@ static bool unescape(const char *src, size_t n, char *dst, size_t cap) {
 
 /* The value of key in a query ("a=1&since=5"), decoded into buf; false when
  * absent. */
-static bool query_get(const char *q, const char *key, char *buf, size_t cap) {
+static bool query_get(const char *q, const char *key, char *buf, size_t cap, bool plus) {
   size_t kl = strlen(key);
   for (const char *p = q; p && *p;) {
     const char *amp = strchr(p, '&');
     size_t len = amp ? (size_t)(amp - p) : strlen(p);
     if (len > kl && !strncmp(p, key, kl) && p[kl] == '=')
-      return unescape(p + kl + 1, len - kl - 1, buf, cap);
+      return unescape(p + kl + 1, len - kl - 1, buf, cap, plus);
     p = amp ? amp + 1 : NULL;
   }
   return false;
 }
 
-static void steps(megad_web_resp *r, const mega_job *j, const char *query) {
+bool megad_web_form_get(const char *form, const char *key, char *buf, size_t cap) {
+  return query_get(form, key, buf, cap, true);
+}
+
+/* The cursor: a reconnecting stream's Last-Event-ID (the id of the last
+ * steps event it got: newer than the since= of its URL), else since= in the
+ * query, else 0. */
+static bool since_of(megad_web_resp *r, const char *query, const char *last_id, uint64_t *since) {
   char v[32];
-  uint64_t since = 0;
-  if (query_get(query, "since", v, sizeof v)) {
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (!*v || *end || errno || v[0] == '-') {
-      text(r, 400, "since=%s: give the \"next\" of the previous answer (0 for every point)", v);
-      return;
-    }
-    since = x;
+  *since = 0;
+  if (last_id && strlen(last_id) < sizeof v)
+    strcpy(v, last_id);
+  else if (!query_get(query, "since", v, sizeof v, false))
+    return true;
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (!*v || *end || errno || v[0] == '-') {
+    text(r, 400, "since=%.30s: give the \"next\" of the previous answer (0 for every point)", v);
+    return false;
   }
-  json_resp(r, megad_webjson_steps(j, since));
+  *since = x;
+  return true;
 }
 
 static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, const char *query) {
-  if (!strcmp(rest, "cluster")) return json_resp(r, megad_webjson_cluster(d));
-  if (!strcmp(rest, "jobs")) return json_resp(r, megad_webjson_jobs(d->jobs));
+  if (!strcmp(rest, "cluster")) {
+    json_t *c = megad_webjson_cluster(d);
+    if (c) json_object_set_new(c, "login", json_boolean(d->login));
+    return json_resp(r, c);
+  }
+  if (!strcmp(rest, "jobs")) return json_resp(r, megad_webjson_jobs(d->jobs, d->mirror));
   if (strncmp(rest, "jobs/", 5)) return text(r, 404, "no such endpoint: /api/%.200s", rest);
   rest += 5;
   const char *slash = strchr(rest, '/');
   char id[256];
-  if (!unescape(rest, slash ? (size_t)(slash - rest) : strlen(rest), id, sizeof id) || !id[0])
+  if (!unescape(rest, slash ? (size_t)(slash - rest) : strlen(rest), id, sizeof id, false) ||
+      !id[0])
     return text(r, 400, "a job id in /api/jobs/ID is malformed");
   const mega_job *j = mega_jobs_find(d->jobs, id);
+  const mega_job *m = j || !d->mirror ? NULL : mega_jobs_find(d->mirror, id);
+  if (m && !slash) return json_resp(r, megad_webjson_job(m)); /* record and events from etcd */
+  if (m)
+    return text(r, 404, "job %.200s is coordinated by node %.200s: its steps and trace are "
+                        "there (open that node's web view)", id,
+                m->coordinator && m->coordinator[0] ? m->coordinator : "?");
   if (!j)
     return text(r, 404, "no job %.200s on this megad (it shows the jobs it coordinates)", id);
   if (!slash) return json_resp(r, megad_webjson_job(j));
-  if (!strcmp(slash, "/steps")) return steps(r, j, query);
+  uint64_t since;
+  if (!strcmp(slash, "/steps")) {
+    if (since_of(r, query, NULL, &since)) json_resp(r, megad_webjson_steps(j, since, SIZE_MAX));
+    return;
+  }
+  if (!strcmp(slash, "/stream")) {
+    if (!since_of(r, query, d->last_event_id, &since)) return;
+    if (!d->open_stream) return text(r, 404, "this server has no live streams: poll /steps");
+    d->open_stream(d->arg, j, since, r);
+    return;
+  }
   if (!strcmp(slash, "/trace")) {
     size_t len = 0;
     char *t = d->load_trace ? d->load_trace(d->arg, j->id, &len) : NULL;

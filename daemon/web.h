@@ -15,10 +15,13 @@
  *                              kept), with restart/rescale marks, and "next",
  *                              the cursor for the next call
  *   GET /api/jobs/ID/trace     the Chrome trace of --trace-iteration
+ *   GET /api/jobs/ID/stream?since=SEQ
+ *                              live updates as Server-Sent Events (opened by
+ *                              the data's open_stream: daemon/websse.h)
  *
- * Live updates: the page polls steps?since=next (each answer holds only
- * what is new, so polling costs little), fed from the same merged
- * StepMetrics that WatchJob streams carry (daemon/stepring.h).
+ * Live updates: the page listens to the stream, fed from the same merged
+ * StepMetrics that WatchJob streams carry (daemon/stepring.h); scripts may
+ * poll steps?since=next instead (each answer holds only what is new).
  *
  * Every string a user wrote (job names, messages) leaves as JSON through
  * jansson and reaches the page's DOM only as text, never as markup.
@@ -32,25 +35,35 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/http.h"
 #include "daemon/job.h"
 #include "daemon/members.h"
 
+typedef struct megad_web_resp megad_web_resp;
+
 typedef struct megad_web_data {
   const mega_jobs *jobs;       /* the jobs this megad coordinates */
+  const mega_jobs *mirror;     /* etcd mode: every job of the cluster as etcd has it (records
+                                  and events; steps stay with the coordinator); NULL: none */
   megad_node *const *nodes;    /* the membership view; nodes[0] is this node */
   size_t nnodes;
   /* The Chrome trace of job_id (malloc'd, *len its size), or NULL when the
    * job has none. */
   char *(*load_trace)(void *arg, const char *job_id, size_t *len);
+  /* A live stream of job j from cursor since into out (NULL: 404). */
+  void (*open_stream)(void *arg, const mega_job *j, uint64_t since, megad_web_resp *out);
   void *arg;
+  const char *last_event_id; /* the request's Last-Event-ID (a reconnecting stream's cursor) */
+  bool login;                /* a login guards the page (/api/cluster says so, for logout) */
 } megad_web_data;
 
-typedef struct megad_web_resp {
-  int status;       /* 200, 400, 404 or 405 */
+struct megad_web_resp {
+  int status;       /* 200, 400, 404, 405 or 503 */
   const char *type; /* Content-Type (static) */
   char *body;       /* malloc'd; len bytes (NUL-terminated besides) */
   size_t len;
-} megad_web_resp;
+  megad_http_source stream; /* pull set: a stream instead of the body (open_stream's) */
+};
 
 /* Whether path (without its query) is the web view's: "/", "/page.js",
  * "/jobs/...", "/api/...". Anything else (/metrics) is the server's. */
@@ -62,5 +75,9 @@ bool megad_web_owns(const char *path);
 void megad_web_handle(const megad_web_data *d, const char *method, const char *path,
                       const char *query, megad_web_resp *out);
 void megad_web_resp_free(megad_web_resp *r);
+
+/* The value of key in a form body or query ("a=1&token=x%2By"), decoded
+ * ('+' is a space) into buf; false when absent, malformed or too long. */
+bool megad_web_form_get(const char *form, const char *key, char *buf, size_t cap);
 
 #endif

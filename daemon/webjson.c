@@ -57,9 +57,11 @@ static json_t *job_summary(const mega_job *j) {
   return o;
 }
 
-json_t *megad_webjson_jobs(const mega_jobs *t) {
+json_t *megad_webjson_jobs(const mega_jobs *t, const mega_jobs *mirror) {
   json_t *a = json_array();
   for (size_t i = t->n; i-- > 0;) json_array_append_new(a, job_summary(t->v[i])); /* newest first */
+  for (size_t i = mirror ? mirror->n : 0; i-- > 0;)
+    if (!mega_jobs_find(t, mirror->v[i]->id)) json_array_append_new(a, job_summary(mirror->v[i]));
   json_t *o = json_object();
   json_object_set_new(o, "jobs", a);
   return o;
@@ -87,7 +89,7 @@ json_t *megad_webjson_cluster(const megad_web_data *d) {
     json_array_append_new(nodes, x);
   }
   json_object_set_new(o, "nodes", nodes);
-  json_t *jobs = megad_webjson_jobs(d->jobs);
+  json_t *jobs = megad_webjson_jobs(d->jobs, d->mirror);
   json_object_set(o, "jobs", json_object_get(jobs, "jobs"));
   json_decref(jobs);
   return o;
@@ -187,10 +189,24 @@ json_t *megad_webjson_job(const mega_job *j) {
   return o;
 }
 
-json_t *megad_webjson_steps(const mega_job *j, uint64_t since) {
+uint64_t megad_webjson_job_version(const mega_job *j) {
+  uint64_t v[] = {j->curve.seq, j->nevents, (uint64_t)j->state, j->attempt, j->restarts,
+                  j->ckpt_iteration, j->last_iteration, j->world, (uint64_t)j->ended_ms,
+                  j->train_iters};
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over the fields */
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) h = (h ^ v[i]) * 1099511628211ull;
+  return h;
+}
+
+json_t *megad_webjson_steps(const mega_job *j, uint64_t since, size_t max) {
   const mega_stepring *r = &j->curve;
   json_t *o = json_object(), *pts = json_array(), *marks = json_array();
-  for (size_t i = mega_stepring_after(r, since); i < r->n; i++) {
+  size_t from = mega_stepring_after(r, since), skipped = 0;
+  if (r->n - from > max) {
+    skipped = r->n - from - max;
+    from = r->n - max;
+  }
+  for (size_t i = from; i < r->n; i++) {
     const mega_steppoint *p = &r->v[i];
     json_t *x = json_object();
     json_object_set_new(x, "seq", json_integer((json_int_t)p->seq));
@@ -225,6 +241,7 @@ json_t *megad_webjson_steps(const mega_job *j, uint64_t since) {
   json_object_set_new(o, "state", json_string(mega_job_state_name(j->state)));
   json_object_set_new(o, "next", json_integer((json_int_t)r->seq));
   json_object_set_new(o, "thinned", json_integer((json_int_t)r->thinned));
+  json_object_set_new(o, "skipped", json_integer((json_int_t)skipped));
   json_object_set_new(o, "points", pts);
   json_object_set_new(o, "marks", marks);
   return o;

@@ -19,7 +19,8 @@ struct mega_rpc_channel {
   char *auth_hint;
   size_t max_msg;
   grpc_metadata md; /* authorization: Bearer TOKEN */
-  bool has_token, tls;
+  grpc_metadata header; /* opts->header_key: opts->header_value */
+  bool has_token, has_header, tls;
   atomic_int refs;
 };
 
@@ -29,8 +30,8 @@ typedef struct ccall {
   const mega_rpc_method *m;
   unsigned timeout_ms;
   grpc_call *call;
-  grpc_metadata auth; /* the channel's token; a copy per call, since gRPC may
-                         write into a grpc_metadata while a call uses it */
+  grpc_metadata md[2]; /* the channel's token and header; a copy per call, since
+                          gRPC may write into a grpc_metadata while a call uses it */
   grpc_byte_buffer *send_bb;
   grpc_metadata_array md_initial, md_trailing;
   grpc_byte_buffer *recv_bb;
@@ -47,6 +48,10 @@ static void channel_unref(mega_rpc_channel *ch) {
   if (ch->has_token) {
     grpc_slice_unref(ch->md.key);
     grpc_slice_unref(ch->md.value);
+  }
+  if (ch->has_header) {
+    grpc_slice_unref(ch->header.key);
+    grpc_slice_unref(ch->header.value);
   }
   free(ch->target);
   free(ch->peer_name);
@@ -81,6 +86,11 @@ mega_status mega_rpc_channel_new(const char *target, const mega_rpc_channel_opts
     ch->md.value = grpc_slice_from_copied_string(bearer);
     ch->has_token = true;
     free(bearer);
+  }
+  if (opts && opts->header_key && opts->header_value) {
+    ch->header.key = grpc_slice_from_copied_string(opts->header_key);
+    ch->header.value = grpc_slice_from_copied_string(opts->header_value);
+    ch->has_header = true;
   }
   ch->tls = a && a->tls_ca;
   ch->max_msg = opts && opts->max_message_bytes ? opts->max_message_bytes
@@ -153,11 +163,11 @@ static void ccall_destroy(ccall *c) {
 static size_t send_ops(ccall *c, grpc_op *ops) {
   memset(ops, 0, 6 * sizeof *ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  if (c->ch->has_token) {
-    c->auth = c->ch->md; /* the slices stay the channel's, which outlives the call */
-    ops[0].data.send_initial_metadata.count = 1;
-    ops[0].data.send_initial_metadata.metadata = &c->auth;
-  }
+  size_t n = 0; /* the slices stay the channel's, which outlives the call */
+  if (c->ch->has_token) c->md[n++] = c->ch->md;
+  if (c->ch->has_header) c->md[n++] = c->ch->header;
+  ops[0].data.send_initial_metadata.count = n;
+  ops[0].data.send_initial_metadata.metadata = n ? c->md : NULL;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = c->send_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -303,7 +303,9 @@ function renderJob(view) {
         evalPts.length ? h('span', {}, h('i', {style: 'background:var(--eval)'}), 'eval') : null,
         marks.length ? h('span', {}, h('i', {style: 'background:var(--mark)'}),
                          'restart / rescale') : null,
-        view.thinned ? h('span', {text: 'older points thinned'}) : null),
+        view.thinned ? h('span', {text: 'older points thinned'}) : null,
+        view.skipped ? h('span', {id: 'skipped', text: `${view.skipped} points skipped ` +
+                                  '(this page fell behind)'}) : null),
       lineChart('loss', [{pts: lossPts, line: 'loss-line', dot: 'loss-pt'},
                          {pts: evalPts, line: 'eval-line', dot: 'eval-pt', r: 3,
                           maxDots: 1e9}], mk, {id: 'loss-curve', height: 240}));
@@ -369,37 +371,91 @@ function renderJob(view) {
 
 function mega_final(state) { return ['succeeded', 'failed', 'cancelled'].includes(state); }
 
-async function jobPage(id) {
+// Live: an EventSource on /api/jobs/ID/stream (Server-Sent Events: new
+// points, the job when it changed, the end). Where the stream is refused
+// (megad's cap on streams) or EventSource is missing, it polls
+// steps?since=next once a second instead.
+function jobPage(id) {
   const base = '/api/jobs/' + encodeURIComponent(id);
-  const view = {job: null, pts: [], marks: [], next: 0, thinned: 0, trace: null, traceSvg: null};
-  let tick = 0;
-  for (;;) {
-    try {
-      // every second the new points; the job itself every other second
-      const st = await getJSON(base + '/steps?since=' + view.next);
-      view.pts = thin(view.pts.concat(st.points));
-      view.marks = view.marks.concat(st.marks);
-      view.thinned = view.thinned || st.thinned > 0;
-      view.next = st.next;
-      if (!view.job || tick % 2 === 0 || st.points.length) view.job = await getJSON(base);
-      const j = view.job;
-      if (!view.trace && j.trace_iteration && (j.last_iteration >= j.trace_iteration ||
-                                               mega_final(j.state))) {
+  const view = {job: null, pts: [], marks: [], next: 0, thinned: 0, skipped: 0, trace: null,
+                traceSvg: null, tracing: false};
+  let drawTimer = null;
+  const draw = () => { // at most five renders a second, however fast the news
+    if (drawTimer !== null) return;
+    drawTimer = setTimeout(() => {
+      drawTimer = null;
+      if (view.job) renderJob(view);
+    }, view.job && document.body.hasAttribute('data-first-render-ms') ? 200 : 0);
+  };
+  const addSteps = st => {
+    if (st.reset) { view.pts = []; view.marks = []; } // megad restarted: its curve anew
+    view.pts = thin(view.pts.concat(st.points));
+    view.marks = view.marks.concat(st.marks);
+    view.thinned = view.thinned || st.thinned > 0 || st.skipped > 0;
+    view.next = st.next;
+  };
+  const setJob = async j => {
+    view.job = j;
+    if (!view.trace && !view.tracing && j.trace_iteration &&
+        (j.last_iteration >= j.trace_iteration || mega_final(j.state))) {
+      view.tracing = true;
+      try {
         const r = await fetch(base + '/trace', {cache: 'no-store'});
         if (r.ok) view.trace = await r.json();
-      }
-      renderJob(view);
-      status('updated ' + new Date().toLocaleTimeString());
-      if (mega_final(j.state) && !st.points.length) {
-        status(j.state + ' · final');
-        return;
-      }
-    } catch (e) { status(String(e.message)); }
-    tick++;
-    await new Promise(r => setTimeout(r, 1000));
+      } catch (e) { /* the next job update tries again */ }
+      view.tracing = false;
+    }
+    draw();
+  };
+  const live = how => document.body.setAttribute('data-live', how);
+
+  async function poll() {
+    live('poll');
+    for (let tick = 0;; tick++) {
+      try {
+        const st = await getJSON(base + '/steps?since=' + view.next);
+        addSteps(st);
+        if (!view.job || tick % 2 === 0 || st.points.length) await setJob(await getJSON(base));
+        status('updated ' + new Date().toLocaleTimeString() + ' (polling)');
+        if (mega_final(view.job.state) && !st.points.length) {
+          status(view.job.state + ' · final');
+          return;
+        }
+      } catch (e) { status(String(e.message)); }
+      await new Promise(r => setTimeout(r, 1000));
+    }
   }
+
+  if (!window.EventSource) return poll();
+  // a reconnect resumes from the last steps event's id (Last-Event-ID)
+  const es = new EventSource(base + '/stream?since=' + view.next);
+  let opened = false;
+  es.onopen = () => { opened = true; live('sse'); status('live'); };
+  es.addEventListener('steps', e => { addSteps(JSON.parse(e.data)); draw(); });
+  es.addEventListener('skipped', e => { view.skipped += JSON.parse(e.data).missed; });
+  es.addEventListener('job', e => {
+    setJob(JSON.parse(e.data));
+    status('live · updated ' + new Date().toLocaleTimeString());
+  });
+  es.addEventListener('end', e => {
+    es.close();
+    live('ended');
+    status(JSON.parse(e.data).state + ' · final');
+  });
+  es.onerror = () => {
+    if (es.readyState !== EventSource.CLOSED) { status('reconnecting…'); return; }
+    if (!opened || !view.job || !mega_final(view.job.state)) poll(); // refused: poll instead
+  };
 }
 
+// The logout button, where a login guards the page.
+async function loginBar() {
+  try {
+    if ((await getJSON('/api/cluster')).login) document.getElementById('logout').hidden = false;
+  } catch (e) { /* the page says what failed elsewhere */ }
+}
+
+loginBar();
 if (location.pathname.startsWith('/jobs/'))
   jobPage(decodeURIComponent(location.pathname.slice('/jobs/'.length)));
 else

@@ -120,35 +120,57 @@ static bool wait_healthy(const etcd_fx *f, const char *endpoints, int ms) {
   return false;
 }
 
+/* Whether every member still runs a moment after its start: one that found
+ * its port taken (free_port let go of it, and another process of a busy
+ * machine took it meanwhile) exits at once. */
+static bool members_stay(etcd_fx *f) {
+  struct timespec ts = {0, 300 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  for (int i = 0; i < f->n; i++) {
+    if (waitpid(f->m[i].pid, NULL, WNOHANG) == 0) continue;
+    f->m[i].pid = 0;
+    return false;
+  }
+  return true;
+}
+
 bool etcd_fx_start(etcd_fx *f, int n) {
-  memset(f, 0, sizeof *f);
   if (n != 1 && n != 3) {
     fprintf(stderr, "etcd_fx_start: %d members (1 or 3)\n", n);
     return false;
   }
-  snprintf(f->dir, sizeof f->dir, "/tmp/etcd-test-XXXXXX");
-  if (!mkdtemp(f->dir)) {
-    fprintf(stderr, "etcd_fx_start: mkdtemp: %s\n", strerror(errno));
+  for (int attempt = 0; attempt < 5; attempt++) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/etcd-test-XXXXXX");
+    if (!mkdtemp(f->dir)) {
+      fprintf(stderr, "etcd_fx_start: mkdtemp: %s\n", strerror(errno));
+      return false;
+    }
+    f->n = n;
+    for (int i = 0; i < n; i++) {
+      snprintf(f->m[i].name, sizeof f->m[i].name, "e%d", i + 1);
+      f->m[i].client_port = free_port();
+      f->m[i].peer_port = free_port();
+      size_t len = strlen(f->endpoints);
+      snprintf(f->endpoints + len, sizeof f->endpoints - len, "%s%s", i ? "," : "",
+               etcd_fx_endpoint(f, i));
+    }
+    track(f, true);
+    for (int i = 0; i < n; i++) spawn(f, i);
+    if (!members_stay(f)) { /* a port was taken meanwhile: again, on others */
+      etcd_fx_stop(f);
+      continue;
+    }
+    if (wait_healthy(f, f->endpoints, 30000)) return true;
+    fprintf(stderr, "etcd_fx_start: the %d-member etcd in %s did not become healthy in 30 s\n", n,
+            f->dir);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "tail -n 20 %s/*.log >&2", f->dir);
+    if (system(cmd)) {}
+    etcd_fx_stop(f);
     return false;
   }
-  f->n = n;
-  for (int i = 0; i < n; i++) {
-    snprintf(f->m[i].name, sizeof f->m[i].name, "e%d", i + 1);
-    f->m[i].client_port = free_port();
-    f->m[i].peer_port = free_port();
-    size_t len = strlen(f->endpoints);
-    snprintf(f->endpoints + len, sizeof f->endpoints - len, "%s%s", i ? "," : "",
-             etcd_fx_endpoint(f, i));
-  }
-  track(f, true);
-  for (int i = 0; i < n; i++) spawn(f, i);
-  if (wait_healthy(f, f->endpoints, 30000)) return true;
-  fprintf(stderr, "etcd_fx_start: the %d-member etcd in %s did not become healthy in 30 s\n", n,
-          f->dir);
-  char cmd[160];
-  snprintf(cmd, sizeof cmd, "tail -n 20 %s/*.log >&2", f->dir);
-  if (system(cmd)) {}
-  etcd_fx_stop(f);
+  fprintf(stderr, "etcd_fx_start: a member's port was taken five times in a row\n");
   return false;
 }
 

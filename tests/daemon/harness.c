@@ -95,6 +95,16 @@ void hd_dump_log(const hd *d) {
   fclose(f);
 }
 
+bool hd_log_has(const hd *d, const char *text) {
+  FILE *f = fopen(d->log, "r");
+  if (!f) return false;
+  char line[4096];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f)) found = strstr(line, text) != NULL;
+  fclose(f);
+  return found;
+}
+
 bool hd_start(hd *d, const char *name, int slots, const char *peers, const char *state_dir,
               const char *const *extra) {
   memset(d, 0, sizeof *d);

@@ -50,6 +50,8 @@ void hd_cleanup(hd *d);
  * also runs at exit), so no megad outlives its test. */
 void hd_cleanup_all(void);
 void hd_dump_log(const hd *d);
+/* Whether a line of megad's log holds text. */
+bool hd_log_has(const hd *d, const char *text);
 
 /* Pids of megad's live child processes (its workers); returns how many. */
 int hd_workers(const hd *d, pid_t *pids, int max);

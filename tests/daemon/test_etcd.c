@@ -3,8 +3,9 @@
  * transactions, the session (its lease and what is put under it, ended by us
  * or revoked from outside), watches (order, replay, compaction), and in a
  * 3-member cluster: a watch that survives kill -9 of its member without
- * losing or repeating an event, calls and the session failing over, and the
- * client saying so when no member is left. */
+ * losing or repeating an event, calls and the session failing over, a member
+ * without a quorum refusing to keep a watch (hasleader), and the client
+ * saying so when no member is left. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -482,13 +483,34 @@ static void test_three_members_failover(void **state) {
   assert_int_equal(megad_etcd_session_lease(v.e), s.lease);
   assert_true(megad_etcd_ok(v.e, NULL));
 
-  /* The member comes back; then every member goes: the client says so. */
+  /* The member comes back; then the other two go, so it has no leader: it
+   * ends the watch (we asked for a leader: hasleader), which cannot open
+   * anywhere, and the client says so, instead of a watch that never fires. */
   assert_true(etcd_fx_restart(&three, 0));
+  megad_etcd_session_end(v.e); /* only the watch talks to etcd now */
+  assert_true(megad_etcd_ok(v.e, NULL));
+  etcd_fx_kill(&three, 1);
+  etcd_fx_kill(&three, 2);
+  uint64_t end = uv_now(&v.loop) + 20000;
+  while (megad_etcd_ok(v.e, NULL) && uv_now(&v.loop) < end) uv_run(&v.loop, UV_RUN_ONCE);
+  const char *why = NULL;
+  assert_false(megad_etcd_ok(v.e, &why));
+  fprintf(stderr, "with no quorum: %s\n", why);
+  /* A quorum again: the watch goes on where it was. */
+  assert_true(etcd_fx_restart(&three, 1));
+  put_retry(&v, "f/20", "quorum again");
+  assert_true(run_until_events(&v, &w, 21, 15000));
+  run_for(&v, 300);
+  assert_int_equal(w.n, 21);
+  assert_string_equal(w.ev[20].key, "f/20");
+  assert_false(w.reset);
+
+  /* Every member goes: the client says so. */
+  session_up(&v, &s);
   for (int i = 0; i < 3; i++) etcd_fx_kill(&three, i);
   run_for(&v, 3000);
   assert_true(s.unreachable);
   assert_non_null(strstr(s.why, "etcd unreachable at 127.0.0.1:"));
-  const char *why = NULL;
   assert_false(megad_etcd_ok(v.e, &why));
   assert_non_null(strstr(why, "etcd unreachable"));
   res x = {0};

@@ -40,13 +40,51 @@ static char *body(void *arg, size_t *len) {
 
 static void count(void *arg, unsigned status) { ((srv *)arg)->last_status = status; }
 
-/* Owns /api/...: echoes the method and target. */
-static bool route(void *arg, const char *method, const char *target, megad_http_resp *out) {
+/* ---- a stream: /stream sends "n\n" for each tick the test adds ---- */
+
+typedef struct feed {
+  int ticks, sent, pulls;
+  bool end, closed;
+  megad_http_stream *s;
+} feed;
+static feed the_feed;
+
+static long pull(void *arg, megad_http_stream *s, char *buf, size_t max) {
+  feed *f = arg;
+  f->s = s;
+  f->pulls++;
+  if (f->sent == f->ticks) return f->end ? -1 : 0;
+  int n = snprintf(buf, max, "%d\n", ++f->sent);
+  return n;
+}
+
+static void closed(void *arg) { ((feed *)arg)->closed = true; }
+
+/* Owns /api/... (echoes the method, target, body and cookie; 401 without
+ * the token) and /stream. */
+static bool route(void *arg, const megad_http_req *req, megad_http_resp *out) {
   (void)arg;
-  if (strncmp(target, "/api/", 5)) return false;
+  if (!strcmp(req->target, "/stream")) {
+    *out = (megad_http_resp){.status = 200, .type = "text/event-stream",
+                             .stream = {.pull = pull, .closed = closed, .arg = &the_feed}};
+    return true;
+  }
+  if (strncmp(req->target, "/api/", 5)) return false;
+  if (!req->bearer_ok) {
+    *out = (megad_http_resp){.status = 401, .type = "text/plain", .body = strdup("no\n"), .len = 3};
+    return true;
+  }
   char *b = NULL;
-  if (asprintf(&b, "routed %s %s\n", method, target) < 0) return false;
+  const char *cookie = megad_http_header(req, "cookie");
+  if (asprintf(&b, "routed %s %s body=[%s] cookie=[%s]\n", req->method, req->target, req->body,
+               cookie ? cookie : "") < 0)
+    return false;
   *out = (megad_http_resp){.status = 200, .type = "text/plain", .body = b, .len = strlen(b)};
+  if (!strcmp(req->method, "POST")) {
+    out->status = 303;
+    out->set_cookie = strdup("k=v; HttpOnly");
+    out->location = strdup("/next");
+  }
   return true;
 }
 
@@ -153,7 +191,23 @@ static void test_open_server(void **state) {
   /* another owner's path goes to the route hook, the query as sent */
   r = request(&s, &a, "GET /api/x?since=3&a=%41 HTTP/1.0\r\n\r\n");
   assert_non_null(strstr(r, " 200 OK\r\n"));
-  assert_non_null(strstr(r, "routed GET /api/x?since=3&a=%41"));
+  assert_non_null(strstr(r, "routed GET /api/x?since=3&a=%41 body=[] cookie=[]"));
+  assert_non_null(strstr(r, "Cache-Control: no-store\r\n"));
+  /* a POST's body reaches the hook, and its headers come back */
+  r = request(&s, &a, "POST /api/login HTTP/1.0\r\nCookie: a=1; b=2\r\n"
+                      "Content-Type: application/x-www-form-urlencoded\r\n"
+                      "Content-Length: 13\r\n\r\ntoken=abc%2B1");
+  assert_non_null(strstr(r, " 303 "));
+  assert_non_null(strstr(r, "Set-Cookie: k=v; HttpOnly\r\n"));
+  assert_non_null(strstr(r, "Location: /next\r\n"));
+  assert_non_null(strstr(r, "routed POST /api/login body=[token=abc%2B1] cookie=[a=1; b=2]"));
+  /* a body over the limit is refused */
+  char big[6000];
+  int n = snprintf(big, sizeof big, "POST /api/x HTTP/1.0\r\nContent-Length: 5000\r\n\r\n");
+  memset(big + n, 'x', 5000);
+  big[n + 5000] = '\0';
+  r = request(&s, &a, big);
+  assert_non_null(strstr(r, " 413 "));
   r = request(&s, &a, "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
   assert_non_null(strstr(r, " 405 "));
   r = request(&s, &a, "HEAD /metrics HTTP/1.0\r\n\r\n");
@@ -188,7 +242,7 @@ static void test_bearer_token(void **state) {
     r = request(&s, &a, wrong[i]);
     assert_non_null(strstr(r, " 401 "));
   }
-  /* the token guards every path: the route hook's too */
+  /* the route hook hears whether the token came, and decides */
   r = request(&s, &a, "GET /api/x HTTP/1.0\r\n\r\n");
   assert_non_null(strstr(r, " 401 "));
   r = request(&s, &a, "GET /api/x HTTP/1.0\r\nAuthorization: Bearer s3cret-token\r\n\r\n");
@@ -258,6 +312,77 @@ static void test_slow_and_too_many(void **state) {
   stop(&s);
 }
 
+/* Reads what fd has within ms (the loop running) into buf, appending. */
+static size_t read_for(srv *s, int fd, char *buf, size_t got, size_t cap, int ms) {
+  for (int waited = 0; waited < ms; waited += 20) {
+    run_for(s, 20);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (poll(&p, 1, 0) == 1) {
+      ssize_t r = read(fd, buf + got, cap - 1 - got);
+      if (r <= 0) break;
+      got += (size_t)r;
+    }
+    buf[got] = '\0';
+  }
+  return got;
+}
+
+/* A stream parks when it has nothing, sends when woken, ends when its
+ * source says so; a client that leaves, or the server's stop, frees it. */
+static void test_stream(void **state) {
+  (void)state;
+  srv s;
+  start(&s, NULL, 0, 0);
+  memset(&the_feed, 0, sizeof the_feed);
+  int fd = dial(megad_http_port(s.h));
+  const char req[] = "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n";
+  assert_int_equal(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+  char buf[4096];
+  size_t got = read_for(&s, fd, buf, 0, sizeof buf, 300);
+  assert_non_null(strstr(buf, " 200 OK\r\n"));
+  assert_non_null(strstr(buf, "Content-Type: text/event-stream\r\n"));
+  assert_non_null(strstr(buf, "Transfer-Encoding: chunked\r\n"));
+  int pulls = the_feed.pulls;
+  assert_true(pulls >= 1);
+  run_for(&s, 300); /* parked: no busy pulling */
+  assert_int_equal(the_feed.pulls, pulls);
+  the_feed.ticks = 2;
+  megad_http_stream_wake(the_feed.s);
+  got = read_for(&s, fd, buf, got, sizeof buf, 300);
+  assert_non_null(strstr(buf, "1\n"));
+  assert_non_null(strstr(buf, "2\n"));
+  assert_false(the_feed.closed);
+  the_feed.end = true;
+  megad_http_stream_wake(the_feed.s);
+  got = read_for(&s, fd, buf, got, sizeof buf, 300);
+  assert_non_null(strstr(buf, "\r\n0\r\n\r\n")); /* the last chunk */
+  assert_true(the_feed.closed);
+  close(fd);
+
+  /* a client that left: the next wake's write fails and frees the stream */
+  memset(&the_feed, 0, sizeof the_feed);
+  fd = dial(megad_http_port(s.h));
+  assert_int_equal(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+  read_for(&s, fd, buf, 0, sizeof buf, 200);
+  close(fd);
+  for (int i = 0; i < 50 && !the_feed.closed; i++) {
+    the_feed.ticks++;
+    megad_http_stream_wake(the_feed.s);
+    run_for(&s, 20);
+  }
+  assert_true(the_feed.closed);
+
+  /* the server's stop ends a parked stream */
+  memset(&the_feed, 0, sizeof the_feed);
+  fd = dial(megad_http_port(s.h));
+  assert_int_equal(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+  read_for(&s, fd, buf, 0, sizeof buf, 200);
+  assert_true(the_feed.pulls >= 1);
+  stop(&s);
+  assert_true(the_feed.closed);
+  close(fd);
+}
+
 static void test_bad_listen(void **state) {
   (void)state;
   uv_loop_t loop;
@@ -295,6 +420,7 @@ int main(void) {
       cmocka_unit_test(test_open_server),
       cmocka_unit_test(test_bearer_token),
       cmocka_unit_test(test_slow_and_too_many),
+      cmocka_unit_test(test_stream),
       cmocka_unit_test(test_bad_listen),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

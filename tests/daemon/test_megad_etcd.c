@@ -49,16 +49,6 @@ static double wait_state(hd *d, const char *node, int want, int ms) {
   return -1;
 }
 
-static bool log_has(const hd *d, const char *needle) {
-  FILE *f = fopen(d->log, "r");
-  if (!f) return false;
-  char line[1024];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f)) found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
-}
-
 static void test_nodes_meet_in_etcd(void **state) {
   (void)state;
   assert_true(etcd_fx_start(&fx, 1));
@@ -90,7 +80,7 @@ static void test_nodes_meet_in_etcd(void **state) {
   kill(n2.pid, SIGCONT);
   assert_true(wait_state(&n1, "n2", NODE(ALIVE), 15000) >= 0);
   assert_true(hd_wait_alive(&n2, 3, 10000));
-  assert_true(log_has(&n2, "etcd session lost"));
+  assert_true(hd_log_has(&n2, "etcd session lost"));
   Mega__V1__ListNodesResponse *after = hd_list_nodes(&n1, NULL);
   for (size_t i = 0; after && i < after->n_nodes; i++)
     if (!strcmp(after->nodes[i]->id, "n2")) assert_true(after->nodes[i]->incarnation != inc);
@@ -102,7 +92,7 @@ static void test_nodes_meet_in_etcd(void **state) {
   double t2 = wait_state(&n2, "n3", NODE(DEAD), 15000);
   fprintf(stderr, "kill -9 of n3 seen as lost after %.2f s (n1), %.2f s (n2)\n", t1, t2);
   assert_true(t1 >= 0 && t2 >= 0);
-  assert_true(log_has(&n1, "lost its etcd registration"));
+  assert_true(hd_log_has(&n1, "lost its etcd registration"));
 
   /* a clean stop is a LEFT, at once */
   assert_int_equal(hd_stop(&n2), 0);
@@ -113,7 +103,9 @@ static void test_nodes_meet_in_etcd(void **state) {
   /* n3 comes back (a new incarnation on its state dir): alive again */
   assert_true(hd_restart(&n3, (const char *const[]){"--etcd-endpoints", fx.endpoints, NULL}));
   assert_true(wait_state(&n1, "n3", NODE(ALIVE), 10000) >= 0);
-  hd_cleanup_all();
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
+  hd_cleanup(&n3);
   etcd_fx_stop(&fx);
 }
 
@@ -122,11 +114,12 @@ static void test_peers_with_etcd_refused(void **state) {
   hd d;
   const char *extra[] = {"--etcd-endpoints", "http://127.0.0.1:1", NULL};
   assert_false(hd_start(&d, "x", 1, "127.0.0.1:2", NULL, extra));
-  assert_true(log_has(&d, "--peers and --etcd-endpoints exclude each other"));
+  assert_true(hd_log_has(&d, "--peers and --etcd-endpoints exclude each other"));
+  hd_cleanup(&d);
   const char *bad[] = {"--etcd-endpoints", "127.0.0.1", NULL};
   assert_false(hd_start(&d, "y", 1, NULL, NULL, bad));
-  assert_true(log_has(&d, "is not host:port"));
-  hd_cleanup_all();
+  assert_true(hd_log_has(&d, "is not host:port"));
+  hd_cleanup(&d);
 }
 
 typedef struct kill_at {
@@ -148,7 +141,7 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *it) {
           (unsigned long long)it->step->iteration);
 }
 
-#define ITERS 500 /* several seconds: longer than the session's TTL after the kill */
+#define ITERS 500 /* a few seconds of training across the kill */
 
 static void test_etcd_member_loss_keeps_job(void **state) {
   (void)state;
@@ -177,17 +170,19 @@ static void test_etcd_member_loss_keeps_job(void **state) {
   assert_int_equal(w.last_iteration, ITERS);
   assert_int_equal(w.redone, 0); /* no iteration trained twice: one attempt */
   for (int i = 1; i <= ITERS; i++) assert_int_equal(w.attempt[i], w.attempt[1]);
-  /* it outlived a lease TTL (2 s) after the kill, or this proved nothing */
-  assert_true(after > 2.5);
   hd_watch_free(&w);
-  /* nobody was lost, on either side */
+  /* nobody was lost, on either side, over more than a lease's TTL (2 s)
+   * after the kill: a node whose keepalives had not moved to a live member
+   * would have been lost by then */
+  if (after < 3.5) usleep((useconds_t)((3.5 - after) * 1e6));
   assert_int_equal(state_of(&n1, "n2"), NODE(ALIVE));
   assert_int_equal(state_of(&n2, "n1"), NODE(ALIVE));
-  assert_false(log_has(&n1, "lost its etcd registration"));
-  assert_false(log_has(&n2, "lost its etcd registration"));
-  assert_false(log_has(&n1, "etcd session lost"));
-  assert_false(log_has(&n2, "etcd session lost"));
-  hd_cleanup_all();
+  assert_false(hd_log_has(&n1, "lost its etcd registration"));
+  assert_false(hd_log_has(&n2, "lost its etcd registration"));
+  assert_false(hd_log_has(&n1, "etcd session lost"));
+  assert_false(hd_log_has(&n2, "etcd session lost"));
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
   etcd_fx_stop(&fx);
 }
 

@@ -1,7 +1,8 @@
 /* No single point of failure, end to end: megad on a real etcd (loopback),
  * real workers, real kills. The job's coordinator is killed for good, or
  * frozen and let go again after the takeover; another node takes the job
- * over from etcd, and the job finishes on the uninterrupted loss curve.
+ * over from etcd, and the job finishes on the uninterrupted loss curve
+ * (rescaled to the survivors when its --nnodes range allows).
  * Skipped (77) where etcd is not installed. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -42,13 +43,16 @@ static void start_nodes(hd *n, const char *prefix) {
   assert_true(hd_wait_alive(&n[1], 3, 15000));
 }
 
-/* The job: DP over 2 nodes (1 rank each), checkpoints every 5 iterations. */
-static void job_spec(Mega__V1__JobSpec *spec, const char *dir, const char *ckpt) {
+/* The job: DP over `lo` to `hi` nodes (1 rank each), checkpoints every 5
+ * iterations. */
+static void job_spec(Mega__V1__JobSpec *spec, const char *dir, const char *ckpt, uint32_t lo,
+                     uint32_t hi) {
   const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
                          "--save", ckpt, "--save-interval", "5", NULL};
   hd_tiny_spec(spec, dir, ITERS, extra);
   spec->nproc_per_node = 1;
-  spec->nnodes_min = spec->nnodes_max = 2;
+  spec->nnodes_min = lo;
+  spec->nnodes_max = hi;
   spec->max_restarts = 3;
 }
 
@@ -153,7 +157,7 @@ static void test_coordinator_killed_is_taken_over(void **state) {
   char ckpt[256];
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
   Mega__V1__JobSpec spec;
-  job_spec(&spec, n[0].dir, ckpt);
+  job_spec(&spec, n[0].dir, ckpt, 2, 3); /* DP 3, then DP 2 on the survivors */
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
@@ -178,8 +182,10 @@ static void test_coordinator_killed_is_taken_over(void **state) {
   hd_watch after;
   hd_watch_job_cb(&n[3 - who], id, true, 120000, &after, note_first_step, &f);
   assert_true(hd_succeeded(&n[who], &after));
+  assert_int_equal(before.world[12], 3);
   assert_int_equal(after.final->world_size, 2);
   assert_true(after.final->attempt > old_attempt);
+  assert_non_null(strstr(after.events_text, "rescaled from DP 3 to DP 2"));
   assert_int_equal(after.last_iteration, ITERS);
   same_losses(&before, &after, &ref);
   fprintf(stderr, "coordinator kill -9: taken over by %s within %.3f s; first iteration of the "
@@ -199,16 +205,6 @@ static void test_coordinator_killed_is_taken_over(void **state) {
 
 /* ---- a frozen coordinator comes back after the takeover and stands down ---- */
 
-static bool log_has(const hd *d, const char *text) {
-  FILE *f = fopen(d->log, "r");
-  if (!f) return false;
-  char line[4096];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f)) found = strstr(line, text) != NULL;
-  fclose(f);
-  return found;
-}
-
 static void test_partitioned_coordinator_stands_down(void **state) {
   (void)state;
   hd n[3];
@@ -216,7 +212,7 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   char ckpt[256];
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
   Mega__V1__JobSpec spec;
-  job_spec(&spec, n[0].dir, ckpt);
+  job_spec(&spec, n[0].dir, ckpt, 2, 2);
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
@@ -255,9 +251,9 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   /* p1 comes back: it stands down, its stale workers are gone, and it
    * rejoins as a plain node that sees the job under its new coordinator */
   kill(n[0].pid, SIGCONT);
-  for (int t = 0; t < 100 && !log_has(&n[0], "standing down"); t++) usleep(100000);
-  if (!log_has(&n[0], "standing down")) hd_dump_log(&n[0]);
-  assert_true(log_has(&n[0], "standing down"));
+  for (int t = 0; t < 100 && !hd_log_has(&n[0], "standing down"); t++) usleep(100000);
+  if (!hd_log_has(&n[0], "standing down")) hd_dump_log(&n[0]);
+  assert_true(hd_log_has(&n[0], "standing down"));
   assert_true(hd_wait_alive(&n[who], 3, 15000));
   hd_watch w;
   hd_watch_job(&n[0], id, true, 120000, &w);
@@ -269,9 +265,64 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* ---- etcd away: jobs go on, new ones are refused until it is back ---- */
+
+static uint64_t iteration_of(hd *d, const char *id) {
+  Mega__V1__Job *j = hd_get_job(d, id, NULL);
+  uint64_t it = j ? j->last_iteration : 0;
+  if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+  return it;
+}
+
+static void test_etcd_away_refuses_new_jobs(void **state) {
+  (void)state;
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
+  hd d;
+  assert_true(hd_start(&d, "a1", 2, NULL, NULL, extra));
+  assert_true(hd_wait_alive(&d, 1, 10000));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 20000, NULL);
+  spec.nproc_per_node = 1;
+  char id[64], id2[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  for (int t = 0; t < 100 && iteration_of(&d, id) < 5; t++) usleep(100000);
+  etcd_fx_kill(&fx, 0);
+  mega_status st = MEGA_OK;
+  for (int t = 0; t < 100 && st == MEGA_OK; t++) { /* refused once a keepalive is a TTL late */
+    st = hd_submit(&d, &spec, id2, sizeof id2, &err);
+    if (st == MEGA_OK) usleep(100000);
+  }
+  assert_int_not_equal(st, MEGA_OK);
+  if (!strstr(err.msg, "takes no new jobs while etcd is unreachable")) { fprintf(stderr, "refused: %s\n", err.msg); hd_dump_log(&d); }
+  assert_non_null(strstr(err.msg, "takes no new jobs while etcd is unreachable"));
+  uint64_t it = iteration_of(&d, id);
+  usleep(1500000);
+  assert_true(iteration_of(&d, id) > it); /* the running job trains on */
+  assert_true(etcd_fx_restart(&fx, 0));
+  st = !MEGA_OK;
+  for (int t = 0; t < 100 && st != MEGA_OK; t++) {
+    st = hd_submit(&d, &spec, id2, sizeof id2, &err);
+    if (st != MEGA_OK) usleep(100000);
+  }
+  assert_int_equal(st, MEGA_OK);
+  Mega__V1__Job *j = hd_get_job(&d, id, NULL);
+  assert_non_null(j);
+  assert_int_equal(j->attempt, 0); /* the same attempt throughout */
+  assert_int_equal(j->state, STATE(RUNNING));
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  hd_cleanup(&d);
+}
+
 static int setup(void **state) {
   (void)state;
   return etcd_fx_start(&fx, 1) ? 0 : -1;
+}
+
+/* The setting: three etcd members, as production runs it. */
+static int setup3(void **state) {
+  (void)state;
+  return etcd_fx_start(&fx, 3) ? 0 : -1;
 }
 
 static int teardown(void **state) {
@@ -285,8 +336,9 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   etcd_fx_require();
   const struct CMUnitTest all[] = {
-      cmocka_unit_test_setup_teardown(test_coordinator_killed_is_taken_over, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_coordinator_killed_is_taken_over, setup3, teardown),
       cmocka_unit_test_setup_teardown(test_partitioned_coordinator_stands_down, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_etcd_away_refuses_new_jobs, setup, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

@@ -192,6 +192,7 @@ static char *sample_page(void) {
   m.c.steps_merged = 70;
   m.c.steps_relayed = 140;
   m.c.watchers_dropped = 1;
+  m.web_streams = 3;
   m.c.http_requests[0] = 5;
   m.c.report_delay_sum_s = 0.25;
   m.c.report_delay_n = 10;
@@ -218,6 +219,7 @@ static void test_page_follows_the_format(void **state) {
   assert_non_null(strstr(page, "\nmega_steps_merged_total 70\n"));
   assert_non_null(strstr(page, "\nmega_worker_steps_relayed_total 140\n"));
   assert_non_null(strstr(page, "\nmega_watchers_dropped_total 1\n"));
+  assert_non_null(strstr(page, "\nmega_web_streams 3\n"));
   assert_non_null(
       strstr(page, "\nmega_rpc_served_total{method=\"/mega.v1.Control/GetJob\"} 9\n"));
   assert_non_null(strstr(page, "\nmega_http_requests_total{code=\"200\"} 5\n"));

@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "daemon/web.h"
+#include "daemon/weblogin.h"
+#include "daemon/websse.h"
 
 #define HOSTILE "<img src=x onerror=alert(1)>\"&'</script>"
 
@@ -237,6 +239,40 @@ static json_t *get(fixture *f, const char *path, const char *query, int want_sta
   return doc;
 }
 
+/* etcd mode: another node's job, from the mirror: listed, its record and
+ * events served, its steps sent to its coordinator. */
+static void test_mirror_jobs(void **state) {
+  fixture *f = *state;
+  mega_jobs mirror;
+  mega_jobs_init(&mirror);
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.args = args;
+  spec.n_args = sizeof args / sizeof args[0];
+  mega_job *j = NULL, *dup = NULL;
+  assert_int_equal(mega_job_new("j-7-n2", &spec, "n2", 3000, &j, NULL), MEGA_OK);
+  assert_int_equal(mega_jobs_add(&mirror, j, NULL), MEGA_OK);
+  /* the mirror holds this node's jobs too: listed once */
+  assert_int_equal(mega_job_new("j-1-n1", &spec, "n1", 1000, &dup, NULL), MEGA_OK);
+  assert_int_equal(mega_jobs_add(&mirror, dup, NULL), MEGA_OK);
+  f->d.mirror = &mirror;
+  json_t *doc = get(f, "/api/jobs", NULL, 200);
+  json_t *jobs = json_object_get(doc, "jobs");
+  assert_int_equal(json_array_size(jobs), 2);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(jobs, 0), "id")), "j-1-n1");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(jobs, 1), "id")), "j-7-n2");
+  json_decref(doc);
+  doc = get(f, "/api/jobs/j-7-n2", NULL, 200);
+  assert_non_null(doc);
+  json_decref(doc);
+  megad_web_resp r;
+  megad_web_handle(&f->d, "GET", "/api/jobs/j-7-n2/steps", NULL, &r);
+  assert_int_equal(r.status, 404);
+  assert_non_null(strstr(r.body, "coordinated by node n2"));
+  megad_web_resp_free(&r);
+  f->d.mirror = NULL;
+  mega_jobs_free(&mirror);
+}
+
 static void test_owns(void **state) {
   (void)state;
   assert_true(megad_web_owns("/"));
@@ -391,6 +427,240 @@ static void test_trace_and_methods(void **state) {
   megad_web_resp_free(&r);
 }
 
+/* ---- live streams ---- */
+
+static const char *opened_job;
+static uint64_t opened_since;
+static void open_stream(void *arg, const mega_job *j, uint64_t since, megad_web_resp *out) {
+  (void)arg;
+  opened_job = j->id;
+  opened_since = since;
+  out->status = 200;
+  out->type = "text/event-stream";
+}
+
+/* The router hands /stream to open_stream with the cursor: since=, else a
+ * reconnect's Last-Event-ID, else 0. */
+static void test_stream_route(void **state) {
+  fixture *f = *state;
+  megad_web_resp r;
+  megad_web_handle(&f->d, "GET", "/api/jobs/j-1-n1/stream", NULL, &r);
+  assert_int_equal(r.status, 404); /* no streams in this server */
+  megad_web_resp_free(&r);
+  f->d.open_stream = open_stream;
+  megad_web_handle(&f->d, "GET", "/api/jobs/j-1-n1/stream", "since=7", &r);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(opened_job, "j-1-n1");
+  assert_int_equal(opened_since, 7);
+  f->d.last_event_id = "12";
+  megad_web_handle(&f->d, "GET", "/api/jobs/j-1-n1/stream", NULL, &r);
+  assert_int_equal(opened_since, 12);
+  f->d.last_event_id = "x";
+  megad_web_handle(&f->d, "GET", "/api/jobs/j-1-n1/stream", NULL, &r);
+  assert_int_equal(r.status, 400);
+  megad_web_resp_free(&r);
+  megad_web_handle(&f->d, "GET", "/api/jobs/j-9-n1/stream", NULL, &r);
+  assert_int_equal(r.status, 404);
+  megad_web_resp_free(&r);
+}
+
+/* The data of the one event named name in text (NULL when none), parsed. */
+static json_t *sse_data(const char *text, const char *name) {
+  char key[64];
+  snprintf(key, sizeof key, "event: %s\n", name);
+  const char *e = strstr(text, key);
+  if (!e) return NULL;
+  const char *d = strstr(e, "data: ");
+  assert_non_null(d);
+  d += 6;
+  const char *nl = strchr(d, '\n');
+  assert_non_null(nl);
+  assert_int_equal(nl[1], '\n'); /* one line of data, then the blank line */
+  json_error_t err;
+  json_t *doc = json_loadb(d, (size_t)(nl - d), 0, &err);
+  if (!doc) fail_msg("event %s: not JSON: %s", name, err.text);
+  return doc;
+}
+
+static void test_sse_compose(void **state) {
+  fixture *f = *state;
+  mega_job *j = f->t.v[0];
+  megad_sse_cursor c = {0};
+  size_t len;
+  /* first: the retry hint, the whole curve and the job */
+  char *t = megad_sse_compose(j, &c, 10000, false, &len);
+  assert_non_null(t);
+  assert_int_equal(strlen(t), len);
+  assert_int_equal(strncmp(t, "retry: 3000\n\n", 13), 0);
+  assert_non_null(strstr(t, "event: steps\nid: 35\ndata: "));
+  json_t *st = sse_data(t, "steps");
+  assert_int_equal(json_array_size(json_object_get(st, "points")), 35);
+  assert_int_equal(json_array_size(json_object_get(st, "marks")), 1);
+  json_decref(st);
+  json_t *jd = sse_data(t, "job");
+  assert_string_equal(json_string_value(json_object_get(jd, "name")), HOSTILE); /* JSON, not markup */
+  json_decref(jd);
+  assert_null(strstr(t, "event: end"));
+  free(t);
+  /* nothing new: nothing, or a ping */
+  assert_null(megad_sse_compose(j, &c, 10100, false, &len));
+  t = megad_sse_compose(j, &c, 10100, true, &len);
+  assert_string_equal(t, ": ping\n\n");
+  free(t);
+  /* two new steps: only they; the job changed but went 100 ms ago: later */
+  push_step(j, 31, 1, 2);
+  push_step(j, 32, 1, 2);
+  t = megad_sse_compose(j, &c, 10100, false, &len);
+  st = sse_data(t, "steps");
+  assert_int_equal(json_array_size(json_object_get(st, "points")), 2);
+  assert_int_equal(json_integer_value(json_object_get(st, "next")), 37);
+  assert_int_equal(json_array_size(json_object_get(st, "marks")), 0);
+  json_decref(st);
+  assert_null(strstr(t, "event: job"));
+  free(t);
+  t = megad_sse_compose(j, &c, 11000, false, &len);
+  assert_non_null(strstr(t, "event: job\n"));
+  assert_null(strstr(t, "event: steps"));
+  free(t);
+  /* a reader that fell far behind gets the newest points and is told */
+  for (uint64_t it = 33; it < 33 + MEGAD_SSE_BATCH_MAX + 100; it++) push_step(j, it, 1, 2);
+  t = megad_sse_compose(j, &c, 12000, false, &len);
+  json_t *sk = sse_data(t, "skipped");
+  assert_non_null(sk);
+  assert_int_equal(json_integer_value(json_object_get(sk, "missed")), 100);
+  assert_int_equal(json_integer_value(json_object_get(sk, "from_seq")), 38);
+  assert_int_equal(json_integer_value(json_object_get(sk, "to_seq")), 137);
+  json_decref(sk);
+  st = sse_data(t, "steps");
+  assert_int_equal(json_array_size(json_object_get(st, "points")), MEGAD_SSE_BATCH_MAX);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(st, "points"), 0), "seq")), 138);
+  json_decref(st);
+  assert_true(strstr(t, "event: skipped") < strstr(t, "event: steps"));
+  free(t);
+  /* the end: the last job document, then end, then nothing ever */
+  assert_int_equal(mega_job_transition(j, MEGA_JOB_SUCCEEDED, 3000, NULL, NULL), MEGA_OK);
+  t = megad_sse_compose(j, &c, 13000, false, &len);
+  jd = sse_data(t, "job");
+  assert_string_equal(json_string_value(json_object_get(jd, "state")), "succeeded");
+  json_decref(jd);
+  jd = sse_data(t, "end");
+  assert_string_equal(json_string_value(json_object_get(jd, "state")), "succeeded");
+  json_decref(jd);
+  assert_true(c.ended);
+  free(t);
+  assert_null(megad_sse_compose(j, &c, 14000, true, &len));
+  /* a reconnect whose cursor is past the curve (megad restarted) gets it all */
+  megad_sse_cursor c3 = {.seq = 100000};
+  t = megad_sse_compose(j, &c3, 0, false, &len);
+  st = sse_data(t, "steps");
+  assert_true(json_is_true(json_object_get(st, "reset")));
+  assert_int_equal(json_array_size(json_object_get(st, "points")), j->curve.n);
+  json_decref(st);
+  free(t);
+  megad_sse_cursor c4 = {.seq = 3};
+  t = megad_sse_compose(j, &c4, 0, false, &len);
+  st = sse_data(t, "steps");
+  assert_null(json_object_get(st, "reset"));
+  json_decref(st);
+  free(t);
+  /* a job megad forgot ends its streams */
+  megad_sse_cursor c2 = {.seq = 5};
+  t = megad_sse_compose(NULL, &c2, 0, false, &len);
+  jd = sse_data(t, "end");
+  assert_string_equal(json_string_value(json_object_get(jd, "state")), "forgotten");
+  json_decref(jd);
+  free(t);
+}
+
+/* ---- login ---- */
+
+static void test_login(void **state) {
+  (void)state;
+  const char *token = "Zm9vYmFy+c2VjcmV0/dG9rZW4=";
+  megad_web_login *l = megad_web_login_new(token);
+  char *cookie, *loc;
+  uint64_t refused;
+  /* wrong tokens: refused; the log line is due at most once a second */
+  assert_false(megad_web_login_post(l, "token=nope&next=/", 1000, &cookie, &loc, &refused));
+  assert_null(cookie);
+  assert_int_equal(refused, 1);
+  assert_false(megad_web_login_post(l, "token=Zm9vYmFy+c2VjcmV0/dG9rZW4=", 1100, &cookie, &loc,
+                                    &refused)); /* '+' in a form is a space */
+  assert_int_equal(refused, 0);
+  assert_false(megad_web_login_post(l, "next=/", 1200, &cookie, &loc, &refused));
+  assert_false(megad_web_login_post(l, "", 2100, &cookie, &loc, &refused));
+  assert_int_equal(refused, 3);
+  /* the right one: a session cookie, not the token */
+  assert_true(megad_web_login_post(l, "token=Zm9vYmFy%2Bc2VjcmV0%2FdG9rZW4%3D&next=/jobs/j-1-n1",
+                                   3000, &cookie, &loc, &refused));
+  assert_string_equal(loc, "/jobs/j-1-n1");
+  assert_int_equal(strncmp(cookie, "mega_session=", 13), 0);
+  assert_non_null(strstr(cookie, "; HttpOnly"));
+  assert_non_null(strstr(cookie, "; SameSite=Strict"));
+  assert_non_null(strstr(cookie, "; Path=/"));
+  assert_null(strstr(cookie, token));
+  assert_null(strstr(cookie, "c2VjcmV0"));
+  char hdr[256], id[80];
+  sscanf(cookie, "mega_session=%70[0-9a-f]", id);
+  assert_int_equal(strlen(id), 64);
+  snprintf(hdr, sizeof hdr, "theme=dark; mega_session=%s; x=1", id);
+  assert_true(megad_web_session_ok(l, hdr, 4000));
+  assert_false(megad_web_session_ok(l, NULL, 4000));
+  assert_false(megad_web_session_ok(l, "mega_session=", 4000));
+  /* forged: one character off, a prefix, the token itself */
+  char forged[256];
+  snprintf(forged, sizeof forged, "mega_session=%s", id);
+  forged[13] = forged[13] == 'a' ? 'b' : 'a';
+  assert_false(megad_web_session_ok(l, forged, 4000));
+  snprintf(forged, sizeof forged, "mega_session=%.63s", id);
+  assert_false(megad_web_session_ok(l, forged, 4000));
+  snprintf(forged, sizeof forged, "mega_session=%s", token);
+  assert_false(megad_web_session_ok(l, forged, 4000));
+  snprintf(forged, sizeof forged, "other_session=%s", id);
+  assert_false(megad_web_session_ok(l, forged, 4000));
+  /* it expires */
+  assert_false(megad_web_session_ok(l, hdr, 3000 + (int64_t)MEGAD_WEB_SESSION_S * 1000 + 1));
+  free(cookie);
+  free(loc);
+  /* a next that leaves megad returns to / */
+  const char *bad[] = {"//evil.example/", "http://evil.example/", "/a\"b", "/x?<y>", "jobs"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char form[256], enc[96];
+    size_t o = 0;
+    for (const char *p = bad[i]; *p; p++) o += (size_t)snprintf(enc + o, sizeof enc - o, "%%%02X", (unsigned char)*p);
+    snprintf(form, sizeof form, "token=Zm9vYmFy%%2Bc2VjcmV0%%2FdG9rZW4%%3D&next=%s", enc);
+    assert_true(megad_web_login_post(l, form, 5000, &cookie, &loc, &refused));
+    assert_string_equal(loc, "/");
+    free(cookie);
+    free(loc);
+  }
+  /* logout forgets the session and clears the cookie */
+  assert_true(megad_web_login_post(l, "token=Zm9vYmFy%2Bc2VjcmV0%2FdG9rZW4%3D", 6000, &cookie, &loc,
+                                   &refused));
+  sscanf(cookie, "mega_session=%70[0-9a-f]", id);
+  snprintf(hdr, sizeof hdr, "mega_session=%s", id);
+  free(cookie);
+  free(loc);
+  assert_true(megad_web_session_ok(l, hdr, 6001));
+  megad_web_logout(l, hdr, &cookie);
+  assert_non_null(strstr(cookie, "Max-Age=0"));
+  free(cookie);
+  assert_false(megad_web_session_ok(l, hdr, 6002));
+  /* the form: no script, the next path kept only when plain */
+  size_t len;
+  char *page = megad_web_login_form("/jobs/j-1-n1", true, &len);
+  assert_non_null(strstr(page, "name=\"next\" value=\"/jobs/j-1-n1\""));
+  assert_non_null(strstr(page, "id=\"wrong\""));
+  assert_null(strstr(page, "<script"));
+  free(page);
+  page = megad_web_login_form("/jobs/\"><script>", false, &len);
+  assert_non_null(strstr(page, "name=\"next\" value=\"/\""));
+  assert_null(strstr(page, "<script"));
+  assert_null(strstr(page, "id=\"wrong\""));
+  free(page);
+  megad_web_login_free(l);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ring_thins_and_marks),
@@ -400,8 +670,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_page_is_self_contained, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cluster_and_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_one_job, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mirror_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_steps_since, setup, teardown),
       cmocka_unit_test_setup_teardown(test_trace_and_methods, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stream_route, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sse_compose, setup, teardown),
+      cmocka_unit_test(test_login),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,6 +59,8 @@ browse --dump-dom "$web/jobs/$id" >running.html
 grep -q "id=\"job-id\">job $id<" running.html || fail "the job page lacks the job: $(head -c 3000 running.html)"
 n=$(grep -o 'class="loss-pt"' running.html | wc -l)
 [ "$n" -ge 5 ] || fail "the running job's loss curve has $n points, want at least 5"
+# live over SSE (or its stream already ended with the job: it is quick)
+grep -Eq 'data-live="(sse|ended)"' running.html || fail "the running job's page is not live over SSE: $(grep -o '<body[^>]*>' running.html)"
 
 # ---- once it is over: every iteration, every stage ----
 "$megactl" watch "$id" >/dev/null 2>&1
@@ -78,6 +80,7 @@ n=$(grep -o 'class="span compute"' job.html | wc -l)
 [ "$n" -ge 8 ] || fail "the timeline has $n compute spans, want at least 8 (4 F and 4 B per rank)"
 grep -q 'class="event"' job.html || fail "no events"
 grep -q 'class="state succeeded"' job.html || fail "the job is not shown succeeded"
+grep -q 'data-live="ended"' job.html || fail "the stream did not end with the job: $(grep -o '<body[^>]*>' job.html)"
 # the hostile name is text, not markup
 grep -q 'id="job-name">&lt;img src=x onerror=alert(1)&gt;"&amp;<' job.html ||
   fail "the job's name is not shown as text: $(grep -o 'id="job-name">[^/]*' job.html)"
