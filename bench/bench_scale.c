@@ -23,6 +23,7 @@
  *     N: node counts (default 4 8 16 32; 2N a multiple of 4); RUNS per count
  *     (default 1; with more, the median of submit -> first iteration).
  *     Skips (77) without etcd. Exits 1 when a job failed (the row says why). */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +156,17 @@ static cpu_use cpu_now(const hd *d, int n, pid_t etcd) {
   return u;
 }
 
+/* Open file descriptors of pid (sockets, pipes, files). */
+static int fds_of(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *dir = opendir(path);
+  int n = 0;
+  for (struct dirent *e; dir && (e = readdir(dir));) n += e->d_name[0] != '.';
+  if (dir) closedir(dir);
+  return n;
+}
+
 static void idle(hd *d, int n, const etcd_fx *fx, char *out, size_t cap) {
   pid_t etcd = fx->m[0].pid;
   sleep(2); /* the nodes' records settle after the job (their load) */
@@ -165,6 +177,9 @@ static void idle(hd *d, int n, const etcd_fx *fx, char *out, size_t cap) {
   sleep(IDLE_S);
   etcd_counts c1 = etcd_read(fx);
   double sum_rss = 0, max_rss = 0, sum_cpu = 0, max_cpu = 0;
+  int max_fds = 0;
+  for (int i = 1; i < n; i++)
+    if (fds_of(d[i].pid) > max_fds) max_fds = fds_of(d[i].pid);
   for (int i = 0; i < n; i++) {
     double r = rss_mb(d[i].pid), c = 100.0 * (double)(cpu_ticks(d[i].pid) - before[i]) / hz / IDLE_S;
     sum_rss += r;
@@ -174,10 +189,12 @@ static void idle(hd *d, int n, const etcd_fx *fx, char *out, size_t cap) {
   }
   snprintf(out, cap,
            "idle after the job, %d megad over %d s: RSS %.1f MB each (max %.1f), CPU %.2f%% of a "
-           "core each (max %.2f%%, all %.1f%%)\n"
+           "core each (max %.2f%%, all %.1f%%); open fds: the coordinator %d, the others at "
+           "most %d\n"
            "idle after the job, etcd (1 member): RSS %.1f MB, CPU %.2f%% of a core; %.1f lease "
            "renewals/s, %.1f writes/s, %.1f watch events/s, %.1f KB/s sent, %.0f watchers\n",
-           n, IDLE_S, sum_rss / n, max_rss, sum_cpu / n, max_cpu, sum_cpu, rss_mb(etcd),
+           n, IDLE_S, sum_rss / n, max_rss, sum_cpu / n, max_cpu, sum_cpu, fds_of(d[0].pid),
+           max_fds, rss_mb(etcd),
            100.0 * (double)(cpu_ticks(etcd) - before[n]) / hz / IDLE_S,
            (c1.renewed - c0.renewed) / IDLE_S, (c1.writes - c0.writes) / IDLE_S,
            (c1.events - c0.events) / IDLE_S, (c1.sent - c0.sent) / IDLE_S / 1024, c1.watchers);
