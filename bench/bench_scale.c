@@ -6,7 +6,7 @@
  * to the first node. Where the time from submit to the first iteration goes,
  * from the job's own events (megad's clock, the same machine's):
  *   claim      submitted -> placed: the coordinator key and first records
- *              written to etcd, placement, LaunchRanks sent
+ *              written to etcd, then placement
  *   launch     placed -> started: every node spawned its megaw, every rank
  *              checked its job and said hello
  *   rendezvous started -> the last rank's first step began (the merged
@@ -16,8 +16,12 @@
  *   first iter the last rank's first step began -> the coordinator merged
  *              iteration 1: the pipeline, the DP all-reduce, the reports
  * and submit -> the first iteration at a watcher (this program's clock).
- * With the largest N, after its job: each megad's and etcd's RSS, and their
- * CPU over IDLE_S seconds of doing nothing.
+ * Per job, what it cost: etcd's writes, watch events and bytes sent (its
+ * /metrics), the key-value calls the coordinator served (its /metrics), and
+ * the CPU seconds of the workers, the megad and etcd (/proc).
+ * With the largest N, after its job: each megad's and etcd's RSS, their CPU
+ * over IDLE_S seconds of doing nothing, etcd's lease renewals and watchers,
+ * the megad's open fds.
  *
  *   build/bench/bench_scale [-r RUNS] [N ...]
  *     N: node counts (default 4 8 16 32; 2N a multiple of 4); RUNS per count
@@ -51,7 +55,6 @@ static int64_t unix_ms(void) {
 typedef struct first_step {
   int64_t seen_ms;   /* at this program */
   int64_t merged_ms; /* at the coordinator */
-  double slowest_s;  /* the merged step's time (its slowest rank) */
   double fastest_s;  /* the rank that began last */
 } first_step;
 
@@ -60,7 +63,6 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *it) {
   if (f->seen_ms || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
   f->seen_ms = unix_ms();
   f->merged_ms = it->step->time_unix_ms;
-  f->slowest_s = it->step->step_time_s;
   f->fastest_s = it->step->step_time_s;
   for (size_t i = 0; i < it->step->n_ranks; i++)
     if (it->step->ranks[i]->step_time_s < f->fastest_s)
