@@ -281,7 +281,8 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                            .device_name = per_gpu ? gpu_name : NULL,
                            .peers = o->peers,
                            .heartbeat_interval_ms = d->o.heartbeat_interval_ms,
-                           .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms};
+                           .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms,
+                           .etcd_lease_s = (d->o.etcd_lease_ms + 999) / 1000};
   megad_members_cbs mc = {.node_up = on_node_up, .node_lost = on_node_lost,
                           .self_fenced = on_self_fenced,
                           .self_load = self_load, .arg = d};

@@ -55,6 +55,9 @@ static void usage(FILE *f) {
           "                         each member) instead of --peers: membership, every job,\n"
           "                         and a job's takeover when its coordinator dies (README\n"
           "                         \"No single point of failure\")\n"
+          "  --etcd-lease D         a node's etcd lease: lost this long after its last\n"
+          "                         keepalive (default 2s, 2s..60s, whole seconds); longer\n"
+          "                         rides out an overloaded machine, takes over later\n"
           "  --advertise HOST       the host peers and workers use to reach this node\n"
           "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
           "  --worker PATH          the megaw program (default: next to megad)\n"
@@ -185,6 +188,7 @@ static int duration_flag(const char *flag, const char *v, unsigned min, unsigned
 
 static int serve(int argc, char **argv) {
   megad_opts o = {0};
+  const char *lease = NULL;
   const char *slots = NULL, *hbi = NULL, *hbt = NULL, *rdv = NULL, *pending = NULL, *root,
              *retain = NULL, *retain_age = NULL;
   static const char *data_roots[MAX_ROOTS], *save_roots[MAX_ROOTS];
@@ -219,6 +223,7 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--node-name", &o.node_name)) ||
         (r = own_flag(argc, argv, &i, "--peers", &o.peers)) ||
         (r = own_flag(argc, argv, &i, "--etcd-endpoints", &o.etcd_endpoints)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-lease", &lease)) ||
         (r = own_flag(argc, argv, &i, "--advertise", &o.advertise)) ||
         (r = own_flag(argc, argv, &i, "--metrics-listen", &o.metrics_listen)) ||
         (r = own_flag(argc, argv, &i, "--heartbeat-interval", &hbi)) ||
@@ -247,6 +252,9 @@ static int serve(int argc, char **argv) {
   if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
   if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);
   if (!rc) rc = duration_flag("--retain-age", retain_age, 1000, 30 * 86400000u, &o.retain_ms);
+  if (!rc) rc = duration_flag("--etcd-lease", lease, 2000, 60000, &o.etcd_lease_ms);
+  if (!rc && lease && !o.etcd_endpoints)
+    return usage_error("--etcd-lease %s needs --etcd-endpoints (it is the etcd lease's TTL)", lease);
   if (rc) return rc;
 
   static app a;

@@ -67,6 +67,7 @@ typedef struct megad_members_opts {
   const char *device_name; /* the GPUs behind the slots, or NULL */
   const char *peers;   /* "host:port,..." to join; NULL: none */
   unsigned heartbeat_interval_ms, heartbeat_timeout_ms;
+  unsigned etcd_lease_s; /* etcd mode: the lease's TTL (0: 2 s) */
 } megad_members_opts;
 
 typedef struct megad_members {

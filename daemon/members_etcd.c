@@ -10,10 +10,10 @@
 #include "daemon/util.h"
 
 #define NODES_PREFIX "mega/nodes/"
-#define SESSION_TTL_S 2
+#define SESSION_TTL_S(m) ((m)->o.etcd_lease_s ? (m)->o.etcd_lease_s : 2u)
 /* A name still registered this long after we first asked is taken by a live
  * megad: a crashed one's lease would have expired by then. */
-#define TAKEN_WARN_MS (SESSION_TTL_S * 1000 + 1000)
+#define TAKEN_WARN_MS(m) (SESSION_TTL_S(m) * 1000 + 1000)
 
 static void session_start(megad_members *m);
 static void list_nodes(megad_members *m);
@@ -98,7 +98,7 @@ static void registered(void *arg, const megad_etcd_reply *r, const mega_err *err
                                                           r->kvs[0].value)
                                 : NULL;
     if (!m->etcd_taken_ms) m->etcd_taken_ms = now;
-    if (now - m->etcd_taken_ms >= TAKEN_WARN_MS && !m->etcd_warned) {
+    if (now - m->etcd_taken_ms >= TAKEN_WARN_MS(m) && !m->etcd_warned) {
       m->etcd_warned = true;
       megad_warn(m->b,
                  "node name %s is taken by the megad at %s (registered in etcd): give each node "
@@ -174,7 +174,7 @@ static void on_reachable(void *arg, bool ok, const char *why) {
 static void session_start(megad_members *m) {
   megad_etcd_session_cbs cbs = {on_up, on_lost, on_reachable, m};
   mega_err err = {0};
-  if (megad_etcd_session_start(m->etcd, SESSION_TTL_S, &cbs, &err) != MEGA_OK)
+  if (megad_etcd_session_start(m->etcd, SESSION_TTL_S(m), &cbs, &err) != MEGA_OK)
     megad_warn(m->b, "etcd: cannot start a session: %s", err.msg);
 }
 
@@ -238,7 +238,7 @@ static void apply_delete(megad_members *m, const char *id) {
   char why[300];
   snprintf(why, sizeof why,
            "node %s lost its etcd registration (its lease expired: its megad died or was cut "
-           "off for over %d s)", id, SESSION_TTL_S);
+           "off for over %u s)", id, SESSION_TTL_S(m));
   members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_DEAD, why);
 }
 
