@@ -9,12 +9,13 @@
  *
  *   base       this file: loop, log, state dir, peer calls
  *   etcd       etcd.h: the etcd client (--etcd-endpoints), borrowed above
- *   jobs       jobs.h (over watch.h): the jobs table, journal, history,
- *              watchers, events
+ *   jobs       jobs.h (over jobs_etcd.c, watch.h): the jobs table, journal
+ *              (or etcd and the mirror of every job), history, watchers, events
  *   members    members.h: nodes, heartbeats or etcd, liveness (node up/lost events)
  *   kvserve    kvserve.h: the rendezvous store and its Peer calls
  *   launcher   launch.h: this node's workers (spawn, pipes, watchdog)
- *   coord      coord.h: the jobs this node coordinates (attempts, recovery)
+ *   coord      coord.h: the jobs this node coordinates (attempts, recovery;
+ *              with etcd, takeover and standing down: coord_etcd.c)
  *   services   services.h: Control (forwarding to a job's coordinator),
  *              Peer, GetTrace, /metrics
  *   daemon.c   wires them together: start, callbacks, stop
