@@ -504,6 +504,7 @@ mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
   c->kvs = kvs;
   c->o = *o;
   c->attempt_over = attempt_over;
+  c->schedule = megad_coord_schedule;
   uv_timer_init(b->loop, &c->tick);
   c->tick.data = c;
   c->tick_on = true;

@@ -73,6 +73,9 @@ typedef struct megad_coord {
   } released[32];
   /* How an attempt's end reaches the coordinator (coord_run.c calls it:
    * the run is below the coordinator that made it). */
+  /* A scheduling pass, for the files below coord.c (coord_etcd.c, after a
+   * takeover). */
+  void (*schedule)(struct megad_coord *c);
   void (*attempt_over)(struct megad_coord *c, mega_job *j, mega_end_kind kind,
                        const char *cause, const megad_cancel_wait *cancels, size_t ncancels);
   /* The jobs waiting to start, oldest first (coord_queue.c), so scheduling

@@ -14,10 +14,6 @@
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
 #define NCLAIMS (sizeof ((megad_coord *)0)->claims / sizeof ((megad_coord *)0)->claims[0])
 
-bool coord_may_act(const megad_coord *c) {
-  return !c->jobs->etcd || megad_etcd_session_fresh(c->jobs->etcd);
-}
-
 /* ---- taking a job over ---- */
 
 static void resume_adopted(megad_coord *c, mega_job *j, const char *from_node) {
@@ -46,7 +42,7 @@ static void resume_adopted(megad_coord *c, mega_job *j, const char *from_node) {
                     c->b->node_id, mega_job_state_name(j->state), from_node);
   }
   coord_wq_add(c, j);
-  megad_coord_schedule(c);
+  c->schedule(c);
 }
 
 static void adopt(megad_coord *c, const char *id, int64_t fence, const megad_etcd_kv *kvs,

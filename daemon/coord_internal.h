@@ -2,13 +2,13 @@
  *
  *   coord.c        submit, scheduling, launches, the recovery decision,
  *                  cancel, resume, rescale, membership events
+ *   coord_etcd.c   etcd mode: taking over orphaned jobs, standing down
  *   coord_run.c    one running attempt: worker reports, checkpoints,
  *                  failures and their cause, aborts; its end goes up
  *                  through megad_coord.attempt_over
  *   coord_admit.c  what a job must be to be accepted at submit
  *   coord_queue.c  the queue of waiting jobs
  *   coord_place.c  where a job can run now
- *   coord_etcd.c   etcd mode: taking over orphaned jobs, standing down
  *
  * Private to the coordinator.
  *
@@ -114,10 +114,10 @@ void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool
                     const char *reason);
 /* Sends AbortJob for the attempt to every node of the placement. */
 void coord_abort_nodes(coord_run *run, const char *reason);
-/* coord_etcd.c: in etcd mode, whether this node may act as a coordinator
- * now (its lease was renewed within its TTL; always in embedded mode); and
- * the orphan scan the tick runs. */
+/* coord_run.c: in etcd mode, whether this node may act as a coordinator
+ * now (its lease was renewed within its TTL; always in embedded mode). */
 bool coord_may_act(const megad_coord *c);
+/* coord_etcd.c: the orphan scan the tick runs. */
 void coord_etcd_tick(megad_coord *c);
 
 /* Sends the committing rank the go-ahead for iteration. */

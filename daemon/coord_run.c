@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/coord_internal.h"
+#include "daemon/etcd.h"
 #include "daemon/jobtrace.h"
 #include "daemon/util.h"
 
@@ -167,6 +168,10 @@ static void finish(coord_run *run) {
   /* the coordinator decides what follows, answers the cancels, schedules */
   c->attempt_over(c, j, kind, run->cause, run->cancels, run->ncancels);
   run_free(run);
+}
+
+bool coord_may_act(const megad_coord *c) {
+  return !c->jobs->etcd || megad_etcd_session_fresh(c->jobs->etcd);
 }
 
 /* ---- telling the nodes ---- */

@@ -1,5 +1,6 @@
-/* What etcd.c shares with etcd_session.c and etcd_watch.c: the client's
- * state, its endpoints, and unary calls that fail over between endpoints.
+/* Inside the etcd client, files stacked: etcd.c over etcd_session.c and
+ * etcd_watch.c over etcd_call.c (the client's state, its endpoints, and
+ * unary calls that fail over between endpoints).
  * Not for the rest of megad (etcd.h is the contract). */
 #ifndef MEGA_DAEMON_ETCD_INTERNAL_H
 #define MEGA_DAEMON_ETCD_INTERNAL_H
@@ -37,6 +38,8 @@ mega_status etcd_call_start(megad_etcd *e, const mega_rpc_method *m, const Proto
                             mega_err *err);
 /* Drops a call in flight without calling its done. */
 void etcd_call_drop(etcd_call *c);
+/* Every call in flight ends: its done runs with MEGA_ERR_CANCELLED. */
+void etcd_calls_cancel_all(megad_etcd *e);
 
 /* Whether err is one another member may not have: unreachable, timed out,
  * no leader (etcd answers UNAVAILABLE for that). */

@@ -234,6 +234,11 @@ mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
   return s;
 }
 
+mega_status megad_jobs_adopt(megad_jobs *js, mega_job *j, mega_err *err) {
+  mega_status s = mega_jobs_add(&js->t, j, err);
+  return s == MEGA_OK ? megad_jobs_save(js, j, err) : s;
+}
+
 /* ---- history ---- */
 
 /* To every watcher; one that fell behind is dropped, and the job's history

@@ -394,12 +394,6 @@ int64_t megad_jobs_coord_rev(megad_jobs *js, const char *job_id) {
   return a > o ? a : o;
 }
 
-mega_status megad_jobs_adopt(megad_jobs *js, mega_job *j, mega_err *err) {
-  mega_status s = mega_jobs_add(&js->t, j, err);
-  if (s != MEGA_OK) return s;
-  return megad_jobs_save(js, j, err);
-}
-
 void megad_jobs_drop(megad_jobs *js, mega_job *j) {
   char why[256];
   snprintf(why, sizeof why, "job %s is coordinated by another node now; watch it again", j->id);

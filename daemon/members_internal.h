@@ -1,11 +1,14 @@
-/* What members.c shares with members_etcd.c (membership from etcd): the
- * node table's helpers. Not for the rest of megad (members.h is the
- * contract). */
+/* Inside membership, files stacked: members.c over members_etcd.c
+ * (membership from etcd) over members_nodes.c (the node table). Not for the
+ * rest of megad (members.h is the contract). */
 #ifndef MEGA_DAEMON_MEMBERS_INTERNAL_H
 #define MEGA_DAEMON_MEMBERS_INTERNAL_H
 
 #include "daemon/members.h"
 
+/* members_nodes.c */
+const char *members_state_name(Mega__V1__NodeState s);
+void members_node_free(megad_node *n);
 megad_node *members_node_add(megad_members *m, const char *id, const char *address);
 /* A node's address changed: calls must go to the new one. */
 void members_set_address(megad_members *m, megad_node *n, const char *address);
