@@ -136,13 +136,11 @@ static void on_kv_set(mega_rpc_call *call, const ProtobufCMessage *msg, void *da
   mega_rpc_reply(call, &r.base);
 }
 
-static void on_kv_get(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
-  megad_kvserve *ks = data;
-  const Mega__V1__KvGetRequest *req = (const void *)msg;
+static void reply_get(megad_kvserve *ks, mega_rpc_call *call, const char *key) {
   Mega__V1__KvGetResponse r = MEGA__V1__KV_GET_RESPONSE__INIT;
   const uint8_t *v;
   size_t len;
-  if (mega_kv_get(ks->kv, req->key, &v, &len)) {
+  if (mega_kv_get(ks->kv, key, &v, &len)) {
     r.found = true;
     r.value.data = (uint8_t *)v;
     r.value.len = len;
@@ -151,13 +149,22 @@ static void on_kv_get(mega_rpc_call *call, const ProtobufCMessage *msg, void *da
 }
 
 typedef struct peer_wait {
+  megad_kvserve *ks;
   mega_rpc_call *call;
   megad_kvwait *w;
+  char *get_key; /* a KvGet that waits: answered with this key's value */
 } peer_wait;
+
+static void peer_wait_free(peer_wait *p) {
+  free(p->get_key);
+  free(p);
+}
 
 static void peer_wait_done(void *arg, mega_status s, const char *msg) {
   peer_wait *p = arg;
-  if (s == MEGA_OK) {
+  if (s == MEGA_OK && p->get_key) {
+    reply_get(p->ks, p->call, p->get_key);
+  } else if (s == MEGA_OK) {
     Mega__V1__KvWaitResponse r = MEGA__V1__KV_WAIT_RESPONSE__INIT;
     mega_rpc_reply(p->call, &r.base);
   } else {
@@ -167,35 +174,54 @@ static void peer_wait_done(void *arg, mega_status s, const char *msg) {
                                             : MEGA_RPC_INTERNAL,
                   "%s", msg);
   }
-  free(p);
+  peer_wait_free(p);
 }
 
 static void peer_wait_cancelled(mega_rpc_call *call, void *arg) {
   peer_wait *p = arg;
   megad_kvwait *w = p->w;
   mega_rpc_fail(call, MEGA_RPC_CANCELLED, "cancelled");
-  free(p);
+  peer_wait_free(p);
   megad_kvwait_cancel(w);
+}
+
+/* Answers call once every key exists (then with get_key's value, if given). */
+static void wait_then_answer(megad_kvserve *ks, mega_rpc_call *call, char *const *keys, size_t n,
+                      uint32_t timeout_ms, const char *get_key) {
+  peer_wait *p = calloc(1, sizeof *p);
+  if (!p || (get_key && !(p->get_key = strdup(get_key)))) {
+    free(p);
+    mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  p->ks = ks;
+  p->call = call;
+  int64_t left = mega_rpc_call_remaining_ms(call);
+  int t = (int)timeout_ms;
+  if (left >= 0 && (t <= 0 || left < t)) t = left > 0 ? (int)left : 1;
+  /* NULL: answered at once, and p is gone */
+  megad_kvwait *w = megad_kvwait_start(ks, keys, n, t, peer_wait_done, p);
+  if (w) {
+    p->w = w;
+    mega_rpc_call_on_cancel(call, peer_wait_cancelled, p);
+  }
+}
+
+static void on_kv_get(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad_kvserve *ks = data;
+  const Mega__V1__KvGetRequest *req = (const void *)msg;
+  const uint8_t *v;
+  size_t len;
+  if (req->wait_ms && !mega_kv_get(ks->kv, req->key, &v, &len))
+    wait_then_answer(ks, call, (char *const *)&req->key, 1, req->wait_ms, req->key);
+  else
+    reply_get(ks, call, req->key);
 }
 
 static void on_kv_wait(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_kvserve *ks = data;
   const Mega__V1__KvWaitRequest *req = (const void *)msg;
-  peer_wait *p = calloc(1, sizeof *p);
-  if (!p) {
-    mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
-    return;
-  }
-  p->call = call;
-  int64_t left = mega_rpc_call_remaining_ms(call);
-  int t = (int)req->timeout_ms;
-  if (left >= 0 && (t <= 0 || left < t)) t = left > 0 ? (int)left : 1;
-  /* NULL: answered at once, and p is gone */
-  megad_kvwait *w = megad_kvwait_start(ks, req->keys, req->n_keys, t, peer_wait_done, p);
-  if (w) {
-    p->w = w;
-    mega_rpc_call_on_cancel(call, peer_wait_cancelled, p);
-  }
+  wait_then_answer(ks, call, req->keys, req->n_keys, req->timeout_ms, NULL);
 }
 
 mega_status megad_kvserve_init(megad_kvserve *ks, megad_base *b, mega_err *err) {

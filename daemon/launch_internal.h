@@ -75,6 +75,7 @@ struct kvop {
   megad_launch *l;
   uint64_t request_id;
   megad_kvwait *wait;
+  char *get_key; /* a get that waits: the key to answer with once it exists */
 };
 
 /* launch_life.c: the lower half, which relay.c and watchdog.c use */

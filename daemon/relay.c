@@ -160,6 +160,7 @@ static void kvop_unlink(kvop *op) {
 static void kvop_end(kvop *op) {
   megad_launch *l = op->l;
   kvop_unlink(op);
+  free(op->get_key);
   free(op);
   l->refs--;
   launch_maybe_free(l);
@@ -180,8 +181,28 @@ static kvop *kvop_new(megad_worker *w, uint64_t id) {
 static void local_wait_done(void *arg, mega_status s, const char *msg) {
   kvop *op = arg;
   op->wait = NULL;
-  if (op->w) launch_send_kv_response(op->w, op->request_id, false, NULL, 0, s == MEGA_OK ? NULL : msg);
+  const uint8_t *v = NULL;
+  size_t len = 0;
+  bool found = s == MEGA_OK && op->get_key && mega_kv_get(op->l->L->kvs->kv, op->get_key, &v, &len);
+  if (op->w)
+    launch_send_kv_response(op->w, op->request_id, found, v, len, s == MEGA_OK ? NULL : msg);
   kvop_end(op);
+}
+
+/* A wait here for keys (a get's one key when get_key), answered by
+ * local_wait_done. */
+static void local_wait(megad_worker *w, uint64_t id, char *const *keys, size_t n,
+                       uint32_t timeout_ms, const char *get_key) {
+  megad_launcher *L = w->l->L;
+  kvop *op = kvop_new(w, id);
+  if (!op || (get_key && !(op->get_key = strdup(get_key)))) {
+    if (op) kvop_end(op);
+    launch_send_kv_response(w, id, false, NULL, 0, "megad is out of memory");
+    return;
+  }
+  int t = timeout_ms ? (int)timeout_ms : (int)L->o.rendezvous_timeout_ms;
+  megad_kvwait *kw = megad_kvwait_start(L->kvs, keys, n, t, local_wait_done, op);
+  if (kw) op->wait = kw; /* else answered already, op is gone */
 }
 
 static void forwarded(void *arg, ProtobufCMessage *resp, const mega_err *err) {
@@ -218,21 +239,15 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
       const uint8_t *v = NULL;
       size_t len = 0;
       bool found = mega_kv_get(kv, req->get->key, &v, &len);
-      launch_send_kv_response(w, id, found, v, len, NULL);
+      if (!found && req->get->wait_ms)
+        local_wait(w, id, &req->get->key, 1, req->get->wait_ms, req->get->key);
+      else
+        launch_send_kv_response(w, id, found, v, len, NULL);
       return;
     }
-    case MEGA__V1__KV_REQUEST__OP_WAIT: {
-      kvop *op = kvop_new(w, id);
-      if (!op) {
-        launch_send_kv_response(w, id, false, NULL, 0, "megad is out of memory");
-        return;
-      }
-      int t = req->wait->timeout_ms ? (int)req->wait->timeout_ms : (int)L->o.rendezvous_timeout_ms;
-      megad_kvwait *kw = megad_kvwait_start(L->kvs, req->wait->keys, req->wait->n_keys, t,
-                                            local_wait_done, op);
-      if (kw) op->wait = kw; /* else answered already, op is gone */
+    case MEGA__V1__KV_REQUEST__OP_WAIT:
+      local_wait(w, id, req->wait->keys, req->wait->n_keys, req->wait->timeout_ms, NULL);
       return;
-    }
     default:
       launch_send_kv_response(w, id, false, NULL, 0, "an empty key-value request");
       return;
@@ -249,7 +264,11 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
   unsigned timeout = 10000;
   switch (req->op_case) {
   case MEGA__V1__KV_REQUEST__OP_SET: m = &mega_peer_kv_set; fwd = &req->set->base; break;
-  case MEGA__V1__KV_REQUEST__OP_GET: m = &mega_peer_kv_get; fwd = &req->get->base; break;
+  case MEGA__V1__KV_REQUEST__OP_GET:
+    m = &mega_peer_kv_get;
+    fwd = &req->get->base;
+    if (req->get->wait_ms) timeout = req->get->wait_ms + 5000;
+    break;
   case MEGA__V1__KV_REQUEST__OP_WAIT:
     m = &mega_peer_kv_wait;
     fwd = &req->wait->base;

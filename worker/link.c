@@ -325,21 +325,31 @@ static mega_status kv_wait(void *ctx, const char *const *keys, size_t nkeys, int
   return s;
 }
 
+/* One KvGet that waits for the key (one call to the coordinator, not a wait
+ * and a get). A megad that does not wait answers at once: then the wait and
+ * the get, as before. */
 static mega_status kv_get(void *ctx, const char *key, void **value, size_t *len, int timeout_ms,
                           mega_err *err) {
   mega_link *l = ctx;
   *value = NULL;
   *len = 0;
-  const char *keys[1] = {key};
-  mega_status s = kv_wait(ctx, keys, 1, timeout_ms, err);
-  if (s != MEGA_OK) return s;
+  int t = pick_timeout(l, timeout_ms);
   Mega__V1__KvGetRequest g = MEGA__V1__KV_GET_REQUEST__INIT;
   g.key = (char *)key;
+  g.wait_ms = (uint32_t)t;
   Mega__V1__KvRequest req = MEGA__V1__KV_REQUEST__INIT;
   req.op_case = MEGA__V1__KV_REQUEST__OP_GET;
   req.get = &g;
   Mega__V1__KvResponse *resp;
-  if ((s = kv_call_run(l, &req, l->default_timeout_ms, &resp, err)) != MEGA_OK) return s;
+  mega_status s = kv_call_run(l, &req, t, &resp, err);
+  if (s == MEGA_OK && !resp->found) {
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    const char *keys[1] = {key};
+    g.wait_ms = 0;
+    if ((s = kv_wait(ctx, keys, 1, timeout_ms, err)) != MEGA_OK) return s;
+    if ((s = kv_call_run(l, &req, l->default_timeout_ms, &resp, err)) != MEGA_OK) return s;
+  }
+  if (s != MEGA_OK) return s;
   if (!resp->found) {
     s = mega_fail(err, MEGA_ERR_PEER, "key '%s' vanished from megad's store (the job attempt ended?)",
                   key);

@@ -197,21 +197,17 @@ static void test_kv_by_request_id(void **state) {
   pthread_t ta, tb;
   pthread_create(&ta, NULL, do_get, &a);
   pthread_create(&tb, NULL, do_get, &b);
-  /* both waits arrive; answer the second first */
+  /* both gets arrive, each waiting for its key (one call each); answer the
+   * second first */
   Mega__V1__WorkerFrame *w1 = read_worker(fx->daemon_fd), *w2 = read_worker(fx->daemon_fd);
-  assert_int_equal(w1->kv->op_case, MEGA__V1__KV_REQUEST__OP_WAIT);
-  assert_int_equal(w2->kv->op_case, MEGA__V1__KV_REQUEST__OP_WAIT);
-  assert_int_equal(w1->kv->wait->timeout_ms, 3000);
+  assert_int_equal(w1->kv->op_case, MEGA__V1__KV_REQUEST__OP_GET);
+  assert_int_equal(w2->kv->op_case, MEGA__V1__KV_REQUEST__OP_GET);
+  assert_int_equal(w1->kv->get->wait_ms, 3000);
   assert_int_not_equal(w1->kv->request_id, w2->kv->request_id);
-  send_kv(fx->daemon_fd, w2->kv->request_id, false, NULL, NULL);
-  send_kv(fx->daemon_fd, w1->kv->request_id, false, NULL, NULL);
-  for (int i = 0; i < 2; i++) { /* then each asks for its value */
-    Mega__V1__WorkerFrame *g = read_worker(fx->daemon_fd);
-    assert_int_equal(g->kv->op_case, MEGA__V1__KV_REQUEST__OP_GET);
-    send_kv(fx->daemon_fd, g->kv->request_id, true, !strcmp(g->kv->get->key, "ka") ? "A" : "B",
-            NULL);
-    protobuf_c_message_free_unpacked(&g->base, NULL);
-  }
+  send_kv(fx->daemon_fd, w2->kv->request_id, true, !strcmp(w2->kv->get->key, "ka") ? "A" : "B",
+          NULL);
+  send_kv(fx->daemon_fd, w1->kv->request_id, true, !strcmp(w1->kv->get->key, "ka") ? "A" : "B",
+          NULL);
   pthread_join(ta, NULL);
   pthread_join(tb, NULL);
   assert_int_equal(a.s, MEGA_OK);
@@ -220,6 +216,28 @@ static void test_kv_by_request_id(void **state) {
   assert_string_equal(b.value, "B");
   protobuf_c_message_free_unpacked(&w1->base, NULL);
   protobuf_c_message_free_unpacked(&w2->base, NULL);
+
+  /* a megad that answers a get at once without the key (one that does not
+   * wait): a wait, then a get */
+  a.value[0] = '\0';
+  pthread_create(&ta, NULL, do_get, &a);
+  w1 = read_worker(fx->daemon_fd);
+  assert_int_equal(w1->kv->op_case, MEGA__V1__KV_REQUEST__OP_GET);
+  send_kv(fx->daemon_fd, w1->kv->request_id, false, NULL, NULL);
+  w2 = read_worker(fx->daemon_fd);
+  assert_int_equal(w2->kv->op_case, MEGA__V1__KV_REQUEST__OP_WAIT);
+  assert_int_equal(w2->kv->wait->timeout_ms, 3000);
+  send_kv(fx->daemon_fd, w2->kv->request_id, false, NULL, NULL);
+  Mega__V1__WorkerFrame *g = read_worker(fx->daemon_fd);
+  assert_int_equal(g->kv->op_case, MEGA__V1__KV_REQUEST__OP_GET);
+  assert_int_equal(g->kv->get->wait_ms, 0);
+  send_kv(fx->daemon_fd, g->kv->request_id, true, "A", NULL);
+  pthread_join(ta, NULL);
+  assert_int_equal(a.s, MEGA_OK);
+  assert_string_equal(a.value, "A");
+  protobuf_c_message_free_unpacked(&w1->base, NULL);
+  protobuf_c_message_free_unpacked(&w2->base, NULL);
+  protobuf_c_message_free_unpacked(&g->base, NULL);
 
   /* a daemon error before the timeout is a peer failure */
   pthread_create(&ta, NULL, do_get, &a);
@@ -289,12 +307,13 @@ static void test_eof_is_abort(void **state) {
 
 static void test_timeout(void **state) {
   fixture *fx = *state;
-  /* The daemon answers a wait with an error once its timeout has passed. */
+  /* The daemon answers a waiting get with an error once its timeout has passed. */
   getter g = {fx->link, "never", 0, ""};
   pthread_t t;
   pthread_create(&t, NULL, do_get, &g);
   Mega__V1__WorkerFrame *w = read_worker(fx->daemon_fd);
-  usleep((useconds_t)w->kv->wait->timeout_ms * 1000);
+  assert_int_equal(w->kv->op_case, MEGA__V1__KV_REQUEST__OP_GET);
+  usleep((useconds_t)w->kv->get->wait_ms * 1000);
   send_kv(fx->daemon_fd, w->kv->request_id, false, NULL, "timed out waiting for 'never'");
   pthread_join(t, NULL);
   assert_int_equal(g.s, MEGA_ERR_TIMEOUT);
