@@ -131,6 +131,8 @@ void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, con
 /* etcd mode (coord_etcd.c). Another node coordinates j now: this one
  * stops its attempt (its workers) and lets go of it. */
 void megad_coord_fenced(megad_coord *c, mega_job *j, const char *why);
+/* etcd refused j's first record for good: j fails, on this node only. */
+void megad_coord_refused(megad_coord *c, mega_job *j, const char *why);
 /* A job lost its coordinator: try to take it over now. */
 void megad_coord_orphan(megad_coord *c, const char *job_id);
 /* This node's lease is gone: it stands down for every job it coordinates. */

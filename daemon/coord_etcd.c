@@ -82,15 +82,45 @@ static void adopt(megad_coord *c, const char *id, int64_t fence, const megad_etc
 typedef struct claim_ctx {
   megad_coord *c;
   size_t slot;
+  int64_t lease, fence;
 } claim_ctx;
+
+static void claim_end(claim_ctx *x, char *id, size_t cap) {
+  snprintf(id, cap, "%s", x->c->claims[x->slot]);
+  x->c->claims[x->slot][0] = '\0';
+  free(x);
+}
+
+/* A claim found to be this node's own (a first try went through): the
+ * job's keys, read now. */
+static void reread(void *arg, const megad_etcd_reply *r, const mega_err *err) {
+  claim_ctx *x = arg;
+  megad_coord *c = x->c;
+  int64_t fence = x->fence;
+  char id[160];
+  claim_end(x, id, sizeof id);
+  if (err->status == MEGA_ERR_CANCELLED || c->b->stopping) return;
+  if (!r) megad_warn(c->b, "etcd: reading job %s after claiming it: %s", id, err->msg);
+  else if (!megad_jobs_find(c->jobs, id)) adopt(c, id, fence, r->kvs, r->nkvs);
+}
 
 static void claimed(void *arg, const megad_etcd_reply *r, const mega_err *err) {
   claim_ctx *x = arg;
   megad_coord *c = x->c;
+  const char *self = c->b->node_id;
+  bool mine = r && !r->succeeded && r->nkvs == 1 && r->kvs[0].lease == x->lease &&
+              r->kvs[0].value_len == strlen(self) &&
+              !memcmp(r->kvs[0].value, self, strlen(self));
+  if (mine && !c->b->stopping && err->status == MEGA_OK) {
+    char pre[192];
+    snprintf(pre, sizeof pre, "mega/j/%s/", c->claims[x->slot]);
+    x->fence = r->kvs[0].create_revision;
+    mega_err e = {0};
+    if (megad_etcd_get(c->jobs->etcd, pre, true, reread, x, &e) == MEGA_OK) return;
+    megad_warn(c->b, "etcd: %s", e.msg);
+  }
   char id[160];
-  snprintf(id, sizeof id, "%s", c->claims[x->slot]);
-  c->claims[x->slot][0] = '\0';
-  free(x);
+  claim_end(x, id, sizeof id);
   if (err->status == MEGA_ERR_CANCELLED || c->b->stopping) return;
   if (!r) {
     megad_warn(c->b, "etcd: claiming job %s: %s", id, err->msg);
@@ -107,21 +137,28 @@ static void claim(megad_coord *c, const char *id) {
     if (!c->claims[i][0] && slot == NCLAIMS) slot = i;
   }
   if (!lease || slot == NCLAIMS || !coord_may_act(c) || strlen(id) >= sizeof c->claims[0]) return;
-  char ckey[192], pre[192];
+  char ckey[192], pre[192], rec[192];
   snprintf(ckey, sizeof ckey, "mega/c/%s", id);
   snprintf(pre, sizeof pre, "mega/j/%s/", id);
-  megad_etcd_cmp cmp = {.key = ckey, .target = MEGAD_ETCD_CREATE, .number = 0};
+  snprintf(rec, sizeof rec, "mega/j/%s/0", id);
+  /* nobody holds it, and the job still exists (not forgotten meanwhile) */
+  megad_etcd_cmp cmp[2] = {
+      {.key = ckey, .target = MEGAD_ETCD_CREATE, .number = 0},
+      {.key = rec, .target = MEGAD_ETCD_VERSION, .result = MEGAD_ETCD_GREATER, .number = 0},
+  };
   megad_etcd_op ops[2] = {
       {.kind = MEGAD_ETCD_PUT, .key = ckey, .value = c->b->node_id,
        .value_len = strlen(c->b->node_id), .lease = lease},
       {.kind = MEGAD_ETCD_GET, .key = pre, .prefix = true},
   };
+  /* refused: who holds it (this node, if a first try went through) */
+  megad_etcd_op holder = {.kind = MEGAD_ETCD_GET, .key = ckey};
   claim_ctx *x = malloc(sizeof *x);
   if (!x) return;
-  *x = (claim_ctx){c, slot};
+  *x = (claim_ctx){c, slot, lease, 0};
   snprintf(c->claims[slot], sizeof c->claims[slot], "%s", id);
   mega_err e = {0};
-  if (megad_etcd_txn(c->jobs->etcd, &cmp, 1, ops, 2, NULL, 0, claimed, x, &e) != MEGA_OK) {
+  if (megad_etcd_txn(c->jobs->etcd, cmp, 2, ops, 2, &holder, 1, claimed, x, &e) != MEGA_OK) {
     c->claims[slot][0] = '\0';
     free(x);
     megad_warn(c->b, "etcd: claiming job %s: %s", id, e.msg);
@@ -141,7 +178,7 @@ void coord_etcd_tick(megad_coord *c) {
   const mega_jobs *m = &c->jobs->mirror;
   for (size_t i = 0; i < m->n; i++) {
     const mega_job *j = m->v[i];
-    if (!j->fence && !megad_jobs_find(c->jobs, j->id)) claim(c, j->id);
+    if ((!j->fence || j->orphan) && !megad_jobs_find(c->jobs, j->id)) claim(c, j->id);
   }
 }
 
@@ -161,11 +198,21 @@ void megad_coord_fenced(megad_coord *c, mega_job *j, const char *why) {
   megad_jobs_drop(c->jobs, j);
 }
 
+void megad_coord_refused(megad_coord *c, mega_job *j, const char *why) {
+  coord_wq_remove(c, j);
+  if (j->rt) return; /* not started without a fence */
+  char msg[768];
+  snprintf(msg, sizeof msg, "etcd refused the job's record (%s); it exists only on node %s",
+           why, c->b->node_id);
+  megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, msg);
+}
+
 void megad_coord_stand_down(megad_coord *c, const char *why) {
   if (!c->jobs->etcd) return;
   for (size_t i = c->jobs->t.n; i-- > 0;) {
     if (i >= c->jobs->t.n) continue; /* the table shrank under a stand-down */
     mega_job *j = c->jobs->t.v[i];
-    if (!j->fenced && !mega_job_state_final(j->state)) megad_coord_fenced(c, j, why);
+    /* a job whose claim was never taken is nobody else's: it stays */
+    if (!j->fenced && j->fence && !mega_job_state_final(j->state)) megad_coord_fenced(c, j, why);
   }
 }

@@ -58,6 +58,11 @@ static void on_job_orphan(void *arg, const char *job_id) {
   megad_coord_orphan(&d->coord, job_id);
 }
 
+static void on_job_refused(void *arg, mega_job *j, const char *why) {
+  megad *d = arg;
+  megad_coord_refused(&d->coord, j, why);
+}
+
 static void on_job_claimed(void *arg, mega_job *j) {
   (void)j;
   megad *d = arg;
@@ -302,7 +307,8 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                          err);
   if (s != MEGA_OK) return s;
   megad_jobs_set_cbs(&d->jobs, &(megad_jobs_cbs){.fenced = on_job_fenced, .orphan = on_job_orphan,
-                                                  .claimed = on_job_claimed, .arg = d});
+                                                  .claimed = on_job_claimed,
+                                                  .refused = on_job_refused, .arg = d});
   d->svc = (megad_services){.b = &d->base, .jobs = &d->jobs, .members = &d->members,
                             .L = &d->launcher, .coord = &d->coord, .srv = d->srv,
                             .token = d->token};

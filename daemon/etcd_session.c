@@ -14,6 +14,7 @@
 typedef struct keepalive {
   etcd_session *s; /* NULL once the session is gone */
   size_t ep;
+  uint64_t sent_ms; /* the lease lives at least a TTL from here once answered */
   bool answered, gone;
   mega_rpc_pending *p;
 } keepalive;
@@ -27,6 +28,7 @@ struct etcd_session {
   etcd_call *grant;
   keepalive *ka;
   uint64_t last_ok_ms;
+  uint64_t fresh_ms; /* when the last answered keepalive was sent */
   bool reachable;
   char why[MEGA_ERR_MSG_MAX + 600]; /* why not reachable */
   mega_err last_err;
@@ -77,6 +79,7 @@ static void on_ka_end(void *arg, const mega_err *err) {
   etcd_session *s = k->s;
   bool answered = k->answered, gone = k->gone;
   size_t ep = k->ep;
+  uint64_t sent_ms = k->sent_ms;
   free(k);
   if (!s) return;
   s->ka = NULL;
@@ -93,6 +96,7 @@ static void on_ka_end(void *arg, const mega_err *err) {
   }
   if (answered) {
     s->last_ok_ms = etcd_now_ms(e);
+    s->fresh_ms = sent_ms;
     mega_err_clear(&s->last_err);
     etcd_note(e, &s->last_err);
     set_reachable(s, true, NULL);
@@ -117,6 +121,7 @@ static void on_tick(uv_timer_t *t) {
   if (!k) return;
   k->s = s;
   k->ep = e->cur;
+  k->sent_ms = etcd_now_ms(e);
   Etcdserverpb__LeaseKeepAliveRequest r = ETCDSERVERPB__LEASE_KEEP_ALIVE_REQUEST__INIT;
   r.id = s->lease;
   unsigned interval = (unsigned)(s->ttl * 1000 / 4);
@@ -153,7 +158,7 @@ static void on_granted(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   s->lease = g->id;
   s->ttl = g->ttl > 0 ? g->ttl : s->ttl_s;
   protobuf_c_message_free_unpacked(resp, NULL);
-  s->last_ok_ms = etcd_now_ms(s->e);
+  s->last_ok_ms = s->fresh_ms = etcd_now_ms(s->e);
   mega_err_clear(&s->last_err);
   uint64_t interval = (uint64_t)s->ttl * 1000 / 4;
   uv_timer_start(s->timer, on_tick, interval, interval);
@@ -207,12 +212,12 @@ int64_t megad_etcd_session_lease(const megad_etcd *e) {
   return e->session ? e->session->lease : 0;
 }
 
-/* Within three quarters of the TTL of the last answered keepalive: the
- * answer came after etcd renewed the lease, and the quarter left covers the
- * gap between the two clocks. */
+/* Within 90% of the TTL from the sending of the last answered keepalive:
+ * etcd renewed the lease after that moment, whatever the answer's delay or
+ * a stalled loop; the tenth left covers the two clocks' rates. */
 bool megad_etcd_session_fresh(const megad_etcd *e) {
   const etcd_session *s = e->session;
-  return s && s->lease && etcd_now_ms(e) - s->last_ok_ms < (uint64_t)s->ttl * 750;
+  return s && s->lease && etcd_now_ms(e) - s->fresh_ms < (uint64_t)s->ttl * 900;
 }
 
 void etcd_session_free(etcd_session *s) {

@@ -64,6 +64,7 @@ typedef struct mega_job {
    * or embedded mode); fenced: this node's claim was refused (not journaled) */
   int64_t fence;
   bool fenced;
+  bool orphan; /* etcd mirror: no coordinator key now (fence stays the last one seen) */
   uint64_t ckpt_iteration; /* the last checkpoint every rank finished; 0: none */
   char *ckpt_path;
 

@@ -91,6 +91,7 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
     nj->events_cap = old->events_cap;
     nj->curve = old->curve;
     nj->fence = old->fence; /* from the coordinator key, not the record */
+    nj->orphan = old->orphan;
     memset(&old->curve, 0, sizeof old->curve);
     old->hist = NULL;
     old->hist_len = old->hist_cap = 0;

@@ -224,8 +224,17 @@ mega_status megad_jobs_save(megad_jobs *js, const mega_job *j, mega_err *err) {
 mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
   mega_status s;
   if (js->etcd) { /* in the table first: the claim is sent from there */
-    s = mega_jobs_add(&js->t, j, err);
-    if (s == MEGA_OK) save(js, j, true, NULL);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    s = mega_jrec_job(j, &buf, &len, err);
+    if (s == MEGA_OK && len > MEGAD_ETCD_RECORD_MAX)
+      s = mega_fail(err, MEGA_ERR_INVALID,
+                    "the job's record is %zu bytes; megad keeps jobs in etcd at most %d bytes "
+                    "each (etcd's requests are small): give shorter or fewer flags", len,
+                    MEGAD_ETCD_RECORD_MAX);
+    if (s == MEGA_OK) s = mega_jobs_add(&js->t, j, err);
+    if (s == MEGA_OK) megad_jobs_etcd_put(js, j, "0", buf, len, true);
+    else free(buf);
   } else {
     s = megad_jobs_save(js, j, err);
     if (s == MEGA_OK) s = mega_jobs_add(&js->t, j, err);

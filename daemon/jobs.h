@@ -37,6 +37,8 @@ typedef struct megad_jobs_cbs {
   void (*fenced)(void *arg, mega_job *j, const char *why);
   /* etcd took this node's claim on j (its first record): j may start. */
   void (*claimed)(void *arg, mega_job *j);
+  /* etcd refused j's first record for good (why): j cannot run. */
+  void (*refused)(void *arg, mega_job *j, const char *why);
   /* A job without a coordinator: its key went with its node's lease. */
   void (*orphan)(void *arg, const char *job_id);
   void *arg;
@@ -64,9 +66,10 @@ typedef struct megad_jobs {
   megad_etcd *etcd;
   megad_jobs_cbs cbs;
   mega_jobs mirror;
-  megad_etcd_watch *watch_jobs, *watch_coord;
+  megad_etcd_watch *watch; /* mega/, in revision order */
   megad_jwrite *wq_head, *wq_tail;
   size_t wq_len, wq_batch;
+  int64_t wq_fence, wq_lease; /* the batch in flight: its job's fence, a claim's lease */
   bool wq_busy;
   char wq_err[512]; /* why the last write failed; empty once one succeeds */
   uv_timer_t wq_retry;

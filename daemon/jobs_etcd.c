@@ -23,6 +23,7 @@ struct megad_jwrite {
   uint8_t *val;
   size_t len;
   bool claim;
+  int64_t fence; /* the job's fence when queued (0: its claim was pending) */
 };
 
 static void jw_free(megad_jwrite *w) {
@@ -94,10 +95,14 @@ static void mirror_record(megad_jobs *js, const megad_etcd_kv *kv) {
     megad_warn(js->b, "etcd: skipping %s: %s", kv->key, e.msg);
 }
 
+/* The coordinator key of job id was put (kv) or deleted. The fence only
+ * grows: a mirror that has seen the new coordinator's claim never again
+ * takes an older fence for current. */
 static void mirror_coord(megad_jobs *js, const char *id, const megad_etcd_kv *kv, bool del) {
   mega_job *m = mega_jobs_find(&js->mirror, id);
   if (m && !del) {
-    m->fence = kv->create_revision;
+    if (kv->create_revision > m->fence) m->fence = kv->create_revision;
+    m->orphan = false;
     char *node = strndup((const char *)kv->value, kv->value_len);
     if (node) {
       free(m->coordinator);
@@ -105,7 +110,7 @@ static void mirror_coord(megad_jobs *js, const char *id, const megad_etcd_kv *kv
     }
   }
   if (!del) return;
-  if (m) m->fence = 0;
+  if (m) m->orphan = true;
   mega_job *own = mega_jobs_find(&js->t, id);
   /* the deletion of a key newer than this node's claim ended the claim */
   if (own && own->fence && kv->mod_revision > own->fence) {
@@ -120,39 +125,36 @@ static void note_rev(megad_jobs *js, int64_t rev) {
   if (rev > js->rev) js->rev = rev;
 }
 
-static void on_job_key(void *arg, megad_etcd_evtype type, const megad_etcd_kv *kv) {
+/* One watch on mega/, so a job's record and its coordinator key arrive in
+ * revision order (a claim writes the record first). Node keys are members'. */
+static void on_key(void *arg, megad_etcd_evtype type, const megad_etcd_kv *kv) {
   megad_jobs *js = arg;
   note_rev(js, kv->mod_revision);
   char id[160];
   const char *rest;
-  if (!key_id(kv->key, KJ, id, sizeof id, &rest)) return;
-  if (type == MEGAD_ETCD_EV_DELETE) {
-    if (!strcmp(rest, "0")) mega_jobs_forget(&js->mirror, id);
-    return;
-  }
-  mirror_record(js, kv);
-}
-
-static void on_coord_key(void *arg, megad_etcd_evtype type, const megad_etcd_kv *kv) {
-  megad_jobs *js = arg;
-  note_rev(js, kv->mod_revision);
-  char id[160];
-  if (key_id(kv->key, KC, id, sizeof id, NULL))
+  if (key_id(kv->key, KC, id, sizeof id, NULL)) {
     mirror_coord(js, id, kv, type == MEGAD_ETCD_EV_DELETE);
+  } else if (key_id(kv->key, KJ, id, sizeof id, &rest)) {
+    if (type != MEGAD_ETCD_EV_DELETE) mirror_record(js, kv);
+    else if (!strcmp(rest, "0")) mega_jobs_forget(&js->mirror, id);
+  }
 }
 
 /* Every job of the cluster from one read of mega/: records first (their
- * keys sort after the coordinator keys), then who coordinates each. */
+ * keys sort after the coordinator keys), then who coordinates each; a job
+ * without a coordinator key is an orphan. */
 static void load(megad_jobs *js, const megad_etcd_reply *r) {
   mega_jobs_free(&js->mirror);
   mega_jobs_init(&js->mirror);
   for (size_t i = 0; i < r->nkvs; i++)
     if (!strncmp(r->kvs[i].key, KJ, strlen(KJ))) mirror_record(js, &r->kvs[i]);
+  for (size_t i = 0; i < js->mirror.n; i++) js->mirror.v[i]->orphan = true;
   for (size_t i = 0; i < r->nkvs; i++) {
     char id[160];
     mega_job *m;
     if (key_id(r->kvs[i].key, KC, id, sizeof id, NULL) && (m = mega_jobs_find(&js->mirror, id))) {
       m->fence = r->kvs[i].create_revision;
+      m->orphan = false;
       char *node = strndup((const char *)r->kvs[i].value, r->kvs[i].value_len);
       if (node) {
         free(m->coordinator);
@@ -164,14 +166,11 @@ static void load(megad_jobs *js, const megad_etcd_reply *r) {
   if (js->mirror.next_id > js->t.next_id) js->t.next_id = js->mirror.next_id;
 }
 
-static void reset_both(void *arg, const char *why);
+static void reset_one(void *arg, const char *why);
 
 static mega_status watch_all(megad_jobs *js, mega_err *err) {
-  megad_etcd_watch_cbs jc = {.event = on_job_key, .reset = reset_both, .arg = js};
-  megad_etcd_watch_cbs cc = {.event = on_coord_key, .reset = reset_both, .arg = js};
-  mega_status s = megad_etcd_watch_start(js->etcd, KJ, js->rev + 1, &jc, &js->watch_jobs, err);
-  if (s == MEGA_OK) s = megad_etcd_watch_start(js->etcd, KC, js->rev + 1, &cc, &js->watch_coord, err);
-  return s;
+  megad_etcd_watch_cbs cbs = {.event = on_key, .reset = reset_one, .arg = js};
+  return megad_etcd_watch_start(js->etcd, "mega/", js->rev + 1, &cbs, &js->watch, err);
 }
 
 static void reloaded(void *arg, const megad_etcd_reply *r, const mega_err *err) {
@@ -195,13 +194,12 @@ static void reset(megad_jobs *js, const char *why) {
     megad_warn(js->b, "etcd: %s", e.msg);
 }
 
-/* Either watch's reset ends both (a handle stays until cancelled; a watch
- * may be cancelled from its own callback). */
-static void reset_both(void *arg, const char *why) {
+/* The watch could not resume: its handle stays until cancelled (which a
+ * watch's own callback may do). */
+static void reset_one(void *arg, const char *why) {
   megad_jobs *js = arg;
-  if (js->watch_jobs) megad_etcd_watch_cancel(js->watch_jobs);
-  if (js->watch_coord) megad_etcd_watch_cancel(js->watch_coord);
-  js->watch_jobs = js->watch_coord = NULL;
+  if (js->watch) megad_etcd_watch_cancel(js->watch);
+  js->watch = NULL;
   reset(js, why);
 }
 
@@ -214,40 +212,64 @@ static void on_retry(uv_timer_t *t) {
   pump(js);
 }
 
+/* Whether kv (the coordinator key a refused claim found) is this node's own
+ * claim under the lease it was sent with: a claim sent again after its first
+ * try went through (a timeout, a member lost) finds itself. */
+static bool own_claim(const megad_jobs *js, const megad_etcd_reply *r) {
+  const char *self = js->b->node_id;
+  return r->nkvs == 1 && r->kvs[0].lease == js->wq_lease && js->wq_lease &&
+         r->kvs[0].value_len == strlen(self) && !memcmp(r->kvs[0].value, self, strlen(self));
+}
+
+static void claimed(megad_jobs *js, mega_job *j, int64_t fence) {
+  j->fence = fence;
+  if (js->cbs.claimed) js->cbs.claimed(js->cbs.arg, j);
+}
+
 static void written(void *arg, const megad_etcd_reply *r, const mega_err *err) {
   megad_jobs *js = arg;
   js->wq_busy = false;
   if (err->status == MEGA_ERR_CANCELLED && js->b->stopping) return;
   megad_jwrite *w = js->wq_head;
-  if (!r && w && !megad_etcd_retryable(err)) { /* etcd will refuse these again: say so, go on */
+  if (!w) return;
+  char id[160];
+  snprintf(id, sizeof id, "%s", w->job_id);
+  bool claim = w->claim, forget = !w->key;
+  mega_job *j = mega_jobs_find(&js->t, id);
+  /* a batch sent under a fence the job no longer has (it was dropped and
+   * taken back meanwhile) says nothing about the job now */
+  bool current = j && !forget && (claim ? !j->fence : j->fence == js->wq_fence);
+  /* a claim whose lease expired meanwhile goes again under the next one */
+  bool lease_gone = claim && strstr(err->msg, "lease not found");
+  if (!r && !megad_etcd_retryable(err) && !lease_gone) { /* etcd will refuse these again */
     megad_warn(js->b, "etcd refused %zu record%s of job %s: %s", js->wq_batch,
-               js->wq_batch == 1 ? "" : "s", w->job_id, err->msg);
+               js->wq_batch == 1 ? "" : "s", id, err->msg);
     pop(js, js->wq_batch);
+    if (current && claim) { /* nothing of the job can reach etcd: it cannot run */
+      pop_job(js, id); /* and what it writes from now on is dropped (no fence) */
+      if (js->cbs.refused) js->cbs.refused(js->cbs.arg, j, err->msg);
+    }
     pump(js);
     return;
   }
-  if (!r || !w) {
+  if (!r) {
     if (!js->wq_err[0])
-      megad_warn(js->b, "etcd: cannot write job %s: %s; retrying every %d ms", w ? w->job_id : "?",
-                 err->msg, RETRY_MS);
+      megad_warn(js->b, "etcd: cannot write job %s: %s; retrying every %d ms", id, err->msg,
+                 RETRY_MS);
     snprintf(js->wq_err, sizeof js->wq_err, "%s", err->msg);
     uv_timer_start(&js->wq_retry, on_retry, RETRY_MS, 0);
     return;
   }
   if (js->wq_err[0]) megad_log(js->b, "etcd: writes go through again");
   js->wq_err[0] = '\0';
-  char id[160];
-  snprintf(id, sizeof id, "%s", w->job_id);
-  bool claim = w->claim, forget = !w->key;
   pop(js, js->wq_batch);
-  mega_job *j = mega_jobs_find(&js->t, id);
-  if (j && !forget && !r->succeeded)
+  if (current && claim && r->succeeded)
+    claimed(js, j, r->revision);
+  else if (current && claim && own_claim(js, r))
+    claimed(js, j, r->kvs[0].create_revision);
+  else if (current && !r->succeeded)
     fence_lost(js, j, claim ? "another node already holds its coordinator key"
                             : "etcd refused a write: another node coordinates the job now");
-  else if (j && claim) {
-    j->fence = r->revision;
-    if (js->cbs.claimed) js->cbs.claimed(js->cbs.arg, j);
-  }
   pump(js);
 }
 
@@ -268,8 +290,9 @@ static void pump(megad_jobs *js) {
       ops[nops++] = (megad_etcd_op){.kind = MEGAD_ETCD_DELETE, .key = ckey};
       ncmp = 0;
       n = 1;
-    } else if (!j || j->fenced || (!w->claim && !j->fence)) {
-      pop(js, 1); /* the job went, or is another node's now */
+    } else if (!j || j->fenced || (!w->claim && !j->fence) ||
+               (!w->claim && w->fence && w->fence != j->fence)) {
+      pop(js, 1); /* the job went, is another node's now, or was taken back since */
       continue;
     } else if (w->claim && !lease) {
       snprintf(js->wq_err, sizeof js->wq_err, "this node holds no etcd lease yet");
@@ -291,11 +314,16 @@ static void pump(megad_jobs *js) {
                                       .value = js->b->node_id,
                                       .value_len = strlen(js->b->node_id), .lease = lease};
     }
+    /* a refused claim reads who holds the key: itself, if a first try went through */
+    megad_etcd_op holder = {.kind = MEGAD_ETCD_GET, .key = ckey};
+    bool claim = w->key && w->claim;
     mega_err e = {0};
     js->wq_busy = true;
     js->wq_batch = n;
-    if (megad_etcd_txn(js->etcd, ncmp ? &cmp : NULL, ncmp, ops, nops, NULL, 0, written, js, &e) ==
-        MEGA_OK)
+    js->wq_fence = j && w->key ? j->fence : 0;
+    js->wq_lease = claim ? lease : 0;
+    if (megad_etcd_txn(js->etcd, ncmp ? &cmp : NULL, ncmp, ops, nops, claim ? &holder : NULL,
+                       claim ? 1 : 0, written, js, &e) == MEGA_OK)
       return;
     js->wq_busy = false;
     snprintf(js->wq_err, sizeof js->wq_err, "%s", e.msg);
@@ -305,7 +333,7 @@ static void pump(megad_jobs *js) {
 }
 
 static void enqueue(megad_jobs *js, megad_jwrite *w) {
-  if (js->wq_len >= WQ_MAX && js->wq_head && !js->wq_busy) {
+  if (js->wq_len >= WQ_MAX && js->wq_head && !js->wq_busy && !js->wq_head->claim) {
     megad_warn(js->b, "etcd: %zu records of jobs wait for etcd; dropping the oldest (job %s)",
                js->wq_len, js->wq_head->job_id);
     pop(js, 1);
@@ -329,6 +357,7 @@ void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, 
     w->val = buf;
     w->len = len;
     w->claim = claim;
+    w->fence = j->fence;
     if (asprintf(&w->key, KJ "%s/%s", j->id, suffix) < 0) w->key = NULL;
   } else {
     free(buf);
@@ -387,7 +416,7 @@ mega_job *megad_jobs_mirror_find(megad_jobs *js, const char *id) {
   return js->etcd ? mega_jobs_find(&js->mirror, id) : NULL;
 }
 
-int64_t megad_jobs_coord_rev(megad_jobs *js, const char *job_id) {
+int64_t megad_jobs_coord_rev(megad_jobs *js, const char *job_id) { /* the newest fence seen */
   if (!js->etcd) return 0;
   const mega_job *m = mega_jobs_find(&js->mirror, job_id), *own = mega_jobs_find(&js->t, job_id);
   int64_t a = m ? m->fence : 0, o = own && !own->fenced ? own->fence : 0;
@@ -410,9 +439,8 @@ bool megad_jobs_durable(const megad_jobs *js, const char **why) {
 
 void megad_jobs_etcd_close(megad_jobs *js) {
   if (!js->etcd) return;
-  if (js->watch_jobs) megad_etcd_watch_cancel(js->watch_jobs);
-  if (js->watch_coord) megad_etcd_watch_cancel(js->watch_coord);
-  js->watch_jobs = js->watch_coord = NULL;
+  if (js->watch) megad_etcd_watch_cancel(js->watch);
+  js->watch = NULL;
   while (js->wq_head) pop(js, 1);
   if (js->wq_retry_on) uv_close((uv_handle_t *)&js->wq_retry, NULL);
   js->wq_retry_on = false;

@@ -5,6 +5,10 @@
 
 #include "daemon/jobs.h"
 
+/* The largest job record kept in etcd (etcd refuses requests over 1.5 MiB
+ * with its default --max-request-bytes; a batch holds several records). */
+#define MEGAD_ETCD_RECORD_MAX (512 * 1024)
+
 /* Queues one record of j (a JournalRecord, taken: freed here) for
  * mega/j/<id>/<suffix>. claim: the job's first record, written only if no
  * node coordinates the job yet, with the coordinator key under this node's
