@@ -520,11 +520,7 @@ void megad_coord_start(megad_coord *c) {
     if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) continue;
     megad_jobs_save(c->jobs, j, NULL);
     char from[96];
-    if (j->ckpt_iteration && j->spec.save)
-      snprintf(from, sizeof from, "the checkpoint of iteration %llu",
-               (unsigned long long)j->ckpt_iteration);
-    else
-      snprintf(from, sizeof from, "the start");
+    coord_resume_point(j, from, sizeof from);
     megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
                     "megad on %s restarted while attempt %u ran; resuming from %s", c->b->node_id,
                     j->attempt, from);

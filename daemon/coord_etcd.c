@@ -18,11 +18,7 @@
 
 static void resume_adopted(megad_coord *c, mega_job *j, const char *from_node) {
   char from[96];
-  if (j->ckpt_iteration && j->spec.save)
-    snprintf(from, sizeof from, "the checkpoint of iteration %llu",
-             (unsigned long long)j->ckpt_iteration);
-  else
-    snprintf(from, sizeof from, "the start");
+  coord_resume_point(j, from, sizeof from);
   if (j->state == MEGA_JOB_RUNNING) {
     /* the old attempt's ranks, wherever they still run */
     for (size_t i = 0; i < j->nplaced; i++)
@@ -107,11 +103,7 @@ static void reread(void *arg, const megad_etcd_reply *r, const mega_err *err) {
 static void claimed(void *arg, const megad_etcd_reply *r, const mega_err *err) {
   claim_ctx *x = arg;
   megad_coord *c = x->c;
-  const char *self = c->b->node_id;
-  bool mine = r && !r->succeeded && r->nkvs == 1 && r->kvs[0].lease == x->lease &&
-              r->kvs[0].value_len == strlen(self) &&
-              !memcmp(r->kvs[0].value, self, strlen(self));
-  if (mine && !c->b->stopping && err->status == MEGA_OK) {
+  if (megad_jobs_claim_mine(c->jobs, r, x->lease) && !c->b->stopping) {
     char pre[192];
     snprintf(pre, sizeof pre, "mega/j/%s/", c->claims[x->slot]);
     x->fence = r->kvs[0].create_revision;

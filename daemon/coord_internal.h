@@ -114,6 +114,9 @@ void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool
                     const char *reason);
 /* Sends AbortJob for the attempt to every node of the placement. */
 void coord_abort_nodes(coord_run *run, const char *reason);
+/* coord_run.c: where j's next attempt starts, for its events: "the
+ * checkpoint of iteration K" or "the start". */
+void coord_resume_point(const mega_job *j, char *buf, size_t len);
 /* coord_run.c: in etcd mode, whether this node may act as a coordinator
  * now (its lease was renewed within its TTL; always in embedded mode). */
 bool coord_may_act(const megad_coord *c);

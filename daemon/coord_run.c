@@ -170,6 +170,13 @@ static void finish(coord_run *run) {
   run_free(run);
 }
 
+void coord_resume_point(const mega_job *j, char *buf, size_t len) {
+  if (j->ckpt_iteration && j->spec.save)
+    snprintf(buf, len, "the checkpoint of iteration %llu", (unsigned long long)j->ckpt_iteration);
+  else
+    snprintf(buf, len, "the start");
+}
+
 bool coord_may_act(const megad_coord *c) {
   return !c->jobs->etcd || megad_etcd_session_fresh(c->jobs->etcd);
 }

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 
 #include "daemon/base.h"
+#include "daemon/etcd.h"
 #include "daemon/job.h"
 #include "daemon/journal.h"
 #include "daemon/watch.h"
@@ -44,8 +45,6 @@ typedef struct megad_jobs_cbs {
   void *arg;
 } megad_jobs_cbs;
 
-typedef struct megad_etcd megad_etcd;
-typedef struct megad_etcd_watch megad_etcd_watch;
 typedef struct megad_jwrite megad_jwrite;
 
 /* Told of every item a job's watchers get (a merged step, an event, the
@@ -112,6 +111,11 @@ int64_t megad_jobs_coord_rev(megad_jobs *js, const char *job_id);
 /* etcd mode: takes j over (the table takes it), fence already set; saves
  * its record under the new fence. */
 mega_status megad_jobs_adopt(megad_jobs *js, mega_job *j, mega_err *err);
+/* etcd mode: whether r, the answer to a claim refused because the
+ * coordinator key exists (its failure branch reads that key), shows this
+ * node's own claim under lease: a claim sent again after its first try went
+ * through (a reply lost with a member) finds itself, and is won. */
+bool megad_jobs_claim_mine(const megad_jobs *js, const megad_etcd_reply *r, int64_t lease);
 /* etcd mode: lets go of j (freed) without a write: another node has it. */
 void megad_jobs_drop(megad_jobs *js, mega_job *j);
 /* Whether writes of this node's jobs have reached etcd; false with why. */

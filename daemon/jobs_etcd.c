@@ -95,20 +95,24 @@ static void mirror_record(megad_jobs *js, const megad_etcd_kv *kv) {
     megad_warn(js->b, "etcd: skipping %s: %s", kv->key, e.msg);
 }
 
+/* m is coordinated by kv's holder (a coordinator key's value). The fence
+ * only grows. */
+static void set_coordinator(mega_job *m, const megad_etcd_kv *kv) {
+  if (kv->create_revision > m->fence) m->fence = kv->create_revision;
+  m->orphan = false;
+  char *node = strndup((const char *)kv->value, kv->value_len);
+  if (node) {
+    free(m->coordinator);
+    m->coordinator = node;
+  }
+}
+
 /* The coordinator key of job id was put (kv) or deleted. The fence only
  * grows: a mirror that has seen the new coordinator's claim never again
  * takes an older fence for current. */
 static void mirror_coord(megad_jobs *js, const char *id, const megad_etcd_kv *kv, bool del) {
   mega_job *m = mega_jobs_find(&js->mirror, id);
-  if (m && !del) {
-    if (kv->create_revision > m->fence) m->fence = kv->create_revision;
-    m->orphan = false;
-    char *node = strndup((const char *)kv->value, kv->value_len);
-    if (node) {
-      free(m->coordinator);
-      m->coordinator = node;
-    }
-  }
+  if (m && !del) set_coordinator(m, kv);
   if (!del) return;
   if (m) m->orphan = true;
   mega_job *own = mega_jobs_find(&js->t, id);
@@ -152,15 +156,8 @@ static void load(megad_jobs *js, const megad_etcd_reply *r) {
   for (size_t i = 0; i < r->nkvs; i++) {
     char id[160];
     mega_job *m;
-    if (key_id(r->kvs[i].key, KC, id, sizeof id, NULL) && (m = mega_jobs_find(&js->mirror, id))) {
-      m->fence = r->kvs[i].create_revision;
-      m->orphan = false;
-      char *node = strndup((const char *)r->kvs[i].value, r->kvs[i].value_len);
-      if (node) {
-        free(m->coordinator);
-        m->coordinator = node;
-      }
-    }
+    if (key_id(r->kvs[i].key, KC, id, sizeof id, NULL) && (m = mega_jobs_find(&js->mirror, id)))
+      set_coordinator(m, &r->kvs[i]);
   }
   js->rev = r->revision;
   if (js->mirror.next_id > js->t.next_id) js->t.next_id = js->mirror.next_id;
@@ -212,12 +209,9 @@ static void on_retry(uv_timer_t *t) {
   pump(js);
 }
 
-/* Whether kv (the coordinator key a refused claim found) is this node's own
- * claim under the lease it was sent with: a claim sent again after its first
- * try went through (a timeout, a member lost) finds itself. */
-static bool own_claim(const megad_jobs *js, const megad_etcd_reply *r) {
+bool megad_jobs_claim_mine(const megad_jobs *js, const megad_etcd_reply *r, int64_t lease) {
   const char *self = js->b->node_id;
-  return r->nkvs == 1 && r->kvs[0].lease == js->wq_lease && js->wq_lease &&
+  return r && !r->succeeded && r->nkvs == 1 && lease && r->kvs[0].lease == lease &&
          r->kvs[0].value_len == strlen(self) && !memcmp(r->kvs[0].value, self, strlen(self));
 }
 
@@ -265,7 +259,7 @@ static void written(void *arg, const megad_etcd_reply *r, const mega_err *err) {
   pop(js, js->wq_batch);
   if (current && claim && r->succeeded)
     claimed(js, j, r->revision);
-  else if (current && claim && own_claim(js, r))
+  else if (current && claim && megad_jobs_claim_mine(js, r, js->wq_lease))
     claimed(js, j, r->kvs[0].create_revision);
   else if (current && !r->succeeded)
     fence_lost(js, j, claim ? "another node already holds its coordinator key"

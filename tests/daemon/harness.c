@@ -295,6 +295,18 @@ Mega__V1__GetJobResponse *hd_get_job_history(hd *d, const char *job_id, mega_err
   return (Mega__V1__GetJobResponse *)resp;
 }
 
+int64_t hd_event_ms(hd *d, const char *job_id, Mega__V1__JobEventKind kind, int nth,
+                    const char *text) {
+  Mega__V1__GetJobResponse *r = hd_get_job_history(d, job_id, NULL);
+  int64_t at = 0;
+  for (size_t i = 0; r && i < r->n_events && !at; i++)
+    if (r->events[i]->kind == kind && (!text || strstr(r->events[i]->message, text)) &&
+        nth-- == 0)
+      at = r->events[i]->time_unix_ms;
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return at;
+}
+
 Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err) {
   Mega__V1__GetJobResponse *r = hd_get_job_history(d, job_id, err);
   if (!r) return NULL;

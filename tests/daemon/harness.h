@@ -70,6 +70,10 @@ mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t
 Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err);
 /* The job and its whole history (events); NULL on an error. */
 Mega__V1__GetJobResponse *hd_get_job_history(hd *d, const char *job_id, mega_err *err);
+/* When (unix ms) the nth event of kind whose message holds text (NULL: any)
+ * was made, in job_id's history as d tells it; 0 if none (or no answer). */
+int64_t hd_event_ms(hd *d, const char *job_id, Mega__V1__JobEventKind kind, int nth,
+                    const char *text);
 Mega__V1__ListNodesResponse *hd_list_nodes(hd *d, mega_err *err);
 /* Waits up to ms until job_id has a committed checkpoint at or past
  * iteration; returns its iteration (0: none in time). */

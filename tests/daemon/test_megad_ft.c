@@ -55,21 +55,6 @@ static void same_losses(const hd_watch *got, const hd_watch *ref, int iters, dou
   }
 }
 
-/* The time an event of kind was seen (unix ms) in a job's history, or 0. */
-static int64_t event_ms(hd *d, const char *job_id, Mega__V1__JobEventKind kind, int nth) {
-  Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
-  req.job_id = (char *)job_id;
-  ProtobufCMessage *resp = NULL;
-  if (mega_rpc_unary(d->ch, &mega_control_get_job, &req.base, 5000, &resp, NULL) != MEGA_OK)
-    return 0;
-  Mega__V1__GetJobResponse *r = (void *)resp;
-  int64_t t = 0;
-  for (size_t i = 0; i < r->n_events && !t; i++)
-    if (r->events[i]->kind == kind && nth-- == 0) t = r->events[i]->time_unix_ms;
-  protobuf_c_message_free_unpacked(resp, NULL);
-  return t;
-}
-
 static int64_t unix_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -133,7 +118,7 @@ static void test_worker_kill_restarts_exactly(void **state) {
   assert_non_null(strstr(w.events_text, "restarting from the checkpoint of iteration"));
   /* same topology, data order and state: the very same numbers */
   same_losses(&w, &ref, 80, 0.0);
-  int64_t detected = event_ms(&d, id, KIND(RANK_FAILED), 0);
+  int64_t detected = hd_event_ms(&d, id, KIND(RANK_FAILED), 0, NULL);
   int64_t back = 0;
   for (int i = 0; i < 8 && !back; i++) {
     /* the first "training again" INFO event */
@@ -248,7 +233,7 @@ static void test_hung_worker_restarts(void **state) {
   assert_int_equal(w.final->restarts, 1);
   assert_non_null(strstr(w.events_text, "made no progress for"));
   assert_non_null(strstr(w.events_text, "is stopped; killed it"));
-  int64_t detected = event_ms(&d, id, KIND(RANK_FAILED), 0);
+  int64_t detected = hd_event_ms(&d, id, KIND(RANK_FAILED), 0, NULL);
   fprintf(stderr, "hung worker: detected %.3f s after SIGSTOP\n",
           (double)(detected - k.when_ms) / 1000);
   assert_false(hd_pid_alive(k.victim));
@@ -374,10 +359,10 @@ static void test_elastic_shrinks_on_node_loss(void **state) {
   assert_non_null(strstr(w.events_text, "node e3 missed heartbeats"));
   assert_int_equal(w.world[60], 2);
   same_losses(&w, &ref, 60, 2e-5);
-  int64_t lost1 = event_ms(&n[0], id, KIND(NODE_LOST), 0);
-  int64_t lost2 = event_ms(&n[0], id, KIND(NODE_LOST), 1);
-  int64_t res1 = event_ms(&n[0], id, KIND(RESCALED), 0);
-  int64_t res2 = event_ms(&n[0], id, KIND(RESCALED), 1);
+  int64_t lost1 = hd_event_ms(&n[0], id, KIND(NODE_LOST), 0, NULL);
+  int64_t lost2 = hd_event_ms(&n[0], id, KIND(NODE_LOST), 1, NULL);
+  int64_t res1 = hd_event_ms(&n[0], id, KIND(RESCALED), 0, NULL);
+  int64_t res2 = hd_event_ms(&n[0], id, KIND(RESCALED), 1, NULL);
   fprintf(stderr, "node kill: detected %.3f s after kill -9, re-placed on 3 nodes %.3f s later\n",
           (double)(lost1 - e.when_ms[0]) / 1000, (double)(res1 - lost1) / 1000);
   fprintf(stderr, "node frozen: detected %.3f s after SIGSTOP, re-placed on 2 nodes %.3f s later\n",

@@ -116,24 +116,6 @@ static int wait_takeover(hd *n, int asked, const char *job_id, const char *old, 
   return -1;
 }
 
-/* When the first event of kind (whose message holds text, if given) was
- * made (unix ms), or 0. */
-static int64_t history_at(hd *d, const char *job_id, Mega__V1__JobEventKind kind,
-                          const char *text) {
-  Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
-  req.job_id = (char *)job_id;
-  ProtobufCMessage *resp = NULL;
-  if (mega_rpc_unary(d->ch, &mega_control_get_job, &req.base, 5000, &resp, NULL) != MEGA_OK)
-    return 0;
-  Mega__V1__GetJobResponse *r = (void *)resp;
-  int64_t at = 0;
-  for (size_t i = 0; i < r->n_events && !at; i++)
-    if (r->events[i]->kind == kind && (!text || strstr(r->events[i]->message, text)))
-      at = r->events[i]->time_unix_ms;
-  protobuf_c_message_free_unpacked(resp, NULL);
-  return at;
-}
-
 /* ---- kill -9 the coordinator's node for good ---- */
 
 typedef struct killer {
@@ -197,7 +179,7 @@ static void test_coordinator_killed_is_taken_over(void **state) {
     hd_dump_log(&n[2]);
   }
   assert_true(who == 1 || who == 2);
-  int64_t took_ms = history_at(&n[who], id, KIND(RESTARTING), "took the job over");
+  int64_t took_ms = hd_event_ms(&n[who], id, KIND(RESTARTING), 0, "took the job over");
   assert_true(took_ms > 0);
   first_step f = {.after_attempt = old_attempt};
   hd_watch after;
@@ -214,8 +196,9 @@ static void test_coordinator_killed_is_taken_over(void **state) {
   assert_true(took_ms - k.when_ms < 15000);
   /* the whole history, from either survivor: submitted at t1, taken over */
   for (int i = 1; i < 3; i++) {
-    assert_true(history_at(&n[i], id, KIND(SUBMITTED), NULL) > 0);
-    assert_true(history_at(&n[i], id, KIND(RESTARTING), "took the job over from node t1") > 0);
+    assert_true(hd_event_ms(&n[i], id, KIND(SUBMITTED), 0, NULL) > 0);
+    assert_true(
+        hd_event_ms(&n[i], id, KIND(RESTARTING), 0, "took the job over from node t1") > 0);
   }
   hd_watch_free(&before);
   hd_watch_free(&after);
@@ -245,7 +228,7 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   int who = wait_takeover(n, 1, id, n[0].name, 20000);
   if (who < 0) hd_dump_log(&n[1]);
   assert_true(who == 1 || who == 2);
-  int64_t took_ms = history_at(&n[who], id, KIND(RESTARTING), "took the job over");
+  int64_t took_ms = hd_event_ms(&n[who], id, KIND(RESTARTING), 0, "took the job over");
   assert_true(took_ms > 0);
   fprintf(stderr, "frozen coordinator: taken over by %s %.3f s after SIGSTOP\n", n[who].name,
           (double)(took_ms - stopped_ms) / 1000);
