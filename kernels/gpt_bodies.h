@@ -5,9 +5,9 @@
  * same bodies over every index on the CPU against the cpu backend. That is
  * how the indexing is tested on machines without a GPU.
  *
- * Row and column bodies loop over their row or column in one thread:
- * correct first, and deterministic (no atomics), at the cost of speed on
- * wide rows. Shapes follow backend.h. */
+ * Row bodies (mega_kr_) run in lanes that share a row and column bodies
+ * (mega_kc_) in row lanes that share a column, combined in a fixed order:
+ * deterministic (no atomics). Shapes follow backend.h. */
 #ifndef MEGA_KERNELS_GPT_BODIES_H
 #define MEGA_KERNELS_GPT_BODIES_H
 
@@ -72,117 +72,133 @@ static inline MEGA_HD void mega_kb_to_bf16(int64_t i, uint16_t *out, const float
   out[i] = mega_bf16_bits(in[i]);
 }
 
-/* ---- row bodies: n < N ---- */
+/* ---- row bodies, in lanes: n < N ----
+ * L lanes share a row: lane l takes items l, l + L, l + 2L, ... (adjacent
+ * lanes read adjacent floats). A row op is phases: each lane's partial
+ * (a sum or a max), combined over the row's lanes (warp shuffles on the GPU,
+ * a loop in tests/gpu/test_kernel_bodies.c), then the next phase or the
+ * lanes' writes. Lane 0 writes a row's scalars. */
 
-static inline MEGA_HD void mega_kb_layernorm_fwd(int64_t n, float *out, float *mean, float *rstd,
-                                                  const float *inp, const float *w,
-                                                  const float *b, int C, float eps) {
-  const float *x = inp + n * C;
+static inline MEGA_HD float mega_kr_sum(const float *x, int n, int l, int L) {
   float s = 0.0f;
-  for (int i = 0; i < C; i++) s += x[i];
-  float m = s / C, v = 0.0f;
-  for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
-  float r = 1.0f / sqrtf(v / C + eps);
-  float *o = out + n * C;
-  for (int i = 0; i < C; i++) o[i] = (x[i] - m) * r * w[i] + b[i];
-  mean[n] = m;
-  rstd[n] = r;
+  for (int i = l; i < n; i += L) s += x[i];
+  return s;
 }
 
-static inline MEGA_HD void mega_kb_layernorm_bwd_in(int64_t n, float *dinp, const float *dres,
-                                                     const float *dout, const float *inp,
-                                                     const float *w, const float *mean,
-                                                     const float *rstd, int C) {
-  const float *x = inp + n * C, *d = dout + n * C;
-  float m = mean[n], r = rstd[n], s1 = 0.0f, s2 = 0.0f;
-  for (int i = 0; i < C; i++) {
-    float dn = d[i] * w[i];
-    s1 += dn;
-    s2 += dn * (x[i] - m) * r;
+static inline MEGA_HD float mega_kr_max(const float *x, int n, int l, int L) {
+  float m = -INFINITY;
+  for (int i = l; i < n; i += L) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+/* sum (x - m)^2 */
+static inline MEGA_HD float mega_kr_sqdev(const float *x, int n, float m, int l, int L) {
+  float s = 0.0f;
+  for (int i = l; i < n; i += L) s += (x[i] - m) * (x[i] - m);
+  return s;
+}
+
+/* sum e^(x - mx); with store, x[i] becomes e^(x[i] - mx) (in place). */
+static inline MEGA_HD float mega_kr_sumexp(float *store, const float *x, int n, float mx, int l,
+                                           int L) {
+  float s = 0.0f;
+  for (int i = l; i < n; i += L) {
+    float e = mega_expf(x[i] - mx);
+    if (store) store[i] = e;
+    s += e;
   }
-  s1 /= C;
-  s2 /= C;
-  float *di = dinp + n * C;
-  for (int i = 0; i < C; i++) {
-    float xhat = (x[i] - m) * r;
-    float g = (d[i] * w[i] - s1 - xhat * s2) * r;
+  return s;
+}
+
+/* sum a * b */
+static inline MEGA_HD float mega_kr_dot(const float *a, const float *b, int n, int l, int L) {
+  float s = 0.0f;
+  for (int i = l; i < n; i += L) s += a[i] * b[i];
+  return s;
+}
+
+/* layernorm: mean = sum(x) / C, then rstd from sum((x - mean)^2), then this. */
+static inline MEGA_HD void mega_kr_layernorm_fwd(int64_t n, int l, int L, float *out, float *mean,
+                                                 float *rstd, const float *inp, const float *w,
+                                                 const float *b, int C, float m, float r) {
+  const float *x = inp + n * C;
+  float *o = out + n * C;
+  for (int i = l; i < C; i += L) o[i] = (x[i] - m) * r * w[i] + b[i];
+  if (l == 0) mean[n] = m, rstd[n] = r;
+}
+
+/* layernorm backward: the partials of s1 = sum(dout w) and s2 = sum(dout w
+ * xhat) over row n, then the write with s1 / C and s2 / C. */
+static inline MEGA_HD void mega_kr_layernorm_bwd_dots(int64_t n, int l, int L, float *s1,
+                                                      float *s2, const float *dout,
+                                                      const float *inp, const float *w,
+                                                      const float *mean, const float *rstd,
+                                                      int C) {
+  const float *x = inp + n * C, *d = dout + n * C;
+  float m = mean[n], r = rstd[n], a = 0.0f, b = 0.0f;
+  for (int i = l; i < C; i += L) {
+    float dn = d[i] * w[i];
+    a += dn;
+    b += dn * (x[i] - m) * r;
+  }
+  *s1 = a;
+  *s2 = b;
+}
+
+static inline MEGA_HD void mega_kr_layernorm_bwd_in(int64_t n, int l, int L, float *dinp,
+                                                    const float *dres, const float *dout,
+                                                    const float *inp, const float *w,
+                                                    const float *mean, const float *rstd, int C,
+                                                    float s1, float s2) {
+  const float *x = inp + n * C, *d = dout + n * C;
+  float m = mean[n], r = rstd[n], *di = dinp + n * C;
+  for (int i = l; i < C; i += L) {
+    float g = (d[i] * w[i] - s1 - (x[i] - m) * r * s2) * r;
     di[i] = dres ? dres[n * C + i] + g : g;
   }
 }
 
-/* Row n's softmax over V classes and its loss (the fused forward). */
-static inline MEGA_HD void mega_kb_xent_fwd(int64_t n, float *losses, float *probs,
-                                             const float *logits, const int32_t *targets,
-                                             int V) {
-  const float *l = logits + n * V;
-  float *p = probs + n * V;
-  float mx = -INFINITY, s = 0.0f;
-  for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
-  for (int i = 0; i < V; i++) {
-    p[i] = mega_expf(l[i] - mx);
-    s += p[i];
-  }
-  float inv = 1.0f / s;
-  for (int i = 0; i < V; i++) p[i] *= inv;
-  losses[n] = logf(s) + mx - l[targets[n]];
+/* cross-entropy: row n's max mx over its V logits, sum = sum e^(l - mx),
+ * then probs and, from lane 0, the loss log(sum) + mx - (the target's
+ * logit). The vocabulary-parallel passes share these: sums[n] and
+ * sums[N + n] (the target's logit in this slice, 0 outside) come from lane
+ * 0 of mega_kr_xent_sums. */
+static inline MEGA_HD void mega_kr_xent_write(int64_t n, int l, int L, float *losses,
+                                              float *probs, const float *logits, int V, float mx,
+                                              float sum, float target_logit) {
+  const float *x = logits + n * V;
+  float *p = probs + n * V, inv = 1.0f / sum;
+  for (int i = l; i < V; i += L) p[i] = mega_expf(x[i] - mx) * inv;
+  if (l == 0) losses[n] = logf(sum) + mx - target_logit;
 }
 
-/* The vocabulary-parallel passes (backend.h). */
-static inline MEGA_HD void mega_kb_xent_rowmax(int64_t n, float *rowmax, const float *logits,
-                                                int V) {
-  const float *l = logits + n * V;
-  float mx = -INFINITY;
-  for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
-  rowmax[n] = mx;
-}
-
-static inline MEGA_HD void mega_kb_xent_sums(int64_t n, float *sums, const float *logits,
-                                              const float *rowmax, const int32_t *targets,
-                                              int v0, int N, int V) {
-  const float *l = logits + n * V;
-  float s = 0.0f;
-  for (int i = 0; i < V; i++) s += mega_expf(l[i] - rowmax[n]);
+static inline MEGA_HD void mega_kr_xent_sums(int64_t n, float *sums, const float *logits,
+                                             const int32_t *targets, int v0, int N, int V,
+                                             float sum) {
   int64_t t = (int64_t)targets[n] - v0;
-  sums[n] = s;
-  sums[N + n] = t >= 0 && t < V ? l[t] : 0.0f;
+  sums[n] = sum;
+  sums[N + n] = t >= 0 && t < V ? logits[n * V + t] : 0.0f;
 }
 
-static inline MEGA_HD void mega_kb_xent_finish(int64_t n, float *losses, float *probs,
-                                                const float *logits, const float *rowmax,
-                                                const float *sums, int N, int V) {
-  const float *l = logits + n * V;
-  float *p = probs + n * V, inv = 1.0f / sums[n];
-  for (int i = 0; i < V; i++) p[i] = mega_expf(l[i] - rowmax[n]) * inv;
-  losses[n] = logf(sums[n]) + rowmax[n] - sums[N + n];
-}
-
-/* Row r = (bh, t) of scores [BH, T, T] (already scaled): softmax over
- * columns 0..t, zeros after. */
-static inline MEGA_HD void mega_kb_causal_softmax(int64_t r, float *att, int T) {
+/* causal softmax of row r = (bh, t) of scores [BH, T, T] (already scaled):
+ * mx over columns 0..t, then the sum of e^(x - mx) stored in place, then
+ * this: scale by 1 / sum, zeros after t. */
+static inline MEGA_HD void mega_kr_causal_softmax_scale(int64_t r, int l, int L, float *att,
+                                                        int T, float sum) {
   int t = (int)(r % T);
-  float *row = att + r * T;
-  float mx = -INFINITY, s = 0.0f;
-  for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-  for (int j = 0; j <= t; j++) {
-    row[j] = mega_expf(row[j] - mx);
-    s += row[j];
-  }
-  float inv = 1.0f / s;
-  for (int j = 0; j <= t; j++) row[j] *= inv;
-  for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+  float *row = att + r * T, inv = 1.0f / sum;
+  for (int j = l; j < T; j += L) row[j] = j <= t ? row[j] * inv : 0.0f;
 }
 
-/* In place: dpre = scale * a * (da - sum_j a*da) over columns 0..t, zeros
- * after. */
-static inline MEGA_HD void mega_kb_causal_softmax_bwd(int64_t r, float *da, const float *att,
-                                                       int T, float scale) {
+/* In place: dpre = scale * a * (da - dot) over columns 0..t, zeros after,
+ * where dot = sum a * da over 0..t. */
+static inline MEGA_HD void mega_kr_causal_softmax_bwd(int64_t r, int l, int L, float *da,
+                                                      const float *att, int T, float scale,
+                                                      float dot) {
   int t = (int)(r % T);
   float *d = da + r * T;
   const float *a = att + r * T;
-  float dot = 0.0f;
-  for (int j = 0; j <= t; j++) dot += a[j] * d[j];
-  for (int j = 0; j <= t; j++) d[j] = scale * a[j] * (d[j] - dot);
-  for (int j = t + 1; j < T; j++) d[j] = 0.0f;
+  for (int j = l; j < T; j += L) d[j] = j <= t ? scale * a[j] * (d[j] - dot) : 0.0f;
 }
 
 /* ---- column bodies: c < C ---- */
@@ -199,26 +215,30 @@ static inline MEGA_HD void mega_kb_encoder_bwd(int64_t c, float *dwte, int v0, i
   }
 }
 
-static inline MEGA_HD void mega_kb_layernorm_bwd_w(int64_t c, float *dw, float *db,
-                                                    const float *dout, const float *inp,
-                                                    const float *mean, const float *rstd,
-                                                    int N, int C) {
-  float sw = 0.0f, sb = 0.0f;
-  for (int64_t n = 0; n < N; n++) {
+/* The weight and bias gradients are column sums over N rows: R row lanes
+ * each sum rows r0, r0 + R, ... of column c (threads of adjacent columns
+ * read adjacent floats), and the R partials are combined in a fixed order
+ * (deterministic, no atomics) before dw[c] += . */
+static inline MEGA_HD void mega_kc_layernorm_bwd_w(int64_t c, int r0, int R, float *sw,
+                                                   float *sb, const float *dout,
+                                                   const float *inp, const float *mean,
+                                                   const float *rstd, int N, int C) {
+  float a = 0.0f, b = 0.0f;
+  for (int64_t n = r0; n < N; n += R) {
     float d = dout[n * C + c];
-    sw += d * (inp[n * C + c] - mean[n]) * rstd[n];
-    sb += d;
+    a += d * (inp[n * C + c] - mean[n]) * rstd[n];
+    b += d;
   }
-  dw[c] += sw;
-  db[c] += sb;
+  *sw = a;
+  *sb = b;
 }
 
-/* dbias[j] += sum_n dout[n, j]. */
-static inline MEGA_HD void mega_kb_bias_grad(int64_t j, float *dbias, const float *dout, int N,
+/* sum over rows r0, r0 + R, ... of dout[n, j] */
+static inline MEGA_HD float mega_kc_bias_grad(int64_t j, int r0, int R, const float *dout, int N,
                                               int OC) {
   float s = 0.0f;
-  for (int64_t n = 0; n < N; n++) s += dout[n * OC + j];
-  dbias[j] += s;
+  for (int64_t n = r0; n < N; n += R) s += dout[n * OC + j];
+  return s;
 }
 
 #endif

@@ -1,6 +1,9 @@
-// The cuda backend's kernels: grid-stride wrappers around the per-thread
-// bodies of gpt_bodies.h (the math the cpu backend tests), and a block
-// reduction for sums. GEMMs are cuBLAS's (worker/backend/cuda.c).
+// The cuda backend's kernels: grid-stride wrappers around the bodies of
+// gpt_bodies.h (the math tests/gpu/test_kernel_bodies.c checks on the CPU):
+// element bodies one per thread, row bodies in lanes (a warp, or a block,
+// per row) combined with shuffles, column bodies in row lanes combined in
+// shared memory; and a block reduction for sums. GEMMs are cuBLAS's
+// (worker/backend/cuda.c).
 #include <cuda_runtime.h>
 
 #include "kernels/gpt_bodies.h"
@@ -29,6 +32,89 @@ template <typename F>
 int launch(mega_cu_stream s, int64_t n, F f) {
   if (n <= 0) return 0;
   grid_stride<<<blocks_for(n), kThreads, 0, (cudaStream_t)s>>>(n, f);
+  return (int)cudaGetLastError();
+}
+
+// ---- rows in lanes: L lanes per row, a warp (32) or the block (256..1024) ----
+
+constexpr int kRowThreads = 256;
+
+template <int L>
+struct Lanes {
+  static constexpr int kBlock = L > kRowThreads ? L : kRowThreads;
+  static_assert((L == 32 || L == kBlock) && kBlock <= 1024, "lanes per row: a warp or a block");
+
+  // The row's lanes' values combined (op: sum or max), the same in every
+  // lane: xor shuffles within each warp, then across the block's warps.
+  template <typename Op>
+  __device__ static float all(float v, Op op) {
+    for (int k = 16; k > 0; k >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, k));
+    if (L == 32) return v;
+    __shared__ float warp[L / 32];
+    int w = threadIdx.x / 32;
+    __syncthreads();  // the last call's readers are done
+    if (threadIdx.x % 32 == 0) warp[w] = v;
+    __syncthreads();
+    v = warp[0];
+    for (int i = 1; i < L / 32; i++) v = op(v, warp[i]);
+    return v;
+  }
+  __device__ static float sum(float v) {
+    return all(v, [] __device__(float a, float b) { return a + b; });
+  }
+  __device__ static float max(float v) {
+    return all(v, [] __device__(float a, float b) { return a > b ? a : b; });
+  }
+};
+
+// f(row, lane) for every row. A warp's lanes (L 32) or the whole block's
+// (L = the block) share a row, so every lane that must join a combine runs
+// the same iterations.
+template <int L, typename F>
+__global__ void row_lanes(int64_t rows, F f) {
+  constexpr int per = Lanes<L>::kBlock / L;
+  for (int64_t r = (int64_t)blockIdx.x * per + threadIdx.x / L; r < rows;
+       r += (int64_t)gridDim.x * per)
+    f(r, (int)(threadIdx.x % L));
+}
+
+template <int L, typename F>
+int launch_rows(mega_cu_stream s, int64_t rows, F f) {
+  if (rows <= 0) return 0;
+  constexpr int per = Lanes<L>::kBlock / L;
+  int64_t b = (rows + per - 1) / per;
+  row_lanes<L><<<(int)(b > 65535 ? 65535 : b), Lanes<L>::kBlock, 0, (cudaStream_t)s>>>(rows, f);
+  return (int)cudaGetLastError();
+}
+
+// ---- columns in row lanes: a block holds kColTile columns x kColRows row
+// lanes; part(c, r0, R) is a lane's partial (float2), done(c, total) gets
+// the sum of the R partials, added in a fixed order ----
+
+constexpr int kColTile = 8, kColRows = 128;
+
+template <typename P, typename D>
+__global__ void column_lanes(int64_t cols, P part, D done) {
+  __shared__ float2 acc[kColRows][kColTile];
+  int64_t c = (int64_t)blockIdx.x * kColTile + threadIdx.x;
+  acc[threadIdx.y][threadIdx.x] = c < cols ? part(c, (int)threadIdx.y, kColRows)
+                                           : make_float2(0.0f, 0.0f);
+  __syncthreads();
+  for (int k = kColRows / 2; k > 0; k >>= 1) {
+    if ((int)threadIdx.y < k) {
+      float2 a = acc[threadIdx.y][threadIdx.x], b = acc[threadIdx.y + k][threadIdx.x];
+      acc[threadIdx.y][threadIdx.x] = make_float2(a.x + b.x, a.y + b.y);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && c < cols) done(c, acc[0][threadIdx.x]);
+}
+
+template <typename P, typename D>
+int launch_columns(mega_cu_stream s, int64_t cols, P part, D done) {
+  if (cols <= 0) return 0;
+  column_lanes<<<(int)((cols + kColTile - 1) / kColTile), dim3(kColTile, kColRows), 0,
+                 (cudaStream_t)s>>>(cols, part, done);
   return (int)cudaGetLastError();
 }
 
@@ -70,25 +156,42 @@ int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dw
 int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, float *mean, float *rstd,
                           const float *inp, const float *w, const float *b, int N, int C,
                           float eps) {
-  return launch(s, N, [=] __device__(int64_t n) {
-    mega_kb_layernorm_fwd(n, out, mean, rstd, inp, w, b, C, eps);
+  return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
+    using G = Lanes<32>;
+    const float *x = inp + n * C;
+    float m = G::sum(mega_kr_sum(x, C, l, 32)) / C;
+    float r = 1.0f / sqrtf(G::sum(mega_kr_sqdev(x, C, m, l, 32)) / C + eps);
+    mega_kr_layernorm_fwd(n, l, 32, out, mean, rstd, inp, w, b, C, m, r);
   });
 }
 
 int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
                              const float *dout, const float *inp, const float *w,
                              const float *mean, const float *rstd, int N, int C) {
-  return launch(s, N, [=] __device__(int64_t n) {
-    mega_kb_layernorm_bwd_in(n, dinp, dres, dout, inp, w, mean, rstd, C);
+  return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
+    using G = Lanes<32>;
+    float s1, s2;
+    mega_kr_layernorm_bwd_dots(n, l, 32, &s1, &s2, dout, inp, w, mean, rstd, C);
+    s1 = G::sum(s1) / C;
+    s2 = G::sum(s2) / C;
+    mega_kr_layernorm_bwd_in(n, l, 32, dinp, dres, dout, inp, w, mean, rstd, C, s1, s2);
   });
 }
 
 int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float *dout,
                             const float *inp, const float *mean, const float *rstd, int N,
                             int C) {
-  return launch(s, C, [=] __device__(int64_t c) {
-    mega_kb_layernorm_bwd_w(c, dw, db, dout, inp, mean, rstd, N, C);
-  });
+  return launch_columns(
+      s, C,
+      [=] __device__(int64_t c, int r0, int R) {
+        float2 p;
+        mega_kc_layernorm_bwd_w(c, r0, R, &p.x, &p.y, dout, inp, mean, rstd, N, C);
+        return p;
+      },
+      [=] __device__(int64_t c, float2 t) {
+        dw[c] += t.x;
+        db[c] += t.y;
+      });
 }
 
 int mega_cu_gelu_fwd(mega_cu_stream s, float *out, const float *inp, int64_t n) {
@@ -112,13 +215,25 @@ int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const flo
 }
 
 int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC) {
-  return launch(s, OC, [=] __device__(int64_t j) { mega_kb_bias_grad(j, dbias, dout, N, OC); });
+  return launch_columns(
+      s, OC,
+      [=] __device__(int64_t j, int r0, int R) {
+        return make_float2(mega_kc_bias_grad(j, r0, R, dout, N, OC), 0.0f);
+      },
+      [=] __device__(int64_t j, float2 t) { dbias[j] += t.x; });
 }
+
+// A vocabulary row is long (50,304 for GPT-2): a block of lanes per row.
+constexpr int kVocabLanes = 512;
 
 int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *probs, const float *logits,
                      const int32_t *targets, int N, int V) {
-  return launch(s, N, [=] __device__(int64_t n) {
-    mega_kb_xent_fwd(n, losses, probs, logits, targets, V);
+  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) {
+    using G = Lanes<kVocabLanes>;
+    const float *x = logits + n * V;
+    float mx = G::max(mega_kr_max(x, V, l, kVocabLanes));
+    float sum = G::sum(mega_kr_sumexp(NULL, x, V, mx, l, kVocabLanes));
+    mega_kr_xent_write(n, l, kVocabLanes, losses, probs, logits, V, mx, sum, x[targets[n]]);
   });
 }
 
@@ -130,31 +245,47 @@ int mega_cu_xent_bwd(mega_cu_stream s, float *dlogits, const float *probs,
 }
 
 int mega_cu_xent_rowmax(mega_cu_stream s, float *rowmax, const float *logits, int N, int V) {
-  return launch(s, N, [=] __device__(int64_t n) { mega_kb_xent_rowmax(n, rowmax, logits, V); });
+  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) {
+    float mx = Lanes<kVocabLanes>::max(mega_kr_max(logits + n * V, V, l, kVocabLanes));
+    if (l == 0) rowmax[n] = mx;
+  });
 }
 
 int mega_cu_xent_sums(mega_cu_stream s, float *sums, const float *logits, const float *rowmax,
                       const int32_t *targets, int v0, int N, int V) {
-  return launch(s, N, [=] __device__(int64_t n) {
-    mega_kb_xent_sums(n, sums, logits, rowmax, targets, v0, N, V);
+  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) {
+    float sum = Lanes<kVocabLanes>::sum(
+        mega_kr_sumexp(NULL, logits + n * V, V, rowmax[n], l, kVocabLanes));
+    if (l == 0) mega_kr_xent_sums(n, sums, logits, targets, v0, N, V, sum);
   });
 }
 
 int mega_cu_xent_finish(mega_cu_stream s, float *losses, float *probs, const float *logits,
                         const float *rowmax, const float *sums, int N, int V) {
-  return launch(s, N, [=] __device__(int64_t n) {
-    mega_kb_xent_finish(n, losses, probs, logits, rowmax, sums, N, V);
+  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) {
+    mega_kr_xent_write(n, l, kVocabLanes, losses, probs, logits, V, rowmax[n], sums[n],
+                       sums[N + n]);
   });
 }
 
 int mega_cu_causal_softmax(mega_cu_stream s, float *att, int64_t rows, int T) {
-  return launch(s, rows, [=] __device__(int64_t r) { mega_kb_causal_softmax(r, att, T); });
+  return launch_rows<32>(s, rows, [=] __device__(int64_t r, int l) {
+    using G = Lanes<32>;
+    float *row = att + r * T;
+    int n = (int)(r % T) + 1;  // columns 0..t
+    float mx = G::max(mega_kr_max(row, n, l, 32));
+    float sum = G::sum(mega_kr_sumexp(row, row, n, mx, l, 32));
+    mega_kr_causal_softmax_scale(r, l, 32, att, T, sum);
+  });
 }
 
 int mega_cu_causal_softmax_bwd(mega_cu_stream s, float *da, const float *att, int64_t rows,
                                int T, float scale) {
-  return launch(s, rows,
-                [=] __device__(int64_t r) { mega_kb_causal_softmax_bwd(r, da, att, T, scale); });
+  return launch_rows<32>(s, rows, [=] __device__(int64_t r, int l) {
+    int n = (int)(r % T) + 1;
+    float dot = Lanes<32>::sum(mega_kr_dot(att + r * T, da + r * T, n, l, 32));
+    mega_kr_causal_softmax_bwd(r, l, 32, da, att, T, scale, dot);
+  });
 }
 
 int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v, int64_t n,

@@ -1,6 +1,8 @@
-/* The cuda backend's kernels without a GPU: every per-thread body of
- * kernels/gpt_bodies.h run over every index on the CPU (as the grid-stride
- * wrappers of kernels/gpt_kernels.cu run it on the device), and the
+/* The cuda backend's kernels without a GPU: every body of
+ * kernels/gpt_bodies.h run over every index on the CPU as
+ * kernels/gpt_kernels.cu composes it on the device (row bodies in lanes,
+ * column bodies in row lanes, their partials combined between phases; here
+ * with lane counts that do and do not divide the row), and the
  * attention composition of worker/backend/attn_gemm.c on the cpu backend's
  * GEMMs, each against the cpu backend's op on the same random inputs. This
  * checks the indexing and the math; the launch configuration and cuBLAS's
@@ -42,6 +44,53 @@ static void near(const float *got, const float *want, size_t n, double tol, cons
 
 enum { B = 2, T = 7, C = 12, NH = 3, N = B * T, V = 10 };
 
+/* Lanes per row (or row lanes per column): one, fewer than a row, more. */
+static const int lane_counts[] = {1, 5, 32};
+#define FOR_LANES(L) for (int li_ = 0, L; li_ < 3 && (L = lane_counts[li_], 1); li_++)
+
+/* A row's partials combined as the kernels' shuffles do (in another order:
+ * the tolerances allow for it). */
+#define LANES_SUM(L, expr)                 \
+  ({                                       \
+    float acc_ = 0.0f;                     \
+    for (int l = 0; l < (L); l++) acc_ += (expr); \
+    acc_;                                  \
+  })
+#define LANES_MAX(L, expr)                                 \
+  ({                                                       \
+    float acc_ = -INFINITY;                                \
+    for (int l = 0; l < (L); l++) {                        \
+      float v_ = (expr);                                   \
+      acc_ = v_ > acc_ ? v_ : acc_;                        \
+    }                                                      \
+    acc_;                                                  \
+  })
+
+static void layernorm_rows(int L, float *o, float *m, float *r, const float *x, const float *w,
+                           const float *b, float eps) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *row = x + n * C;
+    float mean = LANES_SUM(L, mega_kr_sum(row, C, l, L)) / C;
+    float rs = 1.0f / sqrtf(LANES_SUM(L, mega_kr_sqdev(row, C, mean, l, L)) / C + eps);
+    for (int l = 0; l < L; l++) mega_kr_layernorm_fwd(n, l, L, o, m, r, x, w, b, C, mean, rs);
+  }
+}
+
+static void layernorm_bwd_rows(int L, float *dinp, const float *dres, const float *dout,
+                               const float *x, const float *w, const float *m, const float *r) {
+  for (int64_t n = 0; n < N; n++) {
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int l = 0; l < L; l++) {
+      float a, b;
+      mega_kr_layernorm_bwd_dots(n, l, L, &a, &b, dout, x, w, m, r, C);
+      s1 += a;
+      s2 += b;
+    }
+    for (int l = 0; l < L; l++)
+      mega_kr_layernorm_bwd_in(n, l, L, dinp, dres, dout, x, w, m, r, C, s1 / C, s2 / C);
+  }
+}
+
 static void test_encoder(void **state) {
   (void)state;
   int32_t tok[N];
@@ -70,21 +119,32 @@ static void test_layernorm(void **state) {
   float *res = vec(N * C, 8, 1);
   float o1[N * C], o2[N * C], m1[N], m2[N], r1[N], r2[N];
   be->ops->layernorm_forward(be, o1, m1, r1, x, w, b, N, C, 1e-5f);
-  for (int64_t n = 0; n < N; n++) mega_kb_layernorm_fwd(n, o2, m2, r2, x, w, b, C, 1e-5f);
-  near(o2, o1, N * C, 1e-5, "layernorm");
-  near(r2, r1, N, 1e-5, "layernorm rstd");
-  for (int with_res = 0; with_res < 2; with_res++) {
-    float d1[N * C], d2[N * C];
-    be->ops->layernorm_backward_input(be, d1, with_res ? res : NULL, d, x, w, m1, r1, N, C);
-    for (int64_t n = 0; n < N; n++)
-      mega_kb_layernorm_bwd_in(n, d2, with_res ? res : NULL, d, x, w, m1, r1, C);
-    near(d2, d1, N * C, 1e-5, "layernorm backward");
+  FOR_LANES(L) {
+    layernorm_rows(L, o2, m2, r2, x, w, b, 1e-5f);
+    near(o2, o1, N * C, 1e-5, "layernorm");
+    near(m2, m1, N, 1e-5, "layernorm mean");
+    near(r2, r1, N, 1e-5, "layernorm rstd");
+    for (int with_res = 0; with_res < 2; with_res++) {
+      float d1[N * C], d2[N * C];
+      be->ops->layernorm_backward_input(be, d1, with_res ? res : NULL, d, x, w, m1, r1, N, C);
+      layernorm_bwd_rows(L, d2, with_res ? res : NULL, d, x, w, m1, r1);
+      near(d2, d1, N * C, 1e-5, "layernorm backward");
+    }
+    float dw1[C], db1[C], dw2[C], db2[C]; /* they add: start from the same values */
+    for (int c = 0; c < C; c++) dw1[c] = dw2[c] = 0.5f, db1[c] = db2[c] = -0.25f;
+    be->ops->layernorm_backward_weight(be, dw1, db1, d, x, m1, r1, N, C);
+    for (int64_t c = 0; c < C; c++) {
+      float sw = 0.0f, sb = 0.0f;
+      for (int r0 = 0; r0 < L; r0++) {
+        float a, bb;
+        mega_kc_layernorm_bwd_w(c, r0, L, &a, &bb, d, x, m1, r1, N, C);
+        sw += a, sb += bb;
+      }
+      dw2[c] += sw, db2[c] += sb;
+    }
+    near(dw2, dw1, C, 1e-5, "layernorm dw");
+    near(db2, db1, C, 1e-5, "layernorm db");
   }
-  float dw1[C] = {0}, db1[C] = {0}, dw2[C] = {0}, db2[C] = {0};
-  be->ops->layernorm_backward_weight(be, dw1, db1, d, x, m1, r1, N, C);
-  for (int64_t c = 0; c < C; c++) mega_kb_layernorm_bwd_w(c, dw2, db2, d, x, m1, r1, N, C);
-  near(dw2, dw1, C, 1e-5, "layernorm dw");
-  near(db2, db1, C, 1e-5, "layernorm db");
   free(x), free(w), free(b), free(d), free(res);
 }
 
@@ -108,10 +168,13 @@ static void test_elementwise(void **state) {
   for (int64_t i = 0; i < n; i++) mega_kb_bias_fill(i, g, bias, y, C);
   be->ops->gemm(be, false, false, N, C, C, 1.0f, x, C, w, C, 1.0f, g, C);
   near(g, a, n, 1e-5, "matmul with bias and residual");
-  float dw[C * C] = {0}, db1[C] = {0}, db2[C] = {0};
-  be->ops->matmul_backward_weight(be, dw, db1, y, x, N, C, C, MEGA_W_IN_OUT);
-  for (int64_t j = 0; j < C; j++) mega_kb_bias_grad(j, db2, y, N, C);
-  near(db2, db1, C, 1e-5, "bias gradient");
+  FOR_LANES(L) {
+    float dw[C * C] = {0}, db1[C], db2[C];
+    for (int j = 0; j < C; j++) db1[j] = db2[j] = 0.75f;
+    be->ops->matmul_backward_weight(be, dw, db1, y, x, N, C, C, MEGA_W_IN_OUT);
+    for (int64_t j = 0; j < C; j++) db2[j] += LANES_SUM(L, mega_kc_bias_grad(j, l, L, y, N, C));
+    near(db2, db1, C, 1e-5, "bias gradient");
+  }
   float *p1 = vec(n, 13, 1), *m1 = vec(n, 14, 0.1f), *v1 = vec(n, 15, 0.1f);
   for (int i = 0; i < n; i++) v1[i] = fabsf(v1[i]);
   float *p2 = copy(p1, n), *m2 = copy(m1, n), *v2 = copy(v1, n);
@@ -136,40 +199,65 @@ static void test_cross_entropy(void **state) {
   for (int i = 0; i < N; i++) tg[i] = (i * 3) % V;
   float l1[N], l2[N], p1[N * V], p2[N * V], d1[N * V], d2[N * V];
   be->ops->crossentropy_forward(be, l1, p1, logits, tg, N, V);
-  for (int64_t n = 0; n < N; n++) mega_kb_xent_fwd(n, l2, p2, logits, tg, V);
-  near(l2, l1, N, 1e-5, "cross-entropy loss");
-  near(p2, p1, N * V, 1e-5, "cross-entropy probs");
   be->ops->crossentropy_backward(be, d1, p1, tg, 0, 0.5f, N, V);
   for (int64_t i = 0; i < N * V; i++) mega_kb_xent_bwd(i, d2, p1, tg, 0, 0.5f, V);
   near(d2, d1, N * V, 0, "cross-entropy backward");
   /* the vocabulary-parallel passes on one slice of 4 ids from 3 */
   enum { VL = 4, V0 = 3 };
-  float sl[N * VL], mx1[N], mx2[N], s1[2 * N], s2[2 * N];
+  float sl[N * VL], mx1[N], mx2[N], s1[2 * N], s2[2 * N], sp1[N * VL], sl1[N];
   for (int n = 0; n < N; n++) memcpy(sl + n * VL, logits + n * V + V0, VL * sizeof(float));
   be->ops->crossentropy_rowmax(be, mx1, sl, N, VL);
-  for (int64_t n = 0; n < N; n++) mega_kb_xent_rowmax(n, mx2, sl, VL);
-  near(mx2, mx1, N, 0, "row max");
   be->ops->crossentropy_sums(be, s1, sl, mx1, tg, V0, N, VL);
-  for (int64_t n = 0; n < N; n++) mega_kb_xent_sums(n, s2, sl, mx1, tg, V0, N, VL);
-  near(s2, s1, 2 * N, 1e-6, "exp sums and target logits");
-  be->ops->crossentropy_finish(be, l1, p1, sl, mx1, s1, N, VL);
-  for (int64_t n = 0; n < N; n++) mega_kb_xent_finish(n, l2, p2, sl, mx1, s1, N, VL);
-  near(l2, l1, N, 1e-6, "slice losses");
-  near(p2, p1, N * VL, 1e-6, "slice probs");
+  be->ops->crossentropy_finish(be, sl1, sp1, sl, mx1, s1, N, VL);
+  FOR_LANES(L) {
+    for (int64_t n = 0; n < N; n++) {
+      const float *x = logits + n * V;
+      float mx = LANES_MAX(L, mega_kr_max(x, V, l, L));
+      float sum = LANES_SUM(L, mega_kr_sumexp(NULL, x, V, mx, l, L));
+      for (int l = 0; l < L; l++) mega_kr_xent_write(n, l, L, l2, p2, logits, V, mx, sum, x[tg[n]]);
+    }
+    near(l2, l1, N, 1e-5, "cross-entropy loss");
+    near(p2, p1, N * V, 1e-5, "cross-entropy probs");
+    for (int64_t n = 0; n < N; n++) {
+      mx2[n] = LANES_MAX(L, mega_kr_max(sl + n * VL, VL, l, L));
+      float sum = LANES_SUM(L, mega_kr_sumexp(NULL, sl + n * VL, VL, mx1[n], l, L));
+      mega_kr_xent_sums(n, s2, sl, tg, V0, N, VL, sum);
+    }
+    near(mx2, mx1, N, 0, "row max");
+    near(s2, s1, 2 * N, 1e-6, "exp sums and target logits");
+    for (int64_t n = 0; n < N; n++)
+      for (int l = 0; l < L; l++)
+        mega_kr_xent_write(n, l, L, l2, p2, sl, VL, mx1[n], s1[n], s1[N + n]);
+    near(l2, sl1, N, 1e-6, "slice losses");
+    near(p2, sp1, N * VL, 1e-6, "slice probs");
+  }
   free(logits);
 }
 
 /* The bodies' softmax passes, as the cuda backend runs them, here on the
  * CPU: attn_gemm.c's GEMM strides against the cpu backend's attention. */
-static void body_softmax(mega_backend *b, float *att, int64_t rows, int t) {
+static int softmax_lanes = 1;
+
+static void body_softmax(mega_backend *b, float *att, int64_t rows, int T) {
   (void)b;
-  for (int64_t r = 0; r < rows; r++) mega_kb_causal_softmax(r, att, t);
+  int L = softmax_lanes;
+  for (int64_t r = 0; r < rows; r++) {
+    float *row = att + r * T;
+    int n = (int)(r % T) + 1;
+    float mx = LANES_MAX(L, mega_kr_max(row, n, l, L));
+    float sum = LANES_SUM(L, mega_kr_sumexp(row, row, n, mx, l, L));
+    for (int l = 0; l < L; l++) mega_kr_causal_softmax_scale(r, l, L, att, T, sum);
+  }
 }
 
-static void body_softmax_bwd(mega_backend *b, float *da, const float *att, int64_t rows, int t,
+static void body_softmax_bwd(mega_backend *b, float *da, const float *att, int64_t rows, int T,
                              float scale) {
   (void)b;
-  for (int64_t r = 0; r < rows; r++) mega_kb_causal_softmax_bwd(r, da, att, t, scale);
+  int L = softmax_lanes;
+  for (int64_t r = 0; r < rows; r++) {
+    float dot = LANES_SUM(L, mega_kr_dot(att + r * T, da + r * T, (int)(r % T) + 1, l, L));
+    for (int l = 0; l < L; l++) mega_kr_causal_softmax_bwd(r, l, L, da, att, T, scale, dot);
+  }
 }
 
 static void test_attention_composition(void **state) {
@@ -181,13 +269,19 @@ static void test_attention_composition(void **state) {
   float *s1 = calloc(scratch_n, 4), *s2 = calloc(scratch_n, 4);
   float *g1 = calloc(N * 3 * C, 4), *g2 = calloc(N * 3 * C, 4);
   be->ops->attention_forward(be, o1, a1, s1, qkv, B, T, C, NH);
-  mega_attn_gemm_forward(be, &sm, o2, a2, qkv, B, T, C, NH);
-  near(o2, o1, N * C, 1e-5, "attention output");
-  for (size_t r = 0; r < (size_t)B * NH * T; r++) /* probabilities, at and below the diagonal */
-    near(a2 + r * T, a1 + r * T, r % T + 1, 1e-5, "attention probabilities");
   be->ops->attention_backward(be, g1, s1, dy, qkv, a1, B, T, C, NH);
-  mega_attn_gemm_backward(be, &sm, g2, s2, dy, qkv, a2, B, T, C, NH);
-  near(g2, g1, N * 3 * C, 1e-5, "attention dqkv");
+  FOR_LANES(L) {
+    softmax_lanes = L;
+    mega_attn_gemm_forward(be, &sm, o2, a2, qkv, B, T, C, NH);
+    near(o2, o1, N * C, 1e-5, "attention output");
+    for (size_t r = 0; r < (size_t)B * NH * T; r++) { /* at and below the diagonal; zeros above */
+      near(a2 + r * T, a1 + r * T, r % T + 1, 1e-5, "attention probabilities");
+      for (size_t j = r % T + 1; j < T; j++)
+        if (a2[r * T + j] != 0.0f) fail_msg("attention probability above the diagonal");
+    }
+    mega_attn_gemm_backward(be, &sm, g2, s2, dy, qkv, a2, B, T, C, NH);
+    near(g2, g1, N * 3 * C, 1e-5, "attention dqkv");
+  }
   free(qkv), free(dy), free(o1), free(o2), free(a1), free(a2), free(s1), free(s2), free(g1),
       free(g2);
 }
