@@ -11,9 +11,9 @@
 
 #include <systemd/sd-daemon.h>
 
-#include "daemon/etcd.h"
-#include "daemon/util.h"
-#include "worker/backend/cuda_module.h"
+#include "daemon/etcd/etcd.h"
+#include "daemon/model/util.h"
+#include "worker/backend/cuda_devices.h"
 
 /* ---- wiring: what one layer tells the layers above ---- */
 
@@ -200,25 +200,11 @@ static void on_watchdog(uv_timer_t *t) {
   sd_notify(0, "WATCHDOG=1");
 }
 
-/* The GPUs the cuda module sees (none without the module or a driver):
- * one slot each, when --slots is not given. */
-static int discover_gpus(char *name, size_t cap) {
-  const mega_cuda_module *m;
-  mega_err err = {0};
-  name[0] = '\0';
-  if (mega_cuda_module_load(&m, &err) != MEGA_OK) return 0;
-  int n = m->device_count(&err);
-  mega_cuda_device dev;
-  if (n > 0 && m->device_info(0, &dev, &err) == MEGA_OK)
-    snprintf(name, cap, "%d x %s (%.0f GiB)", n, dev.name, (double)dev.memory_bytes / (1u << 30));
-  return n > 0 ? n : 0;
-}
-
 mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err *err) {
   memset(d, 0, sizeof *d);
   d->o = *o;
   char gpu_name[160];
-  int gpus = discover_gpus(gpu_name, sizeof gpu_name);
+  int gpus = mega_cuda_devices_describe(gpu_name, sizeof gpu_name); /* a slot each */
   if (!d->o.slots) d->o.slots = gpus;
   o = &d->o;
   if (!d->o.heartbeat_interval_ms) d->o.heartbeat_interval_ms = 250;

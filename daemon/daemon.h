@@ -10,8 +10,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "daemon/coord.h"
-#include "daemon/services.h"
+#include "daemon/coord/coord.h"
+#include "daemon/services/services.h"
 
 typedef struct megad_opts {
   const char *listen;         /* "127.0.0.1:7070", "127.0.0.1:0" or "unix:/path" */

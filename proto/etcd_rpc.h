@@ -1,7 +1,7 @@
 /* etcd's v3 methods that megad calls, as method tables for the rpc wrapper
  * (proto/etcd.proto). Watch and LeaseKeepAlive are bidirectional streams in
  * etcd; we send one request and half-close, so they are server streams here
- * (see daemon/etcd.h). */
+ * (see daemon/etcd/etcd.h). */
 #ifndef MEGA_PROTO_ETCD_RPC_H
 #define MEGA_PROTO_ETCD_RPC_H
 

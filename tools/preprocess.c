@@ -8,7 +8,7 @@
  * FILE is JSON lines (one document per line, its text under --json-keys,
  * "text" by default) when its first non-empty line is a JSON object, else
  * plain text whose documents are separated by blank lines. Each document is
- * one sequence of GPT-2 BPE ids (worker/bpe.h), followed by <|endoftext|>
+ * one sequence of GPT-2 BPE ids (worker/data/bpe.h), followed by <|endoftext|>
  * with --append-eod. Writes P_KEY_document.bin and .idx (Megatron's names;
  * KEY is "text" for plain text), uint16 below 65,500 ids, else int32 (as
  * Megatron picks), and prints the prefix to train with. */
@@ -19,8 +19,8 @@
 
 #include <jansson.h>
 
-#include "worker/bpe.h"
-#include "worker/indexed.h"
+#include "worker/data/bpe.h"
+#include "worker/data/indexed.h"
 
 static void usage(FILE *f) {
   fprintf(f,

@@ -8,7 +8,7 @@
 #include <jansson.h>
 
 #include "kernels/rng.h"
-#include "worker/checkpoint.h"
+#include "worker/ckpt/checkpoint.h"
 
 /* dir/name parsed into *out; path gets the file's path for messages. */
 static mega_status load_json(const char *dir, const char *name, char *path, size_t cap,

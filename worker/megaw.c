@@ -18,13 +18,13 @@
 #include <jansson.h>
 
 #include "core/jobspec.h"
+#include "core/schedule.h"
 #include "core/status.h"
 #include "worker/backend/backend.h"
-#include "core/schedule.h"
-#include "worker/data.h"
+#include "worker/data/data.h"
 #include "worker/megaw_assigned.h"
 #include "worker/megaw_generate.h"
-#include "worker/rank.h"
+#include "worker/rank/rank.h"
 
 static volatile sig_atomic_t stop_signal = 0;
 

@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "core/jobspec.h"
-#include "worker/data.h"
-#include "worker/link.h"
-#include "worker/rank.h"
+#include "worker/data/data.h"
+#include "worker/rank/link.h"
+#include "worker/rank/rank.h"
 
 typedef struct assigned {
   mega_link *link;

@@ -1,5 +1,5 @@
 /* megaw's assignment mode: started by megad, which sets MEGA_WORKER_FD (the
- * pipe, fd 3) and sends an Assignment first (worker/link.h). */
+ * pipe, fd 3) and sends an Assignment first (worker/rank/link.h). */
 #ifndef MEGA_WORKER_MEGAW_ASSIGNED_H
 #define MEGA_WORKER_MEGAW_ASSIGNED_H
 

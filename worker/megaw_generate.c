@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "worker/backend/backend.h"
-#include "worker/bpe.h"
+#include "worker/data/bpe.h"
 #include "worker/generate.h"
 
 static void usage(FILE *f) {

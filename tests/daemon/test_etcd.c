@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/etcd.h"
+#include "daemon/etcd/etcd.h"
 #include "etcd_fixture.h"
 
 static etcd_fx one; /* a 1-member etcd for the group */

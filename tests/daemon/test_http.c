@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/http.h"
+#include "daemon/web/http.h"
 
 typedef struct srv {
   uv_loop_t loop;

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/job.h"
-#include "daemon/journal.h"
+#include "daemon/model/job.h"
+#include "daemon/model/journal.h"
 
 static char *args[] = {"--num-layers", "2", "--train-iters", "3"};
 

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/journal.h"
+#include "daemon/model/journal.h"
 
 typedef struct collected {
   int n;

@@ -5,7 +5,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "daemon/kv.h"
+#include "daemon/model/kv.h"
 
 typedef struct answer_log {
   int calls;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "proto/frame.h"
-#include "worker/link.h"
+#include "worker/rank/link.h"
 
 static void send_daemon(int fd, Mega__V1__DaemonFrame *f) {
   assert_int_equal(mega_frame_write(fd, &f->base, 0, NULL), MEGA_OK);

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/metrics_text.h"
+#include "daemon/model/metrics_text.h"
 
 /* ---- a checker of the exposition format (version 0.0.4) ---- */
 

@@ -5,7 +5,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "daemon/placement.h"
+#include "daemon/model/placement.h"
 
 static const mega_node_slots cluster[] = {
     {"a", 4, true}, {"b", 2, true}, {"c", 4, false}, {"d", 4, true}, {"e", 8, true},

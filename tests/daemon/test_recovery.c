@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/recovery.h"
+#include "daemon/model/recovery.h"
 
 static mega_job *job(uint32_t nmin, uint32_t nmax, uint32_t max_restarts, const char *save) {
   const char *args[] = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",

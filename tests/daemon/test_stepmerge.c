@@ -11,7 +11,7 @@
 
 #include <stdbool.h>
 
-#include "daemon/stepmerge.h"
+#include "daemon/model/stepmerge.h"
 
 /* A 4-rank job: TP 1, PP 2, DP 2 (rank = dp + 2*pp); the last stage (ranks
  * 2, 3) has the loss; rank 3 is the slowest. */

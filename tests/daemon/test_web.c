@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/web.h"
-#include "daemon/weblogin.h"
-#include "daemon/websse.h"
+#include "daemon/web/web.h"
+#include "daemon/web/weblogin.h"
+#include "daemon/web/websse.h"
 
 #define HOSTILE "<img src=x onerror=alert(1)>\"&'</script>"
 

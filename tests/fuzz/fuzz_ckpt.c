@@ -6,7 +6,7 @@
  *   3  trainer_state.json beside a matching config.json (mega_ckpt_load)
  * A bad file is an error with a reason, never a crash. */
 #include "worker/backend/backend.h"
-#include "worker/ckpt_internal.h"
+#include "worker/ckpt/ckpt_internal.h"
 #include "worker/model/gpt.h"
 #include "worker/model/safetensors.h"
 #include "fuzz.h"

@@ -2,7 +2,7 @@
  * found on disk. The input is a 2-byte little-endian length L, then L bytes
  * of .idx, then .bin. What opens must read every sequence it lists (each
  * token checked against a vocabulary), or refuse a token with a reason. */
-#include "worker/indexed.h"
+#include "worker/data/indexed.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

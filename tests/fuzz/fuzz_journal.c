@@ -2,8 +2,8 @@
  * into a jobs table the way megad does at start (each record through
  * mega_jobs_apply). Damage and torn tails are cut or skipped, never a
  * crash; a second replay of what the first left replays cleanly. */
-#include "daemon/job.h"
-#include "daemon/journal.h"
+#include "daemon/model/job.h"
+#include "daemon/model/journal.h"
 #include "fuzz.h"
 
 static int apply(void *ctx, const uint8_t *rec, size_t len) {

@@ -22,10 +22,10 @@
 #include <cmocka.h>
 
 #include "worker/backend/backend.h"
-#include "worker/lr_sched.h"
 #include "worker/model/gpt.h"
 #include "worker/model/safetensors.h"
-#include "worker/optim.h"
+#include "worker/optim/lr_sched.h"
+#include "worker/optim/optim.h"
 
 /* ADAMW in make_ref.py */
 #define STEPS 4

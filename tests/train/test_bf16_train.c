@@ -17,7 +17,7 @@
 
 #include "ckpt_util.h"
 #include "core/jobspec.h"
-#include "worker/rank.h"
+#include "worker/rank/rank.h"
 
 #define ITERS 8
 /* measured here: at most 4.7e-5 relative over the 8 steps; the bound

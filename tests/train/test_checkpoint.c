@@ -18,10 +18,10 @@
 #include "ckpt_util.h"
 #include "tiny_model.h"
 #include "worker/backend/backend.h"
-#include "worker/checkpoint.h"
+#include "worker/ckpt/checkpoint.h"
 #include "worker/model/gpt.h"
 #include "worker/model/safetensors.h"
-#include "worker/optim.h"
+#include "worker/optim/optim.h"
 
 typedef tu_model model;
 

@@ -1,4 +1,4 @@
-/* Several writers, one checkpoint (worker/ckpt_writer.h): writers run as
+/* Several writers, one checkpoint (worker/ckpt/ckpt_writer.h): writers run as
  * threads, each with its own Gloo communicator from a FileStore, as the
  * ranks of a pipeline do. Shards are numbered across writers, the index and
  * the manifest cover every file, the manifest comes last (checked from
@@ -21,11 +21,11 @@
 #include "ckpt_util.h"
 #include "tiny_model.h"
 #include "worker/backend/backend.h"
-#include "worker/checkpoint.h"
-#include "worker/ckpt_writer.h"
+#include "worker/ckpt/checkpoint.h"
+#include "worker/ckpt/ckpt_writer.h"
 #include "worker/comm/comm.h"
 #include "worker/model/gpt.h"
-#include "worker/optim.h"
+#include "worker/optim/optim.h"
 
 #define W 3
 #define LIMIT 8192 /* bytes: several shards per writer, wte alone in one */

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 static char path[64];
 

@@ -1,7 +1,7 @@
 /* Megatron's indexed datasets (MMIDIDX), blends and splits: every dtype
  * code, each bad file with its message, the blending rule's first 1000
  * sources, and evaluation reading only the valid split. The files are
- * written here from the format alone (worker/indexed.h). */
+ * written here from the format alone (worker/data/indexed.h). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,8 +14,8 @@
 
 #include <cmocka.h>
 
-#include "worker/data.h"
-#include "worker/indexed.h"
+#include "worker/data/data.h"
+#include "worker/data/indexed.h"
 
 static char dir[64];
 static char prefix[128];

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "worker/lr_sched.h"
+#include "worker/optim/lr_sched.h"
 
 #define near(a, b) assert_true(fabs((a) - (b)) < 1e-12)
 

@@ -11,7 +11,7 @@
 #include <cmocka.h>
 
 #include "worker/backend/backend.h"
-#include "worker/optim.h"
+#include "worker/optim/optim.h"
 
 #define near(a, b) assert_true(fabs((double)(a) - (double)(b)) < 1e-6)
 

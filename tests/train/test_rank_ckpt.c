@@ -21,8 +21,8 @@
 
 #include "ckpt_util.h"
 #include "core/jobspec.h"
-#include "worker/checkpoint.h"
-#include "worker/rank.h"
+#include "worker/ckpt/checkpoint.h"
+#include "worker/rank/rank.h"
 
 #define WORLD 4
 

@@ -1,4 +1,4 @@
-/* The rule for which communicator carries what (worker/rank_comm.c), proven
+/* The rule for which communicator carries what (worker/rank/rank_comm.c), proven
  * on CPU: a cuda rank moves device tensors on NCCL and host memory on Gloo,
  * and here both are Gloo, but with env.check_comm_memory every rank builds
  * the two apart and each checks every buffer it is given against the cpu
@@ -22,7 +22,7 @@
 #include "core/jobspec.h"
 #include "worker/backend/backend.h"
 #include "worker/comm/comm_check.h"
-#include "worker/rank.h"
+#include "worker/rank/rank.h"
 
 #define WORLD 4
 #define ITERS 3

@@ -14,10 +14,10 @@
 
 #include "ckpt_util.h"
 #include "core/jobspec.h"
-#include "worker/checkpoint.h"
-#include "worker/lr_sched.h"
-#include "worker/rank.h"
-#include "worker/rank_ckpt.h"
+#include "worker/ckpt/checkpoint.h"
+#include "worker/optim/lr_sched.h"
+#include "worker/rank/rank.h"
+#include "worker/rank/rank_ckpt.h"
 
 #define N 6
 

@@ -8,9 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/checkpoint.h"
+#include "worker/ckpt/checkpoint.h"
 #include "worker/model/gpt.h"
-#include "worker/optim.h"
+#include "worker/optim/optim.h"
 
 typedef struct tu_model {
   mega_backend *be;

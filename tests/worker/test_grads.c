@@ -1,4 +1,4 @@
-/* Gradient buffers and buckets (worker/grads.h): the layout (reverse
+/* Gradient buffers and buckets (worker/engine/grads.h): the layout (reverse
  * order, alignment, padding, the tied embedding's own bucket), the
  * distributed optimizer's shards, and when buckets launch: each exactly
  * once per iteration, during the last microbatch's backward as its layers
@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
-#include "worker/grads.h"
+#include "worker/engine/grads.h"
 
 #define B 2
 #define T 8

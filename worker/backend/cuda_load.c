@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "worker/backend/cuda_devices.h"
 #include "worker/backend/cuda_module.h"
 
 #define MODULE_FILE "libmega_cuda.so"
@@ -73,4 +74,16 @@ mega_status mega_backend_cuda_create(int device, mega_backend **out, mega_err *e
   }
   if (m->device_count(err) < 1) return MEGA_ERR_UNSUPPORTED; /* err says "no CUDA device: ..." */
   return m->backend_create(device, out, err);
+}
+
+int mega_cuda_devices_describe(char *name, size_t cap) {
+  const mega_cuda_module *m;
+  mega_err err = {0};
+  if (cap) name[0] = '\0';
+  if (mega_cuda_module_load(&m, &err) != MEGA_OK) return 0;
+  int n = m->device_count(&err);
+  mega_cuda_device dev;
+  if (n > 0 && m->device_info(0, &dev, &err) == MEGA_OK)
+    snprintf(name, cap, "%d x %s (%.0f GiB)", n, dev.name, (double)dev.memory_bytes / (1u << 30));
+  return n > 0 ? n : 0;
 }

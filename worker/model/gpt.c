@@ -425,7 +425,7 @@ mega_status mega_gpt_load_safetensors(mega_gpt_stage *s, const mega_st_file *con
 }
 
 mega_status mega_gpt_save_safetensors(mega_gpt_stage *s, const char *path, mega_err *err) {
-  if (s->desc.tp.size > 1) /* whole tensors need the group: worker/rank_tp.c gathers them */
+  if (s->desc.tp.size > 1) /* whole tensors need the group: worker/rank/rank_tp.c gathers them */
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "gpt: a stage saves alone only without tensor parallelism");
   float *host = malloc(s->numel * sizeof *host);

@@ -1,0 +1,535 @@
+/* The coordinator, first half: submission, placement, attempts and their
+ * launches, the end of an attempt (the recovery decision), cancel, resume
+ * and rescale. coord_run.c follows a running attempt. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/jobspec.h"
+#include "daemon/coord/coord_internal.h"
+#include "daemon/model/util.h"
+
+#define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
+#define SCHEDULE_MS 500
+
+mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, mega_job **out,
+                               mega_err *err) {
+  *out = NULL;
+  if (c->b->stopping)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "megad on %s is shutting down", c->b->node_id);
+  if (!spec) return mega_fail(err, MEGA_ERR_INVALID, "SubmitJob needs a job spec");
+  mega_status rc = coord_check_msg(c, spec, err);
+  if (rc != MEGA_OK) return rc;
+  mega_jobspec probe;
+  mega_jobspec_defaults(&probe);
+  rc = mega_jobspec_parse(&probe, (int)spec->n_args, spec->args, err);
+  mega_jobspec_free(&probe);
+  if (rc != MEGA_OK) return rc;
+  char id[128];
+  mega_jobs_next_id(&c->jobs->t, c->b->node_id, id, sizeof id);
+  mega_job *j;
+  if ((rc = mega_job_new(id, spec, c->b->node_id, megad_unix_ms(), &j, err)) != MEGA_OK) return rc;
+  j->train_iters = (uint64_t)j->spec.train_iters;
+  j->tp = (uint32_t)j->spec.tensor_model_parallel_size;
+  j->pp = (uint32_t)j->spec.pipeline_model_parallel_size;
+  j->vp = (uint32_t)mega_jobspec_vp(&j->spec);
+  if ((rc = coord_admit(c, j, err)) != MEGA_OK || (rc = megad_jobs_add(c->jobs, j, err)) != MEGA_OK) {
+    mega_job_free(j);
+    return rc;
+  }
+  coord_wq_add(c, j);
+  uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo,
+           nproc = coord_nproc(c, j);
+  char nodes[48];
+  if (hi > lo) snprintf(nodes, sizeof nodes, "%u to %u nodes", lo, hi);
+  else snprintf(nodes, sizeof nodes, "%u node%s", lo, lo == 1 ? "" : "s");
+  char restarts[48] = "";
+  if (j->max_restarts)
+    snprintf(restarts, sizeof restarts, ", up to %u restart%s", j->max_restarts,
+             j->max_restarts == 1 ? "" : "s");
+  megad_job_event(c->jobs, j, EV(SUBMITTED), c->b->node_id, -1,
+                  "submitted%s%s: %s x %u rank%s, TP %u, PP %u, %llu iterations%s",
+                  j->name[0] ? " as " : "", j->name, nodes, nproc, nproc == 1 ? "" : "s", j->tp,
+                  j->pp, (unsigned long long)j->train_iters, restarts);
+  *out = j;
+  return MEGA_OK;
+}
+
+/* ---- launching ---- */
+
+typedef struct launch_ctx {
+  megad_coord *c;
+  char *job_id, *node_id;
+  uint32_t attempt, first, n;
+} launch_ctx;
+
+/* Why a node could not start its ranks: not reachable yet, busy or
+ * stopping (the job waits and is placed again), or a problem of the job or
+ * the node that a retry would meet again (bad files, megaw missing): the
+ * job fails. Over the wire a node's refusal is INVALID or INTERNAL, an
+ * unreachable node IO (UNAVAILABLE) or TIMEOUT, a busy one NOMEM. */
+static mega_end_kind launch_failure(mega_status s, bool remote) {
+  if (s == MEGA_ERR_INVALID || s == MEGA_ERR_INTERNAL) return MEGA_END_FATAL;
+  if (!remote && s == MEGA_ERR_IO) return MEGA_END_FATAL;
+  return MEGA_END_LAUNCH;
+}
+
+static void launch_failed(coord_run *run, uint32_t first, uint32_t n, const char *node_id,
+                          mega_status s, bool remote, const char *msg) {
+  char why[MEGA_ERR_MSG_MAX + 128];
+  snprintf(why, sizeof why, "cannot start ranks %u..%u on node %s: %s", first, first + n - 1,
+           node_id, msg);
+  coord_cause(run, CAUSE_PRIMARY, launch_failure(s, remote), why); /* the cause, then the ranks */
+  coord_ranks_gone(run, first, n);
+}
+
+static void launched(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+  launch_ctx *lc = arg;
+  coord_run *run = coord_run_of(lc->c, lc->job_id, lc->attempt);
+  if (run && err->status != MEGA_OK)
+    launch_failed(run, lc->first, lc->n, lc->node_id, err->status, true, err->msg);
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  free(lc->job_id);
+  free(lc->node_id);
+  free(lc);
+}
+
+static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size_t nargs) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  uint32_t *ranks = calloc(jn->nranks, sizeof *ranks);
+  if (!ranks) {
+    launch_failed(run, jn->first_rank, jn->nranks, jn->node_id, MEGA_ERR_NOMEM, false,
+                  "out of memory");
+    return;
+  }
+  for (uint32_t i = 0; i < jn->nranks; i++) ranks[i] = jn->first_rank + i;
+  Mega__V1__JobSpec spec = MEGA__V1__JOB_SPEC__INIT;
+  spec.name = j->name;
+  spec.args = args;
+  spec.n_args = nargs;
+  spec.nnodes_min = j->nnodes_min;
+  spec.nnodes_max = j->nnodes_max;
+  spec.nproc_per_node = j->nproc_per_node;
+  spec.max_restarts = j->max_restarts;
+  spec.step_timeout_ms = j->step_timeout_ms;
+  Mega__V1__Bootstrap boot = MEGA__V1__BOOTSTRAP__INIT;
+  boot.comm_backend = "gloo";
+  boot.kv_address = (char *)c->o.address;
+  boot.kv_prefix = run->kv_prefix;
+  boot.kv_timeout_ms = c->o.rendezvous_timeout_ms;
+  Mega__V1__LaunchRanksRequest req = MEGA__V1__LAUNCH_RANKS_REQUEST__INIT;
+  req.job_id = j->id;
+  req.attempt = j->attempt;
+  req.spec = &spec;
+  req.world_size = j->world;
+  req.tp = j->tp;
+  req.pp = j->pp;
+  req.dp = j->dp;
+  req.ranks = ranks;
+  req.n_ranks = jn->nranks;
+  req.bootstrap = &boot;
+  req.coordinator_node_id = c->b->node_id;
+  req.coordinator_address = (char *)c->o.address;
+  req.coordinator_fence = j->fence;
+  mega_err e = {0};
+  megad_node *node = megad_members_find(c->members, jn->node_id);
+  mega_status rc;
+  if (node && node->self) {
+    int32_t *pids = calloc(jn->nranks, sizeof *pids);
+    rc = pids ? megad_launch_start(c->L, &req, pids, &e)
+              : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
+    free(pids);
+  } else {
+    launch_ctx *lc = calloc(1, sizeof *lc);
+    rc = lc ? MEGA_OK : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
+    if (lc) {
+      *lc = (launch_ctx){c, strdup(j->id), strdup(jn->node_id), j->attempt, jn->first_rank,
+                         jn->nranks};
+      rc = node ? megad_call(c->b, node->address, &mega_peer_launch_ranks, &req.base, 10000,
+                             launched, lc, &e)
+                : mega_fail(&e, MEGA_ERR_IO, "the node is not known here");
+      if (rc != MEGA_OK) {
+        free(lc->job_id);
+        free(lc->node_id);
+        free(lc);
+      }
+    }
+  }
+  free(ranks);
+  if (rc != MEGA_OK)
+    launch_failed(run, jn->first_rank, jn->nranks, jn->node_id, rc, !(node && node->self), e.msg);
+}
+
+/* ---- starting an attempt ---- */
+
+static void set_wait(megad_coord *c, mega_job *j, const char *why) {
+  if (j->wait && !strcmp(j->wait, why)) return;
+  free(j->wait);
+  j->wait = strdup(why);
+  megad_job_event(c->jobs, j, EV(INFO), NULL, -1, "waiting: %s", why);
+}
+
+static void describe(const mega_job *j, char *buf, size_t len) {
+  size_t off = (size_t)snprintf(buf, len, "world %u = TP %u x PP %u x DP %u;", j->world, j->tp,
+                                j->pp, j->dp);
+  for (size_t i = 0; i < j->nplaced && off < len; i++) {
+    const mega_job_node *p = &j->placement[i];
+    off += (size_t)snprintf(buf + off, len - off, "%s %s %u..%u on %s", i ? "," : "",
+                            p->nranks == 1 ? "rank" : "ranks", p->first_rank,
+                            p->first_rank + p->nranks - 1, p->node_id);
+  }
+}
+
+/* Starts j's next attempt now if the cluster has room. Returns false when j
+ * must keep waiting (and the jobs behind it too, FIFO). */
+static bool try_start(megad_coord *c, mega_job *j) {
+  /* etcd: not before this node's claim on j is in etcd, nor while its lease
+   * is not known alive */
+  if (c->jobs->etcd && (!j->fence || !coord_may_act(c))) return false;
+  mega_err e = {0};
+  mega_jobspec as;
+  mega_jobspec_defaults(&as);
+  /* the roots again: a job from the journal was admitted under other ones */
+  if (mega_recovery_attempt_spec(j, &as, &e) != MEGA_OK ||
+      (c->o.roots && megad_roots_check(c->o.roots, &as, &e) != MEGA_OK)) {
+    mega_jobspec_free(&as);
+    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, e.msg);
+    return true;
+  }
+  int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
+  mega_status rc = idx ? coord_place(c, j, false, false, idx, &n, &e)
+                       : mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
+  if (rc != MEGA_OK) {
+    /* no count fits now: wait (submit made sure some count in range can) */
+    free(idx);
+    mega_jobspec_free(&as);
+    if (rc != MEGA_ERR_NOMEM) set_wait(c, j, e.msg);
+    return false;
+  }
+  uint32_t nproc = coord_nproc(c, j), world = (uint32_t)n * nproc, old_dp = j->dp,
+           old_world = j->world;
+  bool restart = j->state == MEGA_JOB_RESTARTING;
+  mega_job_node *nodes = calloc((size_t)n, sizeof *nodes);
+  for (int i = 0; nodes && i < n; i++)
+    nodes[i] = (mega_job_node){.node_id = c->members->nodes[idx[i]]->id,
+                               .first_rank = (uint32_t)i * nproc, .nranks = nproc};
+  free(idx);
+  if (restart) j->attempt++;
+  if (!nodes ||
+      mega_job_place(j, nodes, (size_t)n, world, j->tp, j->pp, (uint32_t)mega_jobspec_vp(&as),
+                     &e) != MEGA_OK ||
+      mega_job_transition(j, MEGA_JOB_RUNNING, megad_unix_ms(), NULL, &e) != MEGA_OK) {
+    free(nodes);
+    mega_jobspec_free(&as);
+    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, e.msg[0] ? e.msg : "out of memory");
+    return true;
+  }
+  free(nodes);
+  free(j->wait);
+  j->wait = NULL;
+  int nargs = 0;
+  char **args = mega_jobspec_to_argv(&as, &nargs);
+  coord_run *run = args ? coord_run_new(c, j, as.trace_iteration) : NULL;
+  mega_jobspec_free(&as);
+  if (!run) {
+    mega_jobspec_argv_free(args);
+    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, "megad ran out of memory starting the job");
+    return true;
+  }
+  megad_jobs_save(c->jobs, j, NULL);
+  char where[640];
+  describe(j, where, sizeof where);
+  if (restart && old_world && world != old_world)
+    megad_job_event(c->jobs, j, EV(RESCALED), NULL, -1,
+                    "rescaled from DP %u to DP %u as attempt %u, from %s: %s", old_dp, j->dp,
+                    j->attempt,
+                    j->ckpt_iteration ? "the newest checkpoint" : "the start", where);
+  else if (restart)
+    megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed attempt %u: %s", j->attempt, where);
+  else
+    megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed: %s", where);
+  /* After a failed launch the rest are not started: their ranks count as
+   * gone, and the last of them ends the attempt (run is freed then). */
+  for (size_t i = 0; i < j->nplaced && (run = j->rt); i++) {
+    if (run->stopping) coord_ranks_gone(run, j->placement[i].first_rank, j->placement[i].nranks);
+    else launch_on(run, &j->placement[i], args, (size_t)nargs);
+  }
+  mega_jobspec_argv_free(args);
+  return true;
+}
+
+/* A job waiting for nodes that could not run even on an idle cluster does
+ * not hold up the jobs behind it; it is not looked at again until the
+ * membership view changes (a node joins, is suspect, alive or lost). */
+static bool blocks_queue(megad_coord *c, mega_job *j) {
+  int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
+  bool fits = idx && coord_place(c, j, false, true, idx, &n, NULL) == MEGA_OK;
+  free(idx);
+  if (!fits) j->wq_epoch = c->members->view_version + 1;
+  return fits;
+}
+
+static bool waiting(const mega_job *j) {
+  return !j->rt && (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING);
+}
+
+/* FIFO from the queue's head: each waiting job starts if the cluster has
+ * room; the first that must wait holds up the rest. A pass costs the jobs it
+ * starts plus one, not the jobs held (a job that cannot fit even an idle
+ * cluster is skipped until the membership changes). A pass asked for during
+ * one (a launch that fails at once ends its attempt) runs after it. */
+void megad_coord_schedule(megad_coord *c) {
+  if (c->b->stopping) return;
+  if (c->scheduling) {
+    c->reschedule = true;
+    return;
+  }
+  c->scheduling = true;
+  do {
+    c->reschedule = false;
+    for (mega_job *j = c->wq_head, *next; j && !c->reschedule; j = next) {
+      next = j->wq_next;
+      if (!waiting(j)) {
+        coord_wq_remove(c, j);
+        continue;
+      }
+      if (j->wq_epoch == c->members->view_version + 1) continue; /* too big for this view */
+      if (try_start(c, j)) {
+        coord_wq_remove(c, j);
+        next = c->wq_head; /* the queue may have changed under the start */
+        continue;
+      }
+      if (blocks_queue(c, j)) break;
+    }
+  } while (c->reschedule && !c->b->stopping);
+  c->scheduling = false;
+}
+
+#define RETAIN_TICKS (10000 / SCHEDULE_MS)
+
+/* Nodes' heartbeats free slots without an event here: look again, while
+ * anything waits. Every 10 s, retention. */
+static void on_tick(uv_timer_t *t) {
+  megad_coord *c = t->data;
+  if (c->wq_head) megad_coord_schedule(c);
+  coord_etcd_tick(c);
+  if (++c->ticks % RETAIN_TICKS == 0) coord_retain(c, megad_unix_ms());
+}
+
+/* ---- the end of an attempt ---- */
+
+/* The recovery decision: the job ends, or waits as RESTARTING. */
+static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause) {
+  mega_recovery r = mega_recovery_decide(j, kind, cause);
+  if (r.next != MEGA_JOB_RESTARTING) {
+    megad_job_finalize(c->jobs, j, r.next, r.why[0] ? r.why : NULL);
+    return;
+  }
+  mega_err e = {0};
+  if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) {
+    megad_warn(c->b, "%s", e.msg);
+    return;
+  }
+  if (r.counted) j->restarts++;
+  megad_jobs_save(c->jobs, j, NULL);
+  coord_wq_add(c, j);
+  char budget[64] = "";
+  if (r.counted)
+    snprintf(budget, sizeof budget, " (restart %u of %u)", j->restarts, j->max_restarts);
+  char from[160];
+  if (j->ckpt_iteration && j->spec.save)
+    snprintf(from, sizeof from, "the checkpoint of iteration %llu (%llu iteration%s to redo)",
+             (unsigned long long)j->ckpt_iteration,
+             (unsigned long long)(j->last_iteration - j->ckpt_iteration),
+             j->last_iteration - j->ckpt_iteration == 1 ? "" : "s");
+  else
+    snprintf(from, sizeof from, "the start (%s)",
+             j->spec.save ? "no checkpoint was committed yet" : "the job saves no checkpoints");
+  megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1, "attempt %u ended (%s); restarting from %s%s",
+                  j->attempt, cause && cause[0] ? cause : mega_end_kind_name(kind), from, budget);
+}
+
+/* coord_run.c calls this (megad_coord.attempt_over) once an attempt's
+ * every rank is gone. */
+static void attempt_over(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause,
+                         const megad_cancel_wait *cancels, size_t ncancels) {
+  if (!j->fenced) decide(c, j, kind, cause);
+  for (size_t i = 0; i < ncancels; i++)
+    if (cancels[i].done) cancels[i].done(cancels[i].arg, j);
+  if (j->fenced) megad_jobs_drop(c->jobs, j); /* another node has it now (coord_etcd.c) */
+  megad_coord_schedule(c);
+}
+
+/* ---- cancel, resume, rescale ---- */
+
+void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
+                        void (*done)(void *arg, mega_job *j), void *arg) {
+  char why[512];
+  snprintf(why, sizeof why, "cancelled%s%s", reason && reason[0] ? ": " : "",
+           reason ? reason : "");
+  coord_run *run = j->rt;
+  if (!run) {
+    if (!mega_job_state_final(j->state)) {
+      coord_wq_remove(c, j);
+      megad_job_finalize(c->jobs, j, MEGA_JOB_CANCELLED, why);
+      megad_coord_schedule(c);
+    }
+    if (done) done(arg, j);
+    return;
+  }
+  if (done) {
+    megad_cancel_wait *v = realloc(run->cancels, (run->ncancels + 1) * sizeof *v);
+    if (v) {
+      run->cancels = v;
+      v[run->ncancels++] = (megad_cancel_wait){done, arg};
+    }
+  }
+  coord_stop(run, MEGA_END_CANCELLED, why);
+}
+
+void megad_coord_cancel_forget(megad_coord *c, mega_job *j, void *arg) {
+  (void)c;
+  coord_run *run = j->rt;
+  for (size_t i = 0; run && i < run->ncancels; i++)
+    if (run->cancels[i].arg == arg) run->cancels[i].done = NULL;
+}
+
+mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err) {
+  if (j->state != MEGA_JOB_FAILED)
+    return mega_fail(err, MEGA_ERR_INVALID, "job %s is %s; only a failed job can be resumed",
+                     j->id, mega_job_state_name(j->state));
+  if (!j->spec_ok)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "job %s: its flags do not parse in this megad; submit it again", j->id);
+  mega_status s = mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, err);
+  if (s != MEGA_OK) return s;
+  free(j->error);
+  j->error = NULL;
+  j->ended_ms = 0;
+  megad_jobs_save(c->jobs, j, NULL);
+  coord_wq_add(c, j);
+  if (j->ckpt_iteration && j->spec.save)
+    megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                    "resumed by a user from the checkpoint of iteration %llu",
+                    (unsigned long long)j->ckpt_iteration);
+  else
+    megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                    "resumed by a user from the start (no checkpoint was committed)");
+  megad_coord_schedule(c);
+  return MEGA_OK;
+}
+
+mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, mega_err *err) {
+  uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo;
+  if (mega_job_state_final(j->state))
+    return mega_fail(err, MEGA_ERR_INVALID, "job %s is %s; only a running job can be rescaled",
+                     j->id, mega_job_state_name(j->state));
+  if (nnodes < lo || nnodes > hi)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--nnodes %u is outside job %s's range %u:%u (submit with --nnodes MIN:MAX "
+                     "to let a job change size)", nnodes, j->id, lo, hi);
+  if (j->rt && !j->spec.save)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "job %s saves no checkpoints (--save): it cannot re-plan without losing "
+                     "its progress", j->id);
+  j->want_nodes = nnodes;
+  megad_job_event(c->jobs, j, EV(INFO), NULL, -1, "rescale to %u node%s requested; %s", nnodes,
+                  nnodes == 1 ? "" : "s",
+                  j->rt ? "it happens at the next checkpoint" : "it applies when the job starts");
+  return MEGA_OK;
+}
+
+/* ---- membership ---- */
+
+void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why) {
+  for (size_t i = 0; i < c->jobs->t.n; i++) {
+    mega_job *j = c->jobs->t.v[i];
+    coord_run *run = j->rt;
+    if (!run) continue;
+    for (size_t k = 0; k < j->nplaced; k++) {
+      if (strcmp(j->placement[k].node_id, n->id)) continue;
+      if (!run->stopping)
+        megad_job_event(c->jobs, j, EV(NODE_LOST), n->id, -1, "%s", why);
+      coord_cause(run, CAUSE_PRIMARY, MEGA_END_NODE_LOST, why);
+      /* run may be gone now: the attempt ended with these ranks */
+      if (j->rt) coord_ranks_gone(run, j->placement[k].first_rank, j->placement[k].nranks);
+      break;
+    }
+  }
+}
+
+void megad_coord_node_up(megad_coord *c, const megad_node *n) {
+  /* A node that comes back may still run ranks of attempts that ended
+   * while it was away: they must do no harm. */
+  for (size_t i = 0; !n->self && i < c->jobs->t.n; i++) {
+    mega_job *j = c->jobs->t.v[i];
+    if (j->state == MEGA_JOB_RUNNING || j->state == MEGA_JOB_RESTARTING)
+      coord_abort_on(c, j, n->id, true, "this attempt of the job is over");
+  }
+  megad_coord_schedule(c);
+}
+
+/* ---- life cycle ---- */
+
+bool megad_coord_runs(megad_coord *c, const char *job_id, uint32_t attempt) {
+  return coord_run_of(c, job_id, attempt) != NULL;
+}
+
+void megad_coord_stop_all(megad_coord *c, const char *reason) {
+  char why[512];
+  snprintf(why, sizeof why, "megad on %s stopped (%s)", c->b->node_id, reason);
+  if (c->tick_on) uv_timer_stop(&c->tick);
+  for (size_t i = 0; i < c->jobs->t.n; i++)
+    if (c->jobs->t.v[i]->rt) coord_stop(c->jobs->t.v[i]->rt, MEGA_END_COORDINATOR, why);
+}
+
+size_t megad_coord_stopping(const megad_coord *c) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->jobs->t.n; i++) n += c->jobs->t.v[i]->rt != NULL;
+  return n;
+}
+
+mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
+                             megad_members *members, megad_launcher *L, megad_kvserve *kvs,
+                             const megad_coord_opts *o, mega_err *err) {
+  (void)err;
+  memset(c, 0, sizeof *c);
+  c->b = b;
+  c->jobs = jobs;
+  c->members = members;
+  c->L = L;
+  c->kvs = kvs;
+  c->o = *o;
+  c->attempt_over = attempt_over;
+  uv_timer_init(b->loop, &c->tick);
+  c->tick.data = c;
+  c->tick_on = true;
+  return MEGA_OK;
+}
+
+void megad_coord_start(megad_coord *c) {
+  for (size_t i = 0; i < c->jobs->t.n; i++) {
+    mega_job *j = c->jobs->t.v[i];
+    if (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING) coord_wq_add(c, j);
+    if (j->state != MEGA_JOB_RUNNING) continue;
+    mega_err e = {0};
+    if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) continue;
+    megad_jobs_save(c->jobs, j, NULL);
+    char from[96];
+    coord_resume_point(j, from, sizeof from);
+    megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                    "megad on %s restarted while attempt %u ran; resuming from %s", c->b->node_id,
+                    j->attempt, from);
+    coord_wq_add(c, j);
+  }
+  coord_retain(c, megad_unix_ms());
+  uv_timer_start(&c->tick, on_tick, 0, SCHEDULE_MS);
+}
+
+void megad_coord_free(megad_coord *c) {
+  if (c->tick_on) uv_close((uv_handle_t *)&c->tick, NULL);
+  c->tick_on = false;
+}

@@ -1,0 +1,150 @@
+/* The coordinator: the jobs this node owns, from submission to their end.
+ *
+ * A submitted job is checked, journaled and queued. Jobs waiting (pending,
+ * or restarting after a failure) start in submission order when the cluster
+ * has the slots: each start is an attempt, placed on usable nodes
+ * (daemon/placement), launched on every node of the placement with a
+ * rendezvous prefix of its own ("<job>/<attempt>").
+ *
+ * During an attempt, step reports merge into StepMetrics for the watchers,
+ * and checkpoints are decided here: once every rank reported its part of
+ * iteration k durable, the committing rank (global rank 0) gets the
+ * go-ahead; its "committed" report is journaled and becomes the CHECKPOINT
+ * event. At a commit an elastic job re-plans when nodes came back (or
+ * megactl rescale asked).
+ *
+ * The first real failure is the attempt's cause (a peer's echo of it is
+ * told apart: see coord_internal.h); then every node aborts its ranks, and
+ * once every rank's exit is known daemon/recovery decides: the job ends, or
+ * it waits as RESTARTING and starts again as attempt k+1 from its newest
+ * committed checkpoint, on as many nodes as its --nnodes range and the
+ * cluster allow.
+ *
+ * On the loop thread only. Ownership: the coordinator's runtime state hangs
+ * off its jobs (mega_job.rt); it borrows every layer below. */
+#ifndef MEGA_DAEMON_COORD_H
+#define MEGA_DAEMON_COORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/base.h"
+#include "daemon/jobs/jobs.h"
+#include "daemon/kvserve/kvserve.h"
+#include "daemon/launch/launch.h"
+#include "daemon/members/members.h"
+#include "daemon/model/recovery.h"
+#include "daemon/model/roots.h"
+
+/* A cancel waiting for its job's end (megad_coord_cancel's done). */
+typedef struct megad_cancel_wait {
+  void (*done)(void *arg, mega_job *j);
+  void *arg;
+} megad_cancel_wait;
+
+typedef struct megad_coord_opts {
+  const char *address;            /* this node's host:port: rendezvous and reports come here */
+  unsigned rendezvous_timeout_ms; /* how long a rank waits for the others at rendezvous */
+  unsigned heartbeat_ms;          /* members' interval: how soon a quiet node is suspect */
+  unsigned heartbeat_timeout_ms;  /* members' timeout: when a quiet node is lost */
+  const megad_roots *roots;       /* the paths jobs may name */
+  unsigned max_pending;           /* waiting jobs this node may hold (0: no limit) */
+  unsigned retain_jobs;           /* ended jobs kept (0: every one) */
+  unsigned retain_ms;             /* ended jobs older than this are forgotten (0: never) */
+  double node_memory_bytes;       /* what a node holds, for the fit check; 0: this node's RAM */
+} megad_coord_opts;
+
+typedef struct megad_coord {
+  megad_base *b;
+  megad_jobs *jobs;
+  megad_members *members;
+  megad_launcher *L;
+  megad_kvserve *kvs;
+  megad_coord_opts o;
+  uv_timer_t tick; /* retries the placement of waiting jobs */
+  bool tick_on;
+  /* Ranks of ended attempts, per node, that the node's heartbeats may still
+   * count as busy: placement discounts them until its next heartbeat. */
+  struct megad_released {
+    char node_id[64];
+    uint32_t nranks;
+    uint64_t at_ms; /* uv_now */
+  } released[32];
+  /* How an attempt's end reaches the coordinator (coord_run.c calls it:
+   * the run is below the coordinator that made it). */
+  void (*attempt_over)(struct megad_coord *c, mega_job *j, mega_end_kind kind,
+                       const char *cause, const megad_cancel_wait *cancels, size_t ncancels);
+  /* The jobs waiting to start, oldest first (coord_queue.c), so scheduling
+   * looks at the head of the queue, not at every job ever submitted; and
+   * the attempts running, for the slots they take. */
+  mega_job *wq_head, *wq_tail;
+  size_t nwaiting;
+  bool scheduling, reschedule; /* a pass is running; another was asked for meanwhile */
+  struct coord_run *runs;
+  unsigned ticks; /* retention runs every RETAIN_TICKS ticks */
+  /* etcd mode (coord_etcd.c): claims of orphaned jobs in flight */
+  char claims[8][160];
+} megad_coord;
+
+mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
+                             megad_members *members, megad_launcher *L, megad_kvserve *kvs,
+                             const megad_coord_opts *o, mega_err *err);
+void megad_coord_free(megad_coord *c);
+
+/* After the journal replay: jobs that were running when this megad stopped
+ * restart from their newest committed checkpoint (not counted against
+ * --max-restarts); starts the scheduling timer. */
+void megad_coord_start(megad_coord *c);
+
+/* Checks a spec as SubmitJob does, journals the job and queues it. On
+ * failure nothing is kept; INVALID errors carry the reason for the user. */
+mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, mega_job **out,
+                               mega_err *err);
+/* Starts waiting jobs in order while slots allow. */
+void megad_coord_schedule(megad_coord *c);
+/* Cancels: a waiting job at once; a running one once its workers are gone,
+ * then done(arg, job) runs (at once when already over). */
+void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
+                        void (*done)(void *arg, mega_job *j), void *arg);
+/* Forgets a waiting done of megad_coord_cancel (its call went away). */
+void megad_coord_cancel_forget(megad_coord *c, mega_job *j, void *arg);
+/* megactl resume: a FAILED job restarts from its newest committed
+ * checkpoint. MEGA_ERR_INVALID when it is not failed or cannot start. */
+mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err);
+/* megactl rescale: re-plan on nnodes at the next checkpoint. */
+mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, mega_err *err);
+
+/* Whether this node runs attempt `attempt` of job_id now (reports of other
+ * attempts are refused, which stops their ranks). */
+bool megad_coord_runs(megad_coord *c, const char *job_id, uint32_t attempt);
+/* Worker reports of a job this node coordinates (from the local launcher or
+ * a node's ReportStep). */
+void megad_coord_step(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
+                      const Mega__V1__StepReport *r);
+void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
+                       const Mega__V1__RankEvent *ev);
+
+/* etcd mode (coord_etcd.c). Another node coordinates j now: this one
+ * stops its attempt (its workers) and lets go of it. */
+void megad_coord_fenced(megad_coord *c, mega_job *j, const char *why);
+/* etcd refused j's first record for good: j fails, on this node only. */
+void megad_coord_refused(megad_coord *c, mega_job *j, const char *why);
+/* A job lost its coordinator: try to take it over now. */
+void megad_coord_orphan(megad_coord *c, const char *job_id);
+/* This node's lease is gone: it stands down for every job it coordinates. */
+void megad_coord_stand_down(megad_coord *c, const char *why);
+
+/* Membership, as members publishes it. */
+void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why);
+void megad_coord_node_up(megad_coord *c, const megad_node *n);
+
+/* Shutdown: running attempts end and their jobs wait as RESTARTING, so a
+ * megad started again on this state dir resumes them. */
+void megad_coord_stop_all(megad_coord *c, const char *reason);
+/* Attempts still ending (waiting for their workers). */
+size_t megad_coord_stopping(const megad_coord *c);
+/* Slots of node taken by attempts this node coordinates. */
+uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id);
+
+#endif

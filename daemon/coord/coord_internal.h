@@ -1,0 +1,131 @@
+/* The coordinator's files, each calling only the ones below it:
+ *
+ *   coord.c        submit, scheduling, launches, the recovery decision,
+ *   coord_etcd.c   cancel, resume, rescale, membership events; and in etcd
+ *                  mode taking over orphaned jobs and standing down: one
+ *                  level in two files (a takeover schedules; the tick
+ *                  sweeps for orphans)
+ *   coord_run.c    one running attempt: worker reports, checkpoints,
+ *                  failures and their cause, aborts; its end goes up
+ *                  through megad_coord.attempt_over
+ *   coord_admit.c  what a job must be to be accepted at submit
+ *   coord_queue.c  the queue of waiting jobs
+ *   coord_place.c  where a job can run now
+ *
+ * Private to the coordinator.
+ *
+ * How much a failure explains: a rank that fails because a peer died says
+ * so with a retryable WorkerError (a secondary cause); the peer's own crash
+ * or non-retryable error is the cause (primary). A secondary cause waits
+ * CAUSE_WAIT_MS for a primary one before the attempt is stopped (longer
+ * while a node of the job has gone quiet: its loss is the cause then). */
+#ifndef MEGA_DAEMON_COORD_INTERNAL_H
+#define MEGA_DAEMON_COORD_INTERNAL_H
+
+#include "daemon/coord/coord.h"
+#include "daemon/model/stepmerge.h"
+
+enum { CAUSE_NONE, CAUSE_SECONDARY, CAUSE_PRIMARY };
+#define CAUSE_WAIT_MS 1500
+#define PENDING_SAVES 8 /* checkpoints whose ranks are still reporting */
+
+/* One checkpoint iteration while its ranks report it saved. */
+typedef struct save_wait {
+  uint64_t iteration; /* 0: free */
+  uint32_t nsaved;
+  bool *saved; /* [world] */
+  bool asked;  /* the go-ahead was sent */
+} save_wait;
+
+typedef struct coord_run {
+  struct coord_run *prev, *next; /* megad_coord.runs */
+  megad_coord *c;
+  mega_job *job;
+  uint32_t world;
+  mega_stepmerge *merge;
+  char kv_prefix[192];
+  int trace_iteration;
+  bool *hello, *exited, *errored;
+  uint32_t nhello, nexited;
+  int64_t started_ms; /* placed */
+  save_wait saves[PENDING_SAVES];
+  /* the end */
+  bool stopping;
+  mega_end_kind end_kind;
+  char *cause;
+  int cause_prio;
+  mega_end_kind cause_kind;
+  uint64_t cause_since; /* uv_now of the first secondary cause */
+  uv_timer_t cause_timer, stop_timer;
+  int timers_open; /* while closing */
+  megad_cancel_wait *cancels;
+  size_t ncancels;
+} coord_run;
+
+/* coord_admit.c: what a job must be to be accepted (bounds first, then the
+ * paths under the roots, placeability and the queue's room) */
+#define MEGAD_JOB_NAME_MAX 128
+#define MEGAD_JOB_ARGS_MAX 512  /* flag words */
+#define MEGAD_JOB_ARG_MAX 4096  /* bytes in one word (a path) */
+#define MEGAD_NODES_MAX 1024
+#define MEGAD_NPROC_MAX 4096
+#define MEGAD_WORLD_MAX 65536
+#define MEGAD_RESTARTS_MAX 10000
+mega_status coord_check_msg(const megad_coord *c, const Mega__V1__JobSpec *spec, mega_err *err);
+mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err);
+
+/* coord_queue.c: the queue of waiting jobs. add puts j in submission order
+ * (a restarting job goes before the younger ones); remove takes it out. */
+void coord_wq_add(megad_coord *c, mega_job *j);
+void coord_wq_remove(megad_coord *c, mega_job *j);
+/* Retention: forgets the oldest ended jobs past o.retain_jobs and those
+ * ended more than o.retain_ms ago. O(jobs); the tick runs it every 10 s. */
+void coord_retain(megad_coord *c, int64_t now_ms);
+
+/* coord_place.c: where a job can run now */
+uint32_t coord_nproc(megad_coord *c, const mega_job *j); /* ranks per node */
+/* core/jobspec's check for a world, on the data file as this node sees it. */
+mega_status coord_check_world(const mega_jobspec *s, int world, mega_err *err);
+/* Picks nodes for j: idx gets node indexes into members, *n their count,
+ * the largest count in j's range that gives a valid job. own: j's own ranks
+ * count as free (a re-plan); empty: every slot counts as free (could it run
+ * at all). UNSUPPORTED: not enough usable nodes now; INVALID: no count in
+ * range gives a valid job. */
+mega_status coord_place(megad_coord *c, mega_job *j, bool own, bool empty, int *idx, int *n,
+                        mega_err *err);
+/* The placement a job would get now, as a node count (0: none). */
+uint32_t coord_could_place(megad_coord *c, mega_job *j, bool own);
+/* Notes that an ended attempt's ranks left their nodes. */
+void coord_released(megad_coord *c, const mega_job *j);
+
+/* coord_run.c: one running attempt */
+coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration);
+coord_run *coord_run_of(megad_coord *c, const char *job_id, uint32_t attempt);
+/* Ranks [first, first+n) will never report (not started, or their node is
+ * lost): counted as exited. */
+void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n);
+/* A failure of the attempt, with its weight and kind. */
+void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg);
+/* Ends the attempt: every node aborts its ranks; once every rank has exited
+ * (or after the grace) the recovery decision is made. */
+void coord_stop(coord_run *run, mega_end_kind kind, const char *why);
+
+/* Sends AbortJob for j's current attempt to a node (stale: the attempts
+ * before it), or aborts here when the node is this one. */
+void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool stale,
+                    const char *reason);
+/* Sends AbortJob for the attempt to every node of the placement. */
+void coord_abort_nodes(coord_run *run, const char *reason);
+/* coord_run.c: where j's next attempt starts, for its events: "the
+ * checkpoint of iteration K" or "the start". */
+void coord_resume_point(const mega_job *j, char *buf, size_t len);
+/* coord_run.c: in etcd mode, whether this node may act as a coordinator
+ * now (its lease was renewed within its TTL; always in embedded mode). */
+bool coord_may_act(const megad_coord *c);
+/* coord_etcd.c: the orphan scan the tick runs. */
+void coord_etcd_tick(megad_coord *c);
+
+/* Sends the committing rank the go-ahead for iteration. */
+void coord_ask_commit(coord_run *run, uint64_t iteration);
+
+#endif

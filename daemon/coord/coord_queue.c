@@ -1,0 +1,59 @@
+/* The coordinator's queue of waiting jobs, and the retention of ended ones.
+ *
+ * The queue: intrusive and doubly linked, so
+ * adding and removing cost O(1) (a restarting job walks to its place by age)
+ * and a scheduling pass starts at the oldest waiting job instead of walking
+ * every job this node ever held. */
+#include "daemon/coord/coord_internal.h"
+
+#include "daemon/model/util.h"
+
+void coord_wq_add(megad_coord *c, mega_job *j) {
+  if (j->wq_in) return;
+  mega_job *after = c->wq_tail;
+  while (after && after->created_ms > j->created_ms) after = after->wq_prev;
+  j->wq_prev = after;
+  j->wq_next = after ? after->wq_next : c->wq_head;
+  if (j->wq_next) j->wq_next->wq_prev = j;
+  else c->wq_tail = j;
+  if (after) after->wq_next = j;
+  else c->wq_head = j;
+  j->wq_in = true;
+  j->wq_epoch = 0;
+  c->nwaiting++;
+}
+
+void coord_wq_remove(megad_coord *c, mega_job *j) {
+  if (!j->wq_in) return;
+  if (j->wq_prev) j->wq_prev->wq_next = j->wq_next;
+  else c->wq_head = j->wq_next;
+  if (j->wq_next) j->wq_next->wq_prev = j->wq_prev;
+  else c->wq_tail = j->wq_prev;
+  j->wq_prev = j->wq_next = NULL;
+  j->wq_in = false;
+  c->nwaiting--;
+}
+
+typedef struct retain_ctx {
+  size_t drop_first, seen; /* the oldest ended jobs past the count */
+  int64_t cutoff_ms;       /* ended before this: too old */
+} retain_ctx;
+
+/* Called for ended jobs only, oldest first. */
+static bool too_many_or_old(const mega_job *j, void *arg) {
+  retain_ctx *r = arg;
+  bool surplus = r->seen++ < r->drop_first;
+  return surplus || (r->cutoff_ms && j->ended_ms > 0 && j->ended_ms < r->cutoff_ms);
+}
+
+void coord_retain(megad_coord *c, int64_t now_ms) {
+  size_t ended = 0;
+  for (size_t i = 0; i < c->jobs->t.n; i++) ended += mega_job_state_final(c->jobs->t.v[i]->state);
+  retain_ctx r = {.cutoff_ms = c->o.retain_ms ? now_ms - (int64_t)c->o.retain_ms : 0};
+  if (c->o.retain_jobs && ended > c->o.retain_jobs) r.drop_first = ended - c->o.retain_jobs;
+  if (!r.drop_first && !r.cutoff_ms) return;
+  size_t n = megad_jobs_forget(c->jobs, too_many_or_old, &r);
+  if (n)
+    megad_log(c->b, "forgot %zu ended job%s (--retain-jobs %u, --retain-age %u s)", n,
+              n == 1 ? "" : "s", c->o.retain_jobs, c->o.retain_ms / 1000);
+}

@@ -1,0 +1,444 @@
+/* The coordinator, second half: one running attempt. Step reports merge
+ * into StepMetrics for the watchers; hellos, checkpoints, errors and exits
+ * come in as RankEvents. The first real failure is the attempt's cause (see
+ * coord_internal.h for how a peer's echo of it is told apart); then every
+ * node aborts its ranks, and the attempt ends once every rank's exit is
+ * known. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/coord/coord_internal.h"
+#include "daemon/etcd/etcd.h"
+#include "daemon/jobs/jobtrace.h"
+#include "daemon/model/util.h"
+
+#define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
+
+static void finish(coord_run *run);
+
+static void timer_closed(uv_handle_t *h) {
+  coord_run *run = h->data;
+  if (--run->timers_open == 0) free(run);
+}
+
+static void run_free(coord_run *run) {
+  mega_stepmerge_free(run->merge);
+  free(run->hello);
+  free(run->exited);
+  free(run->errored);
+  for (int i = 0; i < PENDING_SAVES; i++) free(run->saves[i].saved);
+  free(run->cause);
+  free(run->cancels);
+  run->timers_open = 2;
+  uv_close((uv_handle_t *)&run->cause_timer, timer_closed);
+  uv_close((uv_handle_t *)&run->stop_timer, timer_closed);
+}
+
+coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration) {
+  coord_run *run = calloc(1, sizeof *run);
+  if (!run) return NULL;
+  run->c = c;
+  run->job = j;
+  run->world = j->world;
+  run->trace_iteration = trace_iteration;
+  run->started_ms = megad_unix_ms();
+  run->merge = mega_stepmerge_new(j->world, j->attempt, 0);
+  run->hello = calloc(j->world, sizeof *run->hello);
+  run->exited = calloc(j->world, sizeof *run->exited);
+  run->errored = calloc(j->world, sizeof *run->errored);
+  if (!run->merge || !run->hello || !run->exited || !run->errored) {
+    mega_stepmerge_free(run->merge);
+    free(run->hello);
+    free(run->exited);
+    free(run->errored);
+    free(run);
+    return NULL;
+  }
+  snprintf(run->kv_prefix, sizeof run->kv_prefix, "%s/%u", j->id, j->attempt);
+  uv_timer_init(c->b->loop, &run->cause_timer);
+  uv_timer_init(c->b->loop, &run->stop_timer);
+  run->cause_timer.data = run->stop_timer.data = run;
+  j->rt = run;
+  run->next = c->runs;
+  if (c->runs) c->runs->prev = run;
+  c->runs = run;
+  return run;
+}
+
+coord_run *coord_run_of(megad_coord *c, const char *job_id, uint32_t attempt) {
+  mega_job *j = megad_jobs_find(c->jobs, job_id);
+  return j && j->rt && j->attempt == attempt ? j->rt : NULL;
+}
+
+void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n) {
+  for (uint32_t r = first; r < first + n && r < run->world; r++)
+    if (!run->exited[r]) {
+      run->exited[r] = true;
+      run->nexited++;
+    }
+  if (run->nexited == run->world) finish(run);
+}
+
+static void on_stop_timer(uv_timer_t *t) {
+  coord_run *run = t->data;
+  megad_warn(run->c->b, "job %s: %u rank%s did not report an exit in time; counting them gone",
+             run->job->id, run->world - run->nexited, run->world - run->nexited == 1 ? "" : "s");
+  coord_ranks_gone(run, 0, run->world);
+}
+
+static void set_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) {
+  char *m = strdup(msg);
+  if (!m) return;
+  free(run->cause);
+  run->cause = m;
+  run->cause_prio = prio;
+  run->cause_kind = kind;
+}
+
+void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
+  if (run->stopping) return;
+  run->stopping = true;
+  run->end_kind = kind;
+  /* a planned end says why; a failure keeps its cause */
+  if (why && (kind != run->cause_kind || !run->cause)) set_cause(run, CAUSE_PRIMARY, kind, why);
+  if (kind != MEGA_END_DONE && kind != MEGA_END_CANCELLED && !run->job->failed_ms)
+    run->job->failed_ms = megad_unix_ms();
+  uv_timer_stop(&run->cause_timer);
+  char reason[1200];
+  snprintf(reason, sizeof reason, "job %s attempt %u is stopping: %s", run->job->id,
+           run->job->attempt, run->cause ? run->cause : mega_end_kind_name(kind));
+  coord_abort_nodes(run, reason);
+  if (run->nexited == run->world) {
+    finish(run);
+    return;
+  }
+  uv_timer_start(&run->stop_timer, on_stop_timer, MEGAD_ABORT_GRACE_MS + 4000, 0);
+}
+
+/* A node of the job that has gone quiet may be dying: its death is the
+ * better cause than the peers' echo of it, so wait until it is declared. */
+static bool node_going_quiet(coord_run *run) {
+  megad_coord *c = run->c;
+  uint64_t now = uv_now(c->b->loop);
+  for (size_t i = 0; i < run->job->nplaced; i++) {
+    megad_node *n = megad_members_find(c->members, run->job->placement[i].node_id);
+    if (n && !n->self &&
+        (n->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE ||
+         n->state == MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT) &&
+        now - n->seen_ms > 2 * c->o.heartbeat_ms + 100)
+      return true;
+  }
+  return false;
+}
+
+static void on_cause_timer(uv_timer_t *t) {
+  coord_run *run = t->data;
+  if (node_going_quiet(run) &&
+      uv_now(run->c->b->loop) - run->cause_since < run->c->o.heartbeat_timeout_ms + 1000) {
+    uv_timer_start(&run->cause_timer, on_cause_timer, 100, 0);
+    return;
+  }
+  coord_stop(run, run->cause_kind, run->cause);
+}
+
+void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) {
+  if (run->stopping) return;
+  if (prio > run->cause_prio) set_cause(run, prio, kind, msg);
+  if (prio == CAUSE_PRIMARY) {
+    coord_stop(run, run->cause_kind, run->cause);
+  } else if (!uv_is_active((uv_handle_t *)&run->cause_timer)) {
+    run->cause_since = uv_now(run->c->b->loop);
+    uv_timer_start(&run->cause_timer, on_cause_timer, CAUSE_WAIT_MS, 0);
+  }
+}
+
+static void finish(coord_run *run) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  mega_end_kind kind = run->stopping ? run->end_kind : run->cause ? run->cause_kind : MEGA_END_DONE;
+  char prefix[sizeof run->kv_prefix + 1];
+  snprintf(prefix, sizeof prefix, "%s/", run->kv_prefix);
+  mega_kv_delete_prefix(c->kvs->kv, prefix);
+  j->rt = NULL;
+  if (run->prev) run->prev->next = run->next;
+  else c->runs = run->next;
+  if (run->next) run->next->prev = run->prev;
+  coord_released(c, j);
+  /* the coordinator decides what follows, answers the cancels, schedules */
+  c->attempt_over(c, j, kind, run->cause, run->cancels, run->ncancels);
+  run_free(run);
+}
+
+void coord_resume_point(const mega_job *j, char *buf, size_t len) {
+  if (j->ckpt_iteration && j->spec.save)
+    snprintf(buf, len, "the checkpoint of iteration %llu", (unsigned long long)j->ckpt_iteration);
+  else
+    snprintf(buf, len, "the start");
+}
+
+bool coord_may_act(const megad_coord *c) {
+  return !c->jobs->etcd || megad_etcd_session_fresh(c->jobs->etcd);
+}
+
+/* ---- telling the nodes ---- */
+
+static void ignore_reply(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+  (void)arg;
+  (void)err; /* a node that cannot be reached is handled by its heartbeats */
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool stale,
+                     const char *reason) {
+  megad_node *n = megad_members_find(c->members, node_id);
+  if (!n) return;
+  if (n->self) {
+    megad_launch_abort(c->L, j->id, j->attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
+    return;
+  }
+  if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
+      n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
+    return;
+  Mega__V1__AbortJobRequest req = MEGA__V1__ABORT_JOB_REQUEST__INIT;
+  req.job_id = j->id;
+  req.attempt = j->attempt;
+  req.reason = (char *)reason;
+  req.grace_ms = MEGAD_ABORT_GRACE_MS;
+  req.stale = stale;
+  megad_call(c->b, n->address, &mega_peer_abort_job, &req.base, 5000, ignore_reply, NULL, NULL);
+}
+
+void coord_abort_nodes(coord_run *run, const char *reason) {
+  const mega_job *j = run->job;
+  for (size_t i = 0; i < j->nplaced; i++)
+    coord_abort_on(run->c, j, j->placement[i].node_id, false, reason);
+}
+
+void coord_ask_commit(coord_run *run, uint64_t iteration) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  const mega_job_node *jn = mega_job_node_of(j, 0);
+  Mega__V1__CommitCheckpointRequest req = MEGA__V1__COMMIT_CHECKPOINT_REQUEST__INIT;
+  req.job_id = j->id;
+  req.attempt = j->attempt;
+  req.rank = 0;
+  req.iteration = iteration;
+  req.coordinator_fence = j->fence;
+  if (!coord_may_act(c)) { /* etcd: a lease not known alive may have lost the job */
+    megad_warn(c->b, "job %s: not committing the checkpoint of iteration %llu: this node's etcd "
+                     "lease is not known alive", j->id, (unsigned long long)iteration);
+    return;
+  }
+  megad_node *n = jn ? megad_members_find(c->members, jn->node_id) : NULL;
+  mega_err e = {0};
+  if (n && n->self) {
+    if (megad_launch_commit(c->L, &req, &e) != MEGA_OK)
+      megad_warn(c->b, "job %s: checkpoint of iteration %llu: %s", j->id,
+                 (unsigned long long)iteration, e.msg);
+  } else if (n) {
+    megad_call(c->b, n->address, &mega_peer_commit_checkpoint, &req.base, 5000, ignore_reply,
+               NULL, NULL);
+  }
+}
+
+/* ---- steps ---- */
+
+static void on_step_merged(coord_run *run, mega_step_done *done) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  /* how stale a merged step is when it leaves: from the last rank's step end */
+  int64_t end_us = 0;
+  for (uint32_t r = 0; r < done->world; r++) {
+    const Mega__V1__StepReport *rep = done->reports[r];
+    int64_t e = rep->step_start_unix_us +
+                (int64_t)((rep->metrics ? rep->metrics->step_time_s : 0) * 1e6);
+    if (rep->step_start_unix_us && e > end_us) end_us = e;
+  }
+  if (end_us) {
+    double delay = (double)(megad_unix_us() - end_us) / 1e6;
+    j->report_delay_sum_s += delay;
+    j->report_delay_n++;
+    c->jobs->stats.report_delay_sum_s += delay;
+    c->jobs->stats.report_delay_n++;
+  }
+  if (j->failed_ms) {
+    megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                    "training again: attempt %u merged iteration %llu %.2f s after the failure "
+                    "was detected", j->attempt, (unsigned long long)done->step->iteration,
+                    (double)(megad_unix_ms() - j->failed_ms) / 1000);
+    j->failed_ms = 0;
+  }
+  megad_job_step(c->jobs, j, done->step);
+  if (run->trace_iteration > 0 && done->step->iteration == (uint64_t)run->trace_iteration) {
+    char *path = NULL;
+    mega_err e = {0};
+    if (megad_trace_write(c->b, j, done, &path, &e) == MEGA_OK)
+      megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                      "trace of iteration %d written to %s (megactl trace %s)",
+                      run->trace_iteration, path, j->id);
+    else
+      megad_job_event(c->jobs, j, EV(INFO), NULL, -1, "could not write the trace of iteration %d: %s",
+                      run->trace_iteration, e.msg);
+    free(path);
+  }
+}
+
+void megad_coord_step(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
+                      const Mega__V1__StepReport *r) {
+  (void)node_id;
+  coord_run *run = coord_run_of(c, job_id, attempt);
+  if (!run || !r->metrics) return;
+  mega_step_done *done = NULL;
+  mega_err e = {0};
+  if (mega_stepmerge_add(run->merge, r->metrics->rank, r, &done, &e) != MEGA_OK) {
+    megad_warn(c->b, "job %s: %s", job_id, e.msg);
+    return;
+  }
+  if (done) {
+    on_step_merged(run, done);
+    mega_step_done_free(done);
+  }
+}
+
+/* ---- checkpoints ---- */
+
+static save_wait *save_of(coord_run *run, uint64_t iteration) {
+  save_wait *free_slot = NULL, *oldest = NULL;
+  for (int i = 0; i < PENDING_SAVES; i++) {
+    save_wait *s = &run->saves[i];
+    if (s->iteration == iteration) return s;
+    if (!s->iteration && !free_slot) free_slot = s;
+    if (s->iteration && (!oldest || s->iteration < oldest->iteration)) oldest = s;
+  }
+  save_wait *s = free_slot ? free_slot : oldest; /* a save some rank never finished */
+  if (!s->saved && !(s->saved = calloc(run->world, sizeof *s->saved))) return NULL;
+  memset(s->saved, 0, run->world * sizeof *s->saved);
+  s->iteration = iteration;
+  s->nsaved = 0;
+  s->asked = false;
+  return s;
+}
+
+/* Every rank's part of iteration's checkpoint is durable: the committing
+ * rank may write the manifest. */
+static void saved(coord_run *run, uint32_t rank, uint64_t iteration) {
+  save_wait *s = save_of(run, iteration);
+  if (!s || s->saved[rank]) return;
+  s->saved[rank] = true;
+  if (++s->nsaved < run->world || s->asked) return;
+  s->asked = true;
+  coord_ask_commit(run, iteration);
+}
+
+static void committed(coord_run *run, const char *node_id, uint32_t rank,
+                      const Mega__V1__CheckpointDone *ck) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  for (int i = 0; i < PENDING_SAVES; i++)
+    if (run->saves[i].iteration && run->saves[i].iteration <= ck->iteration)
+      run->saves[i].iteration = 0;
+  if (ck->iteration <= j->ckpt_iteration) return;
+  j->ckpt_iteration = ck->iteration;
+  free(j->ckpt_path);
+  j->ckpt_path = megad_strdup(ck->path);
+  megad_jobs_save(c->jobs, j, NULL);
+  megad_job_event(c->jobs, j, EV(CHECKPOINT), node_id, (int)rank,
+                  "checkpoint of iteration %llu committed in %s (%.1f MB, %.2f s; training "
+                  "waited %.2f s)", (unsigned long long)ck->iteration, ck->path,
+                  (double)ck->bytes / 1e6, ck->duration_s, ck->blocked_s);
+  /* nodes came back, or megactl rescale asked: re-plan from this checkpoint */
+  if (j->spec.save && ck->iteration < j->train_iters) {
+    uint32_t now = (uint32_t)j->nplaced, could = coord_could_place(c, j, true);
+    if (mega_recovery_should_replan(j, now, could)) {
+      char why[200];
+      snprintf(why, sizeof why, "re-planning on %u node%s (was %u) at the checkpoint of "
+               "iteration %llu", could, could == 1 ? "" : "s", now,
+               (unsigned long long)ck->iteration);
+      megad_job_event(c->jobs, j, EV(INFO), NULL, -1, "%s", why);
+      coord_stop(run, MEGA_END_RESCALE, why);
+    }
+  }
+}
+
+/* ---- what the workers say ---- */
+
+static void exit_cause(uint32_t rank, const char *node_id, const Mega__V1__RankExit *x, char *buf,
+                       size_t len) {
+  if (x->term_signal) {
+    snprintf(buf, len, "rank %u (node %s) exited with signal %d (%s)", rank, node_id,
+             x->term_signal, megad_signal_name(x->term_signal));
+    return;
+  }
+  /* the last stderr line usually says why */
+  const char *tail = x->stderr_tail ? x->stderr_tail : "";
+  const char *last = strrchr(tail, '\n');
+  last = last ? last + 1 : tail;
+  snprintf(buf, len, "rank %u (node %s) exited with status %d%s%s", rank, node_id, x->exit_status,
+           last[0] ? ": " : "", last);
+}
+
+static void on_hello(coord_run *run, uint32_t r) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  if (run->hello[r]) return;
+  run->hello[r] = true;
+  if (++run->nhello != run->world) return;
+  double took = (double)(megad_unix_ms() - run->started_ms) / 1000;
+  if (run->world == 1)
+    megad_job_event(c->jobs, j, EV(STARTED), NULL, -1, "rank 0 started (%.2f s after placement)",
+                    took);
+  else
+    megad_job_event(c->jobs, j, EV(STARTED), NULL, -1,
+                    "all %u ranks started (%.2f s after placement)", run->world, took);
+}
+
+void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
+                       const Mega__V1__RankEvent *ev) {
+  coord_run *run = coord_run_of(c, job_id, attempt);
+  if (!run || ev->rank >= run->world) return;
+  mega_job *j = run->job;
+  uint32_t r = ev->rank;
+  char msg[1600];
+  switch (ev->kind_case) {
+  case MEGA__V1__RANK_EVENT__KIND_STARTED:
+    on_hello(run, r);
+    break;
+  case MEGA__V1__RANK_EVENT__KIND_NOTE:
+    megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r, "%s", ev->note->message);
+    break;
+  case MEGA__V1__RANK_EVENT__KIND_CHECKPOINT:
+    if (run->stopping) break;
+    if (ev->checkpoint->committed) committed(run, node_id, r, ev->checkpoint);
+    else saved(run, r, ev->checkpoint->iteration);
+    break;
+  case MEGA__V1__RANK_EVENT__KIND_ERROR: {
+    if (run->stopping || run->errored[r]) break;
+    run->errored[r] = true;
+    const Mega__V1__WorkerError *we = ev->error;
+    snprintf(msg, sizeof msg, "rank %u (node %s): %s", r, node_id, we->message);
+    megad_job_event(c->jobs, j, EV(RANK_FAILED), node_id, (int)r, "%s", msg);
+    coord_cause(run, we->retryable ? CAUSE_SECONDARY : CAUSE_PRIMARY,
+                we->fatal ? MEGA_END_FATAL : MEGA_END_CRASH, msg);
+    break;
+  }
+  case MEGA__V1__RANK_EVENT__KIND_EXIT: {
+    const Mega__V1__RankExit *x = ev->exit;
+    bool ok = x->exit_status == 0 && x->term_signal == 0;
+    if (!ok && !run->stopping && !run->errored[r]) {
+      exit_cause(r, node_id, x, msg, sizeof msg);
+      megad_job_event(c->jobs, j, EV(RANK_FAILED), node_id, (int)r, "%s", msg);
+      /* megaw exits 2 for a job it refuses */
+      coord_cause(run, CAUSE_PRIMARY,
+                  x->exit_status == 2 && !x->term_signal ? MEGA_END_FATAL : MEGA_END_CRASH, msg);
+    } else if (!ok && !run->stopping) {
+      /* it said why before it went; a retryable reason stays secondary */
+      coord_cause(run, CAUSE_SECONDARY, MEGA_END_CRASH, run->cause ? run->cause : "a rank failed");
+    }
+    if ((run = coord_run_of(c, job_id, attempt))) coord_ranks_gone(run, r, 1);
+    break;
+  }
+  default:
+    break;
+  }
+}

@@ -1,0 +1,466 @@
+/* The etcd client's top: endpoints, KV and Txn, and the replies handed to
+ * callers; over the session (etcd_session.c) and watches (etcd_watch.c),
+ * which stand on the calls with failover (etcd_call.c). */
+#include "daemon/etcd/etcd_internal.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool megad_etcd_ok(const megad_etcd *e, const char **why) {
+  /* A session whose keepalives go unanswered outweighs a call that got through. */
+  if (e->session && !etcd_session_reachable(e->session, why)) return false;
+  if (why) *why = e->ok ? NULL : e->why;
+  return e->ok;
+}
+
+/* ---- endpoints ---- */
+
+/* "http://127.0.0.1:2379/" -> "127.0.0.1:2379"; NULL (and err) if it is not
+ * a plaintext host:port. */
+static char *parse_endpoint(const char *s, size_t n, mega_err *err) {
+  while (n && isspace((unsigned char)*s)) s++, n--;
+  while (n && isspace((unsigned char)s[n - 1])) n--;
+  if (n >= 8 && !strncmp(s, "https://", 8)) {
+    mega_fail(err, MEGA_ERR_UNSUPPORTED,
+              "etcd endpoint '%.*s': TLS to etcd is not supported yet; use http:// endpoints "
+              "on a trusted network", (int)n, s);
+    return NULL;
+  }
+  if (n >= 7 && !strncmp(s, "http://", 7)) s += 7, n -= 7;
+  if (n && s[n - 1] == '/') n--;
+  const char *colon = memrchr(s, ':', n);
+  bool port_ok = colon && colon > s && colon + 1 < s + n;
+  for (const char *q = colon ? colon + 1 : s; port_ok && q < s + n; q++)
+    if (!isdigit((unsigned char)*q)) port_ok = false;
+  if (!port_ok || memchr(s, '/', n)) {
+    mega_fail(err, MEGA_ERR_INVALID,
+              "etcd endpoint '%.*s' is not host:port (expected e.g. http://127.0.0.1:2379, "
+              "several separated by commas)", (int)n, s);
+    return NULL;
+  }
+  return strndup(s, n);
+}
+
+mega_status megad_etcd_new(megad_base *b, const char *endpoints, unsigned timeout_ms,
+                           megad_etcd **out, mega_err *err) {
+  *out = NULL;
+  if (!endpoints || !endpoints[0])
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "no etcd endpoint given (expected e.g. http://127.0.0.1:2379)");
+  megad_etcd *e = calloc(1, sizeof *e);
+  if (!e) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  e->b = b;
+  e->timeout_ms = timeout_ms ? timeout_ms : 2000;
+  e->ok = true;
+  size_t cap = 1;
+  for (const char *p = endpoints; *p; p++) cap += *p == ',';
+  e->eps = calloc(cap, sizeof *e->eps);
+  e->chans = calloc(cap, sizeof *e->chans);
+  e->eps_text = calloc(1, strlen(endpoints) + 1);
+  mega_status st = e->eps && e->chans && e->eps_text ? MEGA_OK
+                                                     : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  for (const char *p = endpoints; st == MEGA_OK && *p;) {
+    const char *c = strchr(p, ',');
+    size_t n = c ? (size_t)(c - p) : strlen(p);
+    char *ep = parse_endpoint(p, n, err);
+    if (!ep) {
+      st = err && err->status != MEGA_OK ? err->status : MEGA_ERR_INVALID;
+      break;
+    }
+    e->eps[e->nep] = ep;
+    /* hasleader: a member cut off from the quorum refuses calls at once, and
+     * ends our watches after 3 election timeouts, instead of serving stale
+     * reads or a watch that never fires; both then move to the next endpoint */
+    mega_rpc_channel_opts o = {.peer_name = "etcd", .max_backoff_ms = 1000,
+                               .header_key = "hasleader", .header_value = "true"};
+    st = mega_rpc_channel_new(ep, &o, &e->chans[e->nep], err);
+    if (st != MEGA_OK) break;
+    if (e->nep) strcat(e->eps_text, ",");
+    strcat(e->eps_text, ep);
+    e->nep++;
+    p += n + (c != NULL);
+  }
+  if (st == MEGA_OK && e->nep == 0)
+    st = mega_fail(err, MEGA_ERR_INVALID,
+                   "no etcd endpoint given (expected e.g. http://127.0.0.1:2379)");
+  if (st != MEGA_OK) {
+    megad_etcd_free(e);
+    return st;
+  }
+  *out = e;
+  return MEGA_OK;
+}
+
+void megad_etcd_free(megad_etcd *e) {
+  if (!e) return;
+  if (e->session) etcd_session_free(e->session);
+  while (e->watches) etcd_watch_free(e->watches);
+  etcd_calls_cancel_all(e);
+  for (size_t i = 0; i < e->nep; i++) {
+    mega_rpc_channel_free(e->chans[i]); /* calls in flight keep theirs */
+    free(e->eps[i]);
+  }
+  free(e->chans);
+  free(e->eps);
+  free(e->eps_text);
+  free(e);
+}
+
+
+/* ---- replies ---- */
+
+/* A reply and what it points into; r first, so megad_etcd_reply_free can
+ * take the reply's address. */
+typedef struct reply_buf {
+  megad_etcd_reply r;
+  megad_etcd_kv *kvs;
+  char *keys;
+  ProtobufCMessage *msg;
+} reply_buf;
+
+static int64_t header_rev(const Etcdserverpb__ResponseHeader *h) { return h ? h->revision : 0; }
+
+static mega_status reply_kvs(reply_buf *rb, Mvccpb__KeyValue **kvs, size_t n, mega_err *err) {
+  size_t keybytes = 0;
+  for (size_t i = 0; i < n; i++) keybytes += kvs[i]->key.len + 1;
+  rb->kvs = calloc(n ? n : 1, sizeof *rb->kvs);
+  rb->keys = malloc(keybytes ? keybytes : 1);
+  if (!rb->kvs || !rb->keys) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  char *k = rb->keys;
+  for (size_t i = 0; i < n; i++) {
+    const Mvccpb__KeyValue *kv = kvs[i];
+    if (kv->key.len) memcpy(k, kv->key.data, kv->key.len);
+    k[kv->key.len] = 0;
+    rb->kvs[i] = (megad_etcd_kv){.key = k, .value = kv->value.data, .value_len = kv->value.len,
+                                 .create_revision = kv->create_revision,
+                                 .mod_revision = kv->mod_revision, .version = kv->version,
+                                 .lease = kv->lease};
+    k += kv->key.len + 1;
+  }
+  rb->r.kvs = rb->kvs;
+  rb->r.nkvs = n;
+  return MEGA_OK;
+}
+
+static void reply_buf_clear(reply_buf *rb) {
+  free(rb->kvs);
+  free(rb->keys);
+  if (rb->msg) protobuf_c_message_free_unpacked(rb->msg, NULL);
+  memset(rb, 0, sizeof *rb);
+}
+
+/* Fills rb from msg (taken: rb->msg). */
+static mega_status reply_from(reply_buf *rb, ProtobufCMessage *msg, mega_err *err) {
+  memset(rb, 0, sizeof *rb);
+  rb->msg = msg;
+  const ProtobufCMessageDescriptor *d = msg->descriptor;
+  if (d == &etcdserverpb__range_response__descriptor) {
+    Etcdserverpb__RangeResponse *r = (Etcdserverpb__RangeResponse *)msg;
+    rb->r.revision = header_rev(r->header);
+    return reply_kvs(rb, r->kvs, r->n_kvs, err);
+  }
+  if (d == &etcdserverpb__put_response__descriptor) {
+    rb->r.revision = header_rev(((Etcdserverpb__PutResponse *)msg)->header);
+  } else if (d == &etcdserverpb__delete_range_response__descriptor) {
+    rb->r.revision = header_rev(((Etcdserverpb__DeleteRangeResponse *)msg)->header);
+  } else if (d == &etcdserverpb__txn_response__descriptor) {
+    Etcdserverpb__TxnResponse *t = (Etcdserverpb__TxnResponse *)msg;
+    rb->r.revision = header_rev(t->header);
+    rb->r.succeeded = t->succeeded;
+    for (size_t i = 0; i < t->n_responses; i++)
+      if (t->responses[i]->response_case == ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE) {
+        Etcdserverpb__RangeResponse *r = t->responses[i]->response_range;
+        return reply_kvs(rb, r->kvs, r->n_kvs, err);
+      }
+  } else if (d == &etcdserverpb__lease_grant_response__descriptor) {
+    Etcdserverpb__LeaseGrantResponse *g = (Etcdserverpb__LeaseGrantResponse *)msg;
+    if (g->error && g->error[0])
+      return mega_fail(err, MEGA_ERR_PEER, "etcd refused a lease: %s", g->error);
+    rb->r.revision = header_rev(g->header);
+    rb->r.lease = g->id;
+    rb->r.ttl = g->ttl;
+  }
+  return MEGA_OK;
+}
+
+/* ---- KV ---- */
+
+typedef struct op_ctx {
+  megad_etcd_cb cb;
+  void *arg;
+} op_ctx;
+
+static void on_op_done(void *arg, ProtobufCMessage *resp, const mega_err *err) {
+  op_ctx o = *(op_ctx *)arg;
+  free(arg);
+  if (!resp) {
+    o.cb(o.arg, NULL, err);
+    return;
+  }
+  reply_buf rb;
+  mega_err e2 = {0};
+  if (reply_from(&rb, resp, &e2) != MEGA_OK) o.cb(o.arg, NULL, &e2);
+  else o.cb(o.arg, &rb.r, &e2);
+  reply_buf_clear(&rb);
+}
+
+static mega_status op_start(megad_etcd *e, const mega_rpc_method *m, const ProtobufCMessage *req,
+                            megad_etcd_cb cb, void *arg, mega_err *err) {
+  if (!cb) return mega_fail(err, MEGA_ERR_INVALID, "etcd %s without a callback", m->path);
+  op_ctx *o = malloc(sizeof *o);
+  if (!o) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  *o = (op_ctx){cb, arg};
+  mega_status st = etcd_call_start(e, m, req, 0, on_op_done, o, NULL, err);
+  if (st != MEGA_OK) free(o);
+  return st;
+}
+
+static ProtobufCBinaryData bin(const void *p, size_t n) {
+  return (ProtobufCBinaryData){n, (uint8_t *)p};
+}
+
+static ProtobufCBinaryData key_bin(const char *key) { return bin(key, strlen(key)); }
+
+static mega_status check_key(const char *key, mega_err *err) {
+  if (!key || !key[0]) return mega_fail(err, MEGA_ERR_INVALID, "an etcd key may not be empty");
+  return MEGA_OK;
+}
+
+/* The range_end of key (empty: key alone) or of every key under it; end
+ * is the caller's buffer of strlen(key) + 1 bytes. */
+static ProtobufCBinaryData range_end(const char *key, bool prefix, char *end) {
+  size_t n = 0;
+  if (prefix) etcd_prefix_end(key, end, &n);
+  return bin(end, n);
+}
+
+static void range_req(Etcdserverpb__RangeRequest *r, const char *key, bool prefix, char *end) {
+  etcdserverpb__range_request__init(r);
+  r->key = key_bin(key);
+  r->range_end = range_end(key, prefix, end);
+}
+
+static void delete_req(Etcdserverpb__DeleteRangeRequest *r, const char *key, bool prefix,
+                       char *end) {
+  etcdserverpb__delete_range_request__init(r);
+  r->key = key_bin(key);
+  r->range_end = range_end(key, prefix, end);
+}
+
+mega_status megad_etcd_get(megad_etcd *e, const char *key, bool prefix, megad_etcd_cb cb,
+                           void *arg, mega_err *err) {
+  mega_status ks = check_key(key, err);
+  if (ks != MEGA_OK) return ks;
+  char end[strlen(key) + 1];
+  Etcdserverpb__RangeRequest r;
+  range_req(&r, key, prefix, end);
+  return op_start(e, &etcd_kv_range, &r.base, cb, arg, err);
+}
+
+mega_status megad_etcd_put(megad_etcd *e, const char *key, const void *value, size_t len,
+                           int64_t lease, megad_etcd_cb cb, void *arg, mega_err *err) {
+  mega_status ks = check_key(key, err);
+  if (ks != MEGA_OK) return ks;
+  Etcdserverpb__PutRequest r = ETCDSERVERPB__PUT_REQUEST__INIT;
+  r.key = key_bin(key);
+  r.value = bin(value, len);
+  r.lease = lease;
+  return op_start(e, &etcd_kv_put, &r.base, cb, arg, err);
+}
+
+mega_status megad_etcd_delete(megad_etcd *e, const char *key, bool prefix, megad_etcd_cb cb,
+                              void *arg, mega_err *err) {
+  mega_status ks = check_key(key, err);
+  if (ks != MEGA_OK) return ks;
+  char end[strlen(key) + 1];
+  Etcdserverpb__DeleteRangeRequest r;
+  delete_req(&r, key, prefix, end);
+  return op_start(e, &etcd_kv_delete_range, &r.base, cb, arg, err);
+}
+
+/* ---- Txn ---- */
+
+/* The request's parts, allocated together so one free releases them. */
+typedef struct txn_parts {
+  Etcdserverpb__Compare *cmp, **cmpp;
+  Etcdserverpb__RequestOp *ops, **opp;
+  Etcdserverpb__RangeRequest *ranges;
+  Etcdserverpb__PutRequest *puts;
+  Etcdserverpb__DeleteRangeRequest *dels;
+  char **ends;
+} txn_parts;
+
+static void txn_parts_free(txn_parts *t, size_t nops) {
+  for (size_t i = 0; t->ends && i < nops; i++) free(t->ends[i]);
+  free(t->ends);
+  free(t->cmp);
+  free(t->cmpp);
+  free(t->ops);
+  free(t->opp);
+  free(t->ranges);
+  free(t->puts);
+  free(t->dels);
+}
+
+static const int cmp_targets[] = {
+    [MEGAD_ETCD_CREATE] = ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE,
+    [MEGAD_ETCD_MOD] = ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD,
+    [MEGAD_ETCD_VERSION] = ETCDSERVERPB__COMPARE__COMPARE_TARGET__VERSION,
+    [MEGAD_ETCD_VALUE] = ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE,
+};
+static const int cmp_results[] = {
+    [MEGAD_ETCD_EQUAL] = ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL,
+    [MEGAD_ETCD_NOT_EQUAL] = ETCDSERVERPB__COMPARE__COMPARE_RESULT__NOT_EQUAL,
+    [MEGAD_ETCD_LESS] = ETCDSERVERPB__COMPARE__COMPARE_RESULT__LESS,
+    [MEGAD_ETCD_GREATER] = ETCDSERVERPB__COMPARE__COMPARE_RESULT__GREATER,
+};
+
+static mega_status txn_cmp(Etcdserverpb__Compare *c, const megad_etcd_cmp *m, mega_err *err) {
+  etcdserverpb__compare__init(c);
+  mega_status ks = check_key(m->key, err);
+  if (ks != MEGA_OK) return ks;
+  if ((unsigned)m->target > MEGAD_ETCD_VALUE || (unsigned)m->result > MEGAD_ETCD_GREATER)
+    return mega_fail(err, MEGA_ERR_INVALID, "etcd txn: a compare on %s has no valid target or "
+                     "result", m->key);
+  c->key = key_bin(m->key);
+  c->target = cmp_targets[m->target];
+  c->result = cmp_results[m->result];
+  switch (m->target) {
+  case MEGAD_ETCD_CREATE:
+    c->target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION;
+    c->create_revision = m->number;
+    break;
+  case MEGAD_ETCD_MOD:
+    c->target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION;
+    c->mod_revision = m->number;
+    break;
+  case MEGAD_ETCD_VERSION:
+    c->target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_VERSION;
+    c->version = m->number;
+    break;
+  case MEGAD_ETCD_VALUE:
+    c->target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE;
+    c->value = bin(m->value, m->value_len);
+    break;
+  }
+  return MEGA_OK;
+}
+
+static mega_status txn_op(txn_parts *t, size_t i, const megad_etcd_op *o, mega_err *err) {
+  Etcdserverpb__RequestOp *r = &t->ops[i];
+  etcdserverpb__request_op__init(r);
+  t->opp[i] = r;
+  mega_status ks = check_key(o->key, err);
+  if (ks != MEGA_OK) return ks;
+  if ((o->kind == MEGAD_ETCD_GET || o->kind == MEGAD_ETCD_DELETE) &&
+      !(t->ends[i] = malloc(strlen(o->key) + 1)))
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  switch (o->kind) {
+  case MEGAD_ETCD_PUT:
+    etcdserverpb__put_request__init(&t->puts[i]);
+    t->puts[i].key = key_bin(o->key);
+    t->puts[i].value = bin(o->value, o->value_len);
+    t->puts[i].lease = o->lease;
+    r->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+    r->request_put = &t->puts[i];
+    return MEGA_OK;
+  case MEGAD_ETCD_GET:
+    range_req(&t->ranges[i], o->key, o->prefix, t->ends[i]);
+    r->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+    r->request_range = &t->ranges[i];
+    return MEGA_OK;
+  case MEGAD_ETCD_DELETE:
+    delete_req(&t->dels[i], o->key, o->prefix, t->ends[i]);
+    r->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE;
+    r->request_delete_range = &t->dels[i];
+    return MEGA_OK;
+  }
+  return mega_fail(err, MEGA_ERR_INVALID, "etcd txn: an op on %s has no valid kind", o->key);
+}
+
+mega_status megad_etcd_txn(megad_etcd *e, const megad_etcd_cmp *cmp, size_t ncmp,
+                           const megad_etcd_op *then, size_t nthen,
+                           const megad_etcd_op *otherwise, size_t nelse, megad_etcd_cb cb,
+                           void *arg, mega_err *err) {
+  size_t nops = nthen + nelse;
+  txn_parts t = {0};
+  size_t c1 = ncmp ? ncmp : 1, o1 = nops ? nops : 1;
+  t.cmp = calloc(c1, sizeof *t.cmp);
+  t.cmpp = calloc(c1, sizeof *t.cmpp);
+  t.ops = calloc(o1, sizeof *t.ops);
+  t.opp = calloc(o1, sizeof *t.opp);
+  t.ranges = calloc(o1, sizeof *t.ranges);
+  t.puts = calloc(o1, sizeof *t.puts);
+  t.dels = calloc(o1, sizeof *t.dels);
+  t.ends = calloc(o1, sizeof *t.ends);
+  mega_status st = MEGA_OK;
+  if (!t.cmp || !t.cmpp || !t.ops || !t.opp || !t.ranges || !t.puts || !t.dels || !t.ends)
+    st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; st == MEGA_OK && i < ncmp; i++) {
+    st = txn_cmp(&t.cmp[i], &cmp[i], err);
+    t.cmpp[i] = &t.cmp[i];
+  }
+  for (size_t i = 0; st == MEGA_OK && i < nops; i++)
+    st = txn_op(&t, i, i < nthen ? &then[i] : &otherwise[i - nthen], err);
+  if (st == MEGA_OK) {
+    Etcdserverpb__TxnRequest r = ETCDSERVERPB__TXN_REQUEST__INIT;
+    r.n_compare = ncmp;
+    r.compare = t.cmpp;
+    r.n_success = nthen;
+    r.success = t.opp;
+    r.n_failure = nelse;
+    r.failure = t.opp + nthen;
+    st = op_start(e, &etcd_kv_txn, &r.base, cb, arg, err);
+  }
+  txn_parts_free(&t, nops);
+  return st;
+}
+
+/* ---- blocking get ---- */
+
+mega_status megad_etcd_get_sync(megad_etcd *e, const char *key, bool prefix,
+                                megad_etcd_reply **out, mega_err *err) {
+  *out = NULL;
+  mega_status ks = check_key(key, err);
+  if (ks != MEGA_OK) return ks;
+  char end[strlen(key) + 1];
+  Etcdserverpb__RangeRequest r;
+  range_req(&r, key, prefix, end);
+  mega_err e2 = {0};
+  for (size_t tries = 0; tries < e->nep; tries++) {
+    size_t ep = e->cur;
+    ProtobufCMessage *resp;
+    mega_err_clear(&e2);
+    if (mega_rpc_unary(e->chans[ep], &etcd_kv_range, &r.base, e->timeout_ms, &resp, &e2) ==
+        MEGA_OK) {
+      etcd_note(e, &e2);
+      reply_buf *rb = malloc(sizeof *rb);
+      if (!rb) {
+        protobuf_c_message_free_unpacked(resp, NULL);
+        return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+      }
+      mega_status st = reply_from(rb, resp, err);
+      if (st != MEGA_OK) {
+        reply_buf_clear(rb);
+        free(rb);
+        return st;
+      }
+      *out = &rb->r;
+      return MEGA_OK;
+    }
+    if (!etcd_err_failover(&e2)) break;
+    etcd_endpoint_failed(e, ep);
+  }
+  etcd_note(e, &e2);
+  if (err) *err = e2;
+  return e2.status;
+}
+
+void megad_etcd_reply_free(megad_etcd_reply *r) {
+  if (!r) return;
+  reply_buf *rb = (reply_buf *)r;
+  reply_buf_clear(rb);
+  free(rb);
+}

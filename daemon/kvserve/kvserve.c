@@ -1,0 +1,242 @@
+/* The rendezvous store as a service: waits on several keys with one
+ * deadline, and the Peer KvSet/KvGet/KvWait calls other nodes' workers come
+ * through. (This node's own workers reach the store from launch.c.) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/kvserve/kvserve.h"
+
+struct megad_kvwait {
+  megad_kvserve *ks;
+  char **keys;
+  size_t n, i;
+  uint64_t deadline; /* uv_now; 0: none */
+  int timeout_ms;
+  uint64_t cur; /* the mega_kv wait in progress, 0 when none */
+  bool in_step, sync_done, cancelled;
+  mega_status sync_status;
+  megad_kvwait_fn fn;
+  void *arg;
+};
+
+static void kvwait_free(megad_kvwait *w) {
+  for (size_t i = 0; i < w->n; i++) free(w->keys[i]);
+  free(w->keys);
+  free(w);
+}
+
+static void finish(megad_kvwait *w, mega_status s) {
+  char msg[512] = "";
+  const char *key = w->i < w->n ? w->keys[w->i] : "";
+  if (s == MEGA_ERR_TIMEOUT)
+    snprintf(msg, sizeof msg, "timed out after %d ms waiting for key '%s'", w->timeout_ms, key);
+  else if (s == MEGA_ERR_CANCELLED)
+    snprintf(msg, sizeof msg, "the wait for key '%s' was cancelled (the job attempt ended)", key);
+  else if (s != MEGA_OK)
+    snprintf(msg, sizeof msg, "waiting for key '%s' failed: %s", key, mega_status_str(s));
+  if (!w->cancelled) w->fn(w->arg, s, msg);
+  kvwait_free(w);
+}
+
+static bool step(megad_kvwait *w);
+
+static void on_key(void *ctx, mega_status s, const uint8_t *val, size_t len) {
+  (void)val;
+  (void)len;
+  megad_kvwait *w = ctx;
+  w->cur = 0;
+  if (w->in_step) { /* answered before mega_kv_wait returned */
+    w->sync_done = true;
+    w->sync_status = s;
+    return;
+  }
+  if (w->cancelled || s != MEGA_OK) {
+    finish(w, w->cancelled ? MEGA_ERR_CANCELLED : s);
+    return;
+  }
+  w->i++;
+  step(w);
+}
+
+/* Returns true when w finished (and is freed). */
+static bool step(megad_kvwait *w) {
+  while (w->i < w->n) {
+    int left = 0;
+    if (w->deadline) {
+      uint64_t now = uv_now(w->ks->b->loop);
+      if (now >= w->deadline) {
+        finish(w, MEGA_ERR_TIMEOUT);
+        return true;
+      }
+      left = (int)(w->deadline - now);
+    }
+    w->in_step = true;
+    w->sync_done = false;
+    uint64_t id = mega_kv_wait(w->ks->kv, w->keys[w->i], left, on_key, w);
+    w->in_step = false;
+    if (!w->sync_done) {
+      w->cur = id;
+      return false;
+    }
+    if (w->sync_status != MEGA_OK) {
+      finish(w, w->sync_status);
+      return true;
+    }
+    w->i++;
+  }
+  finish(w, MEGA_OK);
+  return true;
+}
+
+megad_kvwait *megad_kvwait_start(megad_kvserve *ks, char *const *keys, size_t n, int timeout_ms,
+                                 megad_kvwait_fn fn, void *arg) {
+  megad_kvwait *w = calloc(1, sizeof *w);
+  char **k = calloc(n ? n : 1, sizeof *k);
+  if (!w || !k) {
+    free(w);
+    free(k);
+    fn(arg, MEGA_ERR_NOMEM, "out of memory waiting for keys");
+    return NULL;
+  }
+  w->ks = ks;
+  w->keys = k;
+  for (size_t i = 0; i < n; i++) {
+    if (!(k[i] = strdup(keys[i] ? keys[i] : ""))) {
+      kvwait_free(w);
+      fn(arg, MEGA_ERR_NOMEM, "out of memory waiting for keys");
+      return NULL;
+    }
+    w->n++;
+  }
+  w->fn = fn;
+  w->arg = arg;
+  w->timeout_ms = timeout_ms;
+  if (timeout_ms > 0) w->deadline = uv_now(ks->b->loop) + (uint64_t)timeout_ms;
+  return step(w) ? NULL : w;
+}
+
+void megad_kvwait_cancel(megad_kvwait *w) {
+  if (!w) return;
+  w->cancelled = true;
+  if (w->cur) mega_kv_cancel(w->ks->kv, w->cur);
+}
+
+/* ---- Peer Kv* ---- */
+
+static void on_kv_set(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad_kvserve *ks = data;
+  const Mega__V1__KvSetRequest *req = (const void *)msg;
+  mega_err e = {0};
+  if (mega_kv_set(ks->kv, req->key, req->value.data, req->value.len, &e) != MEGA_OK) {
+    mega_rpc_fail_err(call, &e);
+    return;
+  }
+  Mega__V1__KvSetResponse r = MEGA__V1__KV_SET_RESPONSE__INIT;
+  mega_rpc_reply(call, &r.base);
+}
+
+static void reply_get(megad_kvserve *ks, mega_rpc_call *call, const char *key) {
+  Mega__V1__KvGetResponse r = MEGA__V1__KV_GET_RESPONSE__INIT;
+  const uint8_t *v;
+  size_t len;
+  if (mega_kv_get(ks->kv, key, &v, &len)) {
+    r.found = true;
+    r.value.data = (uint8_t *)v;
+    r.value.len = len;
+  }
+  mega_rpc_reply(call, &r.base);
+}
+
+typedef struct peer_wait {
+  megad_kvserve *ks;
+  mega_rpc_call *call;
+  megad_kvwait *w;
+  char *get_key; /* a KvGet that waits: answered with this key's value */
+} peer_wait;
+
+static void peer_wait_free(peer_wait *p) {
+  free(p->get_key);
+  free(p);
+}
+
+static void peer_wait_done(void *arg, mega_status s, const char *msg) {
+  peer_wait *p = arg;
+  if (s == MEGA_OK && p->get_key) {
+    reply_get(p->ks, p->call, p->get_key);
+  } else if (s == MEGA_OK) {
+    Mega__V1__KvWaitResponse r = MEGA__V1__KV_WAIT_RESPONSE__INIT;
+    mega_rpc_reply(p->call, &r.base);
+  } else {
+    mega_rpc_fail(p->call,
+                  s == MEGA_ERR_TIMEOUT     ? MEGA_RPC_DEADLINE_EXCEEDED
+                  : s == MEGA_ERR_CANCELLED ? MEGA_RPC_CANCELLED
+                                            : MEGA_RPC_INTERNAL,
+                  "%s", msg);
+  }
+  peer_wait_free(p);
+}
+
+static void peer_wait_cancelled(mega_rpc_call *call, void *arg) {
+  peer_wait *p = arg;
+  megad_kvwait *w = p->w;
+  mega_rpc_fail(call, MEGA_RPC_CANCELLED, "cancelled");
+  peer_wait_free(p);
+  megad_kvwait_cancel(w);
+}
+
+/* Answers call once every key exists (then with get_key's value, if given). */
+static void wait_then_answer(megad_kvserve *ks, mega_rpc_call *call, char *const *keys, size_t n,
+                      uint32_t timeout_ms, const char *get_key) {
+  peer_wait *p = calloc(1, sizeof *p);
+  if (!p || (get_key && !(p->get_key = strdup(get_key)))) {
+    free(p);
+    mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  p->ks = ks;
+  p->call = call;
+  int64_t left = mega_rpc_call_remaining_ms(call);
+  int t = (int)timeout_ms;
+  if (left >= 0 && (t <= 0 || left < t)) t = left > 0 ? (int)left : 1;
+  /* NULL: answered at once, and p is gone */
+  megad_kvwait *w = megad_kvwait_start(ks, keys, n, t, peer_wait_done, p);
+  if (w) {
+    p->w = w;
+    mega_rpc_call_on_cancel(call, peer_wait_cancelled, p);
+  }
+}
+
+static void on_kv_get(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad_kvserve *ks = data;
+  const Mega__V1__KvGetRequest *req = (const void *)msg;
+  const uint8_t *v;
+  size_t len;
+  if (req->wait_ms && !mega_kv_get(ks->kv, req->key, &v, &len))
+    wait_then_answer(ks, call, (char *const *)&req->key, 1, req->wait_ms, req->key);
+  else
+    reply_get(ks, call, req->key);
+}
+
+static void on_kv_wait(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad_kvserve *ks = data;
+  const Mega__V1__KvWaitRequest *req = (const void *)msg;
+  wait_then_answer(ks, call, req->keys, req->n_keys, req->timeout_ms, NULL);
+}
+
+mega_status megad_kvserve_init(megad_kvserve *ks, megad_base *b, mega_err *err) {
+  ks->b = b;
+  if (!(ks->kv = mega_kv_new(b->loop))) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  return MEGA_OK;
+}
+
+void megad_kvserve_free(megad_kvserve *ks) {
+  mega_kv_free(ks->kv);
+  ks->kv = NULL;
+}
+
+void megad_kvserve_register(megad_kvserve *ks, mega_rpc_server *srv) {
+  mega_rpc_server_handle(srv, &mega_peer_kv_set, on_kv_set, ks, NULL);
+  mega_rpc_server_handle(srv, &mega_peer_kv_get, on_kv_get, ks, NULL);
+  mega_rpc_server_handle(srv, &mega_peer_kv_wait, on_kv_wait, ks, NULL);
+}

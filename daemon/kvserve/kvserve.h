@@ -1,0 +1,35 @@
+/* The rendezvous store as a service: the key-value store (daemon/model/kv.h) that
+ * workers' Gloo stores reach through their daemon, waits on several keys
+ * with one deadline, and the Peer KvSet/KvGet/KvWait calls through which
+ * other nodes' workers reach it on the job's coordinator.
+ *
+ * On the loop thread only. Ownership: owns the store; borrows its base. */
+#ifndef MEGA_DAEMON_KVSERVE_H
+#define MEGA_DAEMON_KVSERVE_H
+
+#include <stddef.h>
+
+#include "daemon/base.h"
+#include "daemon/model/kv.h"
+#include "proto/rpc_server.h"
+
+typedef struct megad_kvserve {
+  megad_base *b;
+  mega_kv *kv;
+} megad_kvserve;
+
+mega_status megad_kvserve_init(megad_kvserve *ks, megad_base *b, mega_err *err);
+void megad_kvserve_free(megad_kvserve *ks);
+void megad_kvserve_register(megad_kvserve *ks, mega_rpc_server *srv);
+
+typedef struct megad_kvwait megad_kvwait;
+/* s: MEGA_OK, MEGA_ERR_TIMEOUT or MEGA_ERR_CANCELLED; msg says which key. */
+typedef void (*megad_kvwait_fn)(void *arg, mega_status s, const char *msg);
+/* Waits until every key exists, or timeout_ms (<= 0: no limit). May call fn
+ * before returning (and then returns NULL). */
+megad_kvwait *megad_kvwait_start(megad_kvserve *ks, char *const *keys, size_t n, int timeout_ms,
+                                 megad_kvwait_fn fn, void *arg);
+/* fn is not called after this. */
+void megad_kvwait_cancel(megad_kvwait *w);
+
+#endif

@@ -1,0 +1,555 @@
+/* The launcher's worker processes (see launch.h): spawn, the pipe and its
+ * frames, output capture, exits and abort. Worker frames go on to the job's
+ * coordinator through relay.c; watchdog.c pings and watches.
+ *
+ * A worker is done once it has exited and its stderr has drained (or a
+ * moment later); its exit is reported, its handles closed. Abort sends an
+ * Abort frame, then SIGKILL after the grace. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/jobspec.h"
+#include "daemon/launch/launch_internal.h"
+#include "daemon/model/util.h"
+
+extern char **environ;
+
+/* ---- output capture ---- */
+
+static void keep_line(megad_worker *w, const char *s, size_t n) {
+  if (n > LINE_MAX_KEPT - 1) n = LINE_MAX_KEPT - 1;
+  memcpy(w->tail[w->tail_next], s, n);
+  w->tail[w->tail_next][n] = '\0';
+  w->tail_next = (w->tail_next + 1) % MEGAD_TAIL_LINES;
+  if (w->tail_n < MEGAD_TAIL_LINES) w->tail_n++;
+}
+
+static void capture(megad_worker *w, const char *buf, size_t n, bool is_err) {
+  if (w->log_fd >= 0 && write(w->log_fd, buf, n) < 0) {
+    /* a full disk loses log lines, not the job */
+  }
+  if (!is_err) return;
+  for (size_t i = 0; i < n; i++) {
+    if (buf[i] == '\n') {
+      keep_line(w, w->partial, w->partial_len);
+      w->partial_len = 0;
+    } else if (w->partial_len < LINE_MAX_KEPT - 1) {
+      w->partial[w->partial_len++] = buf[i];
+    }
+  }
+}
+
+/* The last stderr lines, joined by newlines (the caller frees). */
+static char *tail_text(megad_worker *w) {
+  if (w->partial_len) {
+    keep_line(w, w->partial, w->partial_len);
+    w->partial_len = 0;
+  }
+  size_t cap = (size_t)w->tail_n * LINE_MAX_KEPT + 1, off = 0;
+  char *s = malloc(cap);
+  if (!s) return NULL;
+  s[0] = '\0';
+  for (int i = 0; i < w->tail_n; i++) {
+    int k = (w->tail_next - w->tail_n + i + MEGAD_TAIL_LINES) % MEGAD_TAIL_LINES;
+    off += (size_t)snprintf(s + off, cap - off, "%s%s", off ? "\n" : "", w->tail[k]);
+  }
+  return s;
+}
+
+static void alloc_buf(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)h;
+  size_t n = suggested < 65536 ? suggested : 65536;
+  buf->base = malloc(n);
+  buf->len = buf->base ? n : 0;
+}
+
+static void worker_try_finish(megad_worker *w);
+
+static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  megad_worker *w = s->data;
+  bool is_err = s == (uv_stream_t *)&w->err;
+  if (n > 0) capture(w, buf->base, (size_t)n, is_err);
+  free(buf->base);
+  if (n < 0) {
+    uv_read_stop(s);
+    if (is_err) w->err_eof = true;
+    else w->out_eof = true;
+    worker_try_finish(w);
+  }
+}
+
+/* ---- frames from the worker ---- */
+
+static void worker_broke(megad_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void worker_broke(megad_worker *w, const char *fmt, ...) {
+  if (w->broken || w->exited) return;
+  w->broken = true;
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  Mega__V1__WorkerError e = MEGA__V1__WORKER_ERROR__INIT;
+  e.message = msg;
+  Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
+  ev.kind_case = MEGA__V1__RANK_EVENT__KIND_ERROR;
+  ev.error = &e;
+  if (!w->error_msg) w->error_msg = strdup(msg);
+  relay_event(w->l, w, &ev);
+  launch_kill_worker(w);
+}
+
+static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
+  megad_launch *l = w->l;
+  Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
+  switch (f->msg_case) {
+  case MEGA__V1__WORKER_FRAME__MSG_HELLO:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_STARTED;
+    ev.started = f->hello;
+    relay_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_STEP:
+    if (f->step->metrics) f->step->metrics->rank = w->rank; /* the pipe says who it is */
+    watchdog_progress(w, "train", f->step->metrics ? f->step->metrics->step_time_s : 0);
+    relay_step(l, f->step);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_PROGRESS:
+    watchdog_progress(w, f->progress->phase, 0);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_NOTE:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_NOTE;
+    ev.note = f->note;
+    relay_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_CHECKPOINT_DONE:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_CHECKPOINT;
+    ev.checkpoint = f->checkpoint_done;
+    relay_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_ERROR:
+    if (!w->error_msg) w->error_msg = megad_strdup(f->error->message);
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_ERROR;
+    ev.error = f->error;
+    relay_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_KV:
+    relay_kv(w, f->kv);
+    break;
+  default:
+    break;
+  }
+}
+
+static void on_pipe_eof_timer(uv_timer_t *t) {
+  megad_worker *w = t->data;
+  if (!w->exited)
+    worker_broke(w, "rank %u closed its pipe to megad but did not exit; killed it", w->rank);
+}
+
+static void on_pipe(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  megad_worker *w = s->data;
+  if (n > 0) {
+    mega_err e = {0};
+    if (mega_frame_decoder_feed(&w->dec, buf->base, (size_t)n, &e) == MEGA_OK) {
+      ProtobufCMessage *m;
+      while (!w->closing && mega_frame_decoder_next(&w->dec, &m, &e) == MEGA_OK && m) {
+        handle_frame(w, (Mega__V1__WorkerFrame *)m);
+        protobuf_c_message_free_unpacked(m, NULL);
+      }
+    }
+    if (e.status != MEGA_OK) {
+      uv_read_stop(s);
+      w->pipe_eof = true;
+      worker_broke(w, "rank %u sent megad a frame that does not parse (%s); killed it", w->rank,
+                   e.msg);
+    }
+  }
+  free(buf->base);
+  if (n < 0) {
+    uv_read_stop(s);
+    w->pipe_eof = true;
+    if (!w->exited && !w->closing) uv_timer_start(&w->timer, on_pipe_eof_timer, 2000, 0);
+    worker_try_finish(w);
+  }
+}
+
+/* ---- exit and clean-up ---- */
+
+/* A worker's slot is free once its process is gone: before its handles
+ * close, so the attempt its exit ends can be placed here again at once. */
+static void release_slot(megad_worker *w) {
+  if (!w->slot_held) return;
+  megad_launcher *L = w->l->L;
+  w->slot_held = false;
+  if (L->slots_used) L->slots_used--;
+  if (L->slot_busy && w->slot < L->o.slots) L->slot_busy[w->slot] = false;
+}
+
+/* Takes the lowest free slot (the caller checked one is free). */
+static void take_slot(megad_launcher *L, megad_worker *w) {
+  L->slots_used++;
+  w->slot_held = true;
+  w->slot = 0;
+  while (L->slot_busy && w->slot < L->o.slots && L->slot_busy[w->slot]) w->slot++;
+  if (L->slot_busy && w->slot < L->o.slots) L->slot_busy[w->slot] = true;
+}
+
+static void handle_closed(uv_handle_t *h) {
+  megad_worker *w = h->data;
+  if (--w->open > 0) return;
+  megad_launch *l = w->l;
+  mega_frame_decoder_free(&w->dec);
+  if (w->log_fd >= 0) close(w->log_fd);
+  w->log_fd = -1;
+  free(w->error_msg);
+  w->error_msg = NULL;
+  release_slot(w);
+  l->live--;
+  launch_maybe_free(l);
+}
+
+static void close_worker(megad_worker *w) {
+  if (w->closing) return;
+  w->closing = true;
+  relay_worker_gone(w);
+  uv_handle_t *hs[] = {(uv_handle_t *)&w->proc, (uv_handle_t *)&w->pipe, (uv_handle_t *)&w->out,
+                       (uv_handle_t *)&w->err, (uv_handle_t *)&w->timer};
+  for (size_t i = 0; i < 5; i++)
+    if (!uv_is_closing(hs[i])) uv_close(hs[i], handle_closed);
+}
+
+static void report_exit(megad_worker *w) {
+  if (w->reported) return;
+  w->reported = true;
+  release_slot(w);
+  char *tail = tail_text(w);
+  Mega__V1__RankExit x = MEGA__V1__RANK_EXIT__INIT;
+  x.exit_status = (int32_t)w->exit_status;
+  x.term_signal = w->term_signal;
+  x.stderr_tail = tail ? tail : "";
+  Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
+  ev.kind_case = MEGA__V1__RANK_EVENT__KIND_EXIT;
+  ev.exit = &x;
+  relay_event(w->l, w, &ev);
+  free(tail);
+}
+
+static void on_drain_timer(uv_timer_t *t) {
+  megad_worker *w = t->data;
+  w->err_eof = w->out_eof = w->pipe_eof = true;
+  worker_try_finish(w);
+}
+
+/* Done once it exited and its output drained (or the drain timer fired). */
+static void worker_try_finish(megad_worker *w) {
+  if (!w->exited || w->closing) return;
+  if (!w->err_eof || !w->out_eof || !w->pipe_eof) return;
+  report_exit(w);
+  close_worker(w);
+}
+
+static void on_worker_exit(uv_process_t *p, int64_t status, int sig) {
+  megad_worker *w = p->data;
+  w->exited = true;
+  w->exit_status = status;
+  w->term_signal = sig;
+  megad_log(w->l->L->b, "job %s attempt %u rank %u (pid %d) exited %s %d", w->l->req->job_id,
+            w->l->req->attempt, w->rank, w->pid, sig ? "with signal" : "with status",
+            sig ? sig : (int)status);
+  /* stderr may still hold its last words; give it a moment */
+  uv_timer_stop(&w->timer);
+  uv_timer_start(&w->timer, on_drain_timer, 500, 0);
+  worker_try_finish(w);
+}
+
+/* ---- start ---- */
+
+static char *rank_path(const megad_launch *l, uint32_t rank, const char *suffix) {
+  char *p = NULL;
+  if (asprintf(&p, "%s/rank-%u%s", l->dir, rank, suffix) < 0) return NULL;
+  return p;
+}
+
+/* MEGA_WORKER_FD tells megaw it was started by megad; MEGAD_PID lets it
+ * notice a parent that died before PR_SET_PDEATHSIG was set. */
+static char **worker_env(const megad_launcher *L) {
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **env = calloc(n + 4, sizeof *env);
+  if (!env) return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(environ[i], "MEGA_WORKER_", 12) && strncmp(environ[i], "MEGAD_PID=", 10) &&
+        strncmp(environ[i], "NOTIFY_SOCKET=", 14) && strncmp(environ[i], "WATCHDOG_", 9))
+      env[k++] = environ[i];
+  if (asprintf(&env[k++], "MEGA_WORKER_FD=3") < 0 ||
+      asprintf(&env[k++], "MEGAD_PID=%d", (int)getpid()) < 0 ||
+      asprintf(&env[k++], "MEGA_WORKER_HOSTNAME=%s", L->o.worker_host) < 0)
+    env[k - 1] = NULL;
+  return env;
+}
+
+static void free_env(char **env) {
+  if (!env) return;
+  size_t n = 0;
+  while (env[n]) n++;
+  for (size_t i = n >= 3 ? n - 3 : 0; i < n; i++) free(env[i]);
+  free(env);
+}
+
+static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, mega_err *err) {
+  megad_launcher *L = l->L;
+  uv_loop_t *loop = L->b->loop;
+  const Mega__V1__LaunchRanksRequest *req = l->req;
+  w->proc.data = w->pipe.data = w->out.data = w->err.data = w->timer.data = w;
+  uv_pipe_init(loop, &w->pipe, 0);
+  uv_pipe_init(loop, &w->out, 0);
+  uv_pipe_init(loop, &w->err, 0);
+  uv_timer_init(loop, &w->timer);
+  w->open = 4;
+  mega_frame_decoder_init(&w->dec, &mega__v1__worker_frame__descriptor, 0);
+  char *log = rank_path(l, w->rank, ".log");
+  w->log_fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
+  free(log);
+
+  uv_stdio_container_t stdio[4];
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[1].data.stream = (uv_stream_t *)&w->out;
+  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[2].data.stream = (uv_stream_t *)&w->err;
+  stdio[3].flags = UV_CREATE_PIPE | UV_READABLE_PIPE | UV_WRITABLE_PIPE;
+  stdio[3].data.stream = (uv_stream_t *)&w->pipe;
+  char *args[] = {(char *)L->o.worker_path, NULL};
+  uv_process_options_t po;
+  memset(&po, 0, sizeof po);
+  po.file = L->o.worker_path;
+  po.args = args;
+  po.env = env;
+  po.exit_cb = on_worker_exit;
+  po.stdio = stdio;
+  po.stdio_count = 4;
+  /* a session of its own: a terminal's ^C reaches megad, which stops the
+   * job in order, not every worker at once */
+  po.flags = UV_PROCESS_DETACHED;
+  int rc = uv_spawn(loop, &w->proc, &po);
+  w->open++; /* the process handle needs closing even when spawn failed */
+  if (rc) {
+    w->exited = true;
+    w->reported = true;
+    close_worker(w);
+    return mega_fail(err, MEGA_ERR_IO, "cannot start %s for rank %u: %s", L->o.worker_path,
+                     w->rank, uv_strerror(rc));
+  }
+  w->spawned = true;
+  w->pid = w->proc.pid;
+  snprintf(w->phase, sizeof w->phase, "setup");
+  w->progress_ms = uv_now(loop);
+  uv_read_start((uv_stream_t *)&w->pipe, alloc_buf, on_pipe);
+  uv_read_start((uv_stream_t *)&w->out, alloc_buf, on_out);
+  uv_read_start((uv_stream_t *)&w->err, alloc_buf, on_out);
+
+  char *sdir = rank_path(l, w->rank, "");
+  if (sdir) mkdir(sdir, 0700);
+  Mega__V1__Assignment a = MEGA__V1__ASSIGNMENT__INIT;
+  a.job_id = req->job_id;
+  a.attempt = req->attempt;
+  a.args = req->spec ? req->spec->args : NULL;
+  a.n_args = req->spec ? req->spec->n_args : 0;
+  a.rank = w->rank;
+  a.world_size = req->world_size;
+  a.local_rank = w->local_rank;
+  a.local_world_size = (uint32_t)req->n_ranks;
+  a.tp = req->tp;
+  a.pp = req->pp;
+  a.dp = req->dp;
+  a.bootstrap = req->bootstrap;
+  a.state_dir = sdir ? sdir : "";
+  a.device = L->o.gpus ? (int32_t)w->slot : -1;
+  a.backend = L->o.gpus ? "cuda" : "cpu";
+  a.pipe_timeout_ms = L->o.pipe_timeout_ms;
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ASSIGNMENT;
+  f.assignment = &a;
+  launch_send_frame(w, &f);
+  free(sdir);
+  return MEGA_OK;
+}
+
+/* What only this node can check, before any rank starts: the files as it
+ * sees them. */
+static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
+                              mega_err *err) {
+  mega_jobspec s;
+  mega_jobspec_defaults(&s);
+  mega_status st = MEGA_OK;
+  if (req->spec && mega_jobspec_parse(&s, (int)req->spec->n_args, req->spec->args, err) != MEGA_OK) {
+    mega_jobspec_free(&s);
+    return mega_fail(err, MEGA_ERR_INVALID, "node %s cannot parse the job's flags: %s",
+                     L->b->node_id, err->msg);
+  }
+  struct stat sb;
+  const char *flag, *bad, *why;
+  if (!megad_data_visible(&s, &flag, &bad, &why))
+    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read %s %s: %s", L->b->node_id, flag,
+                   bad, why);
+  else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
+    st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
+                   L->b->node_id);
+  mega_jobspec_free(&s);
+  return st;
+}
+
+mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
+                               int32_t *pids, mega_err *err) {
+  megad_base *b = L->b;
+  if (b->stopping) return mega_fail(err, MEGA_ERR_UNSUPPORTED, "node %s is shutting down", b->node_id);
+  if (!req->n_ranks || !req->job_id || !req->job_id[0] || !req->bootstrap)
+    return mega_fail(err, MEGA_ERR_INVALID, "LaunchRanks needs a job id, ranks and a bootstrap");
+  if (L->slots_used + req->n_ranks > L->o.slots)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "node %s has %u free slot%s, and %zu rank%s were asked of it", b->node_id,
+                     L->o.slots - L->slots_used, L->o.slots - L->slots_used == 1 ? "" : "s",
+                     req->n_ranks, req->n_ranks == 1 ? "" : "s");
+  mega_status s = check_here(L, req, err);
+  if (s != MEGA_OK) return s;
+  megad_launch *l = calloc(1, sizeof *l);
+  if (!l) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  l->L = L;
+  l->req = (Mega__V1__LaunchRanksRequest *)megad_pb_copy(&req->base);
+  l->w = calloc(req->n_ranks, sizeof *l->w);
+  char *jdir = megad_job_dir(b, req->job_id);
+  if (jdir && asprintf(&l->dir, "%s/%u", jdir, req->attempt) < 0) l->dir = NULL;
+  free(jdir);
+  if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0700) && errno != EEXIST)) {
+    s = l->dir ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
+               : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
+    free(l->w);
+    free(l->dir);
+    free(l);
+    return s;
+  }
+  l->coord_local = !strcmp(req->coordinator_node_id, b->node_id);
+  uv_timer_init(b->loop, &l->kill_timer);
+  uv_timer_init(b->loop, &l->retry_timer);
+  l->kill_timer.data = l->retry_timer.data = l;
+  l->timers_open = 2;
+  l->next = L->launches;
+  L->launches = l;
+  char **env = worker_env(L);
+  s = env ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; i < req->n_ranks; i++) {
+    megad_worker *w = &l->w[i];
+    w->l = l;
+    w->rank = req->ranks[i];
+    w->local_rank = (uint32_t)i;
+    w->log_fd = -1;
+    pids[i] = 0;
+    if (s != MEGA_OK) continue;
+    l->nw++;
+    l->live++;
+    take_slot(L, w);
+    if ((s = spawn_worker(l, w, env, err)) == MEGA_OK) pids[i] = w->pid;
+  }
+  free_env(env);
+  if (s != MEGA_OK) {
+    megad_launch_abort(L, req->job_id, req->attempt, false, err->msg, 0);
+    return s;
+  }
+  megad_log(b, "job %s attempt %u: started %zu worker%s (ranks %u..%u)", req->job_id,
+            req->attempt, req->n_ranks, req->n_ranks == 1 ? "" : "s", req->ranks[0],
+            req->ranks[req->n_ranks - 1]);
+  return MEGA_OK;
+}
+
+/* ---- abort ---- */
+
+void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason) {
+  for (megad_launch *l = L->launches; l; l = l->next)
+    if (!strcmp(l->req->coordinator_node_id, coord_id)) {
+      l->coord_gone = true;
+      launch_abort(l, reason, MEGAD_ABORT_GRACE_MS);
+      relay_flush(l);
+      launch_maybe_free(l);
+    }
+}
+
+void megad_launch_abort_all(megad_launcher *L, const char *reason) {
+  for (megad_launch *l = L->launches; l; l = l->next) launch_abort(l, reason, MEGAD_ABORT_GRACE_MS);
+}
+
+mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpointRequest *req,
+                                mega_err *err) {
+  for (megad_launch *l = L->launches; l; l = l->next) {
+    if (strcmp(l->req->job_id, req->job_id) || l->req->attempt != req->attempt || l->aborting)
+      continue;
+    for (size_t i = 0; i < l->nw; i++) {
+      megad_worker *w = &l->w[i];
+      if (w->rank != req->rank || w->exited || w->closing) continue;
+      Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+      f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_COMMIT;
+      f.commit = (Mega__V1__CommitCheckpointRequest *)req;
+      launch_send_frame(w, &f);
+      return MEGA_OK;
+    }
+  }
+  return mega_fail(err, MEGA_ERR_NOT_FOUND, "node %s runs no rank %u of job %s attempt %u",
+                   L->b->node_id, req->rank, req->job_id, req->attempt);
+}
+
+bool megad_launch_idle(const megad_launcher *L) {
+  for (const megad_launch *l = L->launches; l; l = l->next)
+    if (l->live) return false;
+  return true;
+}
+
+uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max, size_t *n) {
+  *n = 0;
+  for (const megad_launch *l = L->launches; l && *n < max; l = l->next) {
+    if (!l->live) continue;
+    bool dup = false;
+    for (size_t i = 0; i < *n && !dup; i++) dup = !strcmp(ids[i], l->req->job_id);
+    if (!dup) ids[(*n)++] = l->req->job_id;
+  }
+  return L->slots_used;
+}
+
+/* ---- the launcher ---- */
+
+static void on_tick(uv_timer_t *t) { watchdog_tick(t->data); }
+
+mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
+                                const megad_launcher_opts *o, const megad_launcher_cbs *cbs,
+                                mega_err *err) {
+  memset(L, 0, sizeof *L);
+  L->b = b;
+  L->kvs = kvs;
+  L->o = *o;
+  if (!(L->slot_busy = calloc(o->slots ? o->slots : 1, sizeof *L->slot_busy)))
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %u slots", o->slots);
+  if (!L->o.ping_ms) L->o.ping_ms = 500;
+  if (!L->o.pipe_timeout_ms) L->o.pipe_timeout_ms = 3000;
+  if (!L->o.step_floor_ms) L->o.step_floor_ms = 2000;
+  if (!L->o.rendezvous_timeout_ms) L->o.rendezvous_timeout_ms = 60000;
+  L->cbs = *cbs;
+  uv_timer_init(b->loop, &L->tick);
+  L->tick.data = L;
+  L->tick_on = true;
+  uv_timer_start(&L->tick, on_tick, 100, 100);
+  return MEGA_OK;
+}
+
+void megad_launcher_free(megad_launcher *L) {
+  if (L->tick_on) uv_close((uv_handle_t *)&L->tick, NULL);
+  L->tick_on = false;
+  free(L->slot_busy); /* workers of launches still closing read it no more: slots_used only */
+  L->slot_busy = NULL;
+}

@@ -1,0 +1,102 @@
+/* The launcher: this node's share of jobs, whoever coordinates them.
+ *
+ * One megaw per local rank, spawned with a bidirectional pipe on fd 3
+ * (frames of proto/frame.h), stdout and stderr captured into the rank's log
+ * file, the last stderr lines kept for the error message. megad pings each
+ * pipe; a worker that hears nothing for the Assignment's pipe timeout stops
+ * on its own (its megad is frozen or gone).
+ *
+ * What workers say goes to the job's coordinator: through the callbacks the
+ * coordinator registered when it is this node, else batched into Peer
+ * ReportStep calls. Their KV requests go to this node's store or to the
+ * coordinator's.
+ *
+ * A step watchdog checks every worker: one that makes no progress within
+ * its phase's limit (setup: the rendezvous timeout; training: the job's
+ * --step-timeout, or 10 x its median step time with a 2 s floor; eval and
+ * checkpoints: 10 minutes) is reported as hung; a stopped process (SIGSTOP,
+ * state T) is hung after the floor in any phase. A stopped process is the
+ * cause and is killed; one merely waiting is reported as the likely echo of
+ * a hung peer.
+ *
+ * On the loop thread only. Ownership: the launcher owns its launches and
+ * workers; it borrows base and kvserve. */
+#ifndef MEGA_DAEMON_LAUNCH_H
+#define MEGA_DAEMON_LAUNCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/base.h"
+#include "daemon/kvserve/kvserve.h"
+#include "proto/mega.pb-c.h"
+
+#define MEGAD_ABORT_GRACE_MS 2000
+
+/* Where worker reports go when this node coordinates their job. */
+typedef struct megad_launcher_cbs {
+  void (*step)(void *arg, const char *job_id, uint32_t attempt, const char *node_id,
+               const Mega__V1__StepReport *r);
+  void (*event)(void *arg, const char *job_id, uint32_t attempt, const char *node_id,
+                const Mega__V1__RankEvent *ev);
+  void *arg;
+} megad_launcher_cbs;
+
+typedef struct megad_launcher_opts {
+  const char *worker_path; /* megaw */
+  const char *worker_host; /* the address workers bind for their peers */
+  uint32_t slots;
+  unsigned ping_ms;            /* pipe pings; 0: 500 */
+  unsigned pipe_timeout_ms;    /* a worker stops after this much silence; 0: 3000 */
+  unsigned step_floor_ms;      /* the adaptive step limit's floor; 0: 2000 */
+  unsigned rendezvous_timeout_ms; /* what setup may take; 0: 60000 */
+  bool gpus; /* one GPU per slot: a worker gets its slot's device */
+} megad_launcher_opts;
+
+typedef struct megad_launch megad_launch;
+
+typedef struct megad_launcher {
+  megad_base *b;
+  megad_kvserve *kvs;
+  megad_launcher_opts o;
+  megad_launcher_cbs cbs;
+  megad_launch *launches;
+  uint32_t slots_used;
+  bool *slot_busy; /* [o.slots]: which slot (and GPU) each worker holds */
+  uv_timer_t tick; /* pings and the watchdog */
+  bool tick_on;
+  uint64_t last_ping_ms;
+  uint64_t steps_relayed; /* workers' step reports passed on (for /metrics) */
+} megad_launcher;
+
+mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
+                                const megad_launcher_opts *o, const megad_launcher_cbs *cbs,
+                                mega_err *err);
+void megad_launcher_free(megad_launcher *L); /* once idle */
+
+/* Spawns this node's share of a job; pids (the caller's, req->n_ranks) get
+ * the workers' pids. Before any rank starts, the node checks what only it
+ * can: the data file and the save directory as it sees them
+ * (MEGA_ERR_INVALID, naming this node). Slots taken is
+ * MEGA_ERR_UNSUPPORTED. */
+mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
+                               int32_t *pids, mega_err *err);
+/* Sends Abort to the attempt's workers, then SIGKILL after grace_ms.
+ * attempt < 0: every attempt. stale: every attempt before `attempt`. */
+void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
+                        const char *reason, unsigned grace_ms);
+/* Aborts the launches coordinated by coord_id (it died or restarted): no
+ * rank runs on without its coordinator. */
+void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason);
+/* Shutdown: aborts everything. */
+void megad_launch_abort_all(megad_launcher *L, const char *reason);
+/* Passes the coordinator's go-ahead for a checkpoint to the committing
+ * worker; MEGA_ERR_NOT_FOUND when it does not run here (any more). */
+mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpointRequest *req,
+                                mega_err *err);
+bool megad_launch_idle(const megad_launcher *L);
+/* Job ids with ranks here (borrowed, at most max); returns the slots used. */
+uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max, size_t *n);
+
+#endif

@@ -1,0 +1,113 @@
+/* A node's share of a job, shared by the launcher's files, each calling
+ * only the ones below it:
+ *
+ *   launch.c       the worker processes: spawn, pipes, output, exits
+ *   watchdog.c     pings and the step watchdog
+ *   relay.c        what passes between the workers and the job's
+ *                  coordinator: reports and KV requests
+ *   launch_life.c  frames down the pipe, kill, abort, the launch's end
+ *
+ * Private to the launcher. */
+#ifndef MEGA_DAEMON_LAUNCH_INTERNAL_H
+#define MEGA_DAEMON_LAUNCH_INTERNAL_H
+
+#include "daemon/launch/launch.h"
+#include "proto/frame.h"
+
+#define MEGAD_TAIL_LINES 20
+#define LINE_MAX_KEPT 300
+#define STEP_WINDOW 16
+
+typedef struct kvop kvop;
+
+typedef struct megad_worker {
+  megad_launch *l;
+  uint32_t rank, local_rank;
+  uv_process_t proc;
+  uv_pipe_t pipe, out, err;
+  uv_timer_t timer; /* pipe EOF without exit; stderr drain after exit */
+  int open;         /* handles not yet closed */
+  mega_frame_decoder dec;
+  int pid;
+  bool spawned, exited, pipe_eof, err_eof, out_eof, reported, closing, broken;
+  bool slot_held; /* counted in the launcher's slots_used */
+  uint32_t slot;  /* which one: its GPU on a node with GPUs */
+  int64_t exit_status;
+  int term_signal;
+  char *error_msg; /* its WorkerError, if it sent one */
+  char tail[MEGAD_TAIL_LINES][LINE_MAX_KEPT];
+  int tail_n, tail_next;
+  char partial[LINE_MAX_KEPT];
+  size_t partial_len;
+  int log_fd;
+  kvop *ops;
+  /* the watchdog's view */
+  char phase[16];         /* "setup", "train", "eval", "checkpoint" */
+  uint64_t progress_ms;   /* uv_now of the last progress (a step, a phase) */
+  double steps[STEP_WINDOW]; /* recent step times, seconds */
+  int nsteps;
+  bool hung; /* reported */
+} megad_worker;
+
+struct megad_launch {
+  megad_launch *next;
+  megad_launcher *L;
+  Mega__V1__LaunchRanksRequest *req; /* owned copy */
+  char *dir;                         /* state_dir/jobs/<id>/<attempt> */
+  bool coord_local, coord_gone, aborting;
+  megad_worker *w;
+  size_t nw, live; /* live: workers with handles still open */
+  uv_timer_t kill_timer, retry_timer;
+  int timers_open;
+  /* reports to a remote coordinator: queued, and the batch in flight */
+  Mega__V1__StepReport **steps;
+  size_t nsteps;
+  Mega__V1__RankEvent **events;
+  size_t nevents;
+  bool sending;
+  int refs; /* async callbacks still to come (reports, KV forwards) */
+};
+
+/* A KV request of a worker in progress. */
+struct kvop {
+  kvop *next;
+  megad_worker *w; /* NULL once the worker went away */
+  megad_launch *l;
+  uint64_t request_id;
+  megad_kvwait *wait;
+  char *get_key; /* a get that waits: the key to answer with once it exists */
+};
+
+/* launch_life.c: the lower half, which relay.c and watchdog.c use */
+void launch_send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f);
+void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
+                             size_t len, const char *error);
+void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms);
+void launch_kill_worker(megad_worker *w);
+/* Abort frames to l's workers, then SIGKILL after grace_ms (once). */
+void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms);
+/* Drops the reports still queued for the coordinator. */
+void launch_free_queue(megad_launch *l);
+/* Frees l once nothing refers to it any more (workers closed, callbacks in). */
+void launch_maybe_free(megad_launch *l);
+
+/* relay.c */
+/* A worker's step or event, to the coordinator: at once when it is this
+ * node, else batched into Peer ReportStep calls (retried until they land,
+ * or the coordinator is gone). */
+void relay_step(megad_launch *l, const Mega__V1__StepReport *r);
+void relay_event(megad_launch *l, megad_worker *w, Mega__V1__RankEvent *ev);
+void relay_flush(megad_launch *l);
+/* A worker's KvRequest: served from this node's store when it coordinates
+ * the job, else forwarded to the coordinator's Peer Kv*. */
+void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req);
+/* The worker went away: its KV requests end without an answer. */
+void relay_worker_gone(megad_worker *w);
+
+/* watchdog.c */
+/* A sign of progress from w: a step report (step_s > 0) or a new phase. */
+void watchdog_progress(megad_worker *w, const char *phase, double step_s);
+/* Every tick: pings, and workers that made no progress in time. */
+void watchdog_tick(megad_launcher *L);
+
+#endif

@@ -1,0 +1,128 @@
+/* The launcher's lower half: what relay.c and watchdog.c need of a launch
+ * and its workers (frames down the pipe, kill, abort, the launch's end), so
+ * that calls inside the launcher only go down. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/launch/launch_internal.h"
+
+/* ---- the pipe to the worker ---- */
+
+typedef struct write_req {
+  uv_write_t req;
+  uint8_t *buf;
+} write_req;
+
+static void written(uv_write_t *req, int status) {
+  (void)status; /* a dead worker shows as its exit */
+  write_req *w = (write_req *)req;
+  free(w->buf);
+  free(w);
+}
+
+void launch_send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f) {
+  if (!w->spawned || w->closing || w->pipe_eof) return;
+  write_req *wr = calloc(1, sizeof *wr);
+  size_t len;
+  if (!wr || mega_frame_encode(&f->base, 0, &wr->buf, &len, NULL) != MEGA_OK) {
+    free(wr);
+    return;
+  }
+  uv_buf_t b = uv_buf_init((char *)wr->buf, (unsigned)len);
+  if (uv_write(&wr->req, (uv_stream_t *)&w->pipe, &b, 1, written)) {
+    free(wr->buf);
+    free(wr);
+  }
+}
+
+void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
+                             size_t len, const char *error) {
+  Mega__V1__KvResponse r = MEGA__V1__KV_RESPONSE__INIT;
+  r.request_id = id;
+  r.found = found;
+  r.value.data = (uint8_t *)val;
+  r.value.len = len;
+  r.error = (char *)(error ? error : "");
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_KV;
+  f.kv = &r;
+  launch_send_frame(w, &f);
+}
+
+void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms) {
+  Mega__V1__Abort a = MEGA__V1__ABORT__INIT;
+  a.reason = (char *)reason;
+  a.grace_ms = grace_ms;
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ABORT;
+  f.abort = &a;
+  launch_send_frame(w, &f);
+}
+
+/* ---- kill, abort ---- */
+
+void launch_kill_worker(megad_worker *w) {
+  if (w->spawned && !w->exited) uv_process_kill(&w->proc, SIGKILL);
+}
+
+static void on_kill_timer(uv_timer_t *t) {
+  megad_launch *l = t->data;
+  for (size_t i = 0; i < l->nw; i++) launch_kill_worker(&l->w[i]);
+}
+
+void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms) {
+  if (l->aborting) return;
+  l->aborting = true;
+  for (size_t i = 0; i < l->nw; i++) launch_send_abort(&l->w[i], reason, grace_ms);
+  uv_timer_start(&l->kill_timer, on_kill_timer, grace_ms, 0);
+}
+
+void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
+                        const char *reason, unsigned grace_ms) {
+  for (megad_launch *l = L->launches; l; l = l->next) {
+    if (strcmp(l->req->job_id, job_id)) continue;
+    bool match = attempt < 0 || (stale ? l->req->attempt < (uint32_t)attempt
+                                       : l->req->attempt == (uint32_t)attempt);
+    if (match) launch_abort(l, reason, grace_ms);
+  }
+}
+
+/* ---- the launch's end ---- */
+
+void launch_free_queue(megad_launch *l) {
+  for (size_t i = 0; i < l->nsteps; i++) protobuf_c_message_free_unpacked(&l->steps[i]->base, NULL);
+  for (size_t i = 0; i < l->nevents; i++)
+    protobuf_c_message_free_unpacked(&l->events[i]->base, NULL);
+  free(l->steps);
+  free(l->events);
+  l->steps = NULL;
+  l->events = NULL;
+  l->nsteps = l->nevents = 0;
+}
+
+static void free_launch_mem(megad_launch *l) {
+  if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
+  launch_free_queue(l);
+  free(l->w);
+  free(l->dir);
+  free(l);
+}
+
+static void timer_closed(uv_handle_t *h) {
+  megad_launch *l = h->data;
+  if (--l->timers_open == 0) free_launch_mem(l);
+}
+
+void launch_maybe_free(megad_launch *l) {
+  if (l->live || l->refs || l->sending || l->timers_open < 2) return;
+  if (!l->coord_gone && (l->nsteps || l->nevents)) return; /* still to tell the coordinator */
+  for (megad_launch **p = &l->L->launches; *p; p = &(*p)->next)
+    if (*p == l) {
+      *p = l->next;
+      break;
+    }
+  uv_close((uv_handle_t *)&l->kill_timer, timer_closed);
+  uv_close((uv_handle_t *)&l->retry_timer, timer_closed);
+}
+

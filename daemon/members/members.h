@@ -1,0 +1,118 @@
+/* Cluster membership, in one of two modes.
+ *
+ * Peers (no etcd): every node heartbeats every other node it knows every
+ * --heartbeat-interval and learns new nodes from the views that come back. A
+ * node not heard from for half the --heartbeat-timeout is SUSPECT (no new
+ * work is placed there), for the whole timeout DEAD. A new incarnation (a
+ * restarted megad) counts as a loss too.
+ *
+ * etcd (members_etcd.c): no heartbeats between nodes. Each node holds an etcd
+ * session (a lease of 2 s, kept alive) and puts its record, a mega.v1.Node,
+ * at mega/nodes/<node id> under that lease, again whenever its load changes.
+ * Every node watches mega/nodes/: a PUT is a node up (or its new load), a
+ * DELETE (the lease expired or was revoked) a node lost. A megad that stops
+ * puts its record as LEFT, then revokes its lease. If this node's own session
+ * is lost (it was cut off, or stopped, for longer than the TTL), others took
+ * it for dead: it registers again as a new incarnation and tells the layers
+ * above through self_fenced.
+ *
+ * Members tells the layers above through callbacks they register, never by
+ * calling them: node_up when a node joins or is alive again, node_lost when
+ * one dies, leaves or restarts.
+ *
+ * On the loop thread only. Ownership: members owns its nodes; it borrows its
+ * base. */
+#ifndef MEGA_DAEMON_MEMBERS_H
+#define MEGA_DAEMON_MEMBERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/base.h"
+#include "daemon/etcd/etcd.h"
+#include "proto/mega.pb-c.h"
+#include "proto/rpc_server.h"
+
+typedef struct megad_node {
+  char *id, *address, *version, *backend;
+  char *device_name; /* "2 x NVIDIA H100 80GB HBM3"; empty for cpu */
+  Mega__V1__NodeState state;
+  uint32_t slots, slots_used;
+  uint64_t incarnation;
+  uint64_t seen_ms;          /* uv_now of the last sign of life */
+  int64_t last_heartbeat_unix_ms;
+  char **job_ids;            /* jobs with ranks there, as it last said */
+  size_t njob_ids;
+  bool self, hb_inflight;
+} megad_node;
+
+typedef struct megad_members_cbs {
+  void (*node_up)(void *arg, megad_node *n);
+  void (*node_lost)(void *arg, megad_node *n, const char *why);
+  /* This node's load for heartbeats and views: slots used, and the ids of
+   * jobs with ranks here (borrowed strings, at most max). */
+  uint32_t (*self_load)(void *arg, const char **job_ids, size_t max, size_t *n);
+  /* etcd mode: this node's session was lost, so the cluster took it for
+   * dead and others may hold what it held (a coordinator stands down); it is
+   * registered again as a new incarnation. May be NULL. */
+  void (*self_fenced)(void *arg, const char *why);
+  void *arg;
+} megad_members_cbs;
+
+typedef struct megad_members_opts {
+  const char *address; /* this node's host:port for peers */
+  uint32_t slots;
+  const char *backend; /* "cpu" or "cuda" */
+  const char *device_name; /* the GPUs behind the slots, or NULL */
+  const char *peers;   /* "host:port,..." to join; NULL: none */
+  unsigned heartbeat_interval_ms, heartbeat_timeout_ms;
+  unsigned etcd_lease_s; /* etcd mode: the lease's TTL (0: 2 s) */
+} megad_members_opts;
+
+typedef struct megad_members {
+  megad_base *b;
+  megad_members_opts o;
+  megad_members_cbs cbs;
+  uint64_t incarnation;
+  megad_node **nodes; /* nodes[0] is this node */
+  size_t nnodes;
+  uint64_t view_version;
+  char **peers; /* --peers, joined until each has answered once */
+  bool *peer_joined, *peer_joining, *peer_warned;
+  size_t npeers;
+  uv_timer_t timer;
+  bool timer_on;
+  /* etcd mode (members_etcd.c); etcd is borrowed, NULL in peers mode */
+  megad_etcd *etcd;
+  megad_etcd_watch *etcd_watch;
+  char *etcd_key;            /* mega/nodes/<id> */
+  char *etcd_sig;            /* the load last put: slots used and job ids */
+  uint64_t etcd_taken_ms;    /* when the name was first found taken; 0: not */
+  bool etcd_registered, etcd_registering, etcd_putting, etcd_listing, etcd_leaving;
+  bool etcd_warned;
+} megad_members;
+
+/* opts' strings are copied. etcd: membership from etcd (opts->peers must
+ * be NULL), or NULL: from peers. */
+mega_status megad_members_init(megad_members *m, megad_base *b, const megad_members_opts *o,
+                               uint64_t incarnation, megad_etcd *etcd,
+                               const megad_members_cbs *cbs, mega_err *err);
+/* Starts heartbeats and joins (each interval), or the etcd session, the
+ * registration and the watch. */
+void megad_members_start(megad_members *m);
+/* Best effort at shutdown: Leave to every live peer, timer stopped; in etcd
+ * mode the record put as LEFT, then the lease revoked (megad_members_leaving
+ * is true until then). */
+void megad_members_leave(megad_members *m);
+bool megad_members_leaving(const megad_members *m);
+void megad_members_free(megad_members *m);
+/* Join, Heartbeat, Leave and Control.ListNodes. */
+void megad_members_register(megad_members *m, mega_rpc_server *srv);
+
+megad_node *megad_members_find(megad_members *m, const char *id);
+megad_node *megad_members_self(megad_members *m);
+/* ALIVE: new work may be placed there. */
+bool megad_node_usable(const megad_node *n);
+
+#endif

@@ -1,0 +1,28 @@
+/* Inside membership, files stacked: members.c over members_etcd.c
+ * (membership from etcd) over members_nodes.c (the node table). Not for the
+ * rest of megad (members.h is the contract). */
+#ifndef MEGA_DAEMON_MEMBERS_INTERNAL_H
+#define MEGA_DAEMON_MEMBERS_INTERNAL_H
+
+#include "daemon/members/members.h"
+
+/* members_nodes.c */
+const char *members_state_name(Mega__V1__NodeState s);
+void members_node_free(megad_node *n);
+megad_node *members_node_add(megad_members *m, const char *id, const char *address);
+/* A node's address changed: calls must go to the new one. */
+void members_set_address(megad_members *m, megad_node *n, const char *address);
+void members_set_str(char **dst, const char *src);
+void members_set_job_ids(megad_node *n, char **ids, size_t k);
+/* n as a message; strings borrowed from n. */
+void members_node_msg(megad_node *n, Mega__V1__Node *m);
+/* Refreshes what this node says about itself (load, job ids). */
+void members_refresh_self(megad_members *m);
+/* n is lost (DEAD, LEFT, or ALIVE again as a new incarnation): callbacks. */
+void members_node_lost(megad_members *m, megad_node *n, Mega__V1__NodeState to, const char *why);
+
+/* etcd mode (members_etcd.c) */
+void members_etcd_start(megad_members *m);
+void members_etcd_leave(megad_members *m);
+
+#endif

@@ -1,0 +1,193 @@
+/* A job as its coordinator keeps it: the journaled state, the state
+ * machine, the bounded history that WatchJob replays, and the conversions to
+ * and from the wire's Job message and the journal's records.
+ *
+ * Pure bookkeeping: no loop, no I/O (the caller appends the records this
+ * module packs). Runtime state of a running job (workers, merges, watchers)
+ * hangs off `rt` and belongs to the coordinator (coord.c).
+ *
+ * Ownership: a mega_jobs table owns its jobs; a job owns its strings, its
+ * placement and its history items. */
+#ifndef MEGA_DAEMON_JOB_H
+#define MEGA_DAEMON_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/jobspec.h"
+#include "core/status.h"
+#include "daemon/model/stepring.h"
+#include "proto/mega.pb-c.h"
+
+/* Items kept for WatchJob's replay, per job (the oldest go first). */
+#define MEGA_JOB_HISTORY 1024
+
+typedef Mega__V1__JobState mega_job_state;
+#define MEGA_JOB_PENDING MEGA__V1__JOB_STATE__JOB_STATE_PENDING
+#define MEGA_JOB_RUNNING MEGA__V1__JOB_STATE__JOB_STATE_RUNNING
+#define MEGA_JOB_SUCCEEDED MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED
+#define MEGA_JOB_FAILED MEGA__V1__JOB_STATE__JOB_STATE_FAILED
+#define MEGA_JOB_CANCELLED MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED
+#define MEGA_JOB_RESTARTING MEGA__V1__JOB_STATE__JOB_STATE_RESTARTING
+
+/* One node's share of a placement: global ranks [first_rank, first_rank + nranks). */
+typedef struct mega_job_node {
+  char *node_id;
+  uint32_t first_rank, nranks;
+} mega_job_node;
+
+typedef struct mega_job {
+  char *id, *name;
+  char **args; /* as submitted (what users see) */
+  size_t nargs;
+  /* The args parsed once, when the job arrives; an attempt's launch flags
+   * come from this struct (mega_recovery_attempt_spec), never from editing
+   * argv. spec_ok is false when the args do not parse (a journal written by
+   * another version): such a job cannot start again. */
+  mega_jobspec spec;
+  bool spec_ok;
+  uint32_t nnodes_min, nnodes_max, nproc_per_node;
+  uint32_t max_restarts, step_timeout_ms;
+  uint32_t restarts; /* restarts after rank failures so far */
+  mega_job_state state;
+  uint32_t world, tp, pp, dp, vp;
+  int64_t created_ms, started_ms, ended_ms;
+  char *error; /* NULL until the job fails */
+  uint64_t last_iteration, train_iters;
+  uint32_t attempt;
+  mega_job_node *placement;
+  size_t nplaced;
+  char *coordinator;
+  /* etcd mode: the create revision of the job's coordinator key, the fence
+   * every write and launch of its coordinator carries (0: no coordinator key,
+   * or embedded mode); fenced: this node's claim was refused (not journaled) */
+  int64_t fence;
+  bool fenced;
+  bool orphan; /* etcd mirror: no coordinator key now (fence stays the last one seen) */
+  uint64_t ckpt_iteration; /* the last checkpoint every rank finished; 0: none */
+  char *ckpt_path;
+
+  /* History for WatchJob replay: a ring of owned items, oldest at hist_head. */
+  Mega__V1__WatchJobResponse **hist;
+  size_t hist_head, hist_len, hist_cap; /* the ring grows to MEGA_JOB_HISTORY as it
+                                           fills: a job that never ran costs little */
+  /* steps the ring let go (a replay says so with a gap marker) */
+  uint64_t hist_lost_steps, hist_lost_first, hist_lost_last;
+  Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
+  mega_stepring curve; /* every step, thinned when old (the web view's curves) */
+  /* Every event of the job, oldest first (owned; GetJob's history). */
+  Mega__V1__JobEvent **events;
+  size_t nevents, events_cap;
+
+  void *rt;   /* the coordinator's runtime state while the job runs */
+  /* The coordinator's queue of waiting jobs (coord_queue.c), in submission
+   * order; wq_epoch: 1 + the membership view it could not fit even empty. */
+  struct mega_job *wq_prev, *wq_next;
+  bool wq_in;
+  uint64_t wq_epoch;
+  char *wait; /* why a pending job waits (said once per change); not journaled */
+  uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
+  int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
+  /* From the slowest rank's step end to the merge, summed over merged steps
+   * (for /metrics; not journaled). */
+  double report_delay_sum_s;
+  uint64_t report_delay_n;
+} mega_job;
+
+/* ---- life cycle ---- */
+
+/* A PENDING job from a submitted spec (copied). */
+mega_status mega_job_new(const char *id, const Mega__V1__JobSpec *spec, const char *coordinator,
+                         int64_t now_ms, mega_job **out, mega_err *err);
+void mega_job_free(mega_job *j);
+
+/* ---- the state machine ----
+ *   PENDING    -> RUNNING | FAILED | CANCELLED
+ *   RUNNING    -> SUCCEEDED | FAILED | CANCELLED | RESTARTING
+ *   RESTARTING -> RUNNING | FAILED | CANCELLED
+ *   FAILED     -> RESTARTING (megactl resume)
+ *   SUCCEEDED, CANCELLED: final; FAILED is final until resumed.
+ * Entering RUNNING sets started_ms (the first time); a final state sets
+ * ended_ms. error (may be NULL) is kept for FAILED and CANCELLED. A
+ * transition not listed is MEGA_ERR_INVALID and changes nothing. */
+mega_status mega_job_transition(mega_job *j, mega_job_state to, int64_t now_ms, const char *error,
+                                mega_err *err);
+bool mega_job_state_final(mega_job_state s);
+const char *mega_job_state_name(mega_job_state s); /* "running", ... */
+
+/* Sets the placement (copied) and the sizes it implies. */
+mega_status mega_job_place(mega_job *j, const mega_job_node *nodes, size_t n, uint32_t world,
+                           uint32_t tp, uint32_t pp, uint32_t vp, mega_err *err);
+
+/* The node that runs global rank r, or NULL. */
+const mega_job_node *mega_job_node_of(const mega_job *j, uint32_t rank);
+
+/* ---- the wire ---- */
+
+/* A Job message that points into the job (valid while the job is unchanged);
+ * free the arrays it needed with mega_job_msg_free. */
+typedef struct mega_job_msg {
+  Mega__V1__Job job;
+  Mega__V1__JobSpec spec;
+  Mega__V1__NodeRanks *nr, **nrp;
+  uint32_t *ranks;
+} mega_job_msg;
+
+mega_status mega_job_msg_init(mega_job_msg *m, const mega_job *j, mega_err *err);
+void mega_job_msg_free(mega_job_msg *m);
+
+/* A job from a Job message (a journal record), with its history empty. */
+mega_status mega_job_from_msg(const Mega__V1__Job *msg, mega_job **out, mega_err *err);
+
+/* ---- history ---- */
+
+/* Appends a copy of item (a step, an event or the final state); the oldest
+ * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step
+ * and joins curve, an event also joins events (which keeps them all). */
+mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err);
+/* Item i (0: oldest) of the history. */
+const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i);
+
+/* ---- the table ---- */
+
+typedef struct mega_jobs {
+  mega_job **v; /* in submission order */
+  size_t n, cap;
+  uint64_t next_id; /* n of the next "j-<n>-<node>" */
+} mega_jobs;
+
+void mega_jobs_init(mega_jobs *t);
+void mega_jobs_free(mega_jobs *t);
+mega_job *mega_jobs_find(const mega_jobs *t, const char *id);
+/* Adds j (the table takes it). */
+mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err);
+/* A fresh id, "j-<n>-<node>" with n above every id the table holds. The
+ * coordinator's node name keeps ids unique across the cluster, so a node
+ * running ranks of several coordinators' jobs never confuses two. */
+void mega_jobs_next_id(mega_jobs *t, const char *node, char *buf, size_t len);
+/* Frees and removes every job keep(j, arg) says no to, in one pass; the
+ * order of the rest stays. */
+void mega_jobs_filter(mega_jobs *t, bool (*keep)(const mega_job *j, void *arg), void *arg);
+/* Removes job id from the table without freeing it; NULL if absent. */
+mega_job *mega_jobs_take(mega_jobs *t, const char *id);
+/* A forgotten job (a replayed ForgetRecord): gone from the table, its id
+ * still used. */
+void mega_jobs_forget(mega_jobs *t, const char *id);
+
+/* ---- journal records (daemon/model/megad.proto) ---- */
+
+/* Each packs one JournalRecord into *buf (malloc'd, the caller frees). */
+mega_status mega_jrec_job(const mega_job *j, uint8_t **buf, size_t *len, mega_err *err);
+mega_status mega_jrec_event(const char *job_id, const Mega__V1__JobEvent *ev, uint8_t **buf,
+                            size_t *len, mega_err *err);
+mega_status mega_jrec_forget(const char *job_id, uint8_t **buf, size_t *len, mega_err *err);
+mega_status mega_jrec_step(const char *job_id, const Mega__V1__StepMetrics *step, uint8_t **buf,
+                           size_t *len, mega_err *err);
+
+/* Applies one record to the table: a job record replaces (or adds) its job,
+ * keeping its history; events and steps join their job's history. Records of
+ * unknown jobs are ignored. Bytes that do not parse are MEGA_ERR_INVALID. */
+mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_err *err);
+
+#endif

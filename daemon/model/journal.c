@@ -1,0 +1,267 @@
+#include "daemon/model/journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+struct mega_journal {
+  int fd;
+  char *path;
+};
+
+static void put_u32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+  p[2] = (uint8_t)(v >> 16);
+  p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t crc_of(const void *rec, size_t len) {
+  return (uint32_t)crc32(crc32(0L, Z_NULL, 0), rec, (uInt)len);
+}
+
+static mega_status io_fail(mega_err *err, const char *what, const char *path) {
+  return mega_fail(err, MEGA_ERR_IO, "journal %s: %s: %s", path, what, strerror(errno));
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+  const uint8_t *p = buf;
+  while (len) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int write_record(int fd, const void *rec, size_t len) {
+  uint8_t head[8];
+  put_u32(head, (uint32_t)len);
+  put_u32(head + 4, crc_of(rec, len));
+  return write_all(fd, head, sizeof head) || write_all(fd, rec, len) ? -1 : 0;
+}
+
+/* Makes a rename or creation in path's directory durable. */
+static int fsync_dir_of(const char *path) {
+  char *copy = strdup(path);
+  if (!copy) return -1;
+  int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  free(copy);
+  if (dfd < 0) return -1;
+  int rc = fsync(dfd);
+  close(dfd);
+  return rc;
+}
+
+mega_status mega_journal_open(const char *path, mega_journal **out, mega_err *err) {
+  int fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return io_fail(err, "cannot open", path);
+  mega_journal *j = calloc(1, sizeof *j);
+  if (!j || !(j->path = strdup(path))) {
+    free(j);
+    close(fd);
+    return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", path);
+  }
+  j->fd = fd;
+  if (fsync_dir_of(path)) {
+    mega_journal_close(j);
+    return io_fail(err, "cannot sync its directory", path);
+  }
+  *out = j;
+  return MEGA_OK;
+}
+
+/* Whether a valid record starts at off. */
+static bool record_at(const uint8_t *buf, size_t size, size_t off, uint32_t *len) {
+  if (off + 8 > size) return false;
+  uint32_t l = get_u32(buf + off), crc = get_u32(buf + off + 4);
+  if (l > MEGA_JOURNAL_MAX_RECORD || l > size - off - 8) return false;
+  if (crc_of(buf + off + 8, l) != crc) return false;
+  *len = l;
+  return true;
+}
+
+/* The next offset after a bad record where a valid record starts, or size. */
+static size_t resync(const uint8_t *buf, size_t size, size_t from) {
+  uint32_t len;
+  for (size_t k = from; k + 8 <= size; k++)
+    if (record_at(buf, size, k, &len)) return k;
+  return size;
+}
+
+static mega_status read_whole(mega_journal *j, uint8_t **out, size_t *size, mega_err *err) {
+  struct stat st;
+  if (fstat(j->fd, &st)) return io_fail(err, "cannot stat", j->path);
+  *size = (size_t)st.st_size;
+  uint8_t *buf = malloc(*size ? *size : 1);
+  if (!buf) return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
+  size_t got = 0;
+  while (got < *size) {
+    ssize_t n = pread(j->fd, buf + got, *size - got, (off_t)got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      free(buf);
+      return io_fail(err, "cannot read", j->path);
+    }
+    got += (size_t)n;
+  }
+  *out = buf;
+  return MEGA_OK;
+}
+
+static mega_status keep_copy(mega_journal *j, const uint8_t *buf, size_t size, char *copy,
+                             size_t cap, mega_err *err) {
+  snprintf(copy, cap, "%s.damaged-%lld", j->path, (long long)time(NULL));
+  int fd = open(copy, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || write_all(fd, buf, size) || fsync(fd)) {
+    if (fd >= 0) close(fd);
+    return io_fail(err, "cannot keep a copy of the damaged journal", copy);
+  }
+  close(fd);
+  return MEGA_OK;
+}
+
+mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
+                                mega_journal_report *rep, mega_err *err) {
+  mega_journal_report r = {0};
+  uint8_t *buf = NULL;
+  size_t size = 0;
+  mega_status s = read_whole(j, &buf, &size, err);
+  if (s != MEGA_OK) return s;
+  /* Good records as (offset, length) runs, for a rewrite after damage. */
+  size_t nrec = 0, cap = 64;
+  size_t (*recs)[2] = malloc(cap * sizeof *recs);
+  if (!recs) {
+    free(buf);
+    return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
+  }
+  size_t off = 0, good_end = 0;
+  while (off < size) {
+    uint32_t len;
+    if (!record_at(buf, size, off, &len)) {
+      size_t next = resync(buf, size, off + 1);
+      if (next == size) break; /* nothing valid follows: a torn tail */
+      r.damaged_bytes += next - off;
+      r.damaged_regions++;
+      off = next;
+      continue;
+    }
+    if (fn && fn(ctx, buf + off + 8, len)) {
+      s = mega_fail(err, MEGA_ERR_INVALID, "journal %s: record at byte %zu was refused", j->path,
+                    off);
+      break;
+    }
+    if (nrec == cap) {
+      void *v = realloc(recs, 2 * cap * sizeof *recs);
+      if (!v) {
+        s = mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
+        break;
+      }
+      recs = v;
+      cap *= 2;
+    }
+    recs[nrec][0] = off + 8;
+    recs[nrec++][1] = len;
+    r.records++;
+    off += 8 + len;
+    good_end = off;
+  }
+  if (s == MEGA_OK) {
+    r.torn_bytes = size - good_end;
+    if (r.damaged_regions) {
+      s = keep_copy(j, buf, size, r.copy, sizeof r.copy, err);
+      const void **ptrs = s == MEGA_OK ? malloc((nrec ? nrec : 1) * sizeof *ptrs) : NULL;
+      size_t *lens = ptrs ? malloc((nrec ? nrec : 1) * sizeof *lens) : NULL;
+      if (s == MEGA_OK && !lens) s = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+      for (size_t i = 0; s == MEGA_OK && i < nrec; i++) {
+        ptrs[i] = buf + recs[i][0];
+        lens[i] = recs[i][1];
+      }
+      if (s == MEGA_OK) s = mega_journal_rewrite(j, (const void *const *)ptrs, lens, nrec, err);
+      free(ptrs);
+      free(lens);
+    } else if (r.torn_bytes) {
+      /* A crash tears at most the tail; keep what was cut all the same. */
+      s = keep_copy(j, buf, size, r.copy, sizeof r.copy, err);
+      if (s == MEGA_OK && (ftruncate(j->fd, (off_t)good_end) || fdatasync(j->fd)))
+        s = io_fail(err, "cannot cut its torn tail", j->path);
+    }
+  }
+  free(recs);
+  free(buf);
+  if (rep) *rep = r;
+  return s;
+}
+
+mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err) {
+  if (len > MEGA_JOURNAL_MAX_RECORD)
+    return mega_fail(err, MEGA_ERR_INVALID, "journal %s: record of %zu bytes exceeds %u", j->path,
+                     len, MEGA_JOURNAL_MAX_RECORD);
+  if (write_record(j->fd, rec, len) || fdatasync(j->fd))
+    return io_fail(err, "cannot append", j->path);
+  return MEGA_OK;
+}
+
+mega_status mega_journal_append_many(mega_journal *j, const void *const *recs, const size_t *lens,
+                                     size_t n, mega_err *err) {
+  for (size_t i = 0; i < n; i++)
+    if (lens[i] > MEGA_JOURNAL_MAX_RECORD)
+      return mega_fail(err, MEGA_ERR_INVALID, "journal %s: record of %zu bytes exceeds %u",
+                       j->path, lens[i], MEGA_JOURNAL_MAX_RECORD);
+  for (size_t i = 0; i < n; i++)
+    if (write_record(j->fd, recs[i], lens[i])) return io_fail(err, "cannot append", j->path);
+  if (n && fdatasync(j->fd)) return io_fail(err, "cannot append", j->path);
+  return MEGA_OK;
+}
+
+mega_status mega_journal_rewrite(mega_journal *j, const void *const *recs, const size_t *lens,
+                                 size_t n, mega_err *err) {
+  size_t plen = strlen(j->path);
+  char *tmp = malloc(plen + 5);
+  if (!tmp) return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
+  memcpy(tmp, j->path, plen);
+  memcpy(tmp + plen, ".tmp", 5);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    mega_status s = io_fail(err, "cannot create", tmp);
+    free(tmp);
+    return s;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (write_record(fd, recs[i], lens[i])) goto fail;
+  }
+  if (fsync(fd) || rename(tmp, j->path) || fsync_dir_of(j->path)) goto fail;
+  close(j->fd);
+  j->fd = fd;
+  free(tmp);
+  return MEGA_OK;
+fail:;
+  mega_status s = io_fail(err, "cannot rewrite", j->path);
+  close(fd);
+  unlink(tmp);
+  free(tmp);
+  return s;
+}
+
+void mega_journal_close(mega_journal *j) {
+  if (!j) return;
+  if (j->fd >= 0) close(j->fd);
+  free(j->path);
+  free(j);
+}

@@ -1,0 +1,41 @@
+/* The service layer: what the wire asks of megad, on top of every other
+ * layer. control.c serves Control (forwarding calls about a job to its
+ * coordinator when another node owns it), peer.c the Peer calls about jobs,
+ * metrics.c GET /metrics (served by http.c). Members and kvserve register their own calls. */
+#ifndef MEGA_DAEMON_SERVICES_H
+#define MEGA_DAEMON_SERVICES_H
+
+#include "daemon/coord/coord.h"
+
+typedef struct megad_services {
+  megad_base *b;
+  megad_jobs *jobs;
+  megad_members *members;
+  megad_launcher *L;
+  megad_coord *coord;
+  mega_rpc_server *srv; /* for its per-method counts; may be NULL */
+  void *http;           /* metrics.c */
+  const char *token; /* the cluster token (NULL: none): /metrics wants it as a bearer token */
+} megad_services;
+
+/* The largest request megad reads: a job spec is far smaller, and a bigger
+ * message is refused by gRPC before it is parsed. */
+#define MEGAD_MAX_REQUEST_BYTES (4u << 20)
+
+void megad_control_register(megad_services *s, mega_rpc_server *srv);
+void megad_peer_register(megad_services *s, mega_rpc_server *srv);
+
+/* Forwards a call about job_id to the job's coordinator (from the id,
+ * "j-N-NODE") when that is another node, relaying the answer or stream.
+ * Returns false, touching nothing, when this node is the coordinator or the
+ * node is not known: the caller answers then. */
+bool megad_forward(megad_services *s, mega_rpc_call *call, const char *job_id,
+                   const ProtobufCMessage *req);
+
+/* GET /metrics on addr ("HOST:PORT"); token (NULL: open) is then wanted as
+ * `Authorization: Bearer TOKEN`. */
+mega_status megad_metrics_start(megad_services *s, const char *addr, const char *token,
+                                mega_err *err);
+void megad_metrics_stop(megad_services *s);
+
+#endif

@@ -1,0 +1,302 @@
+/* Saving and loading a checkpoint: model and optimizer tensors, config.json
+ * and trainer_state.json. Writing is ckpt_writer.c's, the two JSON files
+ * ckpt_json.c's, the directory protocol ckpt_dir.c's, the sharding
+ * ckpt_shard.c's, completeness ckpt_manifest.c's and ckpt_resolve.c's. */
+#include "worker/ckpt/checkpoint.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "worker/ckpt/ckpt_internal.h"
+#include "worker/ckpt/ckpt_writer.h"
+
+static const char *const moment_suffix[2] = {".exp_avg", ".exp_avg_sq"};
+
+mega_status mega_ckpt_save(const char *save_dir, mega_backend *be, const mega_gpt_config *cfg,
+                           const mega_jobspec *job, const mega_ckpt_state *state,
+                           const mega_ckpt_param *params, size_t n,
+                           const mega_ckpt_save_opts *opts, mega_err *err) {
+  mega_ckpt_writer_config wc = {.save_dir = save_dir, .cfg = cfg, .job = job,
+                                .attempt = state->attempt,
+                                .max_shard_bytes = opts ? opts->max_shard_bytes : 0};
+  mega_ckpt_writer *w = NULL;
+  mega_ckpt_write_result res;
+  mega_status st = mega_ckpt_writer_create(&wc, params, n, &w, err);
+  if (st == MEGA_OK) st = mega_ckpt_writer_stage(w, be, state, err);
+  if (st == MEGA_OK) st = mega_ckpt_writer_write(w, &res, err);
+  mega_ckpt_writer_destroy(w);
+  return st;
+}
+
+/* ---- loading ---- */
+
+static json_t *load_json(const char *dir, const char *name, mega_err *err) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  json_error_t jerr;
+  json_t *j = json_load_file(path, 0, &jerr);
+  if (!j) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+      mega_fail(err, MEGA_ERR_INVALID, "checkpoint %s has no %s", dir, name);
+      return NULL;
+    }
+    fclose(f);
+    mega_fail(err, MEGA_ERR_INVALID, "%s is not valid JSON (line %d: %s)", path, jerr.line,
+              jerr.text);
+    return NULL;
+  }
+  if (!json_is_object(j)) {
+    json_decref(j);
+    mega_fail(err, MEGA_ERR_INVALID, "%s is not a JSON object", path);
+    return NULL;
+  }
+  return j;
+}
+
+static mega_status check_config(const char *dir, const mega_gpt_config *cfg, mega_err *err) {
+  json_t *j = load_json(dir, MEGA_CKPT_CONFIG_FILE, err);
+  if (!j) return err ? err->status : MEGA_ERR_INVALID;
+  static const struct {
+    const char *key, *flag;
+    size_t off;
+  } fields[] = {
+      {"vocab_size", "vocabulary size", offsetof(mega_gpt_config, vocab_size)},
+      {"n_positions", "--max-position-embeddings", offsetof(mega_gpt_config, max_seq_len)},
+      {"n_embd", "--hidden-size", offsetof(mega_gpt_config, channels)},
+      {"n_layer", "--num-layers", offsetof(mega_gpt_config, num_layers)},
+      {"n_head", "--num-attention-heads", offsetof(mega_gpt_config, num_heads)},
+  };
+  mega_status st = MEGA_OK;
+  const char *mt = json_string_value(json_object_get(j, "model_type"));
+  if (!mt || strcmp(mt, "gpt2") != 0) {
+    st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s: model_type is not \"gpt2\"", dir,
+                   MEGA_CKPT_CONFIG_FILE);
+    goto out;
+  }
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    json_t *v = json_object_get(j, fields[i].key);
+    int want = *(const int *)((const char *)cfg + fields[i].off);
+    if (!json_is_integer(v)) {
+      st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s lacks an integer %s", dir,
+                     MEGA_CKPT_CONFIG_FILE, fields[i].key);
+      goto out;
+    }
+    if (json_integer_value(v) != want) {
+      /* Megatron pads the vocabulary to a multiple of
+       * --make-vocab-size-divisible-by x TP, so it can differ by layout */
+      bool vocab = fields[i].off == offsetof(mega_gpt_config, vocab_size);
+      st = mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint config mismatch: %s/%s has %s %lld, but this job has %s %d%s",
+                     dir, MEGA_CKPT_CONFIG_FILE, fields[i].key,
+                     (long long)json_integer_value(v), fields[i].flag, want,
+                     vocab ? " (the padded vocabulary: a multiple of "
+                             "--make-vocab-size-divisible-by x --tensor-model-parallel-size; "
+                             "choose --make-vocab-size-divisible-by so it comes out the same)"
+                           : "");
+      goto out;
+    }
+  }
+out:
+  json_decref(j);
+  return st;
+}
+
+/* The flags a resumed job must share with the saved one: the model and the
+ * data order. The LR schedule has its own check (mega_ckpt_check_sched). */
+static mega_status check_job(const char *dir, const json_t *saved_json, const mega_jobspec *job,
+                             mega_err *err) {
+  mega_jobspec saved;
+  mega_jobspec_defaults(&saved);
+  mega_err jerr = {0};
+  if (mega_jobspec_from_json(&saved, saved_json, &jerr) != MEGA_OK) {
+    mega_jobspec_free(&saved);
+    return mega_fail(err, MEGA_ERR_INVALID, "%s/%s: bad job record: %s", dir,
+                     MEGA_CKPT_STATE_FILE, jerr.msg);
+  }
+  struct {
+    const char *flag;
+    double a, b;
+  } f[] = {
+      {"--num-layers", saved.num_layers, job->num_layers},
+      {"--hidden-size", saved.hidden_size, job->hidden_size},
+      {"--num-attention-heads", saved.num_attention_heads, job->num_attention_heads},
+      {"--seq-length", saved.seq_length, job->seq_length},
+      {"--max-position-embeddings", mega_jobspec_max_position_embeddings(&saved),
+       mega_jobspec_max_position_embeddings(job)},
+      {"--global-batch-size", saved.global_batch_size, job->global_batch_size},
+  };
+  mega_jobspec_free(&saved);
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+    if (f[i].a != f[i].b)
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "checkpoint %s was saved with %s %.10g, but this job has %.10g; resume "
+                       "with the same value", dir, f[i].flag, f[i].a, f[i].b);
+  return MEGA_OK;
+}
+
+static mega_status get_i64(const json_t *j, const char *key, const char *dir, int64_t *out,
+                           mega_err *err) {
+  json_t *v = json_object_get(j, key);
+  if (!json_is_integer(v) || json_integer_value(v) < 0)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s/%s lacks a non-negative integer %s", dir,
+                     MEGA_CKPT_STATE_FILE, key);
+  *out = json_integer_value(v);
+  return MEGA_OK;
+}
+
+static mega_status read_sched(const char *dir, const json_t *l, mega_ckpt_state *state,
+                              mega_err *err) {
+  state->has_sched = false;
+  if (!l) return MEGA_OK;
+  json_t *lr = json_object_get(l, "lr"), *min = json_object_get(l, "min_lr");
+  json_t *wu = json_object_get(l, "warmup_iters"), *dec = json_object_get(l, "decay_iters");
+  const char *style = json_string_value(json_object_get(l, "decay_style"));
+  int k = -1;
+  for (int i = 0; style && i < 3; i++)
+    if (!strcmp(style, mega_ckpt_lr_style_names[i])) k = i;
+  if (!json_is_number(lr) || !json_is_number(min) || !json_is_integer(wu) ||
+      !json_is_integer(dec) || k < 0)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s/%s has a bad lr_schedule", dir,
+                     MEGA_CKPT_STATE_FILE);
+  state->sched = (mega_lr_sched){.lr = json_number_value(lr), .min_lr = json_number_value(min),
+                                 .warmup_iters = json_integer_value(wu),
+                                 .decay_iters = json_integer_value(dec),
+                                 .style = (mega_lr_style)k};
+  state->has_sched = true;
+  return MEGA_OK;
+}
+
+mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
+                                  const mega_lr_sched *mine, mega_err *err) {
+  char a[64], b[64];
+  const char *flag = NULL;
+  if (saved->lr != mine->lr) {
+    flag = "--lr";
+    snprintf(a, sizeof a, "%.10g", saved->lr);
+    snprintf(b, sizeof b, "%.10g", mine->lr);
+  } else if (saved->min_lr != mine->min_lr) {
+    flag = "--min-lr";
+    snprintf(a, sizeof a, "%.10g", saved->min_lr);
+    snprintf(b, sizeof b, "%.10g", mine->min_lr);
+  } else if (saved->warmup_iters != mine->warmup_iters) {
+    flag = "--lr-warmup-iters";
+    snprintf(a, sizeof a, "%lld", (long long)saved->warmup_iters);
+    snprintf(b, sizeof b, "%lld", (long long)mine->warmup_iters);
+  } else if (saved->decay_iters != mine->decay_iters) {
+    flag = "--lr-decay-iters";
+    snprintf(a, sizeof a, "%lld", (long long)saved->decay_iters);
+    snprintf(b, sizeof b, "%lld", (long long)mine->decay_iters);
+  } else if (saved->style != mine->style) {
+    flag = "--lr-decay-style";
+    snprintf(a, sizeof a, "%s", (unsigned)saved->style < 3 ? mega_ckpt_lr_style_names[saved->style] : "?");
+    snprintf(b, sizeof b, "%s", (unsigned)mine->style < 3 ? mega_ckpt_lr_style_names[mine->style] : "?");
+  }
+  if (!flag) return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_INVALID,
+                   "checkpoint %s was saved with %s %s, but this job has %s; resume with the "
+                   "same LR schedule, or add --override-opt_param-scheduler (use this job's) or "
+                   "--use-checkpoint-opt_param-scheduler (use the checkpoint's)",
+                   path, flag, a, b);
+}
+
+static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckpt_state *state,
+                              bool *has_opt, mega_err *err) {
+  json_t *j = load_json(dir, MEGA_CKPT_STATE_FILE, err);
+  if (!j) return err ? err->status : MEGA_ERR_INVALID;
+  mega_status st = MEGA_OK;
+  const char *fmt = json_string_value(json_object_get(j, "format"));
+  json_t *ver = json_object_get(j, "version");
+  if (!fmt || strcmp(fmt, MEGA_CKPT_STATE_FORMAT) != 0 || !json_is_integer(ver) ||
+      json_integer_value(ver) != MEGA_CKPT_STATE_VERSION) {
+    st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s is not a %s version %d state file", dir,
+                   MEGA_CKPT_STATE_FILE, MEGA_CKPT_STATE_FORMAT, MEGA_CKPT_STATE_VERSION);
+    goto out;
+  }
+  if ((st = get_i64(j, "iteration", dir, &state->iteration, err)) != MEGA_OK ||
+      (st = get_i64(j, "consumed_samples", dir, &state->consumed_samples, err)) != MEGA_OK ||
+      (st = get_i64(j, "optimizer_steps", dir, &state->optimizer_steps, err)) != MEGA_OK)
+    goto out;
+  *has_opt = json_is_true(json_object_get(j, "has_optimizer_state"));
+  json_t *att = json_object_get(j, "attempt");
+  state->attempt = json_is_integer(att) ? (int)json_integer_value(att) : 0;
+  if ((st = read_sched(dir, json_object_get(j, "lr_schedule"), state, err)) != MEGA_OK) goto out;
+  if (job) {
+    json_t *saved = json_object_get(j, "job");
+    if (!json_is_object(saved)) {
+      st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s lacks the job's flags", dir,
+                     MEGA_CKPT_STATE_FILE);
+      goto out;
+    }
+    st = check_job(dir, saved, job, err);
+  }
+out:
+  json_decref(j);
+  return st;
+}
+
+/* Reads the whole tensor into host (numel floats) and copies p's part of
+ * it (a TP slice, cut into host + numel) to dst. */
+static mega_status load_tensor(mega_backend *be, const mega_ckpt_shards *sh, const char *dir,
+                               const char *what, const char *name, const mega_ckpt_param *p,
+                               float *dst, float *host, mega_err *err) {
+  const mega_st_file *f = mega_ckpt_shards_find(sh, name);
+  if (!f)
+    return mega_fail(err, MEGA_ERR_INVALID, "checkpoint %s is missing %s tensor '%s'", dir, what,
+                     name);
+  mega_status st = mega_st_read_f32(f, name, host, p->numel, p->shape, p->ndim, err);
+  if (st != MEGA_OK) return st;
+  const float *src = host;
+  if (p->tp_size > 1) {
+    mega_tp_cut(&p->tp, p->tp_size, p->tp_rank, host, host + p->numel);
+    src = host + p->numel;
+  }
+  return be->ops->memcpy(be, dst, src, mega_ckpt_param_local(p) * sizeof(float),
+                         MEGA_COPY_H2D, err);
+}
+
+mega_status mega_ckpt_load(const char *path, mega_backend *be, const mega_gpt_config *cfg,
+                           const mega_jobspec *job, const mega_ckpt_param *params, size_t n,
+                           mega_ckpt_state *state, mega_err *err) {
+  mega_ckpt_state s = {0};
+  bool has_opt = false, want_opt = false;
+  mega_status st = check_config(path, cfg, err);
+  if (st == MEGA_OK) st = read_state(path, job, &s, &has_opt, err);
+  if (st != MEGA_OK) return st;
+  for (size_t i = 0; i < n; i++) want_opt |= params[i].exp_avg != NULL;
+  if (want_opt && !has_opt)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint %s holds no optimizer state to resume training from", path);
+
+  size_t maxn = 1;
+  for (size_t i = 0; i < n; i++)
+    if (params[i].numel > maxn) maxn = params[i].numel;
+  float *host = malloc(2 * maxn * sizeof(float)); /* a whole tensor and its slice */
+  if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory loading %s", path);
+
+  mega_ckpt_shards model = {0}, opt = {0};
+  st = mega_ckpt_open_shards(path, "model", &model, err);
+  if (st == MEGA_OK && want_opt) st = mega_ckpt_open_shards(path, "optimizer", &opt, err);
+  char name[256];
+  for (size_t i = 0; i < n && st == MEGA_OK; i++) {
+    st = load_tensor(be, &model, path, "model", params[i].name, &params[i], params[i].param,
+                     host, err);
+    if (st != MEGA_OK || !params[i].exp_avg) continue;
+    float *dst[2] = {params[i].exp_avg, params[i].exp_avg_sq};
+    for (int k = 0; k < 2 && st == MEGA_OK; k++) {
+      snprintf(name, sizeof name, "%s%s", params[i].name, moment_suffix[k]);
+      st = load_tensor(be, &opt, path, "optimizer", name, &params[i], dst[k], host, err);
+    }
+  }
+  mega_ckpt_close_shards(&model);
+  mega_ckpt_close_shards(&opt);
+  free(host);
+  if (st == MEGA_OK) st = be->ops->synchronize(be, err);
+  if (st == MEGA_OK) *state = s;
+  return st;
+}

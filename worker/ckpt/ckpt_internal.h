@@ -1,0 +1,51 @@
+/* Shared by the checkpoint files (checkpoint.c, ckpt_dir.c, ckpt_manifest.c,
+ * ckpt_writer.c); not a public interface. */
+#ifndef MEGA_WORKER_CKPT_INTERNAL_H
+#define MEGA_WORKER_CKPT_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "core/status.h"
+#include "worker/ckpt/checkpoint.h"
+
+#define MEGA_CKPT_STATE_FILE "trainer_state.json"
+#define MEGA_CKPT_STATE_FORMAT "mega-checkpoint"
+#define MEGA_CKPT_STATE_VERSION 2 /* 2: attempt, lr_schedule, manifest.json */
+#define MEGA_CKPT_CONFIG_FILE "config.json"
+#define MEGA_CKPT_TEMP_PREFIX ".tmp."
+
+/* Creates save_dir and the temp directory the writers of one save share,
+ * SAVE/.tmp.iter_NNNNNNN.aA (A: the attempt); its path goes to tmp. A
+ * directory already there is used as it is, unless fresh (a single writer),
+ * which empties it first. */
+mega_status mega_ckpt_begin(const char *save_dir, int64_t iteration, int attempt, bool fresh,
+                            char *tmp, size_t cap, mega_err *err);
+/* fsyncs tmp (its files are already durable), renames it to iter_NNNNNNN,
+ * fsyncs save_dir, then points the latest file at it. */
+mega_status mega_ckpt_commit(const char *save_dir, const char *tmp, int64_t iteration,
+                             mega_err *err);
+/* Removes tmp after a failed save. */
+void mega_ckpt_abort(const char *tmp);
+
+/* Writes j (its reference is taken, even on failure) to dir/name and
+ * fsyncs it; out (may be NULL) gets its name, size and crc32. */
+mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, size_t flags,
+                                 mega_ckpt_file *out, mega_err *err);
+
+/* ckpt_json.c: config.json for cfg, and trainer_state.json's object; NULL
+ * when out of memory. */
+json_t *mega_ckpt_config_json(const mega_gpt_config *cfg);
+/* trainer_state.json's names of mega_lr_style (constant, linear, cosine). */
+extern const char *const mega_ckpt_lr_style_names[3];
+json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
+                             bool has_optimizer_state);
+
+/* Writes dir/manifest.json, fsynced: iteration, attempt and the files. */
+mega_status mega_ckpt_write_manifest(const char *dir, int64_t iteration, int attempt,
+                                     const mega_ckpt_file *files, size_t n, mega_err *err);
+
+#endif

@@ -1,0 +1,199 @@
+/* --load DIR to a complete checkpoint: the one latest names, or else the
+ * newest complete iter_* directory, with a notice saying why. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "worker/ckpt/checkpoint.h"
+#include "worker/ckpt/ckpt_internal.h"
+
+static bool is_file(const char *dir, const char *name) {
+  char p[4352];
+  struct stat st;
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static bool is_checkpoint_dir(const char *dir) {
+  return is_file(dir, MEGA_CKPT_MANIFEST_FILE) || is_file(dir, MEGA_CKPT_STATE_FILE);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The iterations of DIR's iter_NNNNNNN directories, newest first (malloc'd
+ * into *out; *n of them). */
+static mega_status list_iters(const char *dir, int64_t **out, size_t *n, mega_err *err) {
+  *out = NULL;
+  *n = 0;
+  DIR *d = opendir(dir);
+  if (!d) {
+    if (errno == ENOENT || errno == ENOTDIR) return MEGA_OK;
+    return mega_fail(err, MEGA_ERR_IO, "cannot read --load %s: %s", dir, strerror(errno));
+  }
+  size_t cap = 0;
+  mega_status st = MEGA_OK;
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *p = e->d_name;
+    if (strncmp(p, "iter_", 5) != 0 || !p[5] || strspn(p + 5, "0123456789") != strlen(p + 5) ||
+        strlen(p + 5) > 18)
+      continue;
+    char full[4352];
+    struct stat sb;
+    snprintf(full, sizeof full, "%s/%s", dir, p);
+    if (stat(full, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 16;
+      int64_t *grown = realloc(*out, cap * sizeof **out);
+      if (!grown) {
+        st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory listing %s", dir);
+        break;
+      }
+      *out = grown;
+    }
+    (*out)[(*n)++] = strtoll(p + 5, NULL, 10);
+  }
+  closedir(d);
+  if (st != MEGA_OK) {
+    free(*out);
+    *out = NULL;
+    *n = 0;
+    return st;
+  }
+  if (*n) qsort(*out, *n, sizeof **out, cmp_desc);
+  return MEGA_OK;
+}
+
+static char *dup_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *dup_printf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *s = NULL;
+  if (vasprintf(&s, fmt, ap) < 0) s = NULL;
+  va_end(ap);
+  return s;
+}
+
+/* The newest complete iter_* of dir other than skip (-1: none skipped).
+ * *path gets it (malloc'd) or stays NULL; *first_bad gets the reason the
+ * newest incomplete one (newer than what was found) failed, when any. */
+static mega_status newest_complete(const char *dir, int64_t skip, char **path, int64_t *found,
+                                   size_t *nseen, mega_err *first_bad, int64_t *bad_it,
+                                   mega_err *err) {
+  *path = NULL;
+  *nseen = 0;
+  *bad_it = -1;
+  int64_t *its;
+  size_t n;
+  mega_status st = list_iters(dir, &its, &n, err);
+  if (st != MEGA_OK) return st;
+  char p[4096];
+  for (size_t i = 0; i < n && !*path; i++) {
+    if (its[i] == skip) continue;
+    (*nseen)++;
+    if (!mega_ckpt_iter_path(p, sizeof p, dir, its[i])) continue;
+    mega_err verr = {0};
+    if (mega_ckpt_verify(p, its[i], &verr) != MEGA_OK) {
+      if (*bad_it < 0) {
+        *bad_it = its[i];
+        *first_bad = verr;
+      }
+      continue;
+    }
+    *path = strdup(p);
+    *found = its[i];
+    if (!*path) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  }
+  free(its);
+  return st;
+}
+
+static mega_status read_latest(const char *latest, int64_t *it, mega_err *err) {
+  FILE *f = fopen(latest, "r");
+  if (!f) return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(errno));
+  char line[64] = {0};
+  size_t got = fread(line, 1, sizeof line - 1, f);
+  fclose(f);
+  line[got] = '\0';
+  char *end;
+  errno = 0;
+  long long v = strtoll(line, &end, 10);
+  while (*end == '\n' || *end == ' ' || *end == '\r') end++;
+  if (got == 0 || end == line || *end || errno || v < 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "%s should hold one iteration number, not '%.20s'", latest, line);
+  *it = v;
+  return MEGA_OK;
+}
+
+mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err) {
+  *path = NULL;
+  if (notice) *notice = NULL;
+  char latest[4096], dir[4096];
+  snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, load_dir);
+  struct stat sb;
+  bool has_latest = stat(latest, &sb) == 0;
+  if (!has_latest && errno != ENOENT && errno != ENOTDIR)
+    return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(errno));
+
+  if (!has_latest && is_checkpoint_dir(load_dir)) { /* --load names a checkpoint itself */
+    mega_err verr = {0};
+    if (mega_ckpt_verify(load_dir, -1, &verr) != MEGA_OK)
+      return mega_fail(err, MEGA_ERR_INVALID, "--load %s is an incomplete checkpoint: %s",
+                       load_dir, verr.msg);
+    *path = strdup(load_dir);
+    return *path ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  }
+
+  int64_t named = -1, found = -1, bad_it = -1;
+  mega_err why = {0}, first_bad = {0};
+  if (has_latest) {
+    mega_status st = read_latest(latest, &named, err);
+    if (st != MEGA_OK) return st;
+    if (!mega_ckpt_iter_path(dir, sizeof dir, load_dir, named))
+      return mega_fail(err, MEGA_ERR_INVALID, "--load path too long");
+    if (mega_ckpt_verify(dir, named, &why) == MEGA_OK) {
+      *path = strdup(dir);
+      return *path ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    }
+  }
+  size_t nseen = 0;
+  mega_status st =
+      newest_complete(load_dir, named, path, &found, &nseen, &first_bad, &bad_it, err);
+  if (st != MEGA_OK) return st;
+
+  if (has_latest) {
+    if (!*path)
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "%s names iteration %lld, but that checkpoint is incomplete (%s), and "
+                       "%s holds no other complete checkpoint; point --load at a good one, or "
+                       "remove %s to start fresh",
+                       latest, (long long)named, why.msg, load_dir, latest);
+    if (notice)
+      *notice = dup_printf("checkpoint iteration %lld in %s is incomplete (%s); loading "
+                           "iteration %lld, the newest complete checkpoint",
+                           (long long)named, load_dir, why.msg, (long long)found);
+    return MEGA_OK;
+  }
+  if (*path) {
+    if (notice && bad_it > found)
+      *notice = dup_printf("checkpoint iteration %lld in %s is incomplete (%s); loading "
+                           "iteration %lld, the newest complete checkpoint",
+                           (long long)bad_it, load_dir, first_bad.msg, (long long)found);
+    return MEGA_OK;
+  }
+  if (nseen > 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--load %s holds %zu iter_* director%s but no complete checkpoint (the "
+                     "newest: %s); point --load at a good one, or remove them to start fresh",
+                     load_dir, nseen, nseen == 1 ? "y" : "ies", first_bad.msg);
+  return mega_fail(err, MEGA_ERR_NOT_FOUND, "--load %s holds no checkpoint (no %s)", load_dir,
+                   MEGA_CKPT_LATEST_FILE);
+}

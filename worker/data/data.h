@@ -1,0 +1,132 @@
+/* The training data and its order. The order never depends on the parallel
+ * layout, which is what lets every (TP, PP, DP) layout give the same losses.
+ *
+ * A dataset is a plain file, whose bytes are the tokens, or Megatron's
+ * indexed dataset (worker/data/indexed.h), whose sequences' tokens, concatenated
+ * in index order, are the stream. With n tokens in the stream and sequence
+ * length T there are K = floor((n-1)/T) windows; window k has inputs
+ * tokens[kT, kT+T) and targets tokens[kT+1, kT+T+1). Sample j (0 <= j < G)
+ * of iteration i (0-based) is sample s = i*G + j; with one dataset it is
+ * window s mod K. DP rank d takes samples [d*G/DP, (d+1)*G/DP) and splits
+ * them into consecutive microbatches of micro_batch samples each.
+ *
+ * A blend of datasets with weights w (normalized to sum 1) takes sample s
+ * from the dataset d maximizing w[d]*max(s,1) - c[d], the lowest d on a
+ * tie, where c[d] counts the samples taken from d before s (Megatron's
+ * build_blending_indices); it is that dataset's window c[d] mod K_d.
+ *
+ * A split (train, valid, test shares of each indexed dataset's sequences,
+ * Megatron's get_split_indices) makes each share its own stream: training
+ * reads the train stream, evaluation the valid one. Separate valid datasets
+ * (--valid-data-path) are evaluation's streams instead, blended alike.
+ *
+ * mega_data maps the files read-only once and is then immutable, so any
+ * number of threads may read it at once. */
+#ifndef MEGA_WORKER_DATA_H
+#define MEGA_WORKER_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/jobspec.h"
+#include "core/status.h"
+
+typedef struct mega_data mega_data;
+
+/* How a global batch is dealt out. */
+typedef struct mega_batch_plan {
+  int global_batch; /* G: samples per iteration */
+  int micro_batch;  /* samples per microbatch */
+  int dp_size;      /* data-parallel ranks */
+  int num_micro;    /* derived: G / (micro_batch * dp_size) per rank */
+} mega_batch_plan;
+
+/* Checks G % (micro_batch * dp_size) == 0 and fills num_micro. */
+mega_status mega_batch_plan_init(mega_batch_plan *p, int global_batch, int micro_batch,
+                                 int dp_size, mega_err *err);
+
+/* The size of the file at path, for mega_jobspec_check before the data is
+ * opened (so the user sees the job checker's message). */
+mega_status mega_data_file_size(const char *path, long long *bytes, mega_err *err);
+
+/* Checks that every dataset of the job can be read (a file, or
+ * PREFIX.bin and PREFIX.idx) and sets *bytes to the size of the one plain
+ * file when the data is a single plain file, else -1: mega_jobspec_check's
+ * data_bytes. */
+mega_status mega_data_probe(const mega_jobspec *job, long long *bytes, mega_err *err);
+
+typedef struct mega_data_opts {
+  int seq_len;      /* T */
+  int vocab;        /* token ids must be below it; 0: 256 (bytes) */
+  bool split;       /* shares below are given */
+  double shares[3]; /* train, valid, test, summing to 1 */
+  bool eval;        /* with split: evaluation reads the valid split, which must
+                       hold a window (its share > 0) */
+  /* --valid-data-path: evaluation reads these datasets (blended by their
+   * weights, each from its start) instead; valid_n 0: none */
+  const char *const *valid_paths;
+  const double *valid_weights;
+  int valid_n;
+  int64_t samples;  /* blends: sample numbers below it are looked up fast */
+} mega_data_opts;
+
+/* Opens n datasets (a plain file or an indexed PREFIX each) with their
+ * weights (NULL when n is 1). Fails (MEGA_ERR_IO) when a file cannot be
+ * read and (MEGA_ERR_INVALID) when one is bad or a stream the job reads
+ * holds less than one window (T + 1 tokens). The caller owns *out and frees
+ * it with mega_data_close. */
+mega_status mega_data_open_set(const char *const *paths, const double *weights, int n,
+                               const mega_data_opts *o, mega_data **out, mega_err *err);
+/* One dataset, byte vocabulary, no split. */
+mega_status mega_data_open(const char *path, int seq_len, mega_data **out, mega_err *err);
+/* The datasets, vocabulary and split of a checked job. */
+mega_status mega_data_open_job(const mega_jobspec *job, mega_data **out, mega_err *err);
+void mega_data_close(mega_data *d);
+
+size_t mega_data_size(const mega_data *d);     /* tokens in dataset 0 */
+int64_t mega_data_windows(const mega_data *d); /* K of dataset 0's training stream */
+int mega_data_seq_len(const mega_data *d);     /* T */
+
+/* Where sample s (i*G + j) comes from: its dataset and its window in that
+ * dataset's training (eval false) or evaluation stream. Evaluation without
+ * a split counts windows from the end of the training stream. */
+void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *dataset,
+                             int64_t *window);
+
+/* The window of sample j of iteration i in dataset 0, one dataset:
+ * (i*G + j) mod K. */
+int64_t mega_data_sample_window(const mega_data *d, int64_t iteration, int global_batch,
+                                int sample);
+
+/* The first sample (0 <= s < G) of microbatch `micro` on DP rank dp_rank. */
+int mega_batch_first_sample(const mega_batch_plan *p, int dp_rank, int micro);
+
+/* Writes microbatch `micro` (0 <= micro < num_micro) of DP rank dp_rank in
+ * iteration `iteration`: tokens and targets are [micro_batch][T] row-major,
+ * caller-owned, micro_batch * T entries each. */
+mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, int64_t iteration,
+                                 int dp_rank, int micro, int32_t *tokens, int32_t *targets,
+                                 mega_err *err);
+
+/* Evaluation batches: sample j of evaluation iteration e is sample e*G + j
+ * of the evaluation streams, dealt to DP ranks and microbatches as training
+ * samples are. With a split they are the valid split's windows in order;
+ * without one they count windows from the end of the training stream,
+ * K-1 - ((e*G + j) mod K). (A file used only for training overlaps its
+ * evaluation windows; give evaluation its own text with --split, or by
+ * appending it to the end of the training file.) */
+mega_status mega_data_eval_microbatch(const mega_data *d, const mega_batch_plan *p,
+                                      int64_t eval_iteration, int dp_rank, int micro,
+                                      int32_t *tokens, int32_t *targets, mega_err *err);
+
+/* --variable-seq-lengths: microbatches of one iteration differ in length
+ * while the data order stays the same. Global microbatch k of an iteration
+ * (samples [k*b, (k+1)*b), whatever the data-parallel split) of iteration i
+ * keeps the first T - ((i*G/b + k) mod 4) * floor(T/8) tokens of each of its
+ * windows, so lengths cycle through T, 7T/8, 3T/4, 5T/8. first_sample is the
+ * microbatch's first sample in the iteration (mega_batch_first_sample). */
+int mega_data_variable_seq_len(int seq_len, const mega_batch_plan *p, int64_t iteration,
+                               int first_sample);
+
+#endif

@@ -1,0 +1,528 @@
+/* Gradient buffers, buckets and their data-parallel reductions (grads.h). */
+#include "worker/engine/grads.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN 16 /* floats: every tensor and shard on a 64-byte line */
+
+typedef struct chunk {
+  mega_grads *g;
+  int index;
+  mega_gpt_stage *stage;
+  float *params, *grads;
+  size_t numel;
+  int b0, nb;     /* its buckets [b0, b0 + nb) */
+  int *bucket_of; /* per param */
+  bool enabled;
+} chunk;
+
+struct mega_grads {
+  mega_backend *be;
+  mega_grads_opts o;
+  int vp;
+  chunk *chunks;
+  mega_grads_bucket *buckets;
+  int nbuckets;
+  int *ready;       /* per bucket: params counted this iteration */
+  bool *launched;   /* per bucket */
+  mega_req **req;   /* per bucket: the reduction in flight */
+  mega_req **preq;  /* per bucket: the parameter all-gather in flight */
+  mega_comm *comm;  /* backend memory */
+  mega_comm *hcomm; /* host memory: the moments' gather */
+  mega_optim_range *ranges;
+  int *range_chunk;
+  size_t *range_pos; /* of each range in its chunk's buffers */
+  /* left out of the norm: a piece of the loss-only stage's copy of wte, or
+   * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
+  bool *range_skip;
+  size_t nranges;
+  mega_status failed; /* a launch from the model's callback that failed */
+  mega_err fail_err;
+  void (*on_launch)(void *, int);
+  void *on_launch_arg;
+};
+
+long long mega_grads_default_bucket_size(int dp_size) {
+  long long b = 1000000LL * (dp_size > 0 ? dp_size : 1);
+  return b > 40000000LL ? b : 40000000LL;
+}
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+static bool is_wte(const mega_param_info *p) { return !strcmp(p->name, "transformer.wte.weight"); }
+
+/* Appends the buckets of one chunk and sets each param's offset; returns
+ * the chunk's buffer length. Buckets are grown as needed. */
+static mega_status layout_chunk(mega_grads *g, chunk *c, size_t *offset, mega_err *err) {
+  int np;
+  const mega_param_info *p = mega_gpt_params(c->stage, &np);
+  const mega_grads_opts *o = &g->o;
+  long long limit = o->overlap ? (o->bucket_size > 0 ? o->bucket_size
+                                                     : mega_grads_default_bucket_size(o->dp_size))
+                               : -1;
+  size_t pad = o->distributed ? (size_t)ALIGN * (size_t)o->dp_size : ALIGN;
+  int cap = np + 1;
+  mega_grads_bucket *nb = realloc(g->buckets, (size_t)(g->nbuckets + cap) * sizeof *nb);
+  if (!nb) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for gradient buckets");
+  g->buckets = nb;
+  c->b0 = g->nbuckets;
+  size_t pos = 0;
+  mega_grads_bucket *cur = NULL;
+  /* A bucket ends at its padded end; the next starts there. */
+#define CLOSE()                                                           \
+  do {                                                                    \
+    cur->numel_unpadded = pos - cur->offset;                              \
+    pos = cur->offset + round_up(pos - cur->offset, pad);                 \
+    cur->numel = pos - cur->offset;                                       \
+    cur = NULL;                                                           \
+  } while (0)
+  for (int i = np - 1; i >= 0; i--) {
+    bool tied = is_wte(&p[i]) && (o->distributed || o->overlap);
+    if (tied && cur) CLOSE();
+    if (!cur) {
+      cur = &g->buckets[g->nbuckets++];
+      *cur = (mega_grads_bucket){.chunk = c->index, .offset = pos, .param_lo = i + 1,
+                                 .param_hi = i + 1};
+    }
+    pos = round_up(pos, ALIGN);
+    offset[i] = pos;
+    pos += p[i].numel;
+    cur->param_lo = i;
+    c->bucket_of[i] = (int)(cur - g->buckets);
+    if (tied) {
+      cur->tied = true;
+      cur->tied_copy = p[i].tied_copy;
+      CLOSE();
+    } else if (limit > 0 && (long long)(pos - cur->offset) >= limit) {
+      CLOSE();
+    }
+  }
+  if (cur) CLOSE();
+#undef CLOSE
+  c->nb = g->nbuckets - c->b0;
+  c->numel = pos ? pos : ALIGN;
+  for (int b = c->b0; b < g->nbuckets; b++) {
+    mega_grads_bucket *k = &g->buckets[b];
+    if (o->distributed) {
+      k->shard_numel = k->numel / (size_t)o->dp_size;
+      k->shard_offset = k->shard_numel * (size_t)o->dp_rank;
+    } else {
+      k->shard_offset = 0;
+      k->shard_numel = k->numel;
+    }
+  }
+  return MEGA_OK;
+}
+
+static void on_unit(void *arg, int first, int count) {
+  chunk *c = arg;
+  mega_grads_ready(c->g, c->index, first, count);
+}
+
+static void on_need(void *arg, int first, int count) {
+  chunk *c = arg;
+  mega_grads_need(c->g, c->index, first, count);
+}
+
+/* The optimizer's ranges: whole params, or their pieces inside this rank's
+ * shards. */
+static mega_status build_ranges(mega_grads *g, mega_err *err) {
+  size_t cap = 0;
+  for (int v = 0; v < g->vp; v++) {
+    int np;
+    mega_gpt_params(g->chunks[v].stage, &np);
+    cap += (size_t)np;
+  }
+  g->ranges = calloc(cap + 1, sizeof *g->ranges);
+  g->range_chunk = calloc(cap + 1, sizeof *g->range_chunk);
+  g->range_pos = calloc(cap + 1, sizeof *g->range_pos);
+  g->range_skip = calloc(cap + 1, sizeof *g->range_skip);
+  if (!g->ranges || !g->range_chunk || !g->range_pos || !g->range_skip)
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for optimizer ranges");
+  size_t n = 0;
+  for (int v = 0; v < g->vp; v++) {
+    chunk *c = &g->chunks[v];
+    int np;
+    const mega_param_info *p = mega_gpt_params(c->stage, &np);
+    for (int i = 0; i < np; i++) {
+      const mega_grads_bucket *b = &g->buckets[c->bucket_of[i]];
+      size_t lo = p[i].offset, hi = p[i].offset + p[i].numel;
+      size_t slo = b->offset + b->shard_offset, shi = slo + b->shard_numel;
+      if (lo < slo) lo = slo;
+      if (hi > shi) hi = shi;
+      if (lo >= hi) continue;
+      g->ranges[n] = (mega_optim_range){.params = c->params + lo, .grads = c->grads + lo,
+                                        .numel = hi - lo, .decay = p[i].decay};
+      g->range_chunk[n] = v;
+      g->range_pos[n] = lo;
+      const mega_gpt_tp *tp = mega_gpt_stage_tp(c->stage);
+      g->range_skip[n] =
+          p[i].tied_copy || (tp->rank > 0 && mega_tp_split_replicated(&p[i].tp));
+      n++;
+    }
+  }
+  g->nranges = n;
+  return MEGA_OK;
+}
+
+mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, int vp,
+                              const mega_grads_opts *opts, mega_grads **out, mega_err *err) {
+  *out = NULL;
+  if (opts->dp_size < 1 || opts->dp_rank < 0 || opts->dp_rank >= opts->dp_size)
+    return mega_fail(err, MEGA_ERR_INVALID, "data-parallel rank %d of %d is out of range",
+                     opts->dp_rank, opts->dp_size);
+  mega_grads *g = calloc(1, sizeof *g);
+  if (!g) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for gradient buffers");
+  g->be = be;
+  g->o = *opts;
+  g->vp = vp;
+  g->chunks = calloc((size_t)vp, sizeof *g->chunks);
+  mega_status st = g->chunks ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  size_t *offset = NULL;
+  for (int v = 0; v < vp && st == MEGA_OK; v++) {
+    chunk *c = &g->chunks[v];
+    *c = (chunk){.g = g, .index = v, .stage = stages[v]};
+    int np;
+    mega_gpt_params(c->stage, &np);
+    free(offset);
+    offset = calloc((size_t)np + 1, sizeof *offset);
+    c->bucket_of = calloc((size_t)np + 1, sizeof *c->bucket_of);
+    if (!offset || !c->bucket_of) {
+      st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for gradient buffers");
+      break;
+    }
+    st = layout_chunk(g, c, offset, err);
+    if (st == MEGA_OK) st = be->ops->alloc(be, c->numel * sizeof(float), (void **)&c->params, err);
+    if (st == MEGA_OK) st = be->ops->alloc(be, c->numel * sizeof(float), (void **)&c->grads, err);
+    if (st != MEGA_OK) {
+      mega_err_prefix(err, "gradient buffers of chunk %d (%zu floats)", v, c->numel);
+      break;
+    }
+    be->ops->memset0(be, c->params, c->numel * sizeof(float));
+    be->ops->memset0(be, c->grads, c->numel * sizeof(float));
+    st = mega_gpt_rebind(c->stage, c->params, c->grads, c->numel, offset, err);
+    if (st == MEGA_OK) {
+      mega_gpt_on_grads_done(c->stage, on_unit, c);
+      mega_gpt_on_params_needed(c->stage, on_need, c);
+    }
+  }
+  free(offset);
+  if (st == MEGA_OK) {
+    int n = g->nbuckets;
+    g->ready = calloc((size_t)n + 1, sizeof *g->ready);
+    g->launched = calloc((size_t)n + 1, sizeof *g->launched);
+    g->req = calloc((size_t)n + 1, sizeof *g->req);
+    g->preq = calloc((size_t)n + 1, sizeof *g->preq);
+    if (!g->ready || !g->launched || !g->req || !g->preq)
+      st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d buckets", n);
+  }
+  if (st == MEGA_OK) st = build_ranges(g, err);
+  if (st != MEGA_OK) {
+    mega_grads_destroy(g);
+    return st;
+  }
+  *out = g;
+  return MEGA_OK;
+}
+
+void mega_grads_destroy(mega_grads *g) {
+  if (!g) return;
+  for (int b = 0; g->req && b < g->nbuckets; b++) mega_req_free(g->req[b]);
+  for (int b = 0; g->preq && b < g->nbuckets; b++) mega_req_free(g->preq[b]);
+  for (int v = 0; g->chunks && v < g->vp; v++) {
+    chunk *c = &g->chunks[v];
+    /* The stage keeps borrowing the buffers until it is destroyed; only
+     * stop its callbacks from reaching freed memory. */
+    if (c->stage) {
+      mega_gpt_on_grads_done(c->stage, NULL, NULL);
+      mega_gpt_on_params_needed(c->stage, NULL, NULL);
+    }
+    if (c->params) g->be->ops->free(g->be, c->params);
+    if (c->grads) g->be->ops->free(g->be, c->grads);
+    free(c->bucket_of);
+  }
+  free(g->chunks);
+  free(g->buckets);
+  free(g->ready);
+  free(g->launched);
+  free(g->req);
+  free(g->preq);
+  free(g->ranges);
+  free(g->range_chunk);
+  free(g->range_pos);
+  free(g->range_skip);
+  free(g);
+}
+
+void mega_grads_set_comm(mega_grads *g, mega_comm *dp, mega_comm *host) {
+  g->comm = dp;
+  g->hcomm = host ? host : dp;
+}
+
+int mega_grads_num_buckets(const mega_grads *g) { return g->nbuckets; }
+
+const mega_grads_bucket *mega_grads_bucket_at(const mega_grads *g, int i) {
+  return i >= 0 && i < g->nbuckets ? &g->buckets[i] : NULL;
+}
+
+void mega_grads_chunk_buckets(const mega_grads *g, int c, int *first, int *count) {
+  *first = g->chunks[c].b0;
+  *count = g->chunks[c].nb;
+}
+
+mega_status mega_grads_start(mega_grads *g, mega_err *err) {
+  for (int b = 0; b < g->nbuckets; b++)
+    if (g->req[b])
+      return mega_fail(err, MEGA_ERR_INTERNAL,
+                       "gradient bucket %d's reduction is still in flight at the start of an "
+                       "iteration", b);
+  for (int v = 0; v < g->vp; v++) {
+    chunk *c = &g->chunks[v];
+    g->be->ops->memset0(g->be, c->grads, c->numel * sizeof(float));
+    c->enabled = false;
+  }
+  memset(g->ready, 0, (size_t)g->nbuckets * sizeof *g->ready);
+  memset(g->launched, 0, (size_t)g->nbuckets * sizeof *g->launched);
+  g->failed = MEGA_OK;
+  return MEGA_OK;
+}
+
+void mega_grads_enable(mega_grads *g, int c, bool on) { g->chunks[c].enabled = on; }
+
+static mega_status launch(mega_grads *g, int b, mega_err *err) {
+  mega_grads_bucket *k = &g->buckets[b];
+  chunk *c = &g->chunks[k->chunk];
+  g->launched[b] = true;
+  if (g->on_launch) g->on_launch(g->on_launch_arg, b);
+  if (!g->comm) return MEGA_OK;
+  float *data = c->grads + k->offset;
+  mega_status st;
+  if (g->o.distributed) {
+    size_t counts[g->o.dp_size];
+    for (int d = 0; d < g->o.dp_size; d++) counts[d] = k->shard_numel;
+    st = mega_comm_ireduce_scatter(g->comm, data, data + k->shard_offset, counts, 0, &g->req[b],
+                                   err);
+  } else {
+    st = mega_comm_iall_reduce(g->comm, data, k->numel, 0, &g->req[b], err);
+  }
+  if (st != MEGA_OK) mega_err_prefix(err, "launching gradient bucket %d", b);
+  return st;
+}
+
+void mega_grads_ready(mega_grads *g, int ci, int first, int count) {
+  chunk *c = &g->chunks[ci];
+  if (!c->enabled) return; /* no_sync */
+  /* Params of one unit are contiguous in the buffer, so the buckets they
+   * complete are too; launch them in bucket order. */
+  int lo = g->nbuckets, hi = -1;
+  for (int i = first; i < first + count; i++) {
+    int b = c->bucket_of[i];
+    g->ready[b]++;
+    if (b < lo) lo = b;
+    if (b > hi) hi = b;
+  }
+  for (int b = lo; b <= hi; b++) {
+    const mega_grads_bucket *k = &g->buckets[b];
+    if (g->launched[b] || g->ready[b] < k->param_hi - k->param_lo) continue;
+    if (g->failed == MEGA_OK) g->failed = launch(g, b, &g->fail_err);
+  }
+}
+
+static mega_status sticky(mega_grads *g, mega_err *err) {
+  if (g->failed == MEGA_OK) return MEGA_OK;
+  if (err) *err = g->fail_err;
+  return g->failed;
+}
+
+mega_status mega_grads_launch(mega_grads *g, int ci, mega_err *err) {
+  mega_status st = sticky(g, err);
+  chunk *c = &g->chunks[ci];
+  for (int b = c->b0; b < c->b0 + c->nb && st == MEGA_OK; b++)
+    if (!g->launched[b]) st = launch(g, b, err);
+  return st;
+}
+
+mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
+  mega_status st = mega_grads_launch(g, ci, err);
+  chunk *c = &g->chunks[ci];
+  for (int b = c->b0; b < c->b0 + c->nb; b++) {
+    if (!g->req[b]) continue;
+    if (st == MEGA_OK) {
+      st = mega_req_wait(g->req[b], 0, err);
+      if (st != MEGA_OK) mega_err_prefix(err, "gradient bucket %d", b);
+    }
+    mega_req_free(g->req[b]);
+    g->req[b] = NULL;
+    if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
+      const mega_grads_bucket *k = &g->buckets[b];
+      float *own = c->grads + k->offset + k->shard_offset;
+      float inv = 1.0f / (float)g->o.dp_size;
+      for (size_t i = 0; i < k->shard_numel; i++) own[i] *= inv;
+    }
+  }
+  return st;
+}
+
+void mega_grads_on_launch(mega_grads *g, void (*fn)(void *arg, int bucket), void *arg) {
+  g->on_launch = fn;
+  g->on_launch_arg = arg;
+}
+
+double mega_grads_loss_scale_factor(const mega_grads *g) {
+  return g->o.average_in_collective ? (double)g->o.dp_size : 1.0;
+}
+
+mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err) {
+  /* Over the ranges the optimizer steps: each element this rank owns once,
+   * padding never, the tied copy and other TP ranks' replicas left out. */
+  double sum = 0;
+  for (size_t i = 0; i < g->nranges; i++) {
+    if (g->range_skip[i]) continue;
+    double s;
+    mega_status st = g->be->ops->sum_squares(g->be, g->ranges[i].grads, g->ranges[i].numel, &s,
+                                             err);
+    if (st != MEGA_OK) return st;
+    sum += s;
+  }
+  *out = sum;
+  return MEGA_OK;
+}
+
+void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n) {
+  *grad = NULL;
+  *n = 0;
+  for (int v = 0; v < g->vp; v++) {
+    chunk *c = &g->chunks[v];
+    int np;
+    const mega_param_info *p = mega_gpt_params(c->stage, &np);
+    for (int i = 0; i < np; i++) {
+      if (!is_wte(&p[i])) continue;
+      const mega_grads_bucket *k = &g->buckets[c->bucket_of[i]];
+      if (g->o.distributed) {
+        /* The bucket holds wte alone, laid out alike on both stages. */
+        *grad = c->grads + k->offset + k->shard_offset;
+        *n = k->shard_numel;
+      } else {
+        *grad = c->grads + p[i].offset;
+        *n = p[i].numel;
+      }
+      return;
+    }
+  }
+}
+
+const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n) {
+  *n = g->nranges;
+  return g->ranges;
+}
+
+/* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
+ * in place, over comm. */
+static mega_status gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
+                                 mega_req **req, mega_err *err) {
+  const mega_grads_bucket *k = &g->buckets[b];
+  size_t counts[g->o.dp_size];
+  for (int d = 0; d < g->o.dp_size; d++) counts[d] = k->shard_numel;
+  float *base = buf + k->offset;
+  return mega_comm_iall_gather(comm, base + k->shard_offset, base, counts, MEGA_DT_F32, 0, req,
+                               err);
+}
+
+mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err) {
+  if (!g->o.distributed || !g->comm) return MEGA_OK;
+  /* Forward needs the end of each chunk's buffer (the embedding, the first
+   * blocks) first: gather the buckets back to front. */
+  mega_status st = MEGA_OK;
+  for (int v = 0; v < g->vp && st == MEGA_OK; v++) {
+    chunk *c = &g->chunks[v];
+    for (int b = c->b0 + c->nb - 1; b >= c->b0 && st == MEGA_OK; b--) {
+      if (g->preq[b])
+        return mega_fail(err, MEGA_ERR_INTERNAL, "bucket %d's parameter gather is in flight", b);
+      st = gather_bucket(g, g->comm, b, c->params, &g->preq[b], err);
+    }
+  }
+  if (st == MEGA_OK && !async) st = mega_grads_wait_params(g, -1, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "gathering the updated parameters");
+  return st;
+}
+
+void mega_grads_need(mega_grads *g, int ci, int first, int count) {
+  chunk *c = &g->chunks[ci];
+  for (int i = first; i < first + count; i++) {
+    int b = c->bucket_of[i];
+    if (!g->preq[b]) continue;
+    mega_status st = mega_req_wait(g->preq[b], 0, &g->fail_err);
+    mega_req_free(g->preq[b]);
+    g->preq[b] = NULL;
+    if (st != MEGA_OK && g->failed == MEGA_OK) g->failed = st;
+  }
+}
+
+mega_status mega_grads_wait_params(mega_grads *g, int ci, mega_err *err) {
+  mega_status st = sticky(g, err);
+  for (int v = 0; v < g->vp; v++) {
+    if (ci >= 0 && v != ci) continue;
+    chunk *c = &g->chunks[v];
+    for (int b = c->b0 + c->nb - 1; b >= c->b0; b--) {
+      if (!g->preq[b]) continue;
+      if (st == MEGA_OK) st = mega_req_wait(g->preq[b], 0, err);
+      mega_req_free(g->preq[b]);
+      g->preq[b] = NULL;
+    }
+  }
+  return st;
+}
+
+mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
+                                      float *const *exp_avg_sq, mega_err *err) {
+  for (int v = 0; v < g->vp; v++) {
+    memset(exp_avg[v], 0, g->chunks[v].numel * sizeof(float));
+    memset(exp_avg_sq[v], 0, g->chunks[v].numel * sizeof(float));
+  }
+  mega_status st = MEGA_OK;
+  for (size_t i = 0; i < g->nranges && st == MEGA_OK; i++) {
+    int v = g->range_chunk[i];
+    size_t n = g->ranges[i].numel * sizeof(float), at = g->range_pos[i];
+    st = g->be->ops->memcpy(g->be, exp_avg[v] + at, mega_optim_exp_avg(o, i), n, MEGA_COPY_D2H,
+                            err);
+    if (st == MEGA_OK)
+      st = g->be->ops->memcpy(g->be, exp_avg_sq[v] + at, mega_optim_exp_avg_sq(o, i), n,
+                              MEGA_COPY_D2H, err);
+  }
+  if (st != MEGA_OK || !g->o.distributed || !g->comm) return st;
+  for (int b = 0; b < g->nbuckets && st == MEGA_OK; b++) {
+    int v = g->buckets[b].chunk;
+    for (int m = 0; m < 2 && st == MEGA_OK; m++) {
+      mega_req *req = NULL;
+      st = gather_bucket(g, g->hcomm, b, m ? exp_avg_sq[v] : exp_avg[v], &req, err);
+      if (st == MEGA_OK) st = mega_req_wait(req, 0, err);
+      mega_req_free(req);
+    }
+  }
+  if (st != MEGA_OK) mega_err_prefix(err, "gathering the optimizer's moments");
+  return st;
+}
+
+mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
+                                       float *const *exp_avg_sq, mega_err *err) {
+  mega_status st = MEGA_OK;
+  for (size_t i = 0; i < g->nranges && st == MEGA_OK; i++) {
+    int v = g->range_chunk[i];
+    size_t n = g->ranges[i].numel * sizeof(float), at = g->range_pos[i];
+    st = g->be->ops->memcpy(g->be, mega_optim_exp_avg(o, i), exp_avg[v] + at, n, MEGA_COPY_H2D,
+                            err);
+    if (st == MEGA_OK)
+      st = g->be->ops->memcpy(g->be, mega_optim_exp_avg_sq(o, i), exp_avg_sq[v] + at, n,
+                              MEGA_COPY_H2D, err);
+  }
+  return st;
+}
+
+size_t mega_grads_param_bytes(const mega_grads *g) {
+  size_t n = 0;
+  for (int v = 0; v < g->vp; v++) n += g->chunks[v].numel;
+  return n * sizeof(float);
+}
+
+size_t mega_grads_grad_bytes(const mega_grads *g) { return mega_grads_param_bytes(g); }

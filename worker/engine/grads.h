@@ -1,0 +1,182 @@
+/* Data-parallel gradients as Megatron keeps them (seeds 002 and 003;
+ * megatron/core/distributed/param_and_grad_buffer.py).
+ *
+ * Buffers. Each model chunk has one contiguous gradient buffer and one
+ * parameter buffer of the same layout; every parameter and its gradient are
+ * views into them (the chunk's stage is rebound onto them, mega_gpt_rebind).
+ * Parameters are laid out in the order backward completes their gradients
+ * (mega_gpt_units: ln_f and the head, the last block, ..., the first block,
+ * the embedding), each parameter's own elements in reverse model order, so
+ * the buffer reads the model back to front as Megatron's does. Every tensor
+ * starts on a 16-float boundary.
+ *
+ * Buckets. Walking the buffer from its start, a bucket closes once it holds
+ * bucket_size elements (Megatron's default max(40M, 1M x DP)); without
+ * overlap the whole buffer is one bucket. The tied embedding (wte on the
+ * embedding stage, its copy on a loss-only stage) gets a bucket of its own
+ * whenever there is more than one bucket or the optimizer is distributed:
+ * it also needs the embedding-group all-reduce, and its shards must cover
+ * the same elements on both stages. With the distributed optimizer each
+ * bucket is padded to a multiple of 16 x DP, so it splits into DP equal,
+ * aligned shards; rank d owns shard d. Padding stays zero.
+ *
+ * An iteration (the engine drives it from the schedule's actions):
+ *
+ *   mega_grads_start(g)                 zero the gradients, nothing launched
+ *   ... backward of every microbatch but a chunk's last only accumulates
+ *       (no_sync: nothing is sent) ...
+ *   mega_grads_enable(g, c, true)       the chunk's last backward begins:
+ *     each unit the model finishes marks its parameters ready
+ *     (mega_grads_ready); a bucket whose parameters are all ready is
+ *     launched at once, asynchronously, and backward goes on
+ *   mega_grads_enable(g, c, false)
+ *   mega_grads_launch(g, c)             GRAD_SYNC: launch what is left
+ *   mega_grads_wait(g, c)               GRAD_WAIT: finish_grad_sync
+ *
+ * A launch all-reduces the bucket over the data-parallel group, or with the
+ * distributed optimizer reduce-scatters it (this rank's shard gets the sum;
+ * the rest of the bucket is stale and nobody reads it). With
+ * average_in_collective the reduction's result is scaled by 1/DP as part of
+ * the collective, and backward's loss scale is DP times larger (see
+ * mega_grads_loss_scale_factor). Launches go to the communicator in bucket
+ * order within a backward, which is the same on every data-parallel rank,
+ * so every rank issues the same collectives in the same order (comm.h).
+ *
+ * Distributed optimizer: mega_grads_shard_ranges gives the optimizer the
+ * parameter pieces this rank owns; after its step mega_grads_gather_params
+ * all-gathers every bucket's updated shards in place.
+ *
+ * Threads: everything runs on the rank's training thread (the model's
+ * callback too); the communicator's own thread does the transfers.
+ *
+ * Ownership: mega_grads owns the buffers (backend memory of be) and borrows
+ * the stages, the backend and the communicator, which must outlive it:
+ * destroy it once the stages are no longer run, and before the stages (it
+ * unhooks their callbacks; a stage never frees the buffers it borrows). */
+#ifndef MEGA_WORKER_GRADS_H
+#define MEGA_WORKER_GRADS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/status.h"
+#include "worker/backend/backend.h"
+#include "worker/comm/comm.h"
+#include "worker/model/gpt.h"
+#include "worker/optim/optim.h"
+
+typedef struct mega_grads_opts {
+  int dp_size, dp_rank;
+  bool overlap;               /* --overlap-grad-reduce: buckets of bucket_size */
+  bool distributed;           /* --use-distributed-optimizer */
+  bool average_in_collective; /* --average-in-collective */
+  long long bucket_size;      /* elements; <= 0: max(40M, 1M x DP) */
+} mega_grads_opts;
+
+/* Megatron's default bucket size for a data-parallel size. */
+long long mega_grads_default_bucket_size(int dp_size);
+
+typedef struct mega_grads_bucket {
+  int chunk;
+  size_t offset, numel;   /* floats, in the chunk's buffers; numel padded */
+  size_t numel_unpadded;  /* up to the end of its last tensor */
+  int param_lo, param_hi; /* it holds the chunk's params [param_lo, param_hi) */
+  bool tied;              /* the tied embedding (or the loss stage's copy) alone */
+  bool tied_copy;         /* the loss-only stage's copy of wte */
+  size_t shard_offset, shard_numel; /* this rank's part, from offset: the whole
+                                       bucket unless distributed */
+} mega_grads_bucket;
+
+typedef struct mega_grads mega_grads;
+
+/* Lays out and allocates the buffers of the vp chunks, rebinds each stage
+ * onto them (its current parameters are copied) and registers for their
+ * grads-done callbacks. */
+mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, int vp,
+                              const mega_grads_opts *opts, mega_grads **out, mega_err *err);
+void mega_grads_destroy(mega_grads *g); /* NULL is fine; waits for nothing: wait first */
+
+/* The data-parallel communicators (NULL when DP is 1: launches then reduce
+ * nothing): dp moves the buffers (backend memory: buckets, shards,
+ * parameters), host the whole moments a checkpoint gathers (host memory;
+ * NULL: dp). Set them before the first launch. */
+void mega_grads_set_comm(mega_grads *g, mega_comm *dp, mega_comm *host);
+
+int mega_grads_num_buckets(const mega_grads *g);
+const mega_grads_bucket *mega_grads_bucket_at(const mega_grads *g, int i); /* chunk order */
+/* The buckets of chunk c are [*first, *first + *count). */
+void mega_grads_chunk_buckets(const mega_grads *g, int c, int *first, int *count);
+
+/* Zeroes the gradients and resets the iteration: nothing ready, nothing
+ * launched. Every launched reduction must have been waited. */
+mega_status mega_grads_start(mega_grads *g, mega_err *err);
+
+/* Readiness-driven launches for chunk c on or off (the chunk's last
+ * backward; everything else runs under no_sync). */
+void mega_grads_enable(mega_grads *g, int c, bool on);
+
+/* Params [first, first+count) of chunk c have this microbatch's gradients.
+ * Counted only while enabled; a bucket all of whose params are counted is
+ * launched. A failure to launch is kept and returned by the next
+ * mega_grads_launch or mega_grads_wait (the model's callback cannot fail). */
+void mega_grads_ready(mega_grads *g, int c, int first, int count);
+
+/* GRAD_SYNC: launches every bucket of chunk c not launched yet. */
+mega_status mega_grads_launch(mega_grads *g, int c, mega_err *err);
+/* GRAD_WAIT: waits for every bucket of chunk c (launching any left), then
+ * applies average_in_collective's 1/DP to what this rank owns. */
+mega_status mega_grads_wait(mega_grads *g, int c, mega_err *err);
+
+/* Observes every launch (tests): fn(arg, bucket index). */
+void mega_grads_on_launch(mega_grads *g, void (*fn)(void *arg, int bucket), void *arg);
+
+/* What the loss scale of backward is multiplied by: DP with
+ * average_in_collective (the collective divides by DP), else 1. */
+double mega_grads_loss_scale_factor(const mega_grads *g);
+
+/* Sum of squares of the gradients this rank owns after the reduction (its
+ * shards with the distributed optimizer, else everything), the loss
+ * stage's copy of wte left out, and TP-replicated tensors counted by TP
+ * rank 0 alone, so that summed over the data-parallel group (distributed),
+ * the TP group and the pipeline each element counts exactly once. */
+mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err);
+
+/* The part of the tied embedding's gradient this rank owns, for the
+ * embedding-group all-reduce (both stages own the same elements); *n 0 when
+ * the rank has no tied embedding. */
+void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n);
+
+/* The optimizer's ranges: with the distributed optimizer, each parameter's
+ * piece inside this rank's shards; else every parameter whole. The array
+ * is g's (valid until destroy). */
+const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n);
+
+/* Distributed optimizer, after the step: all-gathers every bucket's
+ * parameter shards in place, so every rank holds every updated parameter.
+ * Without async it waits for them; with async (--overlap-param-gather) it
+ * returns at once, and mega_grads_wait_params waits (c < 0: every chunk).
+ * A no-op without the distributed optimizer or at DP 1. */
+mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err);
+mega_status mega_grads_wait_params(mega_grads *g, int c, mega_err *err);
+/* Params [first, first+count) of chunk c are about to be read (forward):
+ * waits for the gathers of their buckets still in flight. The model calls
+ * it through its params-needed callback; a failure is kept like a launch's
+ * and returned by mega_grads_wait_params or mega_grads_launch. */
+void mega_grads_need(mega_grads *g, int c, int first, int count);
+
+/* Checkpoints of a distributed optimizer: whole moments in the buffers'
+ * layout (per chunk and moment one host array of mega_gpt_num_params
+ * floats, so a parameter's moments sit at its mega_param_info.offset).
+ * gather fills every element on every rank from the optimizer's shards (a
+ * collective: every data-parallel rank calls it); scatter copies this
+ * rank's shards out of whole moments into the optimizer. */
+mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
+                                      float *const *exp_avg_sq, mega_err *err);
+mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
+                                       float *const *exp_avg_sq, mega_err *err);
+
+/* Resident bytes: parameter buffers and gradient buffers of all chunks. */
+size_t mega_grads_param_bytes(const mega_grads *g);
+size_t mega_grads_grad_bytes(const mega_grads *g);
+
+#endif

@@ -1,0 +1,483 @@
+#include "worker/rank/rank.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/schedule.h"
+#include "core/topology.h"
+#include "worker/backend/cuda_module.h"
+#include "worker/data/data.h"
+#include "worker/engine/chunks.h"
+#include "worker/engine/engine.h"
+#include "worker/optim/lr_sched.h"
+#include "worker/rank/rank_internal.h"
+
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err *err) {
+  *out = NULL;
+  const mega_jobspec *job = env->job;
+  if (env->world_size < 1 || env->rank < 0 || env->rank >= env->world_size)
+    return mega_fail(err, MEGA_ERR_INVALID, "rank %d is out of range for world size %d",
+                     env->rank, env->world_size);
+  if (env->world_size > 1 && !env->kv == !env->store_dir)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "a world of %d ranks needs exactly one rendezvous store (the daemon's "
+                     "key-value store or a store directory)", env->world_size);
+  mega_rank *r = calloc(1, sizeof *r);
+  if (!r) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating rank %d", env->rank);
+  r->env = *env;
+  r->job = job;
+  pthread_mutex_init(&r->comm_lock, NULL);
+  mega_status st = mega_topo_init(&r->topo, env->world_size, job->tensor_model_parallel_size,
+                                  job->pipeline_model_parallel_size, err);
+  if (st != MEGA_OK) {
+    free(r);
+    return st;
+  }
+  r->me = mega_topo_coord(&r->topo, env->rank);
+  *out = r;
+  return MEGA_OK;
+}
+
+void mega_rank_abort(mega_rank *r, const char *reason) {
+  if (atomic_exchange(&r->aborted, true)) return;
+  snprintf(r->abort_reason, sizeof r->abort_reason, "%s", reason ? reason : "aborted");
+  pthread_mutex_lock(&r->comm_lock);
+  for (int g = 0; g < NGROUPS; g++) rank_comm_abort_locked(r, g);
+  pthread_mutex_unlock(&r->comm_lock);
+}
+
+static mega_status check_abort(mega_rank *r, mega_err *err) {
+  if (!atomic_load(&r->aborted)) return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_CANCELLED, "rank %d aborted: %s", r->env.rank, r->abort_reason);
+}
+
+/* ---- set-up ---- */
+
+static mega_status build_schedule(mega_rank *r, bool forward_only, mega_schedule *out,
+                                  mega_err *err) {
+  const mega_jobspec *j = r->job;
+  int pp = j->pipeline_model_parallel_size, vp = r->layout.vp;
+  mega_sched_params p = {
+      .kind = j->schedule >= 0 ? (mega_sched_kind)j->schedule : mega_sched_default_kind(pp, vp),
+      .pp = pp, .vp = vp, .microbatches = r->plan.num_micro,
+      .group_size = vp > 1 ? mega_jobspec_group_size(j) : 0,
+      /* seed 003: without overlap the reduction follows the schedule */
+      .grad_sync = !j->overlap_grad_reduce ? MEGA_GRAD_SYNC_END
+                   : j->align_grad_reduce  ? MEGA_GRAD_SYNC_ALIGNED
+                                           : MEGA_GRAD_SYNC_LAST_BACKWARD};
+  if (forward_only) {
+    p.kind = MEGA_SCHED_FORWARD_ONLY;
+    p.grad_sync = MEGA_GRAD_SYNC_NONE;
+  }
+  mega_status st = mega_sched_check_params(&p, err);
+  if (st == MEGA_OK) st = mega_sched_generate(&p, out, err);
+  if (st == MEGA_OK) st = mega_sched_validate(out, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "schedule");
+  return st;
+}
+
+static mega_status build_optimizer(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  mega_optim_hparams hp = {.beta1 = j->adam_beta1, .beta2 = j->adam_beta2, .eps = j->adam_eps,
+                           .weight_decay = j->weight_decay, .clip_grad = j->clip_grad};
+  if (j->use_distributed_optimizer) { /* this rank's shards only */
+    size_t n;
+    const mega_optim_range *ranges = mega_grads_ranges(r->chunks.grads, &n);
+    return mega_optim_create(r->be, ranges, n, &hp, &r->optim, err);
+  }
+  mega_status st = mega_optim_create(r->be, r->chunks.ranges, r->chunks.nparams, &hp, &r->optim,
+                                     err);
+  if (st == MEGA_OK) mega_chunks_bind_optim(&r->chunks, r->optim);
+  return st;
+}
+
+static mega_status make_engine(mega_rank *r, const mega_schedule *sched, bool eval,
+                               mega_engine **out, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  mega_engine_config ec = {
+      .sched = sched, .pp_rank = r->me.pp, .chunks = r->chunks.stages, .be = r->be,
+      .p2p = r->p2p, .grads = eval ? NULL : r->chunks.grads, .data = r->data, .plan = &r->plan,
+      .dp_rank = r->me.dp,
+      .seq_len = j->seq_length, .hidden = j->hidden_size,
+      .stream_split = j->sequence_parallel ? r->topo.tp : 1, .overlap_p2p = j->overlap_p2p_comm,
+      .overlap_warmup_flush = j->overlap_p2p_comm_warmup_flush,
+      .deallocate_outputs = j->deallocate_pipeline_outputs,
+      .variable_seq = j->variable_seq_lengths && !eval, .forward_only = eval, .eval_data = eval};
+  mega_status st = MEGA_OK;
+  if (j->simulate_compute) {
+    mega_sim_compute sc;
+    st = mega_jobspec_parse_simulate_compute(j->simulate_compute, &sc, err);
+    ec.simulate = r->simulate = true;
+    ec.sim_f_ms = sc.f_ms;
+    ec.sim_b_ms = sc.b_ms;
+    ec.sim_w_ms = sc.has_w ? sc.w_ms : 0;
+  }
+  if (st == MEGA_OK) st = mega_engine_create(&ec, out, err);
+  return st;
+}
+
+static mega_status build_engine(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  mega_status st = MEGA_OK;
+  if (r->dcomm[GROUP_PP]) {
+    mega_p2p_opts po = {.batch = j->batch_p2p_comm, .variable_seq = j->variable_seq_lengths,
+                        .be = r->be, .shape_comm = r->hcomm[GROUP_PP]};
+    st = mega_p2p_create(r->dcomm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
+  }
+  if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
+  if (st == MEGA_OK && j->eval_interval > 0)
+    st = make_engine(r, &r->eval_sched, true, &r->eval_engine, err);
+  return st;
+}
+
+/* --backend: cuda through its module on the rank's device (the
+ * assignment's, else its local rank); auto takes cuda for a single rank
+ * where a GPU's device files are, and says why when it falls back. */
+static mega_status pick_backend(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  int kind = j->backend;
+  bool gpu = access("/dev/nvidiactl", F_OK) == 0;
+  if (kind == MEGA_JOB_BACKEND_AUTO)
+    kind = gpu && r->env.world_size == 1 ? MEGA_JOB_BACKEND_CUDA : MEGA_JOB_BACKEND_CPU;
+  if (kind == MEGA_JOB_BACKEND_CUDA) {
+    int dev = r->env.device >= 0 ? r->env.device : r->env.local_rank;
+    mega_err why = {0};
+    mega_status st = mega_backend_cuda_create(dev, &r->be, j->backend == MEGA_JOB_BACKEND_CUDA ? err : &why);
+    if (st == MEGA_OK || j->backend == MEGA_JOB_BACKEND_CUDA) return st;
+    fprintf(stderr, "megaw: rank %d: --backend auto: using cpu (%s)\n", r->env.rank, why.msg);
+  }
+  mega_backend_cpu_opts bo = {.threads = j->blas_threads,
+                              .track_memory = r->env.check_comm_memory};
+  return mega_backend_cpu_create(&bo, &r->be, err);
+}
+
+/* The backend, in --bf16 mode when asked. */
+static mega_status make_backend(mega_rank *r, mega_err *err) {
+  mega_status st = pick_backend(r, err);
+  if (st == MEGA_OK && r->job->bf16) st = r->be->ops->set_bf16(r->be, true, err);
+  return st;
+}
+
+mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  if (r->be) return MEGA_OK;
+  rank_phase(r, "setup");
+  mega_status st = make_backend(r, err);
+  if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
+  mega_grads_opts go = {.dp_size = r->topo.dp, .dp_rank = r->me.dp,
+                        .overlap = j->overlap_grad_reduce,
+                        .distributed = j->use_distributed_optimizer,
+                        .average_in_collective = j->average_in_collective,
+                        .bucket_size = j->bucket_size};
+  mega_gpt_tp tp;
+  if (st == MEGA_OK) st = rank_tp_init(r, &tp, err);
+  if (st == MEGA_OK)
+    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go, err);
+  if (st == MEGA_OK)
+    st = mega_batch_plan_init(&r->plan, j->global_batch_size, j->micro_batch_size, r->topo.dp,
+                              err);
+  if (st == MEGA_OK) {
+    r->lr = mega_lr_sched_from_job(j);
+    st = mega_lr_sched_check(&r->lr, err);
+  }
+  if (st == MEGA_OK) st = mega_data_open_job(j, &r->data, err);
+  if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
+  if (st == MEGA_OK && j->eval_interval > 0) st = build_schedule(r, true, &r->eval_sched, err);
+  if (st == MEGA_OK) st = build_optimizer(r, err);
+  if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
+  /* The committer clears interrupted saves before the groups exist, so no
+   * rank can be writing into SAVE yet. */
+  if (st == MEGA_OK && j->save && r->env.rank == 0) st = mega_ckpt_clean_temps(j->save, NULL, err);
+  if (st == MEGA_OK) st = rank_build_groups(r, err);
+  if (st == MEGA_OK)
+    mega_grads_set_comm(r->chunks.grads, r->dcomm[GROUP_DP], r->hcomm[GROUP_DP]);
+  if (st == MEGA_OK) st = build_engine(r, err);
+  if (st == MEGA_OK && j->trace_iteration > 0) {
+    r->span_cap = (size_t)r->sched.ranks[r->me.pp].n * 2 + 16;
+    r->spans = calloc(r->span_cap, sizeof *r->spans);
+    if (!r->spans) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
+  }
+  if (st == MEGA_OK && j->load) {
+    st = rank_load_checkpoint(r, err);
+    if (st == MEGA_OK) r->iteration = r->loaded.iteration;
+  }
+  if (st == MEGA_OK) st = rank_build_saver(r, err);
+  return st;
+}
+
+/* ---- one iteration ---- */
+
+/* Sums one double per rank of a group, in rank order, so every member gets
+ * the same bits whatever the group's size. */
+static mega_status sum_doubles(mega_comm *c, double *v, mega_err *err) {
+  if (!c) return MEGA_OK;
+  int n = mega_comm_size(c);
+  double all[n];
+  size_t counts[n];
+  for (int i = 0; i < n; i++) counts[i] = sizeof(double);
+  mega_status st = mega_comm_all_gather(c, v, all, counts, MEGA_DT_BYTE, 0, err);
+  if (st != MEGA_OK) return st;
+  double s = 0;
+  for (int i = 0; i < n; i++) s += all[i];
+  *v = s;
+  return MEGA_OK;
+}
+
+/* Over the pipeline group: the sum of the gradients' squares (for the
+ * global norm) and the latest schedule end (when the pipeline drained). */
+static mega_status pipeline_stats(mega_comm *c, double *sumsq, double *end, mega_err *err) {
+  if (!c) return MEGA_OK;
+  int n = mega_comm_size(c);
+  double mine[2] = {*sumsq, *end}, all[2 * n];
+  size_t counts[n];
+  for (int i = 0; i < n; i++) counts[i] = sizeof mine;
+  mega_status st = mega_comm_all_gather(c, mine, all, counts, MEGA_DT_BYTE, 0, err);
+  if (st != MEGA_OK) return st;
+  *sumsq = 0;
+  for (int i = 0; i < n; i++) {
+    *sumsq += all[2 * i];
+    if (all[2 * i + 1] > *end) *end = all[2 * i + 1];
+  }
+  return MEGA_OK;
+}
+
+/* finalize_model_grads: the data-parallel reductions (the schedule's GWs
+ * waited for them already; this finds nothing left), then the tied
+ * embedding's two copies summed across the first and last stage: with the
+ * distributed optimizer only the shard this rank owns, which covers the
+ * same elements on both stages (worker/engine/grads.h). */
+static mega_status finalize_grads(mega_rank *r, mega_err *err) {
+  mega_status st = MEGA_OK;
+  for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
+    st = mega_grads_wait(r->chunks.grads, v, err);
+  float *tied;
+  size_t n;
+  mega_grads_tied_region(r->chunks.grads, &tied, &n);
+  if (st == MEGA_OK && r->dcomm[GROUP_EMBD] && n)
+    st = mega_comm_all_reduce(r->dcomm[GROUP_EMBD], tied, n, 0, err);
+  if (st == MEGA_OK) st = rank_tp_finalize_grads(r, err);
+  return st;
+}
+
+/* --eval-interval: --eval-iters forward-only batches of the evaluation
+ * windows (worker/data/data.h), their mean loss reported with this iteration. */
+static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
+  double loss_sum = 0, tokens = 0;
+  bool last = mega_sched_is_last_stage(&r->eval_sched, r->me.pp, r->eval_sched.vp - 1);
+  mega_status wst = mega_grads_wait_params(r->chunks.grads, -1, err);
+  if (wst != MEGA_OK) return wst;
+  for (int k = 0; k < r->job->eval_iters; k++) {
+    mega_engine_result res;
+    mega_status st = mega_engine_run(r->eval_engine, r->eval_done++, &res, NULL, 0, NULL, 0, err);
+    if (st != MEGA_OK) {
+      mega_err_prefix(err, "evaluation after iteration %lld", (long long)r->iteration);
+      return st;
+    }
+    loss_sum += res.loss_sum;
+    tokens += (double)res.tokens;
+  }
+  if (!last || r->simulate) return MEGA_OK;
+  mega_status st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
+  if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_DP], &tokens, err);
+  if (st != MEGA_OK) return st;
+  m->has_eval_loss = true;
+  m->eval_loss = tokens > 0 ? loss_sum / tokens : 0;
+  return MEGA_OK;
+}
+
+static uint64_t replica_tokens(const mega_rank *r, int64_t it) {
+  uint64_t n = 0;
+  for (int m = 0; m < r->plan.num_micro; m++)
+    n += (uint64_t)r->plan.micro_batch * (uint64_t)mega_engine_seq_len(r->engine, it, m);
+  return n;
+}
+
+mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
+  int64_t it = r->iteration;
+  rank_phase(r, "train");
+  bool trace = r->job->trace_iteration == it + 1 && r->spans;
+  double t0 = wall_s();
+  *m = (mega_rank_metrics){.iteration = it + 1, .rank = r->env.rank, .pp_rank = r->me.pp,
+                           .dp_rank = r->me.dp, .tp_rank = r->me.tp,
+                           .step_start_unix_us = (int64_t)(t0 * 1e6)};
+  r->nspans = 0;
+  mega_status st = mega_grads_start(r->chunks.grads, err);
+  mega_engine_result res;
+  if (st == MEGA_OK)
+    st = mega_engine_run(r->engine, it, &res, trace ? r->spans : NULL, r->span_cap, &r->nspans,
+                         t0, err);
+  if (st != MEGA_OK) return st;
+
+  /* The rank's pipeline work ended at ts; since then it has waited for its
+   * gradient reductions (the schedule's GWs) and the pipeline's drain. */
+  double ts = res.work_end_wall;
+  st = finalize_grads(r, err);
+  /* The loss is known on the last stage; its replicas add their sums. */
+  bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
+                  !r->simulate;
+  double loss_sum = res.loss_sum;
+  if (st == MEGA_OK && has_loss) st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
+  double tg = wall_s(); /* gradients reduced (finish_grad_sync, finalize_model_grads) */
+  /* The global norm counts every element once: the shards this rank owns
+   * summed over the data-parallel group (distributed optimizer), the slices
+   * over the TP group (replicated tensors counted by TP rank 0), the stages
+   * over the pipeline, the tied copy left out. */
+  double sumsq = 0, drained = ts;
+  if (st == MEGA_OK) st = mega_grads_sumsq(r->chunks.grads, &sumsq, err);
+  if (st == MEGA_OK && r->job->use_distributed_optimizer)
+    st = sum_doubles(r->hcomm[GROUP_DP], &sumsq, err);
+  if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
+  if (st == MEGA_OK) st = pipeline_stats(r->hcomm[GROUP_PP], &sumsq, &drained, err);
+  double tsync = wall_s();
+  /* Waiting here while another stage still runs its schedule is pipeline
+   * bubble (the drain), not gradient sync. Clocks of two nodes may disagree
+   * a little: the split is clamped to the wait. */
+  double tail = (drained < tsync ? drained : tsync) - ts;
+  if (tail < 0) tail = 0;
+  /* Exposed: the reductions' end past the pipeline's (the norm that follows
+   * is the optimizer's, as in Megatron's timers). */
+  double exposed = tg - (drained > ts ? drained : ts);
+  if (exposed < 0) exposed = 0;
+  double lr = mega_lr_at(&r->lr, it);
+  mega_optim_result or = {.grad_norm = sqrt(sumsq)};
+  if (st == MEGA_OK && !r->simulate) st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+  /* distributed optimizer: every rank gets every updated parameter; with
+   * --overlap-param-gather forward waits for each bucket when it needs it */
+  if (st == MEGA_OK)
+    st = mega_grads_gather_params(r->chunks.grads, r->job->overlap_param_gather, err);
+  if (st == MEGA_OK) st = r->be->ops->synchronize(r->be, err);
+  if (st != MEGA_OK) {
+    mega_err_prefix(err, "iteration %lld", (long long)it + 1);
+    return st;
+  }
+  double t1 = wall_s();
+  if (trace) {
+    if (r->nspans < r->span_cap)
+      r->spans[r->nspans++] = (mega_rank_span){.name = "grad-sync", .cat = "grad_sync",
+                                               .start_us = (ts - t0) * 1e6,
+                                               .dur_us = (tg - ts) * 1e6};
+    if (r->nspans < r->span_cap)
+      r->spans[r->nspans++] = (mega_rank_span){.name = "grad-norm", .cat = "optimizer",
+                                               .start_us = (tg - t0) * 1e6,
+                                               .dur_us = (tsync - tg) * 1e6};
+    if (r->nspans < r->span_cap)
+      r->spans[r->nspans++] = (mega_rank_span){.name = "optimizer", .cat = "optimizer",
+                                               .start_us = (tsync - t0) * 1e6,
+                                               .dur_us = (t1 - tsync) * 1e6};
+  }
+  r->iteration++;
+  uint64_t tokens = replica_tokens(r, it);
+  double global_tokens = (double)tokens * r->topo.dp;
+  m->has_loss = has_loss;
+  m->loss = has_loss ? loss_sum / global_tokens : 0;
+  m->has_grad_norm = true;
+  m->grad_norm = or.grad_norm;
+  m->lr = lr;
+  m->tokens = tokens;
+  m->step_time_s = t1 - t0;
+  m->compute_s = res.compute_s;
+  m->tp_comm_s = rank_tp_take_comm_s(r);
+  m->bubble_s = res.bubble_s + tail;
+  m->bubble_warmup_s = res.bubble_warmup_s;
+  m->bubble_steady_s = res.bubble_steady_s;
+  m->bubble_cooldown_s = res.bubble_cooldown_s + tail;
+  m->p2p_wait_s = res.p2p_wait_s;
+  m->grad_sync_exposed_s = exposed;
+  m->peak_activation_bytes = res.peak_bytes;
+  m->peak_inflight = res.peak_inflight;
+  m->param_bytes = mega_grads_param_bytes(r->chunks.grads);
+  m->grad_bytes = mega_grads_grad_bytes(r->chunks.grads);
+  m->optimizer_state_bytes = mega_optim_state_bytes(r->optim);
+  m->spans = trace ? r->spans : NULL;
+  m->nspans = trace ? r->nspans : 0;
+  if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {
+    rank_phase(r, "eval");
+    return evaluate(r, m, err);
+  }
+  return MEGA_OK;
+}
+
+int64_t mega_rank_iteration(const mega_rank *r) { return r->iteration; }
+const char *mega_rank_loaded_path(const mega_rank *r) {
+  return r->loaded.loaded ? r->loaded.path : NULL;
+}
+const char *mega_rank_load_notice(const mega_rank *r) {
+  return r->loaded.notice[0] ? r->loaded.notice : NULL;
+}
+
+size_t mega_rank_num_params(const mega_rank *r) {
+  size_t n = 0; /* the tensors' elements, not the buffers' padding */
+  for (size_t k = 0; r->chunks.ranges && k < r->chunks.nparams; k++) n += r->chunks.ranges[k].numel;
+  return n;
+}
+
+mega_status mega_rank_run(mega_rank *r, mega_err *err) {
+  mega_status st = mega_rank_setup(r, err);
+  if (st == MEGA_OK && r->job->save && r->job->save_initial && r->iteration == 0)
+    st = mega_rank_save(r, err);
+  while (st == MEGA_OK && r->iteration < r->job->train_iters) {
+    st = check_abort(r, err);
+    if (st != MEGA_OK) break;
+    mega_rank_metrics m;
+    st = mega_rank_step(r, &m, err);
+    if (st == MEGA_OK && r->env.on_step) r->env.on_step(r->env.arg, &m);
+    if (st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration)) st = mega_rank_save(r, err);
+  }
+  /* --overlap-param-gather leaves the last gathers in flight: finish them
+   * before the communicators go, or a peer still in them would fail. */
+  if (st == MEGA_OK) st = mega_grads_wait_params(r->chunks.grads, -1, err);
+  /* The last save's write may still run (--async-save). After a failure
+   * its gathers could wait on writers that will never come: abandon it. */
+  if (st != MEGA_OK) {
+    pthread_mutex_lock(&r->comm_lock);
+    rank_comm_abort_locked(r, GROUP_CKPT);
+    pthread_mutex_unlock(&r->comm_lock);
+  }
+  if (r->saver) {
+    if (st == MEGA_OK) rank_phase(r, "checkpoint");
+    mega_err werr = {0};
+    mega_status ws = mega_rank_save_wait(r, &werr);
+    if (st == MEGA_OK && ws != MEGA_OK) {
+      st = ws;
+      if (err) *err = werr;
+    }
+  }
+  /* A communicator fails with the cause of the first broken link; an abort
+   * explains itself better. */
+  if (st != MEGA_OK && atomic_load(&r->aborted) && st != MEGA_ERR_CANCELLED) check_abort(r, err);
+  return st;
+}
+
+void mega_rank_destroy(mega_rank *r) {
+  if (!r) return;
+  mega_rank_saver_destroy(r->saver); /* waits for its thread, which uses GROUP_CKPT */
+  free(r->save_params);
+  mega_engine_destroy(r->engine);
+  mega_engine_destroy(r->eval_engine);
+  mega_p2p_destroy(r->p2p);
+  rank_comm_destroy_all(r);
+  pthread_mutex_destroy(&r->comm_lock);
+  mega_store_close(r->store);
+  rank_tp_free(r);
+  mega_optim_destroy(r->optim);
+  mega_chunks_free(&r->chunks);
+  mega_sched_free(&r->sched);
+  mega_sched_free(&r->eval_sched);
+  mega_layout_free(&r->layout);
+  mega_data_close(r->data);
+  mega_backend_destroy(r->be);
+  free(r->spans);
+  free(r);
+}

@@ -1,0 +1,168 @@
+/* One rank of a parallel job: what megaw runs once it knows who it is.
+ *
+ * The rank builds its topology (core/topology), meets its peers through the
+ * rendezvous store, builds a communicator per group it belongs to, builds
+ * the stage models of its pipeline chunks from the layout, and trains: each
+ * iteration the engine executes this rank's action list from core/schedule
+ * (its GS/GW actions reduce the gradient buckets over the data-parallel
+ * group, worker/engine/grads.h), then the gradients are finalised (the embedding
+ * group's all-reduce) and the optimizer steps (with the distributed
+ * optimizer, on this rank's shards, then the parameters are all-gathered). After each iteration the rank hands a mega_rank_metrics to
+ * on_step, which megaw forwards to its daemon (or prints, when alone).
+ *
+ *   mega_rank *r;
+ *   mega_rank_create(&env, &r, &err);   // cheap: checks, no I/O with peers
+ *   ... another thread may now call mega_rank_abort(r, "why") at any time ...
+ *   mega_rank_run(r, &err);             // set up, train, checkpoint
+ *   mega_rank_destroy(r);
+ *
+ * mega_rank_run is mega_rank_setup, then mega_rank_step and the due
+ * checkpoints until --train-iters; tests drive the steps themselves.
+ *
+ * A world of one needs no store. Otherwise exactly one of kv (the daemon's
+ * store, through the worker's pipe) or store_dir (Gloo's FileStore on a
+ * directory all ranks see: tests and hand launches) is set.
+ *
+ * Ownership: env and everything it points to are borrowed and must outlive
+ * the rank; the rank copies nothing it does not say it copies. */
+#ifndef MEGA_WORKER_RANK_H
+#define MEGA_WORKER_RANK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/jobspec.h"
+#include "core/status.h"
+#include "worker/comm/comm.h"
+#include "worker/engine/span.h"
+
+/* What one rank measured in one iteration. Times are seconds on this rank. */
+typedef struct mega_rank_metrics {
+  int64_t iteration; /* 1-based */
+  int rank, pp_rank, dp_rank, tp_rank;
+  bool has_loss; /* the last pipeline stage knows the loss */
+  double loss;   /* mean cross-entropy over the iteration's G*T tokens (all DP) */
+  bool has_grad_norm;
+  double grad_norm; /* global, before clipping */
+  double lr;
+  uint64_t tokens; /* tokens of this rank's data-parallel replica */
+  bool skipped;    /* the optimizer skipped a non-finite step */
+  double step_time_s;
+  double compute_s; /* F, B and W */
+  double tp_comm_s; /* of that, the tensor-parallel collectives (on the critical path) */
+  double bubble_s;  /* waiting for a peer with nothing to compute */
+  double bubble_warmup_s, bubble_steady_s, bubble_cooldown_s;
+  double p2p_wait_s;          /* waiting for P2P transfers themselves */
+  double grad_sync_exposed_s; /* gradient reduction not hidden behind compute */
+  uint64_t peak_activation_bytes;
+  int peak_inflight; /* (microbatch, chunk) activations alive at once */
+  uint64_t param_bytes;           /* resident parameter buffers of this rank */
+  uint64_t grad_bytes;            /* its gradient buffers */
+  uint64_t optimizer_state_bytes; /* its optimizer state (the moments it owns) */
+  bool has_eval_loss; /* an evaluation ran after this iteration (last stage) */
+  double eval_loss;   /* mean cross-entropy over --eval-iters forward-only batches */
+  int64_t step_start_unix_us;
+  const mega_rank_span *spans; /* only for --trace-iteration; valid during on_step */
+  size_t nspans;
+} mega_rank_metrics;
+
+/* A checkpoint as one rank saw it (mega_rank_env.on_checkpoint). Every
+ * rank reports once its part of iteration's checkpoint is durable
+ * (committed false; a replica that writes nothing reports too); the
+ * committing rank reports again once the manifest and
+ * latest_checkpointed_iteration.txt are written (committed true). */
+typedef struct mega_rank_ckpt_report {
+  int64_t iteration;
+  const char *path;  /* SAVE/iter_NNNNNNN (valid during the call) */
+  uint64_t bytes;    /* written by this rank; committed: the whole checkpoint */
+  double duration_s; /* from the start of the save */
+  double blocked_s;  /* of that, the time training waited */
+  bool committed;
+} mega_rank_ckpt_report;
+
+typedef struct mega_rank_env {
+  const mega_jobspec *job; /* passed mega_jobspec_check for this world */
+  int rank, world_size;
+  int local_rank, local_world_size;
+
+  /* Rendezvous (see above). */
+  const mega_kv_ops *kv;
+  void *kv_ctx;
+  const char *store_dir;
+  const char *kv_prefix;  /* private to one job attempt, e.g. "j-7/1" */
+  int kv_timeout_ms;      /* rendezvous and collective timeout; 0: 60000 */
+  const char *hostname;   /* address this rank binds for its peers; NULL: 127.0.0.1 */
+
+  const char *state_dir;  /* this rank's scratch directory (traces); may be NULL */
+  int device;             /* CUDA device, or -1 for the cpu backend */
+  /* Tests: build each group's device and host communicators apart (as a
+   * cuda rank does) on a cpu backend that tracks its memory, and check that
+   * each gets only its kind of memory (worker/rank/rank_comm.c). */
+  bool check_comm_memory;
+  int attempt;            /* the launcher's attempt (0 by hand): names checkpoint temp files
+                             and is recorded in every checkpoint's manifest */
+
+  /* Called on the rank's thread after every iteration. */
+  void (*on_step)(void *arg, const mega_rank_metrics *m);
+  /* Called when the rank enters a phase ("setup", "train", "eval",
+   * "checkpoint") with the iterations completed, so a watchdog knows which
+   * time limit applies. May be NULL. */
+  void (*on_phase)(void *arg, const char *phase, int64_t iteration);
+  /* Called for each checkpoint report (above); may run on the rank's
+   * checkpoint thread (--async-save). May be NULL. */
+  void (*on_checkpoint)(void *arg, const mega_rank_ckpt_report *r);
+  /* Under a coordinator: the committing rank asks before it commits
+   * iteration's checkpoint, once every rank's part is durable. MEGA_OK
+   * commits; any other status leaves the checkpoint uncommitted (err says
+   * why; loads never use it). NULL: commit at once. May run on the
+   * checkpoint thread. */
+  mega_status (*await_commit)(void *arg, int64_t iteration, mega_err *err);
+  void *arg;
+} mega_rank_env;
+
+typedef struct mega_rank mega_rank;
+
+mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err *err);
+
+/* Builds the backend, model chunks, schedule and optimizer, meets the peers
+ * and builds the groups, and resumes from --load when it holds a
+ * checkpoint. */
+mega_status mega_rank_setup(mega_rank *r, mega_err *err);
+
+/* One iteration: the schedule, gradient reductions, optimizer. */
+mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err);
+
+/* Writes a checkpoint of the current iteration under --save. Every rank of
+ * the job calls it at the same iteration. The dp 0, tp 0 rank of each
+ * pipeline stage writes that stage's tensors, and rank 0 commits; the
+ * others report at once (on_checkpoint). Every rank returns when the
+ * others have reached the save too. Without --async-save that is once the
+ * checkpoint is committed (or refused). With --async-save it is once the
+ * writers' tensors are copied to host memory; the files are written on a
+ * thread, and the next save, mega_rank_save_wait and mega_rank_run wait for
+ * it. A failure of that write is returned by whichever waits next. */
+mega_status mega_rank_save(mega_rank *r, mega_err *err);
+/* Waits for this rank's checkpoint write in flight, if any. */
+mega_status mega_rank_save_wait(mega_rank *r, mega_err *err);
+
+int64_t mega_rank_iteration(const mega_rank *r); /* completed */
+const char *mega_rank_loaded_path(const mega_rank *r); /* the checkpoint resumed, or NULL */
+/* One line when --load passed over an incomplete checkpoint (which, why,
+ * and what loaded instead), else NULL. Valid until destroy. */
+const char *mega_rank_load_notice(const mega_rank *r);
+size_t mega_rank_num_params(const mega_rank *r);       /* in this rank's chunks */
+
+/* Sets up if needed, then trains to --train-iters (or until aborted), saving
+ * when due, and waits for the last checkpoint's write. MEGA_ERR_CANCELLED
+ * after an abort; MEGA_ERR_PEER when another rank failed (the message names
+ * it). */
+mega_status mega_rank_run(mega_rank *r, mega_err *err);
+
+/* From any thread, at any time after create: stops the rank promptly. Every
+ * communicator is aborted, so the rank's peers fail fast as well. */
+void mega_rank_abort(mega_rank *r, const char *reason);
+
+void mega_rank_destroy(mega_rank *r); /* NULL is fine */
+
+#endif

@@ -1,0 +1,152 @@
+/* A rank's communicators, and the one rule for which carries what.
+ *
+ * Each group has a device communicator (dcomm) for backend memory and a
+ * host communicator (hcomm) for host memory, because NCCL, a cuda rank's
+ * device communicator, reads and writes device memory only:
+ *
+ *   group  device (dcomm)                          host (hcomm)
+ *   pp     activations and their gradients (P2P)   --variable-seq-lengths shape
+ *                                                  messages; the grad-norm pieces and
+ *                                                  drain times (pipeline_stats)
+ *   dp     gradient buckets; the distributed       loss and token sums; grad-norm
+ *          optimizer's reduce-scatter and          pieces; the checkpoint's moment
+ *          parameter all-gather                    gather; the save barrier
+ *   embd   the tied embedding's gradients          -
+ *   tp     the model's collectives; sequence-      grad-norm pieces; checkpoint
+ *          parallel layernorm gradients            slices (staged to host)
+ *   ckpt   -                                       the writers' file lists, barrier
+ *
+ * A cpu rank has one Gloo communicator per group, which is both. A cuda
+ * rank has NCCL for dcomm and Gloo for hcomm (as Megatron keeps gloo groups
+ * beside its NCCL ones). With env.check_comm_memory a cpu rank builds the
+ * two separately, as a cuda rank does, and wraps each in a check of every
+ * buffer it is given (comm_check.h): that is how the routing is tested
+ * without a GPU. */
+#include <stdio.h>
+#include <string.h>
+
+#include "worker/backend/cuda_module.h"
+#include "worker/comm/comm_check.h"
+#include "worker/rank/rank_internal.h"
+
+typedef struct group_def {
+  mega_group_kind kind;
+  const char *name;
+  bool dev, host; /* which communicators it needs */
+} group_def;
+
+/* Every rank builds its groups in this order, so each creation only waits
+ * for members creating the same one. GROUP_CKPT is built apart. */
+static const group_def groups[] = {
+    [GROUP_PP] = {MEGA_GROUP_PP, "pp", true, true},
+    [GROUP_DP] = {MEGA_GROUP_DP, "dp", true, true},
+    [GROUP_EMBD] = {MEGA_GROUP_EMBD, "embd", true, false},
+    [GROUP_TP] = {MEGA_GROUP_TP, "tp", true, true},
+};
+
+static int timeout_ms(const mega_rank *r) {
+  return r->env.kv_timeout_ms > 0 ? r->env.kv_timeout_ms : 60000;
+}
+
+static bool on_cuda(const mega_rank *r) { return !strcmp(r->be->ops->name, "cuda"); }
+
+static bool is_device(void *be, const void *p, size_t bytes) {
+  return mega_backend_cpu_owns(be, p, bytes);
+}
+
+static bool is_host(void *be, const void *p, size_t bytes) {
+  return !mega_backend_cpu_owns(be, p, bytes);
+}
+
+/* One communicator of group (named name) for device or host memory. */
+static mega_status create_comm(mega_rank *r, const char *name, bool dev, int pos, int size,
+                               mega_comm **out, mega_err *err) {
+  char group[80];
+  snprintf(group, sizeof group, "%s%s", name, dev ? "" : ".host");
+  mega_status st;
+  if (dev && on_cuda(r))
+    st = mega_comm_create_nccl(r->store, group, pos, size, r->be, timeout_ms(r), out, err);
+  else
+    st = mega_comm_create(r->store, group, pos, size, r->env.hostname, timeout_ms(r), out, err);
+  if (st == MEGA_OK && r->env.check_comm_memory)
+    st = mega_comm_check_wrap(*out, dev ? is_device : is_host, r->be,
+                              dev ? "device memory" : "host memory", out, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "joining group %s as rank %d of %d", group, pos, size);
+  return st;
+}
+
+/* Publishes a group's communicators, under the lock mega_rank_abort takes. */
+static mega_status publish(mega_rank *r, int g, mega_comm *d, mega_comm *h, mega_err *err) {
+  pthread_mutex_lock(&r->comm_lock);
+  r->dcomm[g] = d;
+  r->hcomm[g] = h;
+  /* An abort that raced with the creation must still reach this group. */
+  if (atomic_load(&r->aborted)) rank_comm_abort_locked(r, g);
+  pthread_mutex_unlock(&r->comm_lock);
+  if (!atomic_load(&r->aborted)) return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_CANCELLED, "rank %d aborted: %s", r->env.rank, r->abort_reason);
+}
+
+/* The group's communicators: one that is both on a plain cpu rank, else
+ * the two it needs (created device first). */
+static mega_status join(mega_rank *r, int g, const group_def *def, const char *name, int pos,
+                        int size, mega_err *err) {
+  mega_comm *d = NULL, *h = NULL;
+  mega_status st = MEGA_OK;
+  bool split = on_cuda(r) || r->env.check_comm_memory;
+  if (def->dev) st = create_comm(r, name, true, pos, size, &d, err);
+  if (st == MEGA_OK && def->host) {
+    if (d && !split)
+      h = d;
+    else
+      st = create_comm(r, name, false, pos, size, &h, err);
+  }
+  if (st != MEGA_OK) {
+    mega_comm_destroy(d);
+    return st;
+  }
+  return publish(r, g, d, h, err);
+}
+
+mega_status rank_build_groups(mega_rank *r, mega_err *err) {
+  if (r->env.world_size == 1) return MEGA_OK;
+  if (r->env.check_comm_memory && on_cuda(r))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "check_comm_memory needs the cpu backend (it tracks the cpu's allocations)");
+  char prefix[256];
+  snprintf(prefix, sizeof prefix, "%s", r->env.kv_prefix ? r->env.kv_prefix : "mega");
+  mega_status st = r->env.kv ? mega_store_open_kv(r->env.kv, r->env.kv_ctx, prefix, &r->store, err)
+                             : mega_store_open_file(r->env.store_dir, prefix, &r->store, err);
+  for (int g = 0; g < GROUP_CKPT && st == MEGA_OK; g++) {
+    int pos = 0, idx = mega_topo_group_of(&r->topo, groups[g].kind, r->env.rank, &pos);
+    int size = mega_topo_group_size(&r->topo, groups[g].kind);
+    if (idx < 0 || size < 2) continue;
+    char name[64];
+    snprintf(name, sizeof name, "%s%d", groups[g].name, idx);
+    st = join(r, g, &groups[g], name, pos, size, err);
+  }
+  r->tp.comm = r->dcomm[GROUP_TP];
+  r->tp.hcomm = r->hcomm[GROUP_TP];
+  /* The writers: the pipeline of dp 0, tp 0, once more, for checkpoints. */
+  static const group_def ckpt = {MEGA_GROUP_PP, "ckpt", false, true};
+  if (st == MEGA_OK && r->job->save && rank_is_writer(r) && r->topo.pp > 1)
+    st = join(r, GROUP_CKPT, &ckpt, "ckpt", r->me.pp, r->topo.pp, err);
+  mega_store_close(r->store);
+  r->store = NULL;
+  return st;
+}
+
+void rank_comm_abort_locked(mega_rank *r, int g) {
+  if (r->dcomm[g]) mega_comm_abort(r->dcomm[g]);
+  if (r->hcomm[g] && r->hcomm[g] != r->dcomm[g]) mega_comm_abort(r->hcomm[g]);
+}
+
+void rank_comm_destroy_all(mega_rank *r) {
+  pthread_mutex_lock(&r->comm_lock);
+  for (int g = 0; g < NGROUPS; g++) {
+    if (r->hcomm[g] != r->dcomm[g]) mega_comm_destroy(r->hcomm[g]);
+    mega_comm_destroy(r->dcomm[g]);
+    r->dcomm[g] = r->hcomm[g] = NULL;
+  }
+  pthread_mutex_unlock(&r->comm_lock);
+}

@@ -1,0 +1,111 @@
+/* A rank's state, shared by rank.c (create, groups, set-up, the steps, run)
+ * and rank_save.c (checkpoints: the save point, the writer's saver, loads
+ * with a distributed optimizer's whole moments). Private to the rank. */
+#ifndef MEGA_WORKER_RANK_INTERNAL_H
+#define MEGA_WORKER_RANK_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/topology.h"
+#include "worker/data/data.h"
+#include "worker/engine/chunks.h"
+#include "worker/engine/engine.h"
+#include "worker/optim/lr_sched.h"
+#include "worker/rank/rank.h"
+#include "worker/rank/rank_ckpt.h"
+
+/* GROUP_CKPT: the writers (each stage's dp 0, tp 0 rank), used only by
+ * whichever thread writes a checkpoint, never by the training thread's
+ * collectives (comm.h, Ordering). */
+enum { GROUP_PP, GROUP_DP, GROUP_EMBD, GROUP_TP, GROUP_CKPT, NGROUPS };
+
+/* The rank's tensor parallelism (rank_tp.c): the model's collectives go
+ * over comm (r->dcomm[GROUP_TP]) and add their time to comm_s. With --save,
+ * the ranks of dp 0 gather their slices for the writer, which holds whole
+ * copies (whole) of the tensors it saves. */
+typedef struct rank_tp {
+  mega_comm *comm;  /* device memory: the model's collectives */
+  mega_comm *hcomm; /* host memory: checkpoint slices */
+  int size;
+  size_t *counts; /* [size] scratch */
+  double comm_s;
+  mega_ckpt_param *local, *whole; /* [nwhole]: this rank's views, the writer's whole ones */
+  size_t nwhole;
+} rank_tp;
+
+struct mega_rank {
+  mega_rank_env env;
+  const mega_jobspec *job;
+  mega_topo topo;
+  mega_coord me;
+  atomic_bool aborted;
+  char abort_reason[256];
+
+  mega_backend *be;
+  mega_layout layout;
+  mega_chunks chunks;
+  mega_schedule sched;
+  mega_data *data;
+  mega_batch_plan plan;
+  mega_lr_sched lr;
+  mega_optim *optim;
+  mega_store *store;
+  /* Per group, the communicators for device and for host memory (the rule
+   * for which carries what is in rank_comm.c); the same one on a cpu rank.
+   * NULL where this rank is in no such group of size > 1, or the group
+   * carries no such memory. */
+  mega_comm *dcomm[NGROUPS], *hcomm[NGROUPS];
+  pthread_mutex_t comm_lock; /* guards them against mega_rank_abort's thread */
+  rank_tp tp;
+  mega_p2p *p2p;
+  bool simulate;
+  mega_rank_ckpt_loaded loaded;
+  mega_ckpt_param *save_params; /* the writer's tensors: chunks' views less the tied copy */
+  mega_rank_saver *saver;       /* writers with --save */
+  mega_engine *engine;
+  mega_schedule eval_sched;  /* forward-only, when --eval-interval is set */
+  mega_engine *eval_engine;
+  int64_t eval_done;         /* evaluation batches run so far */
+  int64_t iteration; /* completed */
+  mega_rank_span *spans;
+  size_t nspans, span_cap;
+};
+
+/* Writes a checkpoint for its stage: each stage's dp 0, tp 0 rank. */
+static inline bool rank_is_writer(const mega_rank *r) { return r->me.dp == 0 && r->me.tp == 0; }
+
+static inline void rank_phase(mega_rank *r, const char *name) {
+  if (r->env.on_phase) r->env.on_phase(r->env.arg, name, r->iteration);
+}
+
+/* rank_comm.c */
+/* Opens the rendezvous store and builds every group's communicators. */
+mega_status rank_build_groups(mega_rank *r, mega_err *err);
+/* Aborts group g's communicators (the caller holds comm_lock). */
+void rank_comm_abort_locked(mega_rank *r, int g);
+void rank_comm_destroy_all(mega_rank *r);
+
+/* rank_tp.c */
+/* The stages' TP description (its collectives bound to r->tp). */
+mega_status rank_tp_init(mega_rank *r, mega_gpt_tp *out, mega_err *err);
+void rank_tp_free(mega_rank *r);
+/* TP communication time since the last call. */
+double rank_tp_take_comm_s(mega_rank *r);
+/* Sums the sequence-parallel layernorm gradients over the TP group. */
+mega_status rank_tp_finalize_grads(mega_rank *r, mega_err *err);
+/* The writer's whole copies of local's n tensors (moments where local has
+ * them), filled by rank_tp_gather. */
+mega_status rank_tp_whole_build(mega_rank *r, const mega_ckpt_param *local, size_t n,
+                                mega_err *err);
+void rank_tp_whole_free(mega_rank *r);
+mega_status rank_tp_gather(mega_rank *r, const mega_ckpt_param *local, size_t n, mega_err *err);
+
+/* rank_save.c */
+/* The writer's tensors and its saver (after the optimizer and the groups). */
+mega_status rank_build_saver(mega_rank *r, mega_err *err);
+/* --load into the chunks and the optimizer (resharding a distributed
+ * optimizer's moments). */
+mega_status rank_load_checkpoint(mega_rank *r, mega_err *err);
+
+#endif
