@@ -572,10 +572,12 @@ mega_status mega_jobspec_parse_flag(mega_jobspec *s, int argc, char *const *argv
                      f->info.name, f->info.metavar);
   if (f->info.type == MEGA_JOBFLAG_LIST && !eq) {
     /* every word up to the next flag */
-    int n = 1;
-    while (*i + 1 + n < argc && argv[*i + 1 + n] && strncmp(argv[*i + 1 + n], "--", 2) != 0) n++;
-    mega_status st = mega_jf_set_list(s, f, (const char *const *)&argv[*i + 1], n, err);
-    if (st == MEGA_OK) *i += 1 + n;
+    int nwords = 1;
+    while (*i + 1 + nwords < argc && argv[*i + 1 + nwords] &&
+           strncmp(argv[*i + 1 + nwords], "--", 2) != 0)
+      nwords++;
+    mega_status st = mega_jf_set_list(s, f, (const char *const *)&argv[*i + 1], nwords, err);
+    if (st == MEGA_OK) *i += 1 + nwords;
     return st;
   }
   mega_status st = set_text(s, f, v, err);

@@ -158,87 +158,87 @@ out:
       return FAIL_AT("out of range for microbatches=%d vp=%d", m, vp);
     bool first = mega_sched_is_first_stage(s, r, a.chunk);
     bool last = mega_sched_is_last_stage(s, r, a.chunk);
-    uint8_t *st = &state[a.mb * vp + a.chunk];
+    uint8_t *seen = &state[a.mb * vp + a.chunk];
     if (fwd_only && a.kind != MEGA_ACT_F && a.kind != MEGA_ACT_SEND_F && a.kind != MEGA_ACT_RECV_F)
       return FAIL_AT("a forward-only schedule has no %s actions",
                      "backward, weight-gradient or gradient-sync");
     switch (a.kind) {
     case MEGA_ACT_RECV_F:
       if (first) return FAIL_AT("%s", "stray receive: the first virtual stage has no previous stage");
-      if (*st & ST_RF) return FAIL_AT("%s", "the input of this forward is received twice");
-      if (*st & ST_F) return FAIL_AT("%s", "stray receive after its forward ran");
-      *st |= ST_RF;
+      if (*seen & ST_RF) return FAIL_AT("%s", "the input of this forward is received twice");
+      if (*seen & ST_F) return FAIL_AT("%s", "stray receive after its forward ran");
+      *seen |= ST_RF;
       break;
     case MEGA_ACT_F:
-      if (*st & ST_F) return FAIL_AT("%s", "forwarded twice");
+      if (*seen & ST_F) return FAIL_AT("%s", "forwarded twice");
       want.kind = MEGA_ACT_RECV_F;
-      if (!first && !(*st & ST_RF))
+      if (!first && !(*seen & ST_RF))
         return FAIL_AT("not preceded by %s, the receive of its input", mega_action_format(want, tok2));
-      *st |= ST_F;
+      *seen |= ST_F;
       break;
     case MEGA_ACT_SEND_F:
       if (last) return FAIL_AT("%s", "stray send: the last virtual stage has no next stage");
-      if (*st & ST_SF) return FAIL_AT("%s", "sent twice");
+      if (*seen & ST_SF) return FAIL_AT("%s", "sent twice");
       want.kind = MEGA_ACT_F;
-      if (!(*st & ST_F)) return FAIL_AT("sends before %s produced it", mega_action_format(want, tok2));
-      *st |= ST_SF;
+      if (!(*seen & ST_F)) return FAIL_AT("sends before %s produced it", mega_action_format(want, tok2));
+      *seen |= ST_SF;
       break;
     case MEGA_ACT_RECV_B:
       if (last) return FAIL_AT("%s", "stray receive: the last virtual stage has no next stage");
-      if (*st & ST_RB) return FAIL_AT("%s", "the output gradient is received twice");
-      if (*st & ST_B) return FAIL_AT("%s", "stray receive after its backward ran");
-      *st |= ST_RB;
+      if (*seen & ST_RB) return FAIL_AT("%s", "the output gradient is received twice");
+      if (*seen & ST_B) return FAIL_AT("%s", "stray receive after its backward ran");
+      *seen |= ST_RB;
       break;
     case MEGA_ACT_B:
-      if (*st & ST_B) return FAIL_AT("%s", "backwarded twice");
+      if (*seen & ST_B) return FAIL_AT("%s", "backwarded twice");
       want.kind = MEGA_ACT_F;
-      if (!(*st & ST_F)) return FAIL_AT("runs before its forward %s", mega_action_format(want, tok2));
+      if (!(*seen & ST_F)) return FAIL_AT("runs before its forward %s", mega_action_format(want, tok2));
       want.kind = MEGA_ACT_RECV_B;
-      if (!last && !(*st & ST_RB))
+      if (!last && !(*seen & ST_RB))
         return FAIL_AT("not preceded by %s, the receive of its output gradient",
                        mega_action_format(want, tok2));
-      *st |= ST_B;
+      *seen |= ST_B;
       break;
     case MEGA_ACT_SEND_B:
       if (first) return FAIL_AT("%s", "stray send: the first virtual stage has no previous stage");
-      if (*st & ST_SB) return FAIL_AT("%s", "sent twice");
+      if (*seen & ST_SB) return FAIL_AT("%s", "sent twice");
       want.kind = MEGA_ACT_B;
-      if (!(*st & ST_B)) return FAIL_AT("sends before %s produced it", mega_action_format(want, tok2));
-      *st |= ST_SB;
+      if (!(*seen & ST_B)) return FAIL_AT("sends before %s produced it", mega_action_format(want, tok2));
+      *seen |= ST_SB;
       break;
     case MEGA_ACT_GRAD_SYNC:
     case MEGA_ACT_GRAD_WAIT: break; /* checked by check_sync */
     case MEGA_ACT_W:
-      if (*st & ST_W) return FAIL_AT("%s", "weight gradient computed twice");
+      if (*seen & ST_W) return FAIL_AT("%s", "weight gradient computed twice");
       want.kind = MEGA_ACT_B;
-      if (!(*st & ST_B)) return FAIL_AT("runs before its backward %s", mega_action_format(want, tok2));
-      *st |= ST_W;
+      if (!(*seen & ST_B)) return FAIL_AT("runs before its backward %s", mega_action_format(want, tok2));
+      *seen |= ST_W;
       break;
     }
   }
   for (int mb = 0; mb < m; mb++)
     for (int c = 0; c < vp; c++) {
-      uint8_t st = state[mb * vp + c];
+      uint8_t seen = state[mb * vp + c];
       mega_action a = {.kind = MEGA_ACT_F, .chunk = (uint16_t)c, .mb = mb};
       bool first = mega_sched_is_first_stage(s, r, c), last = mega_sched_is_last_stage(s, r, c);
-      if (!(st & ST_F))
+      if (!(seen & ST_F))
         return mega_fail(err, MEGA_ERR_INVALID, "rank %d never runs %s", r, mega_action_format(a, tok));
-      if (!last && !(st & ST_SF)) {
+      if (!last && !(seen & ST_SF)) {
         a.kind = MEGA_ACT_SEND_F;
         return mega_fail(err, MEGA_ERR_INVALID, "rank %d never sends its forward output (%s)", r,
                          mega_action_format(a, tok));
       }
       if (fwd_only) continue;
       a.kind = MEGA_ACT_B;
-      if (!(st & ST_B))
+      if (!(seen & ST_B))
         return mega_fail(err, MEGA_ERR_INVALID, "rank %d never runs %s", r, mega_action_format(a, tok));
-      if (!first && !(st & ST_SB)) {
+      if (!first && !(seen & ST_SB)) {
         a.kind = MEGA_ACT_SEND_B;
         return mega_fail(err, MEGA_ERR_INVALID, "rank %d never sends its input gradient (%s)", r,
                          mega_action_format(a, tok));
       }
       a.kind = MEGA_ACT_W;
-      if (has_w && !(st & ST_W))
+      if (has_w && !(seen & ST_W))
         return mega_fail(err, MEGA_ERR_INVALID,
                          "rank %d has W actions but not %s; a rank has a W for every B or for none",
                          r, mega_action_format(a, tok));

@@ -40,9 +40,25 @@ typedef struct msg {
   mega_action send; /* as written by the sender */
 } msg;
 
-mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim *out,
-                         mega_err *err) {
-  memset(out, 0, sizeof *out);
+/* One run's state. Per channel: its messages in send order (CSR), how many
+ * were posted and taken (a channel has one receiver, so a receiver blocked
+ * on it waits for message taken[ch]). Per rank: its next action, its clock,
+ * whether it waits on a receive, and its data-parallel communicator. */
+typedef struct simulation {
+  const mega_schedule *s;
+  const mega_cost *cost;
+  mega_sim *out;
+  int pp, nch, nbk;    /* nch: 2 channels per rank; nbk: buckets per chunk */
+  double vp, transfer; /* transfer: a message's time from send to arrival */
+  long long *off, *posted, *taken;
+  msg *msgs;
+  int *pc, *ready, nready; /* ready: a stack of the ranks to advance */
+  bool *blocked, *has_w;
+  double *clock, *comm_free; /* comm_free: when its communicator is next idle */
+  double *reduced; /* [rank][chunk]: when the chunk's last bucket is reduced */
+} simulation;
+
+static mega_status check_input(const mega_schedule *s, const mega_cost *cost, mega_err *err) {
   if (!s || s->pp < 1 || s->vp < 1 || !s->ranks)
     return mega_fail(err, MEGA_ERR_INVALID, "the schedule is empty or not initialised");
   if (bad_cost(cost->t_f) || bad_cost(cost->t_b) || bad_cost(cost->t_w) ||
@@ -53,193 +69,258 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
                      "bandwidth=%g bytes=%g)",
                      cost->t_f, cost->t_b, cost->t_w, cost->p2p_latency, cost->p2p_bandwidth,
                      cost->activation_bytes);
-  int pp = s->pp, nch = 2 * pp;
-  double vp = s->vp;
-  double transfer = cost->p2p_latency +
-                    (cost->p2p_bandwidth > 0 ? cost->activation_bytes / cost->p2p_bandwidth : 0);
+  return MEGA_OK;
+}
 
-  mega_status st = MEGA_OK;
-  out->pp = pp;
-  out->ranks = calloc((size_t)pp, sizeof *out->ranks);
-  /* Per channel: its messages in send order (CSR), how many were posted and
-   * taken, and the receiver blocked on it (a channel has one receiver). */
-  long long *off = calloc((size_t)nch + 1, sizeof *off);
-  long long *posted = calloc((size_t)nch, sizeof *posted);
-  long long *taken = calloc((size_t)nch, sizeof *taken);
-  int *pc = calloc((size_t)pp, sizeof *pc), *ready = malloc((size_t)pp * sizeof *ready);
-  bool *blocked = calloc((size_t)pp, sizeof *blocked), *has_w = calloc((size_t)pp, sizeof *has_w);
-  double *clock = calloc((size_t)pp, sizeof *clock);
-  double *comm_free = calloc((size_t)pp, sizeof *comm_free);
-  double *done = calloc((size_t)pp * (size_t)s->vp, sizeof *done); /* [rank][chunk] */
-  int nbk = cost->grad_buckets > 1 ? cost->grad_buckets : 1;
-  msg *msgs = NULL;
-  if (!out->ranks || !off || !posted || !taken || !pc || !ready || !blocked || !has_w || !clock ||
-      !comm_free || !done) {
-    st = mega_fail(err, MEGA_ERR_NOMEM, "no memory to simulate pp=%d", pp);
-    goto out;
-  }
-  for (int r = 0; r < pp; r++) {
-    const mega_sched_rank *q = &s->ranks[r];
-    out->ranks[r].spans = malloc((size_t)(q->n > 0 ? q->n : 1) * sizeof(mega_span));
-    if (!out->ranks[r].spans) {
-      st = mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's %d spans", r, q->n);
-      goto out;
-    }
-    int syncs = 0;
-    for (int i = 0; i < q->n; i++) syncs += q->acts[i].kind == MEGA_ACT_GRAD_SYNC;
-    if (syncs) {
-      out->ranks[r].reduce = malloc((size_t)syncs * (size_t)nbk * sizeof(mega_span));
-      if (!out->ranks[r].reduce) {
-        st = mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's reductions", r);
-        goto out;
-      }
-    }
-    for (int i = 0; i < q->n; i++) {
-      mega_action a = q->acts[i];
-      if (a.kind >= MEGA_ACT_KINDS || a.chunk >= s->vp) {
-        char tok[24];
-        st = mega_fail(err, MEGA_ERR_INVALID, "rank %d, action %d (%s) is not a valid action", r,
+/* The state's arrays (free_state frees them) and the result's ranks. */
+static mega_status alloc_state(simulation *sim, mega_err *err) {
+  size_t pp = (size_t)sim->pp, nch = (size_t)sim->nch;
+  sim->out->pp = sim->pp;
+  sim->out->ranks = calloc(pp, sizeof *sim->out->ranks);
+  sim->off = calloc(nch + 1, sizeof *sim->off);
+  sim->posted = calloc(nch, sizeof *sim->posted);
+  sim->taken = calloc(nch, sizeof *sim->taken);
+  sim->pc = calloc(pp, sizeof *sim->pc);
+  sim->ready = malloc(pp * sizeof *sim->ready);
+  sim->blocked = calloc(pp, sizeof *sim->blocked);
+  sim->has_w = calloc(pp, sizeof *sim->has_w);
+  sim->clock = calloc(pp, sizeof *sim->clock);
+  sim->comm_free = calloc(pp, sizeof *sim->comm_free);
+  sim->reduced = calloc(pp * (size_t)sim->s->vp, sizeof *sim->reduced);
+  if (!sim->out->ranks || !sim->off || !sim->posted || !sim->taken || !sim->pc || !sim->ready ||
+      !sim->blocked || !sim->has_w || !sim->clock || !sim->comm_free || !sim->reduced)
+    return mega_fail(err, MEGA_ERR_NOMEM, "no memory to simulate pp=%d", sim->pp);
+  return MEGA_OK;
+}
+
+static void free_state(simulation *sim) {
+  free(sim->off);
+  free(sim->posted);
+  free(sim->taken);
+  free(sim->pc);
+  free(sim->ready);
+  free(sim->blocked);
+  free(sim->has_w);
+  free(sim->clock);
+  free(sim->comm_free);
+  free(sim->reduced);
+  free(sim->msgs);
+}
+
+/* Rank r's spans and, when it has GS actions, its reductions. */
+static mega_status alloc_rank(simulation *sim, int r, mega_err *err) {
+  const mega_sched_rank *q = &sim->s->ranks[r];
+  mega_sim_rank *o = &sim->out->ranks[r];
+  o->spans = malloc((size_t)(q->n > 0 ? q->n : 1) * sizeof(mega_span));
+  if (!o->spans)
+    return mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's %d spans", r, q->n);
+  int syncs = 0;
+  for (int i = 0; i < q->n; i++) syncs += q->acts[i].kind == MEGA_ACT_GRAD_SYNC;
+  if (!syncs) return MEGA_OK;
+  o->reduce = malloc((size_t)syncs * (size_t)sim->nbk * sizeof(mega_span));
+  if (!o->reduce) return mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's reductions", r);
+  return MEGA_OK;
+}
+
+/* Checks rank r's actions, notes whether it has W's and counts its sends
+ * into the channels' sizes. */
+static mega_status scan_rank(simulation *sim, int r, mega_err *err) {
+  const mega_schedule *s = sim->s;
+  const mega_sched_rank *q = &s->ranks[r];
+  for (int i = 0; i < q->n; i++) {
+    mega_action a = q->acts[i];
+    if (a.kind >= MEGA_ACT_KINDS || a.chunk >= s->vp) {
+      char tok[24];
+      return mega_fail(err, MEGA_ERR_INVALID, "rank %d, action %d (%s) is not a valid action", r,
                        i, mega_action_format(a, tok));
-        goto out;
-      }
-      if (a.kind == MEGA_ACT_W) has_w[r] = true;
-      if (a.kind == MEGA_ACT_SEND_F || a.kind == MEGA_ACT_SEND_B) {
-        int ch = channel_of(s, r, a);
-        if (ch >= 0) off[ch + 1]++;
-      }
+    }
+    if (a.kind == MEGA_ACT_W) sim->has_w[r] = true;
+    if (a.kind == MEGA_ACT_SEND_F || a.kind == MEGA_ACT_SEND_B) {
+      int ch = channel_of(s, r, a);
+      if (ch >= 0) sim->off[ch + 1]++;
     }
   }
-  for (int ch = 0; ch < nch; ch++) off[ch + 1] += off[ch];
-  msgs = malloc((size_t)(off[nch] > 0 ? off[nch] : 1) * sizeof *msgs);
-  if (!msgs) {
-    st = mega_fail(err, MEGA_ERR_NOMEM, "no memory for %lld messages", off[nch]);
-    goto out;
-  }
+  return MEGA_OK;
+}
 
-  int nready = 0;
-  for (int r = 0; r < pp; r++) ready[nready++] = r;
-  while (nready && !st) {
-    int r = ready[--nready];
-    const mega_sched_rank *q = &s->ranks[r];
-    mega_sim_rank *o = &out->ranks[r];
-    blocked[r] = false;
-    while (pc[r] < q->n) {
-      int i = pc[r];
-      mega_action a = q->acts[i];
-      double t = clock[r], dur = 0;
-      switch (a.kind) {
-      case MEGA_ACT_F: dur = cost->t_f / vp; break;
-      case MEGA_ACT_B: dur = (has_w[r] ? cost->t_b : cost->t_b + cost->t_w) / vp; break;
-      case MEGA_ACT_W: dur = cost->t_w / vp; break;
-      case MEGA_ACT_GRAD_SYNC: {
-        /* Buckets are ready during the chunk's last backward when the GS
-         * follows it at once, else at the GS. */
-        mega_act_kind wk = has_w[r] ? MEGA_ACT_W : MEGA_ACT_B;
-        bool during = i > 0 && q->acts[i - 1].kind == wk && q->acts[i - 1].chunk == a.chunk;
-        mega_span prev = during ? o->spans[i - 1] : (mega_span){t, t};
-        double each = cost->grad_sync / vp / nbk;
-        for (int j = 0; j < nbk; j++) {
-          double rdy = prev.start + (prev.end - prev.start) * (j + 1) / nbk;
-          double start = rdy > comm_free[r] ? rdy : comm_free[r];
-          comm_free[r] = start + each;
-          o->reduce[o->nreduce++] = (mega_span){start, comm_free[r]};
-        }
-        done[(size_t)r * s->vp + a.chunk] = comm_free[r];
-        break;
-      }
-      case MEGA_ACT_GRAD_WAIT: {
-        double d = done[(size_t)r * s->vp + a.chunk];
-        if (d > t) dur = d - t;
-        break;
-      }
-      case MEGA_ACT_SEND_F:
-      case MEGA_ACT_SEND_B: {
-        int ch = channel_of(s, r, a);
-        if (ch >= 0) {
-          msgs[off[ch] + posted[ch]++] = (msg){t + transfer, a};
-          /* Wake the receiver if it waits for exactly this message. */
-          int to = a.kind == MEGA_ACT_SEND_F ? (r + 1) % pp : (r + pp - 1) % pp;
-          if (blocked[to] && taken[ch] == posted[ch] - 1) {
-            blocked[to] = false;
-            ready[nready++] = to;
-          }
-        }
-        break;
-      }
-      default: { /* receives */
-        int ch = channel_of(s, r, a);
-        if (ch < 0) break; /* nothing to receive at the model's ends */
-        if (taken[ch] == posted[ch]) {
-          blocked[r] = true;
-          break;
-        }
-        msg m = msgs[off[ch] + taken[ch]];
-        int pr, pchunk;
-        mega_sched_peer(s, ch < pp ? ch : ch - pp, m.send, &pr, &pchunk);
-        if (m.send.mb != a.mb || pchunk != a.chunk) {
-          char t1[24], t2[24];
-          st = mega_fail(err, MEGA_ERR_INVALID,
-                         "rank %d, action %d (%s) would receive the message of %s from rank %d; "
-                         "validate the schedule",
-                         r, i, mega_action_format(a, t1), mega_action_format(m.send, t2),
-                         ch < pp ? ch : ch - pp);
-          break;
-        }
-        taken[ch]++;
-        if (m.arrival > t) dur = m.arrival - t;
-        break;
-      }
-      }
-      if (blocked[r] || st) break;
-      o->spans[i] = (mega_span){t, t + dur};
-      if (a.kind <= MEGA_ACT_W) o->busy += dur;
-      if (a.kind != MEGA_ACT_GRAD_SYNC && a.kind != MEGA_ACT_GRAD_WAIT) o->work_end = t + dur;
-      clock[r] = t + dur;
-      pc[r]++;
-    }
+/* Every rank's arrays and checks, rank by rank, then the message lists. */
+static mega_status prepare_ranks(simulation *sim, mega_err *err) {
+  for (int r = 0; r < sim->pp; r++) {
+    mega_status st = alloc_rank(sim, r, err);
+    if (!st) st = scan_rank(sim, r, err);
+    if (st) return st;
   }
-  if (st) goto out;
+  long long *off = sim->off;
+  for (int ch = 0; ch < sim->nch; ch++) off[ch + 1] += off[ch];
+  sim->msgs = malloc((size_t)(off[sim->nch] > 0 ? off[sim->nch] : 1) * sizeof *sim->msgs);
+  if (!sim->msgs)
+    return mega_fail(err, MEGA_ERR_NOMEM, "no memory for %lld messages", off[sim->nch]);
+  return MEGA_OK;
+}
 
+/* GS at time t: the chunk's buckets reduce one at a time on the rank's
+ * communicator. They are ready during the chunk's last backward when the
+ * GS follows it at once (the engine launches them as layers finish), else
+ * at the GS. */
+static void launch_reduction(simulation *sim, int r, int i, double t) {
+  const mega_sched_rank *q = &sim->s->ranks[r];
+  mega_sim_rank *o = &sim->out->ranks[r];
+  mega_action a = q->acts[i];
+  mega_act_kind wk = sim->has_w[r] ? MEGA_ACT_W : MEGA_ACT_B;
+  bool during = i > 0 && q->acts[i - 1].kind == wk && q->acts[i - 1].chunk == a.chunk;
+  mega_span prev = during ? o->spans[i - 1] : (mega_span){t, t};
+  double each = sim->cost->grad_sync / sim->vp / sim->nbk, *comm_free = &sim->comm_free[r];
+  for (int j = 0; j < sim->nbk; j++) {
+    double rdy = prev.start + (prev.end - prev.start) * (j + 1) / sim->nbk;
+    double start = rdy > *comm_free ? rdy : *comm_free;
+    *comm_free = start + each;
+    o->reduce[o->nreduce++] = (mega_span){start, *comm_free};
+  }
+  sim->reduced[(size_t)r * sim->s->vp + a.chunk] = *comm_free;
+}
+
+/* GW at time t: how long until the chunk's last bucket is reduced. */
+static double reduction_wait(const simulation *sim, int r, mega_action a, double t) {
+  double d = sim->reduced[(size_t)r * sim->s->vp + a.chunk];
+  return d > t ? d - t : 0;
+}
+
+/* SF, SB at time t: posts the message, and wakes the receiver if it waits
+ * for exactly this one. */
+static void post_send(simulation *sim, int r, mega_action a, double t) {
+  int ch = channel_of(sim->s, r, a), pp = sim->pp;
+  if (ch < 0) return;
+  sim->msgs[sim->off[ch] + sim->posted[ch]++] = (msg){t + sim->transfer, a};
+  int to = a.kind == MEGA_ACT_SEND_F ? (r + 1) % pp : (r + pp - 1) % pp;
+  if (sim->blocked[to] && sim->taken[ch] == sim->posted[ch] - 1) {
+    sim->blocked[to] = false;
+    sim->ready[sim->nready++] = to;
+  }
+}
+
+/* RF, RB at time t: takes the channel's next message, which must be the
+ * one action i expects, and sets how long it waited; blocks the rank when
+ * the message has not been posted. */
+static mega_status receive(simulation *sim, int r, int i, double t, double *dur, mega_err *err) {
+  mega_action a = sim->s->ranks[r].acts[i];
+  int ch = channel_of(sim->s, r, a);
+  if (ch < 0) return MEGA_OK; /* nothing to receive at the model's ends */
+  if (sim->taken[ch] == sim->posted[ch]) {
+    sim->blocked[r] = true;
+    return MEGA_OK;
+  }
+  msg m = sim->msgs[sim->off[ch] + sim->taken[ch]];
+  int sender = ch < sim->pp ? ch : ch - sim->pp, pr, pchunk;
+  mega_sched_peer(sim->s, sender, m.send, &pr, &pchunk);
+  if (m.send.mb != a.mb || pchunk != a.chunk) {
+    char t1[24], t2[24];
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "rank %d, action %d (%s) would receive the message of %s from rank %d; "
+                     "validate the schedule",
+                     r, i, mega_action_format(a, t1), mega_action_format(m.send, t2), sender);
+  }
+  sim->taken[ch]++;
+  if (m.arrival > t) *dur = m.arrival - t;
+  return MEGA_OK;
+}
+
+/* Performs action i of rank r, reached at time t, and sets its duration. */
+static mega_status perform(simulation *sim, int r, int i, double t, double *dur, mega_err *err) {
+  const mega_cost *c = sim->cost;
+  mega_action a = sim->s->ranks[r].acts[i];
+  switch (a.kind) {
+  case MEGA_ACT_F: *dur = c->t_f / sim->vp; break;
+  case MEGA_ACT_B: *dur = (sim->has_w[r] ? c->t_b : c->t_b + c->t_w) / sim->vp; break;
+  case MEGA_ACT_W: *dur = c->t_w / sim->vp; break;
+  case MEGA_ACT_GRAD_SYNC: launch_reduction(sim, r, i, t); break;
+  case MEGA_ACT_GRAD_WAIT: *dur = reduction_wait(sim, r, a, t); break;
+  case MEGA_ACT_SEND_F:
+  case MEGA_ACT_SEND_B: post_send(sim, r, a, t); break;
+  default: return receive(sim, r, i, t, dur, err);
+  }
+  return MEGA_OK;
+}
+
+/* Runs rank r until it finishes or blocks on a receive. */
+static mega_status advance_rank(simulation *sim, int r, mega_err *err) {
+  const mega_sched_rank *q = &sim->s->ranks[r];
+  mega_sim_rank *o = &sim->out->ranks[r];
+  sim->blocked[r] = false;
+  while (sim->pc[r] < q->n) {
+    int i = sim->pc[r];
+    mega_action a = q->acts[i];
+    double t = sim->clock[r], dur = 0;
+    mega_status st = perform(sim, r, i, t, &dur, err);
+    if (st) return st;
+    if (sim->blocked[r]) break;
+    o->spans[i] = (mega_span){t, t + dur};
+    if (a.kind <= MEGA_ACT_W) o->busy += dur;
+    if (a.kind != MEGA_ACT_GRAD_SYNC && a.kind != MEGA_ACT_GRAD_WAIT) o->work_end = t + dur;
+    sim->clock[r] = t + dur;
+    sim->pc[r]++;
+  }
+  return MEGA_OK;
+}
+
+/* Advances ready ranks until every rank has finished or waits. */
+static mega_status run_ranks(simulation *sim, mega_err *err) {
+  for (int r = 0; r < sim->pp; r++) sim->ready[sim->nready++] = r;
+  while (sim->nready) {
+    mega_status st = advance_rank(sim, sim->ready[--sim->nready], err);
+    if (st) return st;
+  }
+  return MEGA_OK;
+}
+
+/* Fails naming the ranks that stopped short of their last action. */
+static mega_status check_finished(const simulation *sim, mega_err *err) {
+  const mega_schedule *s = sim->s;
   char text[MEGA_ERR_MSG_MAX];
   int len = snprintf(text, sizeof text, "the schedule cannot finish:"), stuck = 0;
-  for (int r = 0; r < pp; r++) {
-    if (pc[r] >= s->ranks[r].n) continue;
+  for (int r = 0; r < sim->pp; r++) {
+    int pc = sim->pc[r];
+    if (pc >= s->ranks[r].n) continue;
     char tok[24];
     if (len < (int)sizeof text - 48)
       len += snprintf(text + len, sizeof text - (size_t)len, "%s rank %d waits at %s (action %d)",
-                      stuck ? "," : "", r, mega_action_format(s->ranks[r].acts[pc[r]], tok), pc[r]);
+                      stuck ? "," : "", r, mega_action_format(s->ranks[r].acts[pc], tok), pc);
     else if (len < (int)sizeof text - 8)
       len += snprintf(text + len, sizeof text - (size_t)len, ", ...");
     stuck++;
   }
-  if (stuck) {
-    st = mega_fail(err, MEGA_ERR_INVALID, "%s", text);
-    goto out;
-  }
+  return stuck ? mega_fail(err, MEGA_ERR_INVALID, "%s", text) : MEGA_OK;
+}
 
-  double sum = 0, drained = 0, exposed = 0;
-  for (int r = 0; r < pp; r++) {
-    out->ranks[r].end = clock[r];
-    if (clock[r] > out->makespan) out->makespan = clock[r];
-    if (out->ranks[r].work_end > drained) drained = out->ranks[r].work_end;
-  }
+static bool has_grad_wait(const mega_schedule *s) {
+  for (int r = 0; r < s->pp; r++)
+    for (int i = 0; i < s->ranks[r].n; i++)
+      if (s->ranks[r].acts[i].kind == MEGA_ACT_GRAD_WAIT) return true;
+  return false;
+}
+
+/* How long each rank's reductions outlast the pipeline, which drained when
+ * the last action other than GS and GW ended on any rank. */
+static void set_grad_sync_exposed(mega_sim *out, const mega_schedule *s, double drained) {
+  int pp = out->pp;
   /* finalize_model_grads: the first and last stage sum the tied
    * embedding's gradient once both have their reductions, so with gradient
    * sync in the schedule each of the two is done when the later one is. */
-  bool sync = false;
-  for (int r = 0; r < pp && !sync; r++)
-    for (int i = 0; i < s->ranks[r].n && !sync; i++)
-      sync = s->ranks[r].acts[i].kind == MEGA_ACT_GRAD_WAIT;
+  bool tied_sum = pp > 1 && has_grad_wait(s);
   double tied = out->ranks[0].end > out->ranks[pp - 1].end ? out->ranks[0].end
                                                             : out->ranks[pp - 1].end;
+  double exposed = 0;
   for (int r = 0; r < pp; r++) {
     mega_sim_rank *o = &out->ranks[r];
-    double done = sync && pp > 1 && (r == 0 || r == pp - 1) ? tied : o->end;
-    o->grad_sync_exposed = done > drained ? done - drained : 0;
+    double finished = tied_sum && (r == 0 || r == pp - 1) ? tied : o->end;
+    o->grad_sync_exposed = finished > drained ? finished - drained : 0;
     exposed += o->grad_sync_exposed;
   }
   out->grad_sync_exposed = exposed / pp;
-  for (int r = 0; r < pp; r++) {
+}
+
+static void set_bubbles(mega_sim *out, const mega_schedule *s) {
+  double sum = 0;
+  for (int r = 0; r < out->pp; r++) {
     mega_sim_rank *o = &out->ranks[r];
     o->idle = out->makespan - o->busy;
     if (o->idle < 0) o->idle = 0;
@@ -247,19 +328,44 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
     o->peak_inflight = mega_sched_peak_inflight(s, r);
     sum += o->bubble_fraction;
   }
-  out->bubble_fraction = sum / pp;
-out:
-  free(off);
-  free(posted);
-  free(taken);
-  free(pc);
-  free(ready);
-  free(blocked);
-  free(has_w);
-  free(clock);
-  free(comm_free);
-  free(done);
-  free(msgs);
+  out->bubble_fraction = sum / out->pp;
+}
+
+/* The result's totals once every rank has finished. */
+static void summarize(const simulation *sim) {
+  mega_sim *out = sim->out;
+  double drained = 0;
+  for (int r = 0; r < sim->pp; r++) {
+    out->ranks[r].end = sim->clock[r];
+    if (sim->clock[r] > out->makespan) out->makespan = sim->clock[r];
+    if (out->ranks[r].work_end > drained) drained = out->ranks[r].work_end;
+  }
+  set_grad_sync_exposed(out, sim->s, drained);
+  set_bubbles(out, sim->s);
+}
+
+mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim *out,
+                         mega_err *err) {
+  memset(out, 0, sizeof *out);
+  mega_status st = check_input(s, cost, err);
+  if (st) return st;
+  simulation sim = {
+      .s = s,
+      .cost = cost,
+      .out = out,
+      .pp = s->pp,
+      .nch = 2 * s->pp,
+      .nbk = cost->grad_buckets > 1 ? cost->grad_buckets : 1,
+      .vp = s->vp,
+      .transfer = cost->p2p_latency +
+                  (cost->p2p_bandwidth > 0 ? cost->activation_bytes / cost->p2p_bandwidth : 0),
+  };
+  st = alloc_state(&sim, err);
+  if (!st) st = prepare_ranks(&sim, err);
+  if (!st) st = run_ranks(&sim, err);
+  if (!st) st = check_finished(&sim, err);
+  if (!st) summarize(&sim);
+  free_state(&sim);
   if (st) mega_sim_free(out);
   return st;
 }
