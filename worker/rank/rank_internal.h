@@ -13,7 +13,7 @@
 #include "worker/engine/engine.h"
 #include "worker/optim/lr_sched.h"
 #include "worker/rank/rank.h"
-#include "worker/rank/rank_ckpt.h"
+#include "worker/rank/rank_saver.h"
 
 /* GROUP_CKPT: the writers (each stage's dp 0, tp 0 rank), used only by
  * whichever thread writes a checkpoint, never by the training thread's

@@ -1,4 +1,4 @@
-#include "worker/rank/rank_ckpt.h"
+#include "worker/rank/rank_saver.h"
 
 #include <pthread.h>
 #include <stdio.h>

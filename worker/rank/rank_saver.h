@@ -16,8 +16,8 @@
  * thread while training goes on. A save waits for the one before it.
  *
  * Ownership: the saver borrows everything its config points to. */
-#ifndef MEGA_WORKER_RANK_CKPT_H
-#define MEGA_WORKER_RANK_CKPT_H
+#ifndef MEGA_WORKER_RANK_SAVER_H
+#define MEGA_WORKER_RANK_SAVER_H
 
 #include <stdbool.h>
 #include <stdint.h>
