@@ -1,6 +1,6 @@
-/* A rank's state, shared by rank.c (create, groups, set-up, the steps, run)
- * and rank_save.c (checkpoints: the save point, the writer's saver, loads
- * with a distributed optimizer's whole moments). Private to the rank. */
+/* A rank's state, shared by the rank's files (worker/rank/rank*.c): rank.c
+ * creates it, sets it up and runs the steps; each section below names the
+ * file that gives the others its functions. Private to the rank. */
 #ifndef MEGA_WORKER_RANK_INTERNAL_H
 #define MEGA_WORKER_RANK_INTERNAL_H
 

@@ -11,7 +11,8 @@
 
 mega_status mega_rank_ckpt_check(const mega_jobspec *job, mega_err *err) {
   /* A distributed optimizer's moments are gathered into whole tensors on
-   * save and resharded on load (worker/rank/rank.c), so every flag is honoured. */
+   * save (rank_save.c) and resharded on load (rank_load_checkpoint), so
+   * every flag is honoured. */
   (void)job;
   (void)err;
   return MEGA_OK;

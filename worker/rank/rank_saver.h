@@ -43,7 +43,8 @@ mega_status mega_rank_saver_create(const mega_rank_saver_config *cfg,
                                    mega_rank_saver **out, mega_err *err);
 
 /* A save in two calls, so that the caller may align the ranks in between
- * (rank.c does, with barriers, while no write is running):
+ * (mega_rank_save in rank_save.c does, with barriers, while no write is
+ * running):
  *
  *   stage: waits for the previous save (its failure is returned here) and
  *          copies the tensors of state->iteration to host memory; t0 is
