@@ -183,10 +183,10 @@ int megactl_submit(int argc, char **argv) {
     if (!j || !j->id || !j->id[0]) {
       rc = megactl_fail("megad accepted the job but sent back no job id");
     } else {
-      char name[512];
-      view_escape(j->name, name, sizeof name);
-      printf("submitted %s%s%s%s: %s", j->id, name[0] ? " (" : "", name, name[0] ? ")" : "",
-             view_state_name(j->state));
+      char escaped_name[512];
+      view_escape(j->name, escaped_name, sizeof escaped_name);
+      printf("submitted %s%s%s%s: %s", j->id, escaped_name[0] ? " (" : "", escaped_name,
+             escaped_name[0] ? ")" : "", view_state_name(j->state));
       if (j->world_size)
         printf(", world %u = TP %u x PP %u x DP %u", j->world_size, j->tp, j->pp, j->dp);
       printf(", %" PRIu64 " iterations\n", j->train_iters);

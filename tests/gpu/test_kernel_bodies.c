@@ -238,25 +238,26 @@ static void test_cross_entropy(void **state) {
  * CPU: attn_gemm.c's GEMM strides against the cpu backend's attention. */
 static int softmax_lanes = 1;
 
-static void body_softmax(mega_backend *b, float *att, int64_t rows, int T) {
+static void body_softmax(mega_backend *b, float *att, int64_t rows, int seq_len) {
   (void)b;
   int L = softmax_lanes;
   for (int64_t r = 0; r < rows; r++) {
-    float *row = att + r * T;
-    int n = (int)(r % T) + 1;
+    float *row = att + r * seq_len;
+    int n = (int)(r % seq_len) + 1;
     float mx = LANES_MAX(L, mega_kr_max(row, n, l, L));
     float sum = LANES_SUM(L, mega_kr_sumexp(row, row, n, mx, l, L));
-    for (int l = 0; l < L; l++) mega_kr_causal_softmax_scale(r, l, L, att, T, sum);
+    for (int l = 0; l < L; l++) mega_kr_causal_softmax_scale(r, l, L, att, seq_len, sum);
   }
 }
 
-static void body_softmax_bwd(mega_backend *b, float *da, const float *att, int64_t rows, int T,
-                             float scale) {
+static void body_softmax_bwd(mega_backend *b, float *da, const float *att, int64_t rows,
+                             int seq_len, float scale) {
   (void)b;
   int L = softmax_lanes;
   for (int64_t r = 0; r < rows; r++) {
-    float dot = LANES_SUM(L, mega_kr_dot(att + r * T, da + r * T, (int)(r % T) + 1, l, L));
-    for (int l = 0; l < L; l++) mega_kr_causal_softmax_bwd(r, l, L, da, att, T, scale, dot);
+    float dot = LANES_SUM(L, mega_kr_dot(att + r * seq_len, da + r * seq_len,
+                                         (int)(r % seq_len) + 1, l, L));
+    for (int l = 0; l < L; l++) mega_kr_causal_softmax_bwd(r, l, L, da, att, seq_len, scale, dot);
   }
 }
 

@@ -17,7 +17,7 @@
 #include "worker/ckpt/checkpoint.h"
 #include "worker/optim/lr_sched.h"
 #include "worker/rank/rank.h"
-#include "worker/rank/rank_ckpt.h"
+#include "worker/rank/rank_saver.h"
 
 #define N 6
 

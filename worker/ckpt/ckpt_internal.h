@@ -1,5 +1,5 @@
-/* Shared by the checkpoint files (checkpoint.c, ckpt_dir.c, ckpt_manifest.c,
- * ckpt_writer.c); not a public interface. */
+/* Shared by the checkpoint files of worker/ckpt/ (and the fuzz tests);
+ * not a public interface. Each part names the file that defines it. */
 #ifndef MEGA_WORKER_CKPT_INTERNAL_H
 #define MEGA_WORKER_CKPT_INTERNAL_H
 
@@ -18,10 +18,10 @@
 #define MEGA_CKPT_CONFIG_FILE "config.json"
 #define MEGA_CKPT_TEMP_PREFIX ".tmp."
 
-/* Creates save_dir and the temp directory the writers of one save share,
- * SAVE/.tmp.iter_NNNNNNN.aA (A: the attempt); its path goes to tmp. A
- * directory already there is used as it is, unless fresh (a single writer),
- * which empties it first. */
+/* ckpt_dir.c: creates save_dir and the temp directory the writers of one
+ * save share, SAVE/.tmp.iter_NNNNNNN.aA (A: the attempt); its path goes to
+ * tmp. A directory already there is used as it is, unless fresh (a single
+ * writer), which empties it first. */
 mega_status mega_ckpt_begin(const char *save_dir, int64_t iteration, int attempt, bool fresh,
                             char *tmp, size_t cap, mega_err *err);
 /* fsyncs tmp (its files are already durable), renames it to iter_NNNNNNN,
@@ -44,7 +44,8 @@ extern const char *const mega_ckpt_lr_style_names[3];
 json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
                              bool has_optimizer_state);
 
-/* Writes dir/manifest.json, fsynced: iteration, attempt and the files. */
+/* ckpt_manifest.c: writes dir/manifest.json, fsynced: iteration, attempt
+ * and the files. */
 mega_status mega_ckpt_write_manifest(const char *dir, int64_t iteration, int attempt,
                                      const mega_ckpt_file *files, size_t n, mega_err *err);
 

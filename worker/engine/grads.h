@@ -42,7 +42,7 @@
  * order within a backward, which is the same on every data-parallel rank,
  * so every rank issues the same collectives in the same order (comm.h).
  *
- * Distributed optimizer: mega_grads_shard_ranges gives the optimizer the
+ * Distributed optimizer: mega_grads_ranges gives the optimizer the
  * parameter pieces this rank owns; after its step mega_grads_gather_params
  * all-gathers every bucket's updated shards in place.
  *

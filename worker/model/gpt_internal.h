@@ -1,5 +1,6 @@
-/* Shared between gpt.c (stage, params) and gpt_pass.c (activations, forward,
- * backward); not a public header. */
+/* Shared between gpt.c (stage, params), gpt_acts.c (the activations'
+ * layout) and gpt_pass.c (forward, backward), the last two through
+ * gpt_acts.h; not a public header. */
 #ifndef MEGA_WORKER_GPT_INTERNAL_H
 #define MEGA_WORKER_GPT_INTERNAL_H
 
@@ -29,10 +30,11 @@ struct mega_gpt_stage {
   int nunits;
   mega_gpt_grads_done_fn grads_done, params_needed;
   void *grads_done_arg, *params_needed_arg;
-  /* Recomputation's scratch (gpt_pass.c), shared by all the stage's acts,
-   * since one backward runs at a time: the blocks of the group being rerun
-   * (full) or the attention probabilities (selective). It grows to the
-   * largest acts; rc_gen counts its moves, so acts know to re-point.
+  /* Recomputation's scratch (laid out and grown in gpt_acts.c, rerun into
+   * by gpt_pass.c), shared by all the stage's acts, since one backward runs
+   * at a time: the blocks of the group being rerun (full) or the attention
+   * probabilities (selective). It grows to the largest acts; rc_gen counts
+   * its moves, so acts know to re-point.
    * rc_holder's group starting at block rc_held (full), or its block
    * rc_held's probabilities (selective), are what it holds now. */
   void *rc_buf;

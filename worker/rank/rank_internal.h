@@ -1,6 +1,6 @@
-/* A rank's state, shared by rank.c (create, groups, set-up, the steps, run)
- * and rank_save.c (checkpoints: the save point, the writer's saver, loads
- * with a distributed optimizer's whole moments). Private to the rank. */
+/* A rank's state, shared by the rank's files (worker/rank/rank*.c): rank.c
+ * creates it, sets it up and runs the steps; each section below names the
+ * file that gives the others its functions. Private to the rank. */
 #ifndef MEGA_WORKER_RANK_INTERNAL_H
 #define MEGA_WORKER_RANK_INTERNAL_H
 
@@ -13,7 +13,8 @@
 #include "worker/engine/engine.h"
 #include "worker/optim/lr_sched.h"
 #include "worker/rank/rank.h"
-#include "worker/rank/rank_ckpt.h"
+#include "worker/rank/rank_load.h"
+#include "worker/rank/rank_saver.h"
 
 /* GROUP_CKPT: the writers (each stage's dp 0, tp 0 rank), used only by
  * whichever thread writes a checkpoint, never by the training thread's
@@ -102,8 +103,20 @@ void rank_tp_whole_free(mega_rank *r);
 mega_status rank_tp_gather(mega_rank *r, const mega_ckpt_param *local, size_t n, mega_err *err);
 
 /* rank_save.c */
+/* A distributed optimizer holds only its shards of the moments, and
+ * checkpoints hold whole tensors: whole moments live in these arrays (one
+ * per chunk and moment, laid out like the chunk's buffers) while a
+ * checkpoint is saved or loaded. */
+typedef struct rank_whole_moments {
+  int vp;
+  float **avg, **sq;
+} rank_whole_moments;
+mega_status rank_whole_moments_alloc(mega_rank *r, rank_whole_moments *w, mega_err *err);
+void rank_whole_moments_free(rank_whole_moments *w);
 /* The writer's tensors and its saver (after the optimizer and the groups). */
 mega_status rank_build_saver(mega_rank *r, mega_err *err);
+
+/* rank_load.c */
 /* --load into the chunks and the optimizer (resharding a distributed
  * optimizer's moments). */
 mega_status rank_load_checkpoint(mega_rank *r, mega_err *err);

@@ -1,42 +1,34 @@
-/* A rank's checkpoints: the save point every rank reaches together, the
- * writer's saver, and loads; a distributed optimizer's moments are made
- * whole for either, as checkpoints hold whole tensors. */
+/* A rank's saves: the save point every rank reaches together and the
+ * writer's saver (rank_saver.h) set up; a distributed optimizer's moments
+ * are made whole for a save (and, in rank_load.c, a load), as checkpoints
+ * hold whole tensors. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "worker/rank/rank_internal.h"
 
-/* A distributed optimizer holds only its shards of the moments, and
- * checkpoints hold whole tensors: whole moments live in these arrays (one
- * per chunk and moment, laid out like the chunk's buffers) while a
- * checkpoint is saved or loaded. */
-typedef struct whole_moments {
-  int vp;
-  float **avg, **sq;
-} whole_moments;
-
-static void whole_moments_free(whole_moments *w) {
+void rank_whole_moments_free(rank_whole_moments *w) {
   for (int v = 0; v < w->vp; v++) {
     if (w->avg) free(w->avg[v]);
     if (w->sq) free(w->sq[v]);
   }
   free(w->avg);
   free(w->sq);
-  *w = (whole_moments){0};
+  *w = (rank_whole_moments){0};
 }
 
-static mega_status whole_moments_alloc(mega_rank *r, whole_moments *w, mega_err *err) {
+mega_status rank_whole_moments_alloc(mega_rank *r, rank_whole_moments *w, mega_err *err) {
   int vp = r->chunks.vp;
-  *w = (whole_moments){.vp = vp, .avg = calloc((size_t)vp, sizeof(float *)),
-                       .sq = calloc((size_t)vp, sizeof(float *))};
+  *w = (rank_whole_moments){.vp = vp, .avg = calloc((size_t)vp, sizeof(float *)),
+                            .sq = calloc((size_t)vp, sizeof(float *))};
   bool ok = w->avg && w->sq;
   for (int v = 0; ok && v < vp; v++) {
     size_t n = mega_gpt_num_params(r->chunks.stages[v]);
     ok = (w->avg[v] = calloc(n, sizeof(float))) && (w->sq[v] = calloc(n, sizeof(float)));
   }
   if (ok) return MEGA_OK;
-  whole_moments_free(w);
+  rank_whole_moments_free(w);
   return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the optimizer's whole moments");
 }
 
@@ -51,7 +43,7 @@ static size_t fill_views(mega_rank *r, mega_ckpt_param *out) {
 
 /* Distributed optimizer: points views (out) at whole moments, which a save
  * reads only while it stages. */
-static size_t point_moments(mega_rank *r, const whole_moments *w, mega_ckpt_param *out) {
+static size_t point_moments(mega_rank *r, const rank_whole_moments *w, mega_ckpt_param *out) {
   if (w) mega_chunks_point_moments(&r->chunks, w->avg, w->sq);
   size_t n = fill_views(r, out);
   if (w) mega_chunks_point_moments(&r->chunks, NULL, NULL);
@@ -71,11 +63,11 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
   bool async = r->job->async_save;
   /* --overlap-param-gather may leave gathers in flight */
   mega_status st = mega_grads_wait_params(r->chunks.grads, -1, err);
-  whole_moments w = {0};
+  rank_whole_moments w = {0};
   if (st == MEGA_OK && r->job->use_distributed_optimizer) {
     /* every data-parallel rank takes part in the gather of the moments; the
      * writer stages whole tensors from them */
-    st = whole_moments_alloc(r, &w, err);
+    st = rank_whole_moments_alloc(r, &w, err);
     if (st == MEGA_OK) st = mega_grads_gather_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
     if (st == MEGA_OK && r->saver && !tp_gathers(r)) point_moments(r, &w, r->save_params);
   }
@@ -98,7 +90,7 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
     st = mega_rank_saver_stage(r->saver, r->be, &s, t0, err);
     if (st == MEGA_OK && !async) st = mega_rank_saver_write(r->saver, err);
   }
-  whole_moments_free(&w); /* staged: the writer has its host copies */
+  rank_whole_moments_free(&w); /* staged: the writer has its host copies */
   /* Every rank leaves the save point together: the writers meet (with
    * --async-save before the write starts, so the training thread never
    * shares GROUP_CKPT with the checkpoint thread; without it once the
@@ -131,9 +123,9 @@ mega_status rank_build_saver(mega_rank *r, mega_err *err) {
   if (!r->save_params) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the saver");
   /* A distributed optimizer's tensors have state too: the saver sees that
    * from their moments, which every save points at whole ones. */
-  whole_moments w = {0};
+  rank_whole_moments w = {0};
   mega_status st = MEGA_OK;
-  if (r->job->use_distributed_optimizer) st = whole_moments_alloc(r, &w, err);
+  if (r->job->use_distributed_optimizer) st = rank_whole_moments_alloc(r, &w, err);
   size_t n = point_moments(r, r->job->use_distributed_optimizer ? &w : NULL, r->save_params);
   /* with TP the writer saves whole copies, which every save gathers */
   if (st == MEGA_OK && tp_gathers(r)) {
@@ -147,25 +139,6 @@ mega_status rank_build_saver(mega_rank *r, mega_err *err) {
       .on_checkpoint = r->env.on_checkpoint, .await_commit = r->env.await_commit,
       .arg = r->env.arg};
   if (st == MEGA_OK) st = mega_rank_saver_create(&sc, r->save_params, n, &r->saver, err);
-  whole_moments_free(&w);
+  rank_whole_moments_free(&w);
   return st;
 }
-
-/* --load: whole tensors by name, at any data-parallel size; a distributed
- * optimizer keeps its shards of the whole moments. */
-mega_status rank_load_checkpoint(mega_rank *r, mega_err *err) {
-  const mega_jobspec *j = r->job;
-  if (!j->use_distributed_optimizer)
-    return mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
-  whole_moments w;
-  mega_status st = whole_moments_alloc(r, &w, err);
-  if (st != MEGA_OK) return st;
-  mega_chunks_point_moments(&r->chunks, w.avg, w.sq);
-  st = mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
-  if (st == MEGA_OK && r->loaded.loaded && !j->finetune && !j->no_load_optim)
-    st = mega_grads_scatter_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
-  mega_chunks_point_moments(&r->chunks, NULL, NULL);
-  whole_moments_free(&w);
-  return st;
-}
-

@@ -1,91 +1,9 @@
-#include "worker/rank/rank_ckpt.h"
+#include "worker/rank/rank_saver.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
-
-mega_status mega_rank_ckpt_check(const mega_jobspec *job, mega_err *err) {
-  /* A distributed optimizer's moments are gathered into whole tensors on
-   * save and resharded on load (worker/rank/rank.c), so every flag is honoured. */
-  (void)job;
-  (void)err;
-  return MEGA_OK;
-}
-
-/* ---- loading ---- */
-
-static mega_status check_resume(const char *path, const mega_jobspec *job,
-                                const mega_ckpt_state *s, mega_err *err) {
-  if (s->consumed_samples != s->iteration * (int64_t)job->global_batch_size ||
-      s->optimizer_steps > s->iteration)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "%s: inconsistent state (iteration %lld, consumed samples %lld, optimizer "
-                     "steps %lld)", path, (long long)s->iteration,
-                     (long long)s->consumed_samples, (long long)s->optimizer_steps);
-  return MEGA_OK;
-}
-
-/* Megatron's scheduler flags: check (the default), override or use the
- * checkpoint's values. */
-static mega_status apply_sched(const char *path, const mega_jobspec *job,
-                               const mega_ckpt_state *s, mega_lr_sched *lr, mega_err *err) {
-  if (job->override_opt_param_scheduler) return MEGA_OK;
-  if (!s->has_sched)
-    return mega_fail(err, MEGA_ERR_INVALID, "%s records no LR schedule to check or use", path);
-  if (!job->use_checkpoint_opt_param_scheduler)
-    return mega_ckpt_check_sched(path, &s->sched, lr, err);
-  *lr = s->sched;
-  mega_status st = mega_lr_sched_check(lr, err);
-  if (st != MEGA_OK) mega_err_prefix(err, "%s's LR schedule", path);
-  return st;
-}
-
-mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_chunks *c,
-                                mega_optim *o, mega_lr_sched *lr, mega_rank_ckpt_loaded *out,
-                                mega_err *err) {
-  memset(out, 0, sizeof *out);
-  char *path = NULL, *notice = NULL;
-  mega_status st = mega_ckpt_resolve(job->load, &path, &notice, err);
-  if (st == MEGA_ERR_NOT_FOUND) {
-    mega_err_clear(err);
-    return MEGA_OK;
-  }
-  if (st != MEGA_OK) return st;
-  /* --finetune and --no-load-optim leave Adam's state as created: zero. */
-  bool fresh_optim = job->finetune || job->no_load_optim;
-  mega_ckpt_param *params = c->ckpt;
-  if (fresh_optim) {
-    params = malloc((c->nparams + 1) * sizeof *params);
-    if (!params) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory loading %s", path);
-    for (size_t i = 0; params && i < c->nparams; i++) {
-      params[i] = c->ckpt[i];
-      params[i].exp_avg = params[i].exp_avg_sq = NULL;
-    }
-  }
-  mega_ckpt_state s = {0};
-  /* --finetune: a new run on old weights, so only the model must match. */
-  if (st == MEGA_OK)
-    st = mega_ckpt_load(path, be, &c->cfg, job->finetune ? NULL : job, params, c->nparams, &s,
-                        err);
-  if (st == MEGA_OK && !job->finetune) st = check_resume(path, job, &s, err);
-  /* Megatron loads the scheduler with the optimizer. */
-  if (st == MEGA_OK && !fresh_optim) st = apply_sched(path, job, &s, lr, err);
-  if (st == MEGA_OK) {
-    mega_optim_set_steps(o, fresh_optim ? 0 : s.optimizer_steps);
-    out->loaded = true;
-    out->iteration = job->finetune ? 0 : s.iteration;
-    snprintf(out->path, sizeof out->path, "%s", path);
-    if (notice) snprintf(out->notice, sizeof out->notice, "%s", notice);
-  } else if (!strstr(err ? err->msg : "", job->load)) {
-    mega_err_prefix(err, "--load %s", job->load);
-  }
-  if (params != c->ckpt) free(params);
-  free(path);
-  free(notice);
-  return st;
-}
 
 bool mega_rank_ckpt_due(const mega_jobspec *job, int64_t iteration) {
   if (!job->save) return false;

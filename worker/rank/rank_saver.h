@@ -1,54 +1,24 @@
-/* Checkpoints of a parallel rank, on top of worker/ckpt/checkpoint.h and
- * worker/ckpt/ckpt_writer.h.
+/* Saving a parallel rank's checkpoints, on top of
+ * worker/ckpt/ckpt_writer.h: when --save wants one, and the saver.
+ * Loading is in rank_load.h; the save point every rank reaches together,
+ * mega_rank_save, in rank_save.c.
  *
- * Loading: every rank reads its own chunks' tensors (and their optimizer
- * state) by name from the same checkpoint directory, so a checkpoint loads
- * into any pipeline, virtual-pipeline or data-parallel layout. Megatron's
- * load flags apply: --finetune (weights only, from iteration 0),
- * --no-load-optim (fresh Adam state), and for the LR schedule the default
- * check, --override-opt_param-scheduler or
- * --use-checkpoint-opt_param-scheduler.
- *
- * Saving: data-parallel replicas hold equal weights, so the dp 0, tp 0 rank
- * of each pipeline stage writes (a writer) and global rank 0 commits. A
+ * Data-parallel replicas hold equal weights, so the dp 0, tp 0 rank of each
+ * pipeline stage writes (a writer) and global rank 0 commits. A
  * mega_rank_saver runs one writer's saves: the copy to host memory blocks
  * the caller; the write runs inline, or with --async-save on the saver's
  * thread while training goes on. A save waits for the one before it.
  *
  * Ownership: the saver borrows everything its config points to. */
-#ifndef MEGA_WORKER_RANK_CKPT_H
-#define MEGA_WORKER_RANK_CKPT_H
+#ifndef MEGA_WORKER_RANK_SAVER_H
+#define MEGA_WORKER_RANK_SAVER_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "core/jobspec.h"
 #include "worker/ckpt/ckpt_writer.h"
-#include "worker/engine/chunks.h"
-#include "worker/optim/lr_sched.h"
-#include "worker/optim/optim.h"
 #include "worker/rank/rank.h"
-
-/* Refuses checkpoint flags this build cannot honour. */
-mega_status mega_rank_ckpt_check(const mega_jobspec *job, mega_err *err);
-
-/* What --load found. */
-typedef struct mega_rank_ckpt_loaded {
-  bool loaded;          /* false: --load held no checkpoint yet (start fresh) */
-  char path[4096];      /* the checkpoint directory loaded */
-  char notice[1024];    /* "" or why an incomplete newer one was passed over */
-  int64_t iteration;    /* where training resumes (0 with --finetune) */
-} mega_rank_ckpt_loaded;
-
-/* --load: fills the chunks, the optimizer (unless --finetune or
- * --no-load-optim) and out; *lr becomes the checkpoint's schedule with
- * --use-checkpoint-opt_param-scheduler, and is checked against it unless
- * --override-opt_param-scheduler, --finetune or --no-load-optim. A
- * directory with no checkpoint yet is not an error (Megatron starts
- * fresh). */
-mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_chunks *c,
-                                mega_optim *o, mega_lr_sched *lr, mega_rank_ckpt_loaded *out,
-                                mega_err *err);
 
 /* Whether --save wants a checkpoint after `iteration` completed ones. */
 bool mega_rank_ckpt_due(const mega_jobspec *job, int64_t iteration);
@@ -73,7 +43,8 @@ mega_status mega_rank_saver_create(const mega_rank_saver_config *cfg,
                                    mega_rank_saver **out, mega_err *err);
 
 /* A save in two calls, so that the caller may align the ranks in between
- * (rank.c does, with barriers, while no write is running):
+ * (mega_rank_save in rank_save.c does, with barriers, while no write is
+ * running):
  *
  *   stage: waits for the previous save (its failure is returned here) and
  *          copies the tensors of state->iteration to host memory; t0 is
