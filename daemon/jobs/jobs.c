@@ -129,7 +129,9 @@ void megad_jobs_close(megad_jobs *js) {
   mega_jobs_free(&js->t);
 }
 
-mega_job *megad_jobs_find(megad_jobs *js, const char *id) { return mega_jobs_find(&js->t, id); }
+mega_job *megad_jobs_find(megad_jobs *js, const char *id) {
+  return mega_jobs_table_find(&js->t, id);
+}
 
 /* At most this many jobs are forgotten in one pass: one journal flush for
  * all of them, and the loop is never held for long. */

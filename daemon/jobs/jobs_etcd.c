@@ -111,11 +111,11 @@ static void set_coordinator(mega_job *m, const megad_etcd_kv *kv) {
  * grows: a mirror that has seen the new coordinator's claim never again
  * takes an older fence for current. */
 static void mirror_coord(megad_jobs *js, const char *id, const megad_etcd_kv *kv, bool del) {
-  mega_job *m = mega_jobs_find(&js->mirror, id);
+  mega_job *m = mega_jobs_table_find(&js->mirror, id);
   if (m && !del) set_coordinator(m, kv);
   if (!del) return;
   if (m) m->orphan = true;
-  mega_job *own = mega_jobs_find(&js->t, id);
+  mega_job *own = mega_jobs_table_find(&js->t, id);
   /* the deletion of a key newer than this node's claim ended the claim */
   if (own && own->fence && kv->mod_revision > own->fence) {
     fence_lost(js, own, "its coordinator key went with this node's etcd lease");
@@ -155,9 +155,9 @@ static void load(megad_jobs *js, const megad_etcd_reply *r) {
   for (size_t i = 0; i < js->mirror.n; i++) js->mirror.v[i]->orphan = true;
   for (size_t i = 0; i < r->nkvs; i++) {
     char id[160];
-    mega_job *m;
-    if (key_id(r->kvs[i].key, KC, id, sizeof id, NULL) && (m = mega_jobs_find(&js->mirror, id)))
-      set_coordinator(m, &r->kvs[i]);
+    if (!key_id(r->kvs[i].key, KC, id, sizeof id, NULL)) continue;
+    mega_job *m = mega_jobs_table_find(&js->mirror, id);
+    if (m) set_coordinator(m, &r->kvs[i]);
   }
   js->rev = r->revision;
   if (js->mirror.next_id > js->t.next_id) js->t.next_id = js->mirror.next_id;
@@ -229,7 +229,7 @@ static void written(void *arg, const megad_etcd_reply *r, const mega_err *err) {
   char id[160];
   snprintf(id, sizeof id, "%s", w->job_id);
   bool claim = w->claim, forget = !w->key;
-  mega_job *j = mega_jobs_find(&js->t, id);
+  mega_job *j = mega_jobs_table_find(&js->t, id);
   /* a batch sent under a fence the job no longer has (it was dropped and
    * taken back meanwhile) says nothing about the job now */
   bool current = j && !forget && (claim ? !j->fence : j->fence == js->wq_fence);
@@ -271,7 +271,7 @@ static void pump(megad_jobs *js) {
   for (;;) {
     megad_jwrite *w = js->wq_head;
     if (js->wq_busy || !w || uv_is_active((uv_handle_t *)&js->wq_retry)) return;
-    mega_job *j = mega_jobs_find(&js->t, w->job_id);
+    mega_job *j = mega_jobs_table_find(&js->t, w->job_id);
     char ckey[192], pre[192];
     snprintf(ckey, sizeof ckey, KC "%s", w->job_id);
     snprintf(pre, sizeof pre, KJ "%s/", w->job_id);
@@ -407,12 +407,13 @@ mega_status megad_jobs_open_etcd(megad_jobs *js, megad_base *b, megad_etcd *etcd
 void megad_jobs_set_cbs(megad_jobs *js, const megad_jobs_cbs *cbs) { js->cbs = *cbs; }
 
 mega_job *megad_jobs_mirror_find(megad_jobs *js, const char *id) {
-  return js->etcd ? mega_jobs_find(&js->mirror, id) : NULL;
+  return js->etcd ? mega_jobs_table_find(&js->mirror, id) : NULL;
 }
 
 int64_t megad_jobs_coord_rev(megad_jobs *js, const char *job_id) { /* the newest fence seen */
   if (!js->etcd) return 0;
-  const mega_job *m = mega_jobs_find(&js->mirror, job_id), *own = mega_jobs_find(&js->t, job_id);
+  const mega_job *m = mega_jobs_table_find(&js->mirror, job_id);
+  const mega_job *own = mega_jobs_table_find(&js->t, job_id);
   int64_t a = m ? m->fence : 0, o = own && !own->fenced ? own->fence : 0;
   return a > o ? a : o;
 }

@@ -341,7 +341,7 @@ void mega_jobs_free(mega_jobs *t) {
   mega_jobs_init(t);
 }
 
-mega_job *mega_jobs_find(const mega_jobs *t, const char *id) {
+mega_job *mega_jobs_table_find(const mega_jobs *t, const char *id) {
   if (!id) return NULL;
   for (size_t i = 0; i < t->n; i++)
     if (!strcmp(t->v[i]->id, id)) return t->v[i];

@@ -159,7 +159,9 @@ typedef struct mega_jobs {
 
 void mega_jobs_init(mega_jobs *t);
 void mega_jobs_free(mega_jobs *t);
-mega_job *mega_jobs_find(const mega_jobs *t, const char *id);
+/* The job of id in this table alone, or NULL (id NULL too); a linear search.
+ * (megad_jobs_find, daemon/jobs, finds among the jobs this node coordinates.) */
+mega_job *mega_jobs_table_find(const mega_jobs *t, const char *id);
 /* Adds j (the table takes it). */
 mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err);
 /* A fresh id, "j-<n>-<node>" with n above every id the table holds. The

@@ -109,7 +109,7 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
 
 static mega_status apply_item(mega_jobs *t, const char *job_id,
                               const Mega__V1__WatchJobResponse *item, mega_err *err) {
-  mega_job *j = mega_jobs_find(t, job_id);
+  mega_job *j = mega_jobs_table_find(t, job_id);
   return j ? mega_job_hist_push(j, item, err) : MEGA_OK;
 }
 

@@ -132,7 +132,7 @@ static void on_list(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
   }
   for (size_t i = 0; i < t->n; i++) jobs[nj++] = t->v[i];
   for (size_t i = 0; i < mi->n; i++)
-    if (!mega_jobs_find(t, mi->v[i]->id)) jobs[nj++] = mi->v[i];
+    if (!mega_jobs_table_find(t, mi->v[i]->id)) jobs[nj++] = mi->v[i];
   if (mi->n) qsort(jobs, nj, sizeof *jobs, newest_first);
   for (size_t i = 0; i < nj; i++) {
     const mega_job *j = mi->n ? jobs[i] : jobs[nj - 1 - i]; /* the table is oldest first */

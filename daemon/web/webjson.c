@@ -61,7 +61,8 @@ json_t *megad_webjson_jobs(const mega_jobs *t, const mega_jobs *mirror) {
   json_t *a = json_array();
   for (size_t i = t->n; i-- > 0;) json_array_append_new(a, job_summary(t->v[i])); /* newest first */
   for (size_t i = mirror ? mirror->n : 0; i-- > 0;)
-    if (!mega_jobs_find(t, mirror->v[i]->id)) json_array_append_new(a, job_summary(mirror->v[i]));
+    if (!mega_jobs_table_find(t, mirror->v[i]->id))
+      json_array_append_new(a, job_summary(mirror->v[i]));
   json_t *o = json_object();
   json_object_set_new(o, "jobs", a);
   return o;

@@ -119,7 +119,7 @@ static long pull(void *arg, megad_http_stream *hs, char *buf, size_t max) {
     s->buf = NULL;
     s->len = s->off = 0;
     if (s->c.ended) return -1;
-    const mega_job *j = mega_jobs_find(x->t, s->job_id);
+    const mega_job *j = mega_jobs_table_find(x->t, s->job_id);
     uint64_t now = uv_now(x->loop);
     s->buf = megad_sse_compose(j, &s->c, now, s->ping, &s->len);
     s->ping = false;

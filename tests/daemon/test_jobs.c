@@ -182,7 +182,7 @@ static void test_journal_replay(void **state) {
   mega_journal_close(jn);
 
   assert_int_equal(t.n, 3);
-  mega_job *ra = mega_jobs_find(&t, "j-1");
+  mega_job *ra = mega_jobs_table_find(&t, "j-1");
   assert_non_null(ra);
   assert_int_equal(ra->state, MEGA_JOB_SUCCEEDED);
   assert_int_equal(ra->started_ms, 2000);
@@ -204,8 +204,8 @@ static void test_journal_replay(void **state) {
   assert_int_equal(ra->nevents, 2);
   assert_string_equal(ra->events[1]->message, "done");
   /* the running job replays as it was: the coordinator decides what follows */
-  assert_int_equal(mega_jobs_find(&t, "j-2")->state, MEGA_JOB_RUNNING);
-  assert_int_equal(mega_jobs_find(&t, "j-3")->state, MEGA_JOB_PENDING);
+  assert_int_equal(mega_jobs_table_find(&t, "j-2")->state, MEGA_JOB_RUNNING);
+  assert_int_equal(mega_jobs_table_find(&t, "j-3")->state, MEGA_JOB_PENDING);
 
   /* ids continue after the replayed ones */
   char id[32];

@@ -151,9 +151,9 @@ static void test_ring_from_journal(void **state) {
     assert_int_equal(mega_jobs_apply(&t, sb, sl, NULL), MEGA_OK);
     free(sb);
   }
-  assert_int_equal(mega_jobs_find(&t, "j-2-n1")->curve.n, 3);
+  assert_int_equal(mega_jobs_table_find(&t, "j-2-n1")->curve.n, 3);
   assert_int_equal(mega_jobs_apply(&t, buf, len, NULL), MEGA_OK); /* the job again */
-  const mega_job *k = mega_jobs_find(&t, "j-2-n1");
+  const mega_job *k = mega_jobs_table_find(&t, "j-2-n1");
   assert_int_equal(k->curve.n, 3);
   assert_int_equal(k->curve.v[2].iteration, 3);
   free(buf);
