@@ -13,7 +13,7 @@
  *              (or etcd and the mirror of every job), history, watchers, events
  *   members    members.h: nodes, heartbeats or etcd, liveness (node up/lost events)
  *   kvserve    kvserve.h: the rendezvous store and its Peer calls
- *   launcher   launch.h: this node's workers (spawn, pipes, watchdog)
+ *   launcher   launch.h: this node's workers (spawn, pipes, hang check)
  *   coord      coord.h: the jobs this node coordinates (attempts, recovery;
  *              with etcd, takeover and standing down: coord_etcd.c)
  *   services   services.h: Control (forwarding to a job's coordinator),
