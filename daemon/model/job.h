@@ -1,6 +1,6 @@
 /* A job as its coordinator keeps it: the journaled state, the state
- * machine, the bounded history that WatchJob replays, and the conversions to
- * and from the wire's Job message and the journal's records.
+ * machine, and the conversions to and from the wire's Job message and the
+ * journal's records; its history (jobhist.h) is a part of its own.
  *
  * Pure bookkeeping: no loop, no I/O (the caller appends the records this
  * module packs). Runtime state of a running job (workers, merges, watchers)
@@ -17,11 +17,8 @@
 
 #include "core/jobspec.h"
 #include "core/status.h"
-#include "daemon/model/stepring.h"
+#include "daemon/model/jobhist.h"
 #include "proto/mega.pb-c.h"
-
-/* Items kept for WatchJob's replay, per job (the oldest go first). */
-#define MEGA_JOB_HISTORY 1024
 
 typedef Mega__V1__JobState mega_job_state;
 #define MEGA_JOB_PENDING MEGA__V1__JOB_STATE__JOB_STATE_PENDING
@@ -68,17 +65,9 @@ typedef struct mega_job {
   uint64_t ckpt_iteration; /* the last checkpoint every rank finished; 0: none */
   char *ckpt_path;
 
-  /* History for WatchJob replay: a ring of owned items, oldest at hist_head. */
-  Mega__V1__WatchJobResponse **hist;
-  size_t hist_head, hist_len, hist_cap; /* the ring grows to MEGA_JOB_HISTORY as it
-                                           fills: a job that never ran costs little */
-  /* steps the ring let go (a replay says so with a gap marker) */
-  uint64_t hist_lost_steps, hist_lost_first, hist_lost_last;
-  Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
-  mega_stepring curve; /* every step, thinned when old (the web view's curves) */
-  /* Every event of the job, oldest first (owned; GetJob's history). */
-  Mega__V1__JobEvent **events;
-  size_t nevents, events_cap;
+  /* Owner: the jobs layer (daemon/model/jobhist.h). Not journaled as part
+   * of the record: its events and last step are records of their own. */
+  mega_job_hist hist;
 
   void *rt;   /* the coordinator's runtime state while the job runs */
   /* The coordinator's queue of waiting jobs (coord_queue.c), in submission
@@ -139,15 +128,6 @@ void mega_job_msg_free(mega_job_msg *m);
 
 /* A job from a Job message (a journal record), with its history empty. */
 mega_status mega_job_from_msg(const Mega__V1__Job *msg, mega_job **out, mega_err *err);
-
-/* ---- history ---- */
-
-/* Appends a copy of item (a step, an event or the final state); the oldest
- * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step
- * and joins curve, an event also joins events (which keeps them all). */
-mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err);
-/* Item i (0: oldest) of the history. */
-const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i);
 
 /* ---- the table ---- */
 

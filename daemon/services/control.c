@@ -27,8 +27,8 @@ static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
   case R_GET: {
     Mega__V1__GetJobResponse r = MEGA__V1__GET_JOB_RESPONSE__INIT;
     r.job = &m.job;
-    r.events = j->events;
-    r.n_events = j->nevents;
+    r.events = j->hist.events;
+    r.n_events = j->hist.nevents;
     mega_rpc_reply(call, &r.base);
     break;
   }

@@ -158,7 +158,7 @@ static void make_job(tjob *t, const char *id, mega_job_state state, bool with_st
   }
   t->step.ranks = t->rmp;
   t->step.n_ranks = 4;
-  t->j.last_step = &t->step;
+  t->j.hist.last_step = &t->step;
   t->j.report_delay_sum_s = 0.5;
   t->j.report_delay_n = 5;
 }
