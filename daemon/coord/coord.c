@@ -133,7 +133,7 @@ static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size
   req.bootstrap = &boot;
   req.coordinator_node_id = c->b->node_id;
   req.coordinator_address = (char *)c->o.address;
-  req.coordinator_fence = j->fence;
+  req.coordinator_fence = j->etcd.fence;
   mega_err e = {0};
   megad_node *node = megad_members_find(c->members, jn->node_id);
   mega_status rc;
@@ -188,7 +188,7 @@ static void describe(const mega_job *j, char *buf, size_t len) {
 static bool try_start(megad_coord *c, mega_job *j) {
   /* etcd: not before this node's claim on j is in etcd, nor while its lease
    * is not known alive */
-  if (c->jobs->etcd && (!j->fence || !coord_may_act(c))) return false;
+  if (c->jobs->etcd && (!j->etcd.fence || !coord_may_act(c))) return false;
   mega_err e = {0};
   mega_jobspec as;
   mega_jobspec_defaults(&as);
@@ -356,10 +356,10 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
  * every rank is gone. */
 static void attempt_over(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause,
                          const megad_cancel_wait *cancels, size_t ncancels) {
-  if (!j->fenced) decide(c, j, kind, cause);
+  if (!j->etcd.fenced) decide(c, j, kind, cause);
   for (size_t i = 0; i < ncancels; i++)
     if (cancels[i].done) cancels[i].done(cancels[i].arg, j);
-  if (j->fenced) megad_jobs_drop(c->jobs, j); /* another node has it now (coord_etcd.c) */
+  if (j->etcd.fenced) megad_jobs_drop(c->jobs, j); /* another node has it now (coord_etcd.c) */
   megad_coord_schedule(c);
 }
 

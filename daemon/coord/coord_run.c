@@ -224,7 +224,7 @@ void coord_ask_commit(coord_run *run, uint64_t iteration) {
   req.attempt = j->attempt;
   req.rank = 0;
   req.iteration = iteration;
-  req.coordinator_fence = j->fence;
+  req.coordinator_fence = j->etcd.fence;
   if (!coord_may_act(c)) { /* etcd: a lease not known alive may have lost the job */
     megad_warn(c->b, "job %s: not committing the checkpoint of iteration %llu: this node's etcd "
                      "lease is not known alive", j->id, (unsigned long long)iteration);

@@ -68,8 +68,8 @@ static void pop_job(megad_jobs *js, const char *id) {
 }
 
 static void fence_lost(megad_jobs *js, mega_job *j, const char *why) {
-  if (j->fenced) return;
-  j->fenced = true;
+  if (j->etcd.fenced) return;
+  j->etcd.fenced = true;
   pop_job(js, j->id);
   if (js->cbs.fenced) js->cbs.fenced(js->cbs.arg, j, why);
 }
@@ -98,8 +98,8 @@ static void mirror_record(megad_jobs *js, const megad_etcd_kv *kv) {
 /* m is coordinated by kv's holder (a coordinator key's value). The fence
  * only grows. */
 static void set_coordinator(mega_job *m, const megad_etcd_kv *kv) {
-  if (kv->create_revision > m->fence) m->fence = kv->create_revision;
-  m->orphan = false;
+  if (kv->create_revision > m->etcd.fence) m->etcd.fence = kv->create_revision;
+  m->etcd.orphan = false;
   char *node = strndup((const char *)kv->value, kv->value_len);
   if (node) {
     free(m->coordinator);
@@ -114,10 +114,10 @@ static void mirror_coord(megad_jobs *js, const char *id, const megad_etcd_kv *kv
   mega_job *m = mega_jobs_table_find(&js->mirror, id);
   if (m && !del) set_coordinator(m, kv);
   if (!del) return;
-  if (m) m->orphan = true;
+  if (m) m->etcd.orphan = true;
   mega_job *own = mega_jobs_table_find(&js->t, id);
   /* the deletion of a key newer than this node's claim ended the claim */
-  if (own && own->fence && kv->mod_revision > own->fence) {
+  if (own && own->etcd.fence && kv->mod_revision > own->etcd.fence) {
     fence_lost(js, own, "its coordinator key went with this node's etcd lease");
     return;
   }
@@ -152,7 +152,7 @@ static void load(megad_jobs *js, const megad_etcd_reply *r) {
   mega_jobs_init(&js->mirror);
   for (size_t i = 0; i < r->nkvs; i++)
     if (!strncmp(r->kvs[i].key, KJ, strlen(KJ))) mirror_record(js, &r->kvs[i]);
-  for (size_t i = 0; i < js->mirror.n; i++) js->mirror.v[i]->orphan = true;
+  for (size_t i = 0; i < js->mirror.n; i++) js->mirror.v[i]->etcd.orphan = true;
   for (size_t i = 0; i < r->nkvs; i++) {
     char id[160];
     if (!key_id(r->kvs[i].key, KC, id, sizeof id, NULL)) continue;
@@ -216,7 +216,7 @@ bool megad_jobs_claim_mine(const megad_jobs *js, const megad_etcd_reply *r, int6
 }
 
 static void claimed(megad_jobs *js, mega_job *j, int64_t fence) {
-  j->fence = fence;
+  j->etcd.fence = fence;
   if (js->cbs.claimed) js->cbs.claimed(js->cbs.arg, j);
 }
 
@@ -232,7 +232,7 @@ static void written(void *arg, const megad_etcd_reply *r, const mega_err *err) {
   mega_job *j = mega_jobs_table_find(&js->t, id);
   /* a batch sent under a fence the job no longer has (it was dropped and
    * taken back meanwhile) says nothing about the job now */
-  bool current = j && !forget && (claim ? !j->fence : j->fence == js->writeq_fence);
+  bool current = j && !forget && (claim ? !j->etcd.fence : j->etcd.fence == js->writeq_fence);
   /* a claim whose lease expired meanwhile goes again under the next one */
   bool lease_gone = claim && strstr(err->msg, "lease not found");
   if (!r && !megad_etcd_retryable(err) && !lease_gone) { /* etcd will refuse these again */
@@ -284,8 +284,8 @@ static void pump(megad_jobs *js) {
       ops[nops++] = (megad_etcd_op){.kind = MEGAD_ETCD_DELETE, .key = ckey};
       ncmp = 0;
       n = 1;
-    } else if (!j || j->fenced || (!w->claim && !j->fence) ||
-               (!w->claim && w->fence && w->fence != j->fence)) {
+    } else if (!j || j->etcd.fenced || (!w->claim && !j->etcd.fence) ||
+               (!w->claim && w->fence && w->fence != j->etcd.fence)) {
       pop(js, 1); /* the job went, is another node's now, or was taken back since */
       continue;
     } else if (w->claim && !lease) {
@@ -293,7 +293,7 @@ static void pump(megad_jobs *js) {
       uv_timer_start(&js->writeq_retry, on_retry, RETRY_MS / 5, 0);
       return;
     } else {
-      cmp.number = w->claim ? 0 : j->fence;
+      cmp.number = w->claim ? 0 : j->etcd.fence;
       for (megad_jwrite *x = w; x && n < BATCH && x->key && !strcmp(x->job_id, w->job_id) &&
                                 (n == 0 || !x->claim);
            x = x->next, n++) {
@@ -314,7 +314,7 @@ static void pump(megad_jobs *js) {
     mega_err e = {0};
     js->writeq_busy = true;
     js->writeq_batch = n;
-    js->writeq_fence = j && w->key ? j->fence : 0;
+    js->writeq_fence = j && w->key ? j->etcd.fence : 0;
     js->writeq_lease = claim ? lease : 0;
     if (megad_etcd_txn(js->etcd, ncmp ? &cmp : NULL, ncmp, ops, nops, claim ? &holder : NULL,
                        claim ? 1 : 0, written, js, &e) == MEGA_OK)
@@ -342,7 +342,7 @@ static void enqueue(megad_jobs *js, megad_jwrite *w) {
 
 void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
                          size_t len, bool claim) {
-  if (j->fenced) {
+  if (j->etcd.fenced) {
     free(buf);
     return;
   }
@@ -352,7 +352,7 @@ void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, 
     w->val = buf;
     w->len = len;
     w->claim = claim;
-    w->fence = j->fence;
+    w->fence = j->etcd.fence;
     if (asprintf(&w->key, KJ "%s/%s", j->id, suffix) < 0) w->key = NULL;
   } else {
     free(buf);
@@ -415,7 +415,7 @@ int64_t megad_jobs_coord_rev(megad_jobs *js, const char *job_id) { /* the newest
   if (!js->etcd) return 0;
   const mega_job *m = mega_jobs_table_find(&js->mirror, job_id);
   const mega_job *own = mega_jobs_table_find(&js->t, job_id);
-  int64_t a = m ? m->fence : 0, o = own && !own->fenced ? own->fence : 0;
+  int64_t a = m ? m->etcd.fence : 0, o = own && !own->etcd.fenced ? own->etcd.fence : 0;
   return a > o ? a : o;
 }
 

@@ -34,6 +34,19 @@ typedef struct mega_job_node {
   uint32_t first_rank, nranks;
 } mega_job_node;
 
+/* A job's standing in etcd: etcd mode only (all zero in embedded mode).
+ * Owner: the jobs layer's etcd side (jobs_etcd.c), which follows the job's
+ * coordinator key mega/c/<id>; the coordinator writes it twice: fence when
+ * it takes a job over (coord_etcd.c, before megad_jobs_adopt), fenced when
+ * it stands down. Not journaled: it comes from the key, not the record. */
+typedef struct mega_job_etcd {
+  /* the create revision of the coordinator key: the fence every write,
+   * launch and commit of the job's coordinator carries (0: no key yet) */
+  int64_t fence;
+  bool fenced; /* this node's claim was refused or lost: another node has the job */
+  bool orphan; /* mirror: no coordinator key now (fence stays the last one seen) */
+} mega_job_etcd;
+
 typedef struct mega_job {
   char *id, *name;
   char **args; /* as submitted (what users see) */
@@ -56,18 +69,14 @@ typedef struct mega_job {
   mega_job_node *placement;
   size_t nplaced;
   char *coordinator;
-  /* etcd mode: the create revision of the job's coordinator key, the fence
-   * every write and launch of its coordinator carries (0: no coordinator key,
-   * or embedded mode); fenced: this node's claim was refused (not journaled) */
-  int64_t fence;
-  bool fenced;
-  bool orphan; /* etcd mirror: no coordinator key now (fence stays the last one seen) */
   uint64_t ckpt_iteration; /* the last checkpoint every rank finished; 0: none */
   char *ckpt_path;
 
   /* Owner: the jobs layer (daemon/model/jobhist.h). Not journaled as part
    * of the record: its events and last step are records of their own. */
   mega_job_hist hist;
+  /* Owner: the jobs layer's etcd side (above). Not journaled either. */
+  mega_job_etcd etcd;
 
   void *rt;   /* the coordinator's runtime state while the job runs */
   /* The coordinator's queue of waiting jobs (coord_queue.c), in submission

@@ -79,8 +79,8 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
     mega_job *old = t->v[i];
     if (strcmp(old->id, nj->id)) continue;
     nj->hist = old->hist;
-    nj->fence = old->fence; /* from the coordinator key, not the record */
-    nj->orphan = old->orphan;
+    nj->etcd.fence = old->etcd.fence; /* from the coordinator key, not the record */
+    nj->etcd.orphan = old->etcd.orphan;
     memset(&old->hist, 0, sizeof old->hist);
     mega_job_free(old);
     t->v[i] = nj;

@@ -58,7 +58,7 @@ static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
 static mega_job *find(megad_services *s, mega_rpc_call *call, const char *id,
                       const ProtobufCMessage *req) {
   mega_job *j = megad_jobs_find(s->jobs, id);
-  if (j && !j->fenced) return j; /* a fenced one is on its way out: another node has it */
+  if (j && !j->etcd.fenced) return j; /* a fenced one is on its way out: another node has it */
   if (megad_forward(s, call, id, req)) return NULL;
   /* etcd mode: a job with no coordinator right now is read from the mirror */
   if ((j = megad_jobs_mirror_find(s->jobs, id))) {
