@@ -20,8 +20,10 @@
  * committed checkpoint, on as many nodes as its --nnodes range and the
  * cluster allow.
  *
- * On the loop thread only. Ownership: the coordinator's runtime state hangs
- * off its jobs (mega_job.rt); it borrows every layer below. */
+ * On the loop thread only. Ownership: the coordinator's state of a job is
+ * the job's coord part (mega_job.coord, daemon/model/job.h), its running
+ * attempt (coord.run) the coordinator's to free; it borrows every layer
+ * below. */
 #ifndef MEGA_DAEMON_COORD_H
 #define MEGA_DAEMON_COORD_H
 

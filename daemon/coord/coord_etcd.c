@@ -180,11 +180,11 @@ void megad_coord_fenced(megad_coord *c, mega_job *j, const char *why) {
   j->etcd.fenced = true;
   megad_warn(c->b, "job %s: standing down as its coordinator: %s", j->id, why);
   coord_wq_remove(c, j);
-  if (j->rt) {
+  if (j->coord.run) {
     char msg[512];
     snprintf(msg, sizeof msg, "node %s no longer coordinates job %s: %s", c->b->node_id, j->id,
              why);
-    coord_stop(j->rt, MEGA_END_COORDINATOR, msg); /* attempt_over lets go of it */
+    coord_stop(j->coord.run, MEGA_END_COORDINATOR, msg); /* attempt_over lets go of it */
     return;
   }
   megad_jobs_drop(c->jobs, j);
@@ -192,11 +192,11 @@ void megad_coord_fenced(megad_coord *c, mega_job *j, const char *why) {
 
 void megad_coord_refused(megad_coord *c, mega_job *j, const char *why) {
   coord_wq_remove(c, j);
-  if (j->rt) return; /* not started without a fence */
+  if (j->coord.run) return; /* not started without a fence */
   char msg[768];
   snprintf(msg, sizeof msg, "etcd refused the job's record (%s); it exists only on node %s",
            why, c->b->node_id);
-  megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, msg);
+  coord_finalize(c, j, MEGA_JOB_FAILED, msg);
 }
 
 void megad_coord_stand_down(megad_coord *c, const char *why) {

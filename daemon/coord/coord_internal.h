@@ -62,6 +62,11 @@ typedef struct coord_run {
   size_t ncancels;
 } coord_run;
 
+/* coord.c: ends j, the jobs layer's megad_job_finalize plus what the
+ * coordinator kept for it (why it waited). Every end of a job this node
+ * coordinates goes through here. */
+void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const char *error);
+
 /* coord_admit.c: what a job must be to be accepted (bounds first, then the
  * paths under the roots, placeability and the queue's room) */
 #define MEGAD_JOB_NAME_MAX 128

@@ -78,7 +78,7 @@ static int free_slots(megad_coord *c, const megad_node *nd, const mega_job *j, b
     used = used > gone ? used - gone : 0;
   }
   if (mine > used) used = mine; /* its heartbeat may not show them yet */
-  if (own && j->rt)
+  if (own && j->coord.run)
     for (size_t k = 0; k < j->nplaced; k++)
       if (!strcmp(j->placement[k].node_id, nd->id))
         used = used > j->placement[k].nranks ? used - j->placement[k].nranks : 0;

@@ -333,8 +333,6 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
     megad_warn(js->b, "%s", e.msg);
     return;
   }
-  free(j->wait);
-  j->wait = NULL;
   /* the last step outlives the history's ring in the journal */
   uint8_t *buf;
   size_t len;

@@ -24,7 +24,7 @@ void mega_job_free(mega_job *j) {
   free(j->error);
   free(j->coordinator);
   free(j->ckpt_path);
-  free(j->wait);
+  free(j->coord.wait);
   free_placement(j);
   mega_jobspec_free(&j->spec);
   mega_job_hist_free(&j->hist);

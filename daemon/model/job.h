@@ -1,13 +1,20 @@
-/* A job as its coordinator keeps it: the journaled state, the state
- * machine, and the conversions to and from the wire's Job message and the
- * journal's records; its history (jobhist.h) is a part of its own.
+/* A job as its coordinator keeps it: the journaled record, the state
+ * machine, the conversions to and from the wire's Job message and the
+ * journal's records, and tables of jobs.
  *
  * Pure bookkeeping: no loop, no I/O (the caller appends the records this
- * module packs). Runtime state of a running job (workers, merges, watchers)
- * hangs off `rt` and belongs to the coordinator (coord.c).
+ * module packs).
+ *
+ * A mega_job is the record plus three parts, each with one owner:
+ *   hist   the jobs layer: history, events, last step, curve (jobhist.h)
+ *   etcd   the jobs layer's etcd side: the job's fence (etcd mode)
+ *   coord  the coordinator: its running attempt, the wait queue's links,
+ *          why the job waits, a rescale target, report delays
+ * None of the parts is journaled as part of the record.
  *
  * Ownership: a mega_jobs table owns its jobs; a job owns its strings, its
- * placement and its history items. */
+ * placement, its history items and coord.wait (not coord.run, which the
+ * coordinator frees). */
 #ifndef MEGA_DAEMON_JOB_H
 #define MEGA_DAEMON_JOB_H
 
@@ -47,7 +54,29 @@ typedef struct mega_job_etcd {
   bool orphan; /* mirror: no coordinator key now (fence stays the last one seen) */
 } mega_job_etcd;
 
+/* The coordinator's part of a job it holds. daemon/coord writes it; in the
+ * model mega_job_free frees `wait`, recovery.c reads want_nodes and
+ * metrics_text.c the report delays. Never journaled: a job read from the
+ * journal or from etcd starts with it all zero. */
+struct coord_run; /* one running attempt: daemon/coord/coord_internal.h */
+typedef struct mega_job_coord {
+  struct coord_run *run; /* the attempt running now (coord_run.c); NULL: none */
+  /* the wait queue of jobs waiting to start (coord_queue.c), in submission
+   * order; wq_epoch: 1 + the membership view it could not fit even empty */
+  struct mega_job *wq_prev, *wq_next;
+  bool wq_in;
+  uint64_t wq_epoch;
+  char *wait; /* why a pending job waits (said once per change); owned */
+  uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
+  int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
+  /* From the slowest rank's step end to the merge, summed over merged steps
+   * (for /metrics). */
+  double report_delay_sum_s;
+  uint64_t report_delay_n;
+} mega_job_coord;
+
 typedef struct mega_job {
+  /* The record: what mega_jrec_job journals and the Job message carries. */
   char *id, *name;
   char **args; /* as submitted (what users see) */
   size_t nargs;
@@ -68,7 +97,7 @@ typedef struct mega_job {
   uint32_t attempt;
   mega_job_node *placement;
   size_t nplaced;
-  char *coordinator;
+  char *coordinator; /* its coordinator's node id */
   uint64_t ckpt_iteration; /* the last checkpoint every rank finished; 0: none */
   char *ckpt_path;
 
@@ -77,20 +106,8 @@ typedef struct mega_job {
   mega_job_hist hist;
   /* Owner: the jobs layer's etcd side (above). Not journaled either. */
   mega_job_etcd etcd;
-
-  void *rt;   /* the coordinator's runtime state while the job runs */
-  /* The coordinator's queue of waiting jobs (coord_queue.c), in submission
-   * order; wq_epoch: 1 + the membership view it could not fit even empty. */
-  struct mega_job *wq_prev, *wq_next;
-  bool wq_in;
-  uint64_t wq_epoch;
-  char *wait; /* why a pending job waits (said once per change); not journaled */
-  uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
-  int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
-  /* From the slowest rank's step end to the merge, summed over merged steps
-   * (for /metrics; not journaled). */
-  double report_delay_sum_s;
-  uint64_t report_delay_n;
+  /* Owner: the coordinator (above). */
+  mega_job_coord coord;
 } mega_job;
 
 /* ---- life cycle ---- */

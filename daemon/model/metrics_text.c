@@ -275,10 +275,10 @@ static void job_metrics(sbuf *b, const shown *v, size_t n, size_t unlisted) {
          "From the slowest rank's step end to the coordinator's merge.");
   for (size_t i = 0; i < n; i++) {
     const mega_job *j = v[i].j;
-    if (!j->report_delay_n) continue;
+    if (!j->coord.report_delay_n) continue;
     snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
-    sample(b, "mega_job_step_report_delay_seconds_sum", l, j->report_delay_sum_s);
-    sample_u(b, "mega_job_step_report_delay_seconds_count", l, j->report_delay_n);
+    sample(b, "mega_job_step_report_delay_seconds_sum", l, j->coord.report_delay_sum_s);
+    sample_u(b, "mega_job_step_report_delay_seconds_count", l, j->coord.report_delay_n);
   }
 }
 
