@@ -20,8 +20,8 @@
  *              Peer, GetTrace, /metrics
  *   daemon.c   wires them together: start, callbacks, stop
  *
- * Inside a layer its files stack the same way (launch_internal.h and
- * coord_internal.h draw theirs): no two files call each other in a circle.
+ * Inside a layer its files stack the same way (each layer's *_internal.h
+ * draws its own): no two files call each other in a circle.
  *
  * Single-threaded: everything runs on the loop thread. */
 #ifndef MEGA_DAEMON_BASE_H

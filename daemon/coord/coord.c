@@ -362,8 +362,8 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
                   j->attempt, cause && cause[0] ? cause : mega_end_kind_name(kind), from, budget);
 }
 
-/* coord_run.c calls this (megad_coord.attempt_over) once an attempt's
- * every rank is gone. */
+/* megad_coord.attempt_over: coord_run.c calls it once an attempt's every
+ * rank is gone (coord.h says when). */
 static void attempt_over(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause,
                          const megad_cancel_wait *cancels, size_t ncancels) {
   if (!j->etcd.fenced) decide(c, j, kind, cause);

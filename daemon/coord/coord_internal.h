@@ -1,10 +1,10 @@
 /* The coordinator's files, each calling only the ones below it:
  *
  *   coord.c        submit, scheduling, launches, the recovery decision,
- *   coord_etcd.c   cancel, resume, rescale, membership events; and in etcd
- *                  mode taking over orphaned jobs and standing down: one
- *                  level in two files (a takeover schedules; the tick
- *                  sweeps for orphans)
+ *                  cancel, resume, rescale, membership events; and
+ *   coord_etcd.c   in etcd mode, taking over orphaned jobs and standing
+ *                  down: one level in two files (a takeover schedules; the
+ *                  tick sweeps for orphans)
  *   coord_run.c    one running attempt: worker reports, checkpoints,
  *                  failures and their cause, aborts; its end goes up
  *                  through megad_coord.attempt_over
