@@ -14,7 +14,7 @@
  *            minus the newest committed checkpoint)
  *
  *   worker kill  kill -9 one worker of a DP 2 job (--max-restarts)
- *   worker hung  SIGSTOP one worker (the step watchdog)
+ *   worker hung  SIGSTOP one worker (the hang check)
  *   node kill    kill -9 a node's megad and workers (--nnodes 1:2)
  *   node hung    SIGSTOP a node's megad and workers (missed heartbeats)
  *
@@ -220,7 +220,7 @@ int main(int argc, char **argv) {
   if (!getenv("MEGAW")) setenv("MEGAW", BENCH_MEGAW, 1);
   signal(SIGPIPE, SIG_IGN);
   printf("megad recovery on loopback: tiny GPT (2 layers, hidden 32), default heartbeats "
-         "(250 ms, lost after 1.5 s) and step watchdog (10 x median step, at least 2 s)\n");
+         "(250 ms, lost after 1.5 s) and hang check (10 x median step, at least 2 s)\n");
   for (int k = 0; k < NKINDS; k++) bench((fail_kind)k, runs, save_interval);
   hd_cleanup_all();
   return 0;

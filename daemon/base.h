@@ -4,24 +4,27 @@
  * (locked, so exactly one megad owns it) and its per-job directories, and
  * async calls to peers over channels cached by address.
  *
- * The daemon's layers, each calling only down (a layer tells the ones above
- * it things through callbacks they registered):
+ * The daemon's layers, a folder each, each calling only down (a layer tells
+ * the ones above it things through callbacks they registered;
+ * tests/layers/layers.txt is the table the default suite checks):
  *
+ *   model/     pure: the job and its history, journal records, the key-value
+ *              store, placement, recovery planning, step merging
  *   base       this file: loop, log, state dir, peer calls
- *   etcd       etcd.h: the etcd client (--etcd-endpoints), borrowed above
- *   jobs       jobs.h (over jobs_etcd.c, watch.h): the jobs table, journal
- *              (or etcd and the mirror of every job), history, watchers, events
- *   members    members.h: nodes, heartbeats or etcd, liveness (node up/lost events)
- *   kvserve    kvserve.h: the rendezvous store and its Peer calls
- *   launcher   launch.h: this node's workers (spawn, pipes, watchdog)
- *   coord      coord.h: the jobs this node coordinates (attempts, recovery;
- *              with etcd, takeover and standing down: coord_etcd.c)
- *   services   services.h: Control (forwarding to a job's coordinator),
- *              Peer, GetTrace, /metrics
+ *   etcd/      the etcd client (--etcd-endpoints), borrowed above
+ *   jobs/      the jobs table, journal (or etcd and the mirror of every
+ *              job), watchers, events, traces
+ *   members/   nodes, heartbeats or etcd, liveness (node up/lost events)
+ *   kvserve/   the rendezvous store and its Peer calls
+ *   launch/    this node's workers (spawn, pipes, hang check)
+ *   coord/     the jobs this node coordinates (attempts, recovery; with
+ *              etcd, takeover and standing down)
+ *   services/  Control (forwarding to a job's coordinator), Peer
+ *   web/       HTTP: the web view, its streams and login, /metrics
  *   daemon.c   wires them together: start, callbacks, stop
  *
- * Inside a layer its files stack the same way (launch_internal.h and
- * coord_internal.h draw theirs): no two files call each other in a circle.
+ * Inside a layer its files stack the same way (each layer's *_internal.h
+ * draws its own): no two files call each other in a circle.
  *
  * Single-threaded: everything runs on the loop thread. */
 #ifndef MEGA_DAEMON_BASE_H

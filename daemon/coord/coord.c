@@ -57,6 +57,16 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
   return MEGA_OK;
 }
 
+/* Ends j (megad_job_finalize) and forgets why it waited, so a job resumed
+ * later says it again. */
+void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const char *error) {
+  mega_job_state before = j->state;
+  megad_job_finalize(c->jobs, j, state, error);
+  if (before == state || j->state != state) return; /* refused: nothing ended */
+  free(j->coord.wait);
+  j->coord.wait = NULL;
+}
+
 /* ---- launching ---- */
 
 typedef struct launch_ctx {
@@ -133,7 +143,7 @@ static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size
   req.bootstrap = &boot;
   req.coordinator_node_id = c->b->node_id;
   req.coordinator_address = (char *)c->o.address;
-  req.coordinator_fence = j->fence;
+  req.coordinator_fence = j->etcd.fence;
   mega_err e = {0};
   megad_node *node = megad_members_find(c->members, jn->node_id);
   mega_status rc;
@@ -166,9 +176,9 @@ static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size
 /* ---- starting an attempt ---- */
 
 static void set_wait(megad_coord *c, mega_job *j, const char *why) {
-  if (j->wait && !strcmp(j->wait, why)) return;
-  free(j->wait);
-  j->wait = strdup(why);
+  if (j->coord.wait && !strcmp(j->coord.wait, why)) return;
+  free(j->coord.wait);
+  j->coord.wait = strdup(why);
   megad_job_event(c->jobs, j, EV(INFO), NULL, -1, "waiting: %s", why);
 }
 
@@ -188,7 +198,7 @@ static void describe(const mega_job *j, char *buf, size_t len) {
 static bool try_start(megad_coord *c, mega_job *j) {
   /* etcd: not before this node's claim on j is in etcd, nor while its lease
    * is not known alive */
-  if (c->jobs->etcd && (!j->fence || !coord_may_act(c))) return false;
+  if (c->jobs->etcd && (!j->etcd.fence || !coord_may_act(c))) return false;
   mega_err e = {0};
   mega_jobspec as;
   mega_jobspec_defaults(&as);
@@ -196,7 +206,7 @@ static bool try_start(megad_coord *c, mega_job *j) {
   if (mega_recovery_attempt_spec(j, &as, &e) != MEGA_OK ||
       (c->o.roots && megad_roots_check(c->o.roots, &as, &e) != MEGA_OK)) {
     mega_jobspec_free(&as);
-    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, e.msg);
+    coord_finalize(c, j, MEGA_JOB_FAILED, e.msg);
     return true;
   }
   int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
@@ -224,19 +234,19 @@ static bool try_start(megad_coord *c, mega_job *j) {
       mega_job_transition(j, MEGA_JOB_RUNNING, megad_unix_ms(), NULL, &e) != MEGA_OK) {
     free(nodes);
     mega_jobspec_free(&as);
-    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, e.msg[0] ? e.msg : "out of memory");
+    coord_finalize(c, j, MEGA_JOB_FAILED, e.msg[0] ? e.msg : "out of memory");
     return true;
   }
   free(nodes);
-  free(j->wait);
-  j->wait = NULL;
+  free(j->coord.wait);
+  j->coord.wait = NULL;
   int nargs = 0;
   char **args = mega_jobspec_to_argv(&as, &nargs);
   coord_run *run = args ? coord_run_new(c, j, as.trace_iteration) : NULL;
   mega_jobspec_free(&as);
   if (!run) {
     mega_jobspec_argv_free(args);
-    megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, "megad ran out of memory starting the job");
+    coord_finalize(c, j, MEGA_JOB_FAILED, "megad ran out of memory starting the job");
     return true;
   }
   megad_jobs_save(c->jobs, j, NULL);
@@ -253,7 +263,7 @@ static bool try_start(megad_coord *c, mega_job *j) {
     megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed: %s", where);
   /* After a failed launch the rest are not started: their ranks count as
    * gone, and the last of them ends the attempt (run is freed then). */
-  for (size_t i = 0; i < j->nplaced && (run = j->rt); i++) {
+  for (size_t i = 0; i < j->nplaced && (run = j->coord.run); i++) {
     if (run->stopping) coord_ranks_gone(run, j->placement[i].first_rank, j->placement[i].nranks);
     else launch_on(run, &j->placement[i], args, (size_t)nargs);
   }
@@ -268,12 +278,12 @@ static bool blocks_queue(megad_coord *c, mega_job *j) {
   int *idx = calloc(c->members->nnodes ? c->members->nnodes : 1, sizeof *idx), n = 0;
   bool fits = idx && coord_place(c, j, false, true, idx, &n, NULL) == MEGA_OK;
   free(idx);
-  if (!fits) j->wq_epoch = c->members->view_version + 1;
+  if (!fits) j->coord.wq_epoch = c->members->view_version + 1;
   return fits;
 }
 
 static bool waiting(const mega_job *j) {
-  return !j->rt && (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING);
+  return !j->coord.run && (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING);
 }
 
 /* FIFO from the queue's head: each waiting job starts if the cluster has
@@ -291,12 +301,12 @@ void megad_coord_schedule(megad_coord *c) {
   do {
     c->reschedule = false;
     for (mega_job *j = c->wq_head, *next; j && !c->reschedule; j = next) {
-      next = j->wq_next;
+      next = j->coord.wq_next;
       if (!waiting(j)) {
         coord_wq_remove(c, j);
         continue;
       }
-      if (j->wq_epoch == c->members->view_version + 1) continue; /* too big for this view */
+      if (j->coord.wq_epoch == c->members->view_version + 1) continue; /* too big for this view */
       if (try_start(c, j)) {
         coord_wq_remove(c, j);
         next = c->wq_head; /* the queue may have changed under the start */
@@ -325,7 +335,7 @@ static void on_tick(uv_timer_t *t) {
 static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause) {
   mega_recovery r = mega_recovery_decide(j, kind, cause);
   if (r.next != MEGA_JOB_RESTARTING) {
-    megad_job_finalize(c->jobs, j, r.next, r.why[0] ? r.why : NULL);
+    coord_finalize(c, j, r.next, r.why[0] ? r.why : NULL);
     return;
   }
   mega_err e = {0};
@@ -352,14 +362,14 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
                   j->attempt, cause && cause[0] ? cause : mega_end_kind_name(kind), from, budget);
 }
 
-/* coord_run.c calls this (megad_coord.attempt_over) once an attempt's
- * every rank is gone. */
+/* megad_coord.attempt_over: coord_run.c calls it once an attempt's every
+ * rank is gone (coord.h says when). */
 static void attempt_over(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause,
                          const megad_cancel_wait *cancels, size_t ncancels) {
-  if (!j->fenced) decide(c, j, kind, cause);
+  if (!j->etcd.fenced) decide(c, j, kind, cause);
   for (size_t i = 0; i < ncancels; i++)
     if (cancels[i].done) cancels[i].done(cancels[i].arg, j);
-  if (j->fenced) megad_jobs_drop(c->jobs, j); /* another node has it now (coord_etcd.c) */
+  if (j->etcd.fenced) megad_jobs_drop(c->jobs, j); /* another node has it now (coord_etcd.c) */
   megad_coord_schedule(c);
 }
 
@@ -370,11 +380,11 @@ void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
   char why[512];
   snprintf(why, sizeof why, "cancelled%s%s", reason && reason[0] ? ": " : "",
            reason ? reason : "");
-  coord_run *run = j->rt;
+  coord_run *run = j->coord.run;
   if (!run) {
     if (!mega_job_state_final(j->state)) {
       coord_wq_remove(c, j);
-      megad_job_finalize(c->jobs, j, MEGA_JOB_CANCELLED, why);
+      coord_finalize(c, j, MEGA_JOB_CANCELLED, why);
       megad_coord_schedule(c);
     }
     if (done) done(arg, j);
@@ -392,7 +402,7 @@ void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
 
 void megad_coord_cancel_forget(megad_coord *c, mega_job *j, void *arg) {
   (void)c;
-  coord_run *run = j->rt;
+  coord_run *run = j->coord.run;
   for (size_t i = 0; run && i < run->ncancels; i++)
     if (run->cancels[i].arg == arg) run->cancels[i].done = NULL;
 }
@@ -431,14 +441,15 @@ mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, me
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--nnodes %u is outside job %s's range %u:%u (submit with --nnodes MIN:MAX "
                      "to let a job change size)", nnodes, j->id, lo, hi);
-  if (j->rt && !j->spec.save)
+  if (j->coord.run && !j->spec.save)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "job %s saves no checkpoints (--save): it cannot re-plan without losing "
                      "its progress", j->id);
-  j->want_nodes = nnodes;
+  j->coord.want_nodes = nnodes;
   megad_job_event(c->jobs, j, EV(INFO), NULL, -1, "rescale to %u node%s requested; %s", nnodes,
                   nnodes == 1 ? "" : "s",
-                  j->rt ? "it happens at the next checkpoint" : "it applies when the job starts");
+                  j->coord.run ? "it happens at the next checkpoint"
+                               : "it applies when the job starts");
   return MEGA_OK;
 }
 
@@ -447,7 +458,7 @@ mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, me
 void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why) {
   for (size_t i = 0; i < c->jobs->t.n; i++) {
     mega_job *j = c->jobs->t.v[i];
-    coord_run *run = j->rt;
+    coord_run *run = j->coord.run;
     if (!run) continue;
     for (size_t k = 0; k < j->nplaced; k++) {
       if (strcmp(j->placement[k].node_id, n->id)) continue;
@@ -455,7 +466,7 @@ void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why)
         megad_job_event(c->jobs, j, EV(NODE_LOST), n->id, -1, "%s", why);
       coord_cause(run, CAUSE_PRIMARY, MEGA_END_NODE_LOST, why);
       /* run may be gone now: the attempt ended with these ranks */
-      if (j->rt) coord_ranks_gone(run, j->placement[k].first_rank, j->placement[k].nranks);
+      if (j->coord.run) coord_ranks_gone(run, j->placement[k].first_rank, j->placement[k].nranks);
       break;
     }
   }
@@ -482,13 +493,15 @@ void megad_coord_stop_all(megad_coord *c, const char *reason) {
   char why[512];
   snprintf(why, sizeof why, "megad on %s stopped (%s)", c->b->node_id, reason);
   if (c->tick_on) uv_timer_stop(&c->tick);
-  for (size_t i = 0; i < c->jobs->t.n; i++)
-    if (c->jobs->t.v[i]->rt) coord_stop(c->jobs->t.v[i]->rt, MEGA_END_COORDINATOR, why);
+  for (size_t i = 0; i < c->jobs->t.n; i++) {
+    coord_run *run = c->jobs->t.v[i]->coord.run;
+    if (run) coord_stop(run, MEGA_END_COORDINATOR, why);
+  }
 }
 
 size_t megad_coord_stopping(const megad_coord *c) {
   size_t n = 0;
-  for (size_t i = 0; i < c->jobs->t.n; i++) n += c->jobs->t.v[i]->rt != NULL;
+  for (size_t i = 0; i < c->jobs->t.n; i++) n += c->jobs->t.v[i]->coord.run != NULL;
   return n;
 }
 

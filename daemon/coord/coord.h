@@ -20,8 +20,10 @@
  * committed checkpoint, on as many nodes as its --nnodes range and the
  * cluster allow.
  *
- * On the loop thread only. Ownership: the coordinator's runtime state hangs
- * off its jobs (mega_job.rt); it borrows every layer below. */
+ * On the loop thread only. Ownership: the coordinator's state of a job is
+ * the job's coord part (mega_job.coord, daemon/model/job.h), its running
+ * attempt (coord.run) the coordinator's to free; it borrows every layer
+ * below. */
 #ifndef MEGA_DAEMON_COORD_H
 #define MEGA_DAEMON_COORD_H
 
@@ -71,8 +73,12 @@ typedef struct megad_coord {
     uint32_t nranks;
     uint64_t at_ms; /* uv_now */
   } released[32];
-  /* How an attempt's end reaches the coordinator (coord_run.c calls it:
-   * the run is below the coordinator that made it). */
+  /* How an attempt's end reaches coord.c, which coord_run.c is below (so
+   * it calls up through this pointer; megad_coord_init sets it). Called
+   * once, when every rank of the attempt has exited or been counted gone,
+   * with the run already detached (j->coord.run is NULL) and freed after
+   * the call: it makes the recovery decision, answers the cancels waiting
+   * for the end, lets go of a fenced job (j is freed then) and schedules. */
   void (*attempt_over)(struct megad_coord *c, mega_job *j, mega_end_kind kind,
                        const char *cause, const megad_cancel_wait *cancels, size_t ncancels);
   /* The jobs waiting to start, oldest first (coord_queue.c), so scheduling

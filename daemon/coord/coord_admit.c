@@ -113,6 +113,9 @@ static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t npro
                    act / gib, c->b->node_id, mem / gib);
 }
 
+/* What can be checked when a job arrives: its flags, a node count in range
+ * giving a valid world, and the files as the coordinator sees them (it runs
+ * the first ranks; every node checks again before its ranks start). */
 mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
   const mega_jobspec *s = &j->spec;
   uint32_t lo = j->nnodes_min ? j->nnodes_min : 1, hi = j->nnodes_max > lo ? j->nnodes_max : lo;

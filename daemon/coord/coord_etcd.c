@@ -64,7 +64,7 @@ static void adopt(megad_coord *c, const char *id, int64_t fence, const megad_etc
   }
   free(j->coordinator);
   j->coordinator = self;
-  j->fence = fence;
+  j->etcd.fence = fence;
   if (megad_jobs_adopt(c->jobs, j, &e) != MEGA_OK) {
     megad_warn(c->b, "etcd: taking job %s over: %s", id, e.msg);
     mega_job_free(j);
@@ -170,21 +170,21 @@ void coord_etcd_tick(megad_coord *c) {
   const mega_jobs *m = &c->jobs->mirror;
   for (size_t i = 0; i < m->n; i++) {
     const mega_job *j = m->v[i];
-    if ((!j->fence || j->orphan) && !megad_jobs_find(c->jobs, j->id)) claim(c, j->id);
+    if ((!j->etcd.fence || j->etcd.orphan) && !megad_jobs_find(c->jobs, j->id)) claim(c, j->id);
   }
 }
 
 /* ---- standing down ---- */
 
 void megad_coord_fenced(megad_coord *c, mega_job *j, const char *why) {
-  j->fenced = true;
+  j->etcd.fenced = true;
   megad_warn(c->b, "job %s: standing down as its coordinator: %s", j->id, why);
   coord_wq_remove(c, j);
-  if (j->rt) {
+  if (j->coord.run) {
     char msg[512];
     snprintf(msg, sizeof msg, "node %s no longer coordinates job %s: %s", c->b->node_id, j->id,
              why);
-    coord_stop(j->rt, MEGA_END_COORDINATOR, msg); /* attempt_over lets go of it */
+    coord_stop(j->coord.run, MEGA_END_COORDINATOR, msg); /* attempt_over lets go of it */
     return;
   }
   megad_jobs_drop(c->jobs, j);
@@ -192,11 +192,11 @@ void megad_coord_fenced(megad_coord *c, mega_job *j, const char *why) {
 
 void megad_coord_refused(megad_coord *c, mega_job *j, const char *why) {
   coord_wq_remove(c, j);
-  if (j->rt) return; /* not started without a fence */
+  if (j->coord.run) return; /* not started without a fence */
   char msg[768];
   snprintf(msg, sizeof msg, "etcd refused the job's record (%s); it exists only on node %s",
            why, c->b->node_id);
-  megad_job_finalize(c->jobs, j, MEGA_JOB_FAILED, msg);
+  coord_finalize(c, j, MEGA_JOB_FAILED, msg);
 }
 
 void megad_coord_stand_down(megad_coord *c, const char *why) {
@@ -205,6 +205,7 @@ void megad_coord_stand_down(megad_coord *c, const char *why) {
     if (i >= c->jobs->t.n) continue; /* the table shrank under a stand-down */
     mega_job *j = c->jobs->t.v[i];
     /* a job whose claim was never taken is nobody else's: it stays */
-    if (!j->fenced && j->fence && !mega_job_state_final(j->state)) megad_coord_fenced(c, j, why);
+    if (!j->etcd.fenced && j->etcd.fence && !mega_job_state_final(j->state))
+      megad_coord_fenced(c, j, why);
   }
 }

@@ -1,10 +1,10 @@
 /* The coordinator's files, each calling only the ones below it:
  *
  *   coord.c        submit, scheduling, launches, the recovery decision,
- *   coord_etcd.c   cancel, resume, rescale, membership events; and in etcd
- *                  mode taking over orphaned jobs and standing down: one
- *                  level in two files (a takeover schedules; the tick
- *                  sweeps for orphans)
+ *                  cancel, resume, rescale, membership events; and
+ *   coord_etcd.c   in etcd mode, taking over orphaned jobs and standing
+ *                  down: one level in two files (a takeover schedules; the
+ *                  tick sweeps for orphans)
  *   coord_run.c    one running attempt: worker reports, checkpoints,
  *                  failures and their cause, aborts; its end goes up
  *                  through megad_coord.attempt_over
@@ -61,6 +61,11 @@ typedef struct coord_run {
   megad_cancel_wait *cancels;
   size_t ncancels;
 } coord_run;
+
+/* coord.c: ends j, the jobs layer's megad_job_finalize plus what the
+ * coordinator kept for it (why it waited). Every end of a job this node
+ * coordinates goes through here. */
+void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const char *error);
 
 /* coord_admit.c: what a job must be to be accepted (bounds first, then the
  * paths under the roots, placeability and the queue's room) */

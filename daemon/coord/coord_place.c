@@ -22,9 +22,7 @@ mega_status coord_check_world(const mega_jobspec *s, int world, mega_err *err) {
   return mega_jobspec_check_all(s, world, bytes, err);
 }
 
-/* What can be checked when a job arrives: its flags, a node count in range
- * giving a valid world, and the files as the coordinator sees them (it runs
- * the first ranks; every node checks again before its ranks start). */
+/* Counts what this coordinator's running attempts place on node_id. */
 uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id) {
   uint32_t n = 0;
   for (const coord_run *run = c->runs; run; run = run->next) {
@@ -41,7 +39,11 @@ void coord_released(megad_coord *c, const mega_job *j) {
     struct megad_released *slot = NULL;
     for (size_t i = 0; i < sizeof c->released / sizeof c->released[0] && !slot; i++)
       if (!c->released[i].nranks) slot = &c->released[i];
-    if (!slot) slot = &c->released[0]; /* the oldest matters least */
+    /* all in use: overwrite entry 0, which need not be the oldest (entries
+     * fill the first free place, and 0 may have just been overwritten); the
+     * ranks it held count as busy again until their node's next heartbeat,
+     * which only delays placement */
+    if (!slot) slot = &c->released[0];
     snprintf(slot->node_id, sizeof slot->node_id, "%s", j->placement[k].node_id);
     slot->nranks = j->placement[k].nranks;
     slot->at_ms = now;
@@ -78,7 +80,7 @@ static int free_slots(megad_coord *c, const megad_node *nd, const mega_job *j, b
     used = used > gone ? used - gone : 0;
   }
   if (mine > used) used = mine; /* its heartbeat may not show them yet */
-  if (own && j->rt)
+  if (own && j->coord.run)
     for (size_t k = 0; k < j->nplaced; k++)
       if (!strcmp(j->placement[k].node_id, nd->id))
         used = used > j->placement[k].nranks ? used - j->placement[k].nranks : 0;

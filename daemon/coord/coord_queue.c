@@ -9,28 +9,28 @@
 #include "daemon/model/util.h"
 
 void coord_wq_add(megad_coord *c, mega_job *j) {
-  if (j->wq_in) return;
+  if (j->coord.wq_in) return;
   mega_job *after = c->wq_tail;
-  while (after && after->created_ms > j->created_ms) after = after->wq_prev;
-  j->wq_prev = after;
-  j->wq_next = after ? after->wq_next : c->wq_head;
-  if (j->wq_next) j->wq_next->wq_prev = j;
+  while (after && after->created_ms > j->created_ms) after = after->coord.wq_prev;
+  j->coord.wq_prev = after;
+  j->coord.wq_next = after ? after->coord.wq_next : c->wq_head;
+  if (j->coord.wq_next) j->coord.wq_next->coord.wq_prev = j;
   else c->wq_tail = j;
-  if (after) after->wq_next = j;
+  if (after) after->coord.wq_next = j;
   else c->wq_head = j;
-  j->wq_in = true;
-  j->wq_epoch = 0;
+  j->coord.wq_in = true;
+  j->coord.wq_epoch = 0;
   c->nwaiting++;
 }
 
 void coord_wq_remove(megad_coord *c, mega_job *j) {
-  if (!j->wq_in) return;
-  if (j->wq_prev) j->wq_prev->wq_next = j->wq_next;
-  else c->wq_head = j->wq_next;
-  if (j->wq_next) j->wq_next->wq_prev = j->wq_prev;
-  else c->wq_tail = j->wq_prev;
-  j->wq_prev = j->wq_next = NULL;
-  j->wq_in = false;
+  if (!j->coord.wq_in) return;
+  if (j->coord.wq_prev) j->coord.wq_prev->coord.wq_next = j->coord.wq_next;
+  else c->wq_head = j->coord.wq_next;
+  if (j->coord.wq_next) j->coord.wq_next->coord.wq_prev = j->coord.wq_prev;
+  else c->wq_tail = j->coord.wq_prev;
+  j->coord.wq_prev = j->coord.wq_next = NULL;
+  j->coord.wq_in = false;
   c->nwaiting--;
 }
 

@@ -59,7 +59,7 @@ coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration) {
   uv_timer_init(c->b->loop, &run->cause_timer);
   uv_timer_init(c->b->loop, &run->stop_timer);
   run->cause_timer.data = run->stop_timer.data = run;
-  j->rt = run;
+  j->coord.run = run;
   run->next = c->runs;
   if (c->runs) c->runs->prev = run;
   c->runs = run;
@@ -68,7 +68,7 @@ coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration) {
 
 coord_run *coord_run_of(megad_coord *c, const char *job_id, uint32_t attempt) {
   mega_job *j = megad_jobs_find(c->jobs, job_id);
-  return j && j->rt && j->attempt == attempt ? j->rt : NULL;
+  return j && j->coord.run && j->attempt == attempt ? j->coord.run : NULL;
 }
 
 void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n) {
@@ -102,8 +102,8 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
   run->end_kind = kind;
   /* a planned end says why; a failure keeps its cause */
   if (why && (kind != run->cause_kind || !run->cause)) set_cause(run, CAUSE_PRIMARY, kind, why);
-  if (kind != MEGA_END_DONE && kind != MEGA_END_CANCELLED && !run->job->failed_ms)
-    run->job->failed_ms = megad_unix_ms();
+  if (kind != MEGA_END_DONE && kind != MEGA_END_CANCELLED && !run->job->coord.failed_ms)
+    run->job->coord.failed_ms = megad_unix_ms();
   uv_timer_stop(&run->cause_timer);
   char reason[1200];
   snprintf(reason, sizeof reason, "job %s attempt %u is stopping: %s", run->job->id,
@@ -160,7 +160,7 @@ static void finish(coord_run *run) {
   char prefix[sizeof run->kv_prefix + 1];
   snprintf(prefix, sizeof prefix, "%s/", run->kv_prefix);
   mega_kv_delete_prefix(c->kvs->kv, prefix);
-  j->rt = NULL;
+  j->coord.run = NULL;
   if (run->prev) run->prev->next = run->next;
   else c->runs = run->next;
   if (run->next) run->next->prev = run->prev;
@@ -224,7 +224,7 @@ void coord_ask_commit(coord_run *run, uint64_t iteration) {
   req.attempt = j->attempt;
   req.rank = 0;
   req.iteration = iteration;
-  req.coordinator_fence = j->fence;
+  req.coordinator_fence = j->etcd.fence;
   if (!coord_may_act(c)) { /* etcd: a lease not known alive may have lost the job */
     megad_warn(c->b, "job %s: not committing the checkpoint of iteration %llu: this node's etcd "
                      "lease is not known alive", j->id, (unsigned long long)iteration);
@@ -257,17 +257,17 @@ static void on_step_merged(coord_run *run, mega_step_done *done) {
   }
   if (end_us) {
     double delay = (double)(megad_unix_us() - end_us) / 1e6;
-    j->report_delay_sum_s += delay;
-    j->report_delay_n++;
+    j->coord.report_delay_sum_s += delay;
+    j->coord.report_delay_n++;
     c->jobs->stats.report_delay_sum_s += delay;
     c->jobs->stats.report_delay_n++;
   }
-  if (j->failed_ms) {
+  if (j->coord.failed_ms) {
     megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
                     "training again: attempt %u merged iteration %llu %.2f s after the failure "
                     "was detected", j->attempt, (unsigned long long)done->step->iteration,
-                    (double)(megad_unix_ms() - j->failed_ms) / 1000);
-    j->failed_ms = 0;
+                    (double)(megad_unix_ms() - j->coord.failed_ms) / 1000);
+    j->coord.failed_ms = 0;
   }
   megad_job_step(c->jobs, j, done->step);
   if (run->trace_iteration > 0 && done->step->iteration == (uint64_t)run->trace_iteration) {

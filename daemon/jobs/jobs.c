@@ -61,12 +61,12 @@ static void compact(megad_jobs *js, size_t replayed) {
     size_t len = 0;
     mega_status st = mega_jrec_job(j, &buf, &len, NULL);
     recs_add(&r, st, buf, len);
-    for (size_t k = 0; r.ok && k < j->nevents; k++) {
-      st = mega_jrec_event(j->id, j->events[k], &buf, &len, NULL);
+    for (size_t k = 0; r.ok && k < j->hist.nevents; k++) {
+      st = mega_jrec_event(j->id, j->hist.events[k], &buf, &len, NULL);
       recs_add(&r, st, buf, len);
     }
-    if (r.ok && j->last_step) {
-      st = mega_jrec_step(j->id, j->last_step, &buf, &len, NULL);
+    if (r.ok && j->hist.last_step) {
+      st = mega_jrec_step(j->id, j->hist.last_step, &buf, &len, NULL);
       recs_add(&r, st, buf, len);
     }
   }
@@ -129,7 +129,9 @@ void megad_jobs_close(megad_jobs *js) {
   mega_jobs_free(&js->t);
 }
 
-mega_job *megad_jobs_find(megad_jobs *js, const char *id) { return mega_jobs_find(&js->t, id); }
+mega_job *megad_jobs_find(megad_jobs *js, const char *id) {
+  return mega_jobs_table_find(&js->t, id);
+}
 
 /* At most this many jobs are forgotten in one pass: one journal flush for
  * all of them, and the loop is never held for long. */
@@ -292,11 +294,12 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
   item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
   item.event = &ev;
   mega_err e = {0};
-  if (mega_job_hist_push(j, &item, &e) != MEGA_OK) megad_warn(js->b, "job %s: %s", j->id, e.msg);
+  if (mega_job_hist_push(&j->hist, &item, &e) != MEGA_OK)
+    megad_warn(js->b, "job %s: %s", j->id, e.msg);
   uint8_t *buf;
   size_t len;
   char suffix[32];
-  snprintf(suffix, sizeof suffix, "e/%010zu", j->nevents ? j->nevents - 1 : 0);
+  snprintf(suffix, sizeof suffix, "e/%010zu", j->hist.nevents ? j->hist.nevents - 1 : 0);
   if ((js->journal || js->etcd) && mega_jrec_event(j->id, &ev, &buf, &len, &e) == MEGA_OK &&
       put_rec(js, j, suffix, buf, len, false, &e) != MEGA_OK)
     megad_warn(js->b, "journal: %s", e.msg);
@@ -311,7 +314,8 @@ void megad_job_step(megad_jobs *js, mega_job *j, const Mega__V1__StepMetrics *st
   item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
   item.step = (Mega__V1__StepMetrics *)step;
   mega_err e = {0};
-  if (mega_job_hist_push(j, &item, &e) != MEGA_OK) megad_warn(js->b, "job %s: %s", j->id, e.msg);
+  if (mega_job_hist_push(&j->hist, &item, &e) != MEGA_OK)
+    megad_warn(js->b, "job %s: %s", j->id, e.msg);
   broadcast(js, j, &item);
 }
 
@@ -329,12 +333,10 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
     megad_warn(js->b, "%s", e.msg);
     return;
   }
-  free(j->wait);
-  j->wait = NULL;
   /* the last step outlives the history's ring in the journal */
   uint8_t *buf;
   size_t len;
-  if (j->last_step && mega_jrec_step(j->id, j->last_step, &buf, &len, &e) == MEGA_OK &&
+  if (j->hist.last_step && mega_jrec_step(j->id, j->hist.last_step, &buf, &len, &e) == MEGA_OK &&
       put_rec(js, j, "s", buf, len, false, &e) != MEGA_OK)
     megad_warn(js->b, "journal: %s", e.msg);
   megad_jobs_save(js, j, NULL);
@@ -350,7 +352,7 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
     Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
     item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
     item.final_state = &m.job;
-    mega_job_hist_push(j, &item, NULL);
+    mega_job_hist_push(&j->hist, &item, NULL);
     broadcast(js, j, &item);
     mega_job_msg_free(&m);
   }

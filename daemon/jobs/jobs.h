@@ -60,19 +60,19 @@ typedef struct megad_jobs {
   megad_watchers watchers;
   megad_jobs_stats stats;
   /* etcd mode (jobs_etcd.c): the cluster's jobs as etcd has them (this
-   * node's too), and the writes of this node's jobs, in order, one
-   * transaction in flight */
+   * node's too), and the write queue (writeq_): the writes of this node's
+   * jobs, in order, one transaction in flight */
   megad_etcd *etcd;
   megad_jobs_cbs cbs;
   mega_jobs mirror;
   megad_etcd_watch *watch; /* mega/, in revision order */
-  megad_jwrite *wq_head, *wq_tail;
-  size_t wq_len, wq_batch;
-  int64_t wq_fence, wq_lease; /* the batch in flight: its job's fence, a claim's lease */
-  bool wq_busy;
-  char wq_err[512]; /* why the last write failed; empty once one succeeds */
-  uv_timer_t wq_retry;
-  bool wq_retry_on;
+  megad_jwrite *writeq_head, *writeq_tail;
+  size_t writeq_len, writeq_batch;
+  int64_t writeq_fence, writeq_lease; /* the batch in flight: its job's fence, a claim's lease */
+  bool writeq_busy;
+  char writeq_err[512]; /* why the last write failed; empty once one succeeds */
+  uv_timer_t writeq_retry;
+  bool writeq_retry_on;
   int64_t rev; /* the newest revision the mirror has seen */
   megad_jobs_item_fn on_item; /* one listener (may be NULL); megad_jobs_listen sets it */
   void *on_item_arg;

@@ -14,7 +14,7 @@
 #define KC "mega/c/"
 #define BATCH 32        /* records of one job in one transaction */
 #define RETRY_MS 500
-#define WQ_MAX 100000   /* queued records while etcd is away, before the oldest go */
+#define WRITEQ_MAX 100000 /* queued records while etcd is away, before the oldest go */
 
 struct megad_jwrite {
   megad_jwrite *next;
@@ -33,22 +33,22 @@ static void jw_free(megad_jwrite *w) {
   free(w);
 }
 
-/* ---- the queue ---- */
+/* ---- the write queue ---- */
 
 static void pop(megad_jobs *js, size_t n) {
-  while (n-- && js->wq_head) {
-    megad_jwrite *w = js->wq_head;
-    js->wq_head = w->next;
-    if (!js->wq_head) js->wq_tail = NULL;
-    js->wq_len--;
+  while (n-- && js->writeq_head) {
+    megad_jwrite *w = js->writeq_head;
+    js->writeq_head = w->next;
+    if (!js->writeq_head) js->writeq_tail = NULL;
+    js->writeq_len--;
     jw_free(w);
   }
 }
 
 /* Drops every queued record of a job this node no longer coordinates. */
 static void pop_job(megad_jobs *js, const char *id) {
-  megad_jwrite **pw = &js->wq_head, *last = NULL;
-  size_t keep = js->wq_busy ? js->wq_batch : 0; /* the batch in flight stays */
+  megad_jwrite **pw = &js->writeq_head, *last = NULL;
+  size_t keep = js->writeq_busy ? js->writeq_batch : 0; /* the batch in flight stays */
   while (*pw) {
     megad_jwrite *w = *pw;
     if (keep) {
@@ -57,19 +57,19 @@ static void pop_job(megad_jobs *js, const char *id) {
       pw = &w->next;
     } else if (w->key && !strcmp(w->job_id, id)) {
       *pw = w->next;
-      js->wq_len--;
+      js->writeq_len--;
       jw_free(w);
     } else {
       last = w;
       pw = &w->next;
     }
   }
-  js->wq_tail = last;
+  js->writeq_tail = last;
 }
 
 static void fence_lost(megad_jobs *js, mega_job *j, const char *why) {
-  if (j->fenced) return;
-  j->fenced = true;
+  if (j->etcd.fenced) return;
+  j->etcd.fenced = true;
   pop_job(js, j->id);
   if (js->cbs.fenced) js->cbs.fenced(js->cbs.arg, j, why);
 }
@@ -98,8 +98,8 @@ static void mirror_record(megad_jobs *js, const megad_etcd_kv *kv) {
 /* m is coordinated by kv's holder (a coordinator key's value). The fence
  * only grows. */
 static void set_coordinator(mega_job *m, const megad_etcd_kv *kv) {
-  if (kv->create_revision > m->fence) m->fence = kv->create_revision;
-  m->orphan = false;
+  if (kv->create_revision > m->etcd.fence) m->etcd.fence = kv->create_revision;
+  m->etcd.orphan = false;
   char *node = strndup((const char *)kv->value, kv->value_len);
   if (node) {
     free(m->coordinator);
@@ -111,13 +111,13 @@ static void set_coordinator(mega_job *m, const megad_etcd_kv *kv) {
  * grows: a mirror that has seen the new coordinator's claim never again
  * takes an older fence for current. */
 static void mirror_coord(megad_jobs *js, const char *id, const megad_etcd_kv *kv, bool del) {
-  mega_job *m = mega_jobs_find(&js->mirror, id);
+  mega_job *m = mega_jobs_table_find(&js->mirror, id);
   if (m && !del) set_coordinator(m, kv);
   if (!del) return;
-  if (m) m->orphan = true;
-  mega_job *own = mega_jobs_find(&js->t, id);
+  if (m) m->etcd.orphan = true;
+  mega_job *own = mega_jobs_table_find(&js->t, id);
   /* the deletion of a key newer than this node's claim ended the claim */
-  if (own && own->fence && kv->mod_revision > own->fence) {
+  if (own && own->etcd.fence && kv->mod_revision > own->etcd.fence) {
     fence_lost(js, own, "its coordinator key went with this node's etcd lease");
     return;
   }
@@ -152,12 +152,12 @@ static void load(megad_jobs *js, const megad_etcd_reply *r) {
   mega_jobs_init(&js->mirror);
   for (size_t i = 0; i < r->nkvs; i++)
     if (!strncmp(r->kvs[i].key, KJ, strlen(KJ))) mirror_record(js, &r->kvs[i]);
-  for (size_t i = 0; i < js->mirror.n; i++) js->mirror.v[i]->orphan = true;
+  for (size_t i = 0; i < js->mirror.n; i++) js->mirror.v[i]->etcd.orphan = true;
   for (size_t i = 0; i < r->nkvs; i++) {
     char id[160];
-    mega_job *m;
-    if (key_id(r->kvs[i].key, KC, id, sizeof id, NULL) && (m = mega_jobs_find(&js->mirror, id)))
-      set_coordinator(m, &r->kvs[i]);
+    if (!key_id(r->kvs[i].key, KC, id, sizeof id, NULL)) continue;
+    mega_job *m = mega_jobs_table_find(&js->mirror, id);
+    if (m) set_coordinator(m, &r->kvs[i]);
   }
   js->rev = r->revision;
   if (js->mirror.next_id > js->t.next_id) js->t.next_id = js->mirror.next_id;
@@ -216,29 +216,29 @@ bool megad_jobs_claim_mine(const megad_jobs *js, const megad_etcd_reply *r, int6
 }
 
 static void claimed(megad_jobs *js, mega_job *j, int64_t fence) {
-  j->fence = fence;
+  j->etcd.fence = fence;
   if (js->cbs.claimed) js->cbs.claimed(js->cbs.arg, j);
 }
 
 static void written(void *arg, const megad_etcd_reply *r, const mega_err *err) {
   megad_jobs *js = arg;
-  js->wq_busy = false;
+  js->writeq_busy = false;
   if (err->status == MEGA_ERR_CANCELLED && js->b->stopping) return;
-  megad_jwrite *w = js->wq_head;
+  megad_jwrite *w = js->writeq_head;
   if (!w) return;
   char id[160];
   snprintf(id, sizeof id, "%s", w->job_id);
   bool claim = w->claim, forget = !w->key;
-  mega_job *j = mega_jobs_find(&js->t, id);
+  mega_job *j = mega_jobs_table_find(&js->t, id);
   /* a batch sent under a fence the job no longer has (it was dropped and
    * taken back meanwhile) says nothing about the job now */
-  bool current = j && !forget && (claim ? !j->fence : j->fence == js->wq_fence);
+  bool current = j && !forget && (claim ? !j->etcd.fence : j->etcd.fence == js->writeq_fence);
   /* a claim whose lease expired meanwhile goes again under the next one */
   bool lease_gone = claim && strstr(err->msg, "lease not found");
   if (!r && !megad_etcd_retryable(err) && !lease_gone) { /* etcd will refuse these again */
-    megad_warn(js->b, "etcd refused %zu record%s of job %s: %s", js->wq_batch,
-               js->wq_batch == 1 ? "" : "s", id, err->msg);
-    pop(js, js->wq_batch);
+    megad_warn(js->b, "etcd refused %zu record%s of job %s: %s", js->writeq_batch,
+               js->writeq_batch == 1 ? "" : "s", id, err->msg);
+    pop(js, js->writeq_batch);
     if (current && claim) { /* nothing of the job can reach etcd: it cannot run */
       pop_job(js, id); /* and what it writes from now on is dropped (no fence) */
       if (js->cbs.refused) js->cbs.refused(js->cbs.arg, j, err->msg);
@@ -247,19 +247,19 @@ static void written(void *arg, const megad_etcd_reply *r, const mega_err *err) {
     return;
   }
   if (!r) {
-    if (!js->wq_err[0])
+    if (!js->writeq_err[0])
       megad_warn(js->b, "etcd: cannot write job %s: %s; retrying every %d ms", id, err->msg,
                  RETRY_MS);
-    snprintf(js->wq_err, sizeof js->wq_err, "%s", err->msg);
-    uv_timer_start(&js->wq_retry, on_retry, RETRY_MS, 0);
+    snprintf(js->writeq_err, sizeof js->writeq_err, "%s", err->msg);
+    uv_timer_start(&js->writeq_retry, on_retry, RETRY_MS, 0);
     return;
   }
-  if (js->wq_err[0]) megad_log(js->b, "etcd: writes go through again");
-  js->wq_err[0] = '\0';
-  pop(js, js->wq_batch);
+  if (js->writeq_err[0]) megad_log(js->b, "etcd: writes go through again");
+  js->writeq_err[0] = '\0';
+  pop(js, js->writeq_batch);
   if (current && claim && r->succeeded)
     claimed(js, j, r->revision);
-  else if (current && claim && megad_jobs_claim_mine(js, r, js->wq_lease))
+  else if (current && claim && megad_jobs_claim_mine(js, r, js->writeq_lease))
     claimed(js, j, r->kvs[0].create_revision);
   else if (current && !r->succeeded)
     fence_lost(js, j, claim ? "another node already holds its coordinator key"
@@ -269,9 +269,9 @@ static void written(void *arg, const megad_etcd_reply *r, const mega_err *err) {
 
 static void pump(megad_jobs *js) {
   for (;;) {
-    megad_jwrite *w = js->wq_head;
-    if (js->wq_busy || !w || uv_is_active((uv_handle_t *)&js->wq_retry)) return;
-    mega_job *j = mega_jobs_find(&js->t, w->job_id);
+    megad_jwrite *w = js->writeq_head;
+    if (js->writeq_busy || !w || uv_is_active((uv_handle_t *)&js->writeq_retry)) return;
+    mega_job *j = mega_jobs_table_find(&js->t, w->job_id);
     char ckey[192], pre[192];
     snprintf(ckey, sizeof ckey, KC "%s", w->job_id);
     snprintf(pre, sizeof pre, KJ "%s/", w->job_id);
@@ -284,16 +284,16 @@ static void pump(megad_jobs *js) {
       ops[nops++] = (megad_etcd_op){.kind = MEGAD_ETCD_DELETE, .key = ckey};
       ncmp = 0;
       n = 1;
-    } else if (!j || j->fenced || (!w->claim && !j->fence) ||
-               (!w->claim && w->fence && w->fence != j->fence)) {
+    } else if (!j || j->etcd.fenced || (!w->claim && !j->etcd.fence) ||
+               (!w->claim && w->fence && w->fence != j->etcd.fence)) {
       pop(js, 1); /* the job went, is another node's now, or was taken back since */
       continue;
     } else if (w->claim && !lease) {
-      snprintf(js->wq_err, sizeof js->wq_err, "this node holds no etcd lease yet");
-      uv_timer_start(&js->wq_retry, on_retry, RETRY_MS / 5, 0);
+      snprintf(js->writeq_err, sizeof js->writeq_err, "this node holds no etcd lease yet");
+      uv_timer_start(&js->writeq_retry, on_retry, RETRY_MS / 5, 0);
       return;
     } else {
-      cmp.number = w->claim ? 0 : j->fence;
+      cmp.number = w->claim ? 0 : j->etcd.fence;
       for (megad_jwrite *x = w; x && n < BATCH && x->key && !strcmp(x->job_id, w->job_id) &&
                                 (n == 0 || !x->claim);
            x = x->next, n++) {
@@ -312,36 +312,37 @@ static void pump(megad_jobs *js) {
     megad_etcd_op holder = {.kind = MEGAD_ETCD_GET, .key = ckey};
     bool claim = w->key && w->claim;
     mega_err e = {0};
-    js->wq_busy = true;
-    js->wq_batch = n;
-    js->wq_fence = j && w->key ? j->fence : 0;
-    js->wq_lease = claim ? lease : 0;
+    js->writeq_busy = true;
+    js->writeq_batch = n;
+    js->writeq_fence = j && w->key ? j->etcd.fence : 0;
+    js->writeq_lease = claim ? lease : 0;
     if (megad_etcd_txn(js->etcd, ncmp ? &cmp : NULL, ncmp, ops, nops, claim ? &holder : NULL,
                        claim ? 1 : 0, written, js, &e) == MEGA_OK)
       return;
-    js->wq_busy = false;
-    snprintf(js->wq_err, sizeof js->wq_err, "%s", e.msg);
-    uv_timer_start(&js->wq_retry, on_retry, RETRY_MS, 0);
+    js->writeq_busy = false;
+    snprintf(js->writeq_err, sizeof js->writeq_err, "%s", e.msg);
+    uv_timer_start(&js->writeq_retry, on_retry, RETRY_MS, 0);
     return;
   }
 }
 
 static void enqueue(megad_jobs *js, megad_jwrite *w) {
-  if (js->wq_len >= WQ_MAX && js->wq_head && !js->wq_busy && !js->wq_head->claim) {
+  if (js->writeq_len >= WRITEQ_MAX && js->writeq_head && !js->writeq_busy &&
+      !js->writeq_head->claim) {
     megad_warn(js->b, "etcd: %zu records of jobs wait for etcd; dropping the oldest (job %s)",
-               js->wq_len, js->wq_head->job_id);
+               js->writeq_len, js->writeq_head->job_id);
     pop(js, 1);
   }
-  if (js->wq_tail) js->wq_tail->next = w;
-  else js->wq_head = w;
-  js->wq_tail = w;
-  js->wq_len++;
+  if (js->writeq_tail) js->writeq_tail->next = w;
+  else js->writeq_head = w;
+  js->writeq_tail = w;
+  js->writeq_len++;
   pump(js);
 }
 
 void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
                          size_t len, bool claim) {
-  if (j->fenced) {
+  if (j->etcd.fenced) {
     free(buf);
     return;
   }
@@ -351,7 +352,7 @@ void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, 
     w->val = buf;
     w->len = len;
     w->claim = claim;
-    w->fence = j->fence;
+    w->fence = j->etcd.fence;
     if (asprintf(&w->key, KJ "%s/%s", j->id, suffix) < 0) w->key = NULL;
   } else {
     free(buf);
@@ -383,9 +384,9 @@ mega_status megad_jobs_open_etcd(megad_jobs *js, megad_base *b, megad_etcd *etcd
   js->etcd = etcd;
   mega_jobs_init(&js->t);
   mega_jobs_init(&js->mirror);
-  uv_timer_init(b->loop, &js->wq_retry);
-  js->wq_retry.data = js;
-  js->wq_retry_on = true;
+  uv_timer_init(b->loop, &js->writeq_retry);
+  js->writeq_retry.data = js;
+  js->writeq_retry_on = true;
   char path[4096];
   struct stat st;
   snprintf(path, sizeof path, "%s/journal", b->state_dir);
@@ -407,13 +408,14 @@ mega_status megad_jobs_open_etcd(megad_jobs *js, megad_base *b, megad_etcd *etcd
 void megad_jobs_set_cbs(megad_jobs *js, const megad_jobs_cbs *cbs) { js->cbs = *cbs; }
 
 mega_job *megad_jobs_mirror_find(megad_jobs *js, const char *id) {
-  return js->etcd ? mega_jobs_find(&js->mirror, id) : NULL;
+  return js->etcd ? mega_jobs_table_find(&js->mirror, id) : NULL;
 }
 
 int64_t megad_jobs_coord_rev(megad_jobs *js, const char *job_id) { /* the newest fence seen */
   if (!js->etcd) return 0;
-  const mega_job *m = mega_jobs_find(&js->mirror, job_id), *own = mega_jobs_find(&js->t, job_id);
-  int64_t a = m ? m->fence : 0, o = own && !own->fenced ? own->fence : 0;
+  const mega_job *m = mega_jobs_table_find(&js->mirror, job_id);
+  const mega_job *own = mega_jobs_table_find(&js->t, job_id);
+  int64_t a = m ? m->etcd.fence : 0, o = own && !own->etcd.fenced ? own->etcd.fence : 0;
   return a > o ? a : o;
 }
 
@@ -426,8 +428,8 @@ void megad_jobs_drop(megad_jobs *js, mega_job *j) {
 }
 
 bool megad_jobs_durable(const megad_jobs *js, const char **why) {
-  if (!js->etcd || !js->wq_err[0]) return true;
-  if (why) *why = js->wq_err;
+  if (!js->etcd || !js->writeq_err[0]) return true;
+  if (why) *why = js->writeq_err;
   return false;
 }
 
@@ -435,8 +437,8 @@ void megad_jobs_etcd_close(megad_jobs *js) {
   if (!js->etcd) return;
   if (js->watch) megad_etcd_watch_cancel(js->watch);
   js->watch = NULL;
-  while (js->wq_head) pop(js, 1);
-  if (js->wq_retry_on) uv_close((uv_handle_t *)&js->wq_retry, NULL);
-  js->wq_retry_on = false;
+  while (js->writeq_head) pop(js, 1);
+  if (js->writeq_retry_on) uv_close((uv_handle_t *)&js->writeq_retry, NULL);
+  js->writeq_retry_on = false;
   mega_jobs_free(&js->mirror);
 }

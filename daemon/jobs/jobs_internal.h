@@ -12,7 +12,7 @@
 /* Queues one record of j (a JournalRecord, taken: freed here) for
  * mega/j/<id>/<suffix>. claim: the job's first record, written only if no
  * node coordinates the job yet, with the coordinator key under this node's
- * lease (its revision becomes j->fence). */
+ * lease (its revision becomes j->etcd.fence). */
 void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
                          size_t len, bool claim);
 /* Queues the deletion of every key of a forgotten job. */

@@ -126,9 +126,9 @@ static void watcher_gone(mega_rpc_call *call, void *arg) {
  * item and the job is over: a resumed job's history holds the end of the
  * attempt that failed before. */
 static bool replay_item(const mega_job *j, size_t i) {
-  const Mega__V1__WatchJobResponse *item = mega_job_hist_at(j, i);
+  const Mega__V1__WatchJobResponse *item = mega_job_hist_at(&j->hist, i);
   if (item->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE) return true;
-  return i + 1 == j->hist_len && mega_job_state_final(j->state);
+  return i + 1 == j->hist.len && mega_job_state_final(j->state);
 }
 
 static megad_watcher *add(megad_watchers *ws, mega_job *j) {
@@ -143,8 +143,8 @@ static megad_watcher *add(megad_watchers *ws, mega_job *j) {
 
 megad_watcher *megad_watch_local(megad_watchers *ws, mega_job *j, bool replay, megad_watch_fn fn,
                                  void *arg) {
-  for (size_t i = 0; replay && i < j->hist_len; i++)
-    if (replay_item(j, i)) fn(arg, mega_job_hist_at(j, i));
+  for (size_t i = 0; replay && i < j->hist.len; i++)
+    if (replay_item(j, i)) fn(arg, mega_job_hist_at(&j->hist, i));
   megad_watcher *w = add(ws, j);
   if (!w) return NULL;
   w->fn = fn;
@@ -165,14 +165,14 @@ void megad_watch_call(megad_watchers *ws, mega_job *j, mega_rpc_call *call, bool
       return;
     }
   }
-  if (replay && j->hist_lost_steps) {
+  if (replay && j->hist.lost_steps) {
     char why[128];
     snprintf(why, sizeof why, "older than the %d items of history megad keeps", MEGA_JOB_HISTORY);
-    send_gap(call, j->hist_lost_steps, j->hist_lost_first, j->hist_lost_last, why);
+    send_gap(call, j->hist.lost_steps, j->hist.lost_first, j->hist.lost_last, why);
   }
-  for (size_t i = 0; replay && i < j->hist_len; i++) {
+  for (size_t i = 0; replay && i < j->hist.len; i++) {
     if (!replay_item(j, i)) continue;
-    const Mega__V1__WatchJobResponse *item = mega_job_hist_at(j, i);
+    const Mega__V1__WatchJobResponse *item = mega_job_hist_at(&j->hist, i);
     if (mega_rpc_send(call, &item->base, NULL) != MEGA_OK) {
       mega_rpc_finish(call);
       return;

@@ -1,6 +1,6 @@
 /* The launcher's worker processes (see launch.h): spawn, the pipe and its
  * frames, output capture, exits and abort. Worker frames go on to the job's
- * coordinator through relay.c; watchdog.c pings and watches.
+ * coordinator through relay.c; hangcheck.c pings and watches for hung workers.
  *
  * A worker is done once it has exited and its stderr has drained (or a
  * moment later); its exit is reported, its handles closed. Abort sends an
@@ -117,11 +117,11 @@ static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
     break;
   case MEGA__V1__WORKER_FRAME__MSG_STEP:
     if (f->step->metrics) f->step->metrics->rank = w->rank; /* the pipe says who it is */
-    watchdog_progress(w, "train", f->step->metrics ? f->step->metrics->step_time_s : 0);
+    hangcheck_progress(w, "train", f->step->metrics ? f->step->metrics->step_time_s : 0);
     relay_step(l, f->step);
     break;
   case MEGA__V1__WORKER_FRAME__MSG_PROGRESS:
-    watchdog_progress(w, f->progress->phase, 0);
+    hangcheck_progress(w, f->progress->phase, 0);
     break;
   case MEGA__V1__WORKER_FRAME__MSG_NOTE:
     ev.kind_case = MEGA__V1__RANK_EVENT__KIND_NOTE;
@@ -524,7 +524,7 @@ uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max
 
 /* ---- the launcher ---- */
 
-static void on_tick(uv_timer_t *t) { watchdog_tick(t->data); }
+static void on_tick(uv_timer_t *t) { hangcheck_tick(t->data); }
 
 mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
                                 const megad_launcher_opts *o, const megad_launcher_cbs *cbs,

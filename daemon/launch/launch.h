@@ -11,7 +11,7 @@
  * ReportStep calls. Their KV requests go to this node's store or to the
  * coordinator's.
  *
- * A step watchdog checks every worker: one that makes no progress within
+ * A hang check watches every worker: one that makes no progress within
  * its phase's limit (setup: the rendezvous timeout; training: the job's
  * --step-timeout, or 10 x its median step time with a 2 s floor; eval and
  * checkpoints: 10 minutes) is reported as hung; a stopped process (SIGSTOP,
@@ -64,7 +64,7 @@ typedef struct megad_launcher {
   megad_launch *launches;
   uint32_t slots_used;
   bool *slot_busy; /* [o.slots]: which slot (and GPU) each worker holds */
-  uv_timer_t tick; /* pings and the watchdog */
+  uv_timer_t tick; /* pings and the hang check */
   bool tick_on;
   uint64_t last_ping_ms;
   uint64_t steps_relayed; /* workers' step reports passed on (for /metrics) */

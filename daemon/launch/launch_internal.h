@@ -2,7 +2,7 @@
  * only the ones below it:
  *
  *   launch.c       the worker processes: spawn, pipes, output, exits
- *   watchdog.c     pings and the step watchdog
+ *   hangcheck.c    pings and the hang check (workers making no progress)
  *   relay.c        what passes between the workers and the job's
  *                  coordinator: reports and KV requests
  *   launch_life.c  frames down the pipe, kill, abort, the launch's end
@@ -41,7 +41,7 @@ typedef struct megad_worker {
   size_t partial_len;
   int log_fd;
   kvop *ops;
-  /* the watchdog's view */
+  /* the hang check's view (hangcheck.c) */
   char phase[16];         /* "setup", "train", "eval", "checkpoint" */
   uint64_t progress_ms;   /* uv_now of the last progress (a step, a phase) */
   double steps[STEP_WINDOW]; /* recent step times, seconds */
@@ -78,7 +78,7 @@ struct kvop {
   char *get_key; /* a get that waits: the key to answer with once it exists */
 };
 
-/* launch_life.c: the lower half, which relay.c and watchdog.c use */
+/* launch_life.c: the lower half, which relay.c and hangcheck.c use */
 void launch_send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f);
 void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
                              size_t len, const char *error);
@@ -104,10 +104,10 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req);
 /* The worker went away: its KV requests end without an answer. */
 void relay_worker_gone(megad_worker *w);
 
-/* watchdog.c */
+/* hangcheck.c */
 /* A sign of progress from w: a step report (step_s > 0) or a new phase. */
-void watchdog_progress(megad_worker *w, const char *phase, double step_s);
+void hangcheck_progress(megad_worker *w, const char *phase, double step_s);
 /* Every tick: pings, and workers that made no progress in time. */
-void watchdog_tick(megad_launcher *L);
+void hangcheck_tick(megad_launcher *L);
 
 #endif

@@ -1,4 +1,4 @@
-/* The launcher's lower half: what relay.c and watchdog.c need of a launch
+/* The launcher's lower half: what relay.c and hangcheck.c need of a launch
  * and its workers (frames down the pipe, kill, abort, the launch's end), so
  * that calls inside the launcher only go down. */
 #include <signal.h>

@@ -24,16 +24,10 @@ void mega_job_free(mega_job *j) {
   free(j->error);
   free(j->coordinator);
   free(j->ckpt_path);
-  free(j->wait);
+  free(j->coord.wait);
   free_placement(j);
   mega_jobspec_free(&j->spec);
-  for (size_t i = 0; i < j->nevents; i++) protobuf_c_message_free_unpacked(&j->events[i]->base, NULL);
-  free(j->events);
-  for (size_t i = 0; i < j->hist_len; i++)
-    protobuf_c_message_free_unpacked(&j->hist[(j->hist_head + i) % j->hist_cap]->base, NULL);
-  free(j->hist);
-  if (j->last_step) protobuf_c_message_free_unpacked(&j->last_step->base, NULL);
-  mega_stepring_free(&j->curve);
+  mega_job_hist_free(&j->hist);
   free(j);
 }
 
@@ -265,69 +259,6 @@ nomem:
   return oom(err);
 }
 
-/* ---- history ---- */
-
-mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err) {
-  if (j->hist_len == j->hist_cap && j->hist_cap < MEGA_JOB_HISTORY) {
-    size_t cap = j->hist_cap ? 2 * j->hist_cap : 16;
-    if (cap > MEGA_JOB_HISTORY) cap = MEGA_JOB_HISTORY;
-    Mega__V1__WatchJobResponse **v = malloc(cap * sizeof *v);
-    if (!v) return oom(err);
-    for (size_t i = 0; i < j->hist_len; i++) v[i] = j->hist[(j->hist_head + i) % j->hist_cap];
-    free(j->hist);
-    j->hist = v;
-    j->hist_head = 0;
-    j->hist_cap = cap;
-  }
-  Mega__V1__WatchJobResponse *c = (void *)megad_pb_copy(&item->base);
-  if (!c) return oom(err);
-  if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && item->step) {
-    Mega__V1__StepMetrics *s = (void *)megad_pb_copy(&item->step->base);
-    if (!s || mega_stepring_push(&j->curve, item->step, NULL) != MEGA_OK) {
-      if (s) protobuf_c_message_free_unpacked(&s->base, NULL);
-      protobuf_c_message_free_unpacked(&c->base, NULL);
-      return oom(err);
-    }
-    if (j->last_step) protobuf_c_message_free_unpacked(&j->last_step->base, NULL);
-    j->last_step = s;
-  }
-  if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT && item->event) {
-    if (j->nevents == j->events_cap) {
-      size_t cap = j->events_cap ? 2 * j->events_cap : 16;
-      Mega__V1__JobEvent **v = realloc(j->events, cap * sizeof *v);
-      if (!v) {
-        protobuf_c_message_free_unpacked(&c->base, NULL);
-        return oom(err);
-      }
-      j->events = v;
-      j->events_cap = cap;
-    }
-    Mega__V1__JobEvent *e = (void *)megad_pb_copy(&item->event->base);
-    if (!e) {
-      protobuf_c_message_free_unpacked(&c->base, NULL);
-      return oom(err);
-    }
-    j->events[j->nevents++] = e;
-  }
-  if (j->hist_len == j->hist_cap) { /* full at MEGA_JOB_HISTORY: the oldest goes */
-    const Mega__V1__WatchJobResponse *old = j->hist[j->hist_head];
-    if (old->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && old->step) {
-      if (!j->hist_lost_steps++) j->hist_lost_first = old->step->iteration;
-      j->hist_lost_last = old->step->iteration;
-    }
-    protobuf_c_message_free_unpacked(&j->hist[j->hist_head]->base, NULL);
-    j->hist[j->hist_head] = c;
-    j->hist_head = (j->hist_head + 1) % j->hist_cap;
-  } else {
-    j->hist[(j->hist_head + j->hist_len++) % j->hist_cap] = c;
-  }
-  return MEGA_OK;
-}
-
-const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i) {
-  return i < j->hist_len ? j->hist[(j->hist_head + i) % j->hist_cap] : NULL;
-}
-
 /* ---- the table ---- */
 
 void mega_jobs_init(mega_jobs *t) {
@@ -341,7 +272,7 @@ void mega_jobs_free(mega_jobs *t) {
   mega_jobs_init(t);
 }
 
-mega_job *mega_jobs_find(const mega_jobs *t, const char *id) {
+mega_job *mega_jobs_table_find(const mega_jobs *t, const char *id) {
   if (!id) return NULL;
   for (size_t i = 0; i < t->n; i++)
     if (!strcmp(t->v[i]->id, id)) return t->v[i];

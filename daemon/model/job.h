@@ -1,13 +1,20 @@
-/* A job as its coordinator keeps it: the journaled state, the state
- * machine, the bounded history that WatchJob replays, and the conversions to
- * and from the wire's Job message and the journal's records.
+/* A job as its coordinator keeps it: the journaled record, the state
+ * machine, the conversions to and from the wire's Job message and the
+ * journal's records, and tables of jobs.
  *
  * Pure bookkeeping: no loop, no I/O (the caller appends the records this
- * module packs). Runtime state of a running job (workers, merges, watchers)
- * hangs off `rt` and belongs to the coordinator (coord.c).
+ * module packs).
+ *
+ * A mega_job is the record plus three parts, each with one owner:
+ *   hist   the jobs layer: history, events, last step, curve (jobhist.h)
+ *   etcd   the jobs layer's etcd side: the job's fence (etcd mode)
+ *   coord  the coordinator: its running attempt, the wait queue's links,
+ *          why the job waits, a rescale target, report delays
+ * None of the parts is journaled as part of the record.
  *
  * Ownership: a mega_jobs table owns its jobs; a job owns its strings, its
- * placement and its history items. */
+ * placement, its history items and coord.wait (not coord.run, which the
+ * coordinator frees). */
 #ifndef MEGA_DAEMON_JOB_H
 #define MEGA_DAEMON_JOB_H
 
@@ -17,11 +24,8 @@
 
 #include "core/jobspec.h"
 #include "core/status.h"
-#include "daemon/model/stepring.h"
+#include "daemon/model/jobhist.h"
 #include "proto/mega.pb-c.h"
-
-/* Items kept for WatchJob's replay, per job (the oldest go first). */
-#define MEGA_JOB_HISTORY 1024
 
 typedef Mega__V1__JobState mega_job_state;
 #define MEGA_JOB_PENDING MEGA__V1__JOB_STATE__JOB_STATE_PENDING
@@ -37,7 +41,42 @@ typedef struct mega_job_node {
   uint32_t first_rank, nranks;
 } mega_job_node;
 
+/* A job's standing in etcd: etcd mode only (all zero in embedded mode).
+ * Owner: the jobs layer's etcd side (jobs_etcd.c), which follows the job's
+ * coordinator key mega/c/<id>; the coordinator writes it twice: fence when
+ * it takes a job over (coord_etcd.c, before megad_jobs_adopt), fenced when
+ * it stands down. Not journaled: it comes from the key, not the record. */
+typedef struct mega_job_etcd {
+  /* the create revision of the coordinator key: the fence every write,
+   * launch and commit of the job's coordinator carries (0: no key yet) */
+  int64_t fence;
+  bool fenced; /* this node's claim was refused or lost: another node has the job */
+  bool orphan; /* mirror: no coordinator key now (fence stays the last one seen) */
+} mega_job_etcd;
+
+/* The coordinator's part of a job it holds. daemon/coord writes it; in the
+ * model mega_job_free frees `wait`, recovery.c reads want_nodes and
+ * metrics_text.c the report delays. Never journaled: a job read from the
+ * journal or from etcd starts with it all zero. */
+struct coord_run; /* one running attempt: daemon/coord/coord_internal.h */
+typedef struct mega_job_coord {
+  struct coord_run *run; /* the attempt running now (coord_run.c); NULL: none */
+  /* the wait queue of jobs waiting to start (coord_queue.c), in submission
+   * order; wq_epoch: 1 + the membership view it could not fit even empty */
+  struct mega_job *wq_prev, *wq_next;
+  bool wq_in;
+  uint64_t wq_epoch;
+  char *wait; /* why a pending job waits (said once per change); owned */
+  uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
+  int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
+  /* From the slowest rank's step end to the merge, summed over merged steps
+   * (for /metrics). */
+  double report_delay_sum_s;
+  uint64_t report_delay_n;
+} mega_job_coord;
+
 typedef struct mega_job {
+  /* The record: what mega_jrec_job journals and the Job message carries. */
   char *id, *name;
   char **args; /* as submitted (what users see) */
   size_t nargs;
@@ -58,41 +97,17 @@ typedef struct mega_job {
   uint32_t attempt;
   mega_job_node *placement;
   size_t nplaced;
-  char *coordinator;
-  /* etcd mode: the create revision of the job's coordinator key, the fence
-   * every write and launch of its coordinator carries (0: no coordinator key,
-   * or embedded mode); fenced: this node's claim was refused (not journaled) */
-  int64_t fence;
-  bool fenced;
-  bool orphan; /* etcd mirror: no coordinator key now (fence stays the last one seen) */
+  char *coordinator; /* its coordinator's node id */
   uint64_t ckpt_iteration; /* the last checkpoint every rank finished; 0: none */
   char *ckpt_path;
 
-  /* History for WatchJob replay: a ring of owned items, oldest at hist_head. */
-  Mega__V1__WatchJobResponse **hist;
-  size_t hist_head, hist_len, hist_cap; /* the ring grows to MEGA_JOB_HISTORY as it
-                                           fills: a job that never ran costs little */
-  /* steps the ring let go (a replay says so with a gap marker) */
-  uint64_t hist_lost_steps, hist_lost_first, hist_lost_last;
-  Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
-  mega_stepring curve; /* every step, thinned when old (the web view's curves) */
-  /* Every event of the job, oldest first (owned; GetJob's history). */
-  Mega__V1__JobEvent **events;
-  size_t nevents, events_cap;
-
-  void *rt;   /* the coordinator's runtime state while the job runs */
-  /* The coordinator's queue of waiting jobs (coord_queue.c), in submission
-   * order; wq_epoch: 1 + the membership view it could not fit even empty. */
-  struct mega_job *wq_prev, *wq_next;
-  bool wq_in;
-  uint64_t wq_epoch;
-  char *wait; /* why a pending job waits (said once per change); not journaled */
-  uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
-  int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
-  /* From the slowest rank's step end to the merge, summed over merged steps
-   * (for /metrics; not journaled). */
-  double report_delay_sum_s;
-  uint64_t report_delay_n;
+  /* Owner: the jobs layer (daemon/model/jobhist.h). Not journaled as part
+   * of the record: its events and last step are records of their own. */
+  mega_job_hist hist;
+  /* Owner: the jobs layer's etcd side (above). Not journaled either. */
+  mega_job_etcd etcd;
+  /* Owner: the coordinator (above). */
+  mega_job_coord coord;
 } mega_job;
 
 /* ---- life cycle ---- */
@@ -140,15 +155,6 @@ void mega_job_msg_free(mega_job_msg *m);
 /* A job from a Job message (a journal record), with its history empty. */
 mega_status mega_job_from_msg(const Mega__V1__Job *msg, mega_job **out, mega_err *err);
 
-/* ---- history ---- */
-
-/* Appends a copy of item (a step, an event or the final state); the oldest
- * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step
- * and joins curve, an event also joins events (which keeps them all). */
-mega_status mega_job_hist_push(mega_job *j, const Mega__V1__WatchJobResponse *item, mega_err *err);
-/* Item i (0: oldest) of the history. */
-const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job *j, size_t i);
-
 /* ---- the table ---- */
 
 typedef struct mega_jobs {
@@ -159,7 +165,9 @@ typedef struct mega_jobs {
 
 void mega_jobs_init(mega_jobs *t);
 void mega_jobs_free(mega_jobs *t);
-mega_job *mega_jobs_find(const mega_jobs *t, const char *id);
+/* The job of id in this table alone, or NULL (id NULL too); a linear search.
+ * (megad_jobs_find, daemon/jobs, finds among the jobs this node coordinates.) */
+mega_job *mega_jobs_table_find(const mega_jobs *t, const char *id);
 /* Adds j (the table takes it). */
 mega_status mega_jobs_add(mega_jobs *t, mega_job *j, mega_err *err);
 /* A fresh id, "j-<n>-<node>" with n above every id the table holds. The

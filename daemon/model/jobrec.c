@@ -79,25 +79,9 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
     mega_job *old = t->v[i];
     if (strcmp(old->id, nj->id)) continue;
     nj->hist = old->hist;
-    nj->hist_head = old->hist_head;
-    nj->hist_len = old->hist_len;
-    nj->hist_cap = old->hist_cap;
-    nj->hist_lost_steps = old->hist_lost_steps;
-    nj->hist_lost_first = old->hist_lost_first;
-    nj->hist_lost_last = old->hist_lost_last;
-    nj->last_step = old->last_step;
-    nj->events = old->events;
-    nj->nevents = old->nevents;
-    nj->events_cap = old->events_cap;
-    nj->curve = old->curve;
-    nj->fence = old->fence; /* from the coordinator key, not the record */
-    nj->orphan = old->orphan;
-    memset(&old->curve, 0, sizeof old->curve);
-    old->hist = NULL;
-    old->hist_len = old->hist_cap = 0;
-    old->last_step = NULL;
-    old->events = NULL;
-    old->nevents = old->events_cap = 0;
+    nj->etcd.fence = old->etcd.fence; /* from the coordinator key, not the record */
+    nj->etcd.orphan = old->etcd.orphan;
+    memset(&old->hist, 0, sizeof old->hist);
     mega_job_free(old);
     t->v[i] = nj;
     return MEGA_OK;
@@ -109,8 +93,8 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
 
 static mega_status apply_item(mega_jobs *t, const char *job_id,
                               const Mega__V1__WatchJobResponse *item, mega_err *err) {
-  mega_job *j = mega_jobs_find(t, job_id);
-  return j ? mega_job_hist_push(j, item, err) : MEGA_OK;
+  mega_job *j = mega_jobs_table_find(t, job_id);
+  return j ? mega_job_hist_push(&j->hist, item, err) : MEGA_OK;
 }
 
 mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_err *err) {

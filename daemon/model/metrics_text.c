@@ -226,20 +226,20 @@ static void job_metrics(sbuf *b, const shown *v, size_t n, size_t unlisted) {
   }
   family(b, "mega_job_loss", "gauge", "Training loss of the job's last merged step.");
   for (size_t i = 0; i < n; i++)
-    if (v[i].j->last_step) {
+    if (v[i].j->hist.last_step) {
       snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
-      sample(b, "mega_job_loss", l, v[i].j->last_step->loss);
+      sample(b, "mega_job_loss", l, v[i].j->hist.last_step->loss);
     }
   family(b, "mega_job_tokens_per_second", "gauge", "Global tokens per second, last step.");
   for (size_t i = 0; i < n; i++)
-    if (v[i].j->last_step) {
+    if (v[i].j->hist.last_step) {
       snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
-      sample(b, "mega_job_tokens_per_second", l, v[i].j->last_step->tokens_per_s);
+      sample(b, "mega_job_tokens_per_second", l, v[i].j->hist.last_step->tokens_per_s);
     }
   family(b, "mega_job_bubble_ratio", "gauge",
          "Pipeline bubble time over step time, all ranks, last step.");
   for (size_t i = 0; i < n; i++) {
-    const Mega__V1__StepMetrics *s = v[i].j->last_step;
+    const Mega__V1__StepMetrics *s = v[i].j->hist.last_step;
     if (!s) continue;
     double bubble = 0, time = 0;
     for (size_t r = 0; r < s->n_ranks; r++) {
@@ -254,7 +254,7 @@ static void job_metrics(sbuf *b, const shown *v, size_t n, size_t unlisted) {
   family(b, "mega_job_stage_bubble_ratio", "gauge",
          "One pipeline stage's bubble time over its step time, last step.");
   for (size_t i = 0; i < n; i++) {
-    const Mega__V1__StepMetrics *s = v[i].j->last_step;
+    const Mega__V1__StepMetrics *s = v[i].j->hist.last_step;
     if (!s) continue;
     double bubble[MEGAD_METRICS_STAGES_MAX] = {0}, time[MEGAD_METRICS_STAGES_MAX] = {0};
     bool seen[MEGAD_METRICS_STAGES_MAX] = {0};
@@ -275,10 +275,10 @@ static void job_metrics(sbuf *b, const shown *v, size_t n, size_t unlisted) {
          "From the slowest rank's step end to the coordinator's merge.");
   for (size_t i = 0; i < n; i++) {
     const mega_job *j = v[i].j;
-    if (!j->report_delay_n) continue;
+    if (!j->coord.report_delay_n) continue;
     snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
-    sample(b, "mega_job_step_report_delay_seconds_sum", l, j->report_delay_sum_s);
-    sample_u(b, "mega_job_step_report_delay_seconds_count", l, j->report_delay_n);
+    sample(b, "mega_job_step_report_delay_seconds_sum", l, j->coord.report_delay_sum_s);
+    sample_u(b, "mega_job_step_report_delay_seconds_count", l, j->coord.report_delay_n);
   }
 }
 

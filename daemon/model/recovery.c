@@ -69,12 +69,13 @@ mega_recovery mega_recovery_decide(const mega_job *j, mega_end_kind kind, const 
 void mega_recovery_node_range(const mega_job *j, uint32_t *lo, uint32_t *hi) {
   *lo = nmin(j);
   *hi = nmax(j);
-  if (j->want_nodes && j->want_nodes >= *lo && j->want_nodes <= *hi) *lo = *hi = j->want_nodes;
+  uint32_t want = j->coord.want_nodes; /* megactl rescale's, when in range */
+  if (want && want >= *lo && want <= *hi) *lo = *hi = want;
 }
 
 bool mega_recovery_should_replan(const mega_job *j, uint32_t now, uint32_t could) {
   if (!could || could == now) return false;
-  return j->want_nodes ? could == j->want_nodes : nmax(j) > nmin(j) && could > now;
+  return j->coord.want_nodes ? could == j->coord.want_nodes : nmax(j) > nmin(j) && could > now;
 }
 
 mega_status mega_recovery_attempt_spec(const mega_job *j, mega_jobspec *out, mega_err *err) {

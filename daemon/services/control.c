@@ -27,8 +27,8 @@ static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
   case R_GET: {
     Mega__V1__GetJobResponse r = MEGA__V1__GET_JOB_RESPONSE__INIT;
     r.job = &m.job;
-    r.events = j->events;
-    r.n_events = j->nevents;
+    r.events = j->hist.events;
+    r.n_events = j->hist.nevents;
     mega_rpc_reply(call, &r.base);
     break;
   }
@@ -58,7 +58,7 @@ static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
 static mega_job *find(megad_services *s, mega_rpc_call *call, const char *id,
                       const ProtobufCMessage *req) {
   mega_job *j = megad_jobs_find(s->jobs, id);
-  if (j && !j->fenced) return j; /* a fenced one is on its way out: another node has it */
+  if (j && !j->etcd.fenced) return j; /* a fenced one is on its way out: another node has it */
   if (megad_forward(s, call, id, req)) return NULL;
   /* etcd mode: a job with no coordinator right now is read from the mirror */
   if ((j = megad_jobs_mirror_find(s->jobs, id))) {
@@ -132,7 +132,7 @@ static void on_list(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
   }
   for (size_t i = 0; i < t->n; i++) jobs[nj++] = t->v[i];
   for (size_t i = 0; i < mi->n; i++)
-    if (!mega_jobs_find(t, mi->v[i]->id)) jobs[nj++] = mi->v[i];
+    if (!mega_jobs_table_find(t, mi->v[i]->id)) jobs[nj++] = mi->v[i];
   if (mi->n) qsort(jobs, nj, sizeof *jobs, newest_first);
   for (size_t i = 0; i < nj; i++) {
     const mega_job *j = mi->n ? jobs[i] : jobs[nj - 1 - i]; /* the table is oldest first */

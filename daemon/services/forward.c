@@ -67,9 +67,10 @@ bool megad_forward(megad_services *s, mega_rpc_call *call, const char *job_id,
                    const ProtobufCMessage *req) {
   const char *owner = coordinator_of(job_id);
   const mega_job *mj = megad_jobs_mirror_find(s->jobs, job_id);
-  if (mj) /* etcd mode: whoever holds the coordinator key; none: the mirror answers */
-    owner = mj->fence && !mj->orphan && mj->coordinator && mj->coordinator[0] ? mj->coordinator
-                                                                             : NULL;
+  if (mj) { /* etcd mode: whoever holds the coordinator key; none: the mirror answers */
+    bool held = mj->etcd.fence && !mj->etcd.orphan && mj->coordinator && mj->coordinator[0];
+    owner = held ? mj->coordinator : NULL;
+  }
   if (!owner || !strcmp(owner, s->b->node_id)) return false;
   megad_node *n = megad_members_find(s->members, owner);
   if (!n) return false;

@@ -146,8 +146,8 @@ static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, co
   if (!unescape(rest, slash ? (size_t)(slash - rest) : strlen(rest), id, sizeof id, false) ||
       !id[0])
     return text(r, 400, "a job id in /api/jobs/ID is malformed");
-  const mega_job *j = mega_jobs_find(d->jobs, id);
-  const mega_job *m = j || !d->mirror ? NULL : mega_jobs_find(d->mirror, id);
+  const mega_job *j = mega_jobs_table_find(d->jobs, id);
+  const mega_job *m = j || !d->mirror ? NULL : mega_jobs_table_find(d->mirror, id);
   if (m && !slash) return json_resp(r, megad_webjson_job(m)); /* record and events from etcd */
   if (m)
     return text(r, 404, "job %.200s is coordinated by node %.200s: its steps and trace are "

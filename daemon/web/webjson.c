@@ -50,7 +50,7 @@ static json_t *job_summary(const mega_job *j) {
   json_object_set_new(o, "ended_ms", ms(j->ended_ms));
   json_object_set_new(o, "error", j->error ? json_string(j->error) : json_null());
   json_object_set_new(o, "coordinator", json_string(j->coordinator ? j->coordinator : ""));
-  const Mega__V1__StepMetrics *s = j->last_step;
+  const Mega__V1__StepMetrics *s = j->hist.last_step;
   json_object_set_new(o, "loss", s ? num(s->loss) : json_null());
   json_object_set_new(o, "tokens_per_s", s ? num(s->tokens_per_s) : json_null());
   json_object_set_new(o, "step_time_s", s ? num(s->step_time_s) : json_null());
@@ -61,7 +61,8 @@ json_t *megad_webjson_jobs(const mega_jobs *t, const mega_jobs *mirror) {
   json_t *a = json_array();
   for (size_t i = t->n; i-- > 0;) json_array_append_new(a, job_summary(t->v[i])); /* newest first */
   for (size_t i = mirror ? mirror->n : 0; i-- > 0;)
-    if (!mega_jobs_find(t, mirror->v[i]->id)) json_array_append_new(a, job_summary(mirror->v[i]));
+    if (!mega_jobs_table_find(t, mirror->v[i]->id))
+      json_array_append_new(a, job_summary(mirror->v[i]));
   json_t *o = json_object();
   json_object_set_new(o, "jobs", a);
   return o;
@@ -171,7 +172,7 @@ json_t *megad_webjson_job(const mega_job *j) {
   json_object_set_new(o, "trace_iteration",
                       json_integer(j->spec_ok ? j->spec.trace_iteration : 0));
   json_object_set_new(o, "closed_form", closed_form(j));
-  const Mega__V1__StepMetrics *s = j->last_step;
+  const Mega__V1__StepMetrics *s = j->hist.last_step;
   if (s) {
     json_t *ls = json_object(), *ranks = json_array();
     json_object_set_new(ls, "iteration", json_integer((json_int_t)s->iteration));
@@ -184,13 +185,14 @@ json_t *megad_webjson_job(const mega_job *j) {
     json_object_set_new(o, "last_step", json_null());
   }
   json_t *evs = json_array();
-  for (size_t i = 0; i < j->nevents; i++) json_array_append_new(evs, event_json(j->events[i]));
+  for (size_t i = 0; i < j->hist.nevents; i++)
+    json_array_append_new(evs, event_json(j->hist.events[i]));
   json_object_set_new(o, "events", evs);
   return o;
 }
 
 uint64_t megad_webjson_job_version(const mega_job *j) {
-  uint64_t v[] = {j->curve.seq, j->nevents, (uint64_t)j->state, j->attempt, j->restarts,
+  uint64_t v[] = {j->hist.curve.seq, j->hist.nevents, (uint64_t)j->state, j->attempt, j->restarts,
                   j->ckpt_iteration, j->last_iteration, j->world, (uint64_t)j->ended_ms,
                   j->train_iters};
   uint64_t h = 1469598103934665603ull; /* FNV-1a over the fields */
@@ -199,7 +201,7 @@ uint64_t megad_webjson_job_version(const mega_job *j) {
 }
 
 json_t *megad_webjson_steps(const mega_job *j, uint64_t since, size_t max) {
-  const mega_stepring *r = &j->curve;
+  const mega_stepring *r = &j->hist.curve;
   json_t *o = json_object(), *pts = json_array(), *marks = json_array();
   size_t from = mega_stepring_after(r, since), skipped = 0;
   if (r->n - from > max) {

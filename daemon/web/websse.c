@@ -37,9 +37,9 @@ char *megad_sse_compose(const mega_job *j, megad_sse_cursor *c, uint64_t now_ms,
   } else {
     /* a cursor past the curve is from before megad restarted (its curve
      * starts afresh): the whole curve again, which replaces the reader's */
-    bool reset = !c->started && c->seq > j->curve.seq;
+    bool reset = !c->started && c->seq > j->hist.curve.seq;
     if (reset) c->seq = 0;
-    if (j->curve.seq > c->seq || !c->started) {
+    if (j->hist.curve.seq > c->seq || !c->started) {
       /* the first batch is the whole kept curve; later ones are bounded */
       json_t *st = megad_webjson_steps(j, c->seq, c->started ? MEGAD_SSE_BATCH_MAX : SIZE_MAX);
       if (reset) json_object_set_new(st, "reset", json_true());
@@ -54,9 +54,9 @@ char *megad_sse_compose(const mega_job *j, megad_sse_cursor *c, uint64_t now_ms,
                               "older ones are in steps?since=)"));
       }
       char id[24];
-      snprintf(id, sizeof id, "%llu", (unsigned long long)j->curve.seq);
+      snprintf(id, sizeof id, "%llu", (unsigned long long)j->hist.curve.seq);
       ok &= event(f, "steps", id, st);
-      c->seq = j->curve.seq;
+      c->seq = j->hist.curve.seq;
     }
     uint64_t v = megad_webjson_job_version(j);
     if (v != c->job_version && (!c->job_version || now_ms - c->job_sent_ms >= MEGAD_SSE_JOB_MS)) {
@@ -119,7 +119,7 @@ static long pull(void *arg, megad_http_stream *hs, char *buf, size_t max) {
     s->buf = NULL;
     s->len = s->off = 0;
     if (s->c.ended) return -1;
-    const mega_job *j = mega_jobs_find(x->t, s->job_id);
+    const mega_job *j = mega_jobs_table_find(x->t, s->job_id);
     uint64_t now = uv_now(x->loop);
     s->buf = megad_sse_compose(j, &s->c, now, s->ping, &s->len);
     s->ping = false;

@@ -182,7 +182,7 @@ static void test_journal_replay(void **state) {
   mega_journal_close(jn);
 
   assert_int_equal(t.n, 3);
-  mega_job *ra = mega_jobs_find(&t, "j-1");
+  mega_job *ra = mega_jobs_table_find(&t, "j-1");
   assert_non_null(ra);
   assert_int_equal(ra->state, MEGA_JOB_SUCCEEDED);
   assert_int_equal(ra->started_ms, 2000);
@@ -193,19 +193,19 @@ static void test_journal_replay(void **state) {
   assert_int_equal(ra->nplaced, 2);
   assert_string_equal(ra->placement[1].node_id, "n2");
   /* history: submitted, step 3, done (in journal order) */
-  assert_int_equal(ra->hist_len, 3);
-  assert_int_equal(mega_job_hist_at(ra, 0)->event->kind,
+  assert_int_equal(ra->hist.len, 3);
+  assert_int_equal(mega_job_hist_at(&ra->hist, 0)->event->kind,
                    MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED);
-  assert_int_equal(mega_job_hist_at(ra, 1)->step->iteration, 3);
-  assert_string_equal(mega_job_hist_at(ra, 2)->event->message, "done");
-  assert_non_null(ra->last_step);
-  assert_true(ra->last_step->loss == 4.25);
+  assert_int_equal(mega_job_hist_at(&ra->hist, 1)->step->iteration, 3);
+  assert_string_equal(mega_job_hist_at(&ra->hist, 2)->event->message, "done");
+  assert_non_null(ra->hist.last_step);
+  assert_true(ra->hist.last_step->loss == 4.25);
   /* every event, apart from the watch history's ring */
-  assert_int_equal(ra->nevents, 2);
-  assert_string_equal(ra->events[1]->message, "done");
+  assert_int_equal(ra->hist.nevents, 2);
+  assert_string_equal(ra->hist.events[1]->message, "done");
   /* the running job replays as it was: the coordinator decides what follows */
-  assert_int_equal(mega_jobs_find(&t, "j-2")->state, MEGA_JOB_RUNNING);
-  assert_int_equal(mega_jobs_find(&t, "j-3")->state, MEGA_JOB_PENDING);
+  assert_int_equal(mega_jobs_table_find(&t, "j-2")->state, MEGA_JOB_RUNNING);
+  assert_int_equal(mega_jobs_table_find(&t, "j-3")->state, MEGA_JOB_PENDING);
 
   /* ids continue after the replayed ones */
   char id[32];
@@ -228,25 +228,25 @@ static void test_journal_replay(void **state) {
 static void test_history_bound(void **state) {
   (void)state;
   mega_job *j = new_job("j-1");
-  assert_int_equal(j->hist_cap, 0); /* a job that never ran holds no ring */
+  assert_int_equal(j->hist.cap, 0); /* a job that never ran holds no ring */
   for (uint64_t i = 1; i <= MEGA_JOB_HISTORY + 10; i++) {
     Mega__V1__StepMetrics s = MEGA__V1__STEP_METRICS__INIT;
     s.iteration = i;
     Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
     item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
     item.step = &s;
-    assert_int_equal(mega_job_hist_push(j, &item, NULL), MEGA_OK);
+    assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
   }
-  assert_int_equal(j->hist_len, MEGA_JOB_HISTORY);
-  assert_int_equal(mega_job_hist_at(j, 0)->step->iteration, 11);
-  assert_int_equal(mega_job_hist_at(j, MEGA_JOB_HISTORY - 1)->step->iteration,
+  assert_int_equal(j->hist.len, MEGA_JOB_HISTORY);
+  assert_int_equal(mega_job_hist_at(&j->hist, 0)->step->iteration, 11);
+  assert_int_equal(mega_job_hist_at(&j->hist, MEGA_JOB_HISTORY - 1)->step->iteration,
                    MEGA_JOB_HISTORY + 10);
-  assert_null(mega_job_hist_at(j, MEGA_JOB_HISTORY));
-  assert_int_equal(j->last_step->iteration, MEGA_JOB_HISTORY + 10);
+  assert_null(mega_job_hist_at(&j->hist, MEGA_JOB_HISTORY));
+  assert_int_equal(j->hist.last_step->iteration, MEGA_JOB_HISTORY + 10);
   /* what the ring let go is counted, for a replay's gap marker */
-  assert_int_equal(j->hist_lost_steps, 10);
-  assert_int_equal(j->hist_lost_first, 1);
-  assert_int_equal(j->hist_lost_last, 10);
+  assert_int_equal(j->hist.lost_steps, 10);
+  assert_int_equal(j->hist.lost_first, 1);
+  assert_int_equal(j->hist.lost_last, 10);
   mega_job_free(j);
 }
 

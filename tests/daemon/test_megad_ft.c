@@ -209,7 +209,7 @@ static void test_damaged_checkpoint_falls_back(void **state) {
   hd_cleanup(&d);
 }
 
-/* ---- a rank that hangs (SIGSTOP) is caught by the step watchdog ---- */
+/* ---- a rank that hangs (SIGSTOP) is caught by the hang check ---- */
 
 static void test_hung_worker_restarts(void **state) {
   (void)state;

@@ -158,9 +158,9 @@ static void make_job(tjob *t, const char *id, mega_job_state state, bool with_st
   }
   t->step.ranks = t->rmp;
   t->step.n_ranks = 4;
-  t->j.last_step = &t->step;
-  t->j.report_delay_sum_s = 0.5;
-  t->j.report_delay_n = 5;
+  t->j.hist.last_step = &t->step;
+  t->j.coord.report_delay_sum_s = 0.5;
+  t->j.coord.report_delay_n = 5;
 }
 
 static char *render(const megad_metrics *m) {

@@ -91,11 +91,11 @@ static void node_ranges(void **state) {
   mega_recovery_node_range(j, &lo, &hi);
   assert_int_equal(lo, 2);
   assert_int_equal(hi, 4);
-  j->want_nodes = 3; /* megactl rescale pins it */
+  j->coord.want_nodes = 3; /* megactl rescale pins it */
   mega_recovery_node_range(j, &lo, &hi);
   assert_int_equal(lo, 3);
   assert_int_equal(hi, 3);
-  j->want_nodes = 9; /* out of range: ignored */
+  j->coord.want_nodes = 9; /* out of range: ignored */
   mega_recovery_node_range(j, &lo, &hi);
   assert_int_equal(lo, 2);
   assert_int_equal(hi, 4);
@@ -115,7 +115,7 @@ static void replans(void **state) {
   assert_false(mega_recovery_should_replan(j, 3, 3));
   assert_false(mega_recovery_should_replan(j, 3, 2)); /* never shrink by itself */
   assert_false(mega_recovery_should_replan(j, 3, 0));
-  j->want_nodes = 2;
+  j->coord.want_nodes = 2;
   assert_true(mega_recovery_should_replan(j, 3, 2));
   assert_false(mega_recovery_should_replan(j, 2, 2));
   mega_job_free(j);

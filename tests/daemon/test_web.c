@@ -57,7 +57,7 @@ static void push_step(mega_job *j, uint64_t it, uint32_t attempt, uint32_t world
   Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
   item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
   item.step = &s;
-  assert_int_equal(mega_job_hist_push(j, &item, NULL), MEGA_OK);
+  assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
 }
 
 static void test_ring_thins_and_marks(void **state) {
@@ -151,11 +151,11 @@ static void test_ring_from_journal(void **state) {
     assert_int_equal(mega_jobs_apply(&t, sb, sl, NULL), MEGA_OK);
     free(sb);
   }
-  assert_int_equal(mega_jobs_find(&t, "j-2-n1")->curve.n, 3);
+  assert_int_equal(mega_jobs_table_find(&t, "j-2-n1")->hist.curve.n, 3);
   assert_int_equal(mega_jobs_apply(&t, buf, len, NULL), MEGA_OK); /* the job again */
-  const mega_job *k = mega_jobs_find(&t, "j-2-n1");
-  assert_int_equal(k->curve.n, 3);
-  assert_int_equal(k->curve.v[2].iteration, 3);
+  const mega_job *k = mega_jobs_table_find(&t, "j-2-n1");
+  assert_int_equal(k->hist.curve.n, 3);
+  assert_int_equal(k->hist.curve.v[2].iteration, 3);
   free(buf);
   mega_job_free(j);
   mega_jobs_free(&t);
@@ -199,7 +199,7 @@ static int setup(void **state) {
   Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
   item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
   item.event = &ev;
-  assert_int_equal(mega_job_hist_push(j, &item, NULL), MEGA_OK);
+  assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
   for (uint64_t it = 21; it <= 30; it++) push_step(j, it, 1, 2); /* restarted at 20 */
   j->last_iteration = 30;  /* megad_job_step's part */
   j->train_iters = 100;    /* the coordinator's, from the spec */
@@ -554,7 +554,7 @@ static void test_sse_compose(void **state) {
   t = megad_sse_compose(j, &c3, 0, false, &len);
   st = sse_data(t, "steps");
   assert_true(json_is_true(json_object_get(st, "reset")));
-  assert_int_equal(json_array_size(json_object_get(st, "points")), j->curve.n);
+  assert_int_equal(json_array_size(json_object_get(st, "points")), j->hist.curve.n);
   json_decref(st);
   free(t);
   megad_sse_cursor c4 = {.seq = 3};

@@ -106,7 +106,7 @@ typedef struct mega_rank_env {
   /* Called on the rank's thread after every iteration. */
   void (*on_step)(void *arg, const mega_rank_metrics *m);
   /* Called when the rank enters a phase ("setup", "train", "eval",
-   * "checkpoint") with the iterations completed, so a watchdog knows which
+   * "checkpoint") with the iterations completed, so megad's hang check knows which
    * time limit applies. May be NULL. */
   void (*on_phase)(void *arg, const char *phase, int64_t iteration);
   /* Called for each checkpoint report (above); may run on the rank's

@@ -1,4 +1,5 @@
-/* Pings on every worker pipe, and the step watchdog (see launch.h). */
+/* Pings on every worker pipe, and the hang check (see launch.h): a worker
+ * that makes no progress in time is reported hung. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,7 +8,7 @@
 
 #define LONG_PHASE_MS 600000u /* eval and checkpoint saves */
 
-void watchdog_progress(megad_worker *w, const char *phase, double step_s) {
+void hangcheck_progress(megad_worker *w, const char *phase, double step_s) {
   w->progress_ms = uv_now(w->l->L->b->loop);
   if (phase && phase[0]) snprintf(w->phase, sizeof w->phase, "%s", phase);
   if (step_s > 0) w->steps[w->nsteps++ % STEP_WINDOW] = step_s;
@@ -89,7 +90,7 @@ static bool running(const megad_worker *w) {
   return w->spawned && !w->exited && !w->closing && !w->pipe_eof;
 }
 
-void watchdog_tick(megad_launcher *L) {
+void hangcheck_tick(megad_launcher *L) {
   uint64_t now = uv_now(L->b->loop);
   bool ping = now - L->last_ping_ms >= L->o.ping_ms;
   if (ping) L->last_ping_ms = now;

@@ -1,0 +1,50 @@
+/* A job's history: the bounded ring of items WatchJob replays, every event
+ * of the job (GetJob's history), its last step, and its step curve for the
+ * web view.
+ *
+ * The jobs layer owns it: megad_job_event, megad_job_step and
+ * megad_job_finalize push to it (and the journal's replay, mega_jobs_apply,
+ * refills it); watch.c replays it, and the web view, GetJob and /metrics
+ * read it. Pure: no loop, no I/O.
+ *
+ * Ownership: the history owns its items (copies of what was pushed). */
+#ifndef MEGA_DAEMON_JOBHIST_H
+#define MEGA_DAEMON_JOBHIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "daemon/model/stepring.h"
+#include "proto/mega.pb-c.h"
+
+/* Items kept for WatchJob's replay, per job (the oldest go first). */
+#define MEGA_JOB_HISTORY 1024
+
+typedef struct mega_job_hist {
+  /* WatchJob's replay: a ring of owned items, oldest at ring[head]; it
+   * grows to MEGA_JOB_HISTORY as it fills, so a job that never ran costs
+   * little */
+  Mega__V1__WatchJobResponse **ring;
+  size_t head, len, cap;
+  /* steps the ring let go (a replay says so with a gap marker) */
+  uint64_t lost_steps, lost_first, lost_last;
+  Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
+  mega_stepring curve; /* every step, thinned when old (the web view's curves) */
+  /* Every event of the job, oldest first (owned; GetJob's history). */
+  Mega__V1__JobEvent **events;
+  size_t nevents, events_cap;
+} mega_job_hist;
+
+/* Frees what h holds; h is empty (all zero) after. A zeroed history is an
+ * empty one. */
+void mega_job_hist_free(mega_job_hist *h);
+/* Appends a copy of item (a step, an event or the final state); the oldest
+ * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step
+ * and joins curve, an event also joins events (which keeps them all). */
+mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobResponse *item,
+                               mega_err *err);
+/* Item i (0: oldest) of the ring, or NULL past its end. */
+const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job_hist *h, size_t i);
+
+#endif
