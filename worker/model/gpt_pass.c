@@ -94,7 +94,7 @@ static mega_status column_parallel_backward(mega_gpt_stage *s, mega_gpt_acts *a,
                                             mega_err *err) {
   int N = a->B * a->T, C = s->cfg.channels;
   s->be->ops->matmul_backward_input(s->be, partial_for(s, a, din), dout, w, N, C, K,
-                                    MEGA_W_IN_OUT);
+                                    MEGA_W_IN_OUT, false);
   return reduce_rows(s, a, din, err);
 }
 
@@ -105,6 +105,13 @@ static mega_status layernorm_whole(mega_gpt_stage *s, mega_gpt_acts *a, float *w
   s->be->ops->layernorm_forward(s->be, my_rows(s, a, whole), mean, rstd, x, s->param + w,
                                 s->param + b, a->R, s->cfg.channels, s->cfg.ln_eps);
   return gather_rows(s, a, whole, err);
+}
+
+/* Attention on the fused qkv [N, 3Cl] of this rank's NHl heads. */
+static mega_attn_dims attn_dims(const mega_gpt_stage *s, const mega_gpt_acts *a) {
+  int tp = s->desc.tp.size, Cl = s->cfg.channels / tp, NHl = s->cfg.num_heads / tp;
+  return (mega_attn_dims){.B = a->B, .T = a->T, .NH = NHl, .G = NHl, .hs = Cl / NHl,
+                          .ldq = 3 * Cl, .ldkv = 3 * Cl};
 }
 
 /* Whether the stage's recomputation scratch holds a's group or block k. */
@@ -131,7 +138,10 @@ static mega_status block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, con
   if (st) return st;
   o->matmul_forward(be, la->qkv, la->ln1, P + w->qkvw, P + w->qkvb, NULL, N, C, 3 * Cl,
                     MEGA_W_IN_OUT);
-  o->attention_forward(be, la->atty, la->att, a->att_scratch, la->qkv, B, T, Cl, NHl);
+  mega_attn_dims ad = attn_dims(s, a);
+  (void)B, (void)T, (void)NHl;
+  o->attention_forward(be, la->atty, la->att, a->att_scratch, la->qkv, la->qkv + Cl,
+                       la->qkv + 2 * Cl, &ad);
   if ((st = row_parallel_forward(s, a, la->x2, la->atty, P + w->projw, P + w->projb, x, Cl,
                                  err)) ||
       (st = layernorm_whole(s, a, la->ln2, la->ln2_mean, la->ln2_rstd, la->x2, w->ln2w,
@@ -252,9 +262,12 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   int C = s->cfg.channels, Cl = C / tp, Fl = 4 * C / tp, NHl = s->cfg.num_heads / tp;
   const float *dy = a->dresid[l + 1];
   const float *x = a->resid[l];
+  mega_attn_dims ad = attn_dims(s, a);
+  (void)B, (void)T, (void)NHl;
   mega_status st = gather_into(s, a, dy, la->dy_all, err);
   if (st) return st;
-  o->matmul_backward_input(be, la->dfch, la->dy_all, P + w->fcprojw, N, Fl, C, MEGA_W_IN_OUT);
+  o->matmul_backward_input(be, la->dfch, la->dy_all, P + w->fcprojw, N, Fl, C, MEGA_W_IN_OUT,
+                           false);
   o->gelu_backward(be, la->dfch, la->fch, la->dfch, (size_t)N * Fl);
   if ((st = column_parallel_backward(s, a, la->dln2, la->dfch, P + w->fcw, Fl, err)))
     return st;
@@ -264,12 +277,14 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   if (s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && !holds(s, a, l)) {
     /* selective recomputation: the probabilities, from the kept qkv (the
      * output, which datty's GEMM overwrites next, is not needed) */
-    o->attention_forward(be, a->datty, la->att, a->att_scratch, la->qkv, B, T, Cl, NHl);
+    o->attention_forward(be, a->datty, la->att, a->att_scratch, la->qkv, la->qkv + Cl,
+                         la->qkv + 2 * Cl, &ad);
     hold(s, a, l);
   }
-  o->matmul_backward_input(be, a->datty, la->dx2_all, P + w->projw, N, Cl, C, MEGA_W_IN_OUT);
-  o->attention_backward(be, la->dqkv, a->att_scratch, a->datty, la->qkv, la->att, B, T, Cl,
-                        NHl);
+  o->matmul_backward_input(be, a->datty, la->dx2_all, P + w->projw, N, Cl, C, MEGA_W_IN_OUT,
+                           false);
+  o->attention_backward(be, la->dqkv, la->dqkv + Cl, la->dqkv + 2 * Cl, a->att_scratch,
+                        a->datty, la->qkv, la->qkv + Cl, la->qkv + 2 * Cl, la->att, &ad);
   if ((st = column_parallel_backward(s, a, la->dln1, la->dqkv, P + w->qkvw, 3 * Cl, err)))
     return st;
   o->layernorm_backward_input(be, a->dresid[l], la->dx2, la->dln1, x, P + w->ln1w,
@@ -325,7 +340,7 @@ static mega_status loss_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, floa
   o->crossentropy_backward(be, a->dlogits, a->probs, a->targets, tp->rank * Vl, loss_scale, N,
                            Vl);
   o->matmul_backward_input(be, partial_for(s, a, a->dlnf), a->dlogits, s->param + s->head, N,
-                           C, Vl, MEGA_W_OUT_IN);
+                           C, Vl, MEGA_W_OUT_IN, false);
   mega_status st = reduce_rows(s, a, a->dlnf, err);
   if (st) return st;
   o->layernorm_backward_input(be, a->dresid[L], NULL, a->dlnf, a->resid[L], s->param + s->lnfw,
