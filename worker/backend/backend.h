@@ -13,8 +13,9 @@
  *
  * Layout. Matrices are row-major. Activations are [N, C] with N = B*T rows.
  * A linear layer's weight is stored either as Hugging Face Conv1D does,
- * [in, out] (MEGA_W_IN_OUT: c_attn, c_proj, c_fc), or as nn.Linear / an
- * embedding does, [out, in] (MEGA_W_OUT_IN: the head tied to wte [V, C]).
+ * [in, out] (MEGA_W_IN_OUT: GPT-2's c_attn, c_proj, c_fc), or as nn.Linear /
+ * an embedding does, [out, in] (MEGA_W_OUT_IN: Llama's projections, the
+ * head [V, C]).
  *
  * Gradient conventions. Ops that produce an activation gradient overwrite
  * their output; layernorm_backward_input also adds the residual stream's

@@ -83,7 +83,7 @@ static mega_status build_views(mega_chunks *c, mega_err *err) {
       cp->local_numel = info[i].numel;
       cp->param = p + info[i].offset;
       c->tied_copy[k] = info[i].tied_copy;
-      if (!strcmp(info[i].name, "transformer.wte.weight")) {
+      if (info[i].tied_embedding) {
         c->wte_grad = g + info[i].offset;
         c->wte_numel = info[i].numel;
       }
