@@ -20,6 +20,9 @@ static const char *const recomputes[] = {"full", "selective", NULL};
 static const char *const tokenizers[] = {"NullTokenizer", NULL};
 static const char *const recompute_methods[] = {"uniform", "block", NULL};
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
+static const char *const pos_embs[] = {"learned_absolute", "rope", NULL};
+static const char *const norms[] = {"LayerNorm", "RMSNorm", NULL};
+static const char *const transformer_impls[] = {"local", "transformer_engine", NULL};
 /* Index i is mega_sched_kind i. */
 static const char *const schedules[] = {"no-pipelining", "gpipe", "1f1b", "interleaved", "zb-h1",
                                         NULL};
@@ -28,7 +31,8 @@ _Static_assert(MEGA_SCHED_NO_PIPELINING == 0 && MEGA_SCHED_GPIPE == 1 && MEGA_SC
                "--schedule's choices index mega_sched_kind");
 _Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1 &&
                    MEGA_RECOMPUTE_BLOCK == 1 && MEGA_JOB_BACKEND_CUDA == 2 &&
-                   MEGA_TOKENIZER_NULL == 0,
+                   MEGA_TOKENIZER_NULL == 0 && MEGA_POS_ROPE == 1 && MEGA_NORM_RMSNORM == 1 &&
+                   MEGA_TRANSFORMER_ENGINE == 1,
                "enum choices order");
 
 #define OFF(f) offsetof(mega_jobspec, f)
@@ -64,6 +68,46 @@ const flagdef mega_jf_table[] = {
         "Standard deviation of the normal weight initialization."),
     INT("--seed", seed, "model", "N", 1234, "1234", false, 0,
         "Random seed for the initial weights and the data order."),
+    ENUM("--position-embedding-type", position_embedding_type, "model", "learned_absolute|rope",
+         pos_embs, MEGA_POS_LEARNED_ABSOLUTE, "learned_absolute",
+         "Positions: GPT-2's learned embedding, or rotary embeddings on q and k (Llama; with "
+         "--normalization RMSNorm and --swiglu)."),
+    INT("--rotary-base", rotary_base, "model", "N", 10000, "10000", false, 1,
+        "RoPE's base (theta): position t turns channel pair i by t x base^(-2i/rotated)."),
+    FLT("--rotary-percent", rotary_percent, "model", 1.0, "1", false, 0, 1, true, false,
+        "Share of each head's channels RoPE rotates, in (0, 1]; the rest pass unrotated."),
+    ENUM("--normalization", normalization, "model", "LayerNorm|RMSNorm", norms,
+         MEGA_NORM_LAYERNORM, "LayerNorm",
+         "The norms before attention, before the MLP and at the end: GPT-2's LayerNorm or "
+         "Llama's RMSNorm (no mean, no bias)."),
+    FLT("--norm-epsilon", norm_epsilon, "model", 1e-5, "1e-05", false, 0, NAN, true, false,
+        "Epsilon of every LayerNorm or RMSNorm."),
+    BOOL("--swiglu", swiglu, "model",
+         "The MLP is SwiGLU, down(silu(gate(x)) x up(x)), instead of GELU (Llama)."),
+    INT("--ffn-hidden-size", ffn_hidden_size, "model", "N", -1,
+        "4 x hidden; with --swiglu int(4 x hidden x 2/3 / 64) x 64", false, 1,
+        "Width of the MLP (each of SwiGLU's gate and up)."),
+    BOOL("--group-query-attention", group_query_attention, "model",
+         "Grouped-query attention: --num-query-groups key/value heads, each shared by "
+         "--num-attention-heads / G query heads (Llama)."),
+    INT("--num-query-groups", num_query_groups, "model", "N", -1, "1", false, 1,
+        "With --group-query-attention: the key/value heads G; must divide the heads."),
+    BOOL("--untie-embeddings-and-output-weights", untie_embeddings_and_output_weights, "model",
+         "The output layer is its own weight (lm_head) instead of the word embedding."),
+    BOOL("--disable-bias-linear", disable_bias_linear, "model",
+         "No biases in the linear layers (Llama; Hugging Face's GPT-2 always has them)."),
+    INT("--kv-channels", kv_channels, "model", "N", -1, "hidden / heads", false, 1,
+        "Channels per attention head (Llama may differ from hidden / heads)."),
+    FLT("--attention-dropout", attention_dropout, "model", 0.0, "0", false, 0, NAN, false,
+        false, "Accepted at 0 only: mega trains without dropout."),
+    FLT("--hidden-dropout", hidden_dropout, "model", 0.0, "0", false, 0, NAN, false, false,
+        "Accepted at 0 only: mega trains without dropout."),
+    BOOL("--use-mcore-models", use_mcore_models, "model",
+         "Accepted and changes nothing: mega has one model implementation, with Megatron "
+         "Core's semantics."),
+    ENUM("--transformer-impl", transformer_impl, "model", "local|transformer_engine",
+         transformer_impls, MEGA_TRANSFORMER_LOCAL, "local",
+         "Accepted as local only: mega runs its own kernels, not Transformer Engine's."),
     INT("--micro-batch-size", micro_batch_size, "batch", "N", 0, "required", true, 1,
         "Samples per microbatch."),
     INT("--global-batch-size", global_batch_size, "batch", "N", 0, "required", true, 1,
@@ -147,6 +191,8 @@ const flagdef mega_jf_table[] = {
         false, 1, "Tensor-parallel size (TP): each layer's weights split over TP ranks of "
         "one node (Megatron's column- and row-parallel linears, vocabulary-parallel "
         "embedding and loss)."),
+    INT("--context-parallel-size", context_parallel_size, "parallelism", "N", 1, "1", false, 1,
+        "Accepted at 1 only: mega has no context parallelism."),
     BOOL("--sequence-parallel", sequence_parallel, "parallelism",
          "With TP > 1, split the layernorm regions along the sequence over the TP ranks "
          "(all-gather before and reduce-scatter after the parallel linears); as in "

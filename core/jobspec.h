@@ -82,6 +82,24 @@ typedef enum mega_recompute_method {
  * no-pipelining, gpipe, 1f1b, interleaved or zb-h1. */
 #define MEGA_JOB_SCHEDULE_AUTO (-1)
 
+/* --position-embedding-type (Megatron's names). */
+typedef enum mega_pos_emb {
+  MEGA_POS_LEARNED_ABSOLUTE, /* GPT-2's wpe (the default) */
+  MEGA_POS_ROPE,             /* rotary, Llama's */
+} mega_pos_emb;
+
+/* --normalization */
+typedef enum mega_norm {
+  MEGA_NORM_LAYERNORM, /* the default */
+  MEGA_NORM_RMSNORM,
+} mega_norm;
+
+/* --transformer-impl: only mega's own is accepted (the flag restates it). */
+typedef enum mega_transformer_impl {
+  MEGA_TRANSFORMER_LOCAL,
+  MEGA_TRANSFORMER_ENGINE, /* refused: mega has no Transformer Engine */
+} mega_transformer_impl;
+
 /* --backend: the worker's math backend. */
 typedef enum mega_job_backend {
   MEGA_JOB_BACKEND_AUTO = 0, /* cuda where a GPU and the cuda module are, else cpu */
@@ -98,6 +116,25 @@ typedef struct mega_jobspec {
   int max_position_embeddings; /* -1: seq-length */
   double init_method_std;      /* 0.02 */
   int seed;                    /* 1234 */
+  /* the architecture: GPT-2 by default; Llama with rope, RMSNorm and
+   * SwiGLU together (mega_jobspec_llama) */
+  int position_embedding_type;  /* mega_pos_emb */
+  int rotary_base;              /* 10000; with rope */
+  double rotary_percent;        /* 1; with rope: the share of each head rotated */
+  int normalization;            /* mega_norm */
+  double norm_epsilon;          /* 1e-5 */
+  bool swiglu;                  /* the MLP is SwiGLU (gate and up) */
+  int ffn_hidden_size;          /* -1: see mega_jobspec_ffn_hidden_size */
+  bool group_query_attention;   /* with --num-query-groups */
+  int num_query_groups;         /* -1: 1 with --group-query-attention (Megatron's) */
+  bool untie_embeddings_and_output_weights; /* the head is its own lm_head */
+  bool disable_bias_linear;     /* Llama: no biases in the linear layers */
+  int kv_channels;              /* -1: hidden / heads */
+  /* flags that restate what mega does: only these values are accepted */
+  double attention_dropout;     /* 0 */
+  double hidden_dropout;        /* 0 */
+  bool use_mcore_models;        /* accepted: mega has one model implementation */
+  int transformer_impl;         /* mega_transformer_impl: local only */
   /* batch */
   int micro_batch_size;  /* required */
   int global_batch_size; /* required */
@@ -137,6 +174,7 @@ typedef struct mega_jobspec {
   int eval_iters;    /* 10 */
   /* parallelism */
   int tensor_model_parallel_size;            /* 1 */
+  int context_parallel_size;                 /* 1 only: mega has no context parallelism */
   bool sequence_parallel;                    /* split the stream along the sequence over TP */
   int pipeline_model_parallel_size;          /* 1 */
   int virtual_pipeline_model_parallel_size;  /* -1: see mega_jobspec_vp */
@@ -260,6 +298,17 @@ int mega_jobspec_num_microbatches(const mega_jobspec *s, int world_size);
 long long mega_jobspec_tokens_per_iter(const mega_jobspec *s);
 int mega_jobspec_max_position_embeddings(const mega_jobspec *s);
 int mega_jobspec_lr_decay_iters(const mega_jobspec *s);
+/* Whether the job trains Llama (--position-embedding-type rope
+ * --normalization RMSNorm --swiglu) rather than GPT-2. */
+bool mega_jobspec_llama(const mega_jobspec *s);
+/* --ffn-hidden-size, else Megatron's default: 4 x hidden, or with --swiglu
+ * int(4 x hidden x 2/3 / 64) x 64 (which is 0 below hidden 24). */
+int mega_jobspec_ffn_hidden_size(const mega_jobspec *s);
+/* --kv-channels, else hidden / heads. */
+int mega_jobspec_kv_channels(const mega_jobspec *s);
+/* Key/value heads: --num-query-groups (1 if absent) with
+ * --group-query-attention, else one per attention head. */
+int mega_jobspec_query_groups(const mega_jobspec *s);
 /* The tokenizer's vocabulary: 256 for the byte tokenizer; N + 1 for
  * NullTokenizer with --vocab-size N (ids 0..N, N the end-of-document id,
  * as Megatron's _NullTokenizer). Token ids in the data must be below it. */

@@ -46,6 +46,28 @@ int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
   return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
 }
 
+bool mega_jobspec_llama(const mega_jobspec *s) {
+  return s->position_embedding_type == MEGA_POS_ROPE && s->normalization == MEGA_NORM_RMSNORM &&
+         s->swiglu;
+}
+
+int mega_jobspec_ffn_hidden_size(const mega_jobspec *s) {
+  if (s->ffn_hidden_size > 0) return s->ffn_hidden_size;
+  /* Megatron's: the two SwiGLU projections keep the parameters near 4h's */
+  if (s->swiglu) return (int)((4.0 * s->hidden_size * 2.0 / 3.0) / 64.0) * 64;
+  return 4 * s->hidden_size;
+}
+
+int mega_jobspec_kv_channels(const mega_jobspec *s) {
+  if (s->kv_channels > 0) return s->kv_channels;
+  return s->num_attention_heads > 0 ? s->hidden_size / s->num_attention_heads : 0;
+}
+
+int mega_jobspec_query_groups(const mega_jobspec *s) {
+  if (!s->group_query_attention) return s->num_attention_heads;
+  return s->num_query_groups > 0 ? s->num_query_groups : 1;
+}
+
 int mega_jobspec_tokenizer_vocab(const mega_jobspec *s) {
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size > 0) return s->vocab_size + 1;
   return MEGA_VOCAB_SIZE;
@@ -455,6 +477,97 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   return check_data_parallel(s, err);
 }
 
+/* The flags that restate what mega does: any other value is refused with
+ * the reason. */
+static mega_status check_restated(const mega_jobspec *s, mega_err *err) {
+  if (s->attention_dropout != 0 || s->hidden_dropout != 0)
+    return BAD("--%s-dropout %g: mega trains without dropout, so it takes only 0 (Megatron's "
+               "default is 0.1; pass --attention-dropout 0 --hidden-dropout 0 or drop them)",
+               s->attention_dropout != 0 ? "attention" : "hidden",
+               s->attention_dropout != 0 ? s->attention_dropout : s->hidden_dropout);
+  if (s->context_parallel_size != 1)
+    return BAD("--context-parallel-size %d: mega has no context parallelism, so it takes only 1",
+               s->context_parallel_size);
+  if (s->transformer_impl == MEGA_TRANSFORMER_ENGINE)
+    return BAD("--transformer-impl transformer_engine: mega runs its own kernels, not "
+               "Transformer Engine's; use local or drop the flag");
+  return MEGA_OK;
+}
+
+/* The architecture: GPT-2, or Llama with rope, RMSNorm and SwiGLU
+ * together (the two Hugging Face classes a checkpoint is), and what each
+ * allows. */
+static mega_status check_arch(const mega_jobspec *s, mega_err *err) {
+  bool rope = s->position_embedding_type == MEGA_POS_ROPE;
+  bool rms = s->normalization == MEGA_NORM_RMSNORM;
+  const char *given = rope ? "--position-embedding-type rope"
+                      : rms ? "--normalization RMSNorm"
+                      : s->swiglu ? "--swiglu" : NULL;
+  const char *lacks = !rope ? "--position-embedding-type rope"
+                      : !rms ? "--normalization RMSNorm" : "--swiglu";
+  if (given && !mega_jobspec_llama(s))
+    return BAD("%s without %s: mega trains GPT-2 (learned_absolute positions, LayerNorm, "
+               "GELU) or Llama (--position-embedding-type rope --normalization RMSNorm "
+               "--swiglu), the two Hugging Face architectures its checkpoints are; give all "
+               "three for Llama, or none for GPT-2",
+               given, lacks);
+  if (!rope && (s->rotary_base != 10000 || s->rotary_percent != 1.0))
+    return BAD("%s needs --position-embedding-type rope",
+               s->rotary_base != 10000 ? "--rotary-base" : "--rotary-percent");
+  if (!mega_jobspec_llama(s)) {
+    const char *llama_only = s->group_query_attention ? "--group-query-attention"
+                             : s->disable_bias_linear ? "--disable-bias-linear" : NULL;
+    if (llama_only)
+      return BAD("%s needs the Llama architecture (--position-embedding-type rope "
+                 "--normalization RMSNorm --swiglu): Hugging Face's GPT-2 has %s",
+                 llama_only, s->group_query_attention ? "no query groups" : "biases always");
+    if (s->kv_channels > 0 && s->kv_channels * s->num_attention_heads != s->hidden_size)
+      return BAD("--kv-channels %d: GPT-2's heads are --hidden-size / --num-attention-heads "
+                 "wide; other widths need the Llama architecture",
+                 s->kv_channels);
+  }
+  if (s->num_query_groups > 0 && !s->group_query_attention)
+    return BAD("--num-query-groups needs --group-query-attention (without it every head is "
+               "its own group)");
+  return MEGA_OK;
+}
+
+/* Heads, query groups, head and MLP widths against each other and TP. */
+static mega_status check_model_sizes(const mega_jobspec *s, mega_err *err) {
+  int tp = s->tensor_model_parallel_size, heads = s->num_attention_heads;
+  if (s->kv_channels < 0 && s->hidden_size % heads)
+    return BAD("--hidden-size %d is not divisible by --num-attention-heads %d", s->hidden_size,
+               heads);
+  if (heads % tp)
+    return BAD("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
+               heads, tp);
+  int groups = mega_jobspec_query_groups(s);
+  if (heads % groups)
+    return BAD("--num-attention-heads %d is not divisible by --num-query-groups %d: each "
+               "query group shares its key and value heads with the same number of query heads",
+               heads, groups);
+  if (groups % tp)
+    return BAD("--num-query-groups %d is not divisible by --tensor-model-parallel-size %d: "
+               "each tensor-parallel rank holds whole query groups",
+               groups, tp);
+  int ffn = mega_jobspec_ffn_hidden_size(s);
+  if (ffn < 1)
+    return BAD("--swiglu without --ffn-hidden-size takes Megatron's default "
+               "int(4 x %d x 2/3 / 64) x 64 = 0 for --hidden-size %d; give --ffn-hidden-size N",
+               s->hidden_size, s->hidden_size);
+  if (ffn % tp)
+    return BAD("the MLP's width %d (%s) is not divisible by --tensor-model-parallel-size %d",
+               ffn, s->ffn_hidden_size > 0 ? "--ffn-hidden-size" : "its default", tp);
+  if (s->position_embedding_type == MEGA_POS_ROPE) {
+    int kv = mega_jobspec_kv_channels(s), rot = (int)((float)kv * (float)s->rotary_percent);
+    if (rot < 2 || rot % 2)
+      return BAD("--rotary-percent %g of %d channels per head rotates %d; RoPE turns pairs of "
+                 "channels, so that must be even and at least 2",
+                 s->rotary_percent, kv, rot);
+  }
+  return MEGA_OK;
+}
+
 /* Megatron's load flags: each needs --load, and the scheduler's choices
  * exclude each other. */
 static mega_status check_load_flags(const mega_jobspec *s, mega_err *err) {
@@ -495,6 +608,10 @@ static mega_status check_bounds(const mega_jobspec *s, mega_err *err) {
       B("--num-layers", num_layers, 4096),
       B("--hidden-size", hidden_size, 1 << 17),
       B("--num-attention-heads", num_attention_heads, 4096),
+      B("--num-query-groups", num_query_groups, 4096),
+      B("--kv-channels", kv_channels, 1 << 16),
+      B("--ffn-hidden-size", ffn_hidden_size, 1 << 20),
+      B("--context-parallel-size", context_parallel_size, 4096),
       B("--seq-length", seq_length, 1 << 20),
       B("--max-position-embeddings", max_position_embeddings, 1 << 20),
       B("--micro-batch-size", micro_batch_size, 1 << 16),
@@ -535,12 +652,9 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
     dp = t.dp;
   }
 
-  if (s->hidden_size % s->num_attention_heads)
-    return BAD("--hidden-size %d is not divisible by --num-attention-heads %d", s->hidden_size,
-               s->num_attention_heads);
-  if (s->num_attention_heads % tp)
-    return BAD("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
-               s->num_attention_heads, tp);
+  if ((st = check_restated(s, err)) != MEGA_OK || (st = check_arch(s, err)) != MEGA_OK ||
+      (st = check_model_sizes(s, err)) != MEGA_OK)
+    return st;
   int max_pos = mega_jobspec_max_position_embeddings(s);
   if (s->seq_length > max_pos)
     return BAD("--seq-length %d is longer than --max-position-embeddings %d", s->seq_length,
