@@ -59,54 +59,6 @@ static json_t *load_json(const char *dir, const char *name, mega_err *err) {
   return j;
 }
 
-static mega_status check_config(const char *dir, const mega_gpt_config *cfg, mega_err *err) {
-  json_t *j = load_json(dir, MEGA_CKPT_CONFIG_FILE, err);
-  if (!j) return err ? err->status : MEGA_ERR_INVALID;
-  static const struct {
-    const char *key, *flag;
-    size_t off;
-  } fields[] = {
-      {"vocab_size", "vocabulary size", offsetof(mega_gpt_config, vocab_size)},
-      {"n_positions", "--max-position-embeddings", offsetof(mega_gpt_config, max_seq_len)},
-      {"n_embd", "--hidden-size", offsetof(mega_gpt_config, channels)},
-      {"n_layer", "--num-layers", offsetof(mega_gpt_config, num_layers)},
-      {"n_head", "--num-attention-heads", offsetof(mega_gpt_config, num_heads)},
-  };
-  mega_status st = MEGA_OK;
-  const char *mt = json_string_value(json_object_get(j, "model_type"));
-  if (!mt || strcmp(mt, "gpt2") != 0) {
-    st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s: model_type is not \"gpt2\"", dir,
-                   MEGA_CKPT_CONFIG_FILE);
-    goto out;
-  }
-  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-    json_t *v = json_object_get(j, fields[i].key);
-    int want = *(const int *)((const char *)cfg + fields[i].off);
-    if (!json_is_integer(v)) {
-      st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s lacks an integer %s", dir,
-                     MEGA_CKPT_CONFIG_FILE, fields[i].key);
-      goto out;
-    }
-    if (json_integer_value(v) != want) {
-      /* Megatron pads the vocabulary to a multiple of
-       * --make-vocab-size-divisible-by x TP, so it can differ by layout */
-      bool vocab = fields[i].off == offsetof(mega_gpt_config, vocab_size);
-      st = mega_fail(err, MEGA_ERR_INVALID,
-                     "checkpoint config mismatch: %s/%s has %s %lld, but this job has %s %d%s",
-                     dir, MEGA_CKPT_CONFIG_FILE, fields[i].key,
-                     (long long)json_integer_value(v), fields[i].flag, want,
-                     vocab ? " (the padded vocabulary: a multiple of "
-                             "--make-vocab-size-divisible-by x --tensor-model-parallel-size; "
-                             "choose --make-vocab-size-divisible-by so it comes out the same)"
-                           : "");
-      goto out;
-    }
-  }
-out:
-  json_decref(j);
-  return st;
-}
-
 /* The flags a resumed job must share with the saved one: the model and the
  * data order. The LR schedule has its own check (mega_ckpt_check_sched). */
 static mega_status check_job(const char *dir, const json_t *saved_json, const mega_jobspec *job,
@@ -279,7 +231,7 @@ mega_status mega_ckpt_load(const char *path, mega_backend *be, const mega_gpt_co
                            mega_ckpt_state *state, mega_err *err) {
   mega_ckpt_state s = {0};
   bool has_opt = false, want_opt = false;
-  mega_status st = check_config(path, cfg, err);
+  mega_status st = mega_ckpt_check_config(path, cfg, err);
   if (st == MEGA_OK) st = read_state(path, job, &s, &has_opt, err);
   if (st != MEGA_OK) return st;
   for (size_t i = 0; i < n; i++) want_opt |= params[i].exp_avg != NULL;
