@@ -86,7 +86,8 @@ def model_of(c):
         return make_ref.GPT(cfg).double()
     assert c["model_type"] == "llama" and c["architectures"] == ["LlamaForCausalLM"], c
     assert c["hidden_act"] == "silu" and c.get("rope_scaling") is None
-    cfg = {"arch": "llama", "vocab_size": c["vocab_size"], "max_seq_len": c["max_position_embeddings"],
+    cfg = {"arch": "llama", "vocab_size": c["vocab_size"],
+           "max_seq_len": c["max_position_embeddings"],
            "num_layers": c["num_hidden_layers"], "num_heads": c["num_attention_heads"],
            "num_kv_heads": c["num_key_value_heads"], "channels": c["hidden_size"],
            "head_dim": c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]),

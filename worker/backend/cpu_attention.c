@@ -139,7 +139,8 @@ static void attn_fwd_heads(void *vc, int64_t bg0, int64_t bg1) {
   float *kT = c->scratch + (size_t)bg0 * hs * T; /* this chunk's slot */
   for (int64_t bg = bg0; bg < bg1; bg++) {
     int b = (int)(bg / G), g = (int)(bg % G);
-    const float *k = c->k + (size_t)b * T * ldkv + g * hs, *v = c->v + (size_t)b * T * ldkv + g * hs;
+    size_t koff = (size_t)b * T * ldkv + g * hs;
+    const float *k = c->k + koff, *v = c->v + koff;
     transpose(kT, k, T, hs, ldkv);
     for (int r = 0; r < rep; r++) {
       int h = g * rep + r;

@@ -230,16 +230,13 @@ static void add(table *t, const mega_gpt_tp *tp, const char *name, int d0, int d
  * params' roles; GPT_NO_OFF for those it lacks. */
 static void derive_offsets(mega_gpt_stage *s) {
   static const size_t field[] = {
-      [R_LN1W] = offsetof(gpt_layer_off, ln1w),       [R_LN1B] = offsetof(gpt_layer_off, ln1b),
-      [R_QKVW] = offsetof(gpt_layer_off, qkvw),       [R_QKVB] = offsetof(gpt_layer_off, qkvb),
-      [R_QW] = offsetof(gpt_layer_off, qw),           [R_QB] = offsetof(gpt_layer_off, qb),
-      [R_KW] = offsetof(gpt_layer_off, kw),           [R_KB] = offsetof(gpt_layer_off, kb),
-      [R_VW] = offsetof(gpt_layer_off, vw),           [R_VB] = offsetof(gpt_layer_off, vb),
-      [R_PROJW] = offsetof(gpt_layer_off, projw),     [R_PROJB] = offsetof(gpt_layer_off, projb),
-      [R_LN2W] = offsetof(gpt_layer_off, ln2w),       [R_LN2B] = offsetof(gpt_layer_off, ln2b),
-      [R_FCW] = offsetof(gpt_layer_off, fcw),         [R_FCB] = offsetof(gpt_layer_off, fcb),
-      [R_UPW] = offsetof(gpt_layer_off, upw),         [R_UPB] = offsetof(gpt_layer_off, upb),
-      [R_FCPROJW] = offsetof(gpt_layer_off, fcprojw), [R_FCPROJB] = offsetof(gpt_layer_off, fcprojb),
+#define F(r, f) [r] = offsetof(gpt_layer_off, f)
+      F(R_LN1W, ln1w),   F(R_LN1B, ln1b), F(R_QKVW, qkvw),       F(R_QKVB, qkvb),
+      F(R_QW, qw),       F(R_QB, qb),     F(R_KW, kw),           F(R_KB, kb),
+      F(R_VW, vw),       F(R_VB, vb),     F(R_PROJW, projw),     F(R_PROJB, projb),
+      F(R_LN2W, ln2w),   F(R_LN2B, ln2b), F(R_FCW, fcw),         F(R_FCB, fcb),
+      F(R_UPW, upw),     F(R_UPB, upb),   F(R_FCPROJW, fcprojw), F(R_FCPROJB, fcprojb),
+#undef F
   };
   s->wte = s->wpe = s->lnfw = s->lnfb = s->head = GPT_NO_OFF;
   for (int l = 0; l < s->desc.num_layers; l++) {
@@ -372,8 +369,9 @@ static void build_table(mega_gpt_stage *s, table *t) {
 static void build_units(mega_gpt_stage *s, const table *t) {
   int n = t->nunits;
   for (int i = 0; i < n; i++) {
-    mega_gpt_unit u = t->units[n - 1 - i];
-    int end = n - 1 - i + 1 < n ? t->units[n - i].first : s->nparams;
+    int j = n - 1 - i; /* its index in forward order */
+    mega_gpt_unit u = t->units[j];
+    int end = j + 1 < n ? t->units[j + 1].first : s->nparams;
     u.count = end - u.first;
     u.numel = 0;
     for (int k = 0; k < u.count; k++) u.numel += s->params[u.first + k].numel;
