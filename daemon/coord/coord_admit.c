@@ -78,6 +78,21 @@ static double node_memory_bytes(void) {
   return sysinfo(&si) == 0 ? (double)si.totalram * si.mem_unit : 0;
 }
 
+/* The model's parameters: GPT-2's (12h^2 + 13h per layer, wpe, the tied
+ * head) or a Llama's (its query and key/value widths, SwiGLU's three
+ * projections, RMSNorm, no wpe, an untied head), biases or none. */
+static double model_params(const mega_jobspec *s, double V, double pos) {
+  double h = s->hidden_size, kv = mega_jobspec_kv_channels(s);
+  double q = s->num_attention_heads * kv, g = mega_jobspec_query_groups(s) * kv;
+  double f = mega_jobspec_ffn_hidden_size(s), mlp = s->swiglu ? 3 : 2;
+  bool rms = s->normalization == MEGA_NORM_RMSNORM;
+  double layer = h * (q + 2 * g) + q * h + mlp * h * f + (rms ? 2 : 4) * h;
+  if (!s->disable_bias_linear) layer += q + 2 * g + h + (mlp - 1) * f + h;
+  double emb = V * h * (s->untie_embeddings_and_output_weights ? 2 : 1);
+  if (s->position_embedding_type != MEGA_POS_ROPE) emb += pos * h;
+  return emb + s->num_layers * layer + (rms ? 1 : 2) * h;
+}
+
 /* A job whose model cannot fit in a node's memory is refused now rather
  * than OOM-killed later. An upper estimate per rank (fp32, as the workers
  * train): the stage's share of the parameters at 16 bytes each (weights,
@@ -95,7 +110,7 @@ static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t npro
          pos = mega_jobspec_max_position_embeddings(s);
   double tp = j->tp ? j->tp : 1, pp = j->pp ? j->pp : 1, world = (double)nproc * nodes;
   double dp = world / (tp * pp) >= 1 ? world / (tp * pp) : 1;
-  double params = V * h + pos * h + L * (12 * h * h + 13 * h) + 2 * h;
+  double params = model_params(s, V, pos);
   double per_rank_params = params / (tp * pp);
   double state = per_rank_params * (8 + (s->use_distributed_optimizer ? 8 / dp : 8));
   double in_flight = pp; /* 1F1B holds at most PP microbatches' activations */
