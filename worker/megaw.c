@@ -177,12 +177,16 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
     fprintf(stderr, "megaw: BENCHMARK MODE (--simulate-compute %s): F, B and W sleep instead of "
                     "computing; P2P and collectives are real; no loss is computed\n",
             job->simulate_compute);
-  if (!o->json && o->rank == 0)
-    printf("megaw: rank %d of %d, %zu parameters here, %d layers, hidden %d, %d heads, seq %d, "
-           "global batch %d, micro batch %d%s\n", o->rank, o->world,
-           mega_rank_num_params(rs.rank), job->num_layers, job->hidden_size,
-           job->num_attention_heads, job->seq_length, job->global_batch_size,
-           job->micro_batch_size, job->bf16 ? ", bf16 GEMM inputs" : "");
+  if (!o->json && o->rank == 0) {
+    char groups[48] = "";
+    if (job->group_query_attention)
+      snprintf(groups, sizeof groups, " in %d query groups", mega_jobspec_query_groups(job));
+    printf("megaw: rank %d of %d, %zu parameters here, %s, %d layers, hidden %d, %d heads%s, "
+           "seq %d, global batch %d, micro batch %d%s\n", o->rank, o->world,
+           mega_rank_num_params(rs.rank), mega_jobspec_llama(job) ? "Llama" : "GPT-2",
+           job->num_layers, job->hidden_size, job->num_attention_heads, groups, job->seq_length,
+           job->global_batch_size, job->micro_batch_size, job->bf16 ? ", bf16 GEMM inputs" : "");
+  }
   if (mega_rank_run(rs.rank, &err) != MEGA_OK) {
     if (stop_signal && err.status == MEGA_ERR_CANCELLED) {
       fprintf(stderr, "megaw: stopped by signal %d after iteration %lld\n", (int)stop_signal,
