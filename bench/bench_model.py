@@ -190,10 +190,10 @@ def main():
                     first[threads] = r
                     continue
                 r0 = first[threads]
-                print(f"threads={threads} {arch} V={V} against the first ({first_v}): wall "
-                      f"tokens/s mega {r0[0] / r[0]:.2f}x slower, torch {r0[1] / r[1]:.2f}x "
-                      f"slower; CPU-time mega {r0[2] / r[2]:.2f}x slower, torch "
-                      f"{r0[3] / r[3]:.2f}x slower")
+                print(f"threads={threads} {arch} V={V} against the first ({first_v}), its "
+                      f"tokens/s over the first's: wall mega {r[0] / r0[0]:.2f}x, torch "
+                      f"{r[1] / r0[1]:.2f}x; CPU-time mega {r[2] / r0[2]:.2f}x, torch "
+                      f"{r[3] / r0[3]:.2f}x")
             first_v = first_v or f"{arch} V={V}"
     return 0
 
