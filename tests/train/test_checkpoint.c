@@ -465,9 +465,10 @@ static void test_missing_and_mismatched(void **state) {
   assert_non_null(strstr(err.msg, "--override-opt_param-scheduler"));
   assert_non_null(strstr(err.msg, "--use-checkpoint-opt_param-scheduler"));
   mine = saved;
-  mine.decay_iters = 7;
+  mine.decay = 7 * 4; /* 7 iterations of 4 samples: the schedule counts samples */
   assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_ERR_INVALID);
-  assert_non_null(strstr(err.msg, "--lr-decay-iters 10, but this job has 7"));
+  assert_non_null(strstr(err.msg, "--lr-decay-iters x --global-batch-size"));
+  assert_non_null(strstr(err.msg, " 40, but this job has 28"));
   mega_jobspec_free(&j1);
   mega_jobspec_free(&j2);
   tu_rmtree(dir);

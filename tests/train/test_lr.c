@@ -14,7 +14,7 @@
 
 static void test_constant(void **state) {
   (void)state;
-  mega_lr_sched s = {.lr = 1e-3, .min_lr = 0, .warmup_iters = 4, .decay_iters = 10,
+  mega_lr_sched s = {.lr = 1e-3, .min_lr = 0, .warmup = 4, .decay = 10,
                      .style = MEGA_LR_CONSTANT};
   assert_int_equal(mega_lr_sched_check(&s, NULL), MEGA_OK);
   near(mega_lr_at(&s, 0), 0.0); /* warmup starts at 0, as Megatron's init_lr */
@@ -23,13 +23,13 @@ static void test_constant(void **state) {
   near(mega_lr_at(&s, 4), 1e-3);
   near(mega_lr_at(&s, 5), 1e-3);
   near(mega_lr_at(&s, 1000), 1e-3); /* constant ignores decay_iters */
-  s.warmup_iters = 0;
+  s.warmup = 0;
   near(mega_lr_at(&s, 0), 1e-3);
 }
 
 static void test_linear(void **state) {
   (void)state;
-  mega_lr_sched s = {.lr = 1.0, .min_lr = 0.1, .warmup_iters = 2, .decay_iters = 12,
+  mega_lr_sched s = {.lr = 1.0, .min_lr = 0.1, .warmup = 2, .decay = 12,
                      .style = MEGA_LR_LINEAR};
   assert_int_equal(mega_lr_sched_check(&s, NULL), MEGA_OK);
   near(mega_lr_at(&s, 0), 0.0);
@@ -44,7 +44,7 @@ static void test_linear(void **state) {
 
 static void test_cosine(void **state) {
   (void)state;
-  mega_lr_sched s = {.lr = 1.0, .min_lr = 0.0, .warmup_iters = 0, .decay_iters = 10,
+  mega_lr_sched s = {.lr = 1.0, .min_lr = 0.0, .warmup = 0, .decay = 10,
                      .style = MEGA_LR_COSINE};
   assert_int_equal(mega_lr_sched_check(&s, NULL), MEGA_OK);
   near(mega_lr_at(&s, 0), 1.0);
@@ -53,7 +53,7 @@ static void test_cosine(void **state) {
   near(mega_lr_at(&s, 10), 0.0);
   near(mega_lr_at(&s, 11), 0.0);
   /* with warmup and a floor: lr 2e-4, min 2e-5, warmup 10, decay 110 */
-  mega_lr_sched w = {.lr = 2e-4, .min_lr = 2e-5, .warmup_iters = 10, .decay_iters = 110,
+  mega_lr_sched w = {.lr = 2e-4, .min_lr = 2e-5, .warmup = 10, .decay = 110,
                      .style = MEGA_LR_COSINE};
   near(mega_lr_at(&w, 5), 1e-4);
   near(mega_lr_at(&w, 10), 2e-4);
@@ -65,13 +65,13 @@ static void test_cosine(void **state) {
 static void test_check(void **state) {
   (void)state;
   mega_err err = {0};
-  mega_lr_sched s = {.lr = 1.0, .min_lr = 2.0, .decay_iters = 10, .style = MEGA_LR_LINEAR};
+  mega_lr_sched s = {.lr = 1.0, .min_lr = 2.0, .decay = 10, .style = MEGA_LR_LINEAR};
   assert_int_equal(mega_lr_sched_check(&s, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--min-lr"));
   s.min_lr = 0;
-  s.warmup_iters = 10;
+  s.warmup = 10;
   assert_int_equal(mega_lr_sched_check(&s, &err), MEGA_ERR_INVALID);
-  assert_non_null(strstr(err.msg, "--lr-decay-iters"));
+  assert_non_null(strstr(err.msg, "must exceed the warmup"));
   s.style = MEGA_LR_CONSTANT;
   assert_int_equal(mega_lr_sched_check(&s, &err), MEGA_OK);
 }

@@ -20,7 +20,7 @@ mega_status mega_rank_ckpt_check(const mega_jobspec *job, mega_err *err) {
 
 static mega_status check_resume(const char *path, const mega_jobspec *job,
                                 const mega_ckpt_state *s, mega_err *err) {
-  if (s->consumed_samples != s->iteration * (int64_t)job->global_batch_size ||
+  if (s->consumed_samples != mega_jobspec_samples_before(job, s->iteration) ||
       s->optimizer_steps > s->iteration)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "%s: inconsistent state (iteration %lld, consumed samples %lld, optimizer "
