@@ -199,28 +199,33 @@ static mega_status read_sched(const char *dir, const json_t *l, const mega_jobsp
 }
 
 mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
-                                  const mega_lr_sched *mine, mega_err *err) {
+                                  const mega_lr_sched *mine, const mega_jobspec *job,
+                                  mega_err *err) {
   char a[64], b[64];
   const char *flag = NULL;
+  /* the lengths in the job's own unit: iterations of its (unramped) global
+   * batch, or samples */
+  bool iters = job && job->train_samples <= 0 && job->global_batch_size > 0;
+  double per = iters ? job->global_batch_size : 1;
   struct {
     const char *flag;
-    double a, b;
+    double a, b, per;
   } nums[] = {
-      {"--lr", saved->lr, mine->lr},
-      {"--min-lr", saved->min_lr, mine->min_lr},
-      {"--lr-warmup-init", saved->init_lr, mine->init_lr},
-      {"the LR warmup in samples (--lr-warmup-iters x --global-batch-size, "
-       "--lr-warmup-samples or --lr-warmup-fraction)", saved->warmup, mine->warmup},
-      {"the LR decay in samples (--lr-decay-iters x --global-batch-size or "
-       "--lr-decay-samples)", saved->decay, mine->decay},
-      {"WSD's anneal in samples (--lr-wsd-decay-iters or -samples)", saved->wsd_decay,
-       mine->wsd_decay},
+      {"--lr", saved->lr, mine->lr, 1},
+      {"--min-lr", saved->min_lr, mine->min_lr, 1},
+      {"--lr-warmup-init", saved->init_lr, mine->init_lr, 1},
+      {iters ? "--lr-warmup-iters (or --lr-warmup-fraction of the decay)"
+             : "--lr-warmup-samples (or --lr-warmup-fraction of the decay)",
+       saved->warmup, mine->warmup, per},
+      {iters ? "--lr-decay-iters" : "--lr-decay-samples", saved->decay, mine->decay, per},
+      {iters ? "--lr-wsd-decay-iters" : "--lr-wsd-decay-samples", saved->wsd_decay,
+       mine->wsd_decay, per},
   };
   for (size_t i = 0; !flag && i < sizeof nums / sizeof nums[0]; i++)
     if (nums[i].a != nums[i].b) {
       flag = nums[i].flag;
-      snprintf(a, sizeof a, "%.10g", nums[i].a);
-      snprintf(b, sizeof b, "%.10g", nums[i].b);
+      snprintf(a, sizeof a, "%.10g", nums[i].a / nums[i].per);
+      snprintf(b, sizeof b, "%.10g", nums[i].b / nums[i].per);
     }
   if (!flag && saved->style != mine->style) {
     flag = "--lr-decay-style";
