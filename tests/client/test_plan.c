@@ -212,14 +212,14 @@ static void text_form_round_trip(void **state) {
     char *file = tmp_path("saved.txt");
     spit(file, a.out);
 
-    result b = plan("--load", file, "--format", "schedule", NULL);
+    result b = plan("--schedule-file", file, "--format", "schedule", NULL);
     assert_int_equal(b.status, 0);
     assert_string_equal(b.out, a.out);
 
     result gen = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
                       "--virtual-pipeline-model-parallel-size", vp, "--schedule", kinds[k],
                       "--format", "json", NULL);
-    result load = plan("--load", file, "--pipeline-model-parallel-size", "4", "--format", "json",
+    result load = plan("--schedule-file", file, "--pipeline-model-parallel-size", "4", "--format", "json",
                        NULL);
     json_t *jg, *jl;
     ok_json(&gen, &jg);
@@ -409,26 +409,26 @@ static void errors(void **state) {
                     "--format", "svg", NULL),
                2, "--format: 'svg'");
   expect_error(plan("4", NULL), 2, "unexpected argument '4'");
-  expect_error(plan("--load", tmp_path("no-such-file"), NULL), 1, "No such file or directory");
+  expect_error(plan("--schedule-file", tmp_path("no-such-file"), NULL), 1, "No such file or directory");
 
   char *bad = tmp_path("bad.txt");
   spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
             "0: F0.0 SF0.0 RB0.0 B0.0\n"
             "1: RF0.0 F0.0 X0.0 SB0.0\n");
-  expect_error(plan("--load", bad, NULL), 1, "line 3");
+  expect_error(plan("--schedule-file", bad, NULL), 1, "line 3");
 
   /* Parses, but rank 1 never sends the gradient rank 0 waits for. */
   spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
             "0: F0.0 SF0.0 RB0.0 B0.0\n"
             "1: RF0.0 F0.0 B0.0\n");
-  expect_error(plan("--load", bad, NULL), 1, "is not a valid schedule");
+  expect_error(plan("--schedule-file", bad, NULL), 1, "is not a valid schedule");
 
   spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
             "0: F0.0 SF0.0 RB0.0 B0.0\n"
             "1: RF0.0 F0.0 B0.0 SB0.0\n");
-  expect_error(plan("--load", bad, "--pipeline-model-parallel-size", "4", NULL), 2,
+  expect_error(plan("--schedule-file", bad, "--pipeline-model-parallel-size", "4", NULL), 2,
                "--pipeline-model-parallel-size 4 disagrees with");
-  result ok = plan("--load", bad, "--format", "json", NULL);
+  result ok = plan("--schedule-file", bad, "--format", "json", NULL);
   assert_int_equal(ok.status, 0);
   result_free(&ok);
 }
