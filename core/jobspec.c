@@ -98,8 +98,9 @@ const flagdef mega_jf_table[] = {
     ENUM("--tokenizer-type", tokenizer_type, "data", "NullTokenizer|GPT2BPETokenizer", tokenizers,
          MEGA_TOKENIZER_BYTES, "bytes",
          "NullTokenizer: the data is token ids 0..--vocab-size (the last is end of "
-         "document); GPT2BPETokenizer: GPT-2 ids, the vocabulary --vocab-file's entries; "
-         "without it, the byte tokenizer (256 tokens)."),
+         "document); GPT2BPETokenizer: GPT-2 ids, the vocabulary --vocab-file's entries "
+         "(the default when --vocab-file is given, as in Megatron's pretrain_gpt.py); "
+         "without either, the byte tokenizer (256 tokens)."),
     INT("--vocab-size", vocab_size, "data", "N", -1, "none", false, 1,
         "NullTokenizer's vocabulary size, without its end-of-document id."),
     /* issue 24: GPT-2's BPE as a training flag */

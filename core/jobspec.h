@@ -332,7 +332,12 @@ mega_status mega_jobspec_fix_data_paths(mega_jobspec *s, bool rewrite, char *not
 /* GPT2BPETokenizer: reads --vocab-file and sets s->file_vocab to its
  * entries (MEGA_OK and nothing else for other tokenizers). */
 mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err);
-/* The tokenizer's vocabulary: 256 for the byte tokenizer; N + 1 for
+/* The tokenizer (mega_tokenizer): --tokenizer-type, or GPT2BPETokenizer
+ * when only --vocab-file/--merge-file are given (Megatron's pretrain_gpt.py
+ * defaults to it). */
+int mega_jobspec_tokenizer(const mega_jobspec *s);
+/* The tokenizer's vocabulary: GPT2BPETokenizer's vocab.json entries (once
+ * mega_jobspec_load_vocab has read them, else 0); 256 for the byte tokenizer; N + 1 for
  * NullTokenizer with --vocab-size N (ids 0..N, N the end-of-document id,
  * as Megatron's _NullTokenizer). Token ids in the data must be below it. */
 int mega_jobspec_tokenizer_vocab(const mega_jobspec *s);

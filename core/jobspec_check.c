@@ -46,9 +46,15 @@ int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
   return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
 }
 
+int mega_jobspec_tokenizer(const mega_jobspec *s) {
+  if (s->tokenizer_type == MEGA_TOKENIZER_BYTES && (s->vocab_file || s->merge_file))
+    return MEGA_TOKENIZER_GPT2BPE; /* pretrain_gpt.py's default tokenizer */
+  return s->tokenizer_type;
+}
+
 int mega_jobspec_tokenizer_vocab(const mega_jobspec *s) {
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size > 0) return s->vocab_size + 1;
-  if (s->tokenizer_type == MEGA_TOKENIZER_GPT2BPE) return s->file_vocab;
+  if (mega_jobspec_tokenizer(s) == MEGA_TOKENIZER_GPT2BPE) return s->file_vocab;
   return MEGA_VOCAB_SIZE;
 }
 
@@ -237,19 +243,19 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
                s->split);
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size < 0)
     return BAD("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N)");
-  if (s->tokenizer_type == MEGA_TOKENIZER_GPT2BPE && s->vocab_size >= 0)
+  int tok = mega_jobspec_tokenizer(s);
+  if (tok == MEGA_TOKENIZER_GPT2BPE && s->vocab_size >= 0)
     return BAD("--vocab-size is NullTokenizer's; GPT2BPETokenizer's vocabulary is the entries "
                "of --vocab-file, so drop --vocab-size");
   if (s->tokenizer_type != MEGA_TOKENIZER_NULL && s->vocab_size >= 0)
     return BAD("--vocab-size needs --tokenizer-type NullTokenizer (the byte tokenizer has "
                "256 tokens)");
-  if (s->tokenizer_type == MEGA_TOKENIZER_GPT2BPE && (!s->vocab_file || !s->merge_file))
-    return BAD("--tokenizer-type GPT2BPETokenizer needs --vocab-file (GPT-2's vocab.json) and "
-               "--merge-file (its merges.txt)");
-  if (s->tokenizer_type != MEGA_TOKENIZER_GPT2BPE && (s->vocab_file || s->merge_file))
-    return BAD("%s is GPT2BPETokenizer's: give --tokenizer-type GPT2BPETokenizer too (the "
-               "data then holds GPT-2's token ids, as Megatron's preprocess_data.py writes "
-               "them)", s->vocab_file ? "--vocab-file" : "--merge-file");
+  if (tok == MEGA_TOKENIZER_GPT2BPE && (!s->vocab_file || !s->merge_file))
+    return BAD("GPT2BPETokenizer needs --vocab-file (GPT-2's vocab.json) and --merge-file "
+               "(its merges.txt)");
+  if (tok != MEGA_TOKENIZER_GPT2BPE && (s->vocab_file || s->merge_file))
+    return BAD("%s is GPT2BPETokenizer's, but --tokenizer-type is NullTokenizer; drop one of "
+               "them", s->vocab_file ? "--vocab-file" : "--merge-file");
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size >= INT_MAX / 2)
     return BAD("--vocab-size %d is too large", s->vocab_size);
   return MEGA_OK;

@@ -16,7 +16,7 @@
 /* ---- GPT2BPETokenizer's vocabulary ---- */
 
 mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err) {
-  if (s->tokenizer_type != MEGA_TOKENIZER_GPT2BPE || !s->vocab_file) return MEGA_OK;
+  if (mega_jobspec_tokenizer(s) != MEGA_TOKENIZER_GPT2BPE || !s->vocab_file) return MEGA_OK;
   json_error_t je;
   json_t *v = json_load_file(s->vocab_file, 0, &je);
   if (!v)

@@ -94,7 +94,7 @@ static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t npro
    * takes the count; it owns nothing) */
   mega_jobspec counted = *s;
   mega_err verr = {0};
-  if (s->tokenizer_type == MEGA_TOKENIZER_GPT2BPE &&
+  if (mega_jobspec_tokenizer(s) == MEGA_TOKENIZER_GPT2BPE &&
       mega_jobspec_load_vocab(&counted, &verr) != MEGA_OK)
     return mega_fail(err, MEGA_ERR_INVALID, "invalid job: %s on node %s", verr.msg,
                      c->b->node_id);
