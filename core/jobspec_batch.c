@@ -40,8 +40,8 @@ bool mega_jobspec_rampup(const mega_jobspec *s, int64_t out[3]) {
   const mega_strlist *l = &s->rampup_batch_size;
   long long v[3];
   if (l->n != 3 || !whole(l->v[0], &v[0]) || !whole(l->v[1], &v[1]) || !whole(l->v[2], &v[2]) ||
-      v[0] < 1 || v[1] < 1 || v[2] < 1 || v[0] >= s->global_batch_size ||
-      (s->global_batch_size - v[0]) % v[1])
+      v[0] < 1 || v[1] < 1 || v[2] < 1 || v[2] > (1LL << 40) || v[0] >= s->global_batch_size ||
+      (s->global_batch_size - v[0]) % v[1] || (s->global_batch_size - v[0]) / v[1] > 65536)
     return false;
   for (int k = 0; k < 3; k++) out[k] = v[k];
   return true;
@@ -129,6 +129,13 @@ mega_status mega_jobspec_check_batch(const mega_jobspec *s, int dp, mega_err *er
     return BAD("--rampup-batch-size %lld %lld %lld: START, INCR and SAMPLES must each be at "
                "least 1", v[0], v[1], v[2]);
   int G = s->global_batch_size;
+  /* bounds that keep the ramp's arithmetic small (a ramp walks its steps) */
+  if (v[2] > (1LL << 40))
+    return BAD("--rampup-batch-size SAMPLES %lld is more than the %lld allowed", v[2],
+               1LL << 40);
+  if (v[0] < G && (G - v[0]) / v[1] > 65536)
+    return BAD("--rampup-batch-size %lld %lld %lld ramps in %lld steps, more than the 65536 "
+               "allowed; take a larger INCR", v[0], v[1], v[2], (G - v[0]) / v[1]);
   if (v[0] >= G)
     return BAD("--rampup-batch-size START %lld must be less than --global-batch-size %d, the "
                "batch the ramp ends at (without a ramp, drop the flag)", v[0], G);

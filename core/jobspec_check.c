@@ -626,7 +626,7 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
   if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
   if (!s->save && s->async_save) return BAD("--async-save needs --save DIR");
   if ((st = check_load_flags(s, err)) != MEGA_OK) return st;
-  if (s->trace_iteration > mega_jobspec_train_iters(s))
+  if (s->trace_iteration > 0 && s->trace_iteration > mega_jobspec_train_iters(s))
     return BAD("--trace-iteration %d is past the last iteration, %lld", s->trace_iteration,
                (long long)mega_jobspec_train_iters(s));
 

@@ -364,6 +364,12 @@ static void test_rampup_checks(void **state) {
   assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
   expect_msg(&err, "takes three whole numbers, START INCR SAMPLES");
   mega_jobspec_free(&s);
+  /* bounds that keep the ramp's walk short */
+  make_samples(&s, ARGV("--global-batch-size", "200000", "--train-samples", "800000",
+                        "--rampup-batch-size", "2", "2", "40"));
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, "ramps in 99999 steps, more than the 65536 allowed");
+  mega_jobspec_free(&s);
   /* every batch of the ramp divides by micro batch x DP (micro 2, DP 2 here) */
   make_samples(&s, ARGV("--train-samples", "80", "--rampup-batch-size", "2", "2", "40"));
   assert_int_equal(mega_jobspec_check_all(&s, 2, -1, &err), MEGA_ERR_INVALID);
