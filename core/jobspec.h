@@ -321,12 +321,12 @@ typedef struct mega_lr_samples {
   double warmup, decay, wsd_decay;
 } mega_lr_samples;
 void mega_jobspec_lr_samples(const mega_jobspec *s, mega_lr_samples *out);
-/* A data path given as PREFIX.bin or PREFIX.idx (Megatron takes only the
- * prefix): with rewrite, each such word whose pair is here becomes PREFIX
- * and note (n bytes, may be NULL) says so, a line each; without, it is
- * refused with the prefix to give. A word ending in .bin or .idx without
- * the other half is refused either way: mega would read its bytes as
- * tokens. Messages start "invalid job: ". */
+/* A data path given as PREFIX.bin or PREFIX.idx where both files are here
+ * (Megatron takes only the prefix): with rewrite, each such word becomes
+ * PREFIX and note (n bytes, may be NULL) says so, a line each; without, it
+ * is refused with the prefix to give. A PREFIX.idx without its PREFIX.bin
+ * is refused either way (an index's bytes are never tokens); a PREFIX.bin
+ * without an index is a plain file. Messages start "invalid job: ". */
 mega_status mega_jobspec_fix_data_paths(mega_jobspec *s, bool rewrite, char *note, size_t n,
                                         mega_err *err);
 /* GPT2BPETokenizer: reads --vocab-file and sets s->file_vocab to its

@@ -126,6 +126,8 @@ mega_status mega_jf_compat_parse(int argc, char *const *argv, int *i, size_t n, 
   if (c->value) v = eq ? eq : *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) ? argv[*i + 1] : NULL;
   else if (eq)
     return mega_fail(err, MEGA_ERR_INVALID, "%s takes no value (got '%s')", name, arg);
+  if (c->value && !v && c->ok)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s needs a value (%s %s)", name, name, c->ok[0]);
   bool ok = c->ok && (!c->value || v);
   for (int k = 0; ok && c->value && c->ok[k]; k++)
     if (!strcmp(v, c->ok[k])) {

@@ -39,15 +39,22 @@ static bool regular(const char *path) {
 }
 
 /* A word of a data flag that names half of an indexed dataset: *prefix
- * (malloc'd) gets PREFIX. 0: not such a word; 1: PREFIX.bin and PREFIX.idx
- * are both here; -1: the other half is missing. */
+ * (malloc'd) gets PREFIX. 0: not such a word (a PREFIX.bin without
+ * PREFIX.idx is a plain file, its bytes the tokens); 1: PREFIX.bin and
+ * PREFIX.idx are both here; -1: an index whose PREFIX.bin is missing. */
 static int half_of_pair(const char *w, char **prefix) {
   size_t n = strlen(w);
   if (n < 5 || (strcmp(w + n - 4, ".bin") && strcmp(w + n - 4, ".idx"))) return 0;
+  bool idx = !strcmp(w + n - 4, ".idx");
   if (!(*prefix = strndup(w, n - 4))) return 0;
   char other[PATH_MAX];
-  snprintf(other, sizeof other, "%s%s", *prefix, strcmp(w + n - 4, ".bin") ? ".bin" : ".idx");
-  return regular(w) && regular(other) ? 1 : -1;
+  snprintf(other, sizeof other, "%s%s", *prefix, idx ? ".bin" : ".idx");
+  int h = regular(w) && regular(other) ? 1 : idx && regular(w) ? -1 : 0;
+  if (!h) {
+    free(*prefix);
+    *prefix = NULL;
+  }
+  return h;
 }
 
 static mega_status fix_list(mega_jobspec *s, const char *flag, mega_strlist *l, bool rewrite,
@@ -73,10 +80,10 @@ static mega_status fix_list(mega_jobspec *s, const char *flag, mega_strlist *l, 
                      "bytes as tokens)", flag, l->v[k], prefix, flag, prefix);
     else if (h == -1)
       st = mega_fail(err, MEGA_ERR_INVALID,
-                     "invalid job: %s %s ends in %s, but %s.bin and %s.idx are not both there: an "
-                     "indexed dataset is that pair, given as %s %s; a plain file whose bytes "
-                     "are the tokens must not end in .bin or .idx (rename it)", flag, l->v[k],
-                     l->v[k] + strlen(l->v[k]) - 4, prefix, prefix, flag, prefix);
+                     "invalid job: %s %s is the index of an indexed dataset, but %s.bin is not "
+                     "there: the dataset is the pair %s.bin and %s.idx, given as %s %s (mega "
+                     "never reads an index's bytes as tokens)", flag, l->v[k], prefix, prefix,
+                     prefix, flag, prefix);
     free(prefix);
     if (st != MEGA_OK) return st;
   }

@@ -435,7 +435,7 @@ static void test_prefix_bin(void **state) {
   snprintf(prefix, sizeof prefix, "%s/corpus_text_document", dir);
   snprintf(bin, sizeof bin, "%s.bin", prefix);
   snprintf(idx, sizeof idx, "%s.idx", prefix);
-  snprintf(lone, sizeof lone, "%s/other.bin", dir);
+  snprintf(lone, sizeof lone, "%s/other.idx", dir);
   touch(bin);
   touch(idx);
   touch(lone);
@@ -460,11 +460,19 @@ static void test_prefix_bin(void **state) {
   expect_msg(&err, prefix);
   assert_string_equal(s.data_path.v[0], bin);
   mega_jobspec_free(&s);
-  /* a lone .bin would train on an index's (or anything's) bytes: refused */
+  /* an index without its .bin would train on the index's bytes: refused */
   make_spec(&s, ARGV("--data-path", lone));
   assert_int_equal(mega_jobspec_fix_data_paths(&s, true, note, sizeof note, &err),
                    MEGA_ERR_INVALID);
-  expect_msg(&err, "are not both there");
+  expect_msg(&err, "is the index of an indexed dataset, but ");
+  expect_msg(&err, "other.bin is not there");
+  mega_jobspec_free(&s);
+  /* a .bin without an index is a plain file, read as bytes as before */
+  unlink(idx);
+  make_spec(&s, ARGV("--data-path", bin));
+  assert_int_equal(mega_jobspec_fix_data_paths(&s, true, note, sizeof note, &err), MEGA_OK);
+  assert_string_equal(s.data_path.v[0], bin);
+  assert_string_equal(note, "");
   mega_jobspec_free(&s);
   unlink(bin);
   unlink(idx);

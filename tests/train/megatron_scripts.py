@@ -446,11 +446,11 @@ def items(tmp, prefix):
     check("--data-path PREFIX.bin reads the dataset PREFIX and says so",
           rc == 0 and "names one file of the indexed dataset" in err and
           losses[0] == losses[1] and len(losses[0]) == 3, "%s %s" % (err, losses))
-    bad = os.path.join(tmp, "lone.bin")
-    shutil.copy(prefix + ".bin", bad)
+    bad = os.path.join(tmp, "lone.idx")
+    shutil.copy(prefix + ".idx", bad)
     rc, out, err = megad_run(TINY + ["--train-iters", "3", "--data-path", bad], 1)
-    check("a .bin without its .idx is refused (never read as bytes)",
-          rc == 2 and "are not both there" in err, err)
+    check("an .idx without its .bin is refused (an index is never read as tokens)",
+          rc == 2 and "is the index of an indexed dataset, but" in err, err)
 
     text = os.path.join(tmp, "text.txt")
     with open(text, "w") as f:
