@@ -433,6 +433,52 @@ static void errors(void **state) {
   result_free(&ok);
 }
 
+/* A job's whole flag set (issue 24): plan takes PP, VP and the
+ * microbatches from the batch sizes and DP, ignores model, data and
+ * checkpoint flags, and --load stays the checkpoint. */
+static void job_flags(void **state) {
+  (void)state;
+  /* Megatron's pretrain_gpt_distributed_with_mp.sh on 8 GPUs: TP 2 x PP 2,
+   * DP 2, 16 / (4 x 2) = 2 microbatches */
+  result r = plan("--nnodes", "1", "--nproc-per-node", "8", "--tensor-model-parallel-size", "2",
+                  "--pipeline-model-parallel-size", "2", "--num-layers", "24", "--hidden-size",
+                  "1024", "--num-attention-heads", "16", "--micro-batch-size", "4",
+                  "--global-batch-size", "16", "--seq-length", "1024", "--train-iters", "500000",
+                  "--lr-decay-iters", "320000", "--save", "/ckpt", "--load", "/ckpt",
+                  "--data-path", "corpus_text_document", "--vocab-file", "gpt2-vocab.json",
+                  "--merge-file", "gpt2-merges.txt", "--split", "949,50,1", "--lr", "0.00015",
+                  "--distributed-backend", "nccl", "--format", "json", NULL);
+  json_t *j;
+  ok_json(&r, &j);
+  assert_int_equal(num(j, "pp"), 2);
+  assert_int_equal(num(j, "microbatches"), 2);
+  json_decref(j);
+  result_free(&r);
+  /* without a world, DP 1; VP from the job's flags */
+  r = plan("--pipeline-model-parallel-size", "2", "--num-layers", "8",
+           "--num-layers-per-virtual-pipeline-stage", "2", "--micro-batch-size", "1",
+           "--global-batch-size", "4", "--format", "json", NULL);
+  ok_json(&r, &j);
+  assert_int_equal(num(j, "vp"), 2);
+  assert_int_equal(num(j, "microbatches"), 4);
+  assert_string_equal(json_string_value(json_object_get(j, "schedule")), "interleaved");
+  json_decref(j);
+  result_free(&r);
+  expect_error(plan("--pipeline-model-parallel-size", "2", "--micro-batch-size", "1",
+                    "--global-batch-size", "4", "--num-microbatches", "3", NULL),
+               2, "--num-microbatches 3 disagrees with --global-batch-size 4");
+  expect_error(plan("--pipeline-model-parallel-size", "2", "--global-batch-size", "4", NULL), 2,
+               "--global-batch-size needs --micro-batch-size");
+  char *file = tmp_path("sched.txt");
+  spit(file, "x\n");
+  expect_error(plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "4", "--load",
+                    file, NULL),
+               2, "give a schedule's text form with --schedule-file FILE");
+  expect_error(plan("--pipeline-parallel-size", "2", NULL), 2,
+               "did you mean --pipeline-model-parallel-size?");
+  expect_error(plan("--fp16", NULL), 2, "use --bf16");
+}
+
 static void help(void **state) {
   (void)state;
   result r = plan("--help", NULL);
@@ -465,7 +511,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(seed_schedule_table),    cmocka_unit_test(text_form_round_trip),
       cmocka_unit_test(trace_parses),           cmocka_unit_test(text_fits_80_columns),
       cmocka_unit_test(errors),                 cmocka_unit_test(help),
-      cmocka_unit_test(grad_sync),
+      cmocka_unit_test(grad_sync),              cmocka_unit_test(job_flags),
   };
   return cmocka_run_group_tests(tests, NULL, cleanup);
 }
