@@ -423,7 +423,9 @@ static int run(int argc, char **argv) {
   if (!rc && restarts && strcmp(restarts, "0") && !parse_slots(restarts, &max_restarts))
     rc = usage_error("--max-restarts: '%s' is not a count in 0..4096", restarts);
   char note[2048] = "";
-  if (!rc && mega_jobspec_fix_data_paths(&spec, true, note, sizeof note, &err) != MEGA_OK)
+  /* the vocabulary's size counts in the log line's FLOPs */
+  if (!rc && (mega_jobspec_fix_data_paths(&spec, true, note, sizeof note, &err) != MEGA_OK ||
+              mega_jobspec_load_vocab(&spec, &err) != MEGA_OK))
     rc = usage_error("%s", err.msg);
   if (!rc && note[0]) fprintf(stderr, "megad: %s\n", note);
   if (!rc && mega_jobspec_eval_note(&spec, note, sizeof note))

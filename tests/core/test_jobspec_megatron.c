@@ -56,7 +56,7 @@ static void refused(char *const *argv, int argc, const char *why, const char *in
   assert_int_equal(i, 0);
   char lead[128];
   snprintf(lead, sizeof lead, "%s", argv[0]);
-  *strchrnul(lead, '=') = '\0';
+  lead[strcspn(lead, "=")] = '\0';
   expect_msg(&err, lead);
   expect_msg(&err, "is Megatron's, and mega does not take it");
   expect_msg(&err, why);
