@@ -273,7 +273,8 @@ static int apply_job(plan_opts *o) {
     long long world = (long long)o->nnodes * o->nproc;
     if (world % ((long long)tp * pp))
       return fail(EXIT_USAGE, "the world of %lld ranks (--nnodes %d x --nproc-per-node %d) is "
-                              "not divisible by TP x PP = %d", world, o->nnodes, o->nproc, tp * pp);
+                              "not divisible by TP x PP = %d",
+                  world, o->nnodes, o->nproc, tp * pp);
     dp = (int)(world / ((long long)tp * pp));
   }
   long long per = (long long)j->micro_batch_size * dp;
@@ -365,7 +366,8 @@ static int build_schedule(const plan_opts *o, mega_schedule *s) {
     return 0;
   }
   if (!o->pp)
-    return fail(EXIT_USAGE, "--pipeline-model-parallel-size is required (or --schedule-file FILE)");
+    return fail(EXIT_USAGE,
+                "--pipeline-model-parallel-size is required (or --schedule-file FILE)");
   if (!o->mb)
     return fail(EXIT_USAGE, "--num-microbatches is required (or --global-batch-size and "
                             "--micro-batch-size, or --schedule-file FILE)");
@@ -381,7 +383,8 @@ static int build_schedule(const plan_opts *o, mega_schedule *s) {
     if (mega_sched_kind_parse(o->schedule, &p.kind, &err) != MEGA_OK)
       return fail(EXIT_USAGE, "%s", err.msg);
     if (p.kind == MEGA_SCHED_CUSTOM)
-      return fail(EXIT_USAGE, "--schedule custom is a schedule you write: give it with --schedule-file FILE "
+      return fail(EXIT_USAGE, "--schedule custom is a schedule you write: give it with "
+                              "--schedule-file FILE "
                               "(start from another kind's --format schedule)");
   } else {
     p.kind = mega_sched_default_kind(p.pp, p.vp);

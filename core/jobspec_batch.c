@@ -197,8 +197,8 @@ mega_status mega_jobspec_check_lr(const mega_jobspec *s, mega_err *err) {
                            s->lr_wsd_decay_samples > 0};
   for (int k = 0; k < 3; k++) {
     if (by_samples && given_iters[k])
-      return BAD("%s is for iteration-based training; with --train-samples give %s", pairs[k].iters,
-                 pairs[k].samples);
+      return BAD("%s is for iteration-based training; with --train-samples give %s",
+                 pairs[k].iters, pairs[k].samples);
     if (!by_samples && given_samples[k])
       return BAD("%s is for sample-based training (--train-samples); with --train-iters give %s",
                  pairs[k].samples, pairs[k].iters);

@@ -123,7 +123,8 @@ mega_status mega_jf_compat_parse(int argc, char *const *argv, int *i, size_t n, 
   snprintf(name, sizeof name, "%.*s", (int)(n < 95 ? n : 95), arg);
   const char *eq = arg[n] == '=' ? arg + n + 1 : NULL;
   const char *v = NULL;
-  if (c->value) v = eq ? eq : *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) ? argv[*i + 1] : NULL;
+  if (c->value)
+    v = eq ? eq : *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) ? argv[*i + 1] : NULL;
   else if (eq)
     return mega_fail(err, MEGA_ERR_INVALID, "%s takes no value (got '%s')", name, arg);
   if (c->value && !v && c->ok)

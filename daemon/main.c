@@ -330,7 +330,8 @@ static void print_step(app *a, const Mega__V1__StepMetrics *s) {
     snprintf(extra, sizeof extra, " bubble: %.1f%% |", time > 0 ? 100 * bubble / time : 0);
     mega_logline_step st = {.iteration = (int64_t)s->iteration,
                             .world = (int)s->n_ranks,
-                            .global_batch = mega_jobspec_batch_of(&a->spec, (int64_t)s->iteration - 1),
+                            .global_batch =
+                                mega_jobspec_batch_of(&a->spec, (int64_t)s->iteration - 1),
                             .lr = s->lr, .grad_norm = s->grad_norm, .has_grad_norm = true,
                             .extra = extra};
     mega_logline_format(&a->log, &a->spec, &st, line, sizeof line);

@@ -219,7 +219,8 @@ static void text_form_round_trip(void **state) {
     result gen = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
                       "--virtual-pipeline-model-parallel-size", vp, "--schedule", kinds[k],
                       "--format", "json", NULL);
-    result load = plan("--schedule-file", file, "--pipeline-model-parallel-size", "4", "--format", "json",
+    result load = plan("--schedule-file", file, "--pipeline-model-parallel-size", "4",
+                       "--format", "json",
                        NULL);
     json_t *jg, *jl;
     ok_json(&gen, &jg);
@@ -409,7 +410,8 @@ static void errors(void **state) {
                     "--format", "svg", NULL),
                2, "--format: 'svg'");
   expect_error(plan("4", NULL), 2, "unexpected argument '4'");
-  expect_error(plan("--schedule-file", tmp_path("no-such-file"), NULL), 1, "No such file or directory");
+  expect_error(plan("--schedule-file", tmp_path("no-such-file"), NULL), 1,
+               "No such file or directory");
 
   char *bad = tmp_path("bad.txt");
   spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"

@@ -177,7 +177,8 @@ static mega_status ensure_batch(mega_rank *r, int64_t it, mega_err *err) {
   st = build_schedule(r, false, &r->sched, err);
   if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
   if (st == MEGA_OK) st = size_spans(r, err);
-  if (st != MEGA_OK) mega_err_prefix(err, "global batch %d from iteration %lld", G, (long long)it + 1);
+  if (st != MEGA_OK)
+    mega_err_prefix(err, "global batch %d from iteration %lld", G, (long long)it + 1);
   return st;
 }
 
