@@ -39,8 +39,6 @@ mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, s
 /* ckpt_json.c: config.json for cfg, and trainer_state.json's object; NULL
  * when out of memory. */
 json_t *mega_ckpt_config_json(const mega_gpt_config *cfg);
-/* trainer_state.json's names of mega_lr_style (constant, linear, cosine). */
-extern const char *const mega_ckpt_lr_style_names[3];
 json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
                              bool has_optimizer_state);
 
