@@ -68,9 +68,43 @@ int mega_jobspec_query_groups(const mega_jobspec *s) {
   return s->num_query_groups > 0 ? s->num_query_groups : 1;
 }
 
+int mega_jobspec_tokenizer(const mega_jobspec *s) {
+  if (s->tokenizer_type == MEGA_TOKENIZER_BYTES && (s->vocab_file || s->merge_file))
+    return MEGA_TOKENIZER_GPT2BPE; /* pretrain_gpt.py's default tokenizer */
+  return s->tokenizer_type;
+}
+
 int mega_jobspec_tokenizer_vocab(const mega_jobspec *s) {
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size > 0) return s->vocab_size + 1;
+  if (mega_jobspec_tokenizer(s) == MEGA_TOKENIZER_GPT2BPE) return s->file_vocab;
   return MEGA_VOCAB_SIZE;
+}
+
+bool mega_jobspec_evaluates(const mega_jobspec *s) {
+  return s->eval_interval > 0 && s->eval_iters > 0;
+}
+
+bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n) {
+  if (s->eval_interval > 0 && s->eval_iters == 0) {
+    snprintf(buf, n, "--eval-iters 0: no evaluation (as in Megatron), whatever --eval-interval "
+                     "says");
+    return true;
+  }
+  if (!mega_jobspec_evaluates(s)) return false;
+  double sh[3];
+  if (s->valid_data_path.n)
+    snprintf(buf, n, "evaluation every %d iterations reads --valid-data-path (%d batches of "
+                     "--global-batch-size)", s->eval_interval, s->eval_iters);
+  else if (s->split && mega_jobspec_split(s, sh, NULL) == MEGA_OK)
+    snprintf(buf, n, "evaluation every %d iterations reads the valid share of --split %s: "
+                     "%.4g%% of each dataset's documents, which training does not read",
+             s->eval_interval, s->split, 100 * sh[1]);
+  else
+    snprintf(buf, n, "no --split: training reads all of the data, and evaluation every %d "
+                     "iterations reads windows counted back from the end of the training "
+                     "stream, which training reads too (Megatron would take --split 969,30,1); "
+                     "give --split to hold documents out", s->eval_interval);
+  return true;
 }
 
 int mega_jobspec_padded_vocab(const mega_jobspec *s) {
@@ -137,30 +171,40 @@ const char *mega_jobspec_data_single(const mega_jobspec *s) {
   return mega_jobspec_data_count(s) == 1 ? mega_jobspec_data_prefix(s, 0) : NULL;
 }
 
+/* Megatron's parse_and_normalize_split: every run of digits and dots is a
+ * number (so "969,30,1", "90/5/5" and a quoted "'99,1,0'" all read), up
+ * to three, the missing ones 0. A sign or a letter is refused rather than
+ * skipped, so "-5" never reads as 5. */
 mega_status mega_jobspec_split(const mega_jobspec *s, double out[3], mega_err *err) {
   out[0] = 1, out[1] = out[2] = 0;
   if (!s->split) return MEGA_OK;
   double v[3] = {0};
   int n = 0;
-  const char *p = s->split;
-  for (;;) {
-    while (isspace((unsigned char)*p)) p++;
-    char *end;
+  for (const char *p = s->split; *p;) {
+    size_t len = strspn(p, "0123456789.");
+    if (!len) {
+      if (*p == '-' || *p == '+' || isalpha((unsigned char)*p))
+        return mega_fail(err, MEGA_ERR_INVALID,
+                         "--split '%s': expected up to three non-negative numbers, the train, "
+                         "valid and test shares, e.g. 969,30,1", s->split);
+      p++;
+      continue;
+    }
+    char num[64], *end;
+    snprintf(num, sizeof num, "%.*s", (int)(len < 63 ? len : 63), p);
     errno = 0;
-    double x = strtod(p, &end);
-    if (end == p || n == 3 || errno == ERANGE || !isfinite(x) || x < 0)
+    double x = strtod(num, &end);
+    if (n == 3 || *end || end == num || errno == ERANGE || !isfinite(x))
       return mega_fail(err, MEGA_ERR_INVALID,
                        "--split '%s': expected up to three non-negative numbers, the train, "
                        "valid and test shares, e.g. 969,30,1", s->split);
     v[n++] = x;
-    p = end;
-    while (isspace((unsigned char)*p)) p++;
-    if (!*p) break;
-    if (*p != ',' && *p != '/')
-      return mega_fail(err, MEGA_ERR_INVALID,
-                       "--split '%s': separate the shares with commas, e.g. 969,30,1", s->split);
-    p++;
+    p += len;
   }
+  if (n == 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--split '%s': expected up to three non-negative numbers, the train, "
+                     "valid and test shares, e.g. 969,30,1", s->split);
   double sum = v[0] + v[1] + v[2];
   if (!(sum > 0))
     return mega_fail(err, MEGA_ERR_INVALID, "--split '%s': the shares add up to 0", s->split);
@@ -204,8 +248,9 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
   if (s->valid_data_path.n && !s->train_data_path.n)
     return BAD("--valid-data-path needs --train-data-path (with --data-path, --split gives "
                "evaluation a valid split)");
-  if (s->valid_data_path.n && s->eval_interval == 0)
-    return BAD("--valid-data-path is what evaluation reads; give --eval-interval N too");
+  if (s->valid_data_path.n && !mega_jobspec_evaluates(s))
+    return BAD("--valid-data-path is what evaluation reads; give --eval-interval N%s too",
+               s->eval_iters == 0 ? " and --eval-iters N (0 turns evaluation off)" : "");
   if (s->split && s->train_data_path.n)
     return BAD("--split divides --data-path; with --train-data-path give evaluation's data as "
                "--valid-data-path");
@@ -214,15 +259,25 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
   if (mega_jobspec_split(s, split, &sub) != MEGA_OK) return BAD("%s", sub.msg);
   if (s->split && split[0] == 0)
     return BAD("--split '%s' leaves no documents for training", s->split);
-  if (s->split && s->eval_interval > 0 && split[1] == 0)
+  if (s->split && mega_jobspec_evaluates(s) && split[1] == 0)
     return BAD("--split '%s' has no valid share, which --eval-interval reads; give it one, "
                "e.g. 969,30,1",
                s->split);
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size < 0)
     return BAD("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N)");
+  int tok = mega_jobspec_tokenizer(s);
+  if (tok == MEGA_TOKENIZER_GPT2BPE && s->vocab_size >= 0)
+    return BAD("--vocab-size is NullTokenizer's; GPT2BPETokenizer's vocabulary is the entries "
+               "of --vocab-file, so drop --vocab-size");
   if (s->tokenizer_type != MEGA_TOKENIZER_NULL && s->vocab_size >= 0)
     return BAD("--vocab-size needs --tokenizer-type NullTokenizer (the byte tokenizer has "
                "256 tokens)");
+  if (tok == MEGA_TOKENIZER_GPT2BPE && (!s->vocab_file || !s->merge_file))
+    return BAD("GPT2BPETokenizer needs --vocab-file (GPT-2's vocab.json) and --merge-file "
+               "(its merges.txt)");
+  if (tok != MEGA_TOKENIZER_GPT2BPE && (s->vocab_file || s->merge_file))
+    return BAD("%s is GPT2BPETokenizer's, but --tokenizer-type is NullTokenizer; drop one of "
+               "them", s->vocab_file ? "--vocab-file" : "--merge-file");
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size >= INT_MAX / 2)
     return BAD("--vocab-size %d is too large", s->vocab_size);
   return MEGA_OK;
@@ -361,6 +416,7 @@ static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err 
   case MEGA_JOBFLAG_FLOAT: {
     double v = *CFIELD(s, f, double);
     if (in->required && isnan(v)) return BAD("%s is required", in->name);
+    if (isnan(v) && isnan(f->fdef)) return MEGA_OK; /* absent */
     return mega_jf_check_bounds(f, v, "invalid job: ", err);
   }
   case MEGA_JOBFLAG_STRING: {
@@ -617,6 +673,7 @@ static mega_status check_bounds(const mega_jobspec *s, mega_err *err) {
       B("--micro-batch-size", micro_batch_size, 1 << 16),
       B("--global-batch-size", global_batch_size, 1 << 24),
       B("--train-iters", train_iters, 1 << 30),
+      B("--train-samples", train_samples, INT_MAX - (1 << 24)),
       B("--tensor-model-parallel-size", tensor_model_parallel_size, 4096),
       B("--pipeline-model-parallel-size", pipeline_model_parallel_size, 4096),
       B("--virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, 4096),
@@ -651,6 +708,7 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
       return mega_fail(err, st, "invalid job: %s", sub.msg);
     dp = t.dp;
   }
+  if ((st = mega_jobspec_check_batch(s, dp, err)) != MEGA_OK) return st;
 
   if ((st = check_restated(s, err)) != MEGA_OK || (st = check_arch(s, err)) != MEGA_OK ||
       (st = check_model_sizes(s, err)) != MEGA_OK)
@@ -676,21 +734,15 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
                s->global_batch_size, s->micro_batch_size);
   }
 
-  if (s->min_lr > s->lr)
-    return BAD("--min-lr %g is larger than --lr %g", s->min_lr, s->lr);
-  int decay = mega_jobspec_lr_decay_iters(s);
-  if (s->lr_warmup_iters >= decay)
-    return BAD("--lr-warmup-iters %d must be less than the decay iterations %d "
-               "(--lr-decay-iters, by default --train-iters)",
-               s->lr_warmup_iters, decay);
+  if ((st = mega_jobspec_check_lr(s, err)) != MEGA_OK) return st;
 
   if (!s->save && s->save_interval > 0) return BAD("--save-interval needs --save DIR");
   if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
   if (!s->save && s->async_save) return BAD("--async-save needs --save DIR");
   if ((st = check_load_flags(s, err)) != MEGA_OK) return st;
-  if (s->trace_iteration > s->train_iters)
-    return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
-               s->trace_iteration, s->train_iters);
+  if (s->trace_iteration > 0 && s->trace_iteration > mega_jobspec_train_iters(s))
+    return BAD("--trace-iteration %d is past the last iteration, %lld", s->trace_iteration,
+               (long long)mega_jobspec_train_iters(s));
 
   if ((st = check_parallel(s, err)) != MEGA_OK) return st;
 
@@ -737,6 +789,15 @@ mega_status mega_jobspec_check_all(const mega_jobspec *s, int world_size, long l
   mega_sched_params p;
   mega_jobspec_sched_params(s, world_size, &p);
   st = mega_sched_check_params(&p, err);
+  /* a ramp runs the schedule at every batch it passes through */
+  int64_t r[3];
+  int dp = mega_jobspec_dp(s, world_size);
+  for (int64_t b = 0; st == MEGA_OK && mega_jobspec_rampup(s, r) && b < s->global_batch_size;) {
+    b = b ? b + r[1] : r[0];
+    p.microbatches = (int)(b / ((int64_t)s->micro_batch_size * dp));
+    st = mega_sched_check_params(&p, err);
+    if (st != MEGA_OK) mega_err_prefix(err, "at the ramp's global batch %lld", (long long)b);
+  }
   if (st != MEGA_OK) mega_err_prefix(err, "invalid job");
   return st;
 }

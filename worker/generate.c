@@ -32,9 +32,13 @@ static mega_status read_tokenizer(const char *dir, mega_gen_model *m, mega_err *
   mega_status st = flags ? mega_jobspec_from_json(&job, flags, &sub) : MEGA_OK;
   if (st != MEGA_OK)
     st = mega_fail(err, MEGA_ERR_INVALID, "%s: bad job record: %s", path, sub.msg);
-  m->tokenizer = job.tokenizer_type;
-  m->vocab = mega_jobspec_tokenizer_vocab(&job);
+  m->tokenizer = mega_jobspec_tokenizer(&job);
+  m->vocab = mega_jobspec_tokenizer_vocab(&job); /* GPT-2's: 0 until its files are read */
   m->eod = job.tokenizer_type == MEGA_TOKENIZER_NULL ? job.vocab_size : -1;
+  if (st == MEGA_OK && m->tokenizer == MEGA_TOKENIZER_GPT2BPE && job.vocab_file &&
+      job.merge_file && (!(m->vocab_file = strdup(job.vocab_file)) ||
+                         !(m->merge_file = strdup(job.merge_file))))
+    st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   mega_jobspec_free(&job);
   json_decref(j);
   if (st == MEGA_OK && m->vocab > m->cfg.vocab_size)
@@ -70,6 +74,8 @@ void mega_gen_free(mega_gen_model *m) {
   mega_gpt_stage_destroy(m->stage);
   free(m->path);
   free(m->notice);
+  free(m->vocab_file);
+  free(m->merge_file);
   *m = (mega_gen_model){0};
 }
 

@@ -105,8 +105,16 @@ static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t npro
   const mega_jobspec *s = &j->spec;
   double mem = c->o.node_memory_bytes > 0 ? c->o.node_memory_bytes : node_memory_bytes();
   if (mem <= 0) return MEGA_OK;
+  /* GPT-2's vocabulary is its vocab file's size: read it (a shallow copy
+   * takes the count; it owns nothing) */
+  mega_jobspec counted = *s;
+  mega_err verr = {0};
+  if (mega_jobspec_tokenizer(s) == MEGA_TOKENIZER_GPT2BPE &&
+      mega_jobspec_load_vocab(&counted, &verr) != MEGA_OK)
+    return mega_fail(err, MEGA_ERR_INVALID, "invalid job: %s on node %s", verr.msg,
+                     c->b->node_id);
   double h = s->hidden_size, L = s->num_layers, seq = s->seq_length, b = s->micro_batch_size,
-         a = s->num_attention_heads, V = mega_jobspec_padded_vocab(s),
+         a = s->num_attention_heads, V = mega_jobspec_padded_vocab(&counted),
          pos = mega_jobspec_max_position_embeddings(s);
   double tp = j->tp ? j->tp : 1, pp = j->pp ? j->pp : 1, world = (double)nproc * nodes;
   double dp = world / (tp * pp) >= 1 ? world / (tp * pp) : 1;
@@ -140,6 +148,11 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
   if (rc != MEGA_OK) return rc;
   struct stat st;
   const char *flag, *bad, *why;
+  /* PREFIX.bin or PREFIX.idx for PREFIX: refused with the prefix to give
+   * (megactl and megad run give the prefix when they see the files);
+   * without rewrite the spec is only read */
+  if ((rc = mega_jobspec_fix_data_paths((mega_jobspec *)s, false, NULL, 0, err)) != MEGA_OK)
+    return rc;
   if (!megad_data_visible(s, &flag, &bad, &why))
     return mega_fail(err, MEGA_ERR_INVALID,
                      "invalid job: %s %s: %s on node %s (the coordinator; every node of the job "

@@ -44,7 +44,9 @@ check() { # check DESCRIPTION COMMAND...: a shell condition
 # A port nobody listens on: bind one, then let it go.
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dead=127.0.0.1:$port
-refused="megactl: cannot reach megad at $dead: connection refused"
+# what to do about it follows, the same every time
+hint="; is megad running there? Point megactl at another with --server HOST:PORT or MEGA_SERVER=HOST:PORT, or start one: megad serve --listen 127.0.0.1:7070 --state-dir DIR --slots N"
+refused="megactl: cannot reach megad at $dead: connection refused$hint"
 
 # ---- help ----
 expect 0 "" "$megactl" --version
@@ -138,7 +140,7 @@ done
 # The flag after the command wins over the one before, which wins over $MEGA_SERVER.
 expect 1 "$refused" env MEGA_SERVER=127.0.0.1:1 "$megactl" --server 127.0.0.1:2 ls --server "$dead"
 expect 1 "$refused" env MEGA_SERVER=127.0.0.1:1 "$megactl" --server "$dead" ls
-expect 1 "megactl: cannot reach megad at unix:$work/nope.sock: no such socket" \
+expect 1 "megactl: cannot reach megad at unix:$work/nope.sock: no such socket$hint" \
   "$megactl" ls --server "unix:$work/nope.sock"
 check "a failed trace leaves no file" [ ! -e j-1-trace.json ] && [ ! -e j-1-trace.json.part ]
 

@@ -98,5 +98,12 @@ void make_full(mega_jobspec *s) {
                     "--simulate-compute", "1:2:3", "--log-interval", "2", "--data-path", "0.3", "a b", "0.7", "-c",
                     "--split", "969,30,1", "--train-data-path", "t", "--valid-data-path",
                     "0.5", "v", "0.5", "w", "--tokenizer-type", "NullTokenizer", "--vocab-size",
-                    "50257", "--make-vocab-size-divisible-by", "64"));
+                    "50257", "--make-vocab-size-divisible-by", "64",
+                    /* issue 24 */
+                    "--train-samples", "100", "--rampup-batch-size", "8", "8", "1000",
+                    "--vocab-file", "v.json", "--merge-file", "m.txt",
+                    "--lr-warmup-fraction", "0.1", "--lr-warmup-samples", "3",
+                    "--lr-decay-samples", "90", "--lr-warmup-init", "1e-9",
+                    "--lr-wsd-decay-style", "linear", "--lr-wsd-decay-iters", "3",
+                    "--lr-wsd-decay-samples", "30", "--log-throughput"));
 }

@@ -32,8 +32,8 @@
 
 /* ADAMW in make_ref.py */
 #define STEPS 4
-static const mega_lr_sched sched = {.lr = 1e-2, .min_lr = 1e-3, .warmup_iters = 2,
-                                    .decay_iters = 5, .style = MEGA_LR_COSINE};
+static const mega_lr_sched sched = {.lr = 1e-2, .min_lr = 1e-3, .warmup = 2,
+                                    .decay = 5, .style = MEGA_LR_COSINE};
 static const mega_optim_hparams hparams = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                                            .weight_decay = 0.1, .clip_grad = 0.5};
 

@@ -606,16 +606,18 @@ static void test_missing_and_mismatched(void **state) {
   assert_non_null(strstr(err.msg, "--global-batch-size 4"));
   /* the LR schedule has its own check, which names Megatron's two ways out */
   mega_lr_sched saved = mega_lr_sched_from_job(&j1), mine = saved;
-  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_OK);
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &j1, &err), MEGA_OK);
   mine.style = MEGA_LR_COSINE;
-  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_ERR_INVALID);
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &j1, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--lr-decay-style linear, but this job has cosine"));
   assert_non_null(strstr(err.msg, "--override-opt_param-scheduler"));
   assert_non_null(strstr(err.msg, "--use-checkpoint-opt_param-scheduler"));
   mine = saved;
-  mine.decay_iters = 7;
-  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_ERR_INVALID);
+  mine.decay = 7 * 4; /* 7 iterations of 4 samples: the schedule counts samples */
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &j1, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--lr-decay-iters 10, but this job has 7"));
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, NULL, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--lr-decay-samples 40, but this job has 28"));
   mega_jobspec_free(&j1);
   mega_jobspec_free(&j2);
   tu_rmtree(dir);

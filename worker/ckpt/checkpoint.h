@@ -159,9 +159,12 @@ mega_status mega_ckpt_read_config(const char *dir, mega_gpt_config *cfg, mega_er
 
 /* Resuming with a different LR schedule is an error: MEGA_ERR_INVALID
  * naming the first value that differs and the flags that allow it
- * (--override-opt_param-scheduler, --use-checkpoint-opt_param-scheduler). */
+ * (--override-opt_param-scheduler, --use-checkpoint-opt_param-scheduler).
+ * Lengths are named in job's unit: iterations of its global batch, or samples
+ * (job NULL: samples). */
 mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
-                                  const mega_lr_sched *mine, mega_err *err);
+                                  const mega_lr_sched *mine, const mega_jobspec *job,
+                                  mega_err *err);
 
 /* ---- building blocks (ckpt_shard.c, ckpt_dir.c, ckpt_manifest.c) ---- */
 

@@ -45,8 +45,6 @@ json_t *mega_ckpt_config_json(const mega_gpt_config *cfg);
 mega_status mega_ckpt_check_config(const char *dir, const mega_gpt_config *cfg, mega_err *err);
 
 /* ckpt_json.c: trainer_state.json's object; NULL when out of memory. */
-/* trainer_state.json's names of mega_lr_style (constant, linear, cosine). */
-extern const char *const mega_ckpt_lr_style_names[3];
 json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
                              bool has_optimizer_state);
 

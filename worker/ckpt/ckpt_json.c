@@ -7,8 +7,6 @@
 
 #include "worker/ckpt/ckpt_internal.h"
 
-const char *const mega_ckpt_lr_style_names[3] = {"constant", "linear", "cosine"};
-
 json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
                              bool has_optimizer_state) {
   json_t *js = json_pack("{s:s, s:i, s:I, s:I, s:I, s:i, s:b}", "format", MEGA_CKPT_STATE_FORMAT,
@@ -19,10 +17,11 @@ json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
   if (js && s->has_sched) {
     /* Megatron's OptimizerParamScheduler state: what a resume checks */
     const mega_lr_sched *l = &s->sched;
-    json_t *lj = json_pack("{s:f, s:f, s:I, s:I, s:s}", "lr", l->lr, "min_lr", l->min_lr,
-                           "warmup_iters", (json_int_t)l->warmup_iters, "decay_iters",
-                           (json_int_t)l->decay_iters, "decay_style",
-                           (unsigned)l->style < 3 ? mega_ckpt_lr_style_names[l->style] : "?");
+    json_t *lj = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:s}", "lr", l->lr, "min_lr",
+                           l->min_lr, "warmup_init", l->init_lr, "warmup_samples", l->warmup,
+                           "decay_samples", l->decay, "wsd_decay_samples", l->wsd_decay,
+                           "decay_style", mega_lr_style_name(l->style), "wsd_decay_style",
+                           mega_wsd_style_name(l->wsd_style));
     if (!lj || json_object_set_new(js, "lr_schedule", lj)) {
       json_decref(js);
       return NULL;
