@@ -310,6 +310,8 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   megad_members_start(&d->members);
   megad_coord_start(&d->coord);
   uv_timer_init(loop, &d->watchdog);
+  uv_timer_init(loop, &d->drain);
+  d->drain.data = d;
   uint64_t usec = 0;
   if (sd_watchdog_enabled(0, &usec) > 0 && usec >= 2000) {
     d->watchdog_on = true;
@@ -345,6 +347,7 @@ static void final_close(void *arg) {
   stopper *st = arg;
   megad *d = st->d;
   uv_close((uv_handle_t *)&d->watchdog, NULL);
+  uv_close((uv_handle_t *)&d->drain, NULL);
   megad_coord_free(&d->coord);
   megad_launcher_free(&d->launcher);
   megad_members_free(&d->members);
@@ -425,4 +428,41 @@ void megad_stop(megad *d, const char *reason, void (*done)(void *arg), void *arg
   uv_timer_init(d->base.loop, &st->t);
   st->t.data = st;
   uv_timer_start(&st->t, stop_step, 0, 50);
+}
+
+/* ---- stop, saving first ---- */
+
+static void on_drain(uv_timer_t *t) {
+  megad *d = t->data;
+  bool busy = megad_launch_graceful_live(&d->launcher) || megad_coord_saving(&d->coord);
+  if (busy && uv_now(d->base.loop) - d->drain_since < MEGAD_DRAIN_MAX_MS) return;
+  if (busy)
+    megad_warn(&d->base, "jobs asked to save and stop had not after %u s; stopping anyway",
+               MEGAD_DRAIN_MAX_MS / 1000);
+  uv_timer_stop(t);
+  megad_stop(d, d->drain_reason, d->drain_done, d->drain_arg);
+}
+
+void megad_stop_saving(megad *d, const char *reason, void (*done)(void *arg), void *arg) {
+  if (d->base.stopping) return;
+  if (d->draining) { /* asked again: no more waiting */
+    uv_timer_stop(&d->drain);
+    megad_stop(d, reason, done, arg);
+    return;
+  }
+  size_t n = megad_coord_stop_saving(&d->coord, reason);
+  n += megad_launch_stop_graceful(&d->launcher, NULL, reason);
+  if (!n) {
+    megad_stop(d, reason, done, arg);
+    return;
+  }
+  d->draining = true;
+  d->drain_since = uv_now(d->base.loop);
+  snprintf(d->drain_reason, sizeof d->drain_reason, "%s", reason);
+  d->drain_done = done;
+  d->drain_arg = arg;
+  sd_notifyf(0, "STATUS=saving before stopping: %s", reason);
+  megad_log(&d->base, "%s: jobs with --exit-signal-handler save a checkpoint and stop first "
+            "(another signal stops at once)", reason);
+  uv_timer_start(&d->drain, on_drain, 100, 100);
 }

@@ -65,6 +65,13 @@ typedef struct megad {
   uint64_t incarnation;
   uv_timer_t watchdog; /* sd_notify WATCHDOG=1 */
   bool watchdog_on, started;
+  /* megad_stop_saving: waiting for jobs to save before megad_stop */
+  uv_timer_t drain;
+  bool draining;
+  uint64_t drain_since;
+  char drain_reason[256];
+  void (*drain_done)(void *arg);
+  void *drain_arg;
 } megad;
 
 /* Starts everything on loop: state dir (locked), journal replay, server,
@@ -77,5 +84,13 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
  * calls drained, the queue closed. done runs at the end; keep running the
  * loop. */
 void megad_stop(megad *d, const char *reason, void (*done)(void *arg), void *arg);
+/* SIGTERM, which is how a batch scheduler warns of a time limit: the jobs
+ * with --exit-signal-handler that run here or that this node coordinates
+ * are asked to save a checkpoint at their next iteration boundary and stop
+ * (they end STOPPED), and once they have (at most MEGAD_DRAIN_MAX_MS),
+ * megad_stop. Without such jobs it is megad_stop at once; so is a second
+ * call while it waits (a second signal). */
+#define MEGAD_DRAIN_MAX_MS 600000
+void megad_stop_saving(megad *d, const char *reason, void (*done)(void *arg), void *arg);
 
 #endif

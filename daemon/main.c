@@ -10,7 +10,11 @@
  *
  * `run` is the same daemon on a private unix socket with one job: it prints
  * the merged steps and exits with the job's status (0 succeeded, 1 failed,
- * 130/143 after SIGINT/SIGTERM, 2 for a bad flag or job). */
+ * 130/143 after SIGINT/SIGTERM, 2 for a bad flag or job, 92 when the job
+ * stopped early as asked after its checkpoint: core/exitcode.h).
+ *
+ * SIGTERM asks jobs with --exit-signal-handler to save and stop first
+ * (megad_stop_saving); a second signal, or SIGINT, stops at once. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -21,6 +25,7 @@
 #include <unistd.h>
 
 #include "core/duration.h"
+#include "core/exitcode.h"
 #include "core/jobspec.h"
 #include "daemon/daemon.h"
 #include "proto/pb_json.h"
@@ -135,17 +140,38 @@ static void stopped(void *arg) {
   uv_close((uv_handle_t *)&a->sigterm, NULL);
 }
 
+/* SIGTERM: what megad was told, for the record of a job that stops on it. */
+static void sigterm_reason(const app *a, char *buf, size_t len) {
+  const char *slurm_job = getenv("SLURM_JOB_ID");
+  if (slurm_job)
+    snprintf(buf, len, "megad on %s got SIGTERM (Slurm job %s: its time limit is near, or "
+             "scancel --signal TERM)", a->d.base.node_id, slurm_job);
+  else
+    snprintf(buf, len, "megad on %s got SIGTERM", a->d.base.node_id);
+}
+
 static void on_signal(uv_signal_t *h, int sig) {
   app *a = h->data;
+  char why[320];
   if (a->job && !mega_job_state_final(a->job->state)) { /* run: cancel, then stop */
+    /* --exit-signal-handler: the first SIGTERM saves and stops the job */
+    if (sig == SIGTERM && a->job->spec.exit_signal_handler && !a->signal) {
+      a->signal = sig;
+      sigterm_reason(a, why, sizeof why);
+      megad_coord_stop_saving(&a->d.coord, why);
+      return;
+    }
     a->signal = sig;
     megad_coord_cancel(&a->d.coord, a->job,
                        sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", NULL, NULL);
     return;
   }
-  char why[64];
-  snprintf(why, sizeof why, "signal %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
-  megad_stop(&a->d, why, stopped, a);
+  if (sig == SIGTERM) {
+    sigterm_reason(a, why, sizeof why);
+    megad_stop_saving(&a->d, why, stopped, a);
+    return;
+  }
+  megad_stop(&a->d, "signal SIGINT", stopped, a);
 }
 
 static int start(app *a, const megad_opts *o) {
@@ -322,9 +348,10 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *item) {
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE: {
     const Mega__V1__Job *j = item->final_state;
     if (j->state == MEGA_JOB_SUCCEEDED) a->exit_code = 0;
+    else if (j->state == MEGA_JOB_STOPPED) a->exit_code = MEGA_EXIT_REQUEUE;
     else if (j->state == MEGA_JOB_CANCELLED && a->signal) a->exit_code = 128 + a->signal;
     else a->exit_code = 1;
-    if (a->exit_code && a->tmp_dir)
+    if (a->exit_code && a->exit_code != MEGA_EXIT_REQUEUE && a->tmp_dir)
       fprintf(stderr, "megad: the worker logs were in a temporary directory, now removed; give "
                       "--state-dir DIR to keep them\n");
     a->job = NULL; /* freed with the daemon */

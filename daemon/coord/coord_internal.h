@@ -60,6 +60,9 @@ typedef struct coord_run {
   int timers_open; /* while closing */
   megad_cancel_wait *cancels;
   size_t ncancels;
+  /* ranks that stopped early as asked (WorkerStopped): the first one's why */
+  char *stopped;
+  uint64_t stopped_iteration;
 } coord_run;
 
 /* coord.c: ends j, the jobs layer's megad_job_finalize plus what the
