@@ -205,7 +205,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   d->o = *o;
   char gpu_name[160];
   int gpus = mega_cuda_devices_describe(gpu_name, sizeof gpu_name); /* a slot each */
-  if (!d->o.slots) d->o.slots = gpus;
+  if (!d->o.slots) d->o.slots = gpus ? gpus : d->o.cpu_slots;
   o = &d->o;
   if (!d->o.heartbeat_interval_ms) d->o.heartbeat_interval_ms = 250;
   if (!d->o.heartbeat_timeout_ms) d->o.heartbeat_timeout_ms = 1500;

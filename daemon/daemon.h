@@ -16,7 +16,8 @@
 typedef struct megad_opts {
   const char *listen;         /* "127.0.0.1:7070", "127.0.0.1:0" or "unix:/path" */
   const char *state_dir;      /* journal, jobs/<id>/ (traces, worker logs) */
-  int slots;
+  int slots;                  /* 0: one per GPU megad finds, else cpu_slots */
+  int cpu_slots;              /* slots without --slots or GPUs (Slurm's CPUs); 0: none */
   const char *node_name;      /* NULL: the hostname */
   const char *peers;          /* "host:port,host:port"; NULL: none */
   const char *etcd_endpoints; /* "http://host:port,..." : cluster state in etcd (members.h);

@@ -1,7 +1,8 @@
 /* megad: the daemon.
  *
  *   megad serve --listen ADDR --state-dir DIR --slots N [--node-name NAME]
- *               [--peers ADDR,... | --etcd-endpoints URL,...] [--advertise HOST]
+ *               [--peers ADDR,... | --peers slurm | --etcd-endpoints URL,...]
+ *               [--advertise HOST]
  *               [--worker PATH]
  *               [--metrics-listen ADDR] [--heartbeat-interval D]
  *               [--heartbeat-timeout D] [--rendezvous-timeout D]
@@ -28,6 +29,7 @@
 #include "core/exitcode.h"
 #include "core/jobspec.h"
 #include "daemon/daemon.h"
+#include "daemon/slurm.h"
 #include "proto/pb_json.h"
 
 #define EXIT_USAGE 2
@@ -56,6 +58,11 @@ static void usage(FILE *f) {
           "                         per GPU the cuda module finds; required without GPUs)\n"
           "  --node-name NAME       this node's name (default: the hostname)\n"
           "  --peers ADDR,...       megads to join (host:port of each)\n"
+          "  --peers slurm          under srun: the other nodes of $SLURM_JOB_NODELIST, each\n"
+          "                         at this megad's --listen port; the node's name from\n"
+          "                         $SLURMD_NODENAME and, without --slots, its slots from\n"
+          "                         $SLURM_GPUS_ON_NODE, the GPUs found, or\n"
+          "                         $SLURM_CPUS_ON_NODE (deploy/slurm/)\n"
           "  --etcd-endpoints URL,...  keep the cluster's state in etcd (http://host:port of\n"
           "                         each member) instead of --peers: membership, every job,\n"
           "                         and a job's takeover when its coordinator dies (README\n"
@@ -210,6 +217,28 @@ static int duration_flag(const char *flag, const char *v, unsigned min, unsigned
 
 /* ---- serve ---- */
 
+/* --peers slurm: name, peers and slots from the allocation (daemon/slurm.h). */
+static int slurm_peers(megad_opts *o, bool slots_given, megad_slurm *s) {
+  if (o->etcd_endpoints)
+    return usage_error("--peers slurm and --etcd-endpoints exclude each other: with etcd the "
+                       "nodes find each other there; drop --peers%s", "");
+  mega_err err = {0};
+  if (megad_slurm_from_env(o->listen, o->node_name, s, &err) != MEGA_OK)
+    return usage_error("%s", err.msg);
+  if (!o->node_name) o->node_name = s->node_name;
+  o->peers = s->peers[0] ? s->peers : NULL;
+  if (!slots_given) {
+    o->slots = s->gpu_slots; /* 0: megad_start counts the GPUs, else cpu_slots */
+    o->cpu_slots = s->cpu_slots;
+  }
+  /* peers reach this node by the name Slurm gives it, as it reaches them */
+  const char *colon = strrchr(o->listen, ':');
+  size_t hl = colon ? (size_t)(colon - o->listen) : 0;
+  bool wildcard = !hl || !strncmp(o->listen, "0.0.0.0", hl) || !strncmp(o->listen, "[::]", hl);
+  if (!o->advertise && wildcard) o->advertise = o->node_name;
+  return 0;
+}
+
 #define MAX_ROOTS 64
 
 static int serve(int argc, char **argv) {
@@ -274,6 +303,11 @@ static int serve(int argc, char **argv) {
   if (retain && !parse_count(retain, 1000000, &retain_jobs))
     return usage_error("--retain-jobs: '%s' is not a count in 1..1000000", retain);
   o.retain_jobs = (unsigned)retain_jobs;
+  static megad_slurm slurm;
+  if (o.peers && !strcmp(o.peers, "slurm")) {
+    int src = slurm_peers(&o, slots != NULL, &slurm);
+    if (src) return src;
+  }
   int rc = duration_flag("--heartbeat-interval", hbi, 10, 60000, &o.heartbeat_interval_ms);
   if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
   if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);

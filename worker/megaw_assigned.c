@@ -172,8 +172,8 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
   } else if (mega_rank_stopped(r)) {
     fprintf(stderr, "megaw: rank %u: stopped after iteration %lld: %s\n", a->rank_id,
             (long long)mega_rank_iteration(r), mega_rank_stopped(r));
-    if (mega_link_send_stopped(a->link, mega_rank_iteration(r), mega_rank_stopped(r), &err) !=
-        MEGA_OK)
+    if (mega_link_send_stopped(a->link, mega_rank_iteration(r), mega_rank_stopped(r),
+                               mega_rank_stop_was_mine(r), &err) != MEGA_OK)
       fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
   }
   pthread_mutex_lock(&a->mu);

@@ -546,4 +546,6 @@ void megad_coord_start(megad_coord *c) {
 void megad_coord_free(megad_coord *c) {
   if (c->tick_on) uv_close((uv_handle_t *)&c->tick, NULL);
   c->tick_on = false;
+  free(c->saving_reason);
+  c->saving_reason = NULL;
 }

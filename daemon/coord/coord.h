@@ -91,6 +91,7 @@ typedef struct megad_coord {
   unsigned ticks; /* retention runs every RETAIN_TICKS ticks */
   /* etcd mode (coord_etcd.c): claims of orphaned jobs in flight */
   char claims[8][160];
+  char *saving_reason; /* megad_coord_stop_saving's first reason (this megad's SIGTERM) */
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,

@@ -62,6 +62,7 @@ typedef struct coord_run {
   size_t ncancels;
   /* ranks that stopped early as asked (WorkerStopped): the first one's why */
   char *stopped;
+  bool stopped_mine; /* said by a rank that was asked itself */
   uint64_t stopped_iteration;
 } coord_run;
 

@@ -154,22 +154,27 @@ void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) 
   }
 }
 
-/* Why the job stopped early, and where it goes on from. */
+/* Why the job stopped early, and where it goes on from: this megad's own
+ * SIGTERM when it had one (the whole story), else the ranks' reason. */
 static void stopped_why(const coord_run *run, char *buf, size_t len) {
   const mega_job *j = run->job;
+  bool by_flag = !strncmp(run->stopped, "--exit-interval", 15) ||
+                 !strncmp(run->stopped, "--exit-duration", 15);
+  const char *why = run->c->saving_reason && !by_flag ? run->c->saving_reason : run->stopped;
   if (j->spec.save && j->ckpt_iteration == run->stopped_iteration)
     snprintf(buf, len, "stopped after iteration %llu: %s; the checkpoint of iteration %llu is "
              "committed: megactl resume %s, or a new job with --load %s, goes on from it",
-             (unsigned long long)run->stopped_iteration, run->stopped,
+             (unsigned long long)run->stopped_iteration, why,
              (unsigned long long)j->ckpt_iteration, j->id, j->spec.save);
   else if (j->spec.save && j->ckpt_iteration)
     snprintf(buf, len, "stopped after iteration %llu: %s; its checkpoint was not committed: "
              "resuming goes on from iteration %llu", (unsigned long long)run->stopped_iteration,
-             run->stopped, (unsigned long long)j->ckpt_iteration);
+             why, (unsigned long long)j->ckpt_iteration);
   else
-    snprintf(buf, len, "stopped after iteration %llu: %s; %s", (unsigned long long)
-             run->stopped_iteration, run->stopped, j->spec.save ? "no checkpoint was committed"
-             : "the job saves no checkpoints (no --save): nothing to resume from");
+    snprintf(buf, len, "stopped after iteration %llu: %s; %s",
+             (unsigned long long)run->stopped_iteration, why,
+             j->spec.save ? "no checkpoint was committed"
+                          : "the job saves no checkpoints (no --save): nothing to resume from");
 }
 
 static void finish(coord_run *run) {
@@ -255,6 +260,7 @@ static void stop_saving_on(megad_coord *c, const mega_job *j, const char *node_i
 
 size_t megad_coord_stop_saving(megad_coord *c, const char *reason) {
   size_t n = 0;
+  if (!c->saving_reason) c->saving_reason = megad_strdup(reason);
   for (coord_run *run = c->runs; run; run = run->next) {
     const mega_job *j = run->job;
     if (run->stopping || !j->spec.exit_signal_handler) continue;
@@ -471,14 +477,20 @@ void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, con
   case MEGA__V1__RANK_EVENT__KIND_NOTE:
     megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r, "%s", ev->note->message);
     break;
-  case MEGA__V1__RANK_EVENT__KIND_STOPPED:
-    if (run->stopped) break; /* every rank says it; the first says why */
+  case MEGA__V1__RANK_EVENT__KIND_STOPPED: {
+    /* every rank says it; the first that was asked itself says why */
+    bool first = !run->stopped;
+    if (!first && (run->stopped_mine || !ev->stopped->asked)) break;
+    free(run->stopped);
     run->stopped = megad_strdup(ev->stopped->reason);
+    run->stopped_mine = ev->stopped->asked;
     run->stopped_iteration = ev->stopped->iteration;
-    megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r,
-                    "the ranks agreed to stop after iteration %llu: %s",
-                    (unsigned long long)ev->stopped->iteration, ev->stopped->reason);
+    if (first)
+      megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r,
+                      "the ranks agreed to stop after iteration %llu",
+                      (unsigned long long)ev->stopped->iteration);
     break;
+  }
   case MEGA__V1__RANK_EVENT__KIND_CHECKPOINT:
     if (run->stopping) break;
     if (ev->checkpoint->committed) committed(run, node_id, r, ev->checkpoint);

@@ -486,10 +486,11 @@ mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err
 }
 
 mega_status mega_link_send_stopped(mega_link *l, int64_t iteration, const char *reason,
-                                   mega_err *err) {
+                                   bool asked, mega_err *err) {
   Mega__V1__WorkerStopped st = MEGA__V1__WORKER_STOPPED__INIT;
   st.iteration = iteration > 0 ? (uint64_t)iteration : 0;
   st.reason = (char *)reason;
+  st.asked = asked;
   Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
   f.msg_case = MEGA__V1__WORKER_FRAME__MSG_STOPPED;
   f.stopped = &st;

@@ -78,7 +78,7 @@ mega_status mega_link_send_progress(mega_link *l, const char *phase, int64_t ite
                                     mega_err *err);
 /* The rank stopped early as asked, after iteration (mega_rank_stopped). */
 mega_status mega_link_send_stopped(mega_link *l, int64_t iteration, const char *reason,
-                                   mega_err *err);
+                                   bool asked, mega_err *err);
 /* A line for the job's history (an event on the coordinator). */
 mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err);
 /* Waits up to timeout_ms (<= 0: the rendezvous timeout) for the

@@ -172,6 +172,9 @@ void mega_rank_request_exit(mega_rank *r, const char *why);
 /* Why mega_rank_run stopped before --train-iters ("SIGTERM
  * (--exit-signal-handler)", "--exit-interval 5", ...), or NULL. */
 const char *mega_rank_stopped(const mega_rank *r);
+/* Whether that reason is this rank's own (it was asked, its clock, its
+ * iteration) rather than the other ranks' agreement. */
+bool mega_rank_stop_was_mine(const mega_rank *r);
 
 /* From any thread, at any time after create: stops the rank promptly. Every
  * communicator is aborted, so the rank's peers fail fast as well. */

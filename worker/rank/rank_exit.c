@@ -25,6 +25,8 @@ void mega_rank_request_exit(mega_rank *r, const char *why) {
 
 const char *mega_rank_stopped(const mega_rank *r) { return r->stopped[0] ? r->stopped : NULL; }
 
+bool mega_rank_stop_was_mine(const mega_rank *r) { return r->stopped_mine; }
+
 /* Every rank's flags, maxed over the whole grid. */
 static mega_status agree(mega_rank *r, float *f, size_t n, mega_err *err) {
   static const int order[] = {GROUP_TP, GROUP_DP, GROUP_PP};
@@ -47,6 +49,7 @@ mega_status rank_exit_check(mega_rank *r, bool *stop, mega_err *err) {
   if (r->iteration >= j->train_iters) return MEGA_OK; /* the run ends here anyway */
   if (j->exit_interval > 0 && r->iteration % j->exit_interval == 0) {
     snprintf(r->stopped, sizeof r->stopped, "--exit-interval %d", j->exit_interval);
+    r->stopped_mine = true;
     *stop = true;
     return MEGA_OK;
   }
@@ -57,12 +60,15 @@ mega_status rank_exit_check(mega_rank *r, bool *stop, mega_err *err) {
                 j->exit_duration_in_mins > 0 && mins > j->exit_duration_in_mins ? 1.0f : 0.0f};
   mega_status st = agree(r, f, 2, err);
   if (st != MEGA_OK) return st;
-  if (f[0] > 0)
+  if (f[0] > 0) {
     snprintf(r->stopped, sizeof r->stopped, "%s",
              asked ? r->exit_why : "another rank was asked to stop (--exit-signal-handler)");
-  else if (f[1] > 0)
+    r->stopped_mine = asked;
+  } else if (f[1] > 0) {
     snprintf(r->stopped, sizeof r->stopped, "--exit-duration-in-mins %d (%.1f minutes ran)",
              j->exit_duration_in_mins, mins);
+    r->stopped_mine = true;
+  }
   *stop = f[0] > 0 || f[1] > 0;
   return MEGA_OK;
 }

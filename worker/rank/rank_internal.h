@@ -73,6 +73,7 @@ struct mega_rank {
   atomic_bool exit_claimed, exit_asked; /* claimed: exit_why is being written */
   char exit_why[160];
   char stopped[256]; /* why mega_rank_run stopped early; empty: it did not */
+  bool stopped_mine; /* ... for a reason of this rank's own */
   double start_s;    /* monotonic seconds at setup, for --exit-duration-in-mins */
   mega_rank_span *spans;
   size_t nspans, span_cap;
