@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/exitcode.h"
@@ -153,6 +154,26 @@ static void test_sigterm_saves_and_stops(void **state) {
   hd_rmdir(dir);
 }
 
+/* --exit-duration-in-mins 1 (suite long: it takes a minute): the job stops
+ * at the first boundary after a minute, STOPPED (exit 92), without --save
+ * nothing to resume from. */
+static void test_exit_duration(void **state) {
+  (void)state;
+  char dir[128];
+  hd_tmpdir(dir, sizeof dir);
+  static run_out part;
+  const char *extra[] = {"--exit-duration-in-mins", "1", "--simulate-compute", "20:40", NULL};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  run_megad(dir, 1000000, extra, 0, &part);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+  assert_int_equal(part.status, MEGA_EXIT_REQUEUE);
+  assert_true(s >= 60 && s < 120);
+  assert_true(part.last > 100 && part.last < 1000000);
+  hd_rmdir(dir);
+}
+
 /* Two megads serve a job on both nodes; both get SIGTERM, as srun passes
  * Slurm's warning on: they exit 0 once the job saved, and the coordinator's
  * journal says STOPPED, with why and where it goes on from. */
@@ -209,6 +230,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_exit_interval_resumes_exactly, teardown),
       cmocka_unit_test_teardown(test_sigterm_saves_and_stops, teardown),
       cmocka_unit_test_teardown(test_serve_sigterm_leaves_job_stopped, teardown),
+      cmocka_unit_test_teardown(test_exit_duration, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
