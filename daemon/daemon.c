@@ -184,7 +184,34 @@ static mega_status load_security(megad *d, const megad_opts *o, mega_err *err) {
   return s;
 }
 
+/* The etcd client from the --etcd-* flags (their files read here). */
+static mega_status open_etcd(megad *d, const megad_opts *o, mega_err *err) {
+  const char *files[3] = {o->etcd_cacert, o->etcd_cert, o->etcd_key};
+  static const char *const flags[3] = {"--etcd-cacert", "--etcd-cert", "--etcd-key"};
+  mega_status s = MEGA_OK;
+  for (int i = 0; i < 3 && s == MEGA_OK; i++)
+    if (files[i]) s = mega_rpc_read_pem(flags[i], files[i], i == 2, &d->etcd_pem[i], err);
+  if (s == MEGA_OK && o->etcd_password_file)
+    s = mega_rpc_read_password("--etcd-password-file", o->etcd_password_file,
+                               &d->etcd_password, err);
+  megad_etcd_opts eo = {.endpoints = o->etcd_endpoints, .prefix = o->etcd_prefix,
+                        .cacert = d->etcd_pem[0], .cert = d->etcd_pem[1], .key = d->etcd_pem[2],
+                        .user = o->etcd_user, .password = d->etcd_password};
+  if (s == MEGA_OK && (s = megad_etcd_open(&d->base, &eo, &d->etcd, err)) != MEGA_OK &&
+      !strstr(err->msg, "--etcd-"))
+    mega_err_prefix(err, "--etcd-endpoints");
+  return s;
+}
+
 static void free_security(megad *d) {
+  for (int i = 0; i < 3; i++) {
+    if (i == 2 && d->etcd_pem[i]) memset(d->etcd_pem[i], 0, strlen(d->etcd_pem[i]));
+    free(d->etcd_pem[i]);
+    d->etcd_pem[i] = NULL;
+  }
+  if (d->etcd_password) memset(d->etcd_password, 0, strlen(d->etcd_password));
+  free(d->etcd_password);
+  d->etcd_password = NULL;
   if (d->token) memset(d->token, 0, strlen(d->token));
   if (d->tls_key) memset(d->tls_key, 0, strlen(d->tls_key));
   free(d->token);
@@ -247,9 +274,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
       s = mega_fail(err, MEGA_ERR_INVALID,
                     "--peers and --etcd-endpoints exclude each other: with etcd, every megad "
                     "learns its peers from etcd; drop --peers");
-    else if ((s = megad_etcd_new(&d->base, o->etcd_endpoints, 0, &d->etcd, err)) != MEGA_OK)
-      mega_err_prefix(err, "--etcd-endpoints");
-    else
+    else if ((s = open_etcd(d, o, err)) == MEGA_OK)
       s = megad_jobs_open_etcd(&d->jobs, &d->base, d->etcd, err);
   } else if (s == MEGA_OK) {
     s = megad_jobs_open(&d->jobs, &d->base, err);

@@ -22,6 +22,9 @@ typedef struct megad_opts {
   const char *peers;          /* "host:port,host:port"; NULL: none */
   const char *etcd_endpoints; /* "http://host:port,..." : cluster state in etcd (members.h);
                                  NULL: none (peers and the journal) */
+  const char *etcd_prefix;    /* where this cluster's keys live in etcd; NULL: "mega/" */
+  const char *etcd_cacert, *etcd_cert, *etcd_key; /* files: TLS towards etcd */
+  const char *etcd_user, *etcd_password_file;     /* etcd's authentication */
   const char *advertise;      /* host peers and workers use; NULL: the listen host */
   const char *worker_path;    /* NULL: megaw next to megad */
   const char *metrics_listen; /* "127.0.0.1:9100"; NULL: no /metrics */
@@ -57,6 +60,7 @@ typedef struct megad {
   mega_rpc_server *srv;
   /* the token and TLS files' contents; auth points into them */
   char *token, *tls_cert, *tls_key, *tls_ca;
+  char *etcd_pem[3], *etcd_password; /* etcd's CA, certificate and key; the password */
   mega_rpc_auth auth;
   megad_roots roots;
   /* refused calls, logged at most once a second */

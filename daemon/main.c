@@ -67,6 +67,15 @@ static void usage(FILE *f) {
           "                         each member) instead of --peers: membership, every job,\n"
           "                         and a job's takeover when its coordinator dies (README\n"
           "                         \"No single point of failure\")\n"
+          "  --etcd-prefix P        where this cluster keeps its keys in etcd (default mega/;\n"
+          "                         ends with /): clusters with other prefixes share the etcd\n"
+          "                         without seeing each other's nodes or jobs\n"
+          "  --etcd-cacert FILE     the CA of etcd's certificates: TLS (https:// endpoints)\n"
+          "  --etcd-cert FILE --etcd-key FILE  this node's client certificate for etcd\n"
+          "                         (etcd --client-cert-auth; with etcd's auth on, its CN is\n"
+          "                         the etcd user)\n"
+          "  --etcd-user NAME --etcd-password-file FILE  etcd's user and password (the file\n"
+          "                         mode 600)\n"
           "  --etcd-lease D         a node's etcd lease: lost this long after its last\n"
           "                         keepalive (default 2s, 2s..60s, whole seconds); longer\n"
           "                         rides out an overloaded machine, takes over later\n"
@@ -279,6 +288,12 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--peers", &o.peers)) ||
         (r = own_flag(argc, argv, &i, "--etcd-endpoints", &o.etcd_endpoints)) ||
         (r = own_flag(argc, argv, &i, "--etcd-lease", &lease)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-prefix", &o.etcd_prefix)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-cacert", &o.etcd_cacert)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-cert", &o.etcd_cert)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-key", &o.etcd_key)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-user", &o.etcd_user)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-password-file", &o.etcd_password_file)) ||
         (r = own_flag(argc, argv, &i, "--advertise", &o.advertise)) ||
         (r = own_flag(argc, argv, &i, "--metrics-listen", &o.metrics_listen)) ||
         (r = own_flag(argc, argv, &i, "--heartbeat-interval", &hbi)) ||
@@ -315,6 +330,12 @@ static int serve(int argc, char **argv) {
   if (!rc) rc = duration_flag("--etcd-lease", lease, 2000, 60000, &o.etcd_lease_ms);
   if (!rc && lease && !o.etcd_endpoints)
     return usage_error("--etcd-lease %s needs --etcd-endpoints (it is the etcd lease's TTL)", lease);
+  const char *etcd_only = o.etcd_prefix ? "--etcd-prefix" : o.etcd_cacert ? "--etcd-cacert"
+                          : o.etcd_cert ? "--etcd-cert" : o.etcd_key ? "--etcd-key"
+                          : o.etcd_user ? "--etcd-user"
+                          : o.etcd_password_file ? "--etcd-password-file" : NULL;
+  if (!rc && etcd_only && !o.etcd_endpoints)
+    return usage_error("%s needs --etcd-endpoints", etcd_only);
   if (rc) return rc;
 
   static app a;
