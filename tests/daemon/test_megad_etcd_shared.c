@@ -97,6 +97,29 @@ static void test_two_clusters_share_one_etcd(void **state) {
   assert_int_equal(etcd_fx_ctl(&fx, "get --prefix mega/a/j/ --keys-only | grep -q ."), 0);
   assert_int_equal(etcd_fx_ctl(&fx, "get --prefix mega/b/j/ --keys-only | grep -q ."), 1);
   assert_int_equal(etcd_fx_ctl(&fx, "get --prefix mega/nodes/ --keys-only | grep -q ."), 1);
+  /* megactl etcd-dump shows each cluster's tree, values decoded */
+  char cmd[512], out[1 << 16];
+  snprintf(cmd, sizeof cmd, "'%s' etcd-dump --etcd-endpoints %s --etcd-prefix mega/a/ --json",
+           getenv("MEGACTL"), fx.endpoints);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  assert_int_equal(pclose(p), 0);
+  assert_non_null(strstr(out, "{\"key\":\"mega/a/nodes/a1\""));
+  assert_non_null(strstr(out, "\"state\":\"NODE_STATE_ALIVE\""));
+  char want[128];
+  snprintf(want, sizeof want, "{\"key\":\"mega/a/j/%s/0\"", id);
+  assert_non_null(strstr(out, want));
+  assert_non_null(strstr(out, "\"state\":\"JOB_STATE_SUCCEEDED\""));
+  snprintf(cmd, sizeof cmd, "'%s' etcd-dump --etcd-endpoints %s --etcd-prefix mega/b/ --keys-only",
+           getenv("MEGACTL"), fx.endpoints);
+  p = popen(cmd, "r");
+  n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  assert_int_equal(pclose(p), 0);
+  assert_non_null(strstr(out, "mega/b/nodes/b1\n"));
+  assert_null(strstr(out, id));
   hd_cleanup_all();
 }
 
