@@ -223,6 +223,60 @@ static void test_user_and_password(void **state) {
   hd_cleanup_all();
 }
 
+/* The probes a kubelet uses (deploy/k8s): /healthz and /readyz answer
+ * without the token that /metrics wants; /readyz says 503 and why while
+ * etcd is away, and 200 again once it is back. */
+static void test_probes(void **state) {
+  (void)state;
+  assert_true(etcd_fx_start(&fx, 1));
+  char dir[64], tok[128], maddr[64];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(tok, sizeof tok, "%s/token", dir);
+  write_file(tok, "probe-test-token-0123456789abcdef\n");
+  int port = hd_free_port();
+  snprintf(maddr, sizeof maddr, "127.0.0.1:%d", port);
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, "--token-file", tok,
+                         "--metrics-listen", maddr, NULL};
+  mega_rpc_auth auth = {.token = "probe-test-token-0123456789abcdef"};
+  hd_set_auth(&auth);
+  hd n1;
+  assert_true(hd_start(&n1, "k1", 1, NULL, NULL, extra));
+  char *p = hd_http_get(port, "/metrics", NULL);
+  assert_non_null(strstr(p, " 401 "));
+  free(p);
+  p = hd_http_get(port, "/healthz", NULL);
+  assert_non_null(strstr(p, " 200 "));
+  assert_non_null(strstr(p, "\r\n\r\nok\n"));
+  free(p);
+  p = hd_http_get(port, "/readyz", NULL);
+  assert_non_null(strstr(p, " 200 "));
+  free(p);
+  etcd_fx_kill(&fx, 0);
+  bool unready = false;
+  for (int i = 0; i < 100 && !unready; i++) {
+    usleep(100 * 1000);
+    p = hd_http_get(port, "/readyz", NULL);
+    unready = strstr(p, " 503 ") && strstr(p, "etcd"); /* why: unreachable, or not durable */
+    free(p);
+  }
+  assert_true(unready);
+  p = hd_http_get(port, "/healthz", NULL);
+  assert_non_null(strstr(p, " 200 ")); /* alive all the same */
+  free(p);
+  assert_true(etcd_fx_restart(&fx, 0));
+  bool ready = false;
+  for (int i = 0; i < 100 && !ready; i++) {
+    usleep(100 * 1000);
+    p = hd_http_get(port, "/readyz", NULL);
+    ready = strstr(p, " 200 ") != NULL;
+    free(p);
+  }
+  assert_true(ready);
+  hd_set_auth(NULL);
+  hd_cleanup_all();
+  hd_rmdir(dir);
+}
+
 int main(int argc, char **argv) {
   etcd_fx_require();
   signal(SIGPIPE, SIG_IGN);
@@ -230,6 +284,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_two_clusters_share_one_etcd, teardown),
       cmocka_unit_test_teardown(test_tls_client_certificates, teardown),
       cmocka_unit_test_teardown(test_user_and_password, teardown),
+      cmocka_unit_test_teardown(test_probes, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
