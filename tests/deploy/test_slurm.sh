@@ -8,11 +8,17 @@
 # loss is `megad run`'s for the same job. Prints two figures: sbatch to the
 # first iteration, and SIGTERM to the committed checkpoint.
 #
-# usage: test_slurm.sh SOURCE_ROOT MEGAD MEGACTL MEGAW   (exit 77: skipped)
+# With a fifth argument, etcd, the same with the script's etcd branch: an
+# etcd started here, the allocation's keys under mega/slurm-JOBID/.
+#
+# usage: test_slurm.sh SOURCE_ROOT MEGAD MEGACTL MEGAW [etcd]   (exit 77: skipped)
 set -u
-src=$1 megad=$2 megactl=$3 megaw=$4
+src=$1 megad=$2 megactl=$3 megaw=$4 mode=${5:-peers}
 . "$src/tests/deploy/slurm_fixture.sh"
 if why=$(slurm_fixture_missing); then echo "$why"; exit 77; fi
+if [ "$mode" = etcd ] && ! command -v etcd >/dev/null; then
+  echo "skipped: etcd is not installed"; exit 77
+fi
 slurm_fixture_reexec "$0" "$@"
 
 fail() { echo "FAIL: $*"; for f in "$T"/job.out "$T"/run/megad-*.log; do
@@ -22,6 +28,20 @@ now() { date +%s.%N; }
 T=$(mktemp -d /tmp/mega-slurm-test.XXXXXX)
 trap 'slurm_fixture_stop; [ -n "${KEEP:-}" ] || rm -rf "$T"' EXIT
 slurm_fixture_start "$T/slurm" || fail "no Slurm"
+etcd_env=()
+if [ "$mode" = etcd ]; then
+  cport=$(slurm_fixture_port) pport=$(slurm_fixture_port)
+  etcd --name e1 --data-dir "$T/etcd" --listen-client-urls "http://127.0.0.1:$cport" \
+    --advertise-client-urls "http://127.0.0.1:$cport" --listen-peer-urls "http://127.0.0.1:$pport" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+    --initial-cluster "e1=http://127.0.0.1:$pport" --log-level warn >"$T/etcd.log" 2>&1 &
+  SLURM_FIXTURE_PIDS+=($!)
+  for _ in $(seq 100); do
+    ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$cport" endpoint health >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  etcd_env=(MEGA_ETCD_ENDPOINTS="http://127.0.0.1:$cport")
+fi
 
 for i in $(seq 200); do
   echo "The quick brown fox jumps over the lazy dog, line $i of a tiny corpus."
@@ -39,7 +59,8 @@ cd "$T" || exit 1
 mkdir "$T/ck"
 port=$(slurm_fixture_port)
 t_sbatch=$(now)
-jid=$(MEGAD="$megad" MEGACTL="$megactl" MEGAW="$megaw" MEGA_PORT=$port MEGA_WATCH=--json \
+jid=$(env "${etcd_env[@]}" \
+      MEGAD="$megad" MEGACTL="$megactl" MEGAW="$megaw" MEGA_PORT=$port MEGA_WATCH=--json \
       MEGA_RUN_DIR="$T/run" MEGA_STATE_ROOT="$T" MEGA_REQUEUE=1 \
       sbatch --parsable --nodes=2 --requeue --output="$T/job.out" \
       "$src/deploy/slurm/mega.sbatch" "${job[@]}" --save "$T/ck" --load "$T/ck" \
@@ -105,6 +126,12 @@ if bad:
 print("all %d losses equal megad run's" % iters)
 EOF
 stopped=$(cat "$T/ck/latest_checkpointed_iteration.txt")
+if [ "$mode" = etcd ]; then
+  n=$(ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$cport" get --prefix "mega/slurm-$jid/j/" \
+      --keys-only | grep -c .)
+  [ "$n" -gt 0 ] || fail "no job under mega/slurm-$jid/ in etcd"
+  echo "etcd holds $n keys of the allocation's jobs under mega/slurm-$jid/"
+fi
 python3 -c "import sys; a = [float(x) for x in sys.argv[1:]]
 print('figure: sbatch to the first iteration: %.2f s' % (a[1] - a[0]))
 print('figure: SIGTERM to the committed checkpoint: %.2f s' % (a[3] - a[2]))" \
