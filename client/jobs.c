@@ -374,7 +374,8 @@ static int cancel_one(const char *server, const char *id, const char *reason) {
     if (st == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED)
       printf("cancelled %s\n", id);
     else if (st == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
-             st == MEGA__V1__JOB_STATE__JOB_STATE_FAILED)
+             st == MEGA__V1__JOB_STATE__JOB_STATE_FAILED ||
+             st == MEGA__V1__JOB_STATE__JOB_STATE_STOPPED)
       printf("%s already %s; nothing to cancel\n", id, view_state_name(st));
     else
       printf("cancelling %s (now %s)\n", id, view_state_name(st));
@@ -449,8 +450,8 @@ int megactl_resume(int argc, char **argv) {
   if (rc) return rc;
   if (cf.help) {
     printf("usage: megactl resume JOB [--server ADDR]\n\n"
-           "Restarts a failed job from its newest complete checkpoint, as a new attempt (from\n"
-           "the start when it has none). Follow it with megactl watch JOB.\n");
+           "Restarts a failed or stopped job from its newest complete checkpoint, as a new\n"
+           "attempt (from the start when it has none). Follow it with megactl watch JOB.\n");
     return 0;
   }
   mega_err err = {0};

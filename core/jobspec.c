@@ -221,6 +221,16 @@ const flagdef mega_jf_table[] = {
     BOOL("--use-checkpoint-opt_param-scheduler", use_checkpoint_opt_param_scheduler,
          "checkpoints",
          "With --load: use the checkpoint's LR schedule instead of this job's LR flags."),
+    BOOL("--exit-signal-handler", exit_signal_handler, "checkpoints",
+         "On SIGTERM, save a checkpoint (with --save) at the next iteration boundary and "
+         "stop; under megad the job ends STOPPED, resumable from it (a scheduler's warning "
+         "before a time limit: deploy/slurm)."),
+    INT("--exit-interval", exit_interval, "checkpoints", "N", 0, "0", false, 0,
+        "Save a checkpoint (with --save) and stop after the first iteration divisible by N; "
+        "0 never does."),
+    INT("--exit-duration-in-mins", exit_duration_in_mins, "checkpoints", "N", 0, "0", false, 0,
+        "Save a checkpoint (with --save) and stop at the first iteration boundary after N "
+        "minutes of the job's run (its setup included); 0 never does."),
     INT("--eval-interval", eval_interval, "evaluation", "N", 0, "0", false, 0,
         "Evaluate every N iterations; 0 never evaluates."),
     INT("--eval-iters", eval_iters, "evaluation", "N", 10, "10", false, 0,

@@ -195,6 +195,11 @@ typedef struct mega_jobspec {
   bool no_load_rng;  /* accepted; mega's training has no random state to load */
   bool override_opt_param_scheduler;       /* --load: this job's LR schedule wins */
   bool use_checkpoint_opt_param_scheduler; /* --load: the checkpoint's LR schedule wins */
+  /* stopping early, as Megatron's training loop does: a checkpoint (with
+   * --save) and a stop at an iteration boundary every rank agrees on */
+  bool exit_signal_handler;  /* on SIGTERM */
+  int exit_interval;         /* after an iteration divisible by it; 0: never */
+  int exit_duration_in_mins; /* after this long; 0: never */
   /* evaluation */
   int eval_interval; /* 0: never */
   int eval_iters;    /* 10 */

@@ -1,7 +1,8 @@
 /* megad: the daemon.
  *
  *   megad serve --listen ADDR --state-dir DIR --slots N [--node-name NAME]
- *               [--peers ADDR,... | --etcd-endpoints URL,...] [--advertise HOST]
+ *               [--peers ADDR,... | --peers slurm | --etcd-endpoints URL,...]
+ *               [--advertise HOST]
  *               [--worker PATH]
  *               [--metrics-listen ADDR] [--heartbeat-interval D]
  *               [--heartbeat-timeout D] [--rendezvous-timeout D]
@@ -10,7 +11,11 @@
  *
  * `run` is the same daemon on a private unix socket with one job: it prints
  * the merged steps and exits with the job's status (0 succeeded, 1 failed,
- * 130/143 after SIGINT/SIGTERM, 2 for a bad flag or job). */
+ * 130/143 after SIGINT/SIGTERM, 2 for a bad flag or job, 92 when the job
+ * stopped early as asked after its checkpoint: core/exitcode.h).
+ *
+ * SIGTERM asks jobs with --exit-signal-handler to save and stop first
+ * (megad_stop_saving); a second signal, or SIGINT, stops at once. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -21,9 +26,11 @@
 #include <unistd.h>
 
 #include "core/duration.h"
+#include "core/exitcode.h"
 #include "core/jobspec.h"
 #include "core/logline.h"
 #include "daemon/daemon.h"
+#include "daemon/slurm.h"
 #include "proto/pb_json.h"
 
 #define EXIT_USAGE 2
@@ -54,10 +61,24 @@ static const char usage_serve[] =
     "                         per GPU the cuda module finds; required without GPUs)\n"
     "  --node-name NAME       this node's name (default: the hostname)\n"
     "  --peers ADDR,...       megads to join (host:port of each)\n"
+    "  --peers slurm          under srun: the other nodes of $SLURM_JOB_NODELIST, each\n"
+    "                         at this megad's --listen port; the node's name from\n"
+    "                         $SLURMD_NODENAME and, without --slots, its slots from\n"
+    "                         $SLURM_GPUS_ON_NODE, the GPUs found, or\n"
+    "                         $SLURM_CPUS_ON_NODE (deploy/slurm/)\n"
     "  --etcd-endpoints URL,...  keep the cluster's state in etcd (http://host:port of\n"
     "                         each member) instead of --peers: membership, every job,\n"
     "                         and a job's takeover when its coordinator dies (README\n"
     "                         \"No single point of failure\")\n"
+    "  --etcd-prefix P        where this cluster keeps its keys in etcd (default mega/;\n"
+    "                         ends with /): clusters with other prefixes share the etcd\n"
+    "                         without seeing each other's nodes or jobs\n"
+    "  --etcd-cacert FILE     the CA of etcd's certificates: TLS (https:// endpoints)\n"
+    "  --etcd-cert FILE --etcd-key FILE  this node's client certificate for etcd\n"
+    "                         (etcd --client-cert-auth; with etcd's auth on, its CN is\n"
+    "                         the etcd user)\n"
+    "  --etcd-user NAME --etcd-password-file FILE  etcd's user and password (the file\n"
+    "                         mode 600)\n"
     "  --etcd-lease D         a node's etcd lease: lost this long after its last\n"
     "                         keepalive (default 2s, 2s..60s, whole seconds); longer\n"
     "                         rides out an overloaded machine, takes over later\n"
@@ -150,17 +171,38 @@ static void stopped(void *arg) {
   uv_close((uv_handle_t *)&a->sigterm, NULL);
 }
 
+/* SIGTERM: what megad was told, for the record of a job that stops on it. */
+static void sigterm_reason(const app *a, char *buf, size_t len) {
+  const char *slurm_job = getenv("SLURM_JOB_ID");
+  if (slurm_job)
+    snprintf(buf, len, "megad on %s got SIGTERM (Slurm job %s: its time limit is near, or "
+             "scancel --signal TERM)", a->d.base.node_id, slurm_job);
+  else
+    snprintf(buf, len, "megad on %s got SIGTERM", a->d.base.node_id);
+}
+
 static void on_signal(uv_signal_t *h, int sig) {
   app *a = h->data;
+  char why[320];
   if (a->job && !mega_job_state_final(a->job->state)) { /* run: cancel, then stop */
+    /* --exit-signal-handler: the first SIGTERM saves and stops the job */
+    if (sig == SIGTERM && a->job->spec.exit_signal_handler && !a->signal) {
+      a->signal = sig;
+      sigterm_reason(a, why, sizeof why);
+      megad_coord_stop_saving(&a->d.coord, why);
+      return;
+    }
     a->signal = sig;
     megad_coord_cancel(&a->d.coord, a->job,
                        sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", NULL, NULL);
     return;
   }
-  char why[64];
-  snprintf(why, sizeof why, "signal %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
-  megad_stop(&a->d, why, stopped, a);
+  if (sig == SIGTERM) {
+    sigterm_reason(a, why, sizeof why);
+    megad_stop_saving(&a->d, why, stopped, a);
+    return;
+  }
+  megad_stop(&a->d, "signal SIGINT", stopped, a);
 }
 
 static int start(app *a, const megad_opts *o) {
@@ -198,6 +240,28 @@ static int duration_flag(const char *flag, const char *v, unsigned min, unsigned
 }
 
 /* ---- serve ---- */
+
+/* --peers slurm: name, peers and slots from the allocation (daemon/slurm.h). */
+static int slurm_peers(megad_opts *o, bool slots_given, megad_slurm *s) {
+  if (o->etcd_endpoints)
+    return usage_error("--peers slurm and --etcd-endpoints exclude each other: with etcd the "
+                       "nodes find each other there; drop --peers%s", "");
+  mega_err err = {0};
+  if (megad_slurm_from_env(o->listen, o->node_name, s, &err) != MEGA_OK)
+    return usage_error("%s", err.msg);
+  if (!o->node_name) o->node_name = s->node_name;
+  o->peers = s->peers[0] ? s->peers : NULL;
+  if (!slots_given) {
+    o->slots = s->gpu_slots; /* 0: megad_start counts the GPUs, else cpu_slots */
+    o->cpu_slots = s->cpu_slots;
+  }
+  /* peers reach this node by the name Slurm gives it, as it reaches them */
+  const char *colon = strrchr(o->listen, ':');
+  size_t hl = colon ? (size_t)(colon - o->listen) : 0;
+  bool wildcard = !hl || !strncmp(o->listen, "0.0.0.0", hl) || !strncmp(o->listen, "[::]", hl);
+  if (!o->advertise && wildcard) o->advertise = o->node_name;
+  return 0;
+}
 
 #define MAX_ROOTS 64
 
@@ -243,6 +307,12 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--peers", &o.peers)) ||
         (r = own_flag(argc, argv, &i, "--etcd-endpoints", &o.etcd_endpoints)) ||
         (r = own_flag(argc, argv, &i, "--etcd-lease", &lease)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-prefix", &o.etcd_prefix)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-cacert", &o.etcd_cacert)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-cert", &o.etcd_cert)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-key", &o.etcd_key)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-user", &o.etcd_user)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-password-file", &o.etcd_password_file)) ||
         (r = own_flag(argc, argv, &i, "--advertise", &o.advertise)) ||
         (r = own_flag(argc, argv, &i, "--metrics-listen", &o.metrics_listen)) ||
         (r = own_flag(argc, argv, &i, "--heartbeat-interval", &hbi)) ||
@@ -267,6 +337,11 @@ static int serve(int argc, char **argv) {
   if (retain && !parse_count(retain, 1000000, &retain_jobs))
     return usage_error("--retain-jobs: '%s' is not a count in 1..1000000", retain);
   o.retain_jobs = (unsigned)retain_jobs;
+  static megad_slurm slurm;
+  if (o.peers && !strcmp(o.peers, "slurm")) {
+    int src = slurm_peers(&o, slots != NULL, &slurm);
+    if (src) return src;
+  }
   int rc = duration_flag("--heartbeat-interval", hbi, 10, 60000, &o.heartbeat_interval_ms);
   if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
   if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);
@@ -274,6 +349,12 @@ static int serve(int argc, char **argv) {
   if (!rc) rc = duration_flag("--etcd-lease", lease, 2000, 60000, &o.etcd_lease_ms);
   if (!rc && lease && !o.etcd_endpoints)
     return usage_error("--etcd-lease %s needs --etcd-endpoints (it is the etcd lease's TTL)", lease);
+  const char *etcd_only = o.etcd_prefix ? "--etcd-prefix" : o.etcd_cacert ? "--etcd-cacert"
+                          : o.etcd_cert ? "--etcd-cert" : o.etcd_key ? "--etcd-key"
+                          : o.etcd_user ? "--etcd-user"
+                          : o.etcd_password_file ? "--etcd-password-file" : NULL;
+  if (!rc && etcd_only && !o.etcd_endpoints)
+    return usage_error("%s needs --etcd-endpoints", etcd_only);
   if (rc) return rc;
 
   static app a;
@@ -357,9 +438,10 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *item) {
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE: {
     const Mega__V1__Job *j = item->final_state;
     if (j->state == MEGA_JOB_SUCCEEDED) a->exit_code = 0;
+    else if (j->state == MEGA_JOB_STOPPED) a->exit_code = MEGA_EXIT_REQUEUE;
     else if (j->state == MEGA_JOB_CANCELLED && a->signal) a->exit_code = 128 + a->signal;
     else a->exit_code = 1;
-    if (a->exit_code && a->tmp_dir)
+    if (a->exit_code && a->exit_code != MEGA_EXIT_REQUEUE && a->tmp_dir)
       fprintf(stderr, "megad: the worker logs were in a temporary directory, now removed; give "
                       "--state-dir DIR to keep them\n");
     a->job = NULL; /* freed with the daemon */

@@ -46,6 +46,7 @@ typedef struct mega_rpc_channel_opts {
   const char *header_key, *header_value; /* one more metadata entry every call carries
                                     (lowercase key; etcd's "hasleader": "true"); NULL:
                                     none. Copied. */
+  const char *header2_key, *header2_value; /* and another (etcd's "token"); NULL: none */
 } mega_rpc_channel_opts;
 
 /* target is "host:port" or "unix:/path". Connects lazily: a wrong or dead

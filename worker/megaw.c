@@ -7,7 +7,9 @@
  * With --json each iteration is one JSON object on one line of stdout;
  * without it a readable line every --log-interval iterations. Notes go to
  * stderr. SIGINT and SIGTERM stop training after the current
- * step (exit 130 and 143); completed checkpoints stay intact. */
+ * step (exit 130 and 143); completed checkpoints stay intact. With
+ * --exit-signal-handler SIGTERM saves a checkpoint (with --save) at the next
+ * iteration boundary and exits 0, as Megatron does. */
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -38,6 +40,17 @@ static void install_signals(void) {
   sa.sa_flags = SA_RESETHAND; /* a second signal stops at once, as usual */
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+/* --exit-signal-handler: SIGTERM asks for a save and a stop at the next
+ * iteration boundary, however often it comes (a scheduler may send it to
+ * every process of a job, and megad may pass it on too). */
+static void keep_sigterm(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
 }
 
@@ -155,8 +168,12 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
     print_text(rs, m, tokens_per_s);
   }
   fflush(stdout);
-  /* A signal stops training after the step that was running. */
-  if (stop_signal) mega_rank_abort(rs->rank, "stopped by a signal");
+  /* A signal stops training after the step that was running; SIGTERM with
+   * --exit-signal-handler after a save. */
+  if (stop_signal == SIGTERM && rs->job->exit_signal_handler)
+    mega_rank_request_exit(rs->rank, "SIGTERM (--exit-signal-handler)");
+  else if (stop_signal)
+    mega_rank_abort(rs->rank, "stopped by a signal");
 }
 
 static void print_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
@@ -217,8 +234,13 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
     } else {
       rc = fail(NULL, &err);
     }
-  } else if (stop_signal) {
-    rc = 128 + stop_signal;
+  } else if (mega_rank_stopped(rs.rank)) {
+    fprintf(stderr, "megaw: stopped after iteration %lld of %d: %s%s%s\n",
+            (long long)mega_rank_iteration(rs.rank), job->train_iters,
+            mega_rank_stopped(rs.rank), job->save ? "; resume with --load " : " (no --save: "
+            "nothing to resume from)", job->save ? job->save : "");
+  } else if (stop_signal && !(stop_signal == SIGTERM && job->exit_signal_handler)) {
+    rc = 128 + stop_signal; /* (a SIGTERM after the last iteration changed nothing) */
   }
 out:
   mega_rank_destroy(rs.rank);
@@ -326,6 +348,7 @@ int main(int argc, char **argv) {
   char what[512];
   if (o.rank == 0 && mega_jobspec_eval_note(&job, what, sizeof what))
     fprintf(stderr, "megaw: %s\n", what);
+  if (job.exit_signal_handler) keep_sigterm();
   int rc = run_standalone(&job, &o);
   mega_jobspec_free(&job);
   return rc;

@@ -408,8 +408,9 @@ void megad_coord_cancel_forget(megad_coord *c, mega_job *j, void *arg) {
 }
 
 mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err) {
-  if (j->state != MEGA_JOB_FAILED)
-    return mega_fail(err, MEGA_ERR_INVALID, "job %s is %s; only a failed job can be resumed",
+  if (j->state != MEGA_JOB_FAILED && j->state != MEGA_JOB_STOPPED)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "job %s is %s; only a failed or stopped job can be resumed",
                      j->id, mega_job_state_name(j->state));
   if (!j->spec_ok)
     return mega_fail(err, MEGA_ERR_INVALID,
@@ -545,4 +546,6 @@ void megad_coord_start(megad_coord *c) {
 void megad_coord_free(megad_coord *c) {
   if (c->tick_on) uv_close((uv_handle_t *)&c->tick, NULL);
   c->tick_on = false;
+  free(c->saving_reason);
+  c->saving_reason = NULL;
 }

@@ -60,6 +60,10 @@ typedef struct coord_run {
   int timers_open; /* while closing */
   megad_cancel_wait *cancels;
   size_t ncancels;
+  /* ranks that stopped early as asked (WorkerStopped): the first one's why */
+  char *stopped;
+  bool stopped_mine; /* said by a rank that was asked itself */
+  uint64_t stopped_iteration;
 } coord_run;
 
 /* coord.c: ends j, the jobs layer's megad_job_finalize plus what the

@@ -90,6 +90,14 @@ void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, 
 /* Aborts the launches coordinated by coord_id (it died or restarted): no
  * rank runs on without its coordinator. */
 void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason);
+/* A shutdown that saves first (megad got SIGTERM): asks the workers of every
+ * launch whose job has --exit-signal-handler (of job_id; NULL: of any job)
+ * to save a checkpoint at the next iteration boundary and stop (a Stop frame
+ * with reason, as a SIGTERM to the worker would). Returns how many launches
+ * were asked. */
+size_t megad_launch_stop_graceful(megad_launcher *L, const char *job_id, const char *reason);
+/* Whether such a launch still has workers running. */
+bool megad_launch_graceful_live(const megad_launcher *L);
 /* Shutdown: aborts everything. */
 void megad_launch_abort_all(megad_launcher *L, const char *reason);
 /* Passes the coordinator's go-ahead for a checkpoint to the committing

@@ -55,6 +55,7 @@ struct megad_launch {
   Mega__V1__LaunchRanksRequest *req; /* owned copy */
   char *dir;                         /* state_dir/jobs/<id>/<attempt> */
   bool coord_local, coord_gone, aborting;
+  bool graceful; /* the job has --exit-signal-handler: a shutdown asks it to save and stop */
   megad_worker *w;
   size_t nw, live; /* live: workers with handles still open */
   uv_timer_t kill_timer, retry_timer;

@@ -173,7 +173,7 @@ run 1 "$megactl" watch "$broken"
 run 0 "$megactl" status "$broken" --json
 same "$(jq -r '[.events[] | select(.kind == "JOB_EVENT_KIND_RESTARTING")] | length' out.txt)" 1
 run 1 "$megactl" resume "$id"
-has err.txt "is succeeded; only a failed job can be resumed"
+has err.txt "is succeeded; only a failed or stopped job can be resumed"
 # rescale: within the job's --nnodes range only
 run 1 "$megactl" rescale "$id" --nnodes 2
 has err.txt "only a running job can be rescaled"

@@ -213,6 +213,7 @@ static mega_status make_backend(mega_rank *r, mega_err *err) {
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
+  r->start_s = rank_now_s();
   rank_phase(r, "setup");
   mega_status st = make_backend(r, err);
   if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
@@ -480,7 +481,14 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
     mega_rank_metrics m;
     st = mega_rank_step(r, &m, err);
     if (st == MEGA_OK && r->env.on_step) r->env.on_step(r->env.arg, &m);
-    if (st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration)) st = mega_rank_save(r, err);
+    bool saved = st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration);
+    if (saved) st = mega_rank_save(r, err);
+    bool stop = false;
+    if (st == MEGA_OK) st = rank_exit_check(r, &stop, err);
+    if (stop) { /* Megatron's order: the due save, then a stop saves if it was not one */
+      if (r->job->save && !saved) st = mega_rank_save(r, err);
+      break;
+    }
   }
   /* --overlap-param-gather leaves the last gathers in flight: finish them
    * before the communicators go, or a peer still in them would fail. */
