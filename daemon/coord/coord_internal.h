@@ -49,6 +49,10 @@ typedef struct coord_run {
   uint32_t nhello, nexited;
   int64_t started_ms; /* placed */
   save_wait saves[PENDING_SAVES];
+  /* commits refused while this node could not act (etcd away): how many,
+   * and their first and last iterations, for the event when they resume */
+  uint32_t skipped;
+  uint64_t skipped_first, skipped_last;
   /* the end */
   bool stopping;
   mega_end_kind end_kind;
@@ -130,7 +134,10 @@ bool coord_may_act(const megad_coord *c);
 /* coord_etcd.c: the orphan scan the tick runs. */
 void coord_etcd_tick(megad_coord *c);
 
-/* Sends the committing rank the go-ahead for iteration. */
+/* Answers the committing rank about iteration at once: the go-ahead, or,
+ * while this node may not act (coord_may_act), a refusal, so no rank waits
+ * for etcd; a refusal is an event (once per run of them) and so is the
+ * commit that ends the run. */
 void coord_ask_commit(coord_run *run, uint64_t iteration);
 
 #endif

@@ -215,6 +215,25 @@ void coord_abort_nodes(coord_run *run, const char *reason) {
     coord_abort_on(run->c, j, j->placement[i].node_id, false, reason);
 }
 
+/* A commit refused because this node may not act: training goes on
+ * without it; the first of a run of them is an event. */
+static void commit_skipped(coord_run *run, uint64_t iteration, char *why, size_t len) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  const char *etcd_why = NULL;
+  bool reachable = megad_etcd_ok(c->jobs->etcd, &etcd_why);
+  snprintf(why, len, "this node's etcd lease is not known alive%s%s", reachable ? "" : ": ",
+           reachable || !etcd_why ? "" : etcd_why);
+  if (!run->skipped++) {
+    run->skipped_first = iteration;
+    megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                    "checkpoint of iteration %llu not committed: %s; training goes on, and "
+                    "checkpoints commit again once the lease is renewed",
+                    (unsigned long long)iteration, why);
+  }
+  run->skipped_last = iteration;
+}
+
 void coord_ask_commit(coord_run *run, uint64_t iteration) {
   megad_coord *c = run->c;
   mega_job *j = run->job;
@@ -225,10 +244,12 @@ void coord_ask_commit(coord_run *run, uint64_t iteration) {
   req.rank = 0;
   req.iteration = iteration;
   req.coordinator_fence = j->etcd.fence;
-  if (!coord_may_act(c)) { /* etcd: a lease not known alive may have lost the job */
-    megad_warn(c->b, "job %s: not committing the checkpoint of iteration %llu: this node's etcd "
-                     "lease is not known alive", j->id, (unsigned long long)iteration);
-    return;
+  /* etcd: a lease not known alive may have lost the job, so no go-ahead;
+   * but the rank hears so at once rather than wait for one */
+  char why[MEGA_ERR_MSG_MAX + 64];
+  if (!coord_may_act(c)) {
+    commit_skipped(run, iteration, why, sizeof why);
+    req.refused = why;
   }
   megad_node *n = jn ? megad_members_find(c->members, jn->node_id) : NULL;
   mega_err e = {0};
@@ -347,6 +368,19 @@ static void committed(coord_run *run, const char *node_id, uint32_t rank,
                   "checkpoint of iteration %llu committed in %s (%.1f MB, %.2f s; training "
                   "waited %.2f s)", (unsigned long long)ck->iteration, ck->path,
                   (double)ck->bytes / 1e6, ck->duration_s, ck->blocked_s);
+  if (run->skipped) {
+    char which[64];
+    if (run->skipped == 1)
+      snprintf(which, sizeof which, "iteration %llu", (unsigned long long)run->skipped_first);
+    else
+      snprintf(which, sizeof which, "iterations %llu to %llu",
+               (unsigned long long)run->skipped_first, (unsigned long long)run->skipped_last);
+    megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                    "checkpoints commit again; %u checkpoint%s (%s) went uncommitted while "
+                    "this node's etcd lease was not known alive",
+                    run->skipped, run->skipped == 1 ? "" : "s", which);
+    run->skipped = 0;
+  }
   /* nodes came back, or megactl rescale asked: re-plan from this checkpoint */
   if (j->spec.save && ck->iteration < j->train_iters) {
     uint32_t now = (uint32_t)j->nplaced, could = coord_could_place(c, j, true);
