@@ -65,6 +65,7 @@ void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const cha
   if (before == state || j->state != state) return; /* refused: nothing ended */
   free(j->coord.wait);
   j->coord.wait = NULL;
+  j->coord.failed_ms = 0; /* a resume's first step is no recovery from this */
 }
 
 /* ---- launching ---- */
@@ -469,6 +470,17 @@ void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why)
       if (j->coord.run) coord_ranks_gone(run, j->placement[k].first_rank, j->placement[k].nranks);
       break;
     }
+  }
+}
+
+void megad_coord_stalled(megad_coord *c, uint64_t ms) {
+  (void)ms; /* coord_stall_cause reads the stall from the base */
+  for (coord_run *run = c->runs, *next; run; run = next) {
+    next = run->next; /* coord_cause may end the attempt */
+    char why[400];
+    if (run->stopping || !coord_stall_cause(run, 0, why, sizeof why)) continue;
+    megad_job_event(c->jobs, run->job, EV(INFO), c->b->node_id, -1, "%s", why);
+    coord_cause(run, CAUSE_PRIMARY, MEGA_END_COORDINATOR, why);
   }
 }
 

@@ -48,6 +48,7 @@ typedef struct coord_run {
   bool *hello, *exited, *errored;
   uint32_t nhello, nexited;
   int64_t started_ms; /* placed */
+  uint64_t started_loop_ms; /* the same, on the loop's clock */
   save_wait saves[PENDING_SAVES];
   /* commits refused while this node could not act (etcd away): how many,
    * and their first and last iterations, for the event when they resume */
@@ -113,8 +114,13 @@ coord_run *coord_run_of(megad_coord *c, const char *job_id, uint32_t attempt);
 /* Ranks [first, first+n) will never report (not started, or their node is
  * lost): counted as exited. */
 void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n);
-/* A failure of the attempt, with its weight and kind. */
+/* A failure of the attempt, with its weight and kind. Soon after a stall of
+ * this node that the attempt could not outlive, the stall is the cause
+ * (COORDINATOR, primary) whatever the failure seen. */
 void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg);
+/* Whether the attempt could not outlive this node's newest stall, if it
+ * ended within window_ms; then the sentence that says so, in buf. */
+bool coord_stall_cause(coord_run *run, uint64_t window_ms, char *buf, size_t len);
 /* Ends the attempt: every node aborts its ranks; once every rank has exited
  * (or after the grace) the recovery decision is made. */
 void coord_stop(coord_run *run, mega_end_kind kind, const char *why);

@@ -131,13 +131,13 @@ static void members_saw(megad_members *m, megad_node *n, uint64_t inc) {
 }
 
 static void check_liveness(megad_members *m) {
-  uint64_t now = uv_now(m->b->loop);
   for (size_t i = 1; i < m->nnodes; i++) {
     megad_node *n = m->nodes[i];
     if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
         n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
       continue;
-    uint64_t quiet = now - n->seen_ms;
+    /* this node's own stall is no silence of n's */
+    uint64_t quiet = megad_quiet_ms(m->b, n->seen_ms);
     if (quiet >= m->o.heartbeat_timeout_ms) {
       char why[300];
       snprintf(why, sizeof why, "node %s missed heartbeats for %.1f s", n->id,

@@ -522,6 +522,55 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   hd_cleanup(&n1);
 }
 
+/* ---- the coordinator frozen for 5 s (heartbeat mode) ---- */
+
+/* SIGSTOP of the coordinator's megad for 5 s: on waking, its clock said
+ * every peer and its own worker had been silent all along, so the events
+ * blamed rank 0 for no progress and named a healthy node as lost, and a
+ * step the failed attempt still completed was logged as "training again".
+ * The cause is the coordinator's own stall; the restart is not counted. */
+static void test_coordinator_freeze(void **state) {
+  (void)state;
+  char listen[64];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", free_port());
+  const char *fixed[] = {"--listen", listen, NULL};
+  hd n[3];
+  assert_true(hd_start(&n[0], "f1", 1, NULL, NULL, fixed));
+  assert_true(hd_start(&n[1], "f2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "f3", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
+                         "--save", ckpt, "--save-interval", "5", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 300, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = spec.nnodes_max = 3;
+  spec.max_restarts = 2;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  assert_true(hd_wait_checkpoint(&n[0], id, 10, 60000) >= 10);
+  kill(n[0].pid, SIGSTOP);
+  sleep(5);
+  kill(n[0].pid, SIGCONT);
+  hd_watch w;
+  hd_watch_job(&n[0], id, true, 180000, &w);
+  fprintf(stderr, "events:\n%s", w.events_text);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_int_equal(w.last_iteration, 300);
+  assert_true(w.final->attempt >= 1);
+  assert_int_equal(w.final->restarts, 0); /* the coordinator's stall is no failure of the job */
+  assert_non_null(strstr(w.events_text, "node f1, the job's coordinator, stalled for"));
+  assert_null(strstr(w.events_text, "missed heartbeats")); /* f2 and f3 were fine */
+  assert_null(strstr(w.events_text, "made no progress"));   /* so was rank 0 */
+  assert_null(strstr(w.events_text, "training again: attempt 0 "));
+  assert_false(hd_log_has(&n[0], "missed heartbeats"));
+  hd_watch_free(&w);
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -538,6 +587,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_elastic_shrinks_on_node_loss, teardown),
       cmocka_unit_test_teardown(test_grows_back_and_rescales, teardown),
       cmocka_unit_test_teardown(test_coordinator_loss_stops_remote_ranks, teardown),
+      cmocka_unit_test_teardown(test_coordinator_freeze, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
