@@ -65,6 +65,7 @@ typedef struct megad_coord {
   megad_kvserve *kvs;
   megad_coord_opts o;
   uv_timer_t tick; /* retries the placement of waiting jobs */
+  uv_timer_t retain_soon; /* retention right after a job ends (before the next request) */
   bool tick_on;
   /* Ranks of ended attempts, per node, that the node's heartbeats may still
    * count as busy: placement discounts them until its next heartbeat. */

@@ -88,8 +88,9 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err);
  * (a restarting job goes before the younger ones); remove takes it out. */
 void coord_wq_add(megad_coord *c, mega_job *j);
 void coord_wq_remove(megad_coord *c, mega_job *j);
-/* Retention: forgets the oldest ended jobs past o.retain_jobs and those
- * ended more than o.retain_ms ago. O(jobs); the tick runs it every 10 s. */
+/* Retention: forgets the ended jobs past o.retain_jobs, those that ended
+ * longest ago first, and those ended more than o.retain_ms ago. O(jobs);
+ * it runs after every job's end and, for the age, every 10 s. */
 void coord_retain(megad_coord *c, int64_t now_ms);
 
 /* coord_place.c: where a job can run now */

@@ -80,7 +80,8 @@ static void compact(megad_jobs *js, size_t replayed) {
     snprintf(id, sizeof id, "j-%llu-forgotten", (unsigned long long)js->t.next_id - 1);
     uint8_t *buf = NULL;
     size_t len = 0;
-    recs_add(&r, mega_jrec_forget(id, &buf, &len, NULL), buf, len);
+    mega_status st = mega_jrec_forget(id, &buf, &len, NULL);
+    recs_add(&r, st, buf, len);
   }
   mega_err e = {0};
   if (r.ok && 2 * r.n + 64 < replayed) {
@@ -180,7 +181,8 @@ size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *a
     if (!mega_job_state_final(j->state) || !gone(j, arg)) continue;
     uint8_t *buf = NULL;
     size_t len = 0;
-    recs_add(&r, mega_jrec_forget(j->id, &buf, &len, NULL), buf, len);
+    mega_status st = mega_jrec_forget(j->id, &buf, &len, NULL);
+    recs_add(&r, st, buf, len);
     if (r.ok) jobs.v[jobs.n++] = j;
   }
   size_t n = 0;
