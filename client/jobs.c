@@ -17,6 +17,7 @@
 #include "proto/pb_json.h"
 
 #define SUBMIT_TIMEOUT_MS 30000 /* the daemon journals the job before answering */
+#define CANCEL_WAIT_MS 30000    /* for a takeover (etcd) of a job whose coordinator is gone */
 
 /* ---------------------------------------------------------------- submit */
 
@@ -360,7 +361,19 @@ static int cancel_one(const char *server, const char *id, const char *reason) {
   req.job_id = (char *)id;
   req.reason = (char *)reason;
   int rc = 0;
-  if (megactl_unary(server, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
+  /* a job whose coordinator is gone (etcd) is taken over within seconds:
+   * wait for that rather than fail (megad says "ask again") */
+  int64_t t0 = megactl_now_ms();
+  bool said = false;
+  mega_status called;
+  while ((called = megactl_unary(server, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS,
+                                 &out, &err)) == MEGA_ERR_PEER &&
+         strstr(err.msg, "so ask again") && megactl_now_ms() - t0 < CANCEL_WAIT_MS) {
+    if (!said) fprintf(stderr, "megactl: %s; waiting\n", err.msg);
+    said = true;
+    usleep(500 * 1000);
+  }
+  if (called != MEGA_OK) {
     rc = megactl_job_error(id, &err);
   } else {
     const Mega__V1__Job *j = ((Mega__V1__CancelJobResponse *)out)->job;

@@ -6,17 +6,30 @@
 
 #include "daemon/etcd/etcd.h"
 #include "daemon/jobs/jobtrace.h"
+#include "daemon/model/util.h"
 #include "daemon/services/services.h"
 
 typedef enum { R_SUBMIT, R_GET, R_CANCEL, R_RESUME, R_RESCALE } reply_kind;
 
-static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
+/* A job of the mirror whose coordinator a forwarded call could not reach
+ * says so, and whose copy it is. */
+static void note_copy(const megad_services *s, const mega_job *j, Mega__V1__Job *m,
+                      int64_t since) {
+  if (!since && j->coordinator) since = megad_unreachable_since(s, j->coordinator);
+  if (!since) return;
+  m->coordinator_unreachable_unix_ms = since;
+  m->answered_by = s->b->node_id;
+}
+
+static void reply_job_from(const megad_services *s, mega_rpc_call *call, const mega_job *j,
+                           reply_kind kind, int64_t unreachable_ms) {
   mega_job_msg m;
   mega_err e = {0};
   if (mega_job_msg_init(&m, j, &e) != MEGA_OK) {
     mega_rpc_fail_err(call, &e);
     return;
   }
+  if (s) note_copy(s, j, &m.job, unreachable_ms);
   switch (kind) {
   case R_SUBMIT: {
     Mega__V1__SubmitJobResponse r = MEGA__V1__SUBMIT_JOB_RESPONSE__INIT;
@@ -54,18 +67,33 @@ static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
   mega_job_msg_free(&m);
 }
 
+static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
+  reply_job_from(NULL, call, j, kind, 0);
+}
+
+/* GetJob for a job whose coordinator cannot be reached: the mirror's copy
+ * (etcd mode), saying so. */
+static bool get_from_mirror(megad_services *s, mega_rpc_call *call, const char *job_id,
+                            int64_t unreachable_ms) {
+  if (mega_rpc_call_method(call) != &mega_control_get_job) return false;
+  const mega_job *j = megad_jobs_mirror_find(s->jobs, job_id);
+  if (!j) return false;
+  reply_job_from(s, call, j, R_GET, unreachable_ms ? unreachable_ms : megad_unix_ms());
+  return true;
+}
+
 /* The job, or NULL when the call was forwarded or answered NOT_FOUND. */
 static mega_job *find(megad_services *s, mega_rpc_call *call, const char *id,
                       const ProtobufCMessage *req) {
   mega_job *j = megad_jobs_find(s->jobs, id);
   if (j && !j->etcd.fenced) return j; /* a fenced one is on its way out: another node has it */
-  if (megad_forward(s, call, id, req)) return NULL;
+  if (megad_forward(s, call, id, req, get_from_mirror)) return NULL;
   /* etcd mode: a job with no coordinator right now is read from the mirror */
   if ((j = megad_jobs_mirror_find(s->jobs, id))) {
     if (mega_rpc_call_method(call) == &mega_control_get_job) return j;
-    /* UNAVAILABLE, so watchers try again; the message has no ": ", which
-     * clients would cut at */
-    mega_rpc_fail(call, MEGA_RPC_UNAVAILABLE,
+    /* ABORTED, so watchers try again; not UNAVAILABLE, which clients tell
+     * as their own server being unreachable */
+    mega_rpc_fail(call, MEGA_RPC_ABORTED,
                   "job %s has no coordinator right now (%s); a surviving node takes a running job "
                   "over within seconds, so ask again", id,
                   mega_job_state_final(j->state) ? "it ended and its coordinator is gone"
@@ -140,6 +168,7 @@ static void on_list(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
     for (size_t st = 0; st < req->n_states; st++) want |= req->states[st] == j->state;
     if (!want || (req->limit && k == req->limit)) continue;
     if (mega_job_msg_init(&ms[k], j, NULL) != MEGA_OK) continue;
+    if (!mega_jobs_table_find(t, j->id)) note_copy(s, j, &ms[k].job, 0);
     ptrs[k] = &ms[k].job;
     k++;
   }

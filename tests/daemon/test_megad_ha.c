@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -319,6 +320,127 @@ static void test_etcd_away_refuses_new_jobs(void **state) {
   hd_cleanup(&d);
 }
 
+/* ---- the coordinator dead, its lease not yet expired: survivors answer ---- */
+
+/* megactl ARGS (its stderr with its stdout) run to its end: its exit
+ * status; out keeps the last len - 1 bytes, and *seen (may be NULL) says
+ * whether needle came anywhere in the whole output. */
+static int megactl_seen(char *out, size_t len, const char *args, const char *needle, bool *seen) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1 </dev/null", getenv("MEGACTL"), args);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = 0, keep = needle ? strlen(needle) : 0;
+  if (seen) *seen = false;
+  char chunk[4096];
+  size_t got;
+  while ((got = fread(chunk, 1, sizeof chunk, p)) > 0) {
+    if (n + got > len - 1) { /* keep the tail, and enough to find needle across reads */
+      size_t drop = n + got - (len - 1);
+      if (drop > n) drop = n;
+      memmove(out, out + drop, n - drop);
+      n -= drop;
+    }
+    size_t take = got < len - 1 - n ? got : len - 1 - n;
+    memcpy(out + n, chunk + got - take, take);
+    n += take;
+    out[n] = '\0';
+    if (seen && needle && n >= keep && strstr(out + (n > take + keep ? n - take - keep : 0), needle))
+      *seen = true;
+  }
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int megactl(char *out, size_t len, const char *args) {
+  return megactl_seen(out, len, args, NULL, NULL);
+}
+
+/* kill -9 of the coordinator's node: before its lease expires (and long
+ * after, through the takeover) every survivor answers for the job: status
+ * from its copy in etcd, saying the coordinator does not answer and since
+ * when; ls marks the copy; watch on a survivor follows the job to its end
+ * through the takeover; megactl given several servers moves past the dead
+ * one. None of it names the dead coordinator's address as if it were the
+ * server megactl was given. */
+static void test_survivors_answer_for_a_dead_coordinator(void **state) {
+  (void)state;
+  hd n[3];
+  start_nodes(n, "v");
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
+                         "--save", ckpt, "--save-interval", "5", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 300, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  spec.max_restarts = 3;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  assert_true(hd_wait_checkpoint(&n[0], id, 10, 60000) >= 10);
+  char dead_addr[64];
+  snprintf(dead_addr, sizeof dead_addr, "%s", n[0].addr);
+  hd_kill(&n[0]);
+  int64_t killed_ms = unix_ms();
+
+  /* at once, within the lease's 2 s: from the survivor's copy */
+  Mega__V1__GetJobResponse *h = hd_get_job_history(&n[1], id, &err);
+  if (!h) fprintf(stderr, "GetJob on a survivor: %s\n", err.msg);
+  assert_non_null(h);
+  bool copy = h->job->coordinator_unreachable_unix_ms > 0;
+  fprintf(stderr, "GetJob on v2 %.3f s after the kill: coordinator %s%s\n",
+          (double)(unix_ms() - killed_ms) / 1000, h->job->coordinator_node_id,
+          copy ? ", unreachable: answered from v2's copy" : "");
+  if (!strcmp(h->job->coordinator_node_id, "v1")) {
+    assert_true(copy);
+    assert_string_equal(h->job->answered_by, "v2");
+    assert_true(h->job->coordinator_unreachable_unix_ms >= killed_ms - 1000);
+    assert_true(h->n_events > 0); /* the history too */
+  }
+  protobuf_c_message_free_unpacked(&h->base, NULL);
+  char out[16384], args[1024];
+  if (copy) { /* ls on the same survivor marks the copy */
+    snprintf(args, sizeof args, "--server %s ls", n[1].addr);
+    int rc = megactl(out, sizeof out, args);
+    fprintf(stderr, "megactl ls on v2:\n%s", out);
+    assert_int_equal(rc, 0);
+    if (strstr(out, "running?")) assert_non_null(strstr(out, "node v2's copy"));
+  }
+
+  /* megactl given the dead node first moves on to the next */
+  snprintf(args, sizeof args, "--server %s,%s status %s", dead_addr, n[2].addr, id);
+  int rc = megactl(out, sizeof out, args);
+  fprintf(stderr, "megactl status (%s first):\n%s", dead_addr, out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, id));
+  assert_null(strstr(out, "cannot reach"));
+
+  /* watch on a survivor follows the job through the takeover to its end */
+  snprintf(args, sizeof args, "--server %s watch %s --plain", n[1].addr, id);
+  bool named_dead = false;
+  char as_server[128];
+  snprintf(as_server, sizeof as_server, "cannot reach megad at %s", dead_addr);
+  rc = megactl_seen(out, sizeof out, args, as_server, &named_dead);
+  const char *tail = strlen(out) > 1500 ? out + strlen(out) - 1500 : out;
+  fprintf(stderr, "megactl watch on v2 (its end):\n%s", tail);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "succeeded"));
+  assert_false(named_dead); /* never the dead coordinator as the server */
+
+  /* every server named dead: the sentence names each */
+  snprintf(args, sizeof args, "--server %s,%s status %s", dead_addr, dead_addr, id);
+  rc = megactl(out, sizeof out, args);
+  fprintf(stderr, "megactl status, both dead: %s", out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "no megad answered"));
+  for (int i = 2; i >= 1; i--) hd_cleanup(&n[i]);
+  hd_cleanup(&n[0]);
+}
+
 /* ---- etcd away for a while: checkpoints do not stall training ---- */
 
 #define OUTAGE_ITERS 400000 /* more than any run trains: the test cancels the job */
@@ -520,6 +642,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_etcd_away_refuses_new_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_etcd_outage_keeps_saving, setup, teardown),
       cmocka_unit_test_setup_teardown(test_etcd_outage_20s_keeps_saving, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_survivors_answer_for_a_dead_coordinator, setup,
+                                      teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
