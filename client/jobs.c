@@ -297,8 +297,10 @@ int megactl_ls(int argc, char **argv) {
   if (rc) return rc;
   if (cf.help) {
     printf("usage: megactl ls [--state S[,S...]] [--limit N] [--json] [--server ADDR]\n\n"
-           "Lists jobs, newest first: id, name, state, world, TP/PP/DP, iteration/train-iters\n"
-           "and age.\n\n"
+           "Lists the cluster's jobs, newest first: id, name, state, world, TP/PP/DP,\n"
+           "iteration/train-iters and age. Any node answers for every node (a node that does\n"
+           "not answer in 2 s is named on stderr). A state with '?' is a copy: the job's\n"
+           "coordinator does not answer (etcd keeps the copy).\n\n"
            "  --state S   only jobs in these states (pending, running, succeeded, failed,\n"
            "              cancelled, restarting); comma-separated or repeated\n"
            "  --limit N   at most N jobs\n"
@@ -326,6 +328,9 @@ int megactl_ls(int argc, char **argv) {
     } else {
       tables_jobs(stdout, r->jobs, r->n_jobs, megactl_now_ms());
     }
+    for (size_t i = 0; i < r->n_unanswered; i++)
+      fprintf(stderr, "megactl: node %s did not answer; its jobs are not listed\n",
+              r->unanswered[i]);
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
   return rc;

@@ -26,6 +26,16 @@
 
 /* Three nodes joined with --peers; a job submitted to n1 runs its two
  * pipeline stages on two nodes and trains to SUCCEEDED. */
+/* ListJobs on d (every job it can list). */
+static Mega__V1__ListJobsResponse *list_jobs(hd *d) {
+  Mega__V1__ListJobsRequest req = MEGA__V1__LIST_JOBS_REQUEST__INIT;
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  if (mega_rpc_unary(d->ch, &mega_control_list_jobs, &req.base, 10000, &resp, &err) != MEGA_OK)
+    fail_msg("ListJobs on %s: %s", d->name, err.msg);
+  return (Mega__V1__ListJobsResponse *)resp;
+}
+
 static void test_cluster_trains_across_nodes(void **state) {
   (void)state;
   hd n1, n2, n3;
@@ -87,6 +97,22 @@ static void test_cluster_trains_across_nodes(void **state) {
   hd_watch_free(&w);
   assert_null(hd_get_job(&n2, "j-99-n1", &err));
   assert_int_equal(err.status, MEGA_ERR_NOT_FOUND);
+
+  /* and every megad lists every job: ls on a node that ran ranks of n1's
+   * job once said "no jobs"; a node that does not answer is named */
+  Mega__V1__ListJobsResponse *lj = list_jobs(&n2);
+  assert_int_equal(lj->n_jobs, 1);
+  assert_string_equal(lj->jobs[0]->id, id);
+  assert_int_equal(lj->jobs[0]->state, STATE(SUCCEEDED));
+  assert_int_equal(lj->n_unanswered, 0);
+  protobuf_c_message_free_unpacked(&lj->base, NULL);
+  kill(n1.pid, SIGSTOP);
+  lj = list_jobs(&n3);
+  kill(n1.pid, SIGCONT);
+  assert_int_equal(lj->n_jobs, 0);
+  assert_int_equal(lj->n_unanswered, 1);
+  assert_string_equal(lj->unanswered[0], "n1");
+  protobuf_c_message_free_unpacked(&lj->base, NULL);
 
   assert_int_equal(hd_stop(&n3), 0);
   assert_int_equal(hd_stop(&n2), 0);
