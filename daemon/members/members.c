@@ -112,10 +112,15 @@ static void view_free(view_msg *v) {
 
 /* A sign of life from n, in incarnation inc (0: unknown). */
 static void members_saw(megad_members *m, megad_node *n, uint64_t inc) {
+  /* a new incarnation is a loss (unless the old one was lost already),
+   * then an up, as in etcd mode: it runs none of the old one's ranks */
   if (inc && n->incarnation && inc != n->incarnation) {
+    bool down = n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
+                n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT;
     char why[300];
     snprintf(why, sizeof why, "node %s restarted (its megad is a new incarnation)", n->id);
-    members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_ALIVE, why);
+    if (!down) members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_DEAD, why);
+    else megad_log(m->b, "node %s is back as a new incarnation", n->id);
   }
   if (inc) n->incarnation = inc;
   n->seen_ms = uv_now(m->b->loop);

@@ -459,6 +459,74 @@ static void test_grows_back_and_rescales(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* ---- an elastic job started small because a node was busy grows once its
+ * slots free up ---- */
+
+typedef struct freer {
+  hd *d;
+  const char *job_id;
+  bool done;
+} freer;
+
+/* Cancels the busy node's job at the elastic job's third iteration. */
+static void free_busy_node(void *arg, const Mega__V1__WatchJobResponse *it) {
+  freer *f = arg;
+  if (f->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < 3)
+    return;
+  f->done = true;
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = (char *)f->job_id;
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  if (mega_rpc_unary(f->d->ch, &mega_control_cancel_job, &req.base, 10000, &resp, &err) == MEGA_OK)
+    protobuf_c_message_free_unpacked(resp, NULL);
+  else
+    fprintf(stderr, "cancelling the busy job: %s\n", err.msg);
+}
+
+static void test_grows_when_slots_free_up(void **state) {
+  (void)state;
+  hd n[3];
+  assert_true(hd_start(&n[0], "b1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "b2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "b3", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  assert_true(hd_wait_alive(&n[2], 3, 10000));
+  /* b3 is busy with a job of its own for a few seconds */
+  Mega__V1__JobSpec busy;
+  hd_tiny_spec(&busy, n[2].dir, 1000000, NULL); /* until cancelled */
+  busy.nproc_per_node = 1;
+  char busy_id[64], id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[2], &busy, busy_id, sizeof busy_id, &err), MEGA_OK);
+  assert_true(hd_wait_workers(&n[2], 1, 10000, (pid_t[64]){0}));
+  usleep(600 * 1000); /* b1 hears of b3's load in a heartbeat */
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6",
+                         "--save", ckpt, "--save-interval", "10", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 300, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  /* b3's job ends once this one trains on two nodes */
+  freer f = {.d = &n[2], .job_id = busy_id};
+  hd_watch w;
+  hd_watch_job_cb(&n[0], id, true, 180000, &w, free_busy_node, &f);
+  assert_true(f.done);
+  if (!strstr(w.events_text, "re-planning on 3 nodes (was 2)"))
+    fprintf(stderr, "events:\n%s", w.events_text);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_non_null(strstr(w.events_text, "placed: world 2"));
+  assert_non_null(strstr(w.events_text, "re-planning on 3 nodes (was 2)"));
+  assert_int_equal(w.final->world_size, 3);
+  hd_watch_free(&w);
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 /* ---- the coordinator's node dies: the other nodes stop the job's ranks at
  * once; started again, it resumes the job on both ---- */
 
@@ -588,6 +656,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_grows_back_and_rescales, teardown),
       cmocka_unit_test_teardown(test_coordinator_loss_stops_remote_ranks, teardown),
       cmocka_unit_test_teardown(test_coordinator_freeze, teardown),
+      cmocka_unit_test_teardown(test_grows_when_slots_free_up, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

@@ -48,6 +48,12 @@ static void test_waiting_job_runs_when_node_returns(void **state) {
   assert_true(hd_succeeded(&n1, &w));
   assert_int_equal(w.final->restarts, 0); /* a refused launch requeues; it is no failure */
   hd_watch_free(&w);
+  /* r2 came back as a new incarnation: a node up (once raised only for a
+   * node never seen before), not a second loss of a node already lost */
+  if (!hd_log_has(&n1, "node r2") || !hd_log_has(&n1, "is alive again (was dead)"))
+    hd_dump_log(&n1);
+  assert_true(hd_log_has(&n1, "is alive again (was dead)"));
+  assert_false(hd_log_has(&n1, "node r2 restarted"));
   hd_cleanup(&n2);
   hd_cleanup(&n1);
 }
