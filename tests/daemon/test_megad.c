@@ -122,6 +122,32 @@ static void test_cluster_trains_across_nodes(void **state) {
   hd_cleanup(&n3);
 }
 
+/* megad killed in the middle of a watch: the client says it lost megad,
+ * without the hint for a TLS server, which closes a plaintext connection
+ * before it is made (it was once added to any closed connection). */
+static void stop_after_one(void *arg, const Mega__V1__WatchJobResponse *it) {
+  hd *d = arg;
+  if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && hd_pid_alive(d->pid)) hd_kill(d);
+}
+
+static void test_crash_mid_call_says_so(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "c1", 1, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 100000, NULL);
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job_cb(&d, id, true, 60000, &w, stop_after_one, &d);
+  fprintf(stderr, "watch when megad died: %s\n", w.err.msg);
+  assert_int_not_equal(w.end, MEGA_OK);
+  assert_null(strstr(w.err.msg, "tls"));
+  hd_watch_free(&w);
+  hd_cleanup(&d);
+}
+
 /* Unknown ids, bad specs, garbage on the port, a taken port. */
 static void test_bad_input(void **state) {
   (void)state;
@@ -503,6 +529,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_restart_replays_journal, teardown),
       cmocka_unit_test_teardown(test_run_json, teardown),
       cmocka_unit_test_teardown(test_node_death_fails_job, teardown),
+      cmocka_unit_test_teardown(test_crash_mid_call_says_so, teardown),
   };
   /* one test by name: test_megad NAME (meson runs each as its own test) */
   if (argc > 1) cmocka_set_test_filter(argv[1]);

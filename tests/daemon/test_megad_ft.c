@@ -570,6 +570,15 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   assert_true(hd_workers_gone(n2.pid, 10000));
   fprintf(stderr, "coordinator lost: the other node's rank stopped %.2f s after kill -9\n",
           hd_now_s() - t0);
+  /* asked about the job meanwhile, k2 answers itself, naming the node it
+   * cannot reach (it once read "cannot reach megad at <k2>: ... which is
+   * down", as if k2 had not answered) */
+  Mega__V1__Job *j = hd_get_job(&n2, id, &err);
+  assert_null(j);
+  fprintf(stderr, "GetJob on k2: %s\n", err.msg);
+  assert_int_equal(err.status, MEGA_ERR_PEER);
+  assert_non_null(strstr(err.msg, "node k2 cannot reach node k1, the coordinator of job"));
+  assert_null(strstr(err.msg, n2.addr));
   assert_true(hd_restart(&n1, fixed));
   /* through the other node; a call right after k1's restart may meet the
    * old channel's backoff and is tried again, as megactl watch does */
