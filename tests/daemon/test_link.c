@@ -330,7 +330,9 @@ static void send_commit_or_refusal(int fd, uint64_t iteration, const char *refus
   send_daemon(fd, &f);
 }
 
-static void send_commit(int fd, uint64_t iteration) { send_commit_or_refusal(fd, iteration, NULL); }
+static void send_commit(int fd, uint64_t iteration) {
+  send_commit_or_refusal(fd, iteration, NULL);
+}
 
 typedef struct committer {
   mega_link *link;

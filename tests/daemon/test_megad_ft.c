@@ -459,6 +459,93 @@ static void test_grows_back_and_rescales(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* ---- a failed attempt that still completes a step is no recovery ---- */
+
+/* Steps reported late (buffered by a frozen node, relayed after the attempt
+ * failed) used to be logged as "training again: attempt 0 merged ..." just
+ * before the job was marked failed. The late reports here are sent as
+ * node m2's megad relays them, through its Peer call, while m2 is frozen
+ * and the failed attempt waits for its rank's exit. */
+static void test_failed_attempt_claims_no_recovery(void **state) {
+  (void)state;
+  const char *slow[] = {"--heartbeat-timeout", "10s", NULL};
+  hd n1, n2;
+  assert_true(hd_start(&n1, "m1", 1, NULL, NULL, slow));
+  assert_true(hd_start(&n2, "m2", 1, n1.addr, NULL, slow));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n1.dir, 100000, NULL);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  pid_t w1[64], w2[64];
+  assert_true(hd_wait_workers(&n1, 1, 10000, w1));
+  assert_true(hd_wait_workers(&n2, 1, 10000, w2));
+  uint64_t last = 0;
+  for (int t = 0; t < 200 && last < 3; t++) {
+    Mega__V1__Job *j = hd_get_job(&n1, id, NULL);
+    last = j ? j->last_iteration : 0;
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    usleep(50000);
+  }
+  assert_true(last >= 3);
+  /* m2 (megad and rank 1) frozen; rank 0 killed: the attempt fails (no
+   * restarts) and waits for rank 1's exit, which m2 cannot say */
+  kill(n2.pid, SIGSTOP);
+  kill(w2[0], SIGSTOP);
+  kill(w1[0], SIGKILL);
+  Mega__V1__Job *j = NULL;
+  for (int t = 0; t < 100; t++) {
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    j = hd_get_job(&n1, id, NULL);
+    if (j && hd_event_ms(&n1, id, KIND(RANK_FAILED), 0, NULL)) break;
+    usleep(50000);
+  }
+  assert_non_null(j);
+  assert_int_equal(j->state, STATE(RUNNING)); /* still waiting for rank 1 */
+  uint64_t next = j->last_iteration + 1;
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  /* both ranks' reports of the next iteration arrive late */
+  Mega__V1__RankMetrics m[2];
+  Mega__V1__StepReport rep[2], *reps[2];
+  for (int r = 0; r < 2; r++) {
+    mega__v1__rank_metrics__init(&m[r]);
+    m[r].rank = m[r].dp_rank = (uint32_t)r;
+    m[r].step_time_s = 0.01;
+    mega__v1__step_report__init(&rep[r]);
+    rep[r].iteration = next;
+    rep[r].metrics = &m[r];
+    rep[r].has_loss = true;
+    rep[r].loss = 1.0;
+    rep[r].tokens = 32;
+    reps[r] = &rep[r];
+  }
+  Mega__V1__ReportStepRequest req = MEGA__V1__REPORT_STEP_REQUEST__INIT;
+  req.job_id = id;
+  req.attempt = 0;
+  req.node_id = "m2";
+  req.steps = reps;
+  req.n_steps = 2;
+  ProtobufCMessage *resp = NULL;
+  assert_int_equal(mega_rpc_unary(n1.ch, &mega_peer_report_step, &req.base, 5000, &resp, &err),
+                   MEGA_OK); /* taken: the attempt is still there */
+  protobuf_c_message_free_unpacked(resp, NULL);
+  kill(w2[0], SIGCONT);
+  kill(n2.pid, SIGCONT);
+  hd_watch w;
+  hd_watch_job(&n1, id, true, 60000, &w);
+  fprintf(stderr, "events:\n%s", w.events_text);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(FAILED));
+  assert_true(w.seen[next]); /* the late step was merged (it did happen) */
+  assert_null(strstr(w.events_text, "training again"));
+  hd_watch_free(&w);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
 /* ---- an elastic job started small because a node was busy grows once its
  * slots free up ---- */
 
@@ -666,6 +753,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_coordinator_loss_stops_remote_ranks, teardown),
       cmocka_unit_test_teardown(test_coordinator_freeze, teardown),
       cmocka_unit_test_teardown(test_grows_when_slots_free_up, teardown),
+      cmocka_unit_test_teardown(test_failed_attempt_claims_no_recovery, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

@@ -158,7 +158,8 @@ static void test_zeroed_journal_is_reported(void **state) {
   for (;;) {
     uint8_t head[4];
     assert_int_equal(pread(fd, head, 4, at), 4);
-    off_t next = at + 8 + (off_t)(head[0] | head[1] << 8 | head[2] << 16 | (uint32_t)head[3] << 24);
+    uint32_t len = head[0] | head[1] << 8 | head[2] << 16 | (uint32_t)head[3] << 24;
+    off_t next = at + 8 + (off_t)len;
     if (next >= st.st_size / 2) break;
     at = next;
   }
@@ -196,7 +197,8 @@ static void test_zeroed_journal_is_reported(void **state) {
     if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
     else lost++;
     /* not back: the log names it */
-    if (!j && !strstr(said, ids[i])) fail_msg("job %s is gone and the log does not say so", ids[i]);
+    if (!j && !strstr(said, ids[i]))
+      fail_msg("job %s is gone and the log does not say so", ids[i]);
   }
   fprintf(stderr, "%.*s\n", (int)strcspn(said, "\n"), said);
   fprintf(stderr, "zeroed 1 KiB at byte %lld of %lld: %d of %d jobs lost and named\n",

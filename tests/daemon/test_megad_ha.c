@@ -408,8 +408,8 @@ static int megactl_seen(char *out, size_t len, const char *args, const char *nee
     memcpy(out + n, chunk + got - take, take);
     n += take;
     out[n] = '\0';
-    if (seen && needle && n >= keep && strstr(out + (n > take + keep ? n - take - keep : 0), needle))
-      *seen = true;
+    size_t from = n > take + keep ? n - take - keep : 0;
+    if (seen && needle && n >= keep && strstr(out + from, needle)) *seen = true;
   }
   out[n] = '\0';
   int st = pclose(p);
