@@ -13,6 +13,12 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+/* What megad's "cannot reach" gets (once, after every server's reason). */
+#define UNREACHABLE_HINT                                                                      \
+  "is megad running there? Point megactl at another with --server HOST:PORT or "            \
+  "MEGA_SERVER=HOST:PORT, or start one: megad serve --listen 127.0.0.1:7070 --state-dir DIR " \
+  "--slots N"
+
 /* Set once by main from the words before the command. */
 static const char *global_server;
 /* --token-file, --tls-ca, --tls-cert, --tls-key (before or after the command) */
@@ -81,7 +87,8 @@ mega_status megactl_connect_to(const char *address, mega_rpc_channel **out, mega
                    "certificate)");
   mega_rpc_auth auth = {.token = pem[0], .tls_ca = pem[1], .tls_cert = pem[2], .tls_key = pem[3]};
   mega_rpc_channel_opts opts = {.peer_name = "megad", .auth = &auth,
-                                .auth_hint = "pass --token-file or set MEGA_TOKEN_FILE"};
+                                .auth_hint = "pass --token-file or set MEGA_TOKEN_FILE",
+                                .unreachable_hint = UNREACHABLE_HINT};
   if (st == MEGA_OK) st = mega_rpc_channel_new(address, &opts, out, err);
   for (int k = 0; k < 4; k++) {
     if (pem[k]) memset(pem[k], 0, strlen(pem[k]));
@@ -95,12 +102,15 @@ mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega
   return megactl_connect_to(megactl_server_at(flag_value, 0, addr, sizeof addr), out, err);
 }
 
-/* Each server's failure, for the sentence when none answered. */
+/* Each server's failure (less the hint, said once at the end), for the
+ * sentence when none answered. */
 static void add_failure(char *all, size_t len, const mega_err *e, size_t i) {
-  size_t used = strlen(all);
-  const char *parts[2] = {i ? "; " : "", e->msg};
-  for (int k = 0; k < 2; k++)
-    for (const char *p = parts[k]; *p && used + 1 < len; p++) all[used++] = *p;
+  size_t used = strlen(all), n = strlen(e->msg);
+  const char *hint = strstr(e->msg, "; " UNREACHABLE_HINT);
+  if (hint) n = (size_t)(hint - e->msg);
+  const char *sep = i ? "; " : "";
+  for (const char *p = sep; *p && used + 1 < len; p++) all[used++] = *p;
+  for (size_t k = 0; k < n && used + 1 < len; k++) all[used++] = e->msg[k];
   all[used] = '\0'; /* cut when too long: the first servers' reasons matter most */
 }
 
@@ -121,7 +131,7 @@ mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
     if (st == MEGA_OK || !megactl_unreachable(err)) return st;
     add_failure(all, sizeof all, err, i);
   }
-  if (n > 1) mega_fail(err, st, "no megad answered: %s", all);
+  if (n > 1) mega_fail(err, st, "no megad answered: %s; %s", all, UNREACHABLE_HINT);
   return st;
 }
 

@@ -125,7 +125,8 @@ int megactl_submit(int argc, char **argv) {
       if (r < 0) rc = MEGACTL_EXIT_USAGE;
       continue;
     }
-    rc = megactl_is_flag(argv[i]) ? megactl_usage(cmd, "unknown flag '%s'", argv[i])
+    /* the job flags' message: a suggestion, or Megatron's flag's reason */
+    rc = megactl_is_flag(argv[i]) ? megactl_usage(cmd, "%s", err.msg)
                                   : megactl_usage(cmd, "unexpected word '%s'", argv[i]);
   }
   uint32_t lo = 0, hi = 0, per = 0;
@@ -140,6 +141,11 @@ int megactl_submit(int argc, char **argv) {
   if (!rc && step_timeout &&
       mega_duration_parse("--step-timeout", step_timeout, 100, 86400000, &step_ms, &err) != MEGA_OK)
     rc = megactl_usage(cmd, "%s", err.msg);
+  /* PREFIX.bin or PREFIX.idx seen here: sent as PREFIX, as Megatron takes it */
+  char note[2048] = "";
+  if (!rc && mega_jobspec_fix_data_paths(&s, true, note, sizeof note, &err) != MEGA_OK)
+    rc = megactl_usage(cmd, "%s", err.msg);
+  if (!rc && note[0]) fprintf(stderr, "megactl submit: %s\n", note);
   /* a blend's paths are its odd words; its weights stay as they are */
   mega_strlist *lists[] = {&s.data_path, &s.train_data_path, &s.valid_data_path};
   for (int l = 0; l < 3; l++)

@@ -22,6 +22,7 @@
 
 #include "core/duration.h"
 #include "core/jobspec.h"
+#include "core/logline.h"
 #include "daemon/daemon.h"
 #include "proto/pb_json.h"
 
@@ -35,62 +36,76 @@ typedef struct app {
   int exit_code;
   /* run */
   mega_job *job;
+  mega_jobspec spec; /* the job's flags, for the readable lines */
+  mega_logline log;
   char *tmp_dir;
   int signal;
   char last_said[1024]; /* the last event line printed, so a cause prints once */
 } app;
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: megad serve --listen ADDR --state-dir DIR [--slots N] [options]\n"
-          "       megad run --slots N [--json] [options] [job flags]\n\n"
-          "serve: run the daemon of one node. Jobs come from megactl (or another megad).\n"
-          "  --listen ADDR          host:port (port 0 picks one) or unix:/path\n"
-          "  --state-dir DIR        journal, job files, worker logs\n"
-          "  --slots N              worker processes this node runs at once (default: one\n"
-          "                         per GPU the cuda module finds; required without GPUs)\n"
-          "  --node-name NAME       this node's name (default: the hostname)\n"
-          "  --peers ADDR,...       megads to join (host:port of each)\n"
-          "  --etcd-endpoints URL,...  keep the cluster's state in etcd (http://host:port of\n"
-          "                         each member) instead of --peers: membership, every job,\n"
-          "                         and a job's takeover when its coordinator dies (README\n"
-          "                         \"No single point of failure\")\n"
-          "  --etcd-lease D         a node's etcd lease: lost this long after its last\n"
-          "                         keepalive (default 2s, 2s..60s, whole seconds); longer\n"
-          "                         rides out an overloaded machine, takes over later\n"
-          "  --advertise HOST       the host peers and workers use to reach this node\n"
-          "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
-          "  --worker PATH          the megaw program (default: next to megad)\n"
-          "  --heartbeat-interval D how often nodes heartbeat each other (default 250ms)\n"
-          "  --heartbeat-timeout D  a node silent this long is lost (default 1.5s)\n"
-          "  --rendezvous-timeout D how long a rank waits for its peers to meet (default 60s)\n"
-          "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n"
-          "  --max-pending N        jobs this node coordinates that may wait at once\n"
-          "                         (default 1000; more are refused: RESOURCE_EXHAUSTED)\n"
-          "  --retain-jobs N        ended jobs kept (default 1000; older ones are forgotten)\n"
-          "  --retain-age D         ended jobs are forgotten after D (default 168h; at most 720h)\n"
-          "security (README \"Security\"):\n"
-          "  --token-file FILE      the cluster token (mode 600) every call must carry; needed\n"
-          "                         to listen on anything but 127.0.0.1 or a unix: socket\n"
-          "  --tls-cert FILE --tls-key FILE  serve TLS with this certificate and key\n"
-          "  --tls-ca FILE          the CA that signs the cluster's certificates (peers are\n"
-          "                         called over TLS with it)\n"
-          "  --tls-client-auth      require client certificates signed by --tls-ca (mTLS)\n"
-          "  --data-root DIR        jobs' --data-path and --load must lie under one\n"
-          "  --save-root DIR        jobs' --save (and --load) must lie under one\n"
-          "                         (both repeatable; without any, a megad that listens\n"
-          "                         beyond this machine refuses jobs that name paths)\n\n"
-          "run: train one job of N ranks on this machine and exit with its status.\n"
-          "  --slots N              ranks (every slot runs one)\n"
-          "  --json                 one JSON object per iteration on stdout\n"
-          "  --name NAME            the job's name\n"
-          "  --nproc-per-node K     ranks (default: N)\n"
-          "  --max-restarts N       restarts after a rank fails, from the newest checkpoint\n"
-          "                         (default 0: the job fails)\n"
-          "  --state-dir DIR        keep the journal and job files there (default: a\n"
-          "                         temporary directory, removed when the job succeeds)\n"
-          "  --worker PATH          the megaw program\n"
-          "  job flags: as megaw --help lists them (--num-layers, --hidden-size, ...)\n");
+static const char usage_head[] =
+    "usage: megad serve --listen ADDR --state-dir DIR [--slots N] [options]\n"
+    "       megad run --slots N [--json] [options] [job flags]\n\n";
+static const char usage_serve[] =
+    "serve: run the daemon of one node. Jobs come from megactl (or another megad).\n"
+    "  --listen ADDR          host:port (port 0 picks one) or unix:/path\n"
+    "  --state-dir DIR        journal, job files, worker logs\n"
+    "  --slots N              worker processes this node runs at once (default: one\n"
+    "                         per GPU the cuda module finds; required without GPUs)\n"
+    "  --node-name NAME       this node's name (default: the hostname)\n"
+    "  --peers ADDR,...       megads to join (host:port of each)\n"
+    "  --etcd-endpoints URL,...  keep the cluster's state in etcd (http://host:port of\n"
+    "                         each member) instead of --peers: membership, every job,\n"
+    "                         and a job's takeover when its coordinator dies (README\n"
+    "                         \"No single point of failure\")\n"
+    "  --etcd-lease D         a node's etcd lease: lost this long after its last\n"
+    "                         keepalive (default 2s, 2s..60s, whole seconds); longer\n"
+    "                         rides out an overloaded machine, takes over later\n"
+    "  --advertise HOST       the host peers and workers use to reach this node\n"
+    "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
+    "  --worker PATH          the megaw program (default: next to megad)\n"
+    "  --heartbeat-interval D how often nodes heartbeat each other (default 250ms)\n"
+    "  --heartbeat-timeout D  a node silent this long is lost (default 1.5s)\n"
+    "  --rendezvous-timeout D how long a rank waits for its peers to meet (default 60s)\n"
+    "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n"
+    "  --max-pending N        jobs this node coordinates that may wait at once\n"
+    "                         (default 1000; more are refused: RESOURCE_EXHAUSTED)\n"
+    "  --retain-jobs N        ended jobs kept (default 1000; older ones are forgotten)\n"
+    "  --retain-age D         ended jobs are forgotten after D (default 168h; at most 720h)\n"
+    "security (README \"Security\"):\n"
+    "  --token-file FILE      the cluster token (mode 600) every call must carry; needed\n"
+    "                         to listen on anything but 127.0.0.1 or a unix: socket\n"
+    "  --tls-cert FILE --tls-key FILE  serve TLS with this certificate and key\n"
+    "  --tls-ca FILE          the CA that signs the cluster's certificates (peers are\n"
+    "                         called over TLS with it)\n"
+    "  --tls-client-auth      require client certificates signed by --tls-ca (mTLS)\n"
+    "  --data-root DIR        jobs' --data-path and --load must lie under one\n"
+    "  --save-root DIR        jobs' --save (and --load) must lie under one\n"
+    "                         (both repeatable; without any, a megad that listens\n"
+    "                         beyond this machine refuses jobs that name paths)\n\n";
+static const char usage_run[] =
+    "run: train one job of N ranks on this machine and exit with its status.\n"
+    "  --slots N              ranks (every slot runs one)\n"
+    "  --json                 one JSON object per iteration on stdout\n"
+    "  --name NAME            the job's name\n"
+    "  --nproc-per-node K     ranks (default: N)\n"
+    "  --max-restarts N       restarts after a rank fails, from the newest checkpoint\n"
+    "                         (default 0: the job fails)\n"
+    "  --state-dir DIR        keep the journal and job files there (default: a\n"
+    "                         temporary directory, removed when the job succeeds)\n"
+    "  --worker PATH          the megaw program\n"
+    "  job flags: listed below with megad run --help (the same as megaw --help)\n";
+
+/* which: NULL for both commands, else "serve" or "run" */
+static void usage(FILE *f, const char *which) {
+  fputs(usage_head, f);
+  if (!which || !strcmp(which, "serve")) fputs(usage_serve, f);
+  if (!which || !strcmp(which, "run")) fputs(usage_run, f);
+  if (which && !strcmp(which, "run")) {
+    char *flags = mega_jobspec_help_text();
+    if (flags) fputs(flags, f);
+    free(flags);
+  }
 }
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -196,6 +211,10 @@ static int serve(int argc, char **argv) {
   o.save_roots = save_roots;
   for (int i = 2; i < argc;) {
     int r;
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout, "serve");
+      return 0;
+    }
     if (!strcmp(argv[i], "--tls-client-auth")) {
       o.tls_client_auth = true;
       i++;
@@ -293,6 +312,8 @@ static void print_event(app *a, const Mega__V1__JobEvent *ev) {
   }
 }
 
+/* Megatron's line every --log-interval (core/logline.h), with the merged
+ * step's pipeline bubble at its end, and its validation block. */
 static void print_step(app *a, const Mega__V1__StepMetrics *s) {
   if (a->json) {
     mega_step_metrics_write(stdout, s);
@@ -303,10 +324,24 @@ static void print_step(app *a, const Mega__V1__StepMetrics *s) {
     bubble += s->ranks[r]->bubble_s;
     time += s->ranks[r]->step_time_s;
   }
-  printf("iteration %6llu/%llu | loss %.6f | grad_norm %.4f | lr %.4e | %.3f s | %.0f tokens/s | "
-         "bubble %.1f%%\n",
-         (unsigned long long)s->iteration, (unsigned long long)a->job->train_iters, s->loss,
-         s->grad_norm, s->lr, s->step_time_s, s->tokens_per_s, time > 0 ? 100 * bubble / time : 0);
+  mega_logline_add(&a->log, true, s->loss, s->skipped, s->step_time_s, s->tokens_per_s);
+  if (mega_logline_due(&a->spec, (int64_t)s->iteration)) {
+    char extra[64], line[1024];
+    snprintf(extra, sizeof extra, " bubble: %.1f%% |", time > 0 ? 100 * bubble / time : 0);
+    mega_logline_step st = {.iteration = (int64_t)s->iteration,
+                            .world = (int)s->n_ranks,
+                            .global_batch =
+                                mega_jobspec_batch_of(&a->spec, (int64_t)s->iteration - 1),
+                            .lr = s->lr, .grad_norm = s->grad_norm, .has_grad_norm = true,
+                            .extra = extra};
+    mega_logline_format(&a->log, &a->spec, &st, line, sizeof line);
+    fputs(line, stdout);
+  }
+  if (s->has_eval_loss) {
+    char block[1024];
+    mega_logline_eval((int64_t)s->iteration, s->eval_loss, block, sizeof block);
+    fputs(block, stdout);
+  }
   fflush(stdout);
 }
 
@@ -353,6 +388,11 @@ static int run(int argc, char **argv) {
   mega_err err = {0};
   int rc = 0;
   for (int i = 2; i < argc && !rc;) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout, "run");
+      mega_jobspec_free(&spec);
+      return 0;
+    }
     if (!strcmp(argv[i], "--json")) {
       a.json = true;
       i++;
@@ -369,7 +409,10 @@ static int run(int argc, char **argv) {
       continue;
     }
     mega_status st = mega_jobspec_parse_flag(&spec, argc, argv, &i, &err);
-    if (st == MEGA_ERR_NOT_FOUND) rc = usage_error("run: unknown flag '%s'", argv[i]);
+    if (st == MEGA_ERR_NOT_FOUND && !strncmp(argv[i], "--", 2))
+      rc = usage_error("run: %s", err.msg);
+    else if (st == MEGA_ERR_NOT_FOUND)
+      rc = usage_error("run: unexpected argument '%s'", argv[i]);
     else if (st != MEGA_OK) rc = usage_error("%s", err.msg);
   }
   int n = 0, per = 0;
@@ -380,12 +423,24 @@ static int run(int argc, char **argv) {
   int max_restarts = 0;
   if (!rc && restarts && strcmp(restarts, "0") && !parse_slots(restarts, &max_restarts))
     rc = usage_error("--max-restarts: '%s' is not a count in 0..4096", restarts);
+  char note[2048] = "";
+  /* the vocabulary's size counts in the log line's FLOPs */
+  if (!rc && (mega_jobspec_fix_data_paths(&spec, true, note, sizeof note, &err) != MEGA_OK ||
+              mega_jobspec_load_vocab(&spec, &err) != MEGA_OK))
+    rc = usage_error("%s", err.msg);
+  if (!rc && note[0]) fprintf(stderr, "megad: %s\n", note);
+  if (!rc && mega_jobspec_eval_note(&spec, note, sizeof note))
+    fprintf(stderr, "megad: %s\n", note);
   int nargs = 0;
   char **args = rc ? NULL : mega_jobspec_to_argv(&spec, &nargs);
-  mega_jobspec_free(&spec);
-  if (rc) return rc;
+  a.spec = spec; /* kept for the readable lines; freed at the end */
+  if (rc) {
+    mega_jobspec_free(&a.spec);
+    return rc;
+  }
   if (!args) {
     fprintf(stderr, "megad: out of memory\n");
+    mega_jobspec_free(&a.spec);
     return 1;
   }
   o.slots = n;
@@ -394,6 +449,7 @@ static int run(int argc, char **argv) {
     if (!mkdtemp(tmpl)) {
       fprintf(stderr, "megad: cannot create a temporary state directory: %s\n", strerror(errno));
       mega_jobspec_argv_free(args);
+      mega_jobspec_free(&a.spec);
       return 1;
     }
     a.tmp_dir = strdup(tmpl);
@@ -405,6 +461,7 @@ static int run(int argc, char **argv) {
   o.node_name = "local";
   if ((rc = start(&a, &o)) != 0) {
     mega_jobspec_argv_free(args);
+    mega_jobspec_free(&a.spec);
     if (a.tmp_dir) remove_tree(a.tmp_dir);
     return rc;
   }
@@ -427,13 +484,14 @@ static int run(int argc, char **argv) {
   finish_loop(&a);
   if (a.tmp_dir) remove_tree(a.tmp_dir);
   free(a.tmp_dir);
+  mega_jobspec_free(&a.spec);
   return a.exit_code;
 }
 
 int main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
       !strcmp(argv[1], "help")) {
-    usage(argc < 2 ? stderr : stdout);
+    usage(argc < 2 ? stderr : stdout, argc > 2 && !strcmp(argv[1], "help") ? argv[2] : NULL);
     return argc < 2 ? EXIT_USAGE : 0;
   }
   if (!strcmp(argv[1], "--version")) {

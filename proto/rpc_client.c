@@ -17,6 +17,7 @@ struct mega_rpc_channel {
   char *target;
   char *peer_name;
   char *auth_hint;
+  char *unreachable_hint; /* NULL: none */
   size_t max_msg;
   grpc_metadata md; /* authorization: Bearer TOKEN */
   grpc_metadata header; /* opts->header_key: opts->header_value */
@@ -56,6 +57,7 @@ static void channel_unref(mega_rpc_channel *ch) {
   free(ch->target);
   free(ch->peer_name);
   free(ch->auth_hint);
+  free(ch->unreachable_hint);
   free(ch);
   mega_rpc_lib_unref();
 }
@@ -70,12 +72,16 @@ mega_status mega_rpc_channel_new(const char *target, const mega_rpc_channel_opts
   ch->target = strdup(target);
   ch->peer_name = strdup(opts && opts->peer_name ? opts->peer_name : "the server");
   ch->auth_hint = strdup(opts && opts->auth_hint ? opts->auth_hint : "give it the cluster token");
+  bool hint = opts && opts->unreachable_hint;
+  ch->unreachable_hint = hint ? strdup(opts->unreachable_hint) : NULL;
   const mega_rpc_auth *a = opts ? opts->auth : NULL;
   char *bearer = a ? mega_rpc_bearer(a->token) : NULL;
-  if (!ch->target || !ch->peer_name || !ch->auth_hint || (a && a->token && a->token[0] && !bearer)) {
+  if (!ch->target || !ch->peer_name || !ch->auth_hint || (hint && !ch->unreachable_hint) ||
+      (a && a->token && a->token[0] && !bearer)) {
     free(ch->target);
     free(ch->peer_name);
     free(ch->auth_hint);
+    free(ch->unreachable_hint);
     free(bearer);
     free(ch);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating a channel");
@@ -214,6 +220,11 @@ static mega_status ccall_result(const ccall *c, mega_err *err) {
   }
   mega_status st = mega_rpc_client_error(err, (mega_rpc_code)c->status, d, n, c->ch->peer_name,
                                          c->ch->target, c->m, c->timeout_ms);
+  if (err && c->ch->unreachable_hint && c->status == GRPC_STATUS_UNAVAILABLE &&
+      !strncmp(err->msg, "cannot reach ", 13)) {
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof err->msg - len, "; %s", c->ch->unreachable_hint);
+  }
   /* A TLS server closes a plaintext connection without a word, before the
    * connection is made; a server that dies mid-call closes it too, but
    * after ("failed to connect" is core's word for the first). */

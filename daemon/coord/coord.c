@@ -31,7 +31,7 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
   mega_jobs_next_id(&c->jobs->t, c->b->node_id, id, sizeof id);
   mega_job *j;
   if ((rc = mega_job_new(id, spec, c->b->node_id, megad_unix_ms(), &j, err)) != MEGA_OK) return rc;
-  j->train_iters = (uint64_t)j->spec.train_iters;
+  j->train_iters = (uint64_t)mega_jobspec_train_iters(&j->spec);
   j->tp = (uint32_t)j->spec.tensor_model_parallel_size;
   j->pp = (uint32_t)j->spec.pipeline_model_parallel_size;
   j->vp = (uint32_t)mega_jobspec_vp(&j->spec);

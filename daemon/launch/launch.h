@@ -13,7 +13,8 @@
  *
  * A hang check watches every worker: one that makes no progress within
  * its phase's limit (setup: the rendezvous timeout; training: the job's
- * --step-timeout, or 10 x its median step time with a 2 s floor; eval and
+ * --step-timeout, or 10 x its median step time with a 2 s floor, and 60 s
+ * before its first step, which has no median and may be slow; eval and
  * checkpoints: 10 minutes) is reported as hung; a stopped process (SIGSTOP,
  * state T) is hung after the floor in any phase. A stopped process is the
  * cause and is killed; one merely waiting is reported as the likely echo of

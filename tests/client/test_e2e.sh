@@ -219,7 +219,7 @@ rc=$?
 megad_pid=
 same "$rc" 0
 run 1 "$megactl" ls
-same "$(cat err.txt)" "megactl: cannot reach megad at 127.0.0.1:$port: connection refused"
+same "$(cat err.txt)" "megactl: cannot reach megad at 127.0.0.1:$port: connection refused; is megad running there? Point megactl at another with --server HOST:PORT or MEGA_SERVER=HOST:PORT, or start one: megad serve --listen 127.0.0.1:7070 --state-dir DIR --slots N"
 
 if [ "$fails" != 0 ]; then
   echo "$fails check(s) failed; megad's log:"

@@ -48,7 +48,8 @@ struct mega_rank {
   mega_chunks chunks;
   mega_schedule sched;
   mega_data *data;
-  mega_batch_plan plan;
+  mega_batch_plan plan;      /* training's, for the current global batch */
+  mega_batch_plan eval_plan; /* --global-batch-size's */
   mega_lr_sched lr;
   mega_optim *optim;
   mega_store *store;
