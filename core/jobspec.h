@@ -160,6 +160,7 @@ typedef struct mega_jobspec {
   bool align_grad_reduce;
   int bucket_size; /* elements; -1: Megatron's max(40M, 1M x DP) */
   bool use_distributed_optimizer;
+  bool no_optimizer_shard_copy; /* distributed optimizer: no copy of each shard elsewhere */
   bool overlap_param_gather;  /* distributed optimizer: gather parameters while forward runs */
   bool average_in_collective; /* scale by 1/DP in the reduction, not before it */
   /* worker and measurement */

@@ -92,10 +92,15 @@ static mega_status build_optimizer(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_optim_hparams hp = {.beta1 = j->adam_beta1, .beta2 = j->adam_beta2, .eps = j->adam_eps,
                            .weight_decay = j->weight_decay, .clip_grad = j->clip_grad};
-  if (j->use_distributed_optimizer) { /* this rank's shards only */
-    size_t n;
+  if (j->use_distributed_optimizer) { /* this rank's shards only, and the copy it keeps */
+    size_t n, nc;
     const mega_optim_range *ranges = mega_grads_ranges(r->chunks.grads, &n);
-    return mega_optim_create(r->be, ranges, n, &hp, &r->optim, err);
+    mega_status st = mega_optim_create(r->be, ranges, n, &hp, &r->optim, err);
+    const mega_optim_range *copy = mega_grads_copy_ranges(r->chunks.grads, &nc);
+    if (st == MEGA_OK && mega_grads_copy_shard(r->chunks.grads) >= 0)
+      st = mega_optim_create(r->be, copy, nc, &hp, &r->copy, err);
+    if (st != MEGA_OK) mega_err_prefix(err, "the optimizer shard copy");
+    return st;
   }
   mega_status st = mega_optim_create(r->be, r->chunks.ranges, r->chunks.nparams, &hp, &r->optim,
                                      err);
@@ -170,6 +175,17 @@ static mega_status make_backend(mega_rank *r, mega_err *err) {
   return st;
 }
 
+/* Whose optimizer shard this rank copies: the data-parallel rank one node
+ * away. Ranks are contiguous per node and TP varies fastest, so a node
+ * holds local_world_size / TP consecutive data-parallel ranks of a stage;
+ * a shift of that many puts every copy on another node (when DP is larger;
+ * else no node holds a copy of another's, and a shift of 1 still covers
+ * the loss of a worker). */
+static int copy_shift(const mega_rank *r) {
+  int per_node = r->env.local_world_size / r->topo.tp;
+  return per_node >= 1 && per_node < r->topo.dp ? per_node : 1;
+}
+
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
@@ -180,7 +196,8 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
                         .overlap = j->overlap_grad_reduce,
                         .distributed = j->use_distributed_optimizer,
                         .average_in_collective = j->average_in_collective,
-                        .bucket_size = j->bucket_size};
+                        .bucket_size = j->bucket_size,
+                        .shard_copy_shift = j->no_optimizer_shard_copy ? 0 : copy_shift(r)};
   mega_gpt_tp tp;
   if (st == MEGA_OK) st = rank_tp_init(r, &tp, err);
   if (st == MEGA_OK)
@@ -324,6 +341,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
    * gradient reductions (the schedule's GWs) and the pipeline's drain. */
   double ts = res.work_end_wall;
   st = finalize_grads(r, err);
+  /* the shard copy's gradients, once they are final (grads.h) */
+  if (st == MEGA_OK && r->copy) st = mega_grads_exchange_copy(r->chunks.grads, err);
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
@@ -352,7 +371,13 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   if (exposed < 0) exposed = 0;
   double lr = mega_lr_at(&r->lr, it);
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
-  if (st == MEGA_OK && !r->simulate) st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+  if (st == MEGA_OK && !r->simulate) {
+    r->stepping = true; /* from here a failure leaves this iteration half applied */
+    st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+    /* the shard copy takes its owner's very step (grads.h) */
+    if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, err);
+    if (st == MEGA_OK) r->stepped = true;
+  }
   /* distributed optimizer: every rank gets every updated parameter; with
    * --overlap-param-gather forward waits for each bucket when it needs it */
   if (st == MEGA_OK)
@@ -363,6 +388,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     return st;
   }
   double t1 = wall_s();
+  r->stepping = r->stepped = false;
   if (trace) {
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "grad-sync", .cat = "grad_sync",
@@ -400,6 +426,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->param_bytes = mega_grads_param_bytes(r->chunks.grads);
   m->grad_bytes = mega_grads_grad_bytes(r->chunks.grads);
   m->optimizer_state_bytes = mega_optim_state_bytes(r->optim);
+  m->shard_copy_bytes = r->copy ? mega_optim_state_bytes(r->copy) : 0;
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
   if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {
@@ -472,6 +499,7 @@ void mega_rank_destroy(mega_rank *r) {
   mega_store_close(r->store);
   rank_tp_free(r);
   mega_optim_destroy(r->optim);
+  mega_optim_destroy(r->copy);
   mega_chunks_free(&r->chunks);
   mega_sched_free(&r->sched);
   mega_sched_free(&r->eval_sched);

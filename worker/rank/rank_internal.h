@@ -51,6 +51,7 @@ struct mega_rank {
   mega_batch_plan plan;
   mega_lr_sched lr;
   mega_optim *optim;
+  mega_optim *copy; /* distributed optimizer: the copy of another rank's shard (grads.h) */
   mega_store *store;
   /* Per group, the communicators for device and for host memory (the rule
    * for which carries what is in rank_comm.c); the same one on a cpu rank.
@@ -69,6 +70,10 @@ struct mega_rank {
   mega_engine *eval_engine;
   int64_t eval_done;         /* evaluation batches run so far */
   int64_t iteration; /* completed */
+  /* Where a failure leaves the state (mega_rank_hold): stepping once the
+   * optimizer of iteration+1 may have begun, stepped once it (and the
+   * copy) took that step; both clear when the iteration completes. */
+  bool stepping, stepped;
   mega_rank_span *spans;
   size_t nspans, span_cap;
 };
