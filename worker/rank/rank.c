@@ -226,7 +226,9 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     r->spans = calloc(r->span_cap, sizeof *r->spans);
     if (!r->spans) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
   }
-  if (st == MEGA_OK && j->load) {
+  if (st == MEGA_OK && r->env.replicas) { /* the replicas' state is newer than any --load */
+    st = rank_fetch_replicas(r, err);
+  } else if (st == MEGA_OK && j->load) {
     st = rank_load_checkpoint(r, err);
     if (st == MEGA_OK) r->iteration = r->loaded.iteration;
   }

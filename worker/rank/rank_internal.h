@@ -126,4 +126,9 @@ mega_status rank_build_saver(mega_rank *r, mega_err *err);
  * optimizer's moments). */
 mega_status rank_load_checkpoint(mega_rank *r, mega_err *err);
 
+/* rank_fetch.c */
+/* mega_rank_env.replicas into the chunks, the optimizer (and its copy),
+ * the iteration and the evaluation count. */
+mega_status rank_fetch_replicas(mega_rank *r, mega_err *err);
+
 #endif
