@@ -106,6 +106,8 @@ static void worker_broke(megad_worker *w, const char *fmt, ...) {
   launch_kill_worker(w);
 }
 
+static void release_slot(megad_worker *w);
+
 static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
   megad_launch *l = w->l;
   Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
@@ -141,6 +143,22 @@ static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
     break;
   case MEGA__V1__WORKER_FRAME__MSG_KV:
     relay_kv(w, f->kv);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_HELD:
+    /* its slot is free for the next attempt, which fetches from it */
+    w->held = true;
+    release_slot(w);
+    megad_log(l->L->b, "job %s attempt %u rank %u (pid %d) holds the state of iteration %llu "
+              "at %s", l->req->job_id, l->req->attempt, w->rank, w->pid,
+              (unsigned long long)f->held->iteration, f->held->address);
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_HELD;
+    ev.held = f->held;
+    relay_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_RECOVERED:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_RECOVERED;
+    ev.recovered = f->recovered;
+    relay_event(l, w, &ev);
     break;
   default:
     break;
@@ -375,6 +393,7 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   a.device = L->o.gpus ? (int32_t)w->slot : -1;
   a.backend = L->o.gpus ? "cuda" : "cpu";
   a.pipe_timeout_ms = L->o.pipe_timeout_ms;
+  a.replicas = req->replicas;
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ASSIGNMENT;
   f.assignment = &a;
@@ -476,14 +495,15 @@ void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const cha
   for (megad_launch *l = L->launches; l; l = l->next)
     if (!strcmp(l->req->coordinator_node_id, coord_id)) {
       l->coord_gone = true;
-      launch_abort(l, reason, MEGAD_ABORT_GRACE_MS);
+      launch_abort(l, reason, MEGAD_ABORT_GRACE_MS, false);
       relay_flush(l);
       launch_maybe_free(l);
     }
 }
 
 void megad_launch_abort_all(megad_launcher *L, const char *reason) {
-  for (megad_launch *l = L->launches; l; l = l->next) launch_abort(l, reason, MEGAD_ABORT_GRACE_MS);
+  for (megad_launch *l = L->launches; l; l = l->next)
+    launch_abort(l, reason, MEGAD_ABORT_GRACE_MS, false);
 }
 
 mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpointRequest *req,

@@ -86,6 +86,13 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
  * attempt < 0: every attempt. stale: every attempt before `attempt`. */
 void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
                         const char *reason, unsigned grace_ms);
+/* Stops the attempt's workers as megad_launch_abort does, except that a
+ * worker whose state is whole keeps it and serves it to the next attempt
+ * (it answers RankHeld, which goes to the coordinator as a RankEvent); a
+ * held worker is not killed, holds no slot and is not hang-checked until
+ * an abort of its attempt (megad_launch_abort) releases it. */
+void megad_launch_hold(megad_launcher *L, const char *job_id, uint32_t attempt,
+                       const char *reason, unsigned grace_ms);
 /* Aborts the launches coordinated by coord_id (it died or restarted): no
  * rank runs on without its coordinator. */
 void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason);

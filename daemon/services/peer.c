@@ -45,9 +45,10 @@ static void on_launch_ranks(mega_rpc_call *call, const ProtobufCMessage *msg, vo
 static void on_abort_job(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__AbortJobRequest *req = (const void *)msg;
-  megad_launch_abort(s->L, req->job_id, req->attempt, req->stale,
-                     req->reason && req->reason[0] ? req->reason : "aborted",
-                     req->grace_ms ? req->grace_ms : MEGAD_ABORT_GRACE_MS);
+  const char *why = req->reason && req->reason[0] ? req->reason : "aborted";
+  unsigned grace = req->grace_ms ? req->grace_ms : MEGAD_ABORT_GRACE_MS;
+  if (req->hold && !req->stale) megad_launch_hold(s->L, req->job_id, req->attempt, why, grace);
+  else megad_launch_abort(s->L, req->job_id, req->attempt, req->stale, why, grace);
   Mega__V1__AbortJobResponse r = MEGA__V1__ABORT_JOB_RESPONSE__INIT;
   mega_rpc_reply(call, &r.base);
 }
