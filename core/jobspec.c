@@ -119,6 +119,9 @@ const flagdef mega_jf_table[] = {
     STR("--load", load, "checkpoints", "DIR", false,
         "Directory to resume from: its latest complete checkpoint (a checkpoint whose files "
         "fail the manifest's sizes or checksums is passed over, with a message)."),
+    BOOL("--no-replica-recovery", no_replica_recovery, "checkpoints",
+         "Under megad, restart a failed attempt from the newest checkpoint even when the "
+         "surviving data-parallel replicas hold a newer state."),
     BOOL("--async-save", async_save, "checkpoints",
          "Write checkpoints on a background thread: the step waits only for the copy to host "
          "memory."),

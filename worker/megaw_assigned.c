@@ -237,9 +237,9 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
   int rc = 0;
   if (mega_rank_run(r, &err) != MEGA_OK) {
     /* a peer's failure, or megad asking: the next attempt may want this state */
-    bool may_hold = !stop_signal && (err.status == MEGA_ERR_CANCELLED
-                                         ? mega_link_hold_asked(a->link)
-                                         : retryable(&err));
+    bool may_hold = !stop_signal && !job->no_replica_recovery &&
+                    (err.status == MEGA_ERR_CANCELLED ? mega_link_hold_asked(a->link)
+                                                      : retryable(&err));
     if (err.status == MEGA_ERR_CANCELLED && stop_signal) {
       rc = 128 + stop_signal;
     } else if (err.status == MEGA_ERR_CANCELLED) { /* megad asked: it knows why */
