@@ -221,8 +221,8 @@ static Mega__V1__ReplicaPlan *fresh_replicas(megad_coord *c, mega_job *j) {
  * must keep waiting (and the jobs behind it too, FIFO). */
 static bool try_start(megad_coord *c, mega_job *j) {
   /* etcd: not before this node's claim on j is in etcd, nor while its lease
-   * is not known alive */
-  if (c->jobs->etcd && (!j->etcd.fence || !coord_may_act(c))) return false;
+   * is not known alive, nor while it asks what the old attempt's ranks hold */
+  if (c->jobs->etcd && (!j->etcd.fence || !coord_may_act(c) || j->coord.gathering)) return false;
   mega_err e = {0};
   mega_jobspec as;
   mega_jobspec_defaults(&as);

@@ -23,6 +23,7 @@
 #define MEGA_DAEMON_COORD_INTERNAL_H
 
 #include "daemon/coord/coord.h"
+#include "daemon/model/replicas.h"
 #include "daemon/model/stepmerge.h"
 
 enum { CAUSE_NONE, CAUSE_SECONDARY, CAUSE_PRIMARY };
@@ -136,6 +137,10 @@ void coord_abort_attempt(megad_coord *c, const mega_job *j, const char *node_id,
                          uint32_t attempt, bool stale, bool hold, const char *reason);
 /* Sends AbortJob for the attempt to every node of the placement. */
 void coord_abort_nodes(coord_run *run, const char *reason, bool hold);
+/* coord_run.c: where j's next attempt takes its state from, given the
+ * ranks of its attempt that hold one (d, n): j->coord.replicas, or why not
+ * in j->coord.replicas_why; the attempt's nodes become j->coord.donors. */
+void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n);
 /* coord_run.c: lets the ranks that hold j's state for a later attempt go
  * (j->coord.donors) and forgets the plan that named them. */
 void coord_release_donors(megad_coord *c, mega_job *j, const char *why);

@@ -184,43 +184,29 @@ void coord_release_donors(megad_coord *c, mega_job *j, const char *why) {
   j->coord.replicas = NULL;
 }
 
-/* Notes the nodes of the ranks that hold state: they wait for a release. */
-static void note_donors(coord_run *run) {
-  mega_job *j = run->job;
-  j->coord.donors = calloc(run->world, sizeof *j->coord.donors);
+/* Notes the nodes of j's attempt: ranks there may hold state, and wait for
+ * a release (every node of the attempt, so a rank that held too late for
+ * the plan goes too). */
+static void note_donors(mega_job *j) {
+  j->coord.donors = calloc(j->nplaced + 1, sizeof *j->coord.donors);
   j->coord.donors_attempt = j->attempt;
-  for (uint32_t r = 0; j->coord.donors && r < run->world; r++) {
-    if (!run->held[r]) continue;
-    bool dup = false;
-    for (size_t i = 0; i < j->coord.ndonors && !dup; i++)
-      dup = !strcmp(j->coord.donors[i], run->held_node[r]);
-    if (!dup) j->coord.donors[j->coord.ndonors++] = megad_strdup(run->held_node[r]);
-  }
+  for (size_t r = 0; j->coord.donors && r < j->nplaced; r++)
+    j->coord.donors[j->coord.ndonors++] = megad_strdup(j->placement[r].node_id);
 }
 
-/* At an attempt's end: where the next one takes its state from (the plan,
- * on the job), or why it cannot (replicas_why). */
-static void plan_replicas(coord_run *run) {
-  megad_coord *c = run->c;
-  mega_job *j = run->job;
+void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n) {
   free(j->coord.replicas_why);
   j->coord.replicas_why = NULL;
-  note_donors(run);
+  note_donors(j);
   char why[MEGA_ERR_MSG_MAX + 64] = "";
-  mega_replica_donor *d = calloc(run->world + 1, sizeof *d);
-  size_t n = 0;
-  for (uint32_t r = 0; d && r < run->world; r++)
-    if (run->held[r])
-      d[n++] = (mega_replica_donor){.rank = r, .node_id = run->held_node[r], .held = run->held[r]};
   mega_replicas_in in = {.attempt = j->attempt, .tp = j->tp, .pp = j->pp, .dp = j->dp,
                          .distributed = j->spec.use_distributed_optimizer, .donors = d,
                          .ndonors = n, .ckpt_iteration = j->spec.save ? j->ckpt_iteration : 0};
   mega_err e = {0};
   Mega__V1__ReplicaPlan *p = NULL;
   if (j->spec.no_replica_recovery) snprintf(why, sizeof why, "--no-replica-recovery");
-  else if (!d || mega_replicas_plan(&in, &p, why, sizeof why, &e) != MEGA_OK)
-    snprintf(why, sizeof why, "%s", d ? e.msg : "megad ran out of memory");
-  free(d);
+  else if (mega_replicas_plan(&in, &p, why, sizeof why, &e) != MEGA_OK)
+    snprintf(why, sizeof why, "%s", e.msg);
   if (!p) {
     j->coord.replicas_why = megad_strdup(why);
     coord_release_donors(c, j, "the next attempt does not take its state from replicas");
@@ -231,6 +217,22 @@ static void plan_replicas(coord_run *run) {
   j->coord.replicas_redone = j->last_iteration > p->iteration ? j->last_iteration - p->iteration : 0;
 }
 
+/* At an attempt's end: where the next one takes its state from. */
+static void plan_replicas(coord_run *run) {
+  mega_replica_donor *d = calloc(run->world + 1, sizeof *d);
+  size_t n = 0;
+  for (uint32_t r = 0; d && r < run->world; r++)
+    if (run->held[r])
+      d[n++] = (mega_replica_donor){.rank = r, .node_id = run->held_node[r], .held = run->held[r]};
+  if (d) {
+    coord_plan_replicas(run->c, run->job, d, n);
+  } else {
+    free(run->job->coord.replicas_why);
+    run->job->coord.replicas_why = megad_strdup("megad ran out of memory");
+  }
+  free(d);
+}
+
 static void finish(coord_run *run) {
   megad_coord *c = run->c;
   mega_job *j = run->job;
@@ -238,6 +240,16 @@ static void finish(coord_run *run) {
   /* the donors an attempt fetched from are done with; its own may hold */
   if (j->coord.ndonors) coord_release_donors(c, j, "the attempt that fetched from them ended");
   if (kind != MEGA_END_DONE) plan_replicas(run);
+  /* iterations the survivors completed but a lost rank never reported: the
+   * next attempt starts after them, so they are merged from what came */
+  mega_step_done *d = NULL;
+  while (j->coord.replicas &&
+         mega_stepmerge_flush(run->merge, j->coord.replicas->iteration, &d, NULL) == MEGA_OK &&
+         d) {
+    if (d->step->iteration > j->last_iteration) megad_job_step(c->jobs, j, d->step);
+    mega_step_done_free(d);
+    d = NULL;
+  }
   char prefix[sizeof run->kv_prefix + 1];
   snprintf(prefix, sizeof prefix, "%s/", run->kv_prefix);
   mega_kv_delete_prefix(c->kvs->kv, prefix);
@@ -280,7 +292,7 @@ void coord_abort_attempt(megad_coord *c, const mega_job *j, const char *node_id,
   megad_node *n = megad_members_find(c->members, node_id);
   if (!n) return;
   if (n->self) {
-    if (hold) megad_launch_hold(c->L, j->id, attempt, reason, MEGAD_ABORT_GRACE_MS);
+    if (hold) megad_launch_hold(c->L, j->id, attempt, reason, MEGAD_HOLD_GRACE_MS);
     else megad_launch_abort(c->L, j->id, attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
     return;
   }
@@ -291,7 +303,7 @@ void coord_abort_attempt(megad_coord *c, const mega_job *j, const char *node_id,
   req.job_id = j->id;
   req.attempt = attempt;
   req.reason = (char *)reason;
-  req.grace_ms = MEGAD_ABORT_GRACE_MS;
+  req.grace_ms = hold ? MEGAD_HOLD_GRACE_MS : MEGAD_ABORT_GRACE_MS;
   req.stale = stale;
   req.hold = hold;
   megad_call(c->b, n->address, &mega_peer_abort_job, &req.base, 5000, ignore_reply, NULL, NULL);

@@ -33,6 +33,7 @@ typedef struct megad_worker {
   bool slot_held; /* counted in the launcher's slots_used */
   bool held;      /* it stopped and keeps its state for the next attempt (RankHeld): no slot,
                      no hang check, not killed until the launch is released */
+  Mega__V1__RankHeld *held_msg; /* what it holds (owned), for a coordinator that asks later */
   uint32_t slot;  /* which one: its GPU on a node with GPUs */
   int64_t exit_status;
   int term_signal;

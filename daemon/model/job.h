@@ -81,6 +81,7 @@ typedef struct mega_job_coord {
   char **donors;
   size_t ndonors;
   uint32_t donors_attempt;
+  bool gathering; /* a takeover asks the old attempt's nodes what they hold: wait */
   /* From the slowest rank's step end to the merge, summed over merged steps
    * (for /metrics). */
   double report_delay_sum_s;
