@@ -409,6 +409,7 @@ mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_e
   rm.grad_bytes = m->grad_bytes;
   rm.optimizer_state_bytes = m->optimizer_state_bytes;
   rm.shard_copy_bytes = m->shard_copy_bytes;
+  rm.shard_copy_s = m->shard_copy_s;
   Mega__V1__StepReport r = MEGA__V1__STEP_REPORT__INIT;
   r.iteration = m->iteration > 0 ? (uint64_t)m->iteration : 0;
   r.metrics = &rm;

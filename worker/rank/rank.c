@@ -201,7 +201,8 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   mega_gpt_tp tp;
   if (st == MEGA_OK) st = rank_tp_init(r, &tp, err);
   if (st == MEGA_OK)
-    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go, err);
+    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go,
+                           r->env.replicas != NULL, err);
   if (st == MEGA_OK)
     st = mega_batch_plan_init(&r->plan, j->global_batch_size, j->micro_batch_size, r->topo.dp,
                               err);
@@ -297,10 +298,12 @@ static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   bool last = mega_sched_is_last_stage(&r->eval_sched, r->me.pp, r->eval_sched.vp - 1);
   mega_status wst = mega_grads_wait_params(r->chunks.grads, -1, err);
   if (wst != MEGA_OK) return wst;
+  int64_t first = r->eval_done;
   for (int k = 0; k < r->job->eval_iters; k++) {
     mega_engine_result res;
     mega_status st = mega_engine_run(r->eval_engine, r->eval_done++, &res, NULL, 0, NULL, 0, err);
     if (st != MEGA_OK) {
+      r->eval_done = first; /* a held state counts no half evaluation */
       mega_err_prefix(err, "evaluation after iteration %lld", (long long)r->iteration);
       return st;
     }
@@ -344,7 +347,9 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   double ts = res.work_end_wall;
   st = finalize_grads(r, err);
   /* the shard copy's gradients, once they are final (grads.h) */
+  double copy_s = 0, tc = wall_s();
   if (st == MEGA_OK && r->copy) st = mega_grads_exchange_copy(r->chunks.grads, err);
+  copy_s += wall_s() - tc;
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
@@ -377,7 +382,9 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     r->stepping = true; /* from here a failure leaves this iteration half applied */
     st = mega_optim_step(r->optim, sumsq, lr, &or, err);
     /* the shard copy takes its owner's very step (grads.h) */
+    tc = wall_s();
     if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, err);
+    copy_s += wall_s() - tc;
     if (st == MEGA_OK) r->stepped = true;
   }
   /* distributed optimizer: every rank gets every updated parameter; with
@@ -429,6 +436,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->grad_bytes = mega_grads_grad_bytes(r->chunks.grads);
   m->optimizer_state_bytes = mega_optim_state_bytes(r->optim);
   m->shard_copy_bytes = r->copy ? mega_optim_state_bytes(r->copy) : 0;
+  m->shard_copy_s = r->copy ? copy_s : 0;
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
   if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {

@@ -105,7 +105,11 @@ static mega_status fetch_from(fetch *f, const mega_replica_plan *plan,
   mega_status st = mega_net_connect(src->address, CONNECT_MS, IO_MS, &fd, err);
   if (st != MEGA_OK) return st;
   uint32_t shards[8];
-  size_t ns = src->nshards < 8 ? src->nshards : 8;
+  size_t ns = src->nshards;
+  if (ns > 8) { /* a rank holds its own shard and one copy */
+    close(fd);
+    return mega_fail(err, MEGA_ERR_INVALID, "a replica source names %zu shards", ns);
+  }
   for (size_t i = 0; i < ns; i++) shards[i] = (uint32_t)src->shards[i];
   Mega__V1__ReplicaRequest q = MEGA__V1__REPLICA_REQUEST__INIT;
   q.token.data = (uint8_t *)src->token;
