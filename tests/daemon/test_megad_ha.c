@@ -100,13 +100,14 @@ static void same_losses(const hd_watch *before, const hd_watch *after, const hd_
   }
 }
 
-/* Polls node d until job_id's coordinator is no longer `old` and the job
- * runs again; returns the new coordinator's index in n (-1: not in time). */
-static int wait_takeover(hd *n, int asked, const char *job_id, const char *old, int ms) {
+/* Polls node n[asked] until job_id's coordinator is no longer `old`;
+ * returns the new coordinator's index in n (of nn; -1: not in time). */
+static int wait_takeover_of(hd *n, int nn, int asked, const char *job_id, const char *old,
+                            int ms) {
   for (int t = 0; t < ms; t += 200) {
     Mega__V1__Job *j = hd_get_job(&n[asked], job_id, NULL);
     int who = -1;
-    for (int i = 0; j && i < 3; i++)
+    for (int i = 0; j && i < nn; i++)
       if (strcmp(j->coordinator_node_id, old) && !strcmp(j->coordinator_node_id, n[i].name))
         who = i;
     if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
@@ -114,6 +115,10 @@ static int wait_takeover(hd *n, int asked, const char *job_id, const char *old, 
     usleep(200000);
   }
   return -1;
+}
+
+static int wait_takeover(hd *n, int asked, const char *job_id, const char *old, int ms) {
+  return wait_takeover_of(n, 3, asked, job_id, old, ms);
 }
 
 /* ---- kill -9 the coordinator's node for good ---- */
@@ -243,7 +248,9 @@ static void test_replicas_after_coordinator_kill(void **state) {
   hd_watch_job_cb(&n[0], id, true, 120000, &before, kill_coordinator, &k);
   assert_true(k.when_ms > 0);
   uint32_t old_attempt = before.attempt[k.iteration];
-  int who = wait_takeover(n, 1, id, n[0].name, 20000);
+  int who = wait_takeover_of(n, 4, 1, id, n[0].name, 20000);
+  if (who < 0)
+    for (int i = 1; i < 4; i++) hd_dump_log(&n[i]);
   assert_true(who >= 1 && who <= 3);
   int64_t took_ms = hd_event_ms(&n[who], id, KIND(RESTARTING), 0, "took the job over");
   first_step f = {.after_attempt = old_attempt};
