@@ -1,13 +1,18 @@
-/* Training-step throughput of the GPT on the cpu backend: forward, both
- * backward halves and AdamW, on one stage holding the whole model.
+/* Training-step throughput of the GPT-2 or Llama on the cpu backend:
+ * forward, both backward halves and AdamW, on one stage holding the whole
+ * model.
  *
  *   bench_model [--threads N] [--steps S] [--warmup W] [--channels C]
  *               [--layers L] [--heads H] [--seq T] [--batch B] [--vocab V]
- *               [--profile]
+ *               [--llama] [--groups G] [--ffn F] [--profile]
  *
- * Defaults: C=256, 4 layers, 4 heads, T=256, B=8, V=256, 1 BLAS thread. Prints one
- * line per step (wall time and process CPU time), then "tokens/s
- * min/median/max". --profile prints time by phase. bench/bench_model.py runs this next to PyTorch. */
+ * Defaults: GPT-2, C=256, 4 layers, 4 heads, T=256, B=8, V=256, 1 BLAS thread.
+ * --llama: the Llama of the same width and depth (RoPE, RMSNorm, SwiGLU of
+ * F = Megatron's int(8C/3 / 64) x 64, G = H/2 query groups, untied head, no
+ * biases); --groups and --ffn change G and F. Prints one line per step
+ * (wall time and process CPU time), then "tokens/s min/median/max".
+ * --profile prints time by phase. bench/bench_model.py runs this next to
+ * PyTorch. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +48,7 @@ static int die(const mega_err *err) {
 
 int main(int argc, char **argv) {
   int threads = 1, steps = 10, warmup = 2, C = 256, L = 4, NH = 4, T = 256, B = 8, V = 256;
-  int profile = 0;
+  int profile = 0, llama = 0, G = 0, F = 0;
   for (int i = 1; i < argc; i++) {
     int *dst = NULL;
     if (!strcmp(argv[i], "--threads")) dst = &threads;
@@ -55,6 +60,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--seq")) dst = &T;
     else if (!strcmp(argv[i], "--batch")) dst = &B;
     else if (!strcmp(argv[i], "--vocab")) dst = &V;
+    else if (!strcmp(argv[i], "--groups")) dst = &G;
+    else if (!strcmp(argv[i], "--ffn")) dst = &F;
+    else if (!strcmp(argv[i], "--llama")) llama = 1;
     else if (!strcmp(argv[i], "--profile")) profile = 1;
     else {
       fprintf(stderr, "bench_model: unknown argument %s (see the file's header)\n", argv[i]);
@@ -78,6 +86,15 @@ int main(int argc, char **argv) {
   cfg.num_heads = NH;
   cfg.max_seq_len = T;
   cfg.vocab_size = V;
+  if (llama) {
+    cfg.arch = MEGA_GPT_ARCH_LLAMA;
+    cfg.num_kv_heads = G ? G : (NH > 1 ? NH / 2 : 1);
+    cfg.ffn_hidden = F ? F : (int)(4.0 * C * 2.0 / 3.0 / 64.0) * 64;
+    cfg.untied = true;
+    cfg.no_bias = true;
+  } else if (F) {
+    cfg.ffn_hidden = F;
+  }
   mega_gpt_stage_desc whole = {true, true, 0, L};
   mega_gpt_stage *s;
   mega_gpt_acts *a;
@@ -92,9 +109,10 @@ int main(int argc, char **argv) {
   const mega_param_info *pi = mega_gpt_params(s, &np);
   int32_t *tok = malloc(sizeof *tok * (B * T + 1));
   for (int i = 0; i <= B * T; i++) tok[i] = (int32_t)(mega_splitmix64(i) % (uint64_t)V);
-  printf("# C=%d layers=%d heads=%d T=%d B=%d V=%d threads=%d blas=%s params=%zu acts=%.1f MiB\n",
-         C, L, NH, T, B, V, threads, mega_backend_cpu_blas_core(), n,
-         mega_gpt_acts_bytes(a) / 1048576.0);
+  printf("# %s C=%d layers=%d heads=%d groups=%d ffn=%d T=%d B=%d V=%d threads=%d blas=%s "
+         "params=%zu acts=%.1f MiB\n",
+         llama ? "llama" : "gpt2", C, L, NH, mega_gpt_kv_heads(&cfg), mega_gpt_ffn(&cfg), T, B,
+         V, threads, mega_backend_cpu_blas_core(), n, mega_gpt_acts_bytes(a) / 1048576.0);
   double *dt = malloc(sizeof *dt * steps), ph[4] = {0};
   for (int it = 0; it < warmup + steps; it++) {
     double t0 = now(), c0 = cpu_now(), loss;

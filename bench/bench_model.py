@@ -1,13 +1,17 @@
 #!/usr/bin/python3
-"""mega's cpu GPT next to Debian's PyTorch on the same model and machine.
+"""mega's cpu GPT-2 and Llama next to Debian's PyTorch on the same model and
+machine.
 
     /usr/bin/python3 bench/bench_model.py BUILD/bench/bench_model \
         [--threads 1,2] [--rounds 3] [--steps 6] [--vocab 256,50304]
-        [--channels C] [--layers L] [--seq T] [--batch B]
+        [--arch gpt2,llama] [--channels C] [--layers L] [--seq T] [--batch B]
 
-For each thread count it runs the C benchmark and the same training step in
-PyTorch (forward, backward, AdamW; GPT-2 from tests/ref/make_ref.py, C=256,
-4 layers, 4 heads, T=256, B=8) alternately, --rounds times each, every run in
+For each architecture and thread count it runs the C benchmark and the same
+training step in PyTorch (forward, backward, AdamW; GPT-2 or Llama from
+tests/ref/make_ref.py, C=256, 4 layers, 4 heads, T=256, B=8; the Llama of
+the same width and depth has 2 query groups, SwiGLU of int(8C/3 / 64) x 64,
+RoPE, RMSNorm, an untied head and no biases) alternately, --rounds times
+each, every run in
 its own process with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS (and, with
 --coretype, OPENBLAS_CORETYPE) set, and prints min, median and max tokens/s
 of each and the ratios. PyTorch runs its AdamW with and without foreach and,
@@ -27,23 +31,35 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 C, L, NH, T, B, V = 256, 4, 4, 256, 8, 256
+LLAMA = False
 
 
 def shape_args():
     return ["--channels", str(C), "--layers", str(L), "--seq", str(T), "--batch", str(B),
-            "--vocab", str(V)]
+            "--vocab", str(V)] + (["--llama"] if LLAMA else [])
+
+
+def torch_model():
+    """The model bench_model builds, in torch.nn (tests/ref/make_ref.py)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
+    import make_ref
+    if not LLAMA:
+        return make_ref.GPT({"vocab_size": V, "max_seq_len": T, "num_layers": L,
+                             "num_heads": NH, "channels": C, "ln_eps": 1e-5})
+    return make_ref.Llama({"vocab_size": V, "max_seq_len": T, "num_layers": L,
+                           "num_heads": NH, "num_kv_heads": max(NH // 2, 1), "channels": C,
+                           "head_dim": C // NH, "ffn_hidden": int(4 * C * 2 / 3 / 64) * 64,
+                           "ln_eps": 1e-5, "rope_theta": 10000.0, "rotary_percent": 1.0,
+                           "untied": True, "no_bias": True})
 
 
 def torch_run(threads, steps, warmup, foreach):
     """One PyTorch measurement (in this process): tokens/s per step."""
     import torch
     import torch.nn.functional as F
-    sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
-    from make_ref import GPT
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = GPT({"vocab_size": V, "max_seq_len": T, "num_layers": L, "num_heads": NH,
-                 "channels": C, "ln_eps": 1e-5})
+    model = torch_model()
     decay = [p for p in model.parameters() if p.dim() == 2]
     rest = [p for p in model.parameters() if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -101,7 +117,8 @@ def run_shape(args, core):
     (mega, torch) CPU-time medians}."""
     import torch
     result = {}
-    print(f"# model C={C} layers={L} heads={NH} T={T} B={B} V={V}; torch {torch.__version__}; "
+    print(f"# model {'llama' if LLAMA else 'gpt2'} C={C} layers={L} heads={NH} T={T} B={B} "
+          f"V={V}; torch {torch.__version__}; "
           f"{args.rounds} rounds x {args.steps} steps per run; tokens/s of "
           f"forward+backward+AdamW; OPENBLAS_CORETYPE={core}")
     med = lambda runs, k: statistics.median(r[k] for r in runs)
@@ -136,9 +153,10 @@ def run_shape(args, core):
 
 
 def main():
-    global C, L, T, B, V
-    if len(sys.argv) == 15 and sys.argv[1] == "--torch-child":
+    global C, L, T, B, V, LLAMA
+    if len(sys.argv) in (15, 16) and sys.argv[1] == "--torch-child":
         C, L, T, B, V = (int(sys.argv[k]) for k in (6, 8, 10, 12, 14))
+        LLAMA = sys.argv[-1] == "--llama"
         rates = torch_run(int(sys.argv[2]), int(sys.argv[3]), 2, sys.argv[4] == "1")
         print(" ".join(f"{w:.1f},{c:.1f}" for w, c in rates))
         return 0
@@ -151,6 +169,7 @@ def main():
                     help="OPENBLAS_CORETYPE for both sides (default: the environment's; "
                          "'' for OpenBLAS's own detection)")
     ap.add_argument("--vocab", default=str(V), help="vocabulary sizes to compare, e.g. 256,50304")
+    ap.add_argument("--arch", default="gpt2", help="architectures to compare, e.g. gpt2,llama")
     ap.add_argument("--channels", type=int, default=C)
     ap.add_argument("--layers", type=int, default=L)
     ap.add_argument("--seq", type=int, default=T)
@@ -163,16 +182,19 @@ def main():
     core = (os.environ.get("OPENBLAS_CORETYPE", "(unset)") if args.coretype is None
             else args.coretype or "(unset)")
     first_v, first = None, {}
-    for V in (int(v) for v in args.vocab.split(",")):
-        for threads, r in run_shape(args, core).items():
-            if first_v is None or threads not in first:
-                first[threads] = r
-                continue
-            r0 = first[threads]
-            print(f"threads={threads} V={V} against V={first_v}: wall tokens/s mega "
-                  f"{r0[0] / r[0]:.2f}x slower, torch {r0[1] / r[1]:.2f}x slower; CPU-time "
-                  f"mega {r0[2] / r[2]:.2f}x slower, torch {r0[3] / r[3]:.2f}x slower")
-        first_v = V if first_v is None else first_v
+    for arch in args.arch.split(","):
+        LLAMA = arch == "llama"
+        for V in (int(v) for v in args.vocab.split(",")):
+            for threads, r in run_shape(args, core).items():
+                if first_v is None or threads not in first:
+                    first[threads] = r
+                    continue
+                r0 = first[threads]
+                print(f"threads={threads} {arch} V={V} against the first ({first_v}), its "
+                      f"tokens/s over the first's: wall mega {r[0] / r0[0]:.2f}x, torch "
+                      f"{r[1] / r0[1]:.2f}x; CPU-time mega {r[2] / r0[2]:.2f}x, torch "
+                      f"{r[3] / r0[3]:.2f}x")
+            first_v = first_v or f"{arch} V={V}"
     return 0
 
 

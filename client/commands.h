@@ -16,5 +16,7 @@ int megactl_rescale(int argc, char **argv);
 int megactl_watch(int argc, char **argv);
 int megactl_nodes(int argc, char **argv);
 int megactl_trace(int argc, char **argv);
+/* client/etcd_dump.c: etcd, not megad */
+int megactl_etcd_dump(int argc, char **argv);
 
 #endif

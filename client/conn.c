@@ -58,8 +58,12 @@ mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega
     st = mega_fail(err, MEGA_ERR_INVALID, "--tls-cert needs --tls-ca (the CA of megad's "
                    "certificate)");
   mega_rpc_auth auth = {.token = pem[0], .tls_ca = pem[1], .tls_cert = pem[2], .tls_key = pem[3]};
-  mega_rpc_channel_opts opts = {.peer_name = "megad", .auth = &auth,
-                                .auth_hint = "pass --token-file or set MEGA_TOKEN_FILE"};
+  mega_rpc_channel_opts opts = {
+      .peer_name = "megad", .auth = &auth,
+      .auth_hint = "pass --token-file or set MEGA_TOKEN_FILE",
+      .unreachable_hint = "is megad running there? Point megactl at another with --server "
+                          "HOST:PORT or MEGA_SERVER=HOST:PORT, or start one: megad serve "
+                          "--listen 127.0.0.1:7070 --state-dir DIR --slots N"};
   if (st == MEGA_OK) st = mega_rpc_channel_new(megactl_server(flag_value), &opts, out, err);
   for (int k = 0; k < 4; k++) {
     if (pem[k]) memset(pem[k], 0, strlen(pem[k]));

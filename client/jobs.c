@@ -124,7 +124,8 @@ int megactl_submit(int argc, char **argv) {
       if (r < 0) rc = MEGACTL_EXIT_USAGE;
       continue;
     }
-    rc = megactl_is_flag(argv[i]) ? megactl_usage(cmd, "unknown flag '%s'", argv[i])
+    /* the job flags' message: a suggestion, or Megatron's flag's reason */
+    rc = megactl_is_flag(argv[i]) ? megactl_usage(cmd, "%s", err.msg)
                                   : megactl_usage(cmd, "unexpected word '%s'", argv[i]);
   }
   uint32_t lo = 0, hi = 0, per = 0;
@@ -139,6 +140,11 @@ int megactl_submit(int argc, char **argv) {
   if (!rc && step_timeout &&
       mega_duration_parse("--step-timeout", step_timeout, 100, 86400000, &step_ms, &err) != MEGA_OK)
     rc = megactl_usage(cmd, "%s", err.msg);
+  /* PREFIX.bin or PREFIX.idx seen here: sent as PREFIX, as Megatron takes it */
+  char note[2048] = "";
+  if (!rc && mega_jobspec_fix_data_paths(&s, true, note, sizeof note, &err) != MEGA_OK)
+    rc = megactl_usage(cmd, "%s", err.msg);
+  if (!rc && note[0]) fprintf(stderr, "megactl submit: %s\n", note);
   /* a blend's paths are its odd words; its weights stay as they are */
   mega_strlist *lists[] = {&s.data_path, &s.train_data_path, &s.valid_data_path};
   for (int l = 0; l < 3; l++)
@@ -368,7 +374,8 @@ static int cancel_one(const char *server, const char *id, const char *reason) {
     if (st == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED)
       printf("cancelled %s\n", id);
     else if (st == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
-             st == MEGA__V1__JOB_STATE__JOB_STATE_FAILED)
+             st == MEGA__V1__JOB_STATE__JOB_STATE_FAILED ||
+             st == MEGA__V1__JOB_STATE__JOB_STATE_STOPPED)
       printf("%s already %s; nothing to cancel\n", id, view_state_name(st));
     else
       printf("cancelling %s (now %s)\n", id, view_state_name(st));
@@ -443,8 +450,8 @@ int megactl_resume(int argc, char **argv) {
   if (rc) return rc;
   if (cf.help) {
     printf("usage: megactl resume JOB [--server ADDR]\n\n"
-           "Restarts a failed job from its newest complete checkpoint, as a new attempt (from\n"
-           "the start when it has none). Follow it with megactl watch JOB.\n");
+           "Restarts a failed or stopped job from its newest complete checkpoint, as a new\n"
+           "attempt (from the start when it has none). Follow it with megactl watch JOB.\n");
     return 0;
   }
   mega_err err = {0};

@@ -30,6 +30,7 @@ static const struct {
     {"rescale", megactl_rescale, "re-plan a running job on N nodes at its next checkpoint"},
     {"nodes", megactl_nodes, "list the cluster's nodes"},
     {"trace", megactl_trace, "download a job's Chrome trace"},
+    {"etcd-dump", megactl_etcd_dump, "print a cluster's keys in etcd, values decoded"},
 };
 
 static void usage(FILE *f) {

@@ -1,7 +1,13 @@
 /* megactl plan: print, simulate and draw a pipeline schedule, no cluster
- * needed. Generates the schedule from Megatron's flags (or loads its text
+ * needed. Generates the schedule from Megatron's flags (or reads its text
  * form), validates it, runs the simulator, and writes a terminal drawing,
  * JSON, a Chrome trace, or the text form itself.
+ *
+ * It takes a job's whole flag set, as megactl submit does: from the job
+ * flags it uses PP, VP, the microbatch group, the schedule, the gradient
+ * flags and the microbatches (global batch / (micro batch x DP), DP from
+ * --nnodes x --nproc-per-node / (TP x PP), 1 without them), and it ignores
+ * the rest (model, data, checkpoints).
  *
  * Exit status: 0 on success, 2 for a bad command line (unknown flag,
  * missing or malformed value, a combination Megatron refuses, flags that
@@ -13,12 +19,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
 #include "client/commands.h"
 #include "client/render.h"
+#include "core/jobspec.h"
 #include "core/sim.h"
 #include "core/trace.h"
 
@@ -36,34 +44,33 @@ typedef struct plan_opts {
   bool t_w_given, t_grad_sync_given, overlap_grad, align_grad;
   int grad_buckets;
   out_format format;
-  const char *load, *output;
+  const char *load, *output; /* load: --schedule-file */
   bool help;
+  int nnodes, nproc;         /* 0: not given */
+  mega_jobspec job;          /* the job flags given */
 } plan_opts;
 
-enum { O_PP, O_M, O_VP, O_GROUP, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP,
-       O_OVERLAP, O_ALIGN, O_TGS, O_BUCKETS };
+enum { O_M, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP, O_TGS, O_BUCKETS,
+       O_NNODES, O_NPROC };
 
 static const struct {
   const char *name;
   bool has_value;
 } flags[] = {
-    [O_PP] = {"pipeline-model-parallel-size", true},
     [O_M] = {"num-microbatches", true},
-    [O_VP] = {"virtual-pipeline-model-parallel-size", true},
-    [O_GROUP] = {"microbatch-group-size-per-vp-stage", true},
     [O_SCHED] = {"schedule", true},
     [O_TF] = {"t-forward", true},
     [O_TB] = {"t-backward", true},
     [O_TW] = {"t-weight", true},
     [O_LAT] = {"p2p-latency", true},
     [O_FORMAT] = {"format", true},
-    [O_LOAD] = {"load", true},
+    [O_LOAD] = {"schedule-file", true},
     [O_OUT] = {"output", true},
     [O_HELP] = {"help", false},
-    [O_OVERLAP] = {"overlap-grad-reduce", false},
-    [O_ALIGN] = {"align-grad-reduce", false},
     [O_TGS] = {"t-grad-sync", true},
     [O_BUCKETS] = {"grad-buckets", true},
+    [O_NNODES] = {"nnodes", true},
+    [O_NPROC] = {"nproc-per-node", true},
 };
 #define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
 
@@ -77,7 +84,8 @@ static void usage(FILE *f) {
       "                    [--p2p-latency L] [--format text|json|trace|schedule]\n"
       "                    [--overlap-grad-reduce] [--align-grad-reduce]\n"
       "                    [--t-grad-sync G] [--grad-buckets N]\n"
-      "                    [--load FILE] [--output FILE]\n"
+      "                    [--schedule-file FILE] [--output FILE]\n"
+      "                    [--nnodes N --nproc-per-node K] [any job flags]\n"
       "\n"
       "Generates a pipeline schedule, validates it, simulates it under a cost model\n"
       "and shows the result. No cluster is needed.\n"
@@ -99,10 +107,16 @@ static void usage(FILE *f) {
       "  --format         text: a timeline and per-rank phases and bubbles (default)\n"
       "                   json: the same figures as one JSON object\n"
       "                   trace: a Chrome trace for Perfetto (one time unit = 1 ms)\n"
-      "                   schedule: the schedule's text form, to edit and --load\n"
-      "  --load FILE      read a schedule in text form; P, V and M come from it, and\n"
-      "                   size flags, when given, must agree with it\n"
+      "                   schedule: the schedule's text form, to edit and give back\n"
+      "  --schedule-file FILE  read a schedule in text form; P, V and M come from it,\n"
+      "                   and size flags, when given, must agree with it\n"
       "  --output FILE    write there instead of stdout\n"
+      "\n"
+      "A job's flags, as megactl submit takes them, give the rest: P, V, the group\n"
+      "size, --overlap-grad-reduce, --align-grad-reduce, and without\n"
+      "--num-microbatches the microbatches, --global-batch-size / (--micro-batch-size\n"
+      "x DP), DP = --nnodes x --nproc-per-node / (TP x PP), or 1 without them. Model,\n"
+      "data and checkpoint flags are taken and ignored (--load is the checkpoint).\n"
       "\n"
       "Times are in any unit you like; busy and idle are reported in it.\n",
       f);
@@ -146,10 +160,9 @@ static bool parse_time(const char *flag, const char *v, double *out, mega_err *e
 static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   const char *name = flags[id].name;
   switch (id) {
-  case O_PP: return parse_int(name, v, &o->pp, err);
   case O_M: return parse_int(name, v, &o->mb, err);
-  case O_VP: return parse_int(name, v, &o->vp, err);
-  case O_GROUP: return parse_int(name, v, &o->group, err);
+  case O_NNODES: return parse_int(name, v, &o->nnodes, err);
+  case O_NPROC: return parse_int(name, v, &o->nproc, err);
   case O_SCHED: o->schedule = v; return true;
   case O_TF: return parse_time(name, v, &o->t_f, err);
   case O_TB: return parse_time(name, v, &o->t_b, err);
@@ -158,8 +171,6 @@ static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   case O_LOAD: o->load = v; return true;
   case O_OUT: o->output = v; return true;
   case O_HELP: o->help = true; return true;
-  case O_OVERLAP: o->overlap_grad = true; return true;
-  case O_ALIGN: o->align_grad = true; return true;
   case O_TGS: o->t_grad_sync_given = true; return parse_time(name, v, &o->t_grad_sync, err);
   case O_BUCKETS: return parse_int(name, v, &o->grad_buckets, err);
   case O_FORMAT:
@@ -177,9 +188,34 @@ static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   return false;
 }
 
-/* "--name value" or "--name=value", names matched exactly. */
+/* The job flag at argv[*i] (a flag mega_jobspec knows): the ones plan uses
+ * are noted as given. */
+static bool job_flag(plan_opts *o, int argc, char **argv, int *i, mega_err *err) {
+  const char *arg = argv[*i];
+  size_t len = strcspn(arg, "=");
+  mega_status st = mega_jobspec_parse_flag(&o->job, argc, argv, i, err);
+  if (st != MEGA_OK) {
+    if (st == MEGA_ERR_NOT_FOUND) {
+      size_t n = strlen(err->msg);
+      snprintf(err->msg + n, sizeof err->msg - n, " (see megactl plan --help)");
+    }
+    return false;
+  }
+#define IS(name) (len == strlen(name) && !strncmp(arg, name, len))
+  if (IS("--pipeline-model-parallel-size")) o->pp = o->job.pipeline_model_parallel_size;
+  if (IS("--virtual-pipeline-model-parallel-size") ||
+      IS("--num-layers-per-virtual-pipeline-stage") || IS("--pipeline-model-parallel-layout"))
+    o->vp = -1; /* resolved from the job once every flag is in */
+  if (IS("--microbatch-group-size-per-vp-stage"))
+    o->group = o->job.microbatch_group_size_per_vp_stage;
+#undef IS
+  return true;
+}
+
+/* "--name value" or "--name=value", names matched exactly: plan's own
+ * flags, then the job's. */
 static bool parse_args(int argc, char **argv, plan_opts *o, mega_err *err) {
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc;) {
     const char *arg = argv[i];
     if (!strcmp(arg, "-h")) arg = "--help";
     if (strncmp(arg, "--", 2) || !arg[2]) {
@@ -192,9 +228,8 @@ static bool parse_args(int argc, char **argv, plan_opts *o, mega_err *err) {
     for (int k = 0; k < NFLAGS; k++)
       if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) id = k;
     if (id < 0) {
-      mega_fail(err, MEGA_ERR_INVALID, "unknown flag '--%.*s' (see megactl plan --help)", (int)len,
-                name);
-      return false;
+      if (!job_flag(o, argc, argv, &i, err)) return false;
+      continue;
     }
     const char *value = NULL;
     if (flags[id].has_value) {
@@ -209,8 +244,50 @@ static bool parse_args(int argc, char **argv, plan_opts *o, mega_err *err) {
       return false;
     }
     if (!set_flag(o, id, value, err)) return false;
+    i++;
   }
   return true;
+}
+
+/* What the job flags give the plan: VP, the gradient flags, and the
+ * microbatches from the batch sizes; 0 or an exit status. */
+static int apply_job(plan_opts *o) {
+  const mega_jobspec *j = &o->job;
+  if (o->vp < 0) o->vp = mega_jobspec_vp(j);
+  o->overlap_grad = j->overlap_grad_reduce;
+  o->align_grad = j->align_grad_reduce;
+  /* --load is the checkpoint everywhere; a schedule comes with --schedule-file */
+  struct stat st;
+  if (j->load && stat(j->load, &st) == 0 && S_ISREG(st.st_mode))
+    return fail(EXIT_USAGE, "--load %s is a file: --load names a checkpoint directory; give a "
+                            "schedule's text form with --schedule-file FILE", j->load);
+  if (!j->global_batch_size) return 0;
+  if (!j->micro_batch_size)
+    return fail(EXIT_USAGE, "--global-batch-size needs --micro-batch-size to give the "
+                            "microbatches (or give --num-microbatches)");
+  int tp = j->tensor_model_parallel_size, pp = j->pipeline_model_parallel_size, dp = 1;
+  if ((o->nnodes > 0) != (o->nproc > 0))
+    return fail(EXIT_USAGE, "--nnodes and --nproc-per-node go together (the world is their "
+                            "product)");
+  if (o->nnodes > 0) {
+    long long world = (long long)o->nnodes * o->nproc;
+    if (world % ((long long)tp * pp))
+      return fail(EXIT_USAGE, "the world of %lld ranks (--nnodes %d x --nproc-per-node %d) is "
+                              "not divisible by TP x PP = %d",
+                  world, o->nnodes, o->nproc, tp * pp);
+    dp = (int)(world / ((long long)tp * pp));
+  }
+  long long per = (long long)j->micro_batch_size * dp;
+  if (j->global_batch_size % per)
+    return fail(EXIT_USAGE, "--global-batch-size %d is not divisible by --micro-batch-size %d x "
+                            "DP %d", j->global_batch_size, j->micro_batch_size, dp);
+  int m = (int)(j->global_batch_size / per);
+  if (o->mb && o->mb != m)
+    return fail(EXIT_USAGE, "--num-microbatches %d disagrees with --global-batch-size %d / "
+                            "(--micro-batch-size %d x DP %d) = %d; give one of them", o->mb,
+                j->global_batch_size, j->micro_batch_size, dp, m);
+  o->mb = m;
+  return 0;
 }
 
 /* Reads a whole file; NULL with errno set on failure. */
@@ -288,8 +365,12 @@ static int build_schedule(const plan_opts *o, mega_schedule *s) {
       return fail(EXIT_FAIL, "%s is not a valid schedule: %s", o->load, err.msg);
     return 0;
   }
-  if (!o->pp) return fail(EXIT_USAGE, "--pipeline-model-parallel-size is required (or --load FILE)");
-  if (!o->mb) return fail(EXIT_USAGE, "--num-microbatches is required (or --load FILE)");
+  if (!o->pp)
+    return fail(EXIT_USAGE,
+                "--pipeline-model-parallel-size is required (or --schedule-file FILE)");
+  if (!o->mb)
+    return fail(EXIT_USAGE, "--num-microbatches is required (or --global-batch-size and "
+                            "--micro-batch-size, or --schedule-file FILE)");
   if (o->align_grad && !o->overlap_grad)
     return fail(EXIT_USAGE, "--align-grad-reduce needs --overlap-grad-reduce");
   mega_sched_params p = {.pp = o->pp, .vp = o->vp ? o->vp : 1, .microbatches = o->mb,
@@ -302,7 +383,8 @@ static int build_schedule(const plan_opts *o, mega_schedule *s) {
     if (mega_sched_kind_parse(o->schedule, &p.kind, &err) != MEGA_OK)
       return fail(EXIT_USAGE, "%s", err.msg);
     if (p.kind == MEGA_SCHED_CUSTOM)
-      return fail(EXIT_USAGE, "--schedule custom is a schedule you write: give it with --load FILE "
+      return fail(EXIT_USAGE, "--schedule custom is a schedule you write: give it with "
+                              "--schedule-file FILE "
                               "(start from another kind's --format schedule)");
   } else {
     p.kind = mega_sched_default_kind(p.pp, p.vp);
@@ -444,14 +526,21 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
 
 int megactl_plan(int argc, char **argv) {
   plan_opts o = {.t_f = 1, .t_b = 1, .t_w = 0, .latency = 0, .format = FMT_TEXT};
+  mega_jobspec_defaults(&o.job);
   mega_err err = {0};
-  if (!parse_args(argc, argv, &o, &err)) return fail(EXIT_USAGE, "%s", err.msg);
+  if (!parse_args(argc, argv, &o, &err)) {
+    mega_jobspec_free(&o.job);
+    return fail(EXIT_USAGE, "%s", err.msg);
+  }
   if (o.help) {
     usage(stdout);
+    mega_jobspec_free(&o.job);
     return 0;
   }
   mega_schedule s = {0};
-  int rc = build_schedule(&o, &s);
+  int rc = apply_job(&o);
+  if (!rc) rc = build_schedule(&o, &s);
+  mega_jobspec_free(&o.job);
   if (rc) {
     mega_sched_free(&s);
     return rc;

@@ -74,6 +74,7 @@ const char *view_state_name(Mega__V1__JobState s) {
   case MEGA__V1__JOB_STATE__JOB_STATE_FAILED: return "failed";
   case MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED: return "cancelled";
   case MEGA__V1__JOB_STATE__JOB_STATE_RESTARTING: return "restarting";
+  case MEGA__V1__JOB_STATE__JOB_STATE_STOPPED: return "stopped";
   default: return "unknown";
   }
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "client/commands.h"
+#include "core/exitcode.h"
 #include "client/conn.h"
 #include "client/view.h"
 #include "proto/pb_json.h"
@@ -77,7 +78,8 @@ static bool seen_before(watch *w, const Mega__V1__WatchJobResponse *r) {
 static bool is_ended(Mega__V1__JobState s) {
   return s == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
          s == MEGA__V1__JOB_STATE__JOB_STATE_FAILED ||
-         s == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED;
+         s == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED ||
+         s == MEGA__V1__JOB_STATE__JOB_STATE_STOPPED;
 }
 
 /* ---- drawing ---- */
@@ -326,6 +328,9 @@ static int verdict(const watch *w) {
   }
   switch (v->state) {
   case MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED: return 0;
+  case MEGA__V1__JOB_STATE__JOB_STATE_STOPPED: /* not a failure: it goes on when run again */
+    fprintf(stderr, "megactl: job %s %s\n", v->job_id, why ? why : "stopped");
+    return MEGA_EXIT_REQUEUE;
   case MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED:
     /* megad may already say "cancelled: REASON" */
     if (why && !strncmp(why, "cancelled", 9)) return megactl_fail("job %s was %s", v->job_id, why);
@@ -361,7 +366,10 @@ int megactl_watch(int argc, char **argv) {
            "through a restart of its coordinator: a broken stream is opened again for up to\n"
            "%d s, and nothing is shown twice.\n\n"
            "Exit status: 0 when the job succeeded; 1 when it failed or was cancelled (the\n"
-           "cause on stderr) or the watch was lost.\n", RECONNECT_S);
+           "cause on stderr) or the watch was lost; %d when it stopped early as asked\n"
+           "(--exit-signal-handler, --exit-interval, --exit-duration-in-mins) after its\n"
+           "checkpoint: megactl resume goes on from it (a batch script's \"requeue\").\n",
+           RECONNECT_S, MEGA_EXIT_REQUEUE);
     return 0;
   }
   if (cf.json && plain) return megactl_usage("watch", "--json and --plain do not go together");

@@ -15,11 +15,16 @@
 
 /* ---- the flag table ---- */
 
-static const char *const lr_styles[] = {"constant", "linear", "cosine", NULL};
+static const char *const lr_styles[] = {"constant", "linear", "cosine", "inverse-square-root",
+                                        "WSD", NULL};
+static const char *const wsd_styles[] = {"exponential", "linear", "cosine", "minus_sqrt", NULL};
 static const char *const recomputes[] = {"full", "selective", NULL};
-static const char *const tokenizers[] = {"NullTokenizer", NULL};
+static const char *const tokenizers[] = {"NullTokenizer", "GPT2BPETokenizer", NULL};
 static const char *const recompute_methods[] = {"uniform", "block", NULL};
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
+static const char *const pos_embs[] = {"learned_absolute", "rope", NULL};
+static const char *const norms[] = {"LayerNorm", "RMSNorm", NULL};
+static const char *const transformer_impls[] = {"local", "transformer_engine", NULL};
 /* Index i is mega_sched_kind i. */
 static const char *const schedules[] = {"no-pipelining", "gpipe", "1f1b", "interleaved", "zb-h1",
                                         NULL};
@@ -28,7 +33,9 @@ _Static_assert(MEGA_SCHED_NO_PIPELINING == 0 && MEGA_SCHED_GPIPE == 1 && MEGA_SC
                "--schedule's choices index mega_sched_kind");
 _Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1 &&
                    MEGA_RECOMPUTE_BLOCK == 1 && MEGA_JOB_BACKEND_CUDA == 2 &&
-                   MEGA_TOKENIZER_NULL == 0,
+                   MEGA_TOKENIZER_NULL == 0 && MEGA_TOKENIZER_GPT2BPE == 1 &&
+                   MEGA_LR_INVERSE_SQRT == 3 && MEGA_LR_WSD == 4 && MEGA_WSD_MINUS_SQRT == 3 &&
+                   MEGA_POS_ROPE == 1 && MEGA_NORM_RMSNORM == 1 && MEGA_TRANSFORMER_ENGINE == 1,
                "enum choices order");
 
 #define OFF(f) offsetof(mega_jobspec, f)
@@ -55,21 +62,70 @@ const flagdef mega_jf_table[] = {
     INT("--hidden-size", hidden_size, "model", "N", 0, "required", true, 1,
         "Width of the model."),
     INT("--num-attention-heads", num_attention_heads, "model", "N", 0, "required", true, 1,
-        "Attention heads per layer; must divide --hidden-size."),
+        "Attention heads per layer; must divide --hidden-size unless --kv-channels is given."),
     INT("--seq-length", seq_length, "model", "N", 0, "required", true, 1,
         "Tokens per sample."),
     INT("--max-position-embeddings", max_position_embeddings, "model", "N", -1, "seq-length",
-        false, 1, "Rows of the learned position embedding; at least --seq-length."),
+        false, 1, "The longest sequence: rows of GPT-2's position embedding, or the positions "
+        "RoPE covers; at least --seq-length."),
     FLT("--init-method-std", init_method_std, "model", 0.02, "0.02", false, 0, NAN, true, false,
         "Standard deviation of the normal weight initialization."),
     INT("--seed", seed, "model", "N", 1234, "1234", false, 0,
         "Random seed for the initial weights and the data order."),
+    ENUM("--position-embedding-type", position_embedding_type, "model", "learned_absolute|rope",
+         pos_embs, MEGA_POS_LEARNED_ABSOLUTE, "learned_absolute",
+         "Positions: GPT-2's learned embedding, or rotary embeddings on q and k (Llama; with "
+         "--normalization RMSNorm and --swiglu)."),
+    INT("--rotary-base", rotary_base, "model", "N", 10000, "10000", false, 1,
+        "RoPE's base (theta): position t turns channel pair i by t x base^(-2i/rotated)."),
+    FLT("--rotary-percent", rotary_percent, "model", 1.0, "1", false, 0, 1, true, false,
+        "Share of each head's channels RoPE rotates, in (0, 1]; the rest pass unrotated."),
+    ENUM("--normalization", normalization, "model", "LayerNorm|RMSNorm", norms,
+         MEGA_NORM_LAYERNORM, "LayerNorm",
+         "The norms before attention, before the MLP and at the end: GPT-2's LayerNorm or "
+         "Llama's RMSNorm (no mean, no bias)."),
+    FLT("--norm-epsilon", norm_epsilon, "model", 1e-5, "1e-05", false, 0, NAN, true, false,
+        "Epsilon of every LayerNorm or RMSNorm."),
+    BOOL("--swiglu", swiglu, "model",
+         "The MLP is SwiGLU, down(silu(gate(x)) x up(x)), instead of GELU (Llama)."),
+    INT("--ffn-hidden-size", ffn_hidden_size, "model", "N", -1,
+        "4 x hidden; with --swiglu int(4 x hidden x 2/3 / 64) x 64", false, 1,
+        "Width of the MLP (each of SwiGLU's gate and up)."),
+    BOOL("--group-query-attention", group_query_attention, "model",
+         "Grouped-query attention: --num-query-groups key/value heads, each shared by "
+         "--num-attention-heads / G query heads (Llama)."),
+    INT("--num-query-groups", num_query_groups, "model", "N", -1, "1", false, 1,
+        "With --group-query-attention: the key/value heads G; must divide the heads."),
+    BOOL("--untie-embeddings-and-output-weights", untie_embeddings_and_output_weights, "model",
+         "The output layer is its own weight (lm_head) instead of the word embedding."),
+    BOOL("--disable-bias-linear", disable_bias_linear, "model",
+         "No biases in the linear layers (Llama; Hugging Face's GPT-2 always has them)."),
+    INT("--kv-channels", kv_channels, "model", "N", -1, "hidden / heads", false, 1,
+        "Channels per attention head (Llama may differ from hidden / heads)."),
+    FLT("--attention-dropout", attention_dropout, "model", 0.0, "0", false, 0, NAN, false,
+        false, "Accepted at 0 only: mega trains without dropout."),
+    FLT("--hidden-dropout", hidden_dropout, "model", 0.0, "0", false, 0, NAN, false, false,
+        "Accepted at 0 only: mega trains without dropout."),
+    BOOL("--use-mcore-models", use_mcore_models, "model",
+         "Accepted and changes nothing: mega has one model implementation, with Megatron "
+         "Core's semantics."),
+    ENUM("--transformer-impl", transformer_impl, "model", "local|transformer_engine",
+         transformer_impls, MEGA_TRANSFORMER_LOCAL, "local",
+         "Accepted as local only: mega runs its own kernels, not Transformer Engine's."),
     INT("--micro-batch-size", micro_batch_size, "batch", "N", 0, "required", true, 1,
         "Samples per microbatch."),
     INT("--global-batch-size", global_batch_size, "batch", "N", 0, "required", true, 1,
         "Samples per iteration over all data-parallel replicas."),
-    INT("--train-iters", train_iters, "batch", "N", 0, "required", true, 1,
+    /* required unless --train-samples is given (check_batch) */
+    INT("--train-iters", train_iters, "batch", "N", -1, "required, or --train-samples", false, 1,
         "Number of training iterations."),
+    /* issue 24: sample-based training and the rampup */
+    INT("--train-samples", train_samples, "batch", "N", -1, "none", false, 1,
+        "Instead of --train-iters: samples to train on (Megatron's sample-based training; "
+        "the LR flags are then counted in samples)."),
+    LIST("--rampup-batch-size", rampup_batch_size, "batch", "START INCR SAMPLES", false,
+         "With --train-samples: the global batch starts at START and grows by INCR, evenly "
+         "over SAMPLES samples, up to --global-batch-size (Megatron's rampup)."),
     /* required unless --train-data-path is given (check_data) */
     FLAG("--data-path", data_path, "data", MEGA_JOBFLAG_LIST, "FILE|PREFIX|W1 P1 W2 P2...",
          "required, or --train-data-path",
@@ -84,12 +140,19 @@ const flagdef mega_jf_table[] = {
     STR("--split", split, "data", "A,B,C", false,
         "Train, valid and test shares of each dataset's documents (e.g. 969,30,1); "
         "evaluation then reads the valid split."),
-    ENUM("--tokenizer-type", tokenizer_type, "data", "NullTokenizer", tokenizers,
+    ENUM("--tokenizer-type", tokenizer_type, "data", "NullTokenizer|GPT2BPETokenizer", tokenizers,
          MEGA_TOKENIZER_BYTES, "bytes",
          "NullTokenizer: the data is token ids 0..--vocab-size (the last is end of "
-         "document); without it, the byte tokenizer (256 tokens)."),
+         "document); GPT2BPETokenizer: GPT-2 ids, the vocabulary --vocab-file's entries "
+         "(the default when --vocab-file is given, as in Megatron's pretrain_gpt.py); "
+         "without either, the byte tokenizer (256 tokens)."),
     INT("--vocab-size", vocab_size, "data", "N", -1, "none", false, 1,
         "NullTokenizer's vocabulary size, without its end-of-document id."),
+    /* issue 24: GPT-2's BPE as a training flag */
+    STR("--vocab-file", vocab_file, "data", "FILE", false,
+        "GPT2BPETokenizer's vocab.json: its entries are the vocabulary (GPT-2's: 50,257); "
+        "megaw generate reads and writes text with it."),
+    STR("--merge-file", merge_file, "data", "FILE", false, "GPT2BPETokenizer's merges.txt."),
     INT("--make-vocab-size-divisible-by", make_vocab_size_divisible_by, "data", "N", 128, "128",
         false, 1, "Pad the model's vocabulary to a multiple of N x TP, as Megatron does."),
     FLT("--lr", lr, "optimizer", NAN, "required", true, 0, NAN, false, false,
@@ -97,11 +160,30 @@ const flagdef mega_jf_table[] = {
     FLT("--min-lr", min_lr, "optimizer", 0, "0", false, 0, NAN, false, false,
         "Learning rate at the end of the decay."),
     INT("--lr-warmup-iters", lr_warmup_iters, "optimizer", "N", 0, "0", false, 0,
-        "Iterations of linear warmup from 0 to --lr."),
+        "Iterations of linear warmup from --lr-warmup-init to --lr."),
     INT("--lr-decay-iters", lr_decay_iters, "optimizer", "N", -1, "train-iters", false, 1,
         "Iteration at which the decay reaches --min-lr."),
-    ENUM("--lr-decay-style", lr_decay_style, "optimizer", "constant|linear|cosine", lr_styles,
-         MEGA_LR_LINEAR, "linear", "Shape of the learning-rate decay."),
+    ENUM("--lr-decay-style", lr_decay_style, "optimizer",
+         "constant|linear|cosine|inverse-square-root|WSD", lr_styles, MEGA_LR_LINEAR, "linear",
+         "Shape of the learning-rate decay (Megatron's formulas; WSD holds --lr until its "
+         "last --lr-wsd-decay-iters, then anneals)."),
+    /* issue 24: Megatron's other LR flags */
+    FLT("--lr-warmup-fraction", lr_warmup_fraction, "optimizer", NAN, "none", false, 0, 1, false,
+        true, "Warmup as a fraction of the decay (--lr-decay-iters or --lr-decay-samples), "
+        "instead of --lr-warmup-iters or --lr-warmup-samples."),
+    INT("--lr-warmup-samples", lr_warmup_samples, "optimizer", "N", 0, "0", false, 0,
+        "With --train-samples: samples of linear warmup."),
+    INT("--lr-decay-samples", lr_decay_samples, "optimizer", "N", -1, "train-samples", false, 1,
+        "With --train-samples: the sample at which the decay reaches --min-lr."),
+    FLT("--lr-warmup-init", lr_warmup_init, "optimizer", 0, "0", false, 0, NAN, false, false,
+        "The learning rate warmup starts from."),
+    ENUM("--lr-wsd-decay-style", lr_wsd_decay_style, "optimizer",
+         "exponential|linear|cosine|minus_sqrt", wsd_styles, MEGA_WSD_EXPONENTIAL, "exponential",
+         "With --lr-decay-style WSD: the shape of the final anneal."),
+    INT("--lr-wsd-decay-iters", lr_wsd_decay_iters, "optimizer", "N", -1, "none", false, 1,
+        "With --lr-decay-style WSD: iterations of the final anneal."),
+    INT("--lr-wsd-decay-samples", lr_wsd_decay_samples, "optimizer", "N", -1, "none", false, 1,
+        "With --lr-decay-style WSD and --train-samples: samples of the final anneal."),
     FLT("--weight-decay", weight_decay, "optimizer", 0.01, "0.01", false, 0, NAN, false, false,
         "Decoupled (AdamW) weight decay."),
     FLT("--adam-beta1", adam_beta1, "optimizer", 0.9, "0.9", false, 0, 1, false, true,
@@ -142,14 +224,26 @@ const flagdef mega_jf_table[] = {
     BOOL("--use-checkpoint-opt_param-scheduler", use_checkpoint_opt_param_scheduler,
          "checkpoints",
          "With --load: use the checkpoint's LR schedule instead of this job's LR flags."),
+    BOOL("--exit-signal-handler", exit_signal_handler, "checkpoints",
+         "On SIGTERM, save a checkpoint (with --save) at the next iteration boundary and "
+         "stop; under megad the job ends STOPPED, resumable from it (a scheduler's warning "
+         "before a time limit: deploy/slurm)."),
+    INT("--exit-interval", exit_interval, "checkpoints", "N", 0, "0", false, 0,
+        "Save a checkpoint (with --save) and stop after the first iteration divisible by N; "
+        "0 never does."),
+    INT("--exit-duration-in-mins", exit_duration_in_mins, "checkpoints", "N", 0, "0", false, 0,
+        "Save a checkpoint (with --save) and stop at the first iteration boundary after N "
+        "minutes of the job's run (its setup included); 0 never does."),
     INT("--eval-interval", eval_interval, "evaluation", "N", 0, "0", false, 0,
         "Evaluate every N iterations; 0 never evaluates."),
-    INT("--eval-iters", eval_iters, "evaluation", "N", 10, "10", false, 1,
-        "Iterations per evaluation."),
+    INT("--eval-iters", eval_iters, "evaluation", "N", 10, "10", false, 0,
+        "Iterations per evaluation; 0 turns evaluation off, as in Megatron."),
     INT("--tensor-model-parallel-size", tensor_model_parallel_size, "parallelism", "N", 1, "1",
         false, 1, "Tensor-parallel size (TP): each layer's weights split over TP ranks of "
         "one node (Megatron's column- and row-parallel linears, vocabulary-parallel "
         "embedding and loss)."),
+    INT("--context-parallel-size", context_parallel_size, "parallelism", "N", 1, "1", false, 1,
+        "Accepted at 1 only: mega has no context parallelism."),
     BOOL("--sequence-parallel", sequence_parallel, "parallelism",
          "With TP > 1, split the layernorm regions along the sequence over the TP ranks "
          "(all-gather before and reduce-scatter after the parallel linears); as in "
@@ -228,7 +322,11 @@ const flagdef mega_jf_table[] = {
     STR("--simulate-compute", simulate_compute, "worker", "F_MS:B_MS[:W_MS]", false,
         "Sleep these milliseconds instead of computing forward, backward (and weight grad)."),
     INT("--log-interval", log_interval, "worker", "N", 1, "1", false, 1,
-        "Report every N iterations."),
+        "Print a line every N iterations, Megatron's: its loss and time are the means over "
+        "those iterations (--json prints every iteration)."),
+    /* issue 24 */
+    BOOL("--log-throughput", log_throughput, "worker",
+         "Add Megatron's throughput per GPU (TFLOP/s/GPU, its FLOPs formula) to the line."),
 };
 
 const int mega_jf_nflags = sizeof mega_jf_table / sizeof mega_jf_table[0];
@@ -540,15 +638,60 @@ static int edit_distance(const char *a, const char *b) {
   return row[n];
 }
 
+/* The words of a flag name: "--pipeline-parallel-size" -> pipeline, parallel, size. */
+static int split_words(const char *name, char words[][32], int max) {
+  int n = 0;
+  for (const char *p = name; *p && n < max;) {
+    while (*p == '-' || *p == '_') p++;
+    size_t len = strcspn(p, "-_");
+    if (!len) break;
+    snprintf(words[n++], 32, "%.*s", (int)(len < 31 ? len : 31), p);
+    p += len;
+  }
+  return n;
+}
+
+/* How many words candidate has beyond the given ones, when every given word
+ * is one of candidate's (a typo of one character allowed), in order; -1
+ * otherwise. "--pipeline-parallel-size" is "--pipeline-model-parallel-size"
+ * less one word. */
+static int extra_words(const char *given, const char *candidate) {
+  char g[12][32], c[12][32];
+  int ng = split_words(given, g, 12), nc = split_words(candidate, c, 12), j = 0;
+  if (ng < 2) return -1;
+  for (int k = 0; k < ng; k++) {
+    while (j < nc && strcmp(g[k], c[j]) && (strlen(g[k]) < 4 || edit_distance(g[k], c[j]) > 1))
+      j++;
+    if (j == nc) return -1;
+    j++;
+  }
+  return nc - ng;
+}
+
+/* The job flag (or known Megatron flag) nearest to name: a small edit
+ * distance first, else the one holding name's words with the fewest more. */
+static const char *nearest_flag(const char *name) {
+  const char *best = NULL;
+  int best_d = 3, nc = mega_jf_compat_count();
+  for (int i = 0; i < NFLAGS + nc; i++) {
+    const char *cand = i < NFLAGS ? mega_jf_table[i].info.name : mega_jf_compat_name(i - NFLAGS);
+    if (!cand) continue;
+    int d = edit_distance(name, cand);
+    if (d < best_d) best_d = d, best = cand;
+  }
+  if (best) return best;
+  int best_x = 3;
+  for (int i = 0; i < NFLAGS; i++) {
+    int x = extra_words(name, mega_jf_table[i].info.name);
+    if (x >= 0 && x < best_x) best_x = x, best = mega_jf_table[i].info.name;
+  }
+  return best;
+}
+
 static mega_status unknown_flag(const char *arg, size_t n, mega_err *err) {
   char name[80];
   snprintf(name, sizeof name, "%.*s", (int)(n < 79 ? n : 79), arg);
-  const char *best = NULL;
-  int best_d = 3;
-  for (int i = 0; i < NFLAGS; i++) {
-    int d = edit_distance(name, mega_jf_table[i].info.name);
-    if (d < best_d) best_d = d, best = mega_jf_table[i].info.name;
-  }
+  const char *best = nearest_flag(name);
   if (best)
     return mega_fail(err, MEGA_ERR_NOT_FOUND, "unknown flag '%s'; did you mean %s?", name, best);
   return mega_fail(err, MEGA_ERR_NOT_FOUND, "unknown flag '%s'", name);
@@ -565,7 +708,10 @@ mega_status mega_jobspec_parse_flag(mega_jobspec *s, int argc, char *const *argv
   const char *eq = strchr(arg, '=');
   size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
   const flagdef *f = find_n(arg, n);
-  if (!f) return unknown_flag(arg, n, err);
+  if (!f) {
+    mega_status st = mega_jf_compat_parse(argc, argv, i, n, err);
+    return st == MEGA_ERR_NOT_FOUND ? unknown_flag(arg, n, err) : st;
+  }
   if (f->info.type == MEGA_JOBFLAG_BOOL) {
     if (eq)
       return mega_fail(err, MEGA_ERR_INVALID, "%s takes no value (got '%s')", f->info.name, arg);

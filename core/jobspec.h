@@ -37,6 +37,8 @@
 #define MEGA_CORE_JOBSPEC_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 
@@ -57,13 +59,24 @@ typedef struct mega_strlist {
 typedef enum mega_tokenizer {
   MEGA_TOKENIZER_BYTES = -1, /* flag absent */
   MEGA_TOKENIZER_NULL,       /* Megatron's NullTokenizer: ids given, --vocab-size N */
+  MEGA_TOKENIZER_GPT2BPE,    /* GPT2BPETokenizer: --vocab-file and --merge-file */
 } mega_tokenizer;
 
 typedef enum mega_lr_style {
   MEGA_LR_CONSTANT,
   MEGA_LR_LINEAR, /* Megatron's default */
   MEGA_LR_COSINE,
+  MEGA_LR_INVERSE_SQRT, /* inverse-square-root */
+  MEGA_LR_WSD,          /* warmup, stable, decay (--lr-wsd-decay-style) */
 } mega_lr_style;
+
+/* --lr-wsd-decay-style: the shape of WSD's final anneal. */
+typedef enum mega_wsd_style {
+  MEGA_WSD_EXPONENTIAL, /* Megatron's default */
+  MEGA_WSD_LINEAR,
+  MEGA_WSD_COSINE,
+  MEGA_WSD_MINUS_SQRT,
+} mega_wsd_style;
 
 typedef enum mega_recompute {
   MEGA_RECOMPUTE_NONE = -1, /* flag absent */
@@ -82,6 +95,24 @@ typedef enum mega_recompute_method {
  * no-pipelining, gpipe, 1f1b, interleaved or zb-h1. */
 #define MEGA_JOB_SCHEDULE_AUTO (-1)
 
+/* --position-embedding-type (Megatron's names). */
+typedef enum mega_pos_emb {
+  MEGA_POS_LEARNED_ABSOLUTE, /* GPT-2's wpe (the default) */
+  MEGA_POS_ROPE,             /* rotary, Llama's */
+} mega_pos_emb;
+
+/* --normalization */
+typedef enum mega_norm {
+  MEGA_NORM_LAYERNORM, /* the default */
+  MEGA_NORM_RMSNORM,
+} mega_norm;
+
+/* --transformer-impl: only mega's own is accepted (the flag restates it). */
+typedef enum mega_transformer_impl {
+  MEGA_TRANSFORMER_LOCAL,
+  MEGA_TRANSFORMER_ENGINE, /* refused: mega has no Transformer Engine */
+} mega_transformer_impl;
+
 /* --backend: the worker's math backend. */
 typedef enum mega_job_backend {
   MEGA_JOB_BACKEND_AUTO = 0, /* cuda where a GPU and the cuda module are, else cpu */
@@ -98,10 +129,32 @@ typedef struct mega_jobspec {
   int max_position_embeddings; /* -1: seq-length */
   double init_method_std;      /* 0.02 */
   int seed;                    /* 1234 */
+  /* the architecture: GPT-2 by default; Llama with rope, RMSNorm and
+   * SwiGLU together (mega_jobspec_llama) */
+  int position_embedding_type;  /* mega_pos_emb */
+  int rotary_base;              /* 10000; with rope */
+  double rotary_percent;        /* 1; with rope: the share of each head rotated */
+  int normalization;            /* mega_norm */
+  double norm_epsilon;          /* 1e-5 */
+  bool swiglu;                  /* the MLP is SwiGLU (gate and up) */
+  int ffn_hidden_size;          /* -1: see mega_jobspec_ffn_hidden_size */
+  bool group_query_attention;   /* with --num-query-groups */
+  int num_query_groups;         /* -1: 1 with --group-query-attention (Megatron's) */
+  bool untie_embeddings_and_output_weights; /* the head is its own lm_head */
+  bool disable_bias_linear;     /* Llama: no biases in the linear layers */
+  int kv_channels;              /* -1: hidden / heads */
+  /* flags that restate what mega does: only these values are accepted */
+  double attention_dropout;     /* 0 */
+  double hidden_dropout;        /* 0 */
+  bool use_mcore_models;        /* accepted: mega has one model implementation */
+  int transformer_impl;         /* mega_transformer_impl: local only */
   /* batch */
   int micro_batch_size;  /* required */
   int global_batch_size; /* required */
-  int train_iters;       /* required */
+  int train_iters;       /* -1: not given; this or --train-samples is required */
+  /* issue 24: sample-based training and the batch-size rampup */
+  int train_samples;               /* -1: not given; iterations from mega_jobspec_train_iters */
+  mega_strlist rampup_batch_size;  /* START INCR SAMPLES, or no words */
   /* data */
   mega_strlist data_path; /* FILE (bytes), PREFIX (.bin/.idx), or W1 P1 W2 P2 ... */
   mega_strlist train_data_path; /* instead of --data-path: the training data alone */
@@ -109,6 +162,8 @@ typedef struct mega_jobspec {
   char *split;            /* NULL: no split; else "969,30,1" (train, valid, test) */
   int tokenizer_type;     /* mega_tokenizer */
   int vocab_size;         /* -1: not given (NullTokenizer needs it) */
+  char *vocab_file;       /* GPT2BPETokenizer's vocab.json (NULL: not given) */
+  char *merge_file;       /* GPT2BPETokenizer's merges.txt (NULL: not given) */
   int make_vocab_size_divisible_by; /* 128 */
   /* optimizer */
   double lr;           /* required (NAN until given) */
@@ -121,6 +176,14 @@ typedef struct mega_jobspec {
   double adam_beta2;   /* 0.999 */
   double adam_eps;     /* 1e-8 */
   double clip_grad;    /* 1.0; 0 disables clipping */
+  /* issue 24: Megatron's other LR flags (worker/optim/lr_sched.h has the formulas) */
+  double lr_warmup_fraction; /* NAN: not given; else warmup = fraction x decay */
+  int lr_warmup_samples;     /* 0 */
+  int lr_decay_samples;      /* -1: --train-samples */
+  double lr_warmup_init;     /* 0: warmup starts there */
+  int lr_wsd_decay_style;    /* mega_wsd_style */
+  int lr_wsd_decay_iters;    /* -1: not given; WSD needs this or the samples */
+  int lr_wsd_decay_samples;  /* -1: not given */
   /* checkpoints */
   char *save;        /* NULL: no checkpoints */
   int save_interval; /* 0: save only at the end (when --save is given) */
@@ -133,11 +196,17 @@ typedef struct mega_jobspec {
   bool no_load_rng;  /* accepted; mega's training has no random state to load */
   bool override_opt_param_scheduler;       /* --load: this job's LR schedule wins */
   bool use_checkpoint_opt_param_scheduler; /* --load: the checkpoint's LR schedule wins */
+  /* stopping early, as Megatron's training loop does: a checkpoint (with
+   * --save) and a stop at an iteration boundary every rank agrees on */
+  bool exit_signal_handler;  /* on SIGTERM */
+  int exit_interval;         /* after an iteration divisible by it; 0: never */
+  int exit_duration_in_mins; /* after this long; 0: never */
   /* evaluation */
   int eval_interval; /* 0: never */
   int eval_iters;    /* 10 */
   /* parallelism */
   int tensor_model_parallel_size;            /* 1 */
+  int context_parallel_size;                 /* 1 only: mega has no context parallelism */
   bool sequence_parallel;                    /* split the stream along the sequence over TP */
   int pipeline_model_parallel_size;          /* 1 */
   int virtual_pipeline_model_parallel_size;  /* -1: see mega_jobspec_vp */
@@ -171,6 +240,10 @@ typedef struct mega_jobspec {
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
   char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
   int log_interval;       /* 1 */
+  bool log_throughput;    /* the text line shows TFLOP/s per GPU */
+  /* Not a flag: GPT2BPETokenizer's vocabulary size, vocab.json's entries,
+   * set by mega_jobspec_set_file_vocab once the file is read (0: not read). */
+  int file_vocab;
 } mega_jobspec;
 
 /* ---- the flag table ---- */
@@ -262,7 +335,65 @@ int mega_jobspec_num_microbatches(const mega_jobspec *s, int world_size);
 long long mega_jobspec_tokens_per_iter(const mega_jobspec *s);
 int mega_jobspec_max_position_embeddings(const mega_jobspec *s);
 int mega_jobspec_lr_decay_iters(const mega_jobspec *s);
-/* The tokenizer's vocabulary: 256 for the byte tokenizer; N + 1 for
+/* Whether the job trains Llama (--position-embedding-type rope
+ * --normalization RMSNorm --swiglu) rather than GPT-2. */
+bool mega_jobspec_llama(const mega_jobspec *s);
+/* --ffn-hidden-size, else Megatron's default: 4 x hidden, or with --swiglu
+ * int(4 x hidden x 2/3 / 64) x 64 (which is 0 below hidden 24). */
+int mega_jobspec_ffn_hidden_size(const mega_jobspec *s);
+/* --kv-channels, else hidden / heads. */
+int mega_jobspec_kv_channels(const mega_jobspec *s);
+/* Key/value heads: --num-query-groups (1 if absent) with
+ * --group-query-attention, else one per attention head. */
+int mega_jobspec_query_groups(const mega_jobspec *s);
+/* Whether the job evaluates: --eval-interval > 0 and --eval-iters > 0. */
+bool mega_jobspec_evaluates(const mega_jobspec *s);
+/* The note megaw and megad run print at start: which data evaluation reads
+ * (the valid split, --valid-data-path, or without either the end of the
+ * training stream), or that --eval-iters 0 turned it off. false (buf
+ * untouched) when the job does not evaluate. */
+bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n);
+
+/* ---- issue 24: batches over time, sample-based training, LR lengths ---- */
+
+/* --rampup-batch-size as START, INCR, SAMPLES; false when absent or bad. */
+bool mega_jobspec_rampup(const mega_jobspec *s, int64_t out[3]);
+/* The global batch after `consumed` samples: --global-batch-size, or while
+ * ramping Megatron's START + INCR x floor(consumed / (SAMPLES / n)), n =
+ * (G - START) / INCR, and G once consumed > SAMPLES. */
+int mega_jobspec_batch_at(const mega_jobspec *s, int64_t consumed);
+/* Samples consumed before iteration it (0-based): it x G without a ramp. */
+int64_t mega_jobspec_samples_before(const mega_jobspec *s, int64_t it);
+/* The global batch of iteration it (0-based). */
+int mega_jobspec_batch_of(const mega_jobspec *s, int64_t it);
+/* Iterations the job trains: --train-iters, or from --train-samples as
+ * Megatron's update_train_iters counts them (the ramp's iterations, then
+ * whole global batches; a partial last batch is dropped). */
+int64_t mega_jobspec_train_iters(const mega_jobspec *s);
+/* The LR schedule's lengths in samples (Megatron's scheduler counts
+ * samples): iteration flags x --global-batch-size, sample flags as given,
+ * --lr-warmup-fraction x the decay. wsd_decay 0 when not given. */
+typedef struct mega_lr_samples {
+  double warmup, decay, wsd_decay;
+} mega_lr_samples;
+void mega_jobspec_lr_samples(const mega_jobspec *s, mega_lr_samples *out);
+/* A data path given as PREFIX.bin or PREFIX.idx where both files are here
+ * (Megatron takes only the prefix): with rewrite, each such word becomes
+ * PREFIX and note (n bytes, may be NULL) says so, a line each; without, it
+ * is refused with the prefix to give. A PREFIX.idx without its PREFIX.bin
+ * is refused either way (an index's bytes are never tokens); a PREFIX.bin
+ * without an index is a plain file. Messages start "invalid job: ". */
+mega_status mega_jobspec_fix_data_paths(mega_jobspec *s, bool rewrite, char *note, size_t n,
+                                        mega_err *err);
+/* GPT2BPETokenizer: reads --vocab-file and sets s->file_vocab to its
+ * entries (MEGA_OK and nothing else for other tokenizers). */
+mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err);
+/* The tokenizer (mega_tokenizer): --tokenizer-type, or GPT2BPETokenizer
+ * when only --vocab-file/--merge-file are given (Megatron's pretrain_gpt.py
+ * defaults to it). */
+int mega_jobspec_tokenizer(const mega_jobspec *s);
+/* The tokenizer's vocabulary: GPT2BPETokenizer's vocab.json entries (once
+ * mega_jobspec_load_vocab has read them, else 0); 256 for the byte tokenizer; N + 1 for
  * NullTokenizer with --vocab-size N (ids 0..N, N the end-of-document id,
  * as Megatron's _NullTokenizer). Token ids in the data must be below it. */
 int mega_jobspec_tokenizer_vocab(const mega_jobspec *s);

@@ -46,9 +46,65 @@ int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
   return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
 }
 
+bool mega_jobspec_llama(const mega_jobspec *s) {
+  return s->position_embedding_type == MEGA_POS_ROPE && s->normalization == MEGA_NORM_RMSNORM &&
+         s->swiglu;
+}
+
+int mega_jobspec_ffn_hidden_size(const mega_jobspec *s) {
+  if (s->ffn_hidden_size > 0) return s->ffn_hidden_size;
+  /* Megatron's: the two SwiGLU projections keep the parameters near 4h's */
+  if (s->swiglu) return (int)((4.0 * s->hidden_size * 2.0 / 3.0) / 64.0) * 64;
+  return 4 * s->hidden_size;
+}
+
+int mega_jobspec_kv_channels(const mega_jobspec *s) {
+  if (s->kv_channels > 0) return s->kv_channels;
+  return s->num_attention_heads > 0 ? s->hidden_size / s->num_attention_heads : 0;
+}
+
+int mega_jobspec_query_groups(const mega_jobspec *s) {
+  if (!s->group_query_attention) return s->num_attention_heads;
+  return s->num_query_groups > 0 ? s->num_query_groups : 1;
+}
+
+int mega_jobspec_tokenizer(const mega_jobspec *s) {
+  if (s->tokenizer_type == MEGA_TOKENIZER_BYTES && (s->vocab_file || s->merge_file))
+    return MEGA_TOKENIZER_GPT2BPE; /* pretrain_gpt.py's default tokenizer */
+  return s->tokenizer_type;
+}
+
 int mega_jobspec_tokenizer_vocab(const mega_jobspec *s) {
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size > 0) return s->vocab_size + 1;
+  if (mega_jobspec_tokenizer(s) == MEGA_TOKENIZER_GPT2BPE) return s->file_vocab;
   return MEGA_VOCAB_SIZE;
+}
+
+bool mega_jobspec_evaluates(const mega_jobspec *s) {
+  return s->eval_interval > 0 && s->eval_iters > 0;
+}
+
+bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n) {
+  if (s->eval_interval > 0 && s->eval_iters == 0) {
+    snprintf(buf, n, "--eval-iters 0: no evaluation (as in Megatron), whatever --eval-interval "
+                     "says");
+    return true;
+  }
+  if (!mega_jobspec_evaluates(s)) return false;
+  double sh[3];
+  if (s->valid_data_path.n)
+    snprintf(buf, n, "evaluation every %d iterations reads --valid-data-path (%d batches of "
+                     "--global-batch-size)", s->eval_interval, s->eval_iters);
+  else if (s->split && mega_jobspec_split(s, sh, NULL) == MEGA_OK)
+    snprintf(buf, n, "evaluation every %d iterations reads the valid share of --split %s: "
+                     "%.4g%% of each dataset's documents, which training does not read",
+             s->eval_interval, s->split, 100 * sh[1]);
+  else
+    snprintf(buf, n, "no --split: training reads all of the data, and evaluation every %d "
+                     "iterations reads windows counted back from the end of the training "
+                     "stream, which training reads too (Megatron would take --split 969,30,1); "
+                     "give --split to hold documents out", s->eval_interval);
+  return true;
 }
 
 int mega_jobspec_padded_vocab(const mega_jobspec *s) {
@@ -115,30 +171,40 @@ const char *mega_jobspec_data_single(const mega_jobspec *s) {
   return mega_jobspec_data_count(s) == 1 ? mega_jobspec_data_prefix(s, 0) : NULL;
 }
 
+/* Megatron's parse_and_normalize_split: every run of digits and dots is a
+ * number (so "969,30,1", "90/5/5" and a quoted "'99,1,0'" all read), up
+ * to three, the missing ones 0. A sign or a letter is refused rather than
+ * skipped, so "-5" never reads as 5. */
 mega_status mega_jobspec_split(const mega_jobspec *s, double out[3], mega_err *err) {
   out[0] = 1, out[1] = out[2] = 0;
   if (!s->split) return MEGA_OK;
   double v[3] = {0};
   int n = 0;
-  const char *p = s->split;
-  for (;;) {
-    while (isspace((unsigned char)*p)) p++;
-    char *end;
+  for (const char *p = s->split; *p;) {
+    size_t len = strspn(p, "0123456789.");
+    if (!len) {
+      if (*p == '-' || *p == '+' || isalpha((unsigned char)*p))
+        return mega_fail(err, MEGA_ERR_INVALID,
+                         "--split '%s': expected up to three non-negative numbers, the train, "
+                         "valid and test shares, e.g. 969,30,1", s->split);
+      p++;
+      continue;
+    }
+    char num[64], *end;
+    snprintf(num, sizeof num, "%.*s", (int)(len < 63 ? len : 63), p);
     errno = 0;
-    double x = strtod(p, &end);
-    if (end == p || n == 3 || errno == ERANGE || !isfinite(x) || x < 0)
+    double x = strtod(num, &end);
+    if (n == 3 || *end || end == num || errno == ERANGE || !isfinite(x))
       return mega_fail(err, MEGA_ERR_INVALID,
                        "--split '%s': expected up to three non-negative numbers, the train, "
                        "valid and test shares, e.g. 969,30,1", s->split);
     v[n++] = x;
-    p = end;
-    while (isspace((unsigned char)*p)) p++;
-    if (!*p) break;
-    if (*p != ',' && *p != '/')
-      return mega_fail(err, MEGA_ERR_INVALID,
-                       "--split '%s': separate the shares with commas, e.g. 969,30,1", s->split);
-    p++;
+    p += len;
   }
+  if (n == 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--split '%s': expected up to three non-negative numbers, the train, "
+                     "valid and test shares, e.g. 969,30,1", s->split);
   double sum = v[0] + v[1] + v[2];
   if (!(sum > 0))
     return mega_fail(err, MEGA_ERR_INVALID, "--split '%s': the shares add up to 0", s->split);
@@ -182,8 +248,9 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
   if (s->valid_data_path.n && !s->train_data_path.n)
     return BAD("--valid-data-path needs --train-data-path (with --data-path, --split gives "
                "evaluation a valid split)");
-  if (s->valid_data_path.n && s->eval_interval == 0)
-    return BAD("--valid-data-path is what evaluation reads; give --eval-interval N too");
+  if (s->valid_data_path.n && !mega_jobspec_evaluates(s))
+    return BAD("--valid-data-path is what evaluation reads; give --eval-interval N%s too",
+               s->eval_iters == 0 ? " and --eval-iters N (0 turns evaluation off)" : "");
   if (s->split && s->train_data_path.n)
     return BAD("--split divides --data-path; with --train-data-path give evaluation's data as "
                "--valid-data-path");
@@ -192,15 +259,25 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
   if (mega_jobspec_split(s, split, &sub) != MEGA_OK) return BAD("%s", sub.msg);
   if (s->split && split[0] == 0)
     return BAD("--split '%s' leaves no documents for training", s->split);
-  if (s->split && s->eval_interval > 0 && split[1] == 0)
+  if (s->split && mega_jobspec_evaluates(s) && split[1] == 0)
     return BAD("--split '%s' has no valid share, which --eval-interval reads; give it one, "
                "e.g. 969,30,1",
                s->split);
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size < 0)
     return BAD("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N)");
+  int tok = mega_jobspec_tokenizer(s);
+  if (tok == MEGA_TOKENIZER_GPT2BPE && s->vocab_size >= 0)
+    return BAD("--vocab-size is NullTokenizer's; GPT2BPETokenizer's vocabulary is the entries "
+               "of --vocab-file, so drop --vocab-size");
   if (s->tokenizer_type != MEGA_TOKENIZER_NULL && s->vocab_size >= 0)
     return BAD("--vocab-size needs --tokenizer-type NullTokenizer (the byte tokenizer has "
                "256 tokens)");
+  if (tok == MEGA_TOKENIZER_GPT2BPE && (!s->vocab_file || !s->merge_file))
+    return BAD("GPT2BPETokenizer needs --vocab-file (GPT-2's vocab.json) and --merge-file "
+               "(its merges.txt)");
+  if (tok != MEGA_TOKENIZER_GPT2BPE && (s->vocab_file || s->merge_file))
+    return BAD("%s is GPT2BPETokenizer's, but --tokenizer-type is NullTokenizer; drop one of "
+               "them", s->vocab_file ? "--vocab-file" : "--merge-file");
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size >= INT_MAX / 2)
     return BAD("--vocab-size %d is too large", s->vocab_size);
   return MEGA_OK;
@@ -339,6 +416,7 @@ static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err 
   case MEGA_JOBFLAG_FLOAT: {
     double v = *CFIELD(s, f, double);
     if (in->required && isnan(v)) return BAD("%s is required", in->name);
+    if (isnan(v) && isnan(f->fdef)) return MEGA_OK; /* absent */
     return mega_jf_check_bounds(f, v, "invalid job: ", err);
   }
   case MEGA_JOBFLAG_STRING: {
@@ -458,6 +536,97 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   return check_data_parallel(s, err);
 }
 
+/* The flags that restate what mega does: any other value is refused with
+ * the reason. */
+static mega_status check_restated(const mega_jobspec *s, mega_err *err) {
+  if (s->attention_dropout != 0 || s->hidden_dropout != 0)
+    return BAD("--%s-dropout %g: mega trains without dropout, so it takes only 0 (Megatron's "
+               "default is 0.1; pass --attention-dropout 0 --hidden-dropout 0 or drop them)",
+               s->attention_dropout != 0 ? "attention" : "hidden",
+               s->attention_dropout != 0 ? s->attention_dropout : s->hidden_dropout);
+  if (s->context_parallel_size != 1)
+    return BAD("--context-parallel-size %d: mega has no context parallelism, so it takes only 1",
+               s->context_parallel_size);
+  if (s->transformer_impl == MEGA_TRANSFORMER_ENGINE)
+    return BAD("--transformer-impl transformer_engine: mega runs its own kernels, not "
+               "Transformer Engine's; use local or drop the flag");
+  return MEGA_OK;
+}
+
+/* The architecture: GPT-2, or Llama with rope, RMSNorm and SwiGLU
+ * together (the two Hugging Face classes a checkpoint is), and what each
+ * allows. */
+static mega_status check_arch(const mega_jobspec *s, mega_err *err) {
+  bool rope = s->position_embedding_type == MEGA_POS_ROPE;
+  bool rms = s->normalization == MEGA_NORM_RMSNORM;
+  const char *given = rope ? "--position-embedding-type rope"
+                      : rms ? "--normalization RMSNorm"
+                      : s->swiglu ? "--swiglu" : NULL;
+  const char *lacks = !rope ? "--position-embedding-type rope"
+                      : !rms ? "--normalization RMSNorm" : "--swiglu";
+  if (given && !mega_jobspec_llama(s))
+    return BAD("%s without %s: mega trains GPT-2 (learned_absolute positions, LayerNorm, "
+               "GELU) or Llama (--position-embedding-type rope --normalization RMSNorm "
+               "--swiglu), the two Hugging Face architectures its checkpoints are; give all "
+               "three for Llama, or none for GPT-2",
+               given, lacks);
+  if (!rope && (s->rotary_base != 10000 || s->rotary_percent != 1.0))
+    return BAD("%s needs --position-embedding-type rope",
+               s->rotary_base != 10000 ? "--rotary-base" : "--rotary-percent");
+  if (!mega_jobspec_llama(s)) {
+    const char *llama_only = s->group_query_attention ? "--group-query-attention"
+                             : s->disable_bias_linear ? "--disable-bias-linear" : NULL;
+    if (llama_only)
+      return BAD("%s needs the Llama architecture (--position-embedding-type rope "
+                 "--normalization RMSNorm --swiglu): Hugging Face's GPT-2 has %s",
+                 llama_only, s->group_query_attention ? "no query groups" : "biases always");
+    if (s->kv_channels > 0 && s->kv_channels * s->num_attention_heads != s->hidden_size)
+      return BAD("--kv-channels %d: GPT-2's heads are --hidden-size / --num-attention-heads "
+                 "wide; other widths need the Llama architecture",
+                 s->kv_channels);
+  }
+  if (s->num_query_groups > 0 && !s->group_query_attention)
+    return BAD("--num-query-groups needs --group-query-attention (without it every head is "
+               "its own group)");
+  return MEGA_OK;
+}
+
+/* Heads, query groups, head and MLP widths against each other and TP. */
+static mega_status check_model_sizes(const mega_jobspec *s, mega_err *err) {
+  int tp = s->tensor_model_parallel_size, heads = s->num_attention_heads;
+  if (s->kv_channels < 0 && s->hidden_size % heads)
+    return BAD("--hidden-size %d is not divisible by --num-attention-heads %d", s->hidden_size,
+               heads);
+  if (heads % tp)
+    return BAD("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
+               heads, tp);
+  int groups = mega_jobspec_query_groups(s);
+  if (heads % groups)
+    return BAD("--num-attention-heads %d is not divisible by --num-query-groups %d: each "
+               "query group shares its key and value heads with the same number of query heads",
+               heads, groups);
+  if (groups % tp)
+    return BAD("--num-query-groups %d is not divisible by --tensor-model-parallel-size %d: "
+               "each tensor-parallel rank holds whole query groups",
+               groups, tp);
+  int ffn = mega_jobspec_ffn_hidden_size(s);
+  if (ffn < 1)
+    return BAD("--swiglu without --ffn-hidden-size takes Megatron's default "
+               "int(4 x %d x 2/3 / 64) x 64 = 0 for --hidden-size %d; give --ffn-hidden-size N",
+               s->hidden_size, s->hidden_size);
+  if (ffn % tp)
+    return BAD("the MLP's width %d (%s) is not divisible by --tensor-model-parallel-size %d",
+               ffn, s->ffn_hidden_size > 0 ? "--ffn-hidden-size" : "its default", tp);
+  if (s->position_embedding_type == MEGA_POS_ROPE) {
+    int kv = mega_jobspec_kv_channels(s), rot = (int)((float)kv * (float)s->rotary_percent);
+    if (rot < 2 || rot % 2)
+      return BAD("--rotary-percent %g of %d channels per head rotates %d; RoPE turns pairs of "
+                 "channels, so that must be even and at least 2",
+                 s->rotary_percent, kv, rot);
+  }
+  return MEGA_OK;
+}
+
 /* Megatron's load flags: each needs --load, and the scheduler's choices
  * exclude each other. */
 static mega_status check_load_flags(const mega_jobspec *s, mega_err *err) {
@@ -498,11 +667,16 @@ static mega_status check_bounds(const mega_jobspec *s, mega_err *err) {
       B("--num-layers", num_layers, 4096),
       B("--hidden-size", hidden_size, 1 << 17),
       B("--num-attention-heads", num_attention_heads, 4096),
+      B("--num-query-groups", num_query_groups, 4096),
+      B("--kv-channels", kv_channels, 1 << 16),
+      B("--ffn-hidden-size", ffn_hidden_size, 1 << 20),
+      B("--context-parallel-size", context_parallel_size, 4096),
       B("--seq-length", seq_length, 1 << 20),
       B("--max-position-embeddings", max_position_embeddings, 1 << 20),
       B("--micro-batch-size", micro_batch_size, 1 << 16),
       B("--global-batch-size", global_batch_size, 1 << 24),
       B("--train-iters", train_iters, 1 << 30),
+      B("--train-samples", train_samples, INT_MAX - (1 << 24)),
       B("--tensor-model-parallel-size", tensor_model_parallel_size, 4096),
       B("--pipeline-model-parallel-size", pipeline_model_parallel_size, 4096),
       B("--virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, 4096),
@@ -537,13 +711,11 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
       return mega_fail(err, st, "invalid job: %s", sub.msg);
     dp = t.dp;
   }
+  if ((st = mega_jobspec_check_batch(s, dp, err)) != MEGA_OK) return st;
 
-  if (s->hidden_size % s->num_attention_heads)
-    return BAD("--hidden-size %d is not divisible by --num-attention-heads %d", s->hidden_size,
-               s->num_attention_heads);
-  if (s->num_attention_heads % tp)
-    return BAD("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
-               s->num_attention_heads, tp);
+  if ((st = check_restated(s, err)) != MEGA_OK || (st = check_arch(s, err)) != MEGA_OK ||
+      (st = check_model_sizes(s, err)) != MEGA_OK)
+    return st;
   int max_pos = mega_jobspec_max_position_embeddings(s);
   if (s->seq_length > max_pos)
     return BAD("--seq-length %d is longer than --max-position-embeddings %d", s->seq_length,
@@ -565,21 +737,15 @@ mega_status mega_jobspec_check(const mega_jobspec *s, int world_size, long long 
                s->global_batch_size, s->micro_batch_size);
   }
 
-  if (s->min_lr > s->lr)
-    return BAD("--min-lr %g is larger than --lr %g", s->min_lr, s->lr);
-  int decay = mega_jobspec_lr_decay_iters(s);
-  if (s->lr_warmup_iters >= decay)
-    return BAD("--lr-warmup-iters %d must be less than the decay iterations %d "
-               "(--lr-decay-iters, by default --train-iters)",
-               s->lr_warmup_iters, decay);
+  if ((st = mega_jobspec_check_lr(s, err)) != MEGA_OK) return st;
 
   if (!s->save && s->save_interval > 0) return BAD("--save-interval needs --save DIR");
   if (!s->save && s->save_initial) return BAD("--save-initial needs --save DIR");
   if (!s->save && s->async_save) return BAD("--async-save needs --save DIR");
   if ((st = check_load_flags(s, err)) != MEGA_OK) return st;
-  if (s->trace_iteration > s->train_iters)
-    return BAD("--trace-iteration %d is past the last iteration (--train-iters %d)",
-               s->trace_iteration, s->train_iters);
+  if (s->trace_iteration > 0 && s->trace_iteration > mega_jobspec_train_iters(s))
+    return BAD("--trace-iteration %d is past the last iteration, %lld", s->trace_iteration,
+               (long long)mega_jobspec_train_iters(s));
 
   if ((st = check_parallel(s, err)) != MEGA_OK) return st;
 
@@ -626,6 +792,15 @@ mega_status mega_jobspec_check_all(const mega_jobspec *s, int world_size, long l
   mega_sched_params p;
   mega_jobspec_sched_params(s, world_size, &p);
   st = mega_sched_check_params(&p, err);
+  /* a ramp runs the schedule at every batch it passes through */
+  int64_t r[3];
+  int dp = mega_jobspec_dp(s, world_size);
+  for (int64_t b = 0; st == MEGA_OK && mega_jobspec_rampup(s, r) && b < s->global_batch_size;) {
+    b = b ? b + r[1] : r[0];
+    p.microbatches = (int)(b / ((int64_t)s->micro_batch_size * dp));
+    st = mega_sched_check_params(&p, err);
+    if (st != MEGA_OK) mega_err_prefix(err, "at the ramp's global batch %lld", (long long)b);
+  }
   if (st != MEGA_OK) mega_err_prefix(err, "invalid job");
   return st;
 }

@@ -38,4 +38,21 @@ mega_status mega_jf_set_int(mega_jobspec *s, const flagdef *f, int v, mega_err *
 mega_status mega_jf_set_float(mega_jobspec *s, const flagdef *f, double v, mega_err *err);
 mega_status mega_jf_parse_float_text(const char *name, const char *v, double *out, mega_err *err);
 
+/* jobspec_batch.c: --train-iters/--train-samples and the rampup (dp 0:
+ * not known yet), and the LR flags. Messages start "invalid job: ". */
+mega_status mega_jobspec_check_batch(const mega_jobspec *s, int dp, mega_err *err);
+mega_status mega_jobspec_check_lr(const mega_jobspec *s, mega_err *err);
+
+/* Megatron's flags mega knows but does not take as its own (jobspec_compat.c).
+ * argv[*i]'s name is its first n characters. An accepted value (one that
+ * restates what mega does) is consumed: MEGA_OK, *i advanced, nothing
+ * stored. Any other is MEGA_ERR_INVALID with the reason and what to use
+ * instead; MEGA_ERR_NOT_FOUND when Megatron's flag is not in the table. */
+mega_status mega_jf_compat_parse(int argc, char *const *argv, int *i, size_t n, mega_err *err);
+int mega_jf_compat_count(void);
+/* Entry k's flag name, for suggestions; NULL for a prefix entry. */
+const char *mega_jf_compat_name(int k);
+/* The accepted flags as help text (malloc'd; NULL when out of memory). */
+char *mega_jf_compat_help(void);
+
 #endif

@@ -249,6 +249,9 @@ char *mega_jobspec_help_text(void) {
     if (ok && fl->default_text) ok = append(&buf, &len, &cap, " (default: %s)", fl->default_text);
     ok = ok && append(&buf, &len, &cap, "\n");
   }
+  char *compat = ok ? mega_jf_compat_help() : NULL;
+  ok = compat && append(&buf, &len, &cap, "%s", compat);
+  free(compat);
   if (!ok) {
     free(buf);
     return NULL;

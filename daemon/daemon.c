@@ -193,7 +193,34 @@ static mega_status load_security(megad *d, const megad_opts *o, mega_err *err) {
   return s;
 }
 
+/* The etcd client from the --etcd-* flags (their files read here). */
+static mega_status open_etcd(megad *d, const megad_opts *o, mega_err *err) {
+  const char *files[3] = {o->etcd_cacert, o->etcd_cert, o->etcd_key};
+  static const char *const flags[3] = {"--etcd-cacert", "--etcd-cert", "--etcd-key"};
+  mega_status s = MEGA_OK;
+  for (int i = 0; i < 3 && s == MEGA_OK; i++)
+    if (files[i]) s = mega_rpc_read_pem(flags[i], files[i], i == 2, &d->etcd_pem[i], err);
+  if (s == MEGA_OK && o->etcd_password_file)
+    s = mega_rpc_read_password("--etcd-password-file", o->etcd_password_file,
+                               &d->etcd_password, err);
+  megad_etcd_opts eo = {.endpoints = o->etcd_endpoints, .prefix = o->etcd_prefix,
+                        .cacert = d->etcd_pem[0], .cert = d->etcd_pem[1], .key = d->etcd_pem[2],
+                        .user = o->etcd_user, .password = d->etcd_password};
+  if (s == MEGA_OK && (s = megad_etcd_open(&d->base, &eo, &d->etcd, err)) != MEGA_OK &&
+      !strstr(err->msg, "--etcd-"))
+    mega_err_prefix(err, "--etcd-endpoints");
+  return s;
+}
+
 static void free_security(megad *d) {
+  for (int i = 0; i < 3; i++) {
+    if (i == 2 && d->etcd_pem[i]) memset(d->etcd_pem[i], 0, strlen(d->etcd_pem[i]));
+    free(d->etcd_pem[i]);
+    d->etcd_pem[i] = NULL;
+  }
+  if (d->etcd_password) memset(d->etcd_password, 0, strlen(d->etcd_password));
+  free(d->etcd_password);
+  d->etcd_password = NULL;
   if (d->token) memset(d->token, 0, strlen(d->token));
   if (d->tls_key) memset(d->tls_key, 0, strlen(d->tls_key));
   free(d->token);
@@ -214,7 +241,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   d->o = *o;
   char gpu_name[160];
   int gpus = mega_cuda_devices_describe(gpu_name, sizeof gpu_name); /* a slot each */
-  if (!d->o.slots) d->o.slots = gpus;
+  if (!d->o.slots) d->o.slots = gpus ? gpus : d->o.cpu_slots;
   o = &d->o;
   if (!d->o.heartbeat_interval_ms) d->o.heartbeat_interval_ms = 250;
   if (!d->o.heartbeat_timeout_ms) d->o.heartbeat_timeout_ms = 1500;
@@ -256,9 +283,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
       s = mega_fail(err, MEGA_ERR_INVALID,
                     "--peers and --etcd-endpoints exclude each other: with etcd, every megad "
                     "learns its peers from etcd; drop --peers");
-    else if ((s = megad_etcd_new(&d->base, o->etcd_endpoints, 0, &d->etcd, err)) != MEGA_OK)
-      mega_err_prefix(err, "--etcd-endpoints");
-    else
+    else if ((s = open_etcd(d, o, err)) == MEGA_OK)
       s = megad_jobs_open_etcd(&d->jobs, &d->base, d->etcd, err);
   } else if (s == MEGA_OK) {
     s = megad_jobs_open(&d->jobs, &d->base, err);
@@ -319,6 +344,8 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   megad_members_start(&d->members);
   megad_coord_start(&d->coord);
   uv_timer_init(loop, &d->watchdog);
+  uv_timer_init(loop, &d->drain);
+  d->drain.data = d;
   uint64_t usec = 0;
   if (sd_watchdog_enabled(0, &usec) > 0 && usec >= 2000) {
     d->watchdog_on = true;
@@ -354,6 +381,7 @@ static void final_close(void *arg) {
   stopper *st = arg;
   megad *d = st->d;
   uv_close((uv_handle_t *)&d->watchdog, NULL);
+  uv_close((uv_handle_t *)&d->drain, NULL);
   megad_coord_free(&d->coord);
   megad_launcher_free(&d->launcher);
   megad_members_free(&d->members);
@@ -434,4 +462,41 @@ void megad_stop(megad *d, const char *reason, void (*done)(void *arg), void *arg
   uv_timer_init(d->base.loop, &st->t);
   st->t.data = st;
   uv_timer_start(&st->t, stop_step, 0, 50);
+}
+
+/* ---- stop, saving first ---- */
+
+static void on_drain(uv_timer_t *t) {
+  megad *d = t->data;
+  bool busy = megad_launch_graceful_live(&d->launcher) || megad_coord_saving(&d->coord);
+  if (busy && uv_now(d->base.loop) - d->drain_since < MEGAD_DRAIN_MAX_MS) return;
+  if (busy)
+    megad_warn(&d->base, "jobs asked to save and stop had not after %u s; stopping anyway",
+               MEGAD_DRAIN_MAX_MS / 1000);
+  uv_timer_stop(t);
+  megad_stop(d, d->drain_reason, d->drain_done, d->drain_arg);
+}
+
+void megad_stop_saving(megad *d, const char *reason, void (*done)(void *arg), void *arg) {
+  if (d->base.stopping) return;
+  if (d->draining) { /* asked again: no more waiting */
+    uv_timer_stop(&d->drain);
+    megad_stop(d, reason, done, arg);
+    return;
+  }
+  size_t n = megad_coord_stop_saving(&d->coord, reason);
+  n += megad_launch_stop_graceful(&d->launcher, NULL, reason);
+  if (!n) {
+    megad_stop(d, reason, done, arg);
+    return;
+  }
+  d->draining = true;
+  d->drain_since = uv_now(d->base.loop);
+  snprintf(d->drain_reason, sizeof d->drain_reason, "%s", reason);
+  d->drain_done = done;
+  d->drain_arg = arg;
+  sd_notifyf(0, "STATUS=saving before stopping: %s", reason);
+  megad_log(&d->base, "%s: jobs with --exit-signal-handler save a checkpoint and stop first "
+            "(another signal stops at once)", reason);
+  uv_timer_start(&d->drain, on_drain, 100, 100);
 }

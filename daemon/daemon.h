@@ -16,11 +16,15 @@
 typedef struct megad_opts {
   const char *listen;         /* "127.0.0.1:7070", "127.0.0.1:0" or "unix:/path" */
   const char *state_dir;      /* journal, jobs/<id>/ (traces, worker logs) */
-  int slots;
+  int slots;                  /* 0: one per GPU megad finds, else cpu_slots */
+  int cpu_slots;              /* slots without --slots or GPUs (Slurm's CPUs); 0: none */
   const char *node_name;      /* NULL: the hostname */
   const char *peers;          /* "host:port,host:port"; NULL: none */
   const char *etcd_endpoints; /* "http://host:port,..." : cluster state in etcd (members.h);
                                  NULL: none (peers and the journal) */
+  const char *etcd_prefix;    /* where this cluster's keys live in etcd; NULL: "mega/" */
+  const char *etcd_cacert, *etcd_cert, *etcd_key; /* files: TLS towards etcd */
+  const char *etcd_user, *etcd_password_file;     /* etcd's authentication */
   const char *advertise;      /* host peers and workers use; NULL: the listen host */
   const char *worker_path;    /* NULL: megaw next to megad */
   const char *metrics_listen; /* "127.0.0.1:9100"; NULL: no /metrics */
@@ -56,6 +60,7 @@ typedef struct megad {
   mega_rpc_server *srv;
   /* the token and TLS files' contents; auth points into them */
   char *token, *tls_cert, *tls_key, *tls_ca;
+  char *etcd_pem[3], *etcd_password; /* etcd's CA, certificate and key; the password */
   mega_rpc_auth auth;
   megad_roots roots;
   /* refused calls, logged at most once a second */
@@ -65,6 +70,13 @@ typedef struct megad {
   uint64_t incarnation;
   uv_timer_t watchdog; /* sd_notify WATCHDOG=1 */
   bool watchdog_on, started;
+  /* megad_stop_saving: waiting for jobs to save before megad_stop */
+  uv_timer_t drain;
+  bool draining;
+  uint64_t drain_since;
+  char drain_reason[256];
+  void (*drain_done)(void *arg);
+  void *drain_arg;
 } megad;
 
 /* Starts everything on loop: state dir (locked), journal replay, server,
@@ -77,5 +89,13 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
  * calls drained, the queue closed. done runs at the end; keep running the
  * loop. */
 void megad_stop(megad *d, const char *reason, void (*done)(void *arg), void *arg);
+/* SIGTERM, which is how a batch scheduler warns of a time limit: the jobs
+ * with --exit-signal-handler that run here or that this node coordinates
+ * are asked to save a checkpoint at their next iteration boundary and stop
+ * (they end STOPPED), and once they have (at most MEGAD_DRAIN_MAX_MS),
+ * megad_stop. Without such jobs it is megad_stop at once; so is a second
+ * call while it waits (a second signal). */
+#define MEGAD_DRAIN_MAX_MS 600000
+void megad_stop_saving(megad *d, const char *reason, void (*done)(void *arg), void *arg);
 
 #endif

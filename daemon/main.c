@@ -1,7 +1,8 @@
 /* megad: the daemon.
  *
  *   megad serve --listen ADDR --state-dir DIR --slots N [--node-name NAME]
- *               [--peers ADDR,... | --etcd-endpoints URL,...] [--advertise HOST]
+ *               [--peers ADDR,... | --peers slurm | --etcd-endpoints URL,...]
+ *               [--advertise HOST]
  *               [--worker PATH]
  *               [--metrics-listen ADDR] [--heartbeat-interval D]
  *               [--heartbeat-timeout D] [--rendezvous-timeout D]
@@ -10,7 +11,11 @@
  *
  * `run` is the same daemon on a private unix socket with one job: it prints
  * the merged steps and exits with the job's status (0 succeeded, 1 failed,
- * 130/143 after SIGINT/SIGTERM, 2 for a bad flag or job). */
+ * 130/143 after SIGINT/SIGTERM, 2 for a bad flag or job, 92 when the job
+ * stopped early as asked after its checkpoint: core/exitcode.h).
+ *
+ * SIGTERM asks jobs with --exit-signal-handler to save and stop first
+ * (megad_stop_saving); a second signal, or SIGINT, stops at once. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -21,8 +26,11 @@
 #include <unistd.h>
 
 #include "core/duration.h"
+#include "core/exitcode.h"
 #include "core/jobspec.h"
+#include "core/logline.h"
 #include "daemon/daemon.h"
+#include "daemon/slurm.h"
 #include "proto/pb_json.h"
 
 #define EXIT_USAGE 2
@@ -35,62 +43,90 @@ typedef struct app {
   int exit_code;
   /* run */
   mega_job *job;
+  mega_jobspec spec; /* the job's flags, for the readable lines */
+  mega_logline log;
   char *tmp_dir;
   int signal;
   char last_said[1024]; /* the last event line printed, so a cause prints once */
 } app;
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: megad serve --listen ADDR --state-dir DIR [--slots N] [options]\n"
-          "       megad run --slots N [--json] [options] [job flags]\n\n"
-          "serve: run the daemon of one node. Jobs come from megactl (or another megad).\n"
-          "  --listen ADDR          host:port (port 0 picks one) or unix:/path\n"
-          "  --state-dir DIR        journal, job files, worker logs\n"
-          "  --slots N              worker processes this node runs at once (default: one\n"
-          "                         per GPU the cuda module finds; required without GPUs)\n"
-          "  --node-name NAME       this node's name (default: the hostname)\n"
-          "  --peers ADDR,...       megads to join (host:port of each)\n"
-          "  --etcd-endpoints URL,...  keep the cluster's state in etcd (http://host:port of\n"
-          "                         each member) instead of --peers: membership, every job,\n"
-          "                         and a job's takeover when its coordinator dies (README\n"
-          "                         \"No single point of failure\")\n"
-          "  --etcd-lease D         a node's etcd lease: lost this long after its last\n"
-          "                         keepalive (default 2s, 2s..60s, whole seconds); longer\n"
-          "                         rides out an overloaded machine, takes over later\n"
-          "  --advertise HOST       the host peers and workers use to reach this node\n"
-          "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
-          "  --worker PATH          the megaw program (default: next to megad)\n"
-          "  --heartbeat-interval D how often nodes heartbeat each other (default 250ms)\n"
-          "  --heartbeat-timeout D  a node silent this long is lost (default 1.5s)\n"
-          "  --rendezvous-timeout D how long a rank waits for its peers to meet (default 60s)\n"
-          "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n"
-          "  --max-pending N        jobs this node coordinates that may wait at once\n"
-          "                         (default 1000; more are refused: RESOURCE_EXHAUSTED)\n"
-          "  --retain-jobs N        ended jobs kept (default 1000; older ones are forgotten)\n"
-          "  --retain-age D         ended jobs are forgotten after D (default 168h; at most 720h)\n"
-          "security (README \"Security\"):\n"
-          "  --token-file FILE      the cluster token (mode 600) every call must carry; needed\n"
-          "                         to listen on anything but 127.0.0.1 or a unix: socket\n"
-          "  --tls-cert FILE --tls-key FILE  serve TLS with this certificate and key\n"
-          "  --tls-ca FILE          the CA that signs the cluster's certificates (peers are\n"
-          "                         called over TLS with it)\n"
-          "  --tls-client-auth      require client certificates signed by --tls-ca (mTLS)\n"
-          "  --data-root DIR        jobs' --data-path and --load must lie under one\n"
-          "  --save-root DIR        jobs' --save (and --load) must lie under one\n"
-          "                         (both repeatable; without any, a megad that listens\n"
-          "                         beyond this machine refuses jobs that name paths)\n\n"
-          "run: train one job of N ranks on this machine and exit with its status.\n"
-          "  --slots N              ranks (every slot runs one)\n"
-          "  --json                 one JSON object per iteration on stdout\n"
-          "  --name NAME            the job's name\n"
-          "  --nproc-per-node K     ranks (default: N)\n"
-          "  --max-restarts N       restarts after a rank fails, from the newest checkpoint\n"
-          "                         (default 0: the job fails)\n"
-          "  --state-dir DIR        keep the journal and job files there (default: a\n"
-          "                         temporary directory, removed when the job succeeds)\n"
-          "  --worker PATH          the megaw program\n"
-          "  job flags: as megaw --help lists them (--num-layers, --hidden-size, ...)\n");
+static const char usage_head[] =
+    "usage: megad serve --listen ADDR --state-dir DIR [--slots N] [options]\n"
+    "       megad run --slots N [--json] [options] [job flags]\n\n";
+static const char usage_serve[] =
+    "serve: run the daemon of one node. Jobs come from megactl (or another megad).\n"
+    "  --listen ADDR          host:port (port 0 picks one) or unix:/path\n"
+    "  --state-dir DIR        journal, job files, worker logs\n"
+    "  --slots N              worker processes this node runs at once (default: one\n"
+    "                         per GPU the cuda module finds; required without GPUs)\n"
+    "  --node-name NAME       this node's name (default: the hostname)\n"
+    "  --peers ADDR,...       megads to join (host:port of each)\n"
+    "  --peers slurm          under srun: the other nodes of $SLURM_JOB_NODELIST, each\n"
+    "                         at this megad's --listen port; the node's name from\n"
+    "                         $SLURMD_NODENAME and, without --slots, its slots from\n"
+    "                         $SLURM_GPUS_ON_NODE, the GPUs found, or\n"
+    "                         $SLURM_CPUS_ON_NODE (deploy/slurm/)\n"
+    "  --etcd-endpoints URL,...  keep the cluster's state in etcd (http://host:port of\n"
+    "                         each member) instead of --peers: membership, every job,\n"
+    "                         and a job's takeover when its coordinator dies (README\n"
+    "                         \"No single point of failure\")\n"
+    "  --etcd-prefix P        where this cluster keeps its keys in etcd (default mega/;\n"
+    "                         ends with /): clusters with other prefixes share the etcd\n"
+    "                         without seeing each other's nodes or jobs\n"
+    "  --etcd-cacert FILE     the CA of etcd's certificates: TLS (https:// endpoints)\n"
+    "  --etcd-cert FILE --etcd-key FILE  this node's client certificate for etcd\n"
+    "                         (etcd --client-cert-auth; with etcd's auth on, its CN is\n"
+    "                         the etcd user)\n"
+    "  --etcd-user NAME --etcd-password-file FILE  etcd's user and password (the file\n"
+    "                         mode 600)\n"
+    "  --etcd-lease D         a node's etcd lease: lost this long after its last\n"
+    "                         keepalive (default 2s, 2s..60s, whole seconds); longer\n"
+    "                         rides out an overloaded machine, takes over later\n"
+    "  --advertise HOST       the host peers and workers use to reach this node\n"
+    "  --metrics-listen ADDR  serve GET /metrics (Prometheus) on host:port\n"
+    "  --worker PATH          the megaw program (default: next to megad)\n"
+    "  --heartbeat-interval D how often nodes heartbeat each other (default 250ms)\n"
+    "  --heartbeat-timeout D  a node silent this long is lost (default 1.5s)\n"
+    "  --rendezvous-timeout D how long a rank waits for its peers to meet (default 60s)\n"
+    "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n"
+    "  --max-pending N        jobs this node coordinates that may wait at once\n"
+    "                         (default 1000; more are refused: RESOURCE_EXHAUSTED)\n"
+    "  --retain-jobs N        ended jobs kept (default 1000; older ones are forgotten)\n"
+    "  --retain-age D         ended jobs are forgotten after D (default 168h; at most 720h)\n"
+    "security (README \"Security\"):\n"
+    "  --token-file FILE      the cluster token (mode 600) every call must carry; needed\n"
+    "                         to listen on anything but 127.0.0.1 or a unix: socket\n"
+    "  --tls-cert FILE --tls-key FILE  serve TLS with this certificate and key\n"
+    "  --tls-ca FILE          the CA that signs the cluster's certificates (peers are\n"
+    "                         called over TLS with it)\n"
+    "  --tls-client-auth      require client certificates signed by --tls-ca (mTLS)\n"
+    "  --data-root DIR        jobs' --data-path and --load must lie under one\n"
+    "  --save-root DIR        jobs' --save (and --load) must lie under one\n"
+    "                         (both repeatable; without any, a megad that listens\n"
+    "                         beyond this machine refuses jobs that name paths)\n\n";
+static const char usage_run[] =
+    "run: train one job of N ranks on this machine and exit with its status.\n"
+    "  --slots N              ranks (every slot runs one)\n"
+    "  --json                 one JSON object per iteration on stdout\n"
+    "  --name NAME            the job's name\n"
+    "  --nproc-per-node K     ranks (default: N)\n"
+    "  --max-restarts N       restarts after a rank fails, from the newest checkpoint\n"
+    "                         (default 0: the job fails)\n"
+    "  --state-dir DIR        keep the journal and job files there (default: a\n"
+    "                         temporary directory, removed when the job succeeds)\n"
+    "  --worker PATH          the megaw program\n"
+    "  job flags: listed below with megad run --help (the same as megaw --help)\n";
+
+/* which: NULL for both commands, else "serve" or "run" */
+static void usage(FILE *f, const char *which) {
+  fputs(usage_head, f);
+  if (!which || !strcmp(which, "serve")) fputs(usage_serve, f);
+  if (!which || !strcmp(which, "run")) fputs(usage_run, f);
+  if (which && !strcmp(which, "run")) {
+    char *flags = mega_jobspec_help_text();
+    if (flags) fputs(flags, f);
+    free(flags);
+  }
 }
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -135,17 +171,38 @@ static void stopped(void *arg) {
   uv_close((uv_handle_t *)&a->sigterm, NULL);
 }
 
+/* SIGTERM: what megad was told, for the record of a job that stops on it. */
+static void sigterm_reason(const app *a, char *buf, size_t len) {
+  const char *slurm_job = getenv("SLURM_JOB_ID");
+  if (slurm_job)
+    snprintf(buf, len, "megad on %s got SIGTERM (Slurm job %s: its time limit is near, or "
+             "scancel --signal TERM)", a->d.base.node_id, slurm_job);
+  else
+    snprintf(buf, len, "megad on %s got SIGTERM", a->d.base.node_id);
+}
+
 static void on_signal(uv_signal_t *h, int sig) {
   app *a = h->data;
+  char why[320];
   if (a->job && !mega_job_state_final(a->job->state)) { /* run: cancel, then stop */
+    /* --exit-signal-handler: the first SIGTERM saves and stops the job */
+    if (sig == SIGTERM && a->job->spec.exit_signal_handler && !a->signal) {
+      a->signal = sig;
+      sigterm_reason(a, why, sizeof why);
+      megad_coord_stop_saving(&a->d.coord, why);
+      return;
+    }
     a->signal = sig;
     megad_coord_cancel(&a->d.coord, a->job,
                        sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", NULL, NULL);
     return;
   }
-  char why[64];
-  snprintf(why, sizeof why, "signal %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
-  megad_stop(&a->d, why, stopped, a);
+  if (sig == SIGTERM) {
+    sigterm_reason(a, why, sizeof why);
+    megad_stop_saving(&a->d, why, stopped, a);
+    return;
+  }
+  megad_stop(&a->d, "signal SIGINT", stopped, a);
 }
 
 static int start(app *a, const megad_opts *o) {
@@ -184,6 +241,28 @@ static int duration_flag(const char *flag, const char *v, unsigned min, unsigned
 
 /* ---- serve ---- */
 
+/* --peers slurm: name, peers and slots from the allocation (daemon/slurm.h). */
+static int slurm_peers(megad_opts *o, bool slots_given, megad_slurm *s) {
+  if (o->etcd_endpoints)
+    return usage_error("--peers slurm and --etcd-endpoints exclude each other: with etcd the "
+                       "nodes find each other there; drop --peers%s", "");
+  mega_err err = {0};
+  if (megad_slurm_from_env(o->listen, o->node_name, s, &err) != MEGA_OK)
+    return usage_error("%s", err.msg);
+  if (!o->node_name) o->node_name = s->node_name;
+  o->peers = s->peers[0] ? s->peers : NULL;
+  if (!slots_given) {
+    o->slots = s->gpu_slots; /* 0: megad_start counts the GPUs, else cpu_slots */
+    o->cpu_slots = s->cpu_slots;
+  }
+  /* peers reach this node by the name Slurm gives it, as it reaches them */
+  const char *colon = strrchr(o->listen, ':');
+  size_t hl = colon ? (size_t)(colon - o->listen) : 0;
+  bool wildcard = !hl || !strncmp(o->listen, "0.0.0.0", hl) || !strncmp(o->listen, "[::]", hl);
+  if (!o->advertise && wildcard) o->advertise = o->node_name;
+  return 0;
+}
+
 #define MAX_ROOTS 64
 
 static int serve(int argc, char **argv) {
@@ -196,6 +275,10 @@ static int serve(int argc, char **argv) {
   o.save_roots = save_roots;
   for (int i = 2; i < argc;) {
     int r;
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout, "serve");
+      return 0;
+    }
     if (!strcmp(argv[i], "--tls-client-auth")) {
       o.tls_client_auth = true;
       i++;
@@ -224,6 +307,12 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--peers", &o.peers)) ||
         (r = own_flag(argc, argv, &i, "--etcd-endpoints", &o.etcd_endpoints)) ||
         (r = own_flag(argc, argv, &i, "--etcd-lease", &lease)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-prefix", &o.etcd_prefix)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-cacert", &o.etcd_cacert)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-cert", &o.etcd_cert)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-key", &o.etcd_key)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-user", &o.etcd_user)) ||
+        (r = own_flag(argc, argv, &i, "--etcd-password-file", &o.etcd_password_file)) ||
         (r = own_flag(argc, argv, &i, "--advertise", &o.advertise)) ||
         (r = own_flag(argc, argv, &i, "--metrics-listen", &o.metrics_listen)) ||
         (r = own_flag(argc, argv, &i, "--heartbeat-interval", &hbi)) ||
@@ -248,6 +337,11 @@ static int serve(int argc, char **argv) {
   if (retain && !parse_count(retain, 1000000, &retain_jobs))
     return usage_error("--retain-jobs: '%s' is not a count in 1..1000000", retain);
   o.retain_jobs = (unsigned)retain_jobs;
+  static megad_slurm slurm;
+  if (o.peers && !strcmp(o.peers, "slurm")) {
+    int src = slurm_peers(&o, slots != NULL, &slurm);
+    if (src) return src;
+  }
   int rc = duration_flag("--heartbeat-interval", hbi, 10, 60000, &o.heartbeat_interval_ms);
   if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
   if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);
@@ -255,6 +349,12 @@ static int serve(int argc, char **argv) {
   if (!rc) rc = duration_flag("--etcd-lease", lease, 2000, 60000, &o.etcd_lease_ms);
   if (!rc && lease && !o.etcd_endpoints)
     return usage_error("--etcd-lease %s needs --etcd-endpoints (it is the etcd lease's TTL)", lease);
+  const char *etcd_only = o.etcd_prefix ? "--etcd-prefix" : o.etcd_cacert ? "--etcd-cacert"
+                          : o.etcd_cert ? "--etcd-cert" : o.etcd_key ? "--etcd-key"
+                          : o.etcd_user ? "--etcd-user"
+                          : o.etcd_password_file ? "--etcd-password-file" : NULL;
+  if (!rc && etcd_only && !o.etcd_endpoints)
+    return usage_error("%s needs --etcd-endpoints", etcd_only);
   if (rc) return rc;
 
   static app a;
@@ -293,6 +393,8 @@ static void print_event(app *a, const Mega__V1__JobEvent *ev) {
   }
 }
 
+/* Megatron's line every --log-interval (core/logline.h), with the merged
+ * step's pipeline bubble at its end, and its validation block. */
 static void print_step(app *a, const Mega__V1__StepMetrics *s) {
   if (a->json) {
     mega_step_metrics_write(stdout, s);
@@ -303,10 +405,24 @@ static void print_step(app *a, const Mega__V1__StepMetrics *s) {
     bubble += s->ranks[r]->bubble_s;
     time += s->ranks[r]->step_time_s;
   }
-  printf("iteration %6llu/%llu | loss %.6f | grad_norm %.4f | lr %.4e | %.3f s | %.0f tokens/s | "
-         "bubble %.1f%%\n",
-         (unsigned long long)s->iteration, (unsigned long long)a->job->train_iters, s->loss,
-         s->grad_norm, s->lr, s->step_time_s, s->tokens_per_s, time > 0 ? 100 * bubble / time : 0);
+  mega_logline_add(&a->log, true, s->loss, s->skipped, s->step_time_s, s->tokens_per_s);
+  if (mega_logline_due(&a->spec, (int64_t)s->iteration)) {
+    char extra[64], line[1024];
+    snprintf(extra, sizeof extra, " bubble: %.1f%% |", time > 0 ? 100 * bubble / time : 0);
+    mega_logline_step st = {.iteration = (int64_t)s->iteration,
+                            .world = (int)s->n_ranks,
+                            .global_batch =
+                                mega_jobspec_batch_of(&a->spec, (int64_t)s->iteration - 1),
+                            .lr = s->lr, .grad_norm = s->grad_norm, .has_grad_norm = true,
+                            .extra = extra};
+    mega_logline_format(&a->log, &a->spec, &st, line, sizeof line);
+    fputs(line, stdout);
+  }
+  if (s->has_eval_loss) {
+    char block[1024];
+    mega_logline_eval((int64_t)s->iteration, s->eval_loss, block, sizeof block);
+    fputs(block, stdout);
+  }
   fflush(stdout);
 }
 
@@ -322,9 +438,10 @@ static void on_item(void *arg, const Mega__V1__WatchJobResponse *item) {
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE: {
     const Mega__V1__Job *j = item->final_state;
     if (j->state == MEGA_JOB_SUCCEEDED) a->exit_code = 0;
+    else if (j->state == MEGA_JOB_STOPPED) a->exit_code = MEGA_EXIT_REQUEUE;
     else if (j->state == MEGA_JOB_CANCELLED && a->signal) a->exit_code = 128 + a->signal;
     else a->exit_code = 1;
-    if (a->exit_code && a->tmp_dir)
+    if (a->exit_code && a->exit_code != MEGA_EXIT_REQUEUE && a->tmp_dir)
       fprintf(stderr, "megad: the worker logs were in a temporary directory, now removed; give "
                       "--state-dir DIR to keep them\n");
     a->job = NULL; /* freed with the daemon */
@@ -353,6 +470,11 @@ static int run(int argc, char **argv) {
   mega_err err = {0};
   int rc = 0;
   for (int i = 2; i < argc && !rc;) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout, "run");
+      mega_jobspec_free(&spec);
+      return 0;
+    }
     if (!strcmp(argv[i], "--json")) {
       a.json = true;
       i++;
@@ -369,7 +491,10 @@ static int run(int argc, char **argv) {
       continue;
     }
     mega_status st = mega_jobspec_parse_flag(&spec, argc, argv, &i, &err);
-    if (st == MEGA_ERR_NOT_FOUND) rc = usage_error("run: unknown flag '%s'", argv[i]);
+    if (st == MEGA_ERR_NOT_FOUND && !strncmp(argv[i], "--", 2))
+      rc = usage_error("run: %s", err.msg);
+    else if (st == MEGA_ERR_NOT_FOUND)
+      rc = usage_error("run: unexpected argument '%s'", argv[i]);
     else if (st != MEGA_OK) rc = usage_error("%s", err.msg);
   }
   int n = 0, per = 0;
@@ -380,12 +505,24 @@ static int run(int argc, char **argv) {
   int max_restarts = 0;
   if (!rc && restarts && strcmp(restarts, "0") && !parse_slots(restarts, &max_restarts))
     rc = usage_error("--max-restarts: '%s' is not a count in 0..4096", restarts);
+  char note[2048] = "";
+  /* the vocabulary's size counts in the log line's FLOPs */
+  if (!rc && (mega_jobspec_fix_data_paths(&spec, true, note, sizeof note, &err) != MEGA_OK ||
+              mega_jobspec_load_vocab(&spec, &err) != MEGA_OK))
+    rc = usage_error("%s", err.msg);
+  if (!rc && note[0]) fprintf(stderr, "megad: %s\n", note);
+  if (!rc && mega_jobspec_eval_note(&spec, note, sizeof note))
+    fprintf(stderr, "megad: %s\n", note);
   int nargs = 0;
   char **args = rc ? NULL : mega_jobspec_to_argv(&spec, &nargs);
-  mega_jobspec_free(&spec);
-  if (rc) return rc;
+  a.spec = spec; /* kept for the readable lines; freed at the end */
+  if (rc) {
+    mega_jobspec_free(&a.spec);
+    return rc;
+  }
   if (!args) {
     fprintf(stderr, "megad: out of memory\n");
+    mega_jobspec_free(&a.spec);
     return 1;
   }
   o.slots = n;
@@ -394,6 +531,7 @@ static int run(int argc, char **argv) {
     if (!mkdtemp(tmpl)) {
       fprintf(stderr, "megad: cannot create a temporary state directory: %s\n", strerror(errno));
       mega_jobspec_argv_free(args);
+      mega_jobspec_free(&a.spec);
       return 1;
     }
     a.tmp_dir = strdup(tmpl);
@@ -405,6 +543,7 @@ static int run(int argc, char **argv) {
   o.node_name = "local";
   if ((rc = start(&a, &o)) != 0) {
     mega_jobspec_argv_free(args);
+    mega_jobspec_free(&a.spec);
     if (a.tmp_dir) remove_tree(a.tmp_dir);
     return rc;
   }
@@ -427,13 +566,14 @@ static int run(int argc, char **argv) {
   finish_loop(&a);
   if (a.tmp_dir) remove_tree(a.tmp_dir);
   free(a.tmp_dir);
+  mega_jobspec_free(&a.spec);
   return a.exit_code;
 }
 
 int main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
       !strcmp(argv[1], "help")) {
-    usage(argc < 2 ? stderr : stdout);
+    usage(argc < 2 ? stderr : stdout, argc > 2 && !strcmp(argv[1], "help") ? argv[2] : NULL);
     return argc < 2 ? EXIT_USAGE : 0;
   }
   if (!strcmp(argv[1], "--version")) {

@@ -84,6 +84,33 @@ static inline MEGA_HD float mega_gelu_grad(float x) {
   return s + 2.0f * x * du * (e * s) * s;
 }
 
+/* sigmoid(x) = 1 / (1 + e^-x); e^-x saturates (mega_expf's clamp), so no
+ * infinity or NaN for finite x. */
+static inline MEGA_HD float mega_sigmoid(float x) { return 1.0f / (1.0f + mega_expf(-x)); }
+
+/* SiLU (Llama's MLP activation, PyTorch's F.silu): x * sigmoid(x). */
+static inline MEGA_HD float mega_silu(float x) { return x * mega_sigmoid(x); }
+
+/* SwiGLU's gradients at one element: h = silu(g) * u, d = dL/dh:
+ * du = d silu(g); dg = d u silu'(g), silu'(g) = s (1 + g (1 - s)) with
+ * s = sigmoid(g) and 1 - s = e^-g s (no cancellation). d is read before
+ * either write, so dg may alias the caller's d. */
+static inline MEGA_HD void mega_swiglu_grad(float g, float u, float d, float *dg, float *du) {
+  float e = mega_expf(-g), s = 1.0f / (1.0f + e);
+  float silu = g * s;
+  *du = d * silu;
+  *dg = d * u * s * (1.0f + g * (e * s));
+}
+
+/* One rotary pair (x_i, x_{i+rot/2}) rotated by the angle whose cosine and
+ * sine are c and s: Hugging Face's x cos + rotate_half(x) sin (s negated:
+ * the inverse rotation, the backward). */
+static inline MEGA_HD void mega_rope_pair(float *a, float *b, float c, float s) {
+  float x1 = *a, x2 = *b;
+  *a = x1 * c - x2 * s;
+  *b = x2 * c + x1 * s;
+}
+
 /* One AdamW element update with decoupled weight decay. g is the gradient
  * already multiplied by any clipping scale; bc1 = 1 - beta1^step and
  * bc2 = 1 - beta2^step are the bias corrections. Updates *p, *m, *v. */

@@ -67,6 +67,31 @@ static inline MEGA_HD void mega_kb_adamw(int64_t i, float *p, const float *g, fl
 
 static inline MEGA_HD void mega_kb_scale(int64_t i, float *x, float s) { x[i] *= s; }
 
+/* out = silu(gate) * up (Llama's MLP). */
+static inline MEGA_HD void mega_kb_swiglu_fwd(int64_t i, float *out, const float *gate,
+                                               const float *up) {
+  out[i] = mega_silu(gate[i]) * up[i];
+}
+
+/* dgate (may alias dout) and dup from dout. */
+static inline MEGA_HD void mega_kb_swiglu_bwd(int64_t i, float *dgate, float *dup,
+                                               const float *dout, const float *gate,
+                                               const float *up) {
+  mega_swiglu_grad(gate[i], up[i], dout[i], &dgate[i], &dup[i]);
+}
+
+/* Rotary pair i of [N rows, heads, rot/2] in x (rows of stride ld): row n
+ * is token n % T of its sequence; sign -1 rotates back (the backward). */
+static inline MEGA_HD void mega_kb_rope(int64_t i, float *x, const float *cs, int T, int heads,
+                                         int hs, int ld, int rot, float sign) {
+  int half = rot / 2;
+  int64_t n = i / ((int64_t)heads * half);
+  int h = (int)(i / half % heads), j = (int)(i % half);
+  const float *c = cs + (n % T) * rot;
+  float *p = x + n * ld + (int64_t)h * hs;
+  mega_rope_pair(&p[j], &p[j + half], c[j], sign * c[half + j]);
+}
+
 /* --bf16: a GEMM input's element as bf16 bits (cuBLAS's CUDA_R_16BF). */
 static inline MEGA_HD void mega_kb_to_bf16(int64_t i, uint16_t *out, const float *in) {
   out[i] = mega_bf16_bits(in[i]);
@@ -158,6 +183,40 @@ static inline MEGA_HD void mega_kr_layernorm_bwd_in(int64_t n, int l, int L, flo
   }
 }
 
+/* RMSNorm: rstd r from the row's sum of squares (mega_kr_dot(x, x)), then
+ * this. */
+static inline MEGA_HD void mega_kr_rmsnorm_fwd(int64_t n, int l, int L, float *out, float *rstd,
+                                               const float *inp, const float *w, int C,
+                                               float r) {
+  const float *x = inp + n * C;
+  float *o = out + n * C;
+  for (int i = l; i < C; i += L) o[i] = x[i] * r * w[i];
+  if (l == 0) rstd[n] = r;
+}
+
+/* RMSNorm backward: the partial of s = sum(dout w xhat) over row n, then
+ * the write with s / C. */
+static inline MEGA_HD float mega_kr_rmsnorm_bwd_dot(int64_t n, int l, int L, const float *dout,
+                                                    const float *inp, const float *w,
+                                                    const float *rstd, int C) {
+  const float *x = inp + n * C, *d = dout + n * C;
+  float r = rstd[n], a = 0.0f;
+  for (int i = l; i < C; i += L) a += d[i] * w[i] * x[i] * r;
+  return a;
+}
+
+static inline MEGA_HD void mega_kr_rmsnorm_bwd_in(int64_t n, int l, int L, float *dinp,
+                                                  const float *dres, const float *dout,
+                                                  const float *inp, const float *w,
+                                                  const float *rstd, int C, float s) {
+  const float *x = inp + n * C, *d = dout + n * C;
+  float r = rstd[n], *di = dinp + n * C;
+  for (int i = l; i < C; i += L) {
+    float g = (d[i] * w[i] - x[i] * r * s) * r;
+    di[i] = dres ? dres[n * C + i] + g : g;
+  }
+}
+
 /* cross-entropy: row n's max mx over its V logits, sum = sum e^(l - mx),
  * then probs and, from lane 0, the loss log(sum) + mx - (the target's
  * logit). The vocabulary-parallel passes share these: sums[n] and
@@ -231,6 +290,15 @@ static inline MEGA_HD void mega_kc_layernorm_bwd_w(int64_t c, int r0, int R, flo
   }
   *sw = a;
   *sb = b;
+}
+
+/* RMSNorm's weight gradient: the partial of column c over rows r0, r0 + R, ... */
+static inline MEGA_HD float mega_kc_rmsnorm_bwd_w(int64_t c, int r0, int R, const float *dout,
+                                                  const float *inp, const float *rstd, int N,
+                                                  int C) {
+  float a = 0.0f;
+  for (int64_t n = r0; n < N; n += R) a += dout[n * C + c] * inp[n * C + c] * rstd[n];
+  return a;
 }
 
 /* sum over rows r0, r0 + R, ... of dout[n, j] */

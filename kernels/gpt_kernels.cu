@@ -194,6 +194,52 @@ int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float 
       });
 }
 
+int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, float *rstd, const float *inp,
+                        const float *w, int N, int C, float eps) {
+  return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
+    const float *x = inp + n * C;
+    float r = 1.0f / sqrtf(Lanes<32>::sum(mega_kr_dot(x, x, C, l, 32)) / C + eps);
+    mega_kr_rmsnorm_fwd(n, l, 32, out, rstd, inp, w, C, r);
+  });
+}
+
+int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres, const float *dout,
+                           const float *inp, const float *w, const float *rstd, int N, int C) {
+  return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
+    float d = Lanes<32>::sum(mega_kr_rmsnorm_bwd_dot(n, l, 32, dout, inp, w, rstd, C)) / C;
+    mega_kr_rmsnorm_bwd_in(n, l, 32, dinp, dres, dout, inp, w, rstd, C, d);
+  });
+}
+
+int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const float *inp,
+                          const float *rstd, int N, int C) {
+  return launch_columns(
+      s, C,
+      [=] __device__(int64_t c, int r0, int R) {
+        return make_float2(mega_kc_rmsnorm_bwd_w(c, r0, R, dout, inp, rstd, N, C), 0.0f);
+      },
+      [=] __device__(int64_t c, float2 t) { dw[c] += t.x; });
+}
+
+int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, const float *gate, const float *up,
+                       int64_t n) {
+  return launch(s, n, [=] __device__(int64_t i) { mega_kb_swiglu_fwd(i, out, gate, up); });
+}
+
+int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, float *dup, const float *dout,
+                       const float *gate, const float *up, int64_t n) {
+  return launch(s, n, [=] __device__(int64_t i) {
+    mega_kb_swiglu_bwd(i, dgate, dup, dout, gate, up);
+  });
+}
+
+int mega_cu_rope(mega_cu_stream s, float *x, const float *cs, int N, int T, int heads, int hs,
+                 int ld, int rot, float sign) {
+  return launch(s, (int64_t)N * heads * (rot / 2), [=] __device__(int64_t i) {
+    mega_kb_rope(i, x, cs, T, heads, hs, ld, rot, sign);
+  });
+}
+
 int mega_cu_gelu_fwd(mega_cu_stream s, float *out, const float *inp, int64_t n) {
   return launch(s, n, [=] __device__(int64_t i) { mega_kb_gelu_fwd(i, out, inp); });
 }

@@ -26,6 +26,19 @@ int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
 int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float *dout,
                             const float *inp, const float *mean, const float *rstd, int N,
                             int C);
+int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, float *rstd, const float *inp,
+                        const float *w, int N, int C, float eps);
+int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres, const float *dout,
+                           const float *inp, const float *w, const float *rstd, int N, int C);
+int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const float *inp,
+                          const float *rstd, int N, int C);
+int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, const float *gate, const float *up,
+                       int64_t n);
+int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, float *dup, const float *dout,
+                       const float *gate, const float *up, int64_t n);
+/* sign 1: rotate (forward); -1: rotate back (backward). */
+int mega_cu_rope(mega_cu_stream s, float *x, const float *cs, int N, int T, int heads, int hs,
+                 int ld, int rot, float sign);
 int mega_cu_gelu_fwd(mega_cu_stream s, float *out, const float *inp, int64_t n);
 int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, const float *inp, const float *dout,
                      int64_t n);

@@ -16,5 +16,6 @@ extern const mega_rpc_method etcd_watch_watch;            /* server stream */
 extern const mega_rpc_method etcd_lease_grant;
 extern const mega_rpc_method etcd_lease_revoke;
 extern const mega_rpc_method etcd_lease_keep_alive;       /* server stream */
+extern const mega_rpc_method etcd_auth_authenticate;
 
 #endif

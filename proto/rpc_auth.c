@@ -83,6 +83,22 @@ mega_status mega_rpc_read_token(const char *flag, const char *path, bool private
   return MEGA_OK;
 }
 
+mega_status mega_rpc_read_password(const char *flag, const char *path, char **out,
+                                   mega_err *err) {
+  size_t n;
+  char *t;
+  mega_status s = read_small(flag, path, true, 1024, &t, &n, err);
+  if (s != MEGA_OK) return s;
+  while (n && (t[n - 1] == '\n' || t[n - 1] == '\r')) t[--n] = '\0';
+  if (!n || memchr(t, '\0', n)) {
+    free(t);
+    return mega_fail(err, MEGA_ERR_INVALID, "%s %s: %s", flag, path,
+                     n ? "holds a NUL byte" : "is empty: write the password there");
+  }
+  *out = t;
+  return MEGA_OK;
+}
+
 mega_status mega_rpc_read_pem(const char *flag, const char *path, bool private_only, char **out,
                               mega_err *err) {
   size_t n;

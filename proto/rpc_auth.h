@@ -36,6 +36,11 @@ typedef struct mega_rpc_auth {
 mega_status mega_rpc_read_token(const char *flag, const char *path, bool private_only, char **out,
                                 mega_err *err);
 
+/* Reads a password (one line; its newline dropped) from a private file
+ * (mode 600 or stricter) into *out (the caller frees it). */
+mega_status mega_rpc_read_password(const char *flag, const char *path, char **out,
+                                   mega_err *err);
+
 /* Reads a PEM file (a certificate, a key, a CA bundle) into *out (the caller
  * frees it). private_only as above (for keys). */
 mega_status mega_rpc_read_pem(const char *flag, const char *path, bool private_only, char **out,

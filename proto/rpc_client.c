@@ -17,10 +17,12 @@ struct mega_rpc_channel {
   char *target;
   char *peer_name;
   char *auth_hint;
+  char *unreachable_hint; /* NULL: none */
   size_t max_msg;
   grpc_metadata md; /* authorization: Bearer TOKEN */
-  grpc_metadata header; /* opts->header_key: opts->header_value */
-  bool has_token, has_header, tls;
+  grpc_metadata header[2]; /* opts->header_key: opts->header_value, header2 */
+  int nheaders;
+  bool has_token, tls;
   atomic_int refs;
 };
 
@@ -30,7 +32,7 @@ typedef struct ccall {
   const mega_rpc_method *m;
   unsigned timeout_ms;
   grpc_call *call;
-  grpc_metadata md[2]; /* the channel's token and header; a copy per call, since
+  grpc_metadata md[3]; /* the channel's token and headers; a copy per call, since
                           gRPC may write into a grpc_metadata while a call uses it */
   grpc_byte_buffer *send_bb;
   grpc_metadata_array md_initial, md_trailing;
@@ -49,13 +51,14 @@ static void channel_unref(mega_rpc_channel *ch) {
     grpc_slice_unref(ch->md.key);
     grpc_slice_unref(ch->md.value);
   }
-  if (ch->has_header) {
-    grpc_slice_unref(ch->header.key);
-    grpc_slice_unref(ch->header.value);
+  for (int i = 0; i < ch->nheaders; i++) {
+    grpc_slice_unref(ch->header[i].key);
+    grpc_slice_unref(ch->header[i].value);
   }
   free(ch->target);
   free(ch->peer_name);
   free(ch->auth_hint);
+  free(ch->unreachable_hint);
   free(ch);
   mega_rpc_lib_unref();
 }
@@ -70,12 +73,16 @@ mega_status mega_rpc_channel_new(const char *target, const mega_rpc_channel_opts
   ch->target = strdup(target);
   ch->peer_name = strdup(opts && opts->peer_name ? opts->peer_name : "the server");
   ch->auth_hint = strdup(opts && opts->auth_hint ? opts->auth_hint : "give it the cluster token");
+  bool hint = opts && opts->unreachable_hint;
+  ch->unreachable_hint = hint ? strdup(opts->unreachable_hint) : NULL;
   const mega_rpc_auth *a = opts ? opts->auth : NULL;
   char *bearer = a ? mega_rpc_bearer(a->token) : NULL;
-  if (!ch->target || !ch->peer_name || !ch->auth_hint || (a && a->token && a->token[0] && !bearer)) {
+  if (!ch->target || !ch->peer_name || !ch->auth_hint || (hint && !ch->unreachable_hint) ||
+      (a && a->token && a->token[0] && !bearer)) {
     free(ch->target);
     free(ch->peer_name);
     free(ch->auth_hint);
+    free(ch->unreachable_hint);
     free(bearer);
     free(ch);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating a channel");
@@ -87,11 +94,14 @@ mega_status mega_rpc_channel_new(const char *target, const mega_rpc_channel_opts
     ch->has_token = true;
     free(bearer);
   }
-  if (opts && opts->header_key && opts->header_value) {
-    ch->header.key = grpc_slice_from_copied_string(opts->header_key);
-    ch->header.value = grpc_slice_from_copied_string(opts->header_value);
-    ch->has_header = true;
-  }
+  const char *hk[2] = {opts ? opts->header_key : NULL, opts ? opts->header2_key : NULL};
+  const char *hv[2] = {opts ? opts->header_value : NULL, opts ? opts->header2_value : NULL};
+  for (int i = 0; i < 2; i++)
+    if (hk[i] && hv[i]) {
+      ch->header[ch->nheaders].key = grpc_slice_from_copied_string(hk[i]);
+      ch->header[ch->nheaders].value = grpc_slice_from_copied_string(hv[i]);
+      ch->nheaders++;
+    }
   ch->tls = a && a->tls_ca;
   ch->max_msg = opts && opts->max_message_bytes ? opts->max_message_bytes
                                                 : MEGA_RPC_MAX_MESSAGE_DEFAULT;
@@ -165,7 +175,7 @@ static size_t send_ops(ccall *c, grpc_op *ops) {
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
   size_t n = 0; /* the slices stay the channel's, which outlives the call */
   if (c->ch->has_token) c->md[n++] = c->ch->md;
-  if (c->ch->has_header) c->md[n++] = c->ch->header;
+  for (int i = 0; i < c->ch->nheaders; i++) c->md[n++] = c->ch->header[i];
   ops[0].data.send_initial_metadata.count = n;
   ops[0].data.send_initial_metadata.metadata = n ? c->md : NULL;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
@@ -214,6 +224,11 @@ static mega_status ccall_result(const ccall *c, mega_err *err) {
   }
   mega_status st = mega_rpc_client_error(err, (mega_rpc_code)c->status, d, n, c->ch->peer_name,
                                          c->ch->target, c->m, c->timeout_ms);
+  if (err && c->ch->unreachable_hint && c->status == GRPC_STATUS_UNAVAILABLE &&
+      !strncmp(err->msg, "cannot reach ", 13)) {
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof err->msg - len, "; %s", c->ch->unreachable_hint);
+  }
   /* A TLS server closes a plaintext connection without a word. */
   if (err && !c->ch->tls && c->status == GRPC_STATUS_UNAVAILABLE &&
       strstr(err->msg, "the connection closed")) {

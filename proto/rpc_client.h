@@ -41,9 +41,12 @@ typedef struct mega_rpc_channel_opts {
                                     NULL: none, plaintext. Copied. */
   const char *auth_hint;         /* how to give a token, for UNAUTHENTICATED's message:
                                     "pass --token-file or set MEGA_TOKEN_FILE" */
+  const char *unreachable_hint;  /* what to do when nothing answers at the target, added
+                                    to "cannot reach ..."; NULL: nothing. Copied. */
   const char *header_key, *header_value; /* one more metadata entry every call carries
                                     (lowercase key; etcd's "hasleader": "true"); NULL:
                                     none. Copied. */
+  const char *header2_key, *header2_value; /* and another (etcd's "token"); NULL: none */
 } mega_rpc_channel_opts;
 
 /* target is "host:port" or "unix:/path". Connects lazily: a wrong or dead

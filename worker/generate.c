@@ -19,36 +19,6 @@ static mega_status load_json(const char *dir, const char *name, char *path, size
   return *out ? MEGA_OK : mega_fail(err, MEGA_ERR_INVALID, "%s: %s", path, je.text);
 }
 
-/* config.json's GPT2LMHeadModel fields as mega's config. */
-static mega_status read_config(const char *dir, mega_gpt_config *cfg, mega_err *err) {
-  char path[4200];
-  json_t *j;
-  if (load_json(dir, "config.json", path, sizeof path, &j, err) != MEGA_OK) return err->status;
-  mega_gpt_config_default(cfg);
-  static const struct {
-    const char *key;
-    size_t off;
-  } ints[] = {{"vocab_size", offsetof(mega_gpt_config, vocab_size)},
-              {"n_positions", offsetof(mega_gpt_config, max_seq_len)},
-              {"n_layer", offsetof(mega_gpt_config, num_layers)},
-              {"n_head", offsetof(mega_gpt_config, num_heads)},
-              {"n_embd", offsetof(mega_gpt_config, channels)}};
-  mega_status st = MEGA_OK;
-  for (size_t i = 0; i < sizeof ints / sizeof ints[0] && st == MEGA_OK; i++) {
-    json_t *v = json_object_get(j, ints[i].key);
-    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 30)
-      st = mega_fail(err, MEGA_ERR_INVALID, "%s lacks a positive integer %s", path, ints[i].key);
-    else
-      *(int *)((char *)cfg + ints[i].off) = (int)json_integer_value(v);
-  }
-  json_t *eps = json_object_get(j, "layer_norm_epsilon");
-  if (st == MEGA_OK && !json_is_number(eps))
-    st = mega_fail(err, MEGA_ERR_INVALID, "%s lacks a number layer_norm_epsilon", path);
-  if (st == MEGA_OK) cfg->ln_eps = (float)json_number_value(eps);
-  json_decref(j);
-  return st == MEGA_OK ? mega_gpt_config_check(cfg, err) : st;
-}
-
 /* The tokenizer from the job flags trainer_state.json recorded. */
 static mega_status read_tokenizer(const char *dir, mega_gen_model *m, mega_err *err) {
   char path[4200];
@@ -62,9 +32,13 @@ static mega_status read_tokenizer(const char *dir, mega_gen_model *m, mega_err *
   mega_status st = flags ? mega_jobspec_from_json(&job, flags, &sub) : MEGA_OK;
   if (st != MEGA_OK)
     st = mega_fail(err, MEGA_ERR_INVALID, "%s: bad job record: %s", path, sub.msg);
-  m->tokenizer = job.tokenizer_type;
-  m->vocab = mega_jobspec_tokenizer_vocab(&job);
+  m->tokenizer = mega_jobspec_tokenizer(&job);
+  m->vocab = mega_jobspec_tokenizer_vocab(&job); /* GPT-2's: 0 until its files are read */
   m->eod = job.tokenizer_type == MEGA_TOKENIZER_NULL ? job.vocab_size : -1;
+  if (st == MEGA_OK && m->tokenizer == MEGA_TOKENIZER_GPT2BPE && job.vocab_file &&
+      job.merge_file && (!(m->vocab_file = strdup(job.vocab_file)) ||
+                         !(m->merge_file = strdup(job.merge_file))))
+    st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   mega_jobspec_free(&job);
   json_decref(j);
   if (st == MEGA_OK && m->vocab > m->cfg.vocab_size)
@@ -81,7 +55,7 @@ mega_status mega_gen_load(const char *load_dir, mega_backend *be, mega_gen_model
   if (st == MEGA_ERR_NOT_FOUND)
     return mega_fail(err, MEGA_ERR_INVALID, "--load %s holds no checkpoint to generate from",
                      load_dir);
-  if (st == MEGA_OK) st = read_config(m->path, &m->cfg, err);
+  if (st == MEGA_OK) st = mega_ckpt_read_config(m->path, &m->cfg, err);
   if (st == MEGA_OK) st = read_tokenizer(m->path, m, err);
   mega_gpt_stage_desc whole = {.embedding = true, .loss = true, .num_layers = m->cfg.num_layers};
   if (st == MEGA_OK) st = mega_gpt_stage_create(be, &m->cfg, &whole, &m->stage, err);
@@ -100,6 +74,8 @@ void mega_gen_free(mega_gen_model *m) {
   mega_gpt_stage_destroy(m->stage);
   free(m->path);
   free(m->notice);
+  free(m->vocab_file);
+  free(m->merge_file);
   *m = (mega_gen_model){0};
 }
 

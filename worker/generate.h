@@ -26,6 +26,7 @@ typedef struct mega_gen_model {
   int tokenizer;         /* mega_tokenizer of the job that trained it */
   int vocab;             /* the tokenizer's ids: 0..vocab-1 */
   int eod;               /* NullTokenizer's end-of-document id, else -1 */
+  char *vocab_file, *merge_file; /* GPT2BPETokenizer's files as the job named them, else NULL */
   char *path;            /* the checkpoint directory loaded */
   char *notice;          /* NULL, or why a newer checkpoint was passed over */
 } mega_gen_model;

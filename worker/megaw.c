@@ -7,7 +7,9 @@
  * With --json each iteration is one JSON object on one line of stdout;
  * without it a readable line every --log-interval iterations. Notes go to
  * stderr. SIGINT and SIGTERM stop training after the current
- * step (exit 130 and 143); completed checkpoints stay intact. */
+ * step (exit 130 and 143); completed checkpoints stay intact. With
+ * --exit-signal-handler SIGTERM saves a checkpoint (with --save) at the next
+ * iteration boundary and exits 0, as Megatron does. */
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -18,6 +20,7 @@
 #include <jansson.h>
 
 #include "core/jobspec.h"
+#include "core/logline.h"
 #include "core/schedule.h"
 #include "core/status.h"
 #include "worker/backend/backend.h"
@@ -37,6 +40,17 @@ static void install_signals(void) {
   sa.sa_flags = SA_RESETHAND; /* a second signal stops at once, as usual */
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+/* --exit-signal-handler: SIGTERM asks for a save and a stop at the next
+ * iteration boundary, however often it comes (a scheduler may send it to
+ * every process of a job, and megad may pass it on too). */
+static void keep_sigterm(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
 }
 
@@ -85,7 +99,36 @@ typedef struct run_state {
   const worker_opts *o;
   const mega_jobspec *job;
   mega_rank *rank;
+  mega_logline log; /* what the next readable line averages */
 } run_state;
+
+/* The readable output of one step: Megatron's line every --log-interval on
+ * the rank that knows the loss, its validation block after an evaluation;
+ * a rank without the loss prints its compute and bubble instead. */
+static void print_text(run_state *rs, const mega_rank_metrics *m, double tokens_per_s) {
+  const mega_jobspec *job = rs->job;
+  mega_logline_add(&rs->log, m->has_loss, m->loss, m->skipped, m->step_time_s, tokens_per_s);
+  if (mega_logline_due(job, m->iteration)) {
+    if (m->has_loss) {
+      char line[1024];
+      mega_logline_step st = {.iteration = m->iteration, .world = rs->o->world,
+                              .global_batch = m->global_batch, .lr = m->lr,
+                              .grad_norm = m->grad_norm, .has_grad_norm = m->has_grad_norm};
+      mega_logline_format(&rs->log, job, &st, line, sizeof line);
+      fputs(line, stdout);
+    } else {
+      rs->log = (mega_logline){0};
+      printf("iteration %6lld/%lld | rank %d | compute %.3f s | bubble %.3f s | %.3f s\n",
+             (long long)m->iteration, (long long)mega_jobspec_train_iters(job), m->rank,
+             m->compute_s, m->bubble_s, m->step_time_s);
+    }
+  }
+  if (m->has_eval_loss) {
+    char block[1024];
+    mega_logline_eval(m->iteration, m->eval_loss, block, sizeof block);
+    fputs(block, stdout);
+  }
+}
 
 static void print_step(void *arg, const mega_rank_metrics *m) {
   run_state *rs = arg;
@@ -121,20 +164,16 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
       free(line);
       json_decref(j);
     }
-  } else if (m->iteration % rs->job->log_interval == 0 || m->iteration == rs->job->train_iters) {
-    /* Readable lines follow --log-interval, and the last iteration always prints. */
-    if (m->has_loss)
-      printf("iteration %6lld/%d | loss %.6f | grad_norm %.4f | lr %.4e | %.3f s | %.0f tokens/s\n",
-             (long long)m->iteration, rs->job->train_iters, m->loss, m->grad_norm, m->lr,
-             m->step_time_s, tokens_per_s);
-    else
-      printf("iteration %6lld/%d | rank %d | compute %.3f s | bubble %.3f s | %.3f s\n",
-             (long long)m->iteration, rs->job->train_iters, m->rank, m->compute_s, m->bubble_s,
-             m->step_time_s);
+  } else {
+    print_text(rs, m, tokens_per_s);
   }
   fflush(stdout);
-  /* A signal stops training after the step that was running. */
-  if (stop_signal) mega_rank_abort(rs->rank, "stopped by a signal");
+  /* A signal stops training after the step that was running; SIGTERM with
+   * --exit-signal-handler after a save. */
+  if (stop_signal == SIGTERM && rs->job->exit_signal_handler)
+    mega_rank_request_exit(rs->rank, "SIGTERM (--exit-signal-handler)");
+  else if (stop_signal)
+    mega_rank_abort(rs->rank, "stopped by a signal");
 }
 
 static void print_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
@@ -170,19 +209,23 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
     fprintf(stderr, "megaw: %s %s at iteration %lld\n",
             job->finetune ? "loaded the weights of" : "resumed from",
             mega_rank_loaded_path(rs.rank), (long long)it);
-  if (it >= job->train_iters)
-    fprintf(stderr, "megaw: already at iteration %lld, --train-iters %d: nothing to train\n",
-            (long long)it, job->train_iters);
+  if (it >= mega_jobspec_train_iters(job))
+    fprintf(stderr, "megaw: already at iteration %lld of %lld: nothing to train\n",
+            (long long)it, (long long)mega_jobspec_train_iters(job));
   if (job->simulate_compute)
     fprintf(stderr, "megaw: BENCHMARK MODE (--simulate-compute %s): F, B and W sleep instead of "
                     "computing; P2P and collectives are real; no loss is computed\n",
             job->simulate_compute);
-  if (!o->json && o->rank == 0)
-    printf("megaw: rank %d of %d, %zu parameters here, %d layers, hidden %d, %d heads, seq %d, "
-           "global batch %d, micro batch %d%s\n", o->rank, o->world,
-           mega_rank_num_params(rs.rank), job->num_layers, job->hidden_size,
-           job->num_attention_heads, job->seq_length, job->global_batch_size,
-           job->micro_batch_size, job->bf16 ? ", bf16 GEMM inputs" : "");
+  if (!o->json && o->rank == 0) {
+    char groups[48] = "";
+    if (job->group_query_attention)
+      snprintf(groups, sizeof groups, " in %d query groups", mega_jobspec_query_groups(job));
+    printf("megaw: rank %d of %d, %zu parameters here, %s, %d layers, hidden %d, %d heads%s, "
+           "seq %d, global batch %d, micro batch %d%s\n", o->rank, o->world,
+           mega_rank_num_params(rs.rank), mega_jobspec_llama(job) ? "Llama" : "GPT-2",
+           job->num_layers, job->hidden_size, job->num_attention_heads, groups, job->seq_length,
+           job->global_batch_size, job->micro_batch_size, job->bf16 ? ", bf16 GEMM inputs" : "");
+  }
   if (mega_rank_run(rs.rank, &err) != MEGA_OK) {
     if (stop_signal && err.status == MEGA_ERR_CANCELLED) {
       fprintf(stderr, "megaw: stopped by signal %d after iteration %lld\n", (int)stop_signal,
@@ -191,8 +234,13 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
     } else {
       rc = fail(NULL, &err);
     }
-  } else if (stop_signal) {
-    rc = 128 + stop_signal;
+  } else if (mega_rank_stopped(rs.rank)) {
+    fprintf(stderr, "megaw: stopped after iteration %lld of %d: %s%s%s\n",
+            (long long)mega_rank_iteration(rs.rank), job->train_iters,
+            mega_rank_stopped(rs.rank), job->save ? "; resume with --load " : " (no --save: "
+            "nothing to resume from)", job->save ? job->save : "");
+  } else if (stop_signal && !(stop_signal == SIGTERM && job->exit_signal_handler)) {
+    rc = 128 + stop_signal; /* (a SIGTERM after the last iteration changed nothing) */
   }
 out:
   mega_rank_destroy(rs.rank);
@@ -269,8 +317,10 @@ int main(int argc, char **argv) {
     mega_status st = mega_jobspec_parse_flag(&job, argc, argv, &i, &err);
     if (st == MEGA_ERR_NOT_FOUND) st = parse_launch_flag(&o, argc, argv, &i, &err);
     if (st != MEGA_OK) {
-      if (st == MEGA_ERR_NOT_FOUND)
-        fprintf(stderr, "megaw: unknown flag '%s' (see megaw --help)\n", argv[i]);
+      if (st == MEGA_ERR_NOT_FOUND && !strncmp(argv[i], "--", 2))
+        fprintf(stderr, "megaw: %s (see megaw --help)\n", err.msg);
+      else if (st == MEGA_ERR_NOT_FOUND)
+        fprintf(stderr, "megaw: unexpected argument '%s' (see megaw --help)\n", argv[i]);
       else
         fprintf(stderr, "megaw: %s\n", err.msg);
       mega_jobspec_free(&job);
@@ -279,6 +329,14 @@ int main(int argc, char **argv) {
   }
   /* Flag errors exit 2, like a usage error; failures while training exit 1. */
   long long bytes = -1;
+  char note[2048];
+  if (mega_jobspec_fix_data_paths(&job, true, note, sizeof note, &err) != MEGA_OK ||
+      mega_jobspec_load_vocab(&job, &err) != MEGA_OK) {
+    mega_jobspec_free(&job);
+    fprintf(stderr, "megaw: %s\n", err.msg);
+    return 2;
+  }
+  if (note[0] && o.rank == 0) fprintf(stderr, "megaw: %s\n", note);
   if (check_launch(&o, &job, &err) != MEGA_OK || check_standalone(&job, &err) != MEGA_OK ||
       (mega_jobspec_data_file(&job, 0, NULL) && mega_data_probe(&job, &bytes, &err) != MEGA_OK) ||
       mega_jobspec_check_all(&job, o.world, bytes, &err) != MEGA_OK) {
@@ -287,6 +345,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   o.dp = mega_jobspec_dp(&job, o.world);
+  char what[512];
+  if (o.rank == 0 && mega_jobspec_eval_note(&job, what, sizeof what))
+    fprintf(stderr, "megaw: %s\n", what);
+  if (job.exit_signal_handler) keep_sigterm();
   int rc = run_standalone(&job, &o);
   mega_jobspec_free(&job);
   return rc;

@@ -35,6 +35,8 @@ typedef struct assigned {
   pthread_mutex_t mu;
   mega_rank *rank;     /* set between create and destroy */
   char *abort_reason;  /* an abort that came before the rank existed */
+  char *stop_reason;   /* a Stop frame that came before it */
+  bool graceful;       /* --exit-signal-handler: SIGTERM and Stop save, then stop */
   uint32_t rank_id;
   char phase[16];      /* the last phase told to megad */
 } assigned;
@@ -52,13 +54,27 @@ static void on_abort(void *arg, const char *reason) {
   pthread_mutex_unlock(&a->mu);
 }
 
+/* Runs on the link's reader thread: megad passes on a stop (it got SIGTERM). */
+static void on_stop(void *arg, const char *reason) {
+  assigned *a = arg;
+  pthread_mutex_lock(&a->mu);
+  if (a->rank) mega_rank_request_exit(a->rank, reason);
+  else if (!a->stop_reason) a->stop_reason = strdup(reason);
+  pthread_mutex_unlock(&a->mu);
+}
+
+/* Whether the signal that came asks for a save and a stop, not an abort. */
+static bool graceful_signal(const assigned *a) { return a->graceful && stop_signal == SIGTERM; }
+
 static void on_step(void *arg, const mega_rank_metrics *m) {
   assigned *a = arg;
   mega_err err = {0};
   if (mega_link_send_step(a->link, m, &err) != MEGA_OK)
     fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
-  /* a signal stops training after the step that was running */
-  if (stop_signal) mega_rank_abort(a->rank, "stopped by a signal");
+  /* a signal stops training after the step that was running; SIGTERM with
+   * --exit-signal-handler after a save */
+  if (graceful_signal(a)) mega_rank_request_exit(a->rank, "SIGTERM (--exit-signal-handler)");
+  else if (stop_signal) mega_rank_abort(a->rank, "stopped by a signal");
 }
 
 /* Only changes of phase go on the pipe; step reports show progress. */
@@ -88,7 +104,7 @@ static mega_status await_commit(void *arg, int64_t iteration, mega_err *err) {
     mega_status s = mega_link_await_commit(a->link, iteration, slice, err);
     left -= slice;
     if (s != MEGA_ERR_TIMEOUT || left <= 0) return s;
-    if (stop_signal)
+    if (stop_signal && !graceful_signal(a))
       return mega_fail(err, MEGA_ERR_CANCELLED, "stopped by a signal before the commit");
   }
 }
@@ -229,6 +245,7 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
   pthread_mutex_lock(&a->mu);
   a->rank = r;
   if (a->abort_reason) mega_rank_abort(r, a->abort_reason);
+  if (a->stop_reason) mega_rank_request_exit(r, a->stop_reason);
   pthread_mutex_unlock(&a->mu);
 
   mega_err e2 = {0};
@@ -249,6 +266,12 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
       rc = fail(a, &err, 1);
     }
     if (may_hold) hold(a, r, as);
+  } else if (mega_rank_stopped(r)) {
+    fprintf(stderr, "megaw: rank %u: stopped after iteration %lld: %s\n", a->rank_id,
+            (long long)mega_rank_iteration(r), mega_rank_stopped(r));
+    if (mega_link_send_stopped(a->link, mega_rank_iteration(r), mega_rank_stopped(r),
+                               mega_rank_stop_was_mine(r), &err) != MEGA_OK)
+      fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
   }
   pthread_mutex_lock(&a->mu);
   a->rank = NULL;
@@ -257,6 +280,22 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
   free(src);
   free(shards);
   return rc;
+}
+
+/* The link's reader, and with --exit-signal-handler a SIGTERM that stays
+ * caught however often it comes (the scheduler may signal every process of
+ * the job, and megad pass it on too). */
+static mega_status start_link(assigned *a, bool graceful, mega_err *err) {
+  a->graceful = graceful;
+  if (graceful) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    mega_link_on_stop(a->link, on_stop);
+  }
+  return mega_link_start(a->link, on_abort, a, err);
 }
 
 int megaw_run_assigned(const char *fd_env) {
@@ -295,9 +334,10 @@ int megaw_run_assigned(const char *fd_env) {
   mega_jobspec_defaults(&job);
   int rc;
   if (mega_jobspec_parse(&job, (int)as->n_args, as->args, &err) != MEGA_OK ||
+      mega_jobspec_load_vocab(&job, &err) != MEGA_OK ||
       check_job(&job, (int)as->world_size, &err) != MEGA_OK) {
     rc = fail(&a, &err, 2);
-  } else if (mega_link_start(a.link, on_abort, &a, &err) != MEGA_OK) {
+  } else if (start_link(&a, job.exit_signal_handler, &err) != MEGA_OK) {
     rc = fail(&a, &err, 1);
   } else {
     rc = run_rank(&a, &job, as);
@@ -305,6 +345,7 @@ int megaw_run_assigned(const char *fd_env) {
   mega_jobspec_free(&job);
   mega_link_close(a.link);
   free(a.abort_reason);
+  free(a.stop_reason);
   pthread_mutex_destroy(&a.mu);
   return rc;
 }

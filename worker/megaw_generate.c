@@ -151,6 +151,10 @@ int megaw_generate(int argc, char **argv) {
     goto done;
   }
   if (m.notice) fprintf(stderr, "megaw generate: %s\n", m.notice);
+  /* a model trained with --tokenizer-type GPT2BPETokenizer reads and writes
+   * text through the files it trained with, unless others are given */
+  if (!tok && m.tokenizer == MEGA_TOKENIZER_GPT2BPE && m.vocab_file && m.merge_file)
+    tok = "GPT2BPETokenizer", vocab = m.vocab_file, merges = m.merge_file;
   if (tok && (mega_bpe_load(vocab, merges, &bpe, &err) != MEGA_OK ||
               mega_gen_use_vocab(&m, mega_bpe_vocab_size(bpe), mega_bpe_eod(bpe), &err) != MEGA_OK ||
               mega_bpe_encode(bpe, prompt, plen, &pids, &err) != MEGA_OK)) {

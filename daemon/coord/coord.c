@@ -36,7 +36,7 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
   mega_jobs_next_id(&c->jobs->t, c->b->node_id, id, sizeof id);
   mega_job *j;
   if ((rc = mega_job_new(id, spec, c->b->node_id, megad_unix_ms(), &j, err)) != MEGA_OK) return rc;
-  j->train_iters = (uint64_t)j->spec.train_iters;
+  j->train_iters = (uint64_t)mega_jobspec_train_iters(&j->spec);
   j->tp = (uint32_t)j->spec.tensor_model_parallel_size;
   j->pp = (uint32_t)j->spec.pipeline_model_parallel_size;
   j->vp = (uint32_t)mega_jobspec_vp(&j->spec);
@@ -452,8 +452,9 @@ void megad_coord_cancel_forget(megad_coord *c, mega_job *j, void *arg) {
 }
 
 mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err) {
-  if (j->state != MEGA_JOB_FAILED)
-    return mega_fail(err, MEGA_ERR_INVALID, "job %s is %s; only a failed job can be resumed",
+  if (j->state != MEGA_JOB_FAILED && j->state != MEGA_JOB_STOPPED)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "job %s is %s; only a failed or stopped job can be resumed",
                      j->id, mega_job_state_name(j->state));
   if (!j->spec_ok)
     return mega_fail(err, MEGA_ERR_INVALID,
@@ -589,4 +590,6 @@ void megad_coord_start(megad_coord *c) {
 void megad_coord_free(megad_coord *c) {
   if (c->tick_on) uv_close((uv_handle_t *)&c->tick, NULL);
   c->tick_on = false;
+  free(c->saving_reason);
+  c->saving_reason = NULL;
 }

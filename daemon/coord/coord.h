@@ -91,6 +91,7 @@ typedef struct megad_coord {
   unsigned ticks; /* retention runs every RETAIN_TICKS ticks */
   /* etcd mode (coord_etcd.c): claims of orphaned jobs in flight */
   char claims[8][160];
+  char *saving_reason; /* megad_coord_stop_saving's first reason (this megad's SIGTERM) */
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
@@ -148,6 +149,13 @@ void megad_coord_node_up(megad_coord *c, const megad_node *n);
 /* Shutdown: running attempts end and their jobs wait as RESTARTING, so a
  * megad started again on this state dir resumes them. */
 void megad_coord_stop_all(megad_coord *c, const char *reason);
+/* A shutdown that saves first (megad got SIGTERM): every job this node
+ * coordinates that has --exit-signal-handler is asked, on each of its nodes,
+ * to save at the next iteration boundary and stop (it then ends STOPPED).
+ * Returns how many jobs were asked. */
+size_t megad_coord_stop_saving(megad_coord *c, const char *reason);
+/* Whether such a job still has an attempt running. */
+bool megad_coord_saving(const megad_coord *c);
 /* Attempts still ending (waiting for their workers). */
 size_t megad_coord_stopping(const megad_coord *c);
 /* Slots of node taken by attempts this node coordinates. */

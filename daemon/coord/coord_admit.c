@@ -78,6 +78,21 @@ static double node_memory_bytes(void) {
   return sysinfo(&si) == 0 ? (double)si.totalram * si.mem_unit : 0;
 }
 
+/* The model's parameters: GPT-2's (12h^2 + 13h per layer, wpe, the tied
+ * head) or a Llama's (its query and key/value widths, SwiGLU's three
+ * projections, RMSNorm, no wpe, an untied head), biases or none. */
+static double model_params(const mega_jobspec *s, double V, double pos) {
+  double h = s->hidden_size, kv = mega_jobspec_kv_channels(s);
+  double q = s->num_attention_heads * kv, g = mega_jobspec_query_groups(s) * kv;
+  double f = mega_jobspec_ffn_hidden_size(s), mlp = s->swiglu ? 3 : 2;
+  bool rms = s->normalization == MEGA_NORM_RMSNORM;
+  double layer = h * (q + 2 * g) + q * h + mlp * h * f + (rms ? 2 : 4) * h;
+  if (!s->disable_bias_linear) layer += q + 2 * g + h + (mlp - 1) * f + h;
+  double emb = V * h * (s->untie_embeddings_and_output_weights ? 2 : 1);
+  if (s->position_embedding_type != MEGA_POS_ROPE) emb += pos * h;
+  return emb + s->num_layers * layer + (rms ? 1 : 2) * h;
+}
+
 /* A job whose model cannot fit in a node's memory is refused now rather
  * than OOM-killed later. An upper estimate per rank (fp32, as the workers
  * train): the stage's share of the parameters at 16 bytes each (weights,
@@ -90,12 +105,20 @@ static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t npro
   const mega_jobspec *s = &j->spec;
   double mem = c->o.node_memory_bytes > 0 ? c->o.node_memory_bytes : node_memory_bytes();
   if (mem <= 0) return MEGA_OK;
+  /* GPT-2's vocabulary is its vocab file's size: read it (a shallow copy
+   * takes the count; it owns nothing) */
+  mega_jobspec counted = *s;
+  mega_err verr = {0};
+  if (mega_jobspec_tokenizer(s) == MEGA_TOKENIZER_GPT2BPE &&
+      mega_jobspec_load_vocab(&counted, &verr) != MEGA_OK)
+    return mega_fail(err, MEGA_ERR_INVALID, "invalid job: %s on node %s", verr.msg,
+                     c->b->node_id);
   double h = s->hidden_size, L = s->num_layers, seq = s->seq_length, b = s->micro_batch_size,
-         a = s->num_attention_heads, V = mega_jobspec_padded_vocab(s),
+         a = s->num_attention_heads, V = mega_jobspec_padded_vocab(&counted),
          pos = mega_jobspec_max_position_embeddings(s);
   double tp = j->tp ? j->tp : 1, pp = j->pp ? j->pp : 1, world = (double)nproc * nodes;
   double dp = world / (tp * pp) >= 1 ? world / (tp * pp) : 1;
-  double params = V * h + pos * h + L * (12 * h * h + 13 * h) + 2 * h;
+  double params = model_params(s, V, pos);
   double per_rank_params = params / (tp * pp);
   double state = per_rank_params * (8 + (s->use_distributed_optimizer ? 8 / dp : 8));
   double in_flight = pp; /* 1F1B holds at most PP microbatches' activations */
@@ -125,6 +148,11 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
   if (rc != MEGA_OK) return rc;
   struct stat st;
   const char *flag, *bad, *why;
+  /* PREFIX.bin or PREFIX.idx for PREFIX: refused with the prefix to give
+   * (megactl and megad run give the prefix when they see the files);
+   * without rewrite the spec is only read */
+  if ((rc = mega_jobspec_fix_data_paths((mega_jobspec *)s, false, NULL, 0, err)) != MEGA_OK)
+    return rc;
   if (!megad_data_visible(s, &flag, &bad, &why))
     return mega_fail(err, MEGA_ERR_INVALID,
                      "invalid job: %s %s: %s on node %s (the coordinator; every node of the job "

@@ -72,6 +72,10 @@ typedef struct coord_run {
   uint32_t nrecovered;
   uint64_t recovered_bytes;
   double recovered_s; /* the slowest rank's fetch */
+  /* ranks that stopped early as asked (WorkerStopped): the first one's why */
+  char *stopped;
+  bool stopped_mine; /* said by a rank that was asked itself */
+  uint64_t stopped_iteration;
 } coord_run;
 
 /* coord.c: ends j, the jobs layer's megad_job_finalize plus what the

@@ -38,6 +38,7 @@ static void run_free(coord_run *run) {
   for (int i = 0; i < PENDING_SAVES; i++) free(run->saves[i].saved);
   free(run->cause);
   free(run->cancels);
+  free(run->stopped);
   run->timers_open = 2;
   uv_close((uv_handle_t *)&run->cause_timer, timer_closed);
   uv_close((uv_handle_t *)&run->stop_timer, timer_closed);
@@ -124,7 +125,8 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
   /* after a failure or for a re-plan, whole states are kept for the next
    * attempt; a job that ends or a megad that stops keeps none */
   bool hold = kind != MEGA_END_DONE && kind != MEGA_END_CANCELLED && kind != MEGA_END_FATAL &&
-              kind != MEGA_END_COORDINATOR && !run->job->spec.no_replica_recovery;
+              kind != MEGA_END_COORDINATOR && kind != MEGA_END_STOPPED &&
+              !run->job->spec.no_replica_recovery;
   coord_abort_nodes(run, reason, hold);
   if (run->nexited == run->world) {
     finish(run);
@@ -233,13 +235,42 @@ static void plan_replicas(coord_run *run) {
   free(d);
 }
 
+/* Why the job stopped early, and where it goes on from: this megad's own
+ * SIGTERM when it had one (the whole story), else the ranks' reason. */
+static void stopped_why(const coord_run *run, char *buf, size_t len) {
+  const mega_job *j = run->job;
+  bool by_flag = !strncmp(run->stopped, "--exit-interval", 15) ||
+                 !strncmp(run->stopped, "--exit-duration", 15);
+  const char *why = run->c->saving_reason && !by_flag ? run->c->saving_reason : run->stopped;
+  if (j->spec.save && j->ckpt_iteration == run->stopped_iteration)
+    snprintf(buf, len, "stopped after iteration %llu: %s; the checkpoint of iteration %llu is "
+             "committed: megactl resume %s, or a new job with --load %s, goes on from it",
+             (unsigned long long)run->stopped_iteration, why,
+             (unsigned long long)j->ckpt_iteration, j->id, j->spec.save);
+  else if (j->spec.save && j->ckpt_iteration)
+    snprintf(buf, len, "stopped after iteration %llu: %s; its checkpoint was not committed: "
+             "resuming goes on from iteration %llu", (unsigned long long)run->stopped_iteration,
+             why, (unsigned long long)j->ckpt_iteration);
+  else
+    snprintf(buf, len, "stopped after iteration %llu: %s; %s",
+             (unsigned long long)run->stopped_iteration, why,
+             j->spec.save ? "no checkpoint was committed"
+                          : "the job saves no checkpoints (no --save): nothing to resume from");
+}
+
 static void finish(coord_run *run) {
   megad_coord *c = run->c;
   mega_job *j = run->job;
   mega_end_kind kind = run->stopping ? run->end_kind : run->cause ? run->cause_kind : MEGA_END_DONE;
+  char why[1024];
+  if (kind == MEGA_END_DONE && run->stopped) { /* every rank exited 0, stopped as asked */
+    kind = MEGA_END_STOPPED;
+    stopped_why(run, why, sizeof why);
+    set_cause(run, CAUSE_PRIMARY, kind, why);
+  }
   /* the donors an attempt fetched from are done with; its own may hold */
   if (j->coord.ndonors) coord_release_donors(c, j, "the attempt that fetched from them ended");
-  if (kind != MEGA_END_DONE) plan_replicas(run);
+  if (kind != MEGA_END_DONE && kind != MEGA_END_STOPPED) plan_replicas(run);
   /* iterations the survivors completed but a lost rank never reported: the
    * next attempt starts after them, so they are merged from what came */
   mega_step_done *d = NULL;
@@ -307,6 +338,46 @@ void coord_abort_attempt(megad_coord *c, const mega_job *j, const char *node_id,
   req.stale = stale;
   req.hold = hold;
   megad_call(c->b, n->address, &mega_peer_abort_job, &req.base, 5000, ignore_reply, NULL, NULL);
+}
+
+/* Asks node_id to have j's ranks save and stop (--exit-signal-handler). */
+static void stop_saving_on(megad_coord *c, const mega_job *j, const char *node_id,
+                           const char *reason) {
+  megad_node *n = megad_members_find(c->members, node_id);
+  if (!n || n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
+      n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
+    return;
+  if (n->self) {
+    megad_launch_stop_graceful(c->L, j->id, reason);
+    return;
+  }
+  Mega__V1__AbortJobRequest req = MEGA__V1__ABORT_JOB_REQUEST__INIT;
+  req.job_id = j->id;
+  req.attempt = j->attempt;
+  req.reason = (char *)reason;
+  req.save = true;
+  megad_call(c->b, n->address, &mega_peer_abort_job, &req.base, 5000, ignore_reply, NULL, NULL);
+}
+
+size_t megad_coord_stop_saving(megad_coord *c, const char *reason) {
+  size_t n = 0;
+  if (!c->saving_reason) c->saving_reason = megad_strdup(reason);
+  for (coord_run *run = c->runs; run; run = run->next) {
+    const mega_job *j = run->job;
+    if (run->stopping || !j->spec.exit_signal_handler) continue;
+    for (size_t i = 0; i < j->nplaced; i++) stop_saving_on(c, j, j->placement[i].node_id, reason);
+    megad_job_event(c->jobs, run->job, EV(INFO), NULL, -1,
+                    "asking every rank to save a checkpoint and stop (--exit-signal-handler): %s",
+                    reason);
+    n++;
+  }
+  return n;
+}
+
+bool megad_coord_saving(const megad_coord *c) {
+  for (const coord_run *run = c->runs; run; run = run->next)
+    if (run->job->spec.exit_signal_handler) return true;
+  return false;
 }
 
 void coord_abort_nodes(coord_run *run, const char *reason, bool hold) {
@@ -541,6 +612,20 @@ void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, con
   case MEGA__V1__RANK_EVENT__KIND_RECOVERED:
     on_recovered(run, ev->recovered);
     break;
+  case MEGA__V1__RANK_EVENT__KIND_STOPPED: {
+    /* every rank says it; the first that was asked itself says why */
+    bool first = !run->stopped;
+    if (!first && (run->stopped_mine || !ev->stopped->asked)) break;
+    free(run->stopped);
+    run->stopped = megad_strdup(ev->stopped->reason);
+    run->stopped_mine = ev->stopped->asked;
+    run->stopped_iteration = ev->stopped->iteration;
+    if (first)
+      megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r,
+                      "the ranks agreed to stop after iteration %llu",
+                      (unsigned long long)ev->stopped->iteration);
+    break;
+  }
   case MEGA__V1__RANK_EVENT__KIND_CHECKPOINT:
     if (run->stopping) break;
     if (ev->checkpoint->committed) committed(run, node_id, r, ev->checkpoint);

@@ -18,17 +18,25 @@ bool megad_etcd_ok(const megad_etcd *e, const char **why) {
 /* ---- endpoints ---- */
 
 /* "http://127.0.0.1:2379/" -> "127.0.0.1:2379"; NULL (and err) if it is not
- * a plaintext host:port. */
-static char *parse_endpoint(const char *s, size_t n, mega_err *err) {
+ * a host:port, or its scheme disagrees with whether TLS is on. */
+static char *parse_endpoint(const char *s, size_t n, bool tls, mega_err *err) {
   while (n && isspace((unsigned char)*s)) s++, n--;
   while (n && isspace((unsigned char)s[n - 1])) n--;
-  if (n >= 8 && !strncmp(s, "https://", 8)) {
-    mega_fail(err, MEGA_ERR_UNSUPPORTED,
-              "etcd endpoint '%.*s': TLS to etcd is not supported yet; use http:// endpoints "
-              "on a trusted network", (int)n, s);
+  bool https = n >= 8 && !strncmp(s, "https://", 8), http = n >= 7 && !strncmp(s, "http://", 7);
+  if (https && !tls) {
+    mega_fail(err, MEGA_ERR_INVALID,
+              "etcd endpoint '%.*s' is https: give --etcd-cacert FILE, the CA that signed "
+              "etcd's certificates", (int)n, s);
     return NULL;
   }
-  if (n >= 7 && !strncmp(s, "http://", 7)) s += 7, n -= 7;
+  if (http && tls) {
+    mega_fail(err, MEGA_ERR_INVALID,
+              "etcd endpoint '%.*s' is http, but --etcd-cacert turns TLS on: write https://",
+              (int)n, s);
+    return NULL;
+  }
+  if (https) s += 8, n -= 8;
+  if (http) s += 7, n -= 7;
   if (n && s[n - 1] == '/') n--;
   const char *colon = memrchr(s, ':', n);
   bool port_ok = colon && colon > s && colon + 1 < s + n;
@@ -43,40 +51,73 @@ static char *parse_endpoint(const char *s, size_t n, mega_err *err) {
   return strndup(s, n);
 }
 
-mega_status megad_etcd_new(megad_base *b, const char *endpoints, unsigned timeout_ms,
-                           megad_etcd **out, mega_err *err) {
+/* A prefix two clusters can tell apart: printable, no spaces, ending in '/'. */
+static mega_status check_prefix(const char *p, mega_err *err) {
+  size_t n = strlen(p);
+  bool ok = n > 0 && n <= 200 && p[n - 1] == '/' && p[0] != '/';
+  for (size_t i = 0; ok && i < n; i++) ok = p[i] > ' ' && p[i] <= '~';
+  if (!ok)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--etcd-prefix '%s': give printable characters without spaces that end "
+                     "with '/' and do not begin with it (e.g. mega/ or teams/a/), at most 200",
+                     p);
+  return MEGA_OK;
+}
+
+static char *dup_or_null(const char *s, bool *oom) {
+  if (!s) return NULL;
+  char *d = strdup(s);
+  if (!d) *oom = true;
+  return d;
+}
+
+mega_status megad_etcd_open(megad_base *b, const megad_etcd_opts *o, megad_etcd **out,
+                            mega_err *err) {
   *out = NULL;
+  const char *endpoints = o->endpoints;
   if (!endpoints || !endpoints[0])
     return mega_fail(err, MEGA_ERR_INVALID,
                      "no etcd endpoint given (expected e.g. http://127.0.0.1:2379)");
+  const char *prefix = o->prefix ? o->prefix : MEGAD_ETCD_ROOT;
+  mega_status st = check_prefix(prefix, err);
+  if (st != MEGA_OK) return st;
+  if (!o->cert != !o->key)
+    return mega_fail(err, MEGA_ERR_INVALID, "--etcd-cert and --etcd-key go together");
+  if (o->cert && !o->cacert)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--etcd-cert needs --etcd-cacert too: a client certificate goes over TLS");
+  if (!o->user != !o->password)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--etcd-user and --etcd-password-file go together");
   megad_etcd *e = calloc(1, sizeof *e);
   if (!e) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   e->b = b;
-  e->timeout_ms = timeout_ms ? timeout_ms : 2000;
+  e->timeout_ms = o->timeout_ms ? o->timeout_ms : 2000;
   e->ok = true;
+  bool oom = false;
+  e->prefix = dup_or_null(prefix, &oom);
+  e->prefix_len = strlen(prefix);
+  e->tls.tls_ca = dup_or_null(o->cacert, &oom);
+  e->tls.tls_cert = dup_or_null(o->cert, &oom);
+  e->tls.tls_key = dup_or_null(o->key, &oom);
+  e->user = dup_or_null(o->user, &oom);
+  e->password = dup_or_null(o->password, &oom);
   size_t cap = 1;
   for (const char *p = endpoints; *p; p++) cap += *p == ',';
   e->eps = calloc(cap, sizeof *e->eps);
   e->chans = calloc(cap, sizeof *e->chans);
   e->eps_text = calloc(1, strlen(endpoints) + 1);
-  mega_status st = e->eps && e->chans && e->eps_text ? MEGA_OK
-                                                     : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  st = e->eps && e->chans && e->eps_text && !oom ? MEGA_OK
+                                                 : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   for (const char *p = endpoints; st == MEGA_OK && *p;) {
     const char *c = strchr(p, ',');
     size_t n = c ? (size_t)(c - p) : strlen(p);
-    char *ep = parse_endpoint(p, n, err);
+    char *ep = parse_endpoint(p, n, e->tls.tls_ca != NULL, err);
     if (!ep) {
       st = err && err->status != MEGA_OK ? err->status : MEGA_ERR_INVALID;
       break;
     }
     e->eps[e->nep] = ep;
-    /* hasleader: a member cut off from the quorum refuses calls at once, and
-     * ends our watches after 3 election timeouts, instead of serving stale
-     * reads or a watch that never fires; both then move to the next endpoint */
-    mega_rpc_channel_opts o = {.peer_name = "etcd", .max_backoff_ms = 1000,
-                               .header_key = "hasleader", .header_value = "true"};
-    st = mega_rpc_channel_new(ep, &o, &e->chans[e->nep], err);
-    if (st != MEGA_OK) break;
     if (e->nep) strcat(e->eps_text, ",");
     strcat(e->eps_text, ep);
     e->nep++;
@@ -85,6 +126,8 @@ mega_status megad_etcd_new(megad_base *b, const char *endpoints, unsigned timeou
   if (st == MEGA_OK && e->nep == 0)
     st = mega_fail(err, MEGA_ERR_INVALID,
                    "no etcd endpoint given (expected e.g. http://127.0.0.1:2379)");
+  if (st == MEGA_OK) st = etcd_channels_build(e, err);
+  if (st == MEGA_OK && e->user) st = etcd_auth_sync(e, err);
   if (st != MEGA_OK) {
     megad_etcd_free(e);
     return st;
@@ -93,11 +136,23 @@ mega_status megad_etcd_new(megad_base *b, const char *endpoints, unsigned timeou
   return MEGA_OK;
 }
 
+mega_status megad_etcd_new(megad_base *b, const char *endpoints, unsigned timeout_ms,
+                           megad_etcd **out, mega_err *err) {
+  megad_etcd_opts o = {.endpoints = endpoints, .timeout_ms = timeout_ms};
+  return megad_etcd_open(b, &o, out, err);
+}
+
+static void free_secret(char *s) {
+  if (s) memset(s, 0, strlen(s));
+  free(s);
+}
+
 void megad_etcd_free(megad_etcd *e) {
   if (!e) return;
   if (e->session) etcd_session_free(e->session);
   while (e->watches) etcd_watch_free(e->watches);
   etcd_calls_cancel_all(e);
+  etcd_auth_free(e);
   for (size_t i = 0; i < e->nep; i++) {
     mega_rpc_channel_free(e->chans[i]); /* calls in flight keep theirs */
     free(e->eps[i]);
@@ -105,6 +160,13 @@ void megad_etcd_free(megad_etcd *e) {
   free(e->chans);
   free(e->eps);
   free(e->eps_text);
+  free(e->prefix);
+  free((char *)e->tls.tls_ca);
+  free((char *)e->tls.tls_cert);
+  free_secret((char *)e->tls.tls_key);
+  free(e->user);
+  free_secret(e->password);
+  free_secret(e->token);
   free(e);
 }
 
@@ -122,22 +184,22 @@ typedef struct reply_buf {
 
 static int64_t header_rev(const Etcdserverpb__ResponseHeader *h) { return h ? h->revision : 0; }
 
-static mega_status reply_kvs(reply_buf *rb, Mvccpb__KeyValue **kvs, size_t n, mega_err *err) {
+static mega_status reply_kvs(const megad_etcd *e, reply_buf *rb, Mvccpb__KeyValue **kvs, size_t n,
+                             mega_err *err) {
   size_t keybytes = 0;
-  for (size_t i = 0; i < n; i++) keybytes += kvs[i]->key.len + 1;
+  for (size_t i = 0; i < n; i++) keybytes += kvs[i]->key.len + ETCD_ROOT_LEN + 1;
   rb->kvs = calloc(n ? n : 1, sizeof *rb->kvs);
   rb->keys = malloc(keybytes ? keybytes : 1);
   if (!rb->kvs || !rb->keys) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   char *k = rb->keys;
   for (size_t i = 0; i < n; i++) {
     const Mvccpb__KeyValue *kv = kvs[i];
-    if (kv->key.len) memcpy(k, kv->key.data, kv->key.len);
-    k[kv->key.len] = 0;
+    size_t len = etcd_key_unmap(e, kv->key.data, kv->key.len, k);
     rb->kvs[i] = (megad_etcd_kv){.key = k, .value = kv->value.data, .value_len = kv->value.len,
                                  .create_revision = kv->create_revision,
                                  .mod_revision = kv->mod_revision, .version = kv->version,
                                  .lease = kv->lease};
-    k += kv->key.len + 1;
+    k += len + 1;
   }
   rb->r.kvs = rb->kvs;
   rb->r.nkvs = n;
@@ -152,14 +214,15 @@ static void reply_buf_clear(reply_buf *rb) {
 }
 
 /* Fills rb from msg (taken: rb->msg). */
-static mega_status reply_from(reply_buf *rb, ProtobufCMessage *msg, mega_err *err) {
+static mega_status reply_from(const megad_etcd *e, reply_buf *rb, ProtobufCMessage *msg,
+                              mega_err *err) {
   memset(rb, 0, sizeof *rb);
   rb->msg = msg;
   const ProtobufCMessageDescriptor *d = msg->descriptor;
   if (d == &etcdserverpb__range_response__descriptor) {
     Etcdserverpb__RangeResponse *r = (Etcdserverpb__RangeResponse *)msg;
     rb->r.revision = header_rev(r->header);
-    return reply_kvs(rb, r->kvs, r->n_kvs, err);
+    return reply_kvs(e, rb, r->kvs, r->n_kvs, err);
   }
   if (d == &etcdserverpb__put_response__descriptor) {
     rb->r.revision = header_rev(((Etcdserverpb__PutResponse *)msg)->header);
@@ -172,7 +235,7 @@ static mega_status reply_from(reply_buf *rb, ProtobufCMessage *msg, mega_err *er
     for (size_t i = 0; i < t->n_responses; i++)
       if (t->responses[i]->response_case == ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE) {
         Etcdserverpb__RangeResponse *r = t->responses[i]->response_range;
-        return reply_kvs(rb, r->kvs, r->n_kvs, err);
+        return reply_kvs(e, rb, r->kvs, r->n_kvs, err);
       }
   } else if (d == &etcdserverpb__lease_grant_response__descriptor) {
     Etcdserverpb__LeaseGrantResponse *g = (Etcdserverpb__LeaseGrantResponse *)msg;
@@ -188,6 +251,7 @@ static mega_status reply_from(reply_buf *rb, ProtobufCMessage *msg, mega_err *er
 /* ---- KV ---- */
 
 typedef struct op_ctx {
+  megad_etcd *e;
   megad_etcd_cb cb;
   void *arg;
 } op_ctx;
@@ -201,7 +265,7 @@ static void on_op_done(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   }
   reply_buf rb;
   mega_err e2 = {0};
-  if (reply_from(&rb, resp, &e2) != MEGA_OK) o.cb(o.arg, NULL, &e2);
+  if (reply_from(o.e, &rb, resp, &e2) != MEGA_OK) o.cb(o.arg, NULL, &e2);
   else o.cb(o.arg, &rb.r, &e2);
   reply_buf_clear(&rb);
 }
@@ -211,7 +275,7 @@ static mega_status op_start(megad_etcd *e, const mega_rpc_method *m, const Proto
   if (!cb) return mega_fail(err, MEGA_ERR_INVALID, "etcd %s without a callback", m->path);
   op_ctx *o = malloc(sizeof *o);
   if (!o) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-  *o = (op_ctx){cb, arg};
+  *o = (op_ctx){e, cb, arg};
   mega_status st = etcd_call_start(e, m, req, 0, on_op_done, o, NULL, err);
   if (st != MEGA_OK) free(o);
   return st;
@@ -249,10 +313,18 @@ static void delete_req(Etcdserverpb__DeleteRangeRequest *r, const char *key, boo
   r->range_end = range_end(key, prefix, end);
 }
 
+/* key under the client's root (etcd_key_map), in a buffer of the caller's
+ * scope named mk */
+#define MAP_KEY(mk, e, key)                      \
+  char mk[etcd_key_mapped_len((e), (key)) + 1]; \
+  etcd_key_map((e), (key), mk)
+
 mega_status megad_etcd_get(megad_etcd *e, const char *key, bool prefix, megad_etcd_cb cb,
                            void *arg, mega_err *err) {
   mega_status ks = check_key(key, err);
   if (ks != MEGA_OK) return ks;
+  MAP_KEY(mk, e, key);
+  key = mk;
   char end[strlen(key) + 1];
   Etcdserverpb__RangeRequest r;
   range_req(&r, key, prefix, end);
@@ -263,6 +335,8 @@ mega_status megad_etcd_put(megad_etcd *e, const char *key, const void *value, si
                            int64_t lease, megad_etcd_cb cb, void *arg, mega_err *err) {
   mega_status ks = check_key(key, err);
   if (ks != MEGA_OK) return ks;
+  MAP_KEY(mk, e, key);
+  key = mk;
   Etcdserverpb__PutRequest r = ETCDSERVERPB__PUT_REQUEST__INIT;
   r.key = key_bin(key);
   r.value = bin(value, len);
@@ -274,6 +348,8 @@ mega_status megad_etcd_delete(megad_etcd *e, const char *key, bool prefix, megad
                               void *arg, mega_err *err) {
   mega_status ks = check_key(key, err);
   if (ks != MEGA_OK) return ks;
+  MAP_KEY(mk, e, key);
+  key = mk;
   char end[strlen(key) + 1];
   Etcdserverpb__DeleteRangeRequest r;
   delete_req(&r, key, prefix, end);
@@ -290,11 +366,15 @@ typedef struct txn_parts {
   Etcdserverpb__PutRequest *puts;
   Etcdserverpb__DeleteRangeRequest *dels;
   char **ends;
+  char **keys; /* [ncmp + nops]: the keys under the client's root */
+  size_t nkeys;
 } txn_parts;
 
 static void txn_parts_free(txn_parts *t, size_t nops) {
   for (size_t i = 0; t->ends && i < nops; i++) free(t->ends[i]);
   free(t->ends);
+  for (size_t i = 0; t->keys && i < t->nkeys; i++) free(t->keys[i]);
+  free(t->keys);
   free(t->cmp);
   free(t->cmpp);
   free(t->ops);
@@ -317,14 +397,27 @@ static const int cmp_results[] = {
     [MEGAD_ETCD_GREATER] = ETCDSERVERPB__COMPARE__COMPARE_RESULT__GREATER,
 };
 
-static mega_status txn_cmp(Etcdserverpb__Compare *c, const megad_etcd_cmp *m, mega_err *err) {
+/* key under the client's root, kept in t until the request is sent */
+static const char *txn_key(const megad_etcd *e, txn_parts *t, size_t i, const char *key) {
+  char *k = malloc(etcd_key_mapped_len(e, key) + 1);
+  if (!k) return NULL;
+  etcd_key_map(e, key, k);
+  t->keys[i] = k;
+  return k;
+}
+
+static mega_status txn_cmp(const megad_etcd *e, txn_parts *t, size_t i, const megad_etcd_cmp *m,
+                           mega_err *err) {
+  Etcdserverpb__Compare *c = &t->cmp[i];
   etcdserverpb__compare__init(c);
   mega_status ks = check_key(m->key, err);
   if (ks != MEGA_OK) return ks;
+  const char *key = txn_key(e, t, i, m->key);
+  if (!key) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   if ((unsigned)m->target > MEGAD_ETCD_VALUE || (unsigned)m->result > MEGAD_ETCD_GREATER)
     return mega_fail(err, MEGA_ERR_INVALID, "etcd txn: a compare on %s has no valid target or "
                      "result", m->key);
-  c->key = key_bin(m->key);
+  c->key = key_bin(key);
   c->target = cmp_targets[m->target];
   c->result = cmp_results[m->result];
   switch (m->target) {
@@ -348,31 +441,34 @@ static mega_status txn_cmp(Etcdserverpb__Compare *c, const megad_etcd_cmp *m, me
   return MEGA_OK;
 }
 
-static mega_status txn_op(txn_parts *t, size_t i, const megad_etcd_op *o, mega_err *err) {
+static mega_status txn_op(const megad_etcd *e, txn_parts *t, size_t i, size_t ki,
+                          const megad_etcd_op *o, mega_err *err) {
   Etcdserverpb__RequestOp *r = &t->ops[i];
   etcdserverpb__request_op__init(r);
   t->opp[i] = r;
   mega_status ks = check_key(o->key, err);
   if (ks != MEGA_OK) return ks;
+  const char *key = txn_key(e, t, ki, o->key);
+  if (!key) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   if ((o->kind == MEGAD_ETCD_GET || o->kind == MEGAD_ETCD_DELETE) &&
-      !(t->ends[i] = malloc(strlen(o->key) + 1)))
+      !(t->ends[i] = malloc(strlen(key) + 1)))
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   switch (o->kind) {
   case MEGAD_ETCD_PUT:
     etcdserverpb__put_request__init(&t->puts[i]);
-    t->puts[i].key = key_bin(o->key);
+    t->puts[i].key = key_bin(key);
     t->puts[i].value = bin(o->value, o->value_len);
     t->puts[i].lease = o->lease;
     r->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
     r->request_put = &t->puts[i];
     return MEGA_OK;
   case MEGAD_ETCD_GET:
-    range_req(&t->ranges[i], o->key, o->prefix, t->ends[i]);
+    range_req(&t->ranges[i], key, o->prefix, t->ends[i]);
     r->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
     r->request_range = &t->ranges[i];
     return MEGA_OK;
   case MEGAD_ETCD_DELETE:
-    delete_req(&t->dels[i], o->key, o->prefix, t->ends[i]);
+    delete_req(&t->dels[i], key, o->prefix, t->ends[i]);
     r->request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE;
     r->request_delete_range = &t->dels[i];
     return MEGA_OK;
@@ -395,15 +491,18 @@ mega_status megad_etcd_txn(megad_etcd *e, const megad_etcd_cmp *cmp, size_t ncmp
   t.puts = calloc(o1, sizeof *t.puts);
   t.dels = calloc(o1, sizeof *t.dels);
   t.ends = calloc(o1, sizeof *t.ends);
+  t.nkeys = ncmp + nops;
+  t.keys = calloc(t.nkeys ? t.nkeys : 1, sizeof *t.keys);
   mega_status st = MEGA_OK;
-  if (!t.cmp || !t.cmpp || !t.ops || !t.opp || !t.ranges || !t.puts || !t.dels || !t.ends)
+  if (!t.cmp || !t.cmpp || !t.ops || !t.opp || !t.ranges || !t.puts || !t.dels || !t.ends ||
+      !t.keys)
     st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   for (size_t i = 0; st == MEGA_OK && i < ncmp; i++) {
-    st = txn_cmp(&t.cmp[i], &cmp[i], err);
+    st = txn_cmp(e, &t, i, &cmp[i], err);
     t.cmpp[i] = &t.cmp[i];
   }
   for (size_t i = 0; st == MEGA_OK && i < nops; i++)
-    st = txn_op(&t, i, i < nthen ? &then[i] : &otherwise[i - nthen], err);
+    st = txn_op(e, &t, i, ncmp + i, i < nthen ? &then[i] : &otherwise[i - nthen], err);
   if (st == MEGA_OK) {
     Etcdserverpb__TxnRequest r = ETCDSERVERPB__TXN_REQUEST__INIT;
     r.n_compare = ncmp;
@@ -425,6 +524,8 @@ mega_status megad_etcd_get_sync(megad_etcd *e, const char *key, bool prefix,
   *out = NULL;
   mega_status ks = check_key(key, err);
   if (ks != MEGA_OK) return ks;
+  MAP_KEY(mk, e, key);
+  key = mk;
   char end[strlen(key) + 1];
   Etcdserverpb__RangeRequest r;
   range_req(&r, key, prefix, end);
@@ -441,7 +542,7 @@ mega_status megad_etcd_get_sync(megad_etcd *e, const char *key, bool prefix,
         protobuf_c_message_free_unpacked(resp, NULL);
         return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
       }
-      mega_status st = reply_from(rb, resp, err);
+      mega_status st = reply_from(e, rb, resp, err);
       if (st != MEGA_OK) {
         reply_buf_clear(rb);
         free(rb);
@@ -454,6 +555,7 @@ mega_status megad_etcd_get_sync(megad_etcd *e, const char *key, bool prefix,
     etcd_endpoint_failed(e, ep);
   }
   etcd_note(e, &e2);
+  etcd_explain(e, &e2);
   if (err) *err = e2;
   return e2.status;
 }

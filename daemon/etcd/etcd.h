@@ -13,8 +13,15 @@
  * and a watch stream that stays open (etcd keeps a watch after the client's
  * half-close).
  *
- * Endpoints: "http://127.0.0.1:2379,127.0.0.1:22379" (scheme optional; only
- * plaintext for now). One channel per endpoint; calls go to the current
+ * Endpoints: "http://127.0.0.1:2379,127.0.0.1:22379" (scheme optional), or
+ * https:// with a CA (opts.cacert): TLS, and with a client certificate
+ * (opts.cert, opts.key) mutual TLS, which etcd --client-cert-auth asks for
+ * (with etcd's authentication on, the certificate's CN is the user). A user
+ * and password instead authenticate through etcd's Auth.Authenticate: the
+ * token goes with every call, and a token etcd no longer knows (a member
+ * restarted, or a call failed over to a member that never issued it: etcd's
+ * simple tokens are each member's own) is refreshed by authenticating
+ * again, and the refused call sent once more. One channel per endpoint; calls go to the current
  * endpoint, and a call that fails UNAVAILABLE, DEADLINE_EXCEEDED or with
  * etcd's "no leader" moves the client to the next endpoint and is retried
  * there, each endpoint at most once per call. So losing a member of a
@@ -37,6 +44,24 @@
 
 typedef struct megad_etcd megad_etcd;
 typedef struct megad_etcd_watch megad_etcd_watch;
+
+/* Keys. The layers above name every key under "mega/" (MEGAD_ETCD_ROOT);
+ * the client keeps them under opts.prefix in etcd instead ("teamA/":
+ * mega/j/7/0 is teamA/j/7/0 there) and hands keys back under "mega/", in
+ * replies and watch events alike. So clusters that share one etcd with
+ * prefixes of which neither begins with the other never see each other's
+ * nodes or jobs, and no layer above knows the prefix. */
+#define MEGAD_ETCD_ROOT "mega/"
+
+typedef struct megad_etcd_opts {
+  const char *endpoints;  /* "http://host:port,..." (https:// with cacert) */
+  unsigned timeout_ms;    /* each call's deadline; 0: 2000 */
+  const char *prefix;     /* where the keys live (ends with '/'); NULL: "mega/" */
+  /* PEM contents, not paths (copied): */
+  const char *cacert;     /* the CA of etcd's certificates: TLS on every endpoint */
+  const char *cert, *key; /* this client's certificate and key (mutual TLS) */
+  const char *user, *password; /* etcd's authentication; NULL: none (copied) */
+} megad_etcd_opts;
 
 typedef struct megad_etcd_kv {
   const char *key; /* NUL-terminated (our keys are text) */
@@ -81,7 +106,11 @@ typedef struct megad_etcd_op {
   int64_t lease;              /* PUT: 0 for none */
 } megad_etcd_op;
 
-/* timeout_ms: each call's deadline (0: 2000). */
+/* Makes the client; with a user, authenticates first (a blocking call: before
+ * the loop runs), so a wrong password is an error here. */
+mega_status megad_etcd_open(megad_base *b, const megad_etcd_opts *o, megad_etcd **out,
+                            mega_err *err);
+/* megad_etcd_open with endpoints and timeout_ms alone (plaintext, "mega/"). */
 mega_status megad_etcd_new(megad_base *b, const char *endpoints, unsigned timeout_ms,
                            megad_etcd **out, mega_err *err);
 void megad_etcd_free(megad_etcd *e);

@@ -15,6 +15,7 @@ struct etcd_call {
   size_t req_len;
   unsigned timeout_ms;
   size_t ep, tries;
+  bool reauthed; /* sent again after a fresh token: not again */
   mega_rpc_pending *p;
   etcd_done_fn done;
   void *arg;
@@ -53,6 +54,33 @@ void etcd_prefix_end(const char *key, char *out, size_t *len) {
   }
   out[n - 1] = (char)((unsigned char)out[n - 1] + 1);
   *len = n;
+}
+
+size_t etcd_key_mapped_len(const megad_etcd *e, const char *key) {
+  size_t n = strlen(key);
+  return strncmp(key, MEGAD_ETCD_ROOT, ETCD_ROOT_LEN) ? n : n - ETCD_ROOT_LEN + e->prefix_len;
+}
+
+void etcd_key_map(const megad_etcd *e, const char *key, char *out) {
+  if (strncmp(key, MEGAD_ETCD_ROOT, ETCD_ROOT_LEN)) {
+    strcpy(out, key);
+    return;
+  }
+  memcpy(out, e->prefix, e->prefix_len);
+  strcpy(out + e->prefix_len, key + ETCD_ROOT_LEN);
+}
+
+size_t etcd_key_unmap(const megad_etcd *e, const uint8_t *key, size_t len, char *out) {
+  size_t n = 0;
+  if (len >= e->prefix_len && !memcmp(key, e->prefix, e->prefix_len)) {
+    memcpy(out, MEGAD_ETCD_ROOT, ETCD_ROOT_LEN);
+    n = ETCD_ROOT_LEN;
+    key += e->prefix_len;
+    len -= e->prefix_len;
+  }
+  if (len) memcpy(out + n, key, len);
+  out[n + len] = 0;
+  return n + len;
 }
 
 static void timer_closed(uv_handle_t *h) { free(h); }
@@ -98,6 +126,21 @@ static mega_status call_send(etcd_call *c, mega_err *err) {
   return st;
 }
 
+/* The token came back (or not): c goes again, or ends with why. */
+static void after_auth(void *arg, const mega_err *err) {
+  etcd_call *c = arg;
+  if (!c->e) { /* dropped meanwhile */
+    call_free(c);
+    return;
+  }
+  mega_err e2 = {0};
+  if (err->status == MEGA_OK && call_send(c, &e2) == MEGA_OK) return;
+  if (err->status != MEGA_OK) e2 = *err;
+  call_unlink(c);
+  c->done(c->arg, NULL, &e2);
+  call_free(c);
+}
+
 static void on_call_done(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   etcd_call *c = arg;
   c->p = NULL;
@@ -105,6 +148,12 @@ static void on_call_done(void *arg, ProtobufCMessage *resp, const mega_err *err)
   if (!e) { /* dropped */
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
     call_free(c);
+    return;
+  }
+  if (err->status != MEGA_OK && etcd_err_token(e, err) && !c->reauthed) {
+    c->reauthed = true;
+    c->tries = 0;
+    etcd_auth_refresh(e, after_auth, c);
     return;
   }
   if (err->status != MEGA_OK && etcd_err_failover(err)) {
@@ -121,7 +170,9 @@ static void on_call_done(void *arg, ProtobufCMessage *resp, const mega_err *err)
   }
   etcd_note(e, err);
   call_unlink(c);
-  c->done(c->arg, resp, err);
+  mega_err why = *err;
+  if (err->status != MEGA_OK) etcd_explain(e, &why);
+  c->done(c->arg, resp, &why);
   call_free(c);
 }
 

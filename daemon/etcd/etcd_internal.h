@@ -12,10 +12,12 @@
 typedef struct etcd_call etcd_call;
 typedef struct etcd_session etcd_session;
 
+typedef struct etcd_auth_wait etcd_auth_wait;
+
 struct megad_etcd {
   megad_base *b;
   char **eps;             /* "127.0.0.1:2379" */
-  mega_rpc_channel **chans;
+  mega_rpc_channel **chans; /* TLS as opts say; with a user, each call carries the token */
   size_t nep, cur;        /* calls go to eps[cur] */
   char *eps_text;         /* "127.0.0.1:2379,127.0.0.1:22379", for messages */
   unsigned timeout_ms;
@@ -24,7 +26,45 @@ struct megad_etcd {
   etcd_call *calls;       /* unary calls in flight */
   etcd_session *session;
   megad_etcd_watch *watches;
+  /* keys (etcd.h): MEGAD_ETCD_ROOT in the layers' keys is prefix in etcd's */
+  char *prefix;
+  size_t prefix_len;
+  /* TLS and authentication (etcd_auth.c) */
+  mega_rpc_auth tls;      /* tls_ca, tls_cert, tls_key: owned copies; token unused */
+  char *user, *password;  /* NULL: no authentication */
+  char *token;            /* the last token etcd gave; NULL before */
+  bool authing;           /* an Authenticate in flight: */
+  void *auth_inflight;    /* etcd_auth.c's record of it */
+  uint64_t authed_ms;     /* when the token came */
+  etcd_auth_wait *auth_waits; /* calls to send again once it has */
 };
+
+#define ETCD_ROOT_LEN (sizeof MEGAD_ETCD_ROOT - 1)
+
+/* A layer's key under etcd's prefix: its length, and the key itself into
+ * out (etcd_key_mapped_len + 1 bytes). Keys outside the root are kept. */
+size_t etcd_key_mapped_len(const megad_etcd *e, const char *key);
+void etcd_key_map(const megad_etcd *e, const char *key, char *out);
+/* Back: etcd's key (len bytes) under the root, NUL-terminated, into out
+ * (len + ETCD_ROOT_LEN + 1 bytes); its length. */
+size_t etcd_key_unmap(const megad_etcd *e, const uint8_t *key, size_t len, char *out);
+
+/* etcd_auth.c */
+/* (Re)makes every endpoint's channel: TLS as configured, hasleader, and
+ * the token when there is one. Calls in flight keep their old channel. */
+mega_status etcd_channels_build(megad_etcd *e, mega_err *err);
+/* Authenticates with the user and password, blocking (at open). */
+mega_status etcd_auth_sync(megad_etcd *e, mega_err *err);
+/* Whether err is etcd refusing this client's token (it must authenticate
+ * again); false without a user. */
+bool etcd_err_token(const megad_etcd *e, const mega_err *err);
+/* Authenticates again (once at a time), then calls fn with how that went;
+ * fn may be NULL (a watch or keepalive that will try again on its own). */
+void etcd_auth_refresh(megad_etcd *e, void (*fn)(void *arg, const mega_err *err), void *arg);
+/* Says in err what a refusal means for this client: authentication on and
+ * no user given, or a user without the rights on the prefix. */
+void etcd_explain(const megad_etcd *e, mega_err *err);
+void etcd_auth_free(megad_etcd *e); /* the waiters' fn run with MEGA_ERR_CANCELLED */
 
 /* A unary call's raw answer: resp is the callee's (NULL on failure). */
 typedef void (*etcd_done_fn)(void *arg, ProtobufCMessage *resp, const mega_err *err);

@@ -107,6 +107,7 @@ static void on_ka_end(void *arg, const mega_err *err) {
     mega_fail(&s->last_err, MEGA_ERR_PEER, "etcd at %s ended a keepalive without an answer",
               e->eps[ep]);
   etcd_endpoint_failed(e, ep); /* whatever went wrong, try another member next */
+  if (etcd_err_token(e, err)) etcd_auth_refresh(e, NULL, NULL); /* the next tick has it */
   check_unreachable(s);
 }
 

@@ -60,9 +60,8 @@ static bool deliver(megad_etcd_watch *w, wstream *s, const Etcdserverpb__WatchRe
     const Mvccpb__Event *ev = r->events[i];
     const Mvccpb__KeyValue *kv = ev->kv;
     if (!kv) continue;
-    char key[kv->key.len + 1];
-    if (kv->key.len) memcpy(key, kv->key.data, kv->key.len);
-    key[kv->key.len] = 0;
+    char key[kv->key.len + ETCD_ROOT_LEN + 1];
+    etcd_key_unmap(w->e, kv->key.data, kv->key.len, key);
     megad_etcd_kv k = {.key = key, .value = kv->value.data, .value_len = kv->value.len,
                        .create_revision = kv->create_revision, .mod_revision = kv->mod_revision,
                        .version = kv->version, .lease = kv->lease};
@@ -122,6 +121,7 @@ static void on_end(void *arg, const mega_err *err) {
   w->s = NULL;
   megad_etcd *e = w->e;
   etcd_endpoint_failed(e, ep); /* a watch only ends when something broke */
+  if (etcd_err_token(e, err)) etcd_auth_refresh(e, NULL, NULL); /* the retry has it */
   if (!created) {
     w->fails++;
     if (w->fails >= e->nep) etcd_note(e, err);
@@ -169,6 +169,9 @@ mega_status megad_etcd_watch_start(megad_etcd *e, const char *prefix, int64_t st
   if (start_rev < 0)
     return mega_fail(err, MEGA_ERR_INVALID, "an etcd watch cannot start at revision %" PRId64,
                      start_rev);
+  char mapped[etcd_key_mapped_len(e, prefix) + 1];
+  etcd_key_map(e, prefix, mapped);
+  prefix = mapped;
   megad_etcd_watch *w = calloc(1, sizeof *w);
   if (!w || !(w->key = strdup(prefix)) || !(w->end = malloc(strlen(prefix) + 1)) ||
       !(w->retry = etcd_timer_new(e, w))) {

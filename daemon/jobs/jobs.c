@@ -323,6 +323,7 @@ static Mega__V1__JobEventKind end_kind(mega_job_state s) {
   switch (s) {
   case MEGA_JOB_SUCCEEDED: return MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUCCEEDED;
   case MEGA_JOB_CANCELLED: return MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_CANCELLED;
+  case MEGA_JOB_STOPPED: return MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_STOPPED;
   default: return MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_FAILED;
   }
 }
@@ -340,7 +341,10 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
       put_rec(js, j, "s", buf, len, false, &e) != MEGA_OK)
     megad_warn(js->b, "journal: %s", e.msg);
   megad_jobs_save(js, j, NULL);
-  js->stats.finished[state == MEGA_JOB_SUCCEEDED ? 0 : state == MEGA_JOB_CANCELLED ? 2 : 1]++;
+  js->stats.finished[state == MEGA_JOB_SUCCEEDED   ? 0
+                     : state == MEGA_JOB_CANCELLED ? 2
+                     : state == MEGA_JOB_STOPPED   ? 3
+                                                   : 1]++;
   if (state == MEGA_JOB_SUCCEEDED)
     megad_job_event(js, j, end_kind(state), NULL, -1, "succeeded after %llu iteration%s",
                     (unsigned long long)j->last_iteration, j->last_iteration == 1 ? "" : "s");

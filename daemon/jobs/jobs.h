@@ -24,7 +24,7 @@
 /* What happened since this megad started (for /metrics). */
 typedef struct megad_jobs_stats {
   uint64_t submitted;
-  uint64_t finished[3]; /* succeeded, failed, cancelled */
+  uint64_t finished[4]; /* succeeded, failed, cancelled, stopped */
   uint64_t events[16];  /* by JobEventKind */
   uint64_t steps;       /* merged steps */
   double report_delay_sum_s; /* slowest rank's step end -> merge, summed */

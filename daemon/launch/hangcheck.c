@@ -7,6 +7,10 @@
 #include "daemon/launch/launch_internal.h"
 
 #define LONG_PHASE_MS 600000u /* eval and checkpoint saves */
+/* a worker's first training step: no median yet, and a real model's first
+ * step (a 50k vocabulary on CPU cores, allocations, a GPU's warmup) easily
+ * takes seconds */
+#define FIRST_STEP_MS 60000u
 
 void hangcheck_progress(megad_worker *w, const char *phase, double step_s) {
   w->progress_ms = uv_now(w->l->L->b->loop);
@@ -35,6 +39,7 @@ static uint64_t limit_ms(const megad_worker *w) {
   if (strcmp(w->phase, "train")) return LONG_PHASE_MS;
   const Mega__V1__JobSpec *spec = w->l->req->spec;
   if (spec && spec->step_timeout_ms) return spec->step_timeout_ms;
+  if (!w->nsteps) return FIRST_STEP_MS > L->o.step_floor_ms ? FIRST_STEP_MS : L->o.step_floor_ms;
   uint64_t adaptive = (uint64_t)(10 * 1000 * median_step(w));
   return adaptive > L->o.step_floor_ms ? adaptive : L->o.step_floor_ms;
 }

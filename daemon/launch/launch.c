@@ -130,6 +130,11 @@ static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
     ev.note = f->note;
     relay_event(l, w, &ev);
     break;
+  case MEGA__V1__WORKER_FRAME__MSG_STOPPED:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_STOPPED;
+    ev.stopped = f->stopped;
+    relay_event(l, w, &ev);
+    break;
   case MEGA__V1__WORKER_FRAME__MSG_CHECKPOINT_DONE:
     ev.kind_case = MEGA__V1__RANK_EVENT__KIND_CHECKPOINT;
     ev.checkpoint = f->checkpoint_done;
@@ -407,8 +412,9 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
 
 /* What only this node can check, before any rank starts: the files as it
  * sees them. */
+/* Also says whether the job has --exit-signal-handler. */
 static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
-                              mega_err *err) {
+                              bool *graceful, mega_err *err) {
   mega_jobspec s;
   mega_jobspec_defaults(&s);
   mega_status st = MEGA_OK;
@@ -425,6 +431,7 @@ static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRan
   else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
     st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
                    L->b->node_id);
+  *graceful = s.exit_signal_handler;
   mega_jobspec_free(&s);
   return st;
 }
@@ -440,7 +447,8 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
                      "node %s has %u free slot%s, and %zu rank%s were asked of it", b->node_id,
                      L->o.slots - L->slots_used, L->o.slots - L->slots_used == 1 ? "" : "s",
                      req->n_ranks, req->n_ranks == 1 ? "" : "s");
-  mega_status s = check_here(L, req, err);
+  bool graceful = false;
+  mega_status s = check_here(L, req, &graceful, err);
   if (s != MEGA_OK) return s;
   megad_launch *l = calloc(1, sizeof *l);
   if (!l) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
@@ -460,6 +468,7 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
     return s;
   }
   l->coord_local = !strcmp(req->coordinator_node_id, b->node_id);
+  l->graceful = graceful;
   uv_timer_init(b->loop, &l->kill_timer);
   uv_timer_init(b->loop, &l->retry_timer);
   l->kill_timer.data = l->retry_timer.data = l;
@@ -503,6 +512,28 @@ void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const cha
       relay_flush(l);
       launch_maybe_free(l);
     }
+}
+
+size_t megad_launch_stop_graceful(megad_launcher *L, const char *job_id, const char *reason) {
+  size_t n = 0;
+  Mega__V1__Stop st = MEGA__V1__STOP__INIT;
+  st.reason = (char *)reason;
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_STOP;
+  f.stop = &st;
+  for (megad_launch *l = L->launches; l; l = l->next) {
+    if (!l->graceful || l->aborting || !l->live || (job_id && strcmp(job_id, l->req->job_id)))
+      continue;
+    for (size_t i = 0; i < l->nw; i++) launch_send_frame(&l->w[i], &f);
+    n++;
+  }
+  return n;
+}
+
+bool megad_launch_graceful_live(const megad_launcher *L) {
+  for (const megad_launch *l = L->launches; l; l = l->next)
+    if (l->graceful && !l->aborting && l->live) return true;
+  return false;
 }
 
 void megad_launch_abort_all(megad_launcher *L, const char *reason) {

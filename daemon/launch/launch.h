@@ -13,7 +13,8 @@
  *
  * A hang check watches every worker: one that makes no progress within
  * its phase's limit (setup: the rendezvous timeout; training: the job's
- * --step-timeout, or 10 x its median step time with a 2 s floor; eval and
+ * --step-timeout, or 10 x its median step time with a 2 s floor, and 60 s
+ * before its first step, which has no median and may be slow; eval and
  * checkpoints: 10 minutes) is reported as hung; a stopped process (SIGSTOP,
  * state T) is hung after the floor in any phase. A stopped process is the
  * cause and is killed; one merely waiting is reported as the likely echo of
@@ -104,6 +105,14 @@ void megad_launch_hold(megad_launcher *L, const char *job_id, uint32_t attempt,
  * job over, which asks (megad_launch_held) and releases them. */
 void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason,
                               bool hold);
+/* A shutdown that saves first (megad got SIGTERM): asks the workers of every
+ * launch whose job has --exit-signal-handler (of job_id; NULL: of any job)
+ * to save a checkpoint at the next iteration boundary and stop (a Stop frame
+ * with reason, as a SIGTERM to the worker would). Returns how many launches
+ * were asked. */
+size_t megad_launch_stop_graceful(megad_launcher *L, const char *job_id, const char *reason);
+/* Whether such a launch still has workers running. */
+bool megad_launch_graceful_live(const megad_launcher *L);
 /* Shutdown: aborts everything. */
 void megad_launch_abort_all(megad_launcher *L, const char *reason);
 /* Passes the coordinator's go-ahead for a checkpoint to the committing

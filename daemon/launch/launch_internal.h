@@ -59,6 +59,7 @@ struct megad_launch {
   char *dir;                         /* state_dir/jobs/<id>/<attempt> */
   bool coord_local, coord_gone, aborting;
   bool released; /* an abort without hold was sent: held workers go too */
+  bool graceful; /* the job has --exit-signal-handler: a shutdown asks it to save and stop */
   megad_worker *w;
   size_t nw, live; /* live: workers with handles still open */
   uv_timer_t kill_timer, retry_timer;

@@ -76,7 +76,8 @@ mega_status mega_job_new(const char *id, const Mega__V1__JobSpec *spec, const ch
 }
 
 bool mega_job_state_final(mega_job_state s) {
-  return s == MEGA_JOB_SUCCEEDED || s == MEGA_JOB_FAILED || s == MEGA_JOB_CANCELLED;
+  return s == MEGA_JOB_SUCCEEDED || s == MEGA_JOB_FAILED || s == MEGA_JOB_CANCELLED ||
+         s == MEGA_JOB_STOPPED;
 }
 
 const char *mega_job_state_name(mega_job_state s) {
@@ -87,6 +88,7 @@ const char *mega_job_state_name(mega_job_state s) {
   case MEGA_JOB_FAILED: return "failed";
   case MEGA_JOB_CANCELLED: return "cancelled";
   case MEGA_JOB_RESTARTING: return "restarting";
+  case MEGA_JOB_STOPPED: return "stopped";
   default: return "unknown";
   }
 }
@@ -97,10 +99,11 @@ static bool allowed(mega_job_state from, mega_job_state to) {
     return to == MEGA_JOB_RUNNING || to == MEGA_JOB_FAILED || to == MEGA_JOB_CANCELLED;
   case MEGA_JOB_RUNNING:
     return to == MEGA_JOB_SUCCEEDED || to == MEGA_JOB_FAILED || to == MEGA_JOB_CANCELLED ||
-           to == MEGA_JOB_RESTARTING;
+           to == MEGA_JOB_RESTARTING || to == MEGA_JOB_STOPPED;
   case MEGA_JOB_RESTARTING:
     return to == MEGA_JOB_RUNNING || to == MEGA_JOB_FAILED || to == MEGA_JOB_CANCELLED;
   case MEGA_JOB_FAILED:
+  case MEGA_JOB_STOPPED: /* megactl resume */
     return to == MEGA_JOB_RESTARTING;
   default:
     return false;
@@ -112,7 +115,7 @@ mega_status mega_job_transition(mega_job *j, mega_job_state to, int64_t now_ms, 
   if (!allowed(j->state, to))
     return mega_fail(err, MEGA_ERR_INVALID, "job %s cannot go from %s to %s", j->id,
                      mega_job_state_name(j->state), mega_job_state_name(to));
-  if ((to == MEGA_JOB_FAILED || to == MEGA_JOB_CANCELLED) && error) {
+  if ((to == MEGA_JOB_FAILED || to == MEGA_JOB_CANCELLED || to == MEGA_JOB_STOPPED) && error) {
     char *e = strdup(error);
     if (!e) return oom(err);
     free(j->error);

@@ -34,6 +34,7 @@ typedef Mega__V1__JobState mega_job_state;
 #define MEGA_JOB_FAILED MEGA__V1__JOB_STATE__JOB_STATE_FAILED
 #define MEGA_JOB_CANCELLED MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED
 #define MEGA_JOB_RESTARTING MEGA__V1__JOB_STATE__JOB_STATE_RESTARTING
+#define MEGA_JOB_STOPPED MEGA__V1__JOB_STATE__JOB_STATE_STOPPED
 
 /* One node's share of a placement: global ranks [first_rank, first_rank + nranks). */
 typedef struct mega_job_node {

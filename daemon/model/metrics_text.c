@@ -107,7 +107,7 @@ static void proc_metrics(sbuf *b, const megad_proc_stats *p) {
 
 static const char *const event_kinds[MEGAD_METRICS_EVENT_KINDS] = {
     "unspecified", "submitted", "placed",    "started", "checkpoint", "rank_failed", "node_lost",
-    "restarting",  "rescaled",  "succeeded", "failed",  "cancelled",  "info"};
+    "restarting",  "rescaled",  "succeeded", "failed",  "cancelled",  "info", "stopped"};
 
 int megad_metrics_http_slot(unsigned status) {
   return status == 200 ? 0 : status == 401 ? 1 : status == 404 ? 2 : 3;
@@ -134,7 +134,8 @@ static void node_metrics(sbuf *b, const megad_metrics *m) {
 
   static const mega_job_state states[] = {MEGA_JOB_PENDING,   MEGA_JOB_RUNNING,
                                           MEGA_JOB_RESTARTING, MEGA_JOB_SUCCEEDED,
-                                          MEGA_JOB_FAILED,    MEGA_JOB_CANCELLED};
+                                          MEGA_JOB_FAILED,    MEGA_JOB_CANCELLED,
+                                          MEGA_JOB_STOPPED};
   enum { NSTATES = sizeof states / sizeof states[0] };
   const char *names[NSTATES];
   uint64_t now[NSTATES] = {0};
@@ -144,9 +145,9 @@ static void node_metrics(sbuf *b, const megad_metrics *m) {
   }
   by_label(b, "mega_jobs", "gauge", "Jobs this megad coordinates now, by state.", "state", names,
            now, NSTATES);
-  static const char *const fin[3] = {"succeeded", "failed", "cancelled"};
+  static const char *const fin[4] = {"succeeded", "failed", "cancelled", "stopped"};
   by_label(b, "mega_jobs_finished_total", "counter", "Jobs that ended, by final state.", "state",
-           fin, c->jobs_finished, 3);
+           fin, c->jobs_finished, 4);
   by_label(b, "mega_job_events_total", "counter", "Job events, by kind.", "kind", event_kinds + 1,
            c->job_events + 1, MEGAD_METRICS_EVENT_KINDS - 1);
   static const char *const codes[4] = {"200", "401", "404", "other"};

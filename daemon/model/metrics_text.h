@@ -21,7 +21,7 @@
  * first ones and the job's overall ratio. */
 #define MEGAD_METRICS_STAGES_MAX 64
 /* JobEventKind values counted (0 .. MEGAD_METRICS_EVENT_KINDS - 1). */
-#define MEGAD_METRICS_EVENT_KINDS 13
+#define MEGAD_METRICS_EVENT_KINDS 14
 
 /* What the process itself costs; a field the system did not tell is < 0. */
 typedef struct megad_proc_stats {
@@ -33,7 +33,7 @@ typedef struct megad_proc_stats {
 /* Counters since this megad started. */
 typedef struct megad_counters {
   uint64_t jobs_submitted;
-  uint64_t jobs_finished[3]; /* succeeded, failed, cancelled */
+  uint64_t jobs_finished[4]; /* succeeded, failed, cancelled, stopped */
   uint64_t job_events[MEGAD_METRICS_EVENT_KINDS]; /* by JobEventKind */
   uint64_t steps_merged;     /* steps this coordinator merged from every rank */
   uint64_t steps_relayed;    /* worker step reports this node passed on */

@@ -14,6 +14,7 @@ const char *mega_end_kind_name(mega_end_kind k) {
   case MEGA_END_LAUNCH: return "launch refused";
   case MEGA_END_COORDINATOR: return "coordinator restarted";
   case MEGA_END_RESCALE: return "rescale";
+  case MEGA_END_STOPPED: return "stopped as asked";
   }
   return "unknown";
 }
@@ -34,6 +35,10 @@ mega_recovery mega_recovery_decide(const mega_job *j, mega_end_kind kind, const 
     break;
   case MEGA_END_CANCELLED:
     r.next = MEGA_JOB_CANCELLED;
+    snprintf(r.why, sizeof r.why, "%s", c);
+    break;
+  case MEGA_END_STOPPED:
+    r.next = MEGA_JOB_STOPPED;
     snprintf(r.why, sizeof r.why, "%s", c);
     break;
   case MEGA_END_FATAL:

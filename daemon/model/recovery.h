@@ -21,6 +21,11 @@
  *                counted
  *   RESCALE      a planned re-plan at a checkpoint (nodes came back,
  *                megactl rescale) -> RESTARTING, not counted
+ *   STOPPED      every rank stopped early as asked, after its checkpoint
+ *                (--exit-signal-handler on SIGTERM, --exit-interval,
+ *                --exit-duration-in-mins) -> STOPPED: resumable, not a
+ *                failure, and not restarted here (whoever asked wants it
+ *                to stop: a time limit, a planned exit)
  *
  * RESTARTING jobs resume from the newest committed checkpoint (or from the
  * start, as the first attempt did, when none was committed yet) as attempt
@@ -45,14 +50,15 @@ typedef enum mega_end_kind {
   MEGA_END_LAUNCH,
   MEGA_END_COORDINATOR,
   MEGA_END_RESCALE,
+  MEGA_END_STOPPED,
 } mega_end_kind;
 
 const char *mega_end_kind_name(mega_end_kind k); /* "crash", "node lost", ... */
 
 typedef struct mega_recovery {
-  mega_job_state next; /* SUCCEEDED, CANCELLED, FAILED or RESTARTING */
+  mega_job_state next; /* SUCCEEDED, CANCELLED, FAILED, STOPPED or RESTARTING */
   bool counted;        /* the restart uses one of --max-restarts */
-  char why[320];       /* for FAILED: the cause and why no restart follows */
+  char why[320];       /* for FAILED: the cause and why no restart follows; STOPPED: why */
 } mega_recovery;
 
 /* The decision for job j (its restarts, --max-restarts and --nnodes range)

@@ -77,6 +77,16 @@ static mega_job *find(megad_services *s, mega_rpc_call *call, const char *id,
   return NULL;
 }
 
+bool megad_services_ready(megad_services *s, const char **why) {
+  *why = NULL;
+  if (s->b->stopping) {
+    *why = "megad is stopping";
+    return false;
+  }
+  return !s->jobs->etcd ||
+         (megad_etcd_ok(s->jobs->etcd, why) && megad_jobs_durable(s->jobs, why));
+}
+
 static void on_submit(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__SubmitJobRequest *req = (const void *)msg;

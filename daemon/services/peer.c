@@ -47,7 +47,8 @@ static void on_abort_job(mega_rpc_call *call, const ProtobufCMessage *msg, void 
   const Mega__V1__AbortJobRequest *req = (const void *)msg;
   const char *why = req->reason && req->reason[0] ? req->reason : "aborted";
   unsigned grace = req->grace_ms ? req->grace_ms : MEGAD_ABORT_GRACE_MS;
-  if (req->hold && !req->stale) megad_launch_hold(s->L, req->job_id, req->attempt, why, grace);
+  if (req->save) megad_launch_stop_graceful(s->L, req->job_id, req->reason);
+  else if (req->hold && !req->stale) megad_launch_hold(s->L, req->job_id, req->attempt, why, grace);
   else megad_launch_abort(s->L, req->job_id, req->attempt, req->stale, why, grace);
   Mega__V1__AbortJobResponse r = MEGA__V1__ABORT_JOB_RESPONSE__INIT;
   mega_rpc_reply(call, &r.base);

@@ -23,6 +23,10 @@ typedef struct megad_services {
 #define MEGAD_MAX_REQUEST_BYTES (4u << 20)
 
 void megad_control_register(megad_services *s, mega_rpc_server *srv);
+/* Whether this megad takes new jobs now (false, with why, while etcd is
+ * unreachable or a write to it is not yet durable, or while it stops):
+ * SubmitJob's test, and GET /readyz's. */
+bool megad_services_ready(megad_services *s, const char **why);
 void megad_peer_register(megad_services *s, mega_rpc_server *srv);
 
 /* Forwards a call about job_id to the job's coordinator (from the id,
@@ -33,7 +37,9 @@ bool megad_forward(megad_services *s, mega_rpc_call *call, const char *job_id,
                    const ProtobufCMessage *req);
 
 /* GET /metrics on addr ("HOST:PORT"); token (NULL: open) is then wanted as
- * `Authorization: Bearer TOKEN`. */
+ * `Authorization: Bearer TOKEN`. Open whatever the token, for probes (a
+ * Kubernetes kubelet's): GET /healthz (200 "ok" while megad's loop answers)
+ * and GET /readyz (200 while megad_services_ready, else 503 and why). */
 mega_status megad_metrics_start(megad_services *s, const char *addr, const char *token,
                                 mega_err *err);
 void megad_metrics_stop(megad_services *s);

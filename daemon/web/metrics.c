@@ -109,9 +109,24 @@ static char *page(void *arg, size_t *len) {
   return text;
 }
 
+/* GET /healthz and /readyz, open to probes: nothing but ok or why not. */
+static bool health(metrics_srv *ms, const megad_http_req *req, megad_http_resp *out) {
+  bool live = !strcmp(req->target, "/healthz"), ready = !strcmp(req->target, "/readyz");
+  if (!live && !ready) return false;
+  const char *why = NULL;
+  bool ok = live || megad_services_ready(ms->s, &why);
+  out->status = ok ? 200 : 503;
+  out->type = "text/plain; charset=utf-8";
+  if (asprintf(&out->body, "%s\n", ok ? "ok" : why ? why : "not ready") < 0) out->body = NULL;
+  out->len = out->body ? strlen(out->body) : 0;
+  return true;
+}
+
 /* The web view's paths (daemon/web/webserve.h). */
 static bool route(void *arg, const megad_http_req *req, megad_http_resp *out) {
-  return megad_webserve_route(((metrics_srv *)arg)->web, req, out);
+  metrics_srv *ms = arg;
+  if (!strcmp(req->method, "GET") && health(ms, req, out)) return true;
+  return megad_webserve_route(ms->web, req, out);
 }
 
 static void count(void *arg, unsigned status) {

@@ -369,7 +369,9 @@ function renderJob(view) {
     document.body.setAttribute('data-first-render-ms', performance.now().toFixed(0));
 }
 
-function mega_final(state) { return ['succeeded', 'failed', 'cancelled'].includes(state); }
+function mega_final(state) {
+  return ['succeeded', 'failed', 'cancelled', 'stopped'].includes(state);
+}
 
 // Live: an EventSource on /api/jobs/ID/stream (Server-Sent Events: new
 // points, the job when it changed, the end). Where the stream is refused

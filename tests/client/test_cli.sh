@@ -44,7 +44,9 @@ check() { # check DESCRIPTION COMMAND...: a shell condition
 # A port nobody listens on: bind one, then let it go.
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dead=127.0.0.1:$port
-refused="megactl: cannot reach megad at $dead: connection refused"
+# what to do about it follows, the same every time
+hint="; is megad running there? Point megactl at another with --server HOST:PORT or MEGA_SERVER=HOST:PORT, or start one: megad serve --listen 127.0.0.1:7070 --state-dir DIR --slots N"
+refused="megactl: cannot reach megad at $dead: connection refused$hint"
 
 # ---- help ----
 expect 0 "" "$megactl" --version
@@ -97,6 +99,16 @@ expect 2 "megactl: invalid job: --sequence-parallel splits the sequence over the
   "$megactl" submit --server "$dead" "${job[@]}" --tensor-model-parallel-size 2 --sequence-parallel --seq-length 15
 expect 2 "megactl: invalid job: --tensor-model-parallel-size 2 is larger than the 1 process a node runs (--nproc-per-node, or the node's slots); a TP group stays inside one node" \
   "$megactl" submit --server "$dead" "${job[@]}" --tensor-model-parallel-size 2 --nnodes 2 --nproc-per-node 1
+# Llama's sizes, in the words megad uses too (tests/daemon/test_megad.c, test_bad_input)
+llama=(--position-embedding-type rope --normalization RMSNorm --swiglu)
+expect 2 "megactl: invalid job: --num-attention-heads 2 is not divisible by --num-query-groups 3: each query group shares its key and value heads with the same number of query heads" \
+  "$megactl" submit --server "$dead" "${job[@]}" "${llama[@]}" --group-query-attention --num-query-groups 3
+expect 2 "megactl: invalid job: --num-query-groups 1 is not divisible by --tensor-model-parallel-size 2: each tensor-parallel rank holds whole query groups" \
+  "$megactl" submit --server "$dead" "${job[@]}" "${llama[@]}" --group-query-attention --tensor-model-parallel-size 2
+expect 2 "megactl: invalid job: --swiglu without --ffn-hidden-size takes Megatron's default int(4 x 16 x 2/3 / 64) x 64 = 0 for --hidden-size 16; give --ffn-hidden-size N" \
+  "$megactl" submit --server "$dead" "${job[@]}" "${llama[@]}" --hidden-size 16
+expect 2 "megactl submit: --rotary-percent must be at most 1 (got 1.5); see 'megactl submit --help'" \
+  "$megactl" submit --server "$dead" "${job[@]}" "${llama[@]}" --rotary-percent 1.5
 expect 2 "megactl submit: --hidden-size: 'abc' is not a whole number; see 'megactl submit --help'" \
   "$megactl" submit --hidden-size abc
 expect 2 "megactl submit: unknown flag '--bogus'; see 'megactl submit --help'" "$megactl" submit "${job[@]}" --bogus
@@ -128,7 +140,7 @@ done
 # The flag after the command wins over the one before, which wins over $MEGA_SERVER.
 expect 1 "$refused" env MEGA_SERVER=127.0.0.1:1 "$megactl" --server 127.0.0.1:2 ls --server "$dead"
 expect 1 "$refused" env MEGA_SERVER=127.0.0.1:1 "$megactl" --server "$dead" ls
-expect 1 "megactl: cannot reach megad at unix:$work/nope.sock: no such socket" \
+expect 1 "megactl: cannot reach megad at unix:$work/nope.sock: no such socket$hint" \
   "$megactl" ls --server "unix:$work/nope.sock"
 check "a failed trace leaves no file" [ ! -e j-1-trace.json ] && [ ! -e j-1-trace.json.part ]
 

@@ -173,7 +173,7 @@ run 1 "$megactl" watch "$broken"
 run 0 "$megactl" status "$broken" --json
 same "$(jq -r '[.events[] | select(.kind == "JOB_EVENT_KIND_RESTARTING")] | length' out.txt)" 1
 run 1 "$megactl" resume "$id"
-has err.txt "is succeeded; only a failed job can be resumed"
+has err.txt "is succeeded; only a failed or stopped job can be resumed"
 # rescale: within the job's --nnodes range only
 run 1 "$megactl" rescale "$id" --nnodes 2
 has err.txt "only a running job can be rescaled"
@@ -219,7 +219,7 @@ rc=$?
 megad_pid=
 same "$rc" 0
 run 1 "$megactl" ls
-same "$(cat err.txt)" "megactl: cannot reach megad at 127.0.0.1:$port: connection refused"
+same "$(cat err.txt)" "megactl: cannot reach megad at 127.0.0.1:$port: connection refused; is megad running there? Point megactl at another with --server HOST:PORT or MEGA_SERVER=HOST:PORT, or start one: megad serve --listen 127.0.0.1:7070 --state-dir DIR --slots N"
 
 if [ "$fails" != 0 ]; then
   echo "$fails check(s) failed; megad's log:"

@@ -212,14 +212,15 @@ static void text_form_round_trip(void **state) {
     char *file = tmp_path("saved.txt");
     spit(file, a.out);
 
-    result b = plan("--load", file, "--format", "schedule", NULL);
+    result b = plan("--schedule-file", file, "--format", "schedule", NULL);
     assert_int_equal(b.status, 0);
     assert_string_equal(b.out, a.out);
 
     result gen = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
                       "--virtual-pipeline-model-parallel-size", vp, "--schedule", kinds[k],
                       "--format", "json", NULL);
-    result load = plan("--load", file, "--pipeline-model-parallel-size", "4", "--format", "json",
+    result load = plan("--schedule-file", file, "--pipeline-model-parallel-size", "4",
+                       "--format", "json",
                        NULL);
     json_t *jg, *jl;
     ok_json(&gen, &jg);
@@ -409,28 +410,75 @@ static void errors(void **state) {
                     "--format", "svg", NULL),
                2, "--format: 'svg'");
   expect_error(plan("4", NULL), 2, "unexpected argument '4'");
-  expect_error(plan("--load", tmp_path("no-such-file"), NULL), 1, "No such file or directory");
+  expect_error(plan("--schedule-file", tmp_path("no-such-file"), NULL), 1,
+               "No such file or directory");
 
   char *bad = tmp_path("bad.txt");
   spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
             "0: F0.0 SF0.0 RB0.0 B0.0\n"
             "1: RF0.0 F0.0 X0.0 SB0.0\n");
-  expect_error(plan("--load", bad, NULL), 1, "line 3");
+  expect_error(plan("--schedule-file", bad, NULL), 1, "line 3");
 
   /* Parses, but rank 1 never sends the gradient rank 0 waits for. */
   spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
             "0: F0.0 SF0.0 RB0.0 B0.0\n"
             "1: RF0.0 F0.0 B0.0\n");
-  expect_error(plan("--load", bad, NULL), 1, "is not a valid schedule");
+  expect_error(plan("--schedule-file", bad, NULL), 1, "is not a valid schedule");
 
   spit(bad, "mega-schedule v1 kind=custom pp=2 vp=1 microbatches=1 group=2\n"
             "0: F0.0 SF0.0 RB0.0 B0.0\n"
             "1: RF0.0 F0.0 B0.0 SB0.0\n");
-  expect_error(plan("--load", bad, "--pipeline-model-parallel-size", "4", NULL), 2,
+  expect_error(plan("--schedule-file", bad, "--pipeline-model-parallel-size", "4", NULL), 2,
                "--pipeline-model-parallel-size 4 disagrees with");
-  result ok = plan("--load", bad, "--format", "json", NULL);
+  result ok = plan("--schedule-file", bad, "--format", "json", NULL);
   assert_int_equal(ok.status, 0);
   result_free(&ok);
+}
+
+/* A job's whole flag set (issue 24): plan takes PP, VP and the
+ * microbatches from the batch sizes and DP, ignores model, data and
+ * checkpoint flags, and --load stays the checkpoint. */
+static void job_flags(void **state) {
+  (void)state;
+  /* Megatron's pretrain_gpt_distributed_with_mp.sh on 8 GPUs: TP 2 x PP 2,
+   * DP 2, 16 / (4 x 2) = 2 microbatches */
+  result r = plan("--nnodes", "1", "--nproc-per-node", "8", "--tensor-model-parallel-size", "2",
+                  "--pipeline-model-parallel-size", "2", "--num-layers", "24", "--hidden-size",
+                  "1024", "--num-attention-heads", "16", "--micro-batch-size", "4",
+                  "--global-batch-size", "16", "--seq-length", "1024", "--train-iters", "500000",
+                  "--lr-decay-iters", "320000", "--save", "/ckpt", "--load", "/ckpt",
+                  "--data-path", "corpus_text_document", "--vocab-file", "gpt2-vocab.json",
+                  "--merge-file", "gpt2-merges.txt", "--split", "949,50,1", "--lr", "0.00015",
+                  "--distributed-backend", "nccl", "--format", "json", NULL);
+  json_t *j;
+  ok_json(&r, &j);
+  assert_int_equal(num(j, "pp"), 2);
+  assert_int_equal(num(j, "microbatches"), 2);
+  json_decref(j);
+  result_free(&r);
+  /* without a world, DP 1; VP from the job's flags */
+  r = plan("--pipeline-model-parallel-size", "2", "--num-layers", "8",
+           "--num-layers-per-virtual-pipeline-stage", "2", "--micro-batch-size", "1",
+           "--global-batch-size", "4", "--format", "json", NULL);
+  ok_json(&r, &j);
+  assert_int_equal(num(j, "vp"), 2);
+  assert_int_equal(num(j, "microbatches"), 4);
+  assert_string_equal(json_string_value(json_object_get(j, "schedule")), "interleaved");
+  json_decref(j);
+  result_free(&r);
+  expect_error(plan("--pipeline-model-parallel-size", "2", "--micro-batch-size", "1",
+                    "--global-batch-size", "4", "--num-microbatches", "3", NULL),
+               2, "--num-microbatches 3 disagrees with --global-batch-size 4");
+  expect_error(plan("--pipeline-model-parallel-size", "2", "--global-batch-size", "4", NULL), 2,
+               "--global-batch-size needs --micro-batch-size");
+  char *file = tmp_path("sched.txt");
+  spit(file, "x\n");
+  expect_error(plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "4", "--load",
+                    file, NULL),
+               2, "give a schedule's text form with --schedule-file FILE");
+  expect_error(plan("--pipeline-parallel-size", "2", NULL), 2,
+               "did you mean --pipeline-model-parallel-size?");
+  expect_error(plan("--fp16", NULL), 2, "use --bf16");
 }
 
 static void help(void **state) {
@@ -465,7 +513,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(seed_schedule_table),    cmocka_unit_test(text_form_round_trip),
       cmocka_unit_test(trace_parses),           cmocka_unit_test(text_fits_80_columns),
       cmocka_unit_test(errors),                 cmocka_unit_test(help),
-      cmocka_unit_test(grad_sync),
+      cmocka_unit_test(grad_sync),              cmocka_unit_test(job_flags),
   };
   return cmocka_run_group_tests(tests, NULL, cleanup);
 }

@@ -45,7 +45,8 @@ void expect_check_error(char *const *extra, int n, int world, long long bytes,
   mega_jobspec s;
   mega_err err = {0};
   make_spec(&s, extra, n);
-  assert_int_equal(mega_jobspec_check(&s, world, bytes, &err), MEGA_ERR_INVALID);
+  if (mega_jobspec_check(&s, world, bytes, &err) != MEGA_ERR_INVALID)
+    fail_msg("the check passed; want '%s'", want);
   assert_int_equal(err.status, MEGA_ERR_INVALID);
   expect_msg(&err, "invalid job: ");
   expect_msg(&err, want);
@@ -63,14 +64,23 @@ void expect_check_ok(char *const *extra, int n, int world, long long bytes) {
 /* A spec with every flag away from its default. */
 void make_full(mega_jobspec *s) {
   make_spec(s, ARGV("--max-position-embeddings", "64", "--init-method-std", "0.006",
-                    "--seed", "0", "--lr", "0.30000000000000004", "--min-lr", "1e-300",
+                    "--seed", "0", "--position-embedding-type", "rope", "--rotary-base",
+                    "500000", "--rotary-percent", "0.5", "--normalization", "RMSNorm",
+                    "--norm-epsilon", "1e-6", "--swiglu", "--ffn-hidden-size", "96",
+                    "--group-query-attention", "--num-query-groups", "2",
+                    "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                    "--kv-channels", "8", "--attention-dropout", "0.1", "--hidden-dropout",
+                    "0.1", "--use-mcore-models", "--transformer-impl", "transformer_engine",
+                    "--context-parallel-size", "2",
+                    "--lr", "0.30000000000000004", "--min-lr", "1e-300",
                     "--lr-warmup-iters", "2", "--lr-decay-iters", "9", "--lr-decay-style",
                     "constant", "--weight-decay", "0", "--adam-beta1", "0.8", "--adam-beta2",
                     "0.95", "--adam-eps", "1e-6", "--clip-grad", "0", "--save", "/s",
                     "--save-interval", "3", "--save-initial", "--load", "-weird dir",
                     "--async-save", "--no-replica-recovery", "--finetune", "--no-load-optim", "--no-load-rng",
                     "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
-                    "--eval-interval", "5", "--eval-iters", "2",
+                    "--exit-signal-handler", "--exit-interval", "7",
+                    "--exit-duration-in-mins", "30", "--eval-interval", "5", "--eval-iters", "2",
                     "--tensor-model-parallel-size", "2", "--sequence-parallel",
                     "--pipeline-model-parallel-size", "4",
                     "--virtual-pipeline-model-parallel-size", "2",
@@ -89,5 +99,12 @@ void make_full(mega_jobspec *s) {
                     "--simulate-compute", "1:2:3", "--log-interval", "2", "--data-path", "0.3", "a b", "0.7", "-c",
                     "--split", "969,30,1", "--train-data-path", "t", "--valid-data-path",
                     "0.5", "v", "0.5", "w", "--tokenizer-type", "NullTokenizer", "--vocab-size",
-                    "50257", "--make-vocab-size-divisible-by", "64"));
+                    "50257", "--make-vocab-size-divisible-by", "64",
+                    /* issue 24 */
+                    "--train-samples", "100", "--rampup-batch-size", "8", "8", "1000",
+                    "--vocab-file", "v.json", "--merge-file", "m.txt",
+                    "--lr-warmup-fraction", "0.1", "--lr-warmup-samples", "3",
+                    "--lr-decay-samples", "90", "--lr-warmup-init", "1e-9",
+                    "--lr-wsd-decay-style", "linear", "--lr-wsd-decay-iters", "3",
+                    "--lr-wsd-decay-samples", "30", "--log-throughput"));
 }

@@ -62,7 +62,8 @@ static int free_port(void) {
 
 const char *etcd_fx_endpoint(const etcd_fx *f, int i) {
   static char buf[ETCD_FX_MAX][40];
-  snprintf(buf[i], sizeof buf[i], "http://127.0.0.1:%d", f->m[i].client_port);
+  snprintf(buf[i], sizeof buf[i], "%s://127.0.0.1:%d", f->tls ? "https" : "http",
+           f->m[i].client_port);
   return buf[i];
 }
 
@@ -71,7 +72,11 @@ static void spawn(etcd_fx *f, int i) {
   char data[128], log[128], curl[64], purl[64], cluster[256] = "";
   snprintf(data, sizeof data, "%s/%s", f->dir, m->name);
   snprintf(log, sizeof log, "%s/%s.log", f->dir, m->name);
-  snprintf(curl, sizeof curl, "http://127.0.0.1:%d", m->client_port);
+  snprintf(curl, sizeof curl, "%s://127.0.0.1:%d", f->tls ? "https" : "http", m->client_port);
+  char ca[96], cert[96], key[96];
+  snprintf(ca, sizeof ca, "%s/ca.pem", f->dir);
+  snprintf(cert, sizeof cert, "%s/server.pem", f->dir);
+  snprintf(key, sizeof key, "%s/server.key", f->dir);
   snprintf(purl, sizeof purl, "http://127.0.0.1:%d", m->peer_port);
   for (int j = 0; j < f->n; j++) {
     size_t len = strlen(cluster);
@@ -89,11 +94,19 @@ static void spawn(etcd_fx *f, int i) {
       dup2(fd, 2);
       close(fd);
     }
-    execlp("etcd", "etcd", "--name", m->name, "--data-dir", data, "--listen-client-urls", curl,
-           "--advertise-client-urls", curl, "--listen-peer-urls", purl,
-           "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
-           "--initial-cluster-state", "new", "--initial-cluster-token", f->dir,
-           "--log-level", "warn", (char *)NULL);
+    if (f->tls)
+      execlp("etcd", "etcd", "--name", m->name, "--data-dir", data, "--listen-client-urls", curl,
+             "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+             "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+             "--initial-cluster-state", "new", "--initial-cluster-token", f->dir,
+             "--log-level", "warn", "--cert-file", cert, "--key-file", key,
+             "--trusted-ca-file", ca, "--client-cert-auth", (char *)NULL);
+    else
+      execlp("etcd", "etcd", "--name", m->name, "--data-dir", data, "--listen-client-urls", curl,
+             "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+             "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+             "--initial-cluster-state", "new", "--initial-cluster-token", f->dir,
+             "--log-level", "warn", (char *)NULL);
     _exit(127);
   }
   m->pid = pid > 0 ? pid : 0;
@@ -105,13 +118,23 @@ static double now_s(void) {
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* etcdctl's TLS flags for f (empty without TLS). */
+static const char *ctl_tls(const etcd_fx *f) {
+  static char buf[400];
+  buf[0] = 0;
+  if (f->tls)
+    snprintf(buf, sizeof buf, "--cacert=%s/ca.pem --cert=%s/client.pem --key=%s/client.key",
+             f->dir, f->dir, f->dir);
+  return buf;
+}
+
 /* Polls etcdctl endpoint health on endpoints until it passes or ms pass. */
 static bool wait_healthy(const etcd_fx *f, const char *endpoints, int ms) {
-  char cmd[512];
+  char cmd[1024];
   snprintf(cmd, sizeof cmd,
-           "ETCDCTL_API=3 etcdctl --endpoints=%s --dial-timeout=1s --command-timeout=2s "
+           "ETCDCTL_API=3 etcdctl --endpoints=%s %s --dial-timeout=1s --command-timeout=2s "
            "endpoint health >>%s/ctl.log 2>&1",
-           endpoints, f->dir);
+           endpoints, ctl_tls(f), f->dir);
   double end = now_s() + ms / 1000.0;
   while (now_s() < end) {
     if (system(cmd) == 0) return true;
@@ -134,7 +157,24 @@ static bool members_stay(etcd_fx *f) {
   return true;
 }
 
-bool etcd_fx_start(etcd_fx *f, int n) {
+/* The CA, the server's certificate (127.0.0.1) and a client's (CN root). */
+static bool make_certs(const char *dir) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "(cd '%s' && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext.cnf && "
+           "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
+           "-subj '/CN=etcd test CA' && "
+           "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+           "-subj '/CN=etcd' && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key "
+           "-CAcreateserial -out server.pem -days 1 -extfile ext.cnf && "
+           "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+           "-subj '/CN=root' && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key "
+           "-CAcreateserial -out client.pem -days 1 && chmod 600 client.key server.key) "
+           ">/dev/null 2>&1", dir);
+  return system(cmd) == 0;
+}
+
+static bool start(etcd_fx *f, int n, bool tls) {
   if (n != 1 && n != 3) {
     fprintf(stderr, "etcd_fx_start: %d members (1 or 3)\n", n);
     return false;
@@ -144,6 +184,12 @@ bool etcd_fx_start(etcd_fx *f, int n) {
     snprintf(f->dir, sizeof f->dir, "/tmp/etcd-test-XXXXXX");
     if (!mkdtemp(f->dir)) {
       fprintf(stderr, "etcd_fx_start: mkdtemp: %s\n", strerror(errno));
+      return false;
+    }
+    f->tls = tls;
+    if (tls && !make_certs(f->dir)) {
+      fprintf(stderr, "etcd_fx_start: openssl could not make the certificates\n");
+      etcd_fx_stop(f);
       return false;
     }
     f->n = n;
@@ -174,6 +220,10 @@ bool etcd_fx_start(etcd_fx *f, int n) {
   return false;
 }
 
+bool etcd_fx_start(etcd_fx *f, int n) { return start(f, n, false); }
+
+bool etcd_fx_start_tls(etcd_fx *f) { return start(f, 1, true); }
+
 void etcd_fx_kill(etcd_fx *f, int i) {
   if (!f->m[i].pid) return;
   kill(f->m[i].pid, SIGKILL);
@@ -198,10 +248,10 @@ bool etcd_fx_wait(const etcd_fx *f, int ms) {
 }
 
 int etcd_fx_ctl(const etcd_fx *f, const char *args) {
-  char cmd[1024];
+  char cmd[1600];
   snprintf(cmd, sizeof cmd,
-           "ETCDCTL_API=3 etcdctl --endpoints=%s --command-timeout=5s %s >>%s/ctl.log 2>&1",
-           f->endpoints, args, f->dir);
+           "ETCDCTL_API=3 etcdctl --endpoints=%s %s --command-timeout=5s %s >>%s/ctl.log 2>&1",
+           f->endpoints, ctl_tls(f), args, f->dir);
   int st = system(cmd);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -27,7 +27,9 @@ typedef struct etcd_fx_member {
 
 typedef struct etcd_fx {
   int n;
-  char dir[64];   /* /tmp/etcd-test-XXXXXX: e1/, e1.log, ... */
+  bool tls;       /* etcd_fx_start_tls: https, client certificates required */
+  char dir[64];   /* /tmp/etcd-test-XXXXXX: e1/, e1.log, ...; with tls ca.pem, client.pem,
+                     client.key (CN root) */
   char endpoints[256];
   etcd_fx_member m[ETCD_FX_MAX];
 } etcd_fx;
@@ -37,7 +39,12 @@ void etcd_fx_require(void);
 /* Starts n (1 or 3) members and waits (up to 30 s) until the cluster is
  * healthy; false (with why on stderr, and nothing left running) if not. */
 bool etcd_fx_start(etcd_fx *f, int n);
-/* "http://127.0.0.1:PORT" of member i (static buffer per member). */
+/* One member serving TLS with client certificates required (etcd
+ * --client-cert-auth), its certificates made with openssl in dir: the CA
+ * (ca.pem), the server's (for 127.0.0.1), a client's (client.pem,
+ * client.key; CN root); etcd_fx_ctl uses the client's. */
+bool etcd_fx_start_tls(etcd_fx *f);
+/* "http://127.0.0.1:PORT" of member i (https with tls; static buffer per member). */
 const char *etcd_fx_endpoint(const etcd_fx *f, int i);
 /* kill -9 member i and reap it. */
 void etcd_fx_kill(etcd_fx *f, int i);

@@ -197,9 +197,22 @@ static void test_bad_endpoints(void **state) {
   assert_int_equal(megad_etcd_new(&b, "127.0.0.1", 0, &e, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "not host:port"));
   assert_int_equal(megad_etcd_new(&b, "http://127.0.0.1:2379,,", 0, &e, &err), MEGA_ERR_INVALID);
-  assert_int_equal(megad_etcd_new(&b, "https://127.0.0.1:2379", 0, &e, &err),
-                   MEGA_ERR_UNSUPPORTED);
-  assert_non_null(strstr(err.msg, "TLS"));
+  assert_int_equal(megad_etcd_new(&b, "https://127.0.0.1:2379", 0, &e, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "give --etcd-cacert"));
+  megad_etcd_opts o = {.endpoints = "http://127.0.0.1:2379", .cacert = "PEM"};
+  assert_int_equal(megad_etcd_open(&b, &o, &e, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "write https://"));
+  o = (megad_etcd_opts){.endpoints = "127.0.0.1:2379", .prefix = "/abs/"};
+  assert_int_equal(megad_etcd_open(&b, &o, &e, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--etcd-prefix '/abs/'"));
+  o.prefix = "noslash";
+  assert_int_equal(megad_etcd_open(&b, &o, &e, &err), MEGA_ERR_INVALID);
+  o = (megad_etcd_opts){.endpoints = "127.0.0.1:2379", .cert = "PEM", .key = "PEM"};
+  assert_int_equal(megad_etcd_open(&b, &o, &e, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "needs --etcd-cacert"));
+  o = (megad_etcd_opts){.endpoints = "127.0.0.1:2379", .user = "u"};
+  assert_int_equal(megad_etcd_open(&b, &o, &e, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "go together"));
   assert_int_equal(megad_etcd_new(&b, "", 0, &e, &err), MEGA_ERR_INVALID);
   assert_null(e);
   uv_loop_close(&loop);
@@ -410,6 +423,55 @@ static void test_watch_order_and_replay(void **state) {
   env_close(&v);
 }
 
+/* --etcd-prefix: the layers' mega/ keys live under the prefix in etcd, and
+ * come back as mega/ in replies, transactions and watch events; a client
+ * with another prefix sees none of them. */
+static void test_prefix_maps_keys(void **state) {
+  (void)state;
+  env v, w2;
+  env_open(&v, one.endpoints);
+  megad_etcd_free(v.e);
+  megad_etcd_opts o = {.endpoints = one.endpoints, .prefix = "teams/a/"};
+  mega_err err = {0};
+  assert_int_equal(megad_etcd_open(&v.b, &o, &v.e, &err), MEGA_OK);
+  env_open(&w2, one.endpoints);
+  megad_etcd_free(w2.e);
+  o.prefix = "teams/b/";
+  assert_int_equal(megad_etcd_open(&w2.b, &o, &w2.e, &err), MEGA_OK);
+  seen s;
+  megad_etcd_watch *w = watch(&v, "mega/p/", 0, &s);
+  run_for(&v, 300);
+  put(&v, "mega/p/x", "1", 0);
+  put(&w2, "mega/p/x", "2", 0); /* the other cluster's, same layer key */
+  megad_etcd_cmp c = {.key = "mega/p/y", .target = MEGAD_ETCD_CREATE, .number = 0};
+  megad_etcd_op t[2] = {{.kind = MEGAD_ETCD_PUT, .key = "mega/p/y", .value = "3", .value_len = 1},
+                        {.kind = MEGAD_ETCD_GET, .key = "mega/p/", .prefix = true}};
+  res x = txn(&v, &c, 1, t, 2, NULL, 0);
+  assert_true(x.succeeded);
+  assert_int_equal(x.nkvs, 2);
+  assert_string_equal(x.kv[0].key, "mega/p/x");
+  assert_string_equal(x.kv[0].value, "1");
+  assert_string_equal(x.kv[1].key, "mega/p/y");
+  res g = get(&w2, "mega/", true);
+  assert_int_equal(g.nkvs, 1);
+  assert_string_equal(g.kv[0].key, "mega/p/x");
+  assert_string_equal(g.kv[0].value, "2");
+  assert_true(run_until_events(&v, &s, 2, 10000));
+  run_for(&v, 200);
+  assert_int_equal(s.n, 2); /* not the other cluster's put */
+  assert_string_equal(s.ev[0].key, "mega/p/x");
+  assert_string_equal(s.ev[1].key, "mega/p/y");
+  megad_etcd_watch_cancel(w);
+  /* in etcd itself, under the prefixes */
+  assert_int_equal(etcd_fx_ctl(&one, "get teams/a/p/x | grep -qx 1"), 0);
+  assert_int_equal(etcd_fx_ctl(&one, "get teams/b/p/x | grep -qx 2"), 0);
+  assert_int_equal(etcd_fx_ctl(&one, "get --prefix mega/p/ --keys-only | grep -q ."), 1);
+  del(&v, "mega/p/", true);
+  del(&w2, "mega/p/", true);
+  env_close(&w2);
+  env_close(&v);
+}
+
 static void test_watch_compacted_resets(void **state) {
   (void)state;
   env v;
@@ -558,6 +620,7 @@ int main(void) {
       cmocka_unit_test(test_fenced_put),
       cmocka_unit_test(test_session_end_and_revoke),
       cmocka_unit_test(test_watch_order_and_replay),
+      cmocka_unit_test(test_prefix_maps_keys),
       cmocka_unit_test(test_watch_compacted_resets),
       cmocka_unit_test(test_free_cancels),
       cmocka_unit_test(test_three_members_failover),

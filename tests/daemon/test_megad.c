@@ -128,6 +128,28 @@ static void test_bad_input(void **state) {
     assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
     if (!strstr(err.msg, tp_why[k])) fail_msg("case %d: %s", k, err.msg);
   }
+  /* Llama's sizes, sent raw: megactl's words (tests/client/test_cli.sh) */
+#define LLAMA "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu"
+  const char *llama_bad[][12] = {
+      {LLAMA, "--group-query-attention", "--num-query-groups", "3", NULL},
+      {LLAMA, "--group-query-attention", "--tensor-model-parallel-size", "2", NULL},
+      {LLAMA, "--hidden-size", "16", NULL},
+      {LLAMA, "--rotary-percent", "1.5", NULL},
+  };
+#undef LLAMA
+  const char *llama_why[] = {
+      "invalid job: --num-attention-heads 2 is not divisible by --num-query-groups 3: each "
+      "query group shares its key and value heads with the same number of query heads",
+      "invalid job: --num-query-groups 1 is not divisible by --tensor-model-parallel-size 2: "
+      "each tensor-parallel rank holds whole query groups",
+      "invalid job: --swiglu without --ffn-hidden-size takes Megatron's default int(4 x 16 x "
+      "2/3 / 64) x 64 = 0 for --hidden-size 16; give --ffn-hidden-size N",
+      "--rotary-percent must be at most 1 (got 1.5)"};
+  for (int k = 0; k < 4; k++) {
+    hd_tiny_spec(&spec, d.dir, 3, llama_bad[k]);
+    assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+    if (!strstr(err.msg, llama_why[k])) fail_msg("llama case %d: %s", k, err.msg);
+  }
   const char *bad_flag[] = {"--no-such-flag", NULL};
   hd_tiny_spec(&spec, d.dir, 3, bad_flag);
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);

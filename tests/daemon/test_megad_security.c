@@ -371,6 +371,17 @@ static void test_bounded_input(void **state) {
   fprintf(stderr, "memory: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "the model needs about"));
   assert_non_null(strstr(err.msg, "but node b1 has"));
+  /* Llama 3 8B's shape counts its 8.03B parameters */
+  const char *llama3[] = {"--num-layers", "32", "--hidden-size", "4096",
+                          "--num-attention-heads", "32", "--seq-length", "2048",
+                          "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                          "--swiglu", "--ffn-hidden-size", "14336", "--group-query-attention",
+                          "--num-query-groups", "8", "--untie-embeddings-and-output-weights",
+                          "--disable-bias-linear", "--tokenizer-type", "NullTokenizer",
+                          "--vocab-size", "128255", "--max-position-embeddings", "8192", NULL};
+  assert_int_equal(submit_with(&d, "x", 1, 1, llama3, &err), MEGA_ERR_INVALID);
+  fprintf(stderr, "memory: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "for 8.03B parameters"));
   const char *layers[] = {"--num-layers", "100000", NULL};
   assert_int_equal(submit_with(&d, "x", 1, 1, layers, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--num-layers 100000 is larger than the 4096 allowed"));

@@ -29,10 +29,18 @@ meeting through a Gloo FileStore), checked against a single rank.
                --async-save) holds whole tensors under HF names, equal to the
                unsharded run's, and resumes at DP 1, 2 and 4 on the
                uninterrupted loss curve
+  llama        a Llama (RoPE, RMSNorm, SwiGLU, 4 heads over 2 query groups),
+               untied and tied: TP 2 (groups split), TP 2 x PP 2 with sequence
+               parallelism, interleaved VP 2, zero-bubble, DP 2 with the
+               distributed optimizer and overlap, recomputation, each equal to
+               the single rank; a checkpoint saved at TP 2 x PP 2 resumes on
+               one rank, and one rank's at TP 2 (--full: every combination of
+               TP, PP schedule, DP, option and head)
 
 
 usage: pipeline_check.py MEGAW {equivalence [--full] | memory | kill | daemon MEGAD |
-                                checkpoint [--full] | dataparallel [--full] | distckpt}
+                                checkpoint [--full] | dataparallel [--full] | distckpt |
+                                llama [--full]}
 """
 import array
 import itertools
@@ -589,8 +597,118 @@ def distckpt(megaw, tmp):
     return ok
 
 
+# A small Llama: 4 query heads over 2 groups, SwiGLU, RMSNorm, RoPE.
+LLAMA = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+         "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+         "--ffn-hidden-size", "64", "--group-query-attention", "--num-query-groups", "2",
+         "--disable-bias-linear", "--seq-length", "16", "--micro-batch-size", "2",
+         "--global-batch-size", "16", "--lr", "3e-3", "--lr-warmup-iters", "1",
+         "--clip-grad", "1.0", "--seed", "7"]
+UNTIE = ["--untie-embeddings-and-output-weights"]
+LLAMA_PIPES = {  # name: (PP, flags)
+    "pp1": (1, []),
+    "1f1b": (2, ["--pipeline-model-parallel-size", "2", "--schedule", "1f1b"]),
+    "vp2": (2, ["--pipeline-model-parallel-size", "2",
+                "--virtual-pipeline-model-parallel-size", "2"]),
+    "zb-h1": (2, ["--pipeline-model-parallel-size", "2", "--schedule", "zb-h1"]),
+}
+LLAMA_EXTRAS = {  # name: (needs TP 2, needs DP 2, flags)
+    "plain": (False, False, []),
+    "sp": (True, False, ["--sequence-parallel"]),
+    "dist-overlap": (False, True, ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                                   "--bucket-size", "3000", "--overlap-param-gather"]),
+    "full-recompute": (False, False, ["--recompute-granularity", "full", "--recompute-method",
+                                      "uniform", "--recompute-num-layers", "1"]),
+    "selective": (False, False, ["--recompute-granularity", "selective"]),
+}
+
+
+def llama_combos():
+    for tp, dp, pipe, extra, untied in itertools.product((1, 2), (1, 2), LLAMA_PIPES,
+                                                         LLAMA_EXTRAS, (True, False)):
+        pp = LLAMA_PIPES[pipe][0]
+        need_tp, need_dp, _ = LLAMA_EXTRAS[extra]
+        if tp * pp * dp > 4 or (need_tp and tp < 2) or (need_dp and dp < 2):
+            continue
+        yield tp, dp, pipe, extra, untied
+
+
+# The issue's cases: TP 2 (query groups split), TP 2 x PP 2 with sequence
+# parallelism, interleaved VP 2, zero-bubble, DP 2 with the distributed
+# optimizer and overlap, recomputation; and a tied head across PP 2 (the
+# embedding group) and in TP.
+LLAMA_SAMPLE = [(2, 1, "pp1", "plain", True), (2, 1, "1f1b", "sp", True),
+                (1, 1, "vp2", "plain", True), (1, 1, "zb-h1", "plain", True),
+                (1, 2, "pp1", "dist-overlap", True), (1, 2, "1f1b", "full-recompute", True),
+                (2, 1, "pp1", "selective", True), (1, 1, "1f1b", "plain", False),
+                (2, 1, "zb-h1", "full-recompute", False)]
+# saved under (world, flags), resumed under (world, flags)
+LLAMA_CKPT = [((4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                    "--sequence-parallel"]), (1, [])),
+              ((1, []), (2, ["--tensor-model-parallel-size", "2"]))]
+
+
+def llama(megaw, tmp, full):
+    """A Llama's losses under every layout equal the single rank's, untied
+    and tied; and a checkpoint saved under one layout resumes under another
+    on the single rank's curve."""
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    base = LLAMA + ["--train-iters", str(ITERS), "--data-path", data]
+    refs = {u: losses_of(launch(megaw, 1, base + (UNTIE if u else []), tmp),
+                         "single rank, %s" % ("untied" if u else "tied"))
+            for u in (True, False)}
+    combos = list(llama_combos()) if full else LLAMA_SAMPLE
+    failed = 0
+    t0 = time.time()
+    for tp, dp, pipe, extra, untied in combos:
+        pp, pflags = LLAMA_PIPES[pipe]
+        name = "llama tp=%d pp=%d dp=%d %s %s %s" % (tp, pp, dp, pipe, extra,
+                                                      "untied" if untied else "tied")
+        args = base + pflags + LLAMA_EXTRAS[extra][2] + (UNTIE if untied else [])
+        args += ["--tensor-model-parallel-size", str(tp)] if tp > 1 else []
+        try:
+            got = losses_of(launch(megaw, tp * pp * dp, args, tmp), name)
+            for it, loss in refs[untied].items():
+                if abs(got[it] - loss) > RTOL * abs(loss):
+                    raise RuntimeError("%s: iteration %d loss %.9f, single rank %.9f" %
+                                       (name, it, got[it], loss))
+            print("ok   %s" % name, flush=True)
+        except RuntimeError as e:
+            failed += 1
+            print("FAIL %s" % e, flush=True)
+    ckpt = base[:-4] + ["--data-path", data, "--lr-decay-iters", str(CKPT_ITERS)] + UNTIE
+    ref = losses_range(launch(megaw, 1, ckpt + ["--train-iters", str(CKPT_ITERS)], tmp),
+                       "single rank", 1, CKPT_ITERS)
+    for k, ((w1, f1), (w2, f2)) in enumerate(LLAMA_CKPT):
+        name = "llama checkpoint saved at %s, resumed at %s" % (
+            " ".join(f1) or "one rank", " ".join(f2) or "one rank")
+        save = os.path.join(tmp, "llama-ckpt-%d" % k)
+        try:
+            got = losses_range(launch(megaw, w1, ckpt + f1 + ["--train-iters", str(CKPT_SAVE_AT),
+                                                              "--save", save], tmp),
+                               name, 1, CKPT_SAVE_AT)
+            check_manifest(os.path.join(save, "iter_%07d" % CKPT_SAVE_AT))
+            got.update(losses_range(launch(megaw, w2, ckpt + f2 + [
+                "--train-iters", str(CKPT_ITERS), "--load", save], tmp), name,
+                CKPT_SAVE_AT + 1, CKPT_ITERS))
+            bad = [i for i in ref if abs(got[i] - ref[i]) > RTOL * abs(ref[i])]
+            if bad:
+                raise RuntimeError("%s: iteration %d loss %.9f, single rank %.9f" %
+                                   (name, bad[0], got[bad[0]], ref[bad[0]]))
+            print("ok   %s" % name, flush=True)
+        except RuntimeError as e:
+            failed += 1
+            print("FAIL %s" % e, flush=True)
+    n = len(combos) + len(LLAMA_CKPT)
+    print("%d of %d Llama layouts and checkpoint pairs match the single rank (%.0f s)" %
+          (n - failed, n, time.time() - t0))
+    return failed == 0
+
+
 def main():
-    modes = ("equivalence", "memory", "kill", "daemon", "checkpoint", "dataparallel", "distckpt")
+    modes = ("equivalence", "memory", "kill", "daemon", "checkpoint", "dataparallel", "distckpt",
+             "llama")
     if len(sys.argv) < 3 or sys.argv[2] not in modes:
         print(__doc__, file=sys.stderr)
         return 2
@@ -608,6 +726,8 @@ def main():
             ok = dataparallel(megaw, tmp, "--full" in sys.argv[3:])
         elif mode == "distckpt":
             ok = distckpt(megaw, tmp)
+        elif mode == "llama":
+            ok = llama(megaw, tmp, "--full" in sys.argv[3:])
         else:
             ok = kill(megaw, tmp)
     return 0 if ok else 1

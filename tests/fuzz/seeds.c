@@ -355,7 +355,7 @@ static void checkpoints(void) {
   job.seq_length = 16;
   mega_ckpt_state st = {.iteration = 10, .consumed_samples = 40, .optimizer_steps = 10,
                         .attempt = 1, .has_sched = true,
-                        .sched = {.lr = 1e-3, .min_lr = 0, .warmup_iters = 0, .decay_iters = 20}};
+                        .sched = {.lr = 1e-3, .min_lr = 0, .warmup = 0, .decay = 20}};
   json_t *j = mega_ckpt_state_json(&st, &job, true);
   char *t = json_dumps(j, JSON_INDENT(2));
   put_str("ckpt", "trainer_state", 3, t);

@@ -10,8 +10,11 @@ the two-rank layouts without two GPUs (NCCL takes one GPU per rank).
   dp2     DP=2 with --overlap-grad-reduce and --use-distributed-optimizer:
           buckets reduce-scattered and parameters all-gathered over NCCL
   bf16    one rank with --bf16 against the cpu backend's --bf16
+  llama   one rank of pipeline_check.py's Llama (RMSNorm, SwiGLU, RoPE and
+          grouped-query attention kernels, untied head)
+  llama-tp2  the Llama at TP=2: query groups split, collectives over NCCL
 
-usage: cuda_training.py MEGAW [single|pp2|dp2|bf16]
+usage: cuda_training.py MEGAW [single|pp2|dp2|bf16|llama|llama-tp2]
 """
 import os
 import sys
@@ -26,6 +29,8 @@ MODES = {
     "dp2": (2, ["--overlap-grad-reduce", "--use-distributed-optimizer", "--bucket-size",
                 "20000"]),
     "bf16": (1, ["--bf16"]),
+    "llama": (1, []),
+    "llama-tp2": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
 }
 RTOL = {"bf16": 1e-3}
 
@@ -36,7 +41,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data.txt")
         pc.write_data(data)
-        args = pc.MODEL + ["--train-iters", str(pc.ITERS), "--data-path", data] + extra
+        model = pc.LLAMA + pc.UNTIE if mode.startswith("llama") else pc.MODEL
+        args = model + ["--train-iters", str(pc.ITERS), "--data-path", data] + extra
         res = pc.launch(megaw, world, args + ["--backend", "cuda"], tmp, timeout=240)
         why = [err.strip() for rc, _, err in res if rc != 0]
         if any("no CUDA device" in w for w in why):

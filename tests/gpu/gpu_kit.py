@@ -15,6 +15,10 @@ one command and well inside its 10 minutes (see ../shared/notes/device.md).
            to 50,304) on one GPU: megaw fp32 and --bf16, and PyTorch on the
            same card (bf16 autocast, SDPA, fused AdamW), eager and compiled:
            tokens/s, MFU against the card's bf16 dense peak, peak memory
+  profile  where megaw's time goes: ncu's kernel times over one --bf16
+           iteration of GPT-2 124M (one micro batch), grouped by kernel
+  sanitize compute-sanitizer memcheck and racecheck on test_cuda_backend,
+           memcheck on a small megaw --backend cuda run (fp32 and --bf16)
 
 --dry-run runs the same steps on this machine's CPU with a tiny model (the
 curves compare cpu with cpu): it proves the bundle runs from anywhere with
@@ -170,7 +174,7 @@ def step_suite(k):
     gpu_tests = os.path.join(k.bundle, "tests", "gpu")
     progs = [("test_cuda_backend", [os.path.join(k.bin, "test_cuda_backend")], 90),
              ("test_nccl", [os.path.join(k.bin, "test_nccl")], 45)]
-    for mode in ("single", "bf16", "pp2", "dp2"):
+    for mode in ("single", "bf16", "pp2", "dp2", "llama", "llama-tp2"):
         progs.append(("cuda_training_" + mode, [py, os.path.join(gpu_tests, "cuda_training.py"),
                                                 os.path.join(k.bin, "megaw"), mode], 120))
     for name, cmd, timeout in progs:
@@ -329,6 +333,15 @@ def bench_row(k, what, tps, fpt, mem, extra=""):
     k.facts.setdefault("bench", {})[what] = {"tokens_per_s": tps, "mfu": m, "peak_bytes": mem}
 
 
+def gpt2_args(k, m, iters, mbs, gbs, prefix):
+    args = ["--num-layers", m["layers"], "--hidden-size", m["channels"], "--num-attention-heads",
+            m["heads"], "--seq-length", m["seq"], "--micro-batch-size", mbs,
+            "--global-batch-size", gbs, "--train-iters", iters, "--lr", "6e-4",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", m["vocab"], "--data-path",
+            prefix, "--backend", k.backend]
+    return [str(x) for x in args]
+
+
 def step_bench(k):
     m = TINY if k.a.dry_run else GPT2
     padded = (m["vocab"] + 127) // 128 * 128
@@ -337,12 +350,7 @@ def step_bench(k):
                                   flops_per_token=fpt)
     prefix = os.path.join(k.work, "tokens")
     write_tokens(prefix, (m["iters"] + 2) * m["gbs"] * (m["seq"] + 1) * 2, m["vocab"])
-    args = ["--num-layers", m["layers"], "--hidden-size", m["channels"], "--num-attention-heads",
-            m["heads"], "--seq-length", m["seq"], "--micro-batch-size", m["mbs"],
-            "--global-batch-size", m["gbs"], "--train-iters", m["iters"], "--lr", "6e-4",
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", m["vocab"], "--data-path",
-            prefix, "--backend", k.backend, "--json"]
-    args = [str(x) for x in args]
+    args = gpt2_args(k, m, m["iters"], m["mbs"], m["gbs"], prefix) + ["--json"]
     for prec in ("fp32", "bf16"):
         what = "megaw %s %s" % (k.backend, prec)
         mem = MemSampler(not k.a.dry_run)
@@ -390,6 +398,83 @@ def torch_bench(k, m):
                   " | first step %.0f s" % res["first_step_s"])
 
 
+def kernel_family(name):
+    """A kernel's name without its arguments: mega_cu_xent_fwd for our
+    lambdas' wrappers, the stem of cuBLAS's and others' names."""
+    if "mega_cu_" in name:
+        return "mega_cu_" + name.split("mega_cu_")[1].split(":")[0].split("<")[0]
+    return name.replace("void ", "").split("(")[0].split("<")[0][:60]
+
+
+def ncu_families(csv_text):
+    """{kernel family: (kernels, ns)} from ncu --csv's gpu__time_duration rows."""
+    import csv
+    rows = [r for r in csv.reader(csv_text.splitlines()) if len(r) > 10]
+    if len(rows) < 2 or "Kernel Name" not in rows[0]:
+        return {}
+    ki, vi = rows[0].index("Kernel Name"), rows[0].index("Metric Value")
+    fam = {}
+    for r in rows[1:]:
+        try:
+            ns = float(r[vi].replace(",", ""))
+        except ValueError:
+            continue
+        f = kernel_family(r[ki])
+        n, t = fam.get(f, (0, 0.0))
+        fam[f] = (n + 1, t + ns)
+    return fam
+
+
+def step_profile(k):
+    ncu = shutil.which("ncu")
+    if k.a.dry_run or not ncu:
+        k.row("profile", "ncu kernel times", "skipped",
+              "dry run" if k.a.dry_run else "no ncu on this machine")
+        return
+    m = GPT2
+    prefix = os.path.join(k.work, "tokens-prof")
+    write_tokens(prefix, 4 * m["mbs"] * (m["seq"] + 1) * 2, m["vocab"])
+    cmd = [ncu, "--metrics", "gpu__time_duration.sum", "--csv", os.path.join(k.bin, "megaw")]
+    cmd += gpt2_args(k, m, 1, m["mbs"], m["mbs"], prefix) + ["--bf16"]
+    rc, out, err, secs = k.run("profile-ncu", cmd, 150)
+    fam = ncu_families(out)
+    if rc != 0 or not fam:
+        k.row("profile", "ncu kernel times", verdict(rc) if rc else "FAIL", tail(err, 160))
+        return
+    total = sum(t for _, t in fam.values())
+    k.facts["profile"] = {f: {"kernels": n, "ms": t / 1e6} for f, (n, t) in fam.items()}
+    k.row("profile", "one --bf16 micro batch (ncu)", "ok", "%.1f ms in %d kernels, %.0f s" %
+          (total / 1e6, sum(n for n, _ in fam.values()), secs))
+    for f, (n, t) in sorted(fam.items(), key=lambda x: -x[1][1])[:10]:
+        k.row("profile", f[:34], "", "%5.1f%% %7.2f ms %5d kernels" % (100 * t / total, t / 1e6, n))
+
+
+def step_sanitize(k):
+    tool = shutil.which("compute-sanitizer")
+    if k.a.dry_run or not tool:
+        k.row("sanitize", "compute-sanitizer", "skipped",
+              "dry run" if k.a.dry_run else "no compute-sanitizer on this machine")
+        return
+    for t in ("memcheck", "racecheck"):
+        rc, out, err, secs = k.run("sanitize-" + t, [tool, "--tool", t, "--error-exitcode", "9",
+                                                     os.path.join(k.bin, "test_cuda_backend")], 120)
+        summary = [ln for ln in (out + err).splitlines() if "SUMMARY" in ln]
+        k.row("sanitize", t + " test_cuda_backend", "ok" if rc == 0 else verdict(rc),
+              head(summary[-1] if summary else tail(out + err, 120), 100))
+    data = os.path.join(k.work, "sanitize.txt")
+    write_text(data, 4000)
+    for prec in ("fp32", "bf16"):
+        cmd = [tool, "--tool", "memcheck", "--error-exitcode", "9", os.path.join(k.bin, "megaw"),
+               "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+               "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "4",
+               "--train-iters", "2", "--lr", "1e-3", "--data-path", data, "--backend", "cuda"]
+        rc, out, err, secs = k.run("sanitize-megaw-" + prec, cmd + (["--bf16"] if prec == "bf16"
+                                                                  else []), 120)
+        summary = [ln for ln in (out + err).splitlines() if "SUMMARY" in ln]
+        k.row("sanitize", "memcheck megaw " + prec, "ok" if rc == 0 else verdict(rc),
+              head(summary[-1] if summary else tail(err, 120), 100))
+
+
 def finish(k):
     lines = ["", "gpu-check %s | %s | driver %s | %s" % (
         time.strftime("%Y-%m-%d"), k.facts.get("card", "no GPU (dry run)" if k.a.dry_run else "?"),
@@ -419,14 +504,15 @@ def main():
     p.add_argument("--out")
     p.add_argument("--budget", type=float, default=450)
     p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--only", default="suite,curves,bench",
-                   help="comma-separated steps among suite, curves, bench")
+    p.add_argument("--only", default="suite,curves,bench,profile,sanitize",
+                   help="comma-separated steps among suite, curves, bench, profile, sanitize")
     a = p.parse_args()
     k = Kit(a)
     steps = a.only.split(",")
     step_facts(k)
     if step_libs(k):
-        for name, fn in (("suite", step_suite), ("curves", step_curves), ("bench", step_bench)):
+        for name, fn in (("suite", step_suite), ("curves", step_curves), ("bench", step_bench),
+                         ("profile", step_profile), ("sanitize", step_sanitize)):
             if name in steps:
                 fn(k)
     rc = finish(k)

@@ -1,6 +1,7 @@
 /* The cuda backend against the cpu backend, op by op, on random inputs:
  * GEMMs in every transpose case (and batched), the matmuls, every kernel
- * forward and backward, attention, AdamW and the reductions. Needs a GPU:
+ * forward and backward (Llama's too), attention (grouped-query too), AdamW
+ * and the reductions. Needs a GPU:
  * without one (or without the module) it says why and exits 77, which
  * meson counts as skipped. It has not yet run on a GPU. */
 #include <math.h>
@@ -112,19 +113,25 @@ static void test_model_ops(void) {
     cpu->ops->matmul_forward(cpu, y, x, W, bias, NULL, N, C, 3 * C, (mega_wlayout)lay);
     gpu->ops->matmul_forward(gpu, gy, dx, dW, dbias, NULL, N, C, 3 * C, (mega_wlayout)lay);
     same(lay ? "matmul forward (out, in)" : "matmul forward (in, out)", gy, y, N * 3 * C, 1e-4);
-    cpu->ops->matmul_backward_input(cpu, o, y, W, N, C, 3 * C, (mega_wlayout)lay);
-    gpu->ops->matmul_backward_input(gpu, go, gy, dW, N, C, 3 * C, (mega_wlayout)lay);
-    same("matmul backward input", go, o, N * C, 1e-3);
+    for (int acc = 0; acc < 2; acc++) {
+      cpu->ops->matmul_backward_input(cpu, o, y, W, N, C, 3 * C, (mega_wlayout)lay, acc);
+      gpu->ops->matmul_backward_input(gpu, go, gy, dW, N, C, 3 * C, (mega_wlayout)lay, acc);
+      same(acc ? "matmul backward input (added)" : "matmul backward input", go, o, N * C, 1e-3);
+    }
   }
   /* attention */
   size_t tt = (size_t)Bt * NH * T * T, sn = tt + (size_t)N * C;
   float *att = calloc(tt, 4), *scr = calloc(sn, 4), *gatt = dev_zero(tt * 4), *gscr = dev_zero(sn * 4);
-  cpu->ops->attention_forward(cpu, o, att, scr, y, Bt, T, C, NH);
-  gpu->ops->attention_forward(gpu, go, gatt, gscr, gy, Bt, T, C, NH);
+  mega_attn_dims ad = {.B = Bt, .T = T, .NH = NH, .G = NH, .hs = C / NH, .ldq = 3 * C,
+                       .ldkv = 3 * C};
+  cpu->ops->attention_forward(cpu, o, att, scr, y, y + C, y + 2 * C, &ad);
+  gpu->ops->attention_forward(gpu, go, gatt, gscr, gy, gy + C, gy + 2 * C, &ad);
   same("attention", go, o, N * C, 1e-4);
   float *dq = calloc((size_t)N * 3 * C, 4), *gdq = dev_zero(sizeof(float) * N * 3 * C);
-  cpu->ops->attention_backward(cpu, dq, scr, d, y, att, Bt, T, C, NH);
-  gpu->ops->attention_backward(gpu, gdq, gscr, dd, gy, gatt, Bt, T, C, NH);
+  cpu->ops->attention_backward(cpu, dq, dq + C, dq + 2 * C, scr, d, y, y + C, y + 2 * C, att,
+                               &ad);
+  gpu->ops->attention_backward(gpu, gdq, gdq + C, gdq + 2 * C, gscr, dd, gy, gy + C, gy + 2 * C,
+                               gatt, &ad);
   same("attention backward", gdq, dq, N * 3 * C, 1e-3);
   /* cross-entropy */
   float *lg = vec(N * V, 10, 4), loss[N], probs[N * V];
@@ -176,8 +183,8 @@ static void test_bf16_matmuls(void) {
     gpu->ops->matmul_forward(gpu, gy, gx, gW, gb, NULL, N, C, 3 * C, l);
     same(lay ? "bf16 matmul forward (out, in)" : "bf16 matmul forward (in, out)", gy, y,
          N * 3 * C, 1e-4);
-    cpu->ops->matmul_backward_input(cpu, dx, dy, W, N, C, 3 * C, l);
-    gpu->ops->matmul_backward_input(gpu, gdx, gdy, gW, N, C, 3 * C, l);
+    cpu->ops->matmul_backward_input(cpu, dx, dy, W, N, C, 3 * C, l, false);
+    gpu->ops->matmul_backward_input(gpu, gdx, gdy, gW, N, C, 3 * C, l, false);
     same("bf16 matmul backward input", gdx, dx, N * C, 1e-3);
     float *dW = calloc((size_t)C * 3 * C, 4), *gdW = dev_zero(sizeof(float) * C * 3 * C);
     float *db = calloc(3 * C, 4), *gdb = dev_zero(sizeof(float) * 3 * C);
@@ -188,6 +195,65 @@ static void test_bf16_matmuls(void) {
   }
   cpu->ops->set_bf16(cpu, false, &err);
   gpu->ops->set_bf16(gpu, false, &err);
+}
+
+/* RMSNorm, SwiGLU, RoPE and grouped-query attention (8 query heads over 2
+ * key/value heads of 6, on separate q, k and v). */
+static void test_llama_ops(void) {
+  float *x = vec(N * C, 31, 2), *w = vec(C, 32, 1), *d = vec(N * C, 33, 1);
+  float *gx = up(x, sizeof(float) * N * C), *gw = up(w, sizeof(float) * C);
+  float *gd = up(d, sizeof(float) * N * C);
+  float *o = malloc(sizeof(float) * N * C), r[N], *go = dev_zero(sizeof(float) * N * C);
+  float *gr = dev_zero(sizeof r);
+  cpu->ops->rmsnorm_forward(cpu, o, r, x, w, N, C, 1e-5f);
+  gpu->ops->rmsnorm_forward(gpu, go, gr, gx, gw, N, C, 1e-5f);
+  same("rmsnorm", go, o, N * C, 1e-5);
+  cpu->ops->rmsnorm_backward_input(cpu, o, x, d, x, w, r, N, C);
+  gpu->ops->rmsnorm_backward_input(gpu, go, gx, gd, gx, gw, gr, N, C);
+  same("rmsnorm backward", go, o, N * C, 1e-4);
+  float dw[C] = {0}, *gdw = dev_zero(sizeof dw);
+  cpu->ops->rmsnorm_backward_weight(cpu, dw, d, x, r, N, C);
+  gpu->ops->rmsnorm_backward_weight(gpu, gdw, gd, gx, gr, N, C);
+  same("rmsnorm dw", gdw, dw, C, 1e-4);
+  float *u = malloc(sizeof(float) * N * C), *gu = dev_zero(sizeof(float) * N * C);
+  cpu->ops->swiglu_forward(cpu, o, x, d, (size_t)N * C);
+  gpu->ops->swiglu_forward(gpu, go, gx, gd, (size_t)N * C);
+  same("swiglu", go, o, N * C, 1e-5);
+  cpu->ops->swiglu_backward(cpu, o, u, x, d, x, (size_t)N * C);
+  gpu->ops->swiglu_backward(gpu, go, gu, gx, gd, gx, (size_t)N * C);
+  same("swiglu dgate", go, o, N * C, 1e-5);
+  same("swiglu dup", gu, u, N * C, 1e-5);
+  enum { Q = 8, KV = 2, HS = 6, ROT = 4 };
+  float cs[T * ROT];
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < ROT / 2; i++) {
+      cs[t * ROT + i] = cosf(0.1f * t * (i + 1));
+      cs[t * ROT + ROT / 2 + i] = sinf(0.1f * t * (i + 1));
+    }
+  float *gcs = up(cs, sizeof cs);
+  size_t nq = (size_t)N * Q * HS, nk = (size_t)N * KV * HS;
+  float *q = vec(nq + 2 * nk, 34, 1), *gq = up(q, sizeof(float) * (nq + 2 * nk));
+  cpu->ops->rope_forward(cpu, q, cs, Bt, T, Q, HS, Q * HS, ROT);
+  gpu->ops->rope_forward(gpu, gq, gcs, Bt, T, Q, HS, Q * HS, ROT);
+  same("rope", gq, q, nq, 1e-5);
+  cpu->ops->rope_backward(cpu, q, cs, Bt, T, Q, HS, Q * HS, ROT);
+  gpu->ops->rope_backward(gpu, gq, gcs, Bt, T, Q, HS, Q * HS, ROT);
+  same("rope backward", gq, q, nq, 1e-5);
+  mega_attn_dims ad = {.B = Bt, .T = T, .NH = Q, .G = KV, .hs = HS, .ldq = Q * HS,
+                       .ldkv = KV * HS};
+  size_t tt = (size_t)Bt * Q * T * T, sn = tt + nq;
+  float *att = calloc(tt, 4), *scr = calloc(sn, 4), *gatt = dev_zero(tt * 4);
+  float *gscr = dev_zero(sn * 4), *dy = vec(nq, 35, 1), *gdy = up(dy, sizeof(float) * nq);
+  float *y = malloc(sizeof(float) * nq), *gy = dev_zero(sizeof(float) * nq);
+  cpu->ops->attention_forward(cpu, y, att, scr, q, q + nq, q + nq + nk, &ad);
+  gpu->ops->attention_forward(gpu, gy, gatt, gscr, gq, gq + nq, gq + nq + nk, &ad);
+  same("grouped-query attention", gy, y, nq, 1e-4);
+  float *g = calloc(nq + 2 * nk, 4), *gg = dev_zero(sizeof(float) * (nq + 2 * nk));
+  cpu->ops->attention_backward(cpu, g, g + nq, g + nq + nk, scr, dy, q, q + nq, q + nq + nk,
+                               att, &ad);
+  gpu->ops->attention_backward(gpu, gg, gg + nq, gg + nq + nk, gscr, gdy, gq, gq + nq,
+                               gq + nq + nk, gatt, &ad);
+  same("grouped-query attention backward", gg, g, nq + 2 * nk, 1e-3);
 }
 
 int main(void) {
@@ -204,6 +270,7 @@ int main(void) {
   }
   test_gemms();
   test_model_ops();
+  test_llama_ops();
   test_bf16_matmuls();
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
   /* buffers are left to the process's end: the device goes with it */

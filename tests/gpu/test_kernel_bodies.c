@@ -1,5 +1,5 @@
 /* The cuda backend's kernels without a GPU: every body of
- * kernels/gpt_bodies.h run over every index on the CPU as
+ * kernels/gpt_bodies.h (GPT-2's and Llama's) run over every index on the CPU as
  * kernels/gpt_kernels.cu composes it on the device (row bodies in lanes,
  * column bodies in row lanes, their partials combined between phases; here
  * with lane counts that do and do not divide the row), and the
@@ -261,30 +261,110 @@ static void body_softmax_bwd(mega_backend *b, float *da, const float *att, int64
   }
 }
 
-static void test_attention_composition(void **state) {
-  (void)state;
-  const mega_attn_softmax sm = {.forward = body_softmax, .backward = body_softmax_bwd};
-  size_t tt = (size_t)B * NH * T * T, scratch_n = tt + (size_t)N * C;
-  float *qkv = vec(N * 3 * C, 17, 1), *dy = vec(N * C, 18, 1);
-  float *o1 = calloc(N * C, 4), *o2 = calloc(N * C, 4), *a1 = calloc(tt, 4), *a2 = calloc(tt, 4);
+/* One attention shape: q [N, ldq] and k, v [N, ldkv] at the given
+ * pointers into qkv (and dq, dk, dv at the same offsets into a gradient
+ * buffer of the same size), NHq query and G key/value heads of hs. */
+static void attention_case(const mega_attn_softmax *sm, int NHq, int G, int hs, size_t qkv_n,
+                           size_t qo, size_t ko, size_t vo, int ldq, int ldkv) {
+  mega_attn_dims d = {.B = B, .T = T, .NH = NHq, .G = G, .hs = hs, .ldq = ldq, .ldkv = ldkv};
+  size_t nout = (size_t)N * NHq * hs, tt = (size_t)B * NHq * T * T, scratch_n = tt + nout;
+  float *qkv = vec(qkv_n, 17, 1), *dy = vec(nout, 18, 1);
+  float *o1 = calloc(nout, 4), *o2 = calloc(nout, 4), *a1 = calloc(tt, 4), *a2 = calloc(tt, 4);
   float *s1 = calloc(scratch_n, 4), *s2 = calloc(scratch_n, 4);
-  float *g1 = calloc(N * 3 * C, 4), *g2 = calloc(N * 3 * C, 4);
-  be->ops->attention_forward(be, o1, a1, s1, qkv, B, T, C, NH);
-  be->ops->attention_backward(be, g1, s1, dy, qkv, a1, B, T, C, NH);
+  float *g1 = calloc(qkv_n, 4), *g2 = calloc(qkv_n, 4);
+  be->ops->attention_forward(be, o1, a1, s1, qkv + qo, qkv + ko, qkv + vo, &d);
+  be->ops->attention_backward(be, g1 + qo, g1 + ko, g1 + vo, s1, dy, qkv + qo, qkv + ko,
+                              qkv + vo, a1, &d);
   FOR_LANES(L) {
     softmax_lanes = L;
-    mega_attn_gemm_forward(be, &sm, o2, a2, qkv, B, T, C, NH);
-    near(o2, o1, N * C, 1e-5, "attention output");
-    for (size_t r = 0; r < (size_t)B * NH * T; r++) { /* at and below the diagonal; zeros above */
+    mega_attn_gemm_forward(be, sm, o2, a2, qkv + qo, qkv + ko, qkv + vo, &d);
+    near(o2, o1, nout, 1e-5, "attention output");
+    for (size_t r = 0; r < (size_t)B * NHq * T; r++) { /* at and below the diagonal; zeros above */
       near(a2 + r * T, a1 + r * T, r % T + 1, 1e-5, "attention probabilities");
       for (size_t j = r % T + 1; j < T; j++)
         if (a2[r * T + j] != 0.0f) fail_msg("attention probability above the diagonal");
     }
-    mega_attn_gemm_backward(be, &sm, g2, s2, dy, qkv, a2, B, T, C, NH);
-    near(g2, g1, N * 3 * C, 1e-5, "attention dqkv");
+    mega_attn_gemm_backward(be, sm, g2 + qo, g2 + ko, g2 + vo, s2, dy, qkv + qo, qkv + ko,
+                            qkv + vo, a2, &d);
+    near(g2, g1, qkv_n, 1e-5, "attention dq, dk, dv");
   }
   free(qkv), free(dy), free(o1), free(o2), free(a1), free(a2), free(s1), free(s2), free(g1),
       free(g2);
+}
+
+/* GPT-2's fused qkv [N, 3C], and grouped-query attention (4 query heads
+ * over 2 key/value heads) on Llama's separate q, k and v. */
+static void test_attention_composition(void **state) {
+  (void)state;
+  const mega_attn_softmax sm = {.forward = body_softmax, .backward = body_softmax_bwd};
+  attention_case(&sm, NH, NH, C / NH, (size_t)N * 3 * C, 0, C, 2 * C, 3 * C, 3 * C);
+  enum { Q = 4, KV = 2, HS = 5 };
+  size_t nq = (size_t)N * Q * HS, nk = (size_t)N * KV * HS;
+  attention_case(&sm, Q, KV, HS, nq + 2 * nk, 0, nq, nq + nk, Q * HS, KV * HS);
+}
+
+/* RMSNorm's row and column bodies, SwiGLU's and RoPE's element bodies. */
+static void test_llama_bodies(void **state) {
+  (void)state;
+  float *x = vec(N * C, 21, 2), *w = vec(C, 22, 1), *d = vec(N * C, 23, 1);
+  float *res = vec(N * C, 24, 1);
+  float o1[N * C], o2[N * C], r1[N], r2[N];
+  be->ops->rmsnorm_forward(be, o1, r1, x, w, N, C, 1e-5f);
+  FOR_LANES(L) {
+    for (int64_t n = 0; n < N; n++) {
+      const float *row = x + n * C;
+      float r = 1.0f / sqrtf(LANES_SUM(L, mega_kr_dot(row, row, C, l, L)) / C + 1e-5f);
+      for (int l = 0; l < L; l++) mega_kr_rmsnorm_fwd(n, l, L, o2, r2, x, w, C, r);
+    }
+    near(o2, o1, N * C, 1e-5, "rmsnorm");
+    near(r2, r1, N, 1e-5, "rmsnorm rstd");
+    for (int with_res = 0; with_res < 2; with_res++) {
+      float d1[N * C], d2[N * C];
+      const float *dres = with_res ? res : NULL;
+      be->ops->rmsnorm_backward_input(be, d1, dres, d, x, w, r1, N, C);
+      for (int64_t n = 0; n < N; n++) {
+        float sd = LANES_SUM(L, mega_kr_rmsnorm_bwd_dot(n, l, L, d, x, w, r1, C)) / C;
+        for (int l = 0; l < L; l++) mega_kr_rmsnorm_bwd_in(n, l, L, d2, dres, d, x, w, r1, C, sd);
+      }
+      near(d2, d1, N * C, 1e-5, "rmsnorm backward");
+    }
+    float dw1[C], dw2[C]; /* they add: start from the same values */
+    for (int c = 0; c < C; c++) dw1[c] = dw2[c] = 0.5f;
+    be->ops->rmsnorm_backward_weight(be, dw1, d, x, r1, N, C);
+    for (int64_t c = 0; c < C; c++)
+      dw2[c] += LANES_SUM(L, mega_kc_rmsnorm_bwd_w(c, l, L, d, x, r1, N, C));
+    near(dw2, dw1, C, 1e-5, "rmsnorm dw");
+  }
+  /* SwiGLU, its backward in place (dgate over dout) as the model runs it */
+  const int n = N * C;
+  float g1[N * C], g2[N * C], u1[N * C], u2[N * C];
+  be->ops->swiglu_forward(be, o1, x, res, n);
+  for (int64_t i = 0; i < n; i++) mega_kb_swiglu_fwd(i, o2, x, res);
+  near(o2, o1, n, 0, "swiglu");
+  memcpy(g1, d, sizeof g1);
+  memcpy(g2, d, sizeof g2);
+  be->ops->swiglu_backward(be, g1, u1, g1, x, res, n);
+  for (int64_t i = 0; i < n; i++) mega_kb_swiglu_bwd(i, g2, u2, g2, x, res);
+  near(g2, g1, n, 0, "swiglu dgate");
+  near(u2, u1, n, 0, "swiglu dup");
+  /* RoPE on 2 heads of 6 (4 rotated) in rows of 14, forward then back */
+  enum { HEADS = 2, HS = 6, ROT = 4, LD = 14 };
+  float cs[T * ROT];
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < ROT / 2; i++) {
+      cs[t * ROT + i] = cosf(0.3f * t * (i + 1));
+      cs[t * ROT + ROT / 2 + i] = sinf(0.3f * t * (i + 1));
+    }
+  float *q1 = vec(N * LD, 25, 1), *q2 = copy(q1, N * LD);
+  be->ops->rope_forward(be, q1, cs, B, T, HEADS, HS, LD, ROT);
+  for (int64_t i = 0; i < N * HEADS * ROT / 2; i++)
+    mega_kb_rope(i, q2, cs, T, HEADS, HS, LD, ROT, 1.0f);
+  near(q2, q1, N * LD, 0, "rope");
+  be->ops->rope_backward(be, q1, cs, B, T, HEADS, HS, LD, ROT);
+  for (int64_t i = 0; i < N * HEADS * ROT / 2; i++)
+    mega_kb_rope(i, q2, cs, T, HEADS, HS, LD, ROT, -1.0f);
+  near(q2, q1, N * LD, 0, "rope backward");
+  free(x), free(w), free(d), free(res), free(q1), free(q2);
 }
 
 static int setup(void **state) {
@@ -302,7 +382,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_encoder),         cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_elementwise),     cmocka_unit_test(test_cross_entropy),
-      cmocka_unit_test(test_attention_composition),
+      cmocka_unit_test(test_attention_composition), cmocka_unit_test(test_llama_bodies),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,13 +1,20 @@
 #!/usr/bin/python3
-"""PyTorch reference vectors for mega's GPT (llm.c style).
+"""PyTorch reference vectors for mega's GPT-2 and Llama (llm.c style).
 
-Reads the tiny checkpoint the C side wrote (gpt_tiny.safetensors: the
-initial weights under Hugging Face GPT-2 names, the batch as input.tokens /
-input.targets, the config in __metadata__), builds the same GPT-2 from
-torch.nn modules in float64, and writes the vectors the C test compares
-against (gpt_tiny_ref.safetensors).
+Reads a tiny checkpoint the C side wrote (gpt_tiny.safetensors or
+llama_tiny.safetensors: the initial weights under Hugging Face names, the
+batch as input.tokens / input.targets, the config in __metadata__, its
+"arch" gpt2 or llama), builds the same model from torch.nn modules in
+float64, and writes the vectors the C tests compare against
+(gpt_tiny_ref.safetensors, llama_tiny_ref.safetensors).
 
-Run with Debian's torch:  /usr/bin/python3 tests/ref/make_ref.py
+The Llama here is written from Hugging Face's LlamaForCausalLM as its
+modeling code defines it (RMSNorm, rotate-half RoPE on q and k, repeat_kv
+for grouped-query attention, SiLU-gated MLP), independently of mega's C:
+a checkpoint that loads into it and gives the same logits loads into HF's.
+
+Run with Debian's torch:  /usr/bin/python3 tests/ref/make_ref.py [--llama]
+  --llama       the Llama pair (default: the GPT-2 pair)
   --ckpt PATH   checkpoint to read (default: next to this script)
   --out PATH    vectors to write (default: next to this script)
   --check PATH  instead of keeping --out, compare it with PATH and exit 1
@@ -141,12 +148,142 @@ class GPT(nn.Module):
                 p.copy_(w.t() if t else w)
 
 
+# ---- Llama in torch.nn, after Hugging Face's modeling_llama ------------------
+
+class RMSNorm(nn.Module):
+    def __init__(self, C, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(C))
+        self.eps = eps
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(T, rot, theta):
+    """HF's default rotary embedding over the first rot channels of a head."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x [B, H, T, hd]: rotate its first cos.shape[-1] channels (HF's
+    partial rotary, as GPT-NeoX and Phi apply partial_rotary_factor)."""
+    rot = cos.shape[-1]
+    xr, xp = x[..., :rot], x[..., rot:]
+    return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        C, nh, g, hd, F = (cfg["channels"], cfg["num_heads"], cfg["num_kv_heads"],
+                           cfg["head_dim"], cfg["ffn_hidden"])
+        bias = not cfg["no_bias"]
+        self.nh, self.g, self.hd = nh, g, hd
+        self.rot = int(hd * cfg["rotary_percent"])
+        self.theta = cfg["rope_theta"]
+        self.input_layernorm = RMSNorm(C, cfg["ln_eps"])
+        self.q_proj = nn.Linear(C, nh * hd, bias=bias)
+        self.k_proj = nn.Linear(C, g * hd, bias=bias)
+        self.v_proj = nn.Linear(C, g * hd, bias=bias)
+        self.o_proj = nn.Linear(nh * hd, C, bias=bias)
+        self.post_attention_layernorm = RMSNorm(C, cfg["ln_eps"])
+        self.gate_proj = nn.Linear(C, F, bias=bias)
+        self.up_proj = nn.Linear(C, F, bias=bias)
+        self.down_proj = nn.Linear(F, C, bias=bias)
+
+    def attn(self, x):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.g, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.g, self.hd).transpose(1, 2)
+        cos, sin = rope_cos_sin(T, self.rot, self.theta)
+        q, k = apply_rope(q, cos.to(q.dtype), sin.to(q.dtype)), apply_rope(k, cos.to(k.dtype),
+                                                                           sin.to(k.dtype))
+        rep = self.nh // self.g  # HF's repeat_kv: query head h reads group h // rep
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, self.nh * self.hd)
+        return self.o_proj(y)
+
+    def forward(self, x):
+        x = x + self.attn(self.input_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["channels"])
+        self.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg["num_layers"]))
+        self.norm = RMSNorm(cfg["channels"], cfg["ln_eps"])
+        self.lm_head = (nn.Linear(cfg["channels"], cfg["vocab_size"], bias=False)
+                        if cfg["untied"] else None)
+
+    def forward(self, idx):
+        x = self.embed_tokens(idx)
+        for block in self.layers:
+            x = block(x)
+        head = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
+        return F.linear(self.norm(x), head)
+
+    # Hugging Face name -> (module parameter, transposed?): nn.Linear is
+    # HF's layout, so nothing is transposed.
+    def hf_params(self):
+        out = {"model.embed_tokens.weight": (self.embed_tokens.weight, False)}
+        for i, b in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            mods = {"input_layernorm": b.input_layernorm, "self_attn.q_proj": b.q_proj,
+                    "self_attn.k_proj": b.k_proj, "self_attn.v_proj": b.v_proj,
+                    "self_attn.o_proj": b.o_proj,
+                    "post_attention_layernorm": b.post_attention_layernorm,
+                    "mlp.gate_proj": b.gate_proj, "mlp.up_proj": b.up_proj,
+                    "mlp.down_proj": b.down_proj}
+            for name, m in mods.items():
+                out[p + name + ".weight"] = (m.weight, False)
+                if getattr(m, "bias", None) is not None:
+                    out[p + name + ".bias"] = (m.bias, False)
+        out["model.norm.weight"] = (self.norm.weight, False)
+        if self.lm_head is not None:
+            out["lm_head.weight"] = (self.lm_head.weight, False)
+        return out
+
+    load_hf = GPT.load_hf
+
+
+def model_from_config(cfg):
+    """The torch model of a config dict (make_config's keys)."""
+    return (Llama(cfg) if cfg.get("arch") == "llama" else GPT(cfg)).double()
+
+
+def make_config(meta):
+    """The model config from a checkpoint's __metadata__ (strings)."""
+    floats = ("init_std", "ln_eps", "rope_theta", "rotary_percent")
+    ints = ("vocab_size", "max_seq_len", "num_layers", "num_heads", "channels", "num_kv_heads",
+            "head_dim", "ffn_hidden")
+    cfg = {k: float(v) for k, v in meta.items() if k in floats}
+    cfg.update({k: int(v) for k, v in meta.items() if k in ints})
+    cfg.update({k: meta[k] == "1" for k in ("untied", "no_bias") if k in meta})
+    cfg["arch"] = meta.get("arch", "gpt2")
+    return cfg
+
+
 def load(ckpt):
     tensors, meta = read_safetensors(ckpt)
-    cfg = {k: (float(v) if k in ("init_std", "ln_eps") else int(v)) for k, v in meta.items()
-           if k in ("vocab_size", "max_seq_len", "num_layers", "num_heads", "channels",
-                    "init_std", "ln_eps")}
-    model = GPT(cfg).double()
+    model = model_from_config(make_config(meta))
     model.load_hf(tensors)
     tokens = torch.from_numpy(tensors["input.tokens"]).long()
     targets = torch.from_numpy(tensors["input.targets"]).long()
@@ -241,10 +378,14 @@ VECTOR_SETS = [vectors_forward_backward, vectors_adamw_steps]
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ckpt", default=os.path.join(HERE, "gpt_tiny.safetensors"))
-    ap.add_argument("--out", default=os.path.join(HERE, "gpt_tiny_ref.safetensors"))
+    ap.add_argument("--llama", action="store_true")
+    ap.add_argument("--ckpt", default=None)
+    ap.add_argument("--out", default=None)
     ap.add_argument("--check", default=None)
     args = ap.parse_args()
+    pair = "llama_tiny" if args.llama else "gpt_tiny"
+    args.ckpt = args.ckpt or os.path.join(HERE, pair + ".safetensors")
+    args.out = args.out or os.path.join(HERE, pair + "_ref.safetensors")
     torch.manual_seed(0)
     vectors = {}
     for fn in VECTOR_SETS:

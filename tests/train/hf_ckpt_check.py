@@ -3,12 +3,16 @@
 
 Trains a tiny model for 2 iterations with megaw and saves; resumes it for a
 3rd iteration (--json). Then, in Python: reads iter_0000002 as a Hugging
-Face GPT-2 directory (config.json, model.safetensors or HF's shards through
+Face directory (config.json, model.safetensors or HF's shards through
 model.safetensors.index.json, HF names and layouts), builds iteration 3's
 batch from the README's data order, and computes its loss with the torch.nn
-GPT-2 of tests/ref/make_ref.py. The two losses must agree. Done twice: saved
-by one rank (one model.safetensors) and by two pipeline stages (a sharded
-checkpoint, one shard per stage).
+model of tests/ref/make_ref.py that config.json names. The two losses must
+agree. GPT-2 saved by one rank (one model.safetensors) and by two pipeline
+stages (a sharded checkpoint, one shard per stage); a Llama (grouped-query
+attention, RoPE of base 500000, untied, no biases) saved by one rank, by two
+pipeline stages and by two tensor-parallel ranks (its query groups split),
+whose greedy continuation by megaw generate must also be the torch model's
+argmax, token by token.
 
   /usr/bin/python3 hf_ckpt_check.py MEGAW WORKDIR
 """
@@ -48,21 +52,22 @@ def read_hf_model(d):
     return tensors
 
 
-def save_and_resume(megaw, flags, save, pp, work):
-    """Saves after 2 iterations on pp pipeline stages (ranks started by
-    hand), resumes for a 3rd on one rank; returns iteration 3's step."""
+def save_and_resume(megaw, flags, save, pp, work, tp=1):
+    """Saves after 2 iterations on pp pipeline stages of tp ranks (started
+    by hand), resumes for a 3rd on one rank; returns iteration 3's step."""
     subprocess.run(["rm", "-rf", save], check=True)
     first = flags + ["--train-iters", "2", "--save", save]
-    if pp == 1:
+    world = pp * tp
+    if world == 1:
         subprocess.run(first, check=True, stdout=subprocess.DEVNULL)
     else:
-        rdv = os.path.join(work, "rdv-pp%d" % pp)
+        rdv = os.path.join(work, "rdv-pp%d-tp%d" % (pp, tp))
         subprocess.run(["rm", "-rf", rdv], check=True)
         os.makedirs(rdv)
-        first += ["--pipeline-model-parallel-size", str(pp), "--world-size", str(pp),
-                  "--rendezvous-dir", rdv]
+        first += ["--pipeline-model-parallel-size", str(pp), "--tensor-model-parallel-size",
+                  str(tp), "--world-size", str(world), "--rendezvous-dir", rdv]
         procs = [subprocess.Popen(first + ["--rank", str(r)], stdout=subprocess.DEVNULL)
-                 for r in range(pp)]
+                 for r in range(world)]
         assert all(p.wait(timeout=120) == 0 for p in procs)
     out = subprocess.run(flags + ["--train-iters", "3", "--load", save], check=True,
                          stdout=subprocess.PIPE).stdout.decode().strip().splitlines()
@@ -71,16 +76,54 @@ def save_and_resume(megaw, flags, save, pp, work):
     return step
 
 
-def check(save, data, step, what):
+def model_of(c):
+    """The torch model a config.json describes, as Hugging Face reads it."""
+    if c["model_type"] == "gpt2":
+        assert c["architectures"] == ["GPT2LMHeadModel"] and c["tie_word_embeddings"]
+        cfg = {"vocab_size": c["vocab_size"], "max_seq_len": c["n_positions"],
+               "num_layers": c["n_layer"], "num_heads": c["n_head"], "channels": c["n_embd"],
+               "ln_eps": c["layer_norm_epsilon"]}
+        return make_ref.GPT(cfg).double()
+    assert c["model_type"] == "llama" and c["architectures"] == ["LlamaForCausalLM"], c
+    assert c["hidden_act"] == "silu" and c.get("rope_scaling") is None
+    cfg = {"arch": "llama", "vocab_size": c["vocab_size"],
+           "max_seq_len": c["max_position_embeddings"],
+           "num_layers": c["num_hidden_layers"], "num_heads": c["num_attention_heads"],
+           "num_kv_heads": c["num_key_value_heads"], "channels": c["hidden_size"],
+           "head_dim": c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]),
+           "ffn_hidden": c["intermediate_size"], "ln_eps": c["rms_norm_eps"],
+           "rope_theta": c["rope_theta"], "rotary_percent": c.get("partial_rotary_factor", 1.0),
+           "untied": not c["tie_word_embeddings"], "no_bias": not c["attention_bias"]}
+    return make_ref.model_from_config(cfg)
+
+
+def greedy_matches(megaw, save, model, what):
+    """megaw generate's greedy continuation of a prompt is the torch model's
+    argmax at every step (up to a step whose two best logits are closer
+    than float rounding can tell apart, where either pick is right)."""
+    prompt, n = b"the lazy ", 12
+    out = subprocess.run([megaw, "generate", "--load", save, "--prompt", prompt.decode(),
+                          "--max-new-tokens", str(n)], check=True,
+                         stdout=subprocess.PIPE).stdout
+    assert out.startswith(prompt) and out.endswith(b"\n"), out
+    got = list(out[len(prompt):-1])
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            top = model(torch.tensor([ids]))[0, -1].topk(2)
+            if float(top.values[0] - top.values[1]) < 1e-4:
+                break
+            ids.append(int(top.indices[0]))
+    want = ids[len(prompt):]
+    print(f"{what}: megaw generate {bytes(got)!r}, torch's argmax {bytes(want)!r}")
+    return got[:len(want)] == want and len(want) >= n // 2
+
+
+def check(save, data, step, what, megaw=None):
     d = os.path.join(save, "iter_0000002")
     cfg_json = json.load(open(os.path.join(d, "config.json")))
-    assert cfg_json["model_type"] == "gpt2" and cfg_json["tie_word_embeddings"]
-    assert cfg_json["architectures"] == ["GPT2LMHeadModel"]
     tensors = read_hf_model(d)
-    cfg = {"vocab_size": cfg_json["vocab_size"], "max_seq_len": cfg_json["n_positions"],
-           "num_layers": cfg_json["n_layer"], "num_heads": cfg_json["n_head"],
-           "channels": cfg_json["n_embd"], "ln_eps": cfg_json["layer_norm_epsilon"]}
-    model = make_ref.GPT(cfg).double()
+    model = model_of(cfg_json)
     assert set(tensors) == set(model.hf_params()), sorted(set(tensors) ^ set(model.hf_params()))
     model.load_hf(tensors)
 
@@ -96,7 +139,7 @@ def check(save, data, step, what):
     rel = abs(loss - step["loss"]) / loss
     print(f"{what}: megaw loss {step['loss']:.9f}, torch from the checkpoint {loss:.9f}, "
           f"rel {rel:.2e}")
-    return rel < 1e-5
+    return rel < 1e-5 and (megaw is None or greedy_matches(megaw, save, model, what))
 
 
 def main():
@@ -115,6 +158,14 @@ def main():
         save = os.path.join(work, "ckpt-pp%d" % pp)
         step = save_and_resume(megaw, flags, save, pp, work)
         ok &= check(save, data, step, "saved by %d pipeline stage%s" % (pp, "s" if pp > 1 else ""))
+    llama = flags + ["--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                     "--swiglu", "--ffn-hidden-size", "64", "--group-query-attention",
+                     "--num-query-groups", "2", "--untie-embeddings-and-output-weights",
+                     "--disable-bias-linear", "--rotary-base", "500000"]
+    for pp, tp in ((1, 1), (2, 1), (1, 2)):
+        save = os.path.join(work, "llama-pp%d-tp%d" % (pp, tp))
+        step = save_and_resume(megaw, llama, save, pp, work, tp)
+        ok &= check(save, data, step, "Llama saved by PP %d x TP %d" % (pp, tp), megaw)
     return 0 if ok else 1
 
 

@@ -113,6 +113,154 @@ static void test_round_trip(void **state) {
   tu_rmtree(dir);
 }
 
+/* A small Llama as mega_chunks_config builds one from --position-embedding-
+ * type rope --normalization RMSNorm --swiglu --group-query-attention
+ * --num-query-groups 1 --untie-embeddings-and-output-weights
+ * --disable-bias-linear (heads 4 over 1 group of 4, SwiGLU of 24). */
+static void llama_make(model *m, uint64_t seed) {
+  mega_gpt_config c;
+  mega_gpt_config_default(&c);
+  c.arch = MEGA_GPT_ARCH_LLAMA;
+  c.max_seq_len = 8;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.channels = 16;
+  c.ffn_hidden = 24;
+  c.untied = true;
+  c.no_bias = true;
+  c.rope_theta = 500000.0f;
+  c.ln_eps = 1e-6f;
+  c.seed = seed;
+  assert_true(tu_model_make_cfg(m, &c, 0.1));
+}
+
+static const char *json_str(json_t *j, const char *key) {
+  return json_string_value(json_object_get(j, key));
+}
+
+/* A Llama saves as LlamaForCausalLM: HF's names, lm_head, LlamaConfig's
+ * fields; it loads back exactly and into nothing else. */
+static void test_llama_round_trip(void **state) {
+  (void)state;
+  char dir[256], path[512];
+  tu_mkdtemp(dir, "ckpt");
+  model a, b;
+  llama_make(&a, 1);
+  llama_make(&b, 2);
+  save_ok(&a, dir, 3, 0);
+  mega_st_file *f;
+  mega_err err = {0};
+  snprintf(path, sizeof path, "%s/iter_0000003/model.safetensors", dir);
+  assert_int_equal(mega_st_open(path, &f, &err), MEGA_OK);
+  assert_int_equal(mega_st_count(f), 1 + 2 * 9 + 2);
+  static const char *const names[] = {
+      "model.embed_tokens.weight", "model.layers.1.input_layernorm.weight",
+      "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+      "model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+      "model.layers.1.post_attention_layernorm.weight", "model.layers.1.mlp.gate_proj.weight",
+      "model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.down_proj.weight",
+      "model.norm.weight", "lm_head.weight"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!mega_st_find(f, names[i])) fail_msg("no %s", names[i]);
+  const mega_st_tensor *k = mega_st_find(f, "model.layers.0.self_attn.k_proj.weight");
+  assert_true(k->shape[0] == 4 && k->shape[1] == 16); /* one group of 4: [G*hd, C] */
+  mega_st_close(f);
+  snprintf(path, sizeof path, "%s/iter_0000003/config.json", dir);
+  json_t *c = json_load_file(path, 0, NULL);
+  assert_non_null(c);
+  assert_string_equal(json_str(c, "model_type"), "llama");
+  assert_string_equal(json_string_value(json_array_get(json_object_get(c, "architectures"), 0)),
+                      "LlamaForCausalLM");
+  assert_int_equal(json_integer_value(json_object_get(c, "hidden_size")), 16);
+  assert_int_equal(json_integer_value(json_object_get(c, "intermediate_size")), 24);
+  assert_int_equal(json_integer_value(json_object_get(c, "num_attention_heads")), 4);
+  assert_int_equal(json_integer_value(json_object_get(c, "num_key_value_heads")), 1);
+  assert_int_equal(json_integer_value(json_object_get(c, "head_dim")), 4);
+  assert_int_equal(json_integer_value(json_object_get(c, "max_position_embeddings")), 8);
+  assert_true(json_number_value(json_object_get(c, "rope_theta")) == 500000);
+  assert_true(json_number_value(json_object_get(c, "rms_norm_eps")) == 1e-6);
+  assert_true(json_is_false(json_object_get(c, "tie_word_embeddings")));
+  assert_true(json_is_false(json_object_get(c, "attention_bias")));
+  assert_true(json_is_false(json_object_get(c, "mlp_bias")));
+  assert_string_equal(json_str(c, "hidden_act"), "silu");
+  assert_null(json_object_get(c, "partial_rotary_factor"));
+  json_decref(c);
+  mega_ckpt_state s;
+  assert_int_equal(load(&b, dir, &s, &err), MEGA_OK);
+  assert_same(&a, &b);
+  snprintf(path, sizeof path, "%s/iter_0000003", dir);
+  mega_gpt_config back;
+  assert_int_equal(mega_ckpt_read_config(path, &back, &err), MEGA_OK);
+  assert_true(back.arch == MEGA_GPT_ARCH_LLAMA && back.untied && back.no_bias);
+  assert_int_equal(mega_gpt_kv_heads(&back), 1);
+  /* into another model: GPT-2, or other groups */
+  model g;
+  model_make(&g, 1);
+  assert_int_equal(mega_ckpt_load(path, g.be, &g.cfg, NULL, g.cp, g.n, &s, &err),
+                   MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "is a Llama model, but this job trains GPT-2")) fail_msg("%s", err.msg);
+  mega_gpt_config other = b.cfg;
+  other.num_kv_heads = 2;
+  assert_int_equal(mega_ckpt_load(path, b.be, &other, NULL, b.cp, b.n, &s, &err),
+                   MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "num_key_value_heads 1, but this job has --num-query-groups 2"))
+    fail_msg("%s", err.msg);
+  other = b.cfg;
+  other.untied = false;
+  assert_int_equal(mega_ckpt_load(path, b.be, &other, NULL, b.cp, b.n, &s, &err),
+                   MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "tie_word_embeddings 0")) fail_msg("%s", err.msg);
+  /* a Llama config mega cannot run */
+  char cfg_path[600];
+  snprintf(cfg_path, sizeof cfg_path, "%s/config.json", path);
+  c = json_load_file(cfg_path, 0, NULL);
+  json_object_set_new(c, "rope_scaling", json_pack("{s:s, s:f}", "type", "linear", "factor", 2.0));
+  assert_int_equal(json_dump_file(c, cfg_path, 0), 0);
+  json_decref(c);
+  assert_int_equal(mega_ckpt_read_config(path, &back, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "rope_scaling; mega's RoPE has no scaling")) fail_msg("%s", err.msg);
+  model_free(&g);
+  model_free(&a);
+  model_free(&b);
+  tu_rmtree(dir);
+}
+
+/* An untied GPT-2 head is saved as lm_head.weight, with tie_word_embeddings
+ * false. */
+static void test_untied_gpt2(void **state) {
+  (void)state;
+  char dir[256], path[512];
+  tu_mkdtemp(dir, "ckpt");
+  mega_gpt_config c;
+  mega_gpt_config_default(&c);
+  c.max_seq_len = 8, c.num_layers = 1, c.num_heads = 2, c.channels = 16, c.untied = true;
+  c.ffn_hidden = 40;
+  model a, b;
+  c.seed = 1;
+  assert_true(tu_model_make_cfg(&a, &c, 0.1));
+  c.seed = 2;
+  assert_true(tu_model_make_cfg(&b, &c, 0.1));
+  save_ok(&a, dir, 1, 0);
+  mega_st_file *f;
+  mega_err err = {0};
+  snprintf(path, sizeof path, "%s/iter_0000001/model.safetensors", dir);
+  assert_int_equal(mega_st_open(path, &f, &err), MEGA_OK);
+  assert_non_null(mega_st_find(f, "lm_head.weight"));
+  mega_st_close(f);
+  snprintf(path, sizeof path, "%s/iter_0000001/config.json", dir);
+  json_t *cj = json_load_file(path, 0, NULL);
+  assert_true(json_is_false(json_object_get(cj, "tie_word_embeddings")));
+  assert_int_equal(json_integer_value(json_object_get(cj, "n_inner")), 40);
+  json_decref(cj);
+  mega_ckpt_state s;
+  assert_int_equal(load(&b, dir, &s, &err), MEGA_OK);
+  assert_same(&a, &b);
+  model_free(&a);
+  model_free(&b);
+  tu_rmtree(dir);
+}
+
 static void test_sharding(void **state) {
   (void)state;
   char dir[256], path[512];
@@ -458,16 +606,18 @@ static void test_missing_and_mismatched(void **state) {
   assert_non_null(strstr(err.msg, "--global-batch-size 4"));
   /* the LR schedule has its own check, which names Megatron's two ways out */
   mega_lr_sched saved = mega_lr_sched_from_job(&j1), mine = saved;
-  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_OK);
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &j1, &err), MEGA_OK);
   mine.style = MEGA_LR_COSINE;
-  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_ERR_INVALID);
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &j1, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--lr-decay-style linear, but this job has cosine"));
   assert_non_null(strstr(err.msg, "--override-opt_param-scheduler"));
   assert_non_null(strstr(err.msg, "--use-checkpoint-opt_param-scheduler"));
   mine = saved;
-  mine.decay_iters = 7;
-  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &err), MEGA_ERR_INVALID);
+  mine.decay = 7 * 4; /* 7 iterations of 4 samples: the schedule counts samples */
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &j1, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--lr-decay-iters 10, but this job has 7"));
+  assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, NULL, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--lr-decay-samples 40, but this job has 28"));
   mega_jobspec_free(&j1);
   mega_jobspec_free(&j2);
   tu_rmtree(dir);
@@ -584,6 +734,8 @@ static void test_fallback(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_llama_round_trip),
+      cmocka_unit_test(test_untied_gpt2),
       cmocka_unit_test(test_sharding),
       cmocka_unit_test(test_shard_order),
       cmocka_unit_test(test_atomicity),

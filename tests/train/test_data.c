@@ -126,6 +126,35 @@ static void test_microbatch_rows(void **state) {
   unlink(path);
 }
 
+/* A rampup plan (worker/data/data.h): from iteration iter0 on, iteration
+ * i's first sample is sample0 + (i - iter0) G, so a batch that grows keeps
+ * the samples in order: no sample is skipped or read twice. */
+static void test_plan_after_rampup(void **state) {
+  (void)state;
+  write_file(1 + 4 * 10); /* T=4, K=10 */
+  mega_data *d;
+  mega_err err = {0};
+  assert_int_equal(mega_data_open(path, 4, &d, &err), MEGA_OK);
+  /* iterations 0..2 took 2 samples each (6 in all); from iteration 3 on, 4 */
+  mega_batch_plan p;
+  assert_int_equal(mega_batch_plan_init(&p, 4, 2, 2, &err), MEGA_OK);
+  p.iter0 = 3;
+  p.sample0 = 6;
+  assert_int_equal(mega_batch_plan_start(&p, 3), 6);
+  assert_int_equal(mega_batch_plan_start(&p, 5), 14);
+  int32_t tok[8], tgt[8];
+  /* iteration 4, DP rank 1: samples 10 + 2, 10 + 3 -> windows 2, 3 */
+  assert_int_equal(mega_data_microbatch(d, &p, 4, 1, 0, tok, tgt, &err), MEGA_OK);
+  assert_int_equal(tok[0], 8);
+  assert_int_equal(tgt[3], 12);
+  assert_int_equal(tok[4], 12);
+  /* --variable-seq-lengths counts microbatches from the iteration's first
+   * sample: (sample0 + (i - iter0) G) / b + k */
+  assert_int_equal(mega_data_variable_seq_len(16, &p, 4, 2), 16 - ((10 / 2 + 1) % 4) * 2);
+  mega_data_close(d);
+  unlink(path);
+}
+
 static void test_errors(void **state) {
   (void)state;
   mega_err err = {0};
@@ -155,6 +184,7 @@ int main(void) {
       cmocka_unit_test(test_windows),
       cmocka_unit_test(test_samples_dp_micro_wrap),
       cmocka_unit_test(test_microbatch_rows),
+      cmocka_unit_test(test_plan_after_rampup),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -171,7 +171,11 @@ static void test_json_and_loss_falls(void **state) {
   /* readable lines without --json */
   const char *const b[] = {"--train-iters", "2", NULL};
   assert_int_equal(run(b, true, &out, &err), 0);
-  assert_non_null(strstr(out, "iteration      2/2 | loss "));
+  /* Megatron's line (training_log's fields, in its order) */
+  assert_non_null(strstr(out, "] iteration        2/       2 | consumed samples:           16 |"));
+  assert_non_null(strstr(out, " | learning rate: "));
+  assert_non_null(strstr(out, " | global batch size:     8 | lm loss: "));
+  assert_non_null(strstr(out, " | loss scale: 1.0 | grad norm: "));
   free(out);
   free(err);
 }

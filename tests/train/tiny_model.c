@@ -6,15 +6,23 @@
 #include "worker/backend/backend.h"
 
 bool tu_model_make(tu_model *m, uint64_t seed, int layers, double weight_decay) {
+  mega_gpt_config cfg;
+  mega_gpt_config_default(&cfg);
+  cfg.max_seq_len = 8;
+  cfg.num_layers = layers;
+  cfg.num_heads = 2;
+  cfg.channels = 16;
+  cfg.seed = seed;
+  return tu_model_make_cfg(m, &cfg, weight_decay);
+}
+
+bool tu_model_make_cfg(tu_model *m, const mega_gpt_config *cfg, double weight_decay) {
   memset(m, 0, sizeof *m);
   mega_err err = {0};
   if (mega_backend_cpu_create(NULL, &m->be, &err) != MEGA_OK) return false;
-  mega_gpt_config_default(&m->cfg);
-  m->cfg.max_seq_len = 8;
-  m->cfg.num_layers = layers;
-  m->cfg.num_heads = 2;
-  m->cfg.channels = 16;
-  m->cfg.seed = seed;
+  m->cfg = *cfg;
+  uint64_t seed = cfg->seed;
+  int layers = cfg->num_layers;
   mega_gpt_stage_desc d = {.embedding = true, .loss = true, .first_layer = 0,
                            .num_layers = layers};
   if (mega_gpt_stage_create(m->be, &m->cfg, &d, &m->s, &err) != MEGA_OK) goto fail;

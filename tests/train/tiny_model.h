@@ -24,6 +24,8 @@ typedef struct tu_model {
 /* hidden 16, 2 heads, max_seq_len 8; seed picks the weights and the
  * gradients of the one step. False (nothing to free) on failure. */
 bool tu_model_make(tu_model *m, uint64_t seed, int layers, double weight_decay);
+/* The same over any model config (a Llama's). */
+bool tu_model_make_cfg(tu_model *m, const mega_gpt_config *cfg, double weight_decay);
 void tu_model_free(tu_model *m);
 
 #endif

@@ -20,6 +20,19 @@ void fx_config(mega_gpt_config *cfg, float init_std) {
   cfg->seed = 20240611;
 }
 
+void fx_model_config(mega_gpt_config *cfg, float init_std, fx_model m) {
+  fx_config(cfg, init_std);
+  if (m == FX_GPT2) return;
+  cfg->arch = MEGA_GPT_ARCH_LLAMA;
+  cfg->num_heads = 4;
+  cfg->num_kv_heads = 2;
+  cfg->ffn_hidden = 24;
+  cfg->head_dim = m == FX_LLAMA ? 6 : 8;
+  cfg->rotary_percent = m == FX_LLAMA ? 1.0f : 0.5f;
+  cfg->untied = m == FX_LLAMA;
+  cfg->no_bias = m == FX_LLAMA;
+}
+
 void fx_ids(int32_t *ids, size_t n, int V, uint64_t seed) {
   for (size_t i = 0; i < n; i++)
     ids[i] = (int32_t)(mega_splitmix64(seed * 1000003u + i) % (uint64_t)V);

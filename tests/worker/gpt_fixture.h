@@ -13,6 +13,13 @@
 
 /* C=16, 2 layers, 2 heads, max_seq_len 8, vocab 256. */
 void fx_config(mega_gpt_config *cfg, float init_std);
+/* The Llamas of the same sizes (fx_config's, then): FX_LLAMA has 4 query
+ * heads over 2 groups of head_dim 6 (wider than C/NH), SwiGLU of 24, RoPE
+ * on every channel, an untied head and no biases; FX_LLAMA_TIED ties the
+ * head to the embedding, has biases, and head_dim 8 with half of each
+ * head's channels rotated. */
+typedef enum fx_model { FX_GPT2, FX_LLAMA, FX_LLAMA_TIED } fx_model;
+void fx_model_config(mega_gpt_config *cfg, float init_std, fx_model m);
 /* Deterministic values: ids in [0, V), normals scaled by std. */
 void fx_ids(int32_t *ids, size_t n, int V, uint64_t seed);
 void fx_normals(float *x, size_t n, float std, uint64_t seed);

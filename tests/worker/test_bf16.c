@@ -119,9 +119,9 @@ static void test_matmuls(void **state) {
 
     float da[N * C], db[N * C];
     assert_int_equal(be->ops->set_bf16(be, true, &err), MEGA_OK);
-    be->ops->matmul_backward_input(be, da, dy, w, N, C, OC, lay);
+    be->ops->matmul_backward_input(be, da, dy, w, N, C, OC, lay, false);
     assert_int_equal(be->ops->set_bf16(be, false, &err), MEGA_OK);
-    be->ops->matmul_backward_input(be, db, dyr, wr, N, C, OC, lay);
+    be->ops->matmul_backward_input(be, db, dyr, wr, N, C, OC, lay, false);
     assert_memory_equal(da, db, sizeof da);
 
     float dwa[C * OC], dwb[C * OC], dba[OC], dbb[OC];

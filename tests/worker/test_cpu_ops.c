@@ -1,6 +1,7 @@
 /* The cpu backend's ops against plain double-precision loops, at sizes that
  * exercise the tiled and edge paths (attention at T = 150 and 75, head
- * sizes 8 and 64), and the shared element math against libm. */
+ * sizes 8 and 64, grouped-query attention, Llama's kernels), and the shared
+ * element math against libm. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -166,7 +167,7 @@ static void matmul_both_layouts(void **state) {
     near(out2, r, (size_t)N * OC, 1e-5, "matmul_forward + residual without bias");
     free(res);
     free(out2);
-    be->ops->matmul_backward_input(be, dx, dy, w, N, C, OC, (mega_wlayout)lay);
+    be->ops->matmul_backward_input(be, dx, dy, w, N, C, OC, (mega_wlayout)lay, false);
     for (int n = 0; n < N; n++)
       for (int c = 0; c < C; c++) {
         double s = 0;
@@ -174,6 +175,9 @@ static void matmul_both_layouts(void **state) {
         r[n * C + c] = s;
       }
     near(dx, r, (size_t)N * C, 1e-5, "matmul_backward_input");
+    be->ops->matmul_backward_input(be, dx, dy, w, N, C, OC, (mega_wlayout)lay, true);
+    for (int i = 0; i < N * C; i++) r[i] *= 2;
+    near(dx, r, (size_t)N * C, 1e-5, "matmul_backward_input (accumulate)");
     for (int c = 0; c < C; c++)
       for (int o = 0; o < OC; o++) {
         double s = lay == MEGA_W_IN_OUT ? dw[c * OC + o] : dw[o * C + c];
@@ -193,66 +197,71 @@ static void matmul_both_layouts(void **state) {
   free(x), free(w), free(b), free(dy), free(out), free(dx), free(dw), free(db), free(r);
 }
 
-/* Naive causal attention in double: out and att, then the backward. */
-static void attention_reference(const float *qkv, const float *dout, int B, int T, int C,
-                                int NH, double *out, double *att, double *dqkv) {
-  int hs = C / NH;
+/* Naive causal grouped-query attention in double: out and att, then the
+ * backward. q [B*T, ldq], k and v [B*T, ldkv]; the gradients at the same
+ * offsets of buffers shaped as the inputs (dq, dk, dv zeroed by the caller). */
+static void attention_reference(const float *q, const float *k, const float *v,
+                                const float *dout, const mega_attn_dims *d, double *out,
+                                double *att, double *dq, double *dk, double *dv) {
+  int B = d->B, T = d->T, NH = d->NH, hs = d->hs, rep = d->NH / d->G, ldo = NH * hs;
   double scale = 1.0 / sqrt(hs);
-  memset(dqkv, 0, sizeof(double) * B * T * 3 * C);
   double *datt = malloc(sizeof(double) * T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++)
       for (int t = 0; t < T; t++) {
-        const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+        size_t qo = ((size_t)b * T + t) * d->ldq + (size_t)h * hs;
+        const float *qr = q + qo;
         double *a = att + (((size_t)b * NH + h) * T + t) * T, mx = -INFINITY, sum = 0;
+#define KV(s) (((size_t)b * T + (s)) * d->ldkv + (size_t)(h / rep) * hs)
         for (int s = 0; s < T; s++) {
           a[s] = 0;
           if (s > t) continue;
-          const float *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
-          for (int i = 0; i < hs; i++) a[s] += (double)q[i] * k[i];
+          for (int i = 0; i < hs; i++) a[s] += (double)qr[i] * k[KV(s) + i];
           a[s] *= scale;
           mx = fmax(mx, a[s]);
         }
         for (int s = 0; s <= t; s++) sum += (a[s] = exp(a[s] - mx));
         for (int s = 0; s <= t; s++) a[s] /= sum;
-        double *o = out + ((size_t)b * T + t) * C + h * hs;
-        const float *dy = dout + ((size_t)b * T + t) * C + h * hs;
+        double *o = out + ((size_t)b * T + t) * ldo + h * hs;
+        const float *dy = dout + ((size_t)b * T + t) * ldo + h * hs;
         for (int i = 0; i < hs; i++) {
           o[i] = 0;
-          for (int s = 0; s <= t; s++) o[i] += a[s] * qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + i];
+          for (int s = 0; s <= t; s++) o[i] += a[s] * v[KV(s) + i];
         }
         /* backward of this row */
         double dot = 0;
         for (int s = 0; s <= t; s++) {
           datt[s] = 0;
-          for (int i = 0; i < hs; i++)
-            datt[s] += dy[i] * (double)qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + i];
+          for (int i = 0; i < hs; i++) datt[s] += dy[i] * (double)v[KV(s) + i];
           dot += datt[s] * a[s];
         }
-        double *dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
         for (int s = 0; s <= t; s++) {
           double dpre = a[s] * (datt[s] - dot) * scale;
-          double *dk = dqkv + ((size_t)b * T + s) * 3 * C + C + h * hs, *dv = dk + C;
-          const float *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
           for (int i = 0; i < hs; i++) {
-            dq[i] += dpre * k[i];
-            dk[i] += dpre * q[i];
-            dv[i] += a[s] * dy[i];
+            dq[qo + i] += dpre * k[KV(s) + i];
+            dk[KV(s) + i] += dpre * qr[i];
+            dv[KV(s) + i] += a[s] * dy[i];
           }
         }
+#undef KV
       }
   free(datt);
 }
 
-static void attention_case(int B, int T, int C, int NH) {
-  size_t nq = (size_t)B * T * 3 * C, nc = (size_t)B * T * C, na = (size_t)B * NH * T * T;
-  float *qkv = vec(nq, 1.0f, 1), *dout = vec(nc, 1.0f, 2), *out = malloc(nc * 4),
-        *att = malloc(na * 4), *dqkv = malloc(nq * 4), *scratch = malloc((na + nc) * 4);
-  double *rout = malloc(nc * 8), *ratt = malloc(na * 8), *rdqkv = malloc(nq * 8);
+/* q, k, v at offsets qo, ko, vo of one buffer of nbuf floats (the
+ * gradients at the same offsets of another). */
+static void attention_case(const mega_attn_dims *d, size_t nbuf, size_t qo, size_t ko,
+                           size_t vo) {
+  int B = d->B, T = d->T, NH = d->NH;
+  size_t nc = (size_t)B * T * NH * d->hs, na = (size_t)B * NH * T * T;
+  float *buf = vec(nbuf, 1.0f, 1), *dout = vec(nc, 1.0f, 2), *out = malloc(nc * 4),
+        *att = malloc(na * 4), *g = malloc(nbuf * 4), *scratch = malloc((na + nc) * 4);
+  double *rout = malloc(nc * 8), *ratt = malloc(na * 8), *rg = calloc(nbuf, 8);
   memset(att, 0xff, na * 4); /* NaN: every element used must be written */
   memset(scratch, 0xff, (na + nc) * 4);
-  be->ops->attention_forward(be, out, att, scratch, qkv, B, T, C, NH);
-  attention_reference(qkv, dout, B, T, C, NH, rout, ratt, rdqkv);
+  be->ops->attention_forward(be, out, att, scratch, buf + qo, buf + ko, buf + vo, d);
+  attention_reference(buf + qo, buf + ko, buf + vo, dout, d, rout, ratt, rg + qo, rg + ko,
+                      rg + vo);
   near(out, rout, nc, 1e-5, "attention out");
   float *lower = malloc(na * 4);
   for (size_t i = 0; i < na; i++) /* above the diagonal att is the backend's */
@@ -260,18 +269,120 @@ static void attention_case(int B, int T, int C, int NH) {
   near(lower, ratt, na, 1e-6, "attention probabilities");
   free(lower);
   memset(scratch, 0xff, (na + nc) * 4);
-  be->ops->attention_backward(be, dqkv, scratch, dout, qkv, att, B, T, C, NH);
-  near(dqkv, rdqkv, nq, 1e-5, "attention dqkv");
-  free(qkv), free(dout), free(out), free(att), free(dqkv), free(scratch);
-  free(rout), free(ratt), free(rdqkv);
+  memset(g, 0, nbuf * 4); /* gaps between q, k and v stay zero */
+  be->ops->attention_backward(be, g + qo, g + ko, g + vo, scratch, dout, buf + qo, buf + ko,
+                              buf + vo, att, d);
+  near(g, rg, nbuf, 1e-5, "attention dq, dk, dv");
+  free(buf), free(dout), free(out), free(att), free(g), free(scratch);
+  free(rout), free(ratt), free(rg);
+}
+
+/* GPT-2's fused qkv [B,T,3C] (strides 3C) */
+static void fused_case(int B, int T, int C, int NH) {
+  mega_attn_dims d = {.B = B, .T = T, .NH = NH, .G = NH, .hs = C / NH, .ldq = 3 * C,
+                      .ldkv = 3 * C};
+  attention_case(&d, (size_t)B * T * 3 * C, 0, C, 2 * C);
+}
+
+/* Llama's separate q [B*T, NH*hs], k and v [B*T, G*hs] */
+static void grouped_case(int B, int T, int NH, int G, int hs) {
+  mega_attn_dims d = {.B = B, .T = T, .NH = NH, .G = G, .hs = hs, .ldq = NH * hs,
+                      .ldkv = G * hs};
+  size_t nq = (size_t)B * T * NH * hs, nk = (size_t)B * T * G * hs;
+  attention_case(&d, nq + 2 * nk, 0, nq, nq + nk);
 }
 
 /* Head size 8 (edge tiles only) and 64 (full tiles), T not a multiple of
- * the 8-row groups or the 32-column tiles. */
+ * the 8-row groups or the 32-column tiles; grouped-query attention with 2
+ * and 4 query heads per key/value head, and with one key/value head. */
 static void attention_matches_naive(void **state) {
   (void)state;
-  attention_case(2, 150, 32, 4);
-  attention_case(1, 75, 128, 2);
+  fused_case(2, 150, 32, 4);
+  fused_case(1, 75, 128, 2);
+  grouped_case(2, 75, 4, 2, 16);
+  grouped_case(1, 40, 8, 2, 64);
+  grouped_case(3, 9, 6, 1, 8);
+}
+
+/* RMSNorm, SwiGLU and RoPE against double loops. */
+static void llama_kernels(void **state) {
+  (void)state;
+  int N = 300, C = 96, B = 3, T = 100; /* split across threads */
+  size_t nc = (size_t)N * C;
+  float *x = vec(nc, 2, 31), *w = vec(C, 1, 32), *dy = vec(nc, 1, 33), *res = vec(nc, 1, 34);
+  float *out = malloc(nc * 4), *rstd = malloc(N * 4), *dx = malloc(nc * 4), *dw = vec(C, 1, 35);
+  double *r = malloc(nc * 8), *rdx = malloc(nc * 8), *rdw = malloc(C * 8);
+  for (int c = 0; c < C; c++) rdw[c] = dw[c];
+  for (int n = 0; n < N; n++) {
+    double ss = 0, s = 0;
+    for (int c = 0; c < C; c++) ss += (double)x[n * C + c] * x[n * C + c];
+    double rs = 1 / sqrt(ss / C + 1e-6);
+    for (int c = 0; c < C; c++) {
+      double xh = x[n * C + c] * rs;
+      r[n * C + c] = xh * w[c];
+      rdw[c] += dy[n * C + c] * xh;
+      s += dy[n * C + c] * w[c] * xh;
+    }
+    for (int c = 0; c < C; c++)
+      rdx[n * C + c] = res[n * C + c] + rs * (dy[n * C + c] * w[c] - x[n * C + c] * rs * s / C);
+  }
+  be->ops->rmsnorm_forward(be, out, rstd, x, w, N, C, 1e-6f);
+  near(out, r, nc, 1e-5, "rmsnorm_forward");
+  be->ops->rmsnorm_backward_input(be, dx, res, dy, x, w, rstd, N, C);
+  near(dx, rdx, nc, 1e-5, "rmsnorm_backward_input (residual)");
+  memcpy(dx, res, nc * 4);
+  be->ops->rmsnorm_backward_input(be, dx, dx, dy, x, w, rstd, N, C);
+  near(dx, rdx, nc, 1e-5, "rmsnorm_backward_input (residual in place)");
+  be->ops->rmsnorm_backward_weight(be, dw, dy, x, rstd, N, C);
+  near(dw, rdw, C, 1e-5, "rmsnorm dweight (+=)");
+
+  /* SwiGLU over a wide range of gates; backward in place over dout */
+  float *up = vec(nc, 1, 36);
+  be->ops->swiglu_forward(be, out, x, up, nc);
+  for (size_t i = 0; i < nc; i++) r[i] = x[i] / (1 + exp(-(double)x[i])) * up[i];
+  near(out, r, nc, 1e-6, "swiglu_forward");
+  float *dup = malloc(nc * 4);
+  memcpy(dx, dy, nc * 4);
+  be->ops->swiglu_backward(be, dx, dup, dx, x, up, nc);
+  for (size_t i = 0; i < nc; i++) {
+    double g = x[i], sg = 1 / (1 + exp(-g));
+    r[i] = dy[i] * up[i] * (sg + g * sg * (1 - sg));
+    rdx[i] = dy[i] * g * sg;
+  }
+  near(dx, r, nc, 1e-6, "swiglu dgate");
+  near(dup, rdx, nc, 1e-6, "swiglu dup");
+
+  /* RoPE: 3 heads of 16 with the first 12 channels rotated, rows of 50 */
+  int H = 3, HS = 16, ROT = 12, LD = 50;
+  float *cs = malloc(sizeof(float) * T * ROT), *q = vec((size_t)N * LD, 1, 37);
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < ROT / 2; i++) {
+      double ang = t * pow(10000.0, -2.0 * i / ROT);
+      cs[t * ROT + i] = (float)cos(ang);
+      cs[t * ROT + ROT / 2 + i] = (float)sin(ang);
+    }
+  double *rq = malloc(sizeof(double) * N * LD);
+  for (int n = 0; n < N; n++)
+    for (int j = 0; j < LD; j++) {
+      int h = j / HS, i = j % HS, t = n % T;
+      double v = q[n * LD + j];
+      if (h < H && i < ROT) { /* x cos + rotate_half(x) sin */
+        int p = i < ROT / 2 ? i + ROT / 2 : i - ROT / 2, f = i % (ROT / 2);
+        double c = cs[t * ROT + f], sn = cs[t * ROT + ROT / 2 + f];
+        double other = q[n * LD + h * HS + p];
+        v = v * c + (i < ROT / 2 ? -other : other) * sn;
+      }
+      rq[n * LD + j] = v;
+    }
+  float *q0 = malloc(sizeof(float) * N * LD);
+  memcpy(q0, q, sizeof(float) * N * LD);
+  be->ops->rope_forward(be, q, cs, B, T, H, HS, LD, ROT);
+  near(q, rq, (size_t)N * LD, 1e-6, "rope_forward");
+  be->ops->rope_backward(be, q, cs, B, T, H, HS, LD, ROT); /* a rotation: back to the start */
+  for (int i = 0; i < N * LD; i++) rq[i] = q0[i];
+  near(q, rq, (size_t)N * LD, 1e-6, "rope_backward");
+  free(x), free(w), free(dy), free(res), free(out), free(rstd), free(dx), free(dw), free(r);
+  free(rdx), free(rdw), free(up), free(dup), free(cs), free(q), free(rq), free(q0);
 }
 
 static void layernorm_gelu_crossentropy_encoder(void **state) {
@@ -444,6 +555,7 @@ int main(void) {
       cmocka_unit_test(adamw_matches_reference),
       cmocka_unit_test(matmul_both_layouts),
       cmocka_unit_test(attention_matches_naive),
+      cmocka_unit_test(llama_kernels),
       cmocka_unit_test(layernorm_gelu_crossentropy_encoder),
       cmocka_unit_test(many_small_jobs),
       cmocka_unit_test(gemm_and_memory),

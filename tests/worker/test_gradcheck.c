@@ -1,6 +1,6 @@
 /* Finite-difference gradient checks of every parameter and input gradient
- * of a tiny GPT: the whole model in one stage, and an embedding-only, a
- * middle and a loss-only stage.
+ * of a tiny GPT-2 and two tiny Llamas: the whole model in one stage, and an
+ * embedding-only, a middle and a loss-only stage.
  *
  * Each tensor is checked by central differences along three kinds of
  * direction: its analytic gradient (largest signal), a random direction, and
@@ -178,6 +178,30 @@ static void last_layer_and_loss_at_gpt2_init(void **state) {
   check_stage(&cfg, (mega_gpt_stage_desc){false, true, 1, 1}, 12 + 3);
 }
 
+/* The Llamas: each kind of stage; param counts per layer are 9 (norm, q,
+ * k, v, o, norm, gate, up, down) without biases, 16 with. */
+static void llama_stages(fx_model m) {
+  mega_gpt_config cfg;
+  fx_model_config(&cfg, 0.2f, m);
+  int per = m == FX_LLAMA ? 9 : 16, head = m == FX_LLAMA ? 1 : 0;
+  check_stage(&cfg, (mega_gpt_stage_desc){true, true, 0, 2}, 1 + 2 * per + 1 + head);
+  check_stage(&cfg, (mega_gpt_stage_desc){true, false, 0, 0}, 1);
+  check_stage(&cfg, (mega_gpt_stage_desc){false, false, 0, 2}, 2 * per);
+  check_stage(&cfg, (mega_gpt_stage_desc){false, true, 2, 0}, 2);
+  fx_model_config(&cfg, 0.02f, m);
+  check_stage(&cfg, (mega_gpt_stage_desc){false, true, 1, 1}, per + 2);
+}
+
+static void llama_untied_no_bias(void **state) {
+  (void)state;
+  llama_stages(FX_LLAMA);
+}
+
+static void llama_tied_with_biases_partial_rope(void **state) {
+  (void)state;
+  llama_stages(FX_LLAMA_TIED);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(whole_model),
@@ -185,6 +209,8 @@ int main(void) {
       cmocka_unit_test(middle_stage),
       cmocka_unit_test(loss_only_stage),
       cmocka_unit_test(last_layer_and_loss_at_gpt2_init),
+      cmocka_unit_test(llama_untied_no_bias),
+      cmocka_unit_test(llama_tied_with_biases_partial_rope),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

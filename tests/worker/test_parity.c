@@ -1,11 +1,17 @@
-/* PyTorch parity, llm.c style: the committed tiny checkpoint
- * (tests/ref/gpt_tiny.safetensors, written by this program's --write-ckpt
- * mode) goes through our forward and backward, and the logits, loss and
- * every gradient must match what tests/ref/make_ref.py computed with
- * PyTorch in float64 (tests/ref/gpt_tiny_ref.safetensors).
+/* PyTorch parity, llm.c style: a committed tiny checkpoint
+ * (tests/ref/gpt_tiny.safetensors or llama_tiny.safetensors, written by this
+ * program's --write-ckpt mode) goes through our forward and backward, and
+ * the logits, loss and every gradient must match what tests/ref/make_ref.py
+ * computed with PyTorch in float64 (tests/ref/{gpt,llama}_tiny_ref
+ * .safetensors). The model's config travels in the checkpoint's metadata
+ * (tests/ref/ref_config.h).
  *
- *   test_parity CKPT REF           run the tests
- *   test_parity --write-ckpt CKPT  (re)write the checkpoint */
+ *   test_parity CKPT REF                    run the tests
+ *   test_parity --write-ckpt CKPT [llama]   (re)write the checkpoint: GPT-2,
+ *                                           or the Llama (2 layers, hidden
+ *                                           64, 4 heads over 2 query groups,
+ *                                           SwiGLU of 128, RMSNorm, RoPE,
+ *                                           untied, no biases) */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +21,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
+#include "tests/ref/ref_config.h"
 #include "worker/model/safetensors.h"
 
 #define B 2
@@ -22,7 +29,7 @@
 
 static const char *ckpt_path, *ref_path;
 
-static void parity_config(mega_gpt_config *cfg) {
+static void parity_config(mega_gpt_config *cfg, bool llama) {
   mega_gpt_config_default(cfg);
   cfg->vocab_size = 256;
   cfg->max_seq_len = 16;
@@ -31,14 +38,21 @@ static void parity_config(mega_gpt_config *cfg) {
   cfg->channels = 32;
   cfg->init_std = 0.1f;
   cfg->seed = 42;
+  if (!llama) return;
+  cfg->arch = MEGA_GPT_ARCH_LLAMA;
+  cfg->channels = 64;
+  cfg->num_kv_heads = 2;
+  cfg->ffn_hidden = 128;
+  cfg->untied = true;
+  cfg->no_bias = true;
 }
 
-static int write_ckpt(const char *path) {
+static int write_ckpt(const char *path, bool llama) {
   mega_err err = {0};
   mega_backend *be;
   mega_gpt_stage *s;
   mega_gpt_config cfg;
-  parity_config(&cfg);
+  parity_config(&cfg, llama);
   mega_gpt_stage_desc whole = {true, true, 0, cfg.num_layers};
   if (mega_backend_cpu_create(NULL, &be, &err) ||
       mega_gpt_stage_create(be, &cfg, &whole, &s, &err)) {
@@ -62,19 +76,10 @@ static int write_ckpt(const char *path) {
                              .data = mega_gpt_param_data(s) + p[i].offset};
   ts[np] = (mega_st_tensor){"input.tokens", 2, {B, T}, B * T, ftok};
   ts[np + 1] = (mega_st_tensor){"input.targets", 2, {B, T}, B * T, ftgt};
-  char v[8][32];
-  snprintf(v[0], 32, "%d", cfg.vocab_size);
-  snprintf(v[1], 32, "%d", cfg.max_seq_len);
-  snprintf(v[2], 32, "%d", cfg.num_layers);
-  snprintf(v[3], 32, "%d", cfg.num_heads);
-  snprintf(v[4], 32, "%d", cfg.channels);
-  snprintf(v[5], 32, "%.9g", (double)cfg.init_std);
-  snprintf(v[6], 32, "%.9g", (double)cfg.ln_eps);
-  snprintf(v[7], 32, "%llu", (unsigned long long)cfg.seed);
-  mega_st_meta meta[8] = {{"vocab_size", v[0]}, {"max_seq_len", v[1]}, {"num_layers", v[2]},
-                          {"num_heads", v[3]},  {"channels", v[4]},    {"init_std", v[5]},
-                          {"ln_eps", v[6]},     {"seed", v[7]}};
-  int rc = mega_st_write(path, ts, (size_t)np + 2, meta, 8, &err) != MEGA_OK;
+  char v[REF_META_N][32];
+  mega_st_meta meta[REF_META_N];
+  size_t nmeta = ref_config_meta(&cfg, meta, v);
+  int rc = mega_st_write(path, ts, (size_t)np + 2, meta, nmeta, &err) != MEGA_OK;
   if (rc) fprintf(stderr, "%s\n", err.msg);
   free(ts);
   mega_gpt_stage_destroy(s);
@@ -96,10 +101,7 @@ static void open_all(parity *p) {
   if (mega_st_open(ckpt_path, &p->ckpt, &err) || mega_st_open(ref_path, &p->ref, &err))
     fail_msg("%s", err.msg);
   mega_gpt_config cfg;
-  parity_config(&cfg);
-  char want[32];
-  snprintf(want, sizeof want, "%d", cfg.channels);
-  assert_string_equal(mega_st_meta_get(p->ckpt, "channels"), want);
+  ref_config_read(p->ckpt, &cfg);
   mega_gpt_stage_desc whole = {true, true, 0, cfg.num_layers};
   assert_int_equal(mega_backend_cpu_create(NULL, &p->be, &err), MEGA_OK);
   assert_int_equal(mega_gpt_stage_create(p->be, &cfg, &whole, &p->s, &err), MEGA_OK);
@@ -177,7 +179,7 @@ static void forward_and_backward_match_pytorch(void **state) {
   close_all(&p);
 }
 
-/* The same through a 2-stage split: the tied wte gradient is the sum. */
+/* The same through a 2-stage split: a tied wte's gradient is the sum. */
 static void split_stages_match_pytorch(void **state) {
   (void)state;
   parity p;
@@ -221,7 +223,7 @@ static void split_stages_match_pytorch(void **state) {
     compare(all[i].name, sum, p.ref, refname, all[i].numel, 2e-5);
     free(sum);
   }
-  assert_int_equal(checked, np + 1); /* wte twice */
+  assert_int_equal(checked, np + (cfg.untied ? 0 : 1)); /* a tied wte twice */
   free(x);
   free(dx);
   mega_gpt_acts_destroy(a0);
@@ -251,9 +253,10 @@ static void checkpoint_is_current_init(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (argc == 3 && strcmp(argv[1], "--write-ckpt") == 0) return write_ckpt(argv[2]);
+  if ((argc == 3 || argc == 4) && strcmp(argv[1], "--write-ckpt") == 0)
+    return write_ckpt(argv[2], argc == 4 && !strcmp(argv[3], "llama"));
   if (argc != 3) {
-    fprintf(stderr, "usage: %s CKPT REF | --write-ckpt CKPT\n", argv[0]);
+    fprintf(stderr, "usage: %s CKPT REF | --write-ckpt CKPT [llama]\n", argv[0]);
     return 2;
   }
   ckpt_path = argv[1];

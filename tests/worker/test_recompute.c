@@ -1,11 +1,12 @@
 /* Activation recomputation (gpt.h's mega_gpt_recompute): full uniform,
  * full block and selective give bit-identical losses, outputs, input
  * gradients and parameter gradients to keeping every activation, with the
- * unit callbacks in the same order, on every kind of stage, through the
- * split backward in zero-bubble order (another microbatch's backward_input
- * between a backward_input and its backward_weight), the interleaved
- * mega_gpt_backward, and microbatches of two lengths (the stage's scratch
- * grows while acts point into it). And the memory is really saved. */
+ * unit callbacks in the same order, on every kind of stage of GPT-2 and of
+ * Llama, through the split backward in zero-bubble order (another
+ * microbatch's backward_input between a backward_input and its
+ * backward_weight), the interleaved mega_gpt_backward, and microbatches of
+ * two lengths (the stage's scratch grows while acts point into it). And the
+ * memory is really saved. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,12 +70,16 @@ static void bwd_both(fx_probe *p) {
     fail_msg("backward: %s", err.msg);
 }
 
+/* The architecture make_stage builds: the tests run as GPT-2 and again as
+ * the untied Llama (the group's setup sets it). */
+static fx_model variant = FX_GPT2;
+
 /* A stage of the L-layer model on a fresh cpu backend. */
 static mega_gpt_stage *make_stage(const mega_gpt_stage_desc *d, mega_backend **be) {
   mega_err err = {0};
   mega_gpt_config cfg;
   mega_gpt_stage *s;
-  fx_config(&cfg, 0.2f);
+  fx_model_config(&cfg, 0.2f, variant);
   cfg.num_layers = L;
   assert_int_equal(mega_backend_cpu_create(NULL, be, &err), MEGA_OK);
   if (mega_gpt_stage_create(*be, &cfg, d, &s, &err) != MEGA_OK) fail_msg("%s", err.msg);
@@ -316,5 +321,7 @@ int main(void) {
       cmocka_unit_test(split_backward),
       cmocka_unit_test(bad_desc),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  int failed = cmocka_run_group_tests_name("gpt-2", tests, NULL, NULL);
+  variant = FX_LLAMA;
+  return failed + cmocka_run_group_tests_name("llama", tests, NULL, NULL);
 }

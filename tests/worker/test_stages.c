@@ -22,10 +22,13 @@ typedef struct model {
   mega_gpt_acts *acts[4];
 } model;
 
+/* The architecture model_init builds (gpt_fixture.h). */
+static fx_model variant = FX_GPT2;
+
 static void model_init(model *m, const mega_gpt_stage_desc *descs, int n) {
   mega_err err = {0};
   memset(m, 0, sizeof *m);
-  fx_config(&m->cfg, 0.2f);
+  fx_model_config(&m->cfg, 0.2f, variant);
   m->cfg.num_layers = 4;
   assert_int_equal(mega_backend_cpu_create(NULL, &m->be, &err), MEGA_OK);
   m->n = n;
@@ -175,6 +178,80 @@ static void loss_stage_head_is_a_tied_copy(void **state) {
   model_free(&m);
 }
 
+/* The Llamas split as GPT-2 is, with the untied head alone on its stage
+ * and a tied one copied. */
+static void llama_stages_match_single(void **state) {
+  (void)state;
+  mega_gpt_stage_desc two[2] = {{true, false, 0, 2}, {false, true, 2, 2}};
+  mega_gpt_stage_desc four[4] = {
+      {true, false, 0, 0}, {false, false, 0, 3}, {false, false, 3, 1}, {false, true, 4, 0}};
+  for (fx_model m = FX_LLAMA; m <= FX_LLAMA_TIED; m++) {
+    variant = m;
+    compare_with_single(two, 2);
+    compare_with_single(four, 4);
+    model md;
+    model_init(&md, two, 2);
+    const mega_param_info *emb = mega_gpt_param_find(md.st[0], "model.embed_tokens.weight");
+    const mega_param_info *copy = mega_gpt_param_find(md.st[1], "model.embed_tokens.weight");
+    const mega_param_info *head = mega_gpt_param_find(md.st[1], "lm_head.weight");
+    assert_non_null(emb);
+    assert_true(emb->tied_embedding == (m == FX_LLAMA_TIED));
+    if (m == FX_LLAMA) { /* untied: a head of its own, nothing shared */
+      assert_null(copy);
+      assert_non_null(head);
+      assert_false(head->tied_copy || head->tied_embedding);
+    } else {
+      assert_null(head);
+      assert_non_null(copy);
+      assert_true(copy->tied_copy && copy->tied_embedding);
+    }
+    model_free(&md);
+  }
+  variant = FX_GPT2;
+}
+
+/* Llama's Hugging Face names, shapes (nn.Linear: [out, in]) and init. */
+static void llama_param_table(void **state) {
+  (void)state;
+  model m;
+  variant = FX_LLAMA;
+  mega_gpt_stage_desc d = {true, true, 0, 4};
+  model_init(&m, &d, 1);
+  variant = FX_GPT2;
+  int np;
+  const mega_param_info *p = mega_gpt_params(m.st[0], &np);
+  assert_int_equal(np, 1 + 9 * 4 + 2);
+  static const char *const names[] = {
+      "model.embed_tokens.weight",
+      "model.layers.0.input_layernorm.weight",
+      "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.self_attn.k_proj.weight",
+      "model.layers.0.self_attn.v_proj.weight",
+      "model.layers.0.self_attn.o_proj.weight",
+      "model.layers.0.post_attention_layernorm.weight",
+      "model.layers.0.mlp.gate_proj.weight",
+      "model.layers.0.mlp.up_proj.weight",
+      "model.layers.0.mlp.down_proj.weight",
+  };
+  static const int shapes[][2] = {{256, 16}, {16, 0}, {24, 16}, {12, 16}, {12, 16},
+                                  {16, 24},  {16, 0}, {24, 16}, {24, 16}, {16, 24}};
+  for (int i = 0; i < 10; i++) {
+    assert_string_equal(p[i].name, names[i]);
+    assert_int_equal(p[i].shape[0], shapes[i][0]);
+    assert_int_equal(p[i].shape[1], shapes[i][1]);
+    assert_true(p[i].decay == (shapes[i][1] != 0));
+  }
+  assert_string_equal(p[np - 2].name, "model.norm.weight");
+  assert_string_equal(p[np - 1].name, "lm_head.weight");
+  const float *w = mega_gpt_param_data(m.st[0]);
+  assert_true(w[p[1].offset] == 1.0f && w[p[np - 2].offset] == 1.0f);
+  double v5 = 0;
+  for (size_t i = 0; i < p[5].numel; i++) v5 += (double)w[p[5].offset + i] * w[p[5].offset + i];
+  printf("# o_proj std %.4f (want %.4f)\n", sqrt(v5 / p[5].numel), 0.2 / sqrt(8.0));
+  assert_true(fabs(sqrt(v5 / p[5].numel) - 0.2 / sqrt(8.0)) < 0.02);
+  model_free(&m);
+}
+
 static void param_table_is_hf_order_and_shapes(void **state) {
   (void)state;
   model m;
@@ -274,16 +351,20 @@ static void fused_backward_units_and_rebind(void **state) {
   (void)state;
   mega_err err = {0};
   const mega_gpt_stage_desc descs[2] = {{true, true, 0, 4}, {false, true, 1, 3}};
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < 4; k++) { /* GPT-2, then the untied Llama */
+    variant = k < 2 ? FX_GPT2 : FX_LLAMA;
+    bool llama = k >= 2;
     model m;
-    model_init(&m, &descs[k], 1);
+    model_init(&m, &descs[k % 2], 1);
+    variant = FX_GPT2;
     mega_gpt_stage *s = m.st[0];
-    bool emb = descs[k].embedding;
+    bool emb = descs[k % 2].embedding, own_head = llama || !emb;
     size_t n = mega_gpt_num_params(s), NC = (size_t)B * T * m.cfg.channels;
     int np, nu;
     const mega_param_info *p = mega_gpt_params(s, &np);
     const mega_gpt_unit *u = mega_gpt_units(s, &nu);
-    assert_int_equal(nu, 6 * descs[k].num_layers + 2); /* 6 per block; ln_f; head or embedding */
+    /* 6 per block; the final norm; the embedding; a head of its own */
+    assert_int_equal(nu, 6 * descs[k % 2].num_layers + 1 + emb + own_head);
     int32_t tokens[B * T], targets[B * T];
     fx_ids(tokens, B * T, 256, 5);
     fx_ids(targets, B * T, 256, 6);
@@ -312,14 +393,23 @@ static void fused_backward_units_and_rebind(void **state) {
     for (int i = 0; i < np; i++) assert_int_equal(seen[i], 1);
     /* the head copy and ln_f first, the blocks from the last (mlp.c_proj
      * first, ln_1 last), the embedding last */
-    int b0 = emb ? 1 : 2;
-    if (!emb) assert_string_equal(p[u[0].first].name, "transformer.wte.weight");
-    assert_string_equal(p[u[b0 - 1].first].name, "transformer.ln_f.weight");
-    assert_string_equal(p[u[b0].first].name, "transformer.h.3.mlp.c_proj.weight");
-    assert_string_equal(p[u[b0 + 5].first].name, "transformer.h.3.ln_1.weight");
-    assert_int_equal(u[b0].layer, descs[k].num_layers - 1);
-    assert_string_equal(p[u[b0 + 6].first].name, "transformer.h.2.mlp.c_proj.weight");
-    if (emb) assert_string_equal(p[u[nu - 1].first].name, "transformer.wte.weight");
+    int b0 = own_head ? 2 : 1;
+    const char *wte = llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+    if (own_head) assert_string_equal(p[u[0].first].name, llama ? "lm_head.weight" : wte);
+    assert_string_equal(p[u[b0 - 1].first].name,
+                        llama ? "model.norm.weight" : "transformer.ln_f.weight");
+    assert_string_equal(p[u[b0].first].name, llama ? "model.layers.3.mlp.down_proj.weight"
+                                                   : "transformer.h.3.mlp.c_proj.weight");
+    assert_string_equal(p[u[b0 + 1].first].name, llama ? "model.layers.3.mlp.gate_proj.weight"
+                                                       : "transformer.h.3.mlp.c_fc.weight");
+    assert_int_equal(u[b0 + 1].count, llama ? 2 : 2); /* gate and up; c_fc and its bias */
+    assert_int_equal(u[b0 + 4].count, llama ? 3 : 2); /* q, k, v; c_attn and its bias */
+    assert_string_equal(p[u[b0 + 5].first].name, llama ? "model.layers.3.input_layernorm.weight"
+                                                       : "transformer.h.3.ln_1.weight");
+    assert_int_equal(u[b0].layer, descs[k % 2].num_layers - 1);
+    assert_string_equal(p[u[b0 + 6].first].name, llama ? "model.layers.2.mlp.down_proj.weight"
+                                                       : "transformer.h.2.mlp.c_proj.weight");
+    if (emb) assert_string_equal(p[u[nu - 1].first].name, wte);
     /* fused */
     log.n = 0;
     mega_gpt_zero_grad(s);
@@ -420,6 +510,22 @@ static void bad_configs_and_calls_fail_clearly(void **state) {
   assert_true(mega_gpt_acts_bytes(a) > 0);
   mega_gpt_acts_destroy(a);
   mega_gpt_stage_destroy(s);
+  /* what each architecture cannot hold */
+  fx_config(&cfg, 0.02f);
+  cfg.num_kv_heads = 1;
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "GPT-2 has no grouped-query attention"));
+  fx_config(&cfg, 0.02f);
+  cfg.no_bias = true;
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_ERR_INVALID);
+  fx_model_config(&cfg, 0.02f, FX_LLAMA);
+  cfg.num_kv_heads = 3;
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "multiple of num_kv_heads (3)"));
+  fx_model_config(&cfg, 0.02f, FX_LLAMA);
+  cfg.rotary_percent = 0.5f; /* 3 of head_dim 6 */
+  assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "must be even"));
   mega_backend_destroy(be);
 }
 
@@ -484,6 +590,8 @@ int main(void) {
       cmocka_unit_test(four_stages_with_bare_embedding_and_loss),
       cmocka_unit_test(loss_stage_head_is_a_tied_copy),
       cmocka_unit_test(param_table_is_hf_order_and_shapes),
+      cmocka_unit_test(llama_stages_match_single),
+      cmocka_unit_test(llama_param_table),
       cmocka_unit_test(split_backward_halves_and_accumulation),
       cmocka_unit_test(fused_backward_units_and_rebind),
       cmocka_unit_test(bad_configs_and_calls_fail_clearly),

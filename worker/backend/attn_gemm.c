@@ -1,49 +1,66 @@
-/* Attention as batched GEMMs (attn_gemm.h). Head h of batch element b:
- * q, k, v are [T, hs] views of qkv at column h*hs (row stride 3C), so the
- * heads of one element are one strided batch (stride hs). */
+/* Attention as batched GEMMs (attn_gemm.h). Query head h = g * rep + r of
+ * batch element b (rep = NH / G query heads per key/value head g): q_h is
+ * the [T, hs] view of q at column h * hs (row stride ldq), k_g and v_g of k
+ * and v at column g * hs (stride ldkv). For each (b, r) the G heads
+ * g * rep + r are one strided batch: q steps rep * hs, k and v hs, the
+ * probabilities rep * T * T. A key or value head's gradient sums its rep
+ * query heads': the first writes it (beta 0), the others add (beta 1). */
 #include "worker/backend/attn_gemm.h"
 
 #include <math.h>
 
 void mega_attn_gemm_forward(mega_backend *be, const mega_attn_softmax *sm, float *out,
-                            float *att, const float *qkv, int B, int T, int C, int NH) {
+                            float *att, const float *q, const float *k, const float *v,
+                            const mega_attn_dims *d) {
   const mega_backend_ops *o = be->ops;
-  int hs = C / NH, C3 = 3 * C;
+  int T = d->T, hs = d->hs, NH = d->NH, G = d->G, rep = NH / G, ldo = NH * hs;
   int64_t tt = (int64_t)T * T;
   float scale = 1.0f / sqrtf((float)hs);
-  for (int b = 0; b < B; b++) { /* a_h = scale * q_h k_h^T */
-    const float *q = qkv + (size_t)b * T * C3;
-    o->gemm_batched(be, false, true, T, T, hs, scale, q, C3, hs, q + C, C3, hs, 0.0f,
-                    att + (size_t)b * NH * tt, T, tt, NH);
-  }
-  sm->forward(be, att, (int64_t)B * NH * T, T);
-  for (int b = 0; b < B; b++) /* out_h = a_h v_h, into out's head columns */
-    o->gemm_batched(be, false, false, T, hs, T, 1.0f, att + (size_t)b * NH * tt, T, tt,
-                    qkv + (size_t)b * T * C3 + 2 * C, C3, hs, 0.0f, out + (size_t)b * T * C, C,
-                    hs, NH);
+  for (int b = 0; b < d->B; b++)
+    for (int r = 0; r < rep; r++) { /* a_h = scale * q_h k_g^T */
+      const float *qb = q + (size_t)b * T * d->ldq + (size_t)r * hs;
+      o->gemm_batched(be, false, true, T, T, hs, scale, qb, d->ldq, (int64_t)rep * hs,
+                      k + (size_t)b * T * d->ldkv, d->ldkv, hs, 0.0f,
+                      att + ((size_t)b * NH + r) * tt, T, rep * tt, G);
+    }
+  sm->forward(be, att, (int64_t)d->B * NH * T, T);
+  for (int b = 0; b < d->B; b++)
+    for (int r = 0; r < rep; r++) /* out_h = a_h v_g, into out's head columns */
+      o->gemm_batched(be, false, false, T, hs, T, 1.0f, att + ((size_t)b * NH + r) * tt, T,
+                      rep * tt, v + (size_t)b * T * d->ldkv, d->ldkv, hs, 0.0f,
+                      out + (size_t)b * T * ldo + (size_t)r * hs, ldo, (int64_t)rep * hs, G);
 }
 
-void mega_attn_gemm_backward(mega_backend *be, const mega_attn_softmax *sm, float *dqkv,
-                             float *scratch, const float *dout, const float *qkv,
-                             const float *att, int B, int T, int C, int NH) {
+void mega_attn_gemm_backward(mega_backend *be, const mega_attn_softmax *sm, float *dq,
+                             float *dk, float *dv, float *scratch, const float *dout,
+                             const float *q, const float *k, const float *v, const float *att,
+                             const mega_attn_dims *d) {
   const mega_backend_ops *o = be->ops;
-  int hs = C / NH, C3 = 3 * C;
-  int64_t tt = (int64_t)T * T;
+  int T = d->T, hs = d->hs, NH = d->NH, G = d->G, rep = NH / G, ldo = NH * hs;
+  int ldq = d->ldq, ldkv = d->ldkv;
+  int64_t tt = (int64_t)T * T, sq = (int64_t)rep * hs, sa = rep * tt;
   float scale = 1.0f / sqrtf((float)hs);
   float *da = scratch; /* [B, NH, T, T] */
-  for (int b = 0; b < B; b++) /* da_h = dy_h v_h^T */
-    o->gemm_batched(be, false, true, T, T, hs, 1.0f, dout + (size_t)b * T * C, C, hs,
-                    qkv + (size_t)b * T * C3 + 2 * C, C3, hs, 0.0f, da + (size_t)b * NH * tt, T,
-                    tt, NH);
-  sm->backward(be, da, att, (int64_t)B * NH * T, T, scale);
-  for (int b = 0; b < B; b++) {
-    size_t off = (size_t)b * T * C3;
-    const float *q = qkv + off, *k = q + C, *dy = dout + (size_t)b * T * C;
-    float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-    const float *dp = da + (size_t)b * NH * tt, *a = att + (size_t)b * NH * tt;
-    /* dq_h = dpre_h k_h; dk_h = dpre_h^T q_h; dv_h = a_h^T dy_h */
-    o->gemm_batched(be, false, false, T, hs, T, 1.0f, dp, T, tt, k, C3, hs, 0.0f, dq, C3, hs, NH);
-    o->gemm_batched(be, true, false, T, hs, T, 1.0f, dp, T, tt, q, C3, hs, 0.0f, dk, C3, hs, NH);
-    o->gemm_batched(be, true, false, T, hs, T, 1.0f, a, T, tt, dy, C, hs, 0.0f, dv, C3, hs, NH);
+  for (int b = 0; b < d->B; b++)
+    for (int r = 0; r < rep; r++) /* da_h = dy_h v_g^T */
+      o->gemm_batched(be, false, true, T, T, hs, 1.0f, dout + (size_t)b * T * ldo + (size_t)r * hs,
+                      ldo, sq, v + (size_t)b * T * ldkv, ldkv, hs, 0.0f,
+                      da + ((size_t)b * NH + r) * tt, T, sa, G);
+  sm->backward(be, da, att, (int64_t)d->B * NH * T, T, scale);
+  for (int b = 0; b < d->B; b++) {
+    size_t qo = (size_t)b * T * ldq, ko = (size_t)b * T * ldkv;
+    for (int r = 0; r < rep; r++) {
+      size_t h0 = (size_t)r * hs;
+      const float *dp = da + ((size_t)b * NH + r) * tt, *a = att + ((size_t)b * NH + r) * tt;
+      const float *dy = dout + (size_t)b * T * ldo + h0;
+      float beta = r == 0 ? 0.0f : 1.0f;
+      /* dq_h = dpre_h k_g; dk_g += dpre_h^T q_h; dv_g += a_h^T dy_h */
+      o->gemm_batched(be, false, false, T, hs, T, 1.0f, dp, T, sa, k + ko, ldkv, hs, 0.0f,
+                      dq + qo + h0, ldq, sq, G);
+      o->gemm_batched(be, true, false, T, hs, T, 1.0f, dp, T, sa, q + qo + h0, ldq, sq, beta,
+                      dk + ko, ldkv, hs, G);
+      o->gemm_batched(be, true, false, T, hs, T, 1.0f, a, T, sa, dy, ldo, sq, beta, dv + ko,
+                      ldkv, hs, G);
+    }
   }
 }

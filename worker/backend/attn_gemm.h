@@ -20,9 +20,11 @@ typedef struct mega_attn_softmax {
 } mega_attn_softmax;
 
 void mega_attn_gemm_forward(mega_backend *be, const mega_attn_softmax *sm, float *out,
-                            float *att, const float *qkv, int B, int T, int C, int NH);
-void mega_attn_gemm_backward(mega_backend *be, const mega_attn_softmax *sm, float *dqkv,
-                             float *scratch, const float *dout, const float *qkv,
-                             const float *att, int B, int T, int C, int NH);
+                            float *att, const float *q, const float *k, const float *v,
+                            const mega_attn_dims *d);
+void mega_attn_gemm_backward(mega_backend *be, const mega_attn_softmax *sm, float *dq,
+                             float *dk, float *dv, float *scratch, const float *dout,
+                             const float *q, const float *k, const float *v, const float *att,
+                             const mega_attn_dims *d);
 
 #endif

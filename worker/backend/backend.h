@@ -13,8 +13,9 @@
  *
  * Layout. Matrices are row-major. Activations are [N, C] with N = B*T rows.
  * A linear layer's weight is stored either as Hugging Face Conv1D does,
- * [in, out] (MEGA_W_IN_OUT: c_attn, c_proj, c_fc), or as nn.Linear / an
- * embedding does, [out, in] (MEGA_W_OUT_IN: the head tied to wte [V, C]).
+ * [in, out] (MEGA_W_IN_OUT: GPT-2's c_attn, c_proj, c_fc), or as nn.Linear /
+ * an embedding does, [out, in] (MEGA_W_OUT_IN: Llama's projections, the
+ * head [V, C]).
  *
  * Gradient conventions. Ops that produce an activation gradient overwrite
  * their output; layernorm_backward_input also adds the residual stream's
@@ -56,6 +57,14 @@ typedef struct mega_adamw_params {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
   int step;
 } mega_adamw_params;
+
+/* The shape of one attention call (attention_forward). */
+typedef struct mega_attn_dims {
+  int B, T;
+  int NH, G;     /* query heads; key/value heads (G divides NH) */
+  int hs;        /* head size */
+  int ldq, ldkv; /* row strides (floats) of q, and of k and v; their gradients' too */
+} mega_attn_dims;
 
 typedef struct mega_backend_ops {
   const char *name; /* "cpu", "cuda" */
@@ -127,26 +136,67 @@ typedef struct mega_backend_ops {
   void (*matmul_forward)(mega_backend *be, float *out, const float *inp, const float *w,
                          const float *bias, const float *residual, int N, int C, int OC,
                          mega_wlayout lay);
-  /* dinp[N,C] = dout[N,OC] @ W^T (overwrites). */
+  /* dinp[N,C] = dout[N,OC] @ W^T, overwriting dinp, or added to it when
+   * accumulate (the input gradient of several linears that read one input:
+   * Llama's q, k and v, or gate and up). */
   void (*matmul_backward_input)(mega_backend *be, float *dinp, const float *dout,
-                                const float *w, int N, int C, int OC, mega_wlayout lay);
+                                const float *w, int N, int C, int OC, mega_wlayout lay,
+                                bool accumulate);
   /* dW += inp^T @ dout (in W's layout); dbias += sum_n dout (dbias may be
    * NULL). */
   void (*matmul_backward_weight)(mega_backend *be, float *dw, float *dbias,
                                  const float *dout, const float *inp, int N, int C,
                                  int OC, mega_wlayout lay);
 
-  /* Causal self-attention on a fused qkv [B,T,3C] (q | k | v, heads of
-   * hs = C/NH contiguous within each), softmax scale 1/sqrt(hs). Writes
-   * out [B,T,C] and, for the backward, the probabilities att [B,NH,T,T]
+  /* Causal self-attention, grouped-query: NH query heads in q, G key and
+   * value heads in k and v (G divides NH; query head h reads group
+   * h / (NH/G); G = NH is plain multi-head attention), each head hs
+   * contiguous floats of its row, softmax scale 1/sqrt(hs). q, k and v are
+   * [B*T] rows with strides d->ldq and d->ldkv (GPT-2's fused qkv [B,T,3C]
+   * is q = qkv, k = qkv + C, v = qkv + 2C, both strides 3C). Writes out
+   * [B,T,NH*hs] and, for the backward, the probabilities att [B,NH,T,T]
    * (above the diagonal att holds whatever the backend's backward needs).
-   * scratch holds B*NH*T*T + B*T*C floats, for both directions. */
+   * scratch holds B*NH*T*T + B*T*NH*hs floats, for both directions. */
   void (*attention_forward)(mega_backend *be, float *out, float *att, float *scratch,
-                            const float *qkv, int B, int T, int C, int NH);
-  /* dqkv [B,T,3C] = attention'(dout) (overwrites). */
-  void (*attention_backward)(mega_backend *be, float *dqkv, float *scratch,
-                             const float *dout, const float *qkv, const float *att,
-                             int B, int T, int C, int NH);
+                            const float *q, const float *k, const float *v,
+                            const mega_attn_dims *d);
+  /* dq, dk, dv (strides as q, k, v) = attention'(dout), overwritten; a key
+   * or value head's gradient sums its NH/G query heads'. */
+  void (*attention_backward)(mega_backend *be, float *dq, float *dk, float *dv, float *scratch,
+                             const float *dout, const float *q, const float *k, const float *v,
+                             const float *att, const mega_attn_dims *d);
+
+  /* ---- Llama's kernels ---- */
+  /* RMSNorm: out = inp * rstd * w over each row of C, with rstd = 1 /
+   * sqrt(mean(inp^2) + eps) ([N]) saved for the backward. */
+  void (*rmsnorm_forward)(mega_backend *be, float *out, float *rstd, const float *inp,
+                          const float *w, int N, int C, float eps);
+  /* dinp = dres + RMSNorm'(dout), as layernorm_backward_input (dres may be
+   * dinp itself or NULL). */
+  void (*rmsnorm_backward_input)(mega_backend *be, float *dinp, const float *dres,
+                                 const float *dout, const float *inp, const float *w,
+                                 const float *rstd, int N, int C);
+  /* dw += sum_n dout * inp * rstd. */
+  void (*rmsnorm_backward_weight)(mega_backend *be, float *dw, const float *dout,
+                                  const float *inp, const float *rstd, int N, int C);
+  /* SwiGLU: out = silu(gate) * up, silu(x) = x * sigmoid(x), over n
+   * elements. The backward writes dgate and dup (dgate may alias dout). */
+  void (*swiglu_forward)(mega_backend *be, float *out, const float *gate, const float *up,
+                         size_t n);
+  void (*swiglu_backward)(mega_backend *be, float *dgate, float *dup, const float *dout,
+                          const float *gate, const float *up, size_t n);
+  /* Rotary position embedding in place on x, [B*T] rows of stride ld
+   * holding heads heads of hs floats from column 0; the row of token t of
+   * its sequence rotates, in each head, the pairs (i, i + rot/2) for i <
+   * rot/2 by the angle of (t, i): Hugging Face's rotate-half convention
+   * (and Megatron's non-interleaved one); the channels past rot stay.
+   * cs [T', rot] (T' >= T) holds cos at [t*rot + i] and sin at
+   * [t*rot + rot/2 + i]. The backward rotates the gradient back (by -angle),
+   * in place. */
+  void (*rope_forward)(mega_backend *be, float *x, const float *cs, int B, int T, int heads,
+                       int hs, int ld, int rot);
+  void (*rope_backward)(mega_backend *be, float *dx, const float *cs, int B, int T, int heads,
+                        int hs, int ld, int rot);
 
   /* GELU, tanh approximation. dinp may alias dout. */
   void (*gelu_forward)(mega_backend *be, float *out, const float *inp, size_t n);

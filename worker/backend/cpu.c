@@ -1,7 +1,8 @@
 /* The cpu backend: memory, GEMM (OpenBLAS at one thread, split over the
  * backend's threads), matmuls, reductions, AdamW and the ops table. The row
- * and element kernels are in cpu_ops.c, attention in cpu_attention.c (on
- * the tiles of cpu_tile.c), the threads in cpu_pool.c. */
+ * and element kernels are in cpu_ops.c (Llama's in cpu_llama.c), attention
+ * in cpu_attention.c (on the tiles of cpu_tile.c), the threads in
+ * cpu_pool.c. */
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
@@ -262,13 +263,13 @@ static void cpu_matmul_forward(mega_backend *be, float *out, const float *inp,
 
 static void cpu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
                                       const float *w, int N, int C, int OC,
-                                      mega_wlayout lay) {
+                                      mega_wlayout lay, bool accumulate) {
   dout = gemm_input(be, 0, dout, (size_t)N * OC);
   w = gemm_input(be, 1, w, (size_t)C * OC);
   if (!dout || !w) return;
   gemm_ctx g = {.tb = lay == MEGA_W_IN_OUT, .M = N, .N = C, .K = OC, .alpha = 1.0f,
                 .A = dout, .lda = OC, .B = w, .ldb = lay == MEGA_W_IN_OUT ? OC : C,
-                .C = dinp, .ldc = C};
+                .beta = accumulate ? 1.0f : 0.0f, .C = dinp, .ldc = C};
   par_gemm(be, &g);
 }
 
@@ -418,6 +419,13 @@ static const mega_backend_ops cpu_ops = {
     .matmul_backward_weight = cpu_matmul_backward_weight,
     .attention_forward = mega_cpu_attention_forward,
     .attention_backward = mega_cpu_attention_backward,
+    .rmsnorm_forward = mega_cpu_rmsnorm_forward,
+    .rmsnorm_backward_input = mega_cpu_rmsnorm_backward_input,
+    .rmsnorm_backward_weight = mega_cpu_rmsnorm_backward_weight,
+    .swiglu_forward = mega_cpu_swiglu_forward,
+    .swiglu_backward = mega_cpu_swiglu_backward,
+    .rope_forward = mega_cpu_rope_forward,
+    .rope_backward = mega_cpu_rope_backward,
     .gelu_forward = mega_cpu_gelu_forward,
     .gelu_backward = mega_cpu_gelu_backward,
     .residual_forward = mega_cpu_residual_forward,

@@ -1,9 +1,10 @@
-/* Causal self-attention on the cpu, per (batch, head), in groups of 8 query
- * rows: each group multiplies only the key columns up to its own end, so
- * the work is the causal half plus a sliver, and the products are the
- * register-tiled kernels of cpu_tile.c (no BLAS: at head size they beat
- * sgemm). K (forward) and V (backward) are transposed once per head into
- * scratch so every product streams contiguous rows. */
+/* Causal self-attention on the cpu, per (batch, key/value head) with its
+ * query heads (grouped-query attention; one each without it), in groups of
+ * 8 query rows: each group multiplies only the key columns up to its own
+ * end, so the work is the causal half plus a sliver, and the products are
+ * the register-tiled kernels of cpu_tile.c (no BLAS: at head size they beat
+ * sgemm). K (forward) and V (backward) are transposed once per key/value
+ * head into scratch so every product streams contiguous rows. */
 #include <math.h>
 #include <string.h>
 
@@ -122,88 +123,108 @@ static void transpose(float *dst, const float *src, int T, int hs, int ld) {
 static inline int tile_cols(int g1, int T) { return imin((g1 + 31) / 32 * 32, T); }
 
 typedef struct attn_ctx {
-  float *out, *att, *dqkv, *scratch;
-  const float *qkv, *catt, *dout;
-  int B, T, C, NH;
+  float *out, *att, *dq, *dk, *dv, *scratch;
+  const float *q, *k, *v, *catt, *dout;
+  mega_attn_dims d;
 } attn_ctx;
 
-/* Heads bh0..bh1 (bh = b * NH + h). */
-static void attn_fwd_heads(void *vc, int64_t bh0, int64_t bh1) {
+/* Key/value heads bg0..bg1 (bg = b * G + g), each with its NH/G query
+ * heads: k (forward) or v (backward) is transposed once for all of them. */
+static void attn_fwd_heads(void *vc, int64_t bg0, int64_t bg1) {
   const attn_ctx *c = vc;
-  int T = c->T, C = c->C, hs = C / c->NH, C3 = 3 * C;
+  const mega_attn_dims *d = &c->d;
+  int T = d->T, hs = d->hs, NH = d->NH, G = d->G, rep = NH / G, ldq = d->ldq, ldkv = d->ldkv;
+  int ldo = NH * hs;
   float scale = 1.0f / sqrtf((float)hs);
-  float *kT = c->scratch + (size_t)bh0 * hs * T; /* this chunk's slot */
-  for (int64_t bh = bh0; bh < bh1; bh++) {
-    int b = (int)(bh / c->NH), h = (int)(bh % c->NH);
-    const float *q = c->qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
-    float *a = c->att + (size_t)bh * T * T;
-    float *o = c->out + (size_t)b * T * C + h * hs;
-    transpose(kT, k, T, hs, C3);
-    for (int g0 = 0; g0 < T; g0 += GROUP) {
-      int g1 = imin(g0 + GROUP, T), rows = g1 - g0;
-      /* a[g0:g1, 0:g1] = scale * q[g0:g1] k[0:g1]^T */
-      mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, scale, q + (size_t)g0 * C3, C3, kT, T,
-                       a + (size_t)g0 * T, T);
-      causal_softmax_rows(a, g0, g1, T);
-      /* o[g0:g1] = a[g0:g1, 0:g1] v[0:g1] */
-      mega_cpu_tile_nn(rows, hs, g1, 1.0f, a + (size_t)g0 * T, T, v, C3, o + (size_t)g0 * C,
-                       C);
+  float *kT = c->scratch + (size_t)bg0 * hs * T; /* this chunk's slot */
+  for (int64_t bg = bg0; bg < bg1; bg++) {
+    int b = (int)(bg / G), g = (int)(bg % G);
+    size_t koff = (size_t)b * T * ldkv + g * hs;
+    const float *k = c->k + koff, *v = c->v + koff;
+    transpose(kT, k, T, hs, ldkv);
+    for (int r = 0; r < rep; r++) {
+      int h = g * rep + r;
+      const float *q = c->q + (size_t)b * T * ldq + h * hs;
+      float *a = c->att + ((size_t)b * NH + h) * T * T;
+      float *o = c->out + (size_t)b * T * ldo + h * hs;
+      for (int g0 = 0; g0 < T; g0 += GROUP) {
+        int g1 = imin(g0 + GROUP, T), rows = g1 - g0;
+        /* a[g0:g1, 0:g1] = scale * q[g0:g1] k[0:g1]^T */
+        mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, scale, q + (size_t)g0 * ldq, ldq, kT, T,
+                         a + (size_t)g0 * T, T);
+        causal_softmax_rows(a, g0, g1, T);
+        /* o[g0:g1] = a[g0:g1, 0:g1] v[0:g1] */
+        mega_cpu_tile_nn(rows, hs, g1, 1.0f, a + (size_t)g0 * T, T, v, ldkv,
+                         o + (size_t)g0 * ldo, ldo);
+      }
     }
   }
 }
 
 void mega_cpu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
-                                const float *qkv, int B, int T, int C, int NH) {
-  attn_ctx c = {.out = out, .att = att, .scratch = scratch, .qkv = qkv, .B = B, .T = T,
-                .C = C, .NH = NH};
-  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)B * NH, 1, attn_fwd_heads, &c);
+                                const float *q, const float *k, const float *v,
+                                const mega_attn_dims *d) {
+  attn_ctx c = {.out = out, .att = att, .scratch = scratch, .q = q, .k = k, .v = v, .d = *d};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)d->B * d->G, 1, attn_fwd_heads, &c);
 }
 
-static void attn_bwd_heads(void *vc, int64_t bh0, int64_t bh1) {
+static void attn_bwd_heads(void *vc, int64_t bg0, int64_t bg1) {
   const attn_ctx *c = vc;
-  int T = c->T, C = c->C, hs = C / c->NH, C3 = 3 * C;
+  const mega_attn_dims *d = &c->d;
+  int T = d->T, hs = d->hs, NH = d->NH, G = d->G, rep = NH / G, ldq = d->ldq, ldkv = d->ldkv;
+  int ldo = NH * hs;
   float scale = 1.0f / sqrtf((float)hs);
   /* this chunk's slots: V^T, and one T x T tile reused so it stays in cache */
-  float *vT = c->scratch + (size_t)bh0 * hs * T;
-  float *da = c->scratch + (size_t)c->B * T * C + (size_t)bh0 * T * T;
-  for (int64_t bh = bh0; bh < bh1; bh++) {
-    int b = (int)(bh / c->NH), h = (int)(bh % c->NH);
-    size_t qoff = (size_t)b * T * C3 + h * hs;
-    const float *q = c->qkv + qoff, *k = q + C, *v = q + 2 * C;
-    float *dq = c->dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-    const float *a = c->catt + (size_t)bh * T * T;
-    const float *dy = c->dout + (size_t)b * T * C + h * hs;
-    transpose(vT, v, T, hs, C3);
-    for (int g0 = 0; g0 < T; g0 += GROUP) {
-      int g1 = imin(g0 + GROUP, T), rows = g1 - g0;
-      /* da[g0:g1, 0:g1] = dy[g0:g1] v[0:g1]^T, then through the softmax */
-      mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, 1.0f, dy + (size_t)g0 * C, C, vT, T,
-                       da + (size_t)g0 * T, T);
-      softmax_backward_rows(da, a, g0, g1, T, scale);
-      /* dq[g0:g1] = dpre[g0:g1, 0:g1] k[0:g1] */
-      mega_cpu_tile_nn(rows, hs, g1, 1.0f, da + (size_t)g0 * T, T, k, C3,
-                       dq + (size_t)g0 * C3, C3);
-    }
-    /* Keys and values s0:s1 get contributions from queries s0..T-1 only,
-     * and read a and dpre only at rows >= s0 and columns < s1: at or below
-     * the diagonal, or above it within the row's own group, where the
-     * softmax wrote zeros. */
-    for (int s0 = 0; s0 < T; s0 += GROUP) {
-      int s1 = imin(s0 + GROUP, T), rows = s1 - s0;
-      /* dv[s0:s1] = a[s0:T, s0:s1]^T dy[s0:T] */
-      mega_cpu_tile_tn(rows, hs, T - s0, 1.0f, a + (size_t)s0 * T + s0, T,
-                       dy + (size_t)s0 * C, C, dv + (size_t)s0 * C3, C3);
-      /* dk[s0:s1] = dpre[s0:T, s0:s1]^T q[s0:T] */
-      mega_cpu_tile_tn(rows, hs, T - s0, 1.0f, da + (size_t)s0 * T + s0, T,
-                       q + (size_t)s0 * C3, C3, dk + (size_t)s0 * C3, C3);
+  float *vT = c->scratch + (size_t)bg0 * hs * T;
+  float *da = c->scratch + (size_t)d->B * T * ldo + (size_t)bg0 * T * T;
+  for (int64_t bg = bg0; bg < bg1; bg++) {
+    int b = (int)(bg / G), g = (int)(bg % G);
+    size_t koff = (size_t)b * T * ldkv + g * hs;
+    const float *k = c->k + koff, *v = c->v + koff;
+    float *dk = c->dk + koff, *dv = c->dv + koff;
+    transpose(vT, v, T, hs, ldkv);
+    for (int r = 0; r < rep; r++) {
+      int h = g * rep + r;
+      size_t qoff = (size_t)b * T * ldq + h * hs;
+      const float *q = c->q + qoff;
+      float *dq = c->dq + qoff;
+      const float *a = c->catt + ((size_t)b * NH + h) * T * T;
+      const float *dy = c->dout + (size_t)b * T * ldo + h * hs;
+      for (int g0 = 0; g0 < T; g0 += GROUP) {
+        int g1 = imin(g0 + GROUP, T), rows = g1 - g0;
+        /* da[g0:g1, 0:g1] = dy[g0:g1] v[0:g1]^T, then through the softmax */
+        mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, 1.0f, dy + (size_t)g0 * ldo, ldo, vT, T,
+                         da + (size_t)g0 * T, T);
+        softmax_backward_rows(da, a, g0, g1, T, scale);
+        /* dq[g0:g1] = dpre[g0:g1, 0:g1] k[0:g1] */
+        mega_cpu_tile_nn(rows, hs, g1, 1.0f, da + (size_t)g0 * T, T, k, ldkv,
+                         dq + (size_t)g0 * ldq, ldq);
+      }
+      /* Keys and values s0:s1 get contributions from queries s0..T-1 only,
+       * and read a and dpre only at rows >= s0 and columns < s1: at or below
+       * the diagonal, or above it within the row's own group, where the
+       * softmax wrote zeros. The group's first query head writes dk and
+       * dv, the others add to them. */
+      for (int s0 = 0; s0 < T; s0 += GROUP) {
+        int s1 = imin(s0 + GROUP, T), rows = s1 - s0;
+        void (*tn)(int, int, int, float, const float *, int, const float *, int, float *, int) =
+            r == 0 ? mega_cpu_tile_tn : mega_cpu_tile_tn_acc;
+        /* dv[s0:s1] = a[s0:T, s0:s1]^T dy[s0:T] */
+        tn(rows, hs, T - s0, 1.0f, a + (size_t)s0 * T + s0, T, dy + (size_t)s0 * ldo, ldo,
+           dv + (size_t)s0 * ldkv, ldkv);
+        /* dk[s0:s1] = dpre[s0:T, s0:s1]^T q[s0:T] */
+        tn(rows, hs, T - s0, 1.0f, da + (size_t)s0 * T + s0, T, q + (size_t)s0 * ldq, ldq,
+           dk + (size_t)s0 * ldkv, ldkv);
+      }
     }
   }
 }
 
-void mega_cpu_attention_backward(mega_backend *be, float *dqkv, float *scratch,
-                                 const float *dout, const float *qkv, const float *att,
-                                 int B, int T, int C, int NH) {
-  attn_ctx c = {.dqkv = dqkv, .scratch = scratch, .dout = dout, .qkv = qkv, .catt = att,
-                .B = B, .T = T, .C = C, .NH = NH};
-  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)B * NH, 1, attn_bwd_heads, &c);
+void mega_cpu_attention_backward(mega_backend *be, float *dq, float *dk, float *dv,
+                                 float *scratch, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *att,
+                                 const mega_attn_dims *d) {
+  attn_ctx c = {.dq = dq, .dk = dk, .dv = dv, .scratch = scratch, .dout = dout, .q = q,
+                .k = k, .v = v, .catt = att, .d = *d};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)d->B * d->G, 1, attn_bwd_heads, &c);
 }

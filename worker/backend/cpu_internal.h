@@ -74,11 +74,15 @@ static inline float mega_lanes_max(const float *acc) {
 #define MEGA_CPU_GRAIN_ELEMS 16384
 
 /* Small row-major products for attention (cpu_tile.c):
- * nn: C[M x N] = alpha * A[M x K] B[K x N]; tn: the same with A^T, A [K x M]. */
+ * nn: C[M x N] = alpha * A[M x K] B[K x N]; tn: the same with A^T, A [K x M];
+ * tn_acc adds into C instead (grouped-query attention's key and value
+ * gradients, summed over their query heads). */
 void mega_cpu_tile_nn(int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float *C, int ldc);
 void mega_cpu_tile_tn(int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float *C, int ldc);
+void mega_cpu_tile_tn_acc(int M, int N, int K, float alpha, const float *A, int lda,
+                          const float *B, int ldb, float *C, int ldc);
 
 void mega_cpu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
                               const float *wte, int v0, int vn, const float *wpe, int B, int T,
@@ -118,9 +122,27 @@ void mega_cpu_crossentropy_finish(mega_backend *be, float *losses, float *probs,
                                   const float *logits, const float *rowmax, const float *sums,
                                   int N, int V);
 void mega_cpu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
-                                const float *qkv, int B, int T, int C, int NH);
-void mega_cpu_attention_backward(mega_backend *be, float *dqkv, float *scratch,
-                                 const float *dout, const float *qkv, const float *att,
-                                 int B, int T, int C, int NH);
+                                const float *q, const float *k, const float *v,
+                                const mega_attn_dims *d);
+void mega_cpu_attention_backward(mega_backend *be, float *dq, float *dk, float *dv,
+                                 float *scratch, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *att,
+                                 const mega_attn_dims *d);
+/* cpu_llama.c: RMSNorm, SwiGLU, RoPE */
+void mega_cpu_rmsnorm_forward(mega_backend *be, float *out, float *rstd, const float *inp,
+                              const float *w, int N, int C, float eps);
+void mega_cpu_rmsnorm_backward_input(mega_backend *be, float *dinp, const float *dres,
+                                     const float *dout, const float *inp, const float *w,
+                                     const float *rstd, int N, int C);
+void mega_cpu_rmsnorm_backward_weight(mega_backend *be, float *dw, const float *dout,
+                                      const float *inp, const float *rstd, int N, int C);
+void mega_cpu_swiglu_forward(mega_backend *be, float *out, const float *gate, const float *up,
+                             size_t n);
+void mega_cpu_swiglu_backward(mega_backend *be, float *dgate, float *dup, const float *dout,
+                              const float *gate, const float *up, size_t n);
+void mega_cpu_rope_forward(mega_backend *be, float *x, const float *cs, int B, int T,
+                           int heads, int hs, int ld, int rot);
+void mega_cpu_rope_backward(mega_backend *be, float *dx, const float *cs, int B, int T,
+                            int heads, int hs, int ld, int rot);
 
 #endif

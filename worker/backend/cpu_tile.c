@@ -5,6 +5,7 @@
  * 64) it runs well ahead of sgemm, whose packing costs as much as the
  * product at these sizes. */
 #include <math.h>
+#include <stdbool.h>
 
 #include "worker/backend/cpu_internal.h"
 
@@ -15,7 +16,7 @@
  * (ars, aks) = (lda, 1) for A, (1, lda) for A^T. */
 MEGA_CPU_CLONES
 static void tile_full(int K, float alpha, const float *A, int ars, int aks, const float *B,
-                      int ldb, float *C, int ldc) {
+                      int ldb, float *C, int ldc, bool acc) {
   float c[MR][NR];
   for (int r = 0; r < MR; r++)
     for (int j = 0; j < NR; j++) c[r][j] = 0.0f;
@@ -27,14 +28,19 @@ static void tile_full(int K, float alpha, const float *A, int ars, int aks, cons
       for (int j = 0; j < NR; j++) c[r][j] = fmaf(ar, b[j], c[r][j]);
     }
   }
-  for (int r = 0; r < MR; r++)
-    for (int j = 0; j < NR; j++) C[(size_t)r * ldc + j] = alpha * c[r][j];
+  for (int r = 0; r < MR; r++) {
+    float *o = C + (size_t)r * ldc;
+    if (acc)
+      for (int j = 0; j < NR; j++) o[j] += alpha * c[r][j];
+    else
+      for (int j = 0; j < NR; j++) o[j] = alpha * c[r][j];
+  }
 }
 
 /* The same for an R x W corner (R <= MR, W <= NR). */
 MEGA_CPU_CLONES
 static void tile_edge(int R, int W, int K, float alpha, const float *A, int ars, int aks,
-                      const float *B, int ldb, float *C, int ldc) {
+                      const float *B, int ldb, float *C, int ldc, bool acc) {
   for (int r = 0; r < R; r++) {
     float c[NR] = {0};
     for (int k = 0; k < K; k++) {
@@ -42,12 +48,16 @@ static void tile_edge(int R, int W, int K, float alpha, const float *A, int ars,
       const float *b = B + (size_t)k * ldb;
       for (int j = 0; j < W; j++) c[j] = fmaf(ar, b[j], c[j]);
     }
-    for (int j = 0; j < W; j++) C[(size_t)r * ldc + j] = alpha * c[j];
+    float *o = C + (size_t)r * ldc;
+    if (acc)
+      for (int j = 0; j < W; j++) o[j] += alpha * c[j];
+    else
+      for (int j = 0; j < W; j++) o[j] = alpha * c[j];
   }
 }
 
 static void tiles(int M, int N, int K, float alpha, const float *A, int ars, int aks,
-                  const float *B, int ldb, float *C, int ldc) {
+                  const float *B, int ldb, float *C, int ldc, bool acc) {
   for (int i = 0; i < M; i += MR) {
     int R = M - i < MR ? M - i : MR;
     const float *Ai = A + (size_t)i * ars;
@@ -55,19 +65,24 @@ static void tiles(int M, int N, int K, float alpha, const float *A, int ars, int
       int W = N - j < NR ? N - j : NR;
       float *Cij = C + (size_t)i * ldc + j;
       if (R == MR && W == NR)
-        tile_full(K, alpha, Ai, ars, aks, B + j, ldb, Cij, ldc);
+        tile_full(K, alpha, Ai, ars, aks, B + j, ldb, Cij, ldc, acc);
       else
-        tile_edge(R, W, K, alpha, Ai, ars, aks, B + j, ldb, Cij, ldc);
+        tile_edge(R, W, K, alpha, Ai, ars, aks, B + j, ldb, Cij, ldc, acc);
     }
   }
 }
 
 void mega_cpu_tile_nn(int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float *C, int ldc) {
-  tiles(M, N, K, alpha, A, lda, 1, B, ldb, C, ldc);
+  tiles(M, N, K, alpha, A, lda, 1, B, ldb, C, ldc, false);
 }
 
 void mega_cpu_tile_tn(int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float *C, int ldc) {
-  tiles(M, N, K, alpha, A, 1, lda, B, ldb, C, ldc);
+  tiles(M, N, K, alpha, A, 1, lda, B, ldb, C, ldc, false);
+}
+
+void mega_cpu_tile_tn_acc(int M, int N, int K, float alpha, const float *A, int lda,
+                          const float *B, int ldb, float *C, int ldc) {
+  tiles(M, N, K, alpha, A, 1, lda, B, ldb, C, ldc, true);
 }

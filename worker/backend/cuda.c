@@ -209,11 +209,12 @@ static void cu_matmul_forward(mega_backend *be, float *out, const float *inp, co
 }
 
 static void cu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
-                                     const float *w, int N, int C, int OC, mega_wlayout lay) {
+                                     const float *w, int N, int C, int OC, mega_wlayout lay,
+                                     bool accumulate) {
   bool tb = lay == MEGA_W_IN_OUT;
   size_t ndy = (size_t)N * OC, nw = (size_t)C * OC;
-  mm_gemm(be, false, tb, N, C, OC, dout, OC, ndy, w, lay == MEGA_W_IN_OUT ? OC : C, nw, 0.0f,
-          dinp, C);
+  mm_gemm(be, false, tb, N, C, OC, dout, OC, ndy, w, lay == MEGA_W_IN_OUT ? OC : C, nw,
+          accumulate ? 1.0f : 0.0f, dinp, C);
 }
 
 static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
@@ -241,15 +242,17 @@ static void cu_softmax_bwd(mega_backend *be, float *da, const float *att, int64_
 static const mega_attn_softmax cu_sm = {.forward = cu_softmax, .backward = cu_softmax_bwd};
 
 static void cu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
-                                 const float *qkv, int B, int T, int C, int NH) {
+                                 const float *q, const float *k, const float *v,
+                                 const mega_attn_dims *d) {
   (void)scratch;
-  mega_attn_gemm_forward(be, &cu_sm, out, att, qkv, B, T, C, NH);
+  mega_attn_gemm_forward(be, &cu_sm, out, att, q, k, v, d);
 }
 
-static void cu_attention_backward(mega_backend *be, float *dqkv, float *scratch,
-                                  const float *dout, const float *qkv, const float *att, int B,
-                                  int T, int C, int NH) {
-  mega_attn_gemm_backward(be, &cu_sm, dqkv, scratch, dout, qkv, att, B, T, C, NH);
+static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float *dv,
+                                  float *scratch, const float *dout, const float *q,
+                                  const float *k, const float *v, const float *att,
+                                  const mega_attn_dims *d) {
+  mega_attn_gemm_backward(be, &cu_sm, dq, dk, dv, scratch, dout, q, k, v, att, d);
 }
 
 /* ---- the kernels ---- */
@@ -303,6 +306,44 @@ static void cu_residual_forward(mega_backend *be, float *out, const float *a, co
 static void cu_bias_residual_forward(mega_backend *be, float *out, const float *a,
                                      const float *b, const float *bias, int N, int C) {
   note(be, mega_cu_add(S(be), out, a, b, bias, (int64_t)N * C, C), "bias and residual");
+}
+
+static void cu_rmsnorm_forward(mega_backend *be, float *out, float *rstd, const float *inp,
+                               const float *w, int N, int C, float eps) {
+  note(be, mega_cu_rmsnorm_fwd(S(be), out, rstd, inp, w, N, C, eps), "rmsnorm");
+}
+
+static void cu_rmsnorm_backward_input(mega_backend *be, float *dinp, const float *dres,
+                                      const float *dout, const float *inp, const float *w,
+                                      const float *rstd, int N, int C) {
+  note(be, mega_cu_rmsnorm_bwd_in(S(be), dinp, dres, dout, inp, w, rstd, N, C),
+       "rmsnorm backward");
+}
+
+static void cu_rmsnorm_backward_weight(mega_backend *be, float *dw, const float *dout,
+                                       const float *inp, const float *rstd, int N, int C) {
+  note(be, mega_cu_rmsnorm_bwd_w(S(be), dw, dout, inp, rstd, N, C), "rmsnorm weight gradient");
+}
+
+static void cu_swiglu_forward(mega_backend *be, float *out, const float *gate, const float *up,
+                              size_t n) {
+  note(be, mega_cu_swiglu_fwd(S(be), out, gate, up, (int64_t)n), "swiglu");
+}
+
+static void cu_swiglu_backward(mega_backend *be, float *dgate, float *dup, const float *dout,
+                               const float *gate, const float *up, size_t n) {
+  note(be, mega_cu_swiglu_bwd(S(be), dgate, dup, dout, gate, up, (int64_t)n),
+       "swiglu backward");
+}
+
+static void cu_rope_forward(mega_backend *be, float *x, const float *cs, int B, int T, int heads,
+                            int hs, int ld, int rot) {
+  note(be, mega_cu_rope(S(be), x, cs, B * T, T, heads, hs, ld, rot, 1.0f), "rope");
+}
+
+static void cu_rope_backward(mega_backend *be, float *dx, const float *cs, int B, int T,
+                             int heads, int hs, int ld, int rot) {
+  note(be, mega_cu_rope(S(be), dx, cs, B * T, T, heads, hs, ld, rot, -1.0f), "rope backward");
 }
 
 static void cu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
@@ -404,6 +445,13 @@ static const mega_backend_ops cuda_ops = {
     .matmul_backward_weight = cu_matmul_backward_weight,
     .attention_forward = cu_attention_forward,
     .attention_backward = cu_attention_backward,
+    .rmsnorm_forward = cu_rmsnorm_forward,
+    .rmsnorm_backward_input = cu_rmsnorm_backward_input,
+    .rmsnorm_backward_weight = cu_rmsnorm_backward_weight,
+    .swiglu_forward = cu_swiglu_forward,
+    .swiglu_backward = cu_swiglu_backward,
+    .rope_forward = cu_rope_forward,
+    .rope_backward = cu_rope_backward,
     .gelu_forward = cu_gelu_forward,
     .gelu_backward = cu_gelu_backward,
     .residual_forward = cu_residual_forward,

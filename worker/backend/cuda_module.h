@@ -15,7 +15,7 @@
 #include "worker/backend/backend.h"
 #include "worker/comm/comm_impl.h"
 
-#define MEGA_CUDA_MODULE_ABI 2 /* 2: backend.h's set_bf16 */
+#define MEGA_CUDA_MODULE_ABI 3 /* 3: backend.h's Llama ops and grouped-query attention */
 #define MEGA_CUDA_MODULE_SYMBOL "mega_cuda_module_v1"
 
 typedef struct mega_cuda_device {

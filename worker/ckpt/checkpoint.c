@@ -59,54 +59,6 @@ static json_t *load_json(const char *dir, const char *name, mega_err *err) {
   return j;
 }
 
-static mega_status check_config(const char *dir, const mega_gpt_config *cfg, mega_err *err) {
-  json_t *j = load_json(dir, MEGA_CKPT_CONFIG_FILE, err);
-  if (!j) return err ? err->status : MEGA_ERR_INVALID;
-  static const struct {
-    const char *key, *flag;
-    size_t off;
-  } fields[] = {
-      {"vocab_size", "vocabulary size", offsetof(mega_gpt_config, vocab_size)},
-      {"n_positions", "--max-position-embeddings", offsetof(mega_gpt_config, max_seq_len)},
-      {"n_embd", "--hidden-size", offsetof(mega_gpt_config, channels)},
-      {"n_layer", "--num-layers", offsetof(mega_gpt_config, num_layers)},
-      {"n_head", "--num-attention-heads", offsetof(mega_gpt_config, num_heads)},
-  };
-  mega_status st = MEGA_OK;
-  const char *mt = json_string_value(json_object_get(j, "model_type"));
-  if (!mt || strcmp(mt, "gpt2") != 0) {
-    st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s: model_type is not \"gpt2\"", dir,
-                   MEGA_CKPT_CONFIG_FILE);
-    goto out;
-  }
-  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-    json_t *v = json_object_get(j, fields[i].key);
-    int want = *(const int *)((const char *)cfg + fields[i].off);
-    if (!json_is_integer(v)) {
-      st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s lacks an integer %s", dir,
-                     MEGA_CKPT_CONFIG_FILE, fields[i].key);
-      goto out;
-    }
-    if (json_integer_value(v) != want) {
-      /* Megatron pads the vocabulary to a multiple of
-       * --make-vocab-size-divisible-by x TP, so it can differ by layout */
-      bool vocab = fields[i].off == offsetof(mega_gpt_config, vocab_size);
-      st = mega_fail(err, MEGA_ERR_INVALID,
-                     "checkpoint config mismatch: %s/%s has %s %lld, but this job has %s %d%s",
-                     dir, MEGA_CKPT_CONFIG_FILE, fields[i].key,
-                     (long long)json_integer_value(v), fields[i].flag, want,
-                     vocab ? " (the padded vocabulary: a multiple of "
-                             "--make-vocab-size-divisible-by x --tensor-model-parallel-size; "
-                             "choose --make-vocab-size-divisible-by so it comes out the same)"
-                           : "");
-      goto out;
-    }
-  }
-out:
-  json_decref(j);
-  return st;
-}
-
 /* The flags a resumed job must share with the saved one: the model and the
  * data order. The LR schedule has its own check (mega_ckpt_check_sched). */
 static mega_status check_job(const char *dir, const json_t *saved_json, const mega_jobspec *job,
@@ -126,12 +78,35 @@ static mega_status check_job(const char *dir, const json_t *saved_json, const me
       {"--num-layers", saved.num_layers, job->num_layers},
       {"--hidden-size", saved.hidden_size, job->hidden_size},
       {"--num-attention-heads", saved.num_attention_heads, job->num_attention_heads},
+      {"--position-embedding-type", saved.position_embedding_type,
+       job->position_embedding_type},
+      {"--normalization", saved.normalization, job->normalization},
+      {"--swiglu", saved.swiglu, job->swiglu},
+      {"--ffn-hidden-size", mega_jobspec_ffn_hidden_size(&saved),
+       mega_jobspec_ffn_hidden_size(job)},
+      {"--num-query-groups", mega_jobspec_query_groups(&saved), mega_jobspec_query_groups(job)},
+      {"--kv-channels", mega_jobspec_kv_channels(&saved), mega_jobspec_kv_channels(job)},
+      {"--untie-embeddings-and-output-weights", saved.untie_embeddings_and_output_weights,
+       job->untie_embeddings_and_output_weights},
+      {"--disable-bias-linear", saved.disable_bias_linear, job->disable_bias_linear},
+      {"--rotary-base", saved.rotary_base, job->rotary_base},
+      {"--rotary-percent", saved.rotary_percent, job->rotary_percent},
+      {"--norm-epsilon", saved.norm_epsilon, job->norm_epsilon},
       {"--seq-length", saved.seq_length, job->seq_length},
       {"--max-position-embeddings", mega_jobspec_max_position_embeddings(&saved),
        mega_jobspec_max_position_embeddings(job)},
       {"--global-batch-size", saved.global_batch_size, job->global_batch_size},
   };
+  /* the ramp decides which samples each iteration takes */
+  bool same_ramp = saved.rampup_batch_size.n == job->rampup_batch_size.n;
+  for (int k = 0; same_ramp && k < saved.rampup_batch_size.n; k++)
+    same_ramp = !strcmp(saved.rampup_batch_size.v[k], job->rampup_batch_size.v[k]);
   mega_jobspec_free(&saved);
+  if (!same_ramp)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint %s was saved with another --rampup-batch-size than this job's; "
+                     "resume with the same one (it decides which samples each iteration takes)",
+                     dir);
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
     if (f[i].a != f[i].b)
       return mega_fail(err, MEGA_ERR_INVALID,
@@ -150,52 +125,82 @@ static mega_status get_i64(const json_t *j, const char *key, const char *dir, in
   return MEGA_OK;
 }
 
-static mega_status read_sched(const char *dir, const json_t *l, mega_ckpt_state *state,
-                              mega_err *err) {
+/* The LR schedule in samples. A checkpoint from before samples were
+ * counted records iterations: those convert by the global batch it trained
+ * with (consumed samples / iteration; there was no rampup then). */
+static mega_status read_sched(const char *dir, const json_t *l, const mega_jobspec *job,
+                              mega_ckpt_state *state, mega_err *err) {
   state->has_sched = false;
   if (!l) return MEGA_OK;
   json_t *lr = json_object_get(l, "lr"), *min = json_object_get(l, "min_lr");
-  json_t *wu = json_object_get(l, "warmup_iters"), *dec = json_object_get(l, "decay_iters");
+  json_t *wu = json_object_get(l, "warmup_samples"), *dec = json_object_get(l, "decay_samples");
+  json_t *wsd = json_object_get(l, "wsd_decay_samples"), *init = json_object_get(l, "warmup_init");
+  double per = 1;
+  if (!wu && !dec) { /* the iteration-counted form */
+    wu = json_object_get(l, "warmup_iters"), dec = json_object_get(l, "decay_iters");
+    per = state->iteration > 0 ? (double)state->consumed_samples / (double)state->iteration
+          : job                ? job->global_batch_size
+                               : 1;
+  }
   const char *style = json_string_value(json_object_get(l, "decay_style"));
-  int k = -1;
-  for (int i = 0; style && i < 3; i++)
-    if (!strcmp(style, mega_ckpt_lr_style_names[i])) k = i;
-  if (!json_is_number(lr) || !json_is_number(min) || !json_is_integer(wu) ||
-      !json_is_integer(dec) || k < 0)
+  const char *wstyle = json_string_value(json_object_get(l, "wsd_decay_style"));
+  int k = -1, w = wstyle ? -1 : MEGA_WSD_EXPONENTIAL;
+  for (int i = 0; style && i <= MEGA_LR_WSD; i++)
+    if (!strcmp(style, mega_lr_style_name((mega_lr_style)i))) k = i;
+  for (int i = 0; wstyle && i <= MEGA_WSD_MINUS_SQRT; i++)
+    if (!strcmp(wstyle, mega_wsd_style_name((mega_wsd_style)i))) w = i;
+  if (!json_is_number(lr) || !json_is_number(min) || !json_is_number(wu) ||
+      !json_is_number(dec) || (wsd && !json_is_number(wsd)) || (init && !json_is_number(init)) ||
+      k < 0 || w < 0)
     return mega_fail(err, MEGA_ERR_INVALID, "%s/%s has a bad lr_schedule", dir,
                      MEGA_CKPT_STATE_FILE);
   state->sched = (mega_lr_sched){.lr = json_number_value(lr), .min_lr = json_number_value(min),
-                                 .warmup_iters = json_integer_value(wu),
-                                 .decay_iters = json_integer_value(dec),
-                                 .style = (mega_lr_style)k};
+                                 .init_lr = init ? json_number_value(init) : 0,
+                                 .warmup = json_number_value(wu) * per,
+                                 .decay = json_number_value(dec) * per,
+                                 .wsd_decay = wsd ? json_number_value(wsd) : 0,
+                                 .style = (mega_lr_style)k, .wsd_style = (mega_wsd_style)w};
   state->has_sched = true;
   return MEGA_OK;
 }
 
 mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
-                                  const mega_lr_sched *mine, mega_err *err) {
+                                  const mega_lr_sched *mine, const mega_jobspec *job,
+                                  mega_err *err) {
   char a[64], b[64];
   const char *flag = NULL;
-  if (saved->lr != mine->lr) {
-    flag = "--lr";
-    snprintf(a, sizeof a, "%.10g", saved->lr);
-    snprintf(b, sizeof b, "%.10g", mine->lr);
-  } else if (saved->min_lr != mine->min_lr) {
-    flag = "--min-lr";
-    snprintf(a, sizeof a, "%.10g", saved->min_lr);
-    snprintf(b, sizeof b, "%.10g", mine->min_lr);
-  } else if (saved->warmup_iters != mine->warmup_iters) {
-    flag = "--lr-warmup-iters";
-    snprintf(a, sizeof a, "%lld", (long long)saved->warmup_iters);
-    snprintf(b, sizeof b, "%lld", (long long)mine->warmup_iters);
-  } else if (saved->decay_iters != mine->decay_iters) {
-    flag = "--lr-decay-iters";
-    snprintf(a, sizeof a, "%lld", (long long)saved->decay_iters);
-    snprintf(b, sizeof b, "%lld", (long long)mine->decay_iters);
-  } else if (saved->style != mine->style) {
+  /* the lengths in the job's own unit: iterations of its (unramped) global
+   * batch, or samples */
+  bool iters = job && job->train_samples <= 0 && job->global_batch_size > 0;
+  double per = iters ? job->global_batch_size : 1;
+  struct {
+    const char *flag;
+    double a, b, per;
+  } nums[] = {
+      {"--lr", saved->lr, mine->lr, 1},
+      {"--min-lr", saved->min_lr, mine->min_lr, 1},
+      {"--lr-warmup-init", saved->init_lr, mine->init_lr, 1},
+      {iters ? "--lr-warmup-iters (or --lr-warmup-fraction of the decay)"
+             : "--lr-warmup-samples (or --lr-warmup-fraction of the decay)",
+       saved->warmup, mine->warmup, per},
+      {iters ? "--lr-decay-iters" : "--lr-decay-samples", saved->decay, mine->decay, per},
+      {iters ? "--lr-wsd-decay-iters" : "--lr-wsd-decay-samples", saved->wsd_decay,
+       mine->wsd_decay, per},
+  };
+  for (size_t i = 0; !flag && i < sizeof nums / sizeof nums[0]; i++)
+    if (nums[i].a != nums[i].b) {
+      flag = nums[i].flag;
+      snprintf(a, sizeof a, "%.10g", nums[i].a / nums[i].per);
+      snprintf(b, sizeof b, "%.10g", nums[i].b / nums[i].per);
+    }
+  if (!flag && saved->style != mine->style) {
     flag = "--lr-decay-style";
-    snprintf(a, sizeof a, "%s", (unsigned)saved->style < 3 ? mega_ckpt_lr_style_names[saved->style] : "?");
-    snprintf(b, sizeof b, "%s", (unsigned)mine->style < 3 ? mega_ckpt_lr_style_names[mine->style] : "?");
+    snprintf(a, sizeof a, "%s", mega_lr_style_name(saved->style));
+    snprintf(b, sizeof b, "%s", mega_lr_style_name(mine->style));
+  } else if (!flag && saved->style == MEGA_LR_WSD && saved->wsd_style != mine->wsd_style) {
+    flag = "--lr-wsd-decay-style";
+    snprintf(a, sizeof a, "%s", mega_wsd_style_name(saved->wsd_style));
+    snprintf(b, sizeof b, "%s", mega_wsd_style_name(mine->wsd_style));
   }
   if (!flag) return MEGA_OK;
   return mega_fail(err, MEGA_ERR_INVALID,
@@ -225,7 +230,8 @@ static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckp
   *has_opt = json_is_true(json_object_get(j, "has_optimizer_state"));
   json_t *att = json_object_get(j, "attempt");
   state->attempt = json_is_integer(att) ? (int)json_integer_value(att) : 0;
-  if ((st = read_sched(dir, json_object_get(j, "lr_schedule"), state, err)) != MEGA_OK) goto out;
+  if ((st = read_sched(dir, json_object_get(j, "lr_schedule"), job, state, err)) != MEGA_OK)
+    goto out;
   if (job) {
     json_t *saved = json_object_get(j, "job");
     if (!json_is_object(saved)) {
@@ -265,7 +271,7 @@ mega_status mega_ckpt_load(const char *path, mega_backend *be, const mega_gpt_co
                            mega_ckpt_state *state, mega_err *err) {
   mega_ckpt_state s = {0};
   bool has_opt = false, want_opt = false;
-  mega_status st = check_config(path, cfg, err);
+  mega_status st = mega_ckpt_check_config(path, cfg, err);
   if (st == MEGA_OK) st = read_state(path, job, &s, &has_opt, err);
   if (st != MEGA_OK) return st;
   for (size_t i = 0; i < n; i++) want_opt |= params[i].exp_avg != NULL;

@@ -1,8 +1,9 @@
-/* Checkpoints: a Hugging Face GPT-2 directory plus the training state.
+/* Checkpoints: a Hugging Face GPT-2 or Llama directory plus the training
+ * state.
  *
  *   SAVE/latest_checkpointed_iteration.txt   "100\n": the newest committed one
  *   SAVE/iter_0000100/
- *     config.json                            GPT2LMHeadModel config
+ *     config.json                            GPT2LMHeadModel or LlamaForCausalLM config
  *     model.safetensors                      one shard, or, from several
  *     model-00001-of-00003.safetensors ...   writers or past the shard limit,
  *     model.safetensors.index.json           HF's shards (weight_map, total_size)
@@ -16,8 +17,9 @@
  *
  * Whole tensors by name: a checkpoint does not depend on the parallel layout
  * that wrote it, and every rank of any other layout loads its own tensors
- * by name. The tied LM head is not written (tie_word_embeddings), as HF
- * does; a loss-only stage loads transformer.wte.weight into its copy.
+ * by name. A tied LM head is not written (tie_word_embeddings), as HF
+ * does; a loss-only stage loads the embedding (transformer.wte.weight,
+ * model.embed_tokens.weight) into its copy. An untied head is lm_head.weight.
  *
  * Writing (worker/ckpt/ckpt_writer.h): one writer per pipeline stage writes its
  * own shards into SAVE/.tmp.iter_0000100.aA (A: the launcher's attempt) and
@@ -148,11 +150,21 @@ mega_status mega_ckpt_load(const char *path, mega_backend *be, const mega_gpt_co
                            const mega_jobspec *job, const mega_ckpt_param *params, size_t n,
                            mega_ckpt_state *state, mega_err *err);
 
+/* dir/config.json (Hugging Face's GPT-2 or Llama config, as mega writes
+ * it) as mega's model config, checked (mega_gpt_config_check). A config of
+ * another architecture, or of a Llama mega cannot run (RoPE scaling,
+ * another activation, biases on only some layers), is MEGA_ERR_INVALID
+ * saying why. */
+mega_status mega_ckpt_read_config(const char *dir, mega_gpt_config *cfg, mega_err *err);
+
 /* Resuming with a different LR schedule is an error: MEGA_ERR_INVALID
  * naming the first value that differs and the flags that allow it
- * (--override-opt_param-scheduler, --use-checkpoint-opt_param-scheduler). */
+ * (--override-opt_param-scheduler, --use-checkpoint-opt_param-scheduler).
+ * Lengths are named in job's unit: iterations of its global batch, or samples
+ * (job NULL: samples). */
 mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
-                                  const mega_lr_sched *mine, mega_err *err);
+                                  const mega_lr_sched *mine, const mega_jobspec *job,
+                                  mega_err *err);
 
 /* ---- building blocks (ckpt_shard.c, ckpt_dir.c, ckpt_manifest.c) ---- */
 

@@ -36,11 +36,15 @@ void mega_ckpt_abort(const char *tmp);
 mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, size_t flags,
                                  mega_ckpt_file *out, mega_err *err);
 
-/* ckpt_json.c: config.json for cfg, and trainer_state.json's object; NULL
- * when out of memory. */
+/* ckpt_config.c: config.json for cfg (GPT2LMHeadModel's or
+ * LlamaForCausalLM's); NULL when out of memory. */
 json_t *mega_ckpt_config_json(const mega_gpt_config *cfg);
-/* trainer_state.json's names of mega_lr_style (constant, linear, cosine). */
-extern const char *const mega_ckpt_lr_style_names[3];
+/* The checkpoint directory's config.json against the job's model: the same
+ * architecture and every size that shapes a tensor, else MEGA_ERR_INVALID
+ * naming the field and the flag. */
+mega_status mega_ckpt_check_config(const char *dir, const mega_gpt_config *cfg, mega_err *err);
+
+/* ckpt_json.c: trainer_state.json's object; NULL when out of memory. */
 json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
                              bool has_optimizer_state);
 

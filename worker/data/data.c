@@ -57,7 +57,12 @@ mega_status mega_batch_plan_init(mega_batch_plan *p, int global_batch, int micro
   p->micro_batch = micro_batch;
   p->dp_size = dp_size;
   p->num_micro = global_batch / (micro_batch * dp_size);
+  p->iter0 = p->sample0 = 0;
   return MEGA_OK;
+}
+
+int64_t mega_batch_plan_start(const mega_batch_plan *p, int64_t it) {
+  return p->sample0 + (it - p->iter0) * p->global_batch;
 }
 
 mega_status mega_data_file_size(const char *path, long long *bytes, mega_err *err) {
@@ -249,12 +254,11 @@ mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err 
   const char **paths = calloc((size_t)(n + nv + 1), sizeof *paths);
   double *weights = calloc((size_t)(n + nv + 1), sizeof *weights);
   mega_data_opts o = {.seq_len = j->seq_length, .vocab = mega_jobspec_tokenizer_vocab(j),
-                      .split = j->split != NULL, .eval = j->eval_interval > 0};
+                      .split = j->split != NULL, .eval = mega_jobspec_evaluates(j)};
   /* training samples, and as many evaluation ones as the job can read */
-  int64_t G = j->global_batch_size, evals = j->eval_interval > 0
-                                               ? (int64_t)j->train_iters / j->eval_interval + 1
-                                               : 0;
-  o.samples = (int64_t)j->train_iters * G;
+  int64_t iters = mega_jobspec_train_iters(j), G = j->global_batch_size;
+  int64_t evals = o.eval ? iters / j->eval_interval + 1 : 0;
+  o.samples = mega_jobspec_samples_before(j, iters);
   if (evals * j->eval_iters * G > o.samples) o.samples = evals * j->eval_iters * G;
   mega_status st = paths && weights ? mega_jobspec_split(j, o.shares, err)
                                     : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
@@ -369,7 +373,7 @@ static mega_status copy_microbatch(const mega_data *d, const mega_batch_plan *p,
   for (int b = 0; b < p->micro_batch && st == MEGA_OK; b++) {
     int k;
     int64_t w;
-    mega_data_sample_source(d, iteration * p->global_batch + first + b, eval, &k, &w);
+    mega_data_sample_source(d, mega_batch_plan_start(p, iteration) + first + b, eval, &k, &w);
     const stream *s = eval && d->valid ? &d->valid[k] : &d->train[k];
     st = read_tokens(d, s, w * T, T + 1, buf, err);
     memcpy(tokens + (size_t)b * T, buf, (size_t)T * sizeof *buf);
@@ -393,7 +397,6 @@ mega_status mega_data_eval_microbatch(const mega_data *d, const mega_batch_plan 
 
 int mega_data_variable_seq_len(int seq_len, const mega_batch_plan *p, int64_t iteration,
                                int first_sample) {
-  int64_t per_iter = p->global_batch / p->micro_batch;
-  int64_t k = iteration * per_iter + first_sample / p->micro_batch;
+  int64_t k = mega_batch_plan_start(p, iteration) / p->micro_batch + first_sample / p->micro_batch;
   return seq_len - (int)(k % 4) * (seq_len / 8);
 }

@@ -6,8 +6,9 @@
  * in index order, are the stream. With n tokens in the stream and sequence
  * length T there are K = floor((n-1)/T) windows; window k has inputs
  * tokens[kT, kT+T) and targets tokens[kT+1, kT+T+1). Sample j (0 <= j < G)
- * of iteration i (0-based) is sample s = i*G + j; with one dataset it is
- * window s mod K. DP rank d takes samples [d*G/DP, (d+1)*G/DP) and splits
+ * of iteration i (0-based) is sample s = i*G + j (with a batch rampup, s =
+ * c_i + j, c_i the samples consumed before iteration i: mega_batch_plan);
+ * with one dataset it is window s mod K. DP rank d takes samples [d*G/DP, (d+1)*G/DP) and splits
  * them into consecutive microbatches of micro_batch samples each.
  *
  * A blend of datasets with weights w (normalized to sum 1) takes sample s
@@ -34,17 +35,25 @@
 
 typedef struct mega_data mega_data;
 
-/* How a global batch is dealt out. */
+/* How a global batch is dealt out. A plan holds for iterations from iter0
+ * on, as long as their batch is G: iteration i's first sample is sample0 +
+ * (i - iter0) * G. A constant batch has one plan with iter0 = sample0 = 0,
+ * so iteration i starts at i*G; a --rampup-batch-size job gets a new plan
+ * at each batch size it reaches (sample0 the samples consumed before it). */
 typedef struct mega_batch_plan {
   int global_batch; /* G: samples per iteration */
   int micro_batch;  /* samples per microbatch */
   int dp_size;      /* data-parallel ranks */
   int num_micro;    /* derived: G / (micro_batch * dp_size) per rank */
+  int64_t iter0, sample0;
 } mega_batch_plan;
 
-/* Checks G % (micro_batch * dp_size) == 0 and fills num_micro. */
+/* Checks G % (micro_batch * dp_size) == 0 and fills num_micro; iter0 and
+ * sample0 are 0. */
 mega_status mega_batch_plan_init(mega_batch_plan *p, int global_batch, int micro_batch,
                                  int dp_size, mega_err *err);
+/* The first sample number of iteration it under p. */
+int64_t mega_batch_plan_start(const mega_batch_plan *p, int64_t it);
 
 /* The size of the file at path, for mega_jobspec_check before the data is
  * opened (so the user sees the job checker's message). */
@@ -123,8 +132,9 @@ mega_status mega_data_eval_microbatch(const mega_data *d, const mega_batch_plan 
 /* --variable-seq-lengths: microbatches of one iteration differ in length
  * while the data order stays the same. Global microbatch k of an iteration
  * (samples [k*b, (k+1)*b), whatever the data-parallel split) of iteration i
- * keeps the first T - ((i*G/b + k) mod 4) * floor(T/8) tokens of each of its
- * windows, so lengths cycle through T, 7T/8, 3T/4, 5T/8. first_sample is the
+ * keeps the first T - ((s_i/b + k) mod 4) * floor(T/8) tokens of each of its
+ * windows (s_i the iteration's first sample, i*G without a rampup), so
+ * lengths cycle through T, 7T/8, 3T/4, 5T/8. first_sample is the
  * microbatch's first sample in the iteration (mega_batch_first_sample). */
 int mega_data_variable_seq_len(int seq_len, const mega_batch_plan *p, int64_t iteration,
                                int first_sample);

@@ -13,8 +13,16 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
   cfg->num_heads = job->num_attention_heads;
   cfg->channels = job->hidden_size;
   cfg->init_std = (float)job->init_method_std;
-  cfg->ln_eps = 1e-5f;
+  cfg->ln_eps = (float)job->norm_epsilon;
   cfg->seed = (uint64_t)job->seed;
+  cfg->arch = mega_jobspec_llama(job) ? MEGA_GPT_ARCH_LLAMA : MEGA_GPT_ARCH_GPT2;
+  cfg->num_kv_heads = mega_jobspec_query_groups(job);
+  cfg->head_dim = mega_jobspec_kv_channels(job);
+  cfg->ffn_hidden = mega_jobspec_ffn_hidden_size(job);
+  cfg->untied = job->untie_embeddings_and_output_weights;
+  cfg->no_bias = job->disable_bias_linear;
+  cfg->rope_theta = (float)job->rotary_base;
+  cfg->rotary_percent = (float)job->rotary_percent;
   return mega_gpt_config_check(cfg, err);
 }
 
@@ -83,7 +91,7 @@ static mega_status build_views(mega_chunks *c, mega_err *err) {
       cp->local_numel = info[i].numel;
       cp->param = p + info[i].offset;
       c->tied_copy[k] = info[i].tied_copy;
-      if (!strcmp(info[i].name, "transformer.wte.weight")) {
+      if (info[i].tied_embedding) {
         c->wte_grad = g + info[i].offset;
         c->wte_numel = info[i].numel;
       }

@@ -63,7 +63,7 @@ long long mega_grads_default_bucket_size(int dp_size) {
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-static bool is_wte(const mega_param_info *p) { return !strcmp(p->name, "transformer.wte.weight"); }
+static bool is_wte(const mega_param_info *p) { return p->tied_embedding; }
 
 /* Appends the buckets of one chunk and sets each param's offset; returns
  * the chunk's buffer length. Buckets are grown as needed. */

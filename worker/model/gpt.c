@@ -16,7 +16,72 @@ void mega_gpt_config_default(mega_gpt_config *cfg) {
                            .channels = 768,
                            .init_std = 0.02f,
                            .ln_eps = 1e-5f,
-                           .seed = 1337};
+                           .seed = 1337,
+                           .rope_theta = 10000.0f,
+                           .rotary_percent = 1.0f};
+}
+
+int mega_gpt_kv_heads(const mega_gpt_config *c) {
+  return c->num_kv_heads > 0 ? c->num_kv_heads : c->num_heads;
+}
+
+int mega_gpt_head_dim(const mega_gpt_config *c) {
+  return c->head_dim > 0 ? c->head_dim : c->num_heads > 0 ? c->channels / c->num_heads : 0;
+}
+
+int mega_gpt_ffn(const mega_gpt_config *c) {
+  return c->ffn_hidden > 0 ? c->ffn_hidden : 4 * c->channels;
+}
+
+/* Megatron's: int(kv_channels * rotary_percent). */
+int mega_gpt_rot_dim(const mega_gpt_config *c) {
+  if (c->arch != MEGA_GPT_ARCH_LLAMA) return 0;
+  return (int)((float)mega_gpt_head_dim(c) * c->rotary_percent);
+}
+
+/* What GPT-2 (Hugging Face's GPT2LMHeadModel) cannot hold. */
+static mega_status check_gpt2(const mega_gpt_config *c, mega_err *err) {
+  if (mega_gpt_kv_heads(c) != c->num_heads)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: GPT-2 has no grouped-query attention (num_kv_heads %d, num_heads "
+                     "%d); use the Llama architecture",
+                     c->num_kv_heads, c->num_heads);
+  if (c->channels % c->num_heads != 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: num_heads (%d) must divide channels (%d); pick a head count "
+                     "that divides the hidden size",
+                     c->num_heads, c->channels);
+  if (mega_gpt_head_dim(c) != c->channels / c->num_heads)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: GPT-2's heads are channels / num_heads = %d wide, not head_dim %d",
+                     c->channels / c->num_heads, c->head_dim);
+  if (c->no_bias)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: GPT-2's linear layers always have biases (no_bias is Llama's)");
+  return MEGA_OK;
+}
+
+static mega_status check_llama(const mega_gpt_config *c, mega_err *err) {
+  int G = mega_gpt_kv_heads(c), rot = mega_gpt_rot_dim(c);
+  if (G < 1 || c->num_heads % G)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: num_heads (%d) must be a multiple of num_kv_heads (%d)", c->num_heads,
+                     G);
+  if (mega_gpt_head_dim(c) < 1)
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: head_dim must be >= 1, got %d",
+                     mega_gpt_head_dim(c));
+  if (!(c->rotary_percent > 0.0f && c->rotary_percent <= 1.0f))
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: rotary_percent must be in (0, 1], got %g",
+                     (double)c->rotary_percent);
+  if (rot < 2 || rot % 2)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: RoPE turns pairs of channels: head_dim %d x rotary_percent %g = %d "
+                     "must be even and at least 2",
+                     mega_gpt_head_dim(c), (double)c->rotary_percent, rot);
+  if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: rope_theta must be finite and > 1, got %g",
+                     (double)c->rope_theta);
+  return MEGA_OK;
 }
 
 mega_status mega_gpt_config_check(const mega_gpt_config *c, mega_err *err) {
@@ -33,24 +98,29 @@ mega_status mega_gpt_config_check(const mega_gpt_config *c, mega_err *err) {
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: num_heads (%d) and channels (%d) must be >= 1", c->num_heads,
                      c->channels);
-  if (c->channels % c->num_heads != 0)
+  if (c->num_kv_heads < 0 || c->head_dim < 0 || c->ffn_hidden < 0)
     return mega_fail(err, MEGA_ERR_INVALID,
-                     "gpt: num_heads (%d) must divide channels (%d); pick a head count "
-                     "that divides the hidden size",
-                     c->num_heads, c->channels);
+                     "gpt: num_kv_heads (%d), head_dim (%d) and ffn_hidden (%d) must be >= 0 "
+                     "(0: derived)",
+                     c->num_kv_heads, c->head_dim, c->ffn_hidden);
   /* Every tensor, activations included, must index in int and size_t. */
   if ((int64_t)c->channels * 4 > (1 << 24) || (int64_t)c->vocab_size > (1 << 24) ||
-      (int64_t)c->max_seq_len > (1 << 20))
+      (int64_t)c->max_seq_len > (1 << 20) || (int64_t)mega_gpt_ffn(c) > (1 << 24) ||
+      (int64_t)c->num_heads * mega_gpt_head_dim(c) > (1 << 22))
     return mega_fail(err, MEGA_ERR_INVALID,
-                     "gpt: sizes too large (channels %d, vocab %d, max_seq_len %d)",
-                     c->channels, c->vocab_size, c->max_seq_len);
+                     "gpt: sizes too large (channels %d, vocab %d, max_seq_len %d, ffn %d, "
+                     "heads %d x %d)",
+                     c->channels, c->vocab_size, c->max_seq_len, mega_gpt_ffn(c), c->num_heads,
+                     mega_gpt_head_dim(c));
   if (!(c->init_std >= 0.0f) || !isfinite(c->init_std))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: init_std must be finite and >= 0, got %g",
                      (double)c->init_std);
   if (!(c->ln_eps > 0.0f) || !isfinite(c->ln_eps))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: ln_eps must be finite and > 0, got %g",
                      (double)c->ln_eps);
-  return MEGA_OK;
+  if (c->arch == MEGA_GPT_ARCH_GPT2) return check_gpt2(c, err);
+  if (c->arch == MEGA_GPT_ARCH_LLAMA) return check_llama(c, err);
+  return mega_fail(err, MEGA_ERR_INVALID, "gpt: unknown architecture %d", (int)c->arch);
 }
 
 static mega_status check_desc(const mega_gpt_config *c, const mega_gpt_stage_desc *d,
@@ -78,6 +148,11 @@ static mega_status check_desc(const mega_gpt_config *c, const mega_gpt_stage_des
                      "vocabulary (%d; pad it to a multiple of --make-vocab-size-divisible-by "
                      "x TP)",
                      tp->size, c->num_heads, c->vocab_size);
+  if (tp->size > 1 && (mega_gpt_kv_heads(c) % tp->size || mega_gpt_ffn(c) % tp->size))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: tensor-parallel size %d must divide the key/value heads (query "
+                     "groups, %d) and the MLP's width (%d)",
+                     tp->size, mega_gpt_kv_heads(c), mega_gpt_ffn(c));
   if (d->recompute < MEGA_GPT_RECOMPUTE_NONE || d->recompute > MEGA_GPT_RECOMPUTE_SELECTIVE)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: unknown recompute mode %d", (int)d->recompute);
   bool full = d->recompute == MEGA_GPT_RECOMPUTE_UNIFORM || d->recompute == MEGA_GPT_RECOMPUTE_BLOCK;
@@ -88,19 +163,41 @@ static mega_status check_desc(const mega_gpt_config *c, const mega_gpt_stage_des
   return MEGA_OK;
 }
 
+/* The table being built: params in forward order, each with its role, and
+ * where each unit (gpt.h) starts, in forward order too. */
 typedef struct table {
   mega_param_info *p;
+  gpt_role *role;
+  int *role_layer;
   int n, cap;
   size_t off;
+  mega_gpt_unit *units;
+  int nunits;
 } table;
 
 /* How a tensor splits over TP ranks (tp_split.h). */
 typedef enum { REPL, ROWS, COLS, QKV } split_kind;
 
+/* Starts a unit of block layer (-1: the embedding or the loss's). */
+static void unit(table *t, int layer) {
+  t->units[t->nunits++] = (mega_gpt_unit){.first = t->n, .layer = layer};
+}
+
+static bool is_bias(gpt_role r) {
+  return r == R_QKVB || r == R_QB || r == R_KB || r == R_VB || r == R_PROJB || r == R_FCB ||
+         r == R_UPB || r == R_FCPROJB;
+}
+
+static bool is_norm(gpt_role r) {
+  return r == R_LN1W || r == R_LN1B || r == R_LN2W || r == R_LN2B || r == R_LNFW || r == R_LNFB;
+}
+
 /* Adds the full tensor [d0, d1] (d1 0: 1-D) as this rank's slice of it. */
-static size_t add(table *t, const mega_gpt_tp *tp, const char *name, int d0, int d1,
-                  split_kind k, bool decay, bool tied) {
-  mega_param_info *pi = &t->p[t->n++];
+static void add(table *t, const mega_gpt_tp *tp, const char *name, int d0, int d1,
+                split_kind k, gpt_role role, int layer) {
+  mega_param_info *pi = &t->p[t->n];
+  t->role[t->n] = role;
+  t->role_layer[t->n++] = layer;
   memset(pi, 0, sizeof *pi);
   snprintf(pi->name, sizeof pi->name, "%s", name);
   int n = tp->size > 1 ? tp->size : 1;
@@ -122,122 +219,212 @@ static size_t add(table *t, const mega_gpt_tp *tp, const char *name, int d0, int
   if (n > 1 && (k == ROWS || (k == QKV && !d1))) pi->shape[0] = d0 / n;
   if (n > 1 && (k == COLS || (k == QKV && d1))) pi->shape[1] = d1 / n;
   pi->numel = pi->full_numel / (size_t)(n > 1 && k != REPL ? n : 1);
-  pi->sp_partial = tp->sequence_parallel && n > 1 && strstr(name, "ln_") != NULL;
+  pi->sp_partial = tp->sequence_parallel && n > 1 && is_norm(role);
   /* 16-float alignment keeps every tensor on a cache line. */
   pi->offset = t->off;
   t->off += (pi->numel + 15) / 16 * 16;
-  pi->decay = decay;
-  pi->tied_copy = tied;
-  return pi->offset;
+  pi->decay = d1 != 0; /* 2-D weights decay; biases and norms don't */
 }
 
-#define LAYER_PARAMS 12
-
-/* The named offsets (s->wte, s->layers[l].qkvw, ...) from the table, which
- * lists them in this same order. */
+/* The stage's named offsets (s->wte, s->layers[l].qkvw, ...) from the
+ * params' roles; GPT_NO_OFF for those it lacks. */
 static void derive_offsets(mega_gpt_stage *s) {
-  const mega_param_info *p = s->params;
-  int k = 0;
+  static const size_t field[] = {
+#define F(r, f) [r] = offsetof(gpt_layer_off, f)
+      F(R_LN1W, ln1w),   F(R_LN1B, ln1b), F(R_QKVW, qkvw),       F(R_QKVB, qkvb),
+      F(R_QW, qw),       F(R_QB, qb),     F(R_KW, kw),           F(R_KB, kb),
+      F(R_VW, vw),       F(R_VB, vb),     F(R_PROJW, projw),     F(R_PROJB, projb),
+      F(R_LN2W, ln2w),   F(R_LN2B, ln2b), F(R_FCW, fcw),         F(R_FCB, fcb),
+      F(R_UPW, upw),     F(R_UPB, upb),   F(R_FCPROJW, fcprojw), F(R_FCPROJB, fcprojb),
+#undef F
+  };
   s->wte = s->wpe = s->lnfw = s->lnfb = s->head = GPT_NO_OFF;
-  if (s->desc.embedding) {
-    s->wte = p[k++].offset;
-    s->wpe = p[k++].offset;
+  for (int l = 0; l < s->desc.num_layers; l++) {
+    size_t *o = (size_t *)&s->layers[l];
+    for (size_t k = 0; k < sizeof(gpt_layer_off) / sizeof(size_t); k++) o[k] = GPT_NO_OFF;
   }
-  for (int i = 0; i < s->desc.num_layers; i++) {
-    gpt_layer_off *o = &s->layers[i];
-    size_t *f[LAYER_PARAMS] = {&o->ln1w, &o->ln1b, &o->qkvw,   &o->qkvb, &o->projw, &o->projb,
-                               &o->ln2w, &o->ln2b, &o->fcw,    &o->fcb,  &o->fcprojw,
-                               &o->fcprojb};
-    for (int j = 0; j < LAYER_PARAMS; j++) *f[j] = p[k++].offset;
+  for (int i = 0; i < s->nparams; i++) {
+    size_t off = s->params[i].offset;
+    switch (s->role[i]) {
+    case R_WTE: s->wte = off; break;
+    case R_WPE: s->wpe = off; break;
+    case R_LNFW: s->lnfw = off; break;
+    case R_LNFB: s->lnfb = off; break;
+    case R_HEAD: s->head = off; break;
+    default:
+      *(size_t *)((char *)&s->layers[s->role_layer[i]] + field[s->role[i]]) = off;
+      break;
+    }
   }
-  if (s->desc.loss) {
-    s->lnfw = p[k++].offset;
-    s->lnfb = p[k++].offset;
-    s->head = s->desc.embedding ? s->wte : p[k++].offset;
+  if (s->desc.loss && s->head == GPT_NO_OFF) s->head = s->wte; /* tied, on this stage */
+}
+
+/* Hugging Face's names of the two architectures. */
+typedef struct arch_names {
+  const char *wte, *wpe, *block, *ln1, *ln2, *lnf;
+} arch_names;
+
+static const arch_names gpt2_names = {"transformer.wte.weight", "transformer.wpe.weight",
+                                      "transformer.h.%d.%s", "ln_1", "ln_2", "transformer.ln_f"};
+static const arch_names llama_names = {"model.embed_tokens.weight", NULL, "model.layers.%d.%s",
+                                       "input_layernorm", "post_attention_layernorm",
+                                       "model.norm"};
+
+/* Adds block i's tensor named by its suffix. */
+static void add_in_block(table *t, const mega_gpt_stage *s, const arch_names *an, int i,
+                         const char *suffix, int d0, int d1, split_kind k, gpt_role role) {
+  char nm[64];
+  snprintf(nm, sizeof nm, an->block, s->desc.first_layer + i, suffix);
+  add(t, &s->desc.tp, nm, d0, d1, k, role, i);
+}
+
+/* A block's params, in gpt.h's order: one unit per call of unit(). */
+static void add_block(table *t, const mega_gpt_stage *s, int i) {
+  const mega_gpt_config *c = &s->cfg;
+  bool llama = gpt_llama(s), bias = !c->no_bias;
+  const arch_names *an = llama ? &llama_names : &gpt2_names;
+  int C = c->channels, F = mega_gpt_ffn(c), hd = mega_gpt_head_dim(c);
+  int Q = c->num_heads * hd, KV = mega_gpt_kv_heads(c) * hd;
+  char part[48];
+#define P(suffix, d0, d1, split, role) add_in_block(t, s, an, i, suffix, d0, d1, split, role)
+#define NORM(which, w, b)                                   \
+  do {                                                      \
+    unit(t, i);                                             \
+    snprintf(part, sizeof part, "%s.weight", which);        \
+    P(part, C, 0, REPL, w);                                 \
+    if (!llama) {                                           \
+      snprintf(part, sizeof part, "%s.bias", which);        \
+      P(part, C, 0, REPL, b);                               \
+    }                                                       \
+  } while (0)
+  NORM(an->ln1, R_LN1W, R_LN1B);
+  unit(t, i);
+  if (!llama) { /* c_attn and c_fc column-parallel, the c_projs row-parallel */
+    P("attn.c_attn.weight", C, 3 * C, QKV, R_QKVW);
+    P("attn.c_attn.bias", 3 * C, 0, QKV, R_QKVB);
+    unit(t, i);
+    P("attn.c_proj.weight", C, C, ROWS, R_PROJW);
+    P("attn.c_proj.bias", C, 0, REPL, R_PROJB);
+  } else { /* nn.Linear [out, in]: rows are outputs */
+    P("self_attn.q_proj.weight", Q, C, ROWS, R_QW);
+    if (bias) P("self_attn.q_proj.bias", Q, 0, ROWS, R_QB);
+    P("self_attn.k_proj.weight", KV, C, ROWS, R_KW);
+    if (bias) P("self_attn.k_proj.bias", KV, 0, ROWS, R_KB);
+    P("self_attn.v_proj.weight", KV, C, ROWS, R_VW);
+    if (bias) P("self_attn.v_proj.bias", KV, 0, ROWS, R_VB);
+    unit(t, i);
+    P("self_attn.o_proj.weight", C, Q, COLS, R_PROJW);
+    if (bias) P("self_attn.o_proj.bias", C, 0, REPL, R_PROJB);
   }
+  NORM(an->ln2, R_LN2W, R_LN2B);
+  unit(t, i);
+  if (!llama) {
+    P("mlp.c_fc.weight", C, F, COLS, R_FCW);
+    P("mlp.c_fc.bias", F, 0, ROWS, R_FCB);
+    unit(t, i);
+    P("mlp.c_proj.weight", F, C, ROWS, R_FCPROJW);
+    P("mlp.c_proj.bias", C, 0, REPL, R_FCPROJB);
+  } else {
+    P("mlp.gate_proj.weight", F, C, ROWS, R_FCW);
+    if (bias) P("mlp.gate_proj.bias", F, 0, ROWS, R_FCB);
+    P("mlp.up_proj.weight", F, C, ROWS, R_UPW);
+    if (bias) P("mlp.up_proj.bias", F, 0, ROWS, R_UPB);
+    unit(t, i);
+    P("mlp.down_proj.weight", C, F, COLS, R_FCPROJW);
+    if (bias) P("mlp.down_proj.bias", C, 0, REPL, R_FCPROJB);
+  }
+#undef NORM
+#undef P
 }
 
 static void build_table(mega_gpt_stage *s, table *t) {
   const mega_gpt_config *c = &s->cfg;
   const mega_gpt_tp *tp = &s->desc.tp;
+  const arch_names *an = gpt_llama(s) ? &llama_names : &gpt2_names;
   int C = c->channels, V = c->vocab_size;
   char nm[64];
   if (s->desc.embedding) {
-    add(t, tp, "transformer.wte.weight", V, C, ROWS, true, false);
-    add(t, tp, "transformer.wpe.weight", c->max_seq_len, C, REPL, true, false);
+    unit(t, -1);
+    add(t, tp, an->wte, V, C, ROWS, R_WTE, -1);
+    t->p[t->n - 1].tied_embedding = !c->untied;
+    if (an->wpe) add(t, tp, an->wpe, c->max_seq_len, C, REPL, R_WPE, -1);
   }
-  for (int i = 0; i < s->desc.num_layers; i++) {
-    int l = s->desc.first_layer + i;
-#define P(suffix, d0, d1, split, decay)                                   \
-  snprintf(nm, sizeof nm, "transformer.h.%d.%s", l, suffix);             \
-  add(t, tp, nm, d0, d1, split, decay, false)
-    /* in derive_offsets' order; c_attn and c_fc are column-parallel,
-     * the two c_proj row-parallel (their biases replicated) */
-    P("ln_1.weight", C, 0, REPL, false);
-    P("ln_1.bias", C, 0, REPL, false);
-    P("attn.c_attn.weight", C, 3 * C, QKV, true);
-    P("attn.c_attn.bias", 3 * C, 0, QKV, false);
-    P("attn.c_proj.weight", C, C, ROWS, true);
-    P("attn.c_proj.bias", C, 0, REPL, false);
-    P("ln_2.weight", C, 0, REPL, false);
-    P("ln_2.bias", C, 0, REPL, false);
-    P("mlp.c_fc.weight", C, 4 * C, COLS, true);
-    P("mlp.c_fc.bias", 4 * C, 0, ROWS, false);
-    P("mlp.c_proj.weight", 4 * C, C, ROWS, true);
-    P("mlp.c_proj.bias", C, 0, REPL, false);
-#undef P
-  }
+  for (int i = 0; i < s->desc.num_layers; i++) add_block(t, s, i);
   if (s->desc.loss) {
-    add(t, tp, "transformer.ln_f.weight", C, 0, REPL, false, false);
-    add(t, tp, "transformer.ln_f.bias", C, 0, REPL, false, false);
-    if (!s->desc.embedding) add(t, tp, "transformer.wte.weight", V, C, ROWS, true, true);
+    unit(t, -1);
+    snprintf(nm, sizeof nm, "%s.weight", an->lnf);
+    add(t, tp, nm, C, 0, REPL, R_LNFW, -1);
+    snprintf(nm, sizeof nm, "%s.bias", an->lnf);
+    if (!gpt_llama(s)) add(t, tp, nm, C, 0, REPL, R_LNFB, -1);
+    if (c->untied || !s->desc.embedding) {
+      unit(t, -1);
+      add(t, tp, c->untied ? "lm_head.weight" : an->wte, V, C, ROWS, R_HEAD, -1);
+      t->p[t->n - 1].tied_copy = !c->untied;
+      t->p[t->n - 1].tied_embedding = !c->untied;
+    }
   }
 }
 
-/* The units in backward order (gpt.h). */
-static void build_units(mega_gpt_stage *s) {
-  int n = 0, emb = s->desc.embedding ? 2 : 0, L = s->desc.num_layers, np = s->nparams;
-  mega_gpt_unit *u = s->units;
-  if (s->desc.loss) {
-    if (!s->desc.embedding) u[n++] = (mega_gpt_unit){.first = np - 1, .count = 1, .layer = -1};
-    int lnf = s->desc.embedding ? np - 2 : np - 3;
-    u[n++] = (mega_gpt_unit){.first = lnf, .count = 2, .layer = -1};
+/* The units in backward order (gpt.h): the table's, reversed. */
+static void build_units(mega_gpt_stage *s, const table *t) {
+  int n = t->nunits;
+  for (int i = 0; i < n; i++) {
+    int j = n - 1 - i; /* its index in forward order */
+    mega_gpt_unit u = t->units[j];
+    int end = j + 1 < n ? t->units[j + 1].first : s->nparams;
+    u.count = end - u.first;
+    u.numel = 0;
+    for (int k = 0; k < u.count; k++) u.numel += s->params[u.first + k].numel;
+    s->units[i] = u;
   }
-  /* Within a block the table is ln_1, c_attn, c_proj, ln_2, c_fc,
-   * mlp.c_proj (weight and bias each); backward goes the other way. */
-  for (int l = L - 1; l >= 0; l--)
-    for (int k = LAYER_PARAMS - 2; k >= 0; k -= 2)
-      u[n++] = (mega_gpt_unit){.first = emb + LAYER_PARAMS * l + k, .count = 2, .layer = l};
-  if (s->desc.embedding) u[n++] = (mega_gpt_unit){.first = 0, .count = 2, .layer = -1};
-  for (int i = 0; i < n; i++)
-    for (int k = 0; k < u[i].count; k++) u[i].numel += s->params[u[i].first + k].numel;
   s->nunits = n;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
 /* The init of this rank's slice of a tensor: element i of the full tensor
  * depends on its name and i alone (see gpt.h), so slices of any TP size
  * put together are the TP=1 tensor. */
 static void init_tensor(const mega_gpt_config *c, const mega_gpt_tp *tp,
-                        const mega_param_info *pi, float *dst) {
-  if (ends_with(pi->name, ".bias")) {
+                        const mega_param_info *pi, gpt_role role, float *dst) {
+  if (is_bias(role) || role == R_LN1B || role == R_LN2B || role == R_LNFB) {
     memset(dst, 0, pi->numel * sizeof *dst);
     return;
   }
-  if (strstr(pi->name, ".ln_")) {
+  if (is_norm(role)) {
     for (size_t i = 0; i < pi->numel; i++) dst[i] = 1.0f;
     return;
   }
   double std = c->init_std;
-  if (ends_with(pi->name, "attn.c_proj.weight") || ends_with(pi->name, "mlp.c_proj.weight"))
-    std /= sqrt(2.0 * c->num_layers);
+  if (role == R_PROJW || role == R_FCPROJW) std /= sqrt(2.0 * c->num_layers);
   uint64_t key = mega_rng_key(c->seed, pi->name);
   for (size_t i = 0; i < pi->numel; i++)
     dst[i] = (float)(std * mega_rng_normal(key, mega_tp_full_index(&pi->tp, tp->size, tp->rank, i)));
+}
+
+/* Llama: RoPE's table, cos and sin of t * theta^(-2i/rot) for every
+ * position t (computed in double, then rounded). */
+static mega_status make_rope_table(mega_gpt_stage *s, mega_err *err) {
+  int rot = mega_gpt_rot_dim(&s->cfg), T = s->cfg.max_seq_len, half = rot / 2;
+  size_t n = (size_t)T * rot;
+  float *host = malloc(n * sizeof *host);
+  if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for RoPE's table");
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      double ang = t * pow((double)s->cfg.rope_theta, -2.0 * i / rot);
+      host[(size_t)t * rot + i] = (float)cos(ang);
+      host[(size_t)t * rot + half + i] = (float)sin(ang);
+    }
+  void *dev = NULL;
+  mega_status st = s->be->ops->alloc(s->be, n * sizeof *host, &dev, err);
+  if (st == MEGA_OK)
+    st = s->be->ops->memcpy(s->be, dev, host, n * sizeof *host, MEGA_COPY_H2D, err);
+  free(host);
+  if (st != MEGA_OK) {
+    s->be->ops->free(s->be, dev);
+    mega_err_prefix(err, "gpt: RoPE's table");
+    return st;
+  }
+  s->rope_cs = dev;
+  return MEGA_OK;
 }
 
 mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err) {
@@ -245,7 +432,7 @@ mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err) {
   if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for init");
   memset(host, 0, s->numel * sizeof *host);
   for (int i = 0; i < s->nparams; i++)
-    init_tensor(&s->cfg, &s->desc.tp, &s->params[i], host + s->params[i].offset);
+    init_tensor(&s->cfg, &s->desc.tp, &s->params[i], s->role[i], host + s->params[i].offset);
   mega_status st = s->be->ops->memcpy(s->be, s->param, host, s->numel * sizeof *host,
                                       MEGA_COPY_H2D, err);
   free(host);
@@ -259,26 +446,38 @@ mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
   if (st) return st;
   if ((st = check_desc(cfg, desc, err))) return st;
   mega_gpt_stage *s = calloc(1, sizeof *s);
-  int cap = 2 + LAYER_PARAMS * desc->num_layers + 3;
+  /* at most 16 params and 6 units per block */
+  int cap = 2 + 16 * desc->num_layers + 3, ucap = 6 * desc->num_layers + 3;
+  mega_gpt_unit *fwd_units = calloc((size_t)ucap, sizeof *fwd_units);
   if (s) {
     s->params = calloc((size_t)cap, sizeof *s->params);
+    s->role = calloc((size_t)cap, sizeof *s->role);
+    s->role_layer = calloc((size_t)cap, sizeof *s->role_layer);
     s->layers = calloc((size_t)desc->num_layers + 1, sizeof *s->layers);
-    s->units = calloc((size_t)LAYER_PARAMS / 2 * desc->num_layers + 3, sizeof *s->units);
+    s->units = calloc((size_t)ucap, sizeof *s->units);
   }
-  if (!s || !s->params || !s->layers || !s->units) {
+  if (!s || !s->params || !s->role || !s->role_layer || !s->layers || !s->units || !fwd_units) {
+    free(fwd_units);
     mega_gpt_stage_destroy(s);
     return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory");
   }
   s->be = be;
   s->cfg = *cfg;
   s->desc = *desc;
+  s->lay = gpt_llama(s) ? MEGA_W_OUT_IN : MEGA_W_IN_OUT;
   if (s->desc.tp.size < 1) s->desc.tp = (mega_gpt_tp){.size = 1};
-  table t = {.p = s->params, .cap = cap};
+  table t = {.p = s->params, .role = s->role, .role_layer = s->role_layer, .cap = cap,
+             .units = fwd_units};
   build_table(s, &t);
   s->nparams = t.n;
   s->numel = t.off;
   derive_offsets(s);
-  build_units(s);
+  build_units(s, &t);
+  free(fwd_units);
+  if (gpt_llama(s) && desc->num_layers > 0 && (st = make_rope_table(s, err))) {
+    mega_gpt_stage_destroy(s);
+    return st;
+  }
   void *p = NULL, *g = NULL;
   if ((st = be->ops->alloc(be, s->numel * sizeof(float), &p, err)) ||
       (st = be->ops->alloc(be, s->numel * sizeof(float), &g, err))) {
@@ -305,7 +504,10 @@ void mega_gpt_stage_destroy(mega_gpt_stage *s) {
     s->be->ops->free(s->be, s->grad);
   }
   if (s->rc_buf) s->be->ops->free(s->be, s->rc_buf);
+  if (s->rope_cs) s->be->ops->free(s->be, s->rope_cs);
   free(s->params);
+  free(s->role);
+  free(s->role_layer);
   free(s->layers);
   free(s->units);
   free(s);

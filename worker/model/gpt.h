@@ -1,41 +1,67 @@
-/* GPT-2, built per pipeline stage.
+/* A decoder-only transformer, GPT-2's or Llama's, built per pipeline stage.
  *
- * Architecture (exactly GPT-2's): learned token and position embeddings;
- * pre-LN blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with causal
- * self-attention (fused QKV [C,3C], output projection [C,C]) and an MLP of
- * 4C with tanh-GELU; a final layernorm ln_f; the LM head tied to wte. No
- * dropout. Weights use Hugging Face GPT-2 names and layouts, so a
- * checkpoint is a plain copy.
+ * GPT-2 (Hugging Face's GPT2LMHeadModel): learned token and position
+ * embeddings; pre-LN blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with
+ * causal self-attention (fused QKV [C,3C], output projection [C,C]) and an
+ * MLP of F = 4C (or ffn_hidden) with tanh-GELU; a final layernorm ln_f; the
+ * LM head tied to wte (or, untied, lm_head.weight). Weights are HF Conv1D
+ * [in, out].
  *
- * A stage holds a contiguous run of layers, plus the embedding (wte, wpe;
- * its input is tokens) and/or the loss (ln_f and the tied head; its output
- * is the loss). A loss stage that is not also the embedding stage holds its
- * own copy of wte (mega_param_info.tied_copy); it starts equal to the
- * embedding stage's wte, and keeping the two equal (summing their gradients
- * across the embedding group) is the engine's job.
+ * Llama (Hugging Face's LlamaForCausalLM, Megatron's --position-embedding-
+ * type rope --normalization RMSNorm --swiglu): a token embedding
+ * (model.embed_tokens) and no position embedding; RMSNorm before attention
+ * (input_layernorm) and MLP (post_attention_layernorm); grouped-query
+ * attention, NH query heads over G key/value heads of head_dim channels
+ * (q_proj [NH*hd, C], k_proj and v_proj [G*hd, C], o_proj [C, NH*hd]), q
+ * and k rotated by RoPE after their projections; a SwiGLU MLP,
+ * down_proj(silu(gate_proj(x)) * up_proj(x)) of width F; a final RMSNorm
+ * (model.norm); the head lm_head [V, C], or tied to embed_tokens. Weights
+ * are nn.Linear [out, in]; biases only without no_bias (HF's attention_bias
+ * and mlp_bias).
+ *
+ * RoPE convention: Hugging Face's rotate-half (Megatron's default, not
+ * interleaved) on the projections exactly as saved: in each head, channel i
+ * < rot/2 pairs with channel i + rot/2 and the pair turns by t * theta^(-2i
+ * / rot) at position t, rot = head_dim * rotary_percent (channels past rot
+ * are not rotated). So a checkpoint's q_proj and k_proj load into HF's
+ * LlamaForCausalLM as they are, with no permutation of their rows.
+ *
+ * No dropout. Weights use Hugging Face names and layouts, so a checkpoint is
+ * a plain copy.
+ *
+ * A stage holds a contiguous run of layers, plus the embedding (wte, and
+ * wpe for GPT-2; its input is tokens) and/or the loss (the final norm and
+ * the head; its output is the loss). With the head tied, a loss stage that
+ * is not also the embedding stage holds its own copy of the embedding
+ * (mega_param_info.tied_copy); it starts equal to the embedding stage's,
+ * and keeping the two equal (summing their gradients across the embedding
+ * group) is the engine's job. An untied head is the loss stage's own.
  *
  * Parameters live in one flat buffer and gradients in another of the same
- * size (backend memory), in Hugging Face order: wte, wpe, then per layer
- * ln_1.{weight,bias}, attn.c_attn.{weight,bias}, attn.c_proj.{weight,bias},
- * ln_2.{weight,bias}, mlp.c_fc.{weight,bias}, mlp.c_proj.{weight,bias},
- * then ln_f.{weight,bias}, then the head copy of wte (loss-only stages).
+ * size (backend memory), in forward order: the embedding (wte, wpe), then
+ * per layer the first norm, the attention's input projections (c_attn, or
+ * q, k, v), its output projection, the second norm, the MLP's input
+ * projections (c_fc, or gate and up) and its output projection (each weight
+ * before its bias), then the final norm, then the head (an untied head, or
+ * a loss-only stage's tied copy).
  *
  * Initialisation never depends on the parallel layout: element i of the
  * full tensor named n is a function of (seed, n, i) alone (kernels/rng.h),
- * so a stage's tensors equal the single-stage ones. Weights (wte, wpe,
- * c_attn, c_fc) ~ N(0, init_std); the residual output projections
- * (attn.c_proj.weight, mlp.c_proj.weight) ~ N(0, init_std/sqrt(2*num_layers));
- * biases 0; layernorm weights 1. GPT-2 and Megatron use init_std 0.02.
+ * so a stage's tensors equal the single-stage ones. Weights (embeddings,
+ * projections, the head) ~ N(0, init_std); the residual output projections
+ * (attn.c_proj and mlp.c_proj, o_proj and down_proj) ~ N(0,
+ * init_std/sqrt(2*num_layers)); biases 0; norm weights 1. GPT-2 and
+ * Megatron use init_std 0.02.
  *
  * Activations of one microbatch in flight are a mega_gpt_acts: the pipeline
  * keeps several alive, and microbatches may differ in length T.
  *
  * Backward comes in two halves so the zero-bubble schedule can call them
  * apart: backward_input computes the input gradient and keeps in the acts
- * what the weight half needs (each linear's and layernorm's output
- * gradient); backward_weight adds (+=) every parameter gradient of the stage
- * (linears, biases, layernorms, wte, wpe, the head) into the grad buffer. A
- * plain backward calls both, in that order, once per forward, or
+ * what the weight half needs (each linear's and norm's output gradient);
+ * backward_weight adds (+=) every parameter gradient of the stage (linears,
+ * biases, norms, the embeddings, the head) into the grad buffer. A plain
+ * backward calls both, in that order, once per forward, or
  * mega_gpt_backward, which interleaves them block by block.
  *
  * Pointer kinds: tokens, targets and loss_sum are host memory; input,
@@ -58,28 +84,53 @@
 #include "worker/model/safetensors.h"
 #include "worker/model/tp_split.h"
 
+typedef enum mega_gpt_arch {
+  MEGA_GPT_ARCH_GPT2,  /* Hugging Face's GPT2LMHeadModel */
+  MEGA_GPT_ARCH_LLAMA, /* Hugging Face's LlamaForCausalLM */
+} mega_gpt_arch;
+
 typedef struct mega_gpt_config {
   int vocab_size;  /* 256: byte-level */
-  int max_seq_len; /* rows of wpe */
+  int max_seq_len; /* GPT-2: rows of wpe; Llama: positions RoPE covers */
   int num_layers;  /* of the whole model */
-  int num_heads;
-  int channels;    /* C; num_heads must divide it */
+  int num_heads;   /* query heads */
+  int channels;    /* C, the hidden size */
   float init_std;  /* 0.02 */
-  float ln_eps;    /* 1e-5 */
+  float ln_eps;    /* 1e-5: the layernorm's, or RMSNorm's, epsilon */
   uint64_t seed;
+  mega_gpt_arch arch;   /* GPT-2 */
+  int num_kv_heads;     /* G, key/value heads (Llama's query groups); 0: num_heads */
+  int head_dim;         /* 0: channels / num_heads (GPT-2's only choice) */
+  int ffn_hidden;       /* F, the MLP's width; 0: 4 * channels */
+  bool untied;          /* the head is lm_head.weight, not the embedding */
+  bool no_bias;         /* Llama: linear layers without biases */
+  float rope_theta;     /* Llama: RoPE's base, 10000 */
+  float rotary_percent; /* Llama: the share of head_dim that RoPE turns, (0, 1]; 1 */
 } mega_gpt_config;
 
 /* vocab 256, max_seq_len 1024, 12 layers, 12 heads, 768 channels,
- * init_std 0.02, ln_eps 1e-5, seed 1337. */
+ * init_std 0.02, ln_eps 1e-5, seed 1337; GPT-2 (G = NH, head_dim C/NH, F
+ * 4C, tied, biases), rope_theta 10000, rotary_percent 1. */
 void mega_gpt_config_default(mega_gpt_config *cfg);
-/* Checks sizes and divisibility; the message names the bad field. */
+/* Checks sizes, divisibility and what each architecture allows; the
+ * message names the bad field. */
 mega_status mega_gpt_config_check(const mega_gpt_config *cfg, mega_err *err);
+/* The derived sizes (of a checked config): G, head_dim, F, and RoPE's
+ * rotated channels per head (even; 0 for GPT-2). */
+int mega_gpt_kv_heads(const mega_gpt_config *cfg);
+int mega_gpt_head_dim(const mega_gpt_config *cfg);
+int mega_gpt_ffn(const mega_gpt_config *cfg);
+int mega_gpt_rot_dim(const mega_gpt_config *cfg);
 
 /* Tensor parallelism (Megatron's, seed 004 section 3). The TP ranks of a
  * stage hold slices: column-parallel c_attn (this rank's heads' q, k and v;
  * tp_split.h) and c_fc, row-parallel attn.c_proj and mlp.c_proj, and a
- * contiguous slice of the vocabulary of wte and the head. Layernorms, wpe
- * and the row-parallel biases are replicated. The model reaches its group
+ * contiguous slice of the vocabulary of wte and the head. Llama's q_proj,
+ * k_proj and v_proj are column-parallel by query group (rank r holds groups
+ * [r G/tp, (r+1) G/tp) and their query heads, so G must divide by tp),
+ * gate_proj and up_proj by the same rows (matching columns of SwiGLU's two
+ * halves), o_proj and down_proj row-parallel. Norms, wpe and the
+ * row-parallel biases are replicated. The model reaches its group
  * through these ops, which the caller implements over its communicator (and
  * times); every TP rank of a stage issues the same calls in the same order.
  * Buffers are backend memory. */
@@ -145,12 +196,16 @@ typedef struct mega_gpt_stage_desc {
 
 typedef struct mega_param_info {
   char name[64]; /* HF name: "transformer.h.3.attn.c_attn.weight"; the head
-                    copy of a loss-only stage is "transformer.wte.weight" */
+                    copy of a loss-only stage is the embedding's name */
   int ndim;      /* 1 or 2 */
   int shape[2];
   size_t offset, numel; /* in floats, into the flat param and grad buffers */
   bool decay;           /* 2-D weights decay; biases and LN params don't */
-  bool tied_copy;       /* the loss-only stage's copy of wte */
+  bool tied_copy;       /* the loss-only stage's copy of the embedding */
+  /* The word embedding shared with the head (tied): on the embedding stage
+   * and as the loss stage's copy. Its gradient is summed across the
+   * embedding group. Never set with an untied head. */
+  bool tied_embedding;
   /* Tensor parallelism: shape is this rank's slice; the whole tensor is
    * full_shape (full_numel floats) and splits as tp says. */
   mega_tp_split tp;
@@ -185,12 +240,15 @@ void mega_gpt_zero_grad(mega_gpt_stage *s);
 mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err);
 
 /* Units: the groups of parameters whose gradients one step of backward
- * completes together (one weight-gradient GEMM with its bias, or one
- * layernorm), in the order backward completes them: the head (a loss-only
- * stage's copy of wte) and ln_f; then block by block from the last, each
- * block's mlp.c_proj, mlp.c_fc, ln_2, attn.c_proj, attn.c_attn, ln_1; then
- * the embedding (wte, wpe). On a stage that is both embedding and loss the
- * head is wte itself, which is complete only with the embedding unit. Each
+ * completes together (the weight-gradient GEMMs of one input with their
+ * biases, or one norm), in the order backward completes them: the head (an
+ * untied head, or a loss-only stage's copy of the embedding) and the final
+ * norm; then block by block from the last, each block's MLP output
+ * projection, MLP input projections (c_fc, or gate and up), second norm,
+ * attention output projection, attention input projections (c_attn, or q, k
+ * and v), first norm; then the embedding (wte, wpe). On a stage that is
+ * both embedding and loss a tied head is wte itself, which is complete only
+ * with the embedding unit. Each
  * unit is a run [first, first+count) of mega_gpt_params, numel its
  * elements; layer is the block's index within the stage (-1 for the loss
  * and embedding units). Megatron learns the same from autograd's
@@ -229,7 +287,7 @@ mega_status mega_gpt_rebind(mega_gpt_stage *s, float *params, float *grads, size
                             const size_t *offset, mega_err *err);
 
 /* Loads every param of the stage by its HF name from whichever of the files
- * holds it (the head copy of wte also accepts "lm_head.weight"); shapes must
+ * holds it (a tied head copy also accepts "lm_head.weight"); shapes must
  * match the whole tensor's, and a TP rank keeps its slice. Fails, naming the
  * tensor, when one is missing. */
 mega_status mega_gpt_load_safetensors(mega_gpt_stage *s,

@@ -16,6 +16,35 @@ static void *carve(carver *c, size_t floats) {
   return p;
 }
 
+gpt_widths gpt_local_widths(const mega_gpt_stage *s) {
+  const mega_gpt_config *c = &s->cfg;
+  int tp = s->desc.tp.size, hd = mega_gpt_head_dim(c);
+  gpt_widths w = {.NHl = c->num_heads / tp, .Gl = mega_gpt_kv_heads(c) / tp, .hd = hd,
+                  .Fl = mega_gpt_ffn(c) / tp};
+  w.Ql = w.NHl * hd;
+  w.KVl = w.Gl * hd;
+  return w;
+}
+
+void gpt_qkv(const mega_gpt_stage *s, int N, float *base, float **q, float **k, float **v) {
+  gpt_widths w = gpt_local_widths(s);
+  *q = base;
+  if (gpt_llama(s)) {
+    *k = base + (size_t)N * w.Ql;
+    *v = *k + (size_t)N * w.KVl;
+  } else {
+    *k = base + w.Ql;
+    *v = base + 2 * w.Ql;
+  }
+}
+
+mega_attn_dims gpt_attn_dims(const mega_gpt_stage *s, int B, int T) {
+  gpt_widths w = gpt_local_widths(s);
+  bool fused = !gpt_llama(s);
+  return (mega_attn_dims){.B = B, .T = T, .NH = w.NHl, .G = w.Gl, .hs = w.hd,
+                          .ldq = fused ? 3 * w.Ql : w.Ql, .ldkv = fused ? 3 * w.Ql : w.KVl};
+}
+
 bool gpt_rc_group(const mega_gpt_stage *s, int l, int *first, int *end) {
   int L = s->desc.num_layers, N = s->desc.recompute_layers;
   if (s->desc.recompute == MEGA_GPT_RECOMPUTE_UNIFORM) {
@@ -35,22 +64,22 @@ bool gpt_rc_group(const mega_gpt_stage *s, int l, int *first, int *end) {
 static void carve_forward(carver *cv, const mega_gpt_acts *a, layer_acts *la, bool shared_att,
                           float *att) {
   const mega_gpt_stage *s = a->s;
-  const mega_gpt_tp *tp = &s->desc.tp;
+  gpt_widths w = gpt_local_widths(s);
   size_t N = (size_t)a->B * a->T, C = s->cfg.channels, RC = (size_t)a->R * C;
-  size_t Cl = C / tp->size, Fl = 4 * C / tp->size;
-  size_t TT = (size_t)a->B * (s->cfg.num_heads / tp->size) * a->T * a->T;
+  size_t TT = (size_t)a->B * w.NHl * a->T * a->T;
   la->ln1 = carve(cv, N * C);
   la->ln1_mean = carve(cv, a->R);
   la->ln1_rstd = carve(cv, a->R);
-  la->qkv = carve(cv, N * 3 * Cl);
-  la->atty = carve(cv, N * Cl);
+  la->qkv = carve(cv, N * (w.Ql + 2 * (size_t)w.KVl));
+  la->atty = carve(cv, N * w.Ql);
   la->att = shared_att ? att : carve(cv, TT);
   la->x2 = carve(cv, RC);
   la->ln2 = carve(cv, N * C);
   la->ln2_mean = carve(cv, a->R);
   la->ln2_rstd = carve(cv, a->R);
-  la->fch = carve(cv, N * Fl);
-  la->fch_gelu = carve(cv, N * Fl);
+  la->fch = carve(cv, N * w.Fl);
+  la->fcu = gpt_llama(s) ? carve(cv, N * w.Fl) : NULL;
+  la->fch_gelu = carve(cv, N * w.Fl);
 }
 
 /* A block's output gradients (backward_input writes them, backward_weight
@@ -58,14 +87,14 @@ static void carve_forward(carver *cv, const mega_gpt_acts *a, layer_acts *la, bo
  * caller sets. */
 static void carve_grads(carver *cv, const mega_gpt_acts *a, layer_acts *la) {
   const mega_gpt_stage *s = a->s;
-  const mega_gpt_tp *tp = &s->desc.tp;
+  gpt_widths w = gpt_local_widths(s);
   size_t N = (size_t)a->B * a->T, C = s->cfg.channels, RC = (size_t)a->R * C;
-  size_t Cl = C / tp->size, Fl = 4 * C / tp->size;
-  bool sp = tp->sequence_parallel;
+  bool sp = s->desc.tp.sequence_parallel;
   la->dx2 = carve(cv, RC);
-  la->dfch = carve(cv, N * Fl);
+  la->dfch = carve(cv, N * w.Fl);
+  la->dfcu = gpt_llama(s) ? carve(cv, N * w.Fl) : NULL;
   la->dln2 = carve(cv, RC);
-  la->dqkv = carve(cv, N * 3 * Cl);
+  la->dqkv = carve(cv, N * (w.Ql + 2 * (size_t)w.KVl));
   la->dln1 = carve(cv, RC);
   la->dy_all = sp ? carve(cv, N * C) : NULL;
   la->dx2_all = sp ? carve(cv, N * C) : NULL;
@@ -80,9 +109,10 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
   const mega_gpt_config *c = &s->cfg;
   const mega_gpt_tp *tp = &s->desc.tp;
   bool sp = tp->sequence_parallel;
+  gpt_widths w = gpt_local_widths(s);
   size_t N = (size_t)a->B * a->T, RC = (size_t)a->R * c->channels, C = c->channels;
-  size_t Cl = C / tp->size, Vl = (size_t)c->vocab_size / tp->size;
-  size_t TT = (size_t)a->B * (c->num_heads / tp->size) * a->T * a->T;
+  size_t Vl = (size_t)c->vocab_size / tp->size;
+  size_t TT = (size_t)a->B * w.NHl * a->T * a->T;
   int L = s->desc.num_layers, first, end;
   a->tokens = carve(cv, N); /* int32 and float have the same size */
   a->targets = carve(cv, N);
@@ -125,8 +155,8 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
   /* a non-loss stage's last block: dy is the caller's doutput, copied to
    * dresid[L] */
   if (L > 0) {
-    a->datty = carve(cv, N * Cl);
-    a->att_scratch = carve(cv, TT + N * Cl);
+    a->datty = carve(cv, N * w.Ql);
+    a->att_scratch = carve(cv, TT + N * w.Ql);
   }
   if (sp) a->partial = carve(cv, N * C);
   if (s->desc.loss) {

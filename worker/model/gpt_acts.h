@@ -3,11 +3,15 @@
  * public header.
  *
  * Shapes, with N = B*T tokens, R the stream's rows on this rank (N/tp with
- * sequence parallelism, else N), and Cl = C/tp, Fl = 4C/tp, Vl = V/tp,
- * NHl = NH/tp this rank's channels, MLP width, vocabulary and heads:
- * the residual stream, layernorm statistics and their gradients are [R,..];
- * the column-parallel GEMMs' inputs (ln1, ln2, lnf) are whole [N,C], and
- * their outputs, the attention and the MLP inside are [N, local width]. */
+ * sequence parallelism, else N), and Vl = V/tp, NHl = NH/tp, Gl = G/tp,
+ * Ql = NHl * head_dim, KVl = Gl * head_dim, Fl = F/tp this rank's
+ * vocabulary, query and key/value heads, query and key/value widths and
+ * MLP width: the residual stream, norm statistics and their gradients are
+ * [R,..]; the column-parallel GEMMs' inputs (ln1, ln2, lnf) are whole
+ * [N,C], and their outputs, the attention and the MLP inside are [N, local
+ * width]. The attention's q, k and v: GPT-2's fused rows [N, 3Ql] (q | k |
+ * v in each row), or Llama's three blocks q [N,Ql], k [N,KVl], v [N,KVl]
+ * one after the other (gpt_qkv). */
 #ifndef MEGA_WORKER_GPT_ACTS_H
 #define MEGA_WORKER_GPT_ACTS_H
 
@@ -16,19 +20,20 @@
 /* One block's saved activations and (after backward_input) the output
  * gradients its weight half needs. */
 typedef struct layer_acts {
-  float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [R], [R] */
-  float *qkv;                       /* [N,3Cl] */
-  float *atty;                      /* [N,Cl] attention output */
+  float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [R], [R] (RMSNorm: no mean) */
+  float *qkv;                       /* N*(Ql + 2KVl): q, k, v (Llama's rotated) */
+  float *atty;                      /* [N,Ql] attention output */
   float *att;                       /* [B,NHl,T,T] probabilities */
   float *x2;                        /* [R,C] residual after attention */
   float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [R], [R] */
-  float *fch, *fch_gelu;            /* [N,Fl] */
+  float *fch, *fcu, *fch_gelu;      /* [N,Fl]: c_fc's output (Llama: gate's, and up's)
+                                       and the activation (gelu, or silu(gate) * up) */
   /* gradients */
-  float *dx2;  /* [R,C] d(x2): attn.c_proj's output gradient */
-  float *dfch; /* [N,Fl] d(fch): c_fc's output gradient */
-  float *dln2; /* [R,C] */
-  float *dqkv; /* [N,3Cl] */
-  float *dln1; /* [R,C] */
+  float *dx2;        /* [R,C] d(x2): attn.c_proj's output gradient */
+  float *dfch, *dfcu; /* [N,Fl] d(fch) (c_fc's or gate's output gradient), d(fcu) */
+  float *dln2;       /* [R,C] */
+  float *dqkv;       /* laid out as qkv */
+  float *dln1;       /* [R,C] */
   /* the whole [N,C] output gradients of the row-parallel GEMMs: gathered
    * with sequence parallelism, else dresid[l+1] and dx2 themselves */
   float *dy_all, *dx2_all;
@@ -58,13 +63,24 @@ struct mega_gpt_acts {
   float *logits, *probs, *losses;   /* [N,Vl], [N,Vl], [N] */
   float *dlogits, *dlnf;            /* [N,Vl], [R,C] */
   float *rowmax, *ce_sums;          /* TP loss: [N], [2N] */
-  float *datty;                     /* [N,Cl] scratch: attention output grad */
-  float *att_scratch;               /* B*NHl*T*T + N*Cl floats */
+  float *datty;                     /* [N,Ql] scratch: attention output grad */
+  float *att_scratch;               /* B*NHl*T*T + N*Ql floats */
   float *partial;                   /* [N,C] scratch: a row-parallel result
                                        before its reduce-scatter (sequence
                                        parallelism) */
 };
 
+
+/* This rank's widths of a stage's attention and MLP (gpt_acts.h). */
+typedef struct gpt_widths {
+  int NHl, Gl, hd, Ql, KVl, Fl;
+} gpt_widths;
+gpt_widths gpt_local_widths(const mega_gpt_stage *s);
+
+/* q, k and v (or their gradients) in a block's qkv buffer of N rows, and
+ * attention's shape over them. */
+void gpt_qkv(const mega_gpt_stage *s, int N, float *base, float **q, float **k, float **v);
+mega_attn_dims gpt_attn_dims(const mega_gpt_stage *s, int B, int T);
 
 /* Full recomputation's groups: block l is rerun with the blocks
  * [*first, *end), from the input of *first, or false when l keeps its

@@ -1,6 +1,7 @@
 /* The forward and split backward passes of a stage over one microbatch's
- * activations (see gpt.h; the activations' shapes are in gpt_acts.h),
- * tensor-parallel when the stage is, recomputing when it does. */
+ * activations (see gpt.h; the activations' shapes are in gpt_acts.h), for
+ * GPT-2 and Llama, tensor-parallel when the stage is, recomputing when it
+ * does. */
 #include "worker/model/gpt_acts.h"
 
 #define LAYER_UNITS 6 /* a block's units (gpt.h) */
@@ -78,32 +79,73 @@ static mega_status row_parallel_forward(mega_gpt_stage *s, mega_gpt_acts *a, flo
   const mega_backend_ops *o = s->be->ops;
   int N = a->B * a->T, C = s->cfg.channels;
   if (!tp_on(s)) {
-    o->matmul_forward(s->be, out, in, w, bias, x, N, K, C, MEGA_W_IN_OUT);
+    o->matmul_forward(s->be, out, in, w, bias, x, N, K, C, s->lay);
     return MEGA_OK;
   }
-  o->matmul_forward(s->be, partial_for(s, a, out), in, w, NULL, NULL, N, K, C, MEGA_W_IN_OUT);
+  o->matmul_forward(s->be, partial_for(s, a, out), in, w, NULL, NULL, N, K, C, s->lay);
   mega_status st = reduce_rows(s, a, out, err);
   if (st == MEGA_OK) o->bias_residual_forward(s->be, out, x, out, bias, a->R, C);
   return st;
 }
 
-/* din [R,C] = the input gradient of a column-parallel GEMM of K local
- * outputs (W^T dout), summed over the group. */
+/* One column-parallel linear of K local outputs: its output gradient and
+ * weight. */
+typedef struct col_grad {
+  const float *dout;
+  size_t w;
+  int K;
+} col_grad;
+
+/* din [R,C] = the input gradient of n column-parallel GEMMs that read the
+ * same input (W^T dout, summed over them), summed over the group. */
 static mega_status column_parallel_backward(mega_gpt_stage *s, mega_gpt_acts *a, float *din,
-                                            const float *dout, const float *w, int K,
-                                            mega_err *err) {
+                                            const col_grad *g, int n, mega_err *err) {
   int N = a->B * a->T, C = s->cfg.channels;
-  s->be->ops->matmul_backward_input(s->be, partial_for(s, a, din), dout, w, N, C, K,
-                                    MEGA_W_IN_OUT);
+  for (int i = 0; i < n; i++)
+    s->be->ops->matmul_backward_input(s->be, partial_for(s, a, din), g[i].dout,
+                                      s->param + g[i].w, N, C, g[i].K, s->lay, i > 0);
   return reduce_rows(s, a, din, err);
 }
 
-/* A layernorm over this rank's rows of the stream, its output made whole. */
-static mega_status layernorm_whole(mega_gpt_stage *s, mega_gpt_acts *a, float *whole,
-                                   float *mean, float *rstd, const float *x, size_t w,
-                                   size_t b, mega_err *err) {
-  s->be->ops->layernorm_forward(s->be, my_rows(s, a, whole), mean, rstd, x, s->param + w,
-                                s->param + b, a->R, s->cfg.channels, s->cfg.ln_eps);
+/* ---- norms: GPT-2's layernorm or Llama's RMSNorm (no mean, no bias) ---- */
+
+static void norm_forward(mega_gpt_stage *s, float *out, float *mean, float *rstd,
+                         const float *x, size_t w, size_t b, int rows) {
+  const mega_backend_ops *o = s->be->ops;
+  int C = s->cfg.channels;
+  if (gpt_llama(s))
+    o->rmsnorm_forward(s->be, out, rstd, x, s->param + w, rows, C, s->cfg.ln_eps);
+  else
+    o->layernorm_forward(s->be, out, mean, rstd, x, s->param + w, s->param + b, rows, C,
+                         s->cfg.ln_eps);
+}
+
+static void norm_backward_input(mega_gpt_stage *s, float *dinp, const float *dres,
+                                const float *dout, const float *x, size_t w, const float *mean,
+                                const float *rstd, int rows) {
+  const mega_backend_ops *o = s->be->ops;
+  int C = s->cfg.channels;
+  if (gpt_llama(s))
+    o->rmsnorm_backward_input(s->be, dinp, dres, dout, x, s->param + w, rstd, rows, C);
+  else
+    o->layernorm_backward_input(s->be, dinp, dres, dout, x, s->param + w, mean, rstd, rows, C);
+}
+
+static void norm_backward_weight(mega_gpt_stage *s, size_t w, size_t b, const float *dout,
+                                 const float *x, const float *mean, const float *rstd,
+                                 int rows) {
+  const mega_backend_ops *o = s->be->ops;
+  int C = s->cfg.channels;
+  if (gpt_llama(s))
+    o->rmsnorm_backward_weight(s->be, s->grad + w, dout, x, rstd, rows, C);
+  else
+    o->layernorm_backward_weight(s->be, s->grad + w, s->grad + b, dout, x, mean, rstd, rows, C);
+}
+
+/* A norm over this rank's rows of the stream, its output made whole. */
+static mega_status norm_whole(mega_gpt_stage *s, mega_gpt_acts *a, float *whole, float *mean,
+                              float *rstd, const float *x, size_t w, size_t b, mega_err *err) {
+  norm_forward(s, my_rows(s, a, whole), mean, rstd, x, w, b, a->R);
   return gather_rows(s, a, whole, err);
 }
 
@@ -117,31 +159,78 @@ static void hold(mega_gpt_stage *s, const mega_gpt_acts *a, int k) {
   s->rc_held = k;
 }
 
-static mega_status block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, const float *x,
-                                 float *y, mega_err *err) {
+/* The attention's input projections of block l: GPT-2's fused c_attn, or
+ * Llama's q, k and v, then RoPE on q and k. */
+static void qkv_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
   mega_backend *be = s->be;
   const mega_backend_ops *o = be->ops;
   const gpt_layer_off *w = &s->layers[l];
   layer_acts *la = &a->layers[l];
-  const float *P = s->param;
-  int tp = s->desc.tp.size, B = a->B, T = a->T, N = B * T;
-  int C = s->cfg.channels, Cl = C / tp, Fl = 4 * C / tp, NHl = s->cfg.num_heads / tp;
-  mega_status st = layernorm_whole(s, a, la->ln1, la->ln1_mean, la->ln1_rstd, x, w->ln1w,
-                                   w->ln1b, err);
+  gpt_widths wd = gpt_local_widths(s);
+  int N = a->B * a->T, C = s->cfg.channels;
+  if (!gpt_llama(s)) {
+    o->matmul_forward(be, la->qkv, la->ln1, s->param + w->qkvw, gpt_p(s, w->qkvb), NULL, N, C,
+                      3 * wd.Ql, s->lay);
+    return;
+  }
+  float *q, *k, *v;
+  gpt_qkv(s, N, la->qkv, &q, &k, &v);
+  o->matmul_forward(be, q, la->ln1, s->param + w->qw, gpt_p(s, w->qb), NULL, N, C, wd.Ql, s->lay);
+  o->matmul_forward(be, k, la->ln1, s->param + w->kw, gpt_p(s, w->kb), NULL, N, C, wd.KVl,
+                    s->lay);
+  o->matmul_forward(be, v, la->ln1, s->param + w->vw, gpt_p(s, w->vb), NULL, N, C, wd.KVl,
+                    s->lay);
+  int rot = mega_gpt_rot_dim(&s->cfg);
+  o->rope_forward(be, q, s->rope_cs, a->B, a->T, wd.NHl, wd.hd, wd.Ql, rot);
+  o->rope_forward(be, k, s->rope_cs, a->B, a->T, wd.Gl, wd.hd, wd.KVl, rot);
+}
+
+/* The attention core of block l: its output into out, its probabilities
+ * into la->att. */
+static void attention(mega_gpt_stage *s, mega_gpt_acts *a, layer_acts *la, float *out) {
+  float *q, *k, *v;
+  gpt_qkv(s, a->B * a->T, la->qkv, &q, &k, &v);
+  mega_attn_dims d = gpt_attn_dims(s, a->B, a->T);
+  s->be->ops->attention_forward(s->be, out, la->att, a->att_scratch, q, k, v, &d);
+}
+
+/* The MLP's input projections and activation: GPT-2's c_fc and GELU, or
+ * Llama's gate and up and SwiGLU. */
+static void mlp_in_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
+  mega_backend *be = s->be;
+  const mega_backend_ops *o = be->ops;
+  const gpt_layer_off *w = &s->layers[l];
+  layer_acts *la = &a->layers[l];
+  int N = a->B * a->T, C = s->cfg.channels, Fl = gpt_local_widths(s).Fl;
+  o->matmul_forward(be, la->fch, la->ln2, s->param + w->fcw, gpt_p(s, w->fcb), NULL, N, C, Fl,
+                    s->lay);
+  if (!gpt_llama(s)) {
+    o->gelu_forward(be, la->fch_gelu, la->fch, (size_t)N * Fl);
+    return;
+  }
+  o->matmul_forward(be, la->fcu, la->ln2, s->param + w->upw, gpt_p(s, w->upb), NULL, N, C, Fl,
+                    s->lay);
+  o->swiglu_forward(be, la->fch_gelu, la->fch, la->fcu, (size_t)N * Fl);
+}
+
+static mega_status block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, const float *x,
+                                 float *y, mega_err *err) {
+  const gpt_layer_off *w = &s->layers[l];
+  layer_acts *la = &a->layers[l];
+  gpt_widths wd = gpt_local_widths(s);
+  mega_status st = norm_whole(s, a, la->ln1, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b,
+                              err);
   if (st) return st;
-  o->matmul_forward(be, la->qkv, la->ln1, P + w->qkvw, P + w->qkvb, NULL, N, C, 3 * Cl,
-                    MEGA_W_IN_OUT);
-  o->attention_forward(be, la->atty, la->att, a->att_scratch, la->qkv, B, T, Cl, NHl);
-  if ((st = row_parallel_forward(s, a, la->x2, la->atty, P + w->projw, P + w->projb, x, Cl,
-                                 err)) ||
-      (st = layernorm_whole(s, a, la->ln2, la->ln2_mean, la->ln2_rstd, la->x2, w->ln2w,
-                            w->ln2b, err)))
+  qkv_forward(s, a, l);
+  attention(s, a, la, la->atty);
+  if ((st = row_parallel_forward(s, a, la->x2, la->atty, s->param + w->projw, gpt_p(s, w->projb),
+                                 x, wd.Ql, err)) ||
+      (st = norm_whole(s, a, la->ln2, la->ln2_mean, la->ln2_rstd, la->x2, w->ln2w, w->ln2b,
+                       err)))
     return st;
-  o->matmul_forward(be, la->fch, la->ln2, P + w->fcw, P + w->fcb, NULL, N, C, Fl,
-                    MEGA_W_IN_OUT);
-  o->gelu_forward(be, la->fch_gelu, la->fch, (size_t)N * Fl);
-  return row_parallel_forward(s, a, y, la->fch_gelu, P + w->fcprojw, P + w->fcprojb, la->x2,
-                              Fl, err);
+  mlp_in_forward(s, a, l);
+  return row_parallel_forward(s, a, y, la->fch_gelu, s->param + w->fcprojw,
+                              gpt_p(s, w->fcprojb), la->x2, wd.Fl, err);
 }
 
 /* resid[0] = wte[tokens] + wpe: with a vocabulary slice, rows of other
@@ -150,7 +239,7 @@ static mega_status block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, con
 static mega_status embedding_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *err) {
   const mega_gpt_tp *tp = &s->desc.tp;
   int Vl = s->cfg.vocab_size / tp->size;
-  const float *wpe = tp->rank == 0 ? s->param + s->wpe : NULL;
+  const float *wpe = tp->rank == 0 ? gpt_p(s, s->wpe) : NULL;
   s->be->ops->encoder_forward(s->be, partial_for(s, a, a->resid[0]), a->tokens,
                               s->param + s->wte, tp->rank * Vl, Vl, wpe, a->B, a->T,
                               s->cfg.channels);
@@ -223,8 +312,8 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
     return MEGA_OK;
   }
   while (u > 0) gpt_unit_needed(s, --u); /* ln_f, and the head copy */
-  if ((st = layernorm_whole(s, a, a->lnf, a->lnf_mean, a->lnf_rstd, a->resid[L], s->lnfw,
-                            s->lnfb, err)))
+  if ((st = norm_whole(s, a, a->lnf, a->lnf_mean, a->lnf_rstd, a->resid[L], s->lnfw, s->lnfb,
+                       err)))
     return st;
   o->matmul_forward(be, a->logits, a->lnf, s->param + s->head, NULL, NULL, N, C, Vl,
                     MEGA_W_OUT_IN);
@@ -247,33 +336,48 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   const mega_backend_ops *o = be->ops;
   const gpt_layer_off *w = &s->layers[l];
   layer_acts *la = &a->layers[l];
-  const float *P = s->param;
-  int tp = s->desc.tp.size, B = a->B, T = a->T, N = B * T, R = a->R;
-  int C = s->cfg.channels, Cl = C / tp, Fl = 4 * C / tp, NHl = s->cfg.num_heads / tp;
+  gpt_widths wd = gpt_local_widths(s);
+  int B = a->B, T = a->T, N = B * T, R = a->R, C = s->cfg.channels;
+  bool llama = gpt_llama(s);
   const float *dy = a->dresid[l + 1];
   const float *x = a->resid[l];
   mega_status st = gather_into(s, a, dy, la->dy_all, err);
   if (st) return st;
-  o->matmul_backward_input(be, la->dfch, la->dy_all, P + w->fcprojw, N, Fl, C, MEGA_W_IN_OUT);
-  o->gelu_backward(be, la->dfch, la->fch, la->dfch, (size_t)N * Fl);
-  if ((st = column_parallel_backward(s, a, la->dln2, la->dfch, P + w->fcw, Fl, err)))
-    return st;
-  o->layernorm_backward_input(be, la->dx2, dy, la->dln2, la->x2, P + w->ln2w, la->ln2_mean,
-                              la->ln2_rstd, R, C);
+  /* the MLP: d(activation), then through GELU or SwiGLU (in place) */
+  o->matmul_backward_input(be, la->dfch, la->dy_all, s->param + w->fcprojw, N, wd.Fl, C, s->lay,
+                           false);
+  if (llama)
+    o->swiglu_backward(be, la->dfch, la->dfcu, la->dfch, la->fch, la->fcu, (size_t)N * wd.Fl);
+  else
+    o->gelu_backward(be, la->dfch, la->fch, la->dfch, (size_t)N * wd.Fl);
+  col_grad mlp[2] = {{la->dfch, w->fcw, wd.Fl}, {la->dfcu, w->upw, wd.Fl}};
+  if ((st = column_parallel_backward(s, a, la->dln2, mlp, llama ? 2 : 1, err))) return st;
+  norm_backward_input(s, la->dx2, dy, la->dln2, la->x2, w->ln2w, la->ln2_mean, la->ln2_rstd, R);
   if ((st = gather_into(s, a, la->dx2, la->dx2_all, err))) return st;
   if (s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && !holds(s, a, l)) {
-    /* selective recomputation: the probabilities, from the kept qkv (the
-     * output, which datty's GEMM overwrites next, is not needed) */
-    o->attention_forward(be, a->datty, la->att, a->att_scratch, la->qkv, B, T, Cl, NHl);
+    /* selective recomputation: the probabilities, from the kept q, k and v
+     * (the output, which datty's GEMM overwrites next, is not needed) */
+    attention(s, a, la, a->datty);
     hold(s, a, l);
   }
-  o->matmul_backward_input(be, a->datty, la->dx2_all, P + w->projw, N, Cl, C, MEGA_W_IN_OUT);
-  o->attention_backward(be, la->dqkv, a->att_scratch, a->datty, la->qkv, la->att, B, T, Cl,
-                        NHl);
-  if ((st = column_parallel_backward(s, a, la->dln1, la->dqkv, P + w->qkvw, 3 * Cl, err)))
+  o->matmul_backward_input(be, a->datty, la->dx2_all, s->param + w->projw, N, wd.Ql, C, s->lay,
+                           false);
+  float *q, *k, *v, *dq, *dk, *dv;
+  gpt_qkv(s, N, la->qkv, &q, &k, &v);
+  gpt_qkv(s, N, la->dqkv, &dq, &dk, &dv);
+  mega_attn_dims ad = gpt_attn_dims(s, B, T);
+  o->attention_backward(be, dq, dk, dv, a->att_scratch, a->datty, q, k, v, la->att, &ad);
+  if (llama) { /* q and k were rotated after their projections */
+    int rot = mega_gpt_rot_dim(&s->cfg);
+    o->rope_backward(be, dq, s->rope_cs, B, T, wd.NHl, wd.hd, wd.Ql, rot);
+    o->rope_backward(be, dk, s->rope_cs, B, T, wd.Gl, wd.hd, wd.KVl, rot);
+  }
+  col_grad fused[1] = {{la->dqkv, w->qkvw, 3 * wd.Ql}};
+  col_grad sep[3] = {{dq, w->qw, wd.Ql}, {dk, w->kw, wd.KVl}, {dv, w->vw, wd.KVl}};
+  if ((st = column_parallel_backward(s, a, la->dln1, llama ? sep : fused, llama ? 3 : 1, err)))
     return st;
-  o->layernorm_backward_input(be, a->dresid[l], la->dx2, la->dln1, x, P + w->ln1w,
-                              la->ln1_mean, la->ln1_rstd, R, C);
+  norm_backward_input(s, a->dresid[l], la->dx2, la->dln1, x, w->ln1w, la->ln1_mean, la->ln1_rstd,
+                      R);
   return MEGA_OK;
 }
 
@@ -325,28 +429,27 @@ static mega_status loss_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, floa
   o->crossentropy_backward(be, a->dlogits, a->probs, a->targets, tp->rank * Vl, loss_scale, N,
                            Vl);
   o->matmul_backward_input(be, partial_for(s, a, a->dlnf), a->dlogits, s->param + s->head, N,
-                           C, Vl, MEGA_W_OUT_IN);
+                           C, Vl, MEGA_W_OUT_IN, false);
   mega_status st = reduce_rows(s, a, a->dlnf, err);
   if (st) return st;
-  o->layernorm_backward_input(be, a->dresid[L], NULL, a->dlnf, a->resid[L], s->param + s->lnfw,
-                              a->lnf_mean, a->lnf_rstd, a->R, C);
+  norm_backward_input(s, a->dresid[L], NULL, a->dlnf, a->resid[L], s->lnfw, a->lnf_mean,
+                      a->lnf_rstd, a->R);
   return MEGA_OK;
 }
 
-/* The loss stage's weight half: the head (a unit of its own on a
- * loss-only stage; on a stage with the embedding it is wte, complete only
- * after the embedding's backward), then ln_f. */
+/* The loss stage's weight half: the head (a unit of its own when untied
+ * or on a loss-only stage; a tied head on a stage with the embedding is
+ * wte, complete only after the embedding's backward), then the final norm. */
 static void loss_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, int *u) {
   mega_backend *be = s->be;
   const mega_backend_ops *o = be->ops;
   int C = s->cfg.channels, Vl = s->cfg.vocab_size / s->desc.tp.size, N = a->B * a->T;
   int L = s->desc.num_layers;
-  float *G = s->grad;
-  o->matmul_backward_weight(be, G + s->head, NULL, a->dlogits, a->lnf, N, C, Vl,
+  o->matmul_backward_weight(be, s->grad + s->head, NULL, a->dlogits, a->lnf, N, C, Vl,
                             MEGA_W_OUT_IN);
-  if (!s->desc.embedding) gpt_unit_done(s, (*u)++);
-  o->layernorm_backward_weight(be, G + s->lnfw, G + s->lnfb, a->dlnf, a->resid[L], a->lnf_mean,
-                               a->lnf_rstd, a->R, C);
+  if (s->head != s->wte) gpt_unit_done(s, (*u)++);
+  norm_backward_weight(s, s->lnfw, s->lnfb, a->dlnf, a->resid[L], a->lnf_mean, a->lnf_rstd,
+                       a->R);
   gpt_unit_done(s, (*u)++);
 }
 
@@ -358,7 +461,7 @@ static mega_status embedding_backward(mega_gpt_stage *s, mega_gpt_acts *a, mega_
   float *dall = sp_on(s) ? a->partial : a->dresid[0];
   mega_status st = gather_into(s, a, a->dresid[0], dall, err);
   if (st) return st;
-  s->be->ops->encoder_backward(s->be, s->grad + s->wte, tp->rank * Vl, Vl, s->grad + s->wpe,
+  s->be->ops->encoder_backward(s->be, s->grad + s->wte, tp->rank * Vl, Vl, gpt_g(s, s->wpe),
                                dall, a->tokens, a->B, a->T, s->cfg.channels);
   return MEGA_OK;
 }
@@ -402,26 +505,37 @@ static void block_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, int l, in
   const mega_backend_ops *o = be->ops;
   const gpt_layer_off *w = &s->layers[l];
   layer_acts *la = &a->layers[l];
+  gpt_widths wd = gpt_local_widths(s);
+  int N = a->B * a->T, R = a->R, C = s->cfg.channels;
+  mega_wlayout lay = s->lay;
   float *G = s->grad;
-  int tp = s->desc.tp.size, N = a->B * a->T, R = a->R;
-  int C = s->cfg.channels, Cl = C / tp, Fl = 4 * C / tp;
-  o->matmul_backward_weight(be, G + w->fcprojw, G + w->fcprojb, la->dy_all, la->fch_gelu, N,
-                            Fl, C, MEGA_W_IN_OUT);
+  o->matmul_backward_weight(be, G + w->fcprojw, gpt_g(s, w->fcprojb), la->dy_all, la->fch_gelu,
+                            N, wd.Fl, C, lay);
   gpt_unit_done(s, (*u)++);
-  o->matmul_backward_weight(be, G + w->fcw, G + w->fcb, la->dfch, la->ln2, N, C, Fl,
-                            MEGA_W_IN_OUT);
+  o->matmul_backward_weight(be, G + w->fcw, gpt_g(s, w->fcb), la->dfch, la->ln2, N, C, wd.Fl,
+                            lay);
+  if (gpt_llama(s))
+    o->matmul_backward_weight(be, G + w->upw, gpt_g(s, w->upb), la->dfcu, la->ln2, N, C, wd.Fl,
+                              lay);
   gpt_unit_done(s, (*u)++);
-  o->layernorm_backward_weight(be, G + w->ln2w, G + w->ln2b, la->dln2, la->x2,
-                               la->ln2_mean, la->ln2_rstd, R, C);
+  norm_backward_weight(s, w->ln2w, w->ln2b, la->dln2, la->x2, la->ln2_mean, la->ln2_rstd, R);
   gpt_unit_done(s, (*u)++);
-  o->matmul_backward_weight(be, G + w->projw, G + w->projb, la->dx2_all, la->atty, N, Cl, C,
-                            MEGA_W_IN_OUT);
+  o->matmul_backward_weight(be, G + w->projw, gpt_g(s, w->projb), la->dx2_all, la->atty, N,
+                            wd.Ql, C, lay);
   gpt_unit_done(s, (*u)++);
-  o->matmul_backward_weight(be, G + w->qkvw, G + w->qkvb, la->dqkv, la->ln1, N, C, 3 * Cl,
-                            MEGA_W_IN_OUT);
+  if (gpt_llama(s)) {
+    float *dq, *dk, *dv;
+    gpt_qkv(s, N, la->dqkv, &dq, &dk, &dv);
+    o->matmul_backward_weight(be, G + w->qw, gpt_g(s, w->qb), dq, la->ln1, N, C, wd.Ql, lay);
+    o->matmul_backward_weight(be, G + w->kw, gpt_g(s, w->kb), dk, la->ln1, N, C, wd.KVl, lay);
+    o->matmul_backward_weight(be, G + w->vw, gpt_g(s, w->vb), dv, la->ln1, N, C, wd.KVl, lay);
+  } else {
+    o->matmul_backward_weight(be, G + w->qkvw, gpt_g(s, w->qkvb), la->dqkv, la->ln1, N, C,
+                              3 * wd.Ql, lay);
+  }
   gpt_unit_done(s, (*u)++);
-  o->layernorm_backward_weight(be, G + w->ln1w, G + w->ln1b, la->dln1, a->resid[l],
-                               la->ln1_mean, la->ln1_rstd, R, C);
+  norm_backward_weight(s, w->ln1w, w->ln1b, la->dln1, a->resid[l], la->ln1_mean, la->ln1_rstd,
+                       R);
   gpt_unit_done(s, (*u)++);
 }
 

@@ -35,7 +35,7 @@ struct mega_link {
   char why[MEGA_ERR_MSG_MAX];
   bool reader_started;
   pthread_t reader;
-  mega_link_abort_fn abort_fn;
+  mega_link_abort_fn abort_fn, stop_fn;
   void *abort_arg;
   int default_timeout_ms;
   int pipe_timeout_ms; /* silence that means megad is frozen or gone; 0: none */
@@ -202,10 +202,15 @@ static void *reader_main(void *arg) {
       snprintf(why, sizeof why, "aborted by megad: %s",
                f->abort->reason && f->abort->reason[0] ? f->abort->reason : "no reason given");
       end_link(l, why, f->abort->hold);
+    } else if (f->msg_case == MEGA__V1__DAEMON_FRAME__MSG_STOP && l->stop_fn) {
+      l->stop_fn(l->abort_arg, f->stop->reason && f->stop->reason[0] ? f->stop->reason
+                                                                       : "megad asked to stop");
     }
     protobuf_c_message_free_unpacked(msg, NULL);
   }
 }
+
+void mega_link_on_stop(mega_link *l, mega_link_abort_fn stop_fn) { l->stop_fn = stop_fn; }
 
 mega_status mega_link_start(mega_link *l, mega_link_abort_fn abort_fn, void *arg, mega_err *err) {
   l->abort_fn = abort_fn;
@@ -484,6 +489,18 @@ mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err
   Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
   f.msg_case = MEGA__V1__WORKER_FRAME__MSG_NOTE;
   f.note = &n;
+  return send_frame(l, &f, err);
+}
+
+mega_status mega_link_send_stopped(mega_link *l, int64_t iteration, const char *reason,
+                                   bool asked, mega_err *err) {
+  Mega__V1__WorkerStopped st = MEGA__V1__WORKER_STOPPED__INIT;
+  st.iteration = iteration > 0 ? (uint64_t)iteration : 0;
+  st.reason = (char *)reason;
+  st.asked = asked;
+  Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
+  f.msg_case = MEGA__V1__WORKER_FRAME__MSG_STOPPED;
+  f.stopped = &st;
   return send_frame(l, &f, err);
 }
 

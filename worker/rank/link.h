@@ -48,6 +48,11 @@ mega_status mega_link_open(int fd, int timeout_ms, mega_link **out, mega_err *er
 
 const Mega__V1__Assignment *mega_link_assignment(const mega_link *l);
 
+/* A Stop frame (megad asks a rank with --exit-signal-handler to save and
+ * stop, as a SIGTERM would) calls stop_fn on the reader thread with the
+ * reason and mega_link_start's arg, each time one comes. Before start. */
+void mega_link_on_stop(mega_link *l, mega_link_abort_fn stop_fn);
+
 /* Starts the reader thread. abort_fn may be NULL (then Abort only fails the
  * KV calls in flight). */
 mega_status mega_link_start(mega_link *l, mega_link_abort_fn abort_fn, void *arg, mega_err *err);
@@ -71,6 +76,9 @@ mega_status mega_link_send_error(mega_link *l, const char *message, bool retryab
                                  mega_err *err);
 mega_status mega_link_send_progress(mega_link *l, const char *phase, int64_t iteration,
                                     mega_err *err);
+/* The rank stopped early as asked, after iteration (mega_rank_stopped). */
+mega_status mega_link_send_stopped(mega_link *l, int64_t iteration, const char *reason,
+                                   bool asked, mega_err *err);
 /* A line for the job's history (an event on the coordinator). */
 mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err);
 /* Waits up to timeout_ms (<= 0: the rendezvous timeout) for the

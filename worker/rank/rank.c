@@ -71,7 +71,8 @@ static mega_status build_schedule(mega_rank *r, bool forward_only, mega_schedule
   int pp = j->pipeline_model_parallel_size, vp = r->layout.vp;
   mega_sched_params p = {
       .kind = j->schedule >= 0 ? (mega_sched_kind)j->schedule : mega_sched_default_kind(pp, vp),
-      .pp = pp, .vp = vp, .microbatches = r->plan.num_micro,
+      .pp = pp, .vp = vp,
+      .microbatches = forward_only ? r->eval_plan.num_micro : r->plan.num_micro,
       .group_size = vp > 1 ? mega_jobspec_group_size(j) : 0,
       /* seed 003: without overlap the reduction follows the schedule */
       .grad_sync = !j->overlap_grad_reduce ? MEGA_GRAD_SYNC_END
@@ -113,7 +114,8 @@ static mega_status make_engine(mega_rank *r, const mega_schedule *sched, bool ev
   const mega_jobspec *j = r->job;
   mega_engine_config ec = {
       .sched = sched, .pp_rank = r->me.pp, .chunks = r->chunks.stages, .be = r->be,
-      .p2p = r->p2p, .grads = eval ? NULL : r->chunks.grads, .data = r->data, .plan = &r->plan,
+      .p2p = r->p2p, .grads = eval ? NULL : r->chunks.grads, .data = r->data,
+      .plan = eval ? &r->eval_plan : &r->plan,
       .dp_rank = r->me.dp,
       .seq_len = j->seq_length, .hidden = j->hidden_size,
       .stream_split = j->sequence_parallel ? r->topo.tp : 1, .overlap_p2p = j->overlap_p2p_comm,
@@ -142,8 +144,46 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
     st = mega_p2p_create(r->dcomm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
   }
   if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
-  if (st == MEGA_OK && j->eval_interval > 0)
+  if (st == MEGA_OK && mega_jobspec_evaluates(j))
     st = make_engine(r, &r->eval_sched, true, &r->eval_engine, err);
+  return st;
+}
+
+/* Room for iteration K's spans (--trace-iteration): every action of the
+ * rank's current schedule, and the optimizer's. */
+static mega_status size_spans(mega_rank *r, mega_err *err) {
+  if (r->job->trace_iteration <= 0) return MEGA_OK;
+  size_t cap = (size_t)r->sched.ranks[r->me.pp].n * 2 + 16;
+  if (cap <= r->span_cap) return MEGA_OK;
+  mega_rank_span *spans = realloc(r->spans, cap * sizeof *spans);
+  if (!spans) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
+  r->spans = spans;
+  r->span_cap = cap;
+  return MEGA_OK;
+}
+
+/* The plan, schedule and engine for iteration it's global batch. A
+ * --rampup-batch-size job rebuilds them each time its batch grows; the
+ * plan's iter0 and sample0 keep the data order the closed formula of the
+ * flags (worker/data/data.h). */
+static mega_status ensure_batch(mega_rank *r, int64_t it, mega_err *err) {
+  const mega_jobspec *j = r->job;
+  int G = mega_jobspec_batch_of(j, it);
+  if (G == r->plan.global_batch && r->engine) return MEGA_OK;
+  mega_batch_plan p;
+  mega_status st = mega_batch_plan_init(&p, G, j->micro_batch_size, r->topo.dp, err);
+  if (st != MEGA_OK) return st;
+  p.iter0 = it;
+  p.sample0 = mega_jobspec_samples_before(j, it);
+  mega_engine_destroy(r->engine);
+  r->engine = NULL;
+  mega_sched_free(&r->sched);
+  r->plan = p;
+  st = build_schedule(r, false, &r->sched, err);
+  if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
+  if (st == MEGA_OK) st = size_spans(r, err);
+  if (st != MEGA_OK)
+    mega_err_prefix(err, "global batch %d from iteration %lld", G, (long long)it + 1);
   return st;
 }
 
@@ -189,6 +229,7 @@ static int copy_shift(const mega_rank *r) {
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
+  r->start_s = rank_now_s();
   rank_phase(r, "setup");
   mega_status st = make_backend(r, err);
   if (st == MEGA_OK) st = mega_jobspec_layout(j, &r->layout, err);
@@ -203,16 +244,23 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK)
     st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go,
                            r->env.replicas != NULL, err);
+  /* training's plan starts at iteration 0's batch (ensure_batch moves it
+   * with a rampup); evaluation always takes --global-batch-size, as in
+   * Megatron */
   if (st == MEGA_OK)
-    st = mega_batch_plan_init(&r->plan, j->global_batch_size, j->micro_batch_size, r->topo.dp,
-                              err);
+    st = mega_batch_plan_init(&r->plan, mega_jobspec_batch_of(j, 0), j->micro_batch_size,
+                              r->topo.dp, err);
+  if (st == MEGA_OK)
+    st = mega_batch_plan_init(&r->eval_plan, j->global_batch_size, j->micro_batch_size,
+                              r->topo.dp, err);
   if (st == MEGA_OK) {
     r->lr = mega_lr_sched_from_job(j);
     st = mega_lr_sched_check(&r->lr, err);
   }
   if (st == MEGA_OK) st = mega_data_open_job(j, &r->data, err);
   if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
-  if (st == MEGA_OK && j->eval_interval > 0) st = build_schedule(r, true, &r->eval_sched, err);
+  if (st == MEGA_OK && mega_jobspec_evaluates(j))
+    st = build_schedule(r, true, &r->eval_sched, err);
   if (st == MEGA_OK) st = build_optimizer(r, err);
   if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
   /* The committer clears interrupted saves before the groups exist, so no
@@ -222,11 +270,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK)
     mega_grads_set_comm(r->chunks.grads, r->dcomm[GROUP_DP], r->hcomm[GROUP_DP]);
   if (st == MEGA_OK) st = build_engine(r, err);
-  if (st == MEGA_OK && j->trace_iteration > 0) {
-    r->span_cap = (size_t)r->sched.ranks[r->me.pp].n * 2 + 16;
-    r->spans = calloc(r->span_cap, sizeof *r->spans);
-    if (!r->spans) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
-  }
+  if (st == MEGA_OK) st = size_spans(r, err);
   if (st == MEGA_OK && r->env.replicas) { /* the replicas' state is newer than any --load */
     st = rank_fetch_replicas(r, err);
   } else if (st == MEGA_OK && j->load) {
@@ -329,14 +373,15 @@ static uint64_t replica_tokens(const mega_rank *r, int64_t it) {
 mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   int64_t it = r->iteration;
   rank_phase(r, "train");
-  bool trace = r->job->trace_iteration == it + 1 && r->spans;
   double t0 = wall_s();
   *m = (mega_rank_metrics){.iteration = it + 1, .rank = r->env.rank, .pp_rank = r->me.pp,
                            .dp_rank = r->me.dp, .tp_rank = r->me.tp,
                            .step_start_unix_us = (int64_t)(t0 * 1e6)};
   r->nspans = 0;
-  mega_status st = mega_grads_start(r->chunks.grads, err);
+  mega_status st = ensure_batch(r, it, err);
+  if (st == MEGA_OK) st = mega_grads_start(r->chunks.grads, err);
   mega_engine_result res;
+  bool trace = r->job->trace_iteration == it + 1 && r->spans;
   if (st == MEGA_OK)
     st = mega_engine_run(r->engine, it, &res, trace ? r->spans : NULL, r->span_cap, &r->nspans,
                          t0, err);
@@ -376,7 +421,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
    * is the optimizer's, as in Megatron's timers). */
   double exposed = tg - (drained > ts ? drained : ts);
   if (exposed < 0) exposed = 0;
-  double lr = mega_lr_at(&r->lr, it);
+  /* Megatron's scheduler counts the samples consumed before this step */
+  double lr = mega_lr_at(&r->lr, (double)mega_batch_plan_start(&r->plan, it));
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
   if (st == MEGA_OK && !r->simulate) {
     r->stepping = true; /* from here a failure leaves this iteration half applied */
@@ -421,6 +467,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->grad_norm = or.grad_norm;
   m->lr = lr;
   m->tokens = tokens;
+  m->global_batch = r->plan.global_batch;
   m->step_time_s = t1 - t0;
   m->compute_s = res.compute_s;
   m->tp_comm_s = rank_tp_take_comm_s(r);
@@ -464,13 +511,21 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
   mega_status st = mega_rank_setup(r, err);
   if (st == MEGA_OK && r->job->save && r->job->save_initial && r->iteration == 0)
     st = mega_rank_save(r, err);
-  while (st == MEGA_OK && r->iteration < r->job->train_iters) {
+  int64_t iters = mega_jobspec_train_iters(r->job);
+  while (st == MEGA_OK && r->iteration < iters) {
     st = check_abort(r, err);
     if (st != MEGA_OK) break;
     mega_rank_metrics m;
     st = mega_rank_step(r, &m, err);
     if (st == MEGA_OK && r->env.on_step) r->env.on_step(r->env.arg, &m);
-    if (st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration)) st = mega_rank_save(r, err);
+    bool saved = st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration);
+    if (saved) st = mega_rank_save(r, err);
+    bool stop = false;
+    if (st == MEGA_OK) st = rank_exit_check(r, &stop, err);
+    if (stop) { /* Megatron's order: the due save, then a stop saves if it was not one */
+      if (r->job->save && !saved) st = mega_rank_save(r, err);
+      break;
+    }
   }
   /* --overlap-param-gather leaves the last gathers in flight: finish them
    * before the communicators go, or a peer still in them would fail. */

@@ -47,6 +47,7 @@ typedef struct mega_rank_metrics {
   double grad_norm; /* global, before clipping */
   double lr;
   uint64_t tokens; /* tokens of this rank's data-parallel replica */
+  int global_batch; /* this iteration's (it grows under --rampup-batch-size) */
   bool skipped;    /* the optimizer skipped a non-finite step */
   double step_time_s;
   double compute_s; /* F, B and W */
@@ -189,8 +190,25 @@ size_t mega_rank_num_params(const mega_rank *r);       /* in this rank's chunks 
 /* Sets up if needed, then trains to --train-iters (or until aborted), saving
  * when due, and waits for the last checkpoint's write. MEGA_ERR_CANCELLED
  * after an abort; MEGA_ERR_PEER when another rank failed (the message names
- * it). */
+ * it). It may stop early, as Megatron's training loop does (rank_exit.c):
+ * after an iteration divisible by --exit-interval, or at the first boundary
+ * where any rank has been asked to stop (mega_rank_request_exit, with
+ * --exit-signal-handler) or has run --exit-duration-in-mins; every rank then
+ * saves that iteration's checkpoint (with --save, unless it was just saved)
+ * and returns MEGA_OK, and mega_rank_stopped says why. */
 mega_status mega_rank_run(mega_rank *r, mega_err *err);
+
+/* With --exit-signal-handler: asks the rank to stop at the next iteration
+ * boundary, saving first (a SIGTERM's meaning). Any thread (not a signal
+ * handler); the first why is kept (copied). Without the flag it does
+ * nothing: stop such a rank with mega_rank_abort. */
+void mega_rank_request_exit(mega_rank *r, const char *why);
+/* Why mega_rank_run stopped before --train-iters ("SIGTERM
+ * (--exit-signal-handler)", "--exit-interval 5", ...), or NULL. */
+const char *mega_rank_stopped(const mega_rank *r);
+/* Whether that reason is this rank's own (it was asked, its clock, its
+ * iteration) rather than the other ranks' agreement. */
+bool mega_rank_stop_was_mine(const mega_rank *r);
 
 /* From any thread, at any time after create: stops the rank promptly. Every
  * communicator is aborted, so the rank's peers fail fast as well. */

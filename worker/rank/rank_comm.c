@@ -11,7 +11,8 @@
  *   dp     gradient buckets; the distributed       loss and token sums; grad-norm
  *          optimizer's reduce-scatter and          pieces; the checkpoint's moment
  *          parameter all-gather                    gather; the save barrier
- *   embd   the tied embedding's gradients          -
+ *   embd   the tied embedding's gradients (none     -
+ *          with untied embeddings)
  *   tp     the model's collectives; sequence-      grad-norm pieces; checkpoint
  *          parallel layernorm gradients            slices (staged to host)
  *   ckpt   -                                       the writers' file lists, barrier
@@ -121,6 +122,8 @@ mega_status rank_build_groups(mega_rank *r, mega_err *err) {
     int pos = 0, idx = mega_topo_group_of(&r->topo, groups[g].kind, r->env.rank, &pos);
     int size = mega_topo_group_size(&r->topo, groups[g].kind);
     if (idx < 0 || size < 2) continue;
+    /* an untied head shares nothing with the embedding */
+    if (g == GROUP_EMBD && r->job->untie_embeddings_and_output_weights) continue;
     char name[64];
     snprintf(name, sizeof name, "%s%d", groups[g].name, idx);
     st = join(r, g, &groups[g], name, pos, size, err);

@@ -48,7 +48,8 @@ struct mega_rank {
   mega_chunks chunks;
   mega_schedule sched;
   mega_data *data;
-  mega_batch_plan plan;
+  mega_batch_plan plan;      /* training's, for the current global batch */
+  mega_batch_plan eval_plan; /* --global-batch-size's */
   mega_lr_sched lr;
   mega_optim *optim;
   mega_optim *copy; /* distributed optimizer: the copy of another rank's shard (grads.h) */
@@ -74,6 +75,12 @@ struct mega_rank {
    * optimizer of iteration+1 may have begun, stepped once it (and the
    * copy) took that step; both clear when the iteration completes. */
   bool stepping, stepped;
+  /* stopping early (rank_exit.c) */
+  atomic_bool exit_claimed, exit_asked; /* claimed: exit_why is being written */
+  char exit_why[160];
+  char stopped[256]; /* why mega_rank_run stopped early; empty: it did not */
+  bool stopped_mine; /* ... for a reason of this rank's own */
+  double start_s;    /* monotonic seconds at setup, for --exit-duration-in-mins */
   mega_rank_span *spans;
   size_t nspans, span_cap;
 };
@@ -120,6 +127,13 @@ mega_status rank_whole_moments_alloc(mega_rank *r, rank_whole_moments *w, mega_e
 void rank_whole_moments_free(rank_whole_moments *w);
 /* The writer's tensors and its saver (after the optimizer and the groups). */
 mega_status rank_build_saver(mega_rank *r, mega_err *err);
+
+/* rank_exit.c */
+/* After iteration's step (and its due save): whether to stop now, with
+ * r->stopped set. With --exit-signal-handler or --exit-duration-in-mins
+ * every rank takes part in a small all-reduce, so all stop together. */
+mega_status rank_exit_check(mega_rank *r, bool *stop, mega_err *err);
+double rank_now_s(void);
 
 /* rank_load.c */
 /* --load into the chunks and the optimizer (resharding a distributed

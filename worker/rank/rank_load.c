@@ -20,7 +20,7 @@ mega_status mega_rank_ckpt_check(const mega_jobspec *job, mega_err *err) {
 
 static mega_status check_resume(const char *path, const mega_jobspec *job,
                                 const mega_ckpt_state *s, mega_err *err) {
-  if (s->consumed_samples != s->iteration * (int64_t)job->global_batch_size ||
+  if (s->consumed_samples != mega_jobspec_samples_before(job, s->iteration) ||
       s->optimizer_steps > s->iteration)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "%s: inconsistent state (iteration %lld, consumed samples %lld, optimizer "
@@ -37,7 +37,7 @@ static mega_status apply_sched(const char *path, const mega_jobspec *job,
   if (!s->has_sched)
     return mega_fail(err, MEGA_ERR_INVALID, "%s records no LR schedule to check or use", path);
   if (!job->use_checkpoint_opt_param_scheduler)
-    return mega_ckpt_check_sched(path, &s->sched, lr, err);
+    return mega_ckpt_check_sched(path, &s->sched, lr, job, err);
   *lr = s->sched;
   mega_status st = mega_lr_sched_check(lr, err);
   if (st != MEGA_OK) mega_err_prefix(err, "%s's LR schedule", path);

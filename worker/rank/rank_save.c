@@ -84,7 +84,7 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
     if (r->env.on_checkpoint) r->env.on_checkpoint(r->env.arg, &rep);
   } else {
     mega_ckpt_state s = {.iteration = r->iteration,
-                         .consumed_samples = r->iteration * (int64_t)r->job->global_batch_size,
+                         .consumed_samples = mega_jobspec_samples_before(r->job, r->iteration),
                          .optimizer_steps = mega_optim_steps(r->optim),
                          .attempt = r->env.attempt, .has_sched = true, .sched = r->lr};
     st = mega_rank_saver_stage(r->saver, r->be, &s, t0, err);

@@ -1,0 +1,180 @@
+/* Megatron's flags that mega knows without taking them as its own: values
+ * that only restate what mega does are accepted (and change nothing); the
+ * others are refused with the reason and what to use instead. A launch
+ * script then runs, or says exactly what to change, instead of stopping at
+ * "unknown flag". The model flags (--position-embedding-type, dropout,
+ * --context-parallel-size, ...) belong to the model's own table. */
+#include "core/jobspec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/jobspec_internal.h"
+
+typedef struct compat {
+  const char *name;  /* "--fp16"; ending in '*', a prefix: "--moe-*" */
+  bool value;        /* takes one value */
+  /* accepted values, NULL-terminated; for a flag without a value, a non-NULL
+   * list (any) means the flag is accepted. NULL: always refused */
+  const char *const *ok;
+  const char *why;     /* what mega does instead, a clause */
+  const char *instead; /* what to write: "use --bf16", "drop it" */
+} compat;
+
+static const char *const yes[] = {NULL};
+static const char *const nccl[] = {"nccl", NULL};
+static const char *const mmap_only[] = {"mmap", NULL};
+static const char *const unfused[] = {"unfused", "local", "auto", NULL};
+static const char *const one[] = {"1", NULL};
+
+#define NO_FUSION "mega runs no such fused kernel, so this restates what it does"
+#define ATTENTION                                                                          \
+  "mega's attention is the unfused one: QK^T, a causal softmax and the product with V, in " \
+  "fp32 with the [B, heads, T, T] probabilities kept for backward; there is no flash or "   \
+  "fused attention kernel"
+#define NO_TB                                                                              \
+  "mega writes no TensorBoard or Weights & Biases logs; every iteration's metrics are in " \
+  "megaw --json and megad run --json (one JSON object a line), megactl watch JOB --json, "  \
+  "the web view (megad serve --metrics-listen ADDR: loss and eval curves, bubbles, the "    \
+  "timeline) and its /metrics for Prometheus"
+#define NO_MOE "mega's GPT has dense MLPs: there is no mixture of experts"
+
+static const compat table[] = {
+    {"--fp16", false, NULL,
+     "mega has no fp16 mixed precision (no loss scaling): it trains in fp32, with the linear "
+     "layers' GEMM inputs in bf16 under --bf16",
+     "use --bf16"},
+    {"--fp16-lm-cross-entropy", false, NULL,
+     "mega computes the cross-entropy in fp32 (there is no fp16 mode)", "drop it"},
+    {"--fp8-*", true, NULL, "mega has no fp8 GEMMs", "use --bf16"},
+    {"--use-flash-attn", false, NULL, ATTENTION,
+     "drop it (--recompute-granularity selective recomputes the probabilities instead of "
+     "keeping them)"},
+    {"--attention-backend", true, unfused, ATTENTION,
+     "give --attention-backend unfused, or drop the flag"},
+    {"--num-experts", true, NULL, NO_MOE, "drop it (and the --moe-* flags)"},
+    {"--moe-*", true, NULL, NO_MOE, "drop it"},
+    {"--expert-model-parallel-size", true, one, NO_MOE,
+     "drop it (1, no expert parallelism, is accepted)"},
+    {"--tensorboard-dir", true, NULL, NO_TB, "drop it"},
+    {"--tensorboard-*", true, NULL, NO_TB, "drop it"},
+    {"--log-timers-to-tensorboard", false, NULL, NO_TB, "drop it"},
+    {"--log-validation-ppl-to-tensorboard", false, NULL, NO_TB, "drop it"},
+    {"--log-memory-to-tensorboard", false, NULL, NO_TB, "drop it"},
+    {"--wandb-*", true, NULL, NO_TB, "drop it"},
+    {"--distributed-backend", true, nccl,
+     "mega chooses the communicators itself: NCCL between cuda ranks for device memory, Gloo "
+     "for host memory and between cpu ranks",
+     "drop it (nccl is accepted; --backend cpu trains over Gloo)"},
+    {"--data-impl", true, mmap_only,
+     "mega memory-maps Megatron's indexed datasets (MMIDIDX), the only format it reads",
+     "drop it (mmap is accepted)"},
+    {"--no-masked-softmax-fusion", false, yes, NO_FUSION, ""},
+    {"--no-bias-gelu-fusion", false, yes, NO_FUSION, ""},
+    {"--no-bias-dropout-fusion", false, yes, NO_FUSION, ""},
+    {"--no-bias-swiglu-fusion", false, yes, NO_FUSION, ""},
+    {"--no-gradient-accumulation-fusion", false, yes, NO_FUSION, ""},
+    {"--no-rope-fusion", false, yes, NO_FUSION, ""},
+    {"--no-persist-layer-norm", false, yes, NO_FUSION, ""},
+    {"--checkpoint-activations", false, NULL,
+     "Megatron replaced it with --recompute-activations; what it did, recomputing every layer "
+     "from its input, is",
+     "use --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"},
+    {"--recompute-activations", false, NULL,
+     "in Megatron it means selective recomputation, which mega spells out",
+     "use --recompute-granularity selective"},
+    {"--step-batch-size-schedule", true, NULL,
+     "mega ramps the global batch with Megatron's --rampup-batch-size rule only",
+     "use --rampup-batch-size START INCR SAMPLES with --train-samples N (and keep "
+     "--global-batch-size, the batch after the ramp)"},
+    {"--decrease-batch-size-if-needed", false, NULL,
+     "mega never shrinks the global batch: it must divide by --micro-batch-size x DP",
+     "drop it and choose a --global-batch-size that divides"},
+    {"--ckpt-format", true, NULL,
+     "mega writes one format: Hugging Face safetensors, whole tensors, sharded by size, "
+     "loadable at any parallel layout",
+     "drop it"},
+    {"--use-torch-fsdp2", false, NULL, "mega has no FSDP",
+     "use --use-distributed-optimizer (ZeRO-1: sharded optimizer state)"},
+};
+
+#define NCOMPAT ((int)(sizeof table / sizeof table[0]))
+
+static bool matches(const compat *c, const char *arg, size_t n) {
+  size_t len = strlen(c->name);
+  if (c->name[len - 1] == '*') return n >= len - 1 && !memcmp(arg, c->name, len - 1);
+  return n == len && !memcmp(arg, c->name, n);
+}
+
+int mega_jf_compat_count(void) { return NCOMPAT; }
+
+const char *mega_jf_compat_name(int k) {
+  return k >= 0 && k < NCOMPAT && !strchr(table[k].name, '*') ? table[k].name : NULL;
+}
+
+mega_status mega_jf_compat_parse(int argc, char *const *argv, int *i, size_t n, mega_err *err) {
+  const char *arg = argv[*i];
+  const compat *c = NULL;
+  for (int k = 0; k < NCOMPAT && !c; k++)
+    if (matches(&table[k], arg, n)) c = &table[k];
+  if (!c) return MEGA_ERR_NOT_FOUND;
+  char name[96];
+  snprintf(name, sizeof name, "%.*s", (int)(n < 95 ? n : 95), arg);
+  const char *eq = arg[n] == '=' ? arg + n + 1 : NULL;
+  const char *v = NULL;
+  if (c->value)
+    v = eq ? eq : *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) ? argv[*i + 1] : NULL;
+  else if (eq)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s takes no value (got '%s')", name, arg);
+  if (c->value && !v && c->ok)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s needs a value (%s %s)", name, name, c->ok[0]);
+  bool ok = c->ok && (!c->value || v);
+  for (int k = 0; ok && c->value && c->ok[k]; k++)
+    if (!strcmp(v, c->ok[k])) {
+      *i += eq ? 1 : 2;
+      return MEGA_OK;
+    }
+  if (ok && !c->value) {
+    *i += 1;
+    return MEGA_OK;
+  }
+  char given[160] = "";
+  if (v) snprintf(given, sizeof given, " %s", v);
+  /* the accepted values, said where there are some */
+  char okv[128] = "";
+  for (int k = 0; c->value && c->ok && c->ok[k]; k++) {
+    size_t len = strlen(okv);
+    snprintf(okv + len, sizeof okv - len, "%s%s", k ? ", " : "", c->ok[k]);
+  }
+  return mega_fail(err, MEGA_ERR_INVALID, "%s%s is Megatron's, and mega does not take it%s%s%s: "
+                   "%s; %s", name, given, okv[0] ? " (it takes " : "", okv,
+                   okv[0] ? ")" : "", c->why, c->instead);
+}
+
+char *mega_jf_compat_help(void) {
+  size_t cap = 4096, len = 0, col = 0;
+  char *out = malloc(cap);
+  if (!out) return NULL;
+  len += (size_t)snprintf(out, cap, "\nMegatron flags accepted because they restate what mega "
+                                    "does:\n ");
+  col = 1;
+  for (int k = 0; k < NCOMPAT; k++) {
+    const compat *c = &table[k];
+    if (!c->ok) continue;
+    char item[96];
+    if (c->value) snprintf(item, sizeof item, " %s %s", c->name, c->ok[0]);
+    else snprintf(item, sizeof item, " %s", c->name);
+    if (len + strlen(item) + 8 >= cap) break;
+    if (col + strlen(item) > 88) {
+      len += (size_t)snprintf(out + len, cap - len, "\n ");
+      col = 1;
+    }
+    len += (size_t)snprintf(out + len, cap - len, "%s", item);
+    col += strlen(item);
+  }
+  snprintf(out + len, cap - len,
+           "\nOther Megatron flags mega knows but does not take (--fp16, --use-flash-attn,\n"
+           "--tensorboard-dir, ...) are refused with the reason and what to use instead.\n");
+  return out;
+}

@@ -1,0 +1,105 @@
+/* What a job's flags name on disk, read where the job is checked: GPT-2's
+ * vocabulary (its size is the model's), and data paths given as one file
+ * of an indexed dataset's pair. */
+#include "core/jobspec.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "core/jobspec_internal.h"
+
+/* ---- GPT2BPETokenizer's vocabulary ---- */
+
+mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err) {
+  if (mega_jobspec_tokenizer(s) != MEGA_TOKENIZER_GPT2BPE || !s->vocab_file) return MEGA_OK;
+  json_error_t je;
+  json_t *v = json_load_file(s->vocab_file, 0, &je);
+  if (!v)
+    return mega_fail(err, MEGA_ERR_IO, "--vocab-file %s: %s", s->vocab_file, je.text);
+  size_t n = json_is_object(v) ? json_object_size(v) : 0;
+  json_decref(v);
+  if (n < 1 || n >= INT_MAX / 2)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--vocab-file %s is not GPT-2's vocab.json (an object of token -> id)",
+                     s->vocab_file);
+  s->file_vocab = (int)n;
+  return MEGA_OK;
+}
+
+/* ---- PREFIX.bin or PREFIX.idx for PREFIX ---- */
+
+static bool regular(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A word of a data flag that names half of an indexed dataset: *prefix
+ * (malloc'd) gets PREFIX. 0: not such a word (a PREFIX.bin without
+ * PREFIX.idx is a plain file, its bytes the tokens); 1: PREFIX.bin and
+ * PREFIX.idx are both here; -1: an index whose PREFIX.bin is missing. */
+static int half_of_pair(const char *w, char **prefix) {
+  size_t n = strlen(w);
+  if (n < 5 || (strcmp(w + n - 4, ".bin") && strcmp(w + n - 4, ".idx"))) return 0;
+  bool idx = !strcmp(w + n - 4, ".idx");
+  if (!(*prefix = strndup(w, n - 4))) return 0;
+  char other[PATH_MAX];
+  snprintf(other, sizeof other, "%s%s", *prefix, idx ? ".bin" : ".idx");
+  int h = regular(w) && regular(other) ? 1 : idx && regular(w) ? -1 : 0;
+  if (!h) {
+    free(*prefix);
+    *prefix = NULL;
+  }
+  return h;
+}
+
+static mega_status fix_list(mega_jobspec *s, const char *flag, mega_strlist *l, bool rewrite,
+                            char *note, size_t nn, mega_err *err) {
+  for (int k = l->n > 1 ? 1 : 0; k < l->n; k += l->n > 1 ? 2 : 1) {
+    char *prefix = NULL;
+    int h = half_of_pair(l->v[k], &prefix);
+    if (h == 1 && rewrite) {
+      size_t len = strlen(note);
+      snprintf(note + len, nn - len,
+               "%s%s %s names one file of the indexed dataset %s (%s.bin and %s.idx): reading "
+               "that dataset; give the prefix, as Megatron does", len ? "\n" : "", flag,
+               l->v[k], prefix, prefix, prefix);
+      free(l->v[k]);
+      l->v[k] = prefix;
+      continue;
+    }
+    mega_status st = MEGA_OK;
+    if (h == 1)
+      st = mega_fail(err, MEGA_ERR_INVALID,
+                     "invalid job: %s %s names one file of the indexed dataset %s; give the "
+                     "prefix, %s %s, as Megatron does (mega would otherwise read the file's "
+                     "bytes as tokens)", flag, l->v[k], prefix, flag, prefix);
+    else if (h == -1)
+      st = mega_fail(err, MEGA_ERR_INVALID,
+                     "invalid job: %s %s is the index of an indexed dataset, but %s.bin is not "
+                     "there: the dataset is the pair %s.bin and %s.idx, given as %s %s (mega "
+                     "never reads an index's bytes as tokens)", flag, l->v[k], prefix, prefix,
+                     prefix, flag, prefix);
+    free(prefix);
+    if (st != MEGA_OK) return st;
+  }
+  (void)s;
+  return MEGA_OK;
+}
+
+mega_status mega_jobspec_fix_data_paths(mega_jobspec *s, bool rewrite, char *note, size_t n,
+                                        mega_err *err) {
+  if (note && n) note[0] = '\0';
+  char scratch[1];
+  if (!note || !n) note = scratch, n = sizeof scratch, scratch[0] = '\0';
+  mega_status st = fix_list(s, "--data-path", &s->data_path, rewrite, note, n, err);
+  if (st == MEGA_OK)
+    st = fix_list(s, "--train-data-path", &s->train_data_path, rewrite, note, n, err);
+  if (st == MEGA_OK)
+    st = fix_list(s, "--valid-data-path", &s->valid_data_path, rewrite, note, n, err);
+  return st;
+}

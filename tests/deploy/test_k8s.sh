@@ -1,0 +1,34 @@
+#!/bin/bash
+# deploy/k8s against Kubernetes' schema (check_k8s.py): the manifests pass,
+# and a copy broken six ways fails with each break named, so the check
+# is seen to check. usage: test_k8s.sh SOURCE_ROOT MEGAD MEGACTL
+set -u
+src=$1 megad=$2 megactl=$3
+py=/usr/bin/python3
+$py "$src/tests/deploy/check_k8s.py" "$src/deploy/k8s" "$megad" "$megactl"
+rc=$?
+[ $rc -ne 0 ] && exit $rc  # 77: skipped (python3-kubernetes missing)
+
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+cp "$src"/deploy/k8s/*.yaml "$T"/
+sed -i 's/livenessProbe:  # megad/livenesProbe:  # megad/; s/hostNetwork: true/hostNetwork: "yes"/;
+        s/--listen=/--listn=/' "$T/megad.yaml"
+sed -i 's/--max-restarts 3/--max-restart 3/' "$T/submit-job.yaml"
+sed -i 's/^  serviceName: etcd$/  serviceName: [etcd]/' "$T/etcd.yaml"
+sed -i 's/^  containers:$/  initContainers:/' "$T/client.yaml"
+out=$($py "$src/tests/deploy/check_k8s.py" "$T" "$megad" "$megactl")
+rc=$?
+fails=0
+want() {
+  if ! grep -qF -- "$1" <<<"$out"; then echo "FAIL: the broken copy's check lacks: $1"; fails=1; fi
+}
+[ $rc -eq 1 ] || { echo "FAIL: the broken copy passed (rc $rc)"; fails=1; }
+want "V1Container has no field livenesProbe"
+want "hostNetwork: wants true or false, not 'yes'"
+want "megad serve has no flag --listn"
+want "megactl submit has no flag --max-restart"
+want "serviceName: wants a string, not ['etcd']"
+want "Invalid value for \`containers\`, must not be \`None\`"
+[ $fails -eq 0 ] && echo "PASS: the broken copy failed as it should"
+exit $fails

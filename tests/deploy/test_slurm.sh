@@ -1,0 +1,141 @@
+#!/bin/bash
+# deploy/slurm/mega.sbatch, unchanged, on a real Slurm (slurm_fixture.sh: two
+# slurmd nodes on this machine): one sbatch of a two-node job with
+# --exit-signal-handler; Slurm's warning signal to the batch shell
+# (scancel --batch --signal TERM, what --signal=B:TERM@120 sends) makes the
+# job save and stop, the script exits 92 and requeues itself (MEGA_REQUEUE=1),
+# the second run goes on from the checkpoint and finishes; every iteration's
+# loss is `megad run`'s for the same job. Prints two figures: sbatch to the
+# first iteration, and SIGTERM to the committed checkpoint.
+#
+# With a fifth argument, etcd, the same with the script's etcd branch: an
+# etcd started here, the allocation's keys under mega/slurm-JOBID/.
+#
+# usage: test_slurm.sh SOURCE_ROOT MEGAD MEGACTL MEGAW [etcd]   (exit 77: skipped)
+set -u
+src=$1 megad=$2 megactl=$3 megaw=$4 mode=${5:-peers}
+. "$src/tests/deploy/slurm_fixture.sh"
+if why=$(slurm_fixture_missing); then echo "$why"; exit 77; fi
+if [ "$mode" = etcd ] && ! command -v etcd >/dev/null; then
+  echo "skipped: etcd is not installed"; exit 77
+fi
+slurm_fixture_reexec "$0" "$@"
+
+fail() { echo "FAIL: $*"; for f in "$T"/job.out "$T"/run/megad-*.log; do
+         [ -f "$f" ] && { echo "--- $f"; tail -20 "$f"; }; done; exit 1; }
+now() { date +%s.%N; }
+
+T=$(mktemp -d /tmp/mega-slurm-test.XXXXXX)
+trap 'slurm_fixture_stop; [ -n "${KEEP:-}" ] || rm -rf "$T"' EXIT
+slurm_fixture_start "$T/slurm" || fail "no Slurm"
+etcd_env=()
+if [ "$mode" = etcd ]; then
+  cport=$(slurm_fixture_port) pport=$(slurm_fixture_port)
+  etcd --name e1 --data-dir "$T/etcd" --listen-client-urls "http://127.0.0.1:$cport" \
+    --advertise-client-urls "http://127.0.0.1:$cport" --listen-peer-urls "http://127.0.0.1:$pport" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+    --initial-cluster "e1=http://127.0.0.1:$pport" --log-level warn >"$T/etcd.log" 2>&1 &
+  SLURM_FIXTURE_PIDS+=($!)
+  for _ in $(seq 100); do
+    ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$cport" endpoint health >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  etcd_env=(MEGA_ETCD_ENDPOINTS="http://127.0.0.1:$cport")
+fi
+
+for i in $(seq 200); do
+  echo "The quick brown fox jumps over the lazy dog, line $i of a tiny corpus."
+done >"$T/tiny.txt"
+iters=300
+job=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16
+     --micro-batch-size 2 --global-batch-size 4 --lr 0.001 --train-iters $iters
+     --data-path "$T/tiny.txt" --pipeline-model-parallel-size 2)
+
+# the reference: the same job in one process tree
+"$megad" run --slots 2 --json --worker "$megaw" "${job[@]}" >"$T/ref.jsonl" 2>"$T/ref.err" ||
+  fail "megad run: $(cat "$T/ref.err")"
+
+cd "$T" || exit 1
+mkdir "$T/ck"
+port=$(slurm_fixture_port)
+t_sbatch=$(now)
+jid=$(env "${etcd_env[@]}" \
+      MEGAD="$megad" MEGACTL="$megactl" MEGAW="$megaw" MEGA_PORT=$port MEGA_WATCH=--json \
+      MEGA_RUN_DIR="$T/run" MEGA_STATE_ROOT="$T" MEGA_REQUEUE=1 \
+      sbatch --parsable --nodes=2 --requeue --output="$T/job.out" \
+      "$src/deploy/slurm/mega.sbatch" "${job[@]}" --save "$T/ck" --load "$T/ck" \
+      --exit-signal-handler) || fail "sbatch refused the script"
+
+# a few iterations, then Slurm's warning to the batch shell
+lines() { grep -c '^{"iteration"' "$T/job.out" 2>/dev/null; }
+t_first=
+for _ in $(seq 600); do
+  n=$(lines)
+  [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ] && t_first=$(now)
+  [ "${n:-0}" -ge 5 ] && break
+  [ -z "$(squeue -h -j "$jid" -o %T 2>/dev/null)" ] && fail "the job ended early"
+  sleep 0.05
+done
+[ "${n:-0}" -ge 5 ] || fail "no iterations from the job"
+t_term=$(now)
+scancel --batch --signal=TERM "$jid" || fail "scancel --batch --signal TERM"
+t_commit=
+for _ in $(seq 1200); do
+  [ -s "$T/ck/latest_checkpointed_iteration.txt" ] && { t_commit=$(now); break; }
+  sleep 0.025
+done
+[ -n "$t_commit" ] || fail "no checkpoint after the warning"
+
+# the script exits 92 and requeues the job, whose second run finishes
+for _ in $(seq 900); do
+  state=$(squeue -h -j "$jid" -o %T 2>/dev/null)
+  [ -z "$state" ] && grep -q "job .* succeeded" "$T/job.out" && break
+  sleep 0.1
+done
+info=$(scontrol show job "$jid")
+echo "$info" | grep -q "JobState=COMPLETED" || fail "job $jid: $(echo "$info" | grep -o 'JobState=[A-Z]*')"
+echo "$info" | grep -q "Restarts=1" || fail "job $jid was not requeued once"
+echo "$info" | grep -q "ExitCode=0:0" || fail "the second run did not exit 0"
+grep -q "stopped after its checkpoint; running this again goes on from it" "$T/job.out" ||
+  fail "the first run did not say it stopped"
+grep -q "got SIGTERM (Slurm job $jid: its time limit is near" "$T/job.out" ||
+  fail "the job record does not say it stopped for the time limit"
+grep -q "the checkpoint of iteration [0-9]* is committed" "$T/job.out" ||
+  fail "the job record does not say where it goes on from"
+
+# every iteration once, each loss the reference's
+python3 - "$T/ref.jsonl" "$T/job.out" $iters <<'EOF' || fail "losses differ from megad run's"
+import json, sys
+ref = {}
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    ref[j["iteration"]] = j["loss"]
+got = {}
+for line in open(sys.argv[2]):
+    if line.startswith('{"iteration"'):
+        j = json.loads(line)
+        if j["iteration"] in got:
+            sys.exit("iteration %d trained twice" % j["iteration"])
+        got[j["iteration"]] = j["loss"]
+iters = int(sys.argv[3])
+if sorted(got) != list(range(1, iters + 1)):
+    sys.exit("iterations %s, not 1..%d" % (sorted(got), iters))
+bad = [i for i in got if got[i] != ref[i]]
+if bad:
+    sys.exit("iteration %d: loss %r, megad run's %r" % (bad[0], got[bad[0]], ref[bad[0]]))
+print("all %d losses equal megad run's" % iters)
+EOF
+stopped=$(cat "$T/ck/latest_checkpointed_iteration.txt")
+if [ "$mode" = etcd ]; then
+  n=$(ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$cport" get --prefix "mega/slurm-$jid/j/" \
+      --keys-only | grep -c .)
+  [ "$n" -gt 0 ] || fail "no job under mega/slurm-$jid/ in etcd"
+  echo "etcd holds $n keys of the allocation's jobs under mega/slurm-$jid/"
+fi
+python3 -c "import sys; a = [float(x) for x in sys.argv[1:]]
+print('figure: sbatch to the first iteration: %.2f s' % (a[1] - a[0]))
+print('figure: SIGTERM to the committed checkpoint: %.2f s' % (a[3] - a[2]))" \
+  "$t_sbatch" "$t_first" "$t_term" "$t_commit"
+echo "stopped at iteration $(grep -o 'stopped after iteration [0-9]*' "$T/job.out" | head -1 |
+  grep -o '[0-9]*$'), finished at $stopped after the requeue"
+echo "PASS"

@@ -1,0 +1,251 @@
+/* config.json: mega's model config as Hugging Face's GPT2LMHeadModel or
+ * LlamaForCausalLM config, both ways, and the check a load makes against
+ * the job's model. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/ckpt/ckpt_internal.h"
+
+/* A float as the shortest decimal that reads back as it, so 1e-5f is
+ * written 1e-05 rather than 9.99999974738e-06. */
+static double tidy(float x) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.9g", (double)x);
+  for (int prec = 1; prec <= 9; prec++) {
+    char b2[32];
+    snprintf(b2, sizeof b2, "%.*g", prec, (double)x);
+    if (strtof(b2, NULL) == x) return strtod(b2, NULL);
+  }
+  return strtod(buf, NULL);
+}
+
+static json_t *gpt2_json(const mega_gpt_config *cfg) {
+  int F = mega_gpt_ffn(cfg);
+  json_t *archs = json_pack("[s]", "GPT2LMHeadModel");
+  json_t *j = json_pack(
+      "{s:o, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, s:b, s:f, s:f, s:f, s:f, s:s}",
+      "architectures", archs, "model_type", "gpt2", "vocab_size", cfg->vocab_size,
+      "n_positions", cfg->max_seq_len, "n_ctx", cfg->max_seq_len, "n_embd", cfg->channels,
+      "n_layer", cfg->num_layers, "n_head", cfg->num_heads, "layer_norm_epsilon",
+      tidy(cfg->ln_eps), "activation_function", "gelu_new", "tie_word_embeddings", !cfg->untied,
+      "initializer_range", tidy(cfg->init_std),
+      /* no dropout in mega, so an HF model in train mode computes the same */
+      "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0, "torch_dtype", "float32");
+  /* n_inner: null means HF's 4 x n_embd */
+  json_t *inner = F == 4 * cfg->channels ? json_null() : json_integer(F);
+  if (!j || !inner || json_object_set_new(j, "n_inner", inner)) {
+    json_decref(j);
+    return NULL;
+  }
+  return j;
+}
+
+/* LlamaConfig's fields. RoPE turns the first rotary_percent of each head
+ * (Megatron's --rotary-percent), saved as partial_rotary_factor when below
+ * 1: Hugging Face's name for it (GPT-NeoX's rotary_pct), which its
+ * LlamaForCausalLM does not apply. */
+static json_t *llama_json(const mega_gpt_config *cfg) {
+  json_t *archs = json_pack("[s]", "LlamaForCausalLM");
+  bool bias = !cfg->no_bias;
+  json_t *j = json_pack(
+      "{s:o, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:b, s:s, s:f, "
+      "s:f, s:n, s:s}",
+      "architectures", archs, "model_type", "llama", "vocab_size", cfg->vocab_size,
+      "max_position_embeddings", cfg->max_seq_len, "hidden_size", cfg->channels,
+      "intermediate_size", mega_gpt_ffn(cfg), "num_hidden_layers", cfg->num_layers,
+      "num_attention_heads", cfg->num_heads, "num_key_value_heads", mega_gpt_kv_heads(cfg),
+      "head_dim", mega_gpt_head_dim(cfg), "rms_norm_eps", tidy(cfg->ln_eps), "rope_theta",
+      tidy(cfg->rope_theta), "tie_word_embeddings", !cfg->untied, "attention_bias", bias,
+      "mlp_bias", bias, "hidden_act", "silu", "initializer_range", tidy(cfg->init_std),
+      "attention_dropout", 0.0, "rope_scaling", "torch_dtype", "float32");
+  if (j && cfg->rotary_percent < 1.0f &&
+      json_object_set_new(j, "partial_rotary_factor", json_real(tidy(cfg->rotary_percent)))) {
+    json_decref(j);
+    return NULL;
+  }
+  return j;
+}
+
+json_t *mega_ckpt_config_json(const mega_gpt_config *cfg) {
+  return cfg->arch == MEGA_GPT_ARCH_LLAMA ? llama_json(cfg) : gpt2_json(cfg);
+}
+
+/* ---- reading ---- */
+
+typedef struct reader {
+  const json_t *j;
+  const char *path;
+  mega_err *err;
+  mega_status st;
+} reader;
+
+/* A positive integer key (required, or def when absent and def > 0). */
+static int get_int(reader *r, const char *key, int def) {
+  if (r->st) return 0;
+  json_t *v = json_object_get(r->j, key);
+  if (!v && def > 0) return def;
+  if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 30) {
+    r->st = mega_fail(r->err, MEGA_ERR_INVALID, "%s lacks a positive integer %s", r->path, key);
+    return 0;
+  }
+  return (int)json_integer_value(v);
+}
+
+/* A positive number key (def when absent; required when def is NAN). */
+static float get_num(reader *r, const char *key, double def) {
+  if (r->st) return 0;
+  json_t *v = json_object_get(r->j, key);
+  if (!v && !isnan(def)) return (float)def;
+  if (!json_is_number(v) || !(json_number_value(v) > 0)) {
+    r->st = mega_fail(r->err, MEGA_ERR_INVALID, "%s lacks a positive number %s", r->path, key);
+    return 0;
+  }
+  return (float)json_number_value(v);
+}
+
+static bool get_bool(reader *r, const char *key, bool def) {
+  if (r->st) return def;
+  json_t *v = json_object_get(r->j, key);
+  if (!v || json_is_null(v)) return def;
+  if (!json_is_boolean(v)) {
+    r->st = mega_fail(r->err, MEGA_ERR_INVALID, "%s: %s is not true or false", r->path, key);
+    return def;
+  }
+  return json_is_true(v);
+}
+
+static void read_gpt2(reader *r, mega_gpt_config *cfg) {
+  cfg->arch = MEGA_GPT_ARCH_GPT2;
+  cfg->vocab_size = get_int(r, "vocab_size", 0);
+  cfg->max_seq_len = get_int(r, "n_positions", 0);
+  cfg->channels = get_int(r, "n_embd", 0);
+  cfg->num_layers = get_int(r, "n_layer", 0);
+  cfg->num_heads = get_int(r, "n_head", 0);
+  cfg->ln_eps = get_num(r, "layer_norm_epsilon", NAN);
+  json_t *inner = json_object_get(r->j, "n_inner");
+  if (inner && !json_is_null(inner)) cfg->ffn_hidden = get_int(r, "n_inner", 0);
+  cfg->untied = !get_bool(r, "tie_word_embeddings", true);
+}
+
+/* Only what mega's Llama is: SiLU, no RoPE scaling, biases on every linear
+ * layer or on none. */
+static void read_llama(reader *r, mega_gpt_config *cfg) {
+  cfg->arch = MEGA_GPT_ARCH_LLAMA;
+  cfg->vocab_size = get_int(r, "vocab_size", 0);
+  cfg->max_seq_len = get_int(r, "max_position_embeddings", 0);
+  cfg->channels = get_int(r, "hidden_size", 0);
+  cfg->num_layers = get_int(r, "num_hidden_layers", 0);
+  cfg->num_heads = get_int(r, "num_attention_heads", 0);
+  cfg->ffn_hidden = get_int(r, "intermediate_size", 0);
+  cfg->num_kv_heads = get_int(r, "num_key_value_heads", cfg->num_heads);
+  int def_hd = cfg->num_heads > 0 ? cfg->channels / cfg->num_heads : 0;
+  cfg->head_dim = get_int(r, "head_dim", def_hd > 0 ? def_hd : 0);
+  cfg->ln_eps = get_num(r, "rms_norm_eps", 1e-6); /* HF's defaults */
+  cfg->rope_theta = get_num(r, "rope_theta", 10000.0);
+  cfg->rotary_percent = get_num(r, "partial_rotary_factor", 1.0);
+  cfg->untied = !get_bool(r, "tie_word_embeddings", false);
+  bool ab = get_bool(r, "attention_bias", false), mb = get_bool(r, "mlp_bias", false);
+  cfg->no_bias = !ab;
+  if (r->st) return;
+  const char *act = json_string_value(json_object_get(r->j, "hidden_act"));
+  json_t *scaling = json_object_get(r->j, "rope_scaling");
+  if (ab != mb)
+    r->st = mega_fail(r->err, MEGA_ERR_INVALID,
+                      "%s: attention_bias %s but mlp_bias %s; mega's Llama has biases on every "
+                      "linear layer or on none",
+                      r->path, ab ? "true" : "false", mb ? "true" : "false");
+  else if (act && strcmp(act, "silu"))
+    r->st = mega_fail(r->err, MEGA_ERR_INVALID,
+                      "%s: hidden_act \"%s\"; mega's Llama MLP is SwiGLU (silu)", r->path, act);
+  else if (scaling && !json_is_null(scaling))
+    r->st = mega_fail(r->err, MEGA_ERR_INVALID,
+                      "%s has rope_scaling; mega's RoPE has no scaling", r->path);
+}
+
+mega_status mega_ckpt_read_config(const char *dir, mega_gpt_config *cfg, mega_err *err) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, MEGA_CKPT_CONFIG_FILE);
+  json_error_t je;
+  json_t *j = json_load_file(path, 0, &je);
+  if (!j) return mega_fail(err, MEGA_ERR_INVALID, "%s: %s", path, je.text);
+  reader r = {.j = j, .path = path, .err = err};
+  mega_gpt_config_default(cfg);
+  const char *mt = json_string_value(json_object_get(j, "model_type"));
+  if (mt && !strcmp(mt, "gpt2"))
+    read_gpt2(&r, cfg);
+  else if (mt && !strcmp(mt, "llama"))
+    read_llama(&r, cfg);
+  else
+    r.st = mega_fail(err, MEGA_ERR_INVALID,
+                     "%s: model_type is %s%s%s, not \"gpt2\" or \"llama\" (mega's two "
+                     "architectures)",
+                     path, mt ? "\"" : "", mt ? mt : "missing", mt ? "\"" : "");
+  json_decref(j);
+  if (r.st) return r.st;
+  mega_status st = mega_gpt_config_check(cfg, err);
+  if (st) mega_err_prefix(err, "%s", path);
+  return st;
+}
+
+/* One field both configs have: its name in each architecture's config.json,
+ * the job flag that sets it, and its value. */
+typedef struct field {
+  const char *gpt2, *llama, *flag;
+  long long (*get)(const mega_gpt_config *c);
+} field;
+
+static long long f_vocab(const mega_gpt_config *c) { return c->vocab_size; }
+static long long f_pos(const mega_gpt_config *c) { return c->max_seq_len; }
+static long long f_hidden(const mega_gpt_config *c) { return c->channels; }
+static long long f_layers(const mega_gpt_config *c) { return c->num_layers; }
+static long long f_heads(const mega_gpt_config *c) { return c->num_heads; }
+static long long f_groups(const mega_gpt_config *c) { return mega_gpt_kv_heads(c); }
+static long long f_hd(const mega_gpt_config *c) { return mega_gpt_head_dim(c); }
+static long long f_ffn(const mega_gpt_config *c) { return mega_gpt_ffn(c); }
+static long long f_tied(const mega_gpt_config *c) { return !c->untied; }
+static long long f_bias(const mega_gpt_config *c) { return !c->no_bias; }
+
+mega_status mega_ckpt_check_config(const char *dir, const mega_gpt_config *cfg, mega_err *err) {
+  mega_gpt_config saved;
+  mega_status st = mega_ckpt_read_config(dir, &saved, err);
+  if (st) return st;
+  static const char *const arch_name[] = {"GPT-2", "Llama"};
+  if (saved.arch != cfg->arch)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint config mismatch: %s/%s is a %s model, but this job trains %s "
+                     "(Llama is --position-embedding-type rope --normalization RMSNorm "
+                     "--swiglu)",
+                     dir, MEGA_CKPT_CONFIG_FILE, arch_name[saved.arch], arch_name[cfg->arch]);
+  static const field fields[] = {
+      {"vocab_size", "vocab_size", "vocabulary size", f_vocab},
+      {"n_positions", "max_position_embeddings", "--max-position-embeddings", f_pos},
+      {"n_embd", "hidden_size", "--hidden-size", f_hidden},
+      {"n_layer", "num_hidden_layers", "--num-layers", f_layers},
+      {"n_head", "num_attention_heads", "--num-attention-heads", f_heads},
+      {"n_head", "num_key_value_heads", "--num-query-groups", f_groups},
+      {"n_embd / n_head", "head_dim", "--kv-channels", f_hd},
+      {"n_inner", "intermediate_size", "--ffn-hidden-size", f_ffn},
+      {"tie_word_embeddings", "tie_word_embeddings",
+       "tied embeddings (--untie-embeddings-and-output-weights unties)", f_tied},
+      {"biases", "attention_bias", "biases (--disable-bias-linear drops them)", f_bias},
+  };
+  bool llama = cfg->arch == MEGA_GPT_ARCH_LLAMA;
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    long long have = fields[i].get(&saved), want = fields[i].get(cfg);
+    if (have == want) continue;
+    /* Megatron pads the vocabulary to a multiple of
+     * --make-vocab-size-divisible-by x TP, so it can differ by layout */
+    bool vocab = fields[i].get == f_vocab;
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint config mismatch: %s/%s has %s %lld, but this job has %s %lld%s",
+                     dir, MEGA_CKPT_CONFIG_FILE, llama ? fields[i].llama : fields[i].gpt2, have,
+                     fields[i].flag, want,
+                     vocab ? " (the padded vocabulary: a multiple of "
+                             "--make-vocab-size-divisible-by x --tensor-model-parallel-size; "
+                             "choose --make-vocab-size-divisible-by so it comes out the same)"
+                           : "");
+  }
+  return MEGA_OK;
+}
