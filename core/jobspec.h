@@ -189,8 +189,8 @@ typedef struct mega_jobspec {
   int save_interval; /* 0: save only at the end (when --save is given) */
   bool save_initial; /* also save before the first step */
   char *load;        /* NULL: start from fresh weights */
-  bool async_save;
-  bool no_replica_recovery; /* megad: restarts go back to the checkpoint, never to replicas */   /* write checkpoints on a thread; the step waits for the host copy only */
+  bool async_save;   /* write checkpoints on a thread; the step waits for the host copy only */
+  bool no_replica_recovery; /* megad: restarts go back to the checkpoint, never to replicas */
   bool finetune;     /* --load weights only; iteration 0, fresh optimizer and data order */
   bool no_load_optim; /* --load without the optimizer state (and so the LR scheduler's) */
   bool no_load_rng;  /* accepted; mega's training has no random state to load */

@@ -24,7 +24,8 @@ METHOD(mega_peer_kv_set, "Peer", "KvSet", kv_set_request, kv_set_response, MEGA_
 METHOD(mega_peer_kv_get, "Peer", "KvGet", kv_get_request, kv_get_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_kv_wait, "Peer", "KvWait", kv_wait_request, kv_wait_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_commit_checkpoint, "Peer", "CommitCheckpoint", commit_checkpoint_request, commit_checkpoint_response, MEGA_RPC_UNARY);
-METHOD(mega_peer_list_held, "Peer", "ListHeld", list_held_request, list_held_response, MEGA_RPC_UNARY);
+METHOD(mega_peer_list_held, "Peer", "ListHeld", list_held_request, list_held_response,
+       MEGA_RPC_UNARY);
 
 const mega_rpc_method *const mega_control_methods[] = {
     &mega_control_submit_job, &mega_control_get_job,    &mega_control_list_jobs,

@@ -216,7 +216,8 @@ void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *
   }
   j->coord.replicas = p;
   j->coord.replicas_ms = megad_unix_ms();
-  j->coord.replicas_redone = j->last_iteration > p->iteration ? j->last_iteration - p->iteration : 0;
+  j->coord.replicas_redone =
+      j->last_iteration > p->iteration ? j->last_iteration - p->iteration : 0;
 }
 
 /* At an attempt's end: where the next one takes its state from. */

@@ -226,7 +226,8 @@ static mega_status send_state(mega_replica_server *s, int fd, const Mega__V1__Re
 static mega_status serve_one(mega_replica_server *s, int fd, mega_err *err) {
   ProtobufCMessage *m = NULL;
   mega_status st = mega_frame_read(fd, &mega__v1__replica_request__descriptor, 1u << 16, &m, err);
-  if (st != MEGA_OK || !m) return st != MEGA_OK ? st : mega_fail(err, MEGA_ERR_PEER, "an empty fetch");
+  if (st != MEGA_OK) return st;
+  if (!m) return mega_fail(err, MEGA_ERR_PEER, "the fetching rank closed the connection");
   Mega__V1__ReplicaRequest *q = (Mega__V1__ReplicaRequest *)m;
   mega_rank *r = s->r;
   char why[300];
@@ -243,7 +244,8 @@ static mega_status serve_one(mega_replica_server *s, int fd, mega_err *err) {
   h.eval_done = r->eval_done;
   h.ntensors = r->chunks.nparams;
   st = mega_frame_write(fd, &h.base, 0, err);
-  if (st == MEGA_OK && no) st = mega_fail(err, MEGA_ERR_INVALID, "refused rank %u: %s", q->rank, no);
+  if (st == MEGA_OK && no)
+    st = mega_fail(err, MEGA_ERR_INVALID, "refused rank %u: %s", q->rank, no);
   if (st == MEGA_OK) st = send_state(s, fd, q, err);
   if (st != MEGA_OK) mega_err_prefix(err, "a fetch by rank %u of attempt %u", q->rank, q->attempt);
   protobuf_c_message_free_unpacked(m, NULL);
