@@ -13,6 +13,12 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+/* What megad's "cannot reach" gets (once, after every server's reason). */
+#define UNREACHABLE_HINT                                                                      \
+  "is megad running there? Point megactl at another with --server HOST:PORT or "            \
+  "MEGA_SERVER=HOST:PORT, or start one: megad serve --listen 127.0.0.1:7070 --state-dir DIR " \
+  "--slots N"
+
 /* Set once by main from the words before the command. */
 static const char *global_server;
 /* --token-file, --tls-ca, --tls-cert, --tls-key (before or after the command) */
@@ -39,8 +45,30 @@ const char *megactl_server(const char *flag_value) {
   return MEGACTL_DEFAULT_SERVER;
 }
 
-mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega_err *err) {
+size_t megactl_server_count(const char *flag_value) {
+  size_t n = 1;
+  for (const char *p = megactl_server(flag_value); *p; p++) n += *p == ',';
+  return n;
+}
+
+const char *megactl_server_at(const char *flag_value, size_t i, char *buf, size_t len) {
+  const char *p = megactl_server(flag_value);
+  size_t n = megactl_server_count(flag_value);
+  for (size_t k = 0; k < i % n; k++) p = strchr(p, ',') + 1;
+  size_t w = strcspn(p, ",");
+  snprintf(buf, len, "%.*s", (int)w, p);
+  return buf;
+}
+
+bool megactl_unreachable(const mega_err *err) {
+  return (err->status == MEGA_ERR_IO && !strncmp(err->msg, "cannot reach ", 13)) ||
+         (err->status == MEGA_ERR_TIMEOUT && strstr(err->msg, " did not answer "));
+}
+
+mega_status megactl_connect_to(const char *address, mega_rpc_channel **out, mega_err *err) {
   *out = NULL;
+  if (!address[0])
+    return mega_fail(err, MEGA_ERR_INVALID, "an empty megad address in --server or $MEGA_SERVER");
   char *pem[4] = {NULL}; /* the token, then the PEMs */
   mega_status st = MEGA_OK;
   for (int k = 0; k < 4 && st == MEGA_OK; k++) {
@@ -58,13 +86,10 @@ mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega
     st = mega_fail(err, MEGA_ERR_INVALID, "--tls-cert needs --tls-ca (the CA of megad's "
                    "certificate)");
   mega_rpc_auth auth = {.token = pem[0], .tls_ca = pem[1], .tls_cert = pem[2], .tls_key = pem[3]};
-  mega_rpc_channel_opts opts = {
-      .peer_name = "megad", .auth = &auth,
-      .auth_hint = "pass --token-file or set MEGA_TOKEN_FILE",
-      .unreachable_hint = "is megad running there? Point megactl at another with --server "
-                          "HOST:PORT or MEGA_SERVER=HOST:PORT, or start one: megad serve "
-                          "--listen 127.0.0.1:7070 --state-dir DIR --slots N"};
-  if (st == MEGA_OK) st = mega_rpc_channel_new(megactl_server(flag_value), &opts, out, err);
+  mega_rpc_channel_opts opts = {.peer_name = "megad", .auth = &auth,
+                                .auth_hint = "pass --token-file or set MEGA_TOKEN_FILE",
+                                .unreachable_hint = UNREACHABLE_HINT};
+  if (st == MEGA_OK) st = mega_rpc_channel_new(address, &opts, out, err);
   for (int k = 0; k < 4; k++) {
     if (pem[k]) memset(pem[k], 0, strlen(pem[k]));
     free(pem[k]);
@@ -72,14 +97,41 @@ mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega
   return st;
 }
 
+mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega_err *err) {
+  char addr[512];
+  return megactl_connect_to(megactl_server_at(flag_value, 0, addr, sizeof addr), out, err);
+}
+
+/* Each server's failure (less the hint, said once at the end), for the
+ * sentence when none answered. */
+static void add_failure(char *all, size_t len, const mega_err *e, size_t i) {
+  size_t used = strlen(all), n = strlen(e->msg);
+  const char *hint = strstr(e->msg, "; " UNREACHABLE_HINT);
+  if (hint) n = (size_t)(hint - e->msg);
+  const char *sep = i ? "; " : "";
+  for (const char *p = sep; *p && used + 1 < len; p++) all[used++] = *p;
+  for (size_t k = 0; k < n && used + 1 < len; k++) all[used++] = e->msg[k];
+  all[used] = '\0'; /* cut when too long: the first servers' reasons matter most */
+}
+
 mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
                           const ProtobufCMessage *req, unsigned timeout_ms,
                           ProtobufCMessage **resp, mega_err *err) {
   *resp = NULL;
-  mega_rpc_channel *ch = NULL;
-  mega_status st = megactl_connect(flag_value, &ch, err);
-  if (st == MEGA_OK) st = mega_rpc_unary(ch, m, req, timeout_ms, resp, err);
-  mega_rpc_channel_free(ch);
+  size_t n = megactl_server_count(flag_value);
+  char all[MEGA_ERR_MSG_MAX] = "";
+  mega_status st = MEGA_OK;
+  for (size_t i = 0; i < n; i++) {
+    char addr[512];
+    mega_rpc_channel *ch = NULL;
+    st = megactl_connect_to(megactl_server_at(flag_value, i, addr, sizeof addr), &ch, err);
+    if (st == MEGA_OK) st = mega_rpc_unary(ch, m, req, timeout_ms, resp, err);
+    mega_rpc_channel_free(ch);
+    /* as etcdctl does: the next server only when this one did not answer */
+    if (st == MEGA_OK || !megactl_unreachable(err)) return st;
+    add_failure(all, sizeof all, err, i);
+  }
+  if (n > 1) mega_fail(err, st, "no megad answered: %s; %s", all, UNREACHABLE_HINT);
   return st;
 }
 

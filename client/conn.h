@@ -3,7 +3,8 @@
  *
  * The server is, first to last: --server given to the command, --server
  * given before the command (main sets it with megactl_set_server),
- * $MEGA_SERVER, 127.0.0.1:7070.
+ * $MEGA_SERVER, 127.0.0.1:7070; any of them may list several, separated
+ * by commas, and a call moves to the next one that answers.
  *
  * Exit statuses: 0 success, 1 failure (megad unreachable or refusing, a job
  * that failed), 2 a bad command line (including a job megactl or megad
@@ -31,21 +32,33 @@
  * commands (argv does). NULL forgets it. */
 void megactl_set_server(const char *addr);
 
-/* The address a command talks to, given its own --server value (or NULL). */
+/* The addresses a command talks to, given its own --server value (or
+ * NULL): one, or several separated by commas ("h1:7070,h2:7070"), tried in
+ * order as etcdctl tries its endpoints. */
 const char *megactl_server(const char *flag_value);
+/* How many; and the i-th (modulo their count), into buf. */
+size_t megactl_server_count(const char *flag_value);
+const char *megactl_server_at(const char *flag_value, size_t i, char *buf, size_t len);
+/* Whether err says the server did not answer at all (not reachable, or no
+ * answer in time), so another server may be tried; an answer, even an
+ * error, is not. */
+bool megactl_unreachable(const mega_err *err);
 
 /* --token-file, --tls-ca, --tls-cert, --tls-key, before or after the
  * command; like megactl_flag_value (1, 0 or -1). Without them megactl
  * reads $MEGA_TOKEN_FILE, $MEGA_TLS_CA, $MEGA_TLS_CERT and $MEGA_TLS_KEY. */
 int megactl_security_flag(const char *cmd, int argc, char **argv, int *i);
 
-/* Opens a channel to megad (lazily: a dead address shows in the first
- * call) carrying the token and TLS settings. The caller frees *out with
- * mega_rpc_channel_free. */
+/* Opens a channel to the megad at address (lazily: a dead address shows in
+ * the first call) carrying the token and TLS settings. The caller frees
+ * *out with mega_rpc_channel_free. megactl_connect opens the first server
+ * of flag_value's list. */
+mega_status megactl_connect_to(const char *address, mega_rpc_channel **out, mega_err *err);
 mega_status megactl_connect(const char *flag_value, mega_rpc_channel **out, mega_err *err);
 
-/* One unary call to the megad that flag_value (or the default) names: on
- * MEGA_OK *resp is the caller's to free with protobuf_c_message_free_unpacked. */
+/* One unary call to the megad that flag_value (or the default) names, the
+ * next server of the list when one does not answer: on MEGA_OK *resp is the
+ * caller's to free with protobuf_c_message_free_unpacked. */
 mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
                           const ProtobufCMessage *req, unsigned timeout_ms,
                           ProtobufCMessage **resp, mega_err *err);

@@ -17,6 +17,7 @@
 #include "proto/pb_json.h"
 
 #define SUBMIT_TIMEOUT_MS 30000 /* the daemon journals the job before answering */
+#define CANCEL_WAIT_MS 30000    /* for a takeover (etcd) of a job whose coordinator is gone */
 
 /* ---------------------------------------------------------------- submit */
 
@@ -302,8 +303,10 @@ int megactl_ls(int argc, char **argv) {
   if (rc) return rc;
   if (cf.help) {
     printf("usage: megactl ls [--state S[,S...]] [--limit N] [--json] [--server ADDR]\n\n"
-           "Lists jobs, newest first: id, name, state, world, TP/PP/DP, iteration/train-iters\n"
-           "and age.\n\n"
+           "Lists the cluster's jobs, newest first: id, name, state, world, TP/PP/DP,\n"
+           "iteration/train-iters and age. Any node answers for every node (a node that does\n"
+           "not answer in 2 s is named on stderr). A state with '?' is a copy: the job's\n"
+           "coordinator does not answer (etcd keeps the copy).\n\n"
            "  --state S   only jobs in these states (pending, running, succeeded, failed,\n"
            "              cancelled, restarting); comma-separated or repeated\n"
            "  --limit N   at most N jobs\n"
@@ -331,6 +334,9 @@ int megactl_ls(int argc, char **argv) {
     } else {
       tables_jobs(stdout, r->jobs, r->n_jobs, megactl_now_ms());
     }
+    for (size_t i = 0; i < r->n_unanswered; i++)
+      fprintf(stderr, "megactl: node %s did not answer; its jobs are not listed\n",
+              r->unanswered[i]);
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
   return rc;
@@ -366,7 +372,19 @@ static int cancel_one(const char *server, const char *id, const char *reason) {
   req.job_id = (char *)id;
   req.reason = (char *)reason;
   int rc = 0;
-  if (megactl_unary(server, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS, &out, &err) != MEGA_OK) {
+  /* a job whose coordinator is gone (etcd) is taken over within seconds:
+   * wait for that rather than fail (megad says "ask again") */
+  int64_t t0 = megactl_now_ms();
+  bool said = false;
+  mega_status called;
+  while ((called = megactl_unary(server, &mega_control_cancel_job, &req.base, MEGACTL_TIMEOUT_MS,
+                                 &out, &err)) == MEGA_ERR_PEER &&
+         strstr(err.msg, "so ask again") && megactl_now_ms() - t0 < CANCEL_WAIT_MS) {
+    if (!said) fprintf(stderr, "megactl: %s; waiting\n", err.msg);
+    said = true;
+    usleep(500 * 1000);
+  }
+  if (called != MEGA_OK) {
     rc = megactl_job_error(id, &err);
   } else {
     const Mega__V1__Job *j = ((Mega__V1__CancelJobResponse *)out)->job;

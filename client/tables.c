@@ -70,6 +70,15 @@ void tables_ranks(const uint32_t *ranks, size_t n, char *buf, size_t cap) {
   }
 }
 
+/* Escaped text from megad (view_escape), in one of a few rotating buffers
+ * so a printf may hold several. */
+static const char *E(const char *s) {
+  static char bufs[4][2048];
+  static int k;
+  k = (k + 1) % 4;
+  return view_escape(s, bufs[k], sizeof bufs[k]);
+}
+
 /* ---- jobs ---- */
 
 static void job_cell(const void *row, int col, int64_t now_ms, const void *ctx, char *buf) {
@@ -78,7 +87,10 @@ static void job_cell(const void *row, int col, int64_t now_ms, const void *ctx, 
   switch (col) {
   case 0: snprintf(buf, CELL, "%s", j->id); break;
   case 1: snprintf(buf, CELL, "%s", j->name && j->name[0] ? j->name : "-"); break;
-  case 2: snprintf(buf, CELL, "%s", view_state_name(j->state)); break;
+  case 2: /* a copy: its coordinator did not answer the node that listed it */
+    snprintf(buf, CELL, "%s%s", view_state_name(j->state),
+             j->coordinator_unreachable_unix_ms ? "?" : "");
+    break;
   case 3:
     if (j->world_size)
       snprintf(buf, CELL, "%u", j->world_size);
@@ -103,6 +115,13 @@ void tables_jobs(FILE *f, Mega__V1__Job *const *jobs, size_t n, int64_t now_ms) 
   }
   static const char *const heads[] = {"ID", "NAME", "STATE", "WORLD", "TP/PP/DP", "ITER", "AGE"};
   print_table(f, heads, 7, (const void *const *)jobs, n, job_cell, now_ms, NULL);
+  for (size_t i = 0; i < n; i++)
+    if (jobs[i]->coordinator_unreachable_unix_ms) {
+      fprintf(f, "?: the job's coordinator does not answer; its state is node %s's copy, from "
+                 "etcd\n", jobs[i]->answered_by && jobs[i]->answered_by[0]
+                              ? E(jobs[i]->answered_by) : "?");
+      break;
+    }
 }
 
 static void when(FILE *f, const char *key, int64_t ms, int64_t now_ms) {
@@ -115,14 +134,6 @@ static void when(FILE *f, const char *key, int64_t ms, int64_t now_ms) {
   fprintf(f, "%-12s %s (%s ago)\n", key, t, age);
 }
 
-/* Escaped text from megad (view_escape), in one of a few rotating buffers
- * so a printf may hold several. */
-static const char *E(const char *s) {
-  static char bufs[4][2048];
-  static int k;
-  k = (k + 1) % 4;
-  return view_escape(s, bufs[k], sizeof bufs[k]);
-}
 
 void tables_job_detail(FILE *f, const Mega__V1__Job *j, int64_t now_ms) {
   fprintf(f, "%-12s %s\n", "job", E(j->id));
@@ -154,8 +165,16 @@ void tables_job_detail(FILE *f, const Mega__V1__Job *j, int64_t now_ms) {
                   sizeof d);
     fprintf(f, "%-12s %s\n", "runtime", d);
   }
-  if (j->coordinator_node_id && j->coordinator_node_id[0])
-    fprintf(f, "%-12s %s\n", "coordinator", E(j->coordinator_node_id));
+  if (j->coordinator_node_id && j->coordinator_node_id[0]) {
+    fprintf(f, "%-12s %s", "coordinator", E(j->coordinator_node_id));
+    if (j->coordinator_unreachable_unix_ms) {
+      char age[32];
+      tables_age(j->coordinator_unreachable_unix_ms, now_ms, age, sizeof age);
+      fprintf(f, " (unreachable for %s: this is node %s's copy of the job, from etcd)", age,
+              j->answered_by && j->answered_by[0] ? E(j->answered_by) : "?");
+    }
+    fputc('\n', f);
+  }
   for (size_t i = 0; i < j->n_placement; i++) {
     char r[256];
     const Mega__V1__NodeRanks *p = j->placement[i];

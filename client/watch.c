@@ -363,8 +363,9 @@ int megactl_watch(int argc, char **argv) {
            "           param_bytes, grad_bytes, optimizer_state_bytes)\n"
            "  --plain  plain lines even on a terminal\n\n"
            "The watch follows the job across restarts and rescales (shown as events), and\n"
-           "through a restart of its coordinator: a broken stream is opened again for up to\n"
-           "%d s, and nothing is shown twice.\n\n"
+           "through a restart of its coordinator or (with etcd) a takeover by another node:\n"
+           "a broken stream is opened again for up to %d s, on the next server when --server\n"
+           "lists several, and nothing is shown twice.\n\n"
            "Exit status: 0 when the job succeeded; 1 when it failed or was cancelled (the\n"
            "cause on stderr) or the watch was lost; %d when it stopped early as asked\n"
            "(--exit-signal-handler, --exit-interval, --exit-duration-in-mins) after its\n"
@@ -385,11 +386,22 @@ int megactl_watch(int argc, char **argv) {
   ProtobufCMessage *out = NULL;
   Mega__V1__GetJobRequest get = MEGA__V1__GET_JOB_REQUEST__INIT;
   get.job_id = (char *)cf.job;
-  if (megactl_connect(cf.server, &ch, &err) != MEGA_OK ||
-      mega_rpc_unary(ch, &mega_control_get_job, &get.base, MEGACTL_TIMEOUT_MS, &out, &err) !=
-          MEGA_OK) {
+  /* the first server of --server's list that answers; the watch moves on
+   * along the list when its stream breaks */
+  size_t si = 0, nservers = megactl_server_count(cf.server);
+  char addr[512];
+  for (;; si++) {
     mega_rpc_channel_free(ch);
-    return megactl_job_error(cf.job, &err);
+    ch = NULL;
+    mega_status st = megactl_connect_to(megactl_server_at(cf.server, si, addr, sizeof addr), &ch,
+                                        &err);
+    if (st == MEGA_OK)
+      st = mega_rpc_unary(ch, &mega_control_get_job, &get.base, MEGACTL_TIMEOUT_MS, &out, &err);
+    if (st == MEGA_OK) break;
+    if (si + 1 >= nservers || !megactl_unreachable(&err)) {
+      mega_rpc_channel_free(ch);
+      return megactl_job_error(cf.job, &err);
+    }
   }
   w.first = (Mega__V1__GetJobResponse *)out;
   if (!w.first->job) {
@@ -438,6 +450,15 @@ int megactl_watch(int argc, char **argv) {
     }
     sleep(1);
     memset(&err, 0, sizeof err);
+    if (nservers > 1) { /* the next server of the list */
+      mega_rpc_channel_free(ch);
+      ch = NULL;
+      if (megactl_connect_to(megactl_server_at(cf.server, ++si, addr, sizeof addr), &ch, &err) !=
+          MEGA_OK) {
+        rc = megactl_fail("%s", err.msg);
+        break;
+      }
+    }
   }
   free_watch(&w);
   mega_rpc_channel_free(ch);

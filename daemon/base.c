@@ -137,6 +137,90 @@ mega_status megad_base_init(megad_base *b, uv_loop_t *loop, const char *node_id,
   return s;
 }
 
+/* ---- stalls ---- */
+
+static uint64_t hr_ms(uint64_t ns) { return ns / 1000000u; }
+
+/* The tick bounds every poll's wait (uv_backend_timeout cannot say the
+ * wait: it answers 0 while the loop has fd changes to apply). */
+#define STALL_TICK_MS 250
+
+static void on_stall_tick(uv_timer_t *t) { (void)t; }
+
+/* How late the turn running now is: its poll outlasted the tick's next
+ * due time. */
+static uint64_t late_now(const megad_base *b) {
+  if (!b->stall.on || !b->stall.poll_ns) return 0;
+  uint64_t took = hr_ms(uv_hrtime() - b->stall.poll_ns);
+  return took > b->stall.poll_max ? took - b->stall.poll_max : 0;
+}
+
+static void stalled(megad_base *b, uint64_t ms) {
+  uv_update_time(b->loop);
+  b->stall.end_ms = uv_now(b->loop);
+  b->stall.ms = ms;
+  if (ms >= 1000)
+    megad_warn(b, "this megad stalled for %.1f s (its process was stopped or starved of CPU, or "
+                  "a call blocked it): what other nodes and workers did not hear from it then is "
+                  "not counted against them", (double)ms / 1000);
+  if (b->stall.cb) b->stall.cb(b->stall.arg, ms);
+}
+
+/* Before the poll: the callbacks since the last check ran this long. */
+static void on_prepare(uv_prepare_t *h) {
+  megad_base *b = h->data;
+  uint64_t now = uv_hrtime();
+  if (b->stall.turn_ns && hr_ms(now - b->stall.turn_ns) >= MEGAD_STALL_MS)
+    stalled(b, hr_ms(now - b->stall.turn_ns));
+  b->stall.poll_ns = uv_hrtime();
+  b->stall.poll_max = uv_timer_get_due_in(&b->stall.tick);
+}
+
+/* After the poll and its callbacks: later than its timeout allowed? */
+static void on_check(uv_check_t *h) {
+  megad_base *b = h->data;
+  uint64_t late = late_now(b);
+  b->stall.poll_ns = 0;
+  if (late >= MEGAD_STALL_MS) stalled(b, late);
+  b->stall.turn_ns = uv_hrtime();
+}
+
+void megad_base_on_stall(megad_base *b, void (*cb)(void *arg, uint64_t ms), void *arg) {
+  b->stall.cb = cb;
+  b->stall.arg = arg;
+  if (b->stall.on) return;
+  uv_prepare_init(b->loop, &b->stall.prepare);
+  uv_check_init(b->loop, &b->stall.check);
+  uv_timer_init(b->loop, &b->stall.tick);
+  b->stall.prepare.data = b->stall.check.data = b;
+  uv_prepare_start(&b->stall.prepare, on_prepare);
+  uv_check_start(&b->stall.check, on_check);
+  uv_timer_start(&b->stall.tick, on_stall_tick, STALL_TICK_MS, STALL_TICK_MS);
+  /* they only measure: a loop with nothing else to do may end */
+  uv_unref((uv_handle_t *)&b->stall.prepare);
+  uv_unref((uv_handle_t *)&b->stall.check);
+  uv_unref((uv_handle_t *)&b->stall.tick);
+  b->stall.on = true;
+}
+
+uint64_t megad_quiet_ms(const megad_base *b, uint64_t since_ms) {
+  uint64_t now = uv_now(b->loop);
+  if (late_now(b) >= MEGAD_STALL_MS) return 0; /* waking: nothing could be heard */
+  uint64_t from = since_ms > b->stall.end_ms ? since_ms : b->stall.end_ms;
+  return now > from ? now - from : 0;
+}
+
+uint64_t megad_stall_recent(const megad_base *b, uint64_t window_ms, uint64_t *start_ms) {
+  uint64_t late = late_now(b);
+  if (late >= MEGAD_STALL_MS) {
+    if (start_ms) *start_ms = hr_ms(b->stall.poll_ns) + b->stall.poll_max;
+    return late;
+  }
+  if (!b->stall.ms || uv_now(b->loop) > b->stall.end_ms + window_ms) return 0;
+  if (start_ms) *start_ms = b->stall.end_ms - b->stall.ms;
+  return b->stall.ms;
+}
+
 /* ---- calls ---- */
 
 struct megad_chan {
@@ -294,6 +378,12 @@ void megad_base_free(megad_base *b) {
   }
   if (b->lock_fd >= 0) close(b->lock_fd);
   b->lock_fd = -1;
+  if (b->stall.on) {
+    uv_close((uv_handle_t *)&b->stall.prepare, NULL);
+    uv_close((uv_handle_t *)&b->stall.check, NULL);
+    uv_close((uv_handle_t *)&b->stall.tick, NULL);
+    b->stall.on = false;
+  }
   free(b->node_id);
   free(b->state_dir);
   b->node_id = b->state_dir = NULL;

@@ -53,6 +53,19 @@ typedef struct megad_base {
   const mega_rpc_auth *auth; /* what calls to peers carry (token, TLS); NULL: none */
   megad_rpc *rpcs; /* async calls in flight */
   megad_chan *chans;
+  /* The loop's own stalls (stall.c below): the process stopped or starved
+   * of CPU, or a call that blocked the loop. */
+  struct {
+    uv_prepare_t prepare;
+    uv_check_t check;
+    uv_timer_t tick; /* bounds the poll's wait */
+    bool on;
+    uint64_t poll_ns, turn_ns; /* uv_hrtime before the poll; at the last check */
+    uint64_t poll_max;         /* the longest the poll may wait: till the tick (ms) */
+    uint64_t end_ms, ms;       /* the newest stall: its end (loop clock) and length */
+    void (*cb)(void *arg, uint64_t ms); /* megad_base_on_stall */
+    void *arg;
+  } stall;
 } megad_base;
 
 /* Creates (if needed) and locks state_dir, and makes the completion queue.
@@ -64,6 +77,26 @@ mega_status megad_base_init(megad_base *b, uv_loop_t *loop, const char *node_id,
 void megad_base_free(megad_base *b);
 /* Shuts the completion queue down; done runs once it has drained. */
 void megad_base_close_cq(megad_base *b, void (*done)(void *arg), void *arg);
+
+/* ---- stalls ----
+ * A stopped (SIGSTOP) or starved megad hears nothing while it stands still,
+ * and on waking its clock says every peer and worker was silent all that
+ * time. The base bounds the loop's wait with a tick (250 ms) and measures
+ * each turn; a turn late by MEGAD_STALL_MS or more is a stall of this node,
+ * and what measures another's silence asks megad_quiet_ms, which does not
+ * count it. */
+#define MEGAD_STALL_MS 500
+/* Starts measuring (the handles close with megad_base_free). cb (may be
+ * NULL) hears each stall once it is over, with its length: a lower bound,
+ * short by at most the tick when the stall began in the loop's wait. */
+void megad_base_on_stall(megad_base *b, void (*cb)(void *arg, uint64_t ms), void *arg);
+/* How long it has been since since_ms (the loop's clock, uv_now), not
+ * counting this node's stalls: 0 for a stall being woken from now. */
+uint64_t megad_quiet_ms(const megad_base *b, uint64_t since_ms);
+/* The newest stall, if it ended within window_ms or is ending now (the
+ * callbacks that run first after it): its length, and in *start_ms when it
+ * began (loop clock; may be NULL); 0 if none. */
+uint64_t megad_stall_recent(const megad_base *b, uint64_t window_ms, uint64_t *start_ms);
 
 void megad_log(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void megad_warn(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

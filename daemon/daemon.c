@@ -31,6 +31,13 @@ static void on_node_lost(void *arg, megad_node *n, const char *why) {
   megad_launch_abort_coord(&d->launcher, n->id, abort_why, d->etcd != NULL);
 }
 
+/* This node's loop stood still (stopped or starved): the attempts it
+ * coordinates may not have outlived it. */
+static void on_stall(void *arg, uint64_t ms) {
+  megad *d = arg;
+  megad_coord_stalled(&d->coord, ms);
+}
+
 static uint32_t self_load(void *arg, const char **ids, size_t max, size_t *n) {
   megad *d = arg;
   return megad_launch_load(&d->launcher, ids, max, n);
@@ -326,6 +333,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
     s = megad_coord_init(&d->coord, &d->base, &d->jobs, &d->members, &d->launcher, &d->kvs, &co,
                          err);
   if (s != MEGA_OK) return s;
+  megad_base_on_stall(&d->base, on_stall, d);
   megad_jobs_set_cbs(&d->jobs, &(megad_jobs_cbs){.fenced = on_job_fenced, .orphan = on_job_orphan,
                                                   .claimed = on_job_claimed,
                                                   .refused = on_job_refused, .arg = d});

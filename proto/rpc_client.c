@@ -229,9 +229,12 @@ static mega_status ccall_result(const ccall *c, mega_err *err) {
     size_t len = strlen(err->msg);
     snprintf(err->msg + len, sizeof err->msg - len, "; %s", c->ch->unreachable_hint);
   }
-  /* A TLS server closes a plaintext connection without a word. */
+  /* A TLS server closes a plaintext connection without a word, before the
+   * connection is made; a server that dies mid-call closes it too, but
+   * after ("failed to connect" is core's word for the first). */
   if (err && !c->ch->tls && c->status == GRPC_STATUS_UNAVAILABLE &&
-      strstr(err->msg, "the connection closed")) {
+      strstr(err->msg, "the connection closed") && c->error_string &&
+      strcasestr(c->error_string, "failed to connect")) {
     size_t len = strlen(err->msg);
     snprintf(err->msg + len, sizeof err->msg - len, " (if %s uses TLS, pass --tls-ca)",
              c->ch->peer_name);

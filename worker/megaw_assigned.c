@@ -93,17 +93,23 @@ static void on_phase(void *arg, const char *phase, int64_t iteration) {
     fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
 }
 
-/* The coordinator's go-ahead, in slices, so a signal that stops the rank
- * is not held up by the wait (an Abort ends the link, and the wait with it). */
+/* The coordinator's answer, in slices, so a signal that stops the rank is
+ * not held up by the wait (an Abort ends the link, and the wait with it).
+ * The coordinator answers at once, go-ahead or refusal; the bound is for an
+ * answer lost with a coordinator that died. */
 static mega_status await_commit(void *arg, int64_t iteration, mega_err *err) {
   assigned *a = arg;
-  int left = (int)mega_link_assignment(a->link)->bootstrap->kv_timeout_ms;
-  if (left <= 0) left = 60000;
-  for (;;) {
+  int total = (int)mega_link_assignment(a->link)->bootstrap->kv_timeout_ms;
+  if (total <= 0) total = 60000;
+  for (int left = total;;) {
     int slice = left < 250 ? left : 250;
     mega_status s = mega_link_await_commit(a->link, iteration, slice, err);
     left -= slice;
-    if (s != MEGA_ERR_TIMEOUT || left <= 0) return s;
+    if (s == MEGA_ERR_TIMEOUT && left <= 0)
+      return mega_fail(err, MEGA_ERR_TIMEOUT,
+                       "megad did not answer the commit of iteration %lld in %.1f s",
+                       (long long)iteration, total / 1000.0);
+    if (s != MEGA_ERR_TIMEOUT) return s;
     if (stop_signal && !graceful_signal(a))
       return mega_fail(err, MEGA_ERR_CANCELLED, "stopped by a signal before the commit");
   }

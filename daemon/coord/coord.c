@@ -62,6 +62,11 @@ mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, me
   return MEGA_OK;
 }
 
+static void on_retain_soon(uv_timer_t *t) {
+  megad_coord *c = t->data;
+  coord_retain(c, megad_unix_ms());
+}
+
 /* Ends j (megad_job_finalize) and forgets why it waited, so a job resumed
  * later says it again. */
 void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const char *error) {
@@ -71,6 +76,11 @@ void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const cha
   coord_release_donors(c, j, "the job ended");
   free(j->coord.wait);
   j->coord.wait = NULL;
+  j->coord.failed_ms = 0; /* a resume's first step is no recovery from this */
+  /* --retain-jobs holds at every end, not only at the next 10 s tick (a
+   * stream of short jobs once listed 36 with --retain-jobs 5); on the next
+   * turn of the loop, as the caller may still use j */
+  if (c->o.retain_jobs && c->tick_on) uv_timer_start(&c->retain_soon, on_retain_soon, 0, 0);
 }
 
 /* ---- launching ---- */
@@ -517,6 +527,17 @@ void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why)
   }
 }
 
+void megad_coord_stalled(megad_coord *c, uint64_t ms) {
+  (void)ms; /* coord_stall_cause reads the stall from the base */
+  for (coord_run *run = c->runs, *next; run; run = next) {
+    next = run->next; /* coord_cause may end the attempt */
+    char why[400];
+    if (run->stopping || !coord_stall_cause(run, 0, why, sizeof why)) continue;
+    megad_job_event(c->jobs, run->job, EV(INFO), c->b->node_id, -1, "%s", why);
+    coord_cause(run, CAUSE_PRIMARY, MEGA_END_COORDINATOR, why);
+  }
+}
+
 void megad_coord_node_up(megad_coord *c, const megad_node *n) {
   /* A node that comes back may still run ranks of attempts that ended
    * while it was away: they must do no harm. */
@@ -563,7 +584,8 @@ mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
   c->o = *o;
   c->attempt_over = attempt_over;
   uv_timer_init(b->loop, &c->tick);
-  c->tick.data = c;
+  uv_timer_init(b->loop, &c->retain_soon);
+  c->tick.data = c->retain_soon.data = c;
   c->tick_on = true;
   return MEGA_OK;
 }
@@ -588,7 +610,10 @@ void megad_coord_start(megad_coord *c) {
 }
 
 void megad_coord_free(megad_coord *c) {
-  if (c->tick_on) uv_close((uv_handle_t *)&c->tick, NULL);
+  if (c->tick_on) {
+    uv_close((uv_handle_t *)&c->tick, NULL);
+    uv_close((uv_handle_t *)&c->retain_soon, NULL);
+  }
   c->tick_on = false;
   free(c->saving_reason);
   c->saving_reason = NULL;

@@ -65,6 +65,7 @@ typedef struct megad_coord {
   megad_kvserve *kvs;
   megad_coord_opts o;
   uv_timer_t tick; /* retries the placement of waiting jobs */
+  uv_timer_t retain_soon; /* retention right after a job ends (before the next request) */
   bool tick_on;
   /* Ranks of ended attempts, per node, that the node's heartbeats may still
    * count as busy: placement discounts them until its next heartbeat. */
@@ -145,6 +146,11 @@ void megad_coord_stand_down(megad_coord *c, const char *why);
 /* Membership, as members publishes it. */
 void megad_coord_node_lost(megad_coord *c, const megad_node *n, const char *why);
 void megad_coord_node_up(megad_coord *c, const megad_node *n);
+/* This node's loop stood still for ms (base.h, stalls): an attempt that
+ * could not outlive it (its ranks on other nodes, which took this node for
+ * lost after the heartbeat timeout; its own workers, which stop after the
+ * pipe's silence) ends with that as its cause, not counted as a failure. */
+void megad_coord_stalled(megad_coord *c, uint64_t ms);
 
 /* Shutdown: running attempts end and their jobs wait as RESTARTING, so a
  * megad started again on this state dir resumes them. */

@@ -49,7 +49,12 @@ typedef struct coord_run {
   bool *hello, *exited, *errored;
   uint32_t nhello, nexited;
   int64_t started_ms; /* placed */
+  uint64_t started_loop_ms; /* the same, on the loop's clock */
   save_wait saves[PENDING_SAVES];
+  /* commits refused while this node could not act (etcd away): how many,
+   * and their first and last iterations, for the event when they resume */
+  uint32_t skipped;
+  uint64_t skipped_first, skipped_last;
   /* the end */
   bool stopping;
   mega_end_kind end_kind;
@@ -99,8 +104,9 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err);
  * (a restarting job goes before the younger ones); remove takes it out. */
 void coord_wq_add(megad_coord *c, mega_job *j);
 void coord_wq_remove(megad_coord *c, mega_job *j);
-/* Retention: forgets the oldest ended jobs past o.retain_jobs and those
- * ended more than o.retain_ms ago. O(jobs); the tick runs it every 10 s. */
+/* Retention: forgets the ended jobs past o.retain_jobs, those that ended
+ * longest ago first, and those ended more than o.retain_ms ago. O(jobs);
+ * it runs after every job's end and, for the age, every 10 s. */
 void coord_retain(megad_coord *c, int64_t now_ms);
 
 /* coord_place.c: where a job can run now */
@@ -125,8 +131,13 @@ coord_run *coord_run_of(megad_coord *c, const char *job_id, uint32_t attempt);
 /* Ranks [first, first+n) will never report (not started, or their node is
  * lost): counted as exited. */
 void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n);
-/* A failure of the attempt, with its weight and kind. */
+/* A failure of the attempt, with its weight and kind. Soon after a stall of
+ * this node that the attempt could not outlive, the stall is the cause
+ * (COORDINATOR, primary) whatever the failure seen. */
 void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg);
+/* Whether the attempt could not outlive this node's newest stall, if it
+ * ended within window_ms; then the sentence that says so, in buf. */
+bool coord_stall_cause(coord_run *run, uint64_t window_ms, char *buf, size_t len);
 /* Ends the attempt: every node aborts its ranks; once every rank has exited
  * (or after the grace) the recovery decision is made. */
 void coord_stop(coord_run *run, mega_end_kind kind, const char *why);
@@ -157,7 +168,10 @@ bool coord_may_act(const megad_coord *c);
 /* coord_etcd.c: the orphan scan the tick runs. */
 void coord_etcd_tick(megad_coord *c);
 
-/* Sends the committing rank the go-ahead for iteration. */
+/* Answers the committing rank about iteration at once: the go-ahead, or,
+ * while this node may not act (coord_may_act), a refusal, so no rank waits
+ * for etcd; a refusal is an event (once per run of them) and so is the
+ * commit that ends the run. */
 void coord_ask_commit(coord_run *run, uint64_t iteration);
 
 #endif

@@ -52,6 +52,7 @@ coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration) {
   run->world = j->world;
   run->trace_iteration = trace_iteration;
   run->started_ms = megad_unix_ms();
+  run->started_loop_ms = uv_now(c->b->loop);
   run->merge = mega_stepmerge_new(j->world, j->attempt, 0);
   run->hello = calloc(j->world, sizeof *run->hello);
   run->exited = calloc(j->world, sizeof *run->exited);
@@ -139,13 +140,12 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
  * better cause than the peers' echo of it, so wait until it is declared. */
 static bool node_going_quiet(coord_run *run) {
   megad_coord *c = run->c;
-  uint64_t now = uv_now(c->b->loop);
   for (size_t i = 0; i < run->job->nplaced; i++) {
     megad_node *n = megad_members_find(c->members, run->job->placement[i].node_id);
     if (n && !n->self &&
         (n->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE ||
          n->state == MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT) &&
-        now - n->seen_ms > 2 * c->o.heartbeat_ms + 100)
+        megad_quiet_ms(c->b, n->seen_ms) > 2 * c->o.heartbeat_ms + 100)
       return true;
   }
   return false;
@@ -161,8 +161,43 @@ static void on_cause_timer(uv_timer_t *t) {
   coord_stop(run, run->cause_kind, run->cause);
 }
 
+/* How long after a stall the failures it brings keep arriving: the other
+ * nodes' aborts, the workers' own exits. */
+#define STALL_AFTERMATH_MS 5000
+
+bool coord_stall_cause(coord_run *run, uint64_t window_ms, char *buf, size_t len) {
+  megad_coord *c = run->c;
+  uint64_t start = 0, ms = megad_stall_recent(c->b, window_ms, &start);
+  if (!ms || start < run->started_loop_ms) return false;
+  /* heartbeat mode: the job's other nodes took this one for lost and
+   * stopped their ranks; in etcd mode a stall past the lease stands this
+   * node down instead (coord_etcd.c) */
+  bool remote = false;
+  for (size_t i = 0; i < run->job->nplaced && !remote; i++)
+    remote = strcmp(run->job->placement[i].node_id, c->b->node_id) != 0;
+  uint64_t pipe_ms = c->L->o.pipe_timeout_ms;
+  if (!c->jobs->etcd && remote && ms >= c->o.heartbeat_timeout_ms)
+    snprintf(buf, len, "node %s, the job's coordinator, stalled for %.1f s (its megad was "
+             "stopped or starved of CPU), past the %.1f s heartbeat timeout: the job's other "
+             "nodes took it for lost and stopped their ranks", c->b->node_id, (double)ms / 1000,
+             c->o.heartbeat_timeout_ms / 1000.0);
+  else if (ms >= pipe_ms)
+    snprintf(buf, len, "node %s, the job's coordinator, stalled for %.1f s (its megad was "
+             "stopped or starved of CPU): its workers stop after %.1f s without word from it",
+             c->b->node_id, (double)ms / 1000, pipe_ms / 1000.0);
+  else
+    return false;
+  return true;
+}
+
 void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) {
   if (run->stopping) return;
+  char stall[400];
+  if (coord_stall_cause(run, STALL_AFTERMATH_MS, stall, sizeof stall)) {
+    prio = CAUSE_PRIMARY;
+    kind = MEGA_END_COORDINATOR;
+    msg = stall;
+  }
   if (prio > run->cause_prio) set_cause(run, prio, kind, msg);
   if (prio == CAUSE_PRIMARY) {
     coord_stop(run, run->cause_kind, run->cause);
@@ -387,6 +422,25 @@ void coord_abort_nodes(coord_run *run, const char *reason, bool hold) {
     coord_abort_attempt(run->c, j, j->placement[i].node_id, j->attempt, false, hold, reason);
 }
 
+/* A commit refused because this node may not act: training goes on
+ * without it; the first of a run of them is an event. */
+static void commit_skipped(coord_run *run, uint64_t iteration, char *why, size_t len) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  const char *etcd_why = NULL;
+  bool reachable = megad_etcd_ok(c->jobs->etcd, &etcd_why);
+  snprintf(why, len, "this node's etcd lease is not known alive%s%s", reachable ? "" : ": ",
+           reachable || !etcd_why ? "" : etcd_why);
+  if (!run->skipped++) {
+    run->skipped_first = iteration;
+    megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                    "checkpoint of iteration %llu not committed: %s; training goes on, and "
+                    "checkpoints commit again once the lease is renewed",
+                    (unsigned long long)iteration, why);
+  }
+  run->skipped_last = iteration;
+}
+
 void coord_ask_commit(coord_run *run, uint64_t iteration) {
   megad_coord *c = run->c;
   mega_job *j = run->job;
@@ -397,10 +451,12 @@ void coord_ask_commit(coord_run *run, uint64_t iteration) {
   req.rank = 0;
   req.iteration = iteration;
   req.coordinator_fence = j->etcd.fence;
-  if (!coord_may_act(c)) { /* etcd: a lease not known alive may have lost the job */
-    megad_warn(c->b, "job %s: not committing the checkpoint of iteration %llu: this node's etcd "
-                     "lease is not known alive", j->id, (unsigned long long)iteration);
-    return;
+  /* etcd: a lease not known alive may have lost the job, so no go-ahead;
+   * but the rank hears so at once rather than wait for one */
+  char why[MEGA_ERR_MSG_MAX + 64];
+  if (!coord_may_act(c)) {
+    commit_skipped(run, iteration, why, sizeof why);
+    req.refused = why;
   }
   megad_node *n = jn ? megad_members_find(c->members, jn->node_id) : NULL;
   mega_err e = {0};
@@ -434,7 +490,8 @@ static void on_step_merged(coord_run *run, mega_step_done *done) {
     c->jobs->stats.report_delay_sum_s += delay;
     c->jobs->stats.report_delay_n++;
   }
-  if (j->coord.failed_ms) {
+  /* a step the failed attempt still completes is no recovery */
+  if (j->coord.failed_ms && !run->stopping) {
     megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
                     "training again: attempt %u merged iteration %llu %.2f s after the failure "
                     "was detected", j->attempt, (unsigned long long)done->step->iteration,
@@ -519,6 +576,19 @@ static void committed(coord_run *run, const char *node_id, uint32_t rank,
                   "checkpoint of iteration %llu committed in %s (%.1f MB, %.2f s; training "
                   "waited %.2f s)", (unsigned long long)ck->iteration, ck->path,
                   (double)ck->bytes / 1e6, ck->duration_s, ck->blocked_s);
+  if (run->skipped) {
+    char which[64];
+    if (run->skipped == 1)
+      snprintf(which, sizeof which, "iteration %llu", (unsigned long long)run->skipped_first);
+    else
+      snprintf(which, sizeof which, "iterations %llu to %llu",
+               (unsigned long long)run->skipped_first, (unsigned long long)run->skipped_last);
+    megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                    "checkpoints commit again; %u checkpoint%s (%s) went uncommitted while "
+                    "this node's etcd lease was not known alive",
+                    run->skipped, run->skipped == 1 ? "" : "s", which);
+    run->skipped = 0;
+  }
   /* nodes came back, or megactl rescale asked: re-plan from this checkpoint */
   if (j->spec.save && ck->iteration < j->train_iters) {
     uint32_t now = (uint32_t)j->nplaced, could = coord_could_place(c, j, true);

@@ -80,7 +80,8 @@ static void compact(megad_jobs *js, size_t replayed) {
     snprintf(id, sizeof id, "j-%llu-forgotten", (unsigned long long)js->t.next_id - 1);
     uint8_t *buf = NULL;
     size_t len = 0;
-    recs_add(&r, mega_jrec_forget(id, &buf, &len, NULL), buf, len);
+    mega_status st = mega_jrec_forget(id, &buf, &len, NULL);
+    recs_add(&r, st, buf, len);
   }
   mega_err e = {0};
   if (r.ok && 2 * r.n + 64 < replayed) {
@@ -94,6 +95,33 @@ static void compact(megad_jobs *js, size_t replayed) {
   free(r.lens);
 }
 
+/* Says loudly what replay cut or skipped, and which jobs lost their record
+ * with it (their later events name them). */
+static void report_damage(megad_jobs *js, const char *path, const mega_journal_report *r) {
+  char lost[MEGA_JOBS_ORPHANS * 66 + 64] = "";
+  size_t off = 0;
+  const mega_jobs *t = &js->t;
+  for (size_t i = 0; i < t->norphans && off < sizeof lost; i++)
+    off += (size_t)snprintf(lost + off, sizeof lost - off, "%s%s", i ? ", " : "", t->orphans[i]);
+  if (t->norphans == MEGA_JOBS_ORPHANS && off < sizeof lost)
+    snprintf(lost + off, sizeof lost - off, ", ...");
+  if (!r->damaged_regions) {
+    megad_warn(js->b, "journal %s: cut a torn last record (%zu bytes; the file as found is kept "
+                      "in %s)%s%s%s", path, r->torn_bytes, r->copy,
+               t->norphans ? "; records name jobs that have no job record: " : "", lost,
+               t->norphans ? " (lost)" : "");
+    return;
+  }
+  megad_warn(js->b, "JOURNAL DAMAGED: %s had %zu damaged region%s (%zu bytes, the first at byte "
+                    "%zu)%s; the %zu good records were replayed and the journal rewritten from "
+                    "them; the file as found is kept in %s. %s%s%s",
+             path, r->damaged_regions, r->damaged_regions == 1 ? "" : "s", r->damaged_bytes,
+             r->first_damage, r->torn_bytes ? " and a torn last record" : "", r->records, r->copy,
+             t->norphans ? "Jobs lost with it (later records name them): " : "A job whose "
+             "records were all in the damage is lost without a trace: compare with that copy",
+             lost, t->norphans ? "" : "");
+}
+
 mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err) {
   memset(js, 0, sizeof *js);
   js->b = b;
@@ -104,20 +132,12 @@ mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err) {
   mega_status s = mega_journal_open(path, &js->journal, err);
   mega_journal_report r = {0};
   if (s == MEGA_OK) s = mega_journal_replay(js->journal, replay_one, js, &r, err);
-  if (s == MEGA_OK && r.damaged_regions)
-    megad_warn(b, "JOURNAL DAMAGED: %s had %zu damaged region%s (%zu bytes) between good "
-                  "records; the %zu good records were replayed and the journal rewritten from "
-                  "them; the file as found is kept in %s. A job whose only record was damaged "
-                  "is lost: compare with that copy",
-               path, r.damaged_regions, r.damaged_regions == 1 ? "" : "s", r.damaged_bytes,
-               r.records, r.copy);
-  else if (s == MEGA_OK && r.torn_bytes)
-    megad_warn(b, "journal %s: cut a torn last record (%zu bytes; the file as found is kept in %s)",
-               path, r.torn_bytes, r.copy);
+  if (s == MEGA_OK && (r.damaged_regions || r.torn_bytes)) report_damage(js, path, &r);
   free(path);
   if (s != MEGA_OK) return s;
   if (js->t.n)
-    megad_log(b, "journal: %zu job%s replayed", js->t.n, js->t.n == 1 ? "" : "s");
+    megad_log(b, "journal: %zu job%s replayed from %zu records", js->t.n, js->t.n == 1 ? "" : "s",
+              r.records);
   compact(js, r.records);
   return MEGA_OK;
 }
@@ -161,7 +181,8 @@ size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *a
     if (!mega_job_state_final(j->state) || !gone(j, arg)) continue;
     uint8_t *buf = NULL;
     size_t len = 0;
-    recs_add(&r, mega_jrec_forget(j->id, &buf, &len, NULL), buf, len);
+    mega_status st = mega_jrec_forget(j->id, &buf, &len, NULL);
+    recs_add(&r, st, buf, len);
     if (r.ok) jobs.v[jobs.n++] = j;
   }
   size_t n = 0;

@@ -219,7 +219,9 @@ void megad_watch_drop_job(megad_watchers *ws, const mega_job *j, const char *why
     if (w->call) {
       ws->streams--;
       mega_rpc_call_on_cancel(w->call, NULL, NULL);
-      mega_rpc_fail(w->call, MEGA_RPC_UNAVAILABLE, "%s", why);
+      /* not UNAVAILABLE: that reads as the client's server being out of
+       * reach; this node answered (and the client may watch again) */
+      mega_rpc_fail(w->call, MEGA_RPC_ABORTED, "%s", why);
     }
     free(w);
   }

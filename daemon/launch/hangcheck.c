@@ -110,7 +110,8 @@ void hangcheck_tick(megad_launcher *L) {
       if (!running(w) || (l->aborting && !w->held)) continue;
       if (ping) launch_send_frame(w, &f);
       if (w->held) continue;
-      uint64_t quiet = now - w->progress_ms;
+      /* a stall of megad's own is no hang of the worker's */
+      uint64_t quiet = megad_quiet_ms(L->b, w->progress_ms);
       if (w->hung || quiet < L->o.step_floor_ms) continue;
       /* a stopped process is hung in any phase; others get their phase's limit */
       if (quiet >= limit_ms(w) || stopped(w->pid)) hung(w, quiet);

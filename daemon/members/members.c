@@ -112,10 +112,15 @@ static void view_free(view_msg *v) {
 
 /* A sign of life from n, in incarnation inc (0: unknown). */
 static void members_saw(megad_members *m, megad_node *n, uint64_t inc) {
+  /* a new incarnation is a loss (unless the old one was lost already),
+   * then an up, as in etcd mode: it runs none of the old one's ranks */
   if (inc && n->incarnation && inc != n->incarnation) {
+    bool down = n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
+                n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT;
     char why[300];
     snprintf(why, sizeof why, "node %s restarted (its megad is a new incarnation)", n->id);
-    members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_ALIVE, why);
+    if (!down) members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_DEAD, why);
+    else megad_log(m->b, "node %s is back as a new incarnation", n->id);
   }
   if (inc) n->incarnation = inc;
   n->seen_ms = uv_now(m->b->loop);
@@ -131,13 +136,13 @@ static void members_saw(megad_members *m, megad_node *n, uint64_t inc) {
 }
 
 static void check_liveness(megad_members *m) {
-  uint64_t now = uv_now(m->b->loop);
   for (size_t i = 1; i < m->nnodes; i++) {
     megad_node *n = m->nodes[i];
     if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
         n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
       continue;
-    uint64_t quiet = now - n->seen_ms;
+    /* this node's own stall is no silence of n's */
+    uint64_t quiet = megad_quiet_ms(m->b, n->seen_ms);
     if (quiet >= m->o.heartbeat_timeout_ms) {
       char why[300];
       snprintf(why, sizeof why, "node %s missed heartbeats for %.1f s", n->id,

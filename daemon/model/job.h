@@ -171,10 +171,16 @@ mega_status mega_job_from_msg(const Mega__V1__Job *msg, mega_job **out, mega_err
 
 /* ---- the table ---- */
 
+#define MEGA_JOBS_ORPHANS 8
 typedef struct mega_jobs {
   mega_job **v; /* in submission order */
   size_t n, cap;
   uint64_t next_id; /* n of the next "j-<n>-<node>" */
+  /* Applied items (events, steps) of jobs the table does not hold, and the
+   * first ids they named: after a damaged journal, the jobs whose record
+   * was lost. */
+  size_t orphan_items, norphans;
+  char orphans[MEGA_JOBS_ORPHANS][64];
 } mega_jobs;
 
 void mega_jobs_init(mega_jobs *t);
@@ -209,7 +215,8 @@ mega_status mega_jrec_step(const char *job_id, const Mega__V1__StepMetrics *step
 
 /* Applies one record to the table: a job record replaces (or adds) its job,
  * keeping its history; events and steps join their job's history. Records of
- * unknown jobs are ignored. Bytes that do not parse are MEGA_ERR_INVALID. */
+ * unknown jobs are ignored (and counted in t->orphan_items). Bytes that do
+ * not parse are MEGA_ERR_INVALID. */
 mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_err *err);
 
 #endif

@@ -1,4 +1,5 @@
 /* Journal records of jobs (daemon/model/megad.proto) and their replay. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,7 +95,14 @@ static mega_status apply_job(mega_jobs *t, const Megad__V1__JobRecord *jr, mega_
 static mega_status apply_item(mega_jobs *t, const char *job_id,
                               const Mega__V1__WatchJobResponse *item, mega_err *err) {
   mega_job *j = mega_jobs_table_find(t, job_id);
-  return j ? mega_job_hist_push(&j->hist, item, err) : MEGA_OK;
+  if (j) return mega_job_hist_push(&j->hist, item, err);
+  t->orphan_items++;
+  if (!job_id) return MEGA_OK;
+  bool known = false;
+  for (size_t i = 0; i < t->norphans && !known; i++) known = !strcmp(t->orphans[i], job_id);
+  if (!known && t->norphans < MEGA_JOBS_ORPHANS)
+    snprintf(t->orphans[t->norphans++], sizeof t->orphans[0], "%s", job_id);
+  return MEGA_OK;
 }
 
 mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_err *err) {

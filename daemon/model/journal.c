@@ -87,11 +87,14 @@ mega_status mega_journal_open(const char *path, mega_journal **out, mega_err *er
   return MEGA_OK;
 }
 
-/* Whether a valid record starts at off. */
+/* Whether a valid record starts at off. An empty record is never valid:
+ * nothing writes one, and zeros (length 0, the crc32 of nothing is 0) would
+ * otherwise read as a run of them, so a zero-filled region passed for good
+ * records and the records it overwrote were lost without a word. */
 static bool record_at(const uint8_t *buf, size_t size, size_t off, uint32_t *len) {
   if (off + 8 > size) return false;
   uint32_t l = get_u32(buf + off), crc = get_u32(buf + off + 4);
-  if (l > MEGA_JOURNAL_MAX_RECORD || l > size - off - 8) return false;
+  if (l == 0 || l > MEGA_JOURNAL_MAX_RECORD || l > size - off - 8) return false;
   if (crc_of(buf + off + 8, l) != crc) return false;
   *len = l;
   return true;
@@ -125,10 +128,27 @@ static mega_status read_whole(mega_journal *j, uint8_t **out, size_t *size, mega
   return MEGA_OK;
 }
 
+/* What a crash can leave after the last good record: a record cut short
+ * (a header cut, or a length that runs past the end of the file), never a
+ * whole record that is wrong. Anything else is damage, even at the end. */
+static bool torn_at(const uint8_t *buf, size_t size, size_t off) {
+  if (size - off < 8) return true;
+  uint32_t l = get_u32(buf + off);
+  return l > 0 && l <= MEGA_JOURNAL_MAX_RECORD && l > size - off - 8;
+}
+
+/* The file as found, in PATH.damaged-UNIXTIME (-2, -3, ... when a copy of
+ * that second exists: every copy is kept). */
 static mega_status keep_copy(mega_journal *j, const uint8_t *buf, size_t size, char *copy,
                              size_t cap, mega_err *err) {
-  snprintf(copy, cap, "%s.damaged-%lld", j->path, (long long)time(NULL));
-  int fd = open(copy, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  long long now = (long long)time(NULL);
+  int fd = -1;
+  for (int k = 1; fd < 0 && k < 1000; k++) {
+    if (k == 1) snprintf(copy, cap, "%s.damaged-%lld", j->path, now);
+    else snprintf(copy, cap, "%s.damaged-%lld-%d", j->path, now, k);
+    fd = open(copy, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0 || write_all(fd, buf, size) || fsync(fd)) {
     if (fd >= 0) close(fd);
     return io_fail(err, "cannot keep a copy of the damaged journal", copy);
@@ -151,12 +171,13 @@ mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
     free(buf);
     return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", j->path);
   }
-  size_t off = 0, good_end = 0;
+  size_t off = 0;
   while (off < size) {
     uint32_t len;
     if (!record_at(buf, size, off, &len)) {
       size_t next = resync(buf, size, off + 1);
-      if (next == size) break; /* nothing valid follows: a torn tail */
+      if (next == size && torn_at(buf, size, off)) break; /* a torn tail */
+      if (!r.damaged_regions) r.first_damage = off;
       r.damaged_bytes += next - off;
       r.damaged_regions++;
       off = next;
@@ -180,15 +201,15 @@ mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
     recs[nrec++][1] = len;
     r.records++;
     off += 8 + len;
-    good_end = off;
   }
   if (s == MEGA_OK) {
-    r.torn_bytes = size - good_end;
-    if (r.damaged_regions) {
-      s = keep_copy(j, buf, size, r.copy, sizeof r.copy, err);
-      const void **ptrs = s == MEGA_OK ? malloc((nrec ? nrec : 1) * sizeof *ptrs) : NULL;
+    /* off stops short of the end only at a torn tail */
+    r.torn_bytes = size - off;
+    if (r.damaged_regions || r.torn_bytes) s = keep_copy(j, buf, size, r.copy, sizeof r.copy, err);
+    if (s == MEGA_OK && r.damaged_regions) {
+      const void **ptrs = malloc((nrec ? nrec : 1) * sizeof *ptrs);
       size_t *lens = ptrs ? malloc((nrec ? nrec : 1) * sizeof *lens) : NULL;
-      if (s == MEGA_OK && !lens) s = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+      if (!lens) s = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
       for (size_t i = 0; s == MEGA_OK && i < nrec; i++) {
         ptrs[i] = buf + recs[i][0];
         lens[i] = recs[i][1];
@@ -196,10 +217,9 @@ mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
       if (s == MEGA_OK) s = mega_journal_rewrite(j, (const void *const *)ptrs, lens, nrec, err);
       free(ptrs);
       free(lens);
-    } else if (r.torn_bytes) {
-      /* A crash tears at most the tail; keep what was cut all the same. */
-      s = keep_copy(j, buf, size, r.copy, sizeof r.copy, err);
-      if (s == MEGA_OK && (ftruncate(j->fd, (off_t)good_end) || fdatasync(j->fd)))
+    } else if (s == MEGA_OK && r.torn_bytes) {
+      /* a crash tears at most the tail: cut it (the copy keeps it) */
+      if (ftruncate(j->fd, (off_t)off) || fdatasync(j->fd))
         s = io_fail(err, "cannot cut its torn tail", j->path);
     }
   }
@@ -209,10 +229,19 @@ mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
   return s;
 }
 
-mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err) {
+static mega_status check_len(const mega_journal *j, size_t len, mega_err *err) {
+  if (len == 0)
+    return mega_fail(err, MEGA_ERR_INVALID, "journal %s: an empty record (replay would take it "
+                     "for damage)", j->path);
   if (len > MEGA_JOURNAL_MAX_RECORD)
     return mega_fail(err, MEGA_ERR_INVALID, "journal %s: record of %zu bytes exceeds %u", j->path,
                      len, MEGA_JOURNAL_MAX_RECORD);
+  return MEGA_OK;
+}
+
+mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err) {
+  mega_status st = check_len(j, len, err);
+  if (st != MEGA_OK) return st;
   if (write_record(j->fd, rec, len) || fdatasync(j->fd))
     return io_fail(err, "cannot append", j->path);
   return MEGA_OK;
@@ -220,10 +249,10 @@ mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, me
 
 mega_status mega_journal_append_many(mega_journal *j, const void *const *recs, const size_t *lens,
                                      size_t n, mega_err *err) {
-  for (size_t i = 0; i < n; i++)
-    if (lens[i] > MEGA_JOURNAL_MAX_RECORD)
-      return mega_fail(err, MEGA_ERR_INVALID, "journal %s: record of %zu bytes exceeds %u",
-                       j->path, lens[i], MEGA_JOURNAL_MAX_RECORD);
+  for (size_t i = 0; i < n; i++) {
+    mega_status st = check_len(j, lens[i], err);
+    if (st != MEGA_OK) return st;
+  }
   for (size_t i = 0; i < n; i++)
     if (write_record(j->fd, recs[i], lens[i])) return io_fail(err, "cannot append", j->path);
   if (n && fdatasync(j->fd)) return io_fail(err, "cannot append", j->path);

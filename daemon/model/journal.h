@@ -6,14 +6,17 @@
  * and made durable with fdatasync before append returns, so a job is
  * journaled before megad answers its submitter.
  *
- * A crash can only tear the last record: when nothing valid follows a bad
- * record, replay cuts the file there (a torn tail), so the next append
- * starts clean. A bad record with good ones after it is not a crash but
- * damage (a flipped bit, a bad disk): replay keeps a copy of the file as it
- * found it (PATH.damaged-UNIXTIME), skips only the damaged bytes, replays
- * every good record after them, and rewrites the journal from the good
- * records; the report says what happened, for the caller to say loudly.
- * Whatever is cut or skipped, the file as found is kept. 
+ * A crash can only tear the last record: a record cut short (its header
+ * cut, or a length that runs past the end of the file) with nothing valid
+ * after it is a torn tail, and replay cuts the file there, so the next
+ * append starts clean. Anything else that is not a valid record is damage (a
+ * flipped bit, a bad disk, a zeroed block), wherever it is, even at the end:
+ * replay skips only the damaged bytes, replays every good record, and
+ * rewrites the journal from the good records. An empty record is never
+ * valid (nothing writes one; zeros would read as a run of them). Whatever is
+ * cut or skipped, the file as found is kept (PATH.damaged-UNIXTIME, a new
+ * name each time), and the report says what happened, for the caller to
+ * say loudly.
  *
  * The journal owns its file descriptor; records passed to the replay
  * callback are valid only during the call. */
@@ -38,8 +41,9 @@ mega_status mega_journal_open(const char *path, mega_journal **out, mega_err *er
 typedef struct mega_journal_report {
   size_t records;         /* replayed */
   size_t torn_bytes;      /* cut from a torn tail */
-  size_t damaged_bytes;   /* skipped between good records */
+  size_t damaged_bytes;   /* skipped: not records, and not a torn tail */
   size_t damaged_regions;
+  size_t first_damage;    /* the first damaged region's offset (when there is one) */
   char copy[4096];        /* the file as found, kept when anything was cut or skipped ("" else) */
 } mega_journal_report;
 
@@ -48,6 +52,7 @@ typedef struct mega_journal_report {
 mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
                                 mega_journal_report *rep, mega_err *err);
 
+/* len must be 1 to MEGA_JOURNAL_MAX_RECORD (MEGA_ERR_INVALID otherwise). */
 mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err);
 /* n records, made durable together by one fdatasync (a batch costs one
  * disk flush, not n). */

@@ -142,6 +142,11 @@ expect 1 "$refused" env MEGA_SERVER=127.0.0.1:1 "$megactl" --server 127.0.0.1:2 
 expect 1 "$refused" env MEGA_SERVER=127.0.0.1:1 "$megactl" --server "$dead" ls
 expect 1 "megactl: cannot reach megad at unix:$work/nope.sock: no such socket$hint" \
   "$megactl" ls --server "unix:$work/nope.sock"
+# Several servers (as etcdctl's endpoints): each is tried; none answering names each.
+both="megactl: no megad answered: cannot reach megad at $dead: connection refused; cannot reach megad at unix:$work/nope.sock: no such socket$hint"
+expect 1 "$both" "$megactl" ls --server "$dead,unix:$work/nope.sock"
+expect 1 "$both" env MEGA_SERVER="$dead,unix:$work/nope.sock" "$megactl" status j-1
+expect 1 "megactl: an empty megad address in --server or \$MEGA_SERVER" "$megactl" ls --server "$dead,"
 check "a failed trace leaves no file" [ ! -e j-1-trace.json ] && [ ! -e j-1-trace.json.part ]
 
 if [ "$fails" != 0 ]; then

@@ -320,13 +320,18 @@ static void test_timeout(void **state) {
   protobuf_c_message_free_unpacked(&w->base, NULL);
 }
 
-static void send_commit(int fd, uint64_t iteration) {
+static void send_commit_or_refusal(int fd, uint64_t iteration, const char *refused) {
   Mega__V1__CommitCheckpointRequest c = MEGA__V1__COMMIT_CHECKPOINT_REQUEST__INIT;
   c.iteration = iteration;
+  if (refused) c.refused = (char *)refused;
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_COMMIT;
   f.commit = &c;
   send_daemon(fd, &f);
+}
+
+static void send_commit(int fd, uint64_t iteration) {
+  send_commit_or_refusal(fd, iteration, NULL);
 }
 
 typedef struct committer {
@@ -361,6 +366,27 @@ static void test_commit_go_ahead(void **state) {
   close(fx->daemon_fd);
   fx->daemon_fd = -1;
   assert_int_equal(mega_link_await_commit(fx->link, 30, 5000, &err), MEGA_ERR_CANCELLED);
+}
+
+/* A refusal ends the wait at once, with the coordinator's reason (its etcd
+ * lease not known alive: a rank once waited 60 s for a go-ahead that could
+ * not come), and only for its own iteration. */
+static void test_commit_refused(void **state) {
+  fixture *fx = *state;
+  committer c = {fx->link, 20, MEGA_ERR_INTERNAL};
+  pthread_t t;
+  pthread_create(&t, NULL, do_await, &c);
+  send_commit_or_refusal(fx->daemon_fd, 10, "etcd is away");
+  usleep(100000);
+  assert_int_equal(c.s, MEGA_ERR_INTERNAL); /* still waiting */
+  send_commit_or_refusal(fx->daemon_fd, 20, "etcd is away");
+  pthread_join(t, NULL);
+  assert_int_equal(c.s, MEGA_ERR_UNSUPPORTED);
+  mega_err err = {0};
+  assert_int_equal(mega_link_await_commit(fx->link, 20, 5000, &err), MEGA_ERR_UNSUPPORTED);
+  assert_non_null(strstr(err.msg, "refused the commit of iteration 20: etcd is away"));
+  send_commit(fx->daemon_fd, 25);
+  assert_int_equal(mega_link_await_commit(fx->link, 25, 5000, &err), MEGA_OK);
 }
 
 /* megad pings; a frozen megad says nothing, and the worker stops on its
@@ -417,6 +443,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_eof_is_abort, setup, teardown),
       cmocka_unit_test_setup_teardown(test_timeout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_commit_go_ahead, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_commit_refused, setup, teardown),
       cmocka_unit_test(test_silence_is_abort),
       cmocka_unit_test(test_first_frame_must_be_assignment),
   };

@@ -26,6 +26,16 @@
 
 /* Three nodes joined with --peers; a job submitted to n1 runs its two
  * pipeline stages on two nodes and trains to SUCCEEDED. */
+/* ListJobs on d (every job it can list). */
+static Mega__V1__ListJobsResponse *list_jobs(hd *d) {
+  Mega__V1__ListJobsRequest req = MEGA__V1__LIST_JOBS_REQUEST__INIT;
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  if (mega_rpc_unary(d->ch, &mega_control_list_jobs, &req.base, 10000, &resp, &err) != MEGA_OK)
+    fail_msg("ListJobs on %s: %s", d->name, err.msg);
+  return (Mega__V1__ListJobsResponse *)resp;
+}
+
 static void test_cluster_trains_across_nodes(void **state) {
   (void)state;
   hd n1, n2, n3;
@@ -88,12 +98,54 @@ static void test_cluster_trains_across_nodes(void **state) {
   assert_null(hd_get_job(&n2, "j-99-n1", &err));
   assert_int_equal(err.status, MEGA_ERR_NOT_FOUND);
 
+  /* and every megad lists every job: ls on a node that ran ranks of n1's
+   * job once said "no jobs"; a node that does not answer is named */
+  Mega__V1__ListJobsResponse *lj = list_jobs(&n2);
+  assert_int_equal(lj->n_jobs, 1);
+  assert_string_equal(lj->jobs[0]->id, id);
+  assert_int_equal(lj->jobs[0]->state, STATE(SUCCEEDED));
+  assert_int_equal(lj->n_unanswered, 0);
+  protobuf_c_message_free_unpacked(&lj->base, NULL);
+  kill(n1.pid, SIGSTOP);
+  lj = list_jobs(&n3);
+  kill(n1.pid, SIGCONT);
+  assert_int_equal(lj->n_jobs, 0);
+  assert_int_equal(lj->n_unanswered, 1);
+  assert_string_equal(lj->unanswered[0], "n1");
+  protobuf_c_message_free_unpacked(&lj->base, NULL);
+
   assert_int_equal(hd_stop(&n3), 0);
   assert_int_equal(hd_stop(&n2), 0);
   assert_int_equal(hd_stop(&n1), 0);
   hd_cleanup(&n1);
   hd_cleanup(&n2);
   hd_cleanup(&n3);
+}
+
+/* megad killed in the middle of a watch: the client says it lost megad,
+ * without the hint for a TLS server, which closes a plaintext connection
+ * before it is made (it was once added to any closed connection). */
+static void stop_after_one(void *arg, const Mega__V1__WatchJobResponse *it) {
+  hd *d = arg;
+  if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && hd_pid_alive(d->pid)) hd_kill(d);
+}
+
+static void test_crash_mid_call_says_so(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "c1", 1, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 100000, NULL);
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job_cb(&d, id, true, 60000, &w, stop_after_one, &d);
+  fprintf(stderr, "watch when megad died: %s\n", w.err.msg);
+  assert_int_not_equal(w.end, MEGA_OK);
+  assert_null(strstr(w.err.msg, "tls"));
+  hd_watch_free(&w);
+  hd_cleanup(&d);
 }
 
 /* Unknown ids, bad specs, garbage on the port, a taken port. */
@@ -499,6 +551,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_restart_replays_journal, teardown),
       cmocka_unit_test_teardown(test_run_json, teardown),
       cmocka_unit_test_teardown(test_node_death_fails_job, teardown),
+      cmocka_unit_test_teardown(test_crash_mid_call_says_so, teardown),
   };
   /* one test by name: test_megad NAME (meson runs each as its own test) */
   if (argc > 1) cmocka_set_test_filter(argv[1]);

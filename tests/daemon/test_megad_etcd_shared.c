@@ -32,15 +32,23 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* A short tiny job on nodes [lo, hi] of d's cluster, one rank each. */
+/* A short tiny job on nodes [lo, hi] of d's cluster, one rank each. A
+ * megad that has not yet seen etcd again (after a restart of it) refuses
+ * new jobs and says to submit again: so does this, for up to 20 s. */
 static void submit(hd *d, int iters, int lo, int hi, char *id, size_t len) {
   Mega__V1__JobSpec spec;
   hd_tiny_spec(&spec, d->dir, iters, NULL);
   spec.nnodes_min = (uint32_t)lo;
   spec.nnodes_max = (uint32_t)hi;
   spec.nproc_per_node = 1;
-  mega_err err = {0};
-  if (hd_submit(d, &spec, id, len, &err) != MEGA_OK) fail_msg("submit: %s", err.msg);
+  double t0 = hd_now_s();
+  for (;;) {
+    mega_err err = {0};
+    if (hd_submit(d, &spec, id, len, &err) == MEGA_OK) return;
+    if (!strstr(err.msg, "submit again once etcd is back") || hd_now_s() - t0 > 20)
+      fail_msg("submit: %s", err.msg);
+    usleep(200 * 1000);
+  }
 }
 
 static Mega__V1__Job *wait_end(hd *d, const char *id, int ms) {

@@ -578,6 +578,161 @@ static void test_grows_back_and_rescales(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* ---- a failed attempt that still completes a step is no recovery ---- */
+
+/* Steps reported late (buffered by a frozen node, relayed after the attempt
+ * failed) used to be logged as "training again: attempt 0 merged ..." just
+ * before the job was marked failed. The late reports here are sent as
+ * node m2's megad relays them, through its Peer call, while m2 is frozen
+ * and the failed attempt waits for its rank's exit. */
+static void test_failed_attempt_claims_no_recovery(void **state) {
+  (void)state;
+  const char *slow[] = {"--heartbeat-timeout", "10s", NULL};
+  hd n1, n2;
+  assert_true(hd_start(&n1, "m1", 1, NULL, NULL, slow));
+  assert_true(hd_start(&n2, "m2", 1, n1.addr, NULL, slow));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n1.dir, 100000, NULL);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  pid_t w1[64], w2[64];
+  assert_true(hd_wait_workers(&n1, 1, 10000, w1));
+  assert_true(hd_wait_workers(&n2, 1, 10000, w2));
+  uint64_t last = 0;
+  for (int t = 0; t < 200 && last < 3; t++) {
+    Mega__V1__Job *j = hd_get_job(&n1, id, NULL);
+    last = j ? j->last_iteration : 0;
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    usleep(50000);
+  }
+  assert_true(last >= 3);
+  /* m2 (megad and rank 1) frozen; rank 0 killed: the attempt fails (no
+   * restarts) and waits for rank 1's exit, which m2 cannot say */
+  kill(n2.pid, SIGSTOP);
+  kill(w2[0], SIGSTOP);
+  kill(w1[0], SIGKILL);
+  Mega__V1__Job *j = NULL;
+  for (int t = 0; t < 100; t++) {
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    j = hd_get_job(&n1, id, NULL);
+    if (j && hd_event_ms(&n1, id, KIND(RANK_FAILED), 0, NULL)) break;
+    usleep(50000);
+  }
+  assert_non_null(j);
+  assert_int_equal(j->state, STATE(RUNNING)); /* still waiting for rank 1 */
+  uint64_t next = j->last_iteration + 1;
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  /* both ranks' reports of the next iteration arrive late */
+  Mega__V1__RankMetrics m[2];
+  Mega__V1__StepReport rep[2], *reps[2];
+  for (int r = 0; r < 2; r++) {
+    mega__v1__rank_metrics__init(&m[r]);
+    m[r].rank = m[r].dp_rank = (uint32_t)r;
+    m[r].step_time_s = 0.01;
+    mega__v1__step_report__init(&rep[r]);
+    rep[r].iteration = next;
+    rep[r].metrics = &m[r];
+    rep[r].has_loss = true;
+    rep[r].loss = 1.0;
+    rep[r].tokens = 32;
+    reps[r] = &rep[r];
+  }
+  Mega__V1__ReportStepRequest req = MEGA__V1__REPORT_STEP_REQUEST__INIT;
+  req.job_id = id;
+  req.attempt = 0;
+  req.node_id = "m2";
+  req.steps = reps;
+  req.n_steps = 2;
+  ProtobufCMessage *resp = NULL;
+  assert_int_equal(mega_rpc_unary(n1.ch, &mega_peer_report_step, &req.base, 5000, &resp, &err),
+                   MEGA_OK); /* taken: the attempt is still there */
+  protobuf_c_message_free_unpacked(resp, NULL);
+  kill(w2[0], SIGCONT);
+  kill(n2.pid, SIGCONT);
+  hd_watch w;
+  hd_watch_job(&n1, id, true, 60000, &w);
+  fprintf(stderr, "events:\n%s", w.events_text);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(FAILED));
+  assert_true(w.seen[next]); /* the late step was merged (it did happen) */
+  assert_null(strstr(w.events_text, "training again"));
+  hd_watch_free(&w);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
+/* ---- an elastic job started small because a node was busy grows once its
+ * slots free up ---- */
+
+typedef struct freer {
+  hd *d;
+  const char *job_id;
+  bool done;
+} freer;
+
+/* Cancels the busy node's job at the elastic job's third iteration. */
+static void free_busy_node(void *arg, const Mega__V1__WatchJobResponse *it) {
+  freer *f = arg;
+  if (f->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < 3)
+    return;
+  f->done = true;
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = (char *)f->job_id;
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  if (mega_rpc_unary(f->d->ch, &mega_control_cancel_job, &req.base, 10000, &resp, &err) == MEGA_OK)
+    protobuf_c_message_free_unpacked(resp, NULL);
+  else
+    fprintf(stderr, "cancelling the busy job: %s\n", err.msg);
+}
+
+static void test_grows_when_slots_free_up(void **state) {
+  (void)state;
+  hd n[3];
+  assert_true(hd_start(&n[0], "b1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "b2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "b3", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  assert_true(hd_wait_alive(&n[2], 3, 10000));
+  /* b3 is busy with a job of its own for a few seconds */
+  Mega__V1__JobSpec busy;
+  hd_tiny_spec(&busy, n[2].dir, 1000000, NULL); /* until cancelled */
+  busy.nproc_per_node = 1;
+  char busy_id[64], id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[2], &busy, busy_id, sizeof busy_id, &err), MEGA_OK);
+  assert_true(hd_wait_workers(&n[2], 1, 10000, (pid_t[64]){0}));
+  usleep(600 * 1000); /* b1 hears of b3's load in a heartbeat */
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6",
+                         "--save", ckpt, "--save-interval", "10", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 300, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  /* b3's job ends once this one trains on two nodes */
+  freer f = {.d = &n[2], .job_id = busy_id};
+  hd_watch w;
+  hd_watch_job_cb(&n[0], id, true, 180000, &w, free_busy_node, &f);
+  assert_true(f.done);
+  if (!strstr(w.events_text, "re-planning on 3 nodes (was 2)"))
+    fprintf(stderr, "events:\n%s", w.events_text);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_non_null(strstr(w.events_text, "placed: world 2"));
+  assert_non_null(strstr(w.events_text, "re-planning on 3 nodes (was 2)"));
+  assert_int_equal(w.final->world_size, 3);
+  hd_watch_free(&w);
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 /* ---- the coordinator's node dies: the other nodes stop the job's ranks at
  * once; started again, it resumes the job on both ---- */
 
@@ -621,6 +776,15 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   assert_true(hd_workers_gone(n2.pid, 10000));
   fprintf(stderr, "coordinator lost: the other node's rank stopped %.2f s after kill -9\n",
           hd_now_s() - t0);
+  /* asked about the job meanwhile, k2 answers itself, naming the node it
+   * cannot reach (it once read "cannot reach megad at <k2>: ... which is
+   * down", as if k2 had not answered) */
+  Mega__V1__Job *j = hd_get_job(&n2, id, &err);
+  assert_null(j);
+  fprintf(stderr, "GetJob on k2: %s\n", err.msg);
+  assert_int_equal(err.status, MEGA_ERR_PEER);
+  assert_non_null(strstr(err.msg, "node k2 cannot reach node k1, the coordinator of job"));
+  assert_null(strstr(err.msg, n2.addr));
   assert_true(hd_restart(&n1, fixed));
   /* through the other node; a call right after k1's restart may meet the
    * old channel's backoff and is tried again, as megactl watch does */
@@ -639,6 +803,55 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   assert_true(hd_workers_gone(n1.pid, 5000));
   hd_cleanup(&n2);
   hd_cleanup(&n1);
+}
+
+/* ---- the coordinator frozen for 5 s (heartbeat mode) ---- */
+
+/* SIGSTOP of the coordinator's megad for 5 s: on waking, its clock said
+ * every peer and its own worker had been silent all along, so the events
+ * blamed rank 0 for no progress and named a healthy node as lost, and a
+ * step the failed attempt still completed was logged as "training again".
+ * The cause is the coordinator's own stall; the restart is not counted. */
+static void test_coordinator_freeze(void **state) {
+  (void)state;
+  char listen[64];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", free_port());
+  const char *fixed[] = {"--listen", listen, NULL};
+  hd n[3];
+  assert_true(hd_start(&n[0], "f1", 1, NULL, NULL, fixed));
+  assert_true(hd_start(&n[1], "f2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "f3", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
+                         "--save", ckpt, "--save-interval", "5", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 300, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = spec.nnodes_max = 3;
+  spec.max_restarts = 2;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  assert_true(hd_wait_checkpoint(&n[0], id, 10, 60000) >= 10);
+  kill(n[0].pid, SIGSTOP);
+  sleep(5);
+  kill(n[0].pid, SIGCONT);
+  hd_watch w;
+  hd_watch_job(&n[0], id, true, 180000, &w);
+  fprintf(stderr, "events:\n%s", w.events_text);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_int_equal(w.last_iteration, 300);
+  assert_true(w.final->attempt >= 1);
+  assert_int_equal(w.final->restarts, 0); /* the coordinator's stall is no failure of the job */
+  assert_non_null(strstr(w.events_text, "node f1, the job's coordinator, stalled for"));
+  assert_null(strstr(w.events_text, "missed heartbeats")); /* f2 and f3 were fine */
+  assert_null(strstr(w.events_text, "made no progress"));   /* so was rank 0 */
+  assert_null(strstr(w.events_text, "training again: attempt 0 "));
+  assert_false(hd_log_has(&n[0], "missed heartbeats"));
+  hd_watch_free(&w);
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
 static int teardown(void **state) {
@@ -661,6 +874,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_elastic_shrinks_on_node_loss, teardown),
       cmocka_unit_test_teardown(test_grows_back_and_rescales, teardown),
       cmocka_unit_test_teardown(test_coordinator_loss_stops_remote_ranks, teardown),
+      cmocka_unit_test_teardown(test_coordinator_freeze, teardown),
+      cmocka_unit_test_teardown(test_grows_when_slots_free_up, teardown),
+      cmocka_unit_test_teardown(test_failed_attempt_claims_no_recovery, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

@@ -48,6 +48,12 @@ static void test_waiting_job_runs_when_node_returns(void **state) {
   assert_true(hd_succeeded(&n1, &w));
   assert_int_equal(w.final->restarts, 0); /* a refused launch requeues; it is no failure */
   hd_watch_free(&w);
+  /* r2 came back as a new incarnation: a node up (once raised only for a
+   * node never seen before), not a second loss of a node already lost */
+  if (!hd_log_has(&n1, "node r2") || !hd_log_has(&n1, "is alive again (was dead)"))
+    hd_dump_log(&n1);
+  assert_true(hd_log_has(&n1, "is alive again (was dead)"));
+  assert_false(hd_log_has(&n1, "node r2 restarted"));
   hd_cleanup(&n2);
   hd_cleanup(&n1);
 }
@@ -118,6 +124,85 @@ static void test_damaged_journal_keeps_jobs(void **state) {
   if (f) fclose(f);
   assert_non_null(strstr(log, "JOURNAL DAMAGED"));
   assert_non_null(strstr(log, ".damaged-"));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* Zeros over whole records (a zeroed block) are damage too: they once read
+ * as empty records, and the jobs they held were gone with only "N jobs
+ * replayed" in the log. Every job is either back or named as lost, and the
+ * file as found is kept. */
+static void test_zeroed_journal_is_reported(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "z1", 1, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 1, NULL);
+  enum { N = 6 };
+  char ids[N][64];
+  mega_err err = {0};
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(hd_submit(&d, &spec, ids[i], sizeof ids[i], &err), MEGA_OK);
+    hd_watch w;
+    hd_watch_job(&d, ids[i], false, 60000, &w);
+    hd_watch_free(&w);
+  }
+  assert_int_equal(hd_stop(&d), 0);
+  /* 1 KiB of zeros from the record boundary nearest the middle */
+  char path[256];
+  snprintf(path, sizeof path, "%s/journal", d.dir);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  int fd = open(path, O_RDWR);
+  off_t at = 0;
+  for (;;) {
+    uint8_t head[4];
+    assert_int_equal(pread(fd, head, 4, at), 4);
+    uint32_t len = head[0] | head[1] << 8 | head[2] << 16 | (uint32_t)head[3] << 24;
+    off_t next = at + 8 + (off_t)len;
+    if (next >= st.st_size / 2) break;
+    at = next;
+  }
+  assert_true(at + 1024 < st.st_size);
+  char zeros[1024] = {0};
+  assert_int_equal(pwrite(fd, zeros, sizeof zeros, at), (ssize_t)sizeof zeros);
+  close(fd);
+  assert_true(hd_restart(&d, NULL));
+  FILE *f = fopen(d.log, "r");
+  static char log[1 << 16];
+  size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+  log[n] = '\0';
+  if (f) fclose(f);
+  const char *said = strstr(log, "JOURNAL DAMAGED");
+  if (!said) hd_dump_log(&d);
+  assert_non_null(said);
+  assert_non_null(strstr(said, "1 damaged region ("));
+  char where[64];
+  snprintf(where, sizeof where, "the first at byte %lld", (long long)at);
+  assert_non_null(strstr(said, where));
+  /* the copy, as found */
+  char copy[400];
+  snprintf(copy, sizeof copy, "%s/journal.damaged-", d.dir);
+  const char *named = strstr(said, copy);
+  assert_non_null(named);
+  assert_int_equal(sscanf(named, "%399[^ ;,)]", copy), 1);
+  struct stat cst;
+  size_t cl = strlen(copy);
+  if (cl && copy[cl - 1] == '.') copy[cl - 1] = '\0'; /* the sentence's end */
+  assert_int_equal(stat(copy, &cst), 0);
+  assert_int_equal(cst.st_size, st.st_size);
+  int lost = 0;
+  for (int i = 0; i < N; i++) {
+    Mega__V1__Job *j = hd_get_job(&d, ids[i], NULL);
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    else lost++;
+    /* not back: the log names it */
+    if (!j && !strstr(said, ids[i]))
+      fail_msg("job %s is gone and the log does not say so", ids[i]);
+  }
+  fprintf(stderr, "%.*s\n", (int)strcspn(said, "\n"), said);
+  fprintf(stderr, "zeroed 1 KiB at byte %lld of %lld: %d of %d jobs lost and named\n",
+          (long long)at, (long long)st.st_size, lost, N);
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
 }
@@ -193,6 +278,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_waiting_job_runs_when_node_returns, teardown),
       cmocka_unit_test_teardown(test_state_dir_is_locked, teardown),
       cmocka_unit_test_teardown(test_damaged_journal_keeps_jobs, teardown),
+      cmocka_unit_test_teardown(test_zeroed_journal_is_reported, teardown),
       cmocka_unit_test_teardown(test_files_checked_before_ranks_start, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);

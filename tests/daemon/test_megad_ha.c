@@ -9,11 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -392,6 +395,364 @@ static void test_etcd_away_refuses_new_jobs(void **state) {
   hd_cleanup(&d);
 }
 
+/* ---- an elastic job started small because a node was busy grows once its
+ * slots free up (etcd mode: the load comes from the nodes' records) ---- */
+
+typedef struct freer {
+  hd *d;
+  const char *job_id;
+  bool done;
+} freer;
+
+/* Cancels the busy node's job at the elastic job's third iteration. */
+static void free_busy_node(void *arg, const Mega__V1__WatchJobResponse *it) {
+  freer *f = arg;
+  if (f->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < 3)
+    return;
+  f->done = true;
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = (char *)f->job_id;
+  ProtobufCMessage *resp = NULL;
+  mega_err err = {0};
+  if (mega_rpc_unary(f->d->ch, &mega_control_cancel_job, &req.base, 10000, &resp, &err) == MEGA_OK)
+    protobuf_c_message_free_unpacked(resp, NULL);
+  else
+    fprintf(stderr, "cancelling the busy job: %s\n", err.msg);
+}
+
+static void test_grows_when_slots_free_up(void **state) {
+  (void)state;
+  hd n[3];
+  start_nodes(n, "b");
+  Mega__V1__JobSpec busy;
+  hd_tiny_spec(&busy, n[2].dir, 1000000, NULL); /* until cancelled */
+  busy.nproc_per_node = 1;
+  char busy_id[64], id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[2], &busy, busy_id, sizeof busy_id, &err), MEGA_OK);
+  assert_true(hd_wait_workers(&n[2], 1, 10000, (pid_t[64]){0}));
+  usleep(600 * 1000);
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6",
+                         "--save", ckpt, "--save-interval", "10", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 300, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  /* b3's job ends once this one trains on two nodes */
+  freer f = {.d = &n[2], .job_id = busy_id};
+  hd_watch w;
+  hd_watch_job_cb(&n[0], id, true, 180000, &w, free_busy_node, &f);
+  assert_true(f.done);
+  if (!strstr(w.events_text, "re-planning on 3 nodes (was 2)"))
+    fprintf(stderr, "events:\n%s", w.events_text);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_non_null(strstr(w.events_text, "placed: world 2"));
+  assert_non_null(strstr(w.events_text, "re-planning on 3 nodes (was 2)"));
+  assert_int_equal(w.final->world_size, 3);
+  hd_watch_free(&w);
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
+/* ---- the coordinator dead, its lease not yet expired: survivors answer ---- */
+
+/* megactl ARGS (its stderr with its stdout) run to its end: its exit
+ * status; out keeps the last len - 1 bytes, and *seen (may be NULL) says
+ * whether needle came anywhere in the whole output. */
+static int megactl_seen(char *out, size_t len, const char *args, const char *needle, bool *seen) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1 </dev/null", getenv("MEGACTL"), args);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = 0, keep = needle ? strlen(needle) : 0;
+  if (seen) *seen = false;
+  char chunk[4096];
+  size_t got;
+  while ((got = fread(chunk, 1, sizeof chunk, p)) > 0) {
+    if (n + got > len - 1) { /* keep the tail, and enough to find needle across reads */
+      size_t drop = n + got - (len - 1);
+      if (drop > n) drop = n;
+      memmove(out, out + drop, n - drop);
+      n -= drop;
+    }
+    size_t take = got < len - 1 - n ? got : len - 1 - n;
+    memcpy(out + n, chunk + got - take, take);
+    n += take;
+    out[n] = '\0';
+    size_t from = n > take + keep ? n - take - keep : 0;
+    if (seen && needle && n >= keep && strstr(out + from, needle)) *seen = true;
+  }
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int megactl(char *out, size_t len, const char *args) {
+  return megactl_seen(out, len, args, NULL, NULL);
+}
+
+/* kill -9 of the coordinator's node: before its lease expires (and long
+ * after, through the takeover) every survivor answers for the job: status
+ * from its copy in etcd, saying the coordinator does not answer and since
+ * when; ls marks the copy; watch on a survivor follows the job to its end
+ * through the takeover; megactl given several servers moves past the dead
+ * one. None of it names the dead coordinator's address as if it were the
+ * server megactl was given. */
+static void test_survivors_answer_for_a_dead_coordinator(void **state) {
+  (void)state;
+  hd n[3];
+  start_nodes(n, "v");
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
+                         "--save", ckpt, "--save-interval", "5", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 300, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  spec.max_restarts = 3;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  assert_true(hd_wait_checkpoint(&n[0], id, 10, 60000) >= 10);
+  char dead_addr[64];
+  snprintf(dead_addr, sizeof dead_addr, "%s", n[0].addr);
+  hd_kill(&n[0]);
+  int64_t killed_ms = unix_ms();
+
+  /* at once, within the lease's 2 s: from the survivor's copy */
+  Mega__V1__GetJobResponse *h = hd_get_job_history(&n[1], id, &err);
+  if (!h) fprintf(stderr, "GetJob on a survivor: %s\n", err.msg);
+  assert_non_null(h);
+  bool copy = h->job->coordinator_unreachable_unix_ms > 0;
+  fprintf(stderr, "GetJob on v2 %.3f s after the kill: coordinator %s%s\n",
+          (double)(unix_ms() - killed_ms) / 1000, h->job->coordinator_node_id,
+          copy ? ", unreachable: answered from v2's copy" : "");
+  if (!strcmp(h->job->coordinator_node_id, "v1")) {
+    assert_true(copy);
+    assert_string_equal(h->job->answered_by, "v2");
+    assert_true(h->job->coordinator_unreachable_unix_ms >= killed_ms - 1000);
+    assert_true(h->n_events > 0); /* the history too */
+  }
+  protobuf_c_message_free_unpacked(&h->base, NULL);
+  char out[16384], args[1024];
+  if (copy) { /* ls on the same survivor marks the copy */
+    snprintf(args, sizeof args, "--server %s ls", n[1].addr);
+    int rc = megactl(out, sizeof out, args);
+    fprintf(stderr, "megactl ls on v2:\n%s", out);
+    assert_int_equal(rc, 0);
+    if (strstr(out, "running?")) assert_non_null(strstr(out, "node v2's copy"));
+  }
+
+  /* megactl given the dead node first moves on to the next */
+  snprintf(args, sizeof args, "--server %s,%s status %s", dead_addr, n[2].addr, id);
+  int rc = megactl(out, sizeof out, args);
+  fprintf(stderr, "megactl status (%s first):\n%s", dead_addr, out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, id));
+  assert_null(strstr(out, "cannot reach"));
+
+  /* watch on a survivor follows the job through the takeover to its end */
+  snprintf(args, sizeof args, "--server %s watch %s --plain", n[1].addr, id);
+  bool named_dead = false;
+  char as_server[128];
+  snprintf(as_server, sizeof as_server, "cannot reach megad at %s", dead_addr);
+  rc = megactl_seen(out, sizeof out, args, as_server, &named_dead);
+  const char *tail = strlen(out) > 1500 ? out + strlen(out) - 1500 : out;
+  fprintf(stderr, "megactl watch on v2 (its end):\n%s", tail);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "succeeded"));
+  assert_false(named_dead); /* never the dead coordinator as the server */
+
+  /* every server named dead: the sentence names each */
+  snprintf(args, sizeof args, "--server %s,%s status %s", dead_addr, dead_addr, id);
+  rc = megactl(out, sizeof out, args);
+  fprintf(stderr, "megactl status, both dead: %s", out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "no megad answered"));
+  for (int i = 2; i >= 1; i--) hd_cleanup(&n[i]);
+  hd_cleanup(&n[0]);
+}
+
+/* ---- etcd away for a while: checkpoints do not stall training ---- */
+
+#define OUTAGE_ITERS 400000 /* more than any run trains: the test cancels the job */
+
+typedef struct outage {
+  hd *d;
+  const char *id;
+  hd_watch w;
+  pthread_mutex_t mu;
+  uint64_t last; /* the newest merged iteration */
+  /* each merged iteration: when (unix ms), and how long its step took */
+  int64_t *merged_ms;
+  double *step_s;
+} outage;
+
+static void on_outage_item(void *arg, const Mega__V1__WatchJobResponse *it) {
+  outage *o = arg;
+  if (it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
+  uint64_t k = it->step->iteration;
+  if (k > OUTAGE_ITERS) return;
+  pthread_mutex_lock(&o->mu);
+  o->merged_ms[k] = it->step->time_unix_ms;
+  o->step_s[k] = it->step->step_time_s;
+  o->last = k;
+  pthread_mutex_unlock(&o->mu);
+}
+
+static void *outage_watch(void *arg) {
+  outage *o = arg;
+  hd_watch_job_cb(o->d, o->id, true, 300000, &o->w, on_outage_item, o);
+  return NULL;
+}
+
+static uint64_t outage_last(outage *o) {
+  pthread_mutex_lock(&o->mu);
+  uint64_t k = o->last;
+  pthread_mutex_unlock(&o->mu);
+  return k;
+}
+
+/* Iterations of SAVE/.tmp.iter_NNNNNNN* at or below `upto` (temp
+ * directories of saves that are over); the first one's name in left. */
+static int temps_upto(const char *dir, uint64_t upto, char *left, size_t len) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    unsigned long long it;
+    if (sscanf(e->d_name, ".tmp.iter_%llu", &it) != 1 || it > upto) continue;
+    if (!n++) snprintf(left, len, "%s", e->d_name);
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* A job saving every 5 iterations trains through an etcd outage of
+ * `seconds`: no save stalls it (rank 0 used to wait for a go-ahead that
+ * could not come, up to the 60 s key-value timeout, and never got the one
+ * pending when etcd came back), a commit skipped while the lease is not
+ * known alive is an event, commits resume once etcd is back, and the
+ * skipped saves leave no temp directory. */
+static void etcd_outage(int seconds) {
+  const char *eargs[] = {"--etcd-endpoints", fx.endpoints, NULL};
+  hd d;
+  assert_true(hd_start(&d, "o1", 1, NULL, NULL, eargs));
+  assert_true(hd_wait_alive(&d, 1, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", d.dir);
+  const char *extra[] = {"--save", ckpt, "--save-interval", "5", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, OUTAGE_ITERS, extra);
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+
+  outage *o = calloc(1, sizeof *o);
+  assert_non_null(o);
+  o->d = &d;
+  o->id = id;
+  o->merged_ms = calloc(OUTAGE_ITERS + 1, sizeof *o->merged_ms);
+  o->step_s = calloc(OUTAGE_ITERS + 1, sizeof *o->step_s);
+  assert_true(o->merged_ms && o->step_s);
+  pthread_mutex_init(&o->mu, NULL);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, outage_watch, o), 0);
+  assert_true(hd_wait_checkpoint(&d, id, 10, 60000) >= 10);
+
+  /* etcd away: kill -9 of its one member, started again on its data */
+  etcd_fx_kill(&fx, 0);
+  int64_t down_ms = unix_ms();
+  uint64_t down_at = outage_last(o);
+  sleep((unsigned)seconds);
+  uint64_t back_at = outage_last(o);
+  assert_true(etcd_fx_restart(&fx, 0));
+  int64_t back_ms = unix_ms();
+  fprintf(stderr, "etcd away %.1f s: iterations %llu to %llu trained meanwhile\n",
+          (double)(back_ms - down_ms) / 1000, (unsigned long long)down_at,
+          (unsigned long long)back_at);
+  assert_true(back_at > down_at + 5); /* trained on, across saves */
+
+  /* commits resume: one past what was trained while etcd was away */
+  uint64_t resumed = hd_wait_checkpoint(&d, id, back_at + 1, 30000);
+  if (!resumed) hd_dump_log(&d);
+  assert_true(resumed > back_at);
+  /* the saves that were over left no temp directory */
+  char left[256] = "";
+  int temps = temps_upto(ckpt, resumed, left, sizeof left);
+  if (temps) fprintf(stderr, "%d temp directories left in %s, e.g. %s\n", temps, ckpt, left);
+  assert_int_equal(temps, 0);
+
+  /* the skipped commits were said, while etcd was away */
+  Mega__V1__GetJobResponse *h = hd_get_job_history(&d, id, &err);
+  assert_non_null(h);
+  int64_t skipped_ms = 0, again_ms = 0;
+  for (size_t i = 0; i < h->n_events; i++) {
+    if (strstr(h->events[i]->message, "not committed") && !skipped_ms)
+      skipped_ms = h->events[i]->time_unix_ms;
+    if (strstr(h->events[i]->message, "checkpoints commit again") && !again_ms)
+      again_ms = h->events[i]->time_unix_ms;
+  }
+  if (!skipped_ms || skipped_ms > back_ms || again_ms < down_ms)
+    for (size_t i = 0; i < h->n_events; i++) fprintf(stderr, "event: %s\n", h->events[i]->message);
+  assert_true(skipped_ms >= down_ms && skipped_ms <= back_ms);
+  assert_true(again_ms >= skipped_ms);
+  assert_int_equal(h->job->state, STATE(RUNNING));
+  assert_int_equal(h->job->attempt, 0); /* the same attempt throughout */
+  protobuf_c_message_free_unpacked(&h->base, NULL);
+
+  Mega__V1__CancelJobRequest cr = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  cr.job_id = id;
+  ProtobufCMessage *resp = NULL;
+  assert_int_equal(mega_rpc_unary(d.ch, &mega_control_cancel_job, &cr.base, 10000, &resp, &err),
+                   MEGA_OK);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  pthread_join(th, NULL);
+  assert_true(o->w.final && o->w.final->state == STATE(CANCELLED));
+
+  /* the longest time between two merged steps from the outage to the
+   * resumed commit, less the later step's own time: a save's pause (the
+   * tiny model saves in milliseconds), which must not wait for etcd */
+  double worst = 0;
+  uint64_t worst_at = 0;
+  for (uint64_t k = down_at + 1; k <= resumed; k++) {
+    if (!o->merged_ms[k] || !o->merged_ms[k - 1]) continue;
+    double stall = (double)(o->merged_ms[k] - o->merged_ms[k - 1]) / 1000 - o->step_s[k];
+    if (stall > worst) {
+      worst = stall;
+      worst_at = k;
+    }
+  }
+  fprintf(stderr, "longest pause beyond a step while etcd was away or coming back: %.3f s "
+                  "(before iteration %llu); commits resumed at iteration %llu\n",
+          worst, (unsigned long long)worst_at, (unsigned long long)resumed);
+  assert_true(worst < 3.0);
+  hd_watch_free(&o->w);
+  pthread_mutex_destroy(&o->mu);
+  free(o->merged_ms);
+  free(o->step_s);
+  free(o);
+  hd_cleanup(&d);
+}
+
+static void test_etcd_outage_keeps_saving(void **state) {
+  (void)state;
+  etcd_outage(5);
+}
+
+/* The setting: 20 s (suite long). */
+static void test_etcd_outage_20s_keeps_saving(void **state) {
+  (void)state;
+  etcd_outage(20);
+}
+
 static int setup(void **state) {
   (void)state;
   return etcd_fx_start(&fx, 1) ? 0 : -1;
@@ -418,6 +779,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_replicas_after_coordinator_kill, setup, teardown),
       cmocka_unit_test_setup_teardown(test_partitioned_coordinator_stands_down, setup, teardown),
       cmocka_unit_test_setup_teardown(test_etcd_away_refuses_new_jobs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_etcd_outage_keeps_saving, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_etcd_outage_20s_keeps_saving, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_survivors_answer_for_a_dead_coordinator, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_grows_when_slots_free_up, setup, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

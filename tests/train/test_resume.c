@@ -272,7 +272,7 @@ static void test_reports_phases_commit(void **state) {
     mega_ckpt_iter_path(p, sizeof p, sdir, 4);
     assert_false(tu_exists(p)); /* refused: nothing committed */
     snprintf(p, sizeof p, "%s/.tmp.iter_0000004.a2", sdir);
-    assert_true(tu_exists(p));  /* left for the next setup's cleanup */
+    assert_false(tu_exists(p)); /* removed with the refusal */
     char *path = NULL;
     assert_int_equal(mega_ckpt_resolve(sdir, &path, NULL, &err), MEGA_OK);
     assert_non_null(strstr(path, "iter_0000002"));

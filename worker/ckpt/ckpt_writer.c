@@ -337,7 +337,10 @@ static mega_status commit(mega_ckpt_writer *w, const char *tmp, const int64_t *c
     if (w->c.await_commit(w->c.arg, s->iteration, &why) != MEGA_OK) {
       res->refused = why;
       if (res->refused.status == MEGA_OK) res->refused.status = MEGA_ERR_CANCELLED;
-      goto out; /* left uncommitted: the next setup's cleanup removes it */
+      /* never committed now: every writer is done with it (they sent their
+       * lists), so it goes, rather than wait for the next setup's cleanup */
+      mega_ckpt_abort(tmp);
+      goto out;
     }
   }
   st = mega_ckpt_write_manifest(tmp, s->iteration, s->attempt, m.files, m.nfiles, err);

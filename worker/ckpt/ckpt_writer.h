@@ -24,9 +24,8 @@
  * asks await_commit (when set), writes manifest.json last, renames the
  * directory into place, fsyncs SAVE and points latest at it. When a writer
  * failed the committer removes the temp directory and fails naming it; when
- * await_commit refuses, the directory is left uncommitted (removed by the
- * next setup's mega_ckpt_clean_temps) and write returns MEGA_OK with
- * committed false.
+ * await_commit refuses, it removes the directory too, and write returns
+ * MEGA_OK with committed false (the reason in res.refused).
  *
  * Every writer calls stage and write for the same iterations in the same
  * order: the gathers pair them up.

@@ -39,7 +39,10 @@ struct mega_link {
   void *abort_arg;
   int default_timeout_ms;
   int pipe_timeout_ms; /* silence that means megad is frozen or gone; 0: none */
-  uint64_t commits[8]; /* checkpoint go-aheads received, newest last */
+  /* checkpoint answers received, newest last: a go-ahead, or a refusal
+   * (refused[i] says why) */
+  uint64_t commits[8];
+  char refused[8][256];
   size_t ncommits;
 };
 
@@ -147,14 +150,16 @@ static void on_kv_response(mega_link *l, Mega__V1__KvResponse *r) {
   if (r) protobuf_c_message_free_unpacked(&r->base, NULL); /* a call that gave up */
 }
 
-static void on_commit(mega_link *l, uint64_t iteration) {
+static void on_commit(mega_link *l, const Mega__V1__CommitCheckpointRequest *c) {
   pthread_mutex_lock(&l->mu);
   size_t cap = sizeof l->commits / sizeof l->commits[0];
   if (l->ncommits == cap) {
     memmove(l->commits, l->commits + 1, (cap - 1) * sizeof l->commits[0]);
+    memmove(l->refused, l->refused + 1, (cap - 1) * sizeof l->refused[0]);
     l->ncommits--;
   }
-  l->commits[l->ncommits++] = iteration;
+  snprintf(l->refused[l->ncommits], sizeof l->refused[0], "%s", c->refused ? c->refused : "");
+  l->commits[l->ncommits++] = c->iteration;
   pthread_cond_broadcast(&l->cv);
   pthread_mutex_unlock(&l->mu);
 }
@@ -196,7 +201,7 @@ static void *reader_main(void *arg) {
       f->kv = NULL; /* on_kv_response took it */
       f->msg_case = MEGA__V1__DAEMON_FRAME__MSG__NOT_SET;
     } else if (f->msg_case == MEGA__V1__DAEMON_FRAME__MSG_COMMIT) {
-      on_commit(l, f->commit->iteration);
+      on_commit(l, f->commit);
     } else if (f->msg_case == MEGA__V1__DAEMON_FRAME__MSG_ABORT) {
       char why[MEGA_ERR_MSG_MAX];
       snprintf(why, sizeof why, "aborted by megad: %s",
@@ -511,17 +516,22 @@ mega_status mega_link_await_commit(mega_link *l, int64_t iteration, int timeout_
   mega_status s = MEGA_OK;
   pthread_mutex_lock(&l->mu);
   for (;;) {
-    bool got = false;
-    for (size_t i = 0; i < l->ncommits && !got; i++) got = l->commits[i] == (uint64_t)iteration;
-    if (got) break;
+    size_t got = l->ncommits;
+    for (size_t i = 0; i < l->ncommits && got == l->ncommits; i++)
+      if (l->commits[i] == (uint64_t)iteration) got = i;
+    if (got < l->ncommits && l->refused[got][0]) {
+      s = mega_fail(err, MEGA_ERR_UNSUPPORTED, "megad refused the commit of iteration %lld: %s",
+                    (long long)iteration, l->refused[got]);
+      break;
+    }
+    if (got < l->ncommits) break;
     if (l->closed) {
       s = mega_fail(err, MEGA_ERR_CANCELLED, "%s", l->why);
       break;
     }
     if (pthread_cond_timedwait(&l->cv, &l->mu, &until) == ETIMEDOUT) {
       s = mega_fail(err, MEGA_ERR_TIMEOUT,
-                    "megad did not confirm the checkpoint of iteration %lld in %d ms (every rank "
-                    "must report its part saved first)",
+                    "megad did not answer the commit of iteration %lld in %d ms",
                     (long long)iteration, timeout_ms > 0 ? timeout_ms : l->default_timeout_ms);
       break;
     }

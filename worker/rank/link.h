@@ -82,9 +82,10 @@ mega_status mega_link_send_stopped(mega_link *l, int64_t iteration, const char *
 /* A line for the job's history (an event on the coordinator). */
 mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err);
 /* Waits up to timeout_ms (<= 0: the rendezvous timeout) for the
- * coordinator's go-ahead to commit iteration's checkpoint. MEGA_ERR_TIMEOUT
- * when it does not come; MEGA_ERR_CANCELLED when the link ended. Any
- * thread. */
+ * coordinator's answer about committing iteration's checkpoint: MEGA_OK for
+ * the go-ahead, MEGA_ERR_UNSUPPORTED (err says why) when it refused (it
+ * cannot act now: the checkpoint stays uncommitted), MEGA_ERR_TIMEOUT when
+ * no answer came, MEGA_ERR_CANCELLED when the link ended. Any thread. */
 mega_status mega_link_await_commit(mega_link *l, int64_t iteration, int timeout_ms,
                                    mega_err *err);
 
