@@ -285,6 +285,7 @@ static void send_heartbeat(megad_members *m, megad_node *n) {
   req.slots_used = self->slots_used;
   req.job_ids = self->job_ids;
   req.n_job_ids = self->njob_ids;
+  req.address = self->address;
   if (megad_call(m->b, n->address, &mega_peer_heartbeat, &req.base, m->o.heartbeat_timeout_ms,
                  heartbeat_done, c, NULL) != MEGA_OK) {
     free(c->node_id);
@@ -405,6 +406,8 @@ static void on_heartbeat(mega_rpc_call *call, const ProtobufCMessage *msg, void 
   const Mega__V1__HeartbeatRequest *req = (const void *)msg;
   megad_node *n = megad_members_find(m, req->node_id);
   if (n && !n->self) {
+    /* before the incarnation: views this node sends carry both, together */
+    if (req->incarnation >= n->incarnation) members_set_address(m, n, req->address);
     members_saw(m, n, req->incarnation);
     n->slots_used = req->slots_used;
     members_set_job_ids(n, req->job_ids, req->n_job_ids);

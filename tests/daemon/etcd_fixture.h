@@ -20,7 +20,7 @@
 #define ETCD_FX_MAX 3
 
 typedef struct etcd_fx_member {
-  char name[8];
+  char name[16];
   int client_port, peer_port;
   pid_t pid; /* 0 when not running */
 } etcd_fx_member;

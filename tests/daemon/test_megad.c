@@ -535,6 +535,67 @@ static void test_node_death_fails_job(void **state) {
   hd_cleanup(&n2);
 }
 
+/* The address d has for node id ("" when it lists none). */
+static void address_of(hd *d, const char *id, char *out, size_t len) {
+  Mega__V1__ListNodesResponse *ln = hd_list_nodes(d, NULL);
+  out[0] = 0;
+  for (size_t i = 0; ln && i < ln->n_nodes; i++)
+    if (!strcmp(ln->nodes[i]->id, id)) snprintf(out, len, "%s", ln->nodes[i]->address);
+  if (ln) protobuf_c_message_free_unpacked(&ln->base, NULL);
+}
+
+static int state_of(hd *d, const char *id) {
+  Mega__V1__ListNodesResponse *ln = hd_list_nodes(d, NULL);
+  int st = -1;
+  for (size_t i = 0; ln && i < ln->n_nodes; i++)
+    if (!strcmp(ln->nodes[i]->id, id)) st = ln->nodes[i]->state;
+  if (ln) protobuf_c_message_free_unpacked(&ln->base, NULL);
+  return st;
+}
+
+/* A node restarted on another port: its new address wins on every node and
+ * stays. Its heartbeats used to carry only the new incarnation, so a peer
+ * paired that with the old address and spread the pair in its views: the
+ * coordinator then launched ranks at a dead port, attempt after attempt. */
+static void test_restarted_node_address_wins(void **state) {
+  (void)state;
+  hd n[3];
+  assert_true(hd_start(&n[0], "a1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "a2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "a3", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  assert_true(hd_wait_alive(&n[1], 3, 10000));
+  char old[64];
+  snprintf(old, sizeof old, "%s", n[2].addr);
+  hd_kill(&n[2]); /* dead on both first, as after a crash and a reboot */
+  bool dead = false;
+  for (int i = 0; i < 100 && !dead; i++) {
+    usleep(100000);
+    dead = state_of(&n[0], "a3") == MEGA__V1__NODE_STATE__NODE_STATE_DEAD &&
+           state_of(&n[1], "a3") == MEGA__V1__NODE_STATE__NODE_STATE_DEAD;
+  }
+  assert_true(dead);
+  assert_true(hd_restart(&n[2], NULL));
+  assert_string_not_equal(old, n[2].addr);
+  char got[2][64];
+  bool agree = false;
+  for (int i = 0; i < 200 && !agree; i++) {
+    usleep(50000);
+    address_of(&n[0], "a3", got[0], sizeof got[0]);
+    address_of(&n[1], "a3", got[1], sizeof got[1]);
+    agree = !strcmp(got[0], n[2].addr) && !strcmp(got[1], n[2].addr);
+  }
+  assert_true(agree);
+  for (int i = 0; i < 30; i++) { /* and stays: a dozen heartbeat rounds */
+    usleep(100000);
+    address_of(&n[0], "a3", got[0], sizeof got[0]);
+    address_of(&n[1], "a3", got[1], sizeof got[1]);
+    assert_string_equal(got[0], n[2].addr);
+    assert_string_equal(got[1], n[2].addr);
+  }
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -552,6 +613,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_run_json, teardown),
       cmocka_unit_test_teardown(test_node_death_fails_job, teardown),
       cmocka_unit_test_teardown(test_crash_mid_call_says_so, teardown),
+      cmocka_unit_test_teardown(test_restarted_node_address_wins, teardown),
   };
   /* one test by name: test_megad NAME (meson runs each as its own test) */
   if (argc > 1) cmocka_set_test_filter(argv[1]);

@@ -554,7 +554,7 @@ static void test_grows_back_and_rescales(void **state) {
   assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
   regrow g = {.nodes = n, .job_id = id};
   hd_watch w;
-  hd_watch_job_cb(&n[0], id, true, 180000, &w, regrow_step, &g);
+  hd_watch_job_cb(&n[0], id, true, 120000, &w, regrow_step, &g);
   assert_true(hd_succeeded(&n[0], &w));
   if (g.step != 3 || w.final->attempt != 3) fprintf(stderr, "events:\n%s", w.events_text);
   assert_int_equal(g.step, 3);
