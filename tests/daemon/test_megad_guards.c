@@ -37,7 +37,19 @@ static void test_waiting_job_runs_when_node_returns(void **state) {
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
-  usleep(2500000); /* r2 is lost by now; the job waits (a launch r2 refused requeues it) */
+  /* r2 is lost (1.5 s of heartbeats, longer on a loaded machine); the job
+   * waits (a launch r2 refused requeues it) */
+  bool dead = false;
+  for (int i = 0; i < 300 && !dead; i++) {
+    usleep(100000);
+    Mega__V1__ListNodesResponse *ln = hd_list_nodes(&n1, NULL);
+    for (size_t k = 0; ln && k < ln->n_nodes; k++)
+      dead |= !strcmp(ln->nodes[k]->id, "r2") &&
+              ln->nodes[k]->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD;
+    if (ln) protobuf_c_message_free_unpacked(&ln->base, NULL);
+  }
+  assert_true(dead);
+  usleep(300000); /* a launch or two refused meanwhile */
   Mega__V1__Job *j = hd_get_job(&n1, id, &err);
   assert_non_null(j);
   assert_true(j->state == STATE(PENDING) || j->state == STATE(RESTARTING));
