@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define ALIGN 16 /* floats: every tensor and shard on a 64-byte line */
 
@@ -28,6 +29,7 @@ struct mega_grads {
   bool *launched;   /* per bucket */
   mega_req **req;   /* per bucket: the reduction in flight */
   mega_req **preq;  /* per bucket: the parameter all-gather in flight */
+  mega_grads_timing *timing; /* per bucket, this iteration */
   mega_comm *comm;  /* backend memory */
   mega_comm *hcomm; /* host memory: the moments' gather */
   mega_optim_range *ranges;
@@ -42,6 +44,12 @@ struct mega_grads {
   void (*on_launch)(void *, int);
   void *on_launch_arg;
 };
+
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 long long mega_grads_default_bucket_size(int dp_size) {
   long long b = 1000000LL * (dp_size > 0 ? dp_size : 1);
@@ -214,7 +222,8 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
     g->launched = calloc((size_t)n + 1, sizeof *g->launched);
     g->req = calloc((size_t)n + 1, sizeof *g->req);
     g->preq = calloc((size_t)n + 1, sizeof *g->preq);
-    if (!g->ready || !g->launched || !g->req || !g->preq)
+    g->timing = calloc((size_t)n + 1, sizeof *g->timing);
+    if (!g->ready || !g->launched || !g->req || !g->preq || !g->timing)
       st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d buckets", n);
   }
   if (st == MEGA_OK) st = build_ranges(g, err);
@@ -248,6 +257,7 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->launched);
   free(g->req);
   free(g->preq);
+  free(g->timing);
   free(g->ranges);
   free(g->range_chunk);
   free(g->range_pos);
@@ -284,6 +294,7 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err) {
   }
   memset(g->ready, 0, (size_t)g->nbuckets * sizeof *g->ready);
   memset(g->launched, 0, (size_t)g->nbuckets * sizeof *g->launched);
+  memset(g->timing, 0, (size_t)g->nbuckets * sizeof *g->timing);
   g->failed = MEGA_OK;
   return MEGA_OK;
 }
@@ -294,6 +305,7 @@ static mega_status launch(mega_grads *g, int b, mega_err *err) {
   mega_grads_bucket *k = &g->buckets[b];
   chunk *c = &g->chunks[k->chunk];
   g->launched[b] = true;
+  g->timing[b] = (mega_grads_timing){.launched = wall_s(), .cpu_s = -1, .runq_s = -1};
   if (g->on_launch) g->on_launch(g->on_launch_arg, b);
   if (!g->comm) return MEGA_OK;
   float *data = c->grads + k->offset;
@@ -343,6 +355,19 @@ mega_status mega_grads_launch(mega_grads *g, int ci, mega_err *err) {
   return st;
 }
 
+/* Keeps bucket b's times once its reduction is over. */
+static void note_done(mega_grads *g, int b) {
+  mega_grads_timing *t = &g->timing[b];
+  mega_req_times rt;
+  if (mega_req_get_times(g->req[b], &rt)) {
+    t->started = rt.started;
+    t->done = rt.done;
+    t->cpu_s = rt.cpu_s;
+    t->runq_s = rt.runq_s;
+  }
+  t->waited = wall_s();
+}
+
 mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
   mega_status st = mega_grads_launch(g, ci, err);
   chunk *c = &g->chunks[ci];
@@ -352,6 +377,7 @@ mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
       st = mega_req_wait(g->req[b], 0, err);
       if (st != MEGA_OK) mega_err_prefix(err, "gradient bucket %d", b);
     }
+    note_done(g, b);
     mega_req_free(g->req[b]);
     g->req[b] = NULL;
     if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
@@ -362,6 +388,10 @@ mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
     }
   }
   return st;
+}
+
+const mega_grads_timing *mega_grads_timing_of(const mega_grads *g, int b) {
+  return b >= 0 && b < g->nbuckets ? &g->timing[b] : NULL;
 }
 
 void mega_grads_on_launch(mega_grads *g, void (*fn)(void *arg, int bucket), void *arg) {

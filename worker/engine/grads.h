@@ -127,6 +127,18 @@ mega_status mega_grads_launch(mega_grads *g, int c, mega_err *err);
  * applies average_in_collective's 1/DP to what this rank owns. */
 mega_status mega_grads_wait(mega_grads *g, int c, mega_err *err);
 
+/* When bucket b's reduction ran in this iteration, for measurements
+ * (CLOCK_REALTIME seconds; 0 where it did not happen or the communicator
+ * records no times): launched (by backward or the GS), begun and finished
+ * on the data-parallel communicator's thread, and waited for (its GW, or
+ * finalize, returned); cpu_s and runq_s are that thread's (comm.h's
+ * mega_req_times; -1 unknown). */
+typedef struct mega_grads_timing {
+  double launched, started, done, waited;
+  double cpu_s, runq_s;
+} mega_grads_timing;
+const mega_grads_timing *mega_grads_timing_of(const mega_grads *g, int b);
+
 /* Observes every launch (tests): fn(arg, bucket index). */
 void mega_grads_on_launch(mega_grads *g, void (*fn)(void *arg, int bucket), void *arg);
 
