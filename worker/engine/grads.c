@@ -38,6 +38,14 @@ struct mega_grads {
   /* left out of the norm: a piece of the loss-only stage's copy of wte, or
    * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
   bool *range_skip;
+  /* The norm's share of each range, taken once its bucket is reduced (in
+   * the wait, while later buckets still run) rather than all at the end;
+   * late ranges (the tied embedding, the sequence-parallel layernorms)
+   * change after the data-parallel sum, so mega_grads_sumsq takes them. */
+  int *range_bucket;
+  bool *range_late;
+  double *range_sumsq;
+  bool *normed; /* per bucket: its ranges' squares taken this iteration */
   size_t nranges;
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
@@ -146,7 +154,11 @@ static mega_status build_ranges(mega_grads *g, mega_err *err) {
   g->range_chunk = calloc(cap + 1, sizeof *g->range_chunk);
   g->range_pos = calloc(cap + 1, sizeof *g->range_pos);
   g->range_skip = calloc(cap + 1, sizeof *g->range_skip);
-  if (!g->ranges || !g->range_chunk || !g->range_pos || !g->range_skip)
+  g->range_bucket = calloc(cap + 1, sizeof *g->range_bucket);
+  g->range_late = calloc(cap + 1, sizeof *g->range_late);
+  g->range_sumsq = calloc(cap + 1, sizeof *g->range_sumsq);
+  if (!g->ranges || !g->range_chunk || !g->range_pos || !g->range_skip || !g->range_bucket ||
+      !g->range_late || !g->range_sumsq)
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for optimizer ranges");
   size_t n = 0;
   for (int v = 0; v < g->vp; v++) {
@@ -167,6 +179,8 @@ static mega_status build_ranges(mega_grads *g, mega_err *err) {
       const mega_gpt_tp *tp = mega_gpt_stage_tp(c->stage);
       g->range_skip[n] =
           p[i].tied_copy || (tp->rank > 0 && mega_tp_split_replicated(&p[i].tp));
+      g->range_bucket[n] = c->bucket_of[i];
+      g->range_late[n] = p[i].tied_embedding || p[i].sp_partial;
       n++;
     }
   }
@@ -223,7 +237,8 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
     g->req = calloc((size_t)n + 1, sizeof *g->req);
     g->preq = calloc((size_t)n + 1, sizeof *g->preq);
     g->timing = calloc((size_t)n + 1, sizeof *g->timing);
-    if (!g->ready || !g->launched || !g->req || !g->preq || !g->timing)
+    g->normed = calloc((size_t)n + 1, sizeof *g->normed);
+    if (!g->ready || !g->launched || !g->req || !g->preq || !g->timing || !g->normed)
       st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d buckets", n);
   }
   if (st == MEGA_OK) st = build_ranges(g, err);
@@ -262,6 +277,10 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->range_chunk);
   free(g->range_pos);
   free(g->range_skip);
+  free(g->range_bucket);
+  free(g->range_late);
+  free(g->range_sumsq);
+  free(g->normed);
   free(g);
 }
 
@@ -295,6 +314,7 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err) {
   memset(g->ready, 0, (size_t)g->nbuckets * sizeof *g->ready);
   memset(g->launched, 0, (size_t)g->nbuckets * sizeof *g->launched);
   memset(g->timing, 0, (size_t)g->nbuckets * sizeof *g->timing);
+  memset(g->normed, 0, (size_t)g->nbuckets * sizeof *g->normed);
   g->failed = MEGA_OK;
   return MEGA_OK;
 }
@@ -368,24 +388,43 @@ static void note_done(mega_grads *g, int b) {
   t->waited = wall_s();
 }
 
+/* The squares of range i's gradient (what mega_grads_sumsq adds up). */
+static mega_status range_sumsq(mega_grads *g, size_t i, mega_err *err) {
+  return g->be->ops->sum_squares(g->be, g->ranges[i].grads, g->ranges[i].numel,
+                                 &g->range_sumsq[i], err);
+}
+
+/* Bucket b is reduced: the norm's share of its ranges that are final. */
+static mega_status norm_bucket(mega_grads *g, int b, mega_err *err) {
+  if (g->normed[b]) return MEGA_OK;
+  g->normed[b] = true;
+  mega_status st = MEGA_OK;
+  for (size_t i = 0; i < g->nranges && st == MEGA_OK; i++)
+    if (g->range_bucket[i] == b && !g->range_skip[i] && !g->range_late[i])
+      st = range_sumsq(g, i, err);
+  return st;
+}
+
 mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
   mega_status st = mega_grads_launch(g, ci, err);
   chunk *c = &g->chunks[ci];
   for (int b = c->b0; b < c->b0 + c->nb; b++) {
-    if (!g->req[b]) continue;
-    if (st == MEGA_OK) {
-      st = mega_req_wait(g->req[b], 0, err);
-      if (st != MEGA_OK) mega_err_prefix(err, "gradient bucket %d", b);
+    if (g->req[b]) {
+      if (st == MEGA_OK) {
+        st = mega_req_wait(g->req[b], 0, err);
+        if (st != MEGA_OK) mega_err_prefix(err, "gradient bucket %d", b);
+      }
+      note_done(g, b);
+      mega_req_free(g->req[b]);
+      g->req[b] = NULL;
+      if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
+        const mega_grads_bucket *k = &g->buckets[b];
+        float *own = c->grads + k->offset + k->shard_offset;
+        float inv = 1.0f / (float)g->o.dp_size;
+        for (size_t i = 0; i < k->shard_numel; i++) own[i] *= inv;
+      }
     }
-    note_done(g, b);
-    mega_req_free(g->req[b]);
-    g->req[b] = NULL;
-    if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
-      const mega_grads_bucket *k = &g->buckets[b];
-      float *own = c->grads + k->offset + k->shard_offset;
-      float inv = 1.0f / (float)g->o.dp_size;
-      for (size_t i = 0; i < k->shard_numel; i++) own[i] *= inv;
-    }
+    if (st == MEGA_OK) st = norm_bucket(g, b, err);
   }
   return st;
 }
@@ -403,25 +442,28 @@ double mega_grads_loss_scale_factor(const mega_grads *g) {
   return g->o.average_in_collective ? (double)g->o.dp_size : 1.0;
 }
 
-mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err) {
+mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err) {
   /* Over the ranges the optimizer steps: each element this rank owns once,
-   * padding never, the tied copy and other TP ranks' replicas left out. */
+   * padding never, the tied copy and other TP ranks' replicas left out;
+   * added in range order, whenever each was taken, so the bits do not
+   * depend on when the buckets finished. */
   double sum = 0;
   for (size_t i = 0; i < g->nranges; i++) {
     if (g->range_skip[i]) continue;
-    double s;
-    mega_status st = g->be->ops->sum_squares(g->be, g->ranges[i].grads, g->ranges[i].numel, &s,
-                                             err);
-    if (st != MEGA_OK) return st;
-    sum += s;
+    if (g->range_late[i] || !g->normed[g->range_bucket[i]]) {
+      mega_status st = range_sumsq(g, i, err);
+      if (st != MEGA_OK) return st;
+    }
+    sum += g->range_sumsq[i];
   }
   *out = sum;
   return MEGA_OK;
 }
 
-void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n) {
+void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n, bool *copy) {
   *grad = NULL;
   *n = 0;
+  *copy = false;
   for (int v = 0; v < g->vp; v++) {
     chunk *c = &g->chunks[v];
     int np;
@@ -429,6 +471,7 @@ void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n) {
     for (int i = 0; i < np; i++) {
       if (!is_wte(&p[i])) continue;
       const mega_grads_bucket *k = &g->buckets[c->bucket_of[i]];
+      *copy = p[i].tied_copy;
       if (g->o.distributed) {
         /* The bucket holds wte alone, laid out alike on both stages. */
         *grad = c->grads + k->offset + k->shard_offset;

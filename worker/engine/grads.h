@@ -150,13 +150,20 @@ double mega_grads_loss_scale_factor(const mega_grads *g);
  * shards with the distributed optimizer, else everything), the loss
  * stage's copy of wte left out, and TP-replicated tensors counted by TP
  * rank 0 alone, so that summed over the data-parallel group (distributed),
- * the TP group and the pipeline each element counts exactly once. */
-mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err);
+ * the TP group and the pipeline each element counts exactly once. Call it
+ * once the gradients are final (after the embedding and sequence-parallel
+ * sums). mega_grads_wait already took each reduced bucket's share (while
+ * later buckets still ran, so the norm is off the step's tail), except
+ * the tied embedding's and the sequence-parallel layernorms', which those
+ * later sums change: this takes those and adds all up. The result is the
+ * same bits whenever the buckets finished. */
+mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err);
 
 /* The part of the tied embedding's gradient this rank owns, for the
  * embedding-group all-reduce (both stages own the same elements); *n 0 when
- * the rank has no tied embedding. */
-void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n);
+ * the rank has no tied embedding. *copy: it is the loss-only stage's copy
+ * (which the norm leaves out). */
+void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n, bool *copy);
 
 /* The optimizer's ranges: with the distributed optimizer, each parameter's
  * piece inside this rank's shards; else every parameter whole. The array

@@ -301,12 +301,14 @@ static mega_status pipeline_stats(mega_comm *c, double *sumsq, double *end, mega
 /* The tied embedding's two copies summed across the first and last stage
  * (finalize_model_grads): with the distributed optimizer only the shard
  * this rank owns, which covers the same elements on both stages
- * (worker/engine/grads.h). Launched once this rank's data-parallel
- * reductions are done; wait_embd waits for it. */
-static mega_status launch_embd(mega_rank *r, mega_err *err) {
+ * (worker/engine/grads.h). Launched as soon as this rank's data-parallel
+ * reductions are done, so the stage whose copy is complete first (the
+ * loss stage: its head's gradient is backward's first) is already waiting
+ * when the other's arrives. wait_embd waits for it. */
+static mega_status launch_embd(mega_rank *r, bool *copy, mega_err *err) {
   float *tied;
   size_t n;
-  mega_grads_tied_region(r->chunks.grads, &tied, &n);
+  mega_grads_tied_region(r->chunks.grads, &tied, &n, copy);
   if (!r->dcomm[GROUP_EMBD] || !n) return MEGA_OK;
   r->embd = (mega_rank_reduction){.bucket = -1, .tied = true, .floats = n,
                                   .launched_s = wall_s(), .cpu_s = -1, .runq_s = -1};
@@ -333,14 +335,18 @@ static mega_status wait_embd(mega_rank *r, mega_err *err) {
 }
 
 /* finalize_model_grads: the data-parallel reductions (the schedule's GWs
- * waited for them already; this finds nothing left), then the tied
- * embedding's sum, then the sequence-parallel layernorms'. */
+ * waited for them already; this finds nothing left), the tied embedding's
+ * sum, the sequence-parallel layernorms'. The loss stage's copy of the
+ * embedding is not in the norm, so that stage leaves the sum in flight:
+ * only its optimizer needs it (mega_rank_step waits for it there), and it
+ * does not wait here for the embedding stage's last reductions. */
 static mega_status finalize_grads(mega_rank *r, mega_err *err) {
   mega_status st = MEGA_OK;
   for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
     st = mega_grads_wait(r->chunks.grads, v, err);
-  if (st == MEGA_OK) st = launch_embd(r, err);
-  if (st == MEGA_OK) st = wait_embd(r, err);
+  bool copy = false;
+  if (st == MEGA_OK) st = launch_embd(r, &copy, err);
+  if (st == MEGA_OK && !copy) st = wait_embd(r, err);
   if (st == MEGA_OK) st = rank_tp_finalize_grads(r, err);
   return st;
 }
@@ -418,6 +424,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     st = sum_doubles(r->hcomm[GROUP_DP], &sumsq, err);
   if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
   if (st == MEGA_OK) st = pipeline_stats(r->hcomm[GROUP_PP], &sumsq, &drained, err);
+  /* the loss stage's copy of the embedding, summed meanwhile */
+  if (st == MEGA_OK) st = wait_embd(r, err);
   double tsync = wall_s();
   /* Waiting here while another stage still runs its schedule is pipeline
    * bubble (the drain), not gradient sync. Clocks of two nodes may disagree
