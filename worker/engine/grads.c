@@ -433,6 +433,16 @@ const mega_grads_timing *mega_grads_timing_of(const mega_grads *g, int b) {
   return b >= 0 && b < g->nbuckets ? &g->timing[b] : NULL;
 }
 
+double mega_grads_reduced_at(const mega_grads *g) {
+  double t = 0;
+  for (int b = 0; b < g->nbuckets; b++) {
+    const mega_grads_timing *k = &g->timing[b];
+    double done = k->done > 0 ? k->done : k->waited;
+    if (k->launched && done > t) t = done;
+  }
+  return t;
+}
+
 void mega_grads_on_launch(mega_grads *g, void (*fn)(void *arg, int bucket), void *arg) {
   g->on_launch = fn;
   g->on_launch_arg = arg;

@@ -138,6 +138,10 @@ typedef struct mega_grads_timing {
   double cpu_s, runq_s;
 } mega_grads_timing;
 const mega_grads_timing *mega_grads_timing_of(const mega_grads *g, int b);
+/* When the last of this iteration's reductions finished (its comm thread's
+ * time, else when its wait returned), excluding the norm's shares the
+ * waits take; 0 when none ran. */
+double mega_grads_reduced_at(const mega_grads *g);
 
 /* Observes every launch (tests): fn(arg, bucket index). */
 void mega_grads_on_launch(mega_grads *g, void (*fn)(void *arg, int bucket), void *arg);

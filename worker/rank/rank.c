@@ -339,15 +339,25 @@ static mega_status wait_embd(mega_rank *r, mega_err *err) {
  * sum, the sequence-parallel layernorms'. The loss stage's copy of the
  * embedding is not in the norm, so that stage leaves the sum in flight:
  * only its optimizer needs it (mega_rank_step waits for it there), and it
- * does not wait here for the embedding stage's last reductions. */
-static mega_status finalize_grads(mega_rank *r, mega_err *err) {
+ * does not wait here for the embedding stage's last reductions. *reduced:
+ * when the last of these sums was done (wall clock; 0: none ran), which
+ * leaves out the norm's shares the waits take between them. */
+static mega_status finalize_grads(mega_rank *r, double *reduced, mega_err *err) {
   mega_status st = MEGA_OK;
   for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
     st = mega_grads_wait(r->chunks.grads, v, err);
+  *reduced = mega_grads_reduced_at(r->chunks.grads);
   bool copy = false;
   if (st == MEGA_OK) st = launch_embd(r, &copy, err);
-  if (st == MEGA_OK && !copy) st = wait_embd(r, err);
-  if (st == MEGA_OK) st = rank_tp_finalize_grads(r, err);
+  if (st == MEGA_OK && !copy && r->embd_req) {
+    st = wait_embd(r, err);
+    double done = r->embd.done_s > 0 ? r->embd.done_s : r->embd.waited_s;
+    if (done > *reduced) *reduced = done;
+  }
+  if (st == MEGA_OK && r->topo.tp > 1 && r->job->sequence_parallel) {
+    st = rank_tp_finalize_grads(r, err);
+    *reduced = wall_s();
+  }
   return st;
 }
 
@@ -406,14 +416,20 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
 
   /* The rank's pipeline work ended at ts; since then it has waited for its
    * gradient reductions (the schedule's GWs) and the pipeline's drain. */
-  double ts = res.work_end_wall;
-  st = finalize_grads(r, err);
+  double ts = res.work_end_wall, tg;
+  st = finalize_grads(r, &tg, err);
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
   double loss_sum = res.loss_sum;
-  if (st == MEGA_OK && has_loss) st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
-  double tg = wall_s(); /* gradients reduced (finish_grad_sync, finalize_model_grads) */
+  if (st == MEGA_OK && has_loss) {
+    st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
+    tg = wall_s();
+  }
+  /* tg: the gradients reduced (finish_grad_sync, finalize_model_grads), the
+   * norm's shares the waits took meanwhile left out: they are the
+   * optimizer's, as in Megatron's timers */
+  if (tg < ts) tg = ts;
   /* The global norm counts every element once: the shards this rank owns
    * summed over the data-parallel group (distributed optimizer), the slices
    * over the TP group (replicated tensors counted by TP rank 0), the stages
