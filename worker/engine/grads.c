@@ -18,6 +18,27 @@ typedef struct chunk {
   bool enabled;
 } chunk;
 
+/* Optimizer ranges over one shard of the buffers (or every parameter
+ * whole), with what the optimizer does not know: where each sits. */
+typedef struct range_set {
+  mega_optim_range *ranges;
+  int *chunk;
+  size_t *pos; /* of each range in its chunk's buffers */
+  /* left out of the norm: a piece of the loss-only stage's copy of wte, or
+   * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
+  bool *skip;
+  mega_grads_piece *piece;
+  /* The norm's share of each range (own only), taken once its bucket is
+   * reduced (in the wait, while later buckets still run) rather than all
+   * at the end; late ranges (the tied embedding, the sequence-parallel
+   * layernorms) change after the data-parallel sum, so mega_grads_sumsq
+   * takes them. */
+  int *bucket;
+  bool *late;
+  double *sumsq;
+  size_t n;
+} range_set;
+
 struct mega_grads {
   mega_backend *be;
   mega_grads_opts o;
@@ -32,21 +53,14 @@ struct mega_grads {
   mega_grads_timing *timing; /* per bucket, this iteration */
   mega_comm *comm;  /* backend memory */
   mega_comm *hcomm; /* host memory: the moments' gather */
-  mega_optim_range *ranges;
-  int *range_chunk;
-  size_t *range_pos; /* of each range in its chunk's buffers */
-  /* left out of the norm: a piece of the loss-only stage's copy of wte, or
-   * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
-  bool *range_skip;
-  /* The norm's share of each range, taken once its bucket is reduced (in
-   * the wait, while later buckets still run) rather than all at the end;
-   * late ranges (the tied embedding, the sequence-parallel layernorms)
-   * change after the data-parallel sum, so mega_grads_sumsq takes them. */
-  int *range_bucket;
-  bool *range_late;
-  double *range_sumsq;
-  bool *normed; /* per bucket: its ranges' squares taken this iteration */
-  size_t nranges;
+  range_set own;    /* what this rank's optimizer steps */
+  range_set copy;   /* the shard it keeps a copy of (shard_copy_shift); n 0: none */
+  int copy_shard;   /* whose shard that is; -1: none */
+  /* parameter gathers launched and not yet waited well; one that failed
+   * may have left a bucket half written */
+  int gathers_pending;
+  bool gather_failed;
+  bool *normed; /* per bucket: own's squares taken this iteration */
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
   void (*on_launch)(void *, int);
@@ -141,26 +155,40 @@ static void on_need(void *arg, int first, int count) {
   mega_grads_need(c->g, c->index, first, count);
 }
 
-/* The optimizer's ranges: whole params, or their pieces inside this rank's
- * shards. */
-static mega_status build_ranges(mega_grads *g, mega_err *err) {
+static void range_set_free(range_set *r) {
+  free(r->ranges);
+  free(r->chunk);
+  free(r->pos);
+  free(r->skip);
+  free(r->piece);
+  free(r->bucket);
+  free(r->late);
+  free(r->sumsq);
+  *r = (range_set){0};
+}
+
+/* The optimizer's ranges: whole params, or their pieces inside data-parallel
+ * rank d's shards. */
+static mega_status build_ranges(mega_grads *g, int d, range_set *out, mega_err *err) {
   size_t cap = 0;
   for (int v = 0; v < g->vp; v++) {
     int np;
     mega_gpt_params(g->chunks[v].stage, &np);
     cap += (size_t)np;
   }
-  g->ranges = calloc(cap + 1, sizeof *g->ranges);
-  g->range_chunk = calloc(cap + 1, sizeof *g->range_chunk);
-  g->range_pos = calloc(cap + 1, sizeof *g->range_pos);
-  g->range_skip = calloc(cap + 1, sizeof *g->range_skip);
-  g->range_bucket = calloc(cap + 1, sizeof *g->range_bucket);
-  g->range_late = calloc(cap + 1, sizeof *g->range_late);
-  g->range_sumsq = calloc(cap + 1, sizeof *g->range_sumsq);
-  if (!g->ranges || !g->range_chunk || !g->range_pos || !g->range_skip || !g->range_bucket ||
-      !g->range_late || !g->range_sumsq)
+  range_set r = {.ranges = calloc(cap + 1, sizeof *r.ranges),
+                 .chunk = calloc(cap + 1, sizeof *r.chunk),
+                 .pos = calloc(cap + 1, sizeof *r.pos), .skip = calloc(cap + 1, sizeof *r.skip),
+                 .piece = calloc(cap + 1, sizeof *r.piece),
+                 .bucket = calloc(cap + 1, sizeof *r.bucket),
+                 .late = calloc(cap + 1, sizeof *r.late),
+                 .sumsq = calloc(cap + 1, sizeof *r.sumsq)};
+  if (!r.ranges || !r.chunk || !r.pos || !r.skip || !r.piece || !r.bucket || !r.late ||
+      !r.sumsq) {
+    range_set_free(&r);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for optimizer ranges");
-  size_t n = 0;
+  }
+  size_t n = 0, k0 = 0;
   for (int v = 0; v < g->vp; v++) {
     chunk *c = &g->chunks[v];
     int np;
@@ -168,23 +196,29 @@ static mega_status build_ranges(mega_grads *g, mega_err *err) {
     for (int i = 0; i < np; i++) {
       const mega_grads_bucket *b = &g->buckets[c->bucket_of[i]];
       size_t lo = p[i].offset, hi = p[i].offset + p[i].numel;
-      size_t slo = b->offset + b->shard_offset, shi = slo + b->shard_numel;
+      size_t slo = b->offset, shi = b->offset + b->numel;
+      if (g->o.distributed) {
+        slo = b->offset + b->shard_numel * (size_t)d;
+        shi = slo + b->shard_numel;
+      }
       if (lo < slo) lo = slo;
       if (hi > shi) hi = shi;
       if (lo >= hi) continue;
-      g->ranges[n] = (mega_optim_range){.params = c->params + lo, .grads = c->grads + lo,
-                                        .numel = hi - lo, .decay = p[i].decay};
-      g->range_chunk[n] = v;
-      g->range_pos[n] = lo;
+      r.ranges[n] = (mega_optim_range){.params = c->params + lo, .grads = c->grads + lo,
+                                       .numel = hi - lo, .decay = p[i].decay};
+      r.chunk[n] = v;
+      r.pos[n] = lo;
+      r.piece[n] = (mega_grads_piece){.param = k0 + (size_t)i, .elem = lo - p[i].offset};
       const mega_gpt_tp *tp = mega_gpt_stage_tp(c->stage);
-      g->range_skip[n] =
-          p[i].tied_copy || (tp->rank > 0 && mega_tp_split_replicated(&p[i].tp));
-      g->range_bucket[n] = c->bucket_of[i];
-      g->range_late[n] = p[i].tied_embedding || p[i].sp_partial;
+      r.skip[n] = p[i].tied_copy || (tp->rank > 0 && mega_tp_split_replicated(&p[i].tp));
+      r.bucket[n] = c->bucket_of[i];
+      r.late[n] = p[i].tied_embedding || p[i].sp_partial;
       n++;
     }
+    k0 += (size_t)np;
   }
-  g->nranges = n;
+  r.n = n;
+  *out = r;
   return MEGA_OK;
 }
 
@@ -241,7 +275,14 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
     if (!g->ready || !g->launched || !g->req || !g->preq || !g->timing || !g->normed)
       st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d buckets", n);
   }
-  if (st == MEGA_OK) st = build_ranges(g, err);
+  if (st == MEGA_OK) st = build_ranges(g, opts->dp_rank, &g->own, err);
+  g->copy_shard = -1;
+  int shift = opts->shard_copy_shift;
+  if (st == MEGA_OK && opts->distributed && opts->dp_size > 1 && shift > 0) {
+    g->copy_shard = ((opts->dp_rank - shift) % opts->dp_size + opts->dp_size) % opts->dp_size;
+    if (g->copy_shard == opts->dp_rank) g->copy_shard = -1; /* a shift of DP: no copy */
+    else st = build_ranges(g, g->copy_shard, &g->copy, err);
+  }
   if (st != MEGA_OK) {
     mega_grads_destroy(g);
     return st;
@@ -273,14 +314,9 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->req);
   free(g->preq);
   free(g->timing);
-  free(g->ranges);
-  free(g->range_chunk);
-  free(g->range_pos);
-  free(g->range_skip);
-  free(g->range_bucket);
-  free(g->range_late);
-  free(g->range_sumsq);
   free(g->normed);
+  range_set_free(&g->own);
+  range_set_free(&g->copy);
   free(g);
 }
 
@@ -390,8 +426,8 @@ static void note_done(mega_grads *g, int b) {
 
 /* The squares of range i's gradient (what mega_grads_sumsq adds up). */
 static mega_status range_sumsq(mega_grads *g, size_t i, mega_err *err) {
-  return g->be->ops->sum_squares(g->be, g->ranges[i].grads, g->ranges[i].numel,
-                                 &g->range_sumsq[i], err);
+  return g->be->ops->sum_squares(g->be, g->own.ranges[i].grads, g->own.ranges[i].numel,
+                                 &g->own.sumsq[i], err);
 }
 
 /* Bucket b is reduced: the norm's share of its ranges that are final. */
@@ -399,8 +435,8 @@ static mega_status norm_bucket(mega_grads *g, int b, mega_err *err) {
   if (g->normed[b]) return MEGA_OK;
   g->normed[b] = true;
   mega_status st = MEGA_OK;
-  for (size_t i = 0; i < g->nranges && st == MEGA_OK; i++)
-    if (g->range_bucket[i] == b && !g->range_skip[i] && !g->range_late[i])
+  for (size_t i = 0; i < g->own.n && st == MEGA_OK; i++)
+    if (g->own.bucket[i] == b && !g->own.skip[i] && !g->own.late[i])
       st = range_sumsq(g, i, err);
   return st;
 }
@@ -458,13 +494,13 @@ mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err) {
    * added in range order, whenever each was taken, so the bits do not
    * depend on when the buckets finished. */
   double sum = 0;
-  for (size_t i = 0; i < g->nranges; i++) {
-    if (g->range_skip[i]) continue;
-    if (g->range_late[i] || !g->normed[g->range_bucket[i]]) {
+  for (size_t i = 0; i < g->own.n; i++) {
+    if (g->own.skip[i]) continue;
+    if (g->own.late[i] || !g->normed[g->own.bucket[i]]) {
       mega_status st = range_sumsq(g, i, err);
       if (st != MEGA_OK) return st;
     }
-    sum += g->range_sumsq[i];
+    sum += g->own.sumsq[i];
   }
   *out = sum;
   return MEGA_OK;
@@ -496,8 +532,55 @@ void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n, bool *copy) 
 }
 
 const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n) {
-  *n = g->nranges;
-  return g->ranges;
+  *n = g->own.n;
+  return g->own.ranges;
+}
+
+const mega_grads_piece *mega_grads_pieces(const mega_grads *g, size_t *n) {
+  *n = g->own.n;
+  return g->own.piece;
+}
+
+int mega_grads_copy_shard(const mega_grads *g) { return g->copy_shard; }
+
+const mega_optim_range *mega_grads_copy_ranges(const mega_grads *g, size_t *n) {
+  *n = g->copy.n;
+  return g->copy.ranges;
+}
+
+const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n) {
+  *n = g->copy.n;
+  return g->copy.piece;
+}
+
+#define COPY_TAG 0x5c00u /* + bucket: the shard copy's gradients on the DP communicator */
+
+mega_status mega_grads_exchange_copy(mega_grads *g, mega_err *err) {
+  if (g->copy_shard < 0 || !g->comm) return MEGA_OK;
+  int dp = g->o.dp_size, me = g->o.dp_rank;
+  int to = (me + (me - g->copy_shard + dp) % dp) % dp; /* the rank that copies mine */
+  int n = g->nbuckets;
+  mega_req **reqs = calloc((size_t)(2 * n + 1), sizeof *reqs);
+  if (!reqs) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the shard copy");
+  mega_status st = MEGA_OK;
+  for (int b = 0; b < n && st == MEGA_OK; b++) {
+    const mega_grads_bucket *k = &g->buckets[b];
+    float *base = g->chunks[k->chunk].grads + k->offset;
+    size_t bytes = k->shard_numel * sizeof(float);
+    st = mega_comm_isend(g->comm, base + k->shard_offset, bytes, to, COPY_TAG + (uint32_t)b,
+                         &reqs[2 * b], err);
+    if (st == MEGA_OK)
+      st = mega_comm_irecv(g->comm, base + k->shard_numel * (size_t)g->copy_shard, bytes,
+                           g->copy_shard, COPY_TAG + (uint32_t)b, &reqs[2 * b + 1], err);
+  }
+  for (int i = 0; i < 2 * n; i++) {
+    if (!reqs[i]) continue;
+    if (st == MEGA_OK) st = mega_req_wait(reqs[i], 0, err);
+    mega_req_free(reqs[i]);
+  }
+  free(reqs);
+  if (st != MEGA_OK) mega_err_prefix(err, "exchanging the optimizer shard copy's gradients");
+  return st;
 }
 
 /* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
@@ -512,6 +595,32 @@ static mega_status gather_bucket(mega_grads *g, mega_comm *comm, int b, float *b
                                err);
 }
 
+/* One parameter gather is over, well or not. */
+static void gathered(mega_grads *g, mega_status st) {
+  if (g->gathers_pending > 0) g->gathers_pending--;
+  if (st != MEGA_OK) g->gather_failed = true;
+}
+
+bool mega_grads_params_whole(const mega_grads *g) {
+  return g->gathers_pending == 0 && !g->gather_failed;
+}
+
+void mega_grads_quiesce(mega_grads *g) {
+  for (int b = 0; b < g->nbuckets; b++) {
+    if (g->req[b]) {
+      mega_req_wait(g->req[b], 0, NULL);
+      mega_req_free(g->req[b]);
+      g->req[b] = NULL;
+    }
+    if (g->preq[b]) {
+      mega_status st = mega_req_wait(g->preq[b], 0, NULL);
+      mega_req_free(g->preq[b]);
+      g->preq[b] = NULL;
+      gathered(g, st);
+    }
+  }
+}
+
 mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err) {
   if (!g->o.distributed || !g->comm) return MEGA_OK;
   /* Forward needs the end of each chunk's buffer (the embedding, the first
@@ -522,7 +631,9 @@ mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err) {
     for (int b = c->b0 + c->nb - 1; b >= c->b0 && st == MEGA_OK; b--) {
       if (g->preq[b])
         return mega_fail(err, MEGA_ERR_INTERNAL, "bucket %d's parameter gather is in flight", b);
+      g->gathers_pending++; /* counted before the launch: a failed one may have sent part */
       st = gather_bucket(g, g->comm, b, c->params, &g->preq[b], err);
+      if (st != MEGA_OK) g->gather_failed = true;
     }
   }
   if (st == MEGA_OK && !async) st = mega_grads_wait_params(g, -1, err);
@@ -538,6 +649,7 @@ void mega_grads_need(mega_grads *g, int ci, int first, int count) {
     mega_status st = mega_req_wait(g->preq[b], 0, &g->fail_err);
     mega_req_free(g->preq[b]);
     g->preq[b] = NULL;
+    gathered(g, st);
     if (st != MEGA_OK && g->failed == MEGA_OK) g->failed = st;
   }
 }
@@ -549,9 +661,11 @@ mega_status mega_grads_wait_params(mega_grads *g, int ci, mega_err *err) {
     chunk *c = &g->chunks[v];
     for (int b = c->b0 + c->nb - 1; b >= c->b0; b--) {
       if (!g->preq[b]) continue;
-      if (st == MEGA_OK) st = mega_req_wait(g->preq[b], 0, err);
+      mega_status w = st == MEGA_OK ? mega_req_wait(g->preq[b], 0, err) : MEGA_ERR_CANCELLED;
+      if (st == MEGA_OK) st = w;
       mega_req_free(g->preq[b]);
       g->preq[b] = NULL;
+      gathered(g, w);
     }
   }
   return st;
@@ -564,9 +678,9 @@ mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const
     memset(exp_avg_sq[v], 0, g->chunks[v].numel * sizeof(float));
   }
   mega_status st = MEGA_OK;
-  for (size_t i = 0; i < g->nranges && st == MEGA_OK; i++) {
-    int v = g->range_chunk[i];
-    size_t n = g->ranges[i].numel * sizeof(float), at = g->range_pos[i];
+  for (size_t i = 0; i < g->own.n && st == MEGA_OK; i++) {
+    int v = g->own.chunk[i];
+    size_t n = g->own.ranges[i].numel * sizeof(float), at = g->own.pos[i];
     st = g->be->ops->memcpy(g->be, exp_avg[v] + at, mega_optim_exp_avg(o, i), n, MEGA_COPY_D2H,
                             err);
     if (st == MEGA_OK)
@@ -587,12 +701,12 @@ mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const
   return st;
 }
 
-mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
-                                       float *const *exp_avg_sq, mega_err *err) {
+static mega_status scatter(mega_grads *g, const range_set *r, mega_optim *o,
+                           float *const *exp_avg, float *const *exp_avg_sq, mega_err *err) {
   mega_status st = MEGA_OK;
-  for (size_t i = 0; i < g->nranges && st == MEGA_OK; i++) {
-    int v = g->range_chunk[i];
-    size_t n = g->ranges[i].numel * sizeof(float), at = g->range_pos[i];
+  for (size_t i = 0; i < r->n && st == MEGA_OK; i++) {
+    int v = r->chunk[i];
+    size_t n = r->ranges[i].numel * sizeof(float), at = r->pos[i];
     st = g->be->ops->memcpy(g->be, mega_optim_exp_avg(o, i), exp_avg[v] + at, n, MEGA_COPY_H2D,
                             err);
     if (st == MEGA_OK)
@@ -600,6 +714,16 @@ mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *cons
                               MEGA_COPY_H2D, err);
   }
   return st;
+}
+
+mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
+                                       float *const *exp_avg_sq, mega_err *err) {
+  return scatter(g, &g->own, o, exp_avg, exp_avg_sq, err);
+}
+
+mega_status mega_grads_scatter_copy_moments(mega_grads *g, mega_optim *copy, float *const *exp_avg,
+                                           float *const *exp_avg_sq, mega_err *err) {
+  return scatter(g, &g->copy, copy, exp_avg, exp_avg_sq, err);
 }
 
 size_t mega_grads_param_bytes(const mega_grads *g) {

@@ -93,10 +93,15 @@ static mega_status build_optimizer(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_optim_hparams hp = {.beta1 = j->adam_beta1, .beta2 = j->adam_beta2, .eps = j->adam_eps,
                            .weight_decay = j->weight_decay, .clip_grad = j->clip_grad};
-  if (j->use_distributed_optimizer) { /* this rank's shards only */
-    size_t n;
+  if (j->use_distributed_optimizer) { /* this rank's shards only, and the copy it keeps */
+    size_t n, nc;
     const mega_optim_range *ranges = mega_grads_ranges(r->chunks.grads, &n);
-    return mega_optim_create(r->be, ranges, n, &hp, &r->optim, err);
+    mega_status st = mega_optim_create(r->be, ranges, n, &hp, &r->optim, err);
+    const mega_optim_range *copy = mega_grads_copy_ranges(r->chunks.grads, &nc);
+    if (st == MEGA_OK && mega_grads_copy_shard(r->chunks.grads) >= 0)
+      st = mega_optim_create(r->be, copy, nc, &hp, &r->copy, err);
+    if (st != MEGA_OK) mega_err_prefix(err, "the optimizer shard copy");
+    return st;
   }
   mega_status st = mega_optim_create(r->be, r->chunks.ranges, r->chunks.nparams, &hp, &r->optim,
                                      err);
@@ -211,6 +216,17 @@ static mega_status make_backend(mega_rank *r, mega_err *err) {
   return st;
 }
 
+/* Whose optimizer shard this rank copies: the data-parallel rank one node
+ * away. Ranks are contiguous per node and TP varies fastest, so a node
+ * holds local_world_size / TP consecutive data-parallel ranks of a stage;
+ * a shift of that many puts every copy on another node (when DP is larger;
+ * else no node holds a copy of another's, and a shift of 1 still covers
+ * the loss of a worker). */
+static int copy_shift(const mega_rank *r) {
+  int per_node = r->env.local_world_size / r->topo.tp;
+  return per_node >= 1 && per_node < r->topo.dp ? per_node : 1;
+}
+
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
@@ -222,11 +238,13 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
                         .overlap = j->overlap_grad_reduce,
                         .distributed = j->use_distributed_optimizer,
                         .average_in_collective = j->average_in_collective,
-                        .bucket_size = j->bucket_size};
+                        .bucket_size = j->bucket_size,
+                        .shard_copy_shift = j->no_optimizer_shard_copy ? 0 : copy_shift(r)};
   mega_gpt_tp tp;
   if (st == MEGA_OK) st = rank_tp_init(r, &tp, err);
   if (st == MEGA_OK)
-    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go, err);
+    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go,
+                           r->env.replicas != NULL, err);
   /* training's plan starts at iteration 0's batch (ensure_batch moves it
    * with a rampup); evaluation always takes --global-batch-size, as in
    * Megatron */
@@ -254,7 +272,9 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     mega_grads_set_comm(r->chunks.grads, r->dcomm[GROUP_DP], r->hcomm[GROUP_DP]);
   if (st == MEGA_OK) st = build_engine(r, err);
   if (st == MEGA_OK) st = size_spans(r, err);
-  if (st == MEGA_OK && j->load) {
+  if (st == MEGA_OK && r->env.replicas) { /* the replicas' state is newer than any --load */
+    st = rank_fetch_replicas(r, err);
+  } else if (st == MEGA_OK && j->load) {
     st = rank_load_checkpoint(r, err);
     if (st == MEGA_OK) r->iteration = r->loaded.iteration;
   }
@@ -305,10 +325,10 @@ static mega_status pipeline_stats(mega_comm *c, double *sumsq, double *end, mega
  * reductions are done, so the stage whose copy is complete first (the
  * loss stage: its head's gradient is backward's first) is already waiting
  * when the other's arrives. wait_embd waits for it. */
-static mega_status launch_embd(mega_rank *r, bool *copy, mega_err *err) {
+static mega_status launch_embd(mega_rank *r, bool *tied_copy, mega_err *err) {
   float *tied;
   size_t n;
-  mega_grads_tied_region(r->chunks.grads, &tied, &n, copy);
+  mega_grads_tied_region(r->chunks.grads, &tied, &n, tied_copy);
   if (!r->dcomm[GROUP_EMBD] || !n) return MEGA_OK;
   r->embd = (mega_rank_reduction){.bucket = -1, .tied = true, .floats = n,
                                   .launched_s = wall_s(), .cpu_s = -1, .runq_s = -1};
@@ -347,9 +367,9 @@ static mega_status finalize_grads(mega_rank *r, double *reduced, mega_err *err) 
   for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
     st = mega_grads_wait(r->chunks.grads, v, err);
   *reduced = mega_grads_reduced_at(r->chunks.grads);
-  bool copy = false;
-  if (st == MEGA_OK) st = launch_embd(r, &copy, err);
-  if (st == MEGA_OK && !copy && r->embd_req) {
+  bool tied_copy = false;
+  if (st == MEGA_OK) st = launch_embd(r, &tied_copy, err);
+  if (st == MEGA_OK && !tied_copy && r->embd_req) {
     st = wait_embd(r, err);
     double done = r->embd.done_s > 0 ? r->embd.done_s : r->embd.waited_s;
     if (done > *reduced) *reduced = done;
@@ -368,10 +388,12 @@ static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   bool last = mega_sched_is_last_stage(&r->eval_sched, r->me.pp, r->eval_sched.vp - 1);
   mega_status wst = mega_grads_wait_params(r->chunks.grads, -1, err);
   if (wst != MEGA_OK) return wst;
+  int64_t first = r->eval_done;
   for (int k = 0; k < r->job->eval_iters; k++) {
     mega_engine_result res;
     mega_status st = mega_engine_run(r->eval_engine, r->eval_done++, &res, NULL, 0, NULL, 0, err);
     if (st != MEGA_OK) {
+      r->eval_done = first; /* a held state counts no half evaluation */
       mega_err_prefix(err, "evaluation after iteration %lld", (long long)r->iteration);
       return st;
     }
@@ -418,6 +440,12 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
    * gradient reductions (the schedule's GWs) and the pipeline's drain. */
   double ts = res.work_end_wall, tg;
   st = finalize_grads(r, &tg, err);
+  /* the shard copy's gradients, once they are final (grads.h): the tied
+   * embedding's sum is among them, so the loss stage waits for it here */
+  if (st == MEGA_OK && r->copy) st = wait_embd(r, err);
+  double copy_s = 0, tc = wall_s();
+  if (st == MEGA_OK && r->copy) st = mega_grads_exchange_copy(r->chunks.grads, err);
+  copy_s += wall_s() - tc;
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
@@ -455,7 +483,15 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   /* Megatron's scheduler counts the samples consumed before this step */
   double lr = mega_lr_at(&r->lr, (double)mega_batch_plan_start(&r->plan, it));
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
-  if (st == MEGA_OK && !r->simulate) st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+  if (st == MEGA_OK && !r->simulate) {
+    r->stepping = true; /* from here a failure leaves this iteration half applied */
+    st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+    /* the shard copy takes its owner's very step (grads.h) */
+    tc = wall_s();
+    if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, err);
+    copy_s += wall_s() - tc;
+    if (st == MEGA_OK) r->stepped = true;
+  }
   /* distributed optimizer: every rank gets every updated parameter; with
    * --overlap-param-gather forward waits for each bucket when it needs it */
   if (st == MEGA_OK)
@@ -468,6 +504,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   double t1 = wall_s();
   if (st == MEGA_OK) st = rank_collect_reductions(r, t0, trace, err);
   if (st != MEGA_OK) return st;
+  r->stepping = r->stepped = false;
   if (trace) {
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "grad-sync", .cat = "grad_sync",
@@ -516,6 +553,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->process_cpu_s = pcpu1 - pcpu0;
   m->reductions = r->reductions;
   m->nreductions = r->nreductions;
+  m->shard_copy_bytes = r->copy ? mega_optim_state_bytes(r->copy) : 0;
+  m->shard_copy_s = r->copy ? copy_s : 0;
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
   if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {
@@ -597,6 +636,7 @@ void mega_rank_destroy(mega_rank *r) {
   mega_store_close(r->store);
   rank_tp_free(r);
   mega_optim_destroy(r->optim);
+  mega_optim_destroy(r->copy);
   mega_chunks_free(&r->chunks);
   mega_sched_free(&r->sched);
   mega_sched_free(&r->eval_sched);
