@@ -2,7 +2,15 @@
  * forked on this machine: P2P bandwidth, small round-trip latency, and
  * all-reduce bus bandwidth. Prints figures; never fails on a time.
  *
- *   bench_comm [ranks...]      (default: 2 4) */
+ *   bench_comm [ranks...]      (default: 2 4)
+ *   bench_comm lanes [floats]  k = 1, 2, 4 pairs of ranks, each pair
+ *                              all-reducing floats (1M) at the same time, as
+ *                              the data-parallel groups of k pipeline stages
+ *                              do in the cooldown: the time of one all-reduce
+ *                              for each k, and how many run at full speed at
+ *                              once (lanes = k t1 / tk at its largest), the
+ *                              figure core/sim's --grad-sync-lanes takes */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -165,7 +173,98 @@ static int body(int rank, const mp_env *env) {
   return 0;
 }
 
+/* lanes: this rank's pair (2p, 2p+1) all-reduces in its own group while
+ * every other pair does the same; returns the mean ms of one all-reduce. */
+typedef struct lanes_arg {
+  size_t count;
+  int iters;
+  const char *out; /* rank 0 writes the mean there, for the parent */
+} lanes_arg;
+
+static int lanes_body(int rank, const mp_env *env) {
+  const lanes_arg *a = env->arg;
+  int n = env->nranks;
+  mega_store *store = mp_store(env, false);
+  MP_CHECK(store, "no store");
+  mega_comm *all = NULL, *pair = NULL;
+  mega_err err = {0};
+  char name[32];
+  snprintf(name, sizeof name, "pair%d", rank / 2);
+  MP_OK(mega_comm_create(store, "all", rank, n, NULL, TIMEOUT_MS, &all, &err), err);
+  MP_OK(mega_comm_create(store, name, rank % 2, 2, NULL, TIMEOUT_MS, &pair, &err), err);
+  mega_store_close(store);
+  float *buf = malloc(a->count * sizeof(float));
+  MP_CHECK(buf, "malloc");
+  for (size_t i = 0; i < a->count; i++) buf[i] = 1.0f;
+  MP_OK(mega_comm_all_reduce(pair, buf, a->count, 0, &err), err); /* warm up */
+  MP_OK(mega_comm_barrier(all, 0, &err), err);
+  double t0 = mp_now_ms();
+  for (int i = 0; i < a->iters; i++)
+    MP_OK(mega_comm_all_reduce(pair, buf, a->count, 0, &err), err);
+  double mine = (mp_now_ms() - t0) / a->iters, times[16] = {0};
+  size_t counts[16];
+  for (int i = 0; i < n; i++) counts[i] = sizeof(double);
+  MP_OK(mega_comm_all_gather(all, &mine, times, counts, MEGA_DT_BYTE, 0, &err), err);
+  if (rank == 0) {
+    double mean = 0;
+    for (int i = 0; i < n; i++) mean += times[i] / n;
+    FILE *f = fopen(a->out, "w");
+    if (f) {
+      fprintf(f, "%.6f\n", mean);
+      fclose(f);
+    }
+  }
+  free(buf);
+  mega_comm_destroy(pair);
+  mega_comm_destroy(all);
+  return 0;
+}
+
+static int run_lanes(size_t count) {
+  char path[] = "/tmp/bench-comm-lanes-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) {
+    perror("bench_comm: mkstemp");
+    return 1;
+  }
+  close(fd);
+  lanes_arg a = {.count = count, .iters = count >= 1000000 ? 60 : 400, .out = path};
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  printf("bench_comm lanes: k pairs of ranks all-reduce %zu floats each at once, %ld core(s)\n",
+         count, cores);
+  double t1 = 0, lanes = 0;
+  int failed = 0;
+  for (int k = 1; k <= 4 && !failed; k *= 2) {
+    failed += mp_run(2 * k, lanes_body, &a, 300000, 0);
+    FILE *f = fopen(path, "r");
+    double ms = 0;
+    if (!f || fscanf(f, "%lf", &ms) != 1 || ms <= 0) failed++;
+    if (f) fclose(f);
+    if (failed) break;
+    if (k == 1) t1 = ms;
+    double l = k * t1 / ms;
+    if (l > lanes) lanes = l;
+    printf("pairs=%d  %.2f ms per all-reduce (%.2fx alone), %.2f at full speed\n", k, ms,
+           ms / t1, l);
+  }
+  unlink(path);
+  if (failed) {
+    fprintf(stderr, "bench_comm: a lanes run failed\n");
+    return 1;
+  }
+  printf("lanes=%.2f\n", lanes);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "lanes")) {
+    long long count = argc > 2 ? atoll(argv[2]) : 1000000;
+    if (count < 1) {
+      fprintf(stderr, "bench_comm: lanes takes a float count >= 1, not '%s'\n", argv[2]);
+      return 2;
+    }
+    return run_lanes((size_t)count);
+  }
   int ranks[8] = {2, 4}, nr = 2;
   if (argc > 1) {
     nr = 0;

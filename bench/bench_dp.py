@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """Data-parallel gradient benchmarks (seeds 002 and 003); figures, never a
-pass/fail. Each section runs its configurations side by side in one go.
+pass/fail. Each section runs its configurations side by side, --runs
+rounds over (interleaved, so the machine's load falls on all alike), and
+reports the median over rounds.
 
   overlap  DP=2 with --simulate-compute and real-sized gradients (hidden 512,
            4 layers, 12.8M parameters): exposed grad sync without and with
@@ -11,16 +13,29 @@ pass/fail. Each section runs its configurations side by side in one go.
            ranks, and per pipeline rank) with the reduction after each
            rank's schedule against launched in the cooldown (1F1B, and
            interleaved VP=2 with and without --align-grad-reduce), beside
-           core/sim's prediction (megactl plan --t-grad-sync) with the
-           reduction time measured in the same run
+           core/sim's prediction (megactl plan: --t-grad-sync is PP rank 0's
+           reduction measured in the same round, --grad-buckets its
+           buckets, --grad-sync-lanes bench_comm lanes' figure, how many
+           reductions this machine runs at full speed at once); then where
+           the exposed time went (the replicas' skew, the embedding sum, the
+           comm threads waiting for a core, the reductions themselves) and
+           the comm threads' CPU
+  bubble4  the same at PP=2 x DP=2: four processes on the cores instead of
+           eight, the same stages, against the same model
   memory   --use-distributed-optimizer: optimizer_state_bytes per rank at
            DP=1, 2 and 4 against the unsharded figure
   compute  a real model at DP=2: tokens/s without and with overlap (and the
            distributed optimizer) on this machine
 
-  overlap8 the same with 8 layers (twice the gradients, the same tail)
+  overlap8 the same as overlap with 8 layers (twice the gradients, the same tail)
 
-usage: bench_dp.py MEGAW MEGACTL [overlap|overlap8|bubble|memory|compute ...]
+usage: bench_dp.py MEGAW MEGACTL [--runs N] [--max-load L] [--lanes L]
+                   [overlap|overlap8|bubble|bubble4|memory|compute ...]
+  --runs N      rounds of the overlap and bubble sections (5)
+  --max-load L  before each run wait (up to 10 minutes) until the 1-minute
+                load average is at most L; the loads are printed either way
+  --lanes L     core/sim's --grad-sync-lanes instead of bench_comm's figure
+                (0: each stage's data-parallel group on links of its own)
 """
 import json
 import os
@@ -28,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "engine"))
@@ -37,12 +53,36 @@ WIDE = ["--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "6
         "--micro-batch-size", "1", "--lr", "1e-3"]
 
 
+OPTS = {"runs": 5, "max_load": None, "lanes": None}
+LOADS = []  # the 1-minute load average before each run of the current section
+
+
+def wait_quiet():
+    """The load average now, after waiting (with --max-load) for it to drop."""
+    deadline = time.time() + 600
+    while True:
+        load = os.getloadavg()[0]
+        if OPTS["max_load"] is None or load <= OPTS["max_load"] or time.time() > deadline:
+            return load
+        time.sleep(10)
+
+
 def run(megaw, world, args, tmp):
+    LOADS.append(wait_quiet())
     res = launch(megaw, world, args, tmp, timeout=900)
     for rc, _, err in res:
         if rc != 0:
             raise SystemExit("a rank failed: " + err.strip()[-400:])
     return [lines for _, lines, _ in res]
+
+
+def print_loads():
+    if LOADS:
+        print("(1-minute load average before the runs: min %.2f, median %.2f, max %.2f over %d "
+              "runs%s)" % (min(LOADS), statistics.median(LOADS), max(LOADS), len(LOADS),
+                           "" if OPTS["max_load"] is None else
+                           ", each waited for <= %.2f" % OPTS["max_load"]))
+    del LOADS[:]
 
 
 def after(ranks, key, skip):
@@ -56,6 +96,10 @@ def plan(megactl, args):
     return json.loads(out)
 
 
+def med(values):
+    return statistics.median(values) if values else float("nan")
+
+
 def overlap(megaw, megactl, tmp, layers=4):
     data = os.path.join(tmp, "data.txt")
     write_data(data)
@@ -63,57 +107,160 @@ def overlap(megaw, megactl, tmp, layers=4):
     args = WIDE + ["--num-layers", str(layers), "--global-batch-size", "8", "--train-iters",
                    str(iters), "--data-path", data, "--simulate-compute", "%d:%d" % (f, b)]
     print("== DP overlap: DP=2, hidden 512, %d layers, M=4, --simulate-compute %d:%d (ms per "
-          "microbatch), real-sized gradient buffers, iterations %d..%d" %
-          (layers, f, b, skip + 1, iters))
-    print("%-34s %8s %20s %9s %9s" % ("configuration", "buckets", "exposed ms mean/med",
-                                       "step ms", "hidden"))
-    base = None
-    # The baseline runs first and again last: the difference is this
-    # machine's noise over the section.
-    for name, extra, buckets in (
-            ("no overlap (one bucket)", [], 1),
+          "microbatch), real-sized gradient buffers, iterations %d..%d, %d rounds" %
+          (layers, f, b, skip + 1, iters, OPTS["runs"]))
+    print("%-34s %8s %20s %9s %16s" % ("configuration", "buckets", "exposed ms mean/med",
+                                       "step ms", "hidden (range)"))
+    rows = (("no overlap (one bucket)", [], 1),
             ("--overlap-grad-reduce, default 40M", ["--overlap-grad-reduce"], None),
             ("--overlap-grad-reduce, 4M", ["--overlap-grad-reduce", "--bucket-size", "4000000"],
              None),
             ("--overlap-grad-reduce, 2M", ["--overlap-grad-reduce", "--bucket-size", "2000000"],
              None),
             ("--overlap-grad-reduce, 1M", ["--overlap-grad-reduce", "--bucket-size", "1000000"],
-             None),
-            ("no overlap, again", [], 1)):
-        ranks = run(megaw, 2, args + extra, tmp)
-        values = sum(after(ranks, "grad_sync_exposed_s", skip), [])
-        exposed, median = statistics.mean(values), statistics.median(values)
-        step = statistics.median(sum(after(ranks, "step_time_s", skip), []))
-        grad = ranks[0][-1]["grad_bytes"] / 4
+             None))
+    got = {name: [] for name, _, _ in rows}  # per round: (mean, median, step, hidden)
+    grad = 0
+    for _ in range(OPTS["runs"]):
+        base = None
+        for name, extra, _ in rows:
+            ranks = run(megaw, 2, args + extra, tmp)
+            values = sum(after(ranks, "grad_sync_exposed_s", skip), [])
+            exposed = statistics.mean(values)
+            step = statistics.median(sum(after(ranks, "step_time_s", skip), []))
+            grad = ranks[0][-1]["grad_bytes"] / 4
+            base = exposed if base is None else base
+            got[name].append((exposed, statistics.median(values), step,
+                              1 - exposed / base if base > 0 else float("nan")))
+    for name, extra, buckets in rows:
         if buckets is None:
             size = float(extra[-1]) if extra[-1].isdigit() else 40e6
             buckets = "~%d" % max(1, round(grad / size))
-        if base is None:
-            base = exposed
-        print("%-34s %8s %12.1f / %5.1f %9.1f %8.1f%%" %
-              (name, buckets, 1e3 * exposed, 1e3 * median, 1e3 * step,
-               100 * (1 - exposed / base)))
-    print("(exposed: over both ranks and the iterations; hidden: of the mean; %.1fM gradient "
-          "floats per rank)" % (grad / 1e6))
+        g = got[name]
+        hidden = [x[3] for x in g]
+        print("%-34s %8s %12.1f / %5.1f %9.1f %7.1f%% (%.0f..%.0f)" %
+              (name, buckets, 1e3 * med([x[0] for x in g]), 1e3 * med([x[1] for x in g]),
+               1e3 * med([x[2] for x in g]), 100 * med(hidden), 100 * min(hidden),
+               100 * max(hidden)))
+    print("(exposed: over both ranks and the iterations, median over rounds; hidden: of the "
+          "mean,\n against the round's no-overlap run; %.1fM gradient floats per rank)" %
+          (grad / 1e6))
+    print_loads()
 
 
 def overlap8(megaw, megactl, tmp):
     overlap(megaw, megactl, tmp, layers=8)
 
 
-def bubble(megaw, megactl, tmp):
+# ---- bubble hiding (seed 003) ----
+
+def comm_figures(megaw):
+    """The machine's collectives, for core/sim: the seconds per float of a
+    1M-float all-reduce between two ranks alone, and --grad-sync-lanes
+    (--lanes, or bench_comm lanes' figure), with a note of where they came
+    from."""
+    exe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(megaw))), "bench",
+                       "bench_comm")
+    load = wait_quiet()
+    out = subprocess.run([exe, "lanes", "1000000"], capture_output=True, text=True,
+                         timeout=900)
+    alone = lanes = None
+    for line in out.stdout.splitlines():
+        if line.startswith("pairs=1 "):
+            alone = float(line.split()[1]) * 1e-3 / 1e6
+        if line.startswith("lanes="):
+            lanes = float(line[6:])
+    if alone is None or lanes is None:
+        raise SystemExit("bench_comm lanes failed: " + out.stderr[-400:])
+    pairs = "; ".join(l.split("  ")[0] + " " + l.split("(")[1].split(")")[0]
+                      for l in out.stdout.splitlines() if l.startswith("pairs="))
+    note = "bench_comm lanes at load %.2f: %.2f ms per 1M-float all-reduce alone, %s" % (
+        load, alone * 1e9, pairs)
+    if OPTS["lanes"] is not None:
+        lanes, note = OPTS["lanes"], note + "; lanes given with --lanes"
+    return alone, lanes, note
+
+
+def by_iteration(ranks, skip):
+    rows = {}
+    for lines in ranks:
+        for l in lines:
+            if l["iteration"] > skip:
+                rows.setdefault(l["iteration"], {})[(l["pp_rank"], l["dp_rank"])] = l
+    return rows
+
+
+def at(l, key, x=None):
+    """A time of line l (or of its reduction x) on the shared wall clock, seconds."""
+    v = (x or l)[key]
+    return l["step_start_unix_us"] / 1e6 + v if v >= 0 else None
+
+
+def split_exposed(l, peers):
+    """Rank line l's exposed grad sync, split: waiting for a data-parallel
+    peer whose pipeline ended later (skew), the embedding sum after the
+    rank's own reductions (embd), its comm thread waiting for a core while
+    the rest ran (runq), and the rest (moving bytes, CPU, latency)."""
+    e = l["grad_sync_exposed_s"]
+    w0, w1 = at(l, "drained_s"), at(l, "reduced_s")
+    skew = min(e, max([0.0] + [at(p, "drained_s") - w0 for p in peers]))
+    dp = [x for x in l.get("grad_reductions", []) if x["bucket"] >= 0]
+    ends = [at(l, "done_s", x) or at(l, "waited_s", x) for x in dp]
+    dp_end = max([t for t in ends if t is not None] or [w0])
+    embd = 0.0
+    for x in l.get("grad_reductions", []):
+        done = at(l, "done_s", x) or at(l, "waited_s", x)
+        if x["bucket"] < 0 and done is not None and done <= w1 + 1e-6:
+            embd = max(0.0, done - max(w0, dp_end))
+    embd = min(e - skew, embd)
+    runq, lo = 0.0, w0 + skew
+    for x in dp:
+        a, b = at(l, "started_s", x), at(l, "done_s", x)
+        if a is None or b is None or b <= a or x["runq_s"] < 0:
+            continue
+        part = max(0.0, min(b, w1) - max(a, lo)) / (b - a)
+        runq += x["runq_s"] * part
+    runq = min(e - skew - embd, runq)
+    return e, skew, embd, runq, e - skew - embd - runq
+
+
+def analyse(ranks, skip, P, DP):
+    """Per round: the mean over ranks and iterations of the exposed time and
+    its parts, each PP rank's exposed time, stage 0's replica skew, and the
+    comm threads' CPU per step (all ranks) against the step."""
+    parts, per_pp, skews, cpu, steps = [], {r: [] for r in range(P)}, [], [], []
+    for it, rk in by_iteration(ranks, skip).items():
+        for (pp, dp), l in rk.items():
+            peers = [rk[(pp, d)] for d in range(DP) if d != dp and (pp, d) in rk]
+            parts.append(split_exposed(l, peers))
+            per_pp[pp].append(l["grad_sync_exposed_s"])
+        ends = [at(rk[(0, d)], "drained_s") for d in range(DP) if (0, d) in rk]
+        skews.append(max(ends) - min(ends))
+        cpu.append(sum(l["process_cpu_s"] - l["thread_cpu_s"] for l in rk.values()))
+        steps.append(max(l["step_time_s"] for l in rk.values()))
+    mean = [statistics.mean(p[k] for p in parts) for k in range(5)]
+    return {"parts": mean, "exposed": mean[0],
+            "pp": [statistics.mean(per_pp[r]) for r in range(P)],
+            "skew": statistics.mean(skews), "cpu": statistics.mean(cpu),
+            "step": statistics.mean(steps)}
+
+
+def bubble_section(megaw, megactl, tmp, P, layers):
     data = os.path.join(tmp, "data.txt")
     write_data(data)
-    P, DP, M, iters, skip, f, b = 4, 2, 8, 10, 2, 20, 40
+    DP, M, iters, skip, f, b = 2, 8, 10, 2, 20, 40
     bucket = 1000000
-    args = WIDE + ["--num-layers", "8", "--global-batch-size", str(M * DP),
+    cores = os.cpu_count()
+    alone, lanes, comm_note = comm_figures(megaw)
+    args = WIDE + ["--num-layers", str(layers), "--global-batch-size", str(M * DP),
                    "--train-iters", str(iters), "--data-path", data,
                    "--pipeline-model-parallel-size", str(P), "--simulate-compute",
                    "%d:%d" % (f, b)]
-    print("== bubble hiding: PP=%d x DP=%d, hidden 512, 8 layers, M=%d, --simulate-compute "
-          "%d:%d, buckets of %d, iterations %d..%d" % (P, DP, M, f, b, bucket, skip + 1, iters))
-    print("%-36s %9s %7s %8s  %-24s %8s" % ("configuration", "exposed", "hidden", "median",
-                                             "per PP rank (ms)", "sim"))
+    print("== bubble hiding: PP=%d x DP=%d (%d processes, %d cores), hidden 512, %d layers, "
+          "M=%d, --simulate-compute %d:%d, buckets of %d, iterations %d..%d, %d rounds" %
+          (P, DP, P * DP, cores, layers, M, f, b, bucket, skip + 1, iters, OPTS["runs"]))
+    print("core/sim: --grad-sync-lanes %.2f, --t-grad-sync from %.2f ms per 1M floats (%s)" %
+          (lanes, alone * 1e9, comm_note))
     ov = ["--overlap-grad-reduce", "--bucket-size", str(bucket)]
     rows = (("1f1b, sync after the schedule", 1, [], []),
             ("1f1b, sync in the cooldown", 1, ov, ["--overlap-grad-reduce"]),
@@ -121,38 +268,75 @@ def bubble(megaw, megactl, tmp):
             ("interleaved V=2, in the cooldown", 2, ov, ["--overlap-grad-reduce"]),
             ("interleaved V=2, cooldown + align", 2, ov + ["--align-grad-reduce"],
              ["--overlap-grad-reduce", "--align-grad-reduce"]))
-    base = {}
-    for name, vp, extra, plan_flags in rows:
-        a = args + extra
-        if vp > 1:
-            a += ["--virtual-pipeline-model-parallel-size", str(vp)]
-        ranks = run(megaw, P * DP, a, tmp)
-        per_pp = {}
-        for lines in ranks:
-            for l in lines:
-                if l["iteration"] > skip:
-                    per_pp.setdefault(l["pp_rank"], []).append(l["grad_sync_exposed_s"])
-        pp_mean = [statistics.mean(per_pp[r]) for r in range(P)]
-        mean = statistics.mean(pp_mean)
-        med = statistics.mean(statistics.median(per_pp[r]) for r in range(P))
-        grad_floats = max(l["grad_bytes"] for lines in ranks for l in lines) / 4
-        if not plan_flags:
-            # Nothing hides rank 0's reduction after its schedule: its exposed
-            # time is the reduction's, the simulator's T_grad_sync.
-            base[vp] = (mean, pp_mean[0])
-        t_gs = base[vp][1]
-        nb = max(1, round(grad_floats / vp / bucket)) if plan_flags else 1
-        sim = plan(megactl, ["--pipeline-model-parallel-size", str(P), "--num-microbatches",
-                             str(M), "--t-forward", str(f), "--t-backward", str(b),
-                             "--t-grad-sync", "%.3f" % (1e3 * t_gs), "--grad-buckets", str(nb)] +
-                   (["--virtual-pipeline-model-parallel-size", str(vp)] if vp > 1 else []) +
-                   plan_flags)
-        print("%-36s %6.1f ms %6.1f%% %5.1f ms  %-24s %5.1f ms" %
-              (name, 1e3 * mean, 100 * (1 - mean / base[vp][0]), 1e3 * med,
-               " ".join("%.1f" % (1e3 * x) for x in pp_mean), sim["grad_sync_exposed"]))
-    print("(exposed: mean over ranks and iterations; hidden: against the same schedule with the "
-          "sync after it;\n median: the mean over ranks of each rank's median; sim: megactl "
-          "plan's mean exposed grad\n sync with T_grad_sync = PP rank 0's measured reduction)")
+    got = {name: [] for name, _, _, _ in rows}
+    for _ in range(OPTS["runs"]):
+        base = {}
+        for name, vp, extra, plan_flags in rows:
+            a = args + extra
+            if vp > 1:
+                a += ["--virtual-pipeline-model-parallel-size", str(vp)]
+            ranks = run(megaw, P * DP, a, tmp)
+            res = analyse(ranks, skip, P, DP)
+            if not plan_flags:
+                base[vp] = res["exposed"]
+            # T_grad_sync: PP rank 0's reductions (its buckets, then the tied
+            # embedding's sum) at the rate of one all-reduce alone
+            stage0 = [x for lines in ranks for l in lines[-1:] if l["pp_rank"] == 0
+                      for x in l.get("grad_reductions", [])]
+            floats = sum(x["floats"] for x in stage0 if x["bucket"] >= 0) / DP
+            t_gs = alone * sum(x["floats"] for x in stage0) / DP
+            nb = max(1, round(floats / vp / bucket)) if plan_flags else 1
+            flags = ["--pipeline-model-parallel-size", str(P), "--num-microbatches", str(M),
+                     "--t-forward", str(f), "--t-backward", str(b),
+                     "--t-grad-sync", "%.3f" % (1e3 * t_gs), "--grad-buckets", str(nb)]
+            if vp > 1:
+                flags += ["--virtual-pipeline-model-parallel-size", str(vp)]
+            if lanes >= 1:
+                flags += ["--grad-sync-lanes", "%.3f" % lanes]
+            sim = plan(megactl, flags + plan_flags)["grad_sync_exposed"] / 1e3
+            res["sim"] = sim
+            res["t_gs"] = t_gs
+            res["hidden"] = 1 - res["exposed"] / base[vp] if base[vp] > 0 else float("nan")
+            res["ratio"] = res["exposed"] / sim if sim > 0 else float("nan")
+            got[name].append(res)
+    print("%-36s %8s %7s %8s %6s  %-24s" % ("configuration", "exposed", "hidden", "sim",
+                                             "x sim", "per PP rank (ms)"))
+    for name, _, _, _ in rows:
+        g = got[name]
+        print("%-36s %5.1f ms %6.1f%% %5.1f ms %5.2fx  %s" %
+              (name, 1e3 * med([x["exposed"] for x in g]), 100 * med([x["hidden"] for x in g]),
+               1e3 * med([x["sim"] for x in g]), med([x["ratio"] for x in g]),
+               " ".join("%.1f" % (1e3 * med([x["pp"][r] for x in g])) for r in range(P))))
+    print("(medians over rounds. exposed: mean over ranks and iterations; hidden: against the "
+          "same\n schedule with the sync after it, in the same round; sim: megactl plan's mean "
+          "exposed grad\n sync, T_grad_sync %.1f ms: PP rank 0's floats at the rate of one "
+          "all-reduce alone;\n x sim: exposed / sim)" % (1e3 * med([x["t_gs"] for x in
+                                                                    got[rows[0][0]]])))
+    print()
+    print("%-36s %7s %6s %6s %6s %6s %9s %14s" % ("where the exposed ms went (mean/rank)",
+                                                  "exposed", "skew", "embd", "runq", "rest",
+                                                  "dp skew", "comm CPU/step"))
+    for name, _, _, _ in rows:
+        g = got[name]
+        p = [med([x["parts"][k] for x in g]) for k in range(5)]
+        cpu, step = med([x["cpu"] for x in g]), med([x["step"] for x in g])
+        print("%-36s %7.1f %6.1f %6.1f %6.1f %6.1f %6.1f ms %5.0f ms %3.0f%%" %
+              (name, 1e3 * p[0], 1e3 * p[1], 1e3 * p[2], 1e3 * p[3], 1e3 * p[4],
+               1e3 * med([x["skew"] for x in g]), 1e3 * cpu, 100 * cpu / (cores * step)))
+    print("(skew: waiting for the other replica's pipeline to end; embd: the tied embedding's "
+          "sum after\n the rank's own reductions; runq: its comm thread runnable without a "
+          "core while the\n reductions ran; rest: the reductions themselves. dp skew: stage "
+          "0's replicas' pipeline\n ends apart. comm CPU: every rank's threads but the "
+          "training thread, per step, and\n as a share of the cores over the step)")
+    print_loads()
+
+
+def bubble(megaw, megactl, tmp):
+    bubble_section(megaw, megactl, tmp, 4, 8)
+
+
+def bubble4(megaw, megactl, tmp):
+    bubble_section(megaw, megactl, tmp, 2, 4)
 
 
 def memory(megaw, megactl, tmp):
@@ -209,13 +393,28 @@ def compute(megaw, megactl, tmp):
 
 
 def main():
-    if len(sys.argv) < 3:
+    argv, which = sys.argv[1:], []
+    opts = {"--runs": ("runs", int), "--max-load": ("max_load", float),
+            "--lanes": ("lanes", float)}
+    while argv:
+        a = argv.pop(0)
+        if a in opts:
+            if not argv:
+                raise SystemExit("%s needs a value" % a)
+            key, conv = opts[a]
+            OPTS[key] = conv(argv.pop(0))
+        else:
+            which.append(a)
+    if len(which) < 2 or OPTS["runs"] < 1:
         print(__doc__, file=sys.stderr)
         return 2
-    megaw, megactl = sys.argv[1], sys.argv[2]
-    which = sys.argv[3:] or ["overlap", "bubble", "memory", "compute"]
-    sections = {"overlap": overlap, "overlap8": overlap8, "bubble": bubble, "memory": memory,
-                "compute": compute}
+    megaw, megactl = which[:2]
+    which = which[2:] or ["overlap", "bubble", "memory", "compute"]
+    sections = {"overlap": overlap, "overlap8": overlap8, "bubble": bubble,
+                "bubble4": bubble4, "memory": memory, "compute": compute}
+    for w in which:
+        if w not in sections:
+            raise SystemExit("no section %r (%s)" % (w, ", ".join(sections)))
     with tempfile.TemporaryDirectory(prefix="mega-bench-dp-") as tmp:
         for w in which:
             sections[w](megaw, megactl, tmp)

@@ -43,6 +43,7 @@ typedef struct plan_opts {
   double t_f, t_b, t_w, latency, t_grad_sync;
   bool t_w_given, t_grad_sync_given, overlap_grad, align_grad;
   int grad_buckets;
+  double lanes; /* --grad-sync-lanes; 0: not given */
   out_format format;
   const char *load, *output; /* load: --schedule-file */
   bool help;
@@ -51,7 +52,7 @@ typedef struct plan_opts {
 } plan_opts;
 
 enum { O_M, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP, O_TGS, O_BUCKETS,
-       O_NNODES, O_NPROC };
+       O_LANES, O_NNODES, O_NPROC };
 
 static const struct {
   const char *name;
@@ -69,6 +70,7 @@ static const struct {
     [O_HELP] = {"help", false},
     [O_TGS] = {"t-grad-sync", true},
     [O_BUCKETS] = {"grad-buckets", true},
+    [O_LANES] = {"grad-sync-lanes", true},
     [O_NNODES] = {"nnodes", true},
     [O_NPROC] = {"nproc-per-node", true},
 };
@@ -83,7 +85,7 @@ static void usage(FILE *f) {
       "                    [--t-forward F] [--t-backward B] [--t-weight W]\n"
       "                    [--p2p-latency L] [--format text|json|trace|schedule]\n"
       "                    [--overlap-grad-reduce] [--align-grad-reduce]\n"
-      "                    [--t-grad-sync G] [--grad-buckets N]\n"
+      "                    [--t-grad-sync G] [--grad-buckets N] [--grad-sync-lanes L]\n"
       "                    [--schedule-file FILE] [--output FILE]\n"
       "                    [--nnodes N --nproc-per-node K] [any job flags]\n"
       "\n"
@@ -104,6 +106,10 @@ static void usage(FILE *f) {
       "                   offset by pipeline rank (seed 003)\n"
       "  --grad-buckets   buckets per chunk (1): with overlap they launch through the\n"
       "                   chunk's last backward\n"
+      "  --grad-sync-lanes  the stages' reductions share their links: at most L (1 or\n"
+      "                   more) run at full speed at once, k > L each at L/k (ranks on\n"
+      "                   one machine: bench_comm lanes measures L); default: each\n"
+      "                   stage's data-parallel group has links of its own\n"
       "  --format         text: a timeline and per-rank phases and bubbles (default)\n"
       "                   json: the same figures as one JSON object\n"
       "                   trace: a Chrome trace for Perfetto (one time unit = 1 ms)\n"
@@ -173,6 +179,14 @@ static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   case O_HELP: o->help = true; return true;
   case O_TGS: o->t_grad_sync_given = true; return parse_time(name, v, &o->t_grad_sync, err);
   case O_BUCKETS: return parse_int(name, v, &o->grad_buckets, err);
+  case O_LANES:
+    if (!parse_time(name, v, &o->lanes, err)) return false;
+    if (o->lanes < 1) {
+      mega_fail(err, MEGA_ERR_INVALID,
+                "--%s: '%s' is under 1; a reduction alone runs at full speed", name, v);
+      return false;
+    }
+    return true;
   case O_FORMAT:
     if (!strcmp(v, "text")) o->format = FMT_TEXT;
     else if (!strcmp(v, "json")) o->format = FMT_JSON;
@@ -421,6 +435,7 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
   json_object_set_new(cost, "p2p_latency", json_real(c->p2p_latency));
   json_object_set_new(cost, "grad_sync", json_real(c->grad_sync));
   json_object_set_new(cost, "grad_buckets", json_integer(c->grad_buckets));
+  json_object_set_new(cost, "grad_sync_lanes", json_real(c->grad_sync_lanes));
   json_object_set_new(root, "cost", cost);
   /* Megatron's table exists for the interleaved schedule only: [] otherwise. */
   json_t *table = json_array();
@@ -485,7 +500,8 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
     return 0;
   }
   mega_cost cost = {.t_f = o->t_f, .t_b = o->t_b, .t_w = o->t_w, .p2p_latency = o->latency,
-                    .grad_sync = o->t_grad_sync, .grad_buckets = o->grad_buckets ? o->grad_buckets : 1};
+                    .grad_sync = o->t_grad_sync, .grad_buckets = o->grad_buckets ? o->grad_buckets : 1,
+                    .grad_sync_lanes = o->lanes};
   if (!o->t_w_given && has_weight_actions(s)) cost.t_w = 1;
   mega_sim sim = {0};
   mega_err err = {0};

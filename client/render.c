@@ -392,8 +392,8 @@ static void print_stats(FILE *f, const mega_schedule *s, const mega_sim *sim) {
     fputc('\n', f);
   }
   if (sync)
-    fputs("exposed: grad sync outlasting the pipeline's work; the first and last stage\n"
-          "share the later one's (they sum the tied embedding after their reductions)\n", f);
+    fputs("exposed: grad sync outlasting the pipeline's work; the first stage waits for\n"
+          "the last's reductions too (it sums the tied embedding after both)\n", f);
 }
 
 int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const mega_cost *cost,
@@ -449,9 +449,11 @@ int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const
   if (has_sync(s))
     fprintf(f, "dp =: the rank's data-parallel gradient reduction, launched by GS (its\n"
                "buckets during the chunk's last backward when GS follows it); ~: waiting\n"
-               "for it (GW); T_grad_sync=%s in %d bucket%s per chunk\n",
+               "for it (GW); T_grad_sync=%s in %d bucket%s per chunk%s%s%s\n",
             fmt_num(cost->grad_sync, b, sizeof b), cost->grad_buckets > 1 ? cost->grad_buckets : 1,
-            cost->grad_buckets > 1 ? "s" : "");
+            cost->grad_buckets > 1 ? "s" : "", cost->grad_sync_lanes > 0 ? ",\n" : "",
+            cost->grad_sync_lanes > 0 ? fmt_num(cost->grad_sync_lanes, c, sizeof c) : "",
+            cost->grad_sync_lanes > 0 ? " of them at full speed at once across ranks" : "");
   fputc('\n', f);
   print_stats(f, s, sim);
   fprintf(f, "\nmakespan %s, mean bubble %.2f%%", fmt_num(sim->makespan, a, sizeof a),

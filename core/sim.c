@@ -56,11 +56,17 @@ typedef struct simulation {
   bool *blocked, *has_w;
   double *clock, *comm_free; /* comm_free: when its communicator is next idle */
   double *reduced; /* [rank][chunk]: when the chunk's last bucket is reduced */
+  double **rready; /* [rank][reduction]: when each bucket was ready, parallel to reduce */
+  int **rchunk;    /* [rank][reduction]: its chunk */
 } simulation;
 
 static mega_status check_input(const mega_schedule *s, const mega_cost *cost, mega_err *err) {
   if (!s || s->pp < 1 || s->vp < 1 || !s->ranks)
     return mega_fail(err, MEGA_ERR_INVALID, "the schedule is empty or not initialised");
+  if (bad_cost(cost->grad_sync_lanes) || (cost->grad_sync_lanes > 0 && cost->grad_sync_lanes < 1))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "grad_sync_lanes must be 0 (each rank's own links) or at least 1 (one "
+                     "reduction alone runs at full speed), not %g", cost->grad_sync_lanes);
   if (bad_cost(cost->t_f) || bad_cost(cost->t_b) || bad_cost(cost->t_w) ||
       bad_cost(cost->p2p_latency) || bad_cost(cost->p2p_bandwidth) ||
       bad_cost(cost->activation_bytes) || bad_cost(cost->grad_sync))
@@ -87,13 +93,22 @@ static mega_status alloc_state(simulation *sim, mega_err *err) {
   sim->clock = calloc(pp, sizeof *sim->clock);
   sim->comm_free = calloc(pp, sizeof *sim->comm_free);
   sim->reduced = calloc(pp * (size_t)sim->s->vp, sizeof *sim->reduced);
+  sim->rready = calloc(pp, sizeof *sim->rready);
+  sim->rchunk = calloc(pp, sizeof *sim->rchunk);
   if (!sim->out->ranks || !sim->off || !sim->posted || !sim->taken || !sim->pc || !sim->ready ||
-      !sim->blocked || !sim->has_w || !sim->clock || !sim->comm_free || !sim->reduced)
+      !sim->blocked || !sim->has_w || !sim->clock || !sim->comm_free || !sim->reduced ||
+      !sim->rready || !sim->rchunk)
     return mega_fail(err, MEGA_ERR_NOMEM, "no memory to simulate pp=%d", sim->pp);
   return MEGA_OK;
 }
 
 static void free_state(simulation *sim) {
+  for (int r = 0; r < sim->pp; r++) {
+    if (sim->rready) free(sim->rready[r]);
+    if (sim->rchunk) free(sim->rchunk[r]);
+  }
+  free(sim->rready);
+  free(sim->rchunk);
   free(sim->off);
   free(sim->posted);
   free(sim->taken);
@@ -117,8 +132,12 @@ static mega_status alloc_rank(simulation *sim, int r, mega_err *err) {
   int syncs = 0;
   for (int i = 0; i < q->n; i++) syncs += q->acts[i].kind == MEGA_ACT_GRAD_SYNC;
   if (!syncs) return MEGA_OK;
-  o->reduce = malloc((size_t)syncs * (size_t)sim->nbk * sizeof(mega_span));
-  if (!o->reduce) return mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's reductions", r);
+  size_t n = (size_t)syncs * (size_t)sim->nbk;
+  o->reduce = malloc(n * sizeof(mega_span));
+  sim->rready[r] = malloc(n * sizeof(double));
+  sim->rchunk[r] = malloc(n * sizeof(int));
+  if (!o->reduce || !sim->rready[r] || !sim->rchunk[r])
+    return mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's reductions", r);
   return MEGA_OK;
 }
 
@@ -174,6 +193,8 @@ static void launch_reduction(simulation *sim, int r, int i, double t) {
     double rdy = prev.start + (prev.end - prev.start) * (j + 1) / sim->nbk;
     double start = rdy > *comm_free ? rdy : *comm_free;
     *comm_free = start + each;
+    sim->rready[r][o->nreduce] = rdy;
+    sim->rchunk[r][o->nreduce] = a.chunk;
     o->reduce[o->nreduce++] = (mega_span){start, *comm_free};
   }
   sim->reduced[(size_t)r * sim->s->vp + a.chunk] = *comm_free;
@@ -302,20 +323,107 @@ static bool has_grad_wait(const mega_schedule *s) {
  * the last action other than GS and GW ended on any rank. */
 static void set_grad_sync_exposed(mega_sim *out, const mega_schedule *s, double drained) {
   int pp = out->pp;
-  /* finalize_model_grads: the first and last stage sum the tied
-   * embedding's gradient once both have their reductions, so with gradient
-   * sync in the schedule each of the two is done when the later one is. */
+  /* finalize_model_grads: the first stage sums the tied embedding's
+   * gradient with the last once both have their reductions; the last
+   * stage's norm leaves its copy out, so it does not wait for the sum. */
   bool tied_sum = pp > 1 && has_grad_wait(s);
-  double tied = out->ranks[0].end > out->ranks[pp - 1].end ? out->ranks[0].end
-                                                            : out->ranks[pp - 1].end;
   double exposed = 0;
   for (int r = 0; r < pp; r++) {
     mega_sim_rank *o = &out->ranks[r];
-    double finished = tied_sum && (r == 0 || r == pp - 1) ? tied : o->end;
+    double finished = o->end;
+    if (tied_sum && r == 0 && out->ranks[pp - 1].end > finished) finished = out->ranks[pp - 1].end;
     o->grad_sync_exposed = finished > drained ? finished - drained : 0;
     exposed += o->grad_sync_exposed;
   }
   out->grad_sync_exposed = exposed / pp;
+}
+
+/* ---- shared links (grad_sync_lanes) ---- */
+
+/* Fails unless every rank's GWs close its list (the reductions then change
+ * nothing before them). */
+static mega_status check_waits_last(const mega_schedule *s, mega_err *err) {
+  for (int r = 0; r < s->pp; r++) {
+    const mega_sched_rank *q = &s->ranks[r];
+    bool waited = false;
+    for (int i = 0; i < q->n; i++) {
+      if (q->acts[i].kind == MEGA_ACT_GRAD_WAIT) {
+        waited = true;
+      } else if (waited) {
+        char tok[24];
+        return mega_fail(err, MEGA_ERR_INVALID,
+                         "shared gradient-sync lanes need each rank's GWs at the end of its "
+                         "list, and rank %d has %s (action %d) after one; drop the lanes or "
+                         "move the GWs",
+                         r, mega_action_format(q->acts[i], tok), i);
+      }
+    }
+  }
+  return MEGA_OK;
+}
+
+/* The reductions again, in time order across ranks: each rank's
+ * communicator takes its buckets in launch order once they are ready, and
+ * the k running at once each run at min(1, lanes/k) of full speed. */
+static void share_reductions(simulation *sim) {
+  int pp = sim->pp;
+  double lanes = sim->cost->grad_sync_lanes;
+  double each = sim->cost->grad_sync / sim->vp / sim->nbk;
+  int next[pp];    /* the rank's next bucket */
+  double left[pp]; /* work left of its running bucket; < 0: none runs */
+  for (int r = 0; r < pp; r++) {
+    next[r] = 0;
+    left[r] = -1;
+  }
+  double now = 0;
+  for (;;) {
+    int running = 0;
+    double arrival = INFINITY; /* the next bucket to become ready on an idle rank */
+    for (int r = 0; r < pp; r++) {
+      mega_sim_rank *o = &sim->out->ranks[r];
+      if (left[r] < 0 && next[r] < o->nreduce && sim->rready[r][next[r]] <= now) {
+        left[r] = each;
+        o->reduce[next[r]].start = now;
+      }
+      if (left[r] >= 0) running++;
+      else if (next[r] < o->nreduce && sim->rready[r][next[r]] < arrival)
+        arrival = sim->rready[r][next[r]];
+    }
+    if (!running && arrival == INFINITY) break;
+    double rate = running > lanes ? lanes / running : 1, step = arrival - now;
+    for (int r = 0; r < pp; r++)
+      if (left[r] >= 0 && left[r] / rate < step) step = left[r] / rate;
+    now += step;
+    for (int r = 0; r < pp; r++) {
+      if (left[r] < 0) continue;
+      left[r] -= step * rate;
+      if (left[r] > each * 1e-9) continue;
+      mega_sim_rank *o = &sim->out->ranks[r];
+      o->reduce[next[r]].end = now;
+      double *done = &sim->reduced[(size_t)r * sim->s->vp + sim->rchunk[r][next[r]]];
+      if (now > *done) *done = now;
+      next[r]++;
+      left[r] = -1;
+    }
+  }
+}
+
+/* Each rank's GWs again, from its first, against the shared reductions. */
+static void redo_waits(simulation *sim) {
+  for (int r = 0; r < sim->pp; r++) {
+    const mega_sched_rank *q = &sim->s->ranks[r];
+    mega_sim_rank *o = &sim->out->ranks[r];
+    int i = 0;
+    while (i < q->n && q->acts[i].kind != MEGA_ACT_GRAD_WAIT) i++;
+    if (i == q->n) continue;
+    double t = o->spans[i].start;
+    for (; i < q->n; i++) {
+      double d = reduction_wait(sim, r, q->acts[i], t);
+      o->spans[i] = (mega_span){t, t + d};
+      t += d;
+    }
+    sim->clock[r] = t;
+  }
 }
 
 static void set_bubbles(mega_sim *out, const mega_schedule *s) {
@@ -360,10 +468,17 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
       .transfer = cost->p2p_latency +
                   (cost->p2p_bandwidth > 0 ? cost->activation_bytes / cost->p2p_bandwidth : 0),
   };
-  st = alloc_state(&sim, err);
+  bool shared = cost->grad_sync_lanes > 0 && has_grad_wait(s);
+  if (shared) st = check_waits_last(s, err);
+  if (!st) st = alloc_state(&sim, err);
   if (!st) st = prepare_ranks(&sim, err);
   if (!st) st = run_ranks(&sim, err);
   if (!st) st = check_finished(&sim, err);
+  if (!st && shared) {
+    memset(sim.reduced, 0, (size_t)sim.pp * (size_t)s->vp * sizeof *sim.reduced);
+    share_reductions(&sim);
+    redo_waits(&sim);
+  }
   if (!st) summarize(&sim);
   free_state(&sim);
   if (st) mega_sim_free(out);

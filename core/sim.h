@@ -21,9 +21,22 @@
  * is done. A rank's exposed grad sync is how long its reductions outlast
  * the pipeline: max(0, its end - the latest end of any rank's other
  * actions), the engine's grad_sync_exposed_s (waiting while another stage
- * still computes is bubble). The first and last stage then sum the tied
- * embedding's gradient (finalize_model_grads), so each of them is done only
- * when the later of the two is.
+ * still computes is bubble). The first stage then sums the tied
+ * embedding's gradient with the last (finalize_model_grads), so it is done
+ * only when the last stage's reductions are too; the last stage's norm
+ * leaves its copy out, so only its optimizer waits for that sum, and its
+ * grad sync ends with its own reductions.
+ *
+ * Shared links (grad_sync_lanes > 0): the stages' data-parallel groups do
+ * not each have links of their own but share what moves their bytes (the
+ * cores of one machine, as Gloo on loopback: bench_comm lanes measures
+ * it): at most grad_sync_lanes reductions run at full speed at once, and
+ * when k > lanes run, each runs at lanes/k of it. The engine's GWs come at
+ * the end of each rank's list, so the reductions are computed after the
+ * pipeline, in time order across ranks; a schedule with anything but GWs
+ * after a rank's first GW is refused then. 0 keeps each rank's
+ * communicator independent (a cluster, where each stage's DP group has its
+ * links).
  *
  * Ownership: mega_sim_run fills a caller-owned mega_sim whose arrays it
  * allocates; free them with mega_sim_free. */
@@ -39,6 +52,7 @@ typedef struct mega_cost {
   double activation_bytes; /* bytes of one activation or gradient message */
   double grad_sync;        /* one rank's data-parallel gradient reduction, all chunks */
   int grad_buckets;        /* buckets per chunk (< 1: 1) */
+  double grad_sync_lanes;  /* reductions at full speed at once across ranks (>= 1); 0: each its own */
 } mega_cost;
 
 typedef struct mega_span {

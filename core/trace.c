@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <jansson.h>
 
@@ -62,6 +63,10 @@ static void add_meta(mega_trace *t, int tid, const char *what, const char *key, 
   json_object_set_new(ev, "tid", json_integer(tid));
   json_object_set_new(ev, "args", args);
   json_array_append_new(t->events, ev);
+}
+
+bool mega_trace_cat_is_comm(const char *cat) {
+  return cat && (!strcmp(cat, "reduce") || !strcmp(cat, "reduce_queue"));
 }
 
 void mega_trace_track(mega_trace *t, int tid, const char *name) {

@@ -23,6 +23,13 @@ void mega_trace_track(mega_trace *t, int tid, const char *name);
 void mega_trace_span(mega_trace *t, int tid, const char *name, const char *cat,
                      double start_us, double dur_us);
 
+/* Whether a measured span with this cat ran on a rank's communicator thread
+ * rather than its training thread ("reduce": a gradient reduction moving
+ * bytes, "reduce_queue": one queued behind the collectives before it): such
+ * spans overlap the rank's actions, so a trace draws them on a track of
+ * their own. */
+bool mega_trace_cat_is_comm(const char *cat);
+
 /* Every action of a simulated schedule, one track per rank; time_unit_us
  * converts the cost model's unit to microseconds. */
 void mega_trace_add_sim(mega_trace *t, const mega_schedule *s, const mega_sim *sim,

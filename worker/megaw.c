@@ -86,13 +86,51 @@ static int fail(const char *what, const mega_err *err) {
   return 1;
 }
 
-/* Rejects what a run without megad cannot do, rather than ignoring it. */
-static mega_status check_standalone(const mega_jobspec *s, mega_err *err) {
-  if (s->trace_iteration > 0)
+/* Rejects what a run without megad cannot do, rather than ignoring it:
+ * without megad, --trace-iteration's spans go into that iteration's JSON
+ * line, so they need --json. */
+static mega_status check_standalone(const mega_jobspec *s, bool json, mega_err *err) {
+  if (s->trace_iteration > 0 && !json)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "--trace-iteration needs megad, which gathers every rank's spans into one "
-                     "trace (megad run or megactl submit)");
+                     "trace (megad run or megactl submit), or --json, which prints each "
+                     "rank's spans of that iteration in its JSON line");
   return MEGA_OK;
+}
+
+/* seed 003's measurements: where the gradient reductions fell against the
+ * pipeline, and the CPU the rank got; with --trace-iteration, the spans. */
+static void json_measurements(json_t *j, const mega_rank_metrics *m) {
+  json_object_set_new(j, "step_start_unix_us", json_integer((json_int_t)m->step_start_unix_us));
+  json_object_set_new(j, "work_end_s", json_real(m->work_end_s));
+  json_object_set_new(j, "drained_s", json_real(m->drained_s));
+  json_object_set_new(j, "reduced_s", json_real(m->reduced_s));
+  json_object_set_new(j, "thread_cpu_s", json_real(m->thread_cpu_s));
+  json_object_set_new(j, "thread_runq_s", json_real(m->thread_runq_s));
+  json_object_set_new(j, "process_cpu_s", json_real(m->process_cpu_s));
+  if (m->nreductions) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < m->nreductions; i++) {
+      const mega_rank_reduction *x = &m->reductions[i];
+      json_array_append_new(
+          a, json_pack("{s:i, s:i, s:b, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "bucket", x->bucket,
+                       "chunk", x->chunk, "tied", x->tied, "floats", (json_int_t)x->floats,
+                       "launched_s", x->launched_s, "started_s", x->started_s, "done_s",
+                       x->done_s, "waited_s", x->waited_s, "cpu_s", x->cpu_s, "runq_s",
+                       x->runq_s));
+    }
+    json_object_set_new(j, "grad_reductions", a);
+  }
+  if (m->nspans) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < m->nspans; i++) {
+      const mega_rank_span *sp = &m->spans[i];
+      json_array_append_new(a, json_pack("{s:s, s:s, s:f, s:f}", "name", sp->name, "cat",
+                                         sp->cat ? sp->cat : "", "start_us", sp->start_us,
+                                         "dur_us", sp->dur_us));
+    }
+    json_object_set_new(j, "spans", a);
+  }
 }
 
 typedef struct run_state {
@@ -156,6 +194,7 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
                           json_integer((json_int_t)m->optimizer_state_bytes));
     }
     if (rest && m->has_eval_loss) json_object_set_new(rest, "eval_loss", json_real(m->eval_loss));
+    if (rest) json_measurements(rest, m);
     if (j && rest) json_object_update(j, rest);
     json_decref(rest);
     if (j) {
@@ -337,7 +376,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (note[0] && o.rank == 0) fprintf(stderr, "megaw: %s\n", note);
-  if (check_launch(&o, &job, &err) != MEGA_OK || check_standalone(&job, &err) != MEGA_OK ||
+  if (check_launch(&o, &job, &err) != MEGA_OK || check_standalone(&job, o.json, &err) != MEGA_OK ||
       (mega_jobspec_data_file(&job, 0, NULL) && mega_data_probe(&job, &bytes, &err) != MEGA_OK) ||
       mega_jobspec_check_all(&job, o.world, bytes, &err) != MEGA_OK) {
     mega_jobspec_free(&job);

@@ -32,6 +32,8 @@ mega_status megad_trace_write(megad_base *b, const mega_job *j, const mega_step_
     int64_t s = done->reports[r]->step_start_unix_us;
     if (s && (!t0 || s < t0)) t0 = s;
   }
+  /* Rank r's actions on track r; its communicator's spans, which overlap
+   * them, on track world + r. */
   size_t spans = 0;
   for (uint32_t r = 0; r < done->world; r++) {
     const Mega__V1__StepReport *rep = done->reports[r];
@@ -41,9 +43,17 @@ mega_status megad_trace_write(megad_base *b, const mega_job *j, const mega_step_
              m ? m->dp_rank : 0, m ? m->tp_rank : 0);
     mega_trace_track(t, (int)r, name);
     double off = rep->step_start_unix_us && t0 ? (double)(rep->step_start_unix_us - t0) : 0;
-    for (size_t i = 0; i < rep->n_spans; i++, spans++)
-      mega_trace_span(t, (int)r, rep->spans[i]->name, rep->spans[i]->cat,
-                      rep->spans[i]->start_us + off, rep->spans[i]->dur_us);
+    bool comm = false;
+    for (size_t i = 0; i < rep->n_spans; i++, spans++) {
+      bool c = mega_trace_cat_is_comm(rep->spans[i]->cat);
+      comm |= c;
+      mega_trace_span(t, (int)(c ? done->world + r : r), rep->spans[i]->name,
+                      rep->spans[i]->cat, rep->spans[i]->start_us + off, rep->spans[i]->dur_us);
+    }
+    if (comm) {
+      snprintf(name, sizeof name, "rank %u comm (gradient reductions)", r);
+      mega_trace_track(t, (int)(done->world + r), name);
+    }
   }
   char *json = mega_trace_dump(t);
   mega_trace_free(t);

@@ -327,23 +327,46 @@ static void grad_sync(void **state) {
   assert_non_null(strstr(r.out, "1: RF0.0 F0.0 B0.0 SB0.0 RF1.0 F1.0 B1.0 GS0.0 SB1.0 GW0.0\n"));
   result_free(&r);
   /* 1F1B P=2 M=2: rank 0's work ends at 6; a reduction of 1 in 4 buckets,
-   * 3 of them launched during its last backward, leaves 0.25 exposed. */
+   * 3 of them launched during its last backward, leaves 0.25 exposed; rank
+   * 1's ends in the drain (its norm does not wait for the tied sum). */
   json_t *j;
   r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
            "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-buckets", "4", "--format",
            "json", NULL);
   ok_json(&r, &j);
-  assert_true(fabs(num(j, "grad_sync_exposed") - 0.25) < 1e-9); /* rank 1 waits for rank 0 */
+  assert_true(fabs(num(j, "grad_sync_exposed") - 0.125) < 1e-9);
   assert_true(fabs(num(j, "makespan") - 6.25) < 1e-9);
   json_t *r0 = json_array_get(json_object_get(j, "ranks"), 0);
   assert_true(fabs(num(r0, "grad_sync_exposed") - 0.25) < 1e-9);
   json_decref(j);
   result_free(&r);
-  /* after the schedule: all of it exposed on rank 0 */
+  /* Two stages' reductions at once on one lane run at half speed: more
+   * of rank 0's is exposed than on links of its own. */
+  double own = 0;
+  for (int shared = 0; shared < 2; shared++) {
+    const char *lanes = shared ? "--grad-sync-lanes=1" : "--grad-buckets=4";
+    r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+             "--overlap-grad-reduce", "--t-grad-sync", "4", "--grad-buckets", "4", "--format",
+             "json", lanes, NULL);
+    ok_json(&r, &j);
+    json_t *cost = json_object_get(j, "cost");
+    assert_true(fabs(num(cost, "grad_sync_lanes") - shared) < 1e-9);
+    double e = num(json_array_get(json_object_get(j, "ranks"), 0), "grad_sync_exposed");
+    if (!shared) own = e;
+    else assert_true(e > own + 0.5);
+    json_decref(j);
+    result_free(&r);
+  }
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+           "--grad-sync-lanes", "0.5", NULL);
+  assert_int_equal(r.status, 2);
+  assert_non_null(strstr(r.err, "under 1"));
+  result_free(&r);
+  /* after the schedule: all of it exposed on rank 0, none on rank 1 */
   r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", "--t-grad-sync", "1",
            "--format", "json", NULL);
   ok_json(&r, &j);
-  assert_true(fabs(num(j, "grad_sync_exposed") - 1) < 1e-9);
+  assert_true(fabs(num(j, "grad_sync_exposed") - 0.5) < 1e-9);
   json_decref(j);
   result_free(&r);
   r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",

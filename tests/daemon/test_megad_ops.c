@@ -26,6 +26,7 @@
 #include <grpc/support/alloc.h>
 #include <jansson.h>
 
+#include "core/trace.h"
 #include "harness.h"
 
 #define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
@@ -115,17 +116,21 @@ static void test_trace(void **state) {
   json_t *t = json_loads(buf, 0, &je);
   assert_non_null(t);
   json_t *evs = json_object_get(t, "traceEvents");
-  int tracks[2] = {0, 0}, spans = 0;
+  /* tracks 0 and 1: the ranks' actions; 2 and 3: their communicators (the
+   * tied embedding's all-reduce across the two stages) */
+  int tracks[4] = {0, 0, 0, 0}, spans = 0;
   for (size_t i = 0; i < json_array_size(evs); i++) {
     json_t *e = json_array_get(evs, i);
     const char *ph = json_string_value(json_object_get(e, "ph"));
+    const char *cat = json_string_value(json_object_get(e, "cat"));
     json_int_t tid = json_integer_value(json_object_get(e, "tid"));
-    if (ph && !strcmp(ph, "X") && tid >= 0 && tid < 2) {
+    if (ph && !strcmp(ph, "X") && tid >= 0 && tid < 4) {
+      assert_true((tid >= 2) == mega_trace_cat_is_comm(cat));
       tracks[tid]++;
       spans++;
     }
   }
-  assert_true(tracks[0] > 0 && tracks[1] > 0);
+  assert_true(tracks[0] > 0 && tracks[1] > 0 && tracks[2] > 0 && tracks[3] > 0);
   json_decref(t);
   free(buf);
   assert_int_equal(hd_stop(&d), 0);

@@ -100,6 +100,12 @@ void mega_req_free(mega_req *req) {
   free(req);
 }
 
+bool mega_req_get_times(const mega_req *req, mega_req_times *t) {
+  *t = (mega_req_times){0};
+  if (!req || !req->ops->req_times) return false;
+  return req->ops->req_times(req->impl, t);
+}
+
 /* A blocking call: its non-blocking twin's result st, then a wait. */
 static mega_status blocking(mega_status st, mega_req *r, int timeout_ms, mega_err *err) {
   if (st != MEGA_OK) return st;

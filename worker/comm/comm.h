@@ -184,6 +184,23 @@ mega_status mega_req_test(mega_req *req, bool *done, mega_err *err);
 /* Releases req; see "Buffer lifetime" above. NULL is ignored. */
 void mega_req_free(mega_req *req);
 
+/* When a collective ran, for measurements (seed 003: how much of a gradient
+ * reduction the pipeline hid). Times are CLOCK_REALTIME seconds, so ranks
+ * on one node compare them; the comm thread's figures are its own thread's
+ * CPU time and its time runnable but waiting for a core (Linux schedstat;
+ * -1 where unknown) while the collective ran. */
+typedef struct mega_req_times {
+  double queued;  /* issued by the caller */
+  double started; /* the comm thread began it (the collectives before it were done) */
+  double done;    /* the comm thread finished it (the peers had all taken part) */
+  double cpu_s, runq_s;
+} mega_req_times;
+
+/* Fills *t for a collective that has completed (a wait or test saw it);
+ * false for P2P requests, requests still running, and implementations that
+ * do not record times (NCCL), *t then zeroed. */
+bool mega_req_get_times(const mega_req *req, mega_req_times *t);
+
 /* ---- Collectives --------------------------------------------------------
  * Each blocking call is its mega_comm_i* twin followed by mega_req_wait with
  * the same timeout. timeout_ms also bounds the collective itself.

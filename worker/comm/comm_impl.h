@@ -36,6 +36,8 @@ typedef struct mega_comm_ops {
   mega_status (*req_wait)(void *req, int timeout_ms, mega_err *err);
   mega_status (*req_test)(void *req, bool *done, mega_err *err);
   void (*req_free)(void *req);
+  /* Optional (NULL: times unknown): comm.h's mega_req_get_times. */
+  bool (*req_times)(const void *req, mega_req_times *t);
 } mega_comm_ops;
 
 /* A communicator over impl (owned: destroyed with it). On failure impl is

@@ -35,6 +35,7 @@ mega_status gloo_ibarrier(GlooComm *comm, int timeout_ms, GlooReq **req, mega_er
 mega_status gloo_req_wait(GlooReq *req, int timeout_ms, mega_err *err);
 mega_status gloo_req_test(GlooReq *req, bool *done, mega_err *err);
 void gloo_req_free(GlooReq *req);
+bool gloo_req_times(const GlooReq *req, mega_req_times *t);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,13 @@
 // Collectives over Gloo, run in issue order by each communicator's comm
 // thread; the blocking calls are the asynchronous ones plus a wait.
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <new>
+
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -127,7 +132,43 @@ void broadcast(State &s, Job &j) {
   gloo::broadcast(o);
 }
 
+// This thread's CPU time and time runnable but not running, in seconds,
+// from Linux's schedstat (kept open); cpu only, runq -1, without it.
+class ThreadClock {
+ public:
+  ThreadClock() { fd_ = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC); }
+  ~ThreadClock() {
+    if (fd_ >= 0) close(fd_);
+  }
+  void read(double *cpu, double *runq) {
+    char buf[128];
+    ssize_t n = fd_ >= 0 ? pread(fd_, buf, sizeof buf - 1, 0) : -1;
+    unsigned long long on = 0, wait = 0;
+    if (n > 0) {
+      buf[n] = '\0';
+      if (sscanf(buf, "%llu %llu", &on, &wait) == 2) {
+        *cpu = 1e-9 * (double)on;
+        *runq = 1e-9 * (double)wait;
+        return;
+      }
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    *cpu = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    *runq = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace
+
+double wall_now() {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 std::string Job::describe(const State &s) const {
   std::string what = kind_name(kind);
@@ -182,6 +223,7 @@ void run_job(State &s, Job &j) {
 
 void comm_thread(std::shared_ptr<State> sp) {
   State &s = *sp;
+  ThreadClock clock;
   std::unique_lock<std::mutex> lock(s.mu);
   for (;;) {
     s.cv.wait(lock, [&] { return s.stopping || !s.queue.empty(); });
@@ -190,12 +232,15 @@ void comm_thread(std::shared_ptr<State> sp) {
     s.queue.pop_front();
     job->started = true;
     job->start = steady::now();
+    job->start_wall = wall_now();
     s.running = job;
     s.cv.notify_all();  // waiters start counting their timeout now
     bool failed = s.failed;
     lock.unlock();
     mega_err e = {};
     mega_status st = MEGA_OK;
+    double cpu0, runq0, cpu1, runq1;
+    clock.read(&cpu0, &runq0);
     if (failed) {
       st = report(s, &e);
     } else {
@@ -205,8 +250,13 @@ void comm_thread(std::shared_ptr<State> sp) {
         st = fail(s, std::current_exception(), job->describe(s), -1, &e);
       }
     }
+    clock.read(&cpu1, &runq1);
+    double end = wall_now();
     lock.lock();
     s.running.reset();
+    job->done_wall = end;
+    job->cpu_s = cpu1 - cpu0;
+    job->runq_s = runq0 >= 0 && runq1 >= 0 ? runq1 - runq0 : -1;
     job->done = true;
     job->status = st;
     job->msg = e.msg;
@@ -233,6 +283,7 @@ mega_status enqueue(GlooComm *comm, const char *fn, std::shared_ptr<Job> job,
   r->kind = GlooReq::COLL;
   r->s = comm->s;
   r->job = job;
+  job->queued_wall = wall_now();
   std::lock_guard<std::mutex> lock(s.mu);
   mega_status st = report_locked(s, err);
   if (st != MEGA_OK) {

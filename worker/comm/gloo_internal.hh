@@ -112,6 +112,10 @@ struct Job {
   // Guarded by State::mu.
   bool started = false, done = false;
   steady::time_point start;
+  // Wall clock (mega_req_times): issued, begun and finished on the comm
+  // thread, with that thread's CPU and run-queue seconds over the run.
+  double queued_wall = 0, start_wall = 0, done_wall = 0;
+  double cpu_s = -1, runq_s = -1;
   mega_status status = MEGA_OK;
   std::string msg;
 
@@ -134,6 +138,9 @@ void break_comm(State &s, mega_status st, const std::string &msg,
 
 // Exception text without Gloo's "[file:line] " prefixes.
 std::string clean_what(const char *what);
+
+// CLOCK_REALTIME in seconds.
+double wall_now();
 
 // The comm thread, and one collective's work (throws on failure).
 void comm_thread(std::shared_ptr<State> s);

@@ -51,6 +51,8 @@ static mega_status g_test(void *r, bool *done, mega_err *err) {
 
 static void g_free(void *r) { gloo_req_free(r); }
 
+static bool g_times(const void *r, mega_req_times *t) { return gloo_req_times(r, t); }
+
 static const mega_comm_ops gloo_ops = {
     .name = "gloo",
     .destroy = g_destroy,
@@ -66,6 +68,7 @@ static const mega_comm_ops gloo_ops = {
     .req_wait = g_wait,
     .req_test = g_test,
     .req_free = g_free,
+    .req_times = g_times,
 };
 
 mega_status mega_comm_create(mega_store *store, const char *group, int rank, int size,

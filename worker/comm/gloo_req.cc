@@ -299,4 +299,14 @@ void gloo_req_free(GlooReq *req) {
   delete req;
 }
 
+bool gloo_req_times(const GlooReq *req, mega_req_times *t) {
+  *t = mega_req_times{};
+  if (!req || req->kind != GlooReq::COLL || !req->done) return false;
+  std::lock_guard<std::mutex> lock(req->s->mu);
+  const Job &j = *req->job;
+  if (!j.done) return false;  // failed before the comm thread got to it
+  *t = mega_req_times{j.queued_wall, j.start_wall, j.done_wall, j.cpu_s, j.runq_s};
+  return true;
+}
+
 }  // extern "C"

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define ALIGN 16 /* floats: every tensor and shard on a 64-byte line */
 
@@ -27,6 +28,14 @@ typedef struct range_set {
    * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
   bool *skip;
   mega_grads_piece *piece;
+  /* The norm's share of each range (own only), taken once its bucket is
+   * reduced (in the wait, while later buckets still run) rather than all
+   * at the end; late ranges (the tied embedding, the sequence-parallel
+   * layernorms) change after the data-parallel sum, so mega_grads_sumsq
+   * takes them. */
+  int *bucket;
+  bool *late;
+  double *sumsq;
   size_t n;
 } range_set;
 
@@ -41,6 +50,7 @@ struct mega_grads {
   bool *launched;   /* per bucket */
   mega_req **req;   /* per bucket: the reduction in flight */
   mega_req **preq;  /* per bucket: the parameter all-gather in flight */
+  mega_grads_timing *timing; /* per bucket, this iteration */
   mega_comm *comm;  /* backend memory */
   mega_comm *hcomm; /* host memory: the moments' gather */
   range_set own;    /* what this rank's optimizer steps */
@@ -50,11 +60,18 @@ struct mega_grads {
    * may have left a bucket half written */
   int gathers_pending;
   bool gather_failed;
+  bool *normed; /* per bucket: own's squares taken this iteration */
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
   void (*on_launch)(void *, int);
   void *on_launch_arg;
 };
+
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 long long mega_grads_default_bucket_size(int dp_size) {
   long long b = 1000000LL * (dp_size > 0 ? dp_size : 1);
@@ -144,6 +161,9 @@ static void range_set_free(range_set *r) {
   free(r->pos);
   free(r->skip);
   free(r->piece);
+  free(r->bucket);
+  free(r->late);
+  free(r->sumsq);
   *r = (range_set){0};
 }
 
@@ -159,8 +179,12 @@ static mega_status build_ranges(mega_grads *g, int d, range_set *out, mega_err *
   range_set r = {.ranges = calloc(cap + 1, sizeof *r.ranges),
                  .chunk = calloc(cap + 1, sizeof *r.chunk),
                  .pos = calloc(cap + 1, sizeof *r.pos), .skip = calloc(cap + 1, sizeof *r.skip),
-                 .piece = calloc(cap + 1, sizeof *r.piece)};
-  if (!r.ranges || !r.chunk || !r.pos || !r.skip || !r.piece) {
+                 .piece = calloc(cap + 1, sizeof *r.piece),
+                 .bucket = calloc(cap + 1, sizeof *r.bucket),
+                 .late = calloc(cap + 1, sizeof *r.late),
+                 .sumsq = calloc(cap + 1, sizeof *r.sumsq)};
+  if (!r.ranges || !r.chunk || !r.pos || !r.skip || !r.piece || !r.bucket || !r.late ||
+      !r.sumsq) {
     range_set_free(&r);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for optimizer ranges");
   }
@@ -187,6 +211,8 @@ static mega_status build_ranges(mega_grads *g, int d, range_set *out, mega_err *
       r.piece[n] = (mega_grads_piece){.param = k0 + (size_t)i, .elem = lo - p[i].offset};
       const mega_gpt_tp *tp = mega_gpt_stage_tp(c->stage);
       r.skip[n] = p[i].tied_copy || (tp->rank > 0 && mega_tp_split_replicated(&p[i].tp));
+      r.bucket[n] = c->bucket_of[i];
+      r.late[n] = p[i].tied_embedding || p[i].sp_partial;
       n++;
     }
     k0 += (size_t)np;
@@ -244,7 +270,9 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
     g->launched = calloc((size_t)n + 1, sizeof *g->launched);
     g->req = calloc((size_t)n + 1, sizeof *g->req);
     g->preq = calloc((size_t)n + 1, sizeof *g->preq);
-    if (!g->ready || !g->launched || !g->req || !g->preq)
+    g->timing = calloc((size_t)n + 1, sizeof *g->timing);
+    g->normed = calloc((size_t)n + 1, sizeof *g->normed);
+    if (!g->ready || !g->launched || !g->req || !g->preq || !g->timing || !g->normed)
       st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d buckets", n);
   }
   if (st == MEGA_OK) st = build_ranges(g, opts->dp_rank, &g->own, err);
@@ -285,6 +313,8 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->launched);
   free(g->req);
   free(g->preq);
+  free(g->timing);
+  free(g->normed);
   range_set_free(&g->own);
   range_set_free(&g->copy);
   free(g);
@@ -319,6 +349,8 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err) {
   }
   memset(g->ready, 0, (size_t)g->nbuckets * sizeof *g->ready);
   memset(g->launched, 0, (size_t)g->nbuckets * sizeof *g->launched);
+  memset(g->timing, 0, (size_t)g->nbuckets * sizeof *g->timing);
+  memset(g->normed, 0, (size_t)g->nbuckets * sizeof *g->normed);
   g->failed = MEGA_OK;
   return MEGA_OK;
 }
@@ -329,6 +361,7 @@ static mega_status launch(mega_grads *g, int b, mega_err *err) {
   mega_grads_bucket *k = &g->buckets[b];
   chunk *c = &g->chunks[k->chunk];
   g->launched[b] = true;
+  g->timing[b] = (mega_grads_timing){.launched = wall_s(), .cpu_s = -1, .runq_s = -1};
   if (g->on_launch) g->on_launch(g->on_launch_arg, b);
   if (!g->comm) return MEGA_OK;
   float *data = c->grads + k->offset;
@@ -378,25 +411,72 @@ mega_status mega_grads_launch(mega_grads *g, int ci, mega_err *err) {
   return st;
 }
 
+/* Keeps bucket b's times once its reduction is over. */
+static void note_done(mega_grads *g, int b) {
+  mega_grads_timing *t = &g->timing[b];
+  mega_req_times rt;
+  if (mega_req_get_times(g->req[b], &rt)) {
+    t->started = rt.started;
+    t->done = rt.done;
+    t->cpu_s = rt.cpu_s;
+    t->runq_s = rt.runq_s;
+  }
+  t->waited = wall_s();
+}
+
+/* The squares of range i's gradient (what mega_grads_sumsq adds up). */
+static mega_status range_sumsq(mega_grads *g, size_t i, mega_err *err) {
+  return g->be->ops->sum_squares(g->be, g->own.ranges[i].grads, g->own.ranges[i].numel,
+                                 &g->own.sumsq[i], err);
+}
+
+/* Bucket b is reduced: the norm's share of its ranges that are final. */
+static mega_status norm_bucket(mega_grads *g, int b, mega_err *err) {
+  if (g->normed[b]) return MEGA_OK;
+  g->normed[b] = true;
+  mega_status st = MEGA_OK;
+  for (size_t i = 0; i < g->own.n && st == MEGA_OK; i++)
+    if (g->own.bucket[i] == b && !g->own.skip[i] && !g->own.late[i])
+      st = range_sumsq(g, i, err);
+  return st;
+}
+
 mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
   mega_status st = mega_grads_launch(g, ci, err);
   chunk *c = &g->chunks[ci];
   for (int b = c->b0; b < c->b0 + c->nb; b++) {
-    if (!g->req[b]) continue;
-    if (st == MEGA_OK) {
-      st = mega_req_wait(g->req[b], 0, err);
-      if (st != MEGA_OK) mega_err_prefix(err, "gradient bucket %d", b);
+    if (g->req[b]) {
+      if (st == MEGA_OK) {
+        st = mega_req_wait(g->req[b], 0, err);
+        if (st != MEGA_OK) mega_err_prefix(err, "gradient bucket %d", b);
+      }
+      note_done(g, b);
+      mega_req_free(g->req[b]);
+      g->req[b] = NULL;
+      if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
+        const mega_grads_bucket *k = &g->buckets[b];
+        float *own = c->grads + k->offset + k->shard_offset;
+        float inv = 1.0f / (float)g->o.dp_size;
+        for (size_t i = 0; i < k->shard_numel; i++) own[i] *= inv;
+      }
     }
-    mega_req_free(g->req[b]);
-    g->req[b] = NULL;
-    if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
-      const mega_grads_bucket *k = &g->buckets[b];
-      float *own = c->grads + k->offset + k->shard_offset;
-      float inv = 1.0f / (float)g->o.dp_size;
-      for (size_t i = 0; i < k->shard_numel; i++) own[i] *= inv;
-    }
+    if (st == MEGA_OK) st = norm_bucket(g, b, err);
   }
   return st;
+}
+
+const mega_grads_timing *mega_grads_timing_of(const mega_grads *g, int b) {
+  return b >= 0 && b < g->nbuckets ? &g->timing[b] : NULL;
+}
+
+double mega_grads_reduced_at(const mega_grads *g) {
+  double t = 0;
+  for (int b = 0; b < g->nbuckets; b++) {
+    const mega_grads_timing *k = &g->timing[b];
+    double done = k->done > 0 ? k->done : k->waited;
+    if (k->launched && done > t) t = done;
+  }
+  return t;
 }
 
 void mega_grads_on_launch(mega_grads *g, void (*fn)(void *arg, int bucket), void *arg) {
@@ -408,25 +488,28 @@ double mega_grads_loss_scale_factor(const mega_grads *g) {
   return g->o.average_in_collective ? (double)g->o.dp_size : 1.0;
 }
 
-mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err) {
+mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err) {
   /* Over the ranges the optimizer steps: each element this rank owns once,
-   * padding never, the tied copy and other TP ranks' replicas left out. */
+   * padding never, the tied copy and other TP ranks' replicas left out;
+   * added in range order, whenever each was taken, so the bits do not
+   * depend on when the buckets finished. */
   double sum = 0;
   for (size_t i = 0; i < g->own.n; i++) {
     if (g->own.skip[i]) continue;
-    double s;
-    mega_status st = g->be->ops->sum_squares(g->be, g->own.ranges[i].grads, g->own.ranges[i].numel,
-                                             &s, err);
-    if (st != MEGA_OK) return st;
-    sum += s;
+    if (g->own.late[i] || !g->normed[g->own.bucket[i]]) {
+      mega_status st = range_sumsq(g, i, err);
+      if (st != MEGA_OK) return st;
+    }
+    sum += g->own.sumsq[i];
   }
   *out = sum;
   return MEGA_OK;
 }
 
-void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n) {
+void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n, bool *copy) {
   *grad = NULL;
   *n = 0;
+  *copy = false;
   for (int v = 0; v < g->vp; v++) {
     chunk *c = &g->chunks[v];
     int np;
@@ -434,6 +517,7 @@ void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n) {
     for (int i = 0; i < np; i++) {
       if (!is_wte(&p[i])) continue;
       const mega_grads_bucket *k = &g->buckets[c->bucket_of[i]];
+      *copy = p[i].tied_copy;
       if (g->o.distributed) {
         /* The bucket holds wte alone, laid out alike on both stages. */
         *grad = c->grads + k->offset + k->shard_offset;

@@ -144,6 +144,22 @@ mega_status mega_grads_launch(mega_grads *g, int c, mega_err *err);
  * applies average_in_collective's 1/DP to what this rank owns. */
 mega_status mega_grads_wait(mega_grads *g, int c, mega_err *err);
 
+/* When bucket b's reduction ran in this iteration, for measurements
+ * (CLOCK_REALTIME seconds; 0 where it did not happen or the communicator
+ * records no times): launched (by backward or the GS), begun and finished
+ * on the data-parallel communicator's thread, and waited for (its GW, or
+ * finalize, returned); cpu_s and runq_s are that thread's (comm.h's
+ * mega_req_times; -1 unknown). */
+typedef struct mega_grads_timing {
+  double launched, started, done, waited;
+  double cpu_s, runq_s;
+} mega_grads_timing;
+const mega_grads_timing *mega_grads_timing_of(const mega_grads *g, int b);
+/* When the last of this iteration's reductions finished (its comm thread's
+ * time, else when its wait returned), excluding the norm's shares the
+ * waits take; 0 when none ran. */
+double mega_grads_reduced_at(const mega_grads *g);
+
 /* Observes every launch (tests): fn(arg, bucket index). */
 void mega_grads_on_launch(mega_grads *g, void (*fn)(void *arg, int bucket), void *arg);
 
@@ -155,13 +171,20 @@ double mega_grads_loss_scale_factor(const mega_grads *g);
  * shards with the distributed optimizer, else everything), the loss
  * stage's copy of wte left out, and TP-replicated tensors counted by TP
  * rank 0 alone, so that summed over the data-parallel group (distributed),
- * the TP group and the pipeline each element counts exactly once. */
-mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err);
+ * the TP group and the pipeline each element counts exactly once. Call it
+ * once the gradients are final (after the embedding and sequence-parallel
+ * sums). mega_grads_wait already took each reduced bucket's share (while
+ * later buckets still ran, so the norm is off the step's tail), except
+ * the tied embedding's and the sequence-parallel layernorms', which those
+ * later sums change: this takes those and adds all up. The result is the
+ * same bits whenever the buckets finished. */
+mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err);
 
 /* The part of the tied embedding's gradient this rank owns, for the
  * embedding-group all-reduce (both stages own the same elements); *n 0 when
- * the rank has no tied embedding. */
-void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n);
+ * the rank has no tied embedding. *copy: it is the loss-only stage's copy
+ * (which the norm leaves out). */
+void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n, bool *copy);
 
 /* The optimizer's ranges: with the distributed optimizer, each parameter's
  * piece inside this rank's shards; else every parameter whole. The array

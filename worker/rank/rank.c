@@ -153,7 +153,8 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
  * rank's current schedule, and the optimizer's. */
 static mega_status size_spans(mega_rank *r, mega_err *err) {
   if (r->job->trace_iteration <= 0) return MEGA_OK;
-  size_t cap = (size_t)r->sched.ranks[r->me.pp].n * 2 + 16;
+  size_t cap = (size_t)r->sched.ranks[r->me.pp].n * 2 + 16 +
+               2 * ((size_t)mega_grads_num_buckets(r->chunks.grads) + 1);
   if (cap <= r->span_cap) return MEGA_OK;
   mega_rank_span *spans = realloc(r->spans, cap * sizeof *spans);
   if (!spans) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the trace");
@@ -317,21 +318,66 @@ static mega_status pipeline_stats(mega_comm *c, double *sumsq, double *end, mega
   return MEGA_OK;
 }
 
+/* The tied embedding's two copies summed across the first and last stage
+ * (finalize_model_grads): with the distributed optimizer only the shard
+ * this rank owns, which covers the same elements on both stages
+ * (worker/engine/grads.h). Launched as soon as this rank's data-parallel
+ * reductions are done, so the stage whose copy is complete first (the
+ * loss stage: its head's gradient is backward's first) is already waiting
+ * when the other's arrives. wait_embd waits for it. */
+static mega_status launch_embd(mega_rank *r, bool *tied_copy, mega_err *err) {
+  float *tied;
+  size_t n;
+  mega_grads_tied_region(r->chunks.grads, &tied, &n, tied_copy);
+  if (!r->dcomm[GROUP_EMBD] || !n) return MEGA_OK;
+  r->embd = (mega_rank_reduction){.bucket = -1, .tied = true, .floats = n,
+                                  .launched_s = wall_s(), .cpu_s = -1, .runq_s = -1};
+  mega_status st = mega_comm_iall_reduce(r->dcomm[GROUP_EMBD], tied, n, 0, &r->embd_req, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "summing the tied embedding's gradient");
+  return st;
+}
+
+static mega_status wait_embd(mega_rank *r, mega_err *err) {
+  if (!r->embd_req) return MEGA_OK;
+  mega_status st = mega_req_wait(r->embd_req, 0, err);
+  mega_req_times t;
+  if (mega_req_get_times(r->embd_req, &t)) {
+    r->embd.started_s = t.started;
+    r->embd.done_s = t.done;
+    r->embd.cpu_s = t.cpu_s;
+    r->embd.runq_s = t.runq_s;
+  }
+  r->embd.waited_s = wall_s();
+  mega_req_free(r->embd_req);
+  r->embd_req = NULL;
+  if (st != MEGA_OK) mega_err_prefix(err, "summing the tied embedding's gradient");
+  return st;
+}
+
 /* finalize_model_grads: the data-parallel reductions (the schedule's GWs
- * waited for them already; this finds nothing left), then the tied
- * embedding's two copies summed across the first and last stage: with the
- * distributed optimizer only the shard this rank owns, which covers the
- * same elements on both stages (worker/engine/grads.h). */
-static mega_status finalize_grads(mega_rank *r, mega_err *err) {
+ * waited for them already; this finds nothing left), the tied embedding's
+ * sum, the sequence-parallel layernorms'. The loss stage's copy of the
+ * embedding is not in the norm, so that stage leaves the sum in flight:
+ * only its optimizer needs it (mega_rank_step waits for it there), and it
+ * does not wait here for the embedding stage's last reductions. *reduced:
+ * when the last of these sums was done (wall clock; 0: none ran), which
+ * leaves out the norm's shares the waits take between them. */
+static mega_status finalize_grads(mega_rank *r, double *reduced, mega_err *err) {
   mega_status st = MEGA_OK;
   for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
     st = mega_grads_wait(r->chunks.grads, v, err);
-  float *tied;
-  size_t n;
-  mega_grads_tied_region(r->chunks.grads, &tied, &n);
-  if (st == MEGA_OK && r->dcomm[GROUP_EMBD] && n)
-    st = mega_comm_all_reduce(r->dcomm[GROUP_EMBD], tied, n, 0, err);
-  if (st == MEGA_OK) st = rank_tp_finalize_grads(r, err);
+  *reduced = mega_grads_reduced_at(r->chunks.grads);
+  bool tied_copy = false;
+  if (st == MEGA_OK) st = launch_embd(r, &tied_copy, err);
+  if (st == MEGA_OK && !tied_copy && r->embd_req) {
+    st = wait_embd(r, err);
+    double done = r->embd.done_s > 0 ? r->embd.done_s : r->embd.waited_s;
+    if (done > *reduced) *reduced = done;
+  }
+  if (st == MEGA_OK && r->topo.tp > 1 && r->job->sequence_parallel) {
+    st = rank_tp_finalize_grads(r, err);
+    *reduced = wall_s();
+  }
   return st;
 }
 
@@ -378,6 +424,9 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
                            .dp_rank = r->me.dp, .tp_rank = r->me.tp,
                            .step_start_unix_us = (int64_t)(t0 * 1e6)};
   r->nspans = 0;
+  r->embd = (mega_rank_reduction){0};
+  double cpu0, runq0, pcpu0;
+  rank_thread_clock(&cpu0, &runq0, &pcpu0);
   mega_status st = ensure_batch(r, it, err);
   if (st == MEGA_OK) st = mega_grads_start(r->chunks.grads, err);
   mega_engine_result res;
@@ -389,9 +438,11 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
 
   /* The rank's pipeline work ended at ts; since then it has waited for its
    * gradient reductions (the schedule's GWs) and the pipeline's drain. */
-  double ts = res.work_end_wall;
-  st = finalize_grads(r, err);
-  /* the shard copy's gradients, once they are final (grads.h) */
+  double ts = res.work_end_wall, tg;
+  st = finalize_grads(r, &tg, err);
+  /* the shard copy's gradients, once they are final (grads.h): the tied
+   * embedding's sum is among them, so the loss stage waits for it here */
+  if (st == MEGA_OK && r->copy) st = wait_embd(r, err);
   double copy_s = 0, tc = wall_s();
   if (st == MEGA_OK && r->copy) st = mega_grads_exchange_copy(r->chunks.grads, err);
   copy_s += wall_s() - tc;
@@ -399,8 +450,14 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
   double loss_sum = res.loss_sum;
-  if (st == MEGA_OK && has_loss) st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
-  double tg = wall_s(); /* gradients reduced (finish_grad_sync, finalize_model_grads) */
+  if (st == MEGA_OK && has_loss) {
+    st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
+    tg = wall_s();
+  }
+  /* tg: the gradients reduced (finish_grad_sync, finalize_model_grads), the
+   * norm's shares the waits took meanwhile left out: they are the
+   * optimizer's, as in Megatron's timers */
+  if (tg < ts) tg = ts;
   /* The global norm counts every element once: the shards this rank owns
    * summed over the data-parallel group (distributed optimizer), the slices
    * over the TP group (replicated tensors counted by TP rank 0), the stages
@@ -411,6 +468,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     st = sum_doubles(r->hcomm[GROUP_DP], &sumsq, err);
   if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
   if (st == MEGA_OK) st = pipeline_stats(r->hcomm[GROUP_PP], &sumsq, &drained, err);
+  /* the loss stage's copy of the embedding, summed meanwhile */
+  if (st == MEGA_OK) st = wait_embd(r, err);
   double tsync = wall_s();
   /* Waiting here while another stage still runs its schedule is pipeline
    * bubble (the drain), not gradient sync. Clocks of two nodes may disagree
@@ -443,6 +502,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     return st;
   }
   double t1 = wall_s();
+  if (st == MEGA_OK) st = rank_collect_reductions(r, t0, trace, err);
+  if (st != MEGA_OK) return st;
   r->stepping = r->stepped = false;
   if (trace) {
     if (r->nspans < r->span_cap)
@@ -482,6 +543,16 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->param_bytes = mega_grads_param_bytes(r->chunks.grads);
   m->grad_bytes = mega_grads_grad_bytes(r->chunks.grads);
   m->optimizer_state_bytes = mega_optim_state_bytes(r->optim);
+  m->work_end_s = ts - t0;
+  m->drained_s = (drained > ts ? drained : ts) - t0;
+  m->reduced_s = tg - t0;
+  double cpu1, runq1, pcpu1;
+  rank_thread_clock(&cpu1, &runq1, &pcpu1);
+  m->thread_cpu_s = cpu1 - cpu0;
+  m->thread_runq_s = runq0 >= 0 && runq1 >= 0 ? runq1 - runq0 : -1;
+  m->process_cpu_s = pcpu1 - pcpu0;
+  m->reductions = r->reductions;
+  m->nreductions = r->nreductions;
   m->shard_copy_bytes = r->copy ? mega_optim_state_bytes(r->copy) : 0;
   m->shard_copy_s = r->copy ? copy_s : 0;
   m->spans = trace ? r->spans : NULL;
@@ -560,6 +631,7 @@ void mega_rank_destroy(mega_rank *r) {
   mega_engine_destroy(r->eval_engine);
   mega_p2p_destroy(r->p2p);
   rank_comm_destroy_all(r);
+  mega_req_free(r->embd_req); /* only after a failure; cancelled with its communicator */
   pthread_mutex_destroy(&r->comm_lock);
   mega_store_close(r->store);
   rank_tp_free(r);
@@ -572,5 +644,6 @@ void mega_rank_destroy(mega_rank *r) {
   mega_data_close(r->data);
   mega_backend_destroy(r->be);
   free(r->spans);
+  free(r->reductions);
   free(r);
 }

@@ -37,6 +37,22 @@
 #include "worker/comm/comm.h"
 #include "worker/engine/span.h"
 
+/* One gradient reduction of an iteration (seed 003's measurements): a
+ * data-parallel bucket, or the tied embedding's all-reduce over the
+ * embedding group (bucket -1). Times are seconds from the step's start
+ * (step_start_unix_us), -1 where unknown (a communicator that keeps no
+ * times, NCCL's). */
+typedef struct mega_rank_reduction {
+  int bucket, chunk;
+  bool tied;           /* the tied embedding's bucket, or the embedding group's all-reduce */
+  uint64_t floats;     /* what this rank's collective reduces (the whole bucket) */
+  double launched_s;   /* handed to the communicator (backward, GS, or finalize) */
+  double started_s;    /* begun on its comm thread, the collectives before it done */
+  double done_s;       /* finished there: every peer had taken part */
+  double waited_s;     /* the rank's wait for it returned */
+  double cpu_s, runq_s; /* its comm thread's CPU time, and time runnable without a core */
+} mega_rank_reduction;
+
 /* What one rank measured in one iteration. Times are seconds on this rank. */
 typedef struct mega_rank_metrics {
   int64_t iteration; /* 1-based */
@@ -66,6 +82,17 @@ typedef struct mega_rank_metrics {
   bool has_eval_loss; /* an evaluation ran after this iteration (last stage) */
   double eval_loss;   /* mean cross-entropy over --eval-iters forward-only batches */
   int64_t step_start_unix_us;
+  /* Where the gradient reductions fell against the pipeline (seconds from
+   * the step's start): this rank's last action other than GS and GW ended,
+   * the pipeline's (the latest over its stages), and the gradients this
+   * rank's share of the norm needs were reduced. */
+  double work_end_s, drained_s, reduced_s;
+  /* CPU over the step: the training thread's, its time runnable without a
+   * core (Linux schedstat; -1 unknown), and every thread's of the process
+   * (comm threads, Gloo's I/O, BLAS). */
+  double thread_cpu_s, thread_runq_s, process_cpu_s;
+  const mega_rank_reduction *reductions; /* valid during on_step */
+  size_t nreductions;
   const mega_rank_span *spans; /* only for --trace-iteration; valid during on_step */
   size_t nspans;
 } mega_rank_metrics;

@@ -83,6 +83,12 @@ struct mega_rank {
   double start_s;    /* monotonic seconds at setup, for --exit-duration-in-mins */
   mega_rank_span *spans;
   size_t nspans, span_cap;
+  /* the tied embedding's all-reduce of this iteration (rank_measure.c
+   * reports it with the buckets) */
+  mega_req *embd_req;
+  mega_rank_reduction embd;
+  mega_rank_reduction *reductions; /* [nbuckets + 1], this iteration's */
+  size_t nreductions;
 };
 
 /* Writes a checkpoint for its stage: each stage's dp 0, tp 0 rank. */
@@ -127,6 +133,14 @@ mega_status rank_whole_moments_alloc(mega_rank *r, rank_whole_moments *w, mega_e
 void rank_whole_moments_free(rank_whole_moments *w);
 /* The writer's tensors and its saver (after the optimizer and the groups). */
 mega_status rank_build_saver(mega_rank *r, mega_err *err);
+
+/* rank_measure.c */
+/* The training thread's CPU seconds and run-queue seconds so far (runq -1
+ * without schedstat), and the process's CPU seconds. */
+void rank_thread_clock(double *cpu, double *runq, double *process_cpu);
+/* r->reductions from the buckets' times and the embedding all-reduce's,
+ * as seconds from t0 (wall); with trace, their spans are appended. */
+mega_status rank_collect_reductions(mega_rank *r, double t0, bool trace, mega_err *err);
 
 /* rank_exit.c */
 /* After iteration's step (and its due save): whether to stop now, with
