@@ -50,6 +50,19 @@ void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uin
   launch_send_frame(w, &f);
 }
 
+void launch_send_kv_values(megad_worker *w, uint64_t id, ProtobufCBinaryData *values, size_t n) {
+  Mega__V1__KvResponse r = MEGA__V1__KV_RESPONSE__INIT;
+  r.request_id = id;
+  r.found = true;
+  r.error = "";
+  r.values = values;
+  r.n_values = n;
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_KV;
+  f.kv = &r;
+  launch_send_frame(w, &f);
+}
+
 void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms) {
   Mega__V1__Abort a = MEGA__V1__ABORT__INIT;
   a.reason = (char *)reason;

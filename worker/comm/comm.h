@@ -92,6 +92,15 @@ typedef struct mega_kv_ops {
   /* Waits up to timeout_ms until every one of the nkeys keys exists. */
   mega_status (*wait)(void *ctx, const char *const *keys, size_t nkeys,
                       int timeout_ms, mega_err *err);
+  /* A group's rendezvous in one call (may be NULL: then a get per key, and
+   * the slicing here). Waits up to timeout_ms until every key prefix +
+   * keys[i] exists, then returns their values one after another in *out
+   * (malloc'd; the caller frees it), value i lens[i] bytes: whole when
+   * parts is 0, else only slice part[i] of value i taken as `parts` equal
+   * slices (MEGA_ERR_INVALID when it is not a multiple of parts). */
+  mega_status (*gather)(void *ctx, const char *prefix, const char *const *keys,
+                        size_t nkeys, uint32_t parts, const uint32_t *part,
+                        int timeout_ms, void **out, size_t *lens, mega_err *err);
 } mega_kv_ops;
 
 /* Gloo's FileStore on directory dir (must exist, shared by all ranks).

@@ -46,9 +46,11 @@ class GroupStore : public gloo::rendezvous::Store {
   std::vector<char> get(const std::string &key) override;
   void wait(const std::vector<std::string> &keys) override;
   void wait(const std::vector<std::string> &keys, const ms &timeout) override;
-
-  // Every value read, by key: the rendezvous carries each peer's address.
-  std::map<std::string, std::vector<char>> got;
+  // Waits for every key, then returns their values: whole (parts 0) or
+  // slice part[i] of value i in `parts` equal slices. One call to a store
+  // with mega_kv_ops.gather; a wait and a get per key otherwise.
+  std::vector<std::vector<char>> gather(const std::vector<std::string> &keys, uint32_t parts,
+                                        const std::vector<uint32_t> &part);
 
  private:
   mega_store &base_;
@@ -57,6 +59,27 @@ class GroupStore : public gloo::rendezvous::Store {
 };
 
 struct Job;
+
+// Gloo's full mesh with a rendezvous of two sets and two gathers per rank
+// (gloo_mesh.cc). Gloo's own connectFullMesh reads every other rank's key
+// whole (each holds an address for every rank of the group: O(S^2) bytes
+// per rank) with a wait and a get apiece, and the ranks before it once more
+// for their hostnames: O(S) calls and O(S^2) bytes per rank. Here each rank
+// publishes one 36-byte record per peer and fetches only those meant for it.
+class MeshContext : public gloo::rendezvous::Context {
+ public:
+  MeshContext(int r, int n) : gloo::rendezvous::Context(r, n) {}
+  void connect(GroupStore &store, std::shared_ptr<gloo::transport::Device> &dev);
+  // How Gloo's messages print rank j (after connect): the other end of the
+  // connection to j, and the address j published for this rank. A "$seq"
+  // suffix is left out.
+  std::vector<std::string> peer_names(int j) const;
+
+ private:
+  // The records rank j published for this rank (empty before connect): the
+  // address its pair listened on, and its end of the connection.
+  std::vector<std::vector<char>> records_, ends_;
+};
 
 // One communicator. Requests hold a shared_ptr, so a request outliving
 // mega_comm_destroy stays safe.
