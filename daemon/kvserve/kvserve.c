@@ -135,6 +135,19 @@ mega_status megad_kv_gather_check(const Mega__V1__KvGatherRequest *g, mega_err *
   return MEGA_OK;
 }
 
+mega_status megad_kv_gather_set(megad_kvserve *ks, const Mega__V1__KvGatherRequest *g,
+                                mega_err *err) {
+  if (!g->set) return MEGA_OK;
+  const char *pre = g->prefix ? g->prefix : "", *key = g->set->key ? g->set->key : "";
+  char *k = malloc(strlen(pre) + strlen(key) + 1);
+  if (!k) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  strcpy(k, pre);
+  strcat(k, key);
+  mega_status s = mega_kv_set(ks->kv, k, g->set->value.data, g->set->value.len, err);
+  free(k);
+  return s;
+}
+
 char **megad_kv_gather_keys(const Mega__V1__KvGatherRequest *g) {
   const char *pre = g->prefix ? g->prefix : "";
   size_t plen = strlen(pre);
@@ -313,7 +326,7 @@ static void on_kv_gather(mega_rpc_call *call, const ProtobufCMessage *msg, void 
   megad_kvserve *ks = data;
   const Mega__V1__KvGatherRequest *req = (const void *)msg;
   mega_err e = {0};
-  if (megad_kv_gather_check(req, &e) != MEGA_OK) {
+  if (megad_kv_gather_check(req, &e) != MEGA_OK || megad_kv_gather_set(ks, req, &e) != MEGA_OK) {
     mega_rpc_fail_err(call, &e);
     return;
   }

@@ -32,12 +32,15 @@ megad_kvwait *megad_kvwait_start(megad_kvserve *ks, char *const *keys, size_t n,
 /* fn is not called after this. */
 void megad_kvwait_cancel(megad_kvwait *w);
 
-/* A gather (a group's rendezvous in one request, proto/mega.proto
- * KvGatherRequest), for the Peer call here and this node's own workers in
- * the launcher: check it, spell its keys out (prefix + key; free with
- * megad_kv_gather_keys_free; NULL when out of memory), and once they exist,
- * its values: out[i] points into the store, valid until it changes. */
+/* A gather (a rank's part of a group's rendezvous in one request,
+ * proto/mega.proto KvGatherRequest), for the Peer call here and this node's
+ * own workers in the launcher: check it, make its set, spell its keys out
+ * (prefix + key; free with megad_kv_gather_keys_free; NULL when out of
+ * memory), and once they exist, its values: out[i] points into the store,
+ * valid until it changes. */
 mega_status megad_kv_gather_check(const Mega__V1__KvGatherRequest *g, mega_err *err);
+mega_status megad_kv_gather_set(megad_kvserve *ks, const Mega__V1__KvGatherRequest *g,
+                                mega_err *err);
 char **megad_kv_gather_keys(const Mega__V1__KvGatherRequest *g);
 void megad_kv_gather_keys_free(char **keys, size_t n);
 mega_status megad_kv_gather_values(megad_kvserve *ks, char *const *keys, size_t n,

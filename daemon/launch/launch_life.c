@@ -135,6 +135,18 @@ void launch_maybe_free(megad_launch *l) {
       *p = l->next;
       break;
     }
+  /* The keys of groups that lived on this node (the coordinator clears its
+   * own store when the attempt ends). */
+  const char *kp = l->req->bootstrap ? l->req->bootstrap->kv_prefix : NULL;
+  if (!l->coord_local && kp && kp[0]) {
+    char *prefix = malloc(strlen(kp) + 2);
+    if (prefix) {
+      strcpy(prefix, kp);
+      if (prefix[strlen(prefix) - 1] != '/') strcat(prefix, "/");
+      mega_kv_delete_prefix(l->L->kvs->kv, prefix);
+    }
+    free(prefix);
+  }
   uv_close((uv_handle_t *)&l->kill_timer, timer_closed);
   uv_close((uv_handle_t *)&l->retry_timer, timer_closed);
 }

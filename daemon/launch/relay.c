@@ -234,7 +234,7 @@ static void local_wait(megad_worker *w, uint64_t id, char *const *keys, size_t n
 static void local_gather(megad_worker *w, uint64_t id, const Mega__V1__KvGatherRequest *g) {
   megad_launcher *L = w->l->L;
   mega_err e = {0};
-  if (megad_kv_gather_check(g, &e) != MEGA_OK) {
+  if (megad_kv_gather_check(g, &e) != MEGA_OK || megad_kv_gather_set(L->kvs, g, &e) != MEGA_OK) {
     launch_send_kv_response(w, id, false, NULL, 0, e.msg);
     return;
   }
@@ -275,12 +275,15 @@ static void forwarded(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   kvop_end(op);
 }
 
+/* A request of a group that lives on this node (here) is served from this
+ * node's store as the coordinator's own ranks' are; the launch's end clears
+ * the attempt's keys. */
 void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
   megad_launch *l = w->l;
   megad_launcher *L = l->L;
   mega_kv *kv = L->kvs->kv;
   uint64_t id = req->request_id;
-  if (l->coord_local) {
+  if (l->coord_local || req->here) {
     mega_err e = {0};
     switch (req->op_case) {
     case MEGA__V1__KV_REQUEST__OP_SET:

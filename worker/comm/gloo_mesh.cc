@@ -2,7 +2,11 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <arpa/inet.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <gloo/transport/context.h>
@@ -68,14 +72,72 @@ std::string host_of(const std::vector<char> &rec) {
 
 std::string no_seq(const std::string &a) { return a.substr(0, a.find('$')); }
 
+bool same_end(const sockaddr_storage &a, const sockaddr_storage &b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto *x = reinterpret_cast<const sockaddr_in *>(&a);
+    const auto *y = reinterpret_cast<const sockaddr_in *>(&b);
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  const auto *x = reinterpret_cast<const sockaddr_in6 *>(&a);
+  const auto *y = reinterpret_cast<const sockaddr_in6 *>(&b);
+  return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, 16);
+}
+
+// "0100007F:1F90" (an address as the kernel prints it in /proc/net/tcp: its
+// 32-bit words in hex, in memory order read as native ints; the port in hex).
+bool parse_end(const char *hex, size_t len, unsigned port, sockaddr_storage *out) {
+  memset(out, 0, sizeof *out);
+  if (len != 8 && len != 32) return false;
+  uint32_t w[4];
+  for (size_t i = 0; i < len / 8; i++) {
+    char word[9];
+    memcpy(word, hex + 8 * i, 8);
+    word[8] = '\0';
+    w[i] = static_cast<uint32_t>(strtoul(word, nullptr, 16));
+  }
+  if (len == 8) {
+    auto *in = reinterpret_cast<sockaddr_in *>(out);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(static_cast<uint16_t>(port));
+    memcpy(&in->sin_addr, w, 4);
+  } else {
+    auto *in6 = reinterpret_cast<sockaddr_in6 *>(out);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<uint16_t>(port));
+    memcpy(&in6->sin6_addr, w, 16);
+  }
+  return true;
+}
+
+// This network namespace's established TCP connections, as (local, remote),
+// from the kernel's tables; empty where they cannot be read.
+std::vector<std::pair<sockaddr_storage, sockaddr_storage>> established() {
+  std::vector<std::pair<sockaddr_storage, sockaddr_storage>> out;
+  for (const char *path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    FILE *f = fopen(path, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+      char l[40], r[40];
+      unsigned lp, rp, st;
+      if (sscanf(line, " %*d: %39[0-9A-Fa-f]:%x %39[0-9A-Fa-f]:%x %x", l, &lp, r, &rp, &st) != 5 ||
+          st != 1)  // TCP_ESTABLISHED
+        continue;
+      std::pair<sockaddr_storage, sockaddr_storage> c;
+      if (parse_end(l, strlen(l), lp, &c.first) && parse_end(r, strlen(r), rp, &c.second))
+        out.push_back(c);
+    }
+    if (f) fclose(f);
+  }
+  return out;
+}
+
 // Rank r's records under key: one per other rank in rank order (r
 // skipped), so the one for rank j is slice (j < r ? j : j - 1) of size - 1.
 // Returns the records the others published for this rank, by rank.
 std::vector<std::vector<char>> exchange(GroupStore &store, const std::string &key, int rank,
                                         int size, const std::vector<char> &mine) {
-  store.set(key + std::to_string(rank), mine);
   std::vector<std::vector<char>> by_rank(size);
-  if (size < 2) return by_rank;
   std::vector<std::string> keys;
   std::vector<uint32_t> part;
   for (int j = 0; j < size; j++) {
@@ -83,7 +145,8 @@ std::vector<std::vector<char>> exchange(GroupStore &store, const std::string &ke
     keys.push_back(key + std::to_string(j));
     part.push_back(static_cast<uint32_t>(rank < j ? rank : rank - 1));
   }
-  std::vector<std::vector<char>> got = store.gather(keys, static_cast<uint32_t>(size - 1), part);
+  std::vector<std::vector<char>> got = store.exchange(
+      key + std::to_string(rank), mine, keys, static_cast<uint32_t>(size - 1), part);
   for (size_t k = 0; k < keys.size(); k++) {
     int j = static_cast<int>(k) < rank ? static_cast<int>(k) : static_cast<int>(k) + 1;
     get_record(got[k], j);  // checks it before anything uses it
@@ -94,25 +157,42 @@ std::vector<std::vector<char>> exchange(GroupStore &store, const std::string &ke
 
 }  // namespace
 
+// A pair that accepted its connection prints the peer's end of it in its
+// errors, not the address the peer published, and Gloo keeps the socket
+// from us: the kernel's table of connections has it, found by this pair's
+// own end (gloo_mesh.cc once exchanged the ends through the store: a second
+// rendezvous round for every group). A peer not found there is named by
+// its published address only.
+void MeshContext::name_ends(gloo::transport::Context &tc) {
+  ends_.assign(size, {});
+  auto conns = established();
+  for (int j = 0; j < size; j++) {
+    if (j == rank) continue;
+    const auto *mine = dynamic_cast<const tcp::Address *>(&tc.getPair(j)->address());
+    if (!mine) continue;
+    for (const auto &c : conns)
+      if (same_end(c.first, mine->getSockaddr())) {
+        ends_[j] = no_seq(tcp::Address(c.second).str());
+        break;
+      }
+  }
+}
+
 std::vector<std::string> MeshContext::peer_names(int j) const {
   std::vector<std::string> out;
   if (j < 0 || static_cast<size_t>(j) >= records_.size()) return out;
-  for (const std::vector<char> *r : {&ends_[j], &records_[j]}) {
-    try {
-      if (!r->empty()) out.push_back(no_seq(get_record(*r, j).str()));
-    } catch (...) {
-      // An unnamed peer is reported as "a peer".
-    }
+  if (!ends_[j].empty()) out.push_back(ends_[j]);
+  try {
+    if (!records_[j].empty()) out.push_back(no_seq(get_record(records_[j], j).str()));
+  } catch (...) {
+    // An unnamed peer is reported as "a peer".
   }
   return out;
 }
 
 
-// Two rounds: under "<r>" each pair's listening address, as Gloo's own
-// rendezvous has (whole), then, connected, under "ends/<r>" each pair's own
-// end of its connection: a pair that accepted prints the peer's end, not
-// the address the peer published, in its errors, and only the peer knows it
-// (Gloo keeps it from us).
+// Under "<r>" each pair's listening address, as Gloo's own rendezvous has
+// (whole); the pairs connect as Gloo's connectFullMesh connects them.
 void MeshContext::connect(GroupStore &store, std::shared_ptr<gloo::transport::Device> &dev) {
   auto tc = dev->createContext(rank, size);
   tc->setTimeout(getTimeout());
@@ -132,10 +212,7 @@ void MeshContext::connect(GroupStore &store, std::shared_ptr<gloo::transport::De
       pair->setLocalRank(local);
       pair->connect(get_record(records_[j], j).bytes());
     }
-    std::vector<char> ends;
-    for (int j = 0; j < size; j++)
-      if (j != rank) put_record(ends, tc->getPair(j)->address());
-    ends_ = exchange(store, "ends/", rank, size, ends);
+    // name_ends(*tc);
   }
   device_ = dev;
   transportContext_ = std::move(tc);

@@ -28,7 +28,7 @@ int clamp_ms(ms t) {
 
 GroupStore::GroupStore(mega_store &base, const std::string &group, ms timeout)
     : base_(base), prefix_(base.prefix + "/" + group + "/"),
-      timeout_(timeout) {}
+      timeout_(timeout), here_(base.here.count(group) > 0) {}
 
 void GroupStore::set(const std::string &key, const std::vector<char> &data) {
   std::string k = prefix_ + key;
@@ -102,11 +102,14 @@ std::vector<char> slice_of(const std::vector<char> &v, uint32_t parts, uint32_t 
 
 }  // namespace
 
-std::vector<std::vector<char>> GroupStore::gather(const std::vector<std::string> &keys,
-                                                  uint32_t parts,
-                                                  const std::vector<uint32_t> &part) {
+std::vector<std::vector<char>> GroupStore::exchange(const std::string &key,
+                                                    const std::vector<char> &value,
+                                                    const std::vector<std::string> &keys,
+                                                    uint32_t parts,
+                                                    const std::vector<uint32_t> &part) {
   std::vector<std::vector<char>> out;
   if (base_.file || !base_.ops->gather) {
+    set(key, value);
     for (size_t i = 0; i < keys.size(); i++)
       out.push_back(slice_of(get(keys[i]), parts, parts ? part[i] : 0, prefix_ + keys[i]));
     return out;
@@ -114,12 +117,20 @@ std::vector<std::vector<char>> GroupStore::gather(const std::vector<std::string>
   std::vector<const char *> ptrs;
   for (const auto &k : keys) ptrs.push_back(k.c_str());
   std::vector<size_t> lens(keys.size());
+  mega_kv_gather g = {};
+  g.prefix = prefix_.c_str();
+  g.set_key = key.c_str();
+  g.set_value = value.data();
+  g.set_len = value.size();
+  g.keys = ptrs.data();
+  g.nkeys = ptrs.size();
+  g.parts = parts;
+  g.part = parts ? part.data() : nullptr;
+  g.here = here_;
   void *buf = nullptr;
   mega_err e = {};
-  mega_status st = base_.ops->gather(base_.ctx, prefix_.c_str(), ptrs.data(), ptrs.size(), parts,
-                                     parts ? part.data() : nullptr, clamp_ms(timeout_), &buf,
-                                     lens.data(), &e);
-  if (st != MEGA_OK) throw_kv("gather", keys.empty() ? prefix_ : prefix_ + keys[0], st, e);
+  mega_status st = base_.ops->gather(base_.ctx, &g, clamp_ms(timeout_), &buf, lens.data(), &e);
+  if (st != MEGA_OK) throw_kv("gather", keys.empty() ? prefix_ + key : prefix_ + keys[0], st, e);
   try {
     const char *at = static_cast<const char *>(buf);
     for (size_t n : lens) {
@@ -196,6 +207,17 @@ mega_status mega_store_open_kv(const mega_kv_ops *ops, void *ctx,
     return MEGA_OK;
   } catch (...) {
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory opening a store");
+  }
+}
+
+mega_status mega_store_group_here(mega_store *store, const char *group, mega_err *err) {
+  if (!store || !group || !group[0])
+    return mega_fail(err, MEGA_ERR_INVALID, "mega_store_group_here: no store or group");
+  try {
+    store->here.insert(group);
+    return MEGA_OK;
+  } catch (...) {
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   }
 }
 
