@@ -212,7 +212,7 @@ void MeshContext::connect(GroupStore &store, std::shared_ptr<gloo::transport::De
       pair->setLocalRank(local);
       pair->connect(get_record(records_[j], j).bytes());
     }
-    // name_ends(*tc);
+    name_ends(*tc);
   }
   device_ = dev;
   transportContext_ = std::move(tc);
