@@ -10,9 +10,10 @@
  * its own to the coordinator, as real nodes do. Every rank starts at once.
  *
  *   new (default): what megaw and megad do now (worker/comm/gloo_mesh.cc),
- *     per rank and group: KvSet of its 36-byte records (one per peer),
- *     KvGather of the records meant for it (one slice of each peer's
- *     value), then the same again for its connections' ends.
+ *     per rank and group: one KvGather that sets its 36-byte records (one
+ *     per peer) and returns the records meant for it (one slice of each
+ *     peer's value). A TP group (all 8 ranks on one node) never reaches the
+ *     coordinator: the node's megad serves it, so it is not played here.
  *   --old: what they did before (Gloo's connectFullMesh and the peer naming
  *     through the old store, each worker call one Peer call): KvSet of its
  *     hostname, a KvGet (that waits) of each lower rank's hostname, KvSet of
@@ -58,7 +59,7 @@ typedef struct group {
   int pos, size;
 } group;
 
-enum step { S_SET, S_GATHER, S_SET_ENDS, S_GATHER_ENDS, /* new */
+enum step { S_GATHER, /* new */
             O_SET_HOST, O_GET_HOST, O_SET_ADDR, O_WAIT, O_GET, O_SET_NAMES, O_GET_NAMES, /* old */
             S_DONE };
 
@@ -139,34 +140,30 @@ static void get_key(rk *r, const char *key) {
   call(r, &mega_peer_kv_get, &q.base);
 }
 
-/* ---- new: two sets and two gathers a group ---- */
+/* ---- new: one gather (with the rank's set) a group ---- */
 
-static void new_set(rk *r, bool ends) {
+static void new_gather(rk *r, bool ends) {
   const group *gr = &r->groups[r->gi];
   size_t n = (size_t)gr->size - 1, at = 0;
   uint8_t *v = malloc(n * RECORD + 1);
   for (int j = 0; j < gr->size; j++)
     if (j != gr->pos) record_for(gr, gr->pos, j, ends, v + RECORD * at++);
-  char key[128];
-  key_of(r->g, gr, ends ? "ends/" : "", gr->pos, key, sizeof key);
-  set_key(r, key, v, n * RECORD);
-  free(v);
-}
-
-static void new_gather(rk *r, bool ends) {
-  const group *gr = &r->groups[r->gi];
-  size_t n = (size_t)gr->size - 1;
-  char **keys = calloc(n, sizeof *keys), *store = calloc(n, 16), prefix[96];
+  char **keys = calloc(n, sizeof *keys), *store = calloc(n, 16), prefix[96], mine[16];
   uint32_t *part = calloc(n, sizeof *part);
   snprintf(prefix, sizeof prefix, "%s/%s/", r->g->prefix, gr->name);
+  snprintf(mine, sizeof mine, "%d", gr->pos);
   for (int j = 0, k = 0; j < gr->size; j++) {
     if (j == gr->pos) continue;
     keys[k] = store + 16 * k;
-    snprintf(keys[k], 16, "%s%d", ends ? "ends/" : "", j);
+    snprintf(keys[k], 16, "%d", j);
     part[k++] = (uint32_t)(gr->pos < j ? gr->pos : gr->pos - 1);
   }
+  Mega__V1__KvSetRequest set = MEGA__V1__KV_SET_REQUEST__INIT;
+  set.key = mine;
+  set.value = (ProtobufCBinaryData){n * RECORD, v};
   Mega__V1__KvGatherRequest q = MEGA__V1__KV_GATHER_REQUEST__INIT;
   q.prefix = prefix;
+  q.set = &set;
   q.keys = keys;
   q.n_keys = n;
   q.timeout_ms = WAIT_MS;
@@ -177,6 +174,7 @@ static void new_gather(rk *r, bool ends) {
   free(keys);
   free(store);
   free(part);
+  free(v);
 }
 
 static bool new_check(rk *r, const Mega__V1__KvGatherResponse *g, bool ends) {
@@ -276,17 +274,14 @@ static bool old_check(rk *r, ProtobufCMessage *resp) {
 
 static void next_group(rk *r) {
   r->gi++;
-  r->step = r->gi >= r->ngroups ? S_DONE : r->g->old ? O_SET_HOST : S_SET;
+  r->step = r->gi >= r->ngroups ? S_DONE : r->g->old ? O_SET_HOST : S_GATHER;
 }
 
 /* After the answer to the step in r->step: the step after it. */
 static void after(rk *r) {
   const group *gr = &r->groups[r->gi];
   switch (r->step) {
-  case S_SET: r->step = S_GATHER; break;
-  case S_GATHER: r->step = S_SET_ENDS; break;
-  case S_SET_ENDS: r->step = S_GATHER_ENDS; break;
-  case S_GATHER_ENDS: next_group(r); break;
+  case S_GATHER: next_group(r); break;
   case O_SET_HOST:
     r->i = 0;
     r->step = r->i < gr->pos ? O_GET_HOST : O_SET_ADDR;
@@ -324,10 +319,7 @@ static void advance(rk *r) {
     return;
   }
   switch (r->step) {
-  case S_SET: new_set(r, false); break;
   case S_GATHER: new_gather(r, false); break;
-  case S_SET_ENDS: new_set(r, true); break;
-  case S_GATHER_ENDS: new_gather(r, true); break;
   case S_DONE: g->done++; break;
   default: old_step(r); break;
   }
@@ -344,8 +336,7 @@ static void on_reply(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   } else {
     g->received += (double)protobuf_c_message_get_packed_size(resp);
     bool ok = true;
-    if (r->step == S_GATHER || r->step == S_GATHER_ENDS)
-      ok = new_check(r, (const void *)resp, r->step == S_GATHER_ENDS);
+    if (r->step == S_GATHER) ok = new_check(r, (const void *)resp, false);
     else if (g->old)
       ok = old_check(r, resp);
     protobuf_c_message_free_unpacked(resp, NULL);
@@ -365,7 +356,9 @@ static void on_deadline(uv_timer_t *t) {
 
 /* ---- a size ---- */
 
-static void plan_groups(rk *r, const mega_topo *t) {
+/* old: every group at the coordinator; new: a TP group (one node's 8
+ * ranks) stays on its node. */
+static void plan_groups(rk *r, const mega_topo *t, bool old) {
   static const struct {
     mega_group_kind kind;
     const char *name;
@@ -374,7 +367,7 @@ static void plan_groups(rk *r, const mega_topo *t) {
   for (size_t k = 0; k < 4; k++) {
     int pos = 0, idx = mega_topo_group_of(t, order[k].kind, r->rank, &pos);
     int size = mega_topo_group_size(t, order[k].kind);
-    if (idx < 0 || size < 2) continue;
+    if (idx < 0 || size < 2 || (!old && order[k].kind == MEGA_GROUP_TP)) continue;
     group *gr = &r->groups[r->ngroups++];
     snprintf(gr->name, sizeof gr->name, "%s%d", order[k].name, idx);
     gr->pos = pos;
@@ -454,8 +447,8 @@ static bool run_size(int nranks, bool old, int deadline_s) {
     r->g = &g;
     r->rank = i;
     r->ch = ch[i / PER_NODE];
-    plan_groups(r, &t);
-    r->step = r->ngroups ? (old ? O_SET_HOST : S_SET) : S_DONE;
+    plan_groups(r, &t, old);
+    r->step = r->ngroups ? (old ? O_SET_HOST : S_GATHER) : S_DONE;
   }
   uv_timer_init(&loop, &g.deadline);
   g.deadline.data = &g;

@@ -14,15 +14,24 @@ struct megad_kvwait {
   uint64_t deadline; /* uv_now; 0: none */
   int timeout_ms;
   uint64_t cur; /* the mega_kv wait in progress, 0 when none */
-  bool in_step, sync_done, cancelled;
+  /* One timer for the whole wait, not one per key waited for: a group's
+   * ranks each wait for the keys of all the others. */
+  uv_timer_t *timer;
+  bool in_step, sync_done, cancelled, timed_out;
   mega_status sync_status;
   megad_kvwait_fn fn;
   void *arg;
 };
 
+static void timer_closed(uv_handle_t *h) { free(h); }
+
 static void kvwait_free(megad_kvwait *w) {
   for (size_t i = 0; i < w->n; i++) free(w->keys[i]);
   free(w->keys);
+  if (w->timer) {
+    uv_timer_stop(w->timer);
+    uv_close((uv_handle_t *)w->timer, timer_closed);
+  }
   free(w);
 }
 
@@ -51,6 +60,10 @@ static void on_key(void *ctx, mega_status s, const uint8_t *val, size_t len) {
     w->sync_status = s;
     return;
   }
+  if (w->timed_out) {
+    finish(w, MEGA_ERR_TIMEOUT);
+    return;
+  }
   if (w->cancelled || s != MEGA_OK) {
     finish(w, w->cancelled ? MEGA_ERR_CANCELLED : s);
     return;
@@ -62,18 +75,13 @@ static void on_key(void *ctx, mega_status s, const uint8_t *val, size_t len) {
 /* Returns true when w finished (and is freed). */
 static bool step(megad_kvwait *w) {
   while (w->i < w->n) {
-    int left = 0;
-    if (w->deadline) {
-      uint64_t now = uv_now(w->ks->b->loop);
-      if (now >= w->deadline) {
-        finish(w, MEGA_ERR_TIMEOUT);
-        return true;
-      }
-      left = (int)(w->deadline - now);
+    if (w->deadline && uv_now(w->ks->b->loop) >= w->deadline) {
+      finish(w, MEGA_ERR_TIMEOUT);
+      return true;
     }
     w->in_step = true;
     w->sync_done = false;
-    uint64_t id = mega_kv_wait(w->ks->kv, w->keys[w->i], left, on_key, w);
+    uint64_t id = mega_kv_wait(w->ks->kv, w->keys[w->i], 0, on_key, w);
     w->in_step = false;
     if (!w->sync_done) {
       w->cur = id;
@@ -86,6 +94,23 @@ static bool step(megad_kvwait *w) {
     w->i++;
   }
   finish(w, MEGA_OK);
+  return true;
+}
+
+/* The deadline passed: the key waited for now is cancelled, and on_key
+ * says why. */
+static void on_deadline(uv_timer_t *t) {
+  megad_kvwait *w = t->data;
+  w->timed_out = true;
+  if (w->cur) mega_kv_cancel(w->ks->kv, w->cur);
+}
+
+static bool start_timer(megad_kvwait *w) {
+  uint64_t now = uv_now(w->ks->b->loop);
+  if (!(w->timer = malloc(sizeof *w->timer))) return false;
+  uv_timer_init(w->ks->b->loop, w->timer);
+  w->timer->data = w;
+  uv_timer_start(w->timer, on_deadline, w->deadline > now ? w->deadline - now : 0, 0);
   return true;
 }
 
@@ -113,7 +138,14 @@ megad_kvwait *megad_kvwait_start(megad_kvserve *ks, char *const *keys, size_t n,
   w->arg = arg;
   w->timeout_ms = timeout_ms;
   if (timeout_ms > 0) w->deadline = uv_now(ks->b->loop) + (uint64_t)timeout_ms;
-  return step(w) ? NULL : w;
+  if (step(w)) return NULL;
+  if (timeout_ms > 0 && !start_timer(w)) {
+    w->cancelled = true; /* fn is told below, not by the cancel */
+    mega_kv_cancel(ks->kv, w->cur);
+    fn(arg, MEGA_ERR_NOMEM, "out of memory waiting for keys");
+    return NULL;
+  }
+  return w;
 }
 
 void megad_kvwait_cancel(megad_kvwait *w) {

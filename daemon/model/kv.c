@@ -13,12 +13,12 @@ typedef struct entry {
   bool has_val;
   uint8_t *val;
   size_t len;
-  waiter *waiters; /* waiting for this key, oldest first */
+  waiter *waiters, *wtail; /* waiting for this key, oldest first */
 } entry;
 
 struct waiter {
   waiter *next, *prev;   /* every pending wait of the store */
-  waiter *enext;         /* the waits of its entry */
+  waiter *enext, *eprev; /* the waits of its entry */
   entry *e;
   mega_kv *kv;
   uint64_t id;
@@ -126,11 +126,10 @@ static void answer(waiter *w, mega_status s, const uint8_t *val, size_t len) {
   if (w->next) w->next->prev = w->prev;
   entry *e = w->e;
   if (e) {
-    for (waiter **p = &e->waiters; *p; p = &(*p)->enext)
-      if (*p == w) {
-        *p = w->enext;
-        break;
-      }
+    if (w->eprev) w->eprev->enext = w->enext;
+    else e->waiters = w->enext;
+    if (w->enext) w->enext->eprev = w->eprev;
+    else e->wtail = w->eprev;
     maybe_drop(kv, e);
   }
   kv->pending--;
@@ -225,9 +224,12 @@ uint64_t mega_kv_wait(mega_kv *kv, const char *key, int timeout_ms, mega_kv_wait
     w->timed = true;
     uv_timer_start(&w->timer, on_timeout, (uint64_t)timeout_ms, 0);
   }
-  waiter **p = &e->waiters; /* oldest first, as they were answered before */
-  while (*p) p = &(*p)->enext;
-  *p = w;
+  /* oldest first, as they were answered before; a group's ranks pile up
+   * on the key of the last to come, so appending must not walk them */
+  w->eprev = e->wtail;
+  if (e->wtail) e->wtail->enext = w;
+  else e->waiters = w;
+  e->wtail = w;
   w->next = kv->waiters;
   if (w->next) w->next->prev = w;
   kv->waiters = w;

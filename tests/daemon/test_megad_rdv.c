@@ -36,7 +36,7 @@ static long served(const char *page, const char *method) {
 /* TP 2 x PP 2 on two nodes of two slots: each node runs one stage, so the
  * TP groups stay on their node and only the pipeline's groups (pp and embd)
  * meet at the coordinator: one KvGather per remote rank and group, and no
- * other key-value call. */
+ * other key-value call. Then a gather that times out. */
 static void test_gather_per_rank_and_group(void **state) {
   (void)state;
   int port = hd_free_port();
@@ -74,6 +74,32 @@ static void test_gather_per_rank_and_group(void **state) {
   assert_int_equal(gathers, 4);
   assert_int_equal(sets + gets + waits, 0);
   free(page);
+
+  /* a gather whose keys never come ends at its timeout, naming the key
+   * missing, and leaves no wait behind; its set stays */
+  char *keys[] = {"0", "1"};
+  Mega__V1__KvSetRequest set = MEGA__V1__KV_SET_REQUEST__INIT;
+  set.key = "2";
+  set.value = (ProtobufCBinaryData){3, (uint8_t *)"abc"};
+  Mega__V1__KvGatherRequest q = MEGA__V1__KV_GATHER_REQUEST__INIT;
+  q.prefix = "lonely/";
+  q.keys = keys;
+  q.n_keys = 2;
+  q.timeout_ms = 300;
+  q.set = &set;
+  ProtobufCMessage *resp = NULL;
+  double t0 = hd_now_s();
+  assert_int_not_equal(mega_rpc_unary(n1.ch, &mega_peer_kv_gather, &q.base, 10000, &resp, &err),
+                       MEGA_OK);
+  double took = hd_now_s() - t0;
+  fprintf(stderr, "a lonely gather: %.2f s: %s\n", took, err.msg);
+  assert_non_null(strstr(err.msg, "timed out after 300 ms waiting for key 'lonely/0'"));
+  assert_true(took >= 0.25 && took < 5);
+  Mega__V1__KvGetRequest g = MEGA__V1__KV_GET_REQUEST__INIT;
+  g.key = "lonely/2";
+  assert_int_equal(mega_rpc_unary(n1.ch, &mega_peer_kv_get, &g.base, 5000, &resp, &err), MEGA_OK);
+  assert_true(((Mega__V1__KvGetResponse *)resp)->found);
+  protobuf_c_message_free_unpacked(resp, NULL);
   assert_int_equal(hd_stop(&n2), 0);
   assert_int_equal(hd_stop(&n1), 0);
   hd_cleanup(&n1);
