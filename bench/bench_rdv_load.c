@@ -486,7 +486,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--old")) old = true;
     else if (!strcmp(argv[i], "--deadline") && i + 1 < argc) deadline_s = atoi(argv[++i]);
-    else if (n < 32 && atoi(argv[i]) > 0 && atoi(argv[i]) % (TP * PP) == 0) sizes[n++] = atoi(argv[i]);
+    else if (n < 32 && atoi(argv[i]) > 0 && atoi(argv[i]) % (TP * PP) == 0)
+      sizes[n++] = atoi(argv[i]);
     else {
       fprintf(stderr, "usage: %s [--old] [--deadline S] [RANKS (multiples of %d) ...]\n", argv[0],
               TP * PP);
@@ -506,7 +507,8 @@ int main(int argc, char **argv) {
          "MB out", "wall s", "coord s", "gen s");
   for (int i = 0; i < n; i++)
     if (!run_size(sizes[i], old, deadline_s)) {
-      for (int k = i + 1; k < n; k++) printf("%6d  skipped (a smaller size did not finish)\n", sizes[k]);
+      for (int k = i + 1; k < n; k++)
+        printf("%6d  skipped (a smaller size did not finish)\n", sizes[k]);
       break;
     }
   printf("calls: Peer calls made (one per worker call, as the node's megad forwards them); MB "

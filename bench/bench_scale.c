@@ -410,7 +410,8 @@ int main(int argc, char **argv) {
          "the coordinator merged it; merged: submit -> that merge (job events); watch: submit -> "
          "iteration 1 at a watcher (this program's clock). writes, events, sent KB: etcd's "
          "puts and transactions, events sent to watchers and bytes sent to clients from submit "
-         "to the job's end (its /metrics). KV: key-value calls (Peer KvSet/KvGet/KvWait/KvGather) the "
+         "to the job's end (its /metrics). KV: key-value calls (Peer KvSet/KvGet/KvWait/KvGather) "
+         "the "
          "coordinator served meanwhile, from the other nodes' ranks. cpu: CPU seconds used from "
          "submit to the job's end by all workers, all megad and etcd.\n");
   return failed ? 1 : 0;

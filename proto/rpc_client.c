@@ -112,7 +112,8 @@ mega_status mega_rpc_channel_new(const char *target, const mega_rpc_channel_opts
   memset(args, 0, sizeof args);
   const char *keys[5] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
                          GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-                         GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL};
+                         GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+                         GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL};
   int vals[5] = {(int)ch->max_msg, (int)ch->max_msg, (int)(backoff > INT_MAX ? INT_MAX : backoff),
                  (int)(backoff < 100 ? backoff : 100), 1};
   size_t nargs = opts && opts->own_connection ? 5 : 4;

@@ -123,7 +123,8 @@ static bool has_key(hd *d, const char *key) {
   q.key = (char *)key;
   ProtobufCMessage *resp = NULL;
   mega_err err = {0};
-  if (mega_rpc_unary(d->ch, &mega_peer_kv_get, &q.base, 5000, &resp, &err) != MEGA_OK) return false;
+  if (mega_rpc_unary(d->ch, &mega_peer_kv_get, &q.base, 5000, &resp, &err) != MEGA_OK)
+    return false;
   bool found = ((Mega__V1__KvGetResponse *)resp)->found;
   protobuf_c_message_free_unpacked(resp, NULL);
   return found;

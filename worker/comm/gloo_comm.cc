@@ -242,6 +242,7 @@ mega_status gloo_comm_create(mega_store *store, const char *group, int rank,
     ctx->setTimeout(s->timeout);
     GroupStore gs(*store, group, s->timeout);
     ctx->connect(gs, s->dev);
+    ctx->name_ends(ctx);
     s->ctx = ctx;
     name_peers(*s, *ctx);
     auto c = std::make_unique<GlooComm>();

@@ -78,10 +78,12 @@ class MeshContext : public gloo::rendezvous::Context {
   // connection to j, and the address j published for this rank. A "$seq"
   // suffix is left out.
   std::vector<std::string> peer_names(int j) const;
+  // After connect, with the shared_ptr that holds this context: learns
+  // each peer's end of its connection from the peer (an all-to-all), for
+  // peer_names. Throws as a collective does.
+  void name_ends(const std::shared_ptr<MeshContext> &self);
 
  private:
-  void name_ends(gloo::transport::Context &tc);
-
   // The record rank j published for this rank (empty before connect): the
   // address its pair listened on.
   std::vector<std::vector<char>> records_;

@@ -2,13 +2,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include <arpa/inet.h>
-
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
+#include <gloo/alltoall.h>
 #include <gloo/transport/context.h>
 #include <gloo/transport/tcp/address.h>
 
@@ -25,6 +22,8 @@ namespace tcp = gloo::transport::tcp;
 // sockaddr_storage, 136 bytes, mostly zeros.
 constexpr size_t kSockaddr = 28;
 constexpr size_t kRecord = kSockaddr + 8;
+// The tag of the all-to-all that names the ends (mega's own count up from 0).
+constexpr uint32_t kEndsTag = 0xfffffff0u;
 static_assert(sizeof(sockaddr_in6) <= kSockaddr, "sockaddr_in6 no longer fits a record");
 
 void put_record(std::vector<char> &out, const gloo::transport::Address &addr) {
@@ -72,66 +71,6 @@ std::string host_of(const std::vector<char> &rec) {
 
 std::string no_seq(const std::string &a) { return a.substr(0, a.find('$')); }
 
-bool same_end(const sockaddr_storage &a, const sockaddr_storage &b) {
-  if (a.ss_family != b.ss_family) return false;
-  if (a.ss_family == AF_INET) {
-    const auto *x = reinterpret_cast<const sockaddr_in *>(&a);
-    const auto *y = reinterpret_cast<const sockaddr_in *>(&b);
-    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-  }
-  const auto *x = reinterpret_cast<const sockaddr_in6 *>(&a);
-  const auto *y = reinterpret_cast<const sockaddr_in6 *>(&b);
-  return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, 16);
-}
-
-// "0100007F:1F90" (an address as the kernel prints it in /proc/net/tcp: its
-// 32-bit words in hex, in memory order read as native ints; the port in hex).
-bool parse_end(const char *hex, size_t len, unsigned port, sockaddr_storage *out) {
-  memset(out, 0, sizeof *out);
-  if (len != 8 && len != 32) return false;
-  uint32_t w[4];
-  for (size_t i = 0; i < len / 8; i++) {
-    char word[9];
-    memcpy(word, hex + 8 * i, 8);
-    word[8] = '\0';
-    w[i] = static_cast<uint32_t>(strtoul(word, nullptr, 16));
-  }
-  if (len == 8) {
-    auto *in = reinterpret_cast<sockaddr_in *>(out);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(static_cast<uint16_t>(port));
-    memcpy(&in->sin_addr, w, 4);
-  } else {
-    auto *in6 = reinterpret_cast<sockaddr_in6 *>(out);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(static_cast<uint16_t>(port));
-    memcpy(&in6->sin6_addr, w, 16);
-  }
-  return true;
-}
-
-// This network namespace's established TCP connections, as (local, remote),
-// from the kernel's tables; empty where they cannot be read.
-std::vector<std::pair<sockaddr_storage, sockaddr_storage>> established() {
-  std::vector<std::pair<sockaddr_storage, sockaddr_storage>> out;
-  for (const char *path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    FILE *f = fopen(path, "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f)) {
-      char l[40], r[40];
-      unsigned lp, rp, st;
-      if (sscanf(line, " %*d: %39[0-9A-Fa-f]:%x %39[0-9A-Fa-f]:%x %x", l, &lp, r, &rp, &st) != 5 ||
-          st != 1)  // TCP_ESTABLISHED
-        continue;
-      std::pair<sockaddr_storage, sockaddr_storage> c;
-      if (parse_end(l, strlen(l), lp, &c.first) && parse_end(r, strlen(r), rp, &c.second))
-        out.push_back(c);
-    }
-    if (f) fclose(f);
-  }
-  return out;
-}
-
 // Rank r's records under key: one per other rank in rank order (r
 // skipped), so the one for rank j is slice (j < r ? j : j - 1) of size - 1.
 // Returns the records the others published for this rank, by rank.
@@ -158,23 +97,30 @@ std::vector<std::vector<char>> exchange(GroupStore &store, const std::string &ke
 }  // namespace
 
 // A pair that accepted its connection prints the peer's end of it in its
-// errors, not the address the peer published, and Gloo keeps the socket
-// from us: the kernel's table of connections has it, found by this pair's
-// own end (gloo_mesh.cc once exchanged the ends through the store: a second
-// rendezvous round for every group). A peer not found there is named by
-// its published address only.
-void MeshContext::name_ends(gloo::transport::Context &tc) {
+// errors (an ephemeral port), not the address the peer published, and only
+// the peer knows it (Gloo keeps the socket from us). So each rank sends
+// every peer its own end of their connection over that connection: an
+// all-to-all of 36-byte records on the new mesh, no second round through
+// the store (and so none at the coordinator).
+void MeshContext::name_ends(const std::shared_ptr<MeshContext> &self) {
   ends_.assign(size, {});
-  auto conns = established();
+  if (size < 2) return;
+  std::vector<char> out(static_cast<size_t>(size) * kRecord), in(out.size());
   for (int j = 0; j < size; j++) {
     if (j == rank) continue;
-    const auto *mine = dynamic_cast<const tcp::Address *>(&tc.getPair(j)->address());
-    if (!mine) continue;
-    for (const auto &c : conns)
-      if (same_end(c.first, mine->getSockaddr())) {
-        ends_[j] = no_seq(tcp::Address(c.second).str());
-        break;
-      }
+    std::vector<char> rec;
+    put_record(rec, transportContext_->getPair(j)->address());
+    memcpy(out.data() + static_cast<size_t>(j) * kRecord, rec.data(), kRecord);
+  }
+  gloo::AlltoallOptions o(self);
+  o.setInput(out.data(), out.size());
+  o.setOutput(in.data(), in.size());
+  o.setTag(kEndsTag);
+  gloo::alltoall(o);
+  for (int j = 0; j < size; j++) {
+    if (j == rank) continue;
+    auto at = in.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(j) * kRecord);
+    ends_[j] = no_seq(get_record(std::vector<char>(at, at + kRecord), j).str());
   }
 }
 
@@ -212,7 +158,6 @@ void MeshContext::connect(GroupStore &store, std::shared_ptr<gloo::transport::De
       pair->setLocalRank(local);
       pair->connect(get_record(records_[j], j).bytes());
     }
-    name_ends(*tc);
   }
   device_ = dev;
   transportContext_ = std::move(tc);
