@@ -201,6 +201,9 @@ const flagdef mega_jf_table[] = {
     STR("--load", load, "checkpoints", "DIR", false,
         "Directory to resume from: its latest complete checkpoint (a checkpoint whose files "
         "fail the manifest's sizes or checksums is passed over, with a message)."),
+    BOOL("--no-replica-recovery", no_replica_recovery, "checkpoints",
+         "Under megad, restart a failed attempt from the newest checkpoint even when the "
+         "surviving data-parallel replicas hold a newer state."),
     BOOL("--async-save", async_save, "checkpoints",
          "Write checkpoints on a background thread: the step waits only for the copy to host "
          "memory."),
@@ -295,6 +298,10 @@ const flagdef mega_jf_table[] = {
         "Gradient bucket size in elements (with --overlap-grad-reduce)."),
     BOOL("--use-distributed-optimizer", use_distributed_optimizer, "data parallel",
          "Shard optimizer state over data-parallel ranks (reduce-scatter, all-gather)."),
+    BOOL("--no-optimizer-shard-copy", no_optimizer_shard_copy, "data parallel",
+         "Keep no copy of each rank's optimizer shard on its data-parallel neighbour (saves "
+         "two moments of a shard and a step's shard exchange; a lost rank's shard then exists "
+         "nowhere else, so recovery goes back to the newest checkpoint)."),
     BOOL("--overlap-param-gather", overlap_param_gather, "data parallel",
          "Gather updated parameters while the next forward runs (distributed optimizer)."),
     BOOL("--average-in-collective", average_in_collective, "data parallel",

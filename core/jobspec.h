@@ -190,6 +190,7 @@ typedef struct mega_jobspec {
   bool save_initial; /* also save before the first step */
   char *load;        /* NULL: start from fresh weights */
   bool async_save;   /* write checkpoints on a thread; the step waits for the host copy only */
+  bool no_replica_recovery; /* megad: restarts go back to the checkpoint, never to replicas */
   bool finetune;     /* --load weights only; iteration 0, fresh optimizer and data order */
   bool no_load_optim; /* --load without the optimizer state (and so the LR scheduler's) */
   bool no_load_rng;  /* accepted; mega's training has no random state to load */
@@ -229,6 +230,7 @@ typedef struct mega_jobspec {
   bool align_grad_reduce;
   int bucket_size; /* elements; -1: Megatron's max(40M, 1M x DP) */
   bool use_distributed_optimizer;
+  bool no_optimizer_shard_copy; /* distributed optimizer: no copy of each shard elsewhere */
   bool overlap_param_gather;  /* distributed optimizer: gather parameters while forward runs */
   bool average_in_collective; /* scale by 1/DP in the reduction, not before it */
   /* worker and measurement */

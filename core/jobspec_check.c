@@ -449,6 +449,9 @@ static mega_status check_data_parallel(const mega_jobspec *s, mega_err *err) {
   if (s->overlap_param_gather && !s->use_distributed_optimizer)
     return BAD("--overlap-param-gather needs --use-distributed-optimizer (only sharded "
                "parameters are gathered)");
+  if (s->no_optimizer_shard_copy && !s->use_distributed_optimizer)
+    return BAD("--no-optimizer-shard-copy needs --use-distributed-optimizer (only a sharded "
+               "optimizer keeps copies of its shards)");
   if (s->overlap_param_gather && !s->overlap_grad_reduce)
     return BAD("--overlap-param-gather needs --overlap-grad-reduce, as in Megatron");
   return MEGA_OK;

@@ -27,7 +27,8 @@ static void on_node_lost(void *arg, megad_node *n, const char *why) {
   megad_coord_node_lost(&d->coord, n, why);
   char abort_why[512];
   snprintf(abort_why, sizeof abort_why, "the job's coordinator is gone: %s", why);
-  megad_launch_abort_coord(&d->launcher, n->id, abort_why);
+  /* with etcd another node takes the job over and may want what they hold */
+  megad_launch_abort_coord(&d->launcher, n->id, abort_why, d->etcd != NULL);
 }
 
 /* This node's loop stood still (stopped or starved): the attempts it
@@ -51,7 +52,15 @@ static void on_worker_step(void *arg, const char *job_id, uint32_t attempt, cons
 static void on_worker_event(void *arg, const char *job_id, uint32_t attempt, const char *node_id,
                             const Mega__V1__RankEvent *ev) {
   megad *d = arg;
+  /* a rank that holds state for an attempt already over: nobody will
+   * fetch it (a remote node learns this from its refused report). Asked
+   * before the event, which may itself end the attempt. */
+  bool late = ev->kind_case == MEGA__V1__RANK_EVENT__KIND_HELD &&
+              !megad_coord_runs(&d->coord, job_id, attempt);
   megad_coord_event(&d->coord, job_id, attempt, node_id, ev);
+  if (late)
+    megad_launch_abort(&d->launcher, job_id, attempt, false,
+                       "the attempt ended before this rank held its state", MEGAD_ABORT_GRACE_MS);
 }
 
 /* etcd mode: what the jobs layer tells the coordinator */

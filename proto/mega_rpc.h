@@ -33,6 +33,7 @@ extern const mega_rpc_method mega_peer_kv_get;
 extern const mega_rpc_method mega_peer_kv_wait;
 extern const mega_rpc_method mega_peer_kv_gather;
 extern const mega_rpc_method mega_peer_commit_checkpoint;
+extern const mega_rpc_method mega_peer_list_held;
 
 extern const mega_rpc_method *const mega_control_methods[];
 extern const mega_rpc_method *const mega_peer_methods[];

@@ -4,7 +4,14 @@
  * and a failure go back over the pipe, and the committing rank waits there
  * for the coordinator's go-ahead; an Abort frame, the pipe's EOF (megad
  * died) or its silence (megad frozen) stops the rank. PR_SET_PDEATHSIG
- * takes the worker along if megad is killed outright. */
+ * takes the worker along if megad is killed outright.
+ *
+ * Recovery from replicas: a rank whose attempt fails because of a peer (or
+ * which megad stops with an Abort that asks it to hold) does not exit if
+ * its state is whole. It tells megad what it holds (RankHeld) and serves it
+ * to the next attempt's ranks until megad releases it, or for HOLD_MAX_MS.
+ * A rank whose Assignment carries a replica plan fetches its state from
+ * such ranks at setup. */
 #include "worker/megaw_assigned.h"
 
 #include <errno.h>
@@ -20,6 +27,8 @@
 #include "worker/data/data.h"
 #include "worker/rank/link.h"
 #include "worker/rank/rank.h"
+
+#define HOLD_MAX_MS 120000 /* a held state nobody asks for is let go */
 
 typedef struct assigned {
   mega_link *link;
@@ -106,6 +115,15 @@ static mega_status await_commit(void *arg, int64_t iteration, mega_err *err) {
   }
 }
 
+static void on_recovered(void *arg, int64_t iteration, uint64_t bytes, double seconds) {
+  assigned *a = arg;
+  mega_err err = {0};
+  fprintf(stderr, "megaw: rank %u: took the state of iteration %lld from replicas (%.1f MB in "
+                  "%.3f s)\n", a->rank_id, (long long)iteration, (double)bytes / 1e6, seconds);
+  if (mega_link_send_recovered(a->link, iteration, bytes, seconds, &err) != MEGA_OK)
+    fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
+}
+
 static void on_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
   assigned *a = arg;
   mega_err err = {0};
@@ -113,14 +131,18 @@ static void on_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
     fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
 }
 
+static bool retryable(const mega_err *e) {
+  return e->status == MEGA_ERR_PEER || e->status == MEGA_ERR_TIMEOUT;
+}
+
 /* Says why on stderr (megad keeps the last lines) and over the pipe. */
 static int fail(assigned *a, const mega_err *e, int code) {
   fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, e->msg);
-  bool retryable = e->status == MEGA_ERR_PEER || e->status == MEGA_ERR_TIMEOUT;
+  bool again = retryable(e);
   /* a bad flag, file or checkpoint: a restart would meet it again */
   bool fatal = code == 2 || e->status == MEGA_ERR_INVALID || e->status == MEGA_ERR_UNSUPPORTED;
   mega_err ignored = {0};
-  if (a->link) mega_link_send_error(a->link, e->msg, retryable, fatal, &ignored);
+  if (a->link) mega_link_send_error(a->link, e->msg, again, fatal, &ignored);
   return code;
 }
 
@@ -129,6 +151,67 @@ static mega_status check_job(const mega_jobspec *job, int world, mega_err *err) 
   if (mega_jobspec_data_file(job, 0, NULL) && mega_data_probe(job, &bytes, err) != MEGA_OK)
     return err->status;
   return mega_jobspec_check_all(job, world, bytes, err);
+}
+
+static bool released(void *arg) { return mega_link_released(arg); }
+
+/* After the rank stopped: keeps its state for the next attempt and serves
+ * it until megad lets go. False when it holds nothing usable. */
+static bool hold(assigned *a, mega_rank *r, const Mega__V1__Assignment *as) {
+  mega_rank_held h;
+  mega_replica_server *srv = NULL;
+  mega_err e = {0};
+  if (mega_rank_hold(r, &h, &e) != MEGA_OK ||
+      mega_replica_serve_open(r, &h, getenv("MEGA_WORKER_HOSTNAME"), as->job_id,
+                              (int)as->attempt, &srv, &e) != MEGA_OK) {
+    fprintf(stderr, "megaw: rank %u: not keeping its state: %s\n", a->rank_id, e.msg);
+    return false;
+  }
+  size_t tlen;
+  const uint8_t *token = mega_replica_server_token(srv, &tlen);
+  if (mega_link_send_held(a->link, &h, mega_replica_server_address(srv), token, tlen, &e) !=
+      MEGA_OK) {
+    fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, e.msg);
+    mega_replica_server_close(srv);
+    return false;
+  }
+  fprintf(stderr, "megaw: rank %u: holding the state of iteration %lld (%.1f MB) for the next "
+                  "attempt at %s\n", a->rank_id, (long long)h.iteration, (double)h.bytes / 1e6,
+          mega_replica_server_address(srv));
+  mega_status st = mega_replica_serve(srv, released, a->link, HOLD_MAX_MS, &e);
+  fprintf(stderr, "megaw: rank %u: %s after serving %.1f MB\n", a->rank_id,
+          st == MEGA_OK ? "released" : e.msg, (double)mega_replica_served_bytes(srv) / 1e6);
+  mega_replica_server_close(srv);
+  return true;
+}
+
+/* The Assignment's replica plan as the rank's (pointing into as). */
+static bool plan_of(const Mega__V1__Assignment *as, mega_replica_plan *plan,
+                    mega_replica_source **src, int **shards) {
+  const Mega__V1__ReplicaPlan *p = as->replicas;
+  *src = NULL;
+  *shards = NULL;
+  if (!p || !p->n_sources) return false;
+  size_t total = 0;
+  for (size_t i = 0; i < p->n_sources; i++) total += p->sources[i]->n_shards;
+  *src = calloc(p->n_sources, sizeof **src);
+  *shards = calloc(total + 1, sizeof **shards);
+  if (!*src || !*shards) return false; /* the rank then says so: no source of its own */
+  int *sh = *shards;
+  for (size_t i = 0; i < p->n_sources; i++) {
+    const Mega__V1__ReplicaSource *s = p->sources[i];
+    for (size_t k = 0; k < s->n_shards; k++) sh[k] = (int)s->shards[k];
+    (*src)[i] = (mega_replica_source){
+        .pp = (int)s->pp, .tp = (int)s->tp, .donor_rank = (int)s->donor_rank,
+        .address = s->address, .token = s->token.data, .token_len = s->token.len,
+        .params = s->params, .full_moments = s->full_moments, .shards = sh,
+        .nshards = s->n_shards, .shard_params = s->shard_params};
+    sh += s->n_shards;
+  }
+  *plan = (mega_replica_plan){.job_id = as->job_id, .attempt = (int)p->attempt,
+                              .iteration = (int64_t)p->iteration, .dp_size = (int)p->dp_size,
+                              .sources = *src, .nsources = p->n_sources};
+  return true;
 }
 
 static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assignment *as) {
@@ -153,11 +236,20 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
       .on_phase = on_phase,
       .on_checkpoint = on_checkpoint,
       .await_commit = await_commit,
+      .on_recovered = on_recovered,
       .arg = a,
   };
+  mega_replica_plan plan;
+  mega_replica_source *src;
+  int *shards;
+  if (plan_of(as, &plan, &src, &shards)) env.replicas = &plan;
   mega_err err = {0};
   mega_rank *r = NULL;
-  if (mega_rank_create(&env, &r, &err) != MEGA_OK) return fail(a, &err, 1);
+  if (mega_rank_create(&env, &r, &err) != MEGA_OK) {
+    free(src);
+    free(shards);
+    return fail(a, &err, 1);
+  }
   pthread_mutex_lock(&a->mu);
   a->rank = r;
   if (a->abort_reason) mega_rank_abort(r, a->abort_reason);
@@ -169,6 +261,10 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
     fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, e2.msg);
   int rc = 0;
   if (mega_rank_run(r, &err) != MEGA_OK) {
+    /* a peer's failure, or megad asking: the next attempt may want this state */
+    bool may_hold = !stop_signal && !job->no_replica_recovery &&
+                    (err.status == MEGA_ERR_CANCELLED ? mega_link_hold_asked(a->link)
+                                                      : retryable(&err));
     if (err.status == MEGA_ERR_CANCELLED && stop_signal) {
       rc = 128 + stop_signal;
     } else if (err.status == MEGA_ERR_CANCELLED) { /* megad asked: it knows why */
@@ -177,6 +273,7 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
     } else {
       rc = fail(a, &err, 1);
     }
+    if (may_hold) hold(a, r, as);
   } else if (mega_rank_stopped(r)) {
     fprintf(stderr, "megaw: rank %u: stopped after iteration %lld: %s\n", a->rank_id,
             (long long)mega_rank_iteration(r), mega_rank_stopped(r));
@@ -188,6 +285,8 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
   a->rank = NULL;
   pthread_mutex_unlock(&a->mu);
   mega_rank_destroy(r);
+  free(src);
+  free(shards);
   return rc;
 }
 

@@ -9,10 +9,15 @@
 
 #include "core/jobspec.h"
 #include "daemon/coord/coord_internal.h"
+#include "daemon/model/replicas.h"
 #include "daemon/model/util.h"
 
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
 #define SCHEDULE_MS 500
+/* A replica plan older than this is dropped: its ranks give up holding
+ * after 120 s (megaw_assigned.c), and a restart that waited this long for
+ * nodes may as well read the checkpoint. */
+#define REPLICAS_FRESH_MS 60000
 
 mega_status megad_coord_submit(megad_coord *c, const Mega__V1__JobSpec *spec, mega_job **out,
                                mega_err *err) {
@@ -68,6 +73,7 @@ void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const cha
   mega_job_state before = j->state;
   megad_job_finalize(c->jobs, j, state, error);
   if (before == state || j->state != state) return; /* refused: nothing ended */
+  coord_release_donors(c, j, "the job ended");
   free(j->coord.wait);
   j->coord.wait = NULL;
   j->coord.failed_ms = 0; /* a resume's first step is no recovery from this */
@@ -116,7 +122,8 @@ static void launched(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   free(lc);
 }
 
-static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size_t nargs) {
+static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size_t nargs,
+                      Mega__V1__ReplicaPlan *replicas) {
   megad_coord *c = run->c;
   mega_job *j = run->job;
   uint32_t *ranks = calloc(jn->nranks, sizeof *ranks);
@@ -154,6 +161,7 @@ static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size
   req.coordinator_node_id = c->b->node_id;
   req.coordinator_address = (char *)c->o.address;
   req.coordinator_fence = j->etcd.fence;
+  req.replicas = replicas;
   mega_err e = {0};
   megad_node *node = megad_members_find(c->members, jn->node_id);
   mega_status rc;
@@ -203,12 +211,28 @@ static void describe(const mega_job *j, char *buf, size_t len) {
   }
 }
 
+/* The replica plan j's next attempt may still use: one the restart waited
+ * too long for is dropped (its ranks let go), and the event says so. */
+static Mega__V1__ReplicaPlan *fresh_replicas(megad_coord *c, mega_job *j) {
+  Mega__V1__ReplicaPlan *p = j->coord.replicas;
+  if (!p || megad_unix_ms() - j->coord.replicas_ms <= REPLICAS_FRESH_MS) return p;
+  char from[96];
+  uint64_t it = p->iteration;
+  coord_release_donors(c, j, "the restart waited too long for nodes");
+  coord_resume_point(j, from, sizeof from);
+  megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                  "the replicas' state of iteration %llu is no longer held (the restart waited "
+                  "%.0f s for nodes); starting from %s", (unsigned long long)it,
+                  (double)(megad_unix_ms() - j->coord.replicas_ms) / 1000, from);
+  return NULL;
+}
+
 /* Starts j's next attempt now if the cluster has room. Returns false when j
  * must keep waiting (and the jobs behind it too, FIFO). */
 static bool try_start(megad_coord *c, mega_job *j) {
   /* etcd: not before this node's claim on j is in etcd, nor while its lease
-   * is not known alive */
-  if (c->jobs->etcd && (!j->etcd.fence || !coord_may_act(c))) return false;
+   * is not known alive, nor while it asks what the old attempt's ranks hold */
+  if (c->jobs->etcd && (!j->etcd.fence || !coord_may_act(c) || j->coord.gathering)) return false;
   mega_err e = {0};
   mega_jobspec as;
   mega_jobspec_defaults(&as);
@@ -260,22 +284,33 @@ static bool try_start(megad_coord *c, mega_job *j) {
     return true;
   }
   megad_jobs_save(c->jobs, j, NULL);
-  char where[640];
+  char where[640], from[96];
   describe(j, where, sizeof where);
+  Mega__V1__ReplicaPlan *plan = restart ? fresh_replicas(c, j) : NULL;
+  if (plan)
+    snprintf(from, sizeof from, "the replicas' state at iteration %llu",
+             (unsigned long long)plan->iteration);
+  else
+    snprintf(from, sizeof from, "%s",
+             j->ckpt_iteration && j->spec.save ? "the newest checkpoint" : "the start");
   if (restart && old_world && world != old_world)
     megad_job_event(c->jobs, j, EV(RESCALED), NULL, -1,
                     "rescaled from DP %u to DP %u as attempt %u, from %s: %s", old_dp, j->dp,
-                    j->attempt,
-                    j->ckpt_iteration ? "the newest checkpoint" : "the start", where);
+                    j->attempt, from, where);
   else if (restart)
     megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed attempt %u: %s", j->attempt, where);
   else
     megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed: %s", where);
   /* After a failed launch the rest are not started: their ranks count as
    * gone, and the last of them ends the attempt (run is freed then). */
+  /* the attempt owns the plan now; the donors wait until its ranks have
+   * their state (coord_run.c) */
+  run->plan = plan;
+  run->plan_redone = j->coord.replicas_redone;
+  j->coord.replicas = NULL;
   for (size_t i = 0; i < j->nplaced && (run = j->coord.run); i++) {
     if (run->stopping) coord_ranks_gone(run, j->placement[i].first_rank, j->placement[i].nranks);
-    else launch_on(run, &j->placement[i], args, (size_t)nargs);
+    else launch_on(run, &j->placement[i], args, (size_t)nargs, plan);
   }
   mega_jobspec_argv_free(args);
   return true;
@@ -359,15 +394,24 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
   char budget[64] = "";
   if (r.counted)
     snprintf(budget, sizeof budget, " (restart %u of %u)", j->restarts, j->max_restarts);
-  char from[160];
-  if (j->ckpt_iteration && j->spec.save)
-    snprintf(from, sizeof from, "the checkpoint of iteration %llu (%llu iteration%s to redo)",
+  char from[800], why[560] = "";
+  if (j->coord.replicas_why)
+    snprintf(why, sizeof why, "; not from replicas: %s", j->coord.replicas_why);
+  const Mega__V1__ReplicaPlan *p = j->coord.replicas;
+  if (p)
+    snprintf(from, sizeof from, "the replicas' state at iteration %llu (%llu iteration%s to "
+             "redo)", (unsigned long long)p->iteration,
+             (unsigned long long)j->coord.replicas_redone,
+             j->coord.replicas_redone == 1 ? "" : "s");
+  else if (j->ckpt_iteration && j->spec.save)
+    snprintf(from, sizeof from, "the checkpoint of iteration %llu (%llu iteration%s to redo%s)",
              (unsigned long long)j->ckpt_iteration,
              (unsigned long long)(j->last_iteration - j->ckpt_iteration),
-             j->last_iteration - j->ckpt_iteration == 1 ? "" : "s");
+             j->last_iteration - j->ckpt_iteration == 1 ? "" : "s", why);
   else
-    snprintf(from, sizeof from, "the start (%s)",
-             j->spec.save ? "no checkpoint was committed yet" : "the job saves no checkpoints");
+    snprintf(from, sizeof from, "the start (%s%s)",
+             j->spec.save ? "no checkpoint was committed yet" : "the job saves no checkpoints",
+             why);
   megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1, "attempt %u ended (%s); restarting from %s%s",
                   j->attempt, cause && cause[0] ? cause : mega_end_kind_name(kind), from, budget);
 }

@@ -23,6 +23,7 @@
 #define MEGA_DAEMON_COORD_INTERNAL_H
 
 #include "daemon/coord/coord.h"
+#include "daemon/model/replicas.h"
 #include "daemon/model/stepmerge.h"
 
 enum { CAUSE_NONE, CAUSE_SECONDARY, CAUSE_PRIMARY };
@@ -65,6 +66,17 @@ typedef struct coord_run {
   int timers_open; /* while closing */
   megad_cancel_wait *cancels;
   size_t ncancels;
+  /* Recovery from replicas: what each rank held when it stopped (owned
+   * copies, [world]) and on which node; and, for an attempt that fetched
+   * its state from replicas, their plan (owned) and what the ranks said. */
+  Mega__V1__RankHeld **held;
+  char **held_node;
+  uint32_t nheld;
+  Mega__V1__ReplicaPlan *plan;
+  uint64_t plan_redone;
+  uint32_t nrecovered;
+  uint64_t recovered_bytes;
+  double recovered_s; /* the slowest rank's fetch */
   /* ranks that stopped early as asked (WorkerStopped): the first one's why */
   char *stopped;
   bool stopped_mine; /* said by a rank that was asked itself */
@@ -134,8 +146,19 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why);
  * before it), or aborts here when the node is this one. */
 void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool stale,
                     const char *reason);
+/* The same for a given attempt; hold: ranks with a whole state keep it for
+ * the next attempt (launch.h, megad_launch_hold). */
+void coord_abort_attempt(megad_coord *c, const mega_job *j, const char *node_id,
+                         uint32_t attempt, bool stale, bool hold, const char *reason);
 /* Sends AbortJob for the attempt to every node of the placement. */
-void coord_abort_nodes(coord_run *run, const char *reason);
+void coord_abort_nodes(coord_run *run, const char *reason, bool hold);
+/* coord_run.c: where j's next attempt takes its state from, given the
+ * ranks of its attempt that hold one (d, n): j->coord.replicas, or why not
+ * in j->coord.replicas_why; the attempt's nodes become j->coord.donors. */
+void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n);
+/* coord_run.c: lets the ranks that hold j's state for a later attempt go
+ * (j->coord.donors) and forgets the plan that named them. */
+void coord_release_donors(megad_coord *c, mega_job *j, const char *why);
 /* coord_run.c: where j's next attempt starts, for its events: "the
  * checkpoint of iteration K" or "the start". */
 void coord_resume_point(const mega_job *j, char *buf, size_t len);

@@ -11,6 +11,7 @@
 #include "daemon/coord/coord_internal.h"
 #include "daemon/etcd/etcd.h"
 #include "daemon/jobs/jobtrace.h"
+#include "daemon/model/replicas.h"
 #include "daemon/model/util.h"
 
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
@@ -23,6 +24,13 @@ static void timer_closed(uv_handle_t *h) {
 }
 
 static void run_free(coord_run *run) {
+  for (uint32_t r = 0; run->held && r < run->world; r++) {
+    if (run->held[r]) protobuf_c_message_free_unpacked(&run->held[r]->base, NULL);
+    free(run->held_node[r]);
+  }
+  free(run->held);
+  free(run->held_node);
+  mega_replicas_plan_free(run->plan);
   mega_stepmerge_free(run->merge);
   free(run->hello);
   free(run->exited);
@@ -49,11 +57,16 @@ coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration) {
   run->hello = calloc(j->world, sizeof *run->hello);
   run->exited = calloc(j->world, sizeof *run->exited);
   run->errored = calloc(j->world, sizeof *run->errored);
-  if (!run->merge || !run->hello || !run->exited || !run->errored) {
+  run->held = calloc(j->world, sizeof *run->held);
+  run->held_node = calloc(j->world, sizeof *run->held_node);
+  if (!run->merge || !run->hello || !run->exited || !run->errored || !run->held ||
+      !run->held_node) {
     mega_stepmerge_free(run->merge);
     free(run->hello);
     free(run->exited);
     free(run->errored);
+    free(run->held);
+    free(run->held_node);
     free(run);
     return NULL;
   }
@@ -110,7 +123,12 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
   char reason[1200];
   snprintf(reason, sizeof reason, "job %s attempt %u is stopping: %s", run->job->id,
            run->job->attempt, run->cause ? run->cause : mega_end_kind_name(kind));
-  coord_abort_nodes(run, reason);
+  /* after a failure or for a re-plan, whole states are kept for the next
+   * attempt; a job that ends or a megad that stops keeps none */
+  bool hold = kind != MEGA_END_DONE && kind != MEGA_END_CANCELLED && kind != MEGA_END_FATAL &&
+              kind != MEGA_END_COORDINATOR && kind != MEGA_END_STOPPED &&
+              !run->job->spec.no_replica_recovery;
+  coord_abort_nodes(run, reason, hold);
   if (run->nexited == run->world) {
     finish(run);
     return;
@@ -189,6 +207,70 @@ void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) 
   }
 }
 
+/* ---- recovery from replicas ---- */
+
+void coord_release_donors(megad_coord *c, mega_job *j, const char *why) {
+  for (size_t i = 0; i < j->coord.ndonors; i++) {
+    coord_abort_attempt(c, j, j->coord.donors[i], j->coord.donors_attempt, false, false, why);
+    free(j->coord.donors[i]);
+  }
+  free(j->coord.donors);
+  j->coord.donors = NULL;
+  j->coord.ndonors = 0;
+  mega_replicas_plan_free(j->coord.replicas);
+  j->coord.replicas = NULL;
+}
+
+/* Notes the nodes of j's attempt: ranks there may hold state, and wait for
+ * a release (every node of the attempt, so a rank that held too late for
+ * the plan goes too). */
+static void note_donors(mega_job *j) {
+  j->coord.donors = calloc(j->nplaced + 1, sizeof *j->coord.donors);
+  j->coord.donors_attempt = j->attempt;
+  for (size_t r = 0; j->coord.donors && r < j->nplaced; r++)
+    j->coord.donors[j->coord.ndonors++] = megad_strdup(j->placement[r].node_id);
+}
+
+void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n) {
+  free(j->coord.replicas_why);
+  j->coord.replicas_why = NULL;
+  note_donors(j);
+  char why[MEGA_ERR_MSG_MAX + 64] = "";
+  mega_replicas_in in = {.attempt = j->attempt, .tp = j->tp, .pp = j->pp, .dp = j->dp,
+                         .distributed = j->spec.use_distributed_optimizer, .donors = d,
+                         .ndonors = n, .ckpt_iteration = j->spec.save ? j->ckpt_iteration : 0};
+  mega_err e = {0};
+  Mega__V1__ReplicaPlan *p = NULL;
+  if (j->spec.no_replica_recovery) snprintf(why, sizeof why, "--no-replica-recovery");
+  else if (mega_replicas_plan(&in, &p, why, sizeof why, &e) != MEGA_OK)
+    snprintf(why, sizeof why, "%s", e.msg);
+  if (!p) {
+    j->coord.replicas_why = megad_strdup(why);
+    coord_release_donors(c, j, "the next attempt does not take its state from replicas");
+    return;
+  }
+  j->coord.replicas = p;
+  j->coord.replicas_ms = megad_unix_ms();
+  j->coord.replicas_redone =
+      j->last_iteration > p->iteration ? j->last_iteration - p->iteration : 0;
+}
+
+/* At an attempt's end: where the next one takes its state from. */
+static void plan_replicas(coord_run *run) {
+  mega_replica_donor *d = calloc(run->world + 1, sizeof *d);
+  size_t n = 0;
+  for (uint32_t r = 0; d && r < run->world; r++)
+    if (run->held[r])
+      d[n++] = (mega_replica_donor){.rank = r, .node_id = run->held_node[r], .held = run->held[r]};
+  if (d) {
+    coord_plan_replicas(run->c, run->job, d, n);
+  } else {
+    free(run->job->coord.replicas_why);
+    run->job->coord.replicas_why = megad_strdup("megad ran out of memory");
+  }
+  free(d);
+}
+
 /* Why the job stopped early, and where it goes on from: this megad's own
  * SIGTERM when it had one (the whole story), else the ranks' reason. */
 static void stopped_why(const coord_run *run, char *buf, size_t len) {
@@ -221,6 +303,19 @@ static void finish(coord_run *run) {
     kind = MEGA_END_STOPPED;
     stopped_why(run, why, sizeof why);
     set_cause(run, CAUSE_PRIMARY, kind, why);
+  }
+  /* the donors an attempt fetched from are done with; its own may hold */
+  if (j->coord.ndonors) coord_release_donors(c, j, "the attempt that fetched from them ended");
+  if (kind != MEGA_END_DONE && kind != MEGA_END_STOPPED) plan_replicas(run);
+  /* iterations the survivors completed but a lost rank never reported: the
+   * next attempt starts after them, so they are merged from what came */
+  mega_step_done *d = NULL;
+  while (j->coord.replicas &&
+         mega_stepmerge_flush(run->merge, j->coord.replicas->iteration, &d, NULL) == MEGA_OK &&
+         d) {
+    if (d->step->iteration > j->last_iteration) megad_job_step(c->jobs, j, d->step);
+    mega_step_done_free(d);
+    d = NULL;
   }
   char prefix[sizeof run->kv_prefix + 1];
   snprintf(prefix, sizeof prefix, "%s/", run->kv_prefix);
@@ -255,11 +350,17 @@ static void ignore_reply(void *arg, ProtobufCMessage *resp, const mega_err *err)
 }
 
 void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool stale,
-                     const char *reason) {
+                    const char *reason) {
+  coord_abort_attempt(c, j, node_id, j->attempt, stale, false, reason);
+}
+
+void coord_abort_attempt(megad_coord *c, const mega_job *j, const char *node_id,
+                         uint32_t attempt, bool stale, bool hold, const char *reason) {
   megad_node *n = megad_members_find(c->members, node_id);
   if (!n) return;
   if (n->self) {
-    megad_launch_abort(c->L, j->id, j->attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
+    if (hold) megad_launch_hold(c->L, j->id, attempt, reason, MEGAD_HOLD_GRACE_MS);
+    else megad_launch_abort(c->L, j->id, attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
     return;
   }
   if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
@@ -267,10 +368,11 @@ void coord_abort_on(megad_coord *c, const mega_job *j, const char *node_id, bool
     return;
   Mega__V1__AbortJobRequest req = MEGA__V1__ABORT_JOB_REQUEST__INIT;
   req.job_id = j->id;
-  req.attempt = j->attempt;
+  req.attempt = attempt;
   req.reason = (char *)reason;
-  req.grace_ms = MEGAD_ABORT_GRACE_MS;
+  req.grace_ms = hold ? MEGAD_HOLD_GRACE_MS : MEGAD_ABORT_GRACE_MS;
   req.stale = stale;
+  req.hold = hold;
   megad_call(c->b, n->address, &mega_peer_abort_job, &req.base, 5000, ignore_reply, NULL, NULL);
 }
 
@@ -314,10 +416,10 @@ bool megad_coord_saving(const megad_coord *c) {
   return false;
 }
 
-void coord_abort_nodes(coord_run *run, const char *reason) {
+void coord_abort_nodes(coord_run *run, const char *reason, bool hold) {
   const mega_job *j = run->job;
   for (size_t i = 0; i < j->nplaced; i++)
-    coord_abort_on(run->c, j, j->placement[i].node_id, false, reason);
+    coord_abort_attempt(run->c, j, j->placement[i].node_id, j->attempt, false, hold, reason);
 }
 
 /* A commit refused because this node may not act: training goes on
@@ -533,6 +635,34 @@ static void on_hello(coord_run *run, uint32_t r) {
                     "all %u ranks started (%.2f s after placement)", run->world, took);
 }
 
+/* A rank stopped and holds a whole state: it counts as gone. */
+static void on_held(coord_run *run, uint32_t r, const char *node_id,
+                    const Mega__V1__RankHeld *h) {
+  if (run->held[r] || run->exited[r]) return;
+  run->held[r] = (Mega__V1__RankHeld *)megad_pb_copy(&h->base);
+  run->held_node[r] = megad_strdup(node_id);
+  if (!run->held[r] || !run->held_node[r]) return; /* then it is not a donor */
+  run->nheld++;
+  coord_ranks_gone(run, r, 1);
+}
+
+/* A rank took its state from replicas; once all have, the donors go. */
+static void on_recovered(coord_run *run, const Mega__V1__RankRecovered *rec) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  if (!run->plan) return;
+  run->recovered_bytes += rec->bytes;
+  if (rec->seconds > run->recovered_s) run->recovered_s = rec->seconds;
+  if (++run->nrecovered != run->world) return;
+  megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                  "recovered iteration %llu from replicas; %llu iteration%s redone; %.1f MB "
+                  "moved rank to rank in %.3f s",
+                  (unsigned long long)run->plan->iteration,
+                  (unsigned long long)run->plan_redone, run->plan_redone == 1 ? "" : "s",
+                  (double)run->recovered_bytes / 1e6, run->recovered_s);
+  coord_release_donors(c, j, "every rank of the next attempt has its state");
+}
+
 void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
                        const Mega__V1__RankEvent *ev) {
   coord_run *run = coord_run_of(c, job_id, attempt);
@@ -546,6 +676,12 @@ void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, con
     break;
   case MEGA__V1__RANK_EVENT__KIND_NOTE:
     megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r, "%s", ev->note->message);
+    break;
+  case MEGA__V1__RANK_EVENT__KIND_HELD:
+    on_held(run, r, node_id, ev->held);
+    break;
+  case MEGA__V1__RANK_EVENT__KIND_RECOVERED:
+    on_recovered(run, ev->recovered);
     break;
   case MEGA__V1__RANK_EVENT__KIND_STOPPED: {
     /* every rank says it; the first that was asked itself says why */

@@ -104,11 +104,12 @@ void hangcheck_tick(megad_launcher *L) {
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_PING;
   f.ping = &p;
   for (megad_launch *l = L->launches; l; l = l->next) {
-    if (l->aborting) continue;
     for (size_t i = 0; i < l->nw; i++) {
       megad_worker *w = &l->w[i];
-      if (!running(w)) continue;
+      /* a held worker waits, pinged, until it is released */
+      if (!running(w) || (l->aborting && !w->held)) continue;
       if (ping) launch_send_frame(w, &f);
+      if (w->held) continue;
       /* a stall of megad's own is no hang of the worker's */
       uint64_t quiet = megad_quiet_ms(L->b, w->progress_ms);
       if (w->hung || quiet < L->o.step_floor_ms) continue;

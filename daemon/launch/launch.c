@@ -106,6 +106,8 @@ static void worker_broke(megad_worker *w, const char *fmt, ...) {
   launch_kill_worker(w);
 }
 
+static void release_slot(megad_worker *w);
+
 static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
   megad_launch *l = w->l;
   Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
@@ -146,6 +148,23 @@ static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
     break;
   case MEGA__V1__WORKER_FRAME__MSG_KV:
     relay_kv(w, f->kv);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_HELD:
+    /* its slot is free for the next attempt, which fetches from it */
+    w->held = true;
+    release_slot(w);
+    if (!w->held_msg) w->held_msg = (Mega__V1__RankHeld *)megad_pb_copy(&f->held->base);
+    megad_log(l->L->b, "job %s attempt %u rank %u (pid %d) holds the state of iteration %llu "
+              "at %s", l->req->job_id, l->req->attempt, w->rank, w->pid,
+              (unsigned long long)f->held->iteration, f->held->address);
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_HELD;
+    ev.held = f->held;
+    relay_event(l, w, &ev);
+    break;
+  case MEGA__V1__WORKER_FRAME__MSG_RECOVERED:
+    ev.kind_case = MEGA__V1__RANK_EVENT__KIND_RECOVERED;
+    ev.recovered = f->recovered;
+    relay_event(l, w, &ev);
     break;
   default:
     break;
@@ -215,6 +234,8 @@ static void handle_closed(uv_handle_t *h) {
   w->log_fd = -1;
   free(w->error_msg);
   w->error_msg = NULL;
+  if (w->held_msg) protobuf_c_message_free_unpacked(&w->held_msg->base, NULL);
+  w->held_msg = NULL;
   release_slot(w);
   l->live--;
   launch_maybe_free(l);
@@ -382,6 +403,7 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   a.device = L->o.gpus ? (int32_t)w->slot : -1;
   a.backend = L->o.gpus ? "cuda" : "cpu";
   a.pipe_timeout_ms = L->o.pipe_timeout_ms;
+  a.replicas = req->replicas;
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ASSIGNMENT;
   f.assignment = &a;
@@ -483,11 +505,12 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
 
 /* ---- abort ---- */
 
-void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason) {
+void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason,
+                              bool hold) {
   for (megad_launch *l = L->launches; l; l = l->next)
     if (!strcmp(l->req->coordinator_node_id, coord_id)) {
       l->coord_gone = true;
-      launch_abort(l, reason, MEGAD_ABORT_GRACE_MS);
+      launch_abort(l, reason, hold ? MEGAD_HOLD_GRACE_MS : MEGAD_ABORT_GRACE_MS, hold);
       relay_flush(l);
       launch_maybe_free(l);
     }
@@ -516,7 +539,8 @@ bool megad_launch_graceful_live(const megad_launcher *L) {
 }
 
 void megad_launch_abort_all(megad_launcher *L, const char *reason) {
-  for (megad_launch *l = L->launches; l; l = l->next) launch_abort(l, reason, MEGAD_ABORT_GRACE_MS);
+  for (megad_launch *l = L->launches; l; l = l->next)
+    launch_abort(l, reason, MEGAD_ABORT_GRACE_MS, false);
 }
 
 mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpointRequest *req,
@@ -536,6 +560,23 @@ mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpo
   }
   return mega_fail(err, MEGA_ERR_NOT_FOUND, "node %s runs no rank %u of job %s attempt %u",
                    L->b->node_id, req->rank, req->job_id, req->attempt);
+}
+
+size_t megad_launch_held(const megad_launcher *L, const char *job_id, uint32_t attempt,
+                         megad_held_rank *out, size_t max, uint32_t *stopping) {
+  size_t n = 0;
+  *stopping = 0;
+  for (const megad_launch *l = L->launches; l; l = l->next) {
+    if (strcmp(l->req->job_id, job_id) || l->req->attempt != attempt || l->released) continue;
+    for (size_t i = 0; i < l->nw; i++) {
+      const megad_worker *w = &l->w[i];
+      if (w->held && w->held_msg && !w->exited && n < max)
+        out[n++] = (megad_held_rank){.rank = w->rank, .held = w->held_msg};
+      else if (w->spawned && !w->exited && !w->held)
+        (*stopping)++;
+    }
+  }
+  return n;
 }
 
 bool megad_launch_idle(const megad_launcher *L) {

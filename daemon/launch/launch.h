@@ -34,6 +34,11 @@
 #include "proto/mega.pb-c.h"
 
 #define MEGAD_ABORT_GRACE_MS 2000
+/* An abort with hold waits longer before it kills a rank that has not held
+ * yet: on a loaded machine stopping takes a while, and a rank killed then
+ * takes a replica with it. Less than the coordinator's wait for exits
+ * (MEGAD_ABORT_GRACE_MS + 4000), so the kill is still counted. */
+#define MEGAD_HOLD_GRACE_MS 5000
 
 /* Where worker reports go when this node coordinates their job. */
 typedef struct megad_launcher_cbs {
@@ -87,9 +92,19 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
  * attempt < 0: every attempt. stale: every attempt before `attempt`. */
 void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
                         const char *reason, unsigned grace_ms);
+/* Stops the attempt's workers as megad_launch_abort does, except that a
+ * worker whose state is whole keeps it and serves it to the next attempt
+ * (it answers RankHeld, which goes to the coordinator as a RankEvent); a
+ * held worker is not killed, holds no slot and is not hang-checked until
+ * an abort of its attempt (megad_launch_abort) releases it. */
+void megad_launch_hold(megad_launcher *L, const char *job_id, uint32_t attempt,
+                       const char *reason, unsigned grace_ms);
 /* Aborts the launches coordinated by coord_id (it died or restarted): no
- * rank runs on without its coordinator. */
-void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason);
+ * rank runs on without its coordinator. hold (etcd mode): ranks with a
+ * whole state keep it (as megad_launch_hold) for the node that takes the
+ * job over, which asks (megad_launch_held) and releases them. */
+void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason,
+                              bool hold);
 /* A shutdown that saves first (megad got SIGTERM): asks the workers of every
  * launch whose job has --exit-signal-handler (of job_id; NULL: of any job)
  * to save a checkpoint at the next iteration boundary and stop (a Stop frame
@@ -104,6 +119,15 @@ void megad_launch_abort_all(megad_launcher *L, const char *reason);
  * worker; MEGA_ERR_NOT_FOUND when it does not run here (any more). */
 mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpointRequest *req,
                                 mega_err *err);
+/* The ranks of job_id's attempt here that hold their state: at most max
+ * into out (pointers valid until the loop turns); *stopping gets those
+ * neither held nor exited yet. A released launch holds none. */
+typedef struct megad_held_rank {
+  uint32_t rank;
+  const Mega__V1__RankHeld *held;
+} megad_held_rank;
+size_t megad_launch_held(const megad_launcher *L, const char *job_id, uint32_t attempt,
+                         megad_held_rank *out, size_t max, uint32_t *stopping);
 bool megad_launch_idle(const megad_launcher *L);
 /* Job ids with ranks here (borrowed, at most max); returns the slots used. */
 uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max, size_t *n);

@@ -31,6 +31,9 @@ typedef struct megad_worker {
   int pid;
   bool spawned, exited, pipe_eof, err_eof, out_eof, reported, closing, broken;
   bool slot_held; /* counted in the launcher's slots_used */
+  bool held;      /* it stopped and keeps its state for the next attempt (RankHeld): no slot,
+                     no hang check, not killed until the launch is released */
+  Mega__V1__RankHeld *held_msg; /* what it holds (owned), for a coordinator that asks later */
   uint32_t slot;  /* which one: its GPU on a node with GPUs */
   int64_t exit_status;
   int term_signal;
@@ -55,6 +58,7 @@ struct megad_launch {
   Mega__V1__LaunchRanksRequest *req; /* owned copy */
   char *dir;                         /* state_dir/jobs/<id>/<attempt> */
   bool coord_local, coord_gone, aborting;
+  bool released; /* an abort without hold was sent: held workers go too */
   bool graceful; /* the job has --exit-signal-handler: a shutdown asks it to save and stop */
   megad_worker *w;
   size_t nw, live; /* live: workers with handles still open */
@@ -90,10 +94,12 @@ void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uin
                              size_t len, const char *error);
 /* A gather's answer: the values, in the order asked. */
 void launch_send_kv_values(megad_worker *w, uint64_t id, ProtobufCBinaryData *values, size_t n);
-void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms);
+void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms, bool hold);
 void launch_kill_worker(megad_worker *w);
-/* Abort frames to l's workers, then SIGKILL after grace_ms (once). */
-void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms);
+/* Abort frames to l's workers, then SIGKILL after grace_ms. hold: workers
+ * with a whole state may keep it (they answer RankHeld) and are not
+ * killed; a later abort without hold releases them. Each kind once. */
+void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms, bool hold);
 /* Drops the reports still queued for the coordinator. */
 void launch_free_queue(megad_launch *l);
 /* Frees l once nothing refers to it any more (workers closed, callbacks in). */

@@ -63,10 +63,11 @@ void launch_send_kv_values(megad_worker *w, uint64_t id, ProtobufCBinaryData *va
   launch_send_frame(w, &f);
 }
 
-void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms) {
+void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms, bool hold) {
   Mega__V1__Abort a = MEGA__V1__ABORT__INIT;
   a.reason = (char *)reason;
   a.grace_ms = grace_ms;
+  a.hold = hold;
   Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ABORT;
   f.abort = &a;
@@ -81,24 +82,37 @@ void launch_kill_worker(megad_worker *w) {
 
 static void on_kill_timer(uv_timer_t *t) {
   megad_launch *l = t->data;
-  for (size_t i = 0; i < l->nw; i++) launch_kill_worker(&l->w[i]);
+  for (size_t i = 0; i < l->nw; i++)
+    if (l->released || !l->w[i].held) launch_kill_worker(&l->w[i]);
 }
 
-void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms) {
-  if (l->aborting) return;
+void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms, bool hold) {
+  if (hold ? l->aborting : l->released) return;
   l->aborting = true;
-  for (size_t i = 0; i < l->nw; i++) launch_send_abort(&l->w[i], reason, grace_ms);
+  l->released = !hold;
+  for (size_t i = 0; i < l->nw; i++) launch_send_abort(&l->w[i], reason, grace_ms, hold);
+  uv_timer_stop(&l->kill_timer);
   uv_timer_start(&l->kill_timer, on_kill_timer, grace_ms, 0);
 }
 
-void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
-                        const char *reason, unsigned grace_ms) {
+static void abort_matching(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
+                           bool hold, const char *reason, unsigned grace_ms) {
   for (megad_launch *l = L->launches; l; l = l->next) {
     if (strcmp(l->req->job_id, job_id)) continue;
     bool match = attempt < 0 || (stale ? l->req->attempt < (uint32_t)attempt
                                        : l->req->attempt == (uint32_t)attempt);
-    if (match) launch_abort(l, reason, grace_ms);
+    if (match) launch_abort(l, reason, grace_ms, hold);
   }
+}
+
+void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
+                        const char *reason, unsigned grace_ms) {
+  abort_matching(L, job_id, attempt, stale, false, reason, grace_ms);
+}
+
+void megad_launch_hold(megad_launcher *L, const char *job_id, uint32_t attempt,
+                       const char *reason, unsigned grace_ms) {
+  abort_matching(L, job_id, attempt, false, true, reason, grace_ms);
 }
 
 /* ---- the launch's end ---- */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/model/replicas.h"
 #include "daemon/model/util.h"
 
 static mega_status oom(mega_err *err) { return mega_fail(err, MEGA_ERR_NOMEM, "out of memory"); }
@@ -25,6 +26,10 @@ void mega_job_free(mega_job *j) {
   free(j->coordinator);
   free(j->ckpt_path);
   free(j->coord.wait);
+  mega_replicas_plan_free(j->coord.replicas);
+  free(j->coord.replicas_why);
+  for (size_t i = 0; i < j->coord.ndonors; i++) free(j->coord.donors[i]);
+  free(j->coord.donors);
   free_placement(j);
   mega_jobspec_free(&j->spec);
   mega_job_hist_free(&j->hist);

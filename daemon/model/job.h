@@ -70,6 +70,19 @@ typedef struct mega_job_coord {
   char *wait; /* why a pending job waits (said once per change); owned */
   uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
   int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
+  /* Recovery from replicas (coord.c, coord_run.c): the plan the next
+   * attempt fetches its state by (owned; NULL: none), when it was made
+   * (unix ms), the iterations it redoes, and why there is none; donors:
+   * the nodes whose ranks of attempt donors_attempt hold their state until
+   * the coordinator lets them go. */
+  struct Mega__V1__ReplicaPlan *replicas;
+  int64_t replicas_ms;
+  uint64_t replicas_redone;
+  char *replicas_why;
+  char **donors;
+  size_t ndonors;
+  uint32_t donors_attempt;
+  bool gathering; /* a takeover asks the old attempt's nodes what they hold: wait */
   /* From the slowest rank's step end to the merge, summed over merged steps
    * (for /metrics). */
   double report_delay_sum_s;

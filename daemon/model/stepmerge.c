@@ -115,18 +115,22 @@ static Mega__V1__StepMetrics *merge(const mega_stepmerge *m, const pending *p) {
   uint64_t *dp_tokens = calloc(m->world, sizeof *dp_tokens);
   Mega__V1__StepMetrics *out = NULL;
   if (!rm || !rp || !dp_tokens) goto done;
-  bool have_loss = false, have_norm = false;
+  bool have_loss = false, have_norm = false, have_lr = false;
   s.iteration = p->iteration;
   s.attempt = m->attempt;
-  s.lr = p->reports[0]->lr;
   for (uint32_t r = 0; r < m->world; r++) {
     const Mega__V1__StepReport *rep = p->reports[r];
-    if (rep->metrics) rm[r] = *rep->metrics;
+    if (rep && rep->metrics) rm[r] = *rep->metrics;
     else mega__v1__rank_metrics__init(&rm[r]);
     rm[r].base.n_unknown_fields = 0;
     rm[r].base.unknown_fields = NULL;
     rm[r].rank = r;
     rp[r] = &rm[r];
+    if (!rep) continue; /* a flushed iteration's missing rank */
+    if (!have_lr) {
+      s.lr = rep->lr;
+      have_lr = true;
+    }
     if (rep->has_loss && !have_loss) {
       s.loss = rep->loss;
       have_loss = true;
@@ -156,6 +160,31 @@ done:
   free(rp);
   free(dp_tokens);
   return out;
+}
+
+mega_status mega_stepmerge_flush(mega_stepmerge *m, uint64_t upto, mega_step_done **done,
+                                 mega_err *err) {
+  *done = NULL;
+  pending *p = NULL;
+  for (size_t i = 0; i < m->window; i++) {
+    pending *q = &m->p[i];
+    if (q->iteration && q->iteration <= upto && (!p || q->iteration < p->iteration)) p = q;
+  }
+  if (!p) return MEGA_OK;
+  mega_step_done *d = calloc(1, sizeof *d);
+  Mega__V1__StepMetrics *s = d ? merge(m, p) : NULL;
+  if (!s) {
+    free(d);
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory merging steps");
+  }
+  d->step = s;
+  d->reports = p->reports;
+  d->world = m->world;
+  p->reports = NULL;
+  remember(m, p->iteration);
+  clear(p, m->world);
+  *done = d;
+  return MEGA_OK;
 }
 
 mega_status mega_stepmerge_add(mega_stepmerge *m, uint32_t rank, const Mega__V1__StepReport *r,

@@ -43,6 +43,15 @@ mega_status mega_stepmerge_add(mega_stepmerge *m, uint32_t rank, const Mega__V1_
 
 void mega_step_done_free(mega_step_done *d);
 
+/* Stops waiting for the missing reports of the oldest incomplete iteration
+ * at or below upto: *done (the caller's) is its merge from the ranks that
+ * reported (the others' RankMetrics left empty), NULL when none is left.
+ * For an attempt whose lost node never passed on its ranks' reports of
+ * iterations the survivors completed (recovery from replicas starts after
+ * them): their loss is known, every last-stage rank reports it. */
+mega_status mega_stepmerge_flush(mega_stepmerge *m, uint64_t upto, mega_step_done **done,
+                                 mega_err *err);
+
 size_t mega_stepmerge_pending(const mega_stepmerge *m); /* incomplete iterations held */
 uint64_t mega_stepmerge_dropped(const mega_stepmerge *m); /* incomplete ones given up */
 

@@ -45,14 +45,47 @@ static void on_launch_ranks(mega_rpc_call *call, const ProtobufCMessage *msg, vo
 static void on_abort_job(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__AbortJobRequest *req = (const void *)msg;
-  if (req->save)
-    megad_launch_stop_graceful(s->L, req->job_id, req->reason);
-  else
-    megad_launch_abort(s->L, req->job_id, req->attempt, req->stale,
-                       req->reason && req->reason[0] ? req->reason : "aborted",
-                       req->grace_ms ? req->grace_ms : MEGAD_ABORT_GRACE_MS);
+  const char *why = req->reason && req->reason[0] ? req->reason : "aborted";
+  unsigned grace = req->grace_ms ? req->grace_ms : MEGAD_ABORT_GRACE_MS;
+  if (req->save) megad_launch_stop_graceful(s->L, req->job_id, req->reason);
+  else if (req->hold && !req->stale) megad_launch_hold(s->L, req->job_id, req->attempt, why, grace);
+  else megad_launch_abort(s->L, req->job_id, req->attempt, req->stale, why, grace);
   Mega__V1__AbortJobResponse r = MEGA__V1__ABORT_JOB_RESPONSE__INIT;
   mega_rpc_reply(call, &r.base);
+}
+
+/* A coordinator that took a job over asks what this node's ranks of the
+ * old attempt hold. */
+static void on_list_held(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad_services *s = data;
+  const Mega__V1__ListHeldRequest *req = (const void *)msg;
+  enum { MAX = 4096 };
+  megad_held_rank *h = calloc(MAX, sizeof *h);
+  Mega__V1__HeldRank *hr = calloc(MAX, sizeof *hr);
+  Mega__V1__HeldRank **ptrs = calloc(MAX, sizeof *ptrs);
+  if (!h || !hr || !ptrs) {
+    free(h);
+    free(hr);
+    free(ptrs);
+    mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "node %s is out of memory", s->b->node_id);
+    return;
+  }
+  uint32_t stopping = 0;
+  size_t n = megad_launch_held(s->L, req->job_id, req->attempt, h, MAX, &stopping);
+  for (size_t i = 0; i < n; i++) {
+    mega__v1__held_rank__init(&hr[i]);
+    hr[i].rank = h[i].rank;
+    hr[i].held = (Mega__V1__RankHeld *)h[i].held;
+    ptrs[i] = &hr[i];
+  }
+  Mega__V1__ListHeldResponse r = MEGA__V1__LIST_HELD_RESPONSE__INIT;
+  r.held = ptrs;
+  r.n_held = n;
+  r.stopping = stopping;
+  mega_rpc_reply(call, &r.base);
+  free(h);
+  free(hr);
+  free(ptrs);
 }
 
 static void on_report_step(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
@@ -90,6 +123,7 @@ static void on_commit(mega_rpc_call *call, const ProtobufCMessage *msg, void *da
 void megad_peer_register(megad_services *s, mega_rpc_server *srv) {
   mega_rpc_server_handle(srv, &mega_peer_launch_ranks, on_launch_ranks, s, NULL);
   mega_rpc_server_handle(srv, &mega_peer_abort_job, on_abort_job, s, NULL);
+  mega_rpc_server_handle(srv, &mega_peer_list_held, on_list_held, s, NULL);
   mega_rpc_server_handle(srv, &mega_peer_report_step, on_report_step, s, NULL);
   mega_rpc_server_handle(srv, &mega_peer_commit_checkpoint, on_commit, s, NULL);
 }

@@ -526,6 +526,8 @@ static void test_check_errors(void **state) {
                      "--overlap-param-gather needs --use-distributed-optimizer");
   expect_check_error(ARGV("--overlap-param-gather", "--use-distributed-optimizer"), 2, -1,
                      "--overlap-param-gather needs --overlap-grad-reduce");
+  expect_check_error(ARGV("--no-optimizer-shard-copy"), 2, -1,
+                     "--no-optimizer-shard-copy needs --use-distributed-optimizer");
   expect_check_error(ARGV("--pipeline-model-parallel-size", "3"), 3, -1,
                      "invalid job: num-layers 4 is not divisible by the pipeline size PP = 3");
   expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",

@@ -19,6 +19,7 @@
 typedef struct live_ent {
   bool used;
   pid_t pid;
+  mega_rpc_channel *ch; /* the test's client channel, freed with the entry */
   char dir[128], log[160];
 } live_ent;
 static live_ent live[MAX_LIVE];
@@ -50,6 +51,7 @@ void hd_cleanup_all(void) {
       kill(e->pid, SIGKILL);
       waitpid(e->pid, NULL, 0);
     }
+    if (e->ch) mega_rpc_channel_free(e->ch);
     unlink(e->log);
     hd_rmdir(e->dir);
     memset(e, 0, sizeof *e);
@@ -167,11 +169,16 @@ bool hd_start(hd *d, const char *name, int slots, const char *peers, const char 
     return false;
   }
   mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 200, .auth = client_auth};
-  return mega_rpc_channel_new(d->addr, &o, &d->ch, NULL) == MEGA_OK;
+  if (mega_rpc_channel_new(d->addr, &o, &d->ch, NULL) != MEGA_OK) return false;
+  live_ent *e = entry(d->dir, false);
+  if (e) e->ch = d->ch;
+  return true;
 }
 
 bool hd_restart(hd *d, const char *const *extra) {
   hd_kill(d);
+  live_ent *e = entry(d->dir, false);
+  if (e) e->ch = NULL;
   if (d->ch) mega_rpc_channel_free(d->ch);
   d->ch = NULL;
   hd was = *d;
@@ -206,7 +213,7 @@ void hd_kill(hd *d) {
 void hd_cleanup(hd *d) {
   if (d->pid > 0) hd_kill(d);
   live_ent *e = entry(d->dir, false);
-  if (e) memset(e, 0, sizeof *e);
+  if (e) memset(e, 0, sizeof *e); /* d->ch is freed here, not by the entry */
   if (d->ch) mega_rpc_channel_free(d->ch);
   d->ch = NULL;
   unlink(d->log);

@@ -85,8 +85,22 @@ static void kill_a_worker(void *arg, const Mega__V1__WatchJobResponse *it) {
   k->done = true;
 }
 
-static void test_worker_kill_restarts_exactly(void **state) {
-  (void)state;
+/* The first "training again" event's time, 0 if none. */
+static int64_t back_ms(hd *d, const char *id) {
+  int64_t back = 0;
+  for (int i = 0; i < 8 && !back; i++) {
+    Mega__V1__GetJobResponse *r = hd_get_job_history(d, id, NULL);
+    for (size_t e = 0; r && e < r->n_events && !back; e++)
+      if (strstr(r->events[e]->message, "training again")) back = r->events[e]->time_unix_ms;
+    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return back;
+}
+
+/* DP 2 on one node, kill -9 of one worker. replicas: the survivor hands
+ * its state to the next attempt (nothing redone, the very same numbers);
+ * else (--no-replica-recovery) the checkpoint. */
+static void worker_kill(bool replicas) {
   hd d;
   assert_true(hd_start(&d, "w1", 2, NULL, NULL, NULL));
   char ckpt[256], ref_ckpt[256];
@@ -99,7 +113,8 @@ static void test_worker_kill_restarts_exactly(void **state) {
   hd_watch ref;
   reference(&d, &spec, &ref);
 
-  const char *extra[] = {"--save", ckpt, "--save-interval", "10", NULL};
+  const char *extra[] = {"--save", ckpt, "--save-interval", "10",
+                         replicas ? NULL : "--no-replica-recovery", NULL};
   hd_tiny_spec(&spec, d.dir, 80, extra);
   spec.nproc_per_node = 2;
   spec.max_restarts = 1;
@@ -113,27 +128,23 @@ static void test_worker_kill_restarts_exactly(void **state) {
   assert_true(k.done);
   assert_int_equal(w.final->restarts, 1);
   assert_int_equal(w.final->attempt, 1);
-  assert_true(w.redone > 0);
   assert_non_null(strstr(w.events_text, "exited with signal 9 (Killed)"));
-  assert_non_null(strstr(w.events_text, "restarting from the checkpoint of iteration"));
+  if (replicas) {
+    if (!strstr(w.events_text, "recovered iteration")) fprintf(stderr, "%s", w.events_text);
+    assert_non_null(strstr(w.events_text, "restarting from the replicas' state at iteration"));
+    assert_non_null(strstr(w.events_text, "recovered iteration"));
+    assert_true(w.redone <= 1);
+  } else {
+    assert_true(w.redone > 0);
+    assert_non_null(strstr(w.events_text, "restarting from the checkpoint of iteration"));
+    assert_non_null(strstr(w.events_text, "not from replicas: --no-replica-recovery"));
+  }
   /* same topology, data order and state: the very same numbers */
   same_losses(&w, &ref, 80, 0.0);
   int64_t detected = hd_event_ms(&d, id, KIND(RANK_FAILED), 0, NULL);
-  int64_t back = 0;
-  for (int i = 0; i < 8 && !back; i++) {
-    /* the first "training again" INFO event */
-    Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
-    req.job_id = id;
-    ProtobufCMessage *resp = NULL;
-    assert_int_equal(mega_rpc_unary(d.ch, &mega_control_get_job, &req.base, 5000, &resp, NULL),
-                     MEGA_OK);
-    Mega__V1__GetJobResponse *r = (void *)resp;
-    for (size_t e = 0; e < r->n_events && !back; e++)
-      if (strstr(r->events[e]->message, "training again")) back = r->events[e]->time_unix_ms;
-    protobuf_c_message_free_unpacked(resp, NULL);
-  }
-  fprintf(stderr, "worker kill: detected %.3f s after the kill, training again %.3f s after "
-                  "detection; %d iteration(s) redone\n",
+  int64_t back = back_ms(&d, id);
+  fprintf(stderr, "worker kill (%s): detected %.3f s after the kill, training again %.3f s after "
+                  "detection; %d iteration(s) redone\n", replicas ? "replicas" : "checkpoint",
           (double)(detected - k.when_ms) / 1000, (double)(back - detected) / 1000, w.redone);
   assert_true(detected >= k.when_ms);
   assert_true(back > detected);
@@ -142,6 +153,16 @@ static void test_worker_kill_restarts_exactly(void **state) {
   assert_true(hd_workers_gone(d.pid, 5000));
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
+}
+
+static void test_worker_kill_restarts_exactly(void **state) {
+  (void)state;
+  worker_kill(false);
+}
+
+static void test_worker_kill_recovers_from_replicas(void **state) {
+  (void)state;
+  worker_kill(true);
 }
 
 /* ---- the newest checkpoint is damaged when a restart needs it: the
@@ -183,7 +204,7 @@ static void test_damaged_checkpoint_falls_back(void **state) {
   assert_true(hd_start(&d, "t1", 2, NULL, NULL, NULL));
   char ckpt[256];
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", d.dir);
-  const char *extra[] = {"--save", ckpt, "--save-interval", "10", NULL};
+  const char *extra[] = {"--save", ckpt, "--save-interval", "10", "--no-replica-recovery", NULL};
   Mega__V1__JobSpec spec;
   hd_tiny_spec(&spec, d.dir, 60, extra);
   spec.nproc_per_node = 2;
@@ -375,6 +396,104 @@ static void test_elastic_shrinks_on_node_loss(void **state) {
   assert_true(hd_workers_gone(n[0].pid, 5000));
   assert_true(hd_workers_gone(n[1].pid, 5000));
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
+/* ---- recovery from replicas: PP 2 x DP 2 (x TP) on four nodes, with
+ * --save but no checkpoint before the end; kill -9 one node mid-run. The
+ * job goes on at DP 1 from the survivors' state: at most one iteration
+ * redone, the losses of the uninterrupted run ---- */
+
+typedef struct node_killer {
+  hd *victim;
+  uint64_t at;
+  bool done;
+  int64_t when_ms;
+} node_killer;
+
+static void kill_node_at(void *arg, const Mega__V1__WatchJobResponse *it) {
+  node_killer *k = arg;
+  if (k->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < k->at)
+    return;
+  k->when_ms = unix_ms();
+  hd_kill(k->victim); /* megad and (PR_SET_PDEATHSIG) its workers */
+  k->done = true;
+}
+
+static void replicas_node_kill(int tp, const char *flag) {
+  hd n[4];
+  char slots[8];
+  snprintf(slots, sizeof slots, "%d", tp);
+  assert_true(hd_start(&n[0], "r1", tp, NULL, NULL, NULL));
+  for (int i = 1; i < 4; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "r%d", i + 1);
+    assert_true(hd_start(&n[i], name, tp, n[0].addr, NULL, NULL));
+  }
+  assert_true(hd_wait_alive(&n[0], 4, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  /* the uninterrupted run: one rank, the same global batch */
+  const char *ref_extra[] = {"--global-batch-size", "8", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 40, ref_extra);
+  spec.nproc_per_node = 1;
+  hd_watch ref;
+  reference(&n[0], &spec, &ref);
+
+  const char *extra[] = {"--global-batch-size", "8", "--pipeline-model-parallel-size", "2",
+                         "--tensor-model-parallel-size", slots, "--save", ckpt,
+                         "--save-interval", "1000", flag, NULL};
+  hd_tiny_spec(&spec, n[0].dir, 40, extra);
+  spec.nproc_per_node = (uint32_t)tp;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 4;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  node_killer k = {.victim = &n[3], .at = 12};
+  hd_watch w;
+  hd_watch_job_cb(&n[0], id, true, 180000, &w, kill_node_at, &k);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_true(k.done);
+  if (!strstr(w.events_text, "recovered iteration")) fprintf(stderr, "%s", w.events_text);
+  assert_int_equal(w.final->dp, 1);
+  assert_int_equal(w.final->restarts, 0);
+  /* nothing on disk to go back to: the only checkpoint is the last iteration's */
+  assert_true(w.final->checkpoint_iteration == 0 || w.final->checkpoint_iteration == 40);
+  assert_non_null(strstr(w.events_text, "node r4 missed heartbeats"));
+  assert_non_null(strstr(w.events_text, "restarting from the replicas' state at iteration"));
+  assert_non_null(strstr(w.events_text, "rescaled from DP 2 to DP 1 as attempt 1, from the "
+                                        "replicas' state at iteration"));
+  assert_non_null(strstr(w.events_text, "recovered iteration"));
+  assert_true(w.redone <= 1);
+  assert_int_equal(w.world[40], 2 * tp);
+  same_losses(&w, &ref, 40, 2e-5);
+  int64_t lost = hd_event_ms(&n[0], id, KIND(NODE_LOST), 0, NULL);
+  int64_t back = back_ms(&n[0], id);
+  fprintf(stderr, "replicas, node kill (TP %d%s%s): detected %.3f s after kill -9, training "
+                  "again %.3f s after detection; %d iteration(s) redone\n", tp, flag ? ", " : "",
+          flag ? flag : "", (double)(lost - k.when_ms) / 1000, (double)(back - lost) / 1000,
+          w.redone);
+  hd_watch_free(&w);
+  hd_watch_free(&ref);
+  for (int i = 0; i < 3; i++) assert_true(hd_workers_gone(n[i].pid, 5000));
+  for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
+static void test_replicas_node_kill(void **state) {
+  (void)state;
+  replicas_node_kill(1, NULL);
+}
+
+static void test_replicas_node_kill_distopt(void **state) {
+  (void)state;
+  replicas_node_kill(1, "--use-distributed-optimizer");
+}
+
+static void test_replicas_node_kill_tp2(void **state) {
+  (void)state;
+  replicas_node_kill(2, NULL);
 }
 
 /* ---- nodes come back: the job grows again at a checkpoint; megactl rescale
@@ -745,6 +864,10 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_worker_kill_restarts_exactly, teardown),
+      cmocka_unit_test_teardown(test_worker_kill_recovers_from_replicas, teardown),
+      cmocka_unit_test_teardown(test_replicas_node_kill, teardown),
+      cmocka_unit_test_teardown(test_replicas_node_kill_distopt, teardown),
+      cmocka_unit_test_teardown(test_replicas_node_kill_tp2, teardown),
       cmocka_unit_test_teardown(test_damaged_checkpoint_falls_back, teardown),
       cmocka_unit_test_teardown(test_hung_worker_restarts, teardown),
       cmocka_unit_test_teardown(test_coordinator_restart_resumes, teardown),

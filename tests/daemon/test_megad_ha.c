@@ -103,13 +103,14 @@ static void same_losses(const hd_watch *before, const hd_watch *after, const hd_
   }
 }
 
-/* Polls node d until job_id's coordinator is no longer `old` and the job
- * runs again; returns the new coordinator's index in n (-1: not in time). */
-static int wait_takeover(hd *n, int asked, const char *job_id, const char *old, int ms) {
+/* Polls node n[asked] until job_id's coordinator is no longer `old`;
+ * returns the new coordinator's index in n (of nn; -1: not in time). */
+static int wait_takeover_of(hd *n, int nn, int asked, const char *job_id, const char *old,
+                            int ms) {
   for (int t = 0; t < ms; t += 200) {
     Mega__V1__Job *j = hd_get_job(&n[asked], job_id, NULL);
     int who = -1;
-    for (int i = 0; j && i < 3; i++)
+    for (int i = 0; j && i < nn; i++)
       if (strcmp(j->coordinator_node_id, old) && !strcmp(j->coordinator_node_id, n[i].name))
         who = i;
     if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
@@ -117,6 +118,10 @@ static int wait_takeover(hd *n, int asked, const char *job_id, const char *old, 
     usleep(200000);
   }
   return -1;
+}
+
+static int wait_takeover(hd *n, int asked, const char *job_id, const char *old, int ms) {
+  return wait_takeover_of(n, 3, asked, job_id, old, ms);
 }
 
 /* ---- kill -9 the coordinator's node for good ---- */
@@ -207,6 +212,76 @@ static void test_coordinator_killed_is_taken_over(void **state) {
   hd_watch_free(&after);
   hd_watch_free(&ref);
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
+/* ---- recovery from replicas through a takeover: PP 2 x DP 2 on four
+ * nodes, --save but no checkpoint before the end; kill -9 the coordinator's
+ * node. The node that takes the job over asks the others what their ranks
+ * kept and goes on at DP 1 from it: at most one iteration redone, the
+ * uninterrupted run's losses ---- */
+
+static void test_replicas_after_coordinator_kill(void **state) {
+  (void)state;
+  hd n[4];
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
+  for (int i = 0; i < 4; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "q%d", i + 1);
+    assert_true(hd_start(&n[i], name, 1, NULL, NULL, extra));
+  }
+  assert_true(hd_wait_alive(&n[1], 4, 15000));
+  hd_watch ref;
+  reference(&n[1], &ref);
+  assert_true(wait_idle(&n[0], 4, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *job_extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
+                             "--pipeline-model-parallel-size", "2", "--save", ckpt,
+                             "--save-interval", "1000", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, ITERS, job_extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 4;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  killer k = {.victim = &n[0], .at = 12, .world = 4};
+  hd_watch before;
+  hd_watch_job_cb(&n[0], id, true, 120000, &before, kill_coordinator, &k);
+  assert_true(k.when_ms > 0);
+  uint32_t old_attempt = before.attempt[k.iteration];
+  int who = wait_takeover_of(n, 4, 1, id, n[0].name, 20000);
+  if (who < 0)
+    for (int i = 1; i < 4; i++) hd_dump_log(&n[i]);
+  assert_true(who >= 1 && who <= 3);
+  int64_t took_ms = hd_event_ms(&n[who], id, KIND(RESTARTING), 0, "took the job over");
+  first_step f = {.after_attempt = old_attempt};
+  hd_watch after;
+  int ask = who == 1 ? 2 : 1;
+  hd_watch_job_cb(&n[ask], id, true, 120000, &after, note_first_step, &f);
+  assert_true(hd_succeeded(&n[who], &after));
+  if (!strstr(after.events_text, "recovered iteration")) fprintf(stderr, "%s", after.events_text);
+  assert_non_null(strstr(after.events_text, "asking its nodes what their ranks kept"));
+  assert_non_null(strstr(after.events_text, "restarting from the replicas' state at iteration"));
+  assert_non_null(strstr(after.events_text, "rescaled from DP 2 to DP 1"));
+  assert_non_null(strstr(after.events_text, "recovered iteration"));
+  assert_int_equal(after.final->world_size, 2);
+  assert_int_equal(after.last_iteration, ITERS);
+  /* at most one iteration merged before the kill is merged again */
+  int redone = 0;
+  for (int i = 1; i <= ITERS; i++) redone += before.seen[i] && after.seen[i];
+  assert_true(redone <= 1);
+  same_losses(&before, &after, &ref);
+  fprintf(stderr, "replicas, coordinator kill -9 (etcd): taken over by %s within %.3f s; first "
+                  "iteration of the new attempt %.3f s after the kill; %d iteration(s) redone\n",
+          n[who].name, (double)(took_ms - k.when_ms) / 1000,
+          (double)(f.when_ms - k.when_ms) / 1000, redone);
+  hd_watch_free(&before);
+  hd_watch_free(&after);
+  hd_watch_free(&ref);
+  for (int i = 1; i < 4; i++) assert_true(hd_workers_gone(n[i].pid, 5000));
+  for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
 /* ---- a frozen coordinator comes back after the takeover and stands down ---- */
@@ -701,6 +776,7 @@ int main(int argc, char **argv) {
   etcd_fx_require();
   const struct CMUnitTest all[] = {
       cmocka_unit_test_setup_teardown(test_coordinator_killed_is_taken_over, setup3, teardown),
+      cmocka_unit_test_setup_teardown(test_replicas_after_coordinator_kill, setup, teardown),
       cmocka_unit_test_setup_teardown(test_partitioned_coordinator_stands_down, setup, teardown),
       cmocka_unit_test_setup_teardown(test_etcd_away_refuses_new_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_etcd_outage_keeps_saving, setup, teardown),

@@ -277,9 +277,24 @@ static void *watch_main(void *arg) {
 /* --slow-watcher ADDR JOB: a WatchJob client on gRPC core directly, with a
  * small flow-control window and no BDP probing (what a slow link looks
  * like), so megad's sends back up instead of vanishing into buffers. It
- * reads one item, says "ready", stops itself; once continued, it reads to
+ * reads one item, says "ready", lags (reads nothing) until SIGUSR1, then reads to
  * the end and prints "steps S missed M gaps G final F code C: details". */
+static volatile sig_atomic_t told_to_read;
+static void tell_to_read(int sig) { (void)sig; told_to_read = 1; }
+
+/* Reads nothing until SIGUSR1, but keeps polling: the transport answers
+ * megad's keepalive pings (a stopped process would be cut off after 40 s
+ * on a slow machine) while the stream's window stays shut. */
+static void lag_until_told(grpc_completion_queue *cq) {
+  while (!told_to_read) {
+    gpr_timespec t =
+        gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(100, GPR_TIMESPAN));
+    grpc_completion_queue_pluck(cq, (void *)99, t, NULL); /* no such tag: a poll */
+  }
+}
+
 static int slow_watcher(const char *addr, const char *job) {
+  signal(SIGUSR1, tell_to_read);
   grpc_init();
   grpc_arg args[2];
   memset(args, 0, sizeof args);
@@ -349,7 +364,7 @@ static int slow_watcher(const char *addr, const char *job) {
     if (++items == 1) {
       printf("ready\n");
       fflush(stdout);
-      raise(SIGSTOP);
+      lag_until_told(cq);
     }
   }
   grpc_op st;
@@ -400,7 +415,7 @@ static void test_slow_watcher_told_of_gap(void **state) {
   pthread_t th;
   pthread_create(&th, NULL, watch_main, &fast);
   pthread_join(th, NULL);
-  kill(child, SIGCONT);
+  kill(child, SIGUSR1);
   assert_non_null(fgets(line, sizeof line, f));
   fclose(f);
   waitpid(child, NULL, 0);

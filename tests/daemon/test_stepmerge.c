@@ -180,12 +180,53 @@ static void test_duplicates_and_bad_reports(void **state) {
   mega_stepmerge_free(m);
 }
 
+/* A lost rank never reports iterations 5 to 7, which the others completed:
+ * flushing up to 6 merges 5 and 6 from what came (the loss is there), in
+ * order, and leaves 7; their late reports are refused. */
+static void test_flush_partial(void **state) {
+  (void)state;
+  mega_stepmerge *m = mega_stepmerge_new(4, 2, 0);
+  for (uint64_t it = 5; it <= 7; it++)
+    for (uint32_t r = 0; r < 4; r++) {
+      if (r == 1) continue;
+      rep x;
+      make(&x, r, it);
+      mega_step_done *d = NULL;
+      assert_int_equal(mega_stepmerge_add(m, r, &x.r, &d, NULL), MEGA_OK);
+      assert_null(d);
+    }
+  mega_step_done *d = NULL;
+  for (uint64_t it = 5; it <= 6; it++) {
+    assert_int_equal(mega_stepmerge_flush(m, 6, &d, NULL), MEGA_OK);
+    assert_non_null(d);
+    assert_int_equal(d->step->iteration, it);
+    assert_int_equal(d->step->attempt, 2);
+    assert_true(d->step->loss == 5.0 - (double)it);
+    assert_true(d->step->grad_norm == 2.5);
+    assert_int_equal(d->step->n_ranks, 4);
+    assert_null(d->reports[1]);
+    assert_true(d->step->ranks[1]->compute_s == 0);
+    assert_int_equal(d->step->ranks[1]->rank, 1);
+    assert_true(d->step->ranks[2]->compute_s == 0.1 * 3);
+    mega_step_done_free(d);
+  }
+  assert_int_equal(mega_stepmerge_flush(m, 6, &d, NULL), MEGA_OK);
+  assert_null(d);
+  assert_int_equal(mega_stepmerge_pending(m), 1);
+  rep x;
+  make(&x, 1, 5);
+  mega_err err = {0};
+  assert_int_equal(mega_stepmerge_add(m, 1, &x.r, &d, &err), MEGA_ERR_INVALID);
+  mega_stepmerge_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_order),
       cmocka_unit_test(test_interleaved_iterations),
       cmocka_unit_test(test_missing_rank),
       cmocka_unit_test(test_duplicates_and_bad_reports),
+      cmocka_unit_test(test_flush_partial),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -103,7 +103,7 @@ static mega_status build_views(mega_chunks *c, mega_err *err) {
 
 mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
                               const mega_layout *layout, int pp_rank, const mega_gpt_tp *tp,
-                              const mega_grads_opts *grads, mega_err *err) {
+                              const mega_grads_opts *grads, bool no_init, mega_err *err) {
   *c = (mega_chunks){.vp = layout->vp};
   mega_status st = mega_chunks_config(job, &c->cfg, err);
   if (st != MEGA_OK) return st;
@@ -112,6 +112,7 @@ mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobsp
   for (int v = 0; v < c->vp && st == MEGA_OK; v++) {
     mega_gpt_stage_desc d;
     st = stage_desc(job, layout, pp_rank, v, tp, &d, err);
+    d.no_init = no_init;
     if (st == MEGA_OK) st = mega_gpt_stage_create(be, &c->cfg, &d, &c->stages[v], err);
   }
   if (st == MEGA_OK) st = mega_grads_create(be, c->stages, c->vp, grads, &c->grads, err);

@@ -36,10 +36,10 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
 /* Builds the stages of pipeline rank pp_rank from the layout, with tensor
  * parallelism tp (NULL: none), and moves their parameters and gradients
  * into worker/grads buffers laid out by grads (data-parallel size and rank,
- * buckets). */
+ * buckets). no_init: the caller overwrites every parameter (mega_gpt_stage_desc). */
 mega_status mega_chunks_build(mega_chunks *c, mega_backend *be, const mega_jobspec *job,
                               const mega_layout *layout, int pp_rank, const mega_gpt_tp *tp,
-                              const mega_grads_opts *grads, mega_err *err);
+                              const mega_grads_opts *grads, bool no_init, mega_err *err);
 
 /* Points the checkpoint views at the optimizer's moments (after
  * mega_optim_create over c->ranges). */

@@ -17,6 +17,19 @@ typedef struct chunk {
   bool enabled;
 } chunk;
 
+/* Optimizer ranges over one shard of the buffers (or every parameter
+ * whole), with what the optimizer does not know: where each sits. */
+typedef struct range_set {
+  mega_optim_range *ranges;
+  int *chunk;
+  size_t *pos; /* of each range in its chunk's buffers */
+  /* left out of the norm: a piece of the loss-only stage's copy of wte, or
+   * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
+  bool *skip;
+  mega_grads_piece *piece;
+  size_t n;
+} range_set;
+
 struct mega_grads {
   mega_backend *be;
   mega_grads_opts o;
@@ -30,13 +43,13 @@ struct mega_grads {
   mega_req **preq;  /* per bucket: the parameter all-gather in flight */
   mega_comm *comm;  /* backend memory */
   mega_comm *hcomm; /* host memory: the moments' gather */
-  mega_optim_range *ranges;
-  int *range_chunk;
-  size_t *range_pos; /* of each range in its chunk's buffers */
-  /* left out of the norm: a piece of the loss-only stage's copy of wte, or
-   * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
-  bool *range_skip;
-  size_t nranges;
+  range_set own;    /* what this rank's optimizer steps */
+  range_set copy;   /* the shard it keeps a copy of (shard_copy_shift); n 0: none */
+  int copy_shard;   /* whose shard that is; -1: none */
+  /* parameter gathers launched and not yet waited well; one that failed
+   * may have left a bucket half written */
+  int gathers_pending;
+  bool gather_failed;
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
   void (*on_launch)(void *, int);
@@ -125,22 +138,33 @@ static void on_need(void *arg, int first, int count) {
   mega_grads_need(c->g, c->index, first, count);
 }
 
-/* The optimizer's ranges: whole params, or their pieces inside this rank's
- * shards. */
-static mega_status build_ranges(mega_grads *g, mega_err *err) {
+static void range_set_free(range_set *r) {
+  free(r->ranges);
+  free(r->chunk);
+  free(r->pos);
+  free(r->skip);
+  free(r->piece);
+  *r = (range_set){0};
+}
+
+/* The optimizer's ranges: whole params, or their pieces inside data-parallel
+ * rank d's shards. */
+static mega_status build_ranges(mega_grads *g, int d, range_set *out, mega_err *err) {
   size_t cap = 0;
   for (int v = 0; v < g->vp; v++) {
     int np;
     mega_gpt_params(g->chunks[v].stage, &np);
     cap += (size_t)np;
   }
-  g->ranges = calloc(cap + 1, sizeof *g->ranges);
-  g->range_chunk = calloc(cap + 1, sizeof *g->range_chunk);
-  g->range_pos = calloc(cap + 1, sizeof *g->range_pos);
-  g->range_skip = calloc(cap + 1, sizeof *g->range_skip);
-  if (!g->ranges || !g->range_chunk || !g->range_pos || !g->range_skip)
+  range_set r = {.ranges = calloc(cap + 1, sizeof *r.ranges),
+                 .chunk = calloc(cap + 1, sizeof *r.chunk),
+                 .pos = calloc(cap + 1, sizeof *r.pos), .skip = calloc(cap + 1, sizeof *r.skip),
+                 .piece = calloc(cap + 1, sizeof *r.piece)};
+  if (!r.ranges || !r.chunk || !r.pos || !r.skip || !r.piece) {
+    range_set_free(&r);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for optimizer ranges");
-  size_t n = 0;
+  }
+  size_t n = 0, k0 = 0;
   for (int v = 0; v < g->vp; v++) {
     chunk *c = &g->chunks[v];
     int np;
@@ -148,21 +172,27 @@ static mega_status build_ranges(mega_grads *g, mega_err *err) {
     for (int i = 0; i < np; i++) {
       const mega_grads_bucket *b = &g->buckets[c->bucket_of[i]];
       size_t lo = p[i].offset, hi = p[i].offset + p[i].numel;
-      size_t slo = b->offset + b->shard_offset, shi = slo + b->shard_numel;
+      size_t slo = b->offset, shi = b->offset + b->numel;
+      if (g->o.distributed) {
+        slo = b->offset + b->shard_numel * (size_t)d;
+        shi = slo + b->shard_numel;
+      }
       if (lo < slo) lo = slo;
       if (hi > shi) hi = shi;
       if (lo >= hi) continue;
-      g->ranges[n] = (mega_optim_range){.params = c->params + lo, .grads = c->grads + lo,
-                                        .numel = hi - lo, .decay = p[i].decay};
-      g->range_chunk[n] = v;
-      g->range_pos[n] = lo;
+      r.ranges[n] = (mega_optim_range){.params = c->params + lo, .grads = c->grads + lo,
+                                       .numel = hi - lo, .decay = p[i].decay};
+      r.chunk[n] = v;
+      r.pos[n] = lo;
+      r.piece[n] = (mega_grads_piece){.param = k0 + (size_t)i, .elem = lo - p[i].offset};
       const mega_gpt_tp *tp = mega_gpt_stage_tp(c->stage);
-      g->range_skip[n] =
-          p[i].tied_copy || (tp->rank > 0 && mega_tp_split_replicated(&p[i].tp));
+      r.skip[n] = p[i].tied_copy || (tp->rank > 0 && mega_tp_split_replicated(&p[i].tp));
       n++;
     }
+    k0 += (size_t)np;
   }
-  g->nranges = n;
+  r.n = n;
+  *out = r;
   return MEGA_OK;
 }
 
@@ -217,7 +247,14 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
     if (!g->ready || !g->launched || !g->req || !g->preq)
       st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d buckets", n);
   }
-  if (st == MEGA_OK) st = build_ranges(g, err);
+  if (st == MEGA_OK) st = build_ranges(g, opts->dp_rank, &g->own, err);
+  g->copy_shard = -1;
+  int shift = opts->shard_copy_shift;
+  if (st == MEGA_OK && opts->distributed && opts->dp_size > 1 && shift > 0) {
+    g->copy_shard = ((opts->dp_rank - shift) % opts->dp_size + opts->dp_size) % opts->dp_size;
+    if (g->copy_shard == opts->dp_rank) g->copy_shard = -1; /* a shift of DP: no copy */
+    else st = build_ranges(g, g->copy_shard, &g->copy, err);
+  }
   if (st != MEGA_OK) {
     mega_grads_destroy(g);
     return st;
@@ -248,10 +285,8 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->launched);
   free(g->req);
   free(g->preq);
-  free(g->ranges);
-  free(g->range_chunk);
-  free(g->range_pos);
-  free(g->range_skip);
+  range_set_free(&g->own);
+  range_set_free(&g->copy);
   free(g);
 }
 
@@ -377,11 +412,11 @@ mega_status mega_grads_sumsq(const mega_grads *g, double *out, mega_err *err) {
   /* Over the ranges the optimizer steps: each element this rank owns once,
    * padding never, the tied copy and other TP ranks' replicas left out. */
   double sum = 0;
-  for (size_t i = 0; i < g->nranges; i++) {
-    if (g->range_skip[i]) continue;
+  for (size_t i = 0; i < g->own.n; i++) {
+    if (g->own.skip[i]) continue;
     double s;
-    mega_status st = g->be->ops->sum_squares(g->be, g->ranges[i].grads, g->ranges[i].numel, &s,
-                                             err);
+    mega_status st = g->be->ops->sum_squares(g->be, g->own.ranges[i].grads, g->own.ranges[i].numel,
+                                             &s, err);
     if (st != MEGA_OK) return st;
     sum += s;
   }
@@ -413,8 +448,55 @@ void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n) {
 }
 
 const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n) {
-  *n = g->nranges;
-  return g->ranges;
+  *n = g->own.n;
+  return g->own.ranges;
+}
+
+const mega_grads_piece *mega_grads_pieces(const mega_grads *g, size_t *n) {
+  *n = g->own.n;
+  return g->own.piece;
+}
+
+int mega_grads_copy_shard(const mega_grads *g) { return g->copy_shard; }
+
+const mega_optim_range *mega_grads_copy_ranges(const mega_grads *g, size_t *n) {
+  *n = g->copy.n;
+  return g->copy.ranges;
+}
+
+const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n) {
+  *n = g->copy.n;
+  return g->copy.piece;
+}
+
+#define COPY_TAG 0x5c00u /* + bucket: the shard copy's gradients on the DP communicator */
+
+mega_status mega_grads_exchange_copy(mega_grads *g, mega_err *err) {
+  if (g->copy_shard < 0 || !g->comm) return MEGA_OK;
+  int dp = g->o.dp_size, me = g->o.dp_rank;
+  int to = (me + (me - g->copy_shard + dp) % dp) % dp; /* the rank that copies mine */
+  int n = g->nbuckets;
+  mega_req **reqs = calloc((size_t)(2 * n + 1), sizeof *reqs);
+  if (!reqs) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the shard copy");
+  mega_status st = MEGA_OK;
+  for (int b = 0; b < n && st == MEGA_OK; b++) {
+    const mega_grads_bucket *k = &g->buckets[b];
+    float *base = g->chunks[k->chunk].grads + k->offset;
+    size_t bytes = k->shard_numel * sizeof(float);
+    st = mega_comm_isend(g->comm, base + k->shard_offset, bytes, to, COPY_TAG + (uint32_t)b,
+                         &reqs[2 * b], err);
+    if (st == MEGA_OK)
+      st = mega_comm_irecv(g->comm, base + k->shard_numel * (size_t)g->copy_shard, bytes,
+                           g->copy_shard, COPY_TAG + (uint32_t)b, &reqs[2 * b + 1], err);
+  }
+  for (int i = 0; i < 2 * n; i++) {
+    if (!reqs[i]) continue;
+    if (st == MEGA_OK) st = mega_req_wait(reqs[i], 0, err);
+    mega_req_free(reqs[i]);
+  }
+  free(reqs);
+  if (st != MEGA_OK) mega_err_prefix(err, "exchanging the optimizer shard copy's gradients");
+  return st;
 }
 
 /* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
@@ -429,6 +511,32 @@ static mega_status gather_bucket(mega_grads *g, mega_comm *comm, int b, float *b
                                err);
 }
 
+/* One parameter gather is over, well or not. */
+static void gathered(mega_grads *g, mega_status st) {
+  if (g->gathers_pending > 0) g->gathers_pending--;
+  if (st != MEGA_OK) g->gather_failed = true;
+}
+
+bool mega_grads_params_whole(const mega_grads *g) {
+  return g->gathers_pending == 0 && !g->gather_failed;
+}
+
+void mega_grads_quiesce(mega_grads *g) {
+  for (int b = 0; b < g->nbuckets; b++) {
+    if (g->req[b]) {
+      mega_req_wait(g->req[b], 0, NULL);
+      mega_req_free(g->req[b]);
+      g->req[b] = NULL;
+    }
+    if (g->preq[b]) {
+      mega_status st = mega_req_wait(g->preq[b], 0, NULL);
+      mega_req_free(g->preq[b]);
+      g->preq[b] = NULL;
+      gathered(g, st);
+    }
+  }
+}
+
 mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err) {
   if (!g->o.distributed || !g->comm) return MEGA_OK;
   /* Forward needs the end of each chunk's buffer (the embedding, the first
@@ -439,7 +547,9 @@ mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err) {
     for (int b = c->b0 + c->nb - 1; b >= c->b0 && st == MEGA_OK; b--) {
       if (g->preq[b])
         return mega_fail(err, MEGA_ERR_INTERNAL, "bucket %d's parameter gather is in flight", b);
+      g->gathers_pending++; /* counted before the launch: a failed one may have sent part */
       st = gather_bucket(g, g->comm, b, c->params, &g->preq[b], err);
+      if (st != MEGA_OK) g->gather_failed = true;
     }
   }
   if (st == MEGA_OK && !async) st = mega_grads_wait_params(g, -1, err);
@@ -455,6 +565,7 @@ void mega_grads_need(mega_grads *g, int ci, int first, int count) {
     mega_status st = mega_req_wait(g->preq[b], 0, &g->fail_err);
     mega_req_free(g->preq[b]);
     g->preq[b] = NULL;
+    gathered(g, st);
     if (st != MEGA_OK && g->failed == MEGA_OK) g->failed = st;
   }
 }
@@ -466,9 +577,11 @@ mega_status mega_grads_wait_params(mega_grads *g, int ci, mega_err *err) {
     chunk *c = &g->chunks[v];
     for (int b = c->b0 + c->nb - 1; b >= c->b0; b--) {
       if (!g->preq[b]) continue;
-      if (st == MEGA_OK) st = mega_req_wait(g->preq[b], 0, err);
+      mega_status w = st == MEGA_OK ? mega_req_wait(g->preq[b], 0, err) : MEGA_ERR_CANCELLED;
+      if (st == MEGA_OK) st = w;
       mega_req_free(g->preq[b]);
       g->preq[b] = NULL;
+      gathered(g, w);
     }
   }
   return st;
@@ -481,9 +594,9 @@ mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const
     memset(exp_avg_sq[v], 0, g->chunks[v].numel * sizeof(float));
   }
   mega_status st = MEGA_OK;
-  for (size_t i = 0; i < g->nranges && st == MEGA_OK; i++) {
-    int v = g->range_chunk[i];
-    size_t n = g->ranges[i].numel * sizeof(float), at = g->range_pos[i];
+  for (size_t i = 0; i < g->own.n && st == MEGA_OK; i++) {
+    int v = g->own.chunk[i];
+    size_t n = g->own.ranges[i].numel * sizeof(float), at = g->own.pos[i];
     st = g->be->ops->memcpy(g->be, exp_avg[v] + at, mega_optim_exp_avg(o, i), n, MEGA_COPY_D2H,
                             err);
     if (st == MEGA_OK)
@@ -504,12 +617,12 @@ mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const
   return st;
 }
 
-mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
-                                       float *const *exp_avg_sq, mega_err *err) {
+static mega_status scatter(mega_grads *g, const range_set *r, mega_optim *o,
+                           float *const *exp_avg, float *const *exp_avg_sq, mega_err *err) {
   mega_status st = MEGA_OK;
-  for (size_t i = 0; i < g->nranges && st == MEGA_OK; i++) {
-    int v = g->range_chunk[i];
-    size_t n = g->ranges[i].numel * sizeof(float), at = g->range_pos[i];
+  for (size_t i = 0; i < r->n && st == MEGA_OK; i++) {
+    int v = r->chunk[i];
+    size_t n = r->ranges[i].numel * sizeof(float), at = r->pos[i];
     st = g->be->ops->memcpy(g->be, mega_optim_exp_avg(o, i), exp_avg[v] + at, n, MEGA_COPY_H2D,
                             err);
     if (st == MEGA_OK)
@@ -517,6 +630,16 @@ mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *cons
                               MEGA_COPY_H2D, err);
   }
   return st;
+}
+
+mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
+                                       float *const *exp_avg_sq, mega_err *err) {
+  return scatter(g, &g->own, o, exp_avg, exp_avg_sq, err);
+}
+
+mega_status mega_grads_scatter_copy_moments(mega_grads *g, mega_optim *copy, float *const *exp_avg,
+                                           float *const *exp_avg_sq, mega_err *err) {
+  return scatter(g, &g->copy, copy, exp_avg, exp_avg_sq, err);
 }
 
 size_t mega_grads_param_bytes(const mega_grads *g) {

@@ -46,6 +46,19 @@
  * parameter pieces this rank owns; after its step mega_grads_gather_params
  * all-gathers every bucket's updated shards in place.
  *
+ * The shard copy. A distributed optimizer's moments exist once, on the rank
+ * that owns the shard, so a lost rank would take its part of Adam's state
+ * with it. With shard_copy_shift s each rank d also steps a copy of shard
+ * (d - s) mod DP: after the reductions (and finalize_model_grads) it sends
+ * its own shard's final gradients to rank (d + s) mod DP and receives shard
+ * (d - s)'s into that shard's place in its own gradient buffer
+ * (mega_grads_exchange_copy); a second optimizer over mega_grads_copy_ranges
+ * then takes the very step the owner takes, on the same inputs, so the
+ * copy's moments and parameters are bit for bit the owner's. The copy costs
+ * two moments of one shard in memory and, per step, one shard's gradients
+ * sent and one shard's AdamW step. A rank that finished step N therefore
+ * holds shards d and (d - s) at N whatever happened to their owners.
+ *
  * Threads: everything runs on the rank's training thread (the model's
  * callback too); the communicator's own thread does the transfers.
  *
@@ -71,6 +84,10 @@ typedef struct mega_grads_opts {
   bool distributed;           /* --use-distributed-optimizer */
   bool average_in_collective; /* --average-in-collective */
   long long bucket_size;      /* elements; <= 0: max(40M, 1M x DP) */
+  /* Distributed optimizer at DP > 1: each rank also keeps a copy of the
+   * shard of data-parallel rank (dp_rank - shift) mod DP (see "The shard
+   * copy" above); 0: no copy. */
+  int shard_copy_shift;
 } mega_grads_opts;
 
 /* Megatron's default bucket size for a data-parallel size. */
@@ -151,6 +168,26 @@ void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n);
  * is g's (valid until destroy). */
 const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n);
 
+/* Where each of those ranges sits: param is its tensor's index among the
+ * chunks' parameters (chunk by chunk, mega_gpt_params order: mega_chunks'
+ * order), elem its first element within that tensor. Parallel to the
+ * ranges, g's. */
+typedef struct mega_grads_piece {
+  size_t param, elem;
+} mega_grads_piece;
+const mega_grads_piece *mega_grads_pieces(const mega_grads *g, size_t *n);
+
+/* The shard copy (shard_copy_shift): whose shard it is (-1: none), its
+ * ranges for the copy's optimizer (params and gradients in this rank's
+ * buffers at that shard's place) and where they sit. */
+int mega_grads_copy_shard(const mega_grads *g);
+const mega_optim_range *mega_grads_copy_ranges(const mega_grads *g, size_t *n);
+const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n);
+/* After finalize_model_grads: sends this rank's shard of the gradients to
+ * the rank that copies it and receives the copied shard's (both over the
+ * data-parallel communicator), and waits for both. A no-op without a copy. */
+mega_status mega_grads_exchange_copy(mega_grads *g, mega_err *err);
+
 /* Distributed optimizer, after the step: all-gathers every bucket's
  * parameter shards in place, so every rank holds every updated parameter.
  * Without async it waits for them; with async (--overlap-param-gather) it
@@ -158,6 +195,15 @@ const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n);
  * A no-op without the distributed optimizer or at DP 1. */
 mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err);
 mega_status mega_grads_wait_params(mega_grads *g, int c, mega_err *err);
+/* Whether every parameter gather launched so far was waited and succeeded:
+ * false while one is in flight or after one failed, when buckets may hold
+ * a mix of old and new parameters (only this rank's own shards, and the
+ * copied one, are then known to be whole). */
+bool mega_grads_params_whole(const mega_grads *g);
+/* After a failure (the communicator aborted): waits for and releases every
+ * reduction and gather still in flight, so nothing writes the buffers any
+ * more. */
+void mega_grads_quiesce(mega_grads *g);
 /* Params [first, first+count) of chunk c are about to be read (forward):
  * waits for the gathers of their buckets still in flight. The model calls
  * it through its params-needed callback; a failure is kept like a launch's
@@ -174,6 +220,10 @@ mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const
                                       float *const *exp_avg_sq, mega_err *err);
 mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
                                        float *const *exp_avg_sq, mega_err *err);
+/* The same into the shard copy's optimizer (over mega_grads_copy_ranges). */
+mega_status mega_grads_scatter_copy_moments(mega_grads *g, mega_optim *copy,
+                                            float *const *exp_avg, float *const *exp_avg_sq,
+                                            mega_err *err);
 
 /* Resident bytes: parameter buffers and gradient buffers of all chunks. */
 size_t mega_grads_param_bytes(const mega_grads *g);

@@ -488,7 +488,8 @@ mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
   }
   s->param = p;
   s->grad = g;
-  if ((st = mega_gpt_init_params(s, err))) {
+  if (desc->no_init) be->ops->memset0(be, s->param, s->numel * sizeof(float));
+  else if ((st = mega_gpt_init_params(s, err))) {
     mega_gpt_stage_destroy(s);
     return st;
   }

@@ -188,6 +188,10 @@ typedef struct mega_gpt_stage_desc {
    * the other; else they live in the scratch, and with full recomputation
    * only mega_gpt_backward may run the stage's backward. */
   bool split_backward;
+  /* The caller overwrites every parameter before the first use (a rank
+   * that takes its state from replicas): create leaves them zero and skips
+   * the initialisation, which costs seconds on a large stage. */
+  bool no_init;
 } mega_gpt_stage_desc;
 
 typedef struct mega_param_info {
@@ -215,8 +219,8 @@ typedef struct mega_param_info {
 typedef struct mega_gpt_stage mega_gpt_stage;
 typedef struct mega_gpt_acts mega_gpt_acts;
 
-/* Allocates the flat param and grad buffers, initialises the params and
- * zeroes the grads. cfg and desc are copied. */
+/* Allocates the flat param and grad buffers, initialises the params (zero
+ * with desc->no_init) and zeroes the grads. cfg and desc are copied. */
 mega_status mega_gpt_stage_create(mega_backend *be, const mega_gpt_config *cfg,
                                   const mega_gpt_stage_desc *desc,
                                   mega_gpt_stage **out, mega_err *err);

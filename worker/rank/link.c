@@ -30,6 +30,8 @@ struct mega_link {
   kv_call *calls;
   uint64_t next_id;
   bool closed; /* the reader saw EOF, an error or an Abort */
+  bool hold;     /* the first Abort asked the rank to hold its state */
+  bool released; /* and then: an Abort without hold, EOF, an error or silence */
   char why[MEGA_ERR_MSG_MAX];
   bool reader_started;
   pthread_t reader;
@@ -118,14 +120,17 @@ const Mega__V1__Assignment *mega_link_assignment(const mega_link *l) {
 }
 
 /* Ends the link for good: every waiting KV call fails with why; the abort
- * callback runs (once). Called on the reader thread. */
-static void end_link(mega_link *l, const char *why) {
+ * callback runs (once). hold: an Abort that lets the rank keep its state;
+ * anything else also releases a held rank. Called on the reader thread. */
+static void end_link(mega_link *l, const char *why, bool hold) {
   pthread_mutex_lock(&l->mu);
   bool first = !l->closed;
   if (first) {
     l->closed = true;
+    l->hold = hold;
     snprintf(l->why, sizeof l->why, "%s", why);
   }
+  if (!hold) l->released = true;
   pthread_cond_broadcast(&l->cv);
   pthread_mutex_unlock(&l->mu);
   if (first && l->abort_fn) l->abort_fn(l->abort_arg, why);
@@ -166,7 +171,7 @@ static void *reader_main(void *arg) {
     int n = poll(p, 2, l->pipe_timeout_ms > 0 ? l->pipe_timeout_ms : -1);
     if (n < 0) {
       if (errno == EINTR) continue;
-      end_link(l, "the link to megad failed (poll)");
+      end_link(l, "the link to megad failed (poll)", false);
       return NULL;
     }
     if (n == 0) { /* megad pings far more often than this */
@@ -174,7 +179,7 @@ static void *reader_main(void *arg) {
       snprintf(why, sizeof why,
                "megad sent nothing on the worker pipe for %.1f s (it is frozen or gone)",
                l->pipe_timeout_ms / 1000.0);
-      end_link(l, why);
+      end_link(l, why, false);
       return NULL;
     }
     if (p[1].revents) return NULL; /* mega_link_close */
@@ -183,11 +188,11 @@ static void *reader_main(void *arg) {
     if (mega_frame_read(l->fd, &mega__v1__daemon_frame__descriptor, 0, &msg, &e) != MEGA_OK) {
       char why[MEGA_ERR_MSG_MAX + 64];
       snprintf(why, sizeof why, "the pipe from megad broke: %s", e.msg);
-      end_link(l, why);
+      end_link(l, why, false);
       return NULL;
     }
     if (!msg) {
-      end_link(l, "megad closed the worker pipe (the daemon stopped or died)");
+      end_link(l, "megad closed the worker pipe (the daemon stopped or died)", false);
       return NULL;
     }
     Mega__V1__DaemonFrame *f = (Mega__V1__DaemonFrame *)msg;
@@ -201,7 +206,7 @@ static void *reader_main(void *arg) {
       char why[MEGA_ERR_MSG_MAX];
       snprintf(why, sizeof why, "aborted by megad: %s",
                f->abort->reason && f->abort->reason[0] ? f->abort->reason : "no reason given");
-      end_link(l, why);
+      end_link(l, why, f->abort->hold);
     } else if (f->msg_case == MEGA__V1__DAEMON_FRAME__MSG_STOP && l->stop_fn) {
       l->stop_fn(l->abort_arg, f->stop->reason && f->stop->reason[0] ? f->stop->reason
                                                                        : "megad asked to stop");
@@ -456,6 +461,8 @@ mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_e
   rm.param_bytes = m->param_bytes;
   rm.grad_bytes = m->grad_bytes;
   rm.optimizer_state_bytes = m->optimizer_state_bytes;
+  rm.shard_copy_bytes = m->shard_copy_bytes;
+  rm.shard_copy_s = m->shard_copy_s;
   Mega__V1__StepReport r = MEGA__V1__STEP_REPORT__INIT;
   r.iteration = m->iteration > 0 ? (uint64_t)m->iteration : 0;
   r.metrics = &rm;
@@ -574,6 +581,56 @@ mega_status mega_link_await_commit(mega_link *l, int64_t iteration, int timeout_
   }
   pthread_mutex_unlock(&l->mu);
   return s;
+}
+
+bool mega_link_hold_asked(mega_link *l) {
+  pthread_mutex_lock(&l->mu);
+  bool h = l->hold;
+  pthread_mutex_unlock(&l->mu);
+  return h;
+}
+
+bool mega_link_released(mega_link *l) {
+  pthread_mutex_lock(&l->mu);
+  bool r = l->released;
+  pthread_mutex_unlock(&l->mu);
+  return r;
+}
+
+mega_status mega_link_send_held(mega_link *l, const mega_rank_held *h, const char *address,
+                                const uint8_t *token, size_t token_len, mega_err *err) {
+  uint32_t shards[2];
+  for (int i = 0; i < h->nshards && i < 2; i++) shards[i] = (uint32_t)h->shards[i];
+  Mega__V1__RankHeld m = MEGA__V1__RANK_HELD__INIT;
+  m.iteration = h->iteration > 0 ? (uint64_t)h->iteration : 0;
+  m.pp = (uint32_t)h->pp;
+  m.tp = (uint32_t)h->tp;
+  m.dp = (uint32_t)h->dp;
+  m.dp_size = (uint32_t)h->dp_size;
+  m.all_params = h->all_params;
+  m.full_moments = h->full_moments;
+  m.shards = shards;
+  m.n_shards = (size_t)(h->nshards < 2 ? h->nshards : 2);
+  m.address = (char *)address;
+  m.token.data = (uint8_t *)token;
+  m.token.len = token_len;
+  m.bytes = h->bytes;
+  Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
+  f.msg_case = MEGA__V1__WORKER_FRAME__MSG_HELD;
+  f.held = &m;
+  return send_frame(l, &f, err);
+}
+
+mega_status mega_link_send_recovered(mega_link *l, int64_t iteration, uint64_t bytes,
+                                     double seconds, mega_err *err) {
+  Mega__V1__RankRecovered m = MEGA__V1__RANK_RECOVERED__INIT;
+  m.iteration = iteration > 0 ? (uint64_t)iteration : 0;
+  m.bytes = bytes;
+  m.seconds = seconds;
+  Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
+  f.msg_case = MEGA__V1__WORKER_FRAME__MSG_RECOVERED;
+  f.recovered = &m;
+  return send_frame(l, &f, err);
 }
 
 mega_status mega_link_send_error(mega_link *l, const char *message, bool retryable, bool fatal,

@@ -89,6 +89,19 @@ mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err
 mega_status mega_link_await_commit(mega_link *l, int64_t iteration, int timeout_ms,
                                    mega_err *err);
 
+/* Recovery from replicas (rank.h). Whether the Abort that ended the link
+ * asked the rank to hold its state rather than exit; whether the link has
+ * since been released (an Abort without hold, EOF, a broken pipe, or the
+ * pipe's silence): then a held rank exits. Any thread. */
+bool mega_link_hold_asked(mega_link *l);
+bool mega_link_released(mega_link *l);
+/* The rank holds h, served at address with token. */
+mega_status mega_link_send_held(mega_link *l, const mega_rank_held *h, const char *address,
+                                const uint8_t *token, size_t token_len, mega_err *err);
+/* The rank took the state of iteration from replicas. */
+mega_status mega_link_send_recovered(mega_link *l, int64_t iteration, uint64_t bytes,
+                                     double seconds, mega_err *err);
+
 /* Stops the reader, fails KV calls still waiting, closes the fd and frees
  * the link. NULL is fine. */
 void mega_link_close(mega_link *l);

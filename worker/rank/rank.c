@@ -93,10 +93,15 @@ static mega_status build_optimizer(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   mega_optim_hparams hp = {.beta1 = j->adam_beta1, .beta2 = j->adam_beta2, .eps = j->adam_eps,
                            .weight_decay = j->weight_decay, .clip_grad = j->clip_grad};
-  if (j->use_distributed_optimizer) { /* this rank's shards only */
-    size_t n;
+  if (j->use_distributed_optimizer) { /* this rank's shards only, and the copy it keeps */
+    size_t n, nc;
     const mega_optim_range *ranges = mega_grads_ranges(r->chunks.grads, &n);
-    return mega_optim_create(r->be, ranges, n, &hp, &r->optim, err);
+    mega_status st = mega_optim_create(r->be, ranges, n, &hp, &r->optim, err);
+    const mega_optim_range *copy = mega_grads_copy_ranges(r->chunks.grads, &nc);
+    if (st == MEGA_OK && mega_grads_copy_shard(r->chunks.grads) >= 0)
+      st = mega_optim_create(r->be, copy, nc, &hp, &r->copy, err);
+    if (st != MEGA_OK) mega_err_prefix(err, "the optimizer shard copy");
+    return st;
   }
   mega_status st = mega_optim_create(r->be, r->chunks.ranges, r->chunks.nparams, &hp, &r->optim,
                                      err);
@@ -210,6 +215,17 @@ static mega_status make_backend(mega_rank *r, mega_err *err) {
   return st;
 }
 
+/* Whose optimizer shard this rank copies: the data-parallel rank one node
+ * away. Ranks are contiguous per node and TP varies fastest, so a node
+ * holds local_world_size / TP consecutive data-parallel ranks of a stage;
+ * a shift of that many puts every copy on another node (when DP is larger;
+ * else no node holds a copy of another's, and a shift of 1 still covers
+ * the loss of a worker). */
+static int copy_shift(const mega_rank *r) {
+  int per_node = r->env.local_world_size / r->topo.tp;
+  return per_node >= 1 && per_node < r->topo.dp ? per_node : 1;
+}
+
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
@@ -221,11 +237,13 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
                         .overlap = j->overlap_grad_reduce,
                         .distributed = j->use_distributed_optimizer,
                         .average_in_collective = j->average_in_collective,
-                        .bucket_size = j->bucket_size};
+                        .bucket_size = j->bucket_size,
+                        .shard_copy_shift = j->no_optimizer_shard_copy ? 0 : copy_shift(r)};
   mega_gpt_tp tp;
   if (st == MEGA_OK) st = rank_tp_init(r, &tp, err);
   if (st == MEGA_OK)
-    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go, err);
+    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go,
+                           r->env.replicas != NULL, err);
   /* training's plan starts at iteration 0's batch (ensure_batch moves it
    * with a rampup); evaluation always takes --global-batch-size, as in
    * Megatron */
@@ -253,7 +271,9 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     mega_grads_set_comm(r->chunks.grads, r->dcomm[GROUP_DP], r->hcomm[GROUP_DP]);
   if (st == MEGA_OK) st = build_engine(r, err);
   if (st == MEGA_OK) st = size_spans(r, err);
-  if (st == MEGA_OK && j->load) {
+  if (st == MEGA_OK && r->env.replicas) { /* the replicas' state is newer than any --load */
+    st = rank_fetch_replicas(r, err);
+  } else if (st == MEGA_OK && j->load) {
     st = rank_load_checkpoint(r, err);
     if (st == MEGA_OK) r->iteration = r->loaded.iteration;
   }
@@ -322,10 +342,12 @@ static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   bool last = mega_sched_is_last_stage(&r->eval_sched, r->me.pp, r->eval_sched.vp - 1);
   mega_status wst = mega_grads_wait_params(r->chunks.grads, -1, err);
   if (wst != MEGA_OK) return wst;
+  int64_t first = r->eval_done;
   for (int k = 0; k < r->job->eval_iters; k++) {
     mega_engine_result res;
     mega_status st = mega_engine_run(r->eval_engine, r->eval_done++, &res, NULL, 0, NULL, 0, err);
     if (st != MEGA_OK) {
+      r->eval_done = first; /* a held state counts no half evaluation */
       mega_err_prefix(err, "evaluation after iteration %lld", (long long)r->iteration);
       return st;
     }
@@ -369,6 +391,10 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
    * gradient reductions (the schedule's GWs) and the pipeline's drain. */
   double ts = res.work_end_wall;
   st = finalize_grads(r, err);
+  /* the shard copy's gradients, once they are final (grads.h) */
+  double copy_s = 0, tc = wall_s();
+  if (st == MEGA_OK && r->copy) st = mega_grads_exchange_copy(r->chunks.grads, err);
+  copy_s += wall_s() - tc;
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
@@ -398,7 +424,15 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   /* Megatron's scheduler counts the samples consumed before this step */
   double lr = mega_lr_at(&r->lr, (double)mega_batch_plan_start(&r->plan, it));
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
-  if (st == MEGA_OK && !r->simulate) st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+  if (st == MEGA_OK && !r->simulate) {
+    r->stepping = true; /* from here a failure leaves this iteration half applied */
+    st = mega_optim_step(r->optim, sumsq, lr, &or, err);
+    /* the shard copy takes its owner's very step (grads.h) */
+    tc = wall_s();
+    if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, err);
+    copy_s += wall_s() - tc;
+    if (st == MEGA_OK) r->stepped = true;
+  }
   /* distributed optimizer: every rank gets every updated parameter; with
    * --overlap-param-gather forward waits for each bucket when it needs it */
   if (st == MEGA_OK)
@@ -409,6 +443,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     return st;
   }
   double t1 = wall_s();
+  r->stepping = r->stepped = false;
   if (trace) {
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "grad-sync", .cat = "grad_sync",
@@ -447,6 +482,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->param_bytes = mega_grads_param_bytes(r->chunks.grads);
   m->grad_bytes = mega_grads_grad_bytes(r->chunks.grads);
   m->optimizer_state_bytes = mega_optim_state_bytes(r->optim);
+  m->shard_copy_bytes = r->copy ? mega_optim_state_bytes(r->copy) : 0;
+  m->shard_copy_s = r->copy ? copy_s : 0;
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
   if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {
@@ -527,6 +564,7 @@ void mega_rank_destroy(mega_rank *r) {
   mega_store_close(r->store);
   rank_tp_free(r);
   mega_optim_destroy(r->optim);
+  mega_optim_destroy(r->copy);
   mega_chunks_free(&r->chunks);
   mega_sched_free(&r->sched);
   mega_sched_free(&r->eval_sched);

@@ -61,6 +61,8 @@ typedef struct mega_rank_metrics {
   uint64_t param_bytes;           /* resident parameter buffers of this rank */
   uint64_t grad_bytes;            /* its gradient buffers */
   uint64_t optimizer_state_bytes; /* its optimizer state (the moments it owns) */
+  uint64_t shard_copy_bytes;      /* the copy of another rank's shard it keeps (moments) */
+  double shard_copy_s;            /* of step_time_s, sending and stepping that copy */
   bool has_eval_loss; /* an evaluation ran after this iteration (last stage) */
   double eval_loss;   /* mean cross-entropy over --eval-iters forward-only batches */
   int64_t step_start_unix_us;
@@ -81,6 +83,32 @@ typedef struct mega_rank_ckpt_report {
   double blocked_s;  /* of that, the time training waited */
   bool committed;
 } mega_rank_ckpt_report;
+
+/* Recovery from replicas (see "Recovery from replicas" below): where the
+ * ranks of a new attempt take their state from. One source per held rank
+ * of the ended attempt that a (pp, tp) coordinate needs; a rank uses the
+ * sources of its own coordinate. Borrowed, like the rest of env. */
+typedef struct mega_replica_source {
+  int pp, tp;
+  int donor_rank;
+  const char *address; /* host:port */
+  const uint8_t *token;
+  size_t token_len;
+  bool params;       /* every parameter from this donor */
+  bool full_moments; /* every moment from this donor */
+  const int *shards; /* distributed optimizer: these DP shards' moments */
+  size_t nshards;
+  bool shard_params; /* and their parameters */
+} mega_replica_source;
+
+typedef struct mega_replica_plan {
+  const char *job_id;
+  int attempt;       /* the donors' (ended) attempt */
+  int64_t iteration; /* the state every source holds */
+  int dp_size;       /* that attempt's DP */
+  const mega_replica_source *sources;
+  size_t nsources;
+} mega_replica_plan;
 
 typedef struct mega_rank_env {
   const mega_jobspec *job; /* passed mega_jobspec_check for this world */
@@ -123,6 +151,11 @@ typedef struct mega_rank_env {
    * why; loads never use it). NULL: commit at once. May run on the
    * checkpoint thread. */
   mega_status (*await_commit)(void *arg, int64_t iteration, mega_err *err);
+  /* Set: setup takes the rank's weights, optimizer state, iteration and
+   * data position from these held ranks instead of --load, then calls
+   * on_recovered (may be NULL) with what it moved. */
+  const mega_replica_plan *replicas;
+  void (*on_recovered)(void *arg, int64_t iteration, uint64_t bytes, double seconds);
   void *arg;
 } mega_rank_env;
 
@@ -186,5 +219,53 @@ bool mega_rank_stop_was_mine(const mega_rank *r);
 void mega_rank_abort(mega_rank *r, const char *reason);
 
 void mega_rank_destroy(mega_rank *r); /* NULL is fine */
+
+/* ---- Recovery from replicas ----
+ *
+ * When an attempt fails, a rank whose state is whole need not die with it.
+ * After mega_rank_run (or a step) returned a failure, or after an abort,
+ * mega_rank_hold stops what is in flight (every communicator aborted, so
+ * the rank's peers fail fast) and says what consistent state the rank
+ * still holds: usually its state after the last completed iteration; with
+ * the distributed optimizer, when the failure came after this rank's
+ * optimizer step, only its own shard and its copy, one iteration later.
+ * A server (mega_replica_serve_*) then hands that state, rank to rank over
+ * TCP, to the ranks of the next attempt (mega_rank_env.replicas), whatever
+ * their data-parallel size: tensors go by index, so shards cut for one DP
+ * size are put back together for another. A fetch must present the
+ * server's token, so only the attempt the coordinator gave it to can take
+ * the state. The rank must not be stepped again after hold. */
+typedef struct mega_rank_held {
+  int64_t iteration; /* the state's completed iterations */
+  int pp, tp, dp, dp_size;
+  bool all_params;   /* every parameter is at iteration */
+  bool full_moments; /* and every moment (no distributed optimizer) */
+  int shards[2];     /* distributed optimizer: the shards held whole (own, copy) */
+  int nshards;
+  uint64_t bytes;    /* parameters and moments held */
+} mega_rank_held;
+
+/* MEGA_ERR_UNSUPPORTED with the reason when the rank holds nothing usable
+ * (never set up, or stopped inside a step's update). */
+mega_status mega_rank_hold(mega_rank *r, mega_rank_held *out, mega_err *err);
+
+typedef struct mega_replica_server mega_replica_server;
+
+/* Listens on host (NULL: 127.0.0.1) for fetches of r's held state (hold
+ * first). job_id and attempt are the held rank's: a fetch must name the
+ * job and a later attempt. r must outlive the server. */
+mega_status mega_replica_serve_open(mega_rank *r, const mega_rank_held *held, const char *host,
+                                    const char *job_id, int attempt, mega_replica_server **out,
+                                    mega_err *err);
+const char *mega_replica_server_address(const mega_replica_server *s);
+const uint8_t *mega_replica_server_token(const mega_replica_server *s, size_t *len);
+/* Serves fetches, one at a time, until stop(arg) is true (asked every
+ * 100 ms and after each fetch) or max_ms passed (MEGA_ERR_TIMEOUT). A
+ * fetch that fails (a peer that dies midway) is logged to stderr and the
+ * server goes on. */
+mega_status mega_replica_serve(mega_replica_server *s, bool (*stop)(void *arg), void *arg,
+                               int max_ms, mega_err *err);
+uint64_t mega_replica_served_bytes(const mega_replica_server *s);
+void mega_replica_server_close(mega_replica_server *s); /* NULL is fine */
 
 #endif

@@ -52,6 +52,7 @@ struct mega_rank {
   mega_batch_plan eval_plan; /* --global-batch-size's */
   mega_lr_sched lr;
   mega_optim *optim;
+  mega_optim *copy; /* distributed optimizer: the copy of another rank's shard (grads.h) */
   mega_store *store;
   /* Per group, the communicators for device and for host memory (the rule
    * for which carries what is in rank_comm.c); the same one on a cpu rank.
@@ -70,6 +71,10 @@ struct mega_rank {
   mega_engine *eval_engine;
   int64_t eval_done;         /* evaluation batches run so far */
   int64_t iteration; /* completed */
+  /* Where a failure leaves the state (mega_rank_hold): stepping once the
+   * optimizer of iteration+1 may have begun, stepped once it (and the
+   * copy) took that step; both clear when the iteration completes. */
+  bool stepping, stepped;
   /* stopping early (rank_exit.c) */
   atomic_bool exit_claimed, exit_asked; /* claimed: exit_why is being written */
   char exit_why[160];
@@ -134,5 +139,10 @@ double rank_now_s(void);
 /* --load into the chunks and the optimizer (resharding a distributed
  * optimizer's moments). */
 mega_status rank_load_checkpoint(mega_rank *r, mega_err *err);
+
+/* rank_fetch.c */
+/* mega_rank_env.replicas into the chunks, the optimizer (and its copy),
+ * the iteration and the evaluation count. */
+mega_status rank_fetch_replicas(mega_rank *r, mega_err *err);
 
 #endif

@@ -102,6 +102,11 @@ mega_status rank_load_checkpoint(mega_rank *r, mega_err *err) {
   st = mega_rank_ckpt_load(r->be, j, &r->chunks, r->optim, &r->lr, &r->loaded, err);
   if (st == MEGA_OK && r->loaded.loaded && !j->finetune && !j->no_load_optim)
     st = mega_grads_scatter_moments(r->chunks.grads, r->optim, w.avg, w.sq, err);
+  if (st == MEGA_OK && r->loaded.loaded && r->copy) {
+    mega_optim_set_steps(r->copy, mega_optim_steps(r->optim));
+    if (!j->finetune && !j->no_load_optim)
+      st = mega_grads_scatter_copy_moments(r->chunks.grads, r->copy, w.avg, w.sq, err);
+  }
   mega_chunks_point_moments(&r->chunks, NULL, NULL);
   rank_whole_moments_free(&w);
   return st;
