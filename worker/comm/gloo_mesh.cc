@@ -1,4 +1,5 @@
-// Gloo's full mesh over our rendezvous: one set and one gather per rank.
+// Gloo's full mesh over our rendezvous: one gather (with the rank's set) per
+// rank, and the ends of the connections over the mesh itself.
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -127,7 +128,7 @@ void MeshContext::name_ends(const std::shared_ptr<MeshContext> &self) {
 std::vector<std::string> MeshContext::peer_names(int j) const {
   std::vector<std::string> out;
   if (j < 0 || static_cast<size_t>(j) >= records_.size()) return out;
-  if (!ends_[j].empty()) out.push_back(ends_[j]);
+  if (static_cast<size_t>(j) < ends_.size() && !ends_[j].empty()) out.push_back(ends_[j]);
   try {
     if (!records_[j].empty()) out.push_back(no_seq(get_record(records_[j], j).str()));
   } catch (...) {
@@ -135,7 +136,6 @@ std::vector<std::string> MeshContext::peer_names(int j) const {
   }
   return out;
 }
-
 
 // Under "<r>" each pair's listening address, as Gloo's own rendezvous has
 // (whole); the pairs connect as Gloo's connectFullMesh connects them.
