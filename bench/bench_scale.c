@@ -99,7 +99,7 @@ static etcd_counts etcd_read(const etcd_fx *fx) {
   return c;
 }
 
-/* Key-value calls (Peer KvSet, KvGet, KvWait) the coordinator served: its
+/* Key-value calls (Peer KvSet, KvGet, KvWait, KvGather) the coordinator served: its
  * workers' rendezvous from every other node (its own ranks' go locally). */
 static double kv_served(int metrics_port) {
   char *page = hd_http_get(metrics_port, "/metrics", NULL);
@@ -410,7 +410,8 @@ int main(int argc, char **argv) {
          "the coordinator merged it; merged: submit -> that merge (job events); watch: submit -> "
          "iteration 1 at a watcher (this program's clock). writes, events, sent KB: etcd's "
          "puts and transactions, events sent to watchers and bytes sent to clients from submit "
-         "to the job's end (its /metrics). KV: key-value calls (Peer KvSet/KvGet/KvWait) the "
+         "to the job's end (its /metrics). KV: key-value calls (Peer KvSet/KvGet/KvWait/KvGather) "
+         "the "
          "coordinator served meanwhile, from the other nodes' ranks. cpu: CPU seconds used from "
          "submit to the job's end by all workers, all megad and etcd.\n");
   return failed ? 1 : 0;

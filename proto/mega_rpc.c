@@ -23,6 +23,7 @@ METHOD(mega_peer_report_step, "Peer", "ReportStep", report_step_request, report_
 METHOD(mega_peer_kv_set, "Peer", "KvSet", kv_set_request, kv_set_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_kv_get, "Peer", "KvGet", kv_get_request, kv_get_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_kv_wait, "Peer", "KvWait", kv_wait_request, kv_wait_response, MEGA_RPC_UNARY);
+METHOD(mega_peer_kv_gather, "Peer", "KvGather", kv_gather_request, kv_gather_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_commit_checkpoint, "Peer", "CommitCheckpoint", commit_checkpoint_request, commit_checkpoint_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_list_held, "Peer", "ListHeld", list_held_request, list_held_response,
        MEGA_RPC_UNARY);
@@ -38,5 +39,6 @@ const mega_rpc_method *const mega_peer_methods[] = {
     &mega_peer_join,        &mega_peer_heartbeat,   &mega_peer_leave,
     &mega_peer_launch_ranks, &mega_peer_abort_job,  &mega_peer_report_step,
     &mega_peer_commit_checkpoint, &mega_peer_kv_set, &mega_peer_kv_get,
-    &mega_peer_kv_wait,     &mega_peer_list_held,   NULL,
+    &mega_peer_kv_wait,     &mega_peer_kv_gather,   &mega_peer_list_held,
+    NULL,
 };

@@ -31,6 +31,7 @@ extern const mega_rpc_method mega_peer_report_step;
 extern const mega_rpc_method mega_peer_kv_set;
 extern const mega_rpc_method mega_peer_kv_get;
 extern const mega_rpc_method mega_peer_kv_wait;
+extern const mega_rpc_method mega_peer_kv_gather;
 extern const mega_rpc_method mega_peer_commit_checkpoint;
 extern const mega_rpc_method mega_peer_list_held;
 

@@ -108,19 +108,21 @@ mega_status mega_rpc_channel_new(const char *target, const mega_rpc_channel_opts
   if (ch->max_msg > INT_MAX) ch->max_msg = INT_MAX;
   unsigned backoff = opts && opts->max_backoff_ms ? opts->max_backoff_ms : 2000;
   atomic_init(&ch->refs, 1);
-  grpc_arg args[4];
+  grpc_arg args[5];
   memset(args, 0, sizeof args);
-  const char *keys[4] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+  const char *keys[5] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
                          GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-                         GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS};
-  int vals[4] = {(int)ch->max_msg, (int)ch->max_msg, (int)(backoff > INT_MAX ? INT_MAX : backoff),
-                 (int)(backoff < 100 ? backoff : 100)};
-  for (int i = 0; i < 4; i++) {
+                         GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+                         GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL};
+  int vals[5] = {(int)ch->max_msg, (int)ch->max_msg, (int)(backoff > INT_MAX ? INT_MAX : backoff),
+                 (int)(backoff < 100 ? backoff : 100), 1};
+  size_t nargs = opts && opts->own_connection ? 5 : 4;
+  for (size_t i = 0; i < nargs; i++) {
     args[i].type = GRPC_ARG_INTEGER;
     args[i].key = (char *)keys[i];
     args[i].value.integer = vals[i];
   }
-  grpc_channel_args ca = {4, args};
+  grpc_channel_args ca = {nargs, args};
   grpc_channel_credentials *creds = mega_rpc_channel_creds(a);
   ch->ch = grpc_channel_create(target, creds, &ca);
   grpc_channel_credentials_release(creds);

@@ -47,6 +47,9 @@ typedef struct mega_rpc_channel_opts {
                                     (lowercase key; etcd's "hasleader": "true"); NULL:
                                     none. Copied. */
   const char *header2_key, *header2_value; /* and another (etcd's "token"); NULL: none */
+  bool own_connection;           /* a connection of its own, not shared with other channels
+                                    to the same target (gRPC shares them by default): a
+                                    load generator that plays many nodes in one process */
 } mega_rpc_channel_opts;
 
 /* target is "host:port" or "unix:/path". Connects lazily: a wrong or dead

@@ -222,6 +222,8 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
       .world_size = (int)as->world_size,
       .local_rank = (int)as->local_rank,
       .local_world_size = (int)as->local_world_size,
+      .node_ranks = as->node_ranks,
+      .n_node_ranks = as->n_node_ranks,
       .kv = as->world_size > 1 ? &mega_link_kv_ops : NULL,
       .kv_ctx = a->link,
       .kv_prefix = b && b->kv_prefix[0] ? b->kv_prefix : as->job_id,

@@ -393,6 +393,8 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   a.world_size = req->world_size;
   a.local_rank = w->local_rank;
   a.local_world_size = (uint32_t)req->n_ranks;
+  a.node_ranks = req->ranks;
+  a.n_node_ranks = req->n_ranks;
   a.tp = req->tp;
   a.pp = req->pp;
   a.dp = req->dp;

@@ -81,12 +81,19 @@ struct kvop {
   uint64_t request_id;
   megad_kvwait *wait;
   char *get_key; /* a get that waits: the key to answer with once it exists */
+  /* a gather here: its keys (prefixed) and parts, answered once they exist */
+  char **keys;
+  size_t nkeys;
+  uint32_t parts;
+  uint32_t *part;
 };
 
 /* launch_life.c: the lower half, which relay.c and hangcheck.c use */
 void launch_send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f);
 void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
                              size_t len, const char *error);
+/* A gather's answer: the values, in the order asked. */
+void launch_send_kv_values(megad_worker *w, uint64_t id, ProtobufCBinaryData *values, size_t n);
 void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms, bool hold);
 void launch_kill_worker(megad_worker *w);
 /* Abort frames to l's workers, then SIGKILL after grace_ms. hold: workers

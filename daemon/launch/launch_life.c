@@ -50,6 +50,19 @@ void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uin
   launch_send_frame(w, &f);
 }
 
+void launch_send_kv_values(megad_worker *w, uint64_t id, ProtobufCBinaryData *values, size_t n) {
+  Mega__V1__KvResponse r = MEGA__V1__KV_RESPONSE__INIT;
+  r.request_id = id;
+  r.found = true;
+  r.error = "";
+  r.values = values;
+  r.n_values = n;
+  Mega__V1__DaemonFrame f = MEGA__V1__DAEMON_FRAME__INIT;
+  f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_KV;
+  f.kv = &r;
+  launch_send_frame(w, &f);
+}
+
 void launch_send_abort(megad_worker *w, const char *reason, unsigned grace_ms, bool hold) {
   Mega__V1__Abort a = MEGA__V1__ABORT__INIT;
   a.reason = (char *)reason;
@@ -136,6 +149,18 @@ void launch_maybe_free(megad_launch *l) {
       *p = l->next;
       break;
     }
+  /* The keys of groups that lived on this node (the coordinator clears its
+   * own store when the attempt ends). */
+  const char *kp = l->req->bootstrap ? l->req->bootstrap->kv_prefix : NULL;
+  if (!l->coord_local && kp && kp[0]) {
+    char *prefix = malloc(strlen(kp) + 2);
+    if (prefix) {
+      strcpy(prefix, kp);
+      if (prefix[strlen(prefix) - 1] != '/') strcat(prefix, "/");
+      mega_kv_delete_prefix(l->L->kvs->kv, prefix);
+    }
+    free(prefix);
+  }
   uv_close((uv_handle_t *)&l->kill_timer, timer_closed);
   uv_close((uv_handle_t *)&l->retry_timer, timer_closed);
 }

@@ -157,11 +157,17 @@ static void kvop_unlink(kvop *op) {
   op->w = NULL;
 }
 
+static void kvop_free(kvop *op) {
+  free(op->get_key);
+  megad_kv_gather_keys_free(op->keys, op->nkeys);
+  free(op->part);
+  free(op);
+}
+
 static void kvop_end(kvop *op) {
   megad_launch *l = op->l;
   kvop_unlink(op);
-  free(op->get_key);
-  free(op);
+  kvop_free(op);
   l->refs--;
   launch_maybe_free(l);
 }
@@ -178,9 +184,28 @@ static kvop *kvop_new(megad_worker *w, uint64_t id) {
   return op;
 }
 
+/* A gather served here, its keys all there: the values (or why not). */
+static void local_gather_answer(kvop *op) {
+  ProtobufCBinaryData *v = calloc(op->nkeys ? op->nkeys : 1, sizeof *v);
+  mega_err e = {0};
+  if (!v)
+    launch_send_kv_response(op->w, op->request_id, false, NULL, 0, "megad is out of memory");
+  else if (megad_kv_gather_values(op->l->L->kvs, op->keys, op->nkeys, op->parts, op->part, v,
+                                  &e) != MEGA_OK)
+    launch_send_kv_response(op->w, op->request_id, false, NULL, 0, e.msg);
+  else
+    launch_send_kv_values(op->w, op->request_id, v, op->nkeys);
+  free(v);
+}
+
 static void local_wait_done(void *arg, mega_status s, const char *msg) {
   kvop *op = arg;
   op->wait = NULL;
+  if (op->keys && s == MEGA_OK) {
+    if (op->w) local_gather_answer(op);
+    kvop_end(op);
+    return;
+  }
   const uint8_t *v = NULL;
   size_t len = 0;
   bool found = s == MEGA_OK && op->get_key && mega_kv_get(op->l->L->kvs->kv, op->get_key, &v, &len);
@@ -205,6 +230,32 @@ static void local_wait(megad_worker *w, uint64_t id, char *const *keys, size_t n
   if (kw) op->wait = kw; /* else answered already, op is gone */
 }
 
+/* A gather here: its values once its keys exist. */
+static void local_gather(megad_worker *w, uint64_t id, const Mega__V1__KvGatherRequest *g) {
+  megad_launcher *L = w->l->L;
+  mega_err e = {0};
+  if (megad_kv_gather_check(g, &e) != MEGA_OK || megad_kv_gather_set(L->kvs, g, &e) != MEGA_OK) {
+    launch_send_kv_response(w, id, false, NULL, 0, e.msg);
+    return;
+  }
+  kvop *op = kvop_new(w, id);
+  if (op) {
+    op->nkeys = g->n_keys;
+    op->parts = g->parts;
+    op->keys = megad_kv_gather_keys(g);
+    op->part = g->n_part ? malloc(g->n_part * sizeof *op->part) : NULL;
+    if (op->part) memcpy(op->part, g->part, g->n_part * sizeof *op->part);
+  }
+  if (!op || !op->keys || (g->n_part && !op->part)) {
+    if (op) kvop_end(op);
+    launch_send_kv_response(w, id, false, NULL, 0, "megad is out of memory");
+    return;
+  }
+  int t = g->timeout_ms ? (int)g->timeout_ms : (int)L->o.rendezvous_timeout_ms;
+  megad_kvwait *kw = megad_kvwait_start(L->kvs, op->keys, op->nkeys, t, local_wait_done, op);
+  if (kw) op->wait = kw; /* else answered already, op is gone */
+}
+
 static void forwarded(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   kvop *op = arg;
   if (op->w) {
@@ -213,6 +264,9 @@ static void forwarded(void *arg, ProtobufCMessage *resp, const mega_err *err) {
     } else if (resp->descriptor == &mega__v1__kv_get_response__descriptor) {
       Mega__V1__KvGetResponse *g = (void *)resp;
       launch_send_kv_response(op->w, op->request_id, g->found, g->value.data, g->value.len, NULL);
+    } else if (resp->descriptor == &mega__v1__kv_gather_response__descriptor) {
+      Mega__V1__KvGatherResponse *g = (void *)resp;
+      launch_send_kv_values(op->w, op->request_id, g->values, g->n_values);
     } else {
       launch_send_kv_response(op->w, op->request_id, false, NULL, 0, NULL);
     }
@@ -221,12 +275,15 @@ static void forwarded(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   kvop_end(op);
 }
 
+/* A request of a group that lives on this node (here) is served from this
+ * node's store as the coordinator's own ranks' are; the launch's end clears
+ * the attempt's keys. */
 void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
   megad_launch *l = w->l;
   megad_launcher *L = l->L;
   mega_kv *kv = L->kvs->kv;
   uint64_t id = req->request_id;
-  if (l->coord_local) {
+  if (l->coord_local || req->here) {
     mega_err e = {0};
     switch (req->op_case) {
     case MEGA__V1__KV_REQUEST__OP_SET:
@@ -247,6 +304,9 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
     }
     case MEGA__V1__KV_REQUEST__OP_WAIT:
       local_wait(w, id, req->wait->keys, req->wait->n_keys, req->wait->timeout_ms, NULL);
+      return;
+    case MEGA__V1__KV_REQUEST__OP_GATHER:
+      local_gather(w, id, req->gather);
       return;
     default:
       launch_send_kv_response(w, id, false, NULL, 0, "an empty key-value request");
@@ -274,6 +334,12 @@ void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req) {
     fwd = &req->wait->base;
     timeout = (req->wait->timeout_ms ? req->wait->timeout_ms : L->o.rendezvous_timeout_ms) + 5000;
     break;
+  case MEGA__V1__KV_REQUEST__OP_GATHER:
+    m = &mega_peer_kv_gather;
+    fwd = &req->gather->base;
+    timeout =
+        (req->gather->timeout_ms ? req->gather->timeout_ms : L->o.rendezvous_timeout_ms) + 5000;
+    break;
   default:
     launch_send_kv_response(w, id, false, NULL, 0, "an empty key-value request");
     kvop_end(op);
@@ -296,7 +362,7 @@ void relay_worker_gone(megad_worker *w) {
     if (kw) {
       megad_kvwait_cancel(kw); /* its callback will not come: end the op here */
       op->l->refs--;
-      free(op);
+      kvop_free(op);
     }
   }
 }

@@ -4,7 +4,11 @@
  * timer fires or the key's prefix is deleted.
  *
  * Single-threaded: call everything on the loop thread. The store copies keys
- * and values; a value passed to a callback is valid during the call only. */
+ * and values; a value passed to a callback is valid during the call only.
+ *
+ * Cost: a set, get or wait is O(1) (keys hashed, each key's waits kept with
+ * it), so a rendezvous of R ranks costs O(R) however many wait at once; a
+ * cancel walks the pending waits, and delete_prefix the whole store. */
 #ifndef MEGA_DAEMON_KV_H
 #define MEGA_DAEMON_KV_H
 
@@ -32,6 +36,12 @@ mega_status mega_kv_set(mega_kv *kv, const char *key, const void *val, size_t le
 
 /* Looks a key up without waiting. */
 bool mega_kv_get(mega_kv *kv, const char *key, const uint8_t **val, size_t *len);
+
+/* Part `part` of a value taken as `parts` equal slices (parts 0: all of it):
+ * *out points into val. INVALID when part >= parts or len is not a multiple
+ * of parts. */
+mega_status mega_kv_slice(const uint8_t *val, size_t len, uint32_t parts, uint32_t part,
+                          const uint8_t **out, size_t *out_len, mega_err *err);
 
 /* Answers cb exactly once: at once if the key is there, else when it is set
  * or after timeout_ms (<= 0: wait until set or cancelled). Returns an id for

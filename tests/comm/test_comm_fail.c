@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -15,18 +16,23 @@
 
 #include "tests/comm/mp.h"
 
-static mega_comm *open_comm(const mp_env *env, const char *group, int rank,
-                            int size, int timeout_ms) {
+static mega_comm *open_comm_on(const mp_env *env, const char *group, int rank, int size,
+                               const char *host, int timeout_ms) {
   mega_store *store = mp_store(env, false);
   if (!store) return NULL;
   mega_comm *c = NULL;
   mega_err err = {0};
-  mega_status st = mega_comm_create(store, group, rank, size, NULL, timeout_ms, &c, &err);
+  mega_status st = mega_comm_create(store, group, rank, size, host, timeout_ms, &c, &err);
   mega_store_close(store);
   if (st != MEGA_OK)
     fprintf(stderr, "rank %d: creating '%s': %s: %s\n", rank, group,
             mega_status_str(st), err.msg);
   return c;
+}
+
+static mega_comm *open_comm(const mp_env *env, const char *group, int rank,
+                            int size, int timeout_ms) {
+  return open_comm_on(env, group, rank, size, NULL, timeout_ms);
 }
 
 /* Rank 1 dies (SIGKILL) while rank 0 waits for 4 MiB from it: rank 0 must
@@ -94,6 +100,37 @@ static int body_killed_in_collective(int rank, const mp_env *env) {
   MP_CHECK(dt < 2500, "the death took %.0f ms to notice", dt);
   MP_CHECK(strstr(err.msg, "rank "), "message names no rank: %s", err.msg);
   free(buf);
+  mega_comm_destroy(c);
+  return 0;
+}
+
+/* Rank 2 of 3 dies while the others wait for its broadcast (each straight
+ * from rank 2): each must name rank 2, whether it accepted its connection
+ * to rank 2 (Gloo then prints rank 2's end of it, learnt after the
+ * rendezvous) or made it. With *arg true each rank listens on a loopback
+ * address of its own, else all on 127.0.0.1. */
+static int body_dead_peer_named(int rank, const mp_env *env) {
+  bool own_hosts = *(const bool *)env->arg;
+  char host[32];
+  snprintf(host, sizeof host, "127.0.0.%d", own_hosts ? rank + 1 : 1);
+  mega_err err = {0};
+  mega_comm *c = open_comm_on(env, "dp", rank, 3, host, 10000);
+  MP_CHECK(c, "no communicator");
+  MP_OK(mega_comm_barrier(c, 0, &err), err);
+  if (rank == 2) {
+    mp_sleep_ms(300);
+    kill(getpid(), SIGKILL);
+    mp_sleep_ms(10000);
+    return 1;
+  }
+  /* each survivor hears of the death only on its own connection to rank
+   * 2, and Gloo names that by an address */
+  float buf[16] = {0};
+  mega_status st = mega_comm_broadcast(c, buf, 16, MEGA_DT_F32, 2, 0, &err);
+  MP_CHECK(st == MEGA_ERR_PEER, "broadcast gave %s: %s", mega_status_str(st), err.msg);
+  MP_CHECK(strstr(err.msg, "rank 2"), "rank %d's message does not name rank 2: %s", rank,
+           err.msg);
+  mp_sleep_ms(500); /* the others check theirs before this one closes */
   mega_comm_destroy(c);
   return 0;
 }
@@ -266,6 +303,18 @@ static void test_killed_in_collective(void **state) {
   assert_int_equal(mp_run(3, body_killed_in_collective, NULL, 15000, 1u << 2), 0);
 }
 
+static void test_dead_peer_named_same_host(void **state) {
+  (void)state;
+  bool own_hosts = false;
+  assert_int_equal(mp_run(3, body_dead_peer_named, &own_hosts, 15000, 1u << 2), 0);
+}
+
+static void test_dead_peer_named_own_hosts(void **state) {
+  (void)state;
+  bool own_hosts = true;
+  assert_int_equal(mp_run(3, body_dead_peer_named, &own_hosts, 15000, 1u << 2), 0);
+}
+
 static void test_silent_peer_times_out(void **state) {
   (void)state;
   assert_int_equal(mp_run(2, body_silent_peer, NULL, 15000, 0), 0);
@@ -290,6 +339,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_killed_mid_recv),
       cmocka_unit_test(test_killed_in_collective),
+      cmocka_unit_test(test_dead_peer_named_same_host),
+      cmocka_unit_test(test_dead_peer_named_own_hosts),
       cmocka_unit_test(test_silent_peer_times_out),
       cmocka_unit_test(test_abort_from_thread),
       cmocka_unit_test(test_rank_never_joins),

@@ -76,6 +76,25 @@ typedef struct mega_req mega_req;
 
 /* ---- Stores ------------------------------------------------------------ */
 
+/* One rank's part of a group's rendezvous: set set_key (when not NULL) to
+ * set_len bytes of set_value, then wait for every prefix + keys[i] and
+ * return their values: whole when parts is 0, else only slice part[i] of
+ * value i taken as `parts` equal slices (MEGA_ERR_INVALID when it is not a
+ * multiple of parts). Keys, set_key too, are prefix + the name. here: every
+ * rank of the group is on this node, so the node's daemon may serve it
+ * without the job's coordinator. */
+typedef struct mega_kv_gather {
+  const char *prefix;
+  const char *set_key;
+  const void *set_value;
+  size_t set_len;
+  const char *const *keys;
+  size_t nkeys;
+  uint32_t parts;
+  const uint32_t *part;
+  bool here;
+} mega_kv_gather;
+
 /* A key-value store the caller implements (the worker forwards to megad).
  * Functions may be called from any thread that creates a communicator, and
  * concurrently from several such threads; ctx is passed back unchanged.
@@ -92,6 +111,13 @@ typedef struct mega_kv_ops {
   /* Waits up to timeout_ms until every one of the nkeys keys exists. */
   mega_status (*wait)(void *ctx, const char *const *keys, size_t nkeys,
                       int timeout_ms, mega_err *err);
+  /* A rank's part of a group's rendezvous in one call (may be NULL: then a
+   * set, a get per key, and the slicing here): g (comm.h above) says what.
+   * Waits up to timeout_ms until every key exists, then returns their
+   * values one after another in *out (malloc'd; the caller frees it), value
+   * i lens[i] bytes. */
+  mega_status (*gather)(void *ctx, const struct mega_kv_gather *g, int timeout_ms,
+                        void **out, size_t *lens, mega_err *err);
 } mega_kv_ops;
 
 /* Gloo's FileStore on directory dir (must exist, shared by all ranks).
@@ -104,6 +130,12 @@ mega_status mega_store_open_file(const char *dir, const char *prefix,
 mega_status mega_store_open_kv(const mega_kv_ops *ops, void *ctx,
                                const char *prefix, mega_store **out,
                                mega_err *err);
+
+/* Every rank of group lives on this node (the rank knows its node's
+ * ranks): its rendezvous may stay on the node (mega_kv_gather.here). Only
+ * for the ranks of one node: a group that spans nodes must not be marked.
+ * Before the group is created. */
+mega_status mega_store_group_here(mega_store *store, const char *group, mega_err *err);
 
 /* A store is only used while mega_comm_create runs; it may be closed as soon
  * as the communicators it served exist. NULL is ignored. */

@@ -175,51 +175,11 @@ void ignore_sigpipe() {
     signal(SIGPIPE, SIG_IGN);
 }
 
-// Gloo names a failed connection by an address of the peer: the one the
-// peer published at rendezvous (connectFullMesh stores under key "<j>" rank
-// j's listening address for each other rank: size-1 equal chunks, j itself
-// skipped), or the peer's end of the connection, which each rank publishes
-// here once connected.
-void name_peers(State &s, GroupStore &store) {
+// Gloo names a failed connection by an address of the peer (gloo_mesh.cc).
+void name_peers(State &s, const MeshContext &ctx) {
   s.peer_addr.assign(s.size, {});
-  if (s.size < 2) return;
-  const size_t n = static_cast<size_t>(s.size - 1);
-  for (int j = 0; j < s.size; j++) {
-    auto it = store.got.find(std::to_string(j));
-    if (j == s.rank || it == store.got.end()) continue;
-    const std::vector<char> &v = it->second;
-    size_t chunk = v.size() / n;
-    if (chunk == 0 || v.size() % n) continue;
-    size_t at = static_cast<size_t>(s.rank < j ? s.rank : s.rank - 1) * chunk;
-    try {
-      std::string a = gloo::transport::tcp::Address(
-                          std::vector<char>(v.begin() + at, v.begin() + at + chunk))
-                          .str();
-      s.peer_addr[j].push_back(a.substr(0, a.find('$')));  // drop a sequence number
-    } catch (...) {
-      // Unnamed peers are reported as "a peer".
-    }
-  }
-  std::string mine;
-  for (int j = 0; j < s.size; j++) {
-    if (j != s.rank) mine += s.ctx->getPair(j)->address().str();
-    mine += '\n';
-  }
-  store.set("mega-addrs/" + std::to_string(s.rank),
-            std::vector<char>(mine.begin(), mine.end()));
-  for (int j = 0; j < s.size; j++) {
-    if (j == s.rank) continue;
-    std::vector<char> v = store.get("mega-addrs/" + std::to_string(j));
-    std::string all(v.begin(), v.end());
-    size_t pos = 0;
-    for (int k = 0; k < s.rank && pos != std::string::npos; k++) {
-      pos = all.find('\n', pos);
-      if (pos != std::string::npos) pos++;
-    }
-    if (pos == std::string::npos) continue;
-    std::string a = all.substr(pos, all.find('\n', pos) - pos);
-    s.peer_addr[j].push_back(a.substr(0, a.find('$')));
-  }
+  for (int j = 0; j < s.size; j++)
+    if (j != s.rank) s.peer_addr[j] = ctx.peer_names(j);
 }
 
 mega_status create_fail(std::exception_ptr ep, const std::string &what,
@@ -278,12 +238,13 @@ mega_status gloo_comm_create(mega_store *store, const char *group, int rank,
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname ? hostname : "127.0.0.1";
     s->dev = gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    auto ctx = std::make_shared<MeshContext>(rank, size);
     ctx->setTimeout(s->timeout);
     GroupStore gs(*store, group, s->timeout);
-    ctx->connectFullMesh(gs, s->dev);
+    ctx->connect(gs, s->dev);
+    ctx->name_ends(ctx);
     s->ctx = ctx;
-    name_peers(*s, gs);
+    name_peers(*s, *ctx);
     auto c = std::make_unique<GlooComm>();
     c->s = s;
     s->thread = std::thread(comm_thread, s);

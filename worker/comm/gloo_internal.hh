@@ -46,17 +46,50 @@ class GroupStore : public gloo::rendezvous::Store {
   std::vector<char> get(const std::string &key) override;
   void wait(const std::vector<std::string> &keys) override;
   void wait(const std::vector<std::string> &keys, const ms &timeout) override;
-
-  // Every value read, by key: the rendezvous carries each peer's address.
-  std::map<std::string, std::vector<char>> got;
+  // Sets key to value, waits for every one of keys, then returns their
+  // values: whole (parts 0) or slice part[i] of value i in `parts` equal
+  // slices. One call to a store with mega_kv_ops.gather; a set, and a wait
+  // and a get per key, otherwise.
+  std::vector<std::vector<char>> exchange(const std::string &key, const std::vector<char> &value,
+                                          const std::vector<std::string> &keys, uint32_t parts,
+                                          const std::vector<uint32_t> &part);
 
  private:
   mega_store &base_;
   std::string prefix_;
   ms timeout_;
+  bool here_;  // every rank of the group is on this node
 };
 
 struct Job;
+
+// Gloo's full mesh with a rendezvous of one call per rank (gloo_mesh.cc).
+// Gloo's own connectFullMesh reads every other rank's key whole (each holds
+// an address for every rank of the group: O(S^2) bytes per rank) with a
+// wait and a get apiece, and the ranks before it once more for their
+// hostnames: O(S) calls and O(S^2) bytes per rank. Here each rank publishes
+// one 36-byte record per peer and fetches only those meant for it, in the
+// same call.
+class MeshContext : public gloo::rendezvous::Context {
+ public:
+  MeshContext(int r, int n) : gloo::rendezvous::Context(r, n) {}
+  void connect(GroupStore &store, std::shared_ptr<gloo::transport::Device> &dev);
+  // How Gloo's messages print rank j (after connect): the other end of the
+  // connection to j, and the address j published for this rank. A "$seq"
+  // suffix is left out.
+  std::vector<std::string> peer_names(int j) const;
+  // After connect, with the shared_ptr that holds this context: learns
+  // each peer's end of its connection from the peer (an all-to-all), for
+  // peer_names. Throws as a collective does.
+  void name_ends(const std::shared_ptr<MeshContext> &self);
+
+ private:
+  // The record rank j published for this rank (empty before connect): the
+  // address its pair listened on.
+  std::vector<std::vector<char>> records_;
+  // Rank j's end of its connection to this rank, as Gloo prints it.
+  std::vector<std::string> ends_;
+};
 
 // One communicator. Requests hold a shared_ptr, so a request outliving
 // mega_comm_destroy stays safe.
@@ -155,6 +188,7 @@ uint64_t ring_slot(uint32_t tag);
 
 struct mega_store {
   std::string prefix;
+  std::set<std::string> here;  // groups whose ranks are all on this node
   std::unique_ptr<gloo::rendezvous::FileStore> file;
   std::mutex file_mu;  // FileStore::set appends to a vector
   const mega_kv_ops *ops = nullptr;

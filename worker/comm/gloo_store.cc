@@ -28,7 +28,7 @@ int clamp_ms(ms t) {
 
 GroupStore::GroupStore(mega_store &base, const std::string &group, ms timeout)
     : base_(base), prefix_(base.prefix + "/" + group + "/"),
-      timeout_(timeout) {}
+      timeout_(timeout), here_(base.here.count(group) > 0) {}
 
 void GroupStore::set(const std::string &key, const std::vector<char> &data) {
   std::string k = prefix_ + key;
@@ -48,7 +48,7 @@ std::vector<char> GroupStore::get(const std::string &key) {
   if (base_.file) {
     // FileStore::get waits 30 s by itself; bound the wait by ours first.
     base_.file->wait({k}, timeout_);
-    return got[key] = base_.file->get(k);
+    return base_.file->get(k);
   }
   mega_err e = {};
   void *v = nullptr;
@@ -64,7 +64,7 @@ std::vector<char> GroupStore::get(const std::string &key) {
     throw;
   }
   free(v);
-  return got[key] = out;
+  return out;
 }
 
 void GroupStore::wait(const std::vector<std::string> &keys) {
@@ -84,6 +84,65 @@ void GroupStore::wait(const std::vector<std::string> &keys, const ms &timeout) {
   mega_status st = base_.ops->wait(base_.ctx, ptrs.data(), ptrs.size(),
                                    clamp_ms(timeout), &e);
   if (st != MEGA_OK) throw_kv("wait", ks.empty() ? "" : ks[0], st, e);
+}
+
+namespace {
+
+std::vector<char> slice_of(const std::vector<char> &v, uint32_t parts, uint32_t part,
+                           const std::string &key) {
+  if (!parts) return v;
+  if (part >= parts || v.size() % parts)
+    throw StoreError(MEGA_ERR_INVALID,
+                     "store gather of key '" + key + "': a value of " +
+                         std::to_string(v.size()) + " bytes is not " + std::to_string(parts) +
+                         " equal parts (the ranks disagree on the group's size?)");
+  size_t n = v.size() / parts;
+  return std::vector<char>(v.begin() + part * n, v.begin() + (part + 1) * n);
+}
+
+}  // namespace
+
+std::vector<std::vector<char>> GroupStore::exchange(const std::string &key,
+                                                    const std::vector<char> &value,
+                                                    const std::vector<std::string> &keys,
+                                                    uint32_t parts,
+                                                    const std::vector<uint32_t> &part) {
+  std::vector<std::vector<char>> out;
+  if (base_.file || !base_.ops->gather) {
+    set(key, value);
+    for (size_t i = 0; i < keys.size(); i++)
+      out.push_back(slice_of(get(keys[i]), parts, parts ? part[i] : 0, prefix_ + keys[i]));
+    return out;
+  }
+  std::vector<const char *> ptrs;
+  for (const auto &k : keys) ptrs.push_back(k.c_str());
+  std::vector<size_t> lens(keys.size());
+  mega_kv_gather g = {};
+  g.prefix = prefix_.c_str();
+  g.set_key = key.c_str();
+  g.set_value = value.data();
+  g.set_len = value.size();
+  g.keys = ptrs.data();
+  g.nkeys = ptrs.size();
+  g.parts = parts;
+  g.part = parts ? part.data() : nullptr;
+  g.here = here_;
+  void *buf = nullptr;
+  mega_err e = {};
+  mega_status st = base_.ops->gather(base_.ctx, &g, clamp_ms(timeout_), &buf, lens.data(), &e);
+  if (st != MEGA_OK) throw_kv("gather", keys.empty() ? prefix_ + key : prefix_ + keys[0], st, e);
+  try {
+    const char *at = static_cast<const char *>(buf);
+    for (size_t n : lens) {
+      out.emplace_back(at, at + n);
+      at += n;
+    }
+  } catch (...) {
+    free(buf);
+    throw;
+  }
+  free(buf);
+  return out;
 }
 
 }  // namespace mega_gloo
@@ -148,6 +207,17 @@ mega_status mega_store_open_kv(const mega_kv_ops *ops, void *ctx,
     return MEGA_OK;
   } catch (...) {
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory opening a store");
+  }
+}
+
+mega_status mega_store_group_here(mega_store *store, const char *group, mega_err *err) {
+  if (!store || !group || !group[0])
+    return mega_fail(err, MEGA_ERR_INVALID, "mega_store_group_here: no store or group");
+  try {
+    store->here.insert(group);
+    return MEGA_OK;
+  } catch (...) {
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   }
 }
 

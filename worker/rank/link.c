@@ -382,7 +382,50 @@ static mega_status kv_get(void *ctx, const char *key, void **value, size_t *len,
   return s;
 }
 
-const mega_kv_ops mega_link_kv_ops = {.set = kv_set, .get = kv_get, .wait = kv_wait};
+/* A rank's part of a group's rendezvous: one KvGather, which megad answers
+ * (or forwards to the coordinator) once every key exists. */
+static mega_status kv_gather(void *ctx, const mega_kv_gather *in, int timeout_ms, void **out,
+                             size_t *lens, mega_err *err) {
+  mega_link *l = ctx;
+  *out = NULL;
+  int t = pick_timeout(l, timeout_ms);
+  Mega__V1__KvSetRequest set = MEGA__V1__KV_SET_REQUEST__INIT;
+  set.key = (char *)in->set_key;
+  set.value = (ProtobufCBinaryData){in->set_len, (uint8_t *)in->set_value};
+  Mega__V1__KvGatherRequest g = MEGA__V1__KV_GATHER_REQUEST__INIT;
+  g.prefix = (char *)(in->prefix ? in->prefix : "");
+  g.set = in->set_key ? &set : NULL;
+  g.keys = (char **)in->keys;
+  g.n_keys = in->nkeys;
+  g.timeout_ms = (uint32_t)t;
+  g.parts = in->parts;
+  g.part = in->parts ? (uint32_t *)in->part : NULL;
+  g.n_part = in->parts ? in->nkeys : 0;
+  Mega__V1__KvRequest req = MEGA__V1__KV_REQUEST__INIT;
+  req.here = in->here;
+  req.op_case = MEGA__V1__KV_REQUEST__OP_GATHER;
+  req.gather = &g;
+  Mega__V1__KvResponse *resp;
+  mega_status s = kv_call_run(l, &req, t, &resp, err);
+  if (s != MEGA_OK) return s;
+  size_t total = 0, n = in->nkeys;
+  if (resp->n_values != n)
+    s = mega_fail(err, MEGA_ERR_PEER, "megad answered a gather of %zu keys with %zu values "
+                  "(an older megad?)", n, resp->n_values);
+  for (size_t i = 0; s == MEGA_OK && i < n; i++) total += resp->values[i].len;
+  uint8_t *buf = s == MEGA_OK ? malloc(total ? total : 1) : NULL;
+  if (s == MEGA_OK && !buf) s = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  for (size_t i = 0, at = 0; s == MEGA_OK && i < n; i++) {
+    if (resp->values[i].len) memcpy(buf + at, resp->values[i].data, resp->values[i].len);
+    at += lens[i] = resp->values[i].len;
+  }
+  protobuf_c_message_free_unpacked(&resp->base, NULL);
+  if (s == MEGA_OK) *out = buf;
+  return s;
+}
+
+const mega_kv_ops mega_link_kv_ops = {
+    .set = kv_set, .get = kv_get, .wait = kv_wait, .gather = kv_gather};
 
 /* ---- sends ---- */
 

@@ -141,6 +141,10 @@ typedef struct mega_rank_env {
   const mega_jobspec *job; /* passed mega_jobspec_check for this world */
   int rank, world_size;
   int local_rank, local_world_size;
+  /* Every global rank on this node (may be NULL): a group of only these
+   * ranks rendezvouses through this node's megad alone. Borrowed. */
+  const uint32_t *node_ranks;
+  size_t n_node_ranks;
 
   /* Rendezvous (see above). */
   const mega_kv_ops *kv;

@@ -24,6 +24,7 @@
  * buffer it is given (comm_check.h): that is how the routing is tested
  * without a GPU. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "worker/backend/cuda_module.h"
@@ -57,6 +58,32 @@ static bool is_device(void *be, const void *p, size_t bytes) {
 
 static bool is_host(void *be, const void *p, size_t bytes) {
   return !mega_backend_cpu_owns(be, p, bytes);
+}
+
+static bool on_node(const mega_rank *r, int rank) {
+  for (size_t i = 0; i < r->env.n_node_ranks; i++)
+    if (r->env.node_ranks[i] == (uint32_t)rank) return true;
+  return false;
+}
+
+/* Marks group idx of kind k (both its communicators) as one this node's
+ * megad rendezvouses alone when every member runs on this node: a job's TP
+ * groups, as a rule, which then never reach the coordinator. */
+static mega_status mark_here(mega_rank *r, mega_group_kind k, int idx, const char *name,
+                             mega_err *err) {
+  int size = mega_topo_group_size(&r->topo, k);
+  if (!r->env.n_node_ranks || size < 1 || (size_t)size > r->env.n_node_ranks) return MEGA_OK;
+  int *members = malloc((size_t)size * sizeof *members);
+  if (!members) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  mega_topo_group(&r->topo, k, idx, members);
+  bool all = true;
+  for (int i = 0; i < size && all; i++) all = on_node(r, members[i]);
+  free(members);
+  if (!all) return MEGA_OK;
+  char host[80];
+  snprintf(host, sizeof host, "%s.host", name);
+  mega_status st = mega_store_group_here(r->store, name, err);
+  return st == MEGA_OK ? mega_store_group_here(r->store, host, err) : st;
 }
 
 /* One communicator of group (named name) for device or host memory. */
@@ -126,7 +153,8 @@ mega_status rank_build_groups(mega_rank *r, mega_err *err) {
     if (g == GROUP_EMBD && r->job->untie_embeddings_and_output_weights) continue;
     char name[64];
     snprintf(name, sizeof name, "%s%d", groups[g].name, idx);
-    st = join(r, g, &groups[g], name, pos, size, err);
+    if (r->env.kv) st = mark_here(r, groups[g].kind, idx, name, err);
+    if (st == MEGA_OK) st = join(r, g, &groups[g], name, pos, size, err);
   }
   r->tp.comm = r->dcomm[GROUP_TP];
   r->tp.hcomm = r->hcomm[GROUP_TP];
