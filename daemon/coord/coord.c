@@ -14,6 +14,7 @@
 
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
 #define SCHEDULE_MS 500
+#define LAUNCH_RETRY_MS 500 /* doubled per refusal in a row, up to 8 s */
 /* A replica plan older than this is dropped: its ranks give up holding
  * after 120 s (megaw_assigned.c), and a restart that waited this long for
  * nodes may as well read the checkpoint. */
@@ -352,6 +353,7 @@ void megad_coord_schedule(megad_coord *c) {
         continue;
       }
       if (j->coord.wq_epoch == c->members->view_version + 1) continue; /* too big for this view */
+      if (j->coord.not_before_ms > megad_unix_ms()) continue; /* its launches were refused */
       if (try_start(c, j)) {
         coord_wq_remove(c, j);
         next = c->wq_head; /* the queue may have changed under the start */
@@ -391,9 +393,16 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
   if (r.counted) j->restarts++;
   megad_jobs_save(c->jobs, j, NULL);
   coord_wq_add(c, j);
-  char budget[64] = "";
+  char budget[96] = "";
   if (r.counted)
     snprintf(budget, sizeof budget, " (restart %u of %u)", j->restarts, j->max_restarts);
+  if (kind == MEGA_END_LAUNCH && ++j->coord.launch_refusals > 1) {
+    unsigned shift = j->coord.launch_refusals - 2 < 4 ? j->coord.launch_refusals - 2 : 4;
+    int64_t wait_ms = LAUNCH_RETRY_MS << shift;
+    j->coord.not_before_ms = megad_unix_ms() + wait_ms;
+    snprintf(budget, sizeof budget, " (launch refused %u times in a row: next try in %.1f s)",
+             j->coord.launch_refusals, (double)wait_ms / 1000);
+  }
   char from[800], why[560] = "";
   if (j->coord.replicas_why)
     snprintf(why, sizeof why, "; not from replicas: %s", j->coord.replicas_why);

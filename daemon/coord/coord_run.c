@@ -490,6 +490,8 @@ static void on_step_merged(coord_run *run, mega_step_done *done) {
     c->jobs->stats.report_delay_sum_s += delay;
     c->jobs->stats.report_delay_n++;
   }
+  j->coord.launch_refusals = 0; /* an attempt that trains was launched */
+  j->coord.not_before_ms = 0;
   /* a step the failed attempt still completes is no recovery */
   if (j->coord.failed_ms && !run->stopping) {
     megad_job_event(c->jobs, j, EV(INFO), NULL, -1,

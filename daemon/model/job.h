@@ -70,6 +70,11 @@ typedef struct mega_job_coord {
   char *wait; /* why a pending job waits (said once per change); owned */
   uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
   int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
+  /* Launches refused in a row (a node that heartbeats but cannot be
+   * reached, a busy one), and when the next attempt may start: a refused
+   * launch is retried at once, then after 0.5, 1, 2 ... 8 s. */
+  uint32_t launch_refusals;
+  int64_t not_before_ms;
   /* Recovery from replicas (coord.c, coord_run.c): the plan the next
    * attempt fetches its state by (owned; NULL: none), when it was made
    * (unix ms), the iterations it redoes, and why there is none; donors:

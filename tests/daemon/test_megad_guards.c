@@ -70,6 +70,57 @@ static void test_waiting_job_runs_when_node_returns(void **state) {
   hd_cleanup(&n1);
 }
 
+/* ---- a node that heartbeats but cannot be reached: launches back off ---- */
+
+/* r2 advertises 127.0.0.2 but listens on 127.0.0.1: its heartbeats reach
+ * r1, r1's calls never reach it. Each attempt's launch there is refused;
+ * the coordinator used to place the job again at once, five attempts a
+ * second, workers spawned and killed each time, for ever. */
+static void test_refused_launches_back_off(void **state) {
+  (void)state;
+  hd n1, n2;
+  assert_true(hd_start(&n1, "b1", 1, NULL, NULL, NULL));
+  const char *away[] = {"--advertise", "127.0.0.2", NULL};
+  assert_true(hd_start(&n2, "b2", 1, n1.addr, NULL, away));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n1.dir, 5, NULL);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  bool refused = false;
+  for (int i = 0; i < 200 && !refused; i++) {
+    usleep(50000);
+    refused = hd_event_ms(&n1, id, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING, 0,
+                          "cannot start ranks 1..1 on node b2") > 0;
+  }
+  assert_true(refused);
+  sleep(6);
+  Mega__V1__Job *j = hd_get_job(&n1, id, &err);
+  assert_non_null(j);
+  uint32_t attempts = j->attempt;
+  assert_false(j->state == STATE(SUCCEEDED) || j->state == STATE(FAILED));
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  /* 0, 0.5, 1, 2, 4 s: six attempts in 6 s at most (about 30 without) */
+  fprintf(stderr, "%u attempts in 6 s\n", attempts + 1);
+  assert_true(attempts >= 1);
+  assert_true(attempts <= 6);
+  assert_true(hd_event_ms(&n1, id, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING, 0,
+                          "launch refused 2 times in a row: next try in 0.5 s") > 0);
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = id;
+  req.reason = "test";
+  ProtobufCMessage *resp = NULL;
+  assert_int_equal(mega_rpc_unary(n1.ch, &mega_control_cancel_job, &req.base, 20000, &resp, &err),
+                   MEGA_OK);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  assert_true(hd_workers_gone(n1.pid, 5000));
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
 /* ---- two megads on one state dir: the second is refused ---- */
 
 static void test_state_dir_is_locked(void **state) {
@@ -288,6 +339,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_waiting_job_runs_when_node_returns, teardown),
+      cmocka_unit_test_teardown(test_refused_launches_back_off, teardown),
       cmocka_unit_test_teardown(test_state_dir_is_locked, teardown),
       cmocka_unit_test_teardown(test_damaged_journal_keeps_jobs, teardown),
       cmocka_unit_test_teardown(test_zeroed_journal_is_reported, teardown),
