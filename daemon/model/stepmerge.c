@@ -27,7 +27,7 @@ mega_stepmerge *mega_stepmerge_new(uint32_t world, uint32_t attempt, size_t wind
   if (!m) return NULL;
   m->world = world;
   m->attempt = attempt;
-  m->window = window ? window : 64;
+  m->window = window ? window : 512;
   m->p = calloc(m->window, sizeof *m->p);
   m->recent = calloc(2 * m->window, sizeof *m->recent);
   if (!m->p || !m->recent) {

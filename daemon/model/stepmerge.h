@@ -30,7 +30,8 @@ typedef struct mega_step_done {
   uint32_t world;
 } mega_step_done;
 
-/* NULL when out of memory. window 0: 64. */
+/* NULL when out of memory. window 0: 512 (a remote node's reports may
+ * trail a local rank's by a second at a few ms an iteration). */
 mega_stepmerge *mega_stepmerge_new(uint32_t world, uint32_t attempt, size_t window);
 void mega_stepmerge_free(mega_stepmerge *m);
 
