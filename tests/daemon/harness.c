@@ -461,6 +461,17 @@ bool hd_workers_gone(pid_t megad_pid, int ms) {
   int n = hd_procs_matching(needle, pids, 64);
   fprintf(stderr, "%d process(es) of megad %d still alive, the first pid %d\n", n, (int)megad_pid,
           n ? (int)pids[0] : 0);
+  for (int i = 0; i < n; i++) { /* which: its MEGA_ variables (job, attempt, rank) */
+    char path[64], env[16384];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pids[i]);
+    int fd = open(path, O_RDONLY);
+    ssize_t k = fd >= 0 ? read(fd, env, sizeof env - 1) : 0;
+    if (fd >= 0) close(fd);
+    for (ssize_t at = 0; k > 0 && at < k; at += (ssize_t)strlen(env + at) + 1) {
+      env[k] = '\0';
+      if (!strncmp(env + at, "MEGA_", 5)) fprintf(stderr, "  pid %d: %s\n", (int)pids[i], env + at);
+    }
+  }
   return false;
 }
 

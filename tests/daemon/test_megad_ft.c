@@ -574,7 +574,11 @@ static void test_grows_back_and_rescales(void **state) {
   same_losses(&w, &ref, 300, 5e-4);
   hd_watch_free(&w);
   hd_watch_free(&ref);
-  for (int i = 0; i < 3; i++) assert_true(hd_workers_gone(n[i].pid, 5000));
+  for (int i = 0; i < 3; i++)
+    if (!hd_workers_gone(n[i].pid, 5000)) {
+      hd_dump_log(&n[i]);
+      fail();
+    }
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
