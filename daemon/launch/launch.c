@@ -449,6 +449,10 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
                      "node %s has %u free slot%s, and %zu rank%s were asked of it", b->node_id,
                      L->o.slots - L->slots_used, L->o.slots - L->slots_used == 1 ? "" : "s",
                      req->n_ranks, req->n_ranks == 1 ? "" : "s");
+  if (launch_attempt_ended(L, req->job_id, req->attempt))
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "attempt %u of job %s was stopped on node %s before its launch came",
+                     req->attempt, req->job_id, b->node_id);
   bool graceful = false;
   mega_status s = check_here(L, req, &graceful, err);
   if (s != MEGA_OK) return s;

@@ -74,6 +74,14 @@ typedef struct megad_launcher {
   bool tick_on;
   uint64_t last_ping_ms;
   uint64_t steps_relayed; /* workers' step reports passed on (for /metrics) */
+  /* The last attempts stopped here, by job: the coordinator's LaunchRanks
+   * and its abort are separate calls and may cross, and a launch that comes
+   * after its attempt's abort would start ranks nobody waits for. */
+  struct megad_launch_ended {
+    char job_id[128];
+    uint32_t attempt; /* this one and every earlier one are over */
+  } ended[32];
+  size_t ended_next;
 } megad_launcher;
 
 mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,

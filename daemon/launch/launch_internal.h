@@ -100,6 +100,8 @@ void launch_kill_worker(megad_worker *w);
  * with a whole state may keep it (they answer RankHeld) and are not
  * killed; a later abort without hold releases them. Each kind once. */
 void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms, bool hold);
+/* Whether attempt (or a later one) of job_id was stopped here already. */
+bool launch_attempt_ended(const megad_launcher *L, const char *job_id, uint32_t attempt);
 /* Drops the reports still queued for the coordinator. */
 void launch_free_queue(megad_launch *l);
 /* Frees l once nothing refers to it any more (workers closed, callbacks in). */

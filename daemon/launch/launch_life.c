@@ -2,6 +2,7 @@
  * and its workers (frames down the pipe, kill, abort, the launch's end), so
  * that calls inside the launcher only go down. */
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,8 +96,25 @@ void launch_abort(megad_launch *l, const char *reason, unsigned grace_ms, bool h
   uv_timer_start(&l->kill_timer, on_kill_timer, grace_ms, 0);
 }
 
+static void note_ended(megad_launcher *L, const char *job_id, uint32_t attempt) {
+  struct megad_launch_ended *e = &L->ended[L->ended_next];
+  L->ended_next = (L->ended_next + 1) % (sizeof L->ended / sizeof L->ended[0]);
+  snprintf(e->job_id, sizeof e->job_id, "%s", job_id);
+  e->attempt = attempt;
+}
+
+bool launch_attempt_ended(const megad_launcher *L, const char *job_id, uint32_t attempt) {
+  for (size_t i = 0; i < sizeof L->ended / sizeof L->ended[0]; i++)
+    if (L->ended[i].job_id[0] && !strcmp(L->ended[i].job_id, job_id) &&
+        attempt <= L->ended[i].attempt)
+      return true;
+  return false;
+}
+
 static void abort_matching(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,
                            bool hold, const char *reason, unsigned grace_ms) {
+  if (attempt > 0 || (attempt == 0 && !stale))
+    note_ended(L, job_id, (uint32_t)(stale ? attempt - 1 : attempt));
   for (megad_launch *l = L->launches; l; l = l->next) {
     if (strcmp(l->req->job_id, job_id)) continue;
     bool match = attempt < 0 || (stale ? l->req->attempt < (uint32_t)attempt
