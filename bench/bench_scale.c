@@ -17,8 +17,10 @@
  *              iteration 1: the pipeline, the DP all-reduce, the reports
  * and submit -> the first iteration at a watcher (this program's clock).
  * Per job, what it cost: etcd's writes, watch events and bytes sent (its
- * /metrics), the key-value calls the coordinator served (its /metrics), and
- * the CPU seconds of the workers, the megad and etcd (/proc).
+ * /metrics; the writes and events also split at iteration 1: the start,
+ * then the rest and the end), the key-value calls the coordinator served
+ * (its /metrics), and the CPU seconds of the workers, the megad and etcd
+ * (/proc). MEGAD=path runs another build's megad (before and after).
  * With the largest N, after its job: each megad's and etcd's RSS, their CPU
  * over IDLE_S seconds of doing nothing, etcd's lease renewals and watchers,
  * the megad's open fds.
@@ -51,24 +53,6 @@ static int64_t unix_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* What the watch saw of iteration 1. */
-typedef struct first_step {
-  int64_t seen_ms;   /* at this program */
-  int64_t merged_ms; /* at the coordinator */
-  double fastest_s;  /* the rank that began last */
-} first_step;
-
-static void on_item(void *arg, const Mega__V1__WatchJobResponse *it) {
-  first_step *f = arg;
-  if (f->seen_ms || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
-  f->seen_ms = unix_ms();
-  f->merged_ms = it->step->time_unix_ms;
-  f->fastest_s = it->step->step_time_s;
-  for (size_t i = 0; i < it->step->n_ranks; i++)
-    if (it->step->ranks[i]->step_time_s < f->fastest_s)
-      f->fastest_s = it->step->ranks[i]->step_time_s;
-}
-
 /* ---- etcd's own counters (its /metrics page on the client port) ---- */
 
 typedef struct etcd_counts {
@@ -97,6 +81,27 @@ static etcd_counts etcd_read(const etcd_fx *fx) {
   c.watchers = metric(page, "etcd_debugging_mvcc_watcher_total");
   free(page);
   return c;
+}
+
+/* What the watch saw of iteration 1. */
+typedef struct first_step {
+  const etcd_fx *fx;
+  etcd_counts at;    /* etcd's counters then: the job's start, apart from its end */
+  int64_t seen_ms;   /* at this program */
+  int64_t merged_ms; /* at the coordinator */
+  double fastest_s;  /* the rank that began last */
+} first_step;
+
+static void on_item(void *arg, const Mega__V1__WatchJobResponse *it) {
+  first_step *f = arg;
+  if (f->seen_ms || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
+  f->seen_ms = unix_ms();
+  f->at = etcd_read(f->fx);
+  f->merged_ms = it->step->time_unix_ms;
+  f->fastest_s = it->step->step_time_s;
+  for (size_t i = 0; i < it->step->n_ranks; i++)
+    if (it->step->ranks[i]->step_time_s < f->fastest_s)
+      f->fastest_s = it->step->ranks[i]->step_time_s;
 }
 
 /* Key-value calls (Peer KvSet, KvGet, KvWait, KvGather) the coordinator served: its
@@ -209,6 +214,7 @@ typedef struct result {
   double started, joined, claim, launch, rdv, first, merged, watch;
   int lost; /* NODE_LOST events of the job */
   etcd_counts job; /* etcd's counters from submit to the job's end */
+  etcd_counts start; /* from submit to iteration 1 at the watcher */
   double kv;       /* the coordinator's key-value calls served meanwhile */
   cpu_use cpu;     /* CPU seconds from submit to the job's end */
   char why[600];
@@ -307,7 +313,7 @@ static result run(int n, bool measure_idle) {
     etcd_fx_stop(&fx);
     return res;
   }
-  first_step f = {0};
+  first_step f = {.fx = &fx};
   hd_watch w;
   hd_watch_job_cb(&d[0], id, true, 600000, &w, on_item, &f);
   usleep(200000); /* the job's last records reach etcd and its watchers */
@@ -316,6 +322,9 @@ static result run(int n, bool measure_idle) {
   cpu_use u1 = cpu_now(d, n, fx.m[0].pid);
   res.cpu = (cpu_use){u1.megad - u0.megad, u1.workers - u0.workers, u1.etcd - u0.etcd};
   res.job = (etcd_counts){c1.writes - c0.writes, c1.events - c0.events, 0, c1.sent - c0.sent, 0};
+  if (f.seen_ms)
+    res.start = (etcd_counts){f.at.writes - c0.writes, f.at.events - c0.events, 0,
+                              f.at.sent - c0.sent, 0};
   res.ok = w.final && w.final->state == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   if (!res.ok)
     snprintf(res.why, sizeof res.why, "%s", w.final ? w.final->error : w.err.msg);
@@ -394,6 +403,10 @@ int main(int argc, char **argv) {
              r.first, r.merged, r.watch, r.job.writes, r.job.events, r.job.sent / 1024, r.kv, r.cpu.workers, r.cpu.megad, r.cpu.etcd,
              r.ok ? "ok\n" : "FAILED: ");
       if (!r.ok) printf("%s (%d node-lost events)\n", r.why, r.lost);
+      else
+        printf("     etcd: submit -> iteration 1: %.0f writes, %.0f events; then -> the end: %.0f "
+               "writes, %.0f events\n", r.start.writes, r.start.events,
+               r.job.writes - r.start.writes, r.job.events - r.start.events);
       fputs(r.idle, stdout);
       fflush(stdout);
       if (r.ok) watch[ok++] = r.watch;

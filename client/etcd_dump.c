@@ -83,7 +83,7 @@ static char *authenticate(const char *ep, const mega_rpc_auth *tls, const dump_o
  * it is, else text (or base64 when it is not text). */
 static json_t *value_json(const char *rest, const uint8_t *v, size_t n) {
   ProtobufCMessage *m = NULL;
-  if (!strncmp(rest, "nodes/", 6))
+  if (!strncmp(rest, "nodes/", 6) || !strncmp(rest, "load/", 5))
     m = protobuf_c_message_unpack(&mega__v1__node__descriptor, NULL, n, v);
   else if (!strncmp(rest, "j/", 2))
     m = protobuf_c_message_unpack(&megad__v1__journal_record__descriptor, NULL, n, v);
@@ -151,7 +151,8 @@ static void usage(void) {
   printf("usage: megactl etcd-dump --etcd-endpoints URL[,URL...] [--etcd-prefix P]\n"
          "                         [--json | --keys-only] [TLS and auth flags]\n\n"
          "Prints every key of a cluster's tree in etcd (megad serve --etcd-endpoints) with\n"
-         "its value decoded: P/nodes/ID (a mega.v1.Node), P/j/ID/0 (the job's record),\n"
+         "its value decoded: P/nodes/ID (a mega.v1.Node), P/load/ID (the node's load: a\n"
+         "mega.v1.Node with slots used and job ids), P/j/ID/0 (the job's record),\n"
          "P/j/ID/e/N (its events), P/j/ID/s (its last step) (megad's JournalRecords), and\n"
          "P/c/ID (the node that coordinates the job, under that node's lease). It reads\n"
          "etcd directly, so it works with every megad down.\n\n"

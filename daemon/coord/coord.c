@@ -15,6 +15,9 @@
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
 #define SCHEDULE_MS 500
 #define LAUNCH_RETRY_MS 500 /* doubled per refusal in a row, up to 8 s */
+/* etcd mode: a pass places on the nodes' loads read at most this long ago
+ * (they are not watched; members.h) */
+#define LOADS_FRESH_MS 100
 /* A replica plan older than this is dropped: its ranks give up holding
  * after 120 s (megaw_assigned.c), and a restart that waited this long for
  * nodes may as well read the checkpoint. */
@@ -337,7 +340,7 @@ static bool waiting(const mega_job *j) {
  * starts plus one, not the jobs held (a job that cannot fit even an idle
  * cluster is skipped until the membership changes). A pass asked for during
  * one (a launch that fails at once ends its attempt) runs after it. */
-void megad_coord_schedule(megad_coord *c) {
+static void schedule_pass(megad_coord *c) {
   if (c->b->stopping) return;
   if (c->scheduling) {
     c->reschedule = true;
@@ -365,6 +368,37 @@ void megad_coord_schedule(megad_coord *c) {
   c->scheduling = false;
 }
 
+static void loads_back(void *arg) {
+  megad_coord *c = arg;
+  c->loads_asked = false;
+  schedule_pass(c);
+}
+
+/* In etcd mode a pass that may place waits for the nodes' loads, read from
+ * etcd when older than LOADS_FRESH_MS: they are not watched, so a job's
+ * start and end do not reach every node (members.h). */
+void megad_coord_schedule(megad_coord *c) {
+  if (c->b->stopping) return;
+  if (!c->jobs->etcd || !c->wq_head || c->scheduling) {
+    schedule_pass(c);
+    return;
+  }
+  if (c->loads_asked) return; /* the pass runs when the read is back */
+  c->loads_asked = true;
+  megad_members_read_loads(c->members, LOADS_FRESH_MS, loads_back, c);
+}
+
+/* etcd mode: whether an attempt this node runs could grow at its next
+ * checkpoint (coord_could_place reads the loads then). */
+static bool could_grow(const megad_coord *c) {
+  for (const coord_run *run = c->runs; run; run = run->next) {
+    uint32_t lo, hi;
+    mega_recovery_node_range(run->job, &lo, &hi);
+    if (run->job->spec.save && hi > run->job->nplaced) return true;
+  }
+  return false;
+}
+
 #define RETAIN_TICKS (10000 / SCHEDULE_MS)
 
 /* Nodes' heartbeats free slots without an event here: look again, while
@@ -372,6 +406,8 @@ void megad_coord_schedule(megad_coord *c) {
 static void on_tick(uv_timer_t *t) {
   megad_coord *c = t->data;
   if (c->wq_head) megad_coord_schedule(c);
+  else if (c->jobs->etcd && could_grow(c)) megad_members_read_loads(c->members, SCHEDULE_MS,
+                                                                   NULL, NULL);
   coord_etcd_tick(c);
   if (++c->ticks % RETAIN_TICKS == 0) coord_retain(c, megad_unix_ms());
 }

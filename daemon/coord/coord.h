@@ -88,6 +88,7 @@ typedef struct megad_coord {
   mega_job *wq_head, *wq_tail;
   size_t nwaiting;
   bool scheduling, reschedule; /* a pass is running; another was asked for meanwhile */
+  bool loads_asked; /* etcd mode: a pass waits for a read of the nodes' loads */
   struct coord_run *runs;
   unsigned ticks; /* retention runs every RETAIN_TICKS ticks */
   /* etcd mode (coord_etcd.c): claims of orphaned jobs in flight */

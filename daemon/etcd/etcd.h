@@ -196,6 +196,12 @@ typedef struct megad_etcd_watch_cbs {
 mega_status megad_etcd_watch_start(megad_etcd *e, const char *prefix, int64_t start_rev,
                                    const megad_etcd_watch_cbs *cbs, megad_etcd_watch **out,
                                    mega_err *err);
+/* The same for the keys in [key, end) (both under the root; end NULL: every
+ * key starting with key): one watch over several prefixes that sort next to
+ * each other, in one revision order, without the keys around them. */
+mega_status megad_etcd_watch_range(megad_etcd *e, const char *key, const char *end,
+                                   int64_t start_rev, const megad_etcd_watch_cbs *cbs,
+                                   megad_etcd_watch **out, mega_err *err);
 /* Stops and frees the watch; its callbacks never run again. May be called
  * from its own callbacks. */
 void megad_etcd_watch_cancel(megad_etcd_watch *w);

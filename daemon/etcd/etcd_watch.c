@@ -163,17 +163,28 @@ static void open_stream(megad_etcd_watch *w) {
 mega_status megad_etcd_watch_start(megad_etcd *e, const char *prefix, int64_t start_rev,
                                    const megad_etcd_watch_cbs *cbs, megad_etcd_watch **out,
                                    mega_err *err) {
+  return megad_etcd_watch_range(e, prefix, NULL, start_rev, cbs, out, err);
+}
+
+mega_status megad_etcd_watch_range(megad_etcd *e, const char *key, const char *end,
+                                   int64_t start_rev, const megad_etcd_watch_cbs *cbs,
+                                   megad_etcd_watch **out, mega_err *err) {
   *out = NULL;
-  if (!prefix || !prefix[0])
+  if (!key || !key[0])
     return mega_fail(err, MEGA_ERR_INVALID, "an etcd watch needs a key prefix");
+  if (end && strcmp(end, key) <= 0)
+    return mega_fail(err, MEGA_ERR_INVALID, "an etcd watch's range [%s, %s) is empty", key, end);
   if (start_rev < 0)
     return mega_fail(err, MEGA_ERR_INVALID, "an etcd watch cannot start at revision %" PRId64,
                      start_rev);
-  char mapped[etcd_key_mapped_len(e, prefix) + 1];
-  etcd_key_map(e, prefix, mapped);
-  prefix = mapped;
+  char mapped[etcd_key_mapped_len(e, key) + 1];
+  etcd_key_map(e, key, mapped);
+  key = mapped;
+  char mapped_end[end ? etcd_key_mapped_len(e, end) + 1 : 1];
+  if (end) etcd_key_map(e, end, mapped_end);
+  size_t end_cap = (end ? strlen(mapped_end) : strlen(key)) + 1;
   megad_etcd_watch *w = calloc(1, sizeof *w);
-  if (!w || !(w->key = strdup(prefix)) || !(w->end = malloc(strlen(prefix) + 1)) ||
+  if (!w || !(w->key = strdup(key)) || !(w->end = malloc(end_cap)) ||
       !(w->retry = etcd_timer_new(e, w))) {
     if (w) {
       free(w->key);
@@ -182,7 +193,12 @@ mega_status megad_etcd_watch_start(megad_etcd *e, const char *prefix, int64_t st
     }
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   }
-  etcd_prefix_end(prefix, w->end, &w->end_len);
+  if (end) {
+    w->end_len = strlen(mapped_end);
+    memcpy(w->end, mapped_end, w->end_len + 1);
+  } else {
+    etcd_prefix_end(key, w->end, &w->end_len);
+  }
   w->e = e;
   w->cbs = *cbs;
   w->next_rev = start_rev;

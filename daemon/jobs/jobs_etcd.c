@@ -167,7 +167,10 @@ static void reset_one(void *arg, const char *why);
 
 static mega_status watch_all(megad_jobs *js, mega_err *err) {
   megad_etcd_watch_cbs cbs = {.event = on_key, .reset = reset_one, .arg = js};
-  return megad_etcd_watch_start(js->etcd, "mega/", js->rev + 1, &cbs, &js->watch, err);
+  /* mega/c/ to the end of mega/j/: one watch (a job's record and its
+   * coordinator key in revision order) that leaves out mega/nodes/ and
+   * mega/load/, which members reads */
+  return megad_etcd_watch_range(js->etcd, KC, "mega/j0", js->rev + 1, &cbs, &js->watch, err);
 }
 
 static void reloaded(void *arg, const megad_etcd_reply *r, const mega_err *err) {

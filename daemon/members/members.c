@@ -63,7 +63,11 @@ void megad_members_free(megad_members *m) {
   m->nnodes = 0;
   free(m->etcd_key);
   free(m->etcd_sig);
-  m->etcd_key = m->etcd_sig = NULL;
+  free(m->etcd_load_key);
+  m->etcd_key = m->etcd_sig = m->etcd_load_key = NULL;
+  free(m->loads_waits); /* none: the client's end ran them (megad_etcd_free) */
+  m->loads_waits = NULL;
+  m->nloads_waits = 0;
   for (size_t i = 0; i < m->npeers; i++) free(m->peers[i]);
   free(m->peers);
   free(m->peer_joined);
@@ -429,9 +433,16 @@ static void on_leave(mega_rpc_call *call, const ProtobufCMessage *msg, void *dat
   mega_rpc_reply(call, &r.base);
 }
 
-static void on_list_nodes(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
-  (void)msg;
-  megad_members *m = data;
+/* ListNodes calls waiting for a read of the loads (etcd mode). */
+typedef struct members_list_wait {
+  struct members_list_wait *next;
+  mega_rpc_call *call;
+  megad_members *m;
+} members_list_wait;
+
+#define LIST_LOADS_FRESH_MS 200
+
+static void answer_list(megad_members *m, mega_rpc_call *call) {
   view_msg v;
   if (!view_init(m, &v)) {
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -444,6 +455,55 @@ static void on_list_nodes(mega_rpc_call *call, const ProtobufCMessage *msg, void
   r.view_version = m->view_version;
   mega_rpc_reply(call, &r.base);
   view_free(&v);
+}
+
+static void list_unlink(megad_members *m, members_list_wait *w) {
+  for (members_list_wait **p = &m->list_waits; *p; p = &(*p)->next)
+    if (*p == w) {
+      *p = w->next;
+      return;
+    }
+}
+
+/* Its client went away (or the server stops): answered with what is known. */
+static void list_gone(mega_rpc_call *call, void *arg) {
+  members_list_wait *w = arg;
+  list_unlink(w->m, w);
+  answer_list(w->m, call);
+  free(w);
+}
+
+void members_answer_lists(megad_members *m) {
+  members_list_wait *w = m->list_waits;
+  m->list_waits = NULL;
+  while (w) {
+    members_list_wait *next = w->next;
+    mega_rpc_call_on_cancel(w->call, NULL, NULL);
+    answer_list(m, w->call);
+    free(w);
+    w = next;
+  }
+}
+
+/* In etcd mode the other nodes' loads are read first (not watched). */
+static void on_list_nodes(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  (void)msg;
+  megad_members *m = data;
+  members_list_wait *w = m->etcd ? calloc(1, sizeof *w) : NULL;
+  if (!w || !members_etcd_read_loads(m, LIST_LOADS_FRESH_MS, NULL, NULL)) {
+    free(w);
+    answer_list(m, call);
+    return;
+  }
+  w->call = call;
+  w->m = m;
+  w->next = m->list_waits;
+  m->list_waits = w;
+  mega_rpc_call_on_cancel(call, list_gone, w);
+  if (mega_rpc_call_cancelled(call)) { /* a cancel before the callback was set */
+    mega_rpc_call_on_cancel(call, NULL, NULL);
+    list_gone(call, w);
+  }
 }
 
 void megad_members_register(megad_members *m, mega_rpc_server *srv) {

@@ -7,10 +7,13 @@
  * restarted megad) counts as a loss too.
  *
  * etcd (members_etcd.c): no heartbeats between nodes. Each node holds an etcd
- * session (a lease of 2 s, kept alive) and puts its record, a mega.v1.Node,
- * at mega/nodes/<node id> under that lease, again whenever its load changes.
- * Every node watches mega/nodes/: a PUT is a node up (or its new load), a
- * DELETE (the lease expired or was revoked) a node lost. A megad that stops
+ * session (a lease of 2 s, kept alive) and puts its record, a mega.v1.Node
+ * without its load, at mega/nodes/<node id> under that lease, and its load
+ * (slots used, job ids) at mega/load/<node id>, again whenever it changes.
+ * Every node watches mega/nodes/: a PUT is a node up, a DELETE (the lease
+ * expired or was revoked) a node lost. Nobody watches mega/load/: a job's
+ * start and end would reach every node; it is read when a load is needed
+ * (megad_members_read_loads). A megad that stops
  * puts its record as LEFT, then revokes its lease. If this node's own session
  * is lost (it was cut off, or stopped, for longer than the TTL), others took
  * it for dead: it registers again as a new incarnation and tells the layers
@@ -88,6 +91,13 @@ typedef struct megad_members {
   megad_etcd_watch *etcd_watch;
   char *etcd_key;            /* mega/nodes/<id> */
   char *etcd_sig;            /* the load last put: slots used and job ids */
+  char *etcd_load_key;       /* mega/load/<id> */
+  uint64_t loads_read_ms;    /* uv_now when the last read that came back was asked; 0: never */
+  uint64_t loads_asked_ms;   /* uv_now when the read in flight was asked */
+  bool loads_reading;
+  struct members_loads_wait *loads_waits; /* called when the read in flight is back */
+  size_t nloads_waits;
+  struct members_list_wait *list_waits;   /* ListNodes calls waiting for it */
   uint64_t etcd_taken_ms;    /* when the name was first found taken; 0: not */
   bool etcd_registered, etcd_registering, etcd_putting, etcd_listing, etcd_leaving;
   bool etcd_warned;
@@ -109,6 +119,16 @@ bool megad_members_leaving(const megad_members *m);
 void megad_members_free(megad_members *m);
 /* Join, Heartbeat, Leave and Control.ListNodes. */
 void megad_members_register(megad_members *m, mega_rpc_server *srv);
+
+/* The other nodes' loads (slots_used, job_ids), which in etcd mode are not in
+ * the watched records: unless the last read was asked for at most max_age_ms
+ * ago, reads mega/load/ (one range read; asks made while it is in flight
+ * share it), then calls done(arg) (may be NULL); at once when fresh enough,
+ * in peers mode (heartbeats carry the loads), or when the read cannot start.
+ * A failed read leaves the loads as they were and still calls done. */
+typedef void (*megad_members_loads_cb)(void *arg);
+void megad_members_read_loads(megad_members *m, unsigned max_age_ms, megad_members_loads_cb done,
+                              void *arg);
 
 megad_node *megad_members_find(megad_members *m, const char *id);
 megad_node *megad_members_self(megad_members *m);

@@ -10,6 +10,7 @@
 #include "daemon/model/util.h"
 
 #define NODES_PREFIX "mega/nodes/"
+#define LOAD_PREFIX "mega/load/"
 #define SESSION_TTL_S(m) ((m)->o.etcd_lease_s ? (m)->o.etcd_lease_s : 2u)
 /* A name still registered this long after we first asked is taken by a live
  * megad: a crashed one's lease would have expired by then. */
@@ -20,12 +21,33 @@ static void list_nodes(megad_members *m);
 
 /* ---- this node's record ---- */
 
-/* This node as a packed mega.v1.Node in state st; NULL when out of memory. */
+/* This node as a packed mega.v1.Node in state st, without its load (which
+ * would make every job's start and end an event at every node); NULL when
+ * out of memory. */
 static uint8_t *record(megad_members *m, Mega__V1__NodeState st, size_t *len) {
   members_refresh_self(m);
   Mega__V1__Node n;
   members_node_msg(megad_members_self(m), &n);
   n.state = st;
+  n.slots_used = 0;
+  n.job_ids = NULL;
+  n.n_job_ids = 0;
+  uint8_t *buf = NULL;
+  return megad_pb_pack(&n.base, &buf, len) ? buf : NULL;
+}
+
+/* This node's load, for mega/load/<id>: a mega.v1.Node with its id,
+ * incarnation, slots, slots used and job ids; NULL when out of memory. */
+static uint8_t *load_value(megad_members *m, size_t *len) {
+  members_refresh_self(m);
+  megad_node *self = megad_members_self(m);
+  Mega__V1__Node n = MEGA__V1__NODE__INIT;
+  n.id = self->id;
+  n.incarnation = self->incarnation;
+  n.slots = self->slots;
+  n.slots_used = self->slots_used;
+  n.job_ids = self->job_ids;
+  n.n_job_ids = self->njob_ids;
   uint8_t *buf = NULL;
   return megad_pb_pack(&n.base, &buf, len) ? buf : NULL;
 }
@@ -54,13 +76,14 @@ static void put_done(void *arg, const megad_etcd_reply *r, const mega_err *err) 
   if (!r) {
     free(m->etcd_sig); /* put again on the next tick */
     m->etcd_sig = NULL;
-    if (err->status != MEGA_ERR_CANCELLED) warn_once(m, "updating this node's record", err);
+    if (err->status != MEGA_ERR_CANCELLED) warn_once(m, "updating this node's load", err);
     return;
   }
   m->etcd_warned = false;
 }
 
-/* Puts the record again if the load changed since the last put. */
+/* Puts the load again if it changed since the last put (not the record:
+ * nobody watches the load). */
 static void put_load(megad_members *m) {
   int64_t lease = megad_etcd_session_lease(m->etcd);
   if (!m->etcd_registered || m->etcd_putting || !lease) return;
@@ -71,9 +94,10 @@ static void put_load(megad_members *m) {
     return;
   }
   size_t len;
-  uint8_t *buf = record(m, MEGA__V1__NODE_STATE__NODE_STATE_ALIVE, &len);
+  uint8_t *buf = load_value(m, &len);
   mega_err err = {0};
-  if (buf && megad_etcd_put(m->etcd, m->etcd_key, buf, len, lease, put_done, m, &err) == MEGA_OK) {
+  if (buf && megad_etcd_put(m->etcd, m->etcd_load_key, buf, len, lease, put_done, m, &err) ==
+                 MEGA_OK) {
     m->etcd_putting = true;
     free(m->etcd_sig);
     m->etcd_sig = sig;
@@ -116,30 +140,36 @@ static void registered(void *arg, const megad_etcd_reply *r, const mega_err *err
   put_load(m); /* the load may have changed meanwhile */
 }
 
-/* Create-if-absent under our lease: a name is one node's. */
+/* Create-if-absent under our lease: a name is one node's. The load goes
+ * with the record, so a node listed has a load to read. */
 static void register_self(megad_members *m) {
   int64_t lease = megad_etcd_session_lease(m->etcd);
   if (m->etcd_registered || m->etcd_registering || !lease) return;
-  size_t len;
+  size_t len, load_len;
   uint8_t *buf = record(m, MEGA__V1__NODE_STATE__NODE_STATE_ALIVE, &len);
+  uint8_t *load = load_value(m, &load_len);
   char *sig = load_sig(m);
-  if (!buf || !sig) {
+  if (!buf || !load || !sig) {
     free(buf);
+    free(load);
     free(sig);
     return;
   }
   megad_etcd_cmp absent = {.key = m->etcd_key, .target = MEGAD_ETCD_CREATE, .number = 0};
-  megad_etcd_op put = {.kind = MEGAD_ETCD_PUT, .key = m->etcd_key, .value = buf,
-                       .value_len = len, .lease = lease};
+  megad_etcd_op put[2] = {{.kind = MEGAD_ETCD_PUT, .key = m->etcd_key, .value = buf,
+                           .value_len = len, .lease = lease},
+                          {.kind = MEGAD_ETCD_PUT, .key = m->etcd_load_key, .value = load,
+                           .value_len = load_len, .lease = lease}};
   megad_etcd_op holder = {.kind = MEGAD_ETCD_GET, .key = m->etcd_key};
   mega_err err = {0};
-  if (megad_etcd_txn(m->etcd, &absent, 1, &put, 1, &holder, 1, registered, m, &err) == MEGA_OK) {
+  if (megad_etcd_txn(m->etcd, &absent, 1, put, 2, &holder, 1, registered, m, &err) == MEGA_OK) {
     m->etcd_registering = true;
     free(m->etcd_sig);
     m->etcd_sig = sig;
     sig = NULL;
   }
   free(buf);
+  free(load);
   free(sig);
 }
 
@@ -219,8 +249,10 @@ static void apply_put(megad_members *m, const char *id, const uint8_t *value, si
   members_set_str(&n->device_name, r->device_name);
   n->seen_ms = uv_now(m->b->loop);
   n->last_heartbeat_unix_ms = megad_unix_ms();
-  n->slots_used = r->slots_used;
-  members_set_job_ids(n, r->job_ids, r->n_job_ids);
+  if (fresh || gone || restarted) { /* a new incarnation runs nothing; later loads are read */
+    n->slots_used = r->slots_used;
+    members_set_job_ids(n, r->job_ids, r->n_job_ids);
+  }
   m->view_version++;
   mega__v1__node__free_unpacked(r, NULL);
   if (fresh || gone || restarted) {
@@ -299,6 +331,90 @@ static void list_nodes(megad_members *m) {
     m->etcd_listing = true;
 }
 
+/* ---- everyone's loads, read when asked ---- */
+
+/* A load read from mega/load/<n's id>, or none (kv NULL: the key is gone
+ * with its lease). One of an older incarnation is not n's. */
+static void apply_load(megad_members *m, megad_node *n, const megad_etcd_kv *kv) {
+  Mega__V1__Node *r = kv ? mega__v1__node__unpack(NULL, kv->value_len, kv->value) : NULL;
+  if (kv && !r) {
+    megad_warn(m->b, "etcd: %s is not a mega.v1.Node load; ignored", kv->key);
+    return;
+  }
+  if (!r) {
+    n->slots_used = 0;
+    members_set_job_ids(n, NULL, 0);
+  } else if (!n->incarnation || r->incarnation == n->incarnation) {
+    n->slots_used = r->slots_used;
+    members_set_job_ids(n, r->job_ids, r->n_job_ids);
+  }
+  /* as of when the read was asked: placement counts ranks it saw leave
+   * until a load read after that (coord_place.c) */
+  n->seen_ms = m->loads_asked_ms;
+  if (r) mega__v1__node__free_unpacked(r, NULL);
+}
+
+static void loads_read(void *arg, const megad_etcd_reply *r, const mega_err *err) {
+  megad_members *m = arg;
+  m->loads_reading = false;
+  if (r) {
+    m->loads_read_ms = m->loads_asked_ms ? m->loads_asked_ms : 1;
+    size_t pl = strlen(LOAD_PREFIX);
+    for (size_t i = 1; i < m->nnodes; i++) {
+      megad_node *n = m->nodes[i];
+      if (!megad_node_usable(n)) continue;
+      const megad_etcd_kv *kv = NULL;
+      for (size_t k = 0; k < r->nkvs && !kv; k++)
+        if (!strcmp(r->kvs[k].key + pl, n->id)) kv = &r->kvs[k];
+      apply_load(m, n, kv);
+    }
+  } else if (err->status != MEGA_ERR_CANCELLED) {
+    warn_once(m, "reading the nodes' loads", err);
+  }
+  /* the waits are taken first: a callback may ask again */
+  members_loads_wait *w = m->loads_waits;
+  size_t nw = m->nloads_waits;
+  m->loads_waits = NULL;
+  m->nloads_waits = 0;
+  for (size_t i = 0; i < nw; i++) w[i].cb(w[i].arg);
+  free(w);
+  members_answer_lists(m);
+}
+
+bool members_etcd_read_loads(megad_members *m, unsigned max_age_ms, megad_members_loads_cb done,
+                             void *arg) {
+  uint64_t now = uv_now(m->b->loop);
+  bool fresh = m->loads_read_ms && now - m->loads_read_ms <= max_age_ms;
+  if (!m->etcd || m->b->stopping || fresh) {
+    if (done) done(arg);
+    return false;
+  }
+  if (!m->loads_reading) {
+    mega_err err = {0};
+    if (megad_etcd_get(m->etcd, LOAD_PREFIX, true, loads_read, m, &err) != MEGA_OK) {
+      warn_once(m, "reading the nodes' loads", &err);
+      if (done) done(arg);
+      return false;
+    }
+    m->loads_reading = true;
+    m->loads_asked_ms = now;
+  }
+  if (!done) return true;
+  members_loads_wait *v = realloc(m->loads_waits, (m->nloads_waits + 1) * sizeof *v);
+  if (!v) { /* out of memory: with the loads as they are */
+    done(arg);
+    return true;
+  }
+  m->loads_waits = v;
+  v[m->nloads_waits++] = (members_loads_wait){done, arg};
+  return true;
+}
+
+void megad_members_read_loads(megad_members *m, unsigned max_age_ms, megad_members_loads_cb done,
+                              void *arg) {
+  members_etcd_read_loads(m, max_age_ms, done, arg);
+}
+
 /* ---- start, tick, leave ---- */
 
 static void on_tick(uv_timer_t *t) {
@@ -312,7 +428,10 @@ static void on_tick(uv_timer_t *t) {
 void members_etcd_start(megad_members *m) {
   size_t len = strlen(NODES_PREFIX) + strlen(m->b->node_id) + 1;
   if ((m->etcd_key = malloc(len))) snprintf(m->etcd_key, len, NODES_PREFIX "%s", m->b->node_id);
-  if (!m->etcd_key) {
+  size_t load_len = strlen(LOAD_PREFIX) + strlen(m->b->node_id) + 1;
+  if ((m->etcd_load_key = malloc(load_len)))
+    snprintf(m->etcd_load_key, load_len, LOAD_PREFIX "%s", m->b->node_id);
+  if (!m->etcd_key || !m->etcd_load_key) {
     megad_warn(m->b, "out of memory starting etcd membership");
     return;
   }

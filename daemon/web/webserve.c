@@ -135,6 +135,9 @@ bool megad_webserve_route(megad_webserve *w, const megad_http_req *req, megad_ht
     return true;
   }
   megad_services *sv = w->sv;
+  /* etcd mode: the other nodes' loads are read, not watched; this page shows
+   * them as of the last read, and asks for a new one for the next */
+  megad_members_read_loads(sv->members, 1000, NULL, NULL);
   megad_web_data d = {.jobs = &sv->jobs->t,
                       .mirror = sv->jobs->etcd ? &sv->jobs->mirror : NULL,
                       .nodes = sv->members->nodes, .nnodes = sv->members->nnodes, .load_trace = load_trace,

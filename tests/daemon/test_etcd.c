@@ -423,6 +423,39 @@ static void test_watch_order_and_replay(void **state) {
   env_close(&v);
 }
 
+/* A watch of a key range: the keys in [key, end) and no others, both ends
+ * mapped under --etcd-prefix (the jobs' watch of mega/c/ to mega/j/ that
+ * leaves out mega/load/ and mega/nodes/). */
+static void test_watch_range(void **state) {
+  (void)state;
+  env v;
+  env_open(&v, one.endpoints);
+  megad_etcd_free(v.e);
+  megad_etcd_opts o = {.endpoints = one.endpoints, .prefix = "teams/r/"};
+  mega_err err = {0};
+  assert_int_equal(megad_etcd_open(&v.b, &o, &v.e, &err), MEGA_OK);
+  seen s;
+  memset(&s, 0, sizeof s);
+  megad_etcd_watch_cbs cbs = {w_event, w_reset, &s};
+  megad_etcd_watch *w = NULL;
+  assert_int_equal(megad_etcd_watch_range(v.e, "mega/j/", "mega/c/", 0, &cbs, &w, &err),
+                   MEGA_ERR_INVALID); /* empty */
+  assert_int_equal(megad_etcd_watch_range(v.e, "mega/c/", "mega/j0", 0, &cbs, &w, &err), MEGA_OK);
+  run_for(&v, 300);
+  put(&v, "mega/load/n1", "l", 0);
+  put(&v, "mega/c/1", "n1", 0);
+  put(&v, "mega/nodes/n1", "r", 0);
+  put(&v, "mega/j/1/0", "rec", 0);
+  put(&v, "mega/b", "before", 0);
+  assert_true(run_until_events(&v, &s, 2, 10000));
+  run_for(&v, 300);
+  assert_int_equal(s.n, 2);
+  assert_string_equal(s.ev[0].key, "mega/c/1");
+  assert_string_equal(s.ev[1].key, "mega/j/1/0");
+  megad_etcd_watch_cancel(w);
+  env_close(&v);
+}
+
 /* --etcd-prefix: the layers' mega/ keys live under the prefix in etcd, and
  * come back as mega/ in replies, transactions and watch events; a client
  * with another prefix sees none of them. */
@@ -621,6 +654,7 @@ int main(void) {
       cmocka_unit_test(test_session_end_and_revoke),
       cmocka_unit_test(test_watch_order_and_replay),
       cmocka_unit_test(test_prefix_maps_keys),
+      cmocka_unit_test(test_watch_range),
       cmocka_unit_test(test_watch_compacted_resets),
       cmocka_unit_test(test_free_cancels),
       cmocka_unit_test(test_three_members_failover),

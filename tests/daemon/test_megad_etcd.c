@@ -4,7 +4,9 @@
  * incarnation; a kill -9 of one is seen by the others within seconds and a
  * clean stop as LEFT; --peers with --etcd-endpoints is refused; and a kill -9 of
  * one member of a 3-member etcd loses no node and does not disturb a job,
- * which trains on in the same attempt. */
+ * which trains on in the same attempt. A job's start and end change the
+ * nodes' loads (mega/load/), which each node lists for the others, and not
+ * the records every megad watches (mega/nodes/). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -186,6 +188,112 @@ static void test_etcd_member_loss_keeps_job(void **state) {
   etcd_fx_stop(&fx);
 }
 
+/* ---- a job's start and end leave the watched node records alone ---- */
+
+/* "key mod_revision" of every key under root (a prefix under mega/) into
+ * out, one a line, sorted as etcd lists them; the count of keys. */
+static int revisions(const char *root, char *out, size_t len) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "ETCDCTL_API=3 etcdctl --endpoints=%s --command-timeout=5s get %s --prefix "
+           "--keys-only -w json 2>&1",
+           fx.endpoints, root);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  char json[65536];
+  size_t n = fread(json, 1, sizeof json - 1, p);
+  json[n] = 0;
+  pclose(p);
+  /* etcdctl's JSON gives keys in base64; a key's mod_revision is what moves */
+  int keys = 0;
+  size_t off = 0;
+  out[0] = 0;
+  for (const char *k = strstr(json, "\"key\":\""); k; k = strstr(k + 1, "\"key\":\"")) {
+    const char *m = strstr(k, "\"mod_revision\":");
+    assert_non_null(m);
+    char key[256] = "";
+    sscanf(k + 7, "%255[^\"]", key);
+    off += (size_t)snprintf(out + off, len > off ? len - off : 0, "%s %lld\n", key,
+                            atoll(m + 15));
+    keys++;
+  }
+  return keys;
+}
+
+/* n's load as d lists it: slots used, and whether job id is among its jobs. */
+static uint32_t load_of(hd *d, const char *node, const char *id, bool *has_job) {
+  Mega__V1__ListNodesResponse *r = hd_list_nodes(d, NULL);
+  uint32_t used = UINT32_MAX;
+  *has_job = false;
+  for (size_t i = 0; r && i < r->n_nodes; i++) {
+    if (strcmp(r->nodes[i]->id, node)) continue;
+    used = r->nodes[i]->slots_used;
+    for (size_t k = 0; k < r->nodes[i]->n_job_ids; k++)
+      if (!strcmp(r->nodes[i]->job_ids[k], id)) *has_job = true;
+  }
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return used;
+}
+
+/* Waits (up to ms) until d lists node with used slots and (or without) job id. */
+static bool wait_load(hd *d, const char *node, uint32_t used, const char *id, bool job, int ms) {
+  double t0 = hd_now_s();
+  while (hd_now_s() - t0 < ms / 1000.0) {
+    bool has;
+    if (load_of(d, node, id, &has) == used && has == job) return true;
+    usleep(50 * 1000);
+  }
+  return false;
+}
+
+static void test_job_leaves_node_records_alone(void **state) {
+  (void)state;
+  assert_true(etcd_fx_start(&fx, 1));
+  hd n1, n2;
+  assert_true(start_node(&n1, "n1", 1));
+  assert_true(start_node(&n2, "n2", 1));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  assert_true(hd_wait_alive(&n2, 2, 10000));
+  char before[4096], after[4096], loads0[4096], loads1[4096];
+  assert_int_equal(revisions("mega/nodes/", before, sizeof before), 2);
+  assert_int_equal(revisions("mega/load/", loads0, sizeof loads0), 2);
+
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", NULL};
+  hd_tiny_spec(&spec, n1.dir, 1000000, extra); /* until cancelled */
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  /* each node lists the other's load, read from etcd, not watched */
+  assert_true(wait_load(&n1, "n2", 1, id, true, 30000));
+  assert_true(wait_load(&n2, "n1", 1, id, true, 30000));
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = id;
+  ProtobufCMessage *resp = NULL;
+  assert_int_equal(mega_rpc_unary(n1.ch, &mega_control_cancel_job, &req.base, 10000, &resp, &err),
+                   MEGA_OK);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  hd_watch w;
+  hd_watch_job(&n1, id, true, 60000, &w);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(CANCELLED));
+  hd_watch_free(&w);
+  assert_true(wait_load(&n1, "n2", 0, id, false, 30000));
+  assert_true(wait_load(&n2, "n1", 0, id, false, 30000));
+
+  /* the loads moved; the records every megad watches did not */
+  assert_int_equal(revisions("mega/nodes/", after, sizeof after), 2);
+  assert_int_equal(revisions("mega/load/", loads1, sizeof loads1), 2);
+  if (strcmp(before, after)) fprintf(stderr, "before:\n%safter:\n%s", before, after);
+  assert_string_equal(before, after);
+  assert_string_not_equal(loads0, loads1);
+  hd_cleanup(&n1);
+  hd_cleanup(&n2);
+  etcd_fx_stop(&fx);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -199,6 +307,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_nodes_meet_in_etcd, teardown),
       cmocka_unit_test_teardown(test_peers_with_etcd_refused, teardown),
       cmocka_unit_test_teardown(test_etcd_member_loss_keeps_job, teardown),
+      cmocka_unit_test_teardown(test_job_leaves_node_records_alone, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
