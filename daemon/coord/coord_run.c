@@ -294,6 +294,14 @@ static void stopped_why(const coord_run *run, char *buf, size_t len) {
                           : "the job saves no checkpoints (no --save): nothing to resume from");
 }
 
+/* Whether a flushed step has its loss: the last stage's reports may have
+ * died with a node while an earlier stage's came. */
+static bool flushed_loss(const mega_step_done *d) {
+  for (uint32_t r = 0; d->reports && r < d->world; r++)
+    if (d->reports[r] && d->reports[r]->has_loss) return true;
+  return false;
+}
+
 static void finish(coord_run *run) {
   megad_coord *c = run->c;
   mega_job *j = run->job;
@@ -310,13 +318,34 @@ static void finish(coord_run *run) {
   /* iterations the survivors completed but a lost rank never reported: the
    * next attempt starts after them, so they are merged from what came */
   mega_step_done *d = NULL;
+  uint64_t told = j->last_iteration; /* in the history, or said to be left out */
   while (j->coord.replicas &&
          mega_stepmerge_flush(run->merge, j->coord.replicas->iteration, &d, NULL) == MEGA_OK &&
          d) {
-    if (d->step->iteration > j->last_iteration) megad_job_step(c->jobs, j, d->step);
+    uint64_t it = d->step->iteration;
+    if (it > j->last_iteration && (j->spec.simulate_compute || flushed_loss(d)))
+      megad_job_step(c->jobs, j, d->step);
+    else if (it > j->last_iteration) /* a loss of 0 in the history would be a lie */
+      megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                      "iteration %llu completed, but no rank that survived reported its loss: "
+                      "left out of the history", (unsigned long long)it);
+    if (it > told) told = it;
     mega_step_done_free(d);
     d = NULL;
   }
+  /* and those no survivor reported at all (they failed after the step,
+   * gathering the updated parameters): the next attempt starts after them */
+  uint64_t upto = j->coord.replicas ? j->coord.replicas->iteration : 0;
+  if (upto > told + 4)
+    megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                    "iterations %llu to %llu completed, but no rank that survived reported them: "
+                    "left out of the history", (unsigned long long)told + 1,
+                    (unsigned long long)upto);
+  else
+    for (uint64_t it = told + 1; it <= upto; it++)
+      megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
+                      "iteration %llu completed, but no rank that survived reported it: left "
+                      "out of the history", (unsigned long long)it);
   char prefix[sizeof run->kv_prefix + 1];
   snprintf(prefix, sizeof prefix, "%s/", run->kv_prefix);
   mega_kv_delete_prefix(c->kvs->kv, prefix);
