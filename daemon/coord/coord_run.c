@@ -306,6 +306,12 @@ static void finish(coord_run *run) {
   megad_coord *c = run->c;
   mega_job *j = run->job;
   mega_end_kind kind = run->stopping ? run->end_kind : run->cause ? run->cause_kind : MEGA_END_DONE;
+  /* the ranks agreed to stop after a committed checkpoint; a node whose
+   * megad stopped too (the same SIGTERM) before its rank's exit came in
+   * takes nothing from the job */
+  if (kind == MEGA_END_NODE_LOST && run->stopped && j->spec.save &&
+      j->ckpt_iteration == run->stopped_iteration)
+    kind = MEGA_END_DONE;
   char why[1024];
   if (kind == MEGA_END_DONE && run->stopped) { /* every rank exited 0, stopped as asked */
     kind = MEGA_END_STOPPED;
