@@ -314,6 +314,16 @@ int64_t hd_event_ms(hd *d, const char *job_id, Mega__V1__JobEventKind kind, int 
   return at;
 }
 
+mega_status hd_cancel(hd *d, const char *job_id, const char *reason, mega_err *err) {
+  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = (char *)job_id;
+  req.reason = (char *)reason;
+  ProtobufCMessage *resp = NULL;
+  mega_status st = mega_rpc_unary(d->ch, &mega_control_cancel_job, &req.base, 10000, &resp, err);
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  return st;
+}
+
 Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err) {
   Mega__V1__GetJobResponse *r = hd_get_job_history(d, job_id, err);
   if (!r) return NULL;

@@ -692,13 +692,8 @@ static void free_busy_node(void *arg, const Mega__V1__WatchJobResponse *it) {
       it->step->iteration < 3)
     return;
   f->done = true;
-  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
-  req.job_id = (char *)f->job_id;
-  ProtobufCMessage *resp = NULL;
   mega_err err = {0};
-  if (mega_rpc_unary(f->d->ch, &mega_control_cancel_job, &req.base, 10000, &resp, &err) == MEGA_OK)
-    protobuf_c_message_free_unpacked(resp, NULL);
-  else
+  if (hd_cancel(f->d, f->job_id, NULL, &err) != MEGA_OK)
     fprintf(stderr, "cancelling the busy job: %s\n", err.msg);
 }
 

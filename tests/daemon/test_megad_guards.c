@@ -109,13 +109,7 @@ static void test_refused_launches_back_off(void **state) {
   assert_true(attempts <= 6);
   assert_true(hd_event_ms(&n1, id, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING, 0,
                           "launch refused 2 times in a row: next try in 0.5 s") > 0);
-  Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
-  req.job_id = id;
-  req.reason = "test";
-  ProtobufCMessage *resp = NULL;
-  assert_int_equal(mega_rpc_unary(n1.ch, &mega_control_cancel_job, &req.base, 20000, &resp, &err),
-                   MEGA_OK);
-  protobuf_c_message_free_unpacked(resp, NULL);
+  assert_int_equal(hd_cancel(&n1, id, "test", &err), MEGA_OK);
   assert_true(hd_workers_gone(n1.pid, 5000));
   hd_cleanup(&n2);
   hd_cleanup(&n1);
