@@ -262,16 +262,30 @@ static inline MEGA_HD void mega_kr_causal_softmax_bwd(int64_t r, int l, int L, f
 
 /* ---- column bodies: c < C ---- */
 
-/* The embedding's gradients for channel c over all N = B*T rows. */
-static inline MEGA_HD void mega_kb_encoder_bwd(int64_t c, float *dwte, int v0, int vn,
-                                                float *dwpe, const float *dout,
-                                                const int32_t *tok, int N, int T, int C) {
-  for (int64_t n = 0; n < N; n++) {
-    float d = dout[n * C + c];
-    int64_t id = (int64_t)tok[n] - v0;
-    if (dwte && id >= 0 && id < vn) dwte[id * C + c] += d;
-    if (dwpe) dwpe[(n % T) * C + c] += d;
-  }
+/* The embedding's gradient from the tokens sorted by id, stably (ids[i],
+ * pos[i]: the i-th smallest id and its position): item i * C + c where i
+ * starts a run of one id sums the run's rows of column c in position
+ * order, then adds to the id's row (ids outside the slice [v0, v0+vn) add
+ * nothing). Every row has one writer, so no atomics, and the order does not
+ * depend on timing. */
+static inline MEGA_HD void mega_kb_wte_bwd(int64_t item, float *dwte, int v0, int vn,
+                                           const float *dout, const int32_t *ids,
+                                           const int32_t *pos, int N, int C) {
+  int64_t i = item / C, c = item % C;
+  int32_t id = ids[i];
+  int64_t r = (int64_t)id - v0;
+  if ((i > 0 && ids[i - 1] == id) || r < 0 || r >= vn) return;
+  float s = 0.0f;
+  for (int64_t j = i; j < N && ids[j] == id; j++) s += dout[(int64_t)pos[j] * C + c];
+  dwte[r * C + c] += s;
+}
+
+/* dwpe[i] (i = t * C + c) += the B rows of position t, in order. */
+static inline MEGA_HD void mega_kb_wpe_bwd(int64_t i, float *dwpe, const float *dout, int B,
+                                           int T, int C) {
+  float s = 0.0f;
+  for (int64_t b = 0; b < B; b++) s += dout[b * T * C + i];
+  dwpe[i] += s;
 }
 
 /* The weight and bias gradients are column sums over N rows: R row lanes

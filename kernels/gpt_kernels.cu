@@ -6,6 +6,8 @@
 // (worker/backend/cuda.c).
 #include <cuda_runtime.h>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include "kernels/gpt_bodies.h"
 #include "kernels/launch.h"
 
@@ -146,10 +148,42 @@ int mega_cu_encoder_fwd(mega_cu_stream s, float *out, const int32_t *tok, const 
   });
 }
 
+// The embedding's gradient: a stable radix sort of (id, position) pairs
+// (cub), then one writer per id (mega_kb_wte_bwd). scratch holds three int
+// arrays of N and cub's temporary storage.
+static size_t sort_bytes(int N) {
+  size_t t = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, t, (const int32_t *)nullptr, (int32_t *)nullptr,
+                                  (const int32_t *)nullptr, (int32_t *)nullptr, N);
+  return t;
+}
+
+size_t mega_cu_encoder_bwd_scratch(int N) {
+  return 3 * (((size_t)N * sizeof(int32_t) + 255) / 256 * 256) + sort_bytes(N);
+}
+
 int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dwpe,
-                        const float *dout, const int32_t *tok, int N, int T, int C) {
-  return launch(s, C, [=] __device__(int64_t c) {
-    mega_kb_encoder_bwd(c, dwte, v0, vn, dwpe, dout, tok, N, T, C);
+                        const float *dout, const int32_t *tok, int N, int T, int C,
+                        void *scratch) {
+  int B = N / T;
+  if (dwpe) {
+    int e = launch(s, (int64_t)T * C, [=] __device__(int64_t i) {
+      mega_kb_wpe_bwd(i, dwpe, dout, B, T, C);
+    });
+    if (e) return e;
+  }
+  if (!dwte || N <= 0) return 0;
+  size_t a = ((size_t)N * sizeof(int32_t) + 255) / 256 * 256, tb = sort_bytes(N);
+  int32_t *ids = (int32_t *)scratch, *pos0 = (int32_t *)((char *)scratch + a);
+  int32_t *pos = (int32_t *)((char *)scratch + 2 * a);
+  void *tmp = (char *)scratch + 3 * a;
+  int e = launch(s, N, [=] __device__(int64_t i) { pos0[i] = (int32_t)i; });
+  if (e) return e;
+  cudaError_t ce = cub::DeviceRadixSort::SortPairs(tmp, tb, tok, ids, pos0, pos, N, 0,
+                                                   (int)(sizeof(int32_t) * 8), (cudaStream_t)s);
+  if (ce != cudaSuccess) return (int)ce;
+  return launch(s, (int64_t)N * C, [=] __device__(int64_t i) {
+    mega_kb_wte_bwd(i, dwte, v0, vn, dout, ids, pos, N, C);
   });
 }
 

@@ -1,10 +1,12 @@
-/* The cuda backend's kernel launchers (kernels/gpt_kernels.cu), callable
+/* The cuda backend's kernel launchers (kernels/gpt_kernels.cu and
+ * kernels/flash_attn.cu), callable
  * from C. Each runs its per-thread body (kernels/gpt_bodies.h) over n items
  * on stream s and returns the launch's cudaError_t (0: launched; errors of
  * the kernel itself surface at the next synchronization). */
 #ifndef MEGA_KERNELS_LAUNCH_H
 #define MEGA_KERNELS_LAUNCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -15,8 +17,11 @@ typedef struct CUstream_st *mega_cu_stream;
 
 int mega_cu_encoder_fwd(mega_cu_stream s, float *out, const int32_t *tok, const float *wte,
                         int v0, int vn, const float *wpe, int N, int T, int C);
+/* scratch: mega_cu_encoder_bwd_scratch(N) bytes of device memory. */
+size_t mega_cu_encoder_bwd_scratch(int N);
 int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dwpe,
-                        const float *dout, const int32_t *tok, int N, int T, int C);
+                        const float *dout, const int32_t *tok, int N, int T, int C,
+                        void *scratch);
 int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, float *mean, float *rstd,
                           const float *inp, const float *w, const float *b, int N, int C,
                           float eps);
@@ -65,6 +70,19 @@ int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v
 int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a);
 /* out[i] = in[i] as bf16 bits, rounded to nearest even (--bf16's GEMM inputs). */
 int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n);
+/* Causal flash attention under --bf16 (kernels/flash_attn.cu), for head
+ * sizes it supports (64, 128). Shapes and strides as backend.h's
+ * attention; out and ocopy are [B*T, NH*hs], lse [B*NH, T]. The forward
+ * writes out, its copy ocopy and the rows' log-sum-exp; the backward reads
+ * them and overwrites dq, dk and dv, with D ([B*NH*T]) its scratch. */
+int mega_cu_flash_supported(int hs);
+int mega_cu_flash_fwd(mega_cu_stream s, float *out, float *lse, float *ocopy, const float *q,
+                      const float *k, const float *v, int B, int T, int NH, int G, int hs,
+                      int ldq, int ldkv);
+int mega_cu_flash_bwd(mega_cu_stream s, float *dq, float *dk, float *dv, float *D,
+                      const float *dout, const float *ocopy, const float *lse, const float *q,
+                      const float *k, const float *v, int B, int T, int NH, int G, int hs,
+                      int ldq, int ldkv);
 /* partials[MEGA_CU_SUM_BLOCKS] (device) = block sums of x (or of x^2), in
  * double, in a fixed order: the host adds them, so results are
  * deterministic. */

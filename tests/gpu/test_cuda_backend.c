@@ -1,14 +1,15 @@
 /* The cuda backend against the cpu backend, op by op, on random inputs:
  * GEMMs in every transpose case (and batched), the matmuls, every kernel
  * forward and backward (Llama's too), attention (grouped-query too), AdamW
- * and the reductions. Needs a GPU:
+ * and the reductions, and --bf16's flash attention. Needs a GPU:
  * without one (or without the module) it says why and exits 77, which
- * meson counts as skipped. It has not yet run on a GPU. */
+ * meson counts as skipped. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/elementwise.h"
 #include "worker/backend/cuda_module.h"
 
 static mega_backend *cpu, *gpu;
@@ -85,6 +86,27 @@ static void test_gemms(void) {
 }
 
 enum { Bt = 2, T = 33, C = 48, NH = 4, N = Bt * T, V = 70 };
+
+/* The embedding and its gradient (sorted runs of one id on the device),
+ * with repeated ids and a vocabulary slice [3, 3 + 40) of V. */
+static void test_encoder(void) {
+  int32_t tok[N];
+  for (int i = 0; i < N; i++) tok[i] = (i * 7 + 3) % V;
+  float *wte = vec(V * C, 51, 1), *wpe = vec(T * C, 52, 1), *d = vec(N * C, 53, 1);
+  float *o = malloc(sizeof(float) * N * C), *go = dev_zero(sizeof(float) * N * C);
+  int32_t *gtok = up(tok, sizeof tok);
+  float *gwte = up(wte, sizeof(float) * V * C), *gwpe = up(wpe, sizeof(float) * T * C);
+  float *gd = up(d, sizeof(float) * N * C);
+  cpu->ops->encoder_forward(cpu, o, tok, wte + 3 * C, 3, 40, wpe, Bt, T, C);
+  gpu->ops->encoder_forward(gpu, go, gtok, gwte + 3 * C, 3, 40, gwpe, Bt, T, C);
+  same("encoder", go, o, N * C, 0);
+  /* gradients added onto the weights themselves (backend.h: +=) */
+  cpu->ops->encoder_backward(cpu, wte + 3 * C, 3, 40, wpe, d, tok, Bt, T, C);
+  gpu->ops->encoder_backward(gpu, gwte + 3 * C, 3, 40, gwpe, gd, gtok, Bt, T, C);
+  same("encoder backward wte", gwte, wte, V * C, 1e-6);
+  same("encoder backward wpe", gwpe, wpe, T * C, 1e-6);
+  free(wte), free(wpe), free(d), free(o);
+}
 
 static void test_model_ops(void) {
   mega_err err = {0};
@@ -256,6 +278,53 @@ static void test_llama_ops(void) {
   same("grouped-query attention backward", gg, g, nq + 2 * nk, 1e-3);
 }
 
+/* --bf16's flash attention (kernels/flash_attn.cu) against the cpu
+ * backend's fp32 attention on q, k, v (and dout) rounded to bf16: what is
+ * left is the probabilities' and dS's rounding to bf16 inside the kernels.
+ * T is not a multiple of the 64-row tiles; grouped-query and fused-qkv
+ * strides both. */
+static void flash_case(int B_, int T_, int NH_, int G_, int hs, bool fused) {
+  mega_err err = {0};
+  size_t N_ = (size_t)B_ * T_, nq = N_ * NH_ * hs, nk = N_ * G_ * hs;
+  int ldq = fused ? NH_ * hs + 2 * G_ * hs : NH_ * hs, ldkv = fused ? ldq : G_ * hs;
+  size_t nall = fused ? N_ * ldq : nq + 2 * nk;
+  float *x = vec(nall, 41 + hs, 1), *dy = vec(nq, 43, 1);
+  for (size_t i = 0; i < nall; i++) x[i] = mega_bf16_round(x[i]);
+  for (size_t i = 0; i < nq; i++) dy[i] = mega_bf16_round(dy[i]);
+  const float *q = x, *k = fused ? x + NH_ * hs : x + nq;
+  const float *v = fused ? x + (NH_ + G_) * hs : x + nq + nk;
+  mega_attn_dims ad = {.B = B_, .T = T_, .NH = NH_, .G = G_, .hs = hs, .ldq = ldq, .ldkv = ldkv};
+  size_t tt = (size_t)B_ * NH_ * T_ * T_, sn = tt + nq;
+  float *att = calloc(tt, 4), *scr = calloc(sn, 4), *y = calloc(nq, 4), *g = calloc(nall, 4);
+  float *gx = up(x, nall * 4), *gdy = up(dy, nq * 4), *gatt = dev_zero(tt * 4);
+  float *gscr = dev_zero(sn * 4), *gy = dev_zero(nq * 4), *gg = dev_zero(nall * 4);
+  if (gpu->ops->set_bf16(gpu, true, &err)) {
+    printf("FAIL set_bf16: %s\n", err.msg);
+    failures++;
+    return;
+  }
+  size_t ko = (size_t)(k - x), vo = (size_t)(v - x);
+  cpu->ops->attention_forward(cpu, y, att, scr, q, k, v, &ad);
+  gpu->ops->attention_forward(gpu, gy, gatt, gscr, gx, gx + ko, gx + vo, &ad);
+  char what[96];
+  snprintf(what, sizeof what, "flash attention B%d T%d NH%d G%d hs%d%s", B_, T_, NH_, G_, hs,
+           fused ? " fused qkv" : "");
+  same(what, gy, y, nq, 1e-2);
+  cpu->ops->attention_backward(cpu, g, g + ko, g + vo, scr, dy, q, k, v, att, &ad);
+  gpu->ops->attention_backward(gpu, gg, gg + ko, gg + vo, gscr, gdy, gx, gx + ko, gx + vo, gatt,
+                               &ad);
+  strcat(what, " backward");
+  same(what, gg, g, nall, 2e-2);
+  gpu->ops->set_bf16(gpu, false, &err);
+  free(x), free(dy), free(att), free(scr), free(y), free(g);
+}
+
+static void test_flash_attention(void) {
+  flash_case(2, 200, 4, 2, 64, false);
+  flash_case(1, 130, 2, 2, 128, true);
+  flash_case(2, 64 * 3, 12, 12, 64, true);
+}
+
 int main(void) {
   mega_err err = {0};
   const mega_cuda_module *m;
@@ -269,9 +338,11 @@ int main(void) {
     return 1;
   }
   test_gemms();
+  test_encoder();
   test_model_ops();
   test_llama_ops();
   test_bf16_matmuls();
+  test_flash_attention();
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
   /* buffers are left to the process's end: the device goes with it */
   return failures ? 1 : 0;

@@ -106,7 +106,14 @@ static void test_encoder(void **state) {
     memset(dw1, 0, sizeof dw1), memset(dw2, 0, sizeof dw2);
     memset(dp1, 0, sizeof dp1), memset(dp2, 0, sizeof dp2);
     be->ops->encoder_backward(be, dw1, v0, 5, dp1, dout, tok, B, T, C);
-    for (int64_t c = 0; c < C; c++) mega_kb_encoder_bwd(c, dw2, v0, 5, dp2, dout, tok, N, T, C);
+    int32_t ids[N], pos[N]; /* a stable sort of (id, position), as cub's radix sort */
+    for (int i = 0; i < N; i++) {
+      int j = i;
+      for (; j > 0 && ids[j - 1] > tok[i]; j--) ids[j] = ids[j - 1], pos[j] = pos[j - 1];
+      ids[j] = tok[i], pos[j] = i;
+    }
+    for (int64_t i = 0; i < N * C; i++) mega_kb_wte_bwd(i, dw2, v0, 5, dout, ids, pos, N, C);
+    for (int64_t i = 0; i < T * C; i++) mega_kb_wpe_bwd(i, dp2, dout, B, T, C);
     near(dw2, dw1, 5 * C, 1e-6, "encoder backward wte");
     near(dp2, dp1, T * C, 1e-6, "encoder backward wpe");
   }

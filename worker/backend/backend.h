@@ -87,7 +87,9 @@ typedef struct mega_backend_ops {
    * ties to even: kernels/elementwise.h) and accumulate in fp32, as
    * cuBLAS's bf16 GEMMs with CUBLAS_COMPUTE_32F do. Their outputs, the
    * bias gradients and every weight, gradient and optimizer state stay
-   * fp32. gemm and gemm_batched (attention's products) stay fp32. */
+   * fp32. gemm and gemm_batched stay fp32; so does the cpu backend's
+   * attention, while the cuda backend's runs as bf16 flash attention
+   * (attention_forward). */
   mega_status (*set_bf16)(mega_backend *be, bool on, mega_err *err);
 
   /* ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major ----
@@ -154,8 +156,9 @@ typedef struct mega_backend_ops {
    * contiguous floats of its row, softmax scale 1/sqrt(hs). q, k and v are
    * [B*T] rows with strides d->ldq and d->ldkv (GPT-2's fused qkv [B,T,3C]
    * is q = qkv, k = qkv + C, v = qkv + 2C, both strides 3C). Writes out
-   * [B,T,NH*hs] and, for the backward, the probabilities att [B,NH,T,T]
-   * (above the diagonal att holds whatever the backend's backward needs).
+   * [B,T,NH*hs] and, for the backward, att [B,NH,T,T]: the probabilities
+   * below the diagonal, or whatever else the backend's backward needs (the
+   * cuda backend's flash attention keeps statistics and a copy of out).
    * scratch holds B*NH*T*T + B*T*NH*hs floats, for both directions. */
   void (*attention_forward)(mega_backend *be, float *out, float *att, float *scratch,
                             const float *q, const float *k, const float *v,

@@ -2,13 +2,13 @@
  * stream. Memory is cudaMalloc'd; GEMMs are cuBLAS (fp32; with --bf16 the
  * matmuls' are cublasGemmEx on bf16 copies of their inputs) on the same
  * stream; the other ops are the kernels of kernels/gpt_kernels.cu.
- * Attention is cuBLAS's batched GEMMs around a causal softmax kernel (not
- * fused; attn_gemm.c). Compute ops cannot report errors (backend.h), so the first
+ * Attention is cuBLAS's batched GEMMs around a causal softmax kernel
+ * (attn_gemm.c), or under --bf16 the flash kernels (kernels/flash_attn.cu). Compute ops cannot report errors (backend.h), so the first
  * failure is kept and returned by the next op that can fail (memcpy,
  * synchronize, the reductions), as NCCL reports asynchronous errors.
  *
  * Built into the shared module libmega_cuda.so (worker/backend/cuda_module.c)
- * and never linked into megaw itself. Nothing here has run on a GPU yet. */
+ * and never linked into megaw itself. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -26,8 +26,10 @@ typedef struct cuda_impl {
   cublasHandle_t blas;
   double *partials; /* device, MEGA_CU_SUM_BLOCKS */
   bool bf16;          /* set_bf16: the matmuls' GEMMs take bf16 copies of their inputs */
-  uint16_t *bf16_buf[2];
-  size_t bf16_cap[2]; /* elements */
+  void *bf16_buf[2];
+  size_t bf16_cap[2]; /* bytes */
+  void *sort_buf;     /* the embedding gradient's sort (encoder_backward) */
+  size_t sort_cap;
   mega_status sticky;
   char why[200];
 } cuda_impl;
@@ -150,27 +152,34 @@ static mega_status cu_set_bf16(mega_backend *be, bool on, mega_err *err) {
   return take_sticky(be, err);
 }
 
-/* x (n floats) as bf16 in scratch k, grown on demand; NULL after a failure
- * (kept for the next op that can fail). */
+/* *buf grown to at least bytes (device scratch kept between calls); NULL
+ * after a failure (kept for the next op that can fail). */
+static void *grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what) {
+  cuda_impl *c = impl_of(be);
+  if (*cap >= bytes && *buf) return *buf;
+  if (*buf) { /* the stream may still read it */
+    note(be, cudaStreamSynchronize(c->stream), what);
+    note(be, cudaFree(*buf), what);
+  }
+  *buf = NULL;
+  *cap = 0;
+  cudaError_t e = cudaMalloc(buf, bytes ? bytes : 64);
+  if (e != cudaSuccess) {
+    *buf = NULL;
+    note(be, e, what);
+    return NULL;
+  }
+  *cap = bytes;
+  return *buf;
+}
+
+/* x (n floats) as bf16 in scratch k. */
 static const uint16_t *bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
   cuda_impl *c = impl_of(be);
-  if (c->bf16_cap[k] < n) {
-    if (c->bf16_buf[k]) { /* the stream may still read it */
-      note(be, cudaStreamSynchronize(c->stream), "bf16 scratch");
-      note(be, cudaFree(c->bf16_buf[k]), "bf16 scratch");
-    }
-    c->bf16_buf[k] = NULL;
-    c->bf16_cap[k] = 0;
-    cudaError_t e = cudaMalloc((void **)&c->bf16_buf[k], n * sizeof(uint16_t));
-    if (e != cudaSuccess) {
-      c->bf16_buf[k] = NULL;
-      note(be, e, "allocating bf16 GEMM inputs");
-      return NULL;
-    }
-    c->bf16_cap[k] = n;
-  }
-  note(be, mega_cu_to_bf16(S(be), c->bf16_buf[k], x, (int64_t)n), "rounding to bf16");
-  return c->bf16_buf[k];
+  uint16_t *b = grow(be, &c->bf16_buf[k], &c->bf16_cap[k], n * sizeof(uint16_t),
+                     "allocating bf16 GEMM inputs");
+  if (b) note(be, mega_cu_to_bf16(S(be), b, x, (int64_t)n), "rounding to bf16");
+  return b;
 }
 
 /* A matmul's GEMM (alpha 1): cu_gemm, or under --bf16 cublasGemmEx on bf16
@@ -241,18 +250,40 @@ static void cu_softmax_bwd(mega_backend *be, float *da, const float *att, int64_
 
 static const mega_attn_softmax cu_sm = {.forward = cu_softmax, .backward = cu_softmax_bwd};
 
+/* Under --bf16, head sizes flash_attn.cu supports and T > hs, attention is
+ * the flash kernels: att then holds the rows' log-sum-exp [B*NH*T] and a
+ * copy of the output [B*T, NH*hs] (they fit in [B,NH,T,T] when T > hs),
+ * not the probabilities. Otherwise the batched GEMMs. */
+static bool use_flash(mega_backend *be, const mega_attn_dims *d) {
+  return impl_of(be)->bf16 && mega_cu_flash_supported(d->hs) && d->T > d->hs;
+}
+
 static void cu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                  const float *q, const float *k, const float *v,
                                  const mega_attn_dims *d) {
   (void)scratch;
-  mega_attn_gemm_forward(be, &cu_sm, out, att, q, k, v, d);
+  if (!use_flash(be, d)) {
+    mega_attn_gemm_forward(be, &cu_sm, out, att, q, k, v, d);
+    return;
+  }
+  float *ocopy = att + (size_t)d->B * d->NH * d->T;
+  note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, q, k, v, d->B, d->T, d->NH, d->G, d->hs,
+                             d->ldq, d->ldkv),
+       "flash attention");
 }
 
 static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float *dv,
                                   float *scratch, const float *dout, const float *q,
                                   const float *k, const float *v, const float *att,
                                   const mega_attn_dims *d) {
-  mega_attn_gemm_backward(be, &cu_sm, dq, dk, dv, scratch, dout, q, k, v, att, d);
+  if (!use_flash(be, d)) {
+    mega_attn_gemm_backward(be, &cu_sm, dq, dk, dv, scratch, dout, q, k, v, att, d);
+    return;
+  }
+  const float *ocopy = att + (size_t)d->B * d->NH * d->T;
+  note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, ocopy, att, q, k, v, d->B, d->T,
+                             d->NH, d->G, d->hs, d->ldq, d->ldkv),
+       "flash attention backward");
 }
 
 /* ---- the kernels ---- */
@@ -265,8 +296,11 @@ static void cu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
 
 static void cu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, float *dwpe,
                                 const float *dout, const int32_t *tok, int B, int T, int C) {
-  note(be, mega_cu_encoder_bwd(S(be), dwte, v0, vn, dwpe, dout, tok, B * T, T, C),
-       "encoder backward");
+  void *scratch = grow(be, &impl_of(be)->sort_buf, &impl_of(be)->sort_cap,
+                       mega_cu_encoder_bwd_scratch(B * T), "the embedding gradient's sort");
+  if (scratch)
+    note(be, mega_cu_encoder_bwd(S(be), dwte, v0, vn, dwpe, dout, tok, B * T, T, C, scratch),
+         "encoder backward");
 }
 
 static void cu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
@@ -417,6 +451,7 @@ static void cu_destroy(mega_backend *be) {
   if (c->partials) cudaFree(c->partials);
   for (int k = 0; k < 2; k++)
     if (c->bf16_buf[k]) cudaFree(c->bf16_buf[k]);
+  if (c->sort_buf) cudaFree(c->sort_buf);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
   free(c);
