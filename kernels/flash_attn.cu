@@ -1,8 +1,8 @@
 // Causal flash attention for --bf16 on the cuda backend (FlashAttention-2's
 // tiling): never materialises the [T, T] scores. Tiles of 64 queries by 64
-// keys; q, k, v and the probabilities go through the tensor cores as bf16
-// (WMMA 16x16x16, fp32 accumulation), the online softmax and its statistics
-// stay fp32. Four warps per block, each owning 16 rows of the tile.
+// keys; q, k, v (given as bf16 copies), dO and the probabilities go through
+// the tensor cores as bf16 (WMMA 16x16x16, fp32 accumulation); the online
+// softmax, its statistics and every output stay fp32. Four warps per block, each owning 16 rows of the tile.
 //
 // The forward saves, per query row, the log-sum-exp of its scaled scores,
 // and a copy of the output; the backward recomputes the probabilities from
@@ -45,28 +45,23 @@ struct Shape {
                                                                   : kTile * kLdO;
 };
 
-// Rows [r0, r0 + 64) of a [T, ld] fp32 head view into bf16 rows of ldh, zeros
-// past T. Four floats at a time where the rows allow.
+// Rows [r0, r0 + 64) of a [T, ld] bf16 head view into rows of ldh, zeros
+// past T: 16 bytes at a time where the rows allow.
 template <int HS>
-__device__ void load_tile(bf16 *dst, const float *src, int ld, int r0, int T) {
+__device__ void load_tile(bf16 *dst, const bf16 *src, int ld, int r0, int T) {
   constexpr int ldh = Shape<HS>::kLdH;
-  if ((ld & 3) == 0 && ((uintptr_t)src & 15) == 0) {
-    for (int i = threadIdx.x; i < kTile * HS / 4; i += kThreads) {
-      int r = i / (HS / 4), c = (i % (HS / 4)) * 4;
-      float4 x = r0 + r < T ? *(const float4 *)(src + (int64_t)(r0 + r) * ld + c)
-                            : make_float4(0.f, 0.f, 0.f, 0.f);
-      bf16 *d = dst + r * ldh + c;
-      d[0] = __float2bfloat16_rn(x.x);
-      d[1] = __float2bfloat16_rn(x.y);
-      d[2] = __float2bfloat16_rn(x.z);
-      d[3] = __float2bfloat16_rn(x.w);
+  if ((ld & 7) == 0 && ((uintptr_t)src & 15) == 0) {
+    for (int i = threadIdx.x; i < kTile * HS / 8; i += kThreads) {
+      int r = i / (HS / 8), c = (i % (HS / 8)) * 8;
+      uint4 x = r0 + r < T ? *(const uint4 *)(src + (int64_t)(r0 + r) * ld + c)
+                           : make_uint4(0u, 0u, 0u, 0u);
+      *(uint4 *)(dst + r * ldh + c) = x;
     }
     return;
   }
   for (int i = threadIdx.x; i < kTile * HS; i += kThreads) {
     int r = i / HS, c = i % HS;
-    float x = r0 + r < T ? src[(int64_t)(r0 + r) * ld + c] : 0.f;
-    dst[r * ldh + c] = __float2bfloat16_rn(x);
+    dst[r * ldh + c] = r0 + r < T ? src[(int64_t)(r0 + r) * ld + c] : __float2bfloat16_rn(0.0f);
   }
 }
 
@@ -112,8 +107,8 @@ __device__ void store_rows(float *dst, int ld, const float *st, int r0, int T) {
 
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    flash_fwd(float *out, float *lse, float *ocopy, const float *q, const float *k,
-              const float *v, Dims d) {
+    flash_fwd(float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k,
+              const bf16 *v, Dims d) {
   using Sh = Shape<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *Qs = (bf16 *)smem, *Ks = Qs + Sh::kHalf, *Vs = Ks + Sh::kHalf, *Ps = Vs + Sh::kHalf;
@@ -122,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
   int qt = nqt - 1 - blockIdx.x;  // the longest rows first
   int b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, g = h / (d.NH / d.G);
   int q0 = qt * kTile, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float *kb = k + (int64_t)b * T * d.ldkv + g * HS, *vb = v + (int64_t)b * T * d.ldkv + g * HS;
+  const bf16 *kb = k + (int64_t)b * T * d.ldkv + g * HS, *vb = v + (int64_t)b * T * d.ldkv + g * HS;
   load_tile<HS>(Qs, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
   for (int i = threadIdx.x; i < kTile * Sh::kLdO; i += kThreads) Os[i] = 0.0f;
   // a lane pair per row: this lane's row, and its half of the columns
@@ -138,7 +133,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
     float *s = Ss + row * kLdS;
     float mx = -INFINITY;
-    for (int c = half * 32; c < half * 32 + 32; c++) {
+    for (int c = half; c < kTile; c += 2) {  // the pair's lanes read adjacent banks
       int tk = k0 + c;
       float x = tk <= tq && tk < T ? s[c] * d.scale : -INFINITY;
       s[c] = x;
@@ -148,13 +143,13 @@ __global__ void __launch_bounds__(kThreads)
     float mn = fmaxf(m, mx);
     float base = mn == -INFINITY ? 0.0f : mn;  // a row with nothing yet
     float alpha = __expf(m - base), sum = 0.0f;
-    for (int c = half * 32; c < half * 32 + 32; c++) {
+    for (int c = half; c < kTile; c += 2) {
       float p = __expf(s[c] - base);
       Ps[row * kLdP + c] = __float2bfloat16_rn(p);
       sum += p;
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    for (int c = half * (HS / 2); c < half * (HS / 2) + HS / 2; c++) Os[row * Sh::kLdO + c] *= alpha;
+    for (int c = half; c < HS; c += 2) Os[row * Sh::kLdO + c] *= alpha;
     m = mn;
     l = l * alpha + sum;
     __syncwarp();
@@ -211,7 +206,7 @@ __global__ void flash_bwd_dot(float *D, const float *dout, const float *ocopy, i
 __device__ void probs(float *Pf, bf16 *Pb, int row, int half, int tq, int k0, int T,
                       float scale, float lse_row) {
   float *s = Pf + row * kLdS;
-  for (int c = half * 32; c < half * 32 + 32; c++) {
+  for (int c = half; c < kTile; c += 2) {
     int tk = k0 + c;
     float p = tk <= tq && tk < T && tq < T ? __expf(s[c] * scale - lse_row) : 0.0f;
     s[c] = p;
@@ -221,7 +216,7 @@ __device__ void probs(float *Pf, bf16 *Pb, int row, int half, int tq, int k0, in
 
 __device__ void dscores(bf16 *dSb, const float *Pf, const float *dPf, int row, int half,
                         float scale, float D_row) {
-  for (int c = half * 32; c < half * 32 + 32; c++) {
+  for (int c = half; c < kTile; c += 2) {
     float p = Pf[row * kLdS + c];
     dSb[row * kLdP + c] = __float2bfloat16_rn(scale * p * (dPf[row * kLdS + c] - D_row));
   }
@@ -232,8 +227,8 @@ __device__ void dscores(bf16 *dSb, const float *Pf, const float *dPf, int row, i
 // summed in order.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    flash_bwd_kv(float *dk, float *dv, const float *dout, const float *lse, const float *D,
-                 const float *q, const float *k, const float *v, Dims d) {
+    flash_bwd_kv(float *dk, float *dv, const bf16 *dout, const float *lse, const float *D,
+                 const bf16 *q, const bf16 *k, const bf16 *v, Dims d) {
   using Sh = Shape<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *Ks = (bf16 *)smem, *Vs = Ks + Sh::kHalf, *Qs = Vs + Sh::kHalf, *dOs = Qs + Sh::kHalf;
@@ -299,8 +294,8 @@ __global__ void __launch_bounds__(kThreads)
 // at or before it.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    flash_bwd_q(float *dq, const float *dout, const float *lse, const float *D, const float *q,
-                const float *k, const float *v, Dims d) {
+    flash_bwd_q(float *dq, const bf16 *dout, const float *lse, const float *D, const bf16 *q,
+                const bf16 *k, const bf16 *v, Dims d) {
   using Sh = Shape<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *Ks = (bf16 *)smem, *Vs = Ks + Sh::kHalf, *Qs = Vs + Sh::kHalf, *dOs = Qs + Sh::kHalf;
@@ -315,7 +310,7 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<HS>(dOs, dout + (int64_t)b * T * d.ldo + h * HS, d.ldo, q0, T);
   float lse_row = tq < T ? lse[(int64_t)blockIdx.y * T + tq] : 0.0f;
   float D_row = tq < T ? D[(int64_t)blockIdx.y * T + tq] : 0.0f;
-  const float *kb = k + (int64_t)b * T * d.ldkv + g * HS, *vb = v + (int64_t)b * T * d.ldkv + g * HS;
+  const bf16 *kb = k + (int64_t)b * T * d.ldkv + g * HS, *vb = v + (int64_t)b * T * d.ldkv + g * HS;
   FragC dQ[HS / 16];
   for (int n = 0; n < HS / 16; n++) wmma::fill_fragment(dQ[n], 0.0f);
   for (int kt = 0; kt <= qt; kt++) {
@@ -359,8 +354,8 @@ constexpr size_t bwd_bytes() {
 }
 
 template <int HS>
-int fwd(cudaStream_t s, float *out, float *lse, float *ocopy, const float *q, const float *k,
-        const float *v, int B, Dims d) {
+int fwd(cudaStream_t s, float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k,
+        const bf16 *v, int B, Dims d) {
   size_t bytes = fwd_bytes<HS>();
   cudaError_t e = cudaFuncSetAttribute(flash_fwd<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)bytes);
@@ -372,8 +367,8 @@ int fwd(cudaStream_t s, float *out, float *lse, float *ocopy, const float *q, co
 
 template <int HS>
 int bwd(cudaStream_t s, float *dq, float *dk, float *dv, float *D, const float *dout,
-        const float *ocopy, const float *lse, const float *q, const float *k, const float *v,
-        int B, Dims d) {
+        const bf16 *dout16, const float *ocopy, const float *lse, const bf16 *q, const bf16 *k,
+        const bf16 *v, int B, Dims d) {
   int64_t rows = (int64_t)B * d.NH * d.T;
   flash_bwd_dot<HS><<<(unsigned)((rows * 32 + 255) / 256), 256, 0, s>>>(D, dout, ocopy, B, d);
   size_t bytes = bwd_bytes<HS>();
@@ -384,8 +379,9 @@ int bwd(cudaStream_t s, float *dq, float *dk, float *dv, float *D, const float *
                                 (int)bytes)) != cudaSuccess)
     return (int)e;
   int nt = (d.T + kTile - 1) / kTile;
-  flash_bwd_kv<HS><<<dim3(nt, B * d.G), kThreads, bytes, s>>>(dk, dv, dout, lse, D, q, k, v, d);
-  flash_bwd_q<HS><<<dim3(nt, B * d.NH), kThreads, bytes, s>>>(dq, dout, lse, D, q, k, v, d);
+  flash_bwd_kv<HS><<<dim3(nt, B * d.G), kThreads, bytes, s>>>(dk, dv, dout16, lse, D, q, k, v,
+                                                              d);
+  flash_bwd_q<HS><<<dim3(nt, B * d.NH), kThreads, bytes, s>>>(dq, dout16, lse, D, q, k, v, d);
   return (int)cudaGetLastError();
 }
 
@@ -398,22 +394,26 @@ Dims dims(int T, int NH, int G, int hs, int ldq, int ldkv) {
 extern "C" int mega_cu_flash_supported(int hs) { return hs == 64 || hs == 128; }
 
 extern "C" int mega_cu_flash_fwd(mega_cu_stream s, float *out, float *lse, float *ocopy,
-                                 const float *q, const float *k, const float *v, int B, int T,
-                                 int NH, int G, int hs, int ldq, int ldkv) {
+                                 const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+                                 int T, int NH, int G, int hs, int ldq, int ldkv) {
   Dims d = dims(T, NH, G, hs, ldq, ldkv);
   cudaStream_t cs = (cudaStream_t)s;
+  const bf16 *q16 = (const bf16 *)q, *k16 = (const bf16 *)k, *v16 = (const bf16 *)v;
   if (B <= 0 || T <= 0) return 0;
-  return hs == 64 ? fwd<64>(cs, out, lse, ocopy, q, k, v, B, d)
-                  : fwd<128>(cs, out, lse, ocopy, q, k, v, B, d);
+  return hs == 64 ? fwd<64>(cs, out, lse, ocopy, q16, k16, v16, B, d)
+                  : fwd<128>(cs, out, lse, ocopy, q16, k16, v16, B, d);
 }
 
 extern "C" int mega_cu_flash_bwd(mega_cu_stream s, float *dq, float *dk, float *dv, float *D,
-                                 const float *dout, const float *ocopy, const float *lse,
-                                 const float *q, const float *k, const float *v, int B, int T,
-                                 int NH, int G, int hs, int ldq, int ldkv) {
+                                 const float *dout, const uint16_t *dout16, const float *ocopy,
+                                 const float *lse, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, int B, int T, int NH, int G, int hs, int ldq,
+                                 int ldkv) {
   Dims d = dims(T, NH, G, hs, ldq, ldkv);
   cudaStream_t cs = (cudaStream_t)s;
+  const bf16 *q16 = (const bf16 *)q, *k16 = (const bf16 *)k, *v16 = (const bf16 *)v;
+  const bf16 *o16 = (const bf16 *)dout16;
   if (B <= 0 || T <= 0) return 0;
-  return hs == 64 ? bwd<64>(cs, dq, dk, dv, D, dout, ocopy, lse, q, k, v, B, d)
-                  : bwd<128>(cs, dq, dk, dv, D, dout, ocopy, lse, q, k, v, B, d);
+  return hs == 64 ? bwd<64>(cs, dq, dk, dv, D, dout, o16, ocopy, lse, q16, k16, v16, B, d)
+                  : bwd<128>(cs, dq, dk, dv, D, dout, o16, ocopy, lse, q16, k16, v16, B, d);
 }

@@ -72,17 +72,18 @@ int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a);
 int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n);
 /* Causal flash attention under --bf16 (kernels/flash_attn.cu), for head
  * sizes it supports (64, 128). Shapes and strides as backend.h's
- * attention; out and ocopy are [B*T, NH*hs], lse [B*NH, T]. The forward
+ * attention, q, k, v (and dout16) being bf16 copies with the same strides;
+ * out, dout and ocopy are fp32 [B*T, NH*hs], lse [B*NH, T]. The forward
  * writes out, its copy ocopy and the rows' log-sum-exp; the backward reads
- * them and overwrites dq, dk and dv, with D ([B*NH*T]) its scratch. */
+ * them and overwrites dq, dk and dv (fp32), with D ([B*NH*T]) its scratch. */
 int mega_cu_flash_supported(int hs);
-int mega_cu_flash_fwd(mega_cu_stream s, float *out, float *lse, float *ocopy, const float *q,
-                      const float *k, const float *v, int B, int T, int NH, int G, int hs,
+int mega_cu_flash_fwd(mega_cu_stream s, float *out, float *lse, float *ocopy, const uint16_t *q,
+                      const uint16_t *k, const uint16_t *v, int B, int T, int NH, int G, int hs,
                       int ldq, int ldkv);
 int mega_cu_flash_bwd(mega_cu_stream s, float *dq, float *dk, float *dv, float *D,
-                      const float *dout, const float *ocopy, const float *lse, const float *q,
-                      const float *k, const float *v, int B, int T, int NH, int G, int hs,
-                      int ldq, int ldkv);
+                      const float *dout, const uint16_t *dout16, const float *ocopy,
+                      const float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                      int B, int T, int NH, int G, int hs, int ldq, int ldkv);
 /* partials[MEGA_CU_SUM_BLOCKS] (device) = block sums of x (or of x^2), in
  * double, in a fixed order: the host adds them, so results are
  * deterministic. */

@@ -404,6 +404,8 @@ def kernel_family(name):
     lambdas' wrappers, the stem of cuBLAS's and others' names."""
     if "mega_cu_" in name:
         return "mega_cu_" + name.split("mega_cu_")[1].split(":")[0].split("<")[0]
+    for anon in ("<unnamed>::", "(anonymous namespace)::"):
+        name = name.replace(anon, "")
     return name.replace("void ", "").split("(")[0].split("<")[0][:60]
 
 

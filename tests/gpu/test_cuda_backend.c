@@ -193,10 +193,11 @@ static void test_bf16_matmuls(void) {
     failures++;
     return;
   }
-  float *x = vec(N * C, 21, 2), *W = vec(C * 3 * C, 22, 0.2f), *bias = vec(3 * C, 23, 1);
-  float *dy = vec(N * 3 * C, 24, 1);
+  float *x = vec(N * C, 21, 2), *W = vec(C * 3 * C, 22, 0.2f), *bias = vec(3 * C + 1, 23, 1);
+  float *dy = vec(N * 3 * C, 24, 1), *res = vec(N * 3 * C, 25, 1);
   float *gx = up(x, sizeof(float) * N * C), *gW = up(W, sizeof(float) * C * 3 * C);
-  float *gb = up(bias, sizeof(float) * 3 * C), *gdy = up(dy, sizeof(float) * N * 3 * C);
+  float *gb = up(bias, sizeof(float) * (3 * C + 1)), *gdy = up(dy, sizeof(float) * N * 3 * C);
+  float *gres = up(res, sizeof(float) * N * 3 * C);
   float *y = malloc(sizeof(float) * N * 3 * C), *gy = dev_zero(sizeof(float) * N * 3 * C);
   float *dx = malloc(sizeof(float) * N * C), *gdx = dev_zero(sizeof(float) * N * C);
   for (int lay = 0; lay < 2; lay++) {
@@ -205,6 +206,17 @@ static void test_bf16_matmuls(void) {
     gpu->ops->matmul_forward(gpu, gy, gx, gW, gb, NULL, N, C, 3 * C, l);
     same(lay ? "bf16 matmul forward (out, in)" : "bf16 matmul forward (in, out)", gy, y,
          N * 3 * C, 1e-4);
+    /* the epilogue's cases: a residual apart, one in place (out += x W),
+     * and a bias off 16 bytes (cuBLASLt declines it: the fill path) */
+    cpu->ops->matmul_forward(cpu, y, x, W, bias, res, N, C, 3 * C, l);
+    gpu->ops->matmul_forward(gpu, gy, gx, gW, gb, gres, N, C, 3 * C, l);
+    same("bf16 matmul forward + bias + residual", gy, y, N * 3 * C, 1e-4);
+    cpu->ops->matmul_forward(cpu, y, x, W, NULL, y, N, C, 3 * C, l);
+    gpu->ops->matmul_forward(gpu, gy, gx, gW, NULL, gy, N, C, 3 * C, l);
+    same("bf16 matmul forward += in place", gy, y, N * 3 * C, 1e-4);
+    cpu->ops->matmul_forward(cpu, y, x, W, bias + 1, NULL, N, C, 3 * C, l);
+    gpu->ops->matmul_forward(gpu, gy, gx, gW, gb + 1, NULL, N, C, 3 * C, l);
+    same("bf16 matmul forward, bias off 16 bytes", gy, y, N * 3 * C, 1e-4);
     cpu->ops->matmul_backward_input(cpu, dx, dy, W, N, C, 3 * C, l, false);
     gpu->ops->matmul_backward_input(gpu, gdx, gdy, gW, N, C, 3 * C, l, false);
     same("bf16 matmul backward input", gdx, dx, N * C, 1e-3);

@@ -1,10 +1,11 @@
 /* The cuda backend: backend.h's ops on one device, in order on one compute
  * stream. Memory is cudaMalloc'd; GEMMs are cuBLAS (fp32; with --bf16 the
- * matmuls' are cublasGemmEx on bf16 copies of their inputs) on the same
- * stream; the other ops are the kernels of kernels/gpt_kernels.cu.
+ * matmuls' are cublasGemmEx on bf16 copies of their inputs, the forward's
+ * cuBLASLt with the bias and residual in its epilogue: cuda_lt.c) on the
+ * same stream; the other ops are the kernels of kernels/gpt_kernels.cu.
  * Attention is cuBLAS's batched GEMMs around a causal softmax kernel
- * (attn_gemm.c), or under --bf16 the flash kernels (kernels/flash_attn.cu). Compute ops cannot report errors (backend.h), so the first
- * failure is kept and returned by the next op that can fail (memcpy,
+ * (attn_gemm.c), or under --bf16 the flash kernels (kernels/flash_attn.cu).
+ * Compute ops cannot report errors (backend.h), so the first failure is kept and returned by the next op that can fail (memcpy,
  * synchronize, the reductions), as NCCL reports asynchronous errors.
  *
  * Built into the shared module libmega_cuda.so (worker/backend/cuda_module.c)
@@ -19,6 +20,7 @@
 #include "kernels/launch.h"
 #include "worker/backend/attn_gemm.h"
 #include "worker/backend/cuda_internal.h"
+#include "worker/backend/cuda_lt.h"
 
 typedef struct cuda_impl {
   int device;
@@ -30,6 +32,9 @@ typedef struct cuda_impl {
   size_t bf16_cap[2]; /* bytes */
   void *sort_buf;     /* the embedding gradient's sort (encoder_backward) */
   size_t sort_cap;
+  mega_cu_lt *lt;     /* --bf16's forward GEMMs with epilogues; NULL: cublasGemmEx */
+  void *attn_buf;     /* flash attention's bf16 inputs */
+  size_t attn_cap;
   mega_status sticky;
   char why[200];
 } cuda_impl;
@@ -182,9 +187,20 @@ static const uint16_t *bf16_copy(mega_backend *be, int k, const float *x, size_t
   return b;
 }
 
-/* A matmul's GEMM (alpha 1): cu_gemm, or under --bf16 cublasGemmEx on bf16
- * copies of A (na floats) and B (nb floats) with fp32 C and CUBLAS_COMPUTE_32F
+/* C = op(A) op(B) + beta C on bf16 A and B, fp32 C, CUBLAS_COMPUTE_32F
  * (fp32 accumulation), row-major through column-major as cu_gemm does. */
+static void gemm16(mega_backend *be, bool ta, bool tb, int M, int N, int K, const uint16_t *a,
+                   int lda, const uint16_t *b, int ldb, float beta, float *C, int ldc) {
+  float alpha = 1.0f;
+  cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  note_blas(be, cublasGemmEx(impl_of(be)->blas, opb, opa, N, M, K, &alpha, b, CUDA_R_16BF, ldb, a,
+                             CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT),
+            "bf16 GEMM (cublasGemmEx)");
+}
+
+/* A matmul's GEMM (alpha 1): cu_gemm, or under --bf16 gemm16 on bf16
+ * copies of A (na floats) and B (nb floats). */
 static void mm_gemm(mega_backend *be, bool ta, bool tb, int M, int N, int K, const float *A,
                     int lda, size_t na, const float *B, int ldb, size_t nb, float beta, float *C,
                     int ldc) {
@@ -195,26 +211,38 @@ static void mm_gemm(mega_backend *be, bool ta, bool tb, int M, int N, int K, con
   }
   if (M <= 0 || N <= 0) return;
   const uint16_t *a = bf16_copy(be, 0, A, na), *b = bf16_copy(be, 1, B, nb);
-  if (!a || !b) return;
-  float alpha = 1.0f;
-  cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  note_blas(be, cublasGemmEx(c->blas, opb, opa, N, M, K, &alpha, b, CUDA_R_16BF, ldb, a,
-                             CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                             CUBLAS_GEMM_DEFAULT),
-            "bf16 GEMM (cublasGemmEx)");
+  if (a && b) gemm16(be, ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc);
 }
 
+/* out = inp W + bias + residual. Under --bf16 the bias and the residual
+ * ride on cuBLASLt's epilogue (cuda_lt.h), one GEMM and no fill pass;
+ * shapes cuBLASLt declines, and fp32, prefill out and let the GEMM add. */
 static void cu_matmul_forward(mega_backend *be, float *out, const float *inp, const float *w,
                               const float *bias, const float *residual, int N, int C, int OC,
                               mega_wlayout lay) {
+  cuda_impl *c = impl_of(be);
+  bool tb = lay == MEGA_W_OUT_IN;
+  size_t nx = (size_t)N * C, nw = (size_t)C * OC;
+  int ldw = tb ? C : OC;
+  const uint16_t *a = NULL, *b = NULL;
+  if (c->bf16 && N > 0 && OC > 0) {
+    a = bf16_copy(be, 0, inp, nx);
+    b = bf16_copy(be, 1, w, nw);
+    if (!a || !b) return;
+    /* column-major: out^T [OC, N] = op(W)^T inp^T */
+    if (mega_cu_lt_gemm(c->lt, tb, false, OC, N, C, b, ldw, a, C, bias, residual, out, OC) ==
+        CUBLAS_STATUS_SUCCESS)
+      return;
+  }
   float beta = 0.0f;
-  if (bias || residual) { /* prefill out, then the GEMM adds into it */
+  if (bias || residual) {
     note(be, mega_cu_bias_fill(S(be), out, bias, residual, (int64_t)N * OC, OC), "bias fill");
     beta = 1.0f;
   }
-  bool tb = lay == MEGA_W_OUT_IN;
-  size_t nx = (size_t)N * C, nw = (size_t)C * OC;
-  mm_gemm(be, false, tb, N, OC, C, inp, C, nx, w, tb ? C : OC, nw, beta, out, OC);
+  if (a)
+    gemm16(be, false, tb, N, OC, C, a, C, b, ldw, beta, out, OC);
+  else
+    mm_gemm(be, false, tb, N, OC, C, inp, C, nx, w, ldw, nw, beta, out, OC);
 }
 
 static void cu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
@@ -258,17 +286,66 @@ static bool use_flash(mega_backend *be, const mega_attn_dims *d) {
   return impl_of(be)->bf16 && mega_cu_flash_supported(d->hs) && d->T > d->hs;
 }
 
+/* The bf16 copies flash attention reads, in c->attn_buf: q, k and v with
+ * their own strides (one copy when they are views of one fused [N, ld]
+ * buffer, as GPT-2's qkv), and dout when given. Each copy starts on 16
+ * bytes, for the kernels' vector loads. False after a failure. */
+typedef struct attn16 {
+  const uint16_t *q, *k, *v, *dout;
+} attn16;
+
+static size_t span(const mega_attn_dims *d, int ld, int heads) {
+  return ((size_t)d->B * d->T - 1) * ld + (size_t)heads * d->hs;
+}
+
+static size_t up8(size_t n) { return (n + 7) / 8 * 8; }
+
+static bool attn_bf16(mega_backend *be, const float *q, const float *k, const float *v,
+                      const float *dout, const mega_attn_dims *d, attn16 *o) {
+  cuda_impl *c = impl_of(be);
+  bool fused = k == q + (size_t)d->NH * d->hs && v == k + (size_t)d->G * d->hs &&
+               d->ldq == d->ldkv;
+  size_t nq = fused ? span(d, d->ldq, d->NH + 2 * d->G) : span(d, d->ldq, d->NH);
+  size_t nk = fused ? 0 : span(d, d->ldkv, d->G);
+  size_t no = dout ? (size_t)d->B * d->T * d->NH * d->hs : 0;
+  size_t total = up8(nq) + 2 * up8(nk) + up8(no);
+  uint16_t *b = grow(be, &c->attn_buf, &c->attn_cap, total * sizeof(uint16_t),
+                     "allocating flash attention's bf16 inputs");
+  if (!b) return false;
+  note(be, mega_cu_to_bf16(S(be), b, q, (int64_t)nq), "rounding attention inputs to bf16");
+  o->q = b;
+  if (fused) {
+    o->k = b + d->NH * d->hs;
+    o->v = o->k + d->G * d->hs;
+  } else {
+    uint16_t *bk = b + up8(nq), *bv = bk + up8(nk);
+    note(be, mega_cu_to_bf16(S(be), bk, k, (int64_t)nk), "rounding attention inputs to bf16");
+    note(be, mega_cu_to_bf16(S(be), bv, v, (int64_t)nk), "rounding attention inputs to bf16");
+    o->k = bk;
+    o->v = bv;
+  }
+  o->dout = NULL;
+  if (dout) {
+    uint16_t *bo = b + up8(nq) + 2 * up8(nk);
+    note(be, mega_cu_to_bf16(S(be), bo, dout, (int64_t)no), "rounding attention inputs to bf16");
+    o->dout = bo;
+  }
+  return true;
+}
+
 static void cu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                  const float *q, const float *k, const float *v,
                                  const mega_attn_dims *d) {
   (void)scratch;
+  attn16 h;
   if (!use_flash(be, d)) {
     mega_attn_gemm_forward(be, &cu_sm, out, att, q, k, v, d);
     return;
   }
+  if (!attn_bf16(be, q, k, v, NULL, d, &h)) return;
   float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, q, k, v, d->B, d->T, d->NH, d->G, d->hs,
-                             d->ldq, d->ldkv),
+  note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH, d->G,
+                             d->hs, d->ldq, d->ldkv),
        "flash attention");
 }
 
@@ -276,13 +353,15 @@ static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float 
                                   float *scratch, const float *dout, const float *q,
                                   const float *k, const float *v, const float *att,
                                   const mega_attn_dims *d) {
+  attn16 h;
   if (!use_flash(be, d)) {
     mega_attn_gemm_backward(be, &cu_sm, dq, dk, dv, scratch, dout, q, k, v, att, d);
     return;
   }
+  if (!attn_bf16(be, q, k, v, dout, d, &h)) return;
   const float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, ocopy, att, q, k, v, d->B, d->T,
-                             d->NH, d->G, d->hs, d->ldq, d->ldkv),
+  note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q, h.k,
+                             h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
        "flash attention backward");
 }
 
@@ -452,6 +531,8 @@ static void cu_destroy(mega_backend *be) {
   for (int k = 0; k < 2; k++)
     if (c->bf16_buf[k]) cudaFree(c->bf16_buf[k]);
   if (c->sort_buf) cudaFree(c->sort_buf);
+  mega_cu_lt_destroy(c->lt);
+  if (c->attn_buf) cudaFree(c->attn_buf);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
   free(c);
@@ -541,6 +622,7 @@ mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *e
                    (int)bs);
   /* fp32 GEMMs stay fp32: no TF32 unless asked (numbers match the cpu) */
   if (st == MEGA_OK) cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+  if (st == MEGA_OK) c->lt = mega_cu_lt_create(c->stream);
   if (st != MEGA_OK) {
     cu_destroy(be);
     return st;

@@ -1,0 +1,31 @@
+/* cuBLASLt for the cuda backend's --bf16 linear layers: one GEMM that also
+ * adds the bias (CUBLASLT_EPILOGUE_BIAS) and the residual (as C, with D the
+ * output), so matmul_forward needs no fill pass before it. The algorithm is
+ * chosen once per shape by cuBLASLt's heuristic and cached; a shape it
+ * offers none for is remembered too, and the caller takes its other path.
+ * Inside the cuda module only. */
+#ifndef MEGA_WORKER_CUDA_LT_H
+#define MEGA_WORKER_CUDA_LT_H
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct mega_cu_lt mega_cu_lt;
+
+/* NULL when cuBLASLt or its workspace cannot be had (the caller keeps to
+ * cublasGemmEx). */
+mega_cu_lt *mega_cu_lt_create(cudaStream_t stream);
+void mega_cu_lt_destroy(mega_cu_lt *lt);
+
+/* Column-major, as cuBLAS: D[m, n] = op(A)[m, k] op(B)[k, n] (A, B bf16)
+ * + bias[m] (fp32, or NULL) + C (fp32 [m, n] with D's ld, or NULL; may be
+ * D itself). Returns CUBLAS_STATUS_SUCCESS, CUBLAS_STATUS_NOT_SUPPORTED
+ * when cuBLASLt has no algorithm for the shape (nothing was launched), or
+ * the error of the launch. */
+cublasStatus_t mega_cu_lt_gemm(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
+                               const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                               const float *bias, const float *C, float *D, int ldd);
+
+#endif
