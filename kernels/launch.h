@@ -1,5 +1,5 @@
 /* The cuda backend's kernel launchers (kernels/gpt_kernels.cu and
- * kernels/flash_attn.cu), callable
+ * kernels/flash_attn.cu, kernels/flash_mma.cu), callable
  * from C. Each runs its per-thread body (kernels/gpt_bodies.h) over n items
  * on stream s and returns the launch's cudaError_t (0: launched; errors of
  * the kernel itself surface at the next synchronization). */
@@ -84,6 +84,17 @@ int mega_cu_flash_bwd(mega_cu_stream s, float *dq, float *dk, float *dv, float *
                       const float *dout, const uint16_t *dout16, const float *ocopy,
                       const float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                       int B, int T, int NH, int G, int hs, int ldq, int ldkv);
+/* The same with mma.sync and register-resident tiles (kernels/flash_mma.cu):
+ * the strides ldq and ldkv must be multiples of 8 and the bf16 copies
+ * start on 16 bytes, dq, dk, dv and out on 8. */
+int mega_cu_flash_mma_fwd(mega_cu_stream s, float *out, float *lse, float *ocopy,
+                          const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
+                          int NH, int G, int hs, int ldq, int ldkv);
+int mega_cu_flash_mma_bwd(mega_cu_stream s, float *dq, float *dk, float *dv, float *D,
+                          const float *dout, const uint16_t *dout16, const float *ocopy,
+                          const float *lse, const uint16_t *q, const uint16_t *k,
+                          const uint16_t *v, int B, int T, int NH, int G, int hs, int ldq,
+                          int ldkv);
 /* partials[MEGA_CU_SUM_BLOCKS] (device) = block sums of x (or of x^2), in
  * double, in a fixed order: the host adds them, so results are
  * deterministic. */

@@ -355,6 +355,16 @@ int main(void) {
   test_llama_ops();
   test_bf16_matmuls();
   test_flash_attention();
+  /* and the WMMA kernels (flash_attn.cu), on a second backend */
+  setenv("MEGA_CUDA_FLASH", "wmma", 1);
+  mega_backend *mma = gpu;
+  if (m->backend_create(0, &gpu, &err)) {
+    printf("FAIL creating the WMMA backend: %s\n", err.msg);
+    return 1;
+  }
+  printf("# MEGA_CUDA_FLASH=wmma\n");
+  test_flash_attention();
+  gpu = mma;
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
   /* buffers are left to the process's end: the device goes with it */
   return failures ? 1 : 0;

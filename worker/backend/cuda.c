@@ -33,6 +33,7 @@ typedef struct cuda_impl {
   void *sort_buf;     /* the embedding gradient's sort (encoder_backward) */
   size_t sort_cap;
   mega_cu_lt *lt;     /* --bf16's forward GEMMs with epilogues; NULL: cublasGemmEx */
+  bool flash_mma;     /* flash attention with mma.sync (flash_mma.cu), else WMMA */
   void *attn_buf;     /* flash attention's bf16 inputs */
   size_t attn_cap;
   mega_status sticky;
@@ -333,6 +334,15 @@ static bool attn_bf16(mega_backend *be, const float *q, const float *k, const fl
   return true;
 }
 
+/* The mma.sync kernels (flash_mma.cu) where their layout rules hold, and
+ * unless MEGA_CUDA_FLASH=wmma asks for the WMMA ones (flash_attn.cu), kept
+ * to compare the two on a GPU. */
+static bool use_mma(mega_backend *be, const mega_attn_dims *d, const float *a, const float *b,
+                    const float *c) {
+  return impl_of(be)->flash_mma && d->ldq % 8 == 0 && d->ldkv % 8 == 0 &&
+         ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 8 == 0;
+}
+
 static void cu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                  const float *q, const float *k, const float *v,
                                  const mega_attn_dims *d) {
@@ -344,9 +354,14 @@ static void cu_attention_forward(mega_backend *be, float *out, float *att, float
   }
   if (!attn_bf16(be, q, k, v, NULL, d, &h)) return;
   float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH, d->G,
-                             d->hs, d->ldq, d->ldkv),
-       "flash attention");
+  if (use_mma(be, d, out, ocopy, out))
+    note(be, mega_cu_flash_mma_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH,
+                                   d->G, d->hs, d->ldq, d->ldkv),
+         "flash attention");
+  else
+    note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH, d->G,
+                               d->hs, d->ldq, d->ldkv),
+         "flash attention");
 }
 
 static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float *dv,
@@ -360,9 +375,14 @@ static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float 
   }
   if (!attn_bf16(be, q, k, v, dout, d, &h)) return;
   const float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q, h.k,
-                             h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
-       "flash attention backward");
+  if (use_mma(be, d, dq, dk, dv))
+    note(be, mega_cu_flash_mma_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q,
+                                   h.k, h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
+         "flash attention backward");
+  else
+    note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q, h.k,
+                               h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
+         "flash attention backward");
 }
 
 /* ---- the kernels ---- */
@@ -623,6 +643,8 @@ mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *e
   /* fp32 GEMMs stay fp32: no TF32 unless asked (numbers match the cpu) */
   if (st == MEGA_OK) cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
   if (st == MEGA_OK) c->lt = mega_cu_lt_create(c->stream);
+  const char *fl = getenv("MEGA_CUDA_FLASH");
+  c->flash_mma = !(fl && strcmp(fl, "wmma") == 0);
   if (st != MEGA_OK) {
     cu_destroy(be);
     return st;

@@ -1,0 +1,392 @@
+// Causal flash attention for --bf16 with the tensor cores' mma.sync
+// (m16n8k16, bf16 in, fp32 accumulate) and everything between the two
+// products in registers: the scores' accumulators are re-packed as the
+// next product's A operand (FlashAttention-2's layout trick), so no score,
+// probability or output tile goes through shared memory. Same contract,
+// tiling and results' layout as kernels/flash_attn.cu (launch.h); only
+// k, v (forward) and the other side's tiles (backward) sit in shared
+// memory, loaded 16 bytes at a time.
+//
+// Fragments of m16n8k16, lane = 4 * g + t (g = lane / 4, t = lane % 4):
+//   A (16 x 16, row-major): {A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..]}
+//   B (16 x 8):             {B[2t..][g], B[2t+8..][g]}
+//   C (16 x 8, fp32):       C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]
+// Two C tiles side by side (16 x 16) hold exactly one A fragment's values.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/launch.h"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kTile = 64, kThreads = 128;
+
+struct Dims {
+  int T, NH, G, ldq, ldkv, ldo;
+  float scale;
+};
+
+template <int HS>
+struct Sh {
+  static constexpr int kLd = HS + 8;  // bf16 row of a shared tile: conflict-free 32-bit loads
+  static constexpr int kElems = kTile * kLd;
+};
+
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t ld32(const bf16 *p) { return *(const uint32_t *)p; }
+
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *(uint32_t *)&v;
+}
+
+// A fragment of rows [m0, m0+16) and columns [k0, k0+16) of a row-major tile.
+template <int HS>
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16 *X, int m0, int k0) {
+  int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const bf16 *p = X + (m0 + g) * Sh<HS>::kLd + k0 + 2 * t;
+  a[0] = ld32(p);
+  a[1] = ld32(p + 8 * Sh<HS>::kLd);
+  a[2] = ld32(p + 8);
+  a[3] = ld32(p + 8 * Sh<HS>::kLd + 8);
+}
+
+// S[16 rows][64] (8 C tiles) = A rows [m0, m0+16) of X times Y^T, Y's 64
+// rows being the columns of S: both row-major tiles of HS columns.
+template <int HS>
+__device__ __forceinline__ void rows_by_rows(float (&s)[8][4], const bf16 *X, int m0,
+                                             const bf16 *Y) {
+  int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < HS; kk += 16) {
+    uint32_t a[4];
+    frag_a<HS>(a, X, m0, kk);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const bf16 *p = Y + (8 * j + g) * Sh<HS>::kLd + kk + 2 * t;
+      mma(s[j], a, ld32(p), ld32(p + 8));
+    }
+  }
+}
+
+// acc[HS/8][4] += P (16 x 64, as C tiles p) times Z (64 x HS, row-major):
+// Z's B fragments through ldmatrix.trans, two n-tiles per load.
+template <int HS>
+__device__ __forceinline__ void probs_by_tile(float (&acc)[HS / 8][4], const float (&p)[8][4],
+                                              const bf16 *Z) {
+  int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+    uint32_t a[4] = {pack(p[2 * kk][0], p[2 * kk][1]), pack(p[2 * kk][2], p[2 * kk][3]),
+                     pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                     pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int n = 0; n < HS / 16; n++) {
+      const bf16 *row = Z + (16 * kk + (mi & 1) * 8 + r) * Sh<HS>::kLd + 16 * n + (mi >> 1) * 8;
+      uint32_t b[4], addr = (uint32_t)__cvta_generic_to_shared(row);
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                   : "r"(addr));
+      mma(acc[2 * n], a, b[0], b[1]);
+      mma(acc[2 * n + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Rows [r0, r0+64) of a [T, ld] bf16 head view into a shared tile, zeros
+// past T, 16 bytes at a time (the caller's copies are laid out for it).
+template <int HS>
+__device__ void load_tile(bf16 *dst, const bf16 *src, int ld, int r0, int T) {
+  for (int i = threadIdx.x; i < kTile * HS / 8; i += kThreads) {
+    int r = i / (HS / 8), c = (i % (HS / 8)) * 8;
+    uint4 x = r0 + r < T ? *(const uint4 *)(src + (int64_t)(r0 + r) * ld + c)
+                         : make_uint4(0u, 0u, 0u, 0u);
+    *(uint4 *)(dst + r * Sh<HS>::kLd + c) = x;
+  }
+}
+
+// The warp's accumulators (rows [m0, m0+16) of a tile at row r0) out to a
+// [T, ld] fp32 head view, overwriting; and to a second one when given.
+template <int HS>
+__device__ void store_acc(float *dst, float *dst2, int ld, const float (&acc)[HS / 8][4],
+                          int r0, int T, float mul0, float mul1) {
+  int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4, m0 = threadIdx.x / 32 * 16;
+  for (int half = 0; half < 2; half++) {
+    int row = r0 + m0 + g + 8 * half;
+    if (row >= T) continue;
+    float mul = half ? mul1 : mul0;
+    for (int n = 0; n < HS / 8; n++) {
+      float2 v = make_float2(acc[n][2 * half] * mul, acc[n][2 * half + 1] * mul);
+      *(float2 *)(dst + (int64_t)row * ld + 8 * n + 2 * t) = v;
+      if (dst2) *(float2 *)(dst2 + (int64_t)row * ld + 8 * n + 2 * t) = v;
+    }
+  }
+}
+
+// ---- forward: a block per (query tile, batch element and head) ----
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    fwd_kernel(float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k, const bf16 *v,
+               Dims d) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Qs = (bf16 *)smem, *Ks = Qs + Sh<HS>::kElems, *Vs = Ks + Sh<HS>::kElems;
+  int T = d.T, nqt = (T + kTile - 1) / kTile, qt = nqt - 1 - blockIdx.x;
+  int b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, grp = h / (d.NH / d.G);
+  int q0 = qt * kTile, m0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  int row0 = q0 + m0 + g, row1 = row0 + 8;
+  const bf16 *kb = k + (int64_t)b * T * d.ldkv + grp * HS;
+  const bf16 *vb = v + (int64_t)b * T * d.ldkv + grp * HS;
+  load_tile<HS>(Qs, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
+  float o[HS / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int kt = 0; kt <= qt; kt++) {
+    int k0 = kt * kTile;
+    __syncthreads();
+    load_tile<HS>(Ks, kb, d.ldkv, k0, T);
+    load_tile<HS>(Vs, vb, d.ldkv, k0, T);
+    __syncthreads();
+    float s[8][4];
+    rows_by_rows<HS>(s, Qs, m0, Ks);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int col = k0 + 8 * j + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
+        float x = col <= row && col < T ? s[j][e] * d.scale : -INFINITY;
+        s[j][e] = x;
+        mx[e / 2] = fmaxf(mx[e / 2], x);
+      }
+    float alpha[2], base[2];
+    for (int i = 0; i < 2; i++) {  // the quad shares a row
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      float mn = fmaxf(m[i], mx[i]);
+      base[i] = mn == -INFINITY ? 0.0f : mn;  // a row with nothing yet
+      alpha[i] = __expf(m[i] - base[i]);
+      m[i] = mn;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float p = __expf(s[j][e] - base[e / 2]);
+        s[j][e] = p;
+        l[e / 2] += p;  // this lane's part; the quad's are summed at the end
+      }
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    probs_by_tile<HS>(o, s, Vs);
+  }
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  if (t == 0) {
+    if (row0 < T) lse[(int64_t)blockIdx.y * T + row0] = m[0] + logf(l[0]);
+    if (row1 < T) lse[(int64_t)blockIdx.y * T + row1] = m[1] + logf(l[1]);
+  }
+  int64_t base_o = (int64_t)b * T * d.ldo + h * HS;
+  store_acc<HS>(out + base_o, ocopy + base_o, d.ldo, o, q0, T, l[0] > 0 ? 1.0f / l[0] : 0.0f,
+                l[1] > 0 ? 1.0f / l[1] : 0.0f);
+}
+
+// ---- backward ----
+
+// P and dS of a 16 x 64 tile pair in C tiles: s holds the scores, dp the
+// products dO V^T; (rows, cols) are (ri, cj) in the tile's own order, and
+// row_is_q says which of them is the query (the key/value kernel works on
+// the transpose). lse_at and D_at give a query's statistics.
+template <bool kRowIsQuery, typename Lse, typename Dq>
+__device__ __forceinline__ void grads(float (&s)[8][4], float (&dp)[8][4], int r_base, int c_base,
+                                      int T, float scale, Lse lse_at, Dq D_at) {
+  int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int r = r_base + g + (e < 2 ? 0 : 8), c = c_base + 8 * j + 2 * t + (e & 1);
+      int tq = kRowIsQuery ? r : c, tk = kRowIsQuery ? c : r;
+      float p = tk <= tq && tq < T && tk < T ? __expf(s[j][e] * scale - lse_at(tq)) : 0.0f;
+      s[j][e] = p;
+      dp[j][e] = scale * p * (dp[j][e] - D_at(tq));
+    }
+}
+
+// D[(b*NH + h)*T + t] = sum_c dO * O over the head's columns: a warp per row.
+template <int HS>
+__global__ void dot_kernel(float *D, const float *dout, const float *ocopy, int B, Dims d) {
+  int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
+  if (w >= (int64_t)B * d.NH * d.T) return;
+  int t = (int)(w % d.T), h = (int)(w / d.T % d.NH);
+  int64_t b = w / d.T / d.NH, at = (b * d.T + t) * d.ldo + h * HS;
+  float s = 0.0f;
+  for (int c = lane; c < HS; c += 32) s += dout[at + c] * ocopy[at + c];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) D[w] = s;
+}
+
+// dK and dV: a block per (key tile, batch element and key/value head), each
+// warp 16 keys; the group's query heads and the query tiles at or after the
+// key tile are summed in order. Works on transposed tiles: S^T = K Q^T,
+// dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q.
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    kv_kernel(float *dk, float *dv, const bf16 *dout, const float *lse, const float *D,
+              const bf16 *q, const bf16 *k, const bf16 *v, Dims d) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Ks = (bf16 *)smem, *Vs = Ks + Sh<HS>::kElems, *Qs = Vs + Sh<HS>::kElems;
+  bf16 *dOs = Qs + Sh<HS>::kElems;
+  float *lse_s = (float *)(dOs + Sh<HS>::kElems), *D_s = lse_s + kTile;
+  int T = d.T, nqt = (T + kTile - 1) / kTile, rep = d.NH / d.G;
+  int kt = blockIdx.x, b = blockIdx.y / d.G, grp = blockIdx.y % d.G, k0 = kt * kTile;
+  int m0 = threadIdx.x / 32 * 16;
+  load_tile<HS>(Ks, k + (int64_t)b * T * d.ldkv + grp * HS, d.ldkv, k0, T);
+  load_tile<HS>(Vs, v + (int64_t)b * T * d.ldkv + grp * HS, d.ldkv, k0, T);
+  float dK[HS / 8][4] = {}, dV[HS / 8][4] = {};
+  for (int r = 0; r < rep; r++) {
+    int h = grp * rep + r;
+    int64_t bh = (int64_t)b * d.NH + h;
+    for (int qt = kt; qt < nqt; qt++) {
+      int q0 = qt * kTile;
+      __syncthreads();
+      load_tile<HS>(Qs, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
+      load_tile<HS>(dOs, dout + (int64_t)b * T * d.ldo + h * HS, d.ldo, q0, T);
+      for (int i = threadIdx.x; i < kTile; i += kThreads) {
+        lse_s[i] = q0 + i < T ? lse[bh * T + q0 + i] : 0.0f;
+        D_s[i] = q0 + i < T ? D[bh * T + q0 + i] : 0.0f;
+      }
+      __syncthreads();
+      float s[8][4], dp[8][4];
+      rows_by_rows<HS>(s, Ks, m0, Qs);
+      rows_by_rows<HS>(dp, Vs, m0, dOs);
+      grads<false>(s, dp, k0 + m0, q0, T, d.scale, [&](int tq) { return lse_s[tq - q0]; },
+                   [&](int tq) { return D_s[tq - q0]; });
+      probs_by_tile<HS>(dV, s, dOs);
+      probs_by_tile<HS>(dK, dp, Qs);
+    }
+  }
+  int64_t base = (int64_t)b * T * d.ldkv + grp * HS;
+  store_acc<HS>(dk + base, nullptr, d.ldkv, dK, k0, T, 1.0f, 1.0f);
+  store_acc<HS>(dv + base, nullptr, d.ldkv, dV, k0, T, 1.0f, 1.0f);
+}
+
+// dQ: a block per (query tile, batch element and head), each warp 16 query
+// rows, over the key tiles at or before it: dQ += dS K.
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    q_kernel(float *dq, const bf16 *dout, const float *lse, const float *D, const bf16 *q,
+             const bf16 *k, const bf16 *v, Dims d) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Ks = (bf16 *)smem, *Vs = Ks + Sh<HS>::kElems, *Qs = Vs + Sh<HS>::kElems;
+  bf16 *dOs = Qs + Sh<HS>::kElems;
+  int T = d.T, nqt = (T + kTile - 1) / kTile, qt = nqt - 1 - blockIdx.x;
+  int b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, grp = h / (d.NH / d.G);
+  int q0 = qt * kTile, m0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4;
+  int row0 = q0 + m0 + g, row1 = row0 + 8;
+  load_tile<HS>(Qs, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
+  load_tile<HS>(dOs, dout + (int64_t)b * T * d.ldo + h * HS, d.ldo, q0, T);
+  const float *lr = lse + (int64_t)blockIdx.y * T, *Dr = D + (int64_t)blockIdx.y * T;
+  float lse0 = row0 < T ? lr[row0] : 0.0f, lse1 = row1 < T ? lr[row1] : 0.0f;
+  float D0 = row0 < T ? Dr[row0] : 0.0f, D1 = row1 < T ? Dr[row1] : 0.0f;
+  const bf16 *kb = k + (int64_t)b * T * d.ldkv + grp * HS;
+  const bf16 *vb = v + (int64_t)b * T * d.ldkv + grp * HS;
+  float dQ[HS / 8][4] = {};
+  for (int kt = 0; kt <= qt; kt++) {
+    int k0 = kt * kTile;
+    __syncthreads();
+    load_tile<HS>(Ks, kb, d.ldkv, k0, T);
+    load_tile<HS>(Vs, vb, d.ldkv, k0, T);
+    __syncthreads();
+    float s[8][4], dp[8][4];
+    rows_by_rows<HS>(s, Qs, m0, Ks);
+    rows_by_rows<HS>(dp, dOs, m0, Vs);
+    grads<true>(s, dp, q0 + m0, k0, T, d.scale,
+                [&](int tq) { return tq == row0 ? lse0 : lse1; },
+                [&](int tq) { return tq == row0 ? D0 : D1; });
+    probs_by_tile<HS>(dQ, dp, Ks);
+  }
+  store_acc<HS>(dq + (int64_t)b * T * d.ldq + h * HS, nullptr, d.ldq, dQ, q0, T, 1.0f, 1.0f);
+}
+
+template <int HS>
+constexpr int bwd_bytes() {
+  return 4 * Sh<HS>::kElems * (int)sizeof(bf16) + 2 * kTile * (int)sizeof(float);
+}
+
+template <int HS>
+int fwd(cudaStream_t s, float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k,
+        const bf16 *v, int B, Dims d) {
+  int bytes = 3 * Sh<HS>::kElems * (int)sizeof(bf16);
+  cudaError_t e = cudaFuncSetAttribute(fwd_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       bytes);
+  if (e != cudaSuccess) return (int)e;
+  dim3 grid((d.T + kTile - 1) / kTile, B * d.NH);
+  fwd_kernel<HS><<<grid, kThreads, bytes, s>>>(out, lse, ocopy, q, k, v, d);
+  return (int)cudaGetLastError();
+}
+
+template <int HS>
+int bwd(cudaStream_t s, float *dq, float *dk, float *dv, float *D, const float *dout,
+        const bf16 *dout16, const float *ocopy, const float *lse, const bf16 *q, const bf16 *k,
+        const bf16 *v, int B, Dims d) {
+  int64_t rows = (int64_t)B * d.NH * d.T;
+  dot_kernel<HS><<<(unsigned)((rows * 32 + 255) / 256), 256, 0, s>>>(D, dout, ocopy, B, d);
+  int bytes = bwd_bytes<HS>();
+  cudaError_t e;
+  if ((e = cudaFuncSetAttribute(kv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                bytes)) != cudaSuccess ||
+      (e = cudaFuncSetAttribute(q_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                bytes)) != cudaSuccess)
+    return (int)e;
+  int nt = (d.T + kTile - 1) / kTile;
+  kv_kernel<HS><<<dim3(nt, B * d.G), kThreads, bytes, s>>>(dk, dv, dout16, lse, D, q, k, v, d);
+  q_kernel<HS><<<dim3(nt, B * d.NH), kThreads, bytes, s>>>(dq, dout16, lse, D, q, k, v, d);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" int mega_cu_flash_mma_fwd(mega_cu_stream s, float *out, float *lse, float *ocopy,
+                                     const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                     int B, int T, int NH, int G, int hs, int ldq, int ldkv) {
+  Dims d = {T, NH, G, ldq, ldkv, NH * hs, 1.0f / sqrtf((float)hs)};
+  const bf16 *q16 = (const bf16 *)q, *k16 = (const bf16 *)k, *v16 = (const bf16 *)v;
+  if (B <= 0 || T <= 0) return 0;
+  return hs == 64 ? fwd<64>((cudaStream_t)s, out, lse, ocopy, q16, k16, v16, B, d)
+                  : fwd<128>((cudaStream_t)s, out, lse, ocopy, q16, k16, v16, B, d);
+}
+
+extern "C" int mega_cu_flash_mma_bwd(mega_cu_stream s, float *dq, float *dk, float *dv,
+                                     float *D, const float *dout, const uint16_t *dout16,
+                                     const float *ocopy, const float *lse, const uint16_t *q,
+                                     const uint16_t *k, const uint16_t *v, int B, int T, int NH,
+                                     int G, int hs, int ldq, int ldkv) {
+  Dims d = {T, NH, G, ldq, ldkv, NH * hs, 1.0f / sqrtf((float)hs)};
+  const bf16 *q16 = (const bf16 *)q, *k16 = (const bf16 *)k, *v16 = (const bf16 *)v;
+  const bf16 *o16 = (const bf16 *)dout16;
+  if (B <= 0 || T <= 0) return 0;
+  return hs == 64 ? bwd<64>((cudaStream_t)s, dq, dk, dv, D, dout, o16, ocopy, lse, q16, k16, v16,
+                            B, d)
+                  : bwd<128>((cudaStream_t)s, dq, dk, dv, D, dout, o16, ocopy, lse, q16, k16,
+                             v16, B, d);
+}
