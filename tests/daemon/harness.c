@@ -107,6 +107,14 @@ bool hd_log_has(const hd *d, const char *text) {
   return found;
 }
 
+bool hd_wait_log(const hd *d, const char *text, int ms) {
+  for (int waited = 0; !hd_log_has(d, text); waited += 50) {
+    if (waited >= ms) return false;
+    usleep(50 * 1000);
+  }
+  return true;
+}
+
 bool hd_start(hd *d, const char *name, int slots, const char *peers, const char *state_dir,
               const char *const *extra) {
   memset(d, 0, sizeof *d);
