@@ -137,7 +137,14 @@ static void worker_kill(bool replicas) {
   assert_int_equal(w.final->attempt, 1);
   assert_non_null(strstr(w.events_text, "exited with signal 9 (Killed)"));
   if (replicas) {
-    if (!strstr(w.events_text, "recovered iteration")) fprintf(stderr, "%s", w.events_text);
+    if (!strstr(w.events_text, "recovered iteration")) {
+      /* the survivor's stderr says why it kept no state */
+      fprintf(stderr, "%s", w.events_text);
+      char cmd[600];
+      snprintf(cmd, sizeof cmd, "find '%s' -name 'rank-*.log' -exec sh -c "
+               "'echo \"---- $1\"; tail -n 15 \"$1\"' _ {} \\; >&2", d.dir);
+      if (system(cmd) != 0) fprintf(stderr, "(no rank logs under %s)\n", d.dir);
+    }
     assert_non_null(strstr(w.events_text, "restarting from the replicas' state at iteration"));
     assert_non_null(strstr(w.events_text, "recovered iteration"));
     assert_true(w.redone <= 1);
