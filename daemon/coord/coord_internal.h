@@ -6,8 +6,10 @@
  *                  down: one level in two files (a takeover schedules; the
  *                  tick sweeps for orphans)
  *   coord_run.c    one running attempt: worker reports, checkpoints,
- *                  failures and their cause, aborts; its end goes up
- *                  through megad_coord.attempt_over
+ *                  failures and their cause, aborts; and
+ *   coord_end.c    its end: the held states and the replica plan, what the
+ *                  survivors completed; it goes up through
+ *                  megad_coord.attempt_over (one level in two files)
  *   coord_admit.c  what a job must be to be accepted at submit
  *   coord_queue.c  the queue of waiting jobs
  *   coord_place.c  where a job can run now
@@ -152,11 +154,19 @@ void coord_abort_attempt(megad_coord *c, const mega_job *j, const char *node_id,
                          uint32_t attempt, bool stale, bool hold, const char *reason);
 /* Sends AbortJob for the attempt to every node of the placement. */
 void coord_abort_nodes(coord_run *run, const char *reason, bool hold);
-/* coord_run.c: where j's next attempt takes its state from, given the
+/* The attempt's cause, replaced (coord_cause weighs it first). */
+void coord_set_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg);
+void coord_run_free(coord_run *run);
+
+/* coord_end.c: the attempt is over (every rank's exit is known): plans
+ * where the next one takes its state from, records what the survivors
+ * completed, frees run and tells the coordinator (attempt_over). */
+void coord_run_finish(coord_run *run);
+/* coord_end.c: where j's next attempt takes its state from, given the
  * ranks of its attempt that hold one (d, n): j->coord.replicas, or why not
  * in j->coord.replicas_why; the attempt's nodes become j->coord.donors. */
 void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n);
-/* coord_run.c: lets the ranks that hold j's state for a later attempt go
+/* coord_end.c: lets the ranks that hold j's state for a later attempt go
  * (j->coord.donors) and forgets the plan that named them. */
 void coord_release_donors(megad_coord *c, mega_job *j, const char *why);
 /* coord_run.c: where j's next attempt starts, for its events: "the

@@ -3,7 +3,7 @@
  * come in as RankEvents. The first real failure is the attempt's cause (see
  * coord_internal.h for how a peer's echo of it is told apart); then every
  * node aborts its ranks, and the attempt ends once every rank's exit is
- * known. */
+ * known (coord_end.c takes it from there). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,14 +16,12 @@
 
 #define EV(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
 
-static void finish(coord_run *run);
-
 static void timer_closed(uv_handle_t *h) {
   coord_run *run = h->data;
   if (--run->timers_open == 0) free(run);
 }
 
-static void run_free(coord_run *run) {
+void coord_run_free(coord_run *run) {
   for (uint32_t r = 0; run->held && r < run->world; r++) {
     if (run->held[r]) protobuf_c_message_free_unpacked(&run->held[r]->base, NULL);
     free(run->held_node[r]);
@@ -92,7 +90,7 @@ void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n) {
       run->exited[r] = true;
       run->nexited++;
     }
-  if (run->nexited == run->world) finish(run);
+  if (run->nexited == run->world) coord_run_finish(run);
 }
 
 static void on_stop_timer(uv_timer_t *t) {
@@ -102,7 +100,7 @@ static void on_stop_timer(uv_timer_t *t) {
   coord_ranks_gone(run, 0, run->world);
 }
 
-static void set_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) {
+void coord_set_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) {
   char *m = strdup(msg);
   if (!m) return;
   free(run->cause);
@@ -116,7 +114,7 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
   run->stopping = true;
   run->end_kind = kind;
   /* a planned end says why; a failure keeps its cause */
-  if (why && (kind != run->cause_kind || !run->cause)) set_cause(run, CAUSE_PRIMARY, kind, why);
+  if (why && (kind != run->cause_kind || !run->cause)) coord_set_cause(run, CAUSE_PRIMARY, kind, why);
   if (kind != MEGA_END_DONE && kind != MEGA_END_CANCELLED && !run->job->coord.failed_ms)
     run->job->coord.failed_ms = megad_unix_ms();
   uv_timer_stop(&run->cause_timer);
@@ -130,7 +128,7 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
               !run->job->spec.no_replica_recovery;
   coord_abort_nodes(run, reason, hold);
   if (run->nexited == run->world) {
-    finish(run);
+    coord_run_finish(run);
     return;
   }
   uv_timer_start(&run->stop_timer, on_stop_timer, MEGAD_ABORT_GRACE_MS + 4000, 0);
@@ -198,7 +196,7 @@ void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) 
     kind = MEGA_END_COORDINATOR;
     msg = stall;
   }
-  if (prio > run->cause_prio) set_cause(run, prio, kind, msg);
+  if (prio > run->cause_prio) coord_set_cause(run, prio, kind, msg);
   if (prio == CAUSE_PRIMARY) {
     coord_stop(run, run->cause_kind, run->cause);
   } else if (!uv_is_active((uv_handle_t *)&run->cause_timer)) {
@@ -208,162 +206,6 @@ void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg) 
 }
 
 /* ---- recovery from replicas ---- */
-
-void coord_release_donors(megad_coord *c, mega_job *j, const char *why) {
-  for (size_t i = 0; i < j->coord.ndonors; i++) {
-    coord_abort_attempt(c, j, j->coord.donors[i], j->coord.donors_attempt, false, false, why);
-    free(j->coord.donors[i]);
-  }
-  free(j->coord.donors);
-  j->coord.donors = NULL;
-  j->coord.ndonors = 0;
-  mega_replicas_plan_free(j->coord.replicas);
-  j->coord.replicas = NULL;
-}
-
-/* Notes the nodes of j's attempt: ranks there may hold state, and wait for
- * a release (every node of the attempt, so a rank that held too late for
- * the plan goes too). */
-static void note_donors(mega_job *j) {
-  j->coord.donors = calloc(j->nplaced + 1, sizeof *j->coord.donors);
-  j->coord.donors_attempt = j->attempt;
-  for (size_t r = 0; j->coord.donors && r < j->nplaced; r++)
-    j->coord.donors[j->coord.ndonors++] = megad_strdup(j->placement[r].node_id);
-}
-
-void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n) {
-  free(j->coord.replicas_why);
-  j->coord.replicas_why = NULL;
-  note_donors(j);
-  char why[MEGA_ERR_MSG_MAX + 64] = "";
-  mega_replicas_in in = {.attempt = j->attempt, .tp = j->tp, .pp = j->pp, .dp = j->dp,
-                         .distributed = j->spec.use_distributed_optimizer, .donors = d,
-                         .ndonors = n, .ckpt_iteration = j->spec.save ? j->ckpt_iteration : 0};
-  mega_err e = {0};
-  Mega__V1__ReplicaPlan *p = NULL;
-  if (j->spec.no_replica_recovery) snprintf(why, sizeof why, "--no-replica-recovery");
-  else if (mega_replicas_plan(&in, &p, why, sizeof why, &e) != MEGA_OK)
-    snprintf(why, sizeof why, "%s", e.msg);
-  if (!p) {
-    j->coord.replicas_why = megad_strdup(why);
-    coord_release_donors(c, j, "the next attempt does not take its state from replicas");
-    return;
-  }
-  j->coord.replicas = p;
-  j->coord.replicas_ms = megad_unix_ms();
-  j->coord.replicas_redone =
-      j->last_iteration > p->iteration ? j->last_iteration - p->iteration : 0;
-}
-
-/* At an attempt's end: where the next one takes its state from. */
-static void plan_replicas(coord_run *run) {
-  mega_replica_donor *d = calloc(run->world + 1, sizeof *d);
-  size_t n = 0;
-  for (uint32_t r = 0; d && r < run->world; r++)
-    if (run->held[r])
-      d[n++] = (mega_replica_donor){.rank = r, .node_id = run->held_node[r], .held = run->held[r]};
-  if (d) {
-    coord_plan_replicas(run->c, run->job, d, n);
-  } else {
-    free(run->job->coord.replicas_why);
-    run->job->coord.replicas_why = megad_strdup("megad ran out of memory");
-  }
-  free(d);
-}
-
-/* Why the job stopped early, and where it goes on from: this megad's own
- * SIGTERM when it had one (the whole story), else the ranks' reason. */
-static void stopped_why(const coord_run *run, char *buf, size_t len) {
-  const mega_job *j = run->job;
-  bool by_flag = !strncmp(run->stopped, "--exit-interval", 15) ||
-                 !strncmp(run->stopped, "--exit-duration", 15);
-  const char *why = run->c->saving_reason && !by_flag ? run->c->saving_reason : run->stopped;
-  if (j->spec.save && j->ckpt_iteration == run->stopped_iteration)
-    snprintf(buf, len, "stopped after iteration %llu: %s; the checkpoint of iteration %llu is "
-             "committed: megactl resume %s, or a new job with --load %s, goes on from it",
-             (unsigned long long)run->stopped_iteration, why,
-             (unsigned long long)j->ckpt_iteration, j->id, j->spec.save);
-  else if (j->spec.save && j->ckpt_iteration)
-    snprintf(buf, len, "stopped after iteration %llu: %s; its checkpoint was not committed: "
-             "resuming goes on from iteration %llu", (unsigned long long)run->stopped_iteration,
-             why, (unsigned long long)j->ckpt_iteration);
-  else
-    snprintf(buf, len, "stopped after iteration %llu: %s; %s",
-             (unsigned long long)run->stopped_iteration, why,
-             j->spec.save ? "no checkpoint was committed"
-                          : "the job saves no checkpoints (no --save): nothing to resume from");
-}
-
-/* Whether a flushed step has its loss: the last stage's reports may have
- * died with a node while an earlier stage's came. */
-static bool flushed_loss(const mega_step_done *d) {
-  for (uint32_t r = 0; d->reports && r < d->world; r++)
-    if (d->reports[r] && d->reports[r]->has_loss) return true;
-  return false;
-}
-
-static void finish(coord_run *run) {
-  megad_coord *c = run->c;
-  mega_job *j = run->job;
-  mega_end_kind kind = run->stopping ? run->end_kind : run->cause ? run->cause_kind : MEGA_END_DONE;
-  /* the ranks agreed to stop after a committed checkpoint; a node whose
-   * megad stopped too (the same SIGTERM) before its rank's exit came in
-   * takes nothing from the job */
-  if (kind == MEGA_END_NODE_LOST && run->stopped && j->spec.save &&
-      j->ckpt_iteration == run->stopped_iteration)
-    kind = MEGA_END_DONE;
-  char why[1024];
-  if (kind == MEGA_END_DONE && run->stopped) { /* every rank exited 0, stopped as asked */
-    kind = MEGA_END_STOPPED;
-    stopped_why(run, why, sizeof why);
-    set_cause(run, CAUSE_PRIMARY, kind, why);
-  }
-  /* the donors an attempt fetched from are done with; its own may hold */
-  if (j->coord.ndonors) coord_release_donors(c, j, "the attempt that fetched from them ended");
-  if (kind != MEGA_END_DONE && kind != MEGA_END_STOPPED) plan_replicas(run);
-  /* iterations the survivors completed but a lost rank never reported: the
-   * next attempt starts after them, so they are merged from what came */
-  mega_step_done *d = NULL;
-  uint64_t told = j->last_iteration; /* in the history, or said to be left out */
-  while (j->coord.replicas &&
-         mega_stepmerge_flush(run->merge, j->coord.replicas->iteration, &d, NULL) == MEGA_OK &&
-         d) {
-    uint64_t it = d->step->iteration;
-    if (it > j->last_iteration && (j->spec.simulate_compute || flushed_loss(d)))
-      megad_job_step(c->jobs, j, d->step);
-    else if (it > j->last_iteration) /* a loss of 0 in the history would be a lie */
-      megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
-                      "iteration %llu completed, but no rank that survived reported its loss: "
-                      "left out of the history", (unsigned long long)it);
-    if (it > told) told = it;
-    mega_step_done_free(d);
-    d = NULL;
-  }
-  /* and those no survivor reported at all (they failed after the step,
-   * gathering the updated parameters): the next attempt starts after them */
-  uint64_t upto = j->coord.replicas ? j->coord.replicas->iteration : 0;
-  if (upto > told + 4)
-    megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
-                    "iterations %llu to %llu completed, but no rank that survived reported them: "
-                    "left out of the history", (unsigned long long)told + 1,
-                    (unsigned long long)upto);
-  else
-    for (uint64_t it = told + 1; it <= upto; it++)
-      megad_job_event(c->jobs, j, EV(INFO), NULL, -1,
-                      "iteration %llu completed, but no rank that survived reported it: left "
-                      "out of the history", (unsigned long long)it);
-  char prefix[sizeof run->kv_prefix + 1];
-  snprintf(prefix, sizeof prefix, "%s/", run->kv_prefix);
-  mega_kv_delete_prefix(c->kvs->kv, prefix);
-  j->coord.run = NULL;
-  if (run->prev) run->prev->next = run->next;
-  else c->runs = run->next;
-  if (run->next) run->next->prev = run->prev;
-  coord_released(c, j);
-  /* the coordinator decides what follows, answers the cancels, schedules */
-  c->attempt_over(c, j, kind, run->cause, run->cancels, run->ncancels);
-  run_free(run);
-}
 
 void coord_resume_point(const mega_job *j, char *buf, size_t len) {
   if (j->ckpt_iteration && j->spec.save)
