@@ -1,5 +1,5 @@
 /* The cuda backend's kernel launchers (kernels/gpt_kernels.cu and
- * kernels/flash_attn.cu, kernels/flash_mma.cu), callable
+ * kernels/flash_mma.cu), callable
  * from C. Each runs its per-thread body (kernels/gpt_bodies.h) over n items
  * on stream s and returns the launch's cudaError_t (0: launched; errors of
  * the kernel itself surface at the next synchronization). */
@@ -70,12 +70,13 @@ int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v
 int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a);
 /* out[i] = in[i] as bf16 bits, rounded to nearest even (--bf16's GEMM inputs). */
 int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n);
-/* Causal flash attention under --bf16 (kernels/flash_attn.cu), for head
+/* Causal flash attention under --bf16 (kernels/flash_mma.cu), for head
  * sizes it supports (64, 128). Shapes and strides as backend.h's
- * attention, q, k, v (and dout16) being bf16 copies with the same strides;
- * out, dout and ocopy are fp32 [B*T, NH*hs], lse [B*NH, T]. The forward
- * writes out, its copy ocopy and the rows' log-sum-exp; the backward reads
- * them and overwrites dq, dk and dv (fp32), with D ([B*NH*T]) its scratch. */
+ * attention, q, k, v (and dout16) being bf16 copies with the same strides,
+ * which must be multiples of 8, starting on 16 bytes; out, dout and ocopy
+ * are fp32 [B*T, NH*hs], lse [B*NH, T]. The forward writes out, its copy
+ * ocopy and the rows' log-sum-exp; the backward reads them and overwrites
+ * dq, dk and dv (fp32), with D ([B*NH*T]) its scratch. */
 int mega_cu_flash_supported(int hs);
 int mega_cu_flash_fwd(mega_cu_stream s, float *out, float *lse, float *ocopy, const uint16_t *q,
                       const uint16_t *k, const uint16_t *v, int B, int T, int NH, int G, int hs,
@@ -84,17 +85,6 @@ int mega_cu_flash_bwd(mega_cu_stream s, float *dq, float *dk, float *dv, float *
                       const float *dout, const uint16_t *dout16, const float *ocopy,
                       const float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                       int B, int T, int NH, int G, int hs, int ldq, int ldkv);
-/* The same with mma.sync and register-resident tiles (kernels/flash_mma.cu):
- * the strides ldq and ldkv must be multiples of 8 and the bf16 copies
- * start on 16 bytes, dq, dk, dv and out on 8. */
-int mega_cu_flash_mma_fwd(mega_cu_stream s, float *out, float *lse, float *ocopy,
-                          const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
-                          int NH, int G, int hs, int ldq, int ldkv);
-int mega_cu_flash_mma_bwd(mega_cu_stream s, float *dq, float *dk, float *dv, float *D,
-                          const float *dout, const uint16_t *dout16, const float *ocopy,
-                          const float *lse, const uint16_t *q, const uint16_t *k,
-                          const uint16_t *v, int B, int T, int NH, int G, int hs, int ldq,
-                          int ldkv);
 /* partials[MEGA_CU_SUM_BLOCKS] (device) = block sums of x (or of x^2), in
  * double, in a fixed order: the host adds them, so results are
  * deterministic. */

@@ -352,13 +352,11 @@ def step_bench(k):
     prefix = os.path.join(k.work, "tokens")
     write_tokens(prefix, (m["iters"] + 2) * m["gbs"] * (m["seq"] + 1) * 2, m["vocab"])
     args = gpt2_args(k, m, m["iters"], m["mbs"], m["gbs"], prefix) + ["--json"]
-    # bf16-wmma: the WMMA flash attention kernels instead of the mma.sync ones
-    for prec in ("fp32", "bf16", "bf16-wmma"):
+    for prec in ("fp32", "bf16"):
         what = "megaw %s %s" % (k.backend, prec)
         mem = MemSampler(not k.a.dry_run)
-        env = dict(k.env, MEGA_CUDA_FLASH="wmma") if prec == "bf16-wmma" else None
         rc, out, err, secs = k.run("bench-megaw-" + prec, [os.path.join(k.bin, "megaw")] + args +
-                                   (["--bf16"] if prec != "fp32" else []), 150, env=env)
+                                   (["--bf16"] if prec == "bf16" else []), 150)
         peak = mem.done()
         steps = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
         if rc != 0 or len(steps) < 3:

@@ -4,7 +4,7 @@
  * cuBLASLt with the bias and residual in its epilogue: cuda_lt.c) on the
  * same stream; the other ops are the kernels of kernels/gpt_kernels.cu.
  * Attention is cuBLAS's batched GEMMs around a causal softmax kernel
- * (attn_gemm.c), or under --bf16 the flash kernels (kernels/flash_attn.cu).
+ * (attn_gemm.c), or under --bf16 the flash kernels (kernels/flash_mma.cu).
  * Compute ops cannot report errors (backend.h), so the first failure is kept and returned by the next op that can fail (memcpy,
  * synchronize, the reductions), as NCCL reports asynchronous errors.
  *
@@ -33,7 +33,6 @@ typedef struct cuda_impl {
   void *sort_buf;     /* the embedding gradient's sort (encoder_backward) */
   size_t sort_cap;
   mega_cu_lt *lt;     /* --bf16's forward GEMMs with epilogues; NULL: cublasGemmEx */
-  bool flash_mma;     /* flash attention with mma.sync (flash_mma.cu), else WMMA */
   void *attn_buf;     /* flash attention's bf16 inputs */
   size_t attn_cap;
   mega_status sticky;
@@ -279,12 +278,15 @@ static void cu_softmax_bwd(mega_backend *be, float *da, const float *att, int64_
 
 static const mega_attn_softmax cu_sm = {.forward = cu_softmax, .backward = cu_softmax_bwd};
 
-/* Under --bf16, head sizes flash_attn.cu supports and T > hs, attention is
- * the flash kernels: att then holds the rows' log-sum-exp [B*NH*T] and a
- * copy of the output [B*T, NH*hs] (they fit in [B,NH,T,T] when T > hs),
- * not the probabilities. Otherwise the batched GEMMs. */
+/* Under --bf16, for head sizes flash_mma.cu supports, T > hs and strides
+ * its 16-byte loads can take (multiples of 8), attention is the flash
+ * kernels: att then holds the rows' log-sum-exp [B*NH*T] and a copy of the
+ * output [B*T, NH*hs] (they fit in [B,NH,T,T] when T > hs), not the
+ * probabilities. Otherwise the batched GEMMs. The forward and the backward
+ * decide alike: on the shapes only. */
 static bool use_flash(mega_backend *be, const mega_attn_dims *d) {
-  return impl_of(be)->bf16 && mega_cu_flash_supported(d->hs) && d->T > d->hs;
+  return impl_of(be)->bf16 && mega_cu_flash_supported(d->hs) && d->T > d->hs &&
+         d->ldq % 8 == 0 && d->ldkv % 8 == 0;
 }
 
 /* The bf16 copies flash attention reads, in c->attn_buf: q, k and v with
@@ -334,34 +336,20 @@ static bool attn_bf16(mega_backend *be, const float *q, const float *k, const fl
   return true;
 }
 
-/* The mma.sync kernels (flash_mma.cu) where their layout rules hold, and
- * unless MEGA_CUDA_FLASH=wmma asks for the WMMA ones (flash_attn.cu), kept
- * to compare the two on a GPU. */
-static bool use_mma(mega_backend *be, const mega_attn_dims *d, const float *a, const float *b,
-                    const float *c) {
-  return impl_of(be)->flash_mma && d->ldq % 8 == 0 && d->ldkv % 8 == 0 &&
-         ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 8 == 0;
-}
-
 static void cu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                  const float *q, const float *k, const float *v,
                                  const mega_attn_dims *d) {
   (void)scratch;
   attn16 h;
+  float *ocopy = att + (size_t)d->B * d->NH * d->T;
   if (!use_flash(be, d)) {
     mega_attn_gemm_forward(be, &cu_sm, out, att, q, k, v, d);
     return;
   }
   if (!attn_bf16(be, q, k, v, NULL, d, &h)) return;
-  float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  if (use_mma(be, d, out, ocopy, out))
-    note(be, mega_cu_flash_mma_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH,
-                                   d->G, d->hs, d->ldq, d->ldkv),
-         "flash attention");
-  else
-    note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH, d->G,
-                               d->hs, d->ldq, d->ldkv),
-         "flash attention");
+  note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH, d->G,
+                             d->hs, d->ldq, d->ldkv),
+       "flash attention");
 }
 
 static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float *dv,
@@ -369,20 +357,15 @@ static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float 
                                   const float *k, const float *v, const float *att,
                                   const mega_attn_dims *d) {
   attn16 h;
+  const float *ocopy = att + (size_t)d->B * d->NH * d->T;
   if (!use_flash(be, d)) {
     mega_attn_gemm_backward(be, &cu_sm, dq, dk, dv, scratch, dout, q, k, v, att, d);
     return;
   }
   if (!attn_bf16(be, q, k, v, dout, d, &h)) return;
-  const float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  if (use_mma(be, d, dq, dk, dv))
-    note(be, mega_cu_flash_mma_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q,
-                                   h.k, h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
-         "flash attention backward");
-  else
-    note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q, h.k,
-                               h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
-         "flash attention backward");
+  note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q, h.k,
+                             h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
+       "flash attention backward");
 }
 
 /* ---- the kernels ---- */
@@ -643,8 +626,6 @@ mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *e
   /* fp32 GEMMs stay fp32: no TF32 unless asked (numbers match the cpu) */
   if (st == MEGA_OK) cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
   if (st == MEGA_OK) c->lt = mega_cu_lt_create(c->stream);
-  const char *fl = getenv("MEGA_CUDA_FLASH");
-  c->flash_mma = !(fl && strcmp(fl, "wmma") == 0);
   if (st != MEGA_OK) {
     cu_destroy(be);
     return st;
