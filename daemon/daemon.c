@@ -269,7 +269,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   char host[256];
   if (o->node_name) snprintf(host, sizeof host, "%s", o->node_name);
   else if (gethostname(host, sizeof host)) snprintf(host, sizeof host, "localhost");
-  d->incarnation = (uint64_t)megad_unix_us() ^ ((uint64_t)getpid() << 40);
+  d->incarnation = megad_new_incarnation();
   if (o->worker_path) d->worker_path = realpath(o->worker_path, NULL);
   else d->worker_path = find_worker();
   if (!d->worker_path || access(d->worker_path, X_OK))

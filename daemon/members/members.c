@@ -173,13 +173,13 @@ static void merge_view(megad_members *mb, const Mega__V1__MembershipView *v, meg
           m->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD || !m->address || !m->address[0])
         continue;
       if (!(n = members_node_add(mb, m->id, m->address))) continue;
-      n->incarnation = m->incarnation;
+      n->incarnation = n->address_inc = m->incarnation;
       fresh = true;
       megad_log(mb->b, "node %s (%s) joined the view", n->id, n->address);
     } else if (m->incarnation < n->incarnation) {
       continue; /* stale news of an older incarnation */
     }
-    members_set_address(mb, n, m->address);
+    members_set_address(mb, n, m->address, m->incarnation);
     n->slots = m->slots;
     members_set_str(&n->version, m->version);
     members_set_str(&n->backend, m->backend);
@@ -391,7 +391,7 @@ static void on_join(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  members_set_address(m, n, nm->address);
+  members_set_address(m, n, nm->address, nm->incarnation);
   n->slots = nm->slots;
   n->slots_used = nm->slots_used;
   members_set_str(&n->version, nm->version);
@@ -411,7 +411,8 @@ static void on_heartbeat(mega_rpc_call *call, const ProtobufCMessage *msg, void 
   megad_node *n = megad_members_find(m, req->node_id);
   if (n && !n->self) {
     /* before the incarnation: views this node sends carry both, together */
-    if (req->incarnation >= n->incarnation) members_set_address(m, n, req->address);
+    if (req->incarnation >= n->incarnation)
+      members_set_address(m, n, req->address, req->incarnation);
     members_saw(m, n, req->incarnation);
     n->slots_used = req->slots_used;
     members_set_job_ids(n, req->job_ids, req->n_job_ids);

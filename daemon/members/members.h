@@ -42,7 +42,8 @@ typedef struct megad_node {
   char *device_name; /* "2 x NVIDIA H100 80GB HBM3"; empty for cpu */
   Mega__V1__NodeState state;
   uint32_t slots, slots_used;
-  uint64_t incarnation;
+  uint64_t incarnation;      /* as this node last saw it itself */
+  uint64_t address_inc;      /* the incarnation address belongs to (0: unknown) */
   uint64_t seen_ms;          /* uv_now of the last sign of life */
   int64_t last_heartbeat_unix_ms;
   char **job_ids;            /* jobs with ranks there, as it last said */

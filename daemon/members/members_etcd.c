@@ -187,7 +187,7 @@ static void on_lost(void *arg, const char *why) {
   m->etcd_registered = false;
   if (m->b->stopping || m->etcd_leaving) return;
   /* The cluster took this node for dead: come back as someone new. */
-  m->incarnation = (uint64_t)megad_unix_us() ^ ((uint64_t)getpid() << 40);
+  m->incarnation = megad_new_incarnation();
   megad_members_self(m)->incarnation = m->incarnation;
   megad_warn(m->b, "etcd session lost (%s): registering again as incarnation %llu", why,
              (unsigned long long)m->incarnation);
@@ -242,7 +242,7 @@ static void apply_put(megad_members *m, const char *id, const uint8_t *value, si
   }
   n->incarnation = r->incarnation;
   n->state = MEGA__V1__NODE_STATE__NODE_STATE_ALIVE;
-  members_set_address(m, n, r->address);
+  members_set_address(m, n, r->address, r->incarnation);
   n->slots = r->slots;
   members_set_str(&n->version, r->version);
   members_set_str(&n->backend, r->backend);

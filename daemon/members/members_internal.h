@@ -10,8 +10,10 @@
 const char *members_state_name(Mega__V1__NodeState s);
 void members_node_free(megad_node *n);
 megad_node *members_node_add(megad_members *m, const char *id, const char *address);
-/* A node's address changed: calls must go to the new one. */
-void members_set_address(megad_members *m, megad_node *n, const char *address);
+/* n's address in incarnation inc (0: unknown): calls go there, unless an
+ * address of a later incarnation is known already (views bring old news
+ * after new). */
+void members_set_address(megad_members *m, megad_node *n, const char *address, uint64_t inc);
 void members_set_str(char **dst, const char *src);
 void members_set_job_ids(megad_node *n, char **ids, size_t k);
 /* n as a message; strings borrowed from n. */

@@ -59,9 +59,10 @@ megad_node *members_node_add(megad_members *m, const char *id, const char *addre
   return n;
 }
 
-/* A node's address changed: calls must go to the new one. */
-void members_set_address(megad_members *m, megad_node *n, const char *address) {
-  if (!address || !address[0] || !strcmp(n->address, address)) return;
+void members_set_address(megad_members *m, megad_node *n, const char *address, uint64_t inc) {
+  if (!address || !address[0] || inc < n->address_inc) return;
+  n->address_inc = inc;
+  if (!strcmp(n->address, address)) return;
   char *a = strdup(address);
   if (!a) return;
   megad_forget_channel(m->b, n->address);

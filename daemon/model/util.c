@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -35,6 +36,10 @@ int64_t megad_unix_us(void) {
 }
 
 int64_t megad_unix_ms(void) { return megad_unix_us() / 1000; }
+
+uint64_t megad_new_incarnation(void) {
+  return ((uint64_t)megad_unix_ms() << 20) | ((uint64_t)getpid() & 0xfffff);
+}
 
 char *megad_strdup(const char *s) { return strdup(s ? s : ""); }
 

@@ -17,6 +17,11 @@ bool megad_pb_pack(const ProtobufCMessage *m, uint8_t **buf, size_t *len);
 int64_t megad_unix_ms(void);
 int64_t megad_unix_us(void);
 
+/* A new incarnation of this megad: later starts (and re-registrations)
+ * get larger numbers, so "an older incarnation" means what it says; the
+ * start's millisecond in the high bits, the pid's low 20 bits below. */
+uint64_t megad_new_incarnation(void);
+
 /* strdup that treats NULL as "". */
 char *megad_strdup(const char *s);
 

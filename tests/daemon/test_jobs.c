@@ -13,6 +13,7 @@
 
 #include "daemon/model/job.h"
 #include "daemon/model/journal.h"
+#include "daemon/model/util.h"
 
 static char *args[] = {"--num-layers", "2", "--train-iters", "3"};
 
@@ -249,6 +250,17 @@ static void test_history_bound(void **state) {
   assert_int_equal(j->hist.lost_last, 10);
   mega_job_free(j);
 }
+/* A later start of megad is a larger incarnation: peers drop "stale news
+ * of an older incarnation" on that order (an address from a view included),
+ * so it must hold across restarts (pids included, which may go down). */
+static void test_incarnations_increase(void **state) {
+  (void)state;
+  uint64_t a = megad_new_incarnation();
+  usleep(2000);
+  uint64_t b = megad_new_incarnation();
+  assert_true(b > a);
+  assert_int_equal(a & 0xfffff, (uint64_t)getpid() & 0xfffff);
+}
 
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -257,6 +269,7 @@ int main(void) {
       cmocka_unit_test(test_msg_round_trip),
       cmocka_unit_test(test_journal_replay),
       cmocka_unit_test(test_history_bound),
+      cmocka_unit_test(test_incarnations_increase),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
