@@ -20,6 +20,16 @@
 
 #define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
 
+/* A tiny 5-iteration job on two nodes of one rank each, submitted to d. */
+static void submit_two_nodes(hd *d, char *id, size_t len) {
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d->dir, 5, NULL);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  mega_err err = {0};
+  assert_int_equal(hd_submit(d, &spec, id, len, &err), MEGA_OK);
+}
+
 /* ---- a job waiting for a node runs when the node is back (it failed with
  * "connection refused" once) ---- */
 
@@ -30,13 +40,9 @@ static void test_waiting_job_runs_when_node_returns(void **state) {
   assert_true(hd_start(&n2, "r2", 1, n1.addr, NULL, NULL));
   assert_true(hd_wait_alive(&n1, 2, 10000));
   hd_kill(&n2);
-  Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, n1.dir, 5, NULL);
-  spec.nnodes_min = spec.nnodes_max = 2;
-  spec.nproc_per_node = 1;
   char id[64];
   mega_err err = {0};
-  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  submit_two_nodes(&n1, id, sizeof id);
   /* r2 is lost (1.5 s of heartbeats, longer on a loaded machine); the job
    * waits (a launch r2 refused requeues it) */
   bool dead = false;
@@ -83,13 +89,9 @@ static void test_refused_launches_back_off(void **state) {
   const char *away[] = {"--advertise", "127.0.0.2", NULL};
   assert_true(hd_start(&n2, "b2", 1, n1.addr, NULL, away));
   assert_true(hd_wait_alive(&n1, 2, 10000));
-  Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, n1.dir, 5, NULL);
-  spec.nnodes_min = spec.nnodes_max = 2;
-  spec.nproc_per_node = 1;
   char id[64];
   mega_err err = {0};
-  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  submit_two_nodes(&n1, id, sizeof id);
   bool refused = false;
   for (int i = 0; i < 200 && !refused; i++) {
     usleep(50000);

@@ -350,9 +350,9 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   /* p1 comes back: it stands down, its stale workers are gone, and it
    * rejoins as a plain node that sees the job under its new coordinator */
   kill(n[0].pid, SIGCONT);
-  for (int t = 0; t < 100 && !hd_log_has(&n[0], "standing down"); t++) usleep(100000);
-  if (!hd_log_has(&n[0], "standing down")) hd_dump_log(&n[0]);
-  assert_true(hd_log_has(&n[0], "standing down"));
+  bool stood_down = hd_wait_log(&n[0], "standing down", 10000);
+  if (!stood_down) hd_dump_log(&n[0]);
+  assert_true(stood_down);
   assert_true(hd_wait_alive(&n[who], 3, 15000));
   hd_watch w;
   hd_watch_job(&n[0], id, true, 120000, &w);
