@@ -1,6 +1,6 @@
 /* The cuda backend against the cpu backend, op by op, on random inputs:
  * GEMMs in every transpose case (and batched), the matmuls, every kernel
- * forward and backward (Llama's too), attention (grouped-query too), AdamW
+ * forward and backward (Llama's too; the element ops aligned and not), attention (grouped-query too), AdamW
  * and the reductions, and --bf16's flash attention. Needs a GPU:
  * without one (or without the module) it says why and exits 77, which
  * meson counts as skipped. */
@@ -183,6 +183,35 @@ static void test_model_ops(void) {
   }
 }
 
+/* The element ops take four items per thread where every array starts on
+ * 16 bytes and one per thread elsewhere: an odd count (a tail of three)
+ * from an aligned start and from one float in, for each. */
+static void test_element_ops(void) {
+  enum { n = 4 * 301 + 3 };
+  float *x = vec(n + 1, 31, 3), *y = vec(n + 1, 32, 1);
+  float *gx = up(x, sizeof(float) * (n + 1)), *gy = up(y, sizeof(float) * (n + 1));
+  float *o = malloc(sizeof(float) * (n + 1)), *go = dev_zero(sizeof(float) * (n + 1));
+  for (int off = 0; off < 2; off++) {
+    const char *at = off ? " (off 16 bytes)" : "";
+    char what[64];
+    cpu->ops->gelu_forward(cpu, o + off, x + off, n - off);
+    gpu->ops->gelu_forward(gpu, go + off, gx + off, n - off);
+    snprintf(what, sizeof what, "gelu%s", at);
+    same(what, go + off, o + off, n - off, 1e-6);
+    cpu->ops->gelu_backward(cpu, o + off, x + off, y + off, n - off);
+    gpu->ops->gelu_backward(gpu, go + off, gx + off, gy + off, n - off);
+    snprintf(what, sizeof what, "gelu backward%s", at);
+    same(what, go + off, o + off, n - off, 1e-6);
+    cpu->ops->residual_forward(cpu, o + off, x + off, y + off, n - off);
+    gpu->ops->residual_forward(gpu, go + off, gx + off, gy + off, n - off);
+    snprintf(what, sizeof what, "residual%s", at);
+    same(what, go + off, o + off, n - off, 1e-7);
+  }
+  free(x);
+  free(y);
+  free(o);
+}
+
 /* --bf16: cublasGemmEx on bf16 copies against the cpu backend's rounding
  * before OpenBLAS. Both round the same fp32 inputs the same way and the
  * products are exact in fp32, so only the order of the sums differs. */
@@ -217,6 +246,10 @@ static void test_bf16_matmuls(void) {
     cpu->ops->matmul_forward(cpu, y, x, W, bias + 1, NULL, N, C, 3 * C, l);
     gpu->ops->matmul_forward(gpu, gy, gx, gW, gb + 1, NULL, N, C, 3 * C, l);
     same("bf16 matmul forward, bias off 16 bytes", gy, y, N * 3 * C, 1e-4);
+    /* an input off 16 bytes, rounded to bf16 one item per thread */
+    cpu->ops->matmul_forward(cpu, y, x + 1, W, NULL, NULL, N - 1, C, 3 * C, l);
+    gpu->ops->matmul_forward(gpu, gy, gx + 1, gW, NULL, NULL, N - 1, C, 3 * C, l);
+    same("bf16 matmul forward, input off 16 bytes", gy, y, (N - 1) * 3 * C, 1e-4);
     cpu->ops->matmul_backward_input(cpu, dx, dy, W, N, C, 3 * C, l, false);
     gpu->ops->matmul_backward_input(gpu, gdx, gdy, gW, N, C, 3 * C, l, false);
     same("bf16 matmul backward input", gdx, dx, N * C, 1e-3);
@@ -308,13 +341,20 @@ static void flash_case(int B_, int T_, int NH_, int G_, int hs, bool fused) {
   mega_attn_dims ad = {.B = B_, .T = T_, .NH = NH_, .G = G_, .hs = hs, .ldq = ldq, .ldkv = ldkv};
   size_t tt = (size_t)B_ * NH_ * T_ * T_, sn = tt + nq;
   float *att = calloc(tt, 4), *scr = calloc(sn, 4), *y = calloc(nq, 4), *g = calloc(nall, 4);
-  float *gx = up(x, nall * 4), *gdy = up(dy, nq * 4), *gatt = dev_zero(tt * 4);
-  float *gscr = dev_zero(sn * 4), *gy = dev_zero(nq * 4), *gg = dev_zero(nall * 4);
   if (gpu->ops->set_bf16(gpu, true, &err)) {
     printf("FAIL set_bf16: %s\n", err.msg);
     failures++;
     return;
   }
+  /* att and scratch exactly as large as the backend asks (flash: the
+   * statistics, the output's copy and D), so an overrun shows in memcheck */
+  gpu->ops->attention_sizes(gpu, &ad, &ad.att_cap, &ad.scratch_cap);
+  if (ad.att_cap != B_ * NH_ * T_ + nq || ad.scratch_cap != (size_t)B_ * NH_ * T_) {
+    printf("FAIL flash attention sizes: att %zu, scratch %zu\n", ad.att_cap, ad.scratch_cap);
+    failures++;
+  }
+  float *gx = up(x, nall * 4), *gdy = up(dy, nq * 4), *gatt = dev_zero(ad.att_cap * 4);
+  float *gscr = dev_zero(ad.scratch_cap * 4), *gy = dev_zero(nq * 4), *gg = dev_zero(nall * 4);
   size_t ko = (size_t)(k - x), vo = (size_t)(v - x);
   cpu->ops->attention_forward(cpu, y, att, scr, q, k, v, &ad);
   gpu->ops->attention_forward(gpu, gy, gatt, gscr, gx, gx + ko, gx + vo, &ad);
@@ -329,6 +369,46 @@ static void flash_case(int B_, int T_, int NH_, int G_, int hs, bool fused) {
   same(what, gg, g, nall, 2e-2);
   gpu->ops->set_bf16(gpu, false, &err);
   free(x), free(dy), free(att), free(scr), free(y), free(g);
+}
+
+/* Buffers sized for flash attention, then --bf16 turned off: the batched
+ * GEMMs would overrun them, so the op refuses and the next synchronize
+ * says why (on a backend of its own: the failure sticks). */
+static void test_attention_sizes_guard(const mega_cuda_module *m) {
+  mega_err err = {0};
+  mega_backend *be;
+  if (m->backend_create(0, &be, &err)) {
+    printf("FAIL creating a second backend: %s\n", err.msg);
+    failures++;
+    return;
+  }
+  mega_attn_dims ad = {.B = 1, .T = 128, .NH = 2, .G = 2, .hs = 64, .ldq = 128, .ldkv = 128};
+  size_t full_att, full_scr;
+  be->ops->attention_sizes(be, &ad, &full_att, &full_scr);
+  be->ops->set_bf16(be, true, &err);
+  be->ops->attention_sizes(be, &ad, &ad.att_cap, &ad.scratch_cap);
+  be->ops->set_bf16(be, false, &err);
+  size_t nq = (size_t)ad.T * 128;
+  float *q = NULL, *o = NULL, *att = NULL, *scr = NULL;
+  if (be->ops->alloc(be, nq * 4, (void **)&q, &err) ||
+      be->ops->alloc(be, nq * 4, (void **)&o, &err) ||
+      be->ops->alloc(be, ad.att_cap * 4, (void **)&att, &err) ||
+      be->ops->alloc(be, ad.scratch_cap * 4, (void **)&scr, &err)) {
+    printf("FAIL alloc: %s\n", err.msg);
+    failures++;
+    return;
+  }
+  be->ops->attention_forward(be, o, att, scr, q, q, q, &ad);
+  mega_status st = be->ops->synchronize(be, &err);
+  if (full_att != (size_t)ad.T * ad.T * 2 || ad.att_cap >= full_att || st == MEGA_OK ||
+      !strstr(err.msg, "attention_sizes")) {
+    printf("FAIL attention sizes guard: full %zu, flash %zu, status %d: %s\n", full_att,
+           ad.att_cap, (int)st, err.msg);
+    failures++;
+  } else {
+    printf("ok   attention refuses buffers sized for flash attention\n");
+  }
+  mega_backend_destroy(be);
 }
 
 static void test_flash_attention(void) {
@@ -353,9 +433,11 @@ int main(void) {
   test_gemms();
   test_encoder();
   test_model_ops();
+  test_element_ops();
   test_llama_ops();
   test_bf16_matmuls();
   test_flash_attention();
+  test_attention_sizes_guard(m);
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
   /* buffers are left to the process's end: the device goes with it */
   return failures ? 1 : 0;

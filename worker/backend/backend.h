@@ -64,6 +64,9 @@ typedef struct mega_attn_dims {
   int NH, G;     /* query heads; key/value heads (G divides NH) */
   int hs;        /* head size */
   int ldq, ldkv; /* row strides (floats) of q, and of k and v; their gradients' too */
+  /* Floats the caller's att and scratch hold (attention_sizes); 0: the
+   * full sizes, B*NH*T*T and B*NH*T*T + B*T*NH*hs. */
+  size_t att_cap, scratch_cap;
 } mega_attn_dims;
 
 typedef struct mega_backend_ops {
@@ -159,7 +162,15 @@ typedef struct mega_backend_ops {
    * [B,T,NH*hs] and, for the backward, att [B,NH,T,T]: the probabilities
    * below the diagonal, or whatever else the backend's backward needs (the
    * cuda backend's flash attention keeps statistics and a copy of out).
-   * scratch holds B*NH*T*T + B*T*NH*hs floats, for both directions. */
+   * att and scratch hold what attention_sizes says, for both directions. */
+  /* Floats att and scratch must hold for d's shape under the backend's
+   * settings now (size them after set_bf16, and pass them in d->att_cap
+   * and d->scratch_cap): the full sizes above, or less where the backend
+   * keeps less (the cuda backend's flash attention: the rows' log-sum-exp
+   * and a copy of out in att, B*NH*T floats of scratch). NULL: the full
+   * sizes; mega_attention_sizes says either. */
+  void (*attention_sizes)(mega_backend *be, const mega_attn_dims *d, size_t *att,
+                          size_t *scratch);
   void (*attention_forward)(mega_backend *be, float *out, float *att, float *scratch,
                             const float *q, const float *k, const float *v,
                             const mega_attn_dims *d);
@@ -285,5 +296,9 @@ const char *mega_backend_cpu_blas_core(void);
 
 /* Frees the handle itself; NULL is fine. */
 void mega_backend_destroy(mega_backend *be);
+
+/* attention_sizes, or the full sizes where the backend has none. */
+void mega_attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
+                          size_t *scratch);
 
 #endif

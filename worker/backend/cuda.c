@@ -336,12 +336,38 @@ static bool attn_bf16(mega_backend *be, const float *q, const float *k, const fl
   return true;
 }
 
+static void cu_attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
+                               size_t *scratch) {
+  size_t rows = (size_t)d->B * d->NH * d->T, out = (size_t)d->B * d->T * d->NH * d->hs;
+  *att = use_flash(be, d) ? rows + out : rows * d->T;
+  *scratch = use_flash(be, d) ? rows : rows * d->T + out;
+}
+
+/* Buffers sized for flash attention when the batched GEMMs run (set_bf16
+ * turned off after sizing) would be overrun: refuse. */
+static bool attn_fits(mega_backend *be, const mega_attn_dims *d) {
+  size_t att, scratch;
+  cu_attention_sizes(be, d, &att, &scratch);
+  if ((!d->att_cap || d->att_cap >= att) && (!d->scratch_cap || d->scratch_cap >= scratch))
+    return true;
+  cuda_impl *c = impl_of(be);
+  if (c->sticky == MEGA_OK) {
+    c->sticky = MEGA_ERR_INVALID;
+    snprintf(c->why, sizeof c->why,
+             "cuda backend: attention needs %zu and %zu floats of att and scratch, the caller "
+             "has %zu and %zu: size them with attention_sizes after set_bf16",
+             att, scratch, d->att_cap, d->scratch_cap);
+  }
+  return false;
+}
+
 static void cu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                  const float *q, const float *k, const float *v,
                                  const mega_attn_dims *d) {
   (void)scratch;
   attn16 h;
   float *ocopy = att + (size_t)d->B * d->NH * d->T;
+  if (!attn_fits(be, d)) return;
   if (!use_flash(be, d)) {
     mega_attn_gemm_forward(be, &cu_sm, out, att, q, k, v, d);
     return;
@@ -358,6 +384,7 @@ static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float 
                                   const mega_attn_dims *d) {
   attn16 h;
   const float *ocopy = att + (size_t)d->B * d->NH * d->T;
+  if (!attn_fits(be, d)) return;
   if (!use_flash(be, d)) {
     mega_attn_gemm_backward(be, &cu_sm, dq, dk, dv, scratch, dout, q, k, v, att, d);
     return;
@@ -562,6 +589,7 @@ static const mega_backend_ops cuda_ops = {
     .matmul_forward = cu_matmul_forward,
     .matmul_backward_input = cu_matmul_backward_input,
     .matmul_backward_weight = cu_matmul_backward_weight,
+    .attention_sizes = cu_attention_sizes,
     .attention_forward = cu_attention_forward,
     .attention_backward = cu_attention_backward,
     .rmsnorm_forward = cu_rmsnorm_forward,

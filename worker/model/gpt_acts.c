@@ -66,13 +66,12 @@ static void carve_forward(carver *cv, const mega_gpt_acts *a, layer_acts *la, bo
   const mega_gpt_stage *s = a->s;
   gpt_widths w = gpt_local_widths(s);
   size_t N = (size_t)a->B * a->T, C = s->cfg.channels, RC = (size_t)a->R * C;
-  size_t TT = (size_t)a->B * w.NHl * a->T * a->T;
   la->ln1 = carve(cv, N * C);
   la->ln1_mean = carve(cv, a->R);
   la->ln1_rstd = carve(cv, a->R);
   la->qkv = carve(cv, N * (w.Ql + 2 * (size_t)w.KVl));
   la->atty = carve(cv, N * w.Ql);
-  la->att = shared_att ? att : carve(cv, TT);
+  la->att = shared_att ? att : carve(cv, a->att_floats);
   la->x2 = carve(cv, RC);
   la->ln2 = carve(cv, N * C);
   la->ln2_mean = carve(cv, a->R);
@@ -112,7 +111,6 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
   gpt_widths w = gpt_local_widths(s);
   size_t N = (size_t)a->B * a->T, RC = (size_t)a->R * c->channels, C = c->channels;
   size_t Vl = (size_t)c->vocab_size / tp->size;
-  size_t TT = (size_t)a->B * w.NHl * a->T * a->T;
   int L = s->desc.num_layers, first, end;
   a->tokens = carve(cv, N); /* int32 and float have the same size */
   a->targets = carve(cv, N);
@@ -131,7 +129,7 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
   }
   a->sink = G > 0 ? carve(sc, RC) : NULL;
   bool selective = s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && L > 0;
-  float *att = selective ? carve(sc, TT) : NULL;
+  float *att = selective ? carve(sc, a->att_floats) : NULL;
   for (int l = 0; l <= L; l++) {
     if (l < L && gpt_rc_group(s, l, &first, &end) && l > first)
       a->resid[l] = scratch_in[l - first];
@@ -156,7 +154,7 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
    * dresid[L] */
   if (L > 0) {
     a->datty = carve(cv, N * w.Ql);
-    a->att_scratch = carve(cv, TT + N * w.Ql);
+    a->att_scratch = carve(cv, a->att_scratch_floats);
   }
   if (sp) a->partial = carve(cv, N * C);
   if (s->desc.loss) {
@@ -210,6 +208,8 @@ mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts 
   a->B = B;
   a->T = T;
   a->R = mega_gpt_stream_rows(s, B, T);
+  mega_attn_dims ad = gpt_attn_dims(s, B, T);
+  mega_attention_sizes(s->be, &ad, &a->att_floats, &a->att_scratch_floats);
   carver cv = {0}, sc = {0};
   layout(a, &cv, &sc);
   a->bytes = cv.off;

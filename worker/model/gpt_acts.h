@@ -23,7 +23,8 @@ typedef struct layer_acts {
   float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [R], [R] (RMSNorm: no mean) */
   float *qkv;                       /* N*(Ql + 2KVl): q, k, v (Llama's rotated) */
   float *atty;                      /* [N,Ql] attention output */
-  float *att;                       /* [B,NHl,T,T] probabilities */
+  float *att;                       /* att_floats: [B,NHl,T,T] probabilities, or
+                                       what the backend keeps instead */
   float *x2;                        /* [R,C] residual after attention */
   float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [R], [R] */
   float *fch, *fcu, *fch_gelu;      /* [N,Fl]: c_fc's output (Llama: gate's, and up's)
@@ -64,7 +65,10 @@ struct mega_gpt_acts {
   float *dlogits, *dlnf;            /* [N,Vl], [R,C] */
   float *rowmax, *ce_sums;          /* TP loss: [N], [2N] */
   float *datty;                     /* [N,Ql] scratch: attention output grad */
-  float *att_scratch;               /* B*NHl*T*T + N*Ql floats */
+  float *att_scratch;               /* att_scratch_floats */
+  /* what attention needs in att and att_scratch (mega_attention_sizes,
+   * asked once the backend's --bf16 is set) */
+  size_t att_floats, att_scratch_floats;
   float *partial;                   /* [N,C] scratch: a row-parallel result
                                        before its reduce-scatter (sequence
                                        parallelism) */

@@ -191,6 +191,8 @@ static void attention(mega_gpt_stage *s, mega_gpt_acts *a, layer_acts *la, float
   float *q, *k, *v;
   gpt_qkv(s, a->B * a->T, la->qkv, &q, &k, &v);
   mega_attn_dims d = gpt_attn_dims(s, a->B, a->T);
+  d.att_cap = a->att_floats;
+  d.scratch_cap = a->att_scratch_floats;
   s->be->ops->attention_forward(s->be, out, la->att, a->att_scratch, q, k, v, &d);
 }
 
@@ -366,6 +368,8 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   gpt_qkv(s, N, la->qkv, &q, &k, &v);
   gpt_qkv(s, N, la->dqkv, &dq, &dk, &dv);
   mega_attn_dims ad = gpt_attn_dims(s, B, T);
+  ad.att_cap = a->att_floats;
+  ad.scratch_cap = a->att_scratch_floats;
   o->attention_backward(be, dq, dk, dv, a->att_scratch, a->datty, q, k, v, la->att, &ad);
   if (llama) { /* q and k were rotated after their projections */
     int rot = mega_gpt_rot_dim(&s->cfg);
