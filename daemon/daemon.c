@@ -79,6 +79,20 @@ static void on_job_refused(void *arg, mega_job *j, const char *why) {
   megad_coord_refused(&d->coord, j, why);
 }
 
+/* Steps this node kept since a job's coordinator died go to its new one. */
+static void on_job_coordinator(void *arg, const char *job_id, const char *node_id) {
+  megad *d = arg;
+  megad_node *n = megad_members_find(&d->members, node_id);
+  if (n && n->address) megad_launch_coord_moved(&d->launcher, job_id, node_id, n->address);
+}
+
+static mega_status on_resent(void *arg, const char *job_id, uint32_t attempt, uint32_t world,
+                             const char *node_id, Mega__V1__StepReport *const *r, size_t n,
+                             mega_err *err) {
+  megad *d = arg;
+  return megad_coord_resent(&d->coord, job_id, attempt, world, node_id, r, n, err);
+}
+
 static void on_job_claimed(void *arg, mega_job *j) {
   (void)j;
   megad *d = arg;
@@ -307,7 +321,8 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                             .slots = (uint32_t)o->slots,
                             .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms,
                             .gpus = per_gpu};
-  megad_launcher_cbs lc = {.step = on_worker_step, .event = on_worker_event, .arg = d};
+  megad_launcher_cbs lc = {.step = on_worker_step, .event = on_worker_event,
+                           .resent = on_resent, .arg = d};
   megad_members_opts mo = {.address = d->address, .slots = (uint32_t)o->slots,
                            .backend = per_gpu ? "cuda" : "cpu",
                            .device_name = per_gpu ? gpu_name : NULL,
@@ -336,6 +351,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   megad_base_on_stall(&d->base, on_stall, d);
   megad_jobs_set_cbs(&d->jobs, &(megad_jobs_cbs){.fenced = on_job_fenced, .orphan = on_job_orphan,
                                                   .claimed = on_job_claimed,
+                                                  .coordinator = on_job_coordinator,
                                                   .refused = on_job_refused, .arg = d});
   d->svc = (megad_services){.b = &d->base, .jobs = &d->jobs, .members = &d->members,
                             .L = &d->launcher, .coord = &d->coord, .srv = d->srv,

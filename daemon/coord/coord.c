@@ -75,6 +75,7 @@ static void on_retain_soon(uv_timer_t *t) {
  * later says it again. */
 void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const char *error) {
   mega_job_state before = j->state;
+  coord_late_flush(c, j);
   megad_job_finalize(c->jobs, j, state, error);
   if (before == state || j->state != state) return; /* refused: nothing ended */
   coord_release_donors(c, j, "the job ended");
@@ -409,6 +410,7 @@ static void on_tick(uv_timer_t *t) {
   else if (c->jobs->etcd && could_grow(c)) megad_members_read_loads(c->members, SCHEDULE_MS,
                                                                    NULL, NULL);
   coord_etcd_tick(c);
+  coord_late_tick(c);
   if (++c->ticks % RETAIN_TICKS == 0) coord_retain(c, megad_unix_ms());
 }
 
@@ -662,4 +664,5 @@ void megad_coord_free(megad_coord *c) {
   c->tick_on = false;
   free(c->saving_reason);
   c->saving_reason = NULL;
+  coord_late_free(c);
 }

@@ -94,6 +94,7 @@ typedef struct megad_coord {
   /* etcd mode (coord_etcd.c): claims of orphaned jobs in flight */
   char claims[8][160];
   char *saving_reason; /* megad_coord_stop_saving's first reason (this megad's SIGTERM) */
+  struct coord_late *late; /* steps of attempts over, sent again (coord_late.c) */
 } megad_coord;
 
 mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
@@ -124,6 +125,14 @@ mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err);
 /* megactl rescale: re-plan on nnodes at the next checkpoint. */
 mega_status megad_coord_rescale(megad_coord *c, mega_job *j, uint32_t nnodes, mega_err *err);
 
+/* Steps of attempt (of world ranks) that node_id kept for a job whose
+ * coordinator died, sent again to this node, which took the job over:
+ * merged into the history from the ranks that survive, each (attempt,
+ * iteration) once. MEGA_ERR_NOT_FOUND: this node does not coordinate the
+ * job (yet); MEGA_ERR_INVALID: an attempt the job never had. */
+mega_status megad_coord_resent(megad_coord *c, const char *job_id, uint32_t attempt,
+                               uint32_t world, const char *node_id,
+                               Mega__V1__StepReport *const *r, size_t n, mega_err *err);
 /* Whether this node runs attempt `attempt` of job_id now (reports of other
  * attempts are refused, which stops their ranks). */
 bool megad_coord_runs(megad_coord *c, const char *job_id, uint32_t attempt);

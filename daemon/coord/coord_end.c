@@ -128,6 +128,7 @@ void coord_run_finish(coord_run *run) {
   /* iterations the survivors completed but a lost rank never reported: the
    * next attempt starts after them, so they are merged from what came */
   mega_step_done *d = NULL;
+  coord_late_flush(c, j); /* earlier attempts' steps first */
   uint64_t told = j->last_iteration; /* in the history, or said to be left out */
   while (j->coord.replicas &&
          mega_stepmerge_flush(run->merge, j->coord.replicas->iteration, &d, NULL) == MEGA_OK &&

@@ -258,6 +258,9 @@ static void adopt(megad_coord *c, const char *id, int64_t fence, const megad_etc
   }
   megad_log(c->b, "took %s job %s over from %s (fence %lld)", mega_job_state_name(j->state), id,
             old, (long long)fence);
+  /* the steps this node kept for the dead coordinator: here now, before
+   * the next attempt's (other nodes hear of the claim from etcd) */
+  megad_launch_coord_moved(c->L, id, c->b->node_id, c->o.address);
   if (!mega_job_state_final(j->state)) resume_adopted(c, j, old);
 }
 
@@ -358,6 +361,18 @@ void coord_etcd_tick(megad_coord *c) {
     const mega_job *j = m->v[i];
     if ((!j->etcd.fence || j->etcd.orphan) && !megad_jobs_find(c->jobs, j->id)) claim(c, j->id);
   }
+}
+
+/* ---- steps kept for a coordinator that died ---- */
+
+mega_status megad_coord_resent(megad_coord *c, const char *job_id, uint32_t attempt,
+                               uint32_t world, const char *node_id,
+                               Mega__V1__StepReport *const *r, size_t n, mega_err *err) {
+  if (coord_run_of(c, job_id, attempt)) { /* the attempt runs here: the ordinary path */
+    for (size_t i = 0; i < n; i++) megad_coord_step(c, job_id, attempt, node_id, r[i]);
+    return MEGA_OK;
+  }
+  return coord_late_add(c, job_id, attempt, world, node_id, r, n, err);
 }
 
 /* ---- standing down ---- */

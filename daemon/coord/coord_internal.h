@@ -178,6 +178,19 @@ bool coord_may_act(const megad_coord *c);
 /* coord_etcd.c: the orphan scan the tick runs. */
 void coord_etcd_tick(megad_coord *c);
 
+/* coord_late.c: steps of an attempt over, sent again after a takeover
+ * (megad_coord_resent, but never of the attempt running here) */
+typedef struct coord_late coord_late;
+mega_status coord_late_add(megad_coord *c, const char *job_id, uint32_t attempt, uint32_t world,
+                           const char *node_id, Mega__V1__StepReport *const *r, size_t n,
+                           mega_err *err);
+/* Merges what came for attempts quiet a while, from the ranks that sent. */
+void coord_late_tick(megad_coord *c);
+/* Merges what came of j's earlier attempts now: before a later attempt's
+ * step or j's end goes into the history, so the history stays in order. */
+void coord_late_flush(megad_coord *c, const mega_job *j);
+void coord_late_free(megad_coord *c);
+
 /* Answers the committing rank about iteration at once: the go-ahead, or,
  * while this node may not act (coord_may_act), a refusal, so no rank waits
  * for etcd; a refusal is an event (once per run of them) and so is the

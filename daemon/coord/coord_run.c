@@ -377,6 +377,7 @@ static void on_step_merged(coord_run *run, mega_step_done *done) {
                     (double)(megad_unix_ms() - j->coord.failed_ms) / 1000);
     j->coord.failed_ms = 0;
   }
+  coord_late_flush(c, j);
   megad_job_step(c->jobs, j, done->step);
   if (run->trace_iteration > 0 && done->step->iteration == (uint64_t)run->trace_iteration) {
     char *path = NULL;

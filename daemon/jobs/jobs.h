@@ -42,6 +42,8 @@ typedef struct megad_jobs_cbs {
   void (*refused)(void *arg, mega_job *j, const char *why);
   /* A job without a coordinator: its key went with its node's lease. */
   void (*orphan)(void *arg, const char *job_id);
+  /* job_id's coordinator key names node_id now (a claim, or a takeover). */
+  void (*coordinator)(void *arg, const char *job_id, const char *node_id);
   void *arg;
 } megad_jobs_cbs;
 

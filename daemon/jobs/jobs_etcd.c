@@ -113,6 +113,11 @@ static void set_coordinator(mega_job *m, const megad_etcd_kv *kv) {
 static void mirror_coord(megad_jobs *js, const char *id, const megad_etcd_kv *kv, bool del) {
   mega_job *m = mega_jobs_table_find(&js->mirror, id);
   if (m && !del) set_coordinator(m, kv);
+  if (!del && js->cbs.coordinator) {
+    char *node = strndup((const char *)kv->value, kv->value_len);
+    if (node) js->cbs.coordinator(js->cbs.arg, id, node);
+    free(node);
+  }
   if (!del) return;
   if (m) m->etcd.orphan = true;
   mega_job *own = mega_jobs_table_find(&js->t, id);

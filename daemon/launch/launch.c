@@ -514,6 +514,7 @@ void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const cha
   for (megad_launch *l = L->launches; l; l = l->next)
     if (!strcmp(l->req->coordinator_node_id, coord_id)) {
       l->coord_gone = true;
+      if (hold && !l->coord_local) resend_orphan(l); /* for the node that takes the job over */
       launch_abort(l, reason, hold ? MEGAD_HOLD_GRACE_MS : MEGAD_ABORT_GRACE_MS, hold);
       relay_flush(l);
       launch_maybe_free(l);
@@ -602,7 +603,10 @@ uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max
 
 /* ---- the launcher ---- */
 
-static void on_tick(uv_timer_t *t) { hangcheck_tick(t->data); }
+static void on_tick(uv_timer_t *t) {
+  hangcheck_tick(t->data);
+  resend_tick(t->data);
+}
 
 mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
                                 const megad_launcher_opts *o, const megad_launcher_cbs *cbs,
@@ -628,6 +632,7 @@ mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve 
 void megad_launcher_free(megad_launcher *L) {
   if (L->tick_on) uv_close((uv_handle_t *)&L->tick, NULL);
   L->tick_on = false;
+  resend_free_all(L);
   free(L->slot_busy); /* workers of launches still closing read it no more: slots_used only */
   L->slot_busy = NULL;
 }

@@ -46,6 +46,13 @@ typedef struct megad_launcher_cbs {
                const Mega__V1__StepReport *r);
   void (*event)(void *arg, const char *job_id, uint32_t attempt, const char *node_id,
                 const Mega__V1__RankEvent *ev);
+  /* Steps of an attempt whose coordinator died, kept here and sent again
+   * to the job's new coordinator when that is this node (as a remote one
+   * gets them in Peer ReportStep with resent): MEGA_ERR_NOT_FOUND while it
+   * has not taken the job over yet, and they are sent again later. */
+  mega_status (*resent)(void *arg, const char *job_id, uint32_t attempt, uint32_t world,
+                        const char *node_id, Mega__V1__StepReport *const *r, size_t n,
+                        mega_err *err);
   void *arg;
 } megad_launcher_cbs;
 
@@ -61,6 +68,7 @@ typedef struct megad_launcher_opts {
 } megad_launcher_opts;
 
 typedef struct megad_launch megad_launch;
+typedef struct megad_orphan megad_orphan;
 
 typedef struct megad_launcher {
   megad_base *b;
@@ -82,6 +90,15 @@ typedef struct megad_launcher {
     uint32_t attempt; /* this one and every earlier one are over */
   } ended[32];
   size_t ended_next;
+  /* Steps kept for the new coordinator of a job whose coordinator died
+   * (resend.c), and where jobs of launches here moved (a takeover may be
+   * heard of before the old coordinator's loss). */
+  megad_orphan *orphans;
+  struct megad_launch_moved {
+    char job_id[128], node_id[64], address[256];
+  } moved[16];
+  size_t moved_next;
+  uint64_t steps_lost; /* reports dropped before a coordinator acknowledged them */
 } megad_launcher;
 
 mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
@@ -113,6 +130,10 @@ void megad_launch_hold(megad_launcher *L, const char *job_id, uint32_t attempt,
  * job over, which asks (megad_launch_held) and releases them. */
 void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason,
                               bool hold);
+/* job_id is coordinated by node_id (at address) now: steps kept for it
+ * since its old coordinator died go there (etcd mode: a takeover). */
+void megad_launch_coord_moved(megad_launcher *L, const char *job_id, const char *node_id,
+                              const char *address);
 /* A shutdown that saves first (megad got SIGTERM): asks the workers of every
  * launch whose job has --exit-signal-handler (of job_id; NULL: of any job)
  * to save a checkpoint at the next iteration boundary and stop (a Stop frame

@@ -5,6 +5,8 @@
  *   hangcheck.c    pings and the hang check (workers making no progress)
  *   relay.c        what passes between the workers and the job's
  *                  coordinator: reports and KV requests
+ *   resend.c       the last reports relayed, kept for a new coordinator
+ *                  when the job's dies
  *   launch_life.c  frames down the pipe, kill, abort, the launch's end
  *
  * Private to the launcher. */
@@ -19,6 +21,16 @@
 #define STEP_WINDOW 16
 
 typedef struct kvop kvop;
+
+/* The last RESEND_KEEP step reports a launch relayed to a remote
+ * coordinator, acknowledged or not (resend.c): a ring, oldest at head. */
+typedef struct relay_kept {
+  Mega__V1__StepReport **v;
+  uint64_t *seq;
+  size_t head, n;
+  uint64_t next_seq, acked_seq; /* seqs up to acked_seq reached the coordinator */
+  uint64_t lost;                /* dropped unacknowledged */
+} relay_kept;
 
 typedef struct megad_worker {
   megad_launch *l;
@@ -58,6 +70,8 @@ struct megad_launch {
   Mega__V1__LaunchRanksRequest *req; /* owned copy */
   char *dir;                         /* state_dir/jobs/<id>/<attempt> */
   bool coord_local, coord_gone, aborting;
+  bool orphaned; /* its coordinator died and a new one may take the job over */
+  relay_kept kept;
   bool released; /* an abort without hold was sent: held workers go too */
   bool graceful; /* the job has --exit-signal-handler: a shutdown asks it to save and stop */
   megad_worker *w;
@@ -119,6 +133,21 @@ void relay_flush(megad_launch *l);
 void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req);
 /* The worker went away: its KV requests end without an answer. */
 void relay_worker_gone(megad_worker *w);
+
+/* resend.c */
+/* Keeps a copy of r (relayed to a remote coordinator); its seq. */
+uint64_t resend_keep(megad_launch *l, const Mega__V1__StepReport *r);
+/* The coordinator acknowledged every report kept up to seq upto. */
+void resend_acked(megad_launch *l, uint64_t upto);
+/* l's coordinator died: what l kept waits for the job's new coordinator. */
+void resend_orphan(megad_launch *l);
+/* A step of an orphaned launch, after its coordinator died: kept likewise. */
+void resend_orphan_step(megad_launch *l, const Mega__V1__StepReport *r);
+void resend_free_kept(megad_launch *l);
+/* Every tick: sends waiting steps to a known new coordinator, drops those
+ * that waited too long. */
+void resend_tick(megad_launcher *L);
+void resend_free_all(megad_launcher *L);
 
 /* hangcheck.c */
 /* A sign of progress from w: a step report (step_s > 0) or a new phase. */

@@ -149,6 +149,7 @@ void launch_free_queue(megad_launch *l) {
 static void free_launch_mem(megad_launch *l) {
   if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
   launch_free_queue(l);
+  resend_free_kept(l);
   free(l->w);
   free(l->dir);
   free(l);

@@ -24,7 +24,11 @@ void relay_step(megad_launch *l, const Mega__V1__StepReport *r) {
     if (L->cbs.step) L->cbs.step(L->cbs.arg, l->req->job_id, l->req->attempt, L->b->node_id, r);
     return;
   }
-  if (l->coord_gone) return;
+  if (l->coord_gone) { /* a last step as its ranks stop: for the next coordinator */
+    if (l->orphaned) resend_orphan_step(l, r);
+    return;
+  }
+  resend_keep(l, r);
   ProtobufCMessage *c = megad_pb_copy(&r->base);
   if (c && !queue_push((void ***)&l->steps, &l->nsteps, c)) protobuf_c_message_free_unpacked(c, NULL);
   relay_flush(l);
@@ -51,6 +55,7 @@ typedef struct report_ctx {
   size_t nsteps;
   Mega__V1__RankEvent **events;
   size_t nevents;
+  uint64_t upto; /* the last kept seq in the batch (resend.c) */
 } report_ctx;
 
 static void free_batch(report_ctx *c) {
@@ -92,6 +97,7 @@ static void reported(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   l->refs--;
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);
   if (err->status == MEGA_OK || l->coord_gone || L->b->stopping) {
+    if (err->status == MEGA_OK) resend_acked(l, c->upto);
     free_batch(c);
   } else if (err->status == MEGA_ERR_NOT_FOUND || err->status == MEGA_ERR_INVALID) {
     /* the coordinator does not run this attempt (it is over, or the
@@ -119,6 +125,7 @@ void relay_flush(megad_launch *l) {
   report_ctx *c = calloc(1, sizeof *c);
   if (!c) return;
   c->l = l;
+  c->upto = l->kept.next_seq; /* reports are kept and queued in the same order */
   c->steps = l->steps;
   c->nsteps = l->nsteps;
   c->events = l->events;

@@ -91,6 +91,17 @@ static void on_list_held(mega_rpc_call *call, const ProtobufCMessage *msg, void 
 static void on_report_step(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__ReportStepRequest *req = (const void *)msg;
+  if (req->resent) { /* kept for a coordinator that died: this node took the job over */
+    mega_err e = {0};
+    if (megad_coord_resent(s->coord, req->job_id, req->attempt, req->world_size, req->node_id,
+                           req->steps, req->n_steps, &e) != MEGA_OK) {
+      mega_rpc_fail_err(call, &e);
+      return;
+    }
+    Mega__V1__ReportStepResponse r = MEGA__V1__REPORT_STEP_RESPONSE__INIT;
+    mega_rpc_reply(call, &r.base);
+    return;
+  }
   /* Ranks of an attempt that is over (they were launched as it ended, their
    * node was away, or this megad restarted) hear so, and their node aborts
    * them: a stale attempt never reports into a new one. */
