@@ -4,7 +4,9 @@
 // next product's A operand (FlashAttention-2's layout trick), so no score,
 // probability or output tile goes through shared memory; only k, v
 // (forward) and the other side's tiles (backward) do, loaded 16 bytes at a
-// time. Blocks of 64 query rows (or keys), four warps of 16. The forward
+// time. Blocks of 64 query rows (or keys), four warps of 16; the tiles a
+// loop walks come in with cp.async, the next one while this one is used
+// (two buffers). The forward
 // saves each row's log-sum-exp and a copy of the output, from which the
 // backward recomputes the probabilities. The backward is two kernels, dK/dV
 // per key tile and dQ per query tile, so no gradient is summed with atomics
@@ -108,15 +110,47 @@ __device__ __forceinline__ void probs_by_tile(float (&acc)[HS / 8][4], const flo
   }
 }
 
+// cp.async (sm_80 on): global to shared without a trip through registers,
+// so a block's next tile arrives while it computes on this one. n source
+// bytes are read and the rest of the 16 (or 4) filled with zeros.
+__device__ __forceinline__ void cp16(void *dst, const void *src, int n) {
+  uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp4(void *dst, const void *src, int n) {
+  uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N of this thread's committed groups are in flight;
+// a __syncthreads after it makes every thread's copies visible.
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Rows [r0, r0+64) of a [T, ld] bf16 head view into a shared tile, zeros
-// past T, 16 bytes at a time (the caller's copies are laid out for it).
+// past T, 16 bytes at a time (the caller's copies are laid out for it):
+// issued only, as cp.async; the caller commits and waits.
 template <int HS>
 __device__ void load_tile(bf16 *dst, const bf16 *src, int ld, int r0, int T) {
   for (int i = threadIdx.x; i < kTile * HS / 8; i += kThreads) {
     int r = i / (HS / 8), c = (i % (HS / 8)) * 8;
-    uint4 x = r0 + r < T ? *(const uint4 *)(src + (int64_t)(r0 + r) * ld + c)
-                         : make_uint4(0u, 0u, 0u, 0u);
-    *(uint4 *)(dst + r * Sh<HS>::kLd + c) = x;
+    bool in = r0 + r < T;
+    cp16(dst + r * Sh<HS>::kLd + c, src + (int64_t)(in ? r0 + r : 0) * ld + c, in ? 16 : 0);
+  }
+}
+
+// n floats of a row's statistics from src[r0..] into shared, zeros past T.
+__device__ void load_stats(float *dst, const float *src, int r0, int T) {
+  for (int i = threadIdx.x; i < kTile; i += kThreads) {
+    bool in = r0 + i < T;
+    cp4(dst + i, src + (in ? r0 + i : 0), in ? 4 : 0);
   }
 }
 
@@ -151,7 +185,8 @@ __global__ void __launch_bounds__(kThreads)
     fwd_kernel(float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k, const bf16 *v,
                Dims d) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *Qs = (bf16 *)smem, *Ks = Qs + Sh<HS>::kElems, *Vs = Ks + Sh<HS>::kElems;
+  constexpr int E = Sh<HS>::kElems;
+  bf16 *Qs = (bf16 *)smem;  // then two buffers of a K and a V tile
   int T = d.T, nqt = (T + kTile - 1) / kTile, qt = nqt - 1 - blockIdx.x;
   int b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, grp = h / (d.NH / d.G);
   int q0 = qt * kTile, m0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -159,13 +194,23 @@ __global__ void __launch_bounds__(kThreads)
   const bf16 *kb = k + (int64_t)b * T * d.ldkv + grp * HS;
   const bf16 *vb = v + (int64_t)b * T * d.ldkv + grp * HS;
   load_tile<HS>(Qs, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
+  load_tile<HS>(Qs + E, kb, d.ldkv, 0, T);
+  load_tile<HS>(Qs + 2 * E, vb, d.ldkv, 0, T);
+  cp_commit();
   float o[HS / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int kt = 0; kt <= qt; kt++) {
     int k0 = kt * kTile;
-    __syncthreads();
-    load_tile<HS>(Ks, kb, d.ldkv, k0, T);
-    load_tile<HS>(Vs, vb, d.ldkv, k0, T);
+    bf16 *Ks = Qs + E * (1 + 2 * (kt & 1)), *Vs = Ks + E;
+    if (kt < qt) {  // the next tiles into the other buffer, used two iterations ago
+      bf16 *Kn = Qs + E * (1 + 2 * ((kt + 1) & 1));
+      load_tile<HS>(Kn, kb, d.ldkv, k0 + kTile, T);
+      load_tile<HS>(Kn + E, vb, d.ldkv, k0 + kTile, T);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
     __syncthreads();
     float s[8][4];
     rows_by_rows<HS>(s, Qs, m0, Ks);
@@ -205,6 +250,7 @@ __global__ void __launch_bounds__(kThreads)
       o[n][3] *= alpha[1];
     }
     probs_by_tile<HS>(o, s, Vs);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   for (int i = 0; i < 2; i++) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -264,36 +310,48 @@ __global__ void __launch_bounds__(kThreads)
     kv_kernel(float *dk, float *dv, const bf16 *dout, const float *lse, const float *D,
               const bf16 *q, const bf16 *k, const bf16 *v, Dims d) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *Ks = (bf16 *)smem, *Vs = Ks + Sh<HS>::kElems, *Qs = Vs + Sh<HS>::kElems;
-  bf16 *dOs = Qs + Sh<HS>::kElems;
-  float *lse_s = (float *)(dOs + Sh<HS>::kElems), *D_s = lse_s + kTile;
+  constexpr int E = Sh<HS>::kElems;
+  // K, V, then two buffers of a Q and a dO tile, then two of lse and D rows
+  bf16 *Ks = (bf16 *)smem, *Vs = Ks + E, *buf = Vs + E;
+  float *stats = (float *)(buf + 4 * E);
   int T = d.T, nqt = (T + kTile - 1) / kTile, rep = d.NH / d.G;
   int kt = blockIdx.x, b = blockIdx.y / d.G, grp = blockIdx.y % d.G, k0 = kt * kTile;
   int m0 = threadIdx.x / 32 * 16;
+  // iteration it: query head grp * rep + it / nq, query tile kt + it % nq
+  int nq = nqt - kt, total = rep * nq;
+  auto issue = [&](int it) {
+    int h = grp * rep + it / nq, q0 = (kt + it % nq) * kTile, j = it & 1;
+    int64_t bh = (int64_t)b * d.NH + h;
+    load_tile<HS>(buf + 2 * j * E, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
+    load_tile<HS>(buf + (2 * j + 1) * E, dout + (int64_t)b * T * d.ldo + h * HS, d.ldo, q0, T);
+    load_stats(stats + 2 * j * kTile, lse + bh * T, q0, T);
+    load_stats(stats + (2 * j + 1) * kTile, D + bh * T, q0, T);
+  };
   load_tile<HS>(Ks, k + (int64_t)b * T * d.ldkv + grp * HS, d.ldkv, k0, T);
   load_tile<HS>(Vs, v + (int64_t)b * T * d.ldkv + grp * HS, d.ldkv, k0, T);
+  issue(0);
+  cp_commit();
   float dK[HS / 8][4] = {}, dV[HS / 8][4] = {};
-  for (int r = 0; r < rep; r++) {
-    int h = grp * rep + r;
-    int64_t bh = (int64_t)b * d.NH + h;
-    for (int qt = kt; qt < nqt; qt++) {
-      int q0 = qt * kTile;
-      __syncthreads();
-      load_tile<HS>(Qs, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
-      load_tile<HS>(dOs, dout + (int64_t)b * T * d.ldo + h * HS, d.ldo, q0, T);
-      for (int i = threadIdx.x; i < kTile; i += kThreads) {
-        lse_s[i] = q0 + i < T ? lse[bh * T + q0 + i] : 0.0f;
-        D_s[i] = q0 + i < T ? D[bh * T + q0 + i] : 0.0f;
-      }
-      __syncthreads();
-      float s[8][4], dp[8][4];
-      rows_by_rows<HS>(s, Ks, m0, Qs);
-      rows_by_rows<HS>(dp, Vs, m0, dOs);
-      grads<false>(s, dp, k0 + m0, q0, T, d.scale, [&](int tq) { return lse_s[tq - q0]; },
-                   [&](int tq) { return D_s[tq - q0]; });
-      probs_by_tile<HS>(dV, s, dOs);
-      probs_by_tile<HS>(dK, dp, Qs);
+  for (int it = 0; it < total; it++) {
+    int q0 = (kt + it % nq) * kTile, j = it & 1;
+    if (it + 1 < total) {
+      issue(it + 1);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
     }
+    __syncthreads();
+    const bf16 *Qs = buf + 2 * j * E, *dOs = buf + (2 * j + 1) * E;
+    const float *lse_s = stats + 2 * j * kTile, *D_s = stats + (2 * j + 1) * kTile;
+    float s[8][4], dp[8][4];
+    rows_by_rows<HS>(s, Ks, m0, Qs);
+    rows_by_rows<HS>(dp, Vs, m0, dOs);
+    grads<false>(s, dp, k0 + m0, q0, T, d.scale, [&](int tq) { return lse_s[tq - q0]; },
+                 [&](int tq) { return D_s[tq - q0]; });
+    probs_by_tile<HS>(dV, s, dOs);
+    probs_by_tile<HS>(dK, dp, Qs);
+    __syncthreads();  // every warp is done with buffer j before it is refilled
   }
   int64_t base = (int64_t)b * T * d.ldkv + grp * HS;
   store_acc<HS>(dk + base, nullptr, d.ldkv, dK, k0, T, 1.0f, 1.0f);
@@ -307,8 +365,8 @@ __global__ void __launch_bounds__(kThreads)
     q_kernel(float *dq, const bf16 *dout, const float *lse, const float *D, const bf16 *q,
              const bf16 *k, const bf16 *v, Dims d) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *Ks = (bf16 *)smem, *Vs = Ks + Sh<HS>::kElems, *Qs = Vs + Sh<HS>::kElems;
-  bf16 *dOs = Qs + Sh<HS>::kElems;
+  constexpr int E = Sh<HS>::kElems;
+  bf16 *Qs = (bf16 *)smem, *dOs = Qs + E;  // then two buffers of a K and a V tile
   int T = d.T, nqt = (T + kTile - 1) / kTile, qt = nqt - 1 - blockIdx.x;
   int b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, grp = h / (d.NH / d.G);
   int q0 = qt * kTile, m0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4;
@@ -320,12 +378,22 @@ __global__ void __launch_bounds__(kThreads)
   float D0 = row0 < T ? Dr[row0] : 0.0f, D1 = row1 < T ? Dr[row1] : 0.0f;
   const bf16 *kb = k + (int64_t)b * T * d.ldkv + grp * HS;
   const bf16 *vb = v + (int64_t)b * T * d.ldkv + grp * HS;
+  load_tile<HS>(Qs + 2 * E, kb, d.ldkv, 0, T);
+  load_tile<HS>(Qs + 3 * E, vb, d.ldkv, 0, T);
+  cp_commit();
   float dQ[HS / 8][4] = {};
   for (int kt = 0; kt <= qt; kt++) {
     int k0 = kt * kTile;
-    __syncthreads();
-    load_tile<HS>(Ks, kb, d.ldkv, k0, T);
-    load_tile<HS>(Vs, vb, d.ldkv, k0, T);
+    bf16 *Ks = Qs + E * (2 + 2 * (kt & 1)), *Vs = Ks + E;
+    if (kt < qt) {
+      bf16 *Kn = Qs + E * (2 + 2 * ((kt + 1) & 1));
+      load_tile<HS>(Kn, kb, d.ldkv, k0 + kTile, T);
+      load_tile<HS>(Kn + E, vb, d.ldkv, k0 + kTile, T);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
     __syncthreads();
     float s[8][4], dp[8][4];
     rows_by_rows<HS>(s, Qs, m0, Ks);
@@ -334,19 +402,22 @@ __global__ void __launch_bounds__(kThreads)
                 [&](int tq) { return tq == row0 ? lse0 : lse1; },
                 [&](int tq) { return tq == row0 ? D0 : D1; });
     probs_by_tile<HS>(dQ, dp, Ks);
+    __syncthreads();
   }
   store_acc<HS>(dq + (int64_t)b * T * d.ldq + h * HS, nullptr, d.ldq, dQ, q0, T, 1.0f, 1.0f);
 }
 
+// Six tiles (two kept, two double-buffered) and, for dK/dV, two buffers
+// of two rows of statistics; the dQ kernel asks the same.
 template <int HS>
 constexpr int bwd_bytes() {
-  return 4 * Sh<HS>::kElems * (int)sizeof(bf16) + 2 * kTile * (int)sizeof(float);
+  return 6 * Sh<HS>::kElems * (int)sizeof(bf16) + 4 * kTile * (int)sizeof(float);
 }
 
 template <int HS>
 int fwd(cudaStream_t s, float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k,
         const bf16 *v, int B, Dims d) {
-  int bytes = 3 * Sh<HS>::kElems * (int)sizeof(bf16);
+  int bytes = 5 * Sh<HS>::kElems * (int)sizeof(bf16);
   cudaError_t e = cudaFuncSetAttribute(fwd_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        bytes);
   if (e != cudaSuccess) return (int)e;

@@ -236,6 +236,7 @@ typedef struct mega_backend_ops {
   void (*crossentropy_forward)(mega_backend *be, float *losses, float *probs,
                                const float *logits, const int32_t *targets, int N,
                                int V);
+  /* dlogits may be probs itself (in place, as the gpt model runs it). */
   void (*crossentropy_backward)(mega_backend *be, float *dlogits, const float *probs,
                                 const int32_t *targets, int v0, float scale, int N, int V);
 

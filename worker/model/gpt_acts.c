@@ -164,7 +164,7 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
     a->logits = carve(cv, N * Vl);
     a->probs = carve(cv, N * Vl);
     a->losses = carve(cv, N);
-    a->dlogits = carve(cv, N * Vl);
+    a->dlogits = a->probs; /* written in place: the probabilities are read only there */
     a->dlnf = carve(cv, RC);
     if (tp->size > 1) {
       a->rowmax = carve(cv, N);
