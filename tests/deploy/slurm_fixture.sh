@@ -101,6 +101,8 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# a requeued job waits for the main scheduler's periodic pass: every second, not 60
+SchedulerParameters=sched_interval=1
 ReturnToService=2
 MinJobAge=600
 NodeName=n1 NodeHostname=$(hostname) NodeAddr=127.0.0.11 Port=$n1_port CPUs=1 RealMemory=1000 State=UNKNOWN
