@@ -17,6 +17,8 @@ the two-rank layouts without two GPUs (NCCL takes one GPU per rank).
 usage: cuda_training.py MEGAW [single|pp2|dp2|bf16|llama|llama-tp2]
 """
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -35,9 +37,23 @@ MODES = {
 RTOL = {"bf16": 1e-3}
 
 
+def devices():
+    """CUDA devices nvidia-smi lists; None without nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    return sum(1 for ln in r.stdout.splitlines() if ln.startswith("GPU "))
+
+
 def main():
     megaw, mode = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "single"
     world, extra = MODES[mode]
+    have = devices()
+    if have is not None and have < world:  # else rank 0 waits a minute for the others
+        print("skipped: %s needs %d CUDA devices; this machine has %d" % (mode, world, have))
+        return 77
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data.txt")
         pc.write_data(data)

@@ -1,7 +1,8 @@
 /* The cuda backend against the cpu backend, op by op, on random inputs:
  * GEMMs in every transpose case (and batched), the matmuls, every kernel
- * forward and backward (Llama's too; the element ops aligned and not), attention (grouped-query too), AdamW
- * and the reductions, and --bf16's flash attention. Needs a GPU:
+ * forward and backward (Llama's too; the element ops aligned and not),
+ * attention (grouped-query too), AdamW and the reductions, and under
+ * --bf16 the flash attention and the kept bf16 copies. Needs a GPU:
  * without one (or without the module) it says why and exits 77, which
  * meson counts as skipped. */
 #include <math.h>
@@ -264,6 +265,64 @@ static void test_bf16_matmuls(void) {
   gpu->ops->set_bf16(gpu, false, &err);
 }
 
+/* --bf16 keeps the rounded copies of GEMM inputs while their source is
+ * unchanged (worker/backend/cuda_b16.h). Each kind of writer changes a
+ * matmul's weight or input, and the matmul runs again: it must see the
+ * new values, as the cpu backend (which keeps nothing) does. */
+static float *kc_x, *kc_w, *kc_gx, *kc_gw, *kc_y, *kc_gy;
+enum { KO = 2 * C };
+
+static void kept_check(const char *what) {
+  cpu->ops->matmul_forward(cpu, kc_y, kc_x, kc_w, NULL, NULL, N, C, KO, MEGA_W_IN_OUT);
+  gpu->ops->matmul_forward(gpu, kc_gy, kc_gx, kc_gw, NULL, NULL, N, C, KO, MEGA_W_IN_OUT);
+  char label[96];
+  snprintf(label, sizeof label, "bf16 copies renewed after %s", what);
+  same(label, kc_gy, kc_y, (size_t)N * KO, 1e-4);
+}
+
+static void test_bf16_kept_copies(void) {
+  mega_err err = {0};
+  cpu->ops->set_bf16(cpu, true, &err);
+  gpu->ops->set_bf16(gpu, true, &err);
+  size_t nw = (size_t)C * KO, nx = (size_t)N * C;
+  kc_x = vec(nx, 51, 2), kc_w = vec(nw, 52, 0.3f), kc_y = malloc(sizeof(float) * N * KO);
+  kc_gx = up(kc_x, nx * 4), kc_gw = up(kc_w, nw * 4), kc_gy = dev_zero(sizeof(float) * N * KO);
+  kept_check("nothing (the first copies)");
+  kept_check("nothing (kept copies)");
+  float *w2 = vec(nw, 53, 0.3f), *g = vec(nw, 54, 1), *gg = up(g, nw * 4), *gw2 = up(w2, nw * 4);
+  memcpy(kc_w, w2, nw * 4);
+  gpu->ops->memcpy(gpu, kc_gw, w2, nw * 4, MEGA_COPY_H2D, &err);
+  kept_check("a copy from the host");
+  cpu->ops->scale(cpu, kc_w, nw, 0.5f);
+  gpu->ops->scale(gpu, kc_gw, nw, 0.5f);
+  kept_check("scale");
+  float *m = calloc(nw, 4), *v = calloc(nw, 4), *gm = dev_zero(nw * 4), *gv = dev_zero(nw * 4);
+  mega_adamw_params hp = {.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.1f, .grad_scale = 1.0f, .step = 1};
+  cpu->ops->adamw(cpu, kc_w, g, m, v, nw, &hp);
+  gpu->ops->adamw(gpu, kc_gw, gg, gm, gv, nw, &hp);
+  kept_check("an AdamW step");
+  cpu->ops->memset0(cpu, kc_w + nw / 2, nw / 2 * 4);
+  gpu->ops->memset0(gpu, kc_gw + nw / 2, nw / 2 * 4);
+  kept_check("zeroing half the weight");
+  cpu->ops->gelu_forward(cpu, kc_w, g, nw);
+  gpu->ops->gelu_forward(gpu, kc_gw, gg, nw);
+  kept_check("an op writing the weight");
+  cpu->ops->layernorm_forward(cpu, kc_x, kc_y, kc_y + N, w2, g, g + C, N, C, 1e-5f);
+  gpu->ops->layernorm_forward(gpu, kc_gx, kc_gy, kc_gy + N, gw2, gg, gg + C, N, C, 1e-5f);
+  kept_check("an op writing the input");
+  /* the weight as a GEMM's output: only its second half (a write into
+   * the middle of a kept copy's source) */
+  cpu->ops->gemm(cpu, false, false, C / 2, KO, C, 1.0f, kc_x, C, w2, KO, 0.0f,
+                 kc_w + nw / 2, KO);
+  gpu->ops->gemm(gpu, false, false, C / 2, KO, C, 1.0f, kc_gx, C, gw2, KO, 0.0f,
+                 kc_gw + nw / 2, KO);
+  kept_check("a GEMM writing half the weight");
+  cpu->ops->set_bf16(cpu, false, &err);
+  gpu->ops->set_bf16(gpu, false, &err);
+  free(kc_x), free(kc_w), free(kc_y), free(w2), free(g), free(m), free(v);
+}
+
 /* RMSNorm, SwiGLU, RoPE and grouped-query attention (8 query heads over 2
  * key/value heads of 6, on separate q, k and v). */
 static void test_llama_ops(void) {
@@ -436,6 +495,7 @@ int main(void) {
   test_element_ops();
   test_llama_ops();
   test_bf16_matmuls();
+  test_bf16_kept_copies();
   test_flash_attention();
   test_attention_sizes_guard(m);
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");

@@ -3,8 +3,9 @@
  * matmuls' are cublasGemmEx on bf16 copies of their inputs, the forward's
  * cuBLASLt with the bias and residual in its epilogue: cuda_lt.c) on the
  * same stream; the other ops are the kernels of kernels/gpt_kernels.cu.
- * Attention is cuBLAS's batched GEMMs around a causal softmax kernel
- * (attn_gemm.c), or under --bf16 the flash kernels (kernels/flash_mma.cu).
+ * Attention is cuda_attn.c's. Under --bf16 the rounded copies of GEMM
+ * inputs are kept while their sources are unchanged (cuda_b16.h), so every
+ * op first says what it writes.
  * Compute ops cannot report errors (backend.h), so the first failure is kept and returned by the next op that can fail (memcpy,
  * synchronize, the reductions), as NCCL reports asynchronous errors.
  *
@@ -19,27 +20,10 @@
 
 #include "kernels/launch.h"
 #include "worker/backend/attn_gemm.h"
-#include "worker/backend/cuda_internal.h"
+#include "worker/backend/cuda_b16.h"
+#include "worker/backend/cuda_impl.h"
 #include "worker/backend/cuda_lt.h"
 
-typedef struct cuda_impl {
-  int device;
-  cudaStream_t stream;
-  cublasHandle_t blas;
-  double *partials; /* device, MEGA_CU_SUM_BLOCKS */
-  bool bf16;          /* set_bf16: the matmuls' GEMMs take bf16 copies of their inputs */
-  void *bf16_buf[2];
-  size_t bf16_cap[2]; /* bytes */
-  void *sort_buf;     /* the embedding gradient's sort (encoder_backward) */
-  size_t sort_cap;
-  mega_cu_lt *lt;     /* --bf16's forward GEMMs with epilogues; NULL: cublasGemmEx */
-  void *attn_buf;     /* flash attention's bf16 inputs */
-  size_t attn_cap;
-  mega_status sticky;
-  char why[200];
-} cuda_impl;
-
-static cuda_impl *impl_of(mega_backend *be) { return be->impl; }
 
 /* Keeps the first failure of an op that cannot return one. */
 static void note(mega_backend *be, int cuda_err, const char *what) {
@@ -72,11 +56,26 @@ static mega_status check(mega_backend *be, cudaError_t e, const char *what, mega
 
 #define S(be) ((mega_cu_stream)impl_of(be)->stream)
 
+/* Every op says what it is about to write, before it reads its bf16
+ * copies (cuda_b16.h): n floats at p. */
+static void wrote(mega_backend *be, const void *p, size_t n) {
+  if (p) mega_cu_b16_wrote(impl_of(be)->b16, p, n * sizeof(float));
+}
+
 /* ---- memory ---- */
 
 static mega_status cu_alloc(mega_backend *be, size_t bytes, void **out, mega_err *err) {
   void *p = NULL;
   cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
+  if (e == cudaErrorMemoryAllocation && impl_of(be)->b16) { /* the kept copies' pool first */
+    cudaGetLastError();
+    mega_cu_b16_clear(impl_of(be)->b16);
+    cudaStreamSynchronize(impl_of(be)->stream);
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, impl_of(be)->device) == cudaSuccess)
+      cudaMemPoolTrimTo(pool, 0);
+    e = cudaMalloc(&p, bytes ? bytes : 64);
+  }
   if (e != cudaSuccess)
     return mega_fail(err, MEGA_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes on device %d: %s",
                      bytes, impl_of(be)->device, cudaGetErrorString(e));
@@ -92,12 +91,14 @@ static mega_status cu_alloc(mega_backend *be, size_t bytes, void **out, mega_err
 
 static void cu_free(mega_backend *be, void *p) {
   if (!p) return;
+  mega_cu_b16_clear(impl_of(be)->b16); /* its size is unknown here: every copy goes */
   /* the stream may still use p */
   note(be, cudaStreamSynchronize(impl_of(be)->stream), "free");
   note(be, cudaFree(p), "free");
 }
 
 static void cu_memset0(mega_backend *be, void *p, size_t bytes) {
+  mega_cu_b16_wrote(impl_of(be)->b16, p, bytes);
   if (bytes) note(be, cudaMemsetAsync(p, 0, bytes, impl_of(be)->stream), "memset");
 }
 
@@ -108,6 +109,7 @@ static mega_status cu_memcpy(mega_backend *be, void *dst, const void *src, size_
   if (kind != MEGA_COPY_H2D && kind != MEGA_COPY_D2H && kind != MEGA_COPY_D2D)
     return mega_fail(err, MEGA_ERR_INVALID, "cuda backend: bad copy kind %d", (int)kind);
   if (!bytes || dst == src) return take_sticky(be, err);
+  if (kind != MEGA_COPY_D2H) mega_cu_b16_wrote(impl_of(be)->b16, dst, bytes);
   cudaStream_t s = impl_of(be)->stream;
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kinds[kind], s);
   /* host-visible results are complete on return (backend.h); a pageable
@@ -133,6 +135,7 @@ static void cu_gemm(mega_backend *be, bool ta, bool tb, int M, int N, int K, flo
                     const float *A, int lda, const float *B, int ldb, float beta, float *C,
                     int ldc) {
   if (M <= 0 || N <= 0) return;
+  wrote(be, C, (size_t)(M - 1) * ldc + N);
   cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   note_blas(be, cublasSgemm(impl_of(be)->blas, opb, opa, N, M, K, &alpha, B, ldb, A, lda, &beta,
                             C, ldc),
@@ -144,6 +147,7 @@ static void cu_gemm_batched(mega_backend *be, bool ta, bool tb, int M, int N, in
                             int ldb, int64_t sb, float beta, float *C, int ldc, int64_t sc,
                             int batch) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
+  wrote(be, C, (size_t)(batch - 1) * sc + (size_t)(M - 1) * ldc + N);
   cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   note_blas(be, cublasSgemmStridedBatched(impl_of(be)->blas, opb, opa, N, M, K, &alpha, B, ldb,
                                           sb, A, lda, sa, &beta, C, ldc, sc, batch),
@@ -154,6 +158,7 @@ static void cu_gemm_batched(mega_backend *be, bool ta, bool tb, int M, int N, in
 
 static mega_status cu_set_bf16(mega_backend *be, bool on, mega_err *err) {
   impl_of(be)->bf16 = on;
+  mega_cu_b16_clear(impl_of(be)->b16);
   return take_sticky(be, err);
 }
 
@@ -178,9 +183,15 @@ static void *grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const
   return *buf;
 }
 
-/* x (n floats) as bf16 in scratch k. */
+/* x (n floats) as bf16: the kept copy (cuda_b16.h), or else in scratch k. */
 static const uint16_t *bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
   cuda_impl *c = impl_of(be);
+  if (c->b16) {
+    int e;
+    const uint16_t *b = mega_cu_b16_get(c->b16, x, n, &e);
+    note(be, e, "rounding to bf16");
+    return b;
+  }
   uint16_t *b = grow(be, &c->bf16_buf[k], &c->bf16_cap[k], n * sizeof(uint16_t),
                      "allocating bf16 GEMM inputs");
   if (b) note(be, mega_cu_to_bf16(S(be), b, x, (int64_t)n), "rounding to bf16");
@@ -210,6 +221,7 @@ static void mm_gemm(mega_backend *be, bool ta, bool tb, int M, int N, int K, con
     return;
   }
   if (M <= 0 || N <= 0) return;
+  wrote(be, C, (size_t)(M - 1) * ldc + N);
   const uint16_t *a = bf16_copy(be, 0, A, na), *b = bf16_copy(be, 1, B, nb);
   if (a && b) gemm16(be, ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc);
 }
@@ -225,6 +237,7 @@ static void cu_matmul_forward(mega_backend *be, float *out, const float *inp, co
   size_t nx = (size_t)N * C, nw = (size_t)C * OC;
   int ldw = tb ? C : OC;
   const uint16_t *a = NULL, *b = NULL;
+  wrote(be, out, (size_t)N * OC);
   if (c->bf16 && N > 0 && OC > 0) {
     a = bf16_copy(be, 0, inp, nx);
     b = bf16_copy(be, 1, w, nw);
@@ -262,137 +275,20 @@ static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
     mm_gemm(be, true, false, C, OC, N, inp, C, nx, dout, OC, ndy, 1.0f, dw, OC);
   else
     mm_gemm(be, true, false, OC, C, N, dout, OC, ndy, inp, C, nx, 1.0f, dw, C);
-  if (dbias) note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC), "bias grad"); /* fp32 */
-}
-
-/* ---- attention: batched GEMMs (attn_gemm.c) around the softmax kernels ---- */
-
-static void cu_softmax(mega_backend *be, float *att, int64_t rows, int T) {
-  note(be, mega_cu_causal_softmax(S(be), att, rows, T), "causal softmax");
-}
-
-static void cu_softmax_bwd(mega_backend *be, float *da, const float *att, int64_t rows, int T,
-                           float scale) {
-  note(be, mega_cu_causal_softmax_bwd(S(be), da, att, rows, T, scale), "softmax backward");
-}
-
-static const mega_attn_softmax cu_sm = {.forward = cu_softmax, .backward = cu_softmax_bwd};
-
-/* Under --bf16, for head sizes flash_mma.cu supports, T > hs and strides
- * its 16-byte loads can take (multiples of 8), attention is the flash
- * kernels: att then holds the rows' log-sum-exp [B*NH*T] and a copy of the
- * output [B*T, NH*hs] (they fit in [B,NH,T,T] when T > hs), not the
- * probabilities. Otherwise the batched GEMMs. The forward and the backward
- * decide alike: on the shapes only. */
-static bool use_flash(mega_backend *be, const mega_attn_dims *d) {
-  return impl_of(be)->bf16 && mega_cu_flash_supported(d->hs) && d->T > d->hs &&
-         d->ldq % 8 == 0 && d->ldkv % 8 == 0;
-}
-
-/* The bf16 copies flash attention reads, in c->attn_buf: q, k and v with
- * their own strides (one copy when they are views of one fused [N, ld]
- * buffer, as GPT-2's qkv), and dout when given. Each copy starts on 16
- * bytes, for the kernels' vector loads. False after a failure. */
-typedef struct attn16 {
-  const uint16_t *q, *k, *v, *dout;
-} attn16;
-
-static size_t span(const mega_attn_dims *d, int ld, int heads) {
-  return ((size_t)d->B * d->T - 1) * ld + (size_t)heads * d->hs;
-}
-
-static size_t up8(size_t n) { return (n + 7) / 8 * 8; }
-
-static bool attn_bf16(mega_backend *be, const float *q, const float *k, const float *v,
-                      const float *dout, const mega_attn_dims *d, attn16 *o) {
-  cuda_impl *c = impl_of(be);
-  bool fused = k == q + (size_t)d->NH * d->hs && v == k + (size_t)d->G * d->hs &&
-               d->ldq == d->ldkv;
-  size_t nq = fused ? span(d, d->ldq, d->NH + 2 * d->G) : span(d, d->ldq, d->NH);
-  size_t nk = fused ? 0 : span(d, d->ldkv, d->G);
-  size_t no = dout ? (size_t)d->B * d->T * d->NH * d->hs : 0;
-  size_t total = up8(nq) + 2 * up8(nk) + up8(no);
-  uint16_t *b = grow(be, &c->attn_buf, &c->attn_cap, total * sizeof(uint16_t),
-                     "allocating flash attention's bf16 inputs");
-  if (!b) return false;
-  note(be, mega_cu_to_bf16(S(be), b, q, (int64_t)nq), "rounding attention inputs to bf16");
-  o->q = b;
-  if (fused) {
-    o->k = b + d->NH * d->hs;
-    o->v = o->k + d->G * d->hs;
-  } else {
-    uint16_t *bk = b + up8(nq), *bv = bk + up8(nk);
-    note(be, mega_cu_to_bf16(S(be), bk, k, (int64_t)nk), "rounding attention inputs to bf16");
-    note(be, mega_cu_to_bf16(S(be), bv, v, (int64_t)nk), "rounding attention inputs to bf16");
-    o->k = bk;
-    o->v = bv;
+  if (dbias) {
+    wrote(be, dbias, (size_t)OC);
+    note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC), "bias grad"); /* fp32 */
   }
-  o->dout = NULL;
-  if (dout) {
-    uint16_t *bo = b + up8(nq) + 2 * up8(nk);
-    note(be, mega_cu_to_bf16(S(be), bo, dout, (int64_t)no), "rounding attention inputs to bf16");
-    o->dout = bo;
-  }
-  return true;
 }
 
-static void cu_attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
-                               size_t *scratch) {
-  size_t rows = (size_t)d->B * d->NH * d->T, out = (size_t)d->B * d->T * d->NH * d->hs;
-  *att = use_flash(be, d) ? rows + out : rows * d->T;
-  *scratch = use_flash(be, d) ? rows : rows * d->T + out;
+/* What cuda_attn.c shares (cuda_impl.h). */
+void mega_cu__note(mega_backend *be, int cuda_err, const char *what) { note(be, cuda_err, what); }
+void mega_cu__wrote(mega_backend *be, const void *p, size_t n) { wrote(be, p, n); }
+void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what) {
+  return grow(be, buf, cap, bytes, what);
 }
-
-/* Buffers sized for flash attention when the batched GEMMs run (set_bf16
- * turned off after sizing) would be overrun: refuse. */
-static bool attn_fits(mega_backend *be, const mega_attn_dims *d) {
-  size_t att, scratch;
-  cu_attention_sizes(be, d, &att, &scratch);
-  if ((!d->att_cap || d->att_cap >= att) && (!d->scratch_cap || d->scratch_cap >= scratch))
-    return true;
-  cuda_impl *c = impl_of(be);
-  if (c->sticky == MEGA_OK) {
-    c->sticky = MEGA_ERR_INVALID;
-    snprintf(c->why, sizeof c->why,
-             "cuda backend: attention needs %zu and %zu floats of att and scratch, the caller "
-             "has %zu and %zu: size them with attention_sizes after set_bf16",
-             att, scratch, d->att_cap, d->scratch_cap);
-  }
-  return false;
-}
-
-static void cu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
-                                 const float *q, const float *k, const float *v,
-                                 const mega_attn_dims *d) {
-  (void)scratch;
-  attn16 h;
-  float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  if (!attn_fits(be, d)) return;
-  if (!use_flash(be, d)) {
-    mega_attn_gemm_forward(be, &cu_sm, out, att, q, k, v, d);
-    return;
-  }
-  if (!attn_bf16(be, q, k, v, NULL, d, &h)) return;
-  note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH, d->G,
-                             d->hs, d->ldq, d->ldkv),
-       "flash attention");
-}
-
-static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float *dv,
-                                  float *scratch, const float *dout, const float *q,
-                                  const float *k, const float *v, const float *att,
-                                  const mega_attn_dims *d) {
-  attn16 h;
-  const float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  if (!attn_fits(be, d)) return;
-  if (!use_flash(be, d)) {
-    mega_attn_gemm_backward(be, &cu_sm, dq, dk, dv, scratch, dout, q, k, v, att, d);
-    return;
-  }
-  if (!attn_bf16(be, q, k, v, dout, d, &h)) return;
-  note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q, h.k,
-                             h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
-       "flash attention backward");
+const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
+  return bf16_copy(be, k, x, n);
 }
 
 /* ---- the kernels ---- */
@@ -400,11 +296,14 @@ static void cu_attention_backward(mega_backend *be, float *dq, float *dk, float 
 static void cu_encoder_forward(mega_backend *be, float *out, const int32_t *tok,
                                const float *wte, int v0, int vn, const float *wpe, int B, int T,
                                int C) {
+  wrote(be, out, (size_t)B * T * C);
   note(be, mega_cu_encoder_fwd(S(be), out, tok, wte, v0, vn, wpe, B * T, T, C), "encoder");
 }
 
 static void cu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, float *dwpe,
                                 const float *dout, const int32_t *tok, int B, int T, int C) {
+  wrote(be, dwte, (size_t)vn * C);
+  wrote(be, dwpe, (size_t)T * C);
   void *scratch = grow(be, &impl_of(be)->sort_buf, &impl_of(be)->sort_cap,
                        mega_cu_encoder_bwd_scratch(B * T), "the embedding gradient's sort");
   if (scratch)
@@ -415,12 +314,16 @@ static void cu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, f
 static void cu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
                                  const float *inp, const float *w, const float *b, int N, int C,
                                  float eps) {
+  wrote(be, out, (size_t)N * C);
+  wrote(be, mean, (size_t)N);
+  wrote(be, rstd, (size_t)N);
   note(be, mega_cu_layernorm_fwd(S(be), out, mean, rstd, inp, w, b, N, C, eps), "layernorm");
 }
 
 static void cu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dres,
                                         const float *dout, const float *inp, const float *w,
                                         const float *mean, const float *rstd, int N, int C) {
+  wrote(be, dinp, (size_t)N * C);
   note(be, mega_cu_layernorm_bwd_in(S(be), dinp, dres, dout, inp, w, mean, rstd, N, C),
        "layernorm backward");
 }
@@ -428,86 +331,106 @@ static void cu_layernorm_backward_input(mega_backend *be, float *dinp, const flo
 static void cu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
                                          const float *dout, const float *inp, const float *mean,
                                          const float *rstd, int N, int C) {
+  wrote(be, dw, (size_t)C);
+  wrote(be, db, (size_t)C);
   note(be, mega_cu_layernorm_bwd_w(S(be), dw, db, dout, inp, mean, rstd, N, C),
        "layernorm weight gradient");
 }
 
 static void cu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
+  wrote(be, out, n);
   note(be, mega_cu_gelu_fwd(S(be), out, inp, (int64_t)n), "gelu");
 }
 
 static void cu_gelu_backward(mega_backend *be, float *dinp, const float *inp, const float *dout,
                              size_t n) {
+  wrote(be, dinp, n);
   note(be, mega_cu_gelu_bwd(S(be), dinp, inp, dout, (int64_t)n), "gelu backward");
 }
 
 static void cu_residual_forward(mega_backend *be, float *out, const float *a, const float *b,
                                 size_t n) {
+  wrote(be, out, n);
   note(be, mega_cu_add(S(be), out, a, b, NULL, (int64_t)n, 1), "residual");
 }
 
 static void cu_bias_residual_forward(mega_backend *be, float *out, const float *a,
                                      const float *b, const float *bias, int N, int C) {
+  wrote(be, out, (size_t)N * C);
   note(be, mega_cu_add(S(be), out, a, b, bias, (int64_t)N * C, C), "bias and residual");
 }
 
 static void cu_rmsnorm_forward(mega_backend *be, float *out, float *rstd, const float *inp,
                                const float *w, int N, int C, float eps) {
+  wrote(be, out, (size_t)N * C);
+  wrote(be, rstd, (size_t)N);
   note(be, mega_cu_rmsnorm_fwd(S(be), out, rstd, inp, w, N, C, eps), "rmsnorm");
 }
 
 static void cu_rmsnorm_backward_input(mega_backend *be, float *dinp, const float *dres,
                                       const float *dout, const float *inp, const float *w,
                                       const float *rstd, int N, int C) {
+  wrote(be, dinp, (size_t)N * C);
   note(be, mega_cu_rmsnorm_bwd_in(S(be), dinp, dres, dout, inp, w, rstd, N, C),
        "rmsnorm backward");
 }
 
 static void cu_rmsnorm_backward_weight(mega_backend *be, float *dw, const float *dout,
                                        const float *inp, const float *rstd, int N, int C) {
+  wrote(be, dw, (size_t)C);
   note(be, mega_cu_rmsnorm_bwd_w(S(be), dw, dout, inp, rstd, N, C), "rmsnorm weight gradient");
 }
 
 static void cu_swiglu_forward(mega_backend *be, float *out, const float *gate, const float *up,
                               size_t n) {
+  wrote(be, out, n);
   note(be, mega_cu_swiglu_fwd(S(be), out, gate, up, (int64_t)n), "swiglu");
 }
 
 static void cu_swiglu_backward(mega_backend *be, float *dgate, float *dup, const float *dout,
                                const float *gate, const float *up, size_t n) {
+  wrote(be, dgate, n);
+  wrote(be, dup, n);
   note(be, mega_cu_swiglu_bwd(S(be), dgate, dup, dout, gate, up, (int64_t)n),
        "swiglu backward");
 }
 
 static void cu_rope_forward(mega_backend *be, float *x, const float *cs, int B, int T, int heads,
                             int hs, int ld, int rot) {
+  wrote(be, x, (size_t)(B * T - 1) * ld + (size_t)heads * hs);
   note(be, mega_cu_rope(S(be), x, cs, B * T, T, heads, hs, ld, rot, 1.0f), "rope");
 }
 
 static void cu_rope_backward(mega_backend *be, float *dx, const float *cs, int B, int T,
                              int heads, int hs, int ld, int rot) {
+  wrote(be, dx, (size_t)(B * T - 1) * ld + (size_t)heads * hs);
   note(be, mega_cu_rope(S(be), dx, cs, B * T, T, heads, hs, ld, rot, -1.0f), "rope backward");
 }
 
 static void cu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
                                     const float *logits, const int32_t *targets, int N, int V) {
+  wrote(be, losses, (size_t)N);
+  wrote(be, probs, (size_t)N * V);
   note(be, mega_cu_xent_fwd(S(be), losses, probs, logits, targets, N, V), "cross-entropy");
 }
 
 static void cu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
                                      const int32_t *targets, int v0, float scale, int N, int V) {
+  wrote(be, dlogits, (size_t)N * V);
   note(be, mega_cu_xent_bwd(S(be), dlogits, probs, targets, v0, scale, N, V),
        "cross-entropy backward");
 }
 
 static void cu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,
                                    int V) {
+  wrote(be, rowmax, (size_t)N);
   note(be, mega_cu_xent_rowmax(S(be), rowmax, logits, N, V), "cross-entropy row max");
 }
 
 static void cu_crossentropy_sums(mega_backend *be, float *sums, const float *logits,
                                  const float *rowmax, const int32_t *targets, int v0, int N,
                                  int V) {
+  wrote(be, sums, 2 * (size_t)N);
   note(be, mega_cu_xent_sums(S(be), sums, logits, rowmax, targets, v0, N, V),
        "cross-entropy sums");
 }
@@ -515,12 +438,17 @@ static void cu_crossentropy_sums(mega_backend *be, float *sums, const float *log
 static void cu_crossentropy_finish(mega_backend *be, float *losses, float *probs,
                                    const float *logits, const float *rowmax, const float *sums,
                                    int N, int V) {
+  wrote(be, losses, (size_t)N);
+  wrote(be, probs, (size_t)N * V);
   note(be, mega_cu_xent_finish(S(be), losses, probs, logits, rowmax, sums, N, V),
        "cross-entropy");
 }
 
 static void cu_adamw(mega_backend *be, float *params, const float *grads, float *m, float *v,
                      size_t n, const mega_adamw_params *hp) {
+  wrote(be, params, n);
+  wrote(be, m, n);
+  wrote(be, v, n);
   float bc1 = 1.0f - powf(hp->beta1, (float)hp->step), bc2 = 1.0f - powf(hp->beta2, (float)hp->step);
   note(be, mega_cu_adamw(S(be), params, grads, m, v, (int64_t)n, hp->lr, hp->beta1, hp->beta2,
                          hp->eps, hp->weight_decay, hp->grad_scale, bc1, bc2),
@@ -551,6 +479,7 @@ static mega_status cu_sum_squares(mega_backend *be, const float *x, size_t n, do
 }
 
 static void cu_scale(mega_backend *be, float *x, size_t n, float s) {
+  wrote(be, x, n);
   note(be, mega_cu_scale(S(be), x, (int64_t)n, s), "scale");
 }
 
@@ -562,6 +491,7 @@ static void cu_destroy(mega_backend *be) {
     if (c->bf16_buf[k]) cudaFree(c->bf16_buf[k]);
   if (c->sort_buf) cudaFree(c->sort_buf);
   mega_cu_lt_destroy(c->lt);
+  mega_cu_b16_destroy(c->b16);
   if (c->attn_buf) cudaFree(c->attn_buf);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
@@ -589,9 +519,9 @@ static const mega_backend_ops cuda_ops = {
     .matmul_forward = cu_matmul_forward,
     .matmul_backward_input = cu_matmul_backward_input,
     .matmul_backward_weight = cu_matmul_backward_weight,
-    .attention_sizes = cu_attention_sizes,
-    .attention_forward = cu_attention_forward,
-    .attention_backward = cu_attention_backward,
+    .attention_sizes = mega_cu__attention_sizes,
+    .attention_forward = mega_cu__attention_forward,
+    .attention_backward = mega_cu__attention_backward,
     .rmsnorm_forward = cu_rmsnorm_forward,
     .rmsnorm_backward_input = cu_rmsnorm_backward_input,
     .rmsnorm_backward_weight = cu_rmsnorm_backward_weight,
@@ -616,6 +546,20 @@ static const mega_backend_ops cuda_ops = {
 
 cudaStream_t mega_cuda_backend_stream(mega_backend *be) {
   return be && be->ops == &cuda_ops ? impl_of(be)->stream : NULL;
+}
+
+void mega_cuda_backend_wrote(mega_backend *be, const void *p, size_t bytes) {
+  if (be && be->ops == &cuda_ops && p) mega_cu_b16_wrote(impl_of(be)->b16, p, bytes);
+}
+
+/* What --bf16's kept copies may hold: a quarter of the free memory, at
+ * most 8 GiB (a GPT-2 step keeps about 3.5; cu_alloc empties it when the
+ * model needs the room). */
+static size_t b16_budget(void) {
+  size_t free_b = 0, total = 0;
+  if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+  size_t cap = (size_t)8 << 30;
+  return free_b / 4 < cap ? free_b / 4 : cap;
 }
 
 mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *err) {
@@ -654,6 +598,7 @@ mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *e
   /* fp32 GEMMs stay fp32: no TF32 unless asked (numbers match the cpu) */
   if (st == MEGA_OK) cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
   if (st == MEGA_OK) c->lt = mega_cu_lt_create(c->stream);
+  if (st == MEGA_OK) c->b16 = mega_cu_b16_create(device, c->stream, b16_budget());
   if (st != MEGA_OK) {
     cu_destroy(be);
     return st;

@@ -30,6 +30,7 @@ enum { SEND_STREAM, RECV_STREAM, COLL_STREAM, NSTREAMS };
 
 typedef struct nccl_comm {
   ncclComm_t comm;
+  mega_backend *be; /* told what each operation writes (its bf16 copies) */
   cudaStream_t compute, streams[NSTREAMS];
   cudaEvent_t ready; /* compute's queued work, for each operation */
   int rank, size, timeout_ms;
@@ -188,6 +189,7 @@ static mega_status n_p2p(nccl_comm *c, bool send, void *buf, size_t n, int peer,
                      peer, c->size, c->rank);
   cudaStream_t s = c->streams[send ? SEND_STREAM : RECV_STREAM];
   if ((st = order_after_compute(c, s, err))) return st;
+  if (!send) mega_cuda_backend_wrote(c->be, buf, n);
   ncclResult_t r = send ? ncclSend(buf, n, ncclUint8, peer, c->comm, s)
                         : ncclRecv(buf, n, ncclUint8, peer, c->comm, s);
   if ((st = nccl_ok(c, r, send ? "send" : "receive", err))) return st;
@@ -223,6 +225,7 @@ static mega_status n_iall_reduce(void *impl, float *buf, size_t count, bool max,
   nccl_comm *c = impl;
   mega_status st = coll_begin(c, err);
   if (st) return st;
+  mega_cuda_backend_wrote(c->be, buf, count * sizeof(float));
   ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat32, max ? ncclMax : ncclSum, c->comm,
                                  c->streams[COLL_STREAM]);
   return coll_end(c, r, "all-reduce", req, err);
@@ -241,6 +244,9 @@ static mega_status n_iall_gather(void *impl, const void *in, void *out, const si
   mega_status st = coll_begin(c, err);
   if (st) return st;
   cudaStream_t s = c->streams[COLL_STREAM];
+  size_t total = 0;
+  for (int k = 0; k < c->size; k++) total += counts[k];
+  mega_cuda_backend_wrote(c->be, out, total * esize(dt));
   ncclResult_t r;
   if (equal_counts(counts, c->size)) {
     r = ncclAllGather(in, out, counts[0], dtype(dt), c->comm, s);
@@ -264,6 +270,7 @@ static mega_status n_ibroadcast(void *impl, void *buf, size_t count, mega_dtype 
   nccl_comm *c = impl;
   mega_status st = coll_begin(c, err);
   if (st) return st;
+  mega_cuda_backend_wrote(c->be, buf, count * esize(dt));
   ncclResult_t r = ncclBroadcast(buf, buf, count, dtype(dt), root, c->comm, c->streams[COLL_STREAM]);
   return coll_end(c, r, "broadcast", req, err);
 }
@@ -276,6 +283,7 @@ static mega_status n_ireduce_scatter(void *impl, const float *in, float *out,
   mega_status st = coll_begin(c, err);
   if (st) return st;
   cudaStream_t s = c->streams[COLL_STREAM];
+  mega_cuda_backend_wrote(c->be, out, counts[c->rank] * sizeof(float));
   ncclResult_t r;
   if (equal_counts(counts, c->size)) {
     r = ncclReduceScatter(in, out, counts[0], ncclFloat32, ncclSum, c->comm, s);
@@ -405,6 +413,7 @@ mega_status mega_cuda_nccl_create(const mega_cuda_rendezvous *rv, const char *gr
   if (!c) return mega_fail(err, MEGA_ERR_NOMEM, "NCCL: out of memory");
   pthread_mutex_init(&c->mu, NULL);
   c->compute = compute;
+  c->be = be;
   c->rank = rank;
   c->size = size;
   c->timeout_ms = timeout_ms;

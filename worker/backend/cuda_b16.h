@@ -1,0 +1,50 @@
+/* --bf16's rounded copies, kept while their source is unchanged (inside
+ * the cuda module only).
+ *
+ * A GEMM under --bf16 reads bf16 copies of its fp32 inputs. The same
+ * buffer is an input more than once: an activation in the forward and in
+ * the weight gradient, an output gradient in the input and the weight
+ * gradients, a weight in every micro batch's forward and backward until
+ * the optimizer steps. So the copy of (x, n) is kept and handed out again
+ * until something writes into [x, x + n): every op of the cuda backend,
+ * and every NCCL operation of the module, says what it is about to write
+ * (mega_cu_b16_wrote) before it is enqueued. Copies are stream-ordered
+ * (cudaMallocAsync on the compute stream, which every reader is on), so
+ * dropping one never frees memory a queued GEMM still reads.
+ *
+ * The budget bounds the bytes kept; past it the least recently used go. A
+ * copy is the same bits whether it is new or kept, so results do not
+ * depend on what the cache held. */
+#ifndef MEGA_WORKER_CUDA_B16_H
+#define MEGA_WORKER_CUDA_B16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+typedef struct mega_cu_b16 mega_cu_b16;
+
+/* NULL when the device has no stream-ordered allocator (the caller then
+ * rounds into scratch each time). */
+mega_cu_b16 *mega_cu_b16_create(int device, cudaStream_t stream, size_t budget);
+void mega_cu_b16_destroy(mega_cu_b16 *c);
+
+/* x's n floats as bf16 (on 256 bytes): the kept copy, or a new one
+ * rounded on the stream. NULL after a CUDA failure, *cuda_err set. */
+const uint16_t *mega_cu_b16_get(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err);
+
+/* [p, p + bytes) is about to be written: copies of anything in it go. */
+void mega_cu_b16_wrote(mega_cu_b16 *c, const void *p, size_t bytes);
+
+/* Every copy goes (memory freed or allocated, --bf16 switched). */
+void mega_cu_b16_clear(mega_cu_b16 *c);
+
+/* What it holds and has done, for tests and logs. */
+typedef struct mega_cu_b16_stats {
+  size_t copies, bytes;
+  uint64_t hits, misses, dropped;
+} mega_cu_b16_stats;
+mega_cu_b16_stats mega_cu_b16_stats_of(const mega_cu_b16 *c);
+
+#endif

@@ -1,0 +1,55 @@
+/* The cuda backend's state and the helpers its files share (cuda.c, the
+ * backend; cuda_attn.c, its attention). Inside the cuda module only; the
+ * mega_cu__ names are private to it. */
+#ifndef MEGA_WORKER_CUDA_IMPL_H
+#define MEGA_WORKER_CUDA_IMPL_H
+
+#include <cublas_v2.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "worker/backend/cuda_b16.h"
+#include "worker/backend/cuda_internal.h"
+#include "worker/backend/cuda_lt.h"
+
+typedef struct cuda_impl {
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  double *partials; /* device, MEGA_CU_SUM_BLOCKS */
+  bool bf16;          /* set_bf16: the matmuls' GEMMs take bf16 copies of their inputs */
+  void *bf16_buf[2];
+  size_t bf16_cap[2]; /* bytes */
+  void *sort_buf;     /* the embedding gradient's sort (encoder_backward) */
+  size_t sort_cap;
+  mega_cu_lt *lt;     /* --bf16's forward GEMMs with epilogues; NULL: cublasGemmEx */
+  mega_cu_b16 *b16;   /* --bf16's kept copies (cuda_b16.h); NULL: scratch each time */
+  void *attn_buf;     /* flash attention's bf16 inputs without b16 */
+  size_t attn_cap;
+  mega_status sticky;
+  char why[200];
+} cuda_impl;
+
+static inline cuda_impl *impl_of(mega_backend *be) { return be->impl; }
+
+/* The first failure of an op that cannot return one, kept for the next
+ * op that can (cuda.c's note). */
+void mega_cu__note(mega_backend *be, int cuda_err, const char *what);
+/* n floats at p are about to be written (cuda_b16.h). */
+void mega_cu__wrote(mega_backend *be, const void *p, size_t n);
+/* *buf grown to at least bytes; NULL after a failure (noted). */
+void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what);
+/* x's n floats as bf16: the kept copy, or else in scratch k (0 or 1). */
+const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n);
+
+void mega_cu__attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
+                              size_t *scratch);
+void mega_cu__attention_forward(mega_backend *be, float *out, float *att, float *scratch,
+                                const float *q, const float *k, const float *v,
+                                const mega_attn_dims *d);
+void mega_cu__attention_backward(mega_backend *be, float *dq, float *dk, float *dv,
+                                 float *scratch, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *att,
+                                 const mega_attn_dims *d);
+
+#endif
