@@ -318,8 +318,8 @@ static void bench_copy(int steps) {
   double m0 = without.step[without.n / 2], m1 = with.step[with.n / 2];
   double c = with.copy_s[with.n / 2];
   printf("  the distributed optimizer's shard copies (DP 2, one node, %d steps each):\n", steps);
-  printf("    inside   median %.4f s of each step sending and stepping the copy (%.1f%% of the "
-         "step; the slowest rank's)\n", c, 100 * c / m1);
+  printf("    inside   median %.4f s of each step waiting for the copy's exchange and "
+         "stepping it (%.1f%% of the step; the slowest rank's)\n", c, 100 * c / m1);
   printf("    step     median %.3f s without, %.3f s with (two runs on a shared machine: "
          "%+.1f%%)\n", m0, m1, 100 * (m1 - m0) / m0);
   printf("    memory   optimizer state per rank %.1f MB, and %.1f MB more for the copy\n",

@@ -536,3 +536,9 @@ char *hd_http_get(int port, const char *path, const char *auth) {
   page[got] = '\0';
   return page;
 }
+
+int64_t hd_unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

@@ -130,6 +130,16 @@ bool hd_succeeded(const hd *d, const hd_watch *w);
 int hd_procs_matching(const char *needle, pid_t *pids, int max);
 
 double hd_now_s(void);
+/* Wall-clock milliseconds since the epoch (events' time_unix_ms). */
+int64_t hd_unix_ms(void);
+
+/* harness_check.c (they assert, cmocka): the losses of an uninterrupted
+ * run of spec on d, by iteration; and every iteration of got within rtol
+ * of ref's (within 1e-6 where a new attempt takes over: lost or wrong
+ * state shows there at once), an iteration whose loss died with a node
+ * (the event says so) excepted. */
+void hd_reference(hd *d, const Mega__V1__JobSpec *spec, hd_watch *ref);
+void hd_same_losses(const hd_watch *got, const hd_watch *ref, int iters, double rtol);
 
 /* A free TCP port on 127.0.0.1 (bound, then let go), e.g. for --metrics-listen. */
 int hd_free_port(void);

@@ -29,12 +29,6 @@
 
 static etcd_fx fx;
 
-static int64_t unix_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Three megad on the etcd cluster, one slot each, no --peers. */
 static void start_nodes(hd *n, const char *prefix) {
   const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
@@ -142,7 +136,7 @@ static void kill_coordinator(void *arg, const Mega__V1__WatchJobResponse *it) {
       it->step->iteration < k->at || it->step->n_ranks != k->world)
     return;
   k->iteration = it->step->iteration;
-  k->when_ms = unix_ms();
+  k->when_ms = hd_unix_ms();
   hd_kill(k->victim); /* megad and (PR_SET_PDEATHSIG) its workers */
 }
 
@@ -158,7 +152,7 @@ typedef struct first_step {
 static void note_first_step(void *arg, const Mega__V1__WatchJobResponse *it) {
   first_step *f = arg;
   if (it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
-  if (!f->when_ms && it->step->attempt > f->after_attempt) f->when_ms = unix_ms();
+  if (!f->when_ms && it->step->attempt > f->after_attempt) f->when_ms = hd_unix_ms();
   uint64_t k = it->step->iteration;
   if (k > ITERS) return;
   uint8_t *m = f->merged[k];
@@ -316,7 +310,7 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   /* p1 freezes (megad only: its workers stop on their own when its pings
    * stop); its lease runs out and another node takes the job over */
   kill(n[0].pid, SIGSTOP);
-  int64_t stopped_ms = unix_ms();
+  int64_t stopped_ms = hd_unix_ms();
   int who = wait_takeover(n, 1, id, n[0].name, 20000);
   if (who < 0) hd_dump_log(&n[1]);
   assert_true(who == 1 || who == 2);
@@ -532,7 +526,7 @@ static void test_survivors_answer_for_a_dead_coordinator(void **state) {
   char dead_addr[64];
   snprintf(dead_addr, sizeof dead_addr, "%s", n[0].addr);
   hd_kill(&n[0]);
-  int64_t killed_ms = unix_ms();
+  int64_t killed_ms = hd_unix_ms();
 
   /* at once, within the lease's 2 s: from the survivor's copy */
   Mega__V1__GetJobResponse *h = hd_get_job_history(&n[1], id, &err);
@@ -540,7 +534,7 @@ static void test_survivors_answer_for_a_dead_coordinator(void **state) {
   assert_non_null(h);
   bool copy = h->job->coordinator_unreachable_unix_ms > 0;
   fprintf(stderr, "GetJob on v2 %.3f s after the kill: coordinator %s%s\n",
-          (double)(unix_ms() - killed_ms) / 1000, h->job->coordinator_node_id,
+          (double)(hd_unix_ms() - killed_ms) / 1000, h->job->coordinator_node_id,
           copy ? ", unreachable: answered from v2's copy" : "");
   if (!strcmp(h->job->coordinator_node_id, "v1")) {
     assert_true(copy);
@@ -678,12 +672,12 @@ static void etcd_outage(int seconds) {
 
   /* etcd away: kill -9 of its one member, started again on its data */
   etcd_fx_kill(&fx, 0);
-  int64_t down_ms = unix_ms();
+  int64_t down_ms = hd_unix_ms();
   uint64_t down_at = outage_last(o);
   sleep((unsigned)seconds);
   uint64_t back_at = outage_last(o);
   assert_true(etcd_fx_restart(&fx, 0));
-  int64_t back_ms = unix_ms();
+  int64_t back_ms = hd_unix_ms();
   fprintf(stderr, "etcd away %.1f s: iterations %llu to %llu trained meanwhile\n",
           (double)(back_ms - down_ms) / 1000, (unsigned long long)down_at,
           (unsigned long long)back_at);

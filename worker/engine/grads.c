@@ -56,6 +56,7 @@ struct mega_grads {
   range_set own;    /* what this rank's optimizer steps */
   range_set copy;   /* the shard it keeps a copy of (shard_copy_shift); n 0: none */
   int copy_shard;   /* whose shard that is; -1: none */
+  mega_req **copy_req; /* its exchange in flight (2 per bucket); NULL: none */
   /* parameter gathers launched and not yet waited well; one that failed
    * may have left a bucket half written */
   int gathers_pending;
@@ -295,6 +296,8 @@ void mega_grads_destroy(mega_grads *g) {
   if (!g) return;
   for (int b = 0; g->req && b < g->nbuckets; b++) mega_req_free(g->req[b]);
   for (int b = 0; g->preq && b < g->nbuckets; b++) mega_req_free(g->preq[b]);
+  for (int i = 0; g->copy_req && i < 2 * g->nbuckets; i++) mega_req_free(g->copy_req[i]);
+  free(g->copy_req);
   for (int v = 0; g->chunks && v < g->vp; v++) {
     chunk *c = &g->chunks[v];
     /* The stage keeps borrowing the buffers until it is destroyed; only
@@ -555,14 +558,31 @@ const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n) {
 
 #define COPY_TAG 0x5c00u /* + bucket: the shard copy's gradients on the DP communicator */
 
-mega_status mega_grads_exchange_copy(mega_grads *g, mega_err *err) {
+static mega_status wait_copy(mega_grads *g, mega_status st, mega_err *err) {
+  for (int i = 0; g->copy_req && i < 2 * g->nbuckets; i++) {
+    if (!g->copy_req[i]) continue;
+    if (st == MEGA_OK) st = mega_req_wait(g->copy_req[i], 0, err);
+    mega_req_free(g->copy_req[i]);
+  }
+  free(g->copy_req);
+  g->copy_req = NULL;
+  if (st != MEGA_OK) mega_err_prefix(err, "exchanging the optimizer shard copy's gradients");
+  return st;
+}
+
+mega_status mega_grads_wait_copy(mega_grads *g, mega_err *err) {
+  return wait_copy(g, MEGA_OK, err);
+}
+
+mega_status mega_grads_post_copy(mega_grads *g, mega_err *err) {
   if (g->copy_shard < 0 || !g->comm) return MEGA_OK;
+  mega_status st = wait_copy(g, MEGA_OK, err); /* one in flight at a time */
+  if (st != MEGA_OK) return st;
   int dp = g->o.dp_size, me = g->o.dp_rank;
   int to = (me + (me - g->copy_shard + dp) % dp) % dp; /* the rank that copies mine */
   int n = g->nbuckets;
-  mega_req **reqs = calloc((size_t)(2 * n + 1), sizeof *reqs);
+  mega_req **reqs = g->copy_req = calloc((size_t)(2 * n + 1), sizeof *reqs);
   if (!reqs) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the shard copy");
-  mega_status st = MEGA_OK;
   for (int b = 0; b < n && st == MEGA_OK; b++) {
     const mega_grads_bucket *k = &g->buckets[b];
     float *base = g->chunks[k->chunk].grads + k->offset;
@@ -573,14 +593,7 @@ mega_status mega_grads_exchange_copy(mega_grads *g, mega_err *err) {
       st = mega_comm_irecv(g->comm, base + k->shard_numel * (size_t)g->copy_shard, bytes,
                            g->copy_shard, COPY_TAG + (uint32_t)b, &reqs[2 * b + 1], err);
   }
-  for (int i = 0; i < 2 * n; i++) {
-    if (!reqs[i]) continue;
-    if (st == MEGA_OK) st = mega_req_wait(reqs[i], 0, err);
-    mega_req_free(reqs[i]);
-  }
-  free(reqs);
-  if (st != MEGA_OK) mega_err_prefix(err, "exchanging the optimizer shard copy's gradients");
-  return st;
+  return st == MEGA_OK ? MEGA_OK : wait_copy(g, st, err);
 }
 
 /* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)

@@ -52,7 +52,8 @@
  * (d - s) mod DP: after the reductions (and finalize_model_grads) it sends
  * its own shard's final gradients to rank (d + s) mod DP and receives shard
  * (d - s)'s into that shard's place in its own gradient buffer
- * (mega_grads_exchange_copy); a second optimizer over mega_grads_copy_ranges
+ * (mega_grads_post_copy, then mega_grads_wait_copy: the transfer overlaps
+ * the norm's reductions and the rank's own step); a second optimizer over mega_grads_copy_ranges
  * then takes the very step the owner takes, on the same inputs, so the
  * copy's moments and parameters are bit for bit the owner's. The copy costs
  * two moments of one shard in memory and, per step, one shard's gradients
@@ -206,10 +207,14 @@ const mega_grads_piece *mega_grads_pieces(const mega_grads *g, size_t *n);
 int mega_grads_copy_shard(const mega_grads *g);
 const mega_optim_range *mega_grads_copy_ranges(const mega_grads *g, size_t *n);
 const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n);
-/* After finalize_model_grads: sends this rank's shard of the gradients to
- * the rank that copies it and receives the copied shard's (both over the
- * data-parallel communicator), and waits for both. A no-op without a copy. */
-mega_status mega_grads_exchange_copy(mega_grads *g, mega_err *err);
+/* After finalize_model_grads: posts the send of this rank's shard of the
+ * gradients to the rank that copies it and the receive of the copied
+ * shard's (both over the data-parallel communicator). Until the wait, the
+ * own shard's gradients must not change and the copied shard's place is
+ * the transfer's. wait: both done (or the first failure); post waits for
+ * one still in flight first. No-ops without a copy. */
+mega_status mega_grads_post_copy(mega_grads *g, mega_err *err);
+mega_status mega_grads_wait_copy(mega_grads *g, mega_err *err);
 
 /* Distributed optimizer, after the step: all-gathers every bucket's
  * parameter shards in place, so every rank holds every updated parameter.

@@ -441,11 +441,11 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   double ts = res.work_end_wall, tg;
   st = finalize_grads(r, &tg, err);
   /* the shard copy's gradients, once they are final (grads.h): the tied
-   * embedding's sum is among them, so the loss stage waits for it here */
+   * embedding's sum is among them, so the loss stage waits for it here.
+   * Posted now, waited just before the copy's step. */
   if (st == MEGA_OK && r->copy) st = wait_embd(r, err);
-  double copy_s = 0, tc = wall_s();
-  if (st == MEGA_OK && r->copy) st = mega_grads_exchange_copy(r->chunks.grads, err);
-  copy_s += wall_s() - tc;
+  double copy_s = 0, tc;
+  if (st == MEGA_OK && r->copy) st = mega_grads_post_copy(r->chunks.grads, err);
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
                   !r->simulate;
@@ -488,10 +488,14 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     st = mega_optim_step(r->optim, sumsq, lr, &or, err);
     /* the shard copy takes its owner's very step (grads.h) */
     tc = wall_s();
+    if (st == MEGA_OK && r->copy) st = mega_grads_wait_copy(r->chunks.grads, err);
     if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, err);
     copy_s += wall_s() - tc;
     if (st == MEGA_OK) r->stepped = true;
   }
+  /* (simulated compute steps nothing, but the next iteration zeroes the
+   * gradients the exchange moves) */
+  if (st == MEGA_OK && r->copy) st = mega_grads_wait_copy(r->chunks.grads, err);
   /* distributed optimizer: every rank gets every updated parameter; with
    * --overlap-param-gather forward waits for each bucket when it needs it */
   if (st == MEGA_OK)

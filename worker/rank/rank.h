@@ -78,7 +78,7 @@ typedef struct mega_rank_metrics {
   uint64_t grad_bytes;            /* its gradient buffers */
   uint64_t optimizer_state_bytes; /* its optimizer state (the moments it owns) */
   uint64_t shard_copy_bytes;      /* the copy of another rank's shard it keeps (moments) */
-  double shard_copy_s;            /* of step_time_s, sending and stepping that copy */
+  double shard_copy_s;            /* of step_time_s: waiting for its exchange, stepping it */
   bool has_eval_loss; /* an evaluation ran after this iteration (last stage) */
   double eval_loss;   /* mean cross-entropy over --eval-iters forward-only batches */
   int64_t step_start_unix_us;
