@@ -1,4 +1,5 @@
-/* Derived values and the checks of a whole job spec. */
+/* The checks of a whole job spec, and what --data-path, --split and the
+ * layout flags give (jobspec_derived.c: the values derived from a spec). */
 #include "core/jobspec.h"
 
 #include <ctype.h>
@@ -15,105 +16,6 @@
 #include "core/topology.h"
 
 #define BAD(...) mega_fail(err, MEGA_ERR_INVALID, "invalid job: " __VA_ARGS__)
-
-/* ---- derived values ---- */
-
-int mega_jobspec_dp(const mega_jobspec *s, int world_size) {
-  long long mp = (long long)s->tensor_model_parallel_size * s->pipeline_model_parallel_size;
-  if (mp < 1 || world_size < 1 || world_size % mp) return 0;
-  return (int)(world_size / mp);
-}
-
-int mega_jobspec_group_size(const mega_jobspec *s) {
-  return s->microbatch_group_size_per_vp_stage > 0 ? s->microbatch_group_size_per_vp_stage
-                                                   : s->pipeline_model_parallel_size;
-}
-
-int mega_jobspec_num_microbatches(const mega_jobspec *s, int world_size) {
-  long long per = (long long)s->micro_batch_size * mega_jobspec_dp(s, world_size);
-  return per > 0 ? (int)(s->global_batch_size / per) : 0;
-}
-
-long long mega_jobspec_tokens_per_iter(const mega_jobspec *s) {
-  return (long long)s->global_batch_size * s->seq_length;
-}
-
-int mega_jobspec_max_position_embeddings(const mega_jobspec *s) {
-  return s->max_position_embeddings > 0 ? s->max_position_embeddings : s->seq_length;
-}
-
-int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
-  return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
-}
-
-bool mega_jobspec_llama(const mega_jobspec *s) {
-  return s->position_embedding_type == MEGA_POS_ROPE && s->normalization == MEGA_NORM_RMSNORM &&
-         s->swiglu;
-}
-
-int mega_jobspec_ffn_hidden_size(const mega_jobspec *s) {
-  if (s->ffn_hidden_size > 0) return s->ffn_hidden_size;
-  /* Megatron's: the two SwiGLU projections keep the parameters near 4h's */
-  if (s->swiglu) return (int)((4.0 * s->hidden_size * 2.0 / 3.0) / 64.0) * 64;
-  return 4 * s->hidden_size;
-}
-
-int mega_jobspec_kv_channels(const mega_jobspec *s) {
-  if (s->kv_channels > 0) return s->kv_channels;
-  return s->num_attention_heads > 0 ? s->hidden_size / s->num_attention_heads : 0;
-}
-
-int mega_jobspec_query_groups(const mega_jobspec *s) {
-  if (!s->group_query_attention) return s->num_attention_heads;
-  return s->num_query_groups > 0 ? s->num_query_groups : 1;
-}
-
-int mega_jobspec_tokenizer(const mega_jobspec *s) {
-  if (s->tokenizer_type == MEGA_TOKENIZER_BYTES && (s->vocab_file || s->merge_file))
-    return MEGA_TOKENIZER_GPT2BPE; /* pretrain_gpt.py's default tokenizer */
-  return s->tokenizer_type;
-}
-
-int mega_jobspec_tokenizer_vocab(const mega_jobspec *s) {
-  if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size > 0) return s->vocab_size + 1;
-  if (mega_jobspec_tokenizer(s) == MEGA_TOKENIZER_GPT2BPE) return s->file_vocab;
-  return MEGA_VOCAB_SIZE;
-}
-
-bool mega_jobspec_evaluates(const mega_jobspec *s) {
-  return s->eval_interval > 0 && s->eval_iters > 0;
-}
-
-bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n) {
-  if (s->eval_interval > 0 && s->eval_iters == 0) {
-    snprintf(buf, n, "--eval-iters 0: no evaluation (as in Megatron), whatever --eval-interval "
-                     "says");
-    return true;
-  }
-  if (!mega_jobspec_evaluates(s)) return false;
-  double sh[3];
-  if (s->valid_data_path.n)
-    snprintf(buf, n, "evaluation every %d iterations reads --valid-data-path (%d batches of "
-                     "--global-batch-size)", s->eval_interval, s->eval_iters);
-  else if (s->split && mega_jobspec_split(s, sh, NULL) == MEGA_OK)
-    snprintf(buf, n, "evaluation every %d iterations reads the valid share of --split %s: "
-                     "%.4g%% of each dataset's documents, which training does not read",
-             s->eval_interval, s->split, 100 * sh[1]);
-  else
-    snprintf(buf, n, "no --split: training reads all of the data, and evaluation every %d "
-                     "iterations reads windows counted back from the end of the training "
-                     "stream, which training reads too (Megatron would take --split 969,30,1); "
-                     "give --split to hold documents out", s->eval_interval);
-  return true;
-}
-
-int mega_jobspec_padded_vocab(const mega_jobspec *s) {
-  long long by = s->make_vocab_size_divisible_by > 0 ? s->make_vocab_size_divisible_by : 128;
-  long long multiple = by * (s->tensor_model_parallel_size > 0 ? s->tensor_model_parallel_size : 1);
-  long long v = mega_jobspec_tokenizer_vocab(s);
-  long long padded = (v + multiple - 1) / multiple * multiple;
-  return padded > INT_MAX ? INT_MAX : (int)padded;
-}
 
 /* ---- --data-path and --split ---- */
 
@@ -347,58 +249,6 @@ mega_status mega_jobspec_layout(const mega_jobspec *s, mega_layout *out, mega_er
     return BAD("a virtual pipeline (VP = %d) needs --pipeline-model-parallel-size > 1", vp);
   mega_status st = mega_layout_uniform(s->num_layers, pp, vp, first, last, out, &sub);
   if (st != MEGA_OK) return mega_fail(err, st, "invalid job: %s", sub.msg);
-  return MEGA_OK;
-}
-
-int mega_jobspec_vp(const mega_jobspec *s) {
-  mega_layout l;
-  if (mega_jobspec_layout(s, &l, NULL) != MEGA_OK) {
-    int vp = s->virtual_pipeline_model_parallel_size;
-    return vp > 0 ? vp : 1;
-  }
-  int vp = l.vp;
-  mega_layout_free(&l);
-  return vp;
-}
-
-mega_status mega_jobspec_parse_simulate_compute(const char *str, mega_sim_compute *out,
-                                                mega_err *err) {
-  static const char *const part_names[] = {"F_MS", "B_MS", "W_MS"};
-  mega_sim_compute r = {0};
-  double v[3] = {0};
-  int n = 0;
-  const char *p = str ? str : "";
-  char part[64];
-  for (;;) {
-    const char *colon = strchr(p, ':');
-    size_t len = colon ? (size_t)(colon - p) : strlen(p);
-    if (n == 3 || len >= sizeof part)
-      return mega_fail(err, MEGA_ERR_INVALID,
-                       "--simulate-compute '%s': expected F_MS:B_MS or F_MS:B_MS:W_MS, "
-                       "e.g. 2:4 or 2:2:2",
-                       str ? str : "");
-    memcpy(part, p, len);
-    part[len] = '\0';
-    char what[96];
-    snprintf(what, sizeof what, "--simulate-compute %s", part_names[n]);
-    mega_status st = mega_jf_parse_float_text(what, part, &v[n], err);
-    if (st != MEGA_OK) return st;
-    if (v[n] < 0)
-      return mega_fail(err, MEGA_ERR_INVALID, "%s must be at least 0 ms (got %s)", what, part);
-    n++;
-    if (!colon) break;
-    p = colon + 1;
-  }
-  if (n < 2)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "--simulate-compute '%s': expected F_MS:B_MS or F_MS:B_MS:W_MS, "
-                     "e.g. 2:4 or 2:2:2",
-                     str ? str : "");
-  r.f_ms = v[0];
-  r.b_ms = v[1];
-  r.w_ms = v[2];
-  r.has_w = n == 3;
-  if (out) *out = r;
   return MEGA_OK;
 }
 
