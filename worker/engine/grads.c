@@ -1,72 +1,12 @@
-/* Gradient buffers, buckets and their data-parallel reductions (grads.h). */
-#include "worker/engine/grads.h"
-
+/* Gradient buffers, buckets, their data-parallel reductions and the
+ * parameter gather (grads.h; the shards' copy and moments: grads_shard.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "worker/engine/grads_internal.h"
+
 #define ALIGN 16 /* floats: every tensor and shard on a 64-byte line */
-
-typedef struct chunk {
-  mega_grads *g;
-  int index;
-  mega_gpt_stage *stage;
-  float *params, *grads;
-  size_t numel;
-  int b0, nb;     /* its buckets [b0, b0 + nb) */
-  int *bucket_of; /* per param */
-  bool enabled;
-} chunk;
-
-/* Optimizer ranges over one shard of the buffers (or every parameter
- * whole), with what the optimizer does not know: where each sits. */
-typedef struct range_set {
-  mega_optim_range *ranges;
-  int *chunk;
-  size_t *pos; /* of each range in its chunk's buffers */
-  /* left out of the norm: a piece of the loss-only stage's copy of wte, or
-   * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
-  bool *skip;
-  mega_grads_piece *piece;
-  /* The norm's share of each range (own only), taken once its bucket is
-   * reduced (in the wait, while later buckets still run) rather than all
-   * at the end; late ranges (the tied embedding, the sequence-parallel
-   * layernorms) change after the data-parallel sum, so mega_grads_sumsq
-   * takes them. */
-  int *bucket;
-  bool *late;
-  double *sumsq;
-  size_t n;
-} range_set;
-
-struct mega_grads {
-  mega_backend *be;
-  mega_grads_opts o;
-  int vp;
-  chunk *chunks;
-  mega_grads_bucket *buckets;
-  int nbuckets;
-  int *ready;       /* per bucket: params counted this iteration */
-  bool *launched;   /* per bucket */
-  mega_req **req;   /* per bucket: the reduction in flight */
-  mega_req **preq;  /* per bucket: the parameter all-gather in flight */
-  mega_grads_timing *timing; /* per bucket, this iteration */
-  mega_comm *comm;  /* backend memory */
-  mega_comm *hcomm; /* host memory: the moments' gather */
-  range_set own;    /* what this rank's optimizer steps */
-  range_set copy;   /* the shard it keeps a copy of (shard_copy_shift); n 0: none */
-  int copy_shard;   /* whose shard that is; -1: none */
-  mega_req **copy_req; /* its exchange in flight (2 per bucket); NULL: none */
-  /* parameter gathers launched and not yet waited well; one that failed
-   * may have left a bucket half written */
-  int gathers_pending;
-  bool gather_failed;
-  bool *normed; /* per bucket: own's squares taken this iteration */
-  mega_status failed; /* a launch from the model's callback that failed */
-  mega_err fail_err;
-  void (*on_launch)(void *, int);
-  void *on_launch_arg;
-};
 
 static double wall_s(void) {
   struct timespec ts;
@@ -544,62 +484,10 @@ const mega_grads_piece *mega_grads_pieces(const mega_grads *g, size_t *n) {
   return g->own.piece;
 }
 
-int mega_grads_copy_shard(const mega_grads *g) { return g->copy_shard; }
-
-const mega_optim_range *mega_grads_copy_ranges(const mega_grads *g, size_t *n) {
-  *n = g->copy.n;
-  return g->copy.ranges;
-}
-
-const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n) {
-  *n = g->copy.n;
-  return g->copy.piece;
-}
-
-#define COPY_TAG 0x5c00u /* + bucket: the shard copy's gradients on the DP communicator */
-
-static mega_status wait_copy(mega_grads *g, mega_status st, mega_err *err) {
-  for (int i = 0; g->copy_req && i < 2 * g->nbuckets; i++) {
-    if (!g->copy_req[i]) continue;
-    if (st == MEGA_OK) st = mega_req_wait(g->copy_req[i], 0, err);
-    mega_req_free(g->copy_req[i]);
-  }
-  free(g->copy_req);
-  g->copy_req = NULL;
-  if (st != MEGA_OK) mega_err_prefix(err, "exchanging the optimizer shard copy's gradients");
-  return st;
-}
-
-mega_status mega_grads_wait_copy(mega_grads *g, mega_err *err) {
-  return wait_copy(g, MEGA_OK, err);
-}
-
-mega_status mega_grads_post_copy(mega_grads *g, mega_err *err) {
-  if (g->copy_shard < 0 || !g->comm) return MEGA_OK;
-  mega_status st = wait_copy(g, MEGA_OK, err); /* one in flight at a time */
-  if (st != MEGA_OK) return st;
-  int dp = g->o.dp_size, me = g->o.dp_rank;
-  int to = (me + (me - g->copy_shard + dp) % dp) % dp; /* the rank that copies mine */
-  int n = g->nbuckets;
-  mega_req **reqs = g->copy_req = calloc((size_t)(2 * n + 1), sizeof *reqs);
-  if (!reqs) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the shard copy");
-  for (int b = 0; b < n && st == MEGA_OK; b++) {
-    const mega_grads_bucket *k = &g->buckets[b];
-    float *base = g->chunks[k->chunk].grads + k->offset;
-    size_t bytes = k->shard_numel * sizeof(float);
-    st = mega_comm_isend(g->comm, base + k->shard_offset, bytes, to, COPY_TAG + (uint32_t)b,
-                         &reqs[2 * b], err);
-    if (st == MEGA_OK)
-      st = mega_comm_irecv(g->comm, base + k->shard_numel * (size_t)g->copy_shard, bytes,
-                           g->copy_shard, COPY_TAG + (uint32_t)b, &reqs[2 * b + 1], err);
-  }
-  return st == MEGA_OK ? MEGA_OK : wait_copy(g, st, err);
-}
-
 /* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
  * in place, over comm. */
-static mega_status gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
-                                 mega_req **req, mega_err *err) {
+mega_status mega_grads__gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
+                                      mega_req **req, mega_err *err) {
   const mega_grads_bucket *k = &g->buckets[b];
   size_t counts[g->o.dp_size];
   for (int d = 0; d < g->o.dp_size; d++) counts[d] = k->shard_numel;
@@ -645,7 +533,7 @@ mega_status mega_grads_gather_params(mega_grads *g, bool async, mega_err *err) {
       if (g->preq[b])
         return mega_fail(err, MEGA_ERR_INTERNAL, "bucket %d's parameter gather is in flight", b);
       g->gathers_pending++; /* counted before the launch: a failed one may have sent part */
-      st = gather_bucket(g, g->comm, b, c->params, &g->preq[b], err);
+      st = mega_grads__gather_bucket(g, g->comm, b, c->params, &g->preq[b], err);
       if (st != MEGA_OK) g->gather_failed = true;
     }
   }
@@ -682,61 +570,6 @@ mega_status mega_grads_wait_params(mega_grads *g, int ci, mega_err *err) {
     }
   }
   return st;
-}
-
-mega_status mega_grads_gather_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
-                                      float *const *exp_avg_sq, mega_err *err) {
-  for (int v = 0; v < g->vp; v++) {
-    memset(exp_avg[v], 0, g->chunks[v].numel * sizeof(float));
-    memset(exp_avg_sq[v], 0, g->chunks[v].numel * sizeof(float));
-  }
-  mega_status st = MEGA_OK;
-  for (size_t i = 0; i < g->own.n && st == MEGA_OK; i++) {
-    int v = g->own.chunk[i];
-    size_t n = g->own.ranges[i].numel * sizeof(float), at = g->own.pos[i];
-    st = g->be->ops->memcpy(g->be, exp_avg[v] + at, mega_optim_exp_avg(o, i), n, MEGA_COPY_D2H,
-                            err);
-    if (st == MEGA_OK)
-      st = g->be->ops->memcpy(g->be, exp_avg_sq[v] + at, mega_optim_exp_avg_sq(o, i), n,
-                              MEGA_COPY_D2H, err);
-  }
-  if (st != MEGA_OK || !g->o.distributed || !g->comm) return st;
-  for (int b = 0; b < g->nbuckets && st == MEGA_OK; b++) {
-    int v = g->buckets[b].chunk;
-    for (int m = 0; m < 2 && st == MEGA_OK; m++) {
-      mega_req *req = NULL;
-      st = gather_bucket(g, g->hcomm, b, m ? exp_avg_sq[v] : exp_avg[v], &req, err);
-      if (st == MEGA_OK) st = mega_req_wait(req, 0, err);
-      mega_req_free(req);
-    }
-  }
-  if (st != MEGA_OK) mega_err_prefix(err, "gathering the optimizer's moments");
-  return st;
-}
-
-static mega_status scatter(mega_grads *g, const range_set *r, mega_optim *o,
-                           float *const *exp_avg, float *const *exp_avg_sq, mega_err *err) {
-  mega_status st = MEGA_OK;
-  for (size_t i = 0; i < r->n && st == MEGA_OK; i++) {
-    int v = r->chunk[i];
-    size_t n = r->ranges[i].numel * sizeof(float), at = r->pos[i];
-    st = g->be->ops->memcpy(g->be, mega_optim_exp_avg(o, i), exp_avg[v] + at, n, MEGA_COPY_H2D,
-                            err);
-    if (st == MEGA_OK)
-      st = g->be->ops->memcpy(g->be, mega_optim_exp_avg_sq(o, i), exp_avg_sq[v] + at, n,
-                              MEGA_COPY_H2D, err);
-  }
-  return st;
-}
-
-mega_status mega_grads_scatter_moments(mega_grads *g, mega_optim *o, float *const *exp_avg,
-                                       float *const *exp_avg_sq, mega_err *err) {
-  return scatter(g, &g->own, o, exp_avg, exp_avg_sq, err);
-}
-
-mega_status mega_grads_scatter_copy_moments(mega_grads *g, mega_optim *copy, float *const *exp_avg,
-                                           float *const *exp_avg_sq, mega_err *err) {
-  return scatter(g, &g->copy, copy, exp_avg, exp_avg_sq, err);
 }
 
 size_t mega_grads_param_bytes(const mega_grads *g) {

@@ -1,0 +1,76 @@
+/* Inside worker/engine/grads*.c only: the gradient buffers' state
+ * (grads.h). grads.c: the buffers, buckets, reductions and the parameter
+ * gather; grads_shard.c: the distributed optimizer's shards (the copy's
+ * exchange, the moments' gather and scatter). */
+#ifndef MEGA_WORKER_GRADS_INTERNAL_H
+#define MEGA_WORKER_GRADS_INTERNAL_H
+
+#include "worker/engine/grads.h"
+
+typedef struct chunk {
+  mega_grads *g;
+  int index;
+  mega_gpt_stage *stage;
+  float *params, *grads;
+  size_t numel;
+  int b0, nb;     /* its buckets [b0, b0 + nb) */
+  int *bucket_of; /* per param */
+  bool enabled;
+} chunk;
+
+/* Optimizer ranges over one shard of the buffers (or every parameter
+ * whole), with what the optimizer does not know: where each sits. */
+typedef struct range_set {
+  mega_optim_range *ranges;
+  int *chunk;
+  size_t *pos; /* of each range in its chunk's buffers */
+  /* left out of the norm: a piece of the loss-only stage's copy of wte, or
+   * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
+  bool *skip;
+  mega_grads_piece *piece;
+  /* The norm's share of each range (own only), taken once its bucket is
+   * reduced (in the wait, while later buckets still run) rather than all
+   * at the end; late ranges (the tied embedding, the sequence-parallel
+   * layernorms) change after the data-parallel sum, so mega_grads_sumsq
+   * takes them. */
+  int *bucket;
+  bool *late;
+  double *sumsq;
+  size_t n;
+} range_set;
+
+struct mega_grads {
+  mega_backend *be;
+  mega_grads_opts o;
+  int vp;
+  chunk *chunks;
+  mega_grads_bucket *buckets;
+  int nbuckets;
+  int *ready;       /* per bucket: params counted this iteration */
+  bool *launched;   /* per bucket */
+  mega_req **req;   /* per bucket: the reduction in flight */
+  mega_req **preq;  /* per bucket: the parameter all-gather in flight */
+  mega_grads_timing *timing; /* per bucket, this iteration */
+  mega_comm *comm;  /* backend memory */
+  mega_comm *hcomm; /* host memory: the moments' gather */
+  range_set own;    /* what this rank's optimizer steps */
+  range_set copy;   /* the shard it keeps a copy of (shard_copy_shift); n 0: none */
+  int copy_shard;   /* whose shard that is; -1: none */
+  mega_req **copy_req; /* its exchange in flight (2 per bucket); NULL: none */
+  /* parameter gathers launched and not yet waited well; one that failed
+   * may have left a bucket half written */
+  int gathers_pending;
+  bool gather_failed;
+  bool *normed; /* per bucket: own's squares taken this iteration */
+  mega_status failed; /* a launch from the model's callback that failed */
+  mega_err fail_err;
+  void (*on_launch)(void *, int);
+  void *on_launch_arg;
+};
+
+/* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
+ * in place, over comm. */
+mega_status mega_grads__gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
+                                      mega_req **req, mega_err *err);
+
+#endif
