@@ -64,18 +64,19 @@ static void wrote(mega_backend *be, const void *p, size_t n) {
 
 /* ---- memory ---- */
 
+/* cudaMalloc, after handing the kept bf16 copies' memory back when the
+ * device is full (cuda_b16.h). */
+static cudaError_t dev_malloc(mega_backend *be, void **p, size_t bytes) {
+  cudaError_t e = cudaMalloc(p, bytes ? bytes : 64);
+  if (e != cudaErrorMemoryAllocation || !impl_of(be)->b16) return e;
+  cudaGetLastError();
+  mega_cu_b16_release(impl_of(be)->b16);
+  return cudaMalloc(p, bytes ? bytes : 64);
+}
+
 static mega_status cu_alloc(mega_backend *be, size_t bytes, void **out, mega_err *err) {
   void *p = NULL;
-  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
-  if (e == cudaErrorMemoryAllocation && impl_of(be)->b16) { /* the kept copies' pool first */
-    cudaGetLastError();
-    mega_cu_b16_clear(impl_of(be)->b16);
-    cudaStreamSynchronize(impl_of(be)->stream);
-    cudaMemPool_t pool;
-    if (cudaDeviceGetDefaultMemPool(&pool, impl_of(be)->device) == cudaSuccess)
-      cudaMemPoolTrimTo(pool, 0);
-    e = cudaMalloc(&p, bytes ? bytes : 64);
-  }
+  cudaError_t e = dev_malloc(be, &p, bytes);
   if (e != cudaSuccess)
     return mega_fail(err, MEGA_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes on device %d: %s",
                      bytes, impl_of(be)->device, cudaGetErrorString(e));
@@ -173,7 +174,7 @@ static void *grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const
   }
   *buf = NULL;
   *cap = 0;
-  cudaError_t e = cudaMalloc(buf, bytes ? bytes : 64);
+  cudaError_t e = dev_malloc(be, buf, bytes);
   if (e != cudaSuccess) {
     *buf = NULL;
     note(be, e, what);
@@ -183,15 +184,22 @@ static void *grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const
   return *buf;
 }
 
-/* x (n floats) as bf16: the kept copy (cuda_b16.h), or else in scratch k. */
+/* x (n floats) as bf16 from the kept copies (cuda_b16.h); NULL when there
+ * are none or no room for one (or after a failure, noted). */
+static const uint16_t *kept(mega_backend *be, const float *x, size_t n) {
+  cuda_impl *c = impl_of(be);
+  if (!c->b16) return NULL;
+  int e;
+  const uint16_t *b = mega_cu_b16_get(c->b16, x, n, &e);
+  note(be, e, "rounding to bf16");
+  return b;
+}
+
+/* x (n floats) as bf16: the kept copy, or else in scratch k (0 or 1). */
 static const uint16_t *bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
   cuda_impl *c = impl_of(be);
-  if (c->b16) {
-    int e;
-    const uint16_t *b = mega_cu_b16_get(c->b16, x, n, &e);
-    note(be, e, "rounding to bf16");
-    return b;
-  }
+  const uint16_t *kb = kept(be, x, n);
+  if (kb || c->sticky != MEGA_OK) return kb;
   uint16_t *b = grow(be, &c->bf16_buf[k], &c->bf16_cap[k], n * sizeof(uint16_t),
                      "allocating bf16 GEMM inputs");
   if (b) note(be, mega_cu_to_bf16(S(be), b, x, (int64_t)n), "rounding to bf16");
@@ -287,8 +295,8 @@ void mega_cu__wrote(mega_backend *be, const void *p, size_t n) { wrote(be, p, n)
 void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what) {
   return grow(be, buf, cap, bytes, what);
 }
-const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
-  return bf16_copy(be, k, x, n);
+const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n) {
+  return kept(be, x, n);
 }
 
 /* ---- the kernels ---- */

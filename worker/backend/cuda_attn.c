@@ -13,7 +13,7 @@
 #define note mega_cu__note
 #define wrote mega_cu__wrote
 #define grow mega_cu__grow
-#define bf16_copy mega_cu__bf16_copy
+#define kept mega_cu__kept
 
 static void cu_softmax(mega_backend *be, float *att, int64_t rows, int T) {
   note(be, mega_cu_causal_softmax(S(be), att, rows, T), "causal softmax");
@@ -59,13 +59,13 @@ static bool attn_bf16(mega_backend *be, const float *q, const float *k, const fl
   size_t nq = fused ? span(d, d->ldq, d->NH + 2 * d->G) : span(d, d->ldq, d->NH);
   size_t nk = fused ? 0 : span(d, d->ldkv, d->G);
   size_t no = dout ? (size_t)d->B * d->T * d->NH * d->hs : 0;
-  if (c->b16) { /* kept copies: the backward finds the forward's q, k and v */
-    if (!(o->q = bf16_copy(be, 0, q, nq))) return false;
-    o->k = fused ? o->q + d->NH * d->hs : bf16_copy(be, 0, k, nk);
-    o->v = fused ? o->k + d->G * d->hs : bf16_copy(be, 0, v, nk);
-    o->dout = dout ? bf16_copy(be, 0, dout, no) : NULL;
-    return o->k && o->v && (!dout || o->dout);
+  if (c->b16 && (o->q = kept(be, q, nq))) { /* the backward finds the forward's q, k, v */
+    o->k = fused ? o->q + d->NH * d->hs : kept(be, k, nk);
+    o->v = fused ? o->k + d->G * d->hs : kept(be, v, nk);
+    o->dout = dout ? kept(be, dout, no) : NULL;
+    if (o->k && o->v && (!dout || o->dout)) return true;
   }
+  if (c->sticky != MEGA_OK) return false; /* else no room: the scratch below */
   size_t total = up8(nq) + 2 * up8(nk) + up8(no);
   uint16_t *b = grow(be, &c->attn_buf, &c->attn_cap, total * sizeof(uint16_t),
                      "allocating flash attention's bf16 inputs");

@@ -16,29 +16,32 @@ typedef struct b16_entry {
 } b16_entry;
 
 struct mega_cu_b16 {
-  pthread_mutex_t mu; /* NCCL operations may be posted from another thread */
+  /* Ops and NCCL operations are posted from the rank's training thread: a
+   * copy handed out is pinned (below) only against its own thread. The
+   * mutex keeps the table whole should another thread post. */
+  pthread_mutex_t mu;
+  int device;
   cudaStream_t stream;
   size_t budget, bytes;
   b16_entry e[B16_MAX];
   int count;
   uint64_t tick;
-  mega_cu_b16_stats st;
 };
 
 mega_cu_b16 *mega_cu_b16_create(int device, cudaStream_t stream, size_t budget) {
   int pools = 0;
-  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess ||
-      !pools)
-    return NULL;
-  /* keep freed blocks in the pool: the same sizes come back every step */
   cudaMemPool_t pool;
-  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
-    uint64_t keep = UINT64_MAX;
-    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-  }
+  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess ||
+      !pools || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess)
+    return NULL;
   mega_cu_b16 *c = calloc(1, sizeof *c);
   if (!c) return NULL;
+  /* the pool keeps what it frees, up to the budget, for the same sizes the
+   * next step asks; past that it gives memory back at synchronizations */
+  uint64_t keep = budget;
+  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
   pthread_mutex_init(&c->mu, NULL);
+  c->device = device;
   c->stream = stream;
   c->budget = budget;
   return c;
@@ -48,7 +51,6 @@ static void drop(mega_cu_b16 *c, int i) {
   cudaFreeAsync(c->e[i].b, c->stream); /* after the queued readers */
   c->bytes -= c->e[i].n * sizeof(uint16_t);
   c->e[i] = c->e[--c->count];
-  c->st.dropped++;
 }
 
 void mega_cu_b16_clear(mega_cu_b16 *c) {
@@ -92,44 +94,61 @@ static void make_room(mega_cu_b16 *c, size_t bytes) {
   }
 }
 
+/* Every unpinned copy out, and the pool trimmed to what is left. */
+static void squeeze(mega_cu_b16 *c) {
+  for (int i = c->count - 1; i >= 0; i--)
+    if (c->e[i].used + B16_PINNED <= c->tick) drop(c, i);
+  cudaMemPool_t pool;
+  cudaStreamSynchronize(c->stream); /* the frees above, done */
+  if (cudaDeviceGetDefaultMemPool(&pool, c->device) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+}
+
+void mega_cu_b16_release(mega_cu_b16 *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  while (c->count > 0) drop(c, c->count - 1);
+  squeeze(c);
+  pthread_mutex_unlock(&c->mu);
+}
+
 const uint16_t *mega_cu_b16_get(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err) {
   *cuda_err = 0;
+  if (!n) return NULL; /* nothing to keep */
   pthread_mutex_lock(&c->mu);
   c->tick++;
   for (int i = 0; i < c->count; i++)
     if (c->e[i].src == (uintptr_t)x && c->e[i].n == n) {
       uint16_t *b = c->e[i].b;
       c->e[i].used = c->tick;
-      c->st.hits++;
       pthread_mutex_unlock(&c->mu);
       return b;
     }
   size_t bytes = n * sizeof(uint16_t);
   make_room(c, bytes);
   void *b = NULL;
-  cudaError_t e = c->count < B16_MAX ? cudaMallocAsync(&b, bytes ? bytes : 64, c->stream)
+  cudaError_t e = c->count < B16_MAX ? cudaMallocAsync(&b, bytes, c->stream)
                                      : cudaErrorMemoryAllocation;
+  if (e == cudaErrorMemoryAllocation) { /* the model's own memory left too little */
+    cudaGetLastError();
+    squeeze(c);
+    b = NULL;
+    e = c->count < B16_MAX ? cudaMallocAsync(&b, bytes, c->stream) : cudaErrorMemoryAllocation;
+    if (e == cudaErrorMemoryAllocation) { /* no room: the caller rounds into its scratch */
+      cudaGetLastError();
+      pthread_mutex_unlock(&c->mu);
+      return NULL;
+    }
+  }
   if (e == cudaSuccess) e = (cudaError_t)mega_cu_to_bf16(c->stream, b, x, (int64_t)n);
   if (e != cudaSuccess) {
     if (b) cudaFreeAsync(b, c->stream);
+    cudaGetLastError();
     *cuda_err = (int)e;
     pthread_mutex_unlock(&c->mu);
     return NULL;
   }
   c->e[c->count++] = (b16_entry){.src = (uintptr_t)x, .n = n, .b = b, .used = c->tick};
   c->bytes += bytes;
-  c->st.misses++;
   pthread_mutex_unlock(&c->mu);
   return b;
-}
-
-mega_cu_b16_stats mega_cu_b16_stats_of(const mega_cu_b16 *c) {
-  mega_cu_b16_stats s = {0};
-  if (!c) return s;
-  pthread_mutex_lock((pthread_mutex_t *)&c->mu);
-  s = c->st;
-  s.copies = (size_t)c->count;
-  s.bytes = c->bytes;
-  pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
-  return s;
 }

@@ -12,8 +12,11 @@
  * (cudaMallocAsync on the compute stream, which every reader is on), so
  * dropping one never frees memory a queued GEMM still reads.
  *
- * The budget bounds the bytes kept; past it the least recently used go. A
- * copy is the same bits whether it is new or kept, so results do not
+ * The budget bounds the bytes kept (and the pool's reserve); past it the
+ * least recently used go, and a copy that finds no memory at all is made
+ * in the caller's scratch instead. Ops and NCCL operations must be posted
+ * from one thread (the rank's training thread): a copy handed out is kept
+ * from eviction only until that thread's op is queued. A copy is the same bits whether it is new or kept, so results do not
  * depend on what the cache held. */
 #ifndef MEGA_WORKER_CUDA_B16_H
 #define MEGA_WORKER_CUDA_B16_H
@@ -31,7 +34,9 @@ mega_cu_b16 *mega_cu_b16_create(int device, cudaStream_t stream, size_t budget);
 void mega_cu_b16_destroy(mega_cu_b16 *c);
 
 /* x's n floats as bf16 (on 256 bytes): the kept copy, or a new one
- * rounded on the stream. NULL after a CUDA failure, *cuda_err set. */
+ * rounded on the stream. NULL with *cuda_err set after a CUDA failure;
+ * NULL with *cuda_err 0 when there is no room even after letting every
+ * other copy go, or n is 0: the caller rounds into scratch of its own. */
 const uint16_t *mega_cu_b16_get(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err);
 
 /* [p, p + bytes) is about to be written: copies of anything in it go. */
@@ -39,12 +44,8 @@ void mega_cu_b16_wrote(mega_cu_b16 *c, const void *p, size_t bytes);
 
 /* Every copy goes (memory freed or allocated, --bf16 switched). */
 void mega_cu_b16_clear(mega_cu_b16 *c);
-
-/* What it holds and has done, for tests and logs. */
-typedef struct mega_cu_b16_stats {
-  size_t copies, bytes;
-  uint64_t hits, misses, dropped;
-} mega_cu_b16_stats;
-mega_cu_b16_stats mega_cu_b16_stats_of(const mega_cu_b16 *c);
+/* The same, and their memory handed back to the device (synchronizes):
+ * before an allocation outside the pool gives up for lack of memory. */
+void mega_cu_b16_release(mega_cu_b16 *c);
 
 #endif

@@ -39,8 +39,9 @@ void mega_cu__note(mega_backend *be, int cuda_err, const char *what);
 void mega_cu__wrote(mega_backend *be, const void *p, size_t n);
 /* *buf grown to at least bytes; NULL after a failure (noted). */
 void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what);
-/* x's n floats as bf16: the kept copy, or else in scratch k (0 or 1). */
-const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n);
+/* x's n floats as bf16 from the kept copies; NULL when there are none or
+ * no room for one (or after a failure, noted). */
+const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n);
 
 void mega_cu__attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
                               size_t *scratch);
