@@ -53,8 +53,10 @@
  * its own shard's final gradients to rank (d + s) mod DP and receives shard
  * (d - s)'s into that shard's place in its own gradient buffer
  * (mega_grads_post_copy, then mega_grads_wait_copy: the transfer overlaps
- * the norm's reductions and the rank's own step); a second optimizer over mega_grads_copy_ranges
- * then takes the very step the owner takes, on the same inputs, so the
+ * the norm's sums over DP and ends before those over TP and the pipeline,
+ * which act as barriers: see mega_rank_step); a second
+ * optimizer over mega_grads_copy_ranges then takes the very step the owner
+ * takes, on the same inputs, so the
  * copy's moments and parameters are bit for bit the owner's. The copy costs
  * two moments of one shard in memory and, per step, one shard's gradients
  * sent and one shard's AdamW step. A rank that finished step N therefore

@@ -442,9 +442,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   st = finalize_grads(r, &tg, err);
   /* the shard copy's gradients, once they are final (grads.h): the tied
    * embedding's sum is among them, so the loss stage waits for it here.
-   * Posted now, waited just before the copy's step. */
+   * Posted now, waited after the norm's sum over DP. */
   if (st == MEGA_OK && r->copy) st = wait_embd(r, err);
-  double copy_s = 0, tc;
   if (st == MEGA_OK && r->copy) st = mega_grads_post_copy(r->chunks.grads, err);
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
@@ -466,6 +465,14 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   if (st == MEGA_OK) st = mega_grads_sumsq(r->chunks.grads, &sumsq, err);
   if (st == MEGA_OK && r->job->use_distributed_optimizer)
     st = sum_doubles(r->hcomm[GROUP_DP], &sumsq, err);
+  /* The copy's exchange ends before the sums over TP and the pipeline, so
+   * a peer that died before its gradients came stops this rank where its
+   * TP and pipeline peers stop too. Waited later, the survivors of one
+   * failure held different iterations (one stage stepped, another not),
+   * which no replica plan can join. */
+  double tc = wall_s();
+  if (st == MEGA_OK && r->copy) st = mega_grads_wait_copy(r->chunks.grads, err);
+  double copy_s = wall_s() - tc;
   if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
   if (st == MEGA_OK) st = pipeline_stats(r->hcomm[GROUP_PP], &sumsq, &drained, err);
   /* the loss stage's copy of the embedding, summed meanwhile */
@@ -488,14 +495,10 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     st = mega_optim_step(r->optim, sumsq, lr, &or, err);
     /* the shard copy takes its owner's very step (grads.h) */
     tc = wall_s();
-    if (st == MEGA_OK && r->copy) st = mega_grads_wait_copy(r->chunks.grads, err);
     if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, err);
     copy_s += wall_s() - tc;
     if (st == MEGA_OK) r->stepped = true;
   }
-  /* (simulated compute steps nothing, but the next iteration zeroes the
-   * gradients the exchange moves) */
-  if (st == MEGA_OK && r->copy) st = mega_grads_wait_copy(r->chunks.grads, err);
   /* distributed optimizer: every rank gets every updated parameter; with
    * --overlap-param-gather forward waits for each bucket when it needs it */
   if (st == MEGA_OK)
