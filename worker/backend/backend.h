@@ -69,6 +69,14 @@ typedef struct mega_attn_dims {
   size_t att_cap, scratch_cap;
 } mega_attn_dims;
 
+/* Whether attention of d's shape rounds as flash attention under --bf16
+ * (set_bf16): head sizes the flash kernels have (64, 128), T > hs (their
+ * statistics then fit where the probabilities would be) and strides their
+ * 16-byte loads take. Both backends decide with it, on the shape alone. */
+static inline bool mega_attn_flash_shape(const mega_attn_dims *d) {
+  return (d->hs == 64 || d->hs == 128) && d->T > d->hs && d->ldq % 8 == 0 && d->ldkv % 8 == 0;
+}
+
 typedef struct mega_backend_ops {
   const char *name; /* "cpu", "cuda" */
   void (*destroy)(mega_backend *be); /* frees impl and be; via mega_backend_destroy */
@@ -90,9 +98,10 @@ typedef struct mega_backend_ops {
    * ties to even: kernels/elementwise.h) and accumulate in fp32, as
    * cuBLAS's bf16 GEMMs with CUBLAS_COMPUTE_32F do. Their outputs, the
    * bias gradients and every weight, gradient and optimizer state stay
-   * fp32. gemm and gemm_batched stay fp32; so does the cpu backend's
-   * attention, while the cuda backend's runs as bf16 flash attention
-   * (attention_forward). */
+   * fp32. gemm and gemm_batched stay fp32. Attention of the shapes
+   * mega_attn_flash_shape accepts rounds as flash attention does: the cuda
+   * backend runs its bf16 flash kernels and the cpu backend rounds at the
+   * same places (attention_forward); other shapes stay fp32 on both. */
   mega_status (*set_bf16)(mega_backend *be, bool on, mega_err *err);
 
   /* ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major ----

@@ -119,10 +119,7 @@ static void round_range(void *vc, int64_t i0, int64_t i1) {
   for (int64_t i = i0; i < i1; i++) c->out[i] = mega_bf16_round(c->in[i]);
 }
 
-/* --bf16: GEMM input x (n floats) rounded to bf16 in scratch k (0 or 1);
- * x itself when bf16 is off. NULL when the scratch cannot grow (kept for
- * synchronize; the GEMM is skipped). */
-static const float *gemm_input(mega_backend *be, int k, const float *x, size_t n) {
+const float *mega_cpu_bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
   mega_cpu_impl *impl = be->impl;
   if (!impl->bf16) return x;
   if (impl->bf16_cap[k] < n) {
@@ -130,7 +127,7 @@ static const float *gemm_input(mega_backend *be, int k, const float *x, size_t n
     if (!p) {
       if (!impl->failed)
         snprintf(impl->why, sizeof impl->why,
-                 "cpu backend: cannot allocate %zu bytes to round a GEMM input to bf16",
+                 "cpu backend: cannot allocate %zu bytes to round an input to bf16",
                  n * sizeof(float));
       impl->failed = true;
       return NULL;
@@ -250,8 +247,8 @@ static void cpu_matmul_forward(mega_backend *be, float *out, const float *inp,
                                const float *w, const float *bias, const float *residual,
                                int N, int C, int OC, mega_wlayout lay) {
   bias_ctx fill = {.rows = out, .cbias = bias, .crows = residual, .N = N, .OC = OC};
-  inp = gemm_input(be, 0, inp, (size_t)N * C);
-  w = gemm_input(be, 1, w, (size_t)C * OC);
+  inp = mega_cpu_bf16_copy(be, 0, inp, (size_t)N * C);
+  w = mega_cpu_bf16_copy(be, 1, w, (size_t)C * OC);
   if (!inp || !w) return;
   gemm_ctx g = {.tb = lay == MEGA_W_OUT_IN, .M = N, .N = OC, .K = C, .alpha = 1.0f,
                 .A = inp, .lda = C, .B = w, .ldb = lay == MEGA_W_IN_OUT ? OC : C,
@@ -264,8 +261,8 @@ static void cpu_matmul_forward(mega_backend *be, float *out, const float *inp,
 static void cpu_matmul_backward_input(mega_backend *be, float *dinp, const float *dout,
                                       const float *w, int N, int C, int OC,
                                       mega_wlayout lay, bool accumulate) {
-  dout = gemm_input(be, 0, dout, (size_t)N * OC);
-  w = gemm_input(be, 1, w, (size_t)C * OC);
+  dout = mega_cpu_bf16_copy(be, 0, dout, (size_t)N * OC);
+  w = mega_cpu_bf16_copy(be, 1, w, (size_t)C * OC);
   if (!dout || !w) return;
   gemm_ctx g = {.tb = lay == MEGA_W_IN_OUT, .M = N, .N = C, .K = OC, .alpha = 1.0f,
                 .A = dout, .lda = OC, .B = w, .ldb = lay == MEGA_W_IN_OUT ? OC : C,
@@ -277,8 +274,8 @@ static void cpu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias
                                        const float *dout, const float *inp, int N, int C,
                                        int OC, mega_wlayout lay) {
   gemm_ctx g = {.ta = true, .alpha = 1.0f, .beta = 1.0f, .C = dw};
-  const float *din = gemm_input(be, 0, inp, (size_t)N * C);
-  const float *dh = gemm_input(be, 1, dout, (size_t)N * OC);
+  const float *din = mega_cpu_bf16_copy(be, 0, inp, (size_t)N * C);
+  const float *dh = mega_cpu_bf16_copy(be, 1, dout, (size_t)N * OC);
   if (lay == MEGA_W_IN_OUT)
     g.M = C, g.N = OC, g.K = N, g.A = din, g.lda = C, g.B = dh, g.ldb = OC, g.ldc = OC;
   else
@@ -391,8 +388,7 @@ static void cpu_destroy(mega_backend *be) {
   mega_cpu_pool_destroy(impl->pool);
   pthread_mutex_destroy(&impl->track_mu);
   free(impl->tracked);
-  free(impl->bf16_buf[0]);
-  free(impl->bf16_buf[1]);
+  for (int k = 0; k < MEGA_CPU_B16_SLOTS; k++) free(impl->bf16_buf[k]);
   free(impl);
   free(be);
 }

@@ -4,7 +4,17 @@
  * end, so the work is the causal half plus a sliver, and the products are
  * the register-tiled kernels of cpu_tile.c (no BLAS: at head size they beat
  * sgemm). K (forward) and V (backward) are transposed once per key/value
- * head into scratch so every product streams contiguous rows. */
+ * head into scratch so every product streams contiguous rows.
+ *
+ * Under --bf16, shapes the cuda backend runs as flash attention
+ * (mega_attn_flash_shape) round where its kernels do: q, k, v and dout to
+ * bf16 once; the probabilities before they multiply v (forward) or dout
+ * (dv); the scores' gradient before it multiplies k (dq) and q (dk). The
+ * products accumulate in fp32, the softmax and its gradient stay fp32.
+ * The flash forward rounds each probability relative to a running
+ * maximum, before it divides by the row's sum; here the rounding follows
+ * the division: the same relative error, not the same bits. (So does the
+ * softmax gradient's row sum: sum a*da here, dout.out in flash's.) */
 #include <math.h>
 #include <string.h>
 
@@ -126,7 +136,46 @@ typedef struct attn_ctx {
   float *out, *att, *dq, *dk, *dv, *scratch;
   const float *q, *k, *v, *catt, *dout;
   mega_attn_dims d;
+  bool round; /* --bf16 with a flash shape: the inputs are rounded copies */
 } attn_ctx;
+
+/* Rows r0..r1 of a (T wide), columns 0..r1 (what the products read: the
+ * causal part and the group's zeros), rounded to bf16 into dst. */
+static void round_rows(float *dst, const float *a, int r0, int r1, int T) {
+  for (int t = r0; t < r1; t++)
+    for (int s = 0; s < r1; s++) dst[(size_t)t * T + s] = mega_bf16_round(a[(size_t)t * T + s]);
+}
+
+/* Floats from a view's first element to its last: rows of width heads*hs,
+ * ld apart. */
+static size_t span(const mega_attn_dims *d, int ld, int heads) {
+  return ((size_t)d->B * d->T - 1) * ld + (size_t)heads * d->hs;
+}
+
+/* c's q, k, v (and dout when given) replaced by rounded copies, when --bf16
+ * rounds this shape; one copy when they are views of one fused buffer, as
+ * GPT-2's qkv. False when a copy could not be made (the backend keeps the
+ * error for synchronize; the op does nothing). */
+static bool round_inputs(mega_backend *be, attn_ctx *c, bool dout) {
+  const mega_attn_dims *d = &c->d;
+  if (!((mega_cpu_impl *)be->impl)->bf16 || !mega_attn_flash_shape(d)) return true;
+  c->round = true;
+  size_t hq = (size_t)d->NH * d->hs, hk = (size_t)d->G * d->hs;
+  if (c->k == c->q + hq && c->v == c->k + hk && d->ldq == d->ldkv) {
+    const float *r = mega_cpu_bf16_copy(be, MEGA_CPU_B16_Q, c->q, span(d, d->ldq, d->NH + 2 * d->G));
+    if (!r) return false;
+    c->q = r;
+    c->k = r + hq;
+    c->v = r + hq + hk;
+  } else {
+    c->q = mega_cpu_bf16_copy(be, MEGA_CPU_B16_Q, c->q, span(d, d->ldq, d->NH));
+    c->k = mega_cpu_bf16_copy(be, MEGA_CPU_B16_K, c->k, span(d, d->ldkv, d->G));
+    c->v = mega_cpu_bf16_copy(be, MEGA_CPU_B16_V, c->v, span(d, d->ldkv, d->G));
+    if (!c->q || !c->k || !c->v) return false;
+  }
+  if (dout) c->dout = mega_cpu_bf16_copy(be, MEGA_CPU_B16_DOUT, c->dout, span(d, d->NH * d->hs, d->NH));
+  return !dout || c->dout;
+}
 
 /* Key/value heads bg0..bg1 (bg = b * G + g), each with its NH/G query
  * heads: k (forward) or v (backward) is transposed once for all of them. */
@@ -153,8 +202,15 @@ static void attn_fwd_heads(void *vc, int64_t bg0, int64_t bg1) {
         mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, scale, q + (size_t)g0 * ldq, ldq, kT, T,
                          a + (size_t)g0 * T, T);
         causal_softmax_rows(a, g0, g1, T);
-        /* o[g0:g1] = a[g0:g1, 0:g1] v[0:g1] */
-        mega_cpu_tile_nn(rows, hs, g1, 1.0f, a + (size_t)g0 * T, T, v, ldkv,
+        /* o[g0:g1] = a[g0:g1, 0:g1] v[0:g1], a rounded in the backward's
+         * tile slot (free in the forward) under --bf16 */
+        const float *pa = a;
+        if (c->round) {
+          float *rt = c->scratch + (size_t)d->B * T * ldo + (size_t)bg0 * T * T;
+          round_rows(rt, a, g0, g1, T);
+          pa = rt;
+        }
+        mega_cpu_tile_nn(rows, hs, g1, 1.0f, pa + (size_t)g0 * T, T, v, ldkv,
                          o + (size_t)g0 * ldo, ldo);
       }
     }
@@ -165,7 +221,23 @@ void mega_cpu_attention_forward(mega_backend *be, float *out, float *att, float 
                                 const float *q, const float *k, const float *v,
                                 const mega_attn_dims *d) {
   attn_ctx c = {.out = out, .att = att, .scratch = scratch, .q = q, .k = k, .v = v, .d = *d};
+  if (!round_inputs(be, &c, false)) return;
   mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)d->B * d->G, 1, attn_fwd_heads, &c);
+}
+
+/* C[s0:s1] = (or += with acc) P[s0:T, s0:s1]^T X[s0:T] for each group of
+ * keys s0:s1: they get contributions from queries s0..T-1 only, and read P
+ * only at rows >= s0 and columns < s1, at or below the diagonal or above
+ * it within the row's own group, where the softmax wrote zeros. */
+static void by_key_groups(bool acc, int T, int hs, const float *P, const float *X, int ldx,
+                          float *C, int ldc) {
+  for (int s0 = 0; s0 < T; s0 += GROUP) {
+    int s1 = imin(s0 + GROUP, T), rows = s1 - s0;
+    (acc ? mega_cpu_tile_tn_acc : mega_cpu_tile_tn)(rows, hs, T - s0, 1.0f,
+                                                     P + (size_t)s0 * T + s0, T,
+                                                     X + (size_t)s0 * ldx, ldx,
+                                                     C + (size_t)s0 * ldc, ldc);
+  }
 }
 
 static void attn_bwd_heads(void *vc, int64_t bg0, int64_t bg1) {
@@ -196,26 +268,21 @@ static void attn_bwd_heads(void *vc, int64_t bg0, int64_t bg1) {
         mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, 1.0f, dy + (size_t)g0 * ldo, ldo, vT, T,
                          da + (size_t)g0 * T, T);
         softmax_backward_rows(da, a, g0, g1, T, scale);
+        if (c->round) round_rows(da, da, g0, g1, T);
         /* dq[g0:g1] = dpre[g0:g1, 0:g1] k[0:g1] */
         mega_cpu_tile_nn(rows, hs, g1, 1.0f, da + (size_t)g0 * T, T, k, ldkv,
                          dq + (size_t)g0 * ldq, ldq);
       }
-      /* Keys and values s0:s1 get contributions from queries s0..T-1 only,
-       * and read a and dpre only at rows >= s0 and columns < s1: at or below
-       * the diagonal, or above it within the row's own group, where the
-       * softmax wrote zeros. The group's first query head writes dk and
-       * dv, the others add to them. */
-      for (int s0 = 0; s0 < T; s0 += GROUP) {
-        int s1 = imin(s0 + GROUP, T), rows = s1 - s0;
-        void (*tn)(int, int, int, float, const float *, int, const float *, int, float *, int) =
-            r == 0 ? mega_cpu_tile_tn : mega_cpu_tile_tn_acc;
-        /* dv[s0:s1] = a[s0:T, s0:s1]^T dy[s0:T] */
-        tn(rows, hs, T - s0, 1.0f, a + (size_t)s0 * T + s0, T, dy + (size_t)s0 * ldo, ldo,
-           dv + (size_t)s0 * ldkv, ldkv);
-        /* dk[s0:s1] = dpre[s0:T, s0:s1]^T q[s0:T] */
-        tn(rows, hs, T - s0, 1.0f, da + (size_t)s0 * T + s0, T, q + (size_t)s0 * ldq, ldq,
-           dk + (size_t)s0 * ldkv, ldkv);
+      /* dk = dpre^T q, then dv = a^T dy (under --bf16 a rounded into da,
+       * dpre's tile, no longer needed). The group's first query head
+       * writes dk and dv, the others add to them. */
+      by_key_groups(r > 0, T, hs, da, q, ldq, dk, ldkv);
+      const float *pa = a;
+      if (c->round) {
+        for (int g0 = 0; g0 < T; g0 += GROUP) round_rows(da, a, g0, imin(g0 + GROUP, T), T);
+        pa = da;
       }
+      by_key_groups(r > 0, T, hs, pa, dy, ldo, dv, ldkv);
     }
   }
 }
@@ -226,5 +293,6 @@ void mega_cpu_attention_backward(mega_backend *be, float *dq, float *dk, float *
                                  const mega_attn_dims *d) {
   attn_ctx c = {.dq = dq, .dk = dk, .dv = dv, .scratch = scratch, .dout = dout, .q = q,
                 .k = k, .v = v, .catt = att, .d = *d};
+  if (!round_inputs(be, &c, true)) return;
   mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)d->B * d->G, 1, attn_bwd_heads, &c);
 }

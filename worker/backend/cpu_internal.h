@@ -35,6 +35,11 @@ typedef struct mega_cpu_block {
   size_t bytes;
 } mega_cpu_block;
 
+/* --bf16's rounded copies: slots 0 and 1 a matmul's two GEMM inputs,
+ * MEGA_CPU_B16_Q.. attention's (cpu_attention.c). */
+enum { MEGA_CPU_B16_Q = 2, MEGA_CPU_B16_K, MEGA_CPU_B16_V, MEGA_CPU_B16_DOUT,
+       MEGA_CPU_B16_SLOTS };
+
 typedef struct mega_cpu_impl {
   int threads;
   mega_cpu_pool *pool;
@@ -42,9 +47,9 @@ typedef struct mega_cpu_impl {
   pthread_mutex_t track_mu;
   mega_cpu_block *tracked;
   size_t ntracked, track_cap;
-  bool bf16;            /* set_bf16: the matmuls' GEMM inputs rounded into bf16_buf */
-  float *bf16_buf[2];
-  size_t bf16_cap[2];   /* floats */
+  bool bf16;            /* set_bf16: GEMM and attention inputs rounded into bf16_buf */
+  float *bf16_buf[MEGA_CPU_B16_SLOTS];
+  size_t bf16_cap[MEGA_CPU_B16_SLOTS]; /* floats */
   bool failed;          /* a compute op's failure, for synchronize */
   char why[160];
 } mega_cpu_impl;
@@ -52,6 +57,11 @@ typedef struct mega_cpu_impl {
 static inline mega_cpu_pool *mega_cpu_pool_of(mega_backend *be) {
   return ((mega_cpu_impl *)be->impl)->pool;
 }
+
+/* x (n floats) rounded to bf16 into copy slot k; x itself when bf16 is
+ * off; NULL when the slot cannot grow (kept for synchronize: the caller
+ * skips its work). */
+const float *mega_cpu_bf16_copy(mega_backend *be, int k, const float *x, size_t n);
 
 /* Row reductions keep MEGA_LANES independent partial sums (or maxima), one
  * per vector lane: an in-order float sum cannot be vectorised (GCC keeps

@@ -33,8 +33,7 @@ static const mega_attn_softmax cu_sm = {.forward = cu_softmax, .backward = cu_so
  * probabilities. Otherwise the batched GEMMs. The forward and the backward
  * decide alike: on the shapes only. */
 static bool use_flash(mega_backend *be, const mega_attn_dims *d) {
-  return impl_of(be)->bf16 && mega_cu_flash_supported(d->hs) && d->T > d->hs &&
-         d->ldq % 8 == 0 && d->ldkv % 8 == 0;
+  return impl_of(be)->bf16 && mega_attn_flash_shape(d) && mega_cu_flash_supported(d->hs);
 }
 
 /* The bf16 copies flash attention reads, in c->attn_buf: q, k and v with
