@@ -28,9 +28,13 @@ reports the median over rounds.
            distributed optimizer) on this machine
 
   overlap8 the same as overlap with 8 layers (twice the gradients, the same tail)
+  timeline PP=2 x DP=2, 1F1B with the sync in the cooldown, one run: every
+           rank's reductions in one iteration (size, launched, started,
+           done, waited, run-queue wait) against the pipeline's end, to see
+           which of them the exposed time is
 
 usage: bench_dp.py MEGAW MEGACTL [--runs N] [--max-load L] [--lanes L]
-                   [overlap|overlap8|bubble|bubble4|memory|compute ...]
+                   [overlap|overlap8|bubble|bubble4|memory|compute|timeline ...]
   --runs N      rounds of the overlap and bubble sections (5)
   --max-load L  before each run wait (up to 10 minutes) until the 1-minute
                 load average is at most L; the loads are printed either way
@@ -339,6 +343,40 @@ def bubble4(megaw, megactl, tmp):
     bubble_section(megaw, megactl, tmp, 2, 4)
 
 
+def timeline(megaw, megactl, tmp):
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    P, DP, M, it = 2, 2, 8, 5
+    args = WIDE + ["--num-layers", "4", "--global-batch-size", str(M * DP), "--train-iters",
+                   str(it + 1), "--data-path", data, "--pipeline-model-parallel-size", str(P),
+                   "--simulate-compute", "20:40", "--overlap-grad-reduce", "--bucket-size",
+                   "1000000"]
+    ranks = run(megaw, P * DP, args, tmp)
+    lines = sorted((l for ls in ranks for l in ls if l["iteration"] == it),
+                   key=lambda l: (l["pp_rank"], l["dp_rank"]))
+    end = min(at(l, "drained_s") for l in lines)
+    print("== reductions of iteration %d: PP=%d x DP=%d, 1F1B, sync in the cooldown, buckets "
+          "of 1M floats,\n   --simulate-compute 20:40; ms from the first rank to see the "
+          "pipeline drained" % (it, P, DP))
+
+    def ms(v):
+        return "%7.1f" % (1e3 * (v - end)) if v is not None else "      -"
+    for l in lines:
+        print("pp %d dp %d: drained %s, reduced %s, exposed %.1f ms" %
+              (l["pp_rank"], l["dp_rank"], ms(at(l, "drained_s")), ms(at(l, "reduced_s")),
+               1e3 * l["grad_sync_exposed_s"]))
+        print("  %-7s %9s %8s %8s %8s %8s %6s" % ("bucket", "floats", "launched", "started",
+                                                  "done", "waited", "runq"))
+        for x in l.get("grad_reductions", []):
+            print("  %-7s %9d %8s %8s %8s %8s %6.1f" %
+                  ("tied" if x["bucket"] < 0 else x["bucket"], x["floats"],
+                   ms(at(l, "launched_s", x)), ms(at(l, "started_s", x)),
+                   ms(at(l, "done_s", x)), ms(at(l, "waited_s", x)), 1e3 * x["runq_s"]))
+    print("(tied: the embedding group's sum of the tied embedding, after the rank's own "
+          "reductions)")
+    print_loads()
+
+
 def memory(megaw, megactl, tmp):
     data = os.path.join(tmp, "data.txt")
     write_data(data)
@@ -411,7 +449,7 @@ def main():
     megaw, megactl = which[:2]
     which = which[2:] or ["overlap", "bubble", "memory", "compute"]
     sections = {"overlap": overlap, "overlap8": overlap8, "bubble": bubble,
-                "bubble4": bubble4, "memory": memory, "compute": compute}
+                "bubble4": bubble4, "memory": memory, "compute": compute, "timeline": timeline}
     for w in which:
         if w not in sections:
             raise SystemExit("no section %r (%s)" % (w, ", ".join(sections)))
