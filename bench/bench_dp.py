@@ -160,29 +160,34 @@ def overlap8(megaw, megactl, tmp):
 
 def comm_figures(megaw):
     """The machine's collectives, for core/sim: the seconds per float of a
-    1M-float all-reduce between two ranks alone, and --grad-sync-lanes
-    (--lanes, or bench_comm lanes' figure), with a note of where they came
-    from."""
+    1M-float all-reduce between two ranks alone, --grad-sync-lanes (--lanes,
+    or bench_comm lanes' figure) and --grad-sync-latency (the seconds of a
+    1,024-float all-reduce alone), with a note of where they came from."""
     exe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(megaw))), "bench",
                        "bench_comm")
     load = wait_quiet()
     out = subprocess.run([exe, "lanes", "1000000"], capture_output=True, text=True,
                          timeout=900)
-    alone = lanes = None
+    alone = lanes = latency = None
     for line in out.stdout.splitlines():
         if line.startswith("pairs=1 "):
             alone = float(line.split()[1]) * 1e-3 / 1e6
         if line.startswith("lanes="):
             lanes = float(line[6:])
-    if alone is None or lanes is None:
-        raise SystemExit("bench_comm lanes failed: " + out.stderr[-400:])
+    # a collective's latency: one small all-reduce alone (1,024 floats)
+    small = subprocess.run([exe, "lanes", "1024"], capture_output=True, text=True, timeout=900)
+    for line in small.stdout.splitlines():
+        if line.startswith("pairs=1 "):
+            latency = float(line.split()[1]) * 1e-3
+    if alone is None or lanes is None or latency is None:
+        raise SystemExit("bench_comm lanes failed: " + out.stderr[-400:] + small.stderr[-400:])
     pairs = "; ".join(l.split("  ")[0] + " " + l.split("(")[1].split(")")[0]
                       for l in out.stdout.splitlines() if l.startswith("pairs="))
-    note = "bench_comm lanes at load %.2f: %.2f ms per 1M-float all-reduce alone, %s" % (
-        load, alone * 1e9, pairs)
+    note = ("bench_comm lanes at load %.2f: %.2f ms per 1M-float all-reduce alone, %s; %.2f ms "
+            "per 1,024-float one (the latency)" % (load, alone * 1e9, pairs, latency * 1e3))
     if OPTS["lanes"] is not None:
         lanes, note = OPTS["lanes"], note + "; lanes given with --lanes"
-    return alone, lanes, note
+    return alone, lanes, latency, note
 
 
 def by_iteration(ranks, skip):
@@ -255,7 +260,7 @@ def bubble_section(megaw, megactl, tmp, P, layers):
     DP, M, iters, skip, f, b = 2, 8, 10, 2, 20, 40
     bucket = 1000000
     cores = os.cpu_count()
-    alone, lanes, comm_note = comm_figures(megaw)
+    alone, lanes, latency, comm_note = comm_figures(megaw)
     args = WIDE + ["--num-layers", str(layers), "--global-batch-size", str(M * DP),
                    "--train-iters", str(iters), "--data-path", data,
                    "--pipeline-model-parallel-size", str(P), "--simulate-compute",
@@ -263,8 +268,8 @@ def bubble_section(megaw, megactl, tmp, P, layers):
     print("== bubble hiding: PP=%d x DP=%d (%d processes, %d cores), hidden 512, %d layers, "
           "M=%d, --simulate-compute %d:%d, buckets of %d, iterations %d..%d, %d rounds" %
           (P, DP, P * DP, cores, layers, M, f, b, bucket, skip + 1, iters, OPTS["runs"]))
-    print("core/sim: --grad-sync-lanes %.2f, --t-grad-sync from %.2f ms per 1M floats (%s)" %
-          (lanes, alone * 1e9, comm_note))
+    print("core/sim: --grad-sync-lanes %.2f, --grad-sync-latency %.2f ms, --t-grad-sync from "
+          "%.2f ms per 1M floats (%s)" % (lanes, latency * 1e3, alone * 1e9, comm_note))
     ov = ["--overlap-grad-reduce", "--bucket-size", str(bucket)]
     rows = (("1f1b, sync after the schedule", 1, [], []),
             ("1f1b, sync in the cooldown", 1, ov, ["--overlap-grad-reduce"]),
@@ -287,12 +292,14 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             # embedding's sum) at the rate of one all-reduce alone
             stage0 = [x for lines in ranks for l in lines[-1:] if l["pp_rank"] == 0
                       for x in l.get("grad_reductions", [])]
-            floats = sum(x["floats"] for x in stage0 if x["bucket"] >= 0) / DP
             t_gs = alone * sum(x["floats"] for x in stage0) / DP
-            nb = max(1, round(floats / vp / bucket)) if plan_flags else 1
+            # its collectives per chunk, small ones too: each costs the latency
+            ncoll = sum(1 for x in stage0 if x["bucket"] >= 0) / DP
+            nb = max(1, round(ncoll / vp))
             flags = ["--pipeline-model-parallel-size", str(P), "--num-microbatches", str(M),
                      "--t-forward", str(f), "--t-backward", str(b),
-                     "--t-grad-sync", "%.3f" % (1e3 * t_gs), "--grad-buckets", str(nb)]
+                     "--t-grad-sync", "%.3f" % (1e3 * t_gs), "--grad-buckets", str(nb),
+                     "--grad-sync-latency", "%.3f" % (1e3 * latency)]
             if vp > 1:
                 flags += ["--virtual-pipeline-model-parallel-size", str(vp)]
             if lanes >= 1:

@@ -44,6 +44,7 @@ typedef struct plan_opts {
   bool t_w_given, t_grad_sync_given, overlap_grad, align_grad;
   int grad_buckets;
   double lanes; /* --grad-sync-lanes; 0: not given */
+  double gs_latency; /* --grad-sync-latency */
   out_format format;
   const char *load, *output; /* load: --schedule-file */
   bool help;
@@ -52,7 +53,7 @@ typedef struct plan_opts {
 } plan_opts;
 
 enum { O_M, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP, O_TGS, O_BUCKETS,
-       O_LANES, O_NNODES, O_NPROC };
+       O_LANES, O_GSLAT, O_NNODES, O_NPROC };
 
 static const struct {
   const char *name;
@@ -71,6 +72,7 @@ static const struct {
     [O_TGS] = {"t-grad-sync", true},
     [O_BUCKETS] = {"grad-buckets", true},
     [O_LANES] = {"grad-sync-lanes", true},
+    [O_GSLAT] = {"grad-sync-latency", true},
     [O_NNODES] = {"nnodes", true},
     [O_NPROC] = {"nproc-per-node", true},
 };
@@ -86,6 +88,7 @@ static void usage(FILE *f) {
       "                    [--p2p-latency L] [--format text|json|trace|schedule]\n"
       "                    [--overlap-grad-reduce] [--align-grad-reduce]\n"
       "                    [--t-grad-sync G] [--grad-buckets N] [--grad-sync-lanes L]\n"
+      "                    [--grad-sync-latency A]\n"
       "                    [--schedule-file FILE] [--output FILE]\n"
       "                    [--nnodes N --nproc-per-node K] [any job flags]\n"
       "\n"
@@ -110,6 +113,9 @@ static void usage(FILE *f) {
       "                   more) run at full speed at once, k > L each at L/k (ranks on\n"
       "                   one machine: bench_comm lanes measures L); default: each\n"
       "                   stage's data-parallel group has links of its own\n"
+      "  --grad-sync-latency  a fixed time every collective costs on top of its bytes\n"
+      "                   (0): each bucket, and the first stage's sum of the tied\n"
+      "                   embedding with the last\n"
       "  --format         text: a timeline and per-rank phases and bubbles (default)\n"
       "                   json: the same figures as one JSON object\n"
       "                   trace: a Chrome trace for Perfetto (one time unit = 1 ms)\n"
@@ -179,6 +185,7 @@ static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   case O_HELP: o->help = true; return true;
   case O_TGS: o->t_grad_sync_given = true; return parse_time(name, v, &o->t_grad_sync, err);
   case O_BUCKETS: return parse_int(name, v, &o->grad_buckets, err);
+  case O_GSLAT: return parse_time(name, v, &o->gs_latency, err);
   case O_LANES:
     if (!parse_time(name, v, &o->lanes, err)) return false;
     if (o->lanes < 1) {
@@ -411,10 +418,10 @@ static int build_schedule(const plan_opts *o, mega_schedule *s) {
   return 0;
 }
 
-static bool has_weight_actions(const mega_schedule *s) {
+static bool has_actions(const mega_schedule *s, mega_act_kind kind) {
   for (int r = 0; r < s->pp; r++)
     for (int i = 0; i < s->ranks[r].n; i++)
-      if (s->ranks[r].acts[i].kind == MEGA_ACT_W) return true;
+      if (s->ranks[r].acts[i].kind == kind) return true;
   return false;
 }
 
@@ -436,6 +443,7 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
   json_object_set_new(cost, "grad_sync", json_real(c->grad_sync));
   json_object_set_new(cost, "grad_buckets", json_integer(c->grad_buckets));
   json_object_set_new(cost, "grad_sync_lanes", json_real(c->grad_sync_lanes));
+  json_object_set_new(cost, "grad_sync_latency", json_real(c->grad_sync_latency));
   json_object_set_new(root, "cost", cost);
   /* Megatron's table exists for the interleaved schedule only: [] otherwise. */
   json_t *table = json_array();
@@ -501,8 +509,11 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
   }
   mega_cost cost = {.t_f = o->t_f, .t_b = o->t_b, .t_w = o->t_w, .p2p_latency = o->latency,
                     .grad_sync = o->t_grad_sync, .grad_buckets = o->grad_buckets ? o->grad_buckets : 1,
-                    .grad_sync_lanes = o->lanes};
-  if (!o->t_w_given && has_weight_actions(s)) cost.t_w = 1;
+                    .grad_sync_lanes = o->lanes, .grad_sync_latency = o->gs_latency};
+  if (!o->t_w_given && has_actions(s, MEGA_ACT_W)) cost.t_w = 1;
+  if (o->gs_latency > 0 && !has_actions(s, MEGA_ACT_GRAD_SYNC))
+    return fail(EXIT_USAGE, "--grad-sync-latency costs the gradient reductions, and this "
+                            "schedule has none: give --t-grad-sync or --overlap-grad-reduce");
   mega_sim sim = {0};
   mega_err err = {0};
   if (mega_sim_run(s, &cost, &sim, &err) != MEGA_OK)

@@ -69,12 +69,13 @@ static mega_status check_input(const mega_schedule *s, const mega_cost *cost, me
                      "reduction alone runs at full speed), not %g", cost->grad_sync_lanes);
   if (bad_cost(cost->t_f) || bad_cost(cost->t_b) || bad_cost(cost->t_w) ||
       bad_cost(cost->p2p_latency) || bad_cost(cost->p2p_bandwidth) ||
-      bad_cost(cost->activation_bytes) || bad_cost(cost->grad_sync))
+      bad_cost(cost->activation_bytes) || bad_cost(cost->grad_sync) ||
+      bad_cost(cost->grad_sync_latency))
     return mega_fail(err, MEGA_ERR_INVALID,
                      "costs must be finite and not negative (t_f=%g t_b=%g t_w=%g latency=%g "
-                     "bandwidth=%g bytes=%g)",
+                     "bandwidth=%g bytes=%g grad_sync=%g grad_sync_latency=%g)",
                      cost->t_f, cost->t_b, cost->t_w, cost->p2p_latency, cost->p2p_bandwidth,
-                     cost->activation_bytes);
+                     cost->activation_bytes, cost->grad_sync, cost->grad_sync_latency);
   return MEGA_OK;
 }
 
@@ -177,6 +178,11 @@ static mega_status prepare_ranks(simulation *sim, mega_err *err) {
   return MEGA_OK;
 }
 
+/* One bucket's reduction: its share of the bytes and a collective's latency. */
+static double bucket_cost(const simulation *sim) {
+  return sim->cost->grad_sync / sim->vp / sim->nbk + sim->cost->grad_sync_latency;
+}
+
 /* GS at time t: the chunk's buckets reduce one at a time on the rank's
  * communicator. They are ready during the chunk's last backward when the
  * GS follows it at once (the engine launches them as layers finish), else
@@ -188,7 +194,7 @@ static void launch_reduction(simulation *sim, int r, int i, double t) {
   mega_act_kind wk = sim->has_w[r] ? MEGA_ACT_W : MEGA_ACT_B;
   bool during = i > 0 && q->acts[i - 1].kind == wk && q->acts[i - 1].chunk == a.chunk;
   mega_span prev = during ? o->spans[i - 1] : (mega_span){t, t};
-  double each = sim->cost->grad_sync / sim->vp / sim->nbk, *comm_free = &sim->comm_free[r];
+  double each = bucket_cost(sim), *comm_free = &sim->comm_free[r];
   for (int j = 0; j < sim->nbk; j++) {
     double rdy = prev.start + (prev.end - prev.start) * (j + 1) / sim->nbk;
     double start = rdy > *comm_free ? rdy : *comm_free;
@@ -321,17 +327,22 @@ static bool has_grad_wait(const mega_schedule *s) {
 
 /* How long each rank's reductions outlast the pipeline, which drained when
  * the last action other than GS and GW ended on any rank. */
-static void set_grad_sync_exposed(mega_sim *out, const mega_schedule *s, double drained) {
+static void set_grad_sync_exposed(mega_sim *out, const mega_schedule *s, const mega_cost *cost,
+                                  double drained) {
   int pp = out->pp;
   /* finalize_model_grads: the first stage sums the tied embedding's
-   * gradient with the last once both have their reductions; the last
-   * stage's norm leaves its copy out, so it does not wait for the sum. */
+   * gradient with the last once both have their reductions (one more
+   * collective); the last stage's norm leaves its copy out, so it does not
+   * wait for the sum. */
   bool tied_sum = pp > 1 && has_grad_wait(s);
   double exposed = 0;
   for (int r = 0; r < pp; r++) {
     mega_sim_rank *o = &out->ranks[r];
     double finished = o->end;
-    if (tied_sum && r == 0 && out->ranks[pp - 1].end > finished) finished = out->ranks[pp - 1].end;
+    if (tied_sum && r == 0) {
+      if (out->ranks[pp - 1].end > finished) finished = out->ranks[pp - 1].end;
+      finished += cost->grad_sync_latency;
+    }
     o->grad_sync_exposed = finished > drained ? finished - drained : 0;
     exposed += o->grad_sync_exposed;
   }
@@ -368,7 +379,7 @@ static mega_status check_waits_last(const mega_schedule *s, mega_err *err) {
 static void share_reductions(simulation *sim) {
   int pp = sim->pp;
   double lanes = sim->cost->grad_sync_lanes;
-  double each = sim->cost->grad_sync / sim->vp / sim->nbk;
+  double each = bucket_cost(sim);
   int next[pp];    /* the rank's next bucket */
   double left[pp]; /* work left of its running bucket; < 0: none runs */
   for (int r = 0; r < pp; r++) {
@@ -448,7 +459,7 @@ static void summarize(const simulation *sim) {
     if (sim->clock[r] > out->makespan) out->makespan = sim->clock[r];
     if (out->ranks[r].work_end > drained) drained = out->ranks[r].work_end;
   }
-  set_grad_sync_exposed(out, sim->s, drained);
+  set_grad_sync_exposed(out, sim->s, sim->cost, drained);
   set_bubbles(out, sim->s);
 }
 

@@ -27,6 +27,13 @@
  * leaves its copy out, so only its optimizer waits for that sum, and its
  * grad sync ends with its own reductions.
  *
+ * Latency (grad_sync_latency): every collective also costs a fixed time
+ * whatever its size, each bucket and the first stage's sum of the tied
+ * embedding (whose bytes are left out). On one machine most of it is CPU,
+ * so with shared lanes it is shared like the bytes. Without it, time goes
+ * by floats alone, and the small collectives that end a first stage's
+ * backward cost nothing (bench_dp.py timeline shows they do).
+ *
  * Shared links (grad_sync_lanes > 0): the stages' data-parallel groups do
  * not each have links of their own but share what moves their bytes (the
  * cores of one machine, as Gloo on loopback: bench_comm lanes measures
@@ -53,6 +60,7 @@ typedef struct mega_cost {
   double grad_sync;        /* one rank's data-parallel gradient reduction, all chunks */
   int grad_buckets;        /* buckets per chunk (< 1: 1) */
   double grad_sync_lanes;  /* reductions at full speed at once across ranks (>= 1); 0: each its own */
+  double grad_sync_latency; /* per collective, on top of its share of grad_sync */
 } mega_cost;
 
 typedef struct mega_span {

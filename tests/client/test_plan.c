@@ -369,6 +369,22 @@ static void grad_sync(void **state) {
   assert_true(fabs(num(j, "grad_sync_exposed") - 0.5) < 1e-9);
   json_decref(j);
   result_free(&r);
+  /* a latency per collective: rank 0's one bucket and its tied sum, 0.25
+   * each, on top (core/sim's test has the cases) */
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", "--t-grad-sync", "1",
+           "--grad-sync-latency", "0.25", "--format", "json", NULL);
+  ok_json(&r, &j);
+  assert_true(fabs(num(json_object_get(j, "cost"), "grad_sync_latency") - 0.25) < 1e-9);
+  assert_true(fabs(num(json_array_get(json_object_get(j, "ranks"), 0), "grad_sync_exposed") -
+                   1.5) < 1e-9);
+  json_decref(j);
+  result_free(&r);
+  /* with no reduction in the schedule it would cost nothing: refused */
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+           "--grad-sync-latency", "0.25", NULL);
+  assert_int_equal(r.status, 2);
+  assert_non_null(strstr(r.err, "give --t-grad-sync or --overlap-grad-reduce"));
+  result_free(&r);
   r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
            "--virtual-pipeline-model-parallel-size", "2", "--overlap-grad-reduce",
            "--align-grad-reduce", "--t-grad-sync", "2", NULL);

@@ -357,6 +357,47 @@ static void grad_sync_costs_and_exposure(void **state) {
   mega_sched_free(&s);
 }
 
+/* A collective's latency: 1F1B PP=2 M=2, T_f = T_b = 1, a reduction of 1
+ * in two buckets, 0.5 more per collective, so each bucket costs 1. Rank 0's
+ * GS follows its last B (5..6): its buckets are ready at 5.5 and 6; rank
+ * 1's follows a send, both ready at 5. The pipeline drains at 6. Own
+ * links: rank 1 reduces 5..7 (exposed 1), rank 0 5.5..7.5 and then sums
+ * the tied embedding with rank 1 for 0.5 more: 8, exposed 2. One lane:
+ * rank 1 alone 5..5.5, then two at half speed: rank 1's first done at
+ * 6.5, rank 0's first at 7.5, rank 1's second at 8.5 (exposed 2.5), rank
+ * 0's second alone from 8.5 to 9 and the tied sum to 9.5 (exposed 3.5). */
+static void grad_sync_latency(void **state) {
+  (void)state;
+  mega_err err = {0};
+  const struct {
+    double lanes, exposed0, exposed1, end1;
+  } cases[] = {{0, 2, 1, 7}, {1, 3.5, 2.5, 8.5}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    mega_sched_params p = {MEGA_SCHED_1F1B, 2, 1, 2, 0, MEGA_GRAD_SYNC_END};
+    mega_schedule s;
+    mega_sim sim;
+    assert_int_equal(mega_sched_generate(&p, &s, &err), MEGA_OK);
+    mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = 1, .grad_buckets = 2,
+                   .grad_sync_lanes = cases[k].lanes, .grad_sync_latency = 0.5};
+    assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_OK);
+    near(sim.ranks[0].grad_sync_exposed, cases[k].exposed0, "exposed 0", 2, 1, 2);
+    near(sim.ranks[1].grad_sync_exposed, cases[k].exposed1, "exposed 1", 2, 1, 2);
+    near(sim.ranks[1].end, cases[k].end1, "end 1", 2, 1, 2);
+    near(sim.ranks[0].reduce[0].end - sim.ranks[0].reduce[0].start, k ? 2 : 1, "bucket", 2, 1,
+         2);
+    mega_sim_free(&sim);
+    mega_sched_free(&s);
+  }
+  /* a negative latency is refused */
+  mega_schedule s;
+  mega_sim sim;
+  generate(MEGA_SCHED_1F1B, 2, 1, 2, 0, &s);
+  mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = 1, .grad_sync_latency = -1};
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "grad_sync_latency=-1"));
+  mega_sched_free(&s);
+}
+
 /* Shared links: at most `lanes` reductions at full speed at once. 1F1B
  * PP=2 M=2, T_f = T_b = 1, a reduction of 2 after each rank's schedule:
  * rank 1 reduces from 5, rank 0 from 6. With their own links they end at
@@ -416,6 +457,7 @@ int main(void) {
       cmocka_unit_test(one_f_one_b_closed_form),
       cmocka_unit_test(grad_sync_costs_and_exposure),
       cmocka_unit_test(grad_sync_shared_lanes),
+      cmocka_unit_test(grad_sync_latency),
       cmocka_unit_test(interleaved_closed_form),
       cmocka_unit_test(zb_h1_has_a_third_of_1f1b_bubble),
       cmocka_unit_test(seed_000_drawing_versus_dependencies),
