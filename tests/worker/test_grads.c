@@ -81,15 +81,18 @@ static void layout_reverse_order_and_buckets(void **state) {
   check_tiling(&f, 16);
   int np, nb = mega_grads_num_buckets(&*f.g);
   const mega_param_info *p = mega_gpt_params(f.stage, &np);
-  assert_true(nb >= 4);
-  /* Every bucket but the last two reaches the size; the tied embedding
-   * (wte, param 0) is the last bucket, alone. */
-  for (int b = 0; b < nb - 2; b++)
+  assert_true(nb >= 3);
+  /* Every bucket but the last reaches the size; the tied embedding (wte,
+   * param 0) ends the last, with the params before it that did not fill
+   * one (wpe and the first block's last): one collective fewer at the end
+   * of the backward. With the distributed optimizer it is alone (below). */
+  for (int b = 0; b < nb - 1; b++)
     assert_true(mega_grads_bucket_at(f.g, b)->numel_unpadded >= 5000);
   const mega_grads_bucket *last = mega_grads_bucket_at(f.g, nb - 1);
   assert_true(last->tied && !last->tied_copy);
   assert_int_equal(last->param_lo, 0);
-  assert_int_equal(last->param_hi, 1);
+  assert_true(last->param_hi > 2); /* wte, wpe and more */
+  assert_true(last->numel_unpadded < 5000 + (size_t)p[0].numel);
   assert_string_equal(p[0].name, "transformer.wte.weight");
   for (int b = 0; b < nb - 1; b++) assert_false(mega_grads_bucket_at(f.g, b)->tied);
   teardown(&f);
@@ -244,7 +247,7 @@ static void buckets_launch_once_during_last_backward(void **state) {
     mega_grads_on_launch(f.g, record_launch, &w);
     int nb = mega_grads_num_buckets(f.g), nu;
     mega_gpt_units(f.stage, &nu);
-    assert_true(nb >= 5);
+    assert_true(nb >= 4);
     for (int it = 0; it < 2; it++) {
       run_iteration(&f, &w, 3, split != 0);
       /* each bucket exactly once, in order, as soon as its last layer

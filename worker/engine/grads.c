@@ -48,9 +48,14 @@ static mega_status layout_chunk(mega_grads *g, chunk *c, size_t *offset, mega_er
     cur->numel = pos - cur->offset;                                       \
     cur = NULL;                                                           \
   } while (0)
+  /* The tied embedding ends a bucket, so a loss stage's copy (its first
+   * gradient) launches at once. With the distributed optimizer it is alone
+   * (its shards must cover the same elements on both stages); without, the
+   * first stage's last small params join it: one collective fewer where the
+   * backward ends, the grad sync's exposed tail (bench_dp.py timeline). */
   for (int i = np - 1; i >= 0; i--) {
     bool tied = is_wte(&p[i]) && (o->distributed || o->overlap);
-    if (tied && cur) CLOSE();
+    if (tied && cur && o->distributed) CLOSE();
     if (!cur) {
       cur = &g->buckets[g->nbuckets++];
       *cur = (mega_grads_bucket){.chunk = c->index, .offset = pos, .param_lo = i + 1,
