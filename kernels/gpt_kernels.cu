@@ -202,15 +202,15 @@ int launch_columns(mega_cu_stream s, int64_t cols, P part, D done) {
 
 // Block b of nb of a sum over x (of x^2 when squares): its share of a
 // grid-stride loop, reduced in shared memory in a fixed order, into *out.
-// __dmul_rn is never fused into an add, so every kernel that inlines this
-// gives the same bits (the norm's posted sums equal sum_squares').
+// Both kernels below run it, so the norm's posted sums are sum_squares'
+// bits (a float's square is exact in double: fused or not, the same).
 __device__ void block_sum(double *out, const float *x, int64_t n, int squares, int64_t b,
                           int64_t nb) {
   __shared__ double acc[kThreads];
   double s = 0.0;
   for (int64_t i = b * blockDim.x + threadIdx.x; i < n; i += nb * blockDim.x) {
     double e = x[i];
-    s += squares ? __dmul_rn(e, e) : e;
+    s += squares ? e * e : e;
   }
   acc[threadIdx.x] = s;
   __syncthreads();

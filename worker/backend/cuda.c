@@ -589,8 +589,8 @@ mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *e
   mega_status st = MEGA_OK;
   cublasStatus_t bs;
   if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-      (e = cudaMalloc((void **)&c->partials,
-                       MEGA_CU_SUM_RANGES * MEGA_CU_SUM_BLOCKS * sizeof(double))) != cudaSuccess)
+      (e = cudaMalloc((void **)&c->partials, MEGA_CU_SUM_RANGES * MEGA_CU_SUM_BLOCKS *
+                                                   sizeof(double))) != cudaSuccess)
     st = mega_fail(err, MEGA_ERR_INTERNAL, "cuda backend on device %d: %s", device,
                    cudaGetErrorString(e));
   else if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS ||

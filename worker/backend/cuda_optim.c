@@ -87,9 +87,15 @@ static int lay_out(mega_backend *be, const mega_adamw_range *r, size_t count, in
   *total = 0;
   for (size_t i = 0; i < count; i++) {
     if (r[i].n == 0) continue;
-    c->adamw_host[n++] = (mega_cu_adamw_range){
-        .p = r[i].params, .g = r[i].grads, .m = r[i].m, .v = r[i].v, .start = *total,
-        .n = (int64_t)r[i].n, .wd = r[i].weight_decay};
+    mega_cu_adamw_range *t = &c->adamw_host[n++];
+    memset(t, 0, sizeof *t); /* the padding too: the table is compared as bytes */
+    t->p = r[i].params;
+    t->g = r[i].grads;
+    t->m = r[i].m;
+    t->v = r[i].v;
+    t->start = *total;
+    t->n = (int64_t)r[i].n;
+    t->wd = r[i].weight_decay;
     *total += (int64_t)r[i].n;
   }
   return n;
