@@ -9,8 +9,8 @@
  * ops->alloc), unless the comment says "host". On the cpu backend backend
  * memory is ordinary host memory. Ops are issued in order on one stream;
  * host-visible results (memcpy to host, sum, sum_squares) are complete when
- * the call returns; so every one of them may wait for the stream, and a
- * loop of them waits once per turn (sum_squares_post waits for nothing).
+ * the call returns, so each may wait for the stream: a loop of them waits
+ * once per turn (sum_squares_post and one memcpy wait once in all).
  * synchronize waits for everything issued before it.
  *
  * Layout. Matrices are row-major. Activations are [N, C] with N = B*T rows.
