@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "kernels/elementwise.h"
+#include "kernels/launch.h"
 
 /* ---- element bodies: i < n ---- */
 
@@ -63,6 +64,32 @@ static inline MEGA_HD void mega_kb_adamw(int64_t i, float *p, const float *g, fl
                                           float *v, float lr, float b1, float b2, float eps,
                                           float wd, float gs, float bc1, float bc2) {
   mega_adamw_elem(&p[i], &m[i], &v[i], g[i] * gs, lr, b1, b2, eps, wd, bc1, bc2);
+}
+
+/* The range holding item i of t's count ranges laid end to end (by start,
+ * none empty). */
+static inline MEGA_HD int mega_kb_range_of(const mega_cu_adamw_range *t, int count, int64_t i) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    int mid = lo + (hi - lo + 1) / 2;
+    if (t[mid].start <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+/* Item i of AdamW over many ranges: mega_kb_adamw in its range, with that
+ * range's decay. *r is the range of the thread's previous item (-1 before
+ * its first): a grid-stride thread's items only grow, so after one search
+ * it steps forward. */
+static inline MEGA_HD void mega_kb_adamw_ranges(int64_t i, const mega_cu_adamw_range *t,
+                                                 int count, int *r, float lr, float b1,
+                                                 float b2, float eps, float gs, float bc1,
+                                                 float bc2) {
+  if (*r < 0) *r = mega_kb_range_of(t, count, i);
+  while (i >= t[*r].start + t[*r].n) ++*r;
+  const mega_cu_adamw_range *x = &t[*r];
+  mega_kb_adamw(i - x->start, x->p, x->g, x->m, x->v, lr, b1, b2, eps, x->wd, gs, bc1, bc2);
 }
 
 static inline MEGA_HD void mega_kb_scale(int64_t i, float *x, float s) { x[i] *= s; }

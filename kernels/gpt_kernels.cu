@@ -200,11 +200,15 @@ int launch_columns(mega_cu_stream s, int64_t cols, P part, D done) {
   return (int)cudaGetLastError();
 }
 
-__global__ void block_sums(double *partials, const float *x, int64_t n, int squares) {
+// Block b of nb of a sum over x (of x^2 when squares): its share of a
+// grid-stride loop, reduced in shared memory in a fixed order, into *out.
+// Both kernels below run it, so the norm's posted sums are sum_squares'
+// bits (a float's square is exact in double: fused or not, the same).
+__device__ void block_sum(double *out, const float *x, int64_t n, int squares, int64_t b,
+                          int64_t nb) {
   __shared__ double acc[kThreads];
   double s = 0.0;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t i = b * blockDim.x + threadIdx.x; i < n; i += nb * blockDim.x) {
     double e = x[i];
     s += squares ? e * e : e;
   }
@@ -214,7 +218,36 @@ __global__ void block_sums(double *partials, const float *x, int64_t n, int squa
     if ((int)threadIdx.x < k) acc[threadIdx.x] += acc[threadIdx.x + k];
     __syncthreads();
   }
-  if (threadIdx.x == 0) partials[blockIdx.x] = acc[0];
+  if (threadIdx.x == 0) *out = acc[0];
+}
+
+__global__ void block_sums(double *partials, const float *x, int64_t n, int squares) {
+  block_sum(&partials[blockIdx.x], x, n, squares, blockIdx.x, gridDim.x);
+}
+
+// Range blockIdx.y's partials, as block_sums' for that range alone.
+__global__ void range_block_sums(double *partials, mega_cu_sum_ranges r) {
+  int k = blockIdx.y;
+  block_sum(&partials[(int64_t)k * MEGA_CU_SUM_BLOCKS + blockIdx.x], r.x[k], r.n[k], 1,
+            blockIdx.x, gridDim.x);
+}
+
+// One thread per range adds its partials in index order, as the host does
+// after mega_cu_sum.
+__global__ void fold_sums(const double *partials, mega_cu_sum_ranges r) {
+  int k = threadIdx.x;
+  if (k >= r.count) return;
+  double t = 0.0;
+  for (int b = 0; b < MEGA_CU_SUM_BLOCKS; b++) t += partials[k * MEGA_CU_SUM_BLOCKS + b];
+  *r.out[k] = t;
+}
+
+__global__ void adamw_ranges(const mega_cu_adamw_range *t, int count, int64_t total, float lr,
+                             float b1, float b2, float eps, float gs, float bc1, float bc2) {
+  int r = -1;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x)
+    mega_kb_adamw_ranges(i, t, count, &r, lr, b1, b2, eps, gs, bc1, bc2);
 }
 
 }  // namespace
@@ -466,6 +499,15 @@ int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v
   });
 }
 
+int mega_cu_adamw_ranges(mega_cu_stream s, const mega_cu_adamw_range *table, int count,
+                         int64_t total, float lr, float b1, float b2, float eps, float gs,
+                         float bc1, float bc2) {
+  if (total <= 0 || count <= 0) return 0;
+  adamw_ranges<<<blocks_for(total), kThreads, 0, (cudaStream_t)s>>>(table, count, total, lr, b1,
+                                                                    b2, eps, gs, bc1, bc2);
+  return (int)cudaGetLastError();
+}
+
 int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a) {
   return launch(s, n, [=] __device__(int64_t i) { mega_kb_scale(i, x, a); });
 }
@@ -485,6 +527,16 @@ int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n)
 
 int mega_cu_sum(mega_cu_stream s, double *partials, const float *x, int64_t n, int squares) {
   block_sums<<<MEGA_CU_SUM_BLOCKS, kThreads, 0, (cudaStream_t)s>>>(partials, x, n, squares);
+  return (int)cudaGetLastError();
+}
+
+int mega_cu_sumsq_ranges(mega_cu_stream s, double *partials, const mega_cu_sum_ranges *r) {
+  if (r->count <= 0) return 0;
+  range_block_sums<<<dim3(MEGA_CU_SUM_BLOCKS, r->count), kThreads, 0, (cudaStream_t)s>>>(partials,
+                                                                                       *r);
+  int e = (int)cudaGetLastError();
+  if (e) return e;
+  fold_sums<<<1, MEGA_CU_SUM_RANGES, 0, (cudaStream_t)s>>>(partials, *r);
   return (int)cudaGetLastError();
 }
 

@@ -91,6 +91,38 @@ int mega_cu_flash_bwd(mega_cu_stream s, float *dq, float *dk, float *dv, float *
 #define MEGA_CU_SUM_BLOCKS 256
 int mega_cu_sum(mega_cu_stream s, double *partials, const float *x, int64_t n, int squares);
 
+/* Up to MEGA_CU_SUM_RANGES ranges whose sums of squares go to *out[k]
+ * (device), passed by value so there is no table to upload. */
+#define MEGA_CU_SUM_RANGES 32
+typedef struct mega_cu_sum_ranges {
+  const float *x[MEGA_CU_SUM_RANGES];
+  int64_t n[MEGA_CU_SUM_RANGES];
+  double *out[MEGA_CU_SUM_RANGES];
+  int count;
+} mega_cu_sum_ranges;
+/* Each range's squares as mega_cu_sum's partials, into partials[k *
+ * MEGA_CU_SUM_BLOCKS + b] (device, MEGA_CU_SUM_RANGES * MEGA_CU_SUM_BLOCKS
+ * doubles); then one thread per range adds its partials in index order
+ * into *out[k]: the bits of mega_cu_sum's partials added in order on the
+ * host. Two launches; nothing waits. */
+int mega_cu_sumsq_ranges(mega_cu_stream s, double *partials, const mega_cu_sum_ranges *r);
+
+/* One range of mega_cu_adamw_ranges (a table in device memory): items
+ * [start, start + n) of the ranges laid end to end, and its weight decay. */
+typedef struct mega_cu_adamw_range {
+  float *p;
+  const float *g;
+  float *m, *v;
+  int64_t start, n;
+  float wd;
+} mega_cu_adamw_range;
+/* AdamW over the count ranges of table (by start, none empty; total items
+ * in all) in one launch, each item the body mega_cu_adamw runs
+ * (mega_kb_adamw_ranges), so the bits are the same. */
+int mega_cu_adamw_ranges(mega_cu_stream s, const mega_cu_adamw_range *table, int count,
+                         int64_t total, float lr, float b1, float b2, float eps, float gs,
+                         float bc1, float bc2);
+
 #ifdef __cplusplus
 }
 #endif

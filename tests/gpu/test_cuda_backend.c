@@ -1,10 +1,11 @@
 /* The cuda backend against the cpu backend, op by op, on random inputs:
  * GEMMs in every transpose case (and batched), the matmuls, every kernel
  * forward and backward (Llama's too; the element ops aligned and not),
- * attention (grouped-query too), AdamW and the reductions, and under
- * --bf16 the flash attention and the kept bf16 copies. Needs a GPU:
- * without one (or without the module) it says why and exits 77, which
- * meson counts as skipped. */
+ * attention (grouped-query too), AdamW and the reductions (AdamW over
+ * many ranges in one launch and the posted sums too, bit for bit against
+ * the per-range ops), and under --bf16 the flash attention and the kept
+ * bf16 copies. Needs a GPU: without one (or without the module) it says
+ * why and exits 77, which meson counts as skipped. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,29 @@ static void *dev_zero(size_t bytes) {
   void *d = up(z, bytes);
   free(z);
   return d;
+}
+
+/* A host copy of bytes of device memory, the caller's to free. */
+static void *down(const void *dev, size_t bytes) {
+  void *h = malloc(bytes);
+  mega_err err = {0};
+  if (gpu->ops->memcpy(gpu, h, dev, bytes, MEGA_COPY_D2H, &err)) {
+    fprintf(stderr, "download: %s\n", err.msg);
+    exit(1);
+  }
+  return h;
+}
+
+/* Two device buffers hold the same bits. */
+static void same_bits(const char *what, const void *a, const void *b, size_t bytes) {
+  void *x = down(a, bytes), *y = down(b, bytes);
+  if (memcmp(x, y, bytes)) {
+    printf("FAIL %s: not the same bits\n", what);
+    failures++;
+  } else {
+    printf("ok   %s\n", what);
+  }
+  free(x), free(y);
 }
 
 /* Compares device floats with the cpu backend's host result. */
@@ -217,6 +241,120 @@ static void test_element_ops(void) {
   free(o);
 }
 
+/* AdamW over many ranges in one launch (adamw_ranges) against the
+ * per-range op, bit for bit, and the cpu backend: ranges of odd sizes, one
+ * empty, one longer than a grid's stride (8192 blocks of 256), decay on
+ * and off, gradients scaled. Slot 0: the per-range op; 1: the one launch;
+ * 2: the cpu (host). Two steps on one table (the second finds it kept),
+ * then more tables than the backend keeps (misses, evictions). */
+enum { AK = 6 };
+typedef struct adamw_case {
+  size_t off[AK + 1];
+  float wd[AK];
+  float *p[3], *m[3], *v[3], *g[2]; /* g: device, host */
+} adamw_case;
+
+static void adamw_steps(adamw_case *c, int step, int first, int last) {
+  mega_adamw_params hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.5f /* not read */, .grad_scale = 0.7f, .step = step};
+  mega_adamw_range r[2][AK];
+  for (int k = first; k < last; k++) {
+    size_t o = c->off[k], n = c->off[k + 1] - o;
+    mega_adamw_params one = hp;
+    one.weight_decay = c->wd[k];
+    if (n) gpu->ops->adamw(gpu, c->p[0] + o, c->g[0] + o, c->m[0] + o, c->v[0] + o, n, &one);
+    for (int d = 0; d < 2; d++)
+      r[d][k - first] = (mega_adamw_range){.params = c->p[d + 1] + o, .grads = c->g[d] + o,
+                                           .m = c->m[d + 1] + o, .v = c->v[d + 1] + o, .n = n,
+                                           .weight_decay = c->wd[k]};
+  }
+  gpu->ops->adamw_ranges(gpu, r[0], (size_t)(last - first), &hp);
+  mega_adamw_ranges(cpu, r[1], (size_t)(last - first), &hp);
+}
+
+static void test_adamw_ranges(void) {
+  if (!gpu->ops->adamw_ranges) {
+    printf("FAIL the cuda backend has no adamw_ranges\n");
+    failures++;
+    return;
+  }
+  const size_t n[AK] = {37, 0, 1, 3000001, 4099, 768};
+  const float wd[AK] = {0.1f, 0.1f, 0.0f, 0.1f, 0.0f, 0.05f};
+  adamw_case c = {0};
+  for (int k = 0; k < AK; k++) {
+    c.off[k + 1] = c.off[k] + n[k];
+    c.wd[k] = wd[k];
+  }
+  size_t total = c.off[AK], bytes = total * sizeof(float);
+  c.p[2] = vec(total, 61, 1), c.m[2] = vec(total, 63, 0.1f), c.v[2] = vec(total, 64, 0.1f);
+  for (size_t i = 0; i < total; i++) c.v[2][i] = fabsf(c.v[2][i]);
+  c.g[1] = vec(total, 62, 1);
+  c.g[0] = up(c.g[1], bytes);
+  for (int d = 0; d < 2; d++)
+    c.p[d] = up(c.p[2], bytes), c.m[d] = up(c.m[2], bytes), c.v[d] = up(c.v[2], bytes);
+  adamw_steps(&c, 1, 0, AK);
+  adamw_steps(&c, 2, 0, AK);
+  for (int j = 0; j < AK; j++) { /* 12 tables: suffixes and prefixes */
+    adamw_steps(&c, 3 + 2 * j, j, AK);
+    adamw_steps(&c, 4 + 2 * j, 0, j + 1);
+  }
+  same_bits("adamw over ranges: params as per range", c.p[1], c.p[0], bytes);
+  same_bits("adamw over ranges: m as per range", c.m[1], c.m[0], bytes);
+  same_bits("adamw over ranges: v as per range", c.v[1], c.v[0], bytes);
+  same("adamw over ranges: params", c.p[1], c.p[2], total, 1e-5);
+  same("adamw over ranges: v", c.v[1], c.v[2], total, 1e-5);
+  for (int d = 0; d < 2; d++) {
+    gpu->ops->free(gpu, c.p[d]), gpu->ops->free(gpu, c.m[d]), gpu->ops->free(gpu, c.v[d]);
+  }
+  gpu->ops->free(gpu, c.g[0]);
+  free(c.p[2]), free(c.m[2]), free(c.v[2]), free(c.g[1]);
+}
+
+/* The norm's posted sums (sum_squares_post): more ranges than one launch
+ * takes (MEGA_CU_SUM_RANGES, 32), of odd sizes, one empty and one of
+ * millions, read back with one copy: the bits of sum_squares range by
+ * range, and the cpu's sums within rounding. */
+static void test_posted_sums(void) {
+  enum { R = 40 };
+  if (!gpu->ops->sum_squares_post) {
+    printf("FAIL the cuda backend has no sum_squares_post\n");
+    failures++;
+    return;
+  }
+  size_t n[R], off[R + 1] = {0};
+  for (int k = 0; k < R; k++) {
+    n[k] = k == 3 ? 0 : (size_t)(k * 7919 % 5003) + (k == 5 ? 3000000 : 1);
+    off[k + 1] = off[k] + n[k];
+  }
+  float *x = vec(off[R], 71, 1), *dx = up(x, off[R] * sizeof(float));
+  double *slots = dev_zero(R * sizeof(double)), got[R];
+  mega_sumsq_range r[R];
+  for (int k = 0; k < R; k++)
+    r[k] = (mega_sumsq_range){.x = dx + off[k], .n = n[k], .out = &slots[k]};
+  gpu->ops->sum_squares_post(gpu, r, R);
+  mega_err err = {0};
+  if (gpu->ops->memcpy(gpu, got, slots, sizeof got, MEGA_COPY_D2H, &err)) {
+    printf("FAIL posted sums: %s\n", err.msg);
+    failures++;
+    return;
+  }
+  int bad = 0;
+  for (int k = 0; k < R && !bad; k++) {
+    double one = -1, host = -1;
+    gpu->ops->sum_squares(gpu, dx + off[k], n[k], &one, &err);
+    cpu->ops->sum_squares(cpu, x + off[k], n[k], &host, &err);
+    if (memcmp(&got[k], &one, sizeof one) || !(fabs(got[k] - host) <= 1e-9 * fabs(host))) {
+      printf("FAIL posted sum %d of %zu: %.17g, sum_squares %.17g, cpu %.17g\n", k, n[k],
+             got[k], one, host);
+      failures++, bad = 1;
+    }
+  }
+  if (!bad) printf("ok   posted sums of squares (%d ranges, one copy)\n", R);
+  gpu->ops->free(gpu, dx);
+  gpu->ops->free(gpu, slots);
+  free(x);
+}
+
 /* --bf16: cublasGemmEx on bf16 copies against the cpu backend's rounding
  * before OpenBLAS. Both round the same fp32 inputs the same way and the
  * products are exact in fp32, so only the order of the sums differs. */
@@ -306,6 +444,21 @@ static void test_bf16_kept_copies(void) {
   cpu->ops->adamw(cpu, kc_w, g, m, v, nw, &hp);
   gpu->ops->adamw(gpu, kc_gw, gg, gm, gv, nw, &hp);
   kept_check("an AdamW step");
+  /* AdamW over many ranges in one launch: the weight is the second */
+  enum { OTHER = 97 };
+  float *o = vec(OTHER, 55, 1), *om = calloc(OTHER, 4), *ov = calloc(OTHER, 4);
+  float *go = up(o, OTHER * 4), *gom = dev_zero(OTHER * 4), *gov = dev_zero(OTHER * 4);
+  mega_adamw_range rc[2] = {
+      {.params = o, .grads = g, .m = om, .v = ov, .n = OTHER},
+      {.params = kc_w, .grads = g, .m = m, .v = v, .n = nw, .weight_decay = 0.1f}};
+  mega_adamw_range rg[2] = {
+      {.params = go, .grads = gg, .m = gom, .v = gov, .n = OTHER},
+      {.params = kc_gw, .grads = gg, .m = gm, .v = gv, .n = nw, .weight_decay = 0.1f}};
+  hp.step = 2;
+  mega_adamw_ranges(cpu, rc, 2, &hp);
+  mega_adamw_ranges(gpu, rg, 2, &hp);
+  kept_check("AdamW over many ranges");
+  free(o), free(om), free(ov);
   cpu->ops->memset0(cpu, kc_w + nw / 2, nw / 2 * 4);
   gpu->ops->memset0(gpu, kc_gw + nw / 2, nw / 2 * 4);
   kept_check("zeroing half the weight");
@@ -508,6 +661,8 @@ int main(void) {
   test_encoder();
   test_model_ops();
   test_element_ops();
+  test_adamw_ranges();
+  test_posted_sums();
   test_llama_ops();
   test_bf16_matmuls();
   test_bf16_kept_copies();

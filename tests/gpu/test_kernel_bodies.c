@@ -199,6 +199,54 @@ static void test_elementwise(void **state) {
   free(x), free(y), free(bias), free(w), free(p1), free(m1), free(v1), free(p2), free(m2), free(v2);
 }
 
+/* AdamW over many ranges in one launch (mega_kb_adamw_ranges), as the
+ * kernel's grid-stride threads walk it: one thread, a few, and more
+ * threads than items, each with its own cursor over ranges of odd sizes
+ * and decays; against the cpu backend's adamw range by range, bit for
+ * bit. */
+static void test_adamw_ranges(void **state) {
+  (void)state;
+  enum { K = 5, TOTAL = 13 + 1 + 64 + 7 + 200 };
+  const int64_t n[K] = {13, 1, 64, 7, 200};
+  const float wd[K] = {0.1f, 0.0f, 0.1f, 0.0f, 0.02f};
+  float *g = vec(TOTAL, 16, 1), *p0 = vec(TOTAL, 17, 1), *m0 = vec(TOTAL, 18, 0.1f);
+  float *v0 = vec(TOTAL, 19, 0.1f);
+  for (int i = 0; i < TOTAL; i++) v0[i] = fabsf(v0[i]);
+  float *p = copy(p0, TOTAL), *m = copy(m0, TOTAL), *v = copy(v0, TOTAL);
+  mega_adamw_params hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .grad_scale = 0.5f, .step = 3};
+  for (int k = 0, off = 0; k < K; off += (int)n[k], k++) {
+    hp.weight_decay = wd[k];
+    be->ops->adamw(be, p + off, g + off, m + off, v + off, (size_t)n[k], &hp);
+  }
+  float bc1 = 1.0f - powf(0.9f, 3.0f), bc2 = 1.0f - powf(0.95f, 3.0f);
+  const int threads[] = {1, 3, 64, TOTAL + 5};
+  for (int ti = 0; ti < 4; ti++) {
+    float *p2 = copy(p0, TOTAL), *m2 = copy(m0, TOTAL), *v2 = copy(v0, TOTAL);
+    mega_cu_adamw_range t[K];
+    for (int k = 0, off = 0; k < K; off += (int)n[k], k++)
+      t[k] = (mega_cu_adamw_range){.p = p2 + off, .g = g + off, .m = m2 + off, .v = v2 + off,
+                                   .start = off, .n = n[k], .wd = wd[k]};
+    for (int th = 0; th < threads[ti]; th++) {
+      int r = -1;
+      for (int64_t i = th; i < TOTAL; i += threads[ti])
+        mega_kb_adamw_ranges(i, t, K, &r, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.5f, bc1, bc2);
+    }
+    near(p2, p, TOTAL, 0, "adamw over ranges params");
+    near(m2, m, TOTAL, 0, "adamw over ranges m");
+    near(v2, v, TOTAL, 0, "adamw over ranges v");
+    free(p2), free(m2), free(v2);
+  }
+  /* the first item's search alone: every item's range */
+  mega_cu_adamw_range lay[K];
+  for (int k = 0, off = 0; k < K; off += (int)n[k], k++)
+    lay[k] = (mega_cu_adamw_range){.start = off, .n = n[k]};
+  for (int k = 0; k < K; k++)
+    for (int64_t i = lay[k].start; i < lay[k].start + n[k]; i++)
+      assert_int_equal(mega_kb_range_of(lay, K, i), k);
+  free(g), free(p0), free(m0), free(v0), free(p), free(m), free(v);
+}
+
 static void test_cross_entropy(void **state) {
   (void)state;
   float *logits = vec(N * V, 16, 5);
@@ -388,7 +436,8 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_encoder),         cmocka_unit_test(test_layernorm),
-      cmocka_unit_test(test_elementwise),     cmocka_unit_test(test_cross_entropy),
+      cmocka_unit_test(test_elementwise),     cmocka_unit_test(test_adamw_ranges),
+      cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_attention_composition), cmocka_unit_test(test_llama_bodies),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

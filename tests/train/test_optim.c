@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "tests/worker/count_backend.h"
 #include "worker/backend/backend.h"
 #include "worker/optim/optim.h"
 
@@ -138,6 +139,78 @@ static void test_two_phase_global_norm(void **state) {
   destroy(&f);
 }
 
+/* Ranges of odd sizes (one empty), decay on and off, gradients clipped
+ * (a scale below 1): on a backend with the many-range ops a step is one
+ * AdamW call and the norm one posted batch and one copy back, with the
+ * bits of the per-range loop (a backend without them) and of sum_squares
+ * added in range order. */
+static void test_many_ranges_one_call(void **state) {
+  (void)state;
+  enum { K = 5, TOTAL = 33 + 0 + 1 + 70000 + 515 };
+  const size_t n[K] = {33, 0, 1, 70000, 515};
+  mega_err err = {0};
+  mega_backend *cpu, *plain;
+  fx_counts calls = {0}, none = {0};
+  assert_int_equal(mega_backend_cpu_create(NULL, &cpu, &err), MEGA_OK);
+  mega_backend *posting = fx_counting(cpu, &calls, true);
+  assert_non_null(posting);
+  assert_non_null(plain = fx_counting(cpu, &none, false));
+  float *buf[3]; /* params of each optimizer, and the shared gradients */
+  for (int b = 0; b < 3; b++) {
+    assert_int_equal(cpu->ops->alloc(cpu, TOTAL * sizeof(float), (void **)&buf[b], &err),
+                     MEGA_OK);
+    for (size_t i = 0; i < TOTAL; i++)
+      buf[b][i] = (float)((i * 7919 + (b == 2) * 13) % 101) / 50.0f - 1.0f;
+  }
+  mega_optim_range r[2][K];
+  for (int o = 0; o < 2; o++)
+    for (size_t k = 0, off = 0; k < K; off += n[k], k++)
+      r[o][k] = (mega_optim_range){.params = buf[o] + off, .grads = buf[2] + off, .numel = n[k],
+                                   .decay = k % 2 == 0};
+  mega_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                           .clip_grad = 1.0};
+  mega_optim *o[2];
+  assert_int_equal(mega_optim_create(posting, r[0], K, &hp, &o[0], &err), MEGA_OK);
+  assert_int_equal(mega_optim_create(plain, r[1], K, &hp, &o[1], &err), MEGA_OK);
+  for (int s = 0; s < 3; s++) {
+    calls = (fx_counts){0};
+    double ss[2], want = 0;
+    for (int k = 0; k < 2; k++)
+      assert_int_equal(mega_optim_grad_sumsq(o[k], &ss[k], &err), MEGA_OK);
+    for (size_t k = 0, off = 0; k < K; off += n[k], k++) {
+      double one;
+      assert_int_equal(cpu->ops->sum_squares(cpu, buf[2] + off, n[k], &one, &err), MEGA_OK);
+      want += one;
+    }
+    assert_memory_equal(&ss[0], &want, sizeof want);
+    assert_memory_equal(&ss[1], &want, sizeof want);
+    mega_optim_result res;
+    for (int k = 0; k < 2; k++)
+      assert_int_equal(mega_optim_step(o[k], ss[k], 1e-2, &res, &err), MEGA_OK);
+    assert_true(res.clip_coef < 1.0);
+    assert_int_equal(calls.sum_squares_post, 1);
+    assert_int_equal(calls.d2h, 1);
+    assert_int_equal(calls.sum_squares, 0);
+    assert_int_equal(calls.adamw_ranges, 1);
+    assert_int_equal(calls.adamw, 0);
+    assert_memory_equal(buf[0], buf[1], TOTAL * sizeof(float));
+    for (int k = 0; k < K; k++) {
+      assert_memory_equal(mega_optim_exp_avg(o[0], k), mega_optim_exp_avg(o[1], k), n[k] * 4);
+      assert_memory_equal(mega_optim_exp_avg_sq(o[0], k), mega_optim_exp_avg_sq(o[1], k),
+                          n[k] * 4);
+    }
+    for (size_t i = 0; i < TOTAL; i++) buf[2][i] *= -1.5f; /* new gradients */
+  }
+  /* the fallback: adamw per non-empty range, sum_squares per range */
+  assert_int_equal(none.adamw, 3 * (K - 1));
+  assert_int_equal(none.sum_squares, 3 * (K - 1));
+  for (int k = 0; k < 2; k++) mega_optim_destroy(o[k]);
+  for (int b = 0; b < 3; b++) cpu->ops->free(cpu, buf[b]);
+  mega_backend_destroy(posting);
+  mega_backend_destroy(plain);
+  mega_backend_destroy(cpu);
+}
+
 static void test_errors(void **state) {
   (void)state;
   fix f;
@@ -170,6 +243,7 @@ int main(void) {
       cmocka_unit_test(test_two_steps_decay_ranges),
       cmocka_unit_test(test_clipping),
       cmocka_unit_test(test_two_phase_global_norm),
+      cmocka_unit_test(test_many_ranges_one_call),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -131,6 +131,54 @@ static void adamw_matches_reference(void **state) {
   free(rp);
 }
 
+/* backend.c's many-range ops on a backend without them (the cpu's):
+ * AdamW over ranges of odd sizes (one empty), each with its own decay
+ * (hp's is not read), gives the bits of adamw range by range; each
+ * posted sum of squares, the bits of sum_squares (one range spans several
+ * of the cpu's blocks). */
+static void many_ranges_match_one_by_one(void **state) {
+  (void)state;
+  enum { K = 6 };
+  const size_t n[K] = {37, 0, 1, 140001, 1000, 4097};
+  const float wd[K] = {0.1f, 0.1f, 0.0f, 0.1f, 0.0f, 0.05f};
+  size_t total = 0;
+  for (int k = 0; k < K; k++) total += n[k];
+  float *p = vec(total, 1, 11), *g = vec(total, 1, 12), *m = vec(total, 0.1f, 13);
+  float *v = vec(total, 0.1f, 14);
+  for (size_t i = 0; i < total; i++) v[i] = fabsf(v[i]);
+  float *p2 = malloc(total * 4), *m2 = malloc(total * 4), *v2 = malloc(total * 4);
+  memcpy(p2, p, total * 4), memcpy(m2, m, total * 4), memcpy(v2, v, total * 4);
+  mega_adamw_params hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.5f, .grad_scale = 0.7f, .step = 5};
+  mega_adamw_range r[K];
+  mega_sumsq_range s[K];
+  double *slots;
+  assert_int_equal(be->ops->alloc(be, K * sizeof *slots, (void **)&slots, NULL), MEGA_OK);
+  for (size_t k = 0, off = 0; k < K; off += n[k], k++) {
+    mega_adamw_params one = hp;
+    one.weight_decay = wd[k];
+    be->ops->adamw(be, p + off, g + off, m + off, v + off, n[k], &one);
+    r[k] = (mega_adamw_range){.params = p2 + off, .grads = g + off, .m = m2 + off,
+                              .v = v2 + off, .n = n[k], .weight_decay = wd[k]};
+    s[k] = (mega_sumsq_range){.x = g + off, .n = n[k], .out = &slots[k]};
+  }
+  mega_adamw_ranges(be, r, K, &hp);
+  assert_memory_equal(p2, p, total * 4);
+  assert_memory_equal(m2, m, total * 4);
+  assert_memory_equal(v2, v, total * 4);
+  assert_int_equal(mega_sum_squares_post(be, s, K, NULL), MEGA_OK);
+  double got[K];
+  assert_int_equal(be->ops->memcpy(be, got, slots, sizeof got, MEGA_COPY_D2H, NULL), MEGA_OK);
+  for (size_t k = 0, off = 0; k < K; off += n[k], k++) {
+    double want;
+    assert_int_equal(be->ops->sum_squares(be, g + off, n[k], &want, NULL), MEGA_OK);
+    assert_memory_equal(&got[k], &want, sizeof want);
+  }
+  assert_true(got[3] > 1e5 && got[1] == 0.0);
+  be->ops->free(be, slots);
+  free(p), free(g), free(m), free(v), free(p2), free(m2), free(v2);
+}
+
 static void matmul_both_layouts(void **state) {
   (void)state;
   int N = 200, C = 24, OC = 200; /* big enough to split across threads */
@@ -553,6 +601,7 @@ int main(void) {
       cmocka_unit_test(element_math_matches_libm),
       cmocka_unit_test(rng_is_a_function_of_key_and_index),
       cmocka_unit_test(adamw_matches_reference),
+      cmocka_unit_test(many_ranges_match_one_by_one),
       cmocka_unit_test(matmul_both_layouts),
       cmocka_unit_test(attention_matches_naive),
       cmocka_unit_test(llama_kernels),

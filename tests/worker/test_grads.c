@@ -13,6 +13,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "count_backend.h"
 #include "gpt_fixture.h"
 #include "worker/engine/grads.h"
 
@@ -21,25 +22,41 @@
 
 typedef struct fixture {
   mega_backend *be;
+  mega_backend *cpu; /* under be when it counts (setup_counted); else NULL */
+  fx_counts counts;
   mega_gpt_config cfg;
   mega_gpt_stage *stage;
   mega_grads *g;
 } fixture;
 
-static void setup(fixture *f, mega_gpt_stage_desc d, mega_grads_opts o) {
+static void setup_on(fixture *f, mega_gpt_stage_desc d, mega_grads_opts o) {
   mega_err err = {0};
-  memset(f, 0, sizeof *f);
   fx_config(&f->cfg, 0.2f);
   f->cfg.num_layers = 4;
-  assert_int_equal(mega_backend_cpu_create(NULL, &f->be, &err), MEGA_OK);
   if (mega_gpt_stage_create(f->be, &f->cfg, &d, &f->stage, &err) != MEGA_OK) fail_msg("%s", err.msg);
   if (mega_grads_create(f->be, &f->stage, 1, &o, &f->g, &err) != MEGA_OK) fail_msg("%s", err.msg);
+}
+
+static void setup(fixture *f, mega_gpt_stage_desc d, mega_grads_opts o) {
+  memset(f, 0, sizeof *f);
+  assert_int_equal(mega_backend_cpu_create(NULL, &f->be, NULL), MEGA_OK);
+  setup_on(f, d, o);
+}
+
+/* On a cpu backend that counts its calls (count_backend.h); ranges: with
+ * the many-range ops. */
+static void setup_counted(fixture *f, mega_gpt_stage_desc d, mega_grads_opts o, bool ranges) {
+  memset(f, 0, sizeof *f);
+  assert_int_equal(mega_backend_cpu_create(NULL, &f->cpu, NULL), MEGA_OK);
+  assert_non_null(f->be = fx_counting(f->cpu, &f->counts, ranges));
+  setup_on(f, d, o);
 }
 
 static void teardown(fixture *f) {
   mega_grads_destroy(f->g); /* first: it unhooks itself from the stage */
   mega_gpt_stage_destroy(f->stage);
   mega_backend_destroy(f->be);
+  mega_backend_destroy(f->cpu);
 }
 
 /* Buckets tile the buffer; each holds a run of params; offsets descend with
@@ -275,11 +292,54 @@ static void buckets_launch_once_during_last_backward(void **state) {
   teardown(&f);
 }
 
+/* The norm's squares: posted bucket by bucket as each wait returns, the
+ * rest (the tied embedding, late) at the end, and read back with one copy;
+ * the bits of sum_squares over the optimizer's ranges added in range
+ * order, with the posting ops or without. */
+static void norm_posts_and_reads_back_once(void **state) {
+  (void)state;
+  double got[2];
+  for (int ranges = 0; ranges < 2; ranges++) {
+    fixture f;
+    setup_counted(&f, (mega_gpt_stage_desc){true, true, 0, 4},
+                  (mega_grads_opts){.dp_size = 1, .overlap = true, .bucket_size = 4000},
+                  ranges != 0);
+    watch w = {.g = f.g};
+    mega_gpt_on_grads_done(f.stage, count_unit, &w);
+    int nb = mega_grads_num_buckets(f.g);
+    assert_true(nb >= 5);
+    run_iteration(&f, &w, 2, false);
+    fx_counts waits = f.counts;
+    mega_err err = {0};
+    assert_int_equal(mega_grads_sumsq(f.g, &got[ranges], &err), MEGA_OK);
+    assert_int_equal(f.counts.d2h - waits.d2h, 1);
+    if (ranges) assert_int_equal(waits.d2h, 0); /* the waits did not wait for the device */
+    if (ranges) {
+      assert_int_equal(waits.sum_squares_post, nb);
+      assert_int_equal(f.counts.sum_squares_post, nb + 1);
+      assert_int_equal(f.counts.sum_squares, 0);
+    }
+    size_t n;
+    const mega_optim_range *r = mega_grads_ranges(f.g, &n);
+    double want = 0;
+    for (size_t i = 0; i < n; i++) {
+      double one;
+      assert_int_equal(f.cpu->ops->sum_squares(f.cpu, r[i].grads, r[i].numel, &one, &err),
+                       MEGA_OK);
+      want += one;
+    }
+    assert_true(want > 0);
+    assert_memory_equal(&got[ranges], &want, sizeof want);
+    teardown(&f);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(layout_reverse_order_and_buckets),
       cmocka_unit_test(distributed_shards_cover_each_element_once),
       cmocka_unit_test(buckets_launch_once_during_last_backward),
+      cmocka_unit_test(norm_posts_and_reads_back_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,9 @@
  * ops->alloc), unless the comment says "host". On the cpu backend backend
  * memory is ordinary host memory. Ops are issued in order on one stream;
  * host-visible results (memcpy to host, sum, sum_squares) are complete when
- * the call returns. synchronize waits for everything issued before it.
+ * the call returns, so each may wait for the stream: a loop of them waits
+ * once per turn (sum_squares_post and one memcpy wait once in all).
+ * synchronize waits for everything issued before it.
  *
  * Layout. Matrices are row-major. Activations are [N, C] with N = B*T rows.
  * A linear layer's weight is stored either as Hugging Face Conv1D does,
@@ -57,6 +59,23 @@ typedef struct mega_adamw_params {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
   int step;
 } mega_adamw_params;
+
+/* One range of adamw_ranges: its own buffers, length and weight decay. */
+typedef struct mega_adamw_range {
+  float *params;
+  const float *grads;
+  float *m, *v;
+  size_t n;
+  float weight_decay;
+} mega_adamw_range;
+
+/* One range of sum_squares_post: the sum of squares of x's n floats goes
+ * to *out (backend memory). */
+typedef struct mega_sumsq_range {
+  const float *x;
+  size_t n;
+  double *out;
+} mega_sumsq_range;
 
 /* The shape of one attention call (attention_forward). */
 typedef struct mega_attn_dims {
@@ -269,11 +288,26 @@ typedef struct mega_backend_ops {
   /* AdamW on a flat range of n elements; m and v are the moment buffers. */
   void (*adamw)(mega_backend *be, float *params, const float *grads, float *m, float *v,
                 size_t n, const mega_adamw_params *hp);
+  /* AdamW on count ranges at once (r is host memory, read before the call
+   * returns), each with its own weight decay (hp's is not read): the same
+   * bits as adamw on each in turn. Ranges must not overlap. A step's ranges
+   * are many (one per tensor) and the same every step, so a backend may
+   * keep their table. Optional: NULL makes mega_adamw_ranges loop over
+   * adamw; the cuda backend runs one kernel over all of them. */
+  void (*adamw_ranges)(mega_backend *be, const mega_adamw_range *r, size_t count,
+                       const mega_adamw_params *hp);
   /* *out (host) = sum of x[i] (resp. x[i]^2), accumulated in double. */
   mega_status (*sum)(mega_backend *be, const float *x, size_t n, double *out,
                      mega_err *err);
   mega_status (*sum_squares)(mega_backend *be, const float *x, size_t n, double *out,
                              mega_err *err);
+  /* Each range's sum of squares, the bits sum_squares gives, into its
+   * out (backend memory), queued like a compute op: nothing waits, so the
+   * gradient norm posts every range and reads all the outs back with one
+   * memcpy instead of a wait per range (r is host memory, read before the
+   * call returns). Optional: NULL makes mega_sum_squares_post take
+   * sum_squares and copy each result up. */
+  void (*sum_squares_post)(mega_backend *be, const mega_sumsq_range *r, size_t count);
   /* x *= s. */
   void (*scale)(mega_backend *be, float *x, size_t n, float s);
 } mega_backend_ops;
@@ -310,5 +344,16 @@ void mega_backend_destroy(mega_backend *be);
 /* attention_sizes, or the full sizes where the backend has none. */
 void mega_attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
                           size_t *scratch);
+
+/* adamw_ranges, or adamw on each range (those of n 0 skipped) where the
+ * backend has none. */
+void mega_adamw_ranges(mega_backend *be, const mega_adamw_range *r, size_t count,
+                       const mega_adamw_params *hp);
+
+/* sum_squares_post, or sum_squares and a copy to each out where the backend
+ * has none (which can fail, hence the status; a posting backend's failure
+ * comes with the memcpy that reads the outs). */
+mega_status mega_sum_squares_post(mega_backend *be, const mega_sumsq_range *r, size_t count,
+                                  mega_err *err);
 
 #endif

@@ -3,7 +3,8 @@
  * matmuls' are cublasGemmEx on bf16 copies of their inputs, the forward's
  * cuBLASLt with the bias and residual in its epilogue: cuda_lt.c) on the
  * same stream; the other ops are the kernels of kernels/gpt_kernels.cu.
- * Attention is cuda_attn.c's. Under --bf16 the rounded copies of GEMM
+ * Attention is cuda_attn.c's; AdamW and the norm's posted sums are
+ * cuda_optim.c's. Under --bf16 the rounded copies of GEMM
  * inputs are kept while their sources are unchanged (cuda_b16.h), so every
  * op first says what it writes.
  * Compute ops cannot report errors (backend.h), so the first failure is kept and returned by the next op that can fail (memcpy,
@@ -452,17 +453,6 @@ static void cu_crossentropy_finish(mega_backend *be, float *losses, float *probs
        "cross-entropy");
 }
 
-static void cu_adamw(mega_backend *be, float *params, const float *grads, float *m, float *v,
-                     size_t n, const mega_adamw_params *hp) {
-  wrote(be, params, n);
-  wrote(be, m, n);
-  wrote(be, v, n);
-  float bc1 = 1.0f - powf(hp->beta1, (float)hp->step), bc2 = 1.0f - powf(hp->beta2, (float)hp->step);
-  note(be, mega_cu_adamw(S(be), params, grads, m, v, (int64_t)n, hp->lr, hp->beta1, hp->beta2,
-                         hp->eps, hp->weight_decay, hp->grad_scale, bc1, bc2),
-       "adamw");
-}
-
 static mega_status sum_any(mega_backend *be, const float *x, size_t n, int squares, double *out,
                            mega_err *err) {
   cuda_impl *c = impl_of(be);
@@ -494,6 +484,7 @@ static void cu_scale(mega_backend *be, float *x, size_t n, float s) {
 static void cu_destroy(mega_backend *be) {
   cuda_impl *c = impl_of(be);
   cudaStreamSynchronize(c->stream);
+  mega_cu__optim_destroy(be);
   if (c->partials) cudaFree(c->partials);
   for (int k = 0; k < 2; k++)
     if (c->bf16_buf[k]) cudaFree(c->bf16_buf[k]);
@@ -546,9 +537,11 @@ static const mega_backend_ops cuda_ops = {
     .crossentropy_rowmax = cu_crossentropy_rowmax,
     .crossentropy_sums = cu_crossentropy_sums,
     .crossentropy_finish = cu_crossentropy_finish,
-    .adamw = cu_adamw,
+    .adamw = mega_cu__adamw,
+    .adamw_ranges = mega_cu__adamw_ranges,
     .sum = cu_sum,
     .sum_squares = cu_sum_squares,
+    .sum_squares_post = mega_cu__sum_squares_post,
     .scale = cu_scale,
 };
 
@@ -596,7 +589,8 @@ mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *e
   mega_status st = MEGA_OK;
   cublasStatus_t bs;
   if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-      (e = cudaMalloc((void **)&c->partials, MEGA_CU_SUM_BLOCKS * sizeof(double))) != cudaSuccess)
+      (e = cudaMalloc((void **)&c->partials, MEGA_CU_SUM_RANGES * MEGA_CU_SUM_BLOCKS *
+                                                   sizeof(double))) != cudaSuccess)
     st = mega_fail(err, MEGA_ERR_INTERNAL, "cuda backend on device %d: %s", device,
                    cudaGetErrorString(e));
   else if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS ||

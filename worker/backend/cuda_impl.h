@@ -1,5 +1,6 @@
 /* The cuda backend's state and the helpers its files share (cuda.c, the
- * backend; cuda_attn.c, its attention). Inside the cuda module only; the
+ * backend; cuda_attn.c, its attention; cuda_optim.c, AdamW and the norm's
+ * sums). Inside the cuda module only; the
  * mega_cu__ names are private to it. */
 #ifndef MEGA_WORKER_CUDA_IMPL_H
 #define MEGA_WORKER_CUDA_IMPL_H
@@ -8,15 +9,24 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/launch.h"
 #include "worker/backend/cuda_b16.h"
 #include "worker/backend/cuda_internal.h"
 #include "worker/backend/cuda_lt.h"
+
+/* A range table kept on the device by content (cuda_optim.c). */
+#define MEGA_CU_TABLES 8
+typedef struct mega_cu_table {
+  void *host, *dev; /* host: what dev holds, to compare */
+  size_t bytes, cap;
+  uint64_t used; /* table_clock at the last use; 0: never */
+} mega_cu_table;
 
 typedef struct cuda_impl {
   int device;
   cudaStream_t stream;
   cublasHandle_t blas;
-  double *partials; /* device, MEGA_CU_SUM_BLOCKS */
+  double *partials; /* device, MEGA_CU_SUM_RANGES * MEGA_CU_SUM_BLOCKS */
   bool bf16;          /* set_bf16: the matmuls' GEMMs take bf16 copies of their inputs */
   void *bf16_buf[2];
   size_t bf16_cap[2]; /* bytes */
@@ -26,6 +36,10 @@ typedef struct cuda_impl {
   mega_cu_b16 *b16;   /* --bf16's kept copies (cuda_b16.h); NULL: scratch each time */
   void *attn_buf;     /* flash attention's bf16 inputs without b16 */
   size_t attn_cap;
+  mega_cu_table tables[MEGA_CU_TABLES]; /* AdamW's range tables */
+  uint64_t table_clock;
+  mega_cu_adamw_range *adamw_host; /* the table being laid out */
+  size_t adamw_cap;
   mega_status sticky;
   char why[200];
 } cuda_impl;
@@ -42,6 +56,14 @@ void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, con
 /* x's n floats as bf16 from the kept copies; NULL when there are none or
  * no room for one (or after a failure, noted). */
 const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n);
+
+/* The optimizer's ops (cuda_optim.c); destroy frees its tables. */
+void mega_cu__adamw(mega_backend *be, float *params, const float *grads, float *m, float *v,
+                    size_t n, const mega_adamw_params *hp);
+void mega_cu__adamw_ranges(mega_backend *be, const mega_adamw_range *r, size_t count,
+                           const mega_adamw_params *hp);
+void mega_cu__sum_squares_post(mega_backend *be, const mega_sumsq_range *r, size_t count);
+void mega_cu__optim_destroy(mega_backend *be);
 
 void mega_cu__attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
                               size_t *scratch);

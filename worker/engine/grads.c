@@ -168,6 +168,15 @@ static mega_status build_ranges(mega_grads *g, int d, range_set *out, mega_err *
   return MEGA_OK;
 }
 
+static mega_status alloc_norm(mega_grads *g, mega_err *err) {
+  size_t n = g->own.n ? g->own.n : 1;
+  g->norm_post = calloc(n, sizeof *g->norm_post);
+  if (!g->norm_post) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the norm's ranges");
+  mega_status st = g->be->ops->alloc(g->be, n * sizeof(double), (void **)&g->norm_slots, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "the gradient norm's sums (%zu doubles)", n);
+  return st;
+}
+
 mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, int vp,
                               const mega_grads_opts *opts, mega_grads **out, mega_err *err) {
   *out = NULL;
@@ -222,6 +231,7 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
       st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d buckets", n);
   }
   if (st == MEGA_OK) st = build_ranges(g, opts->dp_rank, &g->own, err);
+  if (st == MEGA_OK) st = alloc_norm(g, err);
   g->copy_shard = -1;
   int shift = opts->shard_copy_shift;
   if (st == MEGA_OK && opts->distributed && opts->dp_size > 1 && shift > 0) {
@@ -263,6 +273,8 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->preq);
   free(g->timing);
   free(g->normed);
+  if (g->norm_slots) g->be->ops->free(g->be, g->norm_slots);
+  free(g->norm_post);
   range_set_free(&g->own);
   range_set_free(&g->copy);
   free(g);
@@ -372,21 +384,22 @@ static void note_done(mega_grads *g, int b) {
   t->waited = wall_s();
 }
 
-/* The squares of range i's gradient (what mega_grads_sumsq adds up). */
-static mega_status range_sumsq(mega_grads *g, size_t i, mega_err *err) {
-  return g->be->ops->sum_squares(g->be, g->own.ranges[i].grads, g->own.ranges[i].numel,
-                                 &g->own.sumsq[i], err);
+/* Range i's squares, to be posted into its slot (what mega_grads_sumsq
+ * adds up). */
+static void queue_range(mega_grads *g, size_t i, size_t *k) {
+  const mega_optim_range *r = &g->own.ranges[i];
+  g->norm_post[(*k)++] = (mega_sumsq_range){.x = r->grads, .n = r->numel,
+                                            .out = &g->norm_slots[i]};
 }
 
 /* Bucket b is reduced: the norm's share of its ranges that are final. */
 static mega_status norm_bucket(mega_grads *g, int b, mega_err *err) {
   if (g->normed[b]) return MEGA_OK;
   g->normed[b] = true;
-  mega_status st = MEGA_OK;
-  for (size_t i = 0; i < g->own.n && st == MEGA_OK; i++)
-    if (g->own.bucket[i] == b && !g->own.skip[i] && !g->own.late[i])
-      st = range_sumsq(g, i, err);
-  return st;
+  size_t k = 0;
+  for (size_t i = 0; i < g->own.n; i++)
+    if (g->own.bucket[i] == b && !g->own.skip[i] && !g->own.late[i]) queue_range(g, i, &k);
+  return mega_sum_squares_post(g->be, g->norm_post, k, err);
 }
 
 mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
@@ -441,15 +454,19 @@ mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err) {
    * padding never, the tied copy and other TP ranks' replicas left out;
    * added in range order, whenever each was taken, so the bits do not
    * depend on when the buckets finished. */
+  size_t k = 0;
+  for (size_t i = 0; i < g->own.n; i++)
+    if (!g->own.skip[i] && (g->own.late[i] || !g->normed[g->own.bucket[i]]))
+      queue_range(g, i, &k);
+  mega_status st = mega_sum_squares_post(g->be, g->norm_post, k, err);
+  /* every slot back in one copy: the step's one wait for the norm */
+  if (st == MEGA_OK && g->own.n)
+    st = g->be->ops->memcpy(g->be, g->own.sumsq, g->norm_slots, g->own.n * sizeof(double),
+                            MEGA_COPY_D2H, err);
+  if (st != MEGA_OK) return st;
   double sum = 0;
-  for (size_t i = 0; i < g->own.n; i++) {
-    if (g->own.skip[i]) continue;
-    if (g->own.late[i] || !g->normed[g->own.bucket[i]]) {
-      mega_status st = range_sumsq(g, i, err);
-      if (st != MEGA_OK) return st;
-    }
-    sum += g->own.sumsq[i];
-  }
+  for (size_t i = 0; i < g->own.n; i++)
+    if (!g->own.skip[i]) sum += g->own.sumsq[i];
   *out = sum;
   return MEGA_OK;
 }

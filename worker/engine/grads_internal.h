@@ -28,9 +28,9 @@ typedef struct range_set {
    * of a TP-replicated tensor on a TP rank other than 0 (rank 0 counts it) */
   bool *skip;
   mega_grads_piece *piece;
-  /* The norm's share of each range (own only), taken once its bucket is
-   * reduced (in the wait, while later buckets still run) rather than all
-   * at the end; late ranges (the tied embedding, the sequence-parallel
+  /* The norm's share of each range (own only, read back from
+   * norm_slots), taken once its bucket is reduced (in the wait, while
+   * later buckets still run) rather than all at the end; late ranges (the tied embedding, the sequence-parallel
    * layernorms) change after the data-parallel sum, so mega_grads_sumsq
    * takes them. */
   int *bucket;
@@ -62,6 +62,11 @@ struct mega_grads {
   int gathers_pending;
   bool gather_failed;
   bool *normed; /* per bucket: own's squares taken this iteration */
+  /* own's squares are posted into norm_slots (backend memory, one per
+   * range; norm_post the list being posted) and read back with one copy
+   * in mega_grads_sumsq: a wait per range would stall the device's queue */
+  double *norm_slots;
+  mega_sumsq_range *norm_post;
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
   void (*on_launch)(void *, int);

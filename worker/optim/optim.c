@@ -12,6 +12,14 @@ struct mega_optim {
   float *moments; /* one allocation: per range, m then v */
   size_t *offset; /* of range i's m in moments; v follows at + numel */
   int64_t steps;
+  /* The ranges that hold elements, as the backend's many-range ops take
+   * them: built once, since the ranges never change (so the cuda backend
+   * uploads AdamW's table once). sums: their squares (backend memory),
+   * read back with one copy into host_sums. */
+  mega_adamw_range *adam;
+  mega_sumsq_range *sq;
+  size_t nt; /* entries of both */
+  double *sums, *host_sums;
 };
 
 static mega_status check_hparams(const mega_optim_hparams *hp, mega_err *err) {
@@ -26,6 +34,33 @@ static mega_status check_hparams(const mega_optim_hparams *hp, mega_err *err) {
                      hp->weight_decay);
   if (!(hp->clip_grad >= 0.0) || !isfinite(hp->clip_grad))
     return mega_fail(err, MEGA_ERR_INVALID, "--clip-grad must be >= 0 (got %g)", hp->clip_grad);
+  return MEGA_OK;
+}
+
+/* The non-empty ranges as AdamW's and the norm's tables; the weight decay
+ * is fixed per range by hp, so it is in the table too. */
+static mega_status build_tables(mega_optim *o, mega_err *err) {
+  size_t n = o->n ? o->n : 1;
+  o->adam = calloc(n, sizeof *o->adam);
+  o->sq = calloc(n, sizeof *o->sq);
+  o->host_sums = calloc(n, sizeof *o->host_sums);
+  if (!o->adam || !o->sq || !o->host_sums)
+    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory creating the optimizer");
+  mega_status st = o->be->ops->alloc(o->be, n * sizeof(double), (void **)&o->sums, err);
+  if (st != MEGA_OK) {
+    mega_err_prefix(err, "allocating the gradient norm's sums (%zu doubles)", n);
+    return st;
+  }
+  for (size_t i = 0; i < o->n; i++) {
+    const mega_optim_range *r = &o->ranges[i];
+    if (r->numel == 0) continue;
+    float *m = o->moments + o->offset[i];
+    o->adam[o->nt] = (mega_adamw_range){
+        .params = r->params, .grads = r->grads, .m = m, .v = m + r->numel, .n = r->numel,
+        .weight_decay = r->decay ? (float)o->hp.weight_decay : 0.0f};
+    o->sq[o->nt] = (mega_sumsq_range){.x = r->grads, .n = r->numel, .out = &o->sums[o->nt]};
+    o->nt++;
+  }
   return MEGA_OK;
 }
 
@@ -55,8 +90,9 @@ mega_status mega_optim_create(mega_backend *be, const mega_optim_range *ranges, 
     total += 2 * ranges[i].numel;
   }
   st = be->ops->alloc(be, (total ? total : 1) * sizeof(float), (void **)&o->moments, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "allocating the optimizer's moments (%zu floats)", total);
+  if (st == MEGA_OK) st = build_tables(o, err);
   if (st != MEGA_OK) {
-    mega_err_prefix(err, "allocating the optimizer's moments (%zu floats)", total);
     mega_optim_destroy(o);
     return st;
   }
@@ -67,20 +103,25 @@ mega_status mega_optim_create(mega_backend *be, const mega_optim_range *ranges, 
 void mega_optim_destroy(mega_optim *o) {
   if (!o) return;
   if (o->moments) o->be->ops->free(o->be, o->moments);
+  if (o->sums) o->be->ops->free(o->be, o->sums);
+  free(o->adam);
+  free(o->sq);
+  free(o->host_sums);
   free(o->ranges);
   free(o->offset);
   free(o);
 }
 
 mega_status mega_optim_grad_sumsq(const mega_optim *o, double *out, mega_err *err) {
+  /* every range posted, then one copy back (not a wait per range), added
+   * in range order as before */
+  mega_status st = mega_sum_squares_post(o->be, o->sq, o->nt, err);
+  if (st == MEGA_OK && o->nt)
+    st = o->be->ops->memcpy(o->be, o->host_sums, o->sums, o->nt * sizeof(double),
+                            MEGA_COPY_D2H, err);
+  if (st != MEGA_OK) return st;
   double total = 0.0;
-  for (size_t i = 0; i < o->n; i++) {
-    if (o->ranges[i].numel == 0) continue;
-    double s;
-    mega_status st = o->be->ops->sum_squares(o->be, o->ranges[i].grads, o->ranges[i].numel, &s, err);
-    if (st != MEGA_OK) return st;
-    total += s;
-  }
+  for (size_t i = 0; i < o->nt; i++) total += o->host_sums[i];
   *out = total;
   return MEGA_OK;
 }
@@ -109,13 +150,7 @@ mega_status mega_optim_step(mega_optim *o, double global_sumsq, double lr,
       .grad_scale = coef,
       .step = (int)o->steps,
   };
-  for (size_t i = 0; i < o->n; i++) {
-    const mega_optim_range *r = &o->ranges[i];
-    if (r->numel == 0) continue;
-    hp.weight_decay = r->decay ? (float)o->hp.weight_decay : 0.0f;
-    float *m = o->moments + o->offset[i];
-    o->be->ops->adamw(o->be, r->params, r->grads, m, m + r->numel, r->numel, &hp);
-  }
+  mega_adamw_ranges(o->be, o->adam, o->nt, &hp); /* each range's own decay */
   if (res) {
     res->grad_norm = norm;
     res->clip_coef = coef;

@@ -18,6 +18,11 @@
  * when coef < 1 (clip_grad 0 turns clipping off). Ranges whose decay flag is
  * false get no weight decay. The grad buffers are read, never changed.
  *
+ * Every range steps in one backend call (mega_adamw_ranges: one launch on
+ * cuda), and the norm posts every range's squares and reads them back with
+ * one copy (mega_sum_squares_post), adding them in range order as before:
+ * a step waits for the device once, not once per range.
+ *
  * Ownership: the ranges' buffers are borrowed (backend memory of be, which
  * must outlive the optimizer); the moment buffers are the optimizer's. */
 #ifndef MEGA_WORKER_OPTIM_H
