@@ -415,10 +415,10 @@ mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
       mega_req_free(g->req[b]);
       g->req[b] = NULL;
       if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
+        /* backend memory: on the device under cuda, so a backend op */
         const mega_grads_bucket *k = &g->buckets[b];
-        float *own = c->grads + k->offset + k->shard_offset;
-        float inv = 1.0f / (float)g->o.dp_size;
-        for (size_t i = 0; i < k->shard_numel; i++) own[i] *= inv;
+        g->be->ops->scale(g->be, c->grads + k->offset + k->shard_offset, k->shard_numel,
+                          1.0f / (float)g->o.dp_size);
       }
     }
     if (st == MEGA_OK) st = norm_bucket(g, b, err);
