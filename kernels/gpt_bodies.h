@@ -50,16 +50,6 @@ static inline MEGA_HD void mega_kb_bias_fill(int64_t i, float *out, const float 
   out[i] = r + (bias ? bias[i % OC] : 0.0f);
 }
 
-/* dlogits[n,j] = (probs[n,j] - [targets[n] - v0 == j]) * scale over [N,V]. */
-static inline MEGA_HD void mega_kb_xent_bwd(int64_t i, float *dlogits, const float *probs,
-                                             const int32_t *targets, int v0, float scale,
-                                             int V) {
-  int64_t n = i / V, j = i % V;
-  float d = probs[i] * scale;
-  if ((int64_t)targets[n] - v0 == j) d -= scale;
-  dlogits[i] = d;
-}
-
 static inline MEGA_HD void mega_kb_adamw(int64_t i, float *p, const float *g, float *m,
                                           float *v, float lr, float b1, float b2, float eps,
                                           float wd, float gs, float bc1, float bc2) {
@@ -244,17 +234,111 @@ static inline MEGA_HD void mega_kr_rmsnorm_bwd_in(int64_t n, int l, int L, float
   }
 }
 
-/* cross-entropy: row n's max mx over its V logits, sum = sum e^(l - mx),
- * then probs and, from lane 0, the loss log(sum) + mx - (the target's
- * logit). The vocabulary-parallel passes share these: sums[n] and
- * sums[N + n] (the target's logit in this slice, 0 outside) come from lane
- * 0 of mega_kr_xent_sums. */
-static inline MEGA_HD void mega_kr_xent_write(int64_t n, int l, int L, float *losses,
-                                              float *probs, const float *logits, int V, float mx,
-                                              float sum, float target_logit) {
-  const float *x = logits + n * V;
-  float *p = probs + n * V, inv = 1.0f / sum;
-  for (int i = l; i < V; i += L) p[i] = mega_expf(x[i] - mx) * inv;
+/* ---- the classifier: softmax cross-entropy in place over [N,V] rows ----
+ * A row is read twice and written once: one pass for the lane's running
+ * max and sum of e^(x - max), combined over the row's lanes, then one that
+ * writes the probabilities over the logits (the loss needs the target's
+ * logit, read before that pass). The backward turns them into dlogits in
+ * one more read and write. Each lane takes w items at a time (w = 4 where
+ * the rows start on 16 bytes: one 128-bit load on the GPU, mega_ldw), chunks
+ * l, l + L, ..., then the tail past the last whole chunk one item at a time.
+ * The vocabulary-parallel passes share them: sums[n] and sums[N + n] (the
+ * target's logit in this slice, 0 outside) come from lane 0 of
+ * mega_kr_xent_sums. */
+
+static inline MEGA_HD void mega_ldw(const float *p, int w, float *v) {
+#ifdef __CUDA_ARCH__
+  if (w == 4) {
+    float4 f = *(const float4 *)p;
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    return;
+  }
+#endif
+  for (int k = 0; k < w; k++) v[k] = p[k];
+}
+
+static inline MEGA_HD void mega_stw(float *p, int w, const float *v) {
+#ifdef __CUDA_ARCH__
+  if (w == 4) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    return;
+  }
+#endif
+  for (int k = 0; k < w; k++) p[k] = v[k];
+}
+
+/* The lane's running max *m and sum *s of e^(x - *m) over its items: the
+ * sum rescales when the max grows (once per chunk, not per item). An empty
+ * lane gives -inf and 0, which the combine below ignores. */
+static inline MEGA_HD void mega_kr_xent_maxsum(const float *x, int n, int w, int l, int L,
+                                               float *m, float *s) {
+  float mx = -INFINITY, sum = 0.0f, v[4];
+  int whole = n / w * w;
+  for (int i = l * w; i < whole; i += L * w) {
+    mega_ldw(x + i, w, v);
+    float cm = v[0];
+    for (int k = 1; k < w; k++) cm = v[k] > cm ? v[k] : cm;
+    if (cm > mx) {
+      sum *= mega_expf(mx - cm);
+      mx = cm;
+    }
+    for (int k = 0; k < w; k++) sum += mega_expf(v[k] - mx);
+  }
+  for (int i = whole + l; i < n; i += L) {
+    if (x[i] > mx) {
+      sum *= mega_expf(mx - x[i]);
+      mx = x[i];
+    }
+    sum += mega_expf(x[i] - mx);
+  }
+  *m = mx;
+  *s = sum;
+}
+
+/* A lane's sum from mega_kr_xent_maxsum, moved to the row's max M (the max
+ * of the lanes' maxima) before the lanes' sums are added. */
+static inline MEGA_HD float mega_kr_xent_rescale(float m, float s, float M) {
+  return s > 0.0f ? s * mega_expf(m - M) : 0.0f;
+}
+
+/* The vocabulary-parallel passes: the row max, then sum e^(x - mx) with the
+ * group's max. */
+static inline MEGA_HD float mega_kr_xent_max(const float *x, int n, int w, int l, int L) {
+  float mx = -INFINITY, v[4];
+  int whole = n / w * w;
+  for (int i = l * w; i < whole; i += L * w) {
+    mega_ldw(x + i, w, v);
+    for (int k = 0; k < w; k++) mx = v[k] > mx ? v[k] : mx;
+  }
+  for (int i = whole + l; i < n; i += L) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+
+static inline MEGA_HD float mega_kr_xent_sumexp(const float *x, int n, int w, float mx, int l,
+                                                int L) {
+  float sum = 0.0f, v[4];
+  int whole = n / w * w;
+  for (int i = l * w; i < whole; i += L * w) {
+    mega_ldw(x + i, w, v);
+    for (int k = 0; k < w; k++) sum += mega_expf(v[k] - mx);
+  }
+  for (int i = whole + l; i < n; i += L) sum += mega_expf(x[i] - mx);
+  return sum;
+}
+
+/* Row n of logits becomes e^(x - mx) / sum in place; lane 0 writes the loss
+ * log(sum) + mx - (the target's logit). */
+static inline MEGA_HD void mega_kr_xent_write(int64_t n, int l, int L, int w, float *losses,
+                                              float *logits, int V, float mx, float sum,
+                                              float target_logit) {
+  float *x = logits + n * V, inv = 1.0f / sum, v[4];
+  int whole = V / w * w;
+  for (int i = l * w; i < whole; i += L * w) {
+    mega_ldw(x + i, w, v);
+    for (int k = 0; k < w; k++) v[k] = mega_expf(v[k] - mx) * inv;
+    mega_stw(x + i, w, v);
+  }
+  for (int i = whole + l; i < V; i += L) x[i] = mega_expf(x[i] - mx) * inv;
   if (l == 0) losses[n] = logf(sum) + mx - target_logit;
 }
 
@@ -264,6 +348,29 @@ static inline MEGA_HD void mega_kr_xent_sums(int64_t n, float *sums, const float
   int64_t t = (int64_t)targets[n] - v0;
   sums[n] = sum;
   sums[N + n] = t >= 0 && t < V ? logits[n * V + t] : 0.0f;
+}
+
+/* The backward of row n, in place: p * scale, then minus scale at the
+ * target if it is in the slice [v0, v0 + V) (the cpu backend's expression,
+ * so the bits match). */
+static inline MEGA_HD void mega_kr_xent_bwd(int64_t n, int l, int L, int w, float *probs,
+                                            const int32_t *targets, int v0, float scale, int V) {
+  float *p = probs + n * V, v[4];
+  int64_t t = (int64_t)targets[n] - v0;
+  int whole = V / w * w;
+  for (int i = l * w; i < whole; i += L * w) {
+    mega_ldw(p + i, w, v);
+    for (int k = 0; k < w; k++) {
+      v[k] *= scale;
+      if (i + k == t) v[k] -= scale;
+    }
+    mega_stw(p + i, w, v);
+  }
+  for (int i = whole + l; i < V; i += L) {
+    float d = p[i] * scale;
+    if (i == t) d -= scale;
+    p[i] = d;
+  }
 }
 
 /* causal softmax of row r = (bh, t) of scores [BH, T, T] (already scaled):

@@ -250,6 +250,20 @@ __global__ void adamw_ranges(const mega_cu_adamw_range *t, int count, int64_t to
     mega_kb_adamw_ranges(i, t, count, &r, lr, b1, b2, eps, gs, bc1, bc2);
 }
 
+// A vocabulary row is long (50,304 for GPT-2): a block of lanes per row,
+// four floats a load where every row starts on 16 bytes.
+constexpr int kVocabLanes = 512;
+
+int xent_width(const float *x, int V) { return on16(x) && V % 4 == 0 ? 4 : 1; }
+
+// Row body f(n, l, w) with w a constant, so the 128-bit path compiles apart.
+template <typename F>
+int launch_vocab_rows(mega_cu_stream s, int N, int w, F f) {
+  if (w == 4)
+    return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) { f(n, l, 4); });
+  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) { f(n, l, 1); });
+}
+
 }  // namespace
 
 extern "C" {
@@ -426,48 +440,50 @@ int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, 
       [=] __device__(int64_t j, float2 t) { dbias[j] += t.x; });
 }
 
-// A vocabulary row is long (50,304 for GPT-2): a block of lanes per row.
-constexpr int kVocabLanes = 512;
-
-int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *probs, const float *logits,
-                     const int32_t *targets, int N, int V) {
-  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) {
+// One kernel per row: the target's logit, then the max and sum in one read
+// (the lanes' running pairs combined), then the probabilities over the
+// logits. The combines' barriers order every lane's read of the target's
+// logit before any lane writes the row.
+int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32_t *targets,
+                     int N, int V) {
+  return launch_vocab_rows(s, N, xent_width(logits, V), [=] __device__(int64_t n, int l, int w) {
     using G = Lanes<kVocabLanes>;
     const float *x = logits + n * V;
-    float mx = G::max(mega_kr_max(x, V, l, kVocabLanes));
-    float sum = G::sum(mega_kr_sumexp(NULL, x, V, mx, l, kVocabLanes));
-    mega_kr_xent_write(n, l, kVocabLanes, losses, probs, logits, V, mx, sum, x[targets[n]]);
+    float target = x[targets[n]], m, sum;
+    mega_kr_xent_maxsum(x, V, w, l, kVocabLanes, &m, &sum);
+    float mx = G::max(m);
+    sum = G::sum(mega_kr_xent_rescale(m, sum, mx));
+    mega_kr_xent_write(n, l, kVocabLanes, w, losses, logits, V, mx, sum, target);
   });
 }
 
-int mega_cu_xent_bwd(mega_cu_stream s, float *dlogits, const float *probs,
-                     const int32_t *targets, int v0, float scale, int N, int V) {
-  return launch(s, (int64_t)N * V, [=] __device__(int64_t i) {
-    mega_kb_xent_bwd(i, dlogits, probs, targets, v0, scale, V);
+int mega_cu_xent_bwd(mega_cu_stream s, float *probs, const int32_t *targets, int v0,
+                     float scale, int N, int V) {
+  return launch_vocab_rows(s, N, xent_width(probs, V), [=] __device__(int64_t n, int l, int w) {
+    mega_kr_xent_bwd(n, l, kVocabLanes, w, probs, targets, v0, scale, V);
   });
 }
 
 int mega_cu_xent_rowmax(mega_cu_stream s, float *rowmax, const float *logits, int N, int V) {
-  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) {
-    float mx = Lanes<kVocabLanes>::max(mega_kr_max(logits + n * V, V, l, kVocabLanes));
+  return launch_vocab_rows(s, N, xent_width(logits, V), [=] __device__(int64_t n, int l, int w) {
+    float mx = Lanes<kVocabLanes>::max(mega_kr_xent_max(logits + n * V, V, w, l, kVocabLanes));
     if (l == 0) rowmax[n] = mx;
   });
 }
 
 int mega_cu_xent_sums(mega_cu_stream s, float *sums, const float *logits, const float *rowmax,
                       const int32_t *targets, int v0, int N, int V) {
-  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) {
+  return launch_vocab_rows(s, N, xent_width(logits, V), [=] __device__(int64_t n, int l, int w) {
     float sum = Lanes<kVocabLanes>::sum(
-        mega_kr_sumexp(NULL, logits + n * V, V, rowmax[n], l, kVocabLanes));
+        mega_kr_xent_sumexp(logits + n * V, V, w, rowmax[n], l, kVocabLanes));
     if (l == 0) mega_kr_xent_sums(n, sums, logits, targets, v0, N, V, sum);
   });
 }
 
-int mega_cu_xent_finish(mega_cu_stream s, float *losses, float *probs, const float *logits,
-                        const float *rowmax, const float *sums, int N, int V) {
-  return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) {
-    mega_kr_xent_write(n, l, kVocabLanes, losses, probs, logits, V, rowmax[n], sums[n],
-                       sums[N + n]);
+int mega_cu_xent_finish(mega_cu_stream s, float *losses, float *logits, const float *rowmax,
+                        const float *sums, int N, int V) {
+  return launch_vocab_rows(s, N, xent_width(logits, V), [=] __device__(int64_t n, int l, int w) {
+    mega_kr_xent_write(n, l, kVocabLanes, w, losses, logits, V, rowmax[n], sums[n], sums[N + n]);
   });
 }
 

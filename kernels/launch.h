@@ -52,15 +52,16 @@ int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
 int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const float *residual,
                       int64_t n, int OC);
 int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC);
-int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *probs, const float *logits,
-                     const int32_t *targets, int N, int V);
-int mega_cu_xent_bwd(mega_cu_stream s, float *dlogits, const float *probs,
-                     const int32_t *targets, int v0, float scale, int N, int V);
+/* The classifier, in place over the logits (backend.h's crossentropy ops). */
+int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32_t *targets,
+                     int N, int V);
+int mega_cu_xent_bwd(mega_cu_stream s, float *probs, const int32_t *targets, int v0,
+                     float scale, int N, int V);
 int mega_cu_xent_rowmax(mega_cu_stream s, float *rowmax, const float *logits, int N, int V);
 int mega_cu_xent_sums(mega_cu_stream s, float *sums, const float *logits, const float *rowmax,
                       const int32_t *targets, int v0, int N, int V);
-int mega_cu_xent_finish(mega_cu_stream s, float *losses, float *probs, const float *logits,
-                        const float *rowmax, const float *sums, int N, int V);
+int mega_cu_xent_finish(mega_cu_stream s, float *losses, float *logits, const float *rowmax,
+                        const float *sums, int N, int V);
 int mega_cu_causal_softmax(mega_cu_stream s, float *att, int64_t rows, int T);
 int mega_cu_causal_softmax_bwd(mega_cu_stream s, float *da, const float *att, int64_t rows,
                                int T, float scale);

@@ -184,19 +184,6 @@ static void test_model_ops(void) {
   gpu->ops->attention_backward(gpu, gdq, gdq + C, gdq + 2 * C, gscr, dd, gy, gy + C, gy + 2 * C,
                                gatt, &ad);
   same("attention backward", gdq, dq, N * 3 * C, 1e-3);
-  /* cross-entropy */
-  float *lg = vec(N * V, 10, 4), loss[N], probs[N * V];
-  int32_t tg[N];
-  for (int i = 0; i < N; i++) tg[i] = (i * 13) % V;
-  float *glg = up(lg, sizeof(float) * N * V), *gl = dev_zero(sizeof loss);
-  float *gp = dev_zero(sizeof probs);
-  int32_t *gtg = up(tg, sizeof tg);
-  cpu->ops->crossentropy_forward(cpu, loss, probs, lg, tg, N, V);
-  gpu->ops->crossentropy_forward(gpu, gl, gp, glg, gtg, N, V);
-  same("cross-entropy", gl, loss, N, 1e-5);
-  cpu->ops->crossentropy_backward(cpu, probs, probs, tg, 0, 0.1f, N, V);
-  gpu->ops->crossentropy_backward(gpu, gp, gp, gtg, 0, 0.1f, N, V);
-  same("cross-entropy backward", gp, probs, N * V, 1e-5);
   /* reductions */
   double s1, s2;
   cpu->ops->sum_squares(cpu, x, N * C, &s1, &err);
@@ -210,6 +197,82 @@ static void test_model_ops(void) {
     printf("FAIL synchronize: %s\n", err.msg);
     failures++;
   }
+}
+
+/* The classifier in place over the logits, against the cpu backend: rows of
+ * 70 (one float a load), of 1,028 and 4,100 (four a load, 512 lanes with
+ * none, one or several chunks each), and of 1,028 from one float past 16
+ * bytes (one a load again); then the vocabulary-parallel passes over two
+ * slices of 516 of a vocabulary of 1,030 padded to 1,032, with targets on
+ * both sides of the boundary and at the last real id. */
+static void classifier_rows(int nv, int off) {
+  enum { R = 19 };
+  int32_t tg[R];
+  for (int i = 0; i < R; i++) tg[i] = (i * 131 + 7) % nv;
+  tg[0] = 0, tg[1] = nv - 1;
+  size_t n = (size_t)R * nv;
+  float *lg = vec(n + off, 60 + nv, 6), loss[R];
+  float *glg = up(lg, sizeof(float) * (n + off)), *gl = dev_zero(sizeof loss);
+  int32_t *gtg = up(tg, sizeof tg);
+  char what[80];
+  cpu->ops->crossentropy_forward(cpu, loss, lg + off, tg, R, nv);
+  gpu->ops->crossentropy_forward(gpu, gl, glg + off, gtg, R, nv);
+  snprintf(what, sizeof what, "cross-entropy losses, rows of %d%s", nv, off ? " off 16" : "");
+  same(what, gl, loss, R, 1e-5);
+  snprintf(what, sizeof what, "cross-entropy probabilities in place, rows of %d", nv);
+  same(what, glg + off, lg + off, n, 2e-6);
+  cpu->ops->crossentropy_backward(cpu, lg + off, tg, 0, 0.1f, R, nv);
+  gpu->ops->crossentropy_backward(gpu, glg + off, gtg, 0, 0.1f, R, nv);
+  snprintf(what, sizeof what, "cross-entropy backward in place, rows of %d", nv);
+  same(what, glg + off, lg + off, n, 2e-6);
+  free(lg);
+}
+
+static void classifier_slices(void) {
+  enum { R = 19, VP = 1032, VL = VP / 2 };
+  int32_t tg[R];
+  for (int i = 0; i < R; i++) tg[i] = (i * 97 + 5) % (VP - 2); /* ids 1030, 1031 padded */
+  tg[0] = VL - 1, tg[1] = VL, tg[2] = VP - 3, tg[3] = 0;
+  float *lg = vec((size_t)R * VP, 71, 6), sl[2][R * VL], mx[2][R], gmax[R];
+  float sums[2][2 * R], gsums[2 * R], loss[R];
+  float *gsl[2], *gmx = dev_zero(sizeof gmax), *gs = dev_zero(sizeof gsums);
+  float *gpart = dev_zero(sizeof gsums), *gl = dev_zero(sizeof loss);
+  int32_t *gtg = up(tg, sizeof tg);
+  mega_err err = {0};
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < R; i++) memcpy(sl[r] + i * VL, lg + i * VP + r * VL, VL * 4);
+    gsl[r] = up(sl[r], sizeof sl[r]);
+    cpu->ops->crossentropy_rowmax(cpu, mx[r], sl[r], R, VL);
+    gpu->ops->crossentropy_rowmax(gpu, gmx, gsl[r], R, VL);
+    same("vocabulary-parallel row max", gmx, mx[r], R, 0);
+  }
+  for (int i = 0; i < R; i++) gmax[i] = fmaxf(mx[0][i], mx[1][i]); /* the group's */
+  gpu->ops->memcpy(gpu, gmx, gmax, sizeof gmax, MEGA_COPY_H2D, &err);
+  for (int r = 0; r < 2; r++) {
+    cpu->ops->crossentropy_sums(cpu, sums[r], sl[r], gmax, tg, r * VL, R, VL);
+    gpu->ops->crossentropy_sums(gpu, gpart, gsl[r], gmx, gtg, r * VL, R, VL);
+    same("vocabulary-parallel exp sums and target logits", gpart, sums[r], 2 * R, 1e-5);
+  }
+  for (int i = 0; i < 2 * R; i++) gsums[i] = sums[0][i] + sums[1][i];
+  gpu->ops->memcpy(gpu, gs, gsums, sizeof gsums, MEGA_COPY_H2D, &err);
+  for (int r = 0; r < 2; r++) {
+    cpu->ops->crossentropy_finish(cpu, loss, sl[r], gmax, gsums, R, VL);
+    gpu->ops->crossentropy_finish(gpu, gl, gsl[r], gmx, gs, R, VL);
+    same("vocabulary-parallel losses", gl, loss, R, 1e-5);
+    same("vocabulary-parallel probabilities in place", gsl[r], sl[r], R * VL, 2e-6);
+    cpu->ops->crossentropy_backward(cpu, sl[r], tg, r * VL, 0.1f, R, VL);
+    gpu->ops->crossentropy_backward(gpu, gsl[r], gtg, r * VL, 0.1f, R, VL);
+    same("vocabulary-parallel backward in place", gsl[r], sl[r], R * VL, 2e-6);
+  }
+  free(lg);
+}
+
+static void test_classifier(void) {
+  classifier_rows(V, 0);
+  classifier_rows(1028, 0);
+  classifier_rows(4100, 0);
+  classifier_rows(1028, 1);
+  classifier_slices();
 }
 
 /* The element ops take four items per thread where every array starts on
@@ -468,6 +531,28 @@ static void test_bf16_kept_copies(void) {
   cpu->ops->layernorm_forward(cpu, kc_x, kc_y, kc_y + N, w2, g, g + C, N, C, 1e-5f);
   gpu->ops->layernorm_forward(gpu, kc_gx, kc_gy, kc_gy + N, gw2, gg, gg + C, N, C, 1e-5f);
   kept_check("an op writing the input");
+  /* the classifier writes its logits (here the matmul's input) in place */
+  int32_t kt[N];
+  for (int i = 0; i < N; i++) kt[i] = (i * 5) % C;
+  int32_t *gkt = up(kt, sizeof kt);
+  cpu->ops->crossentropy_forward(cpu, kc_y, kc_x, kt, N, C);
+  gpu->ops->crossentropy_forward(gpu, kc_gy, kc_gx, gkt, N, C);
+  kept_check("the classifier's forward");
+  cpu->ops->crossentropy_backward(cpu, kc_x, kt, 0, 2.0f, N, C);
+  gpu->ops->crossentropy_backward(gpu, kc_gx, gkt, 0, 2.0f, N, C);
+  kept_check("the classifier's backward");
+  memcpy(kc_x, w2, nx * 4); /* logits again, for the vocabulary-parallel finish */
+  gpu->ops->memcpy(gpu, kc_gx, w2, nx * 4, MEGA_COPY_H2D, &err);
+  kept_check("a copy from the host (logits again)");
+  float *mx = malloc(sizeof(float) * 3 * N), *gmx = dev_zero(sizeof(float) * 3 * N);
+  cpu->ops->crossentropy_rowmax(cpu, mx, kc_x, N, C);
+  cpu->ops->crossentropy_sums(cpu, mx + N, kc_x, mx, kt, 0, N, C);
+  gpu->ops->crossentropy_rowmax(gpu, gmx, kc_gx, N, C);
+  gpu->ops->crossentropy_sums(gpu, gmx + N, kc_gx, gmx, gkt, 0, N, C);
+  cpu->ops->crossentropy_finish(cpu, kc_y, kc_x, mx, mx + N, N, C);
+  gpu->ops->crossentropy_finish(gpu, kc_gy, kc_gx, gmx, gmx + N, N, C);
+  kept_check("the vocabulary-parallel finish");
+  free(mx);
   /* the weight as a GEMM's output: only its second half (a write into
    * the middle of a kept copy's source) */
   cpu->ops->gemm(cpu, false, false, C / 2, KO, C, 1.0f, kc_x, C, w2, KO, 0.0f,
@@ -663,6 +748,7 @@ int main(void) {
   test_element_ops();
   test_adamw_ranges();
   test_posted_sums();
+  test_classifier();
   test_llama_ops();
   test_bf16_matmuls();
   test_bf16_kept_copies();

@@ -247,44 +247,146 @@ static void test_adamw_ranges(void **state) {
   free(g), free(p0), free(m0), free(v0), free(p), free(m), free(v);
 }
 
+/* ---- the classifier, in place ---- */
+
+/* Rows of [rows, nv] as mega_cu_xent_fwd composes them: the target's logit
+ * first, the lanes' (max, sum) pairs combined, then every lane's writes over
+ * the logits. */
+static void xent_rows(int L, int w, float *losses, float *x, const int32_t *tg, int rows,
+                      int nv) {
+  for (int64_t n = 0; n < rows; n++) {
+    const float *row = x + n * nv;
+    float target = row[tg[n]], M = -INFINITY, S = 0.0f, m[32], s[32];
+    for (int l = 0; l < L; l++) {
+      mega_kr_xent_maxsum(row, nv, w, l, L, &m[l], &s[l]);
+      M = m[l] > M ? m[l] : M;
+    }
+    for (int l = 0; l < L; l++) S += mega_kr_xent_rescale(m[l], s[l], M);
+    for (int l = 0; l < L; l++) mega_kr_xent_write(n, l, L, w, losses, x, nv, M, S, target);
+  }
+}
+
+static void xent_bwd_rows(int L, int w, float *p, const int32_t *tg, int v0, float scale,
+                          int rows, int nv) {
+  for (int64_t n = 0; n < rows; n++)
+    for (int l = 0; l < L; l++) mega_kr_xent_bwd(n, l, L, w, p, tg, v0, scale, nv);
+}
+
+/* The straightforward reference, in double over whole rows: the losses and
+ * (softmax - onehot) * scale. */
+static void xent_reference(const float *x, const int32_t *tg, int rows, int nv, double scale,
+                           double *loss, double *d) {
+  for (int n = 0; n < rows; n++) {
+    const float *row = x + (size_t)n * nv;
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < nv; j++) mx = fmax(mx, row[j]);
+    for (int j = 0; j < nv; j++) sum += exp(row[j] - mx);
+    loss[n] = log(sum) + mx - row[tg[n]];
+    for (int j = 0; j < nv; j++) d[n * nv + j] = (exp(row[j] - mx) / sum - (j == tg[n])) * scale;
+  }
+}
+
+static void near_ref(const float *got, const double *want, size_t n, double tol,
+                     const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (!(fabs(got[i] - want[i]) <= tol * (1.0 + fabs(want[i]))))
+      fail_msg("%s[%zu]: body %.9g, reference %.9g", what, i, (double)got[i], want[i]);
+}
+
+/* Whole rows: the bodies against the cpu backend's ops (its backward's bits
+ * exactly) and the reference, one and four items a load, with a tail (V 10)
+ * and without. */
 static void test_cross_entropy(void **state) {
   (void)state;
   float *logits = vec(N * V, 16, 5);
   int32_t tg[N];
   for (int i = 0; i < N; i++) tg[i] = (i * 3) % V;
-  float l1[N], l2[N], p1[N * V], p2[N * V], d1[N * V], d2[N * V];
-  be->ops->crossentropy_forward(be, l1, p1, logits, tg, N, V);
-  be->ops->crossentropy_backward(be, d1, p1, tg, 0, 0.5f, N, V);
-  for (int64_t i = 0; i < N * V; i++) mega_kb_xent_bwd(i, d2, p1, tg, 0, 0.5f, V);
-  near(d2, d1, N * V, 0, "cross-entropy backward");
-  /* the vocabulary-parallel passes on one slice of 4 ids from 3 */
-  enum { VL = 4, V0 = 3 };
-  float sl[N * VL], mx1[N], mx2[N], s1[2 * N], s2[2 * N], sp1[N * VL], sl1[N];
-  for (int n = 0; n < N; n++) memcpy(sl + n * VL, logits + n * V + V0, VL * sizeof(float));
-  be->ops->crossentropy_rowmax(be, mx1, sl, N, VL);
-  be->ops->crossentropy_sums(be, s1, sl, mx1, tg, V0, N, VL);
-  be->ops->crossentropy_finish(be, sl1, sp1, sl, mx1, s1, N, VL);
+  float l1[N], l2[N], p1[N * V], p2[N * V];
+  double rl[N], rd[N * V];
+  xent_reference(logits, tg, N, V, 0.5, rl, rd);
+  memcpy(p1, logits, sizeof p1);
+  be->ops->crossentropy_forward(be, l1, p1, tg, N, V);
+  be->ops->crossentropy_backward(be, p1, tg, 0, 0.5f, N, V);
+  near_ref(l1, rl, N, 1e-6, "cpu backend loss");
+  near_ref(p1, rd, N * V, 1e-6, "cpu backend dlogits");
   FOR_LANES(L) {
-    for (int64_t n = 0; n < N; n++) {
-      const float *x = logits + n * V;
-      float mx = LANES_MAX(L, mega_kr_max(x, V, l, L));
-      float sum = LANES_SUM(L, mega_kr_sumexp(NULL, x, V, mx, l, L));
-      for (int l = 0; l < L; l++) mega_kr_xent_write(n, l, L, l2, p2, logits, V, mx, sum, x[tg[n]]);
+    for (int w = 1; w <= 4; w += 3) {
+      memcpy(p2, logits, sizeof p2);
+      xent_rows(L, w, l2, p2, tg, N, V);
+      near(l2, l1, N, 1e-5, "cross-entropy loss");
+      near_ref(l2, rl, N, 1e-6, "cross-entropy loss");
+      float probs[N * V];
+      memcpy(probs, p2, sizeof probs);
+      xent_bwd_rows(L, w, p2, tg, 0, 0.5f, N, V);
+      near_ref(p2, rd, N * V, 1e-6, "cross-entropy dlogits");
+      /* the cpu backend's backward on the same probabilities: its bits */
+      be->ops->crossentropy_backward(be, probs, tg, 0, 0.5f, N, V);
+      near(p2, probs, N * V, 0, "cross-entropy backward");
     }
-    near(l2, l1, N, 1e-5, "cross-entropy loss");
-    near(p2, p1, N * V, 1e-5, "cross-entropy probs");
-    for (int64_t n = 0; n < N; n++) {
-      mx2[n] = LANES_MAX(L, mega_kr_max(sl + n * VL, VL, l, L));
-      float sum = LANES_SUM(L, mega_kr_sumexp(NULL, sl + n * VL, VL, mx1[n], l, L));
-      mega_kr_xent_sums(n, s2, sl, tg, V0, N, VL, sum);
+  }
+  free(logits);
+}
+
+/* The vocabulary-parallel passes over two slices of a vocabulary of 17
+ * padded to 20 (padded ids 17..19 take part in the softmax and are never
+ * targets), with targets on both sides of the slices' boundary and at the
+ * last real id: each slice's bodies, reduced over the slices as the model
+ * does, against the reference over whole rows and the cpu backend's ops. */
+static void test_cross_entropy_slices(void **state) {
+  (void)state;
+  enum { VP = 20, TPs = 2, VLs = VP / TPs };
+  const int32_t tg[N] = {0, 9, 10, 16, 1, 8, 11, 15, 5, 12, 3, 14, 7, 13};
+  float *logits = vec(N * VP, 17, 6);
+  double rl[N], rd[N * VP];
+  xent_reference(logits, tg, N, VP, 0.25, rl, rd);
+  FOR_LANES(L) {
+    for (int w = 1; w <= 4; w += 3) {
+      float sl[TPs][N * VLs], sc[TPs][N * VLs], mx[N], sums[2 * N], ll[N], cl[N];
+      float cmx[TPs][N], csums[TPs][2 * N];
+      for (int n = 0; n < N; n++) {
+        mx[n] = -INFINITY;
+        for (int r = 0; r < TPs; r++)
+          memcpy(sl[r] + n * VLs, logits + n * VP + r * VLs, VLs * sizeof(float));
+      }
+      memcpy(sc, sl, sizeof sc);
+      for (int r = 0; r < TPs; r++)
+        for (int64_t n = 0; n < N; n++) {
+          float m = LANES_MAX(L, mega_kr_xent_max(sl[r] + n * VLs, VLs, w, l, L));
+          mx[n] = m > mx[n] ? m : mx[n];
+        }
+      float cm[N];
+      for (int r = 0; r < TPs; r++) be->ops->crossentropy_rowmax(be, cmx[r], sc[r], N, VLs);
+      for (int n = 0; n < N; n++) cm[n] = fmaxf(cmx[0][n], cmx[1][n]);
+      near(mx, cm, N, 0, "row max over the slices");
+      memset(sums, 0, sizeof sums);
+      for (int r = 0; r < TPs; r++) {
+        float part[2 * N];
+        for (int64_t n = 0; n < N; n++) {
+          float sum = LANES_SUM(L, mega_kr_xent_sumexp(sl[r] + n * VLs, VLs, w, mx[n], l, L));
+          mega_kr_xent_sums(n, part, sl[r], tg, r * VLs, N, VLs, sum);
+        }
+        be->ops->crossentropy_sums(be, csums[r], sc[r], mx, tg, r * VLs, N, VLs);
+        near(part, csums[r], 2 * N, 1e-6, "slice exp sums and target logits");
+        for (int i = 0; i < 2 * N; i++) sums[i] += part[i];
+      }
+      for (int r = 0; r < TPs; r++) {
+        for (int64_t n = 0; n < N; n++)
+          for (int l = 0; l < L; l++)
+            mega_kr_xent_write(n, l, L, w, ll, sl[r], VLs, mx[n], sums[n], sums[N + n]);
+        near_ref(ll, rl, N, 1e-6, "slice losses");
+        be->ops->crossentropy_finish(be, cl, sc[r], mx, sums, N, VLs);
+        near(ll, cl, N, 1e-6, "slice losses, cpu backend");
+        near(sl[r], sc[r], N * VLs, 1e-6, "slice probabilities, cpu backend");
+        xent_bwd_rows(L, w, sl[r], tg, r * VLs, 0.25f, N, VLs);
+        be->ops->crossentropy_backward(be, sc[r], tg, r * VLs, 0.25f, N, VLs);
+        for (int n = 0; n < N; n++) {
+          double want[VLs];
+          for (int j = 0; j < VLs; j++) want[j] = rd[n * VP + r * VLs + j];
+          near_ref(sl[r] + n * VLs, want, VLs, 1e-6, "slice dlogits");
+        }
+        near(sl[r], sc[r], N * VLs, 1e-6, "slice dlogits, cpu backend");
+      }
     }
-    near(mx2, mx1, N, 0, "row max");
-    near(s2, s1, 2 * N, 1e-6, "exp sums and target logits");
-    for (int64_t n = 0; n < N; n++)
-      for (int l = 0; l < L; l++)
-        mega_kr_xent_write(n, l, L, l2, p2, sl, VL, mx1[n], s1[n], s1[N + n]);
-    near(l2, sl1, N, 1e-6, "slice losses");
-    near(p2, sp1, N * VL, 1e-6, "slice probs");
   }
   free(logits);
 }
@@ -437,7 +539,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_encoder),         cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_elementwise),     cmocka_unit_test(test_adamw_ranges),
-      cmocka_unit_test(test_cross_entropy),
+      cmocka_unit_test(test_cross_entropy),   cmocka_unit_test(test_cross_entropy_slices),
       cmocka_unit_test(test_attention_composition), cmocka_unit_test(test_llama_bodies),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

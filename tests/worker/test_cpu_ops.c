@@ -495,21 +495,34 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
   for (size_t i = 0; i < n; i++) r[i] = mega_gelu_grad(x[i]) * (double)dy[i];
   near(out, r, n, 1e-6, "gelu_backward");
 
-  /* softmax cross-entropy, with logits large enough to need the max shift */
-  float *logits = vec((size_t)N * V, 30, 8), *probs = malloc(sizeof(float) * N * V),
-        *losses = malloc(sizeof(float) * N), *dl = malloc(sizeof(float) * N * V);
+  /* softmax cross-entropy, with logits large enough to need the max shift,
+   * in place over a copy of the logits: probabilities, then dlogits */
+  float *logits = vec((size_t)N * V, 30, 8), *dl = malloc(sizeof(float) * N * V),
+        *losses = malloc(sizeof(float) * N), *probs = malloc(sizeof(float) * N * V);
   int32_t *tg = malloc(sizeof(int32_t) * N);
   fx_ids(tg, N, V, 9);
-  be->ops->crossentropy_forward(be, losses, probs, logits, tg, N, V);
-  be->ops->crossentropy_backward(be, dl, probs, tg, 0, 0.25f, N, V);
-  double *rl = malloc(sizeof(double) * N), *rd = malloc(sizeof(double) * N * V);
+  memcpy(dl, logits, sizeof(float) * N * V);
+  be->ops->crossentropy_forward(be, losses, dl, tg, N, V);
+  memcpy(probs, dl, sizeof(float) * N * V);
+  be->ops->crossentropy_backward(be, dl, tg, 0, 0.25f, N, V);
+  double *rl = malloc(sizeof(double) * N), *rd = malloc(sizeof(double) * N * V),
+         *rp = malloc(sizeof(double) * N * V);
   for (int i = 0; i < N; i++) {
     double mx = -INFINITY, s = 0;
     for (int k = 0; k < V; k++) mx = fmax(mx, logits[i * V + k]);
     for (int k = 0; k < V; k++) s += exp(logits[i * V + k] - mx);
     rl[i] = log(s) + mx - logits[i * V + tg[i]];
-    for (int k = 0; k < V; k++)
-      rd[i * V + k] = 0.25 * (exp(logits[i * V + k] - mx) / s - (k == tg[i]));
+    for (int k = 0; k < V; k++) {
+      rp[i * V + k] = exp(logits[i * V + k] - mx) / s;
+      rd[i * V + k] = 0.25 * (rp[i * V + k] - (k == tg[i]));
+    }
+  }
+  near(probs, rp, (size_t)N * V, 1e-6, "crossentropy probabilities");
+  /* the backward's expression exactly: p * scale, then - scale at the target */
+  for (int i = 0; i < N * V; i++) {
+    float d = probs[i] * 0.25f;
+    if (i % V == tg[i / V]) d -= 0.25f;
+    assert_true(dl[i] == d);
   }
   near(losses, rl, N, 1e-5, "crossentropy losses");
   near(dl, rd, (size_t)N * V, 1e-6, "crossentropy dlogits");
@@ -534,7 +547,7 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
 
   free(x), free(w), free(b), free(dy), free(out), free(mean), free(rstd), free(dx);
   free(dw), free(db), free(r), free(rdw), free(rdx), free(logits), free(probs), free(losses);
-  free(dl), free(tg), free(rl), free(rd), free(wte), free(wpe), free(dwte), free(dwpe);
+  free(rp), free(dl), free(tg), free(rl), free(rd), free(wte), free(wpe), free(dwte), free(dwpe);
   free(tok), free(enc), free(denc), free(rw);
 }
 

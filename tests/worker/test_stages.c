@@ -503,6 +503,7 @@ static void bad_configs_and_calls_fail_clearly(void **state) {
   assert_non_null(mega_gpt_acts_logits(a));
   assert_int_equal(mega_gpt_backward_input(s, a, NULL, 1.0f, NULL, &err), MEGA_ERR_INVALID);
   assert_int_equal(mega_gpt_forward(s, a, tok, NULL, tgt, NULL, &loss, &err), MEGA_OK);
+  assert_null(mega_gpt_acts_logits(a)); /* the loss wrote over them */
   assert_int_equal(mega_gpt_backward_weight(s, a, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "backward_input first"));
   assert_int_equal(mega_gpt_backward_input(s, a, NULL, 1.0f, NULL, &err), MEGA_OK);
@@ -529,6 +530,57 @@ static void bad_configs_and_calls_fail_clearly(void **state) {
   mega_backend_destroy(be);
 }
 
+static mega_status noop_reduce(void *ctx, float *buf, size_t n, mega_err *err) {
+  (void)ctx, (void)buf, (void)n, (void)err;
+  return MEGA_OK;
+}
+
+static mega_status noop_move(void *ctx, const float *in, float *out, size_t n, mega_err *err) {
+  (void)ctx, (void)in, (void)out, (void)n, (void)err;
+  return MEGA_OK;
+}
+
+static size_t carved(size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; }
+
+/* A loss stage's activations beyond a middle stage's of the same blocks:
+ * resid[L] and its gradient dlnf [N,C], ln_f's output [N,C] and statistics
+ * [N] each, the losses [N], and one [N, V/tp] buffer: the logits, which the
+ * loss overwrites with its probabilities and the backward with dlogits (no
+ * second one); under TP the row maxima [N] and sums [2N] too. (Only sizes:
+ * the collectives never run.) */
+static void loss_stage_holds_one_vocabulary_buffer(void **state) {
+  (void)state;
+  static const mega_gpt_tp_ops noop = {noop_reduce, noop_reduce, noop_move, noop_move};
+  mega_err err = {0};
+  mega_gpt_config cfg;
+  fx_config(&cfg, 0.02f);
+  cfg.num_layers = 4;
+  mega_backend *be;
+  assert_int_equal(mega_backend_cpu_create(NULL, &be, &err), MEGA_OK);
+  for (int tp = 1; tp <= 2; tp++) {
+    mega_gpt_stage_desc d[2] = {{false, false, 2, 2, {tp, 0, false, &noop, NULL}},
+                                {false, true, 2, 2, {tp, 0, false, &noop, NULL}}};
+    size_t bytes[2];
+    for (int k = 0; k < 2; k++) {
+      mega_gpt_stage *s;
+      mega_gpt_acts *a;
+      if (mega_gpt_stage_create(be, &cfg, &d[k], &s, &err) ||
+          mega_gpt_acts_create(s, B, T, &a, &err))
+        fail_msg("tp %d: %s", tp, err.msg);
+      bytes[k] = mega_gpt_acts_bytes(a);
+      mega_gpt_acts_destroy(a);
+      mega_gpt_stage_destroy(s);
+    }
+    size_t N = B * T, C = cfg.channels, Vl = cfg.vocab_size / tp;
+    size_t want = 3 * carved(N * C) + 2 * carved(N) + carved(N) + carved(N * Vl) +
+                  (tp > 1 ? carved(N) + carved(2 * N) : 0);
+    if (bytes[1] - bytes[0] != want)
+      fail_msg("tp %d: the loss stage holds %zu bytes more than a middle stage, not %zu (one "
+               "[N, V/tp] buffer of %zu)", tp, bytes[1] - bytes[0], want, carved(N * Vl));
+  }
+  mega_backend_destroy(be);
+}
+
 /* Microbatches of different lengths on one stage, each its own acts. */
 static void variable_lengths_in_flight(void **state) {
   (void)state;
@@ -543,13 +595,16 @@ static void variable_lengths_in_flight(void **state) {
   fx_ids(tok, B * T, 256, 5);
   fx_ids(tgt, B * T, 256, 6);
   double l_long, l_short, l_short2;
+  /* causal: the first 3 positions of sequence 0 do not see the rest (the
+   * logits of forwards without targets: a loss writes over them) */
+  assert_int_equal(mega_gpt_forward(s, m.acts[0], tok, NULL, NULL, NULL, NULL, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_forward(s, shortacts, tok, NULL, NULL, NULL, NULL, &err), MEGA_OK);
+  const float *lg = mega_gpt_acts_logits(m.acts[0]), *ls = mega_gpt_acts_logits(shortacts);
+  for (int i = 0; i < 3 * 256; i++) assert_true(fabsf(lg[i] - ls[i]) <= 1e-5f);
   assert_int_equal(mega_gpt_forward(s, m.acts[0], tok, NULL, tgt, NULL, &l_long, &err),
                    MEGA_OK);
   assert_int_equal(mega_gpt_forward(s, shortacts, tok, NULL, tgt, NULL, &l_short, &err),
                    MEGA_OK);
-  /* causal: the first 3 positions of sequence 0 do not see the rest */
-  const float *lg = mega_gpt_acts_logits(m.acts[0]), *ls = mega_gpt_acts_logits(shortacts);
-  for (int i = 0; i < 3 * 256; i++) assert_true(fabsf(lg[i] - ls[i]) <= 1e-5f);
   assert_int_equal(mega_gpt_backward_input(s, shortacts, NULL, 1.0f, NULL, &err), MEGA_OK);
   assert_int_equal(mega_gpt_backward_input(s, m.acts[0], NULL, 1.0f, NULL, &err), MEGA_OK);
   assert_int_equal(mega_gpt_backward_weight(s, shortacts, &err), MEGA_OK);
@@ -596,6 +651,7 @@ int main(void) {
       cmocka_unit_test(fused_backward_units_and_rebind),
       cmocka_unit_test(bad_configs_and_calls_fail_clearly),
       cmocka_unit_test(variable_lengths_in_flight),
+      cmocka_unit_test(loss_stage_holds_one_vocabulary_buffer),
       cmocka_unit_test(threads_give_the_same_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

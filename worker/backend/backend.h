@@ -255,18 +255,20 @@ typedef struct mega_backend_ops {
   void (*bias_residual_forward)(mega_backend *be, float *out, const float *a, const float *b,
                                 const float *bias, int N, int C);
 
-  /* Fused softmax + cross-entropy over V classes for N rows.
-   * forward: probs = softmax(logits); losses[n] = -log probs[n, targets[n]].
-   * backward: dlogits = (probs - onehot(targets - v0)) * scale (overwrites;
-   * dlogits may alias probs), the one-hot only for targets in [v0, v0+V):
-   * probs may be a vocabulary slice (v0 0 when whole). targets is backend
-   * memory, each in [0, V) for the forward. */
-  void (*crossentropy_forward)(mega_backend *be, float *losses, float *probs,
-                               const float *logits, const int32_t *targets, int N,
-                               int V);
-  /* dlogits may be probs itself (in place, as the gpt model runs it). */
-  void (*crossentropy_backward)(mega_backend *be, float *dlogits, const float *probs,
-                                const int32_t *targets, int v0, float scale, int N, int V);
+  /* Fused softmax + cross-entropy over V classes for N rows, in place over
+   * the logits (the model keeps no second [N,V] buffer):
+   * forward: losses[n] = -log softmax(logits)[n, targets[n]], and each row
+   *   of logits becomes its softmax, the probabilities p. targets is backend
+   *   memory, each in [0, V).
+   * backward: p = (p - onehot(targets - v0)) * scale, computed as p * scale
+   *   and then, at the target, minus scale (the bits the model's tests keep);
+   *   the one-hot only for targets in [v0, v0+V): the rows may be a
+   *   vocabulary slice (v0 0 when whole). The scale waits for the backward
+   *   because the model is given it there. */
+  void (*crossentropy_forward)(mega_backend *be, float *losses, float *logits,
+                               const int32_t *targets, int N, int V);
+  void (*crossentropy_backward)(mega_backend *be, float *probs, const int32_t *targets, int v0,
+                                float scale, int N, int V);
 
   /* Vocabulary-parallel cross-entropy (Megatron's): logits [N,V] are this
    * rank's slice of ids [v0, v0+V); the caller reduces between the steps,
@@ -275,15 +277,15 @@ typedef struct mega_backend_ops {
    *    ranks.
    * 2. sums[n] = sum exp(logits - rowmax); sums[N+n] = the target's logit
    *    if it is in the slice, else 0; the caller sums both over ranks.
-   * 3. losses[n] = log sums[n] + rowmax[n] - sums[N+n];
-   *    probs = exp(logits - rowmax) / sums[n] (the slice's softmax). */
+   * 3. losses[n] = log sums[n] + rowmax[n] - sums[N+n]; in place, logits
+   *    become exp(logits - rowmax) / sums[n] (the slice of the softmax),
+   *    which crossentropy_backward takes with the slice's v0. */
   void (*crossentropy_rowmax)(mega_backend *be, float *rowmax, const float *logits, int N,
                               int V);
   void (*crossentropy_sums)(mega_backend *be, float *sums, const float *logits,
                             const float *rowmax, const int32_t *targets, int v0, int N, int V);
-  void (*crossentropy_finish)(mega_backend *be, float *losses, float *probs,
-                              const float *logits, const float *rowmax, const float *sums,
-                              int N, int V);
+  void (*crossentropy_finish)(mega_backend *be, float *losses, float *logits,
+                              const float *rowmax, const float *sums, int N, int V);
 
   /* AdamW on a flat range of n elements; m and v are the moment buffers. */
   void (*adamw)(mega_backend *be, float *params, const float *grads, float *m, float *v,

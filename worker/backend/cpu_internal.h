@@ -115,11 +115,10 @@ void mega_cpu_gelu_backward(mega_backend *be, float *dinp, const float *inp,
                             const float *dout, size_t n);
 void mega_cpu_residual_forward(mega_backend *be, float *out, const float *a,
                                const float *b, size_t n);
-void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
-                                   const float *logits, const int32_t *targets, int N,
-                                   int V);
-void mega_cpu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
-                                    const int32_t *targets, int v0, float scale, int N, int V);
+void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *logits,
+                                   const int32_t *targets, int N, int V);
+void mega_cpu_crossentropy_backward(mega_backend *be, float *probs, const int32_t *targets,
+                                    int v0, float scale, int N, int V);
 void mega_cpu_bias_residual_forward(mega_backend *be, float *out, const float *a,
                                     const float *b, const float *bias, int N, int C);
 /* cpu_vocab.c: vocabulary-parallel cross-entropy */
@@ -128,9 +127,8 @@ void mega_cpu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *
 void mega_cpu_crossentropy_sums(mega_backend *be, float *sums, const float *logits,
                                 const float *rowmax, const int32_t *targets, int v0, int N,
                                 int V);
-void mega_cpu_crossentropy_finish(mega_backend *be, float *losses, float *probs,
-                                  const float *logits, const float *rowmax, const float *sums,
-                                  int N, int V);
+void mega_cpu_crossentropy_finish(mega_backend *be, float *losses, float *logits,
+                                  const float *rowmax, const float *sums, int N, int V);
 void mega_cpu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                 const float *q, const float *k, const float *v,
                                 const mega_attn_dims *d);

@@ -274,49 +274,47 @@ void mega_cpu_bias_residual_forward(mega_backend *be, float *out, const float *a
 /* ---- softmax cross-entropy ---- */
 
 typedef struct xent_ctx {
-  float *losses, *probs, *dlogits;
-  const float *logits, *cprobs;
+  float *losses, *x; /* x: the logits, then the probabilities, then dlogits */
   const int32_t *targets;
   int v0, V;
   float scale;
 } xent_ctx;
 
 /* loss = logsumexp(logits) - logits[target], computed from the max-shifted
- * row so it is exact to float rounding even when probs[target] underflows. */
+ * row so it is exact to float rounding even when probs[target] underflows.
+ * In place: the target's logit is read before the row becomes exp(x - mx). */
 MEGA_CPU_CLONES
 static void xent_fwd_rows(void *vc, int64_t n0, int64_t n1) {
   const xent_ctx *c = vc;
   int V = c->V, V16 = V / MEGA_LANES * MEGA_LANES;
   for (int64_t n = n0; n < n1; n++) {
-    const float *l = c->logits + n * V;
-    float *p = c->probs + n * V;
-    float acc[MEGA_LANES];
+    float *p = c->x + n * V;
+    float acc[MEGA_LANES], target = p[c->targets[n]];
     for (int k = 0; k < MEGA_LANES; k++) acc[k] = -INFINITY;
     for (int i = 0; i < V16; i += MEGA_LANES)
-      for (int k = 0; k < MEGA_LANES; k++) acc[k] = l[i + k] > acc[k] ? l[i + k] : acc[k];
+      for (int k = 0; k < MEGA_LANES; k++) acc[k] = p[i + k] > acc[k] ? p[i + k] : acc[k];
     float mx = mega_lanes_max(acc);
-    for (int i = V16; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int i = V16; i < V; i++) mx = p[i] > mx ? p[i] : mx;
     for (int k = 0; k < MEGA_LANES; k++) acc[k] = 0.0f;
     for (int i = 0; i < V16; i += MEGA_LANES)
       for (int k = 0; k < MEGA_LANES; k++) {
-        p[i + k] = mega_expf(l[i + k] - mx);
+        p[i + k] = mega_expf(p[i + k] - mx);
         acc[k] += p[i + k];
       }
     float s = mega_lanes_sum(acc);
     for (int i = V16; i < V; i++) {
-      p[i] = mega_expf(l[i] - mx);
+      p[i] = mega_expf(p[i] - mx);
       s += p[i];
     }
     float inv = 1.0f / s;
     for (int i = 0; i < V; i++) p[i] *= inv;
-    c->losses[n] = logf(s) + mx - l[c->targets[n]];
+    c->losses[n] = logf(s) + mx - target;
   }
 }
 
-void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
-                                   const float *logits, const int32_t *targets, int N,
-                                   int V) {
-  xent_ctx c = {.losses = losses, .probs = probs, .logits = logits, .targets = targets, .V = V};
+void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *logits,
+                                   const int32_t *targets, int N, int V) {
+  xent_ctx c = {.losses = losses, .x = logits, .targets = targets, .V = V};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(V), xent_fwd_rows, &c);
 }
 
@@ -325,17 +323,15 @@ static void xent_bwd_rows(void *vc, int64_t n0, int64_t n1) {
   const xent_ctx *c = vc;
   int V = c->V;
   for (int64_t n = n0; n < n1; n++) {
-    const float *p = c->cprobs + n * V;
-    float *d = c->dlogits + n * V;
-    for (int i = 0; i < V; i++) d[i] = p[i] * c->scale;
+    float *d = c->x + n * V;
+    for (int i = 0; i < V; i++) d[i] *= c->scale;
     int64_t t = (int64_t)c->targets[n] - c->v0;
     if (t >= 0 && t < V) d[t] -= c->scale;
   }
 }
 
-void mega_cpu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
-                                    const int32_t *targets, int v0, float scale, int N, int V) {
-  xent_ctx c = {.dlogits = dlogits, .cprobs = probs, .targets = targets, .v0 = v0, .V = V,
-                .scale = scale};
+void mega_cpu_crossentropy_backward(mega_backend *be, float *probs, const int32_t *targets,
+                                    int v0, float scale, int N, int V) {
+  xent_ctx c = {.x = probs, .targets = targets, .v0 = v0, .V = V, .scale = scale};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(V), xent_bwd_rows, &c);
 }

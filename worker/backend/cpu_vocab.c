@@ -6,7 +6,7 @@
 #include "worker/backend/cpu_internal.h"
 
 typedef struct vce_ctx {
-  float *rowmax, *sums, *losses, *probs;
+  float *rowmax, *sums, *losses, *x; /* x: finish's logits, then probabilities */
   const float *logits, *crowmax, *csums;
   const int32_t *targets;
   int v0, N, V;
@@ -59,18 +59,16 @@ MEGA_CPU_CLONES
 static void finish_rows(void *vc, int64_t n0, int64_t n1) {
   const vce_ctx *c = vc;
   for (int64_t n = n0; n < n1; n++) {
-    const float *l = c->logits + n * c->V;
-    float *p = c->probs + n * c->V;
+    float *p = c->x + n * c->V;
     float mx = c->crowmax[n], s = c->csums[n], inv = 1.0f / s;
-    for (int i = 0; i < c->V; i++) p[i] = mega_expf(l[i] - mx) * inv;
+    for (int i = 0; i < c->V; i++) p[i] = mega_expf(p[i] - mx) * inv;
     c->losses[n] = logf(s) + mx - c->csums[c->N + n];
   }
 }
 
-void mega_cpu_crossentropy_finish(mega_backend *be, float *losses, float *probs,
-                                  const float *logits, const float *rowmax, const float *sums,
-                                  int N, int V) {
-  vce_ctx c = {.losses = losses, .probs = probs, .logits = logits, .crowmax = rowmax,
-               .csums = sums, .N = N, .V = V};
+void mega_cpu_crossentropy_finish(mega_backend *be, float *losses, float *logits,
+                                  const float *rowmax, const float *sums, int N, int V) {
+  vce_ctx c = {.losses = losses, .x = logits, .crowmax = rowmax, .csums = sums, .N = N,
+               .V = V};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), N, grain(V), finish_rows, &c);
 }

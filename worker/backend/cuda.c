@@ -416,18 +416,19 @@ static void cu_rope_backward(mega_backend *be, float *dx, const float *cs, int B
   note(be, mega_cu_rope(S(be), dx, cs, B * T, T, heads, hs, ld, rot, -1.0f), "rope backward");
 }
 
-static void cu_crossentropy_forward(mega_backend *be, float *losses, float *probs,
-                                    const float *logits, const int32_t *targets, int N, int V) {
+/* In place: the forward writes the logits (the probabilities), so their
+ * kept bf16 copies go. */
+static void cu_crossentropy_forward(mega_backend *be, float *losses, float *logits,
+                                    const int32_t *targets, int N, int V) {
   wrote(be, losses, (size_t)N);
-  wrote(be, probs, (size_t)N * V);
-  note(be, mega_cu_xent_fwd(S(be), losses, probs, logits, targets, N, V), "cross-entropy");
+  wrote(be, logits, (size_t)N * V);
+  note(be, mega_cu_xent_fwd(S(be), losses, logits, targets, N, V), "cross-entropy");
 }
 
-static void cu_crossentropy_backward(mega_backend *be, float *dlogits, const float *probs,
-                                     const int32_t *targets, int v0, float scale, int N, int V) {
-  wrote(be, dlogits, (size_t)N * V);
-  note(be, mega_cu_xent_bwd(S(be), dlogits, probs, targets, v0, scale, N, V),
-       "cross-entropy backward");
+static void cu_crossentropy_backward(mega_backend *be, float *probs, const int32_t *targets,
+                                     int v0, float scale, int N, int V) {
+  wrote(be, probs, (size_t)N * V);
+  note(be, mega_cu_xent_bwd(S(be), probs, targets, v0, scale, N, V), "cross-entropy backward");
 }
 
 static void cu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,
@@ -444,13 +445,11 @@ static void cu_crossentropy_sums(mega_backend *be, float *sums, const float *log
        "cross-entropy sums");
 }
 
-static void cu_crossentropy_finish(mega_backend *be, float *losses, float *probs,
-                                   const float *logits, const float *rowmax, const float *sums,
-                                   int N, int V) {
+static void cu_crossentropy_finish(mega_backend *be, float *losses, float *logits,
+                                   const float *rowmax, const float *sums, int N, int V) {
   wrote(be, losses, (size_t)N);
-  wrote(be, probs, (size_t)N * V);
-  note(be, mega_cu_xent_finish(S(be), losses, probs, logits, rowmax, sums, N, V),
-       "cross-entropy");
+  wrote(be, logits, (size_t)N * V);
+  note(be, mega_cu_xent_finish(S(be), losses, logits, rowmax, sums, N, V), "cross-entropy");
 }
 
 static mega_status sum_any(mega_backend *be, const float *x, size_t n, int squares, double *out,

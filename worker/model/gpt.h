@@ -319,7 +319,9 @@ size_t mega_gpt_acts_bytes(const mega_gpt_acts *a);
 size_t mega_gpt_scratch_bytes(const mega_gpt_stage *s);
 void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T);
 /* Loss stage: logits [B,T,V/tp] of the last forward (backend memory):
- * this rank's slice of the vocabulary. */
+ * this rank's slice of the vocabulary. NULL after a forward with targets:
+ * the loss writes its probabilities over them (one buffer, not two), so
+ * generation and evaluation of logits run the forward without targets. */
 const float *mega_gpt_acts_logits(const mega_gpt_acts *a);
 void mega_gpt_acts_destroy(mega_gpt_acts *a); /* NULL is fine */
 

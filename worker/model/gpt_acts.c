@@ -162,9 +162,8 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
     a->lnf_mean = carve(cv, a->R);
     a->lnf_rstd = carve(cv, a->R);
     a->logits = carve(cv, N * Vl);
-    a->probs = carve(cv, N * Vl);
     a->losses = carve(cv, N);
-    a->dlogits = a->probs; /* written in place: the probabilities are read only there */
+    a->dlogits = a->logits; /* the loss writes in place (backend.h) */
     a->dlnf = carve(cv, RC);
     if (tp->size > 1) {
       a->rowmax = carve(cv, N);
@@ -254,7 +253,9 @@ void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T) {
   *T = a->T;
 }
 
-const float *mega_gpt_acts_logits(const mega_gpt_acts *a) { return a->logits; }
+const float *mega_gpt_acts_logits(const mega_gpt_acts *a) {
+  return a->have_targets ? NULL : a->logits; /* the loss wrote over them */
+}
 
 void mega_gpt_acts_destroy(mega_gpt_acts *a) {
   if (!a) return;

@@ -61,8 +61,11 @@ struct mega_gpt_acts {
   unsigned gen;
   float *sink; /* [R,C] scratch: where a rerun group's output goes (the real one is kept) */
   float *lnf, *lnf_mean, *lnf_rstd; /* loss stage: [N,C], [R], [R] */
-  float *logits, *probs, *losses;   /* [N,Vl], [N,Vl], [N] */
-  float *dlogits, *dlnf;            /* [N,Vl] (probs, overwritten), [R,C] */
+  /* [N,Vl]: the logits; with targets the loss overwrites them with the
+   * probabilities and the backward those with dlogits (one buffer, as the
+   * fused classifier writes in place). losses [N]. */
+  float *logits, *losses;
+  float *dlogits, *dlnf;            /* [N,Vl] (the logits, overwritten), [R,C] */
   float *rowmax, *ce_sums;          /* TP loss: [N], [2N] */
   float *datty;                     /* [N,Ql] scratch: attention output grad */
   float *att_scratch;               /* att_scratch_floats */

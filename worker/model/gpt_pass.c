@@ -248,14 +248,16 @@ static mega_status embedding_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
   return reduce_rows(s, a, a->resid[0], err);
 }
 
-/* Vocabulary-parallel cross-entropy: the row max, then the sums of exp and
- * the target's logit, each reduced over the group; never the whole logits. */
+/* The loss, in place: the logits become the probabilities, which the
+ * backward turns into dlogits (it is given loss_scale). Vocabulary-parallel:
+ * the row max, then the sums of exp and the target's logit, each reduced
+ * over the group; never the whole logits. */
 static mega_status loss_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *err) {
   const mega_backend_ops *o = s->be->ops;
   const mega_gpt_tp *tp = &s->desc.tp;
   int N = a->B * a->T, Vl = s->cfg.vocab_size / tp->size;
   if (!tp_on(s)) {
-    o->crossentropy_forward(s->be, a->losses, a->probs, a->logits, a->targets, N, Vl);
+    o->crossentropy_forward(s->be, a->losses, a->logits, a->targets, N, Vl);
     return MEGA_OK;
   }
   o->crossentropy_rowmax(s->be, a->rowmax, a->logits, N, Vl);
@@ -264,7 +266,7 @@ static mega_status loss_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *e
   o->crossentropy_sums(s->be, a->ce_sums, a->logits, a->rowmax, a->targets, tp->rank * Vl, N,
                        Vl);
   if ((st = tp->ops->all_reduce(tp->ctx, a->ce_sums, 2 * (size_t)N, err))) return st;
-  o->crossentropy_finish(s->be, a->losses, a->probs, a->logits, a->rowmax, a->ce_sums, N, Vl);
+  o->crossentropy_finish(s->be, a->losses, a->logits, a->rowmax, a->ce_sums, N, Vl);
   return MEGA_OK;
 }
 
@@ -430,8 +432,7 @@ static mega_status loss_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, floa
   const mega_gpt_tp *tp = &s->desc.tp;
   int C = s->cfg.channels, Vl = s->cfg.vocab_size / tp->size, N = a->B * a->T;
   int L = s->desc.num_layers;
-  o->crossentropy_backward(be, a->dlogits, a->probs, a->targets, tp->rank * Vl, loss_scale, N,
-                           Vl);
+  o->crossentropy_backward(be, a->dlogits, a->targets, tp->rank * Vl, loss_scale, N, Vl);
   o->matmul_backward_input(be, partial_for(s, a, a->dlnf), a->dlogits, s->param + s->head, N,
                            C, Vl, MEGA_W_OUT_IN, false);
   mega_status st = reduce_rows(s, a, a->dlnf, err);
