@@ -39,6 +39,7 @@ mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err
   r->env = *env;
   r->job = job;
   pthread_mutex_init(&r->comm_lock, NULL);
+  mega_abort_guard_init(&r->guard);
   mega_status st = mega_topo_init(&r->topo, env->world_size, job->tensor_model_parallel_size,
                                   job->pipeline_model_parallel_size, err);
   if (st != MEGA_OK) {
@@ -50,9 +51,14 @@ mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err
   return MEGA_OK;
 }
 
+/* How long an abort lets the norm's last sums finish (abort_guard.h): they
+ * take milliseconds between live peers; a hung one costs this much. */
+#define ABORT_GRACE_MS 500
+
 void mega_rank_abort(mega_rank *r, const char *reason) {
   if (atomic_exchange(&r->aborted, true)) return;
   snprintf(r->abort_reason, sizeof r->abort_reason, "%s", reason ? reason : "aborted");
+  mega_abort_guard_close(&r->guard, ABORT_GRACE_MS);
   pthread_mutex_lock(&r->comm_lock);
   for (int g = 0; g < NGROUPS; g++) rank_comm_abort_locked(r, g);
   pthread_mutex_unlock(&r->comm_lock);
@@ -473,10 +479,15 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   double tc = wall_s();
   if (st == MEGA_OK && r->copy) st = mega_grads_wait_copy(r->chunks.grads, err);
   double copy_s = wall_s() - tc;
+  /* the sums over TP and the pipeline are barriers: an abort lets them end
+   * (abort_guard.h); the loss stage's copy of the embedding, summed
+   * meanwhile, is among what a rank past them steps with */
+  bool guarded = st == MEGA_OK && mega_abort_guard_enter(&r->guard);
+  if (st == MEGA_OK && !guarded) st = check_abort(r, err);
   if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
   if (st == MEGA_OK) st = pipeline_stats(r->hcomm[GROUP_PP], &sumsq, &drained, err);
-  /* the loss stage's copy of the embedding, summed meanwhile */
   if (st == MEGA_OK) st = wait_embd(r, err);
+  if (guarded) mega_abort_guard_leave(&r->guard);
   double tsync = wall_s();
   /* Waiting here while another stage still runs its schedule is pipeline
    * bubble (the drain), not gradient sync. Clocks of two nodes may disagree
@@ -640,6 +651,7 @@ void mega_rank_destroy(mega_rank *r) {
   rank_comm_destroy_all(r);
   mega_req_free(r->embd_req); /* only after a failure; cancelled with its communicator */
   pthread_mutex_destroy(&r->comm_lock);
+  mega_abort_guard_destroy(&r->guard);
   mega_store_close(r->store);
   rank_tp_free(r);
   mega_optim_destroy(r->optim);

@@ -12,6 +12,7 @@
 #include "worker/engine/chunks.h"
 #include "worker/engine/engine.h"
 #include "worker/optim/lr_sched.h"
+#include "worker/rank/abort_guard.h"
 #include "worker/rank/rank.h"
 #include "worker/rank/rank_load.h"
 #include "worker/rank/rank_saver.h"
@@ -60,6 +61,7 @@ struct mega_rank {
    * carries no such memory. */
   mega_comm *dcomm[NGROUPS], *hcomm[NGROUPS];
   pthread_mutex_t comm_lock; /* guards them against mega_rank_abort's thread */
+  mega_abort_guard guard;    /* the norm's last sums, which an abort lets finish */
   rank_tp tp;
   mega_p2p *p2p;
   bool simulate;
