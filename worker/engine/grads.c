@@ -49,12 +49,14 @@ static mega_status layout_chunk(mega_grads *g, chunk *c, size_t *offset, mega_er
     cur = NULL;                                                           \
   } while (0)
   /* The tied embedding ends a bucket, so a loss stage's copy (its first
-   * gradient) launches at once. With the distributed optimizer it is alone
-   * (its shards must cover the same elements on both stages); without, the
-   * first stage's last small params join it: one collective fewer where the
-   * backward ends, the grad sync's exposed tail (bench_dp.py timeline). */
+   * gradient) is alone and goes to the embedding stage at once
+   * (grads_tied.c), with or without overlap. With the distributed
+   * optimizer wte is alone too (its shards must cover the same elements on
+   * both stages); without, the first stage's last small params join it:
+   * one collective fewer where the backward ends, the grad sync's exposed
+   * tail (bench_dp.py timeline). */
   for (int i = np - 1; i >= 0; i--) {
-    bool tied = is_wte(&p[i]) && (o->distributed || o->overlap);
+    bool tied = is_wte(&p[i]) && (o->distributed || o->overlap || p[i].tied_copy);
     if (tied && cur && o->distributed) CLOSE();
     if (!cur) {
       cur = &g->buckets[g->nbuckets++];
@@ -277,6 +279,7 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->norm_post);
   range_set_free(&g->own);
   range_set_free(&g->copy);
+  mega_grads__tied_free(g);
   free(g);
 }
 
@@ -312,7 +315,7 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err) {
   memset(g->timing, 0, (size_t)g->nbuckets * sizeof *g->timing);
   memset(g->normed, 0, (size_t)g->nbuckets * sizeof *g->normed);
   g->failed = MEGA_OK;
-  return MEGA_OK;
+  return mega_grads__tied_start(g, err);
 }
 
 void mega_grads_enable(mega_grads *g, int c, bool on) { g->chunks[c].enabled = on; }
@@ -321,11 +324,13 @@ static mega_status launch(mega_grads *g, int b, mega_err *err) {
   mega_grads_bucket *k = &g->buckets[b];
   chunk *c = &g->chunks[k->chunk];
   g->launched[b] = true;
-  g->timing[b] = (mega_grads_timing){.launched = wall_s(), .cpu_s = -1, .runq_s = -1};
   if (g->on_launch) g->on_launch(g->on_launch_arg, b);
+  bool sent;
+  mega_status st = mega_grads__tied_launch(g, b, &sent, err);
+  if (st != MEGA_OK || sent) return st; /* the copy is not reduced here (grads_tied.c) */
+  g->timing[b] = (mega_grads_timing){.launched = wall_s(), .cpu_s = -1, .runq_s = -1};
   if (!g->comm) return MEGA_OK;
   float *data = c->grads + k->offset;
-  mega_status st;
   if (g->o.distributed) {
     size_t counts[g->o.dp_size];
     for (int d = 0; d < g->o.dp_size; d++) counts[d] = k->shard_numel;
@@ -421,6 +426,7 @@ mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
                           1.0f / (float)g->o.dp_size);
       }
     }
+    if (st == MEGA_OK) st = mega_grads__tied_reduced(g, b, err);
     if (st == MEGA_OK) st = norm_bucket(g, b, err);
   }
   return st;
@@ -471,31 +477,6 @@ mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err) {
   return MEGA_OK;
 }
 
-void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n, bool *copy) {
-  *grad = NULL;
-  *n = 0;
-  *copy = false;
-  for (int v = 0; v < g->vp; v++) {
-    chunk *c = &g->chunks[v];
-    int np;
-    const mega_param_info *p = mega_gpt_params(c->stage, &np);
-    for (int i = 0; i < np; i++) {
-      if (!is_wte(&p[i])) continue;
-      const mega_grads_bucket *k = &g->buckets[c->bucket_of[i]];
-      *copy = p[i].tied_copy;
-      if (g->o.distributed) {
-        /* The bucket holds wte alone, laid out alike on both stages. */
-        *grad = c->grads + k->offset + k->shard_offset;
-        *n = k->shard_numel;
-      } else {
-        *grad = c->grads + p[i].offset;
-        *n = p[i].numel;
-      }
-      return;
-    }
-  }
-}
-
 const mega_optim_range *mega_grads_ranges(const mega_grads *g, size_t *n) {
   *n = g->own.n;
   return g->own.ranges;
@@ -529,6 +510,7 @@ bool mega_grads_params_whole(const mega_grads *g) {
 }
 
 void mega_grads_quiesce(mega_grads *g) {
+  mega_grads__tied_quiesce(g);
   for (int b = 0; b < g->nbuckets; b++) {
     if (g->req[b]) {
       mega_req_wait(g->req[b], 0, NULL);

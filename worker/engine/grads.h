@@ -12,11 +12,11 @@
  *
  * Buckets. Walking the buffer from its start, a bucket closes once it holds
  * bucket_size elements (Megatron's default max(40M, 1M x DP)); without
- * overlap the whole buffer is one bucket. The tied embedding (wte on the
- * embedding stage, its copy on a loss-only stage) gets a bucket of its own
- * whenever there is more than one bucket or the optimizer is distributed:
- * it also needs the embedding-group all-reduce, and its shards must cover
- * the same elements on both stages. With the distributed optimizer each
+ * overlap the whole buffer is one bucket but for a loss-only stage's copy
+ * of wte, always alone (it is sent, not reduced: see below). The embedding
+ * stage's wte gets a bucket of its own whenever there is more than one
+ * bucket or the optimizer is distributed: its shards must cover the same
+ * elements on both stages. With the distributed optimizer each
  * bucket is padded to a multiple of 16 x DP, so it splits into DP equal,
  * aligned shards; rank d owns shard d. Padding stays zero.
  *
@@ -41,6 +41,22 @@
  * mega_grads_loss_scale_factor). Launches go to the communicator in bucket
  * order within a backward, which is the same on every data-parallel rank,
  * so every rank issues the same collectives in the same order (comm.h).
+ *
+ * The tied embedding (GPT-2's wte: the first stage's input embedding, and
+ * the LM head of the last stage, which keeps a copy): the two copies'
+ * gradients are summed across the two stages and DP (Megatron's
+ * _allreduce_embedding_grads). With the embedding group set
+ * (mega_grads_set_tied_comm), the loss stage does not reduce its copy: the
+ * copy's bucket, alone and launched first (the head's gradient is its
+ * backward's first), is sent unreduced to the embedding stage of the same
+ * coordinate, which adds it into its own wte gradient just before its wte
+ * bucket launches, so that bucket's data-parallel reduction yields the
+ * total at once (sum over DP of both copies; the rank's shard of it with
+ * the distributed optimizer). The embedding stage then sends that total
+ * back without waiting for it; the loss stage receives it into its copy's
+ * place (the same shard) and waits for it only in mega_grads_wait_tied.
+ * The embedding stage's backward thus ends with its own last bucket, not
+ * with a second collective over the embedding group after it.
  *
  * Distributed optimizer: mega_grads_ranges gives the optimizer the
  * parameter pieces this rank owns; after its step mega_grads_gather_params
@@ -183,11 +199,24 @@ double mega_grads_loss_scale_factor(const mega_grads *g);
  * same bits whenever the buckets finished. */
 mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err);
 
-/* The part of the tied embedding's gradient this rank owns, for the
- * embedding-group all-reduce (both stages own the same elements); *n 0 when
- * the rank has no tied embedding. *copy: it is the loss-only stage's copy
- * (which the norm leaves out). */
-void mega_grads_tied_region(mega_grads *g, float **grad, size_t *n, bool *copy);
+/* The tied embedding's exchange ("The tied embedding" above). embd: the
+ * embedding group (the first and the last stage of one data-parallel and
+ * TP coordinate; NULL, or a group of one, when PP is 1 or the head is
+ * untied: no exchange). Set it before the first start; it allocates the
+ * embedding stage's receive buffer (wte's size). */
+mega_status mega_grads_set_tied_comm(mega_grads *g, mega_comm *embd, mega_err *err);
+/* Waits for what the exchange left in flight: on the loss stage the total
+ * (its copy's final gradient: call it before the optimizer or the shard
+ * copy read it), on the embedding stage the total's send back (before the
+ * gradients are zeroed again). Call it every iteration, after the chunks'
+ * waits. */
+mega_status mega_grads_wait_tied(mega_grads *g, mega_err *err);
+/* The exchange's times in this iteration, as a bucket's (launched 0: none
+ * ran). Embedding stage: from its wte bucket's launch waiting for the copy
+ * to the copy's arrival (done, waited). Loss stage: from the copy's send
+ * (launched) to the total's arrival (waited; P2P has no comm-thread
+ * times). *floats: the tensor's size. */
+const mega_grads_timing *mega_grads_tied_timing(const mega_grads *g, size_t *floats);
 
 /* The optimizer's ranges: with the distributed optimizer, each parameter's
  * piece inside this rank's shards; else every parameter whole. The array

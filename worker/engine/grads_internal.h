@@ -1,7 +1,8 @@
 /* Inside worker/engine/grads*.c only: the gradient buffers' state
  * (grads.h). grads.c: the buffers, buckets, reductions and the parameter
  * gather; grads_shard.c: the distributed optimizer's shards (the copy's
- * exchange, the moments' gather and scatter). */
+ * exchange, the moments' gather and scatter); grads_tied.c: the tied
+ * embedding's exchange between the pipeline's ends. */
 #ifndef MEGA_WORKER_GRADS_INTERNAL_H
 #define MEGA_WORKER_GRADS_INTERNAL_H
 
@@ -39,6 +40,23 @@ typedef struct range_set {
   size_t n;
 } range_set;
 
+/* The tied embedding's exchange with the other end of the pipeline
+ * (grads_tied.c). */
+typedef enum { TIED_NONE, TIED_FIRST, TIED_COPY } tied_role;
+typedef struct tied_xchg {
+  mega_comm *comm; /* the embedding group, 2 ranks; NULL: no exchange */
+  tied_role role;  /* the embedding stage's wte, or the loss stage's copy */
+  int peer, bucket;
+  float *grad;     /* the whole tensor's gradient (this TP rank's slice) */
+  size_t numel;
+  float *region;   /* the total's part this rank owns: its shard, or the whole */
+  size_t nregion;
+  float *in;       /* the embedding stage's: the copy received (backend memory) */
+  mega_req *recv, *send;
+  bool returned;   /* the total sent back (or its receive posted) this iteration */
+  mega_grads_timing timing;
+} tied_xchg;
+
 struct mega_grads {
   mega_backend *be;
   mega_grads_opts o;
@@ -57,6 +75,7 @@ struct mega_grads {
   range_set copy;   /* the shard it keeps a copy of (shard_copy_shift); n 0: none */
   int copy_shard;   /* whose shard that is; -1: none */
   mega_req **copy_req; /* its exchange in flight (2 per bucket); NULL: none */
+  tied_xchg tied;
   /* parameter gathers launched and not yet waited well; one that failed
    * may have left a bucket half written */
   int gathers_pending;
@@ -77,5 +96,15 @@ struct mega_grads {
  * in place, over comm. */
 mega_status mega_grads__gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
                                       mega_req **req, mega_err *err);
+
+/* The tied exchange's hooks (grads_tied.c). start: at mega_grads_start.
+ * launch: before bucket b's reduction; *sent: the loss stage's copy went to
+ * the embedding stage instead (no data-parallel reduction). reduced: after
+ * bucket b's wait. quiesce and free: mega_grads_quiesce's and destroy's. */
+mega_status mega_grads__tied_start(mega_grads *g, mega_err *err);
+mega_status mega_grads__tied_launch(mega_grads *g, int b, bool *sent, mega_err *err);
+mega_status mega_grads__tied_reduced(mega_grads *g, int b, mega_err *err);
+void mega_grads__tied_quiesce(mega_grads *g);
+void mega_grads__tied_free(mega_grads *g);
 
 #endif

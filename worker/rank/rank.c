@@ -276,6 +276,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK) st = rank_build_groups(r, err);
   if (st == MEGA_OK)
     mega_grads_set_comm(r->chunks.grads, r->dcomm[GROUP_DP], r->hcomm[GROUP_DP]);
+  if (st == MEGA_OK) st = mega_grads_set_tied_comm(r->chunks.grads, r->dcomm[GROUP_EMBD], err);
   if (st == MEGA_OK) st = build_engine(r, err);
   if (st == MEGA_OK) st = size_spans(r, err);
   if (st == MEGA_OK && r->env.replicas) { /* the replicas' state is newer than any --load */
@@ -324,62 +325,19 @@ static mega_status pipeline_stats(mega_comm *c, double *sumsq, double *end, mega
   return MEGA_OK;
 }
 
-/* The tied embedding's two copies summed across the first and last stage
- * (finalize_model_grads): with the distributed optimizer only the shard
- * this rank owns, which covers the same elements on both stages
- * (worker/engine/grads.h). Launched as soon as this rank's data-parallel
- * reductions are done, so the stage whose copy is complete first (the
- * loss stage: its head's gradient is backward's first) is already waiting
- * when the other's arrives. wait_embd waits for it. */
-static mega_status launch_embd(mega_rank *r, bool *tied_copy, mega_err *err) {
-  float *tied;
-  size_t n;
-  mega_grads_tied_region(r->chunks.grads, &tied, &n, tied_copy);
-  if (!r->dcomm[GROUP_EMBD] || !n) return MEGA_OK;
-  r->embd = (mega_rank_reduction){.bucket = -1, .tied = true, .floats = n,
-                                  .launched_s = wall_s(), .cpu_s = -1, .runq_s = -1};
-  mega_status st = mega_comm_iall_reduce(r->dcomm[GROUP_EMBD], tied, n, 0, &r->embd_req, err);
-  if (st != MEGA_OK) mega_err_prefix(err, "summing the tied embedding's gradient");
-  return st;
-}
-
-static mega_status wait_embd(mega_rank *r, mega_err *err) {
-  if (!r->embd_req) return MEGA_OK;
-  mega_status st = mega_req_wait(r->embd_req, 0, err);
-  mega_req_times t;
-  if (mega_req_get_times(r->embd_req, &t)) {
-    r->embd.started_s = t.started;
-    r->embd.done_s = t.done;
-    r->embd.cpu_s = t.cpu_s;
-    r->embd.runq_s = t.runq_s;
-  }
-  r->embd.waited_s = wall_s();
-  mega_req_free(r->embd_req);
-  r->embd_req = NULL;
-  if (st != MEGA_OK) mega_err_prefix(err, "summing the tied embedding's gradient");
-  return st;
-}
-
 /* finalize_model_grads: the data-parallel reductions (the schedule's GWs
- * waited for them already; this finds nothing left), the tied embedding's
- * sum, the sequence-parallel layernorms'. The loss stage's copy of the
- * embedding is not in the norm, so that stage leaves the sum in flight:
- * only its optimizer needs it (mega_rank_step waits for it there), and it
- * does not wait here for the embedding stage's last reductions. *reduced:
- * when the last of these sums was done (wall clock; 0: none ran), which
- * leaves out the norm's shares the waits take between them. */
+ * waited for them already; this finds nothing left) and the
+ * sequence-parallel layernorms' sum. The tied embedding's sum is no longer
+ * here: the loss stage's copy joined the embedding stage's wte bucket
+ * before its reduction, and the total comes back to the loss stage while
+ * the ranks go on (grads.h; mega_grads_wait_tied). *reduced: when the last
+ * of these sums was done (wall clock; 0: none ran), which leaves out the
+ * norm's shares the waits take between them. */
 static mega_status finalize_grads(mega_rank *r, double *reduced, mega_err *err) {
   mega_status st = MEGA_OK;
   for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
     st = mega_grads_wait(r->chunks.grads, v, err);
   *reduced = mega_grads_reduced_at(r->chunks.grads);
-  bool tied_copy = false;
-  if (st == MEGA_OK) st = launch_embd(r, &tied_copy, err);
-  if (st == MEGA_OK && !tied_copy && r->embd_req) {
-    st = wait_embd(r, err);
-    double done = r->embd.done_s > 0 ? r->embd.done_s : r->embd.waited_s;
-    if (done > *reduced) *reduced = done;
-  }
   if (st == MEGA_OK && r->topo.tp > 1 && r->job->sequence_parallel) {
     st = rank_tp_finalize_grads(r, err);
     *reduced = wall_s();
@@ -430,7 +388,6 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
                            .dp_rank = r->me.dp, .tp_rank = r->me.tp,
                            .step_start_unix_us = (int64_t)(t0 * 1e6)};
   r->nspans = 0;
-  r->embd = (mega_rank_reduction){0};
   double cpu0, runq0, pcpu0;
   rank_thread_clock(&cpu0, &runq0, &pcpu0);
   mega_status st = ensure_batch(r, it, err);
@@ -447,9 +404,9 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   double ts = res.work_end_wall, tg;
   st = finalize_grads(r, &tg, err);
   /* the shard copy's gradients, once they are final (grads.h): the tied
-   * embedding's sum is among them, so the loss stage waits for it here.
+   * embedding's total is among them, so the loss stage waits for it here.
    * Posted now, waited after the norm's sum over DP. */
-  if (st == MEGA_OK && r->copy) st = wait_embd(r, err);
+  if (st == MEGA_OK && r->copy) st = mega_grads_wait_tied(r->chunks.grads, err);
   if (st == MEGA_OK && r->copy) st = mega_grads_post_copy(r->chunks.grads, err);
   /* The loss is known on the last stage; its replicas add their sums. */
   bool has_loss = mega_sched_is_last_stage(&r->sched, r->me.pp, r->sched.vp - 1) &&
@@ -480,13 +437,13 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   if (st == MEGA_OK && r->copy) st = mega_grads_wait_copy(r->chunks.grads, err);
   double copy_s = wall_s() - tc;
   /* the sums over TP and the pipeline are barriers: an abort lets them end
-   * (abort_guard.h); the loss stage's copy of the embedding, summed
-   * meanwhile, is among what a rank past them steps with */
+   * (abort_guard.h); the loss stage's copy of the embedding, its total
+   * sent back meanwhile, is among what a rank past them steps with */
   bool guarded = st == MEGA_OK && mega_abort_guard_enter(&r->guard);
   if (st == MEGA_OK && !guarded) st = check_abort(r, err);
   if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
   if (st == MEGA_OK) st = pipeline_stats(r->hcomm[GROUP_PP], &sumsq, &drained, err);
-  if (st == MEGA_OK) st = wait_embd(r, err);
+  if (st == MEGA_OK) st = mega_grads_wait_tied(r->chunks.grads, err);
   if (guarded) mega_abort_guard_leave(&r->guard);
   double tsync = wall_s();
   /* Waiting here while another stage still runs its schedule is pipeline
@@ -649,7 +606,6 @@ void mega_rank_destroy(mega_rank *r) {
   mega_engine_destroy(r->eval_engine);
   mega_p2p_destroy(r->p2p);
   rank_comm_destroy_all(r);
-  mega_req_free(r->embd_req); /* only after a failure; cancelled with its communicator */
   pthread_mutex_destroy(&r->comm_lock);
   mega_abort_guard_destroy(&r->guard);
   mega_store_close(r->store);

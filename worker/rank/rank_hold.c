@@ -27,12 +27,7 @@ mega_status mega_rank_hold(mega_rank *r, mega_rank_held *out, mega_err *err) {
                      "rank %d simulates compute (--simulate-compute): it has no state to hand on",
                      r->env.rank);
   mega_rank_abort(r, "holding its state for the next attempt");
-  mega_grads_quiesce(r->chunks.grads);
-  if (r->embd_req) { /* the tied sum a loss stage left in flight */
-    mega_req_wait(r->embd_req, 0, NULL);
-    mega_req_free(r->embd_req);
-    r->embd_req = NULL;
-  }
+  mega_grads_quiesce(r->chunks.grads); /* the tied embedding's exchange too */
   if (r->stepping && !r->stepped)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "rank %d stopped inside the optimizer step of iteration %lld",

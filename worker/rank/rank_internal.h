@@ -85,10 +85,6 @@ struct mega_rank {
   double start_s;    /* monotonic seconds at setup, for --exit-duration-in-mins */
   mega_rank_span *spans;
   size_t nspans, span_cap;
-  /* the tied embedding's all-reduce of this iteration (rank_measure.c
-   * reports it with the buckets) */
-  mega_req *embd_req;
-  mega_rank_reduction embd;
   mega_rank_reduction *reductions; /* [nbuckets + 1], this iteration's */
   size_t nreductions;
 };

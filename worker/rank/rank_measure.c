@@ -48,7 +48,7 @@ static void add_span(mega_rank *r, const char *name, const char *cat, double a, 
  * collectives before it, then running. */
 static void add_spans(mega_rank *r, const mega_rank_reduction *x) {
   char name[24];
-  if (x->bucket < 0) snprintf(name, sizeof name, "embd all-reduce");
+  if (x->bucket < 0) snprintf(name, sizeof name, "embd exchange");
   else snprintf(name, sizeof name, "bucket %d%s", x->bucket, x->tied ? " (wte)" : "");
   add_span(r, name, "reduce_queue", x->launched_s, x->started_s);
   add_span(r, name, "reduce", x->started_s, x->done_s);
@@ -72,14 +72,16 @@ mega_status rank_collect_reductions(mega_rank *r, double t0, bool trace, mega_er
         .done_s = rel(t->done, t0), .waited_s = rel(t->waited, t0), .cpu_s = t->cpu_s,
         .runq_s = t->runq_s};
   }
-  if (r->embd.launched_s > 0) {
-    mega_rank_reduction e = r->embd;
-    e.launched_s = rel(e.launched_s, t0);
-    e.started_s = rel(e.started_s, t0);
-    e.done_s = rel(e.done_s, t0);
-    e.waited_s = rel(e.waited_s, t0);
-    r->reductions[r->nreductions++] = e;
-  }
+  /* bucket -1: the tied embedding's exchange (grads.h): on the embedding
+   * stage the wait for the loss stage's copy before its wte bucket, on the
+   * loss stage from the copy's send to the total's arrival */
+  size_t floats;
+  const mega_grads_timing *t = mega_grads_tied_timing(g, &floats);
+  if (t->launched > 0)
+    r->reductions[r->nreductions++] = (mega_rank_reduction){
+        .bucket = -1, .tied = true, .floats = floats, .launched_s = rel(t->launched, t0),
+        .started_s = rel(t->started, t0), .done_s = rel(t->done, t0),
+        .waited_s = rel(t->waited, t0), .cpu_s = t->cpu_s, .runq_s = t->runq_s};
   for (size_t i = 0; trace && i < r->nreductions; i++) add_spans(r, &r->reductions[i]);
   return MEGA_OK;
 }
