@@ -392,8 +392,7 @@ static void print_stats(FILE *f, const mega_schedule *s, const mega_sim *sim) {
     fputc('\n', f);
   }
   if (sync)
-    fputs("exposed: grad sync outlasting the pipeline's work; the first stage waits for\n"
-          "the last's reductions too (it sums the tied embedding after both)\n", f);
+    fputs("exposed: grad sync outlasting the pipeline's work\n", f);
 }
 
 int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const mega_cost *cost,

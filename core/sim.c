@@ -326,24 +326,16 @@ static bool has_grad_wait(const mega_schedule *s) {
 }
 
 /* How long each rank's reductions outlast the pipeline, which drained when
- * the last action other than GS and GW ended on any rank. */
-static void set_grad_sync_exposed(mega_sim *out, const mega_schedule *s, const mega_cost *cost,
-                                  double drained) {
+ * the last action other than GS and GW ended on any rank. The tied
+ * embedding's sum adds nothing: the loss stage's copy joins the first
+ * stage's wte bucket before its reduction (worker/engine/grads.h), and the
+ * total goes back while the ranks go on. */
+static void set_grad_sync_exposed(mega_sim *out, double drained) {
   int pp = out->pp;
-  /* finalize_model_grads: the first stage sums the tied embedding's
-   * gradient with the last once both have their reductions (one more
-   * collective); the last stage's norm leaves its copy out, so it does not
-   * wait for the sum. */
-  bool tied_sum = pp > 1 && has_grad_wait(s);
   double exposed = 0;
   for (int r = 0; r < pp; r++) {
     mega_sim_rank *o = &out->ranks[r];
-    double finished = o->end;
-    if (tied_sum && r == 0) {
-      if (out->ranks[pp - 1].end > finished) finished = out->ranks[pp - 1].end;
-      finished += cost->grad_sync_latency;
-    }
-    o->grad_sync_exposed = finished > drained ? finished - drained : 0;
+    o->grad_sync_exposed = o->end > drained ? o->end - drained : 0;
     exposed += o->grad_sync_exposed;
   }
   out->grad_sync_exposed = exposed / pp;
@@ -459,7 +451,7 @@ static void summarize(const simulation *sim) {
     if (sim->clock[r] > out->makespan) out->makespan = sim->clock[r];
     if (out->ranks[r].work_end > drained) drained = out->ranks[r].work_end;
   }
-  set_grad_sync_exposed(out, sim->s, sim->cost, drained);
+  set_grad_sync_exposed(out, drained);
   set_bubbles(out, sim->s);
 }
 

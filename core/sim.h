@@ -21,15 +21,14 @@
  * is done. A rank's exposed grad sync is how long its reductions outlast
  * the pipeline: max(0, its end - the latest end of any rank's other
  * actions), the engine's grad_sync_exposed_s (waiting while another stage
- * still computes is bubble). The first stage then sums the tied
- * embedding's gradient with the last (finalize_model_grads), so it is done
- * only when the last stage's reductions are too; the last stage's norm
- * leaves its copy out, so only its optimizer waits for that sum, and its
- * grad sync ends with its own reductions.
+ * still computes is bubble). The tied embedding's sum across the first
+ * and last stage costs nothing here: the engine adds the loss stage's
+ * copy (sent when its head's gradient is done, its backward's first step)
+ * into the first stage's wte bucket before that bucket's reduction, and
+ * sends the total back while both go on (worker/engine/grads.h).
  *
  * Latency (grad_sync_latency): every collective also costs a fixed time
- * whatever its size, each bucket and the first stage's sum of the tied
- * embedding (whose bytes are left out). On one machine most of it is CPU,
+ * whatever its size, each bucket. On one machine most of it is CPU,
  * so with shared lanes it is shared like the bytes. Without it, time goes
  * by floats alone, and the small collectives that end a first stage's
  * backward cost nothing (bench_dp.py timeline shows they do).

@@ -361,17 +361,17 @@ static void grad_sync_costs_and_exposure(void **state) {
  * in two buckets, 0.5 more per collective, so each bucket costs 1. Rank 0's
  * GS follows its last B (5..6): its buckets are ready at 5.5 and 6; rank
  * 1's follows a send, both ready at 5. The pipeline drains at 6. Own
- * links: rank 1 reduces 5..7 (exposed 1), rank 0 5.5..7.5 and then sums
- * the tied embedding with rank 1 for 0.5 more: 8, exposed 2. One lane:
- * rank 1 alone 5..5.5, then two at half speed: rank 1's first done at
- * 6.5, rank 0's first at 7.5, rank 1's second at 8.5 (exposed 2.5), rank
- * 0's second alone from 8.5 to 9 and the tied sum to 9.5 (exposed 3.5). */
+ * links: rank 1 reduces 5..7 (exposed 1), rank 0 5.5..7.5 (exposed 1.5:
+ * the tied embedding's sum is in its last bucket, worker/engine/grads.h).
+ * One lane: rank 1 alone 5..5.5, then two at half speed: rank 1's first
+ * done at 6.5, rank 0's first at 7.5, rank 1's second at 8.5 (exposed
+ * 2.5), rank 0's second alone from 8.5 to 9 (exposed 3). */
 static void grad_sync_latency(void **state) {
   (void)state;
   mega_err err = {0};
   const struct {
     double lanes, exposed0, exposed1, end1;
-  } cases[] = {{0, 2, 1, 7}, {1, 3.5, 2.5, 8.5}};
+  } cases[] = {{0, 1.5, 1, 7}, {1, 3, 2.5, 8.5}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     mega_sched_params p = {MEGA_SCHED_1F1B, 2, 1, 2, 0, MEGA_GRAD_SYNC_END};
     mega_schedule s;
