@@ -207,9 +207,11 @@ def at(l, key, x=None):
 
 def split_exposed(l, peers):
     """Rank line l's exposed grad sync, split: waiting for a data-parallel
-    peer whose pipeline ended later (skew), the embedding sum after the
-    rank's own reductions (embd), its comm thread waiting for a core while
-    the rest ran (runq), and the rest (moving bytes, CPU, latency)."""
+    peer whose pipeline ended later (skew), the tied embedding's exchange
+    past the rank's own reductions (embd: since the loss stage's copy joins
+    stage 0's wte bucket before its reduction, it ends before them and
+    counts nothing; kept to show it), its comm thread waiting for a core
+    while the rest ran (runq), and the rest (moving bytes, CPU, latency)."""
     e = l["grad_sync_exposed_s"]
     w0, w1 = at(l, "drained_s"), at(l, "reduced_s")
     skew = min(e, max([0.0] + [at(p, "drained_s") - w0 for p in peers]))
@@ -288,13 +290,14 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             res = analyse(ranks, skip, P, DP)
             if not plan_flags:
                 base[vp] = res["exposed"]
-            # T_grad_sync: PP rank 0's reductions (its buckets, then the tied
-            # embedding's sum) at the rate of one all-reduce alone
+            # T_grad_sync: PP rank 0's reductions (its buckets: the tied
+            # embedding's exchange, bucket -1, is a receive before its wte
+            # bucket, not a reduction) at the rate of one all-reduce alone
             stage0 = [x for lines in ranks for l in lines[-1:] if l["pp_rank"] == 0
-                      for x in l.get("grad_reductions", [])]
+                      for x in l.get("grad_reductions", []) if x["bucket"] >= 0]
             t_gs = alone * sum(x["floats"] for x in stage0) / DP
             # its collectives per chunk, small ones too: each costs the latency
-            ncoll = sum(1 for x in stage0 if x["bucket"] >= 0) / DP
+            ncoll = len(stage0) / DP
             nb = max(1, round(ncoll / vp))
             flags = ["--pipeline-model-parallel-size", str(P), "--num-microbatches", str(M),
                      "--t-forward", str(f), "--t-backward", str(b),
@@ -335,10 +338,11 @@ def bubble_section(megaw, megactl, tmp, P, layers):
               (name, 1e3 * p[0], 1e3 * p[1], 1e3 * p[2], 1e3 * p[3], 1e3 * p[4],
                1e3 * med([x["skew"] for x in g]), 1e3 * cpu, 100 * cpu / (cores * step)))
     print("(skew: waiting for the other replica's pipeline to end; embd: the tied embedding's "
-          "sum after\n the rank's own reductions; runq: its comm thread runnable without a "
-          "core while the\n reductions ran; rest: the reductions themselves. dp skew: stage "
-          "0's replicas' pipeline\n ends apart. comm CPU: every rank's threads but the "
-          "training thread, per step, and\n as a share of the cores over the step)")
+          "exchange\n past the rank's own reductions, now 0: it ends before stage 0's wte "
+          "bucket; runq: its comm\n thread runnable without a core while the reductions ran; "
+          "rest: the reductions themselves.\n dp skew: stage 0's replicas' pipeline ends apart. "
+          "comm CPU: every rank's threads but the\n "
+          "training thread, per step, and as a share of the cores over the step)")
     print_loads()
 
 
@@ -375,12 +379,15 @@ def timeline(megaw, megactl, tmp):
         print("  %-7s %9s %8s %8s %8s %8s %6s" % ("bucket", "floats", "launched", "started",
                                                   "done", "waited", "runq"))
         for x in l.get("grad_reductions", []):
-            print("  %-7s %9d %8s %8s %8s %8s %6.1f" %
+            runq = "%6.1f" % (1e3 * x["runq_s"]) if x["runq_s"] >= 0 else "     -"
+            print("  %-7s %9d %8s %8s %8s %8s %s" %
                   ("tied" if x["bucket"] < 0 else x["bucket"], x["floats"],
                    ms(at(l, "launched_s", x)), ms(at(l, "started_s", x)),
-                   ms(at(l, "done_s", x)), ms(at(l, "waited_s", x)), 1e3 * x["runq_s"]))
-    print("(tied: the embedding group's sum of the tied embedding, after the rank's own "
-          "reductions)")
+                   ms(at(l, "done_s", x)), ms(at(l, "waited_s", x)), runq))
+    print("(tied: the tied embedding's exchange over the embedding group. pp 0: waiting for "
+          "the last\n stage's copy before its wte bucket launches (the bucket then reduces the "
+          "total); last\n stage: from its copy's send to the total's arrival, waited before its "
+          "optimizer)")
     print_loads()
 
 

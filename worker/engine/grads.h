@@ -32,6 +32,7 @@
  *   mega_grads_enable(g, c, false)
  *   mega_grads_launch(g, c)             GRAD_SYNC: launch what is left
  *   mega_grads_wait(g, c)               GRAD_WAIT: finish_grad_sync
+ *   mega_grads_wait_tied(g)             the tied embedding's total (below)
  *
  * A launch all-reduces the bucket over the data-parallel group, or with the
  * distributed optimizer reduce-scatters it (this rank's shard gets the sum;
@@ -194,8 +195,9 @@ double mega_grads_loss_scale_factor(const mega_grads *g);
  * once the gradients are final (after the embedding and sequence-parallel
  * sums). mega_grads_wait already took each reduced bucket's share (while
  * later buckets still ran, so the norm is off the step's tail), except
- * the tied embedding's and the sequence-parallel layernorms', which those
- * later sums change: this takes those and adds all up. The result is the
+ * the sequence-parallel layernorms', which a later sum changes, and the
+ * tied embedding's (summed before its bucket's reduction now, but kept for
+ * the end like them): this takes those and adds all up. The result is the
  * same bits whenever the buckets finished. */
 mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err);
 
