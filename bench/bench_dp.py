@@ -384,10 +384,10 @@ def timeline(megaw, megactl, tmp):
                   ("tied" if x["bucket"] < 0 else x["bucket"], x["floats"],
                    ms(at(l, "launched_s", x)), ms(at(l, "started_s", x)),
                    ms(at(l, "done_s", x)), ms(at(l, "waited_s", x)), runq))
-    print("(tied: the tied embedding's exchange over the embedding group. pp 0: waiting for "
-          "the last\n stage's copy before its wte bucket launches (the bucket then reduces the "
-          "total); last\n stage: from its copy's send to the total's arrival, waited before its "
-          "optimizer)")
+    print("(tied: the tied embedding's exchange over the embedding group, P2P. pp 0: the last "
+          "stage's\n copy's receive, posted at the start (launched), needed as its wte bucket "
+          "launches (started),\n there (done); the bucket then reduces the total. Last stage: "
+          "its copy sent (launched),\n the total back (done), waited before its optimizer)")
     print_loads()
 
 

@@ -117,7 +117,7 @@ static void test_trace(void **state) {
   assert_non_null(t);
   json_t *evs = json_object_get(t, "traceEvents");
   /* tracks 0 and 1: the ranks' actions; 2 and 3: their communicators (the
-   * tied embedding's all-reduce across the two stages) */
+   * tied embedding's exchange between the two stages) */
   int tracks[4] = {0, 0, 0, 0}, spans = 0;
   for (size_t i = 0; i < json_array_size(evs); i++) {
     json_t *e = json_array_get(evs, i);

@@ -214,10 +214,11 @@ mega_status mega_grads_set_tied_comm(mega_grads *g, mega_comm *embd, mega_err *e
  * waits. */
 mega_status mega_grads_wait_tied(mega_grads *g, mega_err *err);
 /* The exchange's times in this iteration, as a bucket's (launched 0: none
- * ran). Embedding stage: from its wte bucket's launch waiting for the copy
- * to the copy's arrival (done, waited). Loss stage: from the copy's send
- * (launched) to the total's arrival (waited; P2P has no comm-thread
- * times). *floats: the tensor's size. */
+ * ran; P2P has no comm-thread times, so done is when the wait returned).
+ * Embedding stage: the copy's receive posted (launched), its wte bucket's
+ * launch waiting for it (started), the copy there (done, waited). Loss
+ * stage: the copy sent (launched, started), the total there (done,
+ * waited). *floats: the tensor's size. */
 const mega_grads_timing *mega_grads_tied_timing(const mega_grads *g, size_t *floats);
 
 /* The optimizer's ranges: with the distributed optimizer, each parameter's

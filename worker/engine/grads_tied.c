@@ -80,6 +80,7 @@ mega_status mega_grads__tied_start(mega_grads *g, mega_err *err) {
                      "the tied embedding's exchange is still in flight at the start of an "
                      "iteration (mega_grads_wait_tied was not called)");
   if (t->role != TIED_FIRST) return MEGA_OK;
+  t->timing = (mega_grads_timing){.launched = wall_s(), .cpu_s = -1, .runq_s = -1};
   mega_status st = mega_comm_irecv(t->comm, t->in, t->numel * sizeof(float), t->peer, TAG_COPY,
                                    &t->recv, err);
   if (st != MEGA_OK) mega_err_prefix(err, "posting the receive of the loss stage's embedding gradient");
@@ -88,7 +89,8 @@ mega_status mega_grads__tied_start(mega_grads *g, mega_err *err) {
 
 /* The loss stage: its copy goes out unreduced. */
 static mega_status send_copy(tied_xchg *t, mega_err *err) {
-  t->timing = (mega_grads_timing){.launched = wall_s(), .cpu_s = -1, .runq_s = -1};
+  double now = wall_s();
+  t->timing = (mega_grads_timing){.launched = now, .started = now, .cpu_s = -1, .runq_s = -1};
   mega_status st = mega_comm_isend(t->comm, t->grad, t->numel * sizeof(float), t->peer,
                                    TAG_COPY, &t->send, err);
   if (st != MEGA_OK) mega_err_prefix(err, "sending the embedding's gradient to the first stage");
@@ -106,9 +108,8 @@ static mega_status add_copy(mega_grads *g, tied_xchg *t, mega_err *err) {
     mega_err_prefix(err, "receiving the loss stage's embedding gradient");
     return st;
   }
-  double t1 = wall_s();
-  t->timing = (mega_grads_timing){.launched = t0, .started = t0, .done = t1, .waited = t1,
-                                  .cpu_s = -1, .runq_s = -1};
+  t->timing.started = t0;
+  t->timing.done = t->timing.waited = wall_s();
   /* backend memory: on the device under cuda */
   g->be->ops->residual_forward(g->be, t->grad, t->grad, t->in, t->numel);
   return MEGA_OK;
@@ -171,7 +172,8 @@ mega_status mega_grads_wait_tied(mega_grads *g, mega_err *err) {
     st = s2;
     if (err) *err = e2;
   }
-  if (t->role == TIED_COPY && t->timing.launched > 0) t->timing.waited = wall_s();
+  if (t->role == TIED_COPY && t->timing.launched > 0)
+    t->timing.done = t->timing.waited = wall_s();
   if (st != MEGA_OK)
     mega_err_prefix(err, "exchanging the tied embedding's gradient with the other stage");
   return st;

@@ -73,8 +73,9 @@ mega_status rank_collect_reductions(mega_rank *r, double t0, bool trace, mega_er
         .runq_s = t->runq_s};
   }
   /* bucket -1: the tied embedding's exchange (grads.h): on the embedding
-   * stage the wait for the loss stage's copy before its wte bucket, on the
-   * loss stage from the copy's send to the total's arrival */
+   * stage the copy's receive, posted at the start, queued until its wte
+   * bucket needs it; on the loss stage from the copy's send to the total's
+   * arrival */
   size_t floats;
   const mega_grads_timing *t = mega_grads_tied_timing(g, &floats);
   if (t->launched > 0)
