@@ -83,7 +83,8 @@ mega_status mega_grads__tied_start(mega_grads *g, mega_err *err) {
   t->timing = (mega_grads_timing){.launched = wall_s(), .cpu_s = -1, .runq_s = -1};
   mega_status st = mega_comm_irecv(t->comm, t->in, t->numel * sizeof(float), t->peer, TAG_COPY,
                                    &t->recv, err);
-  if (st != MEGA_OK) mega_err_prefix(err, "posting the receive of the loss stage's embedding gradient");
+  if (st != MEGA_OK)
+    mega_err_prefix(err, "posting the receive of the loss stage's embedding gradient");
   return st;
 }
 
