@@ -96,6 +96,19 @@ static inline bool mega_attn_flash_shape(const mega_attn_dims *d) {
   return (d->hs == 64 || d->hs == 128) && d->T > d->hs && d->ldq % 8 == 0 && d->ldkv % 8 == 0;
 }
 
+/* Floats from an attention view's first element to its last: B*T rows of
+ * heads*hs, ld apart (what a rounded copy of q, k, v or dout must hold). */
+static inline size_t mega_attn_span(const mega_attn_dims *d, int ld, int heads) {
+  return ((size_t)d->B * d->T - 1) * ld + (size_t)heads * d->hs;
+}
+
+/* Whether q, k, v are views of one fused [N, ld] buffer, as GPT-2's qkv:
+ * then one copy of the span serves all three. */
+static inline bool mega_attn_fused_qkv(const float *q, const float *k, const float *v,
+                                       const mega_attn_dims *d) {
+  return k == q + (size_t)d->NH * d->hs && v == k + (size_t)d->G * d->hs && d->ldq == d->ldkv;
+}
+
 typedef struct mega_backend_ops {
   const char *name; /* "cpu", "cuda" */
   void (*destroy)(mega_backend *be); /* frees impl and be; via mega_backend_destroy */

@@ -146,12 +146,6 @@ static void round_rows(float *dst, const float *a, int r0, int r1, int T) {
     for (int s = 0; s < r1; s++) dst[(size_t)t * T + s] = mega_bf16_round(a[(size_t)t * T + s]);
 }
 
-/* Floats from a view's first element to its last: rows of width heads*hs,
- * ld apart. */
-static size_t span(const mega_attn_dims *d, int ld, int heads) {
-  return ((size_t)d->B * d->T - 1) * ld + (size_t)heads * d->hs;
-}
-
 /* c's q, k, v (and dout when given) replaced by rounded copies, when --bf16
  * rounds this shape; one copy when they are views of one fused buffer, as
  * GPT-2's qkv. False when a copy could not be made (the backend keeps the
@@ -161,19 +155,22 @@ static bool round_inputs(mega_backend *be, attn_ctx *c, bool dout) {
   if (!((mega_cpu_impl *)be->impl)->bf16 || !mega_attn_flash_shape(d)) return true;
   c->round = true;
   size_t hq = (size_t)d->NH * d->hs, hk = (size_t)d->G * d->hs;
-  if (c->k == c->q + hq && c->v == c->k + hk && d->ldq == d->ldkv) {
-    const float *r = mega_cpu_bf16_copy(be, MEGA_CPU_B16_Q, c->q, span(d, d->ldq, d->NH + 2 * d->G));
+  if (mega_attn_fused_qkv(c->q, c->k, c->v, d)) {
+    const float *r =
+        mega_cpu_bf16_copy(be, MEGA_CPU_B16_Q, c->q, mega_attn_span(d, d->ldq, d->NH + 2 * d->G));
     if (!r) return false;
     c->q = r;
     c->k = r + hq;
     c->v = r + hq + hk;
   } else {
-    c->q = mega_cpu_bf16_copy(be, MEGA_CPU_B16_Q, c->q, span(d, d->ldq, d->NH));
-    c->k = mega_cpu_bf16_copy(be, MEGA_CPU_B16_K, c->k, span(d, d->ldkv, d->G));
-    c->v = mega_cpu_bf16_copy(be, MEGA_CPU_B16_V, c->v, span(d, d->ldkv, d->G));
+    c->q = mega_cpu_bf16_copy(be, MEGA_CPU_B16_Q, c->q, mega_attn_span(d, d->ldq, d->NH));
+    c->k = mega_cpu_bf16_copy(be, MEGA_CPU_B16_K, c->k, mega_attn_span(d, d->ldkv, d->G));
+    c->v = mega_cpu_bf16_copy(be, MEGA_CPU_B16_V, c->v, mega_attn_span(d, d->ldkv, d->G));
     if (!c->q || !c->k || !c->v) return false;
   }
-  if (dout) c->dout = mega_cpu_bf16_copy(be, MEGA_CPU_B16_DOUT, c->dout, span(d, d->NH * d->hs, d->NH));
+  if (dout)
+    c->dout = mega_cpu_bf16_copy(be, MEGA_CPU_B16_DOUT, c->dout,
+                                 mega_attn_span(d, d->NH * d->hs, d->NH));
   return !dout || c->dout;
 }
 

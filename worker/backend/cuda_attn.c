@@ -44,19 +44,14 @@ typedef struct attn16 {
   const uint16_t *q, *k, *v, *dout;
 } attn16;
 
-static size_t span(const mega_attn_dims *d, int ld, int heads) {
-  return ((size_t)d->B * d->T - 1) * ld + (size_t)heads * d->hs;
-}
-
 static size_t up8(size_t n) { return (n + 7) / 8 * 8; }
 
 static bool attn_bf16(mega_backend *be, const float *q, const float *k, const float *v,
                       const float *dout, const mega_attn_dims *d, attn16 *o) {
   cuda_impl *c = impl_of(be);
-  bool fused = k == q + (size_t)d->NH * d->hs && v == k + (size_t)d->G * d->hs &&
-               d->ldq == d->ldkv;
-  size_t nq = fused ? span(d, d->ldq, d->NH + 2 * d->G) : span(d, d->ldq, d->NH);
-  size_t nk = fused ? 0 : span(d, d->ldkv, d->G);
+  bool fused = mega_attn_fused_qkv(q, k, v, d);
+  size_t nq = mega_attn_span(d, d->ldq, fused ? d->NH + 2 * d->G : d->NH);
+  size_t nk = fused ? 0 : mega_attn_span(d, d->ldkv, d->G);
   size_t no = dout ? (size_t)d->B * d->T * d->NH * d->hs : 0;
   if (c->b16 && (o->q = kept(be, q, nq))) { /* the backward finds the forward's q, k, v */
     o->k = fused ? o->q + d->NH * d->hs : kept(be, k, nk);
@@ -148,9 +143,9 @@ void mega_cu__attention_backward(mega_backend *be, float *dq, float *dk, float *
                                   const mega_attn_dims *d) {
   attn16 h;
   const float *ocopy = att + (size_t)d->B * d->NH * d->T;
-  wrote(be, dq, span(d, d->ldq, d->NH));
-  wrote(be, dk, span(d, d->ldkv, d->G));
-  wrote(be, dv, span(d, d->ldkv, d->G));
+  wrote(be, dq, mega_attn_span(d, d->ldq, d->NH));
+  wrote(be, dk, mega_attn_span(d, d->ldkv, d->G));
+  wrote(be, dv, mega_attn_span(d, d->ldkv, d->G));
   attn_wrote(be, NULL, scratch, d);
   if (!attn_fits(be, d)) return;
   if (!use_flash(be, d)) {
