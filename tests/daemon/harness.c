@@ -468,6 +468,13 @@ int hd_procs_matching(const char *needle, pid_t *pids, int max) {
   return n;
 }
 
+static void read_small(const char *path, char *buf, size_t cap) {
+  int fd = open(path, O_RDONLY);
+  ssize_t r = fd >= 0 ? read(fd, buf, cap - 1) : 0;
+  if (fd >= 0) close(fd);
+  buf[r > 0 ? r : 0] = '\0';
+}
+
 bool hd_workers_gone(pid_t megad_pid, int ms) {
   char needle[32];
   snprintf(needle, sizeof needle, "MEGAD_PID=%d", (int)megad_pid);
@@ -489,7 +496,51 @@ bool hd_workers_gone(pid_t megad_pid, int ms) {
       env[k] = '\0';
       if (!strncmp(env + at, "MEGA_", 5)) fprintf(stderr, "  pid %d: %s\n", (int)pids[i], env + at);
     }
+    /* where it waits: each thread's state and kernel wait channel */
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pids[i]);
+    DIR *tasks = opendir(path);
+    for (struct dirent *t; tasks && (t = readdir(tasks));) {
+      if (t->d_name[0] == '.') continue;
+      char p2[320], st[512] = "", wchan[64] = "";
+      snprintf(p2, sizeof p2, "/proc/%d/task/%s/stat", (int)pids[i], t->d_name);
+      read_small(p2, st, sizeof st);
+      snprintf(p2, sizeof p2, "/proc/%d/task/%s/wchan", (int)pids[i], t->d_name);
+      read_small(p2, wchan, sizeof wchan);
+      const char *rp = strrchr(st, ')');
+      fprintf(stderr, "  pid %d thread %s: state %c, waits in %s\n", (int)pids[i], t->d_name,
+              rp && rp[1] && rp[2] ? rp[2] : '?', wchan[0] ? wchan : "?");
+    }
+    if (tasks) closedir(tasks);
   }
+  return false;
+}
+
+/* Every rank log under dir (jobs/<id>/<attempt>/rank-N.log), recursively. */
+static void dump_rank_logs(const char *dir, int depth) {
+  DIR *d = depth < 4 ? opendir(dir) : NULL;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    size_t n = strlen(e->d_name);
+    if (!strncmp(e->d_name, "rank-", 5) && n > 4 && !strcmp(e->d_name + n - 4, ".log")) {
+      FILE *f = fopen(path, "r");
+      if (!f) continue;
+      fprintf(stderr, "---- %s ----\n", path);
+      char line[1024];
+      while (fgets(line, sizeof line, f)) fputs(line, stderr);
+      fclose(f);
+    } else if (e->d_type == DT_DIR) {
+      dump_rank_logs(path, depth + 1);
+    }
+  }
+  if (d) closedir(d);
+}
+
+bool hd_node_workers_gone(const hd *d, int ms) {
+  if (hd_workers_gone(d->pid, ms)) return true;
+  hd_dump_log(d);
+  dump_rank_logs(d->dir, 0);
   return false;
 }
 

@@ -120,6 +120,9 @@ void hd_watch_free(hd_watch *w);
  * orphans included: MEGAD_PID in their environment); false, naming one,
  * after ms. */
 bool hd_workers_gone(pid_t megad_pid, int ms);
+/* The same for node d's megad; on failure also dumps its log and its
+ * ranks' logs. */
+bool hd_node_workers_gone(const hd *d, int ms);
 /* Whether the watch ended with the job SUCCEEDED; if not, says what the
  * watch saw and dumps d's log. */
 bool hd_succeeded(const hd *d, const hd_watch *w);

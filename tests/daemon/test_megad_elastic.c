@@ -113,9 +113,9 @@ static void test_elastic_shrinks_on_node_loss(void **state) {
   hd_watch_free(&ref);
   /* the frozen node comes back: its workers of the old attempt must go */
   for (int i = 0; i < e.nfrozen; i++) kill(e.frozen[i], SIGCONT);
-  assert_true(hd_workers_gone(n[2].pid, 10000));
-  assert_true(hd_workers_gone(n[0].pid, 5000));
-  assert_true(hd_workers_gone(n[1].pid, 5000));
+  assert_true(hd_node_workers_gone(&n[2], 15000));
+  assert_true(hd_node_workers_gone(&n[0], 5000));
+  assert_true(hd_node_workers_gone(&n[1], 5000));
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
@@ -198,7 +198,7 @@ static void test_grows_back_and_rescales(void **state) {
   hd_watch_free(&w);
   hd_watch_free(&ref);
   for (int i = 0; i < 3; i++)
-    if (!hd_workers_gone(n[i].pid, 5000)) {
+    if (!hd_node_workers_gone(&n[i], 5000)) {
       hd_dump_log(&n[i]);
       fail();
     }

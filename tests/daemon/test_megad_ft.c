@@ -120,7 +120,7 @@ static void worker_kill(bool replicas) {
   assert_true(back > detected);
   hd_watch_free(&w);
   hd_watch_free(&ref);
-  assert_true(hd_workers_gone(d.pid, 5000));
+  assert_true(hd_node_workers_gone(&d, 5000));
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
 }
@@ -195,7 +195,7 @@ static void test_damaged_checkpoint_falls_back(void **state) {
   /* the redone iterations began at the checkpoint before the damaged one */
   assert_int_equal(w.attempt[t.damaged - 10 + 1], 1);
   hd_watch_free(&w);
-  assert_true(hd_workers_gone(d.pid, 5000));
+  assert_true(hd_node_workers_gone(&d, 5000));
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
 }
@@ -229,7 +229,7 @@ static void test_hung_worker_restarts(void **state) {
           (double)(detected - k.when_ms) / 1000);
   assert_false(hd_pid_alive(k.victim));
   hd_watch_free(&w);
-  assert_true(hd_workers_gone(d.pid, 5000));
+  assert_true(hd_node_workers_gone(&d, 5000));
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
 }
@@ -268,7 +268,7 @@ static void test_coordinator_restart_resumes(void **state) {
                                         "checkpoint of iteration"));
   assert_int_equal(w.last_iteration, 500);
   hd_watch_free(&w);
-  assert_true(hd_workers_gone(d.pid, 5000));
+  assert_true(hd_node_workers_gone(&d, 5000));
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
 }
@@ -352,7 +352,7 @@ static void replicas_node_kill(int tp, const char *flag) {
           w.redone);
   hd_watch_free(&w);
   hd_watch_free(&ref);
-  for (int i = 0; i < 3; i++) assert_true(hd_workers_gone(n[i].pid, 5000));
+  for (int i = 0; i < 3; i++) assert_true(hd_node_workers_gone(&n[i], 5000));
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
@@ -399,7 +399,7 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   double t0 = hd_now_s();
   hd_kill(&n1);
   /* n2 must not go on training without the job's coordinator */
-  assert_true(hd_workers_gone(n2.pid, 10000));
+  assert_true(hd_node_workers_gone(&n2, 10000));
   fprintf(stderr, "coordinator lost: the other node's rank stopped %.2f s after kill -9\n",
           hd_now_s() - t0);
   /* asked about the job meanwhile, k2 answers itself, naming the node it
@@ -426,7 +426,7 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   assert_true(w.final->attempt >= 1);
   assert_int_equal(w.last_iteration, 600);
   hd_watch_free(&w);
-  assert_true(hd_workers_gone(n1.pid, 5000));
+  assert_true(hd_node_workers_gone(&n1, 5000));
   hd_cleanup(&n2);
   hd_cleanup(&n1);
 }

@@ -112,7 +112,7 @@ static void test_refused_launches_back_off(void **state) {
   assert_true(hd_event_ms(&n1, id, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING, 0,
                           "launch refused 2 times in a row: next try in 0.5 s") > 0);
   assert_int_equal(hd_cancel(&n1, id, "test", &err), MEGA_OK);
-  assert_true(hd_workers_gone(n1.pid, 5000));
+  assert_true(hd_node_workers_gone(&n1, 5000));
   hd_cleanup(&n2);
   hd_cleanup(&n1);
 }

@@ -288,7 +288,7 @@ static void test_replicas_after_coordinator_kill(void **state) {
   hd_watch_free(&before);
   hd_watch_free(&after);
   hd_watch_free(&ref);
-  for (int i = 1; i < 4; i++) assert_true(hd_workers_gone(n[i].pid, 5000));
+  for (int i = 1; i < 4; i++) assert_true(hd_node_workers_gone(&n[i], 5000));
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
@@ -350,7 +350,7 @@ static void test_partitioned_coordinator_stands_down(void **state) {
   assert_string_equal(w.final->coordinator_node_id, n[who].name);
   assert_int_equal(w.last_iteration, ITERS);
   hd_watch_free(&w);
-  assert_true(hd_workers_gone(n[0].pid, 10000));
+  assert_true(hd_node_workers_gone(&n[0], 10000));
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 

@@ -177,8 +177,8 @@ static void die_mid_rendezvous(hd *n1, hd *n2, int victim) {
   assert_non_null(strstr(w.final->error, "signal 9"));
   assert_true(took < 15);
   hd_watch_free(&w);
-  assert_true(hd_workers_gone(n1->pid, 10000));
-  assert_true(hd_workers_gone(n2->pid, 10000));
+  assert_true(hd_node_workers_gone(n1, 10000));
+  assert_true(hd_node_workers_gone(n2, 10000));
 }
 
 static void test_rank_dies_mid_rendezvous(void **state) {
