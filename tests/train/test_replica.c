@@ -241,6 +241,22 @@ static void check_case(const cfg *c) {
   world from_rep = {.job = &jnew, .size = new_size, .steps = N - K, .plan = &plan};
   world_run(&from_rep, true);
 
+  /* distributed: the same from the two shards' parameters only, dp 1's
+   * from dp 0's copy, which steps parameters of its own (grads.h) */
+  world from_shards = {.job = &jnew, .size = new_size, .steps = N - K, .plan = &plan};
+  mega_replica_source by_shard[MAXW];
+  mega_replica_plan shard_plan = plan;
+  if (c->dist) {
+    memcpy(by_shard, src, sizeof by_shard);
+    for (int k = 0; k < new_size; k++) {
+      by_shard[k].params = false;
+      by_shard[k].shard_params = true;
+    }
+    shard_plan.sources = by_shard;
+    from_shards.plan = &shard_plan;
+    world_run(&from_shards, true);
+  }
+
   /* a fetch with another token is refused */
   mega_replica_source bad[MAXW];
   memcpy(bad, src, sizeof bad);
@@ -267,6 +283,9 @@ static void check_case(const cfg *c) {
     if (memcmp(&from_rep.loss[it], &from_ckpt.loss[it], sizeof(double)))
       fail_msg("iteration %d: loss %.12g from replicas, %.12g from the checkpoint", it,
                from_rep.loss[it], from_ckpt.loss[it]);
+    if (c->dist && memcmp(&from_shards.loss[it], &from_ckpt.loss[it], sizeof(double)))
+      fail_msg("iteration %d: loss %.12g from the shards' parameters, %.12g from the "
+               "checkpoint", it, from_shards.loss[it], from_ckpt.loss[it]);
     /* and DP 1 from there follows the uninterrupted DP 2 run */
     double want = ref.loss[it];
     if (fabs(from_rep.loss[it] - want) > RTOL * fabs(want))

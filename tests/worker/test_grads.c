@@ -183,6 +183,53 @@ static void distributed_shards_cover_each_element_once(void **state) {
   }
 }
 
+/* The shard copy: rank d's copy of shard (d - 1) mod DP steps the same
+ * pieces as that shard's owner, on gradients in d's buffer at that shard's
+ * place, but on parameters of its own (the all-gather writes the buffer's
+ * while the copy steps), which take the buffer's values on request. */
+static void shard_copy_has_its_own_params(void **state) {
+  (void)state;
+  enum { DP = 3 };
+  fixture f[DP];
+  for (int d = 0; d < DP; d++)
+    setup(&f[d], (mega_gpt_stage_desc){true, false, 0, 3},
+          (mega_grads_opts){.dp_size = DP, .dp_rank = d, .overlap = true, .distributed = true,
+                            .bucket_size = 3000, .shard_copy_shift = 1});
+  for (int d = 0; d < DP; d++) {
+    int c = (d + DP - 1) % DP;
+    assert_int_equal(mega_grads_copy_shard(f[d].g), c);
+    size_t nc, no;
+    const mega_optim_range *cr = mega_grads_copy_ranges(f[d].g, &nc);
+    const mega_optim_range *own = mega_grads_ranges(f[c].g, &no);
+    const mega_grads_piece *cp = mega_grads_copy_pieces(f[d].g, &nc);
+    const mega_grads_piece *op = mega_grads_pieces(f[c].g, &no);
+    assert_int_equal(nc, no);
+    float *base = mega_gpt_param_data(f[d].stage), *cbase = mega_gpt_param_data(f[c].stage);
+    size_t total = mega_gpt_num_params(f[d].stage), bytes = 0;
+    for (size_t i = 0; i < nc; i++) {
+      assert_int_equal(cp[i].param, op[i].param);
+      assert_int_equal(cp[i].elem, op[i].elem);
+      assert_int_equal(cr[i].numel, own[i].numel);
+      assert_int_equal(cr[i].decay, own[i].decay);
+      size_t at = (size_t)(own[i].params - cbase); /* the same place in every rank's buffers */
+      assert_ptr_equal(cr[i].grads, mega_gpt_grad_data(f[d].stage) + at);
+      assert_true(cr[i].params + cr[i].numel <= base || cr[i].params >= base + total);
+      bytes += cr[i].numel * sizeof(float);
+    }
+    assert_true(mega_grads_copy_param_bytes(f[d].g) >= bytes);
+    /* distinct values in the buffer; the copy takes them only when asked */
+    for (size_t e = 0; e < total; e++) base[e] = (float)e + 0.5f;
+    for (size_t i = 0; i < nc; i++) assert_float_equal(cr[i].params[0], 0, 0); /* zero-filled */
+    mega_err err = {0};
+    assert_int_equal(mega_grads_copy_take_params(f[d].g, &err), MEGA_OK);
+    for (size_t i = 0; i < nc; i++) {
+      size_t at = (size_t)(own[i].params - cbase);
+      assert_memory_equal(cr[i].params, base + at, cr[i].numel * sizeof(float));
+    }
+  }
+  for (int d = 0; d < DP; d++) teardown(&f[d]);
+}
+
 /* ---- when buckets launch ---- */
 
 typedef struct watch {
@@ -338,6 +385,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(layout_reverse_order_and_buckets),
       cmocka_unit_test(distributed_shards_cover_each_element_once),
+      cmocka_unit_test(shard_copy_has_its_own_params),
       cmocka_unit_test(buckets_launch_once_during_last_backward),
       cmocka_unit_test(norm_posts_and_reads_back_once),
   };

@@ -240,6 +240,7 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
     g->copy_shard = ((opts->dp_rank - shift) % opts->dp_size + opts->dp_size) % opts->dp_size;
     if (g->copy_shard == opts->dp_rank) g->copy_shard = -1; /* a shift of DP: no copy */
     else st = build_ranges(g, g->copy_shard, &g->copy, err);
+    if (st == MEGA_OK && g->copy_shard >= 0) st = mega_grads__copy_own_params(g, err);
   }
   if (st != MEGA_OK) {
     mega_grads_destroy(g);
@@ -279,6 +280,8 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->norm_post);
   range_set_free(&g->own);
   range_set_free(&g->copy);
+  if (g->copy_params) g->be->ops->free(g->be, g->copy_params);
+  free(g->copy_at);
   mega_grads__tied_free(g);
   free(g);
 }

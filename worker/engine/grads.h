@@ -73,11 +73,13 @@
  * the norm's sums over DP and ends before those over TP and the pipeline,
  * which act as barriers: see mega_rank_step); a second
  * optimizer over mega_grads_copy_ranges then takes the very step the owner
- * takes, on the same inputs, so the
- * copy's moments and parameters are bit for bit the owner's. The copy costs
- * two moments of one shard in memory and, per step, one shard's gradients
- * sent and one shard's AdamW step. A rank that finished step N therefore
- * holds shards d and (d - s) at N whatever happened to their owners.
+ * takes, on the same inputs, so the copy's moments and parameters are bit
+ * for bit the owner's. The copy has parameters of its own (not the
+ * buffer's, which the all-gather writes), so its step runs while the
+ * gather is in flight. It costs one shard's parameters and two moments in
+ * memory and, per step, one shard's gradients sent and one shard's AdamW
+ * step. A rank that finished step N therefore holds shards d and (d - s)
+ * at N whatever happened to their owners.
  *
  * Threads: everything runs on the rank's training thread (the model's
  * callback too); the communicator's own thread does the transfers.
@@ -236,11 +238,17 @@ typedef struct mega_grads_piece {
 const mega_grads_piece *mega_grads_pieces(const mega_grads *g, size_t *n);
 
 /* The shard copy (shard_copy_shift): whose shard it is (-1: none), its
- * ranges for the copy's optimizer (params and gradients in this rank's
- * buffers at that shard's place) and where they sit. */
+ * ranges for the copy's optimizer (its own parameters; the gradients in
+ * this rank's buffer at that shard's place) and where they sit. */
 int mega_grads_copy_shard(const mega_grads *g);
 const mega_optim_range *mega_grads_copy_ranges(const mega_grads *g, size_t *n);
 const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n);
+/* Sets the copy's parameters from this rank's buffer at that shard's
+ * place: call once the buffers hold the job's starting parameters (after
+ * create, a load or a fetch from replicas). A no-op without a copy. */
+mega_status mega_grads_copy_take_params(mega_grads *g, mega_err *err);
+/* The memory the copy's parameters take (0 without a copy). */
+size_t mega_grads_copy_param_bytes(const mega_grads *g);
 /* After finalize_model_grads: posts the send of this rank's shard of the
  * gradients to the rank that copies it and the receive of the copied
  * shard's (both over the data-parallel communicator). Until the wait, the

@@ -74,6 +74,11 @@ struct mega_grads {
   range_set own;    /* what this rank's optimizer steps */
   range_set copy;   /* the shard it keeps a copy of (shard_copy_shift); n 0: none */
   int copy_shard;   /* whose shard that is; -1: none */
+  /* the copy's own parameters (backend memory): each bucket's piece of the
+   * copied shard at copy_at[b], so its step never touches the buffers the
+   * parameter all-gather writes and can run while it is in flight */
+  float *copy_params;
+  size_t *copy_at, copy_numel;
   mega_req **copy_req; /* its exchange in flight (2 per bucket); NULL: none */
   tied_xchg tied;
   /* parameter gathers launched and not yet waited well; one that failed
@@ -91,6 +96,10 @@ struct mega_grads {
   void (*on_launch)(void *, int);
   void *on_launch_arg;
 };
+
+/* Gives the copy its own parameters (grads_shard.c): allocates them and
+ * points copy's ranges there. */
+mega_status mega_grads__copy_own_params(mega_grads *g, mega_err *err);
 
 /* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
  * in place, over comm. */

@@ -18,6 +18,49 @@ const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n) {
   return g->copy.piece;
 }
 
+mega_status mega_grads__copy_own_params(mega_grads *g, mega_err *err) {
+  g->copy_at = calloc((size_t)g->nbuckets + 1, sizeof *g->copy_at);
+  if (!g->copy_at) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for the shard copy");
+  size_t n = 0;
+  for (int b = 0; b < g->nbuckets; b++) {
+    g->copy_at[b] = n;
+    n += g->buckets[b].shard_numel;
+  }
+  g->copy_numel = n;
+  mega_status st = g->be->ops->alloc(g->be, (n ? n : 1) * sizeof(float), (void **)&g->copy_params,
+                                     err);
+  if (st != MEGA_OK) {
+    mega_err_prefix(err, "the shard copy's parameters");
+    return st;
+  }
+  range_set *c = &g->copy;
+  for (size_t i = 0; i < c->n; i++) { /* pos: the range's place in its chunk's buffers */
+    const mega_grads_bucket *k = &g->buckets[c->bucket[i]];
+    size_t shard_lo = k->offset + k->shard_numel * (size_t)g->copy_shard;
+    c->ranges[i].params = g->copy_params + g->copy_at[c->bucket[i]] + (c->pos[i] - shard_lo);
+  }
+  return MEGA_OK;
+}
+
+mega_status mega_grads_copy_take_params(mega_grads *g, mega_err *err) {
+  if (g->copy_shard < 0) return MEGA_OK;
+  mega_status st = MEGA_OK;
+  for (int b = 0; b < g->nbuckets && st == MEGA_OK; b++) {
+    const mega_grads_bucket *k = &g->buckets[b];
+    const float *from = g->chunks[k->chunk].params + k->offset +
+                        k->shard_numel * (size_t)g->copy_shard;
+    if (k->shard_numel)
+      st = g->be->ops->memcpy(g->be, g->copy_params + g->copy_at[b], from,
+                              k->shard_numel * sizeof(float), MEGA_COPY_D2D, err);
+  }
+  if (st != MEGA_OK) mega_err_prefix(err, "taking the shard copy's parameters");
+  return st;
+}
+
+size_t mega_grads_copy_param_bytes(const mega_grads *g) {
+  return g->copy_shard < 0 ? 0 : g->copy_numel * sizeof(float);
+}
+
 #define COPY_TAG 0x5c00u /* + bucket: the shard copy's gradients on the DP communicator */
 
 static mega_status wait_copy(mega_grads *g, mega_status st, mega_err *err) {

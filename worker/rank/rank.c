@@ -285,6 +285,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     st = rank_load_checkpoint(r, err);
     if (st == MEGA_OK) r->iteration = r->loaded.iteration;
   }
+  if (st == MEGA_OK) st = mega_grads_copy_take_params(r->chunks.grads, err);
   if (st == MEGA_OK) st = rank_build_saver(r, err);
   return st;
 }
@@ -458,19 +459,30 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   /* Megatron's scheduler counts the samples consumed before this step */
   double lr = mega_lr_at(&r->lr, (double)mega_batch_plan_start(&r->plan, it));
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
+  /* distributed optimizer: every rank gets every updated parameter; with
+   * --overlap-param-gather forward waits for each bucket when it needs it */
+  bool gathering = false;
   if (st == MEGA_OK && !r->simulate) {
     r->stepping = true; /* from here a failure leaves this iteration half applied */
     st = mega_optim_step(r->optim, sumsq, lr, &or, err);
-    /* the shard copy takes its owner's very step (grads.h) */
+    /* the shard copy takes its owner's very step (grads.h) on parameters
+     * of its own, while the gather moves this rank's shard; a gather that
+     * fails to start still lets it step, so the rank holds both at N */
+    mega_status gst = st;
+    if (st == MEGA_OK) gst = mega_grads_gather_params(r->chunks.grads, true, err);
+    gathering = true;
     tc = wall_s();
-    if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, err);
+    mega_err cerr = {0};
+    if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, &cerr);
     copy_s += wall_s() - tc;
     if (st == MEGA_OK) r->stepped = true;
+    if (st != MEGA_OK && gst == MEGA_OK) *err = cerr;
+    if (st == MEGA_OK) st = gst;
   }
-  /* distributed optimizer: every rank gets every updated parameter; with
-   * --overlap-param-gather forward waits for each bucket when it needs it */
-  if (st == MEGA_OK)
-    st = mega_grads_gather_params(r->chunks.grads, r->job->overlap_param_gather, err);
+  if (st == MEGA_OK && !gathering) st = mega_grads_gather_params(r->chunks.grads, true, err);
+  if (st == MEGA_OK && !r->job->overlap_param_gather &&
+      (st = mega_grads_wait_params(r->chunks.grads, -1, err)) != MEGA_OK)
+    mega_err_prefix(err, "gathering the updated parameters");
   if (st == MEGA_OK) st = r->be->ops->synchronize(r->be, err);
   if (st != MEGA_OK) {
     mega_err_prefix(err, "iteration %lld", (long long)it + 1);
@@ -528,7 +540,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->process_cpu_s = pcpu1 - pcpu0;
   m->reductions = r->reductions;
   m->nreductions = r->nreductions;
-  m->shard_copy_bytes = r->copy ? mega_optim_state_bytes(r->copy) : 0;
+  m->shard_copy_bytes =
+      r->copy ? mega_optim_state_bytes(r->copy) + mega_grads_copy_param_bytes(r->chunks.grads) : 0;
   m->shard_copy_s = r->copy ? copy_s : 0;
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
