@@ -27,8 +27,9 @@ static void on_node_lost(void *arg, megad_node *n, const char *why) {
   megad_coord_node_lost(&d->coord, n, why);
   char abort_why[512];
   snprintf(abort_why, sizeof abort_why, "the job's coordinator is gone: %s", why);
-  /* with etcd another node takes the job over and may want what they hold */
-  megad_launch_abort_coord(&d->launcher, n->id, abort_why, d->etcd != NULL);
+  /* what they hold may be wanted: with etcd by the node that takes the job
+   * over, without by the coordinator once it restarts */
+  megad_launch_abort_coord(&d->launcher, n->id, abort_why, true);
 }
 
 /* This node's loop stood still (stopped or starved): the attempts it
@@ -56,7 +57,8 @@ static void on_worker_event(void *arg, const char *job_id, uint32_t attempt, con
    * fetch it (a remote node learns this from its refused report). Asked
    * before the event, which may itself end the attempt. */
   bool late = ev->kind_case == MEGA__V1__RANK_EVENT__KIND_HELD &&
-              !megad_coord_runs(&d->coord, job_id, attempt);
+              !megad_coord_runs(&d->coord, job_id, attempt) &&
+              !megad_coord_keeps(&d->coord, job_id, attempt);
   megad_coord_event(&d->coord, job_id, attempt, node_id, ev);
   if (late)
     megad_launch_abort(&d->launcher, job_id, attempt, false,
@@ -320,6 +322,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   megad_launcher_opts lo = {.worker_path = d->worker_path, .worker_host = d->worker_host,
                             .slots = (uint32_t)o->slots,
                             .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms,
+                            .orphan_hold_ms = d->o.held_state_timeout_ms,
                             .gpus = per_gpu};
   megad_launcher_cbs lc = {.step = on_worker_step, .event = on_worker_event,
                            .resent = on_resent, .arg = d};

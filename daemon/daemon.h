@@ -32,6 +32,7 @@ typedef struct megad_opts {
   unsigned heartbeat_interval_ms; /* 0: 250 */
   unsigned heartbeat_timeout_ms;  /* 0: 1500 */
   unsigned rendezvous_timeout_ms; /* 0: 60000 */
+  unsigned held_state_timeout_ms; /* held ranks of a lost coordinator; 0: 60000 */
   unsigned etcd_lease_ms;         /* etcd mode: a node's lease (whole seconds); 0: 2 s */
   /* security (README "Security"): a listener other than loopback or a unix
    * socket needs token_file */

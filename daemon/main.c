@@ -6,6 +6,7 @@
  *               [--worker PATH]
  *               [--metrics-listen ADDR] [--heartbeat-interval D]
  *               [--heartbeat-timeout D] [--rendezvous-timeout D]
+ *               [--held-state-timeout D]
  *   megad run --slots N [--state-dir DIR] [--json] [--name NAME]
  *             [--nproc-per-node K] [--max-restarts N] [--worker PATH] [job flags]
  *
@@ -88,6 +89,8 @@ static const char usage_serve[] =
     "  --heartbeat-interval D how often nodes heartbeat each other (default 250ms)\n"
     "  --heartbeat-timeout D  a node silent this long is lost (default 1.5s)\n"
     "  --rendezvous-timeout D how long a rank waits for its peers to meet (default 60s)\n"
+    "  --held-state-timeout D how long ranks that kept their state after their job's\n"
+    "                         coordinator was lost wait for it (default 60s)\n"
     "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n"
     "  --max-pending N        jobs this node coordinates that may wait at once\n"
     "                         (default 1000; more are refused: RESOURCE_EXHAUSTED)\n"
@@ -268,7 +271,8 @@ static int slurm_peers(megad_opts *o, bool slots_given, megad_slurm *s) {
 static int serve(int argc, char **argv) {
   megad_opts o = {0};
   const char *lease = NULL;
-  const char *slots = NULL, *hbi = NULL, *hbt = NULL, *rdv = NULL, *pending = NULL, *root,
+  const char *slots = NULL, *hbi = NULL, *hbt = NULL, *rdv = NULL, *held = NULL,
+             *pending = NULL, *root,
              *retain = NULL, *retain_age = NULL;
   static const char *data_roots[MAX_ROOTS], *save_roots[MAX_ROOTS];
   o.data_roots = data_roots;
@@ -318,6 +322,7 @@ static int serve(int argc, char **argv) {
         (r = own_flag(argc, argv, &i, "--heartbeat-interval", &hbi)) ||
         (r = own_flag(argc, argv, &i, "--heartbeat-timeout", &hbt)) ||
         (r = own_flag(argc, argv, &i, "--rendezvous-timeout", &rdv)) ||
+        (r = own_flag(argc, argv, &i, "--held-state-timeout", &held)) ||
         (r = own_flag(argc, argv, &i, "--worker", &o.worker_path))) {
       if (r < 0) return usage_error("%s needs a value", argv[i]);
       continue;
@@ -345,6 +350,8 @@ static int serve(int argc, char **argv) {
   int rc = duration_flag("--heartbeat-interval", hbi, 10, 60000, &o.heartbeat_interval_ms);
   if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
   if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);
+  if (!rc)
+    rc = duration_flag("--held-state-timeout", held, 1000, 3600000, &o.held_state_timeout_ms);
   if (!rc) rc = duration_flag("--retain-age", retain_age, 1000, 30 * 86400000u, &o.retain_ms);
   if (!rc) rc = duration_flag("--etcd-lease", lease, 2000, 60000, &o.etcd_lease_ms);
   if (!rc && lease && !o.etcd_endpoints)

@@ -235,9 +235,11 @@ static Mega__V1__ReplicaPlan *fresh_replicas(megad_coord *c, mega_job *j) {
 /* Starts j's next attempt now if the cluster has room. Returns false when j
  * must keep waiting (and the jobs behind it too, FIFO). */
 static bool try_start(megad_coord *c, mega_job *j) {
-  /* etcd: not before this node's claim on j is in etcd, nor while its lease
-   * is not known alive, nor while it asks what the old attempt's ranks hold */
-  if (c->jobs->etcd && (!j->etcd.fence || !coord_may_act(c) || j->coord.gathering)) return false;
+  /* not while it asks what the old attempt's ranks hold; etcd: nor before
+   * this node's claim on j is in etcd, nor while its lease is not known
+   * alive */
+  if (j->coord.gathering) return false;
+  if (c->jobs->etcd && (!j->etcd.fence || !coord_may_act(c))) return false;
   mega_err e = {0};
   mega_jobspec as;
   mega_jobspec_defaults(&as);
@@ -602,6 +604,13 @@ bool megad_coord_runs(megad_coord *c, const char *job_id, uint32_t attempt) {
   return coord_run_of(c, job_id, attempt) != NULL;
 }
 
+bool megad_coord_keeps(megad_coord *c, const char *job_id, uint32_t attempt) {
+  const mega_job *j = megad_jobs_find(c->jobs, job_id);
+  if (!j || coord_run_of(c, job_id, attempt)) return false;
+  return (j->coord.gathering && j->attempt == attempt) ||
+         (j->coord.ndonors && j->coord.donors_attempt == attempt);
+}
+
 void megad_coord_stop_all(megad_coord *c, const char *reason) {
   char why[512];
   snprintf(why, sizeof why, "megad on %s stopped (%s)", c->b->node_id, reason);
@@ -645,11 +654,19 @@ void megad_coord_start(megad_coord *c) {
     mega_err e = {0};
     if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) continue;
     megad_jobs_save(c->jobs, j, NULL);
-    char from[96];
-    coord_resume_point(j, from, sizeof from);
-    megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
-                    "megad on %s restarted while attempt %u ran; resuming from %s", c->b->node_id,
-                    j->attempt, from);
+    /* the old attempt's ranks on other nodes may have kept their state */
+    if (!j->spec.no_replica_recovery) {
+      megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                      "megad on %s restarted while attempt %u ran; asking its nodes what their "
+                      "ranks kept", c->b->node_id, j->attempt);
+      coord_gather_held(c, j, true);
+    } else {
+      char from[96];
+      coord_resume_point(j, from, sizeof from);
+      megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                      "megad on %s restarted while attempt %u ran; resuming from %s",
+                      c->b->node_id, j->attempt, from);
+    }
     coord_wq_add(c, j);
   }
   coord_retain(c, megad_unix_ms());

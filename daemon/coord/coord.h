@@ -136,6 +136,11 @@ mega_status megad_coord_resent(megad_coord *c, const char *job_id, uint32_t atte
 /* Whether this node runs attempt `attempt` of job_id now (reports of other
  * attempts are refused, which stops their ranks). */
 bool megad_coord_runs(megad_coord *c, const char *job_id, uint32_t attempt);
+/* Whether attempt `attempt` of job_id is over but its ranks' state is
+ * wanted (this node asks what they hold, or the next attempt may fetch
+ * it): their reports are taken and dropped, not refused, since a refusal
+ * lets them go. */
+bool megad_coord_keeps(megad_coord *c, const char *job_id, uint32_t attempt);
 /* Worker reports of a job this node coordinates (from the local launcher or
  * a node's ReportStep). */
 void megad_coord_step(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,

@@ -169,6 +169,12 @@ void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *
 /* coord_end.c: lets the ranks that hold j's state for a later attempt go
  * (j->coord.donors) and forgets the plan that named them. */
 void coord_release_donors(megad_coord *c, mega_job *j, const char *why);
+/* coord_held.c: asks every node of j's placement what its ranks of j's
+ * attempt hold; j waits (j->coord.gathering) until all answered, then
+ * coord_plan_replicas plans from their answers. restarted (this megad
+ * started while the attempt ran): a node not in its view yet is looked for
+ * a while, and told to stop the attempt's ranks with hold first. */
+void coord_gather_held(megad_coord *c, mega_job *j, bool restarted);
 /* coord_run.c: where j's next attempt starts, for its events: "the
  * checkpoint of iteration K" or "the start". */
 void coord_resume_point(const mega_job *j, char *buf, size_t len);

@@ -515,6 +515,7 @@ void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const cha
     if (!strcmp(l->req->coordinator_node_id, coord_id)) {
       l->coord_gone = true;
       if (hold && !l->coord_local) resend_orphan(l); /* for the node that takes the job over */
+      if (hold) l->orphan_until = uv_now(L->b->loop) + L->o.orphan_hold_ms;
       launch_abort(l, reason, hold ? MEGAD_HOLD_GRACE_MS : MEGAD_ABORT_GRACE_MS, hold);
       relay_flush(l);
       launch_maybe_free(l);
@@ -603,9 +604,23 @@ uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max
 
 /* ---- the launcher ---- */
 
+/* Held ranks whose coordinator did not come back in time let go. */
+static void orphans_tick(megad_launcher *L) {
+  uint64_t now = uv_now(L->b->loop);
+  for (megad_launch *l = L->launches; l; l = l->next)
+    if (l->orphan_until && now >= l->orphan_until && !l->released) {
+      l->orphan_until = 0;
+      megad_log(L->b, "job %s attempt %u: no coordinator asked for its held ranks in %.1f s; "
+                "letting them go", l->req->job_id, l->req->attempt,
+                L->o.orphan_hold_ms / 1000.0);
+      launch_abort(l, "no coordinator asked for the state it held", MEGAD_ABORT_GRACE_MS, false);
+    }
+}
+
 static void on_tick(uv_timer_t *t) {
   hangcheck_tick(t->data);
   resend_tick(t->data);
+  orphans_tick(t->data);
 }
 
 mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve *kvs,
@@ -621,6 +636,7 @@ mega_status megad_launcher_init(megad_launcher *L, megad_base *b, megad_kvserve 
   if (!L->o.pipe_timeout_ms) L->o.pipe_timeout_ms = 3000;
   if (!L->o.step_floor_ms) L->o.step_floor_ms = 2000;
   if (!L->o.rendezvous_timeout_ms) L->o.rendezvous_timeout_ms = 60000;
+  if (!L->o.orphan_hold_ms) L->o.orphan_hold_ms = MEGAD_ORPHAN_HOLD_MS;
   L->cbs = *cbs;
   uv_timer_init(b->loop, &L->tick);
   L->tick.data = L;

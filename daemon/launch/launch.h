@@ -39,6 +39,11 @@
  * takes a replica with it. Less than the coordinator's wait for exits
  * (MEGAD_ABORT_GRACE_MS + 4000), so the kill is still counted. */
 #define MEGAD_HOLD_GRACE_MS 5000
+/* How long ranks that hold their state after their coordinator was lost
+ * wait for a coordinator (the one that takes the job over, or the same
+ * node's megad restarted) before they let go: a restart under systemd takes
+ * seconds, and held ranks keep their memory (a GPU's too). */
+#define MEGAD_ORPHAN_HOLD_MS 60000 /* the default of --held-state-timeout */
 
 /* Where worker reports go when this node coordinates their job. */
 typedef struct megad_launcher_cbs {
@@ -64,6 +69,7 @@ typedef struct megad_launcher_opts {
   unsigned pipe_timeout_ms;    /* a worker stops after this much silence; 0: 3000 */
   unsigned step_floor_ms;      /* the adaptive step limit's floor; 0: 2000 */
   unsigned rendezvous_timeout_ms; /* what setup may take; 0: 60000 */
+  unsigned orphan_hold_ms;     /* held ranks of a lost coordinator; 0: MEGAD_ORPHAN_HOLD_MS */
   bool gpus; /* one GPU per slot: a worker gets its slot's device */
 } megad_launcher_opts;
 
@@ -125,9 +131,10 @@ void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, 
 void megad_launch_hold(megad_launcher *L, const char *job_id, uint32_t attempt,
                        const char *reason, unsigned grace_ms);
 /* Aborts the launches coordinated by coord_id (it died or restarted): no
- * rank runs on without its coordinator. hold (etcd mode): ranks with a
- * whole state keep it (as megad_launch_hold) for the node that takes the
- * job over, which asks (megad_launch_held) and releases them. */
+ * rank runs on without its coordinator. hold: ranks with a whole state
+ * keep it (as megad_launch_hold) for the node that takes the job over
+ * (etcd mode) or the coordinator once it restarts, which asks
+ * (megad_launch_held) and releases them, or orphan_hold_ms later. */
 void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason,
                               bool hold);
 /* job_id is coordinated by node_id (at address) now: steps kept for it

@@ -71,6 +71,7 @@ struct megad_launch {
   char *dir;                         /* state_dir/jobs/<id>/<attempt> */
   bool coord_local, coord_gone, aborting;
   bool orphaned; /* its coordinator died and a new one may take the job over */
+  uint64_t orphan_until; /* uv_now when its held ranks let go (coordinator lost); 0: never */
   relay_kept kept;
   bool released; /* an abort without hold was sent: held workers go too */
   bool graceful; /* the job has --exit-signal-handler: a shutdown asks it to save and stop */

@@ -106,6 +106,11 @@ static void on_report_step(mega_rpc_call *call, const ProtobufCMessage *msg, voi
    * node was away, or this megad restarted) hear so, and their node aborts
    * them: a stale attempt never reports into a new one. */
   if (!megad_coord_runs(s->coord, req->job_id, req->attempt)) {
+    if (megad_coord_keeps(s->coord, req->job_id, req->attempt)) {
+      Mega__V1__ReportStepResponse r = MEGA__V1__REPORT_STEP_RESPONSE__INIT;
+      mega_rpc_reply(call, &r.base);
+      return;
+    }
     mega_rpc_fail(call, MEGA_RPC_NOT_FOUND, "node %s runs no attempt %u of job %s",
                   s->b->node_id, req->attempt, req->job_id);
     return;

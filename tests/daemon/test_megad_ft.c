@@ -264,8 +264,8 @@ static void test_coordinator_restart_resumes(void **state) {
           (unsigned long long)ck, hd_now_s() - t0);
   assert_int_equal(w.final->attempt, 1);
   assert_int_equal(w.final->restarts, 0); /* a restart of megad is not the job's failure */
-  assert_non_null(strstr(w.events_text, "restarted while attempt 0 ran; resuming from the "
-                                        "checkpoint of iteration"));
+  assert_non_null(strstr(w.events_text, "restarted while attempt 0 ran; asking its nodes"));
+  assert_non_null(strstr(w.events_text, "restarting from the checkpoint of iteration"));
   assert_int_equal(w.last_iteration, 500);
   hd_watch_free(&w);
   assert_true(hd_node_workers_gone(&d, 5000));
@@ -371,6 +371,72 @@ static void test_replicas_node_kill_tp2(void **state) {
   replicas_node_kill(2, NULL);
 }
 
+/* ---- the coordinator's megad restarts (kill -9, then start again) while
+ * DP 2 runs on it and another node, no checkpoint written: its own rank
+ * dies with it, the other node's keeps its state, and the restarted
+ * coordinator asks for it and goes on from there, not from the start ---- */
+
+static void test_coordinator_restart_recovers_from_replicas(void **state) {
+  (void)state;
+  hd n[2];
+  assert_true(hd_start(&n[0], "k1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "k2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 2, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *ref_extra[] = {"--global-batch-size", "8", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 40, ref_extra);
+  spec.nproc_per_node = 1;
+  hd_watch ref;
+  hd_reference(&n[0], &spec, &ref);
+
+  const char *extra[] = {"--global-batch-size", "8", "--save", ckpt, "--save-interval", "1000",
+                         NULL};
+  hd_tiny_spec(&spec, n[0].dir, 40, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = spec.nnodes_max = 2;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  node_killer k = {.victim = &n[0], .at = 12};
+  hd_watch first;
+  hd_watch_job_cb(&n[0], id, true, 120000, &first, kill_node_at, &k);
+  hd_watch_free(&first);
+  assert_true(k.done);
+  /* as a unit file would: the same state dir, the other node to join */
+  snprintf(n[0].peers, sizeof n[0].peers, "%s", n[1].addr);
+  assert_true(hd_restart(&n[0], NULL));
+  double t0 = hd_now_s();
+  hd_watch w;
+  hd_watch_job(&n[0], id, true, 120000, &w);
+  assert_true(hd_succeeded(&n[0], &w));
+  if (!strstr(w.events_text, "recovered iteration")) fprintf(stderr, "%s", w.events_text);
+  assert_non_null(strstr(w.events_text, "restarted while attempt 0 ran; asking its nodes what "
+                                        "their ranks kept"));
+  assert_non_null(strstr(w.events_text, "restarting from the replicas' state at iteration"));
+  assert_non_null(strstr(w.events_text, "recovered iteration"));
+  assert_int_equal(w.final->restarts, 0);
+  assert_int_equal(w.final->dp, 2);
+  assert_true(w.final->checkpoint_iteration == 0 || w.final->checkpoint_iteration == 40);
+  assert_true(w.redone <= 1);
+  /* from the iteration the replicas held on, the uninterrupted run's
+   * losses (what came before went with the old megad's memory) */
+  int from = 0;
+  for (int it = 40; it >= 1 && w.seen[it] && w.attempt[it] == w.final->attempt; it--) from = it;
+  fprintf(stderr, "coordinator restart: went on from the replicas at iteration %d (%d redone), finished "
+                  "%.2f s after megad started again\n", from - 1, w.redone, hd_now_s() - t0);
+  assert_true(from > 12 && from <= 14);
+  for (int it = from; it <= 40; it++)
+    if (fabs(w.loss[it] - ref.loss[it]) > 2e-5 * fabs(ref.loss[it]))
+      fail_msg("iteration %d: loss %.9g after the restart, uninterrupted %.9g", it, w.loss[it],
+               ref.loss[it]);
+  hd_watch_free(&w);
+  hd_watch_free(&ref);
+  for (int i = 0; i < 2; i++) assert_true(hd_node_workers_gone(&n[i], 5000));
+  for (int i = 1; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 /* ---- the coordinator's node dies: the other nodes stop the job's ranks at
  * once; started again, it resumes the job on both ---- */
 
@@ -398,10 +464,11 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   assert_true(hd_wait_workers(&n2, 1, 5000, remote));
   double t0 = hd_now_s();
   hd_kill(&n1);
-  /* n2 must not go on training without the job's coordinator */
-  assert_true(hd_node_workers_gone(&n2, 10000));
-  fprintf(stderr, "coordinator lost: the other node's rank stopped %.2f s after kill -9\n",
-          hd_now_s() - t0);
+  /* n2 must not go on training without the job's coordinator: its rank
+   * stops and keeps its state for the coordinator's restart */
+  assert_true(hd_wait_log(&n2, "holds the state of iteration", 10000));
+  fprintf(stderr, "coordinator lost: the other node's rank held its state %.2f s after "
+                  "kill -9\n", hd_now_s() - t0);
   /* asked about the job meanwhile, k2 answers itself, naming the node it
    * cannot reach (it once read "cannot reach megad at <k2>: ... which is
    * down", as if k2 had not answered) */
@@ -425,8 +492,42 @@ static void test_coordinator_loss_stops_remote_ranks(void **state) {
   assert_true(hd_succeeded(&n1, &w));
   assert_true(w.final->attempt >= 1);
   assert_int_equal(w.last_iteration, 600);
+  /* the restarted coordinator went on from what k2's rank held */
+  assert_non_null(strstr(w.events_text, "restarting from the replicas' state at iteration"));
   hd_watch_free(&w);
   assert_true(hd_node_workers_gone(&n1, 5000));
+  assert_true(hd_node_workers_gone(&n2, 5000));
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
+/* ---- the coordinator killed for good: the other node's rank keeps its
+ * state for --held-state-timeout, then lets go ---- */
+static void test_held_state_let_go_without_coordinator(void **state) {
+  (void)state;
+  const char *held[] = {"--held-state-timeout", "1s", NULL};
+  hd n1, n2;
+  assert_true(hd_start(&n1, "g1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n2, "g2", 1, n1.addr, NULL, held));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n1.dir, 100000, NULL);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  pid_t remote[64];
+  assert_true(hd_wait_workers(&n2, 1, 5000, remote));
+  usleep(300000); /* a few steps */
+  double t0 = hd_now_s();
+  hd_kill(&n1);
+  assert_true(hd_wait_log(&n2, "holds the state of iteration", 10000));
+  /* lost after the heartbeat timeout (1.5 s), then held 1 s */
+  assert_true(hd_wait_log(&n2, "no coordinator asked for its held ranks in 1.0 s", 10000));
+  assert_true(hd_node_workers_gone(&n2, 5000));
+  fprintf(stderr, "coordinator gone for good: the other node's held rank went %.2f s after "
+                  "kill -9\n", hd_now_s() - t0);
   hd_cleanup(&n2);
   hd_cleanup(&n1);
 }
@@ -497,7 +598,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_damaged_checkpoint_falls_back, teardown),
       cmocka_unit_test_teardown(test_hung_worker_restarts, teardown),
       cmocka_unit_test_teardown(test_coordinator_restart_resumes, teardown),
+      cmocka_unit_test_teardown(test_coordinator_restart_recovers_from_replicas, teardown),
       cmocka_unit_test_teardown(test_coordinator_loss_stops_remote_ranks, teardown),
+      cmocka_unit_test_teardown(test_held_state_let_go_without_coordinator, teardown),
       cmocka_unit_test_teardown(test_coordinator_freeze, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
