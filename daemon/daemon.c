@@ -37,6 +37,7 @@ static void on_node_lost(void *arg, megad_node *n, const char *why) {
 static void on_stall(void *arg, uint64_t ms) {
   megad *d = arg;
   megad_coord_stalled(&d->coord, ms);
+  megad_launch_stalled(&d->launcher);
 }
 
 static uint32_t self_load(void *arg, const char **ids, size_t max, size_t *n) {

@@ -604,6 +604,10 @@ uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max
 
 /* ---- the launcher ---- */
 
+void megad_launch_stalled(megad_launcher *L) {
+  for (megad_launch *l = L->launches; l; l = l->next) relay_probe(l);
+}
+
 /* Held ranks whose coordinator did not come back in time let go. */
 static void orphans_tick(megad_launcher *L) {
   uint64_t now = uv_now(L->b->loop);

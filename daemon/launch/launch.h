@@ -130,6 +130,11 @@ void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, 
  * an abort of its attempt (megad_launch_abort) releases it. */
 void megad_launch_hold(megad_launcher *L, const char *job_id, uint32_t attempt,
                        const char *reason, unsigned grace_ms);
+/* This megad stood still (stopped or starved): the attempts launched here
+ * may have ended meanwhile, and ranks that stopped or hold may have nothing
+ * more to report; each remote coordinator is asked (an empty report), and
+ * one that no longer runs the attempt has it stopped as any refusal does. */
+void megad_launch_stalled(megad_launcher *L);
 /* Aborts the launches coordinated by coord_id (it died or restarted): no
  * rank runs on without its coordinator. hold: ranks with a whole state
  * keep it (as megad_launch_hold) for the node that takes the job over

@@ -71,6 +71,7 @@ struct megad_launch {
   char *dir;                         /* state_dir/jobs/<id>/<attempt> */
   bool coord_local, coord_gone, aborting;
   bool orphaned; /* its coordinator died and a new one may take the job over */
+  bool probe;    /* the next report goes even if empty (relay_probe) */
   uint64_t orphan_until; /* uv_now when its held ranks let go (coordinator lost); 0: never */
   relay_kept kept;
   bool released; /* an abort without hold was sent: held workers go too */
@@ -129,6 +130,9 @@ void launch_maybe_free(megad_launch *l);
 void relay_step(megad_launch *l, const Mega__V1__StepReport *r);
 void relay_event(megad_launch *l, megad_worker *w, Mega__V1__RankEvent *ev);
 void relay_flush(megad_launch *l);
+/* Asks l's coordinator, with a report even if empty, whether it still runs
+ * l's attempt (a refusal aborts it, as for any report). */
+void relay_probe(megad_launch *l);
 /* A worker's KvRequest: served from this node's store when it coordinates
  * the job, else forwarded to the coordinator's Peer Kv*. */
 void relay_kv(megad_worker *w, const Mega__V1__KvRequest *req);

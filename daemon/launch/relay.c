@@ -121,7 +121,8 @@ static void reported(void *arg, ProtobufCMessage *resp, const mega_err *err) {
 void relay_flush(megad_launch *l) {
   megad_launcher *L = l->L;
   if (l->coord_gone) launch_free_queue(l); /* nobody to tell */
-  if (l->sending || (!l->nsteps && !l->nevents)) return;
+  if (l->sending || (!l->nsteps && !l->nevents && !l->probe)) return;
+  l->probe = false;
   report_ctx *c = calloc(1, sizeof *c);
   if (!c) return;
   c->l = l;
@@ -150,6 +151,12 @@ void relay_flush(megad_launch *l) {
   }
   l->sending = true;
   l->refs++;
+}
+
+void relay_probe(megad_launch *l) {
+  if (l->coord_local || l->coord_gone || l->released) return;
+  l->probe = true; /* an empty report: refused, it stops the attempt here */
+  relay_flush(l);
 }
 
 /* ---- KV requests of workers ---- */
