@@ -654,8 +654,12 @@ void megad_coord_start(megad_coord *c) {
     mega_err e = {0};
     if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) continue;
     megad_jobs_save(c->jobs, j, NULL);
-    /* the old attempt's ranks on other nodes may have kept their state */
-    if (!j->spec.no_replica_recovery) {
+    /* the old attempt's ranks on other nodes may have kept their state
+     * (this node's died with its megad) */
+    bool others = false;
+    for (size_t k = 0; k < j->nplaced; k++)
+      others = others || strcmp(j->placement[k].node_id, c->b->node_id) != 0;
+    if (others && !j->spec.no_replica_recovery) {
       megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
                       "megad on %s restarted while attempt %u ran; asking its nodes what their "
                       "ranks kept", c->b->node_id, j->attempt);

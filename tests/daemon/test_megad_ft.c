@@ -264,8 +264,8 @@ static void test_coordinator_restart_resumes(void **state) {
           (unsigned long long)ck, hd_now_s() - t0);
   assert_int_equal(w.final->attempt, 1);
   assert_int_equal(w.final->restarts, 0); /* a restart of megad is not the job's failure */
-  assert_non_null(strstr(w.events_text, "restarted while attempt 0 ran; asking its nodes"));
-  assert_non_null(strstr(w.events_text, "restarting from the checkpoint of iteration"));
+  assert_non_null(strstr(w.events_text, "restarted while attempt 0 ran; resuming from the "
+                                        "checkpoint of iteration"));
   assert_int_equal(w.last_iteration, 500);
   hd_watch_free(&w);
   assert_true(hd_node_workers_gone(&d, 5000));
