@@ -99,7 +99,8 @@ static double model_params(const mega_jobspec *s, double V, double pos) {
  * gradients, Adam's two moments; the moments divided over DP with the
  * distributed optimizer), plus the activations of the microbatches a stage
  * holds at once (Megatron's 34·s·b·h + 5·a·s²·b per layer, doubled for fp32)
- * and the last stage's logits. */
+ * and the last stage's logits (one [s·b, V/TP] buffer: the classifier's
+ * probabilities and gradient are written over them). */
 static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t nproc, uint32_t nodes,
                                 mega_err *err) {
   const mega_jobspec *s = &j->spec;
@@ -123,7 +124,7 @@ static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t npro
   double state = per_rank_params * (8 + (s->use_distributed_optimizer ? 8 / dp : 8));
   double in_flight = pp; /* 1F1B holds at most PP microbatches' activations */
   double act = (L / pp) * in_flight * 2 * (34 * seq * b * h + 5 * a * seq * seq * b) / tp +
-               3 * 4 * seq * b * V / tp;
+               4 * seq * b * V / tp;
   double need = nproc * (state + act);
   if (need <= mem) return MEGA_OK;
   const double gib = 1024.0 * 1024 * 1024;
