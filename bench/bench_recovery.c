@@ -24,6 +24,11 @@
  *   node kill    kill -9 a node's megad and workers (DP 2 on two nodes,
  *                --nnodes 1:2: the job goes on at DP 1)
  *   node hung    SIGSTOP a node's megad and workers (missed heartbeats)
+ *   coordinator restart  kill -9 the coordinator's megad (DP 2 on two
+ *                nodes: its rank dies with it) and start it again at once
+ *                on its state dir, joining the other node; "detect" is its
+ *                first event after the restart (heartbeat mode has no
+ *                takeover: the restart is the recovery)
  *
  * Then the step-time and memory cost of the distributed optimizer's shard
  * copies: the same model at DP 2 with --use-distributed-optimizer, with
@@ -46,8 +51,9 @@
 #define KIND(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
 #define MAX_RUNS 32
 
-typedef enum { WORKER_KILL, WORKER_HUNG, NODE_KILL, NODE_HUNG, NKINDS } fail_kind;
-static const char *const kind_name[] = {"worker kill", "worker hung", "node kill", "node hung"};
+typedef enum { WORKER_KILL, WORKER_HUNG, NODE_KILL, NODE_HUNG, COORD_RESTART, NKINDS } fail_kind;
+static const char *const kind_name[] = {"worker kill", "worker hung", "node kill", "node hung",
+                                        "coordinator restart"};
 
 /* The model's flags after hd_tiny_spec's (the last of a flag wins). */
 static const char *model_flags[16];
@@ -96,6 +102,7 @@ static void fail_now(run *r) {
     }
     break;
   case NODE_KILL:
+  case COORD_RESTART: /* restarted once the watch on it ends (bench) */
     hd_kill(r->victim);
     break;
   case NODE_HUNG:
@@ -174,6 +181,7 @@ static void read_history(hd *d, const run *r, Mega__V1__JobEventKind cause, hist
     if (sscanf(m, "checkpoint of iteration %llu", &it) == 1 && it == r->ckpt && p)
       h->ckpt_mb = atof(p + 2);
   }
+  if (!h->first) h->first = h->detect; /* a restart: its own event is the first */
   if (g) protobuf_c_message_free_unpacked(&g->base, NULL);
 }
 
@@ -192,7 +200,7 @@ static void bench(fail_kind kind, bool replicas, int runs, int save_interval) {
   int n = 0, fell_back = 0;
   for (int k = 0; k < runs && k < MAX_RUNS; k++) {
     hd a, b;
-    bool two = kind == NODE_KILL || kind == NODE_HUNG;
+    bool two = kind == NODE_KILL || kind == NODE_HUNG || kind == COORD_RESTART;
     if (!hd_start(&a, "b1", two ? 1 : 2, NULL, NULL, NULL)) return;
     if (two && (!hd_start(&b, "b2", 1, a.addr, NULL, NULL) || !hd_wait_alive(&a, 2, 10000))) {
       hd_cleanup(&a);
@@ -224,12 +232,24 @@ static void bench(fail_kind kind, bool replicas, int runs, int save_interval) {
       if (two) hd_cleanup(&b);
       return;
     }
-    run r = {.kind = kind, .coord = &a, .victim = two ? &b : &a,
+    run r = {.kind = kind, .coord = &a, .victim = two && kind != COORD_RESTART ? &b : &a,
              .at = (uint64_t)(3 * save_interval + save_interval / 2), .job_id = id};
     hd_watch w;
     hd_watch_job_cb(&a, id, true, 600000, &w, on_item, &r);
+    if (kind == COORD_RESTART && r.fail_ms) { /* the watch ended with its megad */
+      hd_watch_free(&w);
+      snprintf(a.peers, sizeof a.peers, "%s", b.addr);
+      if (!hd_restart(&a, NULL)) {
+        printf("  run %d: megad did not start again\n", k + 1);
+        hd_cleanup(&b);
+        return;
+      }
+      hd_watch_job_cb(&a, id, true, 600000, &w, on_item, &r);
+    }
     history h;
-    read_history(&a, &r, two ? KIND(NODE_LOST) : KIND(RANK_FAILED), &h);
+    read_history(&a, &r,
+                 kind == COORD_RESTART ? KIND(RESTARTING) : two ? KIND(NODE_LOST) : KIND(RANK_FAILED),
+                 &h);
     if (h.detect && r.back_ms) {
       sig[n] = (double)(h.first - r.fail_ms) / 1000;
       detect[n] = (double)(h.detect - r.fail_ms) / 1000;
