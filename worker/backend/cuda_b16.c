@@ -106,8 +106,7 @@ static void squeeze(mega_cu_b16 *c) {
 void mega_cu_b16_release(mega_cu_b16 *c) {
   if (!c) return;
   pthread_mutex_lock(&c->mu);
-  while (c->count > 0) drop(c, c->count - 1);
-  squeeze(c);
+  squeeze(c); /* not the pinned: an op may hold one whose GEMM is not queued yet */
   pthread_mutex_unlock(&c->mu);
 }
 

@@ -44,8 +44,10 @@ void mega_cu_b16_wrote(mega_cu_b16 *c, const void *p, size_t bytes);
 
 /* Every copy goes (memory freed or allocated, --bf16 switched). */
 void mega_cu_b16_clear(mega_cu_b16 *c);
-/* The same, and their memory handed back to the device (synchronizes):
- * before an allocation outside the pool gives up for lack of memory. */
+/* Every copy but the pinned ones (the last few gets: an op inside
+ * bf16_copy may hold one whose GEMM is not queued yet) goes, and the
+ * memory is handed back to the device (synchronizes): before an
+ * allocation outside the pool gives up for lack of memory. */
 void mega_cu_b16_release(mega_cu_b16 *c);
 
 #endif
