@@ -90,7 +90,8 @@ static const char usage_serve[] =
     "  --heartbeat-timeout D  a node silent this long is lost (default 1.5s)\n"
     "  --rendezvous-timeout D how long a rank waits for its peers to meet (default 60s)\n"
     "  --held-state-timeout D how long ranks that kept their state after their job's\n"
-    "                         coordinator was lost wait for it (default 60s)\n"
+    "                         coordinator was lost wait for it (default 60s, at most 2m:\n"
+    "                         a held rank lets go by itself after that)\n"
     "                         (D: a duration with its unit: 250ms, 1.5s, 2m)\n"
     "  --max-pending N        jobs this node coordinates that may wait at once\n"
     "                         (default 1000; more are refused: RESOURCE_EXHAUSTED)\n"
@@ -351,7 +352,7 @@ static int serve(int argc, char **argv) {
   if (!rc) rc = duration_flag("--heartbeat-timeout", hbt, 20, 600000, &o.heartbeat_timeout_ms);
   if (!rc) rc = duration_flag("--rendezvous-timeout", rdv, 1000, 3600000, &o.rendezvous_timeout_ms);
   if (!rc)
-    rc = duration_flag("--held-state-timeout", held, 1000, 3600000, &o.held_state_timeout_ms);
+    rc = duration_flag("--held-state-timeout", held, 1000, 120000, &o.held_state_timeout_ms);
   if (!rc) rc = duration_flag("--retain-age", retain_age, 1000, 30 * 86400000u, &o.retain_ms);
   if (!rc) rc = duration_flag("--etcd-lease", lease, 2000, 60000, &o.etcd_lease_ms);
   if (!rc && lease && !o.etcd_endpoints)

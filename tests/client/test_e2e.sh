@@ -184,6 +184,10 @@ run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --max-restarts many
 has err.txt "--max-restarts: 'many' is not a count"
 run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --step-timeout 30
 has err.txt "needs a unit: write 30ms or 30s"
+# megad's: a held rank lets go by itself after 2 minutes, so no longer wait is offered
+run 2 "$megad" serve --listen 127.0.0.1:0 --state-dir "$work/held" --slots 1 \
+  --held-state-timeout 5m
+has err.txt "held-state-timeout 5m is out of range (1000 ms to 120000 ms)"
 
 # ---- watch through the coordinator's restart ----
 # kill -9 megad under a running job; started again on its state dir (and
