@@ -461,7 +461,6 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   mega_optim_result or = {.grad_norm = sqrt(sumsq)};
   /* distributed optimizer: every rank gets every updated parameter; with
    * --overlap-param-gather forward waits for each bucket when it needs it */
-  bool gathering = false;
   if (st == MEGA_OK && !r->simulate) {
     r->stepping = true; /* from here a failure leaves this iteration half applied */
     st = mega_optim_step(r->optim, sumsq, lr, &or, err);
@@ -470,7 +469,6 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
      * fails to start still lets it step, so the rank holds both at N */
     mega_status gst = st;
     if (st == MEGA_OK) gst = mega_grads_gather_params(r->chunks.grads, true, err);
-    gathering = true;
     tc = wall_s();
     mega_err cerr = {0};
     if (st == MEGA_OK && r->copy) st = mega_optim_step(r->copy, sumsq, lr, NULL, &cerr);
@@ -479,7 +477,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     if (st != MEGA_OK && gst == MEGA_OK) *err = cerr;
     if (st == MEGA_OK) st = gst;
   }
-  if (st == MEGA_OK && !gathering) st = mega_grads_gather_params(r->chunks.grads, true, err);
+  if (st == MEGA_OK && r->simulate) st = mega_grads_gather_params(r->chunks.grads, true, err);
   if (st == MEGA_OK && !r->job->overlap_param_gather &&
       (st = mega_grads_wait_params(r->chunks.grads, -1, err)) != MEGA_OK)
     mega_err_prefix(err, "gathering the updated parameters");
