@@ -3,10 +3,11 @@
 // products in registers: the scores' accumulators are re-packed as the
 // next product's A operand (FlashAttention-2's layout trick), so no score,
 // probability or output tile goes through shared memory; only k, v
-// (forward) and the other side's tiles (backward) do, loaded 16 bytes at a
-// time. Blocks of 64 query rows (or keys), four warps of 16; the tiles a
-// loop walks come in with cp.async, the next one while this one is used
-// (two buffers). The forward
+// (forward) and the other side's tiles (backward) do, read as fragments
+// with ldmatrix; a warp's own 16 rows stay in registers (head size 64).
+// Only tiles on the diagonal or past T are masked. Blocks of 64 query rows
+// (or keys), four warps of 16; the tiles a loop walks come in with
+// cp.async, the next one while this one is used (two buffers). The forward
 // saves each row's log-sum-exp and a copy of the output, from which the
 // backward recomputes the probabilities. The backward is two kernels, dK/dV
 // per key tile and dQ per query tile, so no gradient is summed with atomics
@@ -49,39 +50,74 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t ld32(const bf16 *p) { return *(const uint32_t *)p; }
-
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *(uint32_t *)&v;
 }
 
-// A fragment of rows [m0, m0+16) and columns [k0, k0+16) of a row-major tile.
-template <int HS>
-__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16 *X, int m0, int k0) {
-  int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const bf16 *p = X + (m0 + g) * Sh<HS>::kLd + k0 + 2 * t;
-  a[0] = ld32(p);
-  a[1] = ld32(p + 8 * Sh<HS>::kLd);
-  a[2] = ld32(p + 8);
-  a[3] = ld32(p + 8 * Sh<HS>::kLd + 8);
+// ldmatrix.x4: four 8 x 8 bf16 matrices of shared memory, lane l giving
+// the address of row l % 8 of matrix l / 8 (16-byte aligned: kLd keeps it).
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const bf16 *row) {
+  uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
-// S[16 rows][64] (8 C tiles) = A rows [m0, m0+16) of X times Y^T, Y's 64
-// rows being the columns of S: both row-major tiles of HS columns.
+// A fragment of rows [m0, m0+16) and columns [k0, k0+16) of a row-major
+// tile, one ldmatrix: matrices (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8).
 template <int HS>
-__device__ __forceinline__ void rows_by_rows(float (&s)[8][4], const bf16 *X, int m0,
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16 *X, int m0, int k0) {
+  int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
+  ldsm4(a, X + (m0 + (mi & 1) * 8 + r) * Sh<HS>::kLd + k0 + (mi >> 1) * 8);
+}
+
+// A warp's A fragments of its 16 rows of a tile that stays put for the
+// whole loop (the forward's Q, the backward's K and V or Q and dO): kept in
+// registers at head size 64 (16 of them), re-read at 128, where the
+// kernels have no registers to spare.
+template <int HS>
+struct RowFrags {
+  static constexpr bool kKeep = HS == 64;
+  uint32_t a[kKeep ? HS / 16 : 1][4];
+  const bf16 *X;
+  int m0;
+  // once the tile is in shared memory and the block has synchronized
+  __device__ __forceinline__ void load(const bf16 *X_, int m0_) {
+    X = X_, m0 = m0_;
+    if (kKeep)
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; kk++) frag_a<HS>(a[kk], X, m0, 16 * kk);
+  }
+  __device__ __forceinline__ void get(uint32_t (&out)[4], int kk) const {
+    if (kKeep) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) out[i] = a[kKeep ? kk : 0][i];
+    } else {
+      frag_a<HS>(out, X, m0, 16 * kk);
+    }
+  }
+};
+
+// S[16 rows][64] (8 C tiles) = the rows A holds times Y^T, Y's 64 rows
+// being the columns of S (row-major, HS columns). Y's B fragments come two
+// n-tiles per ldmatrix: matrices (rows 8j, cols +0), (8j, +8), (8j+8, +0), (8j+8, +8).
+template <int HS>
+__device__ __forceinline__ void rows_by_rows(float (&s)[8][4], const RowFrags<HS> &A,
                                              const bf16 *Y) {
-  int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
+#pragma unroll
   for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-  for (int kk = 0; kk < HS; kk += 16) {
+  for (int kk = 0; kk < HS / 16; kk++) {
     uint32_t a[4];
-    frag_a<HS>(a, X, m0, kk);
+    A.get(a, kk);
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const bf16 *p = Y + (8 * j + g) * Sh<HS>::kLd + kk + 2 * t;
-      mma(s[j], a, ld32(p), ld32(p + 8));
+    for (int j = 0; j < 8; j += 2) {
+      uint32_t b[4];
+      ldsm4(b, Y + (8 * (j + (mi >> 1)) + r) * Sh<HS>::kLd + 16 * kk + (mi & 1) * 8);
+      mma(s[j], a, b[0], b[1]);
+      mma(s[j + 1], a, b[2], b[3]);
     }
   }
 }
@@ -180,6 +216,34 @@ __device__ void store_acc(float *dst, float *dst2, int ld, const float (&acc)[HS
 
 // ---- forward: a block per (query tile, batch element and head) ----
 
+// 2^x in one instruction (MUFU.EX2; __expf is this after a multiply).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Scores times scale * log2(e), and the row maxima. Only the diagonal tile
+// has keys after a query (and keys past T: T's last tile is the diagonal):
+// kMask, and nothing to test in the others.
+template <bool kMask>
+__device__ __forceinline__ void scale_scores(float (&s)[8][4], float (&mx)[2], float scale,
+                                             int k0, int row0, int row1, int T) {
+  int t = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float x = s[j][e] * scale;
+      if (kMask) {
+        int col = k0 + 8 * j + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
+        x = col <= row && col < T ? x : -INFINITY;
+      }
+      s[j][e] = x;
+      mx[e / 2] = fmaxf(mx[e / 2], x);
+    }
+}
+
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     fwd_kernel(float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k, const bf16 *v,
@@ -191,14 +255,20 @@ __global__ void __launch_bounds__(kThreads)
   int b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, grp = h / (d.NH / d.G);
   int q0 = qt * kTile, m0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   int row0 = q0 + m0 + g, row1 = row0 + 8;
+  const float scale2 = d.scale * 1.44269504f;  // the softmax in base 2
   const bf16 *kb = k + (int64_t)b * T * d.ldkv + grp * HS;
   const bf16 *vb = v + (int64_t)b * T * d.ldkv + grp * HS;
   load_tile<HS>(Qs, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
+  cp_commit();
   load_tile<HS>(Qs + E, kb, d.ldkv, 0, T);
   load_tile<HS>(Qs + 2 * E, vb, d.ldkv, 0, T);
   cp_commit();
+  cp_wait<1>();
+  __syncthreads();
+  RowFrags<HS> Q;
+  Q.load(Qs, m0);
   float o[HS / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // m in base 2
   for (int kt = 0; kt <= qt; kt++) {
     int k0 = kt * kTile;
     bf16 *Ks = Qs + E * (1 + 2 * (kt & 1)), *Vs = Ks + E;
@@ -213,24 +283,19 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     float s[8][4];
-    rows_by_rows<HS>(s, Qs, m0, Ks);
+    rows_by_rows<HS>(s, Q, Ks);
     float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int col = k0 + 8 * j + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
-        float x = col <= row && col < T ? s[j][e] * d.scale : -INFINITY;
-        s[j][e] = x;
-        mx[e / 2] = fmaxf(mx[e / 2], x);
-      }
+    if (kt == qt)
+      scale_scores<true>(s, mx, scale2, k0, row0, row1, T);
+    else
+      scale_scores<false>(s, mx, scale2, k0, row0, row1, T);
     float alpha[2], base[2];
     for (int i = 0; i < 2; i++) {  // the quad shares a row
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       float mn = fmaxf(m[i], mx[i]);
       base[i] = mn == -INFINITY ? 0.0f : mn;  // a row with nothing yet
-      alpha[i] = __expf(m[i] - base[i]);
+      alpha[i] = ex2(m[i] - base[i]);
       m[i] = mn;
       l[i] *= alpha[i];
     }
@@ -238,7 +303,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        float p = __expf(s[j][e] - base[e / 2]);
+        float p = ex2(s[j][e] - base[e / 2]);
         s[j][e] = p;
         l[e / 2] += p;  // this lane's part; the quad's are summed at the end
       }
@@ -256,9 +321,10 @@ __global__ void __launch_bounds__(kThreads)
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
   }
+  const float ln2 = 0.69314718f;  // the backward reads natural-log statistics
   if (t == 0) {
-    if (row0 < T) lse[(int64_t)blockIdx.y * T + row0] = m[0] + logf(l[0]);
-    if (row1 < T) lse[(int64_t)blockIdx.y * T + row1] = m[1] + logf(l[1]);
+    if (row0 < T) lse[(int64_t)blockIdx.y * T + row0] = m[0] * ln2 + logf(l[0]);
+    if (row1 < T) lse[(int64_t)blockIdx.y * T + row1] = m[1] * ln2 + logf(l[1]);
   }
   int64_t base_o = (int64_t)b * T * d.ldo + h * HS;
   store_acc<HS>(out + base_o, ocopy + base_o, d.ldo, o, q0, T, l[0] > 0 ? 1.0f / l[0] : 0.0f,
@@ -270,8 +336,9 @@ __global__ void __launch_bounds__(kThreads)
 // P and dS of a 16 x 64 tile pair in C tiles: s holds the scores, dp the
 // products dO V^T; (rows, cols) are (ri, cj) in the tile's own order, and
 // row_is_q says which of them is the query (the key/value kernel works on
-// the transpose). lse_at and D_at give a query's statistics.
-template <bool kRowIsQuery, typename Lse, typename Dq>
+// the transpose). lse_at and D_at give a query's statistics. kMask: the
+// pair is on the diagonal or reaches past T; the others need no test.
+template <bool kRowIsQuery, bool kMask, typename Lse, typename Dq>
 __device__ __forceinline__ void grads(float (&s)[8][4], float (&dp)[8][4], int r_base, int c_base,
                                       int T, float scale, Lse lse_at, Dq D_at) {
   int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -281,7 +348,8 @@ __device__ __forceinline__ void grads(float (&s)[8][4], float (&dp)[8][4], int r
     for (int e = 0; e < 4; e++) {
       int r = r_base + g + (e < 2 ? 0 : 8), c = c_base + 8 * j + 2 * t + (e & 1);
       int tq = kRowIsQuery ? r : c, tk = kRowIsQuery ? c : r;
-      float p = tk <= tq && tq < T && tk < T ? __expf(s[j][e] * scale - lse_at(tq)) : 0.0f;
+      float p = !kMask || (tk <= tq && tq < T && tk < T) ? __expf(s[j][e] * scale - lse_at(tq))
+                                                         : 0.0f;
       s[j][e] = p;
       dp[j][e] = scale * p * (dp[j][e] - D_at(tq));
     }
@@ -329,8 +397,14 @@ __global__ void __launch_bounds__(kThreads)
   };
   load_tile<HS>(Ks, k + (int64_t)b * T * d.ldkv + grp * HS, d.ldkv, k0, T);
   load_tile<HS>(Vs, v + (int64_t)b * T * d.ldkv + grp * HS, d.ldkv, k0, T);
+  cp_commit();
   issue(0);
   cp_commit();
+  cp_wait<1>();
+  __syncthreads();
+  RowFrags<HS> Kf, Vf;
+  Kf.load(Ks, m0);
+  Vf.load(Vs, m0);
   float dK[HS / 8][4] = {}, dV[HS / 8][4] = {};
   for (int it = 0; it < total; it++) {
     int q0 = (kt + it % nq) * kTile, j = it & 1;
@@ -345,10 +419,14 @@ __global__ void __launch_bounds__(kThreads)
     const bf16 *Qs = buf + 2 * j * E, *dOs = buf + (2 * j + 1) * E;
     const float *lse_s = stats + 2 * j * kTile, *D_s = stats + (2 * j + 1) * kTile;
     float s[8][4], dp[8][4];
-    rows_by_rows<HS>(s, Ks, m0, Qs);
-    rows_by_rows<HS>(dp, Vs, m0, dOs);
-    grads<false>(s, dp, k0 + m0, q0, T, d.scale, [&](int tq) { return lse_s[tq - q0]; },
-                 [&](int tq) { return D_s[tq - q0]; });
+    rows_by_rows<HS>(s, Kf, Qs);
+    rows_by_rows<HS>(dp, Vf, dOs);
+    auto lse_at = [&](int tq) { return lse_s[tq - q0]; };
+    auto D_at = [&](int tq) { return D_s[tq - q0]; };
+    if (q0 == k0 || q0 + kTile > T || k0 + kTile > T)
+      grads<false, true>(s, dp, k0 + m0, q0, T, d.scale, lse_at, D_at);
+    else
+      grads<false, false>(s, dp, k0 + m0, q0, T, d.scale, lse_at, D_at);
     probs_by_tile<HS>(dV, s, dOs);
     probs_by_tile<HS>(dK, dp, Qs);
     __syncthreads();  // every warp is done with buffer j before it is refilled
@@ -359,9 +437,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dQ: a block per (query tile, batch element and head), each warp 16 query
-// rows, over the key tiles at or before it: dQ += dS K.
+// rows, over the key tiles at or before it: dQ += dS K. At head size 64,
+// three blocks an SM (168 registers; free, 172 and two).
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)
     q_kernel(float *dq, const bf16 *dout, const float *lse, const float *D, const bf16 *q,
              const bf16 *k, const bf16 *v, Dims d) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -373,6 +452,7 @@ __global__ void __launch_bounds__(kThreads)
   int row0 = q0 + m0 + g, row1 = row0 + 8;
   load_tile<HS>(Qs, q + (int64_t)b * T * d.ldq + h * HS, d.ldq, q0, T);
   load_tile<HS>(dOs, dout + (int64_t)b * T * d.ldo + h * HS, d.ldo, q0, T);
+  cp_commit();
   const float *lr = lse + (int64_t)blockIdx.y * T, *Dr = D + (int64_t)blockIdx.y * T;
   float lse0 = row0 < T ? lr[row0] : 0.0f, lse1 = row1 < T ? lr[row1] : 0.0f;
   float D0 = row0 < T ? Dr[row0] : 0.0f, D1 = row1 < T ? Dr[row1] : 0.0f;
@@ -381,6 +461,11 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<HS>(Qs + 2 * E, kb, d.ldkv, 0, T);
   load_tile<HS>(Qs + 3 * E, vb, d.ldkv, 0, T);
   cp_commit();
+  cp_wait<1>();
+  __syncthreads();
+  RowFrags<HS> Qf, dOf;
+  Qf.load(Qs, m0);
+  dOf.load(dOs, m0);
   float dQ[HS / 8][4] = {};
   for (int kt = 0; kt <= qt; kt++) {
     int k0 = kt * kTile;
@@ -396,11 +481,14 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     float s[8][4], dp[8][4];
-    rows_by_rows<HS>(s, Qs, m0, Ks);
-    rows_by_rows<HS>(dp, dOs, m0, Vs);
-    grads<true>(s, dp, q0 + m0, k0, T, d.scale,
-                [&](int tq) { return tq == row0 ? lse0 : lse1; },
-                [&](int tq) { return tq == row0 ? D0 : D1; });
+    rows_by_rows<HS>(s, Qf, Ks);
+    rows_by_rows<HS>(dp, dOf, Vs);
+    auto lse_at = [&](int tq) { return tq == row0 ? lse0 : lse1; };
+    auto D_at = [&](int tq) { return tq == row0 ? D0 : D1; };
+    if (kt == qt || q0 + kTile > T)
+      grads<true, true>(s, dp, q0 + m0, k0, T, d.scale, lse_at, D_at);
+    else
+      grads<true, false>(s, dp, q0 + m0, k0, T, d.scale, lse_at, D_at);
     probs_by_tile<HS>(dQ, dp, Ks);
     __syncthreads();
   }
