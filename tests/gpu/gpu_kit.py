@@ -17,6 +17,8 @@ one command and well inside its 10 minutes (see ../shared/notes/device.md).
            tokens/s, MFU against the card's bf16 dense peak, peak memory
   profile  where megaw's time goes: ncu's kernel times over one --bf16
            iteration of GPT-2 124M (one micro batch), grouped by kernel
+  detail   (only when asked: --only ...,detail) what bounds the kernels that
+           --detail matches: ncu's throughput, occupancy and stall reasons
   sanitize compute-sanitizer memcheck and racecheck on test_cuda_backend,
            memcheck on a small megaw --backend cuda run (fp32 and --bf16)
 
@@ -452,6 +454,77 @@ def step_profile(k):
         k.row("profile", f[:34], "", "%5.1f%% %7.2f ms %5d kernels" % (100 * t / total, t / 1e6, n))
 
 
+# What --detail prints per kernel from ncu's raw page (the full CSV stays in
+# the logs): time, how busy the SMs, tensor pipes, issue slots and shared
+# memory were, occupancy, and the largest reasons warps stalled.
+DETAIL = (("gpu__time_duration.sum", "time"),
+          ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm%"),
+          ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor%"),
+          ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue%"),
+          ("l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
+           "shared%"),
+          ("sm__warps_active.avg.pct_of_peak_sustained_active", "occupancy%"),
+          ("launch__registers_per_thread", "regs"))
+
+
+def detail_rows(csv_text):
+    """[(kernel, [(label, value)], [(stall, warps per issue)])] from ncu --page raw --csv."""
+    import csv
+    import io
+    lines = [ln for ln in csv_text.splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if len(rows) < 2:
+        return []
+    head, out = rows[0], []
+    for r in rows[1:]:
+        if len(r) != len(head) or "Kernel Name" not in head:
+            continue
+        got = dict(zip(head, r))
+        if not got["Kernel Name"]:
+            continue  # the units row
+        vals = [(lab, got[m]) for m, lab in DETAIL if m in got]
+        stalls = []
+        for m, v in got.items():
+            if m.startswith("smsp__average_warps_issue_stalled_") and \
+                    m.endswith("_per_issue_active.ratio"):
+                try:
+                    stalls.append((m[len("smsp__average_warps_issue_stalled_"):
+                                     -len("_per_issue_active.ratio")], float(v)))
+                except ValueError:
+                    pass
+        stalls.sort(key=lambda x: -x[1])
+        out.append((kernel_family(got["Kernel Name"]), vals, stalls[:4]))
+    return out
+
+
+def step_detail(k):
+    """ncu's speed-of-light, occupancy and warp-state sections for the
+    kernels --detail names, on a one-layer GPT-2 (the same shapes per layer)."""
+    ncu = shutil.which("ncu")
+    if k.a.dry_run or not ncu:
+        k.row("detail", "ncu sections", "skipped", "dry run" if k.a.dry_run else "no ncu")
+        return
+    m = dict(GPT2, layers=1)
+    prefix = os.path.join(k.work, "tokens-detail")
+    write_tokens(prefix, 4 * m["mbs"] * (m["seq"] + 1) * 2, m["vocab"])
+    cmd = [ncu, "--section", "SpeedOfLight", "--section", "Occupancy", "--section",
+           "WarpStateStats", "--section", "ComputeWorkloadAnalysis", "--section",
+           "MemoryWorkloadAnalysis", "--page", "raw", "--csv", "-k", "regex:" + k.a.detail,
+           "-c", "12", os.path.join(k.bin, "megaw")]
+    cmd += gpt2_args(k, m, 1, m["mbs"], m["mbs"], prefix) + ["--bf16"]
+    rc, out, err, secs = k.run("detail-ncu", cmd, 200)
+    rows = detail_rows(out)
+    if rc != 0 or not rows:
+        k.row("detail", "ncu sections", verdict(rc) if rc else "FAIL", tail(err, 160))
+        return
+    k.facts["detail"] = [{"kernel": n, "values": dict(v), "stalls": dict(st)}
+                         for n, v, st in rows]
+    for name, vals, stalls in rows:
+        k.row("detail", name[:34], "ok", " ".join("%s %s" % lv for lv in vals))
+        k.row("detail", "", "", "stalls per issue: " +
+              ", ".join("%s %.2f" % st for st in stalls))
+
+
 def step_sanitize(k):
     tool = shutil.which("compute-sanitizer")
     if k.a.dry_run or not tool:
@@ -508,14 +581,18 @@ def main():
     p.add_argument("--budget", type=float, default=450)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--only", default="suite,curves,bench,profile,sanitize",
-                   help="comma-separated steps among suite, curves, bench, profile, sanitize")
+                   help="comma-separated steps among suite, curves, bench, profile, detail, "
+                        "sanitize")
+    p.add_argument("--detail", default="fwd_kernel|kv_kernel|q_kernel",
+                   help="step detail: ncu's sections for kernels matching this regex")
     a = p.parse_args()
     k = Kit(a)
     steps = a.only.split(",")
     step_facts(k)
     if step_libs(k):
         for name, fn in (("suite", step_suite), ("curves", step_curves), ("bench", step_bench),
-                         ("profile", step_profile), ("sanitize", step_sanitize)):
+                         ("profile", step_profile), ("detail", step_detail),
+                         ("sanitize", step_sanitize)):
             if name in steps:
                 fn(k)
     rc = finish(k)
