@@ -76,9 +76,8 @@ __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16 *X, int m0, 
 // whole loop (the forward's Q, the backward's K and V or Q and dO): kept in
 // registers at head size 64 (16 of them), re-read at 128, where the
 // kernels have no registers to spare.
-template <int HS>
+template <int HS, bool kKeep = HS == 64>
 struct RowFrags {
-  static constexpr bool kKeep = HS == 64;
   uint32_t a[kKeep ? HS / 16 : 1][4];
   const bf16 *X;
   int m0;
@@ -102,8 +101,8 @@ struct RowFrags {
 // S[16 rows][64] (8 C tiles) = the rows A holds times Y^T, Y's 64 rows
 // being the columns of S (row-major, HS columns). Y's B fragments come two
 // n-tiles per ldmatrix: matrices (rows 8j, cols +0), (8j, +8), (8j+8, +0), (8j+8, +8).
-template <int HS>
-__device__ __forceinline__ void rows_by_rows(float (&s)[8][4], const RowFrags<HS> &A,
+template <int HS, bool kKeep>
+__device__ __forceinline__ void rows_by_rows(float (&s)[8][4], const RowFrags<HS, kKeep> &A,
                                              const bf16 *Y) {
   int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
 #pragma unroll
@@ -370,11 +369,13 @@ __global__ void dot_kernel(float *D, const float *dout, const float *ocopy, int 
 }
 
 // dK and dV: a block per (key tile, batch element and key/value head), each
-// warp 16 keys; the group's query heads and the query tiles at or after the
+// warp 16 keys (their K and V fragments re-read: at head size 64 that
+// leaves three blocks an SM, 168 registers, where keeping them held 254
+// and two, and ncu found the kernel waiting on latency with 8 warps); the group's query heads and the query tiles at or after the
 // key tile are summed in order. Works on transposed tiles: S^T = K Q^T,
 // dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q.
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)
     kv_kernel(float *dk, float *dv, const bf16 *dout, const float *lse, const float *D,
               const bf16 *q, const bf16 *k, const bf16 *v, Dims d) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -402,7 +403,7 @@ __global__ void __launch_bounds__(kThreads)
   cp_commit();
   cp_wait<1>();
   __syncthreads();
-  RowFrags<HS> Kf, Vf;
+  RowFrags<HS, false> Kf, Vf;
   Kf.load(Ks, m0);
   Vf.load(Vs, m0);
   float dK[HS / 8][4] = {}, dV[HS / 8][4] = {};
