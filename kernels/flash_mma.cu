@@ -4,8 +4,10 @@
 // next product's A operand (FlashAttention-2's layout trick), so no score,
 // probability or output tile goes through shared memory; only k, v
 // (forward) and the other side's tiles (backward) do, read as fragments
-// with ldmatrix; a warp's own 16 rows stay in registers (head size 64).
-// Only tiles on the diagonal or past T are masked. Blocks of 64 query rows
+// with ldmatrix. Ncu finds the kernels latency-bound (few warps, issue
+// slots idle), so registers go to occupancy first: launch bounds, and a
+// warp keeps its own rows' fragments in registers only where that costs no
+// block (dQ at head size 64). Only tiles on the diagonal or past T are masked. Blocks of 64 query rows
 // (or keys), four warps of 16; the tiles a loop walks come in with
 // cp.async, the next one while this one is used (two buffers). The forward
 // saves each row's log-sum-exp and a copy of the output, from which the
@@ -74,8 +76,7 @@ __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16 *X, int m0, 
 
 // A warp's A fragments of its 16 rows of a tile that stays put for the
 // whole loop (the forward's Q, the backward's K and V or Q and dO): kept in
-// registers at head size 64 (16 of them), re-read at 128, where the
-// kernels have no registers to spare.
+// registers (HS / 4 of them) or re-read from shared memory each time.
 template <int HS, bool kKeep = HS == 64>
 struct RowFrags {
   uint32_t a[kKeep ? HS / 16 : 1][4];
@@ -224,11 +225,15 @@ __device__ __forceinline__ float ex2(float x) {
 
 // Scores times scale * log2(e), and the row maxima. Only the diagonal tile
 // has keys after a query (and keys past T: T's last tile is the diagonal):
-// kMask, and nothing to test in the others.
+// kMask, and nothing to test in the others. Maxima and sums go through four
+// partials a row: one chain of 16 dependent instructions stalled the warp.
 template <bool kMask>
 __device__ __forceinline__ void scale_scores(float (&s)[8][4], float (&mx)[2], float scale,
                                              int k0, int row0, int row1, int T) {
   int t = threadIdx.x % 4;
+  float part[2][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++) part[i][0] = part[i][1] = part[i][2] = part[i][3] = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -239,12 +244,17 @@ __device__ __forceinline__ void scale_scores(float (&s)[8][4], float (&mx)[2], f
         x = col <= row && col < T ? x : -INFINITY;
       }
       s[j][e] = x;
-      mx[e / 2] = fmaxf(mx[e / 2], x);
+      float &p = part[e / 2][(j & 1) * 2 + (e & 1)];
+      p = fmaxf(p, x);
     }
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+    mx[i] = fmaxf(fmaxf(part[i][0], part[i][1]), fmaxf(part[i][2], part[i][3]));
 }
 
+// Four blocks an SM at head size 64 (128 registers, Q re-read), three at 128.
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 3)
     fwd_kernel(float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k, const bf16 *v,
                Dims d) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -264,7 +274,7 @@ __global__ void __launch_bounds__(kThreads)
   cp_commit();
   cp_wait<1>();
   __syncthreads();
-  RowFrags<HS> Q;
+  RowFrags<HS, false> Q;
   Q.load(Qs, m0);
   float o[HS / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // m in base 2
@@ -296,16 +306,18 @@ __global__ void __launch_bounds__(kThreads)
       base[i] = mn == -INFINITY ? 0.0f : mn;  // a row with nothing yet
       alpha[i] = ex2(m[i] - base[i]);
       m[i] = mn;
-      l[i] *= alpha[i];
     }
+    float sum[2][4] = {};
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         float p = ex2(s[j][e] - base[e / 2]);
         s[j][e] = p;
-        l[e / 2] += p;  // this lane's part; the quad's are summed at the end
+        sum[e / 2][(j & 1) * 2 + (e & 1)] += p;
       }
+    for (int i = 0; i < 2; i++)  // this lane's part; the quad's are summed at the end
+      l[i] = l[i] * alpha[i] + ((sum[i][0] + sum[i][1]) + (sum[i][2] + sum[i][3]));
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) {
       o[n][0] *= alpha[0];
