@@ -455,15 +455,15 @@ def step_profile(k):
 
 
 # What --detail prints per kernel from ncu's raw page (the full CSV stays in
-# the logs): time, how busy the SMs, tensor pipes, issue slots and shared
-# memory were, occupancy, and the largest reasons warps stalled.
+# the logs): time, how busy the SMs, tensor pipes, issue slots and the
+# load/store pipe were, warps resident, and the largest reasons warps
+# stalled. Names as ncu 2025 (CUDA 13) reports them on an H200 (run 7d).
 DETAIL = (("gpu__time_duration.sum", "time"),
           ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm%"),
           ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor%"),
-          ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue%"),
-          ("l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
-           "shared%"),
-          ("sm__warps_active.avg.pct_of_peak_sustained_active", "occupancy%"),
+          ("sm__issue_active.avg.pct_of_peak_sustained_elapsed", "issue%"),
+          ("l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed", "lsu%"),
+          ("sm__warps_active.avg.per_cycle_active", "warps/SM"),
           ("launch__registers_per_thread", "regs"))
 
 
