@@ -152,21 +152,9 @@ static void ask_node(ask *a) {
     return;
   }
   if (n->self) { /* this node's own ranks of the old attempt */
-    megad_held_rank h[256];
-    uint32_t stopping = 0;
-    size_t k = megad_launch_held(c->L, a->g->job_id, a->g->attempt, h, 256, &stopping);
-    Mega__V1__HeldRank hr[256], *ptrs[256];
-    for (size_t i = 0; i < k; i++) {
-      mega__v1__held_rank__init(&hr[i]);
-      hr[i].rank = h[i].rank;
-      hr[i].held = (Mega__V1__RankHeld *)h[i].held;
-      ptrs[i] = &hr[i];
-    }
-    Mega__V1__ListHeldResponse r = MEGA__V1__LIST_HELD_RESPONSE__INIT;
-    r.held = ptrs;
-    r.n_held = k;
-    r.stopping = stopping;
-    take_answer(a, &r);
+    Mega__V1__ListHeldResponse *r = megad_launch_held(c->L, a->g->job_id, a->g->attempt);
+    take_answer(a, r); /* out of memory: as a node that answered nothing */
+    free(r);
     return;
   }
   mega_job *j = megad_jobs_find(c->jobs, a->g->job_id);

@@ -568,21 +568,44 @@ mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpo
                    L->b->node_id, req->rank, req->job_id, req->attempt);
 }
 
-size_t megad_launch_held(const megad_launcher *L, const char *job_id, uint32_t attempt,
-                         megad_held_rank *out, size_t max, uint32_t *stopping) {
-  size_t n = 0;
-  *stopping = 0;
-  for (const megad_launch *l = L->launches; l; l = l->next) {
-    if (strcmp(l->req->job_id, job_id) || l->req->attempt != attempt || l->released) continue;
-    for (size_t i = 0; i < l->nw; i++) {
-      const megad_worker *w = &l->w[i];
-      if (w->held && w->held_msg && !w->exited && n < max)
-        out[n++] = (megad_held_rank){.rank = w->rank, .held = w->held_msg};
-      else if (w->spawned && !w->exited && !w->held)
-        (*stopping)++;
-    }
+/* Calls f on each worker of job_id's attempt in a launch not released. */
+static void each_attempt_worker(const megad_launcher *L, const char *job_id, uint32_t attempt,
+                                void (*f)(const megad_worker *w, void *arg), void *arg) {
+  for (const megad_launch *l = L->launches; l; l = l->next)
+    if (!strcmp(l->req->job_id, job_id) && l->req->attempt == attempt && !l->released)
+      for (size_t i = 0; i < l->nw; i++) f(&l->w[i], arg);
+}
+
+static bool holds(const megad_worker *w) { return w->held && w->held_msg && !w->exited; }
+
+static void count_held(const megad_worker *w, void *arg) { *(size_t *)arg += holds(w); }
+
+static void add_held(const megad_worker *w, void *arg) {
+  Mega__V1__ListHeldResponse *r = arg;
+  if (holds(w)) {
+    Mega__V1__HeldRank *hr = r->held[r->n_held++];
+    mega__v1__held_rank__init(hr);
+    hr->rank = w->rank;
+    hr->held = (Mega__V1__RankHeld *)w->held_msg;
+  } else if (w->spawned && !w->exited && !w->held) {
+    r->stopping++;
   }
-  return n;
+}
+
+Mega__V1__ListHeldResponse *megad_launch_held(const megad_launcher *L, const char *job_id,
+                                              uint32_t attempt) {
+  size_t n = 0;
+  each_attempt_worker(L, job_id, attempt, count_held, &n);
+  /* the response, then n pointers, then the n entries they point at */
+  Mega__V1__ListHeldResponse *r =
+      calloc(1, sizeof *r + n * (sizeof(Mega__V1__HeldRank *) + sizeof(Mega__V1__HeldRank)));
+  if (!r) return NULL;
+  mega__v1__list_held_response__init(r);
+  r->held = (Mega__V1__HeldRank **)(r + 1);
+  Mega__V1__HeldRank *entries = (Mega__V1__HeldRank *)(r->held + n);
+  for (size_t i = 0; i < n; i++) r->held[i] = &entries[i];
+  each_attempt_worker(L, job_id, attempt, add_held, r);
+  return r;
 }
 
 bool megad_launch_idle(const megad_launcher *L) {

@@ -160,15 +160,13 @@ void megad_launch_abort_all(megad_launcher *L, const char *reason);
  * worker; MEGA_ERR_NOT_FOUND when it does not run here (any more). */
 mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpointRequest *req,
                                 mega_err *err);
-/* The ranks of job_id's attempt here that hold their state: at most max
- * into out (pointers valid until the loop turns); *stopping gets those
- * neither held nor exited yet. A released launch holds none. */
-typedef struct megad_held_rank {
-  uint32_t rank;
-  const Mega__V1__RankHeld *held;
-} megad_held_rank;
-size_t megad_launch_held(const megad_launcher *L, const char *job_id, uint32_t attempt,
-                         megad_held_rank *out, size_t max, uint32_t *stopping);
+/* The ListHeld answer for job_id's attempt here: the ranks that hold their
+ * state, and in stopping those neither held nor exited yet (a released
+ * launch holds none). One allocation, freed with free(); the RankHeld
+ * messages are the launcher's, valid until the loop turns. NULL when out
+ * of memory. */
+Mega__V1__ListHeldResponse *megad_launch_held(const megad_launcher *L, const char *job_id,
+                                              uint32_t attempt);
 bool megad_launch_idle(const megad_launcher *L);
 /* Job ids with ranks here (borrowed, at most max); returns the slots used. */
 uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max, size_t *n);

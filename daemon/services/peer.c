@@ -59,33 +59,13 @@ static void on_abort_job(mega_rpc_call *call, const ProtobufCMessage *msg, void 
 static void on_list_held(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__ListHeldRequest *req = (const void *)msg;
-  enum { MAX = 4096 };
-  megad_held_rank *h = calloc(MAX, sizeof *h);
-  Mega__V1__HeldRank *hr = calloc(MAX, sizeof *hr);
-  Mega__V1__HeldRank **ptrs = calloc(MAX, sizeof *ptrs);
-  if (!h || !hr || !ptrs) {
-    free(h);
-    free(hr);
-    free(ptrs);
+  Mega__V1__ListHeldResponse *r = megad_launch_held(s->L, req->job_id, req->attempt);
+  if (!r) {
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "node %s is out of memory", s->b->node_id);
     return;
   }
-  uint32_t stopping = 0;
-  size_t n = megad_launch_held(s->L, req->job_id, req->attempt, h, MAX, &stopping);
-  for (size_t i = 0; i < n; i++) {
-    mega__v1__held_rank__init(&hr[i]);
-    hr[i].rank = h[i].rank;
-    hr[i].held = (Mega__V1__RankHeld *)h[i].held;
-    ptrs[i] = &hr[i];
-  }
-  Mega__V1__ListHeldResponse r = MEGA__V1__LIST_HELD_RESPONSE__INIT;
-  r.held = ptrs;
-  r.n_held = n;
-  r.stopping = stopping;
-  mega_rpc_reply(call, &r.base);
-  free(h);
-  free(hr);
-  free(ptrs);
+  mega_rpc_reply(call, &r->base);
+  free(r);
 }
 
 static void on_report_step(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
