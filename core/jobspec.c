@@ -316,7 +316,11 @@ const flagdef mega_jf_table[] = {
     BOOL("--bf16", bf16, "worker",
          "The linear layers' GEMMs take bf16 inputs (rounded to nearest even) and accumulate "
          "in fp32 (cuBLAS bf16 GEMMs on cuda, the same rounding before OpenBLAS on cpu); "
-         "weights, gradients, optimizer state and attention stay fp32."),
+         "attention with heads of 64 or 128 is bf16 flash attention on cuda, rounded at the "
+         "same places on cpu; weights, gradients and optimizer state stay fp32."),
+    BOOL("--no-bias-gelu-fusion", no_bias_gelu_fusion, "worker",
+         "Run GPT-2's c_fc GEMM and its GELU as two ops; by default the cuda backend fuses "
+         "them under --bf16 (cuBLASLt's GELU epilogue, and its derivative in the backward)."),
     INT("--trace-iteration", trace_iteration, "worker", "N", 0, "0", false, 0,
         "Record a Chrome trace of iteration N (1-based); 0 records none."),
     STR("--simulate-compute", simulate_compute, "worker", "F_MS:B_MS[:W_MS]", false,

@@ -237,6 +237,7 @@ typedef struct mega_jobspec {
   int blas_threads;       /* 1 */
   int backend;            /* mega_job_backend */
   bool bf16;              /* the linear layers' GEMM inputs in bf16, fp32 accumulation */
+  bool no_bias_gelu_fusion; /* GPT-2's c_fc GEMM and GELU as two ops on every backend */
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
   char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
   int log_interval;       /* 1 */

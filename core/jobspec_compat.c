@@ -29,10 +29,11 @@ static const char *const unfused[] = {"unfused", "local", "auto", NULL};
 static const char *const one[] = {"1", NULL};
 
 #define NO_FUSION "mega runs no such fused kernel, so this restates what it does"
-#define ATTENTION                                                                          \
-  "mega's attention is the unfused one: QK^T, a causal softmax and the product with V, in " \
-  "fp32 with the [B, heads, T, T] probabilities kept for backward; there is no flash or "   \
-  "fused attention kernel"
+#define ATTENTION                                                                           \
+  "mega chooses the attention itself: on cuda under --bf16, heads of 64 or 128 run causal "  \
+  "flash attention (no [B, heads, T, T] probabilities kept); otherwise the unfused one, "    \
+  "QK^T, a causal softmax and the product with V, in fp32 with the probabilities kept for " \
+  "backward"
 #define NO_TB                                                                              \
   "mega writes no TensorBoard or Weights & Biases logs; every iteration's metrics are in " \
   "megaw --json and megad run --json (one JSON object a line), megactl watch JOB --json, "  \
@@ -49,8 +50,8 @@ static const compat table[] = {
      "mega computes the cross-entropy in fp32 (there is no fp16 mode)", "drop it"},
     {"--fp8-*", true, NULL, "mega has no fp8 GEMMs", "use --bf16"},
     {"--use-flash-attn", false, NULL, ATTENTION,
-     "drop it (--recompute-granularity selective recomputes the probabilities instead of "
-     "keeping them)"},
+     "drop it (--bf16 on cuda is flash attention; elsewhere --recompute-granularity "
+     "selective recomputes the probabilities instead of keeping them)"},
     {"--attention-backend", true, unfused, ATTENTION,
      "give --attention-backend unfused, or drop the flag"},
     {"--num-experts", true, NULL, NO_MOE, "drop it (and the --moe-* flags)"},
@@ -71,7 +72,6 @@ static const compat table[] = {
      "mega memory-maps Megatron's indexed datasets (MMIDIDX), the only format it reads",
      "drop it (mmap is accepted)"},
     {"--no-masked-softmax-fusion", false, yes, NO_FUSION, ""},
-    {"--no-bias-gelu-fusion", false, yes, NO_FUSION, ""},
     {"--no-bias-dropout-fusion", false, yes, NO_FUSION, ""},
     {"--no-bias-swiglu-fusion", false, yes, NO_FUSION, ""},
     {"--no-gradient-accumulation-fusion", false, yes, NO_FUSION, ""},

@@ -80,8 +80,8 @@ static void accepted(char *const *argv, int argc) {
 static void test_megatron_table(void **state) {
   (void)state;
   refused(ARGV("--fp16"), "no fp16 mixed precision", "use --bf16");
-  refused(ARGV("--use-flash-attn"), "mega's attention is the unfused one", "drop it");
-  refused(ARGV("--attention-backend", "flash"), "no flash or fused attention kernel",
+  refused(ARGV("--use-flash-attn"), "mega chooses the attention itself", "--bf16 on cuda is");
+  refused(ARGV("--attention-backend", "flash"), "heads of 64 or 128 run causal flash attention",
           "give --attention-backend unfused");
   refused(ARGV("--attention-backend=fused"), "(it takes unfused, local, auto)", "unfused");
   refused(ARGV("--num-experts", "8"), "no mixture of experts", "drop it");
@@ -117,13 +117,13 @@ static void test_megatron_table(void **state) {
   accepted(ARGV("--data-impl", "mmap"));
   accepted(ARGV("--expert-model-parallel-size", "1"));
   accepted(ARGV("--no-masked-softmax-fusion"));
-  accepted(ARGV("--no-bias-gelu-fusion"));
   accepted(ARGV("--no-bias-dropout-fusion"));
   accepted(ARGV("--no-gradient-accumulation-fusion"));
   accepted(ARGV("--no-persist-layer-norm"));
   /* in a whole command line, between job flags */
   make_spec(&s, ARGV("--distributed-backend", "nccl", "--no-bias-gelu-fusion", "--seed", "7"));
   assert_int_equal(s.seed, 7);
+  assert_true(s.no_bias_gelu_fusion); /* a flag of mega's own now: the cuda backend fuses */
   mega_jobspec_free(&s);
   /* the help lists what is accepted */
   char *help = mega_jobspec_help_text();

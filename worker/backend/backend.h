@@ -257,6 +257,18 @@ typedef struct mega_backend_ops {
   void (*gelu_forward)(mega_backend *be, float *out, const float *inp, size_t n);
   void (*gelu_backward)(mega_backend *be, float *dinp, const float *inp,
                         const float *dout, size_t n);
+  /* matmul_forward (no residual) into pre and gelu_forward of it into
+   * out, fused where the backend can (cuda under --bf16: cuBLASLt's GELU
+   * epilogue, one pass over memory fewer); and matmul_backward_input into
+   * dpre followed by gelu_backward in place (dpre = (dout @ W^T) *
+   * GELU'(pre)). NULL: the caller runs the two ops, as the cpu backend
+   * would. Megatron's --no-bias-gelu-fusion keeps them apart. */
+  void (*matmul_gelu_forward)(mega_backend *be, float *out, float *pre, const float *inp,
+                              const float *w, const float *bias, int N, int C, int OC,
+                              mega_wlayout lay);
+  void (*matmul_gelu_backward_input)(mega_backend *be, float *dpre, const float *dout,
+                                     const float *w, const float *pre, int N, int C, int OC,
+                                     mega_wlayout lay);
 
   /* out = a + b; out may alias a or b. (The GPT folds its residuals into
    * matmul_forward instead.) */

@@ -1,6 +1,6 @@
 /* The cuda backend's state and the helpers its files share (cuda.c, the
  * backend; cuda_attn.c, its attention; cuda_optim.c, AdamW and the norm's
- * sums). Inside the cuda module only; the
+ * sums; cuda_gelu.c, c_fc with its GELU). Inside the cuda module only; the
  * mega_cu__ names are private to it. */
 #ifndef MEGA_WORKER_CUDA_IMPL_H
 #define MEGA_WORKER_CUDA_IMPL_H
@@ -64,6 +64,14 @@ void mega_cu__adamw_ranges(mega_backend *be, const mega_adamw_range *r, size_t c
                            const mega_adamw_params *hp);
 void mega_cu__sum_squares_post(mega_backend *be, const mega_sumsq_range *r, size_t count);
 void mega_cu__optim_destroy(mega_backend *be);
+
+/* GPT-2's c_fc with its GELU (cuda_gelu.c). */
+void mega_cu__matmul_gelu_forward(mega_backend *be, float *out, float *pre, const float *inp,
+                                  const float *w, const float *bias, int N, int C, int OC,
+                                  mega_wlayout lay);
+void mega_cu__matmul_gelu_backward_input(mega_backend *be, float *dpre, const float *dout,
+                                         const float *w, const float *pre, int N, int C, int OC,
+                                         mega_wlayout lay);
 
 void mega_cu__attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
                               size_t *scratch);

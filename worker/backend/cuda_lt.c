@@ -1,7 +1,7 @@
-/* cuBLASLt GEMMs with the bias and residual epilogue (cuda_lt.h). Each
- * shape (and the alignment of its pointers, which the heuristic depends on)
- * gets its descriptors and algorithm once; later calls only set the bias
- * pointer and launch. */
+/* cuBLASLt GEMMs with the bias and residual epilogue, or GELU's
+ * (cuda_lt.h). Each shape, epilogue and pointer alignment (which the
+ * heuristic depends on) gets its descriptors and algorithm once; later
+ * calls only set the bias and aux pointers and launch. */
 #include "worker/backend/cuda_lt.h"
 
 #include <stdlib.h>
@@ -10,8 +10,10 @@
 #define LT_WORKSPACE (32u << 20)
 #define LT_SHAPES 64
 
+enum { LT_PLAIN, LT_GELU, LT_DGELU }; /* the epilogue besides the bias */
+
 typedef struct lt_key {
-  int ta, tb, m, n, k, lda, ldb, ldd, bias, c, align;
+  int ta, tb, m, n, k, lda, ldb, ldd, bias, c, align, epi;
 } lt_key;
 
 typedef struct lt_shape {
@@ -74,8 +76,13 @@ static bool shape_init(mega_cu_lt *lt, lt_shape *s, const lt_key *key) {
   s->key = *key;
   cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t tb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtEpilogue_t epi = key->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epi = key->epi == LT_DGELU ? CUBLASLT_EPILOGUE_DGELU
+                           : key->epi == LT_GELU ? (key->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                              : CUBLASLT_EPILOGUE_GELU_AUX)
+                           : key->bias           ? CUBLASLT_EPILOGUE_BIAS
+                                                 : CUBLASLT_EPILOGUE_DEFAULT;
   cudaDataType_t bias_type = CUDA_R_32F;
+  int64_t aux_ld = key->ldd; /* the GELU input is laid out as D */
   uint64_t ws = LT_WORKSPACE;
   uint32_t al = (uint32_t)key->align;
   cublasLtMatmulPreference_t pref = NULL;
@@ -88,6 +95,9 @@ static bool shape_init(mega_cu_lt *lt, lt_shape *s, const lt_key *key) {
       cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) == 0 &&
       (!key->bias || cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                     &bias_type, sizeof bias_type) == 0) &&
+      (key->epi == LT_PLAIN ||
+       cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                      sizeof aux_ld) == 0) &&
       /* stored shapes: op(X) is X or X^T of what is in memory */
       cublasLtMatrixLayoutCreate(&s->a, CUDA_R_16BF, key->ta ? key->k : key->m,
                                  key->ta ? key->m : key->k, key->lda) == 0 &&
@@ -114,12 +124,15 @@ static bool shape_init(mega_cu_lt *lt, lt_shape *s, const lt_key *key) {
   return ok;
 }
 
-cublasStatus_t mega_cu_lt_gemm(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
-                               const uint16_t *A, int lda, const uint16_t *B, int ldb,
-                               const float *bias, const float *C, float *D, int ldd) {
+static cublasStatus_t lt_gemm(mega_cu_lt *lt, int epi, bool ta, bool tb, int m, int n, int k,
+                              const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                              const float *bias, const float *C, const float *aux, float *D,
+                              int ldd) {
   if (!lt) return CUBLAS_STATUS_NOT_SUPPORTED;
-  const void *ptrs[] = {A, B, C, D};
-  lt_key key = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, C != NULL, alignment(ptrs, 4)};
+  const void *ptrs[] = {A, B, C, D, aux};
+  lt_key key = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, C != NULL, alignment(ptrs, 5), epi};
+  /* the GELU input's leading dimension must divide by 8 */
+  if (epi != LT_PLAIN && (ldd % 8 || !aux)) return CUBLAS_STATUS_NOT_SUPPORTED;
   /* the bias epilogue reads 16 bytes at a time */
   if (bias && ((uintptr_t)bias & 15)) return CUBLAS_STATUS_NOT_SUPPORTED;
   lt_shape *s = NULL;
@@ -136,12 +149,33 @@ cublasStatus_t mega_cu_lt_gemm(mega_cu_lt *lt, bool ta, bool tb, int m, int n, i
     }
   }
   if (!s->supported) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (bias) {
-    cublasStatus_t st = cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                       &bias, sizeof bias);
-    if (st != CUBLAS_STATUS_SUCCESS) return st;
-  }
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  if (bias)
+    st = cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                        sizeof bias);
+  if (st == CUBLAS_STATUS_SUCCESS && aux)
+    st = cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                        sizeof aux);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
   float alpha = 1.0f, beta = C ? 1.0f : 0.0f;
   return cublasLtMatmul(lt->h, s->op, &alpha, A, s->a, B, s->b, &beta, C ? (const void *)C : D,
                         s->d, D, s->d, &s->algo, lt->workspace, LT_WORKSPACE, lt->stream);
+}
+
+cublasStatus_t mega_cu_lt_gemm(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
+                               const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                               const float *bias, const float *C, float *D, int ldd) {
+  return lt_gemm(lt, LT_PLAIN, ta, tb, m, n, k, A, lda, B, ldb, bias, C, NULL, D, ldd);
+}
+
+cublasStatus_t mega_cu_lt_gemm_gelu(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
+                                    const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                                    const float *bias, float *pre, float *D, int ldd) {
+  return lt_gemm(lt, LT_GELU, ta, tb, m, n, k, A, lda, B, ldb, bias, NULL, pre, D, ldd);
+}
+
+cublasStatus_t mega_cu_lt_gemm_dgelu(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
+                                     const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                                     const float *pre, float *D, int ldd) {
+  return lt_gemm(lt, LT_DGELU, ta, tb, m, n, k, A, lda, B, ldb, NULL, NULL, pre, D, ldd);
 }

@@ -1,6 +1,7 @@
 /* cuBLASLt for the cuda backend's --bf16 linear layers: one GEMM that also
  * adds the bias (CUBLASLT_EPILOGUE_BIAS) and the residual (as C, with D the
- * output), so matmul_forward needs no fill pass before it. The algorithm is
+ * output), so matmul_forward needs no fill pass before it; and GPT-2's c_fc
+ * with its GELU, forward and backward, so neither needs a pass of its own. The algorithm is
  * chosen once per shape by cuBLASLt's heuristic and cached; a shape it
  * offers none for is remembered too, and the caller takes its other path.
  * Inside the cuda module only. */
@@ -27,5 +28,17 @@ void mega_cu_lt_destroy(mega_cu_lt *lt);
 cublasStatus_t mega_cu_lt_gemm(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
                                const uint16_t *A, int lda, const uint16_t *B, int ldb,
                                const float *bias, const float *C, float *D, int ldd);
+
+/* D = GELU(op(A) op(B) + bias) (bias may be NULL), and pre = the GELU's
+ * input, laid out as D (ldd must divide by 8): CUBLASLT_EPILOGUE_GELU_AUX
+ * (_BIAS). test_cuda_backend checks that cuBLASLt's GELU is the tanh
+ * approximation GPT-2 uses (the cpu backend's). */
+cublasStatus_t mega_cu_lt_gemm_gelu(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
+                                    const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                                    const float *bias, float *pre, float *D, int ldd);
+/* D = (op(A) op(B)) * GELU'(pre), pre laid out as D: CUBLASLT_EPILOGUE_DGELU. */
+cublasStatus_t mega_cu_lt_gemm_dgelu(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
+                                     const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                                     const float *pre, float *D, int ldd);
 
 #endif

@@ -53,7 +53,8 @@ static mega_status stage_desc(const mega_jobspec *job, const mega_layout *l, int
       .loss = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_LOSS) > 0,
       .first_layer = mega_layout_offset(l, pp_rank, chunk, MEGA_LAYER_DECODER),
       .num_layers = mega_layout_count(l, pp_rank, chunk, MEGA_LAYER_DECODER),
-      .tp = tp ? *tp : (mega_gpt_tp){.size = 1}};
+      .tp = tp ? *tp : (mega_gpt_tp){.size = 1},
+      .no_gelu_fusion = job->no_bias_gelu_fusion};
   stage_recompute(job, d);
   return MEGA_OK;
 }

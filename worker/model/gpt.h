@@ -192,6 +192,9 @@ typedef struct mega_gpt_stage_desc {
    * that takes its state from replicas): create leaves them zero and skips
    * the initialisation, which costs seconds on a large stage. */
   bool no_init;
+  /* GPT-2's c_fc and GELU as two ops even where the backend fuses them
+   * (matmul_gelu_*): Megatron's --no-bias-gelu-fusion. */
+  bool no_gelu_fusion;
 } mega_gpt_stage_desc;
 
 typedef struct mega_param_info {

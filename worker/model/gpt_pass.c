@@ -204,12 +204,19 @@ static void mlp_in_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
   const gpt_layer_off *w = &s->layers[l];
   layer_acts *la = &a->layers[l];
   int N = a->B * a->T, C = s->cfg.channels, Fl = gpt_local_widths(s).Fl;
-  o->matmul_forward(be, la->fch, la->ln2, s->param + w->fcw, gpt_p(s, w->fcb), NULL, N, C, Fl,
-                    s->lay);
   if (!gpt_llama(s)) {
+    if (o->matmul_gelu_forward && !s->desc.no_gelu_fusion) {
+      o->matmul_gelu_forward(be, la->fch_gelu, la->fch, la->ln2, s->param + w->fcw,
+                             gpt_p(s, w->fcb), N, C, Fl, s->lay);
+      return;
+    }
+    o->matmul_forward(be, la->fch, la->ln2, s->param + w->fcw, gpt_p(s, w->fcb), NULL, N, C,
+                      Fl, s->lay);
     o->gelu_forward(be, la->fch_gelu, la->fch, (size_t)N * Fl);
     return;
   }
+  o->matmul_forward(be, la->fch, la->ln2, s->param + w->fcw, gpt_p(s, w->fcb), NULL, N, C, Fl,
+                    s->lay);
   o->matmul_forward(be, la->fcu, la->ln2, s->param + w->upw, gpt_p(s, w->upb), NULL, N, C, Fl,
                     s->lay);
   o->swiglu_forward(be, la->fch_gelu, la->fch, la->fcu, (size_t)N * Fl);
@@ -348,12 +355,18 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   mega_status st = gather_into(s, a, dy, la->dy_all, err);
   if (st) return st;
   /* the MLP: d(activation), then through GELU or SwiGLU (in place) */
-  o->matmul_backward_input(be, la->dfch, la->dy_all, s->param + w->fcprojw, N, wd.Fl, C, s->lay,
-                           false);
-  if (llama)
-    o->swiglu_backward(be, la->dfch, la->dfcu, la->dfch, la->fch, la->fcu, (size_t)N * wd.Fl);
-  else
-    o->gelu_backward(be, la->dfch, la->fch, la->dfch, (size_t)N * wd.Fl);
+  if (!llama && o->matmul_gelu_backward_input && !s->desc.no_gelu_fusion) {
+    o->matmul_gelu_backward_input(be, la->dfch, la->dy_all, s->param + w->fcprojw, la->fch, N,
+                                  wd.Fl, C, s->lay);
+  } else {
+    o->matmul_backward_input(be, la->dfch, la->dy_all, s->param + w->fcprojw, N, wd.Fl, C,
+                             s->lay, false);
+    if (llama)
+      o->swiglu_backward(be, la->dfch, la->dfcu, la->dfch, la->fch, la->fcu,
+                         (size_t)N * wd.Fl);
+    else
+      o->gelu_backward(be, la->dfch, la->fch, la->dfch, (size_t)N * wd.Fl);
+  }
   col_grad mlp[2] = {{la->dfch, w->fcw, wd.Fl}, {la->dfcu, w->upw, wd.Fl}};
   if ((st = column_parallel_backward(s, a, la->dln2, mlp, llama ? 2 : 1, err))) return st;
   norm_backward_input(s, la->dx2, dy, la->dln2, la->x2, w->ln2w, la->ln2_mean, la->ln2_rstd, R);
