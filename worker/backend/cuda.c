@@ -63,6 +63,21 @@ static void wrote(mega_backend *be, const void *p, size_t n) {
   if (p) mega_cu_b16_wrote(impl_of(be)->b16, p, n * sizeof(float));
 }
 
+/* Where an op writes x's n floats, all of which a GEMM reads next: under
+ * --bf16 the copy for that GEMM, which the op's kernel fills as it writes
+ * x (cuda_b16.h), else NULL (and x said written as wrote does). */
+static uint16_t *produced(mega_backend *be, float *x, size_t n) {
+  cuda_impl *c = impl_of(be);
+  if (!c->bf16 || !c->b16) {
+    wrote(be, x, n);
+    return NULL;
+  }
+  int e;
+  uint16_t *b = mega_cu_b16_put(c->b16, x, n, &e);
+  note(be, e, "allocating a bf16 copy");
+  return b;
+}
+
 /* ---- memory ---- */
 
 /* cudaMalloc, after handing the kept bf16 copies' memory back when the
@@ -323,10 +338,11 @@ static void cu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, f
 static void cu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
                                  const float *inp, const float *w, const float *b, int N, int C,
                                  float eps) {
-  wrote(be, out, (size_t)N * C);
+  uint16_t *out16 = produced(be, out, (size_t)N * C); /* the next matmul's input */
   wrote(be, mean, (size_t)N);
   wrote(be, rstd, (size_t)N);
-  note(be, mega_cu_layernorm_fwd(S(be), out, mean, rstd, inp, w, b, N, C, eps), "layernorm");
+  note(be, mega_cu_layernorm_fwd(S(be), out, out16, mean, rstd, inp, w, b, N, C, eps),
+       "layernorm");
 }
 
 static void cu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dres,
@@ -347,14 +363,14 @@ static void cu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
 }
 
 static void cu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
-  wrote(be, out, n);
-  note(be, mega_cu_gelu_fwd(S(be), out, inp, (int64_t)n), "gelu");
+  uint16_t *out16 = produced(be, out, n); /* the MLP's projection's input */
+  note(be, mega_cu_gelu_fwd(S(be), out, out16, inp, (int64_t)n), "gelu");
 }
 
 static void cu_gelu_backward(mega_backend *be, float *dinp, const float *inp, const float *dout,
                              size_t n) {
-  wrote(be, dinp, n);
-  note(be, mega_cu_gelu_bwd(S(be), dinp, inp, dout, (int64_t)n), "gelu backward");
+  uint16_t *dinp16 = produced(be, dinp, n); /* the fc matmul's output gradient */
+  note(be, mega_cu_gelu_bwd(S(be), dinp, dinp16, inp, dout, (int64_t)n), "gelu backward");
 }
 
 static void cu_residual_forward(mega_backend *be, float *out, const float *a, const float *b,
@@ -427,8 +443,9 @@ static void cu_crossentropy_forward(mega_backend *be, float *losses, float *logi
 
 static void cu_crossentropy_backward(mega_backend *be, float *probs, const int32_t *targets,
                                      int v0, float scale, int N, int V) {
-  wrote(be, probs, (size_t)N * V);
-  note(be, mega_cu_xent_bwd(S(be), probs, targets, v0, scale, N, V), "cross-entropy backward");
+  uint16_t *d16 = produced(be, probs, (size_t)N * V); /* the head's output gradient */
+  note(be, mega_cu_xent_bwd(S(be), probs, d16, targets, v0, scale, N, V),
+       "cross-entropy backward");
 }
 
 static void cu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,
