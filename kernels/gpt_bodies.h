@@ -208,12 +208,16 @@ static inline MEGA_HD void mega_kr_layernorm_bwd_in(int64_t n, int l, int L, flo
 
 /* RMSNorm: rstd r from the row's sum of squares (mega_kr_dot(x, x)), then
  * this. */
-static inline MEGA_HD void mega_kr_rmsnorm_fwd(int64_t n, int l, int L, float *out, float *rstd,
-                                               const float *inp, const float *w, int C,
-                                               float r) {
+static inline MEGA_HD void mega_kr_rmsnorm_fwd(int64_t n, int l, int L, float *out,
+                                               uint16_t *out16, float *rstd, const float *inp,
+                                               const float *w, int C, float r) {
   const float *x = inp + n * C;
   float *o = out + n * C;
-  for (int i = l; i < C; i += L) o[i] = x[i] * r * w[i];
+  for (int i = l; i < C; i += L) {
+    float y = x[i] * r * w[i];
+    o[i] = y;
+    if (out16) out16[n * C + i] = mega_bf16_bits(y);
+  }
   if (l == 0) rstd[n] = r;
 }
 

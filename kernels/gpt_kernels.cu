@@ -374,12 +374,12 @@ int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float 
       });
 }
 
-int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, float *rstd, const float *inp,
-                        const float *w, int N, int C, float eps) {
+int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *rstd,
+                        const float *inp, const float *w, int N, int C, float eps) {
   return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
     const float *x = inp + n * C;
     float r = 1.0f / sqrtf(Lanes<32>::sum(mega_kr_dot(x, x, C, l, 32)) / C + eps);
-    mega_kr_rmsnorm_fwd(n, l, 32, out, rstd, inp, w, C, r);
+    mega_kr_rmsnorm_fwd(n, l, 32, out, out16, rstd, inp, w, C, r);
   });
 }
 
@@ -401,15 +401,22 @@ int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const 
       [=] __device__(int64_t c, float2 t) { dw[c] += t.x; });
 }
 
-int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, const float *gate, const float *up,
-                       int64_t n) {
-  return launch(s, n, [=] __device__(int64_t i) { mega_kb_swiglu_fwd(i, out, gate, up); });
+// The bf16 copies from the floats read back by the thread that wrote them.
+int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *gate,
+                       const float *up, int64_t n) {
+  return launch(s, n, [=] __device__(int64_t i) {
+    mega_kb_swiglu_fwd(i, out, gate, up);
+    if (out16) out16[i] = mega_bf16_bits(out[i]);
+  });
 }
 
-int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, float *dup, const float *dout,
-                       const float *gate, const float *up, int64_t n) {
+int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, uint16_t *dgate16, float *dup,
+                       uint16_t *dup16, const float *dout, const float *gate, const float *up,
+                       int64_t n) {
   return launch(s, n, [=] __device__(int64_t i) {
     mega_kb_swiglu_bwd(i, dgate, dup, dout, gate, up);
+    if (dgate16) dgate16[i] = mega_bf16_bits(dgate[i]);
+    if (dup16) dup16[i] = mega_bf16_bits(dup[i]);
   });
 }
 

@@ -22,7 +22,8 @@ size_t mega_cu_encoder_bwd_scratch(int N);
 int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dwpe,
                         const float *dout, const int32_t *tok, int N, int T, int C,
                         void *scratch);
-/* out16, where not NULL (here and in gelu and xent_bwd): the bf16 bits of
+/* out16, where not NULL (here and in rmsnorm, swiglu, gelu and xent_bwd):
+ * the bf16 bits of
  * every float written to out, as mega_cu_to_bf16 would round them
  * (--bf16's copy for the next GEMM, worker/backend/cuda_b16.h); on 8 bytes
  * for the four-wide paths. */
@@ -35,16 +36,17 @@ int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
 int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float *dout,
                             const float *inp, const float *mean, const float *rstd, int N,
                             int C);
-int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, float *rstd, const float *inp,
-                        const float *w, int N, int C, float eps);
+int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *rstd,
+                        const float *inp, const float *w, int N, int C, float eps);
 int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres, const float *dout,
                            const float *inp, const float *w, const float *rstd, int N, int C);
 int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const float *inp,
                           const float *rstd, int N, int C);
-int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, const float *gate, const float *up,
+int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *gate,
+                       const float *up, int64_t n);
+int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, uint16_t *dgate16, float *dup,
+                       uint16_t *dup16, const float *dout, const float *gate, const float *up,
                        int64_t n);
-int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, float *dup, const float *dout,
-                       const float *gate, const float *up, int64_t n);
 /* sign 1: rotate (forward); -1: rotate back (backward). */
 int mega_cu_rope(mega_cu_stream s, float *x, const float *cs, int N, int T, int heads, int hs,
                  int ld, int rot, float sign);

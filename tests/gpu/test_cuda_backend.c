@@ -607,8 +607,9 @@ static void bf16_on(bool on) {
   }
 }
 
-/* Each producer without --bf16 (the reference), then with it: the same
- * fp32 bits, and the copy produced_check wants. GELU also off 16 bytes
+/* Each producer (GPT-2's and Llama's) without --bf16 (the reference), then
+ * with it: the same fp32 bits, and the copy produced_check wants. GELU also
+ * off 16 bytes
  * (one item a thread, its copy from the floats read back), the classifier
  * one float a load (V) and four (VW). */
 static void test_bf16_producers(void) {
@@ -628,6 +629,30 @@ static void test_bf16_producers(void) {
   }
   same_bits("layernorm under --bf16", go[1], go[0], N * C * 4);
   produced_check("layernorm", go[1], N, C);
+  for (int on = 0; on < 2; on++) {
+    bf16_on(on);
+    go[on] = dev_zero(N * C * 4);
+    gpu->ops->rmsnorm_forward(gpu, go[on], gr, gx, gw, N, C, 1e-5f);
+  }
+  same_bits("rmsnorm under --bf16", go[1], go[0], N * C * 4);
+  produced_check("rmsnorm", go[1], N, C);
+  for (int on = 0; on < 2; on++) {
+    bf16_on(on);
+    gh[on] = dev_zero(nf * 4);
+    gpu->ops->swiglu_forward(gpu, gh[on], gpre, gpre + 1, (size_t)N * F);
+  }
+  same_bits("swiglu under --bf16", gh[1], gh[0], (size_t)N * F * 4);
+  produced_check("swiglu", gh[1], N, F);
+  for (int on = 0; on < 2; on++) { /* dgate in place over dout, as the model runs it */
+    bf16_on(on);
+    gd[on] = up(dh, nf * 4);
+    gh[on] = dev_zero(nf * 4);
+    gpu->ops->swiglu_backward(gpu, gd[on], gh[on], gd[on], gpre, gpre + 1, (size_t)N * F);
+  }
+  same_bits("swiglu dgate under --bf16", gd[1], gd[0], (size_t)N * F * 4);
+  same_bits("swiglu dup under --bf16", gh[1], gh[0], (size_t)N * F * 4);
+  produced_check("swiglu dgate", gd[1], N, F);
+  produced_check("swiglu dup", gh[1], N, F);
   for (int off = 0; off < 2; off++) {
     for (int on = 0; on < 2; on++) {
       bf16_on(on);

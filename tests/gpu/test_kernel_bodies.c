@@ -478,14 +478,16 @@ static void test_llama_bodies(void **state) {
   float *x = vec(N * C, 21, 2), *w = vec(C, 22, 1), *d = vec(N * C, 23, 1);
   float *res = vec(N * C, 24, 1);
   float o1[N * C], o2[N * C], r1[N], r2[N];
+  uint16_t o16[N * C];
   be->ops->rmsnorm_forward(be, o1, r1, x, w, N, C, 1e-5f);
   FOR_LANES(L) {
     for (int64_t n = 0; n < N; n++) {
       const float *row = x + n * C;
       float r = 1.0f / sqrtf(LANES_SUM(L, mega_kr_dot(row, row, C, l, L)) / C + 1e-5f);
-      for (int l = 0; l < L; l++) mega_kr_rmsnorm_fwd(n, l, L, o2, r2, x, w, C, r);
+      for (int l = 0; l < L; l++) mega_kr_rmsnorm_fwd(n, l, L, o2, o16, r2, x, w, C, r);
     }
     near(o2, o1, N * C, 1e-5, "rmsnorm");
+    bf16_of(o16, o2, N * C, "rmsnorm's bf16 copy");
     near(r2, r1, N, 1e-5, "rmsnorm rstd");
     for (int with_res = 0; with_res < 2; with_res++) {
       float d1[N * C], d2[N * C];

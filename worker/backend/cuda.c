@@ -338,9 +338,9 @@ static void cu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, f
 static void cu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
                                  const float *inp, const float *w, const float *b, int N, int C,
                                  float eps) {
-  uint16_t *out16 = produced(be, out, (size_t)N * C); /* the next matmul's input */
   wrote(be, mean, (size_t)N);
   wrote(be, rstd, (size_t)N);
+  uint16_t *out16 = produced(be, out, (size_t)N * C); /* the next matmul's input */
   note(be, mega_cu_layernorm_fwd(S(be), out, out16, mean, rstd, inp, w, b, N, C, eps),
        "layernorm");
 }
@@ -387,9 +387,9 @@ static void cu_bias_residual_forward(mega_backend *be, float *out, const float *
 
 static void cu_rmsnorm_forward(mega_backend *be, float *out, float *rstd, const float *inp,
                                const float *w, int N, int C, float eps) {
-  wrote(be, out, (size_t)N * C);
   wrote(be, rstd, (size_t)N);
-  note(be, mega_cu_rmsnorm_fwd(S(be), out, rstd, inp, w, N, C, eps), "rmsnorm");
+  uint16_t *out16 = produced(be, out, (size_t)N * C); /* the next matmul's input */
+  note(be, mega_cu_rmsnorm_fwd(S(be), out, out16, rstd, inp, w, N, C, eps), "rmsnorm");
 }
 
 static void cu_rmsnorm_backward_input(mega_backend *be, float *dinp, const float *dres,
@@ -408,15 +408,15 @@ static void cu_rmsnorm_backward_weight(mega_backend *be, float *dw, const float 
 
 static void cu_swiglu_forward(mega_backend *be, float *out, const float *gate, const float *up,
                               size_t n) {
-  wrote(be, out, n);
-  note(be, mega_cu_swiglu_fwd(S(be), out, gate, up, (int64_t)n), "swiglu");
+  uint16_t *out16 = produced(be, out, n); /* the MLP's projection's input */
+  note(be, mega_cu_swiglu_fwd(S(be), out, out16, gate, up, (int64_t)n), "swiglu");
 }
 
 static void cu_swiglu_backward(mega_backend *be, float *dgate, float *dup, const float *dout,
                                const float *gate, const float *up, size_t n) {
-  wrote(be, dgate, n);
-  wrote(be, dup, n);
-  note(be, mega_cu_swiglu_bwd(S(be), dgate, dup, dout, gate, up, (int64_t)n),
+  /* the gate's and up's matmuls' output gradients */
+  uint16_t *dgate16 = produced(be, dgate, n), *dup16 = produced(be, dup, n);
+  note(be, mega_cu_swiglu_bwd(S(be), dgate, dgate16, dup, dup16, dout, gate, up, (int64_t)n),
        "swiglu backward");
 }
 
