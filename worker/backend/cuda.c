@@ -6,7 +6,8 @@
  * Attention is cuda_attn.c's; AdamW and the norm's posted sums are
  * cuda_optim.c's. Under --bf16 the rounded copies of GEMM
  * inputs are kept while their sources are unchanged (cuda_b16.h), so every
- * op first says what it writes.
+ * op first says what it writes; an op writing a GEMM's whole input writes
+ * its copy too (produced).
  * Compute ops cannot report errors (backend.h), so the first failure is kept and returned by the next op that can fail (memcpy,
  * synchronize, the reductions), as NCCL reports asynchronous errors.
  *
