@@ -159,13 +159,19 @@ static inline MEGA_HD float mega_kr_dot(const float *a, const float *b, int n, i
   return s;
 }
 
-/* layernorm: mean = sum(x) / C, then rstd from sum((x - mean)^2), then this. */
-static inline MEGA_HD void mega_kr_layernorm_fwd(int64_t n, int l, int L, float *out, float *mean,
-                                                 float *rstd, const float *inp, const float *w,
+/* layernorm: mean = sum(x) / C, then rstd from sum((x - mean)^2), then this;
+ * with out16, out's bf16 bits too (--bf16's copy for the next GEMM). */
+static inline MEGA_HD void mega_kr_layernorm_fwd(int64_t n, int l, int L, float *out,
+                                                 uint16_t *out16, float *mean, float *rstd,
+                                                 const float *inp, const float *w,
                                                  const float *b, int C, float m, float r) {
   const float *x = inp + n * C;
   float *o = out + n * C;
-  for (int i = l; i < C; i += L) o[i] = (x[i] - m) * r * w[i] + b[i];
+  for (int i = l; i < C; i += L) {
+    float y = (x[i] - m) * r * w[i] + b[i];
+    o[i] = y;
+    if (out16) out16[n * C + i] = mega_bf16_bits(y);
+  }
   if (l == 0) mean[n] = m, rstd[n] = r;
 }
 
@@ -202,12 +208,16 @@ static inline MEGA_HD void mega_kr_layernorm_bwd_in(int64_t n, int l, int L, flo
 
 /* RMSNorm: rstd r from the row's sum of squares (mega_kr_dot(x, x)), then
  * this. */
-static inline MEGA_HD void mega_kr_rmsnorm_fwd(int64_t n, int l, int L, float *out, float *rstd,
-                                               const float *inp, const float *w, int C,
-                                               float r) {
+static inline MEGA_HD void mega_kr_rmsnorm_fwd(int64_t n, int l, int L, float *out,
+                                               uint16_t *out16, float *rstd, const float *inp,
+                                               const float *w, int C, float r) {
   const float *x = inp + n * C;
   float *o = out + n * C;
-  for (int i = l; i < C; i += L) o[i] = x[i] * r * w[i];
+  for (int i = l; i < C; i += L) {
+    float y = x[i] * r * w[i];
+    o[i] = y;
+    if (out16) out16[n * C + i] = mega_bf16_bits(y);
+  }
   if (l == 0) rstd[n] = r;
 }
 
@@ -265,6 +275,18 @@ static inline MEGA_HD void mega_stw(float *p, int w, const float *v) {
   }
 #endif
   for (int k = 0; k < w; k++) p[k] = v[k];
+}
+
+/* v's bf16 bits at p (8 bytes on the GPU when w is 4: p on 8 bytes). */
+static inline MEGA_HD void mega_stw16(uint16_t *p, int w, const float *v) {
+#ifdef __CUDA_ARCH__
+  if (w == 4) {
+    *(uint2 *)p = make_uint2(mega_bf16_bits(v[0]) | (uint32_t)mega_bf16_bits(v[1]) << 16,
+                             mega_bf16_bits(v[2]) | (uint32_t)mega_bf16_bits(v[3]) << 16);
+    return;
+  }
+#endif
+  for (int k = 0; k < w; k++) p[k] = mega_bf16_bits(v[k]);
 }
 
 /* The lane's running max *m and sum *s of e^(x - *m) over its items: the
@@ -352,10 +374,12 @@ static inline MEGA_HD void mega_kr_xent_sums(int64_t n, float *sums, const float
 
 /* The backward of row n, in place: p * scale, then minus scale at the
  * target if it is in the slice [v0, v0 + V) (the cpu backend's expression,
- * so the bits match). */
+ * so the bits match); with probs16, their bf16 bits too (--bf16's copy). */
 static inline MEGA_HD void mega_kr_xent_bwd(int64_t n, int l, int L, int w, float *probs,
-                                            const int32_t *targets, int v0, float scale, int V) {
+                                            uint16_t *probs16, const int32_t *targets, int v0,
+                                            float scale, int V) {
   float *p = probs + n * V, v[4];
+  uint16_t *p16 = probs16 ? probs16 + n * V : NULL;
   int64_t t = (int64_t)targets[n] - v0;
   int whole = V / w * w;
   for (int i = l * w; i < whole; i += L * w) {
@@ -365,11 +389,13 @@ static inline MEGA_HD void mega_kr_xent_bwd(int64_t n, int l, int L, int w, floa
       if (i + k == t) v[k] -= scale;
     }
     mega_stw(p + i, w, v);
+    if (p16) mega_stw16(p16 + i, w, v);
   }
   for (int i = whole + l; i < V; i += L) {
     float d = p[i] * scale;
     if (i == t) d -= scale;
     p[i] = d;
+    if (p16) p16[i] = mega_bf16_bits(d);
   }
 }
 

@@ -53,19 +53,23 @@ __device__ inline void unpack(float4 v, float *x) {
   x[3] = v.w;
 }
 
+// With out16 (--bf16's copy of out for the next GEMM, cuda_b16.h) the
+// same kernel stores the bf16 bits of the very floats it writes.
 template <typename F>
-__global__ void x4_unary(int64_t n4, float4 *out, const float4 *a, F f) {
+__global__ void x4_unary(int64_t n4, float4 *out, uint2 *out16, const float4 *a, F f) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
        i += (int64_t)gridDim.x * blockDim.x) {
     float x[4], o[4];
     unpack(a[i], x);
     for (int k = 0; k < 4; k++) f(k, o, x);
     out[i] = make_float4(o[0], o[1], o[2], o[3]);
+    if (out16) mega_stw16((uint16_t *)(out16 + i), 4, o);
   }
 }
 
 template <typename F>
-__global__ void x4_binary(int64_t n4, float4 *out, const float4 *a, const float4 *b, F f) {
+__global__ void x4_binary(int64_t n4, float4 *out, uint2 *out16, const float4 *a,
+                          const float4 *b, F f) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
        i += (int64_t)gridDim.x * blockDim.x) {
     float x[4], y[4], o[4];
@@ -73,36 +77,53 @@ __global__ void x4_binary(int64_t n4, float4 *out, const float4 *a, const float4
     unpack(b[i], y);
     for (int k = 0; k < 4; k++) f(k, o, x, y);
     out[i] = make_float4(o[0], o[1], o[2], o[3]);
+    if (out16) mega_stw16((uint16_t *)(out16 + i), 4, o);
   }
 }
 
-// out[i] = f(i, out, a) over n items, four at a time where aligned.
+// Four at a time where out, out16 (if any) and the inputs are aligned.
+bool x4_ok(const float *out, const uint16_t *out16) {
+  return on16(out) && ((uintptr_t)out16 & 7u) == 0;
+}
+
+// out[i] = f(i, out, a) over n items (and out16[i] its bf16 bits, the
+// tail's read back by the thread that wrote them), four at a time where
+// aligned.
 template <typename F>
-int launch_unary(mega_cu_stream s, int64_t n, float *out, const float *a, F f) {
-  int64_t n4 = on16(out) && on16(a) ? n / 4 : 0;
+int launch_unary(mega_cu_stream s, int64_t n, float *out, uint16_t *out16, const float *a, F f) {
+  int64_t n4 = x4_ok(out, out16) && on16(a) ? n / 4 : 0;
   if (n4 > 0) {
-    x4_unary<<<blocks_for(n4), kThreads, 0, (cudaStream_t)s>>>(n4, (float4 *)out,
+    x4_unary<<<blocks_for(n4), kThreads, 0, (cudaStream_t)s>>>(n4, (float4 *)out, (uint2 *)out16,
                                                                 (const float4 *)a, f);
     int e = (int)cudaGetLastError();
     if (e) return e;
   }
   float *o = out + 4 * n4;
+  uint16_t *o16 = out16 ? out16 + 4 * n4 : nullptr;
   const float *x = a + 4 * n4;
-  return launch(s, n - 4 * n4, [=] __device__(int64_t i) { f(i, o, x); });
+  return launch(s, n - 4 * n4, [=] __device__(int64_t i) {
+    f(i, o, x);
+    if (o16) o16[i] = mega_bf16_bits(o[i]);
+  });
 }
 
 template <typename F>
-int launch_binary(mega_cu_stream s, int64_t n, float *out, const float *a, const float *b, F f) {
-  int64_t n4 = on16(out) && on16(a) && on16(b) ? n / 4 : 0;
+int launch_binary(mega_cu_stream s, int64_t n, float *out, uint16_t *out16, const float *a,
+                  const float *b, F f) {
+  int64_t n4 = x4_ok(out, out16) && on16(a) && on16(b) ? n / 4 : 0;
   if (n4 > 0) {
     x4_binary<<<blocks_for(n4), kThreads, 0, (cudaStream_t)s>>>(
-        n4, (float4 *)out, (const float4 *)a, (const float4 *)b, f);
+        n4, (float4 *)out, (uint2 *)out16, (const float4 *)a, (const float4 *)b, f);
     int e = (int)cudaGetLastError();
     if (e) return e;
   }
   float *o = out + 4 * n4;
+  uint16_t *o16 = out16 ? out16 + 4 * n4 : nullptr;
   const float *x = a + 4 * n4, *y = b + 4 * n4;
-  return launch(s, n - 4 * n4, [=] __device__(int64_t i) { f(i, o, x, y); });
+  return launch(s, n - 4 * n4, [=] __device__(int64_t i) {
+    f(i, o, x, y);
+    if (o16) o16[i] = mega_bf16_bits(o[i]);
+  });
 }
 
 // GEMM inputs rounded to bf16: four floats in (16 bytes), four bf16 out (8).
@@ -110,10 +131,8 @@ __global__ void to_bf16_x4(int64_t n4, uint2 *out, const float4 *in) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
        i += (int64_t)gridDim.x * blockDim.x) {
     float x[4];
-    uint16_t b[4];
     unpack(in[i], x);
-    for (int k = 0; k < 4; k++) mega_kb_to_bf16(k, b, x);
-    out[i] = make_uint2(b[0] | (uint32_t)b[1] << 16, b[2] | (uint32_t)b[3] << 16);
+    mega_stw16((uint16_t *)(out + i), 4, x);
   }
 }
 
@@ -314,15 +333,15 @@ int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dw
   });
 }
 
-int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, float *mean, float *rstd,
-                          const float *inp, const float *w, const float *b, int N, int C,
-                          float eps) {
+int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *mean,
+                          float *rstd, const float *inp, const float *w, const float *b, int N,
+                          int C, float eps) {
   return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
     using G = Lanes<32>;
     const float *x = inp + n * C;
     float m = G::sum(mega_kr_sum(x, C, l, 32)) / C;
     float r = 1.0f / sqrtf(G::sum(mega_kr_sqdev(x, C, m, l, 32)) / C + eps);
-    mega_kr_layernorm_fwd(n, l, 32, out, mean, rstd, inp, w, b, C, m, r);
+    mega_kr_layernorm_fwd(n, l, 32, out, out16, mean, rstd, inp, w, b, C, m, r);
   });
 }
 
@@ -355,12 +374,12 @@ int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float 
       });
 }
 
-int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, float *rstd, const float *inp,
-                        const float *w, int N, int C, float eps) {
+int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *rstd,
+                        const float *inp, const float *w, int N, int C, float eps) {
   return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
     const float *x = inp + n * C;
     float r = 1.0f / sqrtf(Lanes<32>::sum(mega_kr_dot(x, x, C, l, 32)) / C + eps);
-    mega_kr_rmsnorm_fwd(n, l, 32, out, rstd, inp, w, C, r);
+    mega_kr_rmsnorm_fwd(n, l, 32, out, out16, rstd, inp, w, C, r);
   });
 }
 
@@ -382,15 +401,22 @@ int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const 
       [=] __device__(int64_t c, float2 t) { dw[c] += t.x; });
 }
 
-int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, const float *gate, const float *up,
-                       int64_t n) {
-  return launch(s, n, [=] __device__(int64_t i) { mega_kb_swiglu_fwd(i, out, gate, up); });
+// The bf16 copies from the floats read back by the thread that wrote them.
+int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *gate,
+                       const float *up, int64_t n) {
+  return launch(s, n, [=] __device__(int64_t i) {
+    mega_kb_swiglu_fwd(i, out, gate, up);
+    if (out16) out16[i] = mega_bf16_bits(out[i]);
+  });
 }
 
-int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, float *dup, const float *dout,
-                       const float *gate, const float *up, int64_t n) {
+int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, uint16_t *dgate16, float *dup,
+                       uint16_t *dup16, const float *dout, const float *gate, const float *up,
+                       int64_t n) {
   return launch(s, n, [=] __device__(int64_t i) {
     mega_kb_swiglu_bwd(i, dgate, dup, dout, gate, up);
+    if (dgate16) dgate16[i] = mega_bf16_bits(dgate[i]);
+    if (dup16) dup16[i] = mega_bf16_bits(dup[i]);
   });
 }
 
@@ -401,15 +427,16 @@ int mega_cu_rope(mega_cu_stream s, float *x, const float *cs, int N, int T, int 
   });
 }
 
-int mega_cu_gelu_fwd(mega_cu_stream s, float *out, const float *inp, int64_t n) {
-  return launch_unary(s, n, out, inp, [] __device__(int64_t i, float *o, const float *x) {
+int mega_cu_gelu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *inp,
+                     int64_t n) {
+  return launch_unary(s, n, out, out16, inp, [] __device__(int64_t i, float *o, const float *x) {
     mega_kb_gelu_fwd(i, o, x);
   });
 }
 
-int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, const float *inp, const float *dout,
-                     int64_t n) {
-  return launch_binary(s, n, dinp, inp, dout,
+int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, uint16_t *dinp16, const float *inp,
+                     const float *dout, int64_t n) {
+  return launch_binary(s, n, dinp, dinp16, inp, dout,
                        [] __device__(int64_t i, float *o, const float *x, const float *dy) {
                          mega_kb_gelu_bwd(i, o, x, dy);
                        });
@@ -418,7 +445,7 @@ int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, const float *inp, const floa
 int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
                 const float *bias, int64_t n, int C) {
   if (!bias)
-    return launch_binary(s, n, out, a, b,
+    return launch_binary(s, n, out, nullptr, a, b,
                          [] __device__(int64_t i, float *o, const float *x, const float *y) {
                            mega_kb_add(i, o, x, y, nullptr, 1);
                          });
@@ -457,10 +484,11 @@ int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32
   });
 }
 
-int mega_cu_xent_bwd(mega_cu_stream s, float *probs, const int32_t *targets, int v0,
-                     float scale, int N, int V) {
-  return launch_vocab_rows(s, N, xent_width(probs, V), [=] __device__(int64_t n, int l, int w) {
-    mega_kr_xent_bwd(n, l, kVocabLanes, w, probs, targets, v0, scale, V);
+int mega_cu_xent_bwd(mega_cu_stream s, float *probs, uint16_t *probs16, const int32_t *targets,
+                     int v0, float scale, int N, int V) {
+  int width = x4_ok(probs, probs16) ? xent_width(probs, V) : 1;
+  return launch_vocab_rows(s, N, width, [=] __device__(int64_t n, int l, int w) {
+    mega_kr_xent_bwd(n, l, kVocabLanes, w, probs, probs16, targets, v0, scale, V);
   });
 }
 

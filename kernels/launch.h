@@ -22,31 +22,38 @@ size_t mega_cu_encoder_bwd_scratch(int N);
 int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dwpe,
                         const float *dout, const int32_t *tok, int N, int T, int C,
                         void *scratch);
-int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, float *mean, float *rstd,
-                          const float *inp, const float *w, const float *b, int N, int C,
-                          float eps);
+/* out16, where not NULL (here and in rmsnorm, swiglu, gelu and xent_bwd):
+ * the bf16 bits of
+ * every float written to out, as mega_cu_to_bf16 would round them
+ * (--bf16's copy for the next GEMM, worker/backend/cuda_b16.h); on 8 bytes
+ * for the four-wide paths. */
+int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *mean,
+                          float *rstd, const float *inp, const float *w, const float *b, int N,
+                          int C, float eps);
 int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
                              const float *dout, const float *inp, const float *w,
                              const float *mean, const float *rstd, int N, int C);
 int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float *dout,
                             const float *inp, const float *mean, const float *rstd, int N,
                             int C);
-int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, float *rstd, const float *inp,
-                        const float *w, int N, int C, float eps);
+int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *rstd,
+                        const float *inp, const float *w, int N, int C, float eps);
 int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres, const float *dout,
                            const float *inp, const float *w, const float *rstd, int N, int C);
 int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const float *inp,
                           const float *rstd, int N, int C);
-int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, const float *gate, const float *up,
+int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *gate,
+                       const float *up, int64_t n);
+int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, uint16_t *dgate16, float *dup,
+                       uint16_t *dup16, const float *dout, const float *gate, const float *up,
                        int64_t n);
-int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, float *dup, const float *dout,
-                       const float *gate, const float *up, int64_t n);
 /* sign 1: rotate (forward); -1: rotate back (backward). */
 int mega_cu_rope(mega_cu_stream s, float *x, const float *cs, int N, int T, int heads, int hs,
                  int ld, int rot, float sign);
-int mega_cu_gelu_fwd(mega_cu_stream s, float *out, const float *inp, int64_t n);
-int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, const float *inp, const float *dout,
+int mega_cu_gelu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *inp,
                      int64_t n);
+int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, uint16_t *dinp16, const float *inp,
+                     const float *dout, int64_t n);
 int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
                 const float *bias, int64_t n, int C);
 int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const float *residual,
@@ -55,8 +62,8 @@ int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, 
 /* The classifier, in place over the logits (backend.h's crossentropy ops). */
 int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32_t *targets,
                      int N, int V);
-int mega_cu_xent_bwd(mega_cu_stream s, float *probs, const int32_t *targets, int v0,
-                     float scale, int N, int V);
+int mega_cu_xent_bwd(mega_cu_stream s, float *probs, uint16_t *probs16, const int32_t *targets,
+                     int v0, float scale, int N, int V);
 int mega_cu_xent_rowmax(mega_cu_stream s, float *rowmax, const float *logits, int N, int V);
 int mega_cu_xent_sums(mega_cu_stream s, float *sums, const float *logits, const float *rowmax,
                       const int32_t *targets, int v0, int N, int V);

@@ -3,8 +3,8 @@
  * forward and backward (Llama's too; the element ops aligned and not),
  * attention (grouped-query too), AdamW and the reductions (AdamW over
  * many ranges in one launch and the posted sums too, bit for bit against
- * the per-range ops), and under --bf16 the flash attention and the kept
- * bf16 copies. Needs a GPU: without one (or without the module) it says
+ * the per-range ops), and under --bf16 the flash attention, the kept
+ * bf16 copies and those the ops producing a GEMM's input write. Needs a GPU: without one (or without the module) it says
  * why and exits 77, which meson counts as skipped. */
 #include <math.h>
 #include <stdio.h>
@@ -568,6 +568,126 @@ static void test_bf16_kept_copies(void) {
   free(kc_x), free(kc_w), free(kc_y), free(w2), free(g), free(m), free(v);
 }
 
+/* --bf16: an op whose whole output a matmul reads next writes that
+ * matmul's bf16 copy in its own kernel (cuda_b16.h). src (rows x cols),
+ * just written so: a matmul by the identity reads the copy back exactly
+ * (one product per sum), which must be src's floats rounded, and gives the
+ * same bits again once src is rewritten and its copy rounded afresh. */
+static void produced_check(const char *what, float *src, int rows, int cols) {
+  size_t n = (size_t)rows * cols;
+  float *eye = calloc((size_t)cols * cols, 4);
+  for (int i = 0; i < cols; i++) eye[(size_t)i * cols + i] = 1.0f;
+  float *geye = up(eye, (size_t)cols * cols * 4), *gy = dev_zero(n * 4), *gy2 = dev_zero(n * 4);
+  float *tmp = dev_zero(n * 4);
+  gpu->ops->matmul_forward(gpu, gy, src, geye, NULL, NULL, rows, cols, cols, MEGA_W_IN_OUT);
+  float *want = down(src, n * 4);
+  for (size_t i = 0; i < n; i++) want[i] = mega_bf16_round(want[i]);
+  char label[96];
+  snprintf(label, sizeof label, "%s: the next matmul's bf16 copy is its output rounded", what);
+  same(label, gy, want, n, 0);
+  mega_err err = {0};
+  if (gpu->ops->memcpy(gpu, tmp, src, n * 4, MEGA_COPY_D2D, &err) ||
+      gpu->ops->memcpy(gpu, src, tmp, n * 4, MEGA_COPY_D2D, &err)) {
+    fprintf(stderr, "%s: %s\n", what, err.msg);
+    exit(1);
+  }
+  gpu->ops->matmul_forward(gpu, gy2, src, geye, NULL, NULL, rows, cols, cols, MEGA_W_IN_OUT);
+  snprintf(label, sizeof label, "%s: the matmul as on a fresh rounding", what);
+  same_bits(label, gy2, gy, n * 4);
+  gpu->ops->free(gpu, geye), gpu->ops->free(gpu, gy), gpu->ops->free(gpu, gy2);
+  gpu->ops->free(gpu, tmp);
+  free(eye), free(want);
+}
+
+static void bf16_on(bool on) {
+  mega_err err = {0};
+  if (gpu->ops->set_bf16(gpu, on, &err)) {
+    fprintf(stderr, "set_bf16: %s\n", err.msg);
+    exit(1);
+  }
+}
+
+/* Each producer (GPT-2's and Llama's) without --bf16 (the reference), then
+ * with it: the same fp32 bits, and the copy produced_check wants. GELU also
+ * off 16 bytes
+ * (one item a thread, its copy from the floats read back), the classifier
+ * one float a load (V) and four (VW). */
+static void test_bf16_producers(void) {
+  enum { F = 4 * C, VW = 72 };
+  size_t nf = (size_t)N * F + 1;
+  float *x = vec(N * C, 61, 2), *w = vec(C, 62, 1), *b = vec(C, 63, 1);
+  float *pre = vec(nf, 64, 3), *dh = vec(nf, 65, 1), *logits = vec(N * VW, 66, 4);
+  float *gx = up(x, N * C * 4), *gw = up(w, C * 4), *gb = up(b, C * 4), *gpre = up(pre, nf * 4);
+  float *gm = dev_zero(N * 4), *gr = dev_zero(N * 4), *go[2], *gh[2], *gd[2], *gl[2];
+  int32_t tg[N];
+  for (int i = 0; i < N; i++) tg[i] = (i * 5) % V;
+  int32_t *gtg = up(tg, sizeof tg);
+  for (int on = 0; on < 2; on++) {
+    bf16_on(on);
+    go[on] = dev_zero(N * C * 4);
+    gpu->ops->layernorm_forward(gpu, go[on], gm, gr, gx, gw, gb, N, C, 1e-5f);
+  }
+  same_bits("layernorm under --bf16", go[1], go[0], N * C * 4);
+  produced_check("layernorm", go[1], N, C);
+  for (int on = 0; on < 2; on++) {
+    bf16_on(on);
+    go[on] = dev_zero(N * C * 4);
+    gpu->ops->rmsnorm_forward(gpu, go[on], gr, gx, gw, N, C, 1e-5f);
+  }
+  same_bits("rmsnorm under --bf16", go[1], go[0], N * C * 4);
+  produced_check("rmsnorm", go[1], N, C);
+  for (int on = 0; on < 2; on++) {
+    bf16_on(on);
+    gh[on] = dev_zero(nf * 4);
+    gpu->ops->swiglu_forward(gpu, gh[on], gpre, gpre + 1, (size_t)N * F);
+  }
+  same_bits("swiglu under --bf16", gh[1], gh[0], (size_t)N * F * 4);
+  produced_check("swiglu", gh[1], N, F);
+  for (int on = 0; on < 2; on++) { /* dgate in place over dout, as the model runs it */
+    bf16_on(on);
+    gd[on] = up(dh, nf * 4);
+    gh[on] = dev_zero(nf * 4);
+    gpu->ops->swiglu_backward(gpu, gd[on], gh[on], gd[on], gpre, gpre + 1, (size_t)N * F);
+  }
+  same_bits("swiglu dgate under --bf16", gd[1], gd[0], (size_t)N * F * 4);
+  same_bits("swiglu dup under --bf16", gh[1], gh[0], (size_t)N * F * 4);
+  produced_check("swiglu dgate", gd[1], N, F);
+  produced_check("swiglu dup", gh[1], N, F);
+  for (int off = 0; off < 2; off++) {
+    for (int on = 0; on < 2; on++) {
+      bf16_on(on);
+      gh[on] = dev_zero(nf * 4);
+      gpu->ops->gelu_forward(gpu, gh[on] + off, gpre + off, (size_t)N * F);
+    }
+    same_bits(off ? "gelu under --bf16, off 16 bytes" : "gelu under --bf16", gh[1] + off,
+              gh[0] + off, (size_t)N * F * 4);
+    produced_check(off ? "gelu off 16 bytes" : "gelu", gh[1] + off, N, F);
+    for (int on = 0; on < 2; on++) { /* in place, as the model runs it */
+      bf16_on(on);
+      gd[on] = up(dh, nf * 4);
+      gpu->ops->gelu_backward(gpu, gd[on] + off, gpre + off, gd[on] + off, (size_t)N * F);
+    }
+    same_bits(off ? "gelu backward under --bf16, off 16 bytes" : "gelu backward under --bf16",
+              gd[1] + off, gd[0] + off, (size_t)N * F * 4);
+    produced_check(off ? "gelu backward off 16 bytes" : "gelu backward", gd[1] + off, N, F);
+  }
+  for (int vv = V; vv <= VW; vv += VW - V) {
+    for (int on = 0; on < 2; on++) {
+      bf16_on(on);
+      gl[on] = up(logits, (size_t)N * vv * 4);
+      gpu->ops->crossentropy_forward(gpu, gm, gl[on], gtg, N, vv);
+      gpu->ops->crossentropy_backward(gpu, gl[on], gtg, 0, 0.5f, N, vv);
+    }
+    same_bits(vv == V ? "classifier backward under --bf16" :
+                        "classifier backward under --bf16, four a load",
+              gl[1], gl[0], (size_t)N * vv * 4);
+    produced_check(vv == V ? "classifier backward" : "classifier backward, four a load", gl[1],
+                   N, vv);
+  }
+  bf16_on(false);
+  free(x), free(w), free(b), free(pre), free(dh), free(logits);
+}
+
 /* RMSNorm, SwiGLU, RoPE and grouped-query attention (8 query heads over 2
  * key/value heads of 6, on separate q, k and v). */
 static void test_llama_ops(void) {
@@ -755,6 +875,7 @@ int main(void) {
   test_llama_ops();
   test_bf16_matmuls();
   test_bf16_kept_copies();
+  test_bf16_producers();
   test_flash_attention();
   test_attention_sizes_guard(m);
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");

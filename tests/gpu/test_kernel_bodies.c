@@ -30,6 +30,14 @@ static float *vec(size_t n, unsigned seed, float scale) {
   return v;
 }
 
+/* A producer's --bf16 copy: every float's bits rounded, as
+ * mega_cu_to_bf16 would make it from the fp32 written. */
+static void bf16_of(const uint16_t *got, const float *x, size_t n, const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (got[i] != mega_bf16_bits(x[i])) fail_msg("%s[%zu]: %#x, want %#x", what, i, got[i],
+                                                 mega_bf16_bits(x[i]));
+}
+
 static float *copy(const float *x, size_t n) {
   float *v = malloc(n * sizeof *v);
   memcpy(v, x, n * sizeof *v);
@@ -66,13 +74,13 @@ static const int lane_counts[] = {1, 5, 32};
     acc_;                                                  \
   })
 
-static void layernorm_rows(int L, float *o, float *m, float *r, const float *x, const float *w,
-                           const float *b, float eps) {
+static void layernorm_rows(int L, float *o, uint16_t *o16, float *m, float *r, const float *x,
+                           const float *w, const float *b, float eps) {
   for (int64_t n = 0; n < N; n++) {
     const float *row = x + n * C;
     float mean = LANES_SUM(L, mega_kr_sum(row, C, l, L)) / C;
     float rs = 1.0f / sqrtf(LANES_SUM(L, mega_kr_sqdev(row, C, mean, l, L)) / C + eps);
-    for (int l = 0; l < L; l++) mega_kr_layernorm_fwd(n, l, L, o, m, r, x, w, b, C, mean, rs);
+    for (int l = 0; l < L; l++) mega_kr_layernorm_fwd(n, l, L, o, o16, m, r, x, w, b, C, mean, rs);
   }
 }
 
@@ -127,8 +135,10 @@ static void test_layernorm(void **state) {
   float o1[N * C], o2[N * C], m1[N], m2[N], r1[N], r2[N];
   be->ops->layernorm_forward(be, o1, m1, r1, x, w, b, N, C, 1e-5f);
   FOR_LANES(L) {
-    layernorm_rows(L, o2, m2, r2, x, w, b, 1e-5f);
+    uint16_t o16[N * C];
+    layernorm_rows(L, o2, o16, m2, r2, x, w, b, 1e-5f);
     near(o2, o1, N * C, 1e-5, "layernorm");
+    bf16_of(o16, o2, N * C, "layernorm's bf16 copy");
     near(m2, m1, N, 1e-5, "layernorm mean");
     near(r2, r1, N, 1e-5, "layernorm rstd");
     for (int with_res = 0; with_res < 2; with_res++) {
@@ -266,10 +276,10 @@ static void xent_rows(int L, int w, float *losses, float *x, const int32_t *tg, 
   }
 }
 
-static void xent_bwd_rows(int L, int w, float *p, const int32_t *tg, int v0, float scale,
-                          int rows, int nv) {
+static void xent_bwd_rows(int L, int w, float *p, uint16_t *p16, const int32_t *tg, int v0,
+                          float scale, int rows, int nv) {
   for (int64_t n = 0; n < rows; n++)
-    for (int l = 0; l < L; l++) mega_kr_xent_bwd(n, l, L, w, p, tg, v0, scale, nv);
+    for (int l = 0; l < L; l++) mega_kr_xent_bwd(n, l, L, w, p, p16, tg, v0, scale, nv);
 }
 
 /* The straightforward reference, in double over whole rows: the losses and
@@ -317,8 +327,10 @@ static void test_cross_entropy(void **state) {
       near_ref(l2, rl, N, 1e-6, "cross-entropy loss");
       float probs[N * V];
       memcpy(probs, p2, sizeof probs);
-      xent_bwd_rows(L, w, p2, tg, 0, 0.5f, N, V);
+      uint16_t p16[N * V];
+      xent_bwd_rows(L, w, p2, p16, tg, 0, 0.5f, N, V);
       near_ref(p2, rd, N * V, 1e-6, "cross-entropy dlogits");
+      bf16_of(p16, p2, N * V, "cross-entropy dlogits' bf16 copy");
       /* the cpu backend's backward on the same probabilities: its bits */
       be->ops->crossentropy_backward(be, probs, tg, 0, 0.5f, N, V);
       near(p2, probs, N * V, 0, "cross-entropy backward");
@@ -377,7 +389,7 @@ static void test_cross_entropy_slices(void **state) {
         be->ops->crossentropy_finish(be, cl, sc[r], mx, sums, N, VLs);
         near(ll, cl, N, 1e-6, "slice losses, cpu backend");
         near(sl[r], sc[r], N * VLs, 1e-6, "slice probabilities, cpu backend");
-        xent_bwd_rows(L, w, sl[r], tg, r * VLs, 0.25f, N, VLs);
+        xent_bwd_rows(L, w, sl[r], NULL, tg, r * VLs, 0.25f, N, VLs);
         be->ops->crossentropy_backward(be, sc[r], tg, r * VLs, 0.25f, N, VLs);
         for (int n = 0; n < N; n++) {
           double want[VLs];
@@ -466,14 +478,16 @@ static void test_llama_bodies(void **state) {
   float *x = vec(N * C, 21, 2), *w = vec(C, 22, 1), *d = vec(N * C, 23, 1);
   float *res = vec(N * C, 24, 1);
   float o1[N * C], o2[N * C], r1[N], r2[N];
+  uint16_t o16[N * C];
   be->ops->rmsnorm_forward(be, o1, r1, x, w, N, C, 1e-5f);
   FOR_LANES(L) {
     for (int64_t n = 0; n < N; n++) {
       const float *row = x + n * C;
       float r = 1.0f / sqrtf(LANES_SUM(L, mega_kr_dot(row, row, C, l, L)) / C + 1e-5f);
-      for (int l = 0; l < L; l++) mega_kr_rmsnorm_fwd(n, l, L, o2, r2, x, w, C, r);
+      for (int l = 0; l < L; l++) mega_kr_rmsnorm_fwd(n, l, L, o2, o16, r2, x, w, C, r);
     }
     near(o2, o1, N * C, 1e-5, "rmsnorm");
+    bf16_of(o16, o2, N * C, "rmsnorm's bf16 copy");
     near(r2, r1, N, 1e-5, "rmsnorm rstd");
     for (int with_res = 0; with_res < 2; with_res++) {
       float d1[N * C], d2[N * C];

@@ -6,7 +6,8 @@
  * Attention is cuda_attn.c's; AdamW and the norm's posted sums are
  * cuda_optim.c's. Under --bf16 the rounded copies of GEMM
  * inputs are kept while their sources are unchanged (cuda_b16.h), so every
- * op first says what it writes.
+ * op first says what it writes; an op writing a GEMM's whole input writes
+ * its copy too (produced).
  * Compute ops cannot report errors (backend.h), so the first failure is kept and returned by the next op that can fail (memcpy,
  * synchronize, the reductions), as NCCL reports asynchronous errors.
  *
@@ -61,6 +62,21 @@ static mega_status check(mega_backend *be, cudaError_t e, const char *what, mega
  * copies (cuda_b16.h): n floats at p. */
 static void wrote(mega_backend *be, const void *p, size_t n) {
   if (p) mega_cu_b16_wrote(impl_of(be)->b16, p, n * sizeof(float));
+}
+
+/* Where an op writes x's n floats, all of which a GEMM reads next: under
+ * --bf16 the copy for that GEMM, which the op's kernel fills as it writes
+ * x (cuda_b16.h), else NULL (and x said written as wrote does). */
+static uint16_t *produced(mega_backend *be, float *x, size_t n) {
+  cuda_impl *c = impl_of(be);
+  if (!c->bf16 || !c->b16) {
+    wrote(be, x, n);
+    return NULL;
+  }
+  int e;
+  uint16_t *b = mega_cu_b16_put(c->b16, x, n, &e);
+  note(be, e, "allocating a bf16 copy");
+  return b;
 }
 
 /* ---- memory ---- */
@@ -323,10 +339,11 @@ static void cu_encoder_backward(mega_backend *be, float *dwte, int v0, int vn, f
 static void cu_layernorm_forward(mega_backend *be, float *out, float *mean, float *rstd,
                                  const float *inp, const float *w, const float *b, int N, int C,
                                  float eps) {
-  wrote(be, out, (size_t)N * C);
   wrote(be, mean, (size_t)N);
   wrote(be, rstd, (size_t)N);
-  note(be, mega_cu_layernorm_fwd(S(be), out, mean, rstd, inp, w, b, N, C, eps), "layernorm");
+  uint16_t *out16 = produced(be, out, (size_t)N * C); /* the next matmul's input */
+  note(be, mega_cu_layernorm_fwd(S(be), out, out16, mean, rstd, inp, w, b, N, C, eps),
+       "layernorm");
 }
 
 static void cu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dres,
@@ -347,14 +364,14 @@ static void cu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
 }
 
 static void cu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
-  wrote(be, out, n);
-  note(be, mega_cu_gelu_fwd(S(be), out, inp, (int64_t)n), "gelu");
+  uint16_t *out16 = produced(be, out, n); /* the MLP's projection's input */
+  note(be, mega_cu_gelu_fwd(S(be), out, out16, inp, (int64_t)n), "gelu");
 }
 
 static void cu_gelu_backward(mega_backend *be, float *dinp, const float *inp, const float *dout,
                              size_t n) {
-  wrote(be, dinp, n);
-  note(be, mega_cu_gelu_bwd(S(be), dinp, inp, dout, (int64_t)n), "gelu backward");
+  uint16_t *dinp16 = produced(be, dinp, n); /* the fc matmul's output gradient */
+  note(be, mega_cu_gelu_bwd(S(be), dinp, dinp16, inp, dout, (int64_t)n), "gelu backward");
 }
 
 static void cu_residual_forward(mega_backend *be, float *out, const float *a, const float *b,
@@ -371,9 +388,9 @@ static void cu_bias_residual_forward(mega_backend *be, float *out, const float *
 
 static void cu_rmsnorm_forward(mega_backend *be, float *out, float *rstd, const float *inp,
                                const float *w, int N, int C, float eps) {
-  wrote(be, out, (size_t)N * C);
   wrote(be, rstd, (size_t)N);
-  note(be, mega_cu_rmsnorm_fwd(S(be), out, rstd, inp, w, N, C, eps), "rmsnorm");
+  uint16_t *out16 = produced(be, out, (size_t)N * C); /* the next matmul's input */
+  note(be, mega_cu_rmsnorm_fwd(S(be), out, out16, rstd, inp, w, N, C, eps), "rmsnorm");
 }
 
 static void cu_rmsnorm_backward_input(mega_backend *be, float *dinp, const float *dres,
@@ -392,15 +409,15 @@ static void cu_rmsnorm_backward_weight(mega_backend *be, float *dw, const float 
 
 static void cu_swiglu_forward(mega_backend *be, float *out, const float *gate, const float *up,
                               size_t n) {
-  wrote(be, out, n);
-  note(be, mega_cu_swiglu_fwd(S(be), out, gate, up, (int64_t)n), "swiglu");
+  uint16_t *out16 = produced(be, out, n); /* the MLP's projection's input */
+  note(be, mega_cu_swiglu_fwd(S(be), out, out16, gate, up, (int64_t)n), "swiglu");
 }
 
 static void cu_swiglu_backward(mega_backend *be, float *dgate, float *dup, const float *dout,
                                const float *gate, const float *up, size_t n) {
-  wrote(be, dgate, n);
-  wrote(be, dup, n);
-  note(be, mega_cu_swiglu_bwd(S(be), dgate, dup, dout, gate, up, (int64_t)n),
+  /* the gate's and up's matmuls' output gradients */
+  uint16_t *dgate16 = produced(be, dgate, n), *dup16 = produced(be, dup, n);
+  note(be, mega_cu_swiglu_bwd(S(be), dgate, dgate16, dup, dup16, dout, gate, up, (int64_t)n),
        "swiglu backward");
 }
 
@@ -427,8 +444,9 @@ static void cu_crossentropy_forward(mega_backend *be, float *losses, float *logi
 
 static void cu_crossentropy_backward(mega_backend *be, float *probs, const int32_t *targets,
                                      int v0, float scale, int N, int V) {
-  wrote(be, probs, (size_t)N * V);
-  note(be, mega_cu_xent_bwd(S(be), probs, targets, v0, scale, N, V), "cross-entropy backward");
+  uint16_t *d16 = produced(be, probs, (size_t)N * V); /* the head's output gradient */
+  note(be, mega_cu_xent_bwd(S(be), probs, d16, targets, v0, scale, N, V),
+       "cross-entropy backward");
 }
 
 static void cu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,

@@ -12,7 +12,7 @@ typedef struct b16_entry {
   uintptr_t src;
   size_t n; /* floats */
   uint16_t *b;
-  uint64_t used; /* tick of the last get */
+  uint64_t used; /* tick of the last get or of the put */
 } b16_entry;
 
 struct mega_cu_b16 {
@@ -68,19 +68,23 @@ void mega_cu_b16_destroy(mega_cu_b16 *c) {
   free(c);
 }
 
-void mega_cu_b16_wrote(mega_cu_b16 *c, const void *p, size_t bytes) {
-  if (!c || !bytes) return;
-  uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
-  pthread_mutex_lock(&c->mu);
+static void drop_overlapping(mega_cu_b16 *c, uintptr_t lo, uintptr_t hi) {
   for (int i = c->count - 1; i >= 0; i--) {
     uintptr_t a = c->e[i].src, z = a + c->e[i].n * sizeof(float);
     if (a < hi && lo < z) drop(c, i);
   }
+}
+
+void mega_cu_b16_wrote(mega_cu_b16 *c, const void *p, size_t bytes) {
+  if (!c || !bytes) return;
+  pthread_mutex_lock(&c->mu);
+  drop_overlapping(c, (uintptr_t)p, (uintptr_t)p + bytes);
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Never the copies of the last few gets: one op takes up to four (q, k, v
- * and dO) and its GEMM is not queued yet. Past the budget rather than that. */
+/* Never the copies of the last few gets and puts: one op takes up to four
+ * (q, k, v and dO) and its GEMM is not queued yet, a producer's kernel is
+ * not queued yet when put returns. Past the budget rather than that. */
 #define B16_PINNED 4
 
 static void make_room(mega_cu_b16 *c, size_t bytes) {
@@ -110,18 +114,9 @@ void mega_cu_b16_release(mega_cu_b16 *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
-const uint16_t *mega_cu_b16_get(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err) {
-  *cuda_err = 0;
-  if (!n) return NULL; /* nothing to keep */
-  pthread_mutex_lock(&c->mu);
-  c->tick++;
-  for (int i = 0; i < c->count; i++)
-    if (c->e[i].src == (uintptr_t)x && c->e[i].n == n) {
-      uint16_t *b = c->e[i].b;
-      c->e[i].used = c->tick;
-      pthread_mutex_unlock(&c->mu);
-      return b;
-    }
+/* A new entry for (x, n), pinned as the tick's, its memory unfilled; NULL
+ * with *cuda_err 0 when there is no room even after squeezing. */
+static uint16_t *add(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err) {
   size_t bytes = n * sizeof(uint16_t);
   make_room(c, bytes);
   void *b = NULL;
@@ -132,22 +127,52 @@ const uint16_t *mega_cu_b16_get(mega_cu_b16 *c, const float *x, size_t n, int *c
     squeeze(c);
     b = NULL;
     e = c->count < B16_MAX ? cudaMallocAsync(&b, bytes, c->stream) : cudaErrorMemoryAllocation;
-    if (e == cudaErrorMemoryAllocation) { /* no room: the caller rounds into its scratch */
+    if (e == cudaErrorMemoryAllocation) { /* no room: the caller does without */
       cudaGetLastError();
-      pthread_mutex_unlock(&c->mu);
       return NULL;
     }
   }
-  if (e == cudaSuccess) e = (cudaError_t)mega_cu_to_bf16(c->stream, b, x, (int64_t)n);
   if (e != cudaSuccess) {
-    if (b) cudaFreeAsync(b, c->stream);
     cudaGetLastError();
     *cuda_err = (int)e;
-    pthread_mutex_unlock(&c->mu);
     return NULL;
   }
   c->e[c->count++] = (b16_entry){.src = (uintptr_t)x, .n = n, .b = b, .used = c->tick};
   c->bytes += bytes;
+  return b;
+}
+
+const uint16_t *mega_cu_b16_get(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err) {
+  *cuda_err = 0;
+  if (!n) return NULL; /* nothing to keep */
+  pthread_mutex_lock(&c->mu);
+  c->tick++;
+  uint16_t *b = NULL;
+  for (int i = 0; i < c->count && !b; i++)
+    if (c->e[i].src == (uintptr_t)x && c->e[i].n == n) {
+      b = c->e[i].b;
+      c->e[i].used = c->tick;
+    }
+  if (!b && (b = add(c, x, n, cuda_err))) {
+    cudaError_t e = (cudaError_t)mega_cu_to_bf16(c->stream, b, x, (int64_t)n);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      *cuda_err = (int)e;
+      drop(c, c->count - 1); /* add's */
+      b = NULL;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return b;
+}
+
+uint16_t *mega_cu_b16_put(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err) {
+  *cuda_err = 0;
+  if (!c || !n) return NULL;
+  pthread_mutex_lock(&c->mu);
+  drop_overlapping(c, (uintptr_t)x, (uintptr_t)(x + n));
+  c->tick++;
+  uint16_t *b = add(c, x, n, cuda_err);
   pthread_mutex_unlock(&c->mu);
   return b;
 }

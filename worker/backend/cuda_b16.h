@@ -8,7 +8,10 @@
  * the optimizer steps. So the copy of (x, n) is kept and handed out again
  * until something writes into [x, x + n): every op of the cuda backend,
  * and every NCCL operation of the module, says what it is about to write
- * (mega_cu_b16_wrote) before it is enqueued. Copies are stream-ordered
+ * (mega_cu_b16_wrote) before it is enqueued. An op whose whole output is
+ * a GEMM's next input (a norm's, GELU's, the classifier's gradient) puts
+ * the copy instead (mega_cu_b16_put) and writes it in the same kernel,
+ * sparing the GEMM a rounding pass. Copies are stream-ordered
  * (cudaMallocAsync on the compute stream, which every reader is on), so
  * dropping one never frees memory a queued GEMM still reads.
  *
@@ -16,8 +19,10 @@
  * least recently used go, and a copy that finds no memory at all is made
  * in the caller's scratch instead. Ops and NCCL operations must be posted
  * from one thread (the rank's training thread): a copy handed out is kept
- * from eviction only until that thread's op is queued. A copy is the same bits whether it is new or kept, so results do not
- * depend on what the cache held. */
+ * from eviction only until that thread's op is queued. A copy is the same
+ * bits whether it is new, kept or put (a producer writes
+ * mega_bf16_bits of the very fp32 value it stores, as mega_cu_to_bf16
+ * would round it), so results do not depend on what the cache held. */
 #ifndef MEGA_WORKER_CUDA_B16_H
 #define MEGA_WORKER_CUDA_B16_H
 
@@ -38,6 +43,13 @@ void mega_cu_b16_destroy(mega_cu_b16 *c);
  * NULL with *cuda_err 0 when there is no room even after letting every
  * other copy go, or n is 0: the caller rounds into scratch of its own. */
 const uint16_t *mega_cu_b16_get(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err);
+
+/* x's n floats are about to be written, by a kernel that also fills the
+ * returned buffer (n bf16, on 256 bytes) with every value's bf16 bits:
+ * copies of anything in [x, x + n) go and the new one is kept as get's.
+ * NULL (no room, n 0, no cache; *cuda_err set after a CUDA failure): the
+ * kernel writes fp32 only and a GEMM's get rounds later. */
+uint16_t *mega_cu_b16_put(mega_cu_b16 *c, const float *x, size_t n, int *cuda_err);
 
 /* [p, p + bytes) is about to be written: copies of anything in it go. */
 void mega_cu_b16_wrote(mega_cu_b16 *c, const void *p, size_t bytes);
