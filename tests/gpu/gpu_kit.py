@@ -354,11 +354,13 @@ def step_bench(k):
     prefix = os.path.join(k.work, "tokens")
     write_tokens(prefix, (m["iters"] + 2) * m["gbs"] * (m["seq"] + 1) * 2, m["vocab"])
     args = gpt2_args(k, m, m["iters"], m["mbs"], m["gbs"], prefix) + ["--json"]
-    for prec in ("fp32", "bf16"):
+    # the last: the GELU fusion's worth (cuda only; the cpu backend has none)
+    precs = {"fp32": [], "bf16": ["--bf16"], "bf16-unfused": ["--bf16", "--no-bias-gelu-fusion"]}
+    for prec in ("fp32", "bf16") + (() if k.a.dry_run else ("bf16-unfused",)):
         what = "megaw %s %s" % (k.backend, prec)
         mem = MemSampler(not k.a.dry_run)
         rc, out, err, secs = k.run("bench-megaw-" + prec, [os.path.join(k.bin, "megaw")] + args +
-                                   (["--bf16"] if prec == "bf16" else []), 150)
+                                   precs[prec], 150)
         peak = mem.done()
         steps = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
         if rc != 0 or len(steps) < 3:

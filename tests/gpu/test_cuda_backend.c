@@ -690,6 +690,61 @@ static void test_bf16_producers(void) {
 
 /* RMSNorm, SwiGLU, RoPE and grouped-query attention (8 query heads over 2
  * key/value heads of 6, on separate q, k and v). */
+/* GPT-2's c_fc with its GELU fused (matmul_gelu_*: cuBLASLt's epilogues
+ * under --bf16) against the cpu backend's two ops, in both layouts; and,
+ * logged, how far the epilogue's GELU is from the tanh approximation the
+ * model uses and from erf's, on inputs the GEMM passes exactly. */
+static void test_matmul_gelu(void) {
+  enum { F = 4 * C }; /* the GELU input's leading dimension divides by 8 */
+  if (!gpu->ops->matmul_gelu_forward || !gpu->ops->matmul_gelu_backward_input) {
+    printf("FAIL the cuda backend has no fused c_fc + GELU\n");
+    failures++;
+    return;
+  }
+  mega_err err = {0};
+  cpu->ops->set_bf16(cpu, true, &err);
+  bf16_on(true);
+  float *x = vec(N * C, 31, 2), *W = vec(C * F, 32, 0.2f), *bias = vec(F, 33, 1);
+  float *W2 = vec(F * C, 34, 0.2f), *dy = vec(N * C, 35, 1);
+  float *gx = up(x, 4 * N * C), *gW = up(W, 4 * C * F), *gb = up(bias, 4 * F);
+  float *gW2 = up(W2, 4 * F * C), *gdy = up(dy, 4 * N * C);
+  float *pre = malloc(4 * N * F), *out = malloc(4 * N * F), *dpre = malloc(4 * N * F);
+  float *gpre = dev_zero(4 * N * F), *gout = dev_zero(4 * N * F), *gdpre = dev_zero(4 * N * F);
+  for (int lay = 0; lay < 2; lay++) {
+    mega_wlayout l = (mega_wlayout)lay;
+    cpu->ops->matmul_forward(cpu, pre, x, W, bias, NULL, N, C, F, l);
+    cpu->ops->gelu_forward(cpu, out, pre, (size_t)N * F);
+    gpu->ops->matmul_gelu_forward(gpu, gout, gpre, gx, gW, gb, N, C, F, l);
+    same("fused c_fc + GELU: the GELU's input", gpre, pre, (size_t)N * F, 1e-4);
+    same("fused c_fc + GELU: its output", gout, out, (size_t)N * F, 1e-3);
+    cpu->ops->matmul_backward_input(cpu, dpre, dy, W2, N, F, C, l, false);
+    cpu->ops->gelu_backward(cpu, dpre, pre, dpre, (size_t)N * F);
+    gpu->ops->matmul_gelu_backward_input(gpu, gdpre, gdy, gW2, gpre, N, F, C, l);
+    same("fused c_proj input gradient times GELU'", gdpre, dpre, (size_t)N * F, 1e-3);
+  }
+  /* x in sixteenths over [-4, 4) through the identity: exact in bf16 */
+  float *eye = calloc((size_t)C * C, 4), *ex = malloc(4 * N * C);
+  for (int i = 0; i < C; i++) eye[i * C + i] = 1.0f;
+  for (int i = 0; i < N * C; i++) ex[i] = (float)(i % 128 - 64) / 16.0f;
+  float *geye = up(eye, 4 * C * C), *gex = up(ex, 4 * N * C);
+  gpu->ops->matmul_gelu_forward(gpu, gout, gpre, gex, geye, NULL, N, C, C, MEGA_W_IN_OUT);
+  float *g = down(gout, 4 * N * C);
+  double to_tanh = 0, to_erf = 0;
+  for (int i = 0; i < N * C; i++) {
+    double v = ex[i], t = 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    double e = 0.5 * v * (1 + erf(v / sqrt(2.0)));
+    to_tanh = fmax(to_tanh, fabs(g[i] - t)), to_erf = fmax(to_erf, fabs(g[i] - e));
+  }
+  printf("note cuBLASLt's GELU on [-4, 4): largest difference %.2g from the tanh approximation, "
+         "%.2g from erf's\n", to_tanh, to_erf);
+  cpu->ops->set_bf16(cpu, false, &err);
+  bf16_on(false);
+  float *gfree[] = {gx, gW, gb, gW2, gdy, gpre, gout, gdpre, geye, gex};
+  for (size_t i = 0; i < sizeof gfree / sizeof *gfree; i++) gpu->ops->free(gpu, gfree[i]);
+  free(x), free(W), free(bias), free(W2), free(dy), free(pre), free(out), free(dpre);
+  free(eye), free(ex), free(g);
+}
+
 static void test_llama_ops(void) {
   float *x = vec(N * C, 31, 2), *w = vec(C, 32, 1), *d = vec(N * C, 33, 1);
   float *gx = up(x, sizeof(float) * N * C), *gw = up(w, sizeof(float) * C);
@@ -876,6 +931,7 @@ int main(void) {
   test_bf16_matmuls();
   test_bf16_kept_copies();
   test_bf16_producers();
+  test_matmul_gelu();
   test_flash_attention();
   test_attention_sizes_guard(m);
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
