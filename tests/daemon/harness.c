@@ -109,7 +109,11 @@ bool hd_log_has(const hd *d, const char *text) {
 
 bool hd_wait_log(const hd *d, const char *text, int ms) {
   for (int waited = 0; !hd_log_has(d, text); waited += 50) {
-    if (waited >= ms) return false;
+    if (waited >= ms) { /* every caller needs the line: say what came instead */
+      fprintf(stderr, "no \"%s\" in megad %s's log after %d ms\n", text, d->name, ms);
+      hd_dump_log(d);
+      return false;
+    }
     usleep(50 * 1000);
   }
   return true;

@@ -52,7 +52,7 @@ void hd_cleanup_all(void);
 void hd_dump_log(const hd *d);
 /* Whether a line of megad's log holds text. */
 bool hd_log_has(const hd *d, const char *text);
-/* Waits up to ms for text to appear in d's log. */
+/* Waits up to ms for text to appear in d's log; on a timeout prints the log. */
 bool hd_wait_log(const hd *d, const char *text, int ms);
 
 /* Pids of megad's live child processes (its workers); returns how many. */

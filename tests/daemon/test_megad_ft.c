@@ -519,7 +519,15 @@ static void test_held_state_let_go_without_coordinator(void **state) {
   assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
   pid_t remote[64];
   assert_true(hd_wait_workers(&n2, 1, 5000, remote));
-  usleep(300000); /* a few steps */
+  /* a few steps: a rank killed before its first has no state to hold (a
+   * fixed 0.3 s was too short for a loaded CI machine once) */
+  uint64_t done = 0;
+  for (int i = 0; i < 200 && done < 3; i++) {
+    Mega__V1__Job *j = hd_get_job(&n1, id, &err);
+    if (j) done = j->last_iteration, protobuf_c_message_free_unpacked(&j->base, NULL);
+    if (done < 3) usleep(50000);
+  }
+  assert_true(done >= 3);
   double t0 = hd_now_s();
   hd_kill(&n1);
   assert_true(hd_wait_log(&n2, "holds the state of iteration", 10000));
