@@ -252,9 +252,10 @@ __device__ __forceinline__ void scale_scores(float (&s)[8][4], float (&mx)[2], f
     mx[i] = fmaxf(fmaxf(part[i][0], part[i][1]), fmaxf(part[i][2], part[i][3]));
 }
 
-// Four blocks an SM at head size 64 (128 registers, Q re-read), three at 128.
+// Four blocks an SM at head size 64 (128 registers, Q re-read); at 128
+// shared memory (85 KB a block) leaves room for two.
 template <int HS>
-__global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 3)
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 2)
     fwd_kernel(float *out, float *lse, float *ocopy, const bf16 *q, const bf16 *k, const bf16 *v,
                Dims d) {
   extern __shared__ __align__(16) unsigned char smem[];

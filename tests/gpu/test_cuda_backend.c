@@ -688,12 +688,20 @@ static void test_bf16_producers(void) {
   free(x), free(w), free(b), free(pre), free(dh), free(logits);
 }
 
-/* RMSNorm, SwiGLU, RoPE and grouped-query attention (8 query heads over 2
- * key/value heads of 6, on separate q, k and v). */
 /* GPT-2's c_fc with its GELU fused (matmul_gelu_*: cuBLASLt's epilogues
  * under --bf16) against the cpu backend's two ops, in both layouts; and,
  * logged, how far the epilogue's GELU is from the tanh approximation the
- * model uses and from erf's, on inputs the GEMM passes exactly. */
+ * model uses and from erf's, on inputs the GEMM passes exactly. The ops
+ * fall back to the two ops where cuBLASLt declines, with results within
+ * the same bounds, so the fused ones must also differ from the gpu's own two
+ * ops somewhere: the same bits everywhere means the fusion never ran. */
+static bool differs(const float *a, const float *b, size_t n) {
+  float *x = down(a, n * 4), *y = down(b, n * 4);
+  bool d = memcmp(x, y, n * 4) != 0;
+  free(x), free(y);
+  return d;
+}
+
 static void test_matmul_gelu(void) {
   enum { F = 4 * C }; /* the GELU input's leading dimension divides by 8 */
   if (!gpu->ops->matmul_gelu_forward || !gpu->ops->matmul_gelu_backward_input) {
@@ -721,6 +729,22 @@ static void test_matmul_gelu(void) {
     cpu->ops->gelu_backward(cpu, dpre, pre, dpre, (size_t)N * F);
     gpu->ops->matmul_gelu_backward_input(gpu, gdpre, gdy, gW2, gpre, N, F, C, l);
     same("fused c_proj input gradient times GELU'", gdpre, dpre, (size_t)N * F, 1e-3);
+    float *upre = dev_zero(4 * N * F), *uout = dev_zero(4 * N * F);
+    gpu->ops->matmul_forward(gpu, upre, gx, gW, gb, NULL, N, C, F, l);
+    gpu->ops->gelu_forward(gpu, uout, upre, (size_t)N * F);
+    bool fwd = differs(gout, uout, (size_t)N * F);
+    gpu->ops->matmul_backward_input(gpu, uout, gdy, gW2, N, F, C, l, false);
+    gpu->ops->gelu_backward(gpu, uout, gpre, uout, (size_t)N * F);
+    bool bwd = differs(gdpre, uout, (size_t)N * F);
+    if (!fwd || !bwd) {
+      printf("FAIL fused c_fc + GELU (%s): the %s bits are the two ops' own: cuBLASLt declined "
+             "the epilogue, so the fusion never ran\n", lay ? "out, in" : "in, out",
+             !fwd ? "forward's" : "backward's");
+      failures++;
+    } else {
+      printf("ok   fused c_fc + GELU (%s) ran as one GEMM each way\n", lay ? "out, in" : "in, out");
+    }
+    gpu->ops->free(gpu, upre), gpu->ops->free(gpu, uout);
   }
   /* x in sixteenths over [-4, 4) through the identity: exact in bf16 */
   float *eye = calloc((size_t)C * C, 4), *ex = malloc(4 * N * C);
@@ -745,6 +769,8 @@ static void test_matmul_gelu(void) {
   free(eye), free(ex), free(g);
 }
 
+/* RMSNorm, SwiGLU, RoPE and grouped-query attention (8 query heads over 2
+ * key/value heads of 6, on separate q, k and v). */
 static void test_llama_ops(void) {
   float *x = vec(N * C, 31, 2), *w = vec(C, 32, 1), *d = vec(N * C, 33, 1);
   float *gx = up(x, sizeof(float) * N * C), *gw = up(w, sizeof(float) * C);

@@ -79,6 +79,14 @@ static uint16_t *produced(mega_backend *be, float *x, size_t n) {
   return b;
 }
 
+/* After a producer's launch: its error noted, and the copies it was to
+ * fill dropped if it did not run (x and y, y may be NULL). */
+static void filled(mega_backend *be, int cuda_err, const char *what, float *x, float *y,
+                   size_t n) {
+  note(be, cuda_err, what);
+  if (cuda_err) wrote(be, x, n), wrote(be, y, n);
+}
+
 /* ---- memory ---- */
 
 /* cudaMalloc, after handing the kept bf16 copies' memory back when the
@@ -312,6 +320,9 @@ void mega_cu__wrote(mega_backend *be, const void *p, size_t n) { wrote(be, p, n)
 void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what) {
   return grow(be, buf, cap, bytes, what);
 }
+const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
+  return bf16_copy(be, k, x, n);
+}
 const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n) {
   return kept(be, x, n);
 }
@@ -342,8 +353,8 @@ static void cu_layernorm_forward(mega_backend *be, float *out, float *mean, floa
   wrote(be, mean, (size_t)N);
   wrote(be, rstd, (size_t)N);
   uint16_t *out16 = produced(be, out, (size_t)N * C); /* the next matmul's input */
-  note(be, mega_cu_layernorm_fwd(S(be), out, out16, mean, rstd, inp, w, b, N, C, eps),
-       "layernorm");
+  filled(be, mega_cu_layernorm_fwd(S(be), out, out16, mean, rstd, inp, w, b, N, C, eps),
+         "layernorm", out, NULL, (size_t)N * C);
 }
 
 static void cu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dres,
@@ -365,13 +376,14 @@ static void cu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
 
 static void cu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
   uint16_t *out16 = produced(be, out, n); /* the MLP's projection's input */
-  note(be, mega_cu_gelu_fwd(S(be), out, out16, inp, (int64_t)n), "gelu");
+  filled(be, mega_cu_gelu_fwd(S(be), out, out16, inp, (int64_t)n), "gelu", out, NULL, n);
 }
 
 static void cu_gelu_backward(mega_backend *be, float *dinp, const float *inp, const float *dout,
                              size_t n) {
   uint16_t *dinp16 = produced(be, dinp, n); /* the fc matmul's output gradient */
-  note(be, mega_cu_gelu_bwd(S(be), dinp, dinp16, inp, dout, (int64_t)n), "gelu backward");
+  filled(be, mega_cu_gelu_bwd(S(be), dinp, dinp16, inp, dout, (int64_t)n), "gelu backward",
+         dinp, NULL, n);
 }
 
 static void cu_residual_forward(mega_backend *be, float *out, const float *a, const float *b,
@@ -390,7 +402,8 @@ static void cu_rmsnorm_forward(mega_backend *be, float *out, float *rstd, const 
                                const float *w, int N, int C, float eps) {
   wrote(be, rstd, (size_t)N);
   uint16_t *out16 = produced(be, out, (size_t)N * C); /* the next matmul's input */
-  note(be, mega_cu_rmsnorm_fwd(S(be), out, out16, rstd, inp, w, N, C, eps), "rmsnorm");
+  filled(be, mega_cu_rmsnorm_fwd(S(be), out, out16, rstd, inp, w, N, C, eps), "rmsnorm", out,
+         NULL, (size_t)N * C);
 }
 
 static void cu_rmsnorm_backward_input(mega_backend *be, float *dinp, const float *dres,
@@ -410,15 +423,16 @@ static void cu_rmsnorm_backward_weight(mega_backend *be, float *dw, const float 
 static void cu_swiglu_forward(mega_backend *be, float *out, const float *gate, const float *up,
                               size_t n) {
   uint16_t *out16 = produced(be, out, n); /* the MLP's projection's input */
-  note(be, mega_cu_swiglu_fwd(S(be), out, out16, gate, up, (int64_t)n), "swiglu");
+  filled(be, mega_cu_swiglu_fwd(S(be), out, out16, gate, up, (int64_t)n), "swiglu", out, NULL,
+         n);
 }
 
 static void cu_swiglu_backward(mega_backend *be, float *dgate, float *dup, const float *dout,
                                const float *gate, const float *up, size_t n) {
   /* the gate's and up's matmuls' output gradients */
   uint16_t *dgate16 = produced(be, dgate, n), *dup16 = produced(be, dup, n);
-  note(be, mega_cu_swiglu_bwd(S(be), dgate, dgate16, dup, dup16, dout, gate, up, (int64_t)n),
-       "swiglu backward");
+  filled(be, mega_cu_swiglu_bwd(S(be), dgate, dgate16, dup, dup16, dout, gate, up, (int64_t)n),
+         "swiglu backward", dgate, dup, n);
 }
 
 static void cu_rope_forward(mega_backend *be, float *x, const float *cs, int B, int T, int heads,
@@ -445,8 +459,8 @@ static void cu_crossentropy_forward(mega_backend *be, float *losses, float *logi
 static void cu_crossentropy_backward(mega_backend *be, float *probs, const int32_t *targets,
                                      int v0, float scale, int N, int V) {
   uint16_t *d16 = produced(be, probs, (size_t)N * V); /* the head's output gradient */
-  note(be, mega_cu_xent_bwd(S(be), probs, d16, targets, v0, scale, N, V),
-       "cross-entropy backward");
+  filled(be, mega_cu_xent_bwd(S(be), probs, d16, targets, v0, scale, N, V),
+         "cross-entropy backward", probs, NULL, (size_t)N * V);
 }
 
 static void cu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,

@@ -15,8 +15,10 @@ void mega_cu__matmul_gelu_forward(mega_backend *be, float *out, float *pre, cons
   if (c->bf16 && c->lt && N > 0 && OC > 0 && C > 0) {
     mega_cu__wrote(be, out, (size_t)N * OC);
     mega_cu__wrote(be, pre, (size_t)N * OC);
-    const uint16_t *a = mega_cu__kept(be, inp, (size_t)N * C);
-    const uint16_t *b = a ? mega_cu__kept(be, w, (size_t)C * OC) : NULL;
+    /* never NULL for want of room (scratch then), so the GELU does not
+     * change formula with what the kept copies hold */
+    const uint16_t *a = mega_cu__bf16_copy(be, 0, inp, (size_t)N * C);
+    const uint16_t *b = a ? mega_cu__bf16_copy(be, 1, w, (size_t)C * OC) : NULL;
     /* column-major: out^T [OC, N] = GELU(op(W)^T inp^T + bias), as matmul_forward */
     if (b && mega_cu_lt_gemm_gelu(c->lt, tb, false, OC, N, C, b, ldw, a, C, bias, pre, out, OC) ==
                  CUBLAS_STATUS_SUCCESS)
@@ -34,8 +36,8 @@ void mega_cu__matmul_gelu_backward_input(mega_backend *be, float *dpre, const fl
   int ldw = tb ? OC : C;
   if (c->bf16 && c->lt && N > 0 && C > 0 && OC > 0) {
     mega_cu__wrote(be, dpre, (size_t)N * C);
-    const uint16_t *a = mega_cu__kept(be, dout, (size_t)N * OC);
-    const uint16_t *b = a ? mega_cu__kept(be, w, (size_t)C * OC) : NULL;
+    const uint16_t *a = mega_cu__bf16_copy(be, 0, dout, (size_t)N * OC);
+    const uint16_t *b = a ? mega_cu__bf16_copy(be, 1, w, (size_t)C * OC) : NULL;
     /* column-major: dpre^T [C, N] = (op(W) dout^T) * GELU'(pre^T), as
      * matmul_backward_input */
     if (b && mega_cu_lt_gemm_dgelu(c->lt, tb, false, C, N, OC, b, ldw, a, OC, pre, dpre, C) ==

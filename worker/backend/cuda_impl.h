@@ -56,6 +56,8 @@ void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, con
 /* x's n floats as bf16 from the kept copies; NULL when there are none or
  * no room for one (or after a failure, noted). */
 const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n);
+/* x as bf16: the kept copy, or else rounded into scratch k (0 or 1). */
+const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n);
 
 /* The optimizer's ops (cuda_optim.c); destroy frees its tables. */
 void mega_cu__adamw(mega_backend *be, float *params, const float *grads, float *m, float *v,

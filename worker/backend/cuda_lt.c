@@ -72,7 +72,10 @@ static int alignment(const void *const *p, int n) {
   return (int)(bits & -bits);
 }
 
-static bool shape_init(mega_cu_lt *lt, lt_shape *s, const lt_key *key) {
+/* The heuristic reads the bias and aux pointers' values for their
+ * alignment (cublasLt.h), so the first call's are set before it. */
+static bool shape_init(mega_cu_lt *lt, lt_shape *s, const lt_key *key, const float *bias,
+                       const float *aux) {
   s->key = *key;
   cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t tb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -95,9 +98,13 @@ static bool shape_init(mega_cu_lt *lt, lt_shape *s, const lt_key *key) {
       cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) == 0 &&
       (!key->bias || cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                     &bias_type, sizeof bias_type) == 0) &&
+      (!key->bias || cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias, sizeof bias) == 0) &&
       (key->epi == LT_PLAIN ||
-       cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                      sizeof aux_ld) == 0) &&
+       (cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                       sizeof aux_ld) == 0 &&
+        cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                       sizeof aux) == 0)) &&
       /* stored shapes: op(X) is X or X^T of what is in memory */
       cublasLtMatrixLayoutCreate(&s->a, CUDA_R_16BF, key->ta ? key->k : key->m,
                                  key->ta ? key->m : key->k, key->lda) == 0 &&
@@ -141,7 +148,7 @@ static cublasStatus_t lt_gemm(mega_cu_lt *lt, int epi, bool ta, bool tb, int m, 
   if (!s) {
     if (lt->nshapes == LT_SHAPES) return CUBLAS_STATUS_NOT_SUPPORTED; /* cache full */
     s = &lt->shapes[lt->nshapes++];
-    if (!shape_init(lt, s, &key)) {
+    if (!shape_init(lt, s, &key, bias, aux)) {
       lt_key keep = s->key; /* remembered as unsupported, without descriptors */
       shape_free(s);
       s->key = keep;
