@@ -1,0 +1,33 @@
+/* What test_cuda_backend's files share: the two backends, the failure
+ * count, the shapes most checks use, and the helpers that move and compare
+ * device memory (test_cuda_backend.c has them). */
+#ifndef MEGA_TESTS_GPU_CUDA_CHECK_H
+#define MEGA_TESTS_GPU_CUDA_CHECK_H
+
+#include <stddef.h>
+
+#include "worker/backend/backend.h"
+
+extern mega_backend *cpu, *gpu;
+extern int failures;
+
+enum { Bt = 2, T = 33, C = 48, NH = 4, N = Bt * T, V = 70 };
+
+/* n floats in [-scale, scale) from seed, the caller's to free. */
+float *vec(size_t n, unsigned seed, float scale);
+/* A device copy of bytes of host memory; zeros; a host copy of device
+ * memory (the caller's to free). Each exits on a failure. */
+void *up(const void *host, size_t bytes);
+void *dev_zero(size_t bytes);
+void *down(const void *dev, size_t bytes);
+/* Each prints "ok" or "FAIL" (counted) with what. */
+void same_bits(const char *what, const void *a, const void *b, size_t bytes);
+void same(const char *what, const float *dev, const float *want, size_t n, double tol);
+
+/* test_cuda_bf16.c */
+void test_bf16_matmuls(void);
+void test_bf16_kept_copies(void);
+void test_bf16_producers(void);
+void test_matmul_gelu(void);
+
+#endif
