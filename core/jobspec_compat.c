@@ -25,7 +25,8 @@ typedef struct compat {
 static const char *const yes[] = {NULL};
 static const char *const nccl[] = {"nccl", NULL};
 static const char *const mmap_only[] = {"mmap", NULL};
-static const char *const unfused[] = {"unfused", "local", "auto", NULL};
+/* only auto: unfused and local would be untrue under --bf16 (flash) */
+static const char *const auto_only[] = {"auto", NULL};
 static const char *const one[] = {"1", NULL};
 
 #define NO_FUSION "mega runs no such fused kernel, so this restates what it does"
@@ -52,8 +53,8 @@ static const compat table[] = {
     {"--use-flash-attn", false, NULL, ATTENTION,
      "drop it (--bf16 on cuda is flash attention; elsewhere --recompute-granularity "
      "selective recomputes the probabilities instead of keeping them)"},
-    {"--attention-backend", true, unfused, ATTENTION,
-     "give --attention-backend unfused, or drop the flag"},
+    {"--attention-backend", true, auto_only, ATTENTION,
+     "give --attention-backend auto, or drop the flag"},
     {"--num-experts", true, NULL, NO_MOE, "drop it (and the --moe-* flags)"},
     {"--moe-*", true, NULL, NO_MOE, "drop it"},
     {"--expert-model-parallel-size", true, one, NO_MOE,
