@@ -432,17 +432,22 @@ def ncu_families(csv_text):
     return fam
 
 
+def one_micro_batch(k, m, tag):
+    """megaw and its arguments for one --bf16 iteration of model m, one
+    micro batch, on tokens of its own: what ncu watches."""
+    prefix = os.path.join(k.work, "tokens-" + tag)
+    write_tokens(prefix, 4 * m["mbs"] * (m["seq"] + 1) * 2, m["vocab"])
+    return [os.path.join(k.bin, "megaw")] + gpt2_args(k, m, 1, m["mbs"], m["mbs"], prefix) + \
+        ["--bf16"]
+
+
 def step_profile(k):
     ncu = shutil.which("ncu")
     if k.a.dry_run or not ncu:
         k.row("profile", "ncu kernel times", "skipped",
               "dry run" if k.a.dry_run else "no ncu on this machine")
         return
-    m = GPT2
-    prefix = os.path.join(k.work, "tokens-prof")
-    write_tokens(prefix, 4 * m["mbs"] * (m["seq"] + 1) * 2, m["vocab"])
-    cmd = [ncu, "--metrics", "gpu__time_duration.sum", "--csv", os.path.join(k.bin, "megaw")]
-    cmd += gpt2_args(k, m, 1, m["mbs"], m["mbs"], prefix) + ["--bf16"]
+    cmd = [ncu, "--metrics", "gpu__time_duration.sum", "--csv"] + one_micro_batch(k, GPT2, "prof")
     rc, out, err, secs = k.run("profile-ncu", cmd, 150)
     fam = ncu_families(out)
     if rc != 0 or not fam:
@@ -506,14 +511,10 @@ def step_detail(k):
     if k.a.dry_run or not ncu:
         k.row("detail", "ncu sections", "skipped", "dry run" if k.a.dry_run else "no ncu")
         return
-    m = dict(GPT2, layers=1)
-    prefix = os.path.join(k.work, "tokens-detail")
-    write_tokens(prefix, 4 * m["mbs"] * (m["seq"] + 1) * 2, m["vocab"])
     cmd = [ncu, "--section", "SpeedOfLight", "--section", "Occupancy", "--section",
            "WarpStateStats", "--section", "ComputeWorkloadAnalysis", "--section",
            "MemoryWorkloadAnalysis", "--page", "raw", "--csv", "-k", "regex:" + k.a.detail,
-           "-c", "12", os.path.join(k.bin, "megaw")]
-    cmd += gpt2_args(k, m, 1, m["mbs"], m["mbs"], prefix) + ["--bf16"]
+           "-c", "12"] + one_micro_batch(k, dict(GPT2, layers=1), "detail")
     rc, out, err, secs = k.run("detail-ncu", cmd, 200)
     rows = detail_rows(out)
     if rc != 0 or not rows:
