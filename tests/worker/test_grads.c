@@ -273,6 +273,8 @@ static void run_iteration(fixture *f, watch *w, int micro, bool split) {
   assert_int_equal(mega_gpt_acts_create(f->stage, B, T, &a, &err), MEGA_OK);
   int32_t tokens[B * T], targets[B * T];
   assert_int_equal(mega_grads_start(f->g, &err), MEGA_OK);
+  while (!mega_grads_zero(f->g, 1000)) { /* in slices, as the engine's waits do */
+  }
   w->nlaunch = 0;
   for (int mb = 0; mb < micro; mb++) {
     bool last = mb == micro - 1;
@@ -381,6 +383,44 @@ static void norm_posts_and_reads_back_once(void **state) {
   }
 }
 
+/* mega_grads_zero zeroes the buffer slice by slice from its start, and
+ * says when it is done; a backward before that is reported, not summed
+ * into last iteration's gradients. */
+static void zero_in_slices_and_backward_only_after(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, (mega_gpt_stage_desc){true, true, 0, 4}, (mega_grads_opts){.dp_size = 1});
+  float *grads = mega_gpt_grad_data(f.stage);
+  size_t n = mega_grads_grad_bytes(f.g) / sizeof(float);
+  assert_true(n > 3000);
+  for (size_t i = 0; i < n; i++) grads[i] = 7.0f;
+  mega_err err = {0};
+  assert_int_equal(mega_grads_start(f.g, &err), MEGA_OK);
+  assert_false(mega_grads_zero(f.g, 1000));
+  assert_false(mega_grads_zero(f.g, 1000));
+  assert_true(grads[1999] == 0.0f);
+  assert_true(grads[2000] == 7.0f && grads[n - 1] == 7.0f);
+  assert_true(mega_grads_zero(f.g, SIZE_MAX));
+  for (size_t i = 0; i < n; i++)
+    if (grads[i] != 0.0f) fail_msg("gradient %zu is %g after zeroing", i, grads[i]);
+  assert_true(mega_grads_zero(f.g, 1)); /* done stays done */
+
+  /* a backward into gradients not zeroed yet */
+  mega_gpt_acts *a;
+  assert_int_equal(mega_gpt_acts_create(f.stage, B, T, &a, &err), MEGA_OK);
+  int32_t tokens[B * T], targets[B * T];
+  fx_ids(tokens, B * T, 256, 1);
+  fx_ids(targets, B * T, 256, 2);
+  double loss;
+  assert_int_equal(mega_grads_start(f.g, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_forward(f.stage, a, tokens, NULL, targets, NULL, &loss, &err), MEGA_OK);
+  assert_int_equal(mega_gpt_backward(f.stage, a, NULL, 0.01f, NULL, &err), MEGA_OK);
+  assert_int_equal(mega_grads_wait(f.g, 0, &err), MEGA_ERR_INTERNAL);
+  assert_non_null(strstr(err.msg, "before mega_grads_zero"));
+  mega_gpt_acts_destroy(a);
+  teardown(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(layout_reverse_order_and_buckets),
@@ -388,6 +428,7 @@ int main(void) {
       cmocka_unit_test(shard_copy_has_its_own_params),
       cmocka_unit_test(buckets_launch_once_during_last_backward),
       cmocka_unit_test(norm_posts_and_reads_back_once),
+      cmocka_unit_test(zero_in_slices_and_backward_only_after),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -133,6 +133,7 @@ static mega_status run_rank(rank_arg *a, mega_backend *be, mega_err *err) {
   for (int it = 0; it < ITERS && st == MEGA_OK; it++) {
     st = mega_grads_start(g, err);
     if (st != MEGA_OK) break;
+    mega_grads_zero(g, SIZE_MAX);
     fill(stage, a->s, a->d, it);
     st = sync_grads(a, g, stage, err);
     if (st == MEGA_OK) st = check(a, g, stage, it);

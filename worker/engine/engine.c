@@ -32,6 +32,7 @@ struct mega_engine {
   int32_t *tokens, *targets;      /* host, B*T */
   /* per iteration */
   mega_engine_result *res;
+  bool zero_left; /* the gradients are not all zero yet (mega_grads_zero) */
   int inflight;
   mega_rank_span *spans;
   size_t cap, *nspans;
@@ -235,11 +236,46 @@ static void account_wait(mega_engine *e, const mega_p2p_msg *m, uint8_t phase, d
   add_span(e, name, "p2p", t0 + w->bubble_s, t0 + w->bubble_s + w->transfer_s);
 }
 
+/* The gradients are zeroed in the rank's idle time (grads.h): slices of
+ * 256 KiB (tens of microseconds of memset, so a message that arrives
+ * meanwhile waits little) while a receive has not arrived; whatever is
+ * left before the first backward (zero_rest). */
+#define ZERO_SLICE ((size_t)1 << 16)
+
+static void zero_done(mega_engine *e, double t0) {
+  double t1 = wall_s();
+  e->res->compute_s += t1 - t0;
+  add_span(e, "zero-grads", "compute", t0, t1);
+}
+
+static mega_status zero_while_waiting(mega_engine *e, mega_p2p_msg *m, mega_err *err) {
+  if (!e->zero_left || is_send(m->kind)) return MEGA_OK;
+  double t0 = wall_s();
+  bool arrived = false;
+  mega_status st = MEGA_OK;
+  while (e->zero_left && !arrived && st == MEGA_OK) {
+    e->zero_left = !mega_grads_zero(e->cfg.grads, ZERO_SLICE);
+    st = mega_p2p_test(e->cfg.p2p, m, &arrived, err);
+  }
+  zero_done(e, t0);
+  return st;
+}
+
+static void zero_rest(mega_engine *e) {
+  if (!e->zero_left) return;
+  double t0 = wall_s();
+  mega_grads_zero(e->cfg.grads, SIZE_MAX);
+  e->zero_left = false;
+  zero_done(e, t0);
+}
+
 static mega_status wait_msg(mega_engine *e, mega_p2p_msg *m, uint8_t phase, mega_err *err) {
   if (m->done) return MEGA_OK;
+  mega_status st = zero_while_waiting(e, m, err);
+  if (st != MEGA_OK || m->done) return st;
   double t0 = wall_s();
   mega_p2p_wait w;
-  mega_status st = mega_p2p_wait_shape(e->cfg.p2p, m, &w, err);
+  st = mega_p2p_wait_shape(e->cfg.p2p, m, &w, err);
   if (st != MEGA_OK) return st;
   account_wait(e, m, phase, t0, &w);
   t0 = wall_s();
@@ -608,6 +644,7 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
   e->t0_wall = t0_wall;
   e->inflight = 0;
   e->npending = 0;
+  e->zero_left = e->cfg.grads && !e->cfg.forward_only;
   /* Variable-length receives land in this engine's slots (a rank may hold
    * a training and an evaluation engine over one P2P). */
   if (e->cfg.p2p) mega_p2p_set_alloc(e->cfg.p2p, mega_engine_alloc_recv, e);
@@ -632,6 +669,7 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
       }
       continue;
     }
+    if (a->kind != MEGA_ACT_F) zero_rest(e); /* B, W, GS or GW: the gradients */
     if (a->kind == MEGA_ACT_F) st = do_forward(e, a, it, e->phase[i], err);
     else if (a->kind == MEGA_ACT_B) st = do_backward(e, a, scale, e->phase[i], e->sync_in[i], err);
     else if (a->kind == MEGA_ACT_W) st = do_weight(e, a, e->sync_in[i], err);

@@ -104,7 +104,8 @@ mega_status mega_engine_create(const mega_engine_config *cfg, mega_engine **out,
 void mega_engine_destroy(mega_engine *e);
 
 /* Runs the schedule once for `iteration` (0-based, which picks the data).
- * Gradients accumulate into the chunks' grad buffers (zero them first).
+ * Gradients accumulate into the chunks' grad buffers, which it zeroes
+ * (mega_grads_zero) while the rank waits and before its first backward.
  * With spans non-NULL, every action's span is appended there (cap entries
  * at most; *nspans counts them), times from t0_wall (seconds, wall clock). */
 mega_status mega_engine_run(mega_engine *e, int64_t iteration, mega_engine_result *res,

@@ -308,17 +308,31 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err) {
       return mega_fail(err, MEGA_ERR_INTERNAL,
                        "gradient bucket %d's reduction is still in flight at the start of an "
                        "iteration", b);
-  for (int v = 0; v < g->vp; v++) {
-    chunk *c = &g->chunks[v];
-    g->be->ops->memset0(g->be, c->grads, c->numel * sizeof(float));
-    c->enabled = false;
-  }
+  for (int v = 0; v < g->vp; v++) g->chunks[v].enabled = false;
+  g->zero_chunk = 0;
+  g->zero_at = 0;
   memset(g->ready, 0, (size_t)g->nbuckets * sizeof *g->ready);
   memset(g->launched, 0, (size_t)g->nbuckets * sizeof *g->launched);
   memset(g->timing, 0, (size_t)g->nbuckets * sizeof *g->timing);
   memset(g->normed, 0, (size_t)g->nbuckets * sizeof *g->normed);
   g->failed = MEGA_OK;
   return mega_grads__tied_start(g, err);
+}
+
+bool mega_grads_zero(mega_grads *g, size_t max_floats) {
+  while (g->zero_chunk < g->vp && max_floats > 0) {
+    chunk *c = &g->chunks[g->zero_chunk];
+    size_t n = c->numel - g->zero_at;
+    if (n > max_floats) n = max_floats;
+    g->be->ops->memset0(g->be, c->grads + g->zero_at, n * sizeof(float));
+    g->zero_at += n;
+    max_floats -= n;
+    if (g->zero_at == c->numel) {
+      g->zero_chunk++;
+      g->zero_at = 0;
+    }
+  }
+  return g->zero_chunk == g->vp;
 }
 
 void mega_grads_enable(mega_grads *g, int c, bool on) { g->chunks[c].enabled = on; }
@@ -348,6 +362,10 @@ static mega_status launch(mega_grads *g, int b, mega_err *err) {
 
 void mega_grads_ready(mega_grads *g, int ci, int first, int count) {
   chunk *c = &g->chunks[ci];
+  if (g->zero_chunk < g->vp && g->failed == MEGA_OK)
+    g->failed = mega_fail(&g->fail_err, MEGA_ERR_INTERNAL,
+                          "gradients of chunk %d accumulated before mega_grads_zero finished "
+                          "zeroing them", ci);
   if (!c->enabled) return; /* no_sync */
   /* Params of one unit are contiguous in the buffer, so the buckets they
    * complete are too; launch them in bucket order. */

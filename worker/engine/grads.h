@@ -22,7 +22,8 @@
  *
  * An iteration (the engine drives it from the schedule's actions):
  *
- *   mega_grads_start(g)                 zero the gradients, nothing launched
+ *   mega_grads_start(g)                 nothing launched, nothing zeroed
+ *   mega_grads_zero(g, n) ...           until true: zero the gradients
  *   ... backward of every microbatch but a chunk's last only accumulates
  *       (no_sync: nothing is sent) ...
  *   mega_grads_enable(g, c, true)       the chunk's last backward begins:
@@ -146,9 +147,20 @@ const mega_grads_bucket *mega_grads_bucket_at(const mega_grads *g, int i); /* ch
 /* The buckets of chunk c are [*first, *first + *count). */
 void mega_grads_chunk_buckets(const mega_grads *g, int c, int *first, int *count);
 
-/* Zeroes the gradients and resets the iteration: nothing ready, nothing
- * launched. Every launched reduction must have been waited. */
+/* Resets the iteration: nothing ready, nothing launched, the gradients
+ * still to zero (mega_grads_zero). Every launched reduction must have been
+ * waited. */
 mega_status mega_grads_start(mega_grads *g, mega_err *err);
+
+/* Zeroes up to max_floats more of the gradients (chunk by chunk, each
+ * buffer from its start); true once all of them are zero. Every backward
+ * of the iteration must come after it returned true (mega_grads_ready
+ * reports one that did not). The engine zeroes a slice at a time while
+ * the rank waits for a receive (its warmup bubble) and the rest before its
+ * first backward: on the cpu backend a stage's memset is milliseconds, and
+ * at the iteration's start it delayed the pipeline by as much, by a
+ * different amount on each data-parallel replica. */
+bool mega_grads_zero(mega_grads *g, size_t max_floats);
 
 /* Readiness-driven launches for chunk c on or off (the chunk's last
  * backward; everything else runs under no_sync). */

@@ -91,6 +91,10 @@ struct mega_grads {
    * in mega_grads_sumsq: a wait per range would stall the device's queue */
   double *norm_slots;
   mega_sumsq_range *norm_post;
+  /* mega_grads_zero's progress this iteration: chunks [0, zero_chunk)
+   * are zero, and zero_chunk's first zero_at floats */
+  int zero_chunk;
+  size_t zero_at;
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
   void (*on_launch)(void *, int);
