@@ -1,6 +1,6 @@
 /* Communicator figures on loopback (Gloo over TCP), with 2 and 4 ranks
- * forked on this machine: P2P bandwidth, small round-trip latency, and
- * all-reduce bus bandwidth. Prints figures; never fails on a time.
+ * forked on this machine: P2P bandwidth, small round-trip latency, a
+ * small all-gather's latency, and all-reduce bus bandwidth. Prints figures; never fails on a time.
  *
  *   bench_comm [ranks...]      (default: 2 4)
  *   bench_comm lanes [floats]  k = 1, 2, 4 pairs of ranks, each pair
@@ -122,6 +122,29 @@ static int round_trip(int rank, int n, mega_comm *c, int iters) {
   return 0;
 }
 
+/* 16 bytes from each rank to all, as the rank's sums of the norm and the
+ * pipeline's statistics end every iteration: the median time of one. */
+static int small_all_gather(int rank, int n, mega_comm *c, int iters) {
+  mega_err err = {0};
+  double mine[2] = {1, 2}, all[32], *t = malloc(sizeof(double) * (size_t)iters);
+  MP_CHECK(t, "malloc");
+  size_t counts[16];
+  for (int i = 0; i < n; i++) counts[i] = sizeof mine;
+  MP_OK(mega_comm_barrier(c, 0, &err), err);
+  for (int i = 0; i < iters; i++) {
+    double t0 = mp_now_ms();
+    MP_OK(mega_comm_all_gather(c, mine, all, counts, MEGA_DT_BYTE, 0, &err), err);
+    t[i] = (mp_now_ms() - t0) * 1e3;
+  }
+  if (rank == 0) {
+    qsort(t, (size_t)iters, sizeof *t, cmp_double);
+    printf("ranks=%d  all_gather 16 B each: median %.1f us, p90 %.1f us (%d iterations)\n", n,
+           t[iters / 2], t[iters * 9 / 10], iters);
+  }
+  free(t);
+  return 0;
+}
+
 static int all_reduce(int rank, int n, mega_comm *c, size_t count, int iters) {
   mega_err err = {0};
   float *buf = malloc(count * sizeof(float));
@@ -166,6 +189,7 @@ static int body(int rank, const mp_env *env) {
     if (p2p_bandwidth(rank, n, c, 4u << 20, 64)) return 1;
   }
   if (round_trip(rank, n, c, 2000)) return 1;
+  if (small_all_gather(rank, n, c, 2000)) return 1;
   if (all_reduce(rank, n, c, 1, 2000)) return 1;
   if (all_reduce(rank, n, c, 10000000, 5)) return 1;
   fflush(stdout);
