@@ -240,11 +240,13 @@ def analyse(ranks, skip, P, DP):
     its parts, each PP rank's exposed time, stage 0's replica skew, and the
     comm threads' CPU per step (all ranks) against the step."""
     parts, per_pp, skews, cpu, steps = [], {r: [] for r in range(P)}, [], [], []
+    own = {r: [] for r in range(P)}
     for it, rk in by_iteration(ranks, skip).items():
         for (pp, dp), l in rk.items():
             peers = [rk[(pp, d)] for d in range(DP) if d != dp and (pp, d) in rk]
             parts.append(split_exposed(l, peers))
             per_pp[pp].append(l["grad_sync_exposed_s"])
+            own[pp].append(max(0.0, l["reduced_s"] - l["work_end_s"]))
         ends = [at(rk[(0, d)], "drained_s") for d in range(DP) if (0, d) in rk]
         skews.append(max(ends) - min(ends))
         cpu.append(sum(l["process_cpu_s"] - l["thread_cpu_s"] for l in rk.values()))
@@ -252,6 +254,7 @@ def analyse(ranks, skip, P, DP):
     mean = [statistics.mean(p[k] for p in parts) for k in range(5)]
     return {"parts": mean, "exposed": mean[0],
             "pp": [statistics.mean(per_pp[r]) for r in range(P)],
+            "own": [statistics.mean(own[r]) for r in range(P)],
             "skew": statistics.mean(skews), "cpu": statistics.mean(cpu),
             "step": statistics.mean(steps)}
 
@@ -262,7 +265,6 @@ def bubble_section(megaw, megactl, tmp, P, layers):
     DP, M, iters, skip, f, b = 2, 8, 10, 2, 20, 40
     bucket = 1000000
     cores = os.cpu_count()
-    alone, lanes, latency, comm_note = comm_figures(megaw)
     args = WIDE + ["--num-layers", str(layers), "--global-batch-size", str(M * DP),
                    "--train-iters", str(iters), "--data-path", data,
                    "--pipeline-model-parallel-size", str(P), "--simulate-compute",
@@ -270,8 +272,6 @@ def bubble_section(megaw, megactl, tmp, P, layers):
     print("== bubble hiding: PP=%d x DP=%d (%d processes, %d cores), hidden 512, %d layers, "
           "M=%d, --simulate-compute %d:%d, buckets of %d, iterations %d..%d, %d rounds" %
           (P, DP, P * DP, cores, layers, M, f, b, bucket, skip + 1, iters, OPTS["runs"]))
-    print("core/sim: --grad-sync-lanes %.2f, --grad-sync-latency %.2f ms, --t-grad-sync from "
-          "%.2f ms per 1M floats (%s)" % (lanes, latency * 1e3, alone * 1e9, comm_note))
     ov = ["--overlap-grad-reduce", "--bucket-size", str(bucket)]
     rows = (("1f1b, sync after the schedule", 1, [], []),
             ("1f1b, sync in the cooldown", 1, ov, ["--overlap-grad-reduce"]),
@@ -280,8 +280,12 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             ("interleaved V=2, cooldown + align", 2, ov + ["--align-grad-reduce"],
              ["--overlap-grad-reduce", "--align-grad-reduce"]))
     got = {name: [] for name, _, _, _ in rows}
+    notes = []
     for _ in range(OPTS["runs"]):
-        base = {}
+        # the machine's collectives, again each round: they move with its load
+        alone, lanes, latency, comm_note = comm_figures(megaw)
+        notes.append(comm_note)
+        base, own = {}, {}
         for name, vp, extra, plan_flags in rows:
             a = args + extra
             if vp > 1:
@@ -289,7 +293,12 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             ranks = run(megaw, P * DP, a, tmp)
             res = analyse(ranks, skip, P, DP)
             if not plan_flags:
-                base[vp] = res["exposed"]
+                base[vp], own[vp] = res["exposed"], res["own"]
+            # the issue's "mean over ranks": each rank's own reduction (its
+            # time from its schedule's end to its reductions' end with the
+            # sync after the schedule), the share of it not exposed
+            res["hidden_rank"] = statistics.mean(
+                1 - min(1.0, e / o) if o > 0 else 1.0 for e, o in zip(res["pp"], own[vp]))
             # T_grad_sync: PP rank 0's reductions (its buckets: the tied
             # embedding's exchange, bucket -1, is a receive before its wte
             # bucket, not a reduction) at the rate of one all-reduce alone
@@ -313,19 +322,25 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             res["hidden"] = 1 - res["exposed"] / base[vp] if base[vp] > 0 else float("nan")
             res["ratio"] = res["exposed"] / sim if sim > 0 else float("nan")
             got[name].append(res)
-    print("%-36s %8s %7s %8s %6s  %-24s" % ("configuration", "exposed", "hidden", "sim",
-                                             "x sim", "per PP rank (ms)"))
+    for k, note in enumerate(notes):
+        print("core/sim, round %d: %s" % (k + 1, note))
+    print("%-36s %8s %7s %7s %8s %6s  %-24s" % ("configuration", "exposed", "hidden",
+                                                 "h/rank", "sim", "x sim", "per PP rank (ms)"))
     for name, _, _, _ in rows:
         g = got[name]
-        print("%-36s %5.1f ms %6.1f%% %5.1f ms %5.2fx  %s" %
+        print("%-36s %5.1f ms %6.1f%% %6.1f%% %5.1f ms %5.2fx  %s" %
               (name, 1e3 * med([x["exposed"] for x in g]), 100 * med([x["hidden"] for x in g]),
+               100 * med([x["hidden_rank"] for x in g]),
                1e3 * med([x["sim"] for x in g]), med([x["ratio"] for x in g]),
                " ".join("%.1f" % (1e3 * med([x["pp"][r] for x in g])) for r in range(P))))
-    print("(medians over rounds. exposed: mean over ranks and iterations; hidden: against the "
-          "same\n schedule with the sync after it, in the same round; sim: megactl plan's mean "
-          "exposed grad\n sync, T_grad_sync %.1f ms: PP rank 0's floats at the rate of one "
-          "all-reduce alone;\n x sim: exposed / sim)" % (1e3 * med([x["t_gs"] for x in
-                                                                    got[rows[0][0]]])))
+    print("(medians over rounds. exposed: mean over ranks and iterations; hidden: of that mean,"
+          "\n against the same schedule with the sync after it, in the same round; h/rank: the "
+          "mean over\n PP ranks of each one's share hidden, against its own reduction time with "
+          "the sync after\n the schedule (from its schedule's end), where a later stage already "
+          "hides in the drain;\n sim: megactl plan's mean exposed grad sync, T_grad_sync %.1f ms:"
+          " PP rank 0's floats at\n the rate of one all-reduce alone, with that round's "
+          "figures; x sim: exposed / sim)" %
+          (1e3 * med([x["t_gs"] for x in got[rows[0][0]]])))
     print()
     print("%-36s %7s %6s %6s %6s %6s %9s %14s" % ("where the exposed ms went (mean/rank)",
                                                   "exposed", "skew", "embd", "runq", "rest",
