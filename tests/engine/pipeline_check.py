@@ -24,7 +24,8 @@ meeting through a Gloo FileStore), checked against a single rank.
                buckets, alone, with PP=2 and with interleaved VP=2, with and
                without --align-grad-reduce: losses and clipped grad norms
                equal the single rank (--full: all of them; default: a sample
-               that covers every option)
+               that covers every option); stage 0 zeroes its gradients in its
+               warmup wait (the trace), not at the iteration's start
   distckpt     a distributed-optimizer checkpoint (DP=2, and PP=2 x DP=2 with
                --async-save) holds whole tensors under HF names, equal to the
                unsharded run's, and resumes at DP 1, 2 and 4 on the
@@ -503,7 +504,43 @@ def dataparallel(megaw, tmp, full):
             print("FAIL %s" % e, flush=True)
     print("%d of %d data-parallel layouts match the single rank (%.0f s)" %
           (len(combos) - failed, len(combos), time.time() - t0))
-    return failed == 0
+    return zeroed_while_waiting(megaw, base, tmp) and failed == 0
+
+
+def zeroed_while_waiting(megaw, base, tmp):
+    """Stage 0 zeroes its gradients in its warmup wait, after its first
+    forward and before its first backward, not at the iteration's start
+    (the trace of PP=2 x DP=2 with overlap)."""
+    args = base + DP_MODES["overlap"] + DP_PIPES["pp2"] + ["--trace-iteration", "2"]
+    res = launch(megaw, 4, args, tmp)
+    for rc, _, err in res:
+        if rc != 0:
+            print("FAIL zeroing trace: a rank exited %d: %s" % (rc, err.strip()[-400:]))
+            return False
+    ok = True
+    for _, lines, _ in res:
+        for l in lines:
+            if l["iteration"] != 2 or l["pp_rank"] != 0:
+                continue
+            spans = l.get("spans", [])
+            zero = [x for x in spans if x["name"] == "zero-grads"]
+            first_f = next((x for x in spans if x["name"].startswith("F")), None)
+            first_b = next((x for x in spans if x["name"].startswith("B")), None)
+            if not zero or not first_f or not first_b:
+                print("FAIL zeroing trace: dp %d has no zero-grads, F or B span" % l["dp_rank"])
+                ok = False
+                continue
+            start = min(x["start_us"] for x in zero)
+            end = max(x["start_us"] + x["dur_us"] for x in zero)
+            if start < first_f["start_us"] + first_f["dur_us"] or end > first_b["start_us"]:
+                print("FAIL zeroing trace: dp %d zeroed over %.0f..%.0f us, its first F ended "
+                      "at %.0f and its first B began at %.0f" %
+                      (l["dp_rank"], start, end, first_f["start_us"] + first_f["dur_us"],
+                       first_b["start_us"]))
+                ok = False
+    if ok:
+        print("ok   stage 0 zeroed its gradients between its first F and its first B")
+    return ok
 
 
 def read_safetensors(path):
