@@ -95,6 +95,21 @@ void hd_dump_log(const hd *d) {
   while (fgets(line, sizeof line, f)) fputs(line, stderr);
   fprintf(stderr, "---- end of %s log ----\n", d->name);
   fclose(f);
+  /* and its workers' own logs (what a rank said before megad saw it end) */
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "find '%s' -name 'rank-*.log' 2>/dev/null", d->dir);
+  FILE *list = popen(cmd, "r");
+  if (!list) return;
+  char path[512];
+  while (fgets(path, sizeof path, list)) {
+    path[strcspn(path, "\n")] = 0;
+    FILE *r = fopen(path, "r");
+    if (!r) continue;
+    fprintf(stderr, "---- %s ----\n", path);
+    while (fgets(line, sizeof line, r)) fputs(line, stderr);
+    fclose(r);
+  }
+  pclose(list);
 }
 
 bool hd_log_has(const hd *d, const char *text) {

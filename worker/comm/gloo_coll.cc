@@ -99,39 +99,6 @@ void reduce_scatter_ring(State &s, Job &j) {
   }
 }
 
-// A small all-gather in one round: every rank sends its part straight to
-// every other and receives theirs, so it costs one message's latency where
-// Gloo's ring costs n - 1 in a row (the norm's and the statistics' sums over
-// the pipeline group end every iteration on its critical path). n - 1
-// messages each way per rank: only for small parts and groups.
-constexpr size_t kDirectBytes = 64 << 10;
-constexpr int kDirectRanks = 64;
-
-void all_gather_direct(State &s, Job &j, char *out, const std::vector<size_t> &off) {
-  const int n = s.size, r = s.rank;
-  const auto deadline = steady::now() + j.timeout;
-  const uint64_t slot = ring_slot(j.tag);
-  auto buf = s.ctx->createUnboundBuffer(out, off[n]);
-  int nrecv = 0, nsend = 0;
-  for (int p = 0; p < n; p++) {
-    if (p == r) continue;
-    if (off[p + 1] > off[p]) {
-      buf->recv(p, slot, off[p], off[p + 1] - off[p]);
-      nrecv++;
-    }
-    if (off[r + 1] > off[r]) {
-      buf->send(p, slot, off[r], off[r + 1] - off[r]);
-      nsend++;
-    }
-  }
-  for (int k = 0; k < nrecv; k++)
-    if (!buf->waitRecv(nullptr, remaining(deadline)))
-      throw gloo::IoException("all_gather: receive aborted");
-  for (int k = 0; k < nsend; k++)
-    if (!buf->waitSend(nullptr, remaining(deadline)))
-      throw gloo::IoException("all_gather: send aborted");
-}
-
 template <typename T>
 void all_gather(State &s, Job &j) {
   size_t total = 0, before = 0;
@@ -145,13 +112,6 @@ void all_gather(State &s, Job &j) {
   if (total == 0) return;
   if (s.size == 1) {
     if (!in_place) memmove(out, in, total * sizeof(T));
-    return;
-  }
-  if (total * sizeof(T) <= kDirectBytes && s.size <= kDirectRanks) {
-    std::vector<size_t> off(s.size + 1, 0);
-    for (int i = 0; i < s.size; i++) off[i + 1] = off[i] + j.counts[i] * sizeof(T);
-    if (!in_place) memmove(out + before, in, j.counts[s.rank] * sizeof(T));
-    all_gather_direct(s, j, reinterpret_cast<char *>(out), off);
     return;
   }
   gloo::AllgathervOptions o(s.ctx);
