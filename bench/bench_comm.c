@@ -1,6 +1,7 @@
 /* Communicator figures on loopback (Gloo over TCP), with 2 and 4 ranks
  * forked on this machine: P2P bandwidth, small round-trip latency, a
- * small all-gather's latency, and all-reduce bus bandwidth. Prints figures; never fails on a time.
+ * small all-gather's latency, and all-reduce bus bandwidth. Prints
+ * figures; never fails on a time.
  *
  *   bench_comm [ranks...]      (default: 2 4)
  *   bench_comm lanes [floats]  k = 1, 2, 4 pairs of ranks, each pair
