@@ -426,7 +426,13 @@ static void test_coordinator_restart_recovers_from_replicas(void **state) {
   for (int it = 40; it >= 1 && w.seen[it] && w.attempt[it] == w.final->attempt; it--) from = it;
   fprintf(stderr, "coordinator restart: went on from the replicas at iteration %d (%d redone), finished "
                   "%.2f s after megad started again\n", from - 1, w.redone, hd_now_s() - t0);
-  assert_true(from > 12 && from <= 14);
+  /* the replicas held the iteration the survivor had finished when megad
+   * died: at least the one the watcher saw, maybe more, as the watch stream
+   * lags the ranks under load */
+  const char *plan = strstr(w.events_text, "restarting from the replicas' state at iteration ");
+  int held = plan ? atoi(plan + strlen("restarting from the replicas' state at iteration ")) : -1;
+  assert_true(held >= 12);
+  assert_int_equal(from, held + 1);
   for (int it = from; it <= 40; it++)
     if (fabs(w.loss[it] - ref.loss[it]) > 2e-5 * fabs(ref.loss[it]))
       fail_msg("iteration %d: loss %.9g after the restart, uninterrupted %.9g", it, w.loss[it],
