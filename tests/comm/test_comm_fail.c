@@ -1,5 +1,5 @@
 /* Failures between forked ranks: a peer killed mid-receive or mid-
- * collective, a silent peer, abort from another thread, a rank that never
+ * collective or mid-send, a silent peer, abort from another thread, a rank that never
  * joins, a request freed before it completed. Every wait must end, with
  * the right status, well inside the test's deadline. */
 #include <pthread.h>
@@ -268,6 +268,68 @@ static int body_lonely(int rank, const mp_env *env) {
   return 0;
 }
 
+/* Rank 1 stops reading halfway through a 64 MiB broadcast from rank 0, then
+ * dies. Gloo never wakes the root's wait on that half-written send (its TCP
+ * pair skips the transfers under way when it fails), so only the
+ * communicator can: after mega_comm_abort, freeing the request and
+ * destroying the communicator must take well under the 10 s timeout. */
+static int body_killed_mid_send(int rank, const mp_env *env) {
+  mega_err err = {0};
+  mega_comm *c = open_comm(env, "bc", rank, 2, 10000);
+  MP_CHECK(c, "no communicator");
+  MP_OK(mega_comm_barrier(c, 0, &err), err);
+  const size_t n = 64u << 20;
+  char *buf = calloc(n, 1);
+  MP_CHECK(buf, "malloc");
+  char path[512];
+  snprintf(path, sizeof path, "%s/victim", env->dir);
+  mega_req *r;
+  if (rank == 1) {
+    MP_OK(mega_comm_ibroadcast(c, buf, n, MEGA_DT_BYTE, 0, 0, &r, &err), err);
+    mp_sleep_ms(100); /* the receive is posted: rank 0 may start */
+    FILE *f = fopen(path, "w");
+    MP_CHECK(f, "cannot write %s", path);
+    fprintf(f, "%d\n", (int)getpid());
+    fclose(f);
+    raise(SIGSTOP); /* rank 0 kills it */
+    return 1;
+  }
+  int victim = 0;
+  for (int i = 0; i < 500 && !victim; i++) {
+    FILE *f = fopen(path, "r");
+    if (!f || fscanf(f, "%d", &victim) != 1) victim = 0;
+    if (f) fclose(f);
+    if (!victim) mp_sleep_ms(10);
+  }
+  MP_CHECK(victim > 0, "rank 1 never wrote %s", path);
+  char stat[64], line[256] = "";
+  snprintf(stat, sizeof stat, "/proc/%d/stat", victim);
+  for (int i = 0; i < 500; i++) {
+    FILE *f = fopen(stat, "r");
+    if (f && fgets(line, sizeof line, f) && strstr(line, ") T ")) {
+      fclose(f);
+      break;
+    }
+    if (f) fclose(f);
+    mp_sleep_ms(10);
+  }
+  MP_CHECK(strstr(line, ") T "), "rank 1 did not stop: %s", line);
+  MP_OK(mega_comm_ibroadcast(c, buf, n, MEGA_DT_BYTE, 0, 0, &r, &err), err);
+  mp_sleep_ms(300); /* the socket fills up; rank 1 reads nothing more */
+  kill(victim, SIGKILL);
+  mp_sleep_ms(300); /* the connection resets */
+  double t0 = mp_now_ms();
+  mega_comm_abort(c);
+  mega_status st = mega_req_wait(r, 0, &err);
+  MP_CHECK(st != MEGA_OK, "the broadcast to a dead rank succeeded");
+  mega_req_free(r);
+  mega_comm_destroy(c);
+  double dt = mp_now_ms() - t0;
+  MP_CHECK(dt < 3000, "freeing the broadcast took %.0f ms after the abort", dt);
+  free(buf);
+  return 0;
+}
+
 /* Freeing a receive that has not completed breaks the communicator (Gloo
  * cannot withdraw it); the peer hears of it. */
 static int body_free_pending(int rank, const mp_env *env) {
@@ -296,6 +358,11 @@ static int body_free_pending(int rank, const mp_env *env) {
 static void test_killed_mid_recv(void **state) {
   (void)state;
   assert_int_equal(mp_run(2, body_killed_mid_recv, NULL, 15000, 1u << 1), 0);
+}
+
+static void test_killed_mid_send(void **state) {
+  (void)state;
+  assert_int_equal(mp_run(2, body_killed_mid_send, NULL, 20000, 1u << 1), 0);
 }
 
 static void test_killed_in_collective(void **state) {
@@ -338,6 +405,7 @@ static void test_free_pending_request(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_killed_mid_recv),
+      cmocka_unit_test(test_killed_mid_send),
       cmocka_unit_test(test_killed_in_collective),
       cmocka_unit_test(test_dead_peer_named_same_host),
       cmocka_unit_test(test_dead_peer_named_own_hosts),

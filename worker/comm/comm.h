@@ -177,10 +177,12 @@ mega_status mega_comm_status(const mega_comm *comm, mega_err *err);
  * and future wait returns MEGA_ERR_CANCELLED promptly. The group's
  * connections are closed (Gloo has no other way to stop an operation in
  * flight), which the peers see as this rank's failure (MEGA_ERR_PEER). The
- * collective running on the comm thread stops with them; the one exception
- * is a Gloo transfer already half read from or written to its socket, which
- * only ends at its own timeout: a blocking collective (or mega_req_free of
- * its request) returns only once the comm thread has let go of the caller's
+ * collective running on the comm thread stops with them. Gloo does not wake
+ * a wait on a transfer half written to or read from a connection that
+ * failed; abort wakes those on the collective's own buffers, but not on
+ * the scratch buffer of Gloo's all-reduce, so a chunk half received there
+ * only ends at its timeout: a blocking collective (or mega_req_free of its
+ * request) returns only once the comm thread has let go of the caller's
  * buffers, so in that rare case it returns at that timeout. Abort is
  * final. */
 void mega_comm_abort(mega_comm *comm);

@@ -81,6 +81,10 @@ void reduce_scatter_ring(State &s, Job &j) {
   std::unique_ptr<gloo::transport::UnboundBuffer> tmp[2] = {
       s.ctx->createUnboundBuffer(scratch[0].data(), scratch[0].size() * sizeof(float)),
       s.ctx->createUnboundBuffer(scratch[1].data(), scratch[1].size() * sizeof(float))};
+  CollBufs listed(s);
+  listed.add(src.get());
+  listed.add(tmp[0].get());
+  listed.add(tmp[1].get());
   for (int k = 0; k < n - 1; k++) {
     const int si = (r - k - 1 + 2 * n) % n, ri = (r - k - 2 + 2 * n) % n;
     auto &rbuf = tmp[k % 2];
@@ -115,8 +119,9 @@ void all_gather(State &s, Job &j) {
     return;
   }
   gloo::AllgathervOptions o(s.ctx);
-  if (!in_place) o.setInput(const_cast<T *>(in), j.counts[s.rank]);
-  o.setOutput(out, j.counts);
+  CollBufs listed(s);
+  if (!in_place) o.setInput<T>(listed.make(const_cast<T *>(in), j.counts[s.rank] * sizeof(T)));
+  o.setOutput<T>(listed.make(out, total * sizeof(T)), j.counts);
   o.setTag(j.tag);
   o.setTimeout(j.timeout);
   gloo::allgatherv(o);
@@ -125,7 +130,8 @@ void all_gather(State &s, Job &j) {
 template <typename T>
 void broadcast(State &s, Job &j) {
   gloo::BroadcastOptions o(s.ctx);
-  o.setOutput(static_cast<T *>(j.out), j.count);
+  CollBufs listed(s);
+  o.setOutput<T>(listed.make(j.out, j.count * sizeof(T)));
   o.setRoot(j.root);
   o.setTag(j.tag);
   o.setTimeout(j.timeout);
@@ -164,6 +170,24 @@ class ThreadClock {
 
 }  // namespace
 
+CollBufs::~CollBufs() {
+  std::lock_guard<std::mutex> lock(s_.mu);
+  for (gloo::transport::UnboundBuffer *b : mine_) s_.coll_bufs.erase(b);
+}
+
+std::unique_ptr<gloo::transport::UnboundBuffer> CollBufs::make(void *p, size_t n) {
+  auto b = s_.ctx->createUnboundBuffer(p, n);
+  add(b.get());
+  return b;
+}
+
+void CollBufs::add(gloo::transport::UnboundBuffer *b) {
+  mine_.reserve(mine_.size() + 1);  // may throw; the insert below must not fail half done
+  std::lock_guard<std::mutex> lock(s_.mu);
+  s_.coll_bufs.insert(b);
+  mine_.push_back(b);
+}
+
 double wall_now() {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -187,7 +211,11 @@ void run_job(State &s, Job &j) {
   case Job::ALL_REDUCE: {
     if (j.count == 0 || s.size == 1) return;
     gloo::AllreduceOptions o(s.ctx);
-    o.setOutput(static_cast<float *>(j.out), j.count);
+    // Its ring sends from and gathers into the output; it receives the
+    // reduce-scatter's chunks into a scratch buffer of its own, which
+    // break_comm cannot reach (comm.h, mega_comm_abort).
+    CollBufs listed(s);
+    o.setOutput<float>(listed.make(j.out, j.count * sizeof(float)));
     o.setReduceFunction(j.max ? max_f32 : sum_f32);
     o.setTag(j.tag);
     o.setTimeout(j.timeout);
@@ -234,6 +262,7 @@ void comm_thread(std::shared_ptr<State> sp) {
     job->start = steady::now();
     job->start_wall = wall_now();
     s.running = job;
+    s.coll_cut = false;
     s.cv.notify_all();  // waiters start counting their timeout now
     bool failed = s.failed;
     lock.unlock();
@@ -253,6 +282,9 @@ void comm_thread(std::shared_ptr<State> sp) {
     clock.read(&cpu1, &runq1);
     double end = wall_now();
     lock.lock();
+    // Gloo's algorithms go on after an aborted wait; only a later post
+    // throws, and the last wait has none after it.
+    if (st == MEGA_OK && s.coll_cut) st = report_locked(s, &e);
     s.running.reset();
     job->done_wall = end;
     job->cpu_s = cpu1 - cpu0;

@@ -143,6 +143,13 @@ void break_comm(State &s, mega_status st, const std::string &msg, bool abort) {
     s.cv.notify_all();
   }
   poison(s);
+  // After the pairs are closed, so the running collective's next post fails.
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (gloo::transport::UnboundBuffer *b : s.coll_bufs) {
+    b->abortWaitSend();
+    b->abortWaitRecv();
+    s.coll_cut = true;
+  }
 }
 
 mega_status fail(State &s, std::exception_ptr ep, const std::string &what,

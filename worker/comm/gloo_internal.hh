@@ -114,6 +114,13 @@ struct State {
   std::atomic<bool> failed{false};  // cause != OK || aborted, for fast paths
   std::atomic<bool> poisoned{false};
   std::set<GlooReq *> live;  // posted P2P requests, for abort
+  // The running collective's Gloo buffers (CollBufs). Gloo's TCP pair does
+  // not wake a wait on a transfer half written to or read from its socket
+  // when the pair fails (Pair::signalException skips the unbound buffers of
+  // tx_ and rx_), so break_comm aborts these waits itself; coll_cut tells
+  // the comm thread that the collective it runs was cut short.
+  std::set<gloo::transport::UnboundBuffer *> coll_bufs;
+  bool coll_cut = false;
   // Helper threads that wait on P2P requests handed over by mega_req_test
   // (Gloo has no non-blocking completion check, so someone must block).
   std::condition_variable pool_cv;
@@ -171,6 +178,24 @@ void break_comm(State &s, mega_status st, const std::string &msg,
 
 // Exception text without Gloo's "[file:line] " prefixes.
 std::string clean_what(const char *what);
+
+// Lists the buffers one collective hands to Gloo in State::coll_bufs while
+// it lives. Declare it after whatever owns the buffers (Gloo's options, or
+// the buffers themselves), so that it goes first.
+class CollBufs {
+ public:
+  explicit CollBufs(State &s) : s_(s) {}
+  ~CollBufs();
+  CollBufs(const CollBufs &) = delete;
+  CollBufs &operator=(const CollBufs &) = delete;
+  // A new buffer over n bytes at p, listed.
+  std::unique_ptr<gloo::transport::UnboundBuffer> make(void *p, size_t n);
+  void add(gloo::transport::UnboundBuffer *b);
+
+ private:
+  State &s_;
+  std::vector<gloo::transport::UnboundBuffer *> mine_;
+};
 
 // CLOCK_REALTIME in seconds.
 double wall_now();
