@@ -40,18 +40,33 @@ static size_t count_of(int set, int r) {
 }
 #define NSETS 5
 
+static float max_over(int n, size_t i) {
+  float m = mp_val(0, i);
+  for (int r = 1; r < n; r++) m = mp_val(r, i) > m ? mp_val(r, i) : m;
+  return m;
+}
+
+/* Sums and maxima; the ring cuts a chunk into segments of at most 1M
+ * floats, so the largest size takes three per chunk at two ranks. */
 static int check_all_reduce(int rank, int n, mega_comm *c) {
-  static const size_t sizes[] = {0, 1, 5, 4099, 262147};
+  static const size_t sizes[] = {0, 1, 5, 4099, 262147, 4194319};
   mega_err err = {0};
   for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
     size_t len = sizes[k];
     float *buf = malloc((len ? len : 1) * sizeof(float));
     MP_CHECK(buf, "malloc");
-    for (size_t i = 0; i < len; i++) buf[i] = mp_val(rank, i);
-    MP_OK(mega_comm_all_reduce(c, buf, len, 0, &err), err);
-    for (size_t i = 0; i < len; i++)
-      MP_CHECK(buf[i] == sum_over(n, i), "all_reduce of %zu: [%zu] = %g, want %g", len,
-               i, buf[i], sum_over(n, i));
+    for (int max = 0; max < 2; max++) {
+      for (size_t i = 0; i < len; i++) buf[i] = mp_val(rank, i);
+      if (max)
+        MP_OK(mega_comm_all_reduce_max(c, buf, len, 0, &err), err);
+      else
+        MP_OK(mega_comm_all_reduce(c, buf, len, 0, &err), err);
+      for (size_t i = 0; i < len; i++) {
+        float want = max ? max_over(n, i) : sum_over(n, i);
+        MP_CHECK(buf[i] == want, "all_reduce%s of %zu: [%zu] = %g, want %g",
+                 max ? "_max" : "", len, i, buf[i], want);
+      }
+    }
     free(buf);
   }
   return 0;

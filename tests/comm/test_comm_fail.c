@@ -268,25 +268,29 @@ static int body_lonely(int rank, const mp_env *env) {
   return 0;
 }
 
-/* Rank 1 stops reading halfway through a 64 MiB broadcast from rank 0, then
- * dies. Gloo never wakes the root's wait on that half-written send (its TCP
- * pair skips the transfers under way when it fails), so only the
- * communicator can: after mega_comm_abort, freeing the request and
- * destroying the communicator must take well under the 10 s timeout. */
-static int body_killed_mid_send(int rank, const mp_env *env) {
+/* Rank 1 stops halfway through a transfer with rank 0, then dies. Gloo
+ * never wakes a wait on a transfer under way when its connection fails, so
+ * only the communicator can: after mega_comm_abort, freeing the request and
+ * destroying the communicator must take well under the 10 s timeout. With
+ * a broadcast from rank 0 (64 MiB), rank 0's send is half written (rank 1
+ * stops before it starts); with a 64M-float all-reduce, rank 1 stops 150 ms
+ * into it, and rank 0 may be half way through receiving a chunk too. */
+static int body_killed_mid_transfer(int rank, const mp_env *env) {
+  bool reduce = *(const bool *)env->arg;
   mega_err err = {0};
-  mega_comm *c = open_comm(env, "bc", rank, 2, 10000);
+  mega_comm *c = open_comm(env, "mt", rank, 2, 10000);
   MP_CHECK(c, "no communicator");
   MP_OK(mega_comm_barrier(c, 0, &err), err);
-  const size_t n = 64u << 20;
-  char *buf = calloc(n, 1);
+  const size_t n = reduce ? 64u << 20 : 16u << 20; /* floats */
+  float *buf = calloc(n, sizeof(float));
   MP_CHECK(buf, "malloc");
   char path[512];
   snprintf(path, sizeof path, "%s/victim", env->dir);
-  mega_req *r;
+  mega_req *r = NULL;
+  if (reduce) MP_OK(mega_comm_iall_reduce(c, buf, n, 0, &r, &err), err);
   if (rank == 1) {
-    MP_OK(mega_comm_ibroadcast(c, buf, n, MEGA_DT_BYTE, 0, 0, &r, &err), err);
-    mp_sleep_ms(100); /* the receive is posted: rank 0 may start */
+    if (!reduce) MP_OK(mega_comm_ibroadcast(c, buf, n, MEGA_DT_F32, 0, 0, &r, &err), err);
+    mp_sleep_ms(reduce ? 150 : 100); /* under way, or the receive posted */
     FILE *f = fopen(path, "w");
     MP_CHECK(f, "cannot write %s", path);
     fprintf(f, "%d\n", (int)getpid());
@@ -314,18 +318,18 @@ static int body_killed_mid_send(int rank, const mp_env *env) {
     mp_sleep_ms(10);
   }
   MP_CHECK(strstr(line, ") T "), "rank 1 did not stop: %s", line);
-  MP_OK(mega_comm_ibroadcast(c, buf, n, MEGA_DT_BYTE, 0, 0, &r, &err), err);
-  mp_sleep_ms(300); /* the socket fills up; rank 1 reads nothing more */
+  if (!reduce) MP_OK(mega_comm_ibroadcast(c, buf, n, MEGA_DT_F32, 0, 0, &r, &err), err);
+  mp_sleep_ms(300); /* the sockets fill up; rank 1 reads nothing more */
   kill(victim, SIGKILL);
   mp_sleep_ms(300); /* the connection resets */
   double t0 = mp_now_ms();
   mega_comm_abort(c);
   mega_status st = mega_req_wait(r, 0, &err);
-  MP_CHECK(st != MEGA_OK, "the broadcast to a dead rank succeeded");
+  MP_CHECK(st != MEGA_OK, "the collective with a dead rank succeeded");
   mega_req_free(r);
   mega_comm_destroy(c);
   double dt = mp_now_ms() - t0;
-  MP_CHECK(dt < 3000, "freeing the broadcast took %.0f ms after the abort", dt);
+  MP_CHECK(dt < 3000, "freeing the collective took %.0f ms after the abort", dt);
   free(buf);
   return 0;
 }
@@ -362,7 +366,14 @@ static void test_killed_mid_recv(void **state) {
 
 static void test_killed_mid_send(void **state) {
   (void)state;
-  assert_int_equal(mp_run(2, body_killed_mid_send, NULL, 20000, 1u << 1), 0);
+  bool reduce = false;
+  assert_int_equal(mp_run(2, body_killed_mid_transfer, &reduce, 20000, 1u << 1), 0);
+}
+
+static void test_killed_mid_all_reduce(void **state) {
+  (void)state;
+  bool reduce = true;
+  assert_int_equal(mp_run(2, body_killed_mid_transfer, &reduce, 20000, 1u << 1), 0);
 }
 
 static void test_killed_in_collective(void **state) {
@@ -402,10 +413,11 @@ static void test_free_pending_request(void **state) {
   assert_int_equal(mp_run(2, body_free_pending, NULL, 15000, 0), 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_killed_mid_recv),
       cmocka_unit_test(test_killed_mid_send),
+      cmocka_unit_test(test_killed_mid_all_reduce),
       cmocka_unit_test(test_killed_in_collective),
       cmocka_unit_test(test_dead_peer_named_same_host),
       cmocka_unit_test(test_dead_peer_named_own_hosts),
@@ -414,5 +426,6 @@ int main(void) {
       cmocka_unit_test(test_rank_never_joins),
       cmocka_unit_test(test_free_pending_request),
   };
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -177,14 +177,11 @@ mega_status mega_comm_status(const mega_comm *comm, mega_err *err);
  * and future wait returns MEGA_ERR_CANCELLED promptly. The group's
  * connections are closed (Gloo has no other way to stop an operation in
  * flight), which the peers see as this rank's failure (MEGA_ERR_PEER). The
- * collective running on the comm thread stops with them. Gloo does not wake
- * a wait on a transfer half written to or read from a connection that
- * failed; abort wakes those on the collective's own buffers, but not on
- * the scratch buffer of Gloo's all-reduce, so a chunk half received there
- * only ends at its timeout: a blocking collective (or mega_req_free of its
- * request) returns only once the comm thread has let go of the caller's
- * buffers, so in that rare case it returns at that timeout. Abort is
- * final. */
+ * collective running on the comm thread stops with them, a transfer half
+ * written to or read from a socket too (Gloo would leave that wait to its
+ * timeout; the communicator wakes it). A blocking collective (or
+ * mega_req_free of its request) returns once the comm thread has let go of
+ * the caller's buffers. Abort is final. */
 void mega_comm_abort(mega_comm *comm);
 
 /* ---- Point to point ---------------------------------------------------- */
@@ -245,7 +242,9 @@ typedef enum mega_dtype {
   MEGA_DT_BYTE,
 } mega_dtype;
 
-/* Sums count floats of buf over all ranks, in place (Gloo ring). */
+/* Sums count floats of buf over all ranks, in place: a ring on Gloo's P2P
+ * (a reduce-scatter, then an all-gather, in segments of at most 1M floats,
+ * two in flight), the algorithm of Gloo's own all-reduce. */
 mega_status mega_comm_all_reduce(mega_comm *comm, float *buf, size_t count,
                                  int timeout_ms, mega_err *err);
 mega_status mega_comm_iall_reduce(mega_comm *comm, float *buf, size_t count,

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <gloo/allgatherv.h>
-#include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 
@@ -31,76 +30,6 @@ const char *kind_name(Job::Kind k) {
   case Job::BARRIER: return "barrier";
   }
   return "collective";
-}
-
-void sum_f32(void *c, const void *a, const void *b, size_t n) {
-  float *o = static_cast<float *>(c);
-  const float *x = static_cast<const float *>(a);
-  const float *y = static_cast<const float *>(b);
-  for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
-}
-
-void max_f32(void *c, const void *a, const void *b, size_t n) {
-  float *o = static_cast<float *>(c);
-  const float *x = static_cast<const float *>(a);
-  const float *y = static_cast<const float *>(b);
-  for (size_t i = 0; i < n; i++) o[i] = x[i] > y[i] ? x[i] : y[i];
-}
-
-ms remaining(steady::time_point deadline) {
-  auto left = std::chrono::duration_cast<ms>(deadline - steady::now());
-  return left.count() < 1 ? ms(1) : left;
-}
-
-// Ring reduce-scatter on Gloo's P2P: at step k (0..n-2) rank r sends chunk
-// (r-k-1) to r+1 and receives chunk (r-k-2) from r-1, adds its own part of
-// that chunk, and forwards the sum at the next step; after n-1 steps it holds
-// chunk r summed over all ranks. Two scratch chunks alternate so the chunk
-// being forwarded is never the one being received.
-void reduce_scatter_ring(State &s, Job &j) {
-  const int n = s.size, r = s.rank;
-  const float *in = static_cast<const float *>(j.in);
-  float *out = static_cast<float *>(j.out);
-  std::vector<size_t> off(n + 1, 0);
-  size_t maxc = 0;
-  for (int i = 0; i < n; i++) {
-    off[i + 1] = off[i] + j.counts[i];
-    if (j.counts[i] > maxc) maxc = j.counts[i];
-  }
-  if (n == 1) {
-    if (j.counts[0] && out != in) memcpy(out, in, j.counts[0] * sizeof(float));
-    return;
-  }
-  if (off[n] == 0) return;
-  const auto deadline = steady::now() + j.timeout;
-  const int left = (r + n - 1) % n, right = (r + 1) % n;
-  const uint64_t slot = ring_slot(j.tag);
-  std::vector<float> scratch[2] = {std::vector<float>(maxc ? maxc : 1),
-                                   std::vector<float>(maxc ? maxc : 1)};
-  auto src = s.ctx->createUnboundBuffer(const_cast<float *>(in), off[n] * sizeof(float));
-  std::unique_ptr<gloo::transport::UnboundBuffer> tmp[2] = {
-      s.ctx->createUnboundBuffer(scratch[0].data(), scratch[0].size() * sizeof(float)),
-      s.ctx->createUnboundBuffer(scratch[1].data(), scratch[1].size() * sizeof(float))};
-  CollBufs listed(s);
-  listed.add(src.get());
-  listed.add(tmp[0].get());
-  listed.add(tmp[1].get());
-  for (int k = 0; k < n - 1; k++) {
-    const int si = (r - k - 1 + 2 * n) % n, ri = (r - k - 2 + 2 * n) % n;
-    auto &rbuf = tmp[k % 2];
-    rbuf->recv(left, slot, 0, j.counts[ri] * sizeof(float));
-    gloo::transport::UnboundBuffer *sbuf = k == 0 ? src.get() : tmp[(k + 1) % 2].get();
-    size_t soff = k == 0 ? off[si] * sizeof(float) : 0;
-    sbuf->send(right, slot, soff, j.counts[si] * sizeof(float));
-    if (!rbuf->waitRecv(nullptr, remaining(deadline)))
-      throw gloo::IoException("reduce_scatter: receive aborted");
-    const float *mine = in + off[ri];
-    float *acc = scratch[k % 2].data();
-    float *dst = k == n - 2 ? out : acc;  // the last chunk received is ours
-    for (size_t i = 0; i < j.counts[ri]; i++) dst[i] = acc[i] + mine[i];
-    if (!sbuf->waitSend(nullptr, remaining(deadline)))
-      throw gloo::IoException("reduce_scatter: send aborted");
-  }
 }
 
 template <typename T>
@@ -208,20 +137,10 @@ std::string Job::describe(const State &s) const {
 
 void run_job(State &s, Job &j) {
   switch (j.kind) {
-  case Job::ALL_REDUCE: {
+  case Job::ALL_REDUCE:
     if (j.count == 0 || s.size == 1) return;
-    gloo::AllreduceOptions o(s.ctx);
-    // Its ring sends from and gathers into the output; it receives the
-    // reduce-scatter's chunks into a scratch buffer of its own, which
-    // break_comm cannot reach (comm.h, mega_comm_abort).
-    CollBufs listed(s);
-    o.setOutput<float>(listed.make(j.out, j.count * sizeof(float)));
-    o.setReduceFunction(j.max ? max_f32 : sum_f32);
-    o.setTag(j.tag);
-    o.setTimeout(j.timeout);
-    gloo::allreduce(o);
+    all_reduce_ring(s, j);
     return;
-  }
   case Job::ALL_GATHER:
     if (j.dt == MEGA_DT_F32)
       all_gather<float>(s, j);

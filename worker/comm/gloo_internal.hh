@@ -203,6 +203,9 @@ double wall_now();
 // The comm thread, and one collective's work (throws on failure).
 void comm_thread(std::shared_ptr<State> s);
 void run_job(State &s, Job &job);
+// The rings on Gloo's P2P (gloo_ring.cc); j.out in place for the all-reduce.
+void all_reduce_ring(State &s, Job &j);
+void reduce_scatter_ring(State &s, Job &j);
 // A helper thread of the P2P wait pool.
 void pool_thread(std::shared_ptr<State> s);
 

@@ -1,0 +1,160 @@
+// Rings on Gloo's P2P, over buffers the communicator lists (CollBufs), so
+// that break_comm can wake every wait: the all-reduce (Gloo's own keeps a
+// scratch buffer out of reach) and the reduce-scatter (Gloo has none).
+#include <cstring>
+
+#include <gloo/common/error.h>
+
+#include "worker/comm/gloo_internal.hh"
+
+namespace mega_gloo {
+
+namespace {
+
+// Gloo's all-reduce cuts at 1M elements too: big enough for a loopback
+// write to pay off, small enough that a segment's sum hides the next one's
+// transfer.
+constexpr size_t kSegmentFloats = size_t{1} << 20;
+
+void sum_f32(float *o, const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) o[i] += x[i];
+}
+
+void max_f32(float *o, const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) o[i] = x[i] > o[i] ? x[i] : o[i];
+}
+
+ms remaining(steady::time_point deadline) {
+  auto left = std::chrono::duration_cast<ms>(deadline - steady::now());
+  return left.count() < 1 ? ms(1) : left;
+}
+
+void wait_recv(gloo::transport::UnboundBuffer *b, steady::time_point deadline, const char *what) {
+  if (!b->waitRecv(nullptr, remaining(deadline)))
+    throw gloo::IoException(std::string(what) + ": receive aborted");
+}
+
+void wait_send(gloo::transport::UnboundBuffer *b, steady::time_point deadline, const char *what) {
+  if (!b->waitSend(nullptr, remaining(deadline)))
+    throw gloo::IoException(std::string(what) + ": send aborted");
+}
+
+}  // namespace
+
+// The buffer is cut into n*K equal segments (the last ones shorter or
+// empty), K >= 2 per rank's chunk. Transfer i (0 <= i < M = 2(n-1)K) is
+// segment i%K of a chunk: in the first (n-1)K, step k = i/K, rank r sends
+// chunk r-k to r+1 and receives chunk r-k-1 from r-1 into a scratch
+// segment, which it adds into its own; after them, r holds chunk r+1
+// reduced, and in the rest it forwards each chunk it received last round
+// and receives the next one in place. Transfer i sends what transfer i-K
+// received, and the loop waits for transfer i-2 before posting i: with
+// K >= 2 what a send needs is always in.
+void all_reduce_ring(State &s, Job &j) {
+  const size_t n = static_cast<size_t>(s.size), r = static_cast<size_t>(s.rank);
+  const size_t count = j.count;
+  const size_t k_per = std::max<size_t>(2, (count + n * kSegmentFloats - 1) / (n * kSegmentFloats));
+  const size_t seg = (count + n * k_per - 1) / (n * k_per);
+  const size_t rs_end = (n - 1) * k_per, total = 2 * rs_end;
+  float *buf = static_cast<float *>(j.out);
+  auto len_of = [&](size_t segment) {
+    size_t at = segment * seg;
+    return at >= count ? size_t{0} : std::min(seg, count - at);
+  };
+  // Segment of transfer i: what this rank sends (dir 0) or receives (1).
+  auto segment_of = [&](size_t i, int dir) {
+    bool rs = i < rs_end;
+    size_t step = (rs ? i : i - rs_end) / k_per, q = i % k_per;
+    size_t base = rs ? r : r + 1;  // the chunk sent at the phase's step 0
+    size_t chunk = (base + 2 * n - step - static_cast<size_t>(dir)) % n;
+    return chunk * k_per + q;
+  };
+  const auto deadline = steady::now() + j.timeout;
+  const int left = static_cast<int>((r + n - 1) % n), right = static_cast<int>((r + 1) % n);
+  const uint64_t slot = ring_slot(j.tag);
+  std::vector<float> scratch(2 * seg);
+  auto whole = s.ctx->createUnboundBuffer(buf, count * sizeof(float));
+  std::unique_ptr<gloo::transport::UnboundBuffer> tmp[2] = {
+      s.ctx->createUnboundBuffer(scratch.data(), seg * sizeof(float)),
+      s.ctx->createUnboundBuffer(scratch.data() + seg, seg * sizeof(float))};
+  CollBufs listed(s);
+  listed.add(whole.get());
+  listed.add(tmp[0].get());
+  listed.add(tmp[1].get());
+  for (size_t i = 0; i < total + 2; i++) {
+    if (i >= 2) {
+      size_t d = i - 2, rseg = segment_of(d, 1), rlen = len_of(rseg);
+      if (rlen) {
+        if (d < rs_end) {
+          wait_recv(tmp[d % 2].get(), deadline, "all_reduce");
+          (j.max ? max_f32 : sum_f32)(buf + rseg * seg, scratch.data() + (d % 2) * seg, rlen);
+        } else {
+          wait_recv(whole.get(), deadline, "all_reduce");
+        }
+      }
+      if (len_of(segment_of(d, 0))) wait_send(whole.get(), deadline, "all_reduce");
+    }
+    if (i < total) {
+      size_t rseg = segment_of(i, 1), rlen = len_of(rseg);
+      if (rlen) {
+        if (i < rs_end)
+          tmp[i % 2]->recv(left, slot, 0, rlen * sizeof(float));
+        else
+          whole->recv(left, slot, rseg * seg * sizeof(float), rlen * sizeof(float));
+      }
+      size_t sseg = segment_of(i, 0), slen = len_of(sseg);
+      if (slen) whole->send(right, slot, sseg * seg * sizeof(float), slen * sizeof(float));
+    }
+  }
+}
+
+// At step k (0..n-2) rank r sends chunk (r-k-1) to r+1 and receives chunk
+// (r-k-2) from r-1, adds its own part of that chunk, and forwards the sum
+// at the next step; after n-1 steps it holds chunk r summed over all ranks.
+// Two scratch chunks alternate so the chunk being forwarded is never the
+// one being received.
+void reduce_scatter_ring(State &s, Job &j) {
+  const int n = s.size, r = s.rank;
+  const float *in = static_cast<const float *>(j.in);
+  float *out = static_cast<float *>(j.out);
+  std::vector<size_t> off(n + 1, 0);
+  size_t maxc = 0;
+  for (int i = 0; i < n; i++) {
+    off[i + 1] = off[i] + j.counts[i];
+    if (j.counts[i] > maxc) maxc = j.counts[i];
+  }
+  if (n == 1) {
+    if (j.counts[0] && out != in) memcpy(out, in, j.counts[0] * sizeof(float));
+    return;
+  }
+  if (off[n] == 0) return;
+  const auto deadline = steady::now() + j.timeout;
+  const int left = (r + n - 1) % n, right = (r + 1) % n;
+  const uint64_t slot = ring_slot(j.tag);
+  std::vector<float> scratch[2] = {std::vector<float>(maxc ? maxc : 1),
+                                   std::vector<float>(maxc ? maxc : 1)};
+  auto src = s.ctx->createUnboundBuffer(const_cast<float *>(in), off[n] * sizeof(float));
+  std::unique_ptr<gloo::transport::UnboundBuffer> tmp[2] = {
+      s.ctx->createUnboundBuffer(scratch[0].data(), scratch[0].size() * sizeof(float)),
+      s.ctx->createUnboundBuffer(scratch[1].data(), scratch[1].size() * sizeof(float))};
+  CollBufs listed(s);
+  listed.add(src.get());
+  listed.add(tmp[0].get());
+  listed.add(tmp[1].get());
+  for (int k = 0; k < n - 1; k++) {
+    const int si = (r - k - 1 + 2 * n) % n, ri = (r - k - 2 + 2 * n) % n;
+    auto &rbuf = tmp[k % 2];
+    rbuf->recv(left, slot, 0, j.counts[ri] * sizeof(float));
+    gloo::transport::UnboundBuffer *sbuf = k == 0 ? src.get() : tmp[(k + 1) % 2].get();
+    size_t soff = k == 0 ? off[si] * sizeof(float) : 0;
+    sbuf->send(right, slot, soff, j.counts[si] * sizeof(float));
+    wait_recv(rbuf.get(), deadline, "reduce_scatter");
+    const float *mine = in + off[ri];
+    float *acc = scratch[k % 2].data();
+    float *dst = k == n - 2 ? out : acc;  // the last chunk received is ours
+    for (size_t i = 0; i < j.counts[ri]; i++) dst[i] = acc[i] + mine[i];
+    wait_send(sbuf, deadline, "reduce_scatter");
+  }
+}
+
+}  // namespace mega_gloo
