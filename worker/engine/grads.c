@@ -360,15 +360,11 @@ static mega_status launch(mega_grads *g, int b, mega_err *err) {
   return st;
 }
 
-void mega_grads_ready(mega_grads *g, int ci, int first, int count) {
-  chunk *c = &g->chunks[ci];
-  if (g->zero_chunk < g->vp && g->failed == MEGA_OK)
-    g->failed = mega_fail(&g->fail_err, MEGA_ERR_INTERNAL,
-                          "gradients of chunk %d accumulated before mega_grads_zero finished "
-                          "zeroing them", ci);
-  if (!c->enabled) return; /* no_sync */
-  /* Params of one unit are contiguous in the buffer, so the buckets they
-   * complete are too; launch them in bucket order. */
+static void take_finished(mega_grads *g);
+
+/* Params of one unit are contiguous in the buffer, so the buckets they
+ * complete are too; launched in bucket order. */
+static void count_ready(mega_grads *g, chunk *c, int first, int count) {
   int lo = g->nbuckets, hi = -1;
   for (int i = first; i < first + count; i++) {
     int b = c->bucket_of[i];
@@ -381,6 +377,16 @@ void mega_grads_ready(mega_grads *g, int ci, int first, int count) {
     if (g->launched[b] || g->ready[b] < k->param_hi - k->param_lo) continue;
     if (g->failed == MEGA_OK) g->failed = launch(g, b, &g->fail_err);
   }
+}
+
+void mega_grads_ready(mega_grads *g, int ci, int first, int count) {
+  chunk *c = &g->chunks[ci];
+  if (g->zero_chunk < g->vp && g->failed == MEGA_OK)
+    g->failed = mega_fail(&g->fail_err, MEGA_ERR_INTERNAL,
+                          "gradients of chunk %d accumulated before mega_grads_zero finished "
+                          "zeroing them", ci);
+  if (c->enabled) count_ready(g, c, first, count); /* else no_sync */
+  take_finished(g);
 }
 
 static mega_status sticky(mega_grads *g, mega_err *err) {
@@ -428,6 +434,36 @@ static mega_status norm_bucket(mega_grads *g, int b, mega_err *err) {
   return mega_sum_squares_post(g->be, g->norm_post, k, err);
 }
 
+/* Bucket b's reduction is over (st its result): its times kept, its
+ * request released, and average_in_collective's 1/DP applied. */
+static void take(mega_grads *g, int b, mega_status st) {
+  note_done(g, b);
+  mega_req_free(g->req[b]);
+  g->req[b] = NULL;
+  if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
+    /* backend memory: on the device under cuda, so a backend op */
+    const mega_grads_bucket *k = &g->buckets[b];
+    g->be->ops->scale(g->be, g->chunks[k->chunk].grads + k->offset + k->shard_offset,
+                      k->shard_numel, 1.0f / (float)g->o.dp_size);
+  }
+}
+
+/* Backward finished a unit: the buckets whose reductions are over already
+ * are taken now, their norm's share too, rather than in the wait at the
+ * schedule's end, where that work (two passes over every bucket on the
+ * cpu backend) ran beside the last reductions and slowed them. The tied
+ * embedding's bucket is left to the wait, which orders its exchange. */
+static void take_finished(mega_grads *g) {
+  for (int b = 0; b < g->nbuckets && g->failed == MEGA_OK; b++) {
+    if (!g->req[b] || (g->tied.comm && b == g->tied.bucket)) continue;
+    bool done = false;
+    mega_err e = {0};
+    if (mega_req_test(g->req[b], &done, &e) != MEGA_OK || !done) continue; /* the wait reports it */
+    take(g, b, MEGA_OK);
+    if (g->failed == MEGA_OK) g->failed = norm_bucket(g, b, &g->fail_err);
+  }
+}
+
 mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
   mega_status st = mega_grads_launch(g, ci, err);
   chunk *c = &g->chunks[ci];
@@ -437,15 +473,7 @@ mega_status mega_grads_wait(mega_grads *g, int ci, mega_err *err) {
         st = mega_req_wait(g->req[b], 0, err);
         if (st != MEGA_OK) mega_err_prefix(err, "gradient bucket %d", b);
       }
-      note_done(g, b);
-      mega_req_free(g->req[b]);
-      g->req[b] = NULL;
-      if (st == MEGA_OK && g->o.average_in_collective && g->o.dp_size > 1) {
-        /* backend memory: on the device under cuda, so a backend op */
-        const mega_grads_bucket *k = &g->buckets[b];
-        g->be->ops->scale(g->be, c->grads + k->offset + k->shard_offset, k->shard_numel,
-                          1.0f / (float)g->o.dp_size);
-      }
+      take(g, b, st);
     }
     if (st == MEGA_OK) st = mega_grads__tied_reduced(g, b, err);
     if (st == MEGA_OK) st = norm_bucket(g, b, err);

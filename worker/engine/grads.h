@@ -168,8 +168,12 @@ void mega_grads_enable(mega_grads *g, int c, bool on);
 
 /* Params [first, first+count) of chunk c have this microbatch's gradients.
  * Counted only while enabled; a bucket all of whose params are counted is
- * launched. A failure to launch is kept and returned by the next
- * mega_grads_launch or mega_grads_wait (the model's callback cannot fail). */
+ * launched. Whether enabled or not, the buckets whose reductions are over
+ * are taken (mega_grads_wait's work for them: 1/DP and the norm's share;
+ * the tied embedding's bucket excepted), so that work runs while backward
+ * does, not beside the last reductions. A failure is kept and returned by
+ * the next mega_grads_launch or mega_grads_wait (the model's callback
+ * cannot fail). */
 void mega_grads_ready(mega_grads *g, int c, int first, int count);
 
 /* GRAD_SYNC: launches every bucket of chunk c not launched yet. */
@@ -181,8 +185,8 @@ mega_status mega_grads_wait(mega_grads *g, int c, mega_err *err);
 /* When bucket b's reduction ran in this iteration, for measurements
  * (CLOCK_REALTIME seconds; 0 where it did not happen or the communicator
  * records no times): launched (by backward or the GS), begun and finished
- * on the data-parallel communicator's thread, and waited for (its GW, or
- * finalize, returned); cpu_s and runq_s are that thread's (comm.h's
+ * on the data-parallel communicator's thread, and taken (a later backward
+ * unit found it done, or its GW or finalize waited for it); cpu_s and runq_s are that thread's (comm.h's
  * mega_req_times; -1 unknown). */
 typedef struct mega_grads_timing {
   double launched, started, done, waited;

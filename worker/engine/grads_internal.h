@@ -30,10 +30,11 @@ typedef struct range_set {
   bool *skip;
   mega_grads_piece *piece;
   /* The norm's share of each range (own only, read back from
-   * norm_slots), taken once its bucket is reduced (in the wait, while
-   * later buckets still run) rather than all at the end; late ranges (the
-   * sequence-parallel layernorms, which change after the data-parallel
-   * sum, and the tied embedding) are mega_grads_sumsq's to take. */
+   * norm_slots), taken once its bucket is reduced (by a backward unit
+   * that finds it done, or the wait, while later buckets still run)
+   * rather than all at the end; late ranges (the sequence-parallel
+   * layernorms, which change after the data-parallel sum, and the tied
+   * embedding) are mega_grads_sumsq's to take. */
   int *bucket;
   bool *late;
   double *sumsq;
