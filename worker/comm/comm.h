@@ -243,8 +243,9 @@ typedef enum mega_dtype {
 } mega_dtype;
 
 /* Sums count floats of buf over all ranks, in place: a ring on Gloo's P2P
- * (a reduce-scatter, then an all-gather, in segments of at most 1M floats,
- * two in flight), the algorithm of Gloo's own all-reduce. */
+ * (a reduce-scatter, then an all-gather), Gloo's own algorithm (segments of
+ * at most 1M floats, two in flight) but for small buffers (16K floats a
+ * rank or fewer), which go in one segment a rank's chunk. */
 mega_status mega_comm_all_reduce(mega_comm *comm, float *buf, size_t count,
                                  int timeout_ms, mega_err *err);
 mega_status mega_comm_iall_reduce(mega_comm *comm, float *buf, size_t count,
