@@ -504,7 +504,33 @@ def dataparallel(megaw, tmp, full):
             print("FAIL %s" % e, flush=True)
     print("%d of %d data-parallel layouts match the single rank (%.0f s)" %
           (len(combos) - failed, len(combos), time.time() - t0))
-    return zeroed_while_waiting(megaw, base, tmp) and failed == 0
+    zeroed = zeroed_while_waiting(megaw, base, tmp)
+    return taken_during_backward(megaw, base, tmp) and zeroed and failed == 0
+
+
+def taken_during_backward(megaw, base, tmp):
+    """A bucket whose reduction is over is taken (1/DP, the norm's share) by
+    the next unit of backward, not by the wait after the schedule: at DP=2
+    with a 400 ms simulated backward, the first buckets are taken long
+    before the rank's compute ends."""
+    args = base + DP_MODES["overlap"] + ["--simulate-compute", "20:400"]
+    res = launch(megaw, 2, args, tmp)
+    ok = True
+    for rc, lines, err in res:
+        if rc != 0:
+            print("FAIL taken during backward: a rank exited %d: %s" % (rc, err.strip()[-400:]))
+            return False
+        for l in lines:
+            dp = [x for x in l.get("grad_reductions", []) if x["bucket"] >= 0]
+            early = [x for x in dp if x["waited_s"] < l["work_end_s"] - 0.05]
+            if not early:
+                print("FAIL taken during backward: dp %d iteration %d took all %d buckets after "
+                      "its compute ended (%s)" % (l["dp_rank"], l["iteration"], len(dp),
+                      ", ".join("%.3f" % x["waited_s"] for x in dp)))
+                ok = False
+    if ok:
+        print("ok   reductions that were over were taken while backward ran")
+    return ok
 
 
 def zeroed_while_waiting(megaw, base, tmp):

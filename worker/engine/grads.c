@@ -229,7 +229,9 @@ mega_status mega_grads_create(mega_backend *be, mega_gpt_stage *const *stages, i
     g->preq = calloc((size_t)n + 1, sizeof *g->preq);
     g->timing = calloc((size_t)n + 1, sizeof *g->timing);
     g->normed = calloc((size_t)n + 1, sizeof *g->normed);
-    if (!g->ready || !g->launched || !g->req || !g->preq || !g->timing || !g->normed)
+    g->order = calloc((size_t)n + 1, sizeof *g->order);
+    if (!g->ready || !g->launched || !g->req || !g->preq || !g->timing || !g->normed ||
+        !g->order)
       st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory for %d buckets", n);
   }
   if (st == MEGA_OK) st = build_ranges(g, opts->dp_rank, &g->own, err);
@@ -276,6 +278,7 @@ void mega_grads_destroy(mega_grads *g) {
   free(g->preq);
   free(g->timing);
   free(g->normed);
+  free(g->order);
   if (g->norm_slots) g->be->ops->free(g->be, g->norm_slots);
   free(g->norm_post);
   range_set_free(&g->own);
@@ -315,6 +318,7 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err) {
   memset(g->launched, 0, (size_t)g->nbuckets * sizeof *g->launched);
   memset(g->timing, 0, (size_t)g->nbuckets * sizeof *g->timing);
   memset(g->normed, 0, (size_t)g->nbuckets * sizeof *g->normed);
+  g->norder = g->taken = 0;
   g->failed = MEGA_OK;
   return mega_grads__tied_start(g, err);
 }
@@ -357,6 +361,7 @@ static mega_status launch(mega_grads *g, int b, mega_err *err) {
     st = mega_comm_iall_reduce(g->comm, data, k->numel, 0, &g->req[b], err);
   }
   if (st != MEGA_OK) mega_err_prefix(err, "launching gradient bucket %d", b);
+  else g->order[g->norder++] = b;
   return st;
 }
 
@@ -454,11 +459,14 @@ static void take(mega_grads *g, int b, mega_status st) {
  * cpu backend) ran beside the last reductions and slowed them. The tied
  * embedding's bucket is left to the wait, which orders its exchange. */
 static void take_finished(mega_grads *g) {
-  for (int b = 0; b < g->nbuckets && g->failed == MEGA_OK; b++) {
+  while (g->taken < g->norder && !g->req[g->order[g->taken]]) g->taken++;
+  for (int i = g->taken; i < g->norder && g->failed == MEGA_OK; i++) {
+    int b = g->order[i];
     if (!g->req[b] || (g->tied.comm && b == g->tied.bucket)) continue;
     bool done = false;
     mega_err e = {0};
-    if (mega_req_test(g->req[b], &done, &e) != MEGA_OK || !done) continue; /* the wait reports it */
+    /* the rest finish after this one; a failure is the wait's to report */
+    if (mega_req_test(g->req[b], &done, &e) != MEGA_OK || !done) break;
     take(g, b, MEGA_OK);
     if (g->failed == MEGA_OK) g->failed = norm_bucket(g, b, &g->fail_err);
   }

@@ -87,6 +87,10 @@ struct mega_grads {
   int gathers_pending;
   bool gather_failed;
   bool *normed; /* per bucket: own's squares taken this iteration */
+  /* the reductions launched this iteration, in launch order (one
+   * communicator runs them in it); before order[taken] all are taken */
+  int *order;
+  int norder, taken;
   /* own's squares are posted into norm_slots (backend memory, one per
    * range; norm_post the list being posted) and read back with one copy
    * in mega_grads_sumsq: a wait per range would stall the device's queue */
