@@ -6,6 +6,10 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include "tests/comm/mp.h"
 
@@ -212,6 +216,51 @@ static int body_ring4(int rank, const mp_env *env) {
   return 0;
 }
 
+/* The kernel's cap on a receive buffer a process may ask for. */
+static long rmem_max(void) {
+  FILE *f = fopen("/proc/sys/net/core/rmem_max", "r");
+  long v = -1;
+  if (f && fscanf(f, "%ld", &v) != 1) v = -1;
+  if (f) fclose(f);
+  return v;
+}
+
+/* Every connection of the mesh has a receive buffer of 16 segments or
+ * the most the kernel allows: with loopback's 64 KiB segments the default
+ * 128 KiB left messages of that size waiting 40 ms for a delayed ACK. The
+ * child has no sockets but the communicator's. */
+static int body_windows(int rank, const mp_env *env) {
+  mega_comm *c = open_comm(env, "win", rank, env->nranks, false);
+  MP_CHECK(c, "no communicator");
+  DIR *d = opendir("/proc/self/fd");
+  MP_CHECK(d, "no /proc/self/fd");
+  int seen = 0, bad = 0;
+  long cap = rmem_max();
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    int fd = atoi(e->d_name);
+    struct sockaddr_storage peer;
+    socklen_t pl = sizeof peer;
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d)) continue;
+    if (getpeername(fd, (struct sockaddr *)&peer, &pl) != 0) continue;
+    int mss = 0, buf = 0;
+    socklen_t l = sizeof mss, bl = sizeof buf;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &l) != 0) continue;
+    MP_CHECK(getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, &bl) == 0, "SO_RCVBUF");
+    long want = 16L * mss;
+    if (cap > 0 && want > cap) want = cap;
+    if (buf < want) {
+      fprintf(stderr, "rank %d: fd %d: receive buffer %d, segment %d\n", rank, fd, buf, mss);
+      bad++;
+    }
+    seen++;
+  }
+  closedir(d);
+  MP_CHECK(seen == env->nranks - 1, "%d connections, not %d", seen, env->nranks - 1);
+  MP_CHECK(bad == 0, "%d of %d connections keep a narrow receive window", bad, seen);
+  mega_comm_destroy(c);
+  return 0;
+}
+
 static void test_sizes(void **state) {
   (void)state;
   assert_int_equal(mp_run(2, body_sizes, NULL, 15000, 0), 0);
@@ -232,12 +281,18 @@ static void test_ring4(void **state) {
   assert_int_equal(mp_run(4, body_ring4, NULL, 15000, 0), 0);
 }
 
+static void test_receive_windows(void **state) {
+  (void)state;
+  assert_int_equal(mp_run(3, body_windows, NULL, 15000, 0), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_outstanding_kv_store),
       cmocka_unit_test(test_poll_before_send),
       cmocka_unit_test(test_ring4),
+      cmocka_unit_test(test_receive_windows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

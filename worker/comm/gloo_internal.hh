@@ -209,6 +209,13 @@ void reduce_scatter_ring(State &s, Job &j);
 // A helper thread of the P2P wait pool.
 void pool_thread(std::shared_ptr<State> s);
 
+// Each pair's socket gets a receive buffer of at least this many of its
+// segments (gloo_sock.cc: on loopback the defaults stall 40 ms).
+constexpr int kWindowSegments = 16;
+// Raises the receive buffer of tc's pair sockets to kWindowSegments of
+// their segment size where it is less; returns how many it raised.
+int widen_receive_windows(gloo::transport::Context &tc, int rank, int size);
+
 uint64_t p2p_slot(uint32_t tag);
 uint64_t ring_slot(uint32_t tag);
 

@@ -158,6 +158,7 @@ void MeshContext::connect(GroupStore &store, std::shared_ptr<gloo::transport::De
       pair->setLocalRank(local);
       pair->connect(get_record(records_[j], j).bytes());
     }
+    widen_receive_windows(*tc, rank, size);
   }
   device_ = dev;
   transportContext_ = std::move(tc);
