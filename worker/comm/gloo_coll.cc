@@ -47,6 +47,10 @@ void all_gather(State &s, Job &j) {
     if (!in_place) memmove(out, in, total * sizeof(T));
     return;
   }
+  if (s.size > 2 && total * sizeof(T) <= kDirectGatherBytes) {
+    all_gather_direct(s, j, sizeof(T));
+    return;
+  }
   gloo::AllgathervOptions o(s.ctx);
   CollBufs listed(s);
   if (!in_place) o.setInput<T>(listed.make(const_cast<T *>(in), j.counts[s.rank] * sizeof(T)));

@@ -206,6 +206,11 @@ void run_job(State &s, Job &job);
 // The rings on Gloo's P2P (gloo_ring.cc); j.out in place for the all-reduce.
 void all_reduce_ring(State &s, Job &j);
 void reduce_scatter_ring(State &s, Job &j);
+// An all-gather of elem-byte elements in one round (gloo_ring.cc).
+void all_gather_direct(State &s, Job &j, size_t elem);
+// Up to this many bytes in all, an all-gather of 3 ranks or more goes in
+// one round (all_gather_direct) instead of Gloo's ring of n-1.
+constexpr size_t kDirectGatherBytes = 64 * 1024;
 // A helper thread of the P2P wait pool.
 void pool_thread(std::shared_ptr<State> s);
 

@@ -1,6 +1,7 @@
-// Rings on Gloo's P2P, over buffers the communicator lists (CollBufs), so
-// that break_comm can wake every wait: the all-reduce (Gloo's own keeps a
-// scratch buffer out of reach) and the reduce-scatter (Gloo has none).
+// Collectives of ours on Gloo's P2P, over buffers the communicator lists
+// (CollBufs), so that break_comm can wake every wait: the all-reduce and
+// reduce-scatter rings (Gloo's all-reduce keeps a scratch buffer out of
+// reach; Gloo has no reduce-scatter), and the small all-gather in one round.
 #include <cstring>
 
 #include <gloo/common/error.h>
@@ -164,6 +165,38 @@ void reduce_scatter_ring(State &s, Job &j) {
     for (size_t i = 0; i < j.counts[ri]; i++) dst[i] = acc[i] + mine[i];
     wait_send(sbuf, deadline, "reduce_scatter");
   }
+}
+
+// Every rank sends its part to each other rank and receives theirs, all at
+// once: one round where Gloo's ring takes n-1, each waiting for the next
+// rank's threads to wake (pipeline_stats' 16 bytes over PP=4 took 7.6 ms a
+// call at an iteration's end on 2 busy cores, 3.4 of them waiting for one).
+void all_gather_direct(State &s, Job &j, size_t elem) {
+  const int n = s.size;
+  std::vector<size_t> off(n + 1, 0);
+  for (int i = 0; i < n; i++) off[i + 1] = off[i] + j.counts[i] * elem;
+  uint8_t *out = static_cast<uint8_t *>(j.out);
+  const uint8_t *in = static_cast<const uint8_t *>(j.in);
+  size_t mine = off[s.rank + 1] - off[s.rank];
+  if (mine && in != out + off[s.rank]) memmove(out + off[s.rank], in, mine);
+  const auto deadline = steady::now() + j.timeout;
+  const uint64_t slot = ring_slot(j.tag);
+  CollBufs listed(s);
+  auto whole = listed.make(out, off[n]);
+  int sends = 0, recvs = 0;
+  for (int k = 1; k < n; k++) {
+    int from = (s.rank + n - k) % n, to = (s.rank + k) % n;
+    if (off[from + 1] > off[from]) {
+      whole->recv(from, slot, off[from], off[from + 1] - off[from]);
+      recvs++;
+    }
+    if (mine) {
+      whole->send(to, slot, off[s.rank], mine);
+      sends++;
+    }
+  }
+  while (recvs-- > 0) wait_recv(whole.get(), deadline, "all_gather");
+  while (sends-- > 0) wait_send(whole.get(), deadline, "all_gather");
 }
 
 }  // namespace mega_gloo
