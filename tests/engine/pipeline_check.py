@@ -512,8 +512,10 @@ def taken_during_backward(megaw, base, tmp):
     """A bucket whose reduction is over is taken (1/DP, the norm's share) by
     the next unit of backward, not by the wait after the schedule: at DP=2
     with a 400 ms simulated backward, the first buckets are taken long
-    before the rank's compute ends."""
-    args = base + DP_MODES["overlap"] + ["--simulate-compute", "20:400"]
+    before the rank's compute ends. And a simulated backward writes no
+    gradient: zeroed once, they stay zero (the norm is 0), and iteration 2
+    zeroes nothing (no compute competing for the cores)."""
+    args = base + DP_MODES["overlap"] + ["--simulate-compute", "20:400", "--trace-iteration", "2"]
     res = launch(megaw, 2, args, tmp)
     ok = True
     for rc, lines, err in res:
@@ -521,6 +523,11 @@ def taken_during_backward(megaw, base, tmp):
             print("FAIL taken during backward: a rank exited %d: %s" % (rc, err.strip()[-400:]))
             return False
         for l in lines:
+            zero = [x for x in l.get("spans", []) if x["name"] == "zero-grads"]
+            if l["grad_norm"] != 0 or zero:
+                print("FAIL simulated gradients: dp %d iteration %d: norm %g, %d zeroing spans" %
+                      (l["dp_rank"], l["iteration"], l["grad_norm"], len(zero)))
+                ok = False
             dp = [x for x in l.get("grad_reductions", []) if x["bucket"] >= 0]
             early = [x for x in dp if x["waited_s"] < l["work_end_s"] - 0.05]
             if not early:

@@ -33,6 +33,7 @@ struct mega_engine {
   /* per iteration */
   mega_engine_result *res;
   bool zero_left; /* the gradients are not all zero yet (mega_grads_zero) */
+  bool zeroed;    /* they were zeroed once (--simulate-compute zeroes no more) */
   int inflight;
   mega_rank_span *spans;
   size_t cap, *nspans;
@@ -244,6 +245,7 @@ static void account_wait(mega_engine *e, const mega_p2p_msg *m, uint8_t phase, d
 
 static void zero_done(mega_engine *e, double t0) {
   double t1 = wall_s();
+  if (!e->zero_left) e->zeroed = true;
   e->res->compute_s += t1 - t0;
   add_span(e, "zero-grads", "compute", t0, t1);
 }
@@ -645,6 +647,13 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
   e->inflight = 0;
   e->npending = 0;
   e->zero_left = e->cfg.grads && !e->cfg.forward_only;
+  /* A simulated backward writes no gradient, so once zeroed they stay zero
+   * (every reduction sums zeros); zeroing them again would be compute
+   * competing for the cores, which --simulate-compute leaves out. */
+  if (e->zero_left && e->cfg.simulate && e->zeroed) {
+    mega_grads_still_zero(e->cfg.grads);
+    e->zero_left = false;
+  }
   /* Variable-length receives land in this engine's slots (a rank may hold
    * a training and an evaluation engine over one P2P). */
   if (e->cfg.p2p) mega_p2p_set_alloc(e->cfg.p2p, mega_engine_alloc_recv, e);

@@ -339,6 +339,11 @@ bool mega_grads_zero(mega_grads *g, size_t max_floats) {
   return g->zero_chunk == g->vp;
 }
 
+void mega_grads_still_zero(mega_grads *g) {
+  g->zero_chunk = g->vp;
+  g->zero_at = 0;
+}
+
 void mega_grads_enable(mega_grads *g, int c, bool on) { g->chunks[c].enabled = on; }
 
 static mega_status launch(mega_grads *g, int b, mega_err *err) {

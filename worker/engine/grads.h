@@ -161,6 +161,9 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err);
  * at the iteration's start it delayed the pipeline by as much, by a
  * different amount on each data-parallel replica. */
 bool mega_grads_zero(mega_grads *g, size_t max_floats);
+/* Counts the gradients as zeroed without writing them; they must be zero
+ * already (--simulate-compute, whose backward writes none). */
+void mega_grads_still_zero(mega_grads *g);
 
 /* Readiness-driven launches for chunk c on or off (the chunk's last
  * backward; everything else runs under no_sync). */
