@@ -225,7 +225,7 @@ static long rmem_max(void) {
   return v;
 }
 
-/* Every connection of the mesh has a receive buffer of 16 segments or
+/* Every connection of the mesh has a receive buffer of 128 segments or
  * the most the kernel allows: with loopback's 64 KiB segments the default
  * 128 KiB left messages of that size waiting 40 ms for a delayed ACK. The
  * child has no sockets but the communicator's. */
@@ -246,7 +246,7 @@ static int body_windows(int rank, const mp_env *env) {
     socklen_t l = sizeof mss, bl = sizeof buf;
     if (getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &l) != 0) continue;
     MP_CHECK(getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, &bl) == 0, "SO_RCVBUF");
-    long want = 16L * mss;
+    long want = 128L * mss;
     if (cap > 0 && want > cap) want = cap;
     if (buf < want) {
       fprintf(stderr, "rank %d: fd %d: receive buffer %d, segment %d\n", rank, fd, buf, mss);

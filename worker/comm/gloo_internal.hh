@@ -214,11 +214,12 @@ constexpr size_t kDirectGatherBytes = 64 * 1024;
 // A helper thread of the P2P wait pool.
 void pool_thread(std::shared_ptr<State> s);
 
-// Each pair's socket gets a receive buffer of at least this many of its
-// segments (gloo_sock.cc: on loopback the defaults stall 40 ms).
-constexpr int kWindowSegments = 16;
-// Raises the receive buffer of tc's pair sockets to kWindowSegments of
-// their segment size where it is less; returns how many it raised.
+// A pair's socket whose receive buffer holds fewer than kNarrowSegments of
+// its segments gets kWindowSegments of them (gloo_sock.cc: on loopback the
+// defaults stall 40 ms).
+constexpr int kNarrowSegments = 8;
+constexpr int kWindowSegments = 128;
+// Widens the receive buffer of tc's narrow pair sockets; returns how many.
 int widen_receive_windows(gloo::transport::Context &tc, int rank, int size);
 
 uint64_t p2p_slot(uint32_t tag);
