@@ -647,9 +647,8 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
   e->inflight = 0;
   e->npending = 0;
   e->zero_left = e->cfg.grads && !e->cfg.forward_only;
-  /* A simulated backward writes no gradient, so once zeroed they stay zero
-   * (every reduction sums zeros); zeroing them again would be compute
-   * competing for the cores, which --simulate-compute leaves out. */
+  /* A simulated backward writes no gradient: once zeroed they stay zero, and
+   * zeroing again is compute on the cores, which --simulate-compute leaves out. */
   if (e->zero_left && e->cfg.simulate && e->zeroed) {
     mega_grads_still_zero(e->cfg.grads);
     e->zero_left = false;
