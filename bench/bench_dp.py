@@ -315,18 +315,28 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             stage0 = [x for lines in ranks for l in lines[-1:] if l["pp_rank"] == 0
                       for x in l.get("grad_reductions", []) if x["bucket"] >= 0]
             t_gs = alone * sum(x["floats"] for x in stage0) / DP
-            # its collectives per chunk, small ones too: each costs the latency
-            ncoll = len(stage0) / DP
-            nb = max(1, round(ncoll / vp))
+            # its collectives per chunk, small ones too (each costs the
+            # latency), at their sizes: those of the chunk it launches last,
+            # whose reductions end the pipeline
+            one = next(l for lines in ranks for l in lines[-1:] if l["pp_rank"] == 0)
+            mine = sorted((x for x in one.get("grad_reductions", []) if x["bucket"] >= 0),
+                          key=lambda x: x["launched_s"])
+            sizes = [x["floats"] for x in mine[len(mine) - max(1, round(len(mine) / vp)):]]
             flags = ["--pipeline-model-parallel-size", str(P), "--num-microbatches", str(M),
                      "--t-forward", str(f), "--t-backward", str(b),
-                     "--t-grad-sync", "%.3f" % (1e3 * t_gs), "--grad-buckets", str(nb),
+                     "--t-grad-sync", "%.3f" % (1e3 * t_gs),
+                     "--grad-bucket-sizes", ",".join(str(n) for n in sizes),
                      "--grad-sync-latency", "%.3f" % (1e3 * latency)]
             if vp > 1:
                 flags += ["--virtual-pipeline-model-parallel-size", str(vp)]
             if lanes >= 1:
                 flags += ["--grad-sync-lanes", "%.3f" % lanes]
             sim = plan(megactl, flags + plan_flags)["grad_sync_exposed"] / 1e3
+            # the model before it knew bucket sizes: equal ones, as many
+            k = flags.index("--grad-bucket-sizes")
+            equal = flags[:k] + ["--grad-buckets", str(len(sizes))] + flags[k + 2:]
+            res["sim_equal"] = plan(megactl, equal + plan_flags)["grad_sync_exposed"] / 1e3
+            res["sizes"] = sizes
             res["sim"] = sim
             res["t_gs"] = t_gs
             res["hidden"] = 1 - res["exposed"] / base[vp] if base[vp] > 0 else float("nan")
@@ -334,14 +344,17 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             got[name].append(res)
     for k, note in enumerate(notes):
         print("core/sim, round %d: %s" % (k + 1, note))
-    print("%-36s %8s %7s %7s %8s %6s  %-24s" % ("configuration", "exposed", "hidden",
-                                                 "h/rank", "sim", "x sim", "per PP rank (ms)"))
+    print("%-36s %8s %7s %7s %8s %6s %6s  %-24s" % ("configuration", "exposed", "hidden",
+                                                     "h/rank", "sim", "x sim", "x eq",
+                                                     "per PP rank (ms)"))
     for name, _, _, _ in rows:
         g = got[name]
-        print("%-36s %5.1f ms %6.1f%% %6.1f%% %5.1f ms %5.2fx  %s" %
+        print("%-36s %5.1f ms %6.1f%% %6.1f%% %5.1f ms %5.2fx %5.2fx  %s" %
               (name, 1e3 * med([x["exposed"] for x in g]), 100 * med([x["hidden"] for x in g]),
                100 * med([x["hidden_rank"] for x in g]),
                1e3 * med([x["sim"] for x in g]), med([x["ratio"] for x in g]),
+               med([x["exposed"] / x["sim_equal"] if x["sim_equal"] > 0 else float("nan")
+                    for x in g]),
                " ".join("%.1f" % (1e3 * med([x["pp"][r] for x in g])) for r in range(P))))
     print("(medians over rounds. exposed: mean over ranks and iterations; hidden: of that mean,"
           "\n against the same schedule with the sync after it, in the same round; h/rank: the "
@@ -349,8 +362,12 @@ def bubble_section(megaw, megactl, tmp, P, layers):
           "the sync after\n the schedule (from its schedule's end), where a later stage already "
           "hides in the drain;\n sim: megactl plan's mean exposed grad sync, T_grad_sync %.1f ms:"
           " PP rank 0's floats at\n the rate of one all-reduce alone, with that round's "
-          "figures; x sim: exposed / sim)" %
+          "figures, in the buckets of\n the chunk it launches last, at their sizes; x sim: "
+          "exposed / sim; x eq: exposed / the\n same model with equal buckets)" %
           (1e3 * med([x["t_gs"] for x in got[rows[0][0]]])))
+    for name, _, _, _ in rows:
+        sizes = got[name][-1]["sizes"]
+        print(" %s: buckets of %s floats" % (name, ", ".join("%.2fM" % (n / 1e6) for n in sizes)))
     print()
     print("%-36s %7s %6s %6s %6s %6s %9s %14s" % ("where the exposed ms went (mean/rank)",
                                                   "exposed", "skew", "embd", "runq", "rest",

@@ -34,6 +34,7 @@
 #define EXIT_USAGE 2
 #define EXIT_FAIL 1
 #define TRACE_UNIT_US 1000.0 /* one cost-model time unit is drawn as 1 ms */
+#define MAX_BUCKET_SIZES 1024 /* --grad-bucket-sizes */
 
 typedef enum { FMT_TEXT, FMT_JSON, FMT_TRACE, FMT_SCHEDULE } out_format;
 
@@ -43,6 +44,8 @@ typedef struct plan_opts {
   double t_f, t_b, t_w, latency, t_grad_sync;
   bool t_w_given, t_grad_sync_given, overlap_grad, align_grad;
   int grad_buckets;
+  double bucket_sizes[MAX_BUCKET_SIZES]; /* --grad-bucket-sizes */
+  int nbucket_sizes;
   double lanes; /* --grad-sync-lanes; 0: not given */
   double gs_latency; /* --grad-sync-latency */
   out_format format;
@@ -53,7 +56,7 @@ typedef struct plan_opts {
 } plan_opts;
 
 enum { O_M, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP, O_TGS, O_BUCKETS,
-       O_LANES, O_GSLAT, O_NNODES, O_NPROC };
+       O_LANES, O_GSLAT, O_NNODES, O_NPROC, O_BSIZES };
 
 static const struct {
   const char *name;
@@ -75,6 +78,7 @@ static const struct {
     [O_GSLAT] = {"grad-sync-latency", true},
     [O_NNODES] = {"nnodes", true},
     [O_NPROC] = {"nproc-per-node", true},
+    [O_BSIZES] = {"grad-bucket-sizes", true},
 };
 #define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
 
@@ -88,7 +92,7 @@ static void usage(FILE *f) {
       "                    [--p2p-latency L] [--format text|json|trace|schedule]\n"
       "                    [--overlap-grad-reduce] [--align-grad-reduce]\n"
       "                    [--t-grad-sync G] [--grad-buckets N] [--grad-sync-lanes L]\n"
-      "                    [--grad-sync-latency A]\n"
+      "                    [--grad-sync-latency A] [--grad-bucket-sizes S,S,...]\n"
       "                    [--schedule-file FILE] [--output FILE]\n"
       "                    [--nnodes N --nproc-per-node K] [any job flags]\n"
       "\n"
@@ -109,6 +113,10 @@ static void usage(FILE *f) {
       "                   offset by pipeline rank (seed 003)\n"
       "  --grad-buckets   buckets per chunk (1): with overlap they launch through the\n"
       "                   chunk's last backward\n"
+      "  --grad-bucket-sizes  their sizes in launch order, in any unit (the floats of\n"
+      "                   the engine's buckets): each costs its share of the chunk's\n"
+      "                   reduction and is ready as far through the backward as the\n"
+      "                   buckets up to it are through the chunk (default: equal)\n"
       "  --grad-sync-lanes  the stages' reductions share their links: at most L (1 or\n"
       "                   more) run at full speed at once, k > L each at L/k (ranks on\n"
       "                   one machine: bench_comm lanes measures L); default: each\n"
@@ -168,6 +176,34 @@ static bool parse_time(const char *flag, const char *v, double *out, mega_err *e
   return true;
 }
 
+/* --grad-bucket-sizes: numbers of 0 or more, comma-separated, not all 0. */
+static bool parse_sizes(const char *flag, const char *v, plan_opts *o, mega_err *err) {
+  double total = 0;
+  o->nbucket_sizes = 0;
+  for (const char *p = v;;) {
+    char *end;
+    errno = 0;
+    double x = strtod(p, &end);
+    if (end == p || (*end && *end != ',') || errno || !isfinite(x) || x < 0) {
+      mega_fail(err, MEGA_ERR_INVALID,
+                "--%s: '%s' is not a list of sizes (numbers, 0 or more, comma-separated)", flag,
+                v);
+      return false;
+    }
+    if (o->nbucket_sizes == MAX_BUCKET_SIZES) {
+      mega_fail(err, MEGA_ERR_INVALID, "--%s: more than %d buckets", flag, MAX_BUCKET_SIZES);
+      return false;
+    }
+    o->bucket_sizes[o->nbucket_sizes++] = x;
+    total += x;
+    if (!*end) break;
+    p = end + 1;
+  }
+  if (total > 0) return true;
+  mega_fail(err, MEGA_ERR_INVALID, "--%s: '%s' adds up to nothing", flag, v);
+  return false;
+}
+
 static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   const char *name = flags[id].name;
   switch (id) {
@@ -184,6 +220,7 @@ static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   case O_HELP: o->help = true; return true;
   case O_TGS: o->t_grad_sync_given = true; return parse_time(name, v, &o->t_grad_sync, err);
   case O_BUCKETS: return parse_int(name, v, &o->grad_buckets, err);
+  case O_BSIZES: return parse_sizes(name, v, o, err);
   case O_GSLAT: return parse_time(name, v, &o->gs_latency, err);
   case O_LANES:
     if (!parse_time(name, v, &o->lanes, err)) return false;
@@ -441,6 +478,12 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
   json_object_set_new(cost, "p2p_latency", json_real(c->p2p_latency));
   json_object_set_new(cost, "grad_sync", json_real(c->grad_sync));
   json_object_set_new(cost, "grad_buckets", json_integer(c->grad_buckets));
+  if (c->grad_bucket_sizes) {
+    json_t *sizes = json_array();
+    for (int j = 0; j < c->grad_buckets; j++)
+      json_array_append_new(sizes, json_real(c->grad_bucket_sizes[j]));
+    json_object_set_new(cost, "grad_bucket_sizes", sizes);
+  }
   json_object_set_new(cost, "grad_sync_lanes", json_real(c->grad_sync_lanes));
   json_object_set_new(cost, "grad_sync_latency", json_real(c->grad_sync_latency));
   json_object_set_new(root, "cost", cost);
@@ -513,6 +556,16 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
   if (o->gs_latency > 0 && !has_actions(s, MEGA_ACT_GRAD_SYNC))
     return fail(EXIT_USAGE, "--grad-sync-latency costs the gradient reductions, and this "
                             "schedule has none: give --t-grad-sync or --overlap-grad-reduce");
+  if (o->nbucket_sizes) {
+    if (o->grad_buckets && o->grad_buckets != o->nbucket_sizes)
+      return fail(EXIT_USAGE, "--grad-buckets %d and the %d --grad-bucket-sizes disagree: "
+                              "give one of them", o->grad_buckets, o->nbucket_sizes);
+    if (!has_actions(s, MEGA_ACT_GRAD_SYNC))
+      return fail(EXIT_USAGE, "--grad-bucket-sizes divides the gradient reductions, and this "
+                              "schedule has none: give --t-grad-sync or --overlap-grad-reduce");
+    cost.grad_buckets = o->nbucket_sizes;
+    cost.grad_bucket_sizes = o->bucket_sizes;
+  }
   mega_sim sim = {0};
   mega_err err = {0};
   if (mega_sim_run(s, &cost, &sim, &err) != MEGA_OK)

@@ -56,7 +56,9 @@ typedef struct simulation {
   bool *blocked, *has_w;
   double *clock, *comm_free; /* comm_free: when its communicator is next idle */
   double *reduced; /* [rank][chunk]: when the chunk's last bucket is reduced */
+  double *share;   /* [nbk + 1]: the part of a chunk's floats in the buckets before j */
   double **rready; /* [rank][reduction]: when each bucket was ready, parallel to reduce */
+  double **rcost;  /* [rank][reduction]: what it costs alone */
   int **rchunk;    /* [rank][reduction]: its chunk */
 } simulation;
 
@@ -67,6 +69,17 @@ static mega_status check_input(const mega_schedule *s, const mega_cost *cost, me
     return mega_fail(err, MEGA_ERR_INVALID,
                      "grad_sync_lanes must be 0 (each rank's own links) or at least 1 (one "
                      "reduction alone runs at full speed), not %g", cost->grad_sync_lanes);
+  int nbk = cost->grad_buckets > 1 ? cost->grad_buckets : 1;
+  double total = 0;
+  for (int j = 0; cost->grad_bucket_sizes && j < nbk; j++) {
+    if (bad_cost(cost->grad_bucket_sizes[j]))
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "bucket %d's size must be finite and not negative, not %g", j,
+                       cost->grad_bucket_sizes[j]);
+    total += cost->grad_bucket_sizes[j];
+  }
+  if (cost->grad_bucket_sizes && !(total > 0))
+    return mega_fail(err, MEGA_ERR_INVALID, "the %d bucket sizes add up to nothing", nbk);
   if (bad_cost(cost->t_f) || bad_cost(cost->t_b) || bad_cost(cost->t_w) ||
       bad_cost(cost->p2p_latency) || bad_cost(cost->p2p_bandwidth) ||
       bad_cost(cost->activation_bytes) || bad_cost(cost->grad_sync) ||
@@ -94,22 +107,32 @@ static mega_status alloc_state(simulation *sim, mega_err *err) {
   sim->clock = calloc(pp, sizeof *sim->clock);
   sim->comm_free = calloc(pp, sizeof *sim->comm_free);
   sim->reduced = calloc(pp * (size_t)sim->s->vp, sizeof *sim->reduced);
+  sim->share = calloc((size_t)sim->nbk + 1, sizeof *sim->share);
   sim->rready = calloc(pp, sizeof *sim->rready);
+  sim->rcost = calloc(pp, sizeof *sim->rcost);
   sim->rchunk = calloc(pp, sizeof *sim->rchunk);
   if (!sim->out->ranks || !sim->off || !sim->posted || !sim->taken || !sim->pc || !sim->ready ||
       !sim->blocked || !sim->has_w || !sim->clock || !sim->comm_free || !sim->reduced ||
-      !sim->rready || !sim->rchunk)
+      !sim->share || !sim->rready || !sim->rcost || !sim->rchunk)
     return mega_fail(err, MEGA_ERR_NOMEM, "no memory to simulate pp=%d", sim->pp);
+  const double *size = sim->cost->grad_bucket_sizes;
+  for (int j = 0; j < sim->nbk; j++) sim->share[j + 1] = sim->share[j] + (size ? size[j] : 1);
+  double total = sim->share[sim->nbk];
+  for (int j = 1; j <= sim->nbk; j++) sim->share[j] /= total;
+  sim->share[sim->nbk] = 1; /* the last bucket is ready when the backward ends */
   return MEGA_OK;
 }
 
 static void free_state(simulation *sim) {
   for (int r = 0; r < sim->pp; r++) {
     if (sim->rready) free(sim->rready[r]);
+    if (sim->rcost) free(sim->rcost[r]);
     if (sim->rchunk) free(sim->rchunk[r]);
   }
   free(sim->rready);
+  free(sim->rcost);
   free(sim->rchunk);
+  free(sim->share);
   free(sim->off);
   free(sim->posted);
   free(sim->taken);
@@ -136,8 +159,9 @@ static mega_status alloc_rank(simulation *sim, int r, mega_err *err) {
   size_t n = (size_t)syncs * (size_t)sim->nbk;
   o->reduce = malloc(n * sizeof(mega_span));
   sim->rready[r] = malloc(n * sizeof(double));
+  sim->rcost[r] = malloc(n * sizeof(double));
   sim->rchunk[r] = malloc(n * sizeof(int));
-  if (!o->reduce || !sim->rready[r] || !sim->rchunk[r])
+  if (!o->reduce || !sim->rready[r] || !sim->rcost[r] || !sim->rchunk[r])
     return mega_fail(err, MEGA_ERR_NOMEM, "no memory for rank %d's reductions", r);
   return MEGA_OK;
 }
@@ -178,15 +202,16 @@ static mega_status prepare_ranks(simulation *sim, mega_err *err) {
   return MEGA_OK;
 }
 
-/* One bucket's reduction: its share of the bytes and a collective's latency. */
-static double bucket_cost(const simulation *sim) {
-  return sim->cost->grad_sync / sim->vp / sim->nbk + sim->cost->grad_sync_latency;
+/* Bucket j's reduction: its share of the bytes and a collective's latency. */
+static double bucket_cost(const simulation *sim, int j) {
+  double part = sim->share[j + 1] - sim->share[j];
+  return sim->cost->grad_sync / sim->vp * part + sim->cost->grad_sync_latency;
 }
 
 /* GS at time t: the chunk's buckets reduce one at a time on the rank's
  * communicator. They are ready during the chunk's last backward when the
- * GS follows it at once (the engine launches them as layers finish), else
- * at the GS. */
+ * GS follows it at once (the engine launches each as the layers whose
+ * floats it holds finish), else at the GS. */
 static void launch_reduction(simulation *sim, int r, int i, double t) {
   const mega_sched_rank *q = &sim->s->ranks[r];
   mega_sim_rank *o = &sim->out->ranks[r];
@@ -194,12 +219,13 @@ static void launch_reduction(simulation *sim, int r, int i, double t) {
   mega_act_kind wk = sim->has_w[r] ? MEGA_ACT_W : MEGA_ACT_B;
   bool during = i > 0 && q->acts[i - 1].kind == wk && q->acts[i - 1].chunk == a.chunk;
   mega_span prev = during ? o->spans[i - 1] : (mega_span){t, t};
-  double each = bucket_cost(sim), *comm_free = &sim->comm_free[r];
+  double *comm_free = &sim->comm_free[r];
   for (int j = 0; j < sim->nbk; j++) {
-    double rdy = prev.start + (prev.end - prev.start) * (j + 1) / sim->nbk;
+    double rdy = prev.start + (prev.end - prev.start) * sim->share[j + 1];
     double start = rdy > *comm_free ? rdy : *comm_free;
-    *comm_free = start + each;
+    *comm_free = start + bucket_cost(sim, j);
     sim->rready[r][o->nreduce] = rdy;
+    sim->rcost[r][o->nreduce] = bucket_cost(sim, j);
     sim->rchunk[r][o->nreduce] = a.chunk;
     o->reduce[o->nreduce++] = (mega_span){start, *comm_free};
   }
@@ -371,7 +397,6 @@ static mega_status check_waits_last(const mega_schedule *s, mega_err *err) {
 static void share_reductions(simulation *sim) {
   int pp = sim->pp;
   double lanes = sim->cost->grad_sync_lanes;
-  double each = bucket_cost(sim);
   int next[pp];    /* the rank's next bucket */
   double left[pp]; /* work left of its running bucket; < 0: none runs */
   for (int r = 0; r < pp; r++) {
@@ -385,7 +410,7 @@ static void share_reductions(simulation *sim) {
     for (int r = 0; r < pp; r++) {
       mega_sim_rank *o = &sim->out->ranks[r];
       if (left[r] < 0 && next[r] < o->nreduce && sim->rready[r][next[r]] <= now) {
-        left[r] = each;
+        left[r] = sim->rcost[r][next[r]];
         o->reduce[next[r]].start = now;
       }
       if (left[r] >= 0) running++;
@@ -400,7 +425,7 @@ static void share_reductions(simulation *sim) {
     for (int r = 0; r < pp; r++) {
       if (left[r] < 0) continue;
       left[r] -= step * rate;
-      if (left[r] > each * 1e-9) continue;
+      if (left[r] > sim->rcost[r][next[r]] * 1e-9) continue;
       mega_sim_rank *o = &sim->out->ranks[r];
       o->reduce[next[r]].end = now;
       double *done = &sim->reduced[(size_t)r * sim->s->vp + sim->rchunk[r][next[r]]];

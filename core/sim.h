@@ -14,9 +14,11 @@
  * Gradient sync (GS, GW): each rank has one data-parallel communicator
  * whose collectives run one at a time in launch order. A chunk's reduction
  * costs grad_sync / vp (grad_sync is the whole rank's), split into
- * grad_buckets equal buckets. When a GS follows its chunk's last backward
- * at once, bucket j is ready (j+1)/grad_buckets of the way through that
- * backward, as the engine launches buckets while layers finish; otherwise
+ * grad_buckets buckets: equal, or as grad_bucket_sizes gives them (the
+ * engine's are not: full buckets, then what is left of the chunk). When a
+ * GS follows its chunk's last backward at once, a bucket is ready as far
+ * through that backward as the buckets up to it are through the chunk's
+ * floats, as the engine launches buckets while layers finish; otherwise
  * every bucket is ready at the GS. A GW waits until the chunk's last bucket
  * is done. A rank's exposed grad sync is how long its reductions outlast
  * the pipeline: max(0, its end - the latest end of any rank's other
@@ -58,6 +60,8 @@ typedef struct mega_cost {
   double activation_bytes; /* bytes of one activation or gradient message */
   double grad_sync;        /* one rank's data-parallel gradient reduction, all chunks */
   int grad_buckets;        /* buckets per chunk (< 1: 1) */
+  const double *grad_bucket_sizes; /* [grad_buckets] relative sizes in launch order, every
+                                      chunk alike; NULL: equal */
   double grad_sync_lanes;  /* reductions at full speed at once across ranks (>= 1); 0: each its own */
   double grad_sync_latency; /* per collective, on top of its share of grad_sync */
 } mega_cost;

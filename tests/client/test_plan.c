@@ -379,6 +379,41 @@ static void grad_sync(void **state) {
                    1.25) < 1e-9);
   json_decref(j);
   result_free(&r);
+  /* the engine's bucket sizes: 3:1 exposes rank 0's last quarter after
+   * what is left of its first (0.75; core/sim's test has the cases) */
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+           "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-bucket-sizes", "3000,1000",
+           "--format", "json", NULL);
+  ok_json(&r, &j);
+  json_t *cost = json_object_get(j, "cost");
+  assert_int_equal(json_integer_value(json_object_get(cost, "grad_buckets")), 2);
+  assert_true(fabs(json_real_value(json_array_get(json_object_get(cost, "grad_bucket_sizes"),
+                                                  1)) - 1000) < 1e-9);
+  assert_true(fabs(num(json_array_get(json_object_get(j, "ranks"), 0), "grad_sync_exposed") -
+                   0.75) < 1e-9);
+  json_decref(j);
+  result_free(&r);
+  const char *bad[][2] = {{"1,,2", "not a list of sizes"}, {"1,-2", "not a list of sizes"},
+                          {"0,0", "adds up to nothing"}};
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+             "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-bucket-sizes", bad[k][0],
+             NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, bad[k][1]));
+    result_free(&r);
+  }
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+           "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-bucket-sizes", "1,2",
+           "--grad-buckets", "3", NULL);
+  assert_int_equal(r.status, 2);
+  assert_non_null(strstr(r.err, "disagree"));
+  result_free(&r);
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+           "--grad-bucket-sizes", "1,2", NULL);
+  assert_int_equal(r.status, 2);
+  assert_non_null(strstr(r.err, "divides the gradient reductions"));
+  result_free(&r);
   /* with no reduction in the schedule it would cost nothing: refused */
   r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
            "--grad-sync-latency", "0.25", NULL);

@@ -398,6 +398,56 @@ static void grad_sync_latency(void **state) {
   mega_sched_free(&s);
 }
 
+/* Buckets of the sizes given: each costs its share and is ready when the
+ * backward is as far through as the buckets up to it are through the
+ * chunk. 1F1B PP=2 M=2, T_f = T_b = 1; each rank's GS follows its last B
+ * (rank 1's runs 4..5, rank 0's 5..6, when the pipeline drains). A
+ * reduction of 1 in sizes 3:1: rank 0's first is ready at 5.75 and done at
+ * 6.5, its second (ready at 6) at 6.75: 0.75 exposed where equal halves
+ * expose 0.5; 1:3 ends its first at 5.5, its second (0.75 from 6) at 6.75.
+ * A reduction of 2 in 3:1: rank 1 reduces 4.75..6.25..6.75, rank 0
+ * 5.75..7.25..7.75 on links of their own; on one lane both run at half
+ * speed from 5.75 until rank 1's first is done at 6.75, and again while its
+ * second runs, to 7.75; rank 0's first ends alone at 8.25, its second at
+ * 8.75. */
+static void grad_sync_bucket_sizes(void **state) {
+  (void)state;
+  mega_err err = {0};
+  const struct {
+    double a, b, grad_sync, lanes, exposed0, exposed1;
+  } cases[] = {{3, 1, 1, 0, 0.75, 0},   {1, 1, 1, 0, 0.5, 0},      {1, 3, 1, 0, 0.75, 0},
+               {3, 1, 2, 0, 1.75, 0.75}, {3, 1, 2, 1, 2.75, 1.75}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    mega_sched_params p = {MEGA_SCHED_1F1B, 2, 1, 2, 0, MEGA_GRAD_SYNC_LAST_BACKWARD};
+    mega_schedule s;
+    mega_sim sim;
+    assert_int_equal(mega_sched_generate(&p, &s, &err), MEGA_OK);
+    double sizes[2] = {cases[k].a, cases[k].b};
+    mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = cases[k].grad_sync, .grad_buckets = 2,
+                   .grad_bucket_sizes = sizes, .grad_sync_lanes = cases[k].lanes};
+    assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_OK);
+    near(sim.ranks[0].grad_sync_exposed, cases[k].exposed0, "exposed 0", 2, 1, 2);
+    near(sim.ranks[1].grad_sync_exposed, cases[k].exposed1, "exposed 1", 2, 1, 2);
+    double share = cases[k].a / (cases[k].a + cases[k].b);
+    near(sim.ranks[0].reduce[0].start, 5 + share, "first ready", 2, 1, 2);
+    mega_sim_free(&sim);
+    mega_sched_free(&s);
+  }
+  /* sizes that are negative, or add up to nothing, are refused */
+  mega_schedule s;
+  mega_sim sim;
+  generate(MEGA_SCHED_1F1B, 2, 1, 2, 0, &s);
+  double bad[2][2] = {{1, -1}, {0, 0}};
+  const char *why[2] = {"bucket 1's size", "add up to nothing"};
+  for (int k = 0; k < 2; k++) {
+    mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = 1, .grad_buckets = 2,
+                   .grad_bucket_sizes = bad[k]};
+    assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+    assert_non_null(strstr(err.msg, why[k]));
+  }
+  mega_sched_free(&s);
+}
+
 /* Shared links: at most `lanes` reductions at full speed at once. 1F1B
  * PP=2 M=2, T_f = T_b = 1, a reduction of 2 after each rank's schedule:
  * rank 1 reduces from 5, rank 0 from 6. With their own links they end at
@@ -456,6 +506,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(one_f_one_b_closed_form),
       cmocka_unit_test(grad_sync_costs_and_exposure),
+      cmocka_unit_test(grad_sync_bucket_sizes),
       cmocka_unit_test(grad_sync_shared_lanes),
       cmocka_unit_test(grad_sync_latency),
       cmocka_unit_test(interleaved_closed_form),
