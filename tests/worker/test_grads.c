@@ -383,6 +383,39 @@ static void norm_posts_and_reads_back_once(void **state) {
   }
 }
 
+/* Gradients counted as zero (mega_grads_still_zero: --simulate-compute,
+ * whose backward writes none) have a norm of 0 without a pass over them,
+ * until the next start: the one whose zeroing runs reads them again. The
+ * buffer is written here against the contract, to show it is not read. */
+static void still_zero_needs_no_norm_pass(void **state) {
+  (void)state;
+  fixture f;
+  setup_counted(&f, (mega_gpt_stage_desc){true, true, 0, 4}, (mega_grads_opts){.dp_size = 1},
+                true);
+  float *grads = mega_gpt_grad_data(f.stage);
+  mega_err err = {0};
+  double sumsq = -1;
+  for (int it = 0; it < 2; it++) {
+    assert_int_equal(mega_grads_start(f.g, &err), MEGA_OK);
+    if (it == 0) mega_grads_still_zero(f.g);
+    else assert_true(mega_grads_zero(f.g, SIZE_MAX));
+    grads[0] = 3.0f;
+    fx_counts before = f.counts;
+    assert_int_equal(mega_grads_wait(f.g, 0, &err), MEGA_OK);
+    assert_int_equal(mega_grads_sumsq(f.g, &sumsq, &err), MEGA_OK);
+    int posts = f.counts.sum_squares_post - before.sum_squares_post;
+    if (it == 0) {
+      assert_true(sumsq == 0.0);
+      assert_int_equal(posts, 0);
+      assert_int_equal(f.counts.d2h - before.d2h, 0);
+    } else {
+      assert_true(sumsq == 9.0);
+      assert_true(posts > 0);
+    }
+  }
+  teardown(&f);
+}
+
 /* mega_grads_zero zeroes the buffer slice by slice from its start, and
  * says when it is done; a backward before that is reported, not summed
  * into last iteration's gradients. */
@@ -428,6 +461,7 @@ int main(void) {
       cmocka_unit_test(shard_copy_has_its_own_params),
       cmocka_unit_test(buckets_launch_once_during_last_backward),
       cmocka_unit_test(norm_posts_and_reads_back_once),
+      cmocka_unit_test(still_zero_needs_no_norm_pass),
       cmocka_unit_test(zero_in_slices_and_backward_only_after),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

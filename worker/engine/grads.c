@@ -314,6 +314,7 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err) {
   for (int v = 0; v < g->vp; v++) g->chunks[v].enabled = false;
   g->zero_chunk = 0;
   g->zero_at = 0;
+  g->still_zero = false;
   memset(g->ready, 0, (size_t)g->nbuckets * sizeof *g->ready);
   memset(g->launched, 0, (size_t)g->nbuckets * sizeof *g->launched);
   memset(g->timing, 0, (size_t)g->nbuckets * sizeof *g->timing);
@@ -342,6 +343,7 @@ bool mega_grads_zero(mega_grads *g, size_t max_floats) {
 void mega_grads_still_zero(mega_grads *g) {
   g->zero_chunk = g->vp;
   g->zero_at = 0;
+  g->still_zero = true;
 }
 
 void mega_grads_enable(mega_grads *g, int c, bool on) { g->chunks[c].enabled = on; }
@@ -438,6 +440,7 @@ static void queue_range(mega_grads *g, size_t i, size_t *k) {
 static mega_status norm_bucket(mega_grads *g, int b, mega_err *err) {
   if (g->normed[b]) return MEGA_OK;
   g->normed[b] = true;
+  if (g->still_zero) return MEGA_OK;
   size_t k = 0;
   for (size_t i = 0; i < g->own.n; i++)
     if (g->own.bucket[i] == b && !g->own.skip[i] && !g->own.late[i]) queue_range(g, i, &k);
@@ -521,7 +524,12 @@ mega_status mega_grads_sumsq(mega_grads *g, double *out, mega_err *err) {
   /* Over the ranges the optimizer steps: each element this rank owns once,
    * padding never, the tied copy and other TP ranks' replicas left out;
    * added in range order, whenever each was taken, so the bits do not
-   * depend on when the buckets finished. */
+   * depend on when the buckets finished. Gradients still zero (no
+   * backward wrote them) have none to read. */
+  if (g->still_zero) {
+    *out = 0;
+    return MEGA_OK;
+  }
   size_t k = 0;
   for (size_t i = 0; i < g->own.n; i++)
     if (!g->own.skip[i] && (g->own.late[i] || !g->normed[g->own.bucket[i]]))

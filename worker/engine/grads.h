@@ -162,7 +162,11 @@ mega_status mega_grads_start(mega_grads *g, mega_err *err);
  * different amount on each data-parallel replica. */
 bool mega_grads_zero(mega_grads *g, size_t max_floats);
 /* Counts the gradients as zeroed without writing them; they must be zero
- * already (--simulate-compute, whose backward writes none). */
+ * already (--simulate-compute, whose backward writes none). Until the next
+ * mega_grads_start their norm is 0 without a pass over them: under
+ * --simulate-compute that pass was the one compute left beside the
+ * reductions on the cores (about 1 ms a million floats, and the last
+ * buckets' ran beside the last reductions). */
 void mega_grads_still_zero(mega_grads *g);
 
 /* Readiness-driven launches for chunk c on or off (the chunk's last

@@ -100,6 +100,7 @@ struct mega_grads {
    * are zero, and zero_chunk's first zero_at floats */
   int zero_chunk;
   size_t zero_at;
+  bool still_zero; /* mega_grads_still_zero this iteration: the norm is 0, unread */
   mega_status failed; /* a launch from the model's callback that failed */
   mega_err fail_err;
   void (*on_launch)(void *, int);
