@@ -29,6 +29,17 @@ void max_f32(float *o, const float *x, size_t n) {
   for (size_t i = 0; i < n; i++) o[i] = x[i] > o[i] ? x[i] : o[i];
 }
 
+// send_then_recv: a ring posts each send before the receive beside it.
+// Gloo's TCP pair writes a send's bytes from the caller's thread, holding
+// the pair's lock, when the peer's receive was announced already; its
+// event loop, finding the lock taken, goes back to epoll_wait, which
+// reports the socket readable at once, and spins until the write is done:
+// at 2 ranks one pair carries both directions (545,000 epoll_waits in a
+// 10 s PP=4 x DP=2 run). A send posted before the peer's receive waits for
+// the announcement, and the loop thread writes it. It helps when this rank
+// is ahead of its peer: a fifth fewer epoll_waits, bench_comm lanes' 1M
+// floats at 2 ranks 4.5 -> 4.1 ms (medians of 4, interleaved).
+
 ms remaining(steady::time_point deadline) {
   auto left = std::chrono::duration_cast<ms>(deadline - steady::now());
   return left.count() < 1 ? ms(1) : left;
@@ -105,6 +116,9 @@ void all_reduce_ring(State &s, Job &j) {
       if (len_of(segment_of(d, 0))) wait_send(whole.get(), deadline, "all_reduce");
     }
     if (i < total) {
+      // The send first (send_then_recv)
+      size_t sseg = segment_of(i, 0), slen = len_of(sseg);
+      if (slen) whole->send(right, slot, sseg * seg * sizeof(float), slen * sizeof(float));
       size_t rseg = segment_of(i, 1), rlen = len_of(rseg);
       if (rlen) {
         if (i < rs_end)
@@ -112,8 +126,6 @@ void all_reduce_ring(State &s, Job &j) {
         else
           whole->recv(left, slot, rseg * seg * sizeof(float), rlen * sizeof(float));
       }
-      size_t sseg = segment_of(i, 0), slen = len_of(sseg);
-      if (slen) whole->send(right, slot, sseg * seg * sizeof(float), slen * sizeof(float));
     }
   }
 }
@@ -154,10 +166,10 @@ void reduce_scatter_ring(State &s, Job &j) {
   for (int k = 0; k < n - 1; k++) {
     const int si = (r - k - 1 + 2 * n) % n, ri = (r - k - 2 + 2 * n) % n;
     auto &rbuf = tmp[k % 2];
-    rbuf->recv(left, slot, 0, j.counts[ri] * sizeof(float));
     gloo::transport::UnboundBuffer *sbuf = k == 0 ? src.get() : tmp[(k + 1) % 2].get();
     size_t soff = k == 0 ? off[si] * sizeof(float) : 0;
-    sbuf->send(right, slot, soff, j.counts[si] * sizeof(float));
+    sbuf->send(right, slot, soff, j.counts[si] * sizeof(float));  // first: send_then_recv
+    rbuf->recv(left, slot, 0, j.counts[ri] * sizeof(float));
     wait_recv(rbuf.get(), deadline, "reduce_scatter");
     const float *mine = in + off[ri];
     float *acc = scratch[k % 2].data();
