@@ -14,9 +14,11 @@ reports the median over rounds.
            rank's schedule against launched in the cooldown (1F1B, and
            interleaved VP=2 with and without --align-grad-reduce), beside
            core/sim's prediction (megactl plan: --t-grad-sync is PP rank 0's
-           reduction measured in the same round, --grad-buckets its
-           buckets, --grad-sync-lanes bench_comm lanes' figure, how many
-           reductions this machine runs at full speed at once); then where
+           floats at bench_comm's rate for one all-reduce alone, measured
+           in the same round, --grad-bucket-sizes the buckets of its last
+           chunk, --grad-sync-lanes bench_comm lanes' figure, how many
+           reductions this machine runs at full speed at once; and the
+           same with equal buckets, "x eq"); then where
            the exposed time went (the replicas' skew, the embedding sum, the
            comm threads waiting for a core, the reductions themselves) and
            the comm threads' CPU
