@@ -16,9 +16,9 @@ reports the median over rounds.
            core/sim's prediction (megactl plan: --t-grad-sync is PP rank 0's
            floats at bench_comm's rate for one all-reduce alone, measured
            in the same round, --grad-bucket-sizes the buckets of its last
-           chunk, --grad-sync-lanes bench_comm lanes' figure, how many
-           reductions this machine runs at full speed at once; and the
-           same with equal buckets, "x eq"); then where
+           chunk, --grad-sync-slowdown bench_comm lanes' slowdowns of 1, 2
+           and 4 pairs reducing at once, 3 between; and the same with
+           equal buckets, "x eq"); then where
            the exposed time went (the replicas' skew, the embedding sum, the
            comm threads waiting for a core, the reductions themselves) and
            the comm threads' CPU
@@ -40,8 +40,9 @@ usage: bench_dp.py MEGAW MEGACTL [--runs N] [--max-load L] [--lanes L]
   --runs N      rounds of the overlap and bubble sections (5)
   --max-load L  before each run wait (up to 10 minutes) until the 1-minute
                 load average is at most L; the loads are printed either way
-  --lanes L     core/sim's --grad-sync-lanes instead of bench_comm's figure
-                (0: each stage's data-parallel group on links of its own)
+  --lanes L     core/sim's --grad-sync-lanes L instead of bench_comm's
+                slowdowns (0: each stage's data-parallel group on links of
+                its own)
 """
 import json
 import os
@@ -162,18 +163,22 @@ def overlap8(megaw, megactl, tmp):
 
 def comm_figures(megaw):
     """The machine's collectives, for core/sim: the seconds per float of a
-    1M-float all-reduce between two ranks alone, --grad-sync-lanes (--lanes,
-    or bench_comm lanes' figure) and --grad-sync-latency (the seconds of a
-    1,024-float all-reduce alone), with a note of where they came from."""
+    1M-float all-reduce between two ranks alone, bench_comm lanes' figure
+    (or --lanes), its slowdowns for 1..4 pairs at once (--grad-sync-slowdown;
+    None with --lanes) and --grad-sync-latency (the seconds of a 1,024-float
+    all-reduce alone), with a note of where they came from."""
     exe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(megaw))), "bench",
                        "bench_comm")
     load = wait_quiet()
     out = subprocess.run([exe, "lanes", "1000000"], capture_output=True, text=True,
                          timeout=900)
     alone = lanes = latency = None
+    slow = {}  # pairs at once -> how much slower each runs than one alone
     for line in out.stdout.splitlines():
         if line.startswith("pairs=1 "):
             alone = float(line.split()[1]) * 1e-3 / 1e6
+        if line.startswith("pairs="):
+            slow[int(line.split()[0][6:])] = float(line.split("(")[1].split("x")[0])
         if line.startswith("lanes="):
             lanes = float(line[6:])
     # a collective's latency: one small all-reduce alone (1,024 floats), the
@@ -199,7 +204,13 @@ def comm_figures(megaw):
              " ".join("%.2f" % (1e3 * x) for x in samples)))
     if OPTS["lanes"] is not None:
         lanes, note = OPTS["lanes"], note + "; lanes given with --lanes"
-    return alone, lanes, latency, note
+        return alone, lanes, None, latency, note
+    # the slowdowns for k = 1..4 pairs at once, 3 between 2 and 4 by total speed
+    if sorted(slow) != [1, 2, 4]:
+        raise SystemExit("bench_comm lanes printed pairs %s, not 1, 2 and 4" % sorted(slow))
+    speed3 = (2 / slow[2] + 4 / slow[4]) / 2
+    table = [1.0, max(1.0, slow[2]), max(1.0, 3 / speed3), max(1.0, slow[4])]
+    return alone, lanes, table, latency, note
 
 
 def by_iteration(ranks, skip):
@@ -295,7 +306,7 @@ def bubble_section(megaw, megactl, tmp, P, layers):
     notes = []
     for _ in range(OPTS["runs"]):
         # the machine's collectives, again each round: they move with its load
-        alone, lanes, latency, comm_note = comm_figures(megaw)
+        alone, lanes, slowdown, latency, comm_note = comm_figures(megaw)
         notes.append(comm_note)
         base, own = {}, {}
         for name, vp, extra, plan_flags in rows:
@@ -331,7 +342,9 @@ def bubble_section(megaw, megactl, tmp, P, layers):
                      "--grad-sync-latency", "%.3f" % (1e3 * latency)]
             if vp > 1:
                 flags += ["--virtual-pipeline-model-parallel-size", str(vp)]
-            if lanes >= 1:
+            if slowdown:
+                flags += ["--grad-sync-slowdown", ",".join("%.3f" % x for x in slowdown)]
+            elif lanes >= 1:
                 flags += ["--grad-sync-lanes", "%.3f" % lanes]
             sim = plan(megactl, flags + plan_flags)["grad_sync_exposed"] / 1e3
             # the model before it knew bucket sizes: equal ones, as many

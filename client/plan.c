@@ -34,7 +34,7 @@
 #define EXIT_USAGE 2
 #define EXIT_FAIL 1
 #define TRACE_UNIT_US 1000.0 /* one cost-model time unit is drawn as 1 ms */
-#define MAX_BUCKET_SIZES 1024 /* --grad-bucket-sizes */
+#define MAX_LIST 1024 /* --grad-bucket-sizes, --grad-sync-slowdown */
 
 typedef enum { FMT_TEXT, FMT_JSON, FMT_TRACE, FMT_SCHEDULE } out_format;
 
@@ -44,8 +44,10 @@ typedef struct plan_opts {
   double t_f, t_b, t_w, latency, t_grad_sync;
   bool t_w_given, t_grad_sync_given, overlap_grad, align_grad;
   int grad_buckets;
-  double bucket_sizes[MAX_BUCKET_SIZES]; /* --grad-bucket-sizes */
+  double bucket_sizes[MAX_LIST]; /* --grad-bucket-sizes */
   int nbucket_sizes;
+  double slowdown[MAX_LIST]; /* --grad-sync-slowdown */
+  int nslowdown;
   double lanes; /* --grad-sync-lanes; 0: not given */
   double gs_latency; /* --grad-sync-latency */
   out_format format;
@@ -56,7 +58,7 @@ typedef struct plan_opts {
 } plan_opts;
 
 enum { O_M, O_SCHED, O_TF, O_TB, O_TW, O_LAT, O_FORMAT, O_LOAD, O_OUT, O_HELP, O_TGS, O_BUCKETS,
-       O_LANES, O_GSLAT, O_NNODES, O_NPROC, O_BSIZES };
+       O_LANES, O_GSLAT, O_NNODES, O_NPROC, O_BSIZES, O_SLOW };
 
 static const struct {
   const char *name;
@@ -79,6 +81,7 @@ static const struct {
     [O_NNODES] = {"nnodes", true},
     [O_NPROC] = {"nproc-per-node", true},
     [O_BSIZES] = {"grad-bucket-sizes", true},
+    [O_SLOW] = {"grad-sync-slowdown", true},
 };
 #define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
 
@@ -93,6 +96,7 @@ static void usage(FILE *f) {
       "                    [--overlap-grad-reduce] [--align-grad-reduce]\n"
       "                    [--t-grad-sync G] [--grad-buckets N] [--grad-sync-lanes L]\n"
       "                    [--grad-sync-latency A] [--grad-bucket-sizes S,S,...]\n"
+      "                    [--grad-sync-slowdown X,X,...]\n"
       "                    [--schedule-file FILE] [--output FILE]\n"
       "                    [--nnodes N --nproc-per-node K] [any job flags]\n"
       "\n"
@@ -121,6 +125,9 @@ static void usage(FILE *f) {
       "                   more) run at full speed at once, k > L each at L/k (ranks on\n"
       "                   one machine: bench_comm lanes measures L); default: each\n"
       "                   stage's data-parallel group has links of its own\n"
+      "  --grad-sync-slowdown  the same as measured: k reductions at once each run\n"
+      "                   the k-th times slower than one alone (from the last on,\n"
+      "                   their total speed stays; bench_comm lanes measures them)\n"
       "  --grad-sync-latency  a fixed time every collective costs on top of its bytes\n"
       "                   (0): each bucket\n"
       "  --format         text: a timeline and per-rank phases and bubbles (default)\n"
@@ -176,29 +183,36 @@ static bool parse_time(const char *flag, const char *v, double *out, mega_err *e
   return true;
 }
 
-/* --grad-bucket-sizes: numbers of 0 or more, comma-separated, not all 0. */
-static bool parse_sizes(const char *flag, const char *v, plan_opts *o, mega_err *err) {
-  double total = 0;
-  o->nbucket_sizes = 0;
+/* A comma-separated list of numbers of min or more into out (at most
+ * MAX_LIST); what names them in errors. */
+static bool parse_list(const char *flag, const char *v, double min, const char *what,
+                       double *out, int *n, mega_err *err) {
+  *n = 0;
   for (const char *p = v;;) {
     char *end;
     errno = 0;
     double x = strtod(p, &end);
-    if (end == p || (*end && *end != ',') || errno || !isfinite(x) || x < 0) {
+    if (end == p || (*end && *end != ',') || errno || !isfinite(x) || x < min) {
       mega_fail(err, MEGA_ERR_INVALID,
-                "--%s: '%s' is not a list of sizes (numbers, 0 or more, comma-separated)", flag,
-                v);
+                "--%s: '%s' is not a list of %s (numbers, %g or more, comma-separated)", flag, v,
+                what, min);
       return false;
     }
-    if (o->nbucket_sizes == MAX_BUCKET_SIZES) {
-      mega_fail(err, MEGA_ERR_INVALID, "--%s: more than %d buckets", flag, MAX_BUCKET_SIZES);
+    if (*n == MAX_LIST) {
+      mega_fail(err, MEGA_ERR_INVALID, "--%s: more than %d %s", flag, MAX_LIST, what);
       return false;
     }
-    o->bucket_sizes[o->nbucket_sizes++] = x;
-    total += x;
-    if (!*end) break;
+    out[(*n)++] = x;
+    if (!*end) return true;
     p = end + 1;
   }
+}
+
+/* --grad-bucket-sizes: not all 0. */
+static bool parse_sizes(const char *flag, const char *v, plan_opts *o, mega_err *err) {
+  if (!parse_list(flag, v, 0, "sizes", o->bucket_sizes, &o->nbucket_sizes, err)) return false;
+  double total = 0;
+  for (int j = 0; j < o->nbucket_sizes; j++) total += o->bucket_sizes[j];
   if (total > 0) return true;
   mega_fail(err, MEGA_ERR_INVALID, "--%s: '%s' adds up to nothing", flag, v);
   return false;
@@ -221,6 +235,7 @@ static bool set_flag(plan_opts *o, int id, const char *v, mega_err *err) {
   case O_TGS: o->t_grad_sync_given = true; return parse_time(name, v, &o->t_grad_sync, err);
   case O_BUCKETS: return parse_int(name, v, &o->grad_buckets, err);
   case O_BSIZES: return parse_sizes(name, v, o, err);
+  case O_SLOW: return parse_list(name, v, 1, "slowdowns", o->slowdown, &o->nslowdown, err);
   case O_GSLAT: return parse_time(name, v, &o->gs_latency, err);
   case O_LANES:
     if (!parse_time(name, v, &o->lanes, err)) return false;
@@ -485,6 +500,12 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
     json_object_set_new(cost, "grad_bucket_sizes", sizes);
   }
   json_object_set_new(cost, "grad_sync_lanes", json_real(c->grad_sync_lanes));
+  if (c->grad_sync_slowdown) {
+    json_t *slow = json_array();
+    for (int k = 0; k < c->grad_sync_slowdown_n; k++)
+      json_array_append_new(slow, json_real(c->grad_sync_slowdown[k]));
+    json_object_set_new(cost, "grad_sync_slowdown", slow);
+  }
   json_object_set_new(cost, "grad_sync_latency", json_real(c->grad_sync_latency));
   json_object_set_new(root, "cost", cost);
   /* Megatron's table exists for the interleaved schedule only: [] otherwise. */
@@ -565,6 +586,13 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
                               "schedule has none: give --t-grad-sync or --overlap-grad-reduce");
     cost.grad_buckets = o->nbucket_sizes;
     cost.grad_bucket_sizes = o->bucket_sizes;
+  }
+  if (o->nslowdown) {
+    if (o->lanes > 0)
+      return fail(EXIT_USAGE, "--grad-sync-lanes and --grad-sync-slowdown say the same thing: "
+                              "give one of them");
+    cost.grad_sync_slowdown = o->slowdown;
+    cost.grad_sync_slowdown_n = o->nslowdown;
   }
   mega_sim sim = {0};
   mega_err err = {0};

@@ -69,6 +69,16 @@ static mega_status check_input(const mega_schedule *s, const mega_cost *cost, me
     return mega_fail(err, MEGA_ERR_INVALID,
                      "grad_sync_lanes must be 0 (each rank's own links) or at least 1 (one "
                      "reduction alone runs at full speed), not %g", cost->grad_sync_lanes);
+  if (cost->grad_sync_slowdown && cost->grad_sync_lanes > 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "give the reductions' sharing as lanes or as slowdowns, not both");
+  if (cost->grad_sync_slowdown && cost->grad_sync_slowdown_n < 1)
+    return mega_fail(err, MEGA_ERR_INVALID, "the slowdown table is empty");
+  for (int k = 0; cost->grad_sync_slowdown && k < cost->grad_sync_slowdown_n; k++)
+    if (!isfinite(cost->grad_sync_slowdown[k]) || cost->grad_sync_slowdown[k] < 1)
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "%d reductions at once run %g times slower than one: a slowdown is 1 "
+                       "or more", k + 1, cost->grad_sync_slowdown[k]);
   int nbk = cost->grad_buckets > 1 ? cost->grad_buckets : 1;
   double total = 0;
   for (int j = 0; cost->grad_bucket_sizes && j < nbk; j++) {
@@ -367,7 +377,16 @@ static void set_grad_sync_exposed(mega_sim *out, double drained) {
   out->grad_sync_exposed = exposed / pp;
 }
 
-/* ---- shared links (grad_sync_lanes) ---- */
+/* ---- shared links (grad_sync_lanes, grad_sync_slowdown) ---- */
+
+/* The speed of each of k reductions at once, as a share of one alone. */
+static double shared_rate(const mega_cost *c, int k) {
+  if (k <= 1) return 1;
+  if (!c->grad_sync_slowdown) return k > c->grad_sync_lanes ? c->grad_sync_lanes / k : 1;
+  int n = c->grad_sync_slowdown_n;
+  if (k <= n) return 1 / c->grad_sync_slowdown[k - 1];
+  return (double)n / c->grad_sync_slowdown[n - 1] / k; /* n's total speed, shared by k */
+}
 
 /* Fails unless every rank's GWs close its list (the reductions then change
  * nothing before them). */
@@ -382,8 +401,8 @@ static mega_status check_waits_last(const mega_schedule *s, mega_err *err) {
         char tok[24];
         return mega_fail(err, MEGA_ERR_INVALID,
                          "shared gradient-sync lanes need each rank's GWs at the end of its "
-                         "list, and rank %d has %s (action %d) after one; drop the lanes or "
-                         "move the GWs",
+                         "list, and rank %d has %s (action %d) after one; drop the sharing "
+                         "or move the GWs",
                          r, mega_action_format(q->acts[i], tok), i);
       }
     }
@@ -393,10 +412,9 @@ static mega_status check_waits_last(const mega_schedule *s, mega_err *err) {
 
 /* The reductions again, in time order across ranks: each rank's
  * communicator takes its buckets in launch order once they are ready, and
- * the k running at once each run at min(1, lanes/k) of full speed. */
+ * the k running at once each run at shared_rate(k) of full speed. */
 static void share_reductions(simulation *sim) {
   int pp = sim->pp;
-  double lanes = sim->cost->grad_sync_lanes;
   int next[pp];    /* the rank's next bucket */
   double left[pp]; /* work left of its running bucket; < 0: none runs */
   for (int r = 0; r < pp; r++) {
@@ -418,7 +436,7 @@ static void share_reductions(simulation *sim) {
         arrival = sim->rready[r][next[r]];
     }
     if (!running && arrival == INFINITY) break;
-    double rate = running > lanes ? lanes / running : 1, step = arrival - now;
+    double rate = shared_rate(sim->cost, running), step = arrival - now;
     for (int r = 0; r < pp; r++)
       if (left[r] >= 0 && left[r] / rate < step) step = left[r] / rate;
     now += step;
@@ -496,7 +514,7 @@ mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim
       .transfer = cost->p2p_latency +
                   (cost->p2p_bandwidth > 0 ? cost->activation_bytes / cost->p2p_bandwidth : 0),
   };
-  bool shared = cost->grad_sync_lanes > 0 && has_grad_wait(s);
+  bool shared = (cost->grad_sync_lanes > 0 || cost->grad_sync_slowdown) && has_grad_wait(s);
   if (shared) st = check_waits_last(s, err);
   if (!st) st = alloc_state(&sim, err);
   if (!st) st = prepare_ranks(&sim, err);

@@ -44,7 +44,11 @@
  * pipeline, in time order across ranks; a schedule with anything but GWs
  * after a rank's first GW is refused then. 0 keeps each rank's
  * communicator independent (a cluster, where each stage's DP group has its
- * links).
+ * links). grad_sync_slowdown says the same as measured (bench_comm lanes):
+ * slowdown[k-1] is how much slower each of k reductions at once runs than
+ * one alone (k = 1..n; from n on their total speed stays n's); on two
+ * cores two pairs ran 1.5x slower where lanes of 1.9 (fitted to four) say
+ * 1.05x. Lanes L are slowdowns max(1, k/L).
  *
  * Ownership: mega_sim_run fills a caller-owned mega_sim whose arrays it
  * allocates; free them with mega_sim_free. */
@@ -64,6 +68,9 @@ typedef struct mega_cost {
                                       chunk alike; NULL: equal */
   double grad_sync_lanes;  /* reductions at full speed at once across ranks (>= 1); 0: each its own */
   double grad_sync_latency; /* per collective, on top of its share of grad_sync */
+  const double *grad_sync_slowdown; /* [n]: k reductions at once each run slowdown[k-1]
+                                       times slower (>= 1); NULL: lanes */
+  int grad_sync_slowdown_n;
 } mega_cost;
 
 typedef struct mega_span {

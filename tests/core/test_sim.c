@@ -409,14 +409,21 @@ static void grad_sync_latency(void **state) {
  * 5.75..7.25..7.75 on links of their own; on one lane both run at half
  * speed from 5.75 until rank 1's first is done at 6.75, and again while its
  * second runs, to 7.75; rank 0's first ends alone at 8.25, its second at
- * 8.75. */
-static void grad_sync_bucket_sizes(void **state) {
+ * 8.75. Slowdowns say the same as one lane with {1, 2}, or with {1}, whose
+ * one reduction's speed two then share; with {1, 1.5} the two run at 2/3
+ * from 5.75: rank 1's first done at 6.5, its second at 7.25, rank 0's
+ * first at 7.75 and its second at 8.25. */
+static void grad_sync_bucket_sizes_and_slowdowns(void **state) {
   (void)state;
   mega_err err = {0};
   const struct {
     double a, b, grad_sync, lanes, exposed0, exposed1;
-  } cases[] = {{3, 1, 1, 0, 0.75, 0},   {1, 1, 1, 0, 0.5, 0},      {1, 3, 1, 0, 0.75, 0},
-               {3, 1, 2, 0, 1.75, 0.75}, {3, 1, 2, 1, 2.75, 1.75}};
+    int nslow;
+    double slow[2];
+  } cases[] = {{3, 1, 1, 0, 0.75, 0},        {1, 1, 1, 0, 0.5, 0},
+               {1, 3, 1, 0, 0.75, 0},        {3, 1, 2, 0, 1.75, 0.75},
+               {3, 1, 2, 1, 2.75, 1.75},     {3, 1, 2, 0, 2.75, 1.75, 2, {1, 2}},
+               {3, 1, 2, 0, 2.75, 1.75, 1, {1}}, {3, 1, 2, 0, 2.25, 1.25, 2, {1, 1.5}}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     mega_sched_params p = {MEGA_SCHED_1F1B, 2, 1, 2, 0, MEGA_GRAD_SYNC_LAST_BACKWARD};
     mega_schedule s;
@@ -424,7 +431,9 @@ static void grad_sync_bucket_sizes(void **state) {
     assert_int_equal(mega_sched_generate(&p, &s, &err), MEGA_OK);
     double sizes[2] = {cases[k].a, cases[k].b};
     mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = cases[k].grad_sync, .grad_buckets = 2,
-                   .grad_bucket_sizes = sizes, .grad_sync_lanes = cases[k].lanes};
+                   .grad_bucket_sizes = sizes, .grad_sync_lanes = cases[k].lanes,
+                   .grad_sync_slowdown = cases[k].nslow ? cases[k].slow : NULL,
+                   .grad_sync_slowdown_n = cases[k].nslow};
     assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_OK);
     near(sim.ranks[0].grad_sync_exposed, cases[k].exposed0, "exposed 0", 2, 1, 2);
     near(sim.ranks[1].grad_sync_exposed, cases[k].exposed1, "exposed 1", 2, 1, 2);
@@ -445,6 +454,16 @@ static void grad_sync_bucket_sizes(void **state) {
     assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
     assert_non_null(strstr(err.msg, why[k]));
   }
+  /* and slowdowns under 1, or beside lanes */
+  double slow[2] = {1, 0.5};
+  mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = 1, .grad_sync_slowdown = slow,
+                 .grad_sync_slowdown_n = 2};
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "2 reductions at once run 0.5 times slower"));
+  slow[1] = 2;
+  c.grad_sync_lanes = 2;
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "not both"));
   mega_sched_free(&s);
 }
 
@@ -506,7 +525,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(one_f_one_b_closed_form),
       cmocka_unit_test(grad_sync_costs_and_exposure),
-      cmocka_unit_test(grad_sync_bucket_sizes),
+      cmocka_unit_test(grad_sync_bucket_sizes_and_slowdowns),
       cmocka_unit_test(grad_sync_shared_lanes),
       cmocka_unit_test(grad_sync_latency),
       cmocka_unit_test(interleaved_closed_form),
