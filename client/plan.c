@@ -476,6 +476,12 @@ static bool has_actions(const mega_schedule *s, mega_act_kind kind) {
   return false;
 }
 
+static json_t *json_numbers(const double *v, int n) {
+  json_t *a = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+  return a;
+}
+
 static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega_cost *c) {
   json_t *root = json_object();
   json_object_set_new(root, "schedule", json_string(mega_sched_kind_name(s->kind)));
@@ -493,19 +499,13 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
   json_object_set_new(cost, "p2p_latency", json_real(c->p2p_latency));
   json_object_set_new(cost, "grad_sync", json_real(c->grad_sync));
   json_object_set_new(cost, "grad_buckets", json_integer(c->grad_buckets));
-  if (c->grad_bucket_sizes) {
-    json_t *sizes = json_array();
-    for (int j = 0; j < c->grad_buckets; j++)
-      json_array_append_new(sizes, json_real(c->grad_bucket_sizes[j]));
-    json_object_set_new(cost, "grad_bucket_sizes", sizes);
-  }
+  if (c->grad_bucket_sizes)
+    json_object_set_new(cost, "grad_bucket_sizes",
+                        json_numbers(c->grad_bucket_sizes, c->grad_buckets));
   json_object_set_new(cost, "grad_sync_lanes", json_real(c->grad_sync_lanes));
-  if (c->grad_sync_slowdown) {
-    json_t *slow = json_array();
-    for (int k = 0; k < c->grad_sync_slowdown_n; k++)
-      json_array_append_new(slow, json_real(c->grad_sync_slowdown[k]));
-    json_object_set_new(cost, "grad_sync_slowdown", slow);
-  }
+  if (c->grad_sync_slowdown)
+    json_object_set_new(cost, "grad_sync_slowdown",
+                        json_numbers(c->grad_sync_slowdown, c->grad_sync_slowdown_n));
   json_object_set_new(cost, "grad_sync_latency", json_real(c->grad_sync_latency));
   json_object_set_new(root, "cost", cost);
   /* Megatron's table exists for the interleaved schedule only: [] otherwise. */

@@ -455,7 +455,7 @@ int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const
             cost->grad_sync_lanes > 0 ? " of them at full speed at once across ranks" : "");
   if (has_sync(s) && cost->grad_sync_slowdown) {
     fputs("reductions at once across ranks run slower by", f);
-    for (int k = 0; k < cost->grad_sync_slowdown_n && k < 6; k++)
+    for (int k = 0; k < cost->grad_sync_slowdown_n && k < 6; k++) /* one line */
       fprintf(f, "%s %d: %sx", k ? "," : "", k + 1,
               fmt_num(cost->grad_sync_slowdown[k], c, sizeof c));
     if (cost->grad_sync_slowdown_n > 6) fputs(", ...", f);

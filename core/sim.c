@@ -232,10 +232,10 @@ static void launch_reduction(simulation *sim, int r, int i, double t) {
   double *comm_free = &sim->comm_free[r];
   for (int j = 0; j < sim->nbk; j++) {
     double rdy = prev.start + (prev.end - prev.start) * sim->share[j + 1];
-    double start = rdy > *comm_free ? rdy : *comm_free;
-    *comm_free = start + bucket_cost(sim, j);
+    double start = rdy > *comm_free ? rdy : *comm_free, cost = bucket_cost(sim, j);
+    *comm_free = start + cost;
     sim->rready[r][o->nreduce] = rdy;
-    sim->rcost[r][o->nreduce] = bucket_cost(sim, j);
+    sim->rcost[r][o->nreduce] = cost;
     sim->rchunk[r][o->nreduce] = a.chunk;
     o->reduce[o->nreduce++] = (mega_span){start, *comm_free};
   }
