@@ -1,6 +1,8 @@
 /* The communicator in one process: argument checks, store errors, and a
  * group of one rank (collectives degenerate to copies; no P2P peer). */
+#include <dirent.h>
 #include <ftw.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -183,6 +185,33 @@ static void test_abort_is_final(void **state) {
   mega_comm_destroy(c);
 }
 
+/* This process's threads under SCHED_BATCH. */
+static int batch_threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] != '.' && sched_getscheduler(atoi(e->d_name)) == SCHED_BATCH) n++;
+  closedir(d);
+  return n;
+}
+
+/* Gloo's event loop runs without wakeup preemption (a loop woken by a write
+ * preempted the sender holding its pair's lock, then spun: gloo_device.cc);
+ * the thread that made the communicator keeps its own policy. */
+static void test_loop_thread_is_batch(void **state) {
+  (void)state;
+  int before = batch_threads();
+  mega_comm *a = solo("batch", "a");
+  assert_int_equal(batch_threads(), before + 1);
+  mega_comm *b = solo("batch", "b");
+  assert_int_equal(batch_threads(), before + 2);
+  assert_int_equal(sched_getscheduler(0), SCHED_OTHER);
+  mega_comm_destroy(a);
+  mega_comm_destroy(b);
+  assert_int_equal(batch_threads(), before);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_store_errors),
@@ -191,6 +220,7 @@ int main(void) {
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_group_name_reused),
       cmocka_unit_test(test_abort_is_final),
+      cmocka_unit_test(test_loop_thread_is_batch),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

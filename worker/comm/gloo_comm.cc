@@ -244,7 +244,7 @@ mega_status gloo_comm_create(mega_store *store, const char *group, int rank,
     s->timeout = ms(timeout_ms);
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname ? hostname : "127.0.0.1";
-    s->dev = gloo::transport::tcp::CreateDevice(attr);
+    s->dev = create_device(attr);
     auto ctx = std::make_shared<MeshContext>(rank, size);
     ctx->setTimeout(s->timeout);
     GroupStore gs(*store, group, s->timeout);

@@ -19,6 +19,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/device.h>
+#include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include "worker/comm/comm.h"
@@ -221,6 +223,11 @@ constexpr int kNarrowSegments = 8;
 constexpr int kWindowSegments = 128;
 // Widens the receive buffer of tc's narrow pair sockets; returns how many.
 int widen_receive_windows(gloo::transport::Context &tc, int rank, int size);
+
+// Gloo's TCP device for attr, its event loop thread under SCHED_BATCH
+// (gloo_device.cc: woken, it preempted senders holding a pair's lock and
+// spun). The calling thread's policy is left as it was.
+std::shared_ptr<gloo::transport::Device> create_device(const gloo::transport::tcp::attr &attr);
 
 uint64_t p2p_slot(uint32_t tag);
 uint64_t ring_slot(uint32_t tag);
