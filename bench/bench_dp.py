@@ -18,7 +18,9 @@ reports the median over rounds.
            in the same round, --grad-bucket-sizes the buckets of its last
            chunk, --grad-sync-slowdown bench_comm lanes' slowdowns of 1, 2
            and 4 pairs reducing at once, 3 between; and the same with
-           equal buckets, "x eq"); then where
+           equal buckets, "x eq", and with the engine's own rate, that of
+           its bucket reductions with no other stage's beside them in the
+           round's runs, "x own"); then where
            the exposed time went (the replicas' skew, the embedding sum, the
            comm threads waiting for a core, the reductions themselves) and
            the comm threads' CPU
@@ -213,6 +215,35 @@ def comm_figures(megaw):
     return alone, lanes, table, latency, note
 
 
+def engine_rate(runs, skip, DP=2):
+    """The engine's own collectives: the seconds per float of its bucket
+    reductions of over 0.5M floats that ran with no other stage's beside
+    them (from both replicas having started to the first done), the median
+    over every iteration of runs, or None."""
+    rates = []
+    for ranks in runs:
+        for rk in by_iteration(ranks, skip).values():
+            pairs = []
+            for (pp, dp), l in rk.items():
+                if dp != 0 or any((pp, d) not in rk for d in range(DP)):
+                    continue
+                reds = [{x["bucket"]: x for x in rk[(pp, d)].get("grad_reductions", [])
+                         if x["bucket"] >= 0} for d in range(DP)]
+                for k, x in reds[0].items():
+                    if any(k not in r for r in reds):
+                        continue
+                    both = [at(rk[(pp, d)], "started_s", reds[d][k]) for d in range(DP)]
+                    done = [at(rk[(pp, d)], "done_s", reds[d][k]) for d in range(DP)]
+                    if None in both or None in done:
+                        continue
+                    pairs.append((pp, x["floats"], max(both), min(done)))
+            for pp, n, a, e in pairs:
+                if n > 500000 and e > a and not any(q[0] != pp and q[2] < e and q[3] > a
+                                                    for q in pairs):
+                    rates.append((e - a) / n)
+    return statistics.median(rates) if rates else None
+
+
 def by_iteration(ranks, skip):
     rows = {}
     for lines in ranks:
@@ -303,31 +334,36 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             ("interleaved V=2, cooldown + align", 2, ov + ["--align-grad-reduce"],
              ["--overlap-grad-reduce", "--align-grad-reduce"]))
     got = {name: [] for name, _, _, _ in rows}
-    notes = []
+    notes, own_rates = [], []
     for _ in range(OPTS["runs"]):
         # the machine's collectives, again each round: they move with its load
         alone, lanes, slowdown, latency, comm_note = comm_figures(megaw)
         notes.append(comm_note)
-        base, own = {}, {}
+        runs = []
         for name, vp, extra, plan_flags in rows:
             a = args + extra
             if vp > 1:
                 a += ["--virtual-pipeline-model-parallel-size", str(vp)]
-            ranks = run(megaw, P * DP, a, tmp)
+            runs.append(run(megaw, P * DP, a, tmp))
+        own = engine_rate([r for r in runs], skip, P)
+        own_rates.append(own)
+        base, base_own = {}, {}
+        for (name, vp, extra, plan_flags), ranks in zip(rows, runs):
             res = analyse(ranks, skip, P, DP)
             if not plan_flags:
-                base[vp], own[vp] = res["exposed"], res["own"]
+                base[vp], base_own[vp] = res["exposed"], res["own"]
             # the issue's "mean over ranks": each rank's own reduction (its
             # time from its schedule's end to its reductions' end with the
             # sync after the schedule), the share of it not exposed
             res["hidden_rank"] = statistics.mean(
-                1 - min(1.0, e / o) if o > 0 else 1.0 for e, o in zip(res["pp"], own[vp]))
+                1 - min(1.0, e / o) if o > 0 else 1.0
+                for e, o in zip(res["pp"], base_own[vp]))
             # T_grad_sync: PP rank 0's reductions (its buckets: the tied
             # embedding's exchange, bucket -1, is a receive before its wte
             # bucket, not a reduction) at the rate of one all-reduce alone
             stage0 = [x for lines in ranks for l in lines[-1:] if l["pp_rank"] == 0
                       for x in l.get("grad_reductions", []) if x["bucket"] >= 0]
-            t_gs = alone * sum(x["floats"] for x in stage0) / DP
+            floats0 = sum(x["floats"] for x in stage0) / DP
             # its collectives per chunk, small ones too (each costs the
             # latency), at their sizes: those of the chunk it launches last,
             # whose reductions end the pipeline
@@ -335,51 +371,65 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             mine = sorted((x for x in one.get("grad_reductions", []) if x["bucket"] >= 0),
                           key=lambda x: x["launched_s"])
             sizes = [x["floats"] for x in mine[len(mine) - max(1, round(len(mine) / vp)):]]
-            flags = ["--pipeline-model-parallel-size", str(P), "--num-microbatches", str(M),
-                     "--t-forward", str(f), "--t-backward", str(b),
-                     "--t-grad-sync", "%.3f" % (1e3 * t_gs),
-                     "--grad-bucket-sizes", ",".join(str(n) for n in sizes),
-                     "--grad-sync-latency", "%.3f" % (1e3 * latency)]
-            if vp > 1:
-                flags += ["--virtual-pipeline-model-parallel-size", str(vp)]
-            if slowdown:
-                flags += ["--grad-sync-slowdown", ",".join("%.3f" % x for x in slowdown)]
-            elif lanes >= 1:
-                flags += ["--grad-sync-lanes", "%.3f" % lanes]
-            sim = plan(megactl, flags + plan_flags)["grad_sync_exposed"] / 1e3
+
+            def predict(rate, buckets):
+                flags = ["--pipeline-model-parallel-size", str(P), "--num-microbatches", str(M),
+                         "--t-forward", str(f), "--t-backward", str(b),
+                         "--t-grad-sync", "%.3f" % (1e3 * rate * floats0),
+                         "--grad-sync-latency", "%.3f" % (1e3 * latency)]
+                flags += (["--grad-bucket-sizes", ",".join(str(n) for n in sizes)] if buckets
+                          else ["--grad-buckets", str(len(sizes))])
+                if vp > 1:
+                    flags += ["--virtual-pipeline-model-parallel-size", str(vp)]
+                if slowdown:
+                    flags += ["--grad-sync-slowdown", ",".join("%.3f" % x for x in slowdown)]
+                elif lanes >= 1:
+                    flags += ["--grad-sync-lanes", "%.3f" % lanes]
+                return plan(megactl, flags + plan_flags)["grad_sync_exposed"] / 1e3
+
+            res["sim"] = predict(alone, True)
             # the model before it knew bucket sizes: equal ones, as many
-            k = flags.index("--grad-bucket-sizes")
-            equal = flags[:k] + ["--grad-buckets", str(len(sizes))] + flags[k + 2:]
-            res["sim_equal"] = plan(megactl, equal + plan_flags)["grad_sync_exposed"] / 1e3
+            res["sim_equal"] = predict(alone, False)
+            # the engine's own collectives for T_grad_sync
+            res["sim_own"] = predict(own, True) if own else float("nan")
             res["sizes"] = sizes
-            res["sim"] = sim
-            res["t_gs"] = t_gs
+            res["t_gs"] = alone * floats0
+            res["t_gs_own"] = (own or float("nan")) * floats0
             res["hidden"] = 1 - res["exposed"] / base[vp] if base[vp] > 0 else float("nan")
-            res["ratio"] = res["exposed"] / sim if sim > 0 else float("nan")
+            res["ratio"] = res["exposed"] / res["sim"] if res["sim"] > 0 else float("nan")
             got[name].append(res)
     for k, note in enumerate(notes):
-        print("core/sim, round %d: %s" % (k + 1, note))
-    print("%-36s %8s %7s %7s %8s %6s %6s  %-24s" % ("configuration", "exposed", "hidden",
-                                                     "h/rank", "sim", "x sim", "x eq",
-                                                     "per PP rank (ms)"))
+        own = own_rates[k]
+        print("core/sim, round %d: %s; the engine's own: %s" %
+              (k + 1, note, "%.2f ms per 1M floats" % (own * 1e9) if own else "none alone"))
+    print("%-36s %8s %7s %7s %8s %6s %6s %6s  %-24s" % ("configuration", "exposed", "hidden",
+                                                          "h/rank", "sim", "x sim", "x eq",
+                                                          "x own", "per PP rank (ms)"))
+
+    def ratio(x, key):
+        return x["exposed"] / x[key] if x[key] > 0 else float("nan")
+
     for name, _, _, _ in rows:
         g = got[name]
-        print("%-36s %5.1f ms %6.1f%% %6.1f%% %5.1f ms %5.2fx %5.2fx  %s" %
+        print("%-36s %5.1f ms %6.1f%% %6.1f%% %5.1f ms %5.2fx %5.2fx %5.2fx  %s" %
               (name, 1e3 * med([x["exposed"] for x in g]), 100 * med([x["hidden"] for x in g]),
                100 * med([x["hidden_rank"] for x in g]),
-               1e3 * med([x["sim"] for x in g]), med([x["ratio"] for x in g]),
-               med([x["exposed"] / x["sim_equal"] if x["sim_equal"] > 0 else float("nan")
-                    for x in g]),
+               1e3 * med([x["sim"] for x in g]), med([ratio(x, "sim") for x in g]),
+               med([ratio(x, "sim_equal") for x in g]), med([ratio(x, "sim_own") for x in g]),
                " ".join("%.1f" % (1e3 * med([x["pp"][r] for x in g])) for r in range(P))))
     print("(medians over rounds. exposed: mean over ranks and iterations; hidden: of that mean,"
           "\n against the same schedule with the sync after it, in the same round; h/rank: the "
           "mean over\n PP ranks of each one's share hidden, against its own reduction time with "
           "the sync after\n the schedule (from its schedule's end), where a later stage already "
           "hides in the drain;\n sim: megactl plan's mean exposed grad sync, T_grad_sync %.1f ms:"
-          " PP rank 0's floats at\n the rate of one all-reduce alone, with that round's "
-          "figures, in the buckets of\n the chunk it launches last, at their sizes; x sim: "
-          "exposed / sim; x eq: exposed / the\n same model with equal buckets)" %
-          (1e3 * med([x["t_gs"] for x in got[rows[0][0]]])))
+          " PP rank 0's floats at\n the rate of one all-reduce alone (bench_comm), with that "
+          "round's figures, in the buckets\n of the chunk it launches last, at their sizes; x sim: "
+          "exposed / sim; x eq: exposed / the\n same model with equal buckets; x own: exposed / "
+          "the same model with T_grad_sync at\n the engine's own rate, %.1f ms: the median of its "
+          "buckets over 0.5M floats that reduced\n with no other stage's beside them, in that "
+          "round's runs)" %
+          (1e3 * med([x["t_gs"] for x in got[rows[0][0]]]),
+           1e3 * med([x["t_gs_own"] for x in got[rows[0][0]]])))
     for name, _, _, _ in rows:
         sizes = got[name][-1]["sizes"]
         print(" %s: buckets of %s floats" % (name, ", ".join("%.2fM" % (n / 1e6) for n in sizes)))
