@@ -345,7 +345,7 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             if vp > 1:
                 a += ["--virtual-pipeline-model-parallel-size", str(vp)]
             runs.append(run(megaw, P * DP, a, tmp))
-        own = engine_rate([r for r in runs], skip, P)
+        own = engine_rate(runs, skip, DP)
         own_rates.append(own)
         base, base_own = {}, {}
         for (name, vp, extra, plan_flags), ranks in zip(rows, runs):
