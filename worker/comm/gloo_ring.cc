@@ -55,6 +55,17 @@ void wait_send(gloo::transport::UnboundBuffer *b, steady::time_point deadline, c
     throw gloo::IoException(std::string(what) + ": send aborted");
 }
 
+// The ring's receive segments: a fresh 2 MB vector a call was zeroed for
+// nothing, 4.5% of the cores while every stage's buckets reduced at once
+// (perf over --align-grad-reduce at PP=4 x DP=2).
+float *ring_scratch(State &s, size_t n) {
+  if (s.ring_scratch_n < n) {
+    s.ring_scratch.reset(new float[n]);
+    s.ring_scratch_n = n;
+  }
+  return s.ring_scratch.get();
+}
+
 }  // namespace
 
 // The buffer is cut into n*K equal segments (the last ones shorter or
@@ -93,11 +104,11 @@ void all_reduce_ring(State &s, Job &j) {
   const auto deadline = steady::now() + j.timeout;
   const int left = static_cast<int>((r + n - 1) % n), right = static_cast<int>((r + 1) % n);
   const uint64_t slot = ring_slot(j.tag);
-  std::vector<float> scratch(2 * seg);
+  float *scratch = ring_scratch(s, 2 * seg);
   auto whole = s.ctx->createUnboundBuffer(buf, count * sizeof(float));
   std::unique_ptr<gloo::transport::UnboundBuffer> tmp[2] = {
-      s.ctx->createUnboundBuffer(scratch.data(), seg * sizeof(float)),
-      s.ctx->createUnboundBuffer(scratch.data() + seg, seg * sizeof(float))};
+      s.ctx->createUnboundBuffer(scratch, seg * sizeof(float)),
+      s.ctx->createUnboundBuffer(scratch + seg, seg * sizeof(float))};
   CollBufs listed(s);
   listed.add(whole.get());
   listed.add(tmp[0].get());
@@ -108,7 +119,7 @@ void all_reduce_ring(State &s, Job &j) {
       if (rlen) {
         if (d < rs_end) {
           wait_recv(tmp[d % 2].get(), deadline, "all_reduce");
-          (j.max ? max_f32 : sum_f32)(buf + rseg * seg, scratch.data() + (d % 2) * seg, rlen);
+          (j.max ? max_f32 : sum_f32)(buf + rseg * seg, scratch + (d % 2) * seg, rlen);
         } else {
           wait_recv(whole.get(), deadline, "all_reduce");
         }
