@@ -539,6 +539,11 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
     json_object_set_new(o, "idle", json_real(mr->idle));
     json_object_set_new(o, "bubble_fraction", json_real(mr->bubble_fraction));
     json_object_set_new(o, "grad_sync_exposed", json_real(mr->grad_sync_exposed));
+    json_object_set_new(o, "work_end", json_real(mr->work_end));
+    json_t *red = json_array(); /* [start, end] of each bucket's reduction, in launch order */
+    for (int j = 0; j < mr->nreduce; j++)
+      json_array_append_new(red, json_pack("[f, f]", mr->reduce[j].start, mr->reduce[j].end));
+    json_object_set_new(o, "reductions", red);
     json_object_set_new(o, "actions", acts ? json_string(acts) : json_null());
     free(acts);
     json_array_append_new(ranks, o);

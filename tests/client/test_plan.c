@@ -187,6 +187,41 @@ static void json_interleaved(void **state) {
   result_free(&r);
 }
 
+/* Each rank's reductions come out in launch order, one per bucket, and the
+ * last one's end against the pipeline's drain is the rank's exposed sync. */
+static void json_reductions(void **state) {
+  (void)state;
+  result r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                  "--overlap-grad-reduce", "--t-grad-sync", "12", "--grad-buckets", "3",
+                  "--format", "json", NULL);
+  json_t *j;
+  ok_json(&r, &j);
+  json_t *ranks = json_object_get(j, "ranks");
+  double drained = 0;
+  for (size_t k = 0; k < 4; k++) {
+    double w = num(json_array_get(ranks, k), "work_end");
+    if (w > drained) drained = w;
+  }
+  assert_true(drained > 0 && drained <= num(j, "makespan"));
+  for (size_t k = 0; k < 4; k++) {
+    json_t *rk = json_array_get(ranks, k), *red = json_object_get(rk, "reductions");
+    assert_int_equal(json_array_size(red), 3);
+    double prev = 0, last = 0;
+    for (size_t b = 0; b < 3; b++) {
+      double s = json_real_value(json_array_get(json_array_get(red, b), 0));
+      double e = json_real_value(json_array_get(json_array_get(red, b), 1));
+      assert_true(s >= prev - 1e-9 && e > s);
+      prev = e;
+      last = e;
+    }
+    double exposed = last > drained ? last - drained : 0;
+    assert_true(fabs(num(rk, "grad_sync_exposed") - exposed) < 1e-9);
+  }
+  assert_true(num(json_array_get(ranks, 0), "grad_sync_exposed") > 0); /* stage 0's last bucket */
+  json_decref(j);
+  result_free(&r);
+}
+
 /* Seed 000's table: P=2, M=5, V=2, N=3. */
 static void seed_schedule_table(void **state) {
   (void)state;
@@ -609,6 +644,7 @@ int main(int argc, char **argv) {
   setenv("COLUMNS", "80", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(json_1f1b_closed_forms), cmocka_unit_test(json_interleaved),
+      cmocka_unit_test(json_reductions),
       cmocka_unit_test(seed_schedule_table),    cmocka_unit_test(text_form_round_trip),
       cmocka_unit_test(trace_parses),           cmocka_unit_test(text_fits_80_columns),
       cmocka_unit_test(errors),                 cmocka_unit_test(help),
