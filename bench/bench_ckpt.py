@@ -29,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "engine"))
-from pipeline_check import write_data  # noqa: E402
+from ranks import write_data  # noqa: E402
 
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
          "--seq-length", "128", "--micro-batch-size", "4", "--global-batch-size", "16",

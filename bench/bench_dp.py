@@ -56,7 +56,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "engine"))
-from pipeline_check import launch, write_data  # noqa: E402
+from ranks import launch, write_data  # noqa: E402
 
 WIDE = ["--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "64",
         "--micro-batch-size", "1", "--lr", "1e-3"]

@@ -20,7 +20,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "engine"))
-from pipeline_check import launch, write_data  # noqa: E402
+from ranks import launch, write_data  # noqa: E402
 
 P, M = 4, 16
 SIM_MODEL = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "2",

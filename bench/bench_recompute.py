@@ -26,7 +26,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "engine"))
-from pipeline_check import launch, write_data  # noqa: E402
+from ranks import launch, write_data  # noqa: E402
 
 MODEL = ["--num-layers", "8", "--hidden-size", "128", "--num-attention-heads", "4",
          "--seq-length", "256", "--micro-batch-size", "2", "--global-batch-size", "16",

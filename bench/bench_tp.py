@@ -20,7 +20,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "engine"))
-from pipeline_check import launch, write_data  # noqa: E402
+from ranks import launch, write_data  # noqa: E402
 
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8",
          "--seq-length", "128", "--micro-batch-size", "2", "--global-batch-size", "8",

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pipeline_check import MODEL, ITERS, RTOL, launch, losses_of, write_data  # noqa: E402
+from ranks import MODEL, ITERS, RTOL, launch, losses_of, write_data  # noqa: E402
 
 LAYERS = 8  # MODEL's --num-layers
 

@@ -22,14 +22,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pipeline_check as pc  # noqa: E402
+import ranks  # noqa: E402
 
 # 4 heads so TP 4 divides them; clipping active so the norm over slices is
 # checked, not only the loss. Megatron pads the vocabulary to a multiple of
 # --make-vocab-size-divisible-by x TP, so with the default 128 TP 4 would pad
 # the 256 bytes to 512 rows (another model); 64 keeps 256 at TP 1, 2 and 4.
-MODEL = [a if a != "2" or pc.MODEL[i - 1] != "--num-attention-heads" else "4"
-         for i, a in enumerate(pc.MODEL)] + ["--clip-grad", "0.05",
-                                             "--make-vocab-size-divisible-by", "64"]
+MODEL = [a if a != "2" or ranks.MODEL[i - 1] != "--num-attention-heads" else "4"
+         for i, a in enumerate(ranks.MODEL)] + ["--clip-grad", "0.05",
+                                                "--make-vocab-size-divisible-by", "64"]
 TP2 = ["--tensor-model-parallel-size", "2"]
 SP = ["--sequence-parallel"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
@@ -53,17 +54,17 @@ CASES = [  # name, world, flags
 
 def equivalence(megaw, tmp):
     data = os.path.join(tmp, "data.txt")
-    pc.write_data(data)
-    base = MODEL + ["--train-iters", str(pc.ITERS), "--data-path", data]
-    ref, ref_norm = pc.losses_and_norms(pc.launch(megaw, 1, base, tmp), "single rank")
+    ranks.write_data(data)
+    base = MODEL + ["--train-iters", str(ranks.ITERS), "--data-path", data]
+    ref, ref_norm = pc.losses_and_norms(ranks.launch(megaw, 1, base, tmp), "single rank")
     failed = 0
     t0 = time.time()
     for name, world, flags in CASES:
         try:
-            res = pc.launch(megaw, world, base + flags, tmp)
+            res = ranks.launch(megaw, world, base + flags, tmp)
             got, norm = pc.losses_and_norms(res, name)
             for it, loss in ref.items():
-                if abs(got[it] - loss) > pc.RTOL * abs(loss):
+                if abs(got[it] - loss) > ranks.RTOL * abs(loss):
                     raise RuntimeError("%s: iteration %d loss %.9f, single rank %.9f" %
                                        (name, it, got[it], loss))
                 if abs(norm[it] - ref_norm[it]) > 1e-4 * ref_norm[it]:
@@ -90,10 +91,10 @@ CKPT = {"single": (1, []), "tp2 pp2 sp": (4, TP2 + PP2 + SP),
 
 def checkpoint(megaw, tmp):
     data = os.path.join(tmp, "data.txt")
-    pc.write_data(data)
-    base = MODEL + ["--lr-decay-iters", str(pc.CKPT_ITERS), "--data-path", data]
-    ref = pc.losses_range(pc.launch(megaw, 1, base + ["--train-iters", str(pc.CKPT_ITERS)], tmp),
-                          "single", 1, pc.CKPT_ITERS)
+    ranks.write_data(data)
+    base = MODEL + ["--lr-decay-iters", str(ranks.CKPT_ITERS), "--data-path", data]
+    single = ranks.launch(megaw, 1, base + ["--train-iters", str(ranks.CKPT_ITERS)], tmp)
+    ref = ranks.losses_range(single, "single", 1, ranks.CKPT_ITERS)
     failed, saved = 0, {}
     for src, dst in (("tp2 pp2 sp", "single"), ("single", "tp2 pp2 sp"),
                      ("tp2 dp2 distributed", "tp2 pp2 sp")):
@@ -101,19 +102,20 @@ def checkpoint(megaw, tmp):
         save = os.path.join(tmp, "ckpt-" + src.replace(" ", "-"))
         try:
             world, flags = CKPT[src]
-            got = pc.losses_range(
-                pc.launch(megaw, world, base + flags + ["--train-iters", str(pc.CKPT_SAVE_AT),
-                                                        "--save", save], tmp),
-                name + " (saving)", 1, pc.CKPT_SAVE_AT)
-            it = os.path.join(save, "iter_%07d" % pc.CKPT_SAVE_AT)
-            pc.check_manifest(it)
-            saved[src] = (pc.read_checkpoint(it, "model"), pc.read_checkpoint(it, "optimizer"))
+            got = ranks.losses_range(
+                ranks.launch(megaw, world, base + flags + ["--train-iters", str(ranks.CKPT_SAVE_AT),
+                                                           "--save", save], tmp),
+                name + " (saving)", 1, ranks.CKPT_SAVE_AT)
+            it = os.path.join(save, "iter_%07d" % ranks.CKPT_SAVE_AT)
+            ranks.check_manifest(it)
+            saved[src] = (ranks.read_checkpoint(it, "model"),
+                          ranks.read_checkpoint(it, "optimizer"))
             world, flags = CKPT[dst]
-            res = pc.launch(megaw, world, base + flags + ["--train-iters", str(pc.CKPT_ITERS),
-                                                          "--load", save], tmp)
-            got.update(pc.losses_range(res, name + " (resumed)", pc.CKPT_SAVE_AT + 1,
-                                       pc.CKPT_ITERS))
-            bad = [i for i in ref if abs(got[i] - ref[i]) > pc.RTOL * abs(ref[i])]
+            res = ranks.launch(megaw, world, base + flags + ["--train-iters", str(ranks.CKPT_ITERS),
+                                                             "--load", save], tmp)
+            got.update(ranks.losses_range(res, name + " (resumed)", ranks.CKPT_SAVE_AT + 1,
+                                          ranks.CKPT_ITERS))
+            bad = [i for i in ref if abs(got[i] - ref[i]) > ranks.RTOL * abs(ref[i])]
             if bad:
                 raise RuntimeError("%s: iteration %d loss %.9f, uninterrupted %.9f" %
                                    (name, bad[0], got[bad[0]], ref[bad[0]]))
@@ -147,8 +149,8 @@ def checkpoint(megaw, tmp):
     save = os.path.join(tmp, "ckpt-single")
     if os.path.isdir(save):
         args = [a for a in base if a not in ("--make-vocab-size-divisible-by", "64")]
-        res = pc.launch(megaw, 4, args + ["--tensor-model-parallel-size", "4", "--train-iters",
-                                          str(pc.CKPT_ITERS), "--load", save], tmp)
+        res = ranks.launch(megaw, 4, args + ["--tensor-model-parallel-size", "4", "--train-iters",
+                                             str(ranks.CKPT_ITERS), "--load", save], tmp)
         errs = " ".join(e for _, _, e in res)
         if all(rc != 0 for rc, _, _ in res[:1]) and "--make-vocab-size-divisible-by" in errs \
                 and "vocab_size 256" in errs:

@@ -24,6 +24,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
 import pipeline_check as pc  # noqa: E402
+import ranks  # noqa: E402
 
 MODES = {
     "single": (1, []),
@@ -56,10 +57,10 @@ def main():
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data.txt")
-        pc.write_data(data)
-        model = pc.LLAMA + pc.UNTIE if mode.startswith("llama") else pc.MODEL
-        args = model + ["--train-iters", str(pc.ITERS), "--data-path", data] + extra
-        res = pc.launch(megaw, world, args + ["--backend", "cuda"], tmp, timeout=240)
+        ranks.write_data(data)
+        model = pc.LLAMA + pc.UNTIE if mode.startswith("llama") else ranks.MODEL
+        args = model + ["--train-iters", str(ranks.ITERS), "--data-path", data] + extra
+        res = ranks.launch(megaw, world, args + ["--backend", "cuda"], tmp, timeout=240)
         why = [err.strip() for rc, _, err in res if rc != 0]
         if any("no CUDA device" in w for w in why):
             print("skipped:", next(w for w in why if "no CUDA device" in w))
@@ -67,8 +68,8 @@ def main():
         if why:
             print("FAIL --backend cuda:", why[0][-600:])
             return 1
-        gpu = pc.losses_of(res, "cuda " + mode)
-        cpu = pc.losses_of(pc.launch(megaw, world, args + ["--backend", "cpu"], tmp),
+        gpu = ranks.losses_of(res, "cuda " + mode)
+        cpu = ranks.losses_of(ranks.launch(megaw, world, args + ["--backend", "cpu"], tmp),
                            "cpu " + mode)
         rtol = RTOL.get(mode, 1e-4)
         bad = [i for i in cpu if abs(gpu[i] - cpu[i]) > rtol * abs(cpu[i])]
