@@ -4,13 +4,19 @@
  * figures; never fails on a time.
  *
  *   bench_comm [ranks...]      (default: 2 4)
- *   bench_comm lanes [floats]  k = 1, 2, 4 pairs of ranks, each pair
+ *   bench_comm lanes [floats [buffers]]
+ *                              k = 1, 2, 4 pairs of ranks, each pair
  *                              all-reducing floats (1M) at the same time, as
  *                              the data-parallel groups of k pipeline stages
  *                              do in the cooldown: the time of one all-reduce
  *                              for each k, and how many run at full speed at
  *                              once (lanes = k t1 / tk at its largest), the
- *                              figure core/sim's --grad-sync-lanes takes */
+ *                              figure core/sim's --grad-sync-lanes takes;
+ *                              with buffers > 1 each call takes the next of
+ *                              that many, so that with enough of them every
+ *                              call finds its floats out of the caches, as
+ *                              the engine's buckets are under
+ *                              --simulate-compute */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +208,7 @@ static int body(int rank, const mp_env *env) {
  * every other pair does the same; returns the mean ms of one all-reduce. */
 typedef struct lanes_arg {
   size_t count;
+  int buffers;
   int iters;
   const char *out; /* rank 0 writes the mean there, for the parent */
 } lanes_arg;
@@ -218,14 +225,17 @@ static int lanes_body(int rank, const mp_env *env) {
   MP_OK(mega_comm_create(store, "all", rank, n, NULL, TIMEOUT_MS, &all, &err), err);
   MP_OK(mega_comm_create(store, name, rank % 2, 2, NULL, TIMEOUT_MS, &pair, &err), err);
   mega_store_close(store);
-  float *buf = malloc(a->count * sizeof(float));
+  size_t total = a->count * (size_t)a->buffers;
+  float *buf = malloc(total * sizeof(float));
   MP_CHECK(buf, "malloc");
-  for (size_t i = 0; i < a->count; i++) buf[i] = 1.0f;
+  for (size_t i = 0; i < total; i++) buf[i] = 1.0f;
   MP_OK(mega_comm_all_reduce(pair, buf, a->count, 0, &err), err); /* warm up */
   MP_OK(mega_comm_barrier(all, 0, &err), err);
   double t0 = mp_now_ms();
-  for (int i = 0; i < a->iters; i++)
-    MP_OK(mega_comm_all_reduce(pair, buf, a->count, 0, &err), err);
+  for (int i = 0; i < a->iters; i++) {
+    float *at = buf + (size_t)((i + 1) % a->buffers) * a->count;
+    MP_OK(mega_comm_all_reduce(pair, at, a->count, 0, &err), err);
+  }
   double mine = (mp_now_ms() - t0) / a->iters, times[16] = {0};
   size_t counts[16];
   for (int i = 0; i < n; i++) counts[i] = sizeof(double);
@@ -245,7 +255,7 @@ static int lanes_body(int rank, const mp_env *env) {
   return 0;
 }
 
-static int run_lanes(size_t count) {
+static int run_lanes(size_t count, int buffers) {
   char path[] = "/tmp/bench-comm-lanes-XXXXXX";
   int fd = mkstemp(path);
   if (fd < 0) {
@@ -253,10 +263,12 @@ static int run_lanes(size_t count) {
     return 1;
   }
   close(fd);
-  lanes_arg a = {.count = count, .iters = count >= 1000000 ? 60 : 400, .out = path};
+  lanes_arg a = {
+      .count = count, .buffers = buffers, .iters = count >= 1000000 ? 60 : 400, .out = path};
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  printf("bench_comm lanes: k pairs of ranks all-reduce %zu floats each at once, %ld core(s)\n",
-         count, cores);
+  printf("bench_comm lanes: k pairs of ranks all-reduce %zu floats each at once, "
+         "over %d buffer(s), %ld core(s)\n",
+         count, buffers, cores);
   double t1 = 0, lanes = 0;
   int failed = 0;
   for (int k = 1; k <= 4 && !failed; k *= 2) {
@@ -284,11 +296,18 @@ static int run_lanes(size_t count) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "lanes")) {
     long long count = argc > 2 ? atoll(argv[2]) : 1000000;
+    long long buffers = argc > 3 ? atoll(argv[3]) : 1;
     if (count < 1) {
       fprintf(stderr, "bench_comm: lanes takes a float count >= 1, not '%s'\n", argv[2]);
       return 2;
     }
-    return run_lanes((size_t)count);
+    if (buffers < 1 || buffers > 256 || (unsigned long long)count * buffers > (1ull << 28)) {
+      fprintf(stderr,
+              "bench_comm: lanes takes 1..256 buffers, at most 2^28 floats in all, not '%s'\n",
+              argv[3]);
+      return 2;
+    }
+    return run_lanes((size_t)count, (int)buffers);
   }
   int ranks[8] = {2, 4}, nr = 2;
   if (argc > 1) {

@@ -15,7 +15,9 @@ reports the median over rounds.
            interleaved VP=2 with and without --align-grad-reduce), beside
            core/sim's prediction (megactl plan: --t-grad-sync is PP rank 0's
            floats at bench_comm's rate for one all-reduce alone, measured
-           in the same round, --grad-bucket-sizes the buckets of its last
+           in the same round over 64 buffers in turn, so that each call's
+           floats come from memory as the engine's buckets do under
+           --simulate-compute, --grad-bucket-sizes the buckets of its last
            chunk, --grad-sync-slowdown bench_comm lanes' slowdowns of 1, 2
            and 4 pairs reducing at once, 3 between; and the same with
            equal buckets, "x eq", and with the engine's own rate, that of
@@ -63,6 +65,7 @@ WIDE = ["--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "6
 
 
 OPTS = {"runs": 5, "max_load": None, "lanes": None}
+COLD_BUFFERS = 64
 LOADS = []  # the 1-minute load average before each run of the current section
 
 
@@ -172,8 +175,11 @@ def comm_figures(megaw):
     exe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(megaw))), "bench",
                        "bench_comm")
     load = wait_quiet()
-    out = subprocess.run([exe, "lanes", "1000000"], capture_output=True, text=True,
-                         timeout=900)
+    # Over 64 buffers (256 MB a rank): --simulate-compute leaves the engine's
+    # gradients untouched between reductions, so each bucket comes from
+    # memory; one buffer stays in the caches and ran 1.15-1.5x faster.
+    out = subprocess.run([exe, "lanes", "1000000", str(COLD_BUFFERS)], capture_output=True,
+                         text=True, timeout=900)
     alone = lanes = latency = None
     slow = {}  # pairs at once -> how much slower each runs than one alone
     for line in out.stdout.splitlines():
@@ -200,9 +206,9 @@ def comm_figures(megaw):
         raise SystemExit("bench_comm lanes failed: " + out.stderr[-400:] + errs)
     pairs = "; ".join(l.split("  ")[0] + " " + l.split("(")[1].split(")")[0]
                       for l in out.stdout.splitlines() if l.startswith("pairs="))
-    note = ("bench_comm lanes at load %.2f: %.2f ms per 1M-float all-reduce alone, %s; %.2f ms "
-            "per 1,024-float one (the latency: median of %s)" %
-            (load, alone * 1e9, pairs, latency * 1e3,
+    note = ("bench_comm lanes (%d buffers) at load %.2f: %.2f ms per 1M-float all-reduce alone, "
+            "%s; %.2f ms per 1,024-float one (the latency: median of %s)" %
+            (COLD_BUFFERS, load, alone * 1e9, pairs, latency * 1e3,
              " ".join("%.2f" % (1e3 * x) for x in samples)))
     if OPTS["lanes"] is not None:
         lanes, note = OPTS["lanes"], note + "; lanes given with --lanes"
