@@ -16,6 +16,7 @@ MODEL = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "2
          "--lr", "3e-3", "--lr-warmup-iters", "1", "--clip-grad", "1.0", "--seed", "7"]
 ITERS = 3
 RTOL = 2e-5
+CKPT_ITERS, CKPT_SAVE_AT = 4, 2
 
 
 def write_data(path):
@@ -54,38 +55,28 @@ def launch(megaw, world, args, tmp, timeout=120):
     return results
 
 
-def losses_of(results, what):
-    """iteration -> loss, checking every rank that knows the loss agrees."""
+def losses_range(results, what, first, last, rtol=0.0):
+    """iteration -> loss for first..last, checking that every rank that knows
+    the loss agrees (exactly, or within rtol)."""
     seen = {}
     for rc, lines, err in results:
         if rc != 0:
             raise RuntimeError("%s: a rank exited %d: %s" % (what, rc, err.strip()[-400:]))
         for l in lines:
             if "loss" in l:
-                prev = seen.setdefault(l["iteration"], l["loss"])
-                if abs(prev - l["loss"]) > RTOL * abs(prev):
+                prev, got = seen.setdefault(l["iteration"], l["loss"]), l["loss"]
+                if (prev != got) if rtol == 0 else abs(prev - got) > rtol * abs(prev):
                     raise RuntimeError("%s: ranks disagree at iteration %d: %r vs %r" %
-                                       (what, l["iteration"], prev, l["loss"]))
-    if sorted(seen) != list(range(1, ITERS + 1)):
-        raise RuntimeError("%s: losses for iterations %s, want 1..%d" % (what, sorted(seen), ITERS))
-    return seen
-CKPT_ITERS, CKPT_SAVE_AT = 4, 2
-
-
-def losses_range(results, what, first, last):
-    """iteration -> loss for first..last (every rank that knows agrees exactly)."""
-    seen = {}
-    for rc, lines, err in results:
-        if rc != 0:
-            raise RuntimeError("%s: a rank exited %d: %s" % (what, rc, err.strip()[-400:]))
-        for l in lines:
-            if "loss" in l:
-                if seen.setdefault(l["iteration"], l["loss"]) != l["loss"]:
-                    raise RuntimeError("%s: ranks disagree at iteration %d" % (what, l["iteration"]))
+                                       (what, l["iteration"], prev, got))
     if sorted(seen) != list(range(first, last + 1)):
         raise RuntimeError("%s: losses for iterations %s, want %d..%d" %
                            (what, sorted(seen), first, last))
     return seen
+
+
+def losses_of(results, what):
+    """iteration -> loss for 1..ITERS, the ranks agreeing within RTOL."""
+    return losses_range(results, what, 1, ITERS, RTOL)
 
 
 def check_manifest(path):
