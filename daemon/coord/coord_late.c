@@ -1,7 +1,8 @@
 /* Steps of an attempt this node did not run, sent again by the nodes of a
  * job it took over: the dead coordinator took with it what it had merged
  * (steps are not in etcd) and what was still on its way. They go into the
- * job's history once each, merged from the ranks that survive: the lost
+ * job's history once each, in their attempt's place however late they come
+ * (jobhist.h), merged from the ranks that survive: the lost
  * node's ranks never report, so an iteration is merged from what came once
  * no more has come for LATE_QUIET_MS. */
 #include <stdlib.h>

@@ -19,6 +19,59 @@ void mega_job_hist_free(mega_job_hist *h) {
   memset(h, 0, sizeof *h);
 }
 
+/* Whether step a comes after step b: a later attempt, or the same one's later iteration. */
+static bool step_after(const Mega__V1__StepMetrics *a, const Mega__V1__StepMetrics *b) {
+  return a->attempt > b->attempt || (a->attempt == b->attempt && a->iteration > b->iteration);
+}
+
+static bool end_event(Mega__V1__JobEventKind k) {
+  return k == MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUCCEEDED ||
+         k == MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_FAILED ||
+         k == MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_CANCELLED ||
+         k == MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_STOPPED;
+}
+
+/* Whether a kept item belongs after step s in the job's order: a later
+ * step, a later attempt's event, an end (event or final state) of s's
+ * attempt or a later one. */
+static bool item_after(const Mega__V1__WatchJobResponse *it, const Mega__V1__StepMetrics *s) {
+  switch (it->item_case) {
+  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP: return it->step && step_after(it->step, s);
+  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT:
+    return it->event && (it->event->attempt > s->attempt ||
+                         (it->event->attempt == s->attempt && end_event(it->event->kind)));
+  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE:
+    return it->final_state && it->final_state->attempt >= s->attempt;
+  default: return false;
+  }
+}
+
+/* Where item goes among the len kept: the end, except for a step that
+ * comes late (sent again after a takeover, coord_late.c), which goes
+ * before the items that belong after it. */
+static size_t place_of(const mega_job_hist *h, const Mega__V1__WatchJobResponse *item) {
+  size_t at = h->len;
+  if (item->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP || !item->step) return at;
+  while (at > 0 && item_after(mega_job_hist_at(h, at - 1), item->step)) at--;
+  return at;
+}
+
+static void count_lost(mega_job_hist *h, const Mega__V1__WatchJobResponse *old) {
+  if (old->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP || !old->step) return;
+  if (!h->lost_steps++ || old->step->iteration < h->lost_first)
+    h->lost_first = old->step->iteration;
+  if (h->lost_steps == 1 || old->step->iteration > h->lost_last)
+    h->lost_last = old->step->iteration;
+}
+
+/* Puts c at logical place at (0..len) of the ring, which has room. */
+static void ring_insert(mega_job_hist *h, Mega__V1__WatchJobResponse *c, size_t at) {
+  for (size_t i = h->len; i > at; i--)
+    h->ring[(h->head + i) % h->cap] = h->ring[(h->head + i - 1) % h->cap];
+  h->ring[(h->head + at) % h->cap] = c;
+  h->len++;
+}
+
 mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobResponse *item,
                                mega_err *err) {
   if (h->len == h->cap && h->cap < MEGA_JOB_HISTORY) {
@@ -41,8 +94,12 @@ mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobRespons
       protobuf_c_message_free_unpacked(&c->base, NULL);
       return oom(err);
     }
-    if (h->last_step) protobuf_c_message_free_unpacked(&h->last_step->base, NULL);
-    h->last_step = s;
+    if (h->last_step && step_after(h->last_step, s)) { /* a late one: not the last */
+      protobuf_c_message_free_unpacked(&s->base, NULL);
+    } else {
+      if (h->last_step) protobuf_c_message_free_unpacked(&h->last_step->base, NULL);
+      h->last_step = s;
+    }
   }
   if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT && item->event) {
     if (h->nevents == h->events_cap) {
@@ -62,18 +119,20 @@ mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobRespons
     }
     h->events[h->nevents++] = e;
   }
+  size_t at = place_of(h, item);
   if (h->len == h->cap) { /* full at MEGA_JOB_HISTORY: the oldest goes */
-    const Mega__V1__WatchJobResponse *old = h->ring[h->head];
-    if (old->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && old->step) {
-      if (!h->lost_steps++) h->lost_first = old->step->iteration;
-      h->lost_last = old->step->iteration;
+    if (at == 0) { /* this one, older than every item kept */
+      count_lost(h, c);
+      protobuf_c_message_free_unpacked(&c->base, NULL);
+      return MEGA_OK;
     }
+    count_lost(h, h->ring[h->head]);
     protobuf_c_message_free_unpacked(&h->ring[h->head]->base, NULL);
-    h->ring[h->head] = c;
     h->head = (h->head + 1) % h->cap;
-  } else {
-    h->ring[(h->head + h->len++) % h->cap] = c;
+    h->len--;
+    at--;
   }
+  ring_insert(h, c, at);
   return MEGA_OK;
 }
 

@@ -27,10 +27,14 @@ typedef struct mega_job_hist {
    * little */
   Mega__V1__WatchJobResponse **ring;
   size_t head, len, cap;
-  /* steps the ring let go (a replay says so with a gap marker) */
+  /* steps the ring let go (a replay says so with a gap marker): how many,
+   * the least and the greatest iteration among them */
   uint64_t lost_steps, lost_first, lost_last;
-  Mega__V1__StepMetrics *last_step; /* owned; NULL before the first step */
-  mega_stepring curve; /* every step, thinned when old (the web view's curves) */
+  /* the newest step by (attempt, iteration), owned; NULL before the first */
+  Mega__V1__StepMetrics *last_step;
+  /* every step in arrival order, thinned when old (the web view's curves:
+   * a late step shows there where it came, after its attempt's mark) */
+  mega_stepring curve;
   /* Every event of the job, oldest first (owned; GetJob's history). */
   Mega__V1__JobEvent **events;
   size_t nevents, events_cap;
@@ -39,9 +43,16 @@ typedef struct mega_job_hist {
 /* Frees what h holds; h is empty (all zero) after. A zeroed history is an
  * empty one. */
 void mega_job_hist_free(mega_job_hist *h);
-/* Appends a copy of item (a step, an event or the final state); the oldest
- * item goes when MEGA_JOB_HISTORY are kept. A step also becomes last_step
- * and joins curve, an event also joins events (which keeps them all). */
+/* Adds a copy of item (a step, an event or the final state) at the end,
+ * except a step that comes late: one of an earlier attempt, or an earlier
+ * iteration, than steps kept (sent again after a takeover). It goes before
+ * the items that belong after it: later steps, a later attempt's events,
+ * the end (event and final state) of its attempt or a later one, so a
+ * replay lists each attempt's steps in order and the job's end last. The
+ * oldest item goes when MEGA_JOB_HISTORY are kept (the late step itself
+ * when it is older than all of them). A step also joins curve and becomes
+ * last_step unless it is older than last_step; an event also joins events
+ * (which keeps them all). */
 mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobResponse *item,
                                mega_err *err);
 /* Item i (0: oldest) of the ring, or NULL past its end. */

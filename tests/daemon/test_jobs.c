@@ -250,6 +250,100 @@ static void test_history_bound(void **state) {
   assert_int_equal(j->hist.lost_last, 10);
   mega_job_free(j);
 }
+static void push_step(mega_job *j, uint32_t attempt, uint64_t iteration) {
+  Mega__V1__StepMetrics s = MEGA__V1__STEP_METRICS__INIT;
+  s.attempt = attempt;
+  s.iteration = iteration;
+  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
+  item.step = &s;
+  assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
+}
+
+static void push_event(mega_job *j, uint32_t attempt, Mega__V1__JobEventKind kind) {
+  Mega__V1__JobEvent ev = MEGA__V1__JOB_EVENT__INIT;
+  ev.attempt = attempt;
+  ev.kind = kind;
+  ev.message = "";
+  ev.node_id = "";
+  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
+  item.event = &ev;
+  assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
+}
+
+/* "a3" a step of attempt a, iteration 3; "E1" an event of attempt 1; "F" the final state. */
+static void assert_order(const mega_job *j, const char *want) {
+  char got[256] = "", one[32];
+  for (size_t i = 0; i < j->hist.len; i++) {
+    const Mega__V1__WatchJobResponse *it = mega_job_hist_at(&j->hist, i);
+    if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP)
+      snprintf(one, sizeof one, "%s%c%llu", i ? " " : "", 'a' + (int)it->step->attempt,
+               (unsigned long long)it->step->iteration);
+    else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT)
+      snprintf(one, sizeof one, "%sE%u", i ? " " : "", it->event->attempt);
+    else
+      snprintf(one, sizeof one, "%sF", i ? " " : "");
+    strcat(got, one);
+  }
+  assert_string_equal(got, want);
+}
+
+/* Steps sent again after a takeover come after the job moved on: they go
+ * into the history in their attempt's order, before the next attempt and
+ * before the end, and never stand as the job's last step. */
+static void test_history_late_steps(void **state) {
+  (void)state;
+  mega_job *j = new_job("j-1");
+  push_step(j, 0, 1);
+  push_step(j, 0, 2);
+  push_event(j, 0, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_NODE_LOST);
+  push_event(j, 1, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING);
+  push_step(j, 1, 4);
+  push_step(j, 1, 5);
+  push_event(j, 1, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUCCEEDED);
+  Mega__V1__Job job = MEGA__V1__JOB__INIT;
+  job.attempt = 1;
+  Mega__V1__WatchJobResponse fin = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  fin.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE;
+  fin.final_state = &job;
+  assert_int_equal(mega_job_hist_push(&j->hist, &fin, NULL), MEGA_OK);
+  assert_order(j, "a1 a2 E0 E1 b4 b5 E1 F");
+  push_step(j, 0, 3); /* after its attempt's failure: it came after it */
+  assert_order(j, "a1 a2 E0 a3 E1 b4 b5 E1 F");
+  push_step(j, 1, 3);
+  assert_order(j, "a1 a2 E0 a3 E1 b3 b4 b5 E1 F");
+  assert_int_equal(j->hist.last_step->attempt, 1);
+  assert_int_equal(j->hist.last_step->iteration, 5);
+  push_step(j, 1, 6); /* the attempt's own, after its end */
+  assert_order(j, "a1 a2 E0 a3 E1 b3 b4 b5 b6 E1 F");
+  assert_int_equal(j->hist.last_step->iteration, 6);
+  assert_int_equal(j->hist.curve.n, 7); /* the curve keeps them as they came */
+  mega_job_free(j);
+
+  /* a full ring lets the oldest go: a late step older than all it keeps is
+   * itself let go, and counted */
+  j = new_job("j-2");
+  for (uint64_t i = 1; i <= MEGA_JOB_HISTORY; i++) push_step(j, 1, 100 + i);
+  push_step(j, 0, 7);
+  assert_int_equal(j->hist.len, MEGA_JOB_HISTORY);
+  assert_int_equal(mega_job_hist_at(&j->hist, 0)->step->iteration, 101);
+  assert_int_equal(j->hist.lost_steps, 1);
+  assert_int_equal(j->hist.lost_first, 7);
+  assert_int_equal(j->hist.lost_last, 7);
+  push_step(j, 1, 150); /* between two kept: the oldest goes */
+  assert_int_equal(mega_job_hist_at(&j->hist, 0)->step->iteration, 102);
+  assert_int_equal(mega_job_hist_at(&j->hist, 48)->step->iteration, 150);
+  assert_int_equal(mega_job_hist_at(&j->hist, 49)->step->iteration, 150);
+  assert_int_equal(mega_job_hist_at(&j->hist, 50)->step->iteration, 151);
+  assert_int_equal(mega_job_hist_at(&j->hist, MEGA_JOB_HISTORY - 1)->step->iteration,
+                   100 + MEGA_JOB_HISTORY);
+  assert_int_equal(j->hist.lost_steps, 2);
+  assert_int_equal(j->hist.lost_first, 7);
+  assert_int_equal(j->hist.lost_last, 101);
+  mega_job_free(j);
+}
+
 /* A later start of megad is a larger incarnation: peers drop "stale news
  * of an older incarnation" on that order (an address from a view included),
  * so it must hold across restarts (pids included, which may go down). */
@@ -269,6 +363,7 @@ int main(void) {
       cmocka_unit_test(test_msg_round_trip),
       cmocka_unit_test(test_journal_replay),
       cmocka_unit_test(test_history_bound),
+      cmocka_unit_test(test_history_late_steps),
       cmocka_unit_test(test_incarnations_increase),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

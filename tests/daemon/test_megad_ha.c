@@ -80,10 +80,11 @@ static bool wait_idle(hd *d, int want, int ms) {
 }
 
 /* The job reached its last iteration, and the history holds it. Not "the
- * last step item is the last iteration": steps a node sends again after a
- * takeover go into the history when they arrive, which under load can be
+ * last step item is the last iteration": a live watch gets the steps a node
+ * sends again after a takeover when they arrive, which under load can be
  * after the new attempt's last one (a frozen coordinator's queued reports,
- * once it comes back). */
+ * once it comes back); the history puts them in their attempt's place
+ * (jobhist.h, test_jobs). */
 static void reached_end(const hd_watch *w) {
   if (w->last_iteration != ITERS)
     fprintf(stderr, "the history's last step is iteration %llu of attempt %u (the job's: %d)\n",
