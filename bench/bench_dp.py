@@ -300,20 +300,22 @@ def analyse(ranks, skip, P, DP):
     its parts, each PP rank's exposed time, stage 0's replica skew, and the
     comm threads' CPU per step (all ranks) against the step."""
     parts, per_pp, skews, cpu, steps = [], {r: [] for r in range(P)}, [], [], []
-    own = {r: [] for r in range(P)}
+    own, per_pp_job = {r: [] for r in range(P)}, {r: [] for r in range(P)}
     for it, rk in by_iteration(ranks, skip).items():
         for (pp, dp), l in rk.items():
             peers = [rk[(pp, d)] for d in range(DP) if d != dp and (pp, d) in rk]
             parts.append(split_exposed(l, peers))
             per_pp[pp].append(l["grad_sync_exposed_s"])
+            per_pp_job[pp].append(parts[-1][0] - parts[-1][1])
             own[pp].append(max(0.0, l["reduced_s"] - l["work_end_s"]))
         ends = [at(rk[(0, d)], "drained_s") for d in range(DP) if (0, d) in rk]
         skews.append(max(ends) - min(ends))
         cpu.append(sum(l["process_cpu_s"] - l["thread_cpu_s"] for l in rk.values()))
         steps.append(max(l["step_time_s"] for l in rk.values()))
     mean = [statistics.mean(p[k] for p in parts) for k in range(5)]
-    return {"parts": mean, "exposed": mean[0],
+    return {"parts": mean, "exposed": mean[0], "exposed_job": mean[0] - mean[1],
             "pp": [statistics.mean(per_pp[r]) for r in range(P)],
+            "pp_job": [statistics.mean(per_pp_job[r]) for r in range(P)],
             "own": [statistics.mean(own[r]) for r in range(P)],
             "skew": statistics.mean(skews), "cpu": statistics.mean(cpu),
             "step": statistics.mean(steps)}
@@ -361,9 +363,9 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             # the issue's "mean over ranks": each rank's own reduction (its
             # time from its schedule's end to its reductions' end with the
             # sync after the schedule), the share of it not exposed
-            res["hidden_rank"] = statistics.mean(
-                1 - min(1.0, e / o) if o > 0 else 1.0
-                for e, o in zip(res["pp"], base_own[vp]))
+            for key, pp in (("hidden_rank", "pp"), ("hidden_rank_job", "pp_job")):
+                res[key] = statistics.mean(1 - min(1.0, e / o) if o > 0 else 1.0
+                                           for e, o in zip(res[pp], base_own[vp]))
             # T_grad_sync: PP rank 0's reductions (its buckets: the tied
             # embedding's exchange, bucket -1, is a receive before its wte
             # bucket, not a reduction) at the rate of one all-reduce alone
@@ -415,6 +417,9 @@ def bubble_section(megaw, megactl, tmp, P, layers):
     def ratio(x, key):
         return x["exposed"] / x[key] if x[key] > 0 else float("nan")
 
+    def ratio_job(x, key):
+        return x["exposed_job"] / x[key] if x[key] > 0 else float("nan")
+
     for name, _, _, _ in rows:
         g = got[name]
         print("%-36s %5.1f ms %6.1f%% %6.1f%% %5.1f ms %5.2fx %5.2fx %5.2fx  %s" %
@@ -436,6 +441,21 @@ def bubble_section(megaw, megactl, tmp, P, layers):
           "round's runs)" %
           (1e3 * med([x["t_gs"] for x in got[rows[0][0]]]),
            1e3 * med([x["t_gs_own"] for x in got[rows[0][0]]])))
+    print()
+    print("%-36s %8s %7s %6s %6s  %-24s" % ("past the job's drain", "exposed", "h/rank",
+                                            "x sim", "x own", "per PP rank (ms)"))
+    for name, _, _, _ in rows:
+        g = got[name]
+        print("%-36s %5.1f ms %6.1f%% %5.2fx %5.2fx  %s" %
+              (name, 1e3 * med([x["exposed_job"] for x in g]),
+               100 * med([x["hidden_rank_job"] for x in g]),
+               med([ratio_job(x, "sim") for x in g]), med([ratio_job(x, "sim_own") for x in g]),
+               " ".join("%.1f" % (1e3 * med([x["pp_job"][r] for x in g])) for r in range(P))))
+    print("(the same runs, each rank's exposed time counted from the latest pipeline end of "
+          "either\n replica, as core/sim counts it: waiting while any other rank still computes "
+          "is bubble,\n and its replicas are alike; the difference is the skew below, which the "
+          "rows with the\n sync after the schedule show too, with no reduction beside the "
+          "pipeline)")
     for name, _, _, _ in rows:
         sizes = got[name][-1]["sizes"]
         print(" %s: buckets of %s floats" % (name, ", ".join("%.2fM" % (n / 1e6) for n in sizes)))
