@@ -22,10 +22,14 @@ reports the median over rounds.
            and 4 pairs reducing at once, 3 between; and the same with
            equal buckets, "x eq", and with the engine's own rate, that of
            its bucket reductions with no other stage's beside them in the
-           round's runs, "x own"); then where
-           the exposed time went (the replicas' skew, the embedding sum, the
-           comm threads waiting for a core, the reductions themselves) and
-           the comm threads' CPU
+           round's runs, "x own"); the same runs counted from the latest
+           pipeline end of either replica, as core/sim counts exposed time,
+           against both pricings and a third, "x cpu": the engine's own rate
+           with its reductions sharing the cores as they use them (a DP=2
+           run alone each round: a pair keeps u cores busy, so
+           --grad-sync-lanes cores/u); then where the exposed time went (the
+           replicas' skew, the embedding sum, the comm threads waiting for a
+           core, the reductions themselves) and the comm threads' CPU
   bubble4  the same at PP=2 x DP=2: four processes on the cores instead of
            eight, the same stages, against the same model
   memory   --use-distributed-optimizer: optimizer_state_bytes per rank at
@@ -250,6 +254,28 @@ def engine_rate(runs, skip, DP=2):
     return statistics.median(rates) if rates else None
 
 
+def engine_cores(megaw, tmp, data):
+    """How many cores one pair's bucket reduction keeps busy in the engine:
+    DP=2 alone (--simulate-compute: the training thread sleeps, nothing but
+    the reductions runs beside it), 1M-float buckets, each rank's CPU but
+    its training thread's over the time its reductions ran, summed over the
+    pair; the median over iterations, or None."""
+    args = WIDE + ["--num-layers", "4", "--global-batch-size", "8", "--train-iters", "6",
+                   "--data-path", data, "--simulate-compute", "20:40",
+                   "--overlap-grad-reduce", "--bucket-size", "1000000"]
+    per_it = []
+    for rk in by_iteration(run(megaw, 2, args, tmp), 2).values():
+        used = []
+        for l in rk.values():
+            wall = sum(x["done_s"] - x["started_s"] for x in l.get("grad_reductions", [])
+                       if x["bucket"] >= 0 and x["done_s"] >= 0 and x["started_s"] >= 0)
+            if wall > 0:
+                used.append((l["process_cpu_s"] - l["thread_cpu_s"]) / wall)
+        if len(used) == 2:
+            per_it.append(sum(used))
+    return statistics.median(per_it) if per_it else None
+
+
 def by_iteration(ranks, skip):
     rows = {}
     for lines in ranks:
@@ -342,11 +368,15 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             ("interleaved V=2, cooldown + align", 2, ov + ["--align-grad-reduce"],
              ["--overlap-grad-reduce", "--align-grad-reduce"]))
     got = {name: [] for name, _, _, _ in rows}
-    notes, own_rates = [], []
+    notes, own_rates, own_cores = [], [], []
     for _ in range(OPTS["runs"]):
         # the machine's collectives, again each round: they move with its load
         alone, lanes, slowdown, latency, comm_note = comm_figures(megaw)
         notes.append(comm_note)
+        # the engine's reductions share the cores: a pair keeps u of them
+        # busy, so cores / u run at full speed at once (--grad-sync-lanes)
+        u = engine_cores(megaw, tmp, data)
+        own_cores.append(u)
         runs = []
         for name, vp, extra, plan_flags in rows:
             a = args + extra
@@ -380,7 +410,7 @@ def bubble_section(megaw, megactl, tmp, P, layers):
                           key=lambda x: x["launched_s"])
             sizes = [x["floats"] for x in mine[len(mine) - max(1, round(len(mine) / vp)):]]
 
-            def predict(rate, buckets):
+            def predict(rate, buckets, lanes_at=None):
                 flags = ["--pipeline-model-parallel-size", str(P), "--num-microbatches", str(M),
                          "--t-forward", str(f), "--t-backward", str(b),
                          "--t-grad-sync", "%.3f" % (1e3 * rate * floats0),
@@ -389,7 +419,9 @@ def bubble_section(megaw, megactl, tmp, P, layers):
                           else ["--grad-buckets", str(len(sizes))])
                 if vp > 1:
                     flags += ["--virtual-pipeline-model-parallel-size", str(vp)]
-                if slowdown:
+                if lanes_at:
+                    flags += ["--grad-sync-lanes", "%.3f" % lanes_at]
+                elif slowdown:
                     flags += ["--grad-sync-slowdown", ",".join("%.3f" % x for x in slowdown)]
                 elif lanes >= 1:
                     flags += ["--grad-sync-lanes", "%.3f" % lanes]
@@ -400,6 +432,9 @@ def bubble_section(megaw, megactl, tmp, P, layers):
             res["sim_equal"] = predict(alone, False)
             # the engine's own collectives for T_grad_sync
             res["sim_own"] = predict(own, True) if own else float("nan")
+            # and sharing the cores as its own reductions use them
+            res["sim_cpu"] = (predict(own, True, max(1.0, cores / u)) if own and u
+                              else float("nan"))
             res["sizes"] = sizes
             res["t_gs"] = alone * floats0
             res["t_gs_own"] = (own or float("nan")) * floats0
@@ -442,20 +477,26 @@ def bubble_section(megaw, megactl, tmp, P, layers):
           (1e3 * med([x["t_gs"] for x in got[rows[0][0]]]),
            1e3 * med([x["t_gs_own"] for x in got[rows[0][0]]])))
     print()
-    print("%-36s %8s %7s %6s %6s  %-24s" % ("past the job's drain", "exposed", "h/rank",
-                                            "x sim", "x own", "per PP rank (ms)"))
+    print("%-36s %8s %7s %6s %6s %6s  %-24s" % ("past the job's drain", "exposed", "h/rank",
+                                                 "x sim", "x own", "x cpu", "per PP rank (ms)"))
     for name, _, _, _ in rows:
         g = got[name]
-        print("%-36s %5.1f ms %6.1f%% %5.2fx %5.2fx  %s" %
+        print("%-36s %5.1f ms %6.1f%% %5.2fx %5.2fx %5.2fx  %s" %
               (name, 1e3 * med([x["exposed_job"] for x in g]),
                100 * med([x["hidden_rank_job"] for x in g]),
                med([ratio_job(x, "sim") for x in g]), med([ratio_job(x, "sim_own") for x in g]),
+               med([ratio_job(x, "sim_cpu") for x in g]),
                " ".join("%.1f" % (1e3 * med([x["pp_job"][r] for x in g])) for r in range(P))))
+    us = [u for u in own_cores if u]
     print("(the same runs, each rank's exposed time counted from the latest pipeline end of "
           "either\n replica, as core/sim counts it: waiting while any other rank still computes "
           "is bubble,\n and its replicas are alike; the difference is the skew below, which the "
           "rows with the\n sync after the schedule show too, with no reduction beside the "
-          "pipeline)")
+          "pipeline. x cpu: against\n the model at the engine's own rate, its reductions "
+          "sharing the %d cores as they use them:\n a pair's 1M-float bucket kept %s cores busy "
+          "at DP=2 alone (the rounds' medians), so\n --grad-sync-lanes %s)" %
+          (cores, "/".join("%.2f" % u for u in us) or "-",
+           "/".join("%.2f" % max(1.0, cores / u) for u in us) or "-"))
     for name, _, _, _ in rows:
         sizes = got[name][-1]["sizes"]
         print(" %s: buckets of %s floats" % (name, ", ".join("%.2fM" % (n / 1e6) for n in sizes)))
