@@ -132,8 +132,9 @@ struct State {
   std::deque<std::shared_ptr<Job>> queue;
   std::shared_ptr<Job> running;
   uint32_t coll_seq = 0;
-  // The all-reduce ring's two receive segments, kept between calls (at most
-  // 2M floats: segments are cut at 1M): the comm thread's alone.
+  // The rings' two receive buffers, kept between calls: the all-reduce's
+  // segments (at most 2M floats: they are cut at 1M), the reduce-scatter's
+  // largest chunk twice. The comm thread's alone.
   std::unique_ptr<float[]> ring_scratch;
   size_t ring_scratch_n = 0;
   bool stopping = false;

@@ -164,12 +164,13 @@ void reduce_scatter_ring(State &s, Job &j) {
   const auto deadline = steady::now() + j.timeout;
   const int left = (r + n - 1) % n, right = (r + 1) % n;
   const uint64_t slot = ring_slot(j.tag);
-  std::vector<float> scratch[2] = {std::vector<float>(maxc ? maxc : 1),
-                                   std::vector<float>(maxc ? maxc : 1)};
+  // the ring's scratch, kept between calls as the all-reduce's is
+  float *scratch[2] = {ring_scratch(s, 2 * maxc), nullptr};
+  scratch[1] = scratch[0] + maxc;
   auto src = s.ctx->createUnboundBuffer(const_cast<float *>(in), off[n] * sizeof(float));
   std::unique_ptr<gloo::transport::UnboundBuffer> tmp[2] = {
-      s.ctx->createUnboundBuffer(scratch[0].data(), scratch[0].size() * sizeof(float)),
-      s.ctx->createUnboundBuffer(scratch[1].data(), scratch[1].size() * sizeof(float))};
+      s.ctx->createUnboundBuffer(scratch[0], maxc * sizeof(float)),
+      s.ctx->createUnboundBuffer(scratch[1], maxc * sizeof(float))};
   CollBufs listed(s);
   listed.add(src.get());
   listed.add(tmp[0].get());
@@ -183,7 +184,7 @@ void reduce_scatter_ring(State &s, Job &j) {
     rbuf->recv(left, slot, 0, j.counts[ri] * sizeof(float));
     wait_recv(rbuf.get(), deadline, "reduce_scatter");
     const float *mine = in + off[ri];
-    float *acc = scratch[k % 2].data();
+    float *acc = scratch[k % 2];
     float *dst = k == n - 2 ? out : acc;  // the last chunk received is ours
     for (size_t i = 0; i < j.counts[ri]; i++) dst[i] = acc[i] + mine[i];
     wait_send(sbuf, deadline, "reduce_scatter");
