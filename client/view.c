@@ -471,3 +471,19 @@ void view_event_line(FILE *f, const Mega__V1__JobEvent *e, const view_opts *o) {
     fprintf(f, " [node %s]", nid);
   fputc('\n', f);
 }
+
+bool view_seen_step(view_seen *s, uint32_t attempt, uint64_t iteration) {
+  int oldest = 0;
+  for (int i = 0; i < s->n; i++) {
+    if (s->v[i].attempt == attempt) {
+      if (iteration <= s->v[i].iteration) return true;
+      s->v[i].iteration = iteration;
+      return false;
+    }
+    if (s->v[i].attempt < s->v[oldest].attempt) oldest = i;
+  }
+  int at = s->n < VIEW_SEEN_ATTEMPTS ? s->n++ : oldest;
+  s->v[at].attempt = attempt;
+  s->v[at].iteration = iteration;
+  return false;
+}

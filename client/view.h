@@ -59,6 +59,24 @@ int view_render(FILE *f, const view_model *v, int64_t now_ms, const view_opts *o
  *   iter 3/3 loss 5.5451 grad_norm 0.8123 lr 1.000e-04 step 0.0123s tokens/s 5210 bubble 12.3% 10.1% */
 void view_step_line(FILE *f, const Mega__V1__StepMetrics *m, uint64_t train_iters);
 
+/* The steps a watch has shown, so that a reconnect's replay of the history
+ * shows none twice: per attempt, the latest iteration shown. Per attempt,
+ * not one mark for all: a step a node sends again after a takeover can come
+ * after a later attempt's steps, and is news. */
+#define VIEW_SEEN_ATTEMPTS 64
+typedef struct view_seen {
+  struct {
+    uint32_t attempt;
+    uint64_t iteration;
+  } v[VIEW_SEEN_ATTEMPTS];
+  int n;
+} view_seen;
+
+/* True when (attempt, iteration) was shown already; otherwise records it.
+ * Past VIEW_SEEN_ATTEMPTS attempts the oldest is forgotten (its steps, if
+ * replayed, show again). */
+bool view_seen_step(view_seen *s, uint32_t attempt, uint64_t iteration);
+
 /* One line for a job event: "12:00:01 rank failed  worker exited ... [rank 3, node n1]".
  * The time is local time. */
 void view_event_line(FILE *f, const Mega__V1__JobEvent *e, const view_opts *o);

@@ -39,8 +39,7 @@ typedef struct watch {
   int drawn;                            /* lines of the live block on screen */
   int64_t last_draw_ms;
   /* what was shown, so a reconnect's replay shows nothing twice */
-  uint32_t seen_attempt;
-  uint64_t seen_iteration;
+  view_seen seen_steps;
   int64_t seen_event_ms;
   uint32_t seen_sigs[64]; /* events at seen_event_ms */
   int nsigs;
@@ -54,14 +53,8 @@ static uint32_t event_sig(const Mega__V1__JobEvent *e) {
 
 /* True when the item was shown already (a reconnect replays history). */
 static bool seen_before(watch *w, const Mega__V1__WatchJobResponse *r) {
-  if (r->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) {
-    uint32_t a = r->step->attempt;
-    uint64_t it = r->step->iteration;
-    if (a < w->seen_attempt || (a == w->seen_attempt && it <= w->seen_iteration)) return true;
-    w->seen_attempt = a;
-    w->seen_iteration = it;
-    return false;
-  }
+  if (r->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP)
+    return view_seen_step(&w->seen_steps, r->step->attempt, r->step->iteration);
   if (r->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT) return false;
   int64_t t = r->event->time_unix_ms;
   uint32_t sig = event_sig(r->event);
@@ -105,12 +98,23 @@ static bool take(watch *w, Mega__V1__WatchJobResponse *r) {
     return false;
   }
   switch (r->item_case) {
-  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP:
+  case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP: {
+    /* a step sent again after a takeover, older than one shown: its line
+     * says so, and the block keeps the newest */
+    const Mega__V1__StepMetrics *cur = w->model.step;
+    bool late = cur && (r->step->attempt < cur->attempt ||
+                        (r->step->attempt == cur->attempt && r->step->iteration < cur->iteration));
     if (w->mode == OUT_JSON) {
       mega_step_metrics_write(stdout, r->step);
-    } else if (w->mode == OUT_PLAIN) {
+    } else if (w->mode == OUT_PLAIN || late) { /* live: a line above the block, as events */
+      if (w->mode == OUT_LIVE) clear_block(w);
+      if (late) printf("(late, attempt %u) ", r->step->attempt);
       view_step_line(stdout, r->step, w->model.train_iters);
       fflush(stdout);
+    }
+    if (late) {
+      protobuf_c_message_free_unpacked(&r->base, NULL);
+      return false;
     }
     if (w->step_msg) protobuf_c_message_free_unpacked(&w->step_msg->base, NULL);
     w->step_msg = r;
@@ -119,6 +123,7 @@ static bool take(watch *w, Mega__V1__WatchJobResponse *r) {
     if (w->model.state == MEGA__V1__JOB_STATE__JOB_STATE_PENDING)
       w->model.state = MEGA__V1__JOB_STATE__JOB_STATE_RUNNING;
     return false;
+  }
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT:
     view_model_event(&w->model, r->event);
     if (w->mode == OUT_LIVE) clear_block(w);

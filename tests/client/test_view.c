@@ -316,6 +316,29 @@ static void test_event_lines_and_model(void **state) {
   assert_int_equal(v.ended_ms, 9000);
 }
 
+/* A reconnect replays the history: nothing shown twice. A step sent again
+ * after a takeover comes after a later attempt's and is still shown. */
+static void test_seen_steps(void **state) {
+  (void)state;
+  view_seen s = {0};
+  assert_false(view_seen_step(&s, 0, 1));
+  assert_false(view_seen_step(&s, 0, 2));
+  assert_false(view_seen_step(&s, 1, 3));
+  assert_false(view_seen_step(&s, 0, 3)); /* attempt 0's, late */
+  assert_true(view_seen_step(&s, 0, 2));  /* the replay */
+  assert_true(view_seen_step(&s, 0, 3));
+  assert_true(view_seen_step(&s, 1, 3));
+  assert_false(view_seen_step(&s, 1, 4));
+  /* past VIEW_SEEN_ATTEMPTS attempts the oldest is forgotten */
+  for (uint32_t a = 2; a < VIEW_SEEN_ATTEMPTS; a++) assert_false(view_seen_step(&s, a, 1));
+  assert_int_equal(s.n, VIEW_SEEN_ATTEMPTS);
+  assert_true(view_seen_step(&s, 0, 3));
+  assert_false(view_seen_step(&s, VIEW_SEEN_ATTEMPTS, 1));
+  assert_int_equal(s.n, VIEW_SEEN_ATTEMPTS);
+  assert_true(view_seen_step(&s, 1, 4));
+  assert_false(view_seen_step(&s, 0, 3)); /* forgotten: shown again */
+}
+
 static void test_short_numbers(void **state) {
   (void)state;
   char b[32];
@@ -351,6 +374,7 @@ int main(void) {
       cmocka_unit_test(test_render_before_the_first_step),
       cmocka_unit_test(test_plain_step_line),
       cmocka_unit_test(test_event_lines_and_model),
+      cmocka_unit_test(test_seen_steps),
       cmocka_unit_test(test_short_numbers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
