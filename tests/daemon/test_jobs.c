@@ -226,18 +226,21 @@ static void test_journal_replay(void **state) {
   rmdir(dir);
 }
 
+static void push_step(mega_job *j, uint32_t attempt, uint64_t iteration) {
+  Mega__V1__StepMetrics s = MEGA__V1__STEP_METRICS__INIT;
+  s.attempt = attempt;
+  s.iteration = iteration;
+  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
+  item.step = &s;
+  assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
+}
+
 static void test_history_bound(void **state) {
   (void)state;
   mega_job *j = new_job("j-1");
   assert_int_equal(j->hist.cap, 0); /* a job that never ran holds no ring */
-  for (uint64_t i = 1; i <= MEGA_JOB_HISTORY + 10; i++) {
-    Mega__V1__StepMetrics s = MEGA__V1__STEP_METRICS__INIT;
-    s.iteration = i;
-    Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
-    item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
-    item.step = &s;
-    assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
-  }
+  for (uint64_t i = 1; i <= MEGA_JOB_HISTORY + 10; i++) push_step(j, 0, i);
   assert_int_equal(j->hist.len, MEGA_JOB_HISTORY);
   assert_int_equal(mega_job_hist_at(&j->hist, 0)->step->iteration, 11);
   assert_int_equal(mega_job_hist_at(&j->hist, MEGA_JOB_HISTORY - 1)->step->iteration,
@@ -250,16 +253,6 @@ static void test_history_bound(void **state) {
   assert_int_equal(j->hist.lost_last, 10);
   mega_job_free(j);
 }
-static void push_step(mega_job *j, uint32_t attempt, uint64_t iteration) {
-  Mega__V1__StepMetrics s = MEGA__V1__STEP_METRICS__INIT;
-  s.attempt = attempt;
-  s.iteration = iteration;
-  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
-  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP;
-  item.step = &s;
-  assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
-}
-
 static void push_event(mega_job *j, uint32_t attempt, Mega__V1__JobEventKind kind) {
   Mega__V1__JobEvent ev = MEGA__V1__JOB_EVENT__INIT;
   ev.attempt = attempt;
