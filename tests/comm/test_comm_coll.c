@@ -1,5 +1,7 @@
 /* Collectives over Gloo between forked ranks on loopback, checked against
- * results computed locally from every rank's (deterministic) inputs. */
+ * results computed locally from every rank's (deterministic) inputs; the
+ * *_here tests mark the groups as all on this node, so that their
+ * collectives go through shared memory (gloo_shm.cc). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,17 +14,30 @@
 
 #define TIMEOUT_MS 10000
 
+/* env->arg: NULL, or a bool that says whether to mark the group here. */
 static mega_comm *open_comm(const mp_env *env, const char *group, int rank,
                             int size, bool kv) {
   mega_store *store = mp_store(env, kv);
   if (!store) return NULL;
+  bool here = env->arg && *(const bool *)env->arg;
   mega_comm *c = NULL;
   mega_err err = {0};
-  mega_status st = mega_comm_create(store, group, rank, size, NULL, TIMEOUT_MS, &c, &err);
+  mega_status st = here ? mega_store_group_here(store, group, &err) : MEGA_OK;
+  if (st == MEGA_OK)
+    st = mega_comm_create(store, group, rank, size, NULL, TIMEOUT_MS, &c, &err);
   mega_store_close(store);
-  if (st != MEGA_OK)
+  if (st != MEGA_OK) {
     fprintf(stderr, "rank %d: creating '%s': %s: %s\n", rank, group,
             mega_status_str(st), err.msg);
+    return NULL;
+  }
+  const char *want = here && size > 1 ? "gloo+shm" : "gloo";
+  if (strcmp(mega_comm_transport(c), want) != 0) {
+    fprintf(stderr, "rank %d: '%s' moves collectives by %s, want %s\n", rank, group,
+            mega_comm_transport(c), want);
+    mega_comm_destroy(c);
+    return NULL;
+  }
   return c;
 }
 
@@ -32,13 +47,16 @@ static float sum_over(int n, size_t i) {
   return s;
 }
 
-/* Uneven per-rank counts, zeros included; `set` picks one of several. */
+/* Uneven per-rank counts, zeros included; `set` picks one of several. The
+ * last ones take several of shared memory's windows (a slot is 1 MB at two
+ * ranks, shared by all parts in a reduce-scatter). */
 static size_t count_of(int set, int r) {
-  static const size_t sets[][4] = {
-      {3, 0, 5, 1}, {1000, 70001, 3, 12}, {4, 4, 4, 4}, {0, 0, 0, 0}, {0, 2, 0, 9}};
+  static const size_t sets[][4] = {{3, 0, 5, 1},      {1000, 70001, 3, 12},
+                                   {4, 4, 4, 4},      {0, 0, 0, 0},
+                                   {0, 2, 0, 9},      {300001, 5, 0, 150000}};
   return sets[set][r];
 }
-#define NSETS 5
+#define NSETS 6
 
 static float max_over(int n, size_t i) {
   float m = mp_val(0, i);
@@ -124,7 +142,7 @@ static int check_all_gather(int rank, int n, mega_comm *c) {
 static int check_broadcast(int rank, int n, mega_comm *c) {
   mega_err err = {0};
   for (int root = 0; root < n; root++) {
-    size_t nf = 1001 + (size_t)root, nb = 77777;
+    size_t nf = 1001 + (size_t)root, nb = 77777 + (size_t)root * 1500000;
     float *f = malloc(nf * sizeof(float));
     uint8_t *b = malloc(nb);
     MP_CHECK(f && b, "malloc");
@@ -328,6 +346,33 @@ static void test_subgroups(void **state) {
   assert_int_equal(mp_run(4, body_subgroups, NULL, 20000, 0), 0);
 }
 
+static bool here = true;
+
+static void test_collectives_here_2(void **state) {
+  (void)state;
+  assert_int_equal(mp_run(2, body_collectives, &here, 20000, 0), 0);
+}
+
+static void test_collectives_here_3(void **state) {
+  (void)state;
+  assert_int_equal(mp_run(3, body_collectives, &here, 20000, 0), 0);
+}
+
+static void test_collectives_here_4(void **state) {
+  (void)state;
+  assert_int_equal(mp_run(4, body_collectives, &here, 20000, 0), 0);
+}
+
+static void test_async_overlap_here(void **state) {
+  (void)state;
+  assert_int_equal(mp_run(3, body_async_overlap, &here, 20000, 0), 0);
+}
+
+static void test_subgroups_here(void **state) {
+  (void)state;
+  assert_int_equal(mp_run(4, body_subgroups, &here, 20000, 0), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_collectives_2),
@@ -335,6 +380,11 @@ int main(void) {
       cmocka_unit_test(test_collectives_4),
       cmocka_unit_test(test_async_overlap),
       cmocka_unit_test(test_subgroups),
+      cmocka_unit_test(test_collectives_here_2),
+      cmocka_unit_test(test_collectives_here_3),
+      cmocka_unit_test(test_collectives_here_4),
+      cmocka_unit_test(test_async_overlap_here),
+      cmocka_unit_test(test_subgroups_here),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

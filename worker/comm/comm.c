@@ -34,6 +34,11 @@ void mega_comm_destroy(mega_comm *comm) {
   free(comm);
 }
 
+const char *mega_comm_transport(const mega_comm *comm) {
+  if (!comm) return "";
+  return comm->ops->transport ? comm->ops->transport(comm->impl) : comm->ops->name;
+}
+
 int mega_comm_rank(const mega_comm *comm) { return comm ? comm->rank : -1; }
 int mega_comm_size(const mega_comm *comm) { return comm ? comm->size : 0; }
 

@@ -166,6 +166,11 @@ mega_status mega_comm_create(mega_store *store, const char *group, int rank,
  * MEGA_ERR_CANCELLED) and to free. NULL is ignored. */
 void mega_comm_destroy(mega_comm *comm);
 
+/* How the communicator moves collectives' bytes: "gloo" (Gloo's TCP),
+ * "gloo+shm" (a group marked with mega_store_group_here, all on this node:
+ * collectives through a shared-memory segment, P2P on Gloo), "nccl". */
+const char *mega_comm_transport(const mega_comm *comm);
+
 int mega_comm_rank(const mega_comm *comm);
 int mega_comm_size(const mega_comm *comm);
 

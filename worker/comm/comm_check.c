@@ -111,6 +111,10 @@ static mega_status c_req_test(void *req, bool *done, mega_err *err) {
 
 static void c_req_free(void *req) { mega_req_free(req); }
 
+static const char *c_transport(const void *impl) {
+  return mega_comm_transport(((const checked *)impl)->inner);
+}
+
 static const mega_comm_ops checked_ops = {
     .name = "checked",
     .destroy = c_destroy,
@@ -126,6 +130,7 @@ static const mega_comm_ops checked_ops = {
     .req_wait = c_req_wait,
     .req_test = c_req_test,
     .req_free = c_req_free,
+    .transport = c_transport,
 };
 
 mega_status mega_comm_check_wrap(mega_comm *inner, mega_comm_mem_check ok, void *ctx,

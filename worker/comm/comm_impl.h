@@ -38,6 +38,8 @@ typedef struct mega_comm_ops {
   void (*req_free)(void *req);
   /* Optional (NULL: times unknown): comm.h's mega_req_get_times. */
   bool (*req_times)(const void *req, mega_req_times *t);
+  /* Optional (NULL: the name): comm.h's mega_comm_transport. */
+  const char *(*transport)(const void *impl);
 } mega_comm_ops;
 
 /* A communicator over impl (owned: destroyed with it). On failure impl is

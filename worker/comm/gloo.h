@@ -18,6 +18,7 @@ mega_status gloo_comm_create(mega_store *store, const char *group, int rank, int
 void gloo_comm_destroy(GlooComm *comm);
 mega_status gloo_comm_status(const GlooComm *comm, mega_err *err);
 void gloo_comm_abort(GlooComm *comm);
+const char *gloo_comm_transport(const GlooComm *comm);
 mega_status gloo_isend(GlooComm *comm, const void *buf, size_t nbytes, int peer, uint32_t tag,
                        GlooReq **req, mega_err *err);
 mega_status gloo_irecv(GlooComm *comm, void *buf, size_t nbytes, int peer, uint32_t tag,

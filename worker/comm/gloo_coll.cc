@@ -140,6 +140,7 @@ std::string Job::describe(const State &s) const {
 }
 
 void run_job(State &s, Job &j) {
+  if (shm_run(s, j)) return;
   switch (j.kind) {
   case Job::ALL_REDUCE:
     if (j.count == 0 || s.size == 1) return;
@@ -198,6 +199,8 @@ void comm_thread(std::shared_ptr<State> sp) {
     } else {
       try {
         run_job(s, *job);
+      } catch (const ShmPeerError &pe) {
+        st = fail(s, std::current_exception(), job->describe(s), pe.peer, &e);
       } catch (...) {
         st = fail(s, std::current_exception(), job->describe(s), -1, &e);
       }

@@ -72,6 +72,8 @@ Classified classify(std::exception_ptr ep) {
     std::rethrow_exception(ep);
   } catch (const StoreError &e) {
     return {e.status, e.what()};
+  } catch (const ShmPeerError &e) {
+    return {MEGA_ERR_PEER, e.what()};
   } catch (const gloo::IoException &e) {
     std::string r = clean_what(e.what());
     return {mentions_timeout(r) ? MEGA_ERR_TIMEOUT : MEGA_ERR_PEER, r};
@@ -142,6 +144,7 @@ void break_comm(State &s, mega_status st, const std::string &msg, bool abort) {
     s.queue.clear();
     s.cv.notify_all();
   }
+  shm_break(s, msg);
   poison(s);
   // After the pairs are closed, so the running collective's next post fails.
   std::lock_guard<std::mutex> lock(s.mu);
@@ -252,6 +255,7 @@ mega_status gloo_comm_create(mega_store *store, const char *group, int rank,
     ctx->name_ends(ctx);
     s->ctx = ctx;
     name_peers(*s, *ctx);
+    if (store->here.count(group)) shm_attach(*s);
     auto c = std::make_unique<GlooComm>();
     c->s = s;
     s->thread = std::thread(comm_thread, s);
@@ -294,6 +298,10 @@ void gloo_comm_destroy(GlooComm *comm) {
 mega_status gloo_comm_status(const GlooComm *comm, mega_err *err) {
   if (!comm) return mega_fail(err, MEGA_ERR_INVALID, "mega_comm_status: comm is NULL");
   return report(*comm->s, err);
+}
+
+const char *gloo_comm_transport(const GlooComm *comm) {
+  return comm ? shm_transport(*comm->s) : "";
 }
 
 void gloo_comm_abort(GlooComm *comm) {

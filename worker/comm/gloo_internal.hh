@@ -65,6 +65,20 @@ class GroupStore : public gloo::rendezvous::Store {
 
 struct Job;
 
+// A group's shared-memory segment (gloo_shm.cc), when all its ranks are on
+// this node.
+struct ShmGroup;
+void shm_free(ShmGroup *g);
+struct ShmDeleter {
+  void operator()(ShmGroup *g) const { shm_free(g); }
+};
+
+// A peer that broke the group or died, seen through shared memory.
+struct ShmPeerError : std::runtime_error {
+  int peer;
+  ShmPeerError(int p, const std::string &msg);
+};
+
 // Gloo's full mesh with a rendezvous of one call per rank (gloo_mesh.cc).
 // Gloo's own connectFullMesh reads every other rank's key whole (each holds
 // an address for every rank of the group: O(S^2) bytes per rank) with a
@@ -137,6 +151,8 @@ struct State {
   // largest chunk twice. The comm thread's alone.
   std::unique_ptr<float[]> ring_scratch;
   size_t ring_scratch_n = 0;
+  // Set at creation when the group's collectives go through shared memory.
+  std::unique_ptr<ShmGroup, ShmDeleter> shm;
   bool stopping = false;
   std::thread thread;
 
@@ -218,6 +234,15 @@ void all_gather_direct(State &s, Job &j, size_t elem);
 // Up to this many bytes in all, an all-gather of 3 ranks or more goes in
 // one round (all_gather_direct) instead of Gloo's ring of n-1.
 constexpr size_t kDirectGatherBytes = 64 * 1024;
+// Shared memory for a group whose ranks are all on this node (gloo_shm.cc):
+// attach at creation (every rank, after the mesh connects; without it, or
+// when a rank cannot map the segment, collectives stay on Gloo's TCP);
+// shm_run runs a collective there (false: not attached); shm_break tells
+// the peers, with why, and wakes every wait.
+void shm_attach(State &s);
+bool shm_run(State &s, Job &j);
+void shm_break(State &s, const std::string &why);
+const char *shm_transport(const State &s);
 // A helper thread of the P2P wait pool.
 void pool_thread(std::shared_ptr<State> s);
 

@@ -53,6 +53,8 @@ static void g_free(void *r) { gloo_req_free(r); }
 
 static bool g_times(const void *r, mega_req_times *t) { return gloo_req_times(r, t); }
 
+static const char *g_transport(const void *c) { return gloo_comm_transport(c); }
+
 static const mega_comm_ops gloo_ops = {
     .name = "gloo",
     .destroy = g_destroy,
@@ -69,6 +71,7 @@ static const mega_comm_ops gloo_ops = {
     .req_test = g_test,
     .req_free = g_free,
     .req_times = g_times,
+    .transport = g_transport,
 };
 
 mega_status mega_comm_create(mega_store *store, const char *group, int rank, int size,
