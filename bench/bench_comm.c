@@ -1,7 +1,9 @@
-/* Communicator figures on loopback (Gloo over TCP), with 2 and 4 ranks
- * forked on this machine: P2P bandwidth, small round-trip latency, a
- * small all-gather's latency, and all-reduce bus bandwidth. Prints
- * figures; never fails on a time.
+/* Communicator figures on one machine, with 2 and 4 ranks forked on it:
+ * P2P bandwidth, small round-trip latency, a small all-gather's latency,
+ * and all-reduce bus bandwidth. Every group is marked as all on this node,
+ * as the worker marks its groups, so collectives go through shared memory;
+ * MEGA_COMM_SHM=0 keeps them on Gloo's loopback TCP, for comparison. P2P is
+ * TCP either way. Prints figures; never fails on a time.
  *
  *   bench_comm [ranks...]      (default: 2 4)
  *   bench_comm lanes [floats [buffers]]
@@ -178,6 +180,13 @@ static int all_reduce(int rank, int n, mega_comm *c, size_t count, int iters) {
   return 0;
 }
 
+/* A group all on this node, as the worker makes its groups on one machine. */
+static mega_status create_here(mega_store *store, const char *group, int rank, int n,
+                               mega_comm **c, mega_err *err) {
+  mega_status st = mega_store_group_here(store, group, err);
+  return st == MEGA_OK ? mega_comm_create(store, group, rank, n, NULL, TIMEOUT_MS, c, err) : st;
+}
+
 static int body(int rank, const mp_env *env) {
   int n = env->nranks;
   mega_store *store = mp_store(env, false);
@@ -185,11 +194,12 @@ static int body(int rank, const mp_env *env) {
   mega_comm *c = NULL;
   mega_err err = {0};
   double t0 = mp_now_ms();
-  MP_OK(mega_comm_create(store, "bench", rank, n, NULL, TIMEOUT_MS, &c, &err), err);
+  MP_OK(create_here(store, "bench", rank, n, &c, &err), err);
   double t_create = mp_now_ms() - t0;
   mega_store_close(store);
   if (rank == 0)
-    printf("ranks=%d  create (FileStore rendezvous + full mesh): %.0f ms\n", n, t_create);
+    printf("ranks=%d  create (FileStore rendezvous + full mesh): %.0f ms, collectives by %s\n",
+           n, t_create, mega_comm_transport(c));
   if (n % 2 == 0) {
     if (p2p_bandwidth(rank, n, c, 64u << 10, 4096)) return 1;
     if (p2p_bandwidth(rank, n, c, 1u << 20, 256)) return 1;
@@ -222,8 +232,12 @@ static int lanes_body(int rank, const mp_env *env) {
   mega_err err = {0};
   char name[32];
   snprintf(name, sizeof name, "pair%d", rank / 2);
-  MP_OK(mega_comm_create(store, "all", rank, n, NULL, TIMEOUT_MS, &all, &err), err);
-  MP_OK(mega_comm_create(store, name, rank % 2, 2, NULL, TIMEOUT_MS, &pair, &err), err);
+  MP_OK(create_here(store, "all", rank, n, &all, &err), err);
+  MP_OK(create_here(store, name, rank % 2, 2, &pair, &err), err);
+  if (rank == 0 && n == 2) {
+    printf("collectives by %s\n", mega_comm_transport(pair));
+    fflush(stdout);
+  }
   mega_store_close(store);
   size_t total = a->count * (size_t)a->buffers;
   float *buf = malloc(total * sizeof(float));
@@ -322,7 +336,7 @@ int main(int argc, char **argv) {
     }
   }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  printf("bench_comm: Gloo over loopback TCP, one process per rank, %ld core(s)\n", cores);
+  printf("bench_comm: one process per rank, %ld core(s)\n", cores);
   int failed = 0;
   for (int i = 0; i < nr; i++) failed += mp_run(ranks[i], body, NULL, 120000, 0);
   if (failed) fprintf(stderr, "bench_comm: %d rank(s) failed\n", failed);

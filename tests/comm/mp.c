@@ -25,6 +25,12 @@ void mp_sleep_ms(int ms) {
   }
 }
 
+void mp_die_after_ms(int ms) {
+  mp_sleep_ms(ms);
+  kill(getpid(), SIGKILL);
+  for (;;) pause();
+}
+
 static int rm_one(const char *path, const struct stat *sb, int flag,
                   struct FTW *ftw) {
   (void)sb, (void)flag, (void)ftw;

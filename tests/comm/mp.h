@@ -39,6 +39,9 @@ extern const mega_kv_ops mp_kv_dir_ops;
 
 double mp_now_ms(void);
 void mp_sleep_ms(int ms);
+/* A planned victim (its bit in mp_run's killed_ok): sleeps, then SIGKILLs
+ * itself, as a crash would end it. */
+_Noreturn void mp_die_after_ms(int ms);
 
 /* Deterministic test data: small integers as floats, so sums are exact. */
 static inline float mp_val(int rank, size_t i) {

@@ -44,10 +44,7 @@ static int body_killed_mid_recv(int rank, const mp_env *env) {
   MP_CHECK(c, "no communicator");
   MP_OK(mega_comm_barrier(c, 0, &err), err);
   if (rank == 1) {
-    mp_sleep_ms(300);
-    kill(getpid(), SIGKILL);
-    mp_sleep_ms(10000);
-    return 1;
+    mp_die_after_ms(300);
   }
   const size_t n = 4u << 20;
   char *buf = malloc(n);
@@ -85,10 +82,7 @@ static int body_killed_in_collective(int rank, const mp_env *env) {
   MP_CHECK(c, "no communicator");
   MP_OK(mega_comm_barrier(c, 0, &err), err);
   if (rank == 2) {
-    mp_sleep_ms(300);
-    kill(getpid(), SIGKILL);
-    mp_sleep_ms(10000);
-    return 1;
+    mp_die_after_ms(300);
   }
   const size_t n = 1u << 20;
   float *buf = calloc(n, sizeof(float));
@@ -118,10 +112,7 @@ static int body_dead_peer_named(int rank, const mp_env *env) {
   MP_CHECK(c, "no communicator");
   MP_OK(mega_comm_barrier(c, 0, &err), err);
   if (rank == 2) {
-    mp_sleep_ms(300);
-    kill(getpid(), SIGKILL);
-    mp_sleep_ms(10000);
-    return 1;
+    mp_die_after_ms(300);
   }
   /* each survivor hears of the death only on its own connection to rank
    * 2, and Gloo names that by an address */

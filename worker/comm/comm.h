@@ -54,6 +54,16 @@
  * and the connections of the group are closed, so the other ranks learn of
  * it promptly too. A broken communicator is only good for mega_comm_destroy.
  *
+ * Shared memory. The collectives of a group marked with
+ * mega_store_group_here (all its ranks on this node) go through a segment
+ * in /dev/shm the ranks map at creation (unlinked once all have: nothing is
+ * left behind); P2P stays on TCP. The failure contract is the same: a rank
+ * that dies (seen through its pidfd) or breaks its communicator fails the
+ * others' collectives with MEGA_ERR_PEER naming it, within about 10 ms of
+ * their next wait. Where a rank cannot map the segment, or the environment
+ * has MEGA_COMM_SHM=0, the group's collectives stay on TCP;
+ * mega_comm_transport says which.
+ *
  * Process-wide effect: creating the first communicator sets SIGPIPE to
  * SIG_IGN if it was SIG_DFL, because Gloo writes to sockets with writev and
  * a peer's death must be an error, not the end of this process. */

@@ -128,6 +128,9 @@ void break_comm(State &s, mega_status st, const std::string &msg, bool abort) {
       s.cause_msg = msg;
     }
     s.failed = true;
+    // Before any waiter wakes (its free of a request breaks the group
+    // too): the peers must read this first cause.
+    shm_break(s, msg);
     for (GlooReq *r : s.live) {
       if (r->kind == GlooReq::SEND)
         r->buf->abortWaitSend();
@@ -144,7 +147,6 @@ void break_comm(State &s, mega_status st, const std::string &msg, bool abort) {
     s.queue.clear();
     s.cv.notify_all();
   }
-  shm_break(s, msg);
   poison(s);
   // After the pairs are closed, so the running collective's next post fails.
   std::lock_guard<std::mutex> lock(s.mu);

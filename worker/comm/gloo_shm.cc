@@ -47,7 +47,9 @@ constexpr uint32_t kSetupTag = 0xfffffff0u;
 struct Header {
   alignas(kLine) std::atomic<uint32_t> arrive;
   alignas(kLine) std::atomic<uint32_t> gen;  // the barrier's generation (a futex)
-  alignas(kLine) std::atomic<int32_t> broken;  // 0, -1 while `why` is written, rank + 1
+  // 0; -1 while `why` is written; then 1 + the rank to blame: one whose
+  // communicator broke or was aborted, or one seen dead
+  alignas(kLine) std::atomic<int32_t> broken;
   char why[512];
 };
 
@@ -103,15 +105,23 @@ void shm_free(ShmGroup *g) { delete g; }
 
 namespace {
 
-// Why the group broke, as the rank that broke it wrote it.
-std::string broken_why(ShmGroup &g, int32_t b) {
-  std::string why(g.h->why, strnlen(g.h->why, sizeof g.h->why));
-  return "rank " + std::to_string(b - 1) + " left the group's shared memory (" + why + ")";
+// The first to mark the group broken says why and whom to blame.
+void mark_broken(ShmGroup &g, int blame, const std::string &why) {
+  Header &h = *g.h;
+  int32_t none = 0;
+  if (h.broken.compare_exchange_strong(none, -1)) {
+    size_t n = std::min(why.size(), sizeof h.why - 1);
+    memcpy(h.why, why.data(), n);
+    h.why[n] = '\0';
+    h.broken.store(blame + 1, std::memory_order_release);
+  }
+  futex(&h.gen, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 void check_broken(State &s, ShmGroup &g) {
   int32_t b = g.h->broken.load(std::memory_order_acquire);
-  if (b > 0 && b - 1 != g.rank) throw ShmPeerError(b - 1, broken_why(g, b));
+  if (b > 0 && b - 1 != g.rank)
+    throw ShmPeerError(b - 1, std::string(g.h->why, strnlen(g.h->why, sizeof g.h->why)));
   if (b > 0 || s.failed.load()) throw gloo::IoException("the communicator broke during the collective");
 }
 
@@ -151,9 +161,13 @@ void barrier(State &s, ShmGroup &g, steady::time_point deadline) {
     struct timespec t = {static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
     if (futex(&h.gen, FUTEX_WAIT, gen, &t) != 0 && errno == ETIMEDOUT) {
       int q = dead_peer(g);
-      if (q >= 0 && h.gen.load(std::memory_order_acquire) == gen)
-        throw ShmPeerError(q, "rank " + std::to_string(q) + " (pid " + std::to_string(g.pid[q]) +
-                                  ") exited");
+      if (q >= 0 && h.gen.load(std::memory_order_acquire) == gen) {
+        std::string why = "rank " + std::to_string(q) + " (pid " + std::to_string(g.pid[q]) +
+                          ") exited";
+        mark_broken(g, q, why);  // the others need not wait for its pidfd
+        check_broken(s, g);
+        throw ShmPeerError(q, why);
+      }
     }
   }
 }
@@ -365,16 +379,7 @@ bool shm_run(State &s, Job &j) {
 }
 
 void shm_break(State &s, const std::string &why) {
-  if (!s.shm) return;
-  Header &h = *s.shm->h;
-  int32_t none = 0;
-  if (h.broken.compare_exchange_strong(none, -1)) {
-    size_t n = std::min(why.size(), sizeof h.why - 1);
-    memcpy(h.why, why.data(), n);
-    h.why[n] = '\0';
-    h.broken.store(s.rank + 1, std::memory_order_release);
-  }
-  futex(&h.gen, FUTEX_WAKE, INT_MAX, nullptr);
+  if (s.shm) mark_broken(*s.shm, s.rank, "rank " + std::to_string(s.rank) + " broke the group: " + why);
 }
 
 const char *shm_transport(const State &s) { return s.shm ? "gloo+shm" : "gloo"; }

@@ -68,7 +68,8 @@ static bool on_node(const mega_rank *r, int rank) {
 
 /* Marks group idx of kind k (both its communicators) as one this node's
  * megad rendezvouses alone when every member runs on this node: a job's TP
- * groups, as a rule, which then never reach the coordinator. */
+ * groups, as a rule, which then never reach the coordinator, and whose
+ * collectives go through shared memory (comm.h). */
 static mega_status mark_here(mega_rank *r, mega_group_kind k, int idx, const char *name,
                              mega_err *err) {
   int size = mega_topo_group_size(&r->topo, k);
