@@ -228,8 +228,17 @@ static void print_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
 static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
   mega_err err = {0};
   run_state rs = {.o = o, .job = job};
+  /* A hand launch binds loopback: every rank is on this node, so every
+   * group's collectives may go through shared memory (comm.h). */
+  uint32_t *here = calloc((size_t)o->world, sizeof *here);
+  if (!here) {
+    mega_fail(&err, MEGA_ERR_NOMEM, "out of memory");
+    return fail(NULL, &err);
+  }
+  for (int i = 0; i < o->world; i++) here[i] = (uint32_t)i;
   mega_rank_env env = {.job = job, .rank = o->rank, .world_size = o->world,
                        .local_rank = o->rank, .local_world_size = o->world,
+                       .node_ranks = here, .n_node_ranks = (size_t)o->world,
                        .store_dir = o->world > 1 ? o->rendezvous_dir : NULL,
                        .kv_prefix = "megaw", .device = -1,
                        .on_step = print_step, .on_checkpoint = print_checkpoint, .arg = &rs};
@@ -283,6 +292,7 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
   }
 out:
   mega_rank_destroy(rs.rank);
+  free(here);
   return rc;
 }
 

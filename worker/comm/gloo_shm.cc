@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +43,9 @@ constexpr size_t kLine = 64;
 constexpr size_t kSetFloats = size_t{1} << 19;
 constexpr size_t kMinSlotFloats = 4096;
 constexpr ms kSlice(10);  // how often a waiting rank looks for failures
+// How long a barrier spins before it sleeps (PP=4 x DP=2, 3 rounds: the
+// engine's 1M-float all-reduce 2.3 -> 1.7 ms against no spin).
+constexpr std::chrono::microseconds kSpin(300);
 constexpr uint32_t kSetupTag = 0xfffffff0u;
 
 struct Header {
@@ -149,8 +153,17 @@ void barrier(State &s, ShmGroup &g, steady::time_point deadline) {
     futex(&h.gen, FUTEX_WAKE, INT_MAX, nullptr);
     return;
   }
-  for (int i = 0; i < 128 && h.gen.load(std::memory_order_acquire) == gen; i++)
+  // Spin a while, giving the core to anything runnable, before sleeping:
+  // a rank woken from the futex took 0.3-0.6 ms to run again on this
+  // 2-core VM, and the peer is usually a piece's copy away.
+  const auto spin_end = steady::now() + kSpin;
+  for (int i = 0; h.gen.load(std::memory_order_acquire) == gen; i++) {
     __builtin_ia32_pause();
+    if (i % 64 == 63) {
+      if (steady::now() >= spin_end) break;
+      sched_yield();
+    }
+  }
   while (h.gen.load(std::memory_order_acquire) == gen) {
     check_broken(s, g);
     auto now = steady::now();
@@ -186,7 +199,10 @@ void reduce_into(float *o, float *mine, const ShmGroup &g, float *const *slots, 
 // Pieces of slot floats: in, a barrier, each rank sums its share of the
 // piece into its own buffer and its slot, a barrier, each copies the
 // others' shares out. Every share is summed by one rank in rank order, so
-// all ranks end with the same bits.
+// all ranks end with the same bits. Two ranks each sum the whole piece
+// (the same order on both, so the same bits): as many bytes read and
+// written as shares, and one barrier a piece instead of two (DP=2 alone,
+// 1M-float buckets: 3.5-4.2 -> 2.6 ms a bucket).
 void all_reduce(State &s, ShmGroup &g, Job &j, steady::time_point deadline) {
   float *buf = static_cast<float *>(j.out);
   std::vector<float *> slots(g.n);
@@ -195,6 +211,16 @@ void all_reduce(State &s, ShmGroup &g, Job &j, steady::time_point deadline) {
     for (int q = 0; q < g.n; q++) slots[q] = g.slot_of(q);
     memcpy(slots[g.rank], buf + at, p * sizeof(float));
     barrier(s, g, deadline);
+    if (g.n == 2) {
+      const float *x = slots[0], *y = slots[1];
+      float *o = buf + at;
+      if (j.max)
+        for (size_t i = 0; i < p; i++) o[i] = y[i] > x[i] ? y[i] : x[i];
+      else
+        for (size_t i = 0; i < p; i++) o[i] = x[i] + y[i];
+      g.piece++;
+      continue;
+    }
     size_t share = round_up((p + g.n - 1) / g.n, 16);
     size_t a = std::min(p, share * g.rank), e = std::min(p, a + share);
     if (j.max)

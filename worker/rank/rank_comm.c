@@ -66,10 +66,11 @@ static bool on_node(const mega_rank *r, int rank) {
   return false;
 }
 
-/* Marks group idx of kind k (both its communicators) as one this node's
- * megad rendezvouses alone when every member runs on this node: a job's TP
- * groups, as a rule, which then never reach the coordinator, and whose
- * collectives go through shared memory (comm.h). */
+/* Marks group idx of kind k (both its communicators) as all on this node
+ * when every member runs here: its collectives then go through shared
+ * memory (comm.h), and under megad it rendezvouses through this node's
+ * megad alone (a job's TP groups, as a rule, never reach the coordinator).
+ * A hand launch lists every rank as on this node. */
 static mega_status mark_here(mega_rank *r, mega_group_kind k, int idx, const char *name,
                              mega_err *err) {
   int size = mega_topo_group_size(&r->topo, k);
@@ -154,7 +155,7 @@ mega_status rank_build_groups(mega_rank *r, mega_err *err) {
     if (g == GROUP_EMBD && r->job->untie_embeddings_and_output_weights) continue;
     char name[64];
     snprintf(name, sizeof name, "%s%d", groups[g].name, idx);
-    if (r->env.kv) st = mark_here(r, groups[g].kind, idx, name, err);
+    st = mark_here(r, groups[g].kind, idx, name, err);
     if (st == MEGA_OK) st = join(r, g, &groups[g], name, pos, size, err);
   }
   r->tp.comm = r->dcomm[GROUP_TP];
