@@ -59,6 +59,14 @@ struct Header {
 
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
 // After the header: each rank's pid, then the sets from a page boundary.
 std::atomic<int32_t> *pids(Header *h) {
   return reinterpret_cast<std::atomic<int32_t> *>(reinterpret_cast<char *>(h) +
@@ -158,7 +166,7 @@ void barrier(State &s, ShmGroup &g, steady::time_point deadline) {
   // 2-core VM, and the peer is usually a piece's copy away.
   const auto spin_end = steady::now() + kSpin;
   for (int i = 0; h.gen.load(std::memory_order_acquire) == gen; i++) {
-    __builtin_ia32_pause();
+    cpu_relax();
     if (i % 64 == 63) {
       if (steady::now() >= spin_end) break;
       sched_yield();
@@ -313,7 +321,9 @@ std::unique_ptr<ShmGroup> map_segment(const std::string &name, int n, int rank, 
   auto g = std::make_unique<ShmGroup>();
   g->n = n;
   g->rank = rank;
-  g->slot = std::max(kMinSlotFloats, kSetFloats / static_cast<size_t>(n) / 16 * 16);
+  // at least 16 floats a part in a reduce-scatter's window
+  g->slot = std::max({kMinSlotFloats, kSetFloats / static_cast<size_t>(n) / 16 * 16,
+                      16 * static_cast<size_t>(n)});
   g->len = header_bytes(n) + 2 * static_cast<size_t>(n) * g->slot * sizeof(float);
   int fd = shm_open(name.c_str(), create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
   if (fd < 0) return nullptr;
