@@ -140,10 +140,13 @@ static int body_silent(int rank, const mp_env *env) {
   return 0;
 }
 
-/* MEGA_COMM_SHM=0 keeps a group on Gloo's TCP even when marked here. */
+/* MEGA_COMM_SHM=0 keeps a group on Gloo's TCP even when marked here: set
+ * on every rank (*arg -1), or on one rank only (*arg that rank), which
+ * stands for a rank that cannot map the segment: the others agree. */
 static int body_off(int rank, const mp_env *env) {
   mega_err err = {0};
-  setenv("MEGA_COMM_SHM", "0", 1);
+  int who = *(const int *)env->arg;
+  if (who < 0 || who == rank) setenv("MEGA_COMM_SHM", "0", 1);
   mega_comm *c = open_here(env, "off", rank, 2, 10000);
   MP_CHECK(c, "no communicator");
   MP_CHECK(strcmp(mega_comm_transport(c), "gloo") == 0, "transport %s", mega_comm_transport(c));
@@ -171,7 +174,10 @@ static void test_silent_peer_times_out(void **state) {
 
 static void test_switched_off(void **state) {
   (void)state;
-  assert_int_equal(mp_run(2, body_off, NULL, 15000, 0), 0);
+  int all = -1, one = 1, root = 0;
+  assert_int_equal(mp_run(2, body_off, &all, 15000, 0), 0);
+  assert_int_equal(mp_run(2, body_off, &one, 15000, 0), 0);
+  assert_int_equal(mp_run(2, body_off, &root, 15000, 0), 0);
 }
 
 int main(void) {

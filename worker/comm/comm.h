@@ -60,9 +60,9 @@
  * left behind); P2P stays on TCP. The failure contract is the same: a rank
  * that dies (seen through its pidfd) or breaks its communicator fails the
  * others' collectives with MEGA_ERR_PEER naming it, within about 10 ms of
- * their next wait. Where a rank cannot map the segment, or the environment
- * has MEGA_COMM_SHM=0, the group's collectives stay on TCP;
- * mega_comm_transport says which.
+ * their next wait. Where any rank cannot map the segment or has
+ * MEGA_COMM_SHM=0 in its environment, the group's collectives stay on TCP
+ * (the ranks agree at creation); mega_comm_transport says which.
  *
  * Process-wide effect: creating the first communicator sets SIGPIPE to
  * SIG_IGN if it was SIG_DFL, because Gloo writes to sockets with writev and

@@ -351,12 +351,15 @@ std::unique_ptr<ShmGroup> map_segment(const std::string &name, int n, int rank, 
 ShmPeerError::ShmPeerError(int p, const std::string &msg) : std::runtime_error(msg), peer(p) {}
 
 void shm_attach(State &s) {
+  if (s.size < 2) return;
+  // A rank told not to still takes part, saying no, so that ranks started
+  // with different environments agree instead of waiting for each other.
   const char *env = getenv("MEGA_COMM_SHM");
-  if (s.size < 2 || (env && strcmp(env, "0") == 0)) return;
+  const bool off = env && strcmp(env, "0") == 0;
   static std::atomic<unsigned> seq{0};
   char name[64] = {0};
   std::unique_ptr<ShmGroup> g;
-  if (s.rank == 0) {
+  if (s.rank == 0 && !off) {
     snprintf(name, sizeof name, "/mega-%d-%u", static_cast<int>(getpid()), seq++);
     g = map_segment(name, s.size, 0, true);
     if (!g) name[0] = '\0';
@@ -373,7 +376,7 @@ void shm_attach(State &s) {
     throw;
   }
   name[sizeof name - 1] = '\0';
-  if (s.rank != 0 && name[0]) g = map_segment(name, s.size, s.rank, false);
+  if (s.rank != 0 && name[0] && !off) g = map_segment(name, s.size, s.rank, false);
   // Every rank's verdict; the segment is used only if all mapped it.
   std::vector<char> ok(s.size, 0);
   char mine = g ? 1 : 0;
