@@ -1,7 +1,7 @@
 /* Groups all on this node (mega_store_group_here), whose collectives go
  * through shared memory: a peer killed in a collective, a peer that breaks
- * its communicator before or during one, a silent peer, and what is left
- * in /dev/shm. The same promises as Gloo's TCP (test_comm_fail.c). */
+ * or destroys its communicator before or during one, a silent peer, and
+ * what is left in /dev/shm. The same promises as Gloo's TCP (test_comm_fail.c). */
 #include <dirent.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -121,6 +121,30 @@ static int body_abort(int rank, const mp_env *env) {
   return 0;
 }
 
+/* Rank 0 destroys its communicator after a barrier; rank 1's next
+ * all-reduce fails at once, naming rank 0 and why, as a closed TCP
+ * connection would tell it. */
+static int body_destroyed(int rank, const mp_env *env) {
+  mega_err err = {0};
+  mega_comm *c = open_here(env, "d", rank, 2, 10000);
+  MP_CHECK(c, "no communicator");
+  MP_OK(mega_comm_barrier(c, 0, &err), err);
+  if (rank == 0) {
+    mega_comm_destroy(c);
+    mp_sleep_ms(1500); /* alive: only its pidfd would not tell */
+    return 0;
+  }
+  mp_sleep_ms(300);
+  float x = 1;
+  double t0 = mp_now_ms();
+  mega_status st = mega_comm_all_reduce(c, &x, 1, 0, &err);
+  MP_CHECK(st == MEGA_ERR_PEER, "all_reduce gave %s: %s", mega_status_str(st), err.msg);
+  MP_CHECK(mp_now_ms() - t0 < 500, "took %.0f ms", mp_now_ms() - t0);
+  MP_CHECK(strstr(err.msg, "rank 0") && strstr(err.msg, "destroyed"), "message: %s", err.msg);
+  mega_comm_destroy(c);
+  return 0;
+}
+
 /* Rank 1 is alive but never joins: rank 0's barrier times out after its
  * own 800 ms, as MEGA_ERR_TIMEOUT. */
 static int body_silent(int rank, const mp_env *env) {
@@ -167,6 +191,11 @@ static void test_abort_breaks_the_group(void **state) {
   assert_int_equal(mp_run(2, body_abort, NULL, 15000, 0), 0);
 }
 
+static void test_destroyed_peer(void **state) {
+  (void)state;
+  assert_int_equal(mp_run(2, body_destroyed, NULL, 15000, 0), 0);
+}
+
 static void test_silent_peer_times_out(void **state) {
   (void)state;
   assert_int_equal(mp_run(2, body_silent, NULL, 15000, 0), 0);
@@ -184,6 +213,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_killed_in_all_reduce),
       cmocka_unit_test(test_abort_breaks_the_group),
+      cmocka_unit_test(test_destroyed_peer),
       cmocka_unit_test(test_silent_peer_times_out),
       cmocka_unit_test(test_switched_off),
   };

@@ -295,6 +295,8 @@ void gloo_comm_destroy(GlooComm *comm) {
     s->abort_msg = "group '" + s->group + "' was destroyed";
     s->failed = true;
   }
+  // TCP peers see the connections close; shared-memory peers, this.
+  shm_break(*s, s->abort_msg);
 }
 
 mega_status gloo_comm_status(const GlooComm *comm, mega_err *err) {
