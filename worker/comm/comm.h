@@ -58,9 +58,9 @@
  * mega_store_group_here (all its ranks on this node) go through a segment
  * in /dev/shm the ranks map at creation (unlinked once all have: nothing is
  * left behind); P2P stays on TCP. The failure contract is the same: a rank
- * that dies (seen through its pidfd) or breaks its communicator fails the
- * others' collectives with MEGA_ERR_PEER naming it, within about 10 ms of
- * their next wait. Where any rank cannot map the segment or has
+ * that dies (seen through its pidfd), or breaks, aborts or destroys its
+ * communicator, fails the others' collectives with MEGA_ERR_PEER naming
+ * it, within about 10 ms of their next wait. Where any rank cannot map the segment or has
  * MEGA_COMM_SHM=0 in its environment, the group's collectives stay on TCP
  * (the ranks agree at creation); mega_comm_transport says which.
  *
