@@ -363,17 +363,20 @@ void shm_attach(State &s) {
     g = map_segment(name, s.size, 0, true);
     if (!g) name[0] = '\0';
   }
+  // Rank 0 unlinks the name on every way out: once all have mapped it, the
+  // mappings keep the segment; on a failure nobody will.
+  struct Unlink {
+    const char *name;
+    ~Unlink() {
+      if (name && name[0]) shm_unlink(name);
+    }
+  } unlink_at_end{s.rank == 0 ? name : nullptr};
   gloo::BroadcastOptions b(s.ctx);
   b.setOutput(name, sizeof name);
   b.setRoot(0);
   b.setTag(kSetupTag);
   b.setTimeout(s.timeout);
-  try {
-    gloo::broadcast(b);
-  } catch (...) {
-    if (s.rank == 0 && name[0]) shm_unlink(name);
-    throw;
-  }
+  gloo::broadcast(b);
   name[sizeof name - 1] = '\0';
   if (s.rank != 0 && name[0] && !off) g = map_segment(name, s.size, s.rank, false);
   // Every rank's verdict; the segment is used only if all mapped it.
@@ -384,13 +387,7 @@ void shm_attach(State &s) {
   a.setOutput(ok.data(), std::vector<size_t>(s.size, 1));
   a.setTag(kSetupTag + 1);
   a.setTimeout(s.timeout);
-  try {
-    gloo::allgatherv(a);
-  } catch (...) {
-    if (s.rank == 0 && name[0]) shm_unlink(name);
-    throw;
-  }
-  if (s.rank == 0 && name[0]) shm_unlink(name);  // the mappings keep it
+  gloo::allgatherv(a);
   if (std::count(ok.begin(), ok.end(), 1) != s.size) return;
   g->pidfd.assign(s.size, -1);
   g->pid.assign(s.size, 0);
