@@ -114,6 +114,14 @@ static inline MEGA_HD void mega_kb_to_bf16(int64_t i, uint16_t *out, const float
   out[i] = mega_bf16_bits(in[i]);
 }
 
+/* bf16 back to fp32, item i of a [rows, cols] block: row i / cols of in
+ * (row stride ldi) to out (ldo). cuDNN's attention output and gradients. */
+static inline MEGA_HD void mega_kb_from_bf16(int64_t i, float *out, int64_t ldo,
+                                             const uint16_t *in, int64_t ldi, int64_t cols) {
+  int64_t r = i / cols, c = i % cols;
+  out[r * ldo + c] = mega_bf16_to_float(in[r * ldi + c]);
+}
+
 /* ---- row bodies, in lanes: n < N ----
  * L lanes share a row: lane l takes items l, l + L, l + 2L, ... (adjacent
  * lanes read adjacent floats). A row op is phases: each lane's partial

@@ -516,6 +516,7 @@ static void cu_destroy(mega_backend *be) {
   cuda_impl *c = impl_of(be);
   cudaStreamSynchronize(c->stream);
   mega_cu__optim_destroy(be);
+  mega_cu__sdpa_destroy(be);
   if (c->partials) cudaFree(c->partials);
   for (int k = 0; k < 2; k++)
     if (c->bf16_buf[k]) cudaFree(c->bf16_buf[k]);

@@ -1,7 +1,7 @@
 /* The cuda backend's attention (backend.h's attention ops): cuBLAS's
  * batched GEMMs around the softmax kernels (attn_gemm.c), or under --bf16
- * the flash kernels (kernels/flash_mma.cu) on bf16 copies of q, k, v and
- * dO. Part of cuda.c's backend; its state and helpers are cuda_impl.h's. */
+ * cuDNN's fused attention (cuda_sdpa.c) or else the flash kernels
+ * (kernels/flash_mma.cu), on bf16 copies of q, k, v and dO. Part of cuda.c's backend; its state and helpers are cuda_impl.h's. */
 #include <stdio.h>
 
 #include "kernels/launch.h"
@@ -132,6 +132,7 @@ void mega_cu__attention_forward(mega_backend *be, float *out, float *att, float 
     return;
   }
   if (!attn_bf16(be, q, k, v, NULL, d, &h)) return;
+  if (mega_cu__sdpa_forward(be, out, att, h.q, h.k, h.v, d)) return;
   note(be, mega_cu_flash_fwd(S(be), out, att, ocopy, h.q, h.k, h.v, d->B, d->T, d->NH, d->G,
                              d->hs, d->ldq, d->ldkv),
        "flash attention");
@@ -153,6 +154,7 @@ void mega_cu__attention_backward(mega_backend *be, float *dq, float *dk, float *
     return;
   }
   if (!attn_bf16(be, q, k, v, dout, d, &h)) return;
+  if (mega_cu__sdpa_backward(be, dq, dk, dv, h.dout, h.q, h.k, h.v, att, d)) return;
   note(be, mega_cu_flash_bwd(S(be), dq, dk, dv, scratch, dout, h.dout, ocopy, att, h.q, h.k,
                              h.v, d->B, d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv),
        "flash attention backward");

@@ -35,13 +35,14 @@ typedef struct cuda_impl {
   mega_cu_lt *lt;     /* --bf16's forward GEMMs with epilogues; NULL: cublasGemmEx */
   mega_cu_b16 *b16;   /* --bf16's kept copies (cuda_b16.h); NULL: scratch each time */
   void *attn_buf;     /* flash attention's bf16 inputs without b16 */
+  struct mega_cu_sdpa *sdpa; /* attention through cuDNN (cuda_sdpa.c); NULL: not yet asked */
   size_t attn_cap;
   mega_cu_table tables[MEGA_CU_TABLES]; /* AdamW's range tables */
   uint64_t table_clock;
   mega_cu_adamw_range *adamw_host; /* the table being laid out */
   size_t adamw_cap;
   mega_status sticky;
-  char why[200];
+  char why[480];
 } cuda_impl;
 
 static inline cuda_impl *impl_of(mega_backend *be) { return be->impl; }
@@ -74,6 +75,15 @@ void mega_cu__matmul_gelu_forward(mega_backend *be, float *out, float *pre, cons
 void mega_cu__matmul_gelu_backward_input(mega_backend *be, float *dpre, const float *dout,
                                          const float *w, const float *pre, int N, int C, int OC,
                                          mega_wlayout lay);
+
+/* Attention through cuDNN (cuda_sdpa.c) on the bf16 copies: false where
+ * it does not take the shape (the flash kernels then); failures noted. */
+bool mega_cu__sdpa_forward(mega_backend *be, float *out, float *att, const uint16_t *q,
+                           const uint16_t *k, const uint16_t *v, const mega_attn_dims *d);
+bool mega_cu__sdpa_backward(mega_backend *be, float *dq, float *dk, float *dv,
+                            const uint16_t *dout, const uint16_t *q, const uint16_t *k,
+                            const uint16_t *v, const float *att, const mega_attn_dims *d);
+void mega_cu__sdpa_destroy(mega_backend *be);
 
 void mega_cu__attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t *att,
                               size_t *scratch);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "worker/backend/cuda_internal.h"
+#include "worker/backend/cudnn_sdpa.h"
 
 static int device_count(mega_err *err) {
   int n = 0; /* cudaGetDeviceCount leaves it unwritten without a driver */
@@ -32,13 +33,20 @@ static mega_status device_info(int device, mega_cuda_device *out, mega_err *err)
   return MEGA_OK;
 }
 
+/* cuDNN is loaded at run time (cudnn_sdpa.h): the one found, or why none. */
 static const char *versions(void) {
-  static char buf[96];
+  static char buf[400];
   int nccl = 0;
   ncclGetVersion(&nccl);
-  snprintf(buf, sizeof buf, "CUDA %d.%d, cuBLAS %d, NCCL %d.%d.%d", CUDART_VERSION / 1000,
+  char dnn[300];
+  const mega_cudnn *api = mega_cudnn_load(dnn, sizeof dnn);
+  if (api) {
+    size_t v = mega_cudnn_version(api);
+    snprintf(dnn, sizeof dnn, "cuDNN %zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
+  }
+  snprintf(buf, sizeof buf, "CUDA %d.%d, cuBLAS %d, NCCL %d.%d.%d, %s", CUDART_VERSION / 1000,
            CUDART_VERSION % 1000 / 10, CUBLAS_VERSION, nccl / 10000, nccl / 100 % 100,
-           nccl % 100);
+           nccl % 100, dnn);
   return buf;
 }
 
