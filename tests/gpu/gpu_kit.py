@@ -12,7 +12,8 @@ one command and well inside its 10 minutes (see ../shared/notes/device.md).
   curves   a small GPT trained 50 steps on cuda and on cpu from the same
            checkpoint: fp32 within 1e-4 relative, bf16 within 1e-2
   bench    GPT-2 124M (12 x 768, 12 heads, T 1024, vocabulary 50,257 padded
-           to 50,304) on one GPU: megaw fp32 and --bf16, and PyTorch on the
+           to 50,304) on one GPU: megaw fp32 and --bf16 (attention through
+           cuDNN; again with the flash kernels), and PyTorch on the
            same card (bf16 autocast, SDPA, fused AdamW), eager and compiled:
            tokens/s, MFU against the card's bf16 dense peak, peak memory
   profile  where megaw's time goes: ncu's kernel times over one --bf16
@@ -196,7 +197,7 @@ def step_suite(k):
 
 # --- loss curves ------------------------------------------------------------
 
-# heads of 64 at T 128: --bf16 runs the flash attention kernels
+# heads of 64 at T 128: --bf16 runs cuDNN's attention (or the flash kernels)
 CURVE_MODEL = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "2",
                "--seq-length", "128", "--micro-batch-size", "4", "--global-batch-size", "8",
                "--lr", "1e-3", "--lr-warmup-iters", "5", "--clip-grad", "1.0", "--seed", "11"]
@@ -354,20 +355,27 @@ def step_bench(k):
     prefix = os.path.join(k.work, "tokens")
     write_tokens(prefix, (m["iters"] + 2) * m["gbs"] * (m["seq"] + 1) * 2, m["vocab"])
     args = gpt2_args(k, m, m["iters"], m["mbs"], m["gbs"], prefix) + ["--json"]
-    # the last: the GELU fusion's worth (cuda only; the cpu backend has none)
-    precs = {"fp32": [], "bf16": ["--bf16"], "bf16-unfused": ["--bf16", "--no-bias-gelu-fusion"]}
-    for prec in ("fp32", "bf16") + (() if k.a.dry_run else ("bf16-unfused",)):
+    # cuda only, the last two: the flash kernels instead of cuDNN's attention,
+    # and the GELU fusion's worth (the cpu backend has neither)
+    flash = dict(k.env, MEGA_CUDNN_ATTENTION="off")
+    precs = {"fp32": ([], None), "bf16": (["--bf16"], None),
+             "bf16-flash": (["--bf16"], flash),
+             "bf16-unfused": (["--bf16", "--no-bias-gelu-fusion"], None)}
+    for prec in ("fp32", "bf16") + (() if k.a.dry_run else ("bf16-flash", "bf16-unfused")):
         what = "megaw %s %s" % (k.backend, prec)
         mem = MemSampler(not k.a.dry_run)
         rc, out, err, secs = k.run("bench-megaw-" + prec, [os.path.join(k.bin, "megaw")] + args +
-                                   precs[prec], 150)
+                                   precs[prec][0], 150, env=precs[prec][1])
         peak = mem.done()
         steps = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
         if rc != 0 or len(steps) < 3:
             k.row("bench", what, verdict(rc) if rc != 0 else "FAIL", tail(err, 200))
             continue
         tps = statistics.median(s["tokens_per_s"] for s in steps[2:])
-        bench_row(k, what, tps, fpt, peak, " | %.0f s in all" % secs)
+        # cuDNN's attention says on stderr when it leaves a shape to flash
+        declined = [ln for ln in err.splitlines() if "the flash kernels" in ln]
+        bench_row(k, what, tps, fpt, peak, " | %.0f s in all%s" %
+                  (secs, " | " + declined[0][:160] if declined and prec == "bf16" else ""))
     torch_bench(k, m)
 
 

@@ -3,7 +3,8 @@
  * forward and backward (Llama's too; the element ops aligned and not),
  * attention (grouped-query too), AdamW and the reductions (AdamW over
  * many ranges in one launch and the posted sums too, bit for bit against
- * the per-range ops), and under --bf16 the flash attention; the other
+ * the per-range ops), and under --bf16 the flash attention and cuDNN's
+ * fused attention; the other
  * --bf16 checks are test_cuda_bf16.c's. Needs a GPU: without one (or
  * without the module) it says why and exits 77, which meson counts as
  * skipped. */
@@ -488,7 +489,8 @@ static void test_llama_ops(void) {
  * too (cpu_attention.c): the log's largest errors say how much closer it
  * comes. T is not a multiple of the 64-row tiles; grouped-query and
  * fused-qkv strides both. */
-static void flash_case(int B_, int T_, int NH_, int G_, int hs, bool fused) {
+static void flash_case(mega_backend *be, const char *path, int B_, int T_, int NH_, int G_,
+                       int hs, bool fused) {
   mega_err err = {0};
   size_t N_ = (size_t)B_ * T_, nq = N_ * NH_ * hs, nk = N_ * G_ * hs;
   int ldq = fused ? NH_ * hs + 2 * G_ * hs : NH_ * hs, ldkv = fused ? ldq : G_ * hs;
@@ -501,42 +503,46 @@ static void flash_case(int B_, int T_, int NH_, int G_, int hs, bool fused) {
   mega_attn_dims ad = {.B = B_, .T = T_, .NH = NH_, .G = G_, .hs = hs, .ldq = ldq, .ldkv = ldkv};
   size_t tt = (size_t)B_ * NH_ * T_ * T_, sn = tt + nq;
   float *att = calloc(tt, 4), *scr = calloc(sn, 4), *y = calloc(nq, 4), *g = calloc(nall, 4);
-  if (gpu->ops->set_bf16(gpu, true, &err)) {
+  if (be->ops->set_bf16(gpu, true, &err)) {
     printf("FAIL set_bf16: %s\n", err.msg);
     failures++;
     return;
   }
   /* att and scratch exactly as large as the backend asks (flash: the
    * statistics, the output's copy and D), so an overrun shows in memcheck */
-  gpu->ops->attention_sizes(gpu, &ad, &ad.att_cap, &ad.scratch_cap);
+  be->ops->attention_sizes(gpu, &ad, &ad.att_cap, &ad.scratch_cap);
   if (ad.att_cap != B_ * NH_ * T_ + nq || ad.scratch_cap != (size_t)B_ * NH_ * T_) {
-    printf("FAIL flash attention sizes: att %zu, scratch %zu\n", ad.att_cap, ad.scratch_cap);
+    printf("FAIL %s attention sizes: att %zu, scratch %zu\n", path, ad.att_cap, ad.scratch_cap);
     failures++;
   }
   float *gx = up(x, nall * 4), *gdy = up(dy, nq * 4), *gatt = dev_zero(ad.att_cap * 4);
   float *gscr = dev_zero(ad.scratch_cap * 4), *gy = dev_zero(nq * 4), *gg = dev_zero(nall * 4);
   size_t ko = (size_t)(k - x), vo = (size_t)(v - x);
   cpu->ops->attention_forward(cpu, y, att, scr, q, k, v, &ad);
-  gpu->ops->attention_forward(gpu, gy, gatt, gscr, gx, gx + ko, gx + vo, &ad);
+  be->ops->attention_forward(gpu, gy, gatt, gscr, gx, gx + ko, gx + vo, &ad);
   char what[96];
-  snprintf(what, sizeof what, "flash attention B%d T%d NH%d G%d hs%d%s", B_, T_, NH_, G_, hs,
+  snprintf(what, sizeof what, "%s attention B%d T%d NH%d G%d hs%d%s", path, B_, T_, NH_, G_, hs,
            fused ? " fused qkv" : "");
   same(what, gy, y, nq, 1e-2);
   cpu->ops->attention_backward(cpu, g, g + ko, g + vo, scr, dy, q, k, v, att, &ad);
-  gpu->ops->attention_backward(gpu, gg, gg + ko, gg + vo, gscr, gdy, gx, gx + ko, gx + vo, gatt,
+  be->ops->attention_backward(gpu, gg, gg + ko, gg + vo, gscr, gdy, gx, gx + ko, gx + vo, gatt,
                                &ad);
   strcat(what, " backward");
   same(what, gg, g, nall, 2e-2);
+  if (be->ops->synchronize(be, &err)) { /* a failure of cuDNN's path sticks to its backend */
+    printf("FAIL %s: %s\n", what, err.msg);
+    failures++;
+  }
   cpu->ops->set_bf16(cpu, true, &err);
   cpu->ops->attention_forward(cpu, y, att, scr, q, k, v, &ad);
   cpu->ops->attention_backward(cpu, g, g + ko, g + vo, scr, dy, q, k, v, att, &ad);
   cpu->ops->set_bf16(cpu, false, &err);
-  snprintf(what, sizeof what, "flash attention B%d T%d NH%d G%d hs%d%s vs cpu --bf16", B_, T_,
-           NH_, G_, hs, fused ? " fused qkv" : "");
+  snprintf(what, sizeof what, "%s attention B%d T%d NH%d G%d hs%d%s vs cpu --bf16", path, B_,
+           T_, NH_, G_, hs, fused ? " fused qkv" : "");
   same(what, gy, y, nq, 1e-2);
   strcat(what, " backward");
   same(what, gg, g, nall, 2e-2);
-  gpu->ops->set_bf16(gpu, false, &err);
+  be->ops->set_bf16(gpu, false, &err);
   free(x), free(dy), free(att), free(scr), free(y), free(g);
 }
 
@@ -581,10 +587,35 @@ static void test_attention_sizes_guard(const mega_cuda_module *m) {
 }
 
 static void test_flash_attention(void) {
-  flash_case(2, 200, 4, 2, 64, false);
-  flash_case(1, 130, 2, 2, 128, true);
-  flash_case(2, 64 * 3, 12, 12, 64, true);
-  flash_case(1, 65, 1, 1, 64, false); /* the output copy off 8 bytes: scalar stores */
+  flash_case(gpu, "flash", 2, 200, 4, 2, 64, false);
+  flash_case(gpu, "flash", 1, 130, 2, 2, 128, true);
+  flash_case(gpu, "flash", 2, 64 * 3, 12, 12, 64, true);
+  flash_case(gpu, "flash", 1, 65, 1, 1, 64, false); /* the output copy off 8 bytes */
+}
+
+/* The same through cuDNN's fused attention (worker/backend/cuda_sdpa.c) on
+ * a backend of its own under MEGA_CUDNN_ATTENTION=require, so a shape
+ * cuDNN declines fails the check with its reason instead of quietly taking
+ * the flash kernels. As many K/V heads as query heads (the graph's).
+ * GPT-2 124M's own shape last. */
+static void test_cudnn_attention(const mega_cuda_module *m) {
+  mega_err err = {0};
+  mega_backend *dnn;
+  if (!strstr(m->versions(), "cuDNN 9")) {
+    printf("skipped cuDNN attention: %s\n", m->versions());
+    return;
+  }
+  setenv("MEGA_CUDNN_ATTENTION", "require", 1);
+  if (m->backend_create(0, &dnn, &err)) {
+    printf("FAIL creating a backend for cuDNN: %s\n", err.msg);
+    failures++;
+    return;
+  }
+  flash_case(dnn, "cuDNN", 2, 200, 4, 4, 64, false);
+  flash_case(dnn, "cuDNN", 1, 130, 2, 2, 128, true);
+  flash_case(dnn, "cuDNN", 2, 64 * 3, 12, 12, 64, true);
+  flash_case(dnn, "cuDNN", 1, 1024, 12, 12, 64, true);
+  setenv("MEGA_CUDNN_ATTENTION", "off", 1);
 }
 
 int main(void) {
@@ -595,6 +626,7 @@ int main(void) {
     return 77;
   }
   printf("# %s\n", m->versions());
+  setenv("MEGA_CUDNN_ATTENTION", "off", 1); /* gpu: the flash kernels (test_cudnn_attention) */
   if (mega_backend_cpu_create(NULL, &cpu, &err) || m->backend_create(0, &gpu, &err)) {
     printf("FAIL creating the backends: %s\n", err.msg);
     return 1;
@@ -612,6 +644,7 @@ int main(void) {
   test_bf16_producers();
   test_matmul_gelu();
   test_flash_attention();
+  test_cudnn_attention(m);
   test_attention_sizes_guard(m);
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
   /* buffers are left to the process's end: the device goes with it */
