@@ -4,10 +4,11 @@
  * on the shape's first forward, so that a shape either graph declines
  * stays on the flash kernels both ways (said once on stderr).
  *
- * MEGA_CUDNN_ATTENTION (read when the backend first attends): "auto" (the
- * default) uses cuDNN where it takes the shape; "off" keeps the flash
- * kernels; "require" fails the op with cuDNN's reason where it does not
- * (the device kit's check that the graph really runs).
+ * Only where the flash kernels would run (head sizes 64 and 128), so they
+ * are always the fallback. MEGA_CUDNN_ATTENTION (read when the backend
+ * first attends): "auto" (the default) uses cuDNN where it takes the
+ * shape; "off" keeps the flash kernels; "require" fails the op with the
+ * reason where cuDNN does not (the device kit's check that it runs).
  *
  * Where cuDNN runs, att holds the rows' log-sum-exp [B*NH*T] (as the flash
  * kernels') and then the bf16 output the backward reads. The gradients
@@ -118,9 +119,14 @@ static bool on16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 /* cuDNN's plans for d when it takes it: a pure function of the shape and
  * att's alignment, so that the forward and the backward agree. */
 static sdpa_shape *takes(mega_backend *be, const mega_attn_dims *d, const float *att) {
-  if (d->hs % 8 || !on16(att) || !on16(att + (size_t)d->B * d->NH * d->T)) return NULL;
   struct mega_cu_sdpa *s = state(be);
   if (!s) return NULL;
+  if (!on16(att) || !on16(att + (size_t)d->B * d->NH * d->T)) {
+    if (s->mode == MODE_REQUIRE)
+      fail(be, MEGA_ERR_UNSUPPORTED, "cuDNN attention: att, or its output copy after B*NH*T "
+                                     "floats, does not start on 16 bytes");
+    return NULL;
+  }
   sdpa_shape *e = plans(be, s, d);
   return e && e->fwd ? e : NULL;
 }

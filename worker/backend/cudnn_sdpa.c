@@ -101,7 +101,7 @@ void mega_cudnn_handle_free(const mega_cudnn *api, void *handle) {
 
 /* ---- graphs ---- */
 
-#define MAX_DESC 112
+#define MAX_DESC 192
 #define MAX_OPS 40
 
 /* The graph's non-virtual tensors. */
@@ -429,36 +429,40 @@ void mega_sdpa_free(mega_sdpa *g) {
 
 #define MAX_CONFIGS 16
 
-bool mega_sdpa_plan(mega_sdpa *g, void *handle, char *why, size_t cap) {
+/* A plan from the first of mode's engines that takes the graph; false
+ * with why (the heuristics' refusal, or the last engine's). */
+static bool plan_with(mega_sdpa *g, cudnnHandle_t h, cudnnBackendDescriptor_t graph,
+                      cudnnBackendHeurMode_t mode, char *why, size_t cap) {
   const mega_cudnn *api = g->api;
-  cudnnHandle_t h = handle;
-  cudnnBackendDescriptor_t graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "a graph");
-  set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "the graph's handle");
-  set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops,
-      "the graph's operations");
-  done(g, graph, "finalizing the graph");
   cudnnBackendDescriptor_t heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
-  cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-  set_desc(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "the heuristics' graph");
-  set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
-  done(g, heur, "finalizing the heuristics");
   cudnnBackendDescriptor_t cfg[MAX_CONFIGS];
-  int64_t n = 0;
-  for (int i = 0; i < MAX_CONFIGS && !g->failed; i++)
+  for (int i = 0; i < MAX_CONFIGS; i++)
     cfg[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "an engine configuration");
-  if (!g->failed)
-    ok(g, api->get(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                   MAX_CONFIGS, &n, cfg),
-       "the heuristics' engines");
-  if (!g->failed && n == 0) {
-    snprintf(g->why, sizeof g->why, "cuDNN: no engine for the attention graph");
-    g->failed = true;
+  if (g->failed) {
+    snprintf(why, cap, "%.180s", g->why);
+    return false;
+  }
+  int64_t n = 0;
+  cudnnStatus_t st = api->set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = api->set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (st == CUDNN_STATUS_SUCCESS) st = api->finalize(heur);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = api->get(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                  MAX_CONFIGS, &n, cfg);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    say(api, st, "the heuristics", why, cap);
+    return false;
   }
   char last[200] = "";
-  for (int64_t i = 0; i < n && !g->failed && !g->plan; i++) {
+  for (int64_t i = 0; i < n; i++) {
     cudnnBackendDescriptor_t plan;
-    if (!ok(g, api->create_desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan), "a plan")) break;
-    cudnnStatus_t st = api->set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    if ((st = api->create_desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan))) {
+      say(api, st, "a plan", why, cap);
+      return false;
+    }
+    st = api->set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     if (st == CUDNN_STATUS_SUCCESS)
       st = api->set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                     1, &cfg[i]);
@@ -469,21 +473,34 @@ bool mega_sdpa_plan(mega_sdpa *g, void *handle, char *why, size_t cap) {
     if (st == CUDNN_STATUS_SUCCESS) {
       g->plan = plan;
       g->cudnn_workspace = ws;
-    } else {
-      say(api, st, "finalizing a plan", last, sizeof last);
-      api->destroy_desc(plan);
+      return true;
     }
+    say(api, st, "finalizing a plan", last, sizeof last);
+    api->destroy_desc(plan);
   }
-  if (!g->failed && !g->plan) {
-    snprintf(g->why, sizeof g->why, "%lld engine%s declined the attention graph; the last: %s",
-             (long long)n, n == 1 ? "" : "s", last);
-    g->failed = true;
-  }
+  snprintf(why, cap, "%lld engine%s declined the graph%s%.120s", (long long)n,
+           n == 1 ? "" : "s", n ? "; the last: " : "", last);
+  return false;
+}
+
+bool mega_sdpa_plan(mega_sdpa *g, void *handle, char *why, size_t cap) {
+  cudnnHandle_t h = handle;
+  cudnnBackendDescriptor_t graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "a graph");
+  set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "the graph's handle");
+  set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops,
+      "the graph's operations");
+  done(g, graph, "finalizing the graph");
   if (g->failed) {
     snprintf(why, cap, "%s", g->why);
     return false;
   }
-  return true;
+  /* heuristics mode A first, as cudnn-frontend; its fallback list next */
+  char a[200], fallback[200];
+  if (plan_with(g, h, graph, CUDNN_HEUR_MODE_A, a, sizeof a) ||
+      plan_with(g, h, graph, CUDNN_HEUR_MODE_FALLBACK, fallback, sizeof fallback))
+    return true;
+  snprintf(why, cap, "heuristics A: %.190s; fallback: %.190s", a, fallback);
+  return false;
 }
 
 static size_t up16(size_t n) { return (n + 15) / 16 * 16; }
