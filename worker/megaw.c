@@ -24,6 +24,7 @@
 #include "core/schedule.h"
 #include "core/status.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/cuda_module.h"
 #include "worker/data/data.h"
 #include "worker/megaw_assigned.h"
 #include "worker/megaw_generate.h"
@@ -75,7 +76,7 @@ static void usage(FILE *f) {
           "  --rendezvous-dir DIR   where the ranks meet (hand launch): an empty directory\n"
           "                         every rank sees, fresh for each launch\n"
           "  --help                 print this help\n"
-          "  --version              print megaw's version\n");
+          "  --version              print megaw's version and the cuda module's libraries\n");
   char *flags = mega_jobspec_help_text();
   if (flags) fputs(flags, f);
   free(flags);
@@ -354,7 +355,14 @@ int main(int argc, char **argv) {
       return 0;
     }
     if (!strcmp(argv[i], "--version")) {
+      /* and the cuda module's libraries (cuDNN is found at run time) */
+      const mega_cuda_module *m;
+      mega_err err = {0};
       printf("megaw %s\n", MEGA_VERSION);
+      if (mega_cuda_module_load(&m, &err) == MEGA_OK)
+        printf("cuda module: %s\n", m->versions());
+      else
+        printf("cuda module: %s\n", err.msg);
       mega_jobspec_free(&job);
       return 0;
     }
