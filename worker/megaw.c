@@ -357,7 +357,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--version")) {
       /* and the cuda module's libraries (cuDNN is found at run time) */
       const mega_cuda_module *m;
-      mega_err err = {0};
       printf("megaw %s\n", MEGA_VERSION);
       if (mega_cuda_module_load(&m, &err) == MEGA_OK)
         printf("cuda module: %s\n", m->versions());
