@@ -596,8 +596,7 @@ static void test_flash_attention(void) {
 /* The same through cuDNN's fused attention (worker/backend/cuda_sdpa.c) on
  * a backend of its own under MEGA_CUDNN_ATTENTION=require, so a shape
  * cuDNN declines fails the check with its reason instead of quietly taking
- * the flash kernels. As many K/V heads as query heads (the graph's).
- * GPT-2 124M's own shape last. */
+ * the flash kernels. Grouped-query too; GPT-2 124M's own shape last. */
 static void test_cudnn_attention(const mega_cuda_module *m) {
   mega_err err = {0};
   mega_backend *dnn;
@@ -611,8 +610,9 @@ static void test_cudnn_attention(const mega_cuda_module *m) {
     failures++;
     return;
   }
+  flash_case(dnn, "cuDNN", 2, 200, 4, 2, 64, false);
+  flash_case(dnn, "cuDNN", 1, 130, 4, 2, 128, true);
   flash_case(dnn, "cuDNN", 2, 200, 4, 4, 64, false);
-  flash_case(dnn, "cuDNN", 1, 130, 2, 2, 128, true);
   flash_case(dnn, "cuDNN", 2, 64 * 3, 12, 12, 64, true);
   flash_case(dnn, "cuDNN", 1, 1024, 12, 12, 64, true);
   setenv("MEGA_CUDNN_ATTENTION", "off", 1);

@@ -20,9 +20,17 @@ static const mega_cudnn *api;
 /* The fused [N, 3C] qkv of GPT-2 (and its bf16 gradient copy), separate
  * q, k, v, a head size of 128, T not a multiple of the tiles. */
 static const mega_sdpa_shape shapes[] = {
-    {.B = 8, .T = 1024, .NH = 12, .hs = 64, .ldq = 2304, .ldkv = 2304, .ldo = 768, .ldg = 2304},
-    {.B = 2, .T = 200, .NH = 4, .hs = 64, .ldq = 256, .ldkv = 256, .ldo = 256, .ldg = 768},
-    {.B = 1, .T = 130, .NH = 2, .hs = 128, .ldq = 768, .ldkv = 768, .ldo = 256, .ldg = 768},
+    {.B = 8, .T = 1024, .NH = 12, .G = 12, .hs = 64, .ldq = 2304, .ldkv = 2304, .ldo = 768,
+     .ldg = 2304},
+    {.B = 2, .T = 200, .NH = 4, .G = 4, .hs = 64, .ldq = 256, .ldkv = 256, .ldo = 256,
+     .ldg = 768},
+    {.B = 1, .T = 130, .NH = 2, .G = 2, .hs = 128, .ldq = 768, .ldkv = 768, .ldo = 256,
+     .ldg = 768},
+    /* grouped-query: Llama's 8 query heads over 2 K/V heads, fused and not */
+    {.B = 2, .T = 256, .NH = 8, .G = 2, .hs = 64, .ldq = 768, .ldkv = 768, .ldo = 512,
+     .ldg = 768},
+    {.B = 2, .T = 200, .NH = 4, .G = 2, .hs = 64, .ldq = 256, .ldkv = 128, .ldo = 256,
+     .ldg = 512},
 };
 
 static void test_graphs_build(void **state) {
@@ -38,8 +46,9 @@ static void test_graphs_build(void **state) {
     mega_sdpa *b = mega_sdpa_build(api, &s, true, why, sizeof why);
     if (!b) fail_msg("backward, shape %zu: %s", i, why);
     /* D's three, Q K^T, scale, statistics, the mask's four, exp, P^T,
-     * dV, dP, three for dS, dS^T, dK, K, dQ and its bf16 copy */
-    assert_int_equal(mega_sdpa_op_count(b), 22);
+     * dV, dP, three for dS, dS^T, dK, K, dQ and its bf16 copy; with
+     * fewer K/V heads, two sums over a group's heads */
+    assert_int_equal(mega_sdpa_op_count(b), s.G == s.NH ? 22 : 24);
     mega_sdpa_free(f);
     mega_sdpa_free(b);
   }
@@ -49,13 +58,13 @@ static void test_graphs_build(void **state) {
  * finalizing a reduction over T = 0. */
 static void test_bad_shape_says_why(void **state) {
   (void)state;
-  mega_sdpa_shape bad[4] = {shapes[0], shapes[0], shapes[0], shapes[0]};
-  bad[0].T = 0, bad[1].hs = 0, bad[2].B = -1, bad[3].ldq = 700;
-  for (int i = 0; i < 4; i++)
+  mega_sdpa_shape bad[6] = {shapes[0], shapes[0], shapes[0], shapes[0], shapes[0], shapes[0]};
+  bad[0].T = 0, bad[1].hs = 0, bad[2].B = -1, bad[3].ldq = 700, bad[4].G = 5, bad[5].G = 0;
+  for (int i = 0; i < 6; i++)
     for (int backward = 0; backward < 2; backward++) {
       char why[400] = "";
       assert_null(mega_sdpa_build(api, &bad[i], backward, why, sizeof why));
-      assert_non_null(strstr(why, "need to be at least 1"));
+      assert_non_null(strstr(why, "need to be at least 1, G to divide NH"));
     }
 }
 

@@ -84,6 +84,9 @@ static bool same_shape(const mega_attn_dims *a, const mega_attn_dims *b) {
          a->ldq == b->ldq && a->ldkv == b->ldkv;
 }
 
+/* The bf16 gradients' rows: dq's NH heads, then dk's and dv's G each. */
+static int64_t grads_ld(const mega_attn_dims *d) { return (int64_t)(d->NH + 2 * d->G) * d->hs; }
+
 /* Plans for d, built on first sight; NULL where cuDNN declines it. */
 static sdpa_shape *plans(mega_backend *be, struct mega_cu_sdpa *s, const mega_attn_dims *d) {
   for (int i = 0; i < s->nshapes; i++)
@@ -91,14 +94,11 @@ static sdpa_shape *plans(mega_backend *be, struct mega_cu_sdpa *s, const mega_at
   if (s->nshapes == SHAPES) return NULL; /* more shapes than a model has: flash */
   sdpa_shape *e = &s->shapes[s->nshapes++];
   e->key = *d;
-  int64_t C = (int64_t)d->NH * d->hs;
-  mega_sdpa_shape sh = {.B = d->B, .T = d->T, .NH = d->NH, .hs = d->hs, .ldq = d->ldq,
-                        .ldkv = d->ldkv, .ldo = C, .ldg = 3 * C, .scale = 1.0f / sqrtf(d->hs)};
+  mega_sdpa_shape sh = {.B = d->B, .T = d->T, .NH = d->NH, .G = d->G, .hs = d->hs,
+                        .ldq = d->ldq, .ldkv = d->ldkv, .ldo = (int64_t)d->NH * d->hs,
+                        .ldg = grads_ld(d), .scale = 1.0f / sqrtf(d->hs)};
   char why[300] = "";
-  if (d->G != d->NH)
-    snprintf(why, sizeof why, "grouped-query attention (%d heads over %d) is not in the graph",
-             d->NH, d->G);
-  else if ((e->fwd = mega_sdpa_build(s->api, &sh, false, why, sizeof why)) &&
+  if ((e->fwd = mega_sdpa_build(s->api, &sh, false, why, sizeof why)) &&
            (e->bwd = mega_sdpa_build(s->api, &sh, true, why, sizeof why)) &&
            mega_sdpa_plan(e->fwd, s->handle, why, sizeof why) &&
            mega_sdpa_plan(e->bwd, s->handle, why, sizeof why))
@@ -161,18 +161,19 @@ bool mega_cu__sdpa_backward(mega_backend *be, float *dq, float *dk, float *dv,
   sdpa_shape *e = takes(be, d, att);
   if (!e) return false;
   struct mega_cu_sdpa *s = impl_of(be)->sdpa;
-  int64_t N = (int64_t)d->B * d->T, C = (int64_t)d->NH * d->hs;
-  uint16_t *g = mega_cu__grow(be, &s->grads, &s->grads_cap, (size_t)N * 3 * C * 2,
+  int64_t N = (int64_t)d->B * d->T, C = (int64_t)d->NH * d->hs, Ck = (int64_t)d->G * d->hs;
+  int64_t ld = grads_ld(d);
+  uint16_t *g = mega_cu__grow(be, &s->grads, &s->grads_cap, (size_t)(N * ld) * 2,
                               "cuDNN attention's bf16 gradients");
   if (!g) return true; /* noted */
   uint16_t *o16 = (uint16_t *)(att + (size_t)d->B * d->NH * d->T);
   mega_sdpa_io io = {.q = q, .k = k, .v = v, .o = o16, .stats = (float *)att, .dout = dout,
-                     .dq = g, .dk = g + C, .dv = g + 2 * C};
+                     .dq = g, .dk = g + C, .dv = g + C + Ck};
   run(be, e->bwd, &io);
   const char *what = "widening attention's gradients";
-  mega_cu__note(be, mega_cu_from_bf16(S(be), dq, d->ldq, g, 3 * C, N, C), what);
-  mega_cu__note(be, mega_cu_from_bf16(S(be), dk, d->ldkv, g + C, 3 * C, N, C), what);
-  mega_cu__note(be, mega_cu_from_bf16(S(be), dv, d->ldkv, g + 2 * C, 3 * C, N, C), what);
+  mega_cu__note(be, mega_cu_from_bf16(S(be), dq, d->ldq, g, ld, N, C), what);
+  mega_cu__note(be, mega_cu_from_bf16(S(be), dk, d->ldkv, g + C, ld, N, Ck), what);
+  mega_cu__note(be, mega_cu_from_bf16(S(be), dv, d->ldkv, g + C + Ck, ld, N, Ck), what);
   return true;
 }
 

@@ -256,14 +256,14 @@ static void reshape(mega_sdpa *g, cudnnBackendDescriptor_t x, cudnnBackendDescri
   add_op(g, op, what);
 }
 
-/* [B, NH, T, hs] with row stride ld (interleaved heads, backend.h's layout) */
-static dims4 heads(const mega_sdpa_shape *s, int64_t ld) {
-  return (dims4){{s->B, s->NH, s->T, s->hs}, {s->T * ld, s->hs, ld, 1}};
+/* [B, h, T, hs] with row stride ld (interleaved heads, backend.h's layout) */
+static dims4 heads(const mega_sdpa_shape *s, int64_t h, int64_t ld) {
+  return (dims4){{s->B, h, s->T, s->hs}, {s->T * ld, s->hs, ld, 1}};
 }
 
-/* the same, read as its transpose [B, NH, hs, T] */
-static dims4 heads_t(const mega_sdpa_shape *s, int64_t ld) {
-  return (dims4){{s->B, s->NH, s->hs, s->T}, {s->T * ld, s->hs, 1, ld}};
+/* the same, read as its transpose [B, h, hs, T] */
+static dims4 heads_t(const mega_sdpa_shape *s, int64_t h, int64_t ld) {
+  return (dims4){{s->B, h, s->hs, s->T}, {s->T * ld, s->hs, 1, ld}};
 }
 
 static dims4 scores(const mega_sdpa_shape *s) { /* [B, NH, T, T] */
@@ -301,10 +301,11 @@ static void build_forward(mega_sdpa *g) {
   const mega_sdpa_shape *s = &g->s;
   const cudnnDataType_t F = CUDNN_DATA_FLOAT, H = CUDNN_DATA_BFLOAT16;
   dims4 ss = scores(s), rr = rows(s);
-  cudnnBackendDescriptor_t q = tensor(g, U_Q, H, heads(s, s->ldq), false, false);
-  cudnnBackendDescriptor_t kt = tensor(g, U_K, H, heads_t(s, s->ldkv), false, false);
-  cudnnBackendDescriptor_t v = tensor(g, U_V, H, heads(s, s->ldkv), false, false);
-  cudnnBackendDescriptor_t o = tensor(g, U_O, H, heads(s, s->ldo), false, false);
+  /* fewer K/V heads broadcast over their query heads in the matmuls */
+  cudnnBackendDescriptor_t q = tensor(g, U_Q, H, heads(s, s->NH, s->ldq), false, false);
+  cudnnBackendDescriptor_t kt = tensor(g, U_K, H, heads_t(s, s->G, s->ldkv), false, false);
+  cudnnBackendDescriptor_t v = tensor(g, U_V, H, heads(s, s->G, s->ldkv), false, false);
+  cudnnBackendDescriptor_t o = tensor(g, U_O, H, heads(s, s->NH, s->ldo), false, false);
   cudnnBackendDescriptor_t stats = tensor(g, U_STATS, F, rr, false, false);
   cudnnBackendDescriptor_t scale = tensor(g, U_SCALE, F, scalar, false, true);
   cudnnBackendDescriptor_t neg_inf = tensor(g, U_NEGINF, F, scalar, false, true);
@@ -326,20 +327,36 @@ static void build_forward(mega_sdpa *g) {
   matmul(g, p, v, o, "P V");
 }
 
+/* dK or dV = a b into y: directly when every query head has its own K/V
+ * head; else per query head into a virtual [B, NH, T, hs], whose heads
+ * are then summed into y's G, as cudnn-frontend's composite lowering. */
+static void head_grad(mega_sdpa *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                      cudnnBackendDescriptor_t y, const char *what) {
+  const mega_sdpa_shape *s = &g->s;
+  if (s->G == s->NH) {
+    matmul(g, a, b, y, what);
+    return;
+  }
+  dims4 full = {{s->B, s->NH, s->T, s->hs}, {s->NH * s->T * s->hs, s->T * s->hs, s->hs, 1}};
+  cudnnBackendDescriptor_t per_head = virt(g, CUDNN_DATA_BFLOAT16, full);
+  matmul(g, a, b, per_head, what);
+  reduce(g, CUDNN_REDUCE_TENSOR_ADD, per_head, y, "summing a group's heads");
+}
+
 static void build_backward(mega_sdpa *g) {
   const mega_sdpa_shape *s = &g->s;
   const cudnnDataType_t F = CUDNN_DATA_FLOAT, H = CUDNN_DATA_BFLOAT16;
   dims4 ss = scores(s), rr = rows(s), st = scores_t(s);
   int64_t B = s->B, NH = s->NH, T = s->T, hs = s->hs;
-  cudnnBackendDescriptor_t q = tensor(g, U_Q, H, heads(s, s->ldq), false, false);
-  cudnnBackendDescriptor_t kt = tensor(g, U_K, H, heads_t(s, s->ldkv), false, false);
-  cudnnBackendDescriptor_t vt = tensor(g, U_V, H, heads_t(s, s->ldkv), false, false);
-  cudnnBackendDescriptor_t o = tensor(g, U_O, H, heads(s, s->ldo), false, false);
-  cudnnBackendDescriptor_t dout = tensor(g, U_DO, H, heads(s, s->ldo), false, false);
+  cudnnBackendDescriptor_t q = tensor(g, U_Q, H, heads(s, NH, s->ldq), false, false);
+  cudnnBackendDescriptor_t kt = tensor(g, U_K, H, heads_t(s, s->G, s->ldkv), false, false);
+  cudnnBackendDescriptor_t vt = tensor(g, U_V, H, heads_t(s, s->G, s->ldkv), false, false);
+  cudnnBackendDescriptor_t o = tensor(g, U_O, H, heads(s, NH, s->ldo), false, false);
+  cudnnBackendDescriptor_t dout = tensor(g, U_DO, H, heads(s, NH, s->ldo), false, false);
   cudnnBackendDescriptor_t stats = tensor(g, U_STATS, F, rr, false, false);
-  cudnnBackendDescriptor_t dq = tensor(g, U_DQ, H, heads(s, s->ldg), false, false);
-  cudnnBackendDescriptor_t dk = tensor(g, U_DK, H, heads(s, s->ldg), false, false);
-  cudnnBackendDescriptor_t dv = tensor(g, U_DV, H, heads(s, s->ldg), false, false);
+  cudnnBackendDescriptor_t dq = tensor(g, U_DQ, H, heads(s, NH, s->ldg), false, false);
+  cudnnBackendDescriptor_t dk = tensor(g, U_DK, H, heads(s, s->G, s->ldg), false, false);
+  cudnnBackendDescriptor_t dv = tensor(g, U_DV, H, heads(s, s->G, s->ldg), false, false);
   cudnnBackendDescriptor_t dsum = tensor(g, U_SUM, F, rr, false, false);
   dims4 acc = {{B, NH, T, hs}, {NH * T * hs, T * hs, hs, 1}};
   cudnnBackendDescriptor_t dq_acc = tensor(g, U_DQACC, F, acc, false, false);
@@ -362,7 +379,7 @@ static void build_backward(mega_sdpa *g) {
   cudnnBackendDescriptor_t p = virt(g, F, ss), pt = virt(g, H, st);
   pw(g, CUDNN_POINTWISE_EXP, F, m, NULL, NULL, p, -1, "P");
   reshape(g, p, pt, "P^T");
-  matmul(g, pt, dout, dv, "dV = P^T dO");
+  head_grad(g, pt, dout, dv, "dV = P^T dO");
   /* dS = P (dP - D) scale */
   cudnnBackendDescriptor_t dp = virt(g, F, ss), d1 = virt(g, F, ss), d2 = virt(g, F, ss);
   cudnnBackendDescriptor_t ds = virt(g, F, ss), dst = virt(g, H, st);
@@ -371,8 +388,8 @@ static void build_backward(mega_sdpa *g) {
   pw(g, CUDNN_POINTWISE_MUL, F, d1, p, NULL, d2, -1, "times P");
   pw(g, CUDNN_POINTWISE_MUL, F, d2, scale, NULL, ds, -1, "dS");
   reshape(g, ds, dst, "dS^T");
-  matmul(g, dst, q, dk, "dK = dS^T Q");
-  cudnnBackendDescriptor_t k = virt(g, H, heads(s, s->ldkv));
+  head_grad(g, dst, q, dk, "dK = dS^T Q");
+  cudnnBackendDescriptor_t k = virt(g, H, heads(s, s->G, s->ldkv));
   reshape(g, kt, k, "K");
   matmul(g, ds, k, dq_acc, "dQ = dS K");
   pw(g, CUDNN_POINTWISE_IDENTITY, F, dq_acc, NULL, NULL, dq, -1, "dQ to bf16");
@@ -383,13 +400,14 @@ mega_sdpa *mega_sdpa_build(const mega_cudnn *api, const mega_sdpa_shape *shape, 
   const mega_sdpa_shape *s = shape;
   int64_t C = s->NH * s->hs;
   /* cuDNN 9.19 divides by zero on a reduction over an empty row: refuse first */
-  if (s->B < 1 || s->T < 1 || s->NH < 1 || s->hs < 1 || s->ldq < C || s->ldkv < C ||
-      s->ldo < C || s->ldg < C) {
+  if (s->B < 1 || s->T < 1 || s->NH < 1 || s->G < 1 || s->hs < 1 || s->NH % s->G ||
+      s->ldq < C || s->ldkv < s->G * s->hs || s->ldo < C || s->ldg < C) {
     snprintf(why, cap,
-             "cuDNN attention: B %lld, T %lld, NH %lld, hs %lld need to be at least 1 and the "
-             "row strides (%lld, %lld, %lld, %lld) at least NH * hs",
-             (long long)s->B, (long long)s->T, (long long)s->NH, (long long)s->hs,
-             (long long)s->ldq, (long long)s->ldkv, (long long)s->ldo, (long long)s->ldg);
+             "cuDNN attention: B %lld, T %lld, NH %lld, G %lld, hs %lld need to be at least 1, "
+             "G to divide NH and the row strides (%lld, %lld, %lld, %lld) to hold the heads",
+             (long long)s->B, (long long)s->T, (long long)s->NH, (long long)s->G,
+             (long long)s->hs, (long long)s->ldq, (long long)s->ldkv, (long long)s->ldo,
+             (long long)s->ldg);
     return NULL;
   }
   mega_sdpa *g = calloc(1, sizeof *g);

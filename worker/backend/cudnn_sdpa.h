@@ -13,8 +13,8 @@
  * device: mega_sdpa_build makes and finalizes every tensor and operation
  * (cuDNN checks their shapes then); mega_sdpa_plan asks cuDNN's heuristics
  * for an engine on a handle, which needs the device. Only what a GPT or a
- * Llama layer needs: causal, no dropout, no bias, as many K/V heads as
- * query heads, bf16 in and out, fp32 statistics. */
+ * Llama layer needs: causal, no dropout, no bias, bf16 in and out, fp32
+ * statistics. */
 #ifndef MEGA_WORKER_CUDNN_SDPA_H
 #define MEGA_WORKER_CUDNN_SDPA_H
 
@@ -33,10 +33,11 @@ void *mega_cudnn_handle(const mega_cudnn *api, void *stream, char *why, size_t c
 void mega_cudnn_handle_free(const mega_cudnn *api, void *handle);
 
 /* Layouts as backend.h's attention: row n = b*T + t of q holds the NH
- * heads' hs values at q + n*ldq (k and v: ldkv); o, dout: ldo; the
+ * heads' hs values at q + n*ldq; k and v hold G heads (G divides NH:
+ * grouped-query attention when fewer) at ldkv; o, dout: ldo; the
  * gradients dq, dk, dv: ldg. All in bf16 elements. */
 typedef struct mega_sdpa_shape {
-  int64_t B, T, NH, hs;
+  int64_t B, T, NH, G, hs;
   int64_t ldq, ldkv, ldo, ldg;
   float scale; /* 1/sqrt(hs) */
 } mega_sdpa_shape;
