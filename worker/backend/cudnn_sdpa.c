@@ -56,8 +56,11 @@ static void load(void) {
   SYM(execute, "cudnnBackendExecute");
 #undef SYM
   lib.version = version ? version() : 0;
-  if (lib.version < 90000) {
-    snprintf(load_why, sizeof load_why, "cuDNN %zu is older than 9.0", lib.version);
+  /* before 9.6 the caller zeroes the dQ accumulator, before 9.10 the mask
+   * wants -FLT_MAX for -inf (cudnn-frontend): neither is done here */
+  if (lib.version < 91000) {
+    snprintf(load_why, sizeof load_why, "cuDNN %zu.%zu is older than the 9.10 the attention "
+             "graphs need", lib.version / 10000, lib.version / 100 % 100);
     return;
   }
   loaded = true; /* never closed: cuDNN's sub-libraries stay loaded */
