@@ -512,6 +512,9 @@ def detail_rows(csv_text):
     return out
 
 
+DETAIL_DEFAULT = "fwd_kernel|kv_kernel|q_kernel"  # the flash kernels (kernels/flash_mma.cu)
+
+
 def step_detail(k):
     """ncu's speed-of-light, occupancy and warp-state sections for the
     kernels --detail names, on a one-layer GPT-2 (the same shapes per layer)."""
@@ -523,7 +526,9 @@ def step_detail(k):
            "WarpStateStats", "--section", "ComputeWorkloadAnalysis", "--section",
            "MemoryWorkloadAnalysis", "--page", "raw", "--csv", "-k", "regex:" + k.a.detail,
            "-c", "12"] + one_micro_batch(k, dict(GPT2, layers=1), "detail")
-    rc, out, err, secs = k.run("detail-ncu", cmd, 200)
+    # the default names our flash kernels, which run only with cuDNN's off
+    env = dict(k.env, MEGA_CUDNN_ATTENTION="off") if k.a.detail == DETAIL_DEFAULT else None
+    rc, out, err, secs = k.run("detail-ncu", cmd, 200, env=env)
     rows = detail_rows(out)
     if rc != 0 or not rows:
         k.row("detail", "ncu sections", verdict(rc) if rc else "FAIL", tail(err, 160))
@@ -594,7 +599,7 @@ def main():
     p.add_argument("--only", default="suite,curves,bench,profile,sanitize",
                    help="comma-separated steps among suite, curves, bench, profile, detail, "
                         "sanitize")
-    p.add_argument("--detail", default="fwd_kernel|kv_kernel|q_kernel",
+    p.add_argument("--detail", default=DETAIL_DEFAULT,
                    help="step detail: ncu's sections for kernels matching this regex")
     a = p.parse_args()
     k = Kit(a)
