@@ -1,12 +1,12 @@
 #include "worker/engine/engine.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "worker/engine/engine_mem.h"
+#include "worker/engine/sim_compute.h"
 
 enum { PH_WARMUP, PH_STEADY, PH_COOLDOWN };
 
@@ -410,64 +410,6 @@ static mega_status run_step(mega_engine *e, int i, int64_t it, int *end, mega_er
 
 /* ---- compute ---- */
 
-static void sleep_ms(double ms) {
-  struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms * 1e6) % 1000000000L};
-  while (nanosleep(&ts, &ts) && errno == EINTR) {
-  }
-}
-
-/* Sleeps until t0 + ms (CLOCK_MONOTONIC seconds t0): an action split into
- * many sleeps lasts its whole time, not that plus each sleep's overshoot,
- * so data-parallel ranks do not drift apart. */
-static void sleep_until(double t0, double ms) {
-  double t = t0 + ms * 1e-3;
-  struct timespec ts = {.tv_sec = (time_t)t, .tv_nsec = (long)((t - (double)(time_t)t) * 1e9)};
-  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-  }
-}
-
-/* --simulate-compute: sleeps ms over the chunk's units, in proportion to
- * their parameters, in backward order; with ready, each unit then marks its
- * parameters ready, as the model's backward does. */
-static void sleep_units(mega_engine *e, int chunk, double ms, bool ready) {
-  int nu;
-  const mega_gpt_unit *u = mega_gpt_units(e->cfg.chunks[chunk], &nu);
-  size_t total = 0;
-  for (int k = 0; k < nu; k++) total += u[k].numel;
-  if (!ready || !e->cfg.grads || nu == 0 || total == 0) {
-    sleep_ms(ms);
-    return;
-  }
-  double t0 = mono_s();
-  size_t done = 0;
-  for (int k = 0; k < nu; k++) {
-    done += u[k].numel;
-    sleep_until(t0, ms * (double)done / (double)total);
-    mega_grads_ready(e->cfg.grads, chunk, u[k].first, u[k].count);
-  }
-}
-
-/* --simulate-compute's forward: the units in forward order, each waiting
- * for its parameters first, as the model's forward does. */
-static void sleep_units_forward(mega_engine *e, int chunk, double ms) {
-  int nu;
-  const mega_gpt_unit *u = mega_gpt_units(e->cfg.chunks[chunk], &nu);
-  size_t total = 0;
-  for (int k = 0; k < nu; k++) total += u[k].numel;
-  if (!e->cfg.grads || nu == 0 || total == 0) {
-    sleep_ms(ms);
-    return;
-  }
-  double t0 = mono_s();
-  size_t done = 0;
-  for (int k = nu - 1; k >= 0; k--) {
-    mega_grads_need(e->cfg.grads, chunk, u[k].first, u[k].count);
-    done += u[k].numel;
-    sleep_until(t0, ms * (double)done / (double)total);
-  }
-}
-
 static mega_status load_batch(mega_engine *e, int64_t it, int mb, int T, mega_err *err) {
   mega_status st =
       e->cfg.eval_data
@@ -513,7 +455,8 @@ static mega_status do_forward(mega_engine *e, const mega_action *a, int64_t it, 
   track_peak(e);
   double t0 = wall_s();
   if (e->cfg.simulate) {
-    sleep_units_forward(e, a->chunk, e->cfg.sim_f_ms / e->vp);
+    mega_sim_forward(e->cfg.chunks[a->chunk], e->cfg.grads, a->chunk,
+                     e->cfg.sim_f_ms / e->vp);
   } else {
     if (first || last) {
       st = load_batch(e, it, a->mb, s->T, err);
@@ -552,7 +495,8 @@ static mega_status do_weight(mega_engine *e, const mega_action *a, bool sync, me
   double t0 = wall_s();
   if (sync) mega_grads_enable(e->cfg.grads, a->chunk, true);
   if (e->cfg.simulate) {
-    sleep_units(e, a->chunk, e->cfg.sim_w_ms / e->vp, true);
+    mega_sim_backward(e->cfg.chunks[a->chunk], e->cfg.grads, a->chunk, e->cfg.sim_w_ms / e->vp,
+                      true);
   } else {
     mega_status st = mega_gpt_backward_weight(e->cfg.chunks[a->chunk], s->acts, err);
     if (st != MEGA_OK) return st;
@@ -585,8 +529,8 @@ static mega_status do_backward(mega_engine *e, const mega_action *a, float loss_
   double t0 = wall_s();
   if (sync) mega_grads_enable(e->cfg.grads, a->chunk, true);
   if (e->cfg.simulate) {
-    sleep_units(e, a->chunk, (e->cfg.sim_b_ms + (e->has_w ? 0 : e->cfg.sim_w_ms)) / e->vp,
-                !e->has_w);
+    mega_sim_backward(e->cfg.chunks[a->chunk], e->cfg.grads, a->chunk,
+                      (e->cfg.sim_b_ms + (e->has_w ? 0 : e->cfg.sim_w_ms)) / e->vp, !e->has_w);
   } else if (e->has_w) {
     st = mega_gpt_backward_input(e->cfg.chunks[a->chunk], s->acts, last ? NULL : s->dout.p,
                                  loss_scale, first ? NULL : s->din.p, err);
