@@ -91,7 +91,11 @@ static int64_t grads_ld(const mega_attn_dims *d) { return (int64_t)(d->NH + 2 * 
 static sdpa_shape *plans(mega_backend *be, struct mega_cu_sdpa *s, const mega_attn_dims *d) {
   for (int i = 0; i < s->nshapes; i++)
     if (same_shape(&s->shapes[i].key, d)) return &s->shapes[i];
-  if (s->nshapes == SHAPES) return NULL; /* more shapes than a model has: flash */
+  if (s->nshapes == SHAPES) { /* more shapes than a model has: flash */
+    if (s->mode == MODE_REQUIRE)
+      fail(be, MEGA_ERR_UNSUPPORTED, "cuDNN attention: plans for more than 16 shapes");
+    return NULL;
+  }
   sdpa_shape *e = &s->shapes[s->nshapes++];
   e->key = *d;
   mega_sdpa_shape sh = {.B = d->B, .T = d->T, .NH = d->NH, .G = d->G, .hs = d->hs,
@@ -99,9 +103,9 @@ static sdpa_shape *plans(mega_backend *be, struct mega_cu_sdpa *s, const mega_at
                         .ldg = grads_ld(d), .scale = 1.0f / sqrtf(d->hs)};
   char why[300] = "";
   if ((e->fwd = mega_sdpa_build(s->api, &sh, false, why, sizeof why)) &&
-           (e->bwd = mega_sdpa_build(s->api, &sh, true, why, sizeof why)) &&
-           mega_sdpa_plan(e->fwd, s->handle, why, sizeof why) &&
-           mega_sdpa_plan(e->bwd, s->handle, why, sizeof why))
+      (e->bwd = mega_sdpa_build(s->api, &sh, true, why, sizeof why)) &&
+      mega_sdpa_plan(e->fwd, s->handle, why, sizeof why) &&
+      mega_sdpa_plan(e->bwd, s->handle, why, sizeof why))
     return e;
   mega_sdpa_free(e->fwd);
   mega_sdpa_free(e->bwd);
