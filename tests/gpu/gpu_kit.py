@@ -204,7 +204,7 @@ def cudnn_verdict(k, lines, v):
     program died inside them), the later steps run the flash kernels
     (MEGA_CUDNN_ATTENTION=off) so that one run still measures the rest; the
     table says so."""
-    started = any("cuDNN attention" in ln for ln in lines)
+    started = any(ln.startswith(("ok   cuDNN", "FAIL cuDNN")) for ln in lines)
     bad = [ln for ln in lines if ln.startswith("FAIL") and "cuDNN" in ln]
     past = any("attention refuses" in ln or "attention sizes guard" in ln for ln in lines)
     died = v != "ok" and started and not past

@@ -53,8 +53,17 @@ class CudnnVerdict(unittest.TestCase):
         # failure is the suite's row, not a reason to change the later steps
         k = FakeKit()
         lines = ["FAIL flash attention B2 T200 NH4 G2 hs64[3]: cuda 1, cpu 2",
-                 "skipped cuDNN attention: CUDA 13.0, cuDNN 9 is not there"] + GUARD_OK
+                 "skipped cuDNN attention: CUDA 13.0, no cuDNN (libcudnn.so.9 is not there)"] + GUARD_OK
         gpu_kit.cudnn_verdict(k, lines, "FAIL")
+        self.assertNotIn("MEGA_CUDNN_ATTENTION", k.env)
+
+
+    def test_death_after_a_skip_is_not_cudnns(self):
+        # cuDNN absent, then the program dies in a later check
+        k = FakeKit()
+        lines = FLASH_OK + ["skipped cuDNN attention: CUDA 13.0, no cuDNN (libcudnn.so.9 is "
+                            "not there)"]
+        gpu_kit.cudnn_verdict(k, lines, "crashed")
         self.assertNotIn("MEGA_CUDNN_ATTENTION", k.env)
 
 

@@ -38,12 +38,13 @@ static const char *versions(void) {
   static char buf[400];
   int nccl = 0;
   ncclGetVersion(&nccl);
-  char dnn[300];
-  const mega_cudnn *api = mega_cudnn_load(dnn, sizeof dnn);
-  if (api) {
-    size_t v = mega_cudnn_version(api);
+  char why[300], dnn[320];
+  const mega_cudnn *api = mega_cudnn_load(why, sizeof why);
+  size_t v = api ? mega_cudnn_version(api) : 0;
+  if (api) /* "cuDNN 9.19.0": what test_cuda_backend looks for */
     snprintf(dnn, sizeof dnn, "cuDNN %zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
-  }
+  else
+    snprintf(dnn, sizeof dnn, "no cuDNN (%s)", why);
   snprintf(buf, sizeof buf, "CUDA %d.%d, cuBLAS %d, NCCL %d.%d.%d, %s", CUDART_VERSION / 1000,
            CUDART_VERSION % 1000 / 10, CUBLAS_VERSION, nccl / 10000, nccl / 100 % 100,
            nccl % 100, dnn);
