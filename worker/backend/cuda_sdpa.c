@@ -13,6 +13,7 @@
  * Where cuDNN runs, att holds the rows' log-sum-exp [B*NH*T] (as the flash
  * kernels') and then the bf16 output the backward reads. The gradients
  * come out in bf16 and are widened into dq, dk and dv. */
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,7 @@
 #define SHAPES 16
 
 typedef struct sdpa_shape {
-  mega_attn_dims key; /* caps cleared */
+  mega_attn_dims key; /* same_shape ignores the caps */
   mega_sdpa *fwd, *bwd; /* both NULL: cuDNN declined the shape */
 } sdpa_shape;
 
@@ -37,6 +38,7 @@ struct mega_cu_sdpa {
   void *handle;
   sdpa_shape shapes[SHAPES];
   int nshapes;
+  bool said_align, said_full; /* those lines, once each */
   void *ws, *grads; /* the workspace; the bf16 gradients */
   size_t ws_cap, grads_cap;
 };
@@ -54,7 +56,10 @@ static struct mega_cu_sdpa *state(mega_backend *be) {
   cuda_impl *c = impl_of(be);
   if (c->sdpa) return c->sdpa->handle ? c->sdpa : NULL;
   struct mega_cu_sdpa *s = calloc(1, sizeof *s);
-  if (!s) return NULL;
+  if (!s) { /* sticky: a later call must not decide otherwise than this one */
+    fail(be, MEGA_ERR_NOMEM, "cuDNN attention: out of host memory");
+    return NULL;
+  }
   c->sdpa = s;
   const char *env = getenv("MEGA_CUDNN_ATTENTION");
   s->mode = !env || !*env || !strcmp(env, "auto") ? MODE_AUTO
@@ -79,6 +84,16 @@ static struct mega_cu_sdpa *state(mega_backend *be) {
   return s;
 }
 
+/* A shape cuDNN will not take: a failure under require; else a line on
+ * stderr and the flash kernels (callers say each reason once). */
+static void decline(mega_backend *be, struct mega_cu_sdpa *s, const char *why) {
+  if (s->mode == MODE_REQUIRE) {
+    fail(be, MEGA_ERR_UNSUPPORTED, why);
+    return;
+  }
+  fprintf(stderr, "cuda backend: %s; the flash kernels instead\n", why);
+}
+
 static bool same_shape(const mega_attn_dims *a, const mega_attn_dims *b) {
   return a->B == b->B && a->T == b->T && a->NH == b->NH && a->G == b->G && a->hs == b->hs &&
          a->ldq == b->ldq && a->ldkv == b->ldkv;
@@ -92,8 +107,8 @@ static sdpa_shape *plans(mega_backend *be, struct mega_cu_sdpa *s, const mega_at
   for (int i = 0; i < s->nshapes; i++)
     if (same_shape(&s->shapes[i].key, d)) return &s->shapes[i];
   if (s->nshapes == SHAPES) { /* more shapes than a model has: flash */
-    if (s->mode == MODE_REQUIRE)
-      fail(be, MEGA_ERR_UNSUPPORTED, "cuDNN attention: plans for more than 16 shapes");
+    if (!s->said_full) decline(be, s, "cuDNN attention: plans for 16 shapes already; more");
+    s->said_full = true;
     return NULL;
   }
   sdpa_shape *e = &s->shapes[s->nshapes++];
@@ -102,19 +117,19 @@ static sdpa_shape *plans(mega_backend *be, struct mega_cu_sdpa *s, const mega_at
                         .ldq = d->ldq, .ldkv = d->ldkv, .ldo = (int64_t)d->NH * d->hs,
                         .ldg = grads_ld(d), .scale = 1.0f / sqrtf(d->hs)};
   char why[300] = "";
-  if ((e->fwd = mega_sdpa_build(s->api, &sh, false, why, sizeof why)) &&
-      (e->bwd = mega_sdpa_build(s->api, &sh, true, why, sizeof why)) &&
-      mega_sdpa_plan(e->fwd, s->handle, why, sizeof why) &&
-      mega_sdpa_plan(e->bwd, s->handle, why, sizeof why))
-    return e;
+  bool ok = (e->fwd = mega_sdpa_build(s->api, &sh, false, why, sizeof why)) &&
+            (e->bwd = mega_sdpa_build(s->api, &sh, true, why, sizeof why)) &&
+            mega_sdpa_plan(e->fwd, s->handle, why, sizeof why) &&
+            mega_sdpa_plan(e->bwd, s->handle, why, sizeof why);
+  cudaGetLastError(); /* what cuDNN's probing left is not the next kernel's failure */
+  if (ok) return e;
   mega_sdpa_free(e->fwd);
   mega_sdpa_free(e->bwd);
   e->fwd = e->bwd = NULL;
-  char msg[420];
-  snprintf(msg, sizeof msg, "cuDNN attention B%d T%d NH%d hs%d: %s", d->B, d->T, d->NH, d->hs,
-           why);
-  if (s->mode == MODE_REQUIRE) fail(be, MEGA_ERR_UNSUPPORTED, msg);
-  fprintf(stderr, "cuda backend: %s; the flash kernels instead\n", msg);
+  char msg[440];
+  snprintf(msg, sizeof msg, "cuDNN attention B%d T%d NH%d G%d hs%d ldq %d ldkv %d: %s", d->B,
+           d->T, d->NH, d->G, d->hs, d->ldq, d->ldkv, why);
+  decline(be, s, msg);
   return NULL;
 }
 
@@ -126,9 +141,10 @@ static sdpa_shape *takes(mega_backend *be, const mega_attn_dims *d, const float 
   struct mega_cu_sdpa *s = state(be);
   if (!s) return NULL;
   if (!on16(att) || !on16(att + (size_t)d->B * d->NH * d->T)) {
-    if (s->mode == MODE_REQUIRE)
-      fail(be, MEGA_ERR_UNSUPPORTED, "cuDNN attention: att, or its output copy after B*NH*T "
-                                     "floats, does not start on 16 bytes");
+    if (!s->said_align)
+      decline(be, s, "cuDNN attention: att, or its output copy after B*NH*T floats, does not "
+                      "start on 16 bytes");
+    s->said_align = true;
     return NULL;
   }
   sdpa_shape *e = plans(be, s, d);
@@ -143,6 +159,7 @@ static void run(mega_backend *be, mega_sdpa *g, mega_sdpa_io *io) {
   char why[300];
   if (io->workspace && !mega_sdpa_run(g, s->handle, io, why, sizeof why))
     fail(be, MEGA_ERR_INTERNAL, why);
+  cudaGetLastError(); /* a launch failure of cuDNN's is in why, not the widening's */
 }
 
 #define S(be) ((mega_cu_stream)impl_of(be)->stream)

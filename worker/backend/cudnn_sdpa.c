@@ -1,5 +1,42 @@
-/* cuDNN's fused attention graphs (cudnn_sdpa.h). */
+/* cuDNN's fused attention graphs (cudnn_sdpa.h). Built without cuDNN's
+ * headers (MEGA_NO_CUDNN, worker/meson.build), loading fails with that
+ * reason and the rest is never reached. */
 #include "worker/backend/cudnn_sdpa.h"
+
+#ifdef MEGA_NO_CUDNN
+#include <stdio.h>
+
+const mega_cudnn *mega_cudnn_load(char *why, size_t cap) {
+  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
+  return NULL;
+}
+size_t mega_cudnn_version(const mega_cudnn *api) { return api ? 0 : 0; }
+void *mega_cudnn_handle(const mega_cudnn *api, void *stream, char *why, size_t cap) {
+  (void)api, (void)stream;
+  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
+  return NULL;
+}
+void mega_cudnn_handle_free(const mega_cudnn *api, void *handle) { (void)api, (void)handle; }
+mega_sdpa *mega_sdpa_build(const mega_cudnn *api, const mega_sdpa_shape *shape, bool backward,
+                           char *why, size_t cap) {
+  (void)api, (void)shape, (void)backward;
+  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
+  return NULL;
+}
+int mega_sdpa_op_count(const mega_sdpa *g) { return g ? 0 : 0; }
+void mega_sdpa_free(mega_sdpa *g) { (void)g; }
+bool mega_sdpa_plan(mega_sdpa *g, void *handle, char *why, size_t cap) {
+  (void)g, (void)handle;
+  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
+  return false;
+}
+size_t mega_sdpa_workspace(const mega_sdpa *g) { return g ? 0 : 0; }
+bool mega_sdpa_run(mega_sdpa *g, void *handle, const mega_sdpa_io *io, char *why, size_t cap) {
+  (void)g, (void)handle, (void)io;
+  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
+  return false;
+}
+#else
 
 #include <cudnn_graph.h>
 #include <dlfcn.h>
@@ -34,7 +71,7 @@ static void load(void) {
   void *h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *e = dlerror();
-    snprintf(load_why, sizeof load_why, "cuDNN 9 is not there (%.250s)", e ? e : "?");
+    snprintf(load_why, sizeof load_why, "libcudnn.so.9 is not there (%.250s)", e ? e : "?");
     return;
   }
   size_t (*version)(void) = (size_t (*)(void))dlsym(h, "cudnnGetVersion");
@@ -59,8 +96,8 @@ static void load(void) {
   /* before 9.6 the caller zeroes the dQ accumulator, before 9.10 the mask
    * wants -FLT_MAX for -inf (cudnn-frontend): neither is done here */
   if (lib.version < 91000) {
-    snprintf(load_why, sizeof load_why, "cuDNN %zu.%zu is older than the 9.10 the attention "
-             "graphs need", lib.version / 10000, lib.version / 100 % 100);
+    snprintf(load_why, sizeof load_why, "libcudnn.so.9 is %zu.%zu, older than the 9.10 the "
+             "attention graphs need", lib.version / 10000, lib.version / 100 % 100);
     return;
   }
   loaded = true; /* never closed: cuDNN's sub-libraries stay loaded */
@@ -476,6 +513,7 @@ static bool plan_with(mega_sdpa *g, cudnnHandle_t h, cudnnBackendDescriptor_t gr
     say(api, st, "the heuristics", why, cap);
     return false;
   }
+  if (n > MAX_CONFIGS) n = MAX_CONFIGS; /* the count may be the whole list's */
   char last[200] = "";
   for (int64_t i = 0; i < n; i++) {
     cudnnBackendDescriptor_t plan;
@@ -574,3 +612,4 @@ bool mega_sdpa_run(mega_sdpa *g, void *handle, const mega_sdpa_io *io, char *why
   }
   return true;
 }
+#endif
