@@ -132,8 +132,10 @@ typedef struct mega_backend_ops {
    * bias gradients and every weight, gradient and optimizer state stay
    * fp32. gemm and gemm_batched stay fp32. Attention of the shapes
    * mega_attn_flash_shape accepts rounds as flash attention does: the cuda
-   * backend runs its bf16 flash kernels and the cpu backend rounds at the
-   * same places (attention_forward); other shapes stay fp32 on both. */
+   * backend runs cuDNN's fused attention or its own bf16 flash kernels and
+   * the cpu backend rounds where the flash kernels do (attention_forward;
+   * cuDNN also rounds the output and the gradients); other shapes stay
+   * fp32 on both. */
   mega_status (*set_bf16)(mega_backend *be, bool on, mega_err *err);
 
   /* ---- GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major ----

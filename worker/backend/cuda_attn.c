@@ -27,11 +27,12 @@ static void cu_softmax_bwd(mega_backend *be, float *da, const float *att, int64_
 static const mega_attn_softmax cu_sm = {.forward = cu_softmax, .backward = cu_softmax_bwd};
 
 /* Under --bf16, for head sizes flash_mma.cu supports, T > hs and strides
- * its 16-byte loads can take (multiples of 8), attention is the flash
- * kernels: att then holds the rows' log-sum-exp [B*NH*T] and a copy of the
- * output [B*T, NH*hs] (they fit in [B,NH,T,T] when T > hs), not the
- * probabilities. Otherwise the batched GEMMs. The forward and the backward
- * decide alike: on the shapes only. */
+ * its 16-byte loads can take (multiples of 8), attention is cuDNN's where
+ * it takes the shape (cuda_sdpa.c), else the flash kernels: att then holds
+ * the rows' log-sum-exp [B*NH*T] and a copy of the output [B*T, NH*hs]
+ * (fp32 from flash, bf16 from cuDNN; they fit in [B,NH,T,T] when T > hs),
+ * not the probabilities. Otherwise the batched GEMMs. The forward and the
+ * backward decide alike: on the shapes (and att's alignment) only. */
 static bool use_flash(mega_backend *be, const mega_attn_dims *d) {
   return impl_of(be)->bf16 && mega_attn_flash_shape(d) && mega_cu_flash_supported(d->hs);
 }
