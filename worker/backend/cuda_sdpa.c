@@ -5,7 +5,8 @@
  * stays on the flash kernels both ways (said once on stderr).
  *
  * Only where the flash kernels would run (head sizes 64 and 128), so they
- * are always the fallback. MEGA_CUDNN_ATTENTION (read when the backend
+ * are the fallback wherever cuDNN is missing or declines a shape; a
+ * failure while a plan runs is an error like any op's. MEGA_CUDNN_ATTENTION (read when the backend
  * first attends): "auto" (the default) uses cuDNN where it takes the
  * shape; "off" keeps the flash kernels; "require" fails the op with the
  * reason where cuDNN does not (the device kit's check that it runs).
