@@ -22,6 +22,7 @@ class FakeKit:
 
 
 FLASH_OK = ["ok   flash attention B2 T200 NH4 G2 hs64 (largest error 0.0031, allowed 0.01)"]
+START, DONE = "# cuDNN attention cases", "# cuDNN attention cases done"
 GUARD_OK = ["ok   attention refuses buffers sized for flash attention"]
 
 
@@ -29,21 +30,21 @@ class CudnnVerdict(unittest.TestCase):
     def test_failed_check_turns_cudnn_off(self):
         k = FakeKit()
         bad = "FAIL cuDNN attention B2 T200 NH4 G2 hs64[7]: cuda 0, cpu 0.25"
-        gpu_kit.cudnn_verdict(k, FLASH_OK + [bad] + GUARD_OK, "FAIL")
+        gpu_kit.cudnn_verdict(k, FLASH_OK + [START, bad, DONE] + GUARD_OK, "FAIL")
         self.assertEqual(k.env["MEGA_CUDNN_ATTENTION"], "off")
         self.assertEqual(len(k.rows), 1)
         self.assertIn("cuDNN attention B2 T200", k.rows[0][3])
 
     def test_death_inside_the_cudnn_cases_turns_it_off(self):
         k = FakeKit()
-        lines = FLASH_OK + ["ok   cuDNN attention B2 T200 NH4 G2 hs64 (largest error 0.004)"]
-        gpu_kit.cudnn_verdict(k, lines, "crashed")
+        lines = FLASH_OK + [START, "ok   cuDNN attention B2 T200 NH4 G2 hs64"]
+        gpu_kit.cudnn_verdict(k, lines, "FAIL")
         self.assertEqual(k.env["MEGA_CUDNN_ATTENTION"], "off")
         self.assertIn("died in its cuDNN cases", k.rows[0][3])
 
     def test_passing_leaves_it_on(self):
         k = FakeKit()
-        lines = FLASH_OK + ["ok   cuDNN attention B1 T1024 NH12 G12 hs64 fused qkv"] + GUARD_OK
+        lines = FLASH_OK + [START, "ok   cuDNN attention B1 T1024 NH12 G12 hs64", DONE]
         gpu_kit.cudnn_verdict(k, lines, "ok")
         self.assertNotIn("MEGA_CUDNN_ATTENTION", k.env)
         self.assertEqual(k.rows, [])
@@ -53,18 +54,23 @@ class CudnnVerdict(unittest.TestCase):
         # failure is the suite's row, not a reason to change the later steps
         k = FakeKit()
         lines = ["FAIL flash attention B2 T200 NH4 G2 hs64[3]: cuda 1, cpu 2",
-                 "skipped cuDNN attention: CUDA 13.0, no cuDNN (libcudnn.so.9 is not there)"] + GUARD_OK
+                 "skipped cuDNN attention: CUDA 13.0, no cuDNN (libcudnn.so.9 is not there)"]
         gpu_kit.cudnn_verdict(k, lines, "FAIL")
         self.assertNotIn("MEGA_CUDNN_ATTENTION", k.env)
 
 
-    def test_death_after_a_skip_is_not_cudnns(self):
-        # cuDNN absent, then the program dies in a later check
+    def test_death_after_the_cases_is_not_cudnns(self):
+        # the cases done, then a later check fails to set up or dies
         k = FakeKit()
-        lines = FLASH_OK + ["skipped cuDNN attention: CUDA 13.0, no cuDNN (libcudnn.so.9 is "
-                            "not there)"]
-        gpu_kit.cudnn_verdict(k, lines, "crashed")
+        lines = FLASH_OK + [START, "ok   cuDNN attention B2 T200 NH4 G2 hs64", DONE,
+                            "FAIL alloc: out of memory"]
+        gpu_kit.cudnn_verdict(k, lines, "FAIL")
         self.assertNotIn("MEGA_CUDNN_ATTENTION", k.env)
+
+    def test_crash_before_any_line_of_the_cases(self):
+        k = FakeKit()
+        gpu_kit.cudnn_verdict(k, FLASH_OK + [START], "FAIL")
+        self.assertEqual(k.env["MEGA_CUDNN_ATTENTION"], "off")
 
 
 class KernelFamily(unittest.TestCase):
