@@ -51,6 +51,16 @@ static void fail(mega_backend *be, mega_status st, const char *why) {
   snprintf(c->why, sizeof c->why, "cuda backend: %.440s", why);
 }
 
+/* cuDNN will not take a shape (or any): a failure under require; else a
+ * line on stderr and the flash kernels (callers say each reason once). */
+static void decline(mega_backend *be, struct mega_cu_sdpa *s, const char *why) {
+  if (s->mode == MODE_REQUIRE) {
+    fail(be, MEGA_ERR_UNSUPPORTED, why);
+    return;
+  }
+  fprintf(stderr, "cuda backend: %s; the flash kernels instead\n", why);
+}
+
 /* The backend's state, made on first use; NULL under "off" or without
  * cuDNN or a handle (said, and under "require" a failure). */
 static struct mega_cu_sdpa *state(mega_backend *be) {
@@ -78,21 +88,11 @@ static struct mega_cu_sdpa *state(mega_backend *be) {
   if ((s->api = mega_cudnn_load(why, sizeof why)))
     s->handle = mega_cudnn_handle(s->api, c->stream, why, sizeof why);
   if (!s->handle) {
-    if (s->mode == MODE_REQUIRE) fail(be, MEGA_ERR_UNSUPPORTED, why);
-    fprintf(stderr, "cuda backend: attention keeps the flash kernels: %s\n", why);
+    cudaGetLastError(); /* what a failed cudnnCreate left is not flash's failure */
+    decline(be, s, why);
     return NULL;
   }
   return s;
-}
-
-/* A shape cuDNN will not take: a failure under require; else a line on
- * stderr and the flash kernels (callers say each reason once). */
-static void decline(mega_backend *be, struct mega_cu_sdpa *s, const char *why) {
-  if (s->mode == MODE_REQUIRE) {
-    fail(be, MEGA_ERR_UNSUPPORTED, why);
-    return;
-  }
-  fprintf(stderr, "cuda backend: %s; the flash kernels instead\n", why);
 }
 
 static bool same_shape(const mega_attn_dims *a, const mega_attn_dims *b) {
@@ -160,7 +160,7 @@ static void run(mega_backend *be, mega_sdpa *g, mega_sdpa_io *io) {
   char why[300];
   if (io->workspace && !mega_sdpa_run(g, s->handle, io, why, sizeof why))
     fail(be, MEGA_ERR_INTERNAL, why);
-  cudaGetLastError(); /* a launch failure of cuDNN's is in why, not the widening's */
+  mega_cu__note(be, cudaGetLastError(), "cuDNN attention"); /* not the widening's */
 }
 
 #define S(be) ((mega_cu_stream)impl_of(be)->stream)
