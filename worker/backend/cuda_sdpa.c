@@ -136,12 +136,17 @@ static sdpa_shape *plans(mega_backend *be, struct mega_cu_sdpa *s, const mega_at
 
 static bool on16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+/* The bf16 output's place in att: after the rows' log-sum-exp. */
+static uint16_t *out16_of(const float *att, const mega_attn_dims *d) {
+  return (uint16_t *)(att + (size_t)d->B * d->NH * d->T);
+}
+
 /* cuDNN's plans for d when it takes it: a pure function of the shape and
  * att's alignment, so that the forward and the backward agree. */
 static sdpa_shape *takes(mega_backend *be, const mega_attn_dims *d, const float *att) {
   struct mega_cu_sdpa *s = state(be);
   if (!s) return NULL;
-  if (!on16(att) || !on16(att + (size_t)d->B * d->NH * d->T)) {
+  if (!on16(att) || !on16(out16_of(att, d))) {
     if (!s->said_align)
       decline(be, s, "cuDNN attention: att, or its output copy after B*NH*T floats, does not "
                       "start on 16 bytes");
@@ -170,7 +175,7 @@ bool mega_cu__sdpa_forward(mega_backend *be, float *out, float *att, const uint1
   sdpa_shape *e = takes(be, d, att);
   if (!e) return false;
   int64_t N = (int64_t)d->B * d->T, C = (int64_t)d->NH * d->hs;
-  uint16_t *o16 = (uint16_t *)(att + (size_t)d->B * d->NH * d->T);
+  uint16_t *o16 = out16_of(att, d);
   mega_sdpa_io io = {.q = q, .k = k, .v = v, .o = o16, .stats = att};
   run(be, e->fwd, &io);
   mega_cu__note(be, mega_cu_from_bf16(S(be), out, C, o16, C, N, C), "widening attention's output");
@@ -188,7 +193,7 @@ bool mega_cu__sdpa_backward(mega_backend *be, float *dq, float *dk, float *dv,
   uint16_t *g = mega_cu__grow(be, &s->grads, &s->grads_cap, (size_t)(N * ld) * 2,
                               "cuDNN attention's bf16 gradients");
   if (!g) return true; /* noted */
-  uint16_t *o16 = (uint16_t *)(att + (size_t)d->B * d->NH * d->T);
+  uint16_t *o16 = out16_of(att, d);
   mega_sdpa_io io = {.q = q, .k = k, .v = v, .o = o16, .stats = (float *)att, .dout = dout,
                      .dq = g, .dk = g + C, .dv = g + C + Ck};
   run(be, e->bwd, &io);

@@ -6,35 +6,47 @@
 #ifdef MEGA_NO_CUDNN
 #include <stdio.h>
 
-const mega_cudnn *mega_cudnn_load(char *why, size_t cap) {
+static bool absent(char *why, size_t cap) {
   snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
+  return false;
+}
+
+const mega_cudnn *mega_cudnn_load(char *why, size_t cap) {
+  absent(why, cap);
   return NULL;
 }
-size_t mega_cudnn_version(const mega_cudnn *api) { return api ? 0 : 0; }
+size_t mega_cudnn_version(const mega_cudnn *api) {
+  (void)api;
+  return 0;
+}
 void *mega_cudnn_handle(const mega_cudnn *api, void *stream, char *why, size_t cap) {
   (void)api, (void)stream;
-  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
+  absent(why, cap);
   return NULL;
 }
 void mega_cudnn_handle_free(const mega_cudnn *api, void *handle) { (void)api, (void)handle; }
 mega_sdpa *mega_sdpa_build(const mega_cudnn *api, const mega_sdpa_shape *shape, bool backward,
                            char *why, size_t cap) {
   (void)api, (void)shape, (void)backward;
-  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
+  absent(why, cap);
   return NULL;
 }
-int mega_sdpa_op_count(const mega_sdpa *g) { return g ? 0 : 0; }
+int mega_sdpa_op_count(const mega_sdpa *g) {
+  (void)g;
+  return 0;
+}
 void mega_sdpa_free(mega_sdpa *g) { (void)g; }
 bool mega_sdpa_plan(mega_sdpa *g, void *handle, char *why, size_t cap) {
   (void)g, (void)handle;
-  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
-  return false;
+  return absent(why, cap);
 }
-size_t mega_sdpa_workspace(const mega_sdpa *g) { return g ? 0 : 0; }
+size_t mega_sdpa_workspace(const mega_sdpa *g) {
+  (void)g;
+  return 0;
+}
 bool mega_sdpa_run(mega_sdpa *g, void *handle, const mega_sdpa_io *io, char *why, size_t cap) {
   (void)g, (void)handle, (void)io;
-  snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
-  return false;
+  return absent(why, cap);
 }
 #else
 
