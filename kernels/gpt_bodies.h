@@ -456,6 +456,26 @@ static inline MEGA_HD void mega_kb_wpe_bwd(int64_t i, float *dwpe, const float *
   dwpe[i] += s;
 }
 
+/* Column sums' geometry (kernels/gpt_kernels.cu): a block holds
+ * MEGA_KC_TILE adjacent columns (a warp reads 128 contiguous bytes of a
+ * row) x MEGA_KC_ROWS row lanes, and the rows are cut into slices, one
+ * block each, so that a 768-column bias gradient still fills the GPU
+ * (about MEGA_KC_BLOCKS blocks) while each lane keeps MEGA_KC_MIN_ROWS rows
+ * or more. Lane l of slice s sums rows s * MEGA_KC_ROWS + l, stepping by
+ * slices * MEGA_KC_ROWS. The slices' partials go to scratch and are added
+ * in slice order by a second pass. A function of the shape alone, so the
+ * sums are the same on every GPU. */
+enum { MEGA_KC_TILE = 32, MEGA_KC_ROWS = 16, MEGA_KC_BLOCKS = 512, MEGA_KC_MIN_ROWS = 8 };
+
+static inline int mega_kc_slices(int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return 1;
+  int64_t tiles = (cols + MEGA_KC_TILE - 1) / MEGA_KC_TILE;
+  int64_t want = (MEGA_KC_BLOCKS + tiles - 1) / tiles;
+  int64_t most = rows / ((int64_t)MEGA_KC_ROWS * MEGA_KC_MIN_ROWS);
+  if (want > most) want = most;
+  return want < 1 ? 1 : (int)want;
+}
+
 /* The weight and bias gradients are column sums over N rows: R row lanes
  * each sum rows r0, r0 + R, ... of column c (threads of adjacent columns
  * read adjacent floats), and the R partials are combined in a fixed order

@@ -188,34 +188,57 @@ int launch_rows(mega_cu_stream s, int64_t rows, F f) {
   return (int)cudaGetLastError();
 }
 
-// ---- columns in row lanes: a block holds kColTile columns x kColRows row
-// lanes; part(c, r0, R) is a lane's partial (float2), done(c, total) gets
-// the sum of the R partials, added in a fixed order ----
-
-constexpr int kColTile = 8, kColRows = 128;
+// ---- columns in row lanes (geometry: mega_kc_slices in gpt_bodies.h):
+// part(c, r0, R) is a lane's partial (float2); a block's lanes are added in
+// a fixed tree, each slice's sum goes to scratch, and done(c, total) gets
+// the slices' sums added in slice order (deterministic, no atomics) ----
 
 template <typename P, typename D>
-__global__ void column_lanes(int64_t cols, P part, D done) {
-  __shared__ float2 acc[kColRows][kColTile];
-  int64_t c = (int64_t)blockIdx.x * kColTile + threadIdx.x;
-  acc[threadIdx.y][threadIdx.x] = c < cols ? part(c, (int)threadIdx.y, kColRows)
-                                           : make_float2(0.0f, 0.0f);
+__global__ void column_lanes(int64_t cols, float2 *slices, P part, D done) {
+  __shared__ float2 acc[MEGA_KC_ROWS][MEGA_KC_TILE];
+  int64_t c = (int64_t)blockIdx.x * MEGA_KC_TILE + threadIdx.x;
+  int r0 = (int)(blockIdx.y * MEGA_KC_ROWS + threadIdx.y), R = (int)gridDim.y * MEGA_KC_ROWS;
+  acc[threadIdx.y][threadIdx.x] = c < cols ? part(c, r0, R) : make_float2(0.0f, 0.0f);
   __syncthreads();
-  for (int k = kColRows / 2; k > 0; k >>= 1) {
+  for (int k = MEGA_KC_ROWS / 2; k > 0; k >>= 1) {
     if ((int)threadIdx.y < k) {
       float2 a = acc[threadIdx.y][threadIdx.x], b = acc[threadIdx.y + k][threadIdx.x];
       acc[threadIdx.y][threadIdx.x] = make_float2(a.x + b.x, a.y + b.y);
     }
     __syncthreads();
   }
-  if (threadIdx.y == 0 && c < cols) done(c, acc[0][threadIdx.x]);
+  if (threadIdx.y != 0 || c >= cols) return;
+  if (gridDim.y == 1)
+    done(c, acc[0][threadIdx.x]);
+  else
+    slices[blockIdx.y * cols + c] = acc[0][threadIdx.x];
+}
+
+template <typename D>
+__global__ void column_slices(int64_t cols, int S, const float2 *slices, D done) {
+  for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+       c += (int64_t)gridDim.x * blockDim.x) {
+    float2 t = slices[c];
+    for (int s = 1; s < S; s++) t = make_float2(t.x + slices[s * cols + c].x,
+                                                 t.y + slices[s * cols + c].y);
+    done(c, t);
+  }
 }
 
 template <typename P, typename D>
-int launch_columns(mega_cu_stream s, int64_t cols, P part, D done) {
+int launch_columns(mega_cu_stream s, int64_t rows, int64_t cols, void *scratch, P part,
+                   D done) {
   if (cols <= 0) return 0;
-  column_lanes<<<(int)((cols + kColTile - 1) / kColTile), dim3(kColTile, kColRows), 0,
-                 (cudaStream_t)s>>>(cols, part, done);
+  int S = mega_kc_slices(rows, cols);
+  if (S > 1 && !scratch) return (int)cudaErrorInvalidValue;
+  float2 *slices = (float2 *)scratch;
+  dim3 grid((unsigned)((cols + MEGA_KC_TILE - 1) / MEGA_KC_TILE), (unsigned)S);
+  column_lanes<<<grid, dim3(MEGA_KC_TILE, MEGA_KC_ROWS), 0, (cudaStream_t)s>>>(cols, slices,
+                                                                               part, done);
+  if (S == 1) return (int)cudaGetLastError();
+  int64_t b = (cols + kThreads - 1) / kThreads;
+  column_slices<<<(int)(b > 65535 ? 65535 : b), kThreads, 0, (cudaStream_t)s>>>(cols, S, slices,
+                                                                                 done);
   return (int)cudaGetLastError();
 }
 
@@ -304,6 +327,11 @@ static size_t sort_bytes(int N) {
   return t;
 }
 
+size_t mega_cu_columns_scratch(int64_t rows, int64_t cols) {
+  int S = mega_kc_slices(rows, cols);
+  return S > 1 ? (size_t)S * (size_t)cols * sizeof(float2) : 0;
+}
+
 size_t mega_cu_encoder_bwd_scratch(int N) {
   return 3 * (((size_t)N * sizeof(int32_t) + 255) / 256 * 256) + sort_bytes(N);
 }
@@ -360,9 +388,9 @@ int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
 
 int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float *dout,
                             const float *inp, const float *mean, const float *rstd, int N,
-                            int C) {
+                            int C, void *scratch) {
   return launch_columns(
-      s, C,
+      s, N, C, scratch,
       [=] __device__(int64_t c, int r0, int R) {
         float2 p;
         mega_kc_layernorm_bwd_w(c, r0, R, &p.x, &p.y, dout, inp, mean, rstd, N, C);
@@ -392,9 +420,9 @@ int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres, con
 }
 
 int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const float *inp,
-                          const float *rstd, int N, int C) {
+                          const float *rstd, int N, int C, void *scratch) {
   return launch_columns(
-      s, C,
+      s, N, C, scratch,
       [=] __device__(int64_t c, int r0, int R) {
         return make_float2(mega_kc_rmsnorm_bwd_w(c, r0, R, dout, inp, rstd, N, C), 0.0f);
       },
@@ -458,9 +486,10 @@ int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const flo
                 [=] __device__(int64_t i) { mega_kb_bias_fill(i, out, bias, residual, OC); });
 }
 
-int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC) {
+int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC,
+                      void *scratch) {
   return launch_columns(
-      s, OC,
+      s, N, OC, scratch,
       [=] __device__(int64_t j, int r0, int R) {
         return make_float2(mega_kc_bias_grad(j, r0, R, dout, N, OC), 0.0f);
       },

@@ -33,15 +33,20 @@ int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *
 int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
                              const float *dout, const float *inp, const float *w,
                              const float *mean, const float *rstd, int N, int C);
+/* The column sums (layernorm_bwd_w, rmsnorm_bwd_w, bias_grad) take
+ * scratch: mega_cu_columns_scratch(N, C) bytes of device memory (0: NULL
+ * will do), for their row slices' partials (gpt_bodies.h's
+ * mega_kc_slices). */
+size_t mega_cu_columns_scratch(int64_t rows, int64_t cols);
 int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float *dout,
                             const float *inp, const float *mean, const float *rstd, int N,
-                            int C);
+                            int C, void *scratch);
 int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *rstd,
                         const float *inp, const float *w, int N, int C, float eps);
 int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres, const float *dout,
                            const float *inp, const float *w, const float *rstd, int N, int C);
 int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const float *inp,
-                          const float *rstd, int N, int C);
+                          const float *rstd, int N, int C, void *scratch);
 int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *gate,
                        const float *up, int64_t n);
 int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, uint16_t *dgate16, float *dup,
@@ -58,7 +63,8 @@ int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
                 const float *bias, int64_t n, int C);
 int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const float *residual,
                       int64_t n, int OC);
-int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC);
+int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC,
+                      void *scratch);
 /* The classifier, in place over the logits (backend.h's crossentropy ops). */
 int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32_t *targets,
                      int N, int V);

@@ -423,6 +423,45 @@ static void test_posted_sums(void) {
   free(x);
 }
 
+/* The column sums (bias and norm weight gradients) over enough rows that
+ * the kernels cut them into slices (kernels/gpt_bodies.h mega_kc_slices),
+ * one slice too, each added onto non-zero gradients. */
+static void test_column_sums(void) {
+  static const int shapes[][2] = {{4096, 768}, {2048, 40}, {300, 70}, {14, 12}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    int R = shapes[i][0], K = shapes[i][1];
+    size_t n = (size_t)R * K;
+    float *x = vec(n, 81, 2), *d = vec(n, 82, 1), *w = vec((size_t)K, 83, 1);
+    float *g = vec((size_t)K, 84, 1), *h = vec((size_t)K, 85, 1);
+    float *m = malloc(R * sizeof *m), *r = malloc(R * sizeof *r), *o = malloc(n * sizeof *o);
+    float *dW = calloc((size_t)K * K, sizeof *dW), *ddW = dev_zero((size_t)K * K * 4);
+    float *dx = up(x, n * 4), *dd = up(d, n * 4), *dg = up(g, K * 4), *dh = up(h, K * 4);
+    float *dm = up(m, R * 4), *dr = up(r, R * 4);
+    char what[64];
+    cpu->ops->matmul_backward_weight(cpu, dW, g, d, x, R, K, K, MEGA_W_IN_OUT);
+    gpu->ops->matmul_backward_weight(gpu, ddW, dg, dd, dx, R, K, K, MEGA_W_IN_OUT);
+    snprintf(what, sizeof what, "bias gradient over %d rows of %d", R, K);
+    same(what, dg, g, K, 1e-4);
+    cpu->ops->layernorm_forward(cpu, o, m, r, x, w, h, R, K, 1e-5f);
+    gpu->ops->memcpy(gpu, dm, m, R * 4, MEGA_COPY_H2D, &(mega_err){0});
+    gpu->ops->memcpy(gpu, dr, r, R * 4, MEGA_COPY_H2D, &(mega_err){0});
+    cpu->ops->layernorm_backward_weight(cpu, g, h, d, x, m, r, R, K);
+    gpu->ops->layernorm_backward_weight(gpu, dg, dh, dd, dx, dm, dr, R, K);
+    snprintf(what, sizeof what, "layernorm dw, db over %d rows of %d", R, K);
+    same(what, dg, g, K, 1e-4);
+    same(what, dh, h, K, 1e-4);
+    cpu->ops->rmsnorm_forward(cpu, o, r, x, w, R, K, 1e-5f);
+    gpu->ops->memcpy(gpu, dr, r, R * 4, MEGA_COPY_H2D, &(mega_err){0});
+    cpu->ops->rmsnorm_backward_weight(cpu, g, d, x, r, R, K);
+    gpu->ops->rmsnorm_backward_weight(gpu, dg, dd, dx, dr, R, K);
+    snprintf(what, sizeof what, "rmsnorm dw over %d rows of %d", R, K);
+    same(what, dg, g, K, 1e-4);
+    void *dev[] = {ddW, dx, dd, dg, dh, dm, dr};
+    for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) gpu->ops->free(gpu, dev[k]);
+    free(x), free(d), free(w), free(g), free(h), free(m), free(r), free(o), free(dW);
+  }
+}
+
 /* RMSNorm, SwiGLU, RoPE and grouped-query attention (8 query heads over 2
  * key/value heads of 6, on separate q, k and v). */
 static void test_llama_ops(void) {
@@ -652,6 +691,7 @@ int main(void) {
   test_element_ops();
   test_adamw_ranges();
   test_posted_sums();
+  test_column_sums();
   test_classifier();
   test_llama_ops();
   test_bf16_matmuls();

@@ -543,6 +543,53 @@ static int setup(void **state) {
   return mega_backend_cpu_create(NULL, &be, NULL) == MEGA_OK ? 0 : -1;
 }
 
+/* The column sums as gpt_kernels.cu launches them: mega_kc_slices' slices
+ * of MEGA_KC_ROWS lanes, each block's lanes added in its tree, the slices
+ * in order. Every row is read once, and the slices fill the GPU without
+ * leaving a lane fewer than MEGA_KC_MIN_ROWS rows. */
+static float bias_grad_as_launched(int64_t j, const float *dy, int rows, int cols) {
+  int S = mega_kc_slices(rows, cols), R = S * MEGA_KC_ROWS;
+  float total = 0.0f;
+  for (int s = 0; s < S; s++) {
+    float acc[MEGA_KC_ROWS];
+    for (int l = 0; l < MEGA_KC_ROWS; l++)
+      acc[l] = mega_kc_bias_grad(j, s * MEGA_KC_ROWS + l, R, dy, rows, cols);
+    for (int k = MEGA_KC_ROWS / 2; k > 0; k >>= 1)
+      for (int l = 0; l < k; l++) acc[l] += acc[l + k];
+    total = s ? total + acc[0] : acc[0];
+  }
+  return total;
+}
+
+static void test_column_geometry(void **state) {
+  (void)state;
+  static const int shapes[][2] = {{8192, 768}, {8192, 3072}, {8192, 2304}, {8192, 50304},
+                                  {14, 12},    {300, 70},    {2048, 40},   {1, 1}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    int rows = shapes[i][0], cols = shapes[i][1], S = mega_kc_slices(rows, cols);
+    int64_t tiles = (cols + MEGA_KC_TILE - 1) / MEGA_KC_TILE;
+    int64_t most = rows / (MEGA_KC_ROWS * MEGA_KC_MIN_ROWS);
+    assert_true(S >= 1);
+    if (S > 1) assert_true(rows / (S * MEGA_KC_ROWS) >= MEGA_KC_MIN_ROWS);
+    /* enough blocks, or as many slices as the rows allow */
+    assert_true(tiles * S >= MEGA_KC_BLOCKS || S == (most > 1 ? most : 1));
+  }
+  assert_int_equal(mega_kc_slices(8192, 768), 22); /* 528 blocks of GPT-2's proj bias */
+  assert_int_equal(mega_kc_slices(0, 768), 1);
+  /* the launched order against the cpu backend, with one slice and many */
+  static const int sums[][2] = {{300, 70}, {2048, 40}, {14, 12}};
+  for (size_t i = 0; i < sizeof sums / sizeof sums[0]; i++) {
+    int rows = sums[i][0], cols = sums[i][1];
+    float *dy = vec((size_t)rows * cols, 31 + (unsigned)i, 1);
+    float *x = vec((size_t)rows * cols, 7, 1), *dw = calloc((size_t)cols * cols, sizeof *dw);
+    float *db1 = calloc((size_t)cols, sizeof *db1), *db2 = calloc((size_t)cols, sizeof *db2);
+    be->ops->matmul_backward_weight(be, dw, db1, dy, x, rows, cols, cols, MEGA_W_IN_OUT);
+    for (int64_t j = 0; j < cols; j++) db2[j] = bias_grad_as_launched(j, dy, rows, cols);
+    near(db2, db1, (size_t)cols, 1e-5, "bias gradient in slices");
+    free(dy), free(x), free(dw), free(db1), free(db2);
+  }
+}
+
 static int teardown(void **state) {
   (void)state;
   mega_backend_destroy(be);
@@ -555,6 +602,7 @@ int main(void) {
       cmocka_unit_test(test_elementwise),     cmocka_unit_test(test_adamw_ranges),
       cmocka_unit_test(test_cross_entropy),   cmocka_unit_test(test_cross_entropy_slices),
       cmocka_unit_test(test_attention_composition), cmocka_unit_test(test_llama_bodies),
+      cmocka_unit_test(test_column_geometry),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -300,6 +300,18 @@ static void cu_matmul_backward_input(mega_backend *be, float *dinp, const float 
           accumulate ? 1.0f : 0.0f, dinp, C);
 }
 
+/* Scratch for a column sum over rows x cols (kernels/launch.h); NULL when
+ * it needs none, or after a failure (noted: the op then does nothing). */
+static void *columns_scratch(mega_backend *be, int64_t rows, int64_t cols, bool *ok) {
+  size_t bytes = mega_cu_columns_scratch(rows, cols);
+  cuda_impl *c = impl_of(be);
+  *ok = true;
+  if (!bytes) return NULL;
+  void *p = grow(be, &c->cols_buf, &c->cols_cap, bytes, "the column sums' scratch");
+  *ok = p != NULL;
+  return p;
+}
+
 static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
                                       const float *dout, const float *inp, int N, int C, int OC,
                                       mega_wlayout lay) {
@@ -310,7 +322,9 @@ static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
     mm_gemm(be, true, false, OC, C, N, dout, OC, ndy, inp, C, nx, 1.0f, dw, C);
   if (dbias) {
     wrote(be, dbias, (size_t)OC);
-    note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC), "bias grad"); /* fp32 */
+    bool ok;
+    void *scratch = columns_scratch(be, N, OC, &ok);
+    if (ok) note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC, scratch), "bias grad");
   }
 }
 
@@ -370,8 +384,11 @@ static void cu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
                                          const float *rstd, int N, int C) {
   wrote(be, dw, (size_t)C);
   wrote(be, db, (size_t)C);
-  note(be, mega_cu_layernorm_bwd_w(S(be), dw, db, dout, inp, mean, rstd, N, C),
-       "layernorm weight gradient");
+  bool ok;
+  void *scratch = columns_scratch(be, N, C, &ok);
+  if (ok)
+    note(be, mega_cu_layernorm_bwd_w(S(be), dw, db, dout, inp, mean, rstd, N, C, scratch),
+         "layernorm weight gradient");
 }
 
 static void cu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
@@ -417,7 +434,11 @@ static void cu_rmsnorm_backward_input(mega_backend *be, float *dinp, const float
 static void cu_rmsnorm_backward_weight(mega_backend *be, float *dw, const float *dout,
                                        const float *inp, const float *rstd, int N, int C) {
   wrote(be, dw, (size_t)C);
-  note(be, mega_cu_rmsnorm_bwd_w(S(be), dw, dout, inp, rstd, N, C), "rmsnorm weight gradient");
+  bool ok;
+  void *scratch = columns_scratch(be, N, C, &ok);
+  if (ok)
+    note(be, mega_cu_rmsnorm_bwd_w(S(be), dw, dout, inp, rstd, N, C, scratch),
+         "rmsnorm weight gradient");
 }
 
 static void cu_swiglu_forward(mega_backend *be, float *out, const float *gate, const float *up,
@@ -521,6 +542,7 @@ static void cu_destroy(mega_backend *be) {
   for (int k = 0; k < 2; k++)
     if (c->bf16_buf[k]) cudaFree(c->bf16_buf[k]);
   if (c->sort_buf) cudaFree(c->sort_buf);
+  if (c->cols_buf) cudaFree(c->cols_buf);
   mega_cu_lt_destroy(c->lt);
   mega_cu_b16_destroy(c->b16);
   if (c->attn_buf) cudaFree(c->attn_buf);

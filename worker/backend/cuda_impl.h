@@ -32,6 +32,8 @@ typedef struct cuda_impl {
   size_t bf16_cap[2]; /* bytes */
   void *sort_buf;     /* the embedding gradient's sort (encoder_backward) */
   size_t sort_cap;
+  void *cols_buf;     /* the column sums' slices (bias and norm weight gradients) */
+  size_t cols_cap;
   mega_cu_lt *lt;     /* --bf16's forward GEMMs with epilogues; NULL: cublasGemmEx */
   mega_cu_b16 *b16;   /* --bf16's kept copies (cuda_b16.h); NULL: scratch each time */
   void *attn_buf;     /* flash attention's bf16 inputs without b16 */
