@@ -184,7 +184,9 @@ static inline MEGA_HD void mega_kr_layernorm_fwd(int64_t n, int l, int L, float 
 }
 
 /* layernorm backward: the partials of s1 = sum(dout w) and s2 = sum(dout w
- * xhat) over row n, then the write with s1 / C and s2 / C. */
+ * xhat) over row n, then the write with s1 / C and s2 / C; with dinp16,
+ * the bf16 bits too (the residual stream's gradient, which the projection
+ * GEMMs take as their output gradient under --bf16). */
 static inline MEGA_HD void mega_kr_layernorm_bwd_dots(int64_t n, int l, int L, float *s1,
                                                       float *s2, const float *dout,
                                                       const float *inp, const float *w,
@@ -202,15 +204,18 @@ static inline MEGA_HD void mega_kr_layernorm_bwd_dots(int64_t n, int l, int L, f
 }
 
 static inline MEGA_HD void mega_kr_layernorm_bwd_in(int64_t n, int l, int L, float *dinp,
-                                                    const float *dres, const float *dout,
-                                                    const float *inp, const float *w,
-                                                    const float *mean, const float *rstd, int C,
-                                                    float s1, float s2) {
+                                                    uint16_t *dinp16, const float *dres,
+                                                    const float *dout, const float *inp,
+                                                    const float *w, const float *mean,
+                                                    const float *rstd, int C, float s1,
+                                                    float s2) {
   const float *x = inp + n * C, *d = dout + n * C;
   float m = mean[n], r = rstd[n], *di = dinp + n * C;
   for (int i = l; i < C; i += L) {
     float g = (d[i] * w[i] - s1 - (x[i] - m) * r * s2) * r;
-    di[i] = dres ? dres[n * C + i] + g : g;
+    float y = dres ? dres[n * C + i] + g : g;
+    di[i] = y;
+    if (dinp16) dinp16[n * C + i] = mega_bf16_bits(y);
   }
 }
 
@@ -241,14 +246,17 @@ static inline MEGA_HD float mega_kr_rmsnorm_bwd_dot(int64_t n, int l, int L, con
 }
 
 static inline MEGA_HD void mega_kr_rmsnorm_bwd_in(int64_t n, int l, int L, float *dinp,
-                                                  const float *dres, const float *dout,
-                                                  const float *inp, const float *w,
-                                                  const float *rstd, int C, float s) {
+                                                  uint16_t *dinp16, const float *dres,
+                                                  const float *dout, const float *inp,
+                                                  const float *w, const float *rstd, int C,
+                                                  float s) {
   const float *x = inp + n * C, *d = dout + n * C;
   float r = rstd[n], *di = dinp + n * C;
   for (int i = l; i < C; i += L) {
     float g = (d[i] * w[i] - x[i] * r * s) * r;
-    di[i] = dres ? dres[n * C + i] + g : g;
+    float y = dres ? dres[n * C + i] + g : g;
+    di[i] = y;
+    if (dinp16) dinp16[n * C + i] = mega_bf16_bits(y);
   }
 }
 
@@ -369,6 +377,38 @@ static inline MEGA_HD void mega_kr_xent_write(int64_t n, int l, int L, int w, fl
     mega_stw(x + i, w, v);
   }
   for (int i = whole + l; i < V; i += L) x[i] = mega_expf(x[i] - mx) * inv;
+  if (l == 0) losses[n] = logf(sum) + mx - target_logit;
+}
+
+/* The fused classifier (llm.c's): row n of logits becomes dlogits in the
+ * same pass, e^(x - mx) / sum and then the backward's expression
+ * (mega_kr_xent_bwd, so the bits are those of the two passes) for the
+ * row's target t (outside [0, V): none); with d16, the bf16 bits too. The
+ * probabilities are never stored. Lane 0 writes the loss. */
+static inline MEGA_HD void mega_kr_xent_write_grad(int64_t n, int l, int L, int w,
+                                                   float *losses, float *logits, uint16_t *d16,
+                                                   int V, float mx, float sum,
+                                                   float target_logit, int64_t t, float scale) {
+  float *x = logits + n * V, inv = 1.0f / sum, v[4];
+  uint16_t *x16 = d16 ? d16 + n * V : NULL;
+  int whole = V / w * w;
+  for (int i = l * w; i < whole; i += L * w) {
+    mega_ldw(x + i, w, v);
+    for (int k = 0; k < w; k++) {
+      v[k] = mega_expf(v[k] - mx) * inv;
+      v[k] *= scale;
+      if (i + k == t) v[k] -= scale;
+    }
+    mega_stw(x + i, w, v);
+    if (x16) mega_stw16(x16 + i, w, v);
+  }
+  for (int i = whole + l; i < V; i += L) {
+    float d = mega_expf(x[i] - mx) * inv;
+    d *= scale;
+    if (i == t) d -= scale;
+    x[i] = d;
+    if (x16) x16[i] = mega_bf16_bits(d);
+  }
   if (l == 0) losses[n] = logf(sum) + mx - target_logit;
 }
 

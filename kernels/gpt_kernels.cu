@@ -306,6 +306,18 @@ int launch_vocab_rows(mega_cu_stream s, int N, int w, F f) {
   return launch_rows<kVocabLanes>(s, N, [=] __device__(int64_t n, int l) { f(n, l, 1); });
 }
 
+// Row x's max and sum of e^(x - max) over the block's lanes, in one read
+// (each lane's running pair, combined), the same in every lane; inlined, so
+// w stays the caller's constant.
+__device__ __forceinline__ void vocab_maxsum(const float *x, int V, int w, int l, float *mx,
+                                             float *sum) {
+  using G = Lanes<kVocabLanes>;
+  float m, s;
+  mega_kr_xent_maxsum(x, V, w, l, kVocabLanes, &m, &s);
+  *mx = G::max(m);
+  *sum = G::sum(mega_kr_xent_rescale(m, s, *mx));
+}
+
 }  // namespace
 
 extern "C" {
@@ -373,16 +385,18 @@ int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *
   });
 }
 
-int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
-                             const float *dout, const float *inp, const float *w,
-                             const float *mean, const float *rstd, int N, int C) {
+int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, uint16_t *dinp16,
+                             const float *dres, const float *dout, const float *inp,
+                             const float *w, const float *mean, const float *rstd, int N,
+                             int C) {
   return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
     using G = Lanes<32>;
     float s1, s2;
     mega_kr_layernorm_bwd_dots(n, l, 32, &s1, &s2, dout, inp, w, mean, rstd, C);
     s1 = G::sum(s1) / C;
     s2 = G::sum(s2) / C;
-    mega_kr_layernorm_bwd_in(n, l, 32, dinp, dres, dout, inp, w, mean, rstd, C, s1, s2);
+    mega_kr_layernorm_bwd_in(n, l, 32, dinp, dinp16, dres, dout, inp, w, mean, rstd, C, s1,
+                             s2);
   });
 }
 
@@ -411,11 +425,12 @@ int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *rs
   });
 }
 
-int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres, const float *dout,
-                           const float *inp, const float *w, const float *rstd, int N, int C) {
+int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, uint16_t *dinp16, const float *dres,
+                           const float *dout, const float *inp, const float *w,
+                           const float *rstd, int N, int C) {
   return launch_rows<32>(s, N, [=] __device__(int64_t n, int l) {
     float d = Lanes<32>::sum(mega_kr_rmsnorm_bwd_dot(n, l, 32, dout, inp, w, rstd, C)) / C;
-    mega_kr_rmsnorm_bwd_in(n, l, 32, dinp, dres, dout, inp, w, rstd, C, d);
+    mega_kr_rmsnorm_bwd_in(n, l, 32, dinp, dinp16, dres, dout, inp, w, rstd, C, d);
   });
 }
 
@@ -503,13 +518,21 @@ int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, 
 int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32_t *targets,
                      int N, int V) {
   return launch_vocab_rows(s, N, xent_width(logits, V), [=] __device__(int64_t n, int l, int w) {
-    using G = Lanes<kVocabLanes>;
-    const float *x = logits + n * V;
-    float target = x[targets[n]], m, sum;
-    mega_kr_xent_maxsum(x, V, w, l, kVocabLanes, &m, &sum);
-    float mx = G::max(m);
-    sum = G::sum(mega_kr_xent_rescale(m, sum, mx));
+    float target = logits[n * V + targets[n]], mx, sum;
+    vocab_maxsum(logits + n * V, V, w, l, &mx, &sum);
     mega_kr_xent_write(n, l, kVocabLanes, w, losses, logits, V, mx, sum, target);
+  });
+}
+
+// xent_fwd with the backward in its write (the fused classifier).
+int mega_cu_xent_fwd_grad(mega_cu_stream s, float *losses, float *logits, uint16_t *d16,
+                          const int32_t *targets, float scale, int N, int V) {
+  int width = x4_ok(logits, d16) ? xent_width(logits, V) : 1;
+  return launch_vocab_rows(s, N, width, [=] __device__(int64_t n, int l, int w) {
+    float target = logits[n * V + targets[n]], mx, sum;
+    vocab_maxsum(logits + n * V, V, w, l, &mx, &sum);
+    mega_kr_xent_write_grad(n, l, kVocabLanes, w, losses, logits, d16, V, mx, sum, target,
+                            targets[n], scale);
   });
 }
 
@@ -541,6 +564,16 @@ int mega_cu_xent_finish(mega_cu_stream s, float *losses, float *logits, const fl
                         const float *sums, int N, int V) {
   return launch_vocab_rows(s, N, xent_width(logits, V), [=] __device__(int64_t n, int l, int w) {
     mega_kr_xent_write(n, l, kVocabLanes, w, losses, logits, V, rowmax[n], sums[n], sums[N + n]);
+  });
+}
+
+int mega_cu_xent_finish_grad(mega_cu_stream s, float *losses, float *logits, uint16_t *d16,
+                             const float *rowmax, const float *sums, const int32_t *targets,
+                             int v0, float scale, int N, int V) {
+  int width = x4_ok(logits, d16) ? xent_width(logits, V) : 1;
+  return launch_vocab_rows(s, N, width, [=] __device__(int64_t n, int l, int w) {
+    mega_kr_xent_write_grad(n, l, kVocabLanes, w, losses, logits, d16, V, rowmax[n], sums[n],
+                            sums[N + n], (int64_t)targets[n] - v0, scale);
   });
 }
 

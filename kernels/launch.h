@@ -22,7 +22,8 @@ size_t mega_cu_encoder_bwd_scratch(int N);
 int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dwpe,
                         const float *dout, const int32_t *tok, int N, int T, int C,
                         void *scratch);
-/* out16, where not NULL (here and in rmsnorm, swiglu, gelu and xent_bwd):
+/* out16, where not NULL (here and in rmsnorm, swiglu, gelu, xent_bwd, and
+ * dinp16 of the norms' backward):
  * the bf16 bits of
  * every float written to out, as mega_cu_to_bf16 would round them
  * (--bf16's copy for the next GEMM, worker/backend/cuda_b16.h); on 8 bytes
@@ -30,9 +31,10 @@ int mega_cu_encoder_bwd(mega_cu_stream s, float *dwte, int v0, int vn, float *dw
 int mega_cu_layernorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *mean,
                           float *rstd, const float *inp, const float *w, const float *b, int N,
                           int C, float eps);
-int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres,
-                             const float *dout, const float *inp, const float *w,
-                             const float *mean, const float *rstd, int N, int C);
+int mega_cu_layernorm_bwd_in(mega_cu_stream s, float *dinp, uint16_t *dinp16,
+                             const float *dres, const float *dout, const float *inp,
+                             const float *w, const float *mean, const float *rstd, int N,
+                             int C);
 /* The column sums (layernorm_bwd_w, rmsnorm_bwd_w, bias_grad) take
  * scratch: mega_cu_columns_scratch(N, C) bytes of device memory (0: NULL
  * will do), for their row slices' partials (gpt_bodies.h's
@@ -43,8 +45,9 @@ int mega_cu_layernorm_bwd_w(mega_cu_stream s, float *dw, float *db, const float 
                             int C, void *scratch);
 int mega_cu_rmsnorm_fwd(mega_cu_stream s, float *out, uint16_t *out16, float *rstd,
                         const float *inp, const float *w, int N, int C, float eps);
-int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, const float *dres, const float *dout,
-                           const float *inp, const float *w, const float *rstd, int N, int C);
+int mega_cu_rmsnorm_bwd_in(mega_cu_stream s, float *dinp, uint16_t *dinp16, const float *dres,
+                           const float *dout, const float *inp, const float *w,
+                           const float *rstd, int N, int C);
 int mega_cu_rmsnorm_bwd_w(mega_cu_stream s, float *dw, const float *dout, const float *inp,
                           const float *rstd, int N, int C, void *scratch);
 int mega_cu_swiglu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *gate,
@@ -70,6 +73,14 @@ int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32
                      int N, int V);
 int mega_cu_xent_bwd(mega_cu_stream s, float *probs, uint16_t *probs16, const int32_t *targets,
                      int v0, float scale, int N, int V);
+/* The fused classifier (backend.h's crossentropy_forward_grad and
+ * finish_grad): dlogits over the logits, and their bf16 bits in d16 when
+ * not NULL. */
+int mega_cu_xent_fwd_grad(mega_cu_stream s, float *losses, float *logits, uint16_t *d16,
+                          const int32_t *targets, float scale, int N, int V);
+int mega_cu_xent_finish_grad(mega_cu_stream s, float *losses, float *logits, uint16_t *d16,
+                             const float *rowmax, const float *sums, const int32_t *targets,
+                             int v0, float scale, int N, int V);
 int mega_cu_xent_rowmax(mega_cu_stream s, float *rowmax, const float *logits, int N, int V);
 int mega_cu_xent_sums(mega_cu_stream s, float *sums, const float *logits, const float *rowmax,
                       const int32_t *targets, int v0, int N, int V);

@@ -219,6 +219,7 @@ static void classifier_rows(int nv, int off) {
   float *lg = vec(n + off, 60 + nv, 6), loss[R];
   float *glg = up(lg, sizeof(float) * (n + off)), *gl = dev_zero(sizeof loss);
   int32_t *gtg = up(tg, sizeof tg);
+  float *fl = vec(n + off, 60 + nv, 6), *gfl = up(fl, sizeof(float) * (n + off));
   char what[80];
   cpu->ops->crossentropy_forward(cpu, loss, lg + off, tg, R, nv);
   gpu->ops->crossentropy_forward(gpu, gl, glg + off, gtg, R, nv);
@@ -230,7 +231,17 @@ static void classifier_rows(int nv, int off) {
   gpu->ops->crossentropy_backward(gpu, glg + off, gtg, 0, 0.1f, R, nv);
   snprintf(what, sizeof what, "cross-entropy backward in place, rows of %d", nv);
   same(what, glg + off, lg + off, n, 2e-6);
-  free(lg);
+  /* fused: the cpu's, and the gpu's two passes bit for bit */
+  cpu->ops->crossentropy_forward_grad(cpu, loss, fl + off, tg, 0.1f, R, nv);
+  gpu->ops->crossentropy_forward_grad(gpu, gl, gfl + off, gtg, 0.1f, R, nv);
+  snprintf(what, sizeof what, "fused cross-entropy losses, rows of %d", nv);
+  same(what, gl, loss, R, 1e-5);
+  snprintf(what, sizeof what, "fused cross-entropy dlogits, rows of %d%s", nv,
+           off ? " off 16" : "");
+  same(what, gfl + off, fl + off, n, 2e-6);
+  same_bits(what, gfl + off, glg + off, n * sizeof(float));
+  gpu->ops->free(gpu, gfl);
+  free(lg), free(fl);
 }
 
 static void classifier_slices(void) {
@@ -261,13 +272,19 @@ static void classifier_slices(void) {
   for (int i = 0; i < 2 * R; i++) gsums[i] = sums[0][i] + sums[1][i];
   gpu->ops->memcpy(gpu, gs, gsums, sizeof gsums, MEGA_COPY_H2D, &err);
   for (int r = 0; r < 2; r++) {
+    float *gf = dev_zero(sizeof sl[r]); /* the fused finish on the slice's logits */
+    gpu->ops->memcpy(gpu, gf, gsl[r], sizeof sl[r], MEGA_COPY_D2D, &err);
+    gpu->ops->crossentropy_finish_grad(gpu, gl, gf, gmx, gs, gtg, r * VL, 0.1f, R, VL);
     cpu->ops->crossentropy_finish(cpu, loss, sl[r], gmax, gsums, R, VL);
+    same("vocabulary-parallel fused losses", gl, loss, R, 1e-5);
     gpu->ops->crossentropy_finish(gpu, gl, gsl[r], gmx, gs, R, VL);
     same("vocabulary-parallel losses", gl, loss, R, 1e-5);
     same("vocabulary-parallel probabilities in place", gsl[r], sl[r], R * VL, 2e-6);
     cpu->ops->crossentropy_backward(cpu, sl[r], tg, r * VL, 0.1f, R, VL);
     gpu->ops->crossentropy_backward(gpu, gsl[r], gtg, r * VL, 0.1f, R, VL);
     same("vocabulary-parallel backward in place", gsl[r], sl[r], R * VL, 2e-6);
+    same_bits("vocabulary-parallel fused, the two passes' bits", gf, gsl[r], sizeof sl[r]);
+    gpu->ops->free(gpu, gf);
   }
   free(lg);
 }

@@ -196,8 +196,9 @@ static void bf16_on(bool on) {
   }
 }
 
-/* Each producer (GPT-2's and Llama's) without --bf16 (the reference), then
- * with it: the same fp32 bits, and the copy produced_check wants. GELU also
+/* Each producer (GPT-2's and Llama's, the norms' backward and the fused
+ * classifier too) without --bf16 (the reference), then with it: the same
+ * fp32 bits, and the copy produced_check wants. GELU also
  * off 16 bytes
  * (one item a thread, its copy from the floats read back), the classifier
  * one float a load (V) and four (VW). */
@@ -225,6 +226,21 @@ void test_bf16_producers(void) {
   }
   same_bits("rmsnorm under --bf16", go[1], go[0], N * C * 4);
   produced_check("rmsnorm", go[1], N, C);
+  float *gdy = up(pre, N * C * 4); /* the norms' backward: the residual's gradient added */
+  for (int on = 0; on < 2; on++) {
+    bf16_on(on);
+    go[on] = up(dh, N * C * 4);
+    gpu->ops->layernorm_backward_input(gpu, go[on], go[on], gdy, gx, gw, gm, gr, N, C);
+  }
+  same_bits("layernorm backward under --bf16", go[1], go[0], N * C * 4);
+  produced_check("layernorm backward", go[1], N, C);
+  for (int on = 0; on < 2; on++) {
+    bf16_on(on);
+    go[on] = up(dh, N * C * 4);
+    gpu->ops->rmsnorm_backward_input(gpu, go[on], go[on], gdy, gx, gw, gr, N, C);
+  }
+  same_bits("rmsnorm backward under --bf16", go[1], go[0], N * C * 4);
+  produced_check("rmsnorm backward", go[1], N, C);
   for (int on = 0; on < 2; on++) {
     bf16_on(on);
     gh[on] = dev_zero(nf * 4);
@@ -272,6 +288,16 @@ void test_bf16_producers(void) {
               gl[1], gl[0], (size_t)N * vv * 4);
     produced_check(vv == V ? "classifier backward" : "classifier backward, four a load", gl[1],
                    N, vv);
+    for (int on = 0; on < 2; on++) { /* fused: the two ops' bits, and the copy */
+      bf16_on(on);
+      gd[on] = up(logits, (size_t)N * vv * 4);
+      gpu->ops->crossentropy_forward_grad(gpu, gm, gd[on], gtg, 0.5f, N, vv);
+    }
+    same_bits(vv == V ? "fused classifier, the two ops' bits" :
+                        "fused classifier, the two ops' bits, four a load",
+              gd[0], gl[0], (size_t)N * vv * 4);
+    same_bits("fused classifier under --bf16", gd[1], gl[0], (size_t)N * vv * 4);
+    produced_check(vv == V ? "fused classifier" : "fused classifier, four a load", gd[1], N, vv);
   }
   bf16_on(false);
   free(x), free(w), free(b), free(pre), free(dh), free(logits);

@@ -84,8 +84,9 @@ static void layernorm_rows(int L, float *o, uint16_t *o16, float *m, float *r, c
   }
 }
 
-static void layernorm_bwd_rows(int L, float *dinp, const float *dres, const float *dout,
-                               const float *x, const float *w, const float *m, const float *r) {
+static void layernorm_bwd_rows(int L, float *dinp, uint16_t *dinp16, const float *dres,
+                               const float *dout, const float *x, const float *w, const float *m,
+                               const float *r) {
   for (int64_t n = 0; n < N; n++) {
     float s1 = 0.0f, s2 = 0.0f;
     for (int l = 0; l < L; l++) {
@@ -95,7 +96,7 @@ static void layernorm_bwd_rows(int L, float *dinp, const float *dres, const floa
       s2 += b;
     }
     for (int l = 0; l < L; l++)
-      mega_kr_layernorm_bwd_in(n, l, L, dinp, dres, dout, x, w, m, r, C, s1 / C, s2 / C);
+      mega_kr_layernorm_bwd_in(n, l, L, dinp, dinp16, dres, dout, x, w, m, r, C, s1 / C, s2 / C);
   }
 }
 
@@ -143,9 +144,11 @@ static void test_layernorm(void **state) {
     near(r2, r1, N, 1e-5, "layernorm rstd");
     for (int with_res = 0; with_res < 2; with_res++) {
       float d1[N * C], d2[N * C];
+      uint16_t d16[N * C];
       be->ops->layernorm_backward_input(be, d1, with_res ? res : NULL, d, x, w, m1, r1, N, C);
-      layernorm_bwd_rows(L, d2, with_res ? res : NULL, d, x, w, m1, r1);
+      layernorm_bwd_rows(L, d2, d16, with_res ? res : NULL, d, x, w, m1, r1);
       near(d2, d1, N * C, 1e-5, "layernorm backward");
+      bf16_of(d16, d2, N * C, "layernorm backward's bf16 copy");
     }
     float dw1[C], db1[C], dw2[C], db2[C]; /* they add: start from the same values */
     for (int c = 0; c < C; c++) dw1[c] = dw2[c] = 0.5f, db1[c] = db2[c] = -0.25f;
@@ -491,13 +494,16 @@ static void test_llama_bodies(void **state) {
     near(r2, r1, N, 1e-5, "rmsnorm rstd");
     for (int with_res = 0; with_res < 2; with_res++) {
       float d1[N * C], d2[N * C];
+      uint16_t d16[N * C];
       const float *dres = with_res ? res : NULL;
       be->ops->rmsnorm_backward_input(be, d1, dres, d, x, w, r1, N, C);
       for (int64_t n = 0; n < N; n++) {
         float sd = LANES_SUM(L, mega_kr_rmsnorm_bwd_dot(n, l, L, d, x, w, r1, C)) / C;
-        for (int l = 0; l < L; l++) mega_kr_rmsnorm_bwd_in(n, l, L, d2, dres, d, x, w, r1, C, sd);
+        for (int l = 0; l < L; l++)
+          mega_kr_rmsnorm_bwd_in(n, l, L, d2, d16, dres, d, x, w, r1, C, sd);
       }
       near(d2, d1, N * C, 1e-5, "rmsnorm backward");
+      bf16_of(d16, d2, N * C, "rmsnorm backward's bf16 copy");
     }
     float dw1[C], dw2[C]; /* they add: start from the same values */
     for (int c = 0; c < C; c++) dw1[c] = dw2[c] = 0.5f;

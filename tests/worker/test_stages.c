@@ -331,6 +331,56 @@ static void split_backward_halves_and_accumulation(void **state) {
   model_free(&m);
 }
 
+/* The fused classifier (mega_gpt_acts_set_loss_scale): the loss and every
+ * gradient bit for bit those of the probabilities then the backward's
+ * scale, on the whole model and split in two; a backward given another
+ * scale fails and says which, and 0 turns it off again. */
+static void fused_classifier_same_bits(void **state) {
+  (void)state;
+  mega_gpt_stage_desc whole = {true, true, 0, 4}, halves[2] = {{true, false, 0, 2},
+                                                               {false, true, 2, 2}};
+  const mega_gpt_stage_desc *cases[2] = {&whole, halves};
+  int32_t tokens[B * T], targets[B * T];
+  fx_ids(tokens, B * T, 256, 5);
+  fx_ids(targets, B * T, 256, 6);
+  for (int c = 0; c < 2; c++) {
+    model m;
+    model_init(&m, cases[c], c ? 2 : 1);
+    mega_gpt_stage *ls = m.st[m.n - 1];
+    size_t n[4];
+    float *g1[4];
+    double l1 = model_step(&m, tokens, targets);
+    for (int i = 0; i < m.n; i++) {
+      n[i] = mega_gpt_num_params(m.st[i]);
+      g1[i] = malloc(n[i] * sizeof(float));
+      memcpy(g1[i], mega_gpt_grad_data(m.st[i]), n[i] * sizeof(float));
+    }
+    mega_gpt_acts_set_loss_scale(m.acts[m.n - 1], 1.0f / (B * T));
+    double l2 = model_step(&m, tokens, targets);
+    assert_memory_equal(&l1, &l2, sizeof l1);
+    for (int i = 0; i < m.n; i++) {
+      assert_memory_equal(g1[i], mega_gpt_grad_data(m.st[i]), n[i] * sizeof(float));
+      free(g1[i]);
+    }
+    /* the scale the forward used must be the backward's */
+    mega_err err = {0};
+    double loss;
+    float *x = m.n > 1 ? calloc((size_t)B * T * m.cfg.channels, sizeof *x) : NULL;
+    mega_gpt_acts_set_loss_scale(m.acts[m.n - 1], 0.5f);
+    assert_int_equal(mega_gpt_forward(ls, m.acts[m.n - 1], m.n > 1 ? NULL : tokens, x, targets,
+                                      NULL, &loss, &err),
+                     MEGA_OK);
+    float *dx = m.n > 1 ? calloc((size_t)B * T * m.cfg.channels, sizeof *dx) : NULL;
+    assert_int_equal(mega_gpt_backward_input(ls, m.acts[m.n - 1], NULL, 0.25f, dx, &err),
+                     MEGA_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "0.25 is not the 0.5"));
+    mega_gpt_acts_set_loss_scale(m.acts[m.n - 1], 0.0f);
+    assert_float_equal(model_step(&m, tokens, targets), l1, 0);
+    free(x), free(dx);
+    model_free(&m);
+  }
+}
+
 typedef struct unit_log {
   int n, first[64], count[64];
 } unit_log;
@@ -648,6 +698,7 @@ int main(void) {
       cmocka_unit_test(llama_stages_match_single),
       cmocka_unit_test(llama_param_table),
       cmocka_unit_test(split_backward_halves_and_accumulation),
+      cmocka_unit_test(fused_classifier_same_bits),
       cmocka_unit_test(fused_backward_units_and_rebind),
       cmocka_unit_test(bad_configs_and_calls_fail_clearly),
       cmocka_unit_test(variable_lengths_in_flight),

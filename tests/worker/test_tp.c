@@ -109,15 +109,25 @@ static void test_vocab_parallel_cross_entropy(void **state) {
     be->ops->crossentropy_sums(be, sums[r], slice[r], gmax, tg, r * VL, N, VL);
     for (int i = 0; i < 2 * N; i++) gsums[i] += sums[r][i];
   }
+  /* the fused classifier: the two ops' losses and dlogits, bit for bit */
+  float fl[N], fd[N * V];
+  memcpy(fd, logits, sizeof fd);
+  be->ops->crossentropy_forward_grad(be, fl, fd, tg, 0.125f, N, V);
+  assert_memory_equal(fl, losses, sizeof fl);
+  assert_memory_equal(fd, dl, sizeof fd);
   for (int r = 0; r < TP; r++) {
-    float ll[N];
+    float ll[N], fs[N * VL];
+    memcpy(fs, slice[r], sizeof fs);
     be->ops->crossentropy_finish(be, ll, slice[r], gmax, gsums, N, VL);
+    be->ops->crossentropy_finish_grad(be, fl, fs, gmax, gsums, tg, r * VL, 0.125f, N, VL);
+    assert_memory_equal(fl, ll, sizeof fl);
     for (int n = 0; n < N; n++) {
       assert_float_equal(ll[n], losses[n], 2e-6 * fabsf(losses[n]) + 1e-6);
       for (int j = 0; j < VL; j++)
         assert_float_equal(slice[r][n * VL + j], probs[n * V + r * VL + j], 1e-6);
     }
     be->ops->crossentropy_backward(be, slice[r], tg, r * VL, 0.125f, N, VL);
+    assert_memory_equal(fs, slice[r], sizeof fs);
     for (int n = 0; n < N; n++)
       for (int j = 0; j < VL; j++) /* the one-hot lands in the target's slice only */
         assert_float_equal(slice[r][n * VL + j], dl[n * V + r * VL + j], 1e-7);

@@ -314,6 +314,18 @@ typedef struct mega_backend_ops {
   void (*crossentropy_finish)(mega_backend *be, float *losses, float *logits,
                               const float *rowmax, const float *sums, int N, int V);
 
+  /* The classifier fused with its backward (llm.c's), for a caller that
+   * knows the scale at the forward: in one pass per row the logits become
+   * dlogits, the probabilities never stored. forward_grad is
+   * crossentropy_forward then crossentropy_backward(v0 0, scale), and
+   * finish_grad is crossentropy_finish then crossentropy_backward(v0,
+   * scale), the same losses and the same bits. */
+  void (*crossentropy_forward_grad)(mega_backend *be, float *losses, float *logits,
+                                    const int32_t *targets, float scale, int N, int V);
+  void (*crossentropy_finish_grad)(mega_backend *be, float *losses, float *logits,
+                                   const float *rowmax, const float *sums,
+                                   const int32_t *targets, int v0, float scale, int N, int V);
+
   /* AdamW on a flat range of n elements; m and v are the moment buffers. */
   void (*adamw)(mega_backend *be, float *params, const float *grads, float *m, float *v,
                 size_t n, const mega_adamw_params *hp);

@@ -119,6 +119,15 @@ void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *logit
                                    const int32_t *targets, int N, int V);
 void mega_cpu_crossentropy_backward(mega_backend *be, float *probs, const int32_t *targets,
                                     int v0, float scale, int N, int V);
+void mega_cpu_crossentropy_forward_grad(mega_backend *be, float *losses, float *logits,
+                                        const int32_t *targets, float scale, int N, int V);
+/* Row d of probabilities becomes dlogits: d * scale, then minus scale at
+ * the target t when it is in the row (the backward's expression, whose bits
+ * the tests keep; the fused ops run it on a row the forward just wrote). */
+static inline void mega_cpu_xent_grad_row(float *d, int V, int64_t t, float scale) {
+  for (int i = 0; i < V; i++) d[i] *= scale;
+  if (t >= 0 && t < V) d[t] -= scale;
+}
 void mega_cpu_bias_residual_forward(mega_backend *be, float *out, const float *a,
                                     const float *b, const float *bias, int N, int C);
 /* cpu_vocab.c: vocabulary-parallel cross-entropy */
@@ -129,6 +138,10 @@ void mega_cpu_crossentropy_sums(mega_backend *be, float *sums, const float *logi
                                 int V);
 void mega_cpu_crossentropy_finish(mega_backend *be, float *losses, float *logits,
                                   const float *rowmax, const float *sums, int N, int V);
+void mega_cpu_crossentropy_finish_grad(mega_backend *be, float *losses, float *logits,
+                                       const float *rowmax, const float *sums,
+                                       const int32_t *targets, int v0, float scale, int N,
+                                       int V);
 void mega_cpu_attention_forward(mega_backend *be, float *out, float *att, float *scratch,
                                 const float *q, const float *k, const float *v,
                                 const mega_attn_dims *d);

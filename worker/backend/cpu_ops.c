@@ -278,6 +278,7 @@ typedef struct xent_ctx {
   const int32_t *targets;
   int v0, V;
   float scale;
+  bool grad; /* the forward writes dlogits (crossentropy_forward_grad) */
 } xent_ctx;
 
 /* loss = logsumexp(logits) - logits[target], computed from the max-shifted
@@ -309,6 +310,7 @@ static void xent_fwd_rows(void *vc, int64_t n0, int64_t n1) {
     float inv = 1.0f / s;
     for (int i = 0; i < V; i++) p[i] *= inv;
     c->losses[n] = logf(s) + mx - target;
+    if (c->grad) mega_cpu_xent_grad_row(p, V, c->targets[n], c->scale);
   }
 }
 
@@ -318,16 +320,19 @@ void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *logit
   mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(V), xent_fwd_rows, &c);
 }
 
+void mega_cpu_crossentropy_forward_grad(mega_backend *be, float *losses, float *logits,
+                                        const int32_t *targets, float scale, int N, int V) {
+  xent_ctx c = {.losses = losses, .x = logits, .targets = targets, .V = V, .scale = scale,
+                .grad = true};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(V), xent_fwd_rows, &c);
+}
+
 MEGA_CPU_CLONES
 static void xent_bwd_rows(void *vc, int64_t n0, int64_t n1) {
   const xent_ctx *c = vc;
   int V = c->V;
-  for (int64_t n = n0; n < n1; n++) {
-    float *d = c->x + n * V;
-    for (int i = 0; i < V; i++) d[i] *= c->scale;
-    int64_t t = (int64_t)c->targets[n] - c->v0;
-    if (t >= 0 && t < V) d[t] -= c->scale;
-  }
+  for (int64_t n = n0; n < n1; n++)
+    mega_cpu_xent_grad_row(c->x + n * V, V, (int64_t)c->targets[n] - c->v0, c->scale);
 }
 
 void mega_cpu_crossentropy_backward(mega_backend *be, float *probs, const int32_t *targets,

@@ -10,6 +10,8 @@ typedef struct vce_ctx {
   const float *logits, *crowmax, *csums;
   const int32_t *targets;
   int v0, N, V;
+  float scale;
+  bool grad; /* finish writes dlogits (crossentropy_finish_grad) */
 } vce_ctx;
 
 static int64_t grain(int V) {
@@ -63,6 +65,7 @@ static void finish_rows(void *vc, int64_t n0, int64_t n1) {
     float mx = c->crowmax[n], s = c->csums[n], inv = 1.0f / s;
     for (int i = 0; i < c->V; i++) p[i] = mega_expf(p[i] - mx) * inv;
     c->losses[n] = logf(s) + mx - c->csums[c->N + n];
+    if (c->grad) mega_cpu_xent_grad_row(p, c->V, (int64_t)c->targets[n] - c->v0, c->scale);
   }
 }
 
@@ -70,5 +73,14 @@ void mega_cpu_crossentropy_finish(mega_backend *be, float *losses, float *logits
                                   const float *rowmax, const float *sums, int N, int V) {
   vce_ctx c = {.losses = losses, .x = logits, .crowmax = rowmax, .csums = sums, .N = N,
                .V = V};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), N, grain(V), finish_rows, &c);
+}
+
+void mega_cpu_crossentropy_finish_grad(mega_backend *be, float *losses, float *logits,
+                                       const float *rowmax, const float *sums,
+                                       const int32_t *targets, int v0, float scale, int N,
+                                       int V) {
+  vce_ctx c = {.losses = losses, .x = logits, .crowmax = rowmax, .csums = sums,
+               .targets = targets, .v0 = v0, .N = N, .V = V, .scale = scale, .grad = true};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), N, grain(V), finish_rows, &c);
 }

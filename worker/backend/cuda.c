@@ -374,9 +374,9 @@ static void cu_layernorm_forward(mega_backend *be, float *out, float *mean, floa
 static void cu_layernorm_backward_input(mega_backend *be, float *dinp, const float *dres,
                                         const float *dout, const float *inp, const float *w,
                                         const float *mean, const float *rstd, int N, int C) {
-  wrote(be, dinp, (size_t)N * C);
-  note(be, mega_cu_layernorm_bwd_in(S(be), dinp, dres, dout, inp, w, mean, rstd, N, C),
-       "layernorm backward");
+  uint16_t *d16 = produced(be, dinp, (size_t)N * C); /* the projections' output gradient */
+  filled(be, mega_cu_layernorm_bwd_in(S(be), dinp, d16, dres, dout, inp, w, mean, rstd, N, C),
+         "layernorm backward", dinp, NULL, (size_t)N * C);
 }
 
 static void cu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
@@ -426,9 +426,9 @@ static void cu_rmsnorm_forward(mega_backend *be, float *out, float *rstd, const 
 static void cu_rmsnorm_backward_input(mega_backend *be, float *dinp, const float *dres,
                                       const float *dout, const float *inp, const float *w,
                                       const float *rstd, int N, int C) {
-  wrote(be, dinp, (size_t)N * C);
-  note(be, mega_cu_rmsnorm_bwd_in(S(be), dinp, dres, dout, inp, w, rstd, N, C),
-       "rmsnorm backward");
+  uint16_t *d16 = produced(be, dinp, (size_t)N * C); /* the projections' output gradient */
+  filled(be, mega_cu_rmsnorm_bwd_in(S(be), dinp, d16, dres, dout, inp, w, rstd, N, C),
+         "rmsnorm backward", dinp, NULL, (size_t)N * C);
 }
 
 static void cu_rmsnorm_backward_weight(mega_backend *be, float *dw, const float *dout,
@@ -482,6 +482,27 @@ static void cu_crossentropy_backward(mega_backend *be, float *probs, const int32
   uint16_t *d16 = produced(be, probs, (size_t)N * V); /* the head's output gradient */
   filled(be, mega_cu_xent_bwd(S(be), probs, d16, targets, v0, scale, N, V),
          "cross-entropy backward", probs, NULL, (size_t)N * V);
+}
+
+/* The fused classifier: its dlogits are the head's output gradient. */
+static void cu_crossentropy_forward_grad(mega_backend *be, float *losses, float *logits,
+                                         const int32_t *targets, float scale, int N, int V) {
+  wrote(be, losses, (size_t)N);
+  uint16_t *d16 = produced(be, logits, (size_t)N * V);
+  filled(be, mega_cu_xent_fwd_grad(S(be), losses, logits, d16, targets, scale, N, V),
+         "cross-entropy with its gradient", logits, NULL, (size_t)N * V);
+}
+
+static void cu_crossentropy_finish_grad(mega_backend *be, float *losses, float *logits,
+                                        const float *rowmax, const float *sums,
+                                        const int32_t *targets, int v0, float scale, int N,
+                                        int V) {
+  wrote(be, losses, (size_t)N);
+  uint16_t *d16 = produced(be, logits, (size_t)N * V);
+  filled(be,
+         mega_cu_xent_finish_grad(S(be), losses, logits, d16, rowmax, sums, targets, v0, scale,
+                                  N, V),
+         "cross-entropy with its gradient", logits, NULL, (size_t)N * V);
 }
 
 static void cu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,
@@ -593,6 +614,8 @@ static const mega_backend_ops cuda_ops = {
     .crossentropy_rowmax = cu_crossentropy_rowmax,
     .crossentropy_sums = cu_crossentropy_sums,
     .crossentropy_finish = cu_crossentropy_finish,
+    .crossentropy_forward_grad = cu_crossentropy_forward_grad,
+    .crossentropy_finish_grad = cu_crossentropy_finish_grad,
     .adamw = mega_cu__adamw,
     .adamw_ranges = mega_cu__adamw_ranges,
     .sum = cu_sum,

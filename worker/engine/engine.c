@@ -427,8 +427,8 @@ static mega_status load_batch(mega_engine *e, int64_t it, int mb, int T, mega_er
   return MEGA_OK;
 }
 
-static mega_status do_forward(mega_engine *e, const mega_action *a, int64_t it, uint8_t ph,
-                              mega_err *err) {
+static mega_status do_forward(mega_engine *e, const mega_action *a, int64_t it, float scale,
+                              uint8_t ph, mega_err *err) {
   slot *s = slot_of(e, a->mb, a->chunk);
   bool first = first_stage(e, a->chunk), last = last_stage(e, a->chunk);
   mega_status st;
@@ -463,6 +463,8 @@ static mega_status do_forward(mega_engine *e, const mega_action *a, int64_t it, 
       if (st != MEGA_OK) return st;
     }
     double loss = 0;
+    /* the loss stage's classifier writes dlogits at once (fused); 0: eval */
+    if (last) mega_gpt_acts_set_loss_scale(s->acts, scale);
     st = mega_gpt_forward(stage, s->acts, first ? e->tokens : NULL, first ? NULL : s->in.p,
                           last ? e->targets : NULL, last ? NULL : s->out.p,
                           last ? &loss : NULL, err);
@@ -622,7 +624,7 @@ mega_status mega_engine_run(mega_engine *e, int64_t it, mega_engine_result *res,
       continue;
     }
     if (a->kind != MEGA_ACT_F) zero_rest(e); /* B, W, GS or GW: the gradients */
-    if (a->kind == MEGA_ACT_F) st = do_forward(e, a, it, e->phase[i], err);
+    if (a->kind == MEGA_ACT_F) st = do_forward(e, a, it, scale, e->phase[i], err);
     else if (a->kind == MEGA_ACT_B) st = do_backward(e, a, scale, e->phase[i], e->sync_in[i], err);
     else if (a->kind == MEGA_ACT_W) st = do_weight(e, a, e->sync_in[i], err);
     else st = do_sync(e, a, err);

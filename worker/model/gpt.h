@@ -326,6 +326,15 @@ void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T);
  * the loss writes its probabilities over them (one buffer, not two), so
  * generation and evaluation of logits run the forward without targets. */
 const float *mega_gpt_acts_logits(const mega_gpt_acts *a);
+/* Loss stage: the loss_scale the backward of the next forwards will be
+ * given, known before them (the engine knows it per iteration). The
+ * forward then writes d(loss)/d(logits) in the classifier's one pass per
+ * row, the probabilities never stored (backend.h's
+ * crossentropy_forward_grad), and a backward given another scale fails.
+ * Kept for later forwards on these acts; 0 (the default) turns it off: the
+ * forward writes the probabilities and the backward applies its scale. The
+ * gradients are the same bits either way. */
+void mega_gpt_acts_set_loss_scale(mega_gpt_acts *a, float loss_scale);
 void mega_gpt_acts_destroy(mega_gpt_acts *a); /* NULL is fine */
 
 /* Forward one microbatch.

@@ -257,6 +257,10 @@ const float *mega_gpt_acts_logits(const mega_gpt_acts *a) {
   return a->have_targets ? NULL : a->logits; /* the loss wrote over them */
 }
 
+void mega_gpt_acts_set_loss_scale(mega_gpt_acts *a, float loss_scale) {
+  a->fused_scale = loss_scale;
+}
+
 void mega_gpt_acts_destroy(mega_gpt_acts *a) {
   if (!a) return;
   if (a->s && a->s->rc_holder == a) a->s->rc_holder = NULL;

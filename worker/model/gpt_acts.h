@@ -50,6 +50,8 @@ struct mega_gpt_acts {
   void *block; /* the one backend allocation everything below points into */
   acts_state state;
   bool have_targets;
+  float fused_scale; /* mega_gpt_acts_set_loss_scale's; 0: off */
+  float grad_scale;  /* the scale the last forward's dlogits carry; 0: they are probabilities */
   int32_t *tokens, *targets; /* [N] */
   /* resid[l]: input of local block l; resid[L] is the loss stage's ln_f
    * input. dresid[l] is its gradient. [R,C] each. */
@@ -62,8 +64,8 @@ struct mega_gpt_acts {
   float *sink; /* [R,C] scratch: where a rerun group's output goes (the real one is kept) */
   float *lnf, *lnf_mean, *lnf_rstd; /* loss stage: [N,C], [R], [R] */
   /* [N,Vl]: the logits; with targets the loss overwrites them with the
-   * probabilities and the backward those with dlogits (one buffer, as the
-   * fused classifier writes in place). losses [N]. */
+   * probabilities and the backward those with dlogits (one buffer), or
+   * with fused_scale the loss writes dlogits itself. losses [N]. */
   float *logits, *losses;
   float *dlogits, *dlnf;            /* [N,Vl] (the logits, overwritten), [R,C] */
   float *rowmax, *ce_sums;          /* TP loss: [N], [2N] */

@@ -256,15 +256,20 @@ static mega_status embedding_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
 }
 
 /* The loss, in place: the logits become the probabilities, which the
- * backward turns into dlogits (it is given loss_scale). Vocabulary-parallel:
+ * backward turns into dlogits (it is given loss_scale), or, with the scale
+ * set before (fused_scale), dlogits in the same pass. Vocabulary-parallel:
  * the row max, then the sums of exp and the target's logit, each reduced
  * over the group; never the whole logits. */
 static mega_status loss_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *err) {
   const mega_backend_ops *o = s->be->ops;
   const mega_gpt_tp *tp = &s->desc.tp;
   int N = a->B * a->T, Vl = s->cfg.vocab_size / tp->size;
+  float g = a->grad_scale = a->fused_scale;
   if (!tp_on(s)) {
-    o->crossentropy_forward(s->be, a->losses, a->logits, a->targets, N, Vl);
+    if (g != 0.0f)
+      o->crossentropy_forward_grad(s->be, a->losses, a->logits, a->targets, g, N, Vl);
+    else
+      o->crossentropy_forward(s->be, a->losses, a->logits, a->targets, N, Vl);
     return MEGA_OK;
   }
   o->crossentropy_rowmax(s->be, a->rowmax, a->logits, N, Vl);
@@ -273,7 +278,11 @@ static mega_status loss_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *e
   o->crossentropy_sums(s->be, a->ce_sums, a->logits, a->rowmax, a->targets, tp->rank * Vl, N,
                        Vl);
   if ((st = tp->ops->all_reduce(tp->ctx, a->ce_sums, 2 * (size_t)N, err))) return st;
-  o->crossentropy_finish(s->be, a->losses, a->logits, a->rowmax, a->ce_sums, N, Vl);
+  if (g != 0.0f)
+    o->crossentropy_finish_grad(s->be, a->losses, a->logits, a->rowmax, a->ce_sums, a->targets,
+                                tp->rank * Vl, g, N, Vl);
+  else
+    o->crossentropy_finish(s->be, a->losses, a->logits, a->rowmax, a->ce_sums, N, Vl);
   return MEGA_OK;
 }
 
@@ -445,7 +454,14 @@ static mega_status loss_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, floa
   const mega_gpt_tp *tp = &s->desc.tp;
   int C = s->cfg.channels, Vl = s->cfg.vocab_size / tp->size, N = a->B * a->T;
   int L = s->desc.num_layers;
-  o->crossentropy_backward(be, a->dlogits, a->targets, tp->rank * Vl, loss_scale, N, Vl);
+  if (a->grad_scale == 0.0f)
+    o->crossentropy_backward(be, a->dlogits, a->targets, tp->rank * Vl, loss_scale, N, Vl);
+  else if (a->grad_scale != loss_scale)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: the backward's loss_scale %.9g is not the %.9g its forward wrote "
+                     "dlogits with; give mega_gpt_acts_set_loss_scale the backward's scale, "
+                     "or 0",
+                     (double)loss_scale, (double)a->grad_scale);
   o->matmul_backward_input(be, partial_for(s, a, a->dlnf), a->dlogits, s->param + s->head, N,
                            C, Vl, MEGA_W_OUT_IN, false);
   mega_status st = reduce_rows(s, a, a->dlnf, err);
