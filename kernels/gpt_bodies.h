@@ -115,11 +115,16 @@ static inline MEGA_HD void mega_kb_to_bf16(int64_t i, uint16_t *out, const float
 }
 
 /* bf16 back to fp32, item i of a [rows, cols] block: row i / cols of in
- * (row stride ldi) to out (ldo). cuDNN's attention output and gradients. */
-static inline MEGA_HD void mega_kb_from_bf16(int64_t i, float *out, int64_t ldo,
-                                             const uint16_t *in, int64_t ldi, int64_t cols) {
+ * (row stride ldi) to out (ldo), and with out16 the stored float's bf16
+ * bits at the same place (--bf16's copy for the next GEMM). cuDNN's
+ * attention output and gradients. */
+static inline MEGA_HD void mega_kb_from_bf16(int64_t i, float *out, uint16_t *out16,
+                                             int64_t ldo, const uint16_t *in, int64_t ldi,
+                                             int64_t cols) {
   int64_t r = i / cols, c = i % cols;
-  out[r * ldo + c] = mega_bf16_to_float(in[r * ldi + c]);
+  float y = mega_bf16_to_float(in[r * ldi + c]);
+  out[r * ldo + c] = y;
+  if (out16) out16[r * ldo + c] = mega_bf16_bits(y);
 }
 
 /* ---- row bodies, in lanes: n < N ----

@@ -631,10 +631,11 @@ int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n)
   return launch(s, n - 4 * n4, [=] __device__(int64_t i) { mega_kb_to_bf16(i, o, x); });
 }
 
-int mega_cu_from_bf16(mega_cu_stream s, float *out, int64_t ldo, const uint16_t *in,
-                      int64_t ldi, int64_t rows, int64_t cols) {
-  return launch(s, rows * cols,
-                [=] __device__(int64_t i) { mega_kb_from_bf16(i, out, ldo, in, ldi, cols); });
+int mega_cu_from_bf16(mega_cu_stream s, float *out, uint16_t *out16, int64_t ldo,
+                      const uint16_t *in, int64_t ldi, int64_t rows, int64_t cols) {
+  return launch(s, rows * cols, [=] __device__(int64_t i) {
+    mega_kb_from_bf16(i, out, out16, ldo, in, ldi, cols);
+  });
 }
 
 int mega_cu_sum(mega_cu_stream s, double *partials, const float *x, int64_t n, int squares) {

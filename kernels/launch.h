@@ -95,9 +95,10 @@ int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v
 int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a);
 /* out[i] = in[i] as bf16 bits, rounded to nearest even (--bf16's GEMM inputs). */
 int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n);
-/* out (fp32, row stride ldo) = in (bf16 bits, ldi), rows x cols. */
-int mega_cu_from_bf16(mega_cu_stream s, float *out, int64_t ldo, const uint16_t *in,
-                      int64_t ldi, int64_t rows, int64_t cols);
+/* out (fp32, row stride ldo) = in (bf16 bits, ldi), rows x cols; out16
+ * (ldo), where not NULL, the bf16 bits of every float written. */
+int mega_cu_from_bf16(mega_cu_stream s, float *out, uint16_t *out16, int64_t ldo,
+                      const uint16_t *in, int64_t ldi, int64_t rows, int64_t cols);
 /* Causal flash attention under --bf16 (kernels/flash_mma.cu), for head
  * sizes it supports (64, 128). Shapes and strides as backend.h's
  * attention, q, k, v (and dout16) being bf16 copies with the same strides,

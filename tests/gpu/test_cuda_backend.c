@@ -599,6 +599,13 @@ static void flash_case(mega_backend *be, const char *path, int B_, int T_, int N
   strcat(what, " backward");
   ran = ran && settle(be, what);
   if (ran) same(what, gg, g, nall, 2e-2);
+  if (ran) { /* what the projection's and the qkv GEMM's backward read (cuDNN puts both) */
+    char label[48];
+    snprintf(label, sizeof label, "%s attention output", path);
+    produced_check(be, label, gy, (int)N_, NH_ * hs);
+    snprintf(label, sizeof label, "%s attention fused qkv gradient", path);
+    if (fused) produced_check(be, label, gg, (int)N_, ldq);
+  }
   cpu->ops->set_bf16(cpu, true, &err);
   cpu->ops->attention_forward(cpu, y, att, scr, q, k, v, &ad);
   cpu->ops->attention_backward(cpu, g, g + ko, g + vo, scr, dy, q, k, v, att, &ad);

@@ -159,32 +159,38 @@ void test_bf16_kept_copies(void) {
 
 /* --bf16: an op whose whole output a matmul reads next writes that
  * matmul's bf16 copy in its own kernel (cuda_b16.h). src (rows x cols),
- * just written so: a matmul by the identity reads the copy back exactly
+ * just written so on be: a matmul by the identity reads the copy back exactly
  * (one product per sum), which must be src's floats rounded, and gives the
  * same bits again once src is rewritten and its copy rounded afresh. */
-static void produced_check(const char *what, float *src, int rows, int cols) {
+void produced_check(mega_backend *be, const char *what, float *src, int rows, int cols) {
   size_t n = (size_t)rows * cols;
   float *eye = calloc((size_t)cols * cols, 4);
   for (int i = 0; i < cols; i++) eye[(size_t)i * cols + i] = 1.0f;
   float *geye = up(eye, (size_t)cols * cols * 4), *gy = dev_zero(n * 4), *gy2 = dev_zero(n * 4);
   float *tmp = dev_zero(n * 4);
-  gpu->ops->matmul_forward(gpu, gy, src, geye, NULL, NULL, rows, cols, cols, MEGA_W_IN_OUT);
+  mega_err err = {0};
+  be->ops->matmul_forward(be, gy, src, geye, NULL, NULL, rows, cols, cols, MEGA_W_IN_OUT);
+  if (be->ops->synchronize(be, &err)) { /* before gpu's stream reads (be may be another) */
+    printf("FAIL %s: %s\n", what, err.msg);
+    failures++;
+    return;
+  }
   float *want = down(src, n * 4);
   for (size_t i = 0; i < n; i++) want[i] = mega_bf16_round(want[i]);
   char label[96];
   snprintf(label, sizeof label, "%s: the next matmul's bf16 copy is its output rounded", what);
   same(label, gy, want, n, 0);
-  mega_err err = {0};
-  if (gpu->ops->memcpy(gpu, tmp, src, n * 4, MEGA_COPY_D2D, &err) ||
-      gpu->ops->memcpy(gpu, src, tmp, n * 4, MEGA_COPY_D2D, &err)) {
+  if (be->ops->memcpy(be, tmp, src, n * 4, MEGA_COPY_D2D, &err) ||
+      be->ops->memcpy(be, src, tmp, n * 4, MEGA_COPY_D2D, &err)) {
     fprintf(stderr, "%s: %s\n", what, err.msg);
     exit(1);
   }
-  gpu->ops->matmul_forward(gpu, gy2, src, geye, NULL, NULL, rows, cols, cols, MEGA_W_IN_OUT);
+  be->ops->matmul_forward(be, gy2, src, geye, NULL, NULL, rows, cols, cols, MEGA_W_IN_OUT);
+  be->ops->synchronize(be, &err);
   snprintf(label, sizeof label, "%s: the matmul as on a fresh rounding", what);
   same_bits(label, gy2, gy, n * 4);
-  gpu->ops->free(gpu, geye), gpu->ops->free(gpu, gy), gpu->ops->free(gpu, gy2);
-  gpu->ops->free(gpu, tmp);
+  be->ops->free(be, geye), be->ops->free(be, gy), be->ops->free(be, gy2);
+  be->ops->free(be, tmp);
   free(eye), free(want);
 }
 
@@ -218,14 +224,14 @@ void test_bf16_producers(void) {
     gpu->ops->layernorm_forward(gpu, go[on], gm, gr, gx, gw, gb, N, C, 1e-5f);
   }
   same_bits("layernorm under --bf16", go[1], go[0], N * C * 4);
-  produced_check("layernorm", go[1], N, C);
+  produced_check(gpu, "layernorm", go[1], N, C);
   for (int on = 0; on < 2; on++) {
     bf16_on(on);
     go[on] = dev_zero(N * C * 4);
     gpu->ops->rmsnorm_forward(gpu, go[on], gr, gx, gw, N, C, 1e-5f);
   }
   same_bits("rmsnorm under --bf16", go[1], go[0], N * C * 4);
-  produced_check("rmsnorm", go[1], N, C);
+  produced_check(gpu, "rmsnorm", go[1], N, C);
   float *gdy = up(pre, N * C * 4); /* the norms' backward: the residual's gradient added */
   for (int on = 0; on < 2; on++) {
     bf16_on(on);
@@ -233,21 +239,21 @@ void test_bf16_producers(void) {
     gpu->ops->layernorm_backward_input(gpu, go[on], go[on], gdy, gx, gw, gm, gr, N, C);
   }
   same_bits("layernorm backward under --bf16", go[1], go[0], N * C * 4);
-  produced_check("layernorm backward", go[1], N, C);
+  produced_check(gpu, "layernorm backward", go[1], N, C);
   for (int on = 0; on < 2; on++) {
     bf16_on(on);
     go[on] = up(dh, N * C * 4);
     gpu->ops->rmsnorm_backward_input(gpu, go[on], go[on], gdy, gx, gw, gr, N, C);
   }
   same_bits("rmsnorm backward under --bf16", go[1], go[0], N * C * 4);
-  produced_check("rmsnorm backward", go[1], N, C);
+  produced_check(gpu, "rmsnorm backward", go[1], N, C);
   for (int on = 0; on < 2; on++) {
     bf16_on(on);
     gh[on] = dev_zero(nf * 4);
     gpu->ops->swiglu_forward(gpu, gh[on], gpre, gpre + 1, (size_t)N * F);
   }
   same_bits("swiglu under --bf16", gh[1], gh[0], (size_t)N * F * 4);
-  produced_check("swiglu", gh[1], N, F);
+  produced_check(gpu, "swiglu", gh[1], N, F);
   for (int on = 0; on < 2; on++) { /* dgate in place over dout, as the model runs it */
     bf16_on(on);
     gd[on] = up(dh, nf * 4);
@@ -256,8 +262,8 @@ void test_bf16_producers(void) {
   }
   same_bits("swiglu dgate under --bf16", gd[1], gd[0], (size_t)N * F * 4);
   same_bits("swiglu dup under --bf16", gh[1], gh[0], (size_t)N * F * 4);
-  produced_check("swiglu dgate", gd[1], N, F);
-  produced_check("swiglu dup", gh[1], N, F);
+  produced_check(gpu, "swiglu dgate", gd[1], N, F);
+  produced_check(gpu, "swiglu dup", gh[1], N, F);
   for (int off = 0; off < 2; off++) {
     for (int on = 0; on < 2; on++) {
       bf16_on(on);
@@ -266,7 +272,7 @@ void test_bf16_producers(void) {
     }
     same_bits(off ? "gelu under --bf16, off 16 bytes" : "gelu under --bf16", gh[1] + off,
               gh[0] + off, (size_t)N * F * 4);
-    produced_check(off ? "gelu off 16 bytes" : "gelu", gh[1] + off, N, F);
+    produced_check(gpu, off ? "gelu off 16 bytes" : "gelu", gh[1] + off, N, F);
     for (int on = 0; on < 2; on++) { /* in place, as the model runs it */
       bf16_on(on);
       gd[on] = up(dh, nf * 4);
@@ -274,7 +280,7 @@ void test_bf16_producers(void) {
     }
     same_bits(off ? "gelu backward under --bf16, off 16 bytes" : "gelu backward under --bf16",
               gd[1] + off, gd[0] + off, (size_t)N * F * 4);
-    produced_check(off ? "gelu backward off 16 bytes" : "gelu backward", gd[1] + off, N, F);
+    produced_check(gpu, off ? "gelu backward off 16 bytes" : "gelu backward", gd[1] + off, N, F);
   }
   for (int vv = V; vv <= VW; vv += VW - V) {
     for (int on = 0; on < 2; on++) {
@@ -286,7 +292,7 @@ void test_bf16_producers(void) {
     same_bits(vv == V ? "classifier backward under --bf16" :
                         "classifier backward under --bf16, four a load",
               gl[1], gl[0], (size_t)N * vv * 4);
-    produced_check(vv == V ? "classifier backward" : "classifier backward, four a load", gl[1],
+    produced_check(gpu, vv == V ? "classifier backward" : "classifier backward, four a load", gl[1],
                    N, vv);
     for (int on = 0; on < 2; on++) { /* fused: the two ops' bits, and the copy */
       bf16_on(on);
@@ -297,7 +303,7 @@ void test_bf16_producers(void) {
                         "fused classifier, the two ops' bits, four a load",
               gd[0], gl[0], (size_t)N * vv * 4);
     same_bits("fused classifier under --bf16", gd[1], gl[0], (size_t)N * vv * 4);
-    produced_check(vv == V ? "fused classifier" : "fused classifier, four a load", gd[1], N, vv);
+    produced_check(gpu, vv == V ? "fused classifier" : "fused classifier, four a load", gd[1], N, vv);
   }
   bf16_on(false);
   free(x), free(w), free(b), free(pre), free(dh), free(logits);

@@ -80,14 +80,18 @@ static void test_kernel_body(void **state) {
   for (int i = 0; i < 5; i++) assert_int_equal(out[i], mega_bf16_bits(in[i]));
   /* and back, a 3 x 4 block between row strides (cuDNN attention's
    * gradients, 3 columns of 7, into rows of 5): the padding is not touched */
-  uint16_t src[3 * 7];
+  uint16_t src[3 * 7], copy[3 * 5];
   float dst[3 * 5];
   for (int i = 0; i < 3 * 7; i++) src[i] = (uint16_t)(0x3f80 + 3 * i);
-  for (int i = 0; i < 3 * 5; i++) dst[i] = -9.0f;
-  for (int64_t i = 0; i < 3 * 4; i++) mega_kb_from_bf16(i, dst, 5, src, 7, 4);
+  for (int i = 0; i < 3 * 5; i++) dst[i] = -9.0f, copy[i] = 0xdead;
+  for (int64_t i = 0; i < 3 * 4; i++) mega_kb_from_bf16(i, dst, copy, 5, src, 7, 4);
   for (int r = 0; r < 3; r++)
-    for (int c = 0; c < 5; c++)
+    for (int c = 0; c < 5; c++) {
       assert_true(dst[r * 5 + c] == (c < 4 ? mega_bf16_to_float(src[r * 7 + c]) : -9.0f));
+      /* the copy for the next GEMM: the very bits read, laid out as dst */
+      assert_int_equal(copy[r * 5 + c], c < 4 ? src[r * 7 + c] : 0xdead);
+    }
+  for (int64_t i = 0; i < 3 * 4; i++) mega_kb_from_bf16(i, dst, NULL, 5, src, 7, 4);
 }
 
 static void fill(float *x, size_t n, uint32_t seed) {

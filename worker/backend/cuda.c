@@ -340,6 +340,10 @@ const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size
 const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n) {
   return kept(be, x, n);
 }
+uint16_t *mega_cu__produced(mega_backend *be, float *x, size_t n) { return produced(be, x, n); }
+void mega_cu__filled(mega_backend *be, int cuda_err, const char *what, float *x, size_t n) {
+  filled(be, cuda_err, what, x, NULL, n);
+}
 
 /* ---- the kernels ---- */
 

@@ -82,10 +82,11 @@ void mega_cu_b16_wrote(mega_cu_b16 *c, const void *p, size_t bytes) {
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Never the copies of the last few gets and puts: one op takes up to four
- * (q, k, v and dO) and its GEMM is not queued yet, a producer's kernel is
- * not queued yet when put returns. Past the budget rather than that. */
-#define B16_PINNED 4
+/* Never the copies of the last few gets and puts: one op takes up to five
+ * before its work is queued (cuDNN attention's backward: q, k, v and dO,
+ * then the put its gradients go to), a producer's kernel is not queued yet
+ * when put returns. Past the budget rather than that. */
+#define B16_PINNED 5
 
 static void make_room(mega_cu_b16 *c, size_t bytes) {
   while (c->count == B16_MAX || c->bytes + bytes > c->budget) {

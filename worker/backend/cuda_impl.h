@@ -61,6 +61,12 @@ void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, con
 const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n);
 /* x as bf16: the kept copy, or else rounded into scratch k (0 or 1). */
 const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n);
+/* Where an op writes x's n floats, all of which a GEMM reads next: under
+ * --bf16 the copy the op's kernel fills as it writes x, else NULL (x then
+ * said written). After the launch, filled notes its error and drops the
+ * copy if it did not run. */
+uint16_t *mega_cu__produced(mega_backend *be, float *x, size_t n);
+void mega_cu__filled(mega_backend *be, int cuda_err, const char *what, float *x, size_t n);
 
 /* The optimizer's ops (cuda_optim.c); destroy frees its tables. */
 void mega_cu__adamw(mega_backend *be, float *params, const float *grads, float *m, float *v,

@@ -178,8 +178,29 @@ bool mega_cu__sdpa_forward(mega_backend *be, float *out, float *att, const uint1
   uint16_t *o16 = out16_of(att, d);
   mega_sdpa_io io = {.q = q, .k = k, .v = v, .o = o16, .stats = att};
   run(be, e->fwd, &io);
-  mega_cu__note(be, mega_cu_from_bf16(S(be), out, C, o16, C, N, C), "widening attention's output");
+  /* out is the projection's input: its bf16 copy is o16's bits again */
+  uint16_t *p16 = mega_cu__produced(be, out, (size_t)(N * C));
+  mega_cu__filled(be, mega_cu_from_bf16(S(be), out, p16, C, o16, C, N, C),
+                  "widening attention's output", out, (size_t)(N * C));
+  if (impl_of(be)->sticky != MEGA_OK) mega_cu__wrote(be, out, (size_t)(N * C)); /* not run */
   return true;
+}
+
+/* Where cuDNN writes the bf16 gradients (row stride grads_ld): when dq, dk
+ * and dv are one [N, ld] buffer's columns in that order (GPT-2's fused
+ * qkv), the bf16 copy the qkv GEMM's backward reads of that buffer, so no
+ * rounding pass makes it again; else the glue's scratch. NULL: noted. The
+ * put comes after the op's four gets, which cuda_b16.c keeps pinned. */
+static uint16_t *grads_out(mega_backend *be, struct mega_cu_sdpa *s, float *dq, float *dk,
+                           float *dv, const mega_attn_dims *d) {
+  int64_t N = (int64_t)d->B * d->T, C = (int64_t)d->NH * d->hs, Ck = (int64_t)d->G * d->hs;
+  int64_t ld = grads_ld(d);
+  if (dk == dq + C && dv == dk + Ck && d->ldq == ld && d->ldkv == ld) {
+    uint16_t *p = mega_cu__produced(be, dq, (size_t)(N * ld));
+    if (p) return p;
+  }
+  return mega_cu__grow(be, &s->grads, &s->grads_cap, (size_t)(N * ld) * 2,
+                       "cuDNN attention's bf16 gradients");
 }
 
 bool mega_cu__sdpa_backward(mega_backend *be, float *dq, float *dk, float *dv,
@@ -190,17 +211,18 @@ bool mega_cu__sdpa_backward(mega_backend *be, float *dq, float *dk, float *dv,
   struct mega_cu_sdpa *s = impl_of(be)->sdpa;
   int64_t N = (int64_t)d->B * d->T, C = (int64_t)d->NH * d->hs, Ck = (int64_t)d->G * d->hs;
   int64_t ld = grads_ld(d);
-  uint16_t *g = mega_cu__grow(be, &s->grads, &s->grads_cap, (size_t)(N * ld) * 2,
-                              "cuDNN attention's bf16 gradients");
+  uint16_t *g = grads_out(be, s, dq, dk, dv, d);
   if (!g) return true; /* noted */
   uint16_t *o16 = out16_of(att, d);
   mega_sdpa_io io = {.q = q, .k = k, .v = v, .o = o16, .stats = (float *)att, .dout = dout,
                      .dq = g, .dk = g + C, .dv = g + C + Ck};
   run(be, e->bwd, &io);
   const char *what = "widening attention's gradients";
-  mega_cu__note(be, mega_cu_from_bf16(S(be), dq, d->ldq, g, ld, N, C), what);
-  mega_cu__note(be, mega_cu_from_bf16(S(be), dk, d->ldkv, g + C, ld, N, Ck), what);
-  mega_cu__note(be, mega_cu_from_bf16(S(be), dv, d->ldkv, g + C + Ck, ld, N, Ck), what);
+  mega_cu__note(be, mega_cu_from_bf16(S(be), dq, NULL, d->ldq, g, ld, N, C), what);
+  mega_cu__note(be, mega_cu_from_bf16(S(be), dk, NULL, d->ldkv, g + C, ld, N, Ck), what);
+  mega_cu__note(be, mega_cu_from_bf16(S(be), dv, NULL, d->ldkv, g + C + Ck, ld, N, Ck), what);
+  if (g != s->grads && impl_of(be)->sticky != MEGA_OK) /* g is dq's copy: only if all ran */
+    mega_cu__wrote(be, dq, (size_t)(N * ld));
   return true;
 }
 
