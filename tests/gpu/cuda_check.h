@@ -24,6 +24,10 @@ void *down(const void *dev, size_t bytes);
 void same_bits(const char *what, const void *a, const void *b, size_t bytes);
 void same(const char *what, const float *dev, const float *want, size_t n, double tol);
 
+/* test_cuda_sums.c */
+void test_classifier(void);
+void test_column_sums(void);
+
 /* test_cuda_bf16.c; produced_check: the bf16 copy a matmul on be reads of
  * src (rows x cols, just written by an op of be under --bf16) is src's
  * floats rounded (cuda_b16.h). */
