@@ -385,6 +385,20 @@ static inline MEGA_HD void mega_kr_xent_write(int64_t n, int l, int L, int w, fl
   if (l == 0) losses[n] = logf(sum) + mx - target_logit;
 }
 
+/* A probability's gradient: p * scale, minus scale at the target, each
+ * step rounded on its own on the GPU (never one fused multiply-add), so the
+ * fused classifier and the backward's pass keep the same bits whatever the
+ * compiler would fuse, and the cpu backend's. */
+static inline MEGA_HD float mega_xent_grad(float p, float scale, int target) {
+#ifdef __CUDA_ARCH__
+  float d = __fmul_rn(p, scale);
+  return target ? __fsub_rn(d, scale) : d;
+#else
+  float d = p * scale;
+  return target ? d - scale : d;
+#endif
+}
+
 /* The fused classifier (llm.c's): row n of logits becomes dlogits in the
  * same pass, e^(x - mx) / sum and then the backward's expression
  * (mega_kr_xent_bwd, so the bits are those of the two passes) for the
@@ -399,18 +413,13 @@ static inline MEGA_HD void mega_kr_xent_write_grad(int64_t n, int l, int L, int 
   int whole = V / w * w;
   for (int i = l * w; i < whole; i += L * w) {
     mega_ldw(x + i, w, v);
-    for (int k = 0; k < w; k++) {
-      v[k] = mega_expf(v[k] - mx) * inv;
-      v[k] *= scale;
-      if (i + k == t) v[k] -= scale;
-    }
+    for (int k = 0; k < w; k++)
+      v[k] = mega_xent_grad(mega_expf(v[k] - mx) * inv, scale, i + k == t);
     mega_stw(x + i, w, v);
     if (x16) mega_stw16(x16 + i, w, v);
   }
   for (int i = whole + l; i < V; i += L) {
-    float d = mega_expf(x[i] - mx) * inv;
-    d *= scale;
-    if (i == t) d -= scale;
+    float d = mega_xent_grad(mega_expf(x[i] - mx) * inv, scale, i == t);
     x[i] = d;
     if (x16) x16[i] = mega_bf16_bits(d);
   }
@@ -437,16 +446,12 @@ static inline MEGA_HD void mega_kr_xent_bwd(int64_t n, int l, int L, int w, floa
   int whole = V / w * w;
   for (int i = l * w; i < whole; i += L * w) {
     mega_ldw(p + i, w, v);
-    for (int k = 0; k < w; k++) {
-      v[k] *= scale;
-      if (i + k == t) v[k] -= scale;
-    }
+    for (int k = 0; k < w; k++) v[k] = mega_xent_grad(v[k], scale, i + k == t);
     mega_stw(p + i, w, v);
     if (p16) mega_stw16(p16 + i, w, v);
   }
   for (int i = whole + l; i < V; i += L) {
-    float d = p[i] * scale;
-    if (i == t) d -= scale;
+    float d = mega_xent_grad(p[i], scale, i == t);
     p[i] = d;
     if (p16) p16[i] = mega_bf16_bits(d);
   }

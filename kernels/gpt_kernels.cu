@@ -524,11 +524,13 @@ int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32
   });
 }
 
-// xent_fwd with the backward in its write (the fused classifier).
+// xent_fwd with the backward in its write (the fused classifier). The load
+// width is xent_fwd's, from the logits alone, since it sets the order of
+// the sums; the copy d16 (put's, on 256 bytes) must then take its stores.
 int mega_cu_xent_fwd_grad(mega_cu_stream s, float *losses, float *logits, uint16_t *d16,
                           const int32_t *targets, float scale, int N, int V) {
-  int width = x4_ok(logits, d16) ? xent_width(logits, V) : 1;
-  return launch_vocab_rows(s, N, width, [=] __device__(int64_t n, int l, int w) {
+  if (!x4_ok(logits, d16) && xent_width(logits, V) == 4) return (int)cudaErrorMisalignedAddress;
+  return launch_vocab_rows(s, N, xent_width(logits, V), [=] __device__(int64_t n, int l, int w) {
     float target = logits[n * V + targets[n]], mx, sum;
     vocab_maxsum(logits + n * V, V, w, l, &mx, &sum);
     mega_kr_xent_write_grad(n, l, kVocabLanes, w, losses, logits, d16, V, mx, sum, target,

@@ -113,7 +113,7 @@ void test_column_sums(void) {
     size_t n = (size_t)R * K;
     float *x = vec(n, 81, 2), *d = vec(n, 82, 1), *w = vec((size_t)K, 83, 1);
     float *g = vec((size_t)K, 84, 1), *h = vec((size_t)K, 85, 1);
-    float *m = malloc(R * sizeof *m), *r = malloc(R * sizeof *r), *o = malloc(n * sizeof *o);
+    float *m = calloc(R, sizeof *m), *r = calloc(R, sizeof *r), *o = malloc(n * sizeof *o);
     float *dW = calloc((size_t)K * K, sizeof *dW), *ddW = dev_zero((size_t)K * K * 4);
     float *dx = up(x, n * 4), *dd = up(d, n * 4), *dg = up(g, K * 4), *dh = up(h, K * 4);
     float *dm = up(m, R * 4), *dr = up(r, R * 4);

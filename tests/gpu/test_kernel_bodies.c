@@ -279,6 +279,22 @@ static void xent_rows(int L, int w, float *losses, float *x, const int32_t *tg, 
   }
 }
 
+/* xent_rows with the backward in the write (mega_cu_xent_fwd_grad). */
+static void xent_grad_rows(int L, int w, float *losses, float *x, uint16_t *d16,
+                           const int32_t *tg, float scale, int rows, int nv) {
+  for (int64_t n = 0; n < rows; n++) {
+    const float *row = x + n * nv;
+    float target = row[tg[n]], M = -INFINITY, S = 0.0f, m[32], s[32];
+    for (int l = 0; l < L; l++) {
+      mega_kr_xent_maxsum(row, nv, w, l, L, &m[l], &s[l]);
+      M = m[l] > M ? m[l] : M;
+    }
+    for (int l = 0; l < L; l++) S += mega_kr_xent_rescale(m[l], s[l], M);
+    for (int l = 0; l < L; l++)
+      mega_kr_xent_write_grad(n, l, L, w, losses, x, d16, nv, M, S, target, tg[n], scale);
+  }
+}
+
 static void xent_bwd_rows(int L, int w, float *p, uint16_t *p16, const int32_t *tg, int v0,
                           float scale, int rows, int nv) {
   for (int64_t n = 0; n < rows; n++)
@@ -316,10 +332,10 @@ static void test_cross_entropy(void **state) {
   for (int i = 0; i < N; i++) tg[i] = (i * 3) % V;
   float l1[N], l2[N], p1[N * V], p2[N * V];
   double rl[N], rd[N * V];
-  xent_reference(logits, tg, N, V, 0.5, rl, rd);
+  xent_reference(logits, tg, N, V, 0.3f, rl, rd); /* not a power of two: products round */
   memcpy(p1, logits, sizeof p1);
   be->ops->crossentropy_forward(be, l1, p1, tg, N, V);
-  be->ops->crossentropy_backward(be, p1, tg, 0, 0.5f, N, V);
+  be->ops->crossentropy_backward(be, p1, tg, 0, 0.3f, N, V);
   near_ref(l1, rl, N, 1e-6, "cpu backend loss");
   near_ref(p1, rd, N * V, 1e-6, "cpu backend dlogits");
   FOR_LANES(L) {
@@ -331,12 +347,20 @@ static void test_cross_entropy(void **state) {
       float probs[N * V];
       memcpy(probs, p2, sizeof probs);
       uint16_t p16[N * V];
-      xent_bwd_rows(L, w, p2, p16, tg, 0, 0.5f, N, V);
+      xent_bwd_rows(L, w, p2, p16, tg, 0, 0.3f, N, V);
       near_ref(p2, rd, N * V, 1e-6, "cross-entropy dlogits");
       bf16_of(p16, p2, N * V, "cross-entropy dlogits' bf16 copy");
       /* the cpu backend's backward on the same probabilities: its bits */
-      be->ops->crossentropy_backward(be, probs, tg, 0, 0.5f, N, V);
+      be->ops->crossentropy_backward(be, probs, tg, 0, 0.3f, N, V);
       near(p2, probs, N * V, 0, "cross-entropy backward");
+      /* fused: the two passes' losses and dlogits, bit for bit */
+      float fl[N], f2[N * V];
+      uint16_t f16[N * V];
+      memcpy(f2, logits, sizeof f2);
+      xent_grad_rows(L, w, fl, f2, f16, tg, 0.3f, N, V);
+      assert_memory_equal(fl, l2, sizeof fl);
+      assert_memory_equal(f2, p2, sizeof f2);
+      bf16_of(f16, f2, N * V, "fused dlogits' bf16 copy");
     }
   }
   free(logits);
@@ -353,7 +377,7 @@ static void test_cross_entropy_slices(void **state) {
   const int32_t tg[N] = {0, 9, 10, 16, 1, 8, 11, 15, 5, 12, 3, 14, 7, 13};
   float *logits = vec(N * VP, 17, 6);
   double rl[N], rd[N * VP];
-  xent_reference(logits, tg, N, VP, 0.25, rl, rd);
+  xent_reference(logits, tg, N, VP, 0.3f, rl, rd);
   FOR_LANES(L) {
     for (int w = 1; w <= 4; w += 3) {
       float sl[TPs][N * VLs], sc[TPs][N * VLs], mx[N], sums[2 * N], ll[N], cl[N];
@@ -385,6 +409,12 @@ static void test_cross_entropy_slices(void **state) {
         for (int i = 0; i < 2 * N; i++) sums[i] += part[i];
       }
       for (int r = 0; r < TPs; r++) {
+        float fs[N * VLs], fl[N]; /* fused: finish and backward in one write */
+        memcpy(fs, sl[r], sizeof fs);
+        for (int64_t n = 0; n < N; n++)
+          for (int l = 0; l < L; l++)
+            mega_kr_xent_write_grad(n, l, L, w, fl, fs, NULL, VLs, mx[n], sums[n], sums[N + n],
+                                    (int64_t)tg[n] - r * VLs, 0.3f);
         for (int64_t n = 0; n < N; n++)
           for (int l = 0; l < L; l++)
             mega_kr_xent_write(n, l, L, w, ll, sl[r], VLs, mx[n], sums[n], sums[N + n]);
@@ -392,8 +422,10 @@ static void test_cross_entropy_slices(void **state) {
         be->ops->crossentropy_finish(be, cl, sc[r], mx, sums, N, VLs);
         near(ll, cl, N, 1e-6, "slice losses, cpu backend");
         near(sl[r], sc[r], N * VLs, 1e-6, "slice probabilities, cpu backend");
-        xent_bwd_rows(L, w, sl[r], NULL, tg, r * VLs, 0.25f, N, VLs);
-        be->ops->crossentropy_backward(be, sc[r], tg, r * VLs, 0.25f, N, VLs);
+        xent_bwd_rows(L, w, sl[r], NULL, tg, r * VLs, 0.3f, N, VLs);
+        be->ops->crossentropy_backward(be, sc[r], tg, r * VLs, 0.3f, N, VLs);
+        assert_memory_equal(fl, ll, sizeof fl);
+        assert_memory_equal(fs, sl[r], sizeof fs);
         for (int n = 0; n < N; n++) {
           double want[VLs];
           for (int j = 0; j < VLs; j++) want[j] = rd[n * VP + r * VLs + j];
