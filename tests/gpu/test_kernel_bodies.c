@@ -265,16 +265,21 @@ static void test_adamw_ranges(void **state) {
 /* Rows of [rows, nv] as mega_cu_xent_fwd composes them: the target's logit
  * first, the lanes' (max, sum) pairs combined, then every lane's writes over
  * the logits. */
+static void row_maxsum(int L, int w, const float *row, int nv, float *M, float *S) {
+  float m[32], s[32];
+  *M = -INFINITY, *S = 0.0f;
+  for (int l = 0; l < L; l++) {
+    mega_kr_xent_maxsum(row, nv, w, l, L, &m[l], &s[l]);
+    *M = m[l] > *M ? m[l] : *M;
+  }
+  for (int l = 0; l < L; l++) *S += mega_kr_xent_rescale(m[l], s[l], *M);
+}
+
 static void xent_rows(int L, int w, float *losses, float *x, const int32_t *tg, int rows,
                       int nv) {
   for (int64_t n = 0; n < rows; n++) {
-    const float *row = x + n * nv;
-    float target = row[tg[n]], M = -INFINITY, S = 0.0f, m[32], s[32];
-    for (int l = 0; l < L; l++) {
-      mega_kr_xent_maxsum(row, nv, w, l, L, &m[l], &s[l]);
-      M = m[l] > M ? m[l] : M;
-    }
-    for (int l = 0; l < L; l++) S += mega_kr_xent_rescale(m[l], s[l], M);
+    float target = x[n * nv + tg[n]], M, S;
+    row_maxsum(L, w, x + n * nv, nv, &M, &S);
     for (int l = 0; l < L; l++) mega_kr_xent_write(n, l, L, w, losses, x, nv, M, S, target);
   }
 }
@@ -283,13 +288,8 @@ static void xent_rows(int L, int w, float *losses, float *x, const int32_t *tg, 
 static void xent_grad_rows(int L, int w, float *losses, float *x, uint16_t *d16,
                            const int32_t *tg, float scale, int rows, int nv) {
   for (int64_t n = 0; n < rows; n++) {
-    const float *row = x + n * nv;
-    float target = row[tg[n]], M = -INFINITY, S = 0.0f, m[32], s[32];
-    for (int l = 0; l < L; l++) {
-      mega_kr_xent_maxsum(row, nv, w, l, L, &m[l], &s[l]);
-      M = m[l] > M ? m[l] : M;
-    }
-    for (int l = 0; l < L; l++) S += mega_kr_xent_rescale(m[l], s[l], M);
+    float target = x[n * nv + tg[n]], M, S;
+    row_maxsum(L, w, x + n * nv, nv, &M, &S);
     for (int l = 0; l < L; l++)
       mega_kr_xent_write_grad(n, l, L, w, losses, x, d16, nv, M, S, target, tg[n], scale);
   }
