@@ -8,7 +8,9 @@
 
 #include "worker/backend/backend.h"
 
-extern mega_backend *cpu, *gpu;
+/* raw: a second cuda backend, to write device memory behind gpu's (or
+ * another backend's) kept bf16 copies. */
+extern mega_backend *cpu, *gpu, *raw;
 extern int failures;
 
 enum { Bt = 2, T = 33, C = 48, NH = 4, N = Bt * T, V = 70 };
@@ -28,9 +30,9 @@ void same(const char *what, const float *dev, const float *want, size_t n, doubl
 void test_classifier(void);
 void test_column_sums(void);
 
-/* test_cuda_bf16.c; produced_check: the bf16 copy a matmul on be reads of
- * src (rows x cols, just written by an op of be under --bf16) is src's
- * floats rounded (cuda_b16.h). */
+/* test_cuda_bf16.c; produced_check: the op of be that just wrote src
+ * (rows x cols, under --bf16) put the bf16 copy a matmul on be reads, and
+ * it is src's floats rounded (cuda_b16.h). */
 void produced_check(mega_backend *be, const char *what, float *src, int rows, int cols);
 void test_bf16_matmuls(void);
 void test_bf16_kept_copies(void);

@@ -218,7 +218,9 @@ typedef struct mega_backend_ops {
                             const float *q, const float *k, const float *v,
                             const mega_attn_dims *d);
   /* dq, dk, dv (strides as q, k, v) = attention'(dout), overwritten; a key
-   * or value head's gradient sums its NH/G query heads'. */
+   * or value head's gradient sums its NH/G query heads'. They must not
+   * overlap q, k, v, dout or att (the cuda backend reads those while it
+   * writes them). */
   void (*attention_backward)(mega_backend *be, float *dq, float *dk, float *dv, float *scratch,
                              const float *dout, const float *q, const float *k, const float *v,
                              const float *att, const mega_attn_dims *d);
