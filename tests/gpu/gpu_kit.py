@@ -130,6 +130,11 @@ def head(text, n=100):
 def step_facts(k):
     k.facts["python"] = sys.version.split()[0]
     k.facts["bundle"] = k.bundle
+    try:  # the commit scripts/gpu-check built from ("-dirty": with changes not committed)
+        with open(os.path.join(k.bundle, "SOURCE")) as f:
+            k.facts["source"] = f.read().strip()
+    except OSError:
+        k.facts["source"] = "unknown (no SOURCE in the bundle)"
     if shutil.which("nvidia-smi") and not k.a.dry_run:
         rc, out, _, _ = k.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,"
                                              "memory.total,clocks.max.sm", "--format=csv,noheader"],
@@ -586,9 +591,9 @@ def step_sanitize(k):
 
 
 def finish(k):
-    lines = ["", "gpu-check %s | %s | driver %s | %s" % (
+    lines = ["", "gpu-check %s | %s | driver %s | %s | source %s" % (
         time.strftime("%Y-%m-%d"), k.facts.get("card", "no GPU (dry run)" if k.a.dry_run else "?"),
-        k.facts.get("driver", "-"), k.facts.get("megaw", ""))]
+        k.facts.get("driver", "-"), k.facts.get("megaw", ""), k.facts.get("source", "?"))]
     for step, what, v, detail in k.rows:
         lines.append("%-7s %-34s %-7s %s" % (step, what, v, detail))
     fails = sum(1 for r in k.rows if r[2] in ("FAIL", "timeout"))
