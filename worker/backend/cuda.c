@@ -4,7 +4,8 @@
  * cuBLASLt with the bias and residual in its epilogue: cuda_lt.c) on the
  * same stream; the other ops are the kernels of kernels/gpt_kernels.cu.
  * Attention is cuda_attn.c's; AdamW and the norm's posted sums are
- * cuda_optim.c's. Under --bf16 the rounded copies of GEMM
+ * cuda_optim.c's; what the op files share is cuda_shared.c's (the sticky
+ * failure, scratch, the bf16 copies). Under --bf16 the rounded copies of GEMM
  * inputs are kept while their sources are unchanged (cuda_b16.h), so every
  * op first says what it writes; an op writing a GEMM's whole input writes
  * its copy too (produced).
@@ -26,15 +27,16 @@
 #include "worker/backend/cuda_impl.h"
 #include "worker/backend/cuda_lt.h"
 
-
-/* Keeps the first failure of an op that cannot return one. */
-static void note(mega_backend *be, int cuda_err, const char *what) {
-  cuda_impl *c = impl_of(be);
-  if (cuda_err == 0 || c->sticky != MEGA_OK) return;
-  c->sticky = MEGA_ERR_INTERNAL;
-  snprintf(c->why, sizeof c->why, "cuda backend: %s: %s", what,
-           cudaGetErrorString((cudaError_t)cuda_err));
-}
+#define S(be) ((mega_cu_stream)impl_of(be)->stream)
+#define note mega_cu__note /* cuda_shared.c's, by their short names */
+#define take_sticky mega_cu__take_sticky
+#define check mega_cu__check
+#define wrote mega_cu__wrote
+#define produced mega_cu__produced
+#define filled mega_cu__filled
+#define dev_malloc mega_cu__dev_malloc
+#define grow mega_cu__grow
+#define bf16_copy mega_cu__bf16_copy
 
 static void note_blas(mega_backend *be, cublasStatus_t st, const char *what) {
   cuda_impl *c = impl_of(be);
@@ -43,61 +45,7 @@ static void note_blas(mega_backend *be, cublasStatus_t st, const char *what) {
   snprintf(c->why, sizeof c->why, "cuda backend: cuBLAS %s failed (status %d)", what, (int)st);
 }
 
-static mega_status take_sticky(mega_backend *be, mega_err *err) {
-  cuda_impl *c = impl_of(be);
-  if (c->sticky == MEGA_OK) return MEGA_OK;
-  return mega_fail(err, c->sticky, "%s", c->why);
-}
-
-static mega_status check(mega_backend *be, cudaError_t e, const char *what, mega_err *err) {
-  mega_status st = take_sticky(be, err);
-  if (st != MEGA_OK) return st;
-  if (e == cudaSuccess) return MEGA_OK;
-  return mega_fail(err, MEGA_ERR_INTERNAL, "cuda backend: %s: %s", what, cudaGetErrorString(e));
-}
-
-#define S(be) ((mega_cu_stream)impl_of(be)->stream)
-
-/* Every op says what it is about to write, before it reads its bf16
- * copies (cuda_b16.h): n floats at p. */
-static void wrote(mega_backend *be, const void *p, size_t n) {
-  if (p) mega_cu_b16_wrote(impl_of(be)->b16, p, n * sizeof(float));
-}
-
-/* Where an op writes x's n floats, all of which a GEMM reads next: under
- * --bf16 the copy for that GEMM, which the op's kernel fills as it writes
- * x (cuda_b16.h), else NULL (and x said written as wrote does). */
-static uint16_t *produced(mega_backend *be, float *x, size_t n) {
-  cuda_impl *c = impl_of(be);
-  if (!c->bf16 || !c->b16) {
-    wrote(be, x, n);
-    return NULL;
-  }
-  int e;
-  uint16_t *b = mega_cu_b16_put(c->b16, x, n, &e);
-  note(be, e, "allocating a bf16 copy");
-  return b;
-}
-
-/* After a producer's launch: its error noted, and the copies it was to
- * fill dropped if it did not run (x and y, y may be NULL). */
-static void filled(mega_backend *be, int cuda_err, const char *what, float *x, float *y,
-                   size_t n) {
-  note(be, cuda_err, what);
-  if (cuda_err) wrote(be, x, n), wrote(be, y, n);
-}
-
 /* ---- memory ---- */
-
-/* cudaMalloc, after handing the kept bf16 copies' memory back when the
- * device is full (cuda_b16.h). */
-static cudaError_t dev_malloc(mega_backend *be, void **p, size_t bytes) {
-  cudaError_t e = cudaMalloc(p, bytes ? bytes : 64);
-  if (e != cudaErrorMemoryAllocation || !impl_of(be)->b16) return e;
-  cudaGetLastError();
-  mega_cu_b16_release(impl_of(be)->b16);
-  return cudaMalloc(p, bytes ? bytes : 64);
-}
 
 static mega_status cu_alloc(mega_backend *be, size_t bytes, void **out, mega_err *err) {
   void *p = NULL;
@@ -188,48 +136,8 @@ static mega_status cu_set_bf16(mega_backend *be, bool on, mega_err *err) {
   return take_sticky(be, err);
 }
 
-/* *buf grown to at least bytes (device scratch kept between calls); NULL
- * after a failure (kept for the next op that can fail). */
-static void *grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what) {
-  cuda_impl *c = impl_of(be);
-  if (*cap >= bytes && *buf) return *buf;
-  if (*buf) { /* the stream may still read it */
-    note(be, cudaStreamSynchronize(c->stream), what);
-    note(be, cudaFree(*buf), what);
-  }
-  *buf = NULL;
-  *cap = 0;
-  cudaError_t e = dev_malloc(be, buf, bytes);
-  if (e != cudaSuccess) {
-    *buf = NULL;
-    note(be, e, what);
-    return NULL;
-  }
-  *cap = bytes;
-  return *buf;
-}
 
-/* x (n floats) as bf16 from the kept copies (cuda_b16.h); NULL when there
- * are none or no room for one (or after a failure, noted). */
-static const uint16_t *kept(mega_backend *be, const float *x, size_t n) {
-  cuda_impl *c = impl_of(be);
-  if (!c->b16) return NULL;
-  int e;
-  const uint16_t *b = mega_cu_b16_get(c->b16, x, n, &e);
-  note(be, e, "rounding to bf16");
-  return b;
-}
 
-/* x (n floats) as bf16: the kept copy, or else in scratch k (0 or 1). */
-static const uint16_t *bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
-  cuda_impl *c = impl_of(be);
-  const uint16_t *kb = kept(be, x, n);
-  if (kb || c->sticky != MEGA_OK) return kb;
-  uint16_t *b = grow(be, &c->bf16_buf[k], &c->bf16_cap[k], n * sizeof(uint16_t),
-                     "allocating bf16 GEMM inputs");
-  if (b) note(be, mega_cu_to_bf16(S(be), b, x, (int64_t)n), "rounding to bf16");
-  return b;
-}
 
 /* C = op(A) op(B) + beta C on bf16 A and B, fp32 C, CUBLAS_COMPUTE_32F
  * (fp32 accumulation), row-major through column-major as cu_gemm does. */
@@ -326,23 +234,6 @@ static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
     void *scratch = columns_scratch(be, N, OC, &ok);
     if (ok) note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC, scratch), "bias grad");
   }
-}
-
-/* What cuda_attn.c shares (cuda_impl.h). */
-void mega_cu__note(mega_backend *be, int cuda_err, const char *what) { note(be, cuda_err, what); }
-void mega_cu__wrote(mega_backend *be, const void *p, size_t n) { wrote(be, p, n); }
-void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what) {
-  return grow(be, buf, cap, bytes, what);
-}
-const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
-  return bf16_copy(be, k, x, n);
-}
-const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n) {
-  return kept(be, x, n);
-}
-uint16_t *mega_cu__produced(mega_backend *be, float *x, size_t n) { return produced(be, x, n); }
-void mega_cu__filled(mega_backend *be, int cuda_err, const char *what, float *x, size_t n) {
-  filled(be, cuda_err, what, x, NULL, n);
 }
 
 /* ---- the kernels ---- */

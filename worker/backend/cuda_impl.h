@@ -1,7 +1,8 @@
 /* The cuda backend's state and the helpers its files share (cuda.c, the
- * backend; cuda_attn.c, its attention; cuda_optim.c, AdamW and the norm's
- * sums; cuda_gelu.c, c_fc with its GELU). Inside the cuda module only; the
- * mega_cu__ names are private to it. */
+ * backend; cuda_attn.c, its attention, and cuda_sdpa.c, cuDNN's; cuda_optim.c,
+ * AdamW and the norm's sums; cuda_gelu.c, c_fc with its GELU; the helpers
+ * are cuda_shared.c's). Inside the cuda module only; the mega_cu__ names
+ * are private to it. */
 #ifndef MEGA_WORKER_CUDA_IMPL_H
 #define MEGA_WORKER_CUDA_IMPL_H
 
@@ -49,24 +50,32 @@ typedef struct cuda_impl {
 
 static inline cuda_impl *impl_of(mega_backend *be) { return be->impl; }
 
-/* The first failure of an op that cannot return one, kept for the next
- * op that can (cuda.c's note). */
+/* cuda_shared.c: what the op files share. */
+/* The first failure of an op that cannot return one, kept for the next op
+ * that can: take_sticky returns it, check it or else e's. */
 void mega_cu__note(mega_backend *be, int cuda_err, const char *what);
-/* n floats at p are about to be written (cuda_b16.h). */
+mega_status mega_cu__take_sticky(mega_backend *be, mega_err *err);
+mega_status mega_cu__check(mega_backend *be, cudaError_t e, const char *what, mega_err *err);
+/* n floats at p are about to be written (cuda_b16.h): every op says so
+ * before it reads its bf16 copies. */
 void mega_cu__wrote(mega_backend *be, const void *p, size_t n);
-/* *buf grown to at least bytes; NULL after a failure (noted). */
-void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what);
-/* x's n floats as bf16 from the kept copies; NULL when there are none or
- * no room for one (or after a failure, noted). */
-const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n);
-/* x as bf16: the kept copy, or else rounded into scratch k (0 or 1). */
-const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n);
 /* Where an op writes x's n floats, all of which a GEMM reads next: under
  * --bf16 the copy the op's kernel fills as it writes x, else NULL (x then
  * said written). After the launch, filled notes its error and drops the
- * copy if it did not run. */
+ * copies of x and y (y may be NULL) if it did not run. */
 uint16_t *mega_cu__produced(mega_backend *be, float *x, size_t n);
-void mega_cu__filled(mega_backend *be, int cuda_err, const char *what, float *x, size_t n);
+void mega_cu__filled(mega_backend *be, int cuda_err, const char *what, float *x, float *y,
+                     size_t n);
+/* cudaMalloc, after handing the kept copies' memory back when the device
+ * is full; grow: *buf grown to at least bytes (scratch kept between
+ * calls), NULL after a failure (noted). */
+cudaError_t mega_cu__dev_malloc(mega_backend *be, void **p, size_t bytes);
+void *mega_cu__grow(mega_backend *be, void **buf, size_t *cap, size_t bytes, const char *what);
+/* x's n floats as bf16 from the kept copies; NULL when there are none or
+ * no room for one (or after a failure, noted). bf16_copy: the kept copy,
+ * or else rounded into scratch k (0 or 1). */
+const uint16_t *mega_cu__kept(mega_backend *be, const float *x, size_t n);
+const uint16_t *mega_cu__bf16_copy(mega_backend *be, int k, const float *x, size_t n);
 
 /* The optimizer's ops (cuda_optim.c); destroy frees its tables. */
 void mega_cu__adamw(mega_backend *be, float *params, const float *grads, float *m, float *v,

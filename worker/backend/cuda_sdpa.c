@@ -181,7 +181,7 @@ bool mega_cu__sdpa_forward(mega_backend *be, float *out, float *att, const uint1
   /* out is the projection's input: its bf16 copy is o16's bits again */
   uint16_t *p16 = mega_cu__produced(be, out, (size_t)(N * C));
   mega_cu__filled(be, mega_cu_from_bf16(S(be), out, p16, C, o16, C, N, C),
-                  "widening attention's output", out, (size_t)(N * C));
+                  "widening attention's output", out, NULL, (size_t)(N * C));
   if (impl_of(be)->sticky != MEGA_OK) mega_cu__wrote(be, out, (size_t)(N * C)); /* not run */
   return true;
 }
