@@ -9,6 +9,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/gpt_bodies.h"
+#include "kernels/rng.h"
 #include "kernels/launch.h"
 
 namespace {
@@ -637,6 +638,13 @@ int mega_cu_from_bf16(mega_cu_stream s, float *out, uint16_t *out16, int64_t ldo
                       const uint16_t *in, int64_t ldi, int64_t rows, int64_t cols) {
   return launch(s, rows * cols, [=] __device__(int64_t i) {
     mega_kb_from_bf16(i, out, out16, ldo, in, ldi, cols);
+  });
+}
+
+int mega_cu_init_normal(mega_cu_stream s, float *dst, int64_t n, uint64_t key, double std,
+                        int64_t w, int64_t stride, int64_t off) {
+  return launch(s, n, [=] __device__(int64_t i) {
+    mega_rng_init_normal(i, dst, key, std, w, stride, off);
   });
 }
 

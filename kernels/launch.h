@@ -93,6 +93,9 @@ int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v
                   float lr, float b1, float b2, float eps, float wd, float gs, float bc1,
                   float bc2);
 int mega_cu_scale(mega_cu_stream s, float *x, int64_t n, float a);
+/* A tensor's initial values (kernels/rng.h's mega_rng_init_normal). */
+int mega_cu_init_normal(mega_cu_stream s, float *dst, int64_t n, uint64_t key, double std,
+                        int64_t w, int64_t stride, int64_t off);
 /* out[i] = in[i] as bf16 bits, rounded to nearest even (--bf16's GEMM inputs). */
 int mega_cu_to_bf16(mega_cu_stream s, uint16_t *out, const float *in, int64_t n);
 /* out (fp32, row stride ldo) = in (bf16 bits, ldi), rows x cols; out16

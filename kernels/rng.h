@@ -44,4 +44,15 @@ static inline MEGA_HD double mega_rng_normal(uint64_t key, uint64_t i) {
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+/* Element i of a tensor's initial values, std * N(0, 1) drawn at the full
+ * tensor's index (i / w) * stride + off + i % w: a tensor-parallel slice's
+ * rows of width w out of rows of stride, from column off (w = stride, off
+ * 0: the whole tensor; worker/model/tp_split.h's mapping). The backends'
+ * init_normal runs it over every i. */
+static inline MEGA_HD void mega_rng_init_normal(int64_t i, float *dst, uint64_t key, double std,
+                                                int64_t w, int64_t stride, int64_t off) {
+  int64_t full = i / w * stride + off + i % w;
+  dst[i] = (float)(std * mega_rng_normal(key, (uint64_t)full));
+}
+
 #endif

@@ -205,6 +205,28 @@ static void test_model_ops(void) {
   }
 }
 
+/* init_normal on the device against the cpu backend's (the host's libm):
+ * a whole tensor and a tensor-parallel slice, within an ulp or two of the
+ * double log and cos; how many floats differ at all is logged. */
+static void test_init_normal(void) {
+  enum { R = 301, K = 96, W = K / 2 };
+  size_t n = (size_t)R * K;
+  uint64_t key = 0x5eedULL;
+  float *h = malloc(n * 4), *g = dev_zero(n * 4);
+  for (int slice = 0; slice < 2; slice++) {
+    size_t m = slice ? n / 2 : n, w = slice ? W : n, stride = slice ? K : n, off = slice ? W : 0;
+    cpu->ops->init_normal(cpu, h, m, key, 0.02, w, stride, off);
+    gpu->ops->init_normal(gpu, g, m, key, 0.02, w, stride, off);
+    same(slice ? "init_normal, a slice" : "init_normal", g, h, m, 1e-6);
+    float *got = down(g, m * 4);
+    size_t differ = 0;
+    for (size_t i = 0; i < m; i++) differ += got[i] != h[i];
+    printf("#    %zu of %zu floats not the host's bits\n", differ, m);
+    free(got);
+  }
+  free(h);
+}
+
 /* The element ops take four items per thread where every array starts on
  * 16 bytes and one per thread elsewhere: an odd count (a tail of three)
  * from an aligned start and from one float in, for each. */
@@ -584,6 +606,7 @@ int main(void) {
   test_encoder();
   test_model_ops();
   test_element_ops();
+  test_init_normal();
   test_adamw_ranges();
   test_posted_sums();
   test_column_sums();

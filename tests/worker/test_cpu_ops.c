@@ -97,6 +97,29 @@ static void rng_is_a_function_of_key_and_index(void **state) {
   assert_true(fabs(s / n) < 0.01 && fabs(s2 / n - 1) < 0.02);
 }
 
+/* init_normal, whole and as tensor-parallel slices (a fused QKV [C, 3C]
+ * over TP 2: each third's columns cut), is the draw at tp_split.h's full
+ * index, bit for bit, on however many threads the backend has. */
+static void init_normal_is_the_draw_at_the_full_index(void **state) {
+  (void)state;
+  enum { Cq = 48, TPn = 2 };
+  uint64_t key = mega_rng_key(7, "h.0.attn.c_attn.weight");
+  const mega_tp_split sp = {.parts = 3, .outer = Cq, .inner = Cq};
+  size_t full = (size_t)Cq * 3 * Cq, local = full / TPn;
+  float *whole = malloc(full * sizeof *whole), *part = malloc(local * sizeof *part);
+  be->ops->init_normal(be, whole, full, key, 0.02, full, full, 0);
+  for (size_t i = 0; i < full; i++)
+    if (whole[i] != (float)(0.02 * mega_rng_normal(key, i))) fail_msg("element %zu", i);
+  for (int r = 0; r < TPn; r++) {
+    size_t w = sp.inner / TPn;
+    be->ops->init_normal(be, part, local, key, 0.02, w, sp.inner, (size_t)r * w);
+    for (size_t i = 0; i < local; i++)
+      if (part[i] != whole[mega_tp_full_index(&sp, TPn, r, i)])
+        fail_msg("rank %d, element %zu: not the whole tensor's", r, i);
+  }
+  free(whole), free(part);
+}
+
 static void adamw_matches_reference(void **state) {
   (void)state;
   size_t n = 100000;
@@ -613,6 +636,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(element_math_matches_libm),
       cmocka_unit_test(rng_is_a_function_of_key_and_index),
+      cmocka_unit_test(init_normal_is_the_draw_at_the_full_index),
       cmocka_unit_test(adamw_matches_reference),
       cmocka_unit_test(many_ranges_match_one_by_one),
       cmocka_unit_test(matmul_both_layouts),

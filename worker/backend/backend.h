@@ -353,6 +353,14 @@ typedef struct mega_backend_ops {
   void (*sum_squares_post)(mega_backend *be, const mega_sumsq_range *r, size_t count);
   /* x *= s. */
   void (*scale)(mega_backend *be, float *x, size_t n, float s);
+  /* A tensor's initial values, or a tensor-parallel slice of them, made
+   * where they live: dst[i] = std * N(0, 1) drawn from kernels/rng.h's
+   * stream key at the full tensor's index (i / w) * stride + off + i % w
+   * (mega_rng_init_normal; w = stride, off 0: the whole tensor), i < n.
+   * The bits are the same on every backend up to the last bit of its
+   * double log and cos (the cpu backend's: the host's libm). */
+  void (*init_normal)(mega_backend *be, float *dst, size_t n, uint64_t key, double std,
+                      size_t w, size_t stride, size_t off);
 } mega_backend_ops;
 
 /* The handle. ops is never NULL; impl is the backend's own state. */

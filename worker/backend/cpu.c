@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels/elementwise.h"
+#include "kernels/rng.h"
 #include "worker/backend/cpu_internal.h"
 
 /* --- opts.track_memory: the live allocations, so that a test can tell
@@ -383,6 +384,28 @@ static void cpu_scale(mega_backend *be, float *x, size_t n, float s) {
                         &c);
 }
 
+typedef struct init_ctx {
+  float *dst;
+  uint64_t key;
+  double std;
+  int64_t w, stride, off;
+} init_ctx;
+
+static void init_range(void *vc, int64_t i0, int64_t i1) {
+  const init_ctx *c = vc;
+  for (int64_t i = i0; i < i1; i++) mega_rng_init_normal(i, c->dst, c->key, c->std, c->w,
+                                                         c->stride, c->off);
+}
+
+/* About 60 ns an element (log, cos, four mixes): GPT-2 124M took 7.8 s on
+ * one thread, so the pool shares it. */
+static void cpu_init_normal(mega_backend *be, float *dst, size_t n, uint64_t key, double std,
+                            size_t w, size_t stride, size_t off) {
+  init_ctx c = {.dst = dst, .key = key, .std = std, .w = (int64_t)w, .stride = (int64_t)stride,
+                .off = (int64_t)off};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, 1 << 14, init_range, &c);
+}
+
 static void cpu_destroy(mega_backend *be) {
   mega_cpu_impl *impl = be->impl;
   mega_cpu_pool_destroy(impl->pool);
@@ -437,6 +460,7 @@ static const mega_backend_ops cpu_ops = {
     .sum = cpu_sum,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
+    .init_normal = cpu_init_normal,
 };
 
 const char *mega_backend_cpu_blas_core(void) { return openblas_get_corename(); }

@@ -449,6 +449,14 @@ static void cu_scale(mega_backend *be, float *x, size_t n, float s) {
   note(be, mega_cu_scale(S(be), x, (int64_t)n, s), "scale");
 }
 
+static void cu_init_normal(mega_backend *be, float *dst, size_t n, uint64_t key, double std,
+                           size_t w, size_t stride, size_t off) {
+  wrote(be, dst, n);
+  note(be, mega_cu_init_normal(S(be), dst, (int64_t)n, key, std, (int64_t)w, (int64_t)stride,
+                               (int64_t)off),
+       "initialising parameters");
+}
+
 static void cu_destroy(mega_backend *be) {
   cuda_impl *c = impl_of(be);
   cudaStreamSynchronize(c->stream);
@@ -517,6 +525,7 @@ static const mega_backend_ops cuda_ops = {
     .sum_squares = cu_sum_squares,
     .sum_squares_post = mega_cu__sum_squares_post,
     .scale = cu_scale,
+    .init_normal = cu_init_normal,
 };
 
 cudaStream_t mega_cuda_backend_stream(mega_backend *be) {

@@ -380,24 +380,32 @@ static void build_units(mega_gpt_stage *s, const table *t) {
   s->nunits = n;
 }
 
-/* The init of this rank's slice of a tensor: element i of the full tensor
- * depends on its name and i alone (see gpt.h), so slices of any TP size
- * put together are the TP=1 tensor. */
-static void init_tensor(const mega_gpt_config *c, const mega_gpt_tp *tp,
-                        const mega_param_info *pi, gpt_role role, float *dst) {
+/* The init of this rank's slice of a tensor, where it lives (the
+ * backend's init_normal): element i of the full tensor depends on its name
+ * and i alone (see gpt.h), so slices of any TP size put together are the
+ * TP=1 tensor. ones: the host's, at least numel of them. */
+static mega_status init_tensor(mega_gpt_stage *s, const mega_param_info *pi, gpt_role role,
+                               const float *ones, mega_err *err) {
+  mega_backend *be = s->be;
+  float *dst = s->param + pi->offset;
   if (is_bias(role) || role == R_LN1B || role == R_LN2B || role == R_LNFB) {
-    memset(dst, 0, pi->numel * sizeof *dst);
-    return;
+    be->ops->memset0(be, dst, pi->numel * sizeof *dst);
+    return MEGA_OK;
   }
-  if (is_norm(role)) {
-    for (size_t i = 0; i < pi->numel; i++) dst[i] = 1.0f;
-    return;
-  }
+  if (is_norm(role))
+    return be->ops->memcpy(be, dst, ones, pi->numel * sizeof *dst, MEGA_COPY_H2D, err);
+  const mega_gpt_config *c = &s->cfg;
+  const mega_gpt_tp *tp = &s->desc.tp;
   double std = c->init_std;
   if (role == R_PROJW || role == R_FCPROJW) std /= sqrt(2.0 * c->num_layers);
-  uint64_t key = mega_rng_key(c->seed, pi->name);
-  for (size_t i = 0; i < pi->numel; i++)
-    dst[i] = (float)(std * mega_rng_normal(key, mega_tp_full_index(&pi->tp, tp->size, tp->rank, i)));
+  size_t w = pi->numel, stride = pi->numel, off = 0; /* mega_tp_full_index's mapping */
+  if (!mega_tp_split_replicated(&pi->tp) && tp->size > 1) {
+    w = pi->tp.inner / (size_t)tp->size;
+    stride = pi->tp.inner;
+    off = (size_t)tp->rank * w;
+  }
+  be->ops->init_normal(be, dst, pi->numel, mega_rng_key(c->seed, pi->name), std, w, stride, off);
+  return MEGA_OK;
 }
 
 /* Llama: RoPE's table, cos and sin of t * theta^(-2i/rot) for every
@@ -428,14 +436,18 @@ static mega_status make_rope_table(mega_gpt_stage *s, mega_err *err) {
 }
 
 mega_status mega_gpt_init_params(mega_gpt_stage *s, mega_err *err) {
-  float *host = malloc(s->numel * sizeof *host);
-  if (!host) return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for init");
-  memset(host, 0, s->numel * sizeof *host);
+  size_t most = 1; /* the norms' ones come from the host */
   for (int i = 0; i < s->nparams; i++)
-    init_tensor(&s->cfg, &s->desc.tp, &s->params[i], s->role[i], host + s->params[i].offset);
-  mega_status st = s->be->ops->memcpy(s->be, s->param, host, s->numel * sizeof *host,
-                                      MEGA_COPY_H2D, err);
-  free(host);
+    if (is_norm(s->role[i]) && s->params[i].numel > most) most = s->params[i].numel;
+  float *ones = malloc(most * sizeof *ones);
+  if (!ones) return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for init");
+  for (size_t i = 0; i < most; i++) ones[i] = 1.0f;
+  mega_status st = MEGA_OK;
+  for (int i = 0; i < s->nparams && st == MEGA_OK; i++)
+    st = init_tensor(s, &s->params[i], s->role[i], ones, err);
+  free(ones);
+  if (st == MEGA_OK) st = s->be->ops->synchronize(s->be, err);
+  if (st != MEGA_OK) mega_err_prefix(err, "gpt: initialising the parameters");
   return st;
 }
 
