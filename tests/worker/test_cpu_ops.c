@@ -102,7 +102,7 @@ static void rng_is_a_function_of_key_and_index(void **state) {
  * index, bit for bit, on however many threads the backend has. */
 static void init_normal_is_the_draw_at_the_full_index(void **state) {
   (void)state;
-  enum { Cq = 48, TPn = 2 };
+  enum { Cq = 192, TPn = 2 }; /* 110,592 floats: several of the pool's chunks */
   uint64_t key = mega_rng_key(7, "h.0.attn.c_attn.weight");
   const mega_tp_split sp = {.parts = 3, .outer = Cq, .inner = Cq};
   size_t full = (size_t)Cq * 3 * Cq, local = full / TPn;

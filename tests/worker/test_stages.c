@@ -638,6 +638,45 @@ static void loss_stage_holds_one_vocabulary_buffer(void **state) {
   mega_backend_destroy(be);
 }
 
+/* Every parameter of a TP=2 stage starts as its slice of the TP=1 stage's
+ * (mega_tp_cut), bit for bit: the draws made where the parameters live
+ * (init_normal) at tp_split.h's full index, for GPT-2's rows, columns and
+ * fused QKV and Llama's q, k, v, gate and up, on a pool of three threads. */
+static void tp_slices_start_as_the_whole(void **state) {
+  (void)state;
+  static const mega_gpt_tp_ops noop = {noop_reduce, noop_reduce, noop_move, noop_move};
+  mega_err err = {0};
+  mega_backend_cpu_opts o = {.threads = 3};
+  mega_backend *be;
+  assert_int_equal(mega_backend_cpu_create(&o, &be, &err), MEGA_OK);
+  for (int m = 0; m < 2; m++) {
+    mega_gpt_config cfg;
+    fx_model_config(&cfg, 0.02f, m ? FX_LLAMA : FX_GPT2);
+    mega_gpt_stage_desc whole = {true, true, 0, cfg.num_layers};
+    mega_gpt_stage *s1;
+    if (mega_gpt_stage_create(be, &cfg, &whole, &s1, &err)) fail_msg("%s", err.msg);
+    for (int r = 0; r < 2; r++) {
+      mega_gpt_stage_desc d = {true, true, 0, cfg.num_layers, {2, r, false, &noop, NULL}};
+      mega_gpt_stage *s2;
+      if (mega_gpt_stage_create(be, &cfg, &d, &s2, &err)) fail_msg("tp rank %d: %s", r, err.msg);
+      int np;
+      const mega_param_info *p = mega_gpt_params(s2, &np);
+      for (int i = 0; i < np; i++) {
+        const mega_param_info *f = mega_gpt_param_find(s1, p[i].name);
+        assert_non_null(f);
+        float *want = malloc(p[i].numel * sizeof *want);
+        mega_tp_cut(&p[i].tp, 2, r, mega_gpt_param_data(s1) + f->offset, want);
+        if (memcmp(want, mega_gpt_param_data(s2) + p[i].offset, p[i].numel * sizeof *want))
+          fail_msg("%s, tp rank %d: not its slice of the whole", p[i].name, r);
+        free(want);
+      }
+      mega_gpt_stage_destroy(s2);
+    }
+    mega_gpt_stage_destroy(s1);
+  }
+  mega_backend_destroy(be);
+}
+
 /* Microbatches of different lengths on one stage, each its own acts. */
 static void variable_lengths_in_flight(void **state) {
   (void)state;
@@ -710,6 +749,7 @@ int main(void) {
       cmocka_unit_test(bad_configs_and_calls_fail_clearly),
       cmocka_unit_test(variable_lengths_in_flight),
       cmocka_unit_test(loss_stage_holds_one_vocabulary_buffer),
+      cmocka_unit_test(tp_slices_start_as_the_whole),
       cmocka_unit_test(threads_give_the_same_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -358,7 +358,9 @@ typedef struct mega_backend_ops {
    * stream key at the full tensor's index (i / w) * stride + off + i % w
    * (mega_rng_init_normal; w = stride, off 0: the whole tensor), i < n.
    * The bits are the same on every backend up to the last bit of its
-   * double log and cos (the cpu backend's: the host's libm). */
+   * double log and cos (the cpu backend's: the host's libm). w >= 1 when
+   * n > 0. Queued like the other compute ops: errors surface at the next
+   * op that can fail (synchronize). */
   void (*init_normal)(mega_backend *be, float *dst, size_t n, uint64_t key, double std,
                       size_t w, size_t stride, size_t off);
 } mega_backend_ops;

@@ -48,9 +48,12 @@ static void load(void) {
     return;
   }
   const mega_cuda_module *m = dlsym(h, MEGA_CUDA_MODULE_SYMBOL);
-  if (!m || m->abi != MEGA_CUDA_MODULE_ABI) {
-    snprintf(why, sizeof why, "%s has %s (want ABI %d); rebuild mega", MODULE_FILE,
-             m ? "another ABI" : "no " MEGA_CUDA_MODULE_SYMBOL, MEGA_CUDA_MODULE_ABI);
+  if (!m || m->abi != MEGA_CUDA_MODULE_ABI || m->ops_bytes != sizeof(mega_backend_ops)) {
+    snprintf(why, sizeof why, "%s has %s (want ABI %d, ops of %zu bytes); rebuild mega",
+             MODULE_FILE,
+             !m ? "no " MEGA_CUDA_MODULE_SYMBOL
+                : m->abi != MEGA_CUDA_MODULE_ABI ? "another ABI" : "another backend.h",
+             MEGA_CUDA_MODULE_ABI, sizeof(mega_backend_ops));
     dlclose(h);
     return;
   }

@@ -53,6 +53,7 @@ static const char *versions(void) {
 
 __attribute__((visibility("default"))) const mega_cuda_module mega_cuda_module_v1 = {
     .abi = MEGA_CUDA_MODULE_ABI,
+    .ops_bytes = sizeof(mega_backend_ops),
     .device_count = device_count,
     .device_info = device_info,
     .backend_create = mega_cuda_backend_create,

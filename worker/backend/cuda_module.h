@@ -15,7 +15,10 @@
 #include "worker/backend/backend.h"
 #include "worker/comm/comm_impl.h"
 
-#define MEGA_CUDA_MODULE_ABI 3 /* 3: backend.h's Llama ops and grouped-query attention */
+/* 4: ops_bytes, so a module whose backend.h ops table differs is refused
+ * even when nobody bumped this (the fused classifier and init_normal grew
+ * it under 3). */
+#define MEGA_CUDA_MODULE_ABI 4
 #define MEGA_CUDA_MODULE_SYMBOL "mega_cuda_module_v1"
 
 typedef struct mega_cuda_device {
@@ -35,7 +38,8 @@ typedef struct mega_cuda_rendezvous {
 } mega_cuda_rendezvous;
 
 typedef struct mega_cuda_module {
-  int abi; /* MEGA_CUDA_MODULE_ABI */
+  int abi;          /* MEGA_CUDA_MODULE_ABI */
+  size_t ops_bytes; /* sizeof(mega_backend_ops) as the module was built */
   /* Usable devices; 0 with a message in err (no driver, none present). */
   int (*device_count)(mega_err *err);
   mega_status (*device_info)(int device, mega_cuda_device *out, mega_err *err);
