@@ -233,6 +233,26 @@ static int copy_shift(const mega_rank *r) {
   return per_node >= 1 && per_node < r->topo.dp ? per_node : 1;
 }
 
+/* Whether --load will find a checkpoint: its parameters then overwrite
+ * every one of ours (a missing tensor is an error), so drawing them first
+ * would be thrown away (seconds for a GPT-2-sized model on a cpu rank). A
+ * damaged one says so at the load. */
+static bool checkpoint_waits(const char *load) {
+  char *path = NULL;
+  mega_err e = {0};
+  bool found = load && mega_ckpt_resolve(load, &path, NULL, &e) == MEGA_OK;
+  free(path);
+  return found;
+}
+
+/* The draws skipped for a checkpoint that was gone by the time of the load. */
+static mega_status draw_params(mega_rank *r, mega_err *err) {
+  mega_status st = MEGA_OK;
+  for (int v = 0; v < r->chunks.vp && st == MEGA_OK; v++)
+    st = mega_gpt_init_params(r->chunks.stages[v], err);
+  return st;
+}
+
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
@@ -248,9 +268,10 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
                         .shard_copy_shift = j->no_optimizer_shard_copy ? 0 : copy_shift(r)};
   mega_gpt_tp tp;
   if (st == MEGA_OK) st = rank_tp_init(r, &tp, err);
+  /* the replicas' state, or a checkpoint's, overwrites every parameter */
+  bool no_init = r->env.replicas != NULL || checkpoint_waits(j->load);
   if (st == MEGA_OK)
-    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go,
-                           r->env.replicas != NULL, err);
+    st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go, no_init, err);
   /* training's plan starts at iteration 0's batch (ensure_batch moves it
    * with a rampup); evaluation always takes --global-batch-size, as in
    * Megatron */
@@ -284,6 +305,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   } else if (st == MEGA_OK && j->load) {
     st = rank_load_checkpoint(r, err);
     if (st == MEGA_OK) r->iteration = r->loaded.iteration;
+    if (st == MEGA_OK && no_init && !r->loaded.loaded) st = draw_params(r, err);
   }
   if (st == MEGA_OK) st = mega_grads_copy_take_params(r->chunks.grads, err);
   if (st == MEGA_OK) st = rank_build_saver(r, err);
