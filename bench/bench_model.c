@@ -9,7 +9,8 @@
  * Defaults: GPT-2, C=256, 4 layers, 4 heads, T=256, B=8, V=256, 1 BLAS thread.
  * --llama: the Llama of the same width and depth (RoPE, RMSNorm, SwiGLU of
  * F = Megatron's int(8C/3 / 64) x 64, G = H/2 query groups, untied head, no
- * biases); --groups and --ffn change G and F. Prints one line per step
+ * biases); --groups and --ffn change G and F. Prints the stage's creation
+ * time with its initial weights (stage=) in its first line, one line per step
  * (wall time and process CPU time), then "tokens/s min/median/max".
  * --profile prints time by phase. bench/bench_model.py runs this next to
  * PyTorch. */
@@ -98,7 +99,9 @@ int main(int argc, char **argv) {
   mega_gpt_stage_desc whole = {true, true, 0, L};
   mega_gpt_stage *s;
   mega_gpt_acts *a;
+  double s0 = now(); /* the stage with its initial weights (backend init_normal) */
   if (mega_gpt_stage_create(be, &cfg, &whole, &s, &err)) return die(&err);
+  double create_s = now() - s0;
   if (mega_gpt_acts_create(s, B, T, &a, &err)) return die(&err);
   size_t n = mega_gpt_num_params(s);
   void *m, *v;
@@ -110,9 +113,10 @@ int main(int argc, char **argv) {
   int32_t *tok = malloc(sizeof *tok * (B * T + 1));
   for (int i = 0; i <= B * T; i++) tok[i] = (int32_t)(mega_splitmix64(i) % (uint64_t)V);
   printf("# %s C=%d layers=%d heads=%d groups=%d ffn=%d T=%d B=%d V=%d threads=%d blas=%s "
-         "params=%zu acts=%.1f MiB\n",
+         "params=%zu acts=%.1f MiB stage=%.2f s\n",
          llama ? "llama" : "gpt2", C, L, NH, mega_gpt_kv_heads(&cfg), mega_gpt_ffn(&cfg), T, B,
-         V, threads, mega_backend_cpu_blas_core(), n, mega_gpt_acts_bytes(a) / 1048576.0);
+         V, threads, mega_backend_cpu_blas_core(), n, mega_gpt_acts_bytes(a) / 1048576.0,
+         create_s);
   double *dt = malloc(sizeof *dt * steps), ph[4] = {0};
   mega_gpt_acts_set_loss_scale(a, 1.0f / (B * T)); /* the fused classifier, as the engine runs */
   for (int it = 0; it < warmup + steps; it++) {
