@@ -33,6 +33,18 @@ void fx_model_config(mega_gpt_config *cfg, float init_std, fx_model m) {
   cfg->no_bias = m == FX_LLAMA;
 }
 
+static mega_status noop_reduce(void *ctx, float *buf, size_t n, mega_err *err) {
+  (void)ctx, (void)buf, (void)n, (void)err;
+  return MEGA_OK;
+}
+
+static mega_status noop_move(void *ctx, const float *in, float *out, size_t n, mega_err *err) {
+  (void)ctx, (void)in, (void)out, (void)n, (void)err;
+  return MEGA_OK;
+}
+
+const mega_gpt_tp_ops fx_tp_noop = {noop_reduce, noop_reduce, noop_move, noop_move};
+
 void fx_ids(int32_t *ids, size_t n, int V, uint64_t seed) {
   for (size_t i = 0; i < n; i++)
     ids[i] = (int32_t)(mega_splitmix64(seed * 1000003u + i) % (uint64_t)V);

@@ -20,6 +20,10 @@ void fx_config(mega_gpt_config *cfg, float init_std);
  * head's channels rotated. */
 typedef enum fx_model { FX_GPT2, FX_LLAMA, FX_LLAMA_TIED } fx_model;
 void fx_model_config(mega_gpt_config *cfg, float init_std, fx_model m);
+/* TP collectives that do nothing, for stages built only to look at their
+ * parameters or their memory (never run). */
+extern const mega_gpt_tp_ops fx_tp_noop;
+
 /* Deterministic values: ids in [0, V), normals scaled by std. */
 void fx_ids(int32_t *ids, size_t n, int V, uint64_t seed);
 void fx_normals(float *x, size_t n, float std, uint64_t seed);
