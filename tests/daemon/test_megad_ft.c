@@ -189,7 +189,8 @@ static void test_damaged_checkpoint_falls_back(void **state) {
   assert_true(t.done);
   char want[128];
   snprintf(want, sizeof want, "checkpoint iteration %llu in", (unsigned long long)t.damaged);
-  if (!strstr(w.events_text, want)) fprintf(stderr, "events:\n%s", w.events_text);
+  if (!strstr(w.events_text, want))
+    fprintf(stderr, "wanted \"%s\"; events:\n%s", want, w.events_text);
   assert_non_null(strstr(w.events_text, want)); /* rank 0's note: which, why, what instead */
   assert_non_null(strstr(w.events_text, "is incomplete"));
   /* the redone iterations began at the checkpoint before the damaged one */
