@@ -329,6 +329,7 @@ static void test_fallback(void **state) {
 
     /* and when none is complete, an error that says so */
     drop_manifest(it2);
+    assert_true(mega_ckpt_present(dir)); /* only a look: the load finds them wanting */
     assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_ERR_INVALID);
     assert_non_null(strstr(err.msg, "no complete checkpoint"));
     tu_write_text(latest, "4\n");
@@ -344,12 +345,41 @@ static void test_fallback(void **state) {
   }
 }
 
+/* mega_ckpt_present: whether a rank may skip drawing its initial weights */
+static void test_present(void **state) {
+  (void)state;
+  char dir[256], p[600];
+  tu_mkdtemp(dir, "ckpt");
+  assert_false(mega_ckpt_present(NULL));
+  assert_false(mega_ckpt_present(dir));
+  snprintf(p, sizeof p, "%s/nothing-here", dir);
+  assert_false(mega_ckpt_present(p));
+  snprintf(p, sizeof p, "%s/iter_notanumber", dir);
+  assert_int_equal(mkdir(p, 0755), 0);
+  assert_false(mega_ckpt_present(dir));
+  snprintf(p, sizeof p, "%s/iter_0000010", dir);
+  assert_int_equal(mkdir(p, 0755), 0);
+  assert_true(mega_ckpt_present(dir));
+  model a;
+  model_make(&a, 1);
+  char other[256];
+  tu_mkdtemp(other, "ckpt");
+  save_ok(&a, other, 2, 0); /* latest and iter_0000002 */
+  assert_true(mega_ckpt_present(other));
+  snprintf(p, sizeof p, "%s/iter_0000002", other);
+  assert_true(mega_ckpt_present(p)); /* --load naming a checkpoint itself */
+  model_free(&a);
+  tu_rmtree(other);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_atomicity),
       cmocka_unit_test(test_corrupt_files),
       cmocka_unit_test(test_missing_and_mismatched),
       cmocka_unit_test(test_fallback),
+      cmocka_unit_test(test_present),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -139,6 +139,12 @@ mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err);
  * verification reads every file of a candidate. notice may be NULL. */
 mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err);
 
+/* Whether --load DIR holds anything resolve would look at (a latest file,
+ * a checkpoint directory, an iter_* directory), without reading it: a
+ * cheap guess at whether a load will overwrite the parameters. resolve
+ * still decides (it may find nothing complete). */
+bool mega_ckpt_present(const char *load_dir);
+
 /* Loads the checkpoint directory `path` into params (and their optimizer
  * state, where exp_avg is not NULL) and fills *state. config.json must
  * match cfg; when job is not NULL, the flags that fix the model and the

@@ -133,6 +133,17 @@ static mega_status read_latest(const char *latest, int64_t *it, mega_err *err) {
   return MEGA_OK;
 }
 
+bool mega_ckpt_present(const char *load_dir) {
+  if (!load_dir) return false;
+  if (is_file(load_dir, MEGA_CKPT_LATEST_FILE) || is_checkpoint_dir(load_dir)) return true;
+  int64_t *its = NULL;
+  size_t n = 0;
+  mega_err e = {0};
+  bool any = list_iters(load_dir, &its, &n, &e) == MEGA_OK && n > 0;
+  free(its);
+  return any;
+}
+
 mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err) {
   *path = NULL;
   if (notice) *notice = NULL;

@@ -233,18 +233,6 @@ static int copy_shift(const mega_rank *r) {
   return per_node >= 1 && per_node < r->topo.dp ? per_node : 1;
 }
 
-/* Whether --load will find a checkpoint: its parameters then overwrite
- * every one of ours (a missing tensor is an error), so drawing them first
- * would be thrown away (seconds for a GPT-2-sized model on a cpu rank). A
- * damaged one says so at the load. */
-static bool checkpoint_waits(const char *load) {
-  char *path = NULL;
-  mega_err e = {0};
-  bool found = load && mega_ckpt_resolve(load, &path, NULL, &e) == MEGA_OK;
-  free(path);
-  return found;
-}
-
 /* The draws skipped for a checkpoint that was gone by the time of the load. */
 static mega_status draw_params(mega_rank *r, mega_err *err) {
   mega_status st = MEGA_OK;
@@ -268,8 +256,11 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
                         .shard_copy_shift = j->no_optimizer_shard_copy ? 0 : copy_shift(r)};
   mega_gpt_tp tp;
   if (st == MEGA_OK) st = rank_tp_init(r, &tp, err);
-  /* the replicas' state, or a checkpoint's, overwrites every parameter */
-  bool no_init = r->env.replicas != NULL || checkpoint_waits(j->load);
+  /* The replicas' state, or a checkpoint's, overwrites every parameter
+   * (a missing tensor is an error), so drawing them first would be thrown
+   * away: seconds for a GPT-2-sized model on a cpu rank. Only a look at
+   * --load here; the load verifies, and draws after all if it finds none. */
+  bool no_init = r->env.replicas != NULL || mega_ckpt_present(j->load);
   if (st == MEGA_OK)
     st = mega_chunks_build(&r->chunks, r->be, j, &r->layout, r->me.pp, &tp, &go, no_init, err);
   /* training's plan starts at iteration 0's batch (ensure_batch moves it
