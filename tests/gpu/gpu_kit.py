@@ -19,7 +19,9 @@ one command and well inside its 10 minutes (see ../shared/notes/device.md).
            same card (bf16 autocast, SDPA, fused AdamW), eager and compiled:
            tokens/s, MFU against the card's bf16 dense peak, peak memory
   profile  where megaw's time goes: ncu's kernel times over one --bf16
-           iteration of GPT-2 124M (one micro batch), grouped by kernel
+           iteration of GPT-2 124M (one micro batch), grouped by kernel;
+           again as run (no cache flushes, free clocks) beside the bench's
+           time per micro batch: what is left is the GPU waiting
   detail   (only when asked: --only ...,detail) what bounds the kernels that
            --detail matches: ncu's throughput, occupancy and stall reasons
   sanitize compute-sanitizer memcheck and racecheck on test_cuda_backend,
@@ -490,6 +492,27 @@ def step_profile(k):
           (total / 1e6, sum(n for n, _ in fam.values()), secs))
     for f, (n, t) in sorted(fam.items(), key=lambda x: -x[1][1])[:10]:
         k.row("profile", f[:34], "", "%5.1f%% %7.2f ms %5d kernels" % (100 * t / total, t / 1e6, n))
+    profile_as_run(k, ncu)
+
+
+def profile_as_run(k, ncu):
+    """The same micro batch with ncu's cache flushes and base clocks off:
+    kernel times as training sees them, beside the bench's time per micro
+    batch, so the gap says how long the GPU waited on the host."""
+    cmd = [ncu, "--cache-control", "none", "--clock-control", "none", "--metrics",
+           "gpu__time_duration.sum", "--csv"] + one_micro_batch(k, GPT2, "asrun")
+    rc, out, err, secs = k.run("profile-ncu-as-run", cmd, 150)
+    fam = ncu_families(out)
+    if rc != 0 or not fam:
+        k.row("profile", "ncu as run", verdict(rc) if rc else "FAIL", tail(err, 160))
+        return
+    ms = sum(t for _, t in fam.values()) / 1e6
+    k.facts["profile_as_run_ms"] = ms
+    bench = k.facts.get("bench", {}).get("megaw %s bf16" % k.backend)
+    wall = 1e3 * GPT2["mbs"] * GPT2["seq"] / bench["tokens_per_s"] if bench else None
+    k.row("profile", "as run (no flush, clocks free)", "ok", "%.1f ms of kernels%s, %.0f s" %
+          (ms, "; the bench: %.1f ms a micro batch (kernels %.0f%% of it; the step's optimizer "
+           "counted whole)" % (wall, 100 * ms / wall) if wall else "", secs))
 
 
 # What --detail prints per kernel from ncu's raw page (the full CSV stays in
@@ -632,8 +655,12 @@ def main():
         for name, fn in (("suite", step_suite), ("curves", step_curves), ("bench", step_bench),
                          ("profile", step_profile), ("detail", step_detail),
                          ("sanitize", step_sanitize)):
-            if name in steps:
+            if name not in steps:
+                continue
+            try:  # a step's own bug costs that step, not the run's table
                 fn(k)
+            except Exception as e:  # noqa: BLE001
+                k.row(name, "the kit's own step", "FAIL", "%s: %s" % (type(e).__name__, e))
     rc = finish(k)
     shutil.rmtree(k.work, ignore_errors=True)
     return rc
