@@ -553,11 +553,16 @@ static inline MEGA_HD float mega_kc_rmsnorm_bwd_w(int64_t c, int r0, int R, cons
   return a;
 }
 
-/* sum over rows r0, r0 + R, ... of dout[n, j] */
+/* sum over rows r0, r0 + R, ... of dout[n, j]; with round16 (--bf16), of
+ * dout rounded to bf16: the values the weight gradient's GEMM reads, and
+ * what cuBLASLt's bias-gradient epilogue sums */
 static inline MEGA_HD float mega_kc_bias_grad(int64_t j, int r0, int R, const float *dout, int N,
-                                              int OC) {
+                                              int OC, int round16) {
   float s = 0.0f;
-  for (int64_t n = r0; n < N; n += R) s += dout[n * OC + j];
+  if (round16)
+    for (int64_t n = r0; n < N; n += R) s += mega_bf16_round(dout[n * OC + j]);
+  else
+    for (int64_t n = r0; n < N; n += R) s += dout[n * OC + j];
   return s;
 }
 

@@ -503,11 +503,11 @@ int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const flo
 }
 
 int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC,
-                      void *scratch) {
+                      int round16, void *scratch) {
   return launch_columns(
       s, N, OC, scratch,
       [=] __device__(int64_t j, int r0, int R) {
-        return make_float2(mega_kc_bias_grad(j, r0, R, dout, N, OC), 0.0f);
+        return make_float2(mega_kc_bias_grad(j, r0, R, dout, N, OC, round16), 0.0f);
       },
       [=] __device__(int64_t j, float2 t) { dbias[j] += t.x; });
 }

@@ -66,8 +66,9 @@ int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
                 const float *bias, int64_t n, int C);
 int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const float *residual,
                       int64_t n, int OC);
+/* dbias += the column sums of dout (round16: of dout rounded to bf16). */
 int mega_cu_bias_grad(mega_cu_stream s, float *dbias, const float *dout, int N, int OC,
-                      void *scratch);
+                      int round16, void *scratch);
 /* The classifier, in place over the logits (backend.h's crossentropy ops). */
 int mega_cu_xent_fwd(mega_cu_stream s, float *losses, float *logits, const int32_t *targets,
                      int N, int V);

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "worker/backend/backend.h"
+#include "worker/backend/cuda_module.h"
 
 /* raw: a second cuda backend, to write device memory behind gpu's (or
  * another backend's) kept bf16 copies. */
@@ -38,5 +39,6 @@ void test_bf16_matmuls(void);
 void test_bf16_kept_copies(void);
 void test_bf16_producers(void);
 void test_matmul_gelu(void);
+void test_bias_grad_epilogue(const mega_cuda_module *m);
 
 #endif

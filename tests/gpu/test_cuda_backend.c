@@ -627,6 +627,7 @@ int main(void) {
   test_bf16_kept_copies();
   test_bf16_producers();
   test_matmul_gelu();
+  test_bias_grad_epilogue(m);
   test_flash_attention();
   test_cudnn_attention(m);
   test_attention_sizes_guard(m);

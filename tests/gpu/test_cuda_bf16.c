@@ -402,3 +402,66 @@ void test_matmul_gelu(void) {
   free(x), free(W), free(bias), free(W2), free(dy), free(pre), free(out), free(dpre);
   free(eye), free(ex), free(g);
 }
+
+/* The weight gradient and its bias gradient in one cuBLASLt GEMM
+ * (CUBLASLT_EPILOGUE_BGRADA for (in, out), BGRADB for (out, in)), against
+ * the cpu backend, which sums the same rounded gradient; and against a
+ * cuda backend without cuBLASLt (MEGA_CUBLASLT=off: the GEMM, then the
+ * column sums): over this many rows the sums' order shows in the bits,
+ * so equal bits mean cuBLASLt declined the epilogue. */
+void test_bias_grad_epilogue(const mega_cuda_module *m) {
+  enum { R = 2048, K = 64, OC = 192 };
+  mega_err err = {0};
+  mega_backend *plain = NULL;
+  setenv("MEGA_CUBLASLT", "off", 1);
+  mega_status st = m->backend_create(0, &plain, &err);
+  unsetenv("MEGA_CUBLASLT");
+  if (st != MEGA_OK || plain->ops->set_bf16(plain, true, &err) ||
+      cpu->ops->set_bf16(cpu, true, &err)) {
+    printf("FAIL a cuda backend with MEGA_CUBLASLT=off: %s\n", err.msg);
+    failures++;
+    return;
+  }
+  bf16_on(true);
+  float *x = vec((size_t)R * K, 41, 2), *dy = vec((size_t)R * OC, 42, 1);
+  float *b0 = vec(OC, 43, 1), *w0 = vec((size_t)K * OC, 44, 0.5f);
+  float *gx = up(x, 4 * R * K), *gdy = up(dy, 4 * R * OC);
+  for (int lay = 0; lay < 2; lay++) {
+    mega_wlayout l = (mega_wlayout)lay;
+    const char *name = lay ? "out, in" : "in, out";
+    float *dw = malloc(4 * K * OC), *db = malloc(4 * OC);
+    memcpy(dw, w0, 4 * K * OC); /* both accumulate onto what is there */
+    memcpy(db, b0, 4 * OC);
+    float *gdw = up(w0, 4 * K * OC), *gdb = up(b0, 4 * OC);
+    float *pdw = up(w0, 4 * K * OC), *pdb = up(b0, 4 * OC);
+    cpu->ops->matmul_backward_weight(cpu, dw, db, dy, x, R, K, OC, l);
+    gpu->ops->matmul_backward_weight(gpu, gdw, gdb, gdy, gx, R, K, OC, l);
+    plain->ops->matmul_backward_weight(plain, pdw, pdb, gdy, gx, R, K, OC, l);
+    if (plain->ops->synchronize(plain, &err)) {
+      printf("FAIL MEGA_CUBLASLT=off backend: %s\n", err.msg);
+      failures++;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "bf16 weight gradient with its bias's (%s)", name);
+    same(what, gdw, dw, (size_t)K * OC, 1e-3);
+    snprintf(what, sizeof what, "bf16 bias gradient over %d rows (%s)", R, name);
+    same(what, gdb, db, OC, 1e-4);
+    snprintf(what, sizeof what, "bf16 bias gradient, column sums (%s)", name);
+    same(what, pdb, db, OC, 1e-4);
+    if (!differs(gdb, pdb, OC)) {
+      printf("FAIL bias gradient (%s): the bits are the column sums' own: cuBLASLt declined the "
+             "BGRAD epilogue (correct, one pass slower)\n", name);
+      failures++;
+    } else {
+      printf("ok   bias gradient (%s) came from the weight gradient's GEMM\n", name);
+    }
+    free(dw), free(db);
+    void *dev[] = {gdw, gdb, pdw, pdb};
+    for (size_t k = 0; k < 4; k++) gpu->ops->free(gpu, dev[k]);
+  }
+  gpu->ops->free(gpu, gx), gpu->ops->free(gpu, gdy);
+  free(x), free(dy), free(b0), free(w0);
+  cpu->ops->set_bf16(cpu, false, &err);
+  bf16_on(false);
+  mega_backend_destroy(plain);
+}

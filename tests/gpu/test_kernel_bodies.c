@@ -192,7 +192,8 @@ static void test_elementwise(void **state) {
     float dw[C * C] = {0}, db1[C], db2[C];
     for (int j = 0; j < C; j++) db1[j] = db2[j] = 0.75f;
     be->ops->matmul_backward_weight(be, dw, db1, y, x, N, C, C, MEGA_W_IN_OUT);
-    for (int64_t j = 0; j < C; j++) db2[j] += LANES_SUM(L, mega_kc_bias_grad(j, l, L, y, N, C));
+    for (int64_t j = 0; j < C; j++)
+      db2[j] += LANES_SUM(L, mega_kc_bias_grad(j, l, L, y, N, C, 0));
     near(db2, db1, C, 1e-5, "bias gradient");
   }
   float *p1 = vec(n, 13, 1), *m1 = vec(n, 14, 0.1f), *v1 = vec(n, 15, 0.1f);
@@ -585,13 +586,13 @@ static int setup(void **state) {
  * of MEGA_KC_ROWS lanes, each block's lanes added in its tree, the slices
  * in order. Every row is read once, and the slices fill the GPU without
  * leaving a lane fewer than MEGA_KC_MIN_ROWS rows. */
-static float bias_grad_as_launched(int64_t j, const float *dy, int rows, int cols) {
+static float bias_grad_as_launched(int64_t j, const float *dy, int rows, int cols, int round16) {
   int S = mega_kc_slices(rows, cols), R = S * MEGA_KC_ROWS;
   float total = 0.0f;
   for (int s = 0; s < S; s++) {
     float acc[MEGA_KC_ROWS];
     for (int l = 0; l < MEGA_KC_ROWS; l++)
-      acc[l] = mega_kc_bias_grad(j, s * MEGA_KC_ROWS + l, R, dy, rows, cols);
+      acc[l] = mega_kc_bias_grad(j, s * MEGA_KC_ROWS + l, R, dy, rows, cols, round16);
     for (int k = MEGA_KC_ROWS / 2; k > 0; k >>= 1)
       for (int l = 0; l < k; l++) acc[l] += acc[l + k];
     total = s ? total + acc[0] : acc[0];
@@ -622,9 +623,18 @@ static void test_column_geometry(void **state) {
     float *x = vec((size_t)rows * cols, 7, 1), *dw = calloc((size_t)cols * cols, sizeof *dw);
     float *db1 = calloc((size_t)cols, sizeof *db1), *db2 = calloc((size_t)cols, sizeof *db2);
     be->ops->matmul_backward_weight(be, dw, db1, dy, x, rows, cols, cols, MEGA_W_IN_OUT);
-    for (int64_t j = 0; j < cols; j++) db2[j] = bias_grad_as_launched(j, dy, rows, cols);
+    for (int64_t j = 0; j < cols; j++) db2[j] = bias_grad_as_launched(j, dy, rows, cols, 0);
     near(db2, db1, (size_t)cols, 1e-5, "bias gradient in slices");
-    free(dy), free(x), free(dw), free(db1), free(db2);
+    /* --bf16: both sum the gradient rounded to bf16, as the GEMM reads it */
+    mega_err err = {0};
+    float *db3 = calloc((size_t)cols, sizeof *db3);
+    assert_int_equal(be->ops->set_bf16(be, true, &err), MEGA_OK);
+    be->ops->matmul_backward_weight(be, dw, db3, dy, x, rows, cols, cols, MEGA_W_IN_OUT);
+    assert_int_equal(be->ops->set_bf16(be, false, &err), MEGA_OK);
+    for (int64_t j = 0; j < cols; j++) db2[j] = bias_grad_as_launched(j, dy, rows, cols, 1);
+    near(db2, db3, (size_t)cols, 1e-5, "bf16 bias gradient in slices");
+    assert_memory_not_equal(db1, db3, (size_t)cols * sizeof *db1);
+    free(dy), free(x), free(dw), free(db1), free(db2), free(db3);
   }
 }
 

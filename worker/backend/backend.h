@@ -129,8 +129,8 @@ typedef struct mega_backend_ops {
    * matmul_backward_weight round both GEMM inputs to bf16 (to nearest,
    * ties to even: kernels/elementwise.h) and accumulate in fp32, as
    * cuBLAS's bf16 GEMMs with CUBLAS_COMPUTE_32F do. Their outputs, the
-   * bias gradients and every weight, gradient and optimizer state stay
-   * fp32. gemm and gemm_batched stay fp32. Attention of the shapes
+   * bias gradients (sums of the rounded output gradient) and every weight,
+   * gradient and optimizer state stay fp32. gemm and gemm_batched stay fp32. Attention of the shapes
    * mega_attn_flash_shape accepts rounds as flash attention does: the cuda
    * backend runs cuDNN's fused attention or its own bf16 flash kernels and
    * the cpu backend rounds where the flash kernels do (attention_forward;
@@ -191,7 +191,9 @@ typedef struct mega_backend_ops {
                                 const float *w, int N, int C, int OC, mega_wlayout lay,
                                 bool accumulate);
   /* dW += inp^T @ dout (in W's layout); dbias += sum_n dout (dbias may be
-   * NULL). */
+   * NULL). Under --bf16 the bias gradient sums dout rounded to bf16, the
+   * values the GEMM reads (Megatron's bf16 gradient; the cuda backend's
+   * cuBLASLt epilogue computes it inside the GEMM). */
   void (*matmul_backward_weight)(mega_backend *be, float *dw, float *dbias,
                                  const float *dout, const float *inp, int N, int C,
                                  int OC, mega_wlayout lay);

@@ -281,9 +281,10 @@ static void cpu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias
     g.M = C, g.N = OC, g.K = N, g.A = din, g.lda = C, g.B = dh, g.ldb = OC, g.ldc = OC;
   else
     g.M = OC, g.N = C, g.K = N, g.A = dh, g.lda = OC, g.B = din, g.ldb = C, g.ldc = C;
-  if (din && dh) par_gemm(be, &g);
-  if (dbias) { /* from the fp32 gradient */
-    bias_ctx c = {.bias = dbias, .crows = dout, .N = N, .OC = OC};
+  if (!din || !dh) return;
+  par_gemm(be, &g);
+  if (dbias) { /* from the gradient the GEMM read: under --bf16, rounded */
+    bias_ctx c = {.bias = dbias, .crows = dh, .N = N, .OC = OC};
     mega_cpu_parallel_for(mega_cpu_pool_of(be), OC, 64, sum_rows_cols, &c);
   }
 }

@@ -220,19 +220,52 @@ static void *columns_scratch(mega_backend *be, int64_t rows, int64_t cols, bool 
   return p;
 }
 
+/* Under --bf16 with a bias, one cuBLASLt GEMM (cuda_lt.h's bgrad) gives
+ * the weight gradient and the bias gradient of the bf16 dout it reads, the
+ * latter into scratch and then added on (dbias accumulates over micro
+ * batches; the epilogue overwrites). Otherwise the GEMM, then column sums
+ * of dout (rounded under --bf16: the same values either way). */
+static bool lt_backward_weight(mega_backend *be, float *dw, float *dbias, const float *dout,
+                               const float *inp, int N, int C, int OC, mega_wlayout lay) {
+  cuda_impl *c = impl_of(be);
+  if (!c->bf16 || !c->lt || !dbias || N <= 0 || C <= 0 || OC <= 0) return false;
+  const uint16_t *a = bf16_copy(be, 0, inp, (size_t)N * C);
+  const uint16_t *d = a ? bf16_copy(be, 1, dout, (size_t)N * OC) : NULL;
+  float *part = d ? grow(be, &c->bgrad_buf, &c->bgrad_cap, (size_t)OC * sizeof(float),
+                         "the bias gradient's scratch")
+                  : NULL;
+  if (!part) return true; /* noted; the op does nothing more */
+  /* column-major: (in, out) dW^T [OC, C] = dout^T [OC, N] inp [N, C], the
+   * bias over A's rows; (out, in) dW^T [C, OC] = inp^T [C, N] dout [N, OC],
+   * over B's columns */
+  cublasStatus_t st =
+      lay == MEGA_W_IN_OUT
+          ? mega_cu_lt_gemm_bgrad(c->lt, true, false, true, OC, C, N, d, OC, a, C, part, dw, OC)
+          : mega_cu_lt_gemm_bgrad(c->lt, false, false, true, C, OC, N, a, C, d, OC, part, dw, C);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  note_blas(be, st, "bf16 weight and bias gradient (cuBLASLt)");
+  if (st == CUBLAS_STATUS_SUCCESS)
+    note(be, mega_cu_add(S(be), dbias, dbias, part, NULL, OC, OC), "bias gradient add");
+  return true;
+}
+
 static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
                                       const float *dout, const float *inp, int N, int C, int OC,
                                       mega_wlayout lay) {
   size_t nx = (size_t)N * C, ndy = (size_t)N * OC;
+  wrote(be, dw, (size_t)C * OC);
+  if (dbias) wrote(be, dbias, (size_t)OC);
+  if (lt_backward_weight(be, dw, dbias, dout, inp, N, C, OC, lay)) return;
   if (lay == MEGA_W_IN_OUT)
     mm_gemm(be, true, false, C, OC, N, inp, C, nx, dout, OC, ndy, 1.0f, dw, OC);
   else
     mm_gemm(be, true, false, OC, C, N, dout, OC, ndy, inp, C, nx, 1.0f, dw, C);
   if (dbias) {
-    wrote(be, dbias, (size_t)OC);
     bool ok;
     void *scratch = columns_scratch(be, N, OC, &ok);
-    if (ok) note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC, scratch), "bias grad");
+    if (ok)
+      note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC, impl_of(be)->bf16, scratch),
+           "bias grad");
   }
 }
 
@@ -467,6 +500,7 @@ static void cu_destroy(mega_backend *be) {
     if (c->bf16_buf[k]) cudaFree(c->bf16_buf[k]);
   if (c->sort_buf) cudaFree(c->sort_buf);
   if (c->cols_buf) cudaFree(c->cols_buf);
+  if (c->bgrad_buf) cudaFree(c->bgrad_buf);
   mega_cu_lt_destroy(c->lt);
   mega_cu_b16_destroy(c->b16);
   if (c->attn_buf) cudaFree(c->attn_buf);
@@ -582,7 +616,13 @@ mega_status mega_cuda_backend_create(int device, mega_backend **out, mega_err *e
                    (int)bs);
   /* fp32 GEMMs stay fp32: no TF32 unless asked (numbers match the cpu) */
   if (st == MEGA_OK) cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
-  if (st == MEGA_OK) c->lt = mega_cu_lt_create(c->stream);
+  /* MEGA_CUBLASLT=off: cublasGemmEx and the separate passes, to compare
+   * (the kit's tests, a suspected epilogue) */
+  const char *lt_env = getenv("MEGA_CUBLASLT");
+  if (st == MEGA_OK && lt_env && *lt_env && strcmp(lt_env, "off") && strcmp(lt_env, "auto"))
+    st = mega_fail(err, MEGA_ERR_INVALID, "MEGA_CUBLASLT=%.40s: use auto or off", lt_env);
+  if (st == MEGA_OK && !(lt_env && !strcmp(lt_env, "off")))
+    c->lt = mega_cu_lt_create(c->stream);
   if (st == MEGA_OK) c->b16 = mega_cu_b16_create(device, c->stream, b16_budget());
   if (st != MEGA_OK) {
     cu_destroy(be);

@@ -35,7 +35,9 @@ typedef struct cuda_impl {
   size_t sort_cap;
   void *cols_buf;     /* the column sums' slices (bias and norm weight gradients) */
   size_t cols_cap;
-  mega_cu_lt *lt;     /* --bf16's forward GEMMs with epilogues; NULL: cublasGemmEx */
+  void *bgrad_buf;    /* cuBLASLt's bias gradient, before it is added on */
+  size_t bgrad_cap;
+  mega_cu_lt *lt;     /* --bf16's GEMMs with epilogues; NULL: cublasGemmEx */
   mega_cu_b16 *b16;   /* --bf16's kept copies (cuda_b16.h); NULL: scratch each time */
   void *attn_buf;     /* flash attention's bf16 inputs without b16 */
   struct mega_cu_sdpa *sdpa; /* attention through cuDNN (cuda_sdpa.c); NULL: not yet asked */

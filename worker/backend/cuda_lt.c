@@ -1,5 +1,5 @@
-/* cuBLASLt GEMMs with the bias and residual epilogue, or GELU's
- * (cuda_lt.h). Each shape, epilogue and pointer alignment (which the
+/* cuBLASLt GEMMs with the bias and residual epilogue, GELU's, or the bias
+ * gradient's (cuda_lt.h). Each shape, epilogue and pointer alignment (which the
  * heuristic depends on) gets its descriptors and algorithm once; later
  * calls only set the bias and aux pointers and launch. */
 #include "worker/backend/cuda_lt.h"
@@ -10,7 +10,10 @@
 #define LT_WORKSPACE (32u << 20)
 #define LT_SHAPES 64
 
-enum { LT_PLAIN, LT_GELU, LT_DGELU }; /* the epilogue besides the bias */
+/* the epilogue besides the bias; the BGRADs write the bias pointer */
+enum { LT_PLAIN, LT_GELU, LT_DGELU, LT_BGRADA, LT_BGRADB };
+
+static bool has_aux(int epi) { return epi == LT_GELU || epi == LT_DGELU; }
 
 typedef struct lt_key {
   int ta, tb, m, n, k, lda, ldb, ldd, bias, c, align, epi;
@@ -79,11 +82,13 @@ static bool shape_init(mega_cu_lt *lt, lt_shape *s, const lt_key *key, const flo
   s->key = *key;
   cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t tb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtEpilogue_t epi = key->epi == LT_DGELU ? CUBLASLT_EPILOGUE_DGELU
-                           : key->epi == LT_GELU ? (key->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                                              : CUBLASLT_EPILOGUE_GELU_AUX)
-                           : key->bias           ? CUBLASLT_EPILOGUE_BIAS
-                                                 : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epi = key->epi == LT_DGELU    ? CUBLASLT_EPILOGUE_DGELU
+                           : key->epi == LT_BGRADA ? CUBLASLT_EPILOGUE_BGRADA
+                           : key->epi == LT_BGRADB ? CUBLASLT_EPILOGUE_BGRADB
+                           : key->epi == LT_GELU   ? (key->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                : CUBLASLT_EPILOGUE_GELU_AUX)
+                           : key->bias             ? CUBLASLT_EPILOGUE_BIAS
+                                                   : CUBLASLT_EPILOGUE_DEFAULT;
   cudaDataType_t bias_type = CUDA_R_32F;
   int64_t aux_ld = key->ldd; /* the GELU input is laid out as D */
   uint64_t ws = LT_WORKSPACE;
@@ -100,7 +105,7 @@ static bool shape_init(mega_cu_lt *lt, lt_shape *s, const lt_key *key, const flo
                                                     &bias_type, sizeof bias_type) == 0) &&
       (!key->bias || cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                     &bias, sizeof bias) == 0) &&
-      (key->epi == LT_PLAIN ||
+      (!has_aux(key->epi) ||
        (cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
                                        sizeof aux_ld) == 0 &&
         cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
@@ -139,7 +144,7 @@ static cublasStatus_t lt_gemm(mega_cu_lt *lt, int epi, bool ta, bool tb, int m, 
   const void *ptrs[] = {A, B, C, D, aux};
   lt_key key = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, C != NULL, alignment(ptrs, 5), epi};
   /* the GELU input's leading dimension must divide by 8 */
-  if (epi != LT_PLAIN && (ldd % 8 || !aux)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (has_aux(epi) && (ldd % 8 || !aux)) return CUBLAS_STATUS_NOT_SUPPORTED;
   /* the bias epilogue reads 16 bytes at a time */
   if (bias && ((uintptr_t)bias & 15)) return CUBLAS_STATUS_NOT_SUPPORTED;
   lt_shape *s = NULL;
@@ -185,4 +190,12 @@ cublasStatus_t mega_cu_lt_gemm_dgelu(mega_cu_lt *lt, bool ta, bool tb, int m, in
                                      const uint16_t *A, int lda, const uint16_t *B, int ldb,
                                      const float *pre, float *D, int ldd) {
   return lt_gemm(lt, LT_DGELU, ta, tb, m, n, k, A, lda, B, ldb, NULL, NULL, pre, D, ldd);
+}
+
+cublasStatus_t mega_cu_lt_gemm_bgrad(mega_cu_lt *lt, bool of_a, bool ta, bool tb, int m, int n,
+                                     int k, const uint16_t *A, int lda, const uint16_t *B,
+                                     int ldb, float *dbias, float *D, int ldd) {
+  if (!dbias) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return lt_gemm(lt, of_a ? LT_BGRADA : LT_BGRADB, ta, tb, m, n, k, A, lda, B, ldb, dbias, D,
+                 NULL, D, ldd);
 }

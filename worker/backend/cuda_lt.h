@@ -1,7 +1,8 @@
 /* cuBLASLt for the cuda backend's --bf16 linear layers: one GEMM that also
  * adds the bias (CUBLASLT_EPILOGUE_BIAS) and the residual (as C, with D the
  * output), so matmul_forward needs no fill pass before it; and GPT-2's c_fc
- * with its GELU, forward and backward, so neither needs a pass of its own. The algorithm is
+ * with its GELU, forward and backward, so neither needs a pass of its own;
+ * and the weight gradient with its bias gradient. The algorithm is
  * chosen once per shape by cuBLASLt's heuristic and cached; a shape it
  * offers none for is remembered too, and the caller takes its other path.
  * Inside the cuda module only. */
@@ -40,5 +41,14 @@ cublasStatus_t mega_cu_lt_gemm_gelu(mega_cu_lt *lt, bool ta, bool tb, int m, int
 cublasStatus_t mega_cu_lt_gemm_dgelu(mega_cu_lt *lt, bool ta, bool tb, int m, int n, int k,
                                      const uint16_t *A, int lda, const uint16_t *B, int ldb,
                                      const float *pre, float *D, int ldd);
+
+/* D = op(A) op(B) + D (accumulated, as a weight gradient is), and dbias
+ * (m floats, overwritten) = the sums over k of op(A)'s rows (of_a:
+ * CUBLASLT_EPILOGUE_BGRADA) or (n floats) of op(B)'s columns (BGRADB):
+ * a bias gradient from the very bf16 values the GEMM reads. dbias on 16
+ * bytes. */
+cublasStatus_t mega_cu_lt_gemm_bgrad(mega_cu_lt *lt, bool of_a, bool ta, bool tb, int m, int n,
+                                     int k, const uint16_t *A, int lda, const uint16_t *B,
+                                     int ldb, float *dbias, float *D, int ldd);
 
 #endif
