@@ -223,10 +223,12 @@ static void *columns_scratch(mega_backend *be, int64_t rows, int64_t cols, bool 
 /* Under --bf16 with a bias, one cuBLASLt GEMM (cuda_lt.h's bgrad) gives
  * the weight gradient and the bias gradient of the bf16 dout it reads, the
  * latter into scratch and then added on (dbias accumulates over micro
- * batches; the epilogue overwrites). Otherwise the GEMM, then column sums
- * of dout (rounded under --bf16: the same values either way). */
-static bool lt_backward_weight(mega_backend *be, float *dw, float *dbias, const float *dout,
-                               const float *inp, int N, int C, int OC, mega_wlayout lay) {
+ * batches; the epilogue overwrites). Where cuBLASLt declines, the same
+ * copies go to cublasGemmEx and the column sums add dout rounded: the same
+ * values either way. Returns false when this is not the path (fp32, no
+ * bias, no cuBLASLt). */
+static bool bf16_backward_weight(mega_backend *be, float *dw, float *dbias, const float *dout,
+                                 const float *inp, int N, int C, int OC, mega_wlayout lay) {
   cuda_impl *c = impl_of(be);
   if (!c->bf16 || !c->lt || !dbias || N <= 0 || C <= 0 || OC <= 0) return false;
   const uint16_t *a = bf16_copy(be, 0, inp, (size_t)N * C);
@@ -238,14 +240,25 @@ static bool lt_backward_weight(mega_backend *be, float *dw, float *dbias, const 
   /* column-major: (in, out) dW^T [OC, C] = dout^T [OC, N] inp [N, C], the
    * bias over A's rows; (out, in) dW^T [C, OC] = inp^T [C, N] dout [N, OC],
    * over B's columns */
+  bool io = lay == MEGA_W_IN_OUT;
   cublasStatus_t st =
-      lay == MEGA_W_IN_OUT
-          ? mega_cu_lt_gemm_bgrad(c->lt, true, false, true, OC, C, N, d, OC, a, C, part, dw, OC)
-          : mega_cu_lt_gemm_bgrad(c->lt, false, false, true, C, OC, N, a, C, d, OC, part, dw, C);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
-  note_blas(be, st, "bf16 weight and bias gradient (cuBLASLt)");
-  if (st == CUBLAS_STATUS_SUCCESS)
+      io ? mega_cu_lt_gemm_bgrad(c->lt, true, false, true, OC, C, N, d, OC, a, C, part, dw, OC)
+         : mega_cu_lt_gemm_bgrad(c->lt, false, false, true, C, OC, N, a, C, d, OC, part, dw, C);
+  if (st == CUBLAS_STATUS_SUCCESS) {
     note(be, mega_cu_add(S(be), dbias, dbias, part, NULL, OC, OC), "bias gradient add");
+    return true;
+  }
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+    note_blas(be, st, "bf16 weight and bias gradient (cuBLASLt)");
+    return true;
+  }
+  if (io)
+    gemm16(be, true, false, C, OC, N, a, C, d, OC, 1.0f, dw, OC);
+  else
+    gemm16(be, true, false, OC, C, N, d, OC, a, C, 1.0f, dw, C);
+  bool ok;
+  void *scratch = columns_scratch(be, N, OC, &ok);
+  if (ok) note(be, mega_cu_bias_grad(S(be), dbias, dout, N, OC, 1, scratch), "bias grad");
   return true;
 }
 
@@ -255,7 +268,7 @@ static void cu_matmul_backward_weight(mega_backend *be, float *dw, float *dbias,
   size_t nx = (size_t)N * C, ndy = (size_t)N * OC;
   wrote(be, dw, (size_t)C * OC);
   if (dbias) wrote(be, dbias, (size_t)OC);
-  if (lt_backward_weight(be, dw, dbias, dout, inp, N, C, OC, lay)) return;
+  if (bf16_backward_weight(be, dw, dbias, dout, inp, N, C, OC, lay)) return;
   if (lay == MEGA_W_IN_OUT)
     mm_gemm(be, true, false, C, OC, N, inp, C, nx, dout, OC, ndy, 1.0f, dw, OC);
   else
