@@ -58,6 +58,7 @@ static void keep_sigterm(void) {
 typedef struct worker_opts {
   bool json;
   int rank, world, dp;        /* world 1 unless launched by hand with --world-size */
+  bool rank_given;
   const char *rendezvous_dir; /* FileStore directory for a hand launch */
 } worker_opts;
 
@@ -316,7 +317,7 @@ static mega_status parse_launch_flag(worker_opts *o, int argc, char **argv, int 
   if (*v == '\0' || *end || n < (rank ? 0 : 1) || n > 1000000)
     return mega_fail(err, MEGA_ERR_INVALID, "%s: '%s' is not a %s integer", name, v,
                      rank ? "non-negative" : "positive");
-  if (rank) o->rank = (int)n;
+  if (rank) o->rank = (int)n, o->rank_given = true;
   else o->world = (int)n;
   return MEGA_OK;
 }
@@ -331,6 +332,14 @@ static mega_status check_launch(const worker_opts *o, const mega_jobspec *job, m
   if (o->rank >= o->world)
     return mega_fail(err, MEGA_ERR_INVALID, "--rank %d is out of range for --world-size %d",
                      o->rank, o->world);
+  if (o->world > 1 && !o->rank_given)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--world-size %d needs --rank R (0 to %d), a different one in each process",
+                     o->world, o->world - 1);
+  if (o->world == 1 && o->rendezvous_dir)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--rendezvous-dir is for ranks started by hand: give each --world-size N "
+                     "and its --rank R too");
   if (o->world > 1 && !o->rendezvous_dir)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--world-size %d needs --rendezvous-dir DIR, a directory every rank sees "

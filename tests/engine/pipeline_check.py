@@ -218,6 +218,53 @@ def kill(megaw, tmp):
     return ok
 
 
+def mismatch(megaw, tmp):
+    """Ranks started by hand with different jobs stop at once, every one of
+    them naming the flag (they would join other groups and hang, or swap
+    buffers of other sizes); a reused --rendezvous-dir and a missing --rank
+    are refused in words."""
+    data = os.path.join(tmp, "data.txt")
+    write_data(data)
+    args = MODEL + ["--train-iters", "2", "--data-path", data]
+    ok = True
+    for extra, flag in ((["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size"),
+                        (["--hidden-size", "64"], "--hidden-size"), (["--lr", "1e-3"], "--lr")):
+        rdv = tempfile.mkdtemp(dir=tmp, prefix="rdv-")
+        base = [megaw] + args + ["--world-size", "2", "--rendezvous-dir", rdv]
+        t0 = time.time()
+        procs = [subprocess.Popen(base + ["--rank", "0"], stderr=subprocess.PIPE, text=True,
+                                  stdout=subprocess.DEVNULL),
+                 subprocess.Popen(base + ["--rank", "1"] + extra, stderr=subprocess.PIPE,
+                                  text=True, stdout=subprocess.DEVNULL)]
+        for r, p in enumerate(procs):
+            _, err = p.communicate(timeout=60)
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            good = p.returncode == 1 and "another job than rank 0" in last and flag in last
+            print("%s rank %d, rank 1 with %s: exit %d after %.1f s: %s" %
+                  ("ok  " if good else "FAIL", r, " ".join(extra), p.returncode,
+                   time.time() - t0, last))
+            ok &= good
+    # the same directory again: the earlier launch's keys are there
+    rdv = tempfile.mkdtemp(dir=tmp, prefix="rdv-")
+    base = [megaw] + args + ["--world-size", "2", "--rendezvous-dir", rdv]
+    for attempt in range(2):
+        procs = [subprocess.Popen(base + ["--rank", str(r)], stderr=subprocess.PIPE, text=True,
+                                  stdout=subprocess.DEVNULL) for r in range(2)]
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+        rcs = [p.returncode for p in procs]
+        want = [0, 0] if attempt == 0 else [1, 1]
+        good = rcs == want and (attempt == 0 or all("fresh, empty directory" in e for e in errs))
+        print("%s launch %d in one --rendezvous-dir: exits %s" %
+              ("ok  " if good else "FAIL", attempt + 1, rcs))
+        ok &= good
+    res = subprocess.run([megaw] + args + ["--world-size", "2", "--rendezvous-dir", rdv],
+                         capture_output=True, text=True, timeout=30)
+    good = res.returncode == 2 and "needs --rank" in res.stderr
+    print("%s --world-size without --rank: exit %d: %s" %
+          ("ok  " if good else "FAIL", res.returncode, res.stderr.strip()))
+    return ok and good
+
+
 def daemon(megaw, megad, tmp):
     data = os.path.join(tmp, "data.txt")
     write_data(data)
@@ -520,7 +567,7 @@ def llama(megaw, tmp, full):
 
 def main():
     modes = ("equivalence", "memory", "kill", "daemon", "checkpoint", "dataparallel", "distckpt",
-             "llama")
+             "llama", "mismatch")
     if len(sys.argv) < 3 or sys.argv[2] not in modes:
         print(__doc__, file=sys.stderr)
         return 2
@@ -540,6 +587,8 @@ def main():
             ok = pipeline_ckpt.distckpt(megaw, tmp)
         elif mode == "llama":
             ok = llama(megaw, tmp, "--full" in sys.argv[3:])
+        elif mode == "mismatch":
+            ok = mismatch(megaw, tmp)
         else:
             ok = kill(megaw, tmp)
     return 0 if ok else 1

@@ -147,6 +147,7 @@ mega_status rank_build_groups(mega_rank *r, mega_err *err) {
   snprintf(prefix, sizeof prefix, "%s", r->env.kv_prefix ? r->env.kv_prefix : "mega");
   mega_status st = r->env.kv ? mega_store_open_kv(r->env.kv, r->env.kv_ctx, prefix, &r->store, err)
                              : mega_store_open_file(r->env.store_dir, prefix, &r->store, err);
+  if (st == MEGA_OK && !r->env.kv) st = rank_same_job(r, r->store, timeout_ms(r), err);
   for (int g = 0; g < GROUP_CKPT && st == MEGA_OK; g++) {
     int pos = 0, idx = mega_topo_group_of(&r->topo, groups[g].kind, r->env.rank, &pos);
     int size = mega_topo_group_size(&r->topo, groups[g].kind);

@@ -99,6 +99,10 @@ static inline void rank_phase(mega_rank *r, const char *name) {
 /* rank_comm.c */
 /* Opens the rendezvous store and builds every group's communicators. */
 mega_status rank_build_groups(mega_rank *r, mega_err *err);
+/* rank_samejob.c: a hand launch's ranks (no megad) check through the store,
+ * before any group, that they were given the same job; a difference is
+ * MEGA_ERR_INVALID on every rank, naming the flag. */
+mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_err *err);
 /* Aborts group g's communicators (the caller holds comm_lock). */
 void rank_comm_abort_locked(mega_rank *r, int g);
 void rank_comm_destroy_all(mega_rank *r);
