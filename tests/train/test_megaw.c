@@ -209,6 +209,30 @@ static void test_bad_flags(void **state) {
   expect_flag_error(batch, true, "--global-batch-size");
   const char *const pp[] = {"--train-iters", "3", "--pipeline-model-parallel-size", "2", NULL};
   expect_flag_error(pp, true, "megad");
+  const char *const no_rank[] = {"--train-iters", "3", "--world-size", "2", "--rendezvous-dir",
+                                 dir, NULL};
+  expect_flag_error(no_rank, true, "needs --rank");
+  /* found at the start, not after training: a --load that is a file, a
+   * --finetune with nothing to start from, a --save that cannot be made */
+  char afile[600], nothere[600], badsave[600];
+  snprintf(afile, sizeof afile, "%s/afile", dir);
+  snprintf(nothere, sizeof nothere, "%s/nothere", dir);
+  snprintf(badsave, sizeof badsave, "%s/afile/ck", dir);
+  tu_write_text(afile, "x\n");
+  const char *const load_file[] = {"--train-iters", "3", "--load", afile, NULL};
+  const char *const finetune[] = {"--train-iters", "3", "--load", nothere, "--finetune", NULL};
+  const char *const save_bad[] = {"--train-iters", "3", "--save", badsave, NULL};
+  static const char *const why[] = {"is a file", "holds no checkpoint", "cannot create"};
+  const char *const *cases[] = {load_file, finetune, save_bad};
+  for (int c = 0; c < 3; c++) {
+    char *out, *err;
+    int rc = run(cases[c], true, &out, &err);
+    if (rc != 1 || !strstr(err, why[c]) || strstr(out, "iteration"))
+      fail_msg("rc %d, stdout '%s', stderr '%s' (want 1, no iteration, '%s')", rc, out, err,
+               why[c]);
+    free(out);
+    free(err);
+  }
 }
 
 static void test_resume_across_processes(void **state) {

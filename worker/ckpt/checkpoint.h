@@ -118,6 +118,11 @@ mega_status mega_ckpt_save(const char *save_dir, mega_backend *be, const mega_gp
  * when no rank can be writing into SAVE. */
 mega_status mega_ckpt_clean_temps(const char *save_dir, int *removed, mega_err *err);
 
+/* Before training: SAVE created (with its parents) and writable, so a bad
+ * --save fails at the start and not at the first save, hours in; then
+ * mega_ckpt_clean_temps (the same rule: no rank may be writing into it). */
+mega_status mega_ckpt_prepare_save(const char *save_dir, mega_err *err);
+
 /* Checks that the checkpoint directory dir is complete: manifest.json is
  * there, and every file it lists has its size and crc32. iteration >= 0 is
  * also checked against the manifest's. Reads every listed file. MEGA_OK or
@@ -132,9 +137,10 @@ mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err);
  *    instead. None complete: MEGA_ERR_INVALID saying so.
  *  - No latest file: DIR itself when it is a checkpoint directory (it must
  *    be complete), else the newest complete iter_* in DIR.
- *  - MEGA_ERR_NOT_FOUND when DIR holds no checkpoint at all (the caller may
- *    start fresh, as Megatron does); MEGA_ERR_INVALID when the latest file
- *    is bad, or DIR holds iter_* directories of which none is complete.
+ *  - MEGA_ERR_NOT_FOUND when DIR holds no checkpoint at all or does not
+ *    exist (the caller may start fresh, as Megatron does); MEGA_ERR_INVALID
+ *    when DIR is a file, the latest file is bad, or DIR holds iter_*
+ *    directories of which none is complete.
  * Every rank that resolves the same directory reaches the same answer:
  * verification reads every file of a candidate. notice may be NULL. */
 mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err);

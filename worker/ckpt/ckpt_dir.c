@@ -64,6 +64,15 @@ static int remove_flat_dir(const char *path) {
   return rmdir(path);
 }
 
+mega_status mega_ckpt_prepare_save(const char *save_dir, mega_err *err) {
+  mega_status st = mkdir_p(save_dir, err);
+  if (st != MEGA_OK) return st;
+  if (access(save_dir, W_OK | X_OK) != 0)
+    return mega_fail(err, MEGA_ERR_IO, "cannot write into --save directory %s: %s", save_dir,
+                     strerror(errno));
+  return mega_ckpt_clean_temps(save_dir, NULL, err);
+}
+
 mega_status mega_ckpt_clean_temps(const char *save_dir, int *removed, mega_err *err) {
   if (removed) *removed = 0;
   DIR *d = opendir(save_dir);

@@ -150,6 +150,10 @@ mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, 
   char latest[4096], dir[4096];
   snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, load_dir);
   struct stat sb;
+  if (stat(load_dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--load %s is a file; it takes a directory of checkpoints, or one "
+                     "checkpoint's directory", load_dir);
   bool has_latest = stat(latest, &sb) == 0;
   if (!has_latest && errno != ENOENT && errno != ENOTDIR)
     return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(errno));

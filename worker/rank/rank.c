@@ -282,9 +282,10 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     st = build_schedule(r, true, &r->eval_sched, err);
   if (st == MEGA_OK) st = build_optimizer(r, err);
   if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
-  /* The committer clears interrupted saves before the groups exist, so no
-   * rank can be writing into SAVE yet. */
-  if (st == MEGA_OK && j->save && r->env.rank == 0) st = mega_ckpt_clean_temps(j->save, NULL, err);
+  /* The committer makes SAVE (a bad one fails now, not at the first save)
+   * and clears interrupted saves before the groups exist, so no rank can be
+   * writing into it yet. */
+  if (st == MEGA_OK && j->save && r->env.rank == 0) st = mega_ckpt_prepare_save(j->save, err);
   if (st == MEGA_OK) st = rank_build_groups(r, err);
   if (st == MEGA_OK)
     mega_grads_set_comm(r->chunks.grads, r->dcomm[GROUP_DP], r->hcomm[GROUP_DP]);

@@ -50,6 +50,10 @@ mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_
   memset(out, 0, sizeof *out);
   char *path = NULL, *notice = NULL;
   mega_status st = mega_ckpt_resolve(job->load, &path, &notice, err);
+  if (st == MEGA_ERR_NOT_FOUND && job->finetune) /* weights only: nothing to start from */
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--finetune starts from a checkpoint's weights, but --load %s holds no "
+                     "checkpoint", job->load);
   if (st == MEGA_ERR_NOT_FOUND) {
     mega_err_clear(err);
     return MEGA_OK;
