@@ -182,6 +182,10 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
                "them", s->vocab_file ? "--vocab-file" : "--merge-file");
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size >= INT_MAX / 2)
     return BAD("--vocab-size %d is too large", s->vocab_size);
+  /* the model's bound (worker/model/gpt.c): every tensor indexes in int */
+  if (s->tokenizer_type == MEGA_TOKENIZER_NULL && mega_jobspec_padded_vocab(s) > (1 << 24))
+    return BAD("--vocab-size %d pads to %d rows, more than the %d a model may have",
+               s->vocab_size, mega_jobspec_padded_vocab(s), 1 << 24);
   return MEGA_OK;
 }
 
@@ -538,6 +542,10 @@ static mega_status check_bounds(const mega_jobspec *s, mega_err *err) {
     int v = *(const int *)(const void *)((const char *)s + b[i].off);
     if (v > b[i].max) return BAD("%s %d is larger than the %d allowed", b[i].flag, v, b[i].max);
   }
+  /* the model's bound on attention's width (worker/model/gpt.c) */
+  if (s->kv_channels > 0 && (int64_t)s->kv_channels * s->num_attention_heads > (1 << 22))
+    return BAD("--kv-channels %d x --num-attention-heads %d is larger than the %d allowed",
+               s->kv_channels, s->num_attention_heads, 1 << 22);
   const char *layout = s->pipeline_model_parallel_layout;
   if (layout && strlen(layout) > 4096)
     return BAD("--pipeline-model-parallel-layout is %zu characters, more than the 4096 allowed",

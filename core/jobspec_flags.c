@@ -61,15 +61,15 @@ const flagdef mega_jf_table[] = {
     INT("--max-position-embeddings", max_position_embeddings, "model", "N", -1, "seq-length",
         false, 1, "The longest sequence: rows of GPT-2's position embedding, or the positions "
         "RoPE covers; at least --seq-length."),
-    FLT("--init-method-std", init_method_std, "model", 0.02, "0.02", false, 0, NAN, true, false,
+    FLT("--init-method-std", init_method_std, "model", 0.02, "0.02", false, 0, 1e30, true, false,
         "Standard deviation of the normal weight initialization."),
     INT("--seed", seed, "model", "N", 1234, "1234", false, 0,
-        "Random seed for the initial weights and the data order."),
+        "Random seed for the initial weights (the data order does not depend on it)."),
     ENUM("--position-embedding-type", position_embedding_type, "model", "learned_absolute|rope",
          pos_embs, MEGA_POS_LEARNED_ABSOLUTE, "learned_absolute",
          "Positions: GPT-2's learned embedding, or rotary embeddings on q and k (Llama; with "
          "--normalization RMSNorm and --swiglu)."),
-    INT("--rotary-base", rotary_base, "model", "N", 10000, "10000", false, 1,
+    INT("--rotary-base", rotary_base, "model", "N", 10000, "10000", false, 2,
         "RoPE's base (theta): position t turns channel pair i by t x base^(-2i/rotated)."),
     FLT("--rotary-percent", rotary_percent, "model", 1.0, "1", false, 0, 1, true, false,
         "Share of each head's channels RoPE rotates, in (0, 1]; the rest pass unrotated."),
@@ -77,7 +77,7 @@ const flagdef mega_jf_table[] = {
          MEGA_NORM_LAYERNORM, "LayerNorm",
          "The norms before attention, before the MLP and at the end: GPT-2's LayerNorm or "
          "Llama's RMSNorm (no mean, no bias)."),
-    FLT("--norm-epsilon", norm_epsilon, "model", 1e-5, "1e-05", false, 0, NAN, true, false,
+    FLT("--norm-epsilon", norm_epsilon, "model", 1e-5, "1e-05", false, 1e-30, 1e30, false, false,
         "Epsilon of every LayerNorm or RMSNorm."),
     BOOL("--swiglu", swiglu, "model",
          "The MLP is SwiGLU, down(silu(gate(x)) x up(x)), instead of GELU (Llama)."),

@@ -159,6 +159,15 @@ mega_status mega_gen_run(const mega_gen_model *m, const int32_t *prompt, int n,
     }
     mega_gpt_acts_destroy(a);
     if (st != MEGA_OK) break;
+    for (int v = 0; v < m->vocab; v++)
+      if (!isfinite(row[v])) {
+        st = mega_fail(err, MEGA_ERR_INVALID,
+                       "the model of %s gives a %s logit (token %d, at new token %d): its "
+                       "weights are not finite, or overflowed",
+                       m->path, isnan(row[v]) ? "NaN" : "infinite", v, k + 1);
+        break;
+      }
+    if (st != MEGA_OK) break;
     int32_t next = mega_gen_pick(row, m->vocab, o, (uint64_t)k);
     ctx[len++] = next;
     out[(*nout)++] = next;

@@ -89,6 +89,7 @@ static int parse_ids(const char *text, int32_t *out, int cap) {
 int megaw_generate(int argc, char **argv) {
   const char *load = NULL, *prompt = NULL, *tok = NULL, *vocab = NULL, *merges = NULL, *v;
   mega_gen_opts o = {.max_new_tokens = 64, .temperature = 0, .top_k = 0, .seed = 1234};
+  bool seed_given = false;
   for (int i = 1; i < argc;) {
     double x;
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -112,7 +113,7 @@ int megaw_generate(int argc, char **argv) {
         return bad("--max-new-tokens: '%s' is not a whole number from 0 to 1048576%s", v, "");
       o.max_new_tokens = (int)x;
     } else if ((v = value(argc, argv, &i, "--temperature"))) {
-      if (!number(v, 0, 1e6, &x)) return bad("--temperature: '%s' is not a number >= 0%s", v, "");
+      if (!number(v, 0, 1e6, &x)) return bad("--temperature: '%s' is not a number from 0 to 1e6%s", v, "");
       o.temperature = x;
     } else if ((v = value(argc, argv, &i, "--top-k"))) {
       if (!number(v, 0, 1 << 30, &x) || x != floor(x))
@@ -122,11 +123,16 @@ int megaw_generate(int argc, char **argv) {
       if (!number(v, 0, 9007199254740992.0, &x) || x != floor(x))
         return bad("--seed: '%s' is not a whole number >= 0%s", v, "");
       o.seed = (uint64_t)x;
+      seed_given = true;
     } else {
       return bad("unknown flag or missing value '%s'%s", argv[i], "");
     }
   }
   if (!load || !prompt) return bad("%s%s is required", !load ? "--load DIR" : "--prompt TEXT", "");
+  /* greedy picks the most likely id: k and a seed would change nothing */
+  if ((o.top_k > 0 || seed_given) && !(o.temperature > 0))
+    return bad("%s samples, so it needs --temperature above 0 (without it, the most likely "
+               "token is taken)%s", o.top_k > 0 ? "--top-k" : "--seed", "");
   if ((tok || vocab || merges) && !(tok && vocab && merges))
     return bad("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file%s%s", "",
                "");

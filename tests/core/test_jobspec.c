@@ -276,6 +276,15 @@ static void test_value_errors(void **state) {
   expect_parse_error(ARGV("--lr", "inf"), MEGA_ERR_INVALID, "--lr: 'inf' is not a finite number");
   expect_parse_error(ARGV("--lr", "-0.1"), MEGA_ERR_INVALID, "--lr must be at least 0 (got -0.1)");
   expect_parse_error(ARGV("--adam-beta1", "1"), MEGA_ERR_INVALID, "--adam-beta1 must be less than 1 (got 1)");
+  /* the model's own bounds, refused where the job is read (not when it starts) */
+  expect_parse_error(ARGV("--rotary-base", "1"), MEGA_ERR_INVALID,
+                     "--rotary-base must be at least 2 (got 1)");
+  expect_parse_error(ARGV("--norm-epsilon", "1e-50"), MEGA_ERR_INVALID,
+                     "--norm-epsilon must be at least 1e-30 (got 1e-50)");
+  expect_parse_error(ARGV("--norm-epsilon", "1e300"), MEGA_ERR_INVALID,
+                     "--norm-epsilon must be at most 1e+30 (got 1e+300)");
+  expect_parse_error(ARGV("--init-method-std", "1e300"), MEGA_ERR_INVALID,
+                     "--init-method-std must be at most 1e+30 (got 1e+300)");
   expect_parse_error(ARGV("--adam-beta2=-0.5"), MEGA_ERR_INVALID, "--adam-beta2 must be at least 0 (got -0.5)");
   expect_parse_error(ARGV("--adam-eps", "0"), MEGA_ERR_INVALID, "--adam-eps must be greater than 0 (got 0)");
   expect_parse_error(ARGV("--init-method-std", "0"), MEGA_ERR_INVALID,

@@ -129,6 +129,12 @@ static void test_check_errors(void **state) {
                      "--lr-warmup-iters 10 must be less than the decay iterations 10");
   expect_check_error(ARGV("--lr-warmup-iters", "10", "--lr-decay-iters", "5"), 1, -1,
                      "--lr-warmup-iters 10 must be less than the decay iterations 5");
+  expect_check_error(ARGV("--tokenizer-type", "NullTokenizer", "--vocab-size", "20000000"), 1, -1,
+                     "--vocab-size 20000000 pads to 20000128 rows, more than the 16777216");
+  expect_check_error(ARGV("--normalization", "RMSNorm", "--swiglu", "--position-embedding-type",
+                          "rope", "--kv-channels", "4096", "--num-attention-heads", "2048",
+                          "--hidden-size", "4096"),
+                     1, -1, "--kv-channels 4096 x --num-attention-heads 2048 is larger than");
   expect_check_error(ARGV("--save-interval", "5"), 1, -1, "--save-interval needs --save DIR");
   expect_check_error(ARGV("--save-initial"), 1, -1, "--save-initial needs --save DIR");
   expect_check_error(ARGV("--async-save"), 1, -1, "--async-save needs --save DIR");
@@ -199,7 +205,7 @@ static void test_check_errors(void **state) {
   expect_check_error(ARGV("--no-optimizer-shard-copy"), 2, -1,
                      "--no-optimizer-shard-copy needs --use-distributed-optimizer");
   expect_check_error(ARGV("--pipeline-model-parallel-size", "3"), 3, -1,
-                     "invalid job: num-layers 4 is not divisible by the pipeline size PP = 3");
+                     "invalid job: --num-layers 4 is not divisible by the pipeline size PP = 3");
   expect_check_error(ARGV("--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
                           "4"),
                      2, -1, "pipeline rank 0's 2 layers are not divisible by the virtual pipeline size VP = 4");

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,13 @@ static void test_greedy_is_argmax_of_a_forward(void **state) {
   assert_int_equal(mega_gen_run(&m, big, 1, &o, out, &n, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "prompt token 0 is 256, outside the ids 0..255"));
   assert_int_equal(mega_gen_run(&m, prompt, 0, &o, out, &n, &err), MEGA_ERR_INVALID);
+
+  /* a weight that is not finite: an error, not tokens picked from NaNs */
+  float *p = mega_gpt_param_data(m.stage), nan = NAN; /* the cpu backend's: host memory */
+  memcpy(p, &nan, sizeof nan);
+  assert_int_equal(mega_gen_run(&m, prompt, 3, &o, out, &n, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "NaN logit") && !strstr(err.msg, "infinite logit")) fail_msg("%s", err.msg);
+  assert_int_equal(n, 0);
   mega_gen_free(&m);
 }
 
@@ -151,6 +159,12 @@ static void test_program(void **state) {
   assert_non_null(fgets(line, sizeof line, p));
   assert_int_equal(WEXITSTATUS(pclose(p)), 2);
   assert_non_null(strstr(line, "megaw generate: --top-k: 'x' is not a whole number >= 0"));
+  /* greedy: a k or a seed would change nothing, so they are refused */
+  snprintf(cmd, sizeof cmd, "%s generate --load %s --prompt hi --top-k 5 2>&1", megaw, dir);
+  p = popen(cmd, "r");
+  assert_non_null(fgets(line, sizeof line, p));
+  assert_int_equal(WEXITSTATUS(pclose(p)), 2);
+  assert_non_null(strstr(line, "--top-k samples, so it needs --temperature above 0"));
 }
 
 int main(int argc, char **argv) {
