@@ -265,7 +265,7 @@ mega_status mega_layout_uniform(int num_layers, int pp, int vp, int first, int l
                                 mega_layout *out, mega_err *err) {
   memset(out, 0, sizeof *out);
   if (num_layers < 1)
-    return mega_fail(err, MEGA_ERR_INVALID, "num-layers must be at least 1 (got %d)", num_layers);
+    return mega_fail(err, MEGA_ERR_INVALID, "--num-layers must be at least 1 (got %d)", num_layers);
   if (pp < 1)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "pipeline-parallel size (PP) must be at least 1 (got %d)", pp);
@@ -287,20 +287,20 @@ mega_status mega_layout_uniform(int num_layers, int pp, int vp, int first, int l
   if (rest < 0)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "the first and last pipeline ranks take %lld layers, more than "
-                     "num-layers %d",
+                     "--num-layers %d",
                      given, num_layers);
   if (others == 0 && rest != 0)
     return mega_fail(err, MEGA_ERR_INVALID,
-                     "num-layers %d minus first %d and last %d leaves %lld layers, but PP = %d "
+                     "--num-layers %d minus first %d and last %d leaves %lld layers, but PP = %d "
                      "has no other pipeline rank to hold them",
                      num_layers, first, last, rest, pp);
   if (others > 0 && rest % others != 0) {
     if (first < 0 && last < 0)
       return mega_fail(err, MEGA_ERR_INVALID,
-                       "num-layers %d is not divisible by the pipeline size PP = %d", num_layers,
+                       "--num-layers %d is not divisible by the pipeline size PP = %d", num_layers,
                        pp);
     return mega_fail(err, MEGA_ERR_INVALID,
-                     "num-layers %d minus the first/last pipeline ranks' %lld leaves %lld "
+                     "--num-layers %d minus the first/last pipeline ranks' %lld leaves %lld "
                      "layers, which are not divisible by the %d other pipeline ranks",
                      num_layers, given, rest, others);
   }
@@ -325,7 +325,7 @@ mega_status mega_layout_uniform(int num_layers, int pp, int vp, int first, int l
     else
       st = mega_fail(err, MEGA_ERR_INVALID,
                      "pipeline rank %d's %d layers are not divisible by the virtual pipeline "
-                     "size VP = %d (num-layers %d over PP = %d)",
+                     "size VP = %d (--num-layers %d over PP = %d)",
                      r, per_rank[r], vp, num_layers, pp);
     free(per_rank);
     return st;

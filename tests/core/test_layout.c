@@ -315,7 +315,7 @@ static void test_uniform_errors(void **state) {
                        "--decoder-last-pipeline-num-layers 3 is not divisible by the virtual pipeline size VP = 2");
   expect_uniform_error(10, 4, 1, 1, 2,
                        "num-layers 10 minus the first/last pipeline ranks' 3 leaves 7 layers, which are not divisible by the 2 other pipeline ranks");
-  expect_uniform_error(4, 3, 1, 3, 2, "take 5 layers, more than num-layers 4");
+  expect_uniform_error(4, 3, 1, 3, 2, "take 5 layers, more than --num-layers 4");
   expect_uniform_error(8, 2, 1, 3, 3, "num-layers 8 minus first 3 and last 3 leaves 2 layers, but PP = 2 has no other pipeline rank");
   expect_uniform_error(8, 1, 1, 3, -1, "--decoder-first-pipeline-num-layers needs a pipeline (PP > 1)");
   expect_uniform_error(8, 1, 1, -1, 8, "--decoder-last-pipeline-num-layers needs a pipeline");

@@ -187,9 +187,14 @@ mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
       {iters ? "--lr-wsd-decay-iters" : "--lr-wsd-decay-samples", saved->wsd_decay,
        mine->wsd_decay, per},
   };
+  const char *from = "";
   for (size_t i = 0; !flag && i < sizeof nums / sizeof nums[0]; i++)
     if (nums[i].a != nums[i].b) {
       flag = nums[i].flag;
+      /* a decay length not given is the training length: say which */
+      if (i == 4 && job && (iters ? job->lr_decay_iters <= 0 : job->lr_decay_samples <= 0))
+        from = iters ? " (its --train-iters: --lr-decay-iters defaults to it)"
+                     : " (its --train-samples: --lr-decay-samples defaults to it)";
       snprintf(a, sizeof a, "%.10g", nums[i].a / nums[i].per);
       snprintf(b, sizeof b, "%.10g", nums[i].b / nums[i].per);
     }
@@ -204,10 +209,10 @@ mega_status mega_ckpt_check_sched(const char *path, const mega_lr_sched *saved,
   }
   if (!flag) return MEGA_OK;
   return mega_fail(err, MEGA_ERR_INVALID,
-                   "checkpoint %s was saved with %s %s, but this job has %s; resume with the "
+                   "checkpoint %s was saved with %s %s, but this job has %s%s; resume with the "
                    "same LR schedule, or add --override-opt_param-scheduler (use this job's) or "
                    "--use-checkpoint-opt_param-scheduler (use the checkpoint's)",
-                   path, flag, a, b);
+                   path, flag, a, b, from);
 }
 
 static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckpt_state *state,

@@ -220,18 +220,32 @@ mega_status mega_ckpt_check_config(const char *dir, const mega_gpt_config *cfg, 
                      dir, MEGA_CKPT_CONFIG_FILE, arch_name[saved.arch], arch_name[cfg->arch]);
   static const field fields[] = {
       {"vocab_size", "vocab_size", "vocabulary size", f_vocab},
-      {"n_positions", "max_position_embeddings", "--max-position-embeddings", f_pos},
+      {"n_positions", "max_position_embeddings",
+       "--max-position-embeddings (by default --seq-length)", f_pos},
       {"n_embd", "hidden_size", "--hidden-size", f_hidden},
       {"n_layer", "num_hidden_layers", "--num-layers", f_layers},
       {"n_head", "num_attention_heads", "--num-attention-heads", f_heads},
       {"n_head", "num_key_value_heads", "--num-query-groups", f_groups},
       {"n_embd / n_head", "head_dim", "--kv-channels", f_hd},
-      {"n_inner", "intermediate_size", "--ffn-hidden-size", f_ffn},
-      {"tie_word_embeddings", "tie_word_embeddings",
-       "tied embeddings (--untie-embeddings-and-output-weights unties)", f_tied},
-      {"biases", "attention_bias", "biases (--disable-bias-linear drops them)", f_bias},
+      {"an MLP width (n_inner; null is 4 x n_embd) of", "intermediate_size", "--ffn-hidden-size",
+       f_ffn},
   };
   bool llama = cfg->arch == MEGA_GPT_ARCH_LLAMA;
+  /* the two yes-or-no fields, said as such */
+  if (f_tied(&saved) != f_tied(cfg))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint config mismatch: %s/%s has %s embeddings (tie_word_embeddings "
+                     "%s), but this job %s",
+                     dir, MEGA_CKPT_CONFIG_FILE, f_tied(&saved) ? "tied" : "untied",
+                     f_tied(&saved) ? "true" : "false",
+                     f_tied(&saved) ? "unties them (--untie-embeddings-and-output-weights)"
+                                    : "ties them (add --untie-embeddings-and-output-weights)");
+  if (f_bias(&saved) != f_bias(cfg))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint config mismatch: %s/%s is a model %s biases, but this job %s",
+                     dir, MEGA_CKPT_CONFIG_FILE, f_bias(&saved) ? "with" : "without",
+                     f_bias(&saved) ? "drops them (--disable-bias-linear)"
+                                    : "has them (add --disable-bias-linear)");
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     long long have = fields[i].get(&saved), want = fields[i].get(cfg);
     if (have == want) continue;

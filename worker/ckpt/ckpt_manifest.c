@@ -90,6 +90,10 @@ mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err) 
   char path[4352];
   snprintf(path, sizeof path, "%s/" MEGA_CKPT_MANIFEST_FILE, dir);
   struct stat sb;
+  if (stat(dir, &sb) != 0)
+    return mega_fail(err, MEGA_ERR_INVALID, "%s: %s", dir,
+                     errno == ENOENT ? "it does not exist" : strerror(errno));
+  if (!S_ISDIR(sb.st_mode)) return mega_fail(err, MEGA_ERR_INVALID, "%s is not a directory", dir);
   if (stat(path, &sb) != 0)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "%s has no " MEGA_CKPT_MANIFEST_FILE " (a save that did not finish, or a "

@@ -194,8 +194,8 @@ mega_status mega_indexed_read(const mega_indexed *x, int64_t seq, int64_t off, i
     if (!(v >= 0 && v < vocab) || v != floor(v))
       return mega_fail(err, MEGA_ERR_INVALID,
                        "%s: token %lld of sequence %lld is %.17g, not a token id of the "
-                       "vocabulary 0..%d (the byte tokenizer has 256 tokens; "
-                       "--tokenizer-type NullTokenizer --vocab-size N allows ids 0..N)",
+                       "vocabulary 0..%d (give the tokenizer the data was made with: "
+                       "--tokenizer-type and its --vocab-size or --vocab-file)",
                        x->bin_path, (long long)(off + k), (long long)seq, v, vocab - 1);
     out[k] = (int32_t)v;
   }
