@@ -205,7 +205,7 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
       free(line);
       json_decref(j);
     }
-  } else {
+  } else if (o->rank == o->world - 1) { /* Megatron's print_rank_last: one line a step */
     print_text(rs, m, tokens_per_s);
   }
   fflush(stdout);
