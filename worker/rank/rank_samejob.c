@@ -64,6 +64,15 @@ static mega_status reused(const mega_rank *r, mega_err *err) {
   return err ? err->status : MEGA_ERR_IO;
 }
 
+/* A rank that never came: most often not started, or given another
+ * directory. */
+static mega_status waited(const mega_rank *r, int rank, mega_err *err) {
+  mega_err_prefix(err, "rank %d waited for rank %d in %s (is it started, with the same "
+                  "--rendezvous-dir and --world-size?)", r->env.rank, rank,
+                  r->env.store_dir ? r->env.store_dir : "the store");
+  return err ? err->status : MEGA_ERR_TIMEOUT;
+}
+
 mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_err *err) {
   int world = r->env.world_size, me = r->env.rank;
   mega_status st = MEGA_OK;
@@ -81,7 +90,7 @@ mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_
     void *theirs = NULL;
     size_t len = 0;
     st = mega_store_get(store, SAMEJOB_GROUP, "job", &theirs, &len, timeout_ms, err);
-    if (st != MEGA_OK) return st;
+    if (st != MEGA_OK) return waited(r, 0, err);
     compare(r->job, me, theirs, len, why, sizeof why);
     free(theirs);
   }
@@ -94,6 +103,7 @@ mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_
     size_t len = 0;
     snprintf(key, sizeof key, "verdict.%d", k);
     st = mega_store_get(store, SAMEJOB_GROUP, key, &v, &len, timeout_ms, err);
+    if (st != MEGA_OK) st = waited(r, k, err);
     if (st == MEGA_OK && !(len == strlen(SAME) && !memcmp(v, SAME, len)))
       st = mega_fail(err, MEGA_ERR_INVALID,
                      "rank %d was started with another job than rank 0: %.*s; every rank of a "
