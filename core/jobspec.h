@@ -194,6 +194,8 @@ typedef struct mega_jobspec {
   bool finetune;     /* --load weights only; iteration 0, fresh optimizer and data order */
   bool no_load_optim; /* --load without the optimizer state (and so the LR scheduler's) */
   bool no_load_rng;  /* accepted; mega's training has no random state to load */
+  bool exit_on_missing_checkpoint; /* --load holding no checkpoint is an error, not a fresh
+                                      start (megad sets it when it resumes a commit) */
   bool override_opt_param_scheduler;       /* --load: this job's LR schedule wins */
   bool use_checkpoint_opt_param_scheduler; /* --load: the checkpoint's LR schedule wins */
   /* stopping early, as Megatron's training loop does: a checkpoint (with

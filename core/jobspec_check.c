@@ -491,6 +491,7 @@ static mega_status check_load_flags(const mega_jobspec *s, mega_err *err) {
       {"--finetune", offsetof(mega_jobspec, finetune)},
       {"--no-load-optim", offsetof(mega_jobspec, no_load_optim)},
       {"--no-load-rng", offsetof(mega_jobspec, no_load_rng)},
+      {"--exit-on-missing-checkpoint", offsetof(mega_jobspec, exit_on_missing_checkpoint)},
       {"--override-opt_param-scheduler", offsetof(mega_jobspec, override_opt_param_scheduler)},
       {"--use-checkpoint-opt_param-scheduler",
        offsetof(mega_jobspec, use_checkpoint_opt_param_scheduler)},

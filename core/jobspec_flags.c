@@ -211,6 +211,10 @@ const flagdef mega_jf_table[] = {
          "Accepted for Megatron compatibility and changes nothing: mega's training has no "
          "random state to load (no dropout, counter-based initialization, data order from "
          "the flags)."),
+    BOOL("--exit-on-missing-checkpoint", exit_on_missing_checkpoint, "checkpoints",
+         "With --load: stop with an error when --load holds no checkpoint (a typo, a "
+         "directory moved or not mounted) instead of starting from fresh weights. megad "
+         "sets it when it restarts or resumes a job from a checkpoint it saw committed."),
     BOOL("--override-opt_param-scheduler", override_opt_param_scheduler, "checkpoints",
          "With --load: use this job's LR schedule (--lr, --min-lr, --lr-warmup-iters, "
          "--lr-decay-iters, --lr-decay-style) where the checkpoint's differs."),

@@ -101,5 +101,8 @@ mega_status mega_recovery_attempt_spec(const mega_job *j, mega_jobspec *out, meg
    * part of a foreign one (a pretrained model) were for the first start */
   out->finetune = false;
   out->no_load_optim = false;
+  /* a commit was recorded there: finding none is an error, never a fresh
+   * start the job would call a resume (an older complete one still loads) */
+  out->exit_on_missing_checkpoint = true;
   return MEGA_OK;
 }

@@ -29,7 +29,8 @@
  *
  * RESTARTING jobs resume from the newest committed checkpoint (or from the
  * start, as the first attempt did, when none was committed yet) as attempt
- * k+1, on as many nodes as the placement finds in the job's range. */
+ * k+1, on as many nodes as the placement finds in the job's range; never
+ * from the start once a checkpoint was committed (attempt_spec, below). */
 #ifndef MEGA_DAEMON_RECOVERY_H
 #define MEGA_DAEMON_RECOVERY_H
 
@@ -84,7 +85,11 @@ bool mega_recovery_should_replan(const mega_job *j, uint32_t now, uint32_t could
  * parsed spec, with --load pointed at --save when a checkpoint there was
  * committed, so the attempt resumes from it whole (--finetune and
  * --no-load-optim, which were for loading the first start's --load, are
- * dropped then). */
+ * dropped then), and with --exit-on-missing-checkpoint: a --save that holds
+ * no checkpoint any more (moved, not mounted on a node) fails the attempt
+ * as a bad job instead of training from iteration 1 under the name of a
+ * resume. A damaged newest checkpoint still falls back to an older
+ * complete one (the worker says which). */
 mega_status mega_recovery_attempt_spec(const mega_job *j, mega_jobspec *out, mega_err *err);
 
 #endif

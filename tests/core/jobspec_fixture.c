@@ -78,7 +78,7 @@ void make_full(mega_jobspec *s) {
                     "0.95", "--adam-eps", "1e-6", "--clip-grad", "0", "--save", "/s",
                     "--save-interval", "3", "--save-initial", "--load", "-weird dir",
                     "--async-save", "--no-replica-recovery",
-                    "--finetune", "--no-load-optim", "--no-load-rng",
+                    "--finetune", "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint",
                     "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
                     "--exit-signal-handler", "--exit-interval", "7",
                     "--exit-duration-in-mins", "30", "--eval-interval", "5", "--eval-iters", "2",

@@ -141,8 +141,9 @@ static void test_check_errors(void **state) {
   /* Megatron's load flags */
   static const char *const load_flags[] = {"--finetune", "--no-load-optim", "--no-load-rng",
                                            "--override-opt_param-scheduler",
-                                           "--use-checkpoint-opt_param-scheduler"};
-  for (size_t i = 0; i < 5; i++) {
+                                           "--use-checkpoint-opt_param-scheduler",
+                                           "--exit-on-missing-checkpoint"};
+  for (size_t i = 0; i < sizeof load_flags / sizeof load_flags[0]; i++) {
     char want[96];
     snprintf(want, sizeof want, "%s needs --load DIR", load_flags[i]);
     char *flag = (char *)load_flags[i];

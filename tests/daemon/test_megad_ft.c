@@ -219,6 +219,84 @@ static void test_damaged_checkpoint_falls_back(void **state) {
   hd_cleanup(&d);
 }
 
+/* ---- the committed checkpoint is gone when a restart needs it (the
+ * directory moved, a node that does not see the shared storage): the
+ * attempt fails and says so, never trains from iteration 1 under the name
+ * of a resume; with the directory back, megactl resume goes on from it ---- */
+
+typedef struct mover {
+  hd *d;
+  const char *ckpt, *moved;
+  bool done;
+} mover;
+
+static void move_then_kill(void *arg, const Mega__V1__WatchJobResponse *it) {
+  mover *m = arg;
+  if (m->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < 22)
+    return;
+  pid_t pids[64];
+  int n = hd_workers(m->d, pids, 64);
+  if (n <= 0) return;
+  for (int i = 0; i < n; i++) kill(pids[i], SIGSTOP);
+  usleep(200 * 1000); /* every write under way has returned */
+  if (rename(m->ckpt, m->moved) != 0) {
+    for (int i = 0; i < n; i++) kill(pids[i], SIGCONT);
+    return;
+  }
+  m->done = true;
+  for (int i = 0; i < n; i++) kill(pids[i], SIGKILL);
+}
+
+static void test_missing_checkpoint_fails_restart(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "m1", 2, NULL, NULL, NULL));
+  char ckpt[256], moved[272];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", d.dir);
+  snprintf(moved, sizeof moved, "%s/ckpt.moved", d.dir);
+  const char *extra[] = {"--save", ckpt, "--save-interval", "10", "--no-replica-recovery", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 40, extra);
+  spec.nproc_per_node = 2;
+  spec.max_restarts = 2;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  mover m = {.d = &d, .ckpt = ckpt, .moved = moved};
+  hd_watch w;
+  hd_watch_job_cb(&d, id, true, 120000, &w, move_then_kill, &m);
+  assert_true(m.done);
+  if (w.final->state != STATE(FAILED)) fprintf(stderr, "events:\n%s", w.events_text);
+  assert_int_equal(w.final->state, STATE(FAILED));
+  assert_non_null(strstr(w.events_text, "restarting from the checkpoint of iteration"));
+  assert_non_null(strstr(w.events_text, "--exit-on-missing-checkpoint"));
+  assert_non_null(strstr(w.final->error, ckpt));
+  /* a bad job: the rest of the budget is not spent on it */
+  assert_int_equal(w.final->restarts, 1);
+  for (int i = 1; i <= HD_MAX_ITERS; i++) assert_true(!w.seen[i] || w.attempt[i] == 0);
+  hd_watch_free(&w);
+  assert_true(hd_node_workers_gone(&d, 5000));
+
+  /* the directory back: resume goes on from its checkpoint, not the start */
+  assert_int_equal(rename(moved, ckpt), 0);
+  Mega__V1__ResumeJobRequest req = MEGA__V1__RESUME_JOB_REQUEST__INIT;
+  req.job_id = id;
+  ProtobufCMessage *resp = NULL;
+  assert_int_equal(mega_rpc_unary(d.ch, &mega_control_resume_job, &req.base, 10000, &resp, &err),
+                   MEGA_OK);
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  hd_watch_job(&d, id, true, 120000, &w);
+  assert_true(hd_succeeded(&d, &w));
+  assert_int_equal(w.last_iteration, 40);
+  assert_int_equal(w.attempt[40], 2);
+  assert_true(w.attempt[1] == 0); /* iteration 1 was never trained again */
+  hd_watch_free(&w);
+  assert_true(hd_node_workers_gone(&d, 5000));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
 /* ---- a rank that hangs (SIGSTOP) is caught by the hang check ---- */
 
 static void test_hung_worker_restarts(void **state) {
@@ -629,6 +707,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_replicas_node_kill_distopt, teardown),
       cmocka_unit_test_teardown(test_replicas_node_kill_tp2, teardown),
       cmocka_unit_test_teardown(test_damaged_checkpoint_falls_back, teardown),
+      cmocka_unit_test_teardown(test_missing_checkpoint_fails_restart, teardown),
       cmocka_unit_test_teardown(test_hung_worker_restarts, teardown),
       cmocka_unit_test_teardown(test_coordinator_restart_resumes, teardown),
       cmocka_unit_test_teardown(test_coordinator_restart_recovers_from_replicas, teardown),

@@ -133,6 +133,7 @@ static void attempt_flags(void **state) {
   mega_jobspec_defaults(&s);
   assert_int_equal(mega_recovery_attempt_spec(j, &s, NULL), MEGA_OK);
   assert_null(s.load);
+  assert_false(s.exit_on_missing_checkpoint); /* nothing committed: a fresh start is right */
   mega_jobspec_free(&s);
   j->ckpt_iteration = 20;
   j->spec.finetune = j->spec.no_load_optim = true; /* started from a pretrained model */
@@ -141,6 +142,9 @@ static void attempt_flags(void **state) {
   assert_string_equal(s.load, "/ck");
   assert_false(s.finetune); /* its own checkpoint resumes whole */
   assert_false(s.no_load_optim);
+  /* a commit was recorded: a --save found empty fails, never starts afresh */
+  assert_true(s.exit_on_missing_checkpoint);
+  assert_false(j->spec.exit_on_missing_checkpoint);
   assert_null(j->spec.load);
   assert_true(j->spec.finetune);
   mega_jobspec_free(&s);

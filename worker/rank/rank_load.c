@@ -54,6 +54,16 @@ mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--finetune starts from a checkpoint's weights, but --load %s holds no "
                      "checkpoint", job->load);
+  /* Under megad a restart from a committed checkpoint sets the flag: a
+   * --load gone (moved, or not mounted on this node) must not quietly
+   * become a run from iteration 1 that the job calls a resume. An older
+   * complete checkpoint there still loads (resolve falls back, and says). */
+  if (st == MEGA_ERR_NOT_FOUND && job->exit_on_missing_checkpoint)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--load %s holds no checkpoint (no %s there, or no such directory), and "
+                     "--exit-on-missing-checkpoint forbids starting from fresh weights; put "
+                     "the checkpoint back where this node sees it, then resume", job->load,
+                     MEGA_CKPT_LATEST_FILE);
   if (st == MEGA_ERR_NOT_FOUND) {
     mega_err_clear(err);
     return MEGA_OK;

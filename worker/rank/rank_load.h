@@ -33,7 +33,7 @@ typedef struct mega_rank_ckpt_loaded {
  * --use-checkpoint-opt_param-scheduler, and is checked against it unless
  * --override-opt_param-scheduler, --finetune or --no-load-optim. A
  * directory with no checkpoint yet is not an error (Megatron starts
- * fresh). */
+ * fresh), unless --exit-on-missing-checkpoint (then MEGA_ERR_INVALID). */
 mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_chunks *c,
                                 mega_optim *o, mega_lr_sched *lr, mega_rank_ckpt_loaded *out,
                                 mega_err *err);
