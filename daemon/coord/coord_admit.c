@@ -137,6 +137,49 @@ static mega_status check_memory(megad_coord *c, const mega_job *j, uint32_t npro
                    act / gib, c->b->node_id, mem / gib);
 }
 
+/* --save need not exist yet (the committing rank makes it at its start),
+ * but its nearest existing ancestor must be a directory this megad can make
+ * directories in: else every attempt fails at its start. access() alone
+ * would pass anything for root (/proc: "rw"), so a directory is made and
+ * removed there; nothing is left behind. As with --data-path, this is the
+ * coordinator's view; the committing rank checks again where it runs. */
+static mega_status check_save_dir(const megad_coord *c, const char *save, mega_err *err) {
+  char p[MEGAD_JOB_ARG_MAX + 1];
+  snprintf(p, sizeof p, "%s", save);
+  struct stat st;
+  for (;;) {
+    if (stat(p, &st) == 0) break;
+    if (errno != ENOENT && errno != ENOTDIR)
+      return mega_fail(err, MEGA_ERR_INVALID, "invalid job: --save %s: cannot look at %s: %s",
+                       save, p, strerror(errno));
+    char *slash = strrchr(p, '/');
+    while (slash && slash > p && slash[1] == '\0') { /* a trailing slash */
+      *slash = '\0';
+      slash = strrchr(p, '/');
+    }
+    if (!slash) snprintf(p, sizeof p, ".");
+    else if (slash == p) p[1] = '\0';
+    else *slash = '\0';
+  }
+  bool self = !strcmp(p, save);
+  if (!S_ISDIR(st.st_mode))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     self ? "invalid job: --save %s is a file; give a directory for the "
+                            "checkpoints%s"
+                          : "invalid job: --save %s lies under %s, which is a file, not a "
+                            "directory; give a --save whose parents are directories",
+                     save, self ? "" : p);
+  char probe[MEGAD_JOB_ARG_MAX + 64];
+  snprintf(probe, sizeof probe, "%s/.megad-save-check-XXXXXX", p);
+  if (!mkdtemp(probe))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "invalid job: --save %s: megad on %s cannot create directories in %s (%s); "
+                     "give a --save in a directory megad's user may write",
+                     save, c->b->node_id, p, strerror(errno));
+  rmdir(probe);
+  return MEGA_OK;
+}
+
 /* What can be checked when a job arrives: its flags, a node count in range
  * giving a valid world, and the files as the coordinator sees them (it runs
  * the first ranks; every node checks again before its ranks start). */
@@ -147,7 +190,6 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
     return mega_fail(err, MEGA_ERR_INVALID, "--nnodes %u:%u: MAX is below MIN", lo, j->nnodes_max);
   mega_status rc = c->o.roots ? megad_roots_check(c->o.roots, s, err) : MEGA_OK;
   if (rc != MEGA_OK) return rc;
-  struct stat st;
   const char *flag, *bad, *why;
   /* PREFIX.bin or PREFIX.idx for PREFIX: refused with the prefix to give
    * (megactl and megad run give the prefix when they see the files);
@@ -159,10 +201,7 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
                      "invalid job: %s %s: %s on node %s (the coordinator; every node of the job "
                      "must see it: a file, or PREFIX.bin and PREFIX.idx)", flag, bad, why,
                      c->b->node_id);
-  if (s->save && stat(s->save, &st) == 0 && !S_ISDIR(st.st_mode))
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "invalid job: --save %s is a file; give a directory for the checkpoints",
-                     s->save);
+  if (s->save && (rc = check_save_dir(c, s->save, err)) != MEGA_OK) return rc;
   uint32_t nproc = coord_nproc(c, j);
   if ((rc = mega_jobspec_check_node(s, (int)nproc, err)) != MEGA_OK) return rc;
   rc = coord_check_world(s, (int)(lo * nproc), err);

@@ -295,6 +295,20 @@ static void test_files_checked_before_ranks_start(void **state) {
   assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--save"));
   assert_non_null(strstr(err.msg, "is a file"));
+  /* --save where no directory can be made: under a file, or in /proc
+   * (root may "write" there, so megad tries) */
+  char under_file[240];
+  snprintf(under_file, sizeof under_file, "%s/ck", file);
+  const char *save_under[] = {"--save", under_file, NULL};
+  hd_tiny_spec(&spec, n1.dir, 2, save_under);
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+  fprintf(stderr, "under a file: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "which is a file"));
+  const char *save_proc[] = {"--save", "/proc/nope/ck", NULL};
+  hd_tiny_spec(&spec, n1.dir, 2, save_proc);
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+  fprintf(stderr, "in /proc: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "cannot create directories in /proc"));
 
   /* at placement: the data file went away while the job waited */
   char data[200];
@@ -325,6 +339,45 @@ static void test_files_checked_before_ranks_start(void **state) {
   hd_cleanup(&n1);
 }
 
+/* ---- a --save that went bad while the job waited fails the job at its
+ * start, once: a restart would meet it again, so none is spent ---- */
+
+static void test_bad_save_is_not_retried(void **state) {
+  (void)state;
+  hd n1, n2;
+  assert_true(hd_start(&n1, "b1", 1, NULL, NULL, NULL));
+  char parent[200], save[220];
+  snprintf(parent, sizeof parent, "%s/runs", n1.dir);
+  snprintf(save, sizeof save, "%s/ck", parent);
+  const char *extra[] = {"--save", save, NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n1.dir, 5, extra);
+  spec.nnodes_min = spec.nnodes_max = 2; /* waits for n2 */
+  spec.nproc_per_node = 1;
+  spec.max_restarts = 3;
+  mega_err err = {0};
+  char id[64];
+  assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+  FILE *f = fopen(parent, "w"); /* now --save lies under a file */
+  assert_non_null(f);
+  fclose(f);
+  assert_true(hd_start(&n2, "b2", 1, n1.addr, NULL, NULL));
+  hd_watch w;
+  hd_watch_job(&n1, id, true, 60000, &w);
+  assert_non_null(w.final);
+  if (w.final->state != STATE(FAILED) || w.final->restarts)
+    fprintf(stderr, "events:\n%s", w.events_text);
+  assert_int_equal(w.final->state, STATE(FAILED));
+  fprintf(stderr, "bad --save at the start: %s\n", w.final->error);
+  assert_non_null(strstr(w.final->error, "cannot create"));
+  assert_int_equal(w.final->restarts, 0);
+  assert_int_equal(w.final->attempt, 0);
+  hd_watch_free(&w);
+
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -340,6 +393,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_damaged_journal_keeps_jobs, teardown),
       cmocka_unit_test_teardown(test_zeroed_journal_is_reported, teardown),
       cmocka_unit_test_teardown(test_files_checked_before_ranks_start, teardown),
+      cmocka_unit_test_teardown(test_bad_save_is_not_retried, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

@@ -120,7 +120,9 @@ mega_status mega_ckpt_clean_temps(const char *save_dir, int *removed, mega_err *
 
 /* Before training: SAVE created (with its parents) and writable, so a bad
  * --save fails at the start and not at the first save, hours in; then
- * mega_ckpt_clean_temps (the same rule: no rank may be writing into it). */
+ * mega_ckpt_clean_temps (the same rule: no rank may be writing into it).
+ * A SAVE no directory can be made at (under a file, not permitted, a
+ * read-only tree) is MEGA_ERR_INVALID, a bad job; a failing disk MEGA_ERR_IO. */
 mega_status mega_ckpt_prepare_save(const char *save_dir, mega_err *err);
 
 /* Checks that the checkpoint directory dir is complete: manifest.json is

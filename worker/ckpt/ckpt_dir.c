@@ -32,6 +32,20 @@ mega_status mega_ckpt_fsync_path(const char *path, mega_err *err) {
   return MEGA_OK;
 }
 
+/* A --save that names a place no directory can be (under a file, in
+ * /proc, a read-only or forbidden tree) is a bad job, which a restart would
+ * meet again (MEGA_ERR_INVALID: megad fails the job at once instead of
+ * spending its restarts); a full or failing disk is an I/O error. */
+static mega_status path_status(int e) {
+  switch (e) {
+  case ENOENT: case ENOTDIR: case EEXIST: case EACCES: case EPERM: case EROFS:
+  case ENAMETOOLONG: case ELOOP:
+    return MEGA_ERR_INVALID;
+  default:
+    return MEGA_ERR_IO;
+  }
+}
+
 static mega_status mkdir_p(const char *path, mega_err *err) {
   char buf[4096];
   if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
@@ -39,15 +53,20 @@ static mega_status mkdir_p(const char *path, mega_err *err) {
   for (char *p = buf + 1; *p; p++) {
     if (*p != '/') continue;
     *p = '\0';
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-      return mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", buf, strerror(errno));
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+      int e = errno;
+      return mega_fail(err, path_status(e), "cannot create %s: %s", buf, strerror(e));
+    }
     *p = '/';
   }
-  if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-    return mega_fail(err, MEGA_ERR_IO, "cannot create --save directory %s: %s", buf, strerror(errno));
+  if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+    int e = errno;
+    return mega_fail(err, path_status(e), "cannot create --save directory %s: %s", buf,
+                     strerror(e));
+  }
   struct stat st;
   if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
-    return mega_fail(err, MEGA_ERR_IO, "--save %s is not a directory", buf);
+    return mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory", buf);
   return MEGA_OK;
 }
 
@@ -67,9 +86,11 @@ static int remove_flat_dir(const char *path) {
 mega_status mega_ckpt_prepare_save(const char *save_dir, mega_err *err) {
   mega_status st = mkdir_p(save_dir, err);
   if (st != MEGA_OK) return st;
-  if (access(save_dir, W_OK | X_OK) != 0)
-    return mega_fail(err, MEGA_ERR_IO, "cannot write into --save directory %s: %s", save_dir,
-                     strerror(errno));
+  if (access(save_dir, W_OK | X_OK) != 0) {
+    int e = errno;
+    return mega_fail(err, path_status(e), "cannot write into --save directory %s: %s", save_dir,
+                     strerror(e));
+  }
   return mega_ckpt_clean_temps(save_dir, NULL, err);
 }
 
