@@ -518,7 +518,10 @@ mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err) {
   if (!j->spec_ok)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "job %s: its flags do not parse in this megad; submit it again", j->id);
-  mega_status s = mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, err);
+  /* a job submitted since on the same --save would share it */
+  mega_status s = coord_save_in_use(c, j, err);
+  if (s != MEGA_OK) return s;
+  s = mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, err);
   if (s != MEGA_OK) return s;
   free(j->error);
   j->error = NULL;

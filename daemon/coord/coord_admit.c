@@ -10,6 +10,7 @@
 
 #include "core/jobspec.h"
 #include "daemon/coord/coord_internal.h"
+#include "daemon/model/roots.h"
 #include "daemon/model/util.h"
 
 /* Control characters reach terminals raw (escape sequences); a name is an
@@ -180,6 +181,35 @@ static mega_status check_save_dir(const megad_coord *c, const char *save, mega_e
   return MEGA_OK;
 }
 
+/* Two live jobs on one --save overwrite each other's checkpoints, and one's
+ * start-up clean-up removes the other's saves in progress: a --save that a
+ * job of this megad which has not ended uses is refused (after resolving
+ * both, so ./ck and /abs/ck are one directory). An ended job's is free: a
+ * new job resuming from what it saved is the normal use. j itself (a
+ * resume) is skipped. */
+mega_status coord_save_in_use(const megad_coord *c, const mega_job *j, mega_err *err) {
+  if (!j->spec.save) return MEGA_OK;
+  char *mine = megad_path_resolve(j->spec.save);
+  const char *a = mine ? mine : j->spec.save;
+  mega_status rc = MEGA_OK;
+  for (size_t i = 0; i < c->jobs->t.n && rc == MEGA_OK; i++) {
+    const mega_job *o = c->jobs->t.v[i];
+    if (o == j || !strcmp(o->id, j->id) || !o->spec.save || mega_job_state_final(o->state))
+      continue;
+    char *theirs = megad_path_resolve(o->spec.save);
+    if (!strcmp(a, theirs ? theirs : o->spec.save))
+      rc = mega_fail(err, MEGA_ERR_INVALID,
+                     "invalid job: --save %s is the checkpoint directory of job %s%s%s (%s), "
+                     "which has not ended; two jobs saving there would overwrite each other's "
+                     "checkpoints: give another --save, or cancel %s first",
+                     j->spec.save, o->id, o->name && o->name[0] ? " " : "", o->name ? o->name : "",
+                     mega_job_state_name(o->state), o->id);
+    free(theirs);
+  }
+  free(mine);
+  return rc;
+}
+
 /* What can be checked when a job arrives: its flags, a node count in range
  * giving a valid world, and the files as the coordinator sees them (it runs
  * the first ranks; every node checks again before its ranks start). */
@@ -201,7 +231,9 @@ mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err) {
                      "invalid job: %s %s: %s on node %s (the coordinator; every node of the job "
                      "must see it: a file, or PREFIX.bin and PREFIX.idx)", flag, bad, why,
                      c->b->node_id);
-  if (s->save && (rc = check_save_dir(c, s->save, err)) != MEGA_OK) return rc;
+  if (s->save && ((rc = check_save_dir(c, s->save, err)) != MEGA_OK ||
+                  (rc = coord_save_in_use(c, j, err)) != MEGA_OK))
+    return rc;
   uint32_t nproc = coord_nproc(c, j);
   if ((rc = mega_jobspec_check_node(s, (int)nproc, err)) != MEGA_OK) return rc;
   rc = coord_check_world(s, (int)(lo * nproc), err);

@@ -101,6 +101,9 @@ void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const cha
 #define MEGAD_RESTARTS_MAX 10000
 mega_status coord_check_msg(const megad_coord *c, const Mega__V1__JobSpec *spec, mega_err *err);
 mega_status coord_admit(megad_coord *c, const mega_job *j, mega_err *err);
+/* MEGA_ERR_INVALID naming the other job when j's --save is that of another
+ * job of this node that has not ended (submit, and megactl resume). */
+mega_status coord_save_in_use(const megad_coord *c, const mega_job *j, mega_err *err);
 
 /* coord_queue.c: the queue of waiting jobs. add puts j in submission order
  * (a restarting job goes before the younger ones); remove takes it out. */

@@ -107,6 +107,30 @@ static char *resolve(const char *path, bool may_not_exist) {
   return out;
 }
 
+/* The part still to be made may be spelled "a//b/./c/": one spelling. */
+static void tidy(char *p) {
+  char *w = p;
+  for (const char *r = p; *r;) {
+    while (*r == '/') r++;
+    size_t k = strcspn(r, "/");
+    if (k == 0) break;
+    if (!(k == 1 && r[0] == '.')) {
+      *w++ = '/';
+      memmove(w, r, k);
+      w += k;
+    }
+    r += k;
+  }
+  if (w == p) *w++ = '/';
+  *w = '\0';
+}
+
+char *megad_path_resolve(const char *path) {
+  char *real = resolve(path, true);
+  if (real) tidy(real);
+  return real;
+}
+
 static void list_roots(char *buf, size_t len, char *const *a, size_t na, char *const *b,
                        size_t nb) {
   size_t off = 0;

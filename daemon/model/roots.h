@@ -35,4 +35,11 @@ void megad_roots_free(megad_roots *r);
  * outside them. */
 mega_status megad_roots_check(const megad_roots *r, const mega_jobspec *s, mega_err *err);
 
+/* path as the roots see it (malloc'd): absolute, symlinks and `..`
+ * followed; a path that does not exist yet is its nearest existing
+ * ancestor resolved plus the rest (which may hold no `..`). NULL with errno
+ * when it cannot be resolved (EACCES: a `..` in the rest). Two jobs'
+ * --save compare equal this way however each spelled it. */
+char *megad_path_resolve(const char *path);
+
 #endif

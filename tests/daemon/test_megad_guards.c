@@ -374,8 +374,64 @@ static void test_bad_save_is_not_retried(void **state) {
   assert_int_equal(w.final->attempt, 0);
   hd_watch_free(&w);
 
+  /* its --save, free now that it ended, goes to a new job; resuming the
+   * failed one while that job has not ended is refused, naming it */
+  assert_int_equal(unlink(parent), 0);
   hd_cleanup(&n2);
+  hd_tiny_spec(&spec, n1.dir, 5, extra);
+  spec.nnodes_min = spec.nnodes_max = 2; /* n2 is gone: it never runs */
+  spec.nproc_per_node = 1;
+  char id2[64];
+  if (hd_submit(&n1, &spec, id2, sizeof id2, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  Mega__V1__ResumeJobRequest req = MEGA__V1__RESUME_JOB_REQUEST__INIT;
+  req.job_id = id;
+  ProtobufCMessage *resp = NULL;
+  assert_int_equal(mega_rpc_unary(n1.ch, &mega_control_resume_job, &req.base, 10000, &resp, &err),
+                   MEGA_ERR_INVALID);
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  fprintf(stderr, "resume on a taken --save: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, id2));
   hd_cleanup(&n1);
+}
+
+/* ---- two jobs that have not ended may not share a --save; an ended
+ * job's is free again ---- */
+
+static void test_one_live_job_per_save(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "s1", 1, NULL, NULL, NULL));
+  char save[200], other[240];
+  snprintf(save, sizeof save, "%s/ck", d.dir);
+  /* the same directory spelled another way, not made yet */
+  snprintf(other, sizeof other, "%s/./ck/", d.dir);
+  const char *a_flags[] = {"--save", save, NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 5, a_flags);
+  spec.nnodes_min = 2; /* waits for a second node: nothing runs */
+  mega_err err = {0};
+  char a[64], b[64];
+  assert_int_equal(hd_submit(&d, &spec, a, sizeof a, &err), MEGA_OK);
+  const char *b_flags[] = {"--save", other, NULL};
+  hd_tiny_spec(&spec, d.dir, 5, b_flags);
+  spec.nnodes_min = 2;
+  assert_int_equal(hd_submit(&d, &spec, b, sizeof b, &err), MEGA_ERR_INVALID);
+  fprintf(stderr, "shared --save: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, a));
+  assert_non_null(strstr(err.msg, "has not ended"));
+  /* a --save of its own is fine */
+  char mine[220];
+  snprintf(mine, sizeof mine, "%s/ck2", d.dir);
+  const char *c_flags[] = {"--save", mine, NULL};
+  hd_tiny_spec(&spec, d.dir, 5, c_flags);
+  spec.nnodes_min = 2;
+  assert_int_equal(hd_submit(&d, &spec, b, sizeof b, &err), MEGA_OK);
+  /* a ended, its --save is free for the job that goes on from it */
+  assert_int_equal(hd_cancel(&d, a, "test", &err), MEGA_OK);
+  hd_tiny_spec(&spec, d.dir, 5, b_flags);
+  spec.nnodes_min = 2;
+  assert_int_equal(hd_submit(&d, &spec, b, sizeof b, &err), MEGA_OK);
+  hd_cleanup(&d);
 }
 
 static int teardown(void **state) {
@@ -394,6 +450,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_zeroed_journal_is_reported, teardown),
       cmocka_unit_test_teardown(test_files_checked_before_ranks_start, teardown),
       cmocka_unit_test_teardown(test_bad_save_is_not_retried, teardown),
+      cmocka_unit_test_teardown(test_one_live_job_per_save, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
