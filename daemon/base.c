@@ -114,6 +114,33 @@ static mega_status lock_state_dir(megad_base *b, mega_err *err) {
   return MEGA_OK;
 }
 
+/* The journal and logs say what jobs ran and hold their flags: megad's
+ * directory is made private. Only its own, though: a file is refused before
+ * anything is changed, and so is a directory others share (world-writable
+ * or sticky, like /tmp), whose mode is not megad's to take away. */
+static mega_status private_state_dir(megad_base *b, const char *given, mega_err *err) {
+  struct stat st;
+  if (stat(b->state_dir, &st) != 0)
+    return mega_fail(err, MEGA_ERR_IO, "cannot look at the state directory %s: %s", given,
+                     strerror(errno));
+  unsigned mode = (unsigned)(st.st_mode & 07777);
+  if (!S_ISDIR(st.st_mode))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--state-dir %s is not a directory; give a directory of megad's own (it is "
+                     "made if missing)", given);
+  if ((st.st_mode & S_ISVTX) || (st.st_mode & S_IWOTH))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--state-dir %s is a shared directory (mode %04o: %s), and megad makes its "
+                     "state directory private; give a directory of its own, such as %s/megad "
+                     "(it is made if missing)",
+                     given, mode, st.st_mode & S_ISVTX ? "sticky, like /tmp" : "anyone may write",
+                     b->state_dir);
+  if ((st.st_mode & 077) && st.st_uid == geteuid() && chmod(b->state_dir, mode & 07700) == 0)
+    megad_log(b, "made the state directory %s private (mode %04o, was %04o)", b->state_dir,
+              mode & 07700, mode);
+  return MEGA_OK;
+}
+
 mega_status megad_base_init(megad_base *b, uv_loop_t *loop, const char *node_id,
                             const char *state_dir, bool quiet, mega_err *err) {
   memset(b, 0, sizeof *b);
@@ -125,14 +152,8 @@ mega_status megad_base_init(megad_base *b, uv_loop_t *loop, const char *node_id,
   if (!b->state_dir && (mkdir_p(state_dir) || !(b->state_dir = realpath(state_dir, NULL))))
     return mega_fail(err, MEGA_ERR_IO, "cannot create the state directory %s: %s", state_dir,
                      strerror(errno));
-  /* the journal and logs say what jobs ran and hold their flags: private */
-  struct stat st;
-  if (stat(b->state_dir, &st) == 0 && (st.st_mode & 077) && st.st_uid == geteuid()) {
-    if (chmod(b->state_dir, st.st_mode & 0700) == 0)
-      megad_log(b, "made the state directory %s private (mode %03o, was %03o)", b->state_dir,
-                (unsigned)(st.st_mode & 0700), (unsigned)(st.st_mode & 0777));
-  }
-  mega_status s = lock_state_dir(b, err);
+  mega_status s = private_state_dir(b, state_dir, err);
+  if (s == MEGA_OK) s = lock_state_dir(b, err);
   if (s == MEGA_OK) s = mega_rpc_cq_new(loop, &b->cq, err);
   return s;
 }

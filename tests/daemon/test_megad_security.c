@@ -165,6 +165,52 @@ static void test_refused_at_start(void **state) {
   hd_rmdir(dir);
 }
 
+/* ---- the state dir: megad makes its own private, and leaves a file or a
+ * directory others share (like /tmp) as it found it, refusing to start ---- */
+
+static void test_state_dir_is_its_own(void **state) {
+  (void)state;
+  char dir[64], path[128], args[512], out[4096];
+  struct stat st;
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/afile", dir);
+  write_file(path, "x\n", 0644);
+  snprintf(args, sizeof args, "--listen 127.0.0.1:0 --state-dir %s", path);
+  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  fprintf(stderr, "a file: %s", out);
+  assert_non_null(strstr(out, "is not a directory"));
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_mode & 07777, 0644);
+
+  static const unsigned shared[] = {01777, 0777, 01755};
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/shared%d", dir, i);
+    assert_int_equal(mkdir(path, 0700), 0);
+    assert_int_equal(chmod(path, shared[i]), 0);
+    snprintf(args, sizeof args, "--listen 127.0.0.1:0 --state-dir %s", path);
+    assert_int_equal(megad_exits(out, sizeof out, args), 2);
+    fprintf(stderr, "mode %04o: %s", shared[i], out);
+    assert_non_null(strstr(out, "is a shared directory"));
+    char mode[16];
+    snprintf(mode, sizeof mode, "mode %04o", shared[i]);
+    assert_non_null(strstr(out, mode));
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, shared[i]);
+  }
+
+  /* its own: made private, and the log says what the mode was */
+  snprintf(path, sizeof path, "%s/own", dir);
+  assert_int_equal(mkdir(path, 0700), 0);
+  assert_int_equal(chmod(path, 02755), 0);
+  hd d;
+  assert_true(hd_start(&d, "s1", 1, NULL, path, NULL));
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0700);
+  assert_true(hd_log_has(&d, "(mode 2700, was 2755)"));
+  hd_cleanup(&d);
+  hd_rmdir(dir);
+}
+
 /* ---- TLS, and mutual TLS between megads ---- */
 
 static bool make_certs(const char *dir) {
@@ -604,6 +650,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_token_guards_every_call, teardown),
       cmocka_unit_test_teardown(test_refused_at_start, teardown),
+      cmocka_unit_test_teardown(test_state_dir_is_its_own, teardown),
       cmocka_unit_test_teardown(test_tls_and_client_certificates, teardown),
       cmocka_unit_test_teardown(test_path_roots, teardown),
       cmocka_unit_test_teardown(test_bounded_input, teardown),
