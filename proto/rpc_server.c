@@ -557,7 +557,15 @@ static mega_status probe_listen(const char *addr, mega_err *err) {
   }
   char host[256], port[32];
   const char *colon = strrchr(addr, ':');
-  if (!colon) return MEGA_OK; /* gRPC will say */
+  /* gRPC takes a host alone as port 443 (https's): say instead. A bare
+   * IPv6 address ("::1") has colons but no port either. */
+  const char *bracket = strchr(addr, ']');
+  bool bare_v6 = colon && addr[0] != '[' && memchr(addr, ':', (size_t)(colon - addr));
+  if (!colon || (bracket && colon < bracket) || bare_v6)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "cannot listen on %s: give HOST:PORT, such as %s%s%s:7070 (megactl's "
+                     "default port; 0 picks a free one)",
+                     addr, bare_v6 ? "[" : "", addr, bare_v6 ? "]" : "");
   if (strlen(colon + 1) >= sizeof port)
     return mega_fail(err, MEGA_ERR_INVALID, "cannot listen on %s: the port is not a number in "
                      "0..65535", addr);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
 
 #include <microhttpd.h>
 
@@ -392,8 +393,12 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
     free_http(h);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   }
+  /* the address is MHD_OPTION_SOCK_ADDR's; MHD's messages name the port
+   * argument ("Failed to bind to port 0"), so it gets the real one */
+  uint16_t port = ntohs(v6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                           : ((struct sockaddr_in *)&sa)->sin_port);
   h->d = MHD_start_daemon(
-      MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME | (v6 ? MHD_USE_IPv6 : 0), 0,
+      MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME | (v6 ? MHD_USE_IPv6 : 0), port,
       NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
       MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->conn_limit ? o->conn_limit : 64),

@@ -160,6 +160,10 @@ mega_status megad_metrics_start(megad_services *sv, const char *addr, const char
     return mega_fail(err, e.status, "--metrics-listen: %s", e.msg);
   }
   sv->http = ms;
+  /* with port 0 the log is the only place that says which one */
+  const char *colon = strrchr(addr, ':');
+  megad_log(sv->b, "serving /metrics and the web view on %.*s:%u", (int)(colon - addr), addr,
+            megad_http_port(ms->http));
   return MEGA_OK;
 }
 

@@ -7,10 +7,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -162,6 +165,57 @@ static void test_refused_at_start(void **state) {
   snprintf(args, sizeof args, "--listen 127.0.0.1:0 --token-file %s --state-dir %s/s", tok, dir);
   assert_int_equal(megad_exits(out, sizeof out, args), 2);
   assert_non_null(strstr(out, "shorter than 16 characters"));
+  hd_rmdir(dir);
+}
+
+/* ---- listen addresses: a host alone is refused (gRPC would take 443),
+ * a busy --metrics-listen names its port, and port 0's choice is logged ---- */
+
+static void test_listen_addresses(void **state) {
+  (void)state;
+  char dir[64], args[512], out[4096];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(args, sizeof args, "--listen 127.0.0.1 --state-dir %s/s", dir);
+  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  fprintf(stderr, "no port: %s", out);
+  assert_non_null(strstr(out, "give HOST:PORT, such as 127.0.0.1:7070"));
+
+  int busy = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sa;
+  assert_int_equal(bind(busy, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(busy, 1), 0);
+  assert_int_equal(getsockname(busy, (struct sockaddr *)&sa, &sl), 0);
+  int port = ntohs(sa.sin_port);
+  snprintf(args, sizeof args, "--listen 127.0.0.1:0 --metrics-listen 127.0.0.1:%d --state-dir %s/s",
+           port, dir);
+  assert_int_not_equal(megad_exits(out, sizeof out, args), 0);
+  fprintf(stderr, "busy: %s", out);
+  char want[64];
+  snprintf(want, sizeof want, "port %d", port);
+  assert_non_null(strstr(out, want));
+  assert_null(strstr(out, "port 0"));
+  close(busy);
+
+  const char *extra[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+  hd d;
+  assert_true(hd_start(&d, "l1", 1, NULL, NULL, extra));
+  const char *line = "serving /metrics and the web view on 127.0.0.1:";
+  assert_true(hd_wait_log(&d, line, 5000));
+  FILE *f = fopen(d.log, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  fclose(f);
+  out[n] = '\0';
+  const char *at = strstr(out, line);
+  assert_non_null(at);
+  int chosen = atoi(at + strlen(line));
+  assert_true(chosen > 0);
+  char *page = hd_http_get(chosen, "/healthz", NULL);
+  assert_non_null(page);
+  assert_non_null(strstr(page, " 200 "));
+  free(page);
+  hd_cleanup(&d);
   hd_rmdir(dir);
 }
 
@@ -651,6 +705,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_token_guards_every_call, teardown),
       cmocka_unit_test_teardown(test_refused_at_start, teardown),
       cmocka_unit_test_teardown(test_state_dir_is_its_own, teardown),
+      cmocka_unit_test_teardown(test_listen_addresses, teardown),
       cmocka_unit_test_teardown(test_tls_and_client_certificates, teardown),
       cmocka_unit_test_teardown(test_path_roots, teardown),
       cmocka_unit_test_teardown(test_bounded_input, teardown),

@@ -411,6 +411,28 @@ static void test_second_server_same_port(void **state) {
   free(id);
 }
 
+/* A host without a port is refused (gRPC would listen on 443), and so is
+ * an IPv6 address without brackets and a port. */
+static void test_listen_needs_a_port(void **state) {
+  (void)state;
+  static const char *const bad[] = {"127.0.0.1", "localhost", "[::1]", "::1"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    client_loop cl;
+    cl_open(&cl);
+    mega_rpc_server *srv;
+    mega_err err;
+    assert_int_equal(mega_rpc_server_new(cl.cq, NULL, &srv, &err), MEGA_OK);
+    int port = -1;
+    assert_int_equal(mega_rpc_server_listen(srv, bad[i], &port, &err), MEGA_ERR_INVALID);
+    assert_int_equal(port, 0);
+    if (!strstr(err.msg, "give HOST:PORT")) fail_msg("%s: %s", bad[i], err.msg);
+    int done = 0;
+    mega_rpc_server_shutdown(srv, 0, flag_done, &done);
+    cl_run_until(&cl, &done, 1);
+    cl_close(&cl);
+  }
+}
+
 static void test_unix_socket(void **state) {
   (void)state;
   char addr[128];
@@ -485,6 +507,7 @@ int main(void) {
       cmocka_unit_test(test_connection_refused),
       cmocka_unit_test(test_unreachable_sentences),
       cmocka_unit_test(test_second_server_same_port),
+      cmocka_unit_test(test_listen_needs_a_port),
       cmocka_unit_test(test_unix_socket),
       cmocka_unit_test(test_garbage_bytes_server_survives),
   };
