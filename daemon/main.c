@@ -16,7 +16,9 @@
  * stopped early as asked after its checkpoint: core/exitcode.h).
  *
  * SIGTERM asks jobs with --exit-signal-handler to save and stop first
- * (megad_stop_saving); a second signal, or SIGINT, stops at once. */
+ * (megad_stop_saving); a second signal, or SIGINT, stops at once. SIGUSR1
+ * and SIGUSR2 (a scheduler's warning, a stray kill) are logged and change
+ * nothing, where their default action would end megad without a word. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -39,7 +41,7 @@
 typedef struct app {
   uv_loop_t loop;
   megad d;
-  uv_signal_t sigint, sigterm;
+  uv_signal_t sigint, sigterm, sigusr1, sigusr2;
   bool started, json;
   int exit_code;
   /* run */
@@ -174,6 +176,17 @@ static void stopped(void *arg) {
   app *a = arg;
   uv_close((uv_handle_t *)&a->sigint, NULL);
   uv_close((uv_handle_t *)&a->sigterm, NULL);
+  uv_close((uv_handle_t *)&a->sigusr1, NULL);
+  uv_close((uv_handle_t *)&a->sigusr2, NULL);
+}
+
+/* Caught rather than ignored: workers start with the default action, as
+ * an ignored signal would be inherited across exec. */
+static void on_user_signal(uv_signal_t *h, int sig) {
+  app *a = h->data;
+  megad_warn(&a->d.base, "got %s; megad does nothing on it (SIGTERM stops it, saving the jobs "
+             "that have --exit-signal-handler; SIGINT stops it at once)",
+             sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2");
 }
 
 /* SIGTERM: what megad was told, for the record of a job that stops on it. */
@@ -225,9 +238,13 @@ static int start(app *a, const megad_opts *o) {
   a->started = true;
   uv_signal_init(&a->loop, &a->sigint);
   uv_signal_init(&a->loop, &a->sigterm);
-  a->sigint.data = a->sigterm.data = a;
+  uv_signal_init(&a->loop, &a->sigusr1);
+  uv_signal_init(&a->loop, &a->sigusr2);
+  a->sigint.data = a->sigterm.data = a->sigusr1.data = a->sigusr2.data = a;
   uv_signal_start(&a->sigint, on_signal, SIGINT);
   uv_signal_start(&a->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&a->sigusr1, on_user_signal, SIGUSR1);
+  uv_signal_start(&a->sigusr2, on_user_signal, SIGUSR2);
   return 0;
 }
 

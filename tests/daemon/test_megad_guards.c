@@ -434,6 +434,28 @@ static void test_one_live_job_per_save(void **state) {
   hd_cleanup(&d);
 }
 
+/* ---- SIGUSR1 and SIGUSR2 (a scheduler's warning, a stray kill) are
+ * logged and change nothing; their default action ended megad silently ---- */
+
+static void test_user_signals_are_logged(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "u1", 1, NULL, NULL, NULL));
+  static const int sigs[] = {SIGUSR2, SIGUSR1};
+  static const char *const names[] = {"got SIGUSR2", "got SIGUSR1"};
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(kill(d.pid, sigs[i]), 0);
+    assert_true(hd_wait_log(&d, names[i], 5000));
+    assert_true(hd_pid_alive(d.pid));
+  }
+  mega_err err = {0};
+  Mega__V1__ListNodesResponse *r = hd_list_nodes(&d, &err);
+  assert_non_null(r); /* still serving */
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -451,6 +473,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_files_checked_before_ranks_start, teardown),
       cmocka_unit_test_teardown(test_bad_save_is_not_retried, teardown),
       cmocka_unit_test_teardown(test_one_live_job_per_save, teardown),
+      cmocka_unit_test_teardown(test_user_signals_are_logged, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
