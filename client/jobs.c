@@ -255,8 +255,12 @@ int megactl_status(int argc, char **argv) {
 
 /* ---------------------------------------------------------------- ls */
 
+/* Index k is Mega__V1__JobState k. */
 static const char *const state_names[] = {"", "pending", "running", "succeeded", "failed",
-                                          "cancelled", "restarting"};
+                                          "cancelled", "restarting", "stopped"};
+_Static_assert(MEGA__V1__JOB_STATE__JOB_STATE_STOPPED == 7 &&
+                   sizeof state_names / sizeof *state_names == 8,
+               "ls --state names every job state");
 
 typedef struct ls_opts {
   Mega__V1__JobState states[16];
@@ -278,7 +282,7 @@ static int ls_extra(const char *cmd, int argc, char **argv, int *i, void *ctx) {
       if (k == sizeof state_names / sizeof *state_names) {
         megactl_usage(cmd,
                       "--state: '%s' is not a job state (pending, running, succeeded, failed, "
-                      "cancelled, restarting)",
+                      "cancelled, restarting, stopped)",
                       w);
         return -1;
       }
@@ -308,7 +312,7 @@ int megactl_ls(int argc, char **argv) {
            "not answer in 2 s is named on stderr). A state with '?' is a copy: the job's\n"
            "coordinator does not answer (etcd keeps the copy).\n\n"
            "  --state S   only jobs in these states (pending, running, succeeded, failed,\n"
-           "              cancelled, restarting); comma-separated or repeated\n"
+           "              cancelled, restarting, stopped); comma-separated or repeated\n"
            "  --limit N   at most N jobs\n"
            "  --json      a JSON array of Job messages (fields under their mega.proto names)\n");
     return 0;

@@ -71,7 +71,9 @@ check "an unknown command is named" [ "$(head -1 err.txt)" = "megactl: unknown c
 expect 2 "megactl: --server needs a value (host:port or unix:/path)" "$megactl" --server
 expect 2 "megactl ls: unknown flag '--bogus'; see 'megactl ls --help'" "$megactl" ls --bogus
 expect 2 "megactl ls: unexpected word 'extra'; see 'megactl ls --help'" "$megactl" ls extra
-expect 2 "megactl ls: --state: 'done' is not a job state (pending, running, succeeded, failed, cancelled, restarting); see 'megactl ls --help'" "$megactl" ls --state running,done
+expect 2 "megactl ls: --state: 'done' is not a job state (pending, running, succeeded, failed, cancelled, restarting, stopped); see 'megactl ls --help'" "$megactl" ls --state running,done
+# every state is a filter, stopped (--exit-signal-handler's end) too: it gets as far as the call
+expect 1 "$refused" "$megactl" ls --state stopped,restarting --server "$dead"
 expect 2 "megactl ls: --limit: '0' is not a positive integer; see 'megactl ls --help'" "$megactl" ls --limit 0
 expect 2 "megactl status: which job? give its id, e.g. j-1; see 'megactl status --help'" "$megactl" status
 expect 2 "megactl status: unexpected word 'j-2'; see 'megactl status --help'" "$megactl" status j-1 j-2
