@@ -35,6 +35,9 @@
 #define EXIT_FAIL 1
 #define TRACE_UNIT_US 1000.0 /* one cost-model time unit is drawn as 1 ms */
 #define MAX_LIST 1024 /* --grad-bucket-sizes, --grad-sync-slowdown */
+/* A time flag's ceiling: units are the user's, and a schedule of many
+ * microbatches of such times still sums far inside a double */
+#define MAX_TIME 1e12
 
 typedef enum { FMT_TEXT, FMT_JSON, FMT_TRACE, FMT_SCHEDULE } out_format;
 
@@ -175,8 +178,9 @@ static bool parse_time(const char *flag, const char *v, double *out, mega_err *e
   char *end;
   errno = 0;
   double x = strtod(v, &end);
-  if (!*v || *end || errno || !isfinite(x) || x < 0) {
-    mega_fail(err, MEGA_ERR_INVALID, "--%s: '%s' is not a time (a number, 0 or more)", flag, v);
+  if (!*v || *end || errno || !isfinite(x) || x < 0 || x > MAX_TIME) {
+    mega_fail(err, MEGA_ERR_INVALID, "--%s: '%s' is not a time (a number from 0 to %g)", flag, v,
+              MAX_TIME);
     return false;
   }
   *out = x;
@@ -603,6 +607,12 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
   mega_err err = {0};
   if (mega_sim_run(s, &cost, &sim, &err) != MEGA_OK)
     return fail(EXIT_FAIL, "simulation failed: %s", err.msg);
+  if (!isfinite(sim.makespan)) { /* a slowdown or a size list can still overflow */
+    double m = sim.makespan;
+    mega_sim_free(&sim);
+    return fail(EXIT_USAGE, "the times given add up past any number (the makespan is %g): give "
+                            "smaller times, sizes or slowdowns", m);
+  }
   int rc = 0;
   if (o->format == FMT_TEXT) {
     if (plan_render_text(out, s, &sim, &cost, terminal_width(out), want_color(out)))

@@ -326,7 +326,9 @@ static void print_axis(FILE *f, const layout *L, double makespan, int from, int 
     if (!step) step = makespan;
   }
   int last_end = -1;
-  for (long i = 0;; i++) {
+  /* a label every step: at most one per column of the band, so the loop is
+   * bounded even where step is no bigger than a column (or not a number) */
+  for (long i = 0; i <= (long)to; i++) {
     double t = (double)i * step;
     if (t > makespan * (1 + 1e-9)) break;
     int c = col_of(L, t);
@@ -399,6 +401,11 @@ int plan_render_text(FILE *f, const mega_schedule *s, const mega_sim *sim, const
                      int width, bool color) {
   if (width < 40) width = 40;
   char a[64], b[64], c[64], d[64];
+  /* a time past a double's range has no columns: say so rather than draw */
+  if (!isfinite(sim->makespan) || sim->makespan < 0) {
+    fprintf(f, "makespan %g: not a time that can be drawn; give smaller times\n", sim->makespan);
+    return 0;
+  }
   fprintf(f, "%s schedule, pp=%d vp=%d microbatches=%d", mega_sched_kind_name(s->kind), s->pp,
           s->vp, s->microbatches);
   if (s->kind == MEGA_SCHED_INTERLEAVED) fprintf(f, " group=%d", s->group_size);

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +81,18 @@ static result plan(const char *first, ...) {
   posix_spawn_file_actions_destroy(&fa);
   assert_int_equal(rc, 0);
   int ws;
-  assert_int_equal(waitpid(pid, &ws, 0), pid);
+  /* bounded: a plan that spins (as one did on a makespan of inf) fails here */
+  pid_t got = 0;
+  for (int ms = 0; ms < 60000 && (got = waitpid(pid, &ws, WNOHANG)) == 0; ms += 10) usleep(10000);
+  if (got == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &ws, 0);
+    char words[1024] = "";
+    for (int i = 2; i < argc; i++)
+      snprintf(words + strlen(words), sizeof words - strlen(words), " %s", argv[i]);
+    fail_msg("megactl plan%s did not finish in 60 s", words);
+  }
+  assert_int_equal(got, pid);
   if (!WIFEXITED(ws)) fail_msg("megactl plan died with signal %d", WTERMSIG(ws));
   result r = {WEXITSTATUS(ws), slurp(out_path), slurp(err_path)};
   return r;
@@ -531,6 +543,16 @@ static void errors(void **state) {
   expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
                     "--t-forward", "-1", NULL),
                2, "--t-forward: '-1'");
+  /* a time too large to add up once spun the drawing forever */
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--t-forward", "1e308", NULL),
+               2, "--t-forward: '1e308' is not a time (a number from 0 to 1e+12)");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--t-backward", "inf", NULL),
+               2, "--t-backward: 'inf' is not a time");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--t-grad-sync", "1e12", "--grad-sync-slowdown", "1e300,1e300", NULL),
+               2, "the times given add up past any number");
   expect_error(plan("--pipeline-model-parallel-size", "4", NULL), 2,
                "--num-microbatches is required");
   expect_error(plan("--num-microbatches", "8", NULL), 2,

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+#include <unistd.h>
 
 #include "client/render.h"
 
@@ -138,12 +140,48 @@ static void zero_bubble_in_color(void **state) {
   drawn_free(&d);
 }
 
+/* Times past a double's range (megactl plan refuses them; the renderer must
+ * not trust that): a makespan of inf once spun the time axis forever. Huge
+ * but finite times draw as any others. */
+static void times_past_any_number(void **state) {
+  (void)state;
+  alarm(20); /* a loop that never ends fails here, not at the suite's timeout */
+  mega_err err = {0};
+  mega_sched_params p = {.kind = MEGA_SCHED_1F1B, .pp = 4, .vp = 1, .microbatches = 8};
+  mega_schedule s;
+  if (mega_sched_check_params(&p, &err) || mega_sched_generate(&p, &s, &err)) fail_msg("%s", err.msg);
+  double t[] = {1e308, 1e12};
+  for (int k = 0; k < 2; k++) {
+    mega_cost cost = {.t_f = t[k], .t_b = t[k]};
+    mega_sim sim = {0};
+    if (mega_sim_run(&s, &cost, &sim, &err)) fail_msg("%s", err.msg);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_int_equal(plan_render_text(f, &s, &sim, &cost, 80, false), 0);
+    fclose(f);
+    if (k == 0) {
+      assert_false(isfinite(sim.makespan));
+      assert_non_null(strstr(text, "not a time that can be drawn"));
+    } else {
+      assert_non_null(strstr(text, "rank 3 "));
+      assert_non_null(strstr(text, "makespan 2.2e+13, "));
+      assert_true(longest_line(text) <= 80);
+    }
+    free(text);
+    mega_sim_free(&sim);
+  }
+  mega_sched_free(&s);
+  alarm(0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(grid_1f1b),
       cmocka_unit_test(interleaved_labels_and_bands),
       cmocka_unit_test(scaled_letters),
       cmocka_unit_test(zero_bubble_in_color),
+      cmocka_unit_test(times_past_any_number),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
