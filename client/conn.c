@@ -60,6 +60,46 @@ const char *megactl_server_at(const char *flag_value, size_t i, char *buf, size_
   return buf;
 }
 
+/* Where megactl_server(flag_value) came from, for messages. */
+static const char *server_source(const char *flag_value) {
+  if ((flag_value && flag_value[0]) || (global_server && global_server[0])) return "--server";
+  const char *env = getenv("MEGA_SERVER");
+  return env && env[0] ? "$MEGA_SERVER" : "the default server";
+}
+
+/* Whether address names a port megad could listen on: unix:PATH, or
+ * anything ending in :PORT, PORT in digits from 1 to 65535 (gRPC would
+ * wrap 99999 round to another port, and take 'abc' for a name it cannot
+ * resolve). *why says what is wrong otherwise. */
+static bool port_ok(const char *address, char *why, size_t len) {
+  if (!strncmp(address, "unix:", 5) || !strncmp(address, "unix-abstract:", 14)) return true;
+  const char *colon = strrchr(address, ':');
+  size_t n = strlen(address);
+  if (!colon || (n && address[n - 1] == ']')) {
+    snprintf(why, len, "no port: give HOST:PORT or unix:/path");
+    return false;
+  }
+  const char *p = colon + 1;
+  size_t digits = strspn(p, "0123456789");
+  long port = digits && digits <= 5 ? strtol(p, NULL, 10) : -1;
+  if (p[digits] || port < 1 || port > 65535) {
+    snprintf(why, len, "'%.32s' is not a port (a number from 1 to 65535)", p);
+    return false;
+  }
+  return true;
+}
+
+mega_status megactl_check_server(const char *flag_value, mega_err *err) {
+  size_t n = megactl_server_count(flag_value);
+  for (size_t i = 0; i < n; i++) {
+    char addr[512], why[128];
+    megactl_server_at(flag_value, i, addr, sizeof addr);
+    if (addr[0] && !port_ok(addr, why, sizeof why)) /* an empty one: megactl_connect_to says */
+      return mega_fail(err, MEGA_ERR_INVALID, "%s %s: %s", server_source(flag_value), addr, why);
+  }
+  return MEGA_OK;
+}
+
 bool megactl_unreachable(const mega_err *err) {
   return (err->status == MEGA_ERR_IO && !strncmp(err->msg, "cannot reach ", 13)) ||
          (err->status == MEGA_ERR_TIMEOUT && strstr(err->msg, " did not answer "));
@@ -69,6 +109,9 @@ mega_status megactl_connect_to(const char *address, mega_rpc_channel **out, mega
   *out = NULL;
   if (!address[0])
     return mega_fail(err, MEGA_ERR_INVALID, "an empty megad address in --server or $MEGA_SERVER");
+  char why[128];
+  if (!port_ok(address, why, sizeof why))
+    return mega_fail(err, MEGA_ERR_INVALID, "megad address %s: %s", address, why);
   char *pem[4] = {NULL}; /* the token, then the PEMs */
   mega_status st = MEGA_OK;
   for (int k = 0; k < 4 && st == MEGA_OK; k++) {
@@ -156,6 +199,13 @@ int megactl_usage(const char *cmd, const char *fmt, ...) {
   return MEGACTL_EXIT_USAGE;
 }
 
+int megactl_server_usage(const char *flag_value) {
+  mega_err err = {0};
+  if (megactl_check_server(flag_value, &err) == MEGA_OK) return 0;
+  fprintf(stderr, "megactl: %s\n", err.msg);
+  return MEGACTL_EXIT_USAGE;
+}
+
 int megactl_job_error(const char *job_id, const mega_err *err) {
   if (err->status == MEGA_ERR_NOT_FOUND) return megactl_fail("no job '%s'", job_id);
   return megactl_fail("%s", err->msg);
@@ -208,7 +258,7 @@ int megactl_parse_common(const char *cmd, int argc, char **argv, bool wants_job,
     i++;
   }
   if (wants_job && !cf->job) return megactl_usage(cmd, "which job? give its id, e.g. j-1");
-  return 0;
+  return megactl_server_usage(cf->server);
 }
 
 bool megactl_parse_count(const char *s, uint32_t *out) {

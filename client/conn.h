@@ -39,6 +39,13 @@ const char *megactl_server(const char *flag_value);
 /* How many; and the i-th (modulo their count), into buf. */
 size_t megactl_server_count(const char *flag_value);
 const char *megactl_server_at(const char *flag_value, size_t i, char *buf, size_t len);
+/* Checks every address of the list for a port megad could listen on
+ * (HOST:PORT with PORT 1..65535, or unix:/path): MEGA_ERR_INVALID naming
+ * the address and where it came from (--server, $MEGA_SERVER) otherwise.
+ * megactl_server_usage prints that and returns MEGACTL_EXIT_USAGE, or
+ * returns 0 when every address is fine. megactl_parse_common calls it. */
+mega_status megactl_check_server(const char *flag_value, mega_err *err);
+int megactl_server_usage(const char *flag_value);
 /* Whether err says the server did not answer at all (not reachable, or no
  * answer in time), so another server may be tried; an answer, even an
  * error, is not. */

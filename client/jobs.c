@@ -129,6 +129,7 @@ int megactl_submit(int argc, char **argv) {
     rc = megactl_is_flag(argv[i]) ? megactl_usage(cmd, "%s", err.msg)
                                   : megactl_usage(cmd, "unexpected word '%s'", argv[i]);
   }
+  if (!rc) rc = megactl_server_usage(server);
   uint32_t lo = 0, hi = 0, per = 0;
   if (!rc && nnodes && !parse_nnodes(nnodes, &lo, &hi))
     rc = megactl_usage(cmd, "--nnodes: '%s' is not MIN or MIN:MAX with 1 <= MIN <= MAX", nnodes);

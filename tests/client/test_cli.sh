@@ -149,6 +149,19 @@ both="megactl: no megad answered: cannot reach megad at $dead: connection refuse
 expect 1 "$both" "$megactl" ls --server "$dead,unix:$work/nope.sock"
 expect 1 "$both" env MEGA_SERVER="$dead,unix:$work/nope.sock" "$megactl" status j-1
 expect 1 "megactl: an empty megad address in --server or \$MEGA_SERVER" "$megactl" ls --server "$dead,"
+# A port megad cannot have is refused before any call, wherever it comes from
+# (gRPC once wrapped 99999 round to 34463 and took 'abc' for a name)
+for bad in 99999 abc 0 -1 "" 7070x; do
+  expect 2 "megactl: --server 127.0.0.1:$bad: '$bad' is not a port (a number from 1 to 65535)" \
+    "$megactl" ls --server "127.0.0.1:$bad"
+done
+expect 2 "megactl: --server 127.0.0.1:99999: '99999' is not a port (a number from 1 to 65535)" \
+  "$megactl" --server 127.0.0.1:99999 status j-1
+expect 2 "megactl: \$MEGA_SERVER [::1]:65536: '65536' is not a port (a number from 1 to 65535)" \
+  env MEGA_SERVER="$dead,[::1]:65536" "$megactl" cancel j-1
+expect 2 "megactl: --server localhost: no port: give HOST:PORT or unix:/path" \
+  "$megactl" submit "${job[@]}" --server localhost
+expect 2 "megactl: --server [::1]: no port: give HOST:PORT or unix:/path" "$megactl" watch j-1 --server "[::1]"
 check "a failed trace leaves no file" [ ! -e j-1-trace.json ] && [ ! -e j-1-trace.json.part ]
 
 if [ "$fails" != 0 ]; then
