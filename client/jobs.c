@@ -29,8 +29,9 @@ static void submit_help(FILE *f) {
           "Submits a training job to megad, which journals it, places its ranks on nodes and\n"
           "runs it. Prints a summary, then the job id alone on the last line:\n"
           "  id=$(megactl submit ... | tail -1)\n\n"
-          "The job flags are checked here as megad checks them. Relative paths in the data flags,\n"
-          "--save and --load are made absolute against this directory.\n\n"
+          "The job flags are checked here as megad checks them. Relative paths in the data flags\n"
+          "(--data-path and its kin, --vocab-file, --merge-file), --save and --load are made\n"
+          "absolute against this directory.\n\n"
           "submit flags:\n"
           "  --name N              a name for the job (default: megad picks one)\n"
           "  --nnodes MIN[:MAX]    nodes to run on (default: 1). With a MAX above MIN the\n"
@@ -152,9 +153,15 @@ int megactl_submit(int argc, char **argv) {
   for (int l = 0; l < 3; l++)
     for (int k = lists[l]->n > 1 ? 1 : 0; !rc && k < lists[l]->n; k += lists[l]->n > 1 ? 2 : 1)
       if (absolutize(&lists[l]->v[k], &err) != MEGA_OK) rc = megactl_fail("%s", err.msg);
-  if (!rc && (absolutize(&s.save, &err) != MEGA_OK ||
-              absolutize(&s.load, &err) != MEGA_OK))
-    rc = megactl_fail("%s", err.msg);
+  /* and every flag naming a file or a directory: --vocab-file, --merge-file,
+   * --save, --load (the table says which) */
+  int npaths = mega_jobspec_path_fields(&s, NULL, 0);
+  char ***paths = calloc((size_t)npaths + 1, sizeof *paths);
+  if (!rc && !paths) rc = megactl_fail("out of memory");
+  if (paths) mega_jobspec_path_fields(&s, paths, npaths);
+  for (int k = 0; !rc && k < npaths; k++)
+    if (absolutize(paths[k], &err) != MEGA_OK) rc = megactl_fail("%s", err.msg);
+  free(paths);
   int world = per && lo == hi ? (int)(per * (lo ? lo : 1)) : 0;
   if (!rc && (check_job(&s, world, &err) != MEGA_OK ||
               (per && mega_jobspec_check_node(&s, (int)per, &err) != MEGA_OK))) {

@@ -36,6 +36,19 @@ const mega_jobflag *mega_jobspec_flag_find(const char *name) {
   return f ? &f->info : NULL;
 }
 
+int mega_jobspec_path_fields(mega_jobspec *s, char **out[], int cap) {
+  int n = 0;
+  for (int i = 0; i < NFLAGS; i++) {
+    const flagdef *f = &mega_jf_table[i];
+    if (f->info.type != MEGA_JOBFLAG_STRING || !f->info.metavar ||
+        (strcmp(f->info.metavar, "FILE") && strcmp(f->info.metavar, "DIR")))
+      continue;
+    if (n < cap) out[n] = FIELD(s, f, char *);
+    n++;
+  }
+  return n;
+}
+
 int mega_jf_nchoices(const flagdef *f) {
   int n = 0;
   while (f->info.choices[n]) n++;

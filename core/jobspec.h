@@ -388,6 +388,14 @@ void mega_jobspec_lr_samples(const mega_jobspec *s, mega_lr_samples *out);
  * without an index is a plain file. Messages start "invalid job: ". */
 mega_status mega_jobspec_fix_data_paths(mega_jobspec *s, bool rewrite, char *note, size_t n,
                                         mega_err *err);
+/* The string fields of s that name a file or a directory: every STRING
+ * flag of the table whose metavar is FILE or DIR (--vocab-file,
+ * --merge-file, --save, --load, and any such flag added later), in table
+ * order. Up to cap of them go into out, each the address of the field (it
+ * may be NULL: not given), so a caller may replace the string (freeing the
+ * old one); returns how many there are. The data lists (--data-path and
+ * its kin) are not strings: see mega_jobspec_data_count. */
+int mega_jobspec_path_fields(mega_jobspec *s, char **out[], int cap);
 /* GPT2BPETokenizer: reads --vocab-file and sets s->file_vocab to its
  * entries (MEGA_OK and nothing else for other tokenizers). */
 mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err);

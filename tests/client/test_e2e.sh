@@ -126,6 +126,22 @@ run 0 "$megactl" cancel --all-pending
 same "$(cat out.txt)" "no pending jobs"
 run 2 "$megactl" cancel "${ids[0]}" --all-pending
 
+# ---- relative paths: every flag naming a file is made absolute here ----
+echo '{"a":0,"b":1,"c":2}' > vocab.json
+printf '#version: 0.2\na b\n' > merges.txt
+mkdir -p sub
+(cd sub && run 0 "$megactl" submit "${tiny[@]/data.txt/../data.txt}" --train-iters 3 --nnodes 2 \
+  --nproc-per-node 1 --name rel --tokenizer-type GPT2BPETokenizer --vocab-file ../vocab.json \
+  --merge-file ./../merges.txt --save ck)
+mv sub/out.txt sub/err.txt . 2>/dev/null
+rel=$(tail -1 out.txt)
+run 0 "$megactl" status "$rel" --json
+for want in "$work/sub/../data.txt" "$work/sub/../vocab.json" "$work/sub/../merges.txt" "$work/sub/ck"; do
+  jq -e --arg p "$want" '.spec.args | index($p) != null' out.txt >/dev/null ||
+    fail "submit from sub/ did not send $want: $(jq -c .spec.args out.txt)"
+done
+run 0 "$megactl" cancel "$rel"
+
 # ---- trace ----
 run 0 "$megactl" submit "${tiny[@]}" --train-iters 2 --trace-iteration 2 --name traced \
   --nproc-per-node 2 --pipeline-model-parallel-size 2

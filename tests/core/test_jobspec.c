@@ -530,6 +530,39 @@ static void test_derived(void **state) {
   mega_jobspec_free(&s);
 }
 
+/* The flags that name a file or a directory, which megactl submit makes
+ * absolute (it once missed --vocab-file and --merge-file): the table says
+ * which, so a new FILE or DIR flag is one too. */
+static void test_path_fields(void **state) {
+  (void)state;
+  mega_jobspec s;
+  mega_jobspec_defaults(&s);
+  char **got[16];
+  int n = mega_jobspec_path_fields(&s, got, 16);
+  assert_int_equal(mega_jobspec_path_fields(&s, NULL, 0), n);
+  char **want[] = {&s.vocab_file, &s.merge_file, &s.save, &s.load};
+  assert_int_equal(n, 4);
+  for (size_t k = 0; k < sizeof want / sizeof *want; k++) {
+    bool found = false;
+    for (int i = 0; i < n; i++) found |= got[i] == want[k];
+    assert_true(found);
+  }
+  /* and every other string flag names no file */
+  int strings = 0;
+  for (int i = 0; i < mega_jobspec_flag_count(); i++) {
+    const mega_jobflag *f = mega_jobspec_flag(i);
+    if (f->type == MEGA_JOBFLAG_STRING && !strstr(f->metavar, "FILE") && !strstr(f->metavar, "DIR"))
+      strings++;
+    if (f->type == MEGA_JOBFLAG_STRING && strstr(f->help, "file") &&
+        strcmp(f->metavar, "FILE") && strcmp(f->metavar, "DIR"))
+      fail_msg("%s reads like a path but its metavar is %s", f->name, f->metavar);
+  }
+  assert_true(strings >= 1); /* --split, the layout, --simulate-compute */
+  char **one[2];
+  assert_int_equal(mega_jobspec_path_fields(&s, one, 2), 4); /* cap bounds what is written */
+  mega_jobspec_free(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),       cmocka_unit_test(test_table),
@@ -537,6 +570,7 @@ int main(void) {
       cmocka_unit_test(test_unknown_flags),  cmocka_unit_test(test_value_errors),
       cmocka_unit_test(test_recompute_flags),  cmocka_unit_test(test_model_flags),
       cmocka_unit_test(test_simulate_compute), cmocka_unit_test(test_derived),
+      cmocka_unit_test(test_path_fields),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
