@@ -399,9 +399,12 @@ static int cancel_one(const char *server, const char *id, const char *reason) {
   if (called != MEGA_OK) {
     rc = megactl_job_error(id, &err);
   } else {
-    const Mega__V1__Job *j = ((Mega__V1__CancelJobResponse *)out)->job;
+    const Mega__V1__CancelJobResponse *r = (const void *)out;
+    const Mega__V1__Job *j = r->job;
     Mega__V1__JobState st = j ? j->state : MEGA__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
-    if (st == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED)
+    if (r->already_over) /* ended before this call, cancelled included */
+      printf("%s already %s; nothing to cancel\n", id, view_state_name(st));
+    else if (st == MEGA__V1__JOB_STATE__JOB_STATE_CANCELLED)
       printf("cancelled %s\n", id);
     else if (st == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
              st == MEGA__V1__JOB_STATE__JOB_STATE_FAILED ||

@@ -9,7 +9,8 @@
 #include "daemon/model/util.h"
 #include "daemon/services/services.h"
 
-typedef enum { R_SUBMIT, R_GET, R_CANCEL, R_RESUME, R_RESCALE } reply_kind;
+/* R_CANCEL_OVER: a cancel of a job that had ended already */
+typedef enum { R_SUBMIT, R_GET, R_CANCEL, R_CANCEL_OVER, R_RESUME, R_RESCALE } reply_kind;
 
 /* A job of the mirror whose coordinator a forwarded call could not reach
  * says so, and whose copy it is. */
@@ -45,9 +46,11 @@ static void reply_job_from(const megad_services *s, mega_rpc_call *call, const m
     mega_rpc_reply(call, &r.base);
     break;
   }
-  case R_CANCEL: {
+  case R_CANCEL:
+  case R_CANCEL_OVER: {
     Mega__V1__CancelJobResponse r = MEGA__V1__CANCEL_JOB_RESPONSE__INIT;
     r.job = &m.job;
+    r.already_over = kind == R_CANCEL_OVER;
     mega_rpc_reply(call, &r.base);
     break;
   }
@@ -352,6 +355,10 @@ static void on_cancel_job(mega_rpc_call *call, const ProtobufCMessage *msg, void
   const Mega__V1__CancelJobRequest *req = (const void *)msg;
   mega_job *j = find(s, call, req->job_id, msg);
   if (!j) return;
+  if (mega_job_state_final(j->state)) { /* nothing to stop: say so, not "cancelled" again */
+    reply_job(call, j, R_CANCEL_OVER);
+    return;
+  }
   cancel_ctx *c = calloc(1, sizeof *c);
   if (!c) {
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");

@@ -124,6 +124,9 @@ run 0 "$megactl" cancel --all-pending
 same "$(cat out.txt)" "$(printf 'cancelled %s\ncancelled %s' "${ids[3]}" "${ids[2]}")"
 run 0 "$megactl" cancel --all-pending
 same "$(cat out.txt)" "no pending jobs"
+# a job cancelled before is not cancelled again
+run 0 "$megactl" cancel "${ids[0]}" "$long"
+same "$(cat out.txt)" "$(printf '%s already cancelled; nothing to cancel\n%s already cancelled; nothing to cancel' "${ids[0]}" "$long")"
 run 2 "$megactl" cancel "${ids[0]}" --all-pending
 
 # ---- relative paths: every flag naming a file is made absolute here ----
