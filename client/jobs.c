@@ -316,12 +316,12 @@ int megactl_ls(int argc, char **argv) {
   if (cf.help) {
     printf("usage: megactl ls [--state S[,S...]] [--limit N] [--json] [--server ADDR]\n\n"
            "Lists the cluster's jobs, newest first: id, name, state, world, TP/PP/DP,\n"
-           "iteration/train-iters and age. Any node answers for every node (a node that does\n"
-           "not answer in 2 s is named on stderr). A state with '?' is a copy: the job's\n"
-           "coordinator does not answer (etcd keeps the copy).\n\n"
+           "iteration/train-iters and age. Any node answers for every node (a node that is\n"
+           "down or does not answer in 2 s is named on stderr: its jobs are missing). A state\n"
+           "with '?' is a copy: the job's coordinator does not answer (etcd keeps the copy).\n\n"
            "  --state S   only jobs in these states (pending, running, succeeded, failed,\n"
            "              cancelled, restarting, stopped); comma-separated or repeated\n"
-           "  --limit N   at most N jobs\n"
+           "  --limit N   at most N jobs, the newest of the whole cluster\n"
            "  --json      a JSON array of Job messages (fields under their mega.proto names)\n");
     return 0;
   }

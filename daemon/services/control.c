@@ -210,7 +210,8 @@ static void reply_list(megad_services *s, mega_rpc_call *call,
 typedef struct list_ctx {
   megad_services *s;
   mega_rpc_call *call; /* NULL once the client went away */
-  Mega__V1__ListJobsRequest req;
+  Mega__V1__ListJobsRequest req; /* what the others are asked: local_only, no limit */
+  uint32_t limit;                 /* the client's, applied once everything is in */
   Mega__V1__JobState *states;
   size_t waiting;
   ProtobufCMessage **answers;
@@ -240,7 +241,9 @@ static void list_done(list_ctx *c) {
       Mega__V1__ListJobsResponse *r = (void *)c->answers[i];
       for (size_t q = 0; q < r->n_jobs; q++) remote[k++] = r->jobs[q];
     }
-    if (remote) reply_list(c->s, c->call, &c->req, remote, k, c->unanswered, c->nun);
+    Mega__V1__ListJobsRequest req = c->req;
+    req.limit = c->limit;
+    if (remote) reply_list(c->s, c->call, &req, remote, k, c->unanswered, c->nun);
     else mega_rpc_fail(c->call, MEGA_RPC_RESOURCE_EXHAUSTED, "out of memory");
     free(remote);
   }
@@ -280,9 +283,9 @@ static bool list_cluster(megad_services *s, mega_rpc_call *call,
   size_t nn = s->members->nnodes;
   list_ctx *c = calloc(1, sizeof *c);
   if (!c) return false;
-  *c = (list_ctx){.s = s, .call = call, .req = *req};
+  *c = (list_ctx){.s = s, .call = call, .req = *req, .limit = req->limit};
   c->req.local_only = true;
-  c->req.limit = 0; /* applied once everything is in */
+  c->req.limit = 0; /* each node's newest need not be the cluster's */
   c->states = calloc(req->n_states + 1, sizeof *c->states);
   c->answers = calloc(nn + 1, sizeof *c->answers);
   c->unanswered = calloc(nn + 1, sizeof *c->unanswered);
@@ -295,9 +298,15 @@ static bool list_cluster(megad_services *s, mega_rpc_call *call,
   c->waiting = 1; /* held until every call is out */
   for (size_t i = 0; i < nn; i++) {
     megad_node *n = s->members->nodes[i];
-    if (n->self || n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
-        n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
+    if (n->self) continue;
+    if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
+        n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT) {
+      /* not asked, since it cannot answer; but the jobs it coordinates are
+       * missing from the list, so it is named like a node that was asked */
+      char *name = strdup(n->id);
+      if (name) c->unanswered[c->nun++] = name;
       continue;
+    }
     list_sub *sub = calloc(1, sizeof *sub);
     if (!sub) continue;
     sub->c = c;
@@ -309,7 +318,7 @@ static bool list_cluster(megad_services *s, mega_rpc_call *call,
       list_answered(sub, NULL, &e);
     }
   }
-  if (c->waiting == 1) { /* no one else */
+  if (c->waiting == 1 && !c->nun) { /* no one else */
     c->waiting = 0;
     c->call = NULL;
     list_free(c);

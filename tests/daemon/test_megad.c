@@ -26,14 +26,30 @@
 
 /* Three nodes joined with --peers; a job submitted to n1 runs its two
  * pipeline stages on two nodes and trains to SUCCEEDED. */
-/* ListJobs on d (every job it can list). */
-static Mega__V1__ListJobsResponse *list_jobs(hd *d) {
+/* ListJobs on d (every job it can list, at most limit; 0: no limit). */
+static Mega__V1__ListJobsResponse *list_jobs_limit(hd *d, uint32_t limit) {
   Mega__V1__ListJobsRequest req = MEGA__V1__LIST_JOBS_REQUEST__INIT;
+  req.limit = limit;
   ProtobufCMessage *resp = NULL;
   mega_err err = {0};
   if (mega_rpc_unary(d->ch, &mega_control_list_jobs, &req.base, 10000, &resp, &err) != MEGA_OK)
     fail_msg("ListJobs on %s: %s", d->name, err.msg);
   return (Mega__V1__ListJobsResponse *)resp;
+}
+static Mega__V1__ListJobsResponse *list_jobs(hd *d) { return list_jobs_limit(d, 0); }
+
+/* Waits up to ms until d's view has node id in state st. */
+static bool wait_node_state(hd *d, const char *id, Mega__V1__NodeState st, int ms) {
+  for (int t = 0; t < ms; t += 100) {
+    Mega__V1__ListNodesResponse *r = hd_list_nodes(d, NULL);
+    bool there = false;
+    for (size_t i = 0; r && i < r->n_nodes; i++)
+      there |= !strcmp(r->nodes[i]->id, id) && r->nodes[i]->state == st;
+    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    if (there) return true;
+    usleep(100000);
+  }
+  return false;
 }
 
 static void test_cluster_trains_across_nodes(void **state) {
@@ -114,9 +130,36 @@ static void test_cluster_trains_across_nodes(void **state) {
   assert_string_equal(lj->unanswered[0], "n1");
   protobuf_c_message_free_unpacked(&lj->base, NULL);
 
+  /* --limit holds for the merged list: n2 coordinates a job too, and a
+   * limit of 1 on n3 is the cluster's newest job (it was once every job) */
+  Mega__V1__JobSpec one;
+  hd_tiny_spec(&one, n2.dir, 2, NULL);
+  one.nproc_per_node = 1;
+  char id2[64];
+  assert_int_equal(hd_submit(&n2, &one, id2, sizeof id2, &err), MEGA_OK);
+  hd_watch_job(&n2, id2, true, 60000, &w);
+  assert_int_equal(w.end, MEGA_OK);
+  hd_watch_free(&w);
+  lj = list_jobs_limit(&n3, 1);
+  assert_int_equal(lj->n_jobs, 1);
+  assert_string_equal(lj->jobs[0]->id, id2);
+  protobuf_c_message_free_unpacked(&lj->base, NULL);
+  lj = list_jobs(&n3);
+  assert_int_equal(lj->n_jobs, 2);
+  protobuf_c_message_free_unpacked(&lj->base, NULL);
+
+  /* a dead coordinator is named too, not silently left out with its jobs */
+  hd_kill(&n1);
+  assert_true(wait_node_state(&n3, "n1", MEGA__V1__NODE_STATE__NODE_STATE_DEAD, 20000));
+  lj = list_jobs(&n3);
+  assert_int_equal(lj->n_jobs, 1);
+  assert_string_equal(lj->jobs[0]->id, id2);
+  assert_int_equal(lj->n_unanswered, 1);
+  assert_string_equal(lj->unanswered[0], "n1");
+  protobuf_c_message_free_unpacked(&lj->base, NULL);
+
   assert_int_equal(hd_stop(&n3), 0);
   assert_int_equal(hd_stop(&n2), 0);
-  assert_int_equal(hd_stop(&n1), 0);
   hd_cleanup(&n1);
   hd_cleanup(&n2);
   hd_cleanup(&n3);
