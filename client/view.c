@@ -451,6 +451,18 @@ const char *view_escape(const char *s, char *buf, size_t n) {
   return buf;
 }
 
+void view_gap_line(FILE *f, const Mega__V1__WatchGap *g, const char *why) {
+  fputs("missed", f);
+  if (g->missed_steps || !g->missed_events)
+    fprintf(f, " %llu step%s (iterations %llu..%llu)", (unsigned long long)g->missed_steps,
+            g->missed_steps == 1 ? "" : "s", (unsigned long long)g->first_iteration,
+            (unsigned long long)g->last_iteration);
+  if (g->missed_events)
+    fprintf(f, "%s %llu event%s", g->missed_steps ? " and" : "",
+            (unsigned long long)g->missed_events, g->missed_events == 1 ? "" : "s");
+  fprintf(f, ": %s\n", why);
+}
+
 void view_event_line(FILE *f, const Mega__V1__JobEvent *e, const view_opts *o) {
   char when[16] = "--:--:--";
   if (e->time_unix_ms > 0) {

@@ -81,6 +81,11 @@ bool view_seen_step(view_seen *s, uint32_t attempt, uint64_t iteration);
  * The time is local time. */
 void view_event_line(FILE *f, const Mega__V1__JobEvent *e, const view_opts *o);
 
+/* One line for a gap marker, why already escaped: "missed 12 steps
+ * (iterations 1..12): WHY", with " and 3 events" when events went too, or
+ * "missed 3 events: WHY" when only they did. */
+void view_gap_line(FILE *f, const Mega__V1__WatchGap *g, const char *why);
+
 /* "placed", "rank failed", ... */
 const char *view_event_kind_name(Mega__V1__JobEventKind k);
 /* "pending", "running", ... */

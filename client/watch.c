@@ -148,16 +148,15 @@ static bool take(watch *w, Mega__V1__WatchJobResponse *r) {
     char why[512];
     view_escape(g->reason, why, sizeof why);
     if (w->mode == OUT_JSON) {
-      megactl_print_json(json_pack("{s:{s:I,s:I,s:I,s:s}}", "gap", "missed_steps",
+      megactl_print_json(json_pack("{s:{s:I,s:I,s:I,s:I,s:s}}", "gap", "missed_steps",
                                    (json_int_t)g->missed_steps, "first_iteration",
                                    (json_int_t)g->first_iteration, "last_iteration",
-                                   (json_int_t)g->last_iteration, "reason", why),
+                                   (json_int_t)g->last_iteration, "missed_events",
+                                   (json_int_t)g->missed_events, "reason", why),
                          JSON_COMPACT);
     } else {
       if (w->mode == OUT_LIVE) clear_block(w);
-      printf("missed %llu step%s (iterations %llu..%llu): %s\n",
-             (unsigned long long)g->missed_steps, g->missed_steps == 1 ? "" : "s",
-             (unsigned long long)g->first_iteration, (unsigned long long)g->last_iteration, why);
+      view_gap_line(stdout, g, why);
     }
     fflush(stdout);
     protobuf_c_message_free_unpacked(&r->base, NULL);

@@ -17,9 +17,10 @@ struct megad_watcher {
 
 /* The gap marker, queued before anything else goes to w again. */
 static mega_status send_gap(mega_rpc_call *call, uint64_t missed, uint64_t first, uint64_t last,
-                            const char *reason) {
+                            uint64_t missed_events, const char *reason) {
   Mega__V1__WatchGap g = MEGA__V1__WATCH_GAP__INIT;
   g.missed_steps = missed;
+  g.missed_events = missed_events;
   g.first_iteration = first;
   g.last_iteration = last;
   g.reason = (char *)reason;
@@ -78,7 +79,7 @@ void megad_watch_broadcast(megad_watchers *ws, mega_job *j, const Mega__V1__Watc
       char why[128];
       snprintf(why, sizeof why, "this watcher fell behind (%d messages queued); steps were skipped",
                MEGAD_WATCH_QUEUE_MAX);
-      send_gap(w->call, w->missed, w->miss_first, w->miss_last, why);
+      send_gap(w->call, w->missed, w->miss_first, w->miss_last, 0, why);
       w->missed = 0;
     }
     /* A failed send means the client went away: its cancel callback
@@ -165,13 +166,20 @@ void megad_watch_call(megad_watchers *ws, mega_job *j, mega_rpc_call *call, bool
       return;
     }
   }
-  if (replay && j->hist.lost_steps) {
-    char why[128];
-    snprintf(why, sizeof why, "older than the %d items of history megad keeps", MEGA_JOB_HISTORY);
-    send_gap(call, j->hist.lost_steps, j->hist.lost_first, j->hist.lost_last, why);
-  }
-  for (size_t i = 0; replay && i < j->hist.len; i++) {
-    if (!replay_item(j, i)) continue;
+  /* what the history let go is said where it was: the oldest steps went
+   * (the events before them are kept), so before the first step kept */
+  const mega_job_hist *h = &j->hist;
+  bool gap = replay && (h->lost_steps || h->lost_other);
+  size_t gap_at = gap ? mega_job_hist_gap_at(h) : 0;
+  for (size_t i = 0; replay && i <= h->len; i++) {
+    if (gap && i == gap_at) {
+      char why[160];
+      snprintf(why, sizeof why,
+               "older than the %d items of history megad keeps (events are kept before steps)",
+               MEGA_JOB_HISTORY);
+      send_gap(call, h->lost_steps, h->lost_first, h->lost_last, h->lost_other, why);
+    }
+    if (i == h->len || !replay_item(j, i)) continue;
     const Mega__V1__WatchJobResponse *item = mega_job_hist_at(&j->hist, i);
     if (mega_rpc_send(call, &item->base, NULL) != MEGA_OK) {
       mega_rpc_finish(call);

@@ -57,11 +57,35 @@ static size_t place_of(const mega_job_hist *h, const Mega__V1__WatchJobResponse 
 }
 
 static void count_lost(mega_job_hist *h, const Mega__V1__WatchJobResponse *old) {
-  if (old->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP || !old->step) return;
+  if (old->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP || !old->step) {
+    h->lost_other++;
+    return;
+  }
   if (!h->lost_steps++ || old->step->iteration < h->lost_first)
     h->lost_first = old->step->iteration;
   if (h->lost_steps == 1 || old->step->iteration > h->lost_last)
     h->lost_last = old->step->iteration;
+}
+
+static bool is_step(const Mega__V1__WatchJobResponse *it) {
+  return it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP && it->step;
+}
+
+/* The logical place of the oldest step kept, or len when none is. */
+static size_t first_step(const mega_job_hist *h) {
+  size_t i = 0;
+  while (i < h->len && !is_step(mega_job_hist_at(h, i))) i++;
+  return i;
+}
+
+/* Frees the item at logical place at (0..len-1): the ones before it move
+ * up one, so the ring's head moves on. */
+static void ring_remove(mega_job_hist *h, size_t at) {
+  protobuf_c_message_free_unpacked(&h->ring[(h->head + at) % h->cap]->base, NULL);
+  for (size_t i = at; i > 0; i--)
+    h->ring[(h->head + i) % h->cap] = h->ring[(h->head + i - 1) % h->cap];
+  h->head = (h->head + 1) % h->cap;
+  h->len--;
 }
 
 /* Puts c at logical place at (0..len) of the ring, which has room. */
@@ -120,17 +144,21 @@ mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobRespons
     h->events[h->nevents++] = e;
   }
   size_t at = place_of(h, item);
-  if (h->len == h->cap) { /* full at MEGA_JOB_HISTORY: the oldest goes */
-    if (at == 0) { /* this one, older than every item kept */
+  if (h->len == h->cap) { /* full at MEGA_JOB_HISTORY: the oldest step goes */
+    /* never an event for a step: a long job's steps would push out its
+     * submitted, placed and restarting lines. Only an event goes for an
+     * event, and only when nothing but events (and ends) is kept */
+    size_t victim = first_step(h);
+    bool steps_kept = victim < h->len;
+    if (is_step(c) && (!steps_kept || at <= victim)) { /* this step is the oldest */
       count_lost(h, c);
       protobuf_c_message_free_unpacked(&c->base, NULL);
       return MEGA_OK;
     }
-    count_lost(h, h->ring[h->head]);
-    protobuf_c_message_free_unpacked(&h->ring[h->head]->base, NULL);
-    h->head = (h->head + 1) % h->cap;
-    h->len--;
-    at--;
+    if (!steps_kept) victim = 0; /* an event, and only events kept: the oldest */
+    count_lost(h, mega_job_hist_at(h, victim));
+    ring_remove(h, victim);
+    if (victim < at) at--;
   }
   ring_insert(h, c, at);
   return MEGA_OK;
@@ -138,4 +166,10 @@ mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobRespons
 
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job_hist *h, size_t i) {
   return i < h->len ? h->ring[(h->head + i) % h->cap] : NULL;
+}
+
+size_t mega_job_hist_gap_at(const mega_job_hist *h) {
+  if (h->lost_other || !h->lost_steps) return 0;
+  size_t i = first_step(h);
+  return i < h->len ? i : 0;
 }

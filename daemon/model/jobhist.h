@@ -18,7 +18,7 @@
 #include "daemon/model/stepring.h"
 #include "proto/mega.pb-c.h"
 
-/* Items kept for WatchJob's replay, per job (the oldest go first). */
+/* Items kept for WatchJob's replay, per job (the oldest steps go first). */
 #define MEGA_JOB_HISTORY 1024
 
 typedef struct mega_job_hist {
@@ -28,8 +28,9 @@ typedef struct mega_job_hist {
   Mega__V1__WatchJobResponse **ring;
   size_t head, len, cap;
   /* steps the ring let go (a replay says so with a gap marker): how many,
-   * the least and the greatest iteration among them */
-  uint64_t lost_steps, lost_first, lost_last;
+   * the least and the greatest iteration among them; and the other items
+   * (events, final states) it let go, only ever when it held nothing else */
+  uint64_t lost_steps, lost_first, lost_last, lost_other;
   /* the newest step by (attempt, iteration), owned; NULL before the first */
   Mega__V1__StepMetrics *last_step;
   /* every step in arrival order, thinned when old (the web view's curves:
@@ -48,14 +49,21 @@ void mega_job_hist_free(mega_job_hist *h);
  * iteration, than steps kept (sent again after a takeover). It goes before
  * the items that belong after it: later steps, a later attempt's events,
  * the end (event and final state) of its attempt or a later one, so a
- * replay lists each attempt's steps in order and the job's end last. The
- * oldest item goes when MEGA_JOB_HISTORY are kept (the late step itself
- * when it is older than all of them). A step also joins curve and becomes
+ * replay lists each attempt's steps in order and the job's end last. When
+ * MEGA_JOB_HISTORY are kept the oldest step goes (the late step itself
+ * when it is older than every step kept), never an event: with no step
+ * kept, a new step goes, and a new event pushes out the oldest item. What
+ * goes is counted (lost_*). A step also joins curve and becomes
  * last_step unless it is older than last_step; an event also joins events
  * (which keeps them all). */
 mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobResponse *item,
                                mega_err *err);
 /* Item i (0: oldest) of the ring, or NULL past its end. */
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job_hist *h, size_t i);
+/* Where a replay's gap marker for what the ring let go belongs: before
+ * item i. The steps that went were older than every step kept, so it is
+ * the first step kept (the events before it stay in their place), or 0
+ * when other items went too, or no step is kept. */
+size_t mega_job_hist_gap_at(const mega_job_hist *h);
 
 #endif

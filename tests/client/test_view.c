@@ -339,6 +339,34 @@ static void test_seen_steps(void **state) {
   assert_false(view_seen_step(&s, 0, 3)); /* forgotten: shown again */
 }
 
+/* A gap marker says what went: steps, events, or both. */
+static void test_gap_lines(void **state) {
+  (void)state;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  Mega__V1__WatchGap g = MEGA__V1__WATCH_GAP__INIT;
+  g.missed_steps = 12;
+  g.first_iteration = 1;
+  g.last_iteration = 12;
+  view_gap_line(f, &g, "why");
+  g.missed_events = 1;
+  view_gap_line(f, &g, "why");
+  g.missed_steps = 0;
+  g.missed_events = 3;
+  view_gap_line(f, &g, "why");
+  g.missed_events = 0;
+  g.missed_steps = 1;
+  g.first_iteration = g.last_iteration = 7;
+  view_gap_line(f, &g, "why");
+  fclose(f);
+  assert_string_equal(text, "missed 12 steps (iterations 1..12): why\n"
+                            "missed 12 steps (iterations 1..12) and 1 event: why\n"
+                            "missed 3 events: why\n"
+                            "missed 1 step (iterations 7..7): why\n");
+  free(text);
+}
+
 static void test_short_numbers(void **state) {
   (void)state;
   char b[32];
@@ -375,6 +403,7 @@ int main(void) {
       cmocka_unit_test(test_plain_step_line),
       cmocka_unit_test(test_event_lines_and_model),
       cmocka_unit_test(test_seen_steps),
+      cmocka_unit_test(test_gap_lines),
       cmocka_unit_test(test_short_numbers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -282,6 +282,65 @@ static void assert_order(const mega_job *j, const char *want) {
   assert_string_equal(got, want);
 }
 
+/* A long job's steps never push its events out of the replay: only the
+ * oldest steps go, counted, and the gap marker belongs before the first
+ * step kept. Only a history of nothing but events loses events. */
+static void test_history_keeps_events(void **state) {
+  (void)state;
+  mega_job *j = new_job("j-1");
+  push_event(j, 0, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED);
+  push_event(j, 0, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_PLACED);
+  for (uint64_t i = 1; i <= 600; i++) push_step(j, 0, i);
+  push_event(j, 0, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_NODE_LOST);
+  push_event(j, 1, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING);
+  for (uint64_t i = 501; i <= 3000; i++) push_step(j, 1, i);
+  assert_int_equal(j->hist.len, MEGA_JOB_HISTORY);
+  /* the four events, in order, then the newest steps */
+  int events = 0;
+  for (size_t i = 0; i < j->hist.len; i++)
+    events += mega_job_hist_at(&j->hist, i)->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
+  assert_int_equal(events, 4);
+  assert_int_equal(mega_job_hist_at(&j->hist, 0)->event->kind,
+                   MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED);
+  assert_int_equal(mega_job_hist_at(&j->hist, 1)->event->kind,
+                   MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_PLACED);
+  assert_int_equal(mega_job_hist_at(&j->hist, 2)->event->kind,
+                   MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_NODE_LOST);
+  assert_int_equal(mega_job_hist_at(&j->hist, 3)->event->kind,
+                   MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING);
+  assert_int_equal(mega_job_hist_at(&j->hist, 4)->step->iteration, 3000 - (MEGA_JOB_HISTORY - 5));
+  assert_int_equal(mega_job_hist_at(&j->hist, MEGA_JOB_HISTORY - 1)->step->iteration, 3000);
+  assert_int_equal(j->hist.lost_steps, 600 + 2500 - (MEGA_JOB_HISTORY - 4));
+  assert_int_equal(j->hist.lost_first, 1);
+  assert_int_equal(j->hist.lost_last, 3000 - (MEGA_JOB_HISTORY - 4)); /* attempt 1's, the greatest */
+  assert_int_equal(j->hist.lost_other, 0);
+  assert_int_equal(mega_job_hist_gap_at(&j->hist), 4);
+  /* the end goes in after the steps; a step older than every step kept is let go */
+  push_event(j, 1, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUCCEEDED);
+  push_step(j, 1, 502);
+  assert_int_equal(j->hist.lost_other, 0);
+  assert_int_equal(mega_job_hist_at(&j->hist, MEGA_JOB_HISTORY - 1)->event->kind,
+                   MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUCCEEDED);
+  assert_int_equal(mega_job_hist_at(&j->hist, 3)->event->kind,
+                   MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING);
+  assert_int_equal(j->hist.lost_steps, 600 + 2500 - (MEGA_JOB_HISTORY - 4) + 2);
+  mega_job_free(j);
+
+  /* nothing but events: the oldest event goes, and a step finds no room */
+  j = new_job("j-2");
+  for (int i = 0; i < MEGA_JOB_HISTORY + 3; i++)
+    push_event(j, (uint32_t)i, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_RESTARTING);
+  assert_int_equal(j->hist.len, MEGA_JOB_HISTORY);
+  assert_int_equal(j->hist.lost_other, 3);
+  assert_int_equal(mega_job_hist_at(&j->hist, 0)->event->attempt, 3);
+  push_step(j, MEGA_JOB_HISTORY + 3, 1);
+  assert_int_equal(j->hist.lost_steps, 1);
+  assert_int_equal(j->hist.lost_other, 3);
+  assert_int_equal(mega_job_hist_gap_at(&j->hist), 0);
+  assert_int_equal(j->hist.nevents, MEGA_JOB_HISTORY + 3); /* GetJob's history keeps them all */
+  mega_job_free(j);
+}
+
 /* Steps sent again after a takeover come after the job moved on: they go
  * into the history in their attempt's order, before the next attempt and
  * before the end, and never stand as the job's last step. */
@@ -357,6 +416,7 @@ int main(void) {
       cmocka_unit_test(test_journal_replay),
       cmocka_unit_test(test_history_bound),
       cmocka_unit_test(test_history_late_steps),
+      cmocka_unit_test(test_history_keeps_events),
       cmocka_unit_test(test_incarnations_increase),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -438,6 +438,18 @@ static void test_slow_watcher_told_of_gap(void **state) {
   assert_true(gaps >= 1);
   assert_true(missed > 0);
   assert_int_equal((unsigned long long)steps + missed, 4000); /* nothing lost silently */
+  /* a replay of the ended job: 4000 steps are more than megad keeps, but
+   * only steps went (its events once went with them), and one gap says so */
+  hd_watch r;
+  hd_watch_job(&d, id, true, 30000, &r);
+  assert_int_equal(r.end, MEGA_OK);
+  assert_non_null(r.final);
+  if (!strstr(r.events_text, "submitted") || r.events < 3)
+    fail_msg("the replay lost events (%d): %s", r.events, r.events_text);
+  assert_int_equal(r.gaps, 1);
+  assert_true(r.missed > 0);
+  assert_int_equal((uint64_t)r.steps + r.missed, 4000);
+  hd_watch_free(&r);
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
 }
