@@ -1,9 +1,9 @@
 /* A small HTTP server on the daemon's libuv loop: libmicrohttpd in its
  * external-polling mode, its epoll fd watched by a uv_poll_t and its next
  * timeout on a uv_timer_t, so it runs on the loop thread like everything
- * else (no thread of its own). It serves GET of one path, the body made by
- * a callback the layer above registers; other paths go to a route hook
- * (404 without one), other methods 405. With a token set, the path wants
+ * else (no thread of its own). It serves GET (and HEAD) of one path, the
+ * body made by a callback the layer above registers; other paths go to a
+ * route hook (404 without one), other methods 405 with an Allow header. With a token set, the path wants
  * `Authorization: Bearer TOKEN` (compared in constant time) and answers 401
  * otherwise; the route hook is told whether a request carried it.
  *
@@ -67,6 +67,7 @@ typedef struct megad_http_resp {
   char *set_cookie;  /* malloc'd or NULL: a Set-Cookie header */
   char *location;    /* malloc'd or NULL: a Location header (for a 303) */
   megad_http_source stream; /* pull set: a stream instead of the body */
+  const char *allow; /* static or NULL: a 405's Allow header (NULL: "GET, HEAD") */
 } megad_http_resp;
 /* Another path's owner: answers req into *out and returns true, or returns
  * false for a 404. It decides who may see what (req->bearer_ok): the web

@@ -109,10 +109,19 @@ static char *page(void *arg, size_t *len) {
   return text;
 }
 
-/* GET /healthz and /readyz, open to probes: nothing but ok or why not. */
+/* GET (or HEAD) /healthz and /readyz, open to probes: nothing but ok or
+ * why not; another method is 405. */
 static bool health(metrics_srv *ms, const megad_http_req *req, megad_http_resp *out) {
   bool live = !strcmp(req->target, "/healthz"), ready = !strcmp(req->target, "/readyz");
   if (!live && !ready) return false;
+  if (strcmp(req->method, "GET") && strcmp(req->method, "HEAD")) {
+    out->status = 405;
+    out->type = "text/plain; charset=utf-8";
+    out->allow = "GET, HEAD";
+    out->body = strdup("a probe: use GET or HEAD\n");
+    out->len = out->body ? strlen(out->body) : 0;
+    return true;
+  }
   const char *why = NULL;
   bool ok = live || megad_services_ready(ms->s, &why);
   out->status = ok ? 200 : 503;
@@ -125,7 +134,7 @@ static bool health(metrics_srv *ms, const megad_http_req *req, megad_http_resp *
 /* The web view's paths (daemon/web/webserve.h). */
 static bool route(void *arg, const megad_http_req *req, megad_http_resp *out) {
   metrics_srv *ms = arg;
-  if (!strcmp(req->method, "GET") && health(ms, req, out)) return true;
+  if (health(ms, req, out)) return true;
   return megad_webserve_route(ms->web, req, out);
 }
 

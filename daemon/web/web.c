@@ -132,7 +132,8 @@ static bool since_of(megad_web_resp *r, const char *query, const char *last_id, 
   return true;
 }
 
-static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, const char *query) {
+static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, const char *query,
+                bool head) {
   if (!strcmp(rest, "cluster")) {
     json_t *c = megad_webjson_cluster(d);
     if (c) json_object_set_new(c, "login", json_boolean(d->login));
@@ -164,6 +165,8 @@ static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, co
   if (!strcmp(slash, "/stream")) {
     if (!since_of(r, query, d->last_event_id, &since)) return;
     if (!d->open_stream) return text(r, 404, "this server has no live streams: poll /steps");
+    /* HEAD: the headers a stream would have, and no stream held open */
+    if (head) return set_body(r, 200, "text/event-stream; charset=utf-8", "", 0);
     d->open_stream(d->arg, j, since, r);
     return;
   }
@@ -185,13 +188,16 @@ static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, co
 void megad_web_handle(const megad_web_data *d, const char *method, const char *path,
                       const char *query, megad_web_resp *out) {
   memset(out, 0, sizeof *out);
-  if (strcmp(method, "GET")) return text(out, 405, "the web view is read-only: use GET");
+  /* HEAD answers as GET does: the server sends the headers only */
+  bool head = !strcmp(method, "HEAD");
+  if (strcmp(method, "GET") && !head)
+    return text(out, 405, "the web view is read-only: use GET (or HEAD)");
   if (!strcmp(path, "/") || !strncmp(path, "/jobs/", 6))
     return set_body(out, 200, "text/html; charset=utf-8", megad_web_page_html,
                     megad_web_page_html_len);
   if (!strcmp(path, "/page.js"))
     return set_body(out, 200, "text/javascript; charset=utf-8", megad_web_page_js,
                     megad_web_page_js_len);
-  if (!strncmp(path, "/api/", 5)) return api(out, d, path + 5, query);
+  if (!strncmp(path, "/api/", 5)) return api(out, d, path + 5, query, head);
   text(out, 404, "no page %.200s", path);
 }

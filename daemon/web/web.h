@@ -3,6 +3,8 @@
  * the data the daemon hands it. No socket, no loop: any HTTP server calls
  * megad_web_handle for the paths megad_web_owns says are its own.
  *
+ * Every path answers GET and HEAD, and 405 to any other method.
+ *
  *   GET /                      the cluster page (page.html, compiled in)
  *   GET /jobs/ID               the same page, showing job ID
  *   GET /page.js               its script
@@ -68,7 +70,9 @@ struct megad_web_resp {
 /* Whether path (without its query) is the web view's: "/", "/page.js",
  * "/jobs/...", "/api/...". Anything else (/metrics) is the server's. */
 bool megad_web_owns(const char *path);
-/* Answers method ("GET"; anything else is 405) for path and query (the part
+/* Answers method ("GET", or "HEAD": the same answer, whose body the server
+ * does not send, and no stream opened; anything else is 405, whose Allow is
+ * "GET, HEAD") for path and query (the part
  * after '?'; NULL when none), both percent-encoded as sent: a job id in the
  * path is decoded here. Never fails: an error is a response with a status
  * and a plain-text reason. */

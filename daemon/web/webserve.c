@@ -77,9 +77,15 @@ static bool is_page(const char *path) { return !strcmp(path, "/") || !strncmp(pa
 static bool gate(megad_webserve *w, const megad_http_req *req, const char *path,
                  megad_http_resp *out) {
   bool post = !strcmp(req->method, "POST");
+  bool get = !strcmp(req->method, "GET") || !strcmp(req->method, "HEAD");
   const char *cookies = megad_http_header(req, "Cookie");
   int64_t now = megad_unix_ms();
   if (!strcmp(path, "/login")) {
+    if (!post && !get) {
+      plain(out, 405, "the login form is GET /login, and the login POST /login\n");
+      out->allow = "GET, HEAD, POST";
+      return false;
+    }
     if (!post) {
       form(out, 200, "/", false);
       return false;
@@ -103,6 +109,7 @@ static bool gate(megad_webserve *w, const megad_http_req *req, const char *path,
   if (!strcmp(path, "/logout")) {
     if (!post) {
       plain(out, 405, "log out with POST /logout (the page's button)\n");
+      out->allow = "POST";
       return false;
     }
     char *cookie;

@@ -64,6 +64,15 @@ static void closed(void *arg) { ((feed *)arg)->closed = true; }
  * the token) and /stream. */
 static bool route(void *arg, const megad_http_req *req, megad_http_resp *out) {
   (void)arg;
+  if (!strcmp(req->target, "/probe") || !strcmp(req->target, "/post-only")) {
+    bool probe = req->target[1] == 'p' && req->target[2] == 'r';
+    bool ok = probe ? !strcmp(req->method, "GET") || !strcmp(req->method, "HEAD")
+                    : !strcmp(req->method, "POST");
+    *out = (megad_http_resp){.status = ok ? 200 : 405, .type = "text/plain",
+                             .body = strdup(ok ? "fine\n" : "no\n"), .len = ok ? 5 : 3,
+                             .allow = probe ? NULL : "POST"};
+    return true;
+  }
   if (!strcmp(req->target, "/stream")) {
     *out = (megad_http_resp){.status = 200, .type = "text/event-stream",
                              .stream = {.pull = pull, .closed = closed, .arg = &the_feed}};
@@ -108,6 +117,7 @@ static void start(srv *s, const char *token, unsigned conn_limit, unsigned timeo
   assert_int_equal(megad_http_start(&s->loop, &o, &s->h, &err), MEGA_OK);
   assert_true(megad_http_port(s->h) > 0);
 }
+
 
 static void stop(srv *s) {
   megad_http_stop(s->h);
@@ -210,9 +220,20 @@ static void test_open_server(void **state) {
   assert_non_null(strstr(r, " 413 "));
   r = request(&s, &a, "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
   assert_non_null(strstr(r, " 405 "));
+  assert_non_null(strstr(r, "Allow: GET, HEAD\r\n"));
   r = request(&s, &a, "HEAD /metrics HTTP/1.0\r\n\r\n");
   assert_non_null(strstr(r, " 200 OK\r\n"));
   assert_null(strstr(r, "up 1"));
+  /* a 405 from the route hook says what the path takes */
+  r = request(&s, &a, "GET /post-only HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 405 "));
+  assert_non_null(strstr(r, "Allow: POST\r\n"));
+  r = request(&s, &a, "DELETE /probe HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, "Allow: GET, HEAD\r\n"));
+  /* HEAD of a routed path: its headers, no body */
+  r = request(&s, &a, "HEAD /probe HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  assert_null(strstr(r, "fine"));
   /* garbage gets an error and a close, and the server goes on */
   r = request(&s, &a, "\x01\x02garbage\r\n\r\n");
   assert_null(strstr(r, " 200 "));

@@ -419,11 +419,24 @@ static void test_trace_and_methods(void **state) {
   megad_web_handle(&f->d, "POST", "/api/jobs", NULL, &r);
   assert_int_equal(r.status, 405);
   megad_web_resp_free(&r);
-  megad_web_handle(&f->d, "HEAD", "/", NULL, &r);
-  assert_int_equal(r.status, 405);
-  megad_web_resp_free(&r);
   megad_web_handle(&f->d, "DELETE", "/api/jobs/j-1-n1", NULL, &r);
   assert_int_equal(r.status, 405);
+  megad_web_resp_free(&r);
+  /* HEAD answers wherever GET does, as GET does (the server drops the body) */
+  const char *paths[] = {"/", "/jobs/j-1-n1", "/page.js", "/api/cluster", "/api/jobs",
+                         "/api/jobs/j-1-n1", "/api/jobs/j-1-n1/steps", "/api/jobs/j-1-n1/trace"};
+  for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+    megad_web_resp g;
+    megad_web_handle(&f->d, "GET", paths[i], NULL, &g);
+    megad_web_handle(&f->d, "HEAD", paths[i], NULL, &r);
+    if (r.status != g.status || strcmp(r.type, g.type))
+      fail_msg("HEAD %s: %d %s, GET: %d %s", paths[i], r.status, r.type, g.status, g.type);
+    assert_int_equal(r.status, 200);
+    megad_web_resp_free(&r);
+    megad_web_resp_free(&g);
+  }
+  megad_web_handle(&f->d, "HEAD", "/api/jobs/j-9-n1", NULL, &r);
+  assert_int_equal(r.status, 404);
   megad_web_resp_free(&r);
 }
 
@@ -458,6 +471,15 @@ static void test_stream_route(void **state) {
   f->d.last_event_id = "x";
   megad_web_handle(&f->d, "GET", "/api/jobs/j-1-n1/stream", NULL, &r);
   assert_int_equal(r.status, 400);
+  megad_web_resp_free(&r);
+  /* HEAD: a stream's headers, and no stream held open */
+  f->d.last_event_id = NULL;
+  opened_job = NULL;
+  megad_web_handle(&f->d, "HEAD", "/api/jobs/j-1-n1/stream", NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(r.type, "text/event-stream; charset=utf-8");
+  assert_null(opened_job);
+  assert_null(r.stream.pull);
   megad_web_resp_free(&r);
   megad_web_handle(&f->d, "GET", "/api/jobs/j-9-n1/stream", NULL, &r);
   assert_int_equal(r.status, 404);

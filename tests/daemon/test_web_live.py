@@ -139,6 +139,22 @@ check(st == 401, "a forged cookie: %d" % st)
 st, r, body = req("GET", "/api/jobs", {"Cookie": "mega_session=" + token})
 check(st == 401, "the token as a cookie: %d" % st)
 
+# ---- methods: HEAD wherever GET, 405 with a true Allow elsewhere ----
+for path, headers in [("/", C), ("/api/jobs", C), ("/api/cluster", BEARER), ("/metrics", BEARER),
+                      ("/healthz", None), ("/readyz", None), ("/login", None)]:
+    st, r, body = req("HEAD", path, headers)
+    check(st == 200 and body == "", "HEAD %s: %d %r" % (path, st, body[:80]))
+for method, path, headers, allow in [("POST", "/api/jobs", C, "GET, HEAD"),
+                                     ("DELETE", "/", C, "GET, HEAD"),
+                                     ("POST", "/healthz", None, "GET, HEAD"),
+                                     ("PUT", "/readyz", None, "GET, HEAD"),
+                                     ("POST", "/metrics", BEARER, "GET, HEAD"),
+                                     ("GET", "/logout", C, "POST"),
+                                     ("PUT", "/login", None, "GET, HEAD, POST")]:
+    st, r, body = req(method, path, headers)
+    check(st == 405 and r.getheader("Allow") == allow,
+          "%s %s: %d, Allow %s" % (method, path, st, r.getheader("Allow")))
+
 # ---- a stream from submit to the end: every point exactly once ----
 
 
@@ -214,6 +230,10 @@ ev = s.event()
 check(ev[0] == "steps" and [p["seq"] for p in ev[2]["points"]] == list(range(151, iters + 1)),
       "Last-Event-ID 150: %s" % (ev[0],))
 s.close()
+for path in ["/jobs/" + jid, "/api/jobs/" + jid, "/api/jobs/%s/steps?since=0" % jid,
+             "/api/jobs/%s/stream" % jid]:
+    st, r, body = req("HEAD", path, C)
+    check(st == 200 and body == "", "HEAD %s: %d" % (path, st))
 
 # ---- the cap, and closed streams freed ----
 
