@@ -16,8 +16,17 @@
 
 #include <microhttpd.h>
 
+/* Connections open from one address (http.h: per_ip_limit). */
+typedef struct addr_count {
+  struct addr_count *next;
+  unsigned n;
+  char addr[64];
+} addr_count;
+
 struct megad_http {
   megad_http_opts o;
+  addr_count *addrs; /* the addresses with a connection open */
+  unsigned per_ip;   /* the per-address cap for anything but the probes */
   char *token, *path, *content_type; /* owned copies */
   size_t token_len;
   struct MHD_Daemon *d;
@@ -191,6 +200,71 @@ static void peer_of(struct MHD_Connection *c, char *buf, size_t cap) {
     uv_ip6_name((const struct sockaddr_in6 *)sa, buf, cap);
 }
 
+/* ---- connections per address ---- */
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+  megad_http *h = cls;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    char peer[64];
+    peer_of(c, peer, sizeof peer);
+    addr_count *a = h->addrs;
+    while (a && strcmp(a->addr, peer)) a = a->next;
+    if (!a && (a = calloc(1, sizeof *a))) {
+      snprintf(a->addr, sizeof a->addr, "%s", peer);
+      a->next = h->addrs;
+      h->addrs = a;
+    }
+    if (a) a->n++;
+    *socket_context = a;
+    return;
+  }
+  addr_count *a = *socket_context;
+  *socket_context = NULL;
+  if (!a || --a->n) return;
+  for (addr_count **p = &h->addrs; *p; p = &(*p)->next)
+    if (*p == a) {
+      *p = a->next;
+      free(a);
+      return;
+    }
+}
+
+/* Connections open from c's address, c included (0: not known). */
+static unsigned from_same_address(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  const addr_count *a = ci ? ci->socket_context : NULL;
+  return a ? a->n : 0;
+}
+
+static bool is_probe(const megad_http *h, const char *url) {
+  if (!strcmp(url, h->path)) return true;
+  for (const char *const *p = h->o.probe_paths; p && *p; p++)
+    if (!strcmp(url, *p)) return true;
+  return false;
+}
+
+/* A request past the per-address cap: 503, and the connection closes. */
+static enum MHD_Result too_many(megad_http *h, struct MHD_Connection *c, unsigned n) {
+  char peer[64], msg[320];
+  peer_of(c, peer, sizeof peer);
+  snprintf(msg, sizeof msg,
+           "megad serves at most %u connections from one address, and %s has %u open: close "
+           "some (a page polls instead of holding a live stream)\n",
+           h->per_ip, peer, n);
+  char *body = strdup(msg);
+  struct MHD_Response *r =
+      body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+  if (!r) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+  MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  return queue(h, c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", r, NULL);
+}
+
 static enum MHD_Result routed(megad_http *h, struct MHD_Connection *c, const char *url,
                               const char *method, const conn_state *cs) {
   query q = {.len = 0};
@@ -238,6 +312,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   conn_state *cs = *con_cls;
   bool mine = !strcmp(url, h->path);
   if (!cs) {
+    /* past its address's share only the probes are served (from the room
+     * MHD's own cap leaves them) */
+    unsigned n = from_same_address(c);
+    if (n > h->per_ip && !is_probe(h, url)) return too_many(h, c, n);
     cs = calloc(1, sizeof *cs);
     if (!cs) return MHD_NO;
     *con_cls = cs;
@@ -369,6 +447,11 @@ static bool parse_addr(const char *addr, struct sockaddr_storage *sa, bool *v6, 
 }
 
 static void free_http(megad_http *h) {
+  while (h->addrs) {
+    addr_count *a = h->addrs;
+    h->addrs = a->next;
+    free(a);
+  }
   free(h->token);
   free(h->path);
   free(h->content_type);
@@ -386,6 +469,7 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
   megad_http *h = calloc(1, sizeof *h);
   if (!h) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   h->o = *o;
+  h->per_ip = o->per_ip_limit ? o->per_ip_limit : 16;
   h->path = strdup(o->path ? o->path : "/");
   h->content_type = strdup(o->content_type ? o->content_type : "text/plain");
   h->token = o->token && o->token[0] ? strdup(o->token) : NULL;
@@ -401,9 +485,10 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
   h->d = MHD_start_daemon(
       MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME | (v6 ? MHD_USE_IPv6 : 0), port,
       NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
-      MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_NOTIFY_CONNECTION,
+      on_connection, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->conn_limit ? o->conn_limit : 64),
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->per_ip_limit ? o->per_ip_limit : 16),
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, h->per_ip + MEGAD_HTTP_PROBE_ROOM,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s ? o->timeout_s : 10),
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)32768,
       MHD_OPTION_LISTEN_BACKLOG_SIZE, 64u, MHD_OPTION_UNESCAPE_CALLBACK, raw_unescape, NULL,

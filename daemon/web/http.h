@@ -87,7 +87,14 @@ typedef struct megad_http_opts {
   const char *content_type; /* of the body */
   const char *token;        /* bearer token wanted; NULL or "": open */
   unsigned conn_limit;      /* connections at once; 0: 64 */
-  unsigned per_ip_limit;    /* from one address; 0: 16 */
+  /* Connections from one address; 0: 16. A request on a connection past it
+   * gets 503 (and the connection closes), except for path and probe_paths:
+   * an address has MEGAD_HTTP_PROBE_ROOM more connections for those, so a
+   * client holding its share (live streams behind a proxy) does not lock
+   * the probes out. Past that room a connection is closed unanswered. */
+  unsigned per_ip_limit;
+  const char *const *probe_paths; /* besides path, the probes' paths (/healthz); NULL-terminated,
+                                     may be NULL */
   unsigned timeout_s;       /* an idle or half-sent connection closes; 0: 10 */
   megad_http_body_fn body;
   megad_http_count_fn count;
@@ -96,6 +103,8 @@ typedef struct megad_http_opts {
   /* log lines from the server (may be NULL) */
   void (*log)(void *arg, const char *msg);
 } megad_http_opts;
+
+#define MEGAD_HTTP_PROBE_ROOM 4
 
 typedef struct megad_http megad_http;
 

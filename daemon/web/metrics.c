@@ -109,6 +109,8 @@ static char *page(void *arg, size_t *len) {
   return text;
 }
 
+static const char *const probe_paths[] = {"/healthz", "/readyz", NULL};
+
 /* GET (or HEAD) /healthz and /readyz, open to probes: nothing but ok or
  * why not; another method is 405. */
 static bool health(metrics_srv *ms, const megad_http_req *req, megad_http_resp *out) {
@@ -161,7 +163,7 @@ mega_status megad_metrics_start(megad_services *sv, const char *addr, const char
   megad_http_opts o = {.listen = addr, .path = "/metrics",
                        .content_type = "text/plain; version=0.0.4; charset=utf-8",
                        .token = token, .body = page, .count = count, .route = route, .log = http_log,
-                       .arg = ms};
+                       .probe_paths = probe_paths, .arg = ms};
   mega_err e = {0};
   if (megad_http_start(sv->b->loop, &o, &ms->http, &e) != MEGA_OK) {
     megad_webserve_free(ms->web);

@@ -167,7 +167,7 @@ static void api(megad_web_resp *r, const megad_web_data *d, const char *rest, co
     if (!d->open_stream) return text(r, 404, "this server has no live streams: poll /steps");
     /* HEAD: the headers a stream would have, and no stream held open */
     if (head) return set_body(r, 200, "text/event-stream; charset=utf-8", "", 0);
-    d->open_stream(d->arg, j, since, r);
+    d->open_stream(d->arg, j, since, d->peer ? d->peer : "?", r);
     return;
   }
   if (!strcmp(slash, "/trace")) {

@@ -52,10 +52,13 @@ typedef struct megad_web_data {
   /* The Chrome trace of job_id (malloc'd, *len its size), or NULL when the
    * job has none. */
   char *(*load_trace)(void *arg, const char *job_id, size_t *len);
-  /* A live stream of job j from cursor since into out (NULL: 404). */
-  void (*open_stream)(void *arg, const mega_job *j, uint64_t since, megad_web_resp *out);
+  /* A live stream of job j from cursor since into out, for the client at
+   * address peer (NULL: 404). */
+  void (*open_stream)(void *arg, const mega_job *j, uint64_t since, const char *peer,
+                      megad_web_resp *out);
   void *arg;
   const char *last_event_id; /* the request's Last-Event-ID (a reconnecting stream's cursor) */
+  const char *peer;          /* the client's address, or NULL */
   bool login;                /* a login guards the page (/api/cluster says so, for logout) */
 } megad_web_data;
 

@@ -20,8 +20,9 @@ static char *load_trace(void *arg, const char *job_id, size_t *len) {
   return megad_trace_load(((megad_webserve *)arg)->sv->b, job_id, len);
 }
 
-static void open_stream(void *arg, const mega_job *j, uint64_t since, megad_web_resp *out) {
-  megad_sse_open(((megad_webserve *)arg)->sse, j, since, out);
+static void open_stream(void *arg, const mega_job *j, uint64_t since, const char *peer,
+                        megad_web_resp *out) {
+  megad_sse_open(((megad_webserve *)arg)->sse, j, since, peer, out);
 }
 
 static void on_item(void *arg, const mega_job *j, const Mega__V1__WatchJobResponse *item) {
@@ -150,6 +151,7 @@ bool megad_webserve_route(megad_webserve *w, const megad_http_req *req, megad_ht
                       .nodes = sv->members->nodes, .nnodes = sv->members->nnodes, .load_trace = load_trace,
                       .open_stream = open_stream, .arg = w,
                       .last_event_id = megad_http_header(req, "Last-Event-ID"),
+                      .peer = req->peer,
                       .login = w->login != NULL};
   megad_web_resp r;
   megad_web_handle(&d, req->method, path, q ? q + 1 : NULL, &r);

@@ -85,6 +85,7 @@ typedef struct sse_stream {
   struct sse_stream *next, **prev;
   megad_sse *x;
   char *job_id;
+  char peer[64]; /* the client's address: its streams are counted */
   megad_sse_cursor c;
   megad_http_stream *hs; /* known from its first pull */
   bool parked;           /* its last pull found nothing */
@@ -189,14 +190,21 @@ void megad_sse_free(megad_sse *x) {
   uv_close((uv_handle_t *)&x->ping, handle_closed);
 }
 
-void megad_sse_open(megad_sse *x, const mega_job *j, uint64_t since, megad_web_resp *out) {
+void megad_sse_open(megad_sse *x, const mega_job *j, uint64_t since, const char *peer,
+                    megad_web_resp *out) {
   char msg[256];
-  int n = 0;
+  int n = 0, mine = 0;
+  for (sse_stream *s = x->head; s; s = s->next) mine += !strcmp(s->peer, peer);
   if (x->n >= MEGAD_SSE_STREAMS_MAX)
     n = snprintf(msg, sizeof msg,
                  "megad serves at most %d live streams at once; poll "
                  "/api/jobs/%.64s/steps?since=N instead\n",
                  MEGAD_SSE_STREAMS_MAX, j->id);
+  else if (mine >= MEGAD_SSE_STREAMS_PER_ADDR)
+    n = snprintf(msg, sizeof msg,
+                 "megad serves at most %d live streams to one address (%.64s); poll "
+                 "/api/jobs/%.64s/steps?since=N instead\n",
+                 MEGAD_SSE_STREAMS_PER_ADDR, peer, j->id);
   sse_stream *s = n ? NULL : calloc(1, sizeof *s);
   if (s && !(s->job_id = strdup(j->id))) {
     free(s);
@@ -211,6 +219,7 @@ void megad_sse_open(megad_sse *x, const mega_job *j, uint64_t since, megad_web_r
     return;
   }
   s->x = x;
+  snprintf(s->peer, sizeof s->peer, "%s", peer);
   s->c.seq = since;
   s->sent_ms = uv_now(x->loop);
   s->next = x->head;

@@ -11,8 +11,8 @@
  *   event: end / data: {"state": ...}              after the job ended; then the stream closes
  *   : ping                                          every MEGAD_SSE_PING_MS when idle
  *
- * Bounded: at most MEGAD_SSE_STREAMS_MAX streams (503 beyond: poll steps?since=
- * instead); the server pulls a stream's next bytes only when its socket
+ * Bounded: at most MEGAD_SSE_STREAMS_MAX streams, MEGAD_SSE_STREAMS_PER_ADDR
+ * from one address (503 beyond: the page polls steps?since= instead); the server pulls a stream's next bytes only when its socket
  * takes them, so a slow reader queues nothing: once it reads again it gets
  * at most MEGAD_SSE_BATCH_MAX points, the newest, and a `skipped` event
  * saying how many it missed (they stay in steps?since=). A stream with
@@ -35,6 +35,10 @@
 #include "daemon/web/web.h"
 
 #define MEGAD_SSE_STREAMS_MAX 32 /* half the web server's connections */
+/* half the web server's connections from one address (http.h's
+ * per_ip_limit, 16), so the page's polls and the probes from an address
+ * (a proxy's, all its browsers') still get in */
+#define MEGAD_SSE_STREAMS_PER_ADDR 8
 #define MEGAD_SSE_BATCH_MAX 512  /* points in one steps event after the first */
 #define MEGAD_SSE_COALESCE_MS 100
 #define MEGAD_SSE_JOB_MS 1000
@@ -61,8 +65,10 @@ typedef struct megad_sse megad_sse;
 megad_sse *megad_sse_new(uv_loop_t *loop, const mega_jobs *t);
 /* After the HTTP server stopped: its stop closes every stream first. */
 void megad_sse_free(megad_sse *x);
-/* A stream of j from cursor since into out: a stream source, or 503. */
-void megad_sse_open(megad_sse *x, const mega_job *j, uint64_t since, megad_web_resp *out);
+/* A stream of j from cursor since, for the client at address peer, into
+ * out: a stream source, or 503. */
+void megad_sse_open(megad_sse *x, const mega_job *j, uint64_t since, const char *peer,
+                    megad_web_resp *out);
 /* News about j: its streams wake soon. */
 void megad_sse_notify(megad_sse *x, const mega_job *j);
 size_t megad_sse_streams(const megad_sse *x);

@@ -104,7 +104,10 @@ static void on_log(void *arg, const char *msg) {
   fprintf(stderr, "http: %s\n", msg);
 }
 
-static void start(srv *s, const char *token, unsigned conn_limit, unsigned timeout_s) {
+static const char *const probes[] = {"/probe", NULL};
+
+static void start_per_ip(srv *s, const char *token, unsigned conn_limit, unsigned timeout_s,
+                         unsigned per_ip) {
   memset(s, 0, sizeof *s);
   assert_int_equal(uv_loop_init(&s->loop), 0);
   uv_timer_init(&s->loop, &s->tick);
@@ -112,12 +115,16 @@ static void start(srv *s, const char *token, unsigned conn_limit, unsigned timeo
   megad_http_opts o = {.listen = "127.0.0.1:0", .path = "/metrics",
                        .content_type = "text/plain; version=0.0.4", .token = token,
                        .conn_limit = conn_limit, .timeout_s = timeout_s, .body = body,
-                       .count = count, .route = route, .log = on_log, .arg = s};
+                       .count = count, .route = route, .log = on_log, .arg = s,
+                       .per_ip_limit = per_ip, .probe_paths = probes};
   mega_err err = {0};
   assert_int_equal(megad_http_start(&s->loop, &o, &s->h, &err), MEGA_OK);
   assert_true(megad_http_port(s->h) > 0);
 }
 
+static void start(srv *s, const char *token, unsigned conn_limit, unsigned timeout_s) {
+  start_per_ip(s, token, conn_limit, timeout_s, 0);
+}
 
 static void stop(srv *s) {
   megad_http_stop(s->h);
@@ -404,6 +411,54 @@ static void test_stream(void **state) {
   close(fd);
 }
 
+/* One address holding its share of connections (live streams behind a
+ * proxy) gets a 503 for anything more, never a reset, and its probes still
+ * get in (it once could not reach /healthz or /metrics at all). */
+static void test_per_address_cap(void **state) {
+  (void)state;
+  srv s;
+  start_per_ip(&s, NULL, 0, 0, 2);
+  unsigned port = megad_http_port(s.h);
+  memset(&the_feed, 0, sizeof the_feed);
+  /* its share: a live stream and a request half sent */
+  int held[2];
+  const char sreq[] = "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n";
+  char buf[4096];
+  held[0] = dial(port);
+  assert_int_equal(write(held[0], "GET /met", 8), 8);
+  held[1] = dial(port);
+  assert_int_equal(write(held[1], sreq, sizeof sreq - 1), (ssize_t)(sizeof sreq - 1));
+  read_for(&s, held[1], buf, 0, sizeof buf, 200);
+  assert_non_null(strstr(buf, " 200 OK\r\n"));
+  ask a;
+  const char *r = request(&s, &a, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  assert_non_null(strstr(r, " 503 "));
+  assert_non_null(strstr(r, "at most 2 connections from one address"));
+  assert_non_null(strstr(r, "Retry-After: 1\r\n"));
+  r = request(&s, &a, "GET /api/x HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 503 "));
+  r = request(&s, &a, "GET /metrics HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  assert_non_null(strstr(r, "up 1"));
+  r = request(&s, &a, "HEAD /probe HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  /* the room for probes is bounded too: past it MHD closes the connection */
+  int idle[MEGAD_HTTP_PROBE_ROOM];
+  for (int i = 0; i < MEGAD_HTTP_PROBE_ROOM; i++) idle[i] = dial(port);
+  run_for(&s, 200);
+  int extra = dial(port);
+  assert_true(closed_within(&s, extra, 2000));
+  close(extra);
+  for (int i = 0; i < MEGAD_HTTP_PROBE_ROOM; i++) close(idle[i]);
+  /* a connection let go frees its place */
+  close(held[0]);
+  run_for(&s, 200);
+  r = request(&s, &a, "GET /api/x HTTP/1.0\r\n\r\n");
+  assert_non_null(strstr(r, " 200 OK\r\n"));
+  close(held[1]);
+  stop(&s);
+}
+
 static void test_bad_listen(void **state) {
   (void)state;
   uv_loop_t loop;
@@ -442,6 +497,7 @@ int main(void) {
       cmocka_unit_test(test_bearer_token),
       cmocka_unit_test(test_slow_and_too_many),
       cmocka_unit_test(test_stream),
+      cmocka_unit_test(test_per_address_cap),
       cmocka_unit_test(test_bad_listen),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -444,8 +444,11 @@ static void test_trace_and_methods(void **state) {
 
 static const char *opened_job;
 static uint64_t opened_since;
-static void open_stream(void *arg, const mega_job *j, uint64_t since, megad_web_resp *out) {
+static const char *opened_peer;
+static void open_stream(void *arg, const mega_job *j, uint64_t since, const char *peer,
+                        megad_web_resp *out) {
   (void)arg;
+  opened_peer = peer;
   opened_job = j->id;
   opened_since = since;
   out->status = 200;
@@ -472,8 +475,13 @@ static void test_stream_route(void **state) {
   megad_web_handle(&f->d, "GET", "/api/jobs/j-1-n1/stream", NULL, &r);
   assert_int_equal(r.status, 400);
   megad_web_resp_free(&r);
-  /* HEAD: a stream's headers, and no stream held open */
+  /* the client's address goes with it (streams are capped per address) */
   f->d.last_event_id = NULL;
+  f->d.peer = "10.0.0.7";
+  opened_job = NULL;
+  megad_web_handle(&f->d, "GET", "/api/jobs/j-1-n1/stream", NULL, &r);
+  assert_string_equal(opened_peer, "10.0.0.7");
+  /* HEAD: a stream's headers, and no stream held open */
   opened_job = NULL;
   megad_web_handle(&f->d, "HEAD", "/api/jobs/j-1-n1/stream", NULL, &r);
   assert_int_equal(r.status, 200);
