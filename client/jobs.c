@@ -65,26 +65,6 @@ static bool parse_nnodes(const char *s, uint32_t *lo, uint32_t *hi) {
   return *hi >= *lo;
 }
 
-/* Makes a relative path absolute against the working directory, since
- * megad's working directory means nothing to the user. */
-static mega_status absolutize(char **path, mega_err *err) {
-  if (!*path || (*path)[0] == '/') return MEGA_OK;
-  char *cwd = getcwd(NULL, 0);
-  if (!cwd) return mega_fail(err, MEGA_ERR_IO, "cannot read the working directory to resolve %s", *path);
-  size_t n = strlen(cwd) + strlen(*path) + 2;
-  char *abs = malloc(n);
-  if (!abs) {
-    free(cwd);
-    return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-  }
-  const char *rel = (*path)[0] == '.' && (*path)[1] == '/' ? *path + 2 : *path;
-  snprintf(abs, n, "%s/%s", cwd, rel);
-  free(cwd);
-  free(*path);
-  *path = abs;
-  return MEGA_OK;
-}
-
 /* The checks megad makes too. world 0: unknown here (megad knows it once it
  * places the job), so the checks that need DP wait for megad. */
 static mega_status check_job(const mega_jobspec *s, int world, mega_err *err) {
@@ -148,20 +128,9 @@ int megactl_submit(int argc, char **argv) {
   if (!rc && mega_jobspec_fix_data_paths(&s, true, note, sizeof note, &err) != MEGA_OK)
     rc = megactl_usage(cmd, "%s", err.msg);
   if (!rc && note[0]) fprintf(stderr, "megactl submit: %s\n", note);
-  /* a blend's paths are its odd words; its weights stay as they are */
-  mega_strlist *lists[] = {&s.data_path, &s.train_data_path, &s.valid_data_path};
-  for (int l = 0; l < 3; l++)
-    for (int k = lists[l]->n > 1 ? 1 : 0; !rc && k < lists[l]->n; k += lists[l]->n > 1 ? 2 : 1)
-      if (absolutize(&lists[l]->v[k], &err) != MEGA_OK) rc = megactl_fail("%s", err.msg);
-  /* and every flag naming a file or a directory: --vocab-file, --merge-file,
-   * --save, --load (the table says which) */
-  int npaths = mega_jobspec_path_fields(&s, NULL, 0);
-  char ***paths = calloc((size_t)npaths + 1, sizeof *paths);
-  if (!rc && !paths) rc = megactl_fail("out of memory");
-  if (paths) mega_jobspec_path_fields(&s, paths, npaths);
-  for (int k = 0; !rc && k < npaths; k++)
-    if (absolutize(paths[k], &err) != MEGA_OK) rc = megactl_fail("%s", err.msg);
-  free(paths);
+  /* relative paths (the data lists, --vocab-file, --merge-file, --save,
+   * --load) made absolute: megad reads them from elsewhere */
+  if (!rc && mega_jobspec_absolute_paths(&s, &err) != MEGA_OK) rc = megactl_fail("%s", err.msg);
   int world = per && lo == hi ? (int)(per * (lo ? lo : 1)) : 0;
   if (!rc && (check_job(&s, world, &err) != MEGA_OK ||
               (per && mega_jobspec_check_node(&s, (int)per, &err) != MEGA_OK))) {

@@ -396,6 +396,12 @@ mega_status mega_jobspec_fix_data_paths(mega_jobspec *s, bool rewrite, char *not
  * old one); returns how many there are. The data lists (--data-path and
  * its kin) are not strings: see mega_jobspec_data_count. */
 int mega_jobspec_path_fields(mega_jobspec *s, char **out[], int cap);
+/* Every relative path of the job (the data lists' paths, not a blend's
+ * weights, and each path field above) made absolute against the working
+ * directory, so that the job means the same wherever it runs and its
+ * checkpoints record where its files are (megactl submit, megad run, megaw
+ * alone or by hand). */
+mega_status mega_jobspec_absolute_paths(mega_jobspec *s, mega_err *err);
 /* GPT2BPETokenizer: reads --vocab-file and sets s->file_vocab to its
  * entries (MEGA_OK and nothing else for other tokenizers). */
 mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err);

@@ -1,6 +1,6 @@
 /* What a job's flags name on disk, read where the job is checked: GPT-2's
- * vocabulary (its size is the model's), and data paths given as one file
- * of an indexed dataset's pair. */
+ * vocabulary (its size is the model's), data paths given as one file of an
+ * indexed dataset's pair, and relative paths made absolute. */
 #include "core/jobspec.h"
 
 #include <limits.h>
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -101,5 +102,40 @@ mega_status mega_jobspec_fix_data_paths(mega_jobspec *s, bool rewrite, char *not
     st = fix_list(s, "--train-data-path", &s->train_data_path, rewrite, note, n, err);
   if (st == MEGA_OK)
     st = fix_list(s, "--valid-data-path", &s->valid_data_path, rewrite, note, n, err);
+  return st;
+}
+
+/* ---- relative paths, made absolute where the job was written ---- */
+
+static mega_status absolutize(char **path, const char *cwd, mega_err *err) {
+  if (!*path || (*path)[0] == '/') return MEGA_OK;
+  const char *rel = (*path)[0] == '.' && (*path)[1] == '/' ? *path + 2 : *path;
+  size_t n = strlen(cwd) + strlen(rel) + 2;
+  char *abs = malloc(n);
+  if (!abs) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  snprintf(abs, n, "%s/%s", cwd, rel);
+  free(*path);
+  *path = abs;
+  return MEGA_OK;
+}
+
+mega_status mega_jobspec_absolute_paths(mega_jobspec *s, mega_err *err) {
+  char *cwd = getcwd(NULL, 0);
+  if (!cwd) return mega_fail(err, MEGA_ERR_IO, "cannot read the working directory");
+  mega_status st = MEGA_OK;
+  /* a blend's paths are its odd words; its weights stay as they are */
+  mega_strlist *lists[] = {&s->data_path, &s->train_data_path, &s->valid_data_path};
+  for (int l = 0; l < 3; l++)
+    for (int k = lists[l]->n > 1 ? 1 : 0; st == MEGA_OK && k < lists[l]->n;
+         k += lists[l]->n > 1 ? 2 : 1)
+      st = absolutize(&lists[l]->v[k], cwd, err);
+  /* every flag naming a file or a directory (the table says which) */
+  int n = mega_jobspec_path_fields(s, NULL, 0);
+  char ***paths = calloc((size_t)n + 1, sizeof *paths);
+  if (st == MEGA_OK && !paths) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  if (paths) mega_jobspec_path_fields(s, paths, n);
+  for (int k = 0; st == MEGA_OK && k < n; k++) st = absolutize(paths[k], cwd, err);
+  free(paths);
+  free(cwd);
   return st;
 }

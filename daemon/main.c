@@ -527,13 +527,14 @@ static int run(int argc, char **argv) {
   if (!rc && !slots) rc = usage_error("run needs --slots N%s", "");
   if (!rc && !parse_slots(slots, &n)) rc = usage_error("--slots: '%s' is not a count in 1..4096", slots);
   if (!rc && nproc && (!parse_slots(nproc, &per) || per > n))
-    rc = usage_error("--nproc-per-node: '%s' must be a count no larger than --slots", nproc);
+    rc = usage_error("--nproc-per-node: '%s' is not a count from 1 to --slots", nproc);
   int max_restarts = 0;
   if (!rc && restarts && strcmp(restarts, "0") && !parse_slots(restarts, &max_restarts))
     rc = usage_error("--max-restarts: '%s' is not a count in 0..4096", restarts);
   char note[2048] = "";
   /* the vocabulary's size counts in the log line's FLOPs */
   if (!rc && (mega_jobspec_fix_data_paths(&spec, true, note, sizeof note, &err) != MEGA_OK ||
+              mega_jobspec_absolute_paths(&spec, &err) != MEGA_OK ||
               mega_jobspec_load_vocab(&spec, &err) != MEGA_OK))
     rc = usage_error("%s", err.msg);
   if (!rc && note[0]) fprintf(stderr, "megad: %s\n", note);

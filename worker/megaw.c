@@ -395,7 +395,10 @@ int main(int argc, char **argv) {
   /* Flag errors exit 2, like a usage error; failures while training exit 1. */
   long long bytes = -1;
   char note[2048];
+  /* absolute paths: a checkpoint's job record then finds its vocabulary
+   * from any directory (megaw generate) */
   if (mega_jobspec_fix_data_paths(&job, true, note, sizeof note, &err) != MEGA_OK ||
+      mega_jobspec_absolute_paths(&job, &err) != MEGA_OK ||
       mega_jobspec_load_vocab(&job, &err) != MEGA_OK) {
     mega_jobspec_free(&job);
     fprintf(stderr, "megaw: %s\n", err.msg);

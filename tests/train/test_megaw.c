@@ -278,6 +278,41 @@ static void test_resume_across_processes(void **state) {
   free(err);
 }
 
+/* Relative paths are made absolute where megaw starts, so a checkpoint's
+ * job record names its files from anywhere (megaw generate reads the
+ * vocabulary through it). */
+static void test_relative_paths(void **state) {
+  (void)state;
+  char *here = getcwd(NULL, 0);
+  assert_int_equal(chdir(dir), 0);
+  const char *const args[] = {"--num-layers", "1", "--hidden-size", "32",
+                              "--num-attention-heads", "2", "--seq-length", "32",
+                              "--micro-batch-size", "4", "--global-batch-size", "4",
+                              "--lr", "3e-3", "--train-iters", "1", "--data-path", "data.txt",
+                              "--save", "./rel", NULL};
+  char *out, *err;
+  int rc = run(args, false, &out, &err);
+  assert_int_equal(chdir(here), 0);
+  free(here);
+  if (rc != 0) fail_msg("rc %d: %s", rc, err);
+  free(out);
+  free(err);
+  char state_path[700], want_data[700], want_save[700];
+  snprintf(state_path, sizeof state_path, "%s/rel/iter_0000001/trainer_state.json", dir);
+  snprintf(want_data, sizeof want_data, "%s/data.txt", dir);
+  snprintf(want_save, sizeof want_save, "%s/rel", dir);
+  json_t *j = json_load_file(state_path, 0, NULL);
+  assert_non_null(j);
+  json_t *job = json_object_get(j, "job");
+  json_t *paths = json_object_get(job, "data_path");
+  const char *d = json_is_array(paths) ? json_string_value(json_array_get(paths, 0))
+                                       : json_string_value(paths);
+  assert_non_null(d);
+  assert_string_equal(d, want_data);
+  assert_string_equal(json_string_value(json_object_get(job, "save")), want_save);
+  json_decref(j);
+}
+
 static void test_signals(void **state) {
   (void)state;
   const int sigs[2] = {SIGTERM, SIGINT};
@@ -355,12 +390,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: test_megaw PATH_TO_MEGAW\n");
     return 2;
   }
-  megaw = argv[1];
+  static char abs_megaw[4096]; /* test_relative_paths runs it from another directory */
+  megaw = realpath(argv[1], abs_megaw) ? abs_megaw : argv[1];
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_json_and_loss_falls),
       cmocka_unit_test(test_bad_flags),
       cmocka_unit_test(test_resume_across_processes),
+      cmocka_unit_test(test_relative_paths),
       cmocka_unit_test(test_signals),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
