@@ -542,6 +542,18 @@ static size_t count_jobs(hd *d) {
   return n;
 }
 
+/* The count once megad has applied --retain-jobs: it does so on the turn
+ * of its loop after a job ends, and a ListJobs the same turn already holds
+ * (the reply to the cancel went out first) still counts the job. */
+static size_t count_settled(hd *d, size_t want) {
+  size_t n = count_jobs(d);
+  for (int i = 0; i < 100 && n != want; i++) {
+    usleep(20 * 1000);
+    n = count_jobs(d);
+  }
+  return n;
+}
+
 static void cancel(hd *d, const char *id) {
   Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
   req.job_id = (char *)id;
@@ -571,7 +583,7 @@ static void test_retention(void **state) {
       mkdir(path, 0700); /* as a job that ran leaves it (logs) */
     }
     cancel(&d, ids[i]);
-    size_t listed = count_jobs(&d);
+    size_t listed = count_settled(&d, i < 2 ? (size_t)i + 1 : 2);
     if (listed != (i < 2 ? (size_t)i + 1 : 2)) hd_dump_log(&d);
     assert_int_equal(listed, i < 2 ? (size_t)i + 1 : 2);
   }
@@ -593,10 +605,10 @@ static void test_retention(void **state) {
    * one: a tie has no "longest ago", so each end gets its own */
   usleep(2000);
   cancel(&d, y);
-  assert_int_equal(count_jobs(&d), 3); /* x waits; ids[5] and y ended */
+  assert_int_equal(count_settled(&d, 3), 3); /* x waits; ids[5] and y ended */
   usleep(2000);
   cancel(&d, x);
-  assert_int_equal(count_jobs(&d), 2);
+  assert_int_equal(count_settled(&d, 2), 2);
   assert_null(hd_get_job(&d, ids[5], &err));
   j = hd_get_job(&d, x, &err);
   assert_non_null(j);
