@@ -388,6 +388,13 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
 
 /* ---- stop ----
  * Phases, each waiting for the last on a 50 ms timer:
+ *   0 leave first: the coordinators of jobs with ranks here are told this
+ *     node leaves, and answer, before its ranks are stopped, so their ends
+ *     are a lost node (as a kill -9's are), never rank failures of a node
+ *     still alive and placeable. Without etcd a node that coordinates no
+ *     running attempt leaves every peer now; one that does tells only
+ *     those coordinators (its own attempts' ranks elsewhere must still
+ *     reach it), and the rest in phase 2
  *   1 workers: running attempts end (their jobs wait as RESTARTING), every
  *     worker is aborted (Abort frame, SIGKILL after the grace) and reaped;
  *     AbortJob reaches the other nodes of jobs this node coordinates
@@ -401,6 +408,7 @@ typedef struct stopper {
   uint64_t phase_start;
   void (*done)(void *);
   void *arg;
+  char reason[256];
 } stopper;
 
 static void closed_free(uv_handle_t *h) { free(h->data); }
@@ -442,6 +450,13 @@ static void stop_step(uv_timer_t *t) {
   megad *d = st->d;
   uint64_t waited = uv_now(d->base.loop) - st->phase_start;
   switch (st->phase) {
+  case 0:
+    if (megad_members_leaving(&d->members) && waited < 1500) return;
+    megad_coord_stop_all(&d->coord, st->reason);
+    megad_launch_abort_all(&d->launcher, st->reason);
+    st->phase = 1;
+    st->phase_start = uv_now(d->base.loop);
+    return;
   case 1:
     if ((!megad_launch_idle(&d->launcher) || megad_coord_stopping(&d->coord)) &&
         waited < MEGAD_ABORT_GRACE_MS + 4000)
@@ -483,10 +498,13 @@ void megad_stop(megad *d, const char *reason, void (*done)(void *arg), void *arg
   st->d = d;
   st->done = done;
   st->arg = arg;
-  st->phase = 1;
+  snprintf(st->reason, sizeof st->reason, "%s", reason);
+  st->phase = 0;
   st->phase_start = uv_now(d->base.loop);
-  megad_coord_stop_all(&d->coord, reason);
-  megad_launch_abort_all(&d->launcher, reason);
+  const char *coords[64];
+  size_t ncoords = megad_launch_coordinators(&d->launcher, coords, 64);
+  if (!d->etcd && !megad_coord_stopping(&d->coord)) megad_members_leave(&d->members);
+  else megad_members_leave_to(&d->members, coords, ncoords);
   uv_timer_init(d->base.loop, &st->t);
   st->t.data = st;
   uv_timer_start(&st->t, stop_step, 0, 50);

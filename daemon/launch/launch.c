@@ -614,6 +614,17 @@ bool megad_launch_idle(const megad_launcher *L) {
   return true;
 }
 
+size_t megad_launch_coordinators(const megad_launcher *L, const char **ids, size_t max) {
+  size_t n = 0;
+  for (const megad_launch *l = L->launches; l && n < max; l = l->next) {
+    if (!l->live || l->coord_local || l->coord_gone) continue;
+    bool dup = false;
+    for (size_t i = 0; i < n && !dup; i++) dup = !strcmp(ids[i], l->req->coordinator_node_id);
+    if (!dup) ids[n++] = l->req->coordinator_node_id;
+  }
+  return n;
+}
+
 uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max, size_t *n) {
   *n = 0;
   for (const megad_launch *l = L->launches; l && *n < max; l = l->next) {

@@ -168,6 +168,9 @@ mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpo
 Mega__V1__ListHeldResponse *megad_launch_held(const megad_launcher *L, const char *job_id,
                                               uint32_t attempt);
 bool megad_launch_idle(const megad_launcher *L);
+/* The node ids of the other nodes that coordinate jobs with workers here
+ * (borrowed, at most max, each once); returns how many. */
+size_t megad_launch_coordinators(const megad_launcher *L, const char **ids, size_t max);
 /* Job ids with ranks here (borrowed, at most max); returns the slots used. */
 uint32_t megad_launch_load(const megad_launcher *L, const char **ids, size_t max, size_t *n);
 

@@ -116,6 +116,11 @@ static void view_free(view_msg *v) {
 
 /* A sign of life from n, in incarnation inc (0: unknown). */
 static void members_saw(megad_members *m, megad_node *n, uint64_t inc) {
+  /* a megad that left is stopping: an answer it gave before it left (a
+   * heartbeat's, still on its way) is no sign of life; only a new
+   * incarnation comes back */
+  if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT && (!inc || inc == n->incarnation))
+    return;
   /* a new incarnation is a loss (unless the old one was lost already),
    * then an up, as in etcd mode: it runs none of the old one's ranks */
   if (inc && n->incarnation && inc != n->incarnation) {
@@ -318,28 +323,42 @@ void megad_members_start(megad_members *m) {
 }
 
 static void left(void *arg, ProtobufCMessage *resp, const mega_err *err) {
-  (void)arg;
   (void)err;
+  megad_members *m = arg;
+  if (m->leave_calls) m->leave_calls--;
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);
 }
 
-bool megad_members_leaving(const megad_members *m) { return m->etcd_leaving; }
+bool megad_members_leaving(const megad_members *m) { return m->etcd_leaving || m->leave_calls; }
+
+/* A Peer Leave to n, if it is up. */
+static void send_leave(megad_members *m, megad_node *n) {
+  if (n->self || (n->state != MEGA__V1__NODE_STATE__NODE_STATE_ALIVE &&
+                  n->state != MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT))
+    return;
+  Mega__V1__LeaveRequest req = MEGA__V1__LEAVE_REQUEST__INIT;
+  req.node_id = m->b->node_id;
+  req.incarnation = m->incarnation;
+  if (megad_call(m->b, n->address, &mega_peer_leave, &req.base, 1000, left, m, NULL) == MEGA_OK)
+    m->leave_calls++;
+}
+
+void megad_members_leave_to(megad_members *m, const char *const *ids, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    megad_node *nd = megad_members_find(m, ids[i]);
+    if (nd) send_leave(m, nd);
+  }
+}
 
 void megad_members_leave(megad_members *m) {
+  if (m->left) return;
+  m->left = true;
   uv_timer_stop(&m->timer);
   if (m->etcd) {
     members_etcd_leave(m);
     return;
   }
-  Mega__V1__LeaveRequest req = MEGA__V1__LEAVE_REQUEST__INIT;
-  req.node_id = m->b->node_id;
-  req.incarnation = m->incarnation;
-  for (size_t i = 1; i < m->nnodes; i++) {
-    megad_node *n = m->nodes[i];
-    if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE ||
-        n->state == MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT)
-      megad_call(m->b, n->address, &mega_peer_leave, &req.base, 1000, left, NULL, NULL);
-  }
+  for (size_t i = 1; i < m->nnodes; i++) send_leave(m, m->nodes[i]);
 }
 
 /* ---- incoming: Join, Heartbeat, Leave, ListNodes ---- */

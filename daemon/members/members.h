@@ -101,6 +101,8 @@ typedef struct megad_members {
   struct members_list_wait *list_waits;   /* ListNodes calls waiting for it */
   uint64_t etcd_taken_ms;    /* when the name was first found taken; 0: not */
   bool etcd_registered, etcd_registering, etcd_putting, etcd_listing, etcd_leaving;
+  bool left;            /* megad_members_leave ran */
+  unsigned leave_calls; /* Peer Leave calls not answered yet */
   bool etcd_warned;
 } megad_members;
 
@@ -112,10 +114,16 @@ mega_status megad_members_init(megad_members *m, megad_base *b, const megad_memb
 /* Starts heartbeats and joins (each interval), or the etcd session, the
  * registration and the watch. */
 void megad_members_start(megad_members *m);
-/* Best effort at shutdown: Leave to every live peer, timer stopped; in etcd
- * mode the record put as LEFT, then the lease revoked (megad_members_leaving
- * is true until then). */
+/* Best effort at shutdown: Leave to every live peer (once), timer stopped;
+ * in etcd mode the record put as LEFT, then the lease revoked. */
 void megad_members_leave(megad_members *m);
+/* Shutdown's first step: Peer Leave to the nodes ids[0..n) only (the
+ * coordinators of jobs with ranks here), in either mode, so that they count
+ * this node lost before its ranks' ends reach them. Unknown ids, this node
+ * and nodes already down are skipped. */
+void megad_members_leave_to(megad_members *m, const char *const *ids, size_t n);
+/* Whether a Leave is still on its way: a Peer Leave not answered yet, or
+ * (etcd) the LEFT record not put yet. */
 bool megad_members_leaving(const megad_members *m);
 void megad_members_free(megad_members *m);
 /* Join, Heartbeat, Leave and Control.ListNodes. */

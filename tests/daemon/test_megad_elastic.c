@@ -355,6 +355,63 @@ static void test_grows_when_slots_free_up(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* ---- a node's megad stopped gracefully (SIGTERM, as systemd or Kubernetes
+ * send) is a lost node, as its kill -9 is ---- */
+
+typedef struct stopper {
+  hd *node;
+  bool sent;
+} stopper;
+
+static void stop_node_at_10(void *arg, const Mega__V1__WatchJobResponse *it) {
+  stopper *s = arg;
+  if (s->sent || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < 10)
+    return;
+  s->sent = true;
+  kill(s->node->pid, SIGTERM);
+}
+
+/* t3's megad used to abort its ranks before it left the membership: the
+ * coordinator saw rank failures from a node still alive, failed the job
+ * (no --max-restarts; with a budget it charged a restart and placed the
+ * next attempt on t3, which refused it as shutting down). */
+static void test_stopped_node_is_a_lost_node(void **state) {
+  (void)state;
+  hd n[3];
+  assert_true(hd_start(&n[0], "t1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "t2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "t3", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  assert_true(hd_wait_alive(&n[2], 3, 10000));
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 40, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  stopper s = {.node = &n[2]};
+  hd_watch w;
+  hd_watch_job_cb(&n[0], id, true, 120000, &w, stop_node_at_10, &s);
+  assert_true(s.sent);
+  fprintf(stderr, "events:\n%s", w.events_text);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_int_equal(hd_stop(&n[2]), 0); /* it stopped cleanly */
+  assert_int_equal(w.final->restarts, 0);
+  assert_int_equal(w.final->dp, 2);
+  assert_non_null(strstr(w.events_text, "node t3 left the cluster"));
+  assert_null(strstr(w.events_text, "shutting down"));
+  /* the survivors' state carried on: nothing was trained again */
+  assert_non_null(strstr(w.events_text, "restarting from the replicas' state"));
+  assert_non_null(strstr(w.events_text, "0 iterations redone"));
+  assert_int_equal(w.redone, 0);
+  hd_watch_free(&w);
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 
 static int teardown(void **state) {
   (void)state;
@@ -369,6 +426,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_grows_back_and_rescales, teardown),
       cmocka_unit_test_teardown(test_grows_when_slots_free_up, teardown),
       cmocka_unit_test_teardown(test_failed_attempt_claims_no_recovery, teardown),
+      cmocka_unit_test_teardown(test_stopped_node_is_a_lost_node, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
