@@ -35,14 +35,16 @@ static void note_donors(mega_job *j) {
     j->coord.donors[j->coord.ndonors++] = megad_strdup(j->placement[r].node_id);
 }
 
-void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n) {
+void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n,
+                         uint64_t floor) {
   free(j->coord.replicas_why);
   j->coord.replicas_why = NULL;
   note_donors(j);
   char why[MEGA_ERR_MSG_MAX + 64] = "";
   mega_replicas_in in = {.attempt = j->attempt, .tp = j->tp, .pp = j->pp, .dp = j->dp,
                          .distributed = j->spec.use_distributed_optimizer, .donors = d,
-                         .ndonors = n, .ckpt_iteration = j->spec.save ? j->ckpt_iteration : 0};
+                         .ndonors = n, .ckpt_iteration = j->spec.save ? j->ckpt_iteration : 0,
+                         .floor = floor};
   mega_err e = {0};
   Mega__V1__ReplicaPlan *p = NULL;
   if (j->spec.no_replica_recovery) snprintf(why, sizeof why, "--no-replica-recovery");
@@ -67,12 +69,44 @@ static void plan_replicas(coord_run *run) {
     if (run->held[r])
       d[n++] = (mega_replica_donor){.rank = r, .node_id = run->held_node[r], .held = run->held[r]};
   if (d) {
-    coord_plan_replicas(run->c, run->job, d, n);
+    coord_plan_replicas(run->c, run->job, d, n, run->plan ? run->plan->iteration : 0);
   } else {
     free(run->job->coord.replicas_why);
     run->job->coord.replicas_why = megad_strdup("megad ran out of memory");
   }
   free(d);
+}
+
+/* An attempt that was to take its state from replicas ended before every
+ * rank had it: its donors still hold it (they are released only once
+ * fetched from), and the next attempt takes the same plan, unless the
+ * end may have been the fetch's own failure (a rank's, not a refused
+ * launch, a lost node or a stop of the coordinator's) or a donor's node is
+ * gone. Then true, and the plan is j's again. */
+static bool keep_plan(coord_run *run, mega_end_kind kind) {
+  megad_coord *c = run->c;
+  mega_job *j = run->job;
+  if (!run->plan || run->nrecovered == run->world || !j->coord.ndonors ||
+      j->coord.donors_attempt != run->plan->attempt)
+    return false;
+  if (kind != MEGA_END_LAUNCH && kind != MEGA_END_NODE_LOST && kind != MEGA_END_COORDINATOR &&
+      kind != MEGA_END_RESCALE)
+    return false;
+  for (size_t i = 0; i < run->plan->n_sources; i++) {
+    const megad_node *n = megad_members_find(c->members, run->plan->sources[i]->node_id);
+    if (!n || n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||
+        n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT)
+      return false;
+  }
+  free(j->coord.replicas_why);
+  j->coord.replicas_why = NULL;
+  mega_replicas_plan_free(j->coord.replicas);
+  j->coord.replicas = run->plan;
+  j->coord.replicas_redone = run->plan_redone;
+  run->plan = NULL;
+  /* what this attempt's ranks may hold is not wanted */
+  coord_abort_nodes(run, "the attempt ended before its ranks had their state", false);
+  return true;
 }
 
 /* Why the job stopped early, and where it goes on from: this megad's own
@@ -122,9 +156,12 @@ void coord_run_finish(coord_run *run) {
     stopped_why(run, why, sizeof why);
     coord_set_cause(run, CAUSE_PRIMARY, kind, why);
   }
-  /* the donors an attempt fetched from are done with; its own may hold */
-  if (j->coord.ndonors) coord_release_donors(c, j, "the attempt that fetched from them ended");
-  if (kind != MEGA_END_DONE && kind != MEGA_END_STOPPED) plan_replicas(run);
+  /* the donors an attempt fetched from are done with, and its own ranks
+   * may hold; an attempt that ended before it fetched leaves them held */
+  bool kept = kind != MEGA_END_DONE && kind != MEGA_END_STOPPED && keep_plan(run, kind);
+  if (!kept && j->coord.ndonors)
+    coord_release_donors(c, j, "the attempt that fetched from them ended");
+  if (!kept && kind != MEGA_END_DONE && kind != MEGA_END_STOPPED) plan_replicas(run);
   /* iterations the survivors completed but a lost rank never reported: the
    * next attempt starts after them, so they are merged from what came */
   mega_step_done *d = NULL;

@@ -79,7 +79,7 @@ static void gather_done(gather *g) {
                                    .held = g->copies[i]};
   if (j && j->attempt == g->attempt && j->coord.gathering) {
     j->coord.gathering = false;
-    coord_plan_replicas(c, j, g->d, g->n);
+    coord_plan_replicas(c, j, g->d, g->n, 0);
     if (j->coord.replicas)
       megad_job_event(c->jobs, j, EV(INFO), c->b->node_id, -1,
                       "%zu rank%s of attempt %u kept %s state: restarting from the replicas' "

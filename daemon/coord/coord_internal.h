@@ -76,6 +76,7 @@ typedef struct coord_run {
   uint32_t nheld;
   Mega__V1__ReplicaPlan *plan;
   uint64_t plan_redone;
+  bool *recovered; /* [world]: the rank said RankRecovered */
   uint32_t nrecovered;
   uint64_t recovered_bytes;
   double recovered_s; /* the slowest rank's fetch */
@@ -167,8 +168,11 @@ void coord_run_free(coord_run *run);
 void coord_run_finish(coord_run *run);
 /* coord_end.c: where j's next attempt takes its state from, given the
  * ranks of its attempt that hold one (d, n): j->coord.replicas, or why not
- * in j->coord.replicas_why; the attempt's nodes become j->coord.donors. */
-void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n);
+ * in j->coord.replicas_why; the attempt's nodes become j->coord.donors.
+ * floor: the iteration the attempt took from replicas (0: none), below
+ * which a rank holds nothing of the run (mega_replicas_in.floor). */
+void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *d, size_t n,
+                         uint64_t floor);
 /* coord_end.c: lets the ranks that hold j's state for a later attempt go
  * (j->coord.donors) and forgets the plan that named them. */
 void coord_release_donors(megad_coord *c, mega_job *j, const char *why);

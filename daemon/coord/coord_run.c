@@ -29,6 +29,7 @@ void coord_run_free(coord_run *run) {
   free(run->held);
   free(run->held_node);
   mega_replicas_plan_free(run->plan);
+  free(run->recovered);
   mega_stepmerge_free(run->merge);
   free(run->hello);
   free(run->exited);
@@ -57,8 +58,10 @@ coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration) {
   run->errored = calloc(j->world, sizeof *run->errored);
   run->held = calloc(j->world, sizeof *run->held);
   run->held_node = calloc(j->world, sizeof *run->held_node);
+  run->recovered = calloc(j->world, sizeof *run->recovered);
   if (!run->merge || !run->hello || !run->exited || !run->errored || !run->held ||
-      !run->held_node) {
+      !run->held_node || !run->recovered) {
+    free(run->recovered);
     mega_stepmerge_free(run->merge);
     free(run->hello);
     free(run->exited);
@@ -515,10 +518,16 @@ static void on_hello(coord_run *run, uint32_t r) {
                     "all %u ranks started (%.2f s after placement)", run->world, took);
 }
 
-/* A rank stopped and holds a whole state: it counts as gone. */
+/* A rank stopped and holds a whole state: it counts as gone. A rank of an
+ * attempt that takes its state from replicas is a donor only once it has
+ * its state (RankRecovered): before, it holds nothing of the run. */
 static void on_held(coord_run *run, uint32_t r, const char *node_id,
                     const Mega__V1__RankHeld *h) {
   if (run->held[r] || run->exited[r]) return;
+  if (run->plan && !run->recovered[r]) {
+    coord_ranks_gone(run, r, 1);
+    return;
+  }
   run->held[r] = (Mega__V1__RankHeld *)megad_pb_copy(&h->base);
   run->held_node[r] = megad_strdup(node_id);
   if (!run->held[r] || !run->held_node[r]) return; /* then it is not a donor */
@@ -527,10 +536,11 @@ static void on_held(coord_run *run, uint32_t r, const char *node_id,
 }
 
 /* A rank took its state from replicas; once all have, the donors go. */
-static void on_recovered(coord_run *run, const Mega__V1__RankRecovered *rec) {
+static void on_recovered(coord_run *run, uint32_t r, const Mega__V1__RankRecovered *rec) {
   megad_coord *c = run->c;
   mega_job *j = run->job;
-  if (!run->plan) return;
+  if (!run->plan || run->recovered[r]) return;
+  run->recovered[r] = true;
   run->recovered_bytes += rec->bytes;
   if (rec->seconds > run->recovered_s) run->recovered_s = rec->seconds;
   if (++run->nrecovered != run->world) return;
@@ -561,7 +571,7 @@ void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, con
     on_held(run, r, node_id, ev->held);
     break;
   case MEGA__V1__RANK_EVENT__KIND_RECOVERED:
-    on_recovered(run, ev->recovered);
+    on_recovered(run, r, ev->recovered);
     break;
   case MEGA__V1__RANK_EVENT__KIND_STOPPED: {
     /* every rank says it; the first that was asked itself says why */

@@ -174,9 +174,16 @@ mega_status mega_replicas_plan(const mega_replicas_in *in, Mega__V1__ReplicaPlan
   if (!its) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for a replica plan");
   size_t n = 0;
   for (size_t i = 0; i < in->ndonors; i++) {
+    if (in->donors[i].held->iteration < in->floor) continue; /* never got its state */
     bool seen = false;
     for (size_t k = 0; k < n && !seen; k++) seen = its[k] == in->donors[i].held->iteration;
     if (!seen) its[n++] = in->donors[i].held->iteration;
+  }
+  if (!n) {
+    free(its);
+    snprintf(why, len, "no rank of attempt %u had its state yet (they were taking the replicas' "
+             "state of iteration %llu)", in->attempt, (unsigned long long)in->floor);
+    return MEGA_OK;
   }
   qsort(its, n, sizeof *its, cmp_desc);
   mega_status st = MEGA_OK;

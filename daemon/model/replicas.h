@@ -42,6 +42,10 @@ typedef struct mega_replicas_in {
   const mega_replica_donor *donors;
   size_t ndonors;
   uint64_t ckpt_iteration; /* the newest committed checkpoint (0: none) */
+  /* The iteration the ended attempt's ranks started from when they took it
+   * from replicas (0: otherwise). No rank of the run holds less: one that
+   * says so had not got its state yet, and is no donor. */
+  uint64_t floor;
 } mega_replicas_in;
 
 /* A plan (*out, the caller's) or NULL with why filled: the sentence the

@@ -413,6 +413,70 @@ static void test_stopped_node_is_a_lost_node(void **state) {
 }
 
 
+/* ---- a recovery whose launch is refused keeps the survivors' state ---- */
+
+typedef struct refuser {
+  hd *nodes;
+  int step; /* 0: kill v3 at iteration 10; 1: kill v4 once its launch is refused */
+} refuser;
+
+static void refuse_step(void *arg, const Mega__V1__WatchJobResponse *it) {
+  refuser *r = arg;
+  if (r->step == 0 && it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP &&
+      it->step->iteration >= 10) {
+    hd_kill(&r->nodes[2]);
+    r->step = 1;
+  } else if (r->step == 1 && it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT &&
+             strstr(it->event->message, "cannot start ranks")) {
+    hd_kill(&r->nodes[3]); /* the refusing node goes: the job fits on v1 and v2 */
+    r->step = 2;
+  }
+}
+
+/* v3 dies; the next attempt is placed on v4, which heartbeats but cannot
+ * be called (it advertises 127.0.0.2), so its launch is refused. The
+ * attempt that never fetched used to release the survivors' state and
+ * offer its own fresh ranks as donors: "restarting from the replicas'
+ * state at iteration 0", or from the start, with every iteration redone. */
+static void test_refused_recovery_keeps_replicas(void **state) {
+  (void)state;
+  hd n[4];
+  assert_true(hd_start(&n[0], "v1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "v2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "v3", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  const char *away[] = {"--advertise", "127.0.0.2", NULL};
+  assert_true(hd_start(&n[3], "v4", 1, n[0].addr, NULL, away));
+  assert_true(hd_wait_alive(&n[0], 4, 10000));
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 40, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  refuser r = {.nodes = n};
+  hd_watch w;
+  hd_watch_job_cb(&n[0], id, true, 120000, &w, refuse_step, &r);
+  fprintf(stderr, "events:\n%s", w.events_text);
+  assert_int_equal(r.step, 2);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_int_equal(w.final->restarts, 0);
+  assert_non_null(strstr(w.events_text, "placed: world 3 = TP 1 x PP 1 x DP 3; rank 0..0 on v1, "
+                                        "rank 1..1 on v2, rank 2..2 on v3"));
+  assert_non_null(strstr(w.events_text, "cannot start ranks 2..2 on node v4"));
+  /* every restart goes on from the survivors' iteration, none from 0 */
+  assert_null(strstr(w.events_text, "at iteration 0 "));
+  assert_null(strstr(w.events_text, "restarting from the start"));
+  assert_non_null(strstr(w.events_text, "recovered iteration 1"));
+  assert_non_null(strstr(w.events_text, "0 iterations redone"));
+  assert_int_equal(w.redone, 0);
+  hd_watch_free(&w);
+  for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -427,6 +491,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_grows_when_slots_free_up, teardown),
       cmocka_unit_test_teardown(test_failed_attempt_claims_no_recovery, teardown),
       cmocka_unit_test_teardown(test_stopped_node_is_a_lost_node, teardown),
+      cmocka_unit_test_teardown(test_refused_recovery_keeps_replicas, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

@@ -54,6 +54,17 @@ static Mega__V1__ReplicaPlan *plan(const fixture *f, uint32_t tp, uint32_t pp, u
   return p;
 }
 
+/* As plan, for an attempt that took the replicas' state of iteration floor. */
+static Mega__V1__ReplicaPlan *plan_above(const fixture *f, uint32_t pp, uint32_t dp,
+                                         uint64_t floor, char *why) {
+  mega_replicas_in in = {.attempt = 3, .tp = 1, .pp = pp, .dp = dp, .donors = f->d,
+                         .ndonors = f->n, .floor = floor};
+  Mega__V1__ReplicaPlan *p = NULL;
+  mega_err err = {0};
+  assert_int_equal(mega_replicas_plan(&in, &p, why, 400, &err), MEGA_OK);
+  return p;
+}
+
 static const Mega__V1__ReplicaSource *source_for(const Mega__V1__ReplicaPlan *p, uint32_t rank) {
   for (size_t i = 0; i < p->n_sources; i++)
     if (p->sources[i]->donor_rank == rank) return p->sources[i];
@@ -224,6 +235,29 @@ static void test_checkpoint_newer(void **state) {
   assert_string_equal(why, "the checkpoint of iteration 10 is newer than the replicas' state");
 }
 
+/* An attempt that was taking the replicas' state of iteration 165 ended
+ * before its ranks had it: what they hold (iteration 0, their fresh
+ * buffers) is nothing of the run, and no plan goes back to it. */
+static void test_ranks_without_their_state(void **state) {
+  (void)state;
+  fixture f = {0};
+  add(&f, 0, 0, 0, 0, 0, true, -1, -1);
+  add(&f, 1, 1, 0, 0, 0, true, -1, -1);
+  char why[400];
+  assert_null(plan_above(&f, 2, 2, 165, why));
+  assert_non_null(strstr(why, "no rank of attempt 3 had its state yet"));
+  assert_non_null(strstr(why, "iteration 165"));
+  /* those that had it cover the job from where they got it, or later */
+  add(&f, 2, 0, 0, 1, 165, true, -1, -1);
+  add(&f, 3, 1, 0, 1, 165, true, -1, -1);
+  Mega__V1__ReplicaPlan *p = plan_above(&f, 2, 2, 165, why);
+  assert_non_null(p);
+  assert_int_equal(p->iteration, 165);
+  assert_null(source_for(p, 0));
+  assert_null(source_for(p, 1));
+  mega_replicas_plan_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shrink_plain),
@@ -234,6 +268,7 @@ int main(void) {
       cmocka_unit_test(test_distributed_lost_shard_and_torn),
       cmocka_unit_test(test_tensor_parallel),
       cmocka_unit_test(test_checkpoint_newer),
+      cmocka_unit_test(test_ranks_without_their_state),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -301,6 +301,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   }
   if (st == MEGA_OK) st = mega_grads_copy_take_params(r->chunks.grads, err);
   if (st == MEGA_OK) st = rank_build_saver(r, err);
+  r->ready = st == MEGA_OK;
   return st;
 }
 

@@ -273,7 +273,8 @@ typedef struct mega_rank_held {
 } mega_rank_held;
 
 /* MEGA_ERR_UNSUPPORTED with the reason when the rank holds nothing usable
- * (never set up, or stopped inside a step's update). */
+ * (stopped before its setup finished, while it fetched or loaded its state,
+ * or inside a step's update). */
 mega_status mega_rank_hold(mega_rank *r, mega_rank_held *out, mega_err *err);
 
 typedef struct mega_replica_server mega_replica_server;

@@ -19,8 +19,12 @@
 
 mega_status mega_rank_hold(mega_rank *r, mega_rank_held *out, mega_err *err) {
   memset(out, 0, sizeof *out);
-  if (!r->optim || !r->chunks.grads)
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED, "rank %d stopped before its setup finished",
+  /* a rank stopped in its setup holds nothing of the run: it may still be
+   * fetching its state from replicas (its buffers then hold no weights at
+   * all) or loading a checkpoint */
+  if (!r->ready || !r->optim || !r->chunks.grads)
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "rank %d stopped before its setup finished (it did not have its state yet)",
                      r->env.rank);
   if (r->simulate)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,

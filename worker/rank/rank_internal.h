@@ -73,6 +73,9 @@ struct mega_rank {
   mega_engine *eval_engine;
   int64_t eval_done;         /* evaluation batches run so far */
   int64_t iteration; /* completed */
+  /* setup finished: the parameters and moments are this run's (drawn,
+   * loaded or fetched from replicas); before, a fetching rank's are not */
+  bool ready;
   /* Where a failure leaves the state (mega_rank_hold): stepping once the
    * optimizer of iteration+1 may have begun, stepped once it (and the
    * copy) took that step; both clear when the iteration completes. */
