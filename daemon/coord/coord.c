@@ -447,7 +447,10 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
   if (j->coord.replicas_why)
     snprintf(why, sizeof why, "; not from replicas: %s", j->coord.replicas_why);
   const Mega__V1__ReplicaPlan *p = j->coord.replicas;
-  if (p)
+  if (j->coord.gathering) /* coord_held.c says where from once they answered */
+    snprintf(from, sizeof from, "what its ranks kept (asking the nodes of attempt %u)",
+             j->attempt);
+  else if (p)
     snprintf(from, sizeof from, "the replicas' state at iteration %llu (%llu iteration%s to "
              "redo)", (unsigned long long)p->iteration,
              (unsigned long long)j->coord.replicas_redone,
@@ -592,11 +595,14 @@ void megad_coord_stalled(megad_coord *c, uint64_t ms) {
 
 void megad_coord_node_up(megad_coord *c, const megad_node *n) {
   /* A node that comes back may still run ranks of attempts that ended
-   * while it was away: they must do no harm. */
+   * while it was away: they must do no harm. Those that hold the state the
+   * job goes on from (its donors) stay. */
   for (size_t i = 0; !n->self && i < c->jobs->t.n; i++) {
     mega_job *j = c->jobs->t.v[i];
-    if (j->state == MEGA_JOB_RUNNING || j->state == MEGA_JOB_RESTARTING)
-      coord_abort_on(c, j, n->id, true, "this attempt of the job is over");
+    if (j->state != MEGA_JOB_RUNNING && j->state != MEGA_JOB_RESTARTING) continue;
+    uint32_t upto = j->attempt;
+    if (j->coord.ndonors && j->coord.donors_attempt < upto) upto = j->coord.donors_attempt;
+    coord_abort_attempt(c, j, n->id, upto, true, false, "this attempt of the job is over");
   }
   megad_coord_schedule(c);
 }
@@ -653,16 +659,24 @@ void megad_coord_start(megad_coord *c) {
   for (size_t i = 0; i < c->jobs->t.n; i++) {
     mega_job *j = c->jobs->t.v[i];
     if (j->state == MEGA_JOB_PENDING || j->state == MEGA_JOB_RESTARTING) coord_wq_add(c, j);
+    bool elsewhere = false; /* the last attempt's ranks on other nodes may hold their state */
+    for (size_t k = 0; k < j->nplaced; k++)
+      elsewhere = elsewhere || strcmp(j->placement[k].node_id, c->b->node_id) != 0;
+    if (j->state == MEGA_JOB_RESTARTING && elsewhere && !j->spec.no_replica_recovery) {
+      /* its attempt ended as this megad stopped (SIGTERM): the ranks it
+       * told to hold kept their state for its return */
+      megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
+                      "megad on %s started again; asking the nodes of attempt %u what their "
+                      "ranks kept", c->b->node_id, j->attempt);
+      coord_gather_held(c, j, true);
+    }
     if (j->state != MEGA_JOB_RUNNING) continue;
     mega_err e = {0};
     if (mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, &e) != MEGA_OK) continue;
     megad_jobs_save(c->jobs, j, NULL);
     /* the old attempt's ranks on other nodes may have kept their state
      * (this node's died with its megad) */
-    bool others = false;
-    for (size_t k = 0; k < j->nplaced; k++)
-      others = others || strcmp(j->placement[k].node_id, c->b->node_id) != 0;
-    if (others && !j->spec.no_replica_recovery) {
+    if (elsewhere && !j->spec.no_replica_recovery) {
       megad_job_event(c->jobs, j, EV(RESTARTING), NULL, -1,
                       "megad on %s restarted while attempt %u ran; asking its nodes what their "
                       "ranks kept", c->b->node_id, j->attempt);

@@ -159,9 +159,15 @@ void coord_run_finish(coord_run *run) {
   /* the donors an attempt fetched from are done with, and its own ranks
    * may hold; an attempt that ended before it fetched leaves them held */
   bool kept = kind != MEGA_END_DONE && kind != MEGA_END_STOPPED && keep_plan(run, kind);
-  if (!kept && j->coord.ndonors)
+  /* a coordinator that stood down (etcd) plans nothing and lets nothing
+   * go: the node that took the job over asks for what the ranks kept */
+  if (!kept && j->coord.ndonors && !j->etcd.fenced)
     coord_release_donors(c, j, "the attempt that fetched from them ended");
-  if (!kept && kind != MEGA_END_DONE && kind != MEGA_END_STOPPED) plan_replicas(run);
+  if (!kept && !j->etcd.fenced && kind != MEGA_END_DONE && kind != MEGA_END_STOPPED) {
+    /* after a stall the other nodes no longer report: they are asked */
+    if (run->gather) coord_gather_held(c, j, false);
+    else plan_replicas(run);
+  }
   /* iterations the survivors completed but a lost rank never reported: the
    * next attempt starts after them, so they are merged from what came */
   mega_step_done *d = NULL;

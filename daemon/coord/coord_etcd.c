@@ -36,6 +36,15 @@ static void resume_adopted(megad_coord *c, mega_job *j, const char *from_node) {
                     "ran; asking its nodes what their ranks kept", c->b->node_id, from_node,
                     j->attempt);
     coord_gather_held(c, j, false);
+  } else if (j->state == MEGA_JOB_RESTARTING && j->nplaced && !j->spec.no_replica_recovery) {
+    /* its last attempt ended (its coordinator stopped, say) with ranks
+     * that may still hold their state for the next one: the plan made
+     * for them went with the old coordinator, so they are asked again */
+    megad_job_event(c->jobs, j, EV(INFO), c->b->node_id, -1,
+                    "node %s took the restarting job over from %s (its etcd lease expired); "
+                    "asking the nodes of attempt %u what their ranks kept", c->b->node_id,
+                    from_node, j->attempt);
+    coord_gather_held(c, j, false);
   } else {
     megad_job_event(c->jobs, j, EV(INFO), c->b->node_id, -1,
                     "node %s took the %s job over from %s (its etcd lease expired)",

@@ -59,6 +59,10 @@ typedef struct coord_run {
   uint64_t skipped_first, skipped_last;
   /* the end */
   bool stopping;
+  /* this node stalled past the heartbeat timeout (no etcd): the other
+   * nodes took it for lost, stopped their ranks with hold and report no
+   * more to it; at the end it asks them what they kept (gather) */
+  bool orphaned, gather;
   mega_end_kind end_kind;
   char *cause;
   int cause_prio;
@@ -142,7 +146,8 @@ void coord_ranks_gone(coord_run *run, uint32_t first, uint32_t n);
  * (COORDINATOR, primary) whatever the failure seen. */
 void coord_cause(coord_run *run, int prio, mega_end_kind kind, const char *msg);
 /* Whether the attempt could not outlive this node's newest stall, if it
- * ended within window_ms; then the sentence that says so, in buf. */
+ * ended within window_ms; then the sentence that says so, in buf, and
+ * run->orphaned when the other nodes took this one for lost. */
 bool coord_stall_cause(coord_run *run, uint64_t window_ms, char *buf, size_t len);
 /* Ends the attempt: every node aborts its ranks; once every rank has exited
  * (or after the grace) the recovery decision is made. */

@@ -124,17 +124,28 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
   char reason[1200];
   snprintf(reason, sizeof reason, "job %s attempt %u is stopping: %s", run->job->id,
            run->job->attempt, run->cause ? run->cause : mega_end_kind_name(kind));
-  /* after a failure or for a re-plan, whole states are kept for the next
-   * attempt; a job that ends or a megad that stops keeps none */
+  /* after a failure, for a re-plan, or when this coordinator stalls or
+   * stops, whole states are kept for the next attempt (its restart, or the
+   * node that takes the job over, asks for them); a job that ends keeps
+   * none */
   bool hold = kind != MEGA_END_DONE && kind != MEGA_END_CANCELLED && kind != MEGA_END_FATAL &&
-              kind != MEGA_END_COORDINATOR && kind != MEGA_END_STOPPED &&
-              !run->job->spec.no_replica_recovery;
+              kind != MEGA_END_STOPPED && !run->job->spec.no_replica_recovery;
   coord_abort_nodes(run, reason, hold);
   if (run->nexited == run->world) {
     coord_run_finish(run);
     return;
   }
   uv_timer_start(&run->stop_timer, on_stop_timer, MEGAD_ABORT_GRACE_MS + 4000, 0);
+  if (kind != MEGA_END_COORDINATOR || !run->orphaned) return;
+  /* the other nodes took this one for lost: their ranks stopped with hold
+   * and their reports no longer come here, so waiting for them would only
+   * run out the timer; what they kept is asked of them at the end */
+  mega_job *j = run->job;
+  megad_coord *c = run->c;
+  run->gather = hold;
+  for (size_t i = 0; i < j->nplaced && j->coord.run == run; i++)
+    if (strcmp(j->placement[i].node_id, c->b->node_id))
+      coord_ranks_gone(run, j->placement[i].first_rank, j->placement[i].nranks);
 }
 
 /* A node of the job that has gone quiet may be dying: its death is the
@@ -177,12 +188,13 @@ bool coord_stall_cause(coord_run *run, uint64_t window_ms, char *buf, size_t len
   for (size_t i = 0; i < run->job->nplaced && !remote; i++)
     remote = strcmp(run->job->placement[i].node_id, c->b->node_id) != 0;
   uint64_t pipe_ms = c->L->o.pipe_timeout_ms;
-  if (!c->jobs->etcd && remote && ms >= c->o.heartbeat_timeout_ms)
+  if (!c->jobs->etcd && remote && ms >= c->o.heartbeat_timeout_ms) {
+    run->orphaned = true;
     snprintf(buf, len, "node %s, the job's coordinator, stalled for %.1f s (its megad was "
              "stopped or starved of CPU), past the %.1f s heartbeat timeout: the job's other "
              "nodes took it for lost and stopped their ranks", c->b->node_id, (double)ms / 1000,
              c->o.heartbeat_timeout_ms / 1000.0);
-  else if (ms >= pipe_ms)
+  } else if (ms >= pipe_ms)
     snprintf(buf, len, "node %s, the job's coordinator, stalled for %.1f s (its megad was "
              "stopped or starved of CPU): its workers stop after %.1f s without word from it",
              c->b->node_id, (double)ms / 1000, pipe_ms / 1000.0);
@@ -238,9 +250,11 @@ void coord_abort_attempt(megad_coord *c, const mega_job *j, const char *node_id,
                          uint32_t attempt, bool stale, bool hold, const char *reason) {
   megad_node *n = megad_members_find(c->members, node_id);
   if (!n) return;
-  if (n->self) {
-    if (hold) megad_launch_hold(c->L, j->id, attempt, reason, MEGAD_HOLD_GRACE_MS);
-    else megad_launch_abort(c->L, j->id, attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
+  if (n->self) { /* a megad that stops takes its own ranks with it */
+    if (hold && !c->b->stopping)
+      megad_launch_hold(c->L, j->id, attempt, reason, MEGAD_HOLD_GRACE_MS);
+    else
+      megad_launch_abort(c->L, j->id, attempt, stale, reason, MEGAD_ABORT_GRACE_MS);
     return;
   }
   if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD ||

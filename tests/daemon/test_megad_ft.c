@@ -692,6 +692,131 @@ static void test_coordinator_freeze(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* ---- the coordinator frozen (heartbeat mode): the held replicas survive ---- */
+
+/* PP 2 x DP 3, two ranks a node: h1's own ranks are both of stage 0. While
+ * h1's megad was stopped 4 s, h2 and h3 took it for lost and held their
+ * ranks' state (both stages). On waking h1 told them to let go (its own
+ * stall ended the attempt without hold), waited seconds for exits their
+ * nodes no longer relayed, and planned from its own ranks alone: "no
+ * replica of pipeline stage 1 holds iteration N", back to the checkpoint. */
+static void test_coordinator_freeze_keeps_replicas(void **state) {
+  (void)state;
+  hd n[3];
+  assert_true(hd_start(&n[0], "h1", 2, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "h2", 2, n[0].addr, NULL, NULL));
+  assert_true(hd_start(&n[2], "h3", 2, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 3, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--micro-batch-size", "1",
+                         "--global-batch-size", "6", "--save", ckpt, "--save-interval", "10",
+                         NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 100000, extra);
+  spec.nproc_per_node = 2;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  assert_true(hd_wait_checkpoint(&n[0], id, 10, 60000) >= 10);
+  usleep(200 * 1000); /* past the checkpoint: its iteration is not what the replicas hold */
+  kill(n[0].pid, SIGSTOP);
+  assert_true(hd_wait_log(&n[1], "holds the state of iteration", 10000));
+  assert_true(hd_wait_log(&n[2], "holds the state of iteration", 10000));
+  sleep(2);
+  kill(n[0].pid, SIGCONT);
+  int64_t woke = hd_unix_ms();
+  int64_t restart = 0, recovered = 0;
+  for (int i = 0; i < 300 && !recovered; i++) {
+    usleep(50000);
+    restart = hd_event_ms(&n[0], id, KIND(RESTARTING), 0, NULL);
+    recovered = hd_event_ms(&n[0], id, KIND(INFO), 0, "from replicas;");
+  }
+  Mega__V1__GetJobResponse *h = hd_get_job_history(&n[0], id, &err);
+  assert_non_null(h);
+  for (size_t i = 0; i < h->n_events; i++) fprintf(stderr, "%s\n", h->events[i]->message);
+  protobuf_c_message_free_unpacked(&h->base, NULL);
+  assert_true(restart > 0);
+  fprintf(stderr, "restart decided %.2f s after the coordinator woke\n",
+          (double)(restart - woke) / 1000);
+  /* it asks the nodes what their ranks kept, and goes on from that */
+  bool from_replicas =
+      hd_event_ms(&n[0], id, KIND(INFO), 0, "kept their state: restarting from the replicas'") >
+      0;
+  if (!from_replicas) {
+    hd_dump_log(&n[0]);
+    hd_dump_log(&n[1]);
+  }
+  assert_true(from_replicas);
+  assert_true(recovered > 0);
+  assert_true(hd_event_ms(&n[0], id, KIND(INFO), 0, "; 0 iterations redone") > 0);
+  /* the ranks that kept the state told the coordinator: no wait for exits */
+  assert_false(hd_log_has(&n[0], "did not report an exit in time"));
+  Mega__V1__Job *j = hd_get_job(&n[0], id, &err);
+  assert_non_null(j);
+  assert_int_equal(j->restarts, 0);
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  assert_int_equal(hd_cancel(&n[0], id, "test", &err), MEGA_OK);
+  for (int i = 2; i >= 0; i--) assert_true(hd_node_workers_gone(&n[i], 10000));
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
+/* ---- the coordinator's megad stopped (SIGTERM) and started again ---- */
+
+static void term_node_at(void *arg, const Mega__V1__WatchJobResponse *it) {
+  node_killer *k = arg;
+  if (k->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < k->at)
+    return;
+  kill(k->victim->pid, SIGTERM);
+  k->done = true;
+}
+
+/* Its graceful stop ended the attempt without hold: the other node's rank
+ * let go of its state and the restart went back to the checkpoint (here
+ * the start), where a kill -9 and restart go on from the replicas. */
+static void test_coordinator_stop_recovers_from_replicas(void **state) {
+  (void)state;
+  hd n[2];
+  assert_true(hd_start(&n[0], "m1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "m2", 1, n[0].addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n[0], 2, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *extra[] = {"--global-batch-size", "8", "--save", ckpt, "--save-interval", "1000",
+                         NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 40, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = spec.nnodes_max = 2;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  node_killer k = {.victim = &n[0], .at = 12};
+  hd_watch first;
+  hd_watch_job_cb(&n[0], id, true, 120000, &first, term_node_at, &k);
+  hd_watch_free(&first);
+  assert_true(k.done);
+  assert_int_equal(hd_stop(&n[0]), 0);
+  snprintf(n[0].peers, sizeof n[0].peers, "%s", n[1].addr);
+  assert_true(hd_restart(&n[0], NULL));
+  hd_watch w;
+  hd_watch_job(&n[0], id, true, 120000, &w);
+  fprintf(stderr, "events:\n%s", w.events_text);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_non_null(strstr(w.events_text, "started again; asking the nodes of attempt 0 what their "
+                                        "ranks kept"));
+  assert_non_null(strstr(w.events_text, "kept its state: restarting from the replicas' state"));
+  assert_non_null(strstr(w.events_text, "recovered iteration"));
+  assert_int_equal(w.final->restarts, 0);
+  assert_true(w.redone <= 1);
+  hd_watch_free(&w);
+  for (int i = 1; i >= 0; i--) assert_true(hd_node_workers_gone(&n[i], 5000));
+  for (int i = 1; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -714,6 +839,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_coordinator_loss_stops_remote_ranks, teardown),
       cmocka_unit_test_teardown(test_held_state_let_go_without_coordinator, teardown),
       cmocka_unit_test_teardown(test_coordinator_freeze, teardown),
+      cmocka_unit_test_teardown(test_coordinator_freeze_keeps_replicas, teardown),
+      cmocka_unit_test_teardown(test_coordinator_stop_recovers_from_replicas, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

@@ -305,6 +305,82 @@ static void test_replicas_after_coordinator_kill(void **state) {
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+
+/* ---- the same, the coordinator's megad stopped gracefully (SIGTERM) ---- */
+
+static void term_coordinator(void *arg, const Mega__V1__WatchJobResponse *it) {
+  killer *k = arg;
+  if (k->when_ms || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < k->at || it->step->n_ranks != k->world)
+    return;
+  k->iteration = it->step->iteration;
+  k->when_ms = hd_unix_ms();
+  kill(k->victim->pid, SIGTERM);
+}
+
+/* A graceful stop of the coordinator used to end the attempt without hold:
+ * every rank let go of its state, the node that took the job over found
+ * none ("no rank kept its state"), and the job went back to its checkpoint
+ * (here: to iteration 0), where its kill -9 loses nothing. */
+static void test_replicas_after_coordinator_sigterm(void **state) {
+  (void)state;
+  hd n[4];
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
+  for (int i = 0; i < 4; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "s%d", i + 1);
+    assert_true(hd_start(&n[i], name, 1, NULL, NULL, extra));
+  }
+  assert_true(hd_wait_alive(&n[1], 4, 15000));
+  hd_watch ref;
+  reference(&n[1], &ref);
+  assert_true(wait_idle(&n[0], 4, 10000));
+  char ckpt[256];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
+  const char *job_extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
+                             "--pipeline-model-parallel-size", "2", "--save", ckpt,
+                             "--save-interval", "1000", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, ITERS, job_extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 4;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  killer k = {.victim = &n[0], .at = 12, .world = 4};
+  hd_watch before;
+  hd_watch_job_cb(&n[0], id, true, 120000, &before, term_coordinator, &k);
+  assert_true(k.when_ms > 0);
+  uint32_t old_attempt = before.attempt[k.iteration];
+  assert_int_equal(hd_stop(&n[0]), 0);
+  int who = wait_takeover_of(n, 4, 1, id, n[0].name, 20000);
+  if (who < 0)
+    for (int i = 1; i < 4; i++) hd_dump_log(&n[i]);
+  assert_true(who >= 1 && who <= 3);
+  first_step f = {.after_attempt = old_attempt};
+  hd_watch after;
+  int ask = who == 1 ? 2 : 1;
+  hd_watch_job_cb(&n[ask], id, true, 120000, &after, note_first_step, &f);
+  fprintf(stderr, "events:\n%s", after.events_text);
+  if (!strstr(after.events_text, "recovered iteration")) {
+    for (int i = 1; i < 4; i++) hd_dump_log(&n[i]);
+  }
+  assert_true(hd_succeeded(&n[who], &after));
+  assert_non_null(strstr(after.events_text, "restarting from the replicas' state at iteration"));
+  assert_non_null(strstr(after.events_text, "recovered iteration"));
+  assert_null(strstr(after.events_text, "no rank kept its state"));
+  reached_end(&after);
+  assert_true(f.redone <= 1);
+  assert_int_equal(f.dups, 0);
+  same_losses(&after, &ref);
+  hd_watch_free(&before);
+  hd_watch_free(&after);
+  hd_watch_free(&ref);
+  for (int i = 1; i < 4; i++) assert_true(hd_node_workers_gone(&n[i], 5000));
+  for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 /* ---- a frozen coordinator comes back after the takeover and stands down ---- */
 
 static void test_partitioned_coordinator_stands_down(void **state) {
@@ -568,6 +644,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_setup_teardown(test_coordinator_killed_is_taken_over, setup3, teardown),
       cmocka_unit_test_setup_teardown(test_replicas_after_coordinator_kill, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_replicas_after_coordinator_sigterm, setup, teardown),
       cmocka_unit_test_setup_teardown(test_partitioned_coordinator_stands_down, setup, teardown),
       cmocka_unit_test_setup_teardown(test_survivors_answer_for_a_dead_coordinator, setup,
                                       teardown),
