@@ -381,6 +381,40 @@ static void test_replicas_after_coordinator_sigterm(void **state) {
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+
+/* ---- a node that does not coordinate the job stopped gracefully ---- */
+
+/* Its ranks' ends reached the coordinator before its LEFT record did, as
+ * rank failures: an elastic job without --max-restarts failed. */
+static void test_stopped_node_is_a_lost_node(void **state) {
+  (void)state;
+  hd n[3];
+  start_nodes(n, "l");
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12", NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, ITERS, extra);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = 2;
+  spec.nnodes_max = 3;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  killer k = {.victim = &n[2], .at = 12, .world = 3};
+  hd_watch w;
+  hd_watch_job_cb(&n[0], id, true, 120000, &w, term_coordinator, &k);
+  fprintf(stderr, "events:\n%s", w.events_text);
+  assert_true(k.when_ms > 0);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_int_equal(hd_stop(&n[2]), 0);
+  assert_int_equal(w.final->restarts, 0);
+  assert_int_equal(w.final->dp, 2);
+  assert_non_null(strstr(w.events_text, "node l3 left the cluster"));
+  assert_non_null(strstr(w.events_text, "recovered iteration"));
+  assert_int_equal(w.redone, 0);
+  hd_watch_free(&w);
+  for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
 /* ---- a frozen coordinator comes back after the takeover and stands down ---- */
 
 static void test_partitioned_coordinator_stands_down(void **state) {
@@ -645,6 +679,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_coordinator_killed_is_taken_over, setup3, teardown),
       cmocka_unit_test_setup_teardown(test_replicas_after_coordinator_kill, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replicas_after_coordinator_sigterm, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stopped_node_is_a_lost_node, setup, teardown),
       cmocka_unit_test_setup_teardown(test_partitioned_coordinator_stands_down, setup, teardown),
       cmocka_unit_test_setup_teardown(test_survivors_answer_for_a_dead_coordinator, setup,
                                       teardown),
