@@ -167,6 +167,7 @@ static void launch_on(coord_run *run, const mega_job_node *jn, char **args, size
   req.coordinator_address = (char *)c->o.address;
   req.coordinator_fence = j->etcd.fence;
   req.replicas = replicas;
+  req.node_id = (char *)jn->node_id;
   mega_err e = {0};
   megad_node *node = megad_members_find(c->members, jn->node_id);
   mega_status rc;

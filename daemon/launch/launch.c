@@ -442,6 +442,12 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
                                int32_t *pids, mega_err *err) {
   megad_base *b = L->b;
   if (b->stopping) return mega_fail(err, MEGA_ERR_UNSUPPORTED, "node %s is shutting down", b->node_id);
+  /* calls go by address: the node meant may be gone, and another megad
+   * listen where it did */
+  if (req->node_id && req->node_id[0] && strcmp(req->node_id, b->node_id))
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "the megad at this address is node %s, not node %s (which is gone)",
+                     b->node_id, req->node_id);
   if (!req->n_ranks || !req->job_id || !req->job_id[0] || !req->bootstrap)
     return mega_fail(err, MEGA_ERR_INVALID, "LaunchRanks needs a job id, ranks and a bootstrap");
   if (L->slots_used + req->n_ranks > L->o.slots)

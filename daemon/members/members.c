@@ -261,7 +261,18 @@ static void heartbeat_done(void *arg, ProtobufCMessage *resp, const mega_err *er
   megad_members *m = c->m;
   megad_node *n = megad_members_find(m, c->node_id);
   if (n) n->hb_inflight = false;
-  if (n && resp && !m->b->stopping) {
+  Mega__V1__HeartbeatResponse *hr = (void *)resp;
+  if (n && hr && !m->b->stopping && hr->node_id && hr->node_id[0] && strcmp(hr->node_id, n->id)) {
+    /* another megad listens at n's address now: n's is gone, and what
+     * answers there is no sign of n's life */
+    if (n->state != MEGA__V1__NODE_STATE__NODE_STATE_DEAD &&
+        n->state != MEGA__V1__NODE_STATE__NODE_STATE_LEFT) {
+      char why[400];
+      snprintf(why, sizeof why, "node %s is gone: its address %s answers as node %s", n->id,
+               n->address, hr->node_id);
+      members_node_lost(m, n, MEGA__V1__NODE_STATE__NODE_STATE_DEAD, why);
+    }
+  } else if (n && resp && !m->b->stopping) {
     Mega__V1__HeartbeatResponse *r = (void *)resp;
     uint64_t inc = 0;
     bool knows_me = false;
@@ -372,6 +383,8 @@ static void reply_view(megad_members *m, mega_rpc_call *call, bool heartbeat) {
   if (heartbeat) {
     Mega__V1__HeartbeatResponse r = MEGA__V1__HEARTBEAT_RESPONSE__INIT;
     r.view = &v.view;
+    r.node_id = m->b->node_id;
+    r.incarnation = m->incarnation;
     mega_rpc_reply(call, &r.base);
   } else {
     Mega__V1__JoinResponse r = MEGA__V1__JOIN_RESPONSE__INIT;

@@ -639,6 +639,58 @@ static void test_restarted_node_address_wins(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* A megad with another --node-name started where a dead one listened: its
+ * answers at that address used to keep the dead node alive (calls and
+ * heartbeats go by address), both names stayed in every view, and jobs
+ * were placed on the ghost. */
+static void test_other_megad_at_old_address(void **state) {
+  (void)state;
+  char listen[64];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", hd_free_port());
+  const char *fixed[] = {"--listen", listen, NULL};
+  hd n[3];
+  assert_true(hd_start(&n[0], "g1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n[1], "g2", 1, n[0].addr, NULL, fixed));
+  assert_true(hd_wait_alive(&n[0], 2, 10000));
+  hd_kill(&n[1]);
+  /* at once, before g1 counts g2 dead: a reboot under another name */
+  assert_true(hd_start(&n[2], "g9", 1, n[0].addr, NULL, fixed));
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; i++) {
+    usleep(100000);
+    gone = state_of(&n[0], "g2") == MEGA__V1__NODE_STATE__NODE_STATE_DEAD &&
+           state_of(&n[0], "g9") == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE &&
+           state_of(&n[2], "g2") != MEGA__V1__NODE_STATE__NODE_STATE_ALIVE;
+  }
+  if (!gone) {
+    hd_dump_log(&n[0]);
+    hd_dump_log(&n[2]);
+  }
+  assert_true(gone);
+  assert_true(hd_log_has(&n[0], "node g2 is gone: its address"));
+  for (int i = 0; i < 10; i++) { /* and stays so */
+    usleep(100000);
+    assert_int_equal(state_of(&n[0], "g2"), MEGA__V1__NODE_STATE__NODE_STATE_DEAD);
+  }
+  /* a job for two nodes runs on g1 and g9 */
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, n[0].dir, 5, NULL);
+  spec.nproc_per_node = 1;
+  spec.nnodes_min = spec.nnodes_max = 2;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(&n[0], id, true, 60000, &w);
+  assert_true(hd_succeeded(&n[0], &w));
+  assert_non_null(strstr(w.events_text, "on g9"));
+  assert_null(strstr(w.events_text, "on g2"));
+  hd_watch_free(&w);
+  hd_cleanup(&n[2]);
+  hd_cleanup(&n[1]);
+  hd_cleanup(&n[0]);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -657,6 +709,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_node_death_fails_job, teardown),
       cmocka_unit_test_teardown(test_crash_mid_call_says_so, teardown),
       cmocka_unit_test_teardown(test_restarted_node_address_wins, teardown),
+      cmocka_unit_test_teardown(test_other_megad_at_old_address, teardown),
   };
   /* one test by name: test_megad NAME (meson runs each as its own test) */
   if (argc > 1) cmocka_set_test_filter(argv[1]);
