@@ -472,7 +472,8 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
 /* megad_coord.attempt_over: coord_run.c calls it once an attempt's every
  * rank is gone (coord.h says when). */
 static void attempt_over(megad_coord *c, mega_job *j, mega_end_kind kind, const char *cause,
-                         const megad_cancel_wait *cancels, size_t ncancels) {
+                         const megad_cancel_wait *cancels, size_t ncancels, bool ask_held) {
+  if (ask_held && !j->etcd.fenced) coord_gather_held(c, j, false); /* answers come later */
   if (!j->etcd.fenced) decide(c, j, kind, cause);
   for (size_t i = 0; i < ncancels; i++)
     if (cancels[i].done) cancels[i].done(cancels[i].arg, j);

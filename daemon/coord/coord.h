@@ -79,9 +79,12 @@ typedef struct megad_coord {
    * once, when every rank of the attempt has exited or been counted gone,
    * with the run already detached (j->coord.run is NULL) and freed after
    * the call: it makes the recovery decision, answers the cancels waiting
-   * for the end, lets go of a fenced job (j is freed then) and schedules. */
+   * for the end, lets go of a fenced job (j is freed then) and schedules.
+   * ask_held: what the attempt's ranks kept is asked of their nodes first
+   * (coord_held.c; after a stall their reports no longer came here). */
   void (*attempt_over)(struct megad_coord *c, mega_job *j, mega_end_kind kind,
-                       const char *cause, const megad_cancel_wait *cancels, size_t ncancels);
+                       const char *cause, const megad_cancel_wait *cancels, size_t ncancels,
+                       bool ask_held);
   /* The jobs waiting to start, oldest first (coord_queue.c), so scheduling
    * looks at the head of the queue, not at every job ever submitted; and
    * the attempts running, for the slots they take. */

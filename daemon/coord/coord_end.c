@@ -163,11 +163,12 @@ void coord_run_finish(coord_run *run) {
    * go: the node that took the job over asks for what the ranks kept */
   if (!kept && j->coord.ndonors && !j->etcd.fenced)
     coord_release_donors(c, j, "the attempt that fetched from them ended");
-  if (!kept && !j->etcd.fenced && kind != MEGA_END_DONE && kind != MEGA_END_STOPPED) {
-    /* after a stall the other nodes no longer report: they are asked */
-    if (run->gather) coord_gather_held(c, j, false);
-    else plan_replicas(run);
-  }
+  /* after a stall the other nodes no longer report: they are asked (the
+   * coordinator does, attempt_over) */
+  bool ask_held = !kept && !j->etcd.fenced && run->gather && kind != MEGA_END_DONE &&
+                  kind != MEGA_END_STOPPED;
+  if (!kept && !ask_held && !j->etcd.fenced && kind != MEGA_END_DONE && kind != MEGA_END_STOPPED)
+    plan_replicas(run);
   /* iterations the survivors completed but a lost rank never reported: the
    * next attempt starts after them, so they are merged from what came */
   mega_step_done *d = NULL;
@@ -209,6 +210,6 @@ void coord_run_finish(coord_run *run) {
   if (run->next) run->next->prev = run->prev;
   coord_released(c, j);
   /* the coordinator decides what follows, answers the cancels, schedules */
-  c->attempt_over(c, j, kind, run->cause, run->cancels, run->ncancels);
+  c->attempt_over(c, j, kind, run->cause, run->cancels, run->ncancels, ask_held);
   coord_run_free(run);
 }
