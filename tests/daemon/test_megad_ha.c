@@ -139,18 +139,22 @@ typedef struct killer {
   hd *victim;
   uint64_t at;     /* kill at this iteration or later, */
   uint32_t world;  /* once the job runs on this many ranks */
+  int sig;         /* 0 (kill -9) or SIGTERM, a graceful stop */
   uint64_t iteration;
   int64_t when_ms;
 } killer;
 
-static void kill_coordinator(void *arg, const Mega__V1__WatchJobResponse *it) {
+static void stop_victim(void *arg, const Mega__V1__WatchJobResponse *it) {
   killer *k = arg;
   if (k->when_ms || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
       it->step->iteration < k->at || it->step->n_ranks != k->world)
     return;
   k->iteration = it->step->iteration;
   k->when_ms = hd_unix_ms();
-  hd_kill(k->victim); /* megad and (PR_SET_PDEATHSIG) its workers */
+  if (k->sig)
+    kill(k->victim->pid, k->sig);
+  else
+    hd_kill(k->victim); /* megad and (PR_SET_PDEATHSIG) its workers */
 }
 
 /* When the new attempt merged its first step, and which attempts merged
@@ -195,7 +199,7 @@ static void test_coordinator_killed_is_taken_over(void **state) {
    * join at a checkpoint) */
   killer k = {.victim = &n[0], .at = 12, .world = 3};
   hd_watch before;
-  hd_watch_job_cb(&n[0], id, true, 120000, &before, kill_coordinator, &k);
+  hd_watch_job_cb(&n[0], id, true, 120000, &before, stop_victim, &k);
   assert_true(k.when_ms > 0);
   uint32_t old_attempt = before.attempt[k.iteration];
 
@@ -236,17 +240,19 @@ static void test_coordinator_killed_is_taken_over(void **state) {
 
 /* ---- recovery from replicas through a takeover: PP 2 x DP 2 on four
  * nodes, --save but no checkpoint before the end; kill -9 the coordinator's
- * node. The node that takes the job over asks the others what their ranks
- * kept and goes on at DP 1 from it: at most one iteration redone, the
- * uninterrupted run's losses ---- */
+ * node, or stop its megad gracefully (SIGTERM). The node that takes the job
+ * over asks the others what their ranks kept and goes on at DP 1 from it:
+ * at most one iteration redone, the uninterrupted run's losses. A graceful
+ * stop used to end the attempt without hold: every rank let go of its
+ * state, and the job went back to its checkpoint (here: iteration 0) where
+ * a kill -9 lost nothing. ---- */
 
-static void test_replicas_after_coordinator_kill(void **state) {
-  (void)state;
+static void replicas_after_coordinator(int sig, const char *prefix) {
   hd n[4];
   const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
   for (int i = 0; i < 4; i++) {
     char name[16];
-    snprintf(name, sizeof name, "q%d", i + 1);
+    snprintf(name, sizeof name, "%s%d", prefix, i + 1);
     assert_true(hd_start(&n[i], name, 1, NULL, NULL, extra));
   }
   assert_true(hd_wait_alive(&n[1], 4, 15000));
@@ -266,11 +272,12 @@ static void test_replicas_after_coordinator_kill(void **state) {
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
-  killer k = {.victim = &n[0], .at = 12, .world = 4};
+  killer k = {.victim = &n[0], .at = 12, .world = 4, .sig = sig};
   hd_watch before;
-  hd_watch_job_cb(&n[0], id, true, 120000, &before, kill_coordinator, &k);
+  hd_watch_job_cb(&n[0], id, true, 120000, &before, stop_victim, &k);
   assert_true(k.when_ms > 0);
   uint32_t old_attempt = before.attempt[k.iteration];
+  if (sig) assert_int_equal(hd_stop(&n[0]), 0);
   int who = wait_takeover_of(n, 4, 1, id, n[0].name, 20000);
   if (who < 0)
     for (int i = 1; i < 4; i++) hd_dump_log(&n[i]);
@@ -280,105 +287,44 @@ static void test_replicas_after_coordinator_kill(void **state) {
   hd_watch after;
   int ask = who == 1 ? 2 : 1;
   hd_watch_job_cb(&n[ask], id, true, 120000, &after, note_first_step, &f);
-  assert_true(hd_succeeded(&n[who], &after));
-  if (!strstr(after.events_text, "recovered iteration")) fprintf(stderr, "%s", after.events_text);
-  assert_non_null(strstr(after.events_text, "asking its nodes what their ranks kept"));
-  assert_non_null(strstr(after.events_text, "restarting from the replicas' state at iteration"));
-  assert_non_null(strstr(after.events_text, "rescaled from DP 2 to DP 1"));
-  assert_non_null(strstr(after.events_text, "recovered iteration"));
-  assert_int_equal(after.final->world_size, 2);
-  reached_end(&after);
-  /* at most one iteration merged before the kill is merged again, and
-   * none twice by one attempt */
-  int redone = f.redone;
-  assert_true(redone <= 1);
-  assert_int_equal(f.dups, 0);
-  same_losses(&after, &ref);
-  fprintf(stderr, "replicas, coordinator kill -9 (etcd): taken over by %s within %.3f s; first "
-                  "iteration of the new attempt %.3f s after the kill; %d iteration(s) redone\n",
-          n[who].name, (double)(took_ms - k.when_ms) / 1000,
-          (double)(f.when_ms - k.when_ms) / 1000, redone);
-  hd_watch_free(&before);
-  hd_watch_free(&after);
-  hd_watch_free(&ref);
-  for (int i = 1; i < 4; i++) assert_true(hd_node_workers_gone(&n[i], 5000));
-  for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
-}
-
-
-/* ---- the same, the coordinator's megad stopped gracefully (SIGTERM) ---- */
-
-static void term_coordinator(void *arg, const Mega__V1__WatchJobResponse *it) {
-  killer *k = arg;
-  if (k->when_ms || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
-      it->step->iteration < k->at || it->step->n_ranks != k->world)
-    return;
-  k->iteration = it->step->iteration;
-  k->when_ms = hd_unix_ms();
-  kill(k->victim->pid, SIGTERM);
-}
-
-/* A graceful stop of the coordinator used to end the attempt without hold:
- * every rank let go of its state, the node that took the job over found
- * none ("no rank kept its state"), and the job went back to its checkpoint
- * (here: to iteration 0), where its kill -9 loses nothing. */
-static void test_replicas_after_coordinator_sigterm(void **state) {
-  (void)state;
-  hd n[4];
-  const char *extra[] = {"--etcd-endpoints", fx.endpoints, NULL};
-  for (int i = 0; i < 4; i++) {
-    char name[16];
-    snprintf(name, sizeof name, "s%d", i + 1);
-    assert_true(hd_start(&n[i], name, 1, NULL, NULL, extra));
-  }
-  assert_true(hd_wait_alive(&n[1], 4, 15000));
-  hd_watch ref;
-  reference(&n[1], &ref);
-  assert_true(wait_idle(&n[0], 4, 10000));
-  char ckpt[256];
-  snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
-  const char *job_extra[] = {"--micro-batch-size", "1", "--global-batch-size", "12",
-                             "--pipeline-model-parallel-size", "2", "--save", ckpt,
-                             "--save-interval", "1000", NULL};
-  Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, n[0].dir, ITERS, job_extra);
-  spec.nproc_per_node = 1;
-  spec.nnodes_min = 2;
-  spec.nnodes_max = 4;
-  char id[64];
-  mega_err err = {0};
-  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
-  killer k = {.victim = &n[0], .at = 12, .world = 4};
-  hd_watch before;
-  hd_watch_job_cb(&n[0], id, true, 120000, &before, term_coordinator, &k);
-  assert_true(k.when_ms > 0);
-  uint32_t old_attempt = before.attempt[k.iteration];
-  assert_int_equal(hd_stop(&n[0]), 0);
-  int who = wait_takeover_of(n, 4, 1, id, n[0].name, 20000);
-  if (who < 0)
-    for (int i = 1; i < 4; i++) hd_dump_log(&n[i]);
-  assert_true(who >= 1 && who <= 3);
-  first_step f = {.after_attempt = old_attempt};
-  hd_watch after;
-  int ask = who == 1 ? 2 : 1;
-  hd_watch_job_cb(&n[ask], id, true, 120000, &after, note_first_step, &f);
-  fprintf(stderr, "events:\n%s", after.events_text);
   if (!strstr(after.events_text, "recovered iteration")) {
+    fprintf(stderr, "%s", after.events_text);
     for (int i = 1; i < 4; i++) hd_dump_log(&n[i]);
   }
   assert_true(hd_succeeded(&n[who], &after));
+  if (!sig) {
+    assert_non_null(strstr(after.events_text, "asking its nodes what their ranks kept"));
+    assert_non_null(strstr(after.events_text, "rescaled from DP 2 to DP 1"));
+    assert_int_equal(after.final->world_size, 2);
+  }
   assert_non_null(strstr(after.events_text, "restarting from the replicas' state at iteration"));
   assert_non_null(strstr(after.events_text, "recovered iteration"));
   assert_null(strstr(after.events_text, "no rank kept its state"));
   reached_end(&after);
+  /* at most one iteration merged before the kill is merged again, and
+   * none twice by one attempt */
   assert_true(f.redone <= 1);
   assert_int_equal(f.dups, 0);
   same_losses(&after, &ref);
+  fprintf(stderr, "replicas, coordinator %s (etcd): taken over by %s within %.3f s; first "
+                  "iteration of the new attempt %.3f s after it; %d iteration(s) redone\n",
+          sig ? "SIGTERM" : "kill -9", n[who].name, (double)(took_ms - k.when_ms) / 1000,
+          (double)(f.when_ms - k.when_ms) / 1000, f.redone);
   hd_watch_free(&before);
   hd_watch_free(&after);
   hd_watch_free(&ref);
   for (int i = 1; i < 4; i++) assert_true(hd_node_workers_gone(&n[i], 5000));
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
+}
+
+static void test_replicas_after_coordinator_kill(void **state) {
+  (void)state;
+  replicas_after_coordinator(0, "q");
+}
+
+static void test_replicas_after_coordinator_sigterm(void **state) {
+  (void)state;
+  replicas_after_coordinator(SIGTERM, "s");
 }
 
 
@@ -399,10 +345,10 @@ static void test_stopped_node_is_a_lost_node(void **state) {
   char id[64];
   mega_err err = {0};
   assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
-  killer k = {.victim = &n[2], .at = 12, .world = 3};
+  killer k = {.victim = &n[2], .at = 12, .world = 3, .sig = SIGTERM};
   hd_watch w;
-  hd_watch_job_cb(&n[0], id, true, 120000, &w, term_coordinator, &k);
-  fprintf(stderr, "events:\n%s", w.events_text);
+  hd_watch_job_cb(&n[0], id, true, 120000, &w, stop_victim, &k);
+  if (!strstr(w.events_text, "recovered iteration")) fprintf(stderr, "%s", w.events_text);
   assert_true(k.when_ms > 0);
   assert_true(hd_succeeded(&n[0], &w));
   assert_int_equal(hd_stop(&n[2]), 0);
