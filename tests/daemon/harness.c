@@ -237,6 +237,19 @@ void hd_kill(hd *d) {
   note_pid(d);
 }
 
+void hd_stop_node_at(void *arg, const Mega__V1__WatchJobResponse *it) {
+  hd_node_stopper *k = arg;
+  if (k->done || it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP ||
+      it->step->iteration < k->at)
+    return;
+  k->when_ms = hd_unix_ms();
+  if (k->sig)
+    kill(k->victim->pid, k->sig);
+  else
+    hd_kill(k->victim); /* megad and (PR_SET_PDEATHSIG) its workers */
+  k->done = true;
+}
+
 void hd_cleanup(hd *d) {
   if (d->pid > 0) hd_kill(d);
   live_ent *e = entry(d->dir, false);

@@ -116,6 +116,18 @@ void hd_watch_job_cb(hd *d, const char *job_id, bool replay, unsigned timeout_ms
                      hd_item_fn fn, void *arg);
 void hd_watch_free(hd_watch *w);
 
+/* An hd_item_fn that stops victim once a step at or past `at` is merged:
+ * sig 0 kills its megad (kill -9, and with it its workers), else sends it
+ * sig (SIGTERM: a graceful stop, which the test then waits for). */
+typedef struct hd_node_stopper {
+  hd *victim;
+  uint64_t at;
+  int sig;
+  bool done;
+  int64_t when_ms;
+} hd_node_stopper;
+void hd_stop_node_at(void *arg, const Mega__V1__WatchJobResponse *item);
+
 /* Waits up to ms until no process of megad megad_pid is left (its workers,
  * orphans included: MEGAD_PID in their environment); false, naming one,
  * after ms. */
