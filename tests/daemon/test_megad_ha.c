@@ -34,7 +34,9 @@ static void start_nodes(hd *n, const char *prefix) {
     snprintf(name, sizeof name, "%s%d", prefix, i + 1);
     assert_true(hd_start(&n[i], name, 1, NULL, NULL, extra));
   }
-  assert_true(hd_wait_alive(&n[1], 3, 15000));
+  /* each node learns of the others from etcd in its own time: the one a
+   * job goes to may not know the third yet when another already does */
+  for (int i = 0; i < 3; i++) assert_true(hd_wait_alive(&n[i], 3, 15000));
 }
 
 /* The job: DP over `lo` to `hi` nodes (1 rank each), checkpoints every 5
