@@ -285,8 +285,8 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
       rc = fail(NULL, &err);
     }
   } else if (mega_rank_stopped(rs.rank)) {
-    fprintf(stderr, "megaw: stopped after iteration %lld of %d: %s%s%s\n",
-            (long long)mega_rank_iteration(rs.rank), job->train_iters,
+    fprintf(stderr, "megaw: stopped after iteration %lld of %lld: %s%s%s\n",
+            (long long)mega_rank_iteration(rs.rank), (long long)mega_jobspec_train_iters(job),
             mega_rank_stopped(rs.rank), job->save ? "; resume with --load " : " (no --save: "
             "nothing to resume from)", job->save ? job->save : "");
   } else if (stop_signal && !(stop_signal == SIGTERM && job->exit_signal_handler)) {

@@ -125,6 +125,15 @@ static void test_resume_bit_exact(void **state) {
   mega_jobspec_free(&j);
 }
 
+/* Exactly iterations 4 and 6 of 6 were saved in sdir. */
+static void assert_saved_4_and_6(const char *sdir) {
+  char p[700];
+  for (int i = 1; i <= 6; i++) {
+    mega_ckpt_iter_path(p, sizeof p, sdir, i);
+    assert_int_equal(access(p, F_OK) == 0, i == 4 || i == 6);
+  }
+}
+
 static void test_save_schedule(void **state) {
   (void)state;
   char sdir[600];
@@ -147,11 +156,48 @@ static void test_save_schedule(void **state) {
   assert_int_equal(mega_rank_create(&env, &r, &err), MEGA_OK);
   assert_int_equal(mega_rank_run(r, &err), MEGA_OK);
   mega_rank_destroy(r);
-  char p[700];
-  for (int i = 1; i <= 6; i++) {
-    mega_ckpt_iter_path(p, sizeof p, sdir, i);
-    assert_int_equal(access(p, F_OK) == 0, i == 4 || i == 6);
-  }
+  assert_saved_4_and_6(sdir);
+  mega_jobspec_free(&j);
+}
+
+/* A --train-samples job (Megatron's sample-based training, no
+ * --train-iters) saves its last iteration and stops at --exit-interval like
+ * an iteration-based one: 48 samples of 8 are 6 iterations. */
+static void test_save_schedule_by_samples(void **state) {
+  (void)state;
+  char sdir[600];
+  snprintf(sdir, sizeof sdir, "%s/by-samples", dir);
+  mega_jobspec j;
+  job_init(&j);
+  j.train_iters = -1;
+  j.train_samples = 6 * 8;
+  j.lr_warmup_iters = 0;
+  j.lr_warmup_samples = 16;
+  j.save = strdup(sdir);
+  mega_err err = {0};
+  if (mega_jobspec_check(&j, 1, 4000, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  assert_int_equal(mega_jobspec_train_iters(&j), 6);
+  for (int i = 1; i <= 6; i++) assert_int_equal(mega_rank_ckpt_due(&j, i), i == 6);
+
+  j.exit_interval = 4;
+  mega_rank_env env = {.job = &j, .rank = 0, .world_size = 1, .device = -1};
+  mega_rank *r;
+  assert_int_equal(mega_rank_create(&env, &r, &err), MEGA_OK);
+  if (mega_rank_run(r, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  assert_int_equal(mega_rank_iteration(r), 4);
+  assert_non_null(mega_rank_stopped(r));
+  assert_non_null(strstr(mega_rank_stopped(r), "--exit-interval 4"));
+  mega_rank_destroy(r);
+
+  /* resumed without the stop: on to the last iteration, which is saved */
+  j.exit_interval = 0;
+  j.load = strdup(sdir);
+  assert_int_equal(mega_rank_create(&env, &r, &err), MEGA_OK);
+  if (mega_rank_run(r, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  assert_int_equal(mega_rank_iteration(r), 6);
+  assert_null(mega_rank_stopped(r));
+  mega_rank_destroy(r);
+  assert_saved_4_and_6(sdir);
   mega_jobspec_free(&j);
 }
 
@@ -418,6 +464,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resume_bit_exact),
       cmocka_unit_test(test_save_schedule),
+      cmocka_unit_test(test_save_schedule_by_samples),
       cmocka_unit_test(test_async_bit_identical),
       cmocka_unit_test(test_reports_phases_commit),
       cmocka_unit_test(test_scheduler_flags),

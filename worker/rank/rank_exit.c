@@ -46,7 +46,8 @@ static mega_status agree(mega_rank *r, float *f, size_t n, mega_err *err) {
 mega_status rank_exit_check(mega_rank *r, bool *stop, mega_err *err) {
   const mega_jobspec *j = r->job;
   *stop = false;
-  if (r->iteration >= j->train_iters) return MEGA_OK; /* the run ends here anyway */
+  /* the run ends here anyway (--train-samples' runs counted too) */
+  if (r->iteration >= mega_jobspec_train_iters(j)) return MEGA_OK;
   if (j->exit_interval > 0 && r->iteration % j->exit_interval == 0) {
     snprintf(r->stopped, sizeof r->stopped, "--exit-interval %d", j->exit_interval);
     r->stopped_mine = true;

@@ -7,7 +7,8 @@
 
 bool mega_rank_ckpt_due(const mega_jobspec *job, int64_t iteration) {
   if (!job->save) return false;
-  if (iteration == job->train_iters) return true;
+  /* the last iteration, counted as Megatron counts a --train-samples run's */
+  if (iteration == mega_jobspec_train_iters(job)) return true;
   return job->save_interval > 0 && iteration % job->save_interval == 0;
 }
 
