@@ -403,7 +403,9 @@ int mega_jobspec_path_fields(mega_jobspec *s, char **out[], int cap);
  * alone or by hand). */
 mega_status mega_jobspec_absolute_paths(mega_jobspec *s, mega_err *err);
 /* GPT2BPETokenizer: reads --vocab-file and sets s->file_vocab to its
- * entries (MEGA_OK and nothing else for other tokenizers). */
+ * entries (their ids must be 0..entries-1, each once), and checks that
+ * --merge-file reads as merges.txt, one "A B" a line (MEGA_OK and nothing
+ * else for other tokenizers). */
 mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err);
 /* The tokenizer (mega_tokenizer): --tokenizer-type, or GPT2BPETokenizer
  * when only --vocab-file/--merge-file are given (Megatron's pretrain_gpt.py

@@ -16,6 +16,59 @@
 
 /* ---- GPT2BPETokenizer's vocabulary ---- */
 
+/* vocab.json's ids: each a distinct integer 0..n-1, as GPT-2's are (the
+ * model's vocabulary is n, so an id past it could never be a token). */
+static mega_status check_vocab_ids(const char *path, json_t *v, size_t n, mega_err *err) {
+  unsigned char *seen = calloc(n, 1);
+  if (!seen) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory reading %s", path);
+  mega_status st = MEGA_OK;
+  const char *key;
+  json_t *id;
+  json_object_foreach(v, key, id) {
+    json_int_t k = json_integer_value(id);
+    if (!json_is_integer(id) || k < 0 || (size_t)k >= n) {
+      st = mega_fail(err, MEGA_ERR_INVALID,
+                     "--vocab-file %s: \"%s\" has no id from 0 to %zu (GPT-2's vocab.json "
+                     "numbers its %zu tokens 0 to %zu)", path, key, n - 1, n, n - 1);
+      break;
+    }
+    if (seen[k]++) {
+      st = mega_fail(err, MEGA_ERR_INVALID, "--vocab-file %s: id %lld appears twice", path,
+                     (long long)k);
+      break;
+    }
+  }
+  free(seen);
+  return st;
+}
+
+/* merges.txt as GPT-2's BPE reads it: an optional "#version" first line,
+ * then one merge "A B" a line. Checked where the job is, so a wrong or
+ * missing file stops the job before it trains rather than megaw generate
+ * after it. */
+static mega_status check_merges(const char *path, mega_err *err) {
+  FILE *f = fopen(path, "r");
+  if (!f) return mega_fail(err, MEGA_ERR_IO, "cannot read --merge-file %s", path);
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t got;
+  mega_status st = MEGA_OK;
+  for (int lineno = 1; st == MEGA_OK && (got = getline(&line, &cap, f)) >= 0; lineno++) {
+    while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = '\0';
+    if (got == 0 || (lineno == 1 && !strncmp(line, "#version", 8))) continue;
+    char *sp = strchr(line, ' ');
+    if (!sp || sp == line || !sp[1] || strchr(sp + 1, ' '))
+      st = mega_fail(err, MEGA_ERR_INVALID,
+                     "--merge-file %s line %d is not a merge \"A B\": it is not GPT-2's "
+                     "merges.txt", path, lineno);
+  }
+  if (st == MEGA_OK && ferror(f))
+    st = mega_fail(err, MEGA_ERR_IO, "cannot read --merge-file %s", path);
+  free(line);
+  fclose(f);
+  return st;
+}
+
 mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err) {
   if (mega_jobspec_tokenizer(s) != MEGA_TOKENIZER_GPT2BPE || !s->vocab_file) return MEGA_OK;
   json_error_t je;
@@ -23,13 +76,16 @@ mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err) {
   if (!v)
     return mega_fail(err, MEGA_ERR_IO, "--vocab-file %s: %s", s->vocab_file, je.text);
   size_t n = json_is_object(v) ? json_object_size(v) : 0;
-  json_decref(v);
+  mega_status st = MEGA_OK;
   if (n < 1 || n >= INT_MAX / 2)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "--vocab-file %s is not GPT-2's vocab.json (an object of token -> id)",
-                     s->vocab_file);
-  s->file_vocab = (int)n;
-  return MEGA_OK;
+    st = mega_fail(err, MEGA_ERR_INVALID,
+                   "--vocab-file %s is not GPT-2's vocab.json (an object of token -> id)",
+                   s->vocab_file);
+  if (st == MEGA_OK) st = check_vocab_ids(s->vocab_file, v, n, err);
+  json_decref(v);
+  if (st == MEGA_OK && s->merge_file) st = check_merges(s->merge_file, err);
+  if (st == MEGA_OK) s->file_vocab = (int)n;
+  return st;
 }
 
 /* ---- PREFIX.bin or PREFIX.idx for PREFIX ---- */

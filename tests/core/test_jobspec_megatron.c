@@ -421,11 +421,57 @@ static void test_vocab_file(void **state) {
   rmdir(dir);
 }
 
-static void touch(const char *path) {
+static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
   assert_non_null(f);
-  fputs("x", f);
+  fputs(text, f);
   fclose(f);
+}
+
+/* load_vocab on these two files: MEGA_OK, or the error with want in it. */
+static void expect_files(char *vocab, char *merges, mega_status want_st,
+                         const char *want) {
+  mega_jobspec s;
+  mega_err err = {0};
+  make_spec(&s, ARGV("--vocab-file", vocab, "--merge-file", merges));
+  assert_int_equal(mega_jobspec_load_vocab(&s, &err), want_st);
+  if (want) expect_msg(&err, want);
+  mega_jobspec_free(&s);
+}
+
+/* A tokenizer file that is not GPT-2's stops the job where it is checked,
+ * not megaw generate after the training: vocab.json's ids are 0..n-1 once
+ * each, merges.txt is there and one "A B" a line. */
+static void test_bad_tokenizer_files(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mega-test-tokfiles-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char vocab[256], bad[256], merges[256], other[256], missing[256];
+  snprintf(vocab, sizeof vocab, "%s/vocab.json", dir);
+  snprintf(bad, sizeof bad, "%s/bad-vocab.json", dir);
+  snprintf(merges, sizeof merges, "%s/merges.txt", dir);
+  snprintf(other, sizeof other, "%s/other.txt", dir);
+  snprintf(missing, sizeof missing, "%s/no-such-merges.txt", dir);
+  write_file(vocab, "{\"a\": 0, \"b\": 1, \"ab\": 2, \"<|endoftext|>\": 3}");
+  write_file(merges, "#version: 0.2\na b\n\n");
+  expect_files(vocab, merges, MEGA_OK, NULL);
+
+  expect_files(vocab, missing, MEGA_ERR_IO, "cannot read --merge-file");
+  write_file(other, "#version: 0.2\na b\nThis License applies to any program\n");
+  expect_files(vocab, other, MEGA_ERR_INVALID, "line 3 is not a merge \"A B\"");
+  expect_files(vocab, vocab, MEGA_ERR_INVALID, "line 1 is not a merge");
+  write_file(other, "a\n");
+  expect_files(vocab, other, MEGA_ERR_INVALID, "line 1 is not a merge");
+
+  write_file(bad, "{\"a\": 0, \"b\": 0}");
+  expect_files(bad, merges, MEGA_ERR_INVALID, "id 0 appears twice");
+  write_file(bad, "{\"a\": 0, \"b\": 5}");
+  expect_files(bad, merges, MEGA_ERR_INVALID, "\"b\" has no id from 0 to 1");
+  write_file(bad, "{\"a\": \"x\"}");
+  expect_files(bad, merges, MEGA_ERR_INVALID, "\"a\" has no id from 0 to 0");
+  const char *files[] = {vocab, bad, merges, other};
+  for (size_t k = 0; k < sizeof files / sizeof *files; k++) unlink(files[k]);
+  rmdir(dir);
 }
 
 static void test_prefix_bin(void **state) {
@@ -437,9 +483,9 @@ static void test_prefix_bin(void **state) {
   snprintf(bin, sizeof bin, "%s.bin", prefix);
   snprintf(idx, sizeof idx, "%s.idx", prefix);
   snprintf(lone, sizeof lone, "%s/other.idx", dir);
-  touch(bin);
-  touch(idx);
-  touch(lone);
+  write_file(bin, "x");
+  write_file(idx, "x");
+  write_file(lone, "x");
   mega_jobspec s;
   mega_err err = {0};
   /* the .bin (or .idx) of a pair reads as its prefix, and says so */
@@ -529,6 +575,7 @@ int main(void) {
       cmocka_unit_test(test_eval_note),      cmocka_unit_test(test_sample_flags),
       cmocka_unit_test(test_rampup_small),   cmocka_unit_test(test_rampup_gpt3),
       cmocka_unit_test(test_rampup_checks),  cmocka_unit_test(test_vocab_file),
+      cmocka_unit_test(test_bad_tokenizer_files),
       cmocka_unit_test(test_prefix_bin),     cmocka_unit_test(test_logline),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
