@@ -354,7 +354,7 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
   if (st != MEGA_OK) return st;
   int decoders = mega_layout_total(&l, MEGA_LAYER_DECODER);
   int mtp = mega_layout_total(&l, MEGA_LAYER_MTP);
-  int max_chunk = 0;
+  int max_chunk = 0, vp = l.vp;
   for (int p = 0; p < l.pp; p++)
     for (int v = 0; v < l.vp; v++) {
       int n = mega_layout_count(&l, p, v, MEGA_LAYER_DECODER);
@@ -372,6 +372,12 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
                  "('m'), which mega's GPT model does not have; remove them",
                  mtp, mtp == 1 ? "" : "s");
   }
+  /* Megatron's interleaved schedule reads it; any other one would not */
+  if (s->microbatch_group_size_per_vp_stage > 0 && vp < 2)
+    return BAD("--microbatch-group-size-per-vp-stage groups the microbatches of the interleaved "
+               "schedule's model chunks, which needs a virtual pipeline (VP > 1); without one "
+               "it changes nothing: drop it, or give --virtual-pipeline-model-parallel-size or "
+               "--num-layers-per-virtual-pipeline-stage");
   if (s->overlap_p2p_comm_warmup_flush && !s->overlap_p2p_comm)
     return BAD("--overlap-p2p-comm-warmup-flush needs --overlap-p2p-comm");
   if (s->overlap_p2p_comm_warmup_flush && s->batch_p2p_comm)

@@ -230,6 +230,15 @@ static void test_check_errors(void **state) {
                      2, -1,
                      "--num-layers-per-virtual-pipeline-stage cannot be combined with --decoder-last-pipeline-num-layers");
 
+  /* a flag of the interleaved schedule, refused without its virtual pipeline */
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "2",
+                          "--microbatch-group-size-per-vp-stage", "2"),
+                     2, -1, "--microbatch-group-size-per-vp-stage groups the microbatches of the "
+                            "interleaved schedule's model chunks, which needs a virtual pipeline");
+  expect_check_ok(ARGV("--pipeline-model-parallel-size", "2", "--num-layers", "4",
+                       "--num-layers-per-virtual-pipeline-stage", "1",
+                       "--microbatch-group-size-per-vp-stage", "2"), 2, -1);
+
   /* P2P rules */
   expect_check_error(ARGV("--overlap-p2p-comm-warmup-flush"), 1, -1,
                      "--overlap-p2p-comm-warmup-flush needs --overlap-p2p-comm");
