@@ -345,6 +345,48 @@ static void test_fallback(void **state) {
   }
 }
 
+/* A latest file that names no iteration (emptied, edited, Megatron's
+ * "release") is passed over like an incomplete checkpoint: the newest
+ * complete one loads, with a one-line notice; with none, a one-line error. */
+static void test_bad_latest(void **state) {
+  (void)state;
+  static const char *const texts[] = {"garbage\n", "", "release\n", "-3\n", "4 5\n"};
+  for (size_t c = 0; c < sizeof texts / sizeof texts[0]; c++) {
+    char dir[256], it4[512], latest[600];
+    tu_mkdtemp(dir, "ckpt");
+    model a, b;
+    model_make(&a, 1);
+    model_make(&b, 2);
+    save_ok(&a, dir, 2, 0);
+    save_ok(&b, dir, 4, 0);
+    snprintf(it4, sizeof it4, "%s/iter_0000004", dir);
+    snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, dir);
+    tu_write_text(latest, texts[c]);
+    char *path = NULL, *notice = NULL;
+    mega_err err = {0};
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_OK);
+    assert_string_equal(path, it4);
+    assert_non_null(notice);
+    if (!strstr(notice, "should hold one iteration number") ||
+        !strstr(notice, "loading iteration 4") || strchr(notice, '\n'))
+      fail_msg("notice: %s", notice);
+    free(path);
+    free(notice);
+
+    drop_manifest(it4);
+    snprintf(it4, sizeof it4, "%s/iter_0000002", dir);
+    drop_manifest(it4);
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_ERR_INVALID);
+    assert_null(path);
+    if (!strstr(err.msg, "should hold one iteration number") ||
+        !strstr(err.msg, "holds no complete checkpoint") || strchr(err.msg, '\n'))
+      fail_msg("%s", err.msg);
+    model_free(&a);
+    model_free(&b);
+    tu_rmtree(dir);
+  }
+}
+
 /* mega_ckpt_present: whether a rank may skip drawing its initial weights */
 static void test_present(void **state) {
   (void)state;
@@ -379,6 +421,7 @@ int main(void) {
       cmocka_unit_test(test_corrupt_files),
       cmocka_unit_test(test_missing_and_mismatched),
       cmocka_unit_test(test_fallback),
+      cmocka_unit_test(test_bad_latest),
       cmocka_unit_test(test_present),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -126,9 +126,11 @@ static mega_status read_latest(const char *latest, int64_t *it, mega_err *err) {
   errno = 0;
   long long v = strtoll(line, &end, 10);
   while (*end == '\n' || *end == ' ' || *end == '\r') end++;
-  if (got == 0 || end == line || *end || errno || v < 0)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "%s should hold one iteration number, not '%.20s'", latest, line);
+  if (got == 0 || end == line || *end || errno || v < 0) {
+    size_t n = strcspn(line, "\r\n"); /* the message is one line */
+    return mega_fail(err, MEGA_ERR_INVALID, "%s should hold one iteration number, not '%.*s'",
+                     latest, (int)(n < 20 ? n : 20), line);
+  }
   *it = v;
   return MEGA_OK;
 }
@@ -169,9 +171,10 @@ mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, 
 
   int64_t named = -1, found = -1, bad_it = -1;
   mega_err why = {0}, first_bad = {0};
-  if (has_latest) {
-    mega_status st = read_latest(latest, &named, err);
-    if (st != MEGA_OK) return st;
+  /* A latest file that names no iteration (emptied, edited, Megatron's
+   * "release") is passed over like an incomplete checkpoint. */
+  if (has_latest && read_latest(latest, &named, &why) != MEGA_OK) named = -1;
+  if (has_latest && named >= 0) {
     if (!mega_ckpt_iter_path(dir, sizeof dir, load_dir, named))
       return mega_fail(err, MEGA_ERR_INVALID, "--load path too long");
     if (mega_ckpt_verify(dir, named, &why) == MEGA_OK) {
@@ -184,6 +187,16 @@ mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, 
       newest_complete(load_dir, named, path, &found, &nseen, &first_bad, &bad_it, err);
   if (st != MEGA_OK) return st;
 
+  if (has_latest && named < 0) {
+    if (!*path)
+      return mega_fail(err, MEGA_ERR_INVALID, "%s, and %s holds no complete checkpoint; point "
+                       "--load at a good one, or remove %s to start fresh", why.msg, load_dir,
+                       latest);
+    if (notice)
+      *notice = dup_printf("%s; loading iteration %lld, the newest complete checkpoint",
+                           why.msg, (long long)found);
+    return MEGA_OK;
+  }
   if (has_latest) {
     if (!*path)
       return mega_fail(err, MEGA_ERR_INVALID,
