@@ -405,6 +405,21 @@ bool hd_wait_alive(hd *d, int want, int ms) {
   return false;
 }
 
+bool hd_wait_node_busy(hd *d, const char *node, uint32_t used, int ms) {
+  for (int t = 0; t < ms; t += 50) {
+    Mega__V1__ListNodesResponse *r = hd_list_nodes(d, NULL);
+    bool busy = false;
+    for (size_t i = 0; r && i < r->n_nodes; i++)
+      busy |= !strcmp(r->nodes[i]->id, node) && r->nodes[i]->slots_used >= used;
+    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    if (busy) return true;
+    usleep(50000);
+  }
+  fprintf(stderr, "megad %s does not see %u slot(s) of node %s in use after %d ms\n", d->name,
+          used, node, ms);
+  return false;
+}
+
 void hd_watch_job(hd *d, const char *job_id, bool replay, unsigned timeout_ms, hd_watch *w) {
   hd_watch_job_cb(d, job_id, replay, timeout_ms, w, NULL, NULL);
 }

@@ -84,6 +84,10 @@ Mega__V1__ListNodesResponse *hd_list_nodes(hd *d, mega_err *err);
 uint64_t hd_wait_checkpoint(hd *d, const char *job_id, uint64_t iteration, int ms);
 /* Nodes the view shows ALIVE; waits up to ms for want. */
 bool hd_wait_alive(hd *d, int want, int ms);
+/* Waits up to ms until d's view has node with at least `used` slots in use
+ * (what d places jobs by: another node's load reaches it in a heartbeat, or
+ * from etcd, a while after that node started ranks). */
+bool hd_wait_node_busy(hd *d, const char *node, uint32_t used, int ms);
 
 #define HD_MAX_ITERS 512
 

@@ -329,7 +329,9 @@ static void test_grows_when_slots_free_up(void **state) {
   mega_err err = {0};
   assert_int_equal(hd_submit(&n[2], &busy, busy_id, sizeof busy_id, &err), MEGA_OK);
   assert_true(hd_wait_workers(&n[2], 1, 10000, (pid_t[64]){0}));
-  usleep(600 * 1000); /* b1 hears of b3's load in a heartbeat */
+  /* b1 hears of b3's load in a heartbeat: a fixed 0.6 s was too short for
+   * a loaded machine, and a job placed before b1 knew went on 3 nodes */
+  assert_true(hd_wait_node_busy(&n[0], "b3", 1, 10000));
   char ckpt[256];
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
   const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6",
