@@ -591,6 +591,23 @@ bool hd_node_workers_gone(const hd *d, int ms) {
   return false;
 }
 
+bool hd_text_ok(const char *what, const char *text, const char *const *has,
+                const char *const *lacks) {
+  bool ok = true;
+  for (size_t i = 0; has && has[i]; i++)
+    if (!strstr(text, has[i])) {
+      fprintf(stderr, "%s lack \"%s\"\n", what, has[i]);
+      ok = false;
+    }
+  for (size_t i = 0; lacks && lacks[i]; i++)
+    if (strstr(text, lacks[i])) {
+      fprintf(stderr, "%s hold \"%s\"\n", what, lacks[i]);
+      ok = false;
+    }
+  if (!ok) fprintf(stderr, "%s:\n%s", what, text);
+  return ok;
+}
+
 bool hd_succeeded(const hd *d, const hd_watch *w) {
   if (w->final && w->final->state == MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED) return true;
   fprintf(stderr, "watch: %s\nfinal: %s\nevents:\n%s", w->err.msg,
@@ -639,4 +656,39 @@ int64_t hd_unix_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int hd_megactl_seen(char *out, size_t len, const char *args, const char *needle, bool *seen) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1 </dev/null", getenv("MEGACTL"), args);
+  FILE *p = popen(cmd, "r");
+  if (!p) {
+    snprintf(out, len, "cannot run %s: %s", cmd, strerror(errno));
+    return -1;
+  }
+  size_t n = 0, keep = needle ? strlen(needle) : 0;
+  if (seen) *seen = false;
+  char chunk[4096];
+  size_t got;
+  while ((got = fread(chunk, 1, sizeof chunk, p)) > 0) {
+    if (n + got > len - 1) { /* keep the tail, and enough to find needle across reads */
+      size_t drop = n + got - (len - 1);
+      if (drop > n) drop = n;
+      memmove(out, out + drop, n - drop);
+      n -= drop;
+    }
+    size_t take = got < len - 1 - n ? got : len - 1 - n;
+    memcpy(out + n, chunk + got - take, take);
+    n += take;
+    out[n] = '\0';
+    size_t from = n > take + keep ? n - take - keep : 0;
+    if (seen && needle && n >= keep && strstr(out + from, needle)) *seen = true;
+  }
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int hd_megactl(char *out, size_t len, const char *args) {
+  return hd_megactl_seen(out, len, args, NULL, NULL);
 }

@@ -139,6 +139,13 @@ bool hd_workers_gone(pid_t megad_pid, int ms);
 /* The same for node d's megad; on failure also dumps its log and its
  * ranks' logs. */
 bool hd_node_workers_gone(const hd *d, int ms);
+/* Whether text holds every string of has and none of lacks (NULL-ended
+ * lists; either may be NULL). If not, says which and prints text under
+ * what: a test shows a job's events only when it is about to fail. */
+bool hd_text_ok(const char *what, const char *text, const char *const *has,
+                const char *const *lacks);
+#define HD_ALL(...) ((const char *const[]){__VA_ARGS__, NULL})
+
 /* Whether the watch ended with the job SUCCEEDED; if not, says what the
  * watch saw and dumps d's log. */
 bool hd_succeeded(const hd *d, const hd_watch *w);
@@ -159,6 +166,12 @@ int64_t hd_unix_ms(void);
  * (the event says so) excepted. */
 void hd_reference(hd *d, const Mega__V1__JobSpec *spec, hd_watch *ref);
 void hd_same_losses(const hd_watch *got, const hd_watch *ref, int iters, double rtol);
+
+/* megactl ARGS (MEGACTL names it; its stderr with its stdout) run to its
+ * end: its exit status. out keeps the last len - 1 bytes, and *seen (may be
+ * NULL) says whether needle came anywhere in the whole output. */
+int hd_megactl_seen(char *out, size_t len, const char *args, const char *needle, bool *seen);
+int hd_megactl(char *out, size_t len, const char *args);
 
 /* A free TCP port on 127.0.0.1 (bound, then let go), e.g. for --metrics-listen. */
 int hd_free_port(void);
