@@ -193,9 +193,11 @@ int megactl_status(int argc, char **argv) {
     printf("usage: megactl status JOB [--json] [--server ADDR]\n\n"
            "Shows one job: its state (and why it failed), world and parallel layout,\n"
            "progress, restarts, the newest checkpoint, times, placement, flags, and its\n"
-           "whole history of events. --json prints the Job message as JSON (fields under\n"
-           "their mega.proto names) with the history as \"events\" (each with\n"
-           "time_unix_ms, kind, message and node_id). Any node of the cluster answers.\n");
+           "history of events: the first ones and the newest, and a line saying how many\n"
+           "megad left out between them (a long job's). --json prints the Job message as\n"
+           "JSON (fields under their mega.proto names) with the history as \"events\"\n"
+           "(each with time_unix_ms, kind, message, node_id and number) and\n"
+           "\"events_left_out\". Any node of the cluster answers.\n");
     return 0;
   }
   mega_err err = {0};
@@ -215,12 +217,19 @@ int megactl_status(int argc, char **argv) {
         json_array_append_new(ev, mega_pb_json(&r->events[i]->base));
       if (o && ev) json_object_set_new(o, "events", ev);
       else json_decref(ev);
+      if (o) json_object_set_new(o, "events_left_out", json_integer((json_int_t)r->events_left_out));
       rc = megactl_print_json(o, JSON_INDENT(2));
     } else {
       tables_job_detail(stdout, j, megactl_now_ms());
       if (r->n_events) printf("events\n");
       view_opts vo = {0};
       for (size_t i = 0; i < r->n_events; i++) {
+        /* megad keeps a job's first and newest events: a jump in their
+         * numbers is where it left some out */
+        uint64_t before = i ? r->events[i - 1]->number : 0, n = r->events[i]->number;
+        if (n > before + 1)
+          printf("  ... %" PRIu64 " event%s left out ...\n", n - before - 1,
+                 n - before - 1 == 1 ? "" : "s");
         printf("  ");
         view_event_line(stdout, r->events[i], &vo);
       }

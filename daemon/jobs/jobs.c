@@ -309,21 +309,31 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
   ev.has_rank = rank >= 0;
   ev.rank = rank >= 0 ? (uint32_t)rank : 0;
   ev.attempt = j->attempt;
+  ev.number = j->hist.events_total + 1;
   if ((unsigned)kind < sizeof js->stats.events / sizeof js->stats.events[0])
     js->stats.events[kind]++;
   Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
   item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
   item.event = &ev;
   mega_err e = {0};
+  /* the event this one pushes out of the history goes from etcd too, so a
+   * job's keys stay as bounded as its memory (the journal drops it when
+   * compacted) */
+  const Mega__V1__JobEvent *victim = mega_job_hist_event_victim(&j->hist);
+  uint64_t gone = victim ? victim->number : 0;
   if (mega_job_hist_push(&j->hist, &item, &e) != MEGA_OK)
     megad_warn(js->b, "job %s: %s", j->id, e.msg);
   uint8_t *buf;
   size_t len;
   char suffix[32];
-  snprintf(suffix, sizeof suffix, "e/%010zu", j->hist.nevents ? j->hist.nevents - 1 : 0);
+  snprintf(suffix, sizeof suffix, "e/%010llu", (unsigned long long)ev.number - 1);
   if ((js->journal || js->etcd) && mega_jrec_event(j->id, &ev, &buf, &len, &e) == MEGA_OK &&
       put_rec(js, j, suffix, buf, len, false, &e) != MEGA_OK)
     megad_warn(js->b, "journal: %s", e.msg);
+  if (gone && js->etcd) {
+    snprintf(suffix, sizeof suffix, "e/%010llu", (unsigned long long)gone - 1);
+    megad_jobs_etcd_del(js, j, suffix);
+  }
   megad_log(js->b, "job %s: %s", j->id, msg);
   broadcast(js, j, &item);
 }

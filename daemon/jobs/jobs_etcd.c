@@ -20,7 +20,7 @@ struct megad_jwrite {
   megad_jwrite *next;
   char *job_id;
   char *key; /* NULL: forget the job */
-  uint8_t *val;
+  uint8_t *val; /* NULL: delete key */
   size_t len;
   bool claim;
   int64_t fence; /* the job's fence when queued (0: its claim was pending) */
@@ -307,8 +307,8 @@ static void pump(megad_jobs *js) {
            x = x->next, n++) {
         size_t k = 0; /* etcd refuses a key twice in one txn: the later record wins */
         while (k < nops && strcmp(ops[k].key, x->key)) k++;
-        ops[k] = (megad_etcd_op){.kind = MEGAD_ETCD_PUT, .key = x->key, .value = x->val,
-                                 .value_len = x->len};
+        ops[k] = (megad_etcd_op){.kind = x->val ? MEGAD_ETCD_PUT : MEGAD_ETCD_DELETE,
+                                 .key = x->key, .value = x->val, .value_len = x->len};
         if (k == nops) nops++;
       }
       if (w->claim) /* after the record, so the mirrors know the job when they see it */
@@ -348,12 +348,8 @@ static void enqueue(megad_jobs *js, megad_jwrite *w) {
   pump(js);
 }
 
-void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
-                         size_t len, bool claim) {
-  if (j->etcd.fenced) {
-    free(buf);
-    return;
-  }
+static void queue_key(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
+                      size_t len, bool claim) {
   megad_jwrite *w = calloc(1, sizeof *w);
   if (w) {
     w->job_id = strdup(j->id);
@@ -371,6 +367,19 @@ void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, 
     return;
   }
   enqueue(js, w);
+}
+
+void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
+                         size_t len, bool claim) {
+  if (j->etcd.fenced || !buf) {
+    free(buf);
+    return;
+  }
+  queue_key(js, j, suffix, buf, len, claim);
+}
+
+void megad_jobs_etcd_del(megad_jobs *js, const mega_job *j, const char *suffix) {
+  if (!j->etcd.fenced) queue_key(js, j, suffix, NULL, 0, false);
 }
 
 void megad_jobs_etcd_forget(megad_jobs *js, const char *job_id) {

@@ -15,6 +15,9 @@
  * lease (its revision becomes j->etcd.fence). */
 void megad_jobs_etcd_put(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
                          size_t len, bool claim);
+/* Queues the deletion of mega/j/<id>/<suffix> (an event the job's history
+ * let go), guarded by j's fence as a put is. */
+void megad_jobs_etcd_del(megad_jobs *js, const mega_job *j, const char *suffix);
 /* Queues the deletion of every key of a forgotten job. */
 void megad_jobs_etcd_forget(megad_jobs *js, const char *job_id);
 

@@ -96,8 +96,35 @@ static void ring_insert(mega_job_hist *h, Mega__V1__WatchJobResponse *c, size_t 
   h->len++;
 }
 
+/* Keeps e (taken) among GetJob's events: when they are full, the oldest
+ * of the newest goes, so the first ones stay. */
+static mega_status keep_event(mega_job_hist *h, Mega__V1__JobEvent *e, mega_err *err) {
+  if (h->nevents == MEGA_JOB_EVENTS_FIRST + MEGA_JOB_EVENTS_LAST) {
+    Mega__V1__JobEvent **mid = h->events + MEGA_JOB_EVENTS_FIRST;
+    protobuf_c_message_free_unpacked(&mid[0]->base, NULL);
+    memmove(mid, mid + 1, (MEGA_JOB_EVENTS_LAST - 1) * sizeof *mid);
+    h->nevents--;
+  } else if (h->nevents == h->events_cap) {
+    size_t cap = h->events_cap ? 2 * h->events_cap : 16;
+    if (cap > MEGA_JOB_EVENTS_FIRST + MEGA_JOB_EVENTS_LAST)
+      cap = MEGA_JOB_EVENTS_FIRST + MEGA_JOB_EVENTS_LAST;
+    Mega__V1__JobEvent **v = realloc(h->events, cap * sizeof *v);
+    if (!v) {
+      protobuf_c_message_free_unpacked(&e->base, NULL);
+      return oom(err);
+    }
+    h->events = v;
+    h->events_cap = cap;
+  }
+  h->events[h->nevents++] = e;
+  return MEGA_OK;
+}
+
 mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobResponse *item,
                                mega_err *err) {
+  bool event = item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT && item->event;
+  if (event && item->event->number && item->event->number <= h->events_total)
+    return MEGA_OK; /* had already: delivered twice */
   if (h->len == h->cap && h->cap < MEGA_JOB_HISTORY) {
     size_t cap = h->cap ? 2 * h->cap : 16;
     if (cap > MEGA_JOB_HISTORY) cap = MEGA_JOB_HISTORY;
@@ -125,23 +152,15 @@ mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobRespons
       h->last_step = s;
     }
   }
-  if (item->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT && item->event) {
-    if (h->nevents == h->events_cap) {
-      size_t cap = h->events_cap ? 2 * h->events_cap : 16;
-      Mega__V1__JobEvent **v = realloc(h->events, cap * sizeof *v);
-      if (!v) {
-        protobuf_c_message_free_unpacked(&c->base, NULL);
-        return oom(err);
-      }
-      h->events = v;
-      h->events_cap = cap;
-    }
-    Mega__V1__JobEvent *e = (void *)megad_pb_copy(&item->event->base);
-    if (!e) {
+  if (event) {
+    /* numbered even when out of memory below: the next one's number is new */
+    h->events_total = item->event->number ? item->event->number : h->events_total + 1;
+    c->event->number = h->events_total;
+    Mega__V1__JobEvent *e = (void *)megad_pb_copy(&c->event->base);
+    if (!e || keep_event(h, e, err) != MEGA_OK) {
       protobuf_c_message_free_unpacked(&c->base, NULL);
-      return oom(err);
+      return e ? MEGA_ERR_NOMEM : oom(err);
     }
-    h->events[h->nevents++] = e;
   }
   size_t at = place_of(h, item);
   if (h->len == h->cap) { /* full at MEGA_JOB_HISTORY: the oldest step goes */
@@ -162,6 +181,16 @@ mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobRespons
   }
   ring_insert(h, c, at);
   return MEGA_OK;
+}
+
+const Mega__V1__JobEvent *mega_job_hist_event_victim(const mega_job_hist *h) {
+  return h->nevents == MEGA_JOB_EVENTS_FIRST + MEGA_JOB_EVENTS_LAST
+             ? h->events[MEGA_JOB_EVENTS_FIRST]
+             : NULL;
+}
+
+uint64_t mega_job_hist_events_left_out(const mega_job_hist *h) {
+  return h->events_total > h->nevents ? h->events_total - h->nevents : 0;
 }
 
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job_hist *h, size_t i) {

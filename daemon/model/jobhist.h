@@ -1,6 +1,6 @@
-/* A job's history: the bounded ring of items WatchJob replays, every event
- * of the job (GetJob's history), its last step, and its step curve for the
- * web view.
+/* A job's history: the bounded ring of items WatchJob replays, the events
+ * GetJob lists (the first and the newest, bounded), its last step, and its
+ * step curve for the web view.
  *
  * The jobs layer owns it: megad_job_event, megad_job_step and
  * megad_job_finalize push to it (and the journal's replay, mega_jobs_apply,
@@ -20,6 +20,12 @@
 
 /* Items kept for WatchJob's replay, per job (the oldest steps go first). */
 #define MEGA_JOB_HISTORY 1024
+/* Events kept for GetJob, per job: the first ones (submitted, placed, the
+ * first attempt's) and the newest; those in between are let go, counted.
+ * An event is at most about 1 KiB, so GetJob's answer stays under 600 KB
+ * however long the job runs (gRPC refuses messages past its limit). */
+#define MEGA_JOB_EVENTS_FIRST 64
+#define MEGA_JOB_EVENTS_LAST 448
 
 typedef struct mega_job_hist {
   /* WatchJob's replay: a ring of owned items, oldest at ring[head]; it
@@ -36,9 +42,12 @@ typedef struct mega_job_hist {
   /* every step in arrival order, thinned when old (the web view's curves:
    * a late step shows there where it came, after its attempt's mark) */
   mega_stepring curve;
-  /* Every event of the job, oldest first (owned; GetJob's history). */
+  /* GetJob's events, oldest first (owned): the first MEGA_JOB_EVENTS_FIRST
+   * and the newest MEGA_JOB_EVENTS_LAST; events_total - nevents were let
+   * go from between them. Each carries its number (1: the job's first). */
   Mega__V1__JobEvent **events;
   size_t nevents, events_cap;
+  uint64_t events_total; /* the job's events so far: the newest one's number */
 } mega_job_hist;
 
 /* Frees what h holds; h is empty (all zero) after. A zeroed history is an
@@ -54,10 +63,18 @@ void mega_job_hist_free(mega_job_hist *h);
  * when it is older than every step kept), never an event: with no step
  * kept, a new step goes, and a new event pushes out the oldest item. What
  * goes is counted (lost_*). A step also joins curve and becomes
- * last_step unless it is older than last_step; an event also joins events
- * (which keeps them all). */
+ * last_step unless it is older than last_step. An event is numbered (its
+ * own number, or the next when it has none: a record of an older megad)
+ * and joins events, pushing out the oldest of the newest when they are
+ * full; an event whose number the history has had already (a record
+ * delivered twice) changes nothing. */
 mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobResponse *item,
                                mega_err *err);
+/* The event the next event pushes out of events, or NULL while there is
+ * room: what a store of the job's events (etcd) lets go with it. */
+const Mega__V1__JobEvent *mega_job_hist_event_victim(const mega_job_hist *h);
+/* Events let go from the middle of events. */
+uint64_t mega_job_hist_events_left_out(const mega_job_hist *h);
 /* Item i (0: oldest) of the ring, or NULL past its end. */
 const Mega__V1__WatchJobResponse *mega_job_hist_at(const mega_job_hist *h, size_t i);
 /* Where a replay's gap marker for what the ring let go belongs: before

@@ -43,6 +43,7 @@ static void reply_job_from(const megad_services *s, mega_rpc_call *call, const m
     r.job = &m.job;
     r.events = j->hist.events;
     r.n_events = j->hist.nevents;
+    r.events_left_out = mega_job_hist_events_left_out(&j->hist);
     mega_rpc_reply(call, &r.base);
     break;
   }

@@ -350,11 +350,23 @@ function renderJob(view) {
         'submit the job with --trace-iteration K to see one iteration here'}));
   }
 
-  const evRows = job.events.slice().reverse().map(ev => h('tr', {class: 'event'},
-      h('td', {text: fmtTime(ev.time_ms)}), h('td', {text: ev.kind}),
-      h('td', {class: 'num', text: String(ev.attempt)}),
-      h('td', {text: ev.node + (ev.rank !== null ? ' rank ' + ev.rank : '')}),
-      h('td', {text: ev.message})));
+  // newest first; megad keeps a job's first and newest events, and where
+  // numbers jump the ones between were left out: a row says how many
+  const evRows = [];
+  for (let i = job.events.length - 1; i >= 0; i--) {
+    const ev = job.events[i];
+    evRows.push(h('tr', {class: 'event'},
+        h('td', {text: fmtTime(ev.time_ms)}), h('td', {text: ev.kind}),
+        h('td', {class: 'num', text: String(ev.attempt)}),
+        h('td', {text: ev.node + (ev.rank !== null ? ' rank ' + ev.rank : '')}),
+        h('td', {text: ev.message})));
+    const before = i ? job.events[i - 1].number : 0;
+    if (ev.number && ev.number > before + 1) {
+      const n = ev.number - before - 1;
+      evRows.push(h('tr', {class: 'event gap'}, h('td', {}), h('td', {}), h('td', {}), h('td', {}),
+          h('td', {class: 'muted', text: `… ${n} event${n === 1 ? '' : 's'} left out …`})));
+    }
+  }
   const evs = h('section', {id: 'events'}, h('h2', {text: 'Events'}),
       table('events-table', ['time', 'kind', 'attempt', 'where', 'message'], evRows));
   evs.lastChild.classList.add('events');

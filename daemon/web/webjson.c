@@ -161,6 +161,7 @@ static json_t *event_json(const Mega__V1__JobEvent *ev) {
   json_object_set_new(o, "node", json_string(ev->node_id ? ev->node_id : ""));
   json_object_set_new(o, "rank", ev->has_rank ? json_integer(ev->rank) : json_null());
   json_object_set_new(o, "attempt", json_integer(ev->attempt));
+  json_object_set_new(o, "number", json_integer((json_int_t)ev->number));
   return o;
 }
 
@@ -188,11 +189,13 @@ json_t *megad_webjson_job(const mega_job *j) {
   for (size_t i = 0; i < j->hist.nevents; i++)
     json_array_append_new(evs, event_json(j->hist.events[i]));
   json_object_set_new(o, "events", evs);
+  json_object_set_new(o, "events_left_out",
+                      json_integer((json_int_t)mega_job_hist_events_left_out(&j->hist)));
   return o;
 }
 
 uint64_t megad_webjson_job_version(const mega_job *j) {
-  uint64_t v[] = {j->hist.curve.seq, j->hist.nevents, (uint64_t)j->state, j->attempt, j->restarts,
+  uint64_t v[] = {j->hist.curve.seq, j->hist.events_total, (uint64_t)j->state, j->attempt, j->restarts,
                   j->ckpt_iteration, j->last_iteration, j->world, (uint64_t)j->ended_ms,
                   j->train_iters};
   uint64_t h = 1469598103934665603ull; /* FNV-1a over the fields */

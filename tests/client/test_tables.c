@@ -296,7 +296,7 @@ static void test_generic_json(void **state) {
   assert_string_equal(s,
                       "{\"event\":{\"time_unix_ms\":0,\"kind\":\"JOB_EVENT_KIND_PLACED\","
                       "\"message\":\"ok\",\"node_id\":\"\",\"has_rank\":false,\"rank\":0,"
-                      "\"attempt\":0}}");
+                      "\"attempt\":0,\"number\":0}}");
   free(s);
   json_decref(j);
   Mega__V1__GetJobResponse g = MEGA__V1__GET_JOB_RESPONSE__INIT;

@@ -72,7 +72,7 @@ mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t
 Mega__V1__Job *hd_get_job(hd *d, const char *job_id, mega_err *err);
 /* CancelJob with reason (may be NULL), waiting up to 10 s for the answer. */
 mega_status hd_cancel(hd *d, const char *job_id, const char *reason, mega_err *err);
-/* The job and its whole history (events); NULL on an error. */
+/* The job and its history (GetJob's events: its first and newest); NULL on an error. */
 Mega__V1__GetJobResponse *hd_get_job_history(hd *d, const char *job_id, mega_err *err);
 /* When (unix ms) the nth event of kind whose message holds text (NULL: any)
  * was made, in job_id's history as d tells it; 0 if none (or no answer). */

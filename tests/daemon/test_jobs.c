@@ -204,6 +204,9 @@ static void test_journal_replay(void **state) {
   /* every event, apart from the watch history's ring */
   assert_int_equal(ra->hist.nevents, 2);
   assert_string_equal(ra->hist.events[1]->message, "done");
+  /* records of a megad that did not number events are numbered as they come */
+  assert_int_equal(ra->hist.events[1]->number, 2);
+  assert_int_equal(mega_job_hist_events_left_out(&ra->hist), 0);
   /* the running job replays as it was: the coordinator decides what follows */
   assert_int_equal(mega_jobs_table_find(&t, "j-2")->state, MEGA_JOB_RUNNING);
   assert_int_equal(mega_jobs_table_find(&t, "j-3")->state, MEGA_JOB_PENDING);
@@ -337,7 +340,96 @@ static void test_history_keeps_events(void **state) {
   assert_int_equal(j->hist.lost_steps, 1);
   assert_int_equal(j->hist.lost_other, 3);
   assert_int_equal(mega_job_hist_gap_at(&j->hist), 0);
-  assert_int_equal(j->hist.nevents, MEGA_JOB_HISTORY + 3); /* GetJob's history keeps them all */
+  /* GetJob's events: the first and the newest, the rest counted */
+  assert_int_equal(j->hist.nevents, MEGA_JOB_EVENTS_FIRST + MEGA_JOB_EVENTS_LAST);
+  assert_int_equal(mega_job_hist_events_left_out(&j->hist),
+                   MEGA_JOB_HISTORY + 3 - MEGA_JOB_EVENTS_FIRST - MEGA_JOB_EVENTS_LAST);
+  mega_job_free(j);
+}
+
+/* An event numbered as megad_job_event numbers them: the next number. */
+static void push_numbered(mega_job *j, uint64_t number, const char *msg) {
+  Mega__V1__JobEvent ev = MEGA__V1__JOB_EVENT__INIT;
+  ev.kind = MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO;
+  ev.message = (char *)msg;
+  ev.number = number;
+  Mega__V1__WatchJobResponse item = MEGA__V1__WATCH_JOB_RESPONSE__INIT;
+  item.item_case = MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT;
+  item.event = &ev;
+  assert_int_equal(mega_job_hist_push(&j->hist, &item, NULL), MEGA_OK);
+}
+
+/* Applies job j's record and then each of its events as journal records
+ * into t (a replay, or etcd's keys read by a new coordinator). */
+static void apply_events(mega_jobs *t, const mega_job *j) {
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(mega_jrec_job(j, &buf, &len, NULL), MEGA_OK);
+  assert_int_equal(mega_jobs_apply(t, buf, len, NULL), MEGA_OK);
+  free(buf);
+  for (size_t i = 0; i < j->hist.nevents; i++) {
+    assert_int_equal(mega_jrec_event(j->id, j->hist.events[i], &buf, &len, NULL), MEGA_OK);
+    assert_int_equal(mega_jobs_apply(t, buf, len, NULL), MEGA_OK);
+    free(buf);
+  }
+}
+
+/* A job with thousands of events (restarts, rescales) keeps its first and
+ * its newest for GetJob, and counts those between: its memory and GetJob's
+ * answer stay bounded. What it kept, replayed (a compacted journal, etcd's
+ * keys), is the same history with the same count. */
+static void test_events_bound(void **state) {
+  (void)state;
+  const uint64_t n = 3000, keep = MEGA_JOB_EVENTS_FIRST + MEGA_JOB_EVENTS_LAST;
+  mega_job *j = new_job("j-1");
+  char msg[32];
+  for (uint64_t i = 1; i <= n; i++) {
+    if (i % 7 == 0) push_step(j, (uint32_t)(i / 100), i);
+    const Mega__V1__JobEvent *victim = mega_job_hist_event_victim(&j->hist);
+    /* what goes is the oldest of the newest, once they are full */
+    if (i <= keep) assert_null(victim);
+    else assert_int_equal(victim->number, i - MEGA_JOB_EVENTS_LAST);
+    snprintf(msg, sizeof msg, "event %llu", (unsigned long long)i);
+    push_numbered(j, j->hist.events_total + 1, msg);
+  }
+  assert_int_equal(j->hist.nevents, keep);
+  assert_true(j->hist.events_cap <= keep); /* memory too */
+  assert_true(j->hist.len <= MEGA_JOB_HISTORY);
+  assert_int_equal(j->hist.events_total, n);
+  assert_int_equal(mega_job_hist_events_left_out(&j->hist), n - keep);
+  for (size_t i = 0; i < MEGA_JOB_EVENTS_FIRST; i++) assert_int_equal(j->hist.events[i]->number, i + 1);
+  for (size_t i = MEGA_JOB_EVENTS_FIRST; i < keep; i++)
+    assert_int_equal(j->hist.events[i]->number, n - keep + i + 1);
+  assert_string_equal(j->hist.events[0]->message, "event 1");
+  assert_string_equal(j->hist.events[keep - 1]->message, "event 3000");
+
+  /* delivered twice (a retried etcd write seen by a watch): nothing changes */
+  push_numbered(j, n - 5, "again");
+  assert_int_equal(j->hist.events_total, n);
+  assert_string_equal(j->hist.events[keep - 6]->message, "event 2995");
+  /* an event without a number (an older megad's record) takes the next */
+  push_numbered(j, 0, "unnumbered");
+  assert_int_equal(j->hist.events[keep - 1]->number, n + 1);
+  assert_int_equal(mega_job_hist_events_left_out(&j->hist), n + 1 - keep);
+
+  /* replayed from what was kept: the same events, numbers and count */
+  mega_jobs t;
+  mega_jobs_init(&t);
+  apply_events(&t, j);
+  mega_job *r = mega_jobs_table_find(&t, "j-1");
+  assert_non_null(r);
+  assert_int_equal(r->hist.nevents, keep);
+  assert_int_equal(r->hist.events_total, n + 1);
+  assert_int_equal(mega_job_hist_events_left_out(&r->hist), n + 1 - keep);
+  for (size_t i = 0; i < keep; i++) {
+    assert_int_equal(r->hist.events[i]->number, j->hist.events[i]->number);
+    assert_string_equal(r->hist.events[i]->message, j->hist.events[i]->message);
+  }
+  /* and goes on numbering where the job was */
+  push_numbered(r, r->hist.events_total + 1, "after a takeover");
+  assert_int_equal(r->hist.events[keep - 1]->number, n + 2);
+  assert_int_equal(r->hist.events[MEGA_JOB_EVENTS_FIRST - 1]->number, MEGA_JOB_EVENTS_FIRST);
+  mega_jobs_free(&t);
   mega_job_free(j);
 }
 
@@ -417,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_history_bound),
       cmocka_unit_test(test_history_late_steps),
       cmocka_unit_test(test_history_keeps_events),
+      cmocka_unit_test(test_events_bound),
       cmocka_unit_test(test_incarnations_increase),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

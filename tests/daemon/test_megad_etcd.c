@@ -6,7 +6,8 @@
  * one member of a 3-member etcd loses no node and does not disturb a job,
  * which trains on in the same attempt. A job's start and end change the
  * nodes' loads (mega/load/), which each node lists for the others, and not
- * the records every megad watches (mega/nodes/). */
+ * the records every megad watches (mega/nodes/). A job of a thousand events
+ * keeps its first and newest, in memory and in etcd. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/model/jobhist.h"
 #include "etcd_fixture.h"
 #include "harness.h"
 
@@ -190,6 +192,15 @@ static void test_etcd_member_loss_keeps_job(void **state) {
 
 /* ---- a job's start and end leave the watched node records alone ---- */
 
+/* One etcd member and two megads, n1 and n2, one slot each, that see each other. */
+static void start_pair(hd *n1, hd *n2) {
+  assert_true(etcd_fx_start(&fx, 1));
+  assert_true(start_node(n1, "n1", 1));
+  assert_true(start_node(n2, "n2", 1));
+  assert_true(hd_wait_alive(n1, 2, 10000));
+  assert_true(hd_wait_alive(n2, 2, 10000));
+}
+
 /* "key mod_revision" of every key under root (a prefix under mega/) into
  * out, one a line, sorted as etcd lists them; the count of keys. */
 static int revisions(const char *root, char *out, size_t len) {
@@ -248,12 +259,8 @@ static bool wait_load(hd *d, const char *node, uint32_t used, const char *id, bo
 
 static void test_job_leaves_node_records_alone(void **state) {
   (void)state;
-  assert_true(etcd_fx_start(&fx, 1));
   hd n1, n2;
-  assert_true(start_node(&n1, "n1", 1));
-  assert_true(start_node(&n2, "n2", 1));
-  assert_true(hd_wait_alive(&n1, 2, 10000));
-  assert_true(hd_wait_alive(&n2, 2, 10000));
+  start_pair(&n1, &n2);
   char before[4096], after[4096], loads0[4096], loads1[4096];
   assert_int_equal(revisions("mega/nodes/", before, sizeof before), 2);
   assert_int_equal(revisions("mega/load/", loads0, sizeof loads0), 2);
@@ -294,6 +301,127 @@ static void test_job_leaves_node_records_alone(void **state) {
   etcd_fx_stop(&fx);
 }
 
+/* ---- a long history stays bounded ---- */
+
+/* How many keys etcd holds under prefix (a prefix under mega/). */
+static int count_keys(const char *prefix) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "ETCDCTL_API=3 etcdctl --endpoints=%s --command-timeout=5s get %s --prefix "
+           "--keys-only 2>&1",
+           fx.endpoints, prefix);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, p))
+    if (!strncmp(line, prefix, strlen(prefix))) n++;
+  pclose(p);
+  return n;
+}
+
+/* A job of 3 nodes on a cluster of 2 waits, for as long as it is let. */
+static void submit_waiting(hd *d, char *id, size_t len) {
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6", NULL};
+  hd_tiny_spec(&spec, d->dir, 10, extra);
+  spec.nnodes_min = spec.nnodes_max = 3;
+  spec.nproc_per_node = 1;
+  mega_err err = {0};
+  mega_status st = hd_submit(d, &spec, id, len, &err);
+  if (st != MEGA_OK) fprintf(stderr, "submit: %s\n", err.msg);
+  assert_int_equal(st, MEGA_OK);
+}
+
+/* GetJob's events on d: the first MEGA_JOB_EVENTS_FIRST numbered from 1,
+ * then the newest in a row up to the newest's number (returned), and the
+ * count of those left out between. */
+#define FIRST MEGA_JOB_EVENTS_FIRST
+#define KEPT (MEGA_JOB_EVENTS_FIRST + MEGA_JOB_EVENTS_LAST)
+static uint64_t check_history(hd *d, const char *id) {
+  mega_err err = {0};
+  Mega__V1__GetJobResponse *h = hd_get_job_history(d, id, &err);
+  if (!h) fprintf(stderr, "GetJob on %s: %s\n", d->name, err.msg);
+  assert_non_null(h);
+  if (h->n_events != KEPT)
+    fprintf(stderr, "GetJob on %s: %zu events, %llu left out\n", d->name, h->n_events,
+            (unsigned long long)h->events_left_out);
+  assert_int_equal(h->n_events, KEPT);
+  uint64_t last = h->events[KEPT - 1]->number;
+  for (size_t i = 0; i < FIRST; i++) assert_int_equal(h->events[i]->number, i + 1);
+  for (size_t i = FIRST; i < KEPT; i++) assert_int_equal(h->events[i]->number, last - KEPT + 1 + i);
+  assert_int_equal(h->events_left_out, last - KEPT);
+  assert_int_equal(h->events[0]->kind, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_SUBMITTED);
+  protobuf_c_message_free_unpacked(&h->base, NULL);
+  return last;
+}
+
+/* A job with more than a thousand events (each RescaleJob of a waiting job
+ * is one): GetJob answers its first and newest events and how many it left
+ * out, megactl status says so where they were, etcd keeps only those
+ * events' keys, and the node that takes the job over reads just those and
+ * goes on numbering where the job was. */
+static void test_long_history_is_bounded(void **state) {
+  (void)state;
+  hd n1, n2;
+  start_pair(&n1, &n2);
+  char id[64];
+  submit_waiting(&n1, id, sizeof id);
+  Mega__V1__RescaleJobRequest req = MEGA__V1__RESCALE_JOB_REQUEST__INIT;
+  req.job_id = id;
+  req.nnodes = 3;
+  for (int i = 0; i < 1200; i++) {
+    ProtobufCMessage *resp = NULL;
+    mega_err err = {0};
+    assert_int_equal(mega_rpc_unary(n1.ch, &mega_control_rescale_job, &req.base, 5000, &resp, &err),
+                     MEGA_OK);
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+  uint64_t last = check_history(&n1, id);
+  assert_true(last > 1200);
+  check_history(&n2, id); /* forwarded to n1 */
+
+  char out[65536], args[512];
+  snprintf(args, sizeof args, "--server %s status %s", n2.addr, id);
+  assert_int_equal(hd_megactl(out, sizeof out, args), 0);
+  char gap[64];
+  snprintf(gap, sizeof gap, "... %llu events left out ...", (unsigned long long)(last - KEPT));
+  const char *at = strstr(out, gap);
+  if (!at) fprintf(stderr, "megactl status:\n%s", out);
+  assert_non_null(at);
+  assert_non_null(strstr(at, "rescale to 3 nodes requested")); /* the newest follow */
+  snprintf(args, sizeof args, "--server %s status %s --json", n1.addr, id);
+  assert_int_equal(hd_megactl(out, sizeof out, args), 0);
+  snprintf(gap, sizeof gap, "\"events_left_out\": %llu", (unsigned long long)(last - KEPT));
+  if (!strstr(out, gap)) fprintf(stderr, "megactl status --json:\n%s", out);
+  assert_non_null(strstr(out, gap));
+
+  /* etcd holds the kept events' keys, no more (the writes drain in order) */
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "mega/j/%s/e/", id);
+  int keys = 0;
+  for (int t = 0; t < 100 && (keys = count_keys(prefix)) != KEPT; t++) usleep(100 * 1000);
+  assert_int_equal(keys, KEPT);
+
+  /* the coordinator killed: n2 takes the waiting job over from those keys */
+  hd_kill(&n1);
+  bool taken = false;
+  for (int t = 0; t < 150 && !taken; t++) {
+    Mega__V1__Job *j = hd_get_job(&n2, id, NULL);
+    taken = j && !strcmp(j->coordinator_node_id, "n2") && !j->coordinator_unreachable_unix_ms;
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    if (!taken) usleep(100 * 1000);
+  }
+  assert_true(taken);
+  assert_true(hd_event_ms(&n2, id, MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_INFO, 0,
+                          "took the pending job over") > 0);
+  assert_true(check_history(&n2, id) > last);
+  assert_int_equal(hd_cancel(&n2, id, NULL, NULL), MEGA_OK);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+  etcd_fx_stop(&fx);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -308,6 +436,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_peers_with_etcd_refused, teardown),
       cmocka_unit_test_teardown(test_etcd_member_loss_keeps_job, teardown),
       cmocka_unit_test_teardown(test_job_leaves_node_records_alone, teardown),
+      cmocka_unit_test_teardown(test_long_history_is_bounded, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

@@ -92,6 +92,23 @@ grep -q "data-job=\"$id\"" cluster.html || fail "the cluster page lacks the job"
 grep -q '<td>\*web-node</td>' cluster.html || fail "the cluster page lacks this node"
 grep -q '<img' cluster.html && fail "the job's name became markup on the cluster page"
 
+# ---- a long history: the page says where events were left out ----
+# a job of 2 nodes on this one waits; each rescale it is asked is an event
+"$megactl" submit --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 \
+  --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --data-path data.txt --train-iters 5 \
+  --nnodes 2 --nproc-per-node 1 >submit2.txt 2>&1 || fail "submit: $(cat submit2.txt)"
+waiting=$(tail -1 submit2.txt)
+for _ in $(seq 530); do
+  "$megactl" rescale "$waiting" --nnodes 2 >/dev/null 2>&1 || { fail "rescale refused"; break; }
+done
+# ended, so its page's stream ends too (one left open holds the headless browser)
+"$megactl" cancel "$waiting" >/dev/null 2>&1 || fail "cancel $waiting"
+left=$(get "$web/api/jobs/$waiting" | field "x['events_left_out']")
+[ "${left:-0}" -ge 10 ] || fail "events_left_out is ${left:-none} after 530 rescales, want 10 or more"
+browse --dump-dom "$web/jobs/$waiting" >long.html
+grep -q "… $left events left out …" long.html ||
+  fail "the page does not say $left events were left out: $(grep -o 'class="event gap".\{0,200\}' long.html | head -c 400)"
+
 # ---- a screenshot that is not blank ----
 browse --window-size=1280,1400 --screenshot="$work/job.png" "$web/jobs/$id" >/dev/null
 "$py" - "$work/job.png" <<'EOF' || fail "the screenshot is blank or unreadable"
