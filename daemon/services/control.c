@@ -75,14 +75,24 @@ static void reply_job(mega_rpc_call *call, const mega_job *j, reply_kind kind) {
   reply_job_from(NULL, call, j, kind, 0);
 }
 
-/* GetJob for a job whose coordinator cannot be reached: the mirror's copy
- * (etcd mode), saying so. */
-static bool get_from_mirror(megad_services *s, mega_rpc_call *call, const char *job_id,
-                            int64_t unreachable_ms) {
-  if (mega_rpc_call_method(call) != &mega_control_get_job) return false;
+/* Whether this node's copy of j (etcd mode) answers call without the
+ * job's coordinator: GetJob, and CancelJob of a job that ended, since
+ * etcd's record says so and there is nothing to stop. */
+static bool copy_answers(mega_rpc_call *call, const mega_job *j) {
+  const mega_rpc_method *m = mega_rpc_call_method(call);
+  return m == &mega_control_get_job ||
+         (m == &mega_control_cancel_job && mega_job_state_final(j->state));
+}
+
+/* A call about a job whose coordinator cannot be reached: the mirror's
+ * copy answers it (etcd mode) when it can, saying so. */
+static bool answer_from_mirror(megad_services *s, mega_rpc_call *call, const char *job_id,
+                               int64_t unreachable_ms) {
   const mega_job *j = megad_jobs_mirror_find(s->jobs, job_id);
-  if (!j) return false;
-  reply_job_from(s, call, j, R_GET, unreachable_ms ? unreachable_ms : megad_unix_ms());
+  if (!j || !copy_answers(call, j)) return false;
+  reply_job_from(s, call, j,
+                 mega_rpc_call_method(call) == &mega_control_get_job ? R_GET : R_CANCEL_OVER,
+                 unreachable_ms ? unreachable_ms : megad_unix_ms());
   return true;
 }
 
@@ -91,10 +101,10 @@ static mega_job *find(megad_services *s, mega_rpc_call *call, const char *id,
                       const ProtobufCMessage *req) {
   mega_job *j = megad_jobs_find(s->jobs, id);
   if (j && !j->etcd.fenced) return j; /* a fenced one is on its way out: another node has it */
-  if (megad_forward(s, call, id, req, get_from_mirror)) return NULL;
+  if (megad_forward(s, call, id, req, answer_from_mirror)) return NULL;
   /* etcd mode: a job with no coordinator right now is read from the mirror */
   if ((j = megad_jobs_mirror_find(s->jobs, id))) {
-    if (mega_rpc_call_method(call) == &mega_control_get_job) return j;
+    if (copy_answers(call, j)) return j;
     /* ABORTED, so watchers try again; not UNAVAILABLE, which clients tell
      * as their own server being unreachable */
     mega_rpc_fail(call, MEGA_RPC_ABORTED,
@@ -366,7 +376,7 @@ static void on_cancel_job(mega_rpc_call *call, const ProtobufCMessage *msg, void
   mega_job *j = find(s, call, req->job_id, msg);
   if (!j) return;
   if (mega_job_state_final(j->state)) { /* nothing to stop: say so, not "cancelled" again */
-    reply_job(call, j, R_CANCEL_OVER);
+    reply_job_from(s, call, j, R_CANCEL_OVER, 0); /* a copy says so, as GetJob does */
     return;
   }
   cancel_ctx *c = calloc(1, sizeof *c);

@@ -7,7 +7,8 @@
  * which trains on in the same attempt. A job's start and end change the
  * nodes' loads (mega/load/), which each node lists for the others, and not
  * the records every megad watches (mega/nodes/). A job of a thousand events
- * keeps its first and newest, in memory and in etcd. */
+ * keeps its first and newest, in memory and in etcd; a cancel of an ended
+ * job whose coordinator died is answered at once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -301,7 +302,7 @@ static void test_job_leaves_node_records_alone(void **state) {
   etcd_fx_stop(&fx);
 }
 
-/* ---- a long history stays bounded ---- */
+/* ---- a long history stays bounded; an ended job needs no coordinator ---- */
 
 /* How many keys etcd holds under prefix (a prefix under mega/). */
 static int count_keys(const char *prefix) {
@@ -422,6 +423,74 @@ static void test_long_history_is_bounded(void **state) {
   etcd_fx_stop(&fx);
 }
 
+/* Waits up to ms until d lists job id in state want (etcd mode: from its
+ * copy of the cluster's jobs, not asking the coordinator). */
+static bool wait_copy_state(hd *d, const char *id, Mega__V1__JobState want, int ms) {
+  for (int t = 0; t < ms; t += 50) {
+    Mega__V1__ListJobsRequest req = MEGA__V1__LIST_JOBS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    bool seen = false;
+    if (mega_rpc_unary(d->ch, &mega_control_list_jobs, &req.base, 5000, &resp, NULL) == MEGA_OK) {
+      const Mega__V1__ListJobsResponse *r = (const void *)resp;
+      for (size_t i = 0; i < r->n_jobs; i++)
+        seen |= !strcmp(r->jobs[i]->id, id) && r->jobs[i]->state == want;
+      protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    if (seen) return true;
+    usleep(50 * 1000);
+  }
+  return false;
+}
+
+/* CancelJob of a job that ended, asked of a survivor once the job's
+ * coordinator is dead: answered at once from etcd's record (nothing to
+ * stop), within the coordinator's lease and after it, and megactl says so
+ * rather than wait for a takeover. */
+static void test_cancel_ended_job_without_coordinator(void **state) {
+  (void)state;
+  hd n1, n2;
+  start_pair(&n1, &n2);
+  char id[64];
+  submit_waiting(&n1, id, sizeof id);
+  mega_err err = {0};
+  assert_int_equal(hd_cancel(&n1, id, "done with it", &err), MEGA_OK);
+  /* the end is in etcd (n2's copy has it) before the coordinator dies */
+  assert_true(wait_copy_state(&n2, id, STATE(CANCELLED), 10000));
+  hd_kill(&n1);
+
+  for (int round = 0; round < 2; round++) {
+    if (round) assert_true(wait_state(&n2, "n1", NODE(DEAD), 15000) >= 0); /* lease gone */
+    Mega__V1__CancelJobRequest req = MEGA__V1__CANCEL_JOB_REQUEST__INIT;
+    req.job_id = id;
+    ProtobufCMessage *resp = NULL;
+    double t0 = hd_now_s();
+    mega_status st = mega_rpc_unary(n2.ch, &mega_control_cancel_job, &req.base, 10000, &resp, &err);
+    double took = hd_now_s() - t0;
+    if (st != MEGA_OK) fprintf(stderr, "CancelJob on n2 (round %d): %s\n", round, err.msg);
+    assert_int_equal(st, MEGA_OK);
+    const Mega__V1__CancelJobResponse *r = (const void *)resp;
+    assert_true(r->already_over);
+    assert_int_equal(r->job->state, STATE(CANCELLED));
+    assert_true(took < 2.0);
+    protobuf_c_message_free_unpacked(resp, NULL);
+
+    char out[4096], args[256];
+    snprintf(args, sizeof args, "--server %s cancel %s", n2.addr, id);
+    t0 = hd_now_s();
+    int rc = hd_megactl(out, sizeof out, args);
+    took = hd_now_s() - t0;
+    if (rc || !strstr(out, "already cancelled; nothing to cancel") || took >= 3.0)
+      fprintf(stderr, "megactl cancel on n2 (round %d, %.1f s, exit %d):\n%s", round, took, rc,
+              out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "already cancelled; nothing to cancel"));
+    assert_true(took < 3.0);
+  }
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+  etcd_fx_stop(&fx);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -437,6 +506,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_etcd_member_loss_keeps_job, teardown),
       cmocka_unit_test_teardown(test_job_leaves_node_records_alone, teardown),
       cmocka_unit_test_teardown(test_long_history_is_bounded, teardown),
+      cmocka_unit_test_teardown(test_cancel_ended_job_without_coordinator, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
