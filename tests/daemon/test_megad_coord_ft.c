@@ -63,6 +63,13 @@ static void test_coordinator_restart_resumes(void **state) {
   hd_cleanup(&d);
 }
 
+/* The replicas tests' jobs: the coordinator goes once the watch has seen
+ * iteration 12. A two-node tiny job trains an iteration in about half a
+ * millisecond, and a loaded machine once delayed the other node's first
+ * step report until 40 iterations were done: the job had ended before the
+ * kill, with nothing left to recover. */
+#define REPLICA_ITERS 400
+
 /* ---- the coordinator's megad restarts (kill -9, then start again) while
  * DP 2 runs on it and another node, no checkpoint written: its own rank
  * dies with it, the other node's keeps its state, and the restarted
@@ -78,14 +85,15 @@ static void test_coordinator_restart_recovers_from_replicas(void **state) {
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", n[0].dir);
   const char *ref_extra[] = {"--global-batch-size", "8", NULL};
   Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, n[0].dir, 40, ref_extra);
+  hd_tiny_spec(&spec, n[0].dir, REPLICA_ITERS, ref_extra);
   spec.nproc_per_node = 1;
+  spec.nnodes_min = spec.nnodes_max = 2; /* DP 2 as the job: the same sums */
   hd_watch ref;
   hd_reference(&n[0], &spec, &ref);
 
   const char *extra[] = {"--global-batch-size", "8", "--save", ckpt, "--save-interval", "1000",
                          NULL};
-  hd_tiny_spec(&spec, n[0].dir, 40, extra);
+  hd_tiny_spec(&spec, n[0].dir, REPLICA_ITERS, extra);
   spec.nproc_per_node = 1;
   spec.nnodes_min = spec.nnodes_max = 2;
   char id[64];
@@ -110,12 +118,14 @@ static void test_coordinator_restart_recovers_from_replicas(void **state) {
   assert_non_null(strstr(w.events_text, "recovered iteration"));
   assert_int_equal(w.final->restarts, 0);
   assert_int_equal(w.final->dp, 2);
-  assert_true(w.final->checkpoint_iteration == 0 || w.final->checkpoint_iteration == 40);
+  assert_true(w.final->checkpoint_iteration == 0 ||
+              w.final->checkpoint_iteration == REPLICA_ITERS);
   assert_true(w.redone <= 1);
   /* from the iteration the replicas held on, the uninterrupted run's
    * losses (what came before went with the old megad's memory) */
   int from = 0;
-  for (int it = 40; it >= 1 && w.seen[it] && w.attempt[it] == w.final->attempt; it--) from = it;
+  for (int it = REPLICA_ITERS; it >= 1 && w.seen[it] && w.attempt[it] == w.final->attempt; it--)
+    from = it;
   fprintf(stderr, "coordinator restart: went on from the replicas at iteration %d (%d redone), finished "
                   "%.2f s after megad started again\n", from - 1, w.redone, hd_now_s() - t0);
   /* the replicas held the iteration the survivor had finished when megad
@@ -125,7 +135,7 @@ static void test_coordinator_restart_recovers_from_replicas(void **state) {
   int held = plan ? atoi(plan + strlen("restarting from the replicas' state at iteration ")) : -1;
   assert_true(held >= 12);
   assert_int_equal(from, held + 1);
-  for (int it = from; it <= 40; it++)
+  for (int it = from; it <= REPLICA_ITERS; it++)
     if (fabs(w.loss[it] - ref.loss[it]) > 2e-5 * fabs(ref.loss[it]))
       fail_msg("iteration %d: loss %.9g after the restart, uninterrupted %.9g", it, w.loss[it],
                ref.loss[it]);
@@ -374,7 +384,7 @@ static void test_coordinator_stop_recovers_from_replicas(void **state) {
   const char *extra[] = {"--global-batch-size", "8", "--save", ckpt, "--save-interval", "1000",
                          NULL};
   Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, n[0].dir, 40, extra);
+  hd_tiny_spec(&spec, n[0].dir, REPLICA_ITERS, extra);
   spec.nproc_per_node = 1;
   spec.nnodes_min = spec.nnodes_max = 2;
   char id[64];
