@@ -26,13 +26,18 @@ bool mega_logline_due(const mega_jobspec *s, int64_t iteration) {
 }
 
 double mega_jobspec_flops(const mega_jobspec *s, int batch) {
-  /* per token, each GEMM three times (forward, both backward halves), two
-   * operations per multiply-add: qkv and the projection (4 h^2), the MLP
-   * (2 x h x 4h), the causal half of QK^T and PV (h T), the logits (h V) */
+  /* Megatron's transformer_flops for a dense model: per token, each GEMM
+   * three times (forward, both backward halves), two operations per
+   * multiply-add. Attention: q, k and v (k and v one head per query group),
+   * the causal half of QK^T and PV, the output projection; the MLP's two
+   * GEMMs (SwiGLU's three: x 3/2); the logits over the padded vocabulary. */
   double h = s->hidden_size, T = s->seq_length, L = s->num_layers;
-  double V = mega_jobspec_padded_vocab(s), ffn = 4 * h;
-  double attn = h * 3 * h + h * T / 2 * 2 + h * h;
-  double per_token = 3 * 2 * (L * (h * ffn * 2 + attn) + h * V);
+  double V = mega_jobspec_padded_vocab(s), ffn = mega_jobspec_ffn_hidden_size(s);
+  double q = (double)mega_jobspec_kv_channels(s) * s->num_attention_heads;
+  double kv = (double)mega_jobspec_kv_channels(s) * mega_jobspec_query_groups(s);
+  double attn = h * (q + 2 * kv) + q * T / 2 * 2 + q * h;
+  double mlp = 2 * h * ffn * (s->swiglu ? 1.5 : 1.0);
+  double per_token = 3 * 2 * (L * (mlp + attn) + h * V);
   return (double)batch * T * per_token;
 }
 

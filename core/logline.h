@@ -57,9 +57,10 @@ int mega_logline_format(mega_logline *l, const mega_jobspec *s, const mega_logli
 int mega_logline_eval(int64_t iteration, double eval_loss, char *buf, size_t n);
 
 /* Megatron's num_floating_point_operations for one iteration of `batch`
- * samples of mega's GPT (dense MLP of 4 x hidden, multi-head attention,
- * the causal half of the attention scores, the logits over the padded
- * vocabulary; forward and backward, x3). */
+ * samples of a dense model: the MLP of --ffn-hidden-size (SwiGLU's three
+ * GEMMs counted as 3/2 of two), q of --kv-channels x heads and k, v of
+ * --kv-channels x query groups, the causal half of the attention scores, the
+ * logits over the padded vocabulary; forward and backward, x3. */
 double mega_jobspec_flops(const mega_jobspec *s, int batch);
 
 #endif

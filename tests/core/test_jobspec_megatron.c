@@ -568,6 +568,52 @@ static void test_logline(void **state) {
   mega_jobspec_free(&s);
 }
 
+/* Megatron's num_floating_point_operations in its own arrangement, 12 B T L h^2
+ * ((1 + G/H + T/2h) q/h + ffn/h x glu + V/2Lh), q = kv-channels x heads; the
+ * implementation sums the GEMMs one by one. */
+static double megatron_flops(double B, double T, double L, double h, double H, double G,
+                             double kv, double ffn, bool swiglu, double V) {
+  double q = kv * H, glu = swiglu ? 1.5 : 1.0;
+  return 12 * B * T * L * h * h *
+         ((1 + G / H + T / h / 2) * (q / h) + ffn / h * glu + V / (2 * L * h));
+}
+
+/* --log-throughput's FLOPs for Llama configurations: SwiGLU's three GEMMs,
+ * grouped-query attention's smaller k and v, --ffn-hidden-size and
+ * --kv-channels all count, as in Megatron. */
+static void test_flops_llama(void **state) {
+  (void)state;
+  mega_jobspec s;
+  /* Llama-3 8B's shape: 8 query groups, ffn 14336, untied; NullTokenizer's
+   * 128256 tokens and its end of document padded to 128384 */
+  make_spec(&s, ARGV("--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads",
+                     "32", "--seq-length", "8192", "--position-embedding-type", "rope",
+                     "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+                     "--num-query-groups", "8", "--ffn-hidden-size", "14336",
+                     "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                     "--tokenizer-type", "NullTokenizer", "--vocab-size", "128256"));
+  double want = megatron_flops(16, 8192, 32, 4096, 32, 8, 128, 14336, true, 128384);
+  assert_true(fabs(mega_jobspec_flops(&s, 16) - want) <= 1e-9 * want);
+  mega_jobspec_free(&s);
+  /* SwiGLU's default width (int(8h/3 / 64) x 64 = 5440 at 2048), heads of 128
+   * channels over a 2048-wide model (--kv-channels), one query group */
+  make_spec(&s, ARGV("--num-layers", "4", "--hidden-size", "2048", "--num-attention-heads",
+                     "8", "--kv-channels", "128", "--seq-length", "1024",
+                     "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                     "--swiglu", "--group-query-attention", "--tokenizer-type",
+                     "NullTokenizer", "--vocab-size", "1000"));
+  want = megatron_flops(4, 1024, 4, 2048, 8, 1, 128, 5440, true, 1024);
+  assert_true(fabs(mega_jobspec_flops(&s, 4) - want) <= 1e-9 * want);
+  mega_jobspec_free(&s);
+  /* GPT-2 is the same formula with G = H, q = h, ffn = 4h */
+  make_spec(&s, ARGV("--num-layers", "12", "--hidden-size", "768", "--num-attention-heads",
+                     "12", "--seq-length", "1024", "--tokenizer-type", "NullTokenizer",
+                     "--vocab-size", "50256"));
+  want = megatron_flops(8, 1024, 12, 768, 12, 12, 64, 3072, false, 50304);
+  assert_true(fabs(mega_jobspec_flops(&s, 8) - want) <= 1e-9 * want);
+  mega_jobspec_free(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nearest_flag),   cmocka_unit_test(test_megatron_table),
@@ -577,6 +623,7 @@ int main(void) {
       cmocka_unit_test(test_rampup_checks),  cmocka_unit_test(test_vocab_file),
       cmocka_unit_test(test_bad_tokenizer_files),
       cmocka_unit_test(test_prefix_bin),     cmocka_unit_test(test_logline),
+      cmocka_unit_test(test_flops_llama),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
