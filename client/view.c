@@ -181,33 +181,7 @@ void view_model_event(view_model *v, const Mega__V1__JobEvent *e) {
 }
 
 int view_stage_bubbles(const Mega__V1__StepMetrics *m, view_stage *out, int max) {
-  int n = 0;
-  for (size_t i = 0; i < m->n_ranks; i++)
-    if ((int)m->ranks[i]->pp_rank + 1 > n) n = (int)m->ranks[i]->pp_rank + 1;
-  if (n > max) n = max;
-  for (int s = 0; s < n; s++) out[s] = (view_stage){0};
-  for (size_t i = 0; i < m->n_ranks; i++) {
-    const Mega__V1__RankMetrics *r = m->ranks[i];
-    if ((int)r->pp_rank >= n) continue;
-    double d = r->step_time_s > 0 ? r->step_time_s : m->step_time_s;
-    if (!(d > 0)) continue;
-    view_stage *st = &out[r->pp_rank];
-    st->ranks++;
-    st->bubble += fmin(fmax(r->bubble_s / d, 0), 1);
-    st->warmup += fmin(fmax(r->bubble_warmup_s / d, 0), 1);
-    st->steady += fmin(fmax(r->bubble_steady_s / d, 0), 1);
-    st->cooldown += fmin(fmax(r->bubble_cooldown_s / d, 0), 1);
-    if (r->bubble_warmup_s > 0 || r->bubble_steady_s > 0 || r->bubble_cooldown_s > 0)
-      st->split = true;
-  }
-  for (int s = 0; s < n; s++)
-    if (out[s].ranks) {
-      out[s].bubble /= out[s].ranks;
-      out[s].warmup /= out[s].ranks;
-      out[s].steady /= out[s].ranks;
-      out[s].cooldown /= out[s].ranks;
-    }
-  return n;
+  return mega_step_stage_bubbles(m, out, max);
 }
 
 /* ---- bars ---- */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "proto/mega.pb-c.h"
+#include "proto/step_bubble.h"
 
 typedef struct view_opts {
   int width;    /* terminal columns; lines never exceed it (at least 40 is used) */
@@ -37,14 +38,9 @@ void view_model_from_job(view_model *v, const Mega__V1__Job *job);
 void view_model_event(view_model *v, const Mega__V1__JobEvent *e);
 
 /* One pipeline stage's bubble as fractions of the step time, averaged over
- * the stage's ranks (its data- and tensor-parallel replicas). A rank's own
- * step_time_s is the denominator, else the step's. */
-typedef struct view_stage {
-  int ranks;                        /* ranks that reported for this stage */
-  double bubble;                    /* 0..1 */
-  double warmup, steady, cooldown;  /* the split of bubble, when reported */
-  bool split;                       /* some rank reported a phase split */
-} view_stage;
+ * the stage's ranks (its data- and tensor-parallel replicas): what every
+ * output shows (proto/step_bubble.h). */
+typedef mega_stage_bubble view_stage;
 
 /* Fills out[s] for stages 0..n-1, n = the largest pp_rank + 1, at most max;
  * returns n (0 when the step has no ranks). */

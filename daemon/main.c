@@ -35,6 +35,7 @@
 #include "daemon/daemon.h"
 #include "daemon/slurm.h"
 #include "proto/pb_json.h"
+#include "proto/step_bubble.h"
 
 #define EXIT_USAGE 2
 
@@ -426,15 +427,10 @@ static void print_step(app *a, const Mega__V1__StepMetrics *s) {
     mega_step_metrics_write(stdout, s);
     return;
   }
-  double bubble = 0, time = 0;
-  for (size_t r = 0; r < s->n_ranks; r++) {
-    bubble += s->ranks[r]->bubble_s;
-    time += s->ranks[r]->step_time_s;
-  }
   mega_logline_add(&a->log, true, s->loss, s->skipped, s->step_time_s, s->tokens_per_s);
   if (mega_logline_due(&a->spec, (int64_t)s->iteration)) {
     char extra[64], line[1024];
-    snprintf(extra, sizeof extra, " bubble: %.1f%% |", time > 0 ? 100 * bubble / time : 0);
+    snprintf(extra, sizeof extra, " bubble: %.1f%% |", 100 * mega_step_bubble(s));
     mega_logline_step st = {.iteration = (int64_t)s->iteration,
                             .world = (int)s->n_ranks,
                             .global_batch =

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/step_bubble.h"
+
 typedef struct sbuf {
   char *p;
   size_t len, cap;
@@ -237,39 +239,28 @@ static void job_metrics(sbuf *b, const shown *v, size_t n, size_t unlisted) {
       snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
       sample(b, "mega_job_tokens_per_second", l, v[i].j->hist.last_step->tokens_per_s);
     }
+  /* the fractions megactl watch and the web view show (proto/step_bubble.h) */
   family(b, "mega_job_bubble_ratio", "gauge",
-         "Pipeline bubble time over step time, all ranks, last step.");
+         "Pipeline bubble over step time, mean over ranks, last step.");
   for (size_t i = 0; i < n; i++) {
     const Mega__V1__StepMetrics *s = v[i].j->hist.last_step;
     if (!s) continue;
-    double bubble = 0, time = 0;
-    for (size_t r = 0; r < s->n_ranks; r++) {
-      bubble += s->ranks[r]->bubble_s;
-      time += s->ranks[r]->step_time_s;
-    }
     snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
-    sample(b, "mega_job_bubble_ratio", l, time > 0 ? bubble / time : 0.0);
+    sample(b, "mega_job_bubble_ratio", l, mega_step_bubble(s));
   }
-  /* per stage, not per rank: a stage's ranks (TP x DP) are summed, so the
+  /* per stage, not per rank: a stage's ranks (TP x DP) are averaged, so the
    * series stay as few as the pipeline is deep */
   family(b, "mega_job_stage_bubble_ratio", "gauge",
-         "One pipeline stage's bubble time over its step time, last step.");
+         "One pipeline stage's bubble over step time, mean over its ranks, last step.");
   for (size_t i = 0; i < n; i++) {
     const Mega__V1__StepMetrics *s = v[i].j->hist.last_step;
     if (!s) continue;
-    double bubble[MEGAD_METRICS_STAGES_MAX] = {0}, time[MEGAD_METRICS_STAGES_MAX] = {0};
-    bool seen[MEGAD_METRICS_STAGES_MAX] = {0};
-    for (size_t r = 0; r < s->n_ranks; r++) {
-      uint32_t p = s->ranks[r]->pp_rank;
-      if (p >= MEGAD_METRICS_STAGES_MAX) continue;
-      bubble[p] += s->ranks[r]->bubble_s;
-      time[p] += s->ranks[r]->step_time_s;
-      seen[p] = true;
-    }
-    for (uint32_t p = 0; p < MEGAD_METRICS_STAGES_MAX; p++)
-      if (seen[p]) {
-        snprintf(l, sizeof l, "job=\"%s\",stage=\"%u\"", v[i].id, p);
-        sample(b, "mega_job_stage_bubble_ratio", l, time[p] > 0 ? bubble[p] / time[p] : 0.0);
+    mega_stage_bubble st[MEGAD_METRICS_STAGES_MAX];
+    int stages = mega_step_stage_bubbles(s, st, MEGAD_METRICS_STAGES_MAX);
+    for (int p = 0; p < stages; p++)
+      if (st[p].ranks) {
+        snprintf(l, sizeof l, "job=\"%s\",stage=\"%d\"", v[i].id, p);
+        sample(b, "mega_job_stage_bubble_ratio", l, st[p].bubble);
       }
   }
   family(b, "mega_job_step_report_delay_seconds", "summary",

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/step_bubble.h"
+
 void mega_stepring_free(mega_stepring *r) {
   free(r->v);
   memset(r, 0, sizeof *r);
@@ -53,17 +55,10 @@ static void point_of(mega_steppoint *p, const Mega__V1__StepMetrics *s) {
   p->attempt = s->attempt;
   p->world = (uint32_t)s->n_ranks;
   p->skipped = s->skipped;
-  double frac = 0;
-  size_t timed = 0;
-  for (size_t i = 0; i < s->n_ranks; i++) {
-    const Mega__V1__RankMetrics *m = s->ranks[i];
-    if (m->grad_sync_exposed_s > p->grad_sync_s) p->grad_sync_s = m->grad_sync_exposed_s;
-    if (m->step_time_s > 0) {
-      frac += m->bubble_s / m->step_time_s;
-      timed++;
-    }
-  }
-  p->bubble = timed ? frac / (double)timed : 0;
+  for (size_t i = 0; i < s->n_ranks; i++)
+    if (s->ranks[i]->grad_sync_exposed_s > p->grad_sync_s)
+      p->grad_sync_s = s->ranks[i]->grad_sync_exposed_s;
+  p->bubble = mega_step_bubble(s);
 }
 
 mega_status mega_stepring_push(mega_stepring *r, const Mega__V1__StepMetrics *step, mega_err *err) {

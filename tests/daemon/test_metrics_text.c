@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "daemon/model/metrics_text.h"
+#include "daemon/model/stepring.h"
 
 /* ---- a checker of the exposition format (version 0.0.4) ---- */
 
@@ -291,6 +292,47 @@ static void test_special_values(void **state) {
   free(page);
 }
 
+/* The value of one sample of the page (fails when it is not there). */
+static double sample_of(const char *page, const char *series) {
+  char want[160];
+  snprintf(want, sizeof want, "\n%s ", series);
+  const char *at = strstr(page, want);
+  if (!at) fail_msg("no sample %s", series);
+  return strtod(at + strlen(want), NULL);
+}
+
+/* The bubble /metrics gives is the one the web view's curve and megactl
+ * watch give for the same step: each rank's bubble over its own step time,
+ * averaged over a stage's ranks and over the job's; with the replicas'
+ * times apart, time summed over ranks would say otherwise (0.25 and 0.4/3
+ * for the stages, 0.2 for the job). */
+static void test_bubble_is_the_curves(void **state) {
+  (void)state;
+  tjob t;
+  make_job(&t, "j-1-a", MEGA_JOB_RUNNING, true);
+  const double bubble[4] = {0.1, 0.9, 0.2, 0.2}, time[4] = {1.0, 3.0, 1.0, 2.0};
+  for (int r = 0; r < 4; r++) {
+    t.rm[r].bubble_s = bubble[r];
+    t.rm[r].step_time_s = time[r];
+  }
+  t.step.step_time_s = 3.0;
+  const mega_job *jobs[1] = {&t.j};
+  megad_metrics m = {.proc = {-1, -1, -1, -1, -1, -1}, .jobs = jobs, .njobs = 1};
+  char *page = render(&m);
+  assert_float_equal(sample_of(page, "mega_job_stage_bubble_ratio{job=\"j-1-a\",stage=\"0\"}"),
+                     (0.1 + 0.3) / 2, 1e-12);
+  assert_float_equal(sample_of(page, "mega_job_stage_bubble_ratio{job=\"j-1-a\",stage=\"1\"}"),
+                     (0.2 + 0.1) / 2, 1e-12);
+  double job = sample_of(page, "mega_job_bubble_ratio{job=\"j-1-a\"}");
+  assert_float_equal(job, (0.1 + 0.3 + 0.2 + 0.1) / 4, 1e-12);
+  mega_stepring ring = {0};
+  mega_err err = {0};
+  assert_int_equal(mega_stepring_push(&ring, &t.step, &err), MEGA_OK);
+  assert_float_equal(ring.v[0].bubble, job, 1e-12);
+  mega_stepring_free(&ring);
+  free(page);
+}
+
 /* --print: the sample page on stdout, for check_metrics.py (Prometheus'
  * own parser). */
 int main(int argc, char **argv) {
@@ -304,6 +346,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_page_follows_the_format),
       cmocka_unit_test(test_jobs_are_bounded),
       cmocka_unit_test(test_special_values),
+      cmocka_unit_test(test_bubble_is_the_curves),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
