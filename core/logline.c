@@ -10,7 +10,7 @@ void mega_logline_add(mega_logline *l, bool has_loss, double loss, bool skipped,
                       double step_time_s, double tokens_per_s) {
   l->iters++;
   l->time_sum += step_time_s;
-  l->tokens_per_s_sum += tokens_per_s;
+  l->tokens_sum += tokens_per_s * step_time_s; /* this iteration's tokens */
   if (skipped) {
     l->skipped++;
     if (has_loss && !isfinite(loss)) l->nans++;
@@ -72,7 +72,7 @@ int mega_logline_format(mega_logline *l, const mega_jobspec *s, const mega_logli
                    when, (long long)st->iteration, (long long)mega_jobspec_train_iters(s),
                    (long long)mega_jobspec_samples_before(s, st->iteration), per_iter * 1000.0,
                    thr, st->lr, st->global_batch, loss, gn, (long long)l->skipped,
-                   (long long)l->nans, l->iters ? l->tokens_per_s_sum / (double)l->iters : 0,
+                   (long long)l->nans, l->time_sum > 0 ? l->tokens_sum / l->time_sum : 0,
                    st->extra ? st->extra : "");
   *l = (mega_logline){0};
   return r;

@@ -11,7 +11,9 @@
  * on one line every --log-interval iterations (and the last), the loss and
  * the time the means over those iterations; the throughput only with
  * --log-throughput. mega adds what Megatron's line lacks at its end (tokens
- * per second; megad run: the pipeline bubble). An evaluation prints
+ * per second: the iterations' tokens over their time, so it is the tokens
+ * of an iteration over the elapsed time per iteration; megad run: the
+ * pipeline bubble). An evaluation prints
  * Megatron's validation block. A plain value; nothing allocates. */
 #ifndef MEGA_CORE_LOGLINE_H
 #define MEGA_CORE_LOGLINE_H
@@ -25,7 +27,7 @@
 /* What accumulates between two lines. Zero it to start. */
 typedef struct mega_logline {
   int64_t iters, losses, skipped, nans;
-  double loss_sum, time_sum, tokens_per_s_sum;
+  double loss_sum, time_sum, tokens_sum;
 } mega_logline;
 
 /* One iteration: its loss (when known; a skipped step's loss is counted as

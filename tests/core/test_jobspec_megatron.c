@@ -543,8 +543,10 @@ static void test_logline(void **state) {
   assert_true(mega_logline_due(&s, 2));
   assert_true(mega_logline_due(&s, 10)); /* the last iteration */
   mega_logline l = {0};
-  mega_logline_add(&l, true, 3.0, false, 0.5, 100);
-  mega_logline_add(&l, true, 5.0, false, 1.5, 300);
+  /* 200 tokens an iteration at 0.5, 1.5 and 1 s: 600 tokens in 3 s, 200 a
+   * second (the mean of the rates, 400, 133 and 200, would say 244) */
+  mega_logline_add(&l, true, 3.0, false, 0.5, 400);
+  mega_logline_add(&l, true, 5.0, false, 1.5, 200 / 1.5);
   mega_logline_add(&l, true, NAN, true, 1.0, 200);
   char line[1024];
   mega_logline_step st = {.iteration = 2, .world = 4, .global_batch = 8, .lr = 1.5e-4,
