@@ -57,7 +57,7 @@ static void keep_sigterm(void) {
 
 typedef struct worker_opts {
   bool json;
-  int rank, world, dp;        /* world 1 unless launched by hand with --world-size */
+  int rank, world;            /* world 1 unless launched by hand with --world-size */
   bool rank_given;
   const char *rendezvous_dir; /* FileStore directory for a hand launch */
 } worker_opts;
@@ -173,8 +173,7 @@ static void print_text(run_state *rs, const mega_rank_metrics *m, double tokens_
 static void print_step(void *arg, const mega_rank_metrics *m) {
   run_state *rs = arg;
   const worker_opts *o = rs->o;
-  /* Every replica consumes as many tokens as this one. */
-  double tokens_per_s = m->step_time_s > 0 ? (double)m->tokens * o->dp / m->step_time_s : 0;
+  double tokens_per_s = m->step_time_s > 0 ? (double)m->global_tokens / m->step_time_s : 0;
   if (o->json) {
     /* iteration and loss lead, as megaw has always printed them */
     json_t *j = json_pack("{s:I}", "iteration", (json_int_t)m->iteration);
@@ -412,7 +411,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "megaw: %s\n", err.msg);
     return 2;
   }
-  o.dp = mega_jobspec_dp(&job, o.world);
   char what[512];
   if (o.rank == 0 && mega_jobspec_eval_note(&job, what, sizeof what))
     fprintf(stderr, "megaw: %s\n", what);

@@ -25,7 +25,9 @@ meeting through a Gloo FileStore), checked against a single rank.
                without --align-grad-reduce: losses and clipped grad norms
                equal the single rank (--full: all of them; default: a sample
                that covers every option); stage 0 zeroes its gradients in its
-               warmup wait (the trace), not at the iteration's start
+               warmup wait (the trace), not at the iteration's start; under
+               --variable-seq-lengths replicas holding different numbers of
+               tokens report the single rank's loss
   distckpt     a distributed-optimizer checkpoint (DP=2, and PP=2 x DP=2 with
                --async-save) holds whole tensors under HF names, equal to the
                unsharded run's, and resumes at DP 1, 2 and 4 on the
@@ -385,7 +387,34 @@ def dataparallel(megaw, tmp, full):
     print("%d of %d data-parallel layouts match the single rank (%.0f s)" %
           (len(combos) - failed, len(combos), time.time() - t0))
     zeroed = zeroed_while_waiting(megaw, base, tmp)
-    return taken_during_backward(megaw, base, tmp) and zeroed and failed == 0
+    uneven = uneven_replicas(megaw, base, tmp)
+    return taken_during_backward(megaw, base, tmp) and zeroed and uneven and failed == 0
+
+
+def uneven_replicas(megaw, base, tmp):
+    """--variable-seq-lengths with replicas of unequal token counts: 6
+    microbatches of 2 samples, of lengths 16, 14, 12, 10, 16, 14, give DP
+    rank 0 84 target tokens and rank 1 80 in iteration 1, so the loss is
+    the sum over both divided by their total, on every rank, equal to the
+    single rank's (each rank once divided by its own count times DP, and
+    the two reported different losses)."""
+    args = base[:base.index("--global-batch-size")] + base[base.index("--global-batch-size") + 2:]
+    args += ["--global-batch-size", "12", "--variable-seq-lengths"]
+    ref, ref_norm = losses_and_norms(launch(megaw, 1, args, tmp), "uneven: single rank")
+    ok = True
+    for name, world, extra in (("dp=2", 2, []), ("pp=2 dp=2", 4, DP_PIPES["pp2"])):
+        try:
+            got, norm = losses_and_norms(launch(megaw, world, args + extra, tmp), name)
+            for it, loss in ref.items():
+                if abs(got[it] - loss) > RTOL * abs(loss) or \
+                        abs(norm[it] - ref_norm[it]) > 1e-4 * ref_norm[it]:
+                    raise RuntimeError("%s: iteration %d loss %.9f norm %.7f, single rank %.9f "
+                                       "%.7f" % (name, it, got[it], norm[it], loss, ref_norm[it]))
+            print("ok   uneven replicas (--variable-seq-lengths, 3 microbatches each) %s" % name)
+        except RuntimeError as e:
+            print("FAIL uneven replicas %s" % e, flush=True)
+            ok = False
+    return ok
 
 
 def taken_during_backward(megaw, base, tmp):

@@ -553,20 +553,24 @@ static mega_status do_backward(mega_engine *e, const mega_action *a, float loss_
   return MEGA_OK;
 }
 
-/* d(total loss)/d(token loss): the iteration's loss is the mean over every
- * target token of every replica. */
-static float loss_scale_of(const mega_engine *e, int64_t it) {
+uint64_t mega_engine_iteration_tokens(const mega_engine *e, int64_t it) {
   const mega_batch_plan *p = e->cfg.plan;
-  double tokens = 0;
+  uint64_t tokens = 0;
   for (int d = 0; d < p->dp_size; d++)
     for (int m = 0; m < p->num_micro; m++) {
       int first = mega_batch_first_sample(p, d, m);
       int T = e->cfg.variable_seq ? mega_data_variable_seq_len(e->cfg.seq_len, p, it, first)
                                   : e->cfg.seq_len;
-      tokens += (double)p->micro_batch * T;
+      tokens += (uint64_t)p->micro_batch * (uint64_t)T;
     }
+  return tokens;
+}
+
+/* d(total loss)/d(token loss): the iteration's loss is the mean over every
+ * target token of every replica. */
+static float loss_scale_of(const mega_engine *e, int64_t it) {
   double factor = e->cfg.grads ? mega_grads_loss_scale_factor(e->cfg.grads) : 1.0;
-  return (float)(factor / tokens);
+  return (float)(factor / (double)mega_engine_iteration_tokens(e, it));
 }
 
 /* GS launches the chunk's remaining buckets; GW waits for all of them. */

@@ -121,4 +121,10 @@ mega_status mega_engine_alloc_recv(void *engine, mega_p2p_msg *m, size_t floats,
  * it (worker/data/data.h). */
 int mega_engine_seq_len(const mega_engine *e, int64_t iteration, int micro);
 
+/* Target tokens of an iteration over every data-parallel replica: the
+ * denominator of its mean loss. With --variable-seq-lengths replicas may
+ * hold different numbers (their microbatches have different lengths), so
+ * this is not this replica's count times DP. */
+uint64_t mega_engine_iteration_tokens(const mega_engine *e, int64_t iteration);
+
 #endif

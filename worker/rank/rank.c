@@ -521,13 +521,16 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   }
   r->iteration++;
   uint64_t tokens = replica_tokens(r, it);
-  double global_tokens = (double)tokens * r->topo.dp;
+  /* the replicas' own counts: under --variable-seq-lengths they differ, and
+   * this one's times DP made each DP rank report another loss */
+  uint64_t global_tokens = mega_engine_iteration_tokens(r->engine, it);
   m->has_loss = has_loss;
-  m->loss = has_loss ? loss_sum / global_tokens : 0;
+  m->loss = has_loss ? loss_sum / (double)global_tokens : 0;
   m->has_grad_norm = true;
   m->grad_norm = or.grad_norm;
   m->lr = lr;
   m->tokens = tokens;
+  m->global_tokens = global_tokens;
   m->global_batch = r->plan.global_batch;
   m->step_time_s = t1 - t0;
   m->compute_s = res.compute_s;

@@ -63,6 +63,7 @@ typedef struct mega_rank_metrics {
   double grad_norm; /* global, before clipping */
   double lr;
   uint64_t tokens; /* tokens of this rank's data-parallel replica */
+  uint64_t global_tokens; /* of every replica (they differ under --variable-seq-lengths) */
   int global_batch; /* this iteration's (it grows under --rampup-batch-size) */
   bool skipped;    /* the optimizer skipped a non-finite step */
   double step_time_s;
