@@ -1,5 +1,6 @@
 /* Resume exactness: N iterations straight equal N/2, save, a new rank
- * loading the checkpoint, N/2 more, bit for bit. Also the save schedule. */
+ * loading the checkpoint, N/2 more, bit for bit, evaluation included. Also
+ * the save schedule. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -121,6 +122,74 @@ static void test_resume_bit_exact(void **state) {
     assert_memory_equal(&split[i].loss, &straight[i].loss, sizeof(double));
     assert_memory_equal(&split[i].grad_norm, &straight[i].grad_norm, sizeof(double));
     assert_memory_equal(&split[i].lr, &straight[i].lr, sizeof(double));
+  }
+  mega_jobspec_free(&j);
+}
+
+/* A checkpoint's trainer_state.json without key, as an older mega wrote
+ * it, the manifest's entry updated so that the directory stays complete. */
+static void drop_state_key(const char *it_dir, const char *key) {
+  char p[800];
+  snprintf(p, sizeof p, "%s/trainer_state.json", it_dir);
+  json_error_t je;
+  json_t *st = json_load_file(p, 0, &je);
+  assert_non_null(st);
+  assert_int_equal(json_object_del(st, key), 0);
+  assert_int_equal(json_dump_file(st, p, JSON_INDENT(2)), 0);
+  json_decref(st);
+  uint64_t size;
+  uint32_t crc;
+  mega_err err = {0};
+  if (mega_ckpt_file_sum(p, &size, &crc, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  char mp[800];
+  snprintf(mp, sizeof mp, "%s/manifest.json", it_dir);
+  json_t *man = json_load_file(mp, 0, &je);
+  assert_non_null(man);
+  json_t *e = json_object_get(json_object_get(man, "files"), "trainer_state.json");
+  assert_non_null(e);
+  json_object_set_new(e, "size", json_integer((json_int_t)size));
+  json_object_set_new(e, "crc32", json_integer((json_int_t)crc));
+  assert_int_equal(json_dump_file(man, mp, JSON_INDENT(2)), 0);
+  json_decref(man);
+}
+
+/* Evaluation after a resume reads the windows the uninterrupted run's
+ * would: the checkpoint records the batches evaluated (Megatron's
+ * consumed_valid_samples); one without the record takes Megatron's
+ * fallback, --eval-iters batches every --eval-interval iterations. A
+ * resumed run that evaluated from batch 0 again reported iteration 4's
+ * evaluation on iteration 2's windows. */
+static void test_resume_evaluation(void **state) {
+  (void)state;
+  char sdir[600], it3[700];
+  snprintf(sdir, sizeof sdir, "%s/ckpt_eval", dir);
+  mega_ckpt_iter_path(it3, sizeof it3, sdir, N / 2);
+  mega_rank_metrics straight[N], split[N];
+  int64_t it0;
+  mega_jobspec j;
+  job_init(&j);
+  j.eval_interval = 2;
+  j.eval_iters = 1;
+  run(&j, N, straight, &it0, false);
+  for (int i = 0; i < N; i++) assert_int_equal(straight[i].has_eval_loss, (i + 1) % 2 == 0);
+  /* each evaluation reads other windows, so reading the wrong ones shows */
+  assert_true(straight[1].eval_loss != straight[3].eval_loss);
+  assert_true(straight[3].eval_loss != straight[5].eval_loss);
+
+  j.save = strdup(sdir);
+  run(&j, N / 2, split, &it0, false);
+  free(j.save);
+  j.save = NULL;
+  j.load = strdup(sdir);
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1) drop_state_key(it3, "consumed_valid_samples");
+    run(&j, N / 2, split + N / 2, &it0, true);
+    assert_int_equal(it0, N / 2);
+    assert_same_steps(split, straight, N);
+    for (int i = 0; i < N; i++) {
+      assert_int_equal(split[i].has_eval_loss, straight[i].has_eval_loss);
+      assert_memory_equal(&split[i].eval_loss, &straight[i].eval_loss, sizeof(double));
+    }
   }
   mega_jobspec_free(&j);
 }
@@ -463,6 +532,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resume_bit_exact),
+      cmocka_unit_test(test_resume_evaluation),
       cmocka_unit_test(test_save_schedule),
       cmocka_unit_test(test_save_schedule_by_samples),
       cmocka_unit_test(test_async_bit_identical),

@@ -233,6 +233,8 @@ static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckp
       (st = get_i64(j, "optimizer_steps", dir, &state->optimizer_steps, err)) != MEGA_OK)
     goto out;
   *has_opt = json_is_true(json_object_get(j, "has_optimizer_state"));
+  json_t *valid = json_object_get(j, "consumed_valid_samples");
+  state->consumed_valid_samples = json_is_integer(valid) ? json_integer_value(valid) : -1;
   json_t *att = json_object_get(j, "attempt");
   state->attempt = json_is_integer(att) ? (int)json_integer_value(att) : 0;
   if ((st = read_sched(dir, json_object_get(j, "lr_schedule"), job, state, err)) != MEGA_OK)

@@ -93,6 +93,9 @@ typedef struct mega_ckpt_state {
   int64_t consumed_samples; /* iteration * global batch */
   int64_t optimizer_steps;  /* at most iteration (fewer after --no-load-optim) */
   int attempt;              /* the launcher's attempt that wrote it */
+  /* evaluation batches run so far x global batch (Megatron's
+   * consumed_valid_samples); -1 on load: the checkpoint predates it */
+  int64_t consumed_valid_samples;
   bool has_sched;           /* sched is meaningful (save: record it; load: it was recorded) */
   mega_lr_sched sched;      /* the LR schedule the run used */
 } mega_ckpt_state;

@@ -14,6 +14,12 @@ json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
                          "consumed_samples", (json_int_t)s->consumed_samples, "optimizer_steps",
                          (json_int_t)s->optimizer_steps, "attempt", s->attempt,
                          "has_optimizer_state", has_optimizer_state);
+  if (js && s->consumed_valid_samples >= 0 &&
+      json_object_set_new(js, "consumed_valid_samples",
+                          json_integer((json_int_t)s->consumed_valid_samples))) {
+    json_decref(js);
+    return NULL;
+  }
   if (js && s->has_sched) {
     /* Megatron's OptimizerParamScheduler state: what a resume checks */
     const mega_lr_sched *l = &s->sched;

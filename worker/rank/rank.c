@@ -297,6 +297,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   } else if (st == MEGA_OK && j->load) {
     st = rank_load_checkpoint(r, err);
     if (st == MEGA_OK) r->iteration = r->loaded.iteration;
+    if (st == MEGA_OK) r->eval_done = r->loaded.eval_done;
     if (st == MEGA_OK && no_init && !r->loaded.loaded) st = draw_params(r, err);
   }
   if (st == MEGA_OK) st = mega_grads_copy_take_params(r->chunks.grads, err);

@@ -44,6 +44,16 @@ static mega_status apply_sched(const char *path, const mega_jobspec *job,
   return st;
 }
 
+/* Evaluation batches the checkpointed run took: evaluation goes on with
+ * the next windows, as Megatron's consumed_valid_samples does. A checkpoint
+ * that predates the record gets Megatron's own fallback for one without
+ * it: every --eval-interval iterations, --eval-iters batches. */
+static int64_t eval_done(const mega_jobspec *job, const mega_ckpt_state *s) {
+  if (s->consumed_valid_samples >= 0) return s->consumed_valid_samples / job->global_batch_size;
+  if (!mega_jobspec_evaluates(job)) return 0;
+  return s->iteration / job->eval_interval * job->eval_iters;
+}
+
 mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_chunks *c,
                                 mega_optim *o, mega_lr_sched *lr, mega_rank_ckpt_loaded *out,
                                 mega_err *err) {
@@ -92,6 +102,7 @@ mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_
     mega_optim_set_steps(o, fresh_optim ? 0 : s.optimizer_steps);
     out->loaded = true;
     out->iteration = job->finetune ? 0 : s.iteration;
+    out->eval_done = job->finetune ? 0 : eval_done(job, &s);
     snprintf(out->path, sizeof out->path, "%s", path);
     if (notice) snprintf(out->notice, sizeof out->notice, "%s", notice);
   } else if (!strstr(err ? err->msg : "", job->load)) {

@@ -26,6 +26,7 @@ typedef struct mega_rank_ckpt_loaded {
   char path[4096];      /* the checkpoint directory loaded */
   char notice[1024];    /* "" or why an incomplete newer one was passed over */
   int64_t iteration;    /* where training resumes (0 with --finetune) */
+  int64_t eval_done;    /* evaluation batches run before it (0 with --finetune) */
 } mega_rank_ckpt_loaded;
 
 /* --load: fills the chunks, the optimizer (unless --finetune or

@@ -86,6 +86,7 @@ mega_status mega_rank_save(mega_rank *r, mega_err *err) {
     mega_ckpt_state s = {.iteration = r->iteration,
                          .consumed_samples = mega_jobspec_samples_before(r->job, r->iteration),
                          .optimizer_steps = mega_optim_steps(r->optim),
+                         .consumed_valid_samples = r->eval_done * r->job->global_batch_size,
                          .attempt = r->env.attempt, .has_sched = true, .sched = r->lr};
     st = mega_rank_saver_stage(r->saver, r->be, &s, t0, err);
     if (st == MEGA_OK && !async) st = mega_rank_saver_write(r->saver, err);
