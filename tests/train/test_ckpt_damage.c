@@ -345,20 +345,25 @@ static void test_fallback(void **state) {
   }
 }
 
-/* A latest file that names no iteration (emptied, edited, Megatron's
- * "release") is passed over like an incomplete checkpoint: the newest
- * complete one loads, with a one-line notice; with none, a one-line error. */
+/* A fresh directory with complete checkpoints of iterations 2 (a) and 4 (b). */
+static void two_saves(char *dir, model *a, model *b) {
+  tu_mkdtemp(dir, "ckpt");
+  model_make(a, 1);
+  model_make(b, 2);
+  save_ok(a, dir, 2, 0);
+  save_ok(b, dir, 4, 0);
+}
+
+/* A latest file that names no iteration (emptied, edited) is passed over
+ * like an incomplete checkpoint: the newest complete one loads, with a
+ * one-line notice; with none, a one-line error. */
 static void test_bad_latest(void **state) {
   (void)state;
-  static const char *const texts[] = {"garbage\n", "", "release\n", "-3\n", "4 5\n"};
+  static const char *const texts[] = {"garbage\n", "", "-3\n", "4 5\n", "releases\n"};
   for (size_t c = 0; c < sizeof texts / sizeof texts[0]; c++) {
     char dir[256], it4[512], latest[600];
-    tu_mkdtemp(dir, "ckpt");
     model a, b;
-    model_make(&a, 1);
-    model_make(&b, 2);
-    save_ok(&a, dir, 2, 0);
-    save_ok(&b, dir, 4, 0);
+    two_saves(dir, &a, &b);
     snprintf(it4, sizeof it4, "%s/iter_0000004", dir);
     snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, dir);
     tu_write_text(latest, texts[c]);
@@ -385,6 +390,44 @@ static void test_bad_latest(void **state) {
     model_free(&b);
     tu_rmtree(dir);
   }
+}
+
+/* A latest file that names a checkpoint mega cannot load, or that cannot be
+ * read, is not passed over for an iter_* beside it: Megatron's "release"
+ * means its release/ directory (the weights a --finetune run meant), and a
+ * rank that could not read the file would load the newest complete iter_*
+ * while the others load the one it names. */
+static void test_latest_not_passed_over(void **state) {
+  (void)state;
+  char dir[256], latest[600];
+  model a, b;
+  two_saves(dir, &a, &b);
+  snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, dir);
+  static const char *const release[] = {"release\n", "release", "release \r\n"};
+  for (size_t c = 0; c < sizeof release / sizeof release[0]; c++) {
+    tu_write_text(latest, release[c]);
+    char *path = NULL, *notice = NULL;
+    mega_err err = {0};
+    assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_ERR_UNSUPPORTED);
+    assert_null(path);
+    assert_null(notice);
+    if (!strstr(err.msg, "'release'") || !strstr(err.msg, "cannot load") ||
+        strchr(err.msg, '\n'))
+      fail_msg("%s", err.msg);
+  }
+  /* unreadable: a directory where the file should be (as an I/O error) */
+  assert_int_equal(unlink(latest), 0);
+  assert_int_equal(mkdir(latest, 0755), 0);
+  char *path = NULL, *notice = NULL;
+  mega_err err = {0};
+  assert_int_equal(mega_ckpt_resolve(dir, &path, &notice, &err), MEGA_ERR_IO);
+  assert_null(path);
+  if (!strstr(err.msg, "cannot read") || !strstr(err.msg, MEGA_CKPT_LATEST_FILE))
+    fail_msg("%s", err.msg);
+  assert_int_equal(rmdir(latest), 0);
+  model_free(&a);
+  model_free(&b);
+  tu_rmtree(dir);
 }
 
 /* mega_ckpt_present: whether a rank may skip drawing its initial weights */
@@ -422,6 +465,7 @@ int main(void) {
       cmocka_unit_test(test_missing_and_mismatched),
       cmocka_unit_test(test_fallback),
       cmocka_unit_test(test_bad_latest),
+      cmocka_unit_test(test_latest_not_passed_over),
       cmocka_unit_test(test_present),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -139,13 +139,16 @@ mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err);
  *  - DIR's latest_checkpointed_iteration.txt names one: that one when it is
  *    complete, else the newest complete iter_* in DIR; *notice (malloc'd,
  *    may be NULL) then says which was incomplete, why, and what loads
- *    instead. None complete: MEGA_ERR_INVALID saying so.
+ *    instead. None complete: MEGA_ERR_INVALID saying so. A latest file
+ *    whose text names no iteration is passed over the same way; one that
+ *    cannot be read is MEGA_ERR_IO, and Megatron's "release" (a checkpoint
+ *    mega cannot load) MEGA_ERR_UNSUPPORTED.
  *  - No latest file: DIR itself when it is a checkpoint directory (it must
  *    be complete), else the newest complete iter_* in DIR.
  *  - MEGA_ERR_NOT_FOUND when DIR holds no checkpoint at all or does not
  *    exist (the caller may start fresh, as Megatron does); MEGA_ERR_INVALID
- *    when DIR is a file, the latest file is bad, or DIR holds iter_*
- *    directories of which none is complete.
+ *    when DIR is a file, or DIR holds iter_* directories of which none is
+ *    complete.
  * Every rank that resolves the same directory reaches the same answer:
  * verification reads every file of a candidate. notice may be NULL. */
 mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err);

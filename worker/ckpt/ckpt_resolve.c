@@ -115,22 +115,38 @@ static mega_status newest_complete(const char *dir, int64_t skip, char **path, i
   return st;
 }
 
+/* The iteration the latest file names: MEGA_ERR_INVALID when its text
+ * names none (which a load may pass over), MEGA_ERR_IO when it cannot be
+ * read and MEGA_ERR_UNSUPPORTED for Megatron's "release" (neither of which
+ * it may: see mega_ckpt_resolve). */
 static mega_status read_latest(const char *latest, int64_t *it, mega_err *err) {
   FILE *f = fopen(latest, "r");
   if (!f) return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(errno));
   char line[64] = {0};
+  errno = 0;
   size_t got = fread(line, 1, sizeof line - 1, f);
+  int read_err = ferror(f) ? (errno ? errno : EIO) : 0;
   fclose(f);
+  if (read_err)
+    return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(read_err));
   line[got] = '\0';
+  size_t n = strcspn(line, "\r\n"); /* the message is one line */
+  const char *word = line + strspn(line, " \t\r\n"); /* stripped, as Megatron reads it */
+  size_t wlen = strlen(word);
+  while (wlen && strchr(" \t\r\n", word[wlen - 1])) wlen--;
+  if (wlen == 7 && !strncmp(word, "release", 7))
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "%s says 'release': Megatron's released checkpoint in its release/ "
+                     "directory, which mega cannot load (it loads the iter_* checkpoints mega "
+                     "saved); point --load at those, or write the iteration to load into %s",
+                     latest, latest);
   char *end;
   errno = 0;
   long long v = strtoll(line, &end, 10);
   while (*end == '\n' || *end == ' ' || *end == '\r') end++;
-  if (got == 0 || end == line || *end || errno || v < 0) {
-    size_t n = strcspn(line, "\r\n"); /* the message is one line */
+  if (got == 0 || end == line || *end || errno || v < 0)
     return mega_fail(err, MEGA_ERR_INVALID, "%s should hold one iteration number, not '%.*s'",
                      latest, (int)(n < 20 ? n : 20), line);
-  }
   *it = v;
   return MEGA_OK;
 }
@@ -171,9 +187,21 @@ mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, 
 
   int64_t named = -1, found = -1, bad_it = -1;
   mega_err why = {0}, first_bad = {0};
-  /* A latest file that names no iteration (emptied, edited, Megatron's
-   * "release") is passed over like an incomplete checkpoint. */
-  if (has_latest && read_latest(latest, &named, &why) != MEGA_OK) named = -1;
+  /* A latest file whose text names no iteration (emptied, edited) is
+   * passed over like an incomplete checkpoint. Not one that cannot be read
+   * (a rank that read it and a rank that could not would load different
+   * checkpoints when a newer complete one lies beside the one it names),
+   * nor Megatron's "release", whose checkpoint is not an iter_* one: an
+   * older iter_* would load where the user meant the release's weights
+   * (--finetune from a released model, say). */
+  if (has_latest) {
+    mega_status rs = read_latest(latest, &named, &why);
+    if (rs != MEGA_OK && rs != MEGA_ERR_INVALID) {
+      if (err) *err = why;
+      return rs;
+    }
+    if (rs != MEGA_OK) named = -1;
+  }
   if (has_latest && named >= 0) {
     if (!mega_ckpt_iter_path(dir, sizeof dir, load_dir, named))
       return mega_fail(err, MEGA_ERR_INVALID, "--load path too long");
