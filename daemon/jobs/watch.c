@@ -173,10 +173,11 @@ void megad_watch_call(megad_watchers *ws, mega_job *j, mega_rpc_call *call, bool
   size_t gap_at = gap ? mega_job_hist_gap_at(h) : 0;
   for (size_t i = 0; replay && i <= h->len; i++) {
     if (gap && i == gap_at) {
-      char why[160];
+      char why[256];
       snprintf(why, sizeof why,
-               "older than the %d items of history megad keeps (events are kept before steps)",
-               MEGA_JOB_HISTORY);
+               "older than the %d items of history megad keeps (events are kept before steps), "
+               "or between the first %d and the newest %d events it keeps of a job",
+               MEGA_JOB_HISTORY, MEGA_JOB_EVENTS_FIRST, MEGA_JOB_EVENTS_LAST);
       send_gap(call, h->lost_steps, h->lost_first, h->lost_last, h->lost_other, why);
     }
     if (i == h->len || !replay_item(j, i)) continue;

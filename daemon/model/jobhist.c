@@ -153,6 +153,11 @@ mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobRespons
     }
   }
   if (event) {
+    /* a jump in the numbers: events this history never had (the ones a
+     * compacted journal or etcd's keys let go), which a replay must count
+     * as it counts those the ring let go */
+    if (item->event->number > h->events_total + 1)
+      h->lost_other += item->event->number - h->events_total - 1;
     /* numbered even when out of memory below: the next one's number is new */
     h->events_total = item->event->number ? item->event->number : h->events_total + 1;
     c->event->number = h->events_total;

@@ -35,7 +35,10 @@ typedef struct mega_job_hist {
   size_t head, len, cap;
   /* steps the ring let go (a replay says so with a gap marker): how many,
    * the least and the greatest iteration among them; and the other items
-   * (events, final states) it let go, only ever when it held nothing else */
+   * (events, final states) it let go, only ever when it held nothing else,
+   * or never had (events whose numbers the history skipped: those let go
+   * from between the first and the newest before a journal's compaction
+   * or in etcd) */
   uint64_t lost_steps, lost_first, lost_last, lost_other;
   /* the newest step by (attempt, iteration), owned; NULL before the first */
   Mega__V1__StepMetrics *last_step;

@@ -421,6 +421,10 @@ static void test_events_bound(void **state) {
   assert_int_equal(r->hist.nevents, keep);
   assert_int_equal(r->hist.events_total, n + 1);
   assert_int_equal(mega_job_hist_events_left_out(&r->hist), n + 1 - keep);
+  /* WatchJob's replay of it says so too: those it never had are counted
+   * with what its ring let go (none here), so its gap item names them */
+  assert_int_equal(r->hist.lost_other, n + 1 - keep);
+  assert_int_equal(r->hist.lost_steps, 0);
   for (size_t i = 0; i < keep; i++) {
     assert_int_equal(r->hist.events[i]->number, j->hist.events[i]->number);
     assert_string_equal(r->hist.events[i]->message, j->hist.events[i]->message);
