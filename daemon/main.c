@@ -12,13 +12,14 @@
  *
  * `run` is the same daemon on a private unix socket with one job: it prints
  * the merged steps and exits with the job's status (0 succeeded, 1 failed,
- * 130/143 after SIGINT/SIGTERM, 2 for a bad flag or job, 92 when the job
- * stopped early as asked after its checkpoint: core/exitcode.h).
+ * 130/143/129 after SIGINT/SIGTERM/SIGHUP, 2 for a bad flag or job, 92 when
+ * the job stopped early as asked after its checkpoint: core/exitcode.h).
  *
  * SIGTERM asks jobs with --exit-signal-handler to save and stop first
  * (megad_stop_saving); a second signal, or SIGINT, stops at once. SIGUSR1
- * and SIGUSR2 (a scheduler's warning, a stray kill) are logged and change
- * nothing, where their default action would end megad without a word. */
+ * and SIGUSR2 (a scheduler's warning, a stray kill) and SIGHUP (a closed
+ * terminal, a reload out of habit) are logged and change nothing, where
+ * their default action would end megad and its jobs without a word. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -42,8 +43,8 @@
 typedef struct app {
   uv_loop_t loop;
   megad d;
-  uv_signal_t sigint, sigterm, sigusr1, sigusr2;
-  bool started, json;
+  uv_signal_t sigint, sigterm, sigusr1, sigusr2, sighup;
+  bool started, json, run; /* run: `megad run`, else serve */
   int exit_code;
   /* run */
   mega_job *job;
@@ -179,12 +180,25 @@ static void stopped(void *arg) {
   uv_close((uv_handle_t *)&a->sigterm, NULL);
   uv_close((uv_handle_t *)&a->sigusr1, NULL);
   uv_close((uv_handle_t *)&a->sigusr2, NULL);
+  uv_close((uv_handle_t *)&a->sighup, NULL);
 }
 
 /* Caught rather than ignored: workers start with the default action, as
  * an ignored signal would be inherited across exec. */
+static void on_signal(uv_signal_t *h, int sig);
+
 static void on_user_signal(uv_signal_t *h, int sig) {
   app *a = h->data;
+  if (sig == SIGHUP && a->run) { /* run's terminal closed: stop the job in order */
+    on_signal(h, sig);
+    return;
+  }
+  if (sig == SIGHUP) {
+    megad_warn(&a->d.base, "got SIGHUP; megad does nothing on it: it reads its flags, "
+               "--token-file and the TLS files only at start, so restart it to take new ones "
+               "(SIGTERM stops it, saving the jobs that have --exit-signal-handler)");
+    return;
+  }
   megad_warn(&a->d.base, "got %s; megad does nothing on it (SIGTERM stops it, saving the jobs "
              "that have --exit-signal-handler; SIGINT stops it at once)",
              sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2");
@@ -213,7 +227,10 @@ static void on_signal(uv_signal_t *h, int sig) {
     }
     a->signal = sig;
     megad_coord_cancel(&a->d.coord, a->job,
-                       sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", NULL, NULL);
+                       sig == SIGINT   ? "interrupted (SIGINT)"
+                       : sig == SIGHUP ? "hung up (SIGHUP)"
+                                       : "terminated (SIGTERM)",
+                       NULL, NULL);
     return;
   }
   if (sig == SIGTERM) {
@@ -221,7 +238,7 @@ static void on_signal(uv_signal_t *h, int sig) {
     megad_stop_saving(&a->d, why, stopped, a);
     return;
   }
-  megad_stop(&a->d, "signal SIGINT", stopped, a);
+  megad_stop(&a->d, sig == SIGHUP ? "signal SIGHUP" : "signal SIGINT", stopped, a);
 }
 
 static int start(app *a, const megad_opts *o) {
@@ -241,11 +258,13 @@ static int start(app *a, const megad_opts *o) {
   uv_signal_init(&a->loop, &a->sigterm);
   uv_signal_init(&a->loop, &a->sigusr1);
   uv_signal_init(&a->loop, &a->sigusr2);
-  a->sigint.data = a->sigterm.data = a->sigusr1.data = a->sigusr2.data = a;
+  uv_signal_init(&a->loop, &a->sighup);
+  a->sigint.data = a->sigterm.data = a->sigusr1.data = a->sigusr2.data = a->sighup.data = a;
   uv_signal_start(&a->sigint, on_signal, SIGINT);
   uv_signal_start(&a->sigterm, on_signal, SIGTERM);
   uv_signal_start(&a->sigusr1, on_user_signal, SIGUSR1);
   uv_signal_start(&a->sigusr2, on_user_signal, SIGUSR2);
+  uv_signal_start(&a->sighup, on_user_signal, SIGHUP);
   return 0;
 }
 
@@ -487,6 +506,7 @@ static int run(int argc, char **argv) {
   megad_opts o = {.quiet = true};
   const char *slots = NULL, *name = "", *nproc = NULL, *restarts = NULL;
   static app a;
+  a.run = true;
   mega_jobspec spec;
   mega_jobspec_defaults(&spec);
   mega_err err = {0};

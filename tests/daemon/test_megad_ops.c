@@ -471,10 +471,9 @@ static void test_slow_watcher_told_of_gap(void **state) {
   hd_cleanup(&d);
 }
 
-/* megad run stopped by SIGINT: the job is cancelled, no worker is left,
- * and megad exits 130. */
-static void test_run_interrupted(void **state) {
-  (void)state;
+/* megad run stopped by a signal: the job is cancelled, no worker is left,
+ * and megad exits 128 + sig. */
+static void run_signalled(int sig) {
   char dir[128];
   hd_tmpdir(dir, sizeof dir);
   Mega__V1__JobSpec spec;
@@ -508,16 +507,23 @@ static void test_run_interrupted(void **state) {
   pid_t workers[64];
   int nw = hd_workers(&fake, workers, 64);
   assert_int_equal(nw, 2);
-  kill(pid, SIGINT);
+  kill(pid, sig);
   while (fgets(line, sizeof line, f)) {
   }
   fclose(f);
   int st;
   assert_int_equal(waitpid(pid, &st, 0), pid);
   assert_true(WIFEXITED(st));
-  assert_int_equal(WEXITSTATUS(st), 130);
+  assert_int_equal(WEXITSTATUS(st), 128 + sig);
   for (int i = 0; i < nw; i++) assert_false(hd_pid_alive(workers[i]));
   hd_rmdir(dir);
+}
+
+/* SIGINT (^C), and SIGHUP (its terminal closed), stop the job in order */
+static void test_run_interrupted(void **state) {
+  (void)state;
+  run_signalled(SIGINT);
+  run_signalled(SIGHUP);
 }
 
 int main(int argc, char **argv) {
