@@ -117,7 +117,10 @@ static mega_status lock_state_dir(megad_base *b, mega_err *err) {
 /* The journal and logs say what jobs ran and hold their flags: megad's
  * directory is made private. Only its own, though: a file is refused before
  * anything is changed, and so is a directory others share (world-writable
- * or sticky, like /tmp), whose mode is not megad's to take away. */
+ * or sticky, like /tmp), whose mode is not megad's to take away, and a
+ * directory another user owns: its owner could put a journal there for
+ * megad to recover and run, or links for megad to write through (as root,
+ * anywhere). */
 static mega_status private_state_dir(megad_base *b, const char *given, mega_err *err) {
   struct stat st;
   if (stat(b->state_dir, &st) != 0)
@@ -135,7 +138,13 @@ static mega_status private_state_dir(megad_base *b, const char *given, mega_err 
                      "(it is made if missing)",
                      given, mode, st.st_mode & S_ISVTX ? "sticky, like /tmp" : "anyone may write",
                      b->state_dir);
-  if ((st.st_mode & 077) && st.st_uid == geteuid() && chmod(b->state_dir, mode & 07700) == 0)
+  if (st.st_uid != geteuid())
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--state-dir %s belongs to uid %u, not to megad's uid %u: its owner could "
+                     "put a journal there for megad to run, or links for it to write through; "
+                     "give a directory of megad's own (it is made if missing) or chown it",
+                     given, (unsigned)st.st_uid, (unsigned)geteuid());
+  if ((st.st_mode & 077) && chmod(b->state_dir, mode & 07700) == 0)
     megad_log(b, "made the state directory %s private (mode %04o, was %04o)", b->state_dir,
               mode & 07700, mode);
   return MEGA_OK;

@@ -297,6 +297,19 @@ bool hd_wait_workers(const hd *d, int n, int ms, pid_t *pids) {
 
 bool hd_pid_alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
 
+int hd_megad_exits(char *out, size_t len, const char *args) {
+  char cmd[2048];
+  /* a megad that starts where it should refuse is ended: 124 */
+  snprintf(cmd, sizeof cmd, "timeout 15 '%s' serve --slots 1 --worker '%s' %s 2>&1 </dev/null",
+           getenv("MEGAD"), getenv("MEGAW"), args);
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  size_t n = fread(out, 1, len - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 void hd_tiny_spec(Mega__V1__JobSpec *spec, const char *dir, int iters, const char *const *extra) {
   static char data[256], iters_s[16];
   static const char *argv[64];

@@ -60,6 +60,10 @@ int hd_workers(const hd *d, pid_t *pids, int max);
 /* Waits up to ms until megad has n workers (or more). */
 bool hd_wait_workers(const hd *d, int n, int ms, pid_t *pids);
 bool hd_pid_alive(pid_t pid);
+/* `megad serve --slots 1 --worker MEGAW ARGS` (args as shell words) run to
+ * its exit: its stdout and stderr in out, its exit status back (-1: none;
+ * 124: still running after 15 s, and ended). */
+int hd_megad_exits(char *out, size_t len, const char *args);
 
 /* The tiny GPT's flags on a data file in dir, with iters and any extra flags
  * (NULL-terminated); writes the argv into spec (which points into static

@@ -61,18 +61,6 @@ static mega_status list_jobs(const char *addr, const mega_rpc_auth *a, mega_err 
   return s;
 }
 
-/* megad ARGS... run to its exit; its output in out, the exit status back. */
-static int megad_exits(char *out, size_t len, const char *args) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s' serve --slots 1 --worker '%s' %s 2>&1 </dev/null",
-           getenv("MEGAD"), getenv("MEGAW"), args);
-  FILE *p = popen(cmd, "r");
-  size_t n = fread(out, 1, len - 1, p);
-  out[n] = '\0';
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* ---- the token: every Control and Peer call carries it ---- */
 
 static void test_token_guards_every_call(void **state) {
@@ -153,23 +141,23 @@ static void test_refused_at_start(void **state) {
   snprintf(tok, sizeof tok, "%s/token", dir);
   write_file(tok, TOKEN, 0644);
   snprintf(args, sizeof args, "--listen 0.0.0.0:0 --state-dir %s/s", dir);
-  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   assert_non_null(strstr(out, "reaches beyond this machine: give --token-file"));
   snprintf(args, sizeof args, "--listen 127.0.0.1:0 --token-file %s --state-dir %s/s", tok, dir);
-  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   assert_non_null(strstr(out, "group or others may read it (mode 644)"));
   assert_non_null(strstr(out, "chmod 600"));
   snprintf(args, sizeof args, "--listen 127.0.0.1:99999 --state-dir %s/s", dir);
-  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   assert_non_null(strstr(out, "'99999' is not a port"));
   chmod(tok, 0600);
   snprintf(args, sizeof args, "--listen 127.0.0.1:0 --token-file %s --tls-cert %s --tls-key %s "
            "--state-dir %s/s", tok, tok, tok, dir);
-  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   assert_non_null(strstr(out, "--tls-cert needs --tls-ca"));
   write_file(tok, "short\n", 0600);
   snprintf(args, sizeof args, "--listen 127.0.0.1:0 --token-file %s --state-dir %s/s", tok, dir);
-  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   assert_non_null(strstr(out, "shorter than 16 characters"));
   hd_rmdir(dir);
 }
@@ -182,7 +170,7 @@ static void test_listen_addresses(void **state) {
   char dir[64], args[512], out[4096];
   hd_tmpdir(dir, sizeof dir);
   snprintf(args, sizeof args, "--listen 127.0.0.1 --state-dir %s/s", dir);
-  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   fprintf(stderr, "no port: %s", out);
   assert_non_null(strstr(out, "give HOST:PORT, such as 127.0.0.1:7070"));
 
@@ -195,7 +183,7 @@ static void test_listen_addresses(void **state) {
   int port = ntohs(sa.sin_port);
   snprintf(args, sizeof args, "--listen 127.0.0.1:0 --metrics-listen 127.0.0.1:%d --state-dir %s/s",
            port, dir);
-  assert_int_not_equal(megad_exits(out, sizeof out, args), 0);
+  assert_int_not_equal(hd_megad_exits(out, sizeof out, args), 0);
   fprintf(stderr, "busy: %s", out);
   char want[64];
   snprintf(want, sizeof want, "port %d", port);
@@ -236,7 +224,7 @@ static void test_state_dir_is_its_own(void **state) {
   snprintf(path, sizeof path, "%s/afile", dir);
   write_file(path, "x\n", 0644);
   snprintf(args, sizeof args, "--listen 127.0.0.1:0 --state-dir %s", path);
-  assert_int_equal(megad_exits(out, sizeof out, args), 2);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   fprintf(stderr, "a file: %s", out);
   assert_non_null(strstr(out, "is not a directory"));
   assert_int_equal(stat(path, &st), 0);
@@ -248,7 +236,7 @@ static void test_state_dir_is_its_own(void **state) {
     assert_int_equal(mkdir(path, 0700), 0);
     assert_int_equal(chmod(path, shared[i]), 0);
     snprintf(args, sizeof args, "--listen 127.0.0.1:0 --state-dir %s", path);
-    assert_int_equal(megad_exits(out, sizeof out, args), 2);
+    assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
     fprintf(stderr, "mode %04o: %s", shared[i], out);
     assert_non_null(strstr(out, "is a shared directory"));
     char mode[16];
