@@ -86,6 +86,9 @@ void megad_base_close_cq(megad_base *b, void (*done)(void *arg), void *arg);
  * and what measures another's silence asks megad_quiet_ms, which does not
  * count it. */
 #define MEGAD_STALL_MS 500
+/* The longest node name (bytes): it is part of every job id the node makes
+ * (128 bytes) and fixed buffers hold it. megad_start refuses longer ones. */
+#define MEGAD_NODE_NAME_MAX 63
 /* Starts measuring (the handles close with megad_base_free). cb (may be
  * NULL) hears each stall once it is over, with its length: a lower bound,
  * short by at most the tick when the stall began in the loop's wait. */

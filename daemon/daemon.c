@@ -138,6 +138,53 @@ static char *find_worker(void) {
   return NULL;
 }
 
+/* A node's name is part of every job id it makes, of its etcd keys and of
+ * paths under the state dir, and fixed buffers hold it (MEGAD_NODE_NAME_MAX):
+ * letters, digits, '.', '-' and '_' only, as host names are. */
+static mega_status check_node_name(const char *name, bool given, mega_err *err) {
+  const char *from = given ? "--node-name" : "the host name (megad's default node name)";
+  size_t n = strlen(name);
+  if (!n) return mega_fail(err, MEGA_ERR_INVALID, "%s is empty; give --node-name NAME", from);
+  if (n > MEGAD_NODE_NAME_MAX)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "%s '%s' is %zu bytes long; a node name has at most %d (give a shorter "
+                     "--node-name)", from, name, n, MEGAD_NODE_NAME_MAX);
+  size_t bad = strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-");
+  if (bad < n)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "%s '%s' holds '%c' (byte %zu); a node name has only letters, digits, '.', "
+                     "'-' and '_', as a host name (give --node-name)", from, name,
+                     (unsigned char)name[bad] >= 0x20 && (unsigned char)name[bad] < 0x7f
+                         ? name[bad] : '?', bad + 1);
+  return MEGA_OK;
+}
+
+/* --advertise is a host alone (the port is --listen's): a name, an IPv4
+ * address or an IPv6 one in brackets. Anything else made an address no
+ * peer or worker could dial ("10.0.0.1:7070:7070", ":7070"). */
+static mega_status check_advertise(const char *host, mega_err *err) {
+  const char *colon = strchr(host, ':');
+  size_t n = strlen(host);
+  if (!n) return mega_fail(err, MEGA_ERR_INVALID, "--advertise is empty; give the host peers and "
+                           "workers reach this node at, or leave the flag out");
+  if (strpbrk(host, "/ \t\n@"))
+    return mega_fail(err, MEGA_ERR_INVALID, "--advertise %s: give a host alone (a name or an "
+                     "address), not a URL", host);
+  if (host[0] == '[') {
+    if (n < 3 || host[n - 1] != ']' || strchr(host + 1, '[') || strchr(host, ']') != host + n - 1)
+      return mega_fail(err, MEGA_ERR_INVALID, "--advertise %s: an IPv6 address in brackets, "
+                       "such as [fd00::1], and no port (the port is --listen's)", host);
+    return MEGA_OK;
+  }
+  if (colon && strchr(colon + 1, ':'))
+    return mega_fail(err, MEGA_ERR_INVALID, "--advertise %s: write an IPv6 address in "
+                     "brackets, [%s]", host, host);
+  if (colon)
+    return mega_fail(err, MEGA_ERR_INVALID, "--advertise %s: give the host alone, %.*s; the "
+                     "port is --listen's", host, (int)(colon - host), host);
+  return MEGA_OK;
+}
+
 /* host:port others use to reach this node, and the host workers bind. */
 static mega_status make_address(megad *d, mega_err *err) {
   const char *l = d->o.listen;
@@ -286,6 +333,9 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   char host[256];
   if (o->node_name) snprintf(host, sizeof host, "%s", o->node_name);
   else if (gethostname(host, sizeof host)) snprintf(host, sizeof host, "localhost");
+  mega_status s = check_node_name(o->node_name ? o->node_name : host, o->node_name, err);
+  if (s == MEGA_OK && o->advertise) s = check_advertise(o->advertise, err);
+  if (s != MEGA_OK) return s;
   d->incarnation = megad_new_incarnation();
   if (o->worker_path) d->worker_path = realpath(o->worker_path, NULL);
   else d->worker_path = find_worker();
@@ -294,7 +344,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                      o->worker_path ? "--worker %s: not an executable file"
                                     : "cannot find megaw next to megad%s; give --worker PATH",
                      o->worker_path ? o->worker_path : "");
-  mega_status s = load_security(d, o, err);
+  s = load_security(d, o, err);
   if (s != MEGA_OK) {
     free_security(d);
     return s;

@@ -70,7 +70,7 @@ typedef struct megad_coord {
   /* Ranks of ended attempts, per node, that the node's heartbeats may still
    * count as busy: placement discounts them until its next heartbeat. */
   struct megad_released {
-    char node_id[64];
+    char node_id[MEGAD_NODE_NAME_MAX + 1];
     uint32_t nranks;
     uint64_t at_ms; /* uv_now */
   } released[32];

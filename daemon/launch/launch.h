@@ -101,7 +101,7 @@ typedef struct megad_launcher {
    * heard of before the old coordinator's loss). */
   megad_orphan *orphans;
   struct megad_launch_moved {
-    char job_id[128], node_id[64], address[256];
+    char job_id[128], node_id[MEGAD_NODE_NAME_MAX + 1], address[256];
   } moved[16];
   size_t moved_next;
   uint64_t steps_lost; /* reports dropped before a coordinator acknowledged them */

@@ -263,7 +263,7 @@ static void list_done(list_ctx *c) {
 
 typedef struct list_sub {
   list_ctx *c;
-  char node[64];
+  char node[MEGAD_NODE_NAME_MAX + 1];
 } list_sub;
 
 static void list_answered(void *arg, ProtobufCMessage *resp, const mega_err *err) {

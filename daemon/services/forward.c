@@ -14,7 +14,7 @@ typedef struct fwd {
   mega_rpc_pending *pending;
   megad_forward_fallback fallback;
   bool got_item; /* a stream relayed something */
-  char job_id[128], owner[64], address[256];
+  char job_id[128], owner[MEGAD_NODE_NAME_MAX + 1], address[256];
 } fwd;
 
 /* ---- coordinators that did not answer ---- */

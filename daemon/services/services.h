@@ -19,7 +19,7 @@ typedef struct megad_services {
   /* coordinators a forwarded call could not reach, and since when (unix
    * ms); cleared by the next answer (forward.c) */
   struct {
-    char node[64];
+    char node[MEGAD_NODE_NAME_MAX + 1];
     int64_t since_ms;
   } unreachable[16];
 } megad_services;

@@ -14,7 +14,7 @@
 
 typedef struct hd {
   pid_t pid;
-  char name[32];
+  char name[64]; /* a node name: at most 63 bytes */
   int slots;
   char peers[128];
   char dir[128];  /* state dir (owned by the test: removed by hd_cleanup) */

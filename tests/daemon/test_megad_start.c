@@ -69,6 +69,59 @@ static void test_state_dir_of_another_user(void **state) {
   hd_rmdir(dir);
 }
 
+/* ---- node names: part of job ids, etcd keys and paths, held in 64-byte
+ * buffers; a long UTF-8 name cut a job id mid-character, which broke every
+ * /metrics scrape, and an empty or slashed one made ids no path could hold.
+ * --advertise: a host alone; "host:port" or a bare IPv6 address made an
+ * address no peer or worker could dial ---- */
+
+static void test_node_names_and_advertise(void **state) {
+  (void)state;
+  char dir[64], args[512], out[4096];
+  hd_tmpdir(dir, sizeof dir);
+  char long_name[80];
+  memset(long_name, 'n', 64);
+  long_name[64] = '\0';
+  static const struct {
+    const char *flags, *says;
+  } refused[] = {
+      {"--node-name ''", "--node-name is empty"},
+      {"--node-name 'a/b'", "holds '/' (byte 2); a node name has only letters, digits"},
+      {"--node-name 'n\"1'", "holds '\"' (byte 2)"},
+      {"--node-name '\xc3\xbc'", "holds '?' (byte 1)"},
+      {NULL, "is 64 bytes long; a node name has at most 63"},
+      {"--advertise ''", "--advertise is empty"},
+      {"--advertise 10.0.0.1:7070", "give the host alone, 10.0.0.1; the port is --listen's"},
+      {"--advertise fd00::1", "write an IPv6 address in brackets, [fd00::1]"},
+      {"--advertise '[fd00::1]:7070'", "an IPv6 address in brackets, such as [fd00::1], and no port"},
+      {"--advertise http://n1", "give a host alone (a name or an address), not a URL"},
+  };
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    char flags[128];
+    snprintf(flags, sizeof flags, "%s", refused[i].flags ? refused[i].flags : "");
+    if (!refused[i].flags) snprintf(flags, sizeof flags, "--node-name %s", long_name);
+    snprintf(args, sizeof args, "--listen 127.0.0.1:0 --state-dir %s/s%zu %s", dir, i, flags);
+    assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
+    fprintf(stderr, "%s: %s", flags, out);
+    assert_non_null(strstr(out, refused[i].says));
+  }
+
+  /* the longest name serves, and its job ids carry it whole */
+  long_name[63] = '\0';
+  hd d;
+  assert_true(hd_start(&d, long_name, 1, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 2, NULL);
+  char id[128], want[96];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  snprintf(want, sizeof want, "j-1-%s", long_name);
+  assert_string_equal(id, want);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+  hd_rmdir(dir);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -79,6 +132,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_state_dir_of_another_user, teardown),
+      cmocka_unit_test_teardown(test_node_names_and_advertise, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
