@@ -113,21 +113,27 @@ mega_status megactl_connect_to(const char *address, mega_rpc_channel **out, mega
   if (!port_ok(address, why, sizeof why))
     return mega_fail(err, MEGA_ERR_INVALID, "megad address %s: %s", address, why);
   char *pem[4] = {NULL}; /* the token, then the PEMs */
+  char what[4][300];       /* how each was given, for messages */
   mega_status st = MEGA_OK;
   for (int k = 0; k < 4 && st == MEGA_OK; k++) {
     const char *path = sec_files[k] ? sec_files[k] : getenv(sec_envs[k]);
     if (!path || !path[0]) continue;
-    char what[64];
-    snprintf(what, sizeof what, sec_files[k] ? "%s" : "$%s",
-             sec_files[k] ? sec_flags[k] : sec_envs[k]);
-    st = k == 0 ? mega_rpc_read_token(what, path, false, &pem[k], err)
-                : mega_rpc_read_pem(what, path, false, &pem[k], err);
+    snprintf(what[k], sizeof what[k], sec_files[k] ? "%s %s" : "$%s (%s)",
+             sec_files[k] ? sec_flags[k] : sec_envs[k], path);
+    const char *name = sec_files[k] ? sec_flags[k] : sec_envs[k];
+    char flag[32];
+    snprintf(flag, sizeof flag, sec_files[k] ? "%s" : "$%s", name);
+    st = k == 0 ? mega_rpc_read_token(flag, path, false, &pem[k], err)
+                : mega_rpc_read_pem(flag, path, false, &pem[k], err);
   }
   if (st == MEGA_OK && !pem[2] != !pem[3])
     st = mega_fail(err, MEGA_ERR_INVALID, "--tls-cert and --tls-key go together");
   if (st == MEGA_OK && pem[2] && !pem[1])
     st = mega_fail(err, MEGA_ERR_INVALID, "--tls-cert needs --tls-ca (the CA of megad's "
                    "certificate)");
+  /* this client's certificate: a pair, valid now (megad checks the CA) */
+  if (st == MEGA_OK && pem[2])
+    st = mega_rpc_check_tls(what[2], pem[2], what[3], pem[3], NULL, NULL, NULL, err);
   mega_rpc_auth auth = {.token = pem[0], .tls_ca = pem[1], .tls_cert = pem[2], .tls_key = pem[3]};
   mega_rpc_channel_opts opts = {.peer_name = "megad", .auth = &auth,
                                 .auth_hint = "pass --token-file or set MEGA_TOKEN_FILE",

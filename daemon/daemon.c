@@ -233,7 +233,8 @@ static void on_refused(void *arg, const char *peer, const char *method, const ch
 
 /* The token and TLS files, and the rule that only a local listener may run
  * without a token. */
-static mega_status load_security(megad *d, const megad_opts *o, mega_err *err) {
+/* *secs_left: seconds until --tls-cert expires (untouched without it). */
+static mega_status load_security(megad *d, const megad_opts *o, long *secs_left, mega_err *err) {
   bool local = mega_rpc_addr_is_local(o->listen);
   if (!local && !o->token_file)
     return mega_fail(err, MEGA_ERR_INVALID,
@@ -256,6 +257,14 @@ static mega_status load_security(megad *d, const megad_opts *o, mega_err *err) {
   if (s == MEGA_OK && o->tls_key)
     s = mega_rpc_read_pem("--tls-key", o->tls_key, true, &d->tls_key, err);
   if (s == MEGA_OK && o->tls_ca) s = mega_rpc_read_pem("--tls-ca", o->tls_ca, false, &d->tls_ca, err);
+  char cf[PATH_MAX + 16], kf[PATH_MAX + 16], caf[PATH_MAX + 16];
+  if (o->tls_cert) {
+    snprintf(cf, sizeof cf, "--tls-cert %s", o->tls_cert);
+    snprintf(kf, sizeof kf, "--tls-key %s", o->tls_key);
+    snprintf(caf, sizeof caf, "--tls-ca %s", o->tls_ca);
+  }
+  if (s == MEGA_OK && o->tls_cert)
+    s = mega_rpc_check_tls(cf, d->tls_cert, kf, d->tls_key, caf, d->tls_ca, secs_left, err);
   if (s == MEGA_OK)
     s = megad_roots_init(&d->roots, o->data_roots, o->n_data_roots, o->save_roots,
                          o->n_save_roots, local, err);
@@ -271,6 +280,12 @@ static mega_status open_etcd(megad *d, const megad_opts *o, mega_err *err) {
   mega_status s = MEGA_OK;
   for (int i = 0; i < 3 && s == MEGA_OK; i++)
     if (files[i]) s = mega_rpc_read_pem(flags[i], files[i], i == 2, &d->etcd_pem[i], err);
+  char cf[PATH_MAX + 16], kf[PATH_MAX + 16];
+  if (s == MEGA_OK && d->etcd_pem[1] && d->etcd_pem[2]) { /* etcd checks it with its own CA */
+    snprintf(cf, sizeof cf, "--etcd-cert %s", o->etcd_cert);
+    snprintf(kf, sizeof kf, "--etcd-key %s", o->etcd_key);
+    s = mega_rpc_check_tls(cf, d->etcd_pem[1], kf, d->etcd_pem[2], NULL, NULL, NULL, err);
+  }
   if (s == MEGA_OK && o->etcd_password_file)
     s = mega_rpc_read_password("--etcd-password-file", o->etcd_password_file,
                                &d->etcd_password, err);
@@ -344,12 +359,18 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                      o->worker_path ? "--worker %s: not an executable file"
                                     : "cannot find megaw next to megad%s; give --worker PATH",
                      o->worker_path ? o->worker_path : "");
-  s = load_security(d, o, err);
+  long cert_secs = LONG_MAX;
+  s = load_security(d, o, &cert_secs, err);
   if (s != MEGA_OK) {
     free_security(d);
     return s;
   }
   s = megad_base_init(&d->base, loop, host, o->state_dir, o->quiet, err);
+  if (s == MEGA_OK && cert_secs < 14 * 86400) { /* every peer refuses it once it expires */
+    bool days = cert_secs >= 2 * 86400;
+    megad_warn(&d->base, "--tls-cert %s expires in %ld %s: renew it, then restart megad",
+               o->tls_cert, days ? cert_secs / 86400 : cert_secs / 3600, days ? "days" : "hours");
+  }
   d->base.auth = &d->auth;
   if (s == MEGA_OK) d->started = true;
   if (s == MEGA_OK && o->etcd_endpoints) {

@@ -46,6 +46,17 @@ mega_status mega_rpc_read_password(const char *flag, const char *path, char **ou
 mega_status mega_rpc_read_pem(const char *flag, const char *path, bool private_only, char **out,
                               mega_err *err);
 
+/* Checks, before any handshake, what would make every handshake fail
+ * (rpc_tls.c, with OpenSSL): cert_pem's first certificate and key_pem's
+ * key parse and belong together; the certificate is valid now (not
+ * expired, not yet to come); and, given ca_pem, it verifies against those
+ * CAs (the chain's other certificates in cert_pem may link it to them).
+ * Messages name the files by cert_flag, key_flag and ca_flag. *secs_left
+ * (may be NULL): seconds until the certificate expires. */
+mega_status mega_rpc_check_tls(const char *cert_flag, const char *cert_pem, const char *key_flag,
+                               const char *key_pem, const char *ca_flag, const char *ca_pem,
+                               long *secs_left, mega_err *err);
+
 /* Whether host (no port; "[::1]", "127.0.0.5", "localhost") names only
  * loopback addresses. A name that does not resolve is not loopback. */
 bool mega_rpc_host_is_loopback(const char *host);

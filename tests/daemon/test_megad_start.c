@@ -10,6 +10,7 @@
 #include <cmocka.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -122,6 +123,100 @@ static void test_node_names_and_advertise(void **state) {
   hd_rmdir(dir);
 }
 
+/* ---- TLS files: gRPC took any PEM and failed late; a key not the
+ * certificate's read "cannot listen ... gRPC could not bind it", and an
+ * expired certificate, or one another CA signed, started a megad no peer
+ * or client could reach ---- */
+
+/* In dir: ca (a CA), ca2 (another), node (ca's, a day), old (ca's, expired
+ * yesterday), stranger (ca2's), each key mode 600. */
+static bool make_certs(const char *dir) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "(cd '%s' && printf 'subjectAltName=IP:127.0.0.1\\n' > ext.cnf && "
+           "for c in ca ca2; do openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+           "-nodes -keyout $c.key -out $c.pem -days 2 -subj /CN=$c || exit 1; done && "
+           "for n in node stranger; do openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+           "-nodes -keyout $n.key -out $n.csr -subj /CN=$n || exit 1; done && "
+           "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem "
+           "-days 1 -extfile ext.cnf && "
+           "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -out old.pem -days -1 "
+           "-extfile ext.cnf && "
+           "openssl x509 -req -in stranger.csr -CA ca2.pem -CAkey ca2.key -CAcreateserial "
+           "-out stranger.pem -days 1 -extfile ext.cnf && chmod 600 *.key) >/dev/null 2>&1",
+           dir);
+  return system(cmd) == 0;
+}
+
+static void test_tls_files_checked(void **state) {
+  (void)state;
+  char dir[64], args[1024], out[4096];
+  hd_tmpdir(dir, sizeof dir);
+  if (!make_certs(dir)) {
+    hd_rmdir(dir);
+    fail_msg("openssl could not make test certificates (scripts/install-deps installs it)");
+  }
+  static const struct {
+    const char *cert, *key, *ca, *says;
+  } refused[] = {
+      {"node.pem", "stranger.key", "ca.pem", "stranger.key is not the key of --tls-cert"},
+      {"old.pem", "node.key", "ca.pem", "(/CN=node) expired on "},
+      {"stranger.pem", "stranger.key", "ca.pem", "does not verify against --tls-ca"},
+      {"node.key", "node.key", "ca.pem", "holds no certificate OpenSSL can read"},
+      {"node.pem", "node.key", "ca.key", "--tls-ca"},
+  };
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    snprintf(args, sizeof args,
+             "--listen 127.0.0.1:0 --state-dir %s/s%zu --tls-cert %s/%s --tls-key %s/%s "
+             "--tls-ca %s/%s", dir, i, dir, refused[i].cert, dir, refused[i].key, dir,
+             refused[i].ca);
+    assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
+    fprintf(stderr, "%s %s %s: %s", refused[i].cert, refused[i].key, refused[i].ca, out);
+    assert_non_null(strstr(out, refused[i].says));
+    assert_null(strstr(out, "could not bind"));
+  }
+
+  /* megactl's own certificate: the same pair check, before any call */
+  snprintf(args, sizeof args,
+           "'%s' --server 127.0.0.1:1 --tls-ca %s/ca.pem --tls-cert %s/node.pem --tls-key "
+           "%s/stranger.key ls 2>&1", getenv("MEGACTL"), dir, dir, dir);
+  FILE *p = popen(args, "r");
+  assert_non_null(p);
+  size_t got = fread(out, 1, sizeof out - 1, p);
+  out[got] = '\0';
+  assert_int_not_equal(pclose(p), 0);
+  fprintf(stderr, "megactl: %s", out);
+  assert_non_null(strstr(out, "stranger.key is not the key of --tls-cert"));
+
+  /* the right files serve, and a certificate about to expire is named */
+  char ca[128], cert[128], key[128], buf[8192];
+  snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+  snprintf(cert, sizeof cert, "%s/node.pem", dir);
+  snprintf(key, sizeof key, "%s/node.key", dir);
+  char *ca_pem = strdup(slurp(ca, buf, sizeof buf)), *cert_pem = strdup(slurp(cert, buf, sizeof buf)),
+       *key_pem = strdup(slurp(key, buf, sizeof buf));
+  mega_rpc_auth tls = {.tls_ca = ca_pem, .tls_cert = cert_pem, .tls_key = key_pem};
+  hd_set_auth(&tls);
+  const char *extra[] = {"--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, NULL};
+  hd d;
+  assert_true(hd_start(&d, "t1", 1, NULL, NULL, extra));
+  /* a day's certificate, made a moment ago (openssl may round its end up) */
+  bool warned = hd_log_has(&d, "node.pem expires in 23 hours: renew it, then restart megad") ||
+                hd_log_has(&d, "node.pem expires in 24 hours: renew it, then restart megad");
+  if (!warned) hd_dump_log(&d);
+  assert_true(warned);
+  mega_err err = {0};
+  Mega__V1__ListNodesResponse *r = hd_list_nodes(&d, &err);
+  assert_non_null(r); /* and answers over TLS */
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  hd_set_auth(NULL);
+  hd_cleanup(&d);
+  free(ca_pem);
+  free(cert_pem);
+  free(key_pem);
+  hd_rmdir(dir);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -133,6 +228,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_state_dir_of_another_user, teardown),
       cmocka_unit_test_teardown(test_node_names_and_advertise, teardown),
+      cmocka_unit_test_teardown(test_tls_files_checked, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
