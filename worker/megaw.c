@@ -58,7 +58,7 @@ static void keep_sigterm(void) {
 typedef struct worker_opts {
   bool json;
   int rank, world;            /* world 1 unless launched by hand with --world-size */
-  bool rank_given;
+  bool rank_given, world_given;
   const char *rendezvous_dir; /* FileStore directory for a hand launch */
 } worker_opts;
 
@@ -317,7 +317,33 @@ static mega_status parse_launch_flag(worker_opts *o, int argc, char **argv, int 
     return mega_fail(err, MEGA_ERR_INVALID, "%s: '%s' is not a %s integer", name, v,
                      rank ? "non-negative" : "positive");
   if (rank) o->rank = (int)n, o->rank_given = true;
-  else o->world = (int)n;
+  else o->world = (int)n, o->world_given = true;
+  return MEGA_OK;
+}
+
+/* Launchers that start N copies of a program say N in the environment.
+ * megaw takes its rank only from --rank and --world-size, so N copies
+ * started without them (torchrun's way, or srun -n N) each trained alone as
+ * rank 0 of 1, all of them saving to the same --save. */
+static mega_status check_launcher_env(const worker_opts *o, const mega_jobspec *job,
+                                      mega_err *err) {
+  static const char *const vars[][2] = {{"WORLD_SIZE", "torchrun"},
+                                        {"SLURM_STEP_NUM_TASKS", "srun"},
+                                        {"OMPI_COMM_WORLD_SIZE", "mpirun"}};
+  if (o->world_given) return MEGA_OK;
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i][0]);
+    char *end;
+    long n = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || n < 2) continue;
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "%s=%ld: %s started %ld copies of megaw, but megaw takes its rank only "
+                     "from --rank and --world-size, so each would train alone as rank 0 of "
+                     "1%s. Start the ranks with megad (megad run --slots %ld, or megactl "
+                     "submit), or give each copy --rank R --world-size %ld --rendezvous-dir "
+                     "DIR (a directory every rank sees)", vars[i][0], n, vars[i][1], n,
+                     job->save ? ", every copy saving to the same --save" : "", n, n);
+  }
   return MEGA_OK;
 }
 
@@ -404,7 +430,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (note[0] && o.rank == 0) fprintf(stderr, "megaw: %s\n", note);
-  if (check_launch(&o, &job, &err) != MEGA_OK || check_standalone(&job, o.json, &err) != MEGA_OK ||
+  if (check_launcher_env(&o, &job, &err) != MEGA_OK || check_launch(&o, &job, &err) != MEGA_OK ||
+      check_standalone(&job, o.json, &err) != MEGA_OK ||
       (mega_jobspec_data_file(&job, 0, NULL) && mega_data_probe(&job, &bytes, &err) != MEGA_OK) ||
       mega_jobspec_check_all(&job, o.world, bytes, &err) != MEGA_OK) {
     mega_jobspec_free(&job);

@@ -235,6 +235,29 @@ static void test_bad_flags(void **state) {
   }
 }
 
+/* N copies from a launcher (torchrun, srun -n N) without --world-size each
+ * trained alone, all saving to one --save; told at start instead. Given
+ * --world-size, the flags rule. */
+static void test_launcher_copies(void **state) {
+  (void)state;
+  char ck[600];
+  snprintf(ck, sizeof ck, "%s/launched-ck", dir);
+  const char *const launched[] = {"--train-iters", "3", "--save", ck, NULL};
+  setenv("WORLD_SIZE", "2", 1);
+  expect_flag_error(launched, true, "WORLD_SIZE=2: torchrun started 2 copies of megaw");
+  unsetenv("WORLD_SIZE");
+  setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+  expect_flag_error(launched, true, "--rank R --world-size 4 --rendezvous-dir DIR");
+  assert_int_not_equal(access(ck, F_OK), 0); /* refused before anything was saved */
+  const char *const one[] = {"--train-iters", "1", "--world-size", "1", NULL};
+  char *out, *err;
+  int rc = run(one, true, &out, &err);
+  unsetenv("SLURM_STEP_NUM_TASKS");
+  if (rc != 0) fail_msg("--world-size 1 under srun -n 4: rc %d, stderr '%s'", rc, err);
+  free(out);
+  free(err);
+}
+
 static void test_resume_across_processes(void **state) {
   (void)state;
   char save[600];
@@ -396,6 +419,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_json_and_loss_falls),
       cmocka_unit_test(test_bad_flags),
+      cmocka_unit_test(test_launcher_copies),
       cmocka_unit_test(test_resume_across_processes),
       cmocka_unit_test(test_relative_paths),
       cmocka_unit_test(test_signals),
