@@ -11,7 +11,9 @@ with its JSON name and type. Each document must:
     otherwise);
 and hold together: a workload's selector matches its template's labels,
 every volumeMount names a volume, every probe's named port is a container
-port, every Secret and PersistentVolumeClaim it uses is one the README says
+port, and megad's --listen and --metrics-listen are the ports its container
+declares, its probes reach (port and host) and its clients' MEGA_SERVER
+names, every Secret and PersistentVolumeClaim it uses is one the README says
 the user makes, every $(VAR) in args and env is defined before, and every
 flag given to megad or megactl is one that program's --help lists (the
 built programs are run for that).
@@ -114,6 +116,53 @@ def program_flags(prog, *args):
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
 
 
+# (where, MEGA_SERVER) of every client container, checked against megad's port
+CLIENT_SERVERS = []
+MEGAD_PORTS = []
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def host_port(value):
+    host, _, port = value.rpartition(":")
+    return host, int(port) if port.isdigit() else None
+
+
+def check_listeners(cw, pod_spec, c, args):
+    """megad's --listen and --metrics-listen against the container's ports and
+    probes: a probe must reach the port megad serves /healthz on, at an address
+    it listens on (the kubelet probes the pod's IP unless httpGet.host says
+    otherwise; a loopback listener needs host 127.0.0.1 and host networking)."""
+    opts = dict(a.split("=", 1) for a in args if "=" in a)
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports", [])}
+    numbers = set(ports.values())
+    listen = opts.get("--listen")
+    if listen:
+        _, port = host_port(listen)
+        MEGAD_PORTS.append(port)
+        if port not in numbers:
+            err(cw, "--listen %s: port %s is not a containerPort" % (listen, port))
+    metrics = opts.get("--metrics-listen")
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        get = (c.get(probe) or {}).get("httpGet")
+        if not get:
+            continue
+        if not metrics:
+            err(cw, "%s asks HTTP, but megad has no --metrics-listen to answer it" % probe)
+            continue
+        mhost, mport = host_port(metrics)
+        pport = ports.get(get["port"]) if isinstance(get["port"], str) else get["port"]
+        if pport != mport:
+            err(cw, "%s probes port %s, but --metrics-listen is %s" % (probe, pport, metrics))
+        phost = get.get("host")
+        if mhost in LOOPBACK:
+            if phost not in LOOPBACK or not pod_spec.get("hostNetwork"):
+                err(cw, "%s: --metrics-listen %s is loopback, so the probe needs host: "
+                        "127.0.0.1 and hostNetwork (the kubelet probes the pod's IP)"
+                    % (probe, metrics))
+        elif phost and phost not in (mhost, "$(POD_IP)"):
+            err(cw, "%s probes host %s, but --metrics-listen is %s" % (probe, phost, metrics))
+
+
 def check_workload(where, pod_spec, selector_labels, template_labels, flags):
     if selector_labels is not None:
         for k, v in selector_labels.items():
@@ -156,6 +205,10 @@ def check_workload(where, pod_spec, selector_labels, template_labels, flags):
                 flag = a.split("=", 1)[0]
                 if flag not in flags["megad"]:
                     err(cw, "megad serve has no flag %s" % flag)
+            check_listeners(cw, pod_spec, c, args[1:])
+        for e in c.get("env", []):
+            if e.get("name") == "MEGA_SERVER" and e.get("value"):
+                CLIENT_SERVERS.append((cw, e["value"]))
         for a in args:  # megactl in shell scripts
             for line in re.findall(r"megactl (\w[\w-]*)([^\n|]*(?:\\\n[^\n|]*)*)", a):
                 sub, rest = line
@@ -207,6 +260,10 @@ def main():
                                t.get("metadata", {}).get("labels", {}), flags)
             elif doc["kind"] == "Pod":
                 check_workload(where, spec, None, {}, flags)
+    for cw, server in CLIENT_SERVERS:  # megactl's MEGA_SERVER is megad's port
+        _, port = host_port(server)
+        if MEGAD_PORTS and port not in MEGAD_PORTS:
+            err(cw, "MEGA_SERVER %s: megad listens on port %s" % (server, MEGAD_PORTS[0]))
     for e in errors:
         print("FAIL:", e)
     if errors:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # deploy/k8s against Kubernetes' schema (check_k8s.py): the manifests pass,
-# and a copy broken six ways fails with each break named, so the check
+# and copies broken nine ways fail with each break named, so the check
 # is seen to check. usage: test_k8s.sh SOURCE_ROOT MEGAD MEGACTL
 set -u
 src=$1 megad=$2 megactl=$3
@@ -30,5 +30,17 @@ want "megad serve has no flag --listn"
 want "megactl submit has no flag --max-restart"
 want "serviceName: wants a string, not ['etcd']"
 want "Invalid value for \`containers\`, must not be \`None\`"
+
+# a second copy, whole but for its ports: probes and clients that miss megad
+mkdir "$T/ports"
+cp "$src"/deploy/k8s/*.yaml "$T/ports"/
+sed -i 's/--metrics-listen=127.0.0.1:9100/--metrics-listen=127.0.0.1:9101/' "$T/ports/megad.yaml"
+sed -i 's/value: $(HOST_IP):7070/value: $(HOST_IP):7071/' "$T/ports/submit-job.yaml"
+sed -i '/host: 127.0.0.1/d' "$T/ports/megad.yaml"
+out=$($py "$src/tests/deploy/check_k8s.py" "$T/ports" "$megad" "$megactl")
+[ $? -eq 1 ] || { echo "FAIL: the copy with wrong ports passed"; fails=1; }
+want "livenessProbe probes port 9100, but --metrics-listen is 127.0.0.1:9101"
+want "readinessProbe: --metrics-listen 127.0.0.1:9101 is loopback, so the probe needs host: 127.0.0.1"
+want "MEGA_SERVER \$(HOST_IP):7071: megad listens on port 7070"
 [ $fails -eq 0 ] && echo "PASS: the broken copy failed as it should"
 exit $fails
