@@ -19,7 +19,9 @@
  * (megad_stop_saving); a second signal, or SIGINT, stops at once. SIGUSR1
  * and SIGUSR2 (a scheduler's warning, a stray kill) and SIGHUP (a closed
  * terminal, a reload out of habit) are logged and change nothing, where
- * their default action would end megad and its jobs without a word. */
+ * their default action would end megad and its jobs without a word. So is
+ * SIGXFSZ (a file reached ulimit -f or LimitFSIZE=): the write fails with
+ * EFBIG instead, and its own error names the file. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -43,7 +45,7 @@
 typedef struct app {
   uv_loop_t loop;
   megad d;
-  uv_signal_t sigint, sigterm, sigusr1, sigusr2, sighup;
+  uv_signal_t sigint, sigterm, sigusr1, sigusr2, sighup, sigxfsz;
   bool started, json, run; /* run: `megad run`, else serve */
   int exit_code;
   /* run */
@@ -183,6 +185,7 @@ static void stopped(void *arg) {
   uv_close((uv_handle_t *)&a->sigusr1, NULL);
   uv_close((uv_handle_t *)&a->sigusr2, NULL);
   uv_close((uv_handle_t *)&a->sighup, NULL);
+  uv_close((uv_handle_t *)&a->sigxfsz, NULL);
 }
 
 /* Caught rather than ignored: workers start with the default action, as
@@ -193,6 +196,11 @@ static void on_user_signal(uv_signal_t *h, int sig) {
   app *a = h->data;
   if (sig == SIGHUP && a->run) { /* run's terminal closed: stop the job in order */
     on_signal(h, sig);
+    return;
+  }
+  if (sig == SIGXFSZ) {
+    megad_warn(&a->d.base, "got SIGXFSZ: a file reached this process's size limit (ulimit -f, "
+               "systemd's LimitFSIZE=); the write failed, and its own error says which");
     return;
   }
   if (sig == SIGHUP) {
@@ -261,12 +269,15 @@ static int start(app *a, const megad_opts *o) {
   uv_signal_init(&a->loop, &a->sigusr1);
   uv_signal_init(&a->loop, &a->sigusr2);
   uv_signal_init(&a->loop, &a->sighup);
-  a->sigint.data = a->sigterm.data = a->sigusr1.data = a->sigusr2.data = a->sighup.data = a;
+  uv_signal_init(&a->loop, &a->sigxfsz);
+  a->sigint.data = a->sigterm.data = a->sigusr1.data = a->sigusr2.data = a->sighup.data =
+      a->sigxfsz.data = a;
   uv_signal_start(&a->sigint, on_signal, SIGINT);
   uv_signal_start(&a->sigterm, on_signal, SIGTERM);
   uv_signal_start(&a->sigusr1, on_user_signal, SIGUSR1);
   uv_signal_start(&a->sigusr2, on_user_signal, SIGUSR2);
   uv_signal_start(&a->sighup, on_user_signal, SIGHUP);
+  uv_signal_start(&a->sigxfsz, on_user_signal, SIGXFSZ);
   return 0;
 }
 

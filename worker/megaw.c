@@ -373,6 +373,10 @@ static mega_status check_launch(const worker_opts *o, const mega_jobspec *job, m
 }
 
 int main(int argc, char **argv) {
+  /* A file size limit (ulimit -f, systemd's LimitFSIZE=) reached while
+   * saving killed megaw by SIGXFSZ without a word; ignored, the write fails
+   * with EFBIG and the checkpoint's error names the file. */
+  signal(SIGXFSZ, SIG_IGN);
   /* Started by megad: the job comes over the pipe, not argv. */
   const char *worker_fd = getenv("MEGA_WORKER_FD");
   if (worker_fd) return megaw_run_assigned(worker_fd);

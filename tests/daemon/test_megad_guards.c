@@ -434,9 +434,9 @@ static void test_one_live_job_per_save(void **state) {
   hd_cleanup(&d);
 }
 
-/* ---- SIGUSR1, SIGUSR2 (a scheduler's warning, a stray kill) and SIGHUP (a closed
- * terminal) are logged and change nothing; their default action ended megad
- * silently ---- */
+/* ---- SIGUSR1, SIGUSR2 (a scheduler's warning, a stray kill), SIGHUP (a closed
+ * terminal) and SIGXFSZ (a file at ulimit -f) are logged and change nothing;
+ * their default action ended megad silently ---- */
 
 static void test_user_signals_are_logged(void **state) {
   (void)state;
@@ -444,10 +444,11 @@ static void test_user_signals_are_logged(void **state) {
   assert_true(hd_start(&d, "u1", 1, NULL, NULL, NULL));
   /* SIGHUP too: a closed terminal or a reload out of habit must not end
    * megad (and its jobs) without a word */
-  static const int sigs[] = {SIGUSR2, SIGUSR1, SIGHUP};
+  static const int sigs[] = {SIGUSR2, SIGUSR1, SIGHUP, SIGXFSZ};
   static const char *const names[] = {"got SIGUSR2", "got SIGUSR1",
-                                      "got SIGHUP; megad does nothing on it"};
-  for (int i = 0; i < 3; i++) {
+                                      "got SIGHUP; megad does nothing on it",
+                                      "got SIGXFSZ: a file reached this process's size limit"};
+  for (int i = 0; i < 4; i++) {
     assert_int_equal(kill(d.pid, sigs[i]), 0);
     assert_true(hd_wait_log(&d, names[i], 5000));
     assert_true(hd_pid_alive(d.pid));

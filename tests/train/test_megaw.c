@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -258,6 +259,31 @@ static void test_launcher_copies(void **state) {
   free(err);
 }
 
+/* A file size limit (ulimit -f) reached while saving: megaw says which file
+ * and exits 1, where SIGXFSZ killed it without a word, and no checkpoint
+ * is committed. */
+static void test_file_size_limit(void **state) {
+  (void)state;
+  char ck[600];
+  snprintf(ck, sizeof ck, "%s/limited-ck", dir);
+  const char *const save[] = {"--train-iters", "4", "--save", ck, "--save-interval", "2", NULL};
+  struct rlimit was, lim;
+  assert_int_equal(getrlimit(RLIMIT_FSIZE, &was), 0);
+  lim = was;
+  lim.rlim_cur = 16384; /* the model's safetensors is larger */
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  char *out, *err;
+  int rc = run(save, true, &out, &err); /* the child inherits the limit */
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &was), 0);
+  if (rc != 1 || !strstr(err, "File too large") || !strstr(err, "model.safetensors"))
+    fail_msg("rc %d, stderr '%s' (want 1 and the file that was too large)", rc, err);
+  char latest[700];
+  snprintf(latest, sizeof latest, "%s/latest_checkpointed_iteration.txt", ck);
+  assert_int_not_equal(access(latest, F_OK), 0);
+  free(out);
+  free(err);
+}
+
 static void test_resume_across_processes(void **state) {
   (void)state;
   char save[600];
@@ -420,6 +446,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_json_and_loss_falls),
       cmocka_unit_test(test_bad_flags),
       cmocka_unit_test(test_launcher_copies),
+      cmocka_unit_test(test_file_size_limit),
       cmocka_unit_test(test_resume_across_processes),
       cmocka_unit_test(test_relative_paths),
       cmocka_unit_test(test_signals),
