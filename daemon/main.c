@@ -65,7 +65,8 @@ static const char usage_serve[] =
     "  --listen ADDR          host:port (port 0 picks one) or unix:/path\n"
     "  --state-dir DIR        journal, job files, worker logs\n"
     "  --slots N              worker processes this node runs at once (default: one\n"
-    "                         per GPU the cuda module finds; required without GPUs)\n"
+    "                         per GPU the cuda module finds, as is an empty N;\n"
+    "                         required without GPUs)\n"
     "  --node-name NAME       this node's name (default: the hostname): letters, digits,\n"
     "                         '.', '-' and '_', at most 63 bytes\n"
     "  --peers ADDR,...       megads to join (host:port of each)\n"
@@ -383,7 +384,9 @@ static int serve(int argc, char **argv) {
   }
   if (!o.listen) return usage_error("serve needs --listen ADDR%s", "");
   if (!o.state_dir) return usage_error("serve needs --state-dir DIR%s", "");
-  /* without --slots, one slot per GPU (megad_start finds them, or says why not) */
+  /* without --slots, one slot per GPU (megad_start finds them, or says why not);
+   * an empty one is the same (systemd's --slots ${MEGAD_SLOTS} with none set) */
+  if (slots && !slots[0]) slots = NULL;
   if (slots && !parse_slots(slots, &o.slots))
     return usage_error("--slots: '%s' is not a count in 1..4096", slots);
   int max_pending = 0;

@@ -123,6 +123,24 @@ static void test_node_names_and_advertise(void **state) {
   hd_rmdir(dir);
 }
 
+/* ---- systemd's --slots ${MEGAD_SLOTS} with the variable empty is one
+ * empty word: megad's default (a slot per GPU), not "'' is not a count" ---- */
+
+static void test_empty_slots_is_the_default(void **state) {
+  (void)state;
+  char dir[64], args[512], out[4096];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(args, sizeof args, "--listen 127.0.0.1:0 --state-dir %s/s --slots '' --peers ''", dir);
+  int rc = hd_megad_exits(out, sizeof out, args); /* after --slots 1: the last one counts */
+  fprintf(stderr, "--slots '': rc %d: %s", rc, out);
+  assert_null(strstr(out, "is not a count"));
+  if (rc == 2) /* no GPU here: the default has nothing to count */
+    assert_non_null(strstr(out, "this node has no GPU the cuda module can use"));
+  else /* one slot per GPU: it served until ended */
+    assert_int_equal(rc, 124);
+  hd_rmdir(dir);
+}
+
 /* ---- TLS files: gRPC took any PEM and failed late; a key not the
  * certificate's read "cannot listen ... gRPC could not bind it", and an
  * expired certificate, or one another CA signed, started a megad no peer
@@ -229,6 +247,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_state_dir_of_another_user, teardown),
       cmocka_unit_test_teardown(test_node_names_and_advertise, teardown),
       cmocka_unit_test_teardown(test_tls_files_checked, teardown),
+      cmocka_unit_test_teardown(test_empty_slots_is_the_default, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
