@@ -77,8 +77,10 @@ char *megad_job_dir(const megad_base *b, const char *job_id) {
   char *dir = NULL;
   if (asprintf(&dir, "%s/jobs/%s", b->state_dir, job_id) < 0) return NULL;
   if (mkdir_p(dir)) {
-    megad_warn(b, "cannot create %s: %s", dir, strerror(errno));
+    int e = errno;
+    megad_warn(b, "cannot create %s: %s", dir, strerror(e));
     free(dir);
+    errno = e; /* for the caller's message */
     return NULL;
   }
   return dir;

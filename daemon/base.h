@@ -107,7 +107,8 @@ void megad_warn(const megad_base *b, const char *fmt, ...) __attribute__((format
 /* rm -rf path, without following symlinks; false if something stayed. */
 bool megad_rmtree(const char *path);
 
-/* STATE/jobs/<id> (created), or NULL; the caller frees it. */
+/* STATE/jobs/<id> (created), or NULL with errno saying why; the caller
+ * frees it. */
 char *megad_job_dir(const megad_base *b, const char *job_id);
 
 /* An async unary call to the megad at address; cb runs exactly once on the

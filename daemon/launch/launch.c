@@ -468,11 +468,14 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
   l->req = (Mega__V1__LaunchRanksRequest *)megad_pb_copy(&req->base);
   l->w = calloc(req->n_ranks, sizeof *l->w);
   char *jdir = megad_job_dir(b, req->job_id);
+  int jdir_errno = jdir ? 0 : errno; /* not "out of memory" when the disk said no */
   if (jdir && asprintf(&l->dir, "%s/%u", jdir, req->attempt) < 0) l->dir = NULL;
   free(jdir);
   if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0700) && errno != EEXIST)) {
-    s = l->dir ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
-               : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    s = l->dir       ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
+        : jdir_errno ? mega_fail(err, MEGA_ERR_IO, "cannot create the job's directory in %s/jobs: %s",
+                                 b->state_dir, strerror(jdir_errno))
+                     : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
     if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
     free(l->w);
     free(l->dir);

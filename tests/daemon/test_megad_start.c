@@ -1,8 +1,8 @@
 /* What megad serve refuses at start, before it touches anything, where it
  * would otherwise start and then misbehave: a state dir another user owns,
  * node names and --advertise values that no peer or worker could use, and
- * TLS files that no handshake would accept. Each case runs as a test of
- * its own (meson). */
+ * TLS files that no handshake would accept; and a state dir that goes bad
+ * later, named as such. Each case runs as a test of its own (meson). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -141,6 +141,29 @@ static void test_empty_slots_is_the_default(void **state) {
   hd_rmdir(dir);
 }
 
+/* ---- a job's directory that cannot be made (the state dir's jobs is a
+ * file here; a full or read-only disk alike) was reported as "cannot start
+ * ranks ...: out of memory" ---- */
+
+static void test_job_dir_refused_is_named(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "j1", 1, NULL, NULL, NULL));
+  char jobs[192];
+  snprintf(jobs, sizeof jobs, "%s/jobs", d.dir);
+  rmdir(jobs); /* empty if there */
+  write_file(jobs, "not a directory\n");
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 2, NULL);
+  char id[128];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  assert_true(hd_wait_log(&d, "cannot create the job's directory in ", 10000));
+  assert_true(hd_log_has(&d, "/jobs: Not a directory"));
+  assert_false(hd_log_has(&d, "out of memory"));
+  hd_cleanup(&d);
+}
+
 /* ---- TLS files: gRPC took any PEM and failed late; a key not the
  * certificate's read "cannot listen ... gRPC could not bind it", and an
  * expired certificate, or one another CA signed, started a megad no peer
@@ -248,6 +271,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_node_names_and_advertise, teardown),
       cmocka_unit_test_teardown(test_tls_files_checked, teardown),
       cmocka_unit_test_teardown(test_empty_slots_is_the_default, teardown),
+      cmocka_unit_test_teardown(test_job_dir_refused_is_named, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
