@@ -409,6 +409,9 @@ static int serve(int argc, char **argv) {
     rc = duration_flag("--held-state-timeout", held, 1000, 120000, &o.held_state_timeout_ms);
   if (!rc) rc = duration_flag("--retain-age", retain_age, 1000, 30 * 86400000u, &o.retain_ms);
   if (!rc) rc = duration_flag("--etcd-lease", lease, 2000, 60000, &o.etcd_lease_ms);
+  /* etcd's TTL is whole seconds: 2500ms would silently become 3 s */
+  if (!rc && o.etcd_lease_ms % 1000)
+    rc = usage_error("--etcd-lease %s: etcd's leases are whole seconds; give 2s, 3s, ...", lease);
   if (!rc && lease && !o.etcd_endpoints)
     return usage_error("--etcd-lease %s needs --etcd-endpoints (it is the etcd lease's TTL)", lease);
   const char *etcd_only = o.etcd_prefix ? "--etcd-prefix" : o.etcd_cacert ? "--etcd-cacert"

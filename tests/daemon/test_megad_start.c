@@ -96,6 +96,8 @@ static void test_node_names_and_advertise(void **state) {
       {"--advertise fd00::1", "write an IPv6 address in brackets, [fd00::1]"},
       {"--advertise '[fd00::1]:7070'", "an IPv6 address in brackets, such as [fd00::1], and no port"},
       {"--advertise http://n1", "give a host alone (a name or an address), not a URL"},
+      {"--etcd-endpoints http://127.0.0.1:1 --etcd-lease 2500ms",
+       "--etcd-lease 2500ms: etcd's leases are whole seconds"},
   };
   for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
     char flags[128];
