@@ -75,6 +75,10 @@ typedef struct megad_jobs {
   char writeq_err[512]; /* why the last write failed; empty once one succeeds */
   uv_timer_t writeq_retry;
   bool writeq_retry_on;
+  /* after a watch that could not resume: the read of every job again, asked
+   * again every second while etcd refuses it (reload_fails in a row) */
+  uv_timer_t reload_retry;
+  unsigned reload_fails;
   int64_t rev; /* the newest revision the mirror has seen */
   megad_jobs_item_fn on_item; /* one listener (may be NULL); megad_jobs_listen sets it */
   void *on_item_arg;

@@ -178,25 +178,43 @@ static mega_status watch_all(megad_jobs *js, mega_err *err) {
   return megad_etcd_watch_range(js->etcd, KC, "mega/j0", js->rev + 1, &cbs, &js->watch, err);
 }
 
+#define RELOAD_RETRY_MS 1000
+
+static void reload(megad_jobs *js);
+
+static void on_reload_retry(uv_timer_t *t) { reload(t->data); }
+
 static void reloaded(void *arg, const megad_etcd_reply *r, const mega_err *err) {
   megad_jobs *js = arg;
   mega_err e = {0};
   if (err->status == MEGA_ERR_CANCELLED) return;
-  if (!r) {
-    megad_warn(js->b, "etcd: reading the cluster's jobs again: %s; the mirror stays stale until "
-                      "it works", err->msg);
+  if (!r) { /* no watch runs now: nothing but this timer would ever read them again */
+    if (!js->reload_fails++)
+      megad_warn(js->b, "etcd: reading the cluster's jobs again: %s; the mirror stays stale "
+                        "until it works (trying every %d ms)", err->msg, RELOAD_RETRY_MS);
+    uv_timer_start(&js->reload_retry, on_reload_retry, RELOAD_RETRY_MS, 0);
     return;
   }
+  if (js->reload_fails)
+    megad_log(js->b, "etcd: read the cluster's jobs again (%u tr%s failed before)",
+              js->reload_fails, js->reload_fails == 1 ? "y" : "ies");
+  js->reload_fails = 0;
   load(js, r);
   if (watch_all(js, &e) != MEGA_OK) megad_warn(js->b, "etcd: %s", e.msg);
+}
+
+static void reload(megad_jobs *js) {
+  mega_err e = {0};
+  if (megad_etcd_get(js->etcd, "mega/", true, reloaded, js, &e) != MEGA_OK) {
+    megad_warn(js->b, "etcd: %s", e.msg);
+    uv_timer_start(&js->reload_retry, on_reload_retry, RELOAD_RETRY_MS, 0);
+  }
 }
 
 /* A watch that cannot resume (its revision was compacted): read it all again. */
 static void reset(megad_jobs *js, const char *why) {
   megad_warn(js->b, "etcd: the jobs' watch could not resume (%s); reading every job again", why);
-  mega_err e = {0};
-  if (megad_etcd_get(js->etcd, "mega/", true, reloaded, js, &e) != MEGA_OK)
-    megad_warn(js->b, "etcd: %s", e.msg);
+  reload(js);
 }
 
 /* The watch could not resume: its handle stays until cancelled (which a
@@ -404,6 +422,8 @@ mega_status megad_jobs_open_etcd(megad_jobs *js, megad_base *b, megad_etcd *etcd
   uv_timer_init(b->loop, &js->writeq_retry);
   js->writeq_retry.data = js;
   js->writeq_retry_on = true;
+  uv_timer_init(b->loop, &js->reload_retry);
+  js->reload_retry.data = js;
   char path[4096];
   struct stat st;
   snprintf(path, sizeof path, "%s/journal", b->state_dir);
@@ -455,7 +475,10 @@ void megad_jobs_etcd_close(megad_jobs *js) {
   if (js->watch) megad_etcd_watch_cancel(js->watch);
   js->watch = NULL;
   while (js->writeq_head) pop(js, 1);
-  if (js->writeq_retry_on) uv_close((uv_handle_t *)&js->writeq_retry, NULL);
+  if (js->writeq_retry_on) {
+    uv_close((uv_handle_t *)&js->writeq_retry, NULL);
+    uv_close((uv_handle_t *)&js->reload_retry, NULL);
+  }
   js->writeq_retry_on = false;
   mega_jobs_free(&js->mirror);
 }
