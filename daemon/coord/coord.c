@@ -112,7 +112,13 @@ static void launch_failed(coord_run *run, uint32_t first, uint32_t n, const char
   char why[MEGA_ERR_MSG_MAX + 128];
   snprintf(why, sizeof why, "cannot start ranks %u..%u on node %s: %s", first, first + n - 1,
            node_id, msg);
-  coord_cause(run, CAUSE_PRIMARY, launch_failure(s, remote), why); /* the cause, then the ranks */
+  mega_end_kind kind = launch_failure(s, remote);
+  /* a node's own refusal (peer.c: RESOURCE_EXHAUSTED): not there again
+   * until a newer view of it; one that did not answer backs off */
+  bool refused = remote ? s == MEGA_ERR_NOMEM : s == MEGA_ERR_UNSUPPORTED;
+  if (remote && kind == MEGA_END_LAUNCH) coord_refused(run->c, node_id);
+  if (kind == MEGA_END_LAUNCH && !refused) run->job->coord.launch_unreached = true;
+  coord_cause(run, CAUSE_PRIMARY, kind, why); /* the cause, then the ranks */
   coord_ranks_gone(run, first, n);
 }
 
@@ -437,12 +443,22 @@ static void decide(megad_coord *c, mega_job *j, mega_end_kind kind, const char *
   char budget[96] = "";
   if (r.counted)
     snprintf(budget, sizeof budget, " (restart %u of %u)", j->restarts, j->max_restarts);
-  if (kind == MEGA_END_LAUNCH && ++j->coord.launch_refusals > 1) {
+  bool unreached = j->coord.launch_unreached;
+  j->coord.launch_unreached = false;
+  if (kind == MEGA_END_LAUNCH && unreached && ++j->coord.launch_refusals > 1) {
     unsigned shift = j->coord.launch_refusals - 2 < 4 ? j->coord.launch_refusals - 2 : 4;
     int64_t wait_ms = LAUNCH_RETRY_MS << shift;
     j->coord.not_before_ms = megad_unix_ms() + wait_ms;
     snprintf(budget, sizeof budget, " (launch refused %u times in a row: next try in %.1f s)",
              j->coord.launch_refusals, (double)wait_ms / 1000);
+  } else if (kind == MEGA_END_LAUNCH && !unreached) {
+    /* a node was busy: every other node's view is as old as its was, so
+     * the next placement waits for one newer view (a heartbeat, a load
+     * put; half a second at most); at once, it started ranks on the nodes
+     * just freed by other coordinators' refused attempts, and was refused
+     * in turn */
+    unsigned wait_ms = c->o.heartbeat_ms < LAUNCH_RETRY_MS ? c->o.heartbeat_ms : LAUNCH_RETRY_MS;
+    j->coord.not_before_ms = megad_unix_ms() + wait_ms;
   }
   char from[800], why[560] = "";
   if (j->coord.replicas_why)

@@ -74,6 +74,13 @@ typedef struct megad_coord {
     uint32_t nranks;
     uint64_t at_ms; /* uv_now */
   } released[32];
+  /* Nodes that refused a launch (their slots taken by another coordinator's
+   * job, stopping, gone): counted full until a view of them newer than the
+   * refusal, so the next attempt goes elsewhere (coord_place.c). */
+  struct megad_refused {
+    char node_id[64];
+    uint64_t at_ms; /* uv_now; 0: a free entry */
+  } refused[16];
   /* How an attempt's end reaches coord.c, which coord_run.c is below (so
    * it calls up through this pointer; megad_coord_init sets it). Called
    * once, when every rank of the attempt has exited or been counted gone,

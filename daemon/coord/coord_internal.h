@@ -134,6 +134,8 @@ mega_status coord_place(megad_coord *c, mega_job *j, bool own, bool empty, int *
 uint32_t coord_could_place(megad_coord *c, mega_job *j, bool own);
 /* Notes that an ended attempt's ranks left their nodes. */
 void coord_released(megad_coord *c, const mega_job *j);
+/* Notes that node_id refused a launch: full until a newer view of it. */
+void coord_refused(megad_coord *c, const char *node_id);
 
 /* coord_run.c: one running attempt */
 coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration);

@@ -66,6 +66,33 @@ static uint32_t released_on(megad_coord *c, const megad_node *nd) {
   return n;
 }
 
+void coord_refused(megad_coord *c, const char *node_id) {
+  struct megad_refused *slot = &c->refused[0];
+  for (size_t i = 0; i < sizeof c->refused / sizeof c->refused[0]; i++) {
+    struct megad_refused *r = &c->refused[i];
+    if (r->at_ms && !strcmp(r->node_id, node_id)) {
+      slot = r;
+      break;
+    }
+    if (r->at_ms < slot->at_ms) slot = r; /* a free entry, else the oldest */
+  }
+  snprintf(slot->node_id, sizeof slot->node_id, "%s", node_id);
+  slot->at_ms = uv_now(c->b->loop);
+}
+
+/* Whether nd refused a launch that its heartbeats (or load in etcd, put
+ * each heartbeat interval) may not show yet: it was full then, whatever an
+ * older view says. */
+static bool refused_by(megad_coord *c, const megad_node *nd) {
+  for (size_t i = 0; i < sizeof c->refused / sizeof c->refused[0]; i++) {
+    struct megad_refused *r = &c->refused[i];
+    if (!r->at_ms || strcmp(r->node_id, nd->id)) continue;
+    if (nd->seen_ms <= r->at_ms + c->o.heartbeat_ms + 50) return true;
+    r->at_ms = 0; /* its view knows now */
+  }
+  return false;
+}
+
 /* Slots of node free for j: what its heartbeat says is used (less what this
  * coordinator saw leave since), or what this coordinator's attempts take
  * there, whichever is more. own: j's own ranks there count as free; empty:
@@ -73,6 +100,7 @@ static uint32_t released_on(megad_coord *c, const megad_node *nd) {
 static int free_slots(megad_coord *c, const megad_node *nd, const mega_job *j, bool own,
                       bool empty) {
   if (empty) return (int)nd->slots;
+  if (!nd->self && refused_by(c, nd)) return 0;
   uint32_t mine = megad_coord_slots_on(c, nd->id);
   uint32_t used = nd->self ? c->L->slots_used : nd->slots_used;
   if (!nd->self) {

@@ -71,10 +71,16 @@ typedef struct mega_job_coord {
   uint32_t want_nodes; /* megactl rescale's target, applied at the next checkpoint; 0: none */
   int64_t failed_ms;   /* when the last attempt's failure was detected (unix ms); 0: none */
   /* Launches refused in a row (a node that heartbeats but cannot be
-   * reached, a busy one), and when the next attempt may start: a refused
-   * launch is retried at once, then after 0.5, 1, 2 ... 8 s. */
+   * reached), and when the next attempt may start: a refused launch is
+   * retried at once, then after 0.5, 1, 2 ... 8 s. A node's own refusal
+   * (its slots taken by another coordinator's job, stopping) does not
+   * count: placement counts that node full until a newer view of it
+   * (coord_place.c), and the next attempt waits one heartbeat interval (at
+   * most 0.5 s), then goes elsewhere or waits for room as any job does.
+   * launch_unreached: this attempt had a launch of the first kind. */
   uint32_t launch_refusals;
   int64_t not_before_ms;
+  bool launch_unreached;
   /* Recovery from replicas (coord.c, coord_run.c): the plan the next
    * attempt fetches its state by (owned; NULL: none), when it was made
    * (unix ms), the iterations it redoes, and why there is none; donors:

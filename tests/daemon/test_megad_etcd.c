@@ -8,7 +8,8 @@
  * nodes' loads (mega/load/), which each node lists for the others, and not
  * the records every megad watches (mega/nodes/). A job of a thousand events
  * keeps its first and newest, in memory and in etcd; a cancel of an ended
- * job whose coordinator died is answered at once. */
+ * job whose coordinator died is answered at once. A node that refused a
+ * launch for want of slots is not placed on again before a newer view. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -491,6 +492,74 @@ static void test_cancel_ended_job_without_coordinator(void **state) {
   etcd_fx_stop(&fx);
 }
 
+/* State of job id on d, waiting up to ms for it to reach want; the last
+ * state seen (-1: none). */
+static int wait_job_state(hd *d, const char *id, int want, int ms) {
+  int st = -1;
+  for (double t0 = hd_now_s(); hd_now_s() - t0 < ms / 1000.0 && st != want;) {
+    Mega__V1__Job *j = hd_get_job(d, id, NULL);
+    st = j ? (int)j->state : -1;
+    if (j) protobuf_c_message_free_unpacked(&j->base, NULL);
+    if (st != want) usleep(50 * 1000);
+  }
+  return st;
+}
+
+/* Nodes that refused a launch (their slots taken, by jobs of other
+ * coordinators that their loads in etcd do not show yet) are not given the
+ * next attempts as well: the coordinator counts each full until it has a
+ * newer view of it, and tries the next node after a heartbeat interval
+ * (half a second at most; no back-off, which is for nodes that do not
+ * answer), so the job runs on the one that is free.
+ * Here the loads are published only at registration (--heartbeat-interval
+ * 30s), so the view stays stale for the whole test. Once, every retry went
+ * to the first busy node again (the placement's order), backing off up to
+ * 8 s, while a free node waited. */
+static void test_refused_node_not_placed_again(void **state) {
+  (void)state;
+  assert_true(etcd_fx_start(&fx, 1));
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, "--heartbeat-interval", "30s",
+                         "--heartbeat-timeout", "60s", NULL};
+  hd n[5];
+  for (int i = 0; i < 5; i++) { /* n1 lists them in this order */
+    char name[8];
+    snprintf(name, sizeof name, "n%d", i + 1);
+    assert_true(hd_start(&n[i], name, 1, NULL, NULL, extra));
+    assert_true(hd_wait_alive(&n[0], i + 1, 10000));
+  }
+  Mega__V1__JobSpec spec;
+  char busy[3][64], id[64];
+  mega_err err = {0};
+  for (int i = 0; i < 3; i++) { /* n2, n3, n4 each run a job of their own */
+    hd_tiny_spec(&spec, n[i + 1].dir, 1000000, NULL); /* runs until cancelled */
+    spec.nnodes_min = spec.nnodes_max = 1;
+    spec.nproc_per_node = 1;
+    assert_int_equal(hd_submit(&n[i + 1], &spec, busy[i], sizeof busy[i], &err), MEGA_OK);
+  }
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(wait_job_state(&n[i + 1], busy[i], STATE(RUNNING), 10000), STATE(RUNNING));
+  hd_tiny_spec(&spec, n[0].dir, 5, NULL); /* two nodes: n1 and, in n1's order, the free n5 */
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
+  assert_int_equal(wait_job_state(&n[0], id, STATE(SUCCEEDED), 10000), STATE(SUCCEEDED));
+  Mega__V1__GetJobResponse *h = hd_get_job_history(&n[0], id, &err);
+  assert_non_null(h);
+  const Mega__V1__Job *j = h->job;
+  assert_int_equal(j->attempt, 3); /* n2, n3 and n4 refused one attempt each */
+  assert_int_equal(j->n_placement, 2);
+  assert_string_equal(j->placement[1]->node_id, "n5");
+  for (size_t i = 0; i < h->n_events; i++)
+    if (strstr(h->events[i]->message, "next try in"))
+      fail_msg("backed off: %s", h->events[i]->message);
+  protobuf_c_message_free_unpacked(&h->base, NULL);
+  for (int i = 0; i < 3; i++) { /* none of them disturbed */
+    assert_int_equal(wait_job_state(&n[i + 1], busy[i], STATE(RUNNING), 1000), STATE(RUNNING));
+    assert_int_equal(hd_cancel(&n[i + 1], busy[i], "done with it", &err), MEGA_OK);
+  }
+  hd_cleanup_all();
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -507,6 +576,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_job_leaves_node_records_alone, teardown),
       cmocka_unit_test_teardown(test_long_history_is_bounded, teardown),
       cmocka_unit_test_teardown(test_cancel_ended_job_without_coordinator, teardown),
+      cmocka_unit_test_teardown(test_refused_node_not_placed_again, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
