@@ -420,6 +420,11 @@ static int serve(int argc, char **argv) {
                           : o.etcd_password_file ? "--etcd-password-file" : NULL;
   if (!rc && etcd_only && !o.etcd_endpoints)
     return usage_error("%s needs --etcd-endpoints", etcd_only);
+  /* its key, mega/nodes/NAME, would be read as another cluster's (one
+   * under --etcd-prefix P/nodes/), and its jobs' ids hold the name */
+  if (!rc && o.etcd_endpoints && o.node_name && strchr(o.node_name, '/'))
+    return usage_error("--node-name %s: a node of an etcd cluster has a name without '/'",
+                       o.node_name);
   if (rc) return rc;
 
   static app a;

@@ -48,9 +48,11 @@ typedef struct megad_etcd_watch megad_etcd_watch;
 /* Keys. The layers above name every key under "mega/" (MEGAD_ETCD_ROOT);
  * the client keeps them under opts.prefix in etcd instead ("teamA/":
  * mega/j/7/0 is teamA/j/7/0 there) and hands keys back under "mega/", in
- * replies and watch events alike. So clusters that share one etcd with
- * prefixes of which neither begins with the other never see each other's
- * nodes or jobs, and no layer above knows the prefix. */
+ * replies and watch events alike. So clusters that share one etcd under
+ * other prefixes never see each other's nodes or jobs, and no layer above
+ * knows the prefix. A prefix that begins with this one (mega/ and mega/j/)
+ * puts its keys among this cluster's (mega/j/j/7/0): the layers take only
+ * keys of their own shape. */
 #define MEGAD_ETCD_ROOT "mega/"
 
 typedef struct megad_etcd_opts {

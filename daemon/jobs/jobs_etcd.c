@@ -89,6 +89,21 @@ static bool key_id(const char *key, const char *prefix, char *id, size_t cap, co
   return true;
 }
 
+/* Whether key is one of this cluster's job keys: mega/c/<id>, or
+ * mega/j/<id>/ and then 0, s or e/<seq>. Another cluster whose prefix is
+ * this one's and "c/" or "j/" (--etcd-prefix P/j/) has keys in the same
+ * range (mega/j/j/7/0 here is its job 7's record): not ours. */
+static bool job_key(const char *key, char *id, size_t cap, bool *coord, const char **rest) {
+  if ((*coord = key_id(key, KC, id, cap, rest))) return !strchr(key + strlen(KC), '/');
+  if (!key_id(key, KJ, id, cap, rest)) return false;
+  const char *r = *rest;
+  if (!strcmp(r, "0") || !strcmp(r, "s")) return true;
+  if (strncmp(r, "e/", 2) || !r[2]) return false;
+  for (r += 2; *r; r++)
+    if (*r < '0' || *r > '9') return false;
+  return true;
+}
+
 static void mirror_record(megad_jobs *js, const megad_etcd_kv *kv) {
   mega_err e = {0};
   if (mega_jobs_apply(&js->mirror, kv->value, kv->value_len, &e) != MEGA_OK)
@@ -141,12 +156,11 @@ static void on_key(void *arg, megad_etcd_evtype type, const megad_etcd_kv *kv) {
   note_rev(js, kv->mod_revision);
   char id[160];
   const char *rest;
-  if (key_id(kv->key, KC, id, sizeof id, NULL)) {
-    mirror_coord(js, id, kv, type == MEGAD_ETCD_EV_DELETE);
-  } else if (key_id(kv->key, KJ, id, sizeof id, &rest)) {
-    if (type != MEGAD_ETCD_EV_DELETE) mirror_record(js, kv);
-    else if (!strcmp(rest, "0")) mega_jobs_forget(&js->mirror, id);
-  }
+  bool coord;
+  if (!job_key(kv->key, id, sizeof id, &coord, &rest)) return;
+  if (coord) mirror_coord(js, id, kv, type == MEGAD_ETCD_EV_DELETE);
+  else if (type != MEGAD_ETCD_EV_DELETE) mirror_record(js, kv);
+  else if (!strcmp(rest, "0")) mega_jobs_forget(&js->mirror, id);
 }
 
 /* Every job of the cluster from one read of mega/: records first (their
@@ -155,12 +169,15 @@ static void on_key(void *arg, megad_etcd_evtype type, const megad_etcd_kv *kv) {
 static void load(megad_jobs *js, const megad_etcd_reply *r) {
   mega_jobs_free(&js->mirror);
   mega_jobs_init(&js->mirror);
+  char id[160];
+  const char *rest;
+  bool coord;
   for (size_t i = 0; i < r->nkvs; i++)
-    if (!strncmp(r->kvs[i].key, KJ, strlen(KJ))) mirror_record(js, &r->kvs[i]);
+    if (job_key(r->kvs[i].key, id, sizeof id, &coord, &rest) && !coord)
+      mirror_record(js, &r->kvs[i]);
   for (size_t i = 0; i < js->mirror.n; i++) js->mirror.v[i]->etcd.orphan = true;
   for (size_t i = 0; i < r->nkvs; i++) {
-    char id[160];
-    if (!key_id(r->kvs[i].key, KC, id, sizeof id, NULL)) continue;
+    if (!job_key(r->kvs[i].key, id, sizeof id, &coord, &rest) || !coord) continue;
     mega_job *m = mega_jobs_table_find(&js->mirror, id);
     if (m) set_coordinator(m, &r->kvs[i]);
   }

@@ -278,6 +278,9 @@ static void on_event(void *arg, megad_etcd_evtype type, const megad_etcd_kv *kv)
   megad_members *m = arg;
   if (m->b->stopping || strncmp(kv->key, NODES_PREFIX, strlen(NODES_PREFIX))) return;
   const char *id = kv->key + strlen(NODES_PREFIX);
+  /* a node id has no '/' (main.c): such a key is a cluster's whose prefix
+   * is this one's and "nodes/" (--etcd-prefix P/nodes/), not a node here */
+  if (strchr(id, '/')) return;
   if (!strcmp(id, m->b->node_id)) {
     /* Our own record deleted while our session lives (etcdctl del): put it back. */
     if (type == MEGAD_ETCD_EV_DELETE && m->etcd_registered) {

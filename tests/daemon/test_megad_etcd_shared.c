@@ -6,7 +6,7 @@
  * a user whose role covers only its prefix, a wrong password and a prefix
  * outside the role refused with what to do, and a restarted etcd member
  * (whose simple tokens are gone) met by authenticating again; a role that
- * loses the prefix for a while and gets it back. */
+ * loses the prefix for a while and gets it back; prefixes that nest. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -73,16 +73,20 @@ static bool lists_node(hd *d, const char *node) {
   return found;
 }
 
+/* A megad of one slot named name, in the cluster at prefix of fx's etcd. */
+static bool start_at(hd *d, const char *name, const char *prefix) {
+  const char *extra[] = {"--etcd-endpoints", fx.endpoints, "--etcd-prefix", prefix, NULL};
+  return hd_start(d, name, 1, NULL, NULL, extra);
+}
+
 static void test_two_clusters_share_one_etcd(void **state) {
   (void)state;
   assert_true(etcd_fx_start(&fx, 1));
-  const char *a[] = {"--etcd-endpoints", fx.endpoints, "--etcd-prefix", "mega/a/", NULL};
-  const char *b[] = {"--etcd-endpoints", fx.endpoints, "--etcd-prefix", "mega/b/", NULL};
   hd a1, a2, b1, b2;
-  assert_true(hd_start(&a1, "a1", 1, NULL, NULL, a));
-  assert_true(hd_start(&a2, "a2", 1, NULL, NULL, a));
-  assert_true(hd_start(&b1, "b1", 1, NULL, NULL, b));
-  assert_true(hd_start(&b2, "b2", 1, NULL, NULL, b));
+  assert_true(start_at(&a1, "a1", "mega/a/"));
+  assert_true(start_at(&a2, "a2", "mega/a/"));
+  assert_true(start_at(&b1, "b1", "mega/b/"));
+  assert_true(start_at(&b2, "b2", "mega/b/"));
   assert_true(hd_wait_alive(&a1, 2, 10000));
   assert_true(hd_wait_alive(&b1, 2, 10000));
   assert_false(lists_node(&a1, "b1") || lists_node(&a1, "b2"));
@@ -291,6 +295,41 @@ static void test_auth_revoked_then_restored(void **state) {
   hd_cleanup_all();
 }
 
+/* Prefixes that nest: a cluster at mega/t/ beside one at mega/t/nodes/ and
+ * one at mega/t/j/, whose keys lie in the ranges the first one reads (its
+ * node mega/t/nodes/nodes/b1, its job's record mega/t/j/j/<id>/0). The
+ * first lists neither's node nor job, and a job of two nodes waits there
+ * for a second node of its own; once, it listed node nodes/b1 and placed
+ * the job on it, refused again and again. A node name with '/' is refused:
+ * its key would be such a key. */
+static void test_nested_prefixes(void **state) {
+  (void)state;
+  assert_true(etcd_fx_start(&fx, 1));
+  hd a1, b1, c1, bad;
+  assert_true(start_at(&a1, "a1", "mega/t/"));
+  assert_true(start_at(&b1, "b1", "mega/t/nodes/"));
+  assert_true(start_at(&c1, "c1", "mega/t/j/"));
+  char cid[64], aid[64];
+  submit(&c1, 5, 1, 1, cid, sizeof cid);
+  Mega__V1__Job *j = wait_end(&c1, cid, 30000);
+  assert_non_null(j);
+  assert_int_equal(j->state, STATE(SUCCEEDED));
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  assert_int_equal(etcd_fx_ctl(&fx, "get --prefix mega/t/nodes/nodes/b1 --keys-only | grep -q ."), 0);
+  assert_false(lists_node(&a1, "b1") || lists_node(&a1, "nodes/b1"));
+  assert_false(lists_job(&a1, cid));
+  submit(&a1, 5, 2, 2, aid, sizeof aid);
+  usleep(1500 * 1000);
+  j = hd_get_job(&a1, aid, NULL);
+  assert_non_null(j);
+  assert_int_equal(j->state, STATE(PENDING));
+  assert_int_equal(j->n_placement, 0);
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  assert_false(start_at(&bad, "x/y", "mega/t/"));
+  assert_true(hd_log_has(&bad, "a node of an etcd cluster has a name without '/'"));
+  hd_cleanup_all();
+}
+
 /* The probes a kubelet uses (deploy/k8s): /healthz and /readyz answer
  * without the token that /metrics wants; /readyz says 503 and why while
  * etcd is away, and 200 again once it is back. */
@@ -353,6 +392,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_tls_client_certificates, teardown),
       cmocka_unit_test_teardown(test_user_and_password, teardown),
       cmocka_unit_test_teardown(test_auth_revoked_then_restored, teardown),
+      cmocka_unit_test_teardown(test_nested_prefixes, teardown),
       cmocka_unit_test_teardown(test_probes, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
