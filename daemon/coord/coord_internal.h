@@ -137,6 +137,13 @@ void coord_released(megad_coord *c, const mega_job *j);
 /* Notes that node_id refused a launch: full until a newer view of it. */
 void coord_refused(megad_coord *c, const char *node_id);
 
+/* coord_launch.c: asks jn's node to start its ranks of run's attempt
+ * with args and the replica plan; a start that fails is the attempt's
+ * cause (a busy node: placed again; a bad job: it fails) and its ranks
+ * count as gone. */
+void coord_launch_on(coord_run *run, const mega_job_node *jn, char **args, size_t nargs,
+                     Mega__V1__ReplicaPlan *replicas);
+
 /* coord_run.c: one running attempt */
 coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration);
 coord_run *coord_run_of(megad_coord *c, const char *job_id, uint32_t attempt);
