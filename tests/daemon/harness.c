@@ -297,19 +297,6 @@ bool hd_wait_workers(const hd *d, int n, int ms, pid_t *pids) {
 
 bool hd_pid_alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
 
-int hd_megad_exits(char *out, size_t len, const char *args) {
-  char cmd[2048];
-  /* a megad that starts where it should refuse is ended: 124 */
-  snprintf(cmd, sizeof cmd, "timeout 15 '%s' serve --slots 1 --worker '%s' %s 2>&1 </dev/null",
-           getenv("MEGAD"), getenv("MEGAW"), args);
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  size_t n = fread(out, 1, len - 1, p);
-  out[n] = '\0';
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 void hd_tiny_spec(Mega__V1__JobSpec *spec, const char *dir, int iters, const char *const *extra) {
   static char data[256], iters_s[16];
   static const char *argv[64];
@@ -669,39 +656,4 @@ int64_t hd_unix_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int hd_megactl_seen(char *out, size_t len, const char *args, const char *needle, bool *seen) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1 </dev/null", getenv("MEGACTL"), args);
-  FILE *p = popen(cmd, "r");
-  if (!p) {
-    snprintf(out, len, "cannot run %s: %s", cmd, strerror(errno));
-    return -1;
-  }
-  size_t n = 0, keep = needle ? strlen(needle) : 0;
-  if (seen) *seen = false;
-  char chunk[4096];
-  size_t got;
-  while ((got = fread(chunk, 1, sizeof chunk, p)) > 0) {
-    if (n + got > len - 1) { /* keep the tail, and enough to find needle across reads */
-      size_t drop = n + got - (len - 1);
-      if (drop > n) drop = n;
-      memmove(out, out + drop, n - drop);
-      n -= drop;
-    }
-    size_t take = got < len - 1 - n ? got : len - 1 - n;
-    memcpy(out + n, chunk + got - take, take);
-    n += take;
-    out[n] = '\0';
-    size_t from = n > take + keep ? n - take - keep : 0;
-    if (seen && needle && n >= keep && strstr(out + from, needle)) *seen = true;
-  }
-  out[n] = '\0';
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-int hd_megactl(char *out, size_t len, const char *args) {
-  return hd_megactl_seen(out, len, args, NULL, NULL);
 }
