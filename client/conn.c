@@ -118,11 +118,10 @@ mega_status megactl_connect_to(const char *address, mega_rpc_channel **out, mega
   for (int k = 0; k < 4 && st == MEGA_OK; k++) {
     const char *path = sec_files[k] ? sec_files[k] : getenv(sec_envs[k]);
     if (!path || !path[0]) continue;
-    snprintf(what[k], sizeof what[k], sec_files[k] ? "%s %s" : "$%s (%s)",
-             sec_files[k] ? sec_flags[k] : sec_envs[k], path);
-    const char *name = sec_files[k] ? sec_flags[k] : sec_envs[k];
     char flag[32];
-    snprintf(flag, sizeof flag, sec_files[k] ? "%s" : "$%s", name);
+    snprintf(flag, sizeof flag, sec_files[k] ? "%s" : "$%s",
+             sec_files[k] ? sec_flags[k] : sec_envs[k]);
+    snprintf(what[k], sizeof what[k], sec_files[k] ? "%s %s" : "%s (%s)", flag, path);
     st = k == 0 ? mega_rpc_read_token(flag, path, false, &pem[k], err)
                 : mega_rpc_read_pem(flag, path, false, &pem[k], err);
   }
