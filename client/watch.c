@@ -16,14 +16,15 @@
 #include <unistd.h>
 
 #include "client/commands.h"
-#include "core/exitcode.h"
 #include "client/conn.h"
 #include "client/view.h"
+#include "core/duration.h"
+#include "core/exitcode.h"
 #include "proto/pb_json.h"
 
 #define REDRAW_MS 100
 #define TICK_MS 1000
-#define RECONNECT_S 120 /* how long a broken watch keeps trying */
+#define RECONNECT_MS 120000 /* how long a broken watch keeps trying, by default */
 
 typedef enum { OUT_LIVE, OUT_PLAIN, OUT_JSON } out_mode;
 
@@ -278,12 +279,27 @@ static void run_plain(watch *w, mega_rpc_stream *s, mega_err *err) {
 
 /* ---- the command ---- */
 
+typedef struct watch_opts {
+  bool plain;
+  unsigned reconnect_ms;
+} watch_opts;
+
 static int watch_extra(const char *cmd, int argc, char **argv, int *i, void *ctx) {
-  (void)cmd;
-  (void)argc;
-  if (strcmp(argv[*i], "--plain") != 0) return 0;
-  *(bool *)ctx = true;
-  (*i)++;
+  watch_opts *o = ctx;
+  if (strcmp(argv[*i], "--plain") == 0) {
+    o->plain = true;
+    (*i)++;
+    return 1;
+  }
+  const char *v;
+  int r = megactl_flag_value(cmd, argc, argv, i, "--reconnect-timeout", &v);
+  if (r <= 0) return r;
+  mega_err err = {0};
+  if (mega_duration_parse("--reconnect-timeout", v, 0, 3600000, &o->reconnect_ms, &err) !=
+      MEGA_OK) {
+    megactl_usage(cmd, "%s", err.msg);
+    return -1;
+  }
   return 1;
 }
 
@@ -348,11 +364,11 @@ static int verdict(const watch *w) {
 
 int megactl_watch(int argc, char **argv) {
   megactl_common cf;
-  bool plain = false;
-  int rc = megactl_parse_common("watch", argc, argv, true, true, &cf, watch_extra, &plain);
+  watch_opts o = {.reconnect_ms = RECONNECT_MS};
+  int rc = megactl_parse_common("watch", argc, argv, true, true, &cf, watch_extra, &o);
   if (rc) return rc;
   if (cf.help) {
-    printf("usage: megactl watch JOB [--json | --plain] [--server ADDR]\n\n"
+    printf("usage: megactl watch JOB [--json | --plain] [--reconnect-timeout D] [--server ADDR]\n\n"
            "Follows a job until it ends. On a terminal the view is redrawn in place:\n"
            "iteration and progress, loss, grad norm, learning rate, step time, tokens/s,\n"
            "and each pipeline stage's bubble (the fraction of the step it sat idle,\n"
@@ -365,22 +381,25 @@ int megactl_watch(int argc, char **argv) {
            "           (each: rank, pp_rank, dp_rank, tp_rank, compute_s, tp_comm_s, bubble_s,\n"
            "           p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes,\n"
            "           param_bytes, grad_bytes, optimizer_state_bytes)\n"
-           "  --plain  plain lines even on a terminal\n\n"
+           "  --plain  plain lines even on a terminal\n"
+           "  --reconnect-timeout D\n"
+           "           how long a broken watch keeps trying (default 120s; 0s: not at all)\n\n"
            "The watch follows the job across restarts and rescales (shown as events), and\n"
            "through a restart of its coordinator or (with etcd) a takeover by another node:\n"
-           "a broken stream is opened again for up to %d s, on the next server when --server\n"
-           "lists several, and nothing is shown twice.\n\n"
+           "a broken stream is opened again (on the next server when --server lists\n"
+           "several), and nothing is shown twice.\n\n"
            "Exit status: 0 when the job succeeded; 1 when it failed or was cancelled (the\n"
-           "cause on stderr) or the watch was lost; %d when it stopped early as asked\n"
-           "(--exit-signal-handler, --exit-interval, --exit-duration-in-mins) after its\n"
-           "checkpoint: megactl resume goes on from it (a batch script's \"requeue\").\n",
-           RECONNECT_S, MEGA_EXIT_REQUEUE);
+           "cause on stderr); %d when it stopped early as asked (--exit-signal-handler,\n"
+           "--exit-interval, --exit-duration-in-mins) after its checkpoint: megactl resume\n"
+           "goes on from it (a batch script's \"requeue\"); %d when the watch was lost (no\n"
+           "megad answered for --reconnect-timeout): how the job ends is not known here.\n",
+           MEGA_EXIT_REQUEUE, MEGA_EXIT_LOST);
     return 0;
   }
-  if (cf.json && plain) return megactl_usage("watch", "--json and --plain do not go together");
+  if (cf.json && o.plain) return megactl_usage("watch", "--json and --plain do not go together");
 
   watch w = {.job_id = cf.job};
-  w.mode = cf.json ? OUT_JSON : plain || !isatty(fileno(stdout)) ? OUT_PLAIN : OUT_LIVE;
+  w.mode = cf.json ? OUT_JSON : o.plain || !isatty(fileno(stdout)) ? OUT_PLAIN : OUT_LIVE;
   w.vo.color = w.mode == OUT_LIVE && megactl_use_color(stdout);
   w.vo.unicode = w.mode == OUT_LIVE && megactl_utf8();
   w.vo.width = megactl_term_width(stdout);
@@ -448,8 +467,9 @@ int megactl_watch(int argc, char **argv) {
       if (w.mode == OUT_LIVE) clear_block(&w);
       fprintf(stderr, "megactl: lost the watch of %s (%s); reconnecting\n", cf.job, err.msg);
     }
-    if (now - broken_since > RECONNECT_S * 1000) {
-      rc = megactl_fail("lost the watch of %s: %s", cf.job, err.msg);
+    if (now - broken_since >= (int64_t)o.reconnect_ms) {
+      megactl_fail("lost the watch of %s: %s", cf.job, err.msg);
+      rc = MEGA_EXIT_LOST;
       break;
     }
     sleep(1);
@@ -459,7 +479,8 @@ int megactl_watch(int argc, char **argv) {
       ch = NULL;
       if (megactl_connect_to(megactl_server_at(cf.server, ++si, addr, sizeof addr), &ch, &err) !=
           MEGA_OK) {
-        rc = megactl_fail("%s", err.msg);
+        megactl_fail("lost the watch of %s: %s", cf.job, err.msg);
+        rc = MEGA_EXIT_LOST;
         break;
       }
     }

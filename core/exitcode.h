@@ -13,5 +13,9 @@
  * it stopped (the batch script's "do not requeue"; NVIDIA's ft_launcher
  * uses the same number). */
 #define MEGA_EXIT_NO_REQUEUE 93
+/* megactl watch lost every megad it asked for longer than its reconnect
+ * timeout: how the job ends is not known here (its coordinator's node may
+ * be gone); what it last committed stays, so a bounded requeue is safe. */
+#define MEGA_EXIT_LOST 94
 
 #endif

@@ -203,6 +203,8 @@ run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --max-restarts many
 has err.txt "--max-restarts: 'many' is not a count"
 run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --step-timeout 30
 has err.txt "needs a unit: write 30ms or 30s"
+run 2 "$megactl" watch j-1 --reconnect-timeout 5
+has err.txt "reconnect-timeout"
 # megad's: a held rank lets go by itself after 2 minutes, so no longer wait is offered
 run 2 "$megad" serve --listen 127.0.0.1:0 --state-dir "$work/held" --slots 1 \
   --held-state-timeout 5m
@@ -216,12 +218,18 @@ run 0 "$megactl" submit "${tiny[@]}" --train-iters 400 --save "$work/ck" --save-
 survivor=$(tail -1 out.txt)
 "$megactl" watch "$survivor" --json >survivor.json 2>survivor.err &
 watch_pid=$!
+# a second watch that does not wait for megad to come back: exit 94, "lost"
+"$megactl" watch "$survivor" --json --reconnect-timeout 0s >lost.json 2>lost.err &
+lost_pid=$!
 for _ in $(seq 200); do
-  [ "$(wc -l <survivor.json)" -ge 60 ] && break
+  [ "$(wc -l <survivor.json)" -ge 60 ] && [ -s lost.json ] && break
   sleep 0.05
 done
 kill -KILL "$megad_pid"
 wait "$megad_pid" 2>/dev/null
+wait "$lost_pid"
+same "$?" 94
+grep -q "megactl: lost the watch of $survivor" lost.err || fail "no loss said: $(cat lost.err)"
 "$megad" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --slots 2 \
   --node-name e2e-node >megad.out 2>>megad.log &
 megad_pid=$!

@@ -9,9 +9,13 @@
 # first iteration, and SIGTERM to the committed checkpoint.
 #
 # With a fifth argument, etcd, the same with the script's etcd branch: an
-# etcd started here, the allocation's keys under mega/slurm-JOBID/.
+# etcd started here, the allocation's keys under mega/slurm-JOBID/. With
+# lost, the head node's megad is killed (SIGKILL) after the job's first
+# checkpoint instead: the script's watch is lost, it exits 94 and requeues
+# itself once (MEGA_LOST_REQUEUES=1), and the second run goes on from that
+# checkpoint (the iterations after it are trained again, with equal losses).
 #
-# usage: test_slurm.sh SOURCE_ROOT MEGAD MEGACTL MEGAW [etcd]   (exit 77: skipped)
+# usage: test_slurm.sh SOURCE_ROOT MEGAD MEGACTL MEGAW [etcd|lost]   (exit 77: skipped)
 set -u
 src=$1 megad=$2 megactl=$3 megaw=$4 mode=${5:-peers}
 . "$src/tests/deploy/slurm_fixture.sh"
@@ -59,7 +63,10 @@ cd "$T" || exit 1
 mkdir "$T/ck"
 port=$(slurm_fixture_port)
 t_sbatch=$(now)
-jid=$(env "${etcd_env[@]}" \
+lost_env=()
+[ "$mode" = lost ] && lost_env=(MEGA_WATCH_RECONNECT=1s MEGA_LOST_REQUEUES=1) &&
+  job+=(--save-interval 100)
+jid=$(env "${etcd_env[@]}" "${lost_env[@]}" \
       MEGAD="$megad" MEGACTL="$megactl" MEGAW="$megaw" MEGA_PORT=$port MEGA_WATCH=--json \
       MEGA_RUN_DIR="$T/run" MEGA_STATE_ROOT="$T" MEGA_REQUEUE=1 \
       sbatch --parsable --nodes=2 --requeue --output="$T/job.out" \
@@ -77,14 +84,28 @@ for _ in $(seq 600); do
   sleep 0.05
 done
 [ "${n:-0}" -ge 5 ] || fail "no iterations from the job"
-t_term=$(now)
-scancel --batch --signal=TERM "$jid" || fail "scancel --batch --signal TERM"
-t_commit=
-for _ in $(seq 1200); do
-  [ -s "$T/ck/latest_checkpointed_iteration.txt" ] && { t_commit=$(now); break; }
-  sleep 0.025
-done
-[ -n "$t_commit" ] || fail "no checkpoint after the warning"
+if [ "$mode" = lost ]; then
+  for _ in $(seq 1200); do
+    [ -s "$T/ck/latest_checkpointed_iteration.txt" ] && break
+    sleep 0.025
+  done
+  [ -s "$T/ck/latest_checkpointed_iteration.txt" ] || fail "no checkpoint from the job"
+  bhost=$(scontrol show job "$jid" | grep -o 'BatchHost=[^ ]*' | cut -d= -f2)
+  pid=$(pgrep -f -- "--state-dir $T/mega-$jid.0-$bhost( |\$)" | head -1)
+  [ -n "$pid" ] || fail "no megad on the head node $bhost"
+  t_term=$(now)
+  kill -KILL "$pid"
+  t_commit=$t_term
+else
+  t_term=$(now)
+  scancel --batch --signal=TERM "$jid" || fail "scancel --batch --signal TERM"
+  t_commit=
+  for _ in $(seq 1200); do
+    [ -s "$T/ck/latest_checkpointed_iteration.txt" ] && { t_commit=$(now); break; }
+    sleep 0.025
+  done
+  [ -n "$t_commit" ] || fail "no checkpoint after the warning"
+fi
 
 # the script exits 92 and requeues the job, whose second run finishes
 for _ in $(seq 900); do
@@ -96,15 +117,22 @@ info=$(scontrol show job "$jid")
 echo "$info" | grep -q "JobState=COMPLETED" || fail "job $jid: $(echo "$info" | grep -o 'JobState=[A-Z]*')"
 echo "$info" | grep -q "Restarts=1" || fail "job $jid was not requeued once"
 echo "$info" | grep -q "ExitCode=0:0" || fail "the second run did not exit 0"
-grep -q "stopped after its checkpoint; running this again goes on from it" "$T/job.out" ||
-  fail "the first run did not say it stopped"
-grep -q "got SIGTERM (Slurm job $jid: its time limit is near" "$T/job.out" ||
-  fail "the job record does not say it stopped for the time limit"
-grep -q "the checkpoint of iteration [0-9]* is committed" "$T/job.out" ||
-  fail "the job record does not say where it goes on from"
+if [ "$mode" = lost ]; then
+  grep -q "lost job .*: no megad answered its watch" "$T/job.out" ||
+    fail "the first run did not say it lost the job"
+  grep -q "requeueing (1 of at most 1 for a lost job)" "$T/job.out" ||
+    fail "the first run did not say it requeues"
+else
+  grep -q "stopped after its checkpoint; running this again goes on from it" "$T/job.out" ||
+    fail "the first run did not say it stopped"
+  grep -q "got SIGTERM (Slurm job $jid: its time limit is near" "$T/job.out" ||
+    fail "the job record does not say it stopped for the time limit"
+  grep -q "the checkpoint of iteration [0-9]* is committed" "$T/job.out" ||
+    fail "the job record does not say where it goes on from"
+fi
 
 # every iteration once, each loss the reference's
-python3 - "$T/ref.jsonl" "$T/job.out" $iters <<'EOF' || fail "losses differ from megad run's"
+python3 - "$T/ref.jsonl" "$T/job.out" $iters "$mode" <<'EOF' || fail "losses differ from megad run's"
 import json, sys
 ref = {}
 for line in open(sys.argv[1]):
@@ -114,9 +142,10 @@ got = {}
 for line in open(sys.argv[2]):
     if line.startswith('{"iteration"'):
         j = json.loads(line)
-        if j["iteration"] in got:
-            sys.exit("iteration %d trained twice" % j["iteration"])
-        got[j["iteration"]] = j["loss"]
+        i = j["iteration"]
+        if i in got and (sys.argv[4] != "lost" or got[i] != j["loss"]):
+            sys.exit("iteration %d trained twice (losses %r, %r)" % (i, got[i], j["loss"]))
+        got[i] = j["loss"]
 iters = int(sys.argv[3])
 if sorted(got) != list(range(1, iters + 1)):
     sys.exit("iterations %s, not 1..%d" % (sorted(got), iters))
@@ -134,8 +163,9 @@ if [ "$mode" = etcd ]; then
 fi
 python3 -c "import sys; a = [float(x) for x in sys.argv[1:]]
 print('figure: sbatch to the first iteration: %.2f s' % (a[1] - a[0]))
-print('figure: SIGTERM to the committed checkpoint: %.2f s' % (a[3] - a[2]))" \
+if a[3] > a[2]: print('figure: SIGTERM to the committed checkpoint: %.2f s' % (a[3] - a[2]))" \
   "$t_sbatch" "$t_first" "$t_term" "$t_commit"
-echo "stopped at iteration $(grep -o 'stopped after iteration [0-9]*' "$T/job.out" | head -1 |
-  grep -o '[0-9]*$'), finished at $stopped after the requeue"
+[ "$mode" = lost ] ||
+  echo "stopped at iteration $(grep -o 'stopped after iteration [0-9]*' "$T/job.out" | head -1 |
+    grep -o '[0-9]*$'), finished at $stopped after the requeue"
 echo "PASS"
