@@ -1,5 +1,6 @@
 #include "client/conn.h"
 #include "client/view.h"
+#include "core/port.h"
 
 #include <errno.h>
 #include <langinfo.h>
@@ -80,9 +81,8 @@ static bool port_ok(const char *address, char *why, size_t len) {
     return false;
   }
   const char *p = colon + 1;
-  size_t digits = strspn(p, "0123456789");
-  long port = digits && digits <= 5 ? strtol(p, NULL, 10) : -1;
-  if (p[digits] || port < 1 || port > 65535) {
+  unsigned port;
+  if (!mega_port_parse(p, strlen(p), &port) || port < 1) {
     snprintf(why, len, "'%.32s' is not a port (a number from 1 to 65535)", p);
     return false;
   }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/hostlist.h"
+#include "core/port.h"
 
 mega_status megad_slurm_peers(const char *nodelist, const char *self, int port, char **peers,
                               size_t *nnodes, mega_err *err) {
@@ -70,9 +71,8 @@ mega_status megad_slurm_from_env(const char *listen, const char *node_name, mega
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--peers slurm: SLURM_JOB_NODELIST is not set; start megad with srun in a "
                      "Slurm allocation (deploy/slurm/mega.sbatch), or give --peers HOST:PORT,...");
-  const char *colon = listen ? strrchr(listen, ':') : NULL;
-  int port = colon ? atoi(colon + 1) : 0;
-  if (!listen || !strncmp(listen, "unix:", 5) || port <= 0 || port > 65535)
+  unsigned port = 0;
+  if (!listen || !strncmp(listen, "unix:", 5) || !mega_port_of(listen, &port) || port == 0)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--peers slurm needs --listen HOST:PORT with a fixed port (every node's "
                      "megad listens on the same one and finds the others there), not %s",

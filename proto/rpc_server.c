@@ -16,6 +16,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 
+#include "core/port.h"
 #include "proto/rpc_internal.h"
 
 typedef struct method_entry {
@@ -579,10 +580,8 @@ static mega_status probe_listen(const char *addr, mega_err *err) {
     host[hl - 2] = '\0';
   }
   /* gRPC binds a port past 65535 as a random one: refuse it instead */
-  char *end;
-  errno = 0;
-  unsigned long pn = strtoul(port, &end, 10);
-  if (!port[0] || *end || errno || pn > 65535 || port[0] == '-' || port[0] == '+')
+  unsigned pn;
+  if (!mega_port_parse(port, strlen(port), &pn))
     return mega_fail(err, MEGA_ERR_INVALID,
                      "cannot listen on %s: '%s' is not a port (0..65535; 0 picks a free one)",
                      addr, port);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/port.h"
+
 bool megad_etcd_ok(const megad_etcd *e, const char **why) {
   /* A session whose keepalives go unanswered outweighs a call that got through. */
   if (e->session && !etcd_session_reachable(e->session, why)) return false;
@@ -39,9 +41,8 @@ static char *parse_endpoint(const char *s, size_t n, bool tls, mega_err *err) {
   if (http) s += 7, n -= 7;
   if (n && s[n - 1] == '/') n--;
   const char *colon = memrchr(s, ':', n);
-  bool port_ok = colon && colon > s && colon + 1 < s + n;
-  for (const char *q = colon ? colon + 1 : s; port_ok && q < s + n; q++)
-    if (!isdigit((unsigned char)*q)) port_ok = false;
+  unsigned port;
+  bool port_ok = colon && colon > s && mega_port_parse(colon + 1, (size_t)(s + n - colon - 1), &port);
   if (!port_ok || memchr(s, '/', n)) {
     mega_fail(err, MEGA_ERR_INVALID,
               "etcd endpoint '%.*s' is not host:port (expected e.g. http://127.0.0.1:2379, "

@@ -16,6 +16,8 @@
 
 #include <microhttpd.h>
 
+#include "core/port.h"
+
 /* Connections open from one address (http.h: per_ip_limit). */
 typedef struct addr_count {
   struct addr_count *next;
@@ -429,9 +431,8 @@ static bool parse_addr(const char *addr, struct sockaddr_storage *sa, bool *v6, 
   }
   memcpy(host, hs, hl);
   host[hl] = '\0';
-  char *end;
-  long port = strtol(colon + 1, &end, 10);
-  if (!colon[1] || *end || port < 0 || port > 65535) {
+  unsigned port;
+  if (!mega_port_parse(colon + 1, strlen(colon + 1), &port)) {
     snprintf(why, whylen, "the port must be a number from 0 to 65535");
     return false;
   }

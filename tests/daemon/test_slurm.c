@@ -48,6 +48,9 @@ static void from_the_environment(void **state) {
   assert_int_equal(megad_slurm_from_env("0.0.0.0:0", NULL, &s, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "needs --listen HOST:PORT with a fixed port"));
   assert_int_equal(megad_slurm_from_env("unix:/x", NULL, &s, &err), MEGA_ERR_INVALID);
+  /* atoi took these as 7070: every node would have looked for its peers there */
+  assert_int_equal(megad_slurm_from_env("0.0.0.0:7070x", NULL, &s, &err), MEGA_ERR_INVALID);
+  assert_int_equal(megad_slurm_from_env("0.0.0.0: 7070", NULL, &s, &err), MEGA_ERR_INVALID);
   assert_int_equal(megad_slurm_from_env("0.0.0.0:7070", NULL, &s, &err), MEGA_OK);
   assert_string_equal(s.node_name, "n3");
   assert_string_equal(s.peers, "n1:7070,n2:7070");
