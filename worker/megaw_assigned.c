@@ -89,7 +89,9 @@ static void on_phase(void *arg, const char *phase, int64_t iteration) {
   /* every rank loaded alike: rank 0 says once what --load passed over */
   const char *notice = after_setup && a->rank ? mega_rank_load_notice(a->rank) : NULL;
   if (notice) fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, notice);
-  if (notice && a->rank_id == 0 && mega_link_send_note(a->link, notice, &err) != MEGA_OK)
+  if (notice && a->rank_id == 0 &&
+      mega_link_send_note(a->link, notice, mega_rank_iteration(a->rank),
+                          mega_rank_loaded_path(a->rank), &err) != MEGA_OK)
     fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
 }
 

@@ -567,6 +567,28 @@ static void on_recovered(coord_run *run, uint32_t r, const Mega__V1__RankRecover
   coord_release_donors(c, j, "every rank of the next attempt has its state");
 }
 
+/* The ranks found the committed checkpoint incomplete (a disk that lost it,
+ * a copy cut short) and loaded an older one: from now on that older one is
+ * the job's. Kept, the bad one would stay what the next restart is said to
+ * start from, would turn down replicas that are newer than what loaded, and
+ * would pass over the commits that redo its iterations. */
+static void fell_back(coord_run *run, const Mega__V1__WorkerNote *n) {
+  mega_job *j = run->job;
+  if (!n->fell_back_to || !n->fell_back_path || !n->fell_back_path[0] || !j->spec.save ||
+      n->fell_back_to >= j->ckpt_iteration)
+    return;
+  char *path = megad_strdup(n->fell_back_path);
+  if (!path) return;
+  megad_job_event(run->c->jobs, j, EV(INFO), NULL, -1,
+                  "the job's checkpoint is now iteration %llu's (%s): iteration %llu's is "
+                  "incomplete", (unsigned long long)n->fell_back_to, path,
+                  (unsigned long long)j->ckpt_iteration);
+  j->ckpt_iteration = n->fell_back_to;
+  free(j->ckpt_path);
+  j->ckpt_path = path;
+  megad_jobs_save(run->c->jobs, j, NULL);
+}
+
 void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, const char *node_id,
                        const Mega__V1__RankEvent *ev) {
   coord_run *run = coord_run_of(c, job_id, attempt);
@@ -580,6 +602,7 @@ void megad_coord_event(megad_coord *c, const char *job_id, uint32_t attempt, con
     break;
   case MEGA__V1__RANK_EVENT__KIND_NOTE:
     megad_job_event(c->jobs, j, EV(INFO), node_id, (int)r, "%s", ev->note->message);
+    fell_back(run, ev->note);
     break;
   case MEGA__V1__RANK_EVENT__KIND_HELD:
     on_held(run, r, node_id, ev->held);

@@ -218,6 +218,17 @@ static void test_damaged_checkpoint_falls_back(void **state) {
     fprintf(stderr, "iteration %llu: attempt %u; events:\n%s", from + 1, w.attempt[from + 1],
             w.events_text);
   assert_int_equal(w.attempt[from + 1], 1);
+  /* From then on the job's checkpoint is the one loaded, so the redo's own
+   * save of the damaged iteration counts again (it was passed over as no
+   * newer than the damaged one). */
+  char now[128], again[128];
+  snprintf(now, sizeof now, "the job's checkpoint is now iteration %llu's", from);
+  snprintf(again, sizeof again, "checkpoint of iteration %llu committed", t.damaged);
+  const char *moved = strstr(w.events_text, now);
+  if (!moved || !strstr(moved, again))
+    fprintf(stderr, "wanted \"%s\", then \"%s\"; events:\n%s", now, again, w.events_text);
+  assert_non_null(moved);
+  assert_non_null(strstr(moved, again));
   hd_watch_free(&w);
   assert_true(hd_node_workers_gone(&d, 5000));
   assert_int_equal(hd_stop(&d), 0);

@@ -531,9 +531,14 @@ mega_status mega_link_send_progress(mega_link *l, const char *phase, int64_t ite
   return send_frame(l, &f, err);
 }
 
-mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err) {
+mega_status mega_link_send_note(mega_link *l, const char *message, int64_t fell_back_to,
+                                const char *fell_back_path, mega_err *err) {
   Mega__V1__WorkerNote n = MEGA__V1__WORKER_NOTE__INIT;
   n.message = (char *)message;
+  if (fell_back_path && fell_back_to > 0) {
+    n.fell_back_to = (uint64_t)fell_back_to;
+    n.fell_back_path = (char *)fell_back_path;
+  }
   Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
   f.msg_case = MEGA__V1__WORKER_FRAME__MSG_NOTE;
   f.note = &n;

@@ -79,8 +79,11 @@ mega_status mega_link_send_progress(mega_link *l, const char *phase, int64_t ite
 /* The rank stopped early as asked, after iteration (mega_rank_stopped). */
 mega_status mega_link_send_stopped(mega_link *l, int64_t iteration, const char *reason,
                                    bool asked, mega_err *err);
-/* A line for the job's history (an event on the coordinator). */
-mega_status mega_link_send_note(mega_link *l, const char *message, mega_err *err);
+/* A line for the job's history (an event on the coordinator). With a
+ * fell_back_path, --load passed over an incomplete newer checkpoint and
+ * loaded iteration fell_back_to's from there instead. */
+mega_status mega_link_send_note(mega_link *l, const char *message, int64_t fell_back_to,
+                                const char *fell_back_path, mega_err *err);
 /* Waits up to timeout_ms (<= 0: the rendezvous timeout) for the
  * coordinator's answer about committing iteration's checkpoint: MEGA_OK for
  * the go-ahead, MEGA_ERR_UNSUPPORTED (err says why) when it refused (it
