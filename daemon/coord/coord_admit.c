@@ -181,19 +181,12 @@ static mega_status check_save_dir(const megad_coord *c, const char *save, mega_e
   return MEGA_OK;
 }
 
-/* Two live jobs on one --save overwrite each other's checkpoints, and one's
- * start-up clean-up removes the other's saves in progress: a --save that a
- * job of this megad which has not ended uses is refused (after resolving
- * both, so ./ck and /abs/ck are one directory). An ended job's is free: a
- * new job resuming from what it saved is the normal use. j itself (a
- * resume) is skipped. */
-mega_status coord_save_in_use(const megad_coord *c, const mega_job *j, mega_err *err) {
-  if (!j->spec.save) return MEGA_OK;
-  char *mine = megad_path_resolve(j->spec.save);
-  const char *a = mine ? mine : j->spec.save;
+/* The first job of t other than j, not ended, whose --save resolves to a. */
+static mega_status save_in_use_by(const mega_jobs *t, const mega_job *j, const char *a,
+                                  mega_err *err) {
   mega_status rc = MEGA_OK;
-  for (size_t i = 0; i < c->jobs->t.n && rc == MEGA_OK; i++) {
-    const mega_job *o = c->jobs->t.v[i];
+  for (size_t i = 0; i < t->n && rc == MEGA_OK; i++) {
+    const mega_job *o = t->v[i];
     if (o == j || !strcmp(o->id, j->id) || !o->spec.save || mega_job_state_final(o->state))
       continue;
     char *theirs = megad_path_resolve(o->spec.save);
@@ -206,6 +199,22 @@ mega_status coord_save_in_use(const megad_coord *c, const mega_job *j, mega_err 
                      mega_job_state_name(o->state), o->id);
     free(theirs);
   }
+  return rc;
+}
+
+/* Two live jobs on one --save overwrite each other's checkpoints, and one's
+ * start-up clean-up removes the other's saves in progress: a --save that a
+ * job which has not ended uses is refused (after resolving both, so ./ck
+ * and /abs/ck are one directory). The jobs are this megad's and, on etcd,
+ * every node's (the mirror), since a --save is shared storage. An ended
+ * job's is free: a new job resuming from what it saved is the normal use.
+ * j itself (a resume) is skipped. */
+mega_status coord_save_in_use(const megad_coord *c, const mega_job *j, mega_err *err) {
+  if (!j->spec.save) return MEGA_OK;
+  char *mine = megad_path_resolve(j->spec.save);
+  const char *a = mine ? mine : j->spec.save;
+  mega_status rc = save_in_use_by(&c->jobs->t, j, a, err);
+  if (rc == MEGA_OK && c->jobs->etcd) rc = save_in_use_by(&c->jobs->mirror, j, a, err);
   free(mine);
   return rc;
 }

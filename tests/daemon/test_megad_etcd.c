@@ -9,7 +9,8 @@
  * the records every megad watches (mega/nodes/). A job of a thousand events
  * keeps its first and newest, in memory and in etcd; a cancel of an ended
  * job whose coordinator died is answered at once. A node that refused a
- * launch for want of slots is not placed on again before a newer view. */
+ * launch for want of slots is not placed on again before a newer view. A
+ * --save that a live job of any node uses is refused on every node. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -560,6 +561,47 @@ static void test_refused_node_not_placed_again(void **state) {
   hd_cleanup_all();
 }
 
+/* Two jobs saving into one directory overwrite each other's checkpoints. On
+ * etcd the check must cover every node's jobs, not only the coordinator's
+ * own: once, a second node took the same --save without a word. */
+static void submit_saving(hd *d, const char *save, char *id, size_t len, mega_err *err,
+                          mega_status want) {
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6", "--save", save,
+                         NULL};
+  hd_tiny_spec(&spec, d->dir, 10, extra);
+  spec.nnodes_min = spec.nnodes_max = 3; /* two nodes: it waits, pending */
+  spec.nproc_per_node = 1;
+  mega_status st = hd_submit(d, &spec, id, len, err);
+  if (st != want) fprintf(stderr, "submit to %s: %s\n", d->name, err->msg);
+  assert_int_equal(st, want);
+}
+
+static void test_save_in_use_on_any_node(void **state) {
+  (void)state;
+  hd n1, n2;
+  start_pair(&n1, &n2);
+  char save[300], first[64], other[64], want[160];
+  snprintf(save, sizeof save, "%s/ck", n1.dir);
+  mega_err err = {0};
+  submit_saving(&n1, save, first, sizeof first, &err, MEGA_OK);
+  assert_true(wait_copy_state(&n2, first, STATE(PENDING), 10000));
+  snprintf(want, sizeof want, "is the checkpoint directory of job %s", first);
+  hd *both[] = {&n2, &n1}; /* another node's job, then the coordinator's own */
+  for (int i = 0; i < 2; i++) {
+    memset(&err, 0, sizeof err);
+    submit_saving(both[i], save, other, sizeof other, &err, MEGA_ERR_INVALID);
+    assert_non_null(strstr(err.msg, want));
+  }
+  /* once it has ended, its directory is free to resume from */
+  assert_int_equal(hd_cancel(&n1, first, "done with it", &err), MEGA_OK);
+  assert_true(wait_copy_state(&n2, first, STATE(CANCELLED), 10000));
+  submit_saving(&n2, save, other, sizeof other, &err, MEGA_OK);
+  assert_int_equal(hd_cancel(&n2, other, "done with it", &err), MEGA_OK);
+  hd_cleanup_all();
+  etcd_fx_stop(&fx);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -577,6 +619,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_long_history_is_bounded, teardown),
       cmocka_unit_test_teardown(test_cancel_ended_job_without_coordinator, teardown),
       cmocka_unit_test_teardown(test_refused_node_not_placed_again, teardown),
+      cmocka_unit_test_teardown(test_save_in_use_on_any_node, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
