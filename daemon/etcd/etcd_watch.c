@@ -5,7 +5,11 @@
  * that ends for any reason (the member died, the connection broke) is opened
  * again on the next endpoint from there, so nothing is lost or repeated:
  * etcd sends the events of one revision together and in order. A compacted
- * revision cannot be resumed: reset tells the caller. */
+ * revision cannot be resumed: reset tells the caller. The watch asks for
+ * etcd's progress notifications (every 10 minutes by default), which move
+ * that revision on while nothing under the key changes, so a quiet watch
+ * does not fall behind a compaction of the others' history and need a
+ * whole read again after a broken stream. */
 #include "daemon/etcd/etcd_internal.h"
 
 #include <inttypes.h>
@@ -107,6 +111,10 @@ static void on_item(void *arg, ProtobufCMessage *msg) {
     watch_reset(w, why);
     return;
   }
+  /* A progress notification (etcd's own test: no events, not created,
+   * cancelled or compacted): every event up to its revision was sent. */
+  if (!r->created && r->n_events == 0 && r->header && r->header->revision >= w->next_rev)
+    w->next_rev = r->header->revision + 1;
   deliver(w, s, r);
   protobuf_c_message_free_unpacked(msg, NULL);
 }
@@ -146,6 +154,7 @@ static void open_stream(megad_etcd_watch *w) {
   c.key = (ProtobufCBinaryData){strlen(w->key), (uint8_t *)w->key};
   c.range_end = (ProtobufCBinaryData){w->end_len, (uint8_t *)w->end};
   c.start_revision = w->next_rev;
+  c.progress_notify = true;
   Etcdserverpb__WatchRequest r = ETCDSERVERPB__WATCH_REQUEST__INIT;
   r.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
   r.create_request = &c;

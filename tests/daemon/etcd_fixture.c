@@ -99,14 +99,14 @@ static void spawn(etcd_fx *f, int i) {
              "--advertise-client-urls", curl, "--listen-peer-urls", purl,
              "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
              "--initial-cluster-state", "new", "--initial-cluster-token", f->dir,
-             "--log-level", "warn", "--cert-file", cert, "--key-file", key,
+             "--log-level", "warn", "--experimental-watch-progress-notify-interval", "300ms", "--cert-file", cert, "--key-file", key,
              "--trusted-ca-file", ca, "--client-cert-auth", (char *)NULL);
     else
       execlp("etcd", "etcd", "--name", m->name, "--data-dir", data, "--listen-client-urls", curl,
              "--advertise-client-urls", curl, "--listen-peer-urls", purl,
              "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
              "--initial-cluster-state", "new", "--initial-cluster-token", f->dir,
-             "--log-level", "warn", (char *)NULL);
+             "--log-level", "warn", "--experimental-watch-progress-notify-interval", "300ms", (char *)NULL);
     _exit(127);
   }
   m->pid = pid > 0 ? pid : 0;
