@@ -11,7 +11,8 @@
  * one sequence of GPT-2 BPE ids (worker/data/bpe.h), followed by <|endoftext|>
  * with --append-eod. Writes P_KEY_document.bin and .idx (Megatron's names;
  * KEY is "text" for plain text), uint16 below 65,500 ids, else int32 (as
- * Megatron picks), and prints the prefix to train with. */
+ * Megatron picks), and prints the prefix to train with. A run that fails
+ * writes nothing under P (and leaves a dataset that was there as it was). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,11 +171,9 @@ int main(int argc, char **argv) {
   int dtype = mega_bpe_vocab_size(j.bpe) < 65500 ? 8 : 4; /* uint16, else int32 */
   mega_status st = mega_indexed_writer_open(prefix, dtype, &j.w, &err);
   if (st == MEGA_OK) st = run(&j, in, key, jsonl, &err);
-  if (j.w) {
-    mega_err cerr = {0};
-    mega_status cst = mega_indexed_writer_close(j.w, &cerr);
-    if (st == MEGA_OK && cst != MEGA_OK) st = cst, err = cerr;
-  }
+  /* a failed run leaves no dataset of the documents before the fault */
+  if (st != MEGA_OK) mega_indexed_writer_abort(j.w);
+  else if (j.w) st = mega_indexed_writer_close(j.w, &err);
   fclose(in);
   free(j.ids.ids);
   int vocab_size = mega_bpe_vocab_size(j.bpe);

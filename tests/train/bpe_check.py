@@ -124,6 +124,29 @@ def read_mmidx(prefix):
                   for n, p in zip(lengths, ptrs)]
 
 
+def check_failed_run(preprocess, tok, work, good):
+    """A run that fails on a bad line writes no dataset of the lines before
+    it: the prefix's earlier dataset stays as it was, and nothing else."""
+    bad = os.path.join(work, "bad.jsonl")
+    with open(bad, "w", encoding="utf-8") as f:
+        f.write('{"text": "one"}\n{"text": "two"}\nnot json\n')
+    out = os.path.join(work, "failed")
+    before = {}
+    for ext in (".bin", ".idx"):
+        with open(good + ext, "rb") as src, open(out + "_text_document" + ext, "wb") as dst:
+            before[ext] = src.read()
+            dst.write(before[ext])
+    r = subprocess.run([preprocess, "--input", bad, "--output-prefix", out] + tok,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    kept = all(open(out + "_text_document" + ext, "rb").read() == data
+               for ext, data in before.items())
+    left = sorted(n for n in os.listdir(work) if n.startswith("failed") and "tmp" in n)
+    fine = r.returncode != 0 and b"line 3" in r.stderr and kept and not left
+    print(f"a failed run: exit {r.returncode}, earlier dataset "
+          f"{'kept' if kept else 'OVERWRITTEN'}, temporaries left: {left}")
+    return fine
+
+
 def main():
     preprocess, megaw, work = sys.argv[1:4]
     os.makedirs(work, exist_ok=True)
@@ -176,6 +199,8 @@ def main():
             encode("second one\n", vocab, ranks)]
     ok &= seqs == want
     print(f"plain text: {len(seqs)} documents: {'match' if seqs == want else 'DIFFERENT'}")
+
+    ok &= check_failed_run(preprocess, tok, work, out + "_text_document")
 
     # a model of these ids writes text through the same tokenizer
     save = os.path.join(work, "ckpt")

@@ -355,6 +355,35 @@ static void test_split_megatron_default(void **state) {
   mega_data_close(d);
 }
 
+/* The writer (tools/preprocess) puts a dataset under its prefix only when
+ * it closes whole: an abandoned write (a bad input line) leaves the one that
+ * was there reading as before, and no temporaries. */
+static void test_writer_abort_keeps_dataset(void **state) {
+  (void)state;
+  snprintf(prefix, sizeof prefix, "%s/w", dir);
+  mega_err err = {0};
+  mega_indexed_writer *w = NULL;
+  int32_t a[3] = {5, 6, 7}, b[2] = {8, 9};
+  assert_int_equal(mega_indexed_writer_open(prefix, 8, &w, &err), MEGA_OK);
+  assert_int_equal(mega_indexed_writer_add(w, a, 3, &err), MEGA_OK);
+  assert_int_equal(mega_indexed_writer_close(w, &err), MEGA_OK);
+  assert_int_equal(mega_indexed_writer_open(prefix, 8, &w, &err), MEGA_OK);
+  assert_int_equal(mega_indexed_writer_add(w, b, 2, &err), MEGA_OK);
+  mega_indexed_writer_abort(w);
+  mega_indexed *x = NULL;
+  assert_int_equal(mega_indexed_open(prefix, &x, &err), MEGA_OK);
+  assert_int_equal(mega_indexed_sequences(x), 1);
+  int32_t got[3];
+  assert_int_equal(mega_indexed_read(x, 0, 0, 3, 256, got, &err), MEGA_OK);
+  assert_memory_equal(got, a, sizeof a);
+  mega_indexed_close(x);
+  char path[160];
+  snprintf(path, sizeof path, "%s.bin.tmp", prefix);
+  assert_int_not_equal(access(path, F_OK), 0);
+  snprintf(path, sizeof path, "%s.idx.tmp", prefix);
+  assert_int_not_equal(access(path, F_OK), 0);
+}
+
 static int setup(void **state) {
   (void)state;
   strcpy(dir, "/tmp/mega-test-indexed-XXXXXX");
@@ -375,7 +404,7 @@ int main(void) {
       cmocka_unit_test(test_truncated_index),   cmocka_unit_test(test_pointer_past_bin),
       cmocka_unit_test(test_token_outside_vocab), cmocka_unit_test(test_blend_order),
       cmocka_unit_test(test_split_eval),        cmocka_unit_test(test_split_megatron_default),
-      cmocka_unit_test(test_valid_datasets),
+      cmocka_unit_test(test_valid_datasets),    cmocka_unit_test(test_writer_abort_keeps_dataset),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -206,6 +206,7 @@ mega_status mega_indexed_read(const mega_indexed *x, int64_t seq, int64_t off, i
 
 struct mega_indexed_writer {
   char *prefix;
+  char *bin_tmp, *idx_tmp; /* written here, renamed to PREFIX.bin/.idx when whole */
   FILE *bin;
   int dtype;
   int32_t *lengths;
@@ -213,28 +214,33 @@ struct mega_indexed_writer {
   size_t n, cap;
 };
 
+static void writer_free(mega_indexed_writer *w) {
+  free(w->lengths);
+  free(w->pointers);
+  free(w->bin_tmp);
+  free(w->idx_tmp);
+  free(w->prefix);
+  free(w);
+}
+
 mega_status mega_indexed_writer_open(const char *prefix, int dtype, mega_indexed_writer **out,
                                      mega_err *err) {
   *out = NULL;
   if (dtype < 1 || dtype > 8)
     return mega_fail(err, MEGA_ERR_INVALID, "unknown dtype code %d", dtype);
   mega_indexed_writer *w = calloc(1, sizeof *w);
-  char *bin = NULL;
-  if (!w || !(w->prefix = strdup(prefix)) || asprintf(&bin, "%s.bin", prefix) < 0) {
-    if (w) free(w->prefix);
-    free(w);
+  if (!w || !(w->prefix = strdup(prefix)) || asprintf(&w->bin_tmp, "%s.bin.tmp", prefix) < 0 ||
+      asprintf(&w->idx_tmp, "%s.idx.tmp", prefix) < 0) {
+    if (w) writer_free(w);
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   }
   w->dtype = dtype;
-  w->bin = fopen(bin, "wb");
+  w->bin = fopen(w->bin_tmp, "wb");
   if (!w->bin) {
-    mega_status st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", bin, strerror(errno));
-    free(bin);
-    free(w->prefix);
-    free(w);
+    mega_status st = mega_fail(err, MEGA_ERR_IO, "cannot write %s.bin: %s", prefix, strerror(errno));
+    writer_free(w);
     return st;
   }
-  free(bin);
   *out = w;
   return MEGA_OK;
 }
@@ -272,30 +278,57 @@ mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, 
   return MEGA_OK;
 }
 
+/* PREFIX.idx.tmp from the lengths and pointers. */
+static mega_status write_index(const mega_indexed_writer *w, mega_err *err) {
+  FILE *f = fopen(w->idx_tmp, "wb");
+  if (!f) return mega_fail(err, MEGA_ERR_IO, "cannot write %s.idx: %s", w->prefix, strerror(errno));
+  uint64_t version = 1, nseq = w->n, ndoc = w->n + 1;
+  uint8_t dt = (uint8_t)w->dtype;
+  bool ok = fwrite(magic, 9, 1, f) == 1 && fwrite(&version, 8, 1, f) == 1 &&
+            fwrite(&dt, 1, 1, f) == 1 && fwrite(&nseq, 8, 1, f) == 1 &&
+            fwrite(&ndoc, 8, 1, f) == 1 &&
+            fwrite(w->lengths, 4, w->n, f) == w->n && fwrite(w->pointers, 8, w->n, f) == w->n;
+  for (int64_t d = 0; ok && d <= (int64_t)w->n; d++) ok = fwrite(&d, 8, 1, f) == 1;
+  if (fclose(f) != 0 || !ok)
+    return mega_fail(err, MEGA_ERR_IO, "cannot write %s.idx: %s", w->prefix, strerror(errno));
+  return MEGA_OK;
+}
+
+/* The .bin first, then the .idx that makes the pair a dataset. */
+static mega_status rename_into_place(const mega_indexed_writer *w, mega_err *err) {
+  const char *tmp[2] = {w->bin_tmp, w->idx_tmp}, *ext[2] = {"bin", "idx"};
+  for (int k = 0; k < 2; k++) {
+    char *path = NULL;
+    if (asprintf(&path, "%s.%s", w->prefix, ext[k]) < 0)
+      return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    int rc = rename(tmp[k], path);
+    int e = errno;
+    free(path);
+    if (rc)
+      return mega_fail(err, MEGA_ERR_IO, "cannot write %s.%s: %s", w->prefix, ext[k], strerror(e));
+  }
+  return MEGA_OK;
+}
+
 mega_status mega_indexed_writer_close(mega_indexed_writer *w, mega_err *err) {
   mega_status st = MEGA_OK;
   if (fclose(w->bin) != 0)
     st = mega_fail(err, MEGA_ERR_IO, "cannot write %s.bin: %s", w->prefix, strerror(errno));
-  char *path = NULL;
-  FILE *f = NULL;
-  if (st == MEGA_OK && asprintf(&path, "%s.idx", w->prefix) >= 0) f = fopen(path, "wb");
-  if (st == MEGA_OK && !f)
-    st = mega_fail(err, MEGA_ERR_IO, "cannot write %s.idx: %s", w->prefix, strerror(errno));
-  if (f) {
-    uint64_t version = 1, nseq = w->n, ndoc = w->n + 1;
-    uint8_t dt = (uint8_t)w->dtype;
-    bool ok = fwrite(magic, 9, 1, f) == 1 && fwrite(&version, 8, 1, f) == 1 &&
-              fwrite(&dt, 1, 1, f) == 1 && fwrite(&nseq, 8, 1, f) == 1 &&
-              fwrite(&ndoc, 8, 1, f) == 1 &&
-              fwrite(w->lengths, 4, w->n, f) == w->n && fwrite(w->pointers, 8, w->n, f) == w->n;
-    for (int64_t d = 0; ok && d <= (int64_t)w->n; d++) ok = fwrite(&d, 8, 1, f) == 1;
-    if (fclose(f) != 0 || !ok)
-      st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+  w->bin = NULL;
+  if (st == MEGA_OK) st = write_index(w, err);
+  if (st == MEGA_OK) st = rename_into_place(w, err);
+  if (st != MEGA_OK) {
+    unlink(w->bin_tmp);
+    unlink(w->idx_tmp);
   }
-  free(path);
-  free(w->lengths);
-  free(w->pointers);
-  free(w->prefix);
-  free(w);
+  writer_free(w);
   return st;
+}
+
+void mega_indexed_writer_abort(mega_indexed_writer *w) {
+  if (!w) return;
+  if (w->bin) fclose(w->bin);
+  unlink(w->bin_tmp);
+  unlink(w->idx_tmp);
+  writer_free(w);
 }

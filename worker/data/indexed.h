@@ -49,14 +49,22 @@ mega_status mega_indexed_read(const mega_indexed *x, int64_t seq, int64_t off, i
                               int vocab, int32_t *out, mega_err *err);
 
 /* Writing (tools/preprocess): one sequence per document, as Megatron's
- * preprocess_data.py writes a GPT dataset. dtype is a code above. */
+ * preprocess_data.py writes a GPT dataset. dtype is a code above. The
+ * files are written as PREFIX.bin.tmp and PREFIX.idx.tmp and renamed into
+ * place by a close that succeeds, so a failed or abandoned write never
+ * leaves a dataset that reads (a part of the input) under PREFIX, and
+ * keeps one that was there before. */
 typedef struct mega_indexed_writer mega_indexed_writer;
 mega_status mega_indexed_writer_open(const char *prefix, int dtype, mega_indexed_writer **out,
                                      mega_err *err);
 /* Appends a document of n ids (each must fit the dtype). */
 mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, size_t n,
                                     mega_err *err);
-/* Writes PREFIX.idx and closes both files; frees w whatever happens. */
+/* Writes the index and puts PREFIX.bin and PREFIX.idx in place; on failure
+ * neither is touched and the temporaries are removed. Frees w whatever
+ * happens. */
 mega_status mega_indexed_writer_close(mega_indexed_writer *w, mega_err *err);
+/* Drops what was written (the temporaries) and frees w; NULL is a no-op. */
+void mega_indexed_writer_abort(mega_indexed_writer *w);
 
 #endif
