@@ -13,6 +13,7 @@
  * KEY is "text" for plain text), uint16 below 65,500 ids, else int32 (as
  * Megatron picks), and prints the prefix to train with. A run that fails
  * writes nothing under P (and leaves a dataset that was there as it was). */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +105,12 @@ static mega_status run(job *j, FILE *in, const char *key, bool jsonl, mega_err *
     memcpy(doc + dlen, line, (size_t)got);
     dlen += (size_t)got;
   }
+  /* getline's -1 is also a read error (a directory reads as EISDIR): not the end */
+  if (st == MEGA_OK && ferror(in))
+    st = lineno ? mega_fail(err, MEGA_ERR_IO, "cannot read past line %ld: %s", lineno,
+                            strerror(errno))
+                : mega_fail(err, MEGA_ERR_IO, "cannot read it: %s; give a text or JSON lines "
+                            "file", strerror(errno));
   if (st == MEGA_OK && dlen) st = add_doc(j, doc, dlen, err);
   free(line);
   free(doc);
@@ -151,7 +158,7 @@ int main(int argc, char **argv) {
   }
   FILE *in = fopen(input, "r");
   if (!in) {
-    fprintf(stderr, "preprocess: cannot read --input %s\n", input);
+    fprintf(stderr, "preprocess: cannot read --input %s: %s\n", input, strerror(errno));
     mega_bpe_free(j.bpe);
     return 1;
   }

@@ -147,6 +147,18 @@ def check_failed_run(preprocess, tok, work, good):
     return fine
 
 
+def check_unreadable(preprocess, tok, work):
+    """An input that cannot be read (a directory) is an error, not an empty
+    file's dataset of 0 documents."""
+    out = os.path.join(work, "fromdir")
+    r = subprocess.run([preprocess, "--input", work, "--output-prefix", out] + tok,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    written = os.path.exists(out + "_text_document.idx")
+    print(f"a directory as --input: exit {r.returncode}, {r.stderr.decode().strip()!r}, "
+          f"dataset {'WRITTEN' if written else 'not written'}")
+    return r.returncode != 0 and b"Is a directory" in r.stderr and not written
+
+
 def main():
     preprocess, megaw, work = sys.argv[1:4]
     os.makedirs(work, exist_ok=True)
@@ -201,6 +213,7 @@ def main():
     print(f"plain text: {len(seqs)} documents: {'match' if seqs == want else 'DIFFERENT'}")
 
     ok &= check_failed_run(preprocess, tok, work, out + "_text_document")
+    ok &= check_unreadable(preprocess, tok, work)
 
     # a model of these ids writes text through the same tokenizer
     save = os.path.join(work, "ckpt")
