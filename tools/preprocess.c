@@ -67,14 +67,36 @@ static bool is_json_object_line(const char *line) {
   return obj;
 }
 
-static mega_status run(job *j, FILE *in, const char *key, bool jsonl, mega_err *err) {
-  char *line = NULL, *doc = NULL;
-  size_t cap = 0, dlen = 0, dcap = 0;
+/* The input's lines, read once: the first that is not blank is read ahead
+ * to tell JSON lines from text and then given again, since a pipe (--input
+ * <(zcat ...), /dev/stdin) cannot be rewound. */
+typedef struct reader {
+  FILE *in;
+  char *line;
+  size_t cap;
+  ssize_t got;  /* the line's length, or -1 */
+  bool again;   /* give the line read ahead once more */
+  long lineno;
+} reader;
+
+static ssize_t next_line(reader *r) {
+  if (r->again) {
+    r->again = false;
+    return r->got;
+  }
+  r->got = getline(&r->line, &r->cap, r->in);
+  if (r->got >= 0) r->lineno++;
+  return r->got;
+}
+
+static mega_status run(job *j, reader *rd, const char *key, bool jsonl, mega_err *err) {
+  char *doc = NULL;
+  size_t dlen = 0, dcap = 0;
   ssize_t got;
-  long lineno = 0;
   mega_status st = MEGA_OK;
-  while (st == MEGA_OK && (got = getline(&line, &cap, in)) >= 0) {
-    lineno++;
+  while (st == MEGA_OK && (got = next_line(rd)) >= 0) {
+    const char *line = rd->line;
+    long lineno = rd->lineno;
     if (jsonl) {
       if (strspn(line, " \t\r\n") == (size_t)got) continue;
       json_error_t je;
@@ -106,13 +128,12 @@ static mega_status run(job *j, FILE *in, const char *key, bool jsonl, mega_err *
     dlen += (size_t)got;
   }
   /* getline's -1 is also a read error (a directory reads as EISDIR): not the end */
-  if (st == MEGA_OK && ferror(in))
-    st = lineno ? mega_fail(err, MEGA_ERR_IO, "cannot read past line %ld: %s", lineno,
-                            strerror(errno))
+  if (st == MEGA_OK && ferror(rd->in))
+    st = rd->lineno ? mega_fail(err, MEGA_ERR_IO, "cannot read past line %ld: %s", rd->lineno,
+                                strerror(errno))
                 : mega_fail(err, MEGA_ERR_IO, "cannot read it: %s; give a text or JSON lines "
                             "file", strerror(errno));
   if (st == MEGA_OK && dlen) st = add_doc(j, doc, dlen, err);
-  free(line);
   free(doc);
   return st;
 }
@@ -163,25 +184,24 @@ int main(int argc, char **argv) {
     return 1;
   }
   /* JSON lines when the first non-empty line is an object */
-  char *first = NULL;
-  size_t cap = 0;
+  reader rd = {.in = in};
   bool jsonl = false;
-  while (getline(&first, &cap, in) >= 0)
-    if (strspn(first, " \t\r\n") != strlen(first)) {
-      jsonl = is_json_object_line(first);
+  while (next_line(&rd) >= 0)
+    if (strspn(rd.line, " \t\r\n") != (size_t)rd.got) {
+      jsonl = is_json_object_line(rd.line);
+      rd.again = true;
       break;
     }
-  free(first);
-  rewind(in);
   char prefix[4096];
   snprintf(prefix, sizeof prefix, "%s_%s_document", out, key);
   int dtype = mega_bpe_vocab_size(j.bpe) < 65500 ? 8 : 4; /* uint16, else int32 */
   mega_status st = mega_indexed_writer_open(prefix, dtype, &j.w, &err);
-  if (st == MEGA_OK) st = run(&j, in, key, jsonl, &err);
+  if (st == MEGA_OK) st = run(&j, &rd, key, jsonl, &err);
   /* a failed run leaves no dataset of the documents before the fault */
   if (st != MEGA_OK) mega_indexed_writer_abort(j.w);
   else if (j.w) st = mega_indexed_writer_close(j.w, &err);
   fclose(in);
+  free(rd.line);
   free(j.ids.ids);
   int vocab_size = mega_bpe_vocab_size(j.bpe);
   mega_bpe_free(j.bpe);

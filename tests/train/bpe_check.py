@@ -159,6 +159,20 @@ def check_unreadable(preprocess, tok, work):
     return r.returncode != 0 and b"Is a directory" in r.stderr and not written
 
 
+def check_pipe(preprocess, tok, work, jsonl, want):
+    """Input from a pipe, which cannot be rewound after the first line tells
+    JSON lines from text, gives every document, the first one too."""
+    out = os.path.join(work, "piped")
+    with open(jsonl, "rb") as f:
+        subprocess.run([preprocess, "--input", "/dev/stdin", "--output-prefix", out,
+                        "--append-eod"] + tok, input=f.read(), check=True,
+                       stdout=subprocess.DEVNULL)
+    _, seqs = read_mmidx(out + "_text_document")
+    print(f"JSON lines from a pipe: {len(seqs)} documents: "
+          f"{'match' if seqs == want else 'DIFFERENT'}")
+    return seqs == want
+
+
 def main():
     preprocess, megaw, work = sys.argv[1:4]
     os.makedirs(work, exist_ok=True)
@@ -214,6 +228,8 @@ def main():
 
     ok &= check_failed_run(preprocess, tok, work, out + "_text_document")
     ok &= check_unreadable(preprocess, tok, work)
+    ok &= check_pipe(preprocess, tok, work, jsonl,
+                     [encode(t, vocab, ranks) + [eod] for t in corpus * 3])
 
     # a model of these ids writes text through the same tokenizer
     save = os.path.join(work, "ckpt")
