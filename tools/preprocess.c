@@ -69,7 +69,8 @@ static bool is_json_object_line(const char *line) {
 
 /* The input's lines, read once: the first that is not blank is read ahead
  * to tell JSON lines from text and then given again, since a pipe (--input
- * <(zcat ...), /dev/stdin) cannot be rewound. */
+ * <(zcat ...), /dev/stdin) cannot be rewound. A byte order mark before
+ * the first line is dropped. */
 typedef struct reader {
   FILE *in;
   char *line;
@@ -85,7 +86,12 @@ static ssize_t next_line(reader *r) {
     return r->got;
   }
   r->got = getline(&r->line, &r->cap, r->in);
-  if (r->got >= 0) r->lineno++;
+  if (r->got >= 0 && r->lineno++ == 0 && r->got >= 3 && !memcmp(r->line, "\xEF\xBB\xBF", 3)) {
+    /* a UTF-8 byte order mark (Windows editors write one) is no text, and
+     * would make a first JSON line read as plain text */
+    memmove(r->line, r->line + 3, (size_t)r->got - 2);
+    r->got -= 3;
+  }
   return r->got;
 }
 

@@ -173,6 +173,21 @@ def check_pipe(preprocess, tok, work, jsonl, want):
     return seqs == want
 
 
+def check_bom(preprocess, tok, work, jsonl, want):
+    """JSON lines saved with a UTF-8 byte order mark are JSON lines, not a
+    plain text whose first document is the JSON's braces and quotes."""
+    bom = os.path.join(work, "bom.jsonl")
+    with open(jsonl, "rb") as f, open(bom, "wb") as g:
+        g.write(b"\xef\xbb\xbf" + f.read())
+    out = os.path.join(work, "bom")
+    subprocess.run([preprocess, "--input", bom, "--output-prefix", out, "--append-eod"] + tok,
+                   check=True, stdout=subprocess.DEVNULL)
+    _, seqs = read_mmidx(out + "_text_document")
+    print(f"JSON lines after a byte order mark: {len(seqs)} documents: "
+          f"{'match' if seqs == want else 'DIFFERENT'}")
+    return seqs == want
+
+
 def main():
     preprocess, megaw, work = sys.argv[1:4]
     os.makedirs(work, exist_ok=True)
@@ -230,6 +245,8 @@ def main():
     ok &= check_unreadable(preprocess, tok, work)
     ok &= check_pipe(preprocess, tok, work, jsonl,
                      [encode(t, vocab, ranks) + [eod] for t in corpus * 3])
+    ok &= check_bom(preprocess, tok, work, jsonl,
+                    [encode(t, vocab, ranks) + [eod] for t in corpus * 3])
 
     # a model of these ids writes text through the same tokenizer
     save = os.path.join(work, "ckpt")
