@@ -67,6 +67,29 @@ static bool is_json_object_line(const char *line) {
   return obj;
 }
 
+/* Line lineno's JSON v has no string under key: what it has instead. */
+static mega_status no_text(json_t *v, json_t *t, const char *key, long lineno, mega_err *err) {
+  static const char *const kinds[] = {"an object", "an array", "a string", "a number",
+                                      "a number", "true", "false", "null"};
+  if (t)
+    return mega_fail(err, MEGA_ERR_INVALID, "line %ld: \"%s\" is %s, not a string of text",
+                     lineno, key, kinds[json_typeof(t)]);
+  if (!json_is_object(v))
+    return mega_fail(err, MEGA_ERR_INVALID, "line %ld: %s, not a JSON object with the text "
+                     "under \"%s\"", lineno, kinds[json_typeof(v)], key);
+  char keys[256] = "";
+  size_t n = 0;
+  const char *k;
+  json_t *unused;
+  json_object_foreach(v, k, unused) {
+    if (n < sizeof keys)
+      n += (size_t)snprintf(keys + n, sizeof keys - n, "%s\"%s\"", n ? ", " : "", k);
+  }
+  (void)unused;
+  return mega_fail(err, MEGA_ERR_INVALID, "line %ld: no \"%s\" key (it has %s); name the "
+                   "text's key with --json-keys", lineno, key, n ? keys : "none");
+}
+
 /* The input's lines, read once: the first that is not blank is read ahead
  * to tell JSON lines from text and then given again, since a pipe (--input
  * <(zcat ...), /dev/stdin) cannot be rewound. A byte order mark before
@@ -108,9 +131,10 @@ static mega_status run(job *j, reader *rd, const char *key, bool jsonl, mega_err
       json_error_t je;
       json_t *v = json_loads(line, 0, &je);
       json_t *t = json_object_get(v, key);
-      if (!json_is_string(t))
-        st = mega_fail(err, MEGA_ERR_INVALID, "line %ld: %s", lineno,
-                       v ? "no string under the JSON key" : je.text);
+      if (!v)
+        st = mega_fail(err, MEGA_ERR_INVALID, "line %ld: %s", lineno, je.text);
+      else if (!json_is_string(t))
+        st = no_text(v, t, key, lineno, err);
       else
         st = add_doc(j, json_string_value(t), json_string_length(t), err);
       json_decref(v);

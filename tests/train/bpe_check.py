@@ -188,6 +188,21 @@ def check_bom(preprocess, tok, work, jsonl, want):
     return seqs == want
 
 
+def check_missing_key(preprocess, tok, work):
+    """A line without text under the key says which key it looked for, what
+    the line has, and the flag that names another."""
+    path = os.path.join(work, "keys.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"text": "a"}\n{"content": "b", "id": 2}\n')
+    r = subprocess.run([preprocess, "--input", path, "--output-prefix",
+                        os.path.join(work, "keys")] + tok,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    msg = r.stderr.decode()
+    print(f"a line without the key: {msg.strip()!r}")
+    return (r.returncode != 0 and "line 2" in msg and '"text"' in msg and '"content"' in msg
+            and "--json-keys" in msg)
+
+
 def main():
     preprocess, megaw, work = sys.argv[1:4]
     os.makedirs(work, exist_ok=True)
@@ -247,6 +262,7 @@ def main():
                      [encode(t, vocab, ranks) + [eod] for t in corpus * 3])
     ok &= check_bom(preprocess, tok, work, jsonl,
                     [encode(t, vocab, ranks) + [eod] for t in corpus * 3])
+    ok &= check_missing_key(preprocess, tok, work)
 
     # a model of these ids writes text through the same tokenizer
     save = os.path.join(work, "ckpt")
