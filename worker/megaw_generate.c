@@ -199,6 +199,11 @@ int megaw_generate(int argc, char **argv) {
     for (int k = 0; k < nout; k++) printf(" %d", out[k]);
   }
   putchar('\n');
+  /* the text is all this command makes: a full disk or a closed pipe is an error */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "megaw generate: cannot write the text to stdout: %s\n", strerror(errno));
+    goto done;
+  }
   rc = 0;
 done:
   mega_gen_free(&m);

@@ -165,6 +165,13 @@ static void test_program(void **state) {
   assert_non_null(fgets(line, sizeof line, p));
   assert_int_equal(WEXITSTATUS(pclose(p)), 2);
   assert_non_null(strstr(line, "--top-k samples, so it needs --temperature above 0"));
+  /* the text that cannot be written is a failure, not exit 0 */
+  snprintf(cmd, sizeof cmd, "%s generate --load %s --prompt hi --max-new-tokens 5 2>&1 >/dev/full",
+           megaw, dir);
+  p = popen(cmd, "r");
+  assert_non_null(fgets(line, sizeof line, p));
+  assert_int_equal(WEXITSTATUS(pclose(p)), 1);
+  assert_non_null(strstr(line, "megaw generate: cannot write the text to stdout: No space left"));
 }
 
 int main(int argc, char **argv) {
