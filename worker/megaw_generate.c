@@ -117,11 +117,12 @@ int megaw_generate(int argc, char **argv) {
       o.temperature = x;
     } else if ((v = value(argc, argv, &i, "--top-k"))) {
       if (!number(v, 0, 1 << 30, &x) || x != floor(x))
-        return bad("--top-k: '%s' is not a whole number >= 0%s", v, "");
+        return bad("--top-k: '%s' is not a whole number from 0 to 1073741824%s", v, "");
       o.top_k = (int)x;
     } else if ((v = value(argc, argv, &i, "--seed"))) {
       if (!number(v, 0, 9007199254740992.0, &x) || x != floor(x))
-        return bad("--seed: '%s' is not a whole number >= 0%s", v, "");
+        return bad("--seed: '%s' is not a whole number from 0 to 2^53 = 9007199254740992%s", v,
+                   "");
       o.seed = (uint64_t)x;
       seed_given = true;
     } else {

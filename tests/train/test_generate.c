@@ -158,7 +158,15 @@ static void test_program(void **state) {
   char line[256] = {0};
   assert_non_null(fgets(line, sizeof line, p));
   assert_int_equal(WEXITSTATUS(pclose(p)), 2);
-  assert_non_null(strstr(line, "megaw generate: --top-k: 'x' is not a whole number >= 0"));
+  assert_non_null(strstr(line, "megaw generate: --top-k: 'x' is not a whole number from 0 to"));
+  /* a whole number past the range is refused with the range, not as "not a whole number" */
+  snprintf(cmd, sizeof cmd,
+           "%s generate --load %s --prompt hi --temperature 1 --seed 18446744073709551615 2>&1",
+           megaw, dir);
+  p = popen(cmd, "r");
+  assert_non_null(fgets(line, sizeof line, p));
+  assert_int_equal(WEXITSTATUS(pclose(p)), 2);
+  assert_non_null(strstr(line, "'18446744073709551615' is not a whole number from 0 to 2^53"));
   /* greedy: a k or a seed would change nothing, so they are refused */
   snprintf(cmd, sizeof cmd, "%s generate --load %s --prompt hi --top-k 5 2>&1", megaw, dir);
   p = popen(cmd, "r");
