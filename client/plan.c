@@ -603,6 +603,12 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
     cost.grad_sync_slowdown = o->slowdown;
     cost.grad_sync_slowdown_n = o->nslowdown;
   }
+  long long reductions = (long long)s->pp * s->vp * cost.grad_buckets;
+  if (reductions > MEGA_SIM_MAX_REDUCTIONS)
+    return fail(EXIT_USAGE, "--grad-buckets %d: pp %d x vp %d x %d buckets is %lld reductions, "
+                            "more than this planner handles (%d); give fewer buckets",
+                cost.grad_buckets, s->pp, s->vp, cost.grad_buckets, reductions,
+                MEGA_SIM_MAX_REDUCTIONS);
   mega_sim sim = {0};
   mega_err err = {0};
   if (mega_sim_run(s, &cost, &sim, &err) != MEGA_OK)

@@ -80,6 +80,11 @@ static mega_status check_input(const mega_schedule *s, const mega_cost *cost, me
                        "%d reductions at once run %g times slower than one: a slowdown is 1 "
                        "or more", k + 1, cost->grad_sync_slowdown[k]);
   int nbk = cost->grad_buckets > 1 ? cost->grad_buckets : 1;
+  if ((long long)s->pp * s->vp * nbk > MEGA_SIM_MAX_REDUCTIONS)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "pp*vp*grad_buckets = %lld bucket reductions is more than the simulator "
+                     "handles (%d); give fewer buckets", (long long)s->pp * s->vp * nbk,
+                     MEGA_SIM_MAX_REDUCTIONS);
   double total = 0;
   for (int j = 0; cost->grad_bucket_sizes && j < nbk; j++) {
     if (bad_cost(cost->grad_bucket_sizes[j]))

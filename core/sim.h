@@ -99,8 +99,14 @@ typedef struct mega_sim {
   mega_sim_rank *ranks;   /* [pp] */
 } mega_sim;
 
+/* The most bucket reductions (pp x vp x grad_buckets) one run simulates:
+ * each costs memory and time, and a count past this is a typing error
+ * rather than a model (a bucket is tens of millions of floats). */
+#define MEGA_SIM_MAX_REDUCTIONS (1 << 20)
+
 /* Runs the schedule. Fails with a message naming the stuck ranks and
- * actions if it cannot finish (a schedule that has not been validated). */
+ * actions if it cannot finish (a schedule that has not been validated), or
+ * past MEGA_SIM_MAX_REDUCTIONS. */
 mega_status mega_sim_run(const mega_schedule *s, const mega_cost *cost, mega_sim *out,
                          mega_err *err);
 void mega_sim_free(mega_sim *sim);

@@ -553,6 +553,11 @@ static void errors(void **state) {
   expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
                     "--t-grad-sync", "1e12", "--grad-sync-slowdown", "1e300,1e300", NULL),
                2, "the times given add up past any number");
+  /* a typo of a bucket count is refused at once, not a minute and 19 GB later */
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--t-grad-sync", "1", "--grad-buckets", "1000000000", NULL),
+               2, "--grad-buckets 1000000000: pp 4 x vp 1 x 1000000000 buckets is 4000000000 "
+                  "reductions, more than this planner handles (1048576)");
   expect_error(plan("--pipeline-model-parallel-size", "4", NULL), 2,
                "--num-microbatches is required");
   expect_error(plan("--num-microbatches", "8", NULL), 2,

@@ -305,6 +305,25 @@ static void buffered_sends_run_a_rendezvous_deadlock(void **state) {
  * ends its work at 6, rank 1 at 5. Rank 1's reductions end in the drain;
  * its norm leaves its copy of the tied embedding out, so it does not wait
  * for rank 0 to sum it (finalize_model_grads): none of it is exposed. */
+/* A bucket count past MEGA_SIM_MAX_REDUCTIONS is refused at once: a
+ * billion buckets once took a minute and 19 GB before anything failed. */
+static void refuses_too_many_reductions(void **state) {
+  (void)state;
+  mega_err err = {0};
+  mega_sched_params p = {MEGA_SCHED_1F1B, 4, 1, 8, 0, MEGA_GRAD_SYNC_END};
+  mega_schedule s;
+  mega_sim sim;
+  assert_int_equal(mega_sched_generate(&p, &s, &err), MEGA_OK);
+  mega_cost c = {.t_f = 1, .t_b = 1, .grad_sync = 1, .grad_buckets = 1000000000};
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "4000000000 bucket reductions"));
+  c.grad_buckets = MEGA_SIM_MAX_REDUCTIONS / 4; /* the most there may be, all run */
+  assert_int_equal(mega_sim_run(&s, &c, &sim, &err), MEGA_OK);
+  assert_int_equal(sim.ranks[0].nreduce, MEGA_SIM_MAX_REDUCTIONS / 4);
+  mega_sim_free(&sim);
+  mega_sched_free(&s);
+}
+
 static void grad_sync_costs_and_exposure(void **state) {
   (void)state;
   mega_err err = {0};
@@ -525,6 +544,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(one_f_one_b_closed_form),
       cmocka_unit_test(grad_sync_costs_and_exposure),
+      cmocka_unit_test(refuses_too_many_reductions),
       cmocka_unit_test(grad_sync_bucket_sizes_and_slowdowns),
       cmocka_unit_test(grad_sync_shared_lanes),
       cmocka_unit_test(grad_sync_latency),
