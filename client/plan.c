@@ -138,7 +138,8 @@ static void usage(FILE *f) {
       "                   trace: a Chrome trace for Perfetto (one time unit = 1 ms)\n"
       "                   schedule: the schedule's text form, to edit and give back\n"
       "  --schedule-file FILE  read a schedule in text form; P, V and M come from it,\n"
-      "                   and size flags, when given, must agree with it\n"
+      "                   and size flags, when given, must agree with it; so do its\n"
+      "                   GS and GW: the gradient flags are refused without them\n"
       "  --output FILE    write there instead of stdout\n"
       "\n"
       "A job's flags, as megactl submit takes them, give the rest: P, V, the group\n"
@@ -570,6 +571,32 @@ static bool want_color(FILE *out) {
   return isatty(fileno(out)) && !getenv("NO_COLOR") && term && strcmp(term, "dumb");
 }
 
+/* The gradient flags act on the schedule's reductions (GS, GW): one with
+ * none would change nothing, so it is refused; 0 or an exit status. */
+static int refuse_idle_sync_flags(const plan_opts *o, const mega_schedule *s) {
+  if (has_actions(s, MEGA_ACT_GRAD_SYNC)) return 0;
+  const struct {
+    bool given;
+    const char *flag, *does;
+  } sync_flags[] = {
+      {o->t_grad_sync_given, "--t-grad-sync", "costs"},
+      {o->overlap_grad, "--overlap-grad-reduce", "places"},
+      {o->gs_latency > 0, "--grad-sync-latency", "costs"},
+      {o->nbucket_sizes > 0, "--grad-bucket-sizes", "divides"},
+      {o->grad_buckets > 0, "--grad-buckets", "divides"},
+      {o->lanes > 0, "--grad-sync-lanes", "shares the links of"},
+      {o->nslowdown > 0, "--grad-sync-slowdown", "slows"},
+  };
+  for (size_t k = 0; k < sizeof sync_flags / sizeof sync_flags[0]; k++)
+    if (sync_flags[k].given)
+      return fail(EXIT_USAGE, "%s %s the gradient reductions, and this schedule has none: %s",
+                  sync_flags[k].flag, sync_flags[k].does,
+                  o->load ? "add GS and GW actions to the --schedule-file (--format schedule "
+                            "with --overlap-grad-reduce shows where), or drop the flag"
+                          : "give --t-grad-sync or --overlap-grad-reduce");
+  return 0;
+}
+
 /* Writes one formatted document to out; returns 0 or an exit status. */
 static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
   if (o->format == FMT_SCHEDULE) {
@@ -583,16 +610,12 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
                     .grad_sync = o->t_grad_sync, .grad_buckets = o->grad_buckets ? o->grad_buckets : 1,
                     .grad_sync_lanes = o->lanes, .grad_sync_latency = o->gs_latency};
   if (!o->t_w_given && has_actions(s, MEGA_ACT_W)) cost.t_w = 1;
-  if (o->gs_latency > 0 && !has_actions(s, MEGA_ACT_GRAD_SYNC))
-    return fail(EXIT_USAGE, "--grad-sync-latency costs the gradient reductions, and this "
-                            "schedule has none: give --t-grad-sync or --overlap-grad-reduce");
+  int rc = refuse_idle_sync_flags(o, s);
+  if (rc) return rc;
   if (o->nbucket_sizes) {
     if (o->grad_buckets && o->grad_buckets != o->nbucket_sizes)
       return fail(EXIT_USAGE, "--grad-buckets %d and the %d --grad-bucket-sizes disagree: "
                               "give one of them", o->grad_buckets, o->nbucket_sizes);
-    if (!has_actions(s, MEGA_ACT_GRAD_SYNC))
-      return fail(EXIT_USAGE, "--grad-bucket-sizes divides the gradient reductions, and this "
-                              "schedule has none: give --t-grad-sync or --overlap-grad-reduce");
     cost.grad_buckets = o->nbucket_sizes;
     cost.grad_bucket_sizes = o->bucket_sizes;
   }
@@ -619,7 +642,7 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
     return fail(EXIT_USAGE, "the times given add up past any number (the makespan is %g): give "
                             "smaller times, sizes or slowdowns", m);
   }
-  int rc = 0;
+  rc = 0;
   if (o->format == FMT_TEXT) {
     if (plan_render_text(out, s, &sim, &cost, terminal_width(out), want_color(out)))
       rc = fail(EXIT_FAIL, "out of memory");

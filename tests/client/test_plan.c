@@ -492,6 +492,32 @@ static void grad_sync(void **state) {
   assert_int_equal(r.status, 2);
   assert_non_null(strstr(r.err, "give --t-grad-sync or --overlap-grad-reduce"));
   result_free(&r);
+  /* so is every other flag of the reductions: each once changed nothing */
+  const char *idle[][2] = {{"--grad-buckets", "4"}, {"--grad-sync-lanes", "2"},
+                           {"--grad-sync-slowdown", "1,2"}};
+  for (size_t k = 0; k < sizeof idle / sizeof idle[0]; k++) {
+    r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", idle[k][0],
+             idle[k][1], NULL);
+    assert_int_equal(r.status, 2);
+    assert_true(!strncmp(r.err + strlen("megactl plan: "), idle[k][0], strlen(idle[k][0])));
+    assert_non_null(strstr(r.err, "this schedule has none: give --t-grad-sync"));
+    result_free(&r);
+  }
+  /* a schedule file places its own reductions: the flags that would add
+   * them to a generated one cannot add them to a file without */
+  char *file = tmp_path("nosync.txt");
+  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", "--format",
+           "schedule", "--output", file, NULL);
+  assert_int_equal(r.status, 0);
+  result_free(&r);
+  const char *placing[][2] = {{"--overlap-grad-reduce", NULL}, {"--t-grad-sync", "2"}};
+  for (size_t k = 0; k < sizeof placing / sizeof placing[0]; k++) {
+    r = plan("--schedule-file", file, placing[k][0], placing[k][1], NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, placing[k][0]));
+    assert_non_null(strstr(r.err, "add GS and GW actions to the --schedule-file"));
+    result_free(&r);
+  }
   r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
            "--virtual-pipeline-model-parallel-size", "2", "--overlap-grad-reduce",
            "--align-grad-reduce", "--t-grad-sync", "2", NULL);
