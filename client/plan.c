@@ -557,18 +557,19 @@ static json_t *plan_json(const mega_schedule *s, const mega_sim *sim, const mega
   return root;
 }
 
-static int terminal_width(FILE *out) {
+/* tty: the terminal the document goes to, or NULL (a file). */
+static int terminal_width(FILE *tty) {
   const char *cols = getenv("COLUMNS");
   if (cols && atoi(cols) > 0) return atoi(cols);
   struct winsize ws;
-  if (isatty(fileno(out)) && ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+  if (tty && isatty(fileno(tty)) && ioctl(fileno(tty), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
     return ws.ws_col;
   return 80;
 }
 
-static bool want_color(FILE *out) {
+static bool want_color(FILE *tty) {
   const char *term = getenv("TERM");
-  return isatty(fileno(out)) && !getenv("NO_COLOR") && term && strcmp(term, "dumb");
+  return tty && isatty(fileno(tty)) && !getenv("NO_COLOR") && term && strcmp(term, "dumb");
 }
 
 /* The gradient flags act on the schedule's reductions (GS, GW): one with
@@ -597,8 +598,9 @@ static int refuse_idle_sync_flags(const plan_opts *o, const mega_schedule *s) {
   return 0;
 }
 
-/* Writes one formatted document to out; returns 0 or an exit status. */
-static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
+/* Writes one formatted document to out, drawn for the terminal tty (or
+ * NULL); returns 0 or an exit status. */
+static int emit(const plan_opts *o, FILE *out, const mega_schedule *s, FILE *tty) {
   if (o->format == FMT_SCHEDULE) {
     char *text = mega_sched_format(s);
     if (!text) return fail(EXIT_FAIL, "out of memory");
@@ -644,7 +646,7 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
   }
   rc = 0;
   if (o->format == FMT_TEXT) {
-    if (plan_render_text(out, s, &sim, &cost, terminal_width(out), want_color(out)))
+    if (plan_render_text(out, s, &sim, &cost, terminal_width(tty), want_color(tty)))
       rc = fail(EXIT_FAIL, "out of memory");
   } else {
     char *doc = NULL;
@@ -675,6 +677,16 @@ static int emit(const plan_opts *o, FILE *out, const mega_schedule *s) {
   return rc;
 }
 
+/* The document to path, or to stdout when NULL; 0 or an exit status. */
+static int write_doc(const char *path, const char *doc, size_t len) {
+  FILE *out = path ? fopen(path, "w") : stdout;
+  if (!out) return fail(EXIT_FAIL, "cannot write %s: %s", path, strerror(errno));
+  bool ok = fwrite(doc, 1, len, out) == len;
+  ok = (path ? fclose(out) : fflush(out)) == 0 && ok;
+  if (!ok) return fail(EXIT_FAIL, "cannot write %s: %s", path ? path : "to stdout", strerror(errno));
+  return 0;
+}
+
 int megactl_plan(int argc, char **argv) {
   plan_opts o = {.t_f = 1, .t_b = 1, .t_w = 0, .latency = 0, .format = FMT_TEXT};
   mega_jobspec_defaults(&o.job);
@@ -696,18 +708,16 @@ int megactl_plan(int argc, char **argv) {
     mega_sched_free(&s);
     return rc;
   }
-  FILE *out = stdout;
-  if (o.output && !(out = fopen(o.output, "w"))) {
-    rc = fail(EXIT_FAIL, "cannot write %s: %s", o.output, strerror(errno));
-    mega_sched_free(&s);
-    return rc;
-  }
-  rc = emit(&o, out, &s);
-  if (out != stdout) {
-    if (fclose(out) && !rc) rc = fail(EXIT_FAIL, "cannot write %s: %s", o.output, strerror(errno));
-  } else if (fflush(out) && !rc) {
-    rc = fail(EXIT_FAIL, "cannot write to stdout: %s", strerror(errno));
-  }
+  /* the whole document first: a plan refused half way (a flag checked
+   * against the schedule, the simulation) leaves --output as it was */
+  char *doc = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&doc, &len);
+  if (!mem) rc = fail(EXIT_FAIL, "out of memory");
+  if (!rc) rc = emit(&o, mem, &s, o.output ? NULL : stdout);
+  if (mem && fclose(mem) && !rc) rc = fail(EXIT_FAIL, "out of memory");
+  if (!rc) rc = write_doc(o.output, doc, len);
+  free(doc);
   mega_sched_free(&s);
   return rc;
 }

@@ -584,6 +584,18 @@ static void errors(void **state) {
                     "--t-grad-sync", "1", "--grad-buckets", "1000000000", NULL),
                2, "--grad-buckets 1000000000: pp 4 x vp 1 x 1000000000 buckets is 4000000000 "
                   "reductions, more than this planner handles (1048576)");
+  /* a plan refused after its schedule is built leaves --output as it was */
+  char *kept = tmp_path("kept.json");
+  spit(kept, "an earlier plan\n");
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
+                    "--grad-buckets", "4", "--format", "json", "--output", kept, NULL),
+               2, "--grad-buckets divides the gradient reductions");
+  char *text = slurp(kept);
+  assert_string_equal(text, "an earlier plan\n");
+  free(text);
+  expect_error(plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8", "--output",
+                    tmp_path("no-such-dir/plan.txt"), NULL),
+               1, "cannot write");
   expect_error(plan("--pipeline-model-parallel-size", "4", NULL), 2,
                "--num-microbatches is required");
   expect_error(plan("--num-microbatches", "8", NULL), 2,
