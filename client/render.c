@@ -72,13 +72,17 @@ static bool on_grid(double t, double q) {
   return fabs(x - nearbyint(x)) < 1e-6;
 }
 
-/* The largest step on which every compute span starts and ends, or 0. */
+/* The largest step on which every compute span starts and ends, or 0. A
+ * span too short to tell from the makespan's rounding (T_f = 1e12, T_b = 1)
+ * has no whole cell on any grid, which would drop it: the drawing is then
+ * scaled, where a sliver of a column is idle by its rule. */
 static double find_quantum(const mega_schedule *s, const mega_sim *sim) {
   double dmin = INFINITY, eps = 1e-9 * fmax(1.0, sim->makespan);
   for (int r = 0; r < s->pp; r++)
     for (int i = 0; i < s->ranks[r].n; i++) {
       if (!is_compute(s->ranks[r].acts[i].kind)) continue;
       double d = sim->ranks[r].spans[i].end - sim->ranks[r].spans[i].start;
+      if (d > 0 && d <= eps) return 0;
       if (d > eps && d < dmin) dmin = d;
     }
   if (!isfinite(dmin) || !(sim->makespan > 0)) return 0;

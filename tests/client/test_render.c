@@ -140,6 +140,19 @@ static void zero_bubble_in_color(void **state) {
   drawn_free(&d);
 }
 
+/* s simulated under cost into *sim and drawn 80 columns wide; the caller
+ * frees the text and the simulation. */
+static char *sim_and_draw(const mega_schedule *s, mega_cost cost, mega_sim *sim) {
+  mega_err err = {0};
+  if (mega_sim_run(s, &cost, sim, &err)) fail_msg("%s", err.msg);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  assert_int_equal(plan_render_text(f, s, sim, &cost, 80, false), 0);
+  fclose(f);
+  return text;
+}
+
 /* Times past a double's range (megactl plan refuses them; the renderer must
  * not trust that): a makespan of inf once spun the time axis forever. Huge
  * but finite times draw as any others. */
@@ -152,14 +165,8 @@ static void times_past_any_number(void **state) {
   if (mega_sched_check_params(&p, &err) || mega_sched_generate(&p, &s, &err)) fail_msg("%s", err.msg);
   double t[] = {1e308, 1e12};
   for (int k = 0; k < 2; k++) {
-    mega_cost cost = {.t_f = t[k], .t_b = t[k]};
     mega_sim sim = {0};
-    if (mega_sim_run(&s, &cost, &sim, &err)) fail_msg("%s", err.msg);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_int_equal(plan_render_text(f, &s, &sim, &cost, 80, false), 0);
-    fclose(f);
+    char *text = sim_and_draw(&s, (mega_cost){.t_f = t[k], .t_b = t[k]}, &sim);
     if (k == 0) {
       assert_false(isfinite(sim.makespan));
       assert_non_null(strstr(text, "not a time that can be drawn"));
@@ -175,6 +182,25 @@ static void times_past_any_number(void **state) {
   alarm(0);
 }
 
+/* A backward a trillionth of the forward has no whole cell on the
+ * forward's grid: the grid once drew rank 0 as "F0 F1 .." with both
+ * backwards gone; it is drawn scaled, as any other, instead. */
+static void no_grid_loses_an_action(void **state) {
+  (void)state;
+  mega_err err = {0};
+  mega_sched_params p = {.kind = MEGA_SCHED_1F1B, .pp = 2, .vp = 1, .microbatches = 2};
+  mega_schedule s;
+  if (mega_sched_generate(&p, &s, &err)) fail_msg("%s", err.msg);
+  mega_sim sim = {0};
+  char *text = sim_and_draw(&s, (mega_cost){.t_f = 1e12, .t_b = 1}, &sim);
+  if (strstr(text, "one cell is") && !strstr(line_starting(text, "rank 0 "), "B1"))
+    fail_msg("a grid without rank 0's backwards:\n%s", text);
+  assert_non_null(strstr(text, "a column mostly forward"));
+  free(text);
+  mega_sim_free(&sim);
+  mega_sched_free(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(grid_1f1b),
@@ -182,6 +208,7 @@ int main(void) {
       cmocka_unit_test(scaled_letters),
       cmocka_unit_test(zero_bubble_in_color),
       cmocka_unit_test(times_past_any_number),
+      cmocka_unit_test(no_grid_loses_an_action),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
