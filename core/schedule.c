@@ -360,8 +360,8 @@ static mega_status parse_header(const char *p, const char *end, int line, mega_s
       }
     } else if (!parse_uint(v, vlen, &vals[key])) {
       return mega_fail(err, MEGA_ERR_INVALID,
-                       "line %d: bad key=value '%.*s' in the header; %s needs a whole number",
-                       line, t.len, t.p, keys[key]);
+                       "line %d: bad key=value '%.*s' in the header; %s needs a whole number "
+                       "of at most 9 digits", line, t.len, t.p, keys[key]);
     }
   }
   for (int i = 0; i < 5; i++)

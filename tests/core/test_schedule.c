@@ -97,6 +97,10 @@ static void parse_errors_name_the_line_and_token(void **state) {
        "line 1: bad key=value 'speed=fast'"},
       {"mega-schedule v1 kind=1f1b pp=two vp=1 microbatches=2 group=2\n",
        "line 1: bad key=value 'pp=two'"},
+      /* a whole number, too long to be a size: the message gave no reason */
+      {"mega-schedule v1 kind=1f1b pp=2000000000 vp=1 microbatches=2 group=2\n",
+       "line 1: bad key=value 'pp=2000000000' in the header; pp needs a whole number of at most "
+       "9 digits"},
       {"mega-schedule v1 kind=1f1b pp=2 pp=2 vp=1 microbatches=2 group=2\n",
        "line 1: 'pp' is given twice"},
       {"mega-schedule v1 kind=fast pp=2 vp=1 microbatches=2 group=2\n",
