@@ -9,7 +9,8 @@
  * "text" by default) when its first non-empty line is a JSON object, else
  * plain text whose documents are separated by blank lines. Each document is
  * one sequence of GPT-2 BPE ids (worker/data/bpe.h), followed by <|endoftext|>
- * with --append-eod. Writes P_KEY_document.bin and .idx (Megatron's names;
+ * with --append-eod; a document with no text is a document of no sequence
+ * and no <|endoftext|>, as Megatron writes it. Writes P_KEY_document.bin and .idx (Megatron's names;
  * KEY is "text" for plain text), uint16 below 65,500 ids, else int32 (as
  * Megatron picks), and prints the prefix to train with. A run that fails
  * writes nothing under P (and leaves a dataset that was there as it was). */
@@ -52,7 +53,8 @@ static int fail(const mega_err *err) {
 static mega_status add_doc(job *j, const char *text, size_t len, mega_err *err) {
   j->ids.n = 0;
   mega_status st = mega_bpe_encode(j->bpe, text, len, &j->ids, err);
-  if (st == MEGA_OK && j->eod) st = mega_bpe_push(&j->ids, mega_bpe_eod(j->bpe), err);
+  /* as Megatron's preprocess_data.py: no <|endoftext|> after no text */
+  if (st == MEGA_OK && j->eod && j->ids.n) st = mega_bpe_push(&j->ids, mega_bpe_eod(j->bpe), err);
   if (st == MEGA_OK) st = mega_indexed_writer_add(j->w, j->ids.ids, j->ids.n, err);
   j->docs++;
   j->tokens += (long)j->ids.n;

@@ -108,7 +108,9 @@ def encode(text, vocab, ranks):
     return [vocab[p] for tok in spell(text) for p in bpe(tok, ranks)]
 
 
-def read_mmidx(prefix):
+def read_mmidx(prefix, docs_out=None):
+    """The dtype code and every sequence's ids; Megatron's document indices
+    into docs_out (a list) when given, else they must be one a sequence."""
     idx = open(prefix + ".idx", "rb").read()
     assert idx[:9] == b"MMIDIDX\x00\x00", idx[:9]
     version, code, nseq, ndoc = struct.unpack("<QBQQ", idx[9:34])
@@ -117,7 +119,10 @@ def read_mmidx(prefix):
     lengths = struct.unpack("<%di" % nseq, idx[34:34 + 4 * nseq])
     ptrs = struct.unpack("<%dq" % nseq, idx[34 + 4 * nseq:34 + 12 * nseq])
     docs = struct.unpack("<%dq" % ndoc, idx[34 + 12 * nseq:34 + 12 * nseq + 8 * ndoc])
-    assert list(docs) == list(range(nseq + 1)), docs
+    if docs_out is None:
+        assert list(docs) == list(range(nseq + 1)), docs
+    else:
+        docs_out[:] = docs
     binary = open(prefix + ".bin", "rb").read()
     size = struct.calcsize(fmt)
     return code, [list(struct.unpack("<%d%s" % (n, fmt), binary[p:p + n * size]))
@@ -203,6 +208,26 @@ def check_missing_key(preprocess, tok, work):
             and "--json-keys" in msg)
 
 
+def check_empty_text(preprocess, tok, work, vocab, ranks, eod):
+    """A document with no text is, as Megatron's preprocess_data.py writes
+    it, a document of no sequence and no <|endoftext|>: Megatron's GPT
+    dataset counts sequences, so an extra one would shift the data order."""
+    src = os.path.join(work, "empty.jsonl")
+    texts = ["first", "", "third", ""]
+    with open(src, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    out = os.path.join(work, "empty")
+    subprocess.run([preprocess, "--input", src, "--output-prefix", out, "--append-eod"] + tok,
+                   check=True, stdout=subprocess.DEVNULL)
+    docs = []
+    _, seqs = read_mmidx(out + "_text_document", docs)
+    want = [encode("first", vocab, ranks) + [eod], encode("third", vocab, ranks) + [eod]]
+    ok = seqs == want and docs == [0, 1, 1, 2, 2]
+    print(f"empty texts: {len(seqs)} sequences, document indices {docs}: "
+          f"{'as Megatron writes them' if ok else 'DIFFERENT'}")
+    return ok
+
+
 def main():
     preprocess, megaw, work = sys.argv[1:4]
     os.makedirs(work, exist_ok=True)
@@ -263,6 +288,7 @@ def main():
     ok &= check_bom(preprocess, tok, work, jsonl,
                     [encode(t, vocab, ranks) + [eod] for t in corpus * 3])
     ok &= check_missing_key(preprocess, tok, work)
+    ok &= check_empty_text(preprocess, tok, work, vocab, ranks, eod)
 
     # a model of these ids writes text through the same tokenizer
     save = os.path.join(work, "ckpt")

@@ -212,9 +212,12 @@ struct mega_indexed_writer {
   int32_t *lengths;
   int64_t *pointers, offset;
   size_t n, cap;
+  int64_t *docs; /* Megatron's document_indices: the sequence count after each document */
+  size_t ndocs, docs_cap;
 };
 
 static void writer_free(mega_indexed_writer *w) {
+  free(w->docs);
   free(w->lengths);
   free(w->pointers);
   free(w->bin_tmp);
@@ -248,6 +251,17 @@ mega_status mega_indexed_writer_open(const char *prefix, int dtype, mega_indexed
 mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, size_t n,
                                     mega_err *err) {
   if (n > INT32_MAX) return mega_fail(err, MEGA_ERR_INVALID, "a document of %zu tokens", n);
+  if (w->ndocs == w->docs_cap) {
+    size_t cap = w->docs_cap ? 2 * w->docs_cap : 1024;
+    int64_t *d = realloc(w->docs, cap * sizeof *d);
+    if (!d) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    w->docs = d;
+    w->docs_cap = cap;
+  }
+  if (n == 0) { /* Megatron: a document, but no sequence */
+    w->docs[w->ndocs++] = (int64_t)w->n;
+    return MEGA_OK;
+  }
   if (w->n == w->cap) {
     size_t cap = w->cap ? 2 * w->cap : 1024;
     int32_t *l = realloc(w->lengths, cap * sizeof *l);
@@ -275,6 +289,7 @@ mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, 
   w->lengths[w->n] = (int32_t)n;
   w->pointers[w->n++] = w->offset;
   w->offset += (int64_t)n * size;
+  w->docs[w->ndocs++] = (int64_t)w->n;
   return MEGA_OK;
 }
 
@@ -282,13 +297,14 @@ mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, 
 static mega_status write_index(const mega_indexed_writer *w, mega_err *err) {
   FILE *f = fopen(w->idx_tmp, "wb");
   if (!f) return mega_fail(err, MEGA_ERR_IO, "cannot write %s.idx: %s", w->prefix, strerror(errno));
-  uint64_t version = 1, nseq = w->n, ndoc = w->n + 1;
+  uint64_t version = 1, nseq = w->n, ndoc = w->ndocs + 1;
   uint8_t dt = (uint8_t)w->dtype;
   bool ok = fwrite(magic, 9, 1, f) == 1 && fwrite(&version, 8, 1, f) == 1 &&
             fwrite(&dt, 1, 1, f) == 1 && fwrite(&nseq, 8, 1, f) == 1 &&
             fwrite(&ndoc, 8, 1, f) == 1 &&
             fwrite(w->lengths, 4, w->n, f) == w->n && fwrite(w->pointers, 8, w->n, f) == w->n;
-  for (int64_t d = 0; ok && d <= (int64_t)w->n; d++) ok = fwrite(&d, 8, 1, f) == 1;
+  int64_t zero = 0;
+  ok = ok && fwrite(&zero, 8, 1, f) == 1 && fwrite(w->docs, 8, w->ndocs, f) == w->ndocs;
   if (fclose(f) != 0 || !ok)
     return mega_fail(err, MEGA_ERR_IO, "cannot write %s.idx: %s", w->prefix, strerror(errno));
   return MEGA_OK;

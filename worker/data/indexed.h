@@ -57,7 +57,10 @@ mega_status mega_indexed_read(const mega_indexed *x, int64_t seq, int64_t off, i
 typedef struct mega_indexed_writer mega_indexed_writer;
 mega_status mega_indexed_writer_open(const char *prefix, int dtype, mega_indexed_writer **out,
                                      mega_err *err);
-/* Appends a document of n ids (each must fit the dtype). */
+/* Appends a document: its n ids (each must fit the dtype) as one sequence,
+ * or with n 0 a document of no sequence, as Megatron writes an empty one
+ * (its GPT dataset counts sequences, so an empty sequence would shift the
+ * data order). */
 mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, size_t n,
                                     mega_err *err);
 /* Writes the index and puts PREFIX.bin and PREFIX.idx in place; on failure
