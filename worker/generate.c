@@ -1,9 +1,11 @@
 #include "worker/generate.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -52,6 +54,10 @@ mega_status mega_gen_load(const char *load_dir, mega_backend *be, mega_gen_model
                           mega_err *err) {
   *m = (mega_gen_model){0};
   mega_status st = mega_ckpt_resolve(load_dir, &m->path, &m->notice, err);
+  struct stat sb;
+  if (st == MEGA_ERR_NOT_FOUND && stat(load_dir, &sb) != 0)
+    return mega_fail(err, MEGA_ERR_INVALID, "--load %s: %s; give the --save directory of a "
+                     "training run", load_dir, strerror(errno));
   if (st == MEGA_ERR_NOT_FOUND)
     return mega_fail(err, MEGA_ERR_INVALID, "--load %s holds no checkpoint to generate from",
                      load_dir);

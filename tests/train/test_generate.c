@@ -132,6 +132,12 @@ static void test_program(void **state) {
   (void)state;
   mega_gen_model m;
   mega_err err = {0};
+  /* a --load that is not there is named so, not as one without checkpoints */
+  char missing[300];
+  snprintf(missing, sizeof missing, "%s/not-there", dir);
+  assert_int_equal(mega_gen_load(missing, tm.be, &m, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "not-there: No such file or directory"));
+  memset(&err, 0, sizeof err);
   assert_int_equal(mega_gen_load(dir, tm.be, &m, &err), MEGA_OK);
   const int32_t prompt[2] = {'h', 'i'};
   mega_gen_opts o = {.max_new_tokens = 5};
