@@ -26,6 +26,14 @@ mega_status mega_sched_check_params(mega_sched_params *p, mega_err *err) {
   if (p->pp < 1)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--pipeline-model-parallel-size must be at least 1, not %d", p->pp);
+  if (p->pp > MEGA_SCHED_MAX_PP)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--pipeline-model-parallel-size %d is more than a schedule holds (%d)",
+                     p->pp, MEGA_SCHED_MAX_PP);
+  if (p->vp > MEGA_SCHED_MAX_VP)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--virtual-pipeline-model-parallel-size %d is more than a schedule holds "
+                     "(%d)", p->vp, MEGA_SCHED_MAX_VP);
   if (p->vp < 1)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--virtual-pipeline-model-parallel-size must be at least 1, not %d; leave "

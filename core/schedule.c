@@ -8,9 +8,6 @@
 
 /* Sizes past these are typos, and would make the per-rank state of the
  * validator and the simulator huge. */
-#define MAX_PP 65536
-#define MAX_VP 4096
-#define MAX_VIRTUAL_MB (1 << 24) /* microbatches * vp */
 
 static const char *const kind_names[MEGA_SCHED_KINDS] = {
     [MEGA_SCHED_NO_PIPELINING] = "no-pipelining",
@@ -78,17 +75,17 @@ mega_status mega_sched_init(mega_schedule *s, mega_sched_kind kind, int pp, int 
   memset(s, 0, sizeof *s);
   if ((unsigned)kind >= MEGA_SCHED_KINDS)
     return mega_fail(err, MEGA_ERR_INVALID, "schedule kind %d is not a known kind", (int)kind);
-  if (pp < 1 || pp > MAX_PP)
+  if (pp < 1 || pp > MEGA_SCHED_MAX_PP)
     return mega_fail(err, MEGA_ERR_INVALID, "pp=%d is out of range; it must be 1..%d", pp,
-                     MAX_PP);
-  if (vp < 1 || vp > MAX_VP)
+                     MEGA_SCHED_MAX_PP);
+  if (vp < 1 || vp > MEGA_SCHED_MAX_VP)
     return mega_fail(err, MEGA_ERR_INVALID, "vp=%d is out of range; it must be 1..%d", vp,
-                     MAX_VP);
-  if (microbatches < 1 || (long long)microbatches * vp > MAX_VIRTUAL_MB)
+                     MEGA_SCHED_MAX_VP);
+  if (microbatches < 1 || (long long)microbatches * vp > MEGA_SCHED_MAX_VIRTUAL_MB)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "microbatches=%d is out of range; it must be at least 1 and "
                      "microbatches*vp at most %d",
-                     microbatches, MAX_VIRTUAL_MB);
+                     microbatches, MEGA_SCHED_MAX_VIRTUAL_MB);
   if (group_size < 0)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "group size %d is negative; use 0 for the default (pp)", group_size);

@@ -105,6 +105,11 @@ typedef enum mega_grad_sync {
   MEGA_GRAD_SYNC_KINDS
 } mega_grad_sync;
 
+/* What a schedule can hold (mega_sched_init refuses more). */
+#define MEGA_SCHED_MAX_PP 65536
+#define MEGA_SCHED_MAX_VP 4096
+#define MEGA_SCHED_MAX_VIRTUAL_MB (1 << 24) /* microbatches * vp */
+
 typedef struct mega_sched_params {
   mega_sched_kind kind;
   int pp;           /* --pipeline-model-parallel-size */

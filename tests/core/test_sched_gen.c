@@ -68,6 +68,9 @@ static void check_params_refuses_with_a_fix(void **state) {
       /* Megatron's second check: the last group is 9 % 4 = 1 < pp. */
       {{MEGA_SCHED_INTERLEAVED, 4, 3, 9, 4}, "the last group has 1, fewer than pp=4"},
       {{MEGA_SCHED_1F1B, 4096, 1, 4096, 0}, "more than this planner handles"},
+      /* past what a schedule holds: named by the flag, not as pp=... (megactl plan's exit 2) */
+      {{MEGA_SCHED_1F1B, 100000, 1, 8, 0}, "--pipeline-model-parallel-size 100000 is more than"},
+      {{MEGA_SCHED_INTERLEAVED, 4, 5000, 8, 0}, "--virtual-pipeline-model-parallel-size 5000 is"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     mega_sched_params p = bad[i].p;
