@@ -31,6 +31,13 @@ static json_t *rank_json(const Mega__V1__RankMetrics *r) {
   bad |= set(o, "param_bytes", json_integer((json_int_t)r->param_bytes));
   bad |= set(o, "grad_bytes", json_integer((json_int_t)r->grad_bytes));
   bad |= set(o, "optimizer_state_bytes", json_integer((json_int_t)r->optimizer_state_bytes));
+  /* what megactl watch, the web view and /metrics compute the bubble from:
+   * each rank's bubble over its own step time, and the phases they stack */
+  bad |= set(o, "step_time_s", real_or_null(r->step_time_s));
+  bad |= set(o, "bubble_warmup_s", real_or_null(r->bubble_warmup_s));
+  bad |= set(o, "bubble_steady_s", real_or_null(r->bubble_steady_s));
+  bad |= set(o, "bubble_cooldown_s", real_or_null(r->bubble_cooldown_s));
+  bad |= set(o, "peak_inflight", json_integer(r->peak_inflight));
   if (bad) {
     json_decref(o);
     return NULL;
@@ -55,6 +62,9 @@ json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m) {
   bad |= set(o, "lr", real_or_null(m->lr));
   bad |= set(o, "step_time_s", real_or_null(m->step_time_s));
   bad |= set(o, "tokens_per_s", real_or_null(m->tokens_per_s));
+  /* as megaw --json: present only where they happened */
+  if (m->has_eval_loss) bad |= set(o, "eval_loss", real_or_null(m->eval_loss));
+  if (m->skipped) bad |= set(o, "skipped", json_true());
   bad |= set(o, "ranks", ranks);
   if (bad) {
     json_decref(o);

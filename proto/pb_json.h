@@ -21,9 +21,14 @@
 #include "proto/mega.pb-c.h"
 
 /* Exactly these keys, in this order:
- *   iteration, loss, grad_norm, lr, step_time_s, tokens_per_s,
+ *   iteration, attempt, loss, grad_norm, lr, step_time_s, tokens_per_s,
+ *   eval_loss (only after an evaluation), skipped (true, only when the
+ *   optimizer skipped the step),
  *   ranks: [{rank, pp_rank, dp_rank, tp_rank, compute_s, tp_comm_s, bubble_s,
- *            p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes}] */
+ *            p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes,
+ *            param_bytes, grad_bytes, optimizer_state_bytes, step_time_s,
+ *            bubble_warmup_s, bubble_steady_s, bubble_cooldown_s,
+ *            peak_inflight}] */
 json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m);
 
 /* Writes mega_step_metrics_json(m) to f as one compact line (doubles with

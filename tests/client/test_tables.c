@@ -229,7 +229,9 @@ static void test_step_metrics_json_keys(void **state) {
   r.tp_rank = 0;
   r.compute_s = 0.2;
   r.bubble_s = 0.05;
-  r.bubble_warmup_s = 0.05; /* not among the keys */
+  r.bubble_warmup_s = 0.05;
+  r.step_time_s = 0.25;
+  r.peak_inflight = 2;
   r.p2p_wait_s = 0.01;
   r.grad_sync_exposed_s = 0.002;
   r.peak_activation_bytes = 1ull << 40;
@@ -245,9 +247,24 @@ static void test_step_metrics_json_keys(void **state) {
                       "\"pp_rank\":1,\"dp_rank\":0,\"tp_rank\":0,\"compute_s\":0.20000000000000001,"
                       "\"tp_comm_s\":0.0,\"bubble_s\":0.050000000000000003,\"p2p_wait_s\":0.01,"
                       "\"grad_sync_exposed_s\":0.002,\"peak_activation_bytes\":1099511627776,"
-                      "\"param_bytes\":4000,\"grad_bytes\":4000,\"optimizer_state_bytes\":4000}]}");
+                      "\"param_bytes\":4000,\"grad_bytes\":4000,\"optimizer_state_bytes\":4000,"
+                      "\"step_time_s\":0.25,\"bubble_warmup_s\":0.050000000000000003,"
+                      "\"bubble_steady_s\":0.0,\"bubble_cooldown_s\":0.0,\"peak_inflight\":2}]}");
   free(s);
   json_decref(j);
+
+  /* an evaluation's loss and a skipped step are there when they happened, as
+   * in megaw --json (the watcher of a job would not see its eval loss) */
+  m.has_eval_loss = true;
+  m.eval_loss = 2.5;
+  m.skipped = true;
+  j = mega_step_metrics_json(&m);
+  assert_non_null(j);
+  assert_true(json_real_value(json_object_get(j, "eval_loss")) == 2.5);
+  assert_true(json_is_true(json_object_get(j, "skipped")));
+  json_decref(j);
+  m.has_eval_loss = false;
+  m.skipped = false;
 
   char *line = NULL;
   size_t len = 0;

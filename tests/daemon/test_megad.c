@@ -444,7 +444,8 @@ static void test_run_json(void **state) {
   char dir[128];
   hd_tmpdir(dir, sizeof dir);
   Mega__V1__JobSpec spec;
-  const char *extra[] = {"--pipeline-model-parallel-size", "2", NULL};
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--eval-interval", "2",
+                         "--eval-iters", "1", NULL};
   hd_tiny_spec(&spec, dir, 3, extra);
   char cmd[2048];
   int off = snprintf(cmd, sizeof cmd, "'%s' run --slots 2 --json --worker '%s'", getenv("MEGAD"),
@@ -459,13 +460,18 @@ static void test_run_json(void **state) {
                         "tokens_per_s", "ranks"};
   const char *rkeys[] = {"rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "tp_comm_s",
                          "bubble_s", "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes",
-                         "param_bytes", "grad_bytes", "optimizer_state_bytes"};
+                         "param_bytes", "grad_bytes", "optimizer_state_bytes", "step_time_s",
+                         "bubble_warmup_s", "bubble_steady_s", "bubble_cooldown_s",
+                         "peak_inflight"};
   while (fgets(line, sizeof line, p)) {
     json_error_t je;
     json_t *o = json_loads(line, 0, &je);
     assert_non_null(o);
-    assert_int_equal(json_object_size(o), 8);
+    /* the evaluation after iteration 2 (--eval-interval 2) is in its line */
+    bool eval = lines + 1 == 2;
+    assert_int_equal(json_object_size(o), eval ? 9 : 8);
     for (size_t k = 0; k < 8; k++) assert_non_null(json_object_get(o, keys[k]));
+    if (eval) assert_true(json_real_value(json_object_get(o, "eval_loss")) > 0);
     assert_int_equal(json_integer_value(json_object_get(o, "iteration")), lines + 1);
     json_t *ranks = json_object_get(o, "ranks");
     assert_int_equal(json_array_size(ranks), 2);
