@@ -222,7 +222,7 @@ static void job_metrics(sbuf *b, const shown *v, size_t n, size_t unlisted) {
     snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
     sample_u(b, "mega_job_train_iterations", l, v[i].j->train_iters);
   }
-  family(b, "mega_job_attempt", "gauge", "The job's current attempt (1: the first).");
+  family(b, "mega_job_attempt", "gauge", "The job's current attempt (0: the first, one more per restart or rescale).");
   for (size_t i = 0; i < n; i++) {
     snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
     sample_u(b, "mega_job_attempt", l, v[i].j->attempt);

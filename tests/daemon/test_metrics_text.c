@@ -233,6 +233,9 @@ static void test_page_follows_the_format(void **state) {
   /* the running job by id; the finished and the pending one not at all */
   assert_non_null(strstr(page, "\nmega_job_iteration{job=\"j-1-a\"} 7\n"));
   assert_non_null(strstr(page, "\nmega_job_loss{job=\"j-1-a\"} 3.25\n"));
+  /* the attempt is the job's (proto: 0 for the first run), and its help says so */
+  assert_non_null(strstr(page, "\nmega_job_attempt{job=\"j-1-a\"} 1\n"));
+  assert_non_null(strstr(page, "\n# HELP mega_job_attempt The job's current attempt (0: the first,"));
   assert_non_null(strstr(page, "\nmega_job_stage_bubble_ratio{job=\"j-1-a\",stage=\"1\"} 0.25\n"));
   assert_non_null(strstr(page, "\nmega_job_step_report_delay_seconds_count{job=\"j-1-a\"} 5\n"));
   assert_null(strstr(page, "j-2-a"));
