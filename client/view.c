@@ -351,8 +351,9 @@ int view_render(FILE *f, const view_model *v, int64_t now_ms, const view_opts *o
   char st[32], tok[32];
   view_duration(m->step_time_s, st, sizeof st);
   view_si(m->tokens_per_s, tok, sizeof tok);
-  sb_add(&b, "loss %s%.4f%s  grad norm %.4g  lr %.3e  step %s  tokens/s %s", SGR(o, "1"), m->loss,
-         RESET(o), m->grad_norm, m->lr, st, tok);
+  if (m->no_loss) sb_add(&b, "loss -");
+  else sb_add(&b, "loss %s%.4f%s", SGR(o, "1"), m->loss, RESET(o));
+  sb_add(&b, "  grad norm %.4g  lr %.3e  step %s  tokens/s %s", m->grad_norm, m->lr, st, tok);
   if (m->has_eval_loss) sb_add(&b, "  eval loss %.4f", m->eval_loss);
   if (v->tp > 1 && m->n_ranks) { /* TP collectives sit on the critical path */
     double share = 0;
@@ -373,8 +374,10 @@ void view_step_line(FILE *f, const Mega__V1__StepMetrics *m, uint64_t train_iter
     fprintf(f, "iter %" PRIu64 "/%" PRIu64, m->iteration, train_iters);
   else
     fprintf(f, "iter %" PRIu64, m->iteration);
-  fprintf(f, " loss %.4f grad_norm %.4g lr %.3e step %.4fs tokens/s %.0f", m->loss, m->grad_norm,
-          m->lr, m->step_time_s, m->tokens_per_s);
+  if (m->no_loss) fprintf(f, " loss -");
+  else fprintf(f, " loss %.4f", m->loss);
+  fprintf(f, " grad_norm %.4g lr %.3e step %.4fs tokens/s %.0f", m->grad_norm, m->lr,
+          m->step_time_s, m->tokens_per_s);
   if (m->has_eval_loss) fprintf(f, " eval_loss %.4f", m->eval_loss);
   view_stage st[MAX_STAGES];
   int n = view_stage_bubbles(m, st, MAX_STAGES);

@@ -470,7 +470,7 @@ static void print_step(app *a, const Mega__V1__StepMetrics *s) {
     mega_step_metrics_write(stdout, s);
     return;
   }
-  mega_logline_add(&a->log, true, s->loss, s->skipped, s->step_time_s, s->tokens_per_s);
+  mega_logline_add(&a->log, !s->no_loss, s->loss, s->skipped, s->step_time_s, s->tokens_per_s);
   if (mega_logline_due(&a->spec, (int64_t)s->iteration)) {
     char extra[64], line[1024];
     snprintf(extra, sizeof extra, " bubble: %.1f%% |", 100 * mega_step_bubble(s));

@@ -57,7 +57,7 @@ json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m) {
     bad |= json_array_append_new(ranks, rank_json(m->ranks[i])) != 0;
   bad |= set(o, "iteration", json_integer((json_int_t)m->iteration));
   bad |= set(o, "attempt", json_integer((json_int_t)m->attempt));
-  bad |= set(o, "loss", real_or_null(m->loss));
+  bad |= set(o, "loss", m->no_loss ? json_null() : real_or_null(m->loss));
   bad |= set(o, "grad_norm", real_or_null(m->grad_norm));
   bad |= set(o, "lr", real_or_null(m->lr));
   bad |= set(o, "step_time_s", real_or_null(m->step_time_s));

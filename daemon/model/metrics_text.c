@@ -229,7 +229,7 @@ static void job_metrics(sbuf *b, const shown *v, size_t n, size_t unlisted) {
   }
   family(b, "mega_job_loss", "gauge", "Training loss of the job's last merged step.");
   for (size_t i = 0; i < n; i++)
-    if (v[i].j->hist.last_step) {
+    if (v[i].j->hist.last_step && !v[i].j->hist.last_step->no_loss) {
       snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
       sample(b, "mega_job_loss", l, v[i].j->hist.last_step->loss);
     }

@@ -148,6 +148,8 @@ static Mega__V1__StepMetrics *merge(const mega_stepmerge *m, const pending *p) {
     uint32_t dp = rm[r].dp_rank < m->world ? rm[r].dp_rank : 0;
     if (rep->tokens > dp_tokens[dp]) dp_tokens[dp] = rep->tokens;
   }
+  /* --simulate-compute computes no loss: say so rather than report 0 */
+  s.no_loss = !have_loss;
   uint64_t tokens = 0;
   for (uint32_t d = 0; d < m->world; d++) tokens += dp_tokens[d];
   s.tokens_per_s = s.step_time_s > 0 ? (double)tokens / s.step_time_s : 0;

@@ -1,6 +1,7 @@
 /* A job's step curve (see stepring.h). */
 #include "daemon/model/stepring.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,7 +46,7 @@ static void point_of(mega_steppoint *p, const Mega__V1__StepMetrics *s) {
   memset(p, 0, sizeof *p);
   p->iteration = s->iteration;
   p->time_ms = s->time_unix_ms;
-  p->loss = s->loss;
+  p->loss = s->no_loss ? NAN : s->loss; /* drawn as a gap, as a diverged one */
   p->has_eval = s->has_eval_loss;
   p->eval_loss = s->eval_loss;
   p->grad_norm = s->grad_norm;

@@ -51,7 +51,7 @@ static json_t *job_summary(const mega_job *j) {
   json_object_set_new(o, "error", j->error ? json_string(j->error) : json_null());
   json_object_set_new(o, "coordinator", json_string(j->coordinator ? j->coordinator : ""));
   const Mega__V1__StepMetrics *s = j->hist.last_step;
-  json_object_set_new(o, "loss", s ? num(s->loss) : json_null());
+  json_object_set_new(o, "loss", s && !s->no_loss ? num(s->loss) : json_null());
   json_object_set_new(o, "tokens_per_s", s ? num(s->tokens_per_s) : json_null());
   json_object_set_new(o, "step_time_s", s ? num(s->step_time_s) : json_null());
   return o;

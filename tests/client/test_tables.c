@@ -265,6 +265,14 @@ static void test_step_metrics_json_keys(void **state) {
   json_decref(j);
   m.has_eval_loss = false;
   m.skipped = false;
+  /* no rank computed a loss (--simulate-compute): null, not 0 */
+  m.loss = 0;
+  m.no_loss = true;
+  j = mega_step_metrics_json(&m);
+  assert_non_null(j);
+  assert_true(json_is_null(json_object_get(j, "loss")));
+  json_decref(j);
+  m.no_loss = false;
 
   char *line = NULL;
   size_t len = 0;

@@ -490,6 +490,29 @@ static void test_run_json(void **state) {
   assert_int_equal(WEXITSTATUS(st), 0);
   assert_int_equal(lines, 3);
 
+  /* --simulate-compute computes no loss: each line's loss is null, not 0 */
+  const char *sim[] = {"--pipeline-model-parallel-size", "2", "--simulate-compute", "1:1", NULL};
+  hd_tiny_spec(&spec, dir, 2, sim);
+  off = snprintf(cmd, sizeof cmd, "'%s' run --slots 2 --json --worker '%s'", getenv("MEGAD"),
+                 getenv("MEGAW"));
+  for (size_t i = 0; i < spec.n_args; i++)
+    off += snprintf(cmd + off, sizeof cmd - (size_t)off, " '%s'", spec.args[i]);
+  p = popen(cmd, "r");
+  assert_non_null(p);
+  lines = 0;
+  while (fgets(line, sizeof line, p)) {
+    json_t *o = json_loads(line, 0, NULL);
+    assert_non_null(o);
+    assert_true(json_is_null(json_object_get(o, "loss")));
+    assert_true(json_real_value(json_object_get(o, "tokens_per_s")) > 0);
+    json_decref(o);
+    lines++;
+  }
+  st = pclose(p);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_int_equal(lines, 2);
+
   /* a job that fails in its worker: the cause once, exit 1, no temp dir left */
   char bad[256];
   snprintf(bad, sizeof bad, "%s/badckpt", dir);

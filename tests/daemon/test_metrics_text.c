@@ -293,6 +293,14 @@ static void test_special_values(void **state) {
   assert_non_null(strstr(page, "mega_job_loss{job=\"j-1-a\"} NaN\n"));
   assert_non_null(strstr(page, "mega_job_tokens_per_second{job=\"j-1-a\"} +Inf\n"));
   free(page);
+  /* a step without a loss (--simulate-compute) has no loss sample, not 0 */
+  t.step.loss = 0;
+  t.step.no_loss = true;
+  page = render(&m);
+  check_format(page, f, &nf);
+  assert_null(strstr(page, "mega_job_loss{"));
+  assert_non_null(strstr(page, "mega_job_tokens_per_second{job=\"j-1-a\"} +Inf\n"));
+  free(page);
 }
 
 /* The value of one sample of the page (fails when it is not there). */

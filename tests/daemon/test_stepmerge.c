@@ -220,6 +220,36 @@ static void test_flush_partial(void **state) {
   mega_stepmerge_free(m);
 }
 
+/* No rank computed a loss (--simulate-compute: the last stage reports none):
+ * the step says so, where a loss of 0 would read as a perfect model. */
+static void test_no_loss(void **state) {
+  (void)state;
+  mega_stepmerge *m = mega_stepmerge_new(4, 0, 0);
+  mega_step_done *d = NULL;
+  for (uint32_t r = 0; r < 4; r++) {
+    rep x;
+    make(&x, r, 1);
+    x.r.has_loss = false;
+    x.r.loss = 0;
+    assert_int_equal(mega_stepmerge_add(m, r, &x.r, &d, NULL), MEGA_OK);
+  }
+  assert_non_null(d);
+  assert_true(d->step->no_loss);
+  assert_true(d->step->grad_norm == 2.5);
+  mega_step_done_free(d);
+  /* with the loss stage's reports, the loss is there */
+  for (uint32_t r = 0; r < 4; r++) {
+    rep x;
+    make(&x, r, 2);
+    assert_int_equal(mega_stepmerge_add(m, r, &x.r, &d, NULL), MEGA_OK);
+  }
+  assert_non_null(d);
+  assert_false(d->step->no_loss);
+  check_merged(d, 2);
+  mega_step_done_free(d);
+  mega_stepmerge_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_order),
@@ -227,6 +257,7 @@ int main(void) {
       cmocka_unit_test(test_missing_rank),
       cmocka_unit_test(test_duplicates_and_bad_reports),
       cmocka_unit_test(test_flush_partial),
+      cmocka_unit_test(test_no_loss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
