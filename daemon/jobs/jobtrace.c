@@ -11,6 +11,45 @@
 #include "core/trace.h"
 
 #define TRACE_CHUNK (1u << 20)
+#define COMM_LANES 8 /* tracks per rank's communicator; more spans go on the last */
+
+/* A rank's communicator spans overlap one another: a bucket waits in the
+ * queue while another reduces, and the embedding's exchange spans both. A
+ * trace viewer draws one track as a stack of spans that nest, and drops or
+ * misdraws one that overlaps another partly, so each span goes on the first
+ * of the rank's comm tracks where it nests: after what ended before it
+ * starts, inside what is open there. */
+typedef struct comm_lanes {
+  double open[COMM_LANES][16]; /* each lane's open spans' ends, innermost last */
+  int nopen[COMM_LANES];
+  int used;
+} comm_lanes;
+
+static int comm_lane(comm_lanes *l, double start, double end) {
+  for (int k = 0; k < COMM_LANES; k++) {
+    while (l->nopen[k] && l->open[k][l->nopen[k] - 1] <= start) l->nopen[k]--;
+    int n = l->nopen[k];
+    if ((n && end > l->open[k][n - 1]) || n == 16) continue;
+    l->open[k][l->nopen[k]++] = end;
+    if (k + 1 > l->used) l->used = k + 1;
+    return k;
+  }
+  if (l->used < COMM_LANES) l->used = COMM_LANES;
+  return COMM_LANES - 1;
+}
+
+/* A rank's spans by start, the longer first at one start (it holds the
+ * other): the order comm_lane needs, and the one a viewer reads nesting
+ * from (a grad-sync span starts with the GW inside it). */
+typedef struct comm_span {
+  const Mega__V1__ActionSpan *s;
+} comm_span;
+
+static int by_start(const void *a, const void *b) {
+  const Mega__V1__ActionSpan *x = ((const comm_span *)a)->s, *y = ((const comm_span *)b)->s;
+  if (x->start_us != y->start_us) return x->start_us < y->start_us ? -1 : 1;
+  return (x->dur_us < y->dur_us) - (x->dur_us > y->dur_us);
+}
 
 static char *trace_path(const megad_base *b, const char *job_id) {
   char *p = NULL;
@@ -33,8 +72,10 @@ mega_status megad_trace_write(megad_base *b, const mega_job *j, const mega_step_
     if (s && (!t0 || s < t0)) t0 = s;
   }
   /* Rank r's actions on track r; its communicator's spans, which overlap
-   * them, on track world + r. */
+   * them, on track world + r, and those that overlap these partly on
+   * 2 world + r, 3 world + r, ... (comm_lane). */
   size_t spans = 0;
+  comm_span *cs = NULL;
   for (uint32_t r = 0; r < done->world; r++) {
     const Mega__V1__StepReport *rep = done->reports[r];
     const Mega__V1__RankMetrics *m = rep->metrics;
@@ -43,18 +84,34 @@ mega_status megad_trace_write(megad_base *b, const mega_job *j, const mega_step_
              m ? m->dp_rank : 0, m ? m->tp_rank : 0);
     mega_trace_track(t, (int)r, name);
     double off = rep->step_start_unix_us && t0 ? (double)(rep->step_start_unix_us - t0) : 0;
-    bool comm = false;
-    for (size_t i = 0; i < rep->n_spans; i++, spans++) {
-      bool c = mega_trace_cat_is_comm(rep->spans[i]->cat);
-      comm |= c;
-      mega_trace_span(t, (int)(c ? done->world + r : r), rep->spans[i]->name,
-                      rep->spans[i]->cat, rep->spans[i]->start_us + off, rep->spans[i]->dur_us);
+    comm_span *grown = realloc(cs, (rep->n_spans ? rep->n_spans : 1) * sizeof *cs);
+    if (!grown) {
+      free(cs);
+      mega_trace_free(t);
+      return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
     }
-    if (comm) {
-      snprintf(name, sizeof name, "rank %u comm (gradient reductions)", r);
-      mega_trace_track(t, (int)(done->world + r), name);
+    cs = grown;
+    for (size_t i = 0; i < rep->n_spans; i++, spans++) cs[i].s = rep->spans[i];
+    qsort(cs, rep->n_spans, sizeof *cs, by_start);
+    comm_lanes lanes = {0};
+    for (size_t i = 0; i < rep->n_spans; i++) {
+      const Mega__V1__ActionSpan *s = cs[i].s;
+      double dur = s->dur_us > 0 ? s->dur_us : 0;
+      if (!mega_trace_cat_is_comm(s->cat)) {
+        mega_trace_span(t, (int)r, s->name, s->cat, s->start_us + off, s->dur_us);
+        continue;
+      }
+      int k = comm_lane(&lanes, s->start_us, s->start_us + dur);
+      mega_trace_span(t, (int)(done->world * (uint32_t)(k + 1) + r), s->name, s->cat,
+                      s->start_us + off, dur);
+    }
+    for (int k = 0; k < lanes.used; k++) {
+      if (k) snprintf(name, sizeof name, "rank %u comm (gradient reductions, %d)", r, k + 1);
+      else snprintf(name, sizeof name, "rank %u comm (gradient reductions)", r);
+      mega_trace_track(t, (int)(done->world * (uint32_t)(k + 1) + r), name);
     }
   }
+  free(cs);
   char *json = mega_trace_dump(t);
   mega_trace_free(t);
   if (!json) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");

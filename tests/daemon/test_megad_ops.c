@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -68,6 +69,36 @@ static void test_fifo_when_slots_are_busy(void **state) {
   hd_cleanup(&d);
 }
 
+/* The job's trace through GetTrace, parsed. */
+static json_t *fetch_trace(hd *d, const char *id) {
+  Mega__V1__GetTraceRequest req = MEGA__V1__GET_TRACE_REQUEST__INIT;
+  req.job_id = (char *)id;
+  mega_err err = {0};
+  mega_rpc_stream *s = NULL;
+  ProtobufCMessage *m = NULL;
+  assert_int_equal(mega_rpc_stream_open(d->ch, &mega_control_get_trace, &req.base, 5000, &s, &err),
+                   MEGA_OK);
+  size_t len = 0, total = 0, cap = 1 << 20;
+  char *buf = malloc(cap);
+  while (mega_rpc_stream_next(s, &m, &err) == MEGA_OK && m) {
+    Mega__V1__TraceChunk *c = (void *)m;
+    total = c->total_bytes;
+    if (len + c->data.len + 1 > cap) buf = realloc(buf, cap = 2 * (len + c->data.len + 1));
+    memcpy(buf + len, c->data.data, c->data.len);
+    len += c->data.len;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  mega_rpc_stream_close(s);
+  assert_int_equal(err.status, MEGA_OK);
+  assert_int_equal(len, total);
+  buf[len] = '\0';
+  json_error_t je;
+  json_t *t = json_loads(buf, 0, &je);
+  free(buf);
+  assert_non_null(t);
+  return t;
+}
+
 /* --trace-iteration: one Chrome trace, one track per rank, via GetTrace. */
 static void test_trace(void **state) {
   (void)state;
@@ -95,26 +126,7 @@ static void test_trace(void **state) {
   assert_non_null(strstr(w.events_text, "trace of iteration 2 written"));
   hd_watch_free(&w);
 
-  req.job_id = id;
-  assert_int_equal(mega_rpc_stream_open(d.ch, &mega_control_get_trace, &req.base, 5000, &s, &err),
-                   MEGA_OK);
-  size_t len = 0, total = 0, cap = 1 << 20;
-  char *buf = malloc(cap);
-  while (mega_rpc_stream_next(s, &m, &err) == MEGA_OK && m) {
-    Mega__V1__TraceChunk *c = (void *)m;
-    total = c->total_bytes;
-    if (len + c->data.len + 1 > cap) buf = realloc(buf, cap = 2 * (len + c->data.len + 1));
-    memcpy(buf + len, c->data.data, c->data.len);
-    len += c->data.len;
-    protobuf_c_message_free_unpacked(m, NULL);
-  }
-  mega_rpc_stream_close(s);
-  assert_int_equal(err.status, MEGA_OK);
-  assert_int_equal(len, total);
-  buf[len] = '\0';
-  json_error_t je;
-  json_t *t = json_loads(buf, 0, &je);
-  assert_non_null(t);
+  json_t *t = fetch_trace(&d, id);
   json_t *evs = json_object_get(t, "traceEvents");
   /* tracks 0 and 1: the ranks' actions; 2 and 3: their communicators (the
    * tied embedding's exchange between the two stages) */
@@ -132,7 +144,69 @@ static void test_trace(void **state) {
   }
   assert_true(tracks[0] > 0 && tracks[1] > 0 && tracks[2] > 0 && tracks[3] > 0);
   json_decref(t);
-  free(buf);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* The spans of every track nest: each one ends before the next starts or
+ * holds it whole, the outer written first where they start together, as Chrome's trace format wants of one thread's complete
+ * events (Perfetto drops or misdraws one that overlaps another partly).
+ * With data parallelism and --overlap-grad-reduce a rank's reductions queue
+ * behind one another and the schedule's GWs wait past the last one's end,
+ * which once put the norm's span across a GW's and the queued buckets
+ * across the running ones on one track. */
+static void test_trace_spans_nest(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "t1", 4, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--pipeline-model-parallel-size", "2", "--overlap-grad-reduce",
+                         "--trace-iteration", "2", NULL};
+  hd_tiny_spec(&spec, d.dir, 3, extra);
+  spec.nproc_per_node = 4;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(&d, id, true, 60000, &w);
+  assert_non_null(w.final);
+  assert_int_equal(w.final->state, STATE(SUCCEEDED));
+  hd_watch_free(&w);
+  json_t *t = fetch_trace(&d, id);
+  json_t *evs = json_object_get(t, "traceEvents");
+  enum { TRACKS = 64, SPANS = 512 };
+  static double sp[TRACKS][SPANS][2];
+  int n[TRACKS] = {0}, comm = 0;
+  for (size_t i = 0; i < json_array_size(evs); i++) {
+    json_t *e = json_array_get(evs, i);
+    const char *ph = json_string_value(json_object_get(e, "ph"));
+    json_int_t tid = json_integer_value(json_object_get(e, "tid"));
+    if (!ph || strcmp(ph, "X")) continue;
+    assert_true(tid >= 0 && tid < TRACKS && n[tid] < SPANS);
+    double ts = json_number_value(json_object_get(e, "ts"));
+    double dur = json_number_value(json_object_get(e, "dur"));
+    assert_true(dur >= 0);
+    comm += mega_trace_cat_is_comm(json_string_value(json_object_get(e, "cat")));
+    sp[tid][n[tid]][0] = ts;
+    sp[tid][n[tid]++][1] = ts + dur;
+  }
+  assert_true(comm > 0); /* the reductions are there */
+  for (int k = 0; k < TRACKS; k++)
+    for (int a = 0; a < n[k]; a++)
+      for (int b = 0; b < n[k]; b++) {
+        const double *x = sp[k][a], *y = sp[k][b];
+        /* y starts inside x: then it ends inside x too (a tolerance of a
+         * microsecond's thousandth for the doubles) */
+        if (a != b && y[0] > x[0] && y[0] < x[1] - 1e-3 && y[1] > x[1] + 1e-3)
+          fail_msg("track %d: [%.3f, %.3f] and [%.3f, %.3f] overlap partly", k, x[0], x[1],
+                   y[0], y[1]);
+        /* two that start together: the one written first holds the other
+         * (a viewer opens them in the file's order) */
+        if (a < b && fabs(y[0] - x[0]) < 1e-3 && y[1] > x[1] + 1e-3)
+          fail_msg("track %d: [%.3f, %.3f] is written before [%.3f, %.3f], which holds it", k,
+                   x[0], x[1], y[0], y[1]);
+      }
+  json_decref(t);
   assert_int_equal(hd_stop(&d), 0);
   hd_cleanup(&d);
 }
@@ -533,6 +607,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_fifo_when_slots_are_busy, teardown),
       cmocka_unit_test_teardown(test_trace, teardown),
+      cmocka_unit_test_teardown(test_trace_spans_nest, teardown),
       cmocka_unit_test_teardown(test_metrics_page, teardown),
       cmocka_unit_test_teardown(test_sd_notify, teardown),
       cmocka_unit_test_teardown(test_slow_watcher_told_of_gap, teardown),

@@ -415,6 +415,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
     st = mega_engine_run(r->engine, it, &res, trace ? r->spans : NULL, r->span_cap, &r->nspans,
                          t0, err);
   if (st != MEGA_OK) return st;
+  double te = wall_s(); /* the engine's last span (a GW's wait) ended by now */
 
   /* The rank's pipeline work ended at ts; since then it has waited for its
    * gradient reductions (the schedule's GWs) and the pipeline's drain. */
@@ -507,14 +508,20 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   if (st != MEGA_OK) return st;
   r->stepping = r->stepped = false;
   if (trace) {
+    /* The schedule's GWs after ts are the engine's spans, ending when this
+     * thread woke, after the comm thread's last reduction (tg): grad-sync
+     * holds them and the norm starts after them, so the track's spans nest
+     * (a trace viewer drops spans that overlap partly). */
+    double tq = tg > te ? tg : te;
+    if (tq > tsync) tq = tsync;
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "grad-sync", .cat = "grad_sync",
                                                .start_us = (ts - t0) * 1e6,
-                                               .dur_us = (tg - ts) * 1e6};
+                                               .dur_us = (tq - ts) * 1e6};
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "grad-norm", .cat = "optimizer",
-                                               .start_us = (tg - t0) * 1e6,
-                                               .dur_us = (tsync - tg) * 1e6};
+                                               .start_us = (tq - t0) * 1e6,
+                                               .dur_us = (tsync - tq) * 1e6};
     if (r->nspans < r->span_cap)
       r->spans[r->nspans++] = (mega_rank_span){.name = "optimizer", .cat = "optimizer",
                                                .start_us = (tsync - t0) * 1e6,
