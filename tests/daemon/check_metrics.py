@@ -1,7 +1,10 @@
 """The /metrics page through Prometheus' own parser (python3-prometheus-client):
 every family parses with its declared type, counters are counters, and the
-values come back. Usage: check_metrics.py TEST_METRICS_TEXT (run with --print).
-Exit 77 (skipped) without prometheus_client."""
+values come back; then through `promtool check metrics` (Debian's prometheus),
+Prometheus' own lint of names, units and help. Usage: check_metrics.py
+TEST_METRICS_TEXT (run with --print). Exit 77 (skipped) without
+prometheus_client."""
+import shutil
 import subprocess
 import sys
 
@@ -45,3 +48,12 @@ for f in families.values():
     for s in f.samples:
         assert "name" not in s.labels, s
 print(f"{len(families)} families parsed")
+
+promtool = shutil.which("promtool")
+if promtool:
+    lint = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True,
+                          text=True)
+    assert lint.returncode == 0, f"promtool check metrics:\n{lint.stdout}{lint.stderr}"
+    print("promtool check metrics: no problems")
+else:
+    print("promtool is not installed (Debian's prometheus; scripts/install-deps): lint not run")
