@@ -98,6 +98,57 @@ static const compat table[] = {
      "drop it"},
     {"--use-torch-fsdp2", false, NULL, "mega has no FSDP",
      "use --use-distributed-optimizer (ZeRO-1: sharded optimizer state)"},
+    /* Llama's flags from Megatron's scripts and docs/llama_mistral.md */
+    {"--attention-softmax-in-fp32", false, yes,
+     "mega's attention softmax is in fp32, so this restates what it does", ""},
+    {"--no-query-key-layer-scaling", false, yes,
+     "mega scales attention scores by 1/sqrt(head width) only, so this restates what it does",
+     ""},
+    {"--calculate-per-token-loss", false, yes,
+     "mega's loss is the mean over every target token of the global batch, so this restates "
+     "what it does",
+     ""},
+    {"--use-rotary-position-embeddings", false, NULL,
+     "it is Megatron's deprecated spelling of --position-embedding-type rope",
+     "use --position-embedding-type rope (with --normalization RMSNorm --swiglu for Llama)"},
+    {"--no-position-embedding", false, NULL,
+     "it is Megatron's deprecated flag, which only restates that rotary embeddings replace the "
+     "learned ones; mega has no model without position embeddings",
+     "drop it and give --position-embedding-type rope"},
+    {"--apply-layernorm-1p", false, NULL,
+     "mega's norms scale by their weight, initialized to 1, as Hugging Face's LlamaRMSNorm does "
+     "(so a checkpoint loads into transformers as saved), not by 1 + a weight initialized to 0 "
+     "(Megatron's zero-centered gamma)",
+     "drop it"},
+    {"--rotary-interleaved", false, NULL,
+     "mega's RoPE rotates the two halves of each head's rotated channels against each other "
+     "(Megatron's default and Hugging Face's rotate_half), not interleaved pairs",
+     "drop it"},
+    {"--rotary-seq-len-interpolation-factor", true, NULL,
+     "mega's RoPE has no position interpolation", "drop it"},
+    {"--use-rope-scaling", false, NULL,
+     "mega's RoPE has no Llama 3.1 frequency scaling (its config.json says rope_scaling null)",
+     "drop it (and --rope-scaling-factor)"},
+    {"--rope-scaling-factor", true, NULL,
+     "mega's RoPE has no Llama 3.1 frequency scaling (its config.json says rope_scaling null)",
+     "drop it"},
+    {"--qk-layernorm", false, NULL,
+     "mega's Llama has no norms on q and k: Hugging Face's LlamaForCausalLM cannot hold them",
+     "drop it"},
+    {"--add-qkv-bias", false, NULL,
+     "mega's linear layers have biases all together or none (Hugging Face's LlamaConfig "
+     "attention_bias covers q, k, v and o alike)",
+     "drop it (without --disable-bias-linear every linear layer has biases)"},
+    {"--apply-query-key-layer-scaling", false, NULL,
+     "it exists for fp16 softmax, and mega's attention softmax is in fp32", "drop it"},
+    {"--cross-entropy-loss-fusion", false, NULL,
+     "mega runs no fused cross-entropy kernel (its vocabulary-parallel cross-entropy gives the "
+     "same loss)",
+     "drop it"},
+    {"--use-checkpoint-args", false, NULL,
+     "mega does not read the model's flags from a checkpoint; a load checks config.json's "
+     "architecture and every size against the flags given",
+     "drop it and give the model's flags"},
 };
 
 #define NCOMPAT ((int)(sizeof table / sizeof table[0]))

@@ -134,6 +134,43 @@ static void test_megatron_table(void **state) {
   free(help);
 }
 
+/* Megatron's Llama scripts (examples/llama, docs/llama_mistral.md): every
+ * flag of theirs that is not mega's own is accepted where it restates mega
+ * or refused with the reason, never "unknown flag". */
+static void test_megatron_llama_flags(void **state) {
+  (void)state;
+  refused(ARGV("--use-rotary-position-embeddings"), "deprecated spelling",
+          "use --position-embedding-type rope");
+  refused(ARGV("--no-position-embedding"), "rotary embeddings replace the learned ones",
+          "drop it and give --position-embedding-type rope");
+  refused(ARGV("--apply-layernorm-1p"), "not by 1 + a weight initialized to 0", "drop it");
+  refused(ARGV("--rotary-interleaved"), "not interleaved pairs", "drop it");
+  refused(ARGV("--rotary-seq-len-interpolation-factor", "2"), "no position interpolation",
+          "drop it");
+  refused(ARGV("--use-rope-scaling"), "no Llama 3.1 frequency scaling", "--rope-scaling-factor");
+  refused(ARGV("--rope-scaling-factor", "8"), "rope_scaling null", "drop it");
+  refused(ARGV("--qk-layernorm"), "no norms on q and k", "drop it");
+  refused(ARGV("--add-qkv-bias"), "biases all together or none",
+          "without --disable-bias-linear");
+  refused(ARGV("--apply-query-key-layer-scaling"), "softmax is in fp32", "drop it");
+  refused(ARGV("--cross-entropy-loss-fusion"), "no fused cross-entropy", "drop it");
+  refused(ARGV("--use-checkpoint-args"), "checks config.json", "give the model's flags");
+  accepted(ARGV("--attention-softmax-in-fp32"));
+  accepted(ARGV("--no-query-key-layer-scaling"));
+  accepted(ARGV("--calculate-per-token-loss"));
+  /* Megatron's Llama-2 flags as docs/llama_mistral.md writes them, with the
+   * refusals' replacements: a Llama */
+  mega_jobspec s;
+  mega_err err = {0};
+  make_spec(&s, ARGV("--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                     "--swiglu", "--untie-embeddings-and-output-weights",
+                     "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
+                     "--disable-bias-linear"));
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  assert_true(mega_jobspec_llama(&s));
+  mega_jobspec_free(&s);
+}
+
 /* ---- --split, --eval-iters 0, the note ---- */
 
 static void test_split_quotes(void **state) {
@@ -619,6 +656,7 @@ static void test_flops_llama(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nearest_flag),   cmocka_unit_test(test_megatron_table),
+      cmocka_unit_test(test_megatron_llama_flags),
       cmocka_unit_test(test_split_quotes),   cmocka_unit_test(test_eval_iters_zero),
       cmocka_unit_test(test_eval_note),      cmocka_unit_test(test_sample_flags),
       cmocka_unit_test(test_rampup_small),   cmocka_unit_test(test_rampup_gpt3),
