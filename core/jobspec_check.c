@@ -478,7 +478,7 @@ static mega_status check_model_sizes(const mega_jobspec *s, mega_err *err) {
     return BAD("the MLP's width %d (%s) is not divisible by --tensor-model-parallel-size %d",
                ffn, s->ffn_hidden_size > 0 ? "--ffn-hidden-size" : "its default", tp);
   if (s->position_embedding_type == MEGA_POS_ROPE) {
-    int kv = mega_jobspec_kv_channels(s), rot = (int)((float)kv * (float)s->rotary_percent);
+    int kv = mega_jobspec_kv_channels(s), rot = (int)(kv * s->rotary_percent); /* Megatron's, in double */
     if (rot < 2 || rot % 2)
       return BAD("--rotary-percent %g of %d channels per head rotates %d; RoPE turns pairs of "
                  "channels, so that must be even and at least 2",

@@ -431,6 +431,11 @@ static void test_model_flags(void **state) {
   expect_parse_error(ARGV("--rotary-percent", "1.5"), MEGA_ERR_INVALID,
                      "--rotary-percent must be at most 1 (got 1.5)");
   expect_check_ok(ARGV(LLAMA, "--ffn-hidden-size", "128", "--rotary-percent", "0.25"), 1, -1);
+  /* Megatron's int(kv_channels * rotary_percent), in double: 100 x 0.29 is
+   * 28.999999999999996, 28 channels (in float it would be 29, refused) */
+  expect_check_ok(ARGV(LLAMA, "--ffn-hidden-size", "128", "--kv-channels", "100",
+                       "--rotary-percent", "0.29"),
+                  1, -1);
   expect_check_error(ARGV(LLAMA, "--ffn-hidden-size", "128", "--rotary-percent", "0.1"), 1, -1,
                      "--rotary-percent 0.1 of 16 channels per head rotates 1; RoPE turns pairs "
                      "of channels, so that must be even and at least 2");

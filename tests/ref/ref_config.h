@@ -34,7 +34,7 @@ static inline size_t ref_config_meta(const mega_gpt_config *c, mega_st_meta *met
   KV("untied", "%d", (int)c->untied);
   KV("no_bias", "%d", (int)c->no_bias);
   KV("rope_theta", "%.9g", (double)c->rope_theta);
-  KV("rotary_percent", "%.9g", (double)c->rotary_percent);
+  KV("rotary_percent", "%.17g", c->rotary_percent);
 #undef KV
   return n;
 }
@@ -61,7 +61,7 @@ static inline void ref_config_read(const mega_st_file *f, mega_gpt_config *c) {
   GET("untied", atoi(v) != 0, untied);
   GET("no_bias", atoi(v) != 0, no_bias);
   GET("rope_theta", strtof(v, NULL), rope_theta);
-  GET("rotary_percent", strtof(v, NULL), rotary_percent);
+  GET("rotary_percent", strtod(v, NULL), rotary_percent);
 #undef GET
 }
 

@@ -499,9 +499,17 @@ static void bad_configs_and_calls_fail_clearly(void **state) {
   assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "multiple of num_kv_heads (3)"));
   fx_model_config(&cfg, 0.02f, FX_LLAMA);
-  cfg.rotary_percent = 0.5f; /* 3 of head_dim 6 */
+  cfg.rotary_percent = 0.5; /* 3 of head_dim 6 */
   assert_int_equal(mega_gpt_stage_create(be, &cfg, &whole, &s, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "must be even"));
+  /* Megatron's and Hugging Face's int(head_dim * rotary_percent), in
+   * double: 100 x 0.29 rotates 28 channels, 100 x 0.53 rotates 53 */
+  fx_model_config(&cfg, 0.02f, FX_LLAMA);
+  cfg.head_dim = 100;
+  cfg.rotary_percent = 0.29;
+  assert_int_equal(mega_gpt_rot_dim(&cfg), 28);
+  cfg.rotary_percent = 0.53;
+  assert_int_equal(mega_gpt_rot_dim(&cfg), 53);
   mega_backend_destroy(be);
 }
 

@@ -60,8 +60,8 @@ static json_t *llama_json(const mega_gpt_config *cfg) {
       tidy(cfg->rope_theta), "tie_word_embeddings", !cfg->untied, "attention_bias", bias,
       "mlp_bias", bias, "hidden_act", "silu", "initializer_range", tidy(cfg->init_std),
       "attention_dropout", 0.0, "rope_scaling", "torch_dtype", "float32");
-  if (j && cfg->rotary_percent < 1.0f &&
-      json_object_set_new(j, "partial_rotary_factor", json_real(tidy(cfg->rotary_percent)))) {
+  if (j && cfg->rotary_percent < 1.0 &&
+      json_object_set_new(j, "partial_rotary_factor", json_real(cfg->rotary_percent))) {
     json_decref(j);
     return NULL;
   }

@@ -22,7 +22,7 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
   cfg->untied = job->untie_embeddings_and_output_weights;
   cfg->no_bias = job->disable_bias_linear;
   cfg->rope_theta = (float)job->rotary_base;
-  cfg->rotary_percent = (float)job->rotary_percent;
+  cfg->rotary_percent = job->rotary_percent;
   return mega_gpt_config_check(cfg, err);
 }
 

@@ -18,7 +18,7 @@ void mega_gpt_config_default(mega_gpt_config *cfg) {
                            .ln_eps = 1e-5f,
                            .seed = 1337,
                            .rope_theta = 10000.0f,
-                           .rotary_percent = 1.0f};
+                           .rotary_percent = 1.0};
 }
 
 int mega_gpt_kv_heads(const mega_gpt_config *c) {
@@ -33,10 +33,12 @@ int mega_gpt_ffn(const mega_gpt_config *c) {
   return c->ffn_hidden > 0 ? c->ffn_hidden : 4 * c->channels;
 }
 
-/* Megatron's: int(kv_channels * rotary_percent). */
+/* Megatron's: int(kv_channels * rotary_percent), in double as Python's, so
+ * that the channels rotated are Megatron's and HF's partial_rotary_factor's
+ * (in float, 100 x 0.29 would be 29, not 28). */
 int mega_gpt_rot_dim(const mega_gpt_config *c) {
   if (c->arch != MEGA_GPT_ARCH_LLAMA) return 0;
-  return (int)((float)mega_gpt_head_dim(c) * c->rotary_percent);
+  return (int)((double)mega_gpt_head_dim(c) * c->rotary_percent);
 }
 
 /* What GPT-2 (Hugging Face's GPT2LMHeadModel) cannot hold. */
@@ -70,14 +72,14 @@ static mega_status check_llama(const mega_gpt_config *c, mega_err *err) {
   if (mega_gpt_head_dim(c) < 1)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: head_dim must be >= 1, got %d",
                      mega_gpt_head_dim(c));
-  if (!(c->rotary_percent > 0.0f && c->rotary_percent <= 1.0f))
+  if (!(c->rotary_percent > 0.0 && c->rotary_percent <= 1.0))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: rotary_percent must be in (0, 1], got %g",
-                     (double)c->rotary_percent);
+                     c->rotary_percent);
   if (rot < 2 || rot % 2)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: RoPE turns pairs of channels: head_dim %d x rotary_percent %g = %d "
                      "must be even and at least 2",
-                     mega_gpt_head_dim(c), (double)c->rotary_percent, rot);
+                     mega_gpt_head_dim(c), c->rotary_percent, rot);
   if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: rope_theta must be finite and > 1, got %g",
                      (double)c->rope_theta);

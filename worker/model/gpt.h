@@ -105,7 +105,7 @@ typedef struct mega_gpt_config {
   bool untied;          /* the head is lm_head.weight, not the embedding */
   bool no_bias;         /* Llama: linear layers without biases */
   float rope_theta;     /* Llama: RoPE's base, 10000 */
-  float rotary_percent; /* Llama: the share of head_dim that RoPE turns, (0, 1]; 1 */
+  double rotary_percent; /* Llama: the share of head_dim that RoPE turns, (0, 1]; 1 */
 } mega_gpt_config;
 
 /* vocab 256, max_seq_len 1024, 12 layers, 12 heads, 768 channels,
