@@ -96,9 +96,11 @@ const flagdef mega_jf_table[] = {
     INT("--kv-channels", kv_channels, "model", "N", -1, "hidden / heads", false, 1,
         "Channels per attention head (Llama may differ from hidden / heads)."),
     FLT("--attention-dropout", attention_dropout, "model", 0.0, "0", false, 0, NAN, false,
-        false, "Accepted at 0 only: mega trains without dropout."),
+        false, "Accepted at 0 only: mega trains without dropout, where Megatron's default is "
+        "0.1 (a script that leaves it out trains with dropout there, without here)."),
     FLT("--hidden-dropout", hidden_dropout, "model", 0.0, "0", false, 0, NAN, false, false,
-        "Accepted at 0 only: mega trains without dropout."),
+        "Accepted at 0 only: mega trains without dropout, where Megatron's default is 0.1 (a "
+        "script that leaves it out trains with dropout there, without here)."),
     BOOL("--use-mcore-models", use_mcore_models, "model",
          "Accepted and changes nothing: mega has one model implementation, with Megatron "
          "Core's semantics."),

@@ -169,6 +169,12 @@ static void test_megatron_llama_flags(void **state) {
   assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
   assert_true(mega_jobspec_llama(&s));
   mega_jobspec_free(&s);
+  /* a default that differs from Megatron's says so */
+  char *help = mega_jobspec_help_text();
+  const char *drop = strstr(help, "--hidden-dropout");
+  assert_non_null(drop);
+  assert_non_null(strstr(drop, "Megatron's default is 0.1"));
+  free(help);
 }
 
 /* ---- --split, --eval-iters 0, the note ---- */
