@@ -247,7 +247,9 @@ mega_status mega_jf_set_enum(mega_jobspec *s, const flagdef *f, const char *v, m
     if (k) strncat(list, ", ", sizeof list - strlen(list) - 1);
     strncat(list, f->info.choices[k], sizeof list - strlen(list) - 1);
   }
-  return mega_fail(err, MEGA_ERR_INVALID, "%s: '%s' is not one of %s", f->info.name, v, list);
+  const char *hint = mega_jf_compat_enum_hint(f->info.name);
+  return mega_fail(err, MEGA_ERR_INVALID, "%s: '%s' is not one of %s%s%s", f->info.name, v, list,
+                   hint ? ": " : "", hint ? hint : "");
 }
 
 static mega_status parse_int_text(const flagdef *f, const char *v, int *out, mega_err *err) {

@@ -145,6 +145,11 @@ static const compat table[] = {
      "mega runs no fused cross-entropy kernel (its vocabulary-parallel cross-entropy gives the "
      "same loss)",
      "drop it"},
+    {"--tokenizer-model", true, NULL,
+     "mega reads text with GPT-2's BPE only (--vocab-file, --merge-file); data that Megatron's "
+     "tools/preprocess_data.py tokenized with this model trains as its ids",
+     "drop it and give --tokenizer-type NullTokenizer --vocab-size N, N the tokenizer's "
+     "vocabulary size less one"},
     {"--use-checkpoint-args", false, NULL,
      "mega does not read the model's flags from a checkpoint; a load checks config.json's "
      "architecture and every size against the flags given",
@@ -202,6 +207,26 @@ mega_status mega_jf_compat_parse(int argc, char *const *argv, int *i, size_t n, 
   return mega_fail(err, MEGA_ERR_INVALID, "%s%s is Megatron's, and mega does not take it%s%s%s: "
                    "%s; %s", name, given, okv[0] ? " (it takes " : "", okv,
                    okv[0] ? ")" : "", c->why, c->instead);
+}
+
+/* Megatron's other values of mega's enum flags. */
+static const struct {
+  const char *name, *hint;
+} enum_hints[] = {
+    {"--tokenizer-type",
+     "mega reads text with GPT-2's BPE only; data that Megatron's tools/preprocess_data.py "
+     "tokenized with another tokenizer (Llama's SentencePiece or tiktoken, a Hugging Face one) "
+     "trains as its ids: give --tokenizer-type NullTokenizer --vocab-size N, N the tokenizer's "
+     "vocabulary size less one"},
+    {"--position-embedding-type",
+     "mega trains GPT-2's learned positions or Llama's rotary ones (no YaRN, multimodal or "
+     "relative positions, and no model without positions)"},
+};
+
+const char *mega_jf_compat_enum_hint(const char *name) {
+  for (size_t k = 0; k < sizeof enum_hints / sizeof enum_hints[0]; k++)
+    if (!strcmp(name, enum_hints[k].name)) return enum_hints[k].hint;
+  return NULL;
 }
 
 char *mega_jf_compat_help(void) {

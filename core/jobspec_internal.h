@@ -54,5 +54,9 @@ int mega_jf_compat_count(void);
 const char *mega_jf_compat_name(int k);
 /* The accepted flags as help text (malloc'd; NULL when out of memory). */
 char *mega_jf_compat_help(void);
+/* For a value of mega's enum flag `name` that mega does not take but
+ * Megatron does (Llama2Tokenizer, yarn): why, and what to give instead, as
+ * a clause to end the refusal with (static); NULL when there is none. */
+const char *mega_jf_compat_enum_hint(const char *name);
 
 #endif

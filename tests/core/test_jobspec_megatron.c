@@ -155,6 +155,18 @@ static void test_megatron_llama_flags(void **state) {
   refused(ARGV("--apply-query-key-layer-scaling"), "softmax is in fp32", "drop it");
   refused(ARGV("--cross-entropy-loss-fusion"), "no fused cross-entropy", "drop it");
   refused(ARGV("--use-checkpoint-args"), "checks config.json", "give the model's flags");
+  refused(ARGV("--tokenizer-model", "tokenizer.model"), "GPT-2's BPE only",
+          "--tokenizer-type NullTokenizer --vocab-size N");
+  /* Megatron's other values of mega's own flags: the reason and the way */
+  expect_parse_error(ARGV("--tokenizer-type", "Llama2Tokenizer"), MEGA_ERR_INVALID,
+                     "--tokenizer-type: 'Llama2Tokenizer' is not one of NullTokenizer, "
+                     "GPT2BPETokenizer: mega reads text with GPT-2's BPE only");
+  expect_parse_error(ARGV("--tokenizer-type", "HuggingFaceTokenizer"), MEGA_ERR_INVALID,
+                     "give --tokenizer-type NullTokenizer --vocab-size N, N the tokenizer's "
+                     "vocabulary size less one");
+  expect_parse_error(ARGV("--position-embedding-type", "yarn"), MEGA_ERR_INVALID,
+                     "'yarn' is not one of learned_absolute, rope: mega trains GPT-2's learned "
+                     "positions or Llama's rotary ones");
   accepted(ARGV("--attention-softmax-in-fp32"));
   accepted(ARGV("--no-query-key-layer-scaling"));
   accepted(ARGV("--calculate-per-token-loss"));
