@@ -28,6 +28,7 @@ static const char *const mmap_only[] = {"mmap", NULL};
 /* only auto: unfused and local would be untrue under --bf16 (flash) */
 static const char *const auto_only[] = {"auto", NULL};
 static const char *const one[] = {"1", NULL};
+static const char *const zero[] = {"0", NULL};
 
 #define NO_FUSION "mega runs no such fused kernel, so this restates what it does"
 #define ATTENTION                                                                           \
@@ -41,6 +42,12 @@ static const char *const one[] = {"1", NULL};
   "the web view (megad serve --metrics-listen ADDR: loss and eval curves, bubbles, the "    \
   "timeline) and its /metrics for Prometheus"
 #define NO_MOE "mega's GPT has dense MLPs: there is no mixture of experts"
+#define NO_PROFILER                                                                        \
+  "mega has no PyTorch or Nsight profiler hooks; it records its own Chrome trace of one " \
+  "iteration, every rank's measured actions"
+#define TRACE \
+  "use --trace-iteration K (megactl trace JOB fetches it; megaw prints it with --json)"
+#define ONE_LR "mega trains every parameter at one learning rate, --lr decaying to --min-lr"
 
 static const compat table[] = {
     {"--fp16", false, NULL,
@@ -150,6 +157,43 @@ static const compat table[] = {
      "tools/preprocess_data.py tokenized with this model trains as its ids",
      "drop it and give --tokenizer-type NullTokenizer --vocab-size N, N the tokenizer's "
      "vocabulary size less one"},
+    /* the rest of examples/llama/train_llama3_8b_h100_fp8.sh */
+    {"--manual-gc", false, yes,
+     "mega has no Python garbage collector to drive, so this restates what it does", ""},
+    {"--no-create-attention-mask-in-dataloader", false, yes,
+     "mega's attention is causal without a mask tensor, so this restates what it does", ""},
+    {"--empty-unused-memory-level", true, zero,
+     "mega's memory is not PyTorch's caching allocator: there is no cache to empty",
+     "drop it (0 is accepted)"},
+    {"--decoupled-lr", true, NULL, ONE_LR, "drop it (and --decoupled-min-lr)"},
+    {"--decoupled-min-lr", true, NULL, ONE_LR, "drop it"},
+    {"--grad-reduce-in-bf16", false, NULL,
+     "mega reduces gradients in fp32, under --bf16 too", "drop it"},
+    {"--mock-data", false, NULL,
+     "mega trains on data only (--data-path FILE reads any file as bytes)",
+     "give --data-path FILE or PREFIX"},
+    {"--tiktoken-pattern", true, NULL,
+     "mega reads text with GPT-2's BPE only; data that Megatron's tools/preprocess_data.py "
+     "tokenized with tiktoken trains as its ids",
+     "drop it and give --tokenizer-type NullTokenizer --vocab-size N, N the tokenizer's "
+     "vocabulary size less one"},
+    {"--data-cache-path", true, NULL,
+     "mega keeps no cache of dataset indices: its data order is a formula of the flags",
+     "drop it"},
+    {"--no-mmap-bin-files", false, NULL,
+     "mega memory-maps the indexed dataset's .bin (the tokens are the same either way)",
+     "drop it"},
+    {"--num-workers", true, NULL,
+     "mega's ranks read their samples themselves, without data-loader workers", "drop it"},
+    {"--profile", false, NULL, NO_PROFILER, TRACE},
+    {"--profile-step-start", true, NULL, NO_PROFILER, TRACE},
+    {"--profile-step-end", true, NULL, NO_PROFILER, TRACE},
+    {"--profile-ranks", true, NULL, NO_PROFILER, TRACE},
+    {"--use-pytorch-profiler", false, NULL, NO_PROFILER, TRACE},
+    {"--distributed-timeout-minutes", true, NULL,
+     "mega bounds every wait itself, and megad's hang check (megactl submit --step-timeout) "
+     "ends a stuck step",
+     "drop it"},
     {"--use-checkpoint-args", false, NULL,
      "mega does not read the model's flags from a checkpoint; a load checks config.json's "
      "architecture and every size against the flags given",

@@ -167,6 +167,23 @@ static void test_megatron_llama_flags(void **state) {
   expect_parse_error(ARGV("--position-embedding-type", "yarn"), MEGA_ERR_INVALID,
                      "'yarn' is not one of learned_absolute, rope: mega trains GPT-2's learned "
                      "positions or Llama's rotary ones");
+  /* the rest of examples/llama/train_llama3_8b_h100_fp8.sh */
+  refused(ARGV("--decoupled-lr", "5.0e-4"), "one learning rate", "--decoupled-min-lr");
+  refused(ARGV("--decoupled-min-lr", "4.5e-5"), "--lr decaying to --min-lr", "drop it");
+  refused(ARGV("--grad-reduce-in-bf16"), "reduces gradients in fp32", "drop it");
+  refused(ARGV("--empty-unused-memory-level", "1"), "no cache to empty", "0 is accepted");
+  refused(ARGV("--mock-data"), "trains on data only", "give --data-path");
+  refused(ARGV("--tiktoken-pattern", "v2"), "tokenized with tiktoken",
+          "--tokenizer-type NullTokenizer --vocab-size N");
+  refused(ARGV("--data-cache-path", "/cache"), "a formula of the flags", "drop it");
+  refused(ARGV("--no-mmap-bin-files"), "memory-maps", "drop it");
+  refused(ARGV("--num-workers", "1"), "without data-loader workers", "drop it");
+  refused(ARGV("--profile"), "its own Chrome trace", "use --trace-iteration K");
+  refused(ARGV("--profile-step-start", "4"), "Chrome trace", "--trace-iteration K");
+  refused(ARGV("--distributed-timeout-minutes", "60"), "--step-timeout", "drop it");
+  accepted(ARGV("--manual-gc"));
+  accepted(ARGV("--no-create-attention-mask-in-dataloader"));
+  accepted(ARGV("--empty-unused-memory-level", "0"));
   accepted(ARGV("--attention-softmax-in-fp32"));
   accepted(ARGV("--no-query-key-layer-scaling"));
   accepted(ARGV("--calculate-per-token-loss"));

@@ -1,15 +1,17 @@
 #!/usr/bin/python3
 """A Megatron user's first hour (issue 24): Megatron's two GPT example
-scripts through megaw and megad run, and one check for each thing a
-launch script meets.
+scripts and its Llama 3 one through megaw and megad run, and one check for
+each thing a launch script meets.
 
-The scripts are Megatron-LM's examples/pretrain_gpt_distributed_with_mp.sh
-and examples/gpt3/train_gpt3_175b_distributed.sh (the version with
---rampup-batch-size), flag by flag in their order. The model and the run's
+The scripts are Megatron-LM's examples/pretrain_gpt_distributed_with_mp.sh,
+examples/gpt3/train_gpt3_175b_distributed.sh (the version with
+--rampup-batch-size) and examples/llama/train_llama3_8b_h100_fp8.sh (its
+real-data branch), flag by flag in their order. The model and the run's
 length are scaled down (layers, widths, sequence, parallel sizes of the
 175B model, iterations and intervals, the ramp's sample count); every other
 flag is kept. The data is a small indexed dataset (MMIDIDX, uint16 GPT-2
-ids) and a GPT-2-sized vocabulary (50,257 entries) written here.
+ids) and a GPT-2-sized vocabulary (50,257 entries) written here; the Llama
+script's is another, of ids as a 1,000-token tokenizer would give them.
 
 Each script runs as written first. Every refusal must name the flag, say
 why and say what to use instead; the test then applies that replacement
@@ -38,6 +40,7 @@ import time
 
 MEGAW, MEGAD, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 VOCAB = 50257  # GPT-2's vocab.json entries; <|endoftext|> is the last
+LLAMA_VOCAB = 1000  # the Llama 3 script's tokenizer's, scaled down from 128,256
 FAILS = []
 
 
@@ -179,6 +182,89 @@ def script_gpt3_175b(data, vocab, merges, ckpt, tb):
     ]
 
 
+def script_llama3_8b(data, ckpt, tb):
+    """examples/llama/train_llama3_8b_h100_fp8.sh (Megatron-LM d98e8a6), in
+    order: MODEL_ARGS, TRAINING_ARGS, DTYPE_ARGS (fp8), MODEL_PARALLEL_ARGS,
+    DDP_ARGS, the real-data DATA_ARGS_LIST, EVAL_AND_LOGGING_ARGS."""
+    return [
+        "--use-mcore-models",
+        "--num-layers", "2",                      # 32
+        "--hidden-size", "64",                    # 4096
+        "--ffn-hidden-size", "224",               # 14336
+        "--num-attention-heads", "8",             # 32
+        "--group-query-attention",
+        "--num-query-groups", "2",                # 8
+        "--kv-channels", "8",                     # 128
+        "--seq-length", "32",                     # 8192
+        "--max-position-embeddings", "32",        # 8192
+        "--position-embedding-type", "rope",
+        "--rotary-base", "1000000",
+        "--rotary-percent", "1.0",
+        "--attention-dropout", "0.0",
+        "--hidden-dropout", "0.0",
+        "--swiglu",
+        "--normalization", "RMSNorm",
+        "--init-method-std", "0.0134",
+        "--attention-backend", "fused",
+        "--apply-layernorm-1p",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--micro-batch-size", "1",
+        "--global-batch-size", "8",               # 128
+        "--train-samples", "48",                  # 1953125000
+        "--lr-decay-samples", "40",               # 1949218748
+        "--lr-warmup-samples", "8",               # 3906252
+        "--lr", "0.00015",
+        "--min-lr", "0.00001",
+        "--decoupled-lr", "5.0e-4",
+        "--decoupled-min-lr", "4.5e-5",
+        "--lr-decay-style", "cosine",
+        "--clip-grad", "1.0",
+        "--weight-decay", "0.1",
+        "--adam-beta1", "0.9",
+        "--adam-beta2", "0.95",
+        "--bf16",
+        "--grad-reduce-in-bf16",
+        "--cross-entropy-loss-fusion",
+        "--calculate-per-token-loss",
+        "--manual-gc",
+        "--empty-unused-memory-level", "1",
+        "--exit-duration-in-mins", "235",
+        "--fp8-format", "hybrid",
+        "--fp8-amax-history-len", "1024",
+        "--fp8-amax-compute-algo", "max",
+        "--fp8-param-gather",
+        "--tensor-model-parallel-size", "1",
+        "--context-parallel-size", "1",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--data-path", data,
+        "--tokenizer-type", "HuggingFaceTokenizer",
+        "--tokenizer-model", "meta-llama/Meta-Llama-3-8B",
+        "--data-cache-path", os.path.join(os.path.dirname(ckpt), "cache"),
+        "--split", "'99,1,0'",
+        "--no-create-attention-mask-in-dataloader",
+        "--no-mmap-bin-files",
+        "--num-workers", "1",
+        "--vocab-size", str(LLAMA_VOCAB),         # 128256
+        "--log-interval", "1",
+        "--eval-iters", "2",                      # 32
+        "--eval-interval", "3",                   # 100
+        "--save-interval", "3",                   # 1000
+        "--log-throughput",
+        "--profile",
+        "--profile-step-start", "4",
+        "--profile-step-end", "6",
+        "--ckpt-format", "torch_dist",
+        "--distributed-timeout-minutes", "60",
+        "--save", ckpt,
+        "--load", ckpt,
+        "--tensorboard-dir", tb,
+    ]
+
+
 # What each refusal must say, and what the user then writes: the flags to
 # take out (with how many values each), the words in the message, the flags
 # to put in.
@@ -203,7 +289,76 @@ REPLACE = {
          "give --train-samples 128 instead of --train-iters 8",
          "--lr-decay-samples 96 for --lr-decay-iters 6"],
         ["--train-samples", "128", "--lr-decay-samples", "96"]),
+    # the Llama 3 script's, in its order
+    "--attention-backend": (
+        [("--attention-backend", 1)],
+        ["mega chooses the attention itself", "give --attention-backend auto, or drop the flag"],
+        []),
+    "--apply-layernorm-1p": (
+        [("--apply-layernorm-1p", 0)],
+        ["as Hugging Face's LlamaRMSNorm does", "drop it"],
+        []),
+    "--decoupled-lr": (
+        [("--decoupled-lr", 1)],
+        ["one learning rate", "drop it"],
+        []),
+    "--decoupled-min-lr": (
+        [("--decoupled-min-lr", 1)],
+        ["one learning rate", "drop it"],
+        []),
+    "--grad-reduce-in-bf16": (
+        [("--grad-reduce-in-bf16", 0)],
+        ["reduces gradients in fp32", "drop it"],
+        []),
+    "--cross-entropy-loss-fusion": (
+        [("--cross-entropy-loss-fusion", 0)],
+        ["no fused cross-entropy kernel", "drop it"],
+        []),
+    "--empty-unused-memory-level": (
+        [("--empty-unused-memory-level", 1)],
+        ["no cache to empty", "drop it (0 is accepted)"],
+        []),
+    "--fp8-format": (
+        [("--fp8-format", 1), ("--fp8-amax-history-len", 1), ("--fp8-amax-compute-algo", 1),
+         ("--fp8-param-gather", 0)],
+        ["mega has no fp8 GEMMs", "use --bf16"],
+        []),
+    "--tokenizer-type": (
+        [("--tokenizer-type", 1), ("--tokenizer-model", 1), ("--vocab-size", 1)],
+        ["'HuggingFaceTokenizer' is not one of NullTokenizer, GPT2BPETokenizer",
+         "give --tokenizer-type NullTokenizer --vocab-size N, N the tokenizer's vocabulary "
+         "size less one"],
+        ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(LLAMA_VOCAB - 1)]),
+    "--data-cache-path": (
+        [("--data-cache-path", 1)],
+        ["no cache of dataset indices", "drop it"],
+        []),
+    "--no-mmap-bin-files": (
+        [("--no-mmap-bin-files", 0)],
+        ["memory-maps", "drop it"],
+        []),
+    "--num-workers": (
+        [("--num-workers", 1)],
+        ["without data-loader workers", "drop it"],
+        []),
+    "--profile": (
+        [("--profile", 0), ("--profile-step-start", 1), ("--profile-step-end", 1)],
+        ["its own Chrome trace", "use --trace-iteration K"],
+        []),
+    "--ckpt-format": (
+        [("--ckpt-format", 1)],
+        ["one format: Hugging Face safetensors", "drop it"],
+        []),
+    "--distributed-timeout-minutes": (
+        [("--distributed-timeout-minutes", 1)],
+        ["--step-timeout", "drop it"],
+        []),
 }
+LLAMA3_REFUSED = ["--attention-backend", "--apply-layernorm-1p", "--decoupled-lr",
+                  "--decoupled-min-lr", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
+                  "--empty-unused-memory-level", "--fp8-format", "--tokenizer-type",
+                  "--data-cache-path", "--no-mmap-bin-files", "--num-workers", "--profile",
+                  "--ckpt-format", "--distributed-timeout-minutes", "--tensorboard-dir"]
 
 
 def remove(argv, flags):
@@ -427,6 +582,48 @@ def gpt3_175b(tmp, data, vocab, merges):
               results["megaw"] == results["megad run"], str(results))
 
 
+def llama3_8b(tmp, data):
+    """The Llama 3 script: DP 2 (its 8 GPUs of TP 1) with the distributed
+    optimizer, a Llama of RoPE base 1e6, 4 query heads a group, untied."""
+    results = {}
+    for how in ("megaw", "megad run"):
+        ckpt = os.path.join(tmp, "ckpt-llama3-" + how.replace(" ", "-"))
+        original = script_llama3_8b(data, ckpt, os.path.join(tmp, "tb"))
+        run = ((lambda a: flatten(megaw_launch(a, 2, tmp))) if how == "megaw"
+               else (lambda a: megad_run(a, 2)))
+        name = "llama3_8b (%s)" % how
+        argv, out, err, refused = until_it_trains(name, original, run)
+        check("%s: refused what mega does not take, in the script's order" % name,
+              refused == LLAMA3_REFUSED, str(refused))
+        if not check("%s: trains after the replacements" % name, "iteration" in out, err[-800:]):
+            continue
+        no_flag_ignored(name, argv, refused, original)
+        lines = sorted(set(lines_of(out)))
+        check("%s: 6 iterations of 8 samples from --train-samples 48" % name,
+              [l[0] for l in lines] == list(range(1, 7)) and
+              all(l[1] == 6 and l[4] == 8 and l[2] == 8 * l[0] for l in lines), str(lines))
+        for it, _, _, lr, _, _ in lines:
+            want = megatron_lr(8 * (it - 1), 1.5e-4, 1e-5, 8, 40)
+            check("%s: learning rate at iteration %d is Megatron's %.6E" % (name, it, want),
+                  abs(lr - want) <= 1e-6 * want + 1e-12, "%.6E" % lr)
+        check("%s: the validation block every 3 iterations" % name,
+              sorted({int(i) for i, _ in EVAL.findall(out)}) == [3, 6], out[-1500:])
+        check("%s: checkpoints every 3 iterations" % name, checkpoints(ckpt) == [3, 6])
+        with open(os.path.join(ckpt, "iter_0000006", "config.json")) as f:
+            c = json.load(f)
+        want = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 224, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "head_dim": 8, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+                "attention_bias": False, "mlp_bias": False, "initializer_range": 0.0134,
+                "max_position_embeddings": 32, "vocab_size": 1024}
+        check("%s: config.json is the script's Llama" % name,
+              {k: c.get(k) for k in want} == want and "partial_rotary_factor" not in c, str(c))
+        results[how] = [l[5] for l in lines]
+    if len(results) == 2:
+        check("llama3_8b: megaw and megad run print the same losses",
+              results["megaw"] == results["megad run"], str(results))
+
+
 # ---- one check for each item ----
 
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -509,6 +706,11 @@ def main():
     items(tmp, prefix)
     with_mp(tmp, prefix, vocab, merges)
     gpt3_175b(tmp, prefix, vocab, merges)
+    llama_docs = [[rnd.randrange(LLAMA_VOCAB - 1) for _ in range(rnd.randrange(40, 80))] +
+                  [LLAMA_VOCAB - 1] for _ in range(200)]
+    llama_prefix = os.path.join(tmp, "llama_text_document")
+    write_mmidx(llama_prefix, llama_docs)
+    llama3_8b(tmp, llama_prefix)
     if FAILS:
         print("%d check(s) failed" % len(FAILS))
         sys.exit(1)
