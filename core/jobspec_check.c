@@ -465,6 +465,12 @@ static mega_status check_model_sizes(const mega_jobspec *s, mega_err *err) {
     return BAD("--num-attention-heads %d is not divisible by --num-query-groups %d: each "
                "query group shares its key and value heads with the same number of query heads",
                heads, groups);
+  if (groups % tp && s->num_query_groups < 0)
+    return BAD("--group-query-attention without --num-query-groups is one key/value head for "
+               "all query heads (Megatron's default --num-query-groups 1), which "
+               "--tensor-model-parallel-size %d cannot split: each tensor-parallel rank holds "
+               "whole query groups; give --num-query-groups G, a multiple of %d",
+               tp, tp);
   if (groups % tp)
     return BAD("--num-query-groups %d is not divisible by --tensor-model-parallel-size %d: "
                "each tensor-parallel rank holds whole query groups",

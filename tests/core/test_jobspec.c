@@ -409,8 +409,17 @@ static void test_model_flags(void **state) {
                      "invalid job: --num-attention-heads 4 is not divisible by "
                      "--num-query-groups 3: each query group shares its key and value heads "
                      "with the same number of query heads");
+  /* the query groups' default under TP: the flag to give, not a count never given */
   expect_check_error(ARGV(LLAMA, "--ffn-hidden-size", "128", "--group-query-attention",
                           "--tensor-model-parallel-size", "2"),
+                     2, -1,
+                     "invalid job: --group-query-attention without --num-query-groups is one "
+                     "key/value head for all query heads (Megatron's default --num-query-groups "
+                     "1), which --tensor-model-parallel-size 2 cannot split: each "
+                     "tensor-parallel rank holds whole query groups; give --num-query-groups G, "
+                     "a multiple of 2");
+  expect_check_error(ARGV(LLAMA, "--ffn-hidden-size", "128", "--group-query-attention",
+                          "--num-query-groups", "1", "--tensor-model-parallel-size", "2"),
                      2, -1,
                      "invalid job: --num-query-groups 1 is not divisible by "
                      "--tensor-model-parallel-size 2: each tensor-parallel rank holds whole "
