@@ -514,6 +514,64 @@ static void test_finetune_no_load_optim(void **state) {
   mega_jobspec_free(&j);
 }
 
+/* --finetune of a Llama at a longer context: RoPE's positions shape no
+ * tensor, so the weights load (longer-context fine-tuning, as Megatron
+ * allows); GPT-2's wpe has a row per position, so there it is refused. */
+static void finetune_longer(bool llama) {
+  char sdir[600];
+  snprintf(sdir, sizeof sdir, "%s/longer-%s", dir, llama ? "llama" : "gpt2");
+  mega_jobspec j;
+  job_init(&j);
+  char *const arch[] = {"--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                        "--swiglu", "--ffn-hidden-size", "32"};
+  mega_err err = {0};
+  if (llama) {
+    assert_int_equal(mega_jobspec_parse(&j, 7, arch, &err), MEGA_OK);
+    assert_int_equal(mega_jobspec_check(&j, 1, 4000, &err), MEGA_OK);
+  }
+  j.save = strdup(sdir);
+  mega_rank_metrics m[N];
+  int64_t it0;
+  run(&j, 2, m, &it0, false);
+  free(j.save);
+  j.save = NULL;
+  j.load = strdup(sdir);
+  j.finetune = true;
+  j.seq_length = 32;
+  assert_int_equal(mega_jobspec_check(&j, 1, 4000, &err), MEGA_OK);
+  mega_rank_env env = {.job = &j, .rank = 0, .world_size = 1, .device = -1};
+  mega_rank *r;
+  assert_int_equal(mega_rank_create(&env, &r, &err), MEGA_OK);
+  mega_status st = mega_rank_setup(r, &err);
+  if (llama) {
+    if (st != MEGA_OK) fail_msg("%s", err.msg);
+    assert_non_null(mega_rank_loaded_path(r));
+    assert_int_equal(mega_rank_iteration(r), 0);
+    assert_int_equal(mega_rank_step(r, &m[0], &err), MEGA_OK);
+  } else {
+    assert_int_equal(st, MEGA_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "n_positions 16, but this job has --max-position-embeddings"));
+  }
+  mega_rank_destroy(r);
+  if (llama) {
+    /* the trained weights, not a fresh start: at the new length they
+     * predict the repetitive data better than the initial ones */
+    mega_rank_metrics fresh[1];
+    j.finetune = false;
+    free(j.load);
+    j.load = NULL;
+    run(&j, 1, fresh, &it0, false);
+    assert_true(m[0].loss < fresh[0].loss);
+  }
+  mega_jobspec_free(&j);
+}
+
+static void test_finetune_longer_context(void **state) {
+  (void)state;
+  finetune_longer(true);
+  finetune_longer(false);
+}
+
 static int setup(void **state) {
   (void)state;
   tu_mkdtemp(dir, "resume");
@@ -539,6 +597,7 @@ int main(void) {
       cmocka_unit_test(test_reports_phases_commit),
       cmocka_unit_test(test_scheduler_flags),
       cmocka_unit_test(test_finetune_no_load_optim),
+      cmocka_unit_test(test_finetune_longer_context),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

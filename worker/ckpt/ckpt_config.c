@@ -248,7 +248,10 @@ mega_status mega_ckpt_check_config(const char *dir, const mega_gpt_config *cfg, 
                                     : "has them (add --disable-bias-linear)");
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     long long have = fields[i].get(&saved), want = fields[i].get(cfg);
-    if (have == want) continue;
+    /* a Llama's positions shape no tensor (RoPE is computed for any), so
+     * --finetune may lengthen the context; a resume's own check of the job
+     * flags still holds --max-position-embeddings */
+    if (have == want || (llama && fields[i].get == f_pos)) continue;
     /* Megatron pads the vocabulary to a multiple of
      * --make-vocab-size-divisible-by x TP, so it can differ by layout */
     bool vocab = fields[i].get == f_vocab;
