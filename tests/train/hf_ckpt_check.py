@@ -11,6 +11,7 @@ agree. GPT-2 saved by one rank (one model.safetensors) and by two pipeline
 stages (a sharded checkpoint, one shard per stage); a Llama (grouped-query
 attention, RoPE of base 500000, untied, no biases) saved by one rank, by two
 pipeline stages and by two tensor-parallel ranks (its query groups split),
+and with RoPE on 0.29 of 100-channel heads (28 channels, counted in double),
 whose greedy continuation by megaw generate must also be the torch model's
 argmax, token by token.
 
@@ -166,6 +167,12 @@ def main():
         save = os.path.join(work, "llama-pp%d-tp%d" % (pp, tp))
         step = save_and_resume(megaw, llama, save, pp, work, tp)
         ok &= check(save, data, step, "Llama saved by PP %d x TP %d" % (pp, tp), megaw)
+    # RoPE on int(100 x 0.29) = 28 channels of each 100-wide head, as
+    # Megatron and partial_rotary_factor count them in double (29 in float)
+    save = os.path.join(work, "llama-rot29")
+    step = save_and_resume(megaw, llama + ["--kv-channels", "100", "--rotary-percent", "0.29"],
+                           save, 1, work)
+    ok &= check(save, data, step, "Llama, RoPE on 28 of 100 channels", megaw)
     return 0 if ok else 1
 
 
