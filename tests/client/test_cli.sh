@@ -105,7 +105,7 @@ expect 2 "megactl: invalid job: --tensor-model-parallel-size 2 is larger than th
 llama=(--position-embedding-type rope --normalization RMSNorm --swiglu)
 expect 2 "megactl: invalid job: --num-attention-heads 2 is not divisible by --num-query-groups 3: each query group shares its key and value heads with the same number of query heads" \
   "$megactl" submit --server "$dead" "${job[@]}" "${llama[@]}" --group-query-attention --num-query-groups 3
-expect 2 "megactl: invalid job: --num-query-groups 1 is not divisible by --tensor-model-parallel-size 2: each tensor-parallel rank holds whole query groups" \
+expect 2 "megactl: invalid job: --group-query-attention without --num-query-groups is one key/value head for all query heads (Megatron's default --num-query-groups 1), which --tensor-model-parallel-size 2 cannot split: each tensor-parallel rank holds whole query groups; give --num-query-groups G, a multiple of 2" \
   "$megactl" submit --server "$dead" "${job[@]}" "${llama[@]}" --group-query-attention --tensor-model-parallel-size 2
 expect 2 "megactl: invalid job: --swiglu without --ffn-hidden-size takes Megatron's default int(4 x 16 x 2/3 / 64) x 64 = 0 for --hidden-size 16; give --ffn-hidden-size N" \
   "$megactl" submit --server "$dead" "${job[@]}" "${llama[@]}" --hidden-size 16

@@ -235,8 +235,9 @@ static void test_bad_input(void **state) {
   const char *llama_why[] = {
       "invalid job: --num-attention-heads 2 is not divisible by --num-query-groups 3: each "
       "query group shares its key and value heads with the same number of query heads",
-      "invalid job: --num-query-groups 1 is not divisible by --tensor-model-parallel-size 2: "
-      "each tensor-parallel rank holds whole query groups",
+      "invalid job: --group-query-attention without --num-query-groups is one key/value head "
+      "for all query heads (Megatron's default --num-query-groups 1), which "
+      "--tensor-model-parallel-size 2 cannot split",
       "invalid job: --swiglu without --ffn-hidden-size takes Megatron's default int(4 x 16 x "
       "2/3 / 64) x 64 = 0 for --hidden-size 16; give --ffn-hidden-size N",
       "--rotary-percent must be at most 1 (got 1.5)"};
