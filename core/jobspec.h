@@ -62,6 +62,13 @@ typedef enum mega_tokenizer {
   MEGA_TOKENIZER_GPT2BPE,    /* GPT2BPETokenizer: --vocab-file and --merge-file */
 } mega_tokenizer;
 
+/* --data-order: the order training reads its samples in (README, "Data
+ * order"). */
+typedef enum mega_data_order {
+  MEGA_DATA_ORDER_FILE,     /* windows in file order, a closed formula */
+  MEGA_DATA_ORDER_MEGATRON, /* Megatron-LM core's GPTDataset: shuffled by --seed */
+} mega_data_order;
+
 typedef enum mega_lr_style {
   MEGA_LR_CONSTANT,
   MEGA_LR_LINEAR, /* Megatron's default */
@@ -160,6 +167,7 @@ typedef struct mega_jobspec {
   mega_strlist train_data_path; /* instead of --data-path: the training data alone */
   mega_strlist valid_data_path; /* with --train-data-path: what evaluation reads */
   char *split;            /* NULL: no split; else "969,30,1" (train, valid, test) */
+  int data_order;         /* mega_data_order */
   int tokenizer_type;     /* mega_tokenizer */
   int vocab_size;         /* -1: not given (NullTokenizer needs it) */
   char *vocab_file;       /* GPT2BPETokenizer's vocab.json (NULL: not given) */

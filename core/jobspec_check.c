@@ -165,6 +165,15 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
     return BAD("--split '%s' has no valid share, which --eval-interval reads; give it one, "
                "e.g. 969,30,1",
                s->split);
+  if (s->data_order == MEGA_DATA_ORDER_MEGATRON && s->data_path.n && !s->split)
+    return BAD("--data-order megatron with --data-path needs --split: Megatron reads a missing "
+               "--split as 969,30,1 (its legacy default), which would train on 96.9%% of the "
+               "documents; give --split 969,30,1 for that, or --split 100,0,0 for all of them");
+  if (s->data_order == MEGA_DATA_ORDER_MEGATRON && s->train_data_path.n &&
+      !s->valid_data_path.n && mega_jobspec_evaluates(s))
+    return BAD("--data-order megatron evaluates only on Megatron's validation data: give "
+               "--valid-data-path, or drop --eval-interval (mega's evaluation from the end of "
+               "the training stream is not Megatron's)");
   if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size < 0)
     return BAD("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N)");
   int tok = mega_jobspec_tokenizer(s);

@@ -12,6 +12,7 @@ static const char *const lr_styles[] = {"constant", "linear", "cosine", "inverse
                                         "WSD", NULL};
 static const char *const wsd_styles[] = {"exponential", "linear", "cosine", "minus_sqrt", NULL};
 static const char *const recomputes[] = {"full", "selective", NULL};
+static const char *const data_orders[] = {"file", "megatron", NULL};
 static const char *const tokenizers[] = {"NullTokenizer", "GPT2BPETokenizer", NULL};
 static const char *const recompute_methods[] = {"uniform", "block", NULL};
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
@@ -28,7 +29,8 @@ _Static_assert(MEGA_LR_LINEAR == 1 && MEGA_RECOMPUTE_SELECTIVE == 1 &&
                    MEGA_RECOMPUTE_BLOCK == 1 && MEGA_JOB_BACKEND_CUDA == 2 &&
                    MEGA_TOKENIZER_NULL == 0 && MEGA_TOKENIZER_GPT2BPE == 1 &&
                    MEGA_LR_INVERSE_SQRT == 3 && MEGA_LR_WSD == 4 && MEGA_WSD_MINUS_SQRT == 3 &&
-                   MEGA_POS_ROPE == 1 && MEGA_NORM_RMSNORM == 1 && MEGA_TRANSFORMER_ENGINE == 1,
+                   MEGA_POS_ROPE == 1 && MEGA_NORM_RMSNORM == 1 && MEGA_TRANSFORMER_ENGINE == 1 &&
+                   MEGA_DATA_ORDER_MEGATRON == 1,
                "enum choices order");
 
 #define OFF(f) offsetof(mega_jobspec, f)
@@ -64,7 +66,8 @@ const flagdef mega_jf_table[] = {
     FLT("--init-method-std", init_method_std, "model", 0.02, "0.02", false, 0, 1e30, true, false,
         "Standard deviation of the normal weight initialization."),
     INT("--seed", seed, "model", "N", 1234, "1234", false, 0,
-        "Random seed for the initial weights (the data order does not depend on it)."),
+        "Random seed for the initial weights, and with --data-order megatron for the data "
+        "order (Megatron's RandomState seed)."),
     ENUM("--position-embedding-type", position_embedding_type, "model", "learned_absolute|rope",
          pos_embs, MEGA_POS_LEARNED_ABSOLUTE, "learned_absolute",
          "Positions: GPT-2's learned embedding, or rotary embeddings on q and k (Llama; with "
@@ -135,6 +138,12 @@ const flagdef mega_jf_table[] = {
     STR("--split", split, "data", "A,B,C", false,
         "Train, valid and test shares of each dataset's documents (e.g. 969,30,1); "
         "evaluation then reads the valid split."),
+    ENUM("--data-order", data_order, "data", "file|megatron", data_orders, MEGA_DATA_ORDER_FILE,
+         "file",
+         "mega's own flag. file: samples are consecutive windows of the token stream, in "
+         "file order; megatron: exactly Megatron-LM's GPTDataset order (documents and "
+         "samples shuffled with numpy's RandomState(--seed)), for indexed datasets, with "
+         "--split when --data-path is given."),
     ENUM("--tokenizer-type", tokenizer_type, "data", "NullTokenizer|GPT2BPETokenizer", tokenizers,
          MEGA_TOKENIZER_BYTES, "bytes",
          "NullTokenizer: the data is token ids 0..--vocab-size (the last is end of "

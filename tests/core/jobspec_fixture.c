@@ -100,7 +100,8 @@ void make_full(mega_jobspec *s) {
                     "--blas-threads", "4", "--backend", "cpu", "--bf16", "--no-bias-gelu-fusion",
                     "--trace-iteration", "3",
                     "--simulate-compute", "1:2:3", "--log-interval", "2", "--data-path", "0.3", "a b", "0.7", "-c",
-                    "--split", "969,30,1", "--train-data-path", "t", "--valid-data-path",
+                    "--split", "969,30,1", "--data-order", "megatron", "--train-data-path", "t",
+                    "--valid-data-path",
                     "0.5", "v", "0.5", "w", "--tokenizer-type", "NullTokenizer", "--vocab-size",
                     "50257", "--make-vocab-size-divisible-by", "64",
                     /* issue 24 */

@@ -132,6 +132,51 @@ static void test_data_flags(void **state) {
   mega_jobspec_free(&s);
 }
 
+/* --data-order: file by default; megatron parses, travels as argv and
+ * JSON, and is refused where Megatron's order would not be what it says. */
+static void test_data_order(void **state) {
+  (void)state;
+  mega_jobspec s;
+  mega_err err = {0};
+  make_spec(&s, NULL, 0);
+  assert_int_equal(s.data_order, MEGA_DATA_ORDER_FILE);
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--data-order", "megatron", "--split", "100,0,0"));
+  assert_int_equal(s.data_order, MEGA_DATA_ORDER_MEGATRON);
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  int argc;
+  char **argv = mega_jobspec_to_argv(&s, &argc);
+  mega_jobspec back;
+  mega_jobspec_defaults(&back);
+  assert_int_equal(mega_jobspec_parse(&back, argc, argv, &err), MEGA_OK);
+  assert_int_equal(back.data_order, MEGA_DATA_ORDER_MEGATRON);
+  assert_true(mega_jobspec_equal(&s, &back));
+  mega_jobspec_argv_free(argv);
+  mega_jobspec_free(&back);
+  mega_jobspec_free(&s);
+  expect_parse_error(ARGV("--data-order", "shuffled"), MEGA_ERR_INVALID,
+                     "--data-order: 'shuffled' is not one of file, megatron");
+  expect_check_error(ARGV("--data-order", "megatron"), 1, -1,
+                     "--data-order megatron with --data-path needs --split: Megatron reads a "
+                     "missing --split as 969,30,1");
+  /* evaluation needs Megatron's validation data */
+  char *const tv[] = {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+                      "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+                      "--train-iters", "10", "--lr", "0.001", "--train-data-path", "t",
+                      "--eval-interval", "5", "--data-order", "megatron"};
+  mega_jobspec_defaults(&s);
+  assert_int_equal(mega_jobspec_parse(&s, (int)(sizeof tv / sizeof tv[0]), tv, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, "--data-order megatron evaluates only on Megatron's validation data: give "
+                   "--valid-data-path, or drop --eval-interval");
+  s.eval_interval = 0; /* no evaluation: fine */
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  s.data_order = MEGA_DATA_ORDER_FILE; /* mega's own evaluation from the stream's end */
+  s.eval_interval = 5;
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  mega_jobspec_free(&s);
+}
+
 static void test_argv_round_trip(void **state) {
   (void)state;
   mega_jobspec s, back;
@@ -331,7 +376,8 @@ static void test_json_errors(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_data_flags),     cmocka_unit_test(test_argv_round_trip),
+      cmocka_unit_test(test_data_flags),     cmocka_unit_test(test_data_order),
+      cmocka_unit_test(test_argv_round_trip),
       cmocka_unit_test(test_copy_equal),     cmocka_unit_test(test_json),
       cmocka_unit_test(test_json_errors),
   };

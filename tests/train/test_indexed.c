@@ -384,6 +384,44 @@ static void test_writer_abort_keeps_dataset(void **state) {
   assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* Megatron's order through mega_data (its samples, token for token, are
+ * megatron_order_check.py's): the samples it was built for read, one past
+ * its index does not, evaluation needs a valid stream, and a plain file is
+ * refused. */
+static void test_megatron_order_bounds(void **state) {
+  (void)state;
+  int len[5] = {3, 0, 5, 1, 6}; /* P = 15 tokens */
+  write_pair("mo", 4, 5, len, tok_mod, NULL);
+  const char *p = prefix;
+  /* T 4, 4 samples: 4*4 + 1 = 17 tokens need E = 2 epochs, which hold
+   * (2*15 - 1) / 4 = 7 samples */
+  mega_data_opts o = {.seq_len = 4, .vocab = 256, .megatron = true, .seed = 1234,
+                      .train_samples = 4};
+  mega_data *d = NULL;
+  mega_err err = {0};
+  assert_int_equal(mega_data_open_set(&p, NULL, 1, &o, &d, &err), MEGA_OK);
+  mega_batch_plan plan;
+  assert_int_equal(mega_batch_plan_init(&plan, 1, 1, 1, &err), MEGA_OK);
+  int32_t tok[4], tgt[4];
+  for (int s = 0; s < 7; s++) {
+    assert_int_equal(mega_data_microbatch(d, &plan, s, 0, 0, tok, tgt, &err), MEGA_OK);
+    for (int t = 0; t < 3; t++) assert_int_equal(tok[t + 1], tgt[t]); /* one stream */
+  }
+  assert_int_equal(mega_data_microbatch(d, &plan, 7, 0, 0, tok, tgt, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "sample 7 is past the 7 of Megatron's data order")) fail_msg("%s", err.msg);
+  assert_int_equal(mega_data_eval_microbatch(d, &plan, 0, 0, 0, tok, tgt, &err),
+                   MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "evaluates only on a valid split")) fail_msg("%s", err.msg);
+  mega_data_close(d);
+
+  char plain[160];
+  snprintf(plain, sizeof plain, "%s.bin", prefix); /* no mo.bin.idx: a plain file */
+  p = plain;
+  assert_int_equal(mega_data_open_set(&p, NULL, 1, &o, &d, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "--data-order megatron reads Megatron's indexed datasets"))
+    fail_msg("%s", err.msg);
+}
+
 static int setup(void **state) {
   (void)state;
   strcpy(dir, "/tmp/mega-test-indexed-XXXXXX");
@@ -399,7 +437,8 @@ static int teardown(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_every_dtype),       cmocka_unit_test(test_bad_magic),
+      cmocka_unit_test(test_every_dtype),       cmocka_unit_test(test_megatron_order_bounds),
+      cmocka_unit_test(test_bad_magic),
       cmocka_unit_test(test_bad_version),       cmocka_unit_test(test_bad_dtype),
       cmocka_unit_test(test_truncated_index),   cmocka_unit_test(test_pointer_past_bin),
       cmocka_unit_test(test_token_outside_vocab), cmocka_unit_test(test_blend_order),

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "worker/data/data_blend.h"
+#include "worker/data/gpt_order.h"
 #include "worker/data/indexed.h"
 
 /* One dataset: a plain file's bytes, or an indexed dataset's sequences. */
@@ -31,10 +32,12 @@ typedef struct stream {
   int64_t seq0, seq1;
   int64_t base, ntok; /* first token in the dataset's concatenation, tokens */
   int64_t windows;
+  mega_gpt_order *order; /* Megatron's order: its GPTDataset; NULL in file order */
 } stream;
 
 struct mega_data {
   int seq_len, vocab;
+  bool megatron;         /* Megatron's order */
   int n, nv, nsrc;       /* training and valid datasets, sources opened */
   source *src;           /* n training sources, then nv valid ones */
   stream *train, *valid; /* valid: per training dataset with a split, or per valid
@@ -75,6 +78,12 @@ mega_status mega_data_file_size(const char *path, long long *bytes, mega_err *er
   return MEGA_OK;
 }
 
+/* A plain file has no documents for Megatron's GPTDataset to shuffle. */
+#define PLAIN_FOR_MEGATRON                                                                   \
+  "--data-order megatron reads Megatron's indexed datasets, but '%s' is a plain file (no "   \
+  "%s.idx); preprocess it into PREFIX.bin/.idx (build/tools/preprocess) or use --data-order " \
+  "file"
+
 mega_status mega_data_probe(const mega_jobspec *job, long long *bytes, mega_err *err) {
   *bytes = -1;
   const char *p, *flag;
@@ -98,6 +107,8 @@ mega_status mega_data_probe(const mega_jobspec *job, long long *bytes, mega_err 
                        flag, p, errno == ENOENT ? p : strerror(errno), p);
     if (!S_ISREG(st.st_mode))
       return mega_fail(err, MEGA_ERR_IO, "%s '%s' is not a regular file", flag, p);
+    if (job->data_order == MEGA_DATA_ORDER_MEGATRON)
+      return mega_fail(err, MEGA_ERR_INVALID, PLAIN_FOR_MEGATRON, p, p);
     if (k == 0 && mega_jobspec_data_single(job)) *bytes = (long long)st.st_size;
   }
   return MEGA_OK;
@@ -161,6 +172,18 @@ static void split_points(const double shares[3], int64_t count, int64_t pts[4]) 
   }
 }
 
+/* Megatron-LM core's split (BlendedMegatronDatasetConfig's split_matrix):
+ * the shares' running sums, each bound round(sum x count), ties to even
+ * as Python's round. Used with Megatron's order, whose datasets it makes. */
+static void core_split_points(const double shares[3], int64_t count, int64_t pts[4]) {
+  double cum = 0;
+  pts[0] = 0;
+  for (int k = 0; k < 3; k++) {
+    cum += shares[k];
+    pts[k + 1] = (int64_t)nearbyint(cum * (double)count);
+  }
+}
+
 static mega_status make_stream(const source *src, int64_t seq0, int64_t seq1, int T,
                                const char *what, stream *out, mega_err *err) {
   *out = (stream){.src = src, .seq0 = seq0, .seq1 = seq1};
@@ -184,6 +207,54 @@ static mega_status make_stream(const source *src, int64_t seq0, int64_t seq1, in
   }
   out->windows = (out->ntok - 1) / T;
   return MEGA_OK;
+}
+
+/* Megatron's BlendedMegatronDatasetBuilder: the samples it asks of dataset
+ * k of a blend of `size` samples, ceil(ceil(size * w_k) * (1 + 0.005))
+ * with w normalized (its _get_size_per_split_per_dataset with the default
+ * mid_level_dataset_surplus); a lone dataset is asked for size. */
+static int64_t megatron_size(const double *weights, int n, int k, bool blend, int64_t size) {
+  if (!blend) return size;
+  double sum = 0;
+  for (int d = 0; d < n; d++) sum += weights[d];
+  return (int64_t)ceil(ceil((double)size * (weights[k] / sum)) * (1 + 0.005));
+}
+
+static mega_status build_order(stream *s, int T, uint32_t seed, int64_t samples,
+                               const char *what, mega_err *err) {
+  if (!s->src->ix)
+    return mega_fail(err, MEGA_ERR_INVALID, PLAIN_FOR_MEGATRON, s->src->path, s->src->path);
+  if (samples < 1) samples = 1;
+  mega_err sub = {0};
+  mega_status st = mega_gpt_order_build(s->src->cum, s->seq0, s->seq1, T, samples, seed,
+                                        &s->order, &sub);
+  if (st != MEGA_OK)
+    return mega_fail(err, st, "%s%s: Megatron's data order: %s", s->src->path, what, sub.msg);
+  return MEGA_OK;
+}
+
+/* Each stream's GPTDataset, built for the samples Megatron asks of it. */
+static mega_status build_orders(mega_data *d, const double *weights, const mega_data_opts *o,
+                                mega_err *err) {
+  bool blend = weights && (d->n > 1 || o->train_blend_of_one);
+  mega_status st = MEGA_OK;
+  for (int k = 0; k < d->n && st == MEGA_OK; k++)
+    st = build_order(&d->train[k], d->seq_len, o->seed,
+                     megatron_size(weights, d->n, k, blend, o->train_samples),
+                     o->split ? "'s train split" : "", err);
+  if (!d->valid) return st;
+  if (d->nv) {
+    for (int k = 0; k < d->nv && st == MEGA_OK; k++)
+      st = build_order(&d->valid[k], d->seq_len, o->seed,
+                       megatron_size(o->valid_weights, d->nv, k, d->nv > 1, o->valid_samples),
+                       " (--valid-data-path)", err);
+  } else {
+    for (int k = 0; k < d->n && st == MEGA_OK; k++)
+      st = build_order(&d->valid[k], d->seq_len, o->seed,
+                       megatron_size(weights, d->n, k, blend, o->valid_samples),
+                       "'s valid split", err);
+  }
+  return st;
 }
 
 mega_status mega_data_open_set(const char *const *paths, const double *weights, int n,
@@ -221,7 +292,8 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
       continue;
     }
     int64_t pts[4];
-    split_points(o->shares, nseq, pts);
+    if (o->megatron) core_split_points(o->shares, nseq, pts);
+    else split_points(o->shares, nseq, pts);
     st = make_stream(s, pts[0], pts[1], T, "'s train split", &d->train[k], err);
     if (st == MEGA_OK && o->eval)
       st = make_stream(s, pts[1], pts[2], T, "'s valid split", &d->valid[k], err);
@@ -233,6 +305,8 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
     int64_t nseq = s->ix ? mega_indexed_sequences(s->ix) : 0;
     if (st == MEGA_OK) st = make_stream(s, 0, nseq, T, " (--valid-data-path)", &d->valid[k], err);
   }
+  d->megatron = o->megatron;
+  if (st == MEGA_OK && o->megatron) st = build_orders(d, weights, o, err);
   if (st == MEGA_OK && n > 1) st = mega_blend_create(weights, n, o->samples, &d->blend, err);
   if (st == MEGA_OK && d->nv > 1)
     st = mega_blend_create(o->valid_weights, d->nv, o->samples, &d->vblend, err);
@@ -260,6 +334,17 @@ mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err 
   int64_t evals = o.eval ? iters / j->eval_interval + 1 : 0;
   o.samples = mega_jobspec_samples_before(j, iters);
   if (evals * j->eval_iters * G > o.samples) o.samples = evals * j->eval_iters * G;
+  /* Megatron's train_valid_test_num_samples: --train-samples, else
+   * --train-iters x G; (train iterations / --eval-interval + 1) x
+   * --eval-iters x G */
+  o.megatron = j->data_order == MEGA_DATA_ORDER_MEGATRON;
+  o.seed = (uint32_t)j->seed;
+  o.train_samples = j->train_samples >= 0 ? j->train_samples : iters * G;
+  o.valid_samples = evals * j->eval_iters * G;
+  /* --data-path W P is a blend of one to Megatron (its get_blend_from_list
+   * reads weights from a list of even length); --train-data-path's lone
+   * dataset is built as it is */
+  o.train_blend_of_one = j->data_path.n == 2;
   mega_status st = paths && weights ? mega_jobspec_split(j, o.shares, err)
                                     : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   for (int k = 0; k < n && st == MEGA_OK; k++) {
@@ -282,6 +367,9 @@ mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err 
 void mega_data_close(mega_data *d) {
   if (!d) return;
   for (int k = 0; k < d->nsrc; k++) close_source(&d->src[k]);
+  for (int k = 0; k < d->n && d->train; k++) mega_gpt_order_free(d->train[k].order);
+  for (int k = 0; k < (d->nv ? d->nv : d->n) && d->valid; k++)
+    mega_gpt_order_free(d->valid[k].order);
   mega_blend_destroy(d->blend);
   mega_blend_destroy(d->vblend);
   free(d->src);
@@ -302,6 +390,11 @@ void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *data
   int64_t c = s;
   const mega_blend *b = eval && d->nv ? d->vblend : d->blend;
   if (b) mega_blend_source(b, s, &k, &c);
+  if (d->megatron) { /* the GPTDataset's sample number */
+    *dataset = k;
+    *window = c;
+    return;
+  }
   const stream *st = eval && d->valid ? &d->valid[k] : &d->train[k];
   int64_t w = c % st->windows;
   *dataset = k;
@@ -355,6 +448,39 @@ static mega_status read_tokens(const mega_data *d, const stream *st, int64_t pos
   return MEGA_OK;
 }
 
+/* Megatron's sample c of a stream, T + 1 tokens, into out: its pieces of
+ * documents as GPTDataset's _query_document_sample_shuffle_indices reads
+ * them. */
+static mega_status read_megatron_sample(const mega_data *d, const stream *st, int64_t c,
+                                        int32_t *out, mega_err *err) {
+  const source *s = st->src;
+  if (c >= mega_gpt_order_samples(st->order))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "%s: sample %lld is past the %lld of Megatron's data order, which holds "
+                     "what the job's flags ask for (--train-iters or --train-samples, "
+                     "--eval-interval and --eval-iters); ask for more samples there",
+                     s->path, (long long)c, (long long)mega_gpt_order_samples(st->order));
+  int64_t first, first_off, last, last_off;
+  mega_gpt_order_sample(st->order, c, &first, &first_off, &last, &last_off);
+  int64_t got = 0, want = (int64_t)d->seq_len + 1;
+  for (int64_t p = first; p <= last; p++) {
+    int64_t doc = mega_gpt_order_document(st->order, p);
+    int64_t off = p == first ? first_off : 0;
+    int64_t end = p == last ? last_off + 1 : s->cum[doc + 1] - s->cum[doc];
+    int64_t n = end - off;
+    if (n <= 0) continue;
+    if (got + n > want) break;
+    mega_status r = mega_indexed_read(s->ix, doc, off, n, d->vocab, out + got, err);
+    if (r != MEGA_OK) return r;
+    got += n;
+  }
+  if (got != want)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "%s: Megatron's sample %lld holds %lld tokens, not %lld (an index built "
+                     "wrong)", s->path, (long long)c, (long long)got, (long long)want);
+  return MEGA_OK;
+}
+
 /* Copies microbatch `micro` of DP rank dp_rank. */
 static mega_status copy_microbatch(const mega_data *d, const mega_batch_plan *p, int64_t iteration,
                                    int dp_rank, int micro, bool eval, int32_t *tokens,
@@ -365,6 +491,10 @@ static mega_status copy_microbatch(const mega_data *d, const mega_batch_plan *p,
                      "no microbatch %d of DP rank %d in %siteration %lld (%d microbatches, DP %d)",
                      micro, dp_rank, eval ? "evaluation " : "", (long long)iteration,
                      p->num_micro, p->dp_size);
+  if (d->megatron && eval && !d->valid)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--data-order megatron evaluates only on a valid split (--split) or on "
+                     "--valid-data-path, as Megatron does");
   int T = d->seq_len;
   int first = mega_batch_first_sample(p, dp_rank, micro);
   int32_t *buf = malloc(((size_t)T + 1) * sizeof *buf);
@@ -375,7 +505,8 @@ static mega_status copy_microbatch(const mega_data *d, const mega_batch_plan *p,
     int64_t w;
     mega_data_sample_source(d, mega_batch_plan_start(p, iteration) + first + b, eval, &k, &w);
     const stream *s = eval && d->valid ? &d->valid[k] : &d->train[k];
-    st = read_tokens(d, s, w * T, T + 1, buf, err);
+    st = d->megatron ? read_megatron_sample(d, s, w, buf, err)
+                     : read_tokens(d, s, w * T, T + 1, buf, err);
     memcpy(tokens + (size_t)b * T, buf, (size_t)T * sizeof *buf);
     memcpy(targets + (size_t)b * T, buf + 1, (size_t)T * sizeof *buf);
   }

@@ -21,6 +21,12 @@
  * reads the train stream, evaluation the valid one. Separate valid datasets
  * (--valid-data-path) are evaluation's streams instead, blended alike.
  *
+ * With Megatron's order (opts.megatron, --data-order megatron) each
+ * stream is instead a Megatron-LM GPTDataset over its documents
+ * (worker/data/gpt_order.h), built for the samples Megatron would ask of
+ * it, and a dataset's sample c is that GPTDataset's sample c: the blend,
+ * the split, the DP ranks and the microbatches deal samples out as above.
+ *
  * mega_data maps the files read-only once and is then immutable, so any
  * number of threads may read it at once. */
 #ifndef MEGA_WORKER_DATA_H
@@ -62,7 +68,8 @@ mega_status mega_data_file_size(const char *path, long long *bytes, mega_err *er
 /* Checks that every dataset of the job can be read (a file, or
  * PREFIX.bin and PREFIX.idx) and sets *bytes to the size of the one plain
  * file when the data is a single plain file, else -1: mega_jobspec_check's
- * data_bytes. */
+ * data_bytes. With --data-order megatron a plain file is refused
+ * (MEGA_ERR_INVALID): that order reads indexed datasets only. */
 mega_status mega_data_probe(const mega_jobspec *job, long long *bytes, mega_err *err);
 
 typedef struct mega_data_opts {
@@ -78,6 +85,17 @@ typedef struct mega_data_opts {
   const double *valid_weights;
   int valid_n;
   int64_t samples;  /* blends: sample numbers below it are looked up fast */
+  /* Megatron's order: every dataset indexed, each stream a GPTDataset
+   * seeded with seed. train_samples and valid_samples are the sizes
+   * Megatron asks of the training and the valid blend (its
+   * train_valid_test_num_samples); each dataset of a blend is built for
+   * ceil(ceil(size * w) * 1.005) samples (w its normalized weight), and a
+   * lone dataset for size, except that train_blend_of_one builds a lone
+   * training dataset as a blend (Megatron's --data-path 1.0 PREFIX). */
+  bool megatron;
+  uint32_t seed;
+  int64_t train_samples, valid_samples;
+  bool train_blend_of_one;
 } mega_data_opts;
 
 /* Opens n datasets (a plain file or an indexed PREFIX each) with their
@@ -99,11 +117,14 @@ int mega_data_seq_len(const mega_data *d);     /* T */
 
 /* Where sample s (i*G + j) comes from: its dataset and its window in that
  * dataset's training (eval false) or evaluation stream. Evaluation without
- * a split counts windows from the end of the training stream. */
+ * a split counts windows from the end of the training stream. In
+ * Megatron's order *window is the dataset's sample number (the index into
+ * its GPTDataset), which may lie past the samples it holds (copying such a
+ * microbatch fails). */
 void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *dataset,
                              int64_t *window);
 
-/* The window of sample j of iteration i in dataset 0, one dataset:
+/* File order: the window of sample j of iteration i in dataset 0, one dataset:
  * (i*G + j) mod K. */
 int64_t mega_data_sample_window(const mega_data *d, int64_t iteration, int global_batch,
                                 int sample);
