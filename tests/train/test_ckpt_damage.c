@@ -217,6 +217,21 @@ static void test_missing_and_mismatched(void **state) {
   assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j1, b.cp, b.n, &s, &err), MEGA_OK);
   assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "--global-batch-size 4"));
+  /* the data order, and with Megatron's its seed */
+  j2.global_batch_size = 4;
+  j2.data_order = MEGA_DATA_ORDER_MEGATRON;
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--data-order file, but this job has megatron"));
+  j2.data_order = MEGA_DATA_ORDER_FILE;
+  j2.seed = 7; /* file order: the seed only made the initial weights */
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_OK);
+  j1.data_order = j2.data_order = MEGA_DATA_ORDER_MEGATRON;
+  assert_int_equal(mega_ckpt_save(dir, a.be, &a.cfg, &j1, &st2, a.cp, a.n, NULL, &err), MEGA_OK);
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "--seed 1234, but this job has 7"));
+  j2.seed = 1234;
+  assert_int_equal(mega_ckpt_load(it, b.be, &b.cfg, &j2, b.cp, b.n, &s, &err), MEGA_OK);
+  j1.data_order = MEGA_DATA_ORDER_FILE;
   /* the LR schedule has its own check, which names Megatron's two ways out */
   mega_lr_sched saved = mega_lr_sched_from_job(&j1), mine = saved;
   assert_int_equal(mega_ckpt_check_sched(it, &saved, &mine, &j1, &err), MEGA_OK);

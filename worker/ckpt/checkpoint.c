@@ -97,6 +97,10 @@ static mega_status check_job(const char *dir, const json_t *saved_json, const me
        mega_jobspec_max_position_embeddings(job)},
       {"--global-batch-size", saved.global_batch_size, job->global_batch_size},
   };
+  /* which samples come next: the order, and Megatron's shuffles' seed */
+  static const char *const orders[] = {"file", "megatron"};
+  int saved_order = saved.data_order, saved_seed = saved.seed;
+  bool megatron = job->data_order == MEGA_DATA_ORDER_MEGATRON;
   /* the ramp decides which samples each iteration takes */
   bool same_ramp = saved.rampup_batch_size.n == job->rampup_batch_size.n;
   for (int k = 0; same_ramp && k < saved.rampup_batch_size.n; k++)
@@ -107,6 +111,17 @@ static mega_status check_job(const char *dir, const json_t *saved_json, const me
                      "checkpoint %s was saved with another --rampup-batch-size than this job's; "
                      "resume with the same one (it decides which samples each iteration takes)",
                      dir);
+  if (saved_order != job->data_order)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint %s was saved with --data-order %s, but this job has %s; resume "
+                     "with the same order (it decides which samples come next)", dir,
+                     orders[saved_order == MEGA_DATA_ORDER_MEGATRON],
+                     orders[megatron]);
+  if (megatron && saved_seed != job->seed)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint %s was saved with --seed %d, but this job has %d; with "
+                     "--data-order megatron the seed shuffles the data, so resume with the same "
+                     "one", dir, saved_seed, job->seed);
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
     if (f[i].a != f[i].b)
       return mega_fail(err, MEGA_ERR_INVALID,
