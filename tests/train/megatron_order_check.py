@@ -28,7 +28,11 @@ import re
 import subprocess
 import sys
 
-import numpy
+try:
+    import numpy
+except ImportError:
+    print("python3-numpy is not installed: skipped (scripts/install-deps)")
+    sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
