@@ -63,7 +63,8 @@ static inline MEGA_HD float mega_bf16_round(float x) { return mega_bf16_to_float
 #define MEGA_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define MEGA_GELU_CUBE 0.044715f
 
-/* GELU, tanh approximation (GPT-2's "gelu_new"):
+/* GELU, tanh approximation (GPT-2's "gelu_new", Megatron's bias-GELU fusion
+ * and --openai-gelu):
  * 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as
  * x * sigmoid(2u) = x / (1 + e^{-2u}): one exp and one division, and no
  * cancellation near the tails. The exponent is capped at 80 so nothing in
@@ -82,6 +83,52 @@ static inline MEGA_HD float mega_gelu_grad(float x) {
   float s = 1.0f / (1.0f + e);
   float du = MEGA_GELU_SCALE * (1.0f + 3.0f * MEGA_GELU_CUBE * x * x);
   return s + 2.0f * x * du * (e * s) * s;
+}
+
+/* GELU, exact (erf) form (PyTorch's F.gelu, Hugging Face's "gelu"):
+ * x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) = 0.5 x erfc(-x / sqrt 2), where
+ * Megatron runs it (--no-bias-gelu-fusion, or --disable-bias-linear, without
+ * --openai-gelu). erfc(z) for z >= 0 is Numerical Recipes' erfcc,
+ * t e^{-z^2 + P(t)} with t = 1 / (1 + z/2) and P a degree-9 polynomial:
+ * fractional error below 1.2e-7 everywhere, one exp and one division, no
+ * libm call (so it vectorises, and the host and the device compute the
+ * same). x < 0 takes the erfc directly, so the left tail keeps its relative
+ * precision; x >= 0 takes 1 - erfc(x / sqrt 2) / 2. The exponent is capped
+ * at -80 so nothing in it or its gradient goes denormal (as mega_gelu's). */
+#define MEGA_GELU_RSQRT2 0.7071067811865476f   /* 1 / sqrt(2) */
+#define MEGA_GELU_RSQRT2PI 0.3989422804014327f /* 1 / sqrt(2 pi) */
+
+/* erfc(|x| / sqrt 2) */
+static inline MEGA_HD float mega_gelu_erfc(float x) {
+  float z = (x < 0.0f ? -x : x) * MEGA_GELU_RSQRT2;
+  float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  float a = p - 0.5f * x * x; /* z^2, with one rounding */
+  return t * mega_expf(a < -80.0f ? -80.0f : a);
+}
+
+/* Phi(x), the standard normal's distribution function */
+static inline MEGA_HD float mega_gelu_phi_cdf(float x) {
+  float c = 0.5f * mega_gelu_erfc(x);
+  return x < 0.0f ? c : 1.0f - c;
+}
+
+static inline MEGA_HD float mega_gelu_erf(float x) { return x * mega_gelu_phi_cdf(x); }
+
+/* d gelu(x) / dx = Phi(x) + x phi(x), phi(x) = e^{-x^2/2} / sqrt(2 pi) */
+static inline MEGA_HD float mega_gelu_erf_grad(float x) {
+  float a = -0.5f * x * x;
+  float pdf = MEGA_GELU_RSQRT2PI * mega_expf(a < -80.0f ? -80.0f : a);
+  return mega_gelu_phi_cdf(x) + x * pdf;
 }
 
 /* sigmoid(x) = 1 / (1 + e^-x); e^-x saturates (mega_expf's clamp), so no

@@ -36,6 +36,15 @@ static inline MEGA_HD void mega_kb_gelu_bwd(int64_t i, float *dinp, const float 
   dinp[i] = mega_gelu_grad(inp[i]) * dout[i];
 }
 
+static inline MEGA_HD void mega_kb_gelu_erf_fwd(int64_t i, float *out, const float *inp) {
+  out[i] = mega_gelu_erf(inp[i]);
+}
+
+static inline MEGA_HD void mega_kb_gelu_erf_bwd(int64_t i, float *dinp, const float *inp,
+                                                 const float *dout) {
+  dinp[i] = mega_gelu_erf_grad(inp[i]) * dout[i];
+}
+
 /* out = a + b (+ bias[i % C] when bias). */
 static inline MEGA_HD void mega_kb_add(int64_t i, float *out, const float *a, const float *b,
                                         const float *bias, int C) {

@@ -471,15 +471,26 @@ int mega_cu_rope(mega_cu_stream s, float *x, const float *cs, int N, int T, int 
   });
 }
 
-int mega_cu_gelu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *inp,
-                     int64_t n) {
+// erf: the exact GELU's body, else the tanh approximation's (a kernel each)
+int mega_cu_gelu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *inp, int64_t n,
+                     bool erf) {
+  if (erf)
+    return launch_unary(s, n, out, out16, inp,
+                        [] __device__(int64_t i, float *o, const float *x) {
+                          mega_kb_gelu_erf_fwd(i, o, x);
+                        });
   return launch_unary(s, n, out, out16, inp, [] __device__(int64_t i, float *o, const float *x) {
     mega_kb_gelu_fwd(i, o, x);
   });
 }
 
 int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, uint16_t *dinp16, const float *inp,
-                     const float *dout, int64_t n) {
+                     const float *dout, int64_t n, bool erf) {
+  if (erf)
+    return launch_binary(s, n, dinp, dinp16, inp, dout,
+                         [] __device__(int64_t i, float *o, const float *x, const float *dy) {
+                           mega_kb_gelu_erf_bwd(i, o, x, dy);
+                         });
   return launch_binary(s, n, dinp, dinp16, inp, dout,
                        [] __device__(int64_t i, float *o, const float *x, const float *dy) {
                          mega_kb_gelu_bwd(i, o, x, dy);

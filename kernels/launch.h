@@ -6,6 +6,7 @@
 #ifndef MEGA_KERNELS_LAUNCH_H
 #define MEGA_KERNELS_LAUNCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,10 +59,12 @@ int mega_cu_swiglu_bwd(mega_cu_stream s, float *dgate, uint16_t *dgate16, float 
 /* sign 1: rotate (forward); -1: rotate back (backward). */
 int mega_cu_rope(mega_cu_stream s, float *x, const float *cs, int N, int T, int heads, int hs,
                  int ld, int rot, float sign);
-int mega_cu_gelu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *inp,
-                     int64_t n);
+/* GELU: erf, the exact form (kernels/elementwise.h's mega_gelu_erf); else
+ * the tanh approximation (mega_gelu). */
+int mega_cu_gelu_fwd(mega_cu_stream s, float *out, uint16_t *out16, const float *inp, int64_t n,
+                     bool erf);
 int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, uint16_t *dinp16, const float *inp,
-                     const float *dout, int64_t n);
+                     const float *dout, int64_t n, bool erf);
 int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
                 const float *bias, int64_t n, int C);
 int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const float *residual,

@@ -257,6 +257,21 @@ static void test_element_ops(void) {
     gpu->ops->gelu_backward(gpu, go + off, gx + off, gy + off, n - off);
     snprintf(what, sizeof what, "gelu backward%s", at);
     same(what, go + off, o + off, n - off, 1e-6);
+    cpu->ops->gelu_erf_forward(cpu, o + off, x + off, n - off);
+    gpu->ops->gelu_erf_forward(gpu, go + off, gx + off, n - off);
+    snprintf(what, sizeof what, "gelu (erf)%s", at);
+    same(what, go + off, o + off, n - off, 1e-6);
+    memcpy(o + off, y + off, sizeof(float) * (n - off)); /* in place over dout */
+    mega_err err = {0};
+    if (gpu->ops->memcpy(gpu, go + off, y + off, sizeof(float) * (n - off), MEGA_COPY_H2D,
+                         &err)) {
+      printf("FAIL gelu (erf) backward's dout to the device: %s\n", err.msg);
+      failures++;
+    }
+    cpu->ops->gelu_erf_backward(cpu, o + off, x + off, o + off, n - off);
+    gpu->ops->gelu_erf_backward(gpu, go + off, gx + off, go + off, n - off);
+    snprintf(what, sizeof what, "gelu (erf) backward, in place%s", at);
+    same(what, go + off, o + off, n - off, 1e-6);
     cpu->ops->residual_forward(cpu, o + off, x + off, y + off, n - off);
     gpu->ops->residual_forward(gpu, go + off, gx + off, gy + off, n - off);
     snprintf(what, sizeof what, "residual%s", at);

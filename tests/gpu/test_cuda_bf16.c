@@ -1,7 +1,7 @@
 /* test_cuda_backend's checks under --bf16 (its main runs them): the
  * matmuls on bf16 copies, the kept copies renewed after every kind of
- * write, the copies the producing ops write, and GPT-2's c_fc fused with
- * its GELU. */
+ * write, the copies the producing ops write (the erf GELU's among them),
+ * and GPT-2's c_fc fused with its GELU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,6 +295,21 @@ void test_bf16_producers(void) {
               gd[1] + off, gd[0] + off, (size_t)N * F * 4);
     produced_check(gpu, off ? "gelu backward off 16 bytes" : "gelu backward", gd[1] + off, N, F);
   }
+  /* the exact (erf) GELU's kernels write the same copies */
+  for (int on = 0; on < 2; on++) {
+    bf16_on(on);
+    gh[on] = dev_zero(nf * 4);
+    gpu->ops->gelu_erf_forward(gpu, gh[on] + 1, gpre + 1, (size_t)N * F);
+  }
+  same_bits("gelu (erf) under --bf16", gh[1] + 1, gh[0] + 1, (size_t)N * F * 4);
+  produced_check(gpu, "gelu (erf)", gh[1] + 1, N, F);
+  for (int on = 0; on < 2; on++) { /* in place, as the model runs it */
+    bf16_on(on);
+    gd[on] = up(dh, nf * 4);
+    gpu->ops->gelu_erf_backward(gpu, gd[on], gpre, gd[on], (size_t)N * F);
+  }
+  same_bits("gelu (erf) backward under --bf16", gd[1], gd[0], (size_t)N * F * 4);
+  produced_check(gpu, "gelu (erf) backward", gd[1], N, F);
   for (int vv = V; vv <= VW; vv += VW - V) {
     for (int on = 0; on < 2; on++) {
       bf16_on(on);

@@ -173,12 +173,15 @@ static void test_elementwise(void **state) {
   const int n = N * C;
   float *x = vec(n, 9, 4), *y = vec(n, 10, 1), *bias = vec(C, 11, 1);
   float a[N * C], g[N * C];
-  be->ops->gelu_forward(be, a, x, n);
-  for (int64_t i = 0; i < n; i++) mega_kb_gelu_fwd(i, g, x);
-  near(g, a, n, 0, "gelu");
-  be->ops->gelu_backward(be, a, x, y, n);
-  for (int64_t i = 0; i < n; i++) mega_kb_gelu_bwd(i, g, x, y);
-  near(g, a, n, 0, "gelu backward");
+  /* GELU's two forms: the tanh approximation and the exact (erf) one */
+  for (int erf = 0; erf < 2; erf++) {
+    (erf ? be->ops->gelu_erf_forward : be->ops->gelu_forward)(be, a, x, n);
+    for (int64_t i = 0; i < n; i++) (erf ? mega_kb_gelu_erf_fwd : mega_kb_gelu_fwd)(i, g, x);
+    near(g, a, n, 0, erf ? "gelu (erf)" : "gelu");
+    (erf ? be->ops->gelu_erf_backward : be->ops->gelu_backward)(be, a, x, y, n);
+    for (int64_t i = 0; i < n; i++) (erf ? mega_kb_gelu_erf_bwd : mega_kb_gelu_bwd)(i, g, x, y);
+    near(g, a, n, 0, erf ? "gelu (erf) backward" : "gelu backward");
+  }
   be->ops->bias_residual_forward(be, a, x, y, bias, N, C);
   for (int64_t i = 0; i < n; i++) mega_kb_add(i, g, x, y, bias, C);
   near(g, a, n, 1e-7, "bias and residual");

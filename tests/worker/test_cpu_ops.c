@@ -80,6 +80,39 @@ static void element_math_matches_libm(void **state) {
   assert_true(fabsf(mega_gelu_grad(-100.0f)) < 1e-20f && mega_gelu_grad(100.0f) == 1.0f);
 }
 
+/* The exact GELU, x Phi(x), against libm's erfc in double: relative to
+ * max(1, |gelu|), and, in the left tail (down to -12, where Phi is 2e-33),
+ * relative to the value itself; the derivative Phi(x) + x phi(x) absolutely
+ * (it is at most 1.13). */
+static void gelu_erf_matches_libm(void **state) {
+  (void)state;
+  double worst = 0, worst_tail = 0, worst_grad = 0;
+  for (int i = -200000; i <= 200000; i++) {
+    double u = i * 1e-4f; /* [-20, 20] */
+    double g = 0.5 * u * erfc(-u / sqrt(2.0));
+    double dg = 0.5 * erfc(-u / sqrt(2.0)) + u * exp(-0.5 * u * u) / sqrt(2.0 * M_PI);
+    double got = mega_gelu_erf((float)u);
+    worst = fmax(worst, fabs(got - g) / fmax(1.0, fabs(g)));
+    if (u < 0 && u > -12) worst_tail = fmax(worst_tail, fabs(got - g) / fabs(g));
+    worst_grad = fmax(worst_grad, fabs(mega_gelu_erf_grad((float)u) - dg));
+  }
+  printf("# worst: gelu (erf) %.2g, in the left tail %.2g, its derivative %.2g\n", worst,
+         worst_tail, worst_grad);
+  assert_true(worst < 3e-7);
+  assert_true(worst_tail < 2e-5);
+  assert_true(worst_grad < 5e-7);
+  /* the tanh form differs from it by up to about 4.4e-4 (near x = 2.5):
+   * the two are told apart */
+  assert_true(fabsf(mega_gelu_erf(2.5f) - mega_gelu(2.5f)) > 4e-4f);
+  /* no denormals or NaNs in the tails, and exact far right */
+  assert_true(mega_gelu_erf(-100.0f) <= 0.0f && mega_gelu_erf(-100.0f) > -1e-30f);
+  assert_true(fpclassify(mega_gelu_erf(-100.0f)) == FP_NORMAL);
+  assert_true(mega_gelu_erf(100.0f) == 100.0f && mega_gelu_erf(0.0f) == 0.0f);
+  assert_true(fabsf(mega_gelu_erf_grad(-100.0f)) < 1e-20f);
+  assert_true(fpclassify(mega_gelu_erf_grad(-100.0f)) == FP_NORMAL);
+  assert_true(mega_gelu_erf_grad(100.0f) == 1.0f && mega_gelu_erf_grad(0.0f) == 0.5f);
+}
+
 static void rng_is_a_function_of_key_and_index(void **state) {
   (void)state;
   uint64_t k1 = mega_rng_key(1, "transformer.wte.weight"),
@@ -517,6 +550,17 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
   be->ops->gelu_backward(be, out, x, out, n);
   for (size_t i = 0; i < n; i++) r[i] = mega_gelu_grad(x[i]) * (double)dy[i];
   near(out, r, n, 1e-6, "gelu_backward");
+  /* the exact (erf) GELU, against libm's erfc in double */
+  be->ops->gelu_erf_forward(be, out, x, n);
+  for (size_t i = 0; i < n; i++) r[i] = 0.5 * x[i] * erfc(-(double)x[i] / sqrt(2.0));
+  near(out, r, n, 1e-6, "gelu_erf_forward");
+  memcpy(out, dy, n * sizeof *out);
+  be->ops->gelu_erf_backward(be, out, x, out, n);
+  for (size_t i = 0; i < n; i++) {
+    double u = x[i];
+    r[i] = (0.5 * erfc(-u / sqrt(2.0)) + u * exp(-0.5 * u * u) / sqrt(2.0 * M_PI)) * dy[i];
+  }
+  near(out, r, n, 1e-6, "gelu_erf_backward");
 
   /* softmax cross-entropy, with logits large enough to need the max shift,
    * in place over a copy of the logits: probabilities, then dlogits */
@@ -635,6 +679,7 @@ static void many_small_jobs(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(element_math_matches_libm),
+      cmocka_unit_test(gelu_erf_matches_libm),
       cmocka_unit_test(rng_is_a_function_of_key_and_index),
       cmocka_unit_test(init_normal_is_the_draw_at_the_full_index),
       cmocka_unit_test(adamw_matches_reference),

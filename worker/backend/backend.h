@@ -259,16 +259,25 @@ typedef struct mega_backend_ops {
   void (*rope_backward)(mega_backend *be, float *dx, const float *cs, int B, int T, int heads,
                         int hs, int ld, int rot);
 
-  /* GELU, tanh approximation. dinp may alias dout. */
+  /* GELU over n elements, tanh approximation (kernels/elementwise.h's
+   * mega_gelu: GPT-2's "gelu_new"); the backward writes dinp = GELU'(inp)
+   * * dout. dinp may alias dout. */
   void (*gelu_forward)(mega_backend *be, float *out, const float *inp, size_t n);
   void (*gelu_backward)(mega_backend *be, float *dinp, const float *inp,
                         const float *dout, size_t n);
-  /* matmul_forward (no residual) into pre and gelu_forward of it into
-   * out, fused where the backend can (cuda under --bf16: cuBLASLt's GELU
-   * epilogue, one pass over memory fewer); and matmul_backward_input into
-   * dpre followed by gelu_backward in place (dpre = (dout @ W^T) *
-   * GELU'(pre)). NULL: the caller runs the two ops, as the cpu backend
-   * would. Megatron's --no-bias-gelu-fusion keeps them apart. */
+  /* The same contract for the exact GELU, 0.5 x (1 + erf(x / sqrt 2))
+   * (mega_gelu_erf: PyTorch's F.gelu, Hugging Face's "gelu"), which
+   * Megatron runs without its bias-GELU fusion. */
+  void (*gelu_erf_forward)(mega_backend *be, float *out, const float *inp, size_t n);
+  void (*gelu_erf_backward)(mega_backend *be, float *dinp, const float *inp,
+                            const float *dout, size_t n);
+  /* matmul_forward (no residual) into pre and gelu_forward (the tanh form
+   * only) of it into out, fused where the backend can (cuda under --bf16:
+   * cuBLASLt's GELU epilogue, which is the tanh form, one pass over memory
+   * fewer); and matmul_backward_input into dpre followed by gelu_backward
+   * in place (dpre = (dout @ W^T) * GELU'(pre)). NULL: the caller runs the
+   * two ops, as the cpu backend would. Megatron's --no-bias-gelu-fusion
+   * keeps them apart (and the model then runs the erf form). */
   void (*matmul_gelu_forward)(mega_backend *be, float *out, float *pre, const float *inp,
                               const float *w, const float *bias, int N, int C, int OC,
                               mega_wlayout lay);

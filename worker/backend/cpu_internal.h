@@ -113,6 +113,9 @@ void mega_cpu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
 void mega_cpu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n);
 void mega_cpu_gelu_backward(mega_backend *be, float *dinp, const float *inp,
                             const float *dout, size_t n);
+void mega_cpu_gelu_erf_forward(mega_backend *be, float *out, const float *inp, size_t n);
+void mega_cpu_gelu_erf_backward(mega_backend *be, float *dinp, const float *inp,
+                                const float *dout, size_t n);
 void mega_cpu_residual_forward(mega_backend *be, float *out, const float *a,
                                const float *b, size_t n);
 void mega_cpu_crossentropy_forward(mega_backend *be, float *losses, float *logits,

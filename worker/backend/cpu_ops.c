@@ -205,32 +205,58 @@ void mega_cpu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
 typedef struct elem_ctx {
   float *out;
   const float *a, *b;
+  bool erf; /* GELU: the exact form, else the tanh approximation */
 } elem_ctx;
 
+/* one loop per form, so each vectorises */
 MEGA_CPU_CLONES
 static void gelu_fwd_range(void *vc, int64_t i0, int64_t i1) {
   const elem_ctx *c = vc;
-  for (int64_t i = i0; i < i1; i++) c->out[i] = mega_gelu(c->a[i]);
+  if (c->erf)
+    for (int64_t i = i0; i < i1; i++) c->out[i] = mega_gelu_erf(c->a[i]);
+  else
+    for (int64_t i = i0; i < i1; i++) c->out[i] = mega_gelu(c->a[i]);
+}
+
+static void gelu_fwd(mega_backend *be, float *out, const float *inp, size_t n, bool erf) {
+  elem_ctx c = {.out = out, .a = inp, .erf = erf};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS,
+                        gelu_fwd_range, &c);
 }
 
 void mega_cpu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
-  elem_ctx c = {.out = out, .a = inp};
-  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS,
-                        gelu_fwd_range, &c);
+  gelu_fwd(be, out, inp, n, false);
+}
+
+void mega_cpu_gelu_erf_forward(mega_backend *be, float *out, const float *inp, size_t n) {
+  gelu_fwd(be, out, inp, n, true);
 }
 
 /* a = inp, b = dout */
 MEGA_CPU_CLONES
 static void gelu_bwd_range(void *vc, int64_t i0, int64_t i1) {
   const elem_ctx *c = vc;
-  for (int64_t i = i0; i < i1; i++) c->out[i] = mega_gelu_grad(c->a[i]) * c->b[i];
+  if (c->erf)
+    for (int64_t i = i0; i < i1; i++) c->out[i] = mega_gelu_erf_grad(c->a[i]) * c->b[i];
+  else
+    for (int64_t i = i0; i < i1; i++) c->out[i] = mega_gelu_grad(c->a[i]) * c->b[i];
+}
+
+static void gelu_bwd(mega_backend *be, float *dinp, const float *inp, const float *dout,
+                     size_t n, bool erf) {
+  elem_ctx c = {.out = dinp, .a = inp, .b = dout, .erf = erf};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS,
+                        gelu_bwd_range, &c);
 }
 
 void mega_cpu_gelu_backward(mega_backend *be, float *dinp, const float *inp,
                             const float *dout, size_t n) {
-  elem_ctx c = {.out = dinp, .a = inp, .b = dout};
-  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS,
-                        gelu_bwd_range, &c);
+  gelu_bwd(be, dinp, inp, dout, n, false);
+}
+
+void mega_cpu_gelu_erf_backward(mega_backend *be, float *dinp, const float *inp,
+                                const float *dout, size_t n) {
+  gelu_bwd(be, dinp, inp, dout, n, true);
 }
 
 MEGA_CPU_CLONES

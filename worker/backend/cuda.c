@@ -332,16 +332,35 @@ static void cu_layernorm_backward_weight(mega_backend *be, float *dw, float *db,
          "layernorm weight gradient");
 }
 
-static void cu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
+static void gelu_fwd(mega_backend *be, float *out, const float *inp, size_t n, bool erf) {
   uint16_t *out16 = produced(be, out, n); /* the MLP's projection's input */
-  filled(be, mega_cu_gelu_fwd(S(be), out, out16, inp, (int64_t)n), "gelu", out, NULL, n);
+  filled(be, mega_cu_gelu_fwd(S(be), out, out16, inp, (int64_t)n, erf),
+         erf ? "gelu (erf)" : "gelu", out, NULL, n);
+}
+
+static void gelu_bwd(mega_backend *be, float *dinp, const float *inp, const float *dout,
+                     size_t n, bool erf) {
+  uint16_t *dinp16 = produced(be, dinp, n); /* the fc matmul's output gradient */
+  filled(be, mega_cu_gelu_bwd(S(be), dinp, dinp16, inp, dout, (int64_t)n, erf),
+         erf ? "gelu (erf) backward" : "gelu backward", dinp, NULL, n);
+}
+
+static void cu_gelu_forward(mega_backend *be, float *out, const float *inp, size_t n) {
+  gelu_fwd(be, out, inp, n, false);
 }
 
 static void cu_gelu_backward(mega_backend *be, float *dinp, const float *inp, const float *dout,
                              size_t n) {
-  uint16_t *dinp16 = produced(be, dinp, n); /* the fc matmul's output gradient */
-  filled(be, mega_cu_gelu_bwd(S(be), dinp, dinp16, inp, dout, (int64_t)n), "gelu backward",
-         dinp, NULL, n);
+  gelu_bwd(be, dinp, inp, dout, n, false);
+}
+
+static void cu_gelu_erf_forward(mega_backend *be, float *out, const float *inp, size_t n) {
+  gelu_fwd(be, out, inp, n, true);
+}
+
+static void cu_gelu_erf_backward(mega_backend *be, float *dinp, const float *inp,
+                                 const float *dout, size_t n) {
+  gelu_bwd(be, dinp, inp, dout, n, true);
 }
 
 static void cu_residual_forward(mega_backend *be, float *out, const float *a, const float *b,
@@ -555,6 +574,8 @@ static const mega_backend_ops cuda_ops = {
     .rope_backward = cu_rope_backward,
     .gelu_forward = cu_gelu_forward,
     .gelu_backward = cu_gelu_backward,
+    .gelu_erf_forward = cu_gelu_erf_forward,
+    .gelu_erf_backward = cu_gelu_erf_backward,
     .matmul_gelu_forward = mega_cu__matmul_gelu_forward,
     .matmul_gelu_backward_input = mega_cu__matmul_gelu_backward_input,
     .residual_forward = cu_residual_forward,
