@@ -149,6 +149,7 @@ typedef struct mega_jobspec {
   int num_query_groups;         /* -1: 1 with --group-query-attention (Megatron's) */
   bool untie_embeddings_and_output_weights; /* the head is its own lm_head */
   bool disable_bias_linear;     /* Llama: no biases in the linear layers */
+  bool openai_gelu;             /* GPT-2: the tanh GELU always (mega_jobspec_gelu_erf) */
   int kv_channels;              /* -1: hidden / heads */
   /* flags that restate what mega does: only these values are accepted */
   double attention_dropout;     /* 0 */
@@ -247,7 +248,9 @@ typedef struct mega_jobspec {
   int blas_threads;       /* 1 */
   int backend;            /* mega_job_backend */
   bool bf16;              /* the linear layers' GEMM inputs in bf16, fp32 accumulation */
-  bool no_bias_gelu_fusion; /* GPT-2's c_fc GEMM and GELU as two ops on every backend */
+  /* GPT-2's c_fc GEMM and GELU as two ops on every backend, and the GELU
+   * then the exact (erf) one unless --openai-gelu (mega_jobspec_gelu_erf) */
+  bool no_bias_gelu_fusion;
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
   char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
   int log_interval;       /* 1 */
@@ -349,6 +352,12 @@ int mega_jobspec_lr_decay_iters(const mega_jobspec *s);
 /* Whether the job trains Llama (--position-embedding-type rope
  * --normalization RMSNorm --swiglu) rather than GPT-2. */
 bool mega_jobspec_llama(const mega_jobspec *s);
+/* Whether GPT-2's GELU is the exact one, 0.5 x (1 + erf(x / sqrt 2)), as
+ * Megatron picks it: its bias-GELU fusion (on by default, off with
+ * --no-bias-gelu-fusion, and off with --disable-bias-linear) computes the
+ * tanh approximation, and so does --openai-gelu; otherwise it runs
+ * torch's F.gelu, the erf form. False for Llama (SwiGLU). */
+bool mega_jobspec_gelu_erf(const mega_jobspec *s);
 /* --ffn-hidden-size, else Megatron's default: 4 x hidden, or with --swiglu
  * int(4 x hidden x 2/3 / 64) x 64 (which is 0 below hidden 24). */
 int mega_jobspec_ffn_hidden_size(const mega_jobspec *s);

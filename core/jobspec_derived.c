@@ -45,6 +45,11 @@ bool mega_jobspec_llama(const mega_jobspec *s) {
          s->swiglu;
 }
 
+bool mega_jobspec_gelu_erf(const mega_jobspec *s) {
+  if (mega_jobspec_llama(s) || s->openai_gelu) return false;
+  return s->no_bias_gelu_fusion || s->disable_bias_linear;
+}
+
 int mega_jobspec_ffn_hidden_size(const mega_jobspec *s) {
   if (s->ffn_hidden_size > 0) return s->ffn_hidden_size;
   /* Megatron's: the two SwiGLU projections keep the parameters near 4h's */

@@ -95,7 +95,13 @@ const flagdef mega_jf_table[] = {
     BOOL("--untie-embeddings-and-output-weights", untie_embeddings_and_output_weights, "model",
          "The output layer is its own weight (lm_head) instead of the word embedding."),
     BOOL("--disable-bias-linear", disable_bias_linear, "model",
-         "No biases in the linear layers (Llama; Hugging Face's GPT-2 always has them)."),
+         "No biases in the linear layers (Llama; Hugging Face's GPT-2 always has them). As in "
+         "Megatron, it turns the bias-GELU fusion off, so a GELU MLP would be the exact (erf) "
+         "one."),
+    BOOL("--openai-gelu", openai_gelu, "model",
+         "GPT-2's GELU is the tanh approximation (Hugging Face's \"gelu_new\") even with "
+         "--no-bias-gelu-fusion; without either flag it is that already (Megatron's bias-GELU "
+         "fusion computes it). Llama's SwiGLU is unaffected."),
     INT("--kv-channels", kv_channels, "model", "N", -1, "hidden / heads", false, 1,
         "Channels per attention head (Llama may differ from hidden / heads)."),
     FLT("--attention-dropout", attention_dropout, "model", 0.0, "0", false, 0, NAN, false,
@@ -327,8 +333,11 @@ const flagdef mega_jf_table[] = {
          "attention with heads of 64 or 128 is bf16 flash attention on cuda, rounded at the "
          "same places on cpu; weights, gradients and optimizer state stay fp32."),
     BOOL("--no-bias-gelu-fusion", no_bias_gelu_fusion, "worker",
-         "Run GPT-2's c_fc GEMM and its GELU as two ops; by default the cuda backend fuses "
-         "them under --bf16 (cuBLASLt's GELU epilogue, and its derivative in the backward)."),
+         "Megatron's: turn the bias-GELU fusion off. GPT-2's GELU is then the exact one, "
+         "0.5 x (1 + erf(x / sqrt 2)) (torch's F.gelu, Hugging Face's \"gelu\"), unless "
+         "--openai-gelu; by default it is the tanh approximation (\"gelu_new\"), which the "
+         "cuda backend fuses with c_fc's GEMM under --bf16 (cuBLASLt's GELU epilogue, and its "
+         "derivative in the backward)."),
     INT("--trace-iteration", trace_iteration, "worker", "N", 0, "0", false, 0,
         "Record a Chrome trace of iteration N (1-based); 0 records none."),
     STR("--simulate-compute", simulate_compute, "worker", "F_MS:B_MS[:W_MS]", false,

@@ -69,6 +69,7 @@ void make_full(mega_jobspec *s) {
                     "--norm-epsilon", "1e-6", "--swiglu", "--ffn-hidden-size", "96",
                     "--group-query-attention", "--num-query-groups", "2",
                     "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                    "--openai-gelu",
                     "--kv-channels", "8", "--attention-dropout", "0.1", "--hidden-dropout",
                     "0.1", "--use-mcore-models", "--transformer-impl", "transformer_engine",
                     "--context-parallel-size", "2",

@@ -134,6 +134,43 @@ static void test_megatron_table(void **state) {
   free(help);
 }
 
+/* GPT-2's GELU as Megatron picks it: the tanh form through its bias-GELU
+ * fusion (on by default; off with --no-bias-gelu-fusion or, the biases
+ * gone, --disable-bias-linear) or with --openai-gelu; torch's exact erf
+ * form otherwise. Llama has SwiGLU, so neither. */
+static void test_gelu_form(void **state) {
+  (void)state;
+  mega_jobspec s;
+  make_spec(&s, ARGV("--seed", "7"));
+  assert_false(s.openai_gelu);
+  assert_false(mega_jobspec_gelu_erf(&s));
+  s.disable_bias_linear = true; /* (refused for GPT-2 by the checks, but the rule holds) */
+  assert_true(mega_jobspec_gelu_erf(&s));
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--no-bias-gelu-fusion"));
+  assert_true(mega_jobspec_gelu_erf(&s));
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--no-bias-gelu-fusion", "--openai-gelu"));
+  assert_true(s.openai_gelu);
+  assert_false(mega_jobspec_gelu_erf(&s));
+  s.disable_bias_linear = true;
+  assert_false(mega_jobspec_gelu_erf(&s));
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--openai-gelu"));
+  assert_false(mega_jobspec_gelu_erf(&s));
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                     "--swiglu", "--disable-bias-linear", "--no-bias-gelu-fusion"));
+  assert_true(mega_jobspec_llama(&s));
+  assert_false(mega_jobspec_gelu_erf(&s));
+  mega_jobspec_free(&s);
+  /* the help says which form each flag gives */
+  char *help = mega_jobspec_help_text();
+  assert_non_null(strstr(help, "--openai-gelu"));
+  assert_non_null(strstr(help, "0.5 x (1 + erf(x / sqrt 2))"));
+  free(help);
+}
+
 /* Megatron's Llama scripts (examples/llama, docs/llama_mistral.md): every
  * flag of theirs that is not mega's own is accepted where it restates mega
  * or refused with the reason, never "unknown flag". */
@@ -691,7 +728,7 @@ static void test_flops_llama(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nearest_flag),   cmocka_unit_test(test_megatron_table),
-      cmocka_unit_test(test_megatron_llama_flags),
+      cmocka_unit_test(test_megatron_llama_flags), cmocka_unit_test(test_gelu_form),
       cmocka_unit_test(test_split_quotes),   cmocka_unit_test(test_eval_iters_zero),
       cmocka_unit_test(test_eval_note),      cmocka_unit_test(test_sample_flags),
       cmocka_unit_test(test_rampup_small),   cmocka_unit_test(test_rampup_gpt3),

@@ -160,6 +160,12 @@ static void middle_stage(void **state) {
   mega_gpt_config cfg;
   fx_config(&cfg, 0.2f);
   check_stage(&cfg, (mega_gpt_stage_desc){false, false, 0, 2}, 24);
+  /* Llama's MLP is SwiGLU: no GELU form to pick */
+  fx_model_config(&cfg, 0.2f, FX_LLAMA);
+  cfg.gelu_erf = true;
+  mega_err err = {0};
+  assert_int_equal(mega_gpt_config_check(&cfg, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "SwiGLU"));
 }
 
 static void loss_only_stage(void **state) {
@@ -176,6 +182,43 @@ static void last_layer_and_loss_at_gpt2_init(void **state) {
   mega_gpt_config cfg;
   fx_config(&cfg, 0.02f);
   check_stage(&cfg, (mega_gpt_stage_desc){false, true, 1, 1}, 12 + 3);
+}
+
+/* The objective of a whole tiny GPT-2 with the given GELU. */
+static double gpt2_value(bool gelu_erf) {
+  mega_gpt_config cfg;
+  fx_config(&cfg, 0.2f);
+  cfg.gelu_erf = gelu_erf;
+  mega_backend *be = NULL;
+  mega_gpt_stage *s = NULL;
+  mega_err err = {0};
+  assert_int_equal(mega_backend_cpu_create(NULL, &be, &err), MEGA_OK);
+  mega_gpt_stage_desc desc = {true, true, 0, 2};
+  if (mega_gpt_stage_create(be, &cfg, &desc, &s, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  fx_probe p;
+  fx_probe_init(&p, s, 2, 8, 99);
+  double v = fx_probe_value(&p, NULL);
+  fx_probe_free(&p);
+  mega_gpt_stage_destroy(s);
+  mega_backend_destroy(be);
+  return v;
+}
+
+/* GPT-2 with the exact (erf) GELU (Megatron's without its bias-GELU
+ * fusion): the same weights give another loss than with the tanh form,
+ * and its gradients are its own (a whole model and a middle stage). */
+static void gpt2_exact_gelu(void **state) {
+  (void)state;
+  double tanh_form = gpt2_value(false), erf_form = gpt2_value(true);
+  printf("# loss: tanh GELU %.9g, erf GELU %.9g\n", tanh_form, erf_form);
+  assert_true(fabs(erf_form - tanh_form) > 5e-7 * fabs(tanh_form));
+  assert_true(fabs(erf_form - tanh_form) < 1e-2 * fabs(tanh_form));
+  assert_true(gpt2_value(true) == erf_form); /* a function of the weights and the form */
+  mega_gpt_config cfg;
+  fx_config(&cfg, 0.2f);
+  cfg.gelu_erf = true;
+  check_stage(&cfg, (mega_gpt_stage_desc){true, true, 0, 2}, 2 + 24 + 2);
+  check_stage(&cfg, (mega_gpt_stage_desc){false, false, 0, 2}, 24);
 }
 
 /* The Llamas: each kind of stage; param counts per layer are 9 (norm, q,
@@ -209,6 +252,7 @@ int main(void) {
       cmocka_unit_test(middle_stage),
       cmocka_unit_test(loss_only_stage),
       cmocka_unit_test(last_layer_and_loss_at_gpt2_init),
+      cmocka_unit_test(gpt2_exact_gelu),
       cmocka_unit_test(llama_untied_no_bias),
       cmocka_unit_test(llama_tied_with_biases_partial_rope),
   };

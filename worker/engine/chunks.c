@@ -21,6 +21,7 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
   cfg->ffn_hidden = mega_jobspec_ffn_hidden_size(job);
   cfg->untied = job->untie_embeddings_and_output_weights;
   cfg->no_bias = job->disable_bias_linear;
+  cfg->gelu_erf = mega_jobspec_gelu_erf(job);
   cfg->rope_theta = (float)job->rotary_base;
   cfg->rotary_percent = job->rotary_percent;
   return mega_gpt_config_check(cfg, err);

@@ -65,6 +65,9 @@ static mega_status check_gpt2(const mega_gpt_config *c, mega_err *err) {
 
 static mega_status check_llama(const mega_gpt_config *c, mega_err *err) {
   int G = mega_gpt_kv_heads(c), rot = mega_gpt_rot_dim(c);
+  if (c->gelu_erf)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "gpt: gelu_erf is GPT-2's; Llama's MLP is SwiGLU, with no GELU");
   if (G < 1 || c->num_heads % G)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: num_heads (%d) must be a multiple of num_kv_heads (%d)", c->num_heads,

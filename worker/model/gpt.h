@@ -3,7 +3,8 @@
  * GPT-2 (Hugging Face's GPT2LMHeadModel): learned token and position
  * embeddings; pre-LN blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with
  * causal self-attention (fused QKV [C,3C], output projection [C,C]) and an
- * MLP of F = 4C (or ffn_hidden) with tanh-GELU; a final layernorm ln_f; the
+ * MLP of F = 4C (or ffn_hidden) with GELU, the tanh approximation ("gelu_new")
+ * or with gelu_erf the exact one ("gelu"); a final layernorm ln_f; the
  * LM head tied to wte (or, untied, lm_head.weight). Weights are HF Conv1D
  * [in, out].
  *
@@ -104,6 +105,7 @@ typedef struct mega_gpt_config {
   int ffn_hidden;       /* F, the MLP's width; 0: 4 * channels */
   bool untied;          /* the head is lm_head.weight, not the embedding */
   bool no_bias;         /* Llama: linear layers without biases */
+  bool gelu_erf;        /* GPT-2: the exact GELU (erf; HF's "gelu"), not tanh's "gelu_new" */
   float rope_theta;     /* Llama: RoPE's base, 10000 */
   double rotary_percent; /* Llama: the share of head_dim that RoPE turns, (0, 1]; 1 */
 } mega_gpt_config;
@@ -193,7 +195,8 @@ typedef struct mega_gpt_stage_desc {
    * the initialisation, which costs seconds on a large stage. */
   bool no_init;
   /* GPT-2's c_fc and GELU as two ops even where the backend fuses them
-   * (matmul_gelu_*): Megatron's --no-bias-gelu-fusion. */
+   * (matmul_gelu_*): Megatron's --no-bias-gelu-fusion. (The fusion is
+   * tanh's only: a gelu_erf model runs the two ops regardless.) */
   bool no_gelu_fusion;
 } mega_gpt_stage_desc;
 

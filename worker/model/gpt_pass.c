@@ -196,8 +196,16 @@ static void attention(mega_gpt_stage *s, mega_gpt_acts *a, layer_acts *la, float
   s->be->ops->attention_forward(s->be, out, la->att, a->att_scratch, q, k, v, &d);
 }
 
-/* The MLP's input projections and activation: GPT-2's c_fc and GELU, or
- * Llama's gate and up and SwiGLU. */
+/* Whether GPT-2's c_fc and GELU run as the backend's one fused op (has):
+ * the tanh form only, and not under --no-bias-gelu-fusion. */
+static bool gelu_fused(const mega_gpt_stage *s, bool has) {
+  return has && !s->cfg.gelu_erf && !s->desc.no_gelu_fusion;
+}
+
+/* The MLP's input projections and activation: GPT-2's c_fc and GELU (the
+ * tanh form, fused with c_fc where the backend can; or the exact erf form,
+ * never fused: cuBLASLt's epilogue is tanh's), or Llama's gate and up and
+ * SwiGLU. */
 static void mlp_in_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
   mega_backend *be = s->be;
   const mega_backend_ops *o = be->ops;
@@ -205,14 +213,15 @@ static void mlp_in_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
   layer_acts *la = &a->layers[l];
   int N = a->B * a->T, C = s->cfg.channels, Fl = gpt_local_widths(s).Fl;
   if (!gpt_llama(s)) {
-    if (o->matmul_gelu_forward && !s->desc.no_gelu_fusion) {
+    if (gelu_fused(s, o->matmul_gelu_forward != NULL)) {
       o->matmul_gelu_forward(be, la->fch_gelu, la->fch, la->ln2, s->param + w->fcw,
                              gpt_p(s, w->fcb), N, C, Fl, s->lay);
       return;
     }
     o->matmul_forward(be, la->fch, la->ln2, s->param + w->fcw, gpt_p(s, w->fcb), NULL, N, C,
                       Fl, s->lay);
-    o->gelu_forward(be, la->fch_gelu, la->fch, (size_t)N * Fl);
+    (s->cfg.gelu_erf ? o->gelu_erf_forward : o->gelu_forward)(be, la->fch_gelu, la->fch,
+                                                                (size_t)N * Fl);
     return;
   }
   o->matmul_forward(be, la->fch, la->ln2, s->param + w->fcw, gpt_p(s, w->fcb), NULL, N, C, Fl,
@@ -364,7 +373,7 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   mega_status st = gather_into(s, a, dy, la->dy_all, err);
   if (st) return st;
   /* the MLP: d(activation), then through GELU or SwiGLU (in place) */
-  if (!llama && o->matmul_gelu_backward_input && !s->desc.no_gelu_fusion) {
+  if (!llama && gelu_fused(s, o->matmul_gelu_backward_input != NULL)) {
     o->matmul_gelu_backward_input(be, la->dfch, la->dy_all, s->param + w->fcprojw, la->fch, N,
                                   wd.Fl, C, s->lay);
   } else {
@@ -374,7 +383,8 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
       o->swiglu_backward(be, la->dfch, la->dfcu, la->dfch, la->fch, la->fcu,
                          (size_t)N * wd.Fl);
     else
-      o->gelu_backward(be, la->dfch, la->fch, la->dfch, (size_t)N * wd.Fl);
+      (s->cfg.gelu_erf ? o->gelu_erf_backward : o->gelu_backward)(be, la->dfch, la->fch,
+                                                                  la->dfch, (size_t)N * wd.Fl);
   }
   col_grad mlp[2] = {{la->dfch, w->fcw, wd.Fl}, {la->dfcu, w->upw, wd.Fl}};
   if ((st = column_parallel_backward(s, a, la->dln2, mlp, llama ? 2 : 1, err))) return st;
