@@ -227,6 +227,84 @@ static void test_untied_gpt2(void **state) {
   tu_rmtree(dir);
 }
 
+/* Sets config.json's activation_function (NULL: removes it). */
+static void set_activation(const char *dir, const char *act) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  json_t *c = json_load_file(path, 0, NULL);
+  assert_non_null(c);
+  if (act)
+    json_object_set_new(c, "activation_function", json_string(act));
+  else
+    json_object_del(c, "activation_function");
+  assert_int_equal(json_dump_file(c, path, 0), 0);
+  json_decref(c);
+}
+
+/* GPT-2 with the exact (erf) GELU saves activation_function "gelu" (HF's
+ * name for it), reads back as such, and loads only into a job of the same
+ * form: a mismatch either way is refused with the flags to change. HF's
+ * tanh names ("gelu_new", its default when absent, and
+ * "gelu_pytorch_tanh") read as the tanh form; others are refused. */
+static void test_gelu_form(void **state) {
+  (void)state;
+  char dir[256], it[512];
+  tu_mkdtemp(dir, "ckpt");
+  mega_gpt_config c;
+  mega_gpt_config_default(&c);
+  c.max_seq_len = 8, c.num_layers = 1, c.num_heads = 2, c.channels = 16, c.gelu_erf = true;
+  model a, b, t;
+  c.seed = 1;
+  assert_true(tu_model_make_cfg(&a, &c, 0.1));
+  c.seed = 2;
+  assert_true(tu_model_make_cfg(&b, &c, 0.1));
+  c.gelu_erf = false;
+  assert_true(tu_model_make_cfg(&t, &c, 0.1));
+  save_ok(&a, dir, 1, 0);
+  snprintf(it, sizeof it, "%s/iter_0000001", dir);
+  char path[600];
+  snprintf(path, sizeof path, "%s/config.json", it);
+  json_t *cj = json_load_file(path, 0, NULL);
+  assert_string_equal(json_string_value(json_object_get(cj, "activation_function")), "gelu");
+  json_decref(cj);
+  mega_gpt_config back;
+  mega_err err = {0};
+  assert_int_equal(mega_ckpt_read_config(it, &back, &err), MEGA_OK);
+  assert_true(back.gelu_erf);
+  mega_ckpt_state s;
+  assert_int_equal(load(&b, dir, &s, &err), MEGA_OK);
+  assert_same(&a, &b);
+  /* into a tanh job, and a tanh checkpoint into an erf job */
+  assert_int_equal(load(&t, dir, &s, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "activation_function \"gelu\" (the exact, erf GELU), but this job runs "
+                       "the tanh one (give --no-bias-gelu-fusion"))
+    fail_msg("%s", err.msg);
+  char dir2[256];
+  tu_mkdtemp(dir2, "ckpt");
+  save_ok(&t, dir2, 1, 0);
+  assert_int_equal(load(&b, dir2, &s, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "activation_function \"gelu_new\" (the tanh GELU), but this job runs the "
+                       "erf one (drop --no-bias-gelu-fusion, or add --openai-gelu)"))
+    fail_msg("%s", err.msg);
+  assert_int_equal(load(&t, dir2, &s, &err), MEGA_OK);
+  tu_rmtree(dir2);
+  /* config.json as another writer spells it */
+  const char *tanh_names[] = {"gelu_pytorch_tanh", NULL};
+  for (int i = 0; i < 2; i++) {
+    set_activation(it, tanh_names[i]);
+    assert_int_equal(mega_ckpt_read_config(it, &back, &err), MEGA_OK);
+    assert_false(back.gelu_erf);
+  }
+  set_activation(it, "relu");
+  assert_int_equal(mega_ckpt_read_config(it, &back, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "activation_function \"relu\"; mega's GPT-2 MLP is GELU"))
+    fail_msg("%s", err.msg);
+  model_free(&a);
+  model_free(&b);
+  model_free(&t);
+  tu_rmtree(dir);
+}
+
 static void test_sharding(void **state) {
   (void)state;
   char dir[256], path[512];
@@ -383,6 +461,7 @@ int main(void) {
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_llama_round_trip),
       cmocka_unit_test(test_untied_gpt2),
+      cmocka_unit_test(test_gelu_form),
       cmocka_unit_test(test_sharding),
       cmocka_unit_test(test_shard_order),
       cmocka_unit_test(test_resolve),

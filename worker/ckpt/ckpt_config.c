@@ -29,7 +29,8 @@ static json_t *gpt2_json(const mega_gpt_config *cfg) {
       "architectures", archs, "model_type", "gpt2", "vocab_size", cfg->vocab_size,
       "n_positions", cfg->max_seq_len, "n_ctx", cfg->max_seq_len, "n_embd", cfg->channels,
       "n_layer", cfg->num_layers, "n_head", cfg->num_heads, "layer_norm_epsilon",
-      tidy(cfg->ln_eps), "activation_function", "gelu_new", "tie_word_embeddings", !cfg->untied,
+      tidy(cfg->ln_eps), "activation_function", cfg->gelu_erf ? "gelu" : "gelu_new",
+      "tie_word_embeddings", !cfg->untied,
       "initializer_range", tidy(cfg->init_std),
       /* no dropout in mega, so an HF model in train mode computes the same */
       "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0, "torch_dtype", "float32");
@@ -127,6 +128,20 @@ static void read_gpt2(reader *r, mega_gpt_config *cfg) {
   json_t *inner = json_object_get(r->j, "n_inner");
   if (inner && !json_is_null(inner)) cfg->ffn_hidden = get_int(r, "n_inner", 0);
   cfg->untied = !get_bool(r, "tie_word_embeddings", true);
+  /* GPT2Config's names: "gelu_new" (its default) and "gelu_pytorch_tanh"
+   * are the tanh GELU, "gelu" the exact one; mega's MLP has no other */
+  if (r->st) return;
+  json_t *act = json_object_get(r->j, "activation_function");
+  const char *a = json_string_value(act);
+  if (!act || (a && (!strcmp(a, "gelu_new") || !strcmp(a, "gelu_pytorch_tanh"))))
+    cfg->gelu_erf = false;
+  else if (a && !strcmp(a, "gelu"))
+    cfg->gelu_erf = true;
+  else
+    r->st = mega_fail(r->err, MEGA_ERR_INVALID,
+                      "%s: activation_function %s%s%s; mega's GPT-2 MLP is GELU, \"gelu_new\" "
+                      "(the tanh form) or \"gelu\" (the exact, erf form)",
+                      r->path, a ? "\"" : "", a ? a : "is not a string", a ? "\"" : "");
 }
 
 /* Only what mega's Llama is: SiLU, no RoPE scaling, biases on every linear
@@ -246,6 +261,18 @@ mega_status mega_ckpt_check_config(const char *dir, const mega_gpt_config *cfg, 
                      dir, MEGA_CKPT_CONFIG_FILE, f_bias(&saved) ? "with" : "without",
                      f_bias(&saved) ? "drops them (--disable-bias-linear)"
                                     : "has them (add --disable-bias-linear)");
+  /* The GELU's form: refused rather than followed, since the flags that
+   * pick it are what would silently change the model's function (Megatron
+   * picks it from them alone) */
+  if (!llama && saved.gelu_erf != cfg->gelu_erf)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint config mismatch: %s/%s has activation_function \"%s\" (the %s "
+                     "GELU), but this job runs the %s one (%s)",
+                     dir, MEGA_CKPT_CONFIG_FILE, saved.gelu_erf ? "gelu" : "gelu_new",
+                     saved.gelu_erf ? "exact, erf" : "tanh", saved.gelu_erf ? "tanh" : "erf",
+                     saved.gelu_erf
+                         ? "give --no-bias-gelu-fusion and drop --openai-gelu"
+                         : "drop --no-bias-gelu-fusion, or add --openai-gelu");
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     long long have = fields[i].get(&saved), want = fields[i].get(cfg);
     /* a Llama's positions shape no tensor (RoPE is computed for any), so
