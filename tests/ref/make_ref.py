@@ -75,7 +75,7 @@ def write_safetensors(path, tensors, meta=None):
 # ---- GPT-2 in torch.nn ------------------------------------------------------
 
 class Block(nn.Module):
-    def __init__(self, C, nh, eps):
+    def __init__(self, C, nh, eps, gelu="tanh"):
         super().__init__()
         self.nh = nh
         self.ln_1 = nn.LayerNorm(C, eps=eps)
@@ -83,7 +83,7 @@ class Block(nn.Module):
         self.c_proj = nn.Linear(C, C)
         self.ln_2 = nn.LayerNorm(C, eps=eps)
         self.c_fc = nn.Linear(C, 4 * C)
-        self.gelu = nn.GELU(approximate="tanh")
+        self.gelu = nn.GELU(approximate=gelu)  # "tanh" (gelu_new), or "none": erf
         self.mlp_proj = nn.Linear(4 * C, C)
 
     def attn(self, x):
@@ -108,7 +108,9 @@ class GPT(nn.Module):
         C, eps = cfg["channels"], cfg["ln_eps"]
         self.wte = nn.Embedding(cfg["vocab_size"], C)
         self.wpe = nn.Embedding(cfg["max_seq_len"], C)
-        self.h = nn.ModuleList(Block(C, cfg["num_heads"], eps) for _ in range(cfg["num_layers"]))
+        gelu = cfg.get("gelu", "tanh")
+        self.h = nn.ModuleList(Block(C, cfg["num_heads"], eps, gelu)
+                               for _ in range(cfg["num_layers"]))
         self.ln_f = nn.LayerNorm(C, eps=eps)
 
     def forward(self, idx):

@@ -77,13 +77,19 @@ def save_and_resume(megaw, flags, save, pp, work, tp=1):
     return step
 
 
+# Hugging Face's GELU names -> nn.GELU's approximate
+GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
+
+
 def model_of(c):
     """The torch model a config.json describes, as Hugging Face reads it."""
     if c["model_type"] == "gpt2":
         assert c["architectures"] == ["GPT2LMHeadModel"] and c["tie_word_embeddings"]
         cfg = {"vocab_size": c["vocab_size"], "max_seq_len": c["n_positions"],
                "num_layers": c["n_layer"], "num_heads": c["n_head"], "channels": c["n_embd"],
-               "ln_eps": c["layer_norm_epsilon"]}
+               "ln_eps": c["layer_norm_epsilon"],
+               # GPT2Config's activation_function, "gelu_new" by default
+               "gelu": GELU[c.get("activation_function", "gelu_new")]}
         return make_ref.GPT(cfg).double()
     assert c["model_type"] == "llama" and c["architectures"] == ["LlamaForCausalLM"], c
     assert c["hidden_act"] == "silu" and c.get("rope_scaling") is None

@@ -5,6 +5,7 @@
  *   test_megaw PATH_TO_MEGAW */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -179,6 +180,38 @@ static void test_json_and_loss_falls(void **state) {
   assert_non_null(strstr(out, " | loss scale: 1.0 | grad norm: "));
   free(out);
   free(err);
+}
+
+/* The losses of three iterations with weights large enough (init 0.2)
+ * that GELU's inputs reach where its two forms differ, as printed. */
+static void gelu_losses(const char *f1, const char *f2, char texts[][32]) {
+  const char *const a[] = {"--train-iters", "3", "--init-method-std", "0.2", "--json", f1, f2,
+                           NULL};
+  char *out, *err;
+  assert_int_equal(run(a, true, &out, &err), 0);
+  double loss[8];
+  assert_int_equal(parse_losses(out, loss, 8, texts), 3);
+  free(out);
+  free(err);
+}
+
+/* GPT-2's GELU as Megatron picks it: --no-bias-gelu-fusion trains the
+ * exact (erf) one, so other losses than the default tanh one; with
+ * --openai-gelu as well it is tanh again (the cpu backend runs the same
+ * ops as by default, so bit for bit). */
+static void test_gelu_form_flags(void **state) {
+  (void)state;
+  char tanh_form[8][32], erf_form[8][32], openai[8][32];
+  gelu_losses(NULL, NULL, tanh_form);
+  gelu_losses("--no-bias-gelu-fusion", NULL, erf_form);
+  gelu_losses("--no-bias-gelu-fusion", "--openai-gelu", openai);
+  for (int i = 0; i < 3; i++) {
+    printf("# iteration %d: tanh %s, erf %s, --openai-gelu %s\n", i + 1, tanh_form[i],
+           erf_form[i], openai[i]);
+    assert_string_equal(openai[i], tanh_form[i]);
+    double d = strtod(erf_form[i], NULL) - strtod(tanh_form[i], NULL);
+    assert_true(fabs(d) > 1e-6 * strtod(tanh_form[i], NULL));
+  }
 }
 
 static void expect_flag_error(const char *const *extra, bool base, const char *needle) {
@@ -444,6 +477,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_json_and_loss_falls),
+      cmocka_unit_test(test_gelu_form_flags),
       cmocka_unit_test(test_bad_flags),
       cmocka_unit_test(test_launcher_copies),
       cmocka_unit_test(test_file_size_limit),
