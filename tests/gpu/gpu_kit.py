@@ -381,11 +381,13 @@ def step_bench(k):
     write_tokens(prefix, (m["iters"] + 2) * m["gbs"] * (m["seq"] + 1) * 2, m["vocab"])
     args = gpt2_args(k, m, m["iters"], m["mbs"], m["gbs"], prefix) + ["--json"]
     # cuda only, the last two: the flash kernels instead of cuDNN's attention,
-    # and the GELU fusion's worth (the cpu backend has neither)
+    # and the GELU fusion's worth (the cpu backend has neither); unfused with
+    # --openai-gelu, so both runs compute the tanh form (alone, Megatron's
+    # --no-bias-gelu-fusion means the erf form)
     flash = dict(k.env, MEGA_CUDNN_ATTENTION="off")
     precs = {"fp32": ([], None), "bf16": (["--bf16"], None),
              "bf16-flash": (["--bf16"], flash),
-             "bf16-unfused": (["--bf16", "--no-bias-gelu-fusion"], None)}
+             "bf16-unfused": (["--bf16", "--no-bias-gelu-fusion", "--openai-gelu"], None)}
     for prec in ("fp32", "bf16") + (() if k.a.dry_run else ("bf16-flash", "bf16-unfused")):
         what = "megaw %s %s" % (k.backend, prec)
         mem = MemSampler(not k.a.dry_run)
