@@ -58,6 +58,15 @@ static void layouts(void) {
   put_str("layout", "pp4", 3, "E(t|)*3tL");
 }
 
+static void hostlists(void) {
+  put_str("hostlist", "ranges", -1, "gpu[01-04,07],cpu3");
+  put_str("hostlist", "product", -1, "a[1-2]b[3-4]");
+  put_str("hostlist", "widths", -1, "n[008-011],n[1-010]");
+  put_str("hostlist", "spaces", -1, " r1-n[1,3] ,, x y ");
+  put_str("hostlist", "backwards", -1, "n[3-1]");
+  put_str("hostlist", "open", -1, "n[1-2");
+}
+
 static void schedules(void) {
   mega_sched_params ps[] = {
       {MEGA_SCHED_1F1B, 2, 1, 4, 0, MEGA_GRAD_SYNC_NONE},
@@ -403,6 +412,7 @@ int main(int argc, char **argv) {
   }
   out = argv[1];
   layouts();
+  hostlists();
   schedules();
   jobspecs();
   frames();
