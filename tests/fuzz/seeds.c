@@ -67,6 +67,16 @@ static void hostlists(void) {
   put_str("hostlist", "open", -1, "n[1-2");
 }
 
+static void durations(void) {
+  put_str("duration", "ms", 1, "250ms");
+  put_str("duration", "s", 0, "1.5s");
+  put_str("duration", "m", 3, "2m");
+  put_str("duration", "h", 5, "1h");
+  put_str("duration", "bare", 0, "250");
+  put_str("duration", "unit", 7, "3days");
+  put_str("duration", "range", 6, "1s");
+}
+
 static void schedules(void) {
   mega_sched_params ps[] = {
       {MEGA_SCHED_1F1B, 2, 1, 4, 0, MEGA_GRAD_SYNC_NONE},
@@ -413,6 +423,7 @@ int main(int argc, char **argv) {
   out = argv[1];
   layouts();
   hostlists();
+  durations();
   schedules();
   jobspecs();
   frames();
