@@ -77,6 +77,16 @@ static void durations(void) {
   put_str("duration", "range", 6, "1s");
 }
 
+static void utf8s(void) {
+  put_str("utf8", "ascii", -1, "job-7 /data/train_text_document");
+  put_str("utf8", "multi", -1, "\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80 \xf4\x8f\xbf\xbf");
+  put_str("utf8", "overlong", -1, "\xc0\xaf \xe0\x80\xaf \xf0\x80\x80\xaf");
+  put_str("utf8", "surrogate", -1, "\xed\xa0\x80\xed\xbf\xbf");
+  put_str("utf8", "past", -1, "\xf4\x90\x80\x80 \xf5\x80\x80\x80 \xff");
+  put_str("utf8", "cut", -1, "ab\xe2\x82");
+  put("utf8", "nul", -1, "a\0\xc3\xa9\xc3", 5);
+}
+
 static void schedules(void) {
   mega_sched_params ps[] = {
       {MEGA_SCHED_1F1B, 2, 1, 4, 0, MEGA_GRAD_SYNC_NONE},
@@ -424,6 +434,7 @@ int main(int argc, char **argv) {
   layouts();
   hostlists();
   durations();
+  utf8s();
   schedules();
   jobspecs();
   frames();
