@@ -87,6 +87,36 @@ static void utf8s(void) {
   put("utf8", "nul", -1, "a\0\xc3\xa9\xc3", 5);
 }
 
+/* fuzz_bpe's input: mode, the lengths of vocab.json and merges.txt, them,
+ * the text. */
+static void bpe_seed(const char *name, int mode, const char *vocab, const char *merges,
+                     const char *text) {
+  size_t nv = strlen(vocab), nm = strlen(merges), nt = strlen(text);
+  uint8_t *b = malloc(4 + nv + nm + nt);
+  b[0] = (uint8_t)nv, b[1] = (uint8_t)(nv >> 8), b[2] = (uint8_t)nm, b[3] = (uint8_t)(nm >> 8);
+  memcpy(b + 4, vocab, nv);
+  memcpy(b + 4 + nv, merges, nm);
+  memcpy(b + 4 + nv + nm, text, nt);
+  put("bpe", name, mode, b, 4 + nv + nm + nt);
+  free(b);
+}
+
+static void bpes(void) {
+  /* GPT-2's first merges (\xc4\xa0 is the space's token) */
+  const char *merges = "#version: 0.2\n\xc4\xa0 t\nh e\n\xc4\xa0 a\ni n\n\xc4\xa0t he\n"
+                       "e r\no n\n\xc4\xa0 s\ne d\n\xc4\xa0 w\no u\nr e\n";
+  bpe_seed("built", 0, "", merges,
+           "The weather's fine; we'll read 1234 lines.\n\n  \xc3\xa9t\xc3\xa9 \xe2\x80\x94 "
+           "\xe4\xb8\xad\xe6\x96\x87\t\xff\xfe end  ");
+  bpe_seed("crlf", 2, "", "h e\r\nhe llo\r\nl l\r\n", "hello hello");
+  bpe_seed("own", 1,
+           "{\"h\": 0, \"e\": 1, \"l\": 2, \"o\": 3, \"\xc4\xa0\": 4, \"he\": 5, "
+           "\"ll\": 6, \"<|endoftext|>\": 7}",
+           "h e\nl l\n", "hello hell");
+  bpe_seed("own_missing", 3, "{\"h\": 0, \"e\": 1}", "h e\n", "he");
+  bpe_seed("bad_merge", 0, "", "a b c\n", "abc");
+}
+
 static void schedules(void) {
   mega_sched_params ps[] = {
       {MEGA_SCHED_1F1B, 2, 1, 4, 0, MEGA_GRAD_SYNC_NONE},
@@ -435,6 +465,7 @@ int main(int argc, char **argv) {
   hostlists();
   durations();
   utf8s();
+  bpes();
   schedules();
   jobspecs();
   frames();
