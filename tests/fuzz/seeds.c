@@ -117,6 +117,27 @@ static void bpes(void) {
   bpe_seed("bad_merge", 0, "", "a b c\n", "abc");
 }
 
+/* fuzz_weblogin's input: the form, the Cookie header and the page to
+ * return to, NUL-separated. */
+static void weblogin(const char *name, const char *form, const char *cookie, const char *next) {
+  char b[1024];
+  size_t nf = strlen(form), nc = strlen(cookie), nn = strlen(next);
+  memcpy(b, form, nf + 1);
+  memcpy(b + nf + 1, cookie, nc + 1);
+  memcpy(b + nf + nc + 2, next, nn);
+  put("weblogin", name, -1, b, nf + nc + nn + 2);
+}
+
+static void weblogins(void) {
+  weblogin("right", "token=s3cr3t%2Ft%2Bk+n%25&next=%2Fjobs%2Fj-1", "a=1; mega_session=00ff",
+           "/jobs/j-1");
+  weblogin("wrong", "next=%2F&token=s3cr3t", "mega_session=", "/");
+  weblogin("offsite", "token=s3cr3t%2Ft%2Bk%20n%25&next=%2F%2Fevil.example", "mega_session",
+           "//evil.example/");
+  weblogin("markup", "token=%ZZ&next=%2F%22%3E%3Cscript%3E", "x=1;;mega_session=a;b",
+           "/\"><script>alert(1)</script>");
+}
+
 static void schedules(void) {
   mega_sched_params ps[] = {
       {MEGA_SCHED_1F1B, 2, 1, 4, 0, MEGA_GRAD_SYNC_NONE},
@@ -466,6 +487,7 @@ int main(int argc, char **argv) {
   durations();
   utf8s();
   bpes();
+  weblogins();
   schedules();
   jobspecs();
   frames();
