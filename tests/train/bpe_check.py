@@ -289,6 +289,19 @@ def main():
                     [encode(t, vocab, ranks) + [eod] for t in corpus * 3])
     ok &= check_missing_key(preprocess, tok, work)
     ok &= check_empty_text(preprocess, tok, work, vocab, ranks, eod)
+    # ids must be 0..n-1: one past the entries would be written (as uint16,
+    # by the entry count) past the model's vocabulary
+    sparse = os.path.join(work, "sparse.json")
+    json.dump(dict(vocab, **{"<|endoftext|>": 70000}), open(sparse, "w", encoding="utf-8"),
+              ensure_ascii=False)
+    r = subprocess.run([preprocess, "--input", text, "--output-prefix", out + "_sparse",
+                        "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", sparse,
+                        "--merge-file", mf], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    said = r.stderr.decode("utf-8", "replace")
+    refused = r.returncode != 0 and "needs an id from 0 to" in said
+    ok &= refused
+    print(f"a vocabulary with an id past its entries: {'refused' if refused else 'TAKEN'}: "
+          f"{said.strip()}")
 
     # a model of these ids writes text through the same tokenizer
     save = os.path.join(work, "ckpt")

@@ -129,13 +129,17 @@ static mega_status load_vocab(mega_bpe *b, const char *path, mega_err *err) {
     return mega_fail(err, MEGA_ERR_INVALID, "--vocab-file %s: %s", path,
                      j ? "not a JSON object of token -> id" : je.text);
   }
-  b->size = (int)json_object_size(j);
+  /* GPT-2's ids are 0..n-1 for n entries, and the model's vocabulary is n
+   * (tools/preprocess picks uint16 by it): an id past it would index past
+   * the embedding, and sizing the tables by the largest id would let a
+   * tiny file ask for gigabytes. */
+  if (json_object_size(j) >= (1u << 30)) {
+    json_decref(j);
+    return mega_fail(err, MEGA_ERR_INVALID, "--vocab-file %s: too many entries", path);
+  }
+  b->size = b->nids = (int)json_object_size(j);
   const char *key;
   json_t *v;
-  json_object_foreach(j, key, v) {
-    json_int_t id = json_integer_value(v);
-    if (json_is_integer(v) && id >= b->nids && id < (1 << 30)) b->nids = (int)id + 1;
-  }
   mega_status st = MEGA_OK;
   b->tok = calloc((size_t)b->nids + 1, sizeof *b->tok);
   b->toklen = calloc((size_t)b->nids + 1, sizeof *b->toklen);
@@ -147,8 +151,9 @@ static mega_status load_vocab(mega_bpe *b, const char *path, mega_err *err) {
     size_t n;
     json_int_t id = json_integer_value(v);
     if (!json_is_integer(v) || id < 0 || id >= b->nids)
-      st = mega_fail(err, MEGA_ERR_INVALID, "--vocab-file %s: \"%s\" has no id from 0 up", path,
-                     key);
+      st = mega_fail(err, MEGA_ERR_INVALID,
+                     "--vocab-file %s: \"%s\" needs an id from 0 to %d (one per entry)", path,
+                     key, b->nids - 1);
     else if (strlen(key) > 4000 || !unspell(b, key, buf, &n))
       st = mega_fail(err, MEGA_ERR_INVALID,
                      "--vocab-file %s: \"%s\" is not a GPT-2 byte-level token", path, key);

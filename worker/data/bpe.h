@@ -26,8 +26,9 @@
 
 typedef struct mega_bpe mega_bpe;
 
-/* Reads vocab.json (an object of string -> id) and merges.txt (an optional
- * "#version" line, then "A B" per line). The caller owns *out. */
+/* Reads vocab.json (an object of string -> id, the ids 0..n-1 for n
+ * entries) and merges.txt (an optional "#version" line, then "A B" per
+ * line). The caller owns *out. */
 mega_status mega_bpe_load(const char *vocab_file, const char *merge_file, mega_bpe **out,
                           mega_err *err);
 void mega_bpe_free(mega_bpe *b); /* NULL is fine */
