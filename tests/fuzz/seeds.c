@@ -65,6 +65,7 @@ static void hostlists(void) {
   put_str("hostlist", "spaces", -1, " r1-n[1,3] ,, x y ");
   put_str("hostlist", "backwards", -1, "n[3-1]");
   put_str("hostlist", "open", -1, "n[1-2");
+  put_str("hostlist", "repeats", -1, "n[1-3],n2, n1 ,m,n[3-4]");
 }
 
 static void durations(void) {
