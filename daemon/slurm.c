@@ -9,6 +9,37 @@
 #include "core/hostlist.h"
 #include "core/port.h"
 
+/* A name and its place in the list. */
+typedef struct placed {
+  const char *name;
+  size_t at;
+} placed;
+
+static int by_name_then_place(const void *a, const void *b) {
+  const placed *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* Whether each of names[0..n) repeats one listed before it (NULL when out
+ * of memory). Sorted, a name's first place leads its run: n log n, where
+ * comparing each name with those before it took seconds for the 65536
+ * names a list may hold. */
+static bool *repeats(char **names, size_t n) {
+  placed *p = malloc((n ? n : 1) * sizeof *p);
+  bool *rep = calloc(n ? n : 1, sizeof *rep);
+  if (!p || !rep) {
+    free(p);
+    free(rep);
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++) p[i] = (placed){names[i], i};
+  qsort(p, n, sizeof *p, by_name_then_place);
+  for (size_t i = 1; i < n; i++) rep[p[i].at] = !strcmp(p[i].name, p[i - 1].name);
+  free(p);
+  return rep;
+}
+
 mega_status megad_slurm_peers(const char *nodelist, const char *self, int port, char **peers,
                               size_t *nnodes, mega_err *err) {
   *peers = NULL;
@@ -19,23 +50,23 @@ mega_status megad_slurm_peers(const char *nodelist, const char *self, int port, 
     mega_err_prefix(err, "SLURM_JOB_NODELIST");
     return st;
   }
-  size_t cap = 1, distinct = 0;
+  size_t cap = 1, distinct = 0, len = 0;
   bool found = false;
-  for (size_t i = 0; i < n; i++) cap += strlen(names[i]) + 8;
+  for (size_t i = 0; i < n; i++) cap += strlen(names[i]) + 16; /* ",NAME:PORT", any int */
   char *out = calloc(1, cap);
-  if (!out) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  bool *rep = repeats(names, n);
+  if (!out || !rep) st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   for (size_t i = 0; st == MEGA_OK && i < n; i++) {
-    bool seen = false;
-    for (size_t k = 0; k < i && !seen; k++) seen = !strcmp(names[k], names[i]);
-    if (seen) continue;
+    if (rep[i]) continue;
     distinct++;
     if (!strcmp(names[i], self)) {
       found = true;
       continue;
     }
-    size_t len = strlen(out);
-    snprintf(out + len, cap - len, "%s%s:%d", len ? "," : "", names[i], port);
+    int w = snprintf(out + len, cap - len, "%s%s:%d", len ? "," : "", names[i], port);
+    if (w > 0) len += (size_t)w < cap - len ? (size_t)w : cap - len - 1;
   }
+  free(rep);
   if (st == MEGA_OK && !found)
     st = mega_fail(err, MEGA_ERR_INVALID,
                    "this node, %s, is not in SLURM_JOB_NODELIST %s: give --node-name as Slurm "
