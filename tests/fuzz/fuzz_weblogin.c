@@ -44,6 +44,7 @@ static void field(const char *form, const char *key, size_t cap) {
     for (size_t i = 0; i < n; i++)
       o += (size_t)sprintf(enc + o, isalnum((unsigned char)buf[i]) ? "%c" : "%%%02X",
                            (unsigned char)buf[i]);
+    enc[o] = '\0';
     FUZZ_CHECK(megad_web_form_get(enc, "k", back, cap) && !strcmp(back, buf));
     free(enc);
     free(back);
