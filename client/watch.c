@@ -38,6 +38,7 @@ typedef struct watch {
   ProtobufCMessage *final_owner;        /* holds final_job */
   const Mega__V1__Job *final_job;       /* the job as it ended */
   int drawn;                            /* lines of the live block on screen */
+  size_t received;                      /* stream messages, shown or not */
   int64_t last_draw_ms;
   /* what was shown, so a reconnect's replay shows nothing twice */
   view_seen seen_steps;
@@ -94,6 +95,7 @@ static void draw_block(watch *w) {
 /* Takes one stream message (ownership passes to w); returns true when the
  * stream has said its last word (final_state). */
 static bool take(watch *w, Mega__V1__WatchJobResponse *r) {
+  w->received++;
   if (seen_before(w, r)) {
     protobuf_c_message_free_unpacked(&r->base, NULL);
     return false;
@@ -440,6 +442,7 @@ int megactl_watch(int argc, char **argv) {
   int64_t broken_since = 0;
   for (;;) {
     mega_rpc_stream *s = NULL;
+    size_t received = w.received;
     if (mega_rpc_stream_open(ch, &mega_control_watch_job, &req.base, 0, &s, &err) == MEGA_OK) {
       if (w.mode == OUT_LIVE)
         run_live(&w, s, &err);
@@ -460,6 +463,9 @@ int megactl_watch(int argc, char **argv) {
       rc = megactl_job_error(cf.job, &err);
       break;
     }
+    /* a stream that answered before it broke ends the outage: this break
+     * is a new one, with its own --reconnect-timeout */
+    if (w.received > received) broken_since = 0;
     /* the stream broke (its coordinator restarting): try again for a while */
     int64_t now = megactl_now_ms();
     if (!broken_since) {

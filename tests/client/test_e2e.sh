@@ -243,6 +243,42 @@ jq -e -s 'group_by(.attempt) | length == 2' survivor.json >/dev/null ||
 [ "$(jq -s 'map(select(.attempt == 0)) | map(.iteration) | . == (. | unique)' survivor.json)" = true ] ||
   fail "an iteration shown twice within one attempt"
 
+# ---- two outages, each within --reconnect-timeout ----
+# a watch that came back from one break takes the next as a new one: it
+# once measured the second from the first break, and gave up at once
+restart_megad() {
+  kill -KILL "$megad_pid"
+  wait "$megad_pid" 2>/dev/null
+  "$megad" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --slots 2 \
+    --node-name e2e-node >megad.out 2>>megad.log &
+  megad_pid=$!
+}
+lines_past() { # N FILE: wait until FILE has more than N lines
+  for _ in $(seq 200); do
+    [ "$(wc -l <"$2")" -gt "$1" ] && return 0
+    sleep 0.05
+  done
+  fail "$2 stayed at $1 lines"
+}
+run 0 "$megactl" submit "${tiny[@]}" --train-iters 100000 --save "$work/ck2" --save-interval 20 \
+  --name twice
+twice=$(tail -1 out.txt)
+"$megactl" watch "$twice" --json --reconnect-timeout 3s >twice.json 2>twice.err &
+twice_pid=$!
+lines_past 30 twice.json
+restart_megad
+n=$(wc -l <twice.json)
+lines_past "$n" twice.json # reconnected: the first outage is over
+sleep 3.5                  # past the timeout, counted from the first break
+restart_megad
+n=$(wc -l <twice.json)
+lines_past "$n" twice.json
+kill -0 "$twice_pid" 2>/dev/null || fail "the watch gave up at the second outage: $(cat twice.err)"
+run 0 "$megactl" cancel "$twice"
+wait "$twice_pid"
+same "$?" 1 # cancelled
+same "$(grep -c "lost the watch of $twice (" twice.err)" 2
+
 # ---- megad gone ----
 kill -TERM "$megad_pid"
 wait "$megad_pid"
