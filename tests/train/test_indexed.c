@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -382,6 +383,43 @@ static void test_writer_abort_keeps_dataset(void **state) {
   assert_int_not_equal(access(path, F_OK), 0);
   snprintf(path, sizeof path, "%s.idx.tmp", prefix);
   assert_int_not_equal(access(path, F_OK), 0);
+
+  /* A close whose .idx cannot go in place (a directory there) puts the
+   * .bin that was there back: the two renames are not one step. */
+  snprintf(prefix, sizeof prefix, "%s/w2", dir);
+  snprintf(path, sizeof path, "%s.bin", prefix);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("the old bin", f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s.idx", prefix);
+  assert_int_equal(mkdir(path, 0700), 0);
+  snprintf(path, sizeof path, "%s.idx/keep", prefix);
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fclose(f);
+  assert_int_equal(mega_indexed_writer_open(prefix, 8, &w, &err), MEGA_OK);
+  assert_int_equal(mega_indexed_writer_add(w, b, 2, &err), MEGA_OK);
+  assert_int_equal(mega_indexed_writer_close(w, &err), MEGA_ERR_IO);
+  assert_non_null(strstr(err.msg, "w2.idx"));
+  char old[32] = {0};
+  snprintf(path, sizeof path, "%s.bin", prefix);
+  f = fopen(path, "r");
+  assert_non_null(f);
+  assert_non_null(fgets(old, sizeof old, f));
+  fclose(f);
+  assert_string_equal(old, "the old bin");
+  const char *gone[] = {".bin.old", ".bin.tmp", ".idx.tmp"};
+  for (int k = 0; k < 3; k++) {
+    snprintf(path, sizeof path, "%s%s", prefix, gone[k]);
+    assert_int_not_equal(access(path, F_OK), 0);
+  }
+  snprintf(path, sizeof path, "%s.idx/keep", prefix);
+  unlink(path);
+  snprintf(path, sizeof path, "%s.idx", prefix);
+  rmdir(path);
+  snprintf(path, sizeof path, "%s.bin", prefix);
+  unlink(path);
 }
 
 /* Megatron's order through mega_data (its samples, token for token, are

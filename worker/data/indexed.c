@@ -310,20 +310,34 @@ static mega_status write_index(const mega_indexed_writer *w, mega_err *err) {
   return MEGA_OK;
 }
 
-/* The .bin first, then the .idx that makes the pair a dataset. */
+/* The .bin first, then the .idx that makes the pair a dataset. Two
+ * renames are not one step, so a .bin that was there is kept under a hard
+ * link (PREFIX.bin.old) until the .idx is in place: if that rename fails,
+ * the old .bin goes back and the dataset that was there stays whole. */
 static mega_status rename_into_place(const mega_indexed_writer *w, mega_err *err) {
-  const char *tmp[2] = {w->bin_tmp, w->idx_tmp}, *ext[2] = {"bin", "idx"};
-  for (int k = 0; k < 2; k++) {
-    char *path = NULL;
-    if (asprintf(&path, "%s.%s", w->prefix, ext[k]) < 0)
-      return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
-    int rc = rename(tmp[k], path);
-    int e = errno;
-    free(path);
-    if (rc)
-      return mega_fail(err, MEGA_ERR_IO, "cannot write %s.%s: %s", w->prefix, ext[k], strerror(e));
+  char *bin = NULL, *idx = NULL, *old = NULL;
+  mega_status st = MEGA_OK;
+  if (asprintf(&bin, "%s.bin", w->prefix) < 0 || asprintf(&idx, "%s.idx", w->prefix) < 0 ||
+      asprintf(&old, "%s.bin.old", w->prefix) < 0) {
+    st = mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    goto out;
   }
-  return MEGA_OK;
+  unlink(old);
+  bool kept = link(bin, old) == 0, none = !kept && errno == ENOENT;
+  if (rename(w->bin_tmp, bin) != 0) {
+    st = mega_fail(err, MEGA_ERR_IO, "cannot write %s.bin: %s", w->prefix, strerror(errno));
+  } else if (rename(w->idx_tmp, idx) != 0) {
+    st = mega_fail(err, MEGA_ERR_IO, "cannot write %s.idx: %s", w->prefix, strerror(errno));
+    if (kept) rename(old, bin); /* the .bin that was there, back */
+    else if (none) unlink(bin); /* there was none: leave none */
+    kept = false;
+  }
+  if (kept) unlink(old);
+out:
+  free(bin);
+  free(idx);
+  free(old);
+  return st;
 }
 
 mega_status mega_indexed_writer_close(mega_indexed_writer *w, mega_err *err) {
