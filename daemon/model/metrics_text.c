@@ -239,6 +239,16 @@ static void job_metrics(sbuf *b, const shown *v, size_t n, size_t unlisted) {
       snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
       sample(b, "mega_job_tokens_per_second", l, v[i].j->hist.last_step->tokens_per_s);
     }
+  /* for a staleness alert, time() - this > N: the last step's figures stay
+   * while a job restarts or hangs, so they alone would not fire */
+  family(b, "mega_job_last_step_timestamp_seconds", "gauge",
+         "When the coordinator merged the job's last step, in seconds since the epoch.");
+  for (size_t i = 0; i < n; i++)
+    if (v[i].j->hist.last_step && v[i].j->hist.last_step->time_unix_ms > 0) {
+      snprintf(l, sizeof l, "job=\"%s\"", v[i].id);
+      sample(b, "mega_job_last_step_timestamp_seconds", l,
+             (double)v[i].j->hist.last_step->time_unix_ms / 1e3);
+    }
   /* the fractions megactl watch and the web view show (proto/step_bubble.h) */
   family(b, "mega_job_bubble_ratio", "gauge",
          "Pipeline bubble over step time, mean over ranks, last step.");

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer.h>
@@ -271,6 +272,12 @@ static void test_metrics_page(void **state) {
   assert_non_null(strstr(m.running, want));
   snprintf(want, sizeof want, "mega_job_tokens_per_second{job=\"%s\"} ", id);
   assert_non_null(strstr(m.running, want));
+  /* the merge's own clock, in seconds (an hour either way: never the machine's speed) */
+  snprintf(want, sizeof want, "mega_job_last_step_timestamp_seconds{job=\"%s\"} ", id);
+  const char *at = strstr(m.running, want);
+  assert_non_null(at);
+  double merged = strtod(at + strlen(want), NULL);
+  assert_true(fabs(merged - (double)time(NULL)) < 3600);
   assert_null(strstr(m.running, "user-name"));
   free(m.running);
 

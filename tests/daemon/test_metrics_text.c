@@ -149,6 +149,7 @@ static void make_job(tjob *t, const char *id, mega_job_state state, bool with_st
   mega__v1__step_metrics__init(&t->step);
   t->step.loss = 3.25;
   t->step.tokens_per_s = 1000;
+  t->step.time_unix_ms = 1700000123500;
   for (int r = 0; r < 4; r++) {
     mega__v1__rank_metrics__init(&t->rm[r]);
     t->rm[r].rank = (uint32_t)r;
@@ -233,6 +234,9 @@ static void test_page_follows_the_format(void **state) {
   /* the running job by id; the finished and the pending one not at all */
   assert_non_null(strstr(page, "\nmega_job_iteration{job=\"j-1-a\"} 7\n"));
   assert_non_null(strstr(page, "\nmega_job_loss{job=\"j-1-a\"} 3.25\n"));
+  /* when its last step merged, for an alert on a job that stopped stepping */
+  assert_non_null(
+      strstr(page, "\nmega_job_last_step_timestamp_seconds{job=\"j-1-a\"} 1700000123.5\n"));
   /* the attempt is the job's (proto: 0 for the first run), and its help says so */
   assert_non_null(strstr(page, "\nmega_job_attempt{job=\"j-1-a\"} 1\n"));
   assert_non_null(strstr(page, "\n# HELP mega_job_attempt The job's current attempt (0: the first,"));
