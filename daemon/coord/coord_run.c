@@ -568,14 +568,16 @@ static void on_recovered(coord_run *run, uint32_t r, const Mega__V1__RankRecover
 }
 
 /* The ranks found the committed checkpoint incomplete (a disk that lost it,
- * a copy cut short) and loaded an older one: from now on that older one is
- * the job's. Kept, the bad one would stay what the next restart is said to
- * start from, would turn down replicas that are newer than what loaded, and
- * would pass over the commits that redo its iterations. */
+ * a copy cut short) and loaded another complete one: an older one, or a
+ * newer one every rank had written before the failure but nobody had
+ * committed yet. From now on that one is the job's. Kept, the bad one would
+ * stay what the next restart is said to start from, would turn down
+ * replicas newer than it, and would pass over the commits that redo its
+ * iterations. */
 static void fell_back(coord_run *run, const Mega__V1__WorkerNote *n) {
   mega_job *j = run->job;
   if (!n->fell_back_to || !n->fell_back_path || !n->fell_back_path[0] || !j->spec.save ||
-      n->fell_back_to >= j->ckpt_iteration)
+      n->fell_back_to == j->ckpt_iteration)
     return;
   char *path = megad_strdup(n->fell_back_path);
   if (!path) return;
