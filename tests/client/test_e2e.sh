@@ -210,6 +210,18 @@ run 2 "$megad" serve --listen 127.0.0.1:0 --state-dir "$work/held" --slots 1 \
   --held-state-timeout 5m
 has err.txt "held-state-timeout 5m is out of range (1000 ms to 120000 ms)"
 
+# kill -9 of megad, and megad started again on its state dir and port
+kill_megad() {
+  kill -KILL "$megad_pid"
+  wait "$megad_pid" 2>/dev/null
+}
+serve_again() {
+  "$megad" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --slots 2 \
+    --node-name e2e-node >megad.out 2>>megad.log &
+  megad_pid=$!
+}
+restart_megad() { kill_megad; serve_again; }
+
 # ---- watch through the coordinator's restart ----
 # kill -9 megad under a running job; started again on its state dir (and
 # port) it resumes the job, and the watch follows without a gap or a repeat
@@ -225,14 +237,11 @@ for _ in $(seq 200); do
   [ "$(wc -l <survivor.json)" -ge 60 ] && [ -s lost.json ] && break
   sleep 0.05
 done
-kill -KILL "$megad_pid"
-wait "$megad_pid" 2>/dev/null
+kill_megad
 wait "$lost_pid"
 same "$?" 94
 grep -q "megactl: lost the watch of $survivor" lost.err || fail "no loss said: $(cat lost.err)"
-"$megad" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --slots 2 \
-  --node-name e2e-node >megad.out 2>>megad.log &
-megad_pid=$!
+serve_again
 wait "$watch_pid"
 same "$?" 0
 grep -q "lost the watch of $survivor" survivor.err || fail "no reconnect said: $(cat survivor.err)"
@@ -246,13 +255,6 @@ jq -e -s 'group_by(.attempt) | length == 2' survivor.json >/dev/null ||
 # ---- two outages, each within --reconnect-timeout ----
 # a watch that came back from one break takes the next as a new one: it
 # once measured the second from the first break, and gave up at once
-restart_megad() {
-  kill -KILL "$megad_pid"
-  wait "$megad_pid" 2>/dev/null
-  "$megad" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --slots 2 \
-    --node-name e2e-node >megad.out 2>>megad.log &
-  megad_pid=$!
-}
 lines_past() { # N FILE: wait until FILE has more than N lines
   for _ in $(seq 200); do
     [ "$(wc -l <"$2")" -gt "$1" ] && return 0
