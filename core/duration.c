@@ -10,10 +10,14 @@ mega_status mega_duration_parse(const char *flag, const char *s, unsigned min_ms
                                 unsigned *out_ms, mega_err *err) {
   if (!s || !*s || isspace((unsigned char)*s))
     return mega_fail(err, MEGA_ERR_INVALID, "%s needs a duration such as 250ms or 1.5s", flag);
+  /* Digits with at most one point: strtod alone would also take "0x1p3",
+   * "+5", "1e3" and "inf", which nobody means in a timeout. */
+  size_t digits = strspn(s, "0123456789."), points = 0;
+  for (size_t i = 0; i < digits; i++) points += s[i] == '.';
   errno = 0;
   char *end;
   double v = strtod(s, &end);
-  if (end == s || errno || !isfinite(v) || v < 0)
+  if (!digits || points > 1 || (size_t)(end - s) != digits || errno || !isfinite(v))
     return mega_fail(err, MEGA_ERR_INVALID, "%s: '%s' is not a duration (write 250ms or 1.5s)",
                      flag, s);
   static const struct {

@@ -32,6 +32,8 @@ static void units(void **state) {
   assert_int_equal(ok("2m"), 120000);
   assert_int_equal(ok("1h"), 3600000);
   assert_int_equal(ok("0.0004s"), 0); /* rounds to whole ms */
+  assert_int_equal(ok(".5s"), 500);
+  assert_int_equal(ok("2.m"), 120000);
 }
 
 static void errors_say_how_to_write_it(void **state) {
@@ -41,6 +43,13 @@ static void errors_say_how_to_write_it(void **state) {
   assert_non_null(strstr(bad("fast", 0, 1000), "not a duration"));
   assert_non_null(strstr(bad("-1s", 0, 1000), "not a duration"));
   assert_non_null(strstr(bad("", 0, 1000), "needs a duration"));
+  /* strtod's wider grammar is not a duration here. */
+  assert_non_null(strstr(bad("0x10s", 0, 100000), "not a duration"));
+  assert_non_null(strstr(bad("+5s", 0, 100000), "not a duration"));
+  assert_non_null(strstr(bad("1e3ms", 0, 100000), "not a duration"));
+  assert_non_null(strstr(bad("infs", 0, 100000), "not a duration"));
+  assert_non_null(strstr(bad("1.2.3s", 0, 100000), "not a duration"));
+  assert_non_null(strstr(bad(".s", 0, 100000), "not a duration"));
   assert_non_null(strstr(bad("5s", 0, 1000), "out of range (0 ms to 1000 ms)"));
   assert_non_null(strstr(bad("5ms", 10, 1000), "out of range"));
 }
