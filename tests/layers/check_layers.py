@@ -9,6 +9,8 @@ It fails, naming the file and line, on:
   - an include of a header in a layer the including file's layer may not
     include (one above it, or a sibling the table does not allow);
   - a source file (.c .h .cc .hh .cu) that no layer of the table claims;
+  - a file at the top of the tree other than the few that belong there
+    (a stray dump or log committed by mistake);
   - a table whose layer allows a layer written after it (the table is
     bottom up, so a circle cannot be written down) or one that does not exist.
 
@@ -25,6 +27,9 @@ import tempfile
 
 SOURCES = (".c", ".h", ".cc", ".hh", ".cu")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+# The files that belong at the top (besides any the table claims); everything
+# else lives in a folder.
+TOP_FILES = {".gitignore", "CONTRIBUTING.md", "README.md", "meson.build", "meson_options.txt"}
 
 
 class Table:
@@ -88,7 +93,7 @@ class Table:
         return layer == other or "*" in a or other in a or header in a
 
 
-def sources(root):
+def tracked_files(root):
     try:
         out = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True,
                              check=True).stdout.split()
@@ -97,7 +102,12 @@ def sources(root):
         for d, dirs, fs in os.walk(root):
             dirs[:] = [x for x in dirs if not x.startswith((".", "build"))]
             out += [os.path.relpath(os.path.join(d, f), root) for f in fs]
-    return sorted(p for p in out if p.endswith(SOURCES) and os.path.isfile(os.path.join(root, p)))
+    return out
+
+
+def sources(root):
+    return sorted(p for p in tracked_files(root)
+                  if p.endswith(SOURCES) and os.path.isfile(os.path.join(root, p)))
 
 
 def check(root, table_text):
@@ -105,6 +115,10 @@ def check(root, table_text):
     problems = list(t.errors)
     if problems:
         return problems
+    problems += ["%s: a file at the top of the tree; move it into the folder it belongs to, "
+                 "or delete it if it was committed by mistake" % f
+                 for f in sorted(tracked_files(root))
+                 if "/" not in f and f not in TOP_FILES and t.layer_of(f) is None]
     files = sources(root)
     tracked = set(files)
     for f in files:
@@ -172,6 +186,7 @@ def self_test():
         "a glob stays in its folder": ({"top.c": "", "top/x/y.c": "", "top2/z.c": ""},
                                        "top top.c top/*.c :\n", 2),
         "include into tests": ({"top/t.c": '#include "tests/h.h"\n', "tests/h.h": ""}, table, 1),
+        "a stray file at the top": ({"README.md": "", "m0.txt": "", "low/a.h": ""}, table, 1),
         "table allows a layer above": ({"low/a.h": ""}, "low low/ : mid\nmid mid/ : low\n", 1),
     }
     failed = 0
