@@ -3,8 +3,24 @@
  * reason and the rest is never reached. */
 #include "worker/backend/cudnn_sdpa.h"
 
-#ifdef MEGA_NO_CUDNN
 #include <stdio.h>
+
+bool mega_sdpa_version_takes(size_t version, int64_t T, bool backward, char *why, size_t cap) {
+  if (version < 91002) {
+    snprintf(why, cap, "cuDNN %zu.%zu.%zu is older than the 9.10.2 the attention graphs need "
+             "(9.10.0 and 9.10.1 have known SDPA bugs)", version / 10000, version / 100 % 100,
+             version % 100);
+    return false;
+  }
+  if (backward && T > 0 && T % 128 && version <= 91500) {
+    snprintf(why, cap, "cuDNN %zu.%zu's attention backward needs T a multiple of 128 (T %lld; "
+             "9.16 and later take any)", version / 10000, version / 100 % 100, (long long)T);
+    return false;
+  }
+  return true;
+}
+
+#ifdef MEGA_NO_CUDNN
 
 static bool absent(char *why, size_t cap) {
   snprintf(why, cap, "mega was built without cuDNN's headers (cudnn_graph.h)");
@@ -53,7 +69,6 @@ bool mega_sdpa_run(mega_sdpa *g, void *handle, const mega_sdpa_io *io, char *why
 #include <cudnn_graph.h>
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,11 +122,7 @@ static void load(void) {
   lib.version = version ? version() : 0;
   /* before 9.6 the caller zeroes the dQ accumulator, before 9.10 the mask
    * wants -FLT_MAX for -inf (cudnn-frontend): neither is done here */
-  if (lib.version < 91000) {
-    snprintf(load_why, sizeof load_why, "libcudnn.so.9 is %zu.%zu, older than the 9.10 the "
-             "attention graphs need", lib.version / 10000, lib.version / 100 % 100);
-    return;
-  }
+  if (!mega_sdpa_version_takes(lib.version, 0, false, load_why, sizeof load_why)) return;
   loaded = true; /* never closed: cuDNN's sub-libraries stay loaded */
 }
 
@@ -462,6 +473,7 @@ mega_sdpa *mega_sdpa_build(const mega_cudnn *api, const mega_sdpa_shape *shape, 
              (long long)s->ldg);
     return NULL;
   }
+  if (!mega_sdpa_version_takes(api->version, s->T, backward, why, cap)) return NULL;
   mega_sdpa *g = calloc(1, sizeof *g);
   if (!g) {
     snprintf(why, cap, "cuDNN graph: out of memory");

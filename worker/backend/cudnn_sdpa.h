@@ -28,6 +28,14 @@ typedef struct mega_cudnn mega_cudnn;
 const mega_cudnn *mega_cudnn_load(char *why, size_t cap);
 size_t mega_cudnn_version(const mega_cudnn *api); /* 91900 for 9.19.0 */
 
+/* Whether cuDNN `version` runs these graphs right, as cudnn-frontend
+ * decides: 9.10.2 or later (9.10.0 and 9.10.1 have known SDPA bugs, both
+ * ways), and through 9.15 a backward only where T is a multiple of 128
+ * (cudnn-frontend adds a padding mask for other lengths there; these
+ * graphs have none, so the flash kernels take those shapes). T <= 0: the
+ * version alone. false with why. */
+bool mega_sdpa_version_takes(size_t version, int64_t T, bool backward, char *why, size_t cap);
+
 /* A cuDNN handle on a stream (cudaStream_t); NULL with why without a device. */
 void *mega_cudnn_handle(const mega_cudnn *api, void *stream, char *why, size_t cap);
 void mega_cudnn_handle_free(const mega_cudnn *api, void *handle);
