@@ -395,6 +395,21 @@ void test_matmul_gelu(void) {
     }
     gpu->ops->free(gpu, upre), gpu->ops->free(gpu, uout);
   }
+  /* The GELU input (cuBLASLt's aux, whose pointer the heuristic reads)
+   * first on 256 bytes, then one float off, with out one float off both
+   * times so that the other pointers' alignment is the same: the second
+   * must get an algorithm of its own (cuda_lt.c's key), not the first's. */
+  float *gpre2 = dev_zero(4 * (N * F + 1)), *gout2 = dev_zero(4 * (N * F + 1));
+  cpu->ops->matmul_forward(cpu, pre, x, W, bias, NULL, N, C, F, MEGA_W_IN_OUT);
+  cpu->ops->gelu_forward(cpu, out, pre, (size_t)N * F);
+  for (int off = 0; off < 2; off++) {
+    gpu->ops->matmul_gelu_forward(gpu, gout2 + 1, gpre2 + off, gx, gW, gb, N, C, F,
+                                  MEGA_W_IN_OUT);
+    same(off ? "fused c_fc + GELU, its input one float off" : "fused c_fc + GELU, out off",
+         gout2 + 1, out, (size_t)N * F, 1e-3);
+    same("fused c_fc + GELU: the GELU's input, off", gpre2 + off, pre, (size_t)N * F, 1e-4);
+  }
+  gpu->ops->free(gpu, gpre2), gpu->ops->free(gpu, gout2);
   /* x in sixteenths over [-4, 4) through the identity: exact in bf16 */
   float *eye = calloc((size_t)C * C, 4), *ex = malloc(4 * N * C);
   for (int i = 0; i < C; i++) eye[i * C + i] = 1.0f;

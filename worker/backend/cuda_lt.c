@@ -17,7 +17,7 @@ static bool has_aux(int epi) { return epi == LT_GELU || epi == LT_DGELU; }
 
 typedef struct lt_key {
   int ta, tb, m, n, k, lda, ldb, ldd, bias, c, align, epi;
-  int bias_align; /* the heuristic reads the bias pointer's alignment too */
+  int bias_align, aux_align; /* the heuristic reads these pointers' alignment too */
 } lt_key;
 
 typedef struct lt_shape {
@@ -143,9 +143,9 @@ static cublasStatus_t lt_gemm(mega_cu_lt *lt, int epi, bool ta, bool tb, int m, 
                               int ldd) {
   if (!lt) return CUBLAS_STATUS_NOT_SUPPORTED;
   const void *ptrs[] = {A, B, C, D, aux};
-  const void *bp[] = {bias};
+  const void *bp[] = {bias}, *xp[] = {aux};
   lt_key key = {ta,         tb,    m,   n,      k, lda, ldb, ldd, bias != NULL, C != NULL,
-                alignment(ptrs, 5), epi, bias ? alignment(bp, 1) : 0};
+                alignment(ptrs, 5), epi, bias ? alignment(bp, 1) : 0, aux ? alignment(xp, 1) : 0};
   /* the GELU input's leading dimension must divide by 8 */
   if (has_aux(epi) && (ldd % 8 || !aux)) return CUBLAS_STATUS_NOT_SUPPORTED;
   /* the bias epilogue reads 16 bytes at a time */
