@@ -214,7 +214,7 @@ typedef struct mega_jobspec {
   int exit_duration_in_mins; /* after this long; 0: never */
   /* evaluation */
   int eval_interval; /* 0: never */
-  int eval_iters;    /* 10 */
+  int eval_iters;    /* 100, Megatron's */
   /* parallelism */
   int tensor_model_parallel_size;            /* 1 */
   int context_parallel_size;                 /* 1 only: mega has no context parallelism */
@@ -253,7 +253,7 @@ typedef struct mega_jobspec {
   bool no_bias_gelu_fusion;
   int trace_iteration;    /* 0: none; else the iteration (1-based) to trace */
   char *simulate_compute; /* NULL, or "F_MS:B_MS[:W_MS]" */
-  int log_interval;       /* 1 */
+  int log_interval;       /* 100, Megatron's */
   bool log_throughput;    /* the text line shows TFLOP/s per GPU */
   /* Not a flag: GPT2BPETokenizer's vocabulary size, vocab.json's entries,
    * set by mega_jobspec_set_file_vocab once the file is read (0: not read). */

@@ -29,6 +29,9 @@ static const char *const mmap_only[] = {"mmap", NULL};
 static const char *const auto_only[] = {"auto", NULL};
 static const char *const one[] = {"1", NULL};
 static const char *const zero[] = {"0", NULL};
+static const char *const no_shard[] = {"no_shard", NULL};
+static const char *const none_only[] = {"none", NULL};
+static const char *const constant[] = {"constant", NULL};
 
 #define NO_FUSION "mega runs no such fused kernel, so this restates what it does"
 #define ATTENTION                                                                           \
@@ -48,6 +51,17 @@ static const char *const zero[] = {"0", NULL};
 #define TRACE \
   "use --trace-iteration K (megactl trace JOB fetches it; megaw prints it with --json)"
 #define ONE_LR "mega trains every parameter at one learning rate, --lr decaying to --min-lr"
+#define NO_FSDP                                                                            \
+  "mega has no FSDP: its data parallelism keeps whole weights on every replica and, with "  \
+  "--use-distributed-optimizer, shards the optimizer state (ZeRO-1)"
+#define ZERO1 "use --use-distributed-optimizer (ZeRO-1: sharded optimizer state)"
+#define ZERO1_SHORT "--use-distributed-optimizer shards the optimizer state"
+#define NO_LOSS_SCALE \
+  "mega has no fp16 mixed precision, so no loss scaling: it trains in fp32, with bf16 GEMM " \
+  "inputs under --bf16"
+#define ONE_WD                                                                              \
+  "mega's weight decay is --weight-decay at every step (Megatron's --weight-decay-incr-style " \
+  "constant)"
 
 static const compat table[] = {
     {"--fp16", false, NULL,
@@ -93,9 +107,11 @@ static const compat table[] = {
      "in Megatron it means selective recomputation, which mega spells out",
      "use --recompute-granularity selective"},
     {"--step-batch-size-schedule", true, NULL,
-     "mega ramps the global batch with Megatron's --rampup-batch-size rule only",
-     "use --rampup-batch-size START INCR SAMPLES with --train-samples N (and keep "
-     "--global-batch-size, the batch after the ramp)"},
+     "mega has no step-wise batch schedule: its only ramp is Megatron's older linear "
+     "--rampup-batch-size rule",
+     "drop it to train at --global-batch-size throughout, or ramp with --rampup-batch-size "
+     "START INCR SAMPLES and --train-samples N (keeping --global-batch-size, the batch after "
+     "the ramp)"},
     {"--decrease-batch-size-if-needed", false, NULL,
      "mega never shrinks the global batch: it must divide by --micro-batch-size x DP",
      "drop it and choose a --global-batch-size that divides"},
@@ -194,6 +210,45 @@ static const compat table[] = {
      "mega bounds every wait itself, and megad's hang check (megactl submit --step-timeout) "
      "ends a stuck step",
      "drop it"},
+    /* examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh */
+    {"--use-megatron-fsdp", false, NULL, NO_FSDP, ZERO1},
+    {"--data-parallel-sharding-strategy", true, no_shard, NO_FSDP,
+     "drop it (no_shard is accepted; " ZERO1_SHORT ")"},
+    {"--outer-dp-sharding-strategy", true, no_shard, NO_FSDP, "drop it (no_shard is accepted)"},
+    {"--fsdp-*", false, NULL, NO_FSDP, "drop it"},
+    {"--megatron-fsdp-*", true, NULL, NO_FSDP, "drop it"},
+    {"--init-model-with-meta-device", false, NULL,
+     "mega builds each rank's own weights in place; there is no meta device (it serves "
+     "Megatron FSDP)",
+     "drop it"},
+    {"--use-nccl-ub", false, NULL, "mega registers no NCCL user buffers", "drop it"},
+    {"--num-distributed-optimizer-instances", true, one,
+     "mega's distributed optimizer shards over the whole data-parallel group, as one instance",
+     "drop it (1 is accepted)"},
+    {"--use-precision-aware-optimizer", false, NULL,
+     "mega keeps the weights, gradients and Adam's moments in fp32", "drop it"},
+    {"--no-check-for-nan-in-loss-and-grad", false, NULL,
+     "mega always stops at a gradient norm that is not finite, before a NaN reaches the "
+     "weights (Megatron's default check)",
+     "drop it"},
+    {"--cuda-graph-impl", true, none_only, "mega captures no CUDA graphs",
+     "drop it (none is accepted)"},
+    {"--logging-level", true, NULL,
+     "mega's messages have no levels: refusals and notes go to stderr, Megatron's log line to "
+     "stdout",
+     "drop it"},
+    {"--record-memory-history", false, NULL, NO_PROFILER, TRACE},
+    {"--memory-snapshot-path", true, NULL, NO_PROFILER, TRACE},
+    /* fp16's loss scaling (the sc21 scripts) */
+    {"--loss-scale", true, NULL, NO_LOSS_SCALE, "use --bf16"},
+    {"--initial-loss-scale", true, NULL, NO_LOSS_SCALE, "use --bf16"},
+    {"--min-loss-scale", true, NULL, NO_LOSS_SCALE, "use --bf16"},
+    {"--loss-scale-window", true, NULL, NO_LOSS_SCALE, "use --bf16"},
+    {"--hysteresis", true, NULL, NO_LOSS_SCALE, "use --bf16"},
+    /* Megatron's weight-decay schedule: constant is --weight-decay throughout */
+    {"--weight-decay-incr-style", true, constant, ONE_WD, "drop it (constant is accepted)"},
+    {"--start-weight-decay", true, NULL, ONE_WD, "give --weight-decay W"},
+    {"--end-weight-decay", true, NULL, ONE_WD, "give --weight-decay W"},
     {"--use-checkpoint-args", false, NULL,
      "mega does not read the model's flags from a checkpoint; a load checks config.json's "
      "architecture and every size against the flags given",
@@ -286,7 +341,16 @@ char *mega_jf_compat_help(void) {
     char item[96];
     if (c->value) snprintf(item, sizeof item, " %s %s", c->name, c->ok[0]);
     else snprintf(item, sizeof item, " %s", c->name);
-    if (len + strlen(item) + 8 >= cap) break;
+    /* grow rather than cut the list short: room for the item, a line break and the tail */
+    if (len + strlen(item) + 256 >= cap) {
+      char *bigger = realloc(out, cap * 2);
+      if (!bigger) {
+        free(out);
+        return NULL;
+      }
+      out = bigger;
+      cap *= 2;
+    }
     if (col + strlen(item) > 88) {
       len += (size_t)snprintf(out + len, cap - len, "\n ");
       col = 1;

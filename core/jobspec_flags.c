@@ -250,8 +250,9 @@ const flagdef mega_jf_table[] = {
         "minutes of the job's run (its setup included); 0 never does."),
     INT("--eval-interval", eval_interval, "evaluation", "N", 0, "0", false, 0,
         "Evaluate every N iterations; 0 never evaluates."),
-    INT("--eval-iters", eval_iters, "evaluation", "N", 10, "10", false, 0,
-        "Iterations per evaluation; 0 turns evaluation off, as in Megatron."),
+    INT("--eval-iters", eval_iters, "evaluation", "N", 100, "100", false, 0,
+        "Iterations per evaluation (Megatron's default); 0 turns evaluation off, as in "
+        "Megatron."),
     INT("--tensor-model-parallel-size", tensor_model_parallel_size, "parallelism", "N", 1, "1",
         false, 1, "Tensor-parallel size (TP): each layer's weights split over TP ranks of "
         "one node (Megatron's column- and row-parallel linears, vocabulary-parallel "
@@ -342,9 +343,9 @@ const flagdef mega_jf_table[] = {
         "Record a Chrome trace of iteration N (1-based); 0 records none."),
     STR("--simulate-compute", simulate_compute, "worker", "F_MS:B_MS[:W_MS]", false,
         "Sleep these milliseconds instead of computing forward, backward (and weight grad)."),
-    INT("--log-interval", log_interval, "worker", "N", 1, "1", false, 1,
-        "Print a line every N iterations, Megatron's: its loss and time are the means over "
-        "those iterations (--json prints every iteration)."),
+    INT("--log-interval", log_interval, "worker", "N", 100, "100", false, 1,
+        "Print a line every N iterations (Megatron's default) and at the last, Megatron's: its "
+        "loss and time are the means over those iterations (--json prints every iteration)."),
     /* issue 24 */
     BOOL("--log-throughput", log_throughput, "worker",
          "Add Megatron's throughput per GPU (TFLOP/s/GPU, its FLOPs formula) to the line."),

@@ -37,7 +37,7 @@ static void test_defaults(void **state) {
   assert_int_equal(s.save_interval, 0);
   assert_false(s.save_initial);
   assert_int_equal(s.eval_interval, 0);
-  assert_int_equal(s.eval_iters, 10);
+  assert_int_equal(s.eval_iters, 100); /* Megatron's default */
   assert_int_equal(s.tensor_model_parallel_size, 1);
   assert_int_equal(s.pipeline_model_parallel_size, 1);
   assert_int_equal(s.virtual_pipeline_model_parallel_size, -1);
@@ -55,7 +55,7 @@ static void test_defaults(void **state) {
   assert_int_equal(s.blas_threads, 1);
   assert_int_equal(s.trace_iteration, 0);
   assert_null(s.simulate_compute);
-  assert_int_equal(s.log_interval, 1);
+  assert_int_equal(s.log_interval, 100); /* Megatron's default */
 
   /* derived defaults */
   make_spec(&s, NULL, 0);

@@ -99,8 +99,30 @@ static void test_megatron_table(void **state) {
           "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
   refused(ARGV("--recompute-activations"), "selective recomputation",
           "--recompute-granularity selective");
-  refused(ARGV("--step-batch-size-schedule", "0:16 2.4B:320"), "--rampup-batch-size rule",
-          "--rampup-batch-size START INCR SAMPLES with --train-samples N");
+  refused(ARGV("--step-batch-size-schedule", "0:16 2.4B:320"), "no step-wise batch schedule",
+          "drop it to train at --global-batch-size throughout, or ramp with "
+          "--rampup-batch-size START INCR SAMPLES and --train-samples N");
+  /* examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh's */
+  refused(ARGV("--use-megatron-fsdp"), "mega has no FSDP", "use --use-distributed-optimizer");
+  refused(ARGV("--data-parallel-sharding-strategy", "optim_grads_params"), "(it takes no_shard)",
+          "drop it (no_shard is accepted");
+  refused(ARGV("--fsdp-double-buffer"), "mega has no FSDP", "drop it");
+  refused(ARGV("--megatron-fsdp-main-params-dtype", "fp32"), "mega has no FSDP", "drop it");
+  refused(ARGV("--init-model-with-meta-device"), "no meta device", "drop it");
+  refused(ARGV("--use-nccl-ub"), "no NCCL user buffers", "drop it");
+  refused(ARGV("--no-check-for-nan-in-loss-and-grad"), "gradient norm that is not finite",
+          "drop it");
+  refused(ARGV("--logging-level", "20"), "no levels", "drop it");
+  refused(ARGV("--record-memory-history"), "profiler", "--trace-iteration K");
+  refused(ARGV("--num-distributed-optimizer-instances", "2"), "as one instance",
+          "1 is accepted");
+  refused(ARGV("--use-precision-aware-optimizer"), "in fp32", "drop it");
+  refused(ARGV("--cuda-graph-impl", "local"), "no CUDA graphs", "none is accepted");
+  refused(ARGV("--loss-scale", "8192"), "no loss scaling", "use --bf16");
+  refused(ARGV("--weight-decay-incr-style", "linear"), "--weight-decay at every step",
+          "constant is accepted");
+  refused(ARGV("--start-weight-decay", "0.01"), "--weight-decay at every step",
+          "give --weight-decay W");
   refused(ARGV("--data-impl", "lazy"), "memory-maps", "mmap is accepted");
   /* a flag without a value given one */
   mega_jobspec s;
@@ -121,6 +143,10 @@ static void test_megatron_table(void **state) {
   accepted(ARGV("--no-bias-dropout-fusion"));
   accepted(ARGV("--no-gradient-accumulation-fusion"));
   accepted(ARGV("--no-persist-layer-norm"));
+  accepted(ARGV("--data-parallel-sharding-strategy", "no_shard"));
+  accepted(ARGV("--num-distributed-optimizer-instances", "1"));
+  accepted(ARGV("--cuda-graph-impl", "none"));
+  accepted(ARGV("--weight-decay-incr-style", "constant"));
   /* in a whole command line, between job flags */
   make_spec(&s, ARGV("--distributed-backend", "nccl", "--no-bias-gelu-fusion", "--seed", "7"));
   assert_int_equal(s.seed, 7);

@@ -265,6 +265,59 @@ def script_llama3_8b(data, ckpt, tb):
     ]
 
 
+def script_gpt3_175b_step(data, vocab, merges, ckpt, tb):
+    """examples/gpt3/train_gpt3_175b_distributed.sh as it is now (Megatron-LM
+    d98e8a6): the ramp is --step-batch-size-schedule, training by
+    --train-iters; in order."""
+    argv = script_gpt3_175b(data, vocab, merges, ckpt, tb)
+    i = argv.index("--rampup-batch-size")
+    # "0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536", tokens
+    return argv[:i] + ["--step-batch-size-schedule", "0:4 1K:8 2K:12 3K:16"] + argv[i + 4:]
+
+
+def script_llama3_8b_fsdp(data, ckpt, tb):
+    """examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh (Megatron-LM
+    d98e8a6), its defaults (Megatron FSDP on, no Nsight), in order:
+    MODEL_ARGS, TRAINING_ARGS with the FSDP block and DDP_ARGS, DTYPE_ARGS,
+    MODEL_PARALLEL_ARGS, the real-data DATA_ARGS_LIST, EVAL_AND_LOGGING_ARGS.
+    Its model is the Llama 3 script's."""
+    llama = script_llama3_8b(data, ckpt, tb)
+
+    def part(first, end):
+        return llama[llama.index(first):llama.index(end)]
+    model = part("--use-mcore-models", "--micro-batch-size")
+    # its TRAINING_ARGS are the Llama 3 script's but for these two
+    training = part("--micro-batch-size", "--fp8-format")
+    training.remove("--grad-reduce-in-bf16")
+    training[training.index("--calculate-per-token-loss")] = "--no-check-for-nan-in-loss-and-grad"
+    fsdp = [
+        "--use-megatron-fsdp",
+        "--data-parallel-sharding-strategy", "optim_grads_params",
+        "--no-gradient-accumulation-fusion",
+        "--calculate-per-token-loss",
+        "--init-model-with-meta-device",
+        "--ckpt-format", "fsdp_dtensor",
+        "--use-nccl-ub",
+        "--fsdp-double-buffer",
+        "--fsdp-manual-registration",
+    ]
+    ddp = part("--use-distributed-optimizer", "--data-path")
+    data_args = part("--data-path", "--log-interval")
+    return (model + training + fsdp + ddp + part("--fp8-format", "--tensor-model-parallel-size")
+            + part("--tensor-model-parallel-size", "--use-distributed-optimizer") + data_args + [
+        "--log-interval", "1",
+        "--eval-iters", "2",                      # 32
+        "--eval-interval", "3",                   # 100
+        "--save-interval", "3",                   # 1000
+        "--log-throughput",
+        "--logging-level", "20",
+        "--distributed-timeout-minutes", "60",
+        "--save", ckpt,
+        "--load", ckpt,
+        "--tensorboard-dir", tb,
+    ])
+
+
 # What each refusal must say, and what the user then writes: the flags to
 # take out (with how many values each), the words in the message, the flags
 # to put in.
@@ -349,6 +402,43 @@ REPLACE = {
         [("--ckpt-format", 1)],
         ["one format: Hugging Face safetensors", "drop it"],
         []),
+    # the current 175B script's and the FSDP Llama script's
+    "--step-batch-size-schedule": (
+        [("--step-batch-size-schedule", 1)],
+        ["no step-wise batch schedule", "drop it to train at --global-batch-size throughout"],
+        []),
+    "--no-check-for-nan-in-loss-and-grad": (
+        [("--no-check-for-nan-in-loss-and-grad", 0)],
+        ["always stops at a gradient norm that is not finite", "drop it"],
+        []),
+    "--use-megatron-fsdp": (
+        [("--use-megatron-fsdp", 0)],
+        ["mega has no FSDP", "use --use-distributed-optimizer"],
+        []),
+    "--data-parallel-sharding-strategy": (
+        [("--data-parallel-sharding-strategy", 1)],
+        ["mega has no FSDP", "drop it (no_shard is accepted"],
+        []),
+    "--init-model-with-meta-device": (
+        [("--init-model-with-meta-device", 0)],
+        ["no meta device", "drop it"],
+        []),
+    "--use-nccl-ub": (
+        [("--use-nccl-ub", 0)],
+        ["no NCCL user buffers", "drop it"],
+        []),
+    "--fsdp-double-buffer": (
+        [("--fsdp-double-buffer", 0)],
+        ["mega has no FSDP", "drop it"],
+        []),
+    "--fsdp-manual-registration": (
+        [("--fsdp-manual-registration", 0)],
+        ["mega has no FSDP", "drop it"],
+        []),
+    "--logging-level": (
+        [("--logging-level", 1)],
+        ["no levels", "drop it"],
+        []),
     "--distributed-timeout-minutes": (
         [("--distributed-timeout-minutes", 1)],
         ["--step-timeout", "drop it"],
@@ -360,6 +450,15 @@ LLAMA3_REFUSED = ["--attention-backend", "--apply-layernorm-1p", "--decoupled-lr
                   "--data-cache-path", "--no-mmap-bin-files", "--num-workers", "--profile",
                   "--ckpt-format", "--distributed-timeout-minutes", "--tensorboard-dir"]
 
+LLAMA3_FSDP_REFUSED = ["--attention-backend", "--apply-layernorm-1p", "--decoupled-lr",
+                       "--decoupled-min-lr", "--cross-entropy-loss-fusion",
+                       "--no-check-for-nan-in-loss-and-grad", "--empty-unused-memory-level",
+                       "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                       "--init-model-with-meta-device", "--ckpt-format", "--use-nccl-ub",
+                       "--fsdp-double-buffer", "--fsdp-manual-registration", "--fp8-format",
+                       "--tokenizer-type", "--data-cache-path", "--no-mmap-bin-files",
+                       "--num-workers", "--logging-level", "--distributed-timeout-minutes",
+                       "--tensorboard-dir"]
 
 def remove(argv, flags):
     """argv less each (flag, its number of values)."""
@@ -408,7 +507,10 @@ def until_it_trains(name, argv, run):
         rc, out, err = run(argv)
         if rc == 0:
             return argv, out, err, refused
-        flag = next((f for f in REPLACE if f in err and f not in refused), None)
+        # the refused flag is the one the message names first (its text may
+        # name others, as the way out)
+        named = [f for f in REPLACE if f in err and f not in refused]
+        flag = min(named, key=err.index) if named else None
         if not check("%s: exit %d is a refusal of a known flag" % (name, rc), rc == 2 and flag,
                      err.strip()[-600:]):
             return argv, out, err, refused
@@ -582,19 +684,21 @@ def gpt3_175b(tmp, data, vocab, merges):
               results["megaw"] == results["megad run"], str(results))
 
 
-def llama3_8b(tmp, data):
-    """The Llama 3 script: DP 2 (its 8 GPUs of TP 1) with the distributed
-    optimizer, a Llama of RoPE base 1e6, 4 query heads a group, untied."""
+def llama3_8b(tmp, data, label="llama3_8b", script=script_llama3_8b,
+              want_refused=LLAMA3_REFUSED, hows=("megaw", "megad run")):
+    """The Llama 3 script (or the FSDP one, of the same model): DP 2 (its 8
+    GPUs of TP 1) with the distributed optimizer, a Llama of RoPE base 1e6,
+    4 query heads a group, untied."""
     results = {}
-    for how in ("megaw", "megad run"):
-        ckpt = os.path.join(tmp, "ckpt-llama3-" + how.replace(" ", "-"))
-        original = script_llama3_8b(data, ckpt, os.path.join(tmp, "tb"))
+    for how in hows:
+        ckpt = os.path.join(tmp, "ckpt-%s-%s" % (label, how.replace(" ", "-")))
+        original = script(data, ckpt, os.path.join(tmp, "tb"))
         run = ((lambda a: flatten(megaw_launch(a, 2, tmp))) if how == "megaw"
                else (lambda a: megad_run(a, 2)))
-        name = "llama3_8b (%s)" % how
+        name = "%s (%s)" % (label, how)
         argv, out, err, refused = until_it_trains(name, original, run)
         check("%s: refused what mega does not take, in the script's order" % name,
-              refused == LLAMA3_REFUSED, str(refused))
+              refused == want_refused, str(refused))
         if not check("%s: trains after the replacements" % name, "iteration" in out, err[-800:]):
             continue
         no_flag_ignored(name, argv, refused, original)
@@ -620,8 +724,37 @@ def llama3_8b(tmp, data):
               {k: c.get(k) for k in want} == want and "partial_rotary_factor" not in c, str(c))
         results[how] = [l[5] for l in lines]
     if len(results) == 2:
-        check("llama3_8b: megaw and megad run print the same losses",
+        check("%s: megaw and megad run print the same losses" % label,
               results["megaw"] == results["megad run"], str(results))
+    return results
+
+
+def gpt3_175b_step(tmp, data, vocab, merges):
+    """The 175B script as it is now: its step-wise batch schedule is refused
+    with the constant --global-batch-size as the way out; PP 2, megaw."""
+    ckpt = os.path.join(tmp, "ckpt-175b-step")
+    original = script_gpt3_175b_step(data, vocab, merges, ckpt, os.path.join(tmp, "tb"))
+    name = "gpt3_175b_step (megaw)"
+    argv, out, err, refused = until_it_trains(name, original,
+                                              lambda a: flatten(megaw_launch(a, 2, tmp)))
+    check("%s: refused the step schedule, --fp16, --tensorboard-dir" % name,
+          refused == ["--step-batch-size-schedule", "--fp16", "--tensorboard-dir"],
+          str(refused))
+    if not check("%s: trains after the replacements" % name, "iteration" in out, err[-800:]):
+        return
+    no_flag_ignored(name, argv, refused, original)
+    lines = sorted(set(lines_of(out)))
+    check("%s: 8 iterations of the global batch 16" % name,
+          [l[0] for l in lines] == list(range(1, 9)) and
+          all(l[1] == 8 and l[4] == 16 and l[2] == 16 * l[0] for l in lines), str(lines))
+    for it, _, _, lr, _, _ in lines:
+        # warmup .001 of 6 x 16 decay samples, cosine to 6e-6
+        want = megatron_lr(16 * (it - 1), 6e-5, 6e-6, 0.001 * 96, 96)
+        check("%s: learning rate at iteration %d is Megatron's %.6E" % (name, it, want),
+              abs(lr - want) <= 1e-6 * want + 1e-12, "%.6E" % lr)
+    check("%s: the validation block every 4 iterations" % name,
+          sorted({int(i) for i, _ in EVAL.findall(out)}) == [4, 8])
+    check("%s: checkpoints every 4 iterations" % name, checkpoints(ckpt) == [4, 8])
 
 
 # ---- one check for each item ----
@@ -662,6 +795,10 @@ def items(tmp, prefix):
     check("without --split, megaw says evaluation reads the end of the training stream",
           "no --split: training reads all of the data" in err, err)
     check("megaw's text prints the eval loss", len(EVAL.findall(out)) == 2, out)
+    # Megatron's --log-interval 100 where a script leaves it out: the line at
+    # the last iteration only, here
+    check("without --log-interval, Megatron's 100: the last iteration's line only",
+          [l[0] for l in lines_of(out)] == [4], out)
     rc, out, err = megad_run(TINY + ["--train-iters", "4", "--data-path", text,
                                      "--eval-interval", "2"], 1)
     check("megad run says what evaluation reads", "no --split: training reads" in err, err)
@@ -706,11 +843,17 @@ def main():
     items(tmp, prefix)
     with_mp(tmp, prefix, vocab, merges)
     gpt3_175b(tmp, prefix, vocab, merges)
+    gpt3_175b_step(tmp, prefix, vocab, merges)
     llama_docs = [[rnd.randrange(LLAMA_VOCAB - 1) for _ in range(rnd.randrange(40, 80))] +
                   [LLAMA_VOCAB - 1] for _ in range(200)]
     llama_prefix = os.path.join(tmp, "llama_text_document")
     write_mmidx(llama_prefix, llama_docs)
-    llama3_8b(tmp, llama_prefix)
+    fsdp = llama3_8b(tmp, llama_prefix, "llama3_8b_fsdp", script_llama3_8b_fsdp,
+                     LLAMA3_FSDP_REFUSED, ("megaw",))
+    plain = llama3_8b(tmp, llama_prefix)
+    if fsdp and plain:
+        check("the FSDP Llama script trains as the Llama 3 script does (the same losses)",
+              fsdp["megaw"] == plain["megaw"], "%s %s" % (fsdp, plain))
     if FAILS:
         print("%d check(s) failed" % len(FAILS))
         sys.exit(1)
