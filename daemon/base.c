@@ -73,8 +73,18 @@ bool megad_rmtree(const char *path) {
   return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS) == 0 || errno == ENOENT;
 }
 
+bool megad_job_id_is_name(const char *job_id) {
+  size_t n = job_id ? strlen(job_id) : 0;
+  if (!n || n > 128 || !strcmp(job_id, ".") || !strcmp(job_id, "..")) return false;
+  return strspn(job_id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") == n;
+}
+
 char *megad_job_dir(const megad_base *b, const char *job_id) {
   char *dir = NULL;
+  if (!megad_job_id_is_name(job_id)) {
+    errno = EINVAL;
+    return NULL;
+  }
   if (asprintf(&dir, "%s/jobs/%s", b->state_dir, job_id) < 0) return NULL;
   if (mkdir_p(dir)) {
     int e = errno;

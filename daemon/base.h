@@ -107,8 +107,14 @@ void megad_warn(const megad_base *b, const char *fmt, ...) __attribute__((format
 /* rm -rf path, without following symlinks; false if something stayed. */
 bool megad_rmtree(const char *path);
 
-/* STATE/jobs/<id> (created), or NULL with errno saying why; the caller
- * frees it. */
+/* Whether job_id is a name megad could have made ("j-7-node1": letters,
+ * digits, '.', '-', '_', at most 128 bytes, not "." or ".."), and so safe
+ * as one path component. Ids reach a node in Peer calls, which anyone
+ * holding the token can make. */
+bool megad_job_id_is_name(const char *job_id);
+
+/* STATE/jobs/<id> (created), or NULL with errno saying why (EINVAL: id is
+ * not megad_job_id_is_name's); the caller frees it. */
 char *megad_job_dir(const megad_base *b, const char *job_id);
 
 /* An async unary call to the megad at address; cb runs exactly once on the

@@ -395,7 +395,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                             .slots = (uint32_t)o->slots,
                             .rendezvous_timeout_ms = d->o.rendezvous_timeout_ms,
                             .orphan_hold_ms = d->o.held_state_timeout_ms,
-                            .gpus = per_gpu};
+                            .gpus = per_gpu, .roots = &d->roots};
   megad_launcher_cbs lc = {.step = on_worker_step, .event = on_worker_event,
                            .resent = on_resent, .arg = d};
   megad_members_opts mo = {.address = d->address, .slots = (uint32_t)o->slots,

@@ -17,6 +17,7 @@
 
 #include "core/jobspec.h"
 #include "daemon/launch/launch_internal.h"
+#include "daemon/model/roots.h"
 #include "daemon/model/util.h"
 
 extern char **environ;
@@ -427,7 +428,11 @@ static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRan
   }
   struct stat sb;
   const char *flag, *bad, *why;
-  if (!megad_data_visible(&s, &flag, &bad, &why))
+  mega_err re = {0};
+  if (L->o.roots && megad_roots_check(L->o.roots, &s, &re) != MEGA_OK)
+    st = mega_fail(err, MEGA_ERR_INVALID, "node %s refuses the launch: %s", L->b->node_id,
+                   re.msg);
+  else if (!megad_data_visible(&s, &flag, &bad, &why))
     st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read %s %s: %s", L->b->node_id, flag,
                    bad, why);
   else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
@@ -450,6 +455,10 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
                      b->node_id, req->node_id);
   if (!req->n_ranks || !req->job_id || !req->job_id[0] || !req->bootstrap)
     return mega_fail(err, MEGA_ERR_INVALID, "LaunchRanks needs a job id, ranks and a bootstrap");
+  if (!megad_job_id_is_name(req->job_id))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "LaunchRanks: the job id '%.64s' is not one megad makes (letters, digits, "
+                     "'.', '-' and '_', such as j-7-node1)", req->job_id);
   if (L->slots_used + req->n_ranks > L->o.slots)
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "node %s has %u free slot%s, and %zu rank%s were asked of it", b->node_id,

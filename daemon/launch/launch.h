@@ -71,6 +71,9 @@ typedef struct megad_launcher_opts {
   unsigned rendezvous_timeout_ms; /* what setup may take; 0: 60000 */
   unsigned orphan_hold_ms;     /* held ranks of a lost coordinator; 0: MEGAD_ORPHAN_HOLD_MS */
   bool gpus; /* one GPU per slot: a worker gets its slot's device */
+  /* what a job may touch on this node, checked again at each launch: a
+   * Peer call needs only the token a client holds too; NULL: unchecked */
+  const struct megad_roots *roots;
 } megad_launcher_opts;
 
 typedef struct megad_launch megad_launch;

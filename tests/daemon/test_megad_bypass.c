@@ -1,0 +1,123 @@
+/* Ways around megad's guards that a caller might try (the security probe):
+ * a Peer call made by hand instead of a coordinator's, and a web listener
+ * opened to the network with no token. Each case runs as a test of its
+ * own (meson). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define TOKEN "c2VjcmV0LXRva2VuLWZvci10ZXN0cw=="
+
+static void write_token(const char *path) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(TOKEN "\n", f);
+  fclose(f);
+  assert_int_equal(chmod(path, 0600), 0);
+}
+
+/* Peer.LaunchRanks as a client holding the token could send it, with the
+ * tiny GPT's flags plus extra; the status of the call. */
+static mega_status launch_by_hand(hd *d, const char *job_id, const char *const *extra,
+                                  mega_err *err) {
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d->dir, 2, extra);
+  Mega__V1__Bootstrap bs = MEGA__V1__BOOTSTRAP__INIT;
+  bs.comm_backend = "gloo";
+  bs.kv_address = d->addr;
+  bs.kv_prefix = "x/0/";
+  bs.kv_timeout_ms = 2000;
+  uint32_t rank = 0;
+  Mega__V1__LaunchRanksRequest req = MEGA__V1__LAUNCH_RANKS_REQUEST__INIT;
+  req.job_id = (char *)job_id;
+  req.spec = &spec;
+  req.world_size = req.tp = req.pp = req.dp = 1;
+  req.ranks = &rank;
+  req.n_ranks = 1;
+  req.bootstrap = &bs;
+  req.coordinator_node_id = d->name;
+  req.coordinator_address = d->addr;
+  ProtobufCMessage *resp = NULL;
+  mega_status s = mega_rpc_unary(d->ch, &mega_peer_launch_ranks, &req.base, 10000, &resp, err);
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  return s;
+}
+
+/* The roots bind a job however it reaches a node: a Peer.LaunchRanks made
+ * by hand (the token serves Control and Peer alike) is held to the node's
+ * --data-root and --save-root as SubmitJob is, and its job id names no
+ * path out of the state dir. */
+static void test_peer_launch_keeps_the_roots(void **state) {
+  (void)state;
+  char dir[64], tok[128], droot[128], sroot[128], out[160], esc[200], cmd[512];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(tok, sizeof tok, "%s/token", dir);
+  snprintf(droot, sizeof droot, "%s/data", dir);
+  snprintf(sroot, sizeof sroot, "%s/ckpt", dir);
+  snprintf(out, sizeof out, "%s/outside", dir);
+  write_token(tok);
+  snprintf(cmd, sizeof cmd, "mkdir -p %s %s", droot, sroot);
+  assert_int_equal(system(cmd), 0);
+  mega_rpc_auth a = {.token = TOKEN};
+  hd_set_auth(&a);
+  /* the tiny GPT's data file is made in the state dir: a data root there */
+  char sdir[128];
+  snprintf(sdir, sizeof sdir, "%s/state", dir);
+  assert_int_equal(mkdir(sdir, 0700), 0);
+  const char *extra[] = {"--token-file", tok, "--data-root", sdir, "--save-root", sroot, NULL};
+  hd d;
+  assert_true(hd_start(&d, "b1", 1, NULL, sdir, extra));
+  mega_err err = {0};
+
+  /* SubmitJob refuses a --save outside the roots ... */
+  const char *save_out[] = {"--save", out, NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 2, save_out);
+  char id[64];
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "outside this megad's --save-root"));
+  /* ... and so does the node when the same flags come as a launch */
+  assert_int_equal(launch_by_hand(&d, "j-90-b1", save_out, &err), MEGA_ERR_INVALID);
+  fprintf(stderr, "launch with --save outside: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "outside this megad's --save-root"));
+  pid_t pids[4];
+  assert_int_equal(hd_workers(&d, pids, 4), 0);
+
+  /* a job id is a name, never a path */
+  snprintf(esc, sizeof esc, "../../escaped");
+  assert_int_equal(launch_by_hand(&d, esc, NULL, &err), MEGA_ERR_INVALID);
+  fprintf(stderr, "launch with job id %s: %s\n", esc, err.msg);
+  assert_non_null(strstr(err.msg, "job id"));
+  snprintf(cmd, sizeof cmd, "%s/escaped", dir);
+  struct stat sb;
+  assert_int_not_equal(stat(cmd, &sb), 0);
+  assert_int_equal(hd_workers(&d, pids, 4), 0);
+
+  hd_set_auth(NULL);
+  hd_cleanup(&d);
+  hd_rmdir(dir);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hd_set_auth(NULL);
+  hd_cleanup_all();
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test_teardown(test_peer_launch_keeps_the_roots, teardown),
+  };
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
+  return cmocka_run_group_tests(all, NULL, NULL);
+}
