@@ -231,8 +231,8 @@ static void on_refused(void *arg, const char *peer, const char *method, const ch
   d->refused_logged_ms = now;
 }
 
-/* The token and TLS files, and the rule that only a local listener may run
- * without a token. */
+/* The token and TLS files, and the rule that only a local listener (gRPC or
+ * HTTP) may run without a token. */
 /* *secs_left: seconds until --tls-cert expires (untouched without it). */
 static mega_status load_security(megad *d, const megad_opts *o, long *secs_left, mega_err *err) {
   bool local = mega_rpc_addr_is_local(o->listen);
@@ -241,6 +241,13 @@ static mega_status load_security(megad *d, const megad_opts *o, long *secs_left,
                      "--listen %s reaches beyond this machine: give --token-file FILE (the "
                      "cluster token, mode 600) or listen on 127.0.0.1 or a unix: socket",
                      o->listen);
+  /* the web view shows every job's flags (its paths), events and traces */
+  if (o->metrics_listen && !o->token_file && !mega_rpc_addr_is_local(o->metrics_listen))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--metrics-listen %s reaches beyond this machine, and without --token-file "
+                     "its web view and /metrics would be open to anyone there: give --token-file "
+                     "FILE (the cluster token, mode 600) or listen on 127.0.0.1",
+                     o->metrics_listen);
   if (!o->tls_cert != !o->tls_key)
     return mega_fail(err, MEGA_ERR_INVALID, "--tls-cert and --tls-key go together");
   if (o->tls_cert && !o->tls_ca)

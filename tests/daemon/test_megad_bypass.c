@@ -107,6 +107,34 @@ static void test_peer_launch_keeps_the_roots(void **state) {
   hd_rmdir(dir);
 }
 
+/* The web listener is a listener too: without a token it stays on this
+ * machine, or its page would show every job's flags to the network. */
+static void test_open_web_view_refused(void **state) {
+  (void)state;
+  char dir[64], tok[128], args[512], out[4096];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(args, sizeof args, "--listen 127.0.0.1:0 --metrics-listen 0.0.0.0:%d --state-dir %s/s",
+           hd_free_port(), dir);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
+  fprintf(stderr, "open web view: %s", out);
+  assert_non_null(strstr(out, "--metrics-listen 0.0.0.0:"));
+  assert_non_null(strstr(out, "give --token-file"));
+  /* loopback needs none; with the token the network is allowed (it asks) */
+  const char *local[] = {"--metrics-listen", "[::1]:0", NULL};
+  hd d;
+  assert_true(hd_start(&d, "w1", 1, NULL, NULL, local));
+  hd_cleanup(&d);
+  snprintf(tok, sizeof tok, "%s/token", dir);
+  write_token(tok);
+  mega_rpc_auth a = {.token = TOKEN};
+  hd_set_auth(&a);
+  const char *net[] = {"--token-file", tok, "--metrics-listen", "0.0.0.0:0", NULL};
+  assert_true(hd_start(&d, "w2", 1, NULL, NULL, net));
+  hd_set_auth(NULL);
+  hd_cleanup(&d);
+  hd_rmdir(dir);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_set_auth(NULL);
@@ -117,6 +145,7 @@ static int teardown(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_peer_launch_keeps_the_roots, teardown),
+      cmocka_unit_test_teardown(test_open_web_view_refused, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
