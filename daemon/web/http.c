@@ -83,6 +83,10 @@ const char *megad_http_header(const megad_http_req *r, const char *name) {
 static enum MHD_Result queue(megad_http *h, struct MHD_Connection *c, unsigned code,
                              const char *type, struct MHD_Response *r, const megad_http_resp *x) {
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  /* text that echoes a request (a 404 naming the path) is never read as
+   * HTML, and no other site may frame the page (its log-out button) */
+  MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(r, "X-Frame-Options", "DENY");
   if (code == MHD_HTTP_UNAUTHORIZED)
     MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"megad\"");
   if (code == MHD_HTTP_METHOD_NOT_ALLOWED)

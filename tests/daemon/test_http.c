@@ -204,12 +204,15 @@ static void test_open_server(void **state) {
   assert_non_null(strstr(r, " 200 OK\r\n"));
   r = request(&s, &a, "GET /nope HTTP/1.0\r\n\r\n");
   assert_non_null(strstr(r, " 404 "));
+  assert_non_null(strstr(r, "X-Content-Type-Options: nosniff\r\n"));
   assert_non_null(strstr(r, "megad serves /metrics"));
   /* another owner's path goes to the route hook, the query as sent */
   r = request(&s, &a, "GET /api/x?since=3&a=%41 HTTP/1.0\r\n\r\n");
   assert_non_null(strstr(r, " 200 OK\r\n"));
   assert_non_null(strstr(r, "routed GET /api/x?since=3&a=%41 body=[] cookie=[]"));
   assert_non_null(strstr(r, "Cache-Control: no-store\r\n"));
+  assert_non_null(strstr(r, "X-Content-Type-Options: nosniff\r\n"));
+  assert_non_null(strstr(r, "X-Frame-Options: DENY\r\n"));
   /* a POST's body reaches the hook, and its headers come back */
   r = request(&s, &a, "POST /api/login HTTP/1.0\r\nCookie: a=1; b=2\r\n"
                       "Content-Type: application/x-www-form-urlencoded\r\n"
