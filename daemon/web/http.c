@@ -13,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <arpa/inet.h>
+#include <sys/socket.h>
 
 #include <microhttpd.h>
 
@@ -25,9 +26,20 @@ typedef struct addr_count {
   char addr[64];
 } addr_count;
 
+/* A connection: its address's count, and since when it has owed a request
+ * (its head, and a POST's body) that has not come whole. */
+typedef struct conn {
+  struct conn *next, **prev;
+  addr_count *a;
+  int fd;
+  uint64_t owing_since; /* uv_now; 0: a request is being answered */
+} conn;
+
 struct megad_http {
   megad_http_opts o;
   addr_count *addrs; /* the addresses with a connection open */
+  conn *conns_open;  /* every connection, for the head deadline */
+  uint64_t head_ms;  /* how long a request may take to arrive */
   unsigned per_ip;   /* the per-address cap for anything but the probes */
   char *token, *path, *content_type; /* owned copies */
   size_t token_len;
@@ -212,6 +224,17 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
                           enum MHD_ConnectionNotificationCode toe) {
   megad_http *h = cls;
   if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    conn *k = calloc(1, sizeof *k);
+    *socket_context = k;
+    if (!k) return;
+    const union MHD_ConnectionInfo *fi =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    k->fd = fi ? fi->connect_fd : -1;
+    k->owing_since = uv_now(h->timer.loop);
+    k->next = h->conns_open;
+    if (k->next) k->next->prev = &k->next;
+    k->prev = &h->conns_open;
+    h->conns_open = k;
     char peer[64];
     peer_of(c, peer, sizeof peer);
     addr_count *a = h->addrs;
@@ -222,11 +245,16 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
       h->addrs = a;
     }
     if (a) a->n++;
-    *socket_context = a;
+    k->a = a;
     return;
   }
-  addr_count *a = *socket_context;
+  conn *k = *socket_context;
   *socket_context = NULL;
+  if (!k) return;
+  *k->prev = k->next;
+  if (k->next) k->next->prev = k->prev;
+  addr_count *a = k->a;
+  free(k);
   if (!a || --a->n) return;
   for (addr_count **p = &h->addrs; *p; p = &(*p)->next)
     if (*p == a) {
@@ -236,12 +264,37 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     }
 }
 
-/* Connections open from c's address, c included (0: not known). */
-static unsigned from_same_address(struct MHD_Connection *c) {
+static conn *conn_of(struct MHD_Connection *c) {
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-  const addr_count *a = ci ? ci->socket_context : NULL;
-  return a ? a->n : 0;
+  return ci ? ci->socket_context : NULL;
+}
+
+/* Connections open from c's address, c included (0: not known). */
+static unsigned from_same_address(struct MHD_Connection *c) {
+  const conn *k = conn_of(c);
+  return k && k->a ? k->a->n : 0;
+}
+
+/* MHD's timeout counts idleness only, so a client sending a byte now and
+ * then would hold its connection for ever (slowloris: enough of them fill
+ * every slot, the probes' too). A request must arrive whole within head_ms
+ * of the connection's start or the last answer: past it the socket is shut
+ * down, which MHD sees as the client gone. Returns the ms until the next
+ * deadline (UINT64_MAX: none). */
+static uint64_t enforce_head_deadline(megad_http *h) {
+  uint64_t now = uv_now(h->timer.loop), next = UINT64_MAX;
+  for (conn *k = h->conns_open; k; k = k->next) {
+    if (!k->owing_since || k->fd < 0) continue;
+    uint64_t due = k->owing_since + h->head_ms;
+    if (now >= due) {
+      shutdown(k->fd, SHUT_RDWR);
+      k->owing_since = 0;
+    } else if (due - now < next) {
+      next = due - now;
+    }
+  }
+  return next;
 }
 
 static bool is_probe(const megad_http *h, const char *url) {
@@ -341,6 +394,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   if (cs->answered) return MHD_YES; /* the body's end after an answer */
   cs->answered = true;
+  conn *k = conn_of(c);
+  if (k) k->owing_since = 0;
   if (cs->too_big) {
     char msg[128];
     snprintf(msg, sizeof msg, "a request body is at most %d bytes here\n", MEGAD_HTTP_BODY_MAX);
@@ -361,9 +416,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-  (void)cls;
-  (void)c;
+  megad_http *h = cls;
   (void)toe;
+  conn *k = conn_of(c); /* a kept-alive connection owes the next request */
+  if (k) k->owing_since = uv_now(h->timer.loop);
   free(*con_cls);
   *con_cls = NULL;
 }
@@ -383,15 +439,19 @@ static size_t raw_unescape(void *cls, struct MHD_Connection *c, char *s) {
  * client waiting in the backlog makes no new edge to wake us). */
 static void drive(megad_http *h) {
   MHD_run(h->d);
+  uint64_t head_next = enforce_head_deadline(h);
   const union MHD_DaemonInfo *ci = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
   unsigned conns = ci ? ci->num_connections : 0;
   bool freed = conns < h->conns;
   h->conns = conns;
   MHD_UNSIGNED_LONG_LONG ms;
+  bool mhd_wants = MHD_get_timeout(h->d, &ms) == MHD_YES;
+  uint64_t wait = mhd_wants && ms < 60000 ? (uint64_t)ms : 60000;
+  if (head_next < wait) wait = head_next;
   if (freed)
     uv_timer_start(&h->timer, on_timer, 0, 0);
-  else if (MHD_get_timeout(h->d, &ms) == MHD_YES)
-    uv_timer_start(&h->timer, on_timer, ms > 60000 ? 60000 : (uint64_t)ms, 0);
+  else if (mhd_wants || head_next != UINT64_MAX)
+    uv_timer_start(&h->timer, on_timer, wait, 0);
   else
     uv_timer_stop(&h->timer);
 }
@@ -475,6 +535,7 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
   if (!h) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   h->o = *o;
   h->per_ip = o->per_ip_limit ? o->per_ip_limit : 16;
+  h->head_ms = o->head_timeout_ms ? o->head_timeout_ms : 1000u * (o->timeout_s ? o->timeout_s : 10);
   h->path = strdup(o->path ? o->path : "/");
   h->content_type = strdup(o->content_type ? o->content_type : "text/plain");
   h->token = o->token && o->token[0] ? strdup(o->token) : NULL;
@@ -490,7 +551,7 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
   h->d = MHD_start_daemon(
       MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME | (v6 ? MHD_USE_IPv6 : 0), port,
       NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
-      MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_NOTIFY_CONNECTION,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION,
       on_connection, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->conn_limit ? o->conn_limit : 64),
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, h->per_ip + MEGAD_HTTP_PROBE_ROOM,

@@ -96,6 +96,10 @@ typedef struct megad_http_opts {
   const char *const *probe_paths; /* besides path, the probes' paths (/healthz); NULL-terminated,
                                      may be NULL */
   unsigned timeout_s;       /* an idle or half-sent connection closes; 0: 10 */
+  /* a request (its head, and a POST's body) must arrive whole within this
+   * long of the connection's start or the last answer, however it trickles
+   * in; 0: timeout_s */
+  unsigned head_timeout_ms;
   megad_http_body_fn body;
   megad_http_count_fn count;
   megad_http_route_fn route; /* may be NULL */

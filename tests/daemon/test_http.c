@@ -106,8 +106,8 @@ static void on_log(void *arg, const char *msg) {
 
 static const char *const probes[] = {"/probe", NULL};
 
-static void start_per_ip(srv *s, const char *token, unsigned conn_limit, unsigned timeout_s,
-                         unsigned per_ip) {
+static void start_with(srv *s, const char *token, unsigned conn_limit, unsigned timeout_s,
+                       unsigned per_ip, unsigned head_ms) {
   memset(s, 0, sizeof *s);
   assert_int_equal(uv_loop_init(&s->loop), 0);
   uv_timer_init(&s->loop, &s->tick);
@@ -116,10 +116,16 @@ static void start_per_ip(srv *s, const char *token, unsigned conn_limit, unsigne
                        .content_type = "text/plain; version=0.0.4", .token = token,
                        .conn_limit = conn_limit, .timeout_s = timeout_s, .body = body,
                        .count = count, .route = route, .log = on_log, .arg = s,
-                       .per_ip_limit = per_ip, .probe_paths = probes};
+                       .per_ip_limit = per_ip, .probe_paths = probes,
+                       .head_timeout_ms = head_ms};
   mega_err err = {0};
   assert_int_equal(megad_http_start(&s->loop, &o, &s->h, &err), MEGA_OK);
   assert_true(megad_http_port(s->h) > 0);
+}
+
+static void start_per_ip(srv *s, const char *token, unsigned conn_limit, unsigned timeout_s,
+                         unsigned per_ip) {
+  start_with(s, token, conn_limit, timeout_s, per_ip, 0);
 }
 
 static void start(srv *s, const char *token, unsigned conn_limit, unsigned timeout_s) {
@@ -414,6 +420,51 @@ static void test_stream(void **state) {
   close(fd);
 }
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* A client that trickles its request a header line at a time never goes
+ * idle, yet is closed once the request is late (slowloris: enough of them
+ * held every slot, /healthz's too, for as long as they liked); a stream
+ * that was answered lives on past that deadline. */
+static void test_head_deadline(void **state) {
+  (void)state;
+  srv s;
+  start_with(&s, NULL, 0, 3, 0, 1000);
+  unsigned port = megad_http_port(s.h);
+  int fd = dial(port);
+  assert_int_equal(write(fd, "GET /metrics HTTP/1.1\r\n", 23), 23);
+  double t0 = now_s(), closed_at = 0;
+  while (!closed_at && now_s() - t0 < 5) {
+    run_for(&s, 200);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    char c;
+    if ((poll(&p, 1, 0) == 1 && read(fd, &c, 1) <= 0) || send(fd, "X-A: b\r\n", 8, MSG_NOSIGNAL) != 8)
+      closed_at = now_s();
+  }
+  fprintf(stderr, "trickling client closed after %.1f s\n", closed_at ? closed_at - t0 : -1);
+  assert_true(closed_at > 0 && closed_at - t0 < 2.5);
+  close(fd);
+
+  memset(&the_feed, 0, sizeof the_feed);
+  fd = dial(port);
+  const char req[] = "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n";
+  assert_int_equal(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+  char buf[4096];
+  size_t got = read_for(&s, fd, buf, 0, sizeof buf, 1500);
+  assert_non_null(strstr(buf, " 200 OK\r\n"));
+  the_feed.ticks = 1;
+  megad_http_stream_wake(the_feed.s);
+  read_for(&s, fd, buf, got, sizeof buf, 300);
+  assert_non_null(strstr(buf, "1\n"));
+  assert_false(the_feed.closed);
+  close(fd);
+  stop(&s);
+}
+
 /* One address holding its share of connections (live streams behind a
  * proxy) gets a 503 for anything more, never a reset, and its probes still
  * get in (it once could not reach /healthz or /metrics at all). */
@@ -500,6 +551,7 @@ int main(void) {
       cmocka_unit_test(test_bearer_token),
       cmocka_unit_test(test_slow_and_too_many),
       cmocka_unit_test(test_stream),
+      cmocka_unit_test(test_head_deadline),
       cmocka_unit_test(test_per_address_cap),
       cmocka_unit_test(test_bad_listen),
   };
