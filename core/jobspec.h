@@ -169,6 +169,7 @@ typedef struct mega_jobspec {
   mega_strlist valid_data_path; /* with --train-data-path: what evaluation reads */
   char *split;            /* NULL: no split; else "969,30,1" (train, valid, test) */
   int data_order;         /* mega_data_order */
+  char *data_cache_path;  /* Megatron's order's index cache (NULL: none) */
   int tokenizer_type;     /* mega_tokenizer */
   int vocab_size;         /* -1: not given (NullTokenizer needs it) */
   char *vocab_file;       /* GPT2BPETokenizer's vocab.json (NULL: not given) */

@@ -169,6 +169,10 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
     return BAD("--data-order megatron with --data-path needs --split: Megatron reads a missing "
                "--split as 969,30,1 (its legacy default), which would train on 96.9%% of the "
                "documents; give --split 969,30,1 for that, or --split 100,0,0 for all of them");
+  if (s->data_cache_path && s->data_order != MEGA_DATA_ORDER_MEGATRON)
+    return BAD("--data-cache-path caches Megatron's order's sample index, but file order "
+               "(--data-order file) has none to cache: give --data-order megatron or drop "
+               "--data-cache-path");
   if (s->data_order == MEGA_DATA_ORDER_MEGATRON && s->train_data_path.n &&
       !s->valid_data_path.n && mega_jobspec_evaluates(s))
     return BAD("--data-order megatron evaluates only on Megatron's validation data: give "

@@ -193,9 +193,6 @@ static const compat table[] = {
      "tokenized with tiktoken trains as its ids",
      "drop it and give --tokenizer-type NullTokenizer --vocab-size N, N the tokenizer's "
      "vocabulary size less one"},
-    {"--data-cache-path", true, NULL,
-     "mega keeps no cache of dataset indices: its data order is a formula of the flags",
-     "drop it"},
     {"--no-mmap-bin-files", false, NULL,
      "mega memory-maps the indexed dataset's .bin (the tokens are the same either way)",
      "drop it"},

@@ -150,6 +150,10 @@ const flagdef mega_jf_table[] = {
          "file order; megatron: exactly Megatron-LM's GPTDataset order (documents and "
          "samples shuffled with numpy's RandomState(--seed)), for indexed datasets, with "
          "--split when --data-path is given."),
+    STR("--data-cache-path", data_cache_path, "data", "DIR", false,
+        "With --data-order megatron: the directory Megatron's order's sample index is "
+        "cached in; the first rank to start builds and writes it, the others and later "
+        "starts map it, and a file built for other data or flags is never used."),
     ENUM("--tokenizer-type", tokenizer_type, "data", "NullTokenizer|GPT2BPETokenizer", tokenizers,
          MEGA_TOKENIZER_BYTES, "bytes",
          "NullTokenizer: the data is token ids 0..--vocab-size (the last is end of "

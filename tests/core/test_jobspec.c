@@ -554,8 +554,8 @@ static void test_path_fields(void **state) {
   char **got[16];
   int n = mega_jobspec_path_fields(&s, got, 16);
   assert_int_equal(mega_jobspec_path_fields(&s, NULL, 0), n);
-  char **want[] = {&s.vocab_file, &s.merge_file, &s.save, &s.load};
-  assert_int_equal(n, 4);
+  char **want[] = {&s.data_cache_path, &s.vocab_file, &s.merge_file, &s.save, &s.load};
+  assert_int_equal(n, 5);
   for (size_t k = 0; k < sizeof want / sizeof *want; k++) {
     bool found = false;
     for (int i = 0; i < n; i++) found |= got[i] == want[k];
@@ -573,7 +573,7 @@ static void test_path_fields(void **state) {
   }
   assert_true(strings >= 1); /* --split, the layout, --simulate-compute */
   char **one[2];
-  assert_int_equal(mega_jobspec_path_fields(&s, one, 2), 4); /* cap bounds what is written */
+  assert_int_equal(mega_jobspec_path_fields(&s, one, 2), 5); /* cap bounds what is written */
   mega_jobspec_free(&s);
 }
 

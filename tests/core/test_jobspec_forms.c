@@ -133,7 +133,8 @@ static void test_data_flags(void **state) {
 }
 
 /* --data-order: file by default; megatron parses, travels as argv and
- * JSON, and is refused where Megatron's order would not be what it says. */
+ * JSON (with --data-cache-path), and is refused where Megatron's order
+ * would not be what it says; --data-cache-path is refused without it. */
 static void test_data_order(void **state) {
   (void)state;
   mega_jobspec s;
@@ -141,8 +142,10 @@ static void test_data_order(void **state) {
   make_spec(&s, NULL, 0);
   assert_int_equal(s.data_order, MEGA_DATA_ORDER_FILE);
   mega_jobspec_free(&s);
-  make_spec(&s, ARGV("--data-order", "megatron", "--split", "100,0,0"));
+  make_spec(&s, ARGV("--data-order", "megatron", "--split", "100,0,0", "--data-cache-path",
+                     "/cache/dir"));
   assert_int_equal(s.data_order, MEGA_DATA_ORDER_MEGATRON);
+  assert_string_equal(s.data_cache_path, "/cache/dir");
   assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
   int argc;
   char **argv = mega_jobspec_to_argv(&s, &argc);
@@ -150,10 +153,16 @@ static void test_data_order(void **state) {
   mega_jobspec_defaults(&back);
   assert_int_equal(mega_jobspec_parse(&back, argc, argv, &err), MEGA_OK);
   assert_int_equal(back.data_order, MEGA_DATA_ORDER_MEGATRON);
+  assert_string_equal(back.data_cache_path, "/cache/dir");
   assert_true(mega_jobspec_equal(&s, &back));
   mega_jobspec_argv_free(argv);
   mega_jobspec_free(&back);
   mega_jobspec_free(&s);
+  /* file order has no index to cache: the flag would change nothing */
+  expect_check_error(ARGV("--data-cache-path", "/cache/dir"), 1, -1,
+                     "--data-cache-path caches Megatron's order's sample index, but file order "
+                     "(--data-order file) has none to cache: give --data-order megatron or drop "
+                     "--data-cache-path");
   expect_parse_error(ARGV("--data-order", "shuffled"), MEGA_ERR_INVALID,
                      "--data-order: 'shuffled' is not one of file, megatron");
   expect_check_error(ARGV("--data-order", "megatron"), 1, -1,

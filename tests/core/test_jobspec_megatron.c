@@ -238,7 +238,6 @@ static void test_megatron_llama_flags(void **state) {
   refused(ARGV("--mock-data"), "trains on data only", "give --data-path");
   refused(ARGV("--tiktoken-pattern", "v2"), "tokenized with tiktoken",
           "--tokenizer-type NullTokenizer --vocab-size N");
-  refused(ARGV("--data-cache-path", "/cache"), "a formula of the flags", "drop it");
   refused(ARGV("--no-mmap-bin-files"), "memory-maps", "drop it");
   refused(ARGV("--num-workers", "1"), "without data-loader workers", "drop it");
   refused(ARGV("--profile"), "its own Chrome trace", "use --trace-iteration K");

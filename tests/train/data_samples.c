@@ -8,7 +8,9 @@
  * number, i*G + j; tokens the sample's T inputs and then its last target),
  * for every sample of --train-iters (a constant --global-batch-size), then
  * "eval S ..." for every evaluation sample the job reads. The job is
- * checked as megaw checks it, world size 1. */
+ * checked as megaw checks it, world size 1. With --data-cache-path, a line
+ * on stderr says how many order indices were read from the cache and how
+ * many built. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +59,8 @@ int main(int argc, char **argv) {
     mega_jobspec_free(&job);
     return 1;
   }
+  char note[1200];
+  if (mega_data_cache_note(d, note, sizeof note)) fprintf(stderr, "data_samples: %s\n", note);
   int T = job.seq_length, G = job.global_batch_size;
   mega_batch_plan p;
   mega_batch_plan_init(&p, G, 1, 1, &err);

@@ -25,6 +25,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 
@@ -261,6 +262,21 @@ def megatron_samples(flags, datasets):
 
 # ---- the cases ----
 
+def cached_run(data_samples, flags, cache, want, read, built, name):
+    """data_samples with --data-cache-path gives Megatron's samples, having
+    read `read` order indices from the cache and built `built`."""
+    run = subprocess.run([data_samples] + flags + ["--data-cache-path", cache],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    m = re.search(r"(\d+) index(?:es)? read from --data-cache-path, (\d+) built", run.stderr)
+    counts = (int(m.group(1)), int(m.group(2))) if m else None
+    same = run.returncode == 0 and run.stdout.splitlines() == want
+    good = same and counts == (read, built)
+    print("cache: %-38s %s, indices (read, built) %s, want %s%s"
+          % (name, "same" if same else "DIFFERENT", counts, (read, built),
+             "" if good else "\n  " + run.stderr.strip()))
+    return good
+
+
 def make_docs(rng, n, lo, hi, empty=()):
     return [[] if k in empty else [rng.randrange(VOCAB + 1) for _ in range(rng.randint(lo, hi))]
             for k in range(n)]
@@ -354,6 +370,20 @@ def main():
                                     got[bad] if bad is not None else got[len(want):][:1],
                                     want[bad] if bad is not None else want[len(got):][:1])))
         ok &= same
+    # --data-cache-path: each case's order written, then read back, the
+    # same both times; another --seed beside it builds its own files
+    cache = os.path.join(work, "cache")
+    for old in (cache, os.path.join(work, "megaw-cache")):  # a run before this one's
+        shutil.rmtree(old, ignore_errors=True)
+    for name, flags in cases:
+        want, info = megatron_samples(flags, datasets)
+        for attempt, (read, built) in enumerate(((0, len(info)), (len(info), 0))):
+            ok &= cached_run(data_samples, base + flags, cache, want, read, built,
+                             "%s, %s" % (name, ("first start", "second start")[attempt]))
+    reseeded = cases[0][1] + ["--seed", "99"]
+    want, info = megatron_samples(reseeded, datasets)
+    ok &= cached_run(data_samples, base + reseeded, cache, want, 0, len(info),
+                     "%s, another --seed" % cases[0][0])
     need = {"one epoch", "separate final epoch", "several epochs, one shuffle"}
     print("cases cover:", sorted(seen))
     ok &= need <= seen
@@ -386,15 +416,30 @@ def main():
              "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "4",
              "--train-iters", "6", "--lr", "1e-2", "--tokenizer-type", "NullTokenizer",
              "--vocab-size", str(VOCAB), "--data-path", P["mid"], "--split", "100,0,0"]
+    # and with --data-cache-path at DP 2: the two ranks start together, one
+    # builds the index and the other reads it
     losses = {}
-    for label, order, world in (("megatron dp1", "megatron", 1), ("megatron dp2", "megatron", 2),
-                                ("file dp1", "file", 1)):
-        res = ranks.launch(megaw, world, model + ["--data-order", order], work, timeout=100)
+    for label, order, world, extra in (
+            ("megatron dp1", "megatron", 1, []), ("megatron dp2", "megatron", 2, []),
+            ("file dp1", "file", 1, []),
+            ("megatron dp2 cached", "megatron", 2,
+             ["--data-cache-path", os.path.join(work, "megaw-cache")])):
+        res = ranks.launch(megaw, world, model + ["--data-order", order] + extra, work,
+                           timeout=100)
         if any(rc != 0 for rc, _, _ in res):
             print("megaw %s failed: %s" % (label, [e for _, _, e in res]))
             return 1
         losses[label] = [s["loss"] for s in res[0][1] if "loss" in s]
         print("megaw %s: %s" % (label, losses[label]))
+        if extra:
+            notes = sorted(m.groups() for _, _, e in res
+                           for m in [re.search(r"(\d+) index(?:es)? read from --data-cache-"
+                                               r"path, (\d+) built", e)] if m)
+            once = notes == [("0", "1"), ("1", "0")]
+            print("megaw %s: the ranks' (read, built) %s: %s" % (label, notes,
+                                                                 "built once" if once else
+                                                                 "NOT BUILT ONCE"))
+            ok &= once and losses[label] == losses["megatron dp2"]
     def close(a, b):  # the layouts' tolerance (tests/engine/ranks.py): DP sums in its order
         return len(a) == len(b) == 6 and all(abs(x - y) <= ranks.RTOL * abs(x)
                                              for x, y in zip(a, b))

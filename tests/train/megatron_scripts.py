@@ -384,7 +384,7 @@ REPLACE = {
         ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(LLAMA_VOCAB - 1)]),
     "--data-cache-path": (
         [("--data-cache-path", 1)],
-        ["no cache of dataset indices", "drop it"],
+        ["file order (--data-order file) has none to cache", "drop --data-cache-path"],
         []),
     "--no-mmap-bin-files": (
         [("--no-mmap-bin-files", 0)],
@@ -447,8 +447,10 @@ REPLACE = {
 LLAMA3_REFUSED = ["--attention-backend", "--apply-layernorm-1p", "--decoupled-lr",
                   "--decoupled-min-lr", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
                   "--empty-unused-memory-level", "--fp8-format", "--tokenizer-type",
-                  "--data-cache-path", "--no-mmap-bin-files", "--num-workers", "--profile",
-                  "--ckpt-format", "--distributed-timeout-minutes", "--tensorboard-dir"]
+                  "--no-mmap-bin-files", "--num-workers", "--profile",
+                  "--ckpt-format", "--distributed-timeout-minutes", "--tensorboard-dir",
+                  # a job flag, refused by the job's check (file order) after the parse
+                  "--data-cache-path"]
 
 LLAMA3_FSDP_REFUSED = ["--attention-backend", "--apply-layernorm-1p", "--decoupled-lr",
                        "--decoupled-min-lr", "--cross-entropy-loss-fusion",

@@ -44,6 +44,9 @@ struct mega_data {
                             dataset (nv > 0); NULL without either */
   mega_blend *blend;     /* NULL for one dataset */
   mega_blend *vblend;    /* the valid datasets' blend, NULL for fewer than two */
+  /* --data-cache-path: what the order indices' cache did, for the log */
+  int cache_read, cache_built;
+  char cache_note[1024];
 };
 
 mega_status mega_batch_plan_init(mega_batch_plan *p, int global_batch, int micro_batch,
@@ -220,14 +223,27 @@ static int64_t megatron_size(const double *weights, int n, int k, bool blend, in
   return (int64_t)ceil(ceil((double)size * (weights[k] / sum)) * (1 + 0.005));
 }
 
-static mega_status build_order(stream *s, int T, uint32_t seed, int64_t samples,
-                               const char *what, mega_err *err) {
+static mega_status build_order(mega_data *d, stream *s, uint32_t seed, int64_t samples,
+                               const char *cache, const char *what, mega_err *err) {
   if (!s->src->ix)
     return mega_fail(err, MEGA_ERR_INVALID, PLAIN_FOR_MEGATRON, s->src->path, s->src->path);
   if (samples < 1) samples = 1;
   mega_err sub = {0};
-  mega_status st = mega_gpt_order_build(s->src->cum, s->seq0, s->seq1, T, samples, seed,
-                                        &s->order, &sub);
+  mega_status st;
+  if (!cache) {
+    st = mega_gpt_order_build(s->src->cum, s->seq0, s->seq1, d->seq_len, samples, seed,
+                              &s->order, &sub);
+  } else {
+    mega_gpt_cache_how how;
+    char why[512];
+    st = mega_gpt_order_open(s->src->cum, s->seq0, s->seq1, d->seq_len, samples, seed, cache,
+                             &s->order, &how, why, sizeof why, &sub);
+    if (st == MEGA_OK && how == MEGA_GPT_CACHE_READ) d->cache_read++;
+    if (st == MEGA_OK && how != MEGA_GPT_CACHE_READ) d->cache_built++;
+    size_t used = strlen(d->cache_note);
+    if (st == MEGA_OK && how == MEGA_GPT_CACHE_REBUILT && used < sizeof d->cache_note)
+      snprintf(d->cache_note + used, sizeof d->cache_note - used, "; replaced %s", why);
+  }
   if (st != MEGA_OK)
     return mega_fail(err, st, "%s%s: Megatron's data order: %s", s->src->path, what, sub.msg);
   return MEGA_OK;
@@ -239,19 +255,19 @@ static mega_status build_orders(mega_data *d, const double *weights, const mega_
   bool blend = weights && (d->n > 1 || o->train_blend_of_one);
   mega_status st = MEGA_OK;
   for (int k = 0; k < d->n && st == MEGA_OK; k++)
-    st = build_order(&d->train[k], d->seq_len, o->seed,
-                     megatron_size(weights, d->n, k, blend, o->train_samples),
+    st = build_order(d, &d->train[k], o->seed,
+                     megatron_size(weights, d->n, k, blend, o->train_samples), o->cache_dir,
                      o->split ? "'s train split" : "", err);
   if (!d->valid) return st;
   if (d->nv) {
     for (int k = 0; k < d->nv && st == MEGA_OK; k++)
-      st = build_order(&d->valid[k], d->seq_len, o->seed,
+      st = build_order(d, &d->valid[k], o->seed,
                        megatron_size(o->valid_weights, d->nv, k, d->nv > 1, o->valid_samples),
-                       " (--valid-data-path)", err);
+                       o->cache_dir, " (--valid-data-path)", err);
   } else {
     for (int k = 0; k < d->n && st == MEGA_OK; k++)
-      st = build_order(&d->valid[k], d->seq_len, o->seed,
-                       megatron_size(weights, d->n, k, blend, o->valid_samples),
+      st = build_order(d, &d->valid[k], o->seed,
+                       megatron_size(weights, d->n, k, blend, o->valid_samples), o->cache_dir,
                        "'s valid split", err);
   }
   return st;
@@ -339,6 +355,7 @@ mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err 
    * --eval-iters x G */
   o.megatron = j->data_order == MEGA_DATA_ORDER_MEGATRON;
   o.seed = (uint32_t)j->seed;
+  o.cache_dir = j->data_cache_path;
   o.train_samples = j->train_samples >= 0 ? j->train_samples : iters * G;
   o.valid_samples = evals * j->eval_iters * G;
   /* --data-path W P is a blend of one to Megatron (its get_blend_from_list
@@ -376,6 +393,14 @@ void mega_data_close(mega_data *d) {
   free(d->train);
   free(d->valid);
   free(d);
+}
+
+bool mega_data_cache_note(const mega_data *d, char *buf, size_t n) {
+  if (d->cache_read + d->cache_built == 0) return false;
+  snprintf(buf, n, "Megatron's order: %d index%s read from --data-cache-path, %d built and "
+           "written there%s", d->cache_read, d->cache_read == 1 ? "" : "es", d->cache_built,
+           d->cache_note);
+  return true;
 }
 
 size_t mega_data_size(const mega_data *d) { return (size_t)d->src[0].ntok; }
@@ -469,6 +494,10 @@ static mega_status read_megatron_sample(const mega_data *d, const stream *st, in
     int64_t end = p == last ? last_off + 1 : s->cum[doc + 1] - s->cum[doc];
     int64_t n = end - off;
     if (n <= 0) continue;
+    if (off < 0 || end > s->cum[doc + 1] - s->cum[doc])
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "%s: Megatron's sample %lld lies outside document %lld (an index built "
+                       "wrong)", s->path, (long long)c, (long long)doc);
     if (got + n > want) break;
     mega_status r = mega_indexed_read(s->ix, doc, off, n, d->vocab, out + got, err);
     if (r != MEGA_OK) return r;

@@ -96,6 +96,9 @@ typedef struct mega_data_opts {
   uint32_t seed;
   int64_t train_samples, valid_samples;
   bool train_blend_of_one;
+  /* --data-cache-path: Megatron's order's indices are read from and
+   * written to this directory (gpt_order.h); NULL: built in memory */
+  const char *cache_dir;
 } mega_data_opts;
 
 /* Opens n datasets (a plain file or an indexed PREFIX each) with their
@@ -110,6 +113,11 @@ mega_status mega_data_open(const char *path, int seq_len, mega_data **out, mega_
 /* The datasets, vocabulary and split of a checked job. */
 mega_status mega_data_open_job(const mega_jobspec *job, mega_data **out, mega_err *err);
 void mega_data_close(mega_data *d);
+
+/* With --data-cache-path: a line for the log into buf (n bytes), how many
+ * order indices were read from the cache and how many built, and why any
+ * cache file was replaced; false (buf untouched) without a cache. */
+bool mega_data_cache_note(const mega_data *d, char *buf, size_t n);
 
 size_t mega_data_size(const mega_data *d);     /* tokens in dataset 0 */
 int64_t mega_data_windows(const mega_data *d); /* K of dataset 0's training stream */

@@ -1,24 +1,20 @@
 #include "worker/data/gpt_order.h"
 
 #include <stdlib.h>
+#include <sys/mman.h>
 
+#include "worker/data/gpt_order_internal.h"
 #include "worker/data/np_random.h"
-
-struct mega_gpt_order {
-  int epochs;
-  int separate;
-  int64_t ndoc_index;   /* epochs x documents */
-  int32_t *doc_index;   /* sequence ids, as Megatron's int32 document index */
-  int64_t samples;      /* S */
-  int64_t *sample_pos;  /* S + 1 (position in doc_index, offset) pairs */
-  int64_t *shuffle;     /* S */
-};
 
 void mega_gpt_order_free(mega_gpt_order *o) {
   if (!o) return;
-  free(o->doc_index);
-  free(o->sample_pos);
-  free(o->shuffle);
+  if (o->map) {
+    munmap(o->map, o->map_len);
+  } else {
+    free(o->doc_index);
+    free(o->sample_pos);
+    free(o->shuffle);
+  }
   free(o);
 }
 

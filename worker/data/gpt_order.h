@@ -25,6 +25,7 @@
 #ifndef MEGA_WORKER_GPT_ORDER_H
 #define MEGA_WORKER_GPT_ORDER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -55,5 +56,38 @@ void mega_gpt_order_sample(const mega_gpt_order *o, int64_t i, int64_t *first,
                            int64_t *first_off, int64_t *last, int64_t *last_off);
 /* The document (sequence id) at position p of the document index. */
 int64_t mega_gpt_order_document(const mega_gpt_order *o, int64_t p);
+
+/* ---- the index cached on disk (--data-cache-path; gpt_order_cache.c) ----
+ *
+ * A cache file holds one index and its whole key: the arguments of
+ * mega_gpt_order_build and the token count of every document in [doc0,
+ * doc1), so a file is used only for the same documents, seed, sequence
+ * length and sample count (a split, a blend's share and the epochs all
+ * follow from these), whatever its name. Its name is a hash of that key.
+ * A crc32 of the body and range checks of every entry catch a damaged or
+ * truncated file. A file is written to a temporary name and renamed, under
+ * an exclusive flock on NAME.lock, so the first process to miss builds it
+ * and the others wait on the lock and then map it. */
+
+typedef enum mega_gpt_cache_how {
+  MEGA_GPT_CACHE_READ,    /* mapped from the cache file */
+  MEGA_GPT_CACHE_BUILT,   /* no cache file: built and written */
+  MEGA_GPT_CACHE_REBUILT, /* the file was damaged or another key's: built and replaced */
+} mega_gpt_cache_how;
+
+/* mega_gpt_order_build through the cache in directory dir (made if
+ * missing): maps the key's file when it is whole and is this key's, else
+ * builds the index and writes the file. *how says which; with REBUILT,
+ * why (why_len bytes, may be NULL) gets what was wrong with the old file.
+ * Fails as mega_gpt_order_build does, and (MEGA_ERR_IO) when the file is
+ * missing or unusable and cannot be written. The caller owns *out. */
+mega_status mega_gpt_order_open(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
+                                int64_t num_samples, uint32_t seed, const char *dir,
+                                mega_gpt_order **out, mega_gpt_cache_how *how, char *why,
+                                size_t why_len, mega_err *err);
+/* The cache file's path for this key in dir, into buf (n bytes). */
+void mega_gpt_order_cache_path(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
+                               int64_t num_samples, uint32_t seed, const char *dir, char *buf,
+                               size_t n);
 
 #endif

@@ -277,6 +277,9 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
     st = mega_lr_sched_check(&r->lr, err);
   }
   if (st == MEGA_OK) st = mega_data_open_job(j, &r->data, err);
+  char note[1200];
+  if (st == MEGA_OK && mega_data_cache_note(r->data, note, sizeof note))
+    fprintf(stderr, "megaw: rank %d: %s\n", r->env.rank, note);
   if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
   if (st == MEGA_OK && mega_jobspec_evaluates(j))
     st = build_schedule(r, true, &r->eval_sched, err);

@@ -1,0 +1,297 @@
+/* Megatron's order index cached on disk (gpt_order.h, --data-cache-path).
+ *
+ * The file, in the writer's byte order (checked on reading):
+ *   header    file_header below
+ *   lengths   int64[doc1 - doc0]: each document's tokens (the key's data)
+ *   doc_index int32[ndoc_index], zero-padded to 8 bytes
+ *   samples   int64[2 * (S + 1)]
+ *   shuffle   int64[S]
+ * mega's own format, not Megatron's .npy files: Megatron's file names hash
+ * a JSON of Python objects (the tokenizer's, the split matrix's float
+ * reprs) that mega cannot restate exactly, and its key names the dataset
+ * by path, not by its contents (docs/DESIGN.md, "Megatron's data order"). */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "worker/data/gpt_order.h"
+#include "worker/data/gpt_order_internal.h"
+
+#define MAGIC "MEGAGPTO"
+#define VERSION 1u
+#define BYTE_ORDER_MARK 0x01020304u
+
+typedef struct file_header {
+  char magic[8];
+  uint32_t version, byte_order;
+  int64_t seq_len, seed, num_samples, doc0, doc1; /* the key, with the lengths */
+  int64_t epochs, separate, ndoc_index, samples;
+  uint32_t body_crc;   /* of everything after the header */
+  uint32_t header_crc; /* of the header up to here */
+} file_header;
+
+typedef struct key {
+  const int64_t *cum;
+  int64_t doc0, doc1, num_samples;
+  int seq_len;
+  uint32_t seed;
+} key;
+
+static uint32_t crc(uint32_t c, const void *p, size_t n) {
+  const Bytef *b = p;
+  for (; n > 0;) { /* zlib takes uInt lengths */
+    uInt step = n > (1u << 30) ? (1u << 30) : (uInt)n;
+    c = (uint32_t)crc32(c, b, step);
+    b += step, n -= step;
+  }
+  return c;
+}
+
+static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* The body's byte size for these counts; 0 when it overflows size_t. */
+static size_t body_size(int64_t ndoc, int64_t ndoc_index, int64_t samples) {
+  if (ndoc < 0 || ndoc_index < 0 || samples < 0 || ndoc > INT64_MAX / 8 ||
+      ndoc_index > INT64_MAX / 8 || samples > INT64_MAX / 32)
+    return 0;
+  return (size_t)ndoc * 8 + pad8((size_t)ndoc_index * 4) + (size_t)(samples + 1) * 16 +
+         (size_t)samples * 8;
+}
+
+static uint32_t header_crc(const file_header *h) {
+  return crc(0, h, offsetof(file_header, header_crc));
+}
+
+void mega_gpt_order_cache_path(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
+                               int64_t num_samples, uint32_t seed, const char *dir, char *buf,
+                               size_t n) {
+  int64_t fields[5] = {seq_len, seed, num_samples, doc0, doc1};
+  uint32_t a = crc(0, fields, sizeof fields), b = 0;
+  for (int64_t d = doc0; d < doc1; d++) {
+    int64_t len = cum[d + 1] - cum[d];
+    b = crc(b, &len, sizeof len);
+  }
+  snprintf(buf, n, "%s/megatron-order-%08" PRIx32 "%08" PRIx32 ".bin", dir, a, b);
+}
+
+/* Every entry in range, so a reader never leaves the arrays or the
+ * documents. NULL when it is, else what is wrong. */
+static const char *check_entries(const mega_gpt_order *o, const key *k) {
+  for (int64_t p = 0; p < o->ndoc_index; p++)
+    if (o->doc_index[p] < k->doc0 || o->doc_index[p] >= k->doc1)
+      return "a document id out of range";
+  for (int64_t s = 0; s <= o->samples; s++) {
+    int64_t pos = o->sample_pos[2 * s], off = o->sample_pos[2 * s + 1];
+    if (pos < 0 || pos >= o->ndoc_index || (s > 0 && pos < o->sample_pos[2 * s - 2]))
+      return "a sample's document position out of range";
+    int64_t doc = o->doc_index[pos], len = k->cum[doc + 1] - k->cum[doc];
+    /* -1: the last sample ends in an empty last document; 0 in an empty
+     * one: the first sample starts there */
+    if (off < -1 || off >= (len > 0 ? len : 1)) return "a sample's token offset out of range";
+  }
+  for (int64_t s = 0; s < o->samples; s++)
+    if (o->shuffle[s] < 0 || o->shuffle[s] >= o->samples)
+      return "a shuffle entry out of range";
+  return NULL;
+}
+
+/* Points o's arrays into body (after the header). */
+static void place(mega_gpt_order *o, uint8_t *body, int64_t ndoc) {
+  uint8_t *p = body + (size_t)ndoc * 8;
+  o->doc_index = (int32_t *)p;
+  p += pad8((size_t)o->ndoc_index * 4);
+  o->sample_pos = (int64_t *)p;
+  p += (size_t)(o->samples + 1) * 16;
+  o->shuffle = (int64_t *)p;
+}
+
+/* Maps the cache file at path. 1: *out is its index; 0: there is none;
+ * -1: it is unusable, why says how. */
+static int load(const char *path, const key *k, mega_gpt_order **out, char *why, size_t n) {
+  *out = NULL;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return 0;
+    snprintf(why, n, "cannot open it: %s", strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  file_header h;
+  int64_t ndoc = k->doc1 - k->doc0;
+  const char *bad = NULL;
+  if (fstat(fd, &st) != 0 || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+    bad = "it is shorter than its header";
+  else if (memcmp(h.magic, MAGIC, 8) != 0 || h.byte_order != BYTE_ORDER_MARK)
+    bad = "it is not a mega order index (or another byte order's)";
+  else if (h.version != VERSION)
+    bad = "it is another version's";
+  else if (h.header_crc != header_crc(&h))
+    bad = "its header is damaged (crc32)";
+  else if (h.seq_len != k->seq_len || h.seed != (int64_t)k->seed ||
+           h.num_samples != k->num_samples || h.doc0 != k->doc0 || h.doc1 != k->doc1)
+    bad = "it was built for another --seq-length, --seed, sample count or split";
+  size_t body = bad ? 0 : body_size(ndoc, h.ndoc_index, h.samples);
+  if (!bad && (body == 0 || (uint64_t)st.st_size != sizeof h + body))
+    bad = "its size is not its header's (truncated?)";
+  void *map = bad ? MAP_FAILED : mmap(NULL, sizeof h + body, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (!bad && map == MAP_FAILED) bad = "it cannot be mapped";
+  uint8_t *b = bad ? NULL : (uint8_t *)map + sizeof h;
+  if (!bad) {
+    const int64_t *lens = (const int64_t *)b;
+    for (int64_t d = 0; d < ndoc && !bad; d++)
+      if (lens[d] != k->cum[k->doc0 + d + 1] - k->cum[k->doc0 + d])
+        bad = "it was built for other data (the documents' lengths differ)";
+  }
+  if (!bad && crc(0, b, body) != h.body_crc) bad = "its contents are damaged (crc32)";
+  mega_gpt_order *o = bad ? NULL : calloc(1, sizeof *o);
+  if (!bad && !o) bad = "out of memory";
+  if (!bad) {
+    *o = (mega_gpt_order){.epochs = (int)h.epochs, .separate = (int)h.separate,
+                          .ndoc_index = h.ndoc_index, .samples = h.samples, .map = map,
+                          .map_len = sizeof h + body};
+    place(o, b, ndoc);
+    bad = check_entries(o, k);
+  }
+  if (bad) {
+    if (o) o->map = NULL; /* unmapped below, not freed as arrays */
+    free(o);
+    if (map != MAP_FAILED) munmap(map, sizeof h + body);
+    snprintf(why, n, "%s", bad);
+    return -1;
+  }
+  *out = o;
+  return 1;
+}
+
+static mega_status write_all(int fd, const void *p, size_t n, const char *path, mega_err *err) {
+  const uint8_t *b = p;
+  while (n > 0) {
+    ssize_t w = write(fd, b, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0)
+      return mega_fail(err, MEGA_ERR_IO, "cannot write the order index %s: %s", path,
+                       strerror(errno));
+    b += w, n -= (size_t)w;
+  }
+  return MEGA_OK;
+}
+
+/* Writes o as the cache file at path: a temporary file, fsynced, renamed. */
+static mega_status store(const mega_gpt_order *o, const key *k, const char *path,
+                         mega_err *err) {
+  int64_t ndoc = k->doc1 - k->doc0;
+  size_t di = (size_t)o->ndoc_index * 4, sp = (size_t)(o->samples + 1) * 16,
+         sh = (size_t)o->samples * 8;
+  int64_t *lens = malloc((size_t)(ndoc > 0 ? ndoc : 1) * 8);
+  if (!lens) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory writing %s", path);
+  for (int64_t d = 0; d < ndoc; d++) lens[d] = k->cum[k->doc0 + d + 1] - k->cum[k->doc0 + d];
+  static const uint8_t zeros[8];
+  file_header h = {.version = VERSION, .byte_order = BYTE_ORDER_MARK, .seq_len = k->seq_len,
+                   .seed = k->seed, .num_samples = k->num_samples, .doc0 = k->doc0,
+                   .doc1 = k->doc1, .epochs = o->epochs, .separate = o->separate,
+                   .ndoc_index = o->ndoc_index, .samples = o->samples};
+  memcpy(h.magic, MAGIC, 8);
+  uint32_t c = crc(0, lens, (size_t)ndoc * 8);
+  c = crc(c, o->doc_index, di);
+  c = crc(c, zeros, pad8(di) - di);
+  c = crc(c, o->sample_pos, sp);
+  h.body_crc = crc(c, o->shuffle, sh);
+  h.header_crc = header_crc(&h);
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  mega_status st = fd >= 0 ? MEGA_OK
+                           : mega_fail(err, MEGA_ERR_IO,
+                                       "cannot write the order index %s: %s; give a writable "
+                                       "--data-cache-path or drop it", tmp, strerror(errno));
+  if (st == MEGA_OK) st = write_all(fd, &h, sizeof h, tmp, err);
+  if (st == MEGA_OK) st = write_all(fd, lens, (size_t)ndoc * 8, tmp, err);
+  if (st == MEGA_OK) st = write_all(fd, o->doc_index, di, tmp, err);
+  if (st == MEGA_OK) st = write_all(fd, zeros, pad8(di) - di, tmp, err);
+  if (st == MEGA_OK) st = write_all(fd, o->sample_pos, sp, tmp, err);
+  if (st == MEGA_OK) st = write_all(fd, o->shuffle, sh, tmp, err);
+  if (st == MEGA_OK && fsync(fd) != 0)
+    st = mega_fail(err, MEGA_ERR_IO, "cannot sync the order index %s: %s", tmp, strerror(errno));
+  if (fd >= 0) close(fd);
+  if (st == MEGA_OK && rename(tmp, path) != 0)
+    st = mega_fail(err, MEGA_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+  if (st != MEGA_OK && fd >= 0) unlink(tmp);
+  free(lens);
+  return st;
+}
+
+/* mkdir -p dir. */
+static mega_status make_dir(const char *dir, mega_err *err) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+    return mega_fail(err, MEGA_ERR_INVALID, "--data-cache-path is too long");
+  for (char *p = buf + 1;; p++) {
+    if (*p != '/' && *p != 0) continue;
+    char c = *p;
+    *p = 0;
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return mega_fail(err, MEGA_ERR_IO, "cannot make --data-cache-path '%s': %s: %s", dir, buf,
+                       strerror(errno));
+    if (!(*p = c)) break;
+  }
+  struct stat st;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+    return mega_fail(err, MEGA_ERR_IO, "--data-cache-path '%s' is not a directory", dir);
+  return MEGA_OK;
+}
+
+mega_status mega_gpt_order_open(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
+                                int64_t num_samples, uint32_t seed, const char *dir,
+                                mega_gpt_order **out, mega_gpt_cache_how *how, char *why,
+                                size_t why_len, mega_err *err) {
+  *out = NULL;
+  char path[4096], lock[4200], note[256] = "";
+  key k = {cum, doc0, doc1, num_samples, seq_len, seed};
+  mega_gpt_order_cache_path(cum, doc0, doc1, seq_len, num_samples, seed, dir, path, sizeof path);
+  if (why && why_len) why[0] = 0;
+  /* a hit needs no lock and no write access */
+  int r = load(path, &k, out, note, sizeof note);
+  if (r == 1) {
+    *how = MEGA_GPT_CACHE_READ;
+    return MEGA_OK;
+  }
+  mega_status st = make_dir(dir, err);
+  if (st != MEGA_OK) return st;
+  snprintf(lock, sizeof lock, "%s.lock", path);
+  int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lfd < 0)
+    return mega_fail(err, MEGA_ERR_IO, "cannot make the lock %s: %s; give a writable "
+                     "--data-cache-path or drop it", lock, strerror(errno));
+  /* the first process here builds; the others wait for it, then read */
+  while (flock(lfd, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    st = mega_fail(err, MEGA_ERR_IO, "cannot lock %s: %s", lock, strerror(errno));
+    break;
+  }
+  char again[256] = "";
+  if (st == MEGA_OK) r = load(path, &k, out, again, sizeof again);
+  if (st == MEGA_OK && r == 1) {
+    *how = MEGA_GPT_CACHE_READ;
+  } else if (st == MEGA_OK) {
+    const char *bad = again[0] ? again : note;
+    *how = bad[0] ? MEGA_GPT_CACHE_REBUILT : MEGA_GPT_CACHE_BUILT;
+    if (why && why_len && bad[0]) snprintf(why, why_len, "%s: %s", path, bad);
+    st = mega_gpt_order_build(cum, doc0, doc1, seq_len, num_samples, seed, out, err);
+    if (st == MEGA_OK) st = store(*out, &k, path, err);
+    if (st != MEGA_OK) {
+      mega_gpt_order_free(*out);
+      *out = NULL;
+    }
+  }
+  close(lfd); /* releases the lock */
+  return st;
+}
