@@ -257,8 +257,10 @@ typedef struct mega_jobspec {
   int log_interval;       /* 100, Megatron's */
   bool log_throughput;    /* the text line shows TFLOP/s per GPU */
   /* Not a flag: GPT2BPETokenizer's vocabulary size, vocab.json's entries,
-   * set by mega_jobspec_set_file_vocab once the file is read (0: not read). */
+   * set by mega_jobspec_load_vocab once the file is read (0: not read), and
+   * the id of its "<|endoftext|>" (-1: it has none). */
   int file_vocab;
+  int file_eod;
 } mega_jobspec;
 
 /* ---- the flag table ---- */
@@ -434,6 +436,13 @@ int mega_jobspec_tokenizer(const mega_jobspec *s);
  * NullTokenizer with --vocab-size N (ids 0..N, N the end-of-document id,
  * as Megatron's _NullTokenizer). Token ids in the data must be below it. */
 int mega_jobspec_tokenizer_vocab(const mega_jobspec *s);
+/* The tokenizer's special ids, -1 where it has none: NullTokenizer's
+ * end-of-document N (no beginning id, as Megatron's _NullTokenizer);
+ * GPT2BPETokenizer's "<|endoftext|>" as both, as GPT-2's tokenizer and
+ * Hugging Face's GPT-2 config have it (-1 until mega_jobspec_load_vocab
+ * has read --vocab-file, or when it lacks one); the byte tokenizer has
+ * none. */
+void mega_jobspec_special_ids(const mega_jobspec *s, int *bos, int *eos);
 /* Megatron's padded vocabulary, the model's vocab_size (wte's rows): the
  * tokenizer's vocabulary rounded up to a multiple of
  * --make-vocab-size-divisible-by × TP. */

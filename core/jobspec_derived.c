@@ -79,6 +79,13 @@ int mega_jobspec_tokenizer_vocab(const mega_jobspec *s) {
   return MEGA_VOCAB_SIZE;
 }
 
+void mega_jobspec_special_ids(const mega_jobspec *s, int *bos, int *eos) {
+  *bos = *eos = -1;
+  if (s->tokenizer_type == MEGA_TOKENIZER_NULL && s->vocab_size > 0) *eos = s->vocab_size;
+  else if (mega_jobspec_tokenizer(s) == MEGA_TOKENIZER_GPT2BPE && s->file_vocab > 0)
+    *bos = *eos = s->file_eod;
+}
+
 bool mega_jobspec_evaluates(const mega_jobspec *s) {
   return s->eval_interval > 0 && s->eval_iters > 0;
 }

@@ -82,9 +82,11 @@ mega_status mega_jobspec_load_vocab(mega_jobspec *s, mega_err *err) {
                    "--vocab-file %s is not GPT-2's vocab.json (an object of token -> id)",
                    s->vocab_file);
   if (st == MEGA_OK) st = check_vocab_ids(s->vocab_file, v, n, err);
+  json_t *eod = st == MEGA_OK ? json_object_get(v, "<|endoftext|>") : NULL;
+  int eod_id = eod ? (int)json_integer_value(eod) : -1; /* checked in range above */
   json_decref(v);
   if (st == MEGA_OK && s->merge_file) st = check_merges(s->merge_file, err);
-  if (st == MEGA_OK) s->file_vocab = (int)n;
+  if (st == MEGA_OK) s->file_vocab = (int)n, s->file_eod = eod_id;
   return st;
 }
 

@@ -33,7 +33,7 @@ static void beside(int mode) {
     fuzz_file("trainer_state.json", (const uint8_t *)"{}\n", 3);
     fuzz_file("a.bin", (const uint8_t *)"abc", 3);
   } else if (mode == 3) {
-    FUZZ_CHECK(mega_ckpt_write_json(mega_ckpt_config_json(&cfg), dir, MEGA_CKPT_CONFIG_FILE, 0,
+    FUZZ_CHECK(mega_ckpt_write_json(mega_ckpt_config_json(&cfg, NULL), dir, MEGA_CKPT_CONFIG_FILE, 0,
                                     NULL, &err) == MEGA_OK);
     float w = 1;
     mega_st_tensor t[] = {{.name = "wte", .ndim = 1, .shape = {1}, .numel = 1, .data = &w}};

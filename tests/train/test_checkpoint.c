@@ -18,6 +18,7 @@
 
 #include "ckpt_cases.h"
 #include "ckpt_util.h"
+#include "core/jobspec.h"
 #include "tiny_model.h"
 #include "worker/backend/backend.h"
 #include "worker/ckpt/checkpoint.h"
@@ -456,6 +457,87 @@ static void test_resolve(void **state) {
   tu_rmtree(dir);
 }
 
+/* config.json's bos_token_id and eos_token_id are the job's tokenizer's:
+ * GPT-2's BPE names "<|endoftext|>" for both (50256 in GPT-2's own
+ * vocab.json, 4 in this one), NullTokenizer --vocab-size N ends documents
+ * with N and has no beginning id, the byte tokenizer has neither (null,
+ * not HF's default); both architectures; without a job, neither key. */
+static json_t *saved_config(model *m, const char *dir, const mega_jobspec *job) {
+  char path[512];
+  mega_err err = {0};
+  mega_ckpt_state s = state_at(1);
+  mega_ckpt_save_opts o = {0};
+  if (mega_ckpt_save(dir, m->be, &m->cfg, job, &s, m->cp, m->n, &o, &err) != MEGA_OK)
+    fail_msg("save: %s", err.msg);
+  snprintf(path, sizeof path, "%s/iter_0000001/config.json", dir);
+  json_t *c = json_load_file(path, 0, NULL);
+  assert_non_null(c);
+  tu_rmtree(dir);
+  return c;
+}
+
+static void assert_ids(json_t *c, int bos, int eos) {
+  json_t *b = json_object_get(c, "bos_token_id"), *e = json_object_get(c, "eos_token_id");
+  assert_non_null(b);
+  assert_non_null(e);
+  if (bos < 0) assert_true(json_is_null(b));
+  else assert_int_equal(json_integer_value(b), bos);
+  if (eos < 0) assert_true(json_is_null(e));
+  else assert_int_equal(json_integer_value(e), eos);
+  json_decref(c);
+}
+
+static void test_special_ids(void **state) {
+  (void)state;
+  char dir[256], vocab[300];
+  model gpt2, llama;
+  model_make(&gpt2, 1);
+  llama_make(&llama, 1);
+  mega_jobspec job;
+  mega_err err = {0};
+  for (int arch = 0; arch < 2; arch++) {
+    model *m = arch ? &llama : &gpt2;
+    tu_mkdtemp(dir, "ckpt");
+    json_t *c = saved_config(m, dir, NULL);
+    assert_null(json_object_get(c, "bos_token_id"));
+    assert_null(json_object_get(c, "eos_token_id"));
+    json_decref(c);
+
+    mega_jobspec_defaults(&job); /* bytes */
+    tu_mkdtemp(dir, "ckpt");
+    assert_ids(saved_config(m, dir, &job), -1, -1);
+
+    job.tokenizer_type = MEGA_TOKENIZER_NULL;
+    job.vocab_size = 255;
+    tu_mkdtemp(dir, "ckpt");
+    assert_ids(saved_config(m, dir, &job), -1, 255);
+
+    char tmp[256];
+    tu_mkdtemp(tmp, "vocab");
+    snprintf(vocab, sizeof vocab, "%s/vocab.json", tmp);
+    FILE *f = fopen(vocab, "w");
+    assert_non_null(f);
+    fputs("{\"a\": 0, \"b\": 1, \"c\": 2, \"d\": 3, \"<|endoftext|>\": 4}", f);
+    fclose(f);
+    mega_jobspec_defaults(&job);
+    job.vocab_file = strdup(vocab);
+    assert_int_equal(mega_jobspec_load_vocab(&job, &err), MEGA_OK);
+    tu_mkdtemp(dir, "ckpt");
+    assert_ids(saved_config(m, dir, &job), 4, 4);
+    /* a vocabulary without "<|endoftext|>" has no such id */
+    f = fopen(vocab, "w");
+    fputs("{\"a\": 0, \"b\": 1}", f);
+    fclose(f);
+    assert_int_equal(mega_jobspec_load_vocab(&job, &err), MEGA_OK);
+    tu_mkdtemp(dir, "ckpt");
+    assert_ids(saved_config(m, dir, &job), -1, -1);
+    mega_jobspec_free(&job);
+    tu_rmtree(tmp);
+  }
+  model_free(&gpt2);
+  model_free(&llama);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),
@@ -465,6 +547,7 @@ int main(void) {
       cmocka_unit_test(test_sharding),
       cmocka_unit_test(test_shard_order),
       cmocka_unit_test(test_resolve),
+      cmocka_unit_test(test_special_ids),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,8 +69,22 @@ static json_t *llama_json(const mega_gpt_config *cfg) {
   return j;
 }
 
-json_t *mega_ckpt_config_json(const mega_gpt_config *cfg) {
-  return cfg->arch == MEGA_GPT_ARCH_LLAMA ? llama_json(cfg) : gpt2_json(cfg);
+/* A special id, null where the tokenizer has none: written either way, so
+ * Hugging Face's defaults for an absent key (GPT-2's 50256, Llama's 1 and
+ * 2) never name a token mega's tokenizer does not mean. */
+static json_t *special_id(int id) { return id >= 0 ? json_integer(id) : json_null(); }
+
+json_t *mega_ckpt_config_json(const mega_gpt_config *cfg, const mega_jobspec *job) {
+  json_t *j = cfg->arch == MEGA_GPT_ARCH_LLAMA ? llama_json(cfg) : gpt2_json(cfg);
+  if (!j || !job) return j;
+  int bos, eos;
+  mega_jobspec_special_ids(job, &bos, &eos);
+  if (json_object_set_new(j, "bos_token_id", special_id(bos)) ||
+      json_object_set_new(j, "eos_token_id", special_id(eos))) {
+    json_decref(j);
+    return NULL;
+  }
+  return j;
 }
 
 /* ---- reading ---- */

@@ -37,8 +37,10 @@ mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, s
                                  mega_ckpt_file *out, mega_err *err);
 
 /* ckpt_config.c: config.json for cfg (GPT2LMHeadModel's or
- * LlamaForCausalLM's); NULL when out of memory. */
-json_t *mega_ckpt_config_json(const mega_gpt_config *cfg);
+ * LlamaForCausalLM's), with the job's tokenizer's bos_token_id and
+ * eos_token_id (mega_jobspec_special_ids; null where it has none) when job
+ * is not NULL; NULL when out of memory. */
+json_t *mega_ckpt_config_json(const mega_gpt_config *cfg, const mega_jobspec *job);
 /* The checkpoint directory's config.json against the job's model: the same
  * architecture and every size that shapes a tensor, else MEGA_ERR_INVALID
  * naming the field and the flag. */

@@ -321,7 +321,7 @@ static mega_status commit(mega_ckpt_writer *w, const char *tmp, const int64_t *c
     st = write_index(tmp, "optimizer", m.map_o, m.bytes_o, &m, err);
   mega_ckpt_file f;
   if (st == MEGA_OK)
-    st = mega_ckpt_write_json(mega_ckpt_config_json(w->c.cfg), tmp, MEGA_CKPT_CONFIG_FILE,
+    st = mega_ckpt_write_json(mega_ckpt_config_json(w->c.cfg, w->c.job), tmp, MEGA_CKPT_CONFIG_FILE,
                               JSON_INDENT(2) | JSON_REAL_PRECISION(9), &f, err);
   if (st == MEGA_OK) st = add_file(&m, &f, err);
   if (st == MEGA_OK)
