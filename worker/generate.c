@@ -53,7 +53,7 @@ static mega_status read_tokenizer(const char *dir, mega_gen_model *m, mega_err *
 mega_status mega_gen_load(const char *load_dir, mega_backend *be, mega_gen_model *m,
                           mega_err *err) {
   *m = (mega_gen_model){0};
-  mega_status st = mega_ckpt_resolve(load_dir, &m->path, &m->notice, err);
+  mega_status st = mega_ckpt_resolve_weights(load_dir, &m->path, &m->notice, err);
   struct stat sb;
   if (st == MEGA_ERR_NOT_FOUND && stat(load_dir, &sb) != 0)
     return mega_fail(err, MEGA_ERR_INVALID, "--load %s: %s; give the --save directory of a "

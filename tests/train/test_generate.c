@@ -188,6 +188,39 @@ static void test_program(void **state) {
   assert_non_null(strstr(line, "megaw generate: cannot write the text to stdout: No space left"));
 }
 
+/* A checkpoint whose optimizer.safetensors was deleted by hand (the
+ * manifest still lists it) generates: only the weights are needed, and
+ * megaw generate says the optimizer state is gone. Runs last: it deletes. */
+static void test_without_optimizer_state(void **state) {
+  (void)state;
+  char cmd[512], want[16] = {0}, got[16] = {0};
+  snprintf(cmd, sizeof cmd, "%s generate --load %s --prompt hi --max-new-tokens 5", megaw, dir);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t wlen = fread(want, 1, sizeof want, p);
+  assert_int_equal(pclose(p), 0);
+  char opt[128];
+  snprintf(opt, sizeof opt, "%s/iter_0000001/optimizer.safetensors", dir);
+  assert_int_equal(unlink(opt), 0);
+  mega_gen_model m;
+  mega_err err = {0};
+  if (mega_gen_load(dir, tm.be, &m, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  assert_non_null(m.notice);
+  assert_non_null(strstr(m.notice, "optimizer.safetensors is missing"));
+  assert_non_null(strstr(m.notice, "its weights load alone"));
+  mega_gen_free(&m);
+  snprintf(cmd, sizeof cmd, "%s generate --load %s --prompt hi --max-new-tokens 5 2>%s/err",
+           megaw, dir, dir);
+  p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t len = fread(got, 1, sizeof got, p);
+  assert_int_equal(pclose(p), 0);
+  assert_int_equal(len, wlen);
+  assert_memory_equal(got, want, len);
+  snprintf(cmd, sizeof cmd, "grep -q 'megaw generate: .*no usable optimizer state' %s/err", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_generate MEGAW\n");
@@ -198,6 +231,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_greedy_is_argmax_of_a_forward),
       cmocka_unit_test(test_sampling),
       cmocka_unit_test(test_program),
+      cmocka_unit_test(test_without_optimizer_state),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -514,6 +514,46 @@ static void test_finetune_no_load_optim(void **state) {
   mega_jobspec_free(&j);
 }
 
+/* A checkpoint whose optimizer.safetensors was deleted by hand: a resume
+ * is refused, saying the weights are whole and naming --no-load-optim;
+ * --no-load-optim and --finetune load its weights. (With an older complete
+ * checkpoint beside it a resume falls back to that one, as for any
+ * incomplete checkpoint: test_ckpt_damage.) */
+static void test_optimizer_deleted(void **state) {
+  (void)state;
+  char sdir[600], opt[700];
+  snprintf(sdir, sizeof sdir, "%s/no-optim", dir);
+  mega_jobspec j;
+  job_init(&j);
+  mega_rank_metrics m[2];
+  int64_t it0;
+  j.save = strdup(sdir);
+  run(&j, 2, m, &it0, false);
+  free(j.save);
+  j.save = NULL;
+  j.load = strdup(sdir);
+  snprintf(opt, sizeof opt, "%s/iter_0000002/optimizer.safetensors", sdir);
+  assert_int_equal(unlink(opt), 0);
+  mega_rank_env env = {.job = &j, .rank = 0, .world_size = 1, .device = -1};
+  mega_rank *r = NULL;
+  mega_err err = {0};
+  mega_status st = mega_rank_create(&env, &r, &err);
+  if (st == MEGA_OK) st = mega_rank_setup(r, &err);
+  mega_rank_destroy(r);
+  assert_int_equal(st, MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "optimizer.safetensors is missing") ||
+      !strstr(err.msg, "--no-load-optim loads them") || !strstr(err.msg, "iteration 2"))
+    fail_msg("%s", err.msg);
+  j.no_load_optim = true;
+  run(&j, 1, m, &it0, true);
+  assert_int_equal(it0, 2);
+  j.no_load_optim = false;
+  j.finetune = true;
+  run(&j, 1, m, &it0, true);
+  assert_int_equal(it0, 0);
+  mega_jobspec_free(&j);
+}
+
 /* --finetune of a Llama at a longer context: RoPE's positions shape no
  * tensor, so the weights load (longer-context fine-tuning, as Megatron
  * allows); GPT-2's wpe has a row per position, so there it is refused. */
@@ -597,6 +637,7 @@ int main(void) {
       cmocka_unit_test(test_reports_phases_commit),
       cmocka_unit_test(test_scheduler_flags),
       cmocka_unit_test(test_finetune_no_load_optim),
+      cmocka_unit_test(test_optimizer_deleted),
       cmocka_unit_test(test_finetune_longer_context),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

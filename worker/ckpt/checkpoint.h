@@ -133,6 +133,13 @@ mega_status mega_ckpt_prepare_save(const char *save_dir, mega_err *err);
  * also checked against the manifest's. Reads every listed file. MEGA_OK or
  * MEGA_ERR_INVALID with the first problem found (files in name order). */
 mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err);
+/* mega_ckpt_verify, with the optimizer's files (optimizer.safetensors, its
+ * shards and index) apart: MEGA_OK when every other file is good, and
+ * *optim gets the first problem with an optimizer file (status MEGA_OK:
+ * none). With weights_only their checksums are not read (their presence
+ * and sizes are still checked). */
+mega_status mega_ckpt_verify_parts(const char *dir, int64_t iteration, bool weights_only,
+                                   mega_err *optim, mega_err *err);
 
 /* Resolves --load DIR to a complete checkpoint directory (malloc'd into
  * *path, the caller frees it):
@@ -152,6 +159,15 @@ mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err);
  * Every rank that resolves the same directory reaches the same answer:
  * verification reads every file of a candidate. notice may be NULL. */
 mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err);
+/* A checkpoint whose optimizer files are missing or bad is incomplete to
+ * mega_ckpt_resolve (a resume needs them), and its reason then says that
+ * the weights are whole and --no-load-optim loads them.
+ * mega_ckpt_resolve_weights is for loads that need only the weights (megaw
+ * generate, --no-load-optim, --finetune): it takes such a checkpoint, and
+ * *notice then says its optimizer state is unusable; the optimizer files'
+ * checksums are not read. Otherwise as mega_ckpt_resolve. */
+mega_status mega_ckpt_resolve_weights(const char *load_dir, char **path, char **notice,
+                                      mega_err *err);
 
 /* Whether --load DIR holds anything resolve would look at (a latest file,
  * a checkpoint directory, an iter_* directory), without reading it: a

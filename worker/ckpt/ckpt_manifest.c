@@ -86,7 +86,32 @@ static bool entry(json_t *e, uint64_t *size, uint32_t *crc) {
   return true;
 }
 
+/* The optimizer's files: optimizer.safetensors, its shards and index. */
+static bool optimizer_file(const char *name) {
+  return !strncmp(name, "optimizer", 9) && (name[9] == '.' || name[9] == '-');
+}
+
+/* A problem with an optimizer file goes to *optim (the first only) and the
+ * check goes on; with weights_only their checksums are not read. */
+static bool optim_problem(const char *name, mega_err *optim, const mega_err *what) {
+  if (!optimizer_file(name)) return false;
+  if (optim->status == MEGA_OK) *optim = *what;
+  return true;
+}
+
 mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err) {
+  mega_err optim = {0};
+  mega_status st = mega_ckpt_verify_parts(dir, iteration, false, &optim, err);
+  if (st == MEGA_OK && optim.status != MEGA_OK) {
+    if (err) *err = optim;
+    return MEGA_ERR_INVALID;
+  }
+  return st;
+}
+
+mega_status mega_ckpt_verify_parts(const char *dir, int64_t iteration, bool weights_only,
+                                   mega_err *optim, mega_err *err) {
+  *optim = (mega_err){0};
   char path[4352];
   snprintf(path, sizeof path, "%s/" MEGA_CKPT_MANIFEST_FILE, dir);
   struct stat sb;
@@ -138,31 +163,29 @@ mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err) 
       }
       char fp[4352];
       snprintf(fp, sizeof fp, "%s/%s", dir, name);
+      mega_err bad = {0};
       if (pass == 0) {
-        if (stat(fp, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-          st = mega_fail(err, MEGA_ERR_INVALID, "%s is missing", fp);
-          break;
-        }
-        if ((uint64_t)sb.st_size != size) {
-          st = mega_fail(err, MEGA_ERR_INVALID, "%s is %lld bytes, but the manifest says %llu",
-                         fp, (long long)sb.st_size, (unsigned long long)size);
-          break;
-        }
+        if (stat(fp, &sb) != 0 || !S_ISREG(sb.st_mode))
+          mega_fail(&bad, MEGA_ERR_INVALID, "%s is missing", fp);
+        else if ((uint64_t)sb.st_size != size)
+          mega_fail(&bad, MEGA_ERR_INVALID, "%s is %lld bytes, but the manifest says %llu", fp,
+                    (long long)sb.st_size, (unsigned long long)size);
+      } else if (weights_only && optimizer_file(name)) {
         continue;
+      } else {
+        uint64_t got_size;
+        uint32_t got;
+        if (mega_ckpt_file_sum(fp, &got_size, &got, &bad) != MEGA_OK)
+          bad.status = MEGA_ERR_INVALID;
+        else if (got != crc || got_size != size)
+          mega_fail(&bad, MEGA_ERR_INVALID,
+                    "%s has crc32 %08" PRIx32 ", but the manifest says %08" PRIx32, fp, got,
+                    crc);
       }
-      uint64_t got_size;
-      uint32_t got;
-      mega_err ferr = {0};
-      if (mega_ckpt_file_sum(fp, &got_size, &got, &ferr) != MEGA_OK) {
-        st = mega_fail(err, MEGA_ERR_INVALID, "%s", ferr.msg);
-        break;
-      }
-      if (got != crc || got_size != size) {
-        st = mega_fail(err, MEGA_ERR_INVALID,
-                       "%s has crc32 %08" PRIx32 ", but the manifest says %08" PRIx32, fp, got,
-                       crc);
-        break;
-      }
+      if (bad.status == MEGA_OK || optim_problem(name, optim, &bad)) continue;
+      if (err) *err = bad;
+      st = MEGA_ERR_INVALID;
+      break;
     }
   }
 out:

@@ -81,11 +81,27 @@ static char *dup_printf(const char *fmt, ...) {
   return s;
 }
 
+/* Checks checkpoint dir (iteration it, -1: any) for a load that needs the
+ * optimizer's state (weights_only false) or not: true when it loads. With
+ * weights_only, *optim says what is wrong with its optimizer files, if
+ * anything; without, such a problem makes it incomplete like any other,
+ * and *why then says that its weights alone would load. */
+static bool check(const char *dir, int64_t it, bool weights_only, mega_err *optim,
+                  mega_err *why) {
+  if (mega_ckpt_verify_parts(dir, it, weights_only, optim, why) != MEGA_OK) return false;
+  if (weights_only || optim->status == MEGA_OK) return true;
+  mega_fail(why, MEGA_ERR_INVALID,
+            "%s; its weights are whole, and --no-load-optim loads them with fresh Adam "
+            "moments (--finetune: as a new run)", optim->msg);
+  return false;
+}
+
 /* The newest complete iter_* of dir other than skip (-1: none skipped).
  * *path gets it (malloc'd) or stays NULL; *first_bad gets the reason the
  * newest incomplete one (newer than what was found) failed, when any. */
-static mega_status newest_complete(const char *dir, int64_t skip, char **path, int64_t *found,
-                                   size_t *nseen, mega_err *first_bad, int64_t *bad_it,
+static mega_status newest_complete(const char *dir, int64_t skip, bool weights_only,
+                                   char **path, int64_t *found, size_t *nseen,
+                                   mega_err *first_bad, int64_t *bad_it, mega_err *optim,
                                    mega_err *err) {
   *path = NULL;
   *nseen = 0;
@@ -100,7 +116,7 @@ static mega_status newest_complete(const char *dir, int64_t skip, char **path, i
     (*nseen)++;
     if (!mega_ckpt_iter_path(p, sizeof p, dir, its[i])) continue;
     mega_err verr = {0};
-    if (mega_ckpt_verify(p, its[i], &verr) != MEGA_OK) {
+    if (!check(p, its[i], weights_only, optim, &verr)) {
       if (*bad_it < 0) {
         *bad_it = its[i];
         *first_bad = verr;
@@ -162,7 +178,8 @@ bool mega_ckpt_present(const char *load_dir) {
   return any;
 }
 
-mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err) {
+static mega_status resolve(const char *load_dir, bool weights_only, char **path,
+                           char **notice, mega_err *optim, mega_err *err) {
   *path = NULL;
   if (notice) *notice = NULL;
   char latest[4096], dir[4096];
@@ -178,7 +195,7 @@ mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, 
 
   if (!has_latest && is_checkpoint_dir(load_dir)) { /* --load names a checkpoint itself */
     mega_err verr = {0};
-    if (mega_ckpt_verify(load_dir, -1, &verr) != MEGA_OK)
+    if (!check(load_dir, -1, weights_only, optim, &verr))
       return mega_fail(err, MEGA_ERR_INVALID, "--load %s is an incomplete checkpoint: %s",
                        load_dir, verr.msg);
     *path = strdup(load_dir);
@@ -205,14 +222,14 @@ mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, 
   if (has_latest && named >= 0) {
     if (!mega_ckpt_iter_path(dir, sizeof dir, load_dir, named))
       return mega_fail(err, MEGA_ERR_INVALID, "--load path too long");
-    if (mega_ckpt_verify(dir, named, &why) == MEGA_OK) {
+    if (check(dir, named, weights_only, optim, &why)) {
       *path = strdup(dir);
       return *path ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
     }
   }
   size_t nseen = 0;
-  mega_status st =
-      newest_complete(load_dir, named, path, &found, &nseen, &first_bad, &bad_it, err);
+  mega_status st = newest_complete(load_dir, named, weights_only, path, &found, &nseen,
+                                   &first_bad, &bad_it, optim, err);
   if (st != MEGA_OK) return st;
 
   if (has_latest && named < 0) {
@@ -252,4 +269,25 @@ mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, 
                      load_dir, nseen, nseen == 1 ? "y" : "ies", first_bad.msg);
   return mega_fail(err, MEGA_ERR_NOT_FOUND, "--load %s holds no checkpoint (no %s)", load_dir,
                    MEGA_CKPT_LATEST_FILE);
+}
+
+mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err) {
+  mega_err optim;
+  return resolve(load_dir, false, path, notice, &optim, err);
+}
+
+mega_status mega_ckpt_resolve_weights(const char *load_dir, char **path, char **notice,
+                                      mega_err *err) {
+  mega_err optim = {0};
+  char *fallback = NULL;
+  mega_status st = resolve(load_dir, true, path, notice ? &fallback : NULL, &optim, err);
+  if (!notice) return st;
+  *notice = fallback;
+  if (st == MEGA_OK && optim.status != MEGA_OK) {
+    *notice = dup_printf("%s%scheckpoint %s has no usable optimizer state (%s); its weights "
+                         "load alone", fallback ? fallback : "", fallback ? "; " : "", *path,
+                         optim.msg);
+    free(fallback);
+  }
+  return st;
 }

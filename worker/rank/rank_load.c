@@ -59,7 +59,11 @@ mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_
                                 mega_err *err) {
   memset(out, 0, sizeof *out);
   char *path = NULL, *notice = NULL;
-  mega_status st = mega_ckpt_resolve(job->load, &path, &notice, err);
+  /* --finetune and --no-load-optim leave Adam's state as created (zero),
+   * so they load a checkpoint whose optimizer files are gone */
+  bool fresh_optim = job->finetune || job->no_load_optim;
+  mega_status st = fresh_optim ? mega_ckpt_resolve_weights(job->load, &path, &notice, err)
+                               : mega_ckpt_resolve(job->load, &path, &notice, err);
   if (st == MEGA_ERR_NOT_FOUND && job->finetune) /* weights only: nothing to start from */
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--finetune starts from a checkpoint's weights, but --load %s holds no "
@@ -79,8 +83,6 @@ mega_status mega_rank_ckpt_load(mega_backend *be, const mega_jobspec *job, mega_
     return MEGA_OK;
   }
   if (st != MEGA_OK) return st;
-  /* --finetune and --no-load-optim leave Adam's state as created: zero. */
-  bool fresh_optim = job->finetune || job->no_load_optim;
   mega_ckpt_param *params = c->ckpt;
   if (fresh_optim) {
     params = malloc((c->nparams + 1) * sizeof *params);
