@@ -458,9 +458,11 @@ LLAMA3_FSDP_REFUSED = ["--attention-backend", "--apply-layernorm-1p", "--decoupl
                        "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
                        "--init-model-with-meta-device", "--ckpt-format", "--use-nccl-ub",
                        "--fsdp-double-buffer", "--fsdp-manual-registration", "--fp8-format",
-                       "--tokenizer-type", "--data-cache-path", "--no-mmap-bin-files",
+                       "--tokenizer-type", "--no-mmap-bin-files",
                        "--num-workers", "--logging-level", "--distributed-timeout-minutes",
-                       "--tensorboard-dir"]
+                       "--tensorboard-dir",
+                       # a job flag, refused by the job's check (file order) after the parse
+                       "--data-cache-path"]
 
 def remove(argv, flags):
     """argv less each (flag, its number of values)."""
