@@ -14,6 +14,7 @@
 
 #include <grpc/grpc_security.h>
 
+#include "core/secret.h"
 #include "proto/rpc_internal.h"
 
 /* ---- files ---- */
@@ -194,10 +195,7 @@ bool mega_rpc_token_matches(const char *want, size_t want_len, const grpc_metada
   if (!got) return false;
   const unsigned char *v = GRPC_SLICE_START_PTR(got->value);
   size_t n = GRPC_SLICE_LENGTH(got->value);
-  volatile unsigned char diff = n != want_len;
-  for (size_t i = 0; i < want_len; i++)
-    diff |= (unsigned char)want[i] ^ (i < n ? v[i] : 0u);
-  return diff == 0;
+  return mega_secret_equal(v, n, want, want_len);
 }
 
 bool mega_rpc_has_authorization(const grpc_metadata_array *md) {

@@ -18,6 +18,7 @@
 #include <microhttpd.h>
 
 #include "core/port.h"
+#include "core/secret.h"
 
 /* Connections open from one address (http.h: per_ip_limit). */
 typedef struct addr_count {
@@ -71,21 +72,13 @@ typedef struct conn_state {
 
 /* ---- answering ---- */
 
-bool megad_http_secret_equal(const char *sent, size_t sent_len, const char *want,
-                             size_t want_len) {
-  volatile unsigned char diff = sent_len != want_len;
-  for (size_t i = 0; i < want_len; i++)
-    diff |= (unsigned char)((i < sent_len ? sent[i] : 0) ^ want[i]);
-  return diff == 0;
-}
-
 static bool authorized(megad_http *h, struct MHD_Connection *c) {
   if (!h->token) return true;
   const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
   if (!v || strncasecmp(v, "Bearer ", 7)) return false; /* the scheme is case-blind (RFC 7235) */
   v += 7;
   while (*v == ' ') v++;
-  return megad_http_secret_equal(v, strlen(v), h->token, h->token_len);
+  return mega_secret_equal(v, strlen(v), h->token, h->token_len);
 }
 
 const char *megad_http_header(const megad_http_req *r, const char *name) {

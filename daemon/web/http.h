@@ -76,11 +76,6 @@ typedef bool (*megad_http_route_fn)(void *arg, const megad_http_req *req, megad_
 /* Told of every answered request's status (may be NULL). */
 typedef void (*megad_http_count_fn)(void *arg, unsigned status);
 
-/* Whether sent equals want, in a time that depends on want's length only:
- * every byte of want is looked at, whatever was sent (tokens, session ids). */
-bool megad_http_secret_equal(const char *sent, size_t sent_len, const char *want,
-                             size_t want_len);
-
 typedef struct megad_http_opts {
   const char *listen;       /* "HOST:PORT", HOST an IPv4 or IPv6 address; port 0 picks one */
   const char *path;         /* "/metrics" */

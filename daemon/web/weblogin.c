@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "core/secret.h"
 #include "daemon/web/http.h"
 #include "daemon/web/web.h"
 
@@ -74,7 +75,7 @@ static int find(megad_web_login *l, const char *cookie_header, int64_t now_ms) {
       s->id[0] = '\0'; /* expired */
       continue;
     }
-    if (megad_http_secret_equal(v, vl, s->id, 2 * ID_BYTES)) found = i;
+    if (mega_secret_equal(v, vl, s->id, 2 * ID_BYTES)) found = i;
   }
   return found;
 }
@@ -108,7 +109,7 @@ bool megad_web_login_post(megad_web_login *l, const char *form, int64_t now_ms,
   char sent[4097], next[520];
   bool ok = megad_web_form_get(form, "token", sent, sizeof sent);
   /* compared even when absent, so a refusal takes the same time */
-  ok = megad_http_secret_equal(sent, ok ? strlen(sent) : 0, l->token, l->token_len) && ok;
+  ok = mega_secret_equal(sent, ok ? strlen(sent) : 0, l->token, l->token_len) && ok;
   if (!ok) {
     l->refused++;
     if (!l->refused_log_ms || now_ms - l->refused_log_ms >= 1000) {

@@ -11,7 +11,7 @@
  * when MEGAD_WEB_SESSIONS_MAX newer ones push them out.
  *
  * Pure but for getrandom; the clock is the caller's. Ids and tokens are
- * compared in constant time (megad_http_secret_equal). */
+ * compared in constant time (mega_secret_equal). */
 #ifndef MEGA_DAEMON_WEBLOGIN_H
 #define MEGA_DAEMON_WEBLOGIN_H
 

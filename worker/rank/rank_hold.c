@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/secret.h"
 #include "proto/frame.h"
 #include "proto/mega.pb-c.h"
 #include "worker/rank/rank_internal.h"
@@ -148,7 +149,7 @@ static bool holds_shard(const mega_rank_held *h, uint32_t shard) {
 static const char *refusal(const mega_replica_server *s, const Mega__V1__ReplicaRequest *req,
                            char *buf, size_t len) {
   const mega_rank_held *h = &s->held;
-  if (req->token.len != sizeof s->token || memcmp(req->token.data, s->token, sizeof s->token))
+  if (!mega_secret_equal(req->token.data, req->token.len, s->token, sizeof s->token))
     return "the token does not match (only the attempt the coordinator planned may fetch)";
   if (strcmp(req->job_id, s->job_id) || req->attempt <= (uint32_t)s->attempt) {
     snprintf(buf, len, "this rank holds job %s attempt %d, not for job %s attempt %u", s->job_id,
