@@ -371,6 +371,17 @@ int mega_jobspec_kv_channels(const mega_jobspec *s);
 int mega_jobspec_query_groups(const mega_jobspec *s);
 /* Whether the job evaluates: --eval-interval > 0 and --eval-iters > 0. */
 bool mega_jobspec_evaluates(const mega_jobspec *s);
+/* Whether training that ends normally (not by an exit flag or signal)
+ * evaluates once more on the validation set, as Megatron's pretrain does:
+ * --eval-iters > 0, and --eval-interval > 0 or a --split with a valid
+ * share. */
+bool mega_jobspec_evaluates_at_end(const mega_jobspec *s);
+/* Whether it then evaluates the test set: --eval-iters > 0 and a --split
+ * with a test share (Megatron's do_test). */
+bool mega_jobspec_tests_at_end(const mega_jobspec *s);
+/* Validation batches the whole run reads: every --eval-interval's and the
+ * end's, --eval-iters each (Megatron's validation sample count over G). */
+int64_t mega_jobspec_eval_batches(const mega_jobspec *s);
 /* The note megaw and megad run print at start: which data evaluation reads
  * (the valid split, --valid-data-path, or without either the end of the
  * training stream), or that --eval-iters 0 turned it off. false (buf

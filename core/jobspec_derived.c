@@ -90,24 +90,58 @@ bool mega_jobspec_evaluates(const mega_jobspec *s) {
   return s->eval_interval > 0 && s->eval_iters > 0;
 }
 
+/* Held-out documents for the evaluation at the end: the split's share
+ * (--valid-data-path needs --eval-interval, jobspec_check.c). */
+static bool holds_out(const mega_jobspec *s, int share) {
+  double sh[3];
+  return s->split && mega_jobspec_split(s, sh, NULL) == MEGA_OK && sh[share] > 0;
+}
+
+bool mega_jobspec_evaluates_at_end(const mega_jobspec *s) {
+  return s->eval_iters > 0 && (s->eval_interval > 0 || holds_out(s, 1));
+}
+
+bool mega_jobspec_tests_at_end(const mega_jobspec *s) {
+  return s->eval_iters > 0 && holds_out(s, 2);
+}
+
+int64_t mega_jobspec_eval_batches(const mega_jobspec *s) {
+  if (!mega_jobspec_evaluates_at_end(s)) return 0;
+  int64_t points = s->eval_interval > 0 ? mega_jobspec_train_iters(s) / s->eval_interval : 0;
+  return (points + 1) * s->eval_iters;
+}
+
+/* Without --eval-interval: what the end of training evaluates, if anything. */
+static bool end_note(const mega_jobspec *s, char *buf, size_t n) {
+  bool valid = mega_jobspec_evaluates_at_end(s), test = mega_jobspec_tests_at_end(s);
+  if (!valid && !test) return false;
+  snprintf(buf, n, "no --eval-interval: only the end of training evaluates, as Megatron's "
+                   "does after its last iteration, %d batches of --global-batch-size on "
+                   "%s%s%s of --split %s", s->eval_iters, valid ? "the valid share" : "",
+           valid && test ? " and then on " : "", test ? "the test share" : "", s->split);
+  return true;
+}
+
 bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n) {
   if (s->eval_interval > 0 && s->eval_iters == 0) {
     snprintf(buf, n, "--eval-iters 0: no evaluation (as in Megatron), whatever --eval-interval "
                      "says");
     return true;
   }
-  if (!mega_jobspec_evaluates(s)) return false;
+  if (!mega_jobspec_evaluates(s)) return end_note(s, buf, n);
   double sh[3];
   if (s->valid_data_path.n)
-    snprintf(buf, n, "evaluation every %d iterations reads --valid-data-path (%d batches of "
-                     "--global-batch-size)", s->eval_interval, s->eval_iters);
+    snprintf(buf, n, "evaluation every %d iterations and after the last reads "
+                     "--valid-data-path (%d batches of --global-batch-size)", s->eval_interval,
+             s->eval_iters);
   else if (s->split && mega_jobspec_split(s, sh, NULL) == MEGA_OK)
-    snprintf(buf, n, "evaluation every %d iterations reads the valid share of --split %s: "
-                     "%.4g%% of each dataset's documents, which training does not read",
-             s->eval_interval, s->split, 100 * sh[1]);
+    snprintf(buf, n, "evaluation every %d iterations and after the last reads the valid share "
+                     "of --split %s: %.4g%% of each dataset's documents, which training does "
+                     "not read%s", s->eval_interval, s->split, 100 * sh[1],
+             sh[2] > 0 ? "; the test share is evaluated once, after the last iteration" : "");
   else
     snprintf(buf, n, "no --split: training reads all of the data, and evaluation every %d "
-                     "iterations reads windows counted back from the end of the training "
+                     "iterations and after the last reads windows counted back from the end of the training "
                      "stream, which training reads too (Megatron would take --split 969,30,1); "
                      "give --split to hold documents out", s->eval_interval);
   return true;

@@ -331,12 +331,35 @@ static void test_eval_note(void **state) {
   make_spec(&s, ARGV("--eval-interval", "5"));
   assert_true(mega_jobspec_eval_note(&s, note, sizeof note));
   assert_non_null(strstr(note, "no --split: training reads all of the data, and evaluation "
-                               "every 5 iterations reads windows counted back from the end"));
+                               "every 5 iterations and after the last reads windows counted "
+                               "back from the end"));
   assert_non_null(strstr(note, "Megatron would take --split 969,30,1"));
   mega_jobspec_free(&s);
   make_spec(&s, ARGV("--eval-interval", "5", "--split", "949,50,1"));
   assert_true(mega_jobspec_eval_note(&s, note, sizeof note));
   assert_non_null(strstr(note, "reads the valid share of --split 949,50,1: 5% of each"));
+  assert_non_null(strstr(note, "the test share is evaluated once, after the last iteration"));
+  assert_true(mega_jobspec_evaluates_at_end(&s) && mega_jobspec_tests_at_end(&s));
+  assert_int_equal(mega_jobspec_eval_batches(&s), (mega_jobspec_train_iters(&s) / 5 + 1) * 100);
+  mega_jobspec_free(&s);
+  /* no --eval-interval: a held-out share is still evaluated after the last
+   * iteration (Megatron's do_valid, do_test), and nothing else is */
+  make_spec(&s, ARGV("--split", "8,1,1", "--eval-iters", "3"));
+  assert_false(mega_jobspec_evaluates(&s));
+  assert_true(mega_jobspec_evaluates_at_end(&s) && mega_jobspec_tests_at_end(&s));
+  assert_int_equal(mega_jobspec_eval_batches(&s), 3);
+  assert_true(mega_jobspec_eval_note(&s, note, sizeof note));
+  assert_non_null(strstr(note, "only the end of training evaluates, as Megatron's does after "
+                               "its last iteration, 3 batches of --global-batch-size on the "
+                               "valid share and then on the test share of --split 8,1,1"));
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--split", "9,0,1"));
+  assert_false(mega_jobspec_evaluates_at_end(&s));
+  assert_true(mega_jobspec_tests_at_end(&s));
+  mega_jobspec_free(&s);
+  make_spec(&s, ARGV("--split", "9,1,1", "--eval-iters", "0"));
+  assert_false(mega_jobspec_evaluates_at_end(&s) || mega_jobspec_tests_at_end(&s));
+  assert_false(mega_jobspec_eval_note(&s, note, sizeof note));
   mega_jobspec_free(&s);
 }
 

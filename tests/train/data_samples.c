@@ -7,10 +7,11 @@
  * One line per training sample, "train S t0 t1 ... tT" (S the sample
  * number, i*G + j; tokens the sample's T inputs and then its last target),
  * for every sample of --train-iters (a constant --global-batch-size), then
- * "eval S ..." for every evaluation sample the job reads. The job is
- * checked as megaw checks it, world size 1. With --data-cache-path, a line
- * on stderr says how many order indices were read from the cache and how
- * many built. */
+ * "eval S ..." for every evaluation sample the job reads, then "test S ..."
+ * for every test sample (the evaluation after training, --split's third
+ * share). The job is checked as megaw checks it, world size 1. With
+ * --data-cache-path, a line on stderr says how many order indices were read
+ * from the cache and how many built. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,17 +19,19 @@
 #include "core/jobspec.h"
 #include "worker/data/data.h"
 
-static int print_batch(const mega_data *d, const mega_batch_plan *p, int64_t it, bool eval,
-                       int T, int32_t *tok, int32_t *tgt) {
+static int print_batch(const mega_data *d, const mega_batch_plan *p, int64_t it,
+                       mega_data_which which, int T, int32_t *tok, int32_t *tgt) {
   mega_err err = {0};
+  static const char *names[] = {"train", "eval", "test"};
   for (int j = 0; j < p->global_batch; j++) {
-    mega_status st = eval ? mega_data_eval_microbatch(d, p, it, 0, j, tok, tgt, &err)
-                          : mega_data_microbatch(d, p, it, 0, j, tok, tgt, &err);
+    mega_status st = which == MEGA_DATA_TEST ? mega_data_test_microbatch(d, p, it, 0, j, tok, tgt, &err)
+                     : which == MEGA_DATA_VALID ? mega_data_eval_microbatch(d, p, it, 0, j, tok, tgt, &err)
+                                           : mega_data_microbatch(d, p, it, 0, j, tok, tgt, &err);
     if (st != MEGA_OK) {
       fprintf(stderr, "data_samples: %s\n", err.msg);
       return 1;
     }
-    printf("%s %lld", eval ? "eval" : "train", (long long)(it * p->global_batch + j));
+    printf("%s %lld", names[which], (long long)(it * p->global_batch + j));
     for (int t = 0; t < T; t++) printf(" %d", tok[t]);
     printf(" %d\n", tgt[T - 1]);
   }
@@ -67,11 +70,13 @@ int main(int argc, char **argv) {
   int32_t *tok = malloc((size_t)T * sizeof *tok), *tgt = malloc((size_t)T * sizeof *tgt);
   int rc = tok && tgt ? 0 : 1;
   int64_t iters = mega_jobspec_train_iters(&job);
-  for (int64_t it = 0; it < iters && rc == 0; it++) rc = print_batch(d, &p, it, false, T, tok, tgt);
-  if (mega_jobspec_evaluates(&job)) {
-    int64_t batches = (iters / job.eval_interval + 1) * job.eval_iters;
-    for (int64_t e = 0; e < batches && rc == 0; e++) rc = print_batch(d, &p, e, true, T, tok, tgt);
-  }
+  for (int64_t it = 0; it < iters && rc == 0; it++)
+    rc = print_batch(d, &p, it, MEGA_DATA_TRAIN, T, tok, tgt);
+  int64_t batches = mega_jobspec_eval_batches(&job);
+  for (int64_t e = 0; e < batches && rc == 0; e++)
+    rc = print_batch(d, &p, e, MEGA_DATA_VALID, T, tok, tgt);
+  for (int64_t e = 0; mega_data_has_test(d) && e < job.eval_iters && rc == 0; e++)
+    rc = print_batch(d, &p, e, MEGA_DATA_TEST, T, tok, tgt);
   free(tok);
   free(tgt);
   mega_data_close(d);

@@ -226,7 +226,13 @@ def megatron_samples(flags, datasets):
     interval = int(flag(flags, "--eval-interval", "0"))
     eval_iters = int(flag(flags, "--eval-iters", "100"))
     train_n = iters * G
-    valid_n = (iters // interval + 1) * eval_iters * G if interval else 0
+    split = flag(flags, "--split")
+    shares = normalize(list(map(float, re.findall(r"[.0-9]+", split))) + [0.0] * 3)[:3] \
+        if split else [1.0, 0.0, 0.0]
+    # the end of training's validation (mega's, without --eval-interval too)
+    valid_n = (iters // interval + 1) * eval_iters * G if interval else \
+        eval_iters * G if shares[1] > 0 else 0
+    test_n = eval_iters * G if shares[2] > 0 else 0  # Megatron's test_samples
 
     def parse(words):
         if len(words) % 2 == 1:
@@ -234,6 +240,7 @@ def megatron_samples(flags, datasets):
         return [datasets[p] for p in words[1::2]], [float(x) for x in words[0::2]]
 
     info = []
+    te = None
     if "--data-path" in flags:
         docs_list, weights = parse(data_list(flags, "--data-path"))
         split = flag(flags, "--split")
@@ -245,6 +252,12 @@ def megatron_samples(flags, datasets):
         if valid_n:
             va = Blend([(d, list(range(*r[1]))) for d, r in zip(docs_list, ranges)], weights,
                        valid_n, T, seed, force_blend=blend_of_one)
+        # mega leaves out a test share too small for one window in a dataset
+        # (Megatron would repeat its documents); the cases avoid that
+        if test_n and all(r[2] and sum(len(d[i]) for i in range(*r[2])) > T
+                          for d, r in zip(docs_list, ranges)):
+            te = Blend([(d, list(range(*r[2]))) for d, r in zip(docs_list, ranges)], weights,
+                       test_n, T, seed, force_blend=blend_of_one)
     else:
         docs_list, weights = parse(data_list(flags, "--train-data-path"))
         tr = Blend([(d, list(range(len(d)))) for d in docs_list], weights, train_n, T, seed)
@@ -252,11 +265,12 @@ def megatron_samples(flags, datasets):
         if valid_n:
             vdocs, vweights = parse(data_list(flags, "--valid-data-path"))
             va = Blend([(d, list(range(len(d)))) for d in vdocs], vweights, valid_n, T, seed)
-    for b in (tr, va):
+    for b in (tr, va, te):
         for p in (b.parts if b else []):
             info.append((p.epochs, p.separate))
     lines = ["train %d %s" % (s, " ".join(map(str, tr[s]))) for s in range(train_n)]
     lines += ["eval %d %s" % (s, " ".join(map(str, va[s]))) for s in range(valid_n)]
+    lines += ["test %d %s" % (s, " ".join(map(str, te[s]))) for s in range(test_n if te else 0)]
     return lines, info
 
 
@@ -322,6 +336,13 @@ def main():
         ("core's split", ["--data-path", P["other"], "--split", "50,25,25", "--seq-length",
                           "8", "--global-batch-size", "2", "--train-iters", "30",
                           "--eval-interval", "10", "--eval-iters", "2"]),
+        ("split with a test share", ["--data-path", P["big"], "--split", "80,10,10",
+                                     "--seq-length", "16", "--global-batch-size", "4",
+                                     "--train-iters", "10", "--eval-interval", "5",
+                                     "--eval-iters", "2"]),
+        ("test share, no interval", ["--data-path", "0.3", P["big"], "0.7", P["mid"], "--split",
+                                     "70,15,15", "--seq-length", "8", "--global-batch-size", "2",
+                                     "--train-iters", "6", "--eval-iters", "3"]),
         ("blend of two", ["--data-path", "0.3", P["small"], "0.7", P["mid"], "--split",
                           "90,10,0", "--seq-length", "16", "--global-batch-size", "4",
                           "--train-iters", "25", "--eval-interval", "10", "--eval-iters", "1"]),

@@ -42,6 +42,7 @@ struct mega_data {
   source *src;           /* n training sources, then nv valid ones */
   stream *train, *valid; /* valid: per training dataset with a split, or per valid
                             dataset (nv > 0); NULL without either */
+  stream *test;          /* per training dataset: the split's test share; NULL without */
   mega_blend *blend;     /* NULL for one dataset */
   mega_blend *vblend;    /* the valid datasets' blend, NULL for fewer than two */
   /* --data-cache-path: what the order indices' cache did, for the log */
@@ -258,6 +259,11 @@ static mega_status build_orders(mega_data *d, const double *weights, const mega_
     st = build_order(d, &d->train[k], o->seed,
                      megatron_size(weights, d->n, k, blend, o->train_samples), o->cache_dir,
                      o->split ? "'s train split" : "", err);
+  /* Megatron's test dataset: --eval-iters x G samples, the split's third share */
+  for (int k = 0; d->test && k < d->n && st == MEGA_OK; k++)
+    st = build_order(&d->test[k], d->seq_len, o->seed,
+                     megatron_size(weights, d->n, k, blend, o->test_samples), "'s test split",
+                     err);
   if (!d->valid) return st;
   if (d->nv) {
     for (int k = 0; k < d->nv && st == MEGA_OK; k++)
@@ -289,9 +295,11 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
   d->train = calloc((size_t)n, sizeof *d->train);
   bool valid = (o->split && o->eval) || d->nv;
   if (valid) d->valid = calloc((size_t)(d->nv ? d->nv : n), sizeof *d->valid);
-  mega_status st = d->src && d->train && (!valid || d->valid)
+  if (o->split && o->test) d->test = calloc((size_t)n, sizeof *d->test);
+  mega_status st = d->src && d->train && (!valid || d->valid) && (!o->split || !o->test || d->test)
                        ? MEGA_OK
                        : mega_fail(err, MEGA_ERR_NOMEM, "out of memory opening the data");
+  bool no_test = false;
   for (int k = 0; k < n && st == MEGA_OK; k++) {
     source *s = &d->src[k];
     d->nsrc = k + 1; /* closed on failure too */
@@ -313,6 +321,12 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
     st = make_stream(s, pts[0], pts[1], T, "'s train split", &d->train[k], err);
     if (st == MEGA_OK && o->eval)
       st = make_stream(s, pts[1], pts[2], T, "'s valid split", &d->valid[k], err);
+    /* a test share too small for a window gives no test set: it was never
+     * read before the end of training evaluated it, so refuse no job for it */
+    mega_err none = {0};
+    if (st == MEGA_OK && d->test &&
+        make_stream(s, pts[2], pts[3], T, "'s test split", &d->test[k], &none) != MEGA_OK)
+      no_test = true;
   }
   for (int k = 0; k < d->nv && st == MEGA_OK; k++) {
     source *s = &d->src[n + k];
@@ -320,6 +334,10 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
     st = open_source(s, o->valid_paths[k], err);
     int64_t nseq = s->ix ? mega_indexed_sequences(s->ix) : 0;
     if (st == MEGA_OK) st = make_stream(s, 0, nseq, T, " (--valid-data-path)", &d->valid[k], err);
+  }
+  if (no_test) {
+    free(d->test);
+    d->test = NULL;
   }
   d->megatron = o->megatron;
   if (st == MEGA_OK && o->megatron) st = build_orders(d, weights, o, err);
@@ -344,20 +362,22 @@ mega_status mega_data_open_job(const mega_jobspec *j, mega_data **out, mega_err 
   const char **paths = calloc((size_t)(n + nv + 1), sizeof *paths);
   double *weights = calloc((size_t)(n + nv + 1), sizeof *weights);
   mega_data_opts o = {.seq_len = j->seq_length, .vocab = mega_jobspec_tokenizer_vocab(j),
-                      .split = j->split != NULL, .eval = mega_jobspec_evaluates(j)};
+                      .split = j->split != NULL, .eval = mega_jobspec_evaluates_at_end(j),
+                      .test = mega_jobspec_tests_at_end(j)};
   /* training samples, and as many evaluation ones as the job can read */
   int64_t iters = mega_jobspec_train_iters(j), G = j->global_batch_size;
-  int64_t evals = o.eval ? iters / j->eval_interval + 1 : 0;
+  int64_t evals = mega_jobspec_eval_batches(j);
   o.samples = mega_jobspec_samples_before(j, iters);
-  if (evals * j->eval_iters * G > o.samples) o.samples = evals * j->eval_iters * G;
+  if (evals * G > o.samples) o.samples = evals * G;
   /* Megatron's train_valid_test_num_samples: --train-samples, else
    * --train-iters x G; (train iterations / --eval-interval + 1) x
-   * --eval-iters x G */
+   * --eval-iters x G; --eval-iters x G for the test split */
   o.megatron = j->data_order == MEGA_DATA_ORDER_MEGATRON;
   o.seed = (uint32_t)j->seed;
   o.cache_dir = j->data_cache_path;
   o.train_samples = j->train_samples >= 0 ? j->train_samples : iters * G;
-  o.valid_samples = evals * j->eval_iters * G;
+  o.valid_samples = evals * G;
+  o.test_samples = o.test ? (int64_t)j->eval_iters * G : 0;
   /* --data-path W P is a blend of one to Megatron (its get_blend_from_list
    * reads weights from a list of even length); --train-data-path's lone
    * dataset is built as it is */
@@ -387,11 +407,13 @@ void mega_data_close(mega_data *d) {
   for (int k = 0; k < d->n && d->train; k++) mega_gpt_order_free(d->train[k].order);
   for (int k = 0; k < (d->nv ? d->nv : d->n) && d->valid; k++)
     mega_gpt_order_free(d->valid[k].order);
+  for (int k = 0; k < d->n && d->test; k++) mega_gpt_order_free(d->test[k].order);
   mega_blend_destroy(d->blend);
   mega_blend_destroy(d->vblend);
   free(d->src);
   free(d->train);
   free(d->valid);
+  free(d->test);
   free(d);
 }
 
@@ -409,8 +431,16 @@ int mega_data_seq_len(const mega_data *d) { return d->seq_len; }
 
 /* ---- the order ---- */
 
-void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *dataset,
-                             int64_t *window) {
+/* The stream of dataset k that `which` reads (the test split's: NULL
+ * without one). */
+static const stream *stream_of(const mega_data *d, mega_data_which which, int k) {
+  if (which == MEGA_DATA_TEST) return d->test ? &d->test[k] : NULL;
+  return which == MEGA_DATA_VALID && d->valid ? &d->valid[k] : &d->train[k];
+}
+
+static void source_of(const mega_data *d, int64_t s, mega_data_which which, int *dataset,
+                      int64_t *window) {
+  bool eval = which == MEGA_DATA_VALID;
   int k = 0;
   int64_t c = s;
   const mega_blend *b = eval && d->nv ? d->vblend : d->blend;
@@ -420,11 +450,18 @@ void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *data
     *window = c;
     return;
   }
-  const stream *st = eval && d->valid ? &d->valid[k] : &d->train[k];
+  const stream *st = stream_of(d, which, k);
   int64_t w = c % st->windows;
   *dataset = k;
   *window = eval && !d->valid ? st->windows - 1 - w : w;
 }
+
+void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *dataset,
+                             int64_t *window) {
+  source_of(d, s, eval ? MEGA_DATA_VALID : MEGA_DATA_TRAIN, dataset, window);
+}
+
+bool mega_data_has_test(const mega_data *d) { return d->test != NULL; }
 
 int64_t mega_data_sample_window(const mega_data *d, int64_t iteration, int global_batch,
                                 int sample) {
@@ -512,15 +549,20 @@ static mega_status read_megatron_sample(const mega_data *d, const stream *st, in
 
 /* Copies microbatch `micro` of DP rank dp_rank. */
 static mega_status copy_microbatch(const mega_data *d, const mega_batch_plan *p, int64_t iteration,
-                                   int dp_rank, int micro, bool eval, int32_t *tokens,
-                                   int32_t *targets, mega_err *err) {
+                                   int dp_rank, int micro, mega_data_which which,
+                                   int32_t *tokens, int32_t *targets, mega_err *err) {
+  bool eval = which != MEGA_DATA_TRAIN;
   if (iteration < 0 || dp_rank < 0 || dp_rank >= p->dp_size || micro < 0 ||
       micro >= p->num_micro)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "no microbatch %d of DP rank %d in %siteration %lld (%d microbatches, DP %d)",
                      micro, dp_rank, eval ? "evaluation " : "", (long long)iteration,
                      p->num_micro, p->dp_size);
-  if (d->megatron && eval && !d->valid)
+  if (which == MEGA_DATA_TEST && !d->test)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "the job has no test data: a --split with a test share (its third) gives "
+                     "one");
+  if (d->megatron && which == MEGA_DATA_VALID && !d->valid)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--data-order megatron evaluates only on a valid split (--split) or on "
                      "--valid-data-path, as Megatron does");
@@ -532,8 +574,8 @@ static mega_status copy_microbatch(const mega_data *d, const mega_batch_plan *p,
   for (int b = 0; b < p->micro_batch && st == MEGA_OK; b++) {
     int k;
     int64_t w;
-    mega_data_sample_source(d, mega_batch_plan_start(p, iteration) + first + b, eval, &k, &w);
-    const stream *s = eval && d->valid ? &d->valid[k] : &d->train[k];
+    source_of(d, mega_batch_plan_start(p, iteration) + first + b, which, &k, &w);
+    const stream *s = stream_of(d, which, k);
     st = d->megatron ? read_megatron_sample(d, s, w, buf, err)
                      : read_tokens(d, s, w * T, T + 1, buf, err);
     memcpy(tokens + (size_t)b * T, buf, (size_t)T * sizeof *buf);
@@ -546,13 +588,21 @@ static mega_status copy_microbatch(const mega_data *d, const mega_batch_plan *p,
 mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, int64_t iteration,
                                  int dp_rank, int micro, int32_t *tokens, int32_t *targets,
                                  mega_err *err) {
-  return copy_microbatch(d, p, iteration, dp_rank, micro, false, tokens, targets, err);
+  return copy_microbatch(d, p, iteration, dp_rank, micro, MEGA_DATA_TRAIN, tokens, targets, err);
 }
 
 mega_status mega_data_eval_microbatch(const mega_data *d, const mega_batch_plan *p,
                                       int64_t eval_iteration, int dp_rank, int micro,
                                       int32_t *tokens, int32_t *targets, mega_err *err) {
-  return copy_microbatch(d, p, eval_iteration, dp_rank, micro, true, tokens, targets, err);
+  return copy_microbatch(d, p, eval_iteration, dp_rank, micro, MEGA_DATA_VALID, tokens, targets,
+                         err);
+}
+
+mega_status mega_data_test_microbatch(const mega_data *d, const mega_batch_plan *p,
+                                      int64_t test_iteration, int dp_rank, int micro,
+                                      int32_t *tokens, int32_t *targets, mega_err *err) {
+  return copy_microbatch(d, p, test_iteration, dp_rank, micro, MEGA_DATA_TEST, tokens, targets,
+                         err);
 }
 
 int mega_data_variable_seq_len(int seq_len, const mega_batch_plan *p, int64_t iteration,

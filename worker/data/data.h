@@ -18,7 +18,8 @@
  *
  * A split (train, valid, test shares of each indexed dataset's sequences,
  * Megatron's get_split_indices) makes each share its own stream: training
- * reads the train stream, evaluation the valid one. Separate valid datasets
+ * reads the train stream, evaluation the valid one, and the evaluation after
+ * training ends the test one too. Separate valid datasets
  * (--valid-data-path) are evaluation's streams instead, blended alike.
  *
  * With Megatron's order (opts.megatron, --data-order megatron) each
@@ -79,6 +80,9 @@ typedef struct mega_data_opts {
   double shares[3]; /* train, valid, test, summing to 1 */
   bool eval;        /* with split: evaluation reads the valid split, which must
                        hold a window (its share > 0) */
+  bool test;        /* with split: the end of training reads the test split (its
+                       third share); one too small for a window in any dataset
+                       gives no test set (mega_data_has_test) */
   /* --valid-data-path: evaluation reads these datasets (blended by their
    * weights, each from its start) instead; valid_n 0: none */
   const char *const *valid_paths;
@@ -94,7 +98,7 @@ typedef struct mega_data_opts {
    * training dataset as a blend (Megatron's --data-path 1.0 PREFIX). */
   bool megatron;
   uint32_t seed;
-  int64_t train_samples, valid_samples;
+  int64_t train_samples, valid_samples, test_samples;
   bool train_blend_of_one;
   /* --data-cache-path: Megatron's order's indices are read from and
    * written to this directory (gpt_order.h); NULL: built in memory */
@@ -132,6 +136,12 @@ int mega_data_seq_len(const mega_data *d);     /* T */
 void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *dataset,
                              int64_t *window);
 
+/* Which of a job's streams a batch reads. */
+typedef enum mega_data_which { MEGA_DATA_TRAIN, MEGA_DATA_VALID, MEGA_DATA_TEST } mega_data_which;
+
+/* Whether the data holds a test split (mega_data_opts.test). */
+bool mega_data_has_test(const mega_data *d);
+
 /* File order: the window of sample j of iteration i in dataset 0, one dataset:
  * (i*G + j) mod K. */
 int64_t mega_data_sample_window(const mega_data *d, int64_t iteration, int global_batch,
@@ -156,6 +166,15 @@ mega_status mega_data_microbatch(const mega_data *d, const mega_batch_plan *p, i
  * appending it to the end of the training file.) */
 mega_status mega_data_eval_microbatch(const mega_data *d, const mega_batch_plan *p,
                                       int64_t eval_iteration, int dp_rank, int micro,
+                                      int32_t *tokens, int32_t *targets, mega_err *err);
+
+/* Test batches (the end of training, Megatron's test set): sample j of test
+ * iteration e is sample e*G + j of the test split's streams, blended as
+ * training's, dealt out alike; the split's windows in order (file order),
+ * or Megatron's test GPTDataset, built for --eval-iters x G samples and
+ * read from its start. MEGA_ERR_INVALID without a test split. */
+mega_status mega_data_test_microbatch(const mega_data *d, const mega_batch_plan *p,
+                                      int64_t test_iteration, int dp_rank, int micro,
                                       int32_t *tokens, int32_t *targets, mega_err *err);
 
 /* --variable-seq-lengths: microbatches of one iteration differ in length

@@ -412,7 +412,9 @@ static mega_status run_step(mega_engine *e, int i, int64_t it, int *end, mega_er
 
 static mega_status load_batch(mega_engine *e, int64_t it, int mb, int T, mega_err *err) {
   mega_status st =
-      e->cfg.eval_data
+      e->cfg.test_data ? mega_data_test_microbatch(e->cfg.data, e->cfg.plan, it, e->cfg.dp_rank,
+                                                   mb, e->tokens, e->targets, err)
+      : e->cfg.eval_data
           ? mega_data_eval_microbatch(e->cfg.data, e->cfg.plan, it, e->cfg.dp_rank, mb, e->tokens,
                                       e->targets, err)
           : mega_data_microbatch(e->cfg.data, e->cfg.plan, it, e->cfg.dp_rank, mb, e->tokens,

@@ -79,6 +79,7 @@ typedef struct mega_engine_config {
   bool variable_seq;       /* --variable-seq-lengths */
   bool forward_only;       /* evaluation: no backward, no gradients */
   bool eval_data;          /* read the evaluation windows (mega_data_eval_microbatch) */
+  bool test_data;          /* read the test split's (mega_data_test_microbatch) instead */
   /* --simulate-compute: F, B and W sleep instead of computing (ms for the
    * rank's whole share; a chunk sleeps 1/vp of it). */
   bool simulate;

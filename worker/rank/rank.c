@@ -115,8 +115,9 @@ static mega_status build_optimizer(mega_rank *r, mega_err *err) {
   return st;
 }
 
-static mega_status make_engine(mega_rank *r, const mega_schedule *sched, bool eval,
+static mega_status make_engine(mega_rank *r, const mega_schedule *sched, mega_data_which which,
                                mega_engine **out, mega_err *err) {
+  bool eval = which != MEGA_DATA_TRAIN;
   const mega_jobspec *j = r->job;
   mega_engine_config ec = {
       .sched = sched, .pp_rank = r->me.pp, .chunks = r->chunks.stages, .be = r->be,
@@ -127,7 +128,8 @@ static mega_status make_engine(mega_rank *r, const mega_schedule *sched, bool ev
       .stream_split = j->sequence_parallel ? r->topo.tp : 1, .overlap_p2p = j->overlap_p2p_comm,
       .overlap_warmup_flush = j->overlap_p2p_comm_warmup_flush,
       .deallocate_outputs = j->deallocate_pipeline_outputs,
-      .variable_seq = j->variable_seq_lengths && !eval, .forward_only = eval, .eval_data = eval};
+      .variable_seq = j->variable_seq_lengths && !eval, .forward_only = eval,
+      .eval_data = which == MEGA_DATA_VALID, .test_data = which == MEGA_DATA_TEST};
   mega_status st = MEGA_OK;
   if (j->simulate_compute) {
     mega_sim_compute sc;
@@ -149,9 +151,11 @@ static mega_status build_engine(mega_rank *r, mega_err *err) {
                         .be = r->be, .shape_comm = r->hcomm[GROUP_PP]};
     st = mega_p2p_create(r->dcomm[GROUP_PP], r->sched.pp, r->sched.vp, &po, &r->p2p, err);
   }
-  if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
-  if (st == MEGA_OK && mega_jobspec_evaluates(j))
-    st = make_engine(r, &r->eval_sched, true, &r->eval_engine, err);
+  if (st == MEGA_OK) st = make_engine(r, &r->sched, MEGA_DATA_TRAIN, &r->engine, err);
+  if (st == MEGA_OK && mega_jobspec_evaluates_at_end(j))
+    st = make_engine(r, &r->eval_sched, MEGA_DATA_VALID, &r->eval_engine, err);
+  if (st == MEGA_OK && mega_data_has_test(r->data))
+    st = make_engine(r, &r->eval_sched, MEGA_DATA_TEST, &r->test_engine, err);
   return st;
 }
 
@@ -187,7 +191,7 @@ static mega_status ensure_batch(mega_rank *r, int64_t it, mega_err *err) {
   mega_sched_free(&r->sched);
   r->plan = p;
   st = build_schedule(r, false, &r->sched, err);
-  if (st == MEGA_OK) st = make_engine(r, &r->sched, false, &r->engine, err);
+  if (st == MEGA_OK) st = make_engine(r, &r->sched, MEGA_DATA_TRAIN, &r->engine, err);
   if (st == MEGA_OK) st = size_spans(r, err);
   if (st != MEGA_OK)
     mega_err_prefix(err, "global batch %d from iteration %lld", G, (long long)it + 1);
@@ -281,7 +285,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK && mega_data_cache_note(r->data, note, sizeof note))
     fprintf(stderr, "megaw: rank %d: %s\n", r->env.rank, note);
   if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
-  if (st == MEGA_OK && mega_jobspec_evaluates(j))
+  if (st == MEGA_OK && (mega_jobspec_evaluates_at_end(j) || mega_data_has_test(r->data)))
     st = build_schedule(r, true, &r->eval_sched, err);
   if (st == MEGA_OK) st = build_optimizer(r, err);
   if (st == MEGA_OK) st = mega_rank_ckpt_check(j, err);
@@ -365,19 +369,21 @@ static mega_status finalize_grads(mega_rank *r, double *reduced, mega_err *err) 
   return st;
 }
 
-/* --eval-interval: --eval-iters forward-only batches of the evaluation
- * windows (worker/data/data.h), their mean loss reported with this iteration. */
-static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
+/* --eval-iters forward-only batches of engine's stream (worker/data/data.h)
+ * from batch *done on, which counts them; their mean loss, on the last
+ * stage, in *loss and *has. */
+static mega_status evaluate(mega_rank *r, mega_engine *engine, int64_t *done, bool *has,
+                            double *loss, mega_err *err) {
   double loss_sum = 0, tokens = 0;
   bool last = mega_sched_is_last_stage(&r->eval_sched, r->me.pp, r->eval_sched.vp - 1);
   mega_status wst = mega_grads_wait_params(r->chunks.grads, -1, err);
   if (wst != MEGA_OK) return wst;
-  int64_t first = r->eval_done;
+  int64_t first = *done;
   for (int k = 0; k < r->job->eval_iters; k++) {
     mega_engine_result res;
-    mega_status st = mega_engine_run(r->eval_engine, r->eval_done++, &res, NULL, 0, NULL, 0, err);
+    mega_status st = mega_engine_run(engine, (*done)++, &res, NULL, 0, NULL, 0, err);
     if (st != MEGA_OK) {
-      r->eval_done = first; /* a held state counts no half evaluation */
+      *done = first; /* a held state counts no half evaluation */
       mega_err_prefix(err, "evaluation after iteration %lld", (long long)r->iteration);
       return st;
     }
@@ -388,9 +394,25 @@ static mega_status evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   mega_status st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
   if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_DP], &tokens, err);
   if (st != MEGA_OK) return st;
-  m->has_eval_loss = true;
-  m->eval_loss = tokens > 0 ? loss_sum / tokens : 0;
+  *has = true;
+  *loss = tokens > 0 ? loss_sum / tokens : 0;
   return MEGA_OK;
+}
+
+/* After the last iteration of a run that ended normally, as Megatron's
+ * pretrain: the validation set, going on from the batches evaluated so
+ * far, then the test set from its start. */
+static mega_status evaluate_at_end(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
+  if (!r->eval_engine && !r->test_engine) return MEGA_OK;
+  rank_phase(r, "eval");
+  mega_status st = MEGA_OK;
+  if (r->eval_engine)
+    st = evaluate(r, r->eval_engine, &r->eval_done, &m->has_final_eval_loss,
+                  &m->final_eval_loss, err);
+  int64_t test_done = 0;
+  if (st == MEGA_OK && r->test_engine)
+    st = evaluate(r, r->test_engine, &test_done, &m->has_test_loss, &m->test_loss, err);
+  return st;
 }
 
 static uint64_t replica_tokens(const mega_rank *r, int64_t it) {
@@ -572,9 +594,9 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->shard_copy_s = r->copy ? copy_s : 0;
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
-  if (r->eval_engine && r->iteration % r->job->eval_interval == 0) {
+  if (r->eval_engine && r->job->eval_interval > 0 && r->iteration % r->job->eval_interval == 0) {
     rank_phase(r, "eval");
-    return evaluate(r, m, err);
+    return evaluate(r, r->eval_engine, &r->eval_done, &m->has_eval_loss, &m->eval_loss, err);
   }
   return MEGA_OK;
 }
@@ -603,15 +625,20 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
     if (st != MEGA_OK) break;
     mega_rank_metrics m;
     st = mega_rank_step(r, &m, err);
-    if (st == MEGA_OK && r->env.on_step) r->env.on_step(r->env.arg, &m);
+    /* the last iteration's report waits for the evaluation after training */
+    bool last = st == MEGA_OK && r->iteration == iters;
+    if (st == MEGA_OK && !last && r->env.on_step) r->env.on_step(r->env.arg, &m);
     bool saved = st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration);
     if (saved) st = mega_rank_save(r, err);
     bool stop = false;
     if (st == MEGA_OK) st = rank_exit_check(r, &stop, err);
-    if (stop) { /* Megatron's order: the due save, then a stop saves if it was not one */
-      if (r->job->save && !saved) st = mega_rank_save(r, err);
-      break;
-    }
+    /* Megatron's order: the due save, then a stop saves if it was not one */
+    if (stop && r->job->save && !saved) st = mega_rank_save(r, err);
+    /* an exit (flag, signal, duration) leaves train() by sys.exit: no
+     * evaluation after it; a normal end evaluates after its save */
+    if (last && st == MEGA_OK && !stop) st = evaluate_at_end(r, &m, err);
+    if (last && st == MEGA_OK && r->env.on_step) r->env.on_step(r->env.arg, &m);
+    if (stop) break;
   }
   /* --overlap-param-gather leaves the last gathers in flight: finish them
    * before the communicators go, or a peer still in them would fail. */
@@ -644,6 +671,7 @@ void mega_rank_destroy(mega_rank *r) {
   free(r->save_params);
   mega_engine_destroy(r->engine);
   mega_engine_destroy(r->eval_engine);
+  mega_engine_destroy(r->test_engine);
   mega_p2p_destroy(r->p2p);
   rank_comm_destroy_all(r);
   pthread_mutex_destroy(&r->comm_lock);

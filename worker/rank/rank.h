@@ -82,6 +82,12 @@ typedef struct mega_rank_metrics {
   double shard_copy_s;            /* of step_time_s: waiting for its exchange, stepping it */
   bool has_eval_loss; /* an evaluation ran after this iteration (last stage) */
   double eval_loss;   /* mean cross-entropy over --eval-iters forward-only batches */
+  /* The last iteration of a run that ended normally (mega_rank_run): the
+   * evaluation after training, on the validation set (after the
+   * --eval-interval one when both fall here, on the next batches) and on
+   * the test set (Megatron's "iteration N on validation/test set"). */
+  bool has_final_eval_loss, has_test_loss;
+  double final_eval_loss, test_loss;
   int64_t step_start_unix_us;
   /* Where the gradient reductions fell against the pipeline (seconds from
    * the step's start): this rank's last action other than GS and GW ended,

@@ -69,8 +69,9 @@ struct mega_rank {
   mega_ckpt_param *save_params; /* the writer's tensors: chunks' views less the tied copy */
   mega_rank_saver *saver;       /* writers with --save */
   mega_engine *engine;
-  mega_schedule eval_sched;  /* forward-only, when --eval-interval is set */
+  mega_schedule eval_sched;  /* forward-only, when the job evaluates */
   mega_engine *eval_engine;
+  mega_engine *test_engine;  /* the same schedule on the test split's batches */
   int64_t eval_done;         /* evaluation batches run so far */
   int64_t iteration; /* completed */
   /* setup finished: the parameters and moments are this run's (drawn,
