@@ -355,6 +355,8 @@ int view_render(FILE *f, const view_model *v, int64_t now_ms, const view_opts *o
   else sb_add(&b, "loss %s%.4f%s", SGR(o, "1"), m->loss, RESET(o));
   sb_add(&b, "  grad norm %.4g  lr %.3e  step %s  tokens/s %s", m->grad_norm, m->lr, st, tok);
   if (m->has_eval_loss) sb_add(&b, "  eval loss %.4f", m->eval_loss);
+  if (m->has_final_eval_loss) sb_add(&b, "  final eval loss %.4f", m->final_eval_loss);
+  if (m->has_test_loss) sb_add(&b, "  test loss %.4f", m->test_loss);
   if (v->tp > 1 && m->n_ranks) { /* TP collectives sit on the critical path */
     double share = 0;
     for (size_t i = 0; i < m->n_ranks; i++)
@@ -379,6 +381,8 @@ void view_step_line(FILE *f, const Mega__V1__StepMetrics *m, uint64_t train_iter
   fprintf(f, " grad_norm %.4g lr %.3e step %.4fs tokens/s %.0f", m->grad_norm, m->lr,
           m->step_time_s, m->tokens_per_s);
   if (m->has_eval_loss) fprintf(f, " eval_loss %.4f", m->eval_loss);
+  if (m->has_final_eval_loss) fprintf(f, " final_eval_loss %.4f", m->final_eval_loss);
+  if (m->has_test_loss) fprintf(f, " test_loss %.4f", m->test_loss);
   view_stage st[MAX_STAGES];
   int n = view_stage_bubbles(m, st, MAX_STAGES);
   if (n) fputs(" bubble", f);

@@ -78,15 +78,33 @@ int mega_logline_format(mega_logline *l, const mega_jobspec *s, const mega_logli
   return r;
 }
 
-int mega_logline_eval(int64_t iteration, double eval_loss, char *buf, size_t n) {
+static int eval_block(int64_t iteration, const char *set, double eval_loss, char *buf,
+                      size_t n) {
   char line[256];
   double ppl = exp(eval_loss < 20 ? eval_loss : 20);
   int len = snprintf(line, sizeof line,
-                     " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: "
-                     "%.6E | ", (long long)iteration, eval_loss, ppl);
+                     " validation loss at iteration %lld%s | lm loss value: %.6E | lm loss PPL: "
+                     "%.6E | ", (long long)iteration, set, eval_loss, ppl);
   char dashes[260];
   int d = len + 1 < (int)sizeof dashes - 1 ? len + 1 : (int)sizeof dashes - 1;
   memset(dashes, '-', (size_t)d);
   dashes[d] = '\0';
   return snprintf(buf, n, "%s\n%s\n%s\n", dashes, line, dashes);
+}
+
+int mega_logline_eval(int64_t iteration, double eval_loss, char *buf, size_t n) {
+  return eval_block(iteration, "", eval_loss, buf, n);
+}
+
+int mega_logline_end_eval(int64_t iteration, bool has_valid, double valid_loss, bool has_test,
+                          double test_loss, char *buf, size_t n) {
+  int len = 0;
+  if (n) buf[0] = '\0';
+  if (has_valid) len = eval_block(iteration, " on validation set", valid_loss, buf, n);
+  if (len < 0 || (size_t)len >= n) return len;
+  if (has_test) {
+    int more = eval_block(iteration, " on test set", test_loss, buf + len, n - (size_t)len);
+    len = more < 0 ? more : len + more;
+  }
+  return len;
 }

@@ -57,6 +57,11 @@ int mega_logline_format(mega_logline *l, const mega_jobspec *s, const mega_logli
 /* Megatron's validation block, three lines: dashes, " validation loss at
  * iteration N | lm loss value: ... | lm loss PPL: ... | ", dashes. */
 int mega_logline_eval(int64_t iteration, double eval_loss, char *buf, size_t n);
+/* The blocks of the evaluation after training, Megatron's words: "...
+ * validation loss at iteration N on validation set | ..." (has_valid), then
+ * "... on test set | ..." (has_test), into buf (empty when neither). */
+int mega_logline_end_eval(int64_t iteration, bool has_valid, double valid_loss, bool has_test,
+                          double test_loss, char *buf, size_t n);
 
 /* Megatron's num_floating_point_operations for one iteration of `batch`
  * samples of a dense model: the MLP of --ffn-hidden-size (SwiGLU's three

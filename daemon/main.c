@@ -488,6 +488,10 @@ static void print_step(app *a, const Mega__V1__StepMetrics *s) {
     mega_logline_eval((int64_t)s->iteration, s->eval_loss, block, sizeof block);
     fputs(block, stdout);
   }
+  char end[2048];
+  mega_logline_end_eval((int64_t)s->iteration, s->has_final_eval_loss, s->final_eval_loss,
+                        s->has_test_loss, s->test_loss, end, sizeof end);
+  fputs(end, stdout);
   fflush(stdout);
 }
 

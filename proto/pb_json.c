@@ -64,6 +64,8 @@ json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m) {
   bad |= set(o, "tokens_per_s", real_or_null(m->tokens_per_s));
   /* as megaw --json: present only where they happened */
   if (m->has_eval_loss) bad |= set(o, "eval_loss", real_or_null(m->eval_loss));
+  if (m->has_final_eval_loss) bad |= set(o, "final_eval_loss", real_or_null(m->final_eval_loss));
+  if (m->has_test_loss) bad |= set(o, "test_loss", real_or_null(m->test_loss));
   if (m->skipped) bad |= set(o, "skipped", json_true());
   bad |= set(o, "ranks", ranks);
   if (bad) {

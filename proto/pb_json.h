@@ -22,7 +22,8 @@
 
 /* Exactly these keys, in this order:
  *   iteration, attempt, loss, grad_norm, lr, step_time_s, tokens_per_s,
- *   eval_loss (only after an evaluation), skipped (true, only when the
+ *   eval_loss (only after an evaluation), final_eval_loss and test_loss
+ *   (only on the last iteration, after the evaluation after training), skipped (true, only when the
  *   optimizer skipped the step),
  *   ranks: [{rank, pp_rank, dp_rank, tp_rank, compute_s, tp_comm_s, bubble_s,
  *            p2p_wait_s, grad_sync_exposed_s, peak_activation_bytes,

@@ -168,6 +168,10 @@ static void print_text(run_state *rs, const mega_rank_metrics *m, double tokens_
     mega_logline_eval(m->iteration, m->eval_loss, block, sizeof block);
     fputs(block, stdout);
   }
+  char end[2048];
+  mega_logline_end_eval(m->iteration, m->has_final_eval_loss, m->final_eval_loss,
+                        m->has_test_loss, m->test_loss, end, sizeof end);
+  fputs(end, stdout);
 }
 
 static void print_step(void *arg, const mega_rank_metrics *m) {
@@ -195,6 +199,9 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
                           json_integer((json_int_t)m->optimizer_state_bytes));
     }
     if (rest && m->has_eval_loss) json_object_set_new(rest, "eval_loss", json_real(m->eval_loss));
+    if (rest && m->has_final_eval_loss)
+      json_object_set_new(rest, "final_eval_loss", json_real(m->final_eval_loss));
+    if (rest && m->has_test_loss) json_object_set_new(rest, "test_loss", json_real(m->test_loss));
     if (rest) json_measurements(rest, m);
     if (j && rest) json_object_update(j, rest);
     json_decref(rest);

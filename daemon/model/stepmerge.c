@@ -139,6 +139,14 @@ static Mega__V1__StepMetrics *merge(const mega_stepmerge *m, const pending *p) {
       s.eval_loss = rep->eval_loss;
       s.has_eval_loss = true;
     }
+    if (rep->has_final_eval_loss && !s.has_final_eval_loss) {
+      s.final_eval_loss = rep->final_eval_loss;
+      s.has_final_eval_loss = true;
+    }
+    if (rep->has_test_loss && !s.has_test_loss) {
+      s.test_loss = rep->test_loss;
+      s.has_test_loss = true;
+    }
     if (rep->has_grad_norm && !have_norm) {
       s.grad_norm = rep->grad_norm;
       have_norm = true;

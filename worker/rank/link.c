@@ -476,6 +476,10 @@ mega_status mega_link_send_step(mega_link *l, const mega_rank_metrics *m, mega_e
   r.step_start_unix_us = m->step_start_unix_us;
   r.has_eval_loss = m->has_eval_loss;
   r.eval_loss = m->eval_loss;
+  r.has_final_eval_loss = m->has_final_eval_loss;
+  r.final_eval_loss = m->final_eval_loss;
+  r.has_test_loss = m->has_test_loss;
+  r.test_loss = m->test_loss;
   Mega__V1__ActionSpan *spans = NULL, **sp = NULL;
   if (m->nspans) {
     spans = calloc(m->nspans, sizeof *spans);
