@@ -468,11 +468,13 @@ static void test_run_json(void **state) {
     json_error_t je;
     json_t *o = json_loads(line, 0, &je);
     assert_non_null(o);
-    /* the evaluation after iteration 2 (--eval-interval 2) is in its line */
-    bool eval = lines + 1 == 2;
-    assert_int_equal(json_object_size(o), eval ? 9 : 8);
+    /* the evaluation after iteration 2 (--eval-interval 2) is in its line,
+     * the one after training (no --split: no test set) in the last's */
+    bool eval = lines + 1 == 2, end = lines + 1 == 3;
+    assert_int_equal(json_object_size(o), eval || end ? 9 : 8);
     for (size_t k = 0; k < 8; k++) assert_non_null(json_object_get(o, keys[k]));
     if (eval) assert_true(json_real_value(json_object_get(o, "eval_loss")) > 0);
+    if (end) assert_true(json_real_value(json_object_get(o, "final_eval_loss")) > 0);
     assert_int_equal(json_integer_value(json_object_get(o, "iteration")), lines + 1);
     json_t *ranks = json_object_get(o, "ranks");
     assert_int_equal(json_array_size(ranks), 2);
