@@ -261,9 +261,9 @@ static mega_status build_orders(mega_data *d, const double *weights, const mega_
                      o->split ? "'s train split" : "", err);
   /* Megatron's test dataset: --eval-iters x G samples, the split's third share */
   for (int k = 0; d->test && k < d->n && st == MEGA_OK; k++)
-    st = build_order(&d->test[k], d->seq_len, o->seed,
-                     megatron_size(weights, d->n, k, blend, o->test_samples), "'s test split",
-                     err);
+    st = build_order(d, &d->test[k], o->seed,
+                     megatron_size(weights, d->n, k, blend, o->test_samples), o->cache_dir,
+                     "'s test split", err);
   if (!d->valid) return st;
   if (d->nv) {
     for (int k = 0; k < d->nv && st == MEGA_OK; k++)
