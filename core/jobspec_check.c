@@ -412,11 +412,11 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
 /* The flags that restate what mega does: any other value is refused with
  * the reason. */
 static mega_status check_restated(const mega_jobspec *s, mega_err *err) {
-  if (s->attention_dropout != 0 || s->hidden_dropout != 0)
-    return BAD("--%s-dropout %g: mega trains without dropout, so it takes only 0 (Megatron's "
-               "default is 0.1; pass --attention-dropout 0 --hidden-dropout 0 or drop them)",
-               s->attention_dropout != 0 ? "attention" : "hidden",
-               s->attention_dropout != 0 ? s->attention_dropout : s->hidden_dropout);
+  if (s->attention_dropout != 0)
+    return BAD("--attention-dropout %g: mega has no attention dropout, so it takes only 0 "
+               "(Megatron's default is 0.1; pass --attention-dropout 0 or drop it; "
+               "--hidden-dropout works)",
+               s->attention_dropout);
   if (s->context_parallel_size != 1)
     return BAD("--context-parallel-size %d: mega has no context parallelism, so it takes only 1",
                s->context_parallel_size);

@@ -105,11 +105,17 @@ const flagdef mega_jf_table[] = {
     INT("--kv-channels", kv_channels, "model", "N", -1, "hidden / heads", false, 1,
         "Channels per attention head (Llama may differ from hidden / heads)."),
     FLT("--attention-dropout", attention_dropout, "model", 0.0, "0", false, 0, NAN, false,
-        false, "Accepted at 0 only: mega trains without dropout, where Megatron's default is "
-        "0.1 (a script that leaves it out trains with dropout there, without here)."),
-    FLT("--hidden-dropout", hidden_dropout, "model", 0.0, "0", false, 0, NAN, false, false,
-        "Accepted at 0 only: mega trains without dropout, where Megatron's default is 0.1 (a "
-        "script that leaves it out trains with dropout there, without here)."),
+        false, "Accepted at 0 only: mega has no attention dropout (--hidden-dropout works), "
+        "where Megatron's default is 0.1 (a script that leaves it out drops attention "
+        "probabilities there, not here)."),
+    FLT("--hidden-dropout", hidden_dropout, "model", 0.0, "0", false, 0, 1, false, true,
+        "The probability, in [0, 1), that training drops an element of the embeddings' output "
+        "and of each attention and MLP output (with its bias, before the residual add), kept "
+        "ones scaled by 1/(1-P): Megatron's sites. Evaluation and generation run without. The "
+        "mask is a function of --seed, the sample's place in the training order, the layer, "
+        "the position and the channel, so it is the same under every parallel layout and "
+        "after a resume. Megatron's default is 0.1 (a script that leaves it out trains with "
+        "dropout there, without here)."),
     BOOL("--use-mcore-models", use_mcore_models, "model",
          "Accepted and changes nothing: mega has one model implementation, with Megatron "
          "Core's semantics."),
@@ -230,8 +236,8 @@ const flagdef mega_jf_table[] = {
          "loaded). Weights, iteration and data position load."),
     BOOL("--no-load-rng", no_load_rng, "checkpoints",
          "Accepted for Megatron compatibility and changes nothing: mega's training has no "
-         "random state to load (no dropout, counter-based initialization, data order from "
-         "the flags)."),
+         "random state to load (counter-based dropout masks and initialization, data order "
+         "from the flags)."),
     BOOL("--exit-on-missing-checkpoint", exit_on_missing_checkpoint, "checkpoints",
          "With --load: stop with an error when --load holds no checkpoint (a typo, a "
          "directory moved or not mounted) instead of starting from fresh weights. megad "

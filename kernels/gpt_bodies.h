@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/launch.h"
 
@@ -49,6 +50,17 @@ static inline MEGA_HD void mega_kb_gelu_erf_bwd(int64_t i, float *dinp, const fl
 static inline MEGA_HD void mega_kb_add(int64_t i, float *out, const float *a, const float *b,
                                         const float *bias, int C) {
   out[i] = a[i] + b[i] + (bias ? bias[i % C] : 0.0f);
+}
+
+/* out[i] of [rows,C] = res + dropout(y + bias) (res, bias may be NULL;
+ * backend.h's bias_dropout_add): each element draws its own row key. */
+static inline MEGA_HD void mega_kb_bias_dropout_add(int64_t i, float *out, const float *res,
+                                                     const float *y, const float *bias, int C,
+                                                     mega_dropout d) {
+  int64_t c = i % C;
+  float v = mega_dropout_apply(&d, mega_dropout_row(&d, i / C), c,
+                               y[i] + (bias ? bias[c] : 0.0f));
+  out[i] = res ? res[i] + v : v;
 }
 
 /* Before a GEMM that adds into out: out[n,j] = bias[j] + residual[n,j]

@@ -507,6 +507,14 @@ int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
   return launch(s, n, [=] __device__(int64_t i) { mega_kb_add(i, out, a, b, bias, C); });
 }
 
+int mega_cu_bias_dropout_add(mega_cu_stream s, float *out, const float *res, const float *y,
+                             const float *bias, int64_t n, int C, const mega_dropout *d) {
+  mega_dropout dd = *d; // by value: the host's struct is gone when the kernel runs
+  return launch(s, n, [=] __device__(int64_t i) {
+    mega_kb_bias_dropout_add(i, out, res, y, bias, C, dd);
+  });
+}
+
 int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const float *residual,
                       int64_t n, int OC) {
   return launch(s, n,

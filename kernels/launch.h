@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/dropout.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -67,6 +69,9 @@ int mega_cu_gelu_bwd(mega_cu_stream s, float *dinp, uint16_t *dinp16, const floa
                      const float *dout, int64_t n, bool erf);
 int mega_cu_add(mega_cu_stream s, float *out, const float *a, const float *b,
                 const float *bias, int64_t n, int C);
+/* backend.h's bias_dropout_add over n = rows * C floats. */
+int mega_cu_bias_dropout_add(mega_cu_stream s, float *out, const float *res, const float *y,
+                             const float *bias, int64_t n, int C, const mega_dropout *d);
 int mega_cu_bias_fill(mega_cu_stream s, float *out, const float *bias, const float *residual,
                       int64_t n, int OC);
 /* dbias += the column sums of dout (round16: of dout rounded to bf16). */

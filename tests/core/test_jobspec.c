@@ -475,9 +475,14 @@ static void test_model_flags(void **state) {
                      "--num-query-groups needs --group-query-attention");
   /* what restates mega takes only mega's value */
   expect_check_error(ARGV("--attention-dropout", "0.1"), 1, -1,
-                     "invalid job: --attention-dropout 0.1: mega trains without dropout, so it "
-                     "takes only 0");
-  expect_check_error(ARGV("--hidden-dropout", "0.1"), 1, -1, "--hidden-dropout 0.1: mega");
+                     "invalid job: --attention-dropout 0.1: mega has no attention dropout, so "
+                     "it takes only 0");
+  /* hidden dropout works, at a probability in [0, 1) */
+  expect_check_ok(ARGV("--hidden-dropout", "0.1"), 1, -1);
+  expect_parse_error(ARGV("--hidden-dropout", "1"), MEGA_ERR_INVALID,
+                     "--hidden-dropout must be less than 1 (got 1)");
+  expect_parse_error(ARGV("--hidden-dropout", "-0.1"), MEGA_ERR_INVALID,
+                     "--hidden-dropout must be at least 0 (got -0.1)");
   expect_check_error(ARGV("--context-parallel-size", "2"), 1, -1,
                      "--context-parallel-size 2: mega has no context parallelism");
   expect_check_error(ARGV("--transformer-impl", "transformer_engine"), 1, -1,

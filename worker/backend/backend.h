@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "kernels/dropout.h"
 
 typedef struct mega_backend mega_backend;
 
@@ -294,6 +295,14 @@ typedef struct mega_backend_ops {
    * reduction. */
   void (*bias_residual_forward)(mega_backend *be, float *out, const float *a, const float *b,
                                 const float *bias, int N, int C);
+  /* Megatron's bias-dropout-add over rows [rows, C] of a microbatch:
+   * out = res + dropout(y + bias), the mask and scale of kernels/dropout.h
+   * (d is host memory, read before the call returns; row r of the call is
+   * d's row r). res and bias may be NULL (none); out may alias res or y.
+   * With both NULL it is also dropout's backward (the mask is linear).
+   * fp32 on every backend, with --bf16 or without. */
+  void (*bias_dropout_add)(mega_backend *be, float *out, const float *res, const float *y,
+                           const float *bias, int rows, int C, const mega_dropout *d);
 
   /* Fused softmax + cross-entropy over V classes for N rows, in place over
    * the logits (the model keeps no second [N,V] buffer):

@@ -452,6 +452,7 @@ static const mega_backend_ops cpu_ops = {
     .gelu_erf_backward = mega_cpu_gelu_erf_backward,
     .residual_forward = mega_cpu_residual_forward,
     .bias_residual_forward = mega_cpu_bias_residual_forward,
+    .bias_dropout_add = mega_cpu_bias_dropout_add,
     .crossentropy_forward = mega_cpu_crossentropy_forward,
     .crossentropy_backward = mega_cpu_crossentropy_backward,
     .crossentropy_rowmax = mega_cpu_crossentropy_rowmax,

@@ -133,6 +133,8 @@ static inline void mega_cpu_xent_grad_row(float *d, int V, int64_t t, float scal
 }
 void mega_cpu_bias_residual_forward(mega_backend *be, float *out, const float *a,
                                     const float *b, const float *bias, int N, int C);
+void mega_cpu_bias_dropout_add(mega_backend *be, float *out, const float *res, const float *y,
+                               const float *bias, int rows, int C, const mega_dropout *d);
 /* cpu_vocab.c: vocabulary-parallel cross-entropy */
 void mega_cpu_crossentropy_rowmax(mega_backend *be, float *rowmax, const float *logits, int N,
                                   int V);

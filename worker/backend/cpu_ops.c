@@ -297,6 +297,32 @@ void mega_cpu_bias_residual_forward(mega_backend *be, float *out, const float *a
   mega_cpu_parallel_for(mega_cpu_pool_of(be), N, row_grain(C), bias_add_rows, &c);
 }
 
+typedef struct drop_ctx {
+  float *out;
+  const float *res, *y, *bias;
+  int C;
+  const mega_dropout *d;
+} drop_ctx;
+
+static void drop_rows(void *vc, int64_t n0, int64_t n1) {
+  const drop_ctx *c = vc;
+  for (int64_t n = n0; n < n1; n++) {
+    float *o = c->out + n * c->C;
+    const float *y = c->y + n * c->C, *r = c->res ? c->res + n * c->C : NULL;
+    uint64_t key = mega_dropout_row(c->d, n);
+    for (int i = 0; i < c->C; i++) {
+      float v = mega_dropout_apply(c->d, key, i, y[i] + (c->bias ? c->bias[i] : 0.0f));
+      o[i] = r ? r[i] + v : v;
+    }
+  }
+}
+
+void mega_cpu_bias_dropout_add(mega_backend *be, float *out, const float *res, const float *y,
+                               const float *bias, int rows, int C, const mega_dropout *d) {
+  drop_ctx c = {.out = out, .res = res, .y = y, .bias = bias, .C = C, .d = d};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), rows, row_grain(C), drop_rows, &c);
+}
+
 /* ---- softmax cross-entropy ---- */
 
 typedef struct xent_ctx {

@@ -375,6 +375,13 @@ static void cu_bias_residual_forward(mega_backend *be, float *out, const float *
   note(be, mega_cu_add(S(be), out, a, b, bias, (int64_t)N * C, C), "bias and residual");
 }
 
+static void cu_bias_dropout_add(mega_backend *be, float *out, const float *res, const float *y,
+                                const float *bias, int rows, int C, const mega_dropout *d) {
+  wrote(be, out, (size_t)rows * C);
+  note(be, mega_cu_bias_dropout_add(S(be), out, res, y, bias, (int64_t)rows * C, C, d),
+       "bias, dropout and residual");
+}
+
 static void cu_rmsnorm_forward(mega_backend *be, float *out, float *rstd, const float *inp,
                                const float *w, int N, int C, float eps) {
   wrote(be, rstd, (size_t)N);
@@ -580,6 +587,7 @@ static const mega_backend_ops cuda_ops = {
     .matmul_gelu_backward_input = mega_cu__matmul_gelu_backward_input,
     .residual_forward = cu_residual_forward,
     .bias_residual_forward = cu_bias_residual_forward,
+    .bias_dropout_add = cu_bias_dropout_add,
     .crossentropy_forward = cu_crossentropy_forward,
     .crossentropy_backward = cu_crossentropy_backward,
     .crossentropy_rowmax = cu_crossentropy_rowmax,

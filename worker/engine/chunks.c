@@ -24,6 +24,7 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
   cfg->gelu_erf = mega_jobspec_gelu_erf(job);
   cfg->rope_theta = (float)job->rotary_base;
   cfg->rotary_percent = job->rotary_percent;
+  cfg->hidden_dropout = job->hidden_dropout;
   return mega_gpt_config_check(cfg, err);
 }
 

@@ -467,6 +467,13 @@ static mega_status do_forward(mega_engine *e, const mega_action *a, int64_t it, 
     double loss = 0;
     /* the loss stage's classifier writes dlogits at once (fused); 0: eval */
     if (last) mega_gpt_acts_set_loss_scale(s->acts, scale);
+    /* hidden dropout's mask follows the samples' place in the training
+     * order (model/gpt.h); evaluation runs without */
+    bool train = !e->cfg.forward_only && !e->cfg.eval_data;
+    mega_gpt_acts_set_samples(s->acts, train ? mega_batch_plan_start(e->cfg.plan, it) +
+                                                   mega_batch_first_sample(e->cfg.plan,
+                                                                           e->cfg.dp_rank, a->mb)
+                                             : -1);
     st = mega_gpt_forward(stage, s->acts, first ? e->tokens : NULL, first ? NULL : s->in.p,
                           last ? e->targets : NULL, last ? NULL : s->out.p,
                           last ? &loss : NULL, err);

@@ -27,8 +27,15 @@
  * are not rotated). So a checkpoint's q_proj and k_proj load into HF's
  * LlamaForCausalLM as they are, with no permutation of their rows.
  *
- * No dropout. Weights use Hugging Face names and layouts, so a checkpoint is
- * a plain copy.
+ * Hidden dropout (Megatron's --hidden-dropout, HF GPT-2's resid_pdrop and
+ * embd_pdrop) on the embeddings' output and on each attention and MLP
+ * output (with its bias) before its residual add, in training forwards
+ * only (those given their samples: mega_gpt_acts_set_samples). Its mask is
+ * counter-based (kernels/dropout.h): a function of the seed, the sample's
+ * place in the training order, the layer, the site, the position and the
+ * channel, so every layout draws the same one and backward and
+ * recomputation regenerate it. No attention dropout. Weights use Hugging
+ * Face names and layouts, so a checkpoint is a plain copy.
  *
  * A stage holds a contiguous run of layers, plus the embedding (wte, and
  * wpe for GPT-2; its input is tokens) and/or the loss (the final norm and
@@ -108,6 +115,7 @@ typedef struct mega_gpt_config {
   bool gelu_erf;        /* GPT-2: the exact GELU (erf; HF's "gelu"), not tanh's "gelu_new" */
   float rope_theta;     /* Llama: RoPE's base, 10000 */
   double rotary_percent; /* Llama: the share of head_dim that RoPE turns, (0, 1]; 1 */
+  double hidden_dropout; /* the probability an element is dropped, [0, 1); 0 */
 } mega_gpt_config;
 
 /* vocab 256, max_seq_len 1024, 12 layers, 12 heads, 768 channels,
@@ -338,6 +346,14 @@ const float *mega_gpt_acts_logits(const mega_gpt_acts *a);
  * forward writes the probabilities and the backward applies its scale. The
  * gradients are the same bits either way. */
 void mega_gpt_acts_set_loss_scale(mega_gpt_acts *a, float loss_scale);
+/* Training with hidden dropout: the next forwards on these acts hold
+ * samples first_sample + b (b < B) of the training order (a microbatch's
+ * samples are consecutive: data.h), whose numbers pick the mask with the
+ * seed, layer, site, position and channel. Negative (the default):
+ * evaluation or generation, no dropout. A forward keeps the value it ran
+ * with for its own backward and recomputation. Without cfg.hidden_dropout
+ * nothing changes. */
+void mega_gpt_acts_set_samples(mega_gpt_acts *a, int64_t first_sample);
 void mega_gpt_acts_destroy(mega_gpt_acts *a); /* NULL is fine */
 
 /* Forward one microbatch.

@@ -88,15 +88,15 @@ static void carve_grads(carver *cv, const mega_gpt_acts *a, layer_acts *la) {
   const mega_gpt_stage *s = a->s;
   gpt_widths w = gpt_local_widths(s);
   size_t N = (size_t)a->B * a->T, C = s->cfg.channels, RC = (size_t)a->R * C;
-  bool sp = s->desc.tp.sequence_parallel;
+  bool own = s->desc.tp.sequence_parallel || s->cfg.hidden_dropout > 0;
   la->dx2 = carve(cv, RC);
   la->dfch = carve(cv, N * w.Fl);
   la->dfcu = gpt_llama(s) ? carve(cv, N * w.Fl) : NULL;
   la->dln2 = carve(cv, RC);
   la->dqkv = carve(cv, N * (w.Ql + 2 * (size_t)w.KVl));
   la->dln1 = carve(cv, RC);
-  la->dy_all = sp ? carve(cv, N * C) : NULL;
-  la->dx2_all = sp ? carve(cv, N * C) : NULL;
+  la->dy_all = own ? carve(cv, N * C) : NULL;
+  la->dx2_all = own ? carve(cv, N * C) : NULL;
 }
 
 /* Carves the acts' own buffers from cv and the ones in the stage's
@@ -145,7 +145,7 @@ static void layout(mega_gpt_acts *a, carver *cv, carver *sc) {
     else
       carve_forward(cv, a, la, selective, att);
     if (!rerun || split) carve_grads(cv, a, la);
-    if (!sp) {
+    if (!sp && !(c->hidden_dropout > 0)) {
       la->dy_all = a->dresid[l + 1];
       la->dx2_all = la->dx2;
     }
@@ -204,6 +204,7 @@ mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts 
     return mega_fail(err, MEGA_ERR_NOMEM, "gpt: out of memory for activations");
   }
   a->s = s;
+  a->next_sample = a->fwd_sample = -1;
   a->B = B;
   a->T = T;
   a->R = mega_gpt_stream_rows(s, B, T);
@@ -255,6 +256,10 @@ void mega_gpt_acts_dims(const mega_gpt_acts *a, int *B, int *T) {
 
 const float *mega_gpt_acts_logits(const mega_gpt_acts *a) {
   return a->have_targets ? NULL : a->logits; /* the loss wrote over them */
+}
+
+void mega_gpt_acts_set_samples(mega_gpt_acts *a, int64_t first_sample) {
+  a->next_sample = first_sample < 0 ? -1 : first_sample;
 }
 
 void mega_gpt_acts_set_loss_scale(mega_gpt_acts *a, float loss_scale) {

@@ -36,7 +36,8 @@ typedef struct layer_acts {
   float *dqkv;       /* laid out as qkv */
   float *dln1;       /* [R,C] */
   /* the whole [N,C] output gradients of the row-parallel GEMMs: gathered
-   * with sequence parallelism, else dresid[l+1] and dx2 themselves */
+   * with sequence parallelism, times the dropout mask with dropout, else
+   * dresid[l+1] and dx2 themselves */
   float *dy_all, *dx2_all;
 } layer_acts;
 
@@ -51,6 +52,9 @@ struct mega_gpt_acts {
   acts_state state;
   bool have_targets;
   float fused_scale; /* mega_gpt_acts_set_loss_scale's; 0: off */
+  /* mega_gpt_acts_set_samples's first sample, and the one the last forward
+   * ran with (its backward's); negative: no dropout */
+  int64_t next_sample, fwd_sample;
   float grad_scale;  /* the scale the last forward's dlogits carry; 0: they are probabilities */
   int32_t *tokens, *targets; /* [N] */
   /* resid[l]: input of local block l; resid[L] is the loss stage's ln_f

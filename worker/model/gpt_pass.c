@@ -70,22 +70,74 @@ static mega_status reduce_rows(mega_gpt_stage *s, mega_gpt_acts *a, float *out, 
   return s->desc.tp.ops->all_reduce(s->desc.tp.ctx, out, rc, err);
 }
 
-/* out [R,C] = x + W(in) + bias for a row-parallel GEMM of K local inputs:
- * fused into the GEMM alone; with TP the residual and the bias come after
- * the reduction, so they count once. */
+/* ---- hidden dropout (kernels/dropout.h) ---- */
+
+/* Whether the acts' last forward trains with dropout (it was given its
+ * samples and the model has a probability). */
+static bool drop_on(const mega_gpt_stage *s, const mega_gpt_acts *a) {
+  return s->cfg.hidden_dropout > 0 && a->fwd_sample >= 0;
+}
+
+/* The dropout of a site of local block l (-1: the embeddings) over rows
+ * from row0 of the microbatch's [N,C]. */
+static mega_dropout drop_of(const mega_gpt_stage *s, const mega_gpt_acts *a, int l, int site,
+                            int64_t row0) {
+  int layer = l < 0 ? -1 : s->desc.first_layer + l;
+  return mega_dropout_of(s->cfg.hidden_dropout, mega_dropout_key(s->cfg.seed, layer, site),
+                         a->fwd_sample, row0, a->T);
+}
+
+/* The first row of the stream this rank holds. */
+static int64_t stream_row0(const mega_gpt_stage *s, const mega_gpt_acts *a) {
+  return sp_on(s) ? (int64_t)s->desc.tp.rank * a->R : 0;
+}
+
+/* out [R,C] = x + dropout(W(in) + bias) for a row-parallel GEMM of K local
+ * inputs, at dropout site `site` of block l: without dropout fused into
+ * the GEMM alone; with TP the residual and the bias come after the
+ * reduction, so they count once, and dropout (Megatron's bias-dropout-add)
+ * after it too, on this rank's rows. */
 static mega_status row_parallel_forward(mega_gpt_stage *s, mega_gpt_acts *a, float *out,
                                         const float *in, const float *w, const float *bias,
-                                        const float *x, int K, mega_err *err) {
+                                        const float *x, int K, int l, int site, mega_err *err) {
   const mega_backend_ops *o = s->be->ops;
   int N = a->B * a->T, C = s->cfg.channels;
-  if (!tp_on(s)) {
+  bool drop = drop_on(s, a);
+  if (!tp_on(s) && !drop) {
     o->matmul_forward(s->be, out, in, w, bias, x, N, K, C, s->lay);
     return MEGA_OK;
   }
   o->matmul_forward(s->be, partial_for(s, a, out), in, w, NULL, NULL, N, K, C, s->lay);
   mega_status st = reduce_rows(s, a, out, err);
-  if (st == MEGA_OK) o->bias_residual_forward(s->be, out, x, out, bias, a->R, C);
-  return st;
+  if (st) return st;
+  if (drop) {
+    mega_dropout d = drop_of(s, a, l, site, stream_row0(s, a));
+    o->bias_dropout_add(s->be, out, x, out, bias, a->R, C, &d);
+  } else {
+    o->bias_residual_forward(s->be, out, x, out, bias, a->R, C);
+  }
+  return MEGA_OK;
+}
+
+/* dall [N,C] = the whole output gradient of block l's row-parallel GEMM at
+ * dropout site `site` from this rank's rows dy [R,C]: gathered with
+ * sequence parallelism, then times the site's mask (the same the forward
+ * drew: the mask is linear, so its backward is itself). A no-op when dall
+ * is dy (no sequence parallelism, no dropout: gpt_acts.c aliases them). */
+static mega_status out_grad(mega_gpt_stage *s, mega_gpt_acts *a, const float *dy, float *dall,
+                            int l, int site, mega_err *err) {
+  mega_backend *be = s->be;
+  int N = a->B * a->T, C = s->cfg.channels;
+  mega_status st = gather_into(s, a, dy, dall, err);
+  if (st) return st;
+  const float *src = sp_on(s) ? dall : dy;
+  if (drop_on(s, a)) {
+    mega_dropout d = drop_of(s, a, l, site, 0);
+    be->ops->bias_dropout_add(be, dall, NULL, src, NULL, N, C, &d);
+  } else if (src != dall) { /* dropout's buffers, in an evaluation forward's backward */
+    return be->ops->memcpy(be, dall, src, (size_t)N * C * sizeof(float), MEGA_COPY_D2D, err);
+  }
+  return MEGA_OK;
 }
 
 /* One column-parallel linear of K local outputs: its output gradient and
@@ -242,18 +294,18 @@ static mega_status block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, con
   qkv_forward(s, a, l);
   attention(s, a, la, la->atty);
   if ((st = row_parallel_forward(s, a, la->x2, la->atty, s->param + w->projw, gpt_p(s, w->projb),
-                                 x, wd.Ql, err)) ||
+                                 x, wd.Ql, l, MEGA_DROP_ATTENTION, err)) ||
       (st = norm_whole(s, a, la->ln2, la->ln2_mean, la->ln2_rstd, la->x2, w->ln2w, w->ln2b,
                        err)))
     return st;
   mlp_in_forward(s, a, l);
   return row_parallel_forward(s, a, y, la->fch_gelu, s->param + w->fcprojw,
-                              gpt_p(s, w->fcprojb), la->x2, wd.Fl, err);
+                              gpt_p(s, w->fcprojb), la->x2, wd.Fl, l, MEGA_DROP_MLP, err);
 }
 
-/* resid[0] = wte[tokens] + wpe: with a vocabulary slice, rows of other
- * ranks' ids are zero here and the sum over the group fills them (wpe added
- * by rank 0 alone, so once). */
+/* resid[0] = dropout(wte[tokens] + wpe): with a vocabulary slice, rows of
+ * other ranks' ids are zero here and the sum over the group fills them (wpe
+ * added by rank 0 alone, so once); dropout on this rank's rows after. */
 static mega_status embedding_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *err) {
   const mega_gpt_tp *tp = &s->desc.tp;
   int Vl = s->cfg.vocab_size / tp->size;
@@ -261,7 +313,13 @@ static mega_status embedding_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
   s->be->ops->encoder_forward(s->be, partial_for(s, a, a->resid[0]), a->tokens,
                               s->param + s->wte, tp->rank * Vl, Vl, wpe, a->B, a->T,
                               s->cfg.channels);
-  return reduce_rows(s, a, a->resid[0], err);
+  mega_status st = reduce_rows(s, a, a->resid[0], err);
+  if (st == MEGA_OK && drop_on(s, a)) {
+    mega_dropout d = drop_of(s, a, -1, MEGA_DROP_EMBEDDING, stream_row0(s, a));
+    s->be->ops->bias_dropout_add(s->be, a->resid[0], NULL, a->resid[0], NULL, a->R,
+                                 s->cfg.channels, &d);
+  }
+  return st;
 }
 
 /* The loss, in place: the logits become the probabilities, which the
@@ -316,6 +374,7 @@ mega_status mega_gpt_forward(mega_gpt_stage *s, mega_gpt_acts *a, const int32_t 
   if (targets && !loss_sum)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: forward with targets needs loss_sum");
   a->state = ST_EMPTY;
+  a->fwd_sample = a->next_sample;
   gpt_acts_bind(a);
   int u = s->nunits; /* units in forward order: from the last */
   if (d->embedding) {
@@ -370,7 +429,7 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   bool llama = gpt_llama(s);
   const float *dy = a->dresid[l + 1];
   const float *x = a->resid[l];
-  mega_status st = gather_into(s, a, dy, la->dy_all, err);
+  mega_status st = out_grad(s, a, dy, la->dy_all, l, MEGA_DROP_MLP, err);
   if (st) return st;
   /* the MLP: d(activation), then through GELU or SwiGLU (in place) */
   if (!llama && gelu_fused(s, o->matmul_gelu_backward_input != NULL)) {
@@ -389,7 +448,7 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   col_grad mlp[2] = {{la->dfch, w->fcw, wd.Fl}, {la->dfcu, w->upw, wd.Fl}};
   if ((st = column_parallel_backward(s, a, la->dln2, mlp, llama ? 2 : 1, err))) return st;
   norm_backward_input(s, la->dx2, dy, la->dln2, la->x2, w->ln2w, la->ln2_mean, la->ln2_rstd, R);
-  if ((st = gather_into(s, a, la->dx2, la->dx2_all, err))) return st;
+  if ((st = out_grad(s, a, la->dx2, la->dx2_all, l, MEGA_DROP_ATTENTION, err))) return st;
   if (s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && !holds(s, a, l)) {
     /* selective recomputation: the probabilities, from the kept q, k and v
      * (the output, which datty's GEMM overwrites next, is not needed) */
@@ -497,11 +556,17 @@ static void loss_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, int *u) {
   gpt_unit_done(s, (*u)++);
 }
 
-/* The embedding's gradients, from the whole dresid[0] (gathered with
- * sequence parallelism; every rank then has all of wpe's). */
+/* The embedding's gradients, from the whole dresid[0] (times the dropout
+ * mask, in place: nothing else reads it on the embedding stage; gathered
+ * with sequence parallelism; every rank then has all of wpe's). */
 static mega_status embedding_backward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *err) {
   const mega_gpt_tp *tp = &s->desc.tp;
   int Vl = s->cfg.vocab_size / tp->size;
+  if (drop_on(s, a)) {
+    mega_dropout d = drop_of(s, a, -1, MEGA_DROP_EMBEDDING, stream_row0(s, a));
+    s->be->ops->bias_dropout_add(s->be, a->dresid[0], NULL, a->dresid[0], NULL, a->R,
+                                 s->cfg.channels, &d);
+  }
   float *dall = sp_on(s) ? a->partial : a->dresid[0];
   mega_status st = gather_into(s, a, a->dresid[0], dall, err);
   if (st) return st;
