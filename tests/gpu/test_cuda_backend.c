@@ -162,6 +162,15 @@ static void test_model_ops(void) {
   cpu->ops->layernorm_backward_weight(cpu, lw, lb, d, x, m, r, N, C);
   gpu->ops->layernorm_backward_weight(gpu, glw, glb, dd, dx, gm, gr, N, C);
   same("layernorm dw", glw, lw, C, 1e-4);
+  /* hidden dropout: residual + masked (x + bias) from row 3, and its
+   * backward (no residual, no bias) in place; the mask is the same bits */
+  mega_dropout drop = mega_dropout_of(0.3, mega_dropout_key(5, 1, MEGA_DROP_MLP), 9, 3, 4);
+  cpu->ops->bias_dropout_add(cpu, o, d, x, b, N, C, &drop);
+  gpu->ops->bias_dropout_add(gpu, go, dd, dx, db, N, C, &drop);
+  same("bias dropout add", go, o, N * C, 1e-6);
+  cpu->ops->bias_dropout_add(cpu, o, NULL, o, NULL, N, C, &drop);
+  gpu->ops->bias_dropout_add(gpu, go, NULL, go, NULL, N, C, &drop);
+  same("dropout backward, in place", go, o, N * C, 1e-6);
   /* matmuls in both weight layouts */
   float *W = vec(C * 3 * C, 8, 0.2f), *bias = vec(3 * C, 9, 1);
   float *dW = up(W, sizeof(float) * C * 3 * C), *dbias = up(bias, sizeof(float) * 3 * C);

@@ -185,6 +185,18 @@ static void test_elementwise(void **state) {
   be->ops->bias_residual_forward(be, a, x, y, bias, N, C);
   for (int64_t i = 0; i < n; i++) mega_kb_add(i, g, x, y, bias, C);
   near(g, a, n, 1e-7, "bias and residual");
+  /* hidden dropout from a sequence-parallel rank's row 5, with and
+   * without the residual and bias (its backward), the same bits */
+  mega_dropout drop = mega_dropout_of(0.25, mega_dropout_key(3, 2, MEGA_DROP_ATTENTION), 40, 5, T);
+  be->ops->bias_dropout_add(be, a, x, y, bias, N, C, &drop);
+  for (int64_t i = 0; i < n; i++) mega_kb_bias_dropout_add(i, g, x, y, bias, C, drop);
+  near(g, a, n, 0, "bias, dropout and residual");
+  be->ops->bias_dropout_add(be, a, NULL, y, NULL, N, C, &drop);
+  for (int64_t i = 0; i < n; i++) mega_kb_bias_dropout_add(i, g, NULL, y, NULL, C, drop);
+  near(g, a, n, 0, "dropout backward");
+  size_t zeros = 0;
+  for (int64_t i = 0; i < n; i++) zeros += g[i] == 0.0f;
+  assert_true(zeros > 0 && zeros < (size_t)n / 2); /* about a quarter */
   /* matmul_forward's bias and residual: the prefill, then the GEMM */
   float *w = vec(C * C, 12, 1);
   be->ops->matmul_forward(be, a, x, w, bias, y, N, C, C, MEGA_W_IN_OUT);

@@ -116,6 +116,7 @@ static void check_stage(const mega_gpt_config *cfg, mega_gpt_stage_desc desc,
   if (mega_gpt_stage_create(be, cfg, &desc, &s, &err) != MEGA_OK) fail_msg("%s", err.msg);
   fx_probe p;
   fx_probe_init(&p, s, 2, 8, 99);
+  mega_gpt_acts_set_samples(p.a, 11); /* with cfg->hidden_dropout: the same mask each time */
   fx_probe_grad(&p);
   int np;
   const mega_param_info *params = mega_gpt_params(s, &np);
@@ -146,6 +147,20 @@ static void whole_model(void **state) {
   mega_gpt_config cfg;
   fx_config(&cfg, 0.2f);
   check_stage(&cfg, (mega_gpt_stage_desc){true, true, 0, 2}, 2 + 24 + 2);
+}
+
+/* Hidden dropout at its three sites: the backward's regenerated masks are
+ * the forward's. A middle stage too (its layers' global ids pick them). */
+static void hidden_dropout(void **state) {
+  (void)state;
+  mega_gpt_config cfg;
+  fx_config(&cfg, 0.2f);
+  cfg.hidden_dropout = 0.3;
+  check_stage(&cfg, (mega_gpt_stage_desc){true, true, 0, 2}, 2 + 24 + 2);
+  check_stage(&cfg, (mega_gpt_stage_desc){false, false, 1, 1}, 12);
+  fx_model_config(&cfg, 0.2f, FX_LLAMA);
+  cfg.hidden_dropout = 0.3;
+  check_stage(&cfg, (mega_gpt_stage_desc){true, true, 0, 2}, 1 + 2 * 9 + 1 + 1);
 }
 
 static void embedding_only_stage(void **state) {
@@ -248,6 +263,7 @@ static void llama_tied_with_biases_partial_rope(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(whole_model),
+      cmocka_unit_test(hidden_dropout),
       cmocka_unit_test(embedding_only_stage),
       cmocka_unit_test(middle_stage),
       cmocka_unit_test(loss_only_stage),

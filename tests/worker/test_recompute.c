@@ -71,8 +71,10 @@ static void bwd_both(fx_probe *p) {
 }
 
 /* The architecture make_stage builds: the tests run as GPT-2 and again as
- * the untied Llama (the group's setup sets it). */
+ * the untied Llama (the group's setup sets it), and both again with hidden
+ * dropout, whose masks the reruns must regenerate. */
 static fx_model variant = FX_GPT2;
+static double dropout = 0.0;
 
 /* A stage of the L-layer model on a fresh cpu backend. */
 static mega_gpt_stage *make_stage(const mega_gpt_stage_desc *d, mega_backend **be) {
@@ -81,6 +83,7 @@ static mega_gpt_stage *make_stage(const mega_gpt_stage_desc *d, mega_backend **b
   mega_gpt_stage *s;
   fx_model_config(&cfg, 0.2f, variant);
   cfg.num_layers = L;
+  cfg.hidden_dropout = dropout;
   assert_int_equal(mega_backend_cpu_create(NULL, be, &err), MEGA_OK);
   if (mega_gpt_stage_create(*be, &cfg, d, &s, &err) != MEGA_OK) fail_msg("%s", err.msg);
   return s;
@@ -97,7 +100,10 @@ static void run_stage(mega_gpt_stage_desc d, run *r) {
   mega_gpt_on_grads_done(s, on_done, r);
   mega_gpt_on_params_needed(s, on_needed, r);
   fx_probe p[NMB];
-  for (int m = 0; m < NMB; m++) fx_probe_init(&p[m], s, B, lens[m], 100 + 10 * (uint64_t)m);
+  for (int m = 0; m < NMB; m++) {
+    fx_probe_init(&p[m], s, B, lens[m], 100 + 10 * (uint64_t)m);
+    mega_gpt_acts_set_samples(p[m].a, B * m); /* no effect without dropout */
+  }
   for (int m = 0; m < 3; m++) fx_probe_forward(&p[m], &r->loss[m]);
   if (d.split_backward) {
     bwd_input(&p[0]);
@@ -323,5 +329,9 @@ int main(void) {
   };
   int failed = cmocka_run_group_tests_name("gpt-2", tests, NULL, NULL);
   variant = FX_LLAMA;
-  return failed + cmocka_run_group_tests_name("llama", tests, NULL, NULL);
+  failed += cmocka_run_group_tests_name("llama", tests, NULL, NULL);
+  dropout = 0.2;
+  failed += cmocka_run_group_tests_name("llama, hidden dropout", tests, NULL, NULL);
+  variant = FX_GPT2;
+  return failed + cmocka_run_group_tests_name("gpt-2, hidden dropout", tests, NULL, NULL);
 }

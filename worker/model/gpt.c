@@ -75,9 +75,6 @@ static mega_status check_llama(const mega_gpt_config *c, mega_err *err) {
   if (mega_gpt_head_dim(c) < 1)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: head_dim must be >= 1, got %d",
                      mega_gpt_head_dim(c));
-  if (!(c->hidden_dropout >= 0.0 && c->hidden_dropout < 1.0))
-    return mega_fail(err, MEGA_ERR_INVALID, "gpt: hidden_dropout must be in [0, 1), got %g",
-                     c->hidden_dropout);
   if (!(c->rotary_percent > 0.0 && c->rotary_percent <= 1.0))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: rotary_percent must be in (0, 1], got %g",
                      c->rotary_percent);
@@ -120,6 +117,9 @@ mega_status mega_gpt_config_check(const mega_gpt_config *c, mega_err *err) {
                      "heads %d x %d)",
                      c->channels, c->vocab_size, c->max_seq_len, mega_gpt_ffn(c), c->num_heads,
                      mega_gpt_head_dim(c));
+  if (!(c->hidden_dropout >= 0.0 && c->hidden_dropout < 1.0))
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: hidden_dropout must be in [0, 1), got %g",
+                     c->hidden_dropout);
   if (!(c->init_std >= 0.0f) || !isfinite(c->init_std))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: init_std must be finite and >= 0, got %g",
                      (double)c->init_std);
