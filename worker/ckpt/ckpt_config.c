@@ -32,8 +32,10 @@ static json_t *gpt2_json(const mega_gpt_config *cfg) {
       tidy(cfg->ln_eps), "activation_function", cfg->gelu_erf ? "gelu" : "gelu_new",
       "tie_word_embeddings", !cfg->untied,
       "initializer_range", tidy(cfg->init_std),
-      /* no dropout in mega, so an HF model in train mode computes the same */
-      "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0, "torch_dtype", "float32");
+      /* HF's names for Megatron's hidden-dropout sites; mega has no attention
+       * dropout (HF draws other masks: only evaluation computes the same) */
+      "resid_pdrop", cfg->hidden_dropout, "embd_pdrop", cfg->hidden_dropout, "attn_pdrop", 0.0,
+      "torch_dtype", "float32");
   /* n_inner: null means HF's 4 x n_embd */
   json_t *inner = F == 4 * cfg->channels ? json_null() : json_integer(F);
   if (!j || !inner || json_object_set_new(j, "n_inner", inner)) {
@@ -142,6 +144,10 @@ static void read_gpt2(reader *r, mega_gpt_config *cfg) {
   json_t *inner = json_object_get(r->j, "n_inner");
   if (inner && !json_is_null(inner)) cfg->ffn_hidden = get_int(r, "n_inner", 0);
   cfg->untied = !get_bool(r, "tie_word_embeddings", true);
+  /* the dropout it trained with (HF's default 0.1 where absent is not
+   * mega's: read it only when written); it acts only in training */
+  json_t *pdrop = json_object_get(r->j, "resid_pdrop");
+  if (json_is_number(pdrop)) cfg->hidden_dropout = json_number_value(pdrop);
   /* GPT2Config's names: "gelu_new" (its default) and "gelu_pytorch_tanh"
    * are the tanh GELU, "gelu" the exact one; mega's MLP has no other */
   if (r->st) return;
