@@ -72,6 +72,45 @@ def write_safetensors(path, tensors, meta=None):
     os.replace(path + ".tmp", path)
 
 
+# ---- hidden dropout, mega's counter-based mask (kernels/dropout.h) restated --
+
+M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def splitmix64(x):
+    """kernels/rng.h's mega_splitmix64 over a uint64 array (wrapping)."""
+    x = np.asarray(x, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+class HiddenDropout:
+    """drop(x [B,T,C], layer, site): x times the mask of samples first..first+B-1,
+    kept elements scaled by float32(1/(1-p)); layer -1 site 0 is the
+    embeddings', site 1 the attention's output, site 2 the MLP's."""
+
+    def __init__(self, p, seed, first_sample):
+        self.p, self.seed, self.first = p, seed, first_sample
+        self.threshold = min(int(p * 4294967296.0 + 0.5), 4294967295)
+        self.scale = float(np.float32(1.0 / (1.0 - p)))
+
+    def keep(self, B, T, C, layer, site):
+        where = np.uint64((((layer + 1) & 0xFFFFFFFF) << 8) | site)
+        key = splitmix64(np.uint64(self.seed) ^ splitmix64(where ^ np.uint64(0x64726F706F7574)))
+        samples = np.arange(self.first, self.first + B, dtype=np.uint64)[:, None]
+        rows = splitmix64(splitmix64(key ^ samples) ^ np.arange(T, dtype=np.uint64)[None, :])
+        bits = splitmix64(rows[:, :, None] ^ np.arange(C, dtype=np.uint64)[None, None, :])
+        return (bits >> np.uint64(32)) >= np.uint64(self.threshold)
+
+    def __call__(self, x, layer, site):
+        B, T, C = x.shape
+        mask = torch.from_numpy(self.keep(B, T, C, layer, site)).to(x.dtype)
+        return x * mask * self.scale
+
+
 # ---- GPT-2 in torch.nn ------------------------------------------------------
 
 class Block(nn.Module):
@@ -97,9 +136,10 @@ class Block(nn.Module):
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp_proj(self.gelu(self.c_fc(self.ln_2(x))))
+    def forward(self, x, drop=None, layer=0):
+        drop = drop or (lambda v, layer, site: v)
+        x = x + drop(self.attn(self.ln_1(x)), layer, 1)
+        return x + drop(self.mlp_proj(self.gelu(self.c_fc(self.ln_2(x)))), layer, 2)
 
 
 class GPT(nn.Module):
@@ -116,8 +156,11 @@ class GPT(nn.Module):
     def forward(self, idx):
         T = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(T))
-        for block in self.h:
-            x = block(x)
+        drop = getattr(self, "drop", None)  # hidden dropout: a HiddenDropout, or None
+        if drop:
+            x = drop(x, -1, 0)
+        for i, block in enumerate(self.h):
+            x = block(x, drop, i)
         return F.linear(self.ln_f(x), self.wte.weight)  # head tied to wte
 
     # Hugging Face name -> (module parameter, transposed?). Conv1D stores

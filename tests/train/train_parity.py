@@ -15,7 +15,9 @@ DP 2 with the distributed optimizer; and GPT-2 with --no-bias-gelu-fusion,
 whose GELU is then torch's exact (erf) F.gelu, as Megatron's is, and whose
 losses must also stand apart from the tanh GELU's (the torch model again
 with nn.GELU(approximate="tanh") from the same weights): so the check
-tells the two forms apart.
+tells the two forms apart. And GPT-2 with --hidden-dropout 0.1 on TP 2 x PP 2
+with sequence parallelism, the torch model drawing mega's counter-based
+masks (make_ref.HiddenDropout restates kernels/dropout.h).
 
   /usr/bin/python3 train_parity.py MEGAW WORKDIR
 """
@@ -33,9 +35,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "ref"))
 sys.path.insert(0, os.path.join(HERE, "..", "engine"))
 import hf_ckpt_check  # noqa: E402
+import make_ref  # noqa: E402
 import ranks  # noqa: E402
 
-T, G, MB, ITERS = 16, 8, 2, 5
+T, G, MB, ITERS, SEED = 16, 8, 2, 5, 3
 LR, MIN_LR, WARMUP, WD, CLIP, BETA1, BETA2, EPS = 5e-3, 5e-4, 2, 0.3, 0.3, 0.9, 0.95, 1e-8
 LLAMA = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
          "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
@@ -50,6 +53,11 @@ CASES = [  # name, model, world, layout
                                            "--use-distributed-optimizer"]),
     # weights large enough that c_fc's outputs reach |x| ~ 1, where the two
     # GELUs differ by ~1e-4 (at the default 0.02 the losses agree to 1e-8)
+    # hidden dropout: the torch model draws mega's counter-based masks
+    # (make_ref.HiddenDropout), so losses, norms and weights must agree
+    ("gpt2 hidden dropout tp2 pp2 sp", GPT2 + ["--hidden-dropout", "0.1"], 4,
+     ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+      "--sequence-parallel"]),
     ("gpt2 erf gelu (--no-bias-gelu-fusion)",
      GPT2 + ["--no-bias-gelu-fusion", "--init-method-std", "0.2"], 1, []),
 ]
@@ -74,7 +82,7 @@ def run_megaw(megaw, work, model, world, layout):
         "--lr-warmup-iters", str(WARMUP), "--lr-decay-style", "cosine",
         "--weight-decay", str(WD), "--clip-grad", str(CLIP), "--adam-beta1", str(BETA1),
         "--adam-beta2", str(BETA2), "--adam-eps", str(EPS), "--make-vocab-size-divisible-by",
-        "64", "--seed", "3", "--data-path", data, "--save", save, "--save-initial",
+        "64", "--seed", str(SEED), "--data-path", data, "--save", save, "--save-initial",
         "--save-interval", str(ITERS)]
     steps = {}
     for rc, lines, err in ranks.launch(megaw, world, args, work, timeout=240):
@@ -84,8 +92,9 @@ def run_megaw(megaw, work, model, world, layout):
     return data, save, steps
 
 
-def torch_steps(model, stream):
-    """ITERS steps of the torch model: each iteration's (loss, grad norm, lr)."""
+def torch_steps(model, stream, dropout=0.0):
+    """ITERS steps of the torch model: each iteration's (loss, grad norm, lr);
+    with hidden dropout, iteration i holds samples i*G...(i+1)*G-1."""
     params = model.hf_params()
     opt = torch.optim.AdamW(
         [{"params": [p for p, _ in params.values() if p.dim() == 2], "weight_decay": WD},
@@ -101,6 +110,7 @@ def torch_steps(model, stream):
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad()
+        model.drop = make_ref.HiddenDropout(dropout, SEED, i * G) if dropout else None
         logits = model(tok)
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1))
         loss.backward()
@@ -127,7 +137,10 @@ def check(name, megaw, work, model_flags, world, layout):
         bad.append("config.json's activation_function is %r" % config.get("activation_function"))
     model = model_from(first, config)
     stream = list(open(data, "rb").read())
-    ref = torch_steps(model, stream)
+    dropout = config.get("resid_pdrop", 0.0) if config["model_type"] == "gpt2" else 0.0
+    if ("--hidden-dropout" in model_flags) != (dropout > 0):
+        bad.append("config.json's resid_pdrop is %r" % dropout)
+    ref = torch_steps(model, stream, dropout)
     for i, (loss, norm, lr) in enumerate(ref):
         got = steps[i + 1]
         for what, a, b, tol in (("loss", got["loss"], loss, 1e-6),
