@@ -82,8 +82,8 @@ static void carve_forward(carver *cv, const mega_gpt_acts *a, layer_acts *la, bo
 }
 
 /* A block's output gradients (backward_input writes them, backward_weight
- * reads them); without sequence parallelism the whole ones are aliases the
- * caller sets. */
+ * reads them); without sequence parallelism and dropout the whole ones are
+ * aliases the caller sets. */
 static void carve_grads(carver *cv, const mega_gpt_acts *a, layer_acts *la) {
   const mega_gpt_stage *s = a->s;
   gpt_widths w = gpt_local_widths(s);
