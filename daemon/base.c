@@ -15,6 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/dirperm.h"
+
 /* ---- logging ---- */
 
 static void vlog(const megad_base *b, bool warn, const char *fmt, va_list ap) {
@@ -143,13 +145,14 @@ static mega_status private_state_dir(megad_base *b, const char *given, mega_err 
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--state-dir %s is not a directory; give a directory of megad's own (it is "
                      "made if missing)", given);
-  if ((st.st_mode & S_ISVTX) || (st.st_mode & S_IWOTH))
+  /* sticky alone too: megad would take its mode away from those who share it */
+  const char *shared = (st.st_mode & S_ISVTX) ? "sticky, like /tmp" : mega_dir_others_write(mode);
+  if (shared)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--state-dir %s is a shared directory (mode %04o: %s), and megad makes its "
                      "state directory private; give a directory of its own, such as %s/megad "
                      "(it is made if missing)",
-                     given, mode, st.st_mode & S_ISVTX ? "sticky, like /tmp" : "anyone may write",
-                     b->state_dir);
+                     given, mode, shared, b->state_dir);
   if (st.st_uid != geteuid())
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--state-dir %s belongs to uid %u, not to megad's uid %u: its owner could "

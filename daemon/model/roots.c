@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/dirperm.h"
+
 static void free_list(char **v, size_t n) {
   for (size_t i = 0; i < n; i++) free(v[i]);
   free(v);
@@ -37,6 +39,89 @@ static mega_status resolve_all(const char *flag, const char *const *in, size_t n
   return MEGA_OK;
 }
 
+/* ---- who else could change the directories a job's paths go through ----
+ *
+ * megad's workers make and write checkpoints as megad's user. Whoever may
+ * make or swap names in a directory on the way to a --save or --load could,
+ * between the check and the worker's mkdir or open, put a link there and
+ * have megad's user write or read through it. Trusted: megad's user, root
+ * and a directory's group (team directories are group-writable). Not: a
+ * directory another user owns, or one anyone may write. Above a root a
+ * sticky one (like /tmp) is fine, as others may not move what they do not
+ * own out of it; a root and what lies under it may not be sticky
+ * world-writable either, since anyone could make a --save still to be made
+ * first. */
+
+/* Why others could change dir's names (in buf), or NULL. */
+static const char *others_change(const struct stat *st, bool above_root, char *buf, size_t cap) {
+  unsigned mode = (unsigned)(st->st_mode & 07777);
+  if (st->st_uid != geteuid() && st->st_uid != 0) {
+    snprintf(buf, cap, "belongs to uid %u, not to megad's uid %u or root", (unsigned)st->st_uid,
+             (unsigned)geteuid());
+    return buf;
+  }
+  const char *why = mega_dir_others_write(mode);
+  if (!why || (above_root && (mode & S_ISVTX))) return NULL;
+  snprintf(buf, cap, "is a shared directory (mode %04o: %s)", mode, why);
+  return buf;
+}
+
+/* Every directory that makes up path (absolute, resolved), "/" first, up to
+ * the first that does not exist yet; those shorter than root_len are above
+ * the root. On the first one others could change: the failing directory in
+ * *bad (malloc'd) and why in why. */
+static bool chain_safe(const char *path, size_t root_len, char **bad, char *why, size_t cap) {
+  size_t len = strlen(path);
+  char *dir = malloc(len + 2);
+  if (!dir) {
+    snprintf(why, cap, "out of memory");
+    *bad = NULL;
+    return false;
+  }
+  for (size_t end = 0; end <= len; end++) {
+    if (end > 0 && end < len && path[end] != '/') continue;
+    size_t n = end ? end : 1; /* "/" first */
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    struct stat st;
+    if (lstat(dir, &st) != 0) break; /* still to be made (a --save) */
+    bool above = n < root_len;
+    const char *w = S_ISLNK(st.st_mode) ? "is a link (it was swapped since it was resolved)"
+                    : S_ISDIR(st.st_mode) ? others_change(&st, above, why, cap)
+                                          : NULL;
+    if (w) {
+      if (w != why) snprintf(why, cap, "%s", w);
+      *bad = dir;
+      return false;
+    }
+  }
+  free(dir);
+  return true;
+}
+
+static const char *chain_fix(const char *why) {
+  return strstr(why, "belongs to")
+             ? "chown it to megad's user or root (its group may still write it)"
+             : "chmod o-w it (its group may still write it)";
+}
+
+/* Each root at start: megad refuses one others could change. */
+static mega_status guard_roots(const char *flag, const char *const *in, char *const *real,
+                               size_t n, mega_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    char why[160], *bad = NULL;
+    if (chain_safe(real[i], strlen(real[i]), &bad, why, sizeof why)) continue;
+    mega_status s = mega_fail(
+        err, MEGA_ERR_INVALID,
+        "%s %s: %s %s, so another user could swap what jobs read and write there for links "
+        "that megad's user follows; %s, or give a root in a directory of megad's own",
+        flag, in[i], bad ? bad : "", why, chain_fix(why));
+    free(bad);
+    return s;
+  }
+  return MEGA_OK;
+}
+
 mega_status megad_roots_init(megad_roots *r, const char *const *data, size_t ndata,
                              const char *const *save, size_t nsave, bool local, mega_err *err) {
   memset(r, 0, sizeof *r);
@@ -44,6 +129,8 @@ mega_status megad_roots_init(megad_roots *r, const char *const *data, size_t nda
   r->ndata = ndata;
   if (s == MEGA_OK) s = resolve_all("--save-root", save, nsave, &r->save, err);
   r->nsave = nsave;
+  if (s == MEGA_OK) s = guard_roots("--data-root", data, r->data, ndata, err);
+  if (s == MEGA_OK) s = guard_roots("--save-root", save, r->save, nsave, err);
   if (s != MEGA_OK) {
     megad_roots_free(r);
     return s;
@@ -139,7 +226,9 @@ static void list_roots(char *buf, size_t len, char *const *a, size_t na, char *c
     off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? ", " : "", i < na ? a[i] : b[i - na]);
 }
 
-static mega_status check_one(const char *flag, const char *path, bool may_not_exist,
+/* A checkpoint directory (guarded): none of the directories it goes
+ * through, root to itself, may be one others could change. */
+static mega_status check_one(const char *flag, const char *path, bool may_not_exist, bool guarded,
                              char *const *a, size_t na, char *const *b, size_t nb,
                              const char *root_flags, mega_err *err) {
   char roots[384];
@@ -153,13 +242,22 @@ static mega_status check_one(const char *flag, const char *path, bool may_not_ex
   if (!real)
     return mega_fail(err, MEGA_ERR_INVALID, "invalid job: %s %s: %s", flag, path,
                      errno == EACCES ? "`..` in a directory still to be made" : strerror(errno));
-  bool ok = false;
-  for (size_t i = 0; i < na + nb && !ok; i++) ok = under(real, i < na ? a[i] : b[i - na]);
+  const char *root = NULL;
+  for (size_t i = 0; i < na + nb && !root; i++)
+    if (under(real, i < na ? a[i] : b[i - na])) root = i < na ? a[i] : b[i - na];
   mega_status s = MEGA_OK;
-  if (!ok)
+  char why[160], *bad = NULL;
+  if (!root)
     s = mega_fail(err, MEGA_ERR_INVALID,
                   "invalid job: %s %s resolves to %s, outside this megad's %s (%s)", flag, path,
                   real, root_flags, roots);
+  else if (guarded && !chain_safe(real, strlen(root), &bad, why, sizeof why))
+    s = mega_fail(err, MEGA_ERR_INVALID,
+                  "invalid job: %s %s: %s %s, so another user could swap it, or what the job "
+                  "writes there, for a link that megad's user follows; %s, or give a path in "
+                  "directories of megad's own",
+                  flag, path, bad ? bad : "", why, chain_fix(why));
+  free(bad);
   free(real);
   return s;
 }
@@ -176,13 +274,13 @@ mega_status megad_roots_check(const megad_roots *r, const mega_jobspec *s, mega_
     bool prefix = access(file, F_OK) == 0;
     for (int e = 0; e < (prefix ? 2 : 1) && st == MEGA_OK; e++) {
       snprintf(file, sizeof file, "%s%s", p, prefix ? exts[e] : "");
-      st = check_one(flag, file, false, r->data, r->ndata, NULL, 0, "--data-root", err);
+      st = check_one(flag, file, false, false, r->data, r->ndata, NULL, 0, "--data-root", err);
     }
   }
   if (st == MEGA_OK && s->load)
-    st = check_one("--load", s->load, false, r->data, r->ndata, r->save, r->nsave,
+    st = check_one("--load", s->load, false, true, r->data, r->ndata, r->save, r->nsave,
                    "--data-root or --save-root", err);
   if (st == MEGA_OK && s->save)
-    st = check_one("--save", s->save, true, r->save, r->nsave, NULL, 0, "--save-root", err);
+    st = check_one("--save", s->save, true, true, r->save, r->nsave, NULL, 0, "--save-root", err);
   return st;
 }

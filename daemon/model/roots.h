@@ -7,6 +7,12 @@
  * root, where the directory may not exist yet: its nearest existing parent
  * is resolved and the rest may not climb out with `..`.
  *
+ * A root, the directories above it and those from it down to a --save or
+ * --load may not be ones other users could change (swap a name for a link
+ * megad's user then writes or reads through): owned by a user other than
+ * megad's or root, or world-writable (above a root, sticky world-writable
+ * like /tmp is fine). Group write is fine.
+ *
  * Without roots, a megad that only this machine can reach lets jobs name
  * any path (one-machine use, as before); one that listens on the network
  * refuses every job that names a path. Pure but for realpath and stat. */
@@ -25,14 +31,16 @@ typedef struct megad_roots {
   bool open;           /* no roots and a local listener: any path */
 } megad_roots;
 
-/* Resolves every root (each must be an existing directory). local: the
- * daemon listens on loopback or a unix socket only. */
+/* Resolves every root (each must be an existing directory that others
+ * could not change, as above). local: the daemon listens on loopback or a
+ * unix socket only. */
 mega_status megad_roots_init(megad_roots *r, const char *const *data, size_t ndata,
                              const char *const *save, size_t nsave, bool local, mega_err *err);
 void megad_roots_free(megad_roots *r);
 
 /* MEGA_ERR_INVALID naming the flag and the roots when a path of s lies
- * outside them. */
+ * outside them, or naming the directory when a --save or --load goes
+ * through one others could change. */
 mega_status megad_roots_check(const megad_roots *r, const mega_jobspec *s, mega_err *err);
 
 /* path as the roots see it (malloc'd): absolute, symlinks and `..`

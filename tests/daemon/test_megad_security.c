@@ -159,6 +159,17 @@ static void test_refused_at_start(void **state) {
   snprintf(args, sizeof args, "--listen 127.0.0.1:0 --token-file %s --state-dir %s/s", tok, dir);
   assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   assert_non_null(strstr(out, "shorter than 16 characters"));
+  /* a root anyone may write: others could swap a job's --save for a link */
+  char open_root[160];
+  snprintf(open_root, sizeof open_root, "%s/open", dir);
+  assert_int_equal(mkdir(open_root, 0700), 0);
+  assert_int_equal(chmod(open_root, 0777), 0);
+  snprintf(args, sizeof args, "--listen 127.0.0.1:0 --save-root %s --state-dir %s/s", open_root,
+           dir);
+  assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
+  fprintf(stderr, "open root: %s", out);
+  assert_non_null(strstr(out, "--save-root"));
+  assert_non_null(strstr(out, "is a shared directory (mode 0777: anyone may write)"));
   hd_rmdir(dir);
 }
 
