@@ -70,7 +70,7 @@ mega_status mega_rpc_read_token(const char *flag, const char *path, bool private
   while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
     t[--n] = '\0';
   const char *why = NULL;
-  if (n < 16) why = "is shorter than 16 characters";
+  if (n < MEGA_RPC_TOKEN_MIN) why = "is shorter than 32 characters, short enough to guess";
   else if (n > MEGA_RPC_TOKEN_MAX) why = "is longer than 4096 characters";
   for (size_t i = 0; !why && i < n; i++)
     if (t[i] <= ' ' || t[i] > '~') why = "holds a space, a control character or non-ASCII";

@@ -24,14 +24,16 @@ typedef struct mega_rpc_auth {
   bool tls_client_auth; /* server: require a client certificate signed by tls_ca */
 } mega_rpc_auth;
 
-/* Longest token and PEM file accepted. */
+/* Shortest and longest token, and longest PEM file, accepted. 32: what
+ * `head -c 32 /dev/urandom | base64` (44) and `openssl rand -hex 16` make. */
+#define MEGA_RPC_TOKEN_MIN 32
 #define MEGA_RPC_TOKEN_MAX 4096
 #define MEGA_RPC_PEM_MAX (1u << 20)
 
 /* Reads the token in path (trailing whitespace dropped) into *out (the
  * caller frees it). flag names the file in messages ("--token-file").
  * private_only refuses a file that group or others may read (megad does;
- * the error says `chmod 600 PATH`). A token is 16 to MEGA_RPC_TOKEN_MAX
+ * the error says `chmod 600 PATH`). A token is MEGA_RPC_TOKEN_MIN to MEGA_RPC_TOKEN_MAX
  * printable ASCII characters without spaces. */
 mega_status mega_rpc_read_token(const char *flag, const char *path, bool private_only, char **out,
                                 mega_err *err);

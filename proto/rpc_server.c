@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer.h>
@@ -17,6 +18,7 @@
 #include <grpc/support/alloc.h>
 
 #include "core/port.h"
+#include "core/throttle.h"
 #include "proto/rpc_internal.h"
 
 typedef struct method_entry {
@@ -68,6 +70,7 @@ struct mega_rpc_server {
   size_t max_msg, max_req;
   char *bearer; /* "Bearer TOKEN"; NULL: calls need no token */
   size_t bearer_len;
+  mega_throttle *guesses; /* wrong tokens per source address (with bearer) */
   char *tls_ca, *tls_cert, *tls_key; /* copies, for the listening ports' credentials */
   bool tls_client_auth;
   mega_rpc_refused_fn on_refused;
@@ -257,6 +260,32 @@ static void arm(mega_rpc_server *s, method_entry *me) {
   s->armed++;
 }
 
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A refused call's message; a wrong token is a guess, counted per source
+ * address: past a few, the answer is RESOURCE_EXHAUSTED for a while (the
+ * hold returned; 0: UNAUTHENTICATED). The right token always passes, so
+ * megads and megactls sharing an address with a guesser keep working. */
+static int64_t refusal(mega_rpc_server *s, mega_rpc_call *c, const char *why, char *msg,
+                       size_t cap) {
+  int64_t hold = 0;
+  char src[MEGA_THROTTLE_KEY_MAX];
+  mega_throttle_source(mega_rpc_call_peer(c), src, sizeof src);
+  if (!strcmp(why, "wrong token")) hold = mega_throttle_fail(s->guesses, src, mono_ms());
+  if (hold)
+    snprintf(msg, cap, "too many wrong tokens from %s: calls from there with a wrong token are "
+             "refused for %lld s more; use the cluster token (megactl --token-file)", src,
+             (long long)((hold + 999) / 1000));
+  else
+    snprintf(msg, cap, "%s: the server requires `authorization: Bearer TOKEN` with the cluster "
+             "token", why);
+  return hold;
+}
+
 static void on_new(mega_rpc_tag *t, bool ok) {
   mega_rpc_call *c = MEGA_RPC_CONTAINER(t, mega_rpc_call, t_new);
   mega_rpc_server *s = c->srv;
@@ -291,9 +320,8 @@ static void on_new(mega_rpc_tag *t, bool ok) {
     /* Nothing of the request is looked at: not even whether the path exists. */
     if (!c->me) c->deadline = c->details.deadline;
     const char *path = c->me ? c->me->m->path : "(unknown method)";
-    snprintf(msg, sizeof msg, "%s: the server requires `authorization: Bearer TOKEN` with the "
-             "cluster token", bad_token);
-    set_status(c, MEGA_RPC_UNAUTHENTICATED, msg);
+    int64_t hold = refusal(s, c, bad_token, msg, sizeof msg);
+    set_status(c, hold ? MEGA_RPC_RESOURCE_EXHAUSTED : MEGA_RPC_UNAUTHENTICATED, msg);
     pump(c);
     if (s->on_refused) s->on_refused(s->refused_arg, mega_rpc_call_peer(c), path, bad_token);
   } else if (!c->me) {
@@ -411,6 +439,7 @@ int64_t mega_rpc_call_remaining_ms(const mega_rpc_call *c) {
 static void free_server(mega_rpc_server *s) {
   free(s->methods);
   free(s->bearer);
+  mega_throttle_free(s->guesses);
   free(s->tls_ca);
   free(s->tls_cert);
   free(s->tls_key);
@@ -433,6 +462,7 @@ mega_status mega_rpc_server_new(mega_rpc_cq *cq, const mega_rpc_server_opts *opt
   if (!invalid && a && a->token && a->token[0]) {
     oom |= !(s->bearer = mega_rpc_bearer(a->token));
     if (s->bearer) s->bearer_len = strlen(s->bearer);
+    oom |= !(s->guesses = mega_throttle_new());
   }
   if (!invalid && a && a->tls_cert && a->tls_key) {
     oom |= !(s->tls_cert = strdup(a->tls_cert)) || !(s->tls_key = strdup(a->tls_key));

@@ -96,6 +96,11 @@ static enum MHD_Result queue(megad_http *h, struct MHD_Connection *c, unsigned c
     MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"megad\"");
   if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
     MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, x && x->allow ? x->allow : "GET, HEAD");
+  if (code == MHD_HTTP_TOO_MANY_REQUESTS && x) {
+    char secs[24];
+    snprintf(secs, sizeof secs, "%u", x->retry_after_s);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, secs);
+  }
   if (x && x->set_cookie) MHD_add_response_header(r, MHD_HTTP_HEADER_SET_COOKIE, x->set_cookie);
   if (x && x->location) MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, x->location);
   if (x) MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");

@@ -68,6 +68,7 @@ typedef struct megad_http_resp {
   char *location;    /* malloc'd or NULL: a Location header (for a 303) */
   megad_http_source stream; /* pull set: a stream instead of the body */
   const char *allow; /* static or NULL: a 405's Allow header (NULL: "GET, HEAD") */
+  unsigned retry_after_s; /* a 429's Retry-After header */
 } megad_http_resp;
 /* Another path's owner: answers req into *out and returns true, or returns
  * false for a 404. It decides who may see what (req->bearer_ok): the web

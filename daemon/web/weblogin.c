@@ -7,6 +7,7 @@
 #include <sys/random.h>
 
 #include "core/secret.h"
+#include "core/throttle.h"
 #include "daemon/web/http.h"
 #include "daemon/web/web.h"
 
@@ -21,13 +22,15 @@ struct megad_web_login {
   char *token;
   size_t token_len;
   session s[MEGAD_WEB_SESSIONS_MAX];
+  mega_throttle *guesses;  /* wrong tokens per address */
   uint64_t refused;        /* refusals since the last log line */
   int64_t refused_log_ms;  /* when that line was */
 };
 
 megad_web_login *megad_web_login_new(const char *token) {
   megad_web_login *l = calloc(1, sizeof *l);
-  if (!l || !(l->token = strdup(token))) {
+  if (!l || !(l->token = strdup(token)) || !(l->guesses = mega_throttle_new())) {
+    if (l) free(l->token);
     free(l);
     return NULL;
   }
@@ -38,6 +41,7 @@ megad_web_login *megad_web_login_new(const char *token) {
 void megad_web_login_free(megad_web_login *l) {
   if (!l) return;
   free(l->token);
+  mega_throttle_free(l->guesses);
   free(l);
 }
 
@@ -102,15 +106,22 @@ static char *cookie(const char *id, long max_age) {
   return c;
 }
 
-bool megad_web_login_post(megad_web_login *l, const char *form, int64_t now_ms,
-                          char **set_cookie, char **location, uint64_t *refusals) {
+bool megad_web_login_post(megad_web_login *l, const char *form, const char *peer, int64_t now_ms,
+                          char **set_cookie, char **location, uint64_t *refusals,
+                          int64_t *retry_ms) {
   *set_cookie = *location = NULL;
   *refusals = 0;
-  char sent[4097], next[520];
+  int64_t hold_ms = 0;
+  if (!retry_ms) retry_ms = &hold_ms;
+  char sent[4097], next[520], src[MEGA_THROTTLE_KEY_MAX];
+  mega_throttle_source(peer, src, sizeof src);
+  /* held off: not looked at, so a guesser learns nothing until then */
+  if ((*retry_ms = mega_throttle_wait(l->guesses, src, now_ms)) > 0) return false;
   bool ok = megad_web_form_get(form, "token", sent, sizeof sent);
   /* compared even when absent, so a refusal takes the same time */
   ok = mega_secret_equal(sent, ok ? strlen(sent) : 0, l->token, l->token_len) && ok;
   if (!ok) {
+    *retry_ms = mega_throttle_fail(l->guesses, src, now_ms);
     l->refused++;
     if (!l->refused_log_ms || now_ms - l->refused_log_ms >= 1000) {
       *refusals = l->refused;
@@ -119,6 +130,7 @@ bool megad_web_login_post(megad_web_login *l, const char *form, int64_t now_ms,
     }
     return false;
   }
+  mega_throttle_forget(l->guesses, src);
   unsigned char raw[ID_BYTES];
   if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) return false;
   int slot = 0; /* a free one, else the oldest */

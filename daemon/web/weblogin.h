@@ -33,13 +33,19 @@ void megad_web_login_free(megad_web_login *l);
  * live session. */
 bool megad_web_session_ok(megad_web_login *l, const char *cookie_header, int64_t now_ms);
 
-/* A POST to /login: form is its body (token=...&next=...). Right token: a
- * new session, *set_cookie its Set-Cookie value (HttpOnly; SameSite=Strict;
- * Path=/), *location where to go (the page it came from), true. Wrong: false,
- * and *refusals, when a log line is due (at most one a second), how many
- * refusals it covers (0: none due). Both strings malloc'd. */
-bool megad_web_login_post(megad_web_login *l, const char *form, int64_t now_ms,
-                          char **set_cookie, char **location, uint64_t *refusals);
+/* A POST to /login from peer (its address): form is its body
+ * (token=...&next=...). Right token: a new session, *set_cookie its
+ * Set-Cookie value (HttpOnly; SameSite=Strict; Path=/), *location where to
+ * go (the page it came from), true. Wrong: false, and *refusals, when a log
+ * line is due (at most one a second), how many refusals it covers (0: none
+ * due). Both strings malloc'd. After MEGA_THROTTLE_FREE wrong tokens from
+ * one address (core/throttle.h) its logins are not looked at for a while
+ * that doubles with each further one (up to a minute): false, with
+ * *retry_ms (may be NULL) how long that is (0: not held off); a right token
+ * starts the address afresh. */
+bool megad_web_login_post(megad_web_login *l, const char *form, const char *peer, int64_t now_ms,
+                          char **set_cookie, char **location, uint64_t *refusals,
+                          int64_t *retry_ms);
 /* A POST to /logout: forgets the session the cookie names; *set_cookie
  * clears the cookie (malloc'd). */
 void megad_web_logout(megad_web_login *l, const char *cookie_header, char **set_cookie);

@@ -93,7 +93,9 @@ static bool gate(megad_webserve *w, const megad_http_req *req, const char *path,
     }
     char *cookie, *location;
     uint64_t refusals;
-    if (megad_web_login_post(w->login, req->body, now, &cookie, &location, &refusals)) {
+    int64_t retry_ms;
+    if (megad_web_login_post(w->login, req->body, req->peer, now, &cookie, &location, &refusals,
+                             &retry_ms)) {
       megad_log(w->sv->b, "web view: a login from %s", req->peer);
       see_other(out, location, cookie);
       return false;
@@ -103,6 +105,15 @@ static bool gate(megad_webserve *w, const megad_http_req *req, const char *path,
     else if (refusals)
       megad_warn(w->sv->b, "web view: refused %llu logins with a wrong token; the last from %s",
                  (unsigned long long)refusals, req->peer);
+    if (retry_ms > 0) {
+      unsigned secs = (unsigned)((retry_ms + 999) / 1000);
+      char msg[160];
+      snprintf(msg, sizeof msg, "too many wrong tokens from %s: try again in %u s\n", req->peer,
+               secs);
+      plain(out, 429, msg);
+      out->retry_after_s = secs;
+      return false;
+    }
     char next[520];
     form(out, 401, megad_web_form_get(req->body, "next", next, sizeof next) ? next : "/", true);
     return false;

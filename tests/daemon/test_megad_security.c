@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/throttle.h"
 #include "harness.h"
 
 #define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
@@ -88,6 +89,14 @@ static void test_token_guards_every_call(void **state) {
   fprintf(stderr, "wrong token: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "refused the token (wrong token)"));
   assert_int_equal(list_jobs(n1.addr, &good, &err), MEGA_OK);
+  /* guesses: a few more are refused as such, then held off; the right token passes */
+  for (int i = 1; i < MEGA_THROTTLE_FREE; i++)
+    assert_int_not_equal(list_jobs(n1.addr, &wrong, &err), MEGA_OK);
+  assert_non_null(strstr(err.msg, "refused the token (wrong token)"));
+  assert_int_not_equal(list_jobs(n1.addr, &wrong, &err), MEGA_OK);
+  fprintf(stderr, "guessing: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "too many wrong tokens from 127.0.0.1"));
+  assert_int_equal(list_jobs(n1.addr, &good, &err), MEGA_OK);
 
   /* a flood of bad calls: each refused, the log rate-limited */
   for (int i = 0; i < 40; i++) assert_int_not_equal(list_jobs(n1.addr, NULL, &err), MEGA_OK);
@@ -155,10 +164,12 @@ static void test_refused_at_start(void **state) {
            "--state-dir %s/s", tok, tok, tok, dir);
   assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
   assert_non_null(strstr(out, "--tls-cert needs --tls-ca"));
-  write_file(tok, "short\n", 0600);
+  write_file(tok, "abcdefghijklmnopqrstuvwxyz\n", 0600); /* 26: accepted before */
   snprintf(args, sizeof args, "--listen 127.0.0.1:0 --token-file %s --state-dir %s/s", tok, dir);
   assert_int_equal(hd_megad_exits(out, sizeof out, args), 2);
-  assert_non_null(strstr(out, "shorter than 16 characters"));
+  fprintf(stderr, "short token: %s", out);
+  assert_non_null(strstr(out, "shorter than 32 characters"));
+  assert_non_null(strstr(out, "head -c 32 /dev/urandom | base64"));
   /* a root anyone may write: others could swap a job's --save for a link */
   char open_root[160];
   snprintf(open_root, sizeof open_root, "%s/open", dir);

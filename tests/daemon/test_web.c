@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/throttle.h"
 #include "daemon/web/web.h"
 #include "daemon/web/weblogin.h"
 #include "daemon/web/websse.h"
@@ -604,6 +605,50 @@ static void test_sse_compose(void **state) {
 
 /* ---- login ---- */
 
+/* Wrong tokens from one address: a few are free, then that address's
+ * logins are held off (not looked at, right token or not) for a second,
+ * doubled by each further wrong one; another address is not, and the right
+ * token once the hold is over starts the address afresh. */
+static void test_login_guesses_held_off(void **state) {
+  (void)state;
+  megad_web_login *l = megad_web_login_new("Zm9vYmFy+c2VjcmV0/dG9rZW4=");
+  const char *right = "token=Zm9vYmFy%2Bc2VjcmV0%2FdG9rZW4%3D";
+  char *cookie, *loc;
+  uint64_t refused;
+  int64_t retry = -1, t = 1000;
+  for (int i = 0; i < MEGA_THROTTLE_FREE; i++) {
+    assert_false(megad_web_login_post(l, "token=guess", "10.0.0.9", t++, &cookie, &loc, &refused,
+                                      &retry));
+    assert_int_equal(retry, 0);
+  }
+  assert_false(megad_web_login_post(l, "token=guess", "10.0.0.9", t, &cookie, &loc, &refused,
+                                    &retry));
+  assert_int_equal(retry, MEGA_THROTTLE_FIRST_MS);
+  /* held: even the right token is not looked at */
+  assert_false(megad_web_login_post(l, right, "10.0.0.9", t + 500, &cookie, &loc, &refused, &retry));
+  assert_int_equal(retry, 500);
+  assert_null(cookie);
+  /* another address is not held */
+  assert_true(megad_web_login_post(l, right, "10.0.0.7", t + 500, &cookie, &loc, &refused, &retry));
+  assert_int_equal(retry, 0);
+  free(cookie);
+  free(loc);
+  /* over: one more wrong one holds it twice as long */
+  t += MEGA_THROTTLE_FIRST_MS;
+  assert_false(megad_web_login_post(l, "token=guess", "10.0.0.9", t, &cookie, &loc, &refused,
+                                    &retry));
+  assert_int_equal(retry, 2 * MEGA_THROTTLE_FIRST_MS);
+  t += 2 * MEGA_THROTTLE_FIRST_MS;
+  assert_true(megad_web_login_post(l, right, "10.0.0.9", t, &cookie, &loc, &refused, &retry));
+  free(cookie);
+  free(loc);
+  /* afresh: the next wrong one is free again */
+  assert_false(megad_web_login_post(l, "token=guess", "10.0.0.9", t + 1, &cookie, &loc, &refused,
+                                    &retry));
+  assert_int_equal(retry, 0);
+  megad_web_login_free(l);
+}
+
 static void test_login(void **state) {
   (void)state;
   const char *token = "Zm9vYmFy+c2VjcmV0/dG9rZW4=";
@@ -611,18 +656,19 @@ static void test_login(void **state) {
   char *cookie, *loc;
   uint64_t refused;
   /* wrong tokens: refused; the log line is due at most once a second */
-  assert_false(megad_web_login_post(l, "token=nope&next=/", 1000, &cookie, &loc, &refused));
+  assert_false(megad_web_login_post(l, "token=nope&next=/", "10.0.0.1", 1000, &cookie, &loc,
+                                    &refused, NULL));
   assert_null(cookie);
   assert_int_equal(refused, 1);
-  assert_false(megad_web_login_post(l, "token=Zm9vYmFy+c2VjcmV0/dG9rZW4=", 1100, &cookie, &loc,
-                                    &refused)); /* '+' in a form is a space */
+  assert_false(megad_web_login_post(l, "token=Zm9vYmFy+c2VjcmV0/dG9rZW4=", "10.0.0.1", 1100,
+                                    &cookie, &loc, &refused, NULL)); /* '+' is a space */
   assert_int_equal(refused, 0);
-  assert_false(megad_web_login_post(l, "next=/", 1200, &cookie, &loc, &refused));
-  assert_false(megad_web_login_post(l, "", 2100, &cookie, &loc, &refused));
+  assert_false(megad_web_login_post(l, "next=/", "10.0.0.1", 1200, &cookie, &loc, &refused, NULL));
+  assert_false(megad_web_login_post(l, "", "10.0.0.1", 2100, &cookie, &loc, &refused, NULL));
   assert_int_equal(refused, 3);
   /* the right one: a session cookie, not the token */
   assert_true(megad_web_login_post(l, "token=Zm9vYmFy%2Bc2VjcmV0%2FdG9rZW4%3D&next=/jobs/j-1-n1",
-                                   3000, &cookie, &loc, &refused));
+                                   "10.0.0.1", 3000, &cookie, &loc, &refused, NULL));
   assert_string_equal(loc, "/jobs/j-1-n1");
   assert_int_equal(strncmp(cookie, "mega_session=", 13), 0);
   assert_non_null(strstr(cookie, "; HttpOnly"));
@@ -659,14 +705,14 @@ static void test_login(void **state) {
     size_t o = 0;
     for (const char *p = bad[i]; *p; p++) o += (size_t)snprintf(enc + o, sizeof enc - o, "%%%02X", (unsigned char)*p);
     snprintf(form, sizeof form, "token=Zm9vYmFy%%2Bc2VjcmV0%%2FdG9rZW4%%3D&next=%s", enc);
-    assert_true(megad_web_login_post(l, form, 5000, &cookie, &loc, &refused));
+    assert_true(megad_web_login_post(l, form, "10.0.0.1", 5000, &cookie, &loc, &refused, NULL));
     assert_string_equal(loc, "/");
     free(cookie);
     free(loc);
   }
   /* logout forgets the session and clears the cookie */
-  assert_true(megad_web_login_post(l, "token=Zm9vYmFy%2Bc2VjcmV0%2FdG9rZW4%3D", 6000, &cookie, &loc,
-                                   &refused));
+  assert_true(megad_web_login_post(l, "token=Zm9vYmFy%2Bc2VjcmV0%2FdG9rZW4%3D", "10.0.0.1", 6000,
+                                   &cookie, &loc, &refused, NULL));
   sscanf(cookie, "mega_session=%70[0-9a-f]", id);
   snprintf(hdr, sizeof hdr, "mega_session=%s", id);
   free(cookie);
@@ -706,6 +752,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_stream_route, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sse_compose, setup, teardown),
       cmocka_unit_test(test_login),
+      cmocka_unit_test(test_login_guesses_held_off),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   bool want = megad_web_form_get(form, "token", sent, sizeof sent) && !strcmp(sent, TOKEN);
   char *set_cookie = NULL, *location = NULL;
   uint64_t refusals = 0;
-  bool ok = megad_web_login_post(l, form, 1000, &set_cookie, &location, &refusals);
+  bool ok = megad_web_login_post(l, form, "10.0.0.1", 1000, &set_cookie, &location, &refusals, NULL);
   FUZZ_CHECK(ok == want);
   FUZZ_CHECK(!megad_web_session_ok(l, cookie_hdr, 2000));
   if (ok) {
