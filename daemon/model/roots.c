@@ -44,18 +44,21 @@ static mega_status resolve_all(const char *flag, const char *const *in, size_t n
  * megad's workers make and write checkpoints as megad's user. Whoever may
  * make or swap names in a directory on the way to a --save or --load could,
  * between the check and the worker's mkdir or open, put a link there and
- * have megad's user write or read through it. Trusted: megad's user, root
- * and a directory's group (team directories are group-writable). Not: a
- * directory another user owns, or one anyone may write. Above a root a
- * sticky one (like /tmp) is fine, as others may not move what they do not
- * own out of it; a root and what lies under it may not be sticky
- * world-writable either, since anyone could make a --save still to be made
- * first. */
+ * have megad's user write or read through it. Refused: a directory anyone
+ * may write. Above a root a sticky one (like /tmp) is fine, as others may
+ * not move what they do not own out of it; a root and what lies under it may
+ * not be sticky world-writable either, since anyone could make a --save
+ * still to be made first. A directory's group is trusted (team directories
+ * are group-writable), and so is its owner: a root owned by another user is
+ * only a warning at start, since shared storage often cannot be handed to
+ * megad's user (NFS with root_squash shows root's own directories as
+ * nobody's). */
 
 /* Why others could change dir's names (in buf), or NULL. */
-static const char *others_change(const struct stat *st, bool above_root, char *buf, size_t cap) {
+static const char *others_change(const struct stat *st, bool above_root, bool owners, char *buf,
+                                 size_t cap) {
   unsigned mode = (unsigned)(st->st_mode & 07777);
-  if (st->st_uid != geteuid() && st->st_uid != 0) {
+  if (owners && st->st_uid != geteuid() && st->st_uid != 0) {
     snprintf(buf, cap, "belongs to uid %u, not to megad's uid %u or root", (unsigned)st->st_uid,
              (unsigned)geteuid());
     return buf;
@@ -68,9 +71,10 @@ static const char *others_change(const struct stat *st, bool above_root, char *b
 
 /* Every directory that makes up path (absolute, resolved), "/" first, up to
  * the first that does not exist yet; those shorter than root_len are above
- * the root. On the first one others could change: the failing directory in
- * *bad (malloc'd) and why in why. */
-static bool chain_safe(const char *path, size_t root_len, char **bad, char *why, size_t cap) {
+ * the root. On the first one others could change (owners: or that another
+ * user owns): the failing directory in *bad (malloc'd) and why in why. */
+static bool chain_safe(const char *path, size_t root_len, bool owners, char **bad, char *why,
+                       size_t cap) {
   size_t len = strlen(path);
   char *dir = malloc(len + 2);
   if (!dir) {
@@ -87,7 +91,7 @@ static bool chain_safe(const char *path, size_t root_len, char **bad, char *why,
     if (lstat(dir, &st) != 0) break; /* still to be made (a --save) */
     bool above = n < root_len;
     const char *w = S_ISLNK(st.st_mode) ? "is a link (it was swapped since it was resolved)"
-                    : S_ISDIR(st.st_mode) ? others_change(&st, above, why, cap)
+                    : S_ISDIR(st.st_mode) ? others_change(&st, above, owners, why, cap)
                                           : NULL;
     if (w) {
       if (w != why) snprintf(why, cap, "%s", w);
@@ -105,12 +109,21 @@ static const char *chain_fix(const char *why) {
              : "chmod o-w it (its group may still write it)";
 }
 
-/* Each root at start: megad refuses one others could change. */
+/* Each root at start: megad refuses one others may write, and notes (in
+ * note, the first only) one that another user owns. */
 static mega_status guard_roots(const char *flag, const char *const *in, char *const *real,
-                               size_t n, mega_err *err) {
+                               size_t n, char *note, size_t note_cap, mega_err *err) {
   for (size_t i = 0; i < n; i++) {
     char why[160], *bad = NULL;
-    if (chain_safe(real[i], strlen(real[i]), &bad, why, sizeof why)) continue;
+    if (chain_safe(real[i], strlen(real[i]), false, &bad, why, sizeof why)) {
+      if (!note[0] && !chain_safe(real[i], strlen(real[i]), true, &bad, why, sizeof why))
+        snprintf(note, note_cap,
+                 "%s %s: %s %s, so that user could swap what jobs read and write there for "
+                 "links that megad's user follows; %s if megad should not trust them",
+                 flag, in[i], bad ? bad : "", why, chain_fix(why));
+      free(bad);
+      continue;
+    }
     mega_status s = mega_fail(
         err, MEGA_ERR_INVALID,
         "%s %s: %s %s, so another user could swap what jobs read and write there for links "
@@ -129,8 +142,10 @@ mega_status megad_roots_init(megad_roots *r, const char *const *data, size_t nda
   r->ndata = ndata;
   if (s == MEGA_OK) s = resolve_all("--save-root", save, nsave, &r->save, err);
   r->nsave = nsave;
-  if (s == MEGA_OK) s = guard_roots("--data-root", data, r->data, ndata, err);
-  if (s == MEGA_OK) s = guard_roots("--save-root", save, r->save, nsave, err);
+  if (s == MEGA_OK)
+    s = guard_roots("--data-root", data, r->data, ndata, r->note, sizeof r->note, err);
+  if (s == MEGA_OK)
+    s = guard_roots("--save-root", save, r->save, nsave, r->note, sizeof r->note, err);
   if (s != MEGA_OK) {
     megad_roots_free(r);
     return s;
@@ -251,7 +266,7 @@ static mega_status check_one(const char *flag, const char *path, bool may_not_ex
     s = mega_fail(err, MEGA_ERR_INVALID,
                   "invalid job: %s %s resolves to %s, outside this megad's %s (%s)", flag, path,
                   real, root_flags, roots);
-  else if (guarded && !chain_safe(real, strlen(root), &bad, why, sizeof why))
+  else if (guarded && !chain_safe(real, strlen(root), false, &bad, why, sizeof why))
     s = mega_fail(err, MEGA_ERR_INVALID,
                   "invalid job: %s %s: %s %s, so another user could swap it, or what the job "
                   "writes there, for a link that megad's user follows; %s, or give a path in "
@@ -282,5 +297,9 @@ mega_status megad_roots_check(const megad_roots *r, const mega_jobspec *s, mega_
                    "--data-root or --save-root", err);
   if (st == MEGA_OK && s->save)
     st = check_one("--save", s->save, true, true, r->save, r->nsave, NULL, 0, "--save-root", err);
+  /* the order's index cache is written: a save root's, as --save is */
+  if (st == MEGA_OK && s->data_cache_path)
+    st = check_one("--data-cache-path", s->data_cache_path, true, true, r->save, r->nsave, NULL,
+                   0, "--save-root", err);
   return st;
 }

@@ -7,11 +7,15 @@
  * root, where the directory may not exist yet: its nearest existing parent
  * is resolved and the rest may not climb out with `..`.
  *
- * A root, the directories above it and those from it down to a --save or
- * --load may not be ones other users could change (swap a name for a link
- * megad's user then writes or reads through): owned by a user other than
- * megad's or root, or world-writable (above a root, sticky world-writable
- * like /tmp is fine). Group write is fine.
+ * --data-cache-path (Megatron's order's index cache, which jobs write) lies
+ * under a save root, as --save does.
+ *
+ * A root, the directories above it and those from it down to a --save,
+ * --load or --data-cache-path may not be ones anyone may write (swap a name
+ * for a link megad's user then writes or reads through); above a root,
+ * sticky world-writable like /tmp is fine. Group write is fine. A root on
+ * the way to which a directory belongs to a user other than megad's or root
+ * is accepted with a note (shared storage often cannot be chowned).
  *
  * Without roots, a megad that only this machine can reach lets jobs name
  * any path (one-machine use, as before); one that listens on the network
@@ -29,6 +33,7 @@ typedef struct megad_roots {
   char **data, **save; /* realpath'd */
   size_t ndata, nsave;
   bool open;           /* no roots and a local listener: any path */
+  char note[640];      /* "" or a warning for megad to log at start */
 } megad_roots;
 
 /* Resolves every root (each must be an existing directory that others

@@ -97,12 +97,21 @@ static void test_root_others_may_write_is_refused_at_start(void **state) {
   assert_int_equal(init_save(in, &err), MEGA_OK);
 
   if (geteuid() != 0) return; /* only root can hand a directory to another user */
+  /* another user's root (NFS with root_squash shows root's own as nobody's):
+   * taken, with a note megad logs at start */
   dir_at(p, sizeof p, "theirs", 0755);
   assert_int_equal(chown(p, NOBODY, NOBODY), 0);
-  assert_int_equal(init_save(p, &err), MEGA_ERR_INVALID);
-  fprintf(stderr, "theirs: %s\n", err.msg);
-  assert_non_null(strstr(err.msg, "belongs to uid 65534"));
-  assert_non_null(strstr(err.msg, "chown it"));
+  const char *save[] = {p};
+  assert_int_equal(megad_roots_init(&r, NULL, 0, save, 1, false, &err), MEGA_OK);
+  fprintf(stderr, "theirs: %s\n", r.note);
+  assert_non_null(strstr(r.note, "belongs to uid 65534"));
+  assert_non_null(strstr(r.note, "chown it"));
+  megad_roots_free(&r);
+  /* one of megad's own: no note */
+  dir_at(p, sizeof p, "ours", 0755);
+  assert_int_equal(megad_roots_init(&r, NULL, 0, save, 1, false, &err), MEGA_OK);
+  assert_string_equal(r.note, "");
+  megad_roots_free(&r);
 }
 
 static mega_status admit(const megad_roots *r, const char *save, const char *load,
@@ -149,12 +158,42 @@ static void test_checkpoint_paths_others_may_write_are_refused(void **state) {
   assert_int_equal(admit(&r, NULL, q, &err), MEGA_ERR_INVALID);
   assert_int_equal(chmod(root, 0755), 0);
 
-  if (geteuid() == 0) { /* a --load another user owns: they could plant links in it */
+  if (geteuid() == 0) { /* a --load a teammate owns (not open to all): taken */
     assert_int_equal(chown(q, NOBODY, NOBODY), 0);
-    assert_int_equal(admit(&r, NULL, q, &err), MEGA_ERR_INVALID);
-    fprintf(stderr, "--load theirs: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "belongs to uid 65534"));
+    assert_int_equal(admit(&r, NULL, q, &err), MEGA_OK);
   }
+  megad_roots_free(&r);
+}
+
+static void test_data_cache_path_is_a_save_roots(void **state) {
+  (void)state;
+  char data[128], save[128], p[256];
+  mega_err err = {0};
+  dir_at(data, sizeof data, "cdata", 0755);
+  dir_at(save, sizeof save, "csave", 0755);
+  megad_roots r;
+  const char *d[] = {data}, *s[] = {save};
+  assert_int_equal(megad_roots_init(&r, d, 1, s, 1, false, &err), MEGA_OK);
+  mega_jobspec spec;
+  memset(&spec, 0, sizeof spec);
+  snprintf(p, sizeof p, "%s/cache", save); /* still to be made: fine */
+  spec.data_cache_path = p;
+  assert_int_equal(megad_roots_check(&r, &spec, &err), MEGA_OK);
+  /* jobs write the cache: not into the data roots, nor anywhere else */
+  snprintf(p, sizeof p, "%s/cache", data);
+  assert_int_equal(megad_roots_check(&r, &spec, &err), MEGA_ERR_INVALID);
+  fprintf(stderr, "cache in the data root: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "--data-cache-path"));
+  assert_non_null(strstr(err.msg, "outside this megad's --save-root"));
+  spec.data_cache_path = "/etc/mega-cache";
+  assert_int_equal(megad_roots_check(&r, &spec, &err), MEGA_ERR_INVALID);
+  /* nor through a directory anyone may write */
+  char q[192];
+  dir_at(q, sizeof q, "csave/open", 0777);
+  snprintf(p, sizeof p, "%s/cache", q);
+  spec.data_cache_path = p;
+  assert_int_equal(megad_roots_check(&r, &spec, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "is a shared directory"));
   megad_roots_free(&r);
 }
 
@@ -162,6 +201,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_root_others_may_write_is_refused_at_start),
       cmocka_unit_test(test_checkpoint_paths_others_may_write_are_refused),
+      cmocka_unit_test(test_data_cache_path_is_a_save_roots),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
