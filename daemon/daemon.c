@@ -420,6 +420,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                          .heartbeat_ms = d->o.heartbeat_interval_ms,
                          .heartbeat_timeout_ms = d->o.heartbeat_timeout_ms,
                          .roots = &d->roots,
+                         .one_job = d->o.one_job,
                          .max_pending = d->o.max_pending ? d->o.max_pending : 1000,
                          .retain_jobs = d->o.retain_jobs ? d->o.retain_jobs : 1000,
                          .retain_ms = d->o.retain_ms ? d->o.retain_ms : 7 * 86400000u};

@@ -29,6 +29,7 @@ typedef struct megad_opts {
   const char *worker_path;    /* NULL: megaw next to megad */
   const char *metrics_listen; /* "127.0.0.1:9100"; NULL: no /metrics */
   bool quiet;                 /* megad run: no log lines on stderr but warnings */
+  bool one_job;               /* megad run: the daemon ends with its one job */
   unsigned heartbeat_interval_ms; /* 0: 250 */
   unsigned heartbeat_timeout_ms;  /* 0: 1500 */
   unsigned rendezvous_timeout_ms; /* 0: 60000 */

@@ -531,7 +531,7 @@ static int remove_tree(const char *dir) {
 }
 
 static int run(int argc, char **argv) {
-  megad_opts o = {.quiet = true};
+  megad_opts o = {.quiet = true, .one_job = true};
   const char *slots = NULL, *name = "", *nproc = NULL, *restarts = NULL;
   static app a;
   a.run = true;

@@ -55,6 +55,8 @@ typedef struct megad_coord_opts {
   unsigned retain_jobs;           /* ended jobs kept (0: every one) */
   unsigned retain_ms;             /* ended jobs older than this are forgotten (0: never) */
   double node_memory_bytes;       /* what a node holds, for the fit check; 0: this node's RAM */
+  bool one_job;                   /* megad run: this megad ends with its job, so no megactl
+                                     resume can reach it */
 } megad_coord_opts;
 
 typedef struct megad_coord {

@@ -116,7 +116,12 @@ static void stopped_why(const coord_run *run, char *buf, size_t len) {
   bool by_flag = !strncmp(run->stopped, "--exit-interval", 15) ||
                  !strncmp(run->stopped, "--exit-duration", 15);
   const char *why = run->c->saving_reason && !by_flag ? run->c->saving_reason : run->stopped;
-  if (j->spec.save && j->ckpt_iteration == run->stopped_iteration)
+  if (j->spec.save && j->ckpt_iteration == run->stopped_iteration && run->c->o.one_job)
+    snprintf(buf, len, "stopped after iteration %llu: %s; the checkpoint of iteration %llu is "
+             "committed: a run with --load %s goes on from it",
+             (unsigned long long)run->stopped_iteration, why,
+             (unsigned long long)j->ckpt_iteration, j->spec.save);
+  else if (j->spec.save && j->ckpt_iteration == run->stopped_iteration)
     snprintf(buf, len, "stopped after iteration %llu: %s; the checkpoint of iteration %llu is "
              "committed: megactl resume %s, or a new job with --load %s, goes on from it",
              (unsigned long long)run->stopped_iteration, why,
