@@ -297,7 +297,7 @@ static mega_status channel_for(megad_base *b, const char *address, mega_rpc_chan
     return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   }
   mega_rpc_channel_opts o = {.peer_name = "megad", .max_backoff_ms = 1000, .auth = b->auth,
-                             .auth_hint = "give every megad the same --token-file"};
+                             .auth_hint = "give every megad the same --token-file (and --peer-token-file)"};
   mega_status s = mega_rpc_channel_new(address, &o, &c->ch, err);
   if (s != MEGA_OK) {
     free(c->address);

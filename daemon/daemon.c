@@ -225,7 +225,7 @@ static void on_refused(void *arg, const char *peer, const char *method, const ch
   if (d->refused == 1)
     megad_warn(&d->base, "refused a call to %s from %s: %s", method, peer, why);
   else
-    megad_warn(&d->base, "refused %llu calls without the cluster token; the last, to %s from %s: %s",
+    megad_warn(&d->base, "refused %llu calls without the token they need; the last, to %s from %s: %s",
                (unsigned long long)d->refused, method, peer, why);
   d->refused = 0;
   d->refused_logged_ms = now;
@@ -254,11 +254,23 @@ static mega_status load_security(megad *d, const megad_opts *o, long *secs_left,
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--tls-cert needs --tls-ca too: megad calls its peers over TLS and checks "
                      "their certificates against it");
+  if (o->peer_token_file && !o->token_file)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--peer-token-file needs --token-file too: the peer token is the nodes' "
+                     "own, the cluster token the clients'");
   if (o->tls_client_auth && !o->tls_cert)
     return mega_fail(err, MEGA_ERR_INVALID, "--tls-client-auth needs --tls-cert, --tls-key and "
                      "--tls-ca");
   mega_status s = MEGA_OK;
   if (o->token_file) s = mega_rpc_read_token("--token-file", o->token_file, true, &d->token, err);
+  if (s == MEGA_OK && o->peer_token_file)
+    s = mega_rpc_read_token("--peer-token-file", o->peer_token_file, true, &d->peer_token, err);
+  if (s == MEGA_OK && d->peer_token && !strcmp(d->peer_token, d->token))
+    s = mega_fail(err, MEGA_ERR_INVALID,
+                  "--peer-token-file %s holds the same token as --token-file %s: the peer token "
+                  "must be one that clients do not hold; make another with `head -c 32 "
+                  "/dev/urandom | base64 > %s`",
+                  o->peer_token_file, o->token_file, o->peer_token_file);
   if (s == MEGA_OK && o->tls_cert)
     s = mega_rpc_read_pem("--tls-cert", o->tls_cert, false, &d->tls_cert, err);
   if (s == MEGA_OK && o->tls_key)
@@ -275,8 +287,12 @@ static mega_status load_security(megad *d, const megad_opts *o, long *secs_left,
   if (s == MEGA_OK)
     s = megad_roots_init(&d->roots, o->data_roots, o->n_data_roots, o->save_roots,
                          o->n_save_roots, local, err);
-  d->auth = (mega_rpc_auth){.token = d->token, .tls_ca = d->tls_ca, .tls_cert = d->tls_cert,
-                            .tls_key = d->tls_key, .tls_client_auth = o->tls_client_auth};
+  d->auth = (mega_rpc_auth){.token = d->token, .peer_token = d->peer_token, .tls_ca = d->tls_ca,
+                            .tls_cert = d->tls_cert, .tls_key = d->tls_key,
+                            .tls_client_auth = o->tls_client_auth};
+  d->peer_auth = d->auth; /* Peer calls and forwarded Control ones: the peer token */
+  d->peer_auth.token = d->peer_token ? d->peer_token : d->token;
+  d->peer_auth.peer_token = NULL;
   return s;
 }
 
@@ -315,12 +331,14 @@ static void free_security(megad *d) {
   free(d->etcd_password);
   d->etcd_password = NULL;
   if (d->token) memset(d->token, 0, strlen(d->token));
+  if (d->peer_token) memset(d->peer_token, 0, strlen(d->peer_token));
   if (d->tls_key) memset(d->tls_key, 0, strlen(d->tls_key));
   free(d->token);
+  free(d->peer_token);
   free(d->tls_cert);
   free(d->tls_key);
   free(d->tls_ca);
-  d->token = d->tls_cert = d->tls_key = d->tls_ca = NULL;
+  d->token = d->peer_token = d->tls_cert = d->tls_key = d->tls_ca = NULL;
   megad_roots_free(&d->roots);
 }
 
@@ -378,7 +396,11 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
     megad_warn(&d->base, "--tls-cert %s expires in %ld %s: renew it, then restart megad",
                o->tls_cert, days ? cert_secs / 86400 : cert_secs / 3600, days ? "days" : "hours");
   }
-  d->base.auth = &d->auth;
+  if (s == MEGA_OK && d->token && !d->peer_token) /* the probe's finding: say it once */
+    megad_warn(&d->base, "--token-file serves clients and nodes alike: whoever holds it can "
+               "act as a node (join, take job launches, abort jobs, fetch replicas); give "
+               "every megad --peer-token-file FILE, a second token clients do not get");
+  d->base.auth = &d->peer_auth;
   if (s == MEGA_OK) d->started = true;
   if (s == MEGA_OK && o->etcd_endpoints) {
     if (o->peers && o->peers[0])
@@ -392,6 +414,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   }
   if (s == MEGA_OK) s = megad_kvserve_init(&d->kvs, &d->base, err);
   mega_rpc_server_opts so = {.max_request_bytes = MEGAD_MAX_REQUEST_BYTES, .auth = &d->auth,
+                             .peer_prefix = MEGA_PEER_PATH_PREFIX,
                              .on_refused = on_refused, .refused_arg = d};
   if (s == MEGA_OK) s = mega_rpc_server_new(d->base.cq, &so, &d->srv, err);
   if (s == MEGA_OK) s = mega_rpc_server_listen(d->srv, o->listen, &d->port, err);

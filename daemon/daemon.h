@@ -38,6 +38,9 @@ typedef struct megad_opts {
   /* security (README "Security"): a listener other than loopback or a unix
    * socket needs token_file */
   const char *token_file;     /* the cluster token (mode 0600 or stricter); NULL: none */
+  const char *peer_token_file; /* the nodes' own token (the same checks): Peer calls take
+                                  only it, and this megad's calls carry it; NULL: none,
+                                  token_file serves both */
   const char *tls_cert, *tls_key; /* serve TLS; NULL: plaintext */
   const char *tls_ca;         /* the CA of peers' certificates (and of clients' with
                                  tls_client_auth); peers are called over TLS with it */
@@ -60,10 +63,11 @@ typedef struct megad {
   megad_coord coord;
   megad_services svc;
   mega_rpc_server *srv;
-  /* the token and TLS files' contents; auth points into them */
-  char *token, *tls_cert, *tls_key, *tls_ca;
+  /* the token and TLS files' contents; auth and peer_auth point into them */
+  char *token, *peer_token, *tls_cert, *tls_key, *tls_ca;
   char *etcd_pem[3], *etcd_password; /* etcd's CA, certificate and key; the password */
-  mega_rpc_auth auth;
+  mega_rpc_auth auth;      /* the server's: both tokens */
+  mega_rpc_auth peer_auth; /* what this megad's calls to its peers carry */
   megad_roots roots;
   /* refused calls, logged at most once a second */
   uint64_t refused, refused_logged_ms;

@@ -110,6 +110,9 @@ static const char usage_serve[] =
     "security (README \"Security\"):\n"
     "  --token-file FILE      the cluster token (mode 600) every call must carry; needed\n"
     "                         to listen on anything but 127.0.0.1 or a unix: socket\n"
+    "  --peer-token-file FILE the nodes' own token (mode 600; the same on every megad,\n"
+    "                         and not the cluster token): Peer calls (megad to megad)\n"
+    "                         take only it, so a client's token serves Control alone\n"
     "  --tls-cert FILE --tls-key FILE  serve TLS with this certificate and key\n"
     "  --tls-ca FILE          the CA that signs the cluster's certificates (peers are\n"
     "                         called over TLS with it)\n"
@@ -206,8 +209,8 @@ static void on_user_signal(uv_signal_t *h, int sig) {
   }
   if (sig == SIGHUP) {
     megad_warn(&a->d.base, "got SIGHUP; megad does nothing on it: it reads its flags, "
-               "--token-file and the TLS files only at start, so restart it to take new ones "
-               "(SIGTERM stops it, saving the jobs that have --exit-signal-handler)");
+               "--token-file, --peer-token-file and the TLS files only at start, so restart "
+               "it to take new ones (SIGTERM stops it, saving the jobs that have --exit-signal-handler)");
     return;
   }
   megad_warn(&a->d.base, "got %s; megad does nothing on it (SIGTERM stops it, saving the jobs "
@@ -352,6 +355,7 @@ static int serve(int argc, char **argv) {
     }
     if ((r = own_flag(argc, argv, &i, "--listen", &o.listen)) ||
         (r = own_flag(argc, argv, &i, "--token-file", &o.token_file)) ||
+        (r = own_flag(argc, argv, &i, "--peer-token-file", &o.peer_token_file)) ||
         (r = own_flag(argc, argv, &i, "--tls-cert", &o.tls_cert)) ||
         (r = own_flag(argc, argv, &i, "--tls-key", &o.tls_key)) ||
         (r = own_flag(argc, argv, &i, "--tls-ca", &o.tls_ca)) ||

@@ -35,6 +35,10 @@ extern const mega_rpc_method mega_peer_kv_gather;
 extern const mega_rpc_method mega_peer_commit_checkpoint;
 extern const mega_rpc_method mega_peer_list_held;
 
+/* Where every Peer method's path begins: the calls only megads make, which
+ * a megad with a peer token lets only that token make (rpc_server.h). */
+#define MEGA_PEER_PATH_PREFIX "/mega.v1.Peer/"
+
 extern const mega_rpc_method *const mega_control_methods[];
 extern const mega_rpc_method *const mega_peer_methods[];
 

@@ -5,7 +5,12 @@
  * A server (rpc_server.h) given a token refuses every call without it with
  * UNAUTHENTICATED, comparing in constant time; a channel (rpc_client.h)
  * given a token sends it on every call. TLS is on for a server given
- * tls_cert and tls_key, and for a channel given tls_ca. */
+ * tls_cert and tls_key, and for a channel given tls_ca.
+ *
+ * A server may hold a second token, the peer token: the methods under its
+ * peer prefix (rpc_server.h) take only that one, and a call to them with
+ * the (client) token gets PERMISSION_DENIED; its other methods take either
+ * token. So clients, holding the token alone, cannot act as servers' peers. */
 #ifndef MEGA_PROTO_RPC_AUTH_H
 #define MEGA_PROTO_RPC_AUTH_H
 
@@ -17,6 +22,8 @@
 /* Every string is the caller's and is copied where it is kept. */
 typedef struct mega_rpc_auth {
   const char *token;    /* the cluster token; NULL or "": none */
+  const char *peer_token; /* server: the token the peer prefix's methods take (see
+                             above); NULL or "": they take token. Channel: unused */
   const char *tls_ca;   /* PEM. Channel: the CA that signs servers (TLS on when set).
                            Server: the CA that signs clients (for tls_client_auth) */
   const char *tls_cert; /* PEM: this side's certificate chain (server; channel for mTLS) */

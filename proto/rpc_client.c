@@ -224,6 +224,9 @@ static mega_status ccall_result(const ccall *c, mega_err *err) {
     return mega_fail(err, MEGA_ERR_IO, "%s at %s refused the token (%.*s): %s",
                      c->ch->peer_name, c->ch->target, (int)k, d, c->ch->auth_hint);
   }
+  if (c->status == GRPC_STATUS_PERMISSION_DENIED) /* a token that this method does not take */
+    return mega_fail(err, MEGA_ERR_IO, "%s at %s denied %s (PERMISSION_DENIED): %.*s",
+                     c->ch->peer_name, c->ch->target, mega_rpc_method_name(c->m), (int)n, d);
   mega_status st = mega_rpc_client_error(err, (mega_rpc_code)c->status, d, n, c->ch->peer_name,
                                          c->ch->target, c->m, c->timeout_ms);
   if (err && c->ch->unreachable_hint && c->status == GRPC_STATUS_UNAVAILABLE &&

@@ -71,6 +71,9 @@ struct mega_rpc_server {
   char *bearer; /* "Bearer TOKEN"; NULL: calls need no token */
   size_t bearer_len;
   mega_throttle *guesses; /* wrong tokens per source address (with bearer) */
+  char *peer_bearer; /* "Bearer PEER_TOKEN"; NULL: none (rpc_auth.h) */
+  size_t peer_bearer_len;
+  char *peer_prefix; /* the paths only peer_bearer may call; NULL: none */
   char *tls_ca, *tls_cert, *tls_key; /* copies, for the listening ports' credentials */
   bool tls_client_auth;
   mega_rpc_refused_fn on_refused;
@@ -266,24 +269,53 @@ static int64_t mono_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A refused call's message; a wrong token is a guess, counted per source
- * address: past a few, the answer is RESOURCE_EXHAUSTED for a while (the
- * hold returned; 0: UNAUTHENTICATED). The right token always passes, so
- * megads and megactls sharing an address with a guesser keep working. */
-static int64_t refusal(mega_rpc_server *s, mega_rpc_call *c, const char *why, char *msg,
-                       size_t cap) {
+/* The path a call asked for: its method's, or for an unknown one what came. */
+static void call_path(const mega_rpc_call *c, char *buf, size_t n) {
+  if (c->me) {
+    snprintf(buf, n, "%s", c->me->m->path);
+    return;
+  }
+  snprintf(buf, n, "%.*s", (int)GRPC_SLICE_LENGTH(c->details.method),
+           (const char *)GRPC_SLICE_START_PTR(c->details.method));
+}
+
+/* Why the call may not go on (its credentials), with the code and the
+ * client's sentence in code and msg; NULL when it may. */
+static const char *refusal(const mega_rpc_server *s, mega_rpc_call *c, mega_rpc_code *code,
+                           char *msg, size_t n) {
+  if (!s->bearer && !s->peer_bearer) return NULL;
+  char path[256];
+  call_path(c, path, sizeof path);
+  bool peer_only = s->peer_bearer && !strncmp(path, s->peer_prefix, strlen(s->peer_prefix));
+  bool peer_ok = s->peer_bearer && mega_rpc_token_matches(s->peer_bearer, s->peer_bearer_len, &c->md);
+  bool client_ok = s->bearer && mega_rpc_token_matches(s->bearer, s->bearer_len, &c->md);
+  if (peer_ok || (!peer_only && (client_ok || !s->bearer))) return NULL;
+  if (client_ok) { /* a client that tries a peer's method */
+    *code = MEGA_RPC_PERMISSION_DENIED;
+    snprintf(msg, n, "the client token may not call %s: only the peer token may, which the "
+             "servers alone hold (megad --peer-token-file); clients call the other services",
+             path);
+    return "the client token, on a method only peers may call";
+  }
+  const char *why = mega_rpc_has_authorization(&c->md) ? "wrong token" : "no token";
+  /* A wrong token is a guess, counted per source address: past a few, the
+   * answer is RESOURCE_EXHAUSTED for a while. The right token always passes,
+   * so megads and megactls sharing an address with a guesser keep working. */
   int64_t hold = 0;
   char src[MEGA_THROTTLE_KEY_MAX];
   mega_throttle_source(mega_rpc_call_peer(c), src, sizeof src);
-  if (!strcmp(why, "wrong token")) hold = mega_throttle_fail(s->guesses, src, mono_ms());
+  if (!strcmp(why, "wrong token") && s->guesses)
+    hold = mega_throttle_fail(s->guesses, src, mono_ms());
+  *code = hold ? MEGA_RPC_RESOURCE_EXHAUSTED : MEGA_RPC_UNAUTHENTICATED;
   if (hold)
-    snprintf(msg, cap, "too many wrong tokens from %s: calls from there with a wrong token are "
-             "refused for %lld s more; use the cluster token (megactl --token-file)", src,
-             (long long)((hold + 999) / 1000));
+    snprintf(msg, n, "too many wrong tokens from %s: calls from there with a wrong token are "
+             "refused for %lld s more; use the %s", src, (long long)((hold + 999) / 1000),
+             peer_only ? "peer token (megad --peer-token-file)"
+                       : "cluster token (megactl --token-file)");
   else
-    snprintf(msg, cap, "%s: the server requires `authorization: Bearer TOKEN` with the cluster "
-             "token", why);
-  return hold;
+    snprintf(msg, n, "%s: the server requires `authorization: Bearer TOKEN` with the %s", why,
+             peer_only ? "peer token (megad --peer-token-file)" : "cluster token");
+  return why;
 }
 
 static void on_new(mega_rpc_tag *t, bool ok) {
@@ -313,19 +345,16 @@ static void on_new(mega_rpc_tag *t, bool ok) {
   }
 
   char msg[512];
-  const char *bad_token = NULL;
-  if (s->bearer && !mega_rpc_token_matches(s->bearer, s->bearer_len, &c->md))
-    bad_token = mega_rpc_has_authorization(&c->md) ? "wrong token" : "no token";
-  if (bad_token) {
-    /* Nothing of the request is looked at: not even whether the path exists. */
-    if (!c->me) c->deadline = c->details.deadline;
-    const char *path = c->me ? c->me->m->path : "(unknown method)";
-    int64_t hold = refusal(s, c, bad_token, msg, sizeof msg);
-    set_status(c, hold ? MEGA_RPC_RESOURCE_EXHAUSTED : MEGA_RPC_UNAUTHENTICATED, msg);
+  if (!c->me) c->deadline = c->details.deadline;
+  mega_rpc_code code = MEGA_RPC_OK;
+  const char *why = refusal(s, c, &code, msg, sizeof msg);
+  if (why) {
+    /* Nothing of the request is looked at: not even whether its method exists. */
+    set_status(c, code, msg);
     pump(c);
-    if (s->on_refused) s->on_refused(s->refused_arg, mega_rpc_call_peer(c), path, bad_token);
+    const char *path = c->me ? c->me->m->path : "(unknown method)";
+    if (s->on_refused) s->on_refused(s->refused_arg, mega_rpc_call_peer(c), path, why);
   } else if (!c->me) {
-    c->deadline = c->details.deadline;
     snprintf(msg, sizeof msg, "unknown method %.*s", (int)GRPC_SLICE_LENGTH(c->details.method),
              (const char *)GRPC_SLICE_START_PTR(c->details.method));
     set_status(c, MEGA_RPC_UNIMPLEMENTED, msg);
@@ -440,6 +469,8 @@ static void free_server(mega_rpc_server *s) {
   free(s->methods);
   free(s->bearer);
   mega_throttle_free(s->guesses);
+  free(s->peer_bearer);
+  free(s->peer_prefix);
   free(s->tls_ca);
   free(s->tls_cert);
   free(s->tls_key);
@@ -459,18 +490,30 @@ mega_status mega_rpc_server_new(mega_rpc_cq *cq, const mega_rpc_server_opts *opt
   if (s->max_req > INT_MAX) s->max_req = INT_MAX;
   const mega_rpc_auth *a = opts ? opts->auth : NULL;
   bool invalid = a && a->tls_client_auth && !(a->tls_ca && a->tls_cert && a->tls_key), oom = false;
+  bool invalid_prefix = false;
   if (!invalid && a && a->token && a->token[0]) {
     oom |= !(s->bearer = mega_rpc_bearer(a->token));
     if (s->bearer) s->bearer_len = strlen(s->bearer);
     oom |= !(s->guesses = mega_throttle_new());
+  }
+  if (!invalid && a && a->peer_token && a->peer_token[0]) {
+    invalid_prefix = !opts->peer_prefix || !opts->peer_prefix[0];
+    if (!invalid_prefix) {
+      oom |= !(s->peer_bearer = mega_rpc_bearer(a->peer_token)) ||
+             !(s->peer_prefix = strdup(opts->peer_prefix));
+      if (s->peer_bearer) s->peer_bearer_len = strlen(s->peer_bearer);
+    }
   }
   if (!invalid && a && a->tls_cert && a->tls_key) {
     oom |= !(s->tls_cert = strdup(a->tls_cert)) || !(s->tls_key = strdup(a->tls_key));
     if (a->tls_ca) oom |= !(s->tls_ca = strdup(a->tls_ca));
     s->tls_client_auth = a->tls_client_auth;
   }
-  if (invalid || oom) {
+  if (invalid || invalid_prefix || oom) {
     free_server(s);
+    if (invalid_prefix)
+      return mega_fail(err, MEGA_ERR_INVALID, "a peer token needs the peer prefix: the paths "
+                       "only it may call");
     if (invalid)
       return mega_fail(err, MEGA_ERR_INVALID, "requiring client certificates needs a CA (the one "
                        "that signs them) and the server's own certificate and key");

@@ -22,6 +22,9 @@
  * Methods not given a handler, and paths the server does not know, get
  * the status UNIMPLEMENTED at once. With a token (opts.auth) every call
  * without it, known path or not, gets UNAUTHENTICATED before anything else.
+ * With a peer token too, a path under opts.peer_prefix takes only the peer
+ * token (the token gets PERMISSION_DENIED, naming the credential needed),
+ * and every other path either token.
  * Every function here runs on the cq's loop thread. */
 #ifndef MEGA_PROTO_RPC_SERVER_H
 #define MEGA_PROTO_RPC_SERVER_H
@@ -55,6 +58,8 @@ typedef struct mega_rpc_server_opts {
   size_t max_message_bytes; /* 0: MEGA_RPC_MAX_MESSAGE_DEFAULT: what the server sends */
   size_t max_request_bytes; /* 0: max_message_bytes: the largest message a client may send */
   const mega_rpc_auth *auth; /* NULL: no token, plaintext. Copied. */
+  const char *peer_prefix;   /* with auth->peer_token: the paths only it may call
+                                ("/mega.v1.Peer/"); NULL: none. Copied. */
   mega_rpc_refused_fn on_refused; /* may be NULL */
   void *refused_arg;
   /* Connections: a client that is silent this long is pinged, and dropped

@@ -36,6 +36,12 @@ static void test_tables_match_protoc_c(void **state) {
   assert_int_equal(mega_control_watch_job.kind, MEGA_RPC_SERVER_STREAM);
   assert_int_equal(mega_control_get_trace.kind, MEGA_RPC_SERVER_STREAM);
   assert_int_equal(mega_peer_kv_wait.kind, MEGA_RPC_UNARY);
+  /* the peer token guards exactly the Peer methods by this prefix */
+  size_t pl = strlen(MEGA_PEER_PATH_PREFIX);
+  for (size_t i = 0; mega_peer_methods[i]; i++)
+    assert_int_equal(strncmp(mega_peer_methods[i]->path, MEGA_PEER_PATH_PREFIX, pl), 0);
+  for (size_t i = 0; mega_control_methods[i]; i++)
+    assert_int_not_equal(strncmp(mega_control_methods[i]->path, MEGA_PEER_PATH_PREFIX, pl), 0);
 }
 
 static void test_status_round_trip(void **state) {
