@@ -16,7 +16,9 @@ declares, its probes reach (port and host) and its clients' MEGA_SERVER
 names, every Secret and PersistentVolumeClaim it uses is one the README says
 the user makes, every $(VAR) in args and env is defined before, and every
 flag given to megad or megactl is one that program's --help lists (the
-built programs are run for that).
+built programs are run for that), and megad's peer token (--peer-token-file,
+which a megad with --token-file must have, or clients could act as nodes)
+comes from a Secret that no other workload mounts.
 
 What this does not do: talk to a real API server (admission, defaults,
 quotas), pull the images, or run anything on a GPU node.
@@ -38,7 +40,7 @@ except ImportError as e:
     sys.exit(77)
 
 # Made by the user, as deploy/k8s/README.md says how.
-USER_SECRETS = {"mega-token", "mega-tls"}
+USER_SECRETS = {"mega-token", "mega-peer-token", "mega-tls"}
 USER_CLAIMS = {"mega-shared"}
 
 errors = []
@@ -163,6 +165,39 @@ def check_listeners(cw, pod_spec, c, args):
             err(cw, "%s probes host %s, but --metrics-listen is %s" % (probe, phost, metrics))
 
 
+# (where, Secret name) of every Secret a workload other than megad mounts,
+# and the Secrets megad's --peer-token-file reads: those two must not meet.
+OTHER_SECRETS = []
+PEER_SECRETS = set()
+
+
+def secret_of(c, volumes, path):
+    """The Secret a file path of container c comes from (None: not one)."""
+    for m in c.get("volumeMounts", []):
+        mp = m["mountPath"].rstrip("/") + "/"
+        v = volumes.get(m["name"], {})
+        if path.startswith(mp) and "secret" in v:
+            return v["secret"]["secretName"]
+    return None
+
+
+def check_peer_token(cw, c, volumes, args):
+    """megad with --token-file has --peer-token-file, from a Secret of its own."""
+    opts = dict(a.split("=", 1) for a in args if a.startswith("--") and "=" in a)
+    if "--token-file" in opts and "--peer-token-file" not in opts:
+        err(cw, "megad has --token-file but no --peer-token-file: whoever holds the cluster "
+                "token could act as a node")
+    ptok = opts.get("--peer-token-file")
+    if ptok:
+        sec = secret_of(c, volumes, ptok)
+        if sec is None:
+            err(cw, "--peer-token-file %s is not in a mounted Secret" % ptok)
+        elif sec == secret_of(c, volumes, opts.get("--token-file", "")):
+            err(cw, "--peer-token-file and --token-file come from one Secret, %s" % sec)
+        else:
+            PEER_SECRETS.add(sec)
+
+
 def check_workload(where, pod_spec, selector_labels, template_labels, flags):
     if selector_labels is not None:
         for k, v in selector_labels.items():
@@ -206,6 +241,12 @@ def check_workload(where, pod_spec, selector_labels, template_labels, flags):
                 if flag not in flags["megad"]:
                     err(cw, "megad serve has no flag %s" % flag)
             check_listeners(cw, pod_spec, c, args[1:])
+            check_peer_token(cw, c, volumes, args[1:])
+        else:
+            for m in c.get("volumeMounts", []):
+                v = volumes.get(m["name"], {})
+                if "secret" in v:
+                    OTHER_SECRETS.append((cw, v["secret"]["secretName"]))
         for e in c.get("env", []):
             if e.get("name") == "MEGA_SERVER" and e.get("value"):
                 CLIENT_SERVERS.append((cw, e["value"]))
@@ -264,6 +305,10 @@ def main():
         _, port = host_port(server)
         if MEGAD_PORTS and port not in MEGAD_PORTS:
             err(cw, "MEGA_SERVER %s: megad listens on port %s" % (server, MEGAD_PORTS[0]))
+    for cw, sec in OTHER_SECRETS:  # the peer token stays with the megads
+        if sec in PEER_SECRETS:
+            err(cw, "mounts Secret %s, megad's --peer-token-file: a client that holds it can "
+                    "act as a node; give clients the cluster token only" % sec)
     for e in errors:
         print("FAIL:", e)
     if errors:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # deploy/k8s against Kubernetes' schema (check_k8s.py): the manifests pass,
-# and copies broken nine ways fail with each break named, so the check
+# and copies broken eleven ways fail with each break named, so the check
 # is seen to check. usage: test_k8s.sh SOURCE_ROOT MEGAD MEGACTL
 set -u
 src=$1 megad=$2 megactl=$3
@@ -42,5 +42,17 @@ out=$($py "$src/tests/deploy/check_k8s.py" "$T/ports" "$megad" "$megactl")
 want "livenessProbe probes port 9100, but --metrics-listen is 127.0.0.1:9101"
 want "readinessProbe: --metrics-listen 127.0.0.1:9101 is loopback, so the probe needs host: 127.0.0.1"
 want "MEGA_SERVER \$(HOST_IP):7071: megad listens on port 7070"
+# and copies whose peer token leaks to a client, or is missing
+mkdir "$T/leak" "$T/nopeer"
+cp "$src"/deploy/k8s/*.yaml "$T/leak"/
+cp "$src"/deploy/k8s/*.yaml "$T/nopeer"/
+sed -i 's/secretName: mega-token$/secretName: mega-peer-token/' "$T/leak/client.yaml"
+sed -i '/--peer-token-file=/d' "$T/nopeer/megad.yaml"
+out=$($py "$src/tests/deploy/check_k8s.py" "$T/leak" "$megad" "$megactl")
+[ $? -eq 1 ] || { echo "FAIL: the copy whose client holds the peer token passed"; fails=1; }
+want "container megactl: mounts Secret mega-peer-token, megad's --peer-token-file"
+out=$($py "$src/tests/deploy/check_k8s.py" "$T/nopeer" "$megad" "$megactl")
+[ $? -eq 1 ] || { echo "FAIL: the copy without a peer token passed"; fails=1; }
+want "megad has --token-file but no --peer-token-file"
 [ $fails -eq 0 ] && echo "PASS: the broken copy failed as it should"
 exit $fails

@@ -155,6 +155,11 @@ if bad:
 print("all %d losses equal megad run's" % iters)
 EOF
 stopped=$(cat "$T/ck/latest_checkpointed_iteration.txt")
+# the megads call each other with a token of their own, which megactl lacks
+[ "$(stat -c %a "$T/run/peer-token")" = 600 ] || fail "no private peer-token in the run dir"
+cmp -s "$T/run/token" "$T/run/peer-token" && fail "the peer token is the client token"
+grep -l "serves clients and nodes alike" "$T"/run/megad-*.log &&
+  fail "a megad runs without --peer-token-file"
 if [ "$mode" = etcd ]; then
   n=$(ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$cport" get --prefix "mega/slurm-$jid/j/" \
       --keys-only | grep -c .)

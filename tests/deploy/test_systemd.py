@@ -100,9 +100,14 @@ try:
 
     cred = os.path.join(tmp, "credentials")
     os.makedirs(cred)
-    with open(os.path.join(cred, "token"), "w") as f:
-        f.write("c3lzdGVtZC11bml0LXRlc3QtdG9rZW4=\n")
-    os.chmod(os.path.join(cred, "token"), 0o400)  # as LoadCredential= hands it over
+    for name, tok in (("token", "c3lzdGVtZC11bml0LXRlc3QtdG9rZW4="),
+                      ("peer-token", "c3lzdGVtZC11bml0LXBlZXItdG9rZW4=")):
+        with open(os.path.join(cred, name), "w") as f:
+            f.write(tok + "\n")
+        os.chmod(os.path.join(cred, name), 0o400)  # as LoadCredential= hands it over
+    loaded = re.findall(r"^LoadCredential=([\w-]+):", unit, re.M)
+    check("the unit loads the token and the peer token", loaded == ["token", "peer-token"],
+          "LoadCredential= names %s" % loaded)
     argv = expand(exec_start, env, {"%S": os.path.join(tmp, "state"), "%d": cred})
     argv[0] = megad
     argv += ["--worker", megaw]
@@ -127,6 +132,8 @@ try:
     log.seek(0)
     text = log.read()
     check("SIGTERM stops it with status 0", up and rc == 0, "status %s\n%s" % (rc, text[-2000:]))
+    # with both tokens, a client's token cannot act as a node, and megad does not warn so
+    check("megad has the peer token", "serves clients and nodes alike" not in text, text[-2000:])
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
