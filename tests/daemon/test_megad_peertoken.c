@@ -125,6 +125,13 @@ static void test_client_token_calls_control_only(void **state) {
   assert_true(hd_wait_log(&n1, "the client token, on a method only peers may call", 5000));
   /* the peer token is what a Peer method takes */
   assert_int_equal(call_as(n1.addr, &peer_auth, &mega_peer_list_held, &err), MEGA_OK);
+  /* decided by the path alone: a Peer method megad lacks is refused the same */
+  const mega_rpc_method nope = {MEGA_PEER_PATH_PREFIX "Nope", mega_peer_list_held.request,
+                                mega_peer_list_held.response, MEGA_RPC_UNARY};
+  assert_int_not_equal(call_as(n1.addr, &client_auth, &nope, &err), MEGA_OK);
+  assert_non_null(strstr(err.msg, "(PERMISSION_DENIED): the client token may not call"));
+  assert_int_not_equal(call_as(n1.addr, &peer_auth, &nope, &err), MEGA_OK);
+  assert_non_null(strstr(err.msg, "does not implement /mega.v1.Peer/Nope"));
 
   /* Control: the client token, and the peer token (a forwarding megad) */
   assert_int_equal(call_as(n1.addr, &client_auth, &mega_control_list_jobs, &err), MEGA_OK);
