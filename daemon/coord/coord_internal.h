@@ -115,8 +115,9 @@ mega_status coord_save_in_use(const megad_coord *c, const mega_job *j, mega_err 
 void coord_wq_add(megad_coord *c, mega_job *j);
 void coord_wq_remove(megad_coord *c, mega_job *j);
 /* Retention: forgets the ended jobs past o.retain_jobs, those that ended
- * longest ago first, and those ended more than o.retain_ms ago. O(jobs);
- * it runs after every job's end and, for the age, every 10 s. */
+ * longest ago first, and those ended more than o.retain_ms ago, then lets
+ * the jobs layer compact a journal that is mostly history. O(jobs); it
+ * runs after every job's end and, for the age, every 10 s. */
 void coord_retain(megad_coord *c, int64_t now_ms);
 
 /* coord_place.c: where a job can run now */

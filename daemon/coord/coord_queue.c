@@ -82,7 +82,7 @@ static bool count_threshold(megad_coord *c, size_t ended, retain_ctx *r) {
   return true;
 }
 
-void coord_retain(megad_coord *c, int64_t now_ms) {
+static void forget_ended(megad_coord *c, int64_t now_ms) {
   size_t ended = 0;
   for (size_t i = 0; i < c->jobs->t.n; i++) ended += mega_job_state_final(c->jobs->t.v[i]->state);
   retain_ctx r = {.cutoff_ms = c->o.retain_ms ? now_ms - (int64_t)c->o.retain_ms : 0};
@@ -93,4 +93,10 @@ void coord_retain(megad_coord *c, int64_t now_ms) {
   if (n)
     megad_log(c->b, "forgot %zu ended job%s (--retain-jobs %u, --retain-age %u s)", n,
               n == 1 ? "" : "s", c->o.retain_jobs, c->o.retain_ms / 1000);
+}
+
+void coord_retain(megad_coord *c, int64_t now_ms) {
+  forget_ended(c, now_ms);
+  /* the journal of a megad that runs for weeks: as bounded as the table */
+  megad_jobs_tidy(c->jobs);
 }

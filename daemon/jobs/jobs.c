@@ -52,7 +52,8 @@ static void recs_add(recs *r, mega_status st, uint8_t *buf, size_t len) {
 }
 
 /* The journal holds every change; once it is mostly history, it is
- * rewritten as one record per job, its events and its last step. */
+ * rewritten as one record per job, its events and its last step. replayed:
+ * the records the file holds now. */
 static void compact(megad_jobs *js, size_t replayed) {
   recs r = {.ok = true};
   for (size_t i = 0; r.ok && i < js->t.n; i++) {
@@ -84,11 +85,15 @@ static void compact(megad_jobs *js, size_t replayed) {
     recs_add(&r, st, buf, len);
   }
   mega_err e = {0};
+  js->journal_recs = replayed;
+  if (r.ok) js->journal_live = r.n;
   if (r.ok && 2 * r.n + 64 < replayed) {
-    if (mega_journal_rewrite(js->journal, (const void *const *)r.v, r.lens, r.n, &e) == MEGA_OK)
+    if (mega_journal_rewrite(js->journal, (const void *const *)r.v, r.lens, r.n, &e) == MEGA_OK) {
       megad_log(js->b, "journal: compacted %zu records into %zu", replayed, r.n);
-    else
+      js->journal_recs = r.n;
+    } else {
       megad_warn(js->b, "journal: %s", e.msg);
+    }
   }
   for (size_t i = 0; i < r.n; i++) free(r.v[i]);
   free(r.v);
@@ -142,6 +147,10 @@ mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err) {
   return MEGA_OK;
 }
 
+void megad_jobs_tidy(megad_jobs *js) {
+  if (js->journal && js->journal_recs > 2 * js->journal_live + 64) compact(js, js->journal_recs);
+}
+
 void megad_jobs_close(megad_jobs *js) {
   megad_jobs_etcd_close(js);
   mega_journal_close(js->journal);
@@ -193,6 +202,7 @@ size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *a
                                              &e) != MEGA_OK) {
     megad_warn(js->b, "journal: %s; keeping the ended jobs for now", e.msg);
   } else if (r.n) {
+    if (js->journal) js->journal_recs += r.n;
     for (size_t i = 0; i < jobs.n; i++) {
       if (js->etcd) megad_jobs_etcd_forget(js, jobs.v[i]->id);
       char *dir = NULL; /* worker logs and traces go with the job */
@@ -218,6 +228,7 @@ static mega_status put_rec(megad_jobs *js, const mega_job *j, const char *suffix
   mega_status s = MEGA_OK;
   if (js->journal) {
     s = mega_journal_append(js->journal, buf, len, err);
+    if (s == MEGA_OK) js->journal_recs++;
     free(buf);
   } else if (js->etcd) {
     megad_jobs_etcd_put(js, j, suffix, buf, len, claim);
