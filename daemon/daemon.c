@@ -96,6 +96,12 @@ static mega_status on_resent(void *arg, const char *job_id, uint32_t attempt, ui
   return megad_coord_resent(&d->coord, job_id, attempt, world, node_id, r, n, err);
 }
 
+static void on_launch_ended(void *arg, const char *job_id) {
+  (void)job_id;
+  megad *d = arg;
+  megad_coord_launch_ended(&d->coord);
+}
+
 static void on_job_claimed(void *arg, mega_job *j) {
   (void)j;
   megad *d = arg;
@@ -427,7 +433,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
                             .orphan_hold_ms = d->o.held_state_timeout_ms,
                             .gpus = per_gpu, .roots = &d->roots};
   megad_launcher_cbs lc = {.step = on_worker_step, .event = on_worker_event,
-                           .resent = on_resent, .arg = d};
+                           .resent = on_resent, .ended = on_launch_ended, .arg = d};
   megad_members_opts mo = {.address = d->address, .slots = (uint32_t)o->slots,
                            .backend = per_gpu ? "cuda" : "cpu",
                            .device_name = per_gpu ? gpu_name : NULL,

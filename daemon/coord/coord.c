@@ -72,6 +72,10 @@ static void on_retain_soon(uv_timer_t *t) {
   coord_retain(c, megad_unix_ms());
 }
 
+void megad_coord_launch_ended(megad_coord *c) {
+  if (c->tick_on) uv_timer_start(&c->retain_soon, on_retain_soon, 0, 0);
+}
+
 /* Ends j (megad_job_finalize) and forgets why it waited, so a job resumed
  * later says it again. */
 void coord_finalize(megad_coord *c, mega_job *j, mega_job_state state, const char *error) {

@@ -131,6 +131,9 @@ void megad_coord_cancel(megad_coord *c, mega_job *j, const char *reason,
                         void (*done)(void *arg, mega_job *j), void *arg);
 /* Forgets a waiting done of megad_coord_cancel (its call went away). */
 void megad_coord_cancel_forget(megad_coord *c, mega_job *j, void *arg);
+/* A launch on this node ended (the launcher's ended callback): retention
+ * runs on the next turn, for the directory that job left here. */
+void megad_coord_launch_ended(megad_coord *c);
 /* megactl resume: a FAILED job restarts from its newest committed
  * checkpoint. MEGA_ERR_INVALID when it is not failed or cannot start. */
 mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err);

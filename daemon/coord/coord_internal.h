@@ -114,10 +114,12 @@ mega_status coord_save_in_use(const megad_coord *c, const mega_job *j, mega_err 
  * (a restarting job goes before the younger ones); remove takes it out. */
 void coord_wq_add(megad_coord *c, mega_job *j);
 void coord_wq_remove(megad_coord *c, mega_job *j);
-/* Retention: forgets the ended jobs past o.retain_jobs, those that ended
- * longest ago first, and those ended more than o.retain_ms ago, then lets
- * the jobs layer compact a journal that is mostly history. O(jobs); it
- * runs after every job's end and, for the age, every 10 s. */
+/* coord_retain.c: forgets the ended jobs past o.retain_jobs, those that
+ * ended longest ago first, and those ended more than o.retain_ms ago;
+ * removes the directories of other nodes' jobs that ran here by the same
+ * limits; then lets the jobs layer compact a journal that is mostly
+ * history. O(jobs + dirs log dirs); it runs after every job's end and every
+ * launch's end here, and, for the age, every 10 s. */
 void coord_retain(megad_coord *c, int64_t now_ms);
 
 /* coord_place.c: where a job can run now */

@@ -632,6 +632,12 @@ bool megad_launch_idle(const megad_launcher *L) {
   return true;
 }
 
+bool megad_launch_has(const megad_launcher *L, const char *job_id) {
+  for (const megad_launch *l = L->launches; l; l = l->next)
+    if (!strcmp(l->req->job_id, job_id)) return true;
+  return false;
+}
+
 size_t megad_launch_coordinators(const megad_launcher *L, const char **ids, size_t max) {
   size_t n = 0;
   for (const megad_launch *l = L->launches; l && n < max; l = l->next) {

@@ -58,6 +58,11 @@ typedef struct megad_launcher_cbs {
   mega_status (*resent)(void *arg, const char *job_id, uint32_t attempt, uint32_t world,
                         const char *node_id, Mega__V1__StepReport *const *r, size_t n,
                         mega_err *err);
+  /* A launch here is over (its workers gone, its reports delivered), and
+   * its job's directory (STATE/jobs/<id>) was touched, so its mtime says
+   * when: the jobs this node ran for others keep their logs there, and only
+   * the layer above knows which jobs are its own. May be NULL. */
+  void (*ended)(void *arg, const char *job_id);
   void *arg;
 } megad_launcher_cbs;
 
@@ -171,6 +176,9 @@ mega_status megad_launch_commit(megad_launcher *L, const Mega__V1__CommitCheckpo
 Mega__V1__ListHeldResponse *megad_launch_held(const megad_launcher *L, const char *job_id,
                                               uint32_t attempt);
 bool megad_launch_idle(const megad_launcher *L);
+/* Whether a launch of job_id is here (running, holding its ranks' state,
+ * or still reporting). */
+bool megad_launch_has(const megad_launcher *L, const char *job_id);
 /* The node ids of the other nodes that coordinate jobs with workers here
  * (borrowed, at most max, each once); returns how many. */
 size_t megad_launch_coordinators(const megad_launcher *L, const char **ids, size_t max);

@@ -1,10 +1,12 @@
 /* The launcher's lower half: what relay.c and hangcheck.c need of a launch
  * and its workers (frames down the pipe, kill, abort, the launch's end), so
  * that calls inside the launcher only go down. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/launch/launch_internal.h"
 
@@ -180,6 +182,14 @@ void launch_maybe_free(megad_launch *l) {
     }
     free(prefix);
   }
+  /* the job's directory says when its last launch here ended */
+  char *slash = l->dir ? strrchr(l->dir, '/') : NULL;
+  if (slash) {
+    *slash = '\0';
+    utimensat(AT_FDCWD, l->dir, NULL, 0);
+    *slash = '/';
+  }
+  if (l->L->cbs.ended) l->L->cbs.ended(l->L->cbs.arg, l->req->job_id);
   uv_close((uv_handle_t *)&l->kill_timer, timer_closed);
   uv_close((uv_handle_t *)&l->retry_timer, timer_closed);
 }

@@ -1,7 +1,6 @@
-/* A megad's long life: what it keeps (the journal, its descriptors) stays
- * bounded however many jobs, calls and connections it has seen. Each case
- * drives a real megad through many cheap jobs (waiting ones, cancelled:
- * no worker runs) and counts. */
+/* A megad's long life: what it keeps on disk (the journal, job
+ * directories) stays bounded however many jobs it has seen. Each case
+ * drives real megads through many cheap jobs and counts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -93,10 +93,71 @@ static void test_journal_stays_bounded(void **state) {
   hd_cleanup(&d);
 }
 
+/* Entries in d's STATE/jobs; whether it holds id's directory. */
+static int job_dirs(const hd *d, const char *id, bool *has) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/jobs", d->dir);
+  DIR *dir = opendir(path);
+  int n = 0;
+  *has = false;
+  for (struct dirent *e; dir && (e = readdir(dir));) {
+    if (e->d_name[0] == '.') continue;
+    n++;
+    *has = *has || !strcmp(e->d_name, id);
+  }
+  if (dir) closedir(dir);
+  return n;
+}
+
+#define TWO_NODE_JOBS 5
+
+/* A node kept the directory (its ranks' logs) of every job another node
+ * coordinated that ran ranks on it: the coordinator's retention removed
+ * only its own, so a worker node's disk filled with one per job for ever
+ * (101 after 360 jobs, 50 retained, in a soak with etcd). Now the same
+ * --retain-jobs holds for them, counted from their last launch's end. */
+static void test_others_job_dirs_are_retained(void **state) {
+  (void)state;
+  const char *const extra[] = {"--retain-jobs", "2", NULL};
+  hd n1, n2;
+  assert_true(hd_start(&n1, "r1", 1, NULL, NULL, extra));
+  assert_true(hd_start(&n2, "r2", 1, n1.addr, NULL, extra));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  char id[64] = "";
+  for (int i = 0; i < TWO_NODE_JOBS; i++) {
+    Mega__V1__JobSpec spec;
+    hd_tiny_spec(&spec, n1.dir, 1, NULL);
+    spec.nnodes_min = spec.nnodes_max = 2; /* a rank on each node */
+    spec.nproc_per_node = 1;
+    mega_err err = {0};
+    assert_int_equal(hd_submit(&n1, &spec, id, sizeof id, &err), MEGA_OK);
+    hd_watch w;
+    hd_watch_job(&n1, id, true, 60000, &w);
+    assert_true(hd_succeeded(&n1, &w));
+    hd_watch_free(&w);
+  }
+  /* the last launch's end on r2 starts its retention; the newest stay */
+  bool has = false;
+  int n = job_dirs(&n2, id, &has);
+  for (int i = 0; i < 250 && n > 2; i++) {
+    usleep(20 * 1000);
+    n = job_dirs(&n2, id, &has);
+  }
+  if (n > 2) hd_dump_log(&n2);
+  assert_int_equal(n, 2);
+  assert_true(has);
+  n = job_dirs(&n1, id, &has);
+  assert_int_equal(n, 2);
+  assert_true(has);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_journal_stays_bounded, teardown),
+      cmocka_unit_test_teardown(test_others_job_dirs_are_retained, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
