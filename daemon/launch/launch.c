@@ -499,6 +499,7 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
   l->timers_open = 2;
   l->next = L->launches;
   L->launches = l;
+  launch_prune_attempts(l);
   char **env = worker_env(L);
   s = env ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   for (size_t i = 0; i < req->n_ranks; i++) {

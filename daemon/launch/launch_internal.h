@@ -19,6 +19,7 @@
 #define MEGAD_TAIL_LINES 20
 #define LINE_MAX_KEPT 300
 #define STEP_WINDOW 16
+#define MEGAD_ATTEMPT_DIRS_KEPT 16
 
 typedef struct kvop kvop;
 
@@ -122,6 +123,11 @@ bool launch_attempt_ended(const megad_launcher *L, const char *job_id, uint32_t 
 void launch_free_queue(megad_launch *l);
 /* Frees l once nothing refers to it any more (workers closed, callbacks in). */
 void launch_maybe_free(megad_launch *l);
+/* Removes the directories (ranks' logs) of l's job's attempts here older
+ * than the newest MEGAD_ATTEMPT_DIRS_KEPT and with no launch left: a job
+ * restarted for weeks (node losses and megad's restarts are not counted
+ * against --max-restarts) would otherwise leave one per attempt. */
+void launch_prune_attempts(megad_launch *l);
 
 /* relay.c */
 /* A worker's step or event, to the coordinator: at once when it is this

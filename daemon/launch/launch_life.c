@@ -1,6 +1,7 @@
 /* The launcher's lower half: what relay.c and hangcheck.c need of a launch
  * and its workers (frames down the pipe, kill, abort, the launch's end), so
  * that calls inside the launcher only go down. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -194,3 +195,28 @@ void launch_maybe_free(megad_launch *l) {
   uv_close((uv_handle_t *)&l->retry_timer, timer_closed);
 }
 
+
+static bool attempt_here(const megad_launcher *L, const char *job_id, unsigned long attempt) {
+  for (const megad_launch *l = L->launches; l; l = l->next)
+    if (l->req->attempt == attempt && !strcmp(l->req->job_id, job_id)) return true;
+  return false;
+}
+
+void launch_prune_attempts(megad_launch *l) {
+  char *slash = strrchr(l->dir, '/');
+  if (!slash || l->req->attempt < MEGAD_ATTEMPT_DIRS_KEPT) return;
+  *slash = '\0'; /* the job's directory */
+  DIR *d = opendir(l->dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    char *end;
+    unsigned long n = strtoul(e->d_name, &end, 10);
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || *end ||
+        n + MEGAD_ATTEMPT_DIRS_KEPT > l->req->attempt || attempt_here(l->L, l->req->job_id, n))
+      continue;
+    char *old = NULL;
+    if (asprintf(&old, "%s/%s", l->dir, e->d_name) >= 0) megad_rmtree(old);
+    free(old);
+  }
+  if (d) closedir(d);
+  *slash = '/';
+}

@@ -153,11 +153,69 @@ static void test_others_job_dirs_are_retained(void **state) {
   hd_cleanup(&n1);
 }
 
+/* A worker of d other than not_pid (0: any), waited for up to 20 s; 0 if none. */
+static pid_t new_worker(const hd *d, pid_t not_pid) {
+  for (int i = 0; i < 2000; i++) {
+    pid_t pids[4];
+    int n = hd_workers(d, pids, 4);
+    for (int k = 0; k < n; k++)
+      if (pids[k] != not_pid) return pids[k];
+    usleep(10 * 1000);
+  }
+  return 0;
+}
+
+#define KILLS 20
+#define ATTEMPT_DIRS_KEPT 16 /* MEGAD_ATTEMPT_DIRS_KEPT */
+
+/* Every attempt left its directory (its ranks' logs) on each node for as
+ * long as the job was kept: 300 kills of one job's worker left 300 (900
+ * files), and restarts for a lost node or megad's own restart are not
+ * counted against --max-restarts, so nothing bounded them. Now a node
+ * keeps the newest 16. */
+static void test_attempt_dirs_are_bounded(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "a1", 1, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  const char *extra[] = {"--simulate-compute", "1:1", NULL};
+  hd_tiny_spec(&spec, d.dir, 100000, extra);
+  spec.max_restarts = 100;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  pid_t w = 0;
+  for (int i = 0; i <= KILLS; i++) { /* attempt i's worker; the last one lives */
+    w = new_worker(&d, w);
+    if (!w) hd_dump_log(&d);
+    assert_true(w > 0);
+    if (i < KILLS) kill(w, SIGKILL);
+  }
+  /* attempt KILLS started: its launch pruned the ones before */
+  char path[256];
+  snprintf(path, sizeof path, "%s/jobs/%s", d.dir, id);
+  DIR *dir = opendir(path);
+  assert_non_null(dir);
+  int n = 0, lowest = KILLS + 1;
+  for (struct dirent *e; (e = readdir(dir));) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    n++;
+    if (atoi(e->d_name) < lowest) lowest = atoi(e->d_name);
+  }
+  closedir(dir);
+  if (n != ATTEMPT_DIRS_KEPT) hd_dump_log(&d);
+  assert_int_equal(n, ATTEMPT_DIRS_KEPT);
+  assert_int_equal(lowest, KILLS + 1 - ATTEMPT_DIRS_KEPT);
+  assert_int_equal(hd_cancel(&d, id, NULL, &err), MEGA_OK);
+  hd_cleanup(&d);
+}
+
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_journal_stays_bounded, teardown),
       cmocka_unit_test_teardown(test_others_job_dirs_are_retained, teardown),
+      cmocka_unit_test_teardown(test_attempt_dirs_are_bounded, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
