@@ -2,9 +2,12 @@
 """Soak: submit/cancel cycles against one megad for a while, and whether it
 leaks. Each cycle submits a tiny job that starts (one rank, a few hundred
 iterations), lets it run a moment and cancels it, then submits one that
-waits (it needs two nodes) and cancels that. Every 30 s it samples megad's
-resident memory, its open fds and its live child processes. Figures, never
-a pass/fail: it prints the samples and the first-to-last change.
+waits (it needs two nodes) and cancels that. megad keeps 50 ended jobs
+(--retain-jobs), so a run of a few minutes passes retention. Every 30 s it
+samples megad's resident memory, its open fds, its live child processes,
+its journal's size and the files under its state dir (what a long life
+leaves on disk). Figures, never a pass/fail: it prints the samples and the
+first-to-last change.
 
 usage: soak_megad.py MEGAD MEGACTL MEGAW [SECONDS]   (default 600)
 """
@@ -25,6 +28,15 @@ def fds(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
 
+def disk(state):
+    files = sum(len(fs) + len(ds) for _, ds, fs in os.walk(state))
+    try:
+        journal = os.path.getsize(os.path.join(state, "journal"))
+    except OSError:
+        journal = 0
+    return journal / 1024, files
+
+
 def children(pid):
     out = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid="], capture_output=True,
                          text=True).stdout
@@ -43,7 +55,7 @@ def main():
             f.write("the quick brown fox jumps over the lazy dog. " * 400)
         state = os.path.join(tmp, "state")
         d = subprocess.Popen([megad, "serve", "--listen", "127.0.0.1:0", "--state-dir", state,
-                              "--slots", "1", "--worker", megaw],
+                              "--slots", "1", "--worker", megaw, "--retain-jobs", "50"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         addr = None
         for line in d.stdout:
@@ -64,12 +76,13 @@ def main():
             return p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout else None
 
         samples, cycles, t0, next_sample = [], 0, time.time(), 0.0
-        print("%8s %8s %10s %6s %9s" % ("seconds", "cycles", "rss MB", "fds", "children"))
+        print("%8s %8s %10s %6s %9s %11s %6s" % ("seconds", "cycles", "rss MB", "fds", "children",
+                                                "journal KB", "files"))
         def sample(now):
             time.sleep(1.0)  # let the last cancel's workers go
-            s = (now, cycles, rss_kb(d.pid) / 1024, fds(d.pid), children(d.pid))
+            s = (now, cycles, rss_kb(d.pid) / 1024, fds(d.pid), children(d.pid)) + disk(state)
             samples.append(s)
-            print("%8.0f %8d %10.1f %6d %9d" % s, flush=True)
+            print("%8.0f %8d %10.1f %6d %9d %11.1f %6d" % s, flush=True)
 
         while True:
             now = time.time() - t0
@@ -89,8 +102,9 @@ def main():
         d.terminate()
         d.wait(timeout=30)
         a, b = samples[1] if len(samples) > 1 else samples[0], samples[-1]
-        print("over %d cycles: rss %+.1f MB, fds %+d, children %+d (from the 30 s sample to the "
-              "last)" % (b[1], b[2] - a[2], b[3] - a[3], b[4] - a[4]))
+        print("over %d cycles: rss %+.1f MB, fds %+d, children %+d, journal %+.1f KB, files %+d "
+              "(from the 30 s sample to the last)"
+              % (b[1], b[2] - a[2], b[3] - a[3], b[4] - a[4], b[5] - a[5], b[6] - a[6]))
     return 0
 
 
