@@ -112,7 +112,7 @@ static void forget_others_dirs(megad_coord *c, int64_t now_ms) {
     if (!(v[n].name = strdup(name))) break;
     v[n++].mtime_ms = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
   }
-  qsort(v, n, sizeof *v, newest_first);
+  if (n) qsort(v, n, sizeof *v, newest_first); /* v may be NULL */
   int64_t cutoff = c->o.retain_ms ? now_ms - (int64_t)c->o.retain_ms : INT64_MIN;
   for (size_t i = 0; i < n; i++) {
     if ((c->o.retain_jobs && i >= c->o.retain_jobs) || v[i].mtime_ms < cutoff) {
