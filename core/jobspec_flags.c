@@ -104,10 +104,14 @@ const flagdef mega_jf_table[] = {
          "fusion computes it). Llama's SwiGLU is unaffected."),
     INT("--kv-channels", kv_channels, "model", "N", -1, "hidden / heads", false, 1,
         "Channels per attention head (Llama may differ from hidden / heads)."),
-    FLT("--attention-dropout", attention_dropout, "model", 0.0, "0", false, 0, NAN, false,
-        false, "Accepted at 0 only: mega has no attention dropout (--hidden-dropout works), "
-        "where Megatron's default is 0.1 (a script that leaves it out drops attention "
-        "probabilities there, not here)."),
+    FLT("--attention-dropout", attention_dropout, "model", 0.0, "0", false, 0, 1, false, true,
+        "The probability, in [0, 1), that training drops each softmax probability of causal "
+        "self-attention before it multiplies V, kept ones scaled by 1/(1-P): Megatron's "
+        "site. Evaluation and generation run without. The mask is a function of --seed, the "
+        "sample's place in the training order, the layer, the head, the query and the key "
+        "position, so it is the same under every parallel layout and after a resume. The "
+        "cpu backend only (--backend cuda refuses it; auto picks cpu). Megatron's default is "
+        "0.1 (a script that leaves it out trains with it there, without here)."),
     FLT("--hidden-dropout", hidden_dropout, "model", 0.0, "0", false, 0, 1, false, true,
         "The probability, in [0, 1), that training drops an element of the embeddings' output "
         "and of each attention and MLP output (with its bias, before the residual add), kept "

@@ -1,10 +1,11 @@
-/* Hidden dropout's mask, counter-based: whether element (sample, t, c) of
- * a dropout site is kept is a pure function of (seed, layer, site, the
+/* Dropout's masks, counter-based. Hidden dropout: whether element
+ * (sample, t, c) of a dropout site is kept is a pure function of (seed, layer, site, the
  * sample's global index in the training order, its position t, the
  * channel c). No RNG state exists, so the mask is the same under every
  * parallel layout, microbatch split and schedule, backward and activation
  * recomputation regenerate it instead of storing it, and a resumed run
- * draws what an uninterrupted one would. Shared by the cpu backend and the
+ * draws what an uninterrupted one would. Attention dropout's mask is the
+ * same kind of function (mega_attn_dropout, at the end). Shared by the cpu backend and the
  * CUDA kernels (kernels/gpt_bodies.h). */
 #ifndef MEGA_KERNELS_DROPOUT_H
 #define MEGA_KERNELS_DROPOUT_H
@@ -19,6 +20,9 @@
  * in each layer the attention's output projection and the MLP's second
  * linear, each with its bias, before the residual add. */
 enum { MEGA_DROP_EMBEDDING = 0, MEGA_DROP_ATTENTION = 1, MEGA_DROP_MLP = 2 };
+/* Attention dropout's site: the softmax probabilities of each layer's
+ * causal self-attention, before they multiply V (mega_attn_dropout). */
+enum { MEGA_DROP_ATTN_PROBS = 3 };
 
 /* One dropout call over rows of a microbatch: row r (from row0) is token r
  * % T of sample sample0 + r / T (a microbatch holds consecutive samples).
@@ -74,6 +78,43 @@ static inline MEGA_HD uint64_t mega_dropout_row(const mega_dropout *d, int64_t r
 static inline MEGA_HD float mega_dropout_apply(const mega_dropout *d, uint64_t row_key,
                                                int64_t c, float v) {
   return mega_dropout_bits(row_key, c) >= d->threshold ? v * d->scale : 0.0f;
+}
+
+/* Attention dropout over one attention call (backend.h's mega_attn_dims):
+ * probability (b, h, t, s), of the call's sample b, query head h, query
+ * position t and key position s, is kept when its 32 mask bits (of the
+ * key of row (sample0 + b, head0 + h, t), then column s) are at least
+ * threshold, and then scaled. head0 is the call's first head in the
+ * model's numbering (a tensor-parallel rank's), so a head split draws the
+ * mask of the whole. scale 0 (all zero, the default): no dropout. */
+typedef struct mega_attn_dropout {
+  uint64_t key;     /* mega_dropout_key(seed, layer, MEGA_DROP_ATTN_PROBS) */
+  int64_t sample0;  /* the microbatch's first sample, in the training order */
+  int head0;
+  uint32_t threshold;
+  float scale;
+} mega_attn_dropout;
+
+/* The call's description; p in (0, 1). */
+static inline mega_attn_dropout mega_attn_dropout_of(double p, uint64_t key, int64_t sample0,
+                                                     int head0) {
+  mega_attn_dropout d = {.key = key, .sample0 = sample0, .head0 = head0,
+                         .threshold = mega_dropout_threshold(p),
+                         .scale = (float)(1.0 / (1.0 - p))};
+  return d;
+}
+
+/* The row key of query position t of the call's head h of sample b. */
+static inline MEGA_HD uint64_t mega_attn_dropout_row(const mega_attn_dropout *d, int64_t b,
+                                                     int h, int64_t t) {
+  uint64_t k = mega_splitmix64(d->key ^ (uint64_t)(d->sample0 + b));
+  return mega_splitmix64(mega_splitmix64(k ^ (uint64_t)(int64_t)(d->head0 + h)) ^ (uint64_t)t);
+}
+
+/* v if key position s of the row is kept (times scale), else 0. */
+static inline MEGA_HD float mega_attn_dropout_apply(const mega_attn_dropout *d,
+                                                    uint64_t row_key, int64_t s, float v) {
+  return mega_dropout_bits(row_key, s) >= d->threshold ? v * d->scale : 0.0f;
 }
 
 #endif

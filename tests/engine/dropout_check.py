@@ -1,13 +1,15 @@
 #!/usr/bin/python3
-"""Hidden dropout across real megaw ranks: its counter-based mask makes
-every layout train the single rank's run.
+"""Hidden dropout (with --attention: attention dropout) across real megaw
+ranks: its counter-based mask makes every layout train the single rank's run.
 
   equivalence  with --hidden-dropout 0.1 the losses differ from the run
                without, and TP 2 (with and without sequence parallelism),
                PP 2 with interleaving, PP 2 zero-bubble, DP 2, microbatches
                of one sample, full recomputation, TP 2 x PP 2 with sequence
                parallelism and a Llama at TP 2 x PP 2 give the single rank's
-               (--full: TP x SP x PP/VP/schedule x DP x recomputation)
+               (--full: TP x SP x PP/VP/schedule x DP x recomputation);
+               --attention adds selective recomputation, whose backward
+               recomputes the probabilities
   resume       saved at iteration 2 and resumed, the losses of iterations 3
                and 4 are the uninterrupted run's: bit for bit under the same
                layout, within RTOL under another
@@ -16,7 +18,7 @@ every layout train the single rank's run.
                differ; megaw generate from a checkpoint trained with dropout
                writes what it writes with the checkpoint's dropout set to 0
 
-usage: dropout_check.py MEGAW {equivalence [--full] | resume | eval}
+usage: dropout_check.py MEGAW {equivalence [--full] | resume | eval} [--attention]
 """
 import itertools
 import json
@@ -30,6 +32,9 @@ from ranks import (CKPT_ITERS, CKPT_SAVE_AT, ITERS, MODEL, RTOL, launch, losses_
                    losses_range, write_data)
 
 DROP = ["--hidden-dropout", "0.1"]
+# config.json's keys for the dropout (HF GPT-2's names)
+PDROP_KEYS = ("resid_pdrop", "embd_pdrop")
+ATTENTION = (["--attention-dropout", "0.1"], ("attn_pdrop",))
 TP2, SP, PP2 = (["--tensor-model-parallel-size", "2"], ["--sequence-parallel"],
                 ["--pipeline-model-parallel-size", "2"])
 LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
@@ -96,6 +101,9 @@ def equivalence(megaw, tmp, full):
             failed += 1
         cases = (full_layouts() if full else
                  LAYOUTS.items() if model == "gpt-2" else [("tp2 sp pp2", LAYOUTS["tp2 sp pp2"])])
+        if DROP == ATTENTION[0] and not full and model == "gpt-2":
+            cases = list(cases) + [("selective recomputation",
+                                    (1, ["--recompute-granularity", "selective"]))]
         for name, (world, extra) in cases:
             try:
                 compare(name, losses_of(launch(megaw, world, base + DROP + extra, tmp), name),
@@ -141,7 +149,7 @@ def evals(megaw, tmp):
     failed = 0
     runs = {}
     for p in ("0", "0.1"):
-        lines = [l for _, ls, _ in launch(megaw, 1, args + ["--hidden-dropout", p], tmp)
+        lines = [l for _, ls, _ in launch(megaw, 1, args + [DROP[0], p], tmp)
                  for l in ls if "eval_loss" in l]
         runs[p] = {l["iteration"]: (l["loss"], l["eval_loss"]) for l in lines}
     if sorted(runs["0"]) != [1, 2] or sorted(runs["0.1"]) != [1, 2]:
@@ -166,13 +174,13 @@ def evals(megaw, tmp):
         return subprocess.run([megaw, "generate", "--load", save, "--prompt", "pipeline ",
                                "--max-new-tokens", "24", "--temperature", "1",
                                "--seed", "5"], check=True, stdout=subprocess.PIPE).stdout
-    if cfg.get("resid_pdrop") != 0.1 or cfg.get("embd_pdrop") != 0.1:
-        print("FAIL config.json's dropout: resid_pdrop %r, embd_pdrop %r" %
-              (cfg.get("resid_pdrop"), cfg.get("embd_pdrop")))
+    if any(cfg.get(k) != 0.1 for k in PDROP_KEYS):
+        print("FAIL config.json's dropout: %s" % ", ".join("%s %r" % (k, cfg.get(k))
+                                                           for k in PDROP_KEYS))
         failed += 1
     with_drop = generate()
     # the same checkpoint saying 0, its manifest kept true
-    body = json.dumps(dict(cfg, resid_pdrop=0.0, embd_pdrop=0.0)).encode()
+    body = json.dumps(dict(cfg, **{k: 0.0 for k in PDROP_KEYS})).encode()
     open(cfg_path, "wb").write(body)
     man_path = os.path.join(last, "manifest.json")
     man = json.load(open(man_path))
@@ -192,6 +200,9 @@ def main():
         print(__doc__)
         return 2
     megaw, mode = sys.argv[1], sys.argv[2]
+    if "--attention" in sys.argv:
+        global DROP, PDROP_KEYS
+        DROP, PDROP_KEYS = ATTENTION
     with tempfile.TemporaryDirectory() as tmp:
         if mode == "equivalence":
             failed = equivalence(megaw, tmp, "--full" in sys.argv)

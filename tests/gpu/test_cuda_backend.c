@@ -586,6 +586,46 @@ static void test_attention_sizes_guard(const mega_cuda_module *m) {
   mega_backend_destroy(be);
 }
 
+/* Attention dropout is the cpu backend's only (backend.h): an op given a
+ * mask fails with the reason instead of training without it, on a
+ * backend of its own (the failure sticks), with and without --bf16. */
+static void test_attention_dropout_refused(const mega_cuda_module *m) {
+  for (int bf16 = 0; bf16 < 2; bf16++) {
+    mega_err err = {0};
+    mega_backend *be;
+    if (m->backend_create(0, &be, &err)) {
+      printf("FAIL creating a backend: %s\n", err.msg);
+      failures++;
+      return;
+    }
+    be->ops->set_bf16(be, bf16, &err);
+    mega_attn_dims ad = {.B = 1, .T = 128, .NH = 2, .G = 2, .hs = 64, .ldq = 128, .ldkv = 128};
+    ad.drop = mega_attn_dropout_of(0.1, mega_dropout_key(5, 0, MEGA_DROP_ATTN_PROBS), 0, 0);
+    size_t nq = (size_t)ad.T * 128, na, ns;
+    mega_attention_sizes(be, &ad, &na, &ns);
+    float *q = NULL, *o = NULL, *att = NULL, *scr = NULL;
+    if (be->ops->alloc(be, nq * 4, (void **)&q, &err) ||
+        be->ops->alloc(be, nq * 4, (void **)&o, &err) ||
+        be->ops->alloc(be, na * 4, (void **)&att, &err) ||
+        be->ops->alloc(be, ns * 4, (void **)&scr, &err)) {
+      printf("FAIL alloc: %s\n", err.msg);
+      failures++;
+      mega_backend_destroy(be);
+      return;
+    }
+    be->ops->attention_forward(be, o, att, scr, q, q, q, &ad);
+    mega_status st = be->ops->synchronize(be, &err);
+    if (st == MEGA_OK || !strstr(err.msg, "attention dropout is not implemented on cuda")) {
+      printf("FAIL attention dropout on cuda%s: status %d: %s\n", bf16 ? " (bf16)" : "",
+             (int)st, err.msg);
+      failures++;
+    } else {
+      printf("ok   attention dropout refused on cuda%s\n", bf16 ? " (bf16)" : "");
+    }
+    mega_backend_destroy(be);
+  }
+}
+
 static void test_flash_attention(void) {
   flash_case(gpu, "flash", 2, 200, 4, 2, 64, false);
   flash_case(gpu, "flash", 1, 130, 2, 2, 128, true);
@@ -665,6 +705,7 @@ int main(void) {
   test_flash_attention();
   test_cudnn_attention(m);
   test_attention_sizes_guard(m);
+  test_attention_dropout_refused(m);
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
   /* buffers are left to the process's end: the device goes with it */
   return failures ? 1 : 0;

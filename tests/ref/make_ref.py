@@ -87,28 +87,53 @@ def splitmix64(x):
     return x ^ (x >> np.uint64(31))
 
 
+def threshold_scale(p):
+    """kernels/dropout.h's threshold and float scale of probability p."""
+    return min(int(p * 4294967296.0 + 0.5), 4294967295), float(np.float32(1.0 / (1.0 - p)))
+
+
 class HiddenDropout:
     """drop(x [B,T,C], layer, site): x times the mask of samples first..first+B-1,
     kept elements scaled by float32(1/(1-p)); layer -1 site 0 is the
-    embeddings', site 1 the attention's output, site 2 the MLP's."""
+    embeddings', site 1 the attention's output, site 2 the MLP's. With
+    attn_p, drop.attn(probs [B,nh,T,T], layer) is attention dropout (site 3):
+    the mask of (sample, head, query, key)."""
 
-    def __init__(self, p, seed, first_sample):
-        self.p, self.seed, self.first = p, seed, first_sample
-        self.threshold = min(int(p * 4294967296.0 + 0.5), 4294967295)
-        self.scale = float(np.float32(1.0 / (1.0 - p)))
+    def __init__(self, p, seed, first_sample, attn_p=0.0):
+        self.p, self.seed, self.first, self.attn_p = p, seed, first_sample, attn_p
+        self.threshold, self.scale = threshold_scale(p)
+
+    def key(self, layer, site):
+        where = np.uint64((((layer + 1) & 0xFFFFFFFF) << 8) | site)
+        return splitmix64(np.uint64(self.seed) ^ splitmix64(where ^ np.uint64(0x64726F706F7574)))
 
     def keep(self, B, T, C, layer, site):
-        where = np.uint64((((layer + 1) & 0xFFFFFFFF) << 8) | site)
-        key = splitmix64(np.uint64(self.seed) ^ splitmix64(where ^ np.uint64(0x64726F706F7574)))
+        key = self.key(layer, site)
         samples = np.arange(self.first, self.first + B, dtype=np.uint64)[:, None]
         rows = splitmix64(splitmix64(key ^ samples) ^ np.arange(T, dtype=np.uint64)[None, :])
         bits = splitmix64(rows[:, :, None] ^ np.arange(C, dtype=np.uint64)[None, None, :])
         return (bits >> np.uint64(32)) >= np.uint64(self.threshold)
 
     def __call__(self, x, layer, site):
+        if not self.p:
+            return x
         B, T, C = x.shape
         mask = torch.from_numpy(self.keep(B, T, C, layer, site)).to(x.dtype)
         return x * mask * self.scale
+
+    def attn(self, att, layer):
+        if not self.attn_p:
+            return att
+        B, nh, T, _ = att.shape
+        threshold, scale = threshold_scale(self.attn_p)
+        key = self.key(layer, 3)
+        samples = np.arange(self.first, self.first + B, dtype=np.uint64)[:, None, None]
+        heads = np.arange(nh, dtype=np.uint64)[None, :, None]
+        t = np.arange(T, dtype=np.uint64)
+        rows = splitmix64(splitmix64(splitmix64(key ^ samples) ^ heads) ^ t[None, None, :])
+        bits = splitmix64(rows[..., None] ^ t[None, None, None, :]) >> np.uint64(32)
+        mask = torch.from_numpy(bits >= np.uint64(threshold)).to(att.dtype)
+        return att * mask * scale
 
 
 # ---- GPT-2 in torch.nn ------------------------------------------------------
@@ -125,7 +150,7 @@ class Block(nn.Module):
         self.gelu = nn.GELU(approximate=gelu)  # "tanh" (gelu_new), or "none": erf
         self.mlp_proj = nn.Linear(4 * C, C)
 
-    def attn(self, x):
+    def attn(self, x, drop=None, layer=0):
         B, T, C = x.shape
         hs = C // self.nh
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -133,13 +158,15 @@ class Block(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        if drop:  # attention dropout, after the softmax, before v
+            att = drop.attn(att, layer)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
     def forward(self, x, drop=None, layer=0):
-        drop = drop or (lambda v, layer, site: v)
-        x = x + drop(self.attn(self.ln_1(x)), layer, 1)
-        return x + drop(self.mlp_proj(self.gelu(self.c_fc(self.ln_2(x)))), layer, 2)
+        hidden = drop or (lambda v, layer, site: v)
+        x = x + hidden(self.attn(self.ln_1(x), drop, layer), layer, 1)
+        return x + hidden(self.mlp_proj(self.gelu(self.c_fc(self.ln_2(x)))), layer, 2)
 
 
 class GPT(nn.Module):

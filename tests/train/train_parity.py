@@ -17,7 +17,8 @@ losses must also stand apart from the tanh GELU's (the torch model again
 with nn.GELU(approximate="tanh") from the same weights): so the check
 tells the two forms apart. And GPT-2 with --hidden-dropout 0.1 on TP 2 x PP 2
 with sequence parallelism, the torch model drawing mega's counter-based
-masks (make_ref.HiddenDropout restates kernels/dropout.h).
+masks (make_ref.HiddenDropout restates kernels/dropout.h), and GPT-2 with
+--attention-dropout 0.1 the same way (the mask of sample, head, query and key).
 
   /usr/bin/python3 train_parity.py MEGAW WORKDIR
 """
@@ -58,6 +59,11 @@ CASES = [  # name, model, world, layout
     ("gpt2 hidden dropout tp2 pp2 sp", GPT2 + ["--hidden-dropout", "0.1"], 4,
      ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
       "--sequence-parallel"]),
+    # attention dropout: the mask of (sample, head, query, key), heads split
+    # over TP, the probabilities recomputed under selective recomputation
+    ("gpt2 attention dropout tp2 pp2 sp", GPT2 + ["--attention-dropout", "0.1"], 4,
+     ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+      "--sequence-parallel", "--recompute-granularity", "selective"]),
     ("gpt2 erf gelu (--no-bias-gelu-fusion)",
      GPT2 + ["--no-bias-gelu-fusion", "--init-method-std", "0.2"], 1, []),
 ]
@@ -92,9 +98,9 @@ def run_megaw(megaw, work, model, world, layout):
     return data, save, steps
 
 
-def torch_steps(model, stream, dropout=0.0):
+def torch_steps(model, stream, dropout=0.0, attn_dropout=0.0):
     """ITERS steps of the torch model: each iteration's (loss, grad norm, lr);
-    with hidden dropout, iteration i holds samples i*G...(i+1)*G-1."""
+    with dropout, iteration i holds samples i*G...(i+1)*G-1."""
     params = model.hf_params()
     opt = torch.optim.AdamW(
         [{"params": [p for p, _ in params.values() if p.dim() == 2], "weight_decay": WD},
@@ -110,7 +116,8 @@ def torch_steps(model, stream, dropout=0.0):
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad()
-        model.drop = make_ref.HiddenDropout(dropout, SEED, i * G) if dropout else None
+        model.drop = (make_ref.HiddenDropout(dropout, SEED, i * G, attn_dropout)
+                      if dropout or attn_dropout else None)
         logits = model(tok)
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1))
         loss.backward()
@@ -137,10 +144,14 @@ def check(name, megaw, work, model_flags, world, layout):
         bad.append("config.json's activation_function is %r" % config.get("activation_function"))
     model = model_from(first, config)
     stream = list(open(data, "rb").read())
-    dropout = config.get("resid_pdrop", 0.0) if config["model_type"] == "gpt2" else 0.0
+    gpt2 = config["model_type"] == "gpt2"
+    dropout = config.get("resid_pdrop", 0.0) if gpt2 else 0.0
+    attn_dropout = config.get("attn_pdrop", 0.0) if gpt2 else config.get("attention_dropout")
     if ("--hidden-dropout" in model_flags) != (dropout > 0):
         bad.append("config.json's resid_pdrop is %r" % dropout)
-    ref = torch_steps(model, stream, dropout)
+    if ("--attention-dropout" in model_flags) != (attn_dropout != 0.0):
+        bad.append("config.json's attention dropout is %r" % attn_dropout)
+    ref = torch_steps(model, stream, dropout, attn_dropout if gpt2 else 0.0)
     for i, (loss, norm, lr) in enumerate(ref):
         got = steps[i + 1]
         for what, a, b, tol in (("loss", got["loss"], loss, 1e-6),

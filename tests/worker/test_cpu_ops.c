@@ -303,13 +303,15 @@ static void matmul_both_layouts(void **state) {
 
 /* Naive causal grouped-query attention in double: out and att, then the
  * backward. q [B*T, ldq], k and v [B*T, ldkv]; the gradients at the same
- * offsets of buffers shaped as the inputs (dq, dk, dv zeroed by the caller). */
+ * offsets of buffers shaped as the inputs (dq, dk, dv zeroed by the caller).
+ * With d->drop, out = (a m) v for m the mask times its scale, a undropped:
+ * da = (dout v^T) m, dv = (a m)^T dout. */
 static void attention_reference(const float *q, const float *k, const float *v,
                                 const float *dout, const mega_attn_dims *d, double *out,
                                 double *att, double *dq, double *dk, double *dv) {
   int B = d->B, T = d->T, NH = d->NH, hs = d->hs, rep = d->NH / d->G, ldo = NH * hs;
   double scale = 1.0 / sqrt(hs);
-  double *datt = malloc(sizeof(double) * T);
+  double *datt = malloc(sizeof(double) * T), *m = malloc(sizeof(double) * T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++)
       for (int t = 0; t < T; t++) {
@@ -326,17 +328,21 @@ static void attention_reference(const float *q, const float *k, const float *v,
         }
         for (int s = 0; s <= t; s++) sum += (a[s] = exp(a[s] - mx));
         for (int s = 0; s <= t; s++) a[s] /= sum;
+        uint64_t key = mega_attn_dropout_row(&d->drop, b, h, t);
+        for (int s = 0; s <= t; s++)
+          m[s] = d->drop.scale == 0.0f ? 1.0 : mega_attn_dropout_apply(&d->drop, key, s, 1.0f);
         double *o = out + ((size_t)b * T + t) * ldo + h * hs;
         const float *dy = dout + ((size_t)b * T + t) * ldo + h * hs;
         for (int i = 0; i < hs; i++) {
           o[i] = 0;
-          for (int s = 0; s <= t; s++) o[i] += a[s] * v[KV(s) + i];
+          for (int s = 0; s <= t; s++) o[i] += a[s] * m[s] * v[KV(s) + i];
         }
         /* backward of this row */
         double dot = 0;
         for (int s = 0; s <= t; s++) {
           datt[s] = 0;
           for (int i = 0; i < hs; i++) datt[s] += dy[i] * (double)v[KV(s) + i];
+          datt[s] *= m[s];
           dot += datt[s] * a[s];
         }
         for (int s = 0; s <= t; s++) {
@@ -344,12 +350,13 @@ static void attention_reference(const float *q, const float *k, const float *v,
           for (int i = 0; i < hs; i++) {
             dq[qo + i] += dpre * k[KV(s) + i];
             dk[KV(s) + i] += dpre * qr[i];
-            dv[KV(s) + i] += a[s] * dy[i];
+            dv[KV(s) + i] += a[s] * m[s] * dy[i];
           }
         }
 #undef KV
       }
   free(datt);
+  free(m);
 }
 
 /* q, k, v at offsets qo, ko, vo of one buffer of nbuf floats (the
@@ -381,17 +388,20 @@ static void attention_case(const mega_attn_dims *d, size_t nbuf, size_t qo, size
   free(rout), free(ratt), free(rg);
 }
 
-/* GPT-2's fused qkv [B,T,3C] (strides 3C) */
-static void fused_case(int B, int T, int C, int NH) {
+/* GPT-2's fused qkv [B,T,3C] (strides 3C), with attention dropout p (0:
+ * none) */
+static void fused_case(int B, int T, int C, int NH, double p) {
   mega_attn_dims d = {.B = B, .T = T, .NH = NH, .G = NH, .hs = C / NH, .ldq = 3 * C,
                       .ldkv = 3 * C};
+  if (p > 0) d.drop = mega_attn_dropout_of(p, 0x5eedull, 17, 3);
   attention_case(&d, (size_t)B * T * 3 * C, 0, C, 2 * C);
 }
 
 /* Llama's separate q [B*T, NH*hs], k and v [B*T, G*hs] */
-static void grouped_case(int B, int T, int NH, int G, int hs) {
+static void grouped_case(int B, int T, int NH, int G, int hs, double p) {
   mega_attn_dims d = {.B = B, .T = T, .NH = NH, .G = G, .hs = hs, .ldq = NH * hs,
                       .ldkv = G * hs};
+  if (p > 0) d.drop = mega_attn_dropout_of(p, 0xd20bull, 40, 8);
   size_t nq = (size_t)B * T * NH * hs, nk = (size_t)B * T * G * hs;
   attention_case(&d, nq + 2 * nk, 0, nq, nq + nk);
 }
@@ -401,11 +411,20 @@ static void grouped_case(int B, int T, int NH, int G, int hs) {
  * and 4 query heads per key/value head, and with one key/value head. */
 static void attention_matches_naive(void **state) {
   (void)state;
-  fused_case(2, 150, 32, 4);
-  fused_case(1, 75, 128, 2);
-  grouped_case(2, 75, 4, 2, 16);
-  grouped_case(1, 40, 8, 2, 64);
-  grouped_case(3, 9, 6, 1, 8);
+  fused_case(2, 150, 32, 4, 0);
+  fused_case(1, 75, 128, 2, 0);
+  grouped_case(2, 75, 4, 2, 16, 0);
+  grouped_case(1, 40, 8, 2, 64, 0);
+  grouped_case(3, 9, 6, 1, 8, 0);
+}
+
+/* Attention dropout: the mask of (sample, head, query, key) on the
+ * probabilities that multiply v, and the backward's through it. */
+static void attention_dropout_matches_naive(void **state) {
+  (void)state;
+  fused_case(2, 150, 32, 4, 0.2);
+  grouped_case(2, 75, 4, 2, 16, 0.5);
+  grouped_case(3, 9, 6, 1, 8, 0.1);
 }
 
 /* RMSNorm, SwiGLU and RoPE against double loops. */
@@ -686,6 +705,7 @@ int main(void) {
       cmocka_unit_test(many_ranges_match_one_by_one),
       cmocka_unit_test(matmul_both_layouts),
       cmocka_unit_test(attention_matches_naive),
+      cmocka_unit_test(attention_dropout_matches_naive),
       cmocka_unit_test(llama_kernels),
       cmocka_unit_test(layernorm_gelu_crossentropy_encoder),
       cmocka_unit_test(many_small_jobs),

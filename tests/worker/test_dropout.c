@@ -3,7 +3,7 @@
  * independence across keys and samples, its invariance under the row
  * splits that sequence parallelism and microbatching make, and that a
  * forward without samples (evaluation, generation) is a model without
- * dropout while one with samples is not. */
+ * dropout while one with samples is not, for attention dropout too. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -143,12 +143,13 @@ static void layout_invariance(void **state) {
   free(part);
 }
 
-/* The loss of a 2-layer GPT-2 (or Llama) with hidden_dropout p, on one
- * microbatch given first_sample (negative: none). */
-static double model_loss(fx_model m, double p, int64_t first_sample) {
+/* The loss of a 2-layer GPT-2 (or Llama) with hidden_dropout p (with
+ * attention_dropout p when attn), on one microbatch given first_sample
+ * (negative: none). */
+static double model_loss(fx_model m, bool attn, double p, int64_t first_sample) {
   mega_gpt_config cfg;
   fx_model_config(&cfg, 0.2f, m);
-  cfg.hidden_dropout = p;
+  *(attn ? &cfg.attention_dropout : &cfg.hidden_dropout) = p;
   mega_err err = {0};
   mega_gpt_stage *s;
   mega_gpt_stage_desc desc = {.embedding = true, .loss = true, .num_layers = 2};
@@ -172,22 +173,27 @@ static double model_loss(fx_model m, double p, int64_t first_sample) {
  * samples to another value, and a model of p 0 ignores them. */
 static void training_only(void **state) {
   (void)state;
-  for (fx_model m = FX_GPT2; m <= FX_LLAMA; m++) {
-    double none = model_loss(m, 0.0, -1);
-    assert_true(model_loss(m, 0.3, -1) == none);
-    assert_true(model_loss(m, 0.0, 4) == none);
-    double a = model_loss(m, 0.3, 4), b = model_loss(m, 0.3, 6);
-    printf("# %s: loss %.6f without dropout, %.6f and %.6f with\n",
-           m == FX_GPT2 ? "gpt-2" : "llama", none, a, b);
-    assert_true(a != none && b != none && a != b);
-    assert_true(model_loss(m, 0.3, 4) == a);
-  }
+  for (int attn = 0; attn < 2; attn++)
+    for (fx_model m = FX_GPT2; m <= FX_LLAMA; m++) {
+      double none = model_loss(m, attn, 0.0, -1);
+      assert_true(model_loss(m, attn, 0.3, -1) == none);
+      assert_true(model_loss(m, attn, 0.0, 4) == none);
+      double a = model_loss(m, attn, 0.3, 4), b = model_loss(m, attn, 0.3, 6);
+      printf("# %s, %s dropout: loss %.6f without, %.6f and %.6f with\n",
+             m == FX_GPT2 ? "gpt-2" : "llama", attn ? "attention" : "hidden", none, a, b);
+      assert_true(a != none && b != none && a != b);
+      assert_true(model_loss(m, attn, 0.3, 4) == a);
+    }
   mega_gpt_config cfg;
   fx_config(&cfg, 0.2f);
   mega_err err = {0};
   cfg.hidden_dropout = 1.0;
   assert_int_equal(mega_gpt_config_check(&cfg, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "hidden_dropout must be in [0, 1)"));
+  cfg.hidden_dropout = 0;
+  cfg.attention_dropout = 1.0;
+  assert_int_equal(mega_gpt_config_check(&cfg, &err), MEGA_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "attention_dropout must be in [0, 1)"));
 }
 
 int main(void) {

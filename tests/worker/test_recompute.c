@@ -72,9 +72,10 @@ static void bwd_both(fx_probe *p) {
 
 /* The architecture make_stage builds: the tests run as GPT-2 and again as
  * the untied Llama (the group's setup sets it), and both again with hidden
- * dropout, whose masks the reruns must regenerate. */
+ * dropout, then with attention dropout, whose masks the reruns must
+ * regenerate. */
 static fx_model variant = FX_GPT2;
-static double dropout = 0.0;
+static double dropout = 0.0, attn_dropout = 0.0;
 
 /* A stage of the L-layer model on a fresh cpu backend. */
 static mega_gpt_stage *make_stage(const mega_gpt_stage_desc *d, mega_backend **be) {
@@ -84,6 +85,7 @@ static mega_gpt_stage *make_stage(const mega_gpt_stage_desc *d, mega_backend **b
   fx_model_config(&cfg, 0.2f, variant);
   cfg.num_layers = L;
   cfg.hidden_dropout = dropout;
+  cfg.attention_dropout = attn_dropout;
   assert_int_equal(mega_backend_cpu_create(NULL, be, &err), MEGA_OK);
   if (mega_gpt_stage_create(*be, &cfg, d, &s, &err) != MEGA_OK) fail_msg("%s", err.msg);
   return s;
@@ -333,5 +335,10 @@ int main(void) {
   dropout = 0.2;
   failed += cmocka_run_group_tests_name("llama, hidden dropout", tests, NULL, NULL);
   variant = FX_GPT2;
-  return failed + cmocka_run_group_tests_name("gpt-2, hidden dropout", tests, NULL, NULL);
+  failed += cmocka_run_group_tests_name("gpt-2, hidden dropout", tests, NULL, NULL);
+  dropout = 0.0;
+  attn_dropout = 0.2;
+  failed += cmocka_run_group_tests_name("gpt-2, attention dropout", tests, NULL, NULL);
+  variant = FX_LLAMA;
+  return failed + cmocka_run_group_tests_name("llama, attention dropout", tests, NULL, NULL);
 }

@@ -87,6 +87,11 @@ typedef struct mega_attn_dims {
   /* Floats the caller's att and scratch hold (attention_sizes); 0: the
    * full sizes, B*NH*T*T and B*NH*T*T + B*T*NH*hs. */
   size_t att_cap, scratch_cap;
+  /* Attention dropout on the probabilities before they multiply v, both
+   * directions; all zero (the default): none. The cpu backend only: the
+   * cuda backend's attention fails the op with it (jobspec_check.c
+   * refuses --backend cuda with --attention-dropout; auto picks cpu). */
+  mega_attn_dropout drop;
 } mega_attn_dims;
 
 /* Whether attention of d's shape rounds as flash attention under --bf16
@@ -208,7 +213,9 @@ typedef struct mega_backend_ops {
    * [B,T,NH*hs] and, for the backward, att [B,NH,T,T]: the probabilities
    * below the diagonal, or whatever else the backend's backward needs (the
    * cuda backend's flash attention keeps statistics and a copy of out).
-   * att and scratch hold what attention_sizes says, for both directions. */
+   * att and scratch hold what attention_sizes says, for both directions.
+   * With d->drop, out is (P * mask * scale) v and att keeps P undropped;
+   * the backward draws the same mask again. */
   /* Floats att and scratch must hold for d's shape under the backend's
    * settings now (size them after set_bf16, and pass them in d->att_cap
    * and d->scratch_cap): the full sizes above, or less where the backend

@@ -14,7 +14,12 @@
  * The flash forward rounds each probability relative to a running
  * maximum, before it divides by the row's sum; here the rounding follows
  * the division: the same relative error, not the same bits. (So does the
- * softmax gradient's row sum: sum a*da here, dout.out in flash's.) */
+ * softmax gradient's row sum: sum a*da here, dout.out in flash's.)
+ *
+ * Attention dropout (d->drop): the probabilities that multiply v are
+ * a * mask * scale (kernels/dropout.h), a itself stays undropped in att
+ * for the backward, which draws the same mask for dv and for the
+ * probabilities' gradient. */
 #include <math.h>
 #include <string.h>
 
@@ -139,11 +144,24 @@ typedef struct attn_ctx {
   bool round; /* --bf16 with a flash shape: the inputs are rounded copies */
 } attn_ctx;
 
-/* Rows r0..r1 of a (T wide), columns 0..r1 (what the products read: the
- * causal part and the group's zeros), rounded to bf16 into dst. */
-static void round_rows(float *dst, const float *a, int r0, int r1, int T) {
-  for (int t = r0; t < r1; t++)
-    for (int s = 0; s < r1; s++) dst[(size_t)t * T + s] = mega_bf16_round(a[(size_t)t * T + s]);
+/* Rows r0..r1 of a (T wide) of head h of batch element b, columns 0..r1
+ * (what the products read: the causal part and the group's zeros), into
+ * dst (which may be a): times attention dropout's mask and scale when drop
+ * and d->drop has one, then rounded to bf16 when round. */
+static void mask_rows(const attn_ctx *c, float *dst, const float *a, int r0, int r1, int b,
+                      int h, bool drop, bool round) {
+  const mega_attn_dropout *dr = &c->d.drop;
+  int T = c->d.T;
+  drop = drop && dr->scale != 0.0f;
+  for (int t = r0; t < r1; t++) {
+    const float *src = a + (size_t)t * T;
+    float *o = dst + (size_t)t * T;
+    uint64_t key = drop ? mega_attn_dropout_row(dr, b, h, t) : 0;
+    for (int s = 0; s < r1; s++) {
+      float v = drop ? mega_attn_dropout_apply(dr, key, s, src[s]) : src[s];
+      o[s] = round ? mega_bf16_round(v) : v;
+    }
+  }
 }
 
 /* c's q, k, v (and dout when given) replaced by rounded copies, when --bf16
@@ -179,6 +197,7 @@ static bool round_inputs(mega_backend *be, attn_ctx *c, bool dout) {
 static void attn_fwd_heads(void *vc, int64_t bg0, int64_t bg1) {
   const attn_ctx *c = vc;
   const mega_attn_dims *d = &c->d;
+  bool dropping = d->drop.scale != 0.0f;
   int T = d->T, hs = d->hs, NH = d->NH, G = d->G, rep = NH / G, ldq = d->ldq, ldkv = d->ldkv;
   int ldo = NH * hs;
   float scale = 1.0f / sqrtf((float)hs);
@@ -199,12 +218,13 @@ static void attn_fwd_heads(void *vc, int64_t bg0, int64_t bg1) {
         mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, scale, q + (size_t)g0 * ldq, ldq, kT, T,
                          a + (size_t)g0 * T, T);
         causal_softmax_rows(a, g0, g1, T);
-        /* o[g0:g1] = a[g0:g1, 0:g1] v[0:g1], a rounded in the backward's
-         * tile slot (free in the forward) under --bf16 */
+        /* o[g0:g1] = a[g0:g1, 0:g1] v[0:g1], a dropped and rounded in the
+         * backward's tile slot (free in the forward): a keeps the
+         * probabilities the backward's softmax gradient needs */
         const float *pa = a;
-        if (c->round) {
+        if (c->round || dropping) {
           float *rt = c->scratch + (size_t)d->B * T * ldo + (size_t)bg0 * T * T;
-          round_rows(rt, a, g0, g1, T);
+          mask_rows(c, rt, a, g0, g1, b, h, true, c->round);
           pa = rt;
         }
         mega_cpu_tile_nn(rows, hs, g1, 1.0f, pa + (size_t)g0 * T, T, v, ldkv,
@@ -240,6 +260,7 @@ static void by_key_groups(bool acc, int T, int hs, const float *P, const float *
 static void attn_bwd_heads(void *vc, int64_t bg0, int64_t bg1) {
   const attn_ctx *c = vc;
   const mega_attn_dims *d = &c->d;
+  bool dropping = d->drop.scale != 0.0f;
   int T = d->T, hs = d->hs, NH = d->NH, G = d->G, rep = NH / G, ldq = d->ldq, ldkv = d->ldkv;
   int ldo = NH * hs;
   float scale = 1.0f / sqrtf((float)hs);
@@ -261,22 +282,28 @@ static void attn_bwd_heads(void *vc, int64_t bg0, int64_t bg1) {
       const float *dy = c->dout + (size_t)b * T * ldo + h * hs;
       for (int g0 = 0; g0 < T; g0 += GROUP) {
         int g1 = imin(g0 + GROUP, T), rows = g1 - g0;
-        /* da[g0:g1, 0:g1] = dy[g0:g1] v[0:g1]^T, then through the softmax */
+        /* da[g0:g1, 0:g1] = dy[g0:g1] v[0:g1]^T, the gradient of the
+         * dropped probabilities: times the mask and scale it is the
+         * probabilities' (the softmax gradient's row sum, sum a*da, is
+         * then dout.out, out having been made of the dropped ones) */
         mega_cpu_tile_nn(rows, tile_cols(g1, T), hs, 1.0f, dy + (size_t)g0 * ldo, ldo, vT, T,
                          da + (size_t)g0 * T, T);
+        if (dropping) mask_rows(c, da, da, g0, g1, b, h, true, false);
         softmax_backward_rows(da, a, g0, g1, T, scale);
-        if (c->round) round_rows(da, da, g0, g1, T);
+        if (c->round) mask_rows(c, da, da, g0, g1, b, h, false, true);
         /* dq[g0:g1] = dpre[g0:g1, 0:g1] k[0:g1] */
         mega_cpu_tile_nn(rows, hs, g1, 1.0f, da + (size_t)g0 * T, T, k, ldkv,
                          dq + (size_t)g0 * ldq, ldq);
       }
-      /* dk = dpre^T q, then dv = a^T dy (under --bf16 a rounded into da,
-       * dpre's tile, no longer needed). The group's first query head
-       * writes dk and dv, the others add to them. */
+      /* dk = dpre^T q, then dv = a^T dy with a as the forward multiplied v
+       * (dropped, and rounded under --bf16) in da, dpre's tile, no longer
+       * needed. The group's first query head writes dk and dv, the others
+       * add to them. */
       by_key_groups(r > 0, T, hs, da, q, ldq, dk, ldkv);
       const float *pa = a;
-      if (c->round) {
-        for (int g0 = 0; g0 < T; g0 += GROUP) round_rows(da, a, g0, imin(g0 + GROUP, T), T);
+      if (c->round || dropping) {
+        for (int g0 = 0; g0 < T; g0 += GROUP)
+          mask_rows(c, da, a, g0, imin(g0 + GROUP, T), b, h, true, c->round);
         pa = da;
       }
       by_key_groups(r > 0, T, hs, pa, dy, ldo, dv, ldkv);

@@ -98,15 +98,21 @@ void mega_cu__attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t 
 static bool attn_fits(mega_backend *be, const mega_attn_dims *d) {
   size_t att, scratch;
   mega_cu__attention_sizes(be, d, &att, &scratch);
-  if ((!d->att_cap || d->att_cap >= att) && (!d->scratch_cap || d->scratch_cap >= scratch))
+  bool drop = d->drop.scale != 0.0f; /* no kernel here draws the mask (backend.h) */
+  if (!drop && (!d->att_cap || d->att_cap >= att) && (!d->scratch_cap || d->scratch_cap >= scratch))
     return true;
   cuda_impl *c = impl_of(be);
   if (c->sticky == MEGA_OK) {
     c->sticky = MEGA_ERR_INVALID;
-    snprintf(c->why, sizeof c->why,
-             "cuda backend: attention needs %zu and %zu floats of att and scratch, the caller "
-             "has %zu and %zu: size them with attention_sizes after set_bf16",
-             att, scratch, d->att_cap, d->scratch_cap);
+    if (drop)
+      snprintf(c->why, sizeof c->why,
+               "cuda backend: attention dropout is not implemented on cuda; use the cpu "
+               "backend or --attention-dropout 0");
+    else
+      snprintf(c->why, sizeof c->why,
+               "cuda backend: attention needs %zu and %zu floats of att and scratch, the "
+               "caller has %zu and %zu: size them with attention_sizes after set_bf16",
+               att, scratch, d->att_cap, d->scratch_cap);
   }
   return false;
 }

@@ -32,9 +32,10 @@ static json_t *gpt2_json(const mega_gpt_config *cfg) {
       tidy(cfg->ln_eps), "activation_function", cfg->gelu_erf ? "gelu" : "gelu_new",
       "tie_word_embeddings", !cfg->untied,
       "initializer_range", tidy(cfg->init_std),
-      /* HF's names for Megatron's hidden-dropout sites; mega has no attention
-       * dropout (HF draws other masks: only evaluation computes the same) */
-      "resid_pdrop", cfg->hidden_dropout, "embd_pdrop", cfg->hidden_dropout, "attn_pdrop", 0.0,
+      /* HF's names for Megatron's dropout sites (HF draws other masks: only
+       * evaluation computes the same) */
+      "resid_pdrop", cfg->hidden_dropout, "embd_pdrop", cfg->hidden_dropout, "attn_pdrop",
+      cfg->attention_dropout,
       "torch_dtype", "float32");
   /* n_inner: null means HF's 4 x n_embd */
   json_t *inner = F == 4 * cfg->channels ? json_null() : json_integer(F);
@@ -62,7 +63,7 @@ static json_t *llama_json(const mega_gpt_config *cfg) {
       "head_dim", mega_gpt_head_dim(cfg), "rms_norm_eps", tidy(cfg->ln_eps), "rope_theta",
       tidy(cfg->rope_theta), "tie_word_embeddings", !cfg->untied, "attention_bias", bias,
       "mlp_bias", bias, "hidden_act", "silu", "initializer_range", tidy(cfg->init_std),
-      "attention_dropout", 0.0, "rope_scaling", "torch_dtype", "float32");
+      "attention_dropout", cfg->attention_dropout, "rope_scaling", "torch_dtype", "float32");
   if (j && cfg->rotary_percent < 1.0 &&
       json_object_set_new(j, "partial_rotary_factor", json_real(cfg->rotary_percent))) {
     json_decref(j);
@@ -148,6 +149,8 @@ static void read_gpt2(reader *r, mega_gpt_config *cfg) {
    * mega's: read it only when written); it acts only in training */
   json_t *pdrop = json_object_get(r->j, "resid_pdrop");
   if (json_is_number(pdrop)) cfg->hidden_dropout = json_number_value(pdrop);
+  json_t *apdrop = json_object_get(r->j, "attn_pdrop");
+  if (json_is_number(apdrop)) cfg->attention_dropout = json_number_value(apdrop);
   /* GPT2Config's names: "gelu_new" (its default) and "gelu_pytorch_tanh"
    * are the tanh GELU, "gelu" the exact one; mega's MLP has no other */
   if (r->st) return;
@@ -181,6 +184,8 @@ static void read_llama(reader *r, mega_gpt_config *cfg) {
   cfg->rope_theta = get_num(r, "rope_theta", 10000.0);
   cfg->rotary_percent = get_num(r, "partial_rotary_factor", 1.0);
   cfg->untied = !get_bool(r, "tie_word_embeddings", false);
+  json_t *apdrop = json_object_get(r->j, "attention_dropout"); /* absent: HF's 0 */
+  if (json_is_number(apdrop)) cfg->attention_dropout = json_number_value(apdrop);
   bool ab = get_bool(r, "attention_bias", false), mb = get_bool(r, "mlp_bias", false);
   cfg->no_bias = !ab;
   if (r->st) return;

@@ -25,6 +25,7 @@ mega_status mega_chunks_config(const mega_jobspec *job, mega_gpt_config *cfg, me
   cfg->rope_theta = (float)job->rotary_base;
   cfg->rotary_percent = job->rotary_percent;
   cfg->hidden_dropout = job->hidden_dropout;
+  cfg->attention_dropout = job->attention_dropout;
   return mega_gpt_config_check(cfg, err);
 }
 

@@ -120,6 +120,9 @@ mega_status mega_gpt_config_check(const mega_gpt_config *c, mega_err *err) {
   if (!(c->hidden_dropout >= 0.0 && c->hidden_dropout < 1.0))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: hidden_dropout must be in [0, 1), got %g",
                      c->hidden_dropout);
+  if (!(c->attention_dropout >= 0.0 && c->attention_dropout < 1.0))
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: attention_dropout must be in [0, 1), got %g",
+                     c->attention_dropout);
   if (!(c->init_std >= 0.0f) || !isfinite(c->init_std))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: init_std must be finite and >= 0, got %g",
                      (double)c->init_std);

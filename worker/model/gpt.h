@@ -34,8 +34,14 @@
  * counter-based (kernels/dropout.h): a function of the seed, the sample's
  * place in the training order, the layer, the site, the position and the
  * channel, so every layout draws the same one and backward and
- * recomputation regenerate it. No attention dropout. Weights use Hugging
- * Face names and layouts, so a checkpoint is a plain copy.
+ * recomputation regenerate it. Attention dropout (Megatron's
+ * --attention-dropout, HF GPT-2's attn_pdrop) on the softmax probabilities
+ * before they multiply V, also in training forwards only, its mask a
+ * function of the seed, the sample, the layer, the head (in the model's
+ * numbering, so a TP head split draws the same), the query and the key
+ * position; the cpu backend only (the cuda backend's attention fails a
+ * training forward with it). Weights use Hugging Face names and
+ * layouts, so a checkpoint is a plain copy.
  *
  * A stage holds a contiguous run of layers, plus the embedding (wte, and
  * wpe for GPT-2; its input is tokens) and/or the loss (the final norm and
@@ -116,6 +122,7 @@ typedef struct mega_gpt_config {
   float rope_theta;     /* Llama: RoPE's base, 10000 */
   double rotary_percent; /* Llama: the share of head_dim that RoPE turns, (0, 1]; 1 */
   double hidden_dropout; /* the probability an element is dropped, [0, 1); 0 */
+  double attention_dropout; /* the probability an attention probability is dropped; 0 */
 } mega_gpt_config;
 
 /* vocab 256, max_seq_len 1024, 12 layers, 12 heads, 768 channels,
@@ -352,7 +359,7 @@ void mega_gpt_acts_set_loss_scale(mega_gpt_acts *a, float loss_scale);
  * seed, layer, site, position and channel. Negative (the default):
  * evaluation or generation, no dropout. A forward keeps the value it ran
  * with for its own backward and recomputation. Without cfg.hidden_dropout
- * nothing changes. */
+ * or cfg.attention_dropout nothing changes. */
 void mega_gpt_acts_set_samples(mega_gpt_acts *a, int64_t first_sample);
 void mega_gpt_acts_destroy(mega_gpt_acts *a); /* NULL is fine */
 

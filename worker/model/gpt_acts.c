@@ -45,6 +45,21 @@ mega_attn_dims gpt_attn_dims(const mega_gpt_stage *s, int B, int T) {
                           .ldq = fused ? 3 * w.Ql : w.Ql, .ldkv = fused ? 3 * w.Ql : w.KVl};
 }
 
+/* Block l's attention shape for the acts, with attention dropout's mask
+ * when the last forward trains with it: its heads are this rank's, from
+ * rank * NHl in the model's numbering. */
+mega_attn_dims gpt_acts_attn_dims(const mega_gpt_stage *s, const mega_gpt_acts *a, int l) {
+  mega_attn_dims d = gpt_attn_dims(s, a->B, a->T);
+  d.att_cap = a->att_floats;
+  d.scratch_cap = a->att_scratch_floats;
+  if (s->cfg.attention_dropout > 0 && a->fwd_sample >= 0) {
+    uint64_t key = mega_dropout_key(s->cfg.seed, s->desc.first_layer + l, MEGA_DROP_ATTN_PROBS);
+    d.drop = mega_attn_dropout_of(s->cfg.attention_dropout, key, a->fwd_sample,
+                                  s->desc.tp.rank * d.NH);
+  }
+  return d;
+}
+
 bool gpt_rc_group(const mega_gpt_stage *s, int l, int *first, int *end) {
   int L = s->desc.num_layers, N = s->desc.recompute_layers;
   if (s->desc.recompute == MEGA_GPT_RECOMPUTE_UNIFORM) {

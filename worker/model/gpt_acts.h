@@ -94,6 +94,10 @@ gpt_widths gpt_local_widths(const mega_gpt_stage *s);
  * attention's shape over them. */
 void gpt_qkv(const mega_gpt_stage *s, int N, float *base, float **q, float **k, float **v);
 mega_attn_dims gpt_attn_dims(const mega_gpt_stage *s, int B, int T);
+/* Block l's attention call on a's activations: gpt_attn_dims with a's
+ * buffer sizes and, when a's last forward trains with attention dropout,
+ * its mask. */
+mega_attn_dims gpt_acts_attn_dims(const mega_gpt_stage *s, const mega_gpt_acts *a, int l);
 
 /* Full recomputation's groups: block l is rerun with the blocks
  * [*first, *end), from the input of *first, or false when l keeps its

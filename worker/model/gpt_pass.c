@@ -238,13 +238,12 @@ static void qkv_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l) {
 }
 
 /* The attention core of block l: its output into out, its probabilities
- * into la->att. */
-static void attention(mega_gpt_stage *s, mega_gpt_acts *a, layer_acts *la, float *out) {
+ * into la->att (undropped: the backend drops what multiplies v). */
+static void attention(mega_gpt_stage *s, mega_gpt_acts *a, int l, float *out) {
+  layer_acts *la = &a->layers[l];
   float *q, *k, *v;
   gpt_qkv(s, a->B * a->T, la->qkv, &q, &k, &v);
-  mega_attn_dims d = gpt_attn_dims(s, a->B, a->T);
-  d.att_cap = a->att_floats;
-  d.scratch_cap = a->att_scratch_floats;
+  mega_attn_dims d = gpt_acts_attn_dims(s, a, l);
   s->be->ops->attention_forward(s->be, out, la->att, a->att_scratch, q, k, v, &d);
 }
 
@@ -292,7 +291,7 @@ static mega_status block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, con
                               err);
   if (st) return st;
   qkv_forward(s, a, l);
-  attention(s, a, la, la->atty);
+  attention(s, a, l, la->atty);
   if ((st = row_parallel_forward(s, a, la->x2, la->atty, s->param + w->projw, gpt_p(s, w->projb),
                                  x, wd.Ql, l, MEGA_DROP_ATTENTION, err)) ||
       (st = norm_whole(s, a, la->ln2, la->ln2_mean, la->ln2_rstd, la->x2, w->ln2w, w->ln2b,
@@ -452,7 +451,7 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   if (s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && !holds(s, a, l)) {
     /* selective recomputation: the probabilities, from the kept q, k and v
      * (the output, which datty's GEMM overwrites next, is not needed) */
-    attention(s, a, la, a->datty);
+    attention(s, a, l, a->datty);
     hold(s, a, l);
   }
   o->matmul_backward_input(be, a->datty, la->dx2_all, s->param + w->projw, N, wd.Ql, C, s->lay,
@@ -460,9 +459,7 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   float *q, *k, *v, *dq, *dk, *dv;
   gpt_qkv(s, N, la->qkv, &q, &k, &v);
   gpt_qkv(s, N, la->dqkv, &dq, &dk, &dv);
-  mega_attn_dims ad = gpt_attn_dims(s, B, T);
-  ad.att_cap = a->att_floats;
-  ad.scratch_cap = a->att_scratch_floats;
+  mega_attn_dims ad = gpt_acts_attn_dims(s, a, l);
   o->attention_backward(be, dq, dk, dv, a->att_scratch, a->datty, q, k, v, la->att, &ad);
   if (llama) { /* q and k were rotated after their projections */
     int rot = mega_gpt_rot_dim(&s->cfg);
