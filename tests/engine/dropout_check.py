@@ -34,7 +34,9 @@ from ranks import (CKPT_ITERS, CKPT_SAVE_AT, ITERS, MODEL, RTOL, launch, losses_
 DROP = ["--hidden-dropout", "0.1"]
 # config.json's keys for the dropout (HF GPT-2's names)
 PDROP_KEYS = ("resid_pdrop", "embd_pdrop")
-ATTENTION = (["--attention-dropout", "0.1"], ("attn_pdrop",))
+# at the default init std of 0.02 the probabilities are near uniform, and
+# dropping some moves the losses by only ~2e-5, RTOL's size: at 0.2 by 1e-2
+ATTENTION = (["--attention-dropout", "0.1", "--init-method-std", "0.2"], ("attn_pdrop",))
 TP2, SP, PP2 = (["--tensor-model-parallel-size", "2"], ["--sequence-parallel"],
                 ["--pipeline-model-parallel-size", "2"])
 LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
