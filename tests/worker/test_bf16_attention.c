@@ -106,15 +106,18 @@ static void test_inputs_rounded(void **state) {
 }
 
 /* out = round(P) v and dv = round(P)^T dout, P the op's own probabilities;
- * dq = round(dS) k, dk = round(dS)^T q with dS = scale P (dP - sum P dP). */
-static void test_products_rounded(void **state) {
-  mega_backend *be = *state;
+ * dq = round(dS) k, dk = round(dS)^T q with dS = scale P (dP - sum P dP).
+ * With attention dropout (drop), P m for P and dP m for dP, m the mask
+ * times its scale: the dropped probabilities are what round. */
+static void products_rounded(mega_backend *be, bool drop) {
   int hs = 64, ld = (NH + 2 * G) * hs;
   case_ c, f;
   case_init(&c, hs, 21);
+  if (drop) c.d.drop = mega_attn_dropout_of(0.2, 0xb16ull, 5, 1);
   round_all(c.qkv, qkv_n(hs)); /* the inputs' rounding is the test above's */
   round_all(c.dout, out_n(hs));
   case_init(&f, hs, 21);
+  f.d.drop = c.d.drop;
   memcpy(f.qkv, c.qkv, qkv_n(hs) * sizeof(float));
   memcpy(f.dout, c.dout, out_n(hs) * sizeof(float));
   run(be, &c, true);
@@ -126,16 +129,19 @@ static void test_products_rounded(void **state) {
   for (int h = 0; h < NH; h++) {
     const float *P = c.att + (size_t)h * T * T;
     for (int t = 0; t < T; t++) {
-      /* dP = dout v^T, its row sum with P, and dS */
-      double dP[T], dot = 0;
+      /* dP = (dout v^T) m, its row sum with P, and dS */
+      double dP[T], m[T], dot = 0;
+      uint64_t key = mega_attn_dropout_row(&c.d.drop, 0, h, t);
       for (int s = 0; s <= t; s++) {
+        m[s] = drop ? mega_attn_dropout_apply(&c.d.drop, key, s, 1.0f) : 1.0;
         dP[s] = 0;
         for (int i = 0; i < hs; i++)
           dP[s] += (double)c.dout[(size_t)t * NH * hs + h * hs + i] * *at(&c, v, s, i);
+        dP[s] *= m[s];
         dot += P[(size_t)t * T + s] * dP[s];
       }
       for (int s = 0; s <= t; s++) {
-        double p16 = mega_bf16_round(P[(size_t)t * T + s]);
+        double p16 = mega_bf16_round((float)(P[(size_t)t * T + s] * m[s]));
         double ds = mega_bf16_round((float)(scale * P[(size_t)t * T + s] * (dP[s] - dot)));
         for (int i = 0; i < hs; i++) {
           ro[(size_t)t * NH * hs + h * hs + i] += p16 * *at(&c, v, s, i);
@@ -182,6 +188,11 @@ static void test_products_rounded(void **state) {
   case_free(&f);
 }
 
+static void test_products_rounded(void **state) { products_rounded(*state, false); }
+
+/* With attention dropout, the dropped probabilities round. */
+static void test_products_rounded_dropout(void **state) { products_rounded(*state, true); }
+
 /* A head size the flash kernels lack (32) stays fp32 under --bf16. */
 static void test_other_shapes_fp32(void **state) {
   mega_backend *be = *state;
@@ -214,6 +225,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_inputs_rounded),
       cmocka_unit_test(test_products_rounded),
+      cmocka_unit_test(test_products_rounded_dropout),
       cmocka_unit_test(test_other_shapes_fp32),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
