@@ -433,6 +433,12 @@ int mega_jobspec_path_fields(mega_jobspec *s, char **out[], int cap);
  * checkpoints record where its files are (megactl submit, megad run, megaw
  * alone or by hand). */
 mega_status mega_jobspec_absolute_paths(mega_jobspec *s, mega_err *err);
+/* --save, --load and --data-cache-path resolved once (mega_nf_resolve), as
+ * megad checked them: a link the user gave is followed here, and under them
+ * the checkpoint and cache code follows none (core/nofollow.h), so a link
+ * swapped in since is refused rather than written through. A path that
+ * cannot be resolved is left for the code that uses it to report. */
+mega_status mega_jobspec_resolve_dirs(mega_jobspec *s, mega_err *err);
 /* GPT2BPETokenizer: reads --vocab-file and sets s->file_vocab to its
  * entries (their ids must be 0..entries-1, each once), and checks that
  * --merge-file reads as merges.txt, one "A B" a line (MEGA_OK and nothing

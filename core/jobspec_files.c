@@ -3,6 +3,7 @@
  * indexed dataset's pair, and relative paths made absolute. */
 #include "core/jobspec.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <jansson.h>
 
 #include "core/jobspec_internal.h"
+#include "core/nofollow.h"
 
 /* ---- GPT2BPETokenizer's vocabulary ---- */
 
@@ -196,4 +198,17 @@ mega_status mega_jobspec_absolute_paths(mega_jobspec *s, mega_err *err) {
   free(paths);
   free(cwd);
   return st;
+}
+
+mega_status mega_jobspec_resolve_dirs(mega_jobspec *s, mega_err *err) {
+  char **dirs[] = {&s->save, &s->load, &s->data_cache_path};
+  for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+    if (!*dirs[i]) continue;
+    char *real = mega_nf_resolve(*dirs[i]);
+    if (!real && errno == ENOMEM) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    if (!real) continue;
+    free(*dirs[i]);
+    *dirs[i] = real;
+  }
+  return MEGA_OK;
 }

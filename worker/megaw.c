@@ -435,6 +435,7 @@ int main(int argc, char **argv) {
    * from any directory (megaw generate) */
   if (mega_jobspec_fix_data_paths(&job, true, note, sizeof note, &err) != MEGA_OK ||
       mega_jobspec_absolute_paths(&job, &err) != MEGA_OK ||
+      mega_jobspec_resolve_dirs(&job, &err) != MEGA_OK ||
       mega_jobspec_load_vocab(&job, &err) != MEGA_OK) {
     mega_jobspec_free(&job);
     fprintf(stderr, "megaw: %s\n", err.msg);

@@ -344,6 +344,7 @@ int megaw_run_assigned(const char *fd_env) {
   mega_jobspec_defaults(&job);
   int rc;
   if (mega_jobspec_parse(&job, (int)as->n_args, as->args, &err) != MEGA_OK ||
+      mega_jobspec_resolve_dirs(&job, &err) != MEGA_OK ||
       mega_jobspec_load_vocab(&job, &err) != MEGA_OK ||
       check_job(&job, (int)as->world_size, &err) != MEGA_OK) {
     rc = fail(&a, &err, 2);

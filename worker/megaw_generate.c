@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/nofollow.h"
 #include "worker/backend/backend.h"
 #include "worker/data/bpe.h"
 #include "worker/generate.h"
@@ -153,10 +154,15 @@ int megaw_generate(int argc, char **argv) {
     fprintf(stderr, "megaw generate: out of memory\n");
     goto done;
   }
-  if (mega_backend_cpu_create(NULL, &be, &err) != MEGA_OK || mega_gen_load(load, be, &m, &err)) {
+  /* --load resolved once; nothing under it is followed (core/nofollow.h) */
+  char *real_load = mega_nf_resolve(load);
+  if (mega_backend_cpu_create(NULL, &be, &err) != MEGA_OK ||
+      mega_gen_load(real_load ? real_load : load, be, &m, &err)) {
+    free(real_load);
     fprintf(stderr, "megaw generate: %s\n", err.msg);
     goto done;
   }
+  free(real_load);
   if (m.notice) fprintf(stderr, "megaw generate: %s\n", m.notice);
   /* a model trained with --tokenizer-type GPT2BPETokenizer reads and writes
    * text through the files it trained with, unless others are given */

@@ -39,14 +39,17 @@ static json_t *load_json(const char *dir, const char *name, mega_err *err) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   json_error_t jerr;
-  json_t *j = json_load_file(path, 0, &jerr);
-  if (!j) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
+  json_t *j;
+  mega_err why = {0};
+  if (mega_ckpt_load_json(path, &j, &jerr, &why) != MEGA_OK) {
+    if (why.status == MEGA_ERR_INVALID) { /* a link or not a plain file */
+      if (err) *err = why;
+    } else {
       mega_fail(err, MEGA_ERR_INVALID, "checkpoint %s has no %s", dir, name);
-      return NULL;
     }
-    fclose(f);
+    return NULL;
+  }
+  if (!j) {
     mega_fail(err, MEGA_ERR_INVALID, "%s is not valid JSON (line %d: %s)", path, jerr.line,
               jerr.text);
     return NULL;

@@ -208,7 +208,9 @@ mega_status mega_ckpt_read_config(const char *dir, mega_gpt_config *cfg, mega_er
   char path[4200];
   snprintf(path, sizeof path, "%s/%s", dir, MEGA_CKPT_CONFIG_FILE);
   json_error_t je;
-  json_t *j = json_load_file(path, 0, &je);
+  json_t *j;
+  mega_status opened = mega_ckpt_load_json(path, &j, &je, err);
+  if (opened != MEGA_OK) return opened;
   if (!j) return mega_fail(err, MEGA_ERR_INVALID, "%s: %s", path, je.text);
   reader r = {.j = j, .path = path, .err = err};
   mega_gpt_config_default(cfg);

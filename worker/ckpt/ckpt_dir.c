@@ -12,6 +12,7 @@
 
 #include <zlib.h>
 
+#include "core/nofollow.h"
 #include "worker/ckpt/checkpoint.h"
 #include "worker/ckpt/ckpt_internal.h"
 
@@ -23,8 +24,9 @@ bool mega_ckpt_iter_path(char *buf, size_t cap, const char *dir, int64_t iterati
 }
 
 mega_status mega_ckpt_fsync_path(const char *path, mega_err *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return mega_fail(err, MEGA_ERR_IO, "cannot open %s to sync it: %s", path, strerror(errno));
+  char link[4096];
+  int fd = mega_nf_open(path, O_RDONLY, 0, link, sizeof link);
+  if (fd < 0) return mega_ckpt_refuse(err, MEGA_ERR_IO, "sync", path, errno, link);
   int rc = fsync(fd);
   int saved = errno;
   close(fd);
@@ -46,41 +48,43 @@ static mega_status path_status(int e) {
   }
 }
 
+/* mkdir -p without following a link: megaw resolved --save at start, so a
+ * link on the way was put there since. */
 static mega_status mkdir_p(const char *path, mega_err *err) {
-  char buf[4096];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-    return mega_fail(err, MEGA_ERR_INVALID, "path too long: %s", path);
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
-      int e = errno;
-      return mega_fail(err, path_status(e), "cannot create %s: %s", buf, strerror(e));
-    }
-    *p = '/';
-  }
-  if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
-    int e = errno;
-    return mega_fail(err, path_status(e), "cannot create --save directory %s: %s", buf,
-                     strerror(e));
-  }
-  struct stat st;
-  if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
-    return mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory", buf);
-  return MEGA_OK;
+  char link[4096];
+  if (mega_nf_mkdirs(path, 0755, link, sizeof link) == 0) return MEGA_OK;
+  int e = errno;
+  if (e == ELOOP) return mega_ckpt_refuse(err, MEGA_ERR_INVALID, "write into", path, e, link);
+  return mega_fail(err, path_status(e), "cannot create --save directory %s: %s", path,
+                   strerror(e));
 }
 
-/* Removes a flat directory of files (what a save creates). */
-static int remove_flat_dir(const char *path) {
-  DIR *d = opendir(path);
-  if (!d) return -1;
+/* Removes parent's flat directory name (what a save creates); a link
+ * there goes itself, without what it points at. */
+static int remove_flat_at(int parent, const char *name) {
+  int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return unlinkat(parent, name, 0);
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return -1;
+  }
   struct dirent *e;
   while ((e = readdir(d))) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
     unlinkat(dirfd(d), e->d_name, 0);
   }
   closedir(d);
-  return rmdir(path);
+  return unlinkat(parent, name, AT_REMOVEDIR);
+}
+
+static int remove_flat_dir(const char *path) {
+  char name[256];
+  int parent = mega_nf_parent(path, name, sizeof name, NULL, 0);
+  if (parent < 0) return -1;
+  int rc = remove_flat_at(parent, name);
+  close(parent);
+  return rc;
 }
 
 mega_status mega_ckpt_prepare_save(const char *save_dir, mega_err *err) {
@@ -96,20 +100,24 @@ mega_status mega_ckpt_prepare_save(const char *save_dir, mega_err *err) {
 
 mega_status mega_ckpt_clean_temps(const char *save_dir, int *removed, mega_err *err) {
   if (removed) *removed = 0;
-  DIR *d = opendir(save_dir);
+  char link[4096];
+  int fd = mega_nf_open(save_dir, O_RDONLY | O_DIRECTORY, 0, link, sizeof link);
+  if (fd < 0 && errno == ENOENT) return MEGA_OK;
+  if (fd < 0) return mega_ckpt_refuse(err, MEGA_ERR_IO, "read --save directory", save_dir, errno,
+                                      link);
+  DIR *d = fdopendir(fd);
   if (!d) {
-    if (errno == ENOENT) return MEGA_OK;
+    close(fd);
     return mega_fail(err, MEGA_ERR_IO, "cannot read --save directory %s: %s", save_dir,
                      strerror(errno));
   }
   struct dirent *e;
-  char path[4096];
   while ((e = readdir(d))) {
     if (strncmp(e->d_name, TEMP_PREFIX, strlen(TEMP_PREFIX)) != 0) continue;
-    snprintf(path, sizeof path, "%s/%s", save_dir, e->d_name);
     struct stat st;
-    if (lstat(path, &st) != 0) continue;
-    int rc = S_ISDIR(st.st_mode) ? remove_flat_dir(path) : unlink(path);
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    int rc = S_ISDIR(st.st_mode) ? remove_flat_at(dirfd(d), e->d_name)
+                                 : unlinkat(dirfd(d), e->d_name, 0);
     if (rc == 0 && removed) (*removed)++;
   }
   closedir(d);
@@ -124,9 +132,9 @@ mega_status mega_ckpt_begin(const char *save_dir, int64_t iteration, int attempt
                    attempt);
   if (w < 0 || (size_t)w >= cap) return mega_fail(err, MEGA_ERR_INVALID, "--save path too long");
   if (fresh) remove_flat_dir(tmp);
-  if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-    return mega_fail(err, MEGA_ERR_IO, "cannot create the temp directory %s: %s", tmp,
-                     strerror(errno));
+  char link[4096];
+  if (mega_nf_mkdirs(tmp, 0755, link, sizeof link) != 0)
+    return mega_ckpt_refuse(err, MEGA_ERR_IO, "create the temp directory", tmp, errno, link);
   return MEGA_OK;
 }
 
@@ -139,10 +147,11 @@ mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, s
   if (!text) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory building %s", path);
   size_t len = strlen(text);
   text[len] = '\n'; /* json_dump_file ends without one; a file reads better with it */
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  char link[4096];
+  int fd = mega_nf_create(path, 0644, link, sizeof link);
   mega_status st = MEGA_OK;
   if (fd < 0) {
-    st = mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    st = mega_ckpt_refuse(err, MEGA_ERR_IO, "write", path, errno, link);
   } else {
     size_t done = 0;
     while (done < len + 1) {
@@ -167,72 +176,102 @@ mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, s
 
 void mega_ckpt_abort(const char *tmp) { remove_flat_dir(tmp); }
 
-static mega_status write_latest(const char *save_dir, int64_t iteration, mega_err *err) {
-  char tmp[4096], path[4096];
-  snprintf(tmp, sizeof tmp, "%s/" TEMP_PREFIX MEGA_CKPT_LATEST_FILE, save_dir);
-  snprintf(path, sizeof path, "%s/" MEGA_CKPT_LATEST_FILE, save_dir);
-  FILE *f = fopen(tmp, "w");
-  if (!f) return mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-  int ok = fprintf(f, "%" PRId64 "\n", iteration) > 0;
-  ok = (fflush(f) == 0) && ok;
-  ok = (fsync(fileno(f)) == 0) && ok;
-  ok = (fclose(f) == 0) && ok;
+/* The latest file, through a temp file made anew (O_EXCL: never one a
+ * link or an older file stands at) and renamed within SAVE's fd. */
+static mega_status write_latest(int dir, const char *save_dir, int64_t iteration,
+                                mega_err *err) {
+  const char *tmp = TEMP_PREFIX MEGA_CKPT_LATEST_FILE;
+  unlinkat(dir, tmp, 0);
+  int fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return mega_fail(err, MEGA_ERR_IO, "cannot write %s/%s: %s", save_dir, tmp, strerror(errno));
+  char text[32];
+  int len = snprintf(text, sizeof text, "%" PRId64 "\n", iteration);
+  bool ok = write(fd, text, (size_t)len) == len;
+  ok = fsync(fd) == 0 && ok;
+  ok = close(fd) == 0 && ok;
   if (!ok) {
-    unlink(tmp);
-    return mega_fail(err, MEGA_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-  }
-  if (rename(tmp, path) != 0) {
     int saved = errno;
-    unlink(tmp);
-    return mega_fail(err, MEGA_ERR_IO, "cannot rename %s into place: %s", tmp, strerror(saved));
+    unlinkat(dir, tmp, 0);
+    return mega_fail(err, MEGA_ERR_IO, "cannot write %s/%s: %s", save_dir, tmp, strerror(saved));
   }
-  return mega_ckpt_fsync_path(save_dir, err);
+  if (renameat(dir, tmp, dir, MEGA_CKPT_LATEST_FILE) != 0) {
+    int saved = errno;
+    unlinkat(dir, tmp, 0);
+    return mega_fail(err, MEGA_ERR_IO, "cannot rename %s/%s into place: %s", save_dir, tmp,
+                     strerror(saved));
+  }
+  if (fsync(dir) != 0)
+    return mega_fail(err, MEGA_ERR_IO, "cannot sync %s: %s", save_dir, strerror(errno));
+  return MEGA_OK;
 }
 
 /* Without atomic exchange: move an older copy aside (to a temp name that
- * cleanup removes), then rename. */
-static mega_status replace_plain(const char *save_dir, const char *tmp, const char *final,
-                                 int64_t iteration, mega_err *err) {
-  if (rename(tmp, final) == 0) return MEGA_OK;
+ * cleanup removes), then rename. Names are dir's. */
+static mega_status replace_plain(int dir, const char *tmp, const char *final, int64_t iteration,
+                                 mega_err *err) {
+  if (renameat(dir, tmp, dir, final) == 0) return MEGA_OK;
   if (errno != ENOTEMPTY && errno != EEXIST)
     return mega_fail(err, MEGA_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
-  char old[4096];
-  snprintf(old, sizeof old, "%s/" TEMP_PREFIX "old.iter_%07" PRId64, save_dir, iteration);
-  remove_flat_dir(old);
-  if (rename(final, old) != 0 || rename(tmp, final) != 0)
+  char old[64];
+  snprintf(old, sizeof old, TEMP_PREFIX "old.iter_%07" PRId64, iteration);
+  remove_flat_at(dir, old);
+  if (renameat(dir, final, dir, old) != 0 || renameat(dir, tmp, dir, final) != 0)
     return mega_fail(err, MEGA_ERR_IO, "cannot replace %s: %s", final, strerror(errno));
-  remove_flat_dir(old);
+  remove_flat_at(dir, old);
   return MEGA_OK;
+}
+
+/* Renames SAVE's temp directory tmp to iter_NNNNNNN, all within dir (SAVE,
+ * opened without following links), and points the latest file at it. */
+static mega_status commit_at(int dir, const char *save_dir, const char *tmp, int64_t iteration,
+                             mega_err *err) {
+  char final[64];
+  snprintf(final, sizeof final, "iter_%07" PRId64, iteration);
+  struct stat sb;
+  if (fstatat(dir, final, &sb, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(sb.st_mode)) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", save_dir, final);
+    return mega_ckpt_refuse(err, MEGA_ERR_INVALID, "replace", path,
+                            S_ISLNK(sb.st_mode) ? ELOOP : EINVAL, path);
+  }
+  /* Same iteration saved before (a resumed run): swap atomically, so the
+   * name always holds a complete checkpoint, then drop the old copy. */
+  mega_status st = MEGA_OK;
+  if (renameat2(dir, tmp, dir, final, RENAME_NOREPLACE) != 0) {
+    if (errno == EINVAL) { /* a file system without renameat2 flags */
+      st = replace_plain(dir, tmp, final, iteration, err);
+      if (st != MEGA_OK) return st;
+    } else if (errno != EEXIST) {
+      return mega_fail(err, MEGA_ERR_IO, "cannot rename %s to %s in %s: %s", tmp, final,
+                       save_dir, strerror(errno));
+    } else if (renameat2(dir, tmp, dir, final, RENAME_EXCHANGE) == 0) {
+      if (fsync(dir) != 0)
+        return mega_fail(err, MEGA_ERR_IO, "cannot sync %s: %s", save_dir, strerror(errno));
+      remove_flat_at(dir, tmp); /* now the old copy */
+    } else if (errno == EINVAL) {
+      st = replace_plain(dir, tmp, final, iteration, err);
+      if (st != MEGA_OK) return st;
+    } else {
+      return mega_fail(err, MEGA_ERR_IO, "cannot replace %s in %s: %s", final, save_dir,
+                       strerror(errno));
+    }
+  }
+  if (fsync(dir) != 0)
+    return mega_fail(err, MEGA_ERR_IO, "cannot sync %s: %s", save_dir, strerror(errno));
+  return write_latest(dir, save_dir, iteration, err);
 }
 
 mega_status mega_ckpt_commit(const char *save_dir, const char *tmp, int64_t iteration,
                              mega_err *err) {
   mega_status st = mega_ckpt_fsync_path(tmp, err);
   if (st != MEGA_OK) return st;
-  char final[4096];
-  if (!mega_ckpt_iter_path(final, sizeof final, save_dir, iteration))
-    return mega_fail(err, MEGA_ERR_INVALID, "--save path too long");
-  /* Same iteration saved before (a resumed run): swap atomically, so the
-   * name always holds a complete checkpoint, then drop the old copy. */
-  if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_NOREPLACE) != 0) {
-    if (errno == EINVAL) { /* a file system without renameat2 flags */
-      st = replace_plain(save_dir, tmp, final, iteration, err);
-      if (st != MEGA_OK) return st;
-    } else if (errno != EEXIST) {
-      return mega_fail(err, MEGA_ERR_IO, "cannot rename %s to %s: %s", tmp, final,
-                       strerror(errno));
-    } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
-      st = mega_ckpt_fsync_path(save_dir, err);
-      if (st != MEGA_OK) return st;
-      remove_flat_dir(tmp); /* now the old copy */
-    } else if (errno == EINVAL) {
-      st = replace_plain(save_dir, tmp, final, iteration, err);
-      if (st != MEGA_OK) return st;
-    } else {
-      return mega_fail(err, MEGA_ERR_IO, "cannot replace %s: %s", final, strerror(errno));
-    }
-  }
-  st = mega_ckpt_fsync_path(save_dir, err);
-  if (st != MEGA_OK) return st;
-  return write_latest(save_dir, iteration, err);
+  const char *name = strrchr(tmp, '/');
+  name = name ? name + 1 : tmp;
+  char link[4096];
+  int dir = mega_nf_open(save_dir, O_RDONLY | O_DIRECTORY, 0, link, sizeof link);
+  if (dir < 0) return mega_ckpt_refuse(err, MEGA_ERR_IO, "write into", save_dir, errno, link);
+  st = commit_at(dir, save_dir, name, iteration, err);
+  close(dir);
+  return st;
 }

@@ -55,4 +55,21 @@ json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
 mega_status mega_ckpt_write_manifest(const char *dir, int64_t iteration, int attempt,
                                      const mega_ckpt_file *files, size_t n, mega_err *err);
 
+/* ckpt_plain.c: checkpoint files opened without following a link on the
+ * way (core/nofollow.h). A link, or a file that is not a plain one, is
+ * MEGA_ERR_INVALID naming it (its content is never read); another failure
+ * of doing (a verb: "read") is code. */
+struct stat;
+mega_status mega_ckpt_refuse(mega_err *err, mega_status code, const char *doing,
+                             const char *path, int e, const char *link);
+/* path, a plain file, open for reading into *fd. */
+mega_status mega_ckpt_open_plain(const char *path, int *fd, mega_err *err);
+/* path's JSON into *out (NULL and jerr when it does not parse): MEGA_OK
+ * once the file opened. */
+mega_status mega_ckpt_load_json(const char *path, json_t **out, json_error_t *jerr,
+                                mega_err *err);
+/* lstat through a walk that follows no link: a link on the way is ELOOP,
+ * the last name's own link S_ISLNK. */
+int mega_ckpt_lstat(const char *path, struct stat *st);
+
 #endif

@@ -20,8 +20,9 @@
 #define SUM_CHUNK (4u << 20)
 
 mega_status mega_ckpt_file_sum(const char *path, uint64_t *size, uint32_t *crc, mega_err *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return mega_fail(err, MEGA_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  int fd;
+  mega_status opened = mega_ckpt_open_plain(path, &fd, err);
+  if (opened != MEGA_OK) return opened;
   unsigned char *buf = malloc(SUM_CHUNK);
   if (!buf) {
     close(fd);
@@ -115,16 +116,21 @@ mega_status mega_ckpt_verify_parts(const char *dir, int64_t iteration, bool weig
   char path[4352];
   snprintf(path, sizeof path, "%s/" MEGA_CKPT_MANIFEST_FILE, dir);
   struct stat sb;
-  if (stat(dir, &sb) != 0)
+  int rc = mega_ckpt_lstat(dir, &sb);
+  if (rc != 0 && errno != ELOOP)
     return mega_fail(err, MEGA_ERR_INVALID, "%s: %s", dir,
                      errno == ENOENT ? "it does not exist" : strerror(errno));
+  if (rc != 0 || S_ISLNK(sb.st_mode))
+    return mega_ckpt_refuse(err, MEGA_ERR_INVALID, "read", dir, ELOOP, dir);
   if (!S_ISDIR(sb.st_mode)) return mega_fail(err, MEGA_ERR_INVALID, "%s is not a directory", dir);
-  if (stat(path, &sb) != 0)
+  if (mega_ckpt_lstat(path, &sb) != 0)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "%s has no " MEGA_CKPT_MANIFEST_FILE " (a save that did not finish, or a "
                      "checkpoint from before mega wrote manifests)", dir);
   json_error_t jerr;
-  json_t *m = json_load_file(path, 0, &jerr);
+  json_t *m;
+  mega_status opened = mega_ckpt_load_json(path, &m, &jerr, err);
+  if (opened != MEGA_OK) return opened;
   if (!m)
     return mega_fail(err, MEGA_ERR_INVALID, "%s is not valid JSON (line %d: %s)", path,
                      jerr.line, jerr.text);
@@ -165,7 +171,10 @@ mega_status mega_ckpt_verify_parts(const char *dir, int64_t iteration, bool weig
       snprintf(fp, sizeof fp, "%s/%s", dir, name);
       mega_err bad = {0};
       if (pass == 0) {
-        if (stat(fp, &sb) != 0 || !S_ISREG(sb.st_mode))
+        int got = mega_ckpt_lstat(fp, &sb);
+        if (got == 0 && S_ISLNK(sb.st_mode))
+          mega_ckpt_refuse(&bad, MEGA_ERR_INVALID, "read", fp, ELOOP, fp);
+        else if (got != 0 || !S_ISREG(sb.st_mode))
           mega_fail(&bad, MEGA_ERR_INVALID, "%s is missing", fp);
         else if ((uint64_t)sb.st_size != size)
           mega_fail(&bad, MEGA_ERR_INVALID, "%s is %lld bytes, but the manifest says %llu", fp,

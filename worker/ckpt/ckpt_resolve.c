@@ -2,21 +2,26 @@
  * newest complete iter_* directory, with a notice saying why. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/nofollow.h"
 
 #include "worker/ckpt/checkpoint.h"
 #include "worker/ckpt/ckpt_internal.h"
 
+/* A file, or a link where one should be (which the load then refuses). */
 static bool is_file(const char *dir, const char *name) {
   char p[4352];
   struct stat st;
   snprintf(p, sizeof p, "%s/%s", dir, name);
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+  return mega_ckpt_lstat(p, &st) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode));
 }
 
 static bool is_checkpoint_dir(const char *dir) {
@@ -33,9 +38,13 @@ static int cmp_desc(const void *a, const void *b) {
 static mega_status list_iters(const char *dir, int64_t **out, size_t *n, mega_err *err) {
   *out = NULL;
   *n = 0;
-  DIR *d = opendir(dir);
+  char link[4096];
+  int fd = mega_nf_open(dir, O_RDONLY | O_DIRECTORY, 0, link, sizeof link);
+  if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) return MEGA_OK;
+  if (fd < 0) return mega_ckpt_refuse(err, MEGA_ERR_IO, "read --load", dir, errno, link);
+  DIR *d = fdopendir(fd);
   if (!d) {
-    if (errno == ENOENT || errno == ENOTDIR) return MEGA_OK;
+    close(fd);
     return mega_fail(err, MEGA_ERR_IO, "cannot read --load %s: %s", dir, strerror(errno));
   }
   size_t cap = 0;
@@ -45,10 +54,8 @@ static mega_status list_iters(const char *dir, int64_t **out, size_t *n, mega_er
     if (strncmp(p, "iter_", 5) != 0 || !p[5] || strspn(p + 5, "0123456789") != strlen(p + 5) ||
         strlen(p + 5) > 18)
       continue;
-    char full[4352];
-    struct stat sb;
-    snprintf(full, sizeof full, "%s/%s", dir, p);
-    if (stat(full, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+    struct stat sb; /* a link is no checkpoint of this directory's */
+    if (fstatat(dirfd(d), p, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode)) continue;
     if (*n == cap) {
       cap = cap ? 2 * cap : 16;
       int64_t *grown = realloc(*out, cap * sizeof **out);
@@ -136,13 +143,20 @@ static mega_status newest_complete(const char *dir, int64_t skip, bool weights_o
  * read and MEGA_ERR_UNSUPPORTED for Megatron's "release" (neither of which
  * it may: see mega_ckpt_resolve). */
 static mega_status read_latest(const char *latest, int64_t *it, mega_err *err) {
-  FILE *f = fopen(latest, "r");
-  if (!f) return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(errno));
+  int fd;
+  mega_status opened = mega_ckpt_open_plain(latest, &fd, err);
+  if (opened == MEGA_ERR_INVALID) { /* a link: not to be passed over */
+    if (err) err->status = MEGA_ERR_IO;
+    return MEGA_ERR_IO;
+  }
+  if (opened != MEGA_OK) return opened;
   char line[64] = {0};
-  errno = 0;
-  size_t got = fread(line, 1, sizeof line - 1, f);
-  int read_err = ferror(f) ? (errno ? errno : EIO) : 0;
-  fclose(f);
+  ssize_t r;
+  do r = read(fd, line, sizeof line - 1);
+  while (r < 0 && errno == EINTR);
+  int read_err = r < 0 ? errno : 0;
+  size_t got = r < 0 ? 0 : (size_t)r;
+  close(fd);
   if (read_err)
     return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(read_err));
   line[got] = '\0';
@@ -185,13 +199,17 @@ static mega_status resolve(const char *load_dir, bool weights_only, char **path,
   char latest[4096], dir[4096];
   snprintf(latest, sizeof latest, "%s/" MEGA_CKPT_LATEST_FILE, load_dir);
   struct stat sb;
-  if (stat(load_dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+  if (mega_ckpt_lstat(load_dir, &sb) == 0 && S_ISLNK(sb.st_mode))
+    return mega_ckpt_refuse(err, MEGA_ERR_INVALID, "read --load", load_dir, ELOOP, load_dir);
+  if (mega_ckpt_lstat(load_dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
     return mega_fail(err, MEGA_ERR_INVALID,
                      "--load %s is a file; it takes a directory of checkpoints, or one "
                      "checkpoint's directory", load_dir);
-  bool has_latest = stat(latest, &sb) == 0;
+  bool has_latest = mega_ckpt_lstat(latest, &sb) == 0;
   if (!has_latest && errno != ENOENT && errno != ENOTDIR)
-    return mega_fail(err, MEGA_ERR_IO, "cannot read %s: %s", latest, strerror(errno));
+    return mega_ckpt_refuse(err, MEGA_ERR_IO, "read", latest, errno, latest);
+  if (has_latest && S_ISLNK(sb.st_mode))
+    return mega_ckpt_refuse(err, MEGA_ERR_INVALID, "read", latest, ELOOP, latest);
 
   if (!has_latest && is_checkpoint_dir(load_dir)) { /* --load names a checkpoint itself */
     mega_err verr = {0};

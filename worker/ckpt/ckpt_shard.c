@@ -9,12 +9,14 @@
 #include <jansson.h>
 
 #include "worker/ckpt/checkpoint.h"
+#include "worker/ckpt/ckpt_internal.h"
 
 static const mega_st_meta pt_meta[] = {{"format", "pt"}}; /* transformers requires it */
 
+/* A file, or a link in its place (which opening it refuses). */
 static bool file_exists(const char *path) {
   struct stat st;
-  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+  return mega_ckpt_lstat(path, &st) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode));
 }
 
 /* huggingface_hub's split_state_dict_into_shards: in order, a tensor larger
@@ -148,7 +150,9 @@ const mega_st_file *mega_ckpt_shards_find(const mega_ckpt_shards *s, const char 
 static mega_status open_indexed(const char *dir, const char *index_path, mega_ckpt_shards *out,
                                 mega_err *err) {
   json_error_t jerr;
-  json_t *root = json_load_file(index_path, 0, &jerr);
+  json_t *root;
+  mega_status opened = mega_ckpt_load_json(index_path, &root, &jerr, err);
+  if (opened != MEGA_OK) return opened;
   if (!root)
     return mega_fail(err, MEGA_ERR_INVALID, "%s is not valid JSON (line %d: %s)", index_path,
                      jerr.line, jerr.text);
@@ -191,7 +195,7 @@ static mega_status open_indexed(const char *dir, const char *index_path, mega_ck
     if (seen) continue;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, fname);
-    st = mega_st_open(path, &out->files[out->nfiles], err);
+    st = mega_st_open_plain(path, &out->files[out->nfiles], err);
     if (st != MEGA_OK) goto out;
     out->nfiles++;
   }
@@ -238,7 +242,7 @@ mega_status mega_ckpt_open_shards(const char *dir, const char *prefix, mega_ckpt
                      dir, prefix, prefix);
   out->files = calloc(1, sizeof *out->files);
   if (!out->files) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory reading %s", single);
-  mega_status st = mega_st_open(single, &out->files[0], err);
+  mega_status st = mega_st_open_plain(single, &out->files[0], err);
   if (st != MEGA_OK) {
     free(out->files);
     out->files = NULL;

@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "core/nofollow.h"
 #include "worker/data/gpt_order.h"
 #include "worker/data/gpt_order_internal.h"
 
@@ -117,10 +118,11 @@ static void place(mega_gpt_order *o, uint8_t *body, int64_t ndoc) {
  * -1: it is unusable, why says how. */
 static int load(const char *path, const key *k, mega_gpt_order **out, char *why, size_t n) {
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  char link[4096], because[4200];
+  int fd = mega_nf_open_file(path, link, sizeof link); /* a link is rebuilt over, unread */
   if (fd < 0) {
     if (errno == ENOENT) return 0;
-    snprintf(why, n, "cannot open it: %s", strerror(errno));
+    snprintf(why, n, "cannot open it: %s", mega_nf_why(errno, link, because, sizeof because));
     return -1;
   }
   struct stat st;
@@ -206,13 +208,21 @@ static mega_status store(const mega_gpt_order *o, const key *k, const char *path
   c = crc(c, o->sample_pos, sp);
   h.body_crc = crc(c, o->shuffle, sh);
   h.header_crc = header_crc(&h);
-  char tmp[4200];
+  /* a new temp file, renamed within the directory reached following no
+   * link: nothing is written through a link swapped in on the way */
+  char tmp[4200], name[256], tname[300], link[4096], why[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int dir = mega_nf_parent(path, name, sizeof name, link, sizeof link);
+  snprintf(tname, sizeof tname, "%s.tmp.%ld", name, (long)getpid());
+  if (dir >= 0) unlinkat(dir, tname, 0);
+  int fd = dir < 0 ? -1
+                   : openat(dir, tname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   mega_status st = fd >= 0 ? MEGA_OK
                            : mega_fail(err, MEGA_ERR_IO,
                                        "cannot write the order index %s: %s; give a writable "
-                                       "--data-cache-path or drop it", tmp, strerror(errno));
+                                       "--data-cache-path (of real directories, not links) or "
+                                       "drop it",
+                                       tmp, mega_nf_why(errno, link, why, sizeof why));
   if (st == MEGA_OK) st = write_all(fd, &h, sizeof h, tmp, err);
   if (st == MEGA_OK) st = write_all(fd, lens, (size_t)ndoc * 8, tmp, err);
   if (st == MEGA_OK) st = write_all(fd, o->doc_index, di, tmp, err);
@@ -222,31 +232,25 @@ static mega_status store(const mega_gpt_order *o, const key *k, const char *path
   if (st == MEGA_OK && fsync(fd) != 0)
     st = mega_fail(err, MEGA_ERR_IO, "cannot sync the order index %s: %s", tmp, strerror(errno));
   if (fd >= 0) close(fd);
-  if (st == MEGA_OK && rename(tmp, path) != 0)
+  if (st == MEGA_OK && renameat(dir, tname, dir, name) != 0)
     st = mega_fail(err, MEGA_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-  if (st != MEGA_OK && fd >= 0) unlink(tmp);
+  if (st != MEGA_OK && fd >= 0) unlinkat(dir, tname, 0);
+  if (dir >= 0) close(dir);
   free(lens);
   return st;
 }
 
 /* mkdir -p dir. */
 static mega_status make_dir(const char *dir, mega_err *err) {
-  char buf[4096];
-  if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
-    return mega_fail(err, MEGA_ERR_INVALID, "--data-cache-path is too long");
-  for (char *p = buf + 1;; p++) {
-    if (*p != '/' && *p != 0) continue;
-    char c = *p;
-    *p = 0;
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-      return mega_fail(err, MEGA_ERR_IO, "cannot make --data-cache-path '%s': %s: %s", dir, buf,
-                       strerror(errno));
-    if (!(*p = c)) break;
-  }
-  struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+  char link[4096], why[4200];
+  if (mega_nf_mkdirs(dir, 0755, link, sizeof link) == 0) return MEGA_OK;
+  int e = errno;
+  if (e == ENOTDIR || e == EEXIST)
     return mega_fail(err, MEGA_ERR_IO, "--data-cache-path '%s' is not a directory", dir);
-  return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_IO, "cannot make --data-cache-path '%s': %s%s", dir,
+                   mega_nf_why(e, link, why, sizeof why),
+                   e == ELOOP ? " (megaw follows no link under the path it resolved at "
+                                    "start)" : "");
 }
 
 mega_status mega_gpt_order_open(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
@@ -267,10 +271,12 @@ mega_status mega_gpt_order_open(const int64_t *cum, int64_t doc0, int64_t doc1, 
   mega_status st = make_dir(dir, err);
   if (st != MEGA_OK) return st;
   snprintf(lock, sizeof lock, "%s.lock", path);
-  int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  char link[4096], because[4200];
+  int lfd = mega_nf_open(lock, O_RDWR | O_CREAT, 0644, link, sizeof link);
   if (lfd < 0)
     return mega_fail(err, MEGA_ERR_IO, "cannot make the lock %s: %s; give a writable "
-                     "--data-cache-path or drop it", lock, strerror(errno));
+                     "--data-cache-path (of real directories, not links) or drop it", lock,
+                     mega_nf_why(errno, link, because, sizeof because));
   /* the first process here builds; the others wait for it, then read */
   while (flock(lfd, LOCK_EX) != 0) {
     if (errno == EINTR) continue;

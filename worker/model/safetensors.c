@@ -1,6 +1,8 @@
 /* safetensors reader and writer (F32), with jansson for the header. */
 #include "worker/model/safetensors.h"
 
+#include "core/nofollow.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -35,9 +37,15 @@ static mega_status bad(mega_err *err, const char *path, const char *fmt, ...) {
   return mega_fail(err, MEGA_ERR_INVALID, "safetensors %s: %s", path, msg);
 }
 
-static mega_status read_all(const char *path, unsigned char **out, size_t *size,
+static mega_status read_all(const char *path, bool plain, unsigned char **out, size_t *size,
                             mega_err *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  char link[4096], why[4200];
+  int fd = plain ? mega_nf_open_file(path, link, sizeof link) : open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && plain && (errno == ELOOP || errno == EINVAL))
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "safetensors %s: refusing to read it: %s; a checkpoint's files must be "
+                     "plain files, not links (remove it)",
+                     path, mega_nf_why(errno, link, why, sizeof why));
   if (fd < 0)
     return mega_fail(err, MEGA_ERR_IO, "safetensors %s: cannot open: %s", path,
                      strerror(errno));
@@ -193,13 +201,13 @@ out:
   return st;
 }
 
-mega_status mega_st_open(const char *path, mega_st_file **out, mega_err *err) {
+static mega_status st_open(const char *path, bool plain, mega_st_file **out, mega_err *err) {
   mega_st_file *f = calloc(1, sizeof *f);
   if (!f || !(f->path = strdup(path))) {
     free(f);
     return mega_fail(err, MEGA_ERR_NOMEM, "safetensors %s: out of memory", path);
   }
-  mega_status st = read_all(path, &f->buf, &f->size, err);
+  mega_status st = read_all(path, plain, &f->buf, &f->size, err);
   if (!st) st = parse_header(f, err);
   if (st) {
     mega_st_close(f);
@@ -207,6 +215,14 @@ mega_status mega_st_open(const char *path, mega_st_file **out, mega_err *err) {
   }
   *out = f;
   return MEGA_OK;
+}
+
+mega_status mega_st_open(const char *path, mega_st_file **out, mega_err *err) {
+  return st_open(path, false, out, err);
+}
+
+mega_status mega_st_open_plain(const char *path, mega_st_file **out, mega_err *err) {
+  return st_open(path, true, out, err);
 }
 
 void mega_st_close(mega_st_file *f) {
@@ -271,6 +287,8 @@ mega_status mega_st_write(const char *path, const mega_st_tensor *tensors, size_
   mega_status st = MEGA_OK;
   char *hdr = NULL, *tmp = NULL;
   FILE *fp = NULL;
+  int dir = -1; /* path's directory, reached following no link */
+  char name[256], tname[260], link[4096], why[4200];
   if (!root) return mega_fail(err, MEGA_ERR_NOMEM, "safetensors %s: out of memory", path);
   if (nmeta) {
     json_t *m = json_object();
@@ -319,10 +337,18 @@ mega_status mega_st_write(const char *path, const mega_st_tensor *tensors, size_
   size_t hl = strlen(hdr), padded = (hl + 7) / 8 * 8; /* data 8-byte aligned */
   unsigned char len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-  fp = fopen(tmp, "wb");
-  if (!fp) {
-    st = mega_fail(err, MEGA_ERR_IO, "safetensors %s: cannot create: %s", tmp,
-                   strerror(errno));
+  /* a new temp file (O_EXCL: nothing written through a link or into
+   * another name's inode), renamed within its directory */
+  dir = mega_nf_parent(path, name, sizeof name, link, sizeof link);
+  snprintf(tname, sizeof tname, "%s.tmp", name);
+  if (dir >= 0) unlinkat(dir, tname, 0);
+  int fd = dir < 0 ? -1
+                   : openat(dir, tname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 || !(fp = fdopen(fd, "wb"))) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    st = mega_fail(err, e == ELOOP ? MEGA_ERR_INVALID : MEGA_ERR_IO,
+                   "safetensors %s: cannot create: %s", tmp, mega_nf_why(e, link, why, sizeof why));
     goto out;
   }
   st = write_all(fp, len8, 8);
@@ -333,13 +359,14 @@ mega_status mega_st_write(const char *path, const mega_st_tensor *tensors, size_
   if (!st && (fflush(fp) != 0 || fsync(fileno(fp)) != 0)) st = MEGA_ERR_IO;
   if (fclose(fp) != 0 && !st) st = MEGA_ERR_IO;
   fp = NULL;
-  if (!st && rename(tmp, path) != 0) st = MEGA_ERR_IO;
+  if (!st && renameat(dir, tname, dir, name) != 0) st = MEGA_ERR_IO;
   if (st) {
     mega_fail(err, MEGA_ERR_IO, "safetensors %s: write failed: %s", path, strerror(errno));
-    unlink(tmp);
+    unlinkat(dir, tname, 0);
   }
 out:
   if (fp) fclose(fp);
+  if (dir >= 0) close(dir);
   free(hdr);
   free(tmp);
   json_decref(root);

@@ -40,6 +40,9 @@ typedef struct mega_st_meta {
 typedef struct mega_st_file mega_st_file;
 
 mega_status mega_st_open(const char *path, mega_st_file **out, mega_err *err);
+/* mega_st_open following no link on the way (core/nofollow.h), for a
+ * checkpoint's shards: a link is MEGA_ERR_INVALID naming it, unread. */
+mega_status mega_st_open_plain(const char *path, mega_st_file **out, mega_err *err);
 void mega_st_close(mega_st_file *f); /* NULL is fine */
 
 const char *mega_st_path(const mega_st_file *f);
