@@ -46,6 +46,12 @@ mega_status mega_rpc_client_error(mega_err *err, mega_rpc_code code, const char 
                                   const char *target, const mega_rpc_method *m,
                                   unsigned timeout_ms);
 
+/* ---- rpc_listen.c ---- */
+
+/* MEGA_OK when a server could listen on addr (a port 0, or an address it
+ * cannot look up, is left to gRPC); else why not, in the user's words. */
+mega_status mega_rpc_probe_listen(const char *addr, mega_err *err);
+
 /* ---- rpc_auth.c ---- */
 
 /* Credentials for a (may be NULL): insecure without TLS files, SSL with.
