@@ -1,8 +1,11 @@
 #include "core/throttle.h"
 
+#include <ctype.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef struct source {
   char key[MEGA_THROTTLE_KEY_MAX]; /* "": a free slot */
@@ -74,13 +77,34 @@ const char *mega_throttle_source(const char *peer, char *buf, size_t cap) {
     return buf;
   }
   if (!strncmp(peer, "ipv4:", 5) || !strncmp(peer, "ipv6:", 5)) peer += 5;
+  /* gRPC writes peers as URIs: "ipv6:%5B::1%5D:4711" (%25 for a zone's %) */
+  char plain[MEGA_THROTTLE_KEY_MAX + 8];
+  size_t w = 0;
+  for (const char *p = peer; *p && w < sizeof plain - 1; p++) {
+    unsigned v;
+    if (p[0] == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]) &&
+        sscanf(p + 1, "%2x", &v) == 1) {
+      plain[w++] = (char)v;
+      p += 2;
+    } else {
+      plain[w++] = *p;
+    }
+  }
+  plain[w] = '\0';
+  peer = plain;
   size_t n = strlen(peer);
-  if (peer[0] == '[') { /* [v6]:port */
+  bool bracketed = peer[0] == '[';
+  if (bracketed) { /* [v6]:port */
     const char *end = strchr(peer, ']');
     peer++;
     n = end ? (size_t)(end - peer) : strlen(peer);
   } else if (strchr(peer, ':') == strrchr(peer, ':') && strchr(peer, ':')) {
     n = (size_t)(strchr(peer, ':') - peer); /* v4:port; a bare v6 has several */
+  }
+  /* an IPv4 client of a dual-stack listener is the same source as over IPv4 */
+  if (n > 7 && !strncasecmp(peer, "::ffff:", 7) && memchr(peer + 7, '.', n - 7)) {
+    peer += 7;
+    n -= 7;
   }
   snprintf(buf, cap, "%.*s", (int)n, peer);
   return buf;

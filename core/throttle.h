@@ -34,8 +34,9 @@ int64_t mega_throttle_fail(mega_throttle *t, const char *source, int64_t now_ms)
 void mega_throttle_forget(mega_throttle *t, const char *source);
 
 /* The address in a peer string, without its port, into buf:
- * "ipv4:10.0.0.5:4711" and "10.0.0.5" are "10.0.0.5", "ipv6:[::1]:80" is
- * "::1", "unix:/run/x.sock" is "unix". Returns buf. */
+ * "ipv4:10.0.0.5:4711" and "10.0.0.5" are "10.0.0.5", "ipv6:[::1]:80" and
+ * gRPC's "ipv6:%5B::1%5D:80" are "::1", an IPv4-mapped "::ffff:10.0.0.5" is
+ * "10.0.0.5", "unix:/run/x.sock" is "unix". Returns buf. */
 const char *mega_throttle_source(const char *peer, char *buf, size_t cap);
 
 #endif
