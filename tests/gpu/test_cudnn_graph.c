@@ -87,10 +87,11 @@ static void test_versions_refused(void **state) {
   assert_false(mega_sdpa_version_takes(91500, 200, true, why, sizeof why));
   assert_non_null(strstr(why, "multiple of 128"));
   assert_true(mega_sdpa_version_takes(91500, 1024, true, why, sizeof why));
+  assert_false(mega_sdpa_version_takes(91501, 200, true, why, sizeof why)); /* a 9.15 patch */
   assert_true(mega_sdpa_version_takes(91600, 200, true, why, sizeof why));
   /* the library here passes; a refused one would have failed to load */
   assert_true(mega_sdpa_version_takes(mega_cudnn_version(api), 200, true, why, sizeof why) ==
-              (mega_cudnn_version(api) > 91500));
+              (mega_cudnn_version(api) >= 91600));
 }
 
 static void test_handle_needs_a_device(void **state) {

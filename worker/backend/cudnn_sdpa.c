@@ -12,7 +12,7 @@ bool mega_sdpa_version_takes(size_t version, int64_t T, bool backward, char *why
              version % 100);
     return false;
   }
-  if (backward && T > 0 && T % 128 && version <= 91500) {
+  if (backward && T > 0 && T % 128 && version < 91600) { /* 9.15.x: every patch */
     snprintf(why, cap, "cuDNN %zu.%zu's attention backward needs T a multiple of 128 (T %lld; "
              "9.16 and later take any)", version / 10000, version / 100 % 100, (long long)T);
     return false;
