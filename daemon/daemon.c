@@ -491,7 +491,7 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
              o->slots == 1 ? "" : "s");
   megad_log(&d->base, "node %s listening on %s with %d slot%s; worker %s; state in %s", host,
             d->address, o->slots, o->slots == 1 ? "" : "s", d->worker_path, d->base.state_dir);
-  if (d->roots.note[0]) megad_log(&d->base, "warning: %s", d->roots.note);
+  if (d->roots.note[0]) megad_warn(&d->base, "%s", d->roots.note);
   return MEGA_OK;
 }
 
