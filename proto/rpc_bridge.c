@@ -141,6 +141,15 @@ void mega_rpc_cq_close(mega_rpc_cq *q, void (*done)(void *arg), void *arg) {
   /* The thread wakes us once it sees the shutdown event. */
 }
 
+bool mega_rpc_cq_closing(const mega_rpc_cq *q) { return q->closing; }
+
+size_t mega_rpc_cq_queued(mega_rpc_cq *q) {
+  uv_mutex_lock(&q->mu);
+  size_t n = q->n;
+  uv_mutex_unlock(&q->mu);
+  return n;
+}
+
 uv_loop_t *mega_rpc_cq_loop(const mega_rpc_cq *q) { return q->loop; }
 
 grpc_completion_queue *mega_rpc_cq_raw(const mega_rpc_cq *q) { return q->cq; }

@@ -22,11 +22,21 @@ typedef struct mega_rpc_cq mega_rpc_cq;
 mega_status mega_rpc_cq_new(uv_loop_t *loop, mega_rpc_cq **out, mega_err *err);
 
 /* Shuts the queue down. Call it after every server on it was shut down and
- * every async call on it has called back. The queue keeps delivering until
- * gRPC says it is empty; then its thread is joined, the queue and the async
- * handle are closed, cq is freed, and done(arg) runs (done may be NULL). The
- * loop must keep running until then. */
+ * every async call on it has called back or been cancelled
+ * (mega_rpc_pending_cancel): those call back while the queue drains, and
+ * start nothing more on it. From here on, async calls on cq are refused.
+ * The queue keeps delivering until gRPC says it is empty; then its thread is
+ * joined, the queue and the async handle are closed, cq is freed, and
+ * done(arg) runs (done may be NULL). The loop must keep running until then. */
 void mega_rpc_cq_close(mega_rpc_cq *cq, void (*done)(void *arg), void *arg);
+
+/* Whether mega_rpc_cq_close was called: gRPC aborts the process when a
+ * batch starts on a queue that was shut down and has nothing pending. */
+bool mega_rpc_cq_closing(const mega_rpc_cq *cq);
+
+/* Completions the queue's thread took from gRPC that the loop has not run
+ * yet: lets a test wait for an answer to arrive without running the loop. */
+size_t mega_rpc_cq_queued(mega_rpc_cq *cq);
 
 uv_loop_t *mega_rpc_cq_loop(const mega_rpc_cq *cq);
 

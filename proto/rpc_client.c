@@ -389,9 +389,11 @@ void mega_rpc_stream_close(mega_rpc_stream *s) {
 
 struct mega_rpc_pending {
   ccall c;
+  mega_rpc_cq *cq;
   mega_rpc_tag t_send, t_status, t_msg;
   int refs; /* one per batch in flight */
   bool stream;
+  bool cancelled; /* by mega_rpc_pending_cancel: no read is posted again */
   mega_rpc_reply_fn done;
   mega_rpc_item_fn on_item;
   mega_rpc_end_fn on_end;
@@ -464,10 +466,13 @@ static void on_stream_msg(mega_rpc_tag *t, bool ok) {
     if (msg) {
       if (p->on_item) p->on_item(p->arg, msg);
       else protobuf_c_message_free_unpacked(msg, NULL);
-      post_read(p);
-    } else {
-      grpc_call_cancel(p->c.call, NULL);
     }
+    /* A message can arrive after the call was cancelled and its queue
+     * closed (a client freed at shutdown): its status may already be in,
+     * leaving gRPC nothing pending, and a read started then aborts the
+     * process. Such a call only ends, through its status batch. */
+    if (msg && !p->cancelled && !mega_rpc_cq_closing(p->cq)) post_read(p);
+    else grpc_call_cancel(p->c.call, NULL);
   }
   pending_unref(p);
 }
@@ -478,6 +483,12 @@ static mega_status start_async(mega_rpc_pending *p, mega_rpc_channel *ch, mega_r
                                const mega_rpc_method *m, const ProtobufCMessage *req,
                                unsigned timeout_ms, mega_rpc_pending **out, mega_err *err) {
   bool stream = p->stream;
+  if (mega_rpc_cq_closing(cq)) { /* gRPC would abort on a batch there */
+    free(p);
+    return mega_fail(err, MEGA_ERR_CANCELLED, "%s not started: its completion queue is closing "
+                     "(the process is shutting down)", m->path);
+  }
+  p->cq = cq;
   mega_status st = ccall_create(&p->c, ch, m, stream ? MEGA_RPC_SERVER_STREAM : MEGA_RPC_UNARY,
                                 req, timeout_ms, mega_rpc_cq_raw(cq), err);
   grpc_op ops[6];
@@ -546,5 +557,7 @@ mega_status mega_rpc_stream_async(mega_rpc_channel *ch, mega_rpc_cq *cq,
 }
 
 void mega_rpc_pending_cancel(mega_rpc_pending *p) {
-  if (p) grpc_call_cancel(p->c.call, NULL);
+  if (!p) return;
+  p->cancelled = true;
+  grpc_call_cancel(p->c.call, NULL);
 }

@@ -663,6 +663,31 @@ static void test_free_cancels(void **state) {
   env_close(&v);
 }
 
+/* Waits up to 5 s, without running the loop, for the client's queue to hold
+ * n completions. */
+static bool wait_queued(env *v, size_t n) {
+  for (int i = 0; i < 500 && mega_rpc_cq_queued(v->b.cq) < n; i++) usleep(10000);
+  return mega_rpc_cq_queued(v->b.cq) >= n;
+}
+
+/* megad's stop frees the client and closes the queue at once: a watch's
+ * message may then wait in the queue behind the cancel, with the stream's
+ * end. Running it must start nothing on the shut-down queue (gRPC aborts). */
+static void test_free_with_watch_message_queued(void **state) {
+  (void)state;
+  env v;
+  env_open(&v, one.endpoints);
+  res p = put(&v, "fq/a", "1", 0);
+  seen s;
+  watch(&v, "fq/", p.revision, &s); /* created, then the put's event */
+  assert_true(wait_queued(&v, 2));  /* the request sent, the first answer in */
+  megad_etcd_free(v.e);             /* cancels the stream */
+  v.e = NULL;
+  assert_true(wait_queued(&v, 3)); /* and its end */
+  env_close(&v);
+  assert_int_equal(s.n, 0); /* nothing reaches a freed client's watch */
+}
+
 static int group_setup(void **state) {
   (void)state;
   return etcd_fx_start(&one, 1) ? 0 : -1;
@@ -688,6 +713,7 @@ int main(void) {
       cmocka_unit_test(test_watch_compacted_resets),
       cmocka_unit_test(test_quiet_watch_survives_compaction),
       cmocka_unit_test(test_free_cancels),
+      cmocka_unit_test(test_free_with_watch_message_queued),
       cmocka_unit_test(test_three_members_failover),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "proto/mega_rpc.h"
 #include "proto/rpc_client.h"
@@ -146,6 +147,64 @@ static void test_async_cancel(void **state) {
   cl_close(&cl);
 }
 
+/* ---- a queue closed with answers not yet run ---- */
+
+/* Waits up to 5 s, without running the loop, for cq to hold n completions. */
+static bool wait_queued(mega_rpc_cq *cq, size_t n) {
+  for (int i = 0; i < 500 && mega_rpc_cq_queued(cq) < n; i++) usleep(10000);
+  return mega_rpc_cq_queued(cq) >= n;
+}
+
+/* megad's stop cancels its calls and closes the queue at once: a stream's
+ * message and its end may then already wait in the queue. The message's
+ * callback must start no further read, since gRPC aborts the process on a
+ * batch started on a queue that is shut down with nothing pending. */
+static void test_async_close_with_message_queued(void **state) {
+  (void)state;
+  char *id = submit("queued-at-close", "0"); /* a watch that never ends */
+  client_loop cl;
+  cl_open(&cl);
+  tally t = {0};
+  mega_err err;
+  mega_rpc_pending *p = NULL;
+  Mega__V1__WatchJobRequest w = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  w.job_id = id;
+  assert_int_equal(mega_rpc_stream_async(CH, cl.cq, &mega_control_watch_job, &w.base, 0, on_item,
+                                         on_end, &t, &p, &err),
+                   MEGA_OK);
+  assert_true(wait_queued(cl.cq, 2)); /* the request sent, the first message in */
+  mega_rpc_pending_cancel(p);
+  assert_true(wait_queued(cl.cq, 3)); /* and the status */
+  cl_close(&cl);                      /* runs all three on a shut-down queue */
+  assert_int_equal(t.items, 1);
+  assert_int_equal(t.done, 1);
+  assert_int_equal(t.last, MEGA_ERR_CANCELLED);
+  free(id);
+}
+
+/* A call started on a closing queue is refused, not left to gRPC's abort. */
+static void test_async_refused_on_closing_queue(void **state) {
+  (void)state;
+  client_loop cl;
+  cl_open(&cl);
+  tally t = {0};
+  mega_err err;
+  mega_rpc_cq_close(cl.cq, NULL, NULL);
+  Mega__V1__ListNodesRequest n = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  assert_int_equal(mega_rpc_unary_async(CH, cl.cq, &mega_control_list_nodes, &n.base, 1000,
+                                        on_reply, &t, NULL, &err),
+                   MEGA_ERR_CANCELLED);
+  assert_non_null(strstr(err.msg, "completion queue is closing"));
+  Mega__V1__WatchJobRequest w = MEGA__V1__WATCH_JOB_REQUEST__INIT;
+  w.job_id = "j-1";
+  assert_int_equal(mega_rpc_stream_async(CH, cl.cq, &mega_control_watch_job, &w.base, 0, on_item,
+                                         on_end, &t, NULL, &err),
+                   MEGA_ERR_CANCELLED);
+  uv_run(&cl.loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&cl.loop), 0);
+  assert_int_equal(t.done, 0);
+}
+
 /* ---- shutdown with calls in flight ---- */
 
 static void test_shutdown_with_calls_in_flight(void **state) {
@@ -245,6 +304,8 @@ int main(void) {
       cmocka_unit_test(test_async_parallel_unary),
       cmocka_unit_test(test_async_stream_and_errors),
       cmocka_unit_test(test_async_cancel),
+      cmocka_unit_test(test_async_close_with_message_queued),
+      cmocka_unit_test(test_async_refused_on_closing_queue),
       cmocka_unit_test(test_shutdown_with_calls_in_flight),
       cmocka_unit_test(test_loopback_latency),
   };
