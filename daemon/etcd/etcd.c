@@ -150,6 +150,7 @@ static void free_secret(char *s) {
 
 void megad_etcd_free(megad_etcd *e) {
   if (!e) return;
+  e->closing = true;
   if (e->session) etcd_session_free(e->session);
   while (e->watches) etcd_watch_free(e->watches);
   etcd_calls_cancel_all(e);

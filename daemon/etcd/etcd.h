@@ -31,8 +31,10 @@
  * call that started them. Everything handed to a callback is valid only during
  * it. Ownership: the client owns its channels, calls, session and watches;
  * megad_etcd_free cancels them all: the callbacks of calls in flight run
- * with MEGA_ERR_CANCELLED before free returns; session and watch callbacks
- * do not run again. No callback may free the client. */
+ * with MEGA_ERR_CANCELLED before free returns (a call, watch or session
+ * they start then is refused with MEGA_ERR_CANCELLED); session and watch
+ * callbacks do not run again. No callback may free the client. The base's
+ * queue may close right after free: what was cancelled ends on it. */
 #ifndef MEGA_DAEMON_ETCD_H
 #define MEGA_DAEMON_ETCD_H
 

@@ -83,6 +83,11 @@ size_t etcd_key_unmap(const megad_etcd *e, const uint8_t *key, size_t len, char 
   return n + len;
 }
 
+mega_status etcd_closing(const megad_etcd *e, const char *what, mega_err *err) {
+  if (!e->closing) return MEGA_OK;
+  return mega_fail(err, MEGA_ERR_CANCELLED, "%s not started: the etcd client is closing", what);
+}
+
 static void timer_closed(uv_handle_t *h) { free(h); }
 
 uv_timer_t *etcd_timer_new(megad_etcd *e, void *data) {
@@ -180,6 +185,8 @@ mega_status etcd_call_start(megad_etcd *e, const mega_rpc_method *m, const Proto
                             unsigned timeout_ms, etcd_done_fn done, void *arg, etcd_call **out,
                             mega_err *err) {
   if (out) *out = NULL;
+  mega_status closing = etcd_closing(e, m->path, err);
+  if (closing != MEGA_OK) return closing;
   etcd_call *c = calloc(1, sizeof *c);
   if (!c) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   c->req_len = protobuf_c_message_get_packed_size(req);

@@ -22,6 +22,7 @@ struct megad_etcd {
   char *eps_text;         /* "127.0.0.1:2379,127.0.0.1:22379", for messages */
   unsigned timeout_ms;
   bool ok;
+  bool closing;           /* megad_etcd_free began: nothing new starts (etcd_closing) */
   char why[MEGA_ERR_MSG_MAX + 600]; /* "etcd unreachable at EPS: " + an error */
   etcd_call *calls;       /* unary calls in flight */
   etcd_session *session;
@@ -65,6 +66,11 @@ void etcd_auth_refresh(megad_etcd *e, void (*fn)(void *arg, const mega_err *err)
  * no user given, or a user without the rights on the prefix. */
 void etcd_explain(const megad_etcd *e, mega_err *err);
 void etcd_auth_free(megad_etcd *e); /* the waiters' fn run with MEGA_ERR_CANCELLED */
+
+/* MEGA_OK, or MEGA_ERR_CANCELLED once megad_etcd_free began: the callbacks
+ * it runs (cancelled calls' done) may not start what, which would outlive
+ * the client. */
+mega_status etcd_closing(const megad_etcd *e, const char *what, mega_err *err);
 
 /* A unary call's raw answer: resp is the callee's (NULL on failure). */
 typedef void (*etcd_done_fn)(void *arg, ProtobufCMessage *resp, const mega_err *err);

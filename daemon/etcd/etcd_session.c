@@ -185,6 +185,8 @@ static void on_grant_timer(uv_timer_t *t) {
 
 mega_status megad_etcd_session_start(megad_etcd *e, unsigned ttl_s,
                                      const megad_etcd_session_cbs *cbs, mega_err *err) {
+  mega_status closing = etcd_closing(e, "an etcd session", err);
+  if (closing != MEGA_OK) return closing;
   if (e->session)
     return mega_fail(err, MEGA_ERR_INVALID, "an etcd session is already running; end it first");
   if (ttl_s == 0) return mega_fail(err, MEGA_ERR_INVALID, "an etcd session needs a TTL of 1 s or more");

@@ -179,6 +179,8 @@ mega_status megad_etcd_watch_range(megad_etcd *e, const char *key, const char *e
                                    int64_t start_rev, const megad_etcd_watch_cbs *cbs,
                                    megad_etcd_watch **out, mega_err *err) {
   *out = NULL;
+  mega_status closing = etcd_closing(e, "an etcd watch", err);
+  if (closing != MEGA_OK) return closing;
   if (!key || !key[0])
     return mega_fail(err, MEGA_ERR_INVALID, "an etcd watch needs a key prefix");
   if (end && strcmp(end, key) <= 0)

@@ -688,6 +688,36 @@ static void test_free_with_watch_message_queued(void **state) {
   assert_int_equal(s.n, 0); /* nothing reaches a freed client's watch */
 }
 
+/* A callback run by megad_etcd_free cannot start another call on the
+ * client being freed. */
+typedef struct retry_ctx {
+  megad_etcd *e;
+  res x;
+  mega_status again;
+  mega_err err;
+} retry_ctx;
+
+static void retry_on_cancel(void *arg, const megad_etcd_reply *r, const mega_err *err) {
+  retry_ctx *c = arg;
+  on_res(&c->x, r, err);
+  c->again = megad_etcd_get(c->e, "kv/", true, on_res, &c->x, &c->err);
+}
+
+static void test_free_refuses_new_calls(void **state) {
+  (void)state;
+  env v;
+  env_open(&v, one.endpoints);
+  retry_ctx c = {.e = v.e};
+  mega_err err = {0};
+  assert_int_equal(megad_etcd_get(v.e, "kv/", true, retry_on_cancel, &c, &err), MEGA_OK);
+  megad_etcd_free(v.e);
+  v.e = NULL;
+  assert_int_equal(c.x.err.status, MEGA_ERR_CANCELLED);
+  assert_int_equal(c.again, MEGA_ERR_CANCELLED);
+  assert_non_null(strstr(c.err.msg, "closing"));
+  env_close(&v);
+}
+
 static int group_setup(void **state) {
   (void)state;
   return etcd_fx_start(&one, 1) ? 0 : -1;
@@ -714,6 +744,7 @@ int main(void) {
       cmocka_unit_test(test_quiet_watch_survives_compaction),
       cmocka_unit_test(test_free_cancels),
       cmocka_unit_test(test_free_with_watch_message_queued),
+      cmocka_unit_test(test_free_refuses_new_calls),
       cmocka_unit_test(test_three_members_failover),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
