@@ -141,7 +141,7 @@ void mega_rpc_cq_close(mega_rpc_cq *q, void (*done)(void *arg), void *arg) {
   /* The thread wakes us once it sees the shutdown event. */
 }
 
-bool mega_rpc_cq_closing(const mega_rpc_cq *q) { return q->closing; }
+bool mega_rpc_cq_closing(const mega_rpc_cq *q) { return !q || q->closing; }
 
 size_t mega_rpc_cq_queued(mega_rpc_cq *q) {
   uv_mutex_lock(&q->mu);

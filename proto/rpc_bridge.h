@@ -30,8 +30,9 @@ mega_status mega_rpc_cq_new(uv_loop_t *loop, mega_rpc_cq **out, mega_err *err);
  * done(arg) runs (done may be NULL). The loop must keep running until then. */
 void mega_rpc_cq_close(mega_rpc_cq *cq, void (*done)(void *arg), void *arg);
 
-/* Whether mega_rpc_cq_close was called: gRPC aborts the process when a
- * batch starts on a queue that was shut down and has nothing pending. */
+/* Whether mega_rpc_cq_close was called (true for NULL, a queue its owner
+ * already closed): gRPC aborts the process when a batch starts on a queue
+ * that was shut down and has nothing pending. */
 bool mega_rpc_cq_closing(const mega_rpc_cq *cq);
 
 /* Completions the queue's thread took from gRPC that the loop has not run

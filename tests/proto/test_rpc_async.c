@@ -182,7 +182,8 @@ static void test_async_close_with_message_queued(void **state) {
   free(id);
 }
 
-/* A call started on a closing queue is refused, not left to gRPC's abort. */
+/* A call started on a closing (or closed: NULL) queue is refused, not left
+ * to gRPC's abort or a crash. */
 static void test_async_refused_on_closing_queue(void **state) {
   (void)state;
   client_loop cl;
@@ -199,6 +200,10 @@ static void test_async_refused_on_closing_queue(void **state) {
   w.job_id = "j-1";
   assert_int_equal(mega_rpc_stream_async(CH, cl.cq, &mega_control_watch_job, &w.base, 0, on_item,
                                          on_end, &t, NULL, &err),
+                   MEGA_ERR_CANCELLED);
+  /* megad_base_close_cq hands its queue to the close and keeps NULL */
+  assert_int_equal(mega_rpc_unary_async(CH, NULL, &mega_control_list_nodes, &n.base, 1000,
+                                        on_reply, &t, NULL, &err),
                    MEGA_ERR_CANCELLED);
   uv_run(&cl.loop, UV_RUN_DEFAULT);
   assert_int_equal(uv_loop_close(&cl.loop), 0);
