@@ -479,7 +479,7 @@ static void print_step(app *a, const Mega__V1__StepMetrics *s) {
     char extra[64], line[1024];
     snprintf(extra, sizeof extra, " bubble: %.1f%% |", 100 * mega_step_bubble(s));
     mega_logline_step st = {.iteration = (int64_t)s->iteration,
-                            .world = (int)s->n_ranks,
+                            .world = (int)mega_step_world(s),
                             .global_batch =
                                 mega_jobspec_batch_of(&a->spec, (int64_t)s->iteration - 1),
                             .lr = s->lr, .grad_norm = s->grad_norm, .has_grad_norm = true,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/utf8.h"
+#include "proto/step_bubble.h"
 
 static json_t *real_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
@@ -67,6 +68,8 @@ json_t *mega_step_metrics_json(const Mega__V1__StepMetrics *m) {
   if (m->has_final_eval_loss) bad |= set(o, "final_eval_loss", real_or_null(m->final_eval_loss));
   if (m->has_test_loss) bad |= set(o, "test_loss", real_or_null(m->test_loss));
   if (m->skipped) bad |= set(o, "skipped", json_true());
+  bad |= set(o, "world_size", json_integer((json_int_t)mega_step_world(m)));
+  /* empty for a replay's old steps: megad keeps the newest steps' ranks */
   bad |= set(o, "ranks", ranks);
   if (bad) {
     json_decref(o);

@@ -50,3 +50,7 @@ double mega_step_bubble(const Mega__V1__StepMetrics *m) {
   }
   return timed ? sum / (double)timed : 0;
 }
+
+uint32_t mega_step_world(const Mega__V1__StepMetrics *m) {
+  return m->world_size ? m->world_size : (uint32_t)m->n_ranks;
+}

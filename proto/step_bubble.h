@@ -10,6 +10,7 @@
 #define MEGA_PROTO_STEP_BUBBLE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "proto/mega.pb-c.h"
 
@@ -27,5 +28,10 @@ int mega_step_stage_bubbles(const Mega__V1__StepMetrics *m, mega_stage_bubble *o
 
 /* The job's bubble: the mean of the ranks' (0 when no rank has a time). */
 double mega_step_bubble(const Mega__V1__StepMetrics *m);
+
+/* The ranks merged into the step: world_size, or n_ranks from a megad that
+ * did not set it. Not n_ranks alone: a replay's old steps come without
+ * their ranks (daemon/model/jobhist.h). */
+uint32_t mega_step_world(const Mega__V1__StepMetrics *m);
 
 #endif

@@ -96,6 +96,28 @@ static void ring_insert(mega_job_hist *h, Mega__V1__WatchJobResponse *c, size_t 
   h->len++;
 }
 
+/* Lets s's per-rank entries go; world_size keeps their number. */
+static void drop_ranks(Mega__V1__StepMetrics *s) {
+  if (!s->world_size) s->world_size = (uint32_t)s->n_ranks; /* a record of an older megad */
+  for (size_t r = 0; r < s->n_ranks; r++) protobuf_c_message_free_unpacked(&s->ranks[r]->base, NULL);
+  free(s->ranks);
+  s->ranks = NULL;
+  s->n_ranks = 0;
+}
+
+/* After a step was put at logical place at: the ranks of the step it
+ * pushed past the newest MEGA_JOB_HISTORY_RANKS go, and its own when it
+ * came late, older than those (the steps between had theirs let go). */
+static void drop_old_ranks(mega_job_hist *h, size_t at) {
+  size_t steps = 0;
+  for (size_t i = h->len; i-- > 0;) {
+    Mega__V1__WatchJobResponse *it = h->ring[(h->head + i) % h->cap];
+    if (!is_step(it) || ++steps <= MEGA_JOB_HISTORY_RANKS) continue;
+    drop_ranks(it->step);
+    if (i <= at) return;
+  }
+}
+
 /* Keeps e (taken) among GetJob's events: when they are full, the oldest
  * of the newest goes, so the first ones stay. */
 static mega_status keep_event(mega_job_hist *h, Mega__V1__JobEvent *e, mega_err *err) {
@@ -185,6 +207,7 @@ mega_status mega_job_hist_push(mega_job_hist *h, const Mega__V1__WatchJobRespons
     if (victim < at) at--;
   }
   ring_insert(h, c, at);
+  if (is_step(c)) drop_old_ranks(h, at);
   return MEGA_OK;
 }
 

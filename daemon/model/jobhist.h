@@ -20,6 +20,12 @@
 
 /* Items kept for WatchJob's replay, per job (the oldest steps go first). */
 #define MEGA_JOB_HISTORY 1024
+/* Steps of the replay that keep their per-rank figures: the newest, which
+ * megactl watch's bubble bars and the trace look at. An older step keeps
+ * every job-level figure (world_size among them) and loses its ranks: a
+ * rank's entry is ~190 bytes, so a 1,024-rank job's full ring would hold
+ * ~200 MB, and megad keeps up to --retain-jobs ended jobs. */
+#define MEGA_JOB_HISTORY_RANKS 64
 /* Events kept for GetJob, per job: the first ones (submitted, placed, the
  * first attempt's) and the newest; those in between are let go, counted.
  * An event is at most about 1 KiB, so GetJob's answer stays under 600 KB
@@ -30,7 +36,7 @@
 typedef struct mega_job_hist {
   /* WatchJob's replay: a ring of owned items, oldest at ring[head]; it
    * grows to MEGA_JOB_HISTORY as it fills, so a job that never ran costs
-   * little */
+   * little. Only its newest MEGA_JOB_HISTORY_RANKS steps keep their ranks */
   Mega__V1__WatchJobResponse **ring;
   size_t head, len, cap;
   /* steps the ring let go (a replay says so with a gap marker): how many,
@@ -65,7 +71,9 @@ void mega_job_hist_free(mega_job_hist *h);
  * MEGA_JOB_HISTORY are kept the oldest step goes (the late step itself
  * when it is older than every step kept), never an event: with no step
  * kept, a new step goes, and a new event pushes out the oldest item. What
- * goes is counted (lost_*). A step also joins curve and becomes
+ * goes is counted (lost_*). A step that is not among the newest
+ * MEGA_JOB_HISTORY_RANKS kept loses its ranks (n_ranks 0; world_size says
+ * how many it had). A step also joins curve and becomes
  * last_step unless it is older than last_step. An event is numbered (its
  * own number, or the next when it has none: a record of an older megad)
  * and joins events, pushing out the oldest of the newest when they are

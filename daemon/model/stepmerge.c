@@ -163,6 +163,7 @@ static Mega__V1__StepMetrics *merge(const mega_stepmerge *m, const pending *p) {
   s.tokens_per_s = s.step_time_s > 0 ? (double)tokens / s.step_time_s : 0;
   s.ranks = rp;
   s.n_ranks = m->world;
+  s.world_size = m->world;
   s.time_unix_ms = megad_unix_ms();
   out = (Mega__V1__StepMetrics *)megad_pb_copy(&s.base);
 done:

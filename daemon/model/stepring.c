@@ -54,7 +54,7 @@ static void point_of(mega_steppoint *p, const Mega__V1__StepMetrics *s) {
   p->tokens_per_s = s->tokens_per_s;
   p->step_time_s = s->step_time_s;
   p->attempt = s->attempt;
-  p->world = (uint32_t)s->n_ranks;
+  p->world = mega_step_world(s);
   p->skipped = s->skipped;
   for (size_t i = 0; i < s->n_ranks; i++)
     if (s->ranks[i]->grad_sync_exposed_s > p->grad_sync_s)

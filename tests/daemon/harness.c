@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proto/step_bubble.h"
+
 /* Daemons started and not yet cleaned up, by state dir. Copies, not
  * pointers: a failed test leaves its stack frame before the teardown. */
 #define MAX_LIVE 64 /* bench_scale runs 32 */
@@ -443,14 +445,14 @@ void hd_watch_job_cb(hd *d, const char *job_id, bool replay, unsigned timeout_ms
       w->steps++;
       w->last_iteration = it->step->iteration;
       w->last_loss = it->step->loss;
-      w->ranks = (uint32_t)it->step->n_ranks;
+      w->ranks = mega_step_world(it->step);
       uint64_t k = it->step->iteration;
       if (k <= HD_MAX_ITERS) {
         if (w->seen[k]) w->redone++;
         w->seen[k] = true;
         w->loss[k] = it->step->loss;
         w->attempt[k] = it->step->attempt;
-        w->world[k] = (uint32_t)it->step->n_ranks;
+        w->world[k] = mega_step_world(it->step);
       }
     } else if (it->item_case == MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT) {
       w->events++;

@@ -458,7 +458,7 @@ static void test_run_json(void **state) {
   char line[8192];
   int lines = 0;
   const char *keys[] = {"iteration", "attempt", "loss", "grad_norm", "lr", "step_time_s",
-                        "tokens_per_s", "ranks"};
+                        "tokens_per_s", "world_size", "ranks"};
   const char *rkeys[] = {"rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "tp_comm_s",
                          "bubble_s", "p2p_wait_s", "grad_sync_exposed_s", "peak_activation_bytes",
                          "param_bytes", "grad_bytes", "optimizer_state_bytes", "step_time_s",
@@ -471,8 +471,10 @@ static void test_run_json(void **state) {
     /* the evaluation after iteration 2 (--eval-interval 2) is in its line,
      * the one after training (no --split: no test set) in the last's */
     bool eval = lines + 1 == 2, end = lines + 1 == 3;
-    assert_int_equal(json_object_size(o), eval || end ? 9 : 8);
-    for (size_t k = 0; k < 8; k++) assert_non_null(json_object_get(o, keys[k]));
+    size_t nkeys = sizeof keys / sizeof keys[0];
+    assert_int_equal(json_object_size(o), eval || end ? nkeys + 1 : nkeys);
+    for (size_t k = 0; k < nkeys; k++) assert_non_null(json_object_get(o, keys[k]));
+    assert_int_equal(json_integer_value(json_object_get(o, "world_size")), 2);
     if (eval) assert_true(json_real_value(json_object_get(o, "eval_loss")) > 0);
     if (end) assert_true(json_real_value(json_object_get(o, "final_eval_loss")) > 0);
     assert_int_equal(json_integer_value(json_object_get(o, "iteration")), lines + 1);
