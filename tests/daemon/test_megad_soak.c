@@ -1,5 +1,6 @@
 /* A megad's long life: what it keeps on disk (the journal, job
- * directories) stays bounded however many jobs it has seen. Each case
+ * directories) and in memory (a job's replay) stays bounded however many
+ * jobs it has seen. Each case
  * drives real megads through many cheap jobs and counts. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -210,12 +211,86 @@ static void test_attempt_dirs_are_bounded(void **state) {
   hd_cleanup(&d);
 }
 
+#define RANKED 64 /* MEGA_JOB_HISTORY_RANKS */
+#define REPLAY_ITERS (RANKED + 36)
+
+typedef struct replay_count {
+  int steps, ranked, first_ranked, world_wrong;
+} replay_count;
+
+static void count_ranks(void *arg, const Mega__V1__WatchJobResponse *it) {
+  replay_count *c = arg;
+  if (it->item_case != MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP) return;
+  c->steps++;
+  c->world_wrong += it->step->world_size != 2;
+  if (it->step->n_ranks && !c->ranked++) c->first_ranked = (int)it->step->iteration;
+}
+
+/* The lines of out holding needle. */
+static int lines_with(const char *out, const char *needle) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+/* A job's replay held every rank's figures for each of its last 1,024
+ * steps, for as long as megad kept the job (~190 bytes per rank per step:
+ * 200 MB for a 1,024-rank job). Now only the newest steps keep theirs; a
+ * replay of an ended job still shows every step, the old ones with their
+ * job-level figures and world size. */
+static void test_replay_keeps_newest_ranks(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "h1", 2, NULL, NULL, NULL));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, REPLAY_ITERS, NULL);
+  spec.nproc_per_node = 2;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(&d, id, false, 60000, &w);
+  assert_true(hd_succeeded(&d, &w));
+  hd_watch_free(&w);
+
+  replay_count c = {0};
+  hd_watch_job_cb(&d, id, true, 10000, &w, count_ranks, &c);
+  assert_int_equal(w.end, MEGA_OK);
+  assert_non_null(w.final);
+  assert_int_equal(c.steps, REPLAY_ITERS);
+  assert_int_equal(c.ranked, RANKED);
+  assert_int_equal(c.first_ranked, REPLAY_ITERS - RANKED + 1);
+  assert_int_equal(c.world_wrong, 0);
+  assert_int_equal(w.ranks, 2);
+  hd_watch_free(&w);
+
+  /* megactl watch of the ended job: a line per step either way */
+  static char out[256 * 1024];
+  char args[256];
+  snprintf(args, sizeof args, "--server %s watch %s --json", d.addr, id);
+  assert_int_equal(hd_megactl(out, sizeof out, args), 0);
+  assert_int_equal(lines_with(out, "\"iteration\":"), REPLAY_ITERS);
+  assert_int_equal(lines_with(out, "\"world_size\":2,"), REPLAY_ITERS);
+  assert_int_equal(lines_with(out, "\"ranks\":[]"), REPLAY_ITERS - RANKED);
+  assert_non_null(strstr(out, "\"iteration\":1,"));
+  snprintf(args, sizeof args, "--server %s watch %s --plain", d.addr, id);
+  assert_int_equal(hd_megactl(out, sizeof out, args), 0);
+  char first[64], last[64];
+  snprintf(first, sizeof first, "iter 1/%d loss ", REPLAY_ITERS);
+  snprintf(last, sizeof last, "iter %d/%d loss ", REPLAY_ITERS, REPLAY_ITERS);
+  assert_non_null(strstr(out, first));
+  assert_non_null(strstr(strstr(out, last), " bubble "));
+  assert_int_equal(lines_with(out, " bubble "), RANKED);
+  hd_cleanup(&d);
+}
+
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_journal_stays_bounded, teardown),
       cmocka_unit_test_teardown(test_others_job_dirs_are_retained, teardown),
       cmocka_unit_test_teardown(test_attempt_dirs_are_bounded, teardown),
+      cmocka_unit_test_teardown(test_replay_keeps_newest_ranks, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
