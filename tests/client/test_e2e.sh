@@ -48,13 +48,13 @@ has out.txt "^submitted $id (tiny)"
 run 0 "$megactl" watch "$id" --json
 same "$(wc -l <out.txt)" 3
 same "$(jq -c '[.iteration]' out.txt | tr -d '\n')" '[1][2][3]'
-keys='["iteration","attempt","loss","grad_norm","lr","step_time_s","tokens_per_s","ranks"]'
+keys='["iteration","attempt","loss","grad_norm","lr","step_time_s","tokens_per_s","world_size","ranks"]'
 rkeys='["rank","pp_rank","dp_rank","tp_rank","compute_s","tp_comm_s","bubble_s","p2p_wait_s","grad_sync_exposed_s","peak_activation_bytes","param_bytes","grad_bytes","optimizer_state_bytes","step_time_s","bubble_warmup_s","bubble_steady_s","bubble_cooldown_s","peak_inflight"]'
 while read -r line; do
   same "$(jq -c keys_unsorted <<<"$line")" "$keys"
   same "$(jq -c '[.ranks[] | keys_unsorted] | unique | .[]' <<<"$line")" "$rkeys"
   same "$(jq -c '[.ranks[].pp_rank] | sort' <<<"$line")" '[0,1]'
-  jq -e '.loss > 0 and .step_time_s > 0 and .tokens_per_s > 0 and
+  jq -e '.loss > 0 and .step_time_s > 0 and .tokens_per_s > 0 and .world_size == 2 and
          all(.ranks[]; .compute_s > 0 and .bubble_s >= 0)' <<<"$line" >/dev/null ||
     fail "implausible step: $line"
 done <out.txt

@@ -243,7 +243,8 @@ static void test_step_metrics_json_keys(void **state) {
   char *s = json_dumps(j, JSON_COMPACT);
   assert_string_equal(s,
                       "{\"iteration\":3,\"attempt\":2,\"loss\":null,\"grad_norm\":0.5,\"lr\":0.0001,"
-                      "\"step_time_s\":0.25,\"tokens_per_s\":256.0,\"ranks\":[{\"rank\":1,"
+                      "\"step_time_s\":0.25,\"tokens_per_s\":256.0,\"world_size\":1,"
+                      "\"ranks\":[{\"rank\":1,"
                       "\"pp_rank\":1,\"dp_rank\":0,\"tp_rank\":0,\"compute_s\":0.20000000000000001,"
                       "\"tp_comm_s\":0.0,\"bubble_s\":0.050000000000000003,\"p2p_wait_s\":0.01,"
                       "\"grad_sync_exposed_s\":0.002,\"peak_activation_bytes\":1099511627776,"
