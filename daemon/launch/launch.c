@@ -1,5 +1,5 @@
 /* The launcher's worker processes (see launch.h): spawn, the pipe and its
- * frames, output capture, exits and abort. Worker frames go on to the job's
+ * frames, exits and abort (output capture: launch_output.c). Worker frames go on to the job's
  * coordinator through relay.c; hangcheck.c pings and watches for hung workers.
  *
  * A worker is done once it has exited and its stderr has drained (or a
@@ -24,46 +24,6 @@ extern char **environ;
 
 /* ---- output capture ---- */
 
-static void keep_line(megad_worker *w, const char *s, size_t n) {
-  if (n > LINE_MAX_KEPT - 1) n = LINE_MAX_KEPT - 1;
-  memcpy(w->tail[w->tail_next], s, n);
-  w->tail[w->tail_next][n] = '\0';
-  w->tail_next = (w->tail_next + 1) % MEGAD_TAIL_LINES;
-  if (w->tail_n < MEGAD_TAIL_LINES) w->tail_n++;
-}
-
-static void capture(megad_worker *w, const char *buf, size_t n, bool is_err) {
-  if (w->log_fd >= 0 && write(w->log_fd, buf, n) < 0) {
-    /* a full disk loses log lines, not the job */
-  }
-  if (!is_err) return;
-  for (size_t i = 0; i < n; i++) {
-    if (buf[i] == '\n') {
-      keep_line(w, w->partial, w->partial_len);
-      w->partial_len = 0;
-    } else if (w->partial_len < LINE_MAX_KEPT - 1) {
-      w->partial[w->partial_len++] = buf[i];
-    }
-  }
-}
-
-/* The last stderr lines, joined by newlines (the caller frees). */
-static char *tail_text(megad_worker *w) {
-  if (w->partial_len) {
-    keep_line(w, w->partial, w->partial_len);
-    w->partial_len = 0;
-  }
-  size_t cap = (size_t)w->tail_n * LINE_MAX_KEPT + 1, off = 0;
-  char *s = malloc(cap);
-  if (!s) return NULL;
-  s[0] = '\0';
-  for (int i = 0; i < w->tail_n; i++) {
-    int k = (w->tail_next - w->tail_n + i + MEGAD_TAIL_LINES) % MEGAD_TAIL_LINES;
-    off += (size_t)snprintf(s + off, cap - off, "%s%s", off ? "\n" : "", w->tail[k]);
-  }
-  return s;
-}
-
 static void alloc_buf(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)h;
   size_t n = suggested < 65536 ? suggested : 65536;
@@ -76,7 +36,7 @@ static void worker_try_finish(megad_worker *w);
 static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   megad_worker *w = s->data;
   bool is_err = s == (uv_stream_t *)&w->err;
-  if (n > 0) capture(w, buf->base, (size_t)n, is_err);
+  if (n > 0) launch_capture(w, buf->base, (size_t)n, is_err);
   free(buf->base);
   if (n < 0) {
     uv_read_stop(s);
@@ -256,7 +216,7 @@ static void report_exit(megad_worker *w) {
   if (w->reported) return;
   w->reported = true;
   release_slot(w);
-  char *tail = tail_text(w);
+  char *tail = launch_tail_text(w);
   Mega__V1__RankExit x = MEGA__V1__RANK_EXIT__INIT;
   x.exit_status = (int32_t)w->exit_status;
   x.term_signal = w->term_signal;

@@ -105,6 +105,13 @@ struct kvop {
   uint32_t *part;
 };
 
+/* launch_output.c: n bytes of the worker's stdout or stderr (is_err) go
+ * to its rank log; stderr's lines are kept, the last MEGAD_TAIL_LINES.
+ * launch_tail_text: those lines joined by newlines (malloc'd; NULL when
+ * out of memory). */
+void launch_capture(megad_worker *w, const char *buf, size_t n, bool is_err);
+char *launch_tail_text(megad_worker *w);
+
 /* launch_life.c: the lower half, which relay.c and hangcheck.c use */
 void launch_send_frame(megad_worker *w, const Mega__V1__DaemonFrame *f);
 void launch_send_kv_response(megad_worker *w, uint64_t id, bool found, const uint8_t *val,
