@@ -264,7 +264,7 @@ static int body_lonely(int rank, const mp_env *env) {
  * only the communicator can: after mega_comm_abort, freeing the request and
  * destroying the communicator must take well under the 10 s timeout. With
  * a broadcast from rank 0 (64 MiB), rank 0's send is half written (rank 1
- * stops before it starts); with a 64M-float all-reduce, rank 1 stops 150 ms
+ * stops before it starts); with a 64M-float all-reduce, rank 1 stops 20 ms
  * into it, and rank 0 may be half way through receiving a chunk too. */
 static int body_killed_mid_transfer(int rank, const mp_env *env) {
   bool reduce = *(const bool *)env->arg;
@@ -281,7 +281,15 @@ static int body_killed_mid_transfer(int rank, const mp_env *env) {
   if (reduce) MP_OK(mega_comm_iall_reduce(c, buf, n, 0, &r, &err), err);
   if (rank == 1) {
     if (!reduce) MP_OK(mega_comm_ibroadcast(c, buf, n, MEGA_DT_F32, 0, 0, &r, &err), err);
-    mp_sleep_ms(reduce ? 150 : 100); /* under way, or the receive posted */
+    /* under way, or the receive posted: 20 ms into a 256 MiB all-reduce
+     * (at 150 ms a quiet machine had finished it, and the test saw the
+     * collective succeed) */
+    mp_sleep_ms(reduce ? 20 : 100);
+    if (reduce) {
+      bool done = false;
+      MP_OK(mega_req_test(r, &done, &err), err);
+      MP_CHECK(!done, "the all-reduce finished in 20 ms: the test needs a bigger one");
+    }
     FILE *f = fopen(path, "w");
     MP_CHECK(f, "cannot write %s", path);
     fprintf(f, "%d\n", (int)getpid());
