@@ -224,11 +224,17 @@ static void test_damaged_checkpoint_falls_back(void **state) {
   char now[128], again[128];
   snprintf(now, sizeof now, "the job's checkpoint is now iteration %llu's", from);
   snprintf(again, sizeof again, "checkpoint of iteration %llu committed", t.damaged);
-  const char *moved = strstr(w.events_text, now);
+  /* The coordinator may not have recorded the damaged iteration's commit
+   * before the kill (the ranks had written latest, its commit was on the
+   * way): then its checkpoint was already the one loaded, and nothing moves. */
+  const char *note = strstr(w.events_text, want);
+  const char *committed = strstr(w.events_text, again);
+  bool had_damaged = committed && committed < note;
+  const char *moved = had_damaged ? strstr(w.events_text, now) : note;
   bool redone = from < t.damaged;
   if (!moved || (redone && !strstr(moved, again)))
-    fprintf(stderr, "wanted \"%s\"%s%s; events:\n%s", now, redone ? ", then " : "",
-            redone ? again : "", w.events_text);
+    fprintf(stderr, "wanted \"%s\"%s%s; events:\n%s", had_damaged ? now : want,
+            redone ? ", then " : "", redone ? again : "", w.events_text);
   assert_non_null(moved);
   if (redone) assert_non_null(strstr(moved, again));
   hd_watch_free(&w);
