@@ -106,8 +106,8 @@ static bool attn_fits(mega_backend *be, const mega_attn_dims *d) {
     c->sticky = MEGA_ERR_INVALID;
     if (drop)
       snprintf(c->why, sizeof c->why,
-               "cuda backend: attention dropout is not implemented on cuda; use the cpu "
-               "backend or --attention-dropout 0");
+               "cuda backend: --attention-dropout is refused here, as its attention kernels "
+               "draw no dropout mask; use the cpu backend or --attention-dropout 0");
     else
       snprintf(c->why, sizeof c->why,
                "cuda backend: attention needs %zu and %zu floats of att and scratch, the "
