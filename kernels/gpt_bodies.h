@@ -499,6 +499,19 @@ static inline MEGA_HD void mega_kr_causal_softmax_bwd(int64_t r, int l, int L, f
   for (int j = l; j < T; j += L) d[j] = j <= t ? scale * a[j] * (d[j] - dot) : 0.0f;
 }
 
+/* Attention dropout of element i of probabilities [B, NH, T, T] (row
+ * r = (b * NH + h) * T + t, column s): src[i] times its mask bit and scale
+ * (kernels/dropout.h, the bits the cpu attention draws) at and below the
+ * diagonal, zero above it. dst may be src. */
+static inline MEGA_HD void mega_kb_attn_dropout(int64_t i, float *dst, const float *src, int NH,
+                                                int T, mega_attn_dropout d) {
+  int64_t r = i / T, s = i % T, bh = r / T;
+  int t = (int)(r % T);
+  dst[i] = s <= t ? mega_attn_dropout_apply(
+                        &d, mega_attn_dropout_row(&d, bh / NH, (int)(bh % NH), t), s, src[i])
+                  : 0.0f;
+}
+
 /* ---- column bodies: c < C ---- */
 
 /* The embedding's gradient from the tokens sorted by id, stably (ids[i],

@@ -619,6 +619,14 @@ int mega_cu_causal_softmax_bwd(mega_cu_stream s, float *da, const float *att, in
   });
 }
 
+int mega_cu_attn_dropout(mega_cu_stream s, float *dst, const float *src, int64_t rows, int NH,
+                         int T, const mega_attn_dropout *d) {
+  mega_attn_dropout dd = *d; // by value: the host's struct is gone when the kernel runs
+  return launch(s, rows * T, [=] __device__(int64_t i) {
+    mega_kb_attn_dropout(i, dst, src, NH, T, dd);
+  });
+}
+
 int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v, int64_t n,
                   float lr, float b1, float b2, float eps, float wd, float gs, float bc1,
                   float bc2) {

@@ -98,6 +98,10 @@ int mega_cu_xent_finish(mega_cu_stream s, float *losses, float *logits, const fl
 int mega_cu_causal_softmax(mega_cu_stream s, float *att, int64_t rows, int T);
 int mega_cu_causal_softmax_bwd(mega_cu_stream s, float *da, const float *att, int64_t rows,
                                int T, float scale);
+/* dst = attention dropout of src, [rows, T] probabilities of NH heads a
+ * sample (mega_kb_attn_dropout); dst may be src. */
+int mega_cu_attn_dropout(mega_cu_stream s, float *dst, const float *src, int64_t rows, int NH,
+                         int T, const mega_attn_dropout *d);
 int mega_cu_adamw(mega_cu_stream s, float *p, const float *g, float *m, float *v, int64_t n,
                   float lr, float b1, float b2, float eps, float wd, float gs, float bc1,
                   float bc2);

@@ -2,12 +2,10 @@
  * kernels/gpt_bodies.h (GPT-2's and Llama's) run over every index on the CPU as
  * kernels/gpt_kernels.cu composes it on the device (row bodies in lanes,
  * column bodies in row lanes, their partials combined between phases; here
- * with lane counts that do and do not divide the row), and the
- * attention composition of worker/backend/attn_gemm.c on the cpu backend's
- * GEMMs, each against the cpu backend's op on the same random inputs. This
- * checks the indexing and the math; the launch configuration and cuBLAS's
- * column-major calls are checked only where a GPU is (tests/gpu/, suite
- * gpu). */
+ * with lane counts that do and do not divide the row), each against the
+ * cpu backend's op on the same random inputs (attention's composition is
+ * test_attn_bodies.c's). This checks the indexing and the math; the launch
+ * configuration is checked only where a GPU is (tests/gpu/, suite gpu). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,19 +14,10 @@
 #include <cmocka.h>
 
 #include "kernels/gpt_bodies.h"
-#include "worker/backend/attn_gemm.h"
+#include "tests/gpu/bodies_check.h"
 #include "worker/backend/backend.h"
 
 static mega_backend *be;
-
-static float *vec(size_t n, unsigned seed, float scale) {
-  float *v = malloc(n * sizeof *v);
-  for (size_t i = 0; i < n; i++) {
-    seed = seed * 1103515245u + 12345u;
-    v[i] = ((float)((seed >> 8) & 0xffff) / 65536.0f * 2.0f - 1.0f) * scale;
-  }
-  return v;
-}
 
 /* A producer's --bf16 copy: every float's bits rounded, as
  * mega_cu_to_bf16 would make it from the fp32 written. */
@@ -44,35 +33,7 @@ static float *copy(const float *x, size_t n) {
   return v;
 }
 
-static void near(const float *got, const float *want, size_t n, double tol, const char *what) {
-  for (size_t i = 0; i < n; i++)
-    if (!(fabs((double)got[i] - want[i]) <= tol * (1.0 + fabs((double)want[i]))))
-      fail_msg("%s[%zu]: body %.9g, cpu backend %.9g", what, i, (double)got[i], (double)want[i]);
-}
-
 enum { B = 2, T = 7, C = 12, NH = 3, N = B * T, V = 10 };
-
-/* Lanes per row (or row lanes per column): one, fewer than a row, more. */
-static const int lane_counts[] = {1, 5, 32};
-#define FOR_LANES(L) for (int li_ = 0, L; li_ < 3 && (L = lane_counts[li_], 1); li_++)
-
-/* A row's partials combined as the kernels' shuffles do (in another order:
- * the tolerances allow for it). */
-#define LANES_SUM(L, expr)                 \
-  ({                                       \
-    float acc_ = 0.0f;                     \
-    for (int l = 0; l < (L); l++) acc_ += (expr); \
-    acc_;                                  \
-  })
-#define LANES_MAX(L, expr)                                 \
-  ({                                                       \
-    float acc_ = -INFINITY;                                \
-    for (int l = 0; l < (L); l++) {                        \
-      float v_ = (expr);                                   \
-      acc_ = v_ > acc_ ? v_ : acc_;                        \
-    }                                                      \
-    acc_;                                                  \
-  })
 
 static void layernorm_rows(int L, float *o, uint16_t *o16, float *m, float *r, const float *x,
                            const float *w, const float *b, float eps) {
@@ -454,75 +415,6 @@ static void test_cross_entropy_slices(void **state) {
   free(logits);
 }
 
-/* The bodies' softmax passes, as the cuda backend runs them, here on the
- * CPU: attn_gemm.c's GEMM strides against the cpu backend's attention. */
-static int softmax_lanes = 1;
-
-static void body_softmax(mega_backend *b, float *att, int64_t rows, int seq_len) {
-  (void)b;
-  int L = softmax_lanes;
-  for (int64_t r = 0; r < rows; r++) {
-    float *row = att + r * seq_len;
-    int n = (int)(r % seq_len) + 1;
-    float mx = LANES_MAX(L, mega_kr_max(row, n, l, L));
-    float sum = LANES_SUM(L, mega_kr_sumexp(row, row, n, mx, l, L));
-    for (int l = 0; l < L; l++) mega_kr_causal_softmax_scale(r, l, L, att, seq_len, sum);
-  }
-}
-
-static void body_softmax_bwd(mega_backend *b, float *da, const float *att, int64_t rows,
-                             int seq_len, float scale) {
-  (void)b;
-  int L = softmax_lanes;
-  for (int64_t r = 0; r < rows; r++) {
-    float dot = LANES_SUM(L, mega_kr_dot(att + r * seq_len, da + r * seq_len,
-                                         (int)(r % seq_len) + 1, l, L));
-    for (int l = 0; l < L; l++) mega_kr_causal_softmax_bwd(r, l, L, da, att, seq_len, scale, dot);
-  }
-}
-
-/* One attention shape: q [N, ldq] and k, v [N, ldkv] at the given
- * pointers into qkv (and dq, dk, dv at the same offsets into a gradient
- * buffer of the same size), NHq query and G key/value heads of hs. */
-static void attention_case(const mega_attn_softmax *sm, int NHq, int G, int hs, size_t qkv_n,
-                           size_t qo, size_t ko, size_t vo, int ldq, int ldkv) {
-  mega_attn_dims d = {.B = B, .T = T, .NH = NHq, .G = G, .hs = hs, .ldq = ldq, .ldkv = ldkv};
-  size_t nout = (size_t)N * NHq * hs, tt = (size_t)B * NHq * T * T, scratch_n = tt + nout;
-  float *qkv = vec(qkv_n, 17, 1), *dy = vec(nout, 18, 1);
-  float *o1 = calloc(nout, 4), *o2 = calloc(nout, 4), *a1 = calloc(tt, 4), *a2 = calloc(tt, 4);
-  float *s1 = calloc(scratch_n, 4), *s2 = calloc(scratch_n, 4);
-  float *g1 = calloc(qkv_n, 4), *g2 = calloc(qkv_n, 4);
-  be->ops->attention_forward(be, o1, a1, s1, qkv + qo, qkv + ko, qkv + vo, &d);
-  be->ops->attention_backward(be, g1 + qo, g1 + ko, g1 + vo, s1, dy, qkv + qo, qkv + ko,
-                              qkv + vo, a1, &d);
-  FOR_LANES(L) {
-    softmax_lanes = L;
-    mega_attn_gemm_forward(be, sm, o2, a2, qkv + qo, qkv + ko, qkv + vo, &d);
-    near(o2, o1, nout, 1e-5, "attention output");
-    for (size_t r = 0; r < (size_t)B * NHq * T; r++) { /* at and below the diagonal; zeros above */
-      near(a2 + r * T, a1 + r * T, r % T + 1, 1e-5, "attention probabilities");
-      for (size_t j = r % T + 1; j < T; j++)
-        if (a2[r * T + j] != 0.0f) fail_msg("attention probability above the diagonal");
-    }
-    mega_attn_gemm_backward(be, sm, g2 + qo, g2 + ko, g2 + vo, s2, dy, qkv + qo, qkv + ko,
-                            qkv + vo, a2, &d);
-    near(g2, g1, qkv_n, 1e-5, "attention dq, dk, dv");
-  }
-  free(qkv), free(dy), free(o1), free(o2), free(a1), free(a2), free(s1), free(s2), free(g1),
-      free(g2);
-}
-
-/* GPT-2's fused qkv [N, 3C], and grouped-query attention (4 query heads
- * over 2 key/value heads) on Llama's separate q, k and v. */
-static void test_attention_composition(void **state) {
-  (void)state;
-  const mega_attn_softmax sm = {.forward = body_softmax, .backward = body_softmax_bwd};
-  attention_case(&sm, NH, NH, C / NH, (size_t)N * 3 * C, 0, C, 2 * C, 3 * C, 3 * C);
-  enum { Q = 4, KV = 2, HS = 5 };
-  size_t nq = (size_t)N * Q * HS, nk = (size_t)N * KV * HS;
-  attention_case(&sm, Q, KV, HS, nq + 2 * nk, 0, nq, nq + nk, Q * HS, KV * HS);
-}
-
 /* RMSNorm's row and column bodies, SwiGLU's and RoPE's element bodies. */
 static void test_llama_bodies(void **state) {
   (void)state;
@@ -664,8 +556,7 @@ int main(void) {
       cmocka_unit_test(test_encoder),         cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_elementwise),     cmocka_unit_test(test_adamw_ranges),
       cmocka_unit_test(test_cross_entropy),   cmocka_unit_test(test_cross_entropy_slices),
-      cmocka_unit_test(test_attention_composition), cmocka_unit_test(test_llama_bodies),
-      cmocka_unit_test(test_column_geometry),
+      cmocka_unit_test(test_llama_bodies),    cmocka_unit_test(test_column_geometry),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -5,8 +5,9 @@
  * inputs by equality with pre-rounded inputs; the probabilities through
  * references computed in double from the op's own probabilities (so no
  * value can round differently); the scores' gradient against a double
- * reference within a bf16 step. Shapes the flash kernels do not take stay
- * fp32, as on the cuda backend. */
+ * reference within a bf16 step. Shapes the flash kernels do not take, and
+ * attention with dropout (which the cuda backend runs as fp32 batched
+ * GEMMs), stay fp32, as on the cuda backend. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -106,18 +107,15 @@ static void test_inputs_rounded(void **state) {
 }
 
 /* out = round(P) v and dv = round(P)^T dout, P the op's own probabilities;
- * dq = round(dS) k, dk = round(dS)^T q with dS = scale P (dP - sum P dP).
- * With attention dropout (drop), P m for P and dP m for dP, m the mask
- * times its scale: the dropped probabilities are what round. */
-static void products_rounded(mega_backend *be, bool drop) {
+ * dq = round(dS) k, dk = round(dS)^T q with dS = scale P (dP - sum P dP). */
+static void test_products_rounded(void **state) {
+  mega_backend *be = *state;
   int hs = 64, ld = (NH + 2 * G) * hs;
   case_ c, f;
   case_init(&c, hs, 21);
-  if (drop) c.d.drop = mega_attn_dropout_of(0.2, 0xb16ull, 5, 1);
   round_all(c.qkv, qkv_n(hs)); /* the inputs' rounding is the test above's */
   round_all(c.dout, out_n(hs));
   case_init(&f, hs, 21);
-  f.d.drop = c.d.drop;
   memcpy(f.qkv, c.qkv, qkv_n(hs) * sizeof(float));
   memcpy(f.dout, c.dout, out_n(hs) * sizeof(float));
   run(be, &c, true);
@@ -129,19 +127,16 @@ static void products_rounded(mega_backend *be, bool drop) {
   for (int h = 0; h < NH; h++) {
     const float *P = c.att + (size_t)h * T * T;
     for (int t = 0; t < T; t++) {
-      /* dP = (dout v^T) m, its row sum with P, and dS */
-      double dP[T], m[T], dot = 0;
-      uint64_t key = mega_attn_dropout_row(&c.d.drop, 0, h, t);
+      /* dP = dout v^T, its row sum with P, and dS */
+      double dP[T], dot = 0;
       for (int s = 0; s <= t; s++) {
-        m[s] = drop ? mega_attn_dropout_apply(&c.d.drop, key, s, 1.0f) : 1.0;
         dP[s] = 0;
         for (int i = 0; i < hs; i++)
           dP[s] += (double)c.dout[(size_t)t * NH * hs + h * hs + i] * *at(&c, v, s, i);
-        dP[s] *= m[s];
         dot += P[(size_t)t * T + s] * dP[s];
       }
       for (int s = 0; s <= t; s++) {
-        double p16 = mega_bf16_round((float)(P[(size_t)t * T + s] * m[s]));
+        double p16 = mega_bf16_round(P[(size_t)t * T + s]);
         double ds = mega_bf16_round((float)(scale * P[(size_t)t * T + s] * (dP[s] - dot)));
         for (int i = 0; i < hs; i++) {
           ro[(size_t)t * NH * hs + h * hs + i] += p16 * *at(&c, v, s, i);
@@ -188,24 +183,31 @@ static void products_rounded(mega_backend *be, bool drop) {
   case_free(&f);
 }
 
-static void test_products_rounded(void **state) { products_rounded(*state, false); }
-
-/* With attention dropout, the dropped probabilities round. */
-static void test_products_rounded_dropout(void **state) { products_rounded(*state, true); }
-
-/* A head size the flash kernels lack (32) stays fp32 under --bf16. */
-static void test_other_shapes_fp32(void **state) {
-  mega_backend *be = *state;
+/* Attention of head size hs (with attention dropout p, 0: none) that
+ * --bf16 leaves fp32: the same bits as without it. */
+static void stays_fp32(mega_backend *be, int hs, double p) {
   case_ a, b;
-  case_init(&a, 32, 31);
-  case_init(&b, 32, 31);
+  case_init(&a, hs, 31);
+  case_init(&b, hs, 31);
+  if (p > 0) a.d.drop = b.d.drop = mega_attn_dropout_of(p, 0xb16ull, 5, 1);
   assert_false(mega_attn_flash_shape(&a.d));
   run(be, &a, true);
   run(be, &b, false);
-  assert_memory_equal(a.out, b.out, out_n(32) * sizeof(float));
-  assert_memory_equal(a.dqkv, b.dqkv, qkv_n(32) * sizeof(float));
+  assert_memory_equal(a.out, b.out, out_n(hs) * sizeof(float));
+  assert_memory_equal(a.dqkv, b.dqkv, qkv_n(hs) * sizeof(float));
   case_free(&a);
   case_free(&b);
+}
+
+/* A head size the flash kernels lack (32) stays fp32 under --bf16. */
+static void test_other_shapes_fp32(void **state) { stays_fp32(*state, 32, 0); }
+
+/* So does a flash shape with attention dropout: the cuda backend runs it
+ * as fp32 batched GEMMs, the flash kernels drawing no mask. */
+static void test_dropout_fp32(void **state) {
+  mega_attn_dims d = {.B = B, .T = T, .NH = NH, .G = G, .hs = 64, .ldq = 256, .ldkv = 256};
+  assert_true(mega_attn_flash_shape(&d)); /* without the mask, the flash path */
+  stays_fp32(*state, 64, 0.2);
 }
 
 static int setup(void **state) {
@@ -225,8 +227,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_inputs_rounded),
       cmocka_unit_test(test_products_rounded),
-      cmocka_unit_test(test_products_rounded_dropout),
       cmocka_unit_test(test_other_shapes_fp32),
+      cmocka_unit_test(test_dropout_fp32),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

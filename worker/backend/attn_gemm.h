@@ -17,11 +17,20 @@ typedef struct mega_attn_softmax {
   /* da = scale * a * (da - sum a*da) over the causal part, in place */
   void (*backward)(mega_backend *be, float *da, const float *att, int64_t rows, int T,
                    float scale);
+  /* dst = d->drop's mask and scale on src, the call's [B, NH, T, T]
+   * probabilities (or their gradient), zeros above the diagonal; dst may
+   * be src. Called only when d->drop has a mask. */
+  void (*dropout)(mega_backend *be, float *dst, const float *src, const mega_attn_dims *d);
 } mega_attn_softmax;
 
+/* With attention dropout (d->drop), att keeps the undropped probabilities
+ * (the softmax backward needs them) and the dropped ones that multiply v
+ * are made in scratch, which the forward uses for nothing else; the
+ * backward draws the mask again, for dv and for the probabilities'
+ * gradient (cpu_attention.c's math). */
 void mega_attn_gemm_forward(mega_backend *be, const mega_attn_softmax *sm, float *out,
-                            float *att, const float *q, const float *k, const float *v,
-                            const mega_attn_dims *d);
+                            float *att, float *scratch, const float *q, const float *k,
+                            const float *v, const mega_attn_dims *d);
 void mega_attn_gemm_backward(mega_backend *be, const mega_attn_softmax *sm, float *dq,
                              float *dk, float *dv, float *scratch, const float *dout,
                              const float *q, const float *k, const float *v, const float *att,

@@ -88,18 +88,22 @@ typedef struct mega_attn_dims {
    * full sizes, B*NH*T*T and B*NH*T*T + B*T*NH*hs. */
   size_t att_cap, scratch_cap;
   /* Attention dropout on the probabilities before they multiply v, both
-   * directions; all zero (the default): none. The cpu backend only: the
-   * cuda backend's attention fails the op with it (jobspec_check.c
-   * refuses --backend cuda with --attention-dropout; auto picks cpu). */
+   * directions; all zero (the default): none. Both backends draw the same
+   * mask; it takes the cuda backend's batched GEMMs, not flash attention
+   * (mega_attn_flash_shape), so attention_sizes must see it too. */
   mega_attn_dropout drop;
 } mega_attn_dims;
 
-/* Whether attention of d's shape rounds as flash attention under --bf16
+/* Whether attention of d rounds as flash attention under --bf16
  * (set_bf16): head sizes the flash kernels have (64, 128), T > hs (their
- * statistics then fit where the probabilities would be) and strides their
- * 16-byte loads take. Both backends decide with it, on the shape alone. */
+ * statistics then fit where the probabilities would be), strides their
+ * 16-byte loads take, and no attention dropout (neither the flash kernels
+ * nor cuDNN draw its mask: the cuda backend runs fp32 batched GEMMs for
+ * it, so the cpu backend stays fp32 too). Both backends decide with it, on
+ * the dims alone. */
 static inline bool mega_attn_flash_shape(const mega_attn_dims *d) {
-  return (d->hs == 64 || d->hs == 128) && d->T > d->hs && d->ldq % 8 == 0 && d->ldkv % 8 == 0;
+  return (d->hs == 64 || d->hs == 128) && d->T > d->hs && d->ldq % 8 == 0 &&
+         d->ldkv % 8 == 0 && d->drop.scale == 0.0f;
 }
 
 /* Floats from an attention view's first element to its last: B*T rows of
@@ -217,8 +221,9 @@ typedef struct mega_backend_ops {
    * With d->drop, out is (P * mask * scale) v and att keeps P undropped;
    * the backward draws the same mask again. */
   /* Floats att and scratch must hold for d's shape under the backend's
-   * settings now (size them after set_bf16, and pass them in d->att_cap
-   * and d->scratch_cap): the full sizes above, or less where the backend
+   * settings now (size them after set_bf16, on dims that carry the
+   * dropout mask when the calls will, and pass them in d->att_cap and
+   * d->scratch_cap): the full sizes above, or less where the backend
    * keeps less (the cuda backend's flash attention: the rows' log-sum-exp
    * and a copy of out in att, B*NH*T floats of scratch). NULL: the full
    * sizes; mega_attention_sizes says either. */

@@ -19,7 +19,9 @@
  * Attention dropout (d->drop): the probabilities that multiply v are
  * a * mask * scale (kernels/dropout.h), a itself stays undropped in att
  * for the backward, which draws the same mask for dv and for the
- * probabilities' gradient. */
+ * probabilities' gradient. The cuda backend runs it as fp32 batched GEMMs
+ * (attn_gemm.c) with the same bits, so under --bf16 it stays fp32 here too
+ * (mega_attn_flash_shape). */
 #include <math.h>
 #include <string.h>
 

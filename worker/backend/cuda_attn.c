@@ -1,7 +1,10 @@
 /* The cuda backend's attention (backend.h's attention ops): cuBLAS's
  * batched GEMMs around the softmax kernels (attn_gemm.c), or under --bf16
  * cuDNN's fused attention (cuda_sdpa.c) or else the flash kernels
- * (kernels/flash_mma.cu), on bf16 copies of q, k, v and dO. Part of cuda.c's backend; its state and helpers are cuda_impl.h's. */
+ * (kernels/flash_mma.cu), on bf16 copies of q, k, v and dO. Attention
+ * dropout runs only the batched GEMMs, its mask drawn by the kernel body
+ * the cpu backend's bits come from (gpt_bodies.h's mega_kb_attn_dropout).
+ * Part of cuda.c's backend; its state and helpers are cuda_impl.h's. */
 #include <stdio.h>
 
 #include "kernels/launch.h"
@@ -24,15 +27,24 @@ static void cu_softmax_bwd(mega_backend *be, float *da, const float *att, int64_
   note(be, mega_cu_causal_softmax_bwd(S(be), da, att, rows, T, scale), "softmax backward");
 }
 
-static const mega_attn_softmax cu_sm = {.forward = cu_softmax, .backward = cu_softmax_bwd};
+static void cu_dropout(mega_backend *be, float *dst, const float *src, const mega_attn_dims *d) {
+  note(be, mega_cu_attn_dropout(S(be), dst, src, (int64_t)d->B * d->NH * d->T, d->NH, d->T,
+                                &d->drop),
+       "attention dropout");
+}
+
+static const mega_attn_softmax cu_sm = {
+    .forward = cu_softmax, .backward = cu_softmax_bwd, .dropout = cu_dropout};
 
 /* Under --bf16, for head sizes flash_mma.cu supports, T > hs and strides
  * its 16-byte loads can take (multiples of 8), attention is cuDNN's where
  * it takes the shape (cuda_sdpa.c), else the flash kernels: att then holds
  * the rows' log-sum-exp [B*NH*T] and a copy of the output [B*T, NH*hs]
  * (fp32 from flash, bf16 from cuDNN; they fit in [B,NH,T,T] when T > hs),
- * not the probabilities. Otherwise the batched GEMMs. The forward and the
- * backward decide alike: on the shapes (and att's alignment) only. */
+ * not the probabilities. Otherwise, and always with attention dropout
+ * (neither cuDNN nor the flash kernels draw mega's mask), the batched
+ * GEMMs. The forward and the backward decide alike: on the dims only
+ * (mega_attn_flash_shape). */
 static bool use_flash(mega_backend *be, const mega_attn_dims *d) {
   return impl_of(be)->bf16 && mega_attn_flash_shape(d) && mega_cu_flash_supported(d->hs);
 }
@@ -94,20 +106,23 @@ void mega_cu__attention_sizes(mega_backend *be, const mega_attn_dims *d, size_t 
 }
 
 /* Buffers sized for flash attention when the batched GEMMs run (set_bf16
- * turned off after sizing) would be overrun: refuse. */
+ * turned off after sizing, or dims sized without the dropout mask they now
+ * carry) would be overrun: refuse, so no path runs without the mask. */
 static bool attn_fits(mega_backend *be, const mega_attn_dims *d) {
   size_t att, scratch;
   mega_cu__attention_sizes(be, d, &att, &scratch);
-  bool drop = d->drop.scale != 0.0f; /* no kernel here draws the mask (backend.h) */
-  if (!drop && (!d->att_cap || d->att_cap >= att) && (!d->scratch_cap || d->scratch_cap >= scratch))
+  if ((!d->att_cap || d->att_cap >= att) && (!d->scratch_cap || d->scratch_cap >= scratch))
     return true;
   cuda_impl *c = impl_of(be);
   if (c->sticky == MEGA_OK) {
     c->sticky = MEGA_ERR_INVALID;
-    if (drop)
+    if (d->drop.scale != 0.0f)
       snprintf(c->why, sizeof c->why,
-               "cuda backend: --attention-dropout is refused here, as its attention kernels "
-               "draw no dropout mask; use the cpu backend or --attention-dropout 0");
+               "cuda backend: attention dropout runs the batched GEMMs (the flash kernels and "
+               "cuDNN draw no dropout mask), which need %zu and %zu floats of att and scratch; "
+               "the caller has %zu and %zu: size them with attention_sizes on dims that carry "
+               "the mask",
+               att, scratch, d->att_cap, d->scratch_cap);
     else
       snprintf(c->why, sizeof c->why,
                "cuda backend: attention needs %zu and %zu floats of att and scratch, the "
@@ -135,7 +150,7 @@ void mega_cu__attention_forward(mega_backend *be, float *out, float *att, float 
   attn_wrote(be, att, scratch, d);
   if (!attn_fits(be, d)) return;
   if (!use_flash(be, d)) {
-    mega_attn_gemm_forward(be, &cu_sm, out, att, q, k, v, d);
+    mega_attn_gemm_forward(be, &cu_sm, out, att, scratch, q, k, v, d);
     return;
   }
   if (!attn_bf16(be, q, k, v, NULL, d, &h)) return;
