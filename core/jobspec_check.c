@@ -412,13 +412,6 @@ static mega_status check_parallel(const mega_jobspec *s, mega_err *err) {
 /* The flags that restate what mega does: any other value is refused with
  * the reason. */
 static mega_status check_restated(const mega_jobspec *s, mega_err *err) {
-  /* not a restatement, but a limit of the same kind: the cuda backend's
-   * attention kernels draw no masks (worker/model/gpt.h) */
-  if (s->attention_dropout > 0 && s->backend == MEGA_JOB_BACKEND_CUDA)
-    return BAD("--attention-dropout %g needs the cpu backend: the cuda backend's attention "
-               "kernels do not apply attention dropout yet; pass --backend cpu (auto picks "
-               "it) or --attention-dropout 0",
-               s->attention_dropout);
   if (s->context_parallel_size != 1)
     return BAD("--context-parallel-size %d: mega has no context parallelism, so it takes only 1",
                s->context_parallel_size);

@@ -109,9 +109,10 @@ const flagdef mega_jf_table[] = {
         "self-attention before it multiplies V, kept ones scaled by 1/(1-P): Megatron's "
         "site. Evaluation and generation run without. The mask is a function of --seed, the "
         "sample's place in the training order, the layer, the head, the query and the key "
-        "position, so it is the same under every parallel layout and after a resume. The "
-        "cpu backend only (--backend cuda refuses it; auto picks cpu). Megatron's default is "
-        "0.1 (a script that leaves it out trains with it there, without here)."),
+        "position, so it is the same under every parallel layout, after a resume and on "
+        "either backend (on cuda it runs attention as batched GEMMs, not flash attention, "
+        "even under --bf16). Megatron's default is 0.1 (a script that leaves it out trains "
+        "with it there, without here)."),
     FLT("--hidden-dropout", hidden_dropout, "model", 0.0, "0", false, 0, 1, false, true,
         "The probability, in [0, 1), that training drops an element of the embeddings' output "
         "and of each attention and MLP output (with its bias, before the residual add), kept "

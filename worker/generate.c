@@ -62,6 +62,9 @@ mega_status mega_gen_load(const char *load_dir, mega_backend *be, mega_gen_model
     return mega_fail(err, MEGA_ERR_INVALID, "--load %s holds no checkpoint to generate from",
                      load_dir);
   if (st == MEGA_OK) st = mega_ckpt_read_config(m->path, &m->cfg, err);
+  /* generation never drops: sized without attention dropout's mask, the
+   * cuda backend's attention keeps flash's small buffers under --bf16 */
+  m->cfg.hidden_dropout = m->cfg.attention_dropout = 0;
   if (st == MEGA_OK) st = read_tokenizer(m->path, m, err);
   mega_gpt_stage_desc whole = {.embedding = true, .loss = true, .num_layers = m->cfg.num_layers};
   if (st == MEGA_OK) st = mega_gpt_stage_create(be, &m->cfg, &whole, &m->stage, err);

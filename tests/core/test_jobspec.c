@@ -474,11 +474,11 @@ static void test_model_flags(void **state) {
   expect_check_error(ARGV(LLAMA, "--ffn-hidden-size", "128", "--num-query-groups", "2"), 1, -1,
                      "--num-query-groups needs --group-query-attention");
   /* what restates mega takes only mega's value */
-  /* attention dropout works too, on the cpu backend */
+  /* attention dropout works too, on either backend */
   expect_check_ok(ARGV("--attention-dropout", "0.1"), 1, -1);
   expect_check_ok(ARGV("--attention-dropout", "0.1", "--backend", "cpu"), 1, -1);
-  expect_check_error(ARGV("--attention-dropout", "0.1", "--backend", "cuda"), 1, -1,
-                     "invalid job: --attention-dropout 0.1 needs the cpu backend");
+  expect_check_ok(ARGV("--attention-dropout", "0.1", "--backend", "cuda"), 1, -1);
+  expect_check_ok(ARGV("--attention-dropout", "0.1", "--backend", "cuda", "--bf16"), 1, -1);
   expect_parse_error(ARGV("--attention-dropout", "1"), MEGA_ERR_INVALID,
                      "--attention-dropout must be less than 1 (got 1)");
   /* hidden dropout works, at a probability in [0, 1) */

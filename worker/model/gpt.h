@@ -39,8 +39,8 @@
  * before they multiply V, also in training forwards only, its mask a
  * function of the seed, the sample, the layer, the head (in the model's
  * numbering, so a TP head split draws the same), the query and the key
- * position; the cpu backend only (the cuda backend's attention fails a
- * training forward with it). Weights use Hugging Face names and
+ * position; the same mask on both backends (the cuda backend's batched
+ * GEMMs, not flash attention, run it). Weights use Hugging Face names and
  * layouts, so a checkpoint is a plain copy.
  *
  * A stage holds a contiguous run of layers, plus the embedding (wte, and

@@ -224,6 +224,11 @@ mega_status mega_gpt_acts_create(mega_gpt_stage *s, int B, int T, mega_gpt_acts 
   a->T = T;
   a->R = mega_gpt_stream_rows(s, B, T);
   mega_attn_dims ad = gpt_attn_dims(s, B, T);
+  /* a training forward's dims carry attention dropout's mask, which takes
+   * the cuda backend's batched GEMMs even under --bf16: size for those
+   * (evaluation, without the mask, never needs more) */
+  if (s->cfg.attention_dropout > 0)
+    ad.drop = mega_attn_dropout_of(s->cfg.attention_dropout, 0, 0, 0);
   mega_attention_sizes(s->be, &ad, &a->att_floats, &a->att_scratch_floats);
   carver cv = {0}, sc = {0};
   layout(a, &cv, &sc);

@@ -76,7 +76,8 @@ struct mega_gpt_acts {
   float *datty;                     /* [N,Ql] scratch: attention output grad */
   float *att_scratch;               /* att_scratch_floats */
   /* what attention needs in att and att_scratch (mega_attention_sizes,
-   * asked once the backend's --bf16 is set) */
+   * asked once the backend's --bf16 is set, with attention dropout's mask
+   * when the model trains with it) */
   size_t att_floats, att_scratch_floats;
   float *partial;                   /* [N,C] scratch: a row-parallel result
                                        before its reduce-scatter (sequence

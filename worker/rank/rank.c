@@ -200,20 +200,13 @@ static mega_status ensure_batch(mega_rank *r, int64_t it, mega_err *err) {
 
 /* --backend: cuda through its module on the rank's device (the
  * assignment's, else its local rank); auto takes cuda for a single rank
- * where a GPU's device files are, and says why when it falls back, as it
- * does to cpu for --attention-dropout (the cuda backend has none). */
+ * where a GPU's device files are, and says why when it falls back. */
 static mega_status pick_backend(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   int kind = j->backend;
   bool gpu = access("/dev/nvidiactl", F_OK) == 0;
   if (kind == MEGA_JOB_BACKEND_AUTO)
     kind = gpu && r->env.world_size == 1 ? MEGA_JOB_BACKEND_CUDA : MEGA_JOB_BACKEND_CPU;
-  if (kind == MEGA_JOB_BACKEND_CUDA && j->backend == MEGA_JOB_BACKEND_AUTO &&
-      j->attention_dropout > 0) {
-    fprintf(stderr, "megaw: rank %d: --backend auto: using cpu (--attention-dropout runs on "
-            "the cpu backend only)\n", r->env.rank);
-    kind = MEGA_JOB_BACKEND_CPU;
-  }
   if (kind == MEGA_JOB_BACKEND_CUDA) {
     int dev = r->env.device >= 0 ? r->env.device : r->env.local_rank;
     mega_err why = {0};
