@@ -4,6 +4,7 @@
 #ifndef MEGA_TESTS_GPU_CUDA_CHECK_H
 #define MEGA_TESTS_GPU_CUDA_CHECK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "worker/backend/backend.h"
@@ -40,5 +41,14 @@ void test_bf16_kept_copies(void);
 void test_bf16_producers(void);
 void test_matmul_gelu(void);
 void test_bias_grad_epilogue(const mega_cuda_module *m);
+
+/* test_cuda_backend.c: attention refuses buffers sized for flash
+ * attention when the batched GEMMs must run (without --bf16, or with drop
+ * a dropout mask), with want in its reason. */
+void attention_sizes_guard(const mega_cuda_module *m, bool drop, const char *want);
+
+/* test_cuda_dropout.c: attention with dropout against the cpu backend,
+ * fp32 and --bf16, and the refusal of buffers sized without the mask. */
+void test_attention_dropout(const mega_cuda_module *m);
 
 #endif

@@ -13,8 +13,12 @@ the two-rank layouts without two GPUs (NCCL takes one GPU per rank).
   llama   one rank of pipeline_check.py's Llama (RMSNorm, SwiGLU, RoPE and
           grouped-query attention kernels, untied head)
   llama-tp2  the Llama at TP=2: query groups split, collectives over NCCL
+  dropout    one rank with --attention-dropout 0.1: the same masks as the cpu
+  dropout-bf16  the same under --bf16 with 64-wide heads and T 72, a shape
+          flash attention takes without the mask: the batched GEMMs, in
+          buffers the model sized for them
 
-usage: cuda_training.py MEGAW [single|pp2|dp2|bf16|llama|llama-tp2]
+usage: cuda_training.py MEGAW [single|pp2|dp2|bf16|llama|llama-tp2|dropout|dropout-bf16]
 """
 import os
 import shutil
@@ -34,8 +38,16 @@ MODES = {
     "bf16": (1, ["--bf16"]),
     "llama": (1, []),
     "llama-tp2": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+    "dropout": (1, ["--attention-dropout", "0.1"]),
+    "dropout-bf16": (1, ["--attention-dropout", "0.1", "--bf16"]),
 }
-RTOL = {"bf16": 1e-3}
+RTOL = {"bf16": 1e-3, "dropout-bf16": 1e-3}
+
+
+def flash_shaped(model):
+    """model with 2 heads of 64 and T 72: a flash shape (worker/backend/backend.h)."""
+    widths = {"--hidden-size": "128", "--num-attention-heads": "2", "--seq-length": "72"}
+    return [widths.get(model[i - 1], a) if i else a for i, a in enumerate(model)]
 
 
 def devices():
@@ -59,6 +71,8 @@ def main():
         data = os.path.join(tmp, "data.txt")
         ranks.write_data(data)
         model = pc.LLAMA + pc.UNTIE if mode.startswith("llama") else ranks.MODEL
+        if mode == "dropout-bf16":
+            model = flash_shaped(model)
         args = model + ["--train-iters", str(ranks.ITERS), "--data-path", data] + extra
         res = ranks.launch(megaw, world, args + ["--backend", "cuda"], tmp, timeout=240)
         why = [err.strip() for rc, _, err in res if rc != 0]

@@ -186,7 +186,8 @@ def step_suite(k):
     gpu_tests = os.path.join(k.bundle, "tests", "gpu")
     progs = [("test_cuda_backend", [os.path.join(k.bin, "test_cuda_backend")], 150),
              ("test_nccl", [os.path.join(k.bin, "test_nccl")], 45)]
-    for mode in ("single", "bf16", "pp2", "dp2", "llama", "llama-tp2"):
+    for mode in ("single", "bf16", "pp2", "dp2", "llama", "llama-tp2", "dropout",
+                 "dropout-bf16"):
         progs.append(("cuda_training_" + mode, [py, os.path.join(gpu_tests, "cuda_training.py"),
                                                 os.path.join(k.bin, "megaw"), mode], 120))
     for name, cmd, timeout in progs:

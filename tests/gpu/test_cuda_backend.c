@@ -5,10 +5,10 @@
  * many ranges in one launch and the posted sums too, bit for bit against
  * the per-range ops), and under --bf16 the flash attention and cuDNN's
  * fused attention. The classifier and the column sums are
- * test_cuda_sums.c's, the other --bf16 checks test_cuda_bf16.c's; one
- * program runs them all. Needs a GPU: without one (or
- * without the module) it says why and exits 77, which meson counts as
- * skipped. */
+ * test_cuda_sums.c's, the other --bf16 checks test_cuda_bf16.c's,
+ * attention dropout test_cuda_dropout.c's; one program runs them all.
+ * Needs a GPU: without one (or without the module) it says why and exits
+ * 77, which meson counts as skipped. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -546,10 +546,12 @@ static void flash_case(mega_backend *be, const char *path, int B_, int T_, int N
   free(x), free(dy), free(att), free(scr), free(y), free(g);
 }
 
-/* Buffers sized for flash attention, then --bf16 turned off: the batched
- * GEMMs would overrun them, so the op refuses and the next synchronize
- * says why (on a backend of its own: the failure sticks). */
-static void test_attention_sizes_guard(const mega_cuda_module *m) {
+/* Buffers sized for flash attention under --bf16, then a call the batched
+ * GEMMs must run: --bf16 turned off, or with drop dims that carry attention
+ * dropout's mask. The GEMMs would overrun them, so the op refuses and the
+ * next synchronize says why, want in its words (on a backend of its own:
+ * the failure sticks). */
+void attention_sizes_guard(const mega_cuda_module *m, bool drop, const char *want) {
   mega_err err = {0};
   mega_backend *be;
   if (m->backend_create(0, &be, &err)) {
@@ -562,7 +564,10 @@ static void test_attention_sizes_guard(const mega_cuda_module *m) {
   be->ops->attention_sizes(be, &ad, &full_att, &full_scr);
   be->ops->set_bf16(be, true, &err);
   be->ops->attention_sizes(be, &ad, &ad.att_cap, &ad.scratch_cap);
-  be->ops->set_bf16(be, false, &err);
+  if (drop)
+    ad.drop = mega_attn_dropout_of(0.1, mega_dropout_key(5, 0, MEGA_DROP_ATTN_PROBS), 0, 0);
+  else
+    be->ops->set_bf16(be, false, &err);
   size_t nq = (size_t)ad.T * 128;
   float *q = NULL, *o = NULL, *att = NULL, *scr = NULL;
   if (be->ops->alloc(be, nq * 4, (void **)&q, &err) ||
@@ -571,59 +576,21 @@ static void test_attention_sizes_guard(const mega_cuda_module *m) {
       be->ops->alloc(be, ad.scratch_cap * 4, (void **)&scr, &err)) {
     printf("FAIL alloc: %s\n", err.msg);
     failures++;
+    mega_backend_destroy(be);
     return;
   }
   be->ops->attention_forward(be, o, att, scr, q, q, q, &ad);
   mega_status st = be->ops->synchronize(be, &err);
+  const char *what = drop ? "with a mask" : "without --bf16";
   if (full_att != (size_t)ad.T * ad.T * 2 || ad.att_cap >= full_att || st == MEGA_OK ||
-      !strstr(err.msg, "attention_sizes")) {
-    printf("FAIL attention sizes guard: full %zu, flash %zu, status %d: %s\n", full_att,
-           ad.att_cap, (int)st, err.msg);
+      !strstr(err.msg, want)) {
+    printf("FAIL attention sizes guard %s: full %zu, flash %zu, status %d: %s\n", what,
+           full_att, ad.att_cap, (int)st, err.msg);
     failures++;
   } else {
-    printf("ok   attention refuses buffers sized for flash attention\n");
+    printf("ok   attention %s refuses buffers sized for flash attention\n", what);
   }
   mega_backend_destroy(be);
-}
-
-/* Attention dropout is the cpu backend's only (backend.h): an op given a
- * mask fails with the reason instead of training without it, on a
- * backend of its own (the failure sticks), with and without --bf16. */
-static void test_attention_dropout_refused(const mega_cuda_module *m) {
-  for (int bf16 = 0; bf16 < 2; bf16++) {
-    mega_err err = {0};
-    mega_backend *be;
-    if (m->backend_create(0, &be, &err)) {
-      printf("FAIL creating a backend: %s\n", err.msg);
-      failures++;
-      return;
-    }
-    be->ops->set_bf16(be, bf16, &err);
-    mega_attn_dims ad = {.B = 1, .T = 128, .NH = 2, .G = 2, .hs = 64, .ldq = 128, .ldkv = 128};
-    ad.drop = mega_attn_dropout_of(0.1, mega_dropout_key(5, 0, MEGA_DROP_ATTN_PROBS), 0, 0);
-    size_t nq = (size_t)ad.T * 128, na, ns;
-    mega_attention_sizes(be, &ad, &na, &ns);
-    float *q = NULL, *o = NULL, *att = NULL, *scr = NULL;
-    if (be->ops->alloc(be, nq * 4, (void **)&q, &err) ||
-        be->ops->alloc(be, nq * 4, (void **)&o, &err) ||
-        be->ops->alloc(be, na * 4, (void **)&att, &err) ||
-        be->ops->alloc(be, ns * 4, (void **)&scr, &err)) {
-      printf("FAIL alloc: %s\n", err.msg);
-      failures++;
-      mega_backend_destroy(be);
-      return;
-    }
-    be->ops->attention_forward(be, o, att, scr, q, q, q, &ad);
-    mega_status st = be->ops->synchronize(be, &err);
-    if (st == MEGA_OK || !strstr(err.msg, "--attention-dropout is refused here")) {
-      printf("FAIL attention dropout on cuda%s: status %d: %s\n", bf16 ? " (bf16)" : "",
-             (int)st, err.msg);
-      failures++;
-    } else {
-      printf("ok   attention dropout refused on cuda%s\n", bf16 ? " (bf16)" : "");
-    }
-    mega_backend_destroy(be);
-  }
 }
 
 static void test_flash_attention(void) {
@@ -704,8 +671,8 @@ int main(void) {
   test_bias_grad_epilogue(m);
   test_flash_attention();
   test_cudnn_attention(m);
-  test_attention_sizes_guard(m);
-  test_attention_dropout_refused(m);
+  attention_sizes_guard(m, false, "size them with attention_sizes after set_bf16");
+  test_attention_dropout(m);
   printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
   /* buffers are left to the process's end: the device goes with it */
   return failures ? 1 : 0;
