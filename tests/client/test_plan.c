@@ -1,135 +1,18 @@
-/* megactl plan, run as a user runs it: the built binary (argv[1]) in a child
- * process, its stdout and stderr captured in files. */
+/* megactl plan, run as a user runs it (plan_run.h): the JSON's closed
+ * forms, the seed tables, the text form read back, the trace, 80 columns,
+ * the errors, a job's whole flag set and --help. The gradient reductions
+ * are in test_plan_grad_sync.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
-#include <signal.h>
-#include <spawn.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <jansson.h>
-
-extern char **environ;
-
-static const char *megactl;
-static char tmpdir[] = "/tmp/mega-test-plan-XXXXXX";
-
-typedef struct result {
-  int status; /* exit status */
-  char *out, *err;
-} result;
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *m = open_memstream(&buf, &len);
-  char chunk[8192];
-  size_t n;
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, n, m);
-  fclose(m);
-  fclose(f);
-  return buf;
-}
-
-static void spit(const char *path, const char *text) {
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
-static char *tmp_path(const char *name) {
-  static char buf[4][512];
-  static int k;
-  char *p = buf[k++ % 4];
-  snprintf(p, 512, "%s/%s", tmpdir, name);
-  return p;
-}
-
-/* Runs `megactl plan ARGS...` (NULL-terminated). */
-static result plan(const char *first, ...) {
-  const char *argv[64] = {megactl, "plan"};
-  int argc = 2;
-  va_list ap;
-  va_start(ap, first);
-  for (const char *a = first; a; a = va_arg(ap, const char *)) {
-    assert_true(argc < 63);
-    argv[argc++] = a;
-  }
-  va_end(ap);
-  argv[argc] = NULL;
-
-  char out_path[512], err_path[512];
-  snprintf(out_path, sizeof out_path, "%s/stdout", tmpdir);
-  snprintf(err_path, sizeof err_path, "%s/stderr", tmpdir);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  pid_t pid;
-  int rc = posix_spawn(&pid, megactl, &fa, NULL, (char *const *)argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  assert_int_equal(rc, 0);
-  int ws;
-  /* bounded: a plan that spins (as one did on a makespan of inf) fails here */
-  pid_t got = 0;
-  for (int ms = 0; ms < 60000 && (got = waitpid(pid, &ws, WNOHANG)) == 0; ms += 10) usleep(10000);
-  if (got == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &ws, 0);
-    char words[1024] = "";
-    for (int i = 2; i < argc; i++)
-      snprintf(words + strlen(words), sizeof words - strlen(words), " %s", argv[i]);
-    fail_msg("megactl plan%s did not finish in 60 s", words);
-  }
-  assert_int_equal(got, pid);
-  if (!WIFEXITED(ws)) fail_msg("megactl plan died with signal %d", WTERMSIG(ws));
-  result r = {WEXITSTATUS(ws), slurp(out_path), slurp(err_path)};
-  return r;
-}
-
-static void result_free(result *r);
-
-/* r is a usage error (status 2) whose message says why; frees it. */
-static void refused(result r, const char *why) {
-  assert_int_equal(r.status, 2);
-  if (!strstr(r.err, why)) fail_msg("'%s' is not in: %s", why, r.err);
-  result_free(&r);
-}
-
-static void result_free(result *r) {
-  free(r->out);
-  free(r->err);
-}
-
-static json_t *parse_json(const char *text) {
-  json_error_t e;
-  json_t *j = json_loads(text, 0, &e);
-  if (!j) fail_msg("not JSON (%s, line %d): %.200s", e.text, e.line, text);
-  return j;
-}
-
-static double num(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_number(v)) fail_msg("field '%s' is not a number", key);
-  return json_number_value(v);
-}
-
-static void ok_json(result *r, json_t **out) {
-  if (r->status != 0) fail_msg("exit %d: %s", r->status, r->err);
-  assert_string_equal(r->err, "");
-  *out = parse_json(r->out);
-}
+#include "plan_run.h"
 
 /* 1F1B, P=4, M=8, T_f = T_b = 1: makespan (M+P-1)(T_f+T_b) = 22, bubble
  * (P-1)/(M+P-1) = 3/11 on every rank, Megatron's warmup P-rank-1. */
@@ -372,185 +255,6 @@ static void text_fits_80_columns(void **state) {
   result_free(&r);
 }
 
-/* Seed 003 in the plan: GS/GW placed by the flags, the reduction drawn on
- * a row of its own, the exposed part predicted. */
-static void grad_sync(void **state) {
-  (void)state;
-  result r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-                  "--overlap-grad-reduce", "--format", "schedule", NULL);
-  assert_int_equal(r.status, 0);
-  assert_non_null(strstr(r.out, "0: F0.0 SF0.0 F1.0 SF1.0 RB0.0 B0.0 RB1.0 B1.0 GS0.0 GW0.0\n"));
-  assert_non_null(strstr(r.out, "1: RF0.0 F0.0 B0.0 SB0.0 RF1.0 F1.0 B1.0 GS0.0 SB1.0 GW0.0\n"));
-  result_free(&r);
-  /* 1F1B P=2 M=2: rank 0's work ends at 6; a reduction of 1 in 4 buckets,
-   * 3 of them launched during its last backward, leaves 0.25 exposed; rank
-   * 1's ends in the drain (its norm does not wait for the tied sum). */
-  json_t *j;
-  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-           "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-buckets", "4", "--format",
-           "json", NULL);
-  ok_json(&r, &j);
-  assert_true(fabs(num(j, "grad_sync_exposed") - 0.125) < 1e-9);
-  assert_true(fabs(num(j, "makespan") - 6.25) < 1e-9);
-  json_t *r0 = json_array_get(json_object_get(j, "ranks"), 0);
-  assert_true(fabs(num(r0, "grad_sync_exposed") - 0.25) < 1e-9);
-  json_decref(j);
-  result_free(&r);
-  /* Two stages' reductions at once on one lane run at half speed: more
-   * of rank 0's is exposed than on links of its own. */
-  double own = 0;
-  for (int shared = 0; shared < 2; shared++) {
-    const char *lanes = shared ? "--grad-sync-lanes=1" : "--grad-buckets=4";
-    r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-             "--overlap-grad-reduce", "--t-grad-sync", "4", "--grad-buckets", "4", "--format",
-             "json", lanes, NULL);
-    ok_json(&r, &j);
-    json_t *cost = json_object_get(j, "cost");
-    assert_true(fabs(num(cost, "grad_sync_lanes") - shared) < 1e-9);
-    double e = num(json_array_get(json_object_get(j, "ranks"), 0), "grad_sync_exposed");
-    if (!shared) own = e;
-    else assert_true(e > own + 0.5);
-    json_decref(j);
-    result_free(&r);
-  }
-  refused(plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-               "--grad-sync-lanes", "0.5", NULL),
-          "under 1");
-  /* after the schedule: all of it exposed on rank 0, none on rank 1 */
-  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", "--t-grad-sync", "1",
-           "--format", "json", NULL);
-  ok_json(&r, &j);
-  assert_true(fabs(num(j, "grad_sync_exposed") - 0.5) < 1e-9);
-  json_decref(j);
-  result_free(&r);
-  /* a latency per collective: rank 0's one bucket, 0.25 on top (the tied
-   * embedding's sum is in its bucket; core/sim's test has the cases) */
-  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", "--t-grad-sync", "1",
-           "--grad-sync-latency", "0.25", "--format", "json", NULL);
-  ok_json(&r, &j);
-  assert_true(fabs(num(json_object_get(j, "cost"), "grad_sync_latency") - 0.25) < 1e-9);
-  assert_true(fabs(num(json_array_get(json_object_get(j, "ranks"), 0), "grad_sync_exposed") -
-                   1.25) < 1e-9);
-  json_decref(j);
-  result_free(&r);
-  /* the engine's bucket sizes: 3:1 exposes rank 0's last quarter after
-   * what is left of its first (0.75; core/sim's test has the cases) */
-  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-           "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-bucket-sizes", "3000,1000",
-           "--format", "json", NULL);
-  ok_json(&r, &j);
-  json_t *cost = json_object_get(j, "cost");
-  assert_int_equal(json_integer_value(json_object_get(cost, "grad_buckets")), 2);
-  assert_true(fabs(json_real_value(json_array_get(json_object_get(cost, "grad_bucket_sizes"), 1)) -
-                   1000) < 1e-9);
-  assert_true(
-      fabs(num(json_array_get(json_object_get(j, "ranks"), 0), "grad_sync_exposed") - 0.75) < 1e-9);
-  json_decref(j);
-  result_free(&r);
-  const char *bad[][2] = {{"1,,2", "not a list of sizes"},
-                          {"1,-2", "not a list of sizes"},
-                          {"0,0", "adds up to nothing"}};
-  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-    refused(
-        plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-             "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-bucket-sizes", bad[k][0], NULL),
-        bad[k][1]);
-  }
-  refused(plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-               "--overlap-grad-reduce", "--t-grad-sync", "1", "--grad-bucket-sizes", "1,2",
-               "--grad-buckets", "3", NULL),
-          "disagree");
-  /* sharing as measured: {1, 2} is one lane's; {1, 1.5} slows two at once
-   * less (core/sim's test has the cases); given with lanes, refused */
-  const char *slow[][2] = {{"1,2", "2.75"}, {"1,1.5", "2.25"}};
-  for (size_t k = 0; k < 2; k++) {
-    r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-             "--overlap-grad-reduce", "--t-grad-sync", "2", "--grad-bucket-sizes", "3,1",
-             "--grad-sync-slowdown", slow[k][0], "--format", "json", NULL);
-    ok_json(&r, &j);
-    assert_int_equal(
-        json_array_size(json_object_get(json_object_get(j, "cost"), "grad_sync_slowdown")), 2);
-    assert_true(fabs(num(json_array_get(json_object_get(j, "ranks"), 0), "grad_sync_exposed") -
-                     atof(slow[k][1])) < 1e-9);
-    json_decref(j);
-    result_free(&r);
-  }
-  refused(
-      plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-           "--overlap-grad-reduce", "--t-grad-sync", "2", "--grad-sync-slowdown", "1,0.5", NULL),
-      "not a list of slowdowns");
-  refused(plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-               "--overlap-grad-reduce", "--t-grad-sync", "2", "--grad-sync-slowdown", "1,2",
-               "--grad-sync-lanes", "2", NULL),
-          "give one of them");
-  refused(plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-               "--grad-bucket-sizes", "1,2", NULL),
-          "divides the gradient reductions");
-  /* with no reduction in the schedule it would cost nothing: refused */
-  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-           "--grad-sync-latency", "0.25", NULL);
-  assert_int_equal(r.status, 2);
-  assert_non_null(strstr(r.err, "give --t-grad-sync or --overlap-grad-reduce"));
-  result_free(&r);
-  /* so is every other flag of the reductions: each once changed nothing */
-  const char *idle[][2] = {{"--grad-buckets", "4"}, {"--grad-sync-lanes", "2"},
-                           {"--grad-sync-slowdown", "1,2"}};
-  for (size_t k = 0; k < sizeof idle / sizeof idle[0]; k++) {
-    r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", idle[k][0],
-             idle[k][1], NULL);
-    assert_int_equal(r.status, 2);
-    assert_true(!strncmp(r.err + strlen("megactl plan: "), idle[k][0], strlen(idle[k][0])));
-    assert_non_null(strstr(r.err, "this schedule has none: give --t-grad-sync"));
-    result_free(&r);
-  }
-  /* a schedule file places its own reductions: the flags that would add
-   * them to a generated one cannot add them to a file without */
-  char *file = tmp_path("nosync.txt");
-  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2", "--format",
-           "schedule", "--output", file, NULL);
-  assert_int_equal(r.status, 0);
-  result_free(&r);
-  const char *placing[][2] = {{"--overlap-grad-reduce", NULL}, {"--t-grad-sync", "2"}};
-  for (size_t k = 0; k < sizeof placing / sizeof placing[0]; k++) {
-    r = plan("--schedule-file", file, placing[k][0], placing[k][1], NULL);
-    assert_int_equal(r.status, 2);
-    assert_non_null(strstr(r.err, placing[k][0]));
-    assert_non_null(strstr(r.err, "add GS and GW actions to the --schedule-file"));
-    result_free(&r);
-  }
-  r = plan("--pipeline-model-parallel-size", "4", "--num-microbatches", "8",
-           "--virtual-pipeline-model-parallel-size", "2", "--overlap-grad-reduce",
-           "--align-grad-reduce", "--t-grad-sync", "2", NULL);
-  assert_int_equal(r.status, 0);
-  assert_non_null(strstr(r.out, "\n    dp "));
-  assert_non_null(strstr(r.out, "="));
-  assert_non_null(strstr(r.out, "mean exposed grad sync "));
-  for (const char *line = r.out; *line;) {
-    const char *nl = strchr(line, '\n');
-    size_t len = nl ? (size_t)(nl - line) : strlen(line);
-    if (len > 80) fail_msg("a line of %zu columns: %.*s", len, (int)len, line);
-    line += len + (nl != NULL);
-  }
-  result_free(&r);
-  r = plan("--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-           "--align-grad-reduce", NULL);
-  assert_int_equal(r.status, 2);
-  assert_non_null(strstr(r.err, "--align-grad-reduce needs --overlap-grad-reduce"));
-  result_free(&r);
-}
-
-/* One readable line on stderr, nothing on stdout, and the exit status. */
-static void expect_error(result r, int status, const char *needle) {
-  if (r.status != status) fail_msg("exit %d, wanted %d: %s", r.status, status, r.err);
-  assert_string_equal(r.out, "");
-  assert_true(!strncmp(r.err, "megactl plan: ", 14));
-  if (!strstr(r.err, needle)) fail_msg("'%s' lacks '%s'", r.err, needle);
-  char *nl = strchr(r.err, '\n');
-  assert_non_null(nl);
-  assert_string_equal(nl + 1, "");
-  result_free(&r);
-}
-
 static void errors(void **state) {
   (void)state;
   expect_error(plan("--pipeline-model-parallel-size", "1", "--num-microbatches", "4",
@@ -688,32 +392,16 @@ static void help(void **state) {
   result_free(&r);
 }
 
-static int cleanup(void **state) {
-  (void)state;
-  const char *names[] = {"stdout", "stderr", "saved.txt", "trace.json", "bad.txt"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tmp_path(names[i]));
-  rmdir(tmpdir);
-  return 0;
-}
-
 int main(int argc, char **argv) {
-  if (argc < 2) {
-    fprintf(stderr, "usage: test_plan PATH-TO-MEGACTL\n");
-    return 1;
-  }
-  megactl = argv[1];
-  if (!mkdtemp(tmpdir)) {
-    perror("mkdtemp");
-    return 1;
-  }
-  setenv("COLUMNS", "80", 1);
+  if (plan_init(argc, argv)) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(json_1f1b_closed_forms), cmocka_unit_test(json_interleaved),
       cmocka_unit_test(json_reductions),
       cmocka_unit_test(seed_schedule_table),    cmocka_unit_test(text_form_round_trip),
       cmocka_unit_test(trace_parses),           cmocka_unit_test(text_fits_80_columns),
       cmocka_unit_test(errors),                 cmocka_unit_test(help),
-      cmocka_unit_test(grad_sync),              cmocka_unit_test(job_flags),
+      cmocka_unit_test(job_flags),
   };
-  return cmocka_run_group_tests(tests, NULL, cleanup);
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  return failed + plan_cleanup();
 }
