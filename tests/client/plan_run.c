@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -34,11 +36,19 @@ int plan_init(int argc, char **argv) {
   return 0;
 }
 
+/* Every file a test left in the directory goes with it. */
 int plan_cleanup(void) {
-  const char *names[] = {"stdout", "stderr", "saved.txt", "trace.json", "bad.txt"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tmp_path(names[i]));
-  rmdir(tmpdir);
-  return 0;
+  DIR *d = opendir(tmpdir);
+  if (!d) {
+    fprintf(stderr, "cannot open %s: %s\n", tmpdir, strerror(errno));
+    return 1;
+  }
+  for (struct dirent *e; (e = readdir(d));)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlink(tmp_path(e->d_name));
+  closedir(d);
+  if (rmdir(tmpdir) == 0) return 0;
+  fprintf(stderr, "cannot remove %s: %s\n", tmpdir, strerror(errno));
+  return 1;
 }
 
 char *slurp(const char *path) {

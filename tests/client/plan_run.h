@@ -10,7 +10,8 @@
 /* Takes megactl's path from argv[1], makes the temporary directory and
  * sets COLUMNS to 80; nonzero (with why on stderr) if it cannot. */
 int plan_init(int argc, char **argv);
-/* Removes the directory and the files the tests write; 0. */
+/* Removes the directory and all in it: 0, or 1 (with why on stderr) if it
+ * cannot, which fails the test (a test run leaves nothing in /tmp). */
 int plan_cleanup(void);
 
 typedef struct result {
