@@ -1,7 +1,7 @@
 /* The cpu backend's ops against plain double-precision loops, at sizes that
- * exercise the tiled and edge paths (attention at T = 150 and 75, head
- * sizes 8 and 64, grouped-query attention, Llama's kernels), and the shared
- * element math against libm. */
+ * exercise the tiled and edge paths (Llama's kernels, the layernorm, GELU,
+ * cross-entropy and encoder, GEMMs), and the shared element math against
+ * libm; at one and three threads. Attention is in test_cpu_attention.c. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,50 +10,10 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "cpu_ops_fixture.h"
 #include "gpt_fixture.h"
 #include "kernels/elementwise.h"
 #include "kernels/rng.h"
-
-static mega_backend *be;
-
-static int setup_threads(int threads) {
-  mega_backend_cpu_opts o = {.threads = threads};
-  printf("# cpu backend with %d thread(s)\n", threads);
-  return mega_backend_cpu_create(&o, &be, NULL) == MEGA_OK ? 0 : -1;
-}
-
-static int setup(void **state) {
-  (void)state;
-  return setup_threads(1);
-}
-
-/* Three threads: the pool's uneven splits, and sgemm from several threads. */
-static int setup3(void **state) {
-  (void)state;
-  return setup_threads(3);
-}
-
-static int teardown(void **state) {
-  (void)state;
-  mega_backend_destroy(be);
-  return 0;
-}
-
-static float *vec(size_t n, float std, uint64_t seed) {
-  float *p = malloc((n ? n : 1) * sizeof *p);
-  assert_non_null(p);
-  fx_normals(p, n, std, seed);
-  return p;
-}
-
-/* max |a - b| <= tol * max(1, max |b|) */
-static void near(const float *a, const double *b, size_t n, double tol, const char *what) {
-  double scale = 1.0;
-  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
-  for (size_t i = 0; i < n; i++)
-    if (fabs(a[i] - b[i]) > tol * scale)
-      fail_msg("%s[%zu]: backend %.9g, reference %.9g", what, i, a[i], b[i]);
-}
 
 static void element_math_matches_libm(void **state) {
   (void)state;
@@ -140,12 +100,12 @@ static void init_normal_is_the_draw_at_the_full_index(void **state) {
   const mega_tp_split sp = {.parts = 3, .outer = Cq, .inner = Cq};
   size_t full = (size_t)Cq * 3 * Cq, local = full / TPn;
   float *whole = malloc(full * sizeof *whole), *part = malloc(local * sizeof *part);
-  be->ops->init_normal(be, whole, full, key, 0.02, full, full, 0);
+  cpu_be->ops->init_normal(cpu_be, whole, full, key, 0.02, full, full, 0);
   for (size_t i = 0; i < full; i++)
     if (whole[i] != (float)(0.02 * mega_rng_normal(key, i))) fail_msg("element %zu", i);
   for (int r = 0; r < TPn; r++) {
     size_t w = sp.inner / TPn;
-    be->ops->init_normal(be, part, local, key, 0.02, w, sp.inner, (size_t)r * w);
+    cpu_be->ops->init_normal(cpu_be, part, local, key, 0.02, w, sp.inner, (size_t)r * w);
     for (size_t i = 0; i < local; i++)
       if (part[i] != whole[mega_tp_full_index(&sp, TPn, r, i)])
         fail_msg("rank %d, element %zu: not the whole tensor's", r, i);
@@ -166,19 +126,19 @@ static void adamw_matches_reference(void **state) {
     double mh = mi / (1 - pow(0.9, 3)), vh = vi / (1 - pow(0.95, 3));
     rp[i] = p[i] - 1e-3 * (mh / (sqrt(vh) + 1e-8) + 0.1 * p[i]);
   }
-  be->ops->adamw(be, p, g, m, v, n, &hp);
+  cpu_be->ops->adamw(cpu_be, p, g, m, v, n, &hp);
   near(p, rp, n, 1e-6, "adamw params");
   double ss = 0, s = 0, got;
   for (size_t i = 0; i < n; i++) {
     ss += (double)g[i] * g[i];
     s += g[i];
   }
-  assert_int_equal(be->ops->sum_squares(be, g, n, &got, NULL), MEGA_OK);
+  assert_int_equal(cpu_be->ops->sum_squares(cpu_be, g, n, &got, NULL), MEGA_OK);
   assert_true(fabs(got - ss) <= 1e-6 * ss);
-  assert_int_equal(be->ops->sum(be, g, n, &got, NULL), MEGA_OK);
+  assert_int_equal(cpu_be->ops->sum(cpu_be, g, n, &got, NULL), MEGA_OK);
   assert_true(fabs(got - s) <= 1e-5 * fmax(1, fabs(s)) + 1e-4);
-  be->ops->scale(be, g, n, 2.0f);
-  assert_int_equal(be->ops->sum(be, g, n, &got, NULL), MEGA_OK);
+  cpu_be->ops->scale(cpu_be, g, n, 2.0f);
+  assert_int_equal(cpu_be->ops->sum(cpu_be, g, n, &got, NULL), MEGA_OK);
   assert_true(fabs(got - 2 * s) <= 1e-5 * fmax(1, fabs(s)) + 1e-4);
   free(p);
   free(g);
@@ -209,29 +169,30 @@ static void many_ranges_match_one_by_one(void **state) {
   mega_adamw_range r[K];
   mega_sumsq_range s[K];
   double *slots;
-  assert_int_equal(be->ops->alloc(be, K * sizeof *slots, (void **)&slots, NULL), MEGA_OK);
+  assert_int_equal(cpu_be->ops->alloc(cpu_be, K * sizeof *slots, (void **)&slots, NULL), MEGA_OK);
   for (size_t k = 0, off = 0; k < K; off += n[k], k++) {
     mega_adamw_params one = hp;
     one.weight_decay = wd[k];
-    be->ops->adamw(be, p + off, g + off, m + off, v + off, n[k], &one);
+    cpu_be->ops->adamw(cpu_be, p + off, g + off, m + off, v + off, n[k], &one);
     r[k] = (mega_adamw_range){.params = p2 + off, .grads = g + off, .m = m2 + off,
                               .v = v2 + off, .n = n[k], .weight_decay = wd[k]};
     s[k] = (mega_sumsq_range){.x = g + off, .n = n[k], .out = &slots[k]};
   }
-  mega_adamw_ranges(be, r, K, &hp);
+  mega_adamw_ranges(cpu_be, r, K, &hp);
   assert_memory_equal(p2, p, total * 4);
   assert_memory_equal(m2, m, total * 4);
   assert_memory_equal(v2, v, total * 4);
-  assert_int_equal(mega_sum_squares_post(be, s, K, NULL), MEGA_OK);
+  assert_int_equal(mega_sum_squares_post(cpu_be, s, K, NULL), MEGA_OK);
   double got[K];
-  assert_int_equal(be->ops->memcpy(be, got, slots, sizeof got, MEGA_COPY_D2H, NULL), MEGA_OK);
+  assert_int_equal(cpu_be->ops->memcpy(cpu_be, got, slots, sizeof got, MEGA_COPY_D2H, NULL),
+                   MEGA_OK);
   for (size_t k = 0, off = 0; k < K; off += n[k], k++) {
     double want;
-    assert_int_equal(be->ops->sum_squares(be, g + off, n[k], &want, NULL), MEGA_OK);
+    assert_int_equal(cpu_be->ops->sum_squares(cpu_be, g + off, n[k], &want, NULL), MEGA_OK);
     assert_memory_equal(&got[k], &want, sizeof want);
   }
   assert_true(got[3] > 1e5 && got[1] == 0.0);
-  be->ops->free(be, slots);
+  cpu_be->ops->free(cpu_be, slots);
   free(p), free(g), free(m), free(v), free(p2), free(m2), free(v2);
 }
 
@@ -246,7 +207,7 @@ static void matmul_both_layouts(void **state) {
   for (int lay = 0; lay < 2; lay++) {
     /* W(c, o) in the layout under test */
 #define W(c, o) (lay == MEGA_W_IN_OUT ? w[(size_t)(c) * OC + (o)] : w[(size_t)(o) * C + (c)])
-    be->ops->matmul_forward(be, out, x, w, b, NULL, N, C, OC, (mega_wlayout)lay);
+    cpu_be->ops->matmul_forward(cpu_be, out, x, w, b, NULL, N, C, OC, (mega_wlayout)lay);
     for (int n = 0; n < N; n++)
       for (int o = 0; o < OC; o++) {
         double s = b[o];
@@ -256,22 +217,22 @@ static void matmul_both_layouts(void **state) {
     near(out, r, (size_t)N * OC, 1e-5, "matmul_forward");
     /* with a residual: out of place, in place, and without a bias */
     float *res = vec((size_t)N * OC, 1, 7), *out2 = malloc(sizeof(float) * N * OC);
-    be->ops->matmul_forward(be, out2, x, w, b, res, N, C, OC, (mega_wlayout)lay);
+    cpu_be->ops->matmul_forward(cpu_be, out2, x, w, b, res, N, C, OC, (mega_wlayout)lay);
     for (int i = 0; i < N * OC; i++) r[i] += res[i];
     near(out2, r, (size_t)N * OC, 1e-5, "matmul_forward + residual");
     memcpy(out2, res, sizeof(float) * N * OC);
-    be->ops->matmul_forward(be, out2, x, w, b, out2, N, C, OC, (mega_wlayout)lay);
+    cpu_be->ops->matmul_forward(cpu_be, out2, x, w, b, out2, N, C, OC, (mega_wlayout)lay);
     near(out2, r, (size_t)N * OC, 1e-5, "matmul_forward += (residual is out)");
     memcpy(out2, res, sizeof(float) * N * OC);
-    be->ops->matmul_forward(be, out2, x, w, NULL, out2, N, C, OC, (mega_wlayout)lay);
+    cpu_be->ops->matmul_forward(cpu_be, out2, x, w, NULL, out2, N, C, OC, (mega_wlayout)lay);
     for (int o = 0; o < OC; o++)
       for (int n = 0; n < N; n++) r[n * OC + o] -= b[o];
     near(out2, r, (size_t)N * OC, 1e-5, "matmul_forward += without bias");
-    be->ops->matmul_forward(be, out2, x, w, NULL, res, N, C, OC, (mega_wlayout)lay);
+    cpu_be->ops->matmul_forward(cpu_be, out2, x, w, NULL, res, N, C, OC, (mega_wlayout)lay);
     near(out2, r, (size_t)N * OC, 1e-5, "matmul_forward + residual without bias");
     free(res);
     free(out2);
-    be->ops->matmul_backward_input(be, dx, dy, w, N, C, OC, (mega_wlayout)lay, false);
+    cpu_be->ops->matmul_backward_input(cpu_be, dx, dy, w, N, C, OC, (mega_wlayout)lay, false);
     for (int n = 0; n < N; n++)
       for (int c = 0; c < C; c++) {
         double s = 0;
@@ -279,7 +240,7 @@ static void matmul_both_layouts(void **state) {
         r[n * C + c] = s;
       }
     near(dx, r, (size_t)N * C, 1e-5, "matmul_backward_input");
-    be->ops->matmul_backward_input(be, dx, dy, w, N, C, OC, (mega_wlayout)lay, true);
+    cpu_be->ops->matmul_backward_input(cpu_be, dx, dy, w, N, C, OC, (mega_wlayout)lay, true);
     for (int i = 0; i < N * C; i++) r[i] *= 2;
     near(dx, r, (size_t)N * C, 1e-5, "matmul_backward_input (accumulate)");
     for (int c = 0; c < C; c++)
@@ -293,140 +254,13 @@ static void matmul_both_layouts(void **state) {
       for (int n = 0; n < N; n++) s += dy[n * OC + o];
       r[C * OC + o] = s;
     }
-    be->ops->matmul_backward_weight(be, dw, db, dy, x, N, C, OC, (mega_wlayout)lay);
+    cpu_be->ops->matmul_backward_weight(cpu_be, dw, db, dy, x, N, C, OC, (mega_wlayout)lay);
     near(dw, r, (size_t)C * OC, 1e-5, "matmul_backward_weight dW");
     near(db, r + C * OC, OC, 1e-5, "matmul_backward_weight dbias");
 #undef W
   }
   free(x), free(w), free(b), free(dy), free(out), free(dx), free(dw), free(db), free(r);
 }
-
-/* Naive causal grouped-query attention in double: out and att, then the
- * backward. q [B*T, ldq], k and v [B*T, ldkv]; the gradients at the same
- * offsets of buffers shaped as the inputs (dq, dk, dv zeroed by the caller).
- * With d->drop, out = (a m) v for m the mask times its scale, a undropped:
- * da = (dout v^T) m, dv = (a m)^T dout. */
-static void attention_reference(const float *q, const float *k, const float *v,
-                                const float *dout, const mega_attn_dims *d, double *out,
-                                double *att, double *dq, double *dk, double *dv) {
-  int B = d->B, T = d->T, NH = d->NH, hs = d->hs, rep = d->NH / d->G, ldo = NH * hs;
-  double scale = 1.0 / sqrt(hs);
-  double *datt = malloc(sizeof(double) * T), *m = malloc(sizeof(double) * T);
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++)
-      for (int t = 0; t < T; t++) {
-        size_t qo = ((size_t)b * T + t) * d->ldq + (size_t)h * hs;
-        const float *qr = q + qo;
-        double *a = att + (((size_t)b * NH + h) * T + t) * T, mx = -INFINITY, sum = 0;
-#define KV(s) (((size_t)b * T + (s)) * d->ldkv + (size_t)(h / rep) * hs)
-        for (int s = 0; s < T; s++) {
-          a[s] = 0;
-          if (s > t) continue;
-          for (int i = 0; i < hs; i++) a[s] += (double)qr[i] * k[KV(s) + i];
-          a[s] *= scale;
-          mx = fmax(mx, a[s]);
-        }
-        for (int s = 0; s <= t; s++) sum += (a[s] = exp(a[s] - mx));
-        for (int s = 0; s <= t; s++) a[s] /= sum;
-        uint64_t key = mega_attn_dropout_row(&d->drop, b, h, t);
-        for (int s = 0; s <= t; s++)
-          m[s] = d->drop.scale == 0.0f ? 1.0 : mega_attn_dropout_apply(&d->drop, key, s, 1.0f);
-        double *o = out + ((size_t)b * T + t) * ldo + h * hs;
-        const float *dy = dout + ((size_t)b * T + t) * ldo + h * hs;
-        for (int i = 0; i < hs; i++) {
-          o[i] = 0;
-          for (int s = 0; s <= t; s++) o[i] += a[s] * m[s] * v[KV(s) + i];
-        }
-        /* backward of this row */
-        double dot = 0;
-        for (int s = 0; s <= t; s++) {
-          datt[s] = 0;
-          for (int i = 0; i < hs; i++) datt[s] += dy[i] * (double)v[KV(s) + i];
-          datt[s] *= m[s];
-          dot += datt[s] * a[s];
-        }
-        for (int s = 0; s <= t; s++) {
-          double dpre = a[s] * (datt[s] - dot) * scale;
-          for (int i = 0; i < hs; i++) {
-            dq[qo + i] += dpre * k[KV(s) + i];
-            dk[KV(s) + i] += dpre * qr[i];
-            dv[KV(s) + i] += a[s] * m[s] * dy[i];
-          }
-        }
-#undef KV
-      }
-  free(datt);
-  free(m);
-}
-
-/* q, k, v at offsets qo, ko, vo of one buffer of nbuf floats (the
- * gradients at the same offsets of another). */
-static void attention_case(const mega_attn_dims *d, size_t nbuf, size_t qo, size_t ko,
-                           size_t vo) {
-  int B = d->B, T = d->T, NH = d->NH;
-  size_t nc = (size_t)B * T * NH * d->hs, na = (size_t)B * NH * T * T;
-  float *buf = vec(nbuf, 1.0f, 1), *dout = vec(nc, 1.0f, 2), *out = malloc(nc * 4),
-        *att = malloc(na * 4), *g = malloc(nbuf * 4), *scratch = malloc((na + nc) * 4);
-  double *rout = malloc(nc * 8), *ratt = malloc(na * 8), *rg = calloc(nbuf, 8);
-  memset(att, 0xff, na * 4); /* NaN: every element used must be written */
-  memset(scratch, 0xff, (na + nc) * 4);
-  be->ops->attention_forward(be, out, att, scratch, buf + qo, buf + ko, buf + vo, d);
-  attention_reference(buf + qo, buf + ko, buf + vo, dout, d, rout, ratt, rg + qo, rg + ko,
-                      rg + vo);
-  near(out, rout, nc, 1e-5, "attention out");
-  float *lower = malloc(na * 4);
-  for (size_t i = 0; i < na; i++) /* above the diagonal att is the backend's */
-    lower[i] = (int)(i % T) <= (int)(i / T % T) ? att[i] : 0.0f;
-  near(lower, ratt, na, 1e-6, "attention probabilities");
-  free(lower);
-  memset(scratch, 0xff, (na + nc) * 4);
-  memset(g, 0, nbuf * 4); /* gaps between q, k and v stay zero */
-  be->ops->attention_backward(be, g + qo, g + ko, g + vo, scratch, dout, buf + qo, buf + ko,
-                              buf + vo, att, d);
-  near(g, rg, nbuf, 1e-5, "attention dq, dk, dv");
-  free(buf), free(dout), free(out), free(att), free(g), free(scratch);
-  free(rout), free(ratt), free(rg);
-}
-
-/* GPT-2's fused qkv [B,T,3C] (strides 3C), with attention dropout p (0:
- * none) */
-static void fused_case(int B, int T, int C, int NH, double p) {
-  mega_attn_dims d = {.B = B, .T = T, .NH = NH, .G = NH, .hs = C / NH, .ldq = 3 * C,
-                      .ldkv = 3 * C};
-  if (p > 0) d.drop = mega_attn_dropout_of(p, 0x5eedull, 17, 3);
-  attention_case(&d, (size_t)B * T * 3 * C, 0, C, 2 * C);
-}
-
-/* Llama's separate q [B*T, NH*hs], k and v [B*T, G*hs] */
-static void grouped_case(int B, int T, int NH, int G, int hs, double p) {
-  mega_attn_dims d = {.B = B, .T = T, .NH = NH, .G = G, .hs = hs, .ldq = NH * hs,
-                      .ldkv = G * hs};
-  if (p > 0) d.drop = mega_attn_dropout_of(p, 0xd20bull, 40, 8);
-  size_t nq = (size_t)B * T * NH * hs, nk = (size_t)B * T * G * hs;
-  attention_case(&d, nq + 2 * nk, 0, nq, nq + nk);
-}
-
-/* Head size 8 (edge tiles only) and 64 (full tiles), T not a multiple of
- * the 8-row groups or the 32-column tiles; grouped-query attention with 2
- * and 4 query heads per key/value head, and with one key/value head. */
-static void attention_matches_naive(void **state) {
-  (void)state;
-  fused_case(2, 150, 32, 4, 0);
-  fused_case(1, 75, 128, 2, 0);
-  grouped_case(2, 75, 4, 2, 16, 0);
-  grouped_case(1, 40, 8, 2, 64, 0);
-  grouped_case(3, 9, 6, 1, 8, 0);
-}
-
-/* Attention dropout: the mask of (sample, head, query, key) on the
- * probabilities that multiply v, and the backward's through it. */
-static void attention_dropout_matches_naive(void **state) {
-  (void)state;
-  fused_case(2, 150, 32, 4, 0.2);
-  grouped_case(2, 75, 4, 2, 16, 0.5);
-  grouped_case(3, 9, 6, 1, 8, 0.1);
-}
-
 /* RMSNorm, SwiGLU and RoPE against double loops. */
 static void llama_kernels(void **state) {
   (void)state;
@@ -449,24 +283,24 @@ static void llama_kernels(void **state) {
     for (int c = 0; c < C; c++)
       rdx[n * C + c] = res[n * C + c] + rs * (dy[n * C + c] * w[c] - x[n * C + c] * rs * s / C);
   }
-  be->ops->rmsnorm_forward(be, out, rstd, x, w, N, C, 1e-6f);
+  cpu_be->ops->rmsnorm_forward(cpu_be, out, rstd, x, w, N, C, 1e-6f);
   near(out, r, nc, 1e-5, "rmsnorm_forward");
-  be->ops->rmsnorm_backward_input(be, dx, res, dy, x, w, rstd, N, C);
+  cpu_be->ops->rmsnorm_backward_input(cpu_be, dx, res, dy, x, w, rstd, N, C);
   near(dx, rdx, nc, 1e-5, "rmsnorm_backward_input (residual)");
   memcpy(dx, res, nc * 4);
-  be->ops->rmsnorm_backward_input(be, dx, dx, dy, x, w, rstd, N, C);
+  cpu_be->ops->rmsnorm_backward_input(cpu_be, dx, dx, dy, x, w, rstd, N, C);
   near(dx, rdx, nc, 1e-5, "rmsnorm_backward_input (residual in place)");
-  be->ops->rmsnorm_backward_weight(be, dw, dy, x, rstd, N, C);
+  cpu_be->ops->rmsnorm_backward_weight(cpu_be, dw, dy, x, rstd, N, C);
   near(dw, rdw, C, 1e-5, "rmsnorm dweight (+=)");
 
   /* SwiGLU over a wide range of gates; backward in place over dout */
   float *up = vec(nc, 1, 36);
-  be->ops->swiglu_forward(be, out, x, up, nc);
+  cpu_be->ops->swiglu_forward(cpu_be, out, x, up, nc);
   for (size_t i = 0; i < nc; i++) r[i] = x[i] / (1 + exp(-(double)x[i])) * up[i];
   near(out, r, nc, 1e-6, "swiglu_forward");
   float *dup = malloc(nc * 4);
   memcpy(dx, dy, nc * 4);
-  be->ops->swiglu_backward(be, dx, dup, dx, x, up, nc);
+  cpu_be->ops->swiglu_backward(cpu_be, dx, dup, dx, x, up, nc);
   for (size_t i = 0; i < nc; i++) {
     double g = x[i], sg = 1 / (1 + exp(-g));
     r[i] = dy[i] * up[i] * (sg + g * sg * (1 - sg));
@@ -499,9 +333,10 @@ static void llama_kernels(void **state) {
     }
   float *q0 = malloc(sizeof(float) * N * LD);
   memcpy(q0, q, sizeof(float) * N * LD);
-  be->ops->rope_forward(be, q, cs, B, T, H, HS, LD, ROT);
+  cpu_be->ops->rope_forward(cpu_be, q, cs, B, T, H, HS, LD, ROT);
   near(q, rq, (size_t)N * LD, 1e-6, "rope_forward");
-  be->ops->rope_backward(be, q, cs, B, T, H, HS, LD, ROT); /* a rotation: back to the start */
+  /* a rotation: back to the start */
+  cpu_be->ops->rope_backward(cpu_be, q, cs, B, T, H, HS, LD, ROT);
   for (int i = 0; i < N * LD; i++) rq[i] = q0[i];
   near(q, rq, (size_t)N * LD, 1e-6, "rope_backward");
   free(x), free(w), free(dy), free(res), free(out), free(rstd), free(dx), free(dw), free(r);
@@ -516,7 +351,7 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
   float *mean = malloc(sizeof(float) * N), *rstd = malloc(sizeof(float) * N);
   float *dx = vec((size_t)N * C, 1, 5), *dw = vec(C, 1, 6), *db = vec(C, 1, 7);
   double *r = malloc(sizeof(double) * N * C), *rdw = malloc(sizeof(double) * C * 2);
-  be->ops->layernorm_forward(be, out, mean, rstd, x, w, b, N, C, 1e-5f);
+  cpu_be->ops->layernorm_forward(cpu_be, out, mean, rstd, x, w, b, N, C, 1e-5f);
   for (int c = 0; c < C; c++) rdw[c] = dw[c], rdw[C + c] = db[c];
   double *rdx = malloc(sizeof(double) * N * C);
   for (int n = 0; n < N; n++) {
@@ -546,35 +381,35 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
   double *rln = malloc(nc * sizeof *rln);
   memcpy(old, dx, nc * sizeof *old);
   for (size_t i = 0; i < nc; i++) rln[i] = rdx[i] - old[i];
-  be->ops->layernorm_backward_input(be, d1, NULL, dy, x, w, mean, rstd, N, C);
+  cpu_be->ops->layernorm_backward_input(cpu_be, d1, NULL, dy, x, w, mean, rstd, N, C);
   near(d1, rln, nc, 1e-5, "layernorm_backward_input (no residual)");
-  be->ops->layernorm_backward_input(be, d2, old, dy, x, w, mean, rstd, N, C);
+  cpu_be->ops->layernorm_backward_input(cpu_be, d2, old, dy, x, w, mean, rstd, N, C);
   near(d2, rdx, nc, 1e-5, "layernorm_backward_input (residual out of place)");
-  be->ops->layernorm_backward_input(be, dx, dx, dy, x, w, mean, rstd, N, C);
+  cpu_be->ops->layernorm_backward_input(cpu_be, dx, dx, dy, x, w, mean, rstd, N, C);
   near(dx, rdx, nc, 1e-5, "layernorm_backward_input (residual in place)");
   free(old), free(d1), free(d2), free(rln);
-  be->ops->layernorm_backward_weight(be, dw, db, dy, x, mean, rstd, N, C);
+  cpu_be->ops->layernorm_backward_weight(cpu_be, dw, db, dy, x, mean, rstd, N, C);
   near(dw, rdw, C, 1e-5, "layernorm dweight (+=)");
   near(db, rdw + C, C, 1e-5, "layernorm dbias (+=)");
 
   /* GELU over a wide range, in place backward */
   size_t n = (size_t)N * C;
-  be->ops->gelu_forward(be, out, x, n);
+  cpu_be->ops->gelu_forward(cpu_be, out, x, n);
   for (size_t i = 0; i < n; i++) {
     double u = x[i];
     r[i] = 0.5 * u * (1 + tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)));
   }
   near(out, r, n, 1e-6, "gelu_forward");
   memcpy(out, dy, n * sizeof *out);
-  be->ops->gelu_backward(be, out, x, out, n);
+  cpu_be->ops->gelu_backward(cpu_be, out, x, out, n);
   for (size_t i = 0; i < n; i++) r[i] = mega_gelu_grad(x[i]) * (double)dy[i];
   near(out, r, n, 1e-6, "gelu_backward");
   /* the exact (erf) GELU, against libm's erfc in double */
-  be->ops->gelu_erf_forward(be, out, x, n);
+  cpu_be->ops->gelu_erf_forward(cpu_be, out, x, n);
   for (size_t i = 0; i < n; i++) r[i] = 0.5 * x[i] * erfc(-(double)x[i] / sqrt(2.0));
   near(out, r, n, 1e-6, "gelu_erf_forward");
   memcpy(out, dy, n * sizeof *out);
-  be->ops->gelu_erf_backward(be, out, x, out, n);
+  cpu_be->ops->gelu_erf_backward(cpu_be, out, x, out, n);
   for (size_t i = 0; i < n; i++) {
     double u = x[i];
     r[i] = (0.5 * erfc(-u / sqrt(2.0)) + u * exp(-0.5 * u * u) / sqrt(2.0 * M_PI)) * dy[i];
@@ -588,9 +423,9 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
   int32_t *tg = malloc(sizeof(int32_t) * N);
   fx_ids(tg, N, V, 9);
   memcpy(dl, logits, sizeof(float) * N * V);
-  be->ops->crossentropy_forward(be, losses, dl, tg, N, V);
+  cpu_be->ops->crossentropy_forward(cpu_be, losses, dl, tg, N, V);
   memcpy(probs, dl, sizeof(float) * N * V);
-  be->ops->crossentropy_backward(be, dl, tg, 0, 0.25f, N, V);
+  cpu_be->ops->crossentropy_backward(cpu_be, dl, tg, 0, 0.25f, N, V);
   double *rl = malloc(sizeof(double) * N), *rd = malloc(sizeof(double) * N * V),
          *rp = malloc(sizeof(double) * N * V);
   for (int i = 0; i < N; i++) {
@@ -619,8 +454,8 @@ static void layernorm_gelu_crossentropy_encoder(void **state) {
   int32_t *tok = malloc(sizeof(int32_t) * B * T);
   fx_ids(tok, (size_t)B * T, V, 12);
   float *enc = malloc(sizeof(float) * B * T * C), *denc = vec((size_t)B * T * C, 1, 13);
-  be->ops->encoder_forward(be, enc, tok, wte, 0, V, wpe, B, T, C);
-  be->ops->encoder_backward(be, dwte, 0, V, dwpe, denc, tok, B, T, C);
+  cpu_be->ops->encoder_forward(cpu_be, enc, tok, wte, 0, V, wpe, B, T, C);
+  cpu_be->ops->encoder_backward(cpu_be, dwte, 0, V, dwpe, denc, tok, B, T, C);
   double *rw = calloc((size_t)V * C + (size_t)T * C, 8);
   for (int i = 0; i < B * T; i++)
     for (int c = 0; c < C; c++) {
@@ -641,37 +476,40 @@ static void gemm_and_memory(void **state) {
   (void)state;
   void *p = NULL;
   mega_err err = {0};
-  assert_int_equal(be->ops->alloc(be, 1000, &p, &err), MEGA_OK);
+  assert_int_equal(cpu_be->ops->alloc(cpu_be, 1000, &p, &err), MEGA_OK);
   assert_int_equal((uintptr_t)p % 64, 0);
   for (int i = 0; i < 1000; i++) assert_int_equal(((unsigned char *)p)[i], 0);
   float host[4] = {1, 2, 3, 4}, back[4];
-  assert_int_equal(be->ops->memcpy(be, p, host, sizeof host, MEGA_COPY_H2D, &err), MEGA_OK);
-  assert_int_equal(be->ops->memcpy(be, back, p, sizeof back, MEGA_COPY_D2H, &err), MEGA_OK);
+  assert_int_equal(cpu_be->ops->memcpy(cpu_be, p, host, sizeof host, MEGA_COPY_H2D, &err),
+                   MEGA_OK);
+  assert_int_equal(cpu_be->ops->memcpy(cpu_be, back, p, sizeof back, MEGA_COPY_D2H, &err),
+                   MEGA_OK);
   assert_memory_equal(host, back, sizeof host);
-  be->ops->memset0(be, p, 8);
+  cpu_be->ops->memset0(cpu_be, p, 8);
   assert_true(((float *)p)[0] == 0 && ((float *)p)[2] == 3);
-  be->ops->free(be, p);
-  assert_int_equal(be->ops->synchronize(be, &err), MEGA_OK);
-  assert_int_equal(be->ops->set_threads(be, 0, &err), MEGA_ERR_INVALID);
-  assert_int_equal(be->ops->set_threads(be, 1, &err), MEGA_OK);
+  cpu_be->ops->free(cpu_be, p);
+  assert_int_equal(cpu_be->ops->synchronize(cpu_be, &err), MEGA_OK);
+  assert_int_equal(cpu_be->ops->set_threads(cpu_be, 0, &err), MEGA_ERR_INVALID);
+  assert_int_equal(cpu_be->ops->set_threads(cpu_be, 1, &err), MEGA_OK);
   /* two batched 2x3 @ 3x2 with a transposed B */
   float A[12] = {1, 2, 3, 4, 5, 6, 1, 0, 0, 0, 1, 0}, Bt[12] = {1, 0, 1, 0, 1, 0,
                                                                   2, 2, 2, 1, 1, 1};
   float Cm[8];
-  be->ops->gemm_batched(be, false, true, 2, 2, 3, 1.0f, A, 3, 6, Bt, 3, 6, 0.0f, Cm, 2, 4, 2);
+  cpu_be->ops->gemm_batched(cpu_be, false, true, 2, 2, 3, 1.0f, A, 3, 6, Bt, 3, 6, 0.0f, Cm, 2, 4,
+                            2);
   float want[8] = {4, 2, 10, 5, 2, 1, 2, 1};
   assert_memory_equal(Cm, want, sizeof want);
   /* C = 2 * A^T B + C with A stored 3x2 (so op(A) is 2x3), B 3x2 */
   float At[6] = {1, 4, 2, 5, 3, 6}, Bm[6] = {1, 0, 0, 1, 1, 1}, C2[4] = {1, 1, 1, 1};
-  be->ops->gemm(be, true, false, 2, 2, 3, 2.0f, At, 2, Bm, 2, 1.0f, C2, 2);
+  cpu_be->ops->gemm(cpu_be, true, false, 2, 2, 3, 2.0f, At, 2, Bm, 2, 1.0f, C2, 2);
   float want2[4] = {9, 11, 21, 23};
   assert_memory_equal(C2, want2, sizeof want2);
   /* residual add, out of place and in place, over enough floats to split */
   size_t n = 100000;
   float *a = vec(n, 1, 21), *b = vec(n, 1, 22), *o = malloc(n * sizeof *o);
-  be->ops->residual_forward(be, o, a, b, n);
+  cpu_be->ops->residual_forward(cpu_be, o, a, b, n);
   for (size_t i = 0; i < n; i++) assert_true(o[i] == a[i] + b[i]);
-  be->ops->residual_forward(be, a, a, b, n);
+  cpu_be->ops->residual_forward(cpu_be, a, a, b, n);
   assert_memory_equal(a, o, n * sizeof *o);
   free(a), free(b), free(o);
 }
@@ -685,10 +523,10 @@ static void many_small_jobs(void **state) {
   for (size_t i = 0; i < n; i++) a[i] = (float)i, b[i] = 1.0f;
   for (int it = 0; it < 1500; it++) {
     size_t m = n - (size_t)(it % 7) * 1000; /* lengths vary, so do the chunks */
-    be->ops->residual_forward(be, o, a, b, m);
+    cpu_be->ops->residual_forward(cpu_be, o, a, b, m);
     if (o[0] != 1.0f || o[m / 2] != (float)(m / 2) + 1.0f || o[m - 1] != (float)(m - 1) + 1.0f)
       fail_msg("job %d: wrong sums", it);
-    be->ops->scale(be, o, m, 0.0f);
+    cpu_be->ops->scale(cpu_be, o, m, 0.0f);
     for (size_t i = 0; i < m; i += 997)
       if (o[i] != 0.0f) fail_msg("job %d: element %zu not scaled", it, i);
   }
@@ -704,13 +542,10 @@ int main(void) {
       cmocka_unit_test(adamw_matches_reference),
       cmocka_unit_test(many_ranges_match_one_by_one),
       cmocka_unit_test(matmul_both_layouts),
-      cmocka_unit_test(attention_matches_naive),
-      cmocka_unit_test(attention_dropout_matches_naive),
       cmocka_unit_test(llama_kernels),
       cmocka_unit_test(layernorm_gelu_crossentropy_encoder),
       cmocka_unit_test(many_small_jobs),
       cmocka_unit_test(gemm_and_memory),
   };
-  int failed = cmocka_run_group_tests_name("one thread", tests, setup, teardown);
-  return failed + cmocka_run_group_tests_name("three threads", tests, setup3, teardown);
+  return CPU_OPS_RUN(tests);
 }
