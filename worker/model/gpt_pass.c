@@ -1,8 +1,9 @@
 /* The forward and split backward passes of a stage over one microbatch's
  * activations (see gpt.h; the activations' shapes are in gpt_acts.h), for
- * GPT-2 and Llama, tensor-parallel when the stage is, recomputing when it
- * does. */
-#include "worker/model/gpt_acts.h"
+ * GPT-2 and Llama, tensor-parallel when the stage is (the TP group's
+ * exchanges around the linears, and dropout, are in gpt_tp.c), recomputing
+ * when it does. */
+#include "worker/model/gpt_tp.h"
 
 #define LAYER_UNITS 6 /* a block's units (gpt.h) */
 
@@ -27,136 +28,6 @@ static mega_status need(mega_err *err, const char *fn, const char *what, bool wa
     return mega_fail(err, MEGA_ERR_INVALID,
                      "gpt: %s on this stage takes no %s (pass NULL)", fn, what);
   return MEGA_OK;
-}
-
-/* ---- the TP group (every helper is a no-op without tensor parallelism) ---- */
-
-static bool tp_on(const mega_gpt_stage *s) { return s->desc.tp.size > 1; }
-static bool sp_on(const mega_gpt_stage *s) { return s->desc.tp.sequence_parallel && tp_on(s); }
-
-/* This rank's rows of a whole [N,C] tensor: where a layernorm writes
- * before gather_rows fills in the others. */
-static float *my_rows(const mega_gpt_stage *s, const mega_gpt_acts *a, float *whole) {
-  return sp_on(s) ? whole + (size_t)s->desc.tp.rank * a->R * s->cfg.channels : whole;
-}
-
-/* Sequence parallelism: the other ranks' rows of whole, in place. */
-static mega_status gather_rows(mega_gpt_stage *s, mega_gpt_acts *a, float *whole,
-                               mega_err *err) {
-  if (!sp_on(s)) return MEGA_OK;
-  size_t n = (size_t)a->R * s->cfg.channels;
-  return s->desc.tp.ops->all_gather(s->desc.tp.ctx, my_rows(s, a, whole), whole, n, err);
-}
-
-/* Sequence parallelism: whole [N,C] = every rank's rows [R,C]. */
-static mega_status gather_into(mega_gpt_stage *s, mega_gpt_acts *a, const float *rows,
-                               float *whole, mega_err *err) {
-  if (!sp_on(s)) return MEGA_OK;
-  size_t n = (size_t)a->R * s->cfg.channels;
-  return s->desc.tp.ops->all_gather(s->desc.tp.ctx, rows, whole, n, err);
-}
-
-/* Where a row-parallel result of [N,C] is written before reduce_rows sums
- * it over the group into out [R,C]: out itself when the sum is an
- * all-reduce in place. */
-static float *partial_for(const mega_gpt_stage *s, const mega_gpt_acts *a, float *out) {
-  return sp_on(s) ? a->partial : out;
-}
-
-static mega_status reduce_rows(mega_gpt_stage *s, mega_gpt_acts *a, float *out, mega_err *err) {
-  if (!tp_on(s)) return MEGA_OK;
-  size_t rc = (size_t)a->R * s->cfg.channels;
-  if (sp_on(s)) return s->desc.tp.ops->reduce_scatter(s->desc.tp.ctx, a->partial, out, rc, err);
-  return s->desc.tp.ops->all_reduce(s->desc.tp.ctx, out, rc, err);
-}
-
-/* ---- hidden dropout (kernels/dropout.h) ---- */
-
-/* Whether the acts' last forward trains with dropout (it was given its
- * samples and the model has a probability). */
-static bool drop_on(const mega_gpt_stage *s, const mega_gpt_acts *a) {
-  return s->cfg.hidden_dropout > 0 && a->fwd_sample >= 0;
-}
-
-/* The dropout of a site of local block l (-1: the embeddings) over rows
- * from row0 of the microbatch's [N,C]. */
-static mega_dropout drop_of(const mega_gpt_stage *s, const mega_gpt_acts *a, int l, int site,
-                            int64_t row0) {
-  int layer = l < 0 ? -1 : s->desc.first_layer + l;
-  return mega_dropout_of(s->cfg.hidden_dropout, mega_dropout_key(s->cfg.seed, layer, site),
-                         a->fwd_sample, row0, a->T);
-}
-
-/* The first row of the stream this rank holds. */
-static int64_t stream_row0(const mega_gpt_stage *s, const mega_gpt_acts *a) {
-  return sp_on(s) ? (int64_t)s->desc.tp.rank * a->R : 0;
-}
-
-/* out [R,C] = x + dropout(W(in) + bias) for a row-parallel GEMM of K local
- * inputs, at dropout site `site` of block l: without dropout fused into
- * the GEMM alone; with TP the residual and the bias come after the
- * reduction, so they count once, and dropout (Megatron's bias-dropout-add)
- * after it too, on this rank's rows. */
-static mega_status row_parallel_forward(mega_gpt_stage *s, mega_gpt_acts *a, float *out,
-                                        const float *in, const float *w, const float *bias,
-                                        const float *x, int K, int l, int site, mega_err *err) {
-  const mega_backend_ops *o = s->be->ops;
-  int N = a->B * a->T, C = s->cfg.channels;
-  bool drop = drop_on(s, a);
-  if (!tp_on(s) && !drop) {
-    o->matmul_forward(s->be, out, in, w, bias, x, N, K, C, s->lay);
-    return MEGA_OK;
-  }
-  o->matmul_forward(s->be, partial_for(s, a, out), in, w, NULL, NULL, N, K, C, s->lay);
-  mega_status st = reduce_rows(s, a, out, err);
-  if (st) return st;
-  if (drop) {
-    mega_dropout d = drop_of(s, a, l, site, stream_row0(s, a));
-    o->bias_dropout_add(s->be, out, x, out, bias, a->R, C, &d);
-  } else {
-    o->bias_residual_forward(s->be, out, x, out, bias, a->R, C);
-  }
-  return MEGA_OK;
-}
-
-/* dall [N,C] = the whole output gradient of block l's row-parallel GEMM at
- * dropout site `site` from this rank's rows dy [R,C]: gathered with
- * sequence parallelism, then times the site's mask (the same the forward
- * drew: the mask is linear, so its backward is itself). A no-op when dall
- * is dy (no sequence parallelism, no dropout: gpt_acts.c aliases them). */
-static mega_status out_grad(mega_gpt_stage *s, mega_gpt_acts *a, const float *dy, float *dall,
-                            int l, int site, mega_err *err) {
-  mega_backend *be = s->be;
-  int N = a->B * a->T, C = s->cfg.channels;
-  mega_status st = gather_into(s, a, dy, dall, err);
-  if (st) return st;
-  const float *src = sp_on(s) ? dall : dy;
-  if (drop_on(s, a)) {
-    mega_dropout d = drop_of(s, a, l, site, 0);
-    be->ops->bias_dropout_add(be, dall, NULL, src, NULL, N, C, &d);
-  } else if (src != dall) { /* dropout's buffers, in an evaluation forward's backward */
-    return be->ops->memcpy(be, dall, src, (size_t)N * C * sizeof(float), MEGA_COPY_D2D, err);
-  }
-  return MEGA_OK;
-}
-
-/* One column-parallel linear of K local outputs: its output gradient and
- * weight. */
-typedef struct col_grad {
-  const float *dout;
-  size_t w;
-  int K;
-} col_grad;
-
-/* din [R,C] = the input gradient of n column-parallel GEMMs that read the
- * same input (W^T dout, summed over them), summed over the group. */
-static mega_status column_parallel_backward(mega_gpt_stage *s, mega_gpt_acts *a, float *din,
-                                            const col_grad *g, int n, mega_err *err) {
-  int N = a->B * a->T, C = s->cfg.channels;
-  for (int i = 0; i < n; i++)
-    s->be->ops->matmul_backward_input(s->be, partial_for(s, a, din), g[i].dout,
-                                      s->param + g[i].w, N, C, g[i].K, s->lay, i > 0);
-  return reduce_rows(s, a, din, err);
 }
 
 /* ---- norms: GPT-2's layernorm or Llama's RMSNorm (no mean, no bias) ---- */
@@ -197,8 +68,8 @@ static void norm_backward_weight(mega_gpt_stage *s, size_t w, size_t b, const fl
 /* A norm over this rank's rows of the stream, its output made whole. */
 static mega_status norm_whole(mega_gpt_stage *s, mega_gpt_acts *a, float *whole, float *mean,
                               float *rstd, const float *x, size_t w, size_t b, mega_err *err) {
-  norm_forward(s, my_rows(s, a, whole), mean, rstd, x, w, b, a->R);
-  return gather_rows(s, a, whole, err);
+  norm_forward(s, gpt_my_rows(s, a, whole), mean, rstd, x, w, b, a->R);
+  return gpt_gather_rows(s, a, whole, err);
 }
 
 /* Whether the stage's recomputation scratch holds a's group or block k. */
@@ -292,14 +163,15 @@ static mega_status block_forward(mega_gpt_stage *s, mega_gpt_acts *a, int l, con
   if (st) return st;
   qkv_forward(s, a, l);
   attention(s, a, l, la->atty);
-  if ((st = row_parallel_forward(s, a, la->x2, la->atty, s->param + w->projw, gpt_p(s, w->projb),
-                                 x, wd.Ql, l, MEGA_DROP_ATTENTION, err)) ||
+  if ((st = gpt_row_parallel_forward(s, a, la->x2, la->atty, s->param + w->projw,
+                                     gpt_p(s, w->projb), x, wd.Ql, l, MEGA_DROP_ATTENTION,
+                                     err)) ||
       (st = norm_whole(s, a, la->ln2, la->ln2_mean, la->ln2_rstd, la->x2, w->ln2w, w->ln2b,
                        err)))
     return st;
   mlp_in_forward(s, a, l);
-  return row_parallel_forward(s, a, y, la->fch_gelu, s->param + w->fcprojw,
-                              gpt_p(s, w->fcprojb), la->x2, wd.Fl, l, MEGA_DROP_MLP, err);
+  return gpt_row_parallel_forward(s, a, y, la->fch_gelu, s->param + w->fcprojw,
+                                  gpt_p(s, w->fcprojb), la->x2, wd.Fl, l, MEGA_DROP_MLP, err);
 }
 
 /* resid[0] = dropout(wte[tokens] + wpe): with a vocabulary slice, rows of
@@ -309,12 +181,12 @@ static mega_status embedding_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_e
   const mega_gpt_tp *tp = &s->desc.tp;
   int Vl = s->cfg.vocab_size / tp->size;
   const float *wpe = tp->rank == 0 ? gpt_p(s, s->wpe) : NULL;
-  s->be->ops->encoder_forward(s->be, partial_for(s, a, a->resid[0]), a->tokens,
+  s->be->ops->encoder_forward(s->be, gpt_partial_for(s, a, a->resid[0]), a->tokens,
                               s->param + s->wte, tp->rank * Vl, Vl, wpe, a->B, a->T,
                               s->cfg.channels);
-  mega_status st = reduce_rows(s, a, a->resid[0], err);
-  if (st == MEGA_OK && drop_on(s, a)) {
-    mega_dropout d = drop_of(s, a, -1, MEGA_DROP_EMBEDDING, stream_row0(s, a));
+  mega_status st = gpt_reduce_rows(s, a, a->resid[0], err);
+  if (st == MEGA_OK && gpt_drop_on(s, a)) {
+    mega_dropout d = gpt_drop_of(s, a, -1, MEGA_DROP_EMBEDDING, gpt_stream_row0(s, a));
     s->be->ops->bias_dropout_add(s->be, a->resid[0], NULL, a->resid[0], NULL, a->R,
                                  s->cfg.channels, &d);
   }
@@ -331,7 +203,7 @@ static mega_status loss_forward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *e
   const mega_gpt_tp *tp = &s->desc.tp;
   int N = a->B * a->T, Vl = s->cfg.vocab_size / tp->size;
   float g = a->grad_scale = a->fused_scale;
-  if (!tp_on(s)) {
+  if (!gpt_tp_on(s)) {
     if (g != 0.0f)
       o->crossentropy_forward_grad(s->be, a->losses, a->logits, a->targets, g, N, Vl);
     else
@@ -428,7 +300,7 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
   bool llama = gpt_llama(s);
   const float *dy = a->dresid[l + 1];
   const float *x = a->resid[l];
-  mega_status st = out_grad(s, a, dy, la->dy_all, l, MEGA_DROP_MLP, err);
+  mega_status st = gpt_out_grad(s, a, dy, la->dy_all, l, MEGA_DROP_MLP, err);
   if (st) return st;
   /* the MLP: d(activation), then through GELU or SwiGLU (in place) */
   if (!llama && gelu_fused(s, o->matmul_gelu_backward_input != NULL)) {
@@ -444,10 +316,10 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
       (s->cfg.gelu_erf ? o->gelu_erf_backward : o->gelu_backward)(be, la->dfch, la->fch,
                                                                   la->dfch, (size_t)N * wd.Fl);
   }
-  col_grad mlp[2] = {{la->dfch, w->fcw, wd.Fl}, {la->dfcu, w->upw, wd.Fl}};
-  if ((st = column_parallel_backward(s, a, la->dln2, mlp, llama ? 2 : 1, err))) return st;
+  gpt_col_grad mlp[2] = {{la->dfch, w->fcw, wd.Fl}, {la->dfcu, w->upw, wd.Fl}};
+  if ((st = gpt_column_parallel_backward(s, a, la->dln2, mlp, llama ? 2 : 1, err))) return st;
   norm_backward_input(s, la->dx2, dy, la->dln2, la->x2, w->ln2w, la->ln2_mean, la->ln2_rstd, R);
-  if ((st = out_grad(s, a, la->dx2, la->dx2_all, l, MEGA_DROP_ATTENTION, err))) return st;
+  if ((st = gpt_out_grad(s, a, la->dx2, la->dx2_all, l, MEGA_DROP_ATTENTION, err))) return st;
   if (s->desc.recompute == MEGA_GPT_RECOMPUTE_SELECTIVE && !holds(s, a, l)) {
     /* selective recomputation: the probabilities, from the kept q, k and v
      * (the output, which datty's GEMM overwrites next, is not needed) */
@@ -466,9 +338,10 @@ static mega_status block_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, int
     o->rope_backward(be, dq, s->rope_cs, B, T, wd.NHl, wd.hd, wd.Ql, rot);
     o->rope_backward(be, dk, s->rope_cs, B, T, wd.Gl, wd.hd, wd.KVl, rot);
   }
-  col_grad fused[1] = {{la->dqkv, w->qkvw, 3 * wd.Ql}};
-  col_grad sep[3] = {{dq, w->qw, wd.Ql}, {dk, w->kw, wd.KVl}, {dv, w->vw, wd.KVl}};
-  if ((st = column_parallel_backward(s, a, la->dln1, llama ? sep : fused, llama ? 3 : 1, err)))
+  gpt_col_grad fused[1] = {{la->dqkv, w->qkvw, 3 * wd.Ql}};
+  gpt_col_grad sep[3] = {{dq, w->qw, wd.Ql}, {dk, w->kw, wd.KVl}, {dv, w->vw, wd.KVl}};
+  if ((st = gpt_column_parallel_backward(s, a, la->dln1, llama ? sep : fused, llama ? 3 : 1,
+                                         err)))
     return st;
   norm_backward_input(s, a->dresid[l], la->dx2, la->dln1, x, w->ln1w, la->ln1_mean, la->ln1_rstd,
                       R);
@@ -528,9 +401,9 @@ static mega_status loss_backward_input(mega_gpt_stage *s, mega_gpt_acts *a, floa
                      "dlogits with; give mega_gpt_acts_set_loss_scale the backward's scale, "
                      "or 0",
                      (double)loss_scale, (double)a->grad_scale);
-  o->matmul_backward_input(be, partial_for(s, a, a->dlnf), a->dlogits, s->param + s->head, N,
-                           C, Vl, MEGA_W_OUT_IN, false);
-  mega_status st = reduce_rows(s, a, a->dlnf, err);
+  o->matmul_backward_input(be, gpt_partial_for(s, a, a->dlnf), a->dlogits, s->param + s->head,
+                           N, C, Vl, MEGA_W_OUT_IN, false);
+  mega_status st = gpt_reduce_rows(s, a, a->dlnf, err);
   if (st) return st;
   norm_backward_input(s, a->dresid[L], NULL, a->dlnf, a->resid[L], s->lnfw, a->lnf_mean,
                       a->lnf_rstd, a->R);
@@ -559,13 +432,13 @@ static void loss_backward_weight(mega_gpt_stage *s, mega_gpt_acts *a, int *u) {
 static mega_status embedding_backward(mega_gpt_stage *s, mega_gpt_acts *a, mega_err *err) {
   const mega_gpt_tp *tp = &s->desc.tp;
   int Vl = s->cfg.vocab_size / tp->size;
-  if (drop_on(s, a)) {
-    mega_dropout d = drop_of(s, a, -1, MEGA_DROP_EMBEDDING, stream_row0(s, a));
+  if (gpt_drop_on(s, a)) {
+    mega_dropout d = gpt_drop_of(s, a, -1, MEGA_DROP_EMBEDDING, gpt_stream_row0(s, a));
     s->be->ops->bias_dropout_add(s->be, a->dresid[0], NULL, a->dresid[0], NULL, a->R,
                                  s->cfg.channels, &d);
   }
-  float *dall = sp_on(s) ? a->partial : a->dresid[0];
-  mega_status st = gather_into(s, a, a->dresid[0], dall, err);
+  float *dall = gpt_sp_on(s) ? a->partial : a->dresid[0];
+  mega_status st = gpt_gather_into(s, a, a->dresid[0], dall, err);
   if (st) return st;
   s->be->ops->encoder_backward(s->be, s->grad + s->wte, tp->rank * Vl, Vl, gpt_g(s, s->wpe),
                                dall, a->tokens, a->B, a->T, s->cfg.channels);
