@@ -13,8 +13,6 @@
 
 #include "jobspec_fixture.h"
 
-/* ---- GPT-2's vocabulary, PREFIX.bin ---- */
-
 static void test_vocab_file(void **state) {
   (void)state;
   char dir[] = "/tmp/mega-test-vocab-XXXXXX";

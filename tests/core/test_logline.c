@@ -13,8 +13,6 @@
 #include "core/logline.h"
 #include "jobspec_fixture.h"
 
-/* ---- the log line ---- */
-
 static void test_logline(void **state) {
   (void)state;
   mega_jobspec s;

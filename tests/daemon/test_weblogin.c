@@ -13,8 +13,6 @@
 #include "core/throttle.h"
 #include "daemon/web/weblogin.h"
 
-/* ---- login ---- */
-
 /* Wrong tokens from one address: a few are free, then that address's
  * logins are held off (not looked at, right token or not) for a second,
  * doubled by each further wrong one; another address is not, and the right

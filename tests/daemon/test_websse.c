@@ -13,8 +13,6 @@
 
 #include "web_fixture.h"
 
-/* ---- live streams ---- */
-
 static const char *opened_job;
 static uint64_t opened_since;
 static const char *opened_peer;
