@@ -373,8 +373,8 @@ int mega_jobspec_query_groups(const mega_jobspec *s);
 bool mega_jobspec_evaluates(const mega_jobspec *s);
 /* Whether training that ends normally (not by an exit flag or signal)
  * evaluates once more on the validation set, as Megatron's pretrain does:
- * --eval-iters > 0, and --eval-interval > 0 or a --split with a valid
- * share. */
+ * --eval-iters > 0, and --eval-interval > 0, --valid-data-path or a
+ * --split with a valid share. */
 bool mega_jobspec_evaluates_at_end(const mega_jobspec *s);
 /* Whether it then evaluates the test set: --eval-iters > 0 and a --split
  * with a test share (Megatron's do_test). */
@@ -384,7 +384,9 @@ bool mega_jobspec_tests_at_end(const mega_jobspec *s);
 int64_t mega_jobspec_eval_batches(const mega_jobspec *s);
 /* The note megaw and megad run print at start: which data evaluation reads
  * (the valid split, --valid-data-path, or without either the end of the
- * training stream), or that --eval-iters 0 turned it off. false (buf
+ * training stream), or that --eval-iters 0 turned it off. Written before
+ * the data is read, it promises a test share's evaluation only if the
+ * share holds a window (rank 0 says at setup when it does not). false (buf
  * untouched) when the job does not evaluate. */
 bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n);
 

@@ -150,9 +150,12 @@ static mega_status check_data(const mega_jobspec *s, mega_err *err) {
   if (s->valid_data_path.n && !s->train_data_path.n)
     return BAD("--valid-data-path needs --train-data-path (with --data-path, --split gives "
                "evaluation a valid split)");
-  if (s->valid_data_path.n && !mega_jobspec_evaluates(s))
-    return BAD("--valid-data-path is what evaluation reads; give --eval-interval N%s too",
-               s->eval_iters == 0 ? " and --eval-iters N (0 turns evaluation off)" : "");
+  /* Megatron evaluates it after training even without --eval-interval
+   * (do_valid); --eval-iters 0 leaves it nothing to do */
+  if (s->valid_data_path.n && s->eval_iters == 0)
+    return BAD("--valid-data-path is what evaluation reads; give --eval-interval N and "
+               "--eval-iters N (0 turns evaluation off) too, or --eval-iters N alone for the "
+               "evaluation after training only");
   if (s->split && s->train_data_path.n)
     return BAD("--split divides --data-path; with --train-data-path give evaluation's data as "
                "--valid-data-path");

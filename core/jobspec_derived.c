@@ -90,15 +90,15 @@ bool mega_jobspec_evaluates(const mega_jobspec *s) {
   return s->eval_interval > 0 && s->eval_iters > 0;
 }
 
-/* Held-out documents for the evaluation at the end: the split's share
- * (--valid-data-path needs --eval-interval, jobspec_check.c). */
+/* Held-out documents for the evaluation at the end: the split's share. */
 static bool holds_out(const mega_jobspec *s, int share) {
   double sh[3];
   return s->split && mega_jobspec_split(s, sh, NULL) == MEGA_OK && sh[share] > 0;
 }
 
 bool mega_jobspec_evaluates_at_end(const mega_jobspec *s) {
-  return s->eval_iters > 0 && (s->eval_interval > 0 || holds_out(s, 1));
+  return s->eval_iters > 0 &&
+         (s->eval_interval > 0 || s->valid_data_path.n > 0 || holds_out(s, 1));
 }
 
 bool mega_jobspec_tests_at_end(const mega_jobspec *s) {
@@ -111,14 +111,29 @@ int64_t mega_jobspec_eval_batches(const mega_jobspec *s) {
   return (points + 1) * s->eval_iters;
 }
 
+/* The proviso on a test share: the note is written before the data is
+ * read, and a share shorter than one window gives no test set (data.c). */
+static void test_proviso(const mega_jobspec *s, char *buf, size_t n) {
+  snprintf(buf, n, " unless it holds fewer than --seq-length %d + 1 tokens in a dataset (rank "
+                   "0 then says it skips it)", s->seq_length);
+}
+
 /* Without --eval-interval: what the end of training evaluates, if anything. */
 static bool end_note(const mega_jobspec *s, char *buf, size_t n) {
   bool valid = mega_jobspec_evaluates_at_end(s), test = mega_jobspec_tests_at_end(s);
   if (!valid && !test) return false;
-  snprintf(buf, n, "no --eval-interval: only the end of training evaluates, as Megatron's "
-                   "does after its last iteration, %d batches of --global-batch-size on "
-                   "%s%s%s of --split %s", s->eval_iters, valid ? "the valid share" : "",
-           valid && test ? " and then on " : "", test ? "the test share" : "", s->split);
+  char proviso[160] = "";
+  if (test) test_proviso(s, proviso, sizeof proviso);
+  if (s->valid_data_path.n)
+    snprintf(buf, n, "no --eval-interval: only the end of training evaluates, as Megatron's "
+                     "does after its last iteration, %d batches of --global-batch-size from "
+                     "--valid-data-path", s->eval_iters);
+  else
+    snprintf(buf, n, "no --eval-interval: only the end of training evaluates, as Megatron's "
+                     "does after its last iteration, %d batches of --global-batch-size on "
+                     "%s%s%s of --split %s%s", s->eval_iters, valid ? "the valid share" : "",
+             valid && test ? " and then on " : "", test ? "the test share" : "", s->split,
+             proviso);
   return true;
 }
 
@@ -134,11 +149,15 @@ bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n) {
     snprintf(buf, n, "evaluation every %d iterations and after the last reads "
                      "--valid-data-path (%d batches of --global-batch-size)", s->eval_interval,
              s->eval_iters);
-  else if (s->split && mega_jobspec_split(s, sh, NULL) == MEGA_OK)
+  else if (s->split && mega_jobspec_split(s, sh, NULL) == MEGA_OK) {
+    char proviso[160] = "";
+    if (sh[2] > 0) test_proviso(s, proviso, sizeof proviso);
     snprintf(buf, n, "evaluation every %d iterations and after the last reads the valid share "
                      "of --split %s: %.4g%% of each dataset's documents, which training does "
-                     "not read%s", s->eval_interval, s->split, 100 * sh[1],
-             sh[2] > 0 ? "; the test share is evaluated once, after the last iteration" : "");
+                     "not read%s%s", s->eval_interval, s->split, 100 * sh[1],
+             sh[2] > 0 ? "; the test share is evaluated once, after the last iteration," : "",
+             proviso);
+  }
   else
     snprintf(buf, n, "no --split: training reads all of the data, and evaluation every %d "
                      "iterations and after the last reads windows counted back from the end of the training "

@@ -151,7 +151,8 @@ const flagdef mega_jf_table[] = {
     LIST("--train-data-path", train_data_path, "data", "FILE|PREFIX|W1 P1...", false,
          "Instead of --data-path: the training data alone, in --data-path's forms."),
     LIST("--valid-data-path", valid_data_path, "data", "FILE|PREFIX|W1 P1...", false,
-         "With --train-data-path: the data evaluation reads, in --data-path's forms."),
+         "With --train-data-path: the data evaluation reads (every --eval-interval "
+         "iterations, and after training even without it), in --data-path's forms."),
     STR("--split", split, "data", "A,B,C", false,
         "Train, valid and test shares of each dataset's documents (e.g. 969,30,1); "
         "evaluation then reads the valid split."),

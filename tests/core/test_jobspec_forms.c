@@ -62,9 +62,12 @@ static void test_data_flags(void **state) {
   assert_string_equal(mega_jobspec_data_file(&s, 2, &flag), "c");
   assert_string_equal(flag, "--valid-data-path");
   assert_null(mega_jobspec_data_file(&s, 3, NULL));
-  s.eval_interval = 0;
+  s.eval_interval = 0; /* evaluated after training only, as Megatron's do_valid */
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  s.eval_iters = 0; /* then it would read nothing */
   assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
-  expect_msg(&err, "--valid-data-path is what evaluation reads; give --eval-interval N too");
+  expect_msg(&err, "--valid-data-path is what evaluation reads; give --eval-interval N and "
+                   "--eval-iters N");
   mega_jobspec_free(&s);
   expect_check_error(ARGV("--train-data-path", "t"), 1, -1,
                      "--data-path and --train-data-path exclude each other");
