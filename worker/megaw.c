@@ -231,6 +231,12 @@ static void print_checkpoint(void *arg, const mega_rank_ckpt_report *r) {
           (long long)r->iteration, r->path, (double)r->bytes / 1e6, r->duration_s, r->blocked_s);
 }
 
+/* rank 0's notes about the run (rank.h) */
+static void print_note(void *arg, const char *note) {
+  (void)arg;
+  fprintf(stderr, "megaw: %s\n", note);
+}
+
 /* Training without megad: alone (rank 0 of 1), or as one of --world-size
  * ranks started by hand that meet through --rendezvous-dir. */
 static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
@@ -249,7 +255,8 @@ static int run_standalone(const mega_jobspec *job, const worker_opts *o) {
                        .node_ranks = here, .n_node_ranks = (size_t)o->world,
                        .store_dir = o->world > 1 ? o->rendezvous_dir : NULL,
                        .kv_prefix = "megaw", .device = -1,
-                       .on_step = print_step, .on_checkpoint = print_checkpoint, .arg = &rs};
+                       .on_step = print_step, .on_checkpoint = print_checkpoint,
+                       .on_note = print_note, .arg = &rs};
   if (mega_rank_create(&env, &rs.rank, &err) != MEGA_OK) return fail(NULL, &err);
   int rc = 0;
   if (mega_rank_setup(rs.rank, &err) != MEGA_OK) {

@@ -95,6 +95,15 @@ static void on_phase(void *arg, const char *phase, int64_t iteration) {
     fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
 }
 
+/* rank 0's notes about the run (rank.h): the log, and the job's history */
+static void on_note(void *arg, const char *note) {
+  assigned *a = arg;
+  mega_err err = {0};
+  fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, note);
+  if (mega_link_send_note(a->link, note, 0, NULL, &err) != MEGA_OK)
+    fprintf(stderr, "megaw: rank %u: %s\n", a->rank_id, err.msg);
+}
+
 /* The coordinator's answer, in slices, so a signal that stops the rank is
  * not held up by the wait (an Abort ends the link, and the wait with it).
  * The coordinator answers at once, go-ahead or refusal; the bound is for an
@@ -236,6 +245,7 @@ static int run_rank(assigned *a, const mega_jobspec *job, const Mega__V1__Assign
       .attempt = (int)as->attempt,
       .on_step = on_step,
       .on_phase = on_phase,
+      .on_note = on_note,
       .on_checkpoint = on_checkpoint,
       .await_commit = await_commit,
       .on_recovered = on_recovered,

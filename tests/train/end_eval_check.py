@@ -11,8 +11,16 @@ test_loss of the last iteration (--json) and prints Megatron's blocks
 nothing out and never asked for evaluation does none. The test loss is
 the same at DP 2 and PP 2 as on one rank.
 
-  /usr/bin/python3 end_eval_check.py MEGAW WORKDIR
+The edges, as Megatron's pretrain: an exit (--exit-interval) at the last
+iteration comes before the evaluation, so there is none, and the run has
+ended (exit 0, not stopped); --valid-data-path with no --eval-interval is
+evaluated after training only. A test share shorter than one window gives
+no test set: the start-up note promises the test evaluation only on that
+condition, and rank 0 says, under megaw and megad run, that it skips it.
+
+  /usr/bin/python3 end_eval_check.py MEGAW WORKDIR MEGAD
 """
+import json
 import os
 import random
 import subprocess
@@ -26,7 +34,7 @@ import ranks  # noqa: E402
 
 
 def main():
-    megaw, work = sys.argv[1], sys.argv[2]
+    megaw, work, megad = sys.argv[1], sys.argv[2], sys.argv[3]
     os.makedirs(work, exist_ok=True)
     rng = random.Random(7)
     prefix = os.path.join(work, "docs")
@@ -44,11 +52,19 @@ def main():
         ok &= bool(good)
         print("%s: %s %s" % (what, "ok" if good else "WRONG", detail))
 
-    def run(world, flags):
-        res = ranks.launch(megaw, world, model + flags, work, timeout=120)
+    def run(world, flags, base=None, errs=None):
+        res = ranks.launch(megaw, world, (base or model) + flags, work, timeout=120)
         if any(rc != 0 for rc, _, _ in res):
             raise SystemExit("megaw failed: %s" % [e for _, _, e in res])
+        if errs is not None:
+            errs.extend(e for _, _, e in res)
         return [s for _, lines, _ in res for s in lines]
+
+    def megad_run(flags):
+        p = subprocess.run([megad, "run", "--slots", "1", "--worker", megaw, "--json"] + model +
+                           flags, capture_output=True, text=True, timeout=120)
+        return p.returncode, [json.loads(l) for l in p.stdout.splitlines()
+                              if l.startswith("{")], p.stderr
 
     def keyed(steps, key):
         return {s["iteration"]: s[key] for s in steps if key in s}
@@ -87,6 +103,59 @@ def main():
     steps = run(1, ["--split", "1,0,0"])
     check("nothing held out, no --eval-interval: no evaluation",
           not any(k in s for s in steps for k in ("eval_loss", "final_eval_loss", "test_loss")))
+
+    # --exit-interval at the last iteration: Megatron's train() exits
+    # (sys.exit) before pretrain's evaluation; nothing is left to train
+    errs = []
+    steps = run(1, split + ["--exit-interval", "4"], errs=errs)
+    check("--exit-interval 4 of 4: no evaluation after training",
+          not keyed(steps, "final_eval_loss") and not keyed(steps, "test_loss") and
+          steps[-1].get("iteration") == 4, steps[-1])
+    check("...and megaw says why, not that it stopped early",
+          "no evaluation after training: --exit-interval 4" in errs[0] and
+          "stopped after" not in errs[0], errs[0])
+    rc, steps, err = megad_run(split + ["--exit-interval", "4"])
+    check("megad run: --exit-interval 4 of 4 succeeds (exit 0) with no evaluation after it",
+          rc == 0 and steps and steps[-1].get("iteration") == 4 and
+          "final_eval_loss" not in steps[-1] and
+          "no evaluation after training: --exit-interval 4" in err, (rc, err[-600:]))
+
+    # --valid-data-path, no --eval-interval: evaluated after training only
+    # (Megatron's do_valid), on the batches an interval past the end reads
+    valid = os.path.join(work, "valid")
+    write_mmidx(valid, [[rng.randrange(256) for _ in range(rng.randint(20, 80))]
+                        for _ in range(20)], "uint16")
+    paths = model[:-2] + ["--train-data-path", prefix, "--valid-data-path", valid,
+                          "--eval-iters", "2"]
+    errs = []
+    steps = run(1, [], base=paths, errs=errs)
+    far = keyed(run(1, ["--eval-interval", "100"], base=paths), "final_eval_loss")
+    check("--valid-data-path alone: evaluated once, after training",
+          not keyed(steps, "eval_loss") and list(keyed(steps, "final_eval_loss")) == [4] and
+          keyed(steps, "final_eval_loss") == far, (steps[-1], far))
+    check("...which the note says", "only the end of training evaluates" in errs[0] and
+          "--valid-data-path" in errs[0], errs[0])
+
+    # a test share of no whole window (1% of 60 documents rounds to none)
+    short = ["--split", "98,1.5,0.5", "--eval-iters", "2"]
+    errs = []
+    steps = run(1, short, errs=errs)
+    check("a test share shorter than a window: the validation set alone",
+          list(keyed(steps, "final_eval_loss")) == [4] and not keyed(steps, "test_loss"),
+          steps[-1])
+    check("...the note promises the test set only if it holds a window",
+          "and then on the test share of --split 98,1.5,0.5 unless it holds fewer than "
+          "--seq-length 16 + 1 tokens" in errs[0], errs[0])
+    check("...and megaw says it skips it, and why",
+          "skips the test share" in errs[0] and "fewer than one window" in errs[0], errs[0])
+    rc, steps, err = megad_run(short)
+    check("...megad run says so too",
+          rc == 0 and "skips the test share" in err and "fewer than one window" in err,
+          (rc, err[-600:]))
+    errs = []
+    run(1, split, errs=errs)
+    check("a test share of whole windows: no such words", "skips the test share" not in errs[0],
+          errs[0])
 
     text = subprocess.run([megaw] + model + split, stdout=subprocess.PIPE, text=True,
                           check=True).stdout

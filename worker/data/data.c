@@ -43,6 +43,7 @@ struct mega_data {
   stream *train, *valid; /* valid: per training dataset with a split, or per valid
                             dataset (nv > 0); NULL without either */
   stream *test;          /* per training dataset: the split's test share; NULL without */
+  char no_test[768];     /* why a test share asked for gave no test set; empty: it did not */
   mega_blend *blend;     /* NULL for one dataset */
   mega_blend *vblend;    /* the valid datasets' blend, NULL for fewer than two */
   /* --data-cache-path: what the order indices' cache did, for the log */
@@ -322,11 +323,14 @@ mega_status mega_data_open_set(const char *const *paths, const double *weights, 
     if (st == MEGA_OK && o->eval)
       st = make_stream(s, pts[1], pts[2], T, "'s valid split", &d->valid[k], err);
     /* a test share too small for a window gives no test set: it was never
-     * read before the end of training evaluated it, so refuse no job for it */
+     * read before the end of training evaluated it, so refuse no job for
+     * it, but keep why for the user */
     mega_err none = {0};
-    if (st == MEGA_OK && d->test &&
-        make_stream(s, pts[2], pts[3], T, "'s test split", &d->test[k], &none) != MEGA_OK)
+    if (st == MEGA_OK && d->test && !no_test &&
+        make_stream(s, pts[2], pts[3], T, "'s test split", &d->test[k], &none) != MEGA_OK) {
       no_test = true;
+      snprintf(d->no_test, sizeof d->no_test, "%s", none.msg);
+    }
   }
   for (int k = 0; k < d->nv && st == MEGA_OK; k++) {
     source *s = &d->src[n + k];
@@ -462,6 +466,7 @@ void mega_data_sample_source(const mega_data *d, int64_t s, bool eval, int *data
 }
 
 bool mega_data_has_test(const mega_data *d) { return d->test != NULL; }
+const char *mega_data_no_test(const mega_data *d) { return d->no_test[0] ? d->no_test : NULL; }
 
 int64_t mega_data_sample_window(const mega_data *d, int64_t iteration, int global_batch,
                                 int sample) {

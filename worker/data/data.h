@@ -141,6 +141,10 @@ typedef enum mega_data_which { MEGA_DATA_TRAIN, MEGA_DATA_VALID, MEGA_DATA_TEST 
 
 /* Whether the data holds a test split (mega_data_opts.test). */
 bool mega_data_has_test(const mega_data *d);
+/* Why a test split asked for (mega_data_opts.test) holds none: the first
+ * dataset whose test share is shorter than one window, and what to change.
+ * NULL when none was asked for or it is there. Owned by d. */
+const char *mega_data_no_test(const mega_data *d);
 
 /* File order: the window of sample j of iteration i in dataset 0, one dataset:
  * (i*G + j) mod K. */

@@ -284,6 +284,11 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   char note[1200];
   if (st == MEGA_OK && mega_data_cache_note(r->data, note, sizeof note))
     fprintf(stderr, "megaw: rank %d: %s\n", r->env.rank, note);
+  if (st == MEGA_OK && mega_data_no_test(r->data)) {
+    snprintf(note, sizeof note, "the evaluation after training skips the test share: %s",
+             mega_data_no_test(r->data));
+    rank_note(r, note);
+  }
   if (st == MEGA_OK) st = build_schedule(r, false, &r->sched, err);
   if (st == MEGA_OK && (mega_jobspec_evaluates_at_end(j) || mega_data_has_test(r->data)))
     st = build_schedule(r, true, &r->eval_sched, err);
@@ -314,22 +319,6 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
 }
 
 /* ---- one iteration ---- */
-
-/* Sums one double per rank of a group, in rank order, so every member gets
- * the same bits whatever the group's size. */
-static mega_status sum_doubles(mega_comm *c, double *v, mega_err *err) {
-  if (!c) return MEGA_OK;
-  int n = mega_comm_size(c);
-  double all[n];
-  size_t counts[n];
-  for (int i = 0; i < n; i++) counts[i] = sizeof(double);
-  mega_status st = mega_comm_all_gather(c, v, all, counts, MEGA_DT_BYTE, 0, err);
-  if (st != MEGA_OK) return st;
-  double s = 0;
-  for (int i = 0; i < n; i++) s += all[i];
-  *v = s;
-  return MEGA_OK;
-}
 
 /* Over the pipeline group: the sum of the gradients' squares (for the
  * global norm) and the latest schedule end (when the pipeline drained). */
@@ -366,52 +355,6 @@ static mega_status finalize_grads(mega_rank *r, double *reduced, mega_err *err) 
     st = rank_tp_finalize_grads(r, err);
     *reduced = wall_s();
   }
-  return st;
-}
-
-/* --eval-iters forward-only batches of engine's stream (worker/data/data.h)
- * from batch *done on, which counts them; their mean loss, on the last
- * stage, in *loss and *has. */
-static mega_status evaluate(mega_rank *r, mega_engine *engine, int64_t *done, bool *has,
-                            double *loss, mega_err *err) {
-  double loss_sum = 0, tokens = 0;
-  bool last = mega_sched_is_last_stage(&r->eval_sched, r->me.pp, r->eval_sched.vp - 1);
-  mega_status wst = mega_grads_wait_params(r->chunks.grads, -1, err);
-  if (wst != MEGA_OK) return wst;
-  int64_t first = *done;
-  for (int k = 0; k < r->job->eval_iters; k++) {
-    mega_engine_result res;
-    mega_status st = mega_engine_run(engine, (*done)++, &res, NULL, 0, NULL, 0, err);
-    if (st != MEGA_OK) {
-      *done = first; /* a held state counts no half evaluation */
-      mega_err_prefix(err, "evaluation after iteration %lld", (long long)r->iteration);
-      return st;
-    }
-    loss_sum += res.loss_sum;
-    tokens += (double)res.tokens;
-  }
-  if (!last || r->simulate) return MEGA_OK;
-  mega_status st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
-  if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_DP], &tokens, err);
-  if (st != MEGA_OK) return st;
-  *has = true;
-  *loss = tokens > 0 ? loss_sum / tokens : 0;
-  return MEGA_OK;
-}
-
-/* After the last iteration of a run that ended normally, as Megatron's
- * pretrain: the validation set, going on from the batches evaluated so
- * far, then the test set from its start. */
-static mega_status evaluate_at_end(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
-  if (!r->eval_engine && !r->test_engine) return MEGA_OK;
-  rank_phase(r, "eval");
-  mega_status st = MEGA_OK;
-  if (r->eval_engine)
-    st = evaluate(r, r->eval_engine, &r->eval_done, &m->has_final_eval_loss,
-                  &m->final_eval_loss, err);
-  int64_t test_done = 0;
-  if (st == MEGA_OK && r->test_engine)
-    st = evaluate(r, r->test_engine, &test_done, &m->has_test_loss, &m->test_loss, err);
   return st;
 }
 
@@ -456,7 +399,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
                   !r->simulate;
   double loss_sum = res.loss_sum;
   if (st == MEGA_OK && has_loss) {
-    st = sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
+    st = rank_sum_doubles(r->hcomm[GROUP_DP], &loss_sum, err);
     tg = wall_s();
   }
   /* tg: the gradients reduced (finish_grad_sync, finalize_model_grads), the
@@ -470,7 +413,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   double sumsq = 0, drained = ts;
   if (st == MEGA_OK) st = mega_grads_sumsq(r->chunks.grads, &sumsq, err);
   if (st == MEGA_OK && r->job->use_distributed_optimizer)
-    st = sum_doubles(r->hcomm[GROUP_DP], &sumsq, err);
+    st = rank_sum_doubles(r->hcomm[GROUP_DP], &sumsq, err);
   /* The copy's exchange ends before the sums over TP and the pipeline, so
    * a peer that died before its gradients came stops this rank where its
    * TP and pipeline peers stop too. Waited later, the survivors of one
@@ -484,7 +427,7 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
    * sent back meanwhile, is among what a rank past them steps with */
   bool guarded = st == MEGA_OK && mega_abort_guard_enter(&r->guard);
   if (st == MEGA_OK && !guarded) st = check_abort(r, err);
-  if (st == MEGA_OK) st = sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
+  if (st == MEGA_OK) st = rank_sum_doubles(r->hcomm[GROUP_TP], &sumsq, err);
   if (st == MEGA_OK) st = pipeline_stats(r->hcomm[GROUP_PP], &sumsq, &drained, err);
   if (st == MEGA_OK) st = mega_grads_wait_tied(r->chunks.grads, err);
   if (guarded) mega_abort_guard_leave(&r->guard);
@@ -594,10 +537,8 @@ mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err) {
   m->shard_copy_s = r->copy ? copy_s : 0;
   m->spans = trace ? r->spans : NULL;
   m->nspans = trace ? r->nspans : 0;
-  if (r->eval_engine && r->job->eval_interval > 0 && r->iteration % r->job->eval_interval == 0) {
-    rank_phase(r, "eval");
-    return evaluate(r, r->eval_engine, &r->eval_done, &m->has_eval_loss, &m->eval_loss, err);
-  }
+  if (r->eval_engine && r->job->eval_interval > 0 && r->iteration % r->job->eval_interval == 0)
+    return rank_evaluate(r, m, err);
   return MEGA_OK;
 }
 
@@ -624,20 +565,24 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
     st = check_abort(r, err);
     if (st != MEGA_OK) break;
     mega_rank_metrics m;
+    int64_t before = r->iteration;
     st = mega_rank_step(r, &m, err);
-    /* the last iteration's report waits for the evaluation after training */
-    bool last = st == MEGA_OK && r->iteration == iters;
-    if (st == MEGA_OK && !last && r->env.on_step) r->env.on_step(r->env.arg, &m);
-    bool saved = st == MEGA_OK && mega_rank_ckpt_due(r->job, r->iteration);
+    /* a trained iteration is reported whatever follows (its evaluation may
+     * have failed); the last one's report waits for the evaluation after
+     * training (rank_end) */
+    bool trained = r->iteration > before, last = st == MEGA_OK && r->iteration == iters;
+    if (trained && !last && r->env.on_step) r->env.on_step(r->env.arg, &m);
+    if (st != MEGA_OK) break;
+    bool saved = mega_rank_ckpt_due(r->job, r->iteration);
     if (saved) st = mega_rank_save(r, err);
     bool stop = false;
     if (st == MEGA_OK) st = rank_exit_check(r, &stop, err);
     /* Megatron's order: the due save, then a stop saves if it was not one */
     if (stop && r->job->save && !saved) st = mega_rank_save(r, err);
     /* an exit (flag, signal, duration) leaves train() by sys.exit: no
-     * evaluation after it; a normal end evaluates after its save */
-    if (last && st == MEGA_OK && !stop) st = evaluate_at_end(r, &m, err);
-    if (last && st == MEGA_OK && r->env.on_step) r->env.on_step(r->env.arg, &m);
+     * evaluation after it, even at the last iteration; a normal end
+     * evaluates after its save */
+    if (last) st = rank_end(r, &m, st, stop, err);
     if (stop) break;
   }
   /* --overlap-param-gather leaves the last gathers in flight: finish them

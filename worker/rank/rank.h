@@ -176,6 +176,11 @@ typedef struct mega_rank_env {
    * "checkpoint") with the iterations completed, so megad's hang check knows which
    * time limit applies. May be NULL. */
   void (*on_phase)(void *arg, const char *phase, int64_t iteration);
+  /* Called on rank 0 (the same holds on every rank) with a sentence for
+   * the user about the run: that the data gives no test set, or that an
+   * exit at the last iteration came before the evaluation after training.
+   * May be NULL. */
+  void (*on_note)(void *arg, const char *note);
   /* Called for each checkpoint report (above); may run on the rank's
    * checkpoint thread (--async-save). May be NULL. */
   void (*on_checkpoint)(void *arg, const mega_rank_ckpt_report *r);
@@ -202,7 +207,10 @@ mega_status mega_rank_create(const mega_rank_env *env, mega_rank **out, mega_err
  * checkpoint. */
 mega_status mega_rank_setup(mega_rank *r, mega_err *err);
 
-/* One iteration: the schedule, gradient reductions, optimizer. */
+/* One iteration: the schedule, gradient reductions, optimizer, and the
+ * evaluation every --eval-interval iterations. When that evaluation fails
+ * the iteration is trained all the same: mega_rank_iteration counts it and
+ * *m holds its report (without eval_loss). */
 mega_status mega_rank_step(mega_rank *r, mega_rank_metrics *m, mega_err *err);
 
 /* Writes a checkpoint of the current iteration under --save. Every rank of
@@ -233,7 +241,12 @@ size_t mega_rank_num_params(const mega_rank *r);       /* in this rank's chunks 
  * where any rank has been asked to stop (mega_rank_request_exit, with
  * --exit-signal-handler) or has run --exit-duration-in-mins; every rank then
  * saves that iteration's checkpoint (with --save, unless it was just saved)
- * and returns MEGA_OK, and mega_rank_stopped says why. */
+ * and returns MEGA_OK, and mega_rank_stopped says why. After the last
+ * iteration it evaluates the validation and test sets as Megatron's
+ * pretrain does, unless one of those exits falls there: that skips the
+ * evaluation (on_note says why) and the run has ended, not stopped. Every
+ * trained iteration is reported (on_step), the last one with the
+ * evaluation's losses, even when what follows it fails. */
 mega_status mega_rank_run(mega_rank *r, mega_err *err);
 
 /* With --exit-signal-handler: asks the rank to stop at the next iteration

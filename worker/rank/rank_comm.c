@@ -184,3 +184,17 @@ void rank_comm_destroy_all(mega_rank *r) {
   }
   pthread_mutex_unlock(&r->comm_lock);
 }
+
+mega_status rank_sum_doubles(mega_comm *c, double *v, mega_err *err) {
+  if (!c) return MEGA_OK;
+  int n = mega_comm_size(c);
+  double all[n];
+  size_t counts[n];
+  for (int i = 0; i < n; i++) counts[i] = sizeof(double);
+  mega_status st = mega_comm_all_gather(c, v, all, counts, MEGA_DT_BYTE, 0, err);
+  if (st != MEGA_OK) return st;
+  double s = 0;
+  for (int i = 0; i < n; i++) s += all[i];
+  *v = s;
+  return MEGA_OK;
+}

@@ -46,8 +46,8 @@ static mega_status agree(mega_rank *r, float *f, size_t n, mega_err *err) {
 mega_status rank_exit_check(mega_rank *r, bool *stop, mega_err *err) {
   const mega_jobspec *j = r->job;
   *stop = false;
-  /* the run ends here anyway (--train-samples' runs counted too) */
-  if (r->iteration >= mega_jobspec_train_iters(j)) return MEGA_OK;
+  /* checked at the last iteration too, as Megatron's checkpoint_and_decide_exit
+   * is: there a stop skips the evaluation after training (rank_end) */
   if (j->exit_interval > 0 && r->iteration % j->exit_interval == 0) {
     snprintf(r->stopped, sizeof r->stopped, "--exit-interval %d", j->exit_interval);
     r->stopped_mine = true;

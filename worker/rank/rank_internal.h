@@ -107,6 +107,9 @@ mega_status rank_build_groups(mega_rank *r, mega_err *err);
  * before any group, that they were given the same job; a difference is
  * MEGA_ERR_INVALID on every rank, naming the flag. */
 mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_err *err);
+/* Sums one double per rank of group c (NULL: this rank alone), in rank
+ * order, so every member gets the same bits whatever the group's size. */
+mega_status rank_sum_doubles(mega_comm *c, double *v, mega_err *err);
 /* Aborts group g's communicators (the caller holds comm_lock). */
 void rank_comm_abort_locked(mega_rank *r, int g);
 void rank_comm_destroy_all(mega_rank *r);
@@ -150,10 +153,27 @@ mega_status rank_collect_reductions(mega_rank *r, double t0, bool trace, mega_er
 
 /* rank_exit.c */
 /* After iteration's step (and its due save): whether to stop now, with
- * r->stopped set. With --exit-signal-handler or --exit-duration-in-mins
+ * r->stopped set; at the last iteration too, where a stop skips the
+ * evaluation after training (rank_end). With --exit-signal-handler or --exit-duration-in-mins
  * every rank takes part in a small all-reduce, so all stop together. */
 mega_status rank_exit_check(mega_rank *r, bool *stop, mega_err *err);
 double rank_now_s(void);
+
+/* rank_eval.c */
+/* --eval-iters forward-only batches of the validation set after iteration
+ * r->iteration (Megatron's evaluate_and_print_results), going on from
+ * r->eval_done; the loss, on the last stage, in m's eval_loss. */
+mega_status rank_evaluate(mega_rank *r, mega_rank_metrics *m, mega_err *err);
+/* The end of a run at its last iteration, with st the status of its save
+ * and exit check and stop whether an exit came (Megatron's exit before its
+ * evaluation after training): unless either, the validation and test sets
+ * are evaluated into m; then m is reported (env.on_step) whatever that
+ * gave, since the iteration itself is trained. Returns st, or the
+ * evaluation's failure. */
+mega_status rank_end(mega_rank *r, mega_rank_metrics *m, mega_status st, bool stop,
+                     mega_err *err);
+/* Gives rank 0's launcher a note (env.on_note). */
+void rank_note(mega_rank *r, const char *note);
 
 /* rank_load.c */
 /* --load into the chunks and the optimizer (resharding a distributed
