@@ -2,7 +2,6 @@
  * Megatron's pretrain does (the validation set, then the test set), and
  * the end of a run at its last iteration around it. */
 #include <stdio.h>
-#include <string.h>
 
 #include "worker/rank/rank_internal.h"
 
