@@ -274,18 +274,30 @@ static unsigned from_same_address(struct MHD_Connection *c) {
   return k && k->a ? k->a->n : 0;
 }
 
+/* Whether the client closed its end with nothing left unread: what a
+ * request it owes would need can never come. MHD (epoll, edge-triggered)
+ * takes a read shorter than its buffer for a drained socket, so a FIN that
+ * came with the last bytes (a client that writes part of a request and
+ * closes at once) raises no edge of its own, and MHD would hold the socket
+ * in CLOSE-WAIT until its timeout. */
+static bool client_gone(int fd) {
+  char c;
+  return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 /* MHD's timeout counts idleness only, so a client sending a byte now and
  * then would hold its connection for ever (slowloris: enough of them fill
  * every slot, the probes' too). A request must arrive whole within head_ms
  * of the connection's start or the last answer: past it the socket is shut
- * down, which MHD sees as the client gone. Returns the ms until the next
- * deadline (UINT64_MAX: none). */
+ * down, which MHD sees as the client gone (the shutdown is an edge). So is
+ * one whose client closed its end without the whole request (client_gone).
+ * Returns the ms until the next deadline (UINT64_MAX: none). */
 static uint64_t enforce_head_deadline(megad_http *h) {
   uint64_t now = uv_now(h->timer.loop), next = UINT64_MAX;
   for (conn *k = h->conns_open; k; k = k->next) {
     if (!k->owing_since || k->fd < 0) continue;
     uint64_t due = k->owing_since + h->head_ms;
-    if (now >= due) {
+    if (now >= due || client_gone(k->fd)) {
       shutdown(k->fd, SHUT_RDWR);
       k->owing_since = 0;
     } else if (due - now < next) {
@@ -578,6 +590,11 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
 }
 
 unsigned megad_http_port(const megad_http *h) { return h->port; }
+
+unsigned megad_http_connections(const megad_http *h) {
+  const union MHD_DaemonInfo *ci = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+  return ci ? ci->num_connections : 0;
+}
 
 static void handle_closed(uv_handle_t *hd) {
   megad_http *h = hd->data;

@@ -114,6 +114,8 @@ mega_status megad_http_start(uv_loop_t *loop, const megad_http_opts *o, megad_ht
                              mega_err *err);
 /* The port bound (useful after port 0). */
 unsigned megad_http_port(const megad_http *h);
+/* Connections open now (MHD's count). */
+unsigned megad_http_connections(const megad_http *h);
 /* Closes the listener and every connection; h is freed once its handles
  * have closed. NULL is a no-op. */
 void megad_http_stop(megad_http *h);

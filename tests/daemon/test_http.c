@@ -1,13 +1,14 @@
 /* daemon/http: libmicrohttpd on a libuv loop. Real sockets: a client thread
  * asks while the test's thread runs the loop. The bearer token, 404 and
- * 405, a slowloris connection timed out, the connection limit, and bad
- * listen addresses refused. */
+ * 405, a slowloris connection timed out, the connection limit, a client
+ * that leaves mid-request let go at once, and bad listen addresses refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -513,6 +514,83 @@ static void test_per_address_cap(void **state) {
   stop(&s);
 }
 
+/* Descriptors this process holds. */
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* The kernel's state of the IPv4 socket from local port to remote port
+ * (/proc/net/tcp: 5 FIN-WAIT-2, 6 TIME-WAIT, 8 CLOSE-WAIT), or -1. */
+static int tcp_state(unsigned local, unsigned remote) {
+  FILE *f = fopen("/proc/net/tcp", "r");
+  assert_non_null(f);
+  char line[512];
+  int st = -1;
+  while (st < 0 && fgets(line, sizeof line, f)) {
+    unsigned lp, rp, s;
+    if (sscanf(line, " %*d: %*x:%x %*x:%x %x", &lp, &rp, &s) == 3 && lp == local && rp == remote)
+      st = (int)s;
+  }
+  fclose(f);
+  return st;
+}
+
+/* A client that sends part of a request and closes at once is let go at
+ * once: the FIN came with its bytes, MHD saw no edge of its own for it, and
+ * the socket sat in CLOSE-WAIT (a descriptor, and a place in its address's
+ * share) until the 10 s timeout. A whole request whose client half-closes
+ * straight after is still answered. */
+static void test_half_request_then_close(void **state) {
+  (void)state;
+  srv s;
+  start(&s, NULL, 0, 10);
+  unsigned port = megad_http_port(s.h);
+  int before = open_fds();
+  const char *halves[] = {"GET /met", "GET /metrics HTTP/1.1\r\nHost: x\r\n",
+                          "POST /api/x HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"};
+  for (size_t i = 0; i < 2 * sizeof halves / sizeof halves[0]; i++) {
+    const char *half = halves[i / 2];
+    int fd = dial(port);
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&me, &len), 0);
+    unsigned mine = ntohs(me.sin_port);
+    assert_int_equal(write(fd, half, strlen(half)), (ssize_t)strlen(half));
+    if (i % 2) shutdown(fd, SHUT_WR); /* a half-close: the client still listens */
+    else close(fd);
+    /* the server's end closed: the client's goes to TIME-WAIT */
+    double t0 = now_s();
+    bool released = false;
+    while (!released && now_s() - t0 < 5) {
+      run_for(&s, 10);
+      released = tcp_state(port, mine) < 0 && tcp_state(mine, port) == 6;
+    }
+    fprintf(stderr, "part %zu then %s: released after %.2f s\n", i / 2,
+            i % 2 ? "shutdown" : "close", now_s() - t0);
+    assert_true(released);
+    assert_true(now_s() - t0 < 1);
+    assert_int_equal(megad_http_connections(s.h), 0);
+    if (i % 2) close(fd);
+    assert_int_equal(open_fds(), before);
+  }
+  /* a whole request, then a half-close: answered */
+  int fd = dial(port);
+  const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  assert_int_equal(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+  shutdown(fd, SHUT_WR);
+  char buf[4096];
+  read_for(&s, fd, buf, 0, sizeof buf, 300);
+  assert_non_null(strstr(buf, " 200 OK\r\n"));
+  assert_non_null(strstr(buf, "up 1\n"));
+  close(fd);
+  stop(&s);
+}
+
 static void test_bad_listen(void **state) {
   (void)state;
   uv_loop_t loop;
@@ -553,6 +631,7 @@ int main(void) {
       cmocka_unit_test(test_stream),
       cmocka_unit_test(test_head_deadline),
       cmocka_unit_test(test_per_address_cap),
+      cmocka_unit_test(test_half_request_then_close),
       cmocka_unit_test(test_bad_listen),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
