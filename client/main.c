@@ -28,7 +28,7 @@ static const struct {
     {"cancel", megactl_cancel, "cancel jobs (several ids, or --all-pending)"},
     {"resume", megactl_resume, "restart a failed job from its newest checkpoint"},
     {"rescale", megactl_rescale, "re-plan a running job on N nodes at its next checkpoint"},
-    {"nodes", megactl_nodes, "list the cluster's nodes"},
+    {"nodes", megactl_nodes, "list the cluster's nodes; nodes forget NAME drops a dead one"},
     {"trace", megactl_trace, "download a job's Chrome trace"},
     {"etcd-dump", megactl_etcd_dump, "print a cluster's keys in etcd, values decoded"},
 };

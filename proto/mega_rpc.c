@@ -13,6 +13,7 @@ METHOD(mega_control_list_nodes, "Control", "ListNodes", list_nodes_request, list
 METHOD(mega_control_get_trace, "Control", "GetTrace", get_trace_request, trace_chunk, MEGA_RPC_SERVER_STREAM);
 METHOD(mega_control_resume_job, "Control", "ResumeJob", resume_job_request, resume_job_response, MEGA_RPC_UNARY);
 METHOD(mega_control_rescale_job, "Control", "RescaleJob", rescale_job_request, rescale_job_response, MEGA_RPC_UNARY);
+METHOD(mega_control_forget_node, "Control", "ForgetNode", forget_node_request, forget_node_response, MEGA_RPC_UNARY);
 
 METHOD(mega_peer_join, "Peer", "Join", join_request, join_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_heartbeat, "Peer", "Heartbeat", heartbeat_request, heartbeat_response, MEGA_RPC_UNARY);
@@ -32,7 +33,7 @@ const mega_rpc_method *const mega_control_methods[] = {
     &mega_control_submit_job, &mega_control_get_job,    &mega_control_list_jobs,
     &mega_control_cancel_job, &mega_control_watch_job,  &mega_control_list_nodes,
     &mega_control_get_trace,  &mega_control_resume_job, &mega_control_rescale_job,
-    NULL,
+    &mega_control_forget_node, NULL,
 };
 
 const mega_rpc_method *const mega_peer_methods[] = {

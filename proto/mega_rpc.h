@@ -21,6 +21,7 @@ extern const mega_rpc_method mega_control_list_nodes;
 extern const mega_rpc_method mega_control_get_trace; /* server stream */
 extern const mega_rpc_method mega_control_resume_job;
 extern const mega_rpc_method mega_control_rescale_job;
+extern const mega_rpc_method mega_control_forget_node;
 
 extern const mega_rpc_method mega_peer_join;
 extern const mega_rpc_method mega_peer_heartbeat;

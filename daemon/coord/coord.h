@@ -196,5 +196,8 @@ bool megad_coord_saving(const megad_coord *c);
 size_t megad_coord_stopping(const megad_coord *c);
 /* Slots of node taken by attempts this node coordinates. */
 uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id);
+/* A job whose running attempt, coordinated here, has ranks on node (the
+ * first found), or NULL. */
+const mega_job *megad_coord_job_on(const megad_coord *c, const char *node_id);
 
 #endif

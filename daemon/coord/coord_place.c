@@ -33,6 +33,13 @@ uint32_t megad_coord_slots_on(const megad_coord *c, const char *node_id) {
   return n;
 }
 
+const mega_job *megad_coord_job_on(const megad_coord *c, const char *node_id) {
+  for (const coord_run *run = c->runs; run; run = run->next)
+    for (size_t k = 0; k < run->job->nplaced; k++)
+      if (!strcmp(run->job->placement[k].node_id, node_id)) return run->job;
+  return NULL;
+}
+
 void coord_released(megad_coord *c, const mega_job *j) {
   uint64_t now = uv_now(c->b->loop);
   for (size_t k = 0; k < j->nplaced; k++) {

@@ -175,7 +175,8 @@ static void merge_view(megad_members *mb, const Mega__V1__MembershipView *v, meg
     bool fresh = false;
     if (!n) {
       if (m->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT ||
-          m->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD || !m->address || !m->address[0])
+          m->state == MEGA__V1__NODE_STATE__NODE_STATE_DEAD || !m->address || !m->address[0] ||
+          members_forgotten(mb, m->id, m->incarnation))
         continue;
       if (!(n = members_node_add(mb, m->id, m->address))) continue;
       n->incarnation = n->address_inc = m->incarnation;
@@ -315,16 +316,32 @@ static void send_heartbeat(megad_members *m, megad_node *n) {
   n->hb_inflight = true;
 }
 
+/* Whether n is due a heartbeat: every interval while it answers; a DEAD
+ * one after gaps that double up to MEGAD_MEMBERS_PROBE_MAX_MS (it may be
+ * back from a partition or a freeze, but most likely it is gone, and a
+ * call to it every interval for ever costs every node). */
+static bool heartbeat_due(megad_members *m, megad_node *n) {
+  if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_LEFT || n->hb_inflight) return false;
+  if (n->state != MEGA__V1__NODE_STATE__NODE_STATE_DEAD) return true;
+  uint64_t now = uv_now(m->b->loop);
+  if (now < n->probe_at_ms) return false;
+  unsigned gap = n->probe_gap_ms ? 2 * n->probe_gap_ms : 2 * m->o.heartbeat_interval_ms;
+  unsigned most = MEGAD_MEMBERS_PROBE_MAX_MS > m->o.heartbeat_interval_ms
+                      ? MEGAD_MEMBERS_PROBE_MAX_MS
+                      : m->o.heartbeat_interval_ms;
+  n->probe_gap_ms = gap < most ? gap : most;
+  n->probe_at_ms = now + n->probe_gap_ms;
+  return true;
+}
+
 static void on_tick(uv_timer_t *t) {
   megad_members *m = t->data;
   if (m->b->stopping) return;
   members_refresh_self(m);
   for (size_t i = 0; i < m->npeers; i++)
     if (!m->peer_joined[i] && !m->peer_joining[i]) send_join(m, m->peers[i], i);
-  for (size_t i = 1; i < m->nnodes; i++) {
-    megad_node *n = m->nodes[i];
-    if (n->state != MEGA__V1__NODE_STATE__NODE_STATE_LEFT && !n->hb_inflight) send_heartbeat(m, n);
-  }
+  for (size_t i = 1; i < m->nnodes; i++)
+    if (heartbeat_due(m, m->nodes[i])) send_heartbeat(m, m->nodes[i]);
   check_liveness(m);
 }
 
@@ -417,6 +434,7 @@ static void on_join(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
       reply_view(m, call, false);
     return;
   }
+  members_unforget(m, nm->id); /* it speaks for itself */
   megad_node *n = megad_members_find(m, nm->id);
   bool fresh = !n;
   if (!n && !(n = members_node_add(m, nm->id, nm->address))) {

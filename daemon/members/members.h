@@ -4,7 +4,11 @@
  * --heartbeat-interval and learns new nodes from the views that come back. A
  * node not heard from for half the --heartbeat-timeout is SUSPECT (no new
  * work is placed there), for the whole timeout DEAD. A new incarnation (a
- * restarted megad) counts as a loss too.
+ * restarted megad) counts as a loss too. A DEAD node is still heartbeated,
+ * since a partition heals and a frozen megad wakes, but less and less
+ * often: twice the interval after the last, up to MEGAD_MEMBERS_PROBE_MAX_MS.
+ * A node that is gone for good stays listed DEAD until an operator forgets
+ * it (megad_members_forget).
  *
  * etcd (members_etcd.c): no heartbeats between nodes. Each node holds an etcd
  * session (a lease of 2 s, kept alive) and puts its record, a mega.v1.Node
@@ -48,8 +52,22 @@ typedef struct megad_node {
   int64_t last_heartbeat_unix_ms;
   char **job_ids;            /* jobs with ranks there, as it last said */
   size_t njob_ids;
+  uint64_t probe_at_ms;      /* DEAD, peers mode: uv_now of its next heartbeat */
+  unsigned probe_gap_ms;     /* and the gap before the one after (0: none yet) */
   bool self, hb_inflight;
 } megad_node;
+
+/* The longest gap between heartbeats to a DEAD node (peers mode): a
+ * partition that heals is seen within it. */
+#define MEGAD_MEMBERS_PROBE_MAX_MS 10000u
+
+/* A node forgotten (megad_members_forget): views that still list this
+ * incarnation, or an older one, do not bring it back. */
+typedef struct megad_forgotten {
+  char id[MEGAD_NODE_NAME_MAX + 1];
+  uint64_t incarnation;
+} megad_forgotten;
+#define MEGAD_MEMBERS_FORGOTTEN_MAX 64
 
 typedef struct megad_members_cbs {
   void (*node_up)(void *arg, megad_node *n);
@@ -82,6 +100,8 @@ typedef struct megad_members {
   megad_node **nodes; /* nodes[0] is this node */
   size_t nnodes;
   uint64_t view_version;
+  megad_forgotten forgotten[MEGAD_MEMBERS_FORGOTTEN_MAX]; /* a ring; empty ids unused */
+  size_t forgotten_next;
   char **peers; /* --peers, joined until each has answered once */
   bool *peer_joined, *peer_joining, *peer_warned;
   size_t npeers;
@@ -138,6 +158,19 @@ void megad_members_register(megad_members *m, mega_rpc_server *srv);
 typedef void (*megad_members_loads_cb)(void *arg);
 void megad_members_read_loads(megad_members *m, unsigned max_age_ms, megad_members_loads_cb done,
                               void *arg);
+
+/* Drops node id from the view, on an operator's word that it is gone for
+ * good (megactl nodes forget): it is no longer listed or heartbeated, and
+ * views from nodes that still list it, at the incarnation this node knew or
+ * inc (whichever is later) or an older one, do not bring it back; a later
+ * incarnation (its megad restarted) joins as any node does, and so does any
+ * that speaks to this node itself. Refused (INVALID) for this node and for
+ * a node that is ALIVE or SUSPECT (it answers: stop its megad first);
+ * NOT_FOUND when the view has no such node, unless unknown_ok (then it is
+ * only kept from coming back). Other layers keep no megad_node pointer
+ * across loop turns, so the node is freed at once. */
+mega_status megad_members_forget(megad_members *m, const char *id, uint64_t inc, bool unknown_ok,
+                                 mega_err *err);
 
 megad_node *megad_members_find(megad_members *m, const char *id);
 megad_node *megad_members_self(megad_members *m);

@@ -22,6 +22,11 @@ void members_node_msg(megad_node *n, Mega__V1__Node *m);
 void members_refresh_self(megad_members *m);
 /* n is lost (DEAD, LEFT, or ALIVE again as a new incarnation): callbacks. */
 void members_node_lost(megad_members *m, megad_node *n, Mega__V1__NodeState to, const char *why);
+/* Whether id was forgotten at incarnation inc or a later one: news of it
+ * from others is old news. */
+bool members_forgotten(const megad_members *m, const char *id, uint64_t inc);
+/* id spoke to this node itself: it is not forgotten any more. */
+void members_unforget(megad_members *m, const char *id);
 
 /* etcd mode (members_etcd.c) */
 void members_etcd_start(megad_members *m);

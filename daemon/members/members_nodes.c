@@ -116,9 +116,71 @@ void members_refresh_self(megad_members *m) {
 
 void members_node_lost(megad_members *m, megad_node *n, Mega__V1__NodeState to, const char *why) {
   n->state = to;
+  n->probe_at_ms = 0; /* the next tick asks it first */
+  n->probe_gap_ms = 0;
   m->view_version++;
   members_set_job_ids(n, NULL, 0); /* its ranks are gone with it */
   megad_forget_channel(m->b, n->address);
   megad_warn(m->b, "%s", why);
   if (m->cbs.node_lost) m->cbs.node_lost(m->cbs.arg, n, why);
+}
+
+/* ---- forgetting ---- */
+
+bool members_forgotten(const megad_members *m, const char *id, uint64_t inc) {
+  for (size_t i = 0; i < MEGAD_MEMBERS_FORGOTTEN_MAX; i++)
+    if (m->forgotten[i].id[0] && !strcmp(m->forgotten[i].id, id))
+      return inc <= m->forgotten[i].incarnation;
+  return false;
+}
+
+void members_unforget(megad_members *m, const char *id) {
+  for (size_t i = 0; i < MEGAD_MEMBERS_FORGOTTEN_MAX; i++)
+    if (!strcmp(m->forgotten[i].id, id)) m->forgotten[i].id[0] = '\0';
+}
+
+static void remember_forgotten(megad_members *m, const char *id, uint64_t inc) {
+  members_unforget(m, id);
+  megad_forgotten *f = &m->forgotten[m->forgotten_next];
+  m->forgotten_next = (m->forgotten_next + 1) % MEGAD_MEMBERS_FORGOTTEN_MAX;
+  snprintf(f->id, sizeof f->id, "%s", id);
+  f->incarnation = inc;
+}
+
+mega_status megad_members_forget(megad_members *m, const char *id, uint64_t inc, bool unknown_ok,
+                                 mega_err *err) {
+  if (!id || !id[0]) return mega_fail(err, MEGA_ERR_INVALID, "which node? give its name");
+  if (strlen(id) > MEGAD_NODE_NAME_MAX)
+    return mega_fail(err, MEGA_ERR_INVALID, "a node name is at most %d bytes",
+                     MEGAD_NODE_NAME_MAX);
+  size_t i = 0;
+  while (i < m->nnodes && strcmp(m->nodes[i]->id, id)) i++;
+  if (i == m->nnodes) {
+    if (!unknown_ok)
+      return mega_fail(err, MEGA_ERR_NOT_FOUND,
+                       "node %s lists no node '%s' (megactl nodes lists those it does)",
+                       m->b->node_id, id);
+    remember_forgotten(m, id, inc);
+    return MEGA_OK;
+  }
+  megad_node *n = m->nodes[i];
+  if (n->self)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "node %s cannot forget itself: ask another node, after stopping this one",
+                     id);
+  if (n->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE ||
+      n->state == MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "node %s is %s here (heard from %.1f s ago): stop its megad first; only a "
+                     "dead or departed node can be forgotten",
+                     id, members_state_name(n->state),
+                     (double)(uv_now(m->b->loop) - n->seen_ms) / 1000);
+  remember_forgotten(m, id, n->incarnation > inc ? n->incarnation : inc);
+  megad_forget_channel(m->b, n->address);
+  megad_log(m->b, "node %s (%s, %s) forgotten", id, n->address, members_state_name(n->state));
+  members_node_free(n);
+  memmove(&m->nodes[i], &m->nodes[i + 1], (m->nnodes - i - 1) * sizeof *m->nodes);
+  m->nnodes--;
+  m->view_version++;
+  return MEGA_OK;
 }

@@ -438,4 +438,5 @@ void megad_control_register(megad_services *s, mega_rpc_server *srv) {
   mega_rpc_server_handle(srv, &mega_control_get_trace, on_get_trace, s, NULL);
   mega_rpc_server_handle(srv, &mega_control_resume_job, on_resume, s, NULL);
   mega_rpc_server_handle(srv, &mega_control_rescale_job, on_rescale, s, NULL);
+  mega_rpc_server_handle(srv, &mega_control_forget_node, megad_on_forget_node, s, NULL);
 }

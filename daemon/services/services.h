@@ -1,6 +1,7 @@
 /* The service layer: what the wire asks of megad, on top of every other
  * layer. control.c serves Control (forwarding calls about a job to its
- * coordinator when another node owns it), peer.c the Peer calls about jobs,
+ * coordinator when another node owns it; forget.c drops a node gone for
+ * good from every view), peer.c the Peer calls about jobs,
  * metrics.c GET /metrics (served by http.c). Members and kvserve register their own calls. */
 #ifndef MEGA_DAEMON_SERVICES_H
 #define MEGA_DAEMON_SERVICES_H
@@ -29,6 +30,8 @@ typedef struct megad_services {
 #define MEGAD_MAX_REQUEST_BYTES (4u << 20)
 
 void megad_control_register(megad_services *s, mega_rpc_server *srv);
+/* Control.ForgetNode (forget.c; megad_control_register registers it). */
+void megad_on_forget_node(mega_rpc_call *call, const ProtobufCMessage *msg, void *data);
 /* Whether this megad takes new jobs now (false, with why, while etcd is
  * unreachable or a write to it is not yet durable, or while it stops):
  * SubmitJob's test, and GET /readyz's. */

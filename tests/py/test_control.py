@@ -7,8 +7,9 @@ usage: test_control.py MEGAD PROTO_FILE OUT_DIR
 Generates Python stubs from mega.proto into OUT_DIR at test time, starts
 megad on a free port with two slots, and drives Control: SubmitJob, GetJob,
 ListJobs (with a state filter), WatchJob streamed to the end, CancelJob,
-ListNodes, GetTrace, NOT_FOUND for an unknown id and INVALID_ARGUMENT with
-core/jobspec's sentence for a bad spec. Exits 77 (skipped) without grpcio."""
+ListNodes, ForgetNode's refusals, GetTrace, NOT_FOUND for an unknown id and
+INVALID_ARGUMENT with core/jobspec's sentence for a bad spec. Exits 77 (skipped)
+without grpcio."""
 import json
 import os
 import re
@@ -180,6 +181,15 @@ def run(grpc, pb, pbg, ch, work):
     me = [n for n in nodes.nodes if n.id == "py-node"]
     check(len(me) == 1 and me[0].state == pb.NODE_STATE_ALIVE and me[0].slots == 2,
           "nodes %r" % nodes)
+    # ForgetNode takes only a dead node: not this one, not one nobody lists, not no name
+    e = expect_error(grpc, lambda: ctl.ForgetNode(pb.ForgetNodeRequest(node_id="py-node"),
+                                                  timeout=10),
+                     grpc.StatusCode.FAILED_PRECONDITION)
+    check("cannot forget itself" in e.details(), "details %r" % e.details())
+    expect_error(grpc, lambda: ctl.ForgetNode(pb.ForgetNodeRequest(node_id="py-gone"), timeout=10),
+                 grpc.StatusCode.NOT_FOUND)
+    expect_error(grpc, lambda: ctl.ForgetNode(pb.ForgetNodeRequest(), timeout=10),
+                 grpc.StatusCode.INVALID_ARGUMENT)
 
     # ---- a trace ----
     spec = pb.JobSpec(name="py-trace", args=tiny_args(data, 2, ["--trace-iteration", "2"]),
