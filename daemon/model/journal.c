@@ -150,8 +150,12 @@ static mega_status keep_copy(mega_journal *j, const uint8_t *buf, size_t size, c
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0 || write_all(fd, buf, size) || fsync(fd)) {
-    if (fd >= 0) close(fd);
-    return io_fail(err, "cannot keep a copy of the damaged journal", copy);
+    mega_status s = io_fail(err, "cannot keep a copy of the damaged journal", copy);
+    if (fd >= 0) {
+      close(fd);
+      unlink(copy); /* half a copy is no copy, and a full disk's next try makes another */
+    }
+    return s;
   }
   close(fd);
   return MEGA_OK;
@@ -239,12 +243,17 @@ static mega_status check_len(const mega_journal *j, size_t len, mega_err *err) {
   return MEGA_OK;
 }
 
+/* A failed append (a full disk, ulimit -f) is cut back to where it began:
+ * left there, its part-written record would sit in the middle of the file
+ * once later appends found room, and replay would call it damage. */
+static mega_status append_failed(mega_journal *j, off_t end, mega_err *err) {
+  mega_status s = io_fail(err, "cannot append", j->path);
+  if (end >= 0 && ftruncate(j->fd, end) == 0) fdatasync(j->fd);
+  return s;
+}
+
 mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err) {
-  mega_status st = check_len(j, len, err);
-  if (st != MEGA_OK) return st;
-  if (write_record(j->fd, rec, len) || fdatasync(j->fd))
-    return io_fail(err, "cannot append", j->path);
-  return MEGA_OK;
+  return mega_journal_append_many(j, &rec, &len, 1, err);
 }
 
 mega_status mega_journal_append_many(mega_journal *j, const void *const *recs, const size_t *lens,
@@ -253,9 +262,10 @@ mega_status mega_journal_append_many(mega_journal *j, const void *const *recs, c
     mega_status st = check_len(j, lens[i], err);
     if (st != MEGA_OK) return st;
   }
+  off_t end = lseek(j->fd, 0, SEEK_END);
   for (size_t i = 0; i < n; i++)
-    if (write_record(j->fd, recs[i], lens[i])) return io_fail(err, "cannot append", j->path);
-  if (n && fdatasync(j->fd)) return io_fail(err, "cannot append", j->path);
+    if (write_record(j->fd, recs[i], lens[i])) return append_failed(j, end, err);
+  if (n && fdatasync(j->fd)) return append_failed(j, end, err);
   return MEGA_OK;
 }
 

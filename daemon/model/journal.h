@@ -6,7 +6,9 @@
  * and made durable with fdatasync before append returns, so a job is
  * journaled before megad answers its submitter.
  *
- * A crash can only tear the last record: a record cut short (its header
+ * An append that fails (a full disk, ulimit -f) is cut back to where it
+ * began, so the file holds whole records only, and later appends follow
+ * them. A crash can only tear the last record: a record cut short (its header
  * cut, or a length that runs past the end of the file) with nothing valid
  * after it is a torn tail, and replay cuts the file there, so the next
  * append starts clean. Anything else that is not a valid record is damage (a
@@ -52,10 +54,11 @@ typedef struct mega_journal_report {
 mega_status mega_journal_replay(mega_journal *j, mega_journal_fn fn, void *ctx,
                                 mega_journal_report *rep, mega_err *err);
 
-/* len must be 1 to MEGA_JOURNAL_MAX_RECORD (MEGA_ERR_INVALID otherwise). */
+/* len must be 1 to MEGA_JOURNAL_MAX_RECORD (MEGA_ERR_INVALID otherwise).
+ * On MEGA_ERR_IO nothing of the record is left in the file. */
 mega_status mega_journal_append(mega_journal *j, const void *rec, size_t len, mega_err *err);
 /* n records, made durable together by one fdatasync (a batch costs one
- * disk flush, not n). */
+ * disk flush, not n); all of them or, on an error, none. */
 mega_status mega_journal_append_many(mega_journal *j, const void *const *recs, const size_t *lens,
                                      size_t n, mega_err *err);
 
