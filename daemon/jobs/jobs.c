@@ -53,8 +53,9 @@ static void recs_add(recs *r, mega_status st, uint8_t *buf, size_t len) {
 
 /* The journal holds every change; once it is mostly history, it is
  * rewritten as one record per job, its events and its last step. replayed:
- * the records the file holds now. */
-static void compact(megad_jobs *js, size_t replayed) {
+ * the records the file holds now. Behind (records it could not take), it is
+ * rewritten whatever its size; false if that failed (e says why). */
+static bool compact(megad_jobs *js, size_t replayed, mega_err *e) {
   recs r = {.ok = true};
   for (size_t i = 0; r.ok && i < js->t.n; i++) {
     mega_job *j = js->t.v[i];
@@ -84,20 +85,25 @@ static void compact(megad_jobs *js, size_t replayed) {
     mega_status st = mega_jrec_forget(id, &buf, &len, NULL);
     recs_add(&r, st, buf, len);
   }
-  mega_err e = {0};
   js->journal_recs = replayed;
   if (r.ok) js->journal_live = r.n;
-  if (r.ok && 2 * r.n + 64 < replayed) {
-    if (mega_journal_rewrite(js->journal, (const void *const *)r.v, r.lens, r.n, &e) == MEGA_OK) {
+  bool ok = r.ok || (mega_fail(e, MEGA_ERR_NOMEM, "out of memory rewriting the journal"), false);
+  if (r.ok && (js->journal_behind || 2 * r.n + 64 < replayed)) {
+    ok = mega_journal_rewrite(js->journal, (const void *const *)r.v, r.lens, r.n, e) == MEGA_OK;
+    if (ok && js->journal_behind)
+      megad_log(js->b, "journal: rewritten from the jobs in memory (%zu records), with the %zu "
+                "changes it could not take before", r.n, js->journal_behind);
+    else if (ok)
       megad_log(js->b, "journal: compacted %zu records into %zu", replayed, r.n);
+    if (ok) {
       js->journal_recs = r.n;
-    } else {
-      megad_warn(js->b, "journal: %s", e.msg);
+      js->journal_behind = 0;
     }
   }
   for (size_t i = 0; i < r.n; i++) free(r.v[i]);
   free(r.v);
   free(r.lens);
+  return ok;
 }
 
 /* Says loudly what replay cut or skipped, and which jobs lost their record
@@ -143,15 +149,25 @@ mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err) {
   if (js->t.n)
     megad_log(b, "journal: %zu job%s replayed from %zu records", js->t.n, js->t.n == 1 ? "" : "s",
               r.records);
-  compact(js, r.records);
+  mega_err e = {0};
+  if (!compact(js, r.records, &e)) megad_warn(b, "journal: %s", e.msg);
   return MEGA_OK;
 }
 
 void megad_jobs_tidy(megad_jobs *js) {
-  if (js->journal && js->journal_recs > 2 * js->journal_live + 64) compact(js, js->journal_recs);
+  mega_err e = {0};
+  /* behind, a failed try is quiet: the first record lost said so */
+  if (js->journal && (js->journal_behind || js->journal_recs > 2 * js->journal_live + 64) &&
+      !compact(js, js->journal_recs, &e) && !js->journal_behind)
+    megad_warn(js->b, "journal: %s", e.msg);
 }
 
 void megad_jobs_close(megad_jobs *js) {
+  mega_err e = {0};
+  if (js->journal && js->journal_behind && !compact(js, js->journal_recs, &e))
+    megad_warn(js->b, "journal: %zu changes of jobs never reached it, and a rewrite failed too "
+               "(%s): a megad started on this state dir finds the jobs as they were before "
+               "them", js->journal_behind, e.msg);
   megad_jobs_etcd_close(js);
   mega_journal_close(js->journal);
   js->journal = NULL;
@@ -222,13 +238,18 @@ size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *a
 }
 
 /* One record of j: to the journal, or to etcd (claim: j's first, which
- * makes this node its coordinator). buf is taken. */
+ * makes this node its coordinator). buf is taken. A record the journal
+ * cannot take is logged here and leaves it behind the table. */
 static mega_status put_rec(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
                            size_t len, bool claim, mega_err *err) {
   mega_status s = MEGA_OK;
   if (js->journal) {
     s = mega_journal_append(js->journal, buf, len, err);
     if (s == MEGA_OK) js->journal_recs++;
+    else if (js->journal_behind++) megad_warn(js->b, "journal: %s", err->msg);
+    else /* the first since the table was written whole says what follows */
+      megad_warn(js->b, "journal: %s; megad goes on with its jobs in memory and rewrites the "
+                 "journal from them once it can (free space in %s)", err->msg, js->b->state_dir);
     free(buf);
   } else if (js->etcd) {
     megad_jobs_etcd_put(js, j, suffix, buf, len, claim);
@@ -243,11 +264,9 @@ static mega_status save(megad_jobs *js, const mega_job *j, bool claim, mega_err 
   size_t len;
   mega_err e = {0};
   mega_status s = mega_jrec_job(j, &buf, &len, &e);
-  if (s == MEGA_OK) s = put_rec(js, j, "0", buf, len, claim, &e);
-  if (s != MEGA_OK) {
-    megad_warn(js->b, "journal: %s", e.msg);
-    if (err) *err = e;
-  }
+  if (s != MEGA_OK) megad_warn(js->b, "journal: %s", e.msg);
+  else s = put_rec(js, j, "0", buf, len, claim, &e);
+  if (s != MEGA_OK && err) *err = e;
   return s;
 }
 
@@ -338,9 +357,8 @@ void megad_job_event(megad_jobs *js, mega_job *j, Mega__V1__JobEventKind kind,
   size_t len;
   char suffix[32];
   snprintf(suffix, sizeof suffix, "e/%010llu", (unsigned long long)ev.number - 1);
-  if ((js->journal || js->etcd) && mega_jrec_event(j->id, &ev, &buf, &len, &e) == MEGA_OK &&
-      put_rec(js, j, suffix, buf, len, false, &e) != MEGA_OK)
-    megad_warn(js->b, "journal: %s", e.msg);
+  if ((js->journal || js->etcd) && mega_jrec_event(j->id, &ev, &buf, &len, &e) == MEGA_OK)
+    put_rec(js, j, suffix, buf, len, false, &e);
   if (gone && js->etcd) {
     snprintf(suffix, sizeof suffix, "e/%010llu", (unsigned long long)gone - 1);
     megad_jobs_etcd_del(js, j, suffix);
@@ -379,9 +397,8 @@ void megad_job_finalize(megad_jobs *js, mega_job *j, mega_job_state state, const
   /* the last step outlives the history's ring in the journal */
   uint8_t *buf;
   size_t len;
-  if (j->hist.last_step && mega_jrec_step(j->id, j->hist.last_step, &buf, &len, &e) == MEGA_OK &&
-      put_rec(js, j, "s", buf, len, false, &e) != MEGA_OK)
-    megad_warn(js->b, "journal: %s", e.msg);
+  if (j->hist.last_step && mega_jrec_step(j->id, j->hist.last_step, &buf, &len, &e) == MEGA_OK)
+    put_rec(js, j, "s", buf, len, false, &e);
   megad_jobs_save(js, j, NULL);
   js->stats.finished[state == MEGA_JOB_SUCCEEDED   ? 0
                      : state == MEGA_JOB_CANCELLED ? 2

@@ -61,6 +61,8 @@ typedef struct megad_jobs {
   mega_journal *journal;   /* embedded mode; NULL in etcd mode */
   size_t journal_recs;     /* records in the journal file now */
   size_t journal_live;     /* records a rewrite kept, when last counted */
+  size_t journal_behind;   /* records the journal could not take since the table was last
+                              written whole (a full disk): a rewrite from the table is due */
   megad_watchers watchers;
   megad_jobs_stats stats;
   /* etcd mode (jobs_etcd.c): the cluster's jobs as etcd has them (this
@@ -95,9 +97,11 @@ void megad_jobs_listen(megad_jobs *js, megad_jobs_item_fn fn, void *arg);
 mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err);
 /* Rewrites the journal once it is mostly history (more than twice the
  * records a rewrite would keep, and 64 more), so a megad that runs for
- * weeks keeps it as bounded as its table; O(1) until then. Call where the
- * table is whole (not between a record and the change it journals); a
- * no-op in etcd mode. */
+ * weeks keeps it as bounded as its table; O(1) until then. Also once a
+ * record could not be written (a full disk): the table is ahead of the
+ * file until a rewrite from it succeeds, tried on every call (and at
+ * megad_jobs_close). Call where the table is whole (not between a record
+ * and the change it journals); a no-op in etcd mode. */
 void megad_jobs_tidy(megad_jobs *js);
 /* etcd mode instead of the journal (jobs_etcd.c): reads every job of the
  * cluster from etcd into the mirror and follows it from there on. Keys:

@@ -1,0 +1,143 @@
+/* megad on a full disk, end to end. A full disk is megad's file size limit
+ * here (RLIMIT_FSIZE, set on the running megad with prlimit): it needs no
+ * root and no mount, stops a write at an exact byte, and the write fails as
+ * on a full disk (EFBIG for ENOSPC; megad catches SIGXFSZ). What the journal
+ * could not take is written from memory once there is room, so a restart
+ * finds every job as it ended. Each case runs as a test of its own (meson). */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
+
+/* megad may write files up to `bytes` from now on (RLIM_INFINITY: as before). */
+static void file_limit(const hd *d, rlim_t bytes) {
+  struct rlimit r;
+  assert_int_equal(prlimit(d->pid, RLIMIT_FSIZE, NULL, &r), 0);
+  r.rlim_cur = bytes == RLIM_INFINITY ? r.rlim_max : bytes;
+  assert_int_equal(prlimit(d->pid, RLIMIT_FSIZE, &r, NULL), 0);
+}
+
+static off_t size_of(const char *path) {
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  return st.st_size;
+}
+
+/* A job that trains until cancelled, its worker running. */
+static void start_long_job(hd *d, char *id, size_t len) {
+  Mega__V1__JobSpec spec;
+  const char *slow[] = {"--simulate-compute", "5:10", NULL};
+  hd_tiny_spec(&spec, d->dir, 100000, slow);
+  spec.nproc_per_node = 1;
+  mega_err err = {0};
+  assert_int_equal(hd_submit(d, &spec, id, len, &err), MEGA_OK);
+  pid_t pids[4];
+  assert_true(hd_wait_workers(d, 1, 20000, pids));
+}
+
+static Mega__V1__JobState state_of(hd *d, const char *id) {
+  mega_err err = {0};
+  Mega__V1__Job *j = hd_get_job(d, id, &err);
+  if (!j) fail_msg("GetJob %s: %s", id, err.msg);
+  Mega__V1__JobState s = j->state;
+  protobuf_c_message_free_unpacked(&j->base, NULL);
+  return s;
+}
+
+/* The disk fills while id runs, then id is cancelled: its end is in
+ * memory, not in the journal (the first record cut 4 bytes in), and a new
+ * job is refused with the journal's reason. */
+static void cancel_on_a_full_disk(hd *d, const char *id) {
+  char journal[200];
+  snprintf(journal, sizeof journal, "%s/journal", d->dir);
+  file_limit(d, (rlim_t)size_of(journal) + 4);
+  mega_err err = {0};
+  assert_int_equal(hd_cancel(d, id, "the disk filled", &err), MEGA_OK);
+  assert_int_equal(state_of(d, id), STATE(CANCELLED));
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d->dir, 1, NULL);
+  char refused[64];
+  assert_int_not_equal(hd_submit(d, &spec, refused, sizeof refused, &err), MEGA_OK);
+  assert_true(hd_text_ok("the refusal", err.msg, HD_ALL(journal, "File too large"), NULL));
+}
+
+/* A restart finds id cancelled, and no damage in the journal. */
+static void restart_finds_it_cancelled(hd *d, const char *id) {
+  assert_true(hd_restart(d, NULL));
+  assert_int_equal(state_of(d, id), STATE(CANCELLED));
+  assert_false(hd_log_has(d, "DAMAGED"));
+  assert_false(hd_log_has(d, "torn"));
+  assert_false(hd_log_has(d, "resuming"));
+}
+
+/* Room again: the next retention pass (a job's end starts one) writes the
+ * journal from memory. Before, the cancel was never journaled, and megad
+ * killed then resumed the cancelled job as if it had been running. */
+static void test_journal_catches_up_when_there_is_room(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "f1", 1, NULL, NULL, NULL));
+  char id[64], next[64];
+  start_long_job(&d, id, sizeof id);
+  cancel_on_a_full_disk(&d, id);
+  file_limit(&d, RLIM_INFINITY);
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d.dir, 1, NULL);
+  spec.nproc_per_node = 1;
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&d, &spec, next, sizeof next, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(&d, next, false, 30000, &w);
+  assert_true(hd_succeeded(&d, &w));
+  hd_watch_free(&w);
+  assert_true(hd_wait_log(&d, "journal: rewritten from the jobs in memory", 15000));
+  restart_finds_it_cancelled(&d, id);
+  assert_int_equal(state_of(&d, next), STATE(SUCCEEDED));
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+/* An operator frees space and restarts megad (SIGTERM) at once: megad
+ * writes the journal from memory as it stops. */
+static void test_stop_writes_what_the_journal_missed(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "f2", 1, NULL, NULL, NULL));
+  char id[64];
+  start_long_job(&d, id, sizeof id);
+  cancel_on_a_full_disk(&d, id);
+  file_limit(&d, RLIM_INFINITY);
+  assert_int_equal(hd_stop(&d), 0);
+  restart_finds_it_cancelled(&d, id);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hd_cleanup_all();
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test_teardown(test_journal_catches_up_when_there_is_room, teardown),
+      cmocka_unit_test_teardown(test_stop_writes_what_the_journal_missed, teardown),
+  };
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
+  return cmocka_run_group_tests(all, NULL, NULL);
+}
