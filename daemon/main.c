@@ -21,7 +21,8 @@
  * terminal, a reload out of habit) are logged and change nothing, where
  * their default action would end megad and its jobs without a word. So is
  * SIGXFSZ (a file reached ulimit -f or LimitFSIZE=): the write fails with
- * EFBIG instead, and its own error names the file. */
+ * EFBIG instead, and its own error names the file; it is logged once a
+ * minute at most (megad's own log may be the file at the limit). */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -46,6 +47,8 @@ typedef struct app {
   uv_loop_t loop;
   megad d;
   uv_signal_t sigint, sigterm, sigusr1, sigusr2, sighup, sigxfsz;
+  uint64_t xfsz_said_ms;  /* when SIGXFSZ was last logged (loop time; 0: never) */
+  unsigned xfsz_unsaid;   /* SIGXFSZ got since, not logged */
   bool started, json, run; /* run: `megad run`, else serve */
   int exit_code;
   /* run */
@@ -203,8 +206,22 @@ static void on_user_signal(uv_signal_t *h, int sig) {
     return;
   }
   if (sig == SIGXFSZ) {
-    megad_warn(&a->d.base, "got SIGXFSZ: a file reached this process's size limit (ulimit -f, "
-               "systemd's LimitFSIZE=); the write failed, and its own error says which");
+    /* once a minute at most: with megad's own log at the limit, each
+     * warning's failed write raised SIGXFSZ again, and megad spun */
+    uint64_t now = uv_now(&a->loop) + 1;
+    if (a->xfsz_said_ms && now - a->xfsz_said_ms < 60000) {
+      a->xfsz_unsaid++;
+      return;
+    }
+    char more[80] = "";
+    if (a->xfsz_unsaid)
+      snprintf(more, sizeof more, " (%u more time%s since this was last logged)", a->xfsz_unsaid,
+               a->xfsz_unsaid == 1 ? "" : "s");
+    a->xfsz_said_ms = now;
+    a->xfsz_unsaid = 0;
+    megad_warn(&a->d.base, "got SIGXFSZ%s: a file reached this process's size limit (ulimit -f, "
+               "systemd's LimitFSIZE=); the write failed, and its own error says which (unless "
+               "it was this log's)", more);
     return;
   }
   if (sig == SIGHUP) {

@@ -3,7 +3,8 @@
  * root and no mount, stops a write at an exact byte, and the write fails as
  * on a full disk (EFBIG for ENOSPC; megad catches SIGXFSZ). What the journal
  * could not take is written from memory once there is room, so a restart
- * finds every job as it ended. Each case runs as a test of its own (meson). */
+ * finds every job as it ended; a log file at the limit does not make megad
+ * spin. Each case runs as a test of its own (meson). */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -126,6 +127,43 @@ static void test_stop_writes_what_the_journal_missed(void **state) {
   hd_cleanup(&d);
 }
 
+/* Write calls d's megad has made (/proc/PID/io), failed ones too. */
+static long long write_calls(const hd *d) {
+  char path[64], line[128];
+  snprintf(path, sizeof path, "/proc/%d/io", (int)d->pid);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  long long n = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "syscw: %lld", &n) == 1) break;
+  fclose(f);
+  assert_true(n >= 0);
+  return n;
+}
+
+/* megad's own log at the limit (systemd's LimitFSIZE= with its stderr in
+ * a file): the warning about SIGXFSZ cannot be written, and its failed
+ * write raised SIGXFSZ again, for ever: megad spun a core on writes that
+ * all failed. Now it says so once, then at most once a minute. */
+static void test_log_at_the_limit_does_not_spin(void **state) {
+  (void)state;
+  hd d;
+  assert_true(hd_start(&d, "f3", 1, NULL, NULL, NULL));
+  file_limit(&d, (rlim_t)size_of(d.log));
+  assert_int_equal(kill(d.pid, SIGXFSZ), 0);
+  long long before = write_calls(&d);
+  usleep(500 * 1000); /* a window to count in: what is measured is no event */
+  long long made = write_calls(&d) - before;
+  file_limit(&d, RLIM_INFINITY);
+  if (made > 20) fail_msg("megad made %lld write calls in 0.5 s with its log at the limit", made);
+  mega_err err = {0};
+  Mega__V1__ListNodesResponse *r = hd_list_nodes(&d, &err);
+  assert_non_null(r); /* still serving */
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  assert_int_equal(hd_stop(&d), 0);
+  hd_cleanup(&d);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -137,6 +175,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_journal_catches_up_when_there_is_room, teardown),
       cmocka_unit_test_teardown(test_stop_writes_what_the_journal_missed, teardown),
+      cmocka_unit_test_teardown(test_log_at_the_limit_does_not_spin, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
