@@ -67,7 +67,8 @@ int64_t mega_gpt_order_document(const mega_gpt_order *o, int64_t p);
  * A crc32 of the body and range checks of every entry catch a damaged or
  * truncated file. A file is written to a temporary name and renamed, under
  * an exclusive flock on NAME.lock, so the first process to miss builds it
- * and the others wait on the lock and then map it. */
+ * and the others wait on the lock and then map it; the builder removes the
+ * temporary files of builders that were killed. */
 
 typedef enum mega_gpt_cache_how {
   MEGA_GPT_CACHE_READ,    /* mapped from the cache file */

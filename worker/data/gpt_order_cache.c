@@ -10,6 +10,7 @@
  * a JSON of Python objects (the tokenizer's, the split matrix's float
  * reprs) that mega cannot restate exactly, and its key names the dataset
  * by path, not by its contents (docs/DESIGN.md, "Megatron's data order"). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -187,6 +188,23 @@ static mega_status write_all(int fd, const void *p, size_t n, const char *path, 
   return MEGA_OK;
 }
 
+/* Removes dir's NAME.tmp.* files: only the lock's holder writes one, and
+ * the caller holds it, so these are the temps of builders that were killed
+ * (each the size of the index), which nothing else would ever remove. */
+static void remove_dead_temps(int dir, const char *name) {
+  int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* dir is an O_PATH fd */
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0) close(fd);
+    return;
+  }
+  size_t len = strlen(name);
+  for (struct dirent *e; (e = readdir(d));)
+    if (!strncmp(e->d_name, name, len) && !strncmp(e->d_name + len, ".tmp.", 5))
+      unlinkat(dir, e->d_name, 0); /* a file; a directory there stays, and is refused */
+  closedir(d);
+}
+
 /* Writes o as the cache file at path: a temporary file, fsynced, renamed. */
 static mega_status store(const mega_gpt_order *o, const key *k, const char *path,
                          mega_err *err) {
@@ -214,7 +232,7 @@ static mega_status store(const mega_gpt_order *o, const key *k, const char *path
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
   int dir = mega_nf_parent(path, name, sizeof name, link, sizeof link);
   snprintf(tname, sizeof tname, "%s.tmp.%ld", name, (long)getpid());
-  if (dir >= 0) unlinkat(dir, tname, 0);
+  if (dir >= 0) remove_dead_temps(dir, name);
   int fd = dir < 0 ? -1
                    : openat(dir, tname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   mega_status st = fd >= 0 ? MEGA_OK
