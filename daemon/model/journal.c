@@ -285,10 +285,13 @@ mega_status mega_journal_rewrite(mega_journal *j, const void *const *recs, const
   for (size_t i = 0; i < n; i++) {
     if (write_record(fd, recs[i], lens[i])) goto fail;
   }
-  if (fsync(fd) || rename(tmp, j->path) || fsync_dir_of(j->path)) goto fail;
+  if (fsync(fd) || rename(tmp, j->path)) goto fail;
+  /* in place: this is the journal now, whatever follows (the old file is
+   * unlinked, and appends to it would be lost) */
   close(j->fd);
   j->fd = fd;
   free(tmp);
+  if (fsync_dir_of(j->path)) return io_fail(err, "rewritten, but cannot sync its directory", j->path);
   return MEGA_OK;
 fail:;
   mega_status s = io_fail(err, "cannot rewrite", j->path);

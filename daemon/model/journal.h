@@ -63,7 +63,9 @@ mega_status mega_journal_append_many(mega_journal *j, const void *const *recs, c
                                      size_t n, mega_err *err);
 
 /* Replaces the whole journal with the given records, atomically (temp file,
- * fsync, rename), to keep it from growing without bound. */
+ * fsync, rename), to keep it from growing without bound. On an error before
+ * the rename the old journal stays in use; after it (its directory not
+ * synced) the new one is in use, and the error says so. */
 mega_status mega_journal_rewrite(mega_journal *j, const void *const *recs, const size_t *lens,
                                  size_t n, mega_err *err);
 

@@ -1,9 +1,10 @@
-/* The journal on a disk that fills up (daemon/model/journal.h): a write
- * that fails part way (ENOSPC, or EFBIG past ulimit -f, which stands in for
- * a full disk here: RLIMIT_FSIZE needs no root and stops a write at an
- * exact byte) leaves the journal as it was before the call, so appends
- * after the disk has room again follow good records, and the next replay
- * finds no damage that never was. */
+/* The journal when the disk fills up or the process runs out of file
+ * descriptors (daemon/model/journal.h): a write that fails part way
+ * (ENOSPC, or EFBIG past ulimit -f, which stands in for a full disk here:
+ * RLIMIT_FSIZE needs no root and stops a write at an exact byte) leaves the
+ * journal as it was before the call, so appends after the disk has room
+ * again follow good records, and the next replay finds no damage that
+ * never was; a rewrite that fails after its rename appends to the new file. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -192,12 +193,49 @@ static void copy_that_cannot_be_kept_is_not_left_half_written(void **state) {
   assert_int_equal(files_named((char *)*state, "journal.damaged-"), 1);
 }
 
+/* The lowest free file descriptor. */
+static int lowest_free_fd(void) {
+  int fd = dup(0);
+  assert_true(fd >= 0);
+  close(fd);
+  return fd;
+}
+
+/* A rewrite with one file descriptor left (RLIMIT_NOFILE): its temp file
+ * opens and is renamed into place, so the new file is the journal now, and
+ * appends go to it. They went to the old file, unlinked by the rename,
+ * when the directory could not be opened to sync: lost without a word. */
+static void rewrite_that_cannot_sync_appends_to_the_new_file(void **state) {
+  char path[256];
+  mega_err err = {0};
+  mega_journal *j = with_records(state, path, sizeof path, 4);
+  const void *recs[] = {rec, rec, rec};
+  size_t lens[] = {sizeof rec, sizeof rec, sizeof rec};
+  struct rlimit was, r;
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, &was), 0);
+  r = was;
+  r.rlim_cur = (rlim_t)lowest_free_fd() + 1; /* the temp file's, and no more */
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &r), 0);
+  mega_status st = mega_journal_rewrite(j, recs, lens, 3, &err);
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &was), 0);
+  /* (closing the old file first frees a descriptor for the sync now) */
+  if (st != MEGA_OK) assert_non_null(strstr(err.msg, path));
+  static const char after[] = "written after the rewrite";
+  assert_int_equal(mega_journal_append(j, after, sizeof after, &err), MEGA_OK);
+  mega_journal_close(j);
+  mega_journal_report rep;
+  assert_int_equal(replay(path, &rep), 4); /* the rewrite's 3, then this */
+  assert_int_equal(rep.damaged_regions, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(failed_append_leaves_the_journal_as_it_was, setup, teardown),
       cmocka_unit_test_setup_teardown(failed_batch_leaves_the_journal_as_it_was, setup, teardown),
       cmocka_unit_test_setup_teardown(failed_rewrite_keeps_the_old_journal, setup, teardown),
       cmocka_unit_test_setup_teardown(copy_that_cannot_be_kept_is_not_left_half_written, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(rewrite_that_cannot_sync_appends_to_the_new_file, setup,
                                       teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
