@@ -382,7 +382,7 @@ mega_status mega_ckpt_writer_write(mega_ckpt_writer *w, mega_ckpt_write_result *
   if (st != MEGA_OK) {
     mega_err_prefix(err, "checkpoint of iteration %lld: gathering the writers' shard counts",
                     (long long)s->iteration);
-    goto out;
+    goto abandoned;
   }
   int64_t first_m = 0, first_o = 0, total_m = 0, total_o = 0;
   for (int k = 0; k < w->size; k++) {
@@ -418,7 +418,7 @@ mega_status mega_ckpt_writer_write(mega_ckpt_writer *w, mega_ckpt_write_result *
   if (st != MEGA_OK) {
     mega_err_prefix(err, "checkpoint of iteration %lld: gathering the writers' file lists",
                     (long long)s->iteration);
-    goto out;
+    goto abandoned;
   }
   if (w->rank == 0) {
     st = commit(w, tmp, counts, texts, res, err);
@@ -430,4 +430,11 @@ mega_status mega_ckpt_writer_write(mega_ckpt_writer *w, mega_ckpt_write_result *
 out:
   part_free(&p);
   return st;
+abandoned:
+  /* the writers are parted (an abort: a cancel, a signal, a lost peer), so
+   * this attempt's save can never be committed, and no other attempt writes
+   * into its temp directory: it goes now, for a cancelled job has no next
+   * start to clean it up (each writer that gets here removes what it can) */
+  if (*tmp) mega_ckpt_abort(tmp);
+  goto out;
 }

@@ -25,7 +25,9 @@
  * directory into place, fsyncs SAVE and points latest at it. When a writer
  * failed the committer removes the temp directory and fails naming it; when
  * await_commit refuses, it removes the directory too, and write returns
- * MEGA_OK with committed false (the reason in res.refused).
+ * MEGA_OK with committed false (the reason in res.refused). When a gather
+ * fails (the writers' communicator aborted: a cancel, a signal, a lost
+ * peer), each writer that sees it removes the temp directory and fails.
  *
  * Every writer calls stage and write for the same iterations in the same
  * order: the gathers pair them up.
