@@ -79,6 +79,11 @@ mega_status mega_journal_open(const char *path, mega_journal **out, mega_err *er
     return mega_fail(err, MEGA_ERR_NOMEM, "journal %s: out of memory", path);
   }
   j->fd = fd;
+  /* a rewrite's temp file that a crash left (the caller holds the state
+   * dir, so no rewrite runs now) */
+  char *tmp = NULL;
+  if (asprintf(&tmp, "%s.tmp", path) >= 0) unlink(tmp);
+  free(tmp);
   if (fsync_dir_of(path)) {
     mega_journal_close(j);
     return io_fail(err, "cannot sync its directory", path);

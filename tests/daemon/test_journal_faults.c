@@ -4,7 +4,8 @@
  * RLIMIT_FSIZE needs no root and stops a write at an exact byte) leaves the
  * journal as it was before the call, so appends after the disk has room
  * again follow good records, and the next replay finds no damage that
- * never was; a rewrite that fails after its rename appends to the new file. */
+ * never was; a rewrite that fails after its rename appends to the new file,
+ * and one a crash cut short leaves no temp file once the journal opens. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -228,6 +229,23 @@ static void rewrite_that_cannot_sync_appends_to_the_new_file(void **state) {
   assert_int_equal(rep.damaged_regions, 0);
 }
 
+/* A rewrite that a crash cut short left journal.tmp (as big as the
+ * journal); the next open removes it, and the journal is as it was. */
+static void crashed_rewrite_leaves_no_temp(void **state) {
+  char path[256], tmp[300];
+  mega_journal *j = with_records(state, path, sizeof path, 3);
+  mega_journal_close(j);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  assert_non_null(f);
+  fputs("half a rewrite", f);
+  fclose(f);
+  mega_journal_report r;
+  assert_int_equal(replay(path, &r), 3);
+  assert_int_equal(r.damaged_regions, 0);
+  assert_int_equal(files_named((char *)*state, "journal.tmp"), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(failed_append_leaves_the_journal_as_it_was, setup, teardown),
@@ -237,6 +255,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(rewrite_that_cannot_sync_appends_to_the_new_file, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(crashed_rewrite_leaves_no_temp, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
