@@ -193,6 +193,16 @@ int megactl_fail(const char *fmt, ...) {
   return MEGACTL_EXIT_FAIL;
 }
 
+bool megactl_output_ok(int seen) {
+  errno = 0;
+  bool flushed = fflush(stdout) == 0;
+  int e = flushed ? seen : errno;
+  if (flushed && !ferror(stdout)) return true;
+  megactl_fail("cannot write its output (stdout): %s",
+               e ? strerror(e) : "a write failed (a full disk, or a file that was closed)");
+  return false;
+}
+
 int megactl_usage(const char *cmd, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

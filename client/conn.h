@@ -72,6 +72,12 @@ mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
 
 /* Prints "megactl: MSG" on stderr; returns MEGACTL_EXIT_FAIL. */
 int megactl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Whether everything written to stdout reached it (flushed now); if not (a
+ * full disk, a closed file), says so with the reason (seen: the errno of
+ * the failed write, where the caller kept it; 0 if not) and returns false:
+ * a command whose output was lost fails, or a script takes a cut file for
+ * the whole. */
+bool megactl_output_ok(int seen);
 
 /* Prints "megactl CMD: MSG; see 'megactl CMD --help'" on stderr; returns
  * MEGACTL_EXIT_USAGE. */

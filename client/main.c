@@ -47,7 +47,7 @@ static void usage(FILE *f) {
              "certificate when megad asks for one (--tls-client-auth).\n");
 }
 
-int main(int argc, char **argv) {
+static int run(int argc, char **argv) {
   /* --server and the security flags before the command; each cluster
    * command also takes them after. */
   while (argc > 1 && !strncmp(argv[1], "--", 2) && argv[1][2]) {
@@ -81,4 +81,10 @@ int main(int argc, char **argv) {
   fprintf(stderr, "megactl: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 2;
+}
+
+int main(int argc, char **argv) {
+  int rc = run(argc, argv);
+  /* a command that failed said why; one that did not fails for lost output */
+  return rc == 0 && !megactl_output_ok(0) ? MEGACTL_EXIT_FAIL : rc;
 }

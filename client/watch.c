@@ -9,6 +9,7 @@
  * with --json, one StepMetrics object per line and nothing else. On a
  * terminal a reader thread takes the stream, so the block can be redrawn
  * at most every REDRAW_MS and the elapsed time ticks between steps. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@ typedef struct watch {
   int64_t seen_event_ms;
   uint32_t seen_sigs[64]; /* events at seen_event_ms */
   int nsigs;
+  int out_errno; /* why stdout took no more (0: it takes all) */
 } watch;
 
 static uint32_t event_sig(const Mega__V1__JobEvent *e) {
@@ -276,6 +278,10 @@ static void run_plain(watch *w, mega_rpc_stream *s, mega_err *err) {
     ProtobufCMessage *m = NULL;
     if (mega_rpc_stream_next(s, &m, err) != MEGA_OK || !m) return;
     take(w, (Mega__V1__WatchJobResponse *)m);
+    if (ferror(stdout)) { /* nowhere to show the rest */
+      w->out_errno = errno;
+      return;
+    }
   }
 }
 
@@ -453,6 +459,10 @@ int megactl_watch(int argc, char **argv) {
       else
         run_plain(&w, s, &err);
       mega_rpc_stream_close(s);
+    }
+    if (!megactl_output_ok(w.out_errno)) { /* the job goes on; this watch cannot show it */
+      rc = MEGACTL_EXIT_FAIL;
+      break;
     }
     if (!w.final_job && err.status == MEGA_OK) ended_without_final(&w, ch);
     if (w.final_job) {
