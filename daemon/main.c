@@ -58,6 +58,7 @@ typedef struct app {
   char *tmp_dir;
   int signal;
   char last_said[1024]; /* the last event line printed, so a cause prints once */
+  int out_errno;        /* run: why stdout took no more of the job's lines (0: it takes all) */
 } app;
 
 static const char usage_head[] =
@@ -516,14 +517,26 @@ static void print_step(app *a, const Mega__V1__StepMetrics *s) {
   fflush(stdout);
 }
 
+/* The job's lines that stdout would not take (a full disk under megad run
+ * --json > steps.jsonl) are said once, here, and fail the run at its end:
+ * the job goes on, but a cut file must not pass for the whole. */
+static void output_lost(app *a) {
+  if (a->out_errno || !ferror(stdout)) return;
+  a->out_errno = errno ? errno : EIO; /* print_*'s last call is its fflush */
+  fprintf(stderr, "megad: cannot write the job's output (stdout): %s; the job goes on, and "
+                  "megad run exits 1 after it even if it succeeds\n", strerror(a->out_errno));
+}
+
 static void on_item(void *arg, const Mega__V1__WatchJobResponse *item) {
   app *a = arg;
   switch (item->item_case) {
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_STEP:
     print_step(a, item->step);
+    output_lost(a);
     break;
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_EVENT:
     print_event(a, item->event);
+    output_lost(a);
     break;
   case MEGA__V1__WATCH_JOB_RESPONSE__ITEM_FINAL_STATE: {
     const Mega__V1__Job *j = item->final_state;
@@ -659,18 +672,32 @@ static int run(int argc, char **argv) {
   if (a.tmp_dir) remove_tree(a.tmp_dir);
   free(a.tmp_dir);
   mega_jobspec_free(&a.spec);
+  bool lost = fflush(stdout) != 0 || ferror(stdout);
+  if (lost && a.exit_code == 0) {
+    fprintf(stderr, "megad: the job succeeded, but its output did not all reach stdout\n");
+    a.exit_code = 1;
+  }
   return a.exit_code;
+}
+
+/* 0, or 1 saying why when what went to stdout did not all reach it. */
+static int printed(void) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+  fprintf(stderr, "megad: cannot write its output (stdout): %s\n",
+          errno ? strerror(errno) : "a write failed (a full disk, or a closed file)");
+  return 1;
 }
 
 int main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
       !strcmp(argv[1], "help")) {
     usage(argc < 2 ? stderr : stdout, argc > 2 && !strcmp(argv[1], "help") ? argv[2] : NULL);
-    return argc < 2 ? EXIT_USAGE : 0;
+    return argc < 2 ? EXIT_USAGE : printed();
   }
   if (!strcmp(argv[1], "--version")) {
     printf("megad %s\n", MEGA_VERSION);
-    return 0;
+    return printed();
   }
   if (!strcmp(argv[1], "serve")) return serve(argc, argv);
   if (!strcmp(argv[1], "run")) return run(argc, argv);

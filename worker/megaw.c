@@ -10,6 +10,7 @@
  * step (exit 130 and 143); completed checkpoints stay intact. With
  * --exit-signal-handler SIGTERM saves a checkpoint (with --save) at the next
  * iteration boundary and exits 0, as Megatron does. */
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -135,6 +136,8 @@ static void json_measurements(json_t *j, const mega_rank_metrics *m) {
   }
 }
 
+static int out_errno; /* why stdout took no more steps (0: it takes all) */
+
 typedef struct run_state {
   const worker_opts *o;
   const mega_jobspec *job;
@@ -214,7 +217,11 @@ static void print_step(void *arg, const mega_rank_metrics *m) {
   } else if (o->rank == o->world - 1) { /* Megatron's print_rank_last: one line a step */
     print_text(rs, m, tokens_per_s);
   }
-  fflush(stdout);
+  if (fflush(stdout) != 0 && !out_errno) {
+    out_errno = errno;
+    fprintf(stderr, "megaw: cannot write its output (stdout): %s; training goes on, and megaw "
+                    "exits 1 after it even if it succeeds\n", strerror(out_errno));
+  }
   /* A signal stops training after the step that was running; SIGTERM with
    * --exit-signal-handler after a save. */
   if (stop_signal == SIGTERM && rs->job->exit_signal_handler)
@@ -386,15 +393,8 @@ static mega_status check_launch(const worker_opts *o, const mega_jobspec *job, m
   return MEGA_OK;
 }
 
-int main(int argc, char **argv) {
-  /* A file size limit (ulimit -f, systemd's LimitFSIZE=) reached while
-   * saving killed megaw by SIGXFSZ without a word; ignored, the write fails
-   * with EFBIG and the checkpoint's error names the file. */
-  signal(SIGXFSZ, SIG_IGN);
-  /* Started by megad: the job comes over the pipe, not argv. */
-  const char *worker_fd = getenv("MEGA_WORKER_FD");
-  if (worker_fd) return megaw_run_assigned(worker_fd);
-  if (argc > 1 && !strcmp(argv[1], "generate")) return megaw_generate(argc - 1, argv + 1);
+/* By hand (not under megad): the flags, then training. */
+static int by_hand(int argc, char **argv) {
   install_signals();
   mega_jobspec job;
   mega_jobspec_defaults(&job);
@@ -464,4 +464,30 @@ int main(int argc, char **argv) {
   int rc = run_standalone(&job, &o);
   mega_jobspec_free(&job);
   return rc;
+}
+
+/* What went to stdout by hand (--json's steps, generate's text) that did
+ * not all reach it fails a run that otherwise succeeded, saying why: a cut
+ * file on a full disk must not pass for the whole. */
+static int output_checked(int rc) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+  int e = out_errno ? out_errno : errno;
+  fprintf(stderr, "megaw: cannot write its output (stdout): %s\n",
+          e ? strerror(e) : "a write failed (a full disk, or a closed file)");
+  return rc ? rc : 1;
+}
+
+int main(int argc, char **argv) {
+  /* A file size limit (ulimit -f, systemd's LimitFSIZE=) reached while
+   * saving killed megaw by SIGXFSZ without a word; ignored, the write fails
+   * with EFBIG and the checkpoint's error names the file. */
+  signal(SIGXFSZ, SIG_IGN);
+  /* Started by megad: the job comes over the pipe, not argv (megad reads
+   * its stdout and says so when it ends). */
+  const char *worker_fd = getenv("MEGA_WORKER_FD");
+  if (worker_fd) return megaw_run_assigned(worker_fd);
+  if (argc > 1 && !strcmp(argv[1], "generate"))
+    return output_checked(megaw_generate(argc - 1, argv + 1));
+  return output_checked(by_hand(argc, argv));
 }

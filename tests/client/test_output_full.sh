@@ -1,13 +1,15 @@
 #!/bin/bash
-# megactl whose output cannot be written (a full disk: /dev/full fails every
-# write with ENOSPC): each command fails with the reason on stderr, where it
-# exited 0 and a script took a cut or empty file (`megactl watch --json >
-# steps.jsonl`) for the whole. A watch stops at the first failed write.
+# megactl, megad run and megaw whose output cannot be written (a full disk:
+# /dev/full fails every write with ENOSPC): each fails with the reason on
+# stderr, where it exited 0 and a script took a cut or empty file (`megactl
+# watch --json > steps.jsonl`) for the whole. A watch stops at the first
+# failed write; a job (megad run, megaw) trains to its end and then fails.
 #
-# usage: test_output_full.sh MEGACTL MEGAD
+# usage: test_output_full.sh MEGACTL MEGAD MEGAW
 set -u
 megactl=$(readlink -f "$1")
 megad=$(readlink -f "$2")
+megaw=$(readlink -f "$3")
 source "$(dirname "$(readlink -f "$0")")/../megad_lib.sh"
 
 # full RC CMD...: CMD with stdout on /dev/full exits RC and says why.
@@ -23,6 +25,8 @@ full() {
 
 full 1 "$megactl" version
 full 1 "$megactl" --help
+full 1 "$megad" --version
+full 1 "$megaw" --version
 
 start_megad --slots 1 --node-name full-node
 printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 40) > data.txt
@@ -42,6 +46,17 @@ full 1 "$megactl" status "$id"
 full 1 "$megactl" ls
 full 1 "$megactl" nodes --json
 "$megactl" cancel "$id" >/dev/null 2>err.txt || fail "cancel: $(cat err.txt)"
+
+# a job of its own: it trains to its end (its checkpoint is there), then
+# the run fails for the output it lost
+full 1 "$megad" run --slots 1 --json "${tiny[@]}" --train-iters 3 --save ck1 --save-interval 3
+grep -q 'the job succeeded, but its output did not all reach stdout' err.txt ||
+  fail "megad run did not say the job succeeded: $(cat err.txt)"
+[ "$(cat ck1/latest_checkpointed_iteration.txt)" = 3 ] || fail "megad run did not train to its end"
+full 1 "$megaw" --json "${tiny[@]}" --train-iters 3 --save ck2 --save-interval 3
+[ "$(cat ck2/latest_checkpointed_iteration.txt)" = 3 ] || fail "megaw did not train to its end"
+"$megaw" --json "${tiny[@]}" --train-iters 3 >steps.jsonl 2>err.txt || fail "megaw: $(cat err.txt)"
+[ "$(wc -l <steps.jsonl)" = 3 ] || fail "megaw --json wrote $(wc -l <steps.jsonl) lines, not 3"
 
 # with room, the same watch writes every step and exits 0
 submit --train-iters 3
