@@ -181,8 +181,9 @@ static mega_status write_all(int fd, const void *p, size_t n, const char *path, 
     ssize_t w = write(fd, b, n);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0)
-      return mega_fail(err, MEGA_ERR_IO, "cannot write the order index %s: %s", path,
-                       strerror(errno));
+      return mega_fail(err, MEGA_ERR_IO, "cannot write the order index %s: %s; free space "
+                       "there, or drop --data-cache-path (each start then builds the order in "
+                       "memory)", path, strerror(errno));
     b += w, n -= (size_t)w;
   }
   return MEGA_OK;
