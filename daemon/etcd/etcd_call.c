@@ -1,9 +1,8 @@
-/* The bottom of the etcd client: unary calls that fail over between
- * endpoints, what the client notes of each exchange, and small helpers
- * etcd.c, etcd_session.c and etcd_watch.c share. */
+/* The etcd client's unary calls, which fail over between endpoints and
+ * authenticate again when etcd refuses the token (etcd_auth.c), and small
+ * helpers etcd.c, etcd_session.c and etcd_watch.c share. */
 #include "daemon/etcd/etcd_internal.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,26 +21,6 @@ struct etcd_call {
 };
 
 uint64_t etcd_now_ms(const megad_etcd *e) { return uv_now(e->b->loop); }
-
-bool etcd_err_failover(const mega_err *err) {
-  return err->status == MEGA_ERR_IO || err->status == MEGA_ERR_TIMEOUT;
-}
-
-bool megad_etcd_retryable(const mega_err *err) { return etcd_err_failover(err); }
-
-void etcd_endpoint_failed(megad_etcd *e, size_t ep) {
-  if (e->cur == ep) e->cur = (ep + 1) % e->nep;
-}
-
-void etcd_note(megad_etcd *e, const mega_err *err) {
-  if (err->status == MEGA_OK || !etcd_err_failover(err)) {
-    e->ok = true;
-    e->why[0] = 0;
-    return;
-  }
-  e->ok = false;
-  snprintf(e->why, sizeof e->why, "etcd unreachable at %s: %s", e->eps_text, err->msg);
-}
 
 void etcd_prefix_end(const char *key, char *out, size_t *len) {
   size_t n = strlen(key);

@@ -1,6 +1,13 @@
-/* Inside the etcd client, files stacked: etcd.c over etcd_session.c and
- * etcd_watch.c over etcd_call.c (the client's state, its endpoints, and
- * unary calls that fail over between endpoints).
+/* Inside the etcd client, files stacked, each calling only those below it:
+ *
+ *   etcd.c           the client's state, open and free, the layers' calls
+ *   etcd_session.c   the session's lease and keepalives; and
+ *   etcd_watch.c     watches
+ *   etcd_call.c      unary calls that fail over between endpoints; keys,
+ *                    timers and the closing check the files above share
+ *   etcd_auth.c      the endpoints' channels, TLS, authentication
+ *   etcd_endpoints.c which endpoint calls go to, and megad_etcd_ok's note
+ *
  * Not for the rest of megad (etcd.h is the contract). */
 #ifndef MEGA_DAEMON_ETCD_INTERNAL_H
 #define MEGA_DAEMON_ETCD_INTERNAL_H
@@ -50,6 +57,15 @@ void etcd_key_map(const megad_etcd *e, const char *key, char *out);
  * (len + ETCD_ROOT_LEN + 1 bytes); its length. */
 size_t etcd_key_unmap(const megad_etcd *e, const uint8_t *key, size_t len, char *out);
 
+/* etcd_endpoints.c */
+/* Whether err is one another member may not have: unreachable, timed out,
+ * no leader (etcd answers UNAVAILABLE for that). */
+bool etcd_err_failover(const mega_err *err);
+/* Moves the client off endpoint ep (if it is still the current one). */
+void etcd_endpoint_failed(megad_etcd *e, size_t ep);
+/* Records the outcome of an exchange with etcd for megad_etcd_ok. */
+void etcd_note(megad_etcd *e, const mega_err *err);
+
 /* etcd_auth.c */
 /* (Re)makes every endpoint's channel: TLS as configured, hasleader, and
  * the token when there is one. Calls in flight keep their old channel. */
@@ -67,6 +83,7 @@ void etcd_auth_refresh(megad_etcd *e, void (*fn)(void *arg, const mega_err *err)
 void etcd_explain(const megad_etcd *e, mega_err *err);
 void etcd_auth_free(megad_etcd *e); /* the waiters' fn run with MEGA_ERR_CANCELLED */
 
+/* etcd_call.c */
 /* MEGA_OK, or MEGA_ERR_CANCELLED once megad_etcd_free began: the callbacks
  * it runs (cancelled calls' done) may not start what, which would outlive
  * the client. */
@@ -86,14 +103,6 @@ mega_status etcd_call_start(megad_etcd *e, const mega_rpc_method *m, const Proto
 void etcd_call_drop(etcd_call *c);
 /* Every call in flight ends: its done runs with MEGA_ERR_CANCELLED. */
 void etcd_calls_cancel_all(megad_etcd *e);
-
-/* Whether err is one another member may not have: unreachable, timed out,
- * no leader (etcd answers UNAVAILABLE for that). */
-bool etcd_err_failover(const mega_err *err);
-/* Moves the client off endpoint ep (if it is still the current one). */
-void etcd_endpoint_failed(megad_etcd *e, size_t ep);
-/* Records the outcome of an exchange with etcd for megad_etcd_ok. */
-void etcd_note(megad_etcd *e, const mega_err *err);
 
 /* key's prefix range end: key with its last byte plus one ("mega/" ->
  * "mega0"); *len 1 and "\0" (every key from key on) when there is none. */
