@@ -484,10 +484,9 @@ static void on_leave(mega_rpc_call *call, const ProtobufCMessage *msg, void *dat
   mega_rpc_reply(call, &r.base);
 }
 
-/* ListNodes calls waiting for a read of the loads (etcd mode). */
+/* A ListNodes call waiting for a read of the loads (etcd mode). */
 typedef struct members_list_wait {
-  struct members_list_wait *next;
-  mega_rpc_call *call;
+  mega_rpc_call *call; /* NULL once answered (its client went away) */
   megad_members *m;
 } members_list_wait;
 
@@ -508,32 +507,22 @@ static void answer_list(megad_members *m, mega_rpc_call *call) {
   view_free(&v);
 }
 
-static void list_unlink(megad_members *m, members_list_wait *w) {
-  for (members_list_wait **p = &m->list_waits; *p; p = &(*p)->next)
-    if (*p == w) {
-      *p = w->next;
-      return;
-    }
-}
-
-/* Its client went away (or the server stops): answered with what is known. */
+/* Its client went away (or the server stops): answered with what is known;
+ * the read's callback frees w. */
 static void list_gone(mega_rpc_call *call, void *arg) {
   members_list_wait *w = arg;
-  list_unlink(w->m, w);
+  w->call = NULL;
   answer_list(w->m, call);
-  free(w);
 }
 
-void members_answer_lists(megad_members *m) {
-  members_list_wait *w = m->list_waits;
-  m->list_waits = NULL;
-  while (w) {
-    members_list_wait *next = w->next;
+/* The loads were read (or could not be): the call is answered. */
+static void list_loaded(void *arg) {
+  members_list_wait *w = arg;
+  if (w->call) {
     mega_rpc_call_on_cancel(w->call, NULL, NULL);
-    answer_list(m, w->call);
-    free(w);
-    w = next;
+    answer_list(w->m, w->call);
   }
+  free(w);
 }
 
 /* In etcd mode the other nodes' loads are read first (not watched). */
@@ -541,20 +530,18 @@ static void on_list_nodes(mega_rpc_call *call, const ProtobufCMessage *msg, void
   (void)msg;
   megad_members *m = data;
   members_list_wait *w = m->etcd ? calloc(1, sizeof *w) : NULL;
-  if (!w || !members_etcd_read_loads(m, LIST_LOADS_FRESH_MS, NULL, NULL)) {
-    free(w);
+  if (!w) {
     answer_list(m, call);
     return;
   }
   w->call = call;
   w->m = m;
-  w->next = m->list_waits;
-  m->list_waits = w;
   mega_rpc_call_on_cancel(call, list_gone, w);
   if (mega_rpc_call_cancelled(call)) { /* a cancel before the callback was set */
     mega_rpc_call_on_cancel(call, NULL, NULL);
     list_gone(call, w);
   }
+  megad_members_read_loads(m, LIST_LOADS_FRESH_MS, list_loaded, w);
 }
 
 void megad_members_register(megad_members *m, mega_rpc_server *srv) {

@@ -118,7 +118,6 @@ typedef struct megad_members {
   bool loads_reading;
   struct members_loads_wait *loads_waits; /* called when the read in flight is back */
   size_t nloads_waits;
-  struct members_list_wait *list_waits;   /* ListNodes calls waiting for it */
   uint64_t etcd_taken_ms;    /* when the name was first found taken; 0: not */
   bool etcd_registered, etcd_registering, etcd_putting, etcd_listing, etcd_leaving;
   bool left;            /* megad_members_leave ran */

@@ -381,41 +381,34 @@ static void loads_read(void *arg, const megad_etcd_reply *r, const mega_err *err
   m->nloads_waits = 0;
   for (size_t i = 0; i < nw; i++) w[i].cb(w[i].arg);
   free(w);
-  members_answer_lists(m);
 }
 
-bool members_etcd_read_loads(megad_members *m, unsigned max_age_ms, megad_members_loads_cb done,
-                             void *arg) {
+void megad_members_read_loads(megad_members *m, unsigned max_age_ms, megad_members_loads_cb done,
+                              void *arg) {
   uint64_t now = uv_now(m->b->loop);
   bool fresh = m->loads_read_ms && now - m->loads_read_ms <= max_age_ms;
   if (!m->etcd || m->b->stopping || fresh) {
     if (done) done(arg);
-    return false;
+    return;
   }
   if (!m->loads_reading) {
     mega_err err = {0};
     if (megad_etcd_get(m->etcd, LOAD_PREFIX, true, loads_read, m, &err) != MEGA_OK) {
       warn_once(m, "reading the nodes' loads", &err);
       if (done) done(arg);
-      return false;
+      return;
     }
     m->loads_reading = true;
     m->loads_asked_ms = now;
   }
-  if (!done) return true;
+  if (!done) return;
   members_loads_wait *v = realloc(m->loads_waits, (m->nloads_waits + 1) * sizeof *v);
   if (!v) { /* out of memory: with the loads as they are */
     done(arg);
-    return true;
+    return;
   }
   m->loads_waits = v;
   v[m->nloads_waits++] = (members_loads_wait){done, arg};
-  return true;
-}
-
-void megad_members_read_loads(megad_members *m, unsigned max_age_ms, megad_members_loads_cb done,
-                              void *arg) {
-  members_etcd_read_loads(m, max_age_ms, done, arg);
 }
 
 /* ---- start, tick, leave ---- */

@@ -35,12 +35,5 @@ typedef struct members_loads_wait {
   megad_members_loads_cb cb;
   void *arg;
 } members_loads_wait;
-/* megad_members_read_loads; true when a read is in flight after it (done
- * runs later), false when done ran now. */
-bool members_etcd_read_loads(megad_members *m, unsigned max_age_ms, megad_members_loads_cb done,
-                             void *arg);
-
-/* members.c: answers the ListNodes calls that waited for a read of the loads. */
-void members_answer_lists(megad_members *m);
 
 #endif
