@@ -556,6 +556,7 @@ mega_status megad_coord_init(megad_coord *c, megad_base *b, megad_jobs *jobs,
   c->kvs = kvs;
   c->o = *o;
   c->attempt_over = attempt_over;
+  c->held_gathered = megad_coord_schedule;
   uv_timer_init(b->loop, &c->tick);
   uv_timer_init(b->loop, &c->retain_soon);
   c->tick.data = c->retain_soon.data = c;

@@ -94,6 +94,10 @@ typedef struct megad_coord {
   void (*attempt_over)(struct megad_coord *c, mega_job *j, mega_end_kind kind,
                        const char *cause, const megad_cancel_wait *cancels, size_t ncancels,
                        bool ask_held);
+  /* How the end of a gather of what an attempt's ranks held (coord_held.c,
+   * also below coord.c) reaches it: the job may start now, so it schedules
+   * (megad_coord_init sets it). */
+  void (*held_gathered)(struct megad_coord *c);
   /* The jobs waiting to start, oldest first (coord_queue.c), so scheduling
    * looks at the head of the queue, not at every job ever submitted; and
    * the attempts running, for the slots they take. */

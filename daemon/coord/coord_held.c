@@ -95,7 +95,7 @@ static void gather_done(gather *g) {
                       "restarting from %s; not from replicas: %s", from,
                       j->coord.replicas_why ? j->coord.replicas_why : "none held");
     }
-    megad_coord_schedule(c);
+    c->held_gathered(c);
   }
   for (size_t i = 0; i < g->n; i++) {
     protobuf_c_message_free_unpacked(&g->copies[i]->base, NULL);

@@ -1,16 +1,23 @@
-/* The coordinator's files, each calling only the ones below it:
+/* The coordinator's files, each calling only files listed below it; two
+ * joined by "and" are one level in two files, and call each other
+ * (tests/layers/calls_allowed.txt says why):
  *
  *   coord.c        submit, scheduling, launches, the recovery decision,
  *                  cancel, resume, rescale, membership events; and
  *   coord_etcd.c   in etcd mode, taking over orphaned jobs and standing
- *                  down: one level in two files (a takeover schedules; the
- *                  tick sweeps for orphans)
+ *                  down (a takeover schedules; the tick sweeps for orphans)
+ *   coord_launch.c asking a node to start its ranks of an attempt
+ *   coord_held.c   what an old attempt's ranks kept, asked of its nodes
+ *                  before the job restarts; it tells coord.c through
+ *                  megad_coord.held_gathered
+ *   coord_retain.c forgetting ended jobs, and other nodes' job directories
+ *   coord_admit.c  what a job must be to be accepted at submit
  *   coord_run.c    one running attempt: worker reports, checkpoints,
  *                  failures and their cause, aborts; and
  *   coord_end.c    its end: the held states and the replica plan, what the
- *                  survivors completed; it goes up through
- *                  megad_coord.attempt_over (one level in two files)
- *   coord_admit.c  what a job must be to be accepted at submit
+ *                  survivors completed; it tells coord.c through
+ *                  megad_coord.attempt_over
+ *   coord_late.c   steps of attempts over, sent again after a takeover
  *   coord_queue.c  the queue of waiting jobs
  *   coord_place.c  where a job can run now
  *
