@@ -25,8 +25,6 @@
 
 #include "core/jobspec_internal.h"
 
-#define BAD(...) mega_fail(err, MEGA_ERR_INVALID, "invalid job: " __VA_ARGS__)
-
 static bool whole(const char *w, long long *out) {
   char *end;
   errno = 0;
@@ -90,6 +88,10 @@ int64_t mega_jobspec_samples_before(const mega_jobspec *s, int64_t it) {
 
 int mega_jobspec_batch_of(const mega_jobspec *s, int64_t it) {
   return mega_jobspec_batch_at(s, mega_jobspec_samples_before(s, it));
+}
+
+int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
+  return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
 }
 
 /* Megatron's update_train_iters: iteration-based training is as given;

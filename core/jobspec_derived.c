@@ -1,9 +1,13 @@
 /* Values derived from a job spec: data-parallel size, microbatches,
  * the model's shapes and vocabulary, evaluation, virtual stages, and
- * --simulate-compute's parts (jobspec.h). */
+ * --simulate-compute's parts (jobspec.h); --split's shares and the layer
+ * layout, which the check refuses a job by (jobspec_check.c). */
 #include "core/jobspec.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,10 +38,6 @@ long long mega_jobspec_tokens_per_iter(const mega_jobspec *s) {
 
 int mega_jobspec_max_position_embeddings(const mega_jobspec *s) {
   return s->max_position_embeddings > 0 ? s->max_position_embeddings : s->seq_length;
-}
-
-int mega_jobspec_lr_decay_iters(const mega_jobspec *s) {
-  return s->lr_decay_iters > 0 ? s->lr_decay_iters : s->train_iters;
 }
 
 bool mega_jobspec_llama(const mega_jobspec *s) {
@@ -223,5 +223,115 @@ mega_status mega_jobspec_parse_simulate_compute(const char *str, mega_sim_comput
   r.w_ms = v[2];
   r.has_w = n == 3;
   if (out) *out = r;
+  return MEGA_OK;
+}
+
+/* ---- --split and the layout ---- */
+
+/* Megatron's parse_and_normalize_split: every run of digits and dots is a
+ * number (so "969,30,1", "90/5/5" and a quoted "'99,1,0'" all read), up
+ * to three, the missing ones 0. A sign or a letter is refused rather than
+ * skipped, so "-5" never reads as 5. */
+mega_status mega_jobspec_split(const mega_jobspec *s, double out[3], mega_err *err) {
+  out[0] = 1, out[1] = out[2] = 0;
+  if (!s->split) return MEGA_OK;
+  double v[3] = {0};
+  int n = 0;
+  for (const char *p = s->split; *p;) {
+    size_t len = strspn(p, "0123456789.");
+    if (!len) {
+      if (*p == '-' || *p == '+' || isalpha((unsigned char)*p))
+        return mega_fail(err, MEGA_ERR_INVALID,
+                         "--split '%s': expected up to three non-negative numbers, the train, "
+                         "valid and test shares, e.g. 969,30,1", s->split);
+      p++;
+      continue;
+    }
+    char num[64], *end;
+    snprintf(num, sizeof num, "%.*s", (int)(len < 63 ? len : 63), p);
+    errno = 0;
+    double x = strtod(num, &end);
+    if (n == 3 || *end || end == num || errno == ERANGE || !isfinite(x))
+      return mega_fail(err, MEGA_ERR_INVALID,
+                       "--split '%s': expected up to three non-negative numbers, the train, "
+                       "valid and test shares, e.g. 969,30,1", s->split);
+    v[n++] = x;
+    p += len;
+  }
+  if (n == 0)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "--split '%s': expected up to three non-negative numbers, the train, "
+                     "valid and test shares, e.g. 969,30,1", s->split);
+  double sum = v[0] + v[1] + v[2];
+  if (!(sum > 0))
+    return mega_fail(err, MEGA_ERR_INVALID, "--split '%s': the shares add up to 0", s->split);
+  for (int k = 0; k < 3; k++) out[k] = v[k] / sum;
+  return MEGA_OK;
+}
+
+/* The layout, and with it VP, as Megatron derives them: from the layout
+ * string, else from --num-layers-per-virtual-pipeline-stage, else from the
+ * VP flag with the uniform split. */
+mega_status mega_jobspec_layout(const mega_jobspec *s, mega_layout *out, mega_err *err) {
+  memset(out, 0, sizeof *out);
+  int pp = s->pipeline_model_parallel_size, vp_flag = s->virtual_pipeline_model_parallel_size;
+  int first = s->decoder_first_pipeline_num_layers, last = s->decoder_last_pipeline_num_layers;
+  int nlpvs = s->num_layers_per_virtual_pipeline_stage;
+  bool uneven = first >= 0 || last >= 0;
+  const char *uneven_flag =
+      first >= 0 ? "--decoder-first-pipeline-num-layers" : "--decoder-last-pipeline-num-layers";
+  mega_err sub = {0};
+  if (s->pipeline_model_parallel_layout) {
+    if (uneven)
+      return BAD("--pipeline-model-parallel-layout cannot be combined with %s; the layout "
+                 "already places every layer",
+                 uneven_flag);
+    if (nlpvs > 0)
+      return BAD("--pipeline-model-parallel-layout cannot be combined with "
+                 "--num-layers-per-virtual-pipeline-stage; the layout's stage count sets VP");
+    mega_status st = mega_layout_parse(s->pipeline_model_parallel_layout, pp, out, &sub);
+    if (st != MEGA_OK)
+      return mega_fail(err, st, "invalid job: --pipeline-model-parallel-layout: %s", sub.msg);
+    int stages = out->nstages;
+    if (vp_flag > 0 && vp_flag != out->vp) {
+      mega_layout_free(out);
+      return BAD("--virtual-pipeline-model-parallel-size %d disagrees with the layout, whose %d "
+                 "stages at PP = %d mean VP = %d",
+                 vp_flag, stages, pp, stages / pp);
+    }
+    if (pp == 1 && stages > 1) {
+      mega_layout_free(out);
+      return BAD("the layout's %d stages at PP = 1 make a virtual pipeline (VP = %d), which "
+                 "needs --pipeline-model-parallel-size > 1",
+                 stages, stages);
+    }
+    return MEGA_OK;
+  }
+  int vp = vp_flag > 0 ? vp_flag : 1;
+  if (nlpvs > 0) {
+    if (uneven)
+      return BAD("--num-layers-per-virtual-pipeline-stage cannot be combined with %s; give "
+                 "--virtual-pipeline-model-parallel-size instead",
+                 uneven_flag);
+    if (s->num_layers % pp)
+      return BAD("--num-layers %d is not divisible by --pipeline-model-parallel-size %d, so "
+                 "--num-layers-per-virtual-pipeline-stage cannot split it",
+                 s->num_layers, pp);
+    int per_rank = s->num_layers / pp;
+    if (per_rank % nlpvs)
+      return BAD("the %d layers per pipeline rank (--num-layers %d / PP %d) are not divisible "
+                 "by --num-layers-per-virtual-pipeline-stage %d",
+                 per_rank, s->num_layers, pp, nlpvs);
+    if (vp_flag > 0 && vp_flag != per_rank / nlpvs)
+      return BAD("--virtual-pipeline-model-parallel-size %d disagrees with "
+                 "--num-layers-per-virtual-pipeline-stage %d, which gives VP = %d "
+                 "(%d layers per pipeline rank)",
+                 vp_flag, nlpvs, per_rank / nlpvs, per_rank);
+    vp = per_rank / nlpvs;
+  }
+  if (vp > 1 && pp == 1)
+    return BAD("a virtual pipeline (VP = %d) needs --pipeline-model-parallel-size > 1", vp);
+  mega_status st = mega_layout_uniform(s->num_layers, pp, vp, first, last, out, &sub);
+  if (st != MEGA_OK) return mega_fail(err, st, "invalid job: %s", sub.msg);
   return MEGA_OK;
 }

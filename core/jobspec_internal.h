@@ -19,6 +19,9 @@ extern const flagdef mega_jf_table[];
 extern const int mega_jf_nflags;
 #define NFLAGS mega_jf_nflags
 
+/* A refusal of the job; err is the function's. */
+#define BAD(...) mega_fail(err, MEGA_ERR_INVALID, "invalid job: " __VA_ARGS__)
+
 #define FIELD(s, f, type) ((type *)((char *)(s) + (f)->off))
 #define CFIELD(s, f, type) ((const type *)((const char *)(s) + (f)->off))
 
