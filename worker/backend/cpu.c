@@ -109,38 +109,6 @@ static mega_status cpu_set_bf16(mega_backend *be, bool on, mega_err *err) {
   return MEGA_OK;
 }
 
-typedef struct round_ctx {
-  float *out;
-  const float *in;
-} round_ctx;
-
-MEGA_CPU_CLONES
-static void round_range(void *vc, int64_t i0, int64_t i1) {
-  const round_ctx *c = vc;
-  for (int64_t i = i0; i < i1; i++) c->out[i] = mega_bf16_round(c->in[i]);
-}
-
-const float *mega_cpu_bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
-  mega_cpu_impl *impl = be->impl;
-  if (!impl->bf16) return x;
-  if (impl->bf16_cap[k] < n) {
-    float *p = realloc(impl->bf16_buf[k], n * sizeof(float));
-    if (!p) {
-      if (!impl->failed)
-        snprintf(impl->why, sizeof impl->why,
-                 "cpu backend: cannot allocate %zu bytes to round an input to bf16",
-                 n * sizeof(float));
-      impl->failed = true;
-      return NULL;
-    }
-    impl->bf16_buf[k] = p;
-    impl->bf16_cap[k] = n;
-  }
-  round_ctx c = {.out = impl->bf16_buf[k], .in = x};
-  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS, round_range, &c);
-  return impl->bf16_buf[k];
-}
-
 static mega_status cpu_set_threads(mega_backend *be, int n, mega_err *err) {
   mega_cpu_impl *impl = be->impl;
   if (n < 1)

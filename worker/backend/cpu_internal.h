@@ -58,7 +58,7 @@ static inline mega_cpu_pool *mega_cpu_pool_of(mega_backend *be) {
   return ((mega_cpu_impl *)be->impl)->pool;
 }
 
-/* x (n floats) rounded to bf16 into copy slot k; x itself when bf16 is
+/* x (n floats) rounded to bf16 into copy slot k (cpu_ops.c); x itself when bf16 is
  * off; NULL when the slot cannot grow (kept for synchronize: the caller
  * skips its work). */
 const float *mega_cpu_bf16_copy(mega_backend *be, int k, const float *x, size_t n);

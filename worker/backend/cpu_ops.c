@@ -1,9 +1,12 @@
 /* The cpu backend's element and row kernels: encoder, layernorm, GELU,
- * residual, softmax cross-entropy. Each is a range function over rows (or
- * elements, or channels for the reductions over rows, so threads never
- * write the same float) run through the backend's thread pool. Inner loops
- * run along the contiguous channel axis so they vectorise. */
+ * residual, softmax cross-entropy, and the bf16 rounding of GEMM and
+ * attention inputs. Each is a range function over rows (or elements, or
+ * channels for the reductions over rows, so threads never write the same
+ * float) run through the backend's thread pool. Inner loops run along the
+ * contiguous channel axis so they vectorise. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/elementwise.h"
@@ -321,6 +324,40 @@ void mega_cpu_bias_dropout_add(mega_backend *be, float *out, const float *res, c
                                const float *bias, int rows, int C, const mega_dropout *d) {
   drop_ctx c = {.out = out, .res = res, .y = y, .bias = bias, .C = C, .d = d};
   mega_cpu_parallel_for(mega_cpu_pool_of(be), rows, row_grain(C), drop_rows, &c);
+}
+
+/* ---- bf16 inputs (set_bf16) ---- */
+
+typedef struct round_ctx {
+  float *out;
+  const float *in;
+} round_ctx;
+
+MEGA_CPU_CLONES
+static void round_range(void *vc, int64_t i0, int64_t i1) {
+  const round_ctx *c = vc;
+  for (int64_t i = i0; i < i1; i++) c->out[i] = mega_bf16_round(c->in[i]);
+}
+
+const float *mega_cpu_bf16_copy(mega_backend *be, int k, const float *x, size_t n) {
+  mega_cpu_impl *impl = be->impl;
+  if (!impl->bf16) return x;
+  if (impl->bf16_cap[k] < n) {
+    float *p = realloc(impl->bf16_buf[k], n * sizeof(float));
+    if (!p) {
+      if (!impl->failed)
+        snprintf(impl->why, sizeof impl->why,
+                 "cpu backend: cannot allocate %zu bytes to round an input to bf16",
+                 n * sizeof(float));
+      impl->failed = true;
+      return NULL;
+    }
+    impl->bf16_buf[k] = p;
+    impl->bf16_cap[k] = n;
+  }
+  round_ctx c = {.out = impl->bf16_buf[k], .in = x};
+  mega_cpu_parallel_for(mega_cpu_pool_of(be), (int64_t)n, MEGA_CPU_GRAIN_ELEMS, round_range, &c);
+  return impl->bf16_buf[k];
 }
 
 /* ---- softmax cross-entropy ---- */
