@@ -557,18 +557,6 @@ const mega_grads_piece *mega_grads_pieces(const mega_grads *g, size_t *n) {
   return g->own.piece;
 }
 
-/* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
- * in place, over comm. */
-mega_status mega_grads__gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
-                                      mega_req **req, mega_err *err) {
-  const mega_grads_bucket *k = &g->buckets[b];
-  size_t counts[g->o.dp_size];
-  for (int d = 0; d < g->o.dp_size; d++) counts[d] = k->shard_numel;
-  float *base = buf + k->offset;
-  return mega_comm_iall_gather(comm, base + k->shard_offset, base, counts, MEGA_DT_F32, 0, req,
-                               err);
-}
-
 /* One parameter gather is over, well or not. */
 static void gathered(mega_grads *g, mega_status st) {
   if (g->gathers_pending > 0) g->gathers_pending--;

@@ -1,8 +1,9 @@
 /* Inside worker/engine/grads*.c only: the gradient buffers' state
- * (grads.h). grads.c: the buffers, buckets, reductions and the parameter
- * gather; grads_shard.c: the distributed optimizer's shards (the copy's
- * exchange, the moments' gather and scatter); grads_tied.c: the tied
- * embedding's exchange between the pipeline's ends. */
+ * (grads.h). grads.c, the buffers, buckets, reductions and the parameter
+ * gather, calls down into grads_shard.c, the distributed optimizer's shards
+ * (a bucket's all-gather, the copy's exchange, the moments' gather and
+ * scatter), and grads_tied.c, the tied embedding's exchange between the
+ * pipeline's ends. */
 #ifndef MEGA_WORKER_GRADS_INTERNAL_H
 #define MEGA_WORKER_GRADS_INTERNAL_H
 
@@ -112,7 +113,8 @@ struct mega_grads {
 mega_status mega_grads__copy_own_params(mega_grads *g, mega_err *err);
 
 /* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
- * in place, over comm. */
+ * in place, over comm (grads_shard.c: the parameter gather's, and the
+ * moments' for a checkpoint). */
 mega_status mega_grads__gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
                                       mega_req **req, mega_err *err);
 

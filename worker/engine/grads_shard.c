@@ -1,6 +1,6 @@
-/* The distributed optimizer's shards (grads.h): the ranges of the shard
- * copy, its gradients' exchange, and the moments gathered whole for a
- * checkpoint or scattered back into the optimizers. */
+/* The distributed optimizer's shards (grads.h): a bucket's all-gather, the
+ * ranges of the shard copy, its gradients' exchange, and the moments
+ * gathered whole for a checkpoint or scattered back into the optimizers. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +16,18 @@ const mega_optim_range *mega_grads_copy_ranges(const mega_grads *g, size_t *n) {
 const mega_grads_piece *mega_grads_copy_pieces(const mega_grads *g, size_t *n) {
   *n = g->copy.n;
   return g->copy.piece;
+}
+
+/* All-gathers bucket b's shards of buf (laid out as the chunk's buffers)
+ * in place, over comm. */
+mega_status mega_grads__gather_bucket(mega_grads *g, mega_comm *comm, int b, float *buf,
+                                      mega_req **req, mega_err *err) {
+  const mega_grads_bucket *k = &g->buckets[b];
+  size_t counts[g->o.dp_size];
+  for (int d = 0; d < g->o.dp_size; d++) counts[d] = k->shard_numel;
+  float *base = buf + k->offset;
+  return mega_comm_iall_gather(comm, base + k->shard_offset, base, counts, MEGA_DT_F32, 0, req,
+                               err);
 }
 
 mega_status mega_grads__copy_own_params(mega_grads *g, mega_err *err) {
