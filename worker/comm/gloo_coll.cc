@@ -103,24 +103,6 @@ class ThreadClock {
 
 }  // namespace
 
-CollBufs::~CollBufs() {
-  std::lock_guard<std::mutex> lock(s_.mu);
-  for (gloo::transport::UnboundBuffer *b : mine_) s_.coll_bufs.erase(b);
-}
-
-std::unique_ptr<gloo::transport::UnboundBuffer> CollBufs::make(void *p, size_t n) {
-  auto b = s_.ctx->createUnboundBuffer(p, n);
-  add(b.get());
-  return b;
-}
-
-void CollBufs::add(gloo::transport::UnboundBuffer *b) {
-  mine_.reserve(mine_.size() + 1);  // may throw; the insert below must not fail half done
-  std::lock_guard<std::mutex> lock(s_.mu);
-  s_.coll_bufs.insert(b);
-  mine_.push_back(b);
-}
-
 double wall_now() {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);

@@ -1,6 +1,11 @@
-// Internals of the Gloo communicator shim, shared by gloo_*.cc. Nothing here
-// crosses the C boundary: every entry point in comm.h catches all C++
-// exceptions and turns them into a mega_status.
+// Internals of the Gloo communicator shim, shared by gloo_*.cc, whose calls
+// go down (test `calls`): gloo_ops.c's table over gloo_comm.cc (creation,
+// abort, destruction) and gloo_req.cc (P2P), over gloo_coll.cc (the comm
+// thread's collectives), over gloo_ring.cc, gloo_mesh.cc, gloo_store.cc and
+// the rest, over gloo_fail.cc (a communicator's failures, which any of them
+// may cause), over gloo_shm.cc. Nothing here crosses the C boundary: every
+// entry point in comm.h catches all C++ exceptions and turns them into a
+// mega_status.
 #pragma once
 
 #include <atomic>
@@ -185,6 +190,13 @@ struct Job {
   std::string describe(const State &s) const;
 };
 
+// A communicator's failures (gloo_fail.cc, below every other Gloo file).
+// What an exception means: a status, and why (Gloo's text cleaned).
+struct Classified {
+  mega_status status;
+  std::string reason;
+};
+Classified classify(std::exception_ptr ep);
 // Records the failure of `what` (the exception in flight, or ep) as the
 // communicator's cause if it is the first, breaks the communicator, and
 // returns the status to report, with err filled. peer is the rank the
@@ -259,8 +271,10 @@ int widen_receive_windows(gloo::transport::Context &tc, int rank, int size);
 // spun). The calling thread's policy is left as it was.
 std::shared_ptr<gloo::transport::Device> create_device(const gloo::transport::tcp::attr &attr);
 
-uint64_t p2p_slot(uint32_t tag);
-uint64_t ring_slot(uint32_t tag);
+// Gloo's own collectives put prefixes 0x01..0x08 in a slot's top byte;
+// ours use 0x20 (user P2P tags) and 0x21 (the reduce-scatter ring).
+inline uint64_t p2p_slot(uint32_t tag) { return (uint64_t{0x20} << 56) | (uint64_t{tag} << 8); }
+inline uint64_t ring_slot(uint32_t tag) { return (uint64_t{0x21} << 56) | (uint64_t{tag} << 8); }
 
 }  // namespace mega_gloo
 
