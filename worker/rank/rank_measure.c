@@ -1,7 +1,8 @@
 /* Where an iteration's gradient reductions fell (seed 003): each bucket's
- * and the embedding all-reduce's times against the step, for the JSON and
- * the trace; and the CPU the rank's threads got, which on a machine with
- * fewer cores than ranks is part of the answer. */
+ * times, and those of the tied embedding's point-to-point exchange
+ * (grads_tied.c), against the step, for the JSON and the trace; and the
+ * CPU the rank's threads got, which on a machine with fewer cores than
+ * ranks is part of the answer. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
