@@ -228,7 +228,8 @@ def describe(g, comp, members):
         calls = collections.defaultdict(set)
         for caller, callee, n in g[a][b]:
             calls[(caller, callee)].add(n)
-        steps += ["%s calls %s of %s" % (caller, ", ".join(demangle(sorted(ns))[:4]), callee)
+        steps += ["%s calls %s%s of %s" % (caller, ", ".join(demangle(sorted(ns)[:4])),
+                                            ", ..." if len(ns) > 4 else "", callee)
                   for (caller, callee), ns in sorted(calls.items())]
     names = ["+".join(sorted(members[c])) for c in comp]
     return ("files that call each other in a circle: %s.\n    %s\n    Move what the lower one "
