@@ -470,12 +470,13 @@ static int by_hand(int argc, char **argv) {
  * not all reach it fails a run that otherwise succeeded, saying why: a cut
  * file on a full disk must not pass for the whole. */
 static int output_checked(int rc) {
+  if (rc) return rc; /* a failed run has said why (generate: its unwritten text too) */
   errno = 0;
   if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
   int e = out_errno ? out_errno : errno;
   fprintf(stderr, "megaw: cannot write its output (stdout): %s\n",
           e ? strerror(e) : "a write failed (a full disk, or a closed file)");
-  return rc ? rc : 1;
+  return 1;
 }
 
 int main(int argc, char **argv) {
