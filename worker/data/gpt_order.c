@@ -26,6 +26,28 @@ static void document_epochs(int32_t *out, int64_t doc0, int64_t ndoc, int epochs
   mega_np_shuffle_i32(r, out, (int64_t)epochs * ndoc);
 }
 
+void mega_gpt_order_step(const mega_gpt_order *o, const int64_t *cum, int T, int64_t *at,
+                         int64_t *at_off) {
+  int64_t pos = *at, off = *at_off, remaining = (int64_t)T + 1;
+  while (remaining != 0) {
+    int64_t doc = o->doc_index[pos];
+    int64_t len = cum[doc + 1] - cum[doc] - off;
+    remaining -= len;
+    if (remaining <= 0) {
+      off += remaining + len - 1;
+      remaining = 0;
+    } else if (pos == o->ndoc_index - 1) {
+      /* the documents ran out: only ever at the last sample */
+      off = cum[doc + 1] - cum[doc] - 1;
+      break;
+    } else {
+      pos++;
+      off = 0;
+    }
+  }
+  *at = pos, *at_off = off;
+}
+
 /* build_sample_idx: samples of T + 1 tokens laid end to end over the
  * document index, the next starting at the previous one's last token. */
 static void lay_out(mega_gpt_order *o, const int64_t *cum, int T) {
@@ -33,23 +55,7 @@ static void lay_out(mega_gpt_order *o, const int64_t *cum, int T) {
   int64_t pos = 0, off = 0;
   sp[0] = 0, sp[1] = 0;
   for (int64_t s = 1; s <= o->samples; s++) {
-    int64_t remaining = (int64_t)T + 1;
-    while (remaining != 0) {
-      int64_t doc = o->doc_index[pos];
-      int64_t len = cum[doc + 1] - cum[doc] - off;
-      remaining -= len;
-      if (remaining <= 0) {
-        off += remaining + len - 1;
-        remaining = 0;
-      } else if (pos == o->ndoc_index - 1) {
-        /* the documents ran out: only ever at the last sample */
-        off = cum[doc + 1] - cum[doc] - 1;
-        break;
-      } else {
-        pos++;
-        off = 0;
-      }
-    }
+    mega_gpt_order_step(o, cum, T, &pos, &off);
     sp[2 * s] = pos, sp[2 * s + 1] = off;
   }
 }
@@ -60,11 +66,10 @@ static void shuffled_range(int64_t *out, int64_t from, int64_t to, mega_np_rando
   mega_np_shuffle_i64(r, out, to - from);
 }
 
-mega_status mega_gpt_order_build(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
-                                 int64_t num_samples, uint32_t seed, mega_gpt_order **out,
-                                 mega_err *err) {
-  *out = NULL;
-  int64_t T = seq_len, ndoc = doc1 - doc0;
+mega_status mega_gpt_order_shape_of(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
+                                    int64_t num_samples, mega_gpt_order_shape *out,
+                                    mega_err *err) {
+  int64_t T = seq_len;
   int64_t per_epoch_tokens = cum[doc1] - cum[doc0];
   if (seq_len < 1 || num_samples < 1)
     return mega_fail(err, MEGA_ERR_INVALID,
@@ -85,43 +90,55 @@ mega_status mega_gpt_order_build(const int64_t *cum, int64_t doc0, int64_t doc1,
                      "Megatron's data order takes int32 document ids and epoch counts, but "
                      "this is %lld documents over %lld epochs", (long long)doc1,
                      (long long)epochs);
-  int separate = 0;
-  int64_t sans_final = 0;
+  *out = (mega_gpt_order_shape){.epochs = epochs, .ndoc_index = epochs * (doc1 - doc0),
+                                .samples = (epochs * per_epoch_tokens - 1) / T};
   if (epochs > 1) {
-    sans_final = ((epochs - 1) * per_epoch_tokens - 1) / T;
-    int64_t from_final = num_samples - sans_final;
+    out->sans_final = ((epochs - 1) * per_epoch_tokens - 1) / T;
+    int64_t from_final = num_samples - out->sans_final;
     int64_t per_epoch = (per_epoch_tokens - 1) / T;
-    separate = from_final < (int64_t)(0.80 * (double)per_epoch);
+    out->separate = from_final < (int64_t)(0.80 * (double)per_epoch);
   }
+  return MEGA_OK;
+}
+
+mega_status mega_gpt_order_build(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
+                                 int64_t num_samples, uint32_t seed, mega_gpt_order **out,
+                                 mega_err *err) {
+  *out = NULL;
+  int64_t ndoc = doc1 - doc0;
+  mega_gpt_order_shape sh;
+  mega_status st = mega_gpt_order_shape_of(cum, doc0, doc1, seq_len, num_samples, &sh, err);
+  if (st != MEGA_OK) return st;
   mega_gpt_order *o = calloc(1, sizeof *o);
   if (!o) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for Megatron's data order");
-  o->epochs = (int)epochs;
-  o->separate = separate;
-  o->ndoc_index = epochs * ndoc;
-  o->samples = (epochs * per_epoch_tokens - 1) / T;
+  int epochs = (int)sh.epochs;
+  o->epochs = epochs;
+  o->separate = sh.separate;
+  o->ndoc_index = sh.ndoc_index;
+  o->samples = sh.samples;
   o->doc_index = malloc((size_t)o->ndoc_index * sizeof *o->doc_index);
   o->sample_pos = malloc((size_t)(o->samples + 1) * 2 * sizeof *o->sample_pos);
   o->shuffle = malloc((size_t)o->samples * sizeof *o->shuffle);
   if (!o->doc_index || !o->sample_pos || !o->shuffle) {
     mega_gpt_order_free(o);
     return mega_fail(err, MEGA_ERR_NOMEM,
-                     "out of memory for Megatron's data order (%lld samples over %lld epochs)",
-                     (long long)num_samples, (long long)epochs);
+                     "out of memory for Megatron's data order (%lld samples over %d epochs)",
+                     (long long)num_samples, epochs);
   }
   mega_np_random r;
   mega_np_random_seed(&r, seed);
-  if (!separate) {
-    document_epochs(o->doc_index, doc0, ndoc, (int)epochs, &r);
+  if (!sh.separate) {
+    document_epochs(o->doc_index, doc0, ndoc, epochs, &r);
   } else {
-    document_epochs(o->doc_index, doc0, ndoc, (int)epochs - 1, &r);
+    document_epochs(o->doc_index, doc0, ndoc, epochs - 1, &r);
     document_epochs(o->doc_index + (epochs - 1) * ndoc, doc0, ndoc, 1, &r);
   }
   lay_out(o, cum, seq_len);
-  if (!separate) {
+  if (!sh.separate) {
     shuffled_range(o->shuffle, 0, o->samples, &r);
   } else {
-    shuffled_range(o->shuffle, 0, sans_final, &r);
-    shuffled_range(o->shuffle + sans_final, sans_final, o->samples, &r);
+    shuffled_range(o->shuffle, 0, sh.sans_final, &r);
+    shuffled_range(o->shuffle + sh.sans_final, sh.sans_final, o->samples, &r);
   }
   *out = o;
   return MEGA_OK;

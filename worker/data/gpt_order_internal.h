@@ -4,6 +4,7 @@
 #define MEGA_WORKER_GPT_ORDER_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "worker/data/gpt_order.h"
 
@@ -20,5 +21,25 @@ struct mega_gpt_order {
   void *map;
   size_t map_len;
 };
+
+/* What a key makes before anything is drawn (gpt_order.h): the epochs E,
+ * the document index's length E x documents, the samples S, whether the
+ * final epoch is kept apart and, if so, the samples before it S0. The
+ * cache holds a file to it. */
+typedef struct mega_gpt_order_shape {
+  int64_t epochs, ndoc_index, samples, sans_final;
+  int separate;
+} mega_gpt_order_shape;
+
+/* The shape of mega_gpt_order_build's arguments; fails as it does. */
+mega_status mega_gpt_order_shape_of(const int64_t *cum, int64_t doc0, int64_t doc1, int seq_len,
+                                    int64_t num_samples, mega_gpt_order_shape *out,
+                                    mega_err *err);
+
+/* build_sample_idx's step: the sample that starts at position *at, token
+ * *at_off of o's document index ends T + 1 tokens on, at the (*at,
+ * *at_off) this leaves. o's document ids index cum. */
+void mega_gpt_order_step(const mega_gpt_order *o, const int64_t *cum, int T, int64_t *at,
+                         int64_t *at_off);
 
 #endif
