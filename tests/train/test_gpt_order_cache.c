@@ -2,7 +2,8 @@
  * --data-cache-path): a cached index is the in-memory one, entry for
  * entry; a second open reads the file (its outcome and its inode and mtime
  * unchanged); another key builds another file; a file of another key, a
- * damaged, a truncated or an out-of-range one is caught and replaced, and
+ * damaged, a truncated or an out-of-range one, or one whose entries are not
+ * its key's though its checksums are good, is caught and replaced, and
  * refused when it cannot be replaced; processes started together build it once. */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -179,6 +180,22 @@ static void poke(const char *path, long at, const void *bytes, size_t n) {
   close(fd);
 }
 
+/* Makes the file's crc32s good over what it now holds, as a writer that
+ * means harm would. */
+static void make_crcs_good(const char *path, off_t size) {
+  uint8_t *all = malloc((size_t)size);
+  int fd = open(path, O_RDWR);
+  assert_int_equal(pread(fd, all, (size_t)size, 0), size);
+  enum { HEADER = 96, BODY_CRC = 88, HEADER_CRC = 92 }; /* the file header's layout */
+  uint32_t c = (uint32_t)crc32(0, all + HEADER, (uInt)(size - HEADER));
+  memcpy(all + BODY_CRC, &c, 4);
+  c = (uint32_t)crc32(0, all, HEADER_CRC);
+  memcpy(all + HEADER_CRC, &c, 4);
+  assert_int_equal(pwrite(fd, all, HEADER, 0), HEADER);
+  close(fd);
+  free(all);
+}
+
 static void test_bad_files_are_caught(void **state) {
   (void)state;
   args a = {0, NDOC, 200, 8, 3}, b = {0, NDOC, 200, 8, 4};
@@ -207,21 +224,20 @@ static void test_bad_files_are_caught(void **state) {
   assert_replaced(&a, "header is damaged");
   poke(pa, 0, "NOTMEGA!", 8);
   assert_replaced(&a, "not a mega order index");
-  /* a shuffle entry out of range, its checksums made good: still caught */
+  /* entries its checksums were made good over: still caught */
   int64_t huge = INT64_MAX;
   poke(pa, (long)st.st_size - 8, &huge, sizeof huge);
-  uint8_t *all = malloc((size_t)st.st_size);
-  fd = open(pa, O_RDWR);
-  assert_int_equal(pread(fd, all, (size_t)st.st_size, 0), st.st_size);
-  enum { HEADER = 96, BODY_CRC = 88, HEADER_CRC = 92 }; /* the file header's layout */
-  uint32_t c = (uint32_t)crc32(0, all + HEADER, (uInt)(st.st_size - HEADER));
-  memcpy(all + BODY_CRC, &c, 4);
-  c = (uint32_t)crc32(0, all, HEADER_CRC);
-  memcpy(all + HEADER_CRC, &c, 4);
-  assert_int_equal(pwrite(fd, all, HEADER, 0), HEADER);
-  close(fd);
-  free(all);
+  make_crcs_good(pa, st.st_size);
   assert_replaced(&a, "shuffle entry out of range");
+  mega_gpt_order *m = built(&a);
+  int64_t first, S = mega_gpt_order_samples(m); /* the shuffle's first entry, again as its second */
+  mega_gpt_order_free(m);
+  fd = open(pa, O_RDONLY);
+  assert_int_equal(pread(fd, &first, 8, st.st_size - 8 * S), 8);
+  close(fd);
+  poke(pa, (long)(st.st_size - 8 * S + 8), &first, sizeof first);
+  make_crcs_good(pa, st.st_size);
+  assert_replaced(&a, "shuffle entry repeated");
 }
 
 /* A damaged file that cannot be replaced is refused, not used: here the

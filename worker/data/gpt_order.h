@@ -64,8 +64,13 @@ int64_t mega_gpt_order_document(const mega_gpt_order *o, int64_t p);
  * doc1), so a file is used only for the same documents, seed, sequence
  * length and sample count (a split, a blend's share and the epochs all
  * follow from these), whatever its name. Its name is a hash of that key.
- * A crc32 of the body and range checks of every entry catch a damaged or
- * truncated file. A file is written to a temporary name and renamed, under
+ * A crc32 of the body catches a damaged or truncated file, and every entry
+ * is checked to be what the key's build makes but for its draws (the key's
+ * epochs and samples, each document once an epoch, each sample laid where
+ * the one before it ends, the shuffle a permutation), so even a file whose
+ * checksums were made good is whole samples, each used once. Which
+ * permutations were drawn only the crc32 vouches for: checking them would
+ * cost the build the file saves. A file is written to a temporary name and renamed, under
  * an exclusive flock on NAME.lock, so the first process to miss builds it
  * and the others wait on the lock and then map it; the builder removes the
  * temporary files of builders that were killed. */

@@ -84,25 +84,63 @@ void mega_gpt_order_cache_path(const int64_t *cum, int64_t doc0, int64_t doc1, i
   snprintf(buf, n, "%s/megatron-order-%08" PRIx32 "%08" PRIx32 ".bin", dir, a, b);
 }
 
-/* Every entry in range, so a reader never leaves the arrays or the
- * documents. NULL when it is, else what is wrong. */
-static const char *check_entries(const mega_gpt_order *o, const key *k) {
-  for (int64_t p = 0; p < o->ndoc_index; p++)
-    if (o->doc_index[p] < k->doc0 || o->doc_index[p] >= k->doc1)
-      return "a document id out of range";
-  for (int64_t s = 0; s <= o->samples; s++) {
-    int64_t pos = o->sample_pos[2 * s], off = o->sample_pos[2 * s + 1];
-    if (pos < 0 || pos >= o->ndoc_index || (s > 0 && pos < o->sample_pos[2 * s - 2]))
-      return "a sample's document position out of range";
-    int64_t doc = o->doc_index[pos], len = k->cum[doc + 1] - k->cum[doc];
-    /* -1: the last sample ends in an empty last document; 0 in an empty
-     * one: the first sample starts there */
-    if (off < -1 || off >= (len > 0 ? len : 1)) return "a sample's token offset out of range";
+/* The document index holds each of the key's documents once per epoch
+ * (once in the final epoch's block when kept apart), as its shuffles of
+ * tiled documents give. NULL when it does, else what is wrong. */
+static const char *check_documents(const mega_gpt_order *o, const key *k, uint32_t *count) {
+  int64_t ndoc = k->doc1 - k->doc0, split = o->separate ? (o->epochs - 1) * ndoc : o->ndoc_index;
+  int64_t from[2] = {0, split}, to[2] = {split, o->ndoc_index};
+  uint32_t times[2] = {o->separate ? (uint32_t)o->epochs - 1 : (uint32_t)o->epochs, 1};
+  for (int b = 0; b < (o->separate ? 2 : 1); b++) {
+    memset(count, 0, (size_t)ndoc * sizeof *count);
+    for (int64_t p = from[b]; p < to[b]; p++) {
+      int64_t d = o->doc_index[p];
+      if (d < k->doc0 || d >= k->doc1) return "a document id out of range";
+      count[d - k->doc0]++;
+    }
+    for (int64_t d = 0; d < ndoc; d++)
+      if (count[d] != times[b]) return "a document not as often as the epochs say";
   }
-  for (int64_t s = 0; s < o->samples; s++)
-    if (o->shuffle[s] < 0 || o->shuffle[s] >= o->samples)
-      return "a shuffle entry out of range";
   return NULL;
+}
+
+/* The sample index is build_sample_idx's over the document index, and the
+ * shuffle index a permutation of the samples (the final epoch's among
+ * themselves when kept apart): every sample then reads T + 1 tokens inside
+ * its documents, once. NULL when so, else what is wrong. */
+static const char *check_samples(const mega_gpt_order *o, const key *k,
+                                 const mega_gpt_order_shape *sh, uint64_t *seen) {
+  int64_t pos = 0, off = 0;
+  for (int64_t s = 0; s <= o->samples; s++) {
+    if (s > 0) mega_gpt_order_step(o, k->cum, k->seq_len, &pos, &off);
+    if (o->sample_pos[2 * s] != pos || o->sample_pos[2 * s + 1] != off)
+      return "a sample's place is not where the one before it ends";
+  }
+  memset(seen, 0, (size_t)(o->samples + 63) / 64 * sizeof *seen);
+  for (int64_t s = 0; s < o->samples; s++) {
+    int64_t v = o->shuffle[s];
+    if (v < 0 || v >= o->samples) return "a shuffle entry out of range";
+    if (sh->separate && (s < sh->sans_final) != (v < sh->sans_final))
+      return "a shuffle entry outside its epochs' samples";
+    if (seen[v / 64] >> (v % 64) & 1) return "a shuffle entry repeated";
+    seen[v / 64] |= (uint64_t)1 << (v % 64);
+  }
+  return NULL;
+}
+
+/* Every entry as the key's build would make it but for what the draws
+ * chose (which the crc32 vouches for), so a reader never leaves the arrays
+ * or the documents and every sample is whole. NULL when so, else what is
+ * wrong. */
+static const char *check_entries(const mega_gpt_order *o, const key *k,
+                                 const mega_gpt_order_shape *sh) {
+  uint32_t *count = malloc((size_t)(k->doc1 - k->doc0 + 1) * sizeof *count);
+  uint64_t *seen = malloc((size_t)(o->samples + 64) / 64 * sizeof *seen);
+  const char *bad = !count || !seen ? "out of memory checking it" : check_documents(o, k, count);
+  if (!bad) bad = check_samples(o, k, sh, seen);
+  free(count);
+  free(seen);
+  return bad;
 }
 
 /* Points o's arrays into body (after the header). */
@@ -117,7 +155,8 @@ static void place(mega_gpt_order *o, uint8_t *body, int64_t ndoc) {
 
 /* Maps the cache file at path. 1: *out is its index; 0: there is none;
  * -1: it is unusable, why says how. */
-static int load(const char *path, const key *k, mega_gpt_order **out, char *why, size_t n) {
+static int load(const char *path, const key *k, const mega_gpt_order_shape *sh,
+                mega_gpt_order **out, char *why, size_t n) {
   *out = NULL;
   char link[4096], because[4200];
   int fd = mega_nf_open_file(path, link, sizeof link); /* a link is rebuilt over, unread */
@@ -141,6 +180,9 @@ static int load(const char *path, const key *k, mega_gpt_order **out, char *why,
   else if (h.seq_len != k->seq_len || h.seed != (int64_t)k->seed ||
            h.num_samples != k->num_samples || h.doc0 != k->doc0 || h.doc1 != k->doc1)
     bad = "it was built for another --seq-length, --seed, sample count or split";
+  else if (h.epochs != sh->epochs || h.separate != sh->separate ||
+           h.ndoc_index != sh->ndoc_index || h.samples != sh->samples)
+    bad = "its epochs or sample count are not those its key makes";
   size_t body = bad ? 0 : body_size(ndoc, h.ndoc_index, h.samples);
   if (!bad && (body == 0 || (uint64_t)st.st_size != sizeof h + body))
     bad = "its size is not its header's (truncated?)";
@@ -162,7 +204,7 @@ static int load(const char *path, const key *k, mega_gpt_order **out, char *why,
                           .ndoc_index = h.ndoc_index, .samples = h.samples, .map = map,
                           .map_len = sizeof h + body};
     place(o, b, ndoc);
-    bad = check_entries(o, k);
+    bad = check_entries(o, k, sh);
   }
   if (bad) {
     if (o) o->map = NULL; /* unmapped below, not freed as arrays */
@@ -281,13 +323,16 @@ mega_status mega_gpt_order_open(const int64_t *cum, int64_t doc0, int64_t doc1, 
   key k = {cum, doc0, doc1, num_samples, seq_len, seed};
   mega_gpt_order_cache_path(cum, doc0, doc1, seq_len, num_samples, seed, dir, path, sizeof path);
   if (why && why_len) why[0] = 0;
+  mega_gpt_order_shape sh;
+  mega_status st = mega_gpt_order_shape_of(cum, doc0, doc1, seq_len, num_samples, &sh, err);
+  if (st != MEGA_OK) return st;
   /* a hit needs no lock and no write access */
-  int r = load(path, &k, out, note, sizeof note);
+  int r = load(path, &k, &sh, out, note, sizeof note);
   if (r == 1) {
     *how = MEGA_GPT_CACHE_READ;
     return MEGA_OK;
   }
-  mega_status st = make_dir(dir, err);
+  st = make_dir(dir, err);
   if (st != MEGA_OK) return st;
   snprintf(lock, sizeof lock, "%s.lock", path);
   char link[4096], because[4200];
@@ -303,7 +348,7 @@ mega_status mega_gpt_order_open(const int64_t *cum, int64_t doc0, int64_t doc1, 
     break;
   }
   char again[256] = "";
-  if (st == MEGA_OK) r = load(path, &k, out, again, sizeof again);
+  if (st == MEGA_OK) r = load(path, &k, &sh, out, again, sizeof again);
   if (st == MEGA_OK && r == 1) {
     *how = MEGA_GPT_CACHE_READ;
   } else if (st == MEGA_OK) {
