@@ -14,10 +14,12 @@
 #include "proto/frame.h"
 #include "proto/mega.pb-c.h"
 #include "worker/ckpt/ckpt_internal.h"
+#include "worker/data/gpt_order.h"
 #include "worker/data/indexed.h"
 #include "worker/model/gpt.h"
 #include "worker/model/safetensors.h"
 #include "fuzz.h"
+#include "order_keys.h"
 
 static const char *out;
 
@@ -477,6 +479,30 @@ static void indexed(int dtype, const char *name) {
   fuzz_clean();
 }
 
+/* Each of fuzz_order_cache's keys' cache file as mega writes it. */
+static void order_caches(void) {
+  for (int i = 0; i < 4; i++) {
+    const order_key *k = &order_keys[i];
+    mega_gpt_order *o = NULL;
+    mega_gpt_cache_how how;
+    mega_err err = {0};
+    if (mega_gpt_order_open(order_cum, k->doc0, k->doc1, k->T, k->samples, k->seed, fuzz_dir(),
+                            &o, &how, NULL, 0, &err) != MEGA_OK) {
+      fprintf(stderr, "seeds: %s\n", err.msg);
+      abort();
+    }
+    mega_gpt_order_free(o);
+    char p[512];
+    mega_gpt_order_cache_path(order_cum, k->doc0, k->doc1, k->T, k->samples, k->seed, fuzz_dir(),
+                              p, sizeof p);
+    size_t n;
+    void *b = slurp(p, &n);
+    put("order_cache", k->name, i, b, n);
+    free(b);
+    fuzz_clean();
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds OUTDIR\n");
@@ -497,5 +523,6 @@ int main(int argc, char **argv) {
   checkpoints();
   indexed(8, "uint16");
   indexed(4, "int32");
+  order_caches();
   return 0;
 }
