@@ -144,7 +144,7 @@ mega_status mega_net_write_all(int fd, const void *buf, size_t n, const char *wh
 mega_status mega_net_read_all(int fd, void *buf, size_t n, const char *what, mega_err *err) {
   char *p = buf;
   while (n) {
-    ssize_t k = recv(fd, p, n, 0);
+    ssize_t k = read(fd, p, n); /* as recv on a socket; a test may hand it a file */
     if (k < 0 && errno == EINTR) continue;
     if (k == 0) return mega_fail(err, MEGA_ERR_PEER, "receiving %s: the peer closed", what);
     if (k < 0)

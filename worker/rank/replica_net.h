@@ -27,6 +27,7 @@ mega_status mega_net_connect(const char *addr, int timeout_ms, int io_timeout_ms
 /* All n bytes, or an error naming what (what: "the parameters", ...). */
 mega_status mega_net_write_all(int fd, const void *buf, size_t n, const char *what,
                                mega_err *err);
+/* read_all takes any fd: a socket, or the file a test hands it. */
 mega_status mega_net_read_all(int fd, void *buf, size_t n, const char *what, mega_err *err);
 
 /* 16 random bytes (getrandom). */
