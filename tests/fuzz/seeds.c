@@ -20,6 +20,7 @@
 #include "worker/model/safetensors.h"
 #include "fuzz.h"
 #include "order_keys.h"
+#include "replica_fixture.h"
 
 static const char *out;
 
@@ -503,6 +504,87 @@ static void order_caches(void) {
   }
 }
 
+/* A growing byte string. */
+typedef struct bytes {
+  uint8_t *b;
+  size_t n;
+} bytes;
+
+static void add(bytes *s, const void *p, size_t n) {
+  s->b = realloc(s->b, s->n + n);
+  memcpy(s->b + s->n, p, n);
+  s->n += n;
+}
+
+static void add_frame(bytes *s, const ProtobufCMessage *m) {
+  uint8_t *b;
+  size_t n;
+  mega_err err = {0};
+  if (mega_frame_encode(m, 0, &b, &n, &err) != MEGA_OK) abort();
+  add(s, b, n);
+  free(b);
+}
+
+/* A donor's header, as rank_hold.c answers a fetch. */
+static void add_header(bytes *s, int donor, const char *error) {
+  Mega__V1__ReplicaHeader h = MEGA__V1__REPLICA_HEADER__INIT;
+  h.error = (char *)error;
+  h.job_id = REPLICA_JOB;
+  h.attempt = REPLICA_ATTEMPT;
+  h.rank = (uint32_t)donor;
+  h.iteration = REPLICA_ITERATION;
+  h.optimizer_steps = 7;
+  h.eval_done = 2;
+  h.ntensors = 3;
+  add_frame(s, &h.base);
+}
+
+/* A piece and its floats (kind 0: END, no floats). */
+static void add_piece(bytes *s, int kind, size_t tensor, size_t offset, size_t count) {
+  Mega__V1__ReplicaPiece p = MEGA__V1__REPLICA_PIECE__INIT;
+  p.kind = (Mega__V1__ReplicaPieceKind)kind;
+  p.tensor = tensor;
+  p.offset = offset;
+  p.count = count;
+  add_frame(s, &p.base);
+  for (size_t i = 0; i < count; i++) {
+    float x = (float)(kind * 100 + (int)tensor * 10 + (int)(offset + i));
+    add(s, &x, sizeof x);
+  }
+}
+
+/* fuzz_replica's input: the moments' memory, then donors' answers. */
+static void replicas(void) {
+  bytes one = {0}, two = {0}, no = {0};
+  add(&one, "\0", 1); /* one donor with everything, as a rank without a distributed optimizer */
+  add_header(&one, 0, "");
+  for (size_t t = 0; t < 3; t++)
+    for (int kind = 1; kind <= 3; kind++) add_piece(&one, kind, t, 0, replica_sizes[t]);
+  add_piece(&one, 0, 0, 0, 0);
+  put("replica", "one_donor", -1, one.b, one.n);
+  /* the parameters from one, the moments from another in two shards */
+  add(&two, "\1", 1);
+  add_header(&two, 0, "");
+  for (size_t t = 0; t < 3; t++) add_piece(&two, 1, t, 0, replica_sizes[t]);
+  add_piece(&two, 0, 0, 0, 0);
+  add_header(&two, 1, "");
+  for (size_t t = 0; t < 3; t++)
+    for (int kind = 2; kind <= 3; kind++) {
+      size_t half = replica_sizes[t] / 2;
+      if (half) add_piece(&two, kind, t, 0, half);
+      add_piece(&two, kind, t, half, replica_sizes[t] - half);
+    }
+  add_piece(&two, 0, 0, 0, 0);
+  put("replica", "two_donors", -1, two.b, two.n);
+  add(&no, "\0", 1);
+  add_header(&no, 0, "the token does not match (only the attempt the coordinator planned may "
+                     "fetch)");
+  put("replica", "refused", -1, no.b, no.n);
+  free(one.b);
+  free(two.b);
+  free(no.b);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fuzz_seeds OUTDIR\n");
@@ -524,5 +606,6 @@ int main(int argc, char **argv) {
   indexed(8, "uint16");
   indexed(4, "int32");
   order_caches();
+  replicas();
   return 0;
 }
