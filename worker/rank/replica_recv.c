@@ -21,6 +21,9 @@ mega_status mega_replica_recv_init(mega_replica_recv *rv, const mega_ckpt_param 
     rv->before[0] = 0;
     for (size_t k = 0; k < n; k++)
       rv->before[k + 1] = rv->before[k] + mega_ckpt_param_local(&params[k]);
+    size_t words = (size_t)(rv->before[n] / 64 + 1);
+    for (int kind = PIECE(PARAM); kind <= PIECE(EXP_AVG_SQ) && ok; kind++)
+      ok = (rv->came[kind] = calloc(words, sizeof(uint64_t))) != NULL;
   }
   if (!ok) {
     mega_replica_recv_free(rv);
@@ -32,16 +35,38 @@ mega_status mega_replica_recv_init(mega_replica_recv *rv, const mega_ckpt_param 
 void mega_replica_recv_free(mega_replica_recv *rv) {
   free(rv->stage);
   free(rv->before);
+  for (int k = 0; k < 4; k++) free(rv->came[k]);
   *rv = (mega_replica_recv){0};
+}
+
+/* Marks bits [from, from + n) of b; false (and b unchanged) when one was
+ * set already. */
+static bool mark(uint64_t *b, uint64_t from, uint64_t n) {
+  for (int pass = 0; pass < 2; pass++)
+    for (uint64_t i = from; i < from + n;) {
+      uint64_t w = i / 64, lo = i % 64, take = 64 - lo < from + n - i ? 64 - lo : from + n - i;
+      uint64_t m = (take == 64 ? ~(uint64_t)0 : (((uint64_t)1 << take) - 1)) << lo;
+      if (pass == 0 && (b[w] & m)) return false;
+      if (pass == 1) b[w] |= m;
+      i += take;
+    }
+  return true;
 }
 
 /* Receives one piece's floats into its place. */
 static mega_status take_piece(mega_replica_recv *rv, int fd, const Mega__V1__ReplicaPiece *p,
                               const char *from, mega_err *err) {
+  /* no empty piece (rank_hold.c sends none; a stream of them would never
+   * end), and the offset alone first, so that offset + count cannot wrap */
   if (p->kind < PIECE(PARAM) || p->kind > PIECE(EXP_AVG_SQ) || p->tensor >= rv->nparams ||
-      p->count > PIECE_FLOATS ||
-      p->offset + p->count > mega_ckpt_param_local(&rv->params[p->tensor]))
-    return mega_fail(err, MEGA_ERR_PEER, "the replica at %s sent a piece out of bounds", from);
+      p->count < 1 || p->count > PIECE_FLOATS ||
+      p->offset > mega_ckpt_param_local(&rv->params[p->tensor]) ||
+      p->count > mega_ckpt_param_local(&rv->params[p->tensor]) - p->offset)
+    return mega_fail(err, MEGA_ERR_PEER,
+                     "the replica at %s sent a piece out of bounds (kind %d, tensor %llu of "
+                     "%zu, floats %llu + %llu)",
+                     from, (int)p->kind, (unsigned long long)p->tensor, rv->nparams,
+                     (unsigned long long)p->offset, (unsigned long long)p->count);
   const mega_ckpt_param *cp = &rv->params[p->tensor];
   float *dst = p->kind == PIECE(PARAM)     ? cp->param
                : p->kind == PIECE(EXP_AVG) ? cp->exp_avg
@@ -49,6 +74,12 @@ static mega_status take_piece(mega_replica_recv *rv, int fd, const Mega__V1__Rep
   if (!dst)
     return mega_fail(err, MEGA_ERR_PEER, "the replica at %s sent moments of %s, which has none",
                      from, cp->name);
+  if (!mark(rv->came[p->kind], rv->before[p->tensor] + p->offset, p->count))
+    return mega_fail(err, MEGA_ERR_PEER,
+                     "the replica at %s sent floats %llu..%llu of %s again (a replica sends "
+                     "each once)",
+                     from, (unsigned long long)p->offset,
+                     (unsigned long long)(p->offset + p->count - 1), cp->name);
   dst += p->offset;
   size_t bytes = (size_t)p->count * sizeof(float);
   mega_status st;
