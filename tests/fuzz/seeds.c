@@ -504,6 +504,35 @@ static void order_caches(void) {
   }
 }
 
+/* fuzz_ckpt_config's input: config.json as a save writes it. */
+static void config(const char *name, const mega_gpt_config *c, const mega_jobspec *job) {
+  json_t *j = mega_ckpt_config_json(c, job);
+  char *t = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
+  put_str("ckpt_config", name, -1, t);
+  free(t);
+  json_decref(j);
+}
+
+static void configs(void) {
+  mega_gpt_config c;
+  mega_gpt_config_default(&c);
+  c.num_layers = 2, c.channels = 32, c.num_heads = 2, c.max_seq_len = 16;
+  config("gpt2", &c, NULL);
+  c.untied = true, c.gelu_erf = true, c.ffn_hidden = 48;
+  c.hidden_dropout = 0.1, c.attention_dropout = 0.05;
+  config("gpt2_untied_erf", &c, NULL);
+  mega_gpt_config_default(&c);
+  c.arch = MEGA_GPT_ARCH_LLAMA, c.num_layers = 2, c.channels = 64, c.num_heads = 4;
+  c.num_kv_heads = 2, c.ffn_hidden = 96, c.max_seq_len = 32, c.untied = true;
+  c.no_bias = true, c.ln_eps = 1e-6f, c.rope_theta = 500000, c.rotary_percent = 0.5;
+  config("llama_gqa", &c, NULL);
+  c.no_bias = false, c.untied = false, c.head_dim = 8, c.rotary_percent = 1;
+  mega_jobspec job;
+  mega_jobspec_defaults(&job);
+  config("llama_bias_ids", &c, &job);
+  mega_jobspec_free(&job);
+}
+
 /* A growing byte string. */
 typedef struct bytes {
   uint8_t *b;
@@ -607,5 +636,6 @@ int main(int argc, char **argv) {
   indexed(4, "int32");
   order_caches();
   replicas();
+  configs();
   return 0;
 }
