@@ -193,6 +193,31 @@ static void test_llama_round_trip(void **state) {
   tu_rmtree(dir);
 }
 
+/* A RoPE fraction a float cannot hold reads back as written: 0.7 of 40
+ * channels per head turns 28, where 0.7f would turn 27, which RoPE cannot,
+ * and mega would refuse its own checkpoint. */
+static void test_rotary_fraction(void **state) {
+  (void)state;
+  char dir[256], it[512];
+  tu_mkdtemp(dir, "ckpt");
+  mega_gpt_config c;
+  mega_gpt_config_default(&c);
+  c.arch = MEGA_GPT_ARCH_LLAMA, c.max_seq_len = 8, c.num_layers = 1, c.num_heads = 2;
+  c.channels = 80, c.ffn_hidden = 32, c.rotary_percent = 0.7;
+  assert_int_equal(mega_gpt_rot_dim(&c), 28);
+  model a;
+  assert_true(tu_model_make_cfg(&a, &c, 0.1));
+  save_ok(&a, dir, 1, 0);
+  snprintf(it, sizeof it, "%s/iter_0000001", dir);
+  mega_gpt_config back;
+  mega_err err = {0};
+  if (mega_ckpt_read_config(it, &back, &err) != MEGA_OK) fail_msg("%s", err.msg);
+  assert_true(back.rotary_percent == 0.7);
+  assert_int_equal(mega_gpt_rot_dim(&back), 28);
+  model_free(&a);
+  tu_rmtree(dir);
+}
+
 /* An untied GPT-2 head is saved as lm_head.weight, with tie_word_embeddings
  * false. */
 static void test_untied_gpt2(void **state) {
@@ -542,6 +567,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_llama_round_trip),
+      cmocka_unit_test(test_rotary_fraction),
       cmocka_unit_test(test_untied_gpt2),
       cmocka_unit_test(test_gelu_form),
       cmocka_unit_test(test_sharding),

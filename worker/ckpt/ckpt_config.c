@@ -111,16 +111,18 @@ static int get_int(reader *r, const char *key, int def) {
   return (int)json_integer_value(v);
 }
 
-/* A positive number key (def when absent; required when def is NAN). */
-static float get_num(reader *r, const char *key, double def) {
+/* A positive number key (def when absent; required when def is NAN), as
+ * written: the caller rounds it to a float where the field is one, but a
+ * fraction such as partial_rotary_factor stays a double, as Python's. */
+static double get_num(reader *r, const char *key, double def) {
   if (r->st) return 0;
   json_t *v = json_object_get(r->j, key);
-  if (!v && !isnan(def)) return (float)def;
+  if (!v && !isnan(def)) return def;
   if (!json_is_number(v) || !(json_number_value(v) > 0)) {
     r->st = mega_fail(r->err, MEGA_ERR_INVALID, "%s lacks a positive number %s", r->path, key);
     return 0;
   }
-  return (float)json_number_value(v);
+  return json_number_value(v);
 }
 
 static bool get_bool(reader *r, const char *key, bool def) {
@@ -141,7 +143,7 @@ static void read_gpt2(reader *r, mega_gpt_config *cfg) {
   cfg->channels = get_int(r, "n_embd", 0);
   cfg->num_layers = get_int(r, "n_layer", 0);
   cfg->num_heads = get_int(r, "n_head", 0);
-  cfg->ln_eps = get_num(r, "layer_norm_epsilon", NAN);
+  cfg->ln_eps = (float)get_num(r, "layer_norm_epsilon", NAN);
   json_t *inner = json_object_get(r->j, "n_inner");
   if (inner && !json_is_null(inner)) cfg->ffn_hidden = get_int(r, "n_inner", 0);
   cfg->untied = !get_bool(r, "tie_word_embeddings", true);
@@ -180,8 +182,8 @@ static void read_llama(reader *r, mega_gpt_config *cfg) {
   cfg->num_kv_heads = get_int(r, "num_key_value_heads", cfg->num_heads);
   int def_hd = cfg->num_heads > 0 ? cfg->channels / cfg->num_heads : 0;
   cfg->head_dim = get_int(r, "head_dim", def_hd > 0 ? def_hd : 0);
-  cfg->ln_eps = get_num(r, "rms_norm_eps", 1e-6); /* HF's defaults */
-  cfg->rope_theta = get_num(r, "rope_theta", 10000.0);
+  cfg->ln_eps = (float)get_num(r, "rms_norm_eps", 1e-6); /* HF's defaults */
+  cfg->rope_theta = (float)get_num(r, "rope_theta", 10000.0);
   cfg->rotary_percent = get_num(r, "partial_rotary_factor", 1.0);
   cfg->untied = !get_bool(r, "tie_word_embeddings", false);
   json_t *apdrop = json_object_get(r->j, "attention_dropout"); /* absent: HF's 0 */
