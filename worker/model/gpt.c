@@ -108,14 +108,17 @@ mega_status mega_gpt_config_check(const mega_gpt_config *c, mega_err *err) {
                      "gpt: num_kv_heads (%d), head_dim (%d) and ffn_hidden (%d) must be >= 0 "
                      "(0: derived)",
                      c->num_kv_heads, c->head_dim, c->ffn_hidden);
-  /* Every tensor, activations included, must index in int and size_t. */
+  /* Every tensor, activations included, must index in int and size_t. The
+   * MLP's width in 64 bits: its default 4 x channels need not fit an int
+   * before this check. */
+  int64_t ffn = c->ffn_hidden > 0 ? c->ffn_hidden : 4 * (int64_t)c->channels;
   if ((int64_t)c->channels * 4 > (1 << 24) || (int64_t)c->vocab_size > (1 << 24) ||
-      (int64_t)c->max_seq_len > (1 << 20) || (int64_t)mega_gpt_ffn(c) > (1 << 24) ||
+      (int64_t)c->max_seq_len > (1 << 20) || ffn > (1 << 24) ||
       (int64_t)c->num_heads * mega_gpt_head_dim(c) > (1 << 22))
     return mega_fail(err, MEGA_ERR_INVALID,
-                     "gpt: sizes too large (channels %d, vocab %d, max_seq_len %d, ffn %d, "
+                     "gpt: sizes too large (channels %d, vocab %d, max_seq_len %d, ffn %lld, "
                      "heads %d x %d)",
-                     c->channels, c->vocab_size, c->max_seq_len, mega_gpt_ffn(c), c->num_heads,
+                     c->channels, c->vocab_size, c->max_seq_len, (long long)ffn, c->num_heads,
                      mega_gpt_head_dim(c));
   if (!(c->hidden_dropout >= 0.0 && c->hidden_dropout < 1.0))
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: hidden_dropout must be in [0, 1), got %g",
