@@ -218,24 +218,36 @@ static void test_rotary_fraction(void **state) {
   tu_rmtree(dir);
 }
 
-/* A config.json too wide for mega is refused with its sizes, the MLP's
- * default width (4 x n_embd, past an int here) said right. */
-static void test_config_too_wide(void **state) {
-  (void)state;
-  char dir[256], path[600];
-  tu_mkdtemp(dir, "ckpt");
+/* Writes config.json of a GPT-2 with n_embd and n_layer into dir. */
+static void write_gpt2_config(const char *dir, long long embd, long long layers) {
+  char path[600];
   snprintf(path, sizeof path, "%s/config.json", dir);
   FILE *f = fopen(path, "w");
   assert_non_null(f);
-  fputs("{\"model_type\": \"gpt2\", \"vocab_size\": 256, \"n_positions\": 8, \"n_embd\": "
-        "1000000000, \"n_layer\": 1, \"n_head\": 2, \"layer_norm_epsilon\": 1e-5}",
-        f);
+  fprintf(f, "{\"model_type\": \"gpt2\", \"vocab_size\": 256, \"n_positions\": 8, \"n_embd\": "
+             "%lld, \"n_layer\": %lld, \"n_head\": 2, \"layer_norm_epsilon\": 1e-5}",
+          embd, layers);
   fclose(f);
+}
+
+/* A config.json too large for mega is refused with its sizes (the MLP's
+ * default width, 4 x n_embd, past an int here, said right), and so is one
+ * of more layers than a stage counts in an int (megaw generate builds
+ * its model from the file). */
+static void test_config_too_large(void **state) {
+  (void)state;
+  char dir[256];
+  tu_mkdtemp(dir, "ckpt");
   mega_gpt_config back;
   mega_err err = {0};
+  write_gpt2_config(dir, 1000000000, 1);
   assert_int_equal(mega_ckpt_read_config(dir, &back, &err), MEGA_ERR_INVALID);
   if (!strstr(err.msg, "sizes too large (channels 1000000000, vocab 256, max_seq_len 8, ffn "
                        "4000000000,"))
+    fail_msg("%s", err.msg);
+  write_gpt2_config(dir, 32, 1 << 30);
+  assert_int_equal(mega_ckpt_read_config(dir, &back, &err), MEGA_ERR_INVALID);
+  if (!strstr(err.msg, "num_layers must be in [1, 1048576], got 1073741824"))
     fail_msg("%s", err.msg);
   tu_rmtree(dir);
 }
@@ -590,7 +602,7 @@ int main(void) {
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_llama_round_trip),
       cmocka_unit_test(test_rotary_fraction),
-      cmocka_unit_test(test_config_too_wide),
+      cmocka_unit_test(test_config_too_large),
       cmocka_unit_test(test_untied_gpt2),
       cmocka_unit_test(test_gelu_form),
       cmocka_unit_test(test_sharding),

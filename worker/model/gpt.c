@@ -96,8 +96,9 @@ mega_status mega_gpt_config_check(const mega_gpt_config *c, mega_err *err) {
   if (c->max_seq_len < 1)
     return mega_fail(err, MEGA_ERR_INVALID, "gpt: max_seq_len must be >= 1, got %d",
                      c->max_seq_len);
-  if (c->num_layers < 1)
-    return mega_fail(err, MEGA_ERR_INVALID, "gpt: num_layers must be >= 1, got %d",
+  /* at most 2^20: a stage counts its tensors (16 a layer) in an int */
+  if (c->num_layers < 1 || c->num_layers > (1 << 20))
+    return mega_fail(err, MEGA_ERR_INVALID, "gpt: num_layers must be in [1, 1048576], got %d",
                      c->num_layers);
   if (c->num_heads < 1 || c->channels < 1)
     return mega_fail(err, MEGA_ERR_INVALID,
