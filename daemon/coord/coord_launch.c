@@ -70,7 +70,6 @@ void coord_launch_on(coord_run *run, const mega_job_node *jn, char **args, size_
   spec.max_restarts = j->max_restarts;
   spec.step_timeout_ms = j->step_timeout_ms;
   Mega__V1__Bootstrap boot = MEGA__V1__BOOTSTRAP__INIT;
-  boot.comm_backend = "gloo";
   boot.kv_address = (char *)c->o.address;
   boot.kv_prefix = run->kv_prefix;
   boot.kv_timeout_ms = c->o.rendezvous_timeout_ms;

@@ -32,7 +32,6 @@ static unsigned pipe_timeout_ms; /* of the next fixture's assignment */
 
 static void send_assignment(int fd) {
   Mega__V1__Bootstrap b = MEGA__V1__BOOTSTRAP__INIT;
-  b.comm_backend = "gloo";
   b.kv_prefix = "j-1/0";
   b.kv_timeout_ms = 5000;
   Mega__V1__Assignment a = MEGA__V1__ASSIGNMENT__INIT;

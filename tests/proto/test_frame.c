@@ -303,7 +303,6 @@ static void test_blocking_pipe_round_trip(void **state) {
   a.pp = 2;
   a.tp = a.dp = 1;
   a.device = -1;
-  b.comm_backend = "gloo";
   b.kv_prefix = "j-3/0/";
   a.bootstrap = &b;
   f.msg_case = MEGA__V1__DAEMON_FRAME__MSG_ASSIGNMENT;
