@@ -212,9 +212,14 @@ def cudnn_verdict(k, lines, v):
     program died inside them), the later steps run the flash kernels
     (MEGA_CUDNN_ATTENTION=off) so that one run still measures the rest; the
     table says so."""
-    started = "# cuDNN attention cases" in lines  # test_cuda_backend's markers
-    bad = [ln for ln in lines if ln.startswith("FAIL") and "cuDNN" in ln]
-    died = v != "ok" and started and "# cuDNN attention cases done" not in lines
+    start, done = "# cuDNN attention cases", "# cuDNN attention cases done"
+    started = start in lines  # test_cuda_backend's markers
+    # only lines inside them: other checks' reasons may name cuDNN too
+    # (attention dropout's refusal says it draws no mask, as flash does not)
+    first = lines.index(start) + 1 if started else len(lines)
+    last = lines.index(done, first) if done in lines[first:] else len(lines)
+    bad = [ln for ln in lines[first:last] if ln.startswith("FAIL") and "cuDNN" in ln]
+    died = v != "ok" and started and done not in lines
     if bad or died:
         k.env["MEGA_CUDNN_ATTENTION"] = "off"
         k.row("suite", "cuDNN attention off from here", "note",

@@ -70,8 +70,8 @@ void test_attention_dropout(const mega_cuda_module *m) {
     drop_case(gpu, "cuda", bf16, 1, 200, 4, 2, 128, false);
   }
   /* cuDNN required: the mask still takes the GEMMs, never cuDNN's own.
-   * (No "cuDNN" in these lines: the kit reads a failed line with it as
-   * cuDNN's attention failing, and turns it off.) */
+   * (Outside test_cudnn_attention's markers: the kit turns cuDNN's
+   * attention off only for a failure inside them.) */
   mega_err err = {0};
   mega_backend *dnn;
   if (strstr(m->versions(), ", cuDNN 9.")) {

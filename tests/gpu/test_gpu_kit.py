@@ -67,6 +67,24 @@ class CudnnVerdict(unittest.TestCase):
         gpu_kit.cudnn_verdict(k, lines, "FAIL")
         self.assertNotIn("MEGA_CUDNN_ATTENTION", k.env)
 
+    def test_failures_outside_the_cases_are_not_cudnns(self):
+        # attention dropout's refusal names cuDNN ("the flash kernels and
+        # cuDNN draw no dropout mask"), but its checks run the batched GEMMs
+        # after the cuDNN cases: cuDNN's attention stays on for the bench
+        k = FakeKit()
+        guard = ("FAIL attention sizes guard with a mask: full 32768, flash 16640, status 2: "
+                 "cuda backend: attention dropout runs the batched GEMMs (the flash kernels "
+                 "and cuDNN draw no dropout mask), which need 32768 and 49152 floats")
+        drop = ("FAIL cuda attention dropout --bf16 B2 T130 NH2 G2 hs64 fused qkv: cuda "
+                "backend: attention dropout runs the batched GEMMs (the flash kernels and "
+                "cuDNN draw no dropout mask)")
+        for before in ([], [drop]):
+            lines = before + FLASH_OK + [START, "ok   cuDNN attention B2 T200 NH4 G2 hs64", DONE,
+                                         guard]
+            gpu_kit.cudnn_verdict(k, lines, "FAIL")
+            self.assertNotIn("MEGA_CUDNN_ATTENTION", k.env)
+            self.assertEqual(k.rows, [])
+
     def test_crash_before_any_line_of_the_cases(self):
         k = FakeKit()
         gpu_kit.cudnn_verdict(k, FLASH_OK + [START], "FAIL")
