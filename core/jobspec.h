@@ -389,6 +389,13 @@ int64_t mega_jobspec_eval_batches(const mega_jobspec *s);
  * share holds a window (rank 0 says at setup when it does not). false (buf
  * untouched) when the job does not evaluate. */
 bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n);
+/* The note a rank on the cuda backend prints at start when --attention-dropout
+ * takes away the flash attention --bf16 would run (heads of 64 or 128, T
+ * above them): attention then runs unfused, as fp32 batched GEMMs, and each
+ * layer keeps its [micro-batch, heads / TP, T, T] probabilities; it says
+ * how much, against what flash attention keeps. false (buf untouched)
+ * otherwise. */
+bool mega_jobspec_cuda_attention_note(const mega_jobspec *s, char *buf, size_t n);
 
 /* ---- issue 24: batches over time, sample-based training, LR lengths ---- */
 

@@ -36,9 +36,9 @@ static const char *const constant[] = {"constant", NULL};
 #define NO_FUSION "mega runs no such fused kernel, so this restates what it does"
 #define ATTENTION                                                                           \
   "mega chooses the attention itself: on cuda under --bf16, heads of 64 or 128 run causal "  \
-  "flash attention (no [B, heads, T, T] probabilities kept); otherwise the unfused one, "    \
-  "QK^T, a causal softmax and the product with V, in fp32 with the probabilities kept for " \
-  "backward"
+  "flash attention (no [B, heads, T, T] probabilities kept) unless --attention-dropout asks " \
+  "for a mask it does not draw; otherwise the unfused one, QK^T, a causal softmax and the "  \
+  "product with V, in fp32 with the probabilities kept for backward"
 #define NO_TB                                                                              \
   "mega writes no TensorBoard or Weights & Biases logs; every iteration's metrics are in " \
   "megaw --json and megad run --json (one JSON object a line), megactl watch JOB --json, "  \
@@ -72,8 +72,8 @@ static const compat table[] = {
      "mega computes the cross-entropy in fp32 (there is no fp16 mode)", "drop it"},
     {"--fp8-*", true, NULL, "mega has no fp8 GEMMs", "use --bf16"},
     {"--use-flash-attn", false, NULL, ATTENTION,
-     "drop it (--bf16 on cuda is flash attention; elsewhere --recompute-granularity "
-     "selective recomputes the probabilities instead of keeping them)"},
+     "drop it (--bf16 on cuda is flash attention, but not with --attention-dropout; elsewhere "
+     "--recompute-granularity selective recomputes the probabilities instead of keeping them)"},
     {"--attention-backend", true, auto_only, ATTENTION,
      "give --attention-backend auto, or drop the flag"},
     {"--num-experts", true, NULL, NO_MOE, "drop it (and the --moe-* flags)"},

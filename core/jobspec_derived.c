@@ -166,6 +166,25 @@ bool mega_jobspec_eval_note(const mega_jobspec *s, char *buf, size_t n) {
   return true;
 }
 
+bool mega_jobspec_cuda_attention_note(const mega_jobspec *s, char *buf, size_t n) {
+  int hs = mega_jobspec_kv_channels(s), T = s->seq_length;
+  int tp = s->tensor_model_parallel_size > 0 ? s->tensor_model_parallel_size : 1;
+  /* the shapes the cuda backend's flash attention takes (backend.h's
+   * mega_attn_flash_shape; the strides are multiples of 8 at these heads) */
+  if (!(s->attention_dropout > 0) || !s->bf16 || !(hs == 64 || hs == 128) || T <= hs)
+    return false;
+  double rows = (double)s->micro_batch_size * (s->num_attention_heads / tp) * T;
+  const double mib = 1024.0 * 1024.0;
+  snprintf(buf, n,
+           "--attention-dropout %g with --bf16: on cuda attention runs unfused, as fp32 "
+           "batched GEMMs (neither mega's flash kernels nor cuDNN draw its mask), slower than "
+           "flash attention, and each layer keeps its [%d, %d, %d, %d] probabilities: %.1f MiB "
+           "a layer for each microbatch in flight, where flash attention keeps %.1f MiB",
+           s->attention_dropout, s->micro_batch_size, s->num_attention_heads / tp, T, T,
+           4 * rows * T / mib, 4 * rows * (1 + hs) / mib);
+  return true;
+}
+
 int mega_jobspec_padded_vocab(const mega_jobspec *s) {
   long long by = s->make_vocab_size_divisible_by > 0 ? s->make_vocab_size_divisible_by : 128;
   long long multiple = by * (s->tensor_model_parallel_size > 0 ? s->tensor_model_parallel_size : 1);

@@ -348,7 +348,9 @@ const flagdef mega_jf_table[] = {
          "The linear layers' GEMMs take bf16 inputs (rounded to nearest even) and accumulate "
          "in fp32 (cuBLAS bf16 GEMMs on cuda, the same rounding before OpenBLAS on cpu); "
          "attention with heads of 64 or 128 is bf16 flash attention on cuda, rounded at the "
-         "same places on cpu; weights, gradients and optimizer state stay fp32."),
+         "same places on cpu (not with --attention-dropout: fp32 batched GEMMs, keeping [B, "
+         "heads, T, T] probabilities a layer); weights, gradients and optimizer state stay "
+         "fp32."),
     BOOL("--no-bias-gelu-fusion", no_bias_gelu_fusion, "worker",
          "Megatron's: turn the bias-GELU fusion off. GPT-2's GELU is then the exact one, "
          "0.5 x (1 + erf(x / sqrt 2)) (torch's F.gelu, Hugging Face's \"gelu\"), unless "

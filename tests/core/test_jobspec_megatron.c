@@ -1,8 +1,8 @@
 /* A Megatron user's flags (issue 24): the nearest flag for a typo, the
  * table of Megatron's flags mega knows (refused with a reason and a
  * replacement, or accepted where they restate mega), GPT-2's GELU and the
- * Llama scripts' flags, --split's quotes, --eval-iters 0 and the evaluation
- * note. Sample-based training and the rampup are in test_jobspec_samples.c,
+ * Llama scripts' flags, --split's quotes, --eval-iters 0, the evaluation
+ * note and the note on attention dropout under --bf16 on cuda. Sample-based training and the rampup are in test_jobspec_samples.c,
  * the files a job names in test_jobspec_files.c, the log line in
  * test_logline.c. */
 #include <math.h>
@@ -80,6 +80,9 @@ static void test_megatron_table(void **state) {
   (void)state;
   refused(ARGV("--fp16"), "no fp16 mixed precision", "use --bf16");
   refused(ARGV("--use-flash-attn"), "mega chooses the attention itself", "--bf16 on cuda is");
+  /* attention dropout's mask takes the unfused attention even under --bf16 */
+  refused(ARGV("--use-flash-attn"), "unless --attention-dropout asks for a mask",
+          "but not with --attention-dropout");
   refused(ARGV("--attention-backend", "flash"), "heads of 64 or 128 run causal flash attention",
           "give --attention-backend auto");
   refused(ARGV("--attention-backend=fused"), "(it takes auto)", "auto");
@@ -156,6 +159,7 @@ static void test_megatron_table(void **state) {
   assert_non_null(strstr(help, "Megatron flags accepted because they restate what mega does"));
   assert_non_null(strstr(help, "--distributed-backend nccl"));
   assert_non_null(strstr(help, "--no-masked-softmax-fusion"));
+  assert_non_null(strstr(help, "(not with --attention-dropout: fp32 batched GEMMs")); /* --bf16 */
   free(help);
 }
 
@@ -362,6 +366,44 @@ static void test_eval_note(void **state) {
   mega_jobspec_free(&s);
 }
 
+/* --attention-dropout with --bf16 takes away cuda's flash attention for
+ * heads flash takes: the rank's note says so, and what each layer keeps.
+ * Base: 4 heads, micro-batch 2. */
+static void cuda_attention_note(char *const *extra, int n, const char *want) {
+  mega_jobspec s;
+  char note[512] = "";
+  make_spec(&s, extra, n);
+  bool said = mega_jobspec_cuda_attention_note(&s, note, sizeof note);
+  if (want ? !said || !strstr(note, want) : said) fail_msg("want %s, note: %s", want, note);
+  mega_jobspec_free(&s);
+}
+
+static void test_cuda_attention_note(void **state) {
+  (void)state;
+  /* heads of 64 at T 1024: [2, 4, 1024, 1024] floats, 32 MiB a layer,
+   * against flash's log-sum-exp and output copy, 2 x 4 x 1024 x 65 */
+  cuda_attention_note(ARGV("--hidden-size", "256", "--seq-length", "1024", "--bf16",
+                           "--attention-dropout", "0.1"),
+                      "--attention-dropout 0.1 with --bf16: on cuda attention runs unfused, as "
+                      "fp32 batched GEMMs");
+  cuda_attention_note(ARGV("--hidden-size", "256", "--seq-length", "1024", "--bf16",
+                           "--attention-dropout", "0.1"),
+                      "keeps its [2, 4, 1024, 1024] probabilities: 32.0 MiB a layer for each "
+                      "microbatch in flight, where flash attention keeps 2.0 MiB");
+  /* a rank holds its tensor-parallel share of the heads; heads of 128 */
+  cuda_attention_note(ARGV("--hidden-size", "512", "--seq-length", "256", "--bf16",
+                           "--attention-dropout", "0.2", "--tensor-model-parallel-size", "2"),
+                      "[2, 2, 256, 256] probabilities: 1.0 MiB");
+  /* flash would not run anyway, or nothing takes it away: no note */
+  cuda_attention_note(ARGV("--hidden-size", "256", "--seq-length", "1024", "--bf16"), NULL);
+  cuda_attention_note(ARGV("--hidden-size", "256", "--seq-length", "1024",
+                           "--attention-dropout", "0.1"), NULL);
+  cuda_attention_note(ARGV("--seq-length", "1024", "--bf16", "--attention-dropout", "0.1"),
+                      NULL); /* heads of 16 */
+  cuda_attention_note(ARGV("--hidden-size", "256", "--seq-length", "64", "--bf16",
+                           "--attention-dropout", "0.1"), NULL); /* T not above the heads */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nearest_flag),
@@ -371,6 +413,7 @@ int main(void) {
       cmocka_unit_test(test_split_quotes),
       cmocka_unit_test(test_eval_iters_zero),
       cmocka_unit_test(test_eval_note),
+      cmocka_unit_test(test_cuda_attention_note),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

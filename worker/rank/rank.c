@@ -200,7 +200,9 @@ static mega_status ensure_batch(mega_rank *r, int64_t it, mega_err *err) {
 
 /* --backend: cuda through its module on the rank's device (the
  * assignment's, else its local rank); auto takes cuda for a single rank
- * where a GPU's device files are, and says why when it falls back. */
+ * where a GPU's device files are, and says why when it falls back. Rank 0
+ * on cuda says when attention dropout takes --bf16's flash attention away
+ * (mega_jobspec_cuda_attention_note). */
 static mega_status pick_backend(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   int kind = j->backend;
@@ -211,6 +213,10 @@ static mega_status pick_backend(mega_rank *r, mega_err *err) {
     int dev = r->env.device >= 0 ? r->env.device : r->env.local_rank;
     mega_err why = {0};
     mega_status st = mega_backend_cuda_create(dev, &r->be, j->backend == MEGA_JOB_BACKEND_CUDA ? err : &why);
+    char note[512];
+    if (st == MEGA_OK && r->env.rank == 0 &&
+        mega_jobspec_cuda_attention_note(j, note, sizeof note))
+      fprintf(stderr, "megaw: %s\n", note);
     if (st == MEGA_OK || j->backend == MEGA_JOB_BACKEND_CUDA) return st;
     fprintf(stderr, "megaw: rank %d: --backend auto: using cpu (%s)\n", r->env.rank, why.msg);
   }
