@@ -2,8 +2,9 @@
  * table of Megatron's flags mega knows (refused with a reason and a
  * replacement, or accepted where they restate mega), GPT-2's GELU and the
  * Llama scripts' flags, --split's quotes, --eval-iters 0, the evaluation
- * note and the note on attention dropout under --bf16 on cuda. Sample-based training and the rampup are in test_jobspec_samples.c,
- * the files a job names in test_jobspec_files.c, the log line in
+ * note and the note on attention dropout under --bf16 on cuda.
+ * Sample-based training and the rampup are in test_jobspec_samples.c, the
+ * files a job names in test_jobspec_files.c, the log line in
  * test_logline.c. */
 #include <math.h>
 #include <setjmp.h>
