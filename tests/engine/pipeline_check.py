@@ -264,7 +264,61 @@ def mismatch(megaw, tmp):
     good = res.returncode == 2 and "needs --rank" in res.stderr
     print("%s --world-size without --rank: exit %d: %s" %
           ("ok  " if good else "FAIL", res.returncode, res.stderr.strip()))
+    for shm in ("1", "0"):
+        good &= other_vocab(megaw, tmp, args, shm)
     return ok and good
+
+
+def write_gpt2_vocab(path, extra):
+    """GPT-2's 256 byte tokens, `extra` more, and <|endoftext|>."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+          + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
+    cs = bs[:]
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + len(cs) - 188)
+    vocab = {chr(c): i for i, c in enumerate(c for _, c in sorted(zip(bs, cs)))}
+    for k in range(extra):
+        vocab["x%d" % k] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+
+
+def other_vocab(megaw, tmp, args, shm):
+    """The same flags, but the --vocab-file each rank reads differs (as one
+    path on two nodes may): the padded vocabularies, and with them the
+    gradient buckets, differ. Both ranks stop naming the all-reduce and
+    both sizes; through TCP (MEGA_COMM_SHM=0) Gloo used to end one with
+    std::terminate, through shared memory both trained on wrong sums."""
+    vf, mf = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
+    with open(mf, "w") as f:
+        f.write("#version: 0.2\n")
+    write_gpt2_vocab(vf, 0)
+    rdv = tempfile.mkdtemp(dir=tmp, prefix="rdv-")
+    base = ([megaw] + args + ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vf,
+                              "--merge-file", mf, "--world-size", "2", "--rendezvous-dir", rdv])
+    env = dict(os.environ, MEGA_COMM_SHM=shm)
+    procs = [subprocess.Popen(base + ["--rank", "0"], stderr=subprocess.PIPE, text=True,
+                              stdout=subprocess.DEVNULL, env=env)]
+    # rank 0 publishes its job once it has read its vocabulary
+    deadline = time.time() + 60
+    while not os.listdir(rdv) and time.time() < deadline and procs[0].poll() is None:
+        time.sleep(0.01)
+    write_gpt2_vocab(vf, 200)  # 257 tokens pad to 384, 457 to 512
+    procs.append(subprocess.Popen(base + ["--rank", "1"], stderr=subprocess.PIPE, text=True,
+                                  stdout=subprocess.DEVNULL, env=env))
+    ok = True
+    for r, p in enumerate(procs):
+        _, err = p.communicate(timeout=60)
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        good = (p.returncode == 1 and "all_reduce of" in last and "rank %d called" % (1 - r) in last
+                and "--vocab-file" in last and "terminate" not in err)
+        print("%s rank %d with another vocabulary, MEGA_COMM_SHM=%s: exit %d: %s" %
+              ("ok  " if good else "FAIL", r, shm, p.returncode, last or err.strip()[-300:]))
+        ok &= good
+    return ok
 
 
 def daemon(megaw, megad, tmp):

@@ -24,12 +24,16 @@
  *
  * Matching. A send and a receive match by (peer, tag); several outstanding
  * operations with the same (peer, tag) match in the order they were posted.
- * Sizes must agree exactly on both sides: Gloo cannot survive a send larger
- * than the receive posted for it.
+ * Sizes must agree exactly on both sides. Gloo cannot survive a send larger
+ * than the receive posted for it, so its P2P matches by size too: a send and
+ * a receive of other sizes never meet, and both time out.
  *
  * Ordering. Collectives of one communicator (blocking or not) run one at a
  * time on its comm thread, in the order the calling process issued them;
- * every rank must issue the same collectives in the same order. P2P
+ * every rank must issue the same collectives in the same order. Gloo checks:
+ * ranks whose collectives differ (operation, type, sizes, root) fail with
+ * MEGA_ERR_INVALID naming both calls and break the communicator; NCCL does
+ * not. P2P
  * operations do not queue behind collectives: they run at once and overlap.
  *
  * Threads. Different requests and communicators may be used from different

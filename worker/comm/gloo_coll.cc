@@ -123,6 +123,7 @@ std::string Job::describe(const State &s) const {
 
 void run_job(State &s, Job &j) {
   if (shm_run(s, j)) return;
+  agree_tcp(s, j);
   switch (j.kind) {
   case Job::ALL_REDUCE:
     if (j.count == 0 || s.size == 1) return;

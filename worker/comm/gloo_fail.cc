@@ -76,6 +76,8 @@ Classified classify(std::exception_ptr ep) {
     return {e.status, e.what()};
   } catch (const ShmPeerError &e) {
     return {MEGA_ERR_PEER, e.what()};
+  } catch (const AgreeError &e) {
+    return {MEGA_ERR_INVALID, e.what()};
   } catch (const gloo::IoException &e) {
     std::string r = clean_what(e.what());
     return {mentions_timeout(r) ? MEGA_ERR_TIMEOUT : MEGA_ERR_PEER, r};
@@ -143,7 +145,7 @@ void break_comm(State &s, mega_status st, const std::string &msg, bool abort) {
 }
 
 mega_status fail(State &s, std::exception_ptr ep, const std::string &what,
-                 int peer, mega_err *err) {
+                 int peer, mega_err *err, const char *hint) {
   Classified c = classify(ep);
   std::string msg = what + ": ";
   if (c.status == MEGA_ERR_PEER) {
@@ -151,7 +153,7 @@ mega_status fail(State &s, std::exception_ptr ep, const std::string &what,
     msg += (who.empty() ? std::string("a peer") : who) + " of group '" + s.group +
            "' failed or closed its connection (" + c.reason + ")";
   } else if (c.status == MEGA_ERR_TIMEOUT) {
-    msg += "timed out (" + c.reason + "); a peer is stuck or gone";
+    msg += "timed out (" + c.reason + "); a peer is stuck or gone" + hint;
   } else {
     msg += c.reason;
   }

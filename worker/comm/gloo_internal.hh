@@ -84,6 +84,26 @@ struct ShmPeerError : std::runtime_error {
   ShmPeerError(int p, const std::string &msg);
 };
 
+// What a rank called (gloo_agree.cc), as it goes to its peers before the
+// collective's data: plain bytes, the same layout on every rank.
+struct AgreeDesc {
+  uint32_t magic;
+  uint32_t kind;  // Job::Kind
+  uint32_t dt;    // mega_dtype
+  int32_t root;   // a broadcast's; else 0
+  uint32_t max;   // an all-reduce of maxima
+  uint32_t pad;
+  uint64_t total;        // elements: the count, or the sum of counts
+  uint64_t counts_hash;  // the counts of a gather or scatter; else 0
+};
+
+// Ranks that called different collectives (MEGA_ERR_INVALID): peer is the
+// rank whose call differs, the message says how.
+struct AgreeError : std::runtime_error {
+  int peer;
+  AgreeError(int p, const std::string &msg);
+};
+
 // Gloo's full mesh with a rendezvous of one call per rank (gloo_mesh.cc).
 // Gloo's own connectFullMesh reads every other rank's key whole (each holds
 // an address for every rank of the group: O(S^2) bytes per rank) with a
@@ -201,8 +221,9 @@ Classified classify(std::exception_ptr ep);
 // communicator's cause if it is the first, breaks the communicator, and
 // returns the status to report, with err filled. peer is the rank the
 // operation talked to, or -1.
+// hint: what a timeout's "a peer is stuck or gone" goes on with.
 mega_status fail(State &s, std::exception_ptr ep, const std::string &what,
-                 int peer, mega_err *err);
+                 int peer, mega_err *err, const char *hint = "");
 // Reports an already broken or aborted communicator; MEGA_OK if healthy.
 mega_status report(State &s, mega_err *err);
 mega_status report_locked(State &s, mega_err *err);  // State::mu held
@@ -255,6 +276,12 @@ void shm_attach(State &s);
 bool shm_run(State &s, Job &j);
 void shm_break(State &s, const std::string &why);
 const char *shm_transport(const State &s);
+// The agreement check (gloo_agree.cc): this rank's description of j; a
+// comparison with a peer's that throws AgreeError when they differ; and the
+// exchange with the ring neighbours that a collective on TCP begins with.
+AgreeDesc agree_desc(const Job &j);
+void agree_check(const AgreeDesc &mine, const AgreeDesc &theirs, int peer);
+void agree_tcp(State &s, Job &j);
 // A helper thread of the P2P wait pool.
 void pool_thread(std::shared_ptr<State> s);
 
@@ -272,9 +299,19 @@ int widen_receive_windows(gloo::transport::Context &tc, int rank, int size);
 std::shared_ptr<gloo::transport::Device> create_device(const gloo::transport::tcp::attr &attr);
 
 // Gloo's own collectives put prefixes 0x01..0x08 in a slot's top byte;
-// ours use 0x20 (user P2P tags) and 0x21 (the reduce-scatter ring).
-inline uint64_t p2p_slot(uint32_t tag) { return (uint64_t{0x20} << 56) | (uint64_t{tag} << 8); }
+// ours use 0x20 (user P2P tags), 0x21 (the rings) and 0x22 (gloo_agree.cc).
+// A P2P message's slot holds its tag and 24 bits of a hash of its size
+// (bits 40..55 and 0..7): a send and a receive of other sizes never match
+// (Gloo's TCP pair would end the process on a send larger than its
+// receive); both wait, and time out.
+inline uint64_t p2p_slot(uint32_t tag, size_t nbytes) {
+  uint64_t h = (uint64_t{nbytes} * 0x9e3779b97f4a7c15ull) >> 40;  // 24 bits
+  return (uint64_t{0x20} << 56) | ((h & 0xffff) << 40) | (uint64_t{tag} << 8) | (h >> 16);
+}
 inline uint64_t ring_slot(uint32_t tag) { return (uint64_t{0x21} << 56) | (uint64_t{tag} << 8); }
+// What a P2P timeout adds to "a peer is stuck or gone".
+inline const char *const kP2pSizeHint =
+    ", or posted another size (a send and its receive must have the same size)";
 
 }  // namespace mega_gloo
 

@@ -48,7 +48,7 @@ mega_status gloo_wait(GlooReq &r, ms t, mega_err *err) {
                          : mega_fail(err, MEGA_ERR_CANCELLED, "%s: cancelled",
                                      describe(r).c_str());
   } catch (...) {
-    return fail(s, std::current_exception(), describe(r), r.peer, err);
+    return fail(s, std::current_exception(), describe(r), r.peer, err, kP2pSizeHint);
   }
 }
 
@@ -81,9 +81,9 @@ mega_status post(GlooComm *comm, GlooReq::Kind kind, void *buf,
       s.live.insert(r);
     }
     if (kind == GlooReq::SEND)
-      r->buf->send(peer, p2p_slot(tag), 0, nbytes);
+      r->buf->send(peer, p2p_slot(tag, nbytes), 0, nbytes);
     else
-      r->buf->recv(peer, p2p_slot(tag), 0, nbytes);
+      r->buf->recv(peer, p2p_slot(tag, nbytes), 0, nbytes);
   } catch (...) {
     std::exception_ptr ep = std::current_exception();
     mega_status st;
@@ -118,7 +118,7 @@ mega_status wait_p2p(GlooReq *r, ms t, mega_err *err) {
       lock.unlock();
       break_comm(s, MEGA_ERR_TIMEOUT,
                  describe(*r) + ": not done after " + std::to_string(t.count()) +
-                     " ms; a peer is stuck or gone",
+                     " ms; a peer is stuck or gone" + kP2pSizeHint,
                  false);
       lock.lock();
       s.cv.wait(lock, [&] { return r->pool_done; });

@@ -66,14 +66,21 @@ inline void cpu_relax() {
 #endif
 }
 
-// After the header: each rank's pid, then the sets from a page boundary.
+// After the header: each rank's pid, then two sets of each rank's
+// description of its collective (gloo_agree.cc), then the sets of slots
+// from a page boundary.
 std::atomic<int32_t> *pids(Header *h) {
   return reinterpret_cast<std::atomic<int32_t> *>(reinterpret_cast<char *>(h) +
                                                   round_up(sizeof(Header), kLine));
 }
 
+size_t descs_at(int n) {
+  return round_up(round_up(sizeof(Header), kLine) + sizeof(int32_t) * static_cast<size_t>(n),
+                  kLine);
+}
+
 size_t header_bytes(int n) {
-  return round_up(round_up(sizeof(Header), kLine) + sizeof(int32_t) * static_cast<size_t>(n), 4096);
+  return round_up(descs_at(n) + 2 * sizeof(AgreeDesc) * static_cast<size_t>(n), 4096);
 }
 
 long futex(std::atomic<uint32_t> *a, int op, uint32_t val, const struct timespec *t) {
@@ -101,6 +108,13 @@ struct ShmGroup {
   float *sets = nullptr;  // two sets of n slots of slot floats
   size_t slot = 0;
   uint64_t piece = 0;  // pieces run so far: the next one's set is piece % 2
+  AgreeDesc *descs = nullptr;  // two sets of n
+  // The running collective's description, compared with the others' at its
+  // first barrier (nullptr once compared). A collective runs a piece at
+  // least, so that a rank's next description goes to the other set, which
+  // no rank still reads.
+  const AgreeDesc *agree = nullptr;
+  AgreeDesc *agree_set = nullptr;
   std::vector<int> pidfd;  // per rank (-1: this rank, or none)
   std::vector<pid_t> pid;
 
@@ -150,7 +164,7 @@ int dead_peer(ShmGroup &g) {
   return -1;
 }
 
-void barrier(State &s, ShmGroup &g, steady::time_point deadline) {
+void meet(State &s, ShmGroup &g, steady::time_point deadline) {
   check_broken(s, g);
   Header &h = *g.h;
   uint32_t gen = h.gen.load(std::memory_order_acquire);
@@ -190,6 +204,18 @@ void barrier(State &s, ShmGroup &g, steady::time_point deadline) {
       }
     }
   }
+}
+
+// A barrier; the first of a collective compares every rank's description
+// with this rank's (each rank reads them all, so each names the same
+// disagreement).
+void barrier(State &s, ShmGroup &g, steady::time_point deadline) {
+  meet(s, g, deadline);
+  if (!g.agree) return;
+  const AgreeDesc *mine = g.agree;
+  g.agree = nullptr;
+  for (int q = 0; q < g.n; q++)
+    if (q != g.rank) agree_check(*mine, g.agree_set[q], q);
 }
 
 template <typename Op>
@@ -341,6 +367,7 @@ std::unique_ptr<ShmGroup> map_segment(const std::string &name, int n, int rank, 
   if (g->base == MAP_FAILED) return nullptr;
   g->h = static_cast<Header *>(g->base);
   g->sets = reinterpret_cast<float *>(static_cast<char *>(g->base) + header_bytes(n));
+  g->descs = reinterpret_cast<AgreeDesc *>(static_cast<char *>(g->base) + descs_at(n));
   pids(g->h)[rank].store(static_cast<int32_t>(getpid()));
   return g;
 }
@@ -403,12 +430,20 @@ bool shm_run(State &s, Job &j) {
   ShmGroup &g = *s.shm;
   const auto deadline = steady::now() + j.timeout;
   const size_t elem = j.dt == MEGA_DT_F32 ? sizeof(float) : 1;
+  const AgreeDesc mine = agree_desc(j);
+  g.agree_set = g.descs + (g.piece % 2) * static_cast<size_t>(g.n);
+  g.agree_set[g.rank] = mine;
+  g.agree = &mine;
   switch (j.kind) {
   case Job::ALL_REDUCE: all_reduce(s, g, j, deadline); break;
   case Job::REDUCE_SCATTER: reduce_scatter(s, g, j, deadline); break;
   case Job::ALL_GATHER: all_gather(s, g, j, elem, deadline); break;
   case Job::BROADCAST: broadcast(s, g, j, elem, deadline); break;
-  case Job::BARRIER: barrier(s, g, deadline); break;
+  case Job::BARRIER: break;
+  }
+  if (g.agree) {  // nothing to move: still a piece, to compare
+    barrier(s, g, deadline);
+    g.piece++;
   }
   return true;
 }
