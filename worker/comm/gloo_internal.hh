@@ -244,7 +244,8 @@ class CollBufs {
   ~CollBufs();
   CollBufs(const CollBufs &) = delete;
   CollBufs &operator=(const CollBufs &) = delete;
-  // A new buffer over n bytes at p, listed.
+  // A new buffer over n bytes at p, listed: for an owner declared before
+  // this (Gloo's options), never a variable declared after it.
   std::unique_ptr<gloo::transport::UnboundBuffer> make(void *p, size_t n);
   void add(gloo::transport::UnboundBuffer *b);
 

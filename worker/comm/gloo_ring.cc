@@ -205,8 +205,9 @@ void all_gather_direct(State &s, Job &j, size_t elem) {
   if (mine && in != out + off[s.rank]) memmove(out + off[s.rank], in, mine);
   const auto deadline = steady::now() + j.timeout;
   const uint64_t slot = ring_slot(j.tag);
-  CollBufs listed(s);
-  auto whole = listed.make(out, off[n]);
+  auto whole = s.ctx->createUnboundBuffer(out, off[n]);
+  CollBufs listed(s);  // after the buffer, so that it goes first
+  listed.add(whole.get());
   int sends = 0, recvs = 0;
   for (int k = 1; k < n; k++) {
     int from = (s.rank + n - k) % n, to = (s.rank + k) % n;
