@@ -28,6 +28,8 @@ METHOD(mega_peer_kv_gather, "Peer", "KvGather", kv_gather_request, kv_gather_res
 METHOD(mega_peer_commit_checkpoint, "Peer", "CommitCheckpoint", commit_checkpoint_request, commit_checkpoint_response, MEGA_RPC_UNARY);
 METHOD(mega_peer_list_held, "Peer", "ListHeld", list_held_request, list_held_response,
        MEGA_RPC_UNARY);
+METHOD(mega_peer_prepare_launch, "Peer", "PrepareLaunch", launch_ranks_request,
+       prepare_launch_response, MEGA_RPC_UNARY);
 
 const mega_rpc_method *const mega_control_methods[] = {
     &mega_control_submit_job, &mega_control_get_job,    &mega_control_list_jobs,
@@ -41,5 +43,6 @@ const mega_rpc_method *const mega_peer_methods[] = {
     &mega_peer_launch_ranks, &mega_peer_abort_job,  &mega_peer_report_step,
     &mega_peer_commit_checkpoint, &mega_peer_kv_set, &mega_peer_kv_get,
     &mega_peer_kv_wait,     &mega_peer_kv_gather,   &mega_peer_list_held,
+    &mega_peer_prepare_launch,
     NULL,
 };

@@ -35,6 +35,7 @@ extern const mega_rpc_method mega_peer_kv_wait;
 extern const mega_rpc_method mega_peer_kv_gather;
 extern const mega_rpc_method mega_peer_commit_checkpoint;
 extern const mega_rpc_method mega_peer_list_held;
+extern const mega_rpc_method mega_peer_prepare_launch;
 
 /* Where every Peer method's path begins: the calls only megads make, which
  * a megad with a peer token lets only that token make (rpc_server.h). */

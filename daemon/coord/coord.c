@@ -205,18 +205,12 @@ static bool try_start(megad_coord *c, mega_job *j) {
     megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed attempt %u: %s", j->attempt, where);
   else
     megad_job_event(c->jobs, j, EV(PLACED), NULL, -1, "placed: %s", where);
-  /* After a failed launch the rest are not started: their ranks count as
-   * gone, and the last of them ends the attempt (run is freed then). */
   /* the attempt owns the plan now; the donors wait until its ranks have
    * their state (coord_run.c) */
   run->plan = plan;
   run->plan_redone = j->coord.replicas_redone;
   j->coord.replicas = NULL;
-  for (size_t i = 0; i < j->nplaced && (run = j->coord.run); i++) {
-    if (run->stopping) coord_ranks_gone(run, j->placement[i].first_rank, j->placement[i].nranks);
-    else coord_launch_on(run, &j->placement[i], args, (size_t)nargs, plan);
-  }
-  mega_jobspec_argv_free(args);
+  coord_launch_attempt(run, args, (size_t)nargs);
   return true;
 }
 

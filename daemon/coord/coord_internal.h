@@ -91,6 +91,12 @@ typedef struct coord_run {
   uint32_t nrecovered;
   uint64_t recovered_bytes;
   double recovered_s; /* the slowest rank's fetch */
+  /* The launch (coord_launch.c): the ranks' flags (owned), and while
+   * preparing, how many nodes have not said yes yet; no rank runs then. */
+  char **args;
+  size_t nargs;
+  bool preparing;
+  uint32_t unprepared;
   /* ranks that stopped early as asked (WorkerStopped): the first one's why */
   char *stopped;
   bool stopped_mine; /* said by a rank that was asked itself */
@@ -147,12 +153,14 @@ void coord_released(megad_coord *c, const mega_job *j);
 /* Notes that node_id refused a launch: full until a newer view of it. */
 void coord_refused(megad_coord *c, const char *node_id);
 
-/* coord_launch.c: asks jn's node to start its ranks of run's attempt
- * with args and the replica plan; a start that fails is the attempt's
- * cause (a busy node: placed again; a bad job: it fails) and its ranks
- * count as gone. */
-void coord_launch_on(coord_run *run, const mega_job_node *jn, char **args, size_t nargs,
-                     Mega__V1__ReplicaPlan *replicas);
+/* coord_launch.c: starts run's attempt with args (owned from now on, as
+ * mega_jobspec_to_argv made them) and run->plan: every node of the
+ * placement checks first, and only once all said yes does any start its
+ * ranks. A refusal is the attempt's cause (a busy node: placed again; a bad
+ * job: it fails); a refusal of the check starts no rank anywhere, one of
+ * the start counts the node's ranks as gone. The attempt may be over when
+ * this returns. */
+void coord_launch_attempt(coord_run *run, char **args, size_t nargs);
 
 /* coord_run.c: one running attempt */
 coord_run *coord_run_new(megad_coord *c, mega_job *j, int trace_iteration);

@@ -38,6 +38,8 @@ void coord_run_free(coord_run *run) {
   free(run->cause);
   free(run->cancels);
   free(run->stopped);
+  mega_jobspec_argv_free(run->args);
+  run->args = NULL;
   run->timers_open = 2;
   uv_close((uv_handle_t *)&run->cause_timer, timer_closed);
   uv_close((uv_handle_t *)&run->stop_timer, timer_closed);
@@ -130,7 +132,13 @@ void coord_stop(coord_run *run, mega_end_kind kind, const char *why) {
    * none */
   bool hold = kind != MEGA_END_DONE && kind != MEGA_END_CANCELLED && kind != MEGA_END_FATAL &&
               kind != MEGA_END_STOPPED && !run->job->spec.no_replica_recovery;
-  coord_abort_nodes(run, reason, hold);
+  if (run->preparing) /* no node started a rank: none to stop or wait for */
+    for (uint32_t r = 0; r < run->world; r++) {
+      run->nexited += !run->exited[r];
+      run->exited[r] = true;
+    }
+  else
+    coord_abort_nodes(run, reason, hold);
   if (run->nexited == run->world) {
     coord_run_finish(run);
     return;

@@ -373,78 +373,20 @@ static mega_status spawn_worker(megad_launch *l, megad_worker *w, char **env, me
   return MEGA_OK;
 }
 
-/* What only this node can check, before any rank starts: the files as it
- * sees them. */
-/* Also says whether the job has --exit-signal-handler. */
-static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
-                              bool *graceful, mega_err *err) {
-  mega_jobspec s;
-  mega_jobspec_defaults(&s);
-  mega_status st = MEGA_OK;
-  if (req->spec && mega_jobspec_parse(&s, (int)req->spec->n_args, req->spec->args, err) != MEGA_OK) {
-    mega_jobspec_free(&s);
-    return mega_fail(err, MEGA_ERR_INVALID, "node %s cannot parse the job's flags: %s",
-                     L->b->node_id, err->msg);
-  }
-  struct stat sb;
-  const char *flag, *bad, *why;
-  mega_err re = {0};
-  if (L->o.roots && megad_roots_check(L->o.roots, &s, &re) != MEGA_OK)
-    st = mega_fail(err, MEGA_ERR_INVALID, "node %s refuses the launch: %s", L->b->node_id,
-                   re.msg);
-  else if (!megad_data_visible(&s, &flag, &bad, &why))
-    st = mega_fail(err, MEGA_ERR_INVALID, "node %s cannot read %s %s: %s", L->b->node_id, flag,
-                   bad, why);
-  else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
-    st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
-                   L->b->node_id);
-  *graceful = s.exit_signal_handler;
-  mega_jobspec_free(&s);
-  return st;
-}
-
 mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
                                int32_t *pids, mega_err *err) {
   megad_base *b = L->b;
-  if (b->stopping) return mega_fail(err, MEGA_ERR_UNSUPPORTED, "node %s is shutting down", b->node_id);
-  /* calls go by address: the node meant may be gone, and another megad
-   * listen where it did */
-  if (req->node_id && req->node_id[0] && strcmp(req->node_id, b->node_id))
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "the megad at this address is node %s, not node %s (which is gone)",
-                     b->node_id, req->node_id);
-  if (!req->n_ranks || !req->job_id || !req->job_id[0] || !req->bootstrap)
-    return mega_fail(err, MEGA_ERR_INVALID, "LaunchRanks needs a job id, ranks and a bootstrap");
-  if (!megad_job_id_is_name(req->job_id))
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "LaunchRanks: the job id '%.64s' is not one megad makes (letters, digits, "
-                     "'.', '-' and '_', such as j-7-node1)", req->job_id);
-  if (L->slots_used + req->n_ranks > L->o.slots)
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "node %s has %u free slot%s, and %zu rank%s were asked of it", b->node_id,
-                     L->o.slots - L->slots_used, L->o.slots - L->slots_used == 1 ? "" : "s",
-                     req->n_ranks, req->n_ranks == 1 ? "" : "s");
-  if (launch_attempt_ended(L, req->job_id, req->attempt))
-    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
-                     "attempt %u of job %s was stopped on node %s before its launch came",
-                     req->attempt, req->job_id, b->node_id);
   bool graceful = false;
-  mega_status s = check_here(L, req, &graceful, err);
+  mega_status s = launch_check(L, req, &graceful, err);
   if (s != MEGA_OK) return s;
   megad_launch *l = calloc(1, sizeof *l);
   if (!l) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   l->L = L;
   l->req = (Mega__V1__LaunchRanksRequest *)megad_pb_copy(&req->base);
   l->w = calloc(req->n_ranks, sizeof *l->w);
-  char *jdir = megad_job_dir(b, req->job_id);
-  int jdir_errno = jdir ? 0 : errno; /* not "out of memory" when the disk said no */
-  if (jdir && asprintf(&l->dir, "%s/%u", jdir, req->attempt) < 0) l->dir = NULL;
-  free(jdir);
-  if (!l->req || !l->w || !l->dir || (mkdir(l->dir, 0700) && errno != EEXIST)) {
-    s = l->dir       ? mega_fail(err, MEGA_ERR_IO, "cannot create %s: %s", l->dir, strerror(errno))
-        : jdir_errno ? mega_fail(err, MEGA_ERR_IO, "cannot create the job's directory in %s/jobs: %s",
-                                 b->state_dir, strerror(jdir_errno))
-                     : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  l->dir = l->req && l->w ? launch_attempt_dir(L, req->job_id, req->attempt, err) : NULL;
+  if (!l->req || !l->w || !l->dir) {
+    s = l->req && l->w ? err->status : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
     if (l->req) protobuf_c_message_free_unpacked(&l->req->base, NULL);
     free(l->w);
     free(l->dir);

@@ -127,6 +127,11 @@ void megad_launcher_free(megad_launcher *L); /* once idle */
  * MEGA_ERR_UNSUPPORTED. */
 mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
                                int32_t *pids, mega_err *err);
+/* What megad_launch_start would refuse, with the same status and words,
+ * starting nothing (PrepareLaunch): it makes the attempt's directory, and
+ * takes no slot, so a launch may still find its slots taken. */
+mega_status megad_launch_check(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
+                               mega_err *err);
 /* Sends Abort to the attempt's workers, then SIGKILL after grace_ms.
  * attempt < 0: every attempt. stale: every attempt before `attempt`. */
 void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,

@@ -8,6 +8,7 @@
  *   resend.c       the last reports relayed, kept for a new coordinator
  *                  when the job's dies
  *   launch_life.c  frames down the pipe, kill, abort, the launch's end
+ *   launch_check.c what a launch must pass before any of its ranks starts
  *
  * Private to the launcher. */
 #ifndef MEGA_DAEMON_LAUNCH_INTERNAL_H
@@ -135,6 +136,16 @@ void launch_maybe_free(megad_launch *l);
  * restarted for weeks (node losses and megad's restarts are not counted
  * against --max-restarts) would otherwise leave one per attempt. */
 void launch_prune_attempts(megad_launch *l);
+
+/* launch_check.c: what megad_launch_start checks before it spawns
+ * (launch.h's megad_launch_check but the directory); *graceful: the job
+ * has --exit-signal-handler. launch_attempt_dir makes the attempt's
+ * directory, STATE/jobs/<id>/<attempt> (or finds it there): its path,
+ * malloc'd, or NULL with err filled. */
+mega_status launch_check(const megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
+                         bool *graceful, mega_err *err);
+char *launch_attempt_dir(const megad_launcher *L, const char *job_id, uint32_t attempt,
+                         mega_err *err);
 
 /* relay.c */
 /* A worker's step or event, to the coordinator: at once when it is this

@@ -1,5 +1,6 @@
-/* The Peer service's job calls: a coordinator starts, aborts and commits a
- * node's ranks, and nodes report their workers' steps and events to it. */
+/* The Peer service's job calls: a coordinator checks, starts, aborts and
+ * commits a node's ranks, and nodes report their workers' steps and events
+ * to it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,23 @@ static void on_launch_ranks(mega_rpc_call *call, const ProtobufCMessage *msg, vo
   r.n_pids = req->n_ranks;
   mega_rpc_reply(call, &r.base);
   free(pids);
+}
+
+/* The same request, checked and not started: the coordinator launches an
+ * attempt only once every node of it passed this. */
+static void on_prepare_launch(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
+  megad_services *s = data;
+  const Mega__V1__LaunchRanksRequest *req = (const void *)msg;
+  if (stale(s, call, req->job_id, req->coordinator_fence)) return;
+  mega_err e = {0};
+  if (megad_launch_check(s->L, req, &e) != MEGA_OK) {
+    mega_rpc_fail(call, e.status == MEGA_ERR_UNSUPPORTED ? MEGA_RPC_RESOURCE_EXHAUSTED
+                                                        : mega_rpc_code_from_status(e.status),
+                  "%s", e.msg);
+    return;
+  }
+  Mega__V1__PrepareLaunchResponse r = MEGA__V1__PREPARE_LAUNCH_RESPONSE__INIT;
+  mega_rpc_reply(call, &r.base);
 }
 
 static void on_abort_job(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
@@ -120,6 +138,7 @@ void megad_peer_register(megad_services *s, mega_rpc_server *srv) {
   mega_rpc_server_handle(srv, &mega_peer_launch_ranks, on_launch_ranks, s, NULL);
   mega_rpc_server_handle(srv, &mega_peer_abort_job, on_abort_job, s, NULL);
   mega_rpc_server_handle(srv, &mega_peer_list_held, on_list_held, s, NULL);
+  mega_rpc_server_handle(srv, &mega_peer_prepare_launch, on_prepare_launch, s, NULL);
   mega_rpc_server_handle(srv, &mega_peer_report_step, on_report_step, s, NULL);
   mega_rpc_server_handle(srv, &mega_peer_commit_checkpoint, on_commit, s, NULL);
 }

@@ -1,0 +1,106 @@
+/* An attempt that one node refuses starts no rank anywhere: every node of
+ * the placement checks first (Peer PrepareLaunch), and the launches go out
+ * only once all said yes. Before, the nodes that accepted started their
+ * ranks, which were stopped when the refusal came in. Each case runs as a
+ * test of its own (meson). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define STATE(s) MEGA__V1__JOB_STATE__JOB_STATE_##s
+
+/* Submits the tiny GPT on two nodes of one rank each to d, watches it to
+ * its end and checks that it failed with every string of want in its
+ * error, and that node ok (which accepted) never started a worker: no
+ * "started" line in its log, no rank log in the attempt's directory. */
+static void refused_everywhere(hd *d, hd *ok, const char *const *want) {
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d->dir, 5, NULL);
+  spec.nnodes_min = spec.nnodes_max = 2;
+  spec.nproc_per_node = 1;
+  spec.max_restarts = 3;
+  char id[64];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(d, &spec, id, sizeof id, &err), MEGA_OK);
+  hd_watch w;
+  hd_watch_job(d, id, true, 30000, &w);
+  assert_non_null(w.final);
+  fprintf(stderr, "refused: %s\n", w.final->error);
+  assert_int_equal(w.final->state, STATE(FAILED));
+  assert_int_equal(w.final->restarts, 0);
+  assert_true(hd_text_ok("the job's error", w.final->error, want, NULL));
+  hd_watch_free(&w);
+  char log[256];
+  snprintf(log, sizeof log, "%s/jobs/%s/0/rank-0.log", ok->dir, id);
+  struct stat st;
+  if (hd_log_has(ok, "started 1 worker") || stat(log, &st) == 0) hd_dump_log(ok);
+  assert_false(hd_log_has(ok, "started 1 worker"));
+  assert_int_not_equal(stat(log, &st), 0);
+}
+
+/* a2's --data-root does not hold the data: its launch check refuses, and
+ * a1 (the coordinator, whose roots hold everything) starts nothing. */
+static void test_refused_attempt_starts_no_rank(void **state) {
+  (void)state;
+  char dir[64], other[128];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(other, sizeof other, "%s/elsewhere", dir);
+  assert_int_equal(mkdir(other, 0700), 0);
+  const char *roots[] = {"--data-root", other, NULL};
+  hd n1, n2;
+  assert_true(hd_start(&n1, "a1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n2, "a2", 1, n1.addr, NULL, roots));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  const char *want[] = {"cannot start ranks 1..1 on node a2", "outside this megad's --data-root",
+                        "no node launched a rank of the attempt", NULL};
+  refused_everywhere(&n1, &n1, want);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+  hd_rmdir(dir);
+}
+
+/* a2 cannot make the attempt's directory (a file is in the way of the
+ * job's): an I/O error of that node, which a retry would meet again. */
+static void test_node_without_its_directory(void **state) {
+  (void)state;
+  hd n1, n2;
+  assert_true(hd_start(&n1, "d1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n2, "d2", 1, n1.addr, NULL, NULL));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  char path[256];
+  snprintf(path, sizeof path, "%s/jobs", n2.dir);
+  assert_true(mkdir(path, 0700) == 0 || access(path, F_OK) == 0);
+  snprintf(path, sizeof path, "%s/jobs/j-1-d1", n2.dir); /* the first job's id */
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fclose(f);
+  const char *want[] = {"cannot start ranks 1..1 on node d2", "jobs/j-1-d1/0",
+                        "no node launched a rank of the attempt", NULL};
+  refused_everywhere(&n1, &n1, want);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hd_cleanup_all();
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest all[] = {
+      cmocka_unit_test_teardown(test_refused_attempt_starts_no_rank, teardown),
+      cmocka_unit_test_teardown(test_node_without_its_directory, teardown),
+  };
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
+  return cmocka_run_group_tests(all, NULL, NULL);
+}
