@@ -1,6 +1,6 @@
 /* What a node checks before any rank of a launch starts (launch.h): the
  * node and its slots, the job id, the attempt not stopped here already,
- * what only this node can see (the job's flags under its roots, its data
+ * its worker program still there, what only this node can see (the job's flags under its roots, its data
  * files, the save directory) and the attempt's directory. LaunchRanks
  * checks it all again before it spawns; PrepareLaunch only checks, so that
  * an attempt one node refuses starts no rank anywhere. */
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/jobspec.h"
 #include "daemon/launch/launch_internal.h"
@@ -69,6 +70,10 @@ mega_status launch_check(const megad_launcher *L, const Mega__V1__LaunchRanksReq
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "attempt %u of job %s was stopped on node %s before its launch came",
                      req->attempt, req->job_id, b->node_id);
+  /* checked at megad's start, but a deploy may have moved it since */
+  if (access(L->o.worker_path, X_OK))
+    return mega_fail(err, MEGA_ERR_IO, "node %s cannot run its worker %s: %s", b->node_id,
+                     L->o.worker_path, strerror(errno));
   return check_here(L, req, graceful, err);
 }
 

@@ -90,6 +90,32 @@ static void test_node_without_its_directory(void **state) {
   hd_cleanup(&n1);
 }
 
+/* e2's worker program went away after its megad started (a deploy moved
+ * it): its launch could not spawn, after e1's rank had started. */
+static void test_node_without_its_worker(void **state) {
+  (void)state;
+  char dir[64], worker[128];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(worker, sizeof worker, "%s/megaw", dir);
+  FILE *f = fopen(worker, "w");
+  assert_non_null(f);
+  fputs("#!/bin/sh\nexit 1\n", f);
+  fclose(f);
+  assert_int_equal(chmod(worker, 0755), 0);
+  const char *extra[] = {"--worker", worker, NULL};
+  hd n1, n2;
+  assert_true(hd_start(&n1, "e1", 1, NULL, NULL, NULL));
+  assert_true(hd_start(&n2, "e2", 1, n1.addr, NULL, extra));
+  assert_true(hd_wait_alive(&n1, 2, 10000));
+  assert_int_equal(unlink(worker), 0);
+  const char *want[] = {"cannot start ranks 1..1 on node e2", "cannot run its worker", worker,
+                        "no node launched a rank of the attempt", NULL};
+  refused_everywhere(&n1, &n1, want);
+  hd_cleanup(&n2);
+  hd_cleanup(&n1);
+  hd_rmdir(dir);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -100,6 +126,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_refused_attempt_starts_no_rank, teardown),
       cmocka_unit_test_teardown(test_node_without_its_directory, teardown),
+      cmocka_unit_test_teardown(test_node_without_its_worker, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);
