@@ -16,9 +16,6 @@ namespace mega_gloo {
 namespace {
 
 constexpr uint32_t kMagic = 0x4d474147;  // "MGAG"
-// Top byte 0x22: beside p2p_slot's 0x20 and ring_slot's 0x21. One slot for
-// every collective: a pair matches its messages in the order posted.
-constexpr uint64_t kAgreeSlot = uint64_t{0x22} << 56;
 
 const char *op_name(uint32_t kind) {
   switch (kind) {
@@ -50,11 +47,6 @@ uint64_t fnv(const std::vector<size_t> &v) {
       h *= 1099511628211ull;
     }
   return h;
-}
-
-ms left_of(steady::time_point deadline) {
-  auto left = std::chrono::duration_cast<ms>(deadline - steady::now());
-  return left.count() < 1 ? ms(1) : left;
 }
 
 }  // namespace
@@ -94,38 +86,6 @@ void agree_check(const AgreeDesc &mine, const AgreeDesc &theirs, int peer) {
        "same order (do its ranks build the same model? another --vocab-file, checkpoint or "
        "flag on one node changes the sizes)";
   throw AgreeError(peer, m);
-}
-
-// Each rank sends its description to both ring neighbours and checks
-// theirs: every disagreement has a rank on each side that sees it, and
-// the others learn of it when those break the group. A rank waits for its
-// own sends too, so that its neighbour reads its description before the
-// connections close. One small message each way per collective.
-void agree_tcp(State &s, Job &j) {
-  const int n = s.size;
-  if (n < 2) return;
-  const int left = (s.rank + n - 1) % n, right = (s.rank + 1) % n;
-  const int npeers = n == 2 ? 1 : 2;
-  const int peers[2] = {right, left};
-  const auto deadline = steady::now() + j.timeout;
-  AgreeDesc mine = agree_desc(j), theirs[2] = {};
-  auto out = s.ctx->createUnboundBuffer(&mine, sizeof mine);
-  std::unique_ptr<gloo::transport::UnboundBuffer> in[2];
-  for (int i = 0; i < npeers; i++) in[i] = s.ctx->createUnboundBuffer(&theirs[i], sizeof theirs[i]);
-  CollBufs listed(s);  // after the buffers: it must go first (an abort may be using the list)
-  listed.add(out.get());
-  for (int i = 0; i < npeers; i++) listed.add(in[i].get());
-  for (int i = 0; i < npeers; i++) {
-    out->send(peers[i], kAgreeSlot, 0, sizeof mine);
-    in[i]->recv(peers[i], kAgreeSlot, 0, sizeof theirs[i]);
-  }
-  for (int i = 0; i < npeers; i++)
-    if (!out->waitSend(nullptr, left_of(deadline)))
-      throw gloo::IoException("checking the collective with its peers: send aborted");
-  for (int i = 0; i < npeers; i++)
-    if (!in[i]->waitRecv(nullptr, left_of(deadline)))
-      throw gloo::IoException("checking the collective with its peers: receive aborted");
-  for (int i = 0; i < npeers; i++) agree_check(mine, theirs[i], peers[i]);
 }
 
 }  // namespace mega_gloo

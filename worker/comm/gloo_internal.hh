@@ -277,9 +277,10 @@ void shm_attach(State &s);
 bool shm_run(State &s, Job &j);
 void shm_break(State &s, const std::string &why);
 const char *shm_transport(const State &s);
-// The agreement check (gloo_agree.cc): this rank's description of j; a
-// comparison with a peer's that throws AgreeError when they differ; and the
-// exchange with the ring neighbours that a collective on TCP begins with.
+// The agreement check: this rank's description of j and a comparison with
+// a peer's that throws AgreeError when they differ (gloo_agree.cc); the
+// exchange with the ring neighbours that a collective on TCP begins with
+// (gloo_ring.cc, over CollBufs).
 AgreeDesc agree_desc(const Job &j);
 void agree_check(const AgreeDesc &mine, const AgreeDesc &theirs, int peer);
 void agree_tcp(State &s, Job &j);

@@ -1,7 +1,8 @@
 // Collectives of ours on Gloo's P2P, over buffers the communicator lists
 // (CollBufs), so that break_comm can wake every wait: the all-reduce and
 // reduce-scatter rings (Gloo's all-reduce keeps a scratch buffer out of
-// reach; Gloo has no reduce-scatter), and the small all-gather in one round.
+// reach; Gloo has no reduce-scatter), the small all-gather in one round,
+// and the exchange with both neighbours that checks a collective first.
 #include <cstring>
 
 #include <gloo/common/error.h>
@@ -11,6 +12,11 @@
 namespace mega_gloo {
 
 namespace {
+
+// Top byte 0x22: beside p2p_slot's 0x20 and ring_slot's 0x21. One slot for
+// every collective: a pair matches its messages in the order posted.
+constexpr uint64_t kAgreeSlot = uint64_t{0x22} << 56;
+constexpr const char *kAgreeWhat = "checking the collective with its peers";
 
 // Gloo's all-reduce cuts at 1M elements too: big enough for a loopback
 // write to pay off, small enough that a segment's sum hides the next one's
@@ -222,6 +228,34 @@ void all_gather_direct(State &s, Job &j, size_t elem) {
   }
   while (recvs-- > 0) wait_recv(whole.get(), deadline, "all_gather");
   while (sends-- > 0) wait_send(whole.get(), deadline, "all_gather");
+}
+
+// The agreement check on TCP (gloo_agree.cc): each rank sends its
+// description to both ring neighbours and checks theirs: every disagreement has a rank on each side that sees it, and
+// the others learn of it when those break the group. A rank waits for its
+// own sends too, so that its neighbour reads its description before the
+// connections close. One small message each way per collective.
+void agree_tcp(State &s, Job &j) {
+  const int n = s.size;
+  if (n < 2) return;
+  const int left = (s.rank + n - 1) % n, right = (s.rank + 1) % n;
+  const int npeers = n == 2 ? 1 : 2;
+  const int peers[2] = {right, left};
+  const auto deadline = steady::now() + j.timeout;
+  AgreeDesc mine = agree_desc(j), theirs[2] = {};
+  auto out = s.ctx->createUnboundBuffer(&mine, sizeof mine);
+  std::unique_ptr<gloo::transport::UnboundBuffer> in[2];
+  for (int i = 0; i < npeers; i++) in[i] = s.ctx->createUnboundBuffer(&theirs[i], sizeof theirs[i]);
+  CollBufs listed(s);  // after the buffers: it must go first (an abort may be using the list)
+  listed.add(out.get());
+  for (int i = 0; i < npeers; i++) listed.add(in[i].get());
+  for (int i = 0; i < npeers; i++) {
+    out->send(peers[i], kAgreeSlot, 0, sizeof mine);
+    in[i]->recv(peers[i], kAgreeSlot, 0, sizeof theirs[i]);
+  }
+  for (int i = 0; i < npeers; i++) wait_send(out.get(), deadline, kAgreeWhat);
+  for (int i = 0; i < npeers; i++) wait_recv(in[i].get(), deadline, kAgreeWhat);
+  for (int i = 0; i < npeers; i++) agree_check(mine, theirs[i], peers[i]);
 }
 
 }  // namespace mega_gloo
