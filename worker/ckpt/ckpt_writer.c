@@ -431,10 +431,13 @@ out:
   part_free(&p);
   return st;
 abandoned:
-  /* the writers are parted (an abort: a cancel, a signal, a lost peer), so
-   * this attempt's save can never be committed, and no other attempt writes
-   * into its temp directory: it goes now, for a cancelled job has no next
-   * start to clean it up (each writer that gets here removes what it can) */
-  if (*tmp) mega_ckpt_abort(tmp);
+  /* the writers are parted (an abort: a cancel, a signal, a lost peer).
+   * The committer's own gather failed, so this attempt's save can never be
+   * committed, and no other attempt writes into its temp directory: it goes
+   * now, for a cancelled job has no next start to clean it up. Only the
+   * committer removes it: another writer's gather can fail after the
+   * committer's succeeded (an all-gather's results differ between ranks),
+   * and that committer is renaming the directory into place. */
+  if (*tmp && w->rank == 0) mega_ckpt_abort(tmp);
   goto out;
 }
