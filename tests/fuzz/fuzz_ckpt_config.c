@@ -50,8 +50,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                                                  : "attn_pdrop");
   FUZZ_CHECK(cfg.attention_dropout == (isnan(pd) ? 0.0 : pd));
   /* as a save writes it (ckpt_writer.c) */
-  FUZZ_CHECK(mega_ckpt_write_json(mega_ckpt_config_json(&cfg, NULL), dir, MEGA_CKPT_CONFIG_FILE,
-                                  JSON_INDENT(2) | JSON_REAL_PRECISION(9), NULL, &err) == MEGA_OK);
+  json_t *cj = mega_ckpt_config_json(&cfg, NULL);
+  FUZZ_CHECK(mega_ckpt_write_json(cj, dir, MEGA_CKPT_CONFIG_FILE, mega_ckpt_config_flags(cj),
+                                  NULL, &err) == MEGA_OK);
   if (mega_ckpt_read_config(dir, &back, &err) != MEGA_OK) fprintf(stderr, "%s\n", err.msg);
   FUZZ_CHECK(err.msg[0] == 0 && same(&cfg, &back));
   if (mega_ckpt_check_config(dir, &cfg, &err) != MEGA_OK) fprintf(stderr, "%s\n", err.msg);

@@ -507,7 +507,7 @@ static void order_caches(void) {
 /* fuzz_ckpt_config's input: config.json as a save writes it. */
 static void config(const char *name, const mega_gpt_config *c, const mega_jobspec *job) {
   json_t *j = mega_ckpt_config_json(c, job);
-  char *t = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
+  char *t = json_dumps(j, mega_ckpt_config_flags(j));
   put_str("ckpt_config", name, -1, t);
   free(t);
   json_decref(j);

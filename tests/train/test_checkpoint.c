@@ -193,18 +193,17 @@ static void test_llama_round_trip(void **state) {
   tu_rmtree(dir);
 }
 
-/* A RoPE fraction a float cannot hold reads back as written: 0.7 of 40
- * channels per head turns 28, where 0.7f would turn 27, which RoPE cannot,
- * and mega would refuse its own checkpoint. */
-static void test_rotary_fraction(void **state) {
-  (void)state;
-  char dir[256], it[512];
+/* Saves a 2-head Llama of `channels` turning `share` of each head (rot
+ * channels), and reads its config.json back: the same share and rot. The
+ * file's text goes to text (cap bytes). */
+static void rotary_round_trip(int channels, double share, int rot, char *text, size_t cap) {
+  char dir[256], it[512], path[600];
   tu_mkdtemp(dir, "ckpt");
   mega_gpt_config c;
   mega_gpt_config_default(&c);
   c.arch = MEGA_GPT_ARCH_LLAMA, c.max_seq_len = 8, c.num_layers = 1, c.num_heads = 2;
-  c.channels = 80, c.ffn_hidden = 32, c.rotary_percent = 0.7;
-  assert_int_equal(mega_gpt_rot_dim(&c), 28);
+  c.channels = channels, c.ffn_hidden = 32, c.rotary_percent = share, c.ln_eps = 1e-6f;
+  assert_int_equal(mega_gpt_rot_dim(&c), rot);
   model a;
   assert_true(tu_model_make_cfg(&a, &c, 0.1));
   save_ok(&a, dir, 1, 0);
@@ -212,10 +211,36 @@ static void test_rotary_fraction(void **state) {
   mega_gpt_config back;
   mega_err err = {0};
   if (mega_ckpt_read_config(it, &back, &err) != MEGA_OK) fail_msg("%s", err.msg);
-  assert_true(back.rotary_percent == 0.7);
-  assert_int_equal(mega_gpt_rot_dim(&back), 28);
+  assert_true(back.rotary_percent == share);
+  assert_int_equal(mega_gpt_rot_dim(&back), rot);
+  snprintf(path, sizeof path, "%s/config.json", it);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(text, 1, cap - 1, f);
+  text[n] = 0;
+  fclose(f);
   model_free(&a);
   tu_rmtree(dir);
+}
+
+/* A RoPE fraction a float cannot hold reads back as written: 0.7 of 40
+ * channels per head turns 28, where 0.7f would turn 27, which RoPE cannot,
+ * and mega would refuse its own checkpoint. */
+static void test_rotary_fraction(void **state) {
+  (void)state;
+  char text[4096];
+  rotary_round_trip(80, 0.7, 28, text, sizeof text);
+}
+
+/* A RoPE fraction with more digits than nine reads back as saved: 0.3333333334
+ * of a 12-channel head turns 4, where its nine digits 0.333333333 would turn
+ * 3. The file still writes its other reals short (1e-6, not
+ * 9.9999999999999995e-7), as Hugging Face's own. */
+static void test_rotary_digits(void **state) {
+  (void)state;
+  char text[4096];
+  rotary_round_trip(24, 0.3333333334, 4, text, sizeof text);
+  if (!strstr(text, "\"rms_norm_eps\": 1e-6,")) fail_msg("%s", text);
 }
 
 /* Writes config.json of a GPT-2 with n_embd and n_layer into dir. */
@@ -602,6 +627,7 @@ int main(void) {
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_llama_round_trip),
       cmocka_unit_test(test_rotary_fraction),
+      cmocka_unit_test(test_rotary_digits),
       cmocka_unit_test(test_config_too_large),
       cmocka_unit_test(test_untied_gpt2),
       cmocka_unit_test(test_gelu_form),

@@ -72,6 +72,38 @@ static json_t *llama_json(const mega_gpt_config *cfg) {
   return j;
 }
 
+/* The fewest significant digits that read back as x (17 always do). */
+static int digits(double x) {
+  for (int prec = 1; prec < 17; prec++) {
+    char b[40];
+    snprintf(b, sizeof b, "%.*g", prec, x);
+    if (strtod(b, NULL) == x) return prec;
+  }
+  return 17;
+}
+
+/* The most digits any real in j needs. */
+static int max_digits(const json_t *j) {
+  int most = 1;
+  if (json_is_real(j)) return digits(json_real_value(j));
+  const char *key;
+  json_t *v;
+  size_t i;
+  json_object_foreach((json_t *)j, key, v) {
+    int d = max_digits(v);
+    if (d > most) most = d;
+  }
+  json_array_foreach(j, i, v) {
+    int d = max_digits(v);
+    if (d > most) most = d;
+  }
+  return most;
+}
+
+size_t mega_ckpt_config_flags(const json_t *j) {
+  return JSON_INDENT(2) | JSON_REAL_PRECISION(max_digits(j));
+}
+
 /* A special id, null where the tokenizer has none: written either way, so
  * Hugging Face's defaults for an absent key (GPT-2's 50256, Llama's 1 and
  * 2) never name a token mega's tokenizer does not mean. */

@@ -320,9 +320,11 @@ static mega_status commit(mega_ckpt_writer *w, const char *tmp, const int64_t *c
   if (st == MEGA_OK && total_o > 1)
     st = write_index(tmp, "optimizer", m.map_o, m.bytes_o, &m, err);
   mega_ckpt_file f;
-  if (st == MEGA_OK)
-    st = mega_ckpt_write_json(mega_ckpt_config_json(w->c.cfg, w->c.job), tmp, MEGA_CKPT_CONFIG_FILE,
-                              JSON_INDENT(2) | JSON_REAL_PRECISION(9), &f, err);
+  if (st == MEGA_OK) {
+    json_t *cj = mega_ckpt_config_json(w->c.cfg, w->c.job);
+    st = mega_ckpt_write_json(cj, tmp, MEGA_CKPT_CONFIG_FILE, mega_ckpt_config_flags(cj), &f,
+                              err);
+  }
   if (st == MEGA_OK) st = add_file(&m, &f, err);
   if (st == MEGA_OK)
     st = mega_ckpt_write_json(mega_ckpt_state_json(s, w->c.job, total_o > 0), tmp,
