@@ -88,6 +88,15 @@ int mega_nf_open(const char *path, int flags, mode_t mode, char *link, size_t ca
   return fd;
 }
 
+int mega_nf_fsync(const char *path, char *link, size_t cap) {
+  int fd = mega_nf_open(path, O_RDONLY, 0, link, cap);
+  if (fd < 0) return -1;
+  int rc = fsync(fd), e = errno;
+  close(fd);
+  errno = e;
+  return rc;
+}
+
 int mega_nf_open_file(const char *path, char *link, size_t cap) {
   int fd = mega_nf_open(path, O_RDONLY | O_NONBLOCK, 0, link, cap);
   if (fd < 0) return -1;

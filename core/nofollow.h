@@ -27,6 +27,10 @@ int mega_nf_parent(const char *path, char *name, size_t namecap, char *link, siz
  * older copy, a link) is unlinked first, then made with O_CREAT | O_EXCL,
  * so nothing is written through a link or into another name's inode. */
 int mega_nf_create(const char *path, mode_t mode, char *link, size_t cap);
+/* fsync(2) of path, a file or a directory, opened as mega_nf_open does:
+ * what makes a rename durable is the directory's fsync after it. 0, or -1
+ * and errno. */
+int mega_nf_fsync(const char *path, char *link, size_t cap);
 /* mkdir -p, without following a link; an existing directory is fine. */
 int mega_nf_mkdirs(const char *path, mode_t mode, char *link, size_t cap);
 /* The directory a job names, resolved once (realpath: the links the user

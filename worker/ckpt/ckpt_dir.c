@@ -24,14 +24,9 @@ bool mega_ckpt_iter_path(char *buf, size_t cap, const char *dir, int64_t iterati
 }
 
 mega_status mega_ckpt_fsync_path(const char *path, mega_err *err) {
-  char link[4096];
-  int fd = mega_nf_open(path, O_RDONLY, 0, link, sizeof link);
-  if (fd < 0) return mega_ckpt_refuse(err, MEGA_ERR_IO, "sync", path, errno, link);
-  int rc = fsync(fd);
-  int saved = errno;
-  close(fd);
-  if (rc != 0) return mega_fail(err, MEGA_ERR_IO, "cannot sync %s: %s", path, strerror(saved));
-  return MEGA_OK;
+  char link[4096] = "";
+  if (mega_nf_fsync(path, link, sizeof link) == 0) return MEGA_OK;
+  return mega_ckpt_refuse(err, MEGA_ERR_IO, "sync", path, errno, link);
 }
 
 /* A --save that names a place no directory can be (under a file, in

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +11,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "core/nofollow.h"
 
 #define HEADER 34 /* magic 9, version 8, dtype 1, sequence count 8, document count 8 */
 
@@ -293,6 +296,10 @@ mega_status mega_indexed_writer_add(mega_indexed_writer *w, const int32_t *ids, 
   return MEGA_OK;
 }
 
+/* f's buffered bytes on the disk: a rename after it then never names an
+ * empty or partial file, even after a crash. */
+static bool flush_sync(FILE *f) { return fflush(f) == 0 && fsync(fileno(f)) == 0; }
+
 /* PREFIX.idx.tmp from the lengths and pointers. */
 static mega_status write_index(const mega_indexed_writer *w, mega_err *err) {
   FILE *f = fopen(w->idx_tmp, "wb");
@@ -305,9 +312,24 @@ static mega_status write_index(const mega_indexed_writer *w, mega_err *err) {
             fwrite(w->lengths, 4, w->n, f) == w->n && fwrite(w->pointers, 8, w->n, f) == w->n;
   int64_t zero = 0;
   ok = ok && fwrite(&zero, 8, 1, f) == 1 && fwrite(w->docs, 8, w->ndocs, f) == w->ndocs;
+  ok = ok && flush_sync(f);
   if (fclose(f) != 0 || !ok)
     return mega_fail(err, MEGA_ERR_IO, "cannot write %s.idx: %s", w->prefix, strerror(errno));
   return MEGA_OK;
+}
+
+/* fsyncs the directory holding path, so its new names survive a crash. */
+static mega_status sync_parent(const char *path, mega_err *err) {
+  char *dir = strdup(path), link[4096] = "", why[4200];
+  if (!dir) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+  char *real = mega_nf_resolve(dirname(dir)); /* the user's links, followed once */
+  int rc = real ? mega_nf_fsync(real, link, sizeof link) : -1;
+  mega_status st = rc == 0 ? MEGA_OK
+                           : mega_fail(err, MEGA_ERR_IO, "cannot sync the directory of %s: %s",
+                                       path, mega_nf_why(errno, link, why, sizeof why));
+  free(real);
+  free(dir);
+  return st;
 }
 
 /* The .bin first, then the .idx that makes the pair a dataset. Two
@@ -333,6 +355,7 @@ static mega_status rename_into_place(const mega_indexed_writer *w, mega_err *err
     kept = false;
   }
   if (kept) unlink(old);
+  if (st == MEGA_OK) st = sync_parent(bin, err);
 out:
   free(bin);
   free(idx);
@@ -342,7 +365,8 @@ out:
 
 mega_status mega_indexed_writer_close(mega_indexed_writer *w, mega_err *err) {
   mega_status st = MEGA_OK;
-  if (fclose(w->bin) != 0)
+  bool synced = flush_sync(w->bin);
+  if (fclose(w->bin) != 0 || !synced)
     st = mega_fail(err, MEGA_ERR_IO, "cannot write %s.bin: %s", w->prefix, strerror(errno));
   w->bin = NULL;
   if (st == MEGA_OK) st = write_index(w, err);
