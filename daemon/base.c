@@ -53,6 +53,23 @@ void megad_warn(const megad_base *b, const char *fmt, ...) {
 
 /* ---- the state directory ---- */
 
+bool megad_write_state_file(const megad_base *b, const char *name, const char *text) {
+  char path[PATH_MAX], tmp[PATH_MAX + 8];
+  snprintf(path, sizeof path, "%s/%s", b->state_dir, name);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  bool ok = f && fputs(text, f) >= 0;
+  ok = f && fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
+  int e = errno;
+  if (f && fclose(f) != 0 && ok) ok = false, e = errno;
+  if (ok && rename(tmp, path) != 0) ok = false, e = errno;
+  if (ok) return true;
+  if (f) unlink(tmp);
+  megad_warn(b, "cannot write %s: %s (a full disk? free space there; it is rewritten at the "
+                "next start)", path, strerror(e));
+  return false;
+}
+
 static int mkdir_p(const char *path) {
   char buf[PATH_MAX];
   if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;

@@ -104,6 +104,12 @@ uint64_t megad_stall_recent(const megad_base *b, uint64_t window_ms, uint64_t *s
 void megad_log(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void megad_warn(const megad_base *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Writes text to STATE/name whole or not at all: into STATE/name.tmp,
+ * fsynced, then renamed. A failure (a full disk) is a warning naming the
+ * file, the temp file removed and what stood at the name left as it was;
+ * false then. */
+bool megad_write_state_file(const megad_base *b, const char *name, const char *text);
+
 /* rm -rf path, without following symlinks; false if something stayed. */
 bool megad_rmtree(const char *path);
 

@@ -454,17 +454,9 @@ static int serve(int argc, char **argv) {
   if (rc) return rc;
   printf("megad: listening on %s\n", a.d.address);
   fflush(stdout);
-  char *path = NULL;
-  if (asprintf(&path, "%s/address", a.d.base.state_dir) >= 0) {
-    FILE *f = fopen(path, "w");
-    if (f) {
-      fprintf(f, "%s\n", a.d.address);
-      fclose(f);
-    } else {
-      megad_warn(&a.d.base, "cannot write %s: %s", path, strerror(errno));
-    }
-    free(path);
-  }
+  char line[300];
+  snprintf(line, sizeof line, "%s\n", a.d.address);
+  megad_write_state_file(&a.d.base, "address", line);
   finish_loop(&a);
   return 0;
 }
