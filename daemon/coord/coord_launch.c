@@ -69,7 +69,6 @@ static bool launch_msg_init(launch_msg *m, coord_run *run, const mega_job_node *
   m->spec.max_restarts = j->max_restarts;
   m->spec.step_timeout_ms = j->step_timeout_ms;
   mega__v1__bootstrap__init(&m->boot);
-  m->boot.kv_address = (char *)c->o.address;
   m->boot.kv_prefix = run->kv_prefix;
   m->boot.kv_timeout_ms = c->o.rendezvous_timeout_ms;
   Mega__V1__LaunchRanksRequest *req = &m->req;

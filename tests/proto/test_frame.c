@@ -285,6 +285,23 @@ static void test_garbage_never_crashes(void **state) {
   (void)frames;
 }
 
+/* Bootstrap's kv_address (2) is reserved: no field by that name or
+ * number, and an older megad's Bootstrap that still carries it unpacks
+ * with the fields that remain intact. */
+static void test_bootstrap_kv_address_reserved(void **state) {
+  (void)state;
+  const ProtobufCMessageDescriptor *d = &mega__v1__bootstrap__descriptor;
+  assert_null(protobuf_c_message_descriptor_get_field_by_name(d, "kv_address"));
+  assert_null(protobuf_c_message_descriptor_get_field(d, 2));
+  /* kv_address "h:1" (2), kv_prefix "p/" (3), kv_timeout_ms 7 (4) */
+  static const uint8_t old[] = {0x12, 3, 'h', ':', '1', 0x1a, 2, 'p', '/', 0x20, 7};
+  Mega__V1__Bootstrap *b = mega__v1__bootstrap__unpack(NULL, sizeof old, old);
+  assert_non_null(b);
+  assert_string_equal(b->kv_prefix, "p/");
+  assert_int_equal(b->kv_timeout_ms, 7);
+  mega__v1__bootstrap__free_unpacked(b, NULL);
+}
+
 static void test_blocking_pipe_round_trip(void **state) {
   (void)state;
   signal(SIGPIPE, SIG_IGN);
@@ -363,6 +380,7 @@ int main(void) {
       cmocka_unit_test(test_truncated_input),
       cmocka_unit_test(test_garbage_never_crashes),
       cmocka_unit_test(test_blocking_pipe_round_trip),
+      cmocka_unit_test(test_bootstrap_kv_address_reserved),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
