@@ -1,8 +1,10 @@
 /* megactl trace: download a job's Chrome trace (Control.GetTrace). The file
- * is written beside its final name and renamed at the end, so a failed
- * download never leaves a truncated trace under that name. */
+ * is written beside its final name (FILE.part) and renamed at the end, so a
+ * failed download never leaves a truncated trace under that name; a failed
+ * or interrupted one (SIGINT, SIGTERM, SIGHUP) removes FILE.part. */
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -62,6 +64,33 @@ static int download(mega_rpc_channel *ch, const char *job, FILE *f, const char *
   return rc;
 }
 
+/* The .part file being written, for the handler: an interrupted download
+ * (Ctrl-C, a kill) removes it, then dies of the signal as it would have. */
+static char part_path[1024];
+static const int part_signals[] = {SIGINT, SIGTERM, SIGHUP};
+static struct sigaction part_saved[3];
+
+static void remove_part(int sig) {
+  unlink(part_path);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* on: the handler for part_signals; off: what was there before. A signal
+ * this process ignores (nohup, a background job's SIGINT) stays ignored. */
+static void guard_part(bool on) {
+  struct sigaction sa = {.sa_handler = remove_part};
+  sigemptyset(&sa.sa_mask);
+  for (int k = 0; k < 3; k++) {
+    if (!on) {
+      sigaction(part_signals[k], &part_saved[k], NULL);
+      continue;
+    }
+    sigaction(part_signals[k], NULL, &part_saved[k]);
+    if (part_saved[k].sa_handler != SIG_IGN) sigaction(part_signals[k], &sa, NULL);
+  }
+}
+
 int megactl_trace(int argc, char **argv) {
   megactl_common cf;
   const char *output = NULL;
@@ -74,7 +103,7 @@ int megactl_trace(int argc, char **argv) {
            "in chrome://tracing or https://ui.perfetto.dev.\n");
     return 0;
   }
-  char def[512], tmp[1024];
+  char def[512], *tmp = part_path;
   if (!output) {
     snprintf(def, sizeof def, "%s-trace.json", cf.job);
     output = def;
@@ -85,8 +114,10 @@ int megactl_trace(int argc, char **argv) {
   if (megactl_connect(cf.server, &ch, &err) != MEGA_OK) return megactl_fail("%s", err.msg);
   FILE *f = stdout;
   if (!to_stdout) {
-    snprintf(tmp, sizeof tmp, "%s.part", output);
+    snprintf(tmp, sizeof part_path, "%s.part", output);
+    guard_part(true);
     if (!(f = fopen(tmp, "wb"))) {
+      guard_part(false);
       mega_rpc_channel_free(ch);
       return megactl_fail("cannot create %s: %s", tmp, strerror(errno));
     }
@@ -101,10 +132,9 @@ int megactl_trace(int argc, char **argv) {
   if (fclose(f) != 0 && !rc) rc = megactl_fail("cannot write %s: %s", tmp, strerror(errno));
   if (!rc && rename(tmp, output) != 0)
     rc = megactl_fail("cannot rename %s to %s: %s", tmp, output, strerror(errno));
-  if (rc) {
-    unlink(tmp);
-    return rc;
-  }
+  if (rc) unlink(tmp);
+  guard_part(false);
+  if (rc) return rc;
   printf("wrote %s (%" PRIu64 " bytes)\n", output, bytes);
   return 0;
 }

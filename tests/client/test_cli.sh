@@ -164,6 +164,30 @@ expect 2 "megactl: --server localhost: no port: give HOST:PORT or unix:/path" \
 expect 2 "megactl: --server [::1]: no port: give HOST:PORT or unix:/path" "$megactl" watch j-1 --server "[::1]"
 check "a failed trace leaves no file" [ ! -e j-1-trace.json ] && [ ! -e j-1-trace.json.part ]
 
+# An interrupted trace (Ctrl-C) leaves no FILE.part either. A server that takes
+# the connection and never answers holds the download; megactl creates the
+# .part before it connects, so once the connection is taken the file is there.
+mkfifo srv.out
+python3 -c 'import signal, socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); print("taken", flush=True); signal.pause()' >srv.out &
+srv=$!
+exec 3<srv.out
+read -r port <&3
+env --default-signal=INT "$megactl" trace j-1 --server "127.0.0.1:$port" >/dev/null 2>&1 &
+mc=$!
+read -r -t 60 _ <&3 # bounded: a megactl that never connects fails below, not hangs
+check "a trace being downloaded is in its .part" [ -e j-1-trace.json.part ]
+kill -INT "$mc"
+wait "$mc"
+rc=$?
+kill "$srv"
+wait "$srv" 2>/dev/null
+exec 3<&-
+check "an interrupted trace dies of SIGINT (exit 130)" [ "$rc" = 130 ]
+check "an interrupted trace leaves no file" [ ! -e j-1-trace.json.part ]
+
 if [ "$fails" != 0 ]; then
   echo "$fails check(s) failed"
   exit 1
