@@ -225,11 +225,13 @@ static void rotary_round_trip(int channels, double share, int rot, char *text, s
 
 /* A RoPE fraction a float cannot hold reads back as written: 0.7 of 40
  * channels per head turns 28, where 0.7f would turn 27, which RoPE cannot,
- * and mega would refuse its own checkpoint. */
+ * and mega would refuse its own checkpoint. A file of short reals keeps
+ * nine digits: rope_theta 10000.0, not %.1g's 1e4. */
 static void test_rotary_fraction(void **state) {
   (void)state;
   char text[4096];
   rotary_round_trip(80, 0.7, 28, text, sizeof text);
+  if (!strstr(text, "\"rope_theta\": 10000.0,")) fail_msg("%s", text);
 }
 
 /* A RoPE fraction with more digits than nine reads back as saved: 0.3333333334

@@ -82,9 +82,10 @@ static int digits(double x) {
   return 17;
 }
 
-/* The most digits any real in j needs. */
+/* The most digits any real in j needs, and at least 9: fewer would print
+ * 500000.0 as 5e5 (%g's exponent once it passes the precision). */
 static int max_digits(const json_t *j) {
-  int most = 1;
+  int most = 9;
   if (json_is_real(j)) return digits(json_real_value(j));
   const char *key;
   json_t *v;

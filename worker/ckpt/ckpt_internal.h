@@ -42,10 +42,11 @@ mega_status mega_ckpt_write_json(json_t *j, const char *dir, const char *name, s
  * is not NULL; NULL when out of memory. */
 json_t *mega_ckpt_config_json(const mega_gpt_config *cfg, const mega_jobspec *job);
 /* The json_dumps flags config.json is written with: indented, each real
- * read back exactly. One precision serves the whole file, so it is the
- * most digits any real in j needs: every real then prints as its shortest
- * form (1e-05, not 1.0000000000000001e-05) unless some other one needs 16
- * or 17 digits, and even then reads back the same. */
+ * read back exactly. One precision serves the whole file: 9 significant
+ * digits (what every save used to write), more where a real in j needs
+ * them (at most 17). Every real then prints as its shortest form (1e-6,
+ * not 9.9999999999999995e-7) unless some other one needs 16 or 17 digits,
+ * and even then reads back the same. */
 size_t mega_ckpt_config_flags(const json_t *j);
 /* The checkpoint directory's config.json against the job's model: the same
  * architecture and every size that shapes a tensor, else MEGA_ERR_INVALID
