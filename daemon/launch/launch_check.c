@@ -25,8 +25,10 @@ static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRan
   mega_status st = MEGA_OK;
   if (req->spec && mega_jobspec_parse(&s, (int)req->spec->n_args, req->spec->args, err) != MEGA_OK) {
     mega_jobspec_free(&s);
-    return mega_fail(err, MEGA_ERR_INVALID, "node %s cannot parse the job's flags: %s",
-                     L->b->node_id, err->msg);
+    /* a prefix: formatting err->msg into itself lost the parser's reason */
+    mega_err_prefix(err, "node %s cannot parse the job's flags", L->b->node_id);
+    if (err) err->status = MEGA_ERR_INVALID;
+    return MEGA_ERR_INVALID;
   }
   struct stat sb;
   const char *flag, *bad, *why;

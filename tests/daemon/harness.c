@@ -335,6 +335,31 @@ mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t
   return MEGA_OK;
 }
 
+mega_status hd_launch_by_hand(hd *d, const char *job_id, const char *const *extra,
+                              mega_err *err) {
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, d->dir, 2, extra);
+  Mega__V1__Bootstrap bs = MEGA__V1__BOOTSTRAP__INIT;
+  bs.comm_backend = "gloo";
+  bs.kv_address = d->addr;
+  bs.kv_prefix = "x/0/";
+  bs.kv_timeout_ms = 2000;
+  uint32_t rank = 0;
+  Mega__V1__LaunchRanksRequest req = MEGA__V1__LAUNCH_RANKS_REQUEST__INIT;
+  req.job_id = (char *)job_id;
+  req.spec = &spec;
+  req.world_size = req.tp = req.pp = req.dp = 1;
+  req.ranks = &rank;
+  req.n_ranks = 1;
+  req.bootstrap = &bs;
+  req.coordinator_node_id = d->name;
+  req.coordinator_address = d->addr;
+  ProtobufCMessage *resp = NULL;
+  mega_status s = mega_rpc_unary(d->ch, &mega_peer_launch_ranks, &req.base, 10000, &resp, err);
+  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+  return s;
+}
+
 Mega__V1__GetJobResponse *hd_get_job_history(hd *d, const char *job_id, mega_err *err) {
   Mega__V1__GetJobRequest req = MEGA__V1__GET_JOB_REQUEST__INIT;
   req.job_id = (char *)job_id;

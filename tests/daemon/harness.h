@@ -70,6 +70,12 @@ int hd_megad_exits(char *out, size_t len, const char *args);
  * storage of the call: use it before the next call). */
 void hd_tiny_spec(Mega__V1__JobSpec *spec, const char *dir, int iters, const char *const *extra);
 
+/* Peer.LaunchRanks of rank 0 of a world of 1 (the tiny GPT's flags plus
+ * extra), as a client holding the token could send it, naming d itself as
+ * the coordinator: the status of the call, its message in err. */
+mega_status hd_launch_by_hand(hd *d, const char *job_id, const char *const *extra,
+                              mega_err *err);
+
 /* Unary calls; resp is the caller's (free_unpacked). */
 mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t len,
                       mega_err *err);

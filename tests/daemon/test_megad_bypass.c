@@ -25,31 +25,6 @@ static void write_token(const char *path) {
   assert_int_equal(chmod(path, 0600), 0);
 }
 
-/* Peer.LaunchRanks as a client holding the token could send it, with the
- * tiny GPT's flags plus extra; the status of the call. */
-static mega_status launch_by_hand(hd *d, const char *job_id, const char *const *extra,
-                                  mega_err *err) {
-  Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, d->dir, 2, extra);
-  Mega__V1__Bootstrap bs = MEGA__V1__BOOTSTRAP__INIT;
-  bs.kv_prefix = "x/0/";
-  bs.kv_timeout_ms = 2000;
-  uint32_t rank = 0;
-  Mega__V1__LaunchRanksRequest req = MEGA__V1__LAUNCH_RANKS_REQUEST__INIT;
-  req.job_id = (char *)job_id;
-  req.spec = &spec;
-  req.world_size = req.tp = req.pp = req.dp = 1;
-  req.ranks = &rank;
-  req.n_ranks = 1;
-  req.bootstrap = &bs;
-  req.coordinator_node_id = d->name;
-  req.coordinator_address = d->addr;
-  ProtobufCMessage *resp = NULL;
-  mega_status s = mega_rpc_unary(d->ch, &mega_peer_launch_ranks, &req.base, 10000, &resp, err);
-  if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-  return s;
-}
-
 /* The roots bind a job however it reaches a node: a Peer.LaunchRanks made
  * by hand (the token serves Control and Peer alike) is held to the node's
  * --data-root and --save-root as SubmitJob is, and its job id names no
@@ -84,7 +59,7 @@ static void test_peer_launch_keeps_the_roots(void **state) {
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "outside this megad's --save-root"));
   /* ... and so does the node when the same flags come as a launch */
-  assert_int_equal(launch_by_hand(&d, "j-90-b1", save_out, &err), MEGA_ERR_INVALID);
+  assert_int_equal(hd_launch_by_hand(&d, "j-90-b1", save_out, &err), MEGA_ERR_INVALID);
   fprintf(stderr, "launch with --save outside: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "outside this megad's --save-root"));
   pid_t pids[4];
@@ -92,7 +67,7 @@ static void test_peer_launch_keeps_the_roots(void **state) {
 
   /* a job id is a name, never a path */
   snprintf(esc, sizeof esc, "../../escaped");
-  assert_int_equal(launch_by_hand(&d, esc, NULL, &err), MEGA_ERR_INVALID);
+  assert_int_equal(hd_launch_by_hand(&d, esc, NULL, &err), MEGA_ERR_INVALID);
   fprintf(stderr, "launch with job id %s: %s\n", esc, err.msg);
   assert_non_null(strstr(err.msg, "job id"));
   snprintf(cmd, sizeof cmd, "%s/escaped", dir);
