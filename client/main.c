@@ -4,13 +4,14 @@
 
 #include "client/commands.h"
 #include "client/conn.h"
+#include "core/version.h"
 
 typedef int (*command_fn)(int argc, char **argv);
 
 static int cmd_version(int argc, char **argv) {
   (void)argc;
   (void)argv;
-  printf("megactl %s\n", MEGA_VERSION);
+  printf("megactl %s\n", mega_version());
   return 0;
 }
 

@@ -224,6 +224,7 @@ static void node_cell(const void *row, int col, int64_t now_ms, const void *ctx,
   case 4: snprintf(buf, CELL, "%u/%u", nd->slots_used, nd->slots); break;
   case 5: snprintf(buf, CELL, "%s", nd->device_name && nd->device_name[0] ? nd->device_name : "-"); break;
   case 6: tables_age(nd->last_heartbeat_unix_ms, now_ms, buf, CELL); break;
+  case 7: snprintf(buf, CELL, "%s", nd->version && nd->version[0] ? nd->version : "-"); break;
   default: {
     size_t len = 0;
     buf[0] = '\0';
@@ -243,7 +244,7 @@ void tables_nodes(FILE *f, Mega__V1__Node *const *nodes, size_t n, const char *s
     fprintf(f, "no nodes\n");
     return;
   }
-  static const char *const heads[] = {"ID",    "ADDRESS", "STATE",     "BACKEND",
-                                      "SLOTS", "DEVICE",  "HEARTBEAT", "JOBS"};
-  print_table(f, heads, 8, (const void *const *)nodes, n, node_cell, now_ms, self_id);
+  static const char *const heads[] = {"ID",     "ADDRESS",   "STATE",   "BACKEND", "SLOTS",
+                                      "DEVICE", "HEARTBEAT", "VERSION", "JOBS"};
+  print_table(f, heads, 9, (const void *const *)nodes, n, node_cell, now_ms, self_id);
 }

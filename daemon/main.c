@@ -40,6 +40,7 @@
 #include "daemon/slurm.h"
 #include "proto/pb_json.h"
 #include "proto/step_bubble.h"
+#include "core/version.h"
 
 #define EXIT_USAGE 2
 
@@ -688,7 +689,7 @@ int main(int argc, char **argv) {
     return argc < 2 ? EXIT_USAGE : printed();
   }
   if (!strcmp(argv[1], "--version")) {
-    printf("megad %s\n", MEGA_VERSION);
+    printf("megad %s\n", mega_version());
     return printed();
   }
   if (!strcmp(argv[1], "serve")) return serve(argc, argv);

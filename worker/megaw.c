@@ -30,6 +30,7 @@
 #include "worker/megaw_assigned.h"
 #include "worker/megaw_generate.h"
 #include "worker/rank/rank.h"
+#include "core/version.h"
 
 static volatile sig_atomic_t stop_signal = 0;
 
@@ -409,7 +410,7 @@ static int by_hand(int argc, char **argv) {
     if (!strcmp(argv[i], "--version")) {
       /* and the cuda module's libraries (cuDNN is found at run time) */
       const mega_cuda_module *m;
-      printf("megaw %s\n", MEGA_VERSION);
+      printf("megaw %s\n", mega_version());
       if (mega_cuda_module_load(&m, &err) == MEGA_OK)
         printf("cuda module: %s\n", m->versions());
       else

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "daemon/model/util.h"
+#include "core/version.h"
 
 mega_status megad_members_init(megad_members *m, megad_base *b, const megad_members_opts *o,
                                uint64_t incarnation, megad_etcd *etcd,
@@ -25,7 +26,7 @@ mega_status megad_members_init(megad_members *m, megad_base *b, const megad_memb
   self->self = true;
   self->slots = o->slots;
   self->incarnation = incarnation;
-  self->version = strdup(MEGA_VERSION);
+  self->version = strdup(mega_version());
   self->backend = strdup(o->backend ? o->backend : "cpu");
   self->device_name = strdup(o->device_name ? o->device_name : "");
   self->last_heartbeat_unix_ms = megad_unix_ms();

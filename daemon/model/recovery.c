@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/version.h"
+
 const char *mega_end_kind_name(mega_end_kind k) {
   switch (k) {
   case MEGA_END_DONE: return "done";
@@ -87,7 +89,7 @@ mega_status mega_recovery_attempt_spec(const mega_job *j, mega_jobspec *out, meg
   if (!j->spec_ok)
     return mega_fail(err, MEGA_ERR_INVALID,
                      "job %s: its flags no longer parse in this megad (%s); submit it again", j->id,
-                     MEGA_VERSION);
+                     mega_version());
   mega_status s = mega_jobspec_copy(out, &j->spec, err);
   if (s != MEGA_OK || !j->ckpt_iteration || !j->spec.save) return s;
   char *load = strdup(j->spec.save);

@@ -11,6 +11,7 @@
 #include "daemon/services/services.h"
 #include "daemon/web/http.h"
 #include "daemon/web/webserve.h"
+#include "core/version.h"
 
 typedef struct metrics_srv {
   megad_services *s;
@@ -78,7 +79,7 @@ static char *page(void *arg, size_t *len) {
   metrics_srv *ms = arg;
   megad_services *sv = ms->s;
   const megad_jobs_stats *js = &sv->jobs->stats;
-  megad_metrics m = {.version = MEGA_VERSION, .slots = sv->L->o.slots,
+  megad_metrics m = {.version = mega_version(), .slots = sv->L->o.slots,
                      .slots_used = sv->L->slots_used,
                      .web_streams = (uint32_t)megad_webserve_streams(ms->web),
                      .jobs = (const mega_job *const *)sv->jobs->t.v, .njobs = sv->jobs->t.n};

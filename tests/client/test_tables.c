@@ -165,6 +165,7 @@ static void test_nodes_table(void **state) {
   n1.backend = "cuda";
   n1.device_name = "NVIDIA H100 80GB HBM3";
   n1.last_heartbeat_unix_ms = NOW - 1000;
+  n1.version = "0.1.0+ef1e627abcd1";
   char *jobs[] = {"j-1", "j-2"};
   n1.job_ids = jobs;
   n1.n_job_ids = 2;
@@ -181,11 +182,11 @@ static void test_nodes_table(void **state) {
   fclose(f);
   assert_string_equal(buf,
                       "ID   ADDRESS        STATE    BACKEND  SLOTS  DEVICE                 "
-                      "HEARTBEAT  JOBS\n"
+                      "HEARTBEAT  VERSION             JOBS\n"
                       "n1   10.0.0.1:7070  alive    cuda     4/8    NVIDIA H100 80GB HBM3  "
-                      "1s         j-1,j-2\n"
+                      "1s         0.1.0+ef1e627abcd1  j-1,j-2\n"
                       "*n2  10.0.0.2:7070  suspect  cpu      0/4    -                      "
-                      "-          -\n");
+                      "-          -                   -\n");
   free(buf);
 }
 

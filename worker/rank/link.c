@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "proto/frame.h"
+#include "core/version.h"
 
 /* A KV call waiting for its KvResponse. */
 typedef struct kv_call {
@@ -433,7 +434,7 @@ mega_status mega_link_send_hello(mega_link *l, const char *device, mega_err *err
   Mega__V1__WorkerHello h = MEGA__V1__WORKER_HELLO__INIT;
   h.rank = mega_link_assignment(l)->rank;
   h.pid = (int32_t)getpid();
-  h.version = MEGA_VERSION;
+  h.version = (char *)mega_version();
   h.device = (char *)(device ? device : "cpu");
   Mega__V1__WorkerFrame f = MEGA__V1__WORKER_FRAME__INIT;
   f.msg_case = MEGA__V1__WORKER_FRAME__MSG_HELLO;
