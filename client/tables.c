@@ -211,6 +211,15 @@ static const char *node_state(Mega__V1__NodeState s) {
   }
 }
 
+static bool node_up(const Mega__V1__Node *nd) {
+  return nd->state == MEGA__V1__NODE_STATE__NODE_STATE_ALIVE ||
+         nd->state == MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT;
+}
+
+static const char *version_of(const Mega__V1__Node *nd) {
+  return nd->version && nd->version[0] ? nd->version : "-";
+}
+
 static void node_cell(const void *row, int col, int64_t now_ms, const void *ctx, char *buf) {
   const Mega__V1__Node *nd = row;
   const char *self = ctx;
@@ -224,7 +233,7 @@ static void node_cell(const void *row, int col, int64_t now_ms, const void *ctx,
   case 4: snprintf(buf, CELL, "%u/%u", nd->slots_used, nd->slots); break;
   case 5: snprintf(buf, CELL, "%s", nd->device_name && nd->device_name[0] ? nd->device_name : "-"); break;
   case 6: tables_age(nd->last_heartbeat_unix_ms, now_ms, buf, CELL); break;
-  case 7: snprintf(buf, CELL, "%s", nd->version && nd->version[0] ? nd->version : "-"); break;
+  case 7: snprintf(buf, CELL, "%s", version_of(nd)); break;
   default: {
     size_t len = 0;
     buf[0] = '\0';
@@ -247,4 +256,16 @@ void tables_nodes(FILE *f, Mega__V1__Node *const *nodes, size_t n, const char *s
   static const char *const heads[] = {"ID",     "ADDRESS",   "STATE",   "BACKEND", "SLOTS",
                                       "DEVICE", "HEARTBEAT", "VERSION", "JOBS"};
   print_table(f, heads, 9, (const void *const *)nodes, n, node_cell, now_ms, self_id);
+  /* a rolling upgrade half done: say what it means for jobs */
+  size_t builds = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!node_up(nodes[i])) continue;
+    bool seen = false;
+    for (size_t k = 0; k < i && !seen; k++)
+      seen = node_up(nodes[k]) && !strcmp(version_of(nodes[k]), version_of(nodes[i]));
+    builds += !seen;
+  }
+  if (builds > 1)
+    fprintf(f, "%zu builds of mega run here: a job's ranks run one build, on nodes of its "
+               "coordinator's (README \"Upgrading\")\n", builds);
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/version.h"
 #include "daemon/coord/coord_internal.h"
 
 typedef struct launch_ctx {
@@ -88,6 +89,7 @@ static bool launch_msg_init(launch_msg *m, coord_run *run, const mega_job_node *
   req->coordinator_fence = j->etcd.fence;
   req->replicas = run->plan;
   req->node_id = (char *)jn->node_id;
+  req->coordinator_version = (char *)mega_version();
   return true;
 }
 

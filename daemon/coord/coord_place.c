@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "daemon/coord/coord_internal.h"
+#include "core/version.h"
 #include "daemon/model/placement.h"
 
 uint32_t coord_nproc(megad_coord *c, const mega_job *j) {
@@ -136,12 +137,14 @@ mega_status coord_place(megad_coord *c, mega_job *j, bool own, bool empty, int *
     ns[i].name = nd->id;
     ns[i].free_slots = free_slots(c, nd, j, own, empty);
     ns[i].alive = megad_node_usable(nd);
+    ns[i].version = nd->version;
   }
   uint32_t lo, hi;
   mega_recovery_node_range(j, &lo, &hi);
   int nproc = (int)coord_nproc(c, j);
   mega_placement_req req = {.nnodes_min = (int)lo, .nnodes_max = (int)hi, .nproc_per_node = nproc,
-                            .model_parallel = (int)(j->tp * j->pp), .prefer = c->b->node_id};
+                            .model_parallel = (int)(j->tp * j->pp), .prefer = c->b->node_id,
+                            .version = mega_version()};
   mega_status rc = mega_place(ns, (int)m->nnodes, &req, idx, n, err);
   free(ns);
   /* The largest count whose world the job's own checks accept. */

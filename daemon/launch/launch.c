@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/jobspec.h"
+#include "core/version.h"
 #include "daemon/launch/launch_internal.h"
 #include "daemon/model/roots.h"
 #include "daemon/model/util.h"
@@ -74,6 +75,17 @@ static void handle_frame(megad_worker *w, Mega__V1__WorkerFrame *f) {
   Mega__V1__RankEvent ev = MEGA__V1__RANK_EVENT__INIT;
   switch (f->msg_case) {
   case MEGA__V1__WORKER_FRAME__MSG_HELLO:
+    /* the node says it runs its megad's build (placement goes by it): a
+     * megaw replaced under a running megad (an upgrade before the
+     * restart) would make a job of two builds */
+    if (!f->hello->version || strcmp(f->hello->version, mega_version())) {
+      worker_broke(w, "its megaw (%s) is mega %s, but megad on node %s is %s: a job's ranks "
+                   "run one build; restart megad after an upgrade, or give --worker the megaw "
+                   "of megad's build", l->L->o.worker_path,
+                   f->hello->version && f->hello->version[0] ? f->hello->version : "of no version",
+                   l->L->b->node_id, mega_version());
+      break;
+    }
     ev.kind_case = MEGA__V1__RANK_EVENT__KIND_STARTED;
     ev.started = f->hello;
     relay_event(l, w, &ev);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/jobspec.h"
+#include "core/version.h"
 #include "daemon/launch/launch_internal.h"
 #include "daemon/model/roots.h"
 #include "daemon/model/util.h"
@@ -57,6 +58,17 @@ mega_status launch_check(const megad_launcher *L, const Mega__V1__LaunchRanksReq
     return mega_fail(err, MEGA_ERR_UNSUPPORTED,
                      "the megad at this address is node %s, not node %s (which is gone)",
                      b->node_id, req->node_id);
+  /* a job's ranks run one build: ranks of two could differ in what they
+   * send each other or compute, and nothing would say so */
+  const char *cv = req->coordinator_version;
+  if (!cv || strcmp(cv, mega_version()))
+    return mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                     "node %s runs mega %s and starts no ranks for coordinator %s, which runs "
+                     "%s: a job's ranks run one build (README \"Upgrading\"); the job waits for "
+                     "nodes of its coordinator's build", b->node_id, mega_version(),
+                     req->coordinator_node_id && req->coordinator_node_id[0]
+                         ? req->coordinator_node_id : "(unnamed)",
+                     cv && cv[0] ? cv : "an older build (one that does not say its version)");
   if (!req->n_ranks || !req->job_id || !req->job_id[0] || !req->bootstrap)
     return mega_fail(err, MEGA_ERR_INVALID, "LaunchRanks needs a job id, ranks and a bootstrap");
   if (!megad_job_id_is_name(req->job_id))

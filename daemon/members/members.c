@@ -188,7 +188,7 @@ static void merge_view(megad_members *mb, const Mega__V1__MembershipView *v, meg
     }
     members_set_address(mb, n, m->address, m->incarnation);
     n->slots = m->slots;
-    members_set_str(&n->version, m->version);
+    members_set_version(mb, n, m->version);
     members_set_str(&n->backend, m->backend);
     members_set_str(&n->device_name, m->device_name);
     if (from == n) {
@@ -445,7 +445,7 @@ static void on_join(mega_rpc_call *call, const ProtobufCMessage *msg, void *data
   members_set_address(m, n, nm->address, nm->incarnation);
   n->slots = nm->slots;
   n->slots_used = nm->slots_used;
-  members_set_str(&n->version, nm->version);
+  members_set_version(m, n, nm->version);
   members_set_str(&n->backend, nm->backend);
   members_set_str(&n->device_name, nm->device_name);
   members_saw(m, n, nm->incarnation);

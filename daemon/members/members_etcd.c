@@ -244,7 +244,7 @@ static void apply_put(megad_members *m, const char *id, const uint8_t *value, si
   n->state = MEGA__V1__NODE_STATE__NODE_STATE_ALIVE;
   members_set_address(m, n, r->address, r->incarnation);
   n->slots = r->slots;
-  members_set_str(&n->version, r->version);
+  members_set_version(m, n, r->version);
   members_set_str(&n->backend, r->backend);
   members_set_str(&n->device_name, r->device_name);
   n->seen_ms = uv_now(m->b->loop);

@@ -15,6 +15,8 @@ megad_node *members_node_add(megad_members *m, const char *id, const char *addre
  * after new). */
 void members_set_address(megad_members *m, megad_node *n, const char *address, uint64_t inc);
 void members_set_str(char **dst, const char *src);
+/* n's build; says so in the log when it becomes one other than this node's. */
+void members_set_version(megad_members *m, megad_node *n, const char *v);
 void members_set_job_ids(megad_node *n, char **ids, size_t k);
 /* n as a message; strings borrowed from n. */
 void members_node_msg(megad_node *n, Mega__V1__Node *m);

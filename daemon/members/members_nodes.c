@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/version.h"
 #include "daemon/model/util.h"
 
 const char *members_state_name(Mega__V1__NodeState s) {
@@ -76,6 +77,15 @@ void members_set_str(char **dst, const char *src) {
   if (!c) return;
   free(*dst);
   *dst = c;
+}
+
+void members_set_version(megad_members *m, megad_node *n, const char *v) {
+  bool same = n->version && v && !strcmp(n->version, v);
+  members_set_str(&n->version, v);
+  if (same || !v || !strcmp(v, mega_version())) return;
+  megad_log(m->b, "node %s runs mega %s, this node %s: a job's ranks run one build, so "
+            "neither places ranks of its jobs on the other (README \"Upgrading\")", n->id,
+            v[0] ? v : "of no version (an older build)", mega_version());
 }
 
 void members_set_job_ids(megad_node *n, char **ids, size_t k) {

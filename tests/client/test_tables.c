@@ -174,6 +174,7 @@ static void test_nodes_table(void **state) {
   n2.state = MEGA__V1__NODE_STATE__NODE_STATE_SUSPECT;
   n2.slots = 4;
   n2.backend = "cpu";
+  n2.version = n1.version;
   Mega__V1__Node *nodes[] = {&n1, &n2};
   char *buf = NULL;
   size_t len;
@@ -186,7 +187,15 @@ static void test_nodes_table(void **state) {
                       "n1   10.0.0.1:7070  alive    cuda     4/8    NVIDIA H100 80GB HBM3  "
                       "1s         0.1.0+ef1e627abcd1  j-1,j-2\n"
                       "*n2  10.0.0.2:7070  suspect  cpu      0/4    -                      "
-                      "-          -                   -\n");
+                      "-          0.1.0+ef1e627abcd1  -\n");
+  free(buf);
+  /* half way through a rolling upgrade: a line says what that means */
+  n2.version = "0.1.0";
+  f = open_memstream(&buf, &len);
+  tables_nodes(f, nodes, 2, "n2", NOW);
+  fclose(f);
+  assert_non_null(strstr(buf, "  -\n2 builds of mega run here: a job's ranks run one "
+                              "build, on nodes of its coordinator's"));
   free(buf);
 }
 

@@ -335,8 +335,19 @@ mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t
   return MEGA_OK;
 }
 
-mega_status hd_launch_by_hand(hd *d, const char *job_id, const char *const *extra,
-                              mega_err *err) {
+bool hd_version(hd *d, char *buf, size_t len) {
+  buf[0] = '\0';
+  Mega__V1__ListNodesResponse *r = hd_list_nodes(d, NULL);
+  for (size_t i = 0; r && i < r->n_nodes; i++)
+    if (!strcmp(r->nodes[i]->id, r->self_node_id)) snprintf(buf, len, "%s", r->nodes[i]->version);
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return buf[0] != '\0';
+}
+
+mega_status hd_launch_by_hand(hd *d, const char *job_id, const char *version,
+                              const char *const *extra, mega_err *err) {
+  char own[128];
+  if (!version) version = hd_version(d, own, sizeof own) ? own : "";
   Mega__V1__JobSpec spec;
   hd_tiny_spec(&spec, d->dir, 2, extra);
   Mega__V1__Bootstrap bs = MEGA__V1__BOOTSTRAP__INIT;
@@ -354,6 +365,7 @@ mega_status hd_launch_by_hand(hd *d, const char *job_id, const char *const *extr
   req.bootstrap = &bs;
   req.coordinator_node_id = d->name;
   req.coordinator_address = d->addr;
+  req.coordinator_version = (char *)version;
   ProtobufCMessage *resp = NULL;
   mega_status s = mega_rpc_unary(d->ch, &mega_peer_launch_ranks, &req.base, 10000, &resp, err);
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);

@@ -72,9 +72,13 @@ void hd_tiny_spec(Mega__V1__JobSpec *spec, const char *dir, int iters, const cha
 
 /* Peer.LaunchRanks of rank 0 of a world of 1 (the tiny GPT's flags plus
  * extra), as a client holding the token could send it, naming d itself as
- * the coordinator: the status of the call, its message in err. */
-mega_status hd_launch_by_hand(hd *d, const char *job_id, const char *const *extra,
-                              mega_err *err);
+ * the coordinator, of build version (NULL: d's own; "": none, as a megad
+ * older than the field): the status of the call, its message in err. */
+mega_status hd_launch_by_hand(hd *d, const char *job_id, const char *version,
+                              const char *const *extra, mega_err *err);
+/* d's build (megad --version's words after "megad "), as its view of
+ * itself says; false (buf "") when it does not answer. */
+bool hd_version(hd *d, char *buf, size_t len);
 
 /* Unary calls; resp is the caller's (free_unpacked). */
 mega_status hd_submit(hd *d, const Mega__V1__JobSpec *spec, char *job_id, size_t len,

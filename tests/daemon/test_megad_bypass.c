@@ -59,7 +59,7 @@ static void test_peer_launch_keeps_the_roots(void **state) {
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_ERR_INVALID);
   assert_non_null(strstr(err.msg, "outside this megad's --save-root"));
   /* ... and so does the node when the same flags come as a launch */
-  assert_int_equal(hd_launch_by_hand(&d, "j-90-b1", save_out, &err), MEGA_ERR_INVALID);
+  assert_int_equal(hd_launch_by_hand(&d, "j-90-b1", NULL, save_out, &err), MEGA_ERR_INVALID);
   fprintf(stderr, "launch with --save outside: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "outside this megad's --save-root"));
   pid_t pids[4];
@@ -67,7 +67,7 @@ static void test_peer_launch_keeps_the_roots(void **state) {
 
   /* a job id is a name, never a path */
   snprintf(esc, sizeof esc, "../../escaped");
-  assert_int_equal(hd_launch_by_hand(&d, esc, NULL, &err), MEGA_ERR_INVALID);
+  assert_int_equal(hd_launch_by_hand(&d, esc, NULL, NULL, &err), MEGA_ERR_INVALID);
   fprintf(stderr, "launch with job id %s: %s\n", esc, err.msg);
   assert_non_null(strstr(err.msg, "job id"));
   snprintf(cmd, sizeof cmd, "%s/escaped", dir);

@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "daemon/model/placement.h"
@@ -62,6 +63,34 @@ static void too_few_nodes_says_how_many(void **state) {
                                "each, and 3 of 4 alive nodes have them");
 }
 
+/* A rolling upgrade: the nodes of another build (or of none known) are
+ * not placed on, and a job that waits for them says so. */
+static void one_build_per_job(void **state) {
+  (void)state;
+  const mega_node_slots mixed[] = {
+      {"a", 4, true, "0.2+new"}, {"b", 4, true, "0.1"}, {"c", 4, true, NULL},
+      {"d", 4, true, "0.2+new"}, {"e", 4, false, "0.1"},
+  };
+  mega_placement_req req = {.nnodes_min = 1, .nnodes_max = 5, .nproc_per_node = 4,
+                            .model_parallel = 1, .prefer = "b", .version = "0.2+new"};
+  int out[5], n = 0;
+  mega_err err = {0};
+  assert_int_equal(mega_place(mixed, 5, &req, out, &n, &err), MEGA_OK);
+  assert_int_equal(n, 2);
+  assert_int_equal(out[0], 0);
+  assert_int_equal(out[1], 3);
+  req.nnodes_min = req.nnodes_max = 3;
+  assert_int_equal(mega_place(mixed, 5, &req, out, &n, &err), MEGA_ERR_UNSUPPORTED);
+  assert_string_equal(err.msg, "not enough nodes: the job needs 3 nodes with 4 free slots each, "
+                               "and 2 of 4 alive nodes have them; 2 more run another build of "
+                               "mega (b: 0.1, not 0.2+new), and a job's ranks run one build: "
+                               "upgrade them");
+  /* no version asked for: every build, as before */
+  req.version = NULL;
+  assert_int_equal(mega_place(mixed, 5, &req, out, &n, &err), MEGA_OK);
+  assert_int_equal(n, 3);
+}
+
 static void bad_requests_are_refused(void **state) {
   (void)state;
   int out[4], n = 0;
@@ -80,6 +109,7 @@ int main(void) {
       cmocka_unit_test(preferred_node_comes_first),
       cmocka_unit_test(world_must_divide_by_model_parallel),
       cmocka_unit_test(too_few_nodes_says_how_many),
+      cmocka_unit_test(one_build_per_job),
       cmocka_unit_test(bad_requests_are_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
