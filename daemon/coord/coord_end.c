@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/version.h"
 #include "daemon/coord/coord_internal.h"
 #include "daemon/jobs/jobtrace.h"
 #include "daemon/model/replicas.h"
@@ -41,15 +42,24 @@ void coord_plan_replicas(megad_coord *c, mega_job *j, const mega_replica_donor *
   j->coord.replicas_why = NULL;
   note_donors(j);
   char why[MEGA_ERR_MSG_MAX + 64] = "";
+  /* each donor's build, as the view has its node */
+  mega_replica_donor *dv = calloc(n ? n : 1, sizeof *dv);
+  for (size_t i = 0; dv && i < n; i++) {
+    const megad_node *nd = megad_members_find(c->members, d[i].node_id);
+    dv[i] = d[i];
+    dv[i].version = nd ? nd->version : NULL;
+  }
   mega_replicas_in in = {.attempt = j->attempt, .tp = j->tp, .pp = j->pp, .dp = j->dp,
-                         .distributed = j->spec.use_distributed_optimizer, .donors = d,
+                         .distributed = j->spec.use_distributed_optimizer, .donors = dv,
                          .ndonors = n, .ckpt_iteration = j->spec.save ? j->ckpt_iteration : 0,
-                         .floor = floor};
+                         .floor = floor, .version = mega_version()};
   mega_err e = {0};
   Mega__V1__ReplicaPlan *p = NULL;
   if (j->spec.no_replica_recovery) snprintf(why, sizeof why, "--no-replica-recovery");
+  else if (!dv) snprintf(why, sizeof why, "megad ran out of memory");
   else if (mega_replicas_plan(&in, &p, why, sizeof why, &e) != MEGA_OK)
     snprintf(why, sizeof why, "%s", e.msg);
+  free(dv);
   if (!p) {
     j->coord.replicas_why = megad_strdup(why);
     coord_release_donors(c, j, "the next attempt does not take its state from replicas");

@@ -54,6 +54,11 @@ static Mega__V1__ReplicaSource *source_of(build *b, const mega_replica_donor *d,
   return s;
 }
 
+/* Whether d runs the build the plan is for. */
+static bool same_build(const mega_replicas_in *in, const mega_replica_donor *d) {
+  return !in->version || (d->version && !strcmp(d->version, in->version));
+}
+
 /* The k-th (mod count) donor of (pp, tp) at iteration m that ok() accepts:
  * rotating k spreads the coordinates of a stage over its donors. */
 static const mega_replica_donor *pick(const mega_replicas_in *in, uint32_t pp, uint32_t tp,
@@ -63,13 +68,15 @@ static const mega_replica_donor *pick(const mega_replicas_in *in, uint32_t pp, u
   size_t count = 0;
   for (size_t i = 0; i < in->ndonors; i++) {
     const Mega__V1__RankHeld *h = in->donors[i].held;
-    count += h->pp == pp && h->tp == tp && h->iteration == m && ok(h, arg);
+    count += h->pp == pp && h->tp == tp && h->iteration == m && ok(h, arg) &&
+             same_build(in, &in->donors[i]);
   }
   if (!count) return NULL;
   size_t want = k % count;
   for (size_t i = 0; i < in->ndonors; i++) {
     const Mega__V1__RankHeld *h = in->donors[i].held;
-    if (h->pp == pp && h->tp == tp && h->iteration == m && ok(h, arg) && !want--)
+    if (h->pp == pp && h->tp == tp && h->iteration == m && ok(h, arg) &&
+        same_build(in, &in->donors[i]) && !want--)
       return &in->donors[i];
   }
   return NULL;
@@ -173,7 +180,12 @@ mega_status mega_replicas_plan(const mega_replicas_in *in, Mega__V1__ReplicaPlan
   uint64_t *its = calloc(in->ndonors, sizeof *its);
   if (!its) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for a replica plan");
   size_t n = 0;
+  const mega_replica_donor *other = NULL;
   for (size_t i = 0; i < in->ndonors; i++) {
+    if (!same_build(in, &in->donors[i])) {
+      if (!other) other = &in->donors[i];
+      continue;
+    }
     if (in->donors[i].held->iteration < in->floor) continue; /* never got its state */
     bool seen = false;
     for (size_t k = 0; k < n && !seen; k++) seen = its[k] == in->donors[i].held->iteration;
@@ -181,8 +193,15 @@ mega_status mega_replicas_plan(const mega_replicas_in *in, Mega__V1__ReplicaPlan
   }
   if (!n) {
     free(its);
-    snprintf(why, len, "no rank of attempt %u had its state yet (they were taking the replicas' "
-             "state of iteration %llu)", in->attempt, (unsigned long long)in->floor);
+    if (other)
+      snprintf(why, len, "the ranks that kept it ran another build of mega (node %s: %s, not "
+               "%s), and a job's ranks run one build", other->node_id,
+               other->version && other->version[0] ? other->version : "version not known",
+               in->version);
+    else
+      snprintf(why, len, "no rank of attempt %u had its state yet (they were taking the "
+               "replicas' state of iteration %llu)", in->attempt,
+               (unsigned long long)in->floor);
     return MEGA_OK;
   }
   qsort(its, n, sizeof *its, cmp_desc);
@@ -207,6 +226,12 @@ mega_status mega_replicas_plan(const mega_replicas_in *in, Mega__V1__ReplicaPlan
   }
   free(its);
   if (nomem) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory for a replica plan");
+  if (st == MEGA_OK && !*out && other) {
+    char w[400];
+    snprintf(w, sizeof w, "%s (node %s's ranks, which ran another build of mega, are no "
+             "donors)", why, other->node_id);
+    snprintf(why, len, "%s", w);
+  }
   if (st == MEGA_OK && !*out && in->dp == 1) {
     char w[400];
     snprintf(w, sizeof w, "DP is 1, so no stage has a replica: %s", why);

@@ -33,6 +33,7 @@ typedef struct mega_replica_donor {
   uint32_t rank;
   const char *node_id;
   const Mega__V1__RankHeld *held;
+  const char *version; /* its node's mega build (core/version.h); NULL: not known */
 } mega_replica_donor;
 
 typedef struct mega_replicas_in {
@@ -46,6 +47,10 @@ typedef struct mega_replicas_in {
    * from replicas (0: otherwise). No rank of the run holds less: one that
    * says so had not got its state yet, and is no donor. */
   uint64_t floor;
+  /* The build the next attempt's ranks run (the coordinator's): a donor of
+   * another, or of none known, is none (a job's ranks run one build, and
+   * its state goes from rank to rank). NULL: any. */
+  const char *version;
 } mega_replicas_in;
 
 /* A plan (*out, the caller's) or NULL with why filled: the sentence the

@@ -258,6 +258,41 @@ static void test_ranks_without_their_state(void **state) {
   mega_replicas_plan_free(p);
 }
 
+/* After an upgrade of the coordinator (a rolling upgrade): ranks of
+ * another build are no donors, since a job's ranks run one build. */
+static void test_other_build_gives_nothing(void **state) {
+  (void)state;
+  fixture f = {0};
+  add(&f, 0, 0, 0, 0, 12, true, -1, -1);
+  add(&f, 1, 0, 0, 1, 12, true, -1, -1);
+  add(&f, 2, 1, 0, 0, 12, true, -1, -1);
+  add(&f, 3, 1, 0, 1, 12, true, -1, -1);
+  for (size_t i = 0; i < f.n; i++) f.d[i].version = "0.2+new";
+  f.d[0].node_id = f.d[2].node_id = "old";
+  f.d[0].version = f.d[2].version = "0.1";
+  mega_replicas_in in = {.attempt = 3, .tp = 1, .pp = 2, .dp = 2, .donors = f.d,
+                         .ndonors = f.n, .version = "0.2+new"};
+  Mega__V1__ReplicaPlan *p = NULL;
+  mega_err err = {0};
+  char why[400];
+  assert_int_equal(mega_replicas_plan(&in, &p, why, sizeof why, &err), MEGA_OK);
+  assert_non_null(p); /* from the new build's ranks 1 and 3 alone */
+  for (size_t i = 0; i < p->n_sources; i++)
+    assert_true(p->sources[i]->donor_rank == 1 || p->sources[i]->donor_rank == 3);
+  mega_replicas_plan_free(p);
+  f.d[3].version = NULL; /* not known: none either */
+  assert_int_equal(mega_replicas_plan(&in, &p, why, sizeof why, &err), MEGA_OK);
+  assert_null(p);
+  assert_string_equal(why, "no replica of pipeline stage 1 holds iteration 12 (node old's "
+                           "ranks, which ran another build of mega, are no donors)");
+  f.d[1].version = "0.1";
+  in.ndonors = 2;
+  assert_int_equal(mega_replicas_plan(&in, &p, why, sizeof why, &err), MEGA_OK);
+  assert_null(p);
+  assert_string_equal(why, "the ranks that kept it ran another build of mega (node old: 0.1, "
+                           "not 0.2+new), and a job's ranks run one build");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shrink_plain),
@@ -269,6 +304,7 @@ int main(void) {
       cmocka_unit_test(test_tensor_parallel),
       cmocka_unit_test(test_checkpoint_newer),
       cmocka_unit_test(test_ranks_without_their_state),
+      cmocka_unit_test(test_other_build_gives_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
