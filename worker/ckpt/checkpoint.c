@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "core/version.h"
 #include "worker/ckpt/ckpt_internal.h"
 #include "worker/ckpt/ckpt_writer.h"
 
@@ -64,8 +65,28 @@ static json_t *load_json(const char *dir, const char *name, mega_err *err) {
 
 /* The flags a resumed job must share with the saved one: the model and the
  * data order. The LR schedule has its own check (mega_ckpt_check_sched). */
-static mega_status check_job(const char *dir, const json_t *saved_json, const mega_jobspec *job,
-                             mega_err *err) {
+/* A key of the saved job that names no flag of this build's, or NULL. */
+static const char *unknown_flag(const json_t *saved) {
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)saved, key, v) {
+    bool known = false;
+    for (int i = 0; i < mega_jobspec_flag_count() && !known; i++)
+      known = !strcmp(mega_jobspec_flag(i)->key, key);
+    if (!known) return key;
+  }
+  return NULL;
+}
+
+static mega_status check_job(const char *dir, const json_t *saved_json, const char *by,
+                             const mega_jobspec *job, mega_err *err) {
+  /* another build's flag: it may shape the model or the data, so no guess */
+  const char *unknown = unknown_flag(saved_json);
+  if (unknown)
+    return mega_fail(err, MEGA_ERR_INVALID,
+                     "checkpoint %s was written by %s with a job flag this megaw (mega %s) does "
+                     "not know (\"%s\" in its %s); load it with a build of mega that knows it",
+                     dir, by, mega_version(), unknown, MEGA_CKPT_STATE_FILE);
   mega_jobspec saved;
   mega_jobspec_defaults(&saved);
   mega_err jerr = {0};
@@ -240,10 +261,19 @@ static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckp
   mega_status st = MEGA_OK;
   const char *fmt = json_string_value(json_object_get(j, "format"));
   json_t *ver = json_object_get(j, "version");
-  if (!fmt || strcmp(fmt, MEGA_CKPT_STATE_FORMAT) != 0 || !json_is_integer(ver) ||
-      json_integer_value(ver) != MEGA_CKPT_STATE_VERSION) {
-    st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s is not a %s version %d state file", dir,
-                   MEGA_CKPT_STATE_FILE, MEGA_CKPT_STATE_FORMAT, MEGA_CKPT_STATE_VERSION);
+  char by[160];
+  mega_ckpt_written_by(j, by, sizeof by);
+  if (!fmt || strcmp(fmt, MEGA_CKPT_STATE_FORMAT) != 0 || !json_is_integer(ver)) {
+    st = mega_fail(err, MEGA_ERR_INVALID, "%s/%s is not a %s state file", dir,
+                   MEGA_CKPT_STATE_FILE, MEGA_CKPT_STATE_FORMAT);
+    goto out;
+  }
+  if (json_integer_value(ver) != MEGA_CKPT_STATE_VERSION) {
+    st = mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                   "%s/%s is version %lld (written by %s), and this megaw (mega %s) reads "
+                   "version %d; load it with a build of mega that reads it", dir,
+                   MEGA_CKPT_STATE_FILE, (long long)json_integer_value(ver), by, mega_version(),
+                   MEGA_CKPT_STATE_VERSION);
     goto out;
   }
   if ((st = get_i64(j, "iteration", dir, &state->iteration, err)) != MEGA_OK ||
@@ -264,7 +294,7 @@ static mega_status read_state(const char *dir, const mega_jobspec *job, mega_ckp
                      MEGA_CKPT_STATE_FILE);
       goto out;
     }
-    st = check_job(dir, saved, job, err);
+    st = check_job(dir, saved, by, job, err);
   }
 out:
   json_decref(j);

@@ -131,7 +131,9 @@ mega_status mega_ckpt_prepare_save(const char *save_dir, mega_err *err);
 /* Checks that the checkpoint directory dir is complete: manifest.json is
  * there, and every file it lists has its size and crc32. iteration >= 0 is
  * also checked against the manifest's. Reads every listed file. MEGA_OK or
- * MEGA_ERR_INVALID with the first problem found (files in name order). */
+ * MEGA_ERR_INVALID with the first problem found (files in name order);
+ * MEGA_ERR_UNSUPPORTED for a manifest of a version this build does not
+ * read (another build's format), naming the build that wrote it. */
 mega_status mega_ckpt_verify(const char *dir, int64_t iteration, mega_err *err);
 /* mega_ckpt_verify, with the optimizer's files (optimizer.safetensors, its
  * shards and index) apart: MEGA_OK when every other file is good, and
@@ -156,6 +158,9 @@ mega_status mega_ckpt_verify_parts(const char *dir, int64_t iteration, bool weig
  *    exist (the caller may start fresh, as Megatron does); MEGA_ERR_INVALID
  *    when DIR is a file, or DIR holds iter_* directories of which none is
  *    complete.
+ * A checkpoint in a format this build does not read (a newer build's) is
+ * never passed over for an older one, whose iterations a save would then
+ * write over it: MEGA_ERR_UNSUPPORTED, naming the build that wrote it.
  * Every rank that resolves the same directory reaches the same answer:
  * verification reads every file of a candidate. notice may be NULL. */
 mega_status mega_ckpt_resolve(const char *load_dir, char **path, char **notice, mega_err *err);
@@ -180,8 +185,10 @@ bool mega_ckpt_present(const char *load_dir);
  * match cfg; when job is not NULL, the flags that fix the model and the
  * data order must match the saved job (the LR schedule is the caller's to
  * check, mega_ckpt_check_sched). The manifest is not verified here
- * (mega_ckpt_resolve does). On failure the params may be partly
- * overwritten. */
+ * (mega_ckpt_resolve does). A trainer_state.json of a version this build
+ * does not read is MEGA_ERR_UNSUPPORTED, and a saved job with a flag it
+ * does not know MEGA_ERR_INVALID, each naming the build that wrote it. On
+ * failure the params may be partly overwritten. */
 mega_status mega_ckpt_load(const char *path, mega_backend *be, const mega_gpt_config *cfg,
                            const mega_jobspec *job, const mega_ckpt_param *params, size_t n,
                            mega_ckpt_state *state, mega_err *err);

@@ -15,6 +15,10 @@
 #define MEGA_CKPT_STATE_FILE "trainer_state.json"
 #define MEGA_CKPT_STATE_FORMAT "mega-checkpoint"
 #define MEGA_CKPT_STATE_VERSION 2 /* 2: attempt, lr_schedule, manifest.json */
+/* Both JSON files of mega's own also say which build wrote them
+ * ("mega_version", core/version.h; absent from builds before it), so a
+ * refusal of one this build cannot read names that build. */
+#define MEGA_CKPT_VERSION_KEY "mega_version"
 #define MEGA_CKPT_CONFIG_FILE "config.json"
 #define MEGA_CKPT_TEMP_PREFIX ".tmp."
 
@@ -61,6 +65,10 @@ json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
  * and the files. */
 mega_status mega_ckpt_write_manifest(const char *dir, int64_t iteration, int attempt,
                                      const mega_ckpt_file *files, size_t n, mega_err *err);
+
+/* ckpt_manifest.c: "mega VERSION" for the build that wrote j (its
+ * MEGA_CKPT_VERSION_KEY), or words for one that did not say, into buf. */
+const char *mega_ckpt_written_by(const json_t *j, char *buf, size_t len);
 
 /* ckpt_plain.c: checkpoint files opened without following a link on the
  * way (core/nofollow.h). A link, or a file that is not a plain one, is

@@ -5,12 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/version.h"
 #include "worker/ckpt/ckpt_internal.h"
 
 json_t *mega_ckpt_state_json(const mega_ckpt_state *s, const mega_jobspec *job,
                              bool has_optimizer_state) {
-  json_t *js = json_pack("{s:s, s:i, s:I, s:I, s:I, s:i, s:b}", "format", MEGA_CKPT_STATE_FORMAT,
-                         "version", MEGA_CKPT_STATE_VERSION, "iteration", (json_int_t)s->iteration,
+  json_t *js = json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:i, s:b}", "format",
+                         MEGA_CKPT_STATE_FORMAT, "version", MEGA_CKPT_STATE_VERSION,
+                         MEGA_CKPT_VERSION_KEY, mega_version(), "iteration", (json_int_t)s->iteration,
                          "consumed_samples", (json_int_t)s->consumed_samples, "optimizer_steps",
                          (json_int_t)s->optimizer_steps, "attempt", s->attempt,
                          "has_optimizer_state", has_optimizer_state);

@@ -12,6 +12,7 @@
 
 #include <zlib.h>
 
+#include "core/version.h"
 #include "worker/ckpt/checkpoint.h"
 #include "worker/ckpt/ckpt_internal.h"
 
@@ -62,13 +63,21 @@ mega_status mega_ckpt_write_manifest(const char *dir, int64_t iteration, int att
       list = NULL;
     }
   }
-  json_t *m = list ? json_pack("{s:s, s:i, s:I, s:i, s:o}", "format", MANIFEST_FORMAT,
-                               "version", MANIFEST_VERSION, "iteration", (json_int_t)iteration,
-                               "attempt", attempt, "files", list)
+  json_t *m = list ? json_pack("{s:s, s:i, s:s, s:I, s:i, s:o}", "format", MANIFEST_FORMAT,
+                               "version", MANIFEST_VERSION, MEGA_CKPT_VERSION_KEY, mega_version(),
+                               "iteration", (json_int_t)iteration, "attempt", attempt, "files",
+                               list)
                    : NULL;
   if (!m) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory building %s", dir);
   return mega_ckpt_write_json(m, dir, MEGA_CKPT_MANIFEST_FILE, JSON_INDENT(2) | JSON_SORT_KEYS,
                               NULL, err);
+}
+
+const char *mega_ckpt_written_by(const json_t *j, char *buf, size_t len) {
+  const char *v = json_string_value(json_object_get(j, MEGA_CKPT_VERSION_KEY));
+  if (v) snprintf(buf, len, "mega %.100s", v);
+  else snprintf(buf, len, "a build of mega that does not name its version");
+  return buf;
 }
 
 static bool bad_name(const char *name) {
@@ -138,8 +147,20 @@ mega_status mega_ckpt_verify_parts(const char *dir, int64_t iteration, bool weig
   const char *fmt = json_string_value(json_object_get(m, "format"));
   json_t *ver = json_object_get(m, "version"), *it = json_object_get(m, "iteration");
   json_t *files = json_object_get(m, "files");
-  if (!fmt || strcmp(fmt, MANIFEST_FORMAT) || !json_is_integer(ver) ||
-      json_integer_value(ver) != MANIFEST_VERSION || !json_is_integer(it) ||
+  if (fmt && !strcmp(fmt, MANIFEST_FORMAT) && json_is_integer(ver) &&
+      json_integer_value(ver) != MANIFEST_VERSION) {
+    /* whole, in a format this build does not read: not to be passed over
+     * for an older checkpoint (whose iterations a save would then write
+     * over this one) */
+    char by[160];
+    st = mega_fail(err, MEGA_ERR_UNSUPPORTED,
+                   "checkpoint %s is of another format: its %s is version %lld (written by %s), "
+                   "and this megaw (mega %s) reads version %d; load it with a build of mega that "
+                   "reads it", dir, MEGA_CKPT_MANIFEST_FILE, (long long)json_integer_value(ver),
+                   mega_ckpt_written_by(m, by, sizeof by), mega_version(), MANIFEST_VERSION);
+    goto out;
+  }
+  if (!fmt || strcmp(fmt, MANIFEST_FORMAT) || !json_is_integer(ver) || !json_is_integer(it) ||
       !json_is_object(files)) {
     st = mega_fail(err, MEGA_ERR_INVALID, "%s is not a %s version %d", path, MANIFEST_FORMAT,
                    MANIFEST_VERSION);

@@ -124,6 +124,11 @@ static mega_status newest_complete(const char *dir, int64_t skip, bool weights_o
     if (!mega_ckpt_iter_path(p, sizeof p, dir, its[i])) continue;
     mega_err verr = {0};
     if (!check(p, its[i], weights_only, optim, &verr)) {
+      if (verr.status == MEGA_ERR_UNSUPPORTED) { /* whole, in another build's format */
+        st = verr.status;
+        if (err) *err = verr;
+        break;
+      }
       if (*bad_it < 0) {
         *bad_it = its[i];
         *first_bad = verr;
@@ -213,9 +218,13 @@ static mega_status resolve(const char *load_dir, bool weights_only, char **path,
 
   if (!has_latest && is_checkpoint_dir(load_dir)) { /* --load names a checkpoint itself */
     mega_err verr = {0};
-    if (!check(load_dir, -1, weights_only, optim, &verr))
-      return mega_fail(err, MEGA_ERR_INVALID, "--load %s is an incomplete checkpoint: %s",
-                       load_dir, verr.msg);
+    if (!check(load_dir, -1, weights_only, optim, &verr)) {
+      if (verr.status != MEGA_ERR_UNSUPPORTED)
+        return mega_fail(err, MEGA_ERR_INVALID, "--load %s is an incomplete checkpoint: %s",
+                         load_dir, verr.msg);
+      if (err) *err = verr;
+      return verr.status;
+    }
     *path = strdup(load_dir);
     return *path ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
   }
@@ -243,6 +252,10 @@ static mega_status resolve(const char *load_dir, bool weights_only, char **path,
     if (check(dir, named, weights_only, optim, &why)) {
       *path = strdup(dir);
       return *path ? MEGA_OK : mega_fail(err, MEGA_ERR_NOMEM, "out of memory");
+    }
+    if (why.status == MEGA_ERR_UNSUPPORTED) { /* never passed over: see newest_complete */
+      if (err) *err = why;
+      return why.status;
     }
   }
   size_t nseen = 0;
