@@ -420,11 +420,13 @@ mega_status megad_coord_resume(megad_coord *c, mega_job *j, mega_err *err) {
     return mega_fail(err, MEGA_ERR_INVALID,
                      "job %s is %s; only a failed or stopped job can be resumed",
                      j->id, mega_job_state_name(j->state));
-  if (!j->spec_ok)
-    return mega_fail(err, MEGA_ERR_INVALID,
-                     "job %s: its flags do not parse in this megad; submit it again", j->id);
+  mega_jobspec probe;
+  mega_jobspec_defaults(&probe);
+  mega_status s = mega_recovery_attempt_spec(j, &probe, err); /* its flags parse here */
+  mega_jobspec_free(&probe);
+  if (s != MEGA_OK) return s;
   /* a job submitted since on the same --save would share it */
-  mega_status s = coord_save_in_use(c, j, err);
+  s = coord_save_in_use(c, j, err);
   if (s != MEGA_OK) return s;
   s = mega_job_transition(j, MEGA_JOB_RESTARTING, megad_unix_ms(), NULL, err);
   if (s != MEGA_OK) return s;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/version.h"
 #include "daemon/jobs/jobs_internal.h"
 #include "daemon/model/util.h"
 
@@ -149,6 +150,11 @@ mega_status megad_jobs_open(megad_jobs *js, megad_base *b, mega_err *err) {
   if (js->t.n)
     megad_log(b, "journal: %zu job%s replayed from %zu records", js->t.n, js->t.n == 1 ? "" : "s",
               r.records);
+  if (js->t.unknown_records)
+    megad_warn(b, "journal: skipped %zu record%s of a kind this megad (mega %s) does not "
+               "know, which another build of megad wrote; the journal keeps them only until "
+               "it is next compacted", js->t.unknown_records,
+               js->t.unknown_records == 1 ? "" : "s", mega_version());
   mega_err e = {0};
   if (!compact(js, r.records, &e)) megad_warn(b, "journal: %s", e.msg);
   return MEGA_OK;

@@ -23,6 +23,7 @@ void mega_job_free(mega_job *j) {
   for (size_t i = 0; i < j->nargs; i++) free(j->args[i]);
   free(j->args);
   free(j->error);
+  free(j->spec_why);
   free(j->coordinator);
   free(j->ckpt_path);
   free(j->coord.wait);
@@ -53,7 +54,9 @@ static mega_status set_spec(mega_job *j, const Mega__V1__JobSpec *spec, mega_err
     j->step_timeout_ms = spec->step_timeout_ms;
   }
   /* parsed once; a job whose flags no longer parse keeps its record */
-  j->spec_ok = mega_jobspec_parse(&j->spec, (int)j->nargs, j->args, NULL) == MEGA_OK;
+  mega_err why = {0};
+  j->spec_ok = mega_jobspec_parse(&j->spec, (int)j->nargs, j->args, &why) == MEGA_OK;
+  if (!j->spec_ok && !(j->spec_why = strdup(why.msg))) return oom(err);
   return MEGA_OK;
 }
 

@@ -108,9 +108,11 @@ typedef struct mega_job {
   /* The args parsed once, when the job arrives; an attempt's launch flags
    * come from this struct (mega_recovery_attempt_spec), never from editing
    * argv. spec_ok is false when the args do not parse (a journal written by
-   * another version): such a job cannot start again. */
+   * another version): such a job cannot start again, and spec_why says
+   * what the parser said. */
   mega_jobspec spec;
   bool spec_ok;
+  char *spec_why;
   uint32_t nnodes_min, nnodes_max, nproc_per_node;
   uint32_t max_restarts, step_timeout_ms;
   uint32_t restarts; /* restarts after rank failures so far */
@@ -192,6 +194,9 @@ typedef struct mega_jobs {
    * was lost. */
   size_t orphan_items, norphans;
   char orphans[MEGA_JOBS_ORPHANS][64];
+  /* Applied records of a kind this build does not know (a newer megad's):
+   * skipped, and gone from the journal at its next compaction. */
+  size_t unknown_records;
 } mega_jobs;
 
 void mega_jobs_init(mega_jobs *t);
@@ -226,8 +231,9 @@ mega_status mega_jrec_step(const char *job_id, const Mega__V1__StepMetrics *step
 
 /* Applies one record to the table: a job record replaces (or adds) its job,
  * keeping its history; events and steps join their job's history. Records of
- * unknown jobs are ignored (and counted in t->orphan_items). Bytes that do
- * not parse are MEGA_ERR_INVALID. */
+ * unknown jobs are ignored (and counted in t->orphan_items), and so are
+ * records of a kind this build does not know (t->unknown_records). Bytes
+ * that do not parse are MEGA_ERR_INVALID. */
 mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_err *err);
 
 #endif

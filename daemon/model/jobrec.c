@@ -132,7 +132,8 @@ mega_status mega_jobs_apply(mega_jobs *t, const uint8_t *rec, size_t len, mega_e
     if (r->forget->job_id && r->forget->job_id[0]) mega_jobs_forget(t, r->forget->job_id);
     break;
   default:
-    break; /* a record kind from a newer megad: skip it */
+    t->unknown_records++; /* a record kind from a newer megad: skip it */
+    break;
   }
   megad__v1__journal_record__free_unpacked(r, NULL);
   return s;

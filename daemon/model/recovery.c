@@ -88,8 +88,10 @@ bool mega_recovery_should_replan(const mega_job *j, uint32_t now, uint32_t could
 mega_status mega_recovery_attempt_spec(const mega_job *j, mega_jobspec *out, mega_err *err) {
   if (!j->spec_ok)
     return mega_fail(err, MEGA_ERR_INVALID,
-                     "job %s: its flags no longer parse in this megad (%s); submit it again", j->id,
-                     mega_version());
+                     "job %s: its flags do not parse in this megad (mega %s: %s), which is not "
+                     "the build it was submitted to; run it on a build that takes them, or "
+                     "submit it again with flags this one takes", j->id, mega_version(),
+                     j->spec_why ? j->spec_why : "no reason given");
   mega_status s = mega_jobspec_copy(out, &j->spec, err);
   if (s != MEGA_OK || !j->ckpt_iteration || !j->spec.save) return s;
   char *load = strdup(j->spec.save);
