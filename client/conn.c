@@ -183,6 +183,23 @@ mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
   return st;
 }
 
+bool megactl_server_version(const char *flag_value, char *buf, size_t len) {
+  buf[0] = '\0';
+  Mega__V1__ListNodesRequest req = MEGA__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *out = NULL;
+  mega_err err = {0};
+  if (megactl_unary(flag_value, &mega_control_list_nodes, &req.base, MEGACTL_TIMEOUT_MS, &out,
+                    &err) != MEGA_OK)
+    return false;
+  const Mega__V1__ListNodesResponse *r = (const void *)out;
+  bool found = false;
+  for (size_t i = 0; i < r->n_nodes && !found; i++)
+    if ((found = !strcmp(r->nodes[i]->id, r->self_node_id)))
+      snprintf(buf, len, "%s", r->nodes[i]->version);
+  protobuf_c_message_free_unpacked(out, NULL);
+  return found;
+}
+
 int megactl_fail(const char *fmt, ...) {
   char msg[2048], esc[4096]; /* megad's words may hold anything: escape them */
   va_list ap;

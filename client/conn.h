@@ -70,6 +70,10 @@ mega_status megactl_unary(const char *flag_value, const mega_rpc_method *m,
                           const ProtobufCMessage *req, unsigned timeout_ms,
                           ProtobufCMessage **resp, mega_err *err);
 
+/* The build of the megad flag_value names (as its view of itself says),
+ * into buf; false (buf "") when it does not answer. */
+bool megactl_server_version(const char *flag_value, char *buf, size_t len);
+
 /* Prints "megactl: MSG" on stderr; returns MEGACTL_EXIT_FAIL. */
 int megactl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Whether everything written to stdout reached it (flushed now); if not (a

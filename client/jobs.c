@@ -14,6 +14,7 @@
 #include "core/duration.h"
 #include "core/jobspec.h"
 #include "core/schedule.h"
+#include "core/version.h"
 #include "proto/pb_json.h"
 
 #define SUBMIT_TIMEOUT_MS 30000 /* the daemon journals the job before answering */
@@ -160,8 +161,17 @@ int megactl_submit(int argc, char **argv) {
 
   ProtobufCMessage *out = NULL;
   if (megactl_unary(server, &mega_control_submit_job, &req.base, SUBMIT_TIMEOUT_MS, &out, &err) != MEGA_OK) {
-    rc = megactl_fail("%s", err.msg);
-    if (err.status == MEGA_ERR_INVALID) rc = MEGACTL_EXIT_USAGE;
+    if (err.status == MEGA_ERR_INVALID) {
+      /* megactl took the flags: megad's words, not megactl's, and maybe
+       * another build's */
+      char v[128], hint[400] = "";
+      if (megactl_server_version(server, v, sizeof v))
+        tables_other_build(v, mega_version(), hint, sizeof hint);
+      megactl_fail("megad refused the job: %s%s", err.msg, hint);
+      rc = MEGACTL_EXIT_USAGE;
+    } else {
+      rc = megactl_fail("%s", err.msg);
+    }
   } else {
     const Mega__V1__Job *j = ((Mega__V1__SubmitJobResponse *)out)->job;
     if (!j || !j->id || !j->id[0]) {

@@ -269,3 +269,12 @@ void tables_nodes(FILE *f, Mega__V1__Node *const *nodes, size_t n, const char *s
     fprintf(f, "%zu builds of mega run here: a job's ranks run one build, on nodes of its "
                "coordinator's (README \"Upgrading\")\n", builds);
 }
+
+void tables_other_build(const char *server, const char *own, char *buf, size_t n) {
+  buf[0] = '\0';
+  if (!server || !strcmp(server, own)) return;
+  snprintf(buf, n,
+           " (megad is mega %s, and this megactl mega %s: a flag one build takes and the "
+           "other does not is refused; use the megactl of megad's build, or upgrade megad)",
+           server[0] ? server : "of a build that does not name its version", own);
+}

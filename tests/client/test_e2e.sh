@@ -164,10 +164,11 @@ for c in status cancel watch trace; do
 done
 run 1 "$megactl" watch j-nope --json
 same "$(cat err.txt)" "megactl: no job 'j-nope'"
-# megactl cannot know the world without --nproc-per-node; megad refuses it, in the same words.
+# megactl cannot know the world without --nproc-per-node; megad refuses it, in the same words,
+# said to be megad's (of the same build: nothing about builds).
 run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --tensor-model-parallel-size 2 \
   --pipeline-model-parallel-size 2
-same "$(cat err.txt)" "megactl: invalid job: world size 2 is not divisible by TP·PP = 4 (TP 2 × PP 2); use a world size that is a multiple of 4"
+same "$(cat err.txt)" "megactl: megad refused the job: invalid job: world size 2 is not divisible by TP·PP = 4 (TP 2 × PP 2); use a world size that is a multiple of 4"
 # The same job with the world given is refused before any call.
 run 2 "$megactl" submit "${tiny[@]}" --train-iters 3 --tensor-model-parallel-size 2 \
   --pipeline-model-parallel-size 2 --nproc-per-node 2

@@ -199,6 +199,20 @@ static void test_nodes_table(void **state) {
   free(buf);
 }
 
+/* What megactl adds to megad's refusal of a job when they are two builds. */
+static void test_other_build_hint(void **state) {
+  (void)state;
+  char b[400];
+  tables_other_build("0.1.0+abc", "0.1.0+abc", b, sizeof b);
+  assert_string_equal(b, "");
+  tables_other_build("0.1.0", "0.1.0+abc", b, sizeof b);
+  assert_string_equal(b, " (megad is mega 0.1.0, and this megactl mega 0.1.0+abc: a flag one "
+                         "build takes and the other does not is refused; use the megactl of "
+                         "megad's build, or upgrade megad)");
+  tables_other_build("", "0.1.0+abc", b, sizeof b);
+  assert_non_null(strstr(b, "megad is mega of a build that does not name its version"));
+}
+
 static void test_ranks_and_ages(void **state) {
   (void)state;
   char b[64];
@@ -377,6 +391,7 @@ int main(void) {
       cmocka_unit_test(test_job_detail),
       cmocka_unit_test(test_control_characters_escaped),
       cmocka_unit_test(test_nodes_table),
+      cmocka_unit_test(test_other_build_hint),
       cmocka_unit_test(test_ranks_and_ages),
       cmocka_unit_test(test_step_metrics_json_keys),
       cmocka_unit_test(test_generic_json),
