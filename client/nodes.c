@@ -73,7 +73,9 @@ int megactl_nodes(int argc, char **argv) {
            "       megactl nodes forget NAME [--server ADDR]\n\n"
            "Lists the nodes of the cluster as the answering megad sees them: id ('*' marks\n"
            "the one that answered), address, state, backend, slots used/total, device, time\n"
-           "since its last heartbeat, and the jobs with ranks on it. --json prints the\n"
+           "since its last heartbeat, its build of mega (megad --version), and the jobs with\n"
+           "ranks on it; a line under the table says when the live nodes run more than one\n"
+           "build (a job's ranks run one: README \"Upgrading\"). --json prints the\n"
            "ListNodesResponse message as JSON (fields under their mega.proto names).\n"
            "A node that died stays listed as dead (and is asked now and then whether it is\n"
            "back) until 'megactl nodes forget NAME' drops it: see its --help.\n");

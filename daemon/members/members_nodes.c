@@ -83,8 +83,9 @@ void members_set_version(megad_members *m, megad_node *n, const char *v) {
   bool same = n->version && v && !strcmp(n->version, v);
   members_set_str(&n->version, v);
   if (same || !v || !strcmp(v, mega_version())) return;
-  megad_log(m->b, "node %s runs mega %s, this node %s: a job's ranks run one build, so "
-            "neither places ranks of its jobs on the other (README \"Upgrading\")", n->id,
+  megad_log(m->b, "node %s runs mega %s, this node %s: a job's ranks run one build, so this "
+            "node places no ranks of its jobs there and starts none of that node's jobs "
+            "(README \"Upgrading\")", n->id,
             v[0] ? v : "of no version (an older build)", mega_version());
 }
 
