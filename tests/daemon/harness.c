@@ -351,7 +351,6 @@ mega_status hd_launch_by_hand(hd *d, const char *job_id, const char *version,
   Mega__V1__JobSpec spec;
   hd_tiny_spec(&spec, d->dir, 2, extra);
   Mega__V1__Bootstrap bs = MEGA__V1__BOOTSTRAP__INIT;
-  bs.kv_address = d->addr;
   bs.kv_prefix = "x/0/";
   bs.kv_timeout_ms = 2000;
   uint32_t rank = 0;
