@@ -211,13 +211,13 @@ def components(g, nodes):
 def describe(g, comp, members):
     """One shortest cycle of the component, each call with its functions."""
     inside, start = set(comp), comp[0]
-    prev, todo = {start: None}, [start]
-    while todo:  # breadth first from start: the shortest way back to it
-        v = todo.pop(0)
+    prev, frontier = {start: None}, [start]
+    while frontier:  # breadth first from start: the shortest way back to it
+        v = frontier.pop(0)
         for w in sorted(g[v]):
             if w in inside and w not in prev:
                 prev[w] = v
-                todo.append(w)
+                frontier.append(w)
     last = min((v for v in prev if start in g[v]), key=lambda v: (depth(prev, v), v))
     path = [last]
     while prev[path[-1]] is not None:
