@@ -6,7 +6,16 @@
 # job save and stop, the script exits 92 and requeues itself (MEGA_REQUEUE=1),
 # the second run goes on from the checkpoint and finishes; every iteration's
 # loss is `megad run`'s for the same job. Prints two figures: sbatch to the
-# first iteration, and SIGTERM to the committed checkpoint.
+# workers' start (the first iteration, with lost), and SIGTERM to the
+# committed checkpoint.
+#
+# The tiny job trains 300 iterations in well under a second, less than the
+# warning's way through slurmctld, the batch shell and srun to each megad:
+# a warning sent after a few iterations could land after the last one,
+# which ends the job without a requeue. So the first run's first worker
+# waits at its start (a wrapper of megaw, then exec) until the warning
+# reached both megads; their Stop frames are then in the workers' pipes,
+# and the job stops after its first iteration, with all the others to go.
 #
 # With a fifth argument, etcd, the same with the script's etcd branch: an
 # etcd started here, the allocation's keys under mega/slurm-JOBID/. With
@@ -30,7 +39,9 @@ fail() { echo "FAIL: $*"; for f in "$T"/job.out "$T"/run/megad-*.log; do
 now() { date +%s.%N; }
 
 T=$(mktemp -d /tmp/mega-slurm-test.XXXXXX)
-trap 'slurm_fixture_stop; [ -n "${KEEP:-}" ] || rm -rf "$T"' EXIT
+held=  # a worker waits at its start until the test lets it go, even when it fails
+trap '[ -n "$held" ] && timeout 5 bash -c "echo >\"\$1\"" _ "$T/release"
+      slurm_fixture_stop; [ -n "${KEEP:-}" ] || rm -rf "$T"' EXIT
 slurm_fixture_start "$T/slurm" || fail "no Slurm"
 etcd_env=()
 if [ "$mode" = etcd ]; then
@@ -66,25 +77,45 @@ t_sbatch=$(now)
 lost_env=()
 [ "$mode" = lost ] && lost_env=(MEGA_WATCH_RECONNECT=1s MEGA_LOST_REQUEUES=1) &&
   job+=(--save-interval 100)
+# megaw as megad starts it, but the first run's first worker waits at its
+# start for the test (the FIFO release); Slurm's TERM to the whole megad
+# step is ignored there, megad's Stop frame tells megaw
+worker=$megaw
+if [ "$mode" != lost ]; then
+  worker=$T/megaw-held
+  mkfifo "$T/release" || fail "mkfifo"
+  cat >"$worker" <<EOF
+#!/bin/bash
+echo \$\$ >>"$T/workers"
+if [ -n "\${MEGA_WORKER_FD:-}" ] && mkdir "$T/held" 2>/dev/null; then
+  trap '' TERM
+  read -r _ <"$T/release"
+fi
+exec "$megaw" "\$@"
+EOF
+  chmod +x "$worker"
+  held=1
+fi
 jid=$(env "${etcd_env[@]}" "${lost_env[@]}" \
-      MEGAD="$megad" MEGACTL="$megactl" MEGAW="$megaw" MEGA_PORT=$port MEGA_WATCH=--json \
+      MEGAD="$megad" MEGACTL="$megactl" MEGAW="$worker" MEGA_PORT=$port MEGA_WATCH=--json \
       MEGA_RUN_DIR="$T/run" MEGA_STATE_ROOT="$T" MEGA_REQUEUE=1 \
       sbatch --parsable --nodes=2 --requeue --output="$T/job.out" \
       "$src/deploy/slurm/mega.sbatch" "${job[@]}" --save "$T/ck" --load "$T/ck" \
       --exit-signal-handler) || fail "sbatch refused the script"
 
-# a few iterations, then Slurm's warning to the batch shell
-lines() { grep -c '^{"iteration"' "$T/job.out" 2>/dev/null; }
-t_first=
-for _ in $(seq 600); do
-  n=$(lines)
-  [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ] && t_first=$(now)
-  [ "${n:-0}" -ge 5 ] && break
-  [ -z "$(squeue -h -j "$jid" -o %T 2>/dev/null)" ] && fail "the job ended early"
-  sleep 0.05
-done
-[ "${n:-0}" -ge 5 ] || fail "no iterations from the job"
+running() { [ -n "$(squeue -h -j "$jid" -o %T 2>/dev/null)" ]; }
 if [ "$mode" = lost ]; then
+  # a few iterations, then the first checkpoint, then the head's megad killed
+  lines() { grep -c '^{"iteration"' "$T/job.out" 2>/dev/null; }
+  t_first=
+  for _ in $(seq 600); do
+    n=$(lines)
+    [ -z "$t_first" ] && [ "${n:-0}" -ge 1 ] && t_first=$(now)
+    [ "${n:-0}" -ge 5 ] && break
+    running || fail "the job ended early"
+    sleep 0.05
+  done
+  [ "${n:-0}" -ge 5 ] || fail "no iterations from the job"
   for _ in $(seq 1200); do
     [ -s "$T/ck/latest_checkpointed_iteration.txt" ] && break
     sleep 0.025
@@ -97,8 +128,28 @@ if [ "$mode" = lost ]; then
   kill -KILL "$pid"
   t_commit=$t_term
 else
+  # Slurm's warning once both workers started, one held, and the batch shell
+  # has its trap (it starts megactl watch right after setting it)
+  watching() { ps -eo args= | grep -qF -- "$megactl watch "; }
+  t_first=
+  for _ in $(seq 600); do
+    [ "$(grep -c . "$T/workers" 2>/dev/null)" -ge 2 ] && [ -d "$T/held" ] && watching &&
+      { t_first=$(now); break; }
+    running || fail "the job ended early"
+    sleep 0.05
+  done
+  [ -n "$t_first" ] || fail "the job's workers did not start, or megactl watch did not"
   t_term=$(now)
   scancel --batch --signal=TERM "$jid" || fail "scancel --batch --signal TERM"
+  stopping() { grep -l "save a checkpoint and stop first" "$T"/run/megad-*.log 2>/dev/null |
+               grep -c .; }
+  for _ in $(seq 1200); do
+    [ "$(stopping)" -ge 2 ] && break
+    sleep 0.025
+  done
+  [ "$(stopping)" -ge 2 ] || fail "the warning did not reach both megads"
+  timeout 60 bash -c 'echo go >"$1"' _ "$T/release" || fail "the held worker is gone"
+  held=
   t_commit=
   for _ in $(seq 1200); do
     [ -s "$T/ck/latest_checkpointed_iteration.txt" ] && { t_commit=$(now); break; }
@@ -166,10 +217,11 @@ if [ "$mode" = etcd ]; then
   [ "$n" -gt 0 ] || fail "no job under mega/slurm-$jid/ in etcd"
   echo "etcd holds $n keys of the allocation's jobs under mega/slurm-$jid/"
 fi
-python3 -c "import sys; a = [float(x) for x in sys.argv[1:]]
-print('figure: sbatch to the first iteration: %.2f s' % (a[1] - a[0]))
+python3 -c "import sys; a = [float(x) for x in sys.argv[1:5]]
+print('figure: sbatch to the %s: %.2f s' % (sys.argv[5], a[1] - a[0]))
 if a[3] > a[2]: print('figure: SIGTERM to the committed checkpoint: %.2f s' % (a[3] - a[2]))" \
-  "$t_sbatch" "$t_first" "$t_term" "$t_commit"
+  "$t_sbatch" "$t_first" "$t_term" "$t_commit" \
+  "$([ "$mode" = lost ] && echo "first iteration" || echo "workers' start")"
 [ "$mode" = lost ] ||
   echo "stopped at iteration $(grep -o 'stopped after iteration [0-9]*' "$T/job.out" | head -1 |
     grep -o '[0-9]*$'), finished at $stopped after the requeue"
