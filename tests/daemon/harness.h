@@ -180,6 +180,11 @@ int64_t hd_unix_ms(void);
  * (the event says so) excepted. */
 void hd_reference(hd *d, const Mega__V1__JobSpec *spec, hd_watch *ref);
 void hd_same_losses(const hd_watch *got, const hd_watch *ref, int iters, double rtol);
+/* Waits up to 20 s until d runs n workers (pids filled); if not, dumps d's
+ * log and fails the test, naming job_id. */
+void hd_ranks_started(const hd *d, const char *job_id, int n, pid_t *pids);
+/* Writes text to path (replacing it) and gives it mode; asserts. */
+void hd_write_file(const char *path, const char *text, mode_t mode);
 
 /* megactl ARGS (MEGACTL names it; its stderr with its stdout) run to its
  * end: its exit status. out keeps the last len - 1 bytes, and *seen (may be

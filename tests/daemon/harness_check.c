@@ -1,5 +1,6 @@
 /* The harness's checks that assert (cmocka): a reference run and the
- * comparison of a recovered job's losses with it (harness.h). */
+ * comparison of a recovered job's losses with it, a job's ranks started,
+ * a file written (harness.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "harness.h"
 
@@ -42,4 +44,19 @@ void hd_same_losses(const hd_watch *got, const hd_watch *ref, int iters, double 
       fail();
     }
   }
+}
+
+void hd_ranks_started(const hd *d, const char *job_id, int n, pid_t *pids) {
+  if (!hd_wait_workers(d, n, 20000, pids)) {
+    hd_dump_log(d);
+    fail_msg("the workers of %s did not start", job_id);
+  }
+}
+
+void hd_write_file(const char *path, const char *text, mode_t mode) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+  assert_int_equal(chmod(path, mode), 0);
 }
