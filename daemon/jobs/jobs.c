@@ -245,13 +245,16 @@ size_t megad_jobs_forget(megad_jobs *js, bool (*gone)(const mega_job *j, void *a
 
 /* One record of j: to the journal, or to etcd (claim: j's first, which
  * makes this node its coordinator). buf is taken. A record the journal
- * cannot take is logged here and leaves it behind the table. */
+ * cannot take is logged here and leaves it behind the table, but for a
+ * claim: that refuses the job (megad_jobs_add), so the table has nothing
+ * the file lacks and no rewrite is due. */
 static mega_status put_rec(megad_jobs *js, const mega_job *j, const char *suffix, uint8_t *buf,
                            size_t len, bool claim, mega_err *err) {
   mega_status s = MEGA_OK;
   if (js->journal) {
     s = mega_journal_append(js->journal, buf, len, err);
     if (s == MEGA_OK) js->journal_recs++;
+    else if (claim) megad_warn(js->b, "journal: %s; job %s refused", err->msg, j->id);
     else if (js->journal_behind++) megad_warn(js->b, "journal: %s", err->msg);
     else /* the first since the table was written whole says what follows */
       megad_warn(js->b, "journal: %s; megad goes on with its jobs in memory and rewrites the "
@@ -295,7 +298,7 @@ mega_status megad_jobs_add(megad_jobs *js, mega_job *j, mega_err *err) {
     if (s == MEGA_OK) megad_jobs_etcd_put(js, j, "0", buf, len, true);
     else free(buf);
   } else {
-    s = megad_jobs_save(js, j, err);
+    s = save(js, j, true, err);
     if (s == MEGA_OK) s = mega_jobs_add(&js->t, j, err);
   }
   if (s == MEGA_OK) js->stats.submitted++;
