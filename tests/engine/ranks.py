@@ -31,27 +31,36 @@ def write_data(path):
 
 
 def launch(megaw, world, args, tmp, timeout=120):
-    """Runs `world` ranks; returns (returncodes, per-rank JSON lines, stderr texts)."""
+    """Runs `world` ranks; returns (returncodes, per-rank JSON lines, stderr texts).
+    Each rank writes to files of its own, not a pipe: read one after another,
+    a rank that filled its pipe (64 KB) before the one being read ended
+    would block, and the ranks waiting on it with it."""
     rdv = tempfile.mkdtemp(dir=tmp, prefix="rdv-")
     base = [megaw] + args + ["--json"]
     if world > 1:
         base += ["--world-size", str(world), "--rendezvous-dir", rdv]
-    procs = []
+    procs, files = [], []
     for r in range(world):
         cmd = base + (["--rank", str(r)] if world > 1 else [])
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    results = []
+        out, err = (os.path.join(rdv, "rank%d.%s" % (r, k)) for k in ("out", "err"))
+        with open(out, "w") as fo, open(err, "w") as fe:
+            procs.append(subprocess.Popen(cmd, stdout=fo, stderr=fe))
+        files.append((out, err))
     deadline = time.time() + timeout
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError("ranks did not finish within %d s: %s" % (timeout, " ".join(base)))
-        lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-        results.append((p.returncode, lines, err))
+    try:
+        for p in procs:
+            p.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+            q.wait()
+        raise RuntimeError("ranks did not finish within %d s: %s" % (timeout, " ".join(base)))
+    results = []
+    for p, (out, err) in zip(procs, files):
+        with open(out) as fo, open(err) as fe:
+            text, errs = fo.read(), fe.read()
+        lines = [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+        results.append((p.returncode, lines, errs))
     return results
 
 
