@@ -6,7 +6,6 @@
  * finds every job as it ended, and a job refused for want of room needs no
  * rewrite; a log file at the limit does not make megad spin. Each case
  * runs as a test of its own (meson). */
-#define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
