@@ -8,9 +8,9 @@
 
 typedef int (*command_fn)(int argc, char **argv);
 
-static int cmd_version(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
+/* megactl --version: this build alone, asking no megad (as megad --version
+ * and megaw --version); megactl version shows megad's too. */
+static int print_version(void) {
   printf("megactl %s\n", mega_version());
   return 0;
 }
@@ -20,7 +20,7 @@ static const struct {
   command_fn fn;
   const char *summary;
 } commands[] = {
-    {"version", cmd_version, "print megactl's version"},
+    {"version", megactl_version, "print megactl's build and the answering megad's"},
     {"plan", megactl_plan, "print, simulate and draw a pipeline schedule (no cluster needed)"},
     {"submit", megactl_submit, "submit a training job; prints its id last"},
     {"watch", megactl_watch, "follow a job's steps and events until it ends"},
@@ -75,8 +75,7 @@ static int run(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
-  /* as megad --version and megaw --version */
-  if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "--version")) return print_version();
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "megactl: unknown command '%s'\n", argv[1]);

@@ -51,10 +51,22 @@ refused="megactl: cannot reach megad at $dead: connection refused$hint"
 # ---- help ----
 expect 0 "" "$megactl" --version
 check "--version prints megactl's version" grep -q "^megactl [0-9]" out.txt
+check "--version asks no megad" [ "$(wc -l <out.txt)" = 1 ]
+own=$(cat out.txt)
+# megactl version asks megad too; none answers: megactl's still, then why not, exit 1
+expect 1 "megactl: megad's version is not known: cannot reach megad at $dead: connection refused$hint" \
+  "$megactl" version --server "$dead"
+check "version prints megactl's when megad does not answer" [ "$(cat out.txt)" = "$own" ]
+expect 1 "megactl: megad's version is not known: cannot reach megad at $dead: connection refused$hint" \
+  "$megactl" version --json --server "$dead"
+check "version --json says megad's is not known" [ "$(jq -c . out.txt)" = "{\"megactl\":\"${own#megactl }\",\"megad\":null}" ]
+expect 0 "" "$megactl" version --client --server "$dead"
+check "version --client asks no megad" [ "$(cat out.txt)" = "$own" ]
+expect 2 "megactl version: unknown flag '--server-only'; see 'megactl version --help'" "$megactl" version --server-only
 expect 0 "" "$megactl" --help
 check "top help lists the cluster commands" grep -q "^  submit " out.txt
 check "top help names --server" grep -q -- "--server ADDR" out.txt
-for c in submit watch status ls cancel nodes trace; do
+for c in submit watch status ls cancel nodes trace version; do
   expect 0 "" "$megactl" "$c" --help
   check "$c --help starts with its usage" grep -q "^usage: megactl $c" out.txt
 done

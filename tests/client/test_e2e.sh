@@ -4,10 +4,11 @@
 # user meets: an unknown job, an invalid job (megactl's check and megad's),
 # a job that fails, an unreachable server.
 #
-# usage: test_e2e.sh MEGACTL MEGAD
+# usage: test_e2e.sh MEGACTL MEGAD MEGACTL_OTHER_BUILD
 set -u
 megactl=$(readlink -f "$1")
 megad=$(readlink -f "$2")
+megactl_other=$(readlink -f "$3")
 source "$(dirname "$(readlink -f "$0")")/../megad_lib.sh"
 
 # run RC CMD...: runs CMD with stdout in out.txt and stderr in err.txt, and
@@ -38,6 +39,24 @@ has out.txt "^\*e2e-node  *127.0.0.1:$port  *alive  *cpu  *0/2"
 run 0 "$megactl" nodes --json
 same "$(jq -r .self_node_id out.txt)" e2e-node
 same "$(jq -r '.nodes[0].state' out.txt)" NODE_STATE_ALIVE
+
+# ---- version: megactl's and megad's builds ----
+run 0 "$megactl" --version
+own=$(sed 's/^megactl //' out.txt)
+run 0 "$megactl" version
+same "$(cat out.txt)" "megactl $own
+megad   $own (node e2e-node, 127.0.0.1:$port)"
+run 0 "$megactl" version --json
+same "$(jq -c . out.txt)" "{\"megactl\":\"$own\",\"megad\":{\"version\":\"$own\",\"node\":\"e2e-node\",\"address\":\"127.0.0.1:$port\"},\"same_build\":true}"
+# a megactl of another build (0.1.0 alone) says so; outside git every build is 0.1.0
+if [ "$own" != 0.1.0 ]; then
+  run 0 "$megactl_other" version
+  has out.txt "^megactl 0.1.0$"
+  has out.txt "^megad   $own (node e2e-node"
+  has out.txt "^megactl and megad are different builds: .* use the megactl of megad's build, or upgrade megad"
+  run 0 "$megactl_other" version --json
+  same "$(jq -c .same_build out.txt)" false
+fi
 
 # ---- submit and watch --json to the end ----
 run 0 "$megactl" submit "${tiny[@]}" --train-iters 3 --pipeline-model-parallel-size 2 \
