@@ -33,7 +33,7 @@ typedef struct mega_placement_req {
  * request's version only: a job's ranks run one build. Writes the chosen
  * node indexes to out[nnodes_max] and their count to *n. Too few nodes is
  * UNSUPPORTED, saying how many there are and, when nodes of another build
- * would have fit, which. */
+ * would have fit, which nodes run which build (a few names per build). */
 mega_status mega_place(const mega_node_slots *nodes, int nnodes, const mega_placement_req *req,
                        int *out, int *n, mega_err *err);
 

@@ -115,7 +115,7 @@ static void test_other_build_node_not_placed(void **state) {
   spec.nproc_per_node = 1;
   char id[64];
   assert_int_equal(hd_submit(&d, &spec, id, sizeof id, &err), MEGA_OK);
-  assert_true(hd_wait_log(&d, "1 more runs another build of mega (old1: 0.1.0, not", 10000));
+  assert_true(hd_wait_log(&d, "1 more runs another build of mega (old1: 0.1.0), not this coordinator's", 10000));
   Mega__V1__Job *j = hd_get_job(&d, id, &err);
   assert_non_null(j);
   assert_int_equal(j->state, MEGA__V1__JOB_STATE__JOB_STATE_PENDING);
@@ -158,6 +158,90 @@ static void test_worker_of_other_build_refused(void **state) {
   hd_cleanup(&d);
 }
 
+/* How many of job_id's events (as d has them) are of kind and hold text
+ * (NULL: any). */
+static int events_of(hd *d, const char *job_id, Mega__V1__JobEventKind kind, const char *text) {
+  Mega__V1__GetJobResponse *r = hd_get_job_history(d, job_id, NULL);
+  assert_non_null(r);
+  int n = 0;
+  for (size_t i = 0; i < r->n_events; i++)
+    n += r->events[i]->kind == kind && (!text || strstr(r->events[i]->message, text));
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  return n;
+}
+
+#define EVK(k) MEGA__V1__JOB_EVENT_KIND__JOB_EVENT_KIND_##k
+
+/* A rolling upgrade half done, with real megads of two builds: a job that
+ * needs two nodes of its coordinator's build waits on one line that says
+ * which node runs which build, asks the node of the other build nothing (no
+ * attempt refused, none retried), and is placed as soon as a node of its
+ * build joins; a job of the other build's coordinator waits in turn. */
+static void test_mixed_builds_wait_then_place(void **state) {
+  (void)state;
+  const char *other = getenv("MEGAD_OTHER_BUILD");
+  assert_non_null(other);
+  const char *own_megad = getenv("MEGAD");
+  hd a, b, c;
+  assert_true(hd_start(&a, "va", 1, NULL, NULL, NULL));
+  char own[128];
+  if (!names_its_build(&a, own, sizeof own)) {
+    hd_cleanup(&a);
+    skip();
+  }
+  setenv("MEGAD", other, 1); /* hd_start's program */
+  bool up = hd_start(&b, "vb", 1, a.addr, NULL, NULL);
+  setenv("MEGAD", own_megad ? own_megad : "", 1);
+  assert_true(up);
+  assert_true(hd_wait_log(&a, "node vb runs mega 0.1.0, this node", 10000));
+  assert_true(hd_wait_log(&b, "node va runs mega 0.1.0+", 10000));
+
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, a.dir, 2, NULL);
+  spec.nnodes_min = 2;
+  spec.nproc_per_node = 1;
+  char id[64], bid[64], want[512];
+  mega_err err = {0};
+  assert_int_equal(hd_submit(&a, &spec, id, sizeof id, &err), MEGA_OK);
+  snprintf(want, sizeof want, "waiting: not enough nodes: the job needs 2 nodes with 1 free slot "
+           "each, and 1 of 2 alive nodes has them; 1 more runs another build of mega (vb: "
+           "0.1.0), not this coordinator's %s, and a job's ranks run one build: upgrade it", own);
+  assert_true(hd_wait_log(&a, want, 10000));
+  hd_tiny_spec(&spec, b.dir, 2, NULL);
+  spec.nnodes_min = 2;
+  spec.nproc_per_node = 1;
+  assert_int_equal(hd_submit(&b, &spec, bid, sizeof bid, &err), MEGA_OK);
+  snprintf(want, sizeof want, "1 more runs another build of mega (va: %s), not this "
+           "coordinator's 0.1.0", own);
+  assert_true(hd_wait_log(&b, want, 10000));
+
+  /* a node of the coordinator's build: the job runs there and on va */
+  assert_true(hd_start(&c, "vc", 1, a.addr, NULL, NULL));
+  hd_watch w;
+  hd_watch_job(&a, id, true, 60000, &w);
+  assert_non_null(w.final);
+  printf("%s", w.events_text);
+  assert_int_equal(w.final->state, MEGA__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+  hd_watch_free(&w);
+  assert_int_equal(events_of(&a, id, EVK(PLACED), "on vc"), 1);
+  assert_int_equal(events_of(&a, id, EVK(PLACED), "on vb"), 0);
+  assert_int_equal(events_of(&a, id, EVK(RESTARTING), NULL), 0);
+  /* said once, or once more as vc joined (a view that knew vc before its
+   * slots): one line per change of the view, not per try */
+  int waits = events_of(&a, id, EVK(INFO), "waiting: ");
+  assert_true(waits >= 1 && waits <= 2);
+
+  /* the other build's job: still waiting, never placed, naming vc too (and
+   * va, when its view had va's slot free then) */
+  snprintf(want, sizeof want, "vc: %s), not this coordinator's 0.1.0", own);
+  assert_true(hd_wait_log(&b, want, 10000));
+  assert_int_equal(events_of(&b, bid, EVK(PLACED), NULL), 0);
+  assert_int_equal(hd_cancel(&b, bid, NULL, &err), MEGA_OK);
+  hd_cleanup(&c);
+  hd_cleanup(&b);
+  hd_cleanup(&a);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -170,6 +254,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_other_build_coordinator_refused, teardown),
       cmocka_unit_test_teardown(test_other_build_node_not_placed, teardown),
       cmocka_unit_test_teardown(test_worker_of_other_build_refused, teardown),
+      cmocka_unit_test_teardown(test_mixed_builds_wait_then_place, teardown),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   return cmocka_run_group_tests(all, NULL, NULL);

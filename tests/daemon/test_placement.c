@@ -83,12 +83,35 @@ static void one_build_per_job(void **state) {
   assert_int_equal(mega_place(mixed, 5, &req, out, &n, &err), MEGA_ERR_UNSUPPORTED);
   assert_string_equal(err.msg, "not enough nodes: the job needs 3 nodes with 4 free slots each, "
                                "and 2 of 4 alive nodes have them; 2 more run another build of "
-                               "mega (b: 0.1, not 0.2+new), and a job's ranks run one build: "
-                               "upgrade them");
+                               "mega (b: 0.1; c: version not known), not this coordinator's "
+                               "0.2+new, and a job's ranks run one build: upgrade them");
   /* no version asked for: every build, as before */
   req.version = NULL;
   assert_int_equal(mega_place(mixed, 5, &req, out, &n, &err), MEGA_OK);
   assert_int_equal(n, 3);
+}
+
+/* Half way through a rolling upgrade of many nodes: the waiting line says
+ * which nodes run which build, a few names per build, in one line; nodes
+ * of another build that are full or dead are not among them. */
+static void other_builds_are_named_by_build(void **state) {
+  (void)state;
+  const mega_node_slots mixed[] = {
+      {"n1", 2, true, "0.1+a"}, {"n2", 2, true, "0.1+b"}, {"n3", 2, true, "0.1+b"},
+      {"n4", 2, true, "0.1+c"}, {"n5", 2, true, "0.1+b"}, {"n6", 2, true, "0.1+b"},
+      {"n7", 2, true, "0.1+b"}, {"n8", 2, true, "0.1+b"}, {"n9", 0, true, "0.1+d"},
+      {"n10", 2, false, "0.1+d"}, {"n11", 2, true, ""},
+  };
+  mega_placement_req req = {.nnodes_min = 2, .nnodes_max = 2, .nproc_per_node = 2,
+                            .model_parallel = 1, .prefer = "n1", .version = "0.1+a"};
+  int out[2], n = 0;
+  mega_err err = {0};
+  assert_int_equal(mega_place(mixed, 11, &req, out, &n, &err), MEGA_ERR_UNSUPPORTED);
+  assert_string_equal(err.msg, "not enough nodes: the job needs 2 nodes with 2 free slots each, "
+                               "and 1 of 10 alive nodes has them; 8 more run another build of "
+                               "mega (n2, n3, n5, n6 and 2 more: 0.1+b; n4: 0.1+c; n11: "
+                               "version not known), not this coordinator's 0.1+a, and a job's "
+                               "ranks run one build: upgrade them");
 }
 
 static void bad_requests_are_refused(void **state) {
@@ -108,6 +131,7 @@ int main(void) {
       cmocka_unit_test(places_on_alive_nodes_with_room),
       cmocka_unit_test(preferred_node_comes_first),
       cmocka_unit_test(world_must_divide_by_model_parallel),
+      cmocka_unit_test(other_builds_are_named_by_build),
       cmocka_unit_test(too_few_nodes_says_how_many),
       cmocka_unit_test(one_build_per_job),
       cmocka_unit_test(bad_requests_are_refused),
