@@ -97,6 +97,10 @@ typedef struct coord_run {
   size_t nargs;
   bool preparing;
   uint32_t unprepared;
+  /* the first node's answer of what its files give the job, which the
+   * others' must equal (coord_launch.c); files_node "": none yet */
+  megad_launch_files files;
+  char files_node[128];
   /* ranks that stopped early as asked (WorkerStopped): the first one's why */
   char *stopped;
   bool stopped_mine; /* said by a rank that was asked itself */

@@ -5,10 +5,13 @@
  * start them. A node that refuses in the first round is the attempt's cause
  * and no rank starts anywhere; one that refuses the second (its slots taken
  * meanwhile, or stopping) is the cause too, and the ranks started elsewhere
- * are stopped at once, as for any failure. */
+ * are stopped at once, as for any failure. In the first round each node
+ * also says what its own files give the job (its vocabulary), and nodes
+ * that disagree fail the job before any rank starts. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/jobspec.h"
 #include "core/version.h"
 #include "daemon/coord/coord_internal.h"
 
@@ -95,6 +98,40 @@ static bool launch_msg_init(launch_msg *m, coord_run *run, const mega_job_node *
 
 static void each_node(megad_coord *c, const char *job_id, uint32_t attempt, bool prepare);
 
+static void vocab_text(const megad_launch_files *f, char *buf, size_t len) {
+  if (f->eod_id >= 0) snprintf(buf, len, "%d entries (<|endoftext|> %d)", f->vocab_entries, f->eod_id);
+  else snprintf(buf, len, "%d entries (no <|endoftext|>)", f->vocab_entries);
+}
+
+/* What node_id's files give the job must be what the first node's gave:
+ * ranks that build other embeddings meet in collectives of other sizes
+ * (Gloo's agreement names the calls, NCCL hangs or reads past them) or
+ * train apart. A node of an older megad answers nothing (0). Returns false
+ * after failing the attempt (as fatal: a retry reads the same files). */
+static bool files_agree(coord_run *run, const char *node_id, const megad_launch_files *f,
+                        uint32_t first, uint32_t n) {
+  if (!f->vocab_entries) return true;
+  if (!run->files_node[0]) {
+    run->files = *f;
+    snprintf(run->files_node, sizeof run->files_node, "%s", node_id);
+    return true;
+  }
+  if (run->files.vocab_entries == f->vocab_entries && run->files.eod_id == f->eod_id) return true;
+  mega_jobspec s;
+  mega_jobspec_defaults(&s);
+  bool parsed = mega_jobspec_parse(&s, (int)run->nargs, run->args, NULL) == MEGA_OK;
+  char mine[96], theirs[96], msg[MEGA_ERR_MSG_MAX];
+  vocab_text(f, mine, sizeof mine);
+  vocab_text(&run->files, theirs, sizeof theirs);
+  snprintf(msg, sizeof msg, "its --vocab-file %s holds %s, and node %s's %s: the nodes of a job "
+           "must read the same vocabulary (its size shapes the model every rank builds); give "
+           "every node the same file", parsed && s.vocab_file ? s.vocab_file : "",
+           mine, run->files_node, theirs);
+  mega_jobspec_free(&s);
+  launch_failed(run, first, n, node_id, MEGA_ERR_INVALID, false, msg);
+  return false;
+}
+
 /* A node said yes to the first round; after the last, the second starts. */
 static void node_prepared(coord_run *run) {
   if (run->unprepared && --run->unprepared) return;
@@ -110,8 +147,13 @@ static void answered(void *arg, ProtobufCMessage *resp, const mega_err *err, boo
   /* a megad without PrepareLaunch (an older one) checks at the launch */
   bool ok = err->status == MEGA_OK || (prepare && err->status == MEGA_ERR_UNSUPPORTED);
   if (run && !run->stopping && prepare == run->preparing) {
+    megad_launch_files f = {0, -1};
+    if (prepare && err->status == MEGA_OK && resp) {
+      const Mega__V1__PrepareLaunchResponse *pr = (const void *)resp;
+      f = (megad_launch_files){pr->vocab_entries, pr->eod_id};
+    }
     if (!ok) launch_failed(run, lc->first, lc->n, lc->node_id, err->status, true, err->msg);
-    else if (prepare) node_prepared(run);
+    else if (prepare && files_agree(run, lc->node_id, &f, lc->first, lc->n)) node_prepared(run);
   } else if (run && !ok && !prepare) { /* stopping: the node's ranks never started */
     coord_ranks_gone(run, lc->first, lc->n);
   }
@@ -139,11 +181,12 @@ static void ask_node(coord_run *run, const mega_job_node *jn, bool prepare) {
   megad_node *node = megad_members_find(c->members, jn->node_id);
   bool here = node && node->self, remote = !here;
   mega_status rc;
+  megad_launch_files files = {0, -1};
   if (!launch_msg_init(&m, run, jn)) {
     rc = mega_fail(&e, MEGA_ERR_NOMEM, "out of memory");
     remote = false;
   } else if (here && prepare) {
-    rc = megad_launch_check(c->L, &m.req, &e);
+    rc = megad_launch_check(c->L, &m.req, &files, &e);
   } else if (here) {
     int32_t *pids = calloc(jn->nranks, sizeof *pids);
     rc = pids ? megad_launch_start(c->L, &m.req, pids, &e)
@@ -168,7 +211,8 @@ static void ask_node(coord_run *run, const mega_job_node *jn, bool prepare) {
   }
   free(m.ranks);
   if (rc != MEGA_OK) launch_failed(run, jn->first_rank, jn->nranks, jn->node_id, rc, remote, e.msg);
-  else if (here && prepare) node_prepared(run);
+  else if (here && prepare && files_agree(run, jn->node_id, &files, jn->first_rank, jn->nranks))
+    node_prepared(run);
 }
 
 /* One round over the placement. The run is looked up again before each

@@ -389,7 +389,7 @@ mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksReq
                                int32_t *pids, mega_err *err) {
   megad_base *b = L->b;
   bool graceful = false;
-  mega_status s = launch_check(L, req, &graceful, err);
+  mega_status s = launch_check(L, req, &graceful, NULL, err);
   if (s != MEGA_OK) return s;
   megad_launch *l = calloc(1, sizeof *l);
   if (!l) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory");

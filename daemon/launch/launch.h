@@ -127,11 +127,20 @@ void megad_launcher_free(megad_launcher *L); /* once idle */
  * MEGA_ERR_UNSUPPORTED. */
 mega_status megad_launch_start(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
                                int32_t *pids, mega_err *err);
+/* What the node's files give a job, which every node of an attempt must
+ * agree on: --vocab-file's entries (0: the job reads none) and its
+ * <|endoftext|> id (-1: none). */
+typedef struct megad_launch_files {
+  int vocab_entries, eod_id;
+} megad_launch_files;
+
 /* What megad_launch_start would refuse, with the same status and words,
  * starting nothing (PrepareLaunch): it makes the attempt's directory, and
- * takes no slot, so a launch may still find its slots taken. */
+ * takes no slot, so a launch may still find its slots taken. It also reads
+ * the job's vocabulary file into *files (a file it cannot read, or not
+ * GPT-2's vocab.json, is MEGA_ERR_INVALID naming this node). */
 mega_status megad_launch_check(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
-                               mega_err *err);
+                               megad_launch_files *files, mega_err *err);
 /* Sends Abort to the attempt's workers, then SIGKILL after grace_ms.
  * attempt < 0: every attempt. stale: every attempt before `attempt`. */
 void megad_launch_abort(megad_launcher *L, const char *job_id, int64_t attempt, bool stale,

@@ -1,7 +1,9 @@
 /* What a node checks before any rank of a launch starts (launch.h): the
  * node and its slots, the job id, the attempt not stopped here already,
- * its worker program still there, what only this node can see (the job's flags under its roots, its data
- * files, the save directory) and the attempt's directory. LaunchRanks
+ * its worker program still there, what only this node can see (the job's
+ * flags under its roots, its data files, the save directory, and for
+ * PrepareLaunch the vocabulary file, whose size the coordinator compares
+ * across nodes) and the attempt's directory. LaunchRanks
  * checks it all again before it spawns; PrepareLaunch only checks, so that
  * an attempt one node refuses starts no rank anywhere. */
 #include <errno.h>
@@ -20,7 +22,7 @@
 /* What only this node can check: the files as it sees them. Also says
  * whether the job has --exit-signal-handler. */
 static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
-                              bool *graceful, mega_err *err) {
+                              bool *graceful, megad_launch_files *files, mega_err *err) {
   mega_jobspec s;
   mega_jobspec_defaults(&s);
   mega_status st = MEGA_OK;
@@ -43,13 +45,18 @@ static mega_status check_here(const megad_launcher *L, const Mega__V1__LaunchRan
   else if (s.save && stat(s.save, &sb) == 0 && !S_ISDIR(sb.st_mode))
     st = mega_fail(err, MEGA_ERR_INVALID, "--save %s is not a directory on node %s", s.save,
                    L->b->node_id);
+  else if (files && mega_jobspec_load_vocab(&s, &re) != MEGA_OK)
+    st = mega_fail(err, MEGA_ERR_INVALID, "node %s: %s", L->b->node_id, re.msg);
+  if (st == MEGA_OK && files)
+    *files = (megad_launch_files){.vocab_entries = s.file_vocab,
+                                  .eod_id = s.file_vocab ? s.file_eod : -1};
   *graceful = s.exit_signal_handler;
   mega_jobspec_free(&s);
   return st;
 }
 
 mega_status launch_check(const megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
-                         bool *graceful, mega_err *err) {
+                         bool *graceful, megad_launch_files *files, mega_err *err) {
   const megad_base *b = L->b;
   if (b->stopping) return mega_fail(err, MEGA_ERR_UNSUPPORTED, "node %s is shutting down", b->node_id);
   /* calls go by address: the node meant may be gone, and another megad
@@ -88,7 +95,7 @@ mega_status launch_check(const megad_launcher *L, const Mega__V1__LaunchRanksReq
   if (access(L->o.worker_path, X_OK))
     return mega_fail(err, MEGA_ERR_IO, "node %s cannot run its worker %s: %s", b->node_id,
                      L->o.worker_path, strerror(errno));
-  return check_here(L, req, graceful, err);
+  return check_here(L, req, graceful, files, err);
 }
 
 char *launch_attempt_dir(const megad_launcher *L, const char *job_id, uint32_t attempt,
@@ -118,9 +125,9 @@ char *launch_attempt_dir(const megad_launcher *L, const char *job_id, uint32_t a
 }
 
 mega_status megad_launch_check(megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
-                               mega_err *err) {
+                               megad_launch_files *files, mega_err *err) {
   bool graceful;
-  mega_status s = launch_check(L, req, &graceful, err);
+  mega_status s = launch_check(L, req, &graceful, files, err);
   if (s != MEGA_OK) return s;
   char *dir = launch_attempt_dir(L, req->job_id, req->attempt, err);
   free(dir);

@@ -139,11 +139,12 @@ void launch_prune_attempts(megad_launch *l);
 
 /* launch_check.c: what megad_launch_start checks before it spawns
  * (launch.h's megad_launch_check but the directory); *graceful: the job
- * has --exit-signal-handler. launch_attempt_dir makes the attempt's
+ * has --exit-signal-handler; files (may be NULL: not read) as
+ * megad_launch_check's. launch_attempt_dir makes the attempt's
  * directory, STATE/jobs/<id>/<attempt> (or finds it there): its path,
  * malloc'd, or NULL with err filled. */
 mega_status launch_check(const megad_launcher *L, const Mega__V1__LaunchRanksRequest *req,
-                         bool *graceful, mega_err *err);
+                         bool *graceful, megad_launch_files *files, mega_err *err);
 char *launch_attempt_dir(const megad_launcher *L, const char *job_id, uint32_t attempt,
                          mega_err *err);
 

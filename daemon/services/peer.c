@@ -50,13 +50,16 @@ static void on_prepare_launch(mega_rpc_call *call, const ProtobufCMessage *msg, 
   const Mega__V1__LaunchRanksRequest *req = (const void *)msg;
   if (stale(s, call, req->job_id, req->coordinator_fence)) return;
   mega_err e = {0};
-  if (megad_launch_check(s->L, req, &e) != MEGA_OK) {
+  megad_launch_files files = {0, -1};
+  if (megad_launch_check(s->L, req, &files, &e) != MEGA_OK) {
     mega_rpc_fail(call, e.status == MEGA_ERR_UNSUPPORTED ? MEGA_RPC_RESOURCE_EXHAUSTED
                                                         : mega_rpc_code_from_status(e.status),
                   "%s", e.msg);
     return;
   }
   Mega__V1__PrepareLaunchResponse r = MEGA__V1__PREPARE_LAUNCH_RESPONSE__INIT;
+  r.vocab_entries = files.vocab_entries;
+  r.eod_id = files.eod_id;
   mega_rpc_reply(call, &r.base);
 }
 
