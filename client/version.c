@@ -80,6 +80,8 @@ int megactl_version(int argc, char **argv) {
                                  MEGACTL_TIMEOUT_MS, &out, &err);
   const Mega__V1__Node *self = st == MEGA_OK ? self_of((const void *)out) : NULL;
   rc = cf.json ? print_json(own, self) : (print_text(own, self), 0);
+  /* megactl's line lost (a full disk) is said too, not only megad's silence */
+  if (st != MEGA_OK && !megactl_output_ok(0)) rc = MEGACTL_EXIT_FAIL;
   if (st != MEGA_OK)
     rc = megactl_fail("megad's version is not known: %s", err.msg);
   else if (!self)

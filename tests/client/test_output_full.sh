@@ -23,7 +23,9 @@ full() {
     fail "'$*' >/dev/full did not say why: $(cat err.txt)"
 }
 
-full 1 "$megactl" version
+full 1 "$megactl" --version
+full 1 "$megactl" version --client
+full 1 "$megactl" version # no megad answers either: both are said
 full 1 "$megactl" --help
 full 1 "$megad" --version
 full 1 "$megaw" --version
@@ -45,6 +47,7 @@ full 1 timeout 60 "$megactl" watch "$id" --plain
 full 1 "$megactl" status "$id"
 full 1 "$megactl" ls
 full 1 "$megactl" nodes --json
+full 1 "$megactl" version
 "$megactl" cancel "$id" >/dev/null 2>err.txt || fail "cancel: $(cat err.txt)"
 
 # a job of its own: it trains to its end (its checkpoint is there), then
