@@ -3,11 +3,13 @@
 
 #include <ctype.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/jobspec.h"
 #include "core/schedule.h"
 #include "core/sim.h"
+#include "core/utf8.h"
 
 /* An enum value's proto name without its prefix, lower case:
  * JOB_EVENT_KIND_NODE_LOST -> "node_lost". */
@@ -27,12 +29,23 @@ static json_t *enum_name(const ProtobufCEnumDescriptor *d, int value, const char
 /* A number JSON can hold: NaN and infinities (a diverged loss) become null. */
 static json_t *num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+/* Text from outside (a job's name over raw gRPC, a rank's error) as a JSON
+ * string: jansson refuses bytes that are not UTF-8, which would drop the
+ * field, so those show as U+FFFD. NULL is "". */
+static json_t *str(const char *s) {
+  if (!s || mega_utf8_valid(s)) return json_string(s ? s : "");
+  char *fixed = mega_utf8_sanitize(s);
+  json_t *j = fixed ? json_string(fixed) : NULL;
+  free(fixed);
+  return j;
+}
+
 static json_t *ms(int64_t t) { return t ? json_integer(t) : json_null(); }
 
 static json_t *job_summary(const mega_job *j) {
   json_t *o = json_object();
-  json_object_set_new(o, "id", json_string(j->id));
-  json_object_set_new(o, "name", json_string(j->name ? j->name : ""));
+  json_object_set_new(o, "id", str(j->id));
+  json_object_set_new(o, "name", str(j->name));
   json_object_set_new(o, "state", json_string(mega_job_state_name(j->state)));
   json_object_set_new(o, "world", json_integer(j->world));
   json_object_set_new(o, "tp", json_integer(j->tp));
@@ -48,8 +61,8 @@ static json_t *job_summary(const mega_job *j) {
   json_object_set_new(o, "created_ms", ms(j->created_ms));
   json_object_set_new(o, "started_ms", ms(j->started_ms));
   json_object_set_new(o, "ended_ms", ms(j->ended_ms));
-  json_object_set_new(o, "error", j->error ? json_string(j->error) : json_null());
-  json_object_set_new(o, "coordinator", json_string(j->coordinator ? j->coordinator : ""));
+  json_object_set_new(o, "error", j->error ? str(j->error) : json_null());
+  json_object_set_new(o, "coordinator", str(j->coordinator));
   const Mega__V1__StepMetrics *s = j->hist.last_step;
   json_object_set_new(o, "loss", s && !s->no_loss ? num(s->loss) : json_null());
   json_object_set_new(o, "tokens_per_s", s ? num(s->tokens_per_s) : json_null());
@@ -70,21 +83,21 @@ json_t *megad_webjson_jobs(const mega_jobs *t, const mega_jobs *mirror) {
 
 json_t *megad_webjson_cluster(const megad_web_data *d) {
   json_t *o = json_object(), *nodes = json_array();
-  json_object_set_new(o, "self", json_string(d->nnodes ? d->nodes[0]->id : ""));
+  json_object_set_new(o, "self", str(d->nnodes ? d->nodes[0]->id : ""));
   for (size_t i = 0; i < d->nnodes; i++) {
     const megad_node *n = d->nodes[i];
     json_t *x = json_object(), *ids = json_array();
-    json_object_set_new(x, "id", json_string(n->id));
-    json_object_set_new(x, "address", json_string(n->address ? n->address : ""));
+    json_object_set_new(x, "id", str(n->id));
+    json_object_set_new(x, "address", str(n->address));
     json_object_set_new(x, "state", enum_name(&mega__v1__node_state__descriptor, (int)n->state,
                                               "NODE_STATE_"));
     json_object_set_new(x, "slots", json_integer(n->slots));
     json_object_set_new(x, "slots_used", json_integer(n->slots_used));
-    json_object_set_new(x, "backend", json_string(n->backend ? n->backend : ""));
-    json_object_set_new(x, "devices", json_string(n->device_name ? n->device_name : ""));
-    json_object_set_new(x, "version", json_string(n->version ? n->version : ""));
+    json_object_set_new(x, "backend", str(n->backend));
+    json_object_set_new(x, "devices", str(n->device_name));
+    json_object_set_new(x, "version", str(n->version));
     json_object_set_new(x, "last_heartbeat_ms", ms(n->last_heartbeat_unix_ms));
-    for (size_t k = 0; k < n->njob_ids; k++) json_array_append_new(ids, json_string(n->job_ids[k]));
+    for (size_t k = 0; k < n->njob_ids; k++) json_array_append_new(ids, str(n->job_ids[k]));
     json_object_set_new(x, "job_ids", ids);
     json_object_set_new(x, "self", json_boolean(i == 0));
     json_array_append_new(nodes, x);
@@ -157,8 +170,8 @@ static json_t *event_json(const Mega__V1__JobEvent *ev) {
   json_object_set_new(o, "time_ms", ms(ev->time_unix_ms));
   json_object_set_new(o, "kind", enum_name(&mega__v1__job_event_kind__descriptor, (int)ev->kind,
                                            "JOB_EVENT_KIND_"));
-  json_object_set_new(o, "message", json_string(ev->message ? ev->message : ""));
-  json_object_set_new(o, "node", json_string(ev->node_id ? ev->node_id : ""));
+  json_object_set_new(o, "message", str(ev->message));
+  json_object_set_new(o, "node", str(ev->node_id));
   json_object_set_new(o, "rank", ev->has_rank ? json_integer(ev->rank) : json_null());
   json_object_set_new(o, "attempt", json_integer(ev->attempt));
   json_object_set_new(o, "number", json_integer((json_int_t)ev->number));
@@ -168,7 +181,7 @@ static json_t *event_json(const Mega__V1__JobEvent *ev) {
 json_t *megad_webjson_job(const mega_job *j) {
   json_t *o = job_summary(j);
   json_t *args = json_array();
-  for (size_t i = 0; i < j->nargs; i++) json_array_append_new(args, json_string(j->args[i]));
+  for (size_t i = 0; i < j->nargs; i++) json_array_append_new(args, str(j->args[i]));
   json_object_set_new(o, "args", args);
   json_object_set_new(o, "trace_iteration",
                       json_integer(j->spec_ok ? j->spec.trace_iteration : 0));
@@ -242,7 +255,7 @@ json_t *megad_webjson_steps(const mega_job *j, uint64_t since, size_t max) {
     json_object_set_new(x, "prev_world", json_integer(m->prev_world));
     json_array_append_new(marks, x);
   }
-  json_object_set_new(o, "job", json_string(j->id));
+  json_object_set_new(o, "job", str(j->id));
   json_object_set_new(o, "state", json_string(mega_job_state_name(j->state)));
   json_object_set_new(o, "next", json_integer((json_int_t)r->seq));
   json_object_set_new(o, "thinned", json_integer((json_int_t)r->thinned));

@@ -156,6 +156,27 @@ static void test_one_job(void **state) {
   wf_get(f, "/nope", NULL, 404);
 }
 
+/* A name over raw gRPC and a rank's error may hold bytes that are not UTF-8
+ * (megad refuses only control characters): the fields stay, the bad bytes
+ * shown as U+FFFD, where jansson alone would drop them. */
+static void test_text_not_utf8(void **state) {
+  wf *f = *state;
+  mega_job *j = f->t.v[0];
+  free(j->name);
+  j->name = strdup("run \xff\xfe 7");
+  j->error = strdup("rank 1: \xc3(");
+  json_t *doc = wf_get(f, "/api/jobs/j-1-n1", NULL, 200);
+  assert_string_equal(json_string_value(json_object_get(doc, "name")),
+                      "run \xef\xbf\xbd\xef\xbf\xbd 7");
+  assert_string_equal(json_string_value(json_object_get(doc, "error")), "rank 1: \xef\xbf\xbd(");
+  json_decref(doc);
+  doc = wf_get(f, "/api/jobs", NULL, 200);
+  json_t *x = json_array_get(json_object_get(doc, "jobs"), 0);
+  assert_string_equal(json_string_value(json_object_get(x, "name")),
+                      "run \xef\xbf\xbd\xef\xbf\xbd 7");
+  json_decref(doc);
+}
+
 static void test_steps_since(void **state) {
   wf *f = *state;
   json_t *s = wf_get(f, "/api/jobs/j-1-n1/steps", NULL, 200);
@@ -224,6 +245,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cluster_and_jobs, wf_setup, wf_teardown),
       cmocka_unit_test_setup_teardown(test_one_job, wf_setup, wf_teardown),
       cmocka_unit_test_setup_teardown(test_mirror_jobs, wf_setup, wf_teardown),
+      cmocka_unit_test_setup_teardown(test_text_not_utf8, wf_setup, wf_teardown),
       cmocka_unit_test_setup_teardown(test_steps_since, wf_setup, wf_teardown),
       cmocka_unit_test_setup_teardown(test_trace_and_methods, wf_setup, wf_teardown),
   };
