@@ -45,7 +45,10 @@ function status(text) { document.getElementById('status').textContent = text; }
 
 async function getJSON(url) {
   const r = await fetch(url, {cache: 'no-store'});
-  if (!r.ok) throw new Error(url + ': ' + r.status + ' ' + (await r.text()).trim());
+  if (!r.ok) {
+    const text = (await r.text()).trim();
+    throw Object.assign(new Error(url + ': ' + r.status + ' ' + text), {status: r.status, text});
+  }
   return r.json();
 }
 
@@ -75,7 +78,7 @@ function renderCluster(c) {
       h('td', {class: 'num', text: `${n.slots_used}/${n.slots}`}),
       h('td', {}, ...n.job_ids.flatMap((id, i) => i ? [', ', jobLink(id)] : [jobLink(id)]))));
   const jobs = c.jobs.map(j => h('tr', {class: 'job', 'data-job': j.id},
-      h('td', {}, jobLink(j.id)), h('td', {text: j.name}), h('td', {}, stateBadge(j.state)),
+      h('td', {}, jobLink(j.id)), h('td', {class: 'name', text: j.name}), h('td', {}, stateBadge(j.state)),
       h('td', {text: worldText(j)}),
       h('td', {class: 'num', text: `${j.last_iteration}/${j.train_iters}`}),
       h('td', {class: 'num', text: fmt(j.loss)}),
@@ -423,6 +426,16 @@ function jobPage(id) {
   };
   const live = how => document.body.setAttribute('data-live', how);
 
+  // no such job here (or a malformed id): megad's words, and no more asking
+  const missing = e => {
+    live('missing');
+    status('no job ' + id);
+    document.getElementById('where').textContent = 'job ' + id;
+    document.getElementById('main').replaceChildren(h('section', {id: 'no-job'},
+        h('h1', {text: 'No job ' + id}), h('p', {text: e.text}),
+        h('p', {}, h('a', {href: '/', text: 'the jobs this megad coordinates'}))));
+  };
+
   async function poll() {
     live('poll');
     for (let tick = 0;; tick++) {
@@ -435,7 +448,10 @@ function jobPage(id) {
           status(view.job.state + ' · final');
           return;
         }
-      } catch (e) { status(String(e.message)); }
+      } catch (e) {
+        if (!view.job && (e.status === 404 || e.status === 400)) return missing(e);
+        status(String(e.message));
+      }
       await new Promise(r => setTimeout(r, 1000));
     }
   }
@@ -469,8 +485,14 @@ async function loginBar() {
   } catch (e) { /* the page says what failed elsewhere */ }
 }
 
+// A job id from the page's path: as typed where it is not valid
+// percent-encoding (decodeURIComponent would throw and stop the page).
+function pathJobId(path) {
+  try { return decodeURIComponent(path); } catch (e) { return path; }
+}
+
 loginBar();
 if (location.pathname.startsWith('/jobs/'))
-  jobPage(decodeURIComponent(location.pathname.slice('/jobs/'.length)));
+  jobPage(pathJobId(location.pathname.slice('/jobs/'.length)));
 else
   clusterPage();

@@ -39,6 +39,16 @@ web_port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)
 start_megad --metrics-listen "127.0.0.1:$web_port" --slots 2 --node-name web-node
 web=http://127.0.0.1:$web_port
 
+# ---- a job that is not here, and an id that is not valid percent-encoding:
+# the page says so (megad's words) and stops asking ----
+for path in 'jobs/j-404-nowhere' 'jobs/%E0%A4%A'; do
+  browse --dump-dom "$web/$path" >missing.html
+  grep -q 'data-live="missing"' missing.html ||
+    fail "/$path: the page does not say there is no such job: $(grep -o '<body[^>]*>' missing.html) $(grep -o 'id="status">[^<]*' missing.html)"
+  grep -q 'no job .* on this megad' missing.html ||
+    fail "/$path: the page lacks megad's answer: $(grep -o '<main.*' missing.html | head -c 600)"
+done
+
 printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 40) >data.txt
 hostile='<img src=x onerror=alert(1)>"&'
 iters=150
@@ -94,9 +104,12 @@ grep -q '<img' cluster.html && fail "the job's name became markup on the cluster
 
 # ---- a long history: the page says where events were left out ----
 # a job of 2 nodes on this one waits; each rescale it is asked is an event
+# (named with the longest name megad takes, no space in it: the cluster page below)
+long_name=$(printf 'N%.0s' $(seq 128))
 "$megactl" submit --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 \
   --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --data-path data.txt --train-iters 5 \
-  --nnodes 2 --nproc-per-node 1 >submit2.txt 2>&1 || fail "submit: $(cat submit2.txt)"
+  --nnodes 2 --nproc-per-node 1 --name "$long_name" >submit2.txt 2>&1 ||
+  fail "submit: $(cat submit2.txt)"
 waiting=$(tail -1 submit2.txt)
 for _ in $(seq 530); do
   "$megactl" rescale "$waiting" --nnodes 2 >/dev/null 2>&1 || { fail "rescale refused"; break; }
@@ -109,9 +122,10 @@ browse --dump-dom "$web/jobs/$waiting" >long.html
 grep -q "… $left events left out …" long.html ||
   fail "the page does not say $left events were left out: $(grep -o 'class="event gap".\{0,200\}' long.html | head -c 400)"
 
-# ---- a screenshot that is not blank ----
-browse --window-size=1280,1400 --screenshot="$work/job.png" "$web/jobs/$id" >/dev/null
-"$py" - "$work/job.png" <<'EOF' || fail "the screenshot is blank or unreadable"
+# ---- screenshots ----
+# png.py FILE [RRGGBB]: whether the screenshot is drawn (not blank), or shows
+# that colour somewhere
+cat >"$work/png.py" <<'EOF'
 # PNG decode with zlib alone: the share of pixels that are not the background
 import struct, sys, zlib
 data = open(sys.argv[1], 'rb').read()
@@ -148,8 +162,18 @@ drawn = sum(1 for r in rows for x in range(0, stride, bpp * 4) if r[x:x + 3] != 
 total = hgt * len(range(0, stride, bpp * 4))
 colours = {r[x:x + 3] for r in rows[::8] for x in range(0, stride, bpp * 8)}
 print(f"screenshot: {w}x{hgt}, {100 * drawn / total:.1f}% drawn, {len(colours)} colours")
+if len(sys.argv) > 2:  # that colour is on the page
+    want = bytes.fromhex(sys.argv[2])
+    sys.exit(0 if any(r[x:x + 3] == want for r in rows for x in range(0, stride, bpp)) else 1)
 sys.exit(0 if drawn > total // 10 and len(colours) > 20 else 1)
 EOF
+browse --window-size=1280,1400 --screenshot="$work/job.png" "$web/jobs/$id" >/dev/null
+"$py" "$work/png.py" "$work/job.png" || fail "the screenshot is blank or unreadable"
+# a long name wraps: the state column (the succeeded badge's blue) stays on
+# a 1280-pixel page
+browse --window-size=1280,900 --screenshot="$work/cluster.png" "$web/" >/dev/null
+"$py" "$work/png.py" "$work/cluster.png" d0ebff ||
+  fail "a job's state is off the cluster page beside a $(echo -n "$long_name" | wc -c)-character name"
 
 if [ "$fails" -gt 0 ]; then
   echo "$fails failure(s)"
