@@ -348,9 +348,10 @@ function renderJob(view) {
                 download: `trace-${job.id}.json`, text: 'download the Chrome trace (Perfetto)'})),
         view.traceSvg || (view.traceSvg = timeline(view.trace))); // drawn once
   } else {
-    tl.append(h('p', {class: 'muted', text: job.trace_iteration ?
-        `waiting for iteration ${job.trace_iteration}'s trace` :
-        'submit the job with --trace-iteration K to see one iteration here'}));
+    tl.append(h('p', {class: 'muted', id: 'no-trace', text: !job.trace_iteration ?
+        'submit the job with --trace-iteration K to see one iteration here' : view.noTrace ?
+        `the job ended (${job.state}) without a trace of iteration ${job.trace_iteration}` :
+        `waiting for iteration ${job.trace_iteration}'s trace`}));
   }
 
   // newest first; megad keeps a job's first and newest events, and where
@@ -395,7 +396,7 @@ function mega_final(state) {
 function jobPage(id) {
   const base = '/api/jobs/' + encodeURIComponent(id);
   const view = {job: null, pts: [], marks: [], next: 0, thinned: 0, skipped: 0, trace: null,
-                traceSvg: null, tracing: false};
+                traceSvg: null, tracing: false, noTrace: false};
   let drawTimer = null;
   const draw = () => { // at most five renders a second, however fast the news
     if (drawTimer !== null) return;
@@ -419,6 +420,7 @@ function jobPage(id) {
       try {
         const r = await fetch(base + '/trace', {cache: 'no-store'});
         if (r.ok) view.trace = await r.json();
+        else view.noTrace = r.status === 404 && mega_final(j.state); // it never will
       } catch (e) { /* the next job update tries again */ }
       view.tracing = false;
     }

@@ -108,7 +108,7 @@ grep -q '<img' cluster.html && fail "the job's name became markup on the cluster
 long_name=$(printf 'N%.0s' $(seq 128))
 "$megactl" submit --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 \
   --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --data-path data.txt --train-iters 5 \
-  --nnodes 2 --nproc-per-node 1 --name "$long_name" >submit2.txt 2>&1 ||
+  --nnodes 2 --nproc-per-node 1 --name "$long_name" --trace-iteration 3 >submit2.txt 2>&1 ||
   fail "submit: $(cat submit2.txt)"
 waiting=$(tail -1 submit2.txt)
 for _ in $(seq 530); do
@@ -121,6 +121,9 @@ left=$(get "$web/api/jobs/$waiting" | field "x['events_left_out']")
 browse --dump-dom "$web/jobs/$waiting" >long.html
 grep -q "… $left events left out …" long.html ||
   fail "the page does not say $left events were left out: $(grep -o 'class="event gap".\{0,200\}' long.html | head -c 400)"
+# it never ran, so its trace will never come: the page does not wait for it
+grep -q 'id="no-trace">the job ended (cancelled) without a trace of iteration 3<' long.html ||
+  fail "the cancelled job's page waits for a trace: $(grep -o 'id="timeline">.\{0,160\}' long.html)"
 
 # ---- screenshots ----
 # png.py FILE [RRGGBB]: whether the screenshot is drawn (not blank), or shows
