@@ -428,13 +428,14 @@ function jobPage(id) {
   };
   const live = how => document.body.setAttribute('data-live', how);
 
-  // no such job here (or a malformed id): megad's words, and no more asking
+  // no such job here, one another node coordinates (etcd mode) or a
+  // malformed id: megad's words, and no more asking
   const missing = e => {
     live('missing');
-    status('no job ' + id);
+    status('job ' + id + ' is not here');
     document.getElementById('where').textContent = 'job ' + id;
     document.getElementById('main').replaceChildren(h('section', {id: 'no-job'},
-        h('h1', {text: 'No job ' + id}), h('p', {text: e.text}),
+        h('h1', {text: 'job ' + id + ' is not here'}), h('p', {text: e.text}),
         h('p', {}, h('a', {href: '/', text: 'the jobs this megad coordinates'}))));
   };
 
