@@ -82,6 +82,8 @@ mega_status coord_late_add(megad_coord *c, const char *job_id, uint32_t attempt,
                      world, node_id, j->attempt);
   coord_late *l = late_of(c, job_id, attempt, world);
   if (!l) return mega_fail(err, MEGA_ERR_NOMEM, "out of memory merging steps sent again");
+  megad_log(c->b, "job %s: node %s sent again %zu step report%s of attempt %u", job_id, node_id,
+            n, n == 1 ? "" : "s", attempt);
   l->last_ms = uv_now(c->b->loop);
   for (size_t i = 0; i < n; i++) {
     if (!r[i]->metrics || in_history(j, attempt, r[i]->iteration)) continue;

@@ -453,6 +453,7 @@ void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const cha
       relay_flush(l);
       launch_maybe_free(l);
     }
+  resend_tick(L); /* to a new coordinator known already */
 }
 
 size_t megad_launch_stop_graceful(megad_launcher *L, const char *job_id, const char *reason) {

@@ -165,9 +165,14 @@ void megad_launch_stalled(megad_launcher *L);
 void megad_launch_abort_coord(megad_launcher *L, const char *coord_id, const char *reason,
                               bool hold);
 /* job_id is coordinated by node_id (at address) now: steps kept for it
- * since its old coordinator died go there (etcd mode: a takeover). */
+ * since its old coordinator died go there at once (etcd mode: a takeover),
+ * whatever retry an earlier try (before node_id had adopted the job) left
+ * pending. */
 void megad_launch_coord_moved(megad_launcher *L, const char *job_id, const char *node_id,
                               const char *address);
+/* The job's new coordinator asks about job_id's old attempt (ListHeld),
+ * so it has adopted the job: steps kept for it go now, not at a retry. */
+void megad_launch_resend_now(megad_launcher *L, const char *job_id);
 /* A shutdown that saves first (megad got SIGTERM): asks the workers of every
  * launch whose job has --exit-signal-handler (of job_id; NULL: of any job)
  * to save a checkpoint at the next iteration boundary and stop (a Stop frame

@@ -24,6 +24,7 @@ struct megad_orphan {
   size_t n, cap;
   uint64_t expire_ms, next_ms; /* uv_now */
   bool sending;
+  bool again; /* asked to go now while a try was out: no retry wait after it */
 };
 
 /* ---- what a launch keeps ---- */
@@ -178,7 +179,8 @@ static void orphan_answer(megad_orphan *o, const char *to, const mega_err *err) 
               o->job_id, o->attempt, o->n, o->n == 1 ? "" : "s", to);
   } else if (err->status != MEGA_ERR_INVALID && err->status != MEGA_ERR_CANCELLED &&
              !L->b->stopping) {
-    o->next_ms = uv_now(L->b->loop) + RESEND_RETRY_MS; /* until it expires */
+    o->next_ms = o->again ? 0 : uv_now(L->b->loop) + RESEND_RETRY_MS; /* until it expires */
+    o->again = false;
     return;
   } else {
     megad_warn(L->b, "job %s attempt %u: its new coordinator %s refused %zu kept step "
@@ -197,8 +199,11 @@ static void sent(void *arg, ProtobufCMessage *resp, const mega_err *err) {
   send_ctx *x = arg;
   megad_orphan *o = x->o;
   if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-  if (!o->L) orphan_free(o); /* the launcher is gone */
+  megad_launcher *L = o->L;
+  bool again = o->again;
+  if (!L) orphan_free(o); /* the launcher is gone */
   else orphan_answer(o, x->to, err);
+  if (L && again) resend_tick(L); /* here, not inside resend_tick's own loop */
   free(x);
 }
 
@@ -268,6 +273,20 @@ void megad_launch_coord_moved(megad_launcher *L, const char *job_id, const char 
   snprintf(m->job_id, sizeof m->job_id, "%s", job_id);
   snprintf(m->node_id, sizeof m->node_id, "%s", node_id);
   snprintf(m->address, sizeof m->address, "%s", address);
+  megad_launch_resend_now(L, job_id);
+}
+
+/* A try that came before the new coordinator adopted the job (its claim
+ * reaches this node from etcd first; on the node that took the job over,
+ * before the claim's answer) was refused and waits RESEND_RETRY_MS: by
+ * then the new attempt may have merged steps, or ended, so that live
+ * watchers never saw these. */
+void megad_launch_resend_now(megad_launcher *L, const char *job_id) {
+  for (megad_orphan *o = L->orphans; o; o = o->next) {
+    if (strcmp(o->job_id, job_id)) continue;
+    if (o->sending) o->again = true;
+    else o->next_ms = 0;
+  }
   resend_tick(L);
 }
 

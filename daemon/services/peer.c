@@ -80,6 +80,7 @@ static void on_abort_job(mega_rpc_call *call, const ProtobufCMessage *msg, void 
 static void on_list_held(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__ListHeldRequest *req = (const void *)msg;
+  megad_launch_resend_now(s->L, req->job_id); /* before it starts the next attempt */
   Mega__V1__ListHeldResponse *r = megad_launch_held(s->L, req->job_id, req->attempt);
   if (!r) {
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "node %s is out of memory", s->b->node_id);

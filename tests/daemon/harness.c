@@ -114,15 +114,18 @@ void hd_dump_log(const hd *d) {
   pclose(list);
 }
 
-bool hd_log_has(const hd *d, const char *text) {
+int hd_log_line(const hd *d, const char *text) {
   FILE *f = fopen(d->log, "r");
-  if (!f) return false;
+  if (!f) return -1;
   char line[4096];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f)) found = strstr(line, text) != NULL;
+  int at = -1;
+  for (int n = 0; at < 0 && fgets(line, sizeof line, f); n++)
+    if (strstr(line, text)) at = n;
   fclose(f);
-  return found;
+  return at;
 }
+
+bool hd_log_has(const hd *d, const char *text) { return hd_log_line(d, text) >= 0; }
 
 bool hd_wait_log(const hd *d, const char *text, int ms) {
   for (int waited = 0; !hd_log_has(d, text); waited += 50) {

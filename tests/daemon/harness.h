@@ -52,6 +52,9 @@ void hd_cleanup_all(void);
 void hd_dump_log(const hd *d);
 /* Whether a line of megad's log holds text. */
 bool hd_log_has(const hd *d, const char *text);
+/* The first line of megad's log (0: its first) that holds text; -1: none.
+ * Lines of one megad come in the order it did things. */
+int hd_log_line(const hd *d, const char *text);
 /* Waits up to ms for text to appear in d's log; on a timeout prints the log. */
 bool hd_wait_log(const hd *d, const char *text, int ms);
 

@@ -114,6 +114,29 @@ static void same_losses(const hd_watch *after, const hd_watch *ref) {
   }
 }
 
+/* Every survivor's kept steps reached the new coordinator (n[who]) before
+ * the new attempt's ranks recovered, so before its first step: they came a
+ * retry (250 ms) later when the claim reached a node from etcd before the
+ * new coordinator had adopted the job (always so on the node that took it
+ * over), and a job that ended meanwhile left them out of what its
+ * watchers saw ("iteration 13 is missing from the history"). */
+static void resent_before_recovery(hd *n, int nn, int who) {
+  int recovered = hd_log_line(&n[who], "recovered iteration");
+  assert_true(recovered >= 0);
+  for (int i = 1; i < nn; i++) {
+    char sent[96];
+    snprintf(sent, sizeof sent, "node %s sent again", n[i].name);
+    int at = hd_log_line(&n[who], sent);
+    if (at < 0 || at > recovered) {
+      fprintf(stderr, "%s's kept steps came %s the new attempt recovered (log line %d, %d)\n",
+              n[i].name, at < 0 ? "never: not before" : "after", at, recovered);
+      hd_dump_log(&n[who]);
+      hd_dump_log(&n[i]);
+    }
+    assert_true(at >= 0 && at < recovered);
+  }
+}
+
 /* Polls node n[asked] until job_id's coordinator is no longer `old`;
  * returns the new coordinator's index in n (of nn; -1: not in time). */
 static int wait_takeover_of(hd *n, int nn, int asked, const char *job_id, const char *old,
@@ -307,6 +330,7 @@ static void replicas_after_coordinator(int sig, const char *prefix) {
    * none twice by one attempt */
   assert_true(f.redone <= 1);
   assert_int_equal(f.dups, 0);
+  resent_before_recovery(n, 4, who);
   same_losses(&after, &ref);
   /* a SIGTERM leaves the job restarting, whose takeover is an INFO event,
    * not the RESTARTING one looked for: no takeover time to print then */
