@@ -182,6 +182,18 @@ static void stop_victim(void *arg, const Mega__V1__WatchJobResponse *it) {
     hd_kill(k->victim); /* megad and (PR_SET_PDEATHSIG) its workers */
 }
 
+/* Watch the job at d until it ends, killing k's victim on the way; a kill
+ * that never came says which steps and events the job had instead. */
+static void watch_and_kill(hd *d, const char *id, hd_watch *w, killer *k) {
+  hd_watch_job_cb(d, id, true, 120000, w, stop_victim, k);
+  if (!k->when_ms) {
+    fprintf(stderr, "no step of %u ranks at iteration %llu or later; events:\n%s", k->world,
+            (unsigned long long)k->at, w->events_text);
+    hd_dump_log(d);
+  }
+  assert_true(k->when_ms > 0);
+}
+
 /* When the new attempt merged its first step, and which attempts merged
  * each iteration: one attempt's iteration twice is a duplicate. */
 typedef struct first_step {
@@ -224,8 +236,7 @@ static void test_coordinator_killed_is_taken_over(void **state) {
    * join at a checkpoint) */
   killer k = {.victim = &n[0], .at = 12, .world = 3};
   hd_watch before;
-  hd_watch_job_cb(&n[0], id, true, 120000, &before, stop_victim, &k);
-  assert_true(k.when_ms > 0);
+  watch_and_kill(&n[0], id, &before, &k);
   uint32_t old_attempt = before.attempt[k.iteration];
 
   /* any survivor knows the job, and one of them takes it over */
@@ -299,8 +310,7 @@ static void replicas_after_coordinator(int sig, const char *prefix) {
   assert_int_equal(hd_submit(&n[0], &spec, id, sizeof id, &err), MEGA_OK);
   killer k = {.victim = &n[0], .at = 12, .world = 4, .sig = sig};
   hd_watch before;
-  hd_watch_job_cb(&n[0], id, true, 120000, &before, stop_victim, &k);
-  assert_true(k.when_ms > 0);
+  watch_and_kill(&n[0], id, &before, &k);
   uint32_t old_attempt = before.attempt[k.iteration];
   if (sig) assert_int_equal(hd_stop(&n[0]), 0);
   int who = wait_takeover_of(n, 4, 1, id, n[0].name, 20000);
