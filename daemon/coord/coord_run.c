@@ -512,15 +512,17 @@ static void committed(coord_run *run, const char *node_id, uint32_t rank,
 
 static void exit_cause(uint32_t rank, const char *node_id, const Mega__V1__RankExit *x, char *buf,
                        size_t len) {
-  if (x->term_signal) {
-    snprintf(buf, len, "rank %u (node %s) exited with signal %d (%s)", rank, node_id,
-             x->term_signal, megad_signal_name(x->term_signal));
-    return;
-  }
-  /* the last stderr line usually says why */
+  /* the last stderr line usually says why: an error, or a crash's own words */
   const char *tail = x->stderr_tail ? x->stderr_tail : "";
   const char *last = strrchr(tail, '\n');
   last = last ? last + 1 : tail;
+  if (x->term_signal) {
+    const char *hint = megad_signal_hint(x->term_signal);
+    snprintf(buf, len, "rank %u (node %s) exited with signal %d (%s)%s%s%s%s", rank, node_id,
+             x->term_signal, megad_signal_name(x->term_signal), hint ? ": " : "",
+             hint ? hint : "", last[0] ? "; its last words: " : "", last);
+    return;
+  }
   snprintf(buf, len, "rank %u (node %s) exited with status %d%s%s", rank, node_id, x->exit_status,
            last[0] ? ": " : "", last);
 }

@@ -1,6 +1,7 @@
 #include "daemon/model/util.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,27 @@ char *megad_strdup(const char *s) { return strdup(s ? s : ""); }
 const char *megad_signal_name(int sig) {
   const char *s = strsignal(sig);
   return s ? s : "unknown signal";
+}
+
+const char *megad_signal_hint(int sig) {
+  switch (sig) {
+  case SIGKILL:
+    return "something outside megad killed it: the kernel's out-of-memory killer does when the "
+           "node runs out of memory (the node's kernel log says so: journalctl -k | grep -i "
+           "oom), as does a kill -9; if it was memory, give each rank more (fewer ranks per "
+           "node, more pipeline or tensor parallelism, a smaller --micro-batch-size)";
+  case SIGBUS:
+    return "megaw crashed on a bus error: a memory-mapped file it read (--data-path) shrank "
+           "or was replaced while the job ran, or a memory limit was hit";
+  case SIGSEGV:
+  case SIGABRT:
+  case SIGILL:
+  case SIGFPE:
+    return "megaw crashed (its last stderr lines are in the rank's log under megad's "
+           "--state-dir, jobs/JOB/ATTEMPT/rank-R.log)";
+  default:
+    return NULL;
+  }
 }
 
 /* path, or path + ext, is a regular file; else *why says why not. */

@@ -28,6 +28,11 @@ char *megad_strdup(const char *s);
 /* A signal's name for messages: "Killed", "Segmentation fault", ... */
 const char *megad_signal_name(int sig);
 
+/* What a worker's death by sig most likely means, for a user who did not
+ * send it (megad's own stops are reported as theirs, never by signal), and
+ * where to look; NULL for a signal with nothing more to say. Static text. */
+const char *megad_signal_hint(int sig);
+
 /* Whether this node sees every dataset of the job (--data-path, or
  * --train-data-path and --valid-data-path): a file, or an indexed dataset
  * PREFIX.bin and PREFIX.idx (as worker/data reads them). When not, *flag
