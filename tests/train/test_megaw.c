@@ -317,6 +317,36 @@ static void test_file_size_limit(void **state) {
   free(err);
 }
 
+/* A model too big for the memory megaw may use (its address space limited
+ * to 16 GiB, so the refusal does not hang on what the machine overcommits)
+ * stops at the first allocation that fails: which tensor, how much, and
+ * what to change. */
+static void test_memory_limit(void **state) {
+  (void)state;
+  const char *const huge[] = {"--num-layers", "48", "--hidden-size", "16384",
+                              "--num-attention-heads", "128", "--seq-length", "16",
+                              "--micro-batch-size", "2", "--global-batch-size", "4",
+                              "--lr", "3e-3", "--train-iters", "1", "--backend", "cpu",
+                              "--data-path", data, NULL};
+  struct rlimit was, lim;
+  assert_int_equal(getrlimit(RLIMIT_AS, &was), 0);
+  lim = was;
+  lim.rlim_cur = (rlim_t)16 << 30; /* 576 GiB of parameters do not fit */
+  if (was.rlim_cur != RLIM_INFINITY && was.rlim_cur < lim.rlim_cur) lim.rlim_cur = was.rlim_cur;
+  assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+  char *out, *err;
+  int rc = run(huge, false, &out, &err); /* the child inherits the limit */
+  assert_int_equal(setrlimit(RLIMIT_AS, &was), 0);
+  static const char *const want[] = {"gpt: parameters", "576.1 GiB", "Cannot allocate memory",
+                                     "rank 0 needs more memory", "--pipeline-model-parallel-size",
+                                     "--micro-batch-size"};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    if (rc != 1 || !strstr(err, want[i]))
+      fail_msg("rc %d, stderr '%s' (want 1 and '%s')", rc, err, want[i]);
+  free(out);
+  free(err);
+}
+
 static void test_resume_across_processes(void **state) {
   (void)state;
   char save[600];
@@ -481,6 +511,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_bad_flags),
       cmocka_unit_test(test_launcher_copies),
       cmocka_unit_test(test_file_size_limit),
+      cmocka_unit_test(test_memory_limit),
       cmocka_unit_test(test_resume_across_processes),
       cmocka_unit_test(test_relative_paths),
       cmocka_unit_test(test_signals),

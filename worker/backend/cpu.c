@@ -64,8 +64,12 @@ static mega_status cpu_alloc(mega_backend *be, size_t bytes, void **out, mega_er
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
   void *p = aligned_alloc(64, rounded);
-  if (!p)
-    return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+  if (!p) {
+    bool gib = bytes >= (size_t)1 << 30;
+    return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: cannot allocate %.1f %s (%zu bytes): %s",
+                     (double)bytes / (gib ? 1 << 30 : 1 << 20), gib ? "GiB" : "MiB", bytes,
+                     strerror(errno ? errno : ENOMEM));
+  }
   memset(p, 0, rounded);
   if (impl->track && !track_add(impl, p, bytes)) {
     free(p);

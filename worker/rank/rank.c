@@ -251,6 +251,19 @@ static mega_status draw_params(mega_rank *r, mega_err *err) {
   return st;
 }
 
+/* An allocation that failed says which tensor and how much; this says
+ * what to change, once. */
+static mega_status memory_advice(const mega_rank *r, mega_status st, mega_err *err) {
+  static const char advice[] =
+      "needs more memory than it may use (RAM, ulimit -v, a cgroup's limit): spread the model "
+      "over more ranks (--pipeline-model-parallel-size, --tensor-model-parallel-size), or take a "
+      "smaller --micro-batch-size, --seq-length or model";
+  if (st != MEGA_ERR_NOMEM || !err || strstr(err->msg, advice)) return st;
+  size_t n = strlen(err->msg);
+  snprintf(err->msg + n, sizeof err->msg - n, "; rank %d %s", r->env.rank, advice);
+  return st;
+}
+
 mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   const mega_jobspec *j = r->job;
   if (r->be) return MEGA_OK;
@@ -321,7 +334,7 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK) st = mega_grads_copy_take_params(r->chunks.grads, err);
   if (st == MEGA_OK) st = rank_build_saver(r, err);
   r->ready = st == MEGA_OK;
-  return st;
+  return memory_advice(r, st, err);
 }
 
 /* ---- one iteration ---- */
@@ -613,7 +626,7 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
   /* A communicator fails with the cause of the first broken link; an abort
    * explains itself better. */
   if (st != MEGA_OK && atomic_load(&r->aborted) && st != MEGA_ERR_CANCELLED) check_abort(r, err);
-  return st;
+  return memory_advice(r, st, err);
 }
 
 void mega_rank_destroy(mega_rank *r) {
