@@ -66,9 +66,9 @@ static mega_status cpu_alloc(mega_backend *be, size_t bytes, void **out, mega_er
   void *p = aligned_alloc(64, rounded);
   if (!p) {
     bool gib = bytes >= (size_t)1 << 30;
-    return mega_fail(err, MEGA_ERR_NOMEM, "cpu backend: cannot allocate %.1f %s (%zu bytes): %s",
-                     (double)bytes / (gib ? 1 << 30 : 1 << 20), gib ? "GiB" : "MiB", bytes,
-                     strerror(errno ? errno : ENOMEM));
+    return mega_fail(err, MEGA_ERR_NOMEM,
+                     "cpu backend: cannot allocate %.1f %s (%zu bytes): out of memory",
+                     (double)bytes / (gib ? 1 << 30 : 1 << 20), gib ? "GiB" : "MiB", bytes);
   }
   memset(p, 0, rounded);
   if (impl->track && !track_add(impl, p, bytes)) {
