@@ -17,7 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -347,6 +349,56 @@ static void test_memory_limit(void **state) {
   free(err);
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Ranks started by hand: rank 0 cannot hold its stage (the position
+ * embedding of 1M positions, 2 GiB, under a 1 GiB address space) and fails
+ * in setup. Rank 1, which fits, stops at once naming rank 0's reason,
+ * where it waited out the rendezvous' 60 s for a rank "not started". */
+static void test_hand_launch_rank_out_of_memory(void **state) {
+  (void)state;
+  char rdv[600];
+  snprintf(rdv, sizeof rdv, "%s/oom-rdv", dir);
+  assert_int_equal(mkdir(rdv, 0700), 0);
+  const char *args[2][40];
+  for (int r = 0; r < 2; r++) {
+    static const char rank_s[2][2] = {"0", "1"};
+    const char *const a[] = {megaw, "--rank", rank_s[r], "--world-size", "2", "--rendezvous-dir",
+                             rdv, "--num-layers", "2", "--hidden-size", "512",
+                             "--num-attention-heads", "8", "--seq-length", "16",
+                             "--max-position-embeddings", "1048576", "--micro-batch-size", "2",
+                             "--global-batch-size", "4", "--lr", "3e-3", "--train-iters", "1",
+                             "--pipeline-model-parallel-size", "2", "--backend", "cpu",
+                             "--data-path", data, NULL};
+    memcpy(args[r], a, sizeof a);
+  }
+  struct rlimit was, lim;
+  assert_int_equal(getrlimit(RLIMIT_AS, &was), 0);
+  lim = was;
+  lim.rlim_cur = (rlim_t)1 << 30;
+  assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+  proc p0 = start((char *const *)args[0]); /* inherits the limit */
+  assert_int_equal(setrlimit(RLIMIT_AS, &was), 0);
+  proc p1 = start((char *const *)args[1]);
+  double t0 = now_s();
+  char *err0, *err1;
+  int rc1 = finish(p1, NULL, &err1);
+  double took = now_s() - t0;
+  int rc0 = finish(p0, NULL, &err0);
+  if (rc0 != 1 || !strstr(err0, "cannot allocate 2.0 GiB") || !strstr(err0, "out of memory"))
+    fail_msg("rank 0: rc %d, stderr '%s' (want 1 and its allocation)", rc0, err0);
+  if (rc1 != 1 || !strstr(err1, "rank 0 failed before the ranks met: gpt: parameters") ||
+      took > 30)
+    fail_msg("rank 1: rc %d after %.1f s, stderr '%s' (want 1, at once, naming rank 0's reason)",
+             rc1, took, err1);
+  free(err0);
+  free(err1);
+}
+
 static void test_resume_across_processes(void **state) {
   (void)state;
   char save[600];
@@ -512,6 +564,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_launcher_copies),
       cmocka_unit_test(test_file_size_limit),
       cmocka_unit_test(test_memory_limit),
+      cmocka_unit_test(test_hand_launch_rank_out_of_memory),
       cmocka_unit_test(test_resume_across_processes),
       cmocka_unit_test(test_relative_paths),
       cmocka_unit_test(test_signals),

@@ -334,7 +334,9 @@ mega_status mega_rank_setup(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK) st = mega_grads_copy_take_params(r->chunks.grads, err);
   if (st == MEGA_OK) st = rank_build_saver(r, err);
   r->ready = st == MEGA_OK;
-  return memory_advice(r, st, err);
+  st = memory_advice(r, st, err);
+  if (st != MEGA_OK) rank_same_job_failed(r, err ? err->msg : NULL);
+  return st;
 }
 
 /* ---- one iteration ---- */

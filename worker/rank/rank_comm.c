@@ -138,13 +138,16 @@ static mega_status join(mega_rank *r, int g, const group_def *def, const char *n
   return publish(r, g, d, h, err);
 }
 
+const char *rank_store_prefix(const mega_rank *r) {
+  return r->env.kv_prefix ? r->env.kv_prefix : "mega";
+}
+
 mega_status rank_build_groups(mega_rank *r, mega_err *err) {
   if (r->env.world_size == 1) return MEGA_OK;
   if (r->env.check_comm_memory && on_cuda(r))
     return mega_fail(err, MEGA_ERR_INVALID,
                      "check_comm_memory needs the cpu backend (it tracks the cpu's allocations)");
-  char prefix[256];
-  snprintf(prefix, sizeof prefix, "%s", r->env.kv_prefix ? r->env.kv_prefix : "mega");
+  const char *prefix = rank_store_prefix(r);
   mega_status st = r->env.kv ? mega_store_open_kv(r->env.kv, r->env.kv_ctx, prefix, &r->store, err)
                              : mega_store_open_file(r->env.store_dir, prefix, &r->store, err);
   if (st == MEGA_OK && !r->env.kv) st = rank_same_job(r, r->store, timeout_ms(r), err);

@@ -107,6 +107,13 @@ mega_status rank_build_groups(mega_rank *r, mega_err *err);
  * before any group, that they were given the same job; a difference is
  * MEGA_ERR_INVALID on every rank, naming the flag. */
 mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_err *err);
+/* A hand launch's rank that failed before the ranks met (out of memory,
+ * say) publishes why in their place, so that the others stop at once,
+ * naming it, rather than wait out the store's timeout for a rank that will
+ * never come. Best effort; nothing for ranks under megad, which stops them. */
+void rank_same_job_failed(const mega_rank *r, const char *why);
+/* The rendezvous store's key prefix. */
+const char *rank_store_prefix(const mega_rank *r);
 /* Sums one double per rank of group c (NULL: this rank alone), in rank
  * order, so every member gets the same bits whatever the group's size. */
 mega_status rank_sum_doubles(mega_comm *c, double *v, mega_err *err);

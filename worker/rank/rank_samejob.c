@@ -16,6 +16,20 @@
 
 #define SAMEJOB_GROUP "samejob"
 #define SAME "same" /* a verdict: no difference */
+#define FAILED "failed: " /* a value of a rank that failed before the ranks met */
+
+/* The reason a rank that failed first published, or NULL. */
+static const char *failed_reason(const void *v, size_t len) {
+  size_t n = strlen(FAILED);
+  return len >= n && !memcmp(v, FAILED, n) ? (const char *)v + n : NULL;
+}
+
+static mega_status peer_failed(int rank, const void *v, size_t len, mega_err *err) {
+  const char *why = failed_reason(v, len);
+  int n = (int)(len - (size_t)(why - (const char *)v));
+  return mega_fail(err, MEGA_ERR_PEER, "rank %d failed before the ranks met: %.*s", rank,
+                   n < 400 ? n : 400, why);
+}
 
 /* v as a flag's value reads: reals in their shortest exact form. */
 static void value_text(const json_t *v, char *buf, size_t n) {
@@ -91,6 +105,11 @@ mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_
     size_t len = 0;
     st = mega_store_get(store, SAMEJOB_GROUP, "job", &theirs, &len, timeout_ms, err);
     if (st != MEGA_OK) return waited(r, 0, err);
+    if (failed_reason(theirs, len)) {
+      st = peer_failed(0, theirs, len, err);
+      free(theirs);
+      return st;
+    }
     compare(r->job, me, theirs, len, why, sizeof why);
     free(theirs);
   }
@@ -104,6 +123,7 @@ mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_
     snprintf(key, sizeof key, "verdict.%d", k);
     st = mega_store_get(store, SAMEJOB_GROUP, key, &v, &len, timeout_ms, err);
     if (st != MEGA_OK) st = waited(r, k, err);
+    if (st == MEGA_OK && failed_reason(v, len)) st = peer_failed(k, v, len, err);
     if (st == MEGA_OK && !(len == strlen(SAME) && !memcmp(v, SAME, len)))
       st = mega_fail(err, MEGA_ERR_INVALID,
                      "rank %d was started with another job than rank 0: %.*s; every rank of a "
@@ -112,4 +132,18 @@ mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_
     free(v);
   }
   return st;
+}
+
+void rank_same_job_failed(const mega_rank *r, const char *why) {
+  if (r->env.kv || !r->env.store_dir || r->env.world_size < 2) return;
+  mega_store *store = NULL;
+  mega_err ignored = {0};
+  if (mega_store_open_file(r->env.store_dir, rank_store_prefix(r), &store, &ignored)) return;
+  char text[MEGA_ERR_MSG_MAX + 16], key[32];
+  snprintf(text, sizeof text, "%s%s", FAILED, why && why[0] ? why : "(no reason given)");
+  /* a key already set (the ranks met) stays as it is */
+  if (r->env.rank == 0) mega_store_set(store, SAMEJOB_GROUP, "job", text, strlen(text), &ignored);
+  snprintf(key, sizeof key, "verdict.%d", r->env.rank);
+  mega_store_set(store, SAMEJOB_GROUP, key, text, strlen(text), &ignored);
+  mega_store_close(store);
 }
