@@ -138,10 +138,6 @@ static mega_status join(mega_rank *r, int g, const group_def *def, const char *n
   return publish(r, g, d, h, err);
 }
 
-const char *rank_store_prefix(const mega_rank *r) {
-  return r->env.kv_prefix ? r->env.kv_prefix : "mega";
-}
-
 mega_status rank_build_groups(mega_rank *r, mega_err *err) {
   if (r->env.world_size == 1) return MEGA_OK;
   if (r->env.check_comm_memory && on_cuda(r))

@@ -112,7 +112,7 @@ mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_
  * naming it, rather than wait out the store's timeout for a rank that will
  * never come. Best effort; nothing for ranks under megad, which stops them. */
 void rank_same_job_failed(const mega_rank *r, const char *why);
-/* The rendezvous store's key prefix. */
+/* The rendezvous store's key prefix (rank_samejob.c). */
 const char *rank_store_prefix(const mega_rank *r);
 /* Sums one double per rank of group c (NULL: this rank alone), in rank
  * order, so every member gets the same bits whatever the group's size. */

@@ -134,6 +134,10 @@ mega_status rank_same_job(mega_rank *r, mega_store *store, int timeout_ms, mega_
   return st;
 }
 
+const char *rank_store_prefix(const mega_rank *r) {
+  return r->env.kv_prefix ? r->env.kv_prefix : "mega";
+}
+
 void rank_same_job_failed(const mega_rank *r, const char *why) {
   if (r->env.kv || !r->env.store_dir || r->env.world_size < 2) return;
   mega_store *store = NULL;
