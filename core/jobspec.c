@@ -409,6 +409,8 @@ mega_status mega_jobspec_parse_flag(mega_jobspec *s, int argc, char *const *argv
   const char *eq = strchr(arg, '=');
   size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
   const flagdef *f = find_n(arg, n);
+  const char *alias = f ? NULL : mega_jf_compat_alias(arg, n);
+  if (alias) f = find_n(alias, strlen(alias));
   if (!f) {
     mega_status st = mega_jf_compat_parse(argc, argv, i, n, err);
     return st == MEGA_ERR_NOT_FOUND ? unknown_flag(arg, n, err) : st;

@@ -32,6 +32,7 @@ static const char *const zero[] = {"0", NULL};
 static const char *const no_shard[] = {"no_shard", NULL};
 static const char *const none_only[] = {"none", NULL};
 static const char *const constant[] = {"constant", NULL};
+static const char *const adam[] = {"adam", NULL};
 
 #define NO_FUSION "mega runs no such fused kernel, so this restates what it does"
 #define ATTENTION                                                                           \
@@ -59,6 +60,18 @@ static const char *const constant[] = {"constant", NULL};
 #define NO_LOSS_SCALE \
   "mega has no fp16 mixed precision, so no loss scaling: it trains in fp32, with bf16 GEMM " \
   "inputs under --bf16"
+#define DIST_CKPT                                                                          \
+  "mega writes one checkpoint format, Hugging Face safetensors (whole tensors, sharded by " \
+  "size), with no torch_dist options to set"
+#define NO_TIMERS                                                                           \
+  "mega has no Megatron timers; it records its own Chrome trace of one iteration, every " \
+  "rank's measured actions"
+#define PP_SPLIT                                                                            \
+  "mega's pipeline stages split the decoder layers alone (evenly, or as a layout or the " \
+  "first and last stage's counts say)"
+#define PP_LAYOUT                                                                          \
+  "give --pipeline-model-parallel-layout (E and L place the embedding and the loss), or " \
+  "--decoder-first-pipeline-num-layers N / --decoder-last-pipeline-num-layers N"
 #define ONE_WD                                                                              \
   "mega's weight decay is --weight-decay at every step (Megatron's --weight-decay-incr-style " \
   "constant)"
@@ -246,6 +259,55 @@ static const compat table[] = {
     {"--weight-decay-incr-style", true, constant, ONE_WD, "drop it (constant is accepted)"},
     {"--start-weight-decay", true, NULL, ONE_WD, "give --weight-decay W"},
     {"--end-weight-decay", true, NULL, ONE_WD, "give --weight-decay W"},
+    /* the GPT model configs of Megatron's tests/functional_tests */
+    {"--optimizer", true, adam,
+     "mega's optimizer is Adam with decoupled weight decay (Megatron's adam, torch's AdamW)",
+     "drop it (adam is accepted)"},
+    {"--accumulate-allreduce-grads-in-fp32", false, yes,
+     "mega accumulates and reduces gradients in fp32, so this restates what it does", ""},
+    {"--no-overlap-p2p-communication", false, yes,
+     "mega overlaps pipeline sends and receives only under --overlap-p2p-comm, so this "
+     "restates its default", ""},
+    {"--log-num-zeros-in-grad", false, NULL,
+     "mega's log line has no count of zero gradients (its grad norm is Megatron's)",
+     "drop it (megaw --json has every iteration's metrics)"},
+    {"--log-params-norm", false, NULL,
+     "mega's log line has no norm of the parameters (its grad norm is Megatron's)",
+     "drop it (megaw --json has every iteration's metrics)"},
+    {"--timing-log-level", true, NULL, NO_TIMERS, TRACE},
+    {"--timing-log-option", true, NULL, NO_TIMERS, TRACE},
+    {"--deterministic-mode", false, NULL,
+     "mega has no deterministic mode to switch on: it chooses its kernels and its NCCL and "
+     "Gloo settings itself",
+     "drop it"},
+    {"--ckpt-*", true, NULL, DIST_CKPT, "drop it"},
+    {"--dist-ckpt-*", true, NULL, DIST_CKPT, "drop it"},
+    {"--no-ckpt-fully-parallel-save", false, NULL, DIST_CKPT, "drop it"},
+    {"--auto-detect-ckpt-format", false, NULL, DIST_CKPT, "drop it"},
+    {"--async-strategy", true, NULL, DIST_CKPT, "drop it"},
+    {"--use-persistent-ckpt-worker", false, NULL,
+     "mega's asynchronous save writes on a background thread of each rank, not a worker "
+     "process",
+     "drop it (--async-save is mega's asynchronous save)"},
+    {"--eval-global-batch-size", true, NULL,
+     "mega evaluates at --global-batch-size, as Megatron does without this flag", "drop it"},
+    {"--overlap-param-gather-with-optimizer-step", false, NULL,
+     "mega gathers the updated parameters after the whole optimizer step, overlapped with "
+     "the next forward",
+     "drop it (--overlap-param-gather is that overlap)"},
+    {"--tp-comm-overlap", false, NULL,
+     "mega has no Transformer Engine userbuffers to overlap tensor-parallel communication "
+     "with its GEMMs",
+     "drop it (and --tp-comm-overlap-cfg)"},
+    {"--tp-comm-overlap-cfg", true, NULL,
+     "mega has no Transformer Engine userbuffers to overlap tensor-parallel communication "
+     "with its GEMMs",
+     "drop it"},
+    {"--squared-relu", false, NULL, "mega's MLP is GPT-2's GELU or Llama's SwiGLU (--swiglu)",
+     "drop it"},
+    {"--expert-tensor-parallel-size", true, NULL, NO_MOE, "drop it"},
+    {"--account-for-embedding-in-pipeline-split", false, NULL, PP_SPLIT, PP_LAYOUT},
+    {"--account-for-loss-in-pipeline-split", false, NULL, PP_SPLIT, PP_LAYOUT},
     {"--use-checkpoint-args", false, NULL,
      "mega does not read the model's flags from a checkpoint; a load checks config.json's "
      "architecture and every size against the flags given",
@@ -303,6 +365,25 @@ mega_status mega_jf_compat_parse(int argc, char *const *argv, int *i, size_t n, 
   return mega_fail(err, MEGA_ERR_INVALID, "%s%s is Megatron's, and mega does not take it%s%s%s: "
                    "%s; %s", name, given, okv[0] ? " (it takes " : "", okv,
                    okv[0] ? ")" : "", c->why, c->instead);
+}
+
+/* Megatron's spellings of mega's own flags: the same meaning under another
+ * name (Megatron's argparse_meta arg_names and its ddp_ prefix). */
+static const struct {
+  const char *megatron, *mega;
+} aliases[] = {
+    {"--ddp-average-in-collective", "--average-in-collective"},
+    {"--ddp-bucket-size", "--bucket-size"},
+    {"--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size"},
+    {"--microbatch-group-size-per-virtual-pipeline-stage", "--microbatch-group-size-per-vp-stage"},
+    {"--overlap-p2p-communication-warmup-flush", "--overlap-p2p-comm-warmup-flush"},
+};
+
+const char *mega_jf_compat_alias(const char *arg, size_t n) {
+  for (size_t k = 0; k < sizeof aliases / sizeof aliases[0]; k++)
+    if (strlen(aliases[k].megatron) == n && !memcmp(arg, aliases[k].megatron, n))
+      return aliases[k].mega;
+  return NULL;
 }
 
 /* Megatron's other values of mega's enum flags. */

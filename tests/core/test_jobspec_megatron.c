@@ -164,6 +164,55 @@ static void test_megatron_table(void **state) {
   free(help);
 }
 
+/* Megatron's spellings of mega's own flags, and the flags of the GPT
+ * model configs in Megatron's tests/functional_tests (long lists real users
+ * copy): each is taken with Megatron's meaning, accepted where it restates
+ * mega, or refused with what to write. */
+static void test_megatron_test_configs(void **state) {
+  (void)state;
+  mega_jobspec s, m;
+  make_spec(&s, ARGV("--ddp-average-in-collective", "--ddp-bucket-size", "1000",
+                     "--num-virtual-stages-per-pipeline-rank", "2",
+                     "--microbatch-group-size-per-virtual-pipeline-stage=3",
+                     "--overlap-p2p-communication-warmup-flush"));
+  make_spec(&m, ARGV("--average-in-collective", "--bucket-size", "1000",
+                     "--virtual-pipeline-model-parallel-size", "2",
+                     "--microbatch-group-size-per-vp-stage", "3",
+                     "--overlap-p2p-comm-warmup-flush"));
+  assert_true(mega_jobspec_equal(&s, &m));
+  assert_int_equal(s.bucket_size, 1000);
+  assert_int_equal(s.virtual_pipeline_model_parallel_size, 2);
+  mega_jobspec_free(&s);
+  mega_jobspec_free(&m);
+  /* Megatron's adam is torch's AdamW; its gradients in fp32 are mega's */
+  accepted(ARGV("--optimizer", "adam"));
+  accepted(ARGV("--optimizer=adam"));
+  accepted(ARGV("--accumulate-allreduce-grads-in-fp32"));
+  accepted(ARGV("--no-overlap-p2p-communication"));
+  refused(ARGV("--optimizer", "sgd"), "(it takes adam)", "drop it");
+  refused(ARGV("--log-num-zeros-in-grad"), "no count of zero gradients", "megaw --json");
+  refused(ARGV("--log-params-norm"), "no norm of the parameters", "megaw --json");
+  refused(ARGV("--timing-log-level", "0"), "no Megatron timers", "--trace-iteration K");
+  refused(ARGV("--timing-log-option", "minmax"), "no Megatron timers", "--trace-iteration K");
+  refused(ARGV("--deterministic-mode"), "no deterministic mode to switch on", "drop it");
+  refused(ARGV("--dist-ckpt-strictness", "log_all"), "Hugging Face safetensors", "drop it");
+  refused(ARGV("--ckpt-fully-parallel-load"), "Hugging Face safetensors", "drop it");
+  refused(ARGV("--no-ckpt-fully-parallel-save"), "Hugging Face safetensors", "drop it");
+  refused(ARGV("--auto-detect-ckpt-format"), "Hugging Face safetensors", "drop it");
+  refused(ARGV("--async-strategy", "mcore"), "Hugging Face safetensors", "drop it");
+  refused(ARGV("--use-persistent-ckpt-worker"), "background thread", "--async-save");
+  refused(ARGV("--eval-global-batch-size", "32"), "at --global-batch-size", "drop it");
+  refused(ARGV("--overlap-param-gather-with-optimizer-step"), "the next forward",
+          "--overlap-param-gather");
+  refused(ARGV("--tp-comm-overlap"), "Transformer Engine", "drop it");
+  refused(ARGV("--squared-relu"), "GELU or Llama's SwiGLU", "drop it");
+  refused(ARGV("--expert-tensor-parallel-size", "4"), "no mixture of experts", "drop it");
+  refused(ARGV("--account-for-embedding-in-pipeline-split"), "decoder layers alone",
+          "--pipeline-model-parallel-layout");
+  refused(ARGV("--account-for-loss-in-pipeline-split"), "decoder layers alone",
+          "--decoder-last-pipeline-num-layers");
+}
+
 /* GPT-2's GELU as Megatron picks it: the tanh form through its bias-GELU
  * fusion (on by default; off with --no-bias-gelu-fusion or, the biases
  * gone, --disable-bias-linear) or with --openai-gelu; torch's exact erf
@@ -409,6 +458,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nearest_flag),
       cmocka_unit_test(test_megatron_table),
+      cmocka_unit_test(test_megatron_test_configs),
       cmocka_unit_test(test_megatron_llama_flags),
       cmocka_unit_test(test_gelu_form),
       cmocka_unit_test(test_split_quotes),
