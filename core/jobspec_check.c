@@ -169,6 +169,10 @@ static mega_status check_flag(const mega_jobspec *s, const flagdef *f, mega_err 
   switch (in->type) {
   case MEGA_JOBFLAG_INT: {
     int v = *CFIELD(s, f, int);
+    /* Megatron's global batch defaults to micro x DP; mega's is always given */
+    if (in->required && v == f->idef && f->off == offsetof(mega_jobspec, global_batch_size))
+      return BAD("%s is required (Megatron's default, --micro-batch-size × data-parallel size, "
+                 "is not mega's: give --global-batch-size N)", in->name);
     if (in->required && v == f->idef) return BAD("%s is required", in->name);
     if (v == f->idef) return MEGA_OK;
     return mega_jf_check_bounds(f, v, "invalid job: ", err);

@@ -64,6 +64,10 @@ static void test_check_required(void **state) {
     char want[128];
     snprintf(want, sizeof want, "invalid job: %s is required", base_argv[k]);
     assert_true(!strncmp(err.msg, want, strlen(want))); /* "(or --train-samples)" may follow */
+    /* Megatron defaults it to micro x DP: a script leaving it out hears the value to give */
+    if (!strcmp(base_argv[k], "--global-batch-size"))
+      expect_msg(&err, "Megatron's default, --micro-batch-size × data-parallel size, is not "
+                       "mega's: give --global-batch-size N");
     mega_jobspec_free(&s);
   }
 }
