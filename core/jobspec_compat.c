@@ -436,6 +436,18 @@ char *mega_jf_compat_help(void) {
     len += (size_t)snprintf(out + len, cap - len, "%s", item);
     col += strlen(item);
   }
+  /* room for Megatron's spellings and the tail */
+  char *bigger = realloc(out, cap + 2048);
+  if (!bigger) {
+    free(out);
+    return NULL;
+  }
+  out = bigger;
+  cap += 2048;
+  len += (size_t)snprintf(out + len, cap - len, "\nMegatron's spellings of mega's flags:");
+  for (size_t k = 0; k < sizeof aliases / sizeof aliases[0]; k++)
+    len += (size_t)snprintf(out + len, cap - len, "\n  %s (%s)", aliases[k].megatron,
+                            aliases[k].mega);
   snprintf(out + len, cap - len,
            "\nOther Megatron flags mega knows but does not take (--fp16, --use-flash-attn,\n"
            "--tensorboard-dir, ...) are refused with the reason and what to use instead.\n");

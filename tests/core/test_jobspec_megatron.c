@@ -185,6 +185,10 @@ static void test_megatron_test_configs(void **state) {
   mega_jobspec_free(&s);
   mega_jobspec_free(&m);
   /* Megatron's adam is torch's AdamW; its gradients in fp32 are mega's */
+  char *help = mega_jobspec_help_text();
+  assert_non_null(strstr(help, "--ddp-bucket-size (--bucket-size)"));
+  assert_non_null(strstr(help, "--optimizer adam"));
+  free(help);
   accepted(ARGV("--optimizer", "adam"));
   accepted(ARGV("--optimizer=adam"));
   accepted(ARGV("--accumulate-allreduce-grads-in-fp32"));
