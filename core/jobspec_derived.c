@@ -288,6 +288,29 @@ mega_status mega_jobspec_split(const mega_jobspec *s, double out[3], mega_err *e
   return MEGA_OK;
 }
 
+/* A stage with no letter would fail every rank's model build at start;
+ * refuse it with the layout instead. */
+static mega_status check_no_empty_stage(mega_layout *l, bool from_string, mega_err *err) {
+  for (int st = 0; st < l->nstages; st++) {
+    if (l->stage_start[st + 1] > l->stage_start[st]) continue;
+    char chunk[48] = "";
+    if (l->vp > 1) snprintf(chunk, sizeof chunk, " (model chunk %d)", st / l->pp);
+    char *shown = mega_layout_format(l);
+    mega_status bad = mega_fail(
+        err, MEGA_ERR_INVALID,
+        "invalid job: pipeline rank %d%s would build nothing (no decoder layer, embedding or "
+        "loss) in the layout %s: %s",
+        st % l->pp, chunk, shown ? shown : "?",
+        from_string ? "give every stage of --pipeline-model-parallel-layout a letter"
+                    : "give more --num-layers, a smaller --pipeline-model-parallel-size, or "
+                      "fewer --decoder-first/last-pipeline-num-layers");
+    free(shown);
+    mega_layout_free(l);
+    return bad;
+  }
+  return MEGA_OK;
+}
+
 /* The layout, and with it VP, as Megatron derives them: from the layout
  * string, else from --num-layers-per-virtual-pipeline-stage, else from the
  * VP flag with the uniform split. */
@@ -324,7 +347,7 @@ mega_status mega_jobspec_layout(const mega_jobspec *s, mega_layout *out, mega_er
                  "needs --pipeline-model-parallel-size > 1",
                  stages, stages);
     }
-    return MEGA_OK;
+    return check_no_empty_stage(out, true, err);
   }
   int vp = vp_flag > 0 ? vp_flag : 1;
   if (nlpvs > 0) {
@@ -352,5 +375,5 @@ mega_status mega_jobspec_layout(const mega_jobspec *s, mega_layout *out, mega_er
     return BAD("a virtual pipeline (VP = %d) needs --pipeline-model-parallel-size > 1", vp);
   mega_status st = mega_layout_uniform(s->num_layers, pp, vp, first, last, out, &sub);
   if (st != MEGA_OK) return mega_fail(err, st, "invalid job: %s", sub.msg);
-  return MEGA_OK;
+  return check_no_empty_stage(out, false, err);
 }

@@ -199,6 +199,19 @@ static void test_check_errors(void **state) {
                           "Ett|ttL", "--num-layers-per-virtual-pipeline-stage", "1"),
                      2, -1,
                      "--pipeline-model-parallel-layout cannot be combined with --num-layers-per-virtual-pipeline-stage");
+  /* a stage with nothing to build is refused at submit, not by the ranks at
+   * start (Megatron's functional test uneven_pipeline, scaled to 4 layers) */
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "4",
+                          "--decoder-first-pipeline-num-layers", "2",
+                          "--decoder-last-pipeline-num-layers", "2"),
+                     4, -1,
+                     "pipeline rank 1 would build nothing (no decoder layer, embedding or loss) in "
+                     "the layout Ett|||ttL: give more --num-layers, a smaller "
+                     "--pipeline-model-parallel-size, or fewer "
+                     "--decoder-first/last-pipeline-num-layers");
+  expect_check_error(ARGV("--pipeline-model-parallel-size", "4", "--pipeline-model-parallel-layout",
+                          "Ett|tt||L"),
+                     4, -1, "pipeline rank 2 would build nothing");
   /* data-parallel flags that only mean something together */
   expect_check_error(ARGV("--align-grad-reduce"), 2, -1,
                      "--align-grad-reduce needs --overlap-grad-reduce");
