@@ -289,6 +289,8 @@ static const compat table[] = {
      "mega's asynchronous save writes on a background thread of each rank, not a worker "
      "process",
      "drop it (--async-save is mega's asynchronous save)"},
+    {"--save-retain-interval", true, NULL,
+     "mega keeps every checkpoint it saves in --save (it deletes none)", "drop it"},
     {"--eval-global-batch-size", true, NULL,
      "mega evaluates at --global-batch-size, as Megatron does without this flag", "drop it"},
     {"--overlap-param-gather-with-optimizer-step", false, NULL,

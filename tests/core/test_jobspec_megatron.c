@@ -205,6 +205,7 @@ static void test_megatron_test_configs(void **state) {
   refused(ARGV("--auto-detect-ckpt-format"), "Hugging Face safetensors", "drop it");
   refused(ARGV("--async-strategy", "mcore"), "Hugging Face safetensors", "drop it");
   refused(ARGV("--use-persistent-ckpt-worker"), "background thread", "--async-save");
+  refused(ARGV("--save-retain-interval", "5000"), "keeps every checkpoint", "drop it");
   refused(ARGV("--eval-global-batch-size", "32"), "at --global-batch-size", "drop it");
   refused(ARGV("--overlap-param-gather-with-optimizer-step"), "the next forward",
           "--overlap-param-gather");
