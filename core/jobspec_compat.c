@@ -280,6 +280,9 @@ static const compat table[] = {
      "mega has no deterministic mode to switch on: it chooses its kernels and its NCCL and "
      "Gloo settings itself",
      "drop it"},
+    {"--ckpt-step", true, NULL,
+     "mega resumes from the newest complete checkpoint in --load, not a chosen iteration",
+     "drop it, or give --load a directory whose newest checkpoint is that iteration's"},
     {"--ckpt-*", true, NULL, DIST_CKPT, "drop it"},
     {"--dist-ckpt-*", true, NULL, DIST_CKPT, "drop it"},
     {"--no-ckpt-fully-parallel-save", false, NULL, DIST_CKPT, "drop it"},

@@ -200,6 +200,7 @@ static void test_megatron_test_configs(void **state) {
   refused(ARGV("--timing-log-option", "minmax"), "no Megatron timers", "--trace-iteration K");
   refused(ARGV("--deterministic-mode"), "no deterministic mode to switch on", "drop it");
   refused(ARGV("--dist-ckpt-strictness", "log_all"), "Hugging Face safetensors", "drop it");
+  refused(ARGV("--ckpt-step", "100"), "newest complete checkpoint in --load", "drop it, or");
   refused(ARGV("--ckpt-fully-parallel-load"), "Hugging Face safetensors", "drop it");
   refused(ARGV("--no-ckpt-fully-parallel-save"), "Hugging Face safetensors", "drop it");
   refused(ARGV("--auto-detect-ckpt-format"), "Hugging Face safetensors", "drop it");
