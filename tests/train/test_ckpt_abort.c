@@ -3,7 +3,8 @@
  * write. Each writer's gather then fails, and the attempt's temp directory
  * goes with the save: a cancelled job has no next start to clean it, and it
  * held a checkpoint's worth of shards for ever. Writers run as threads, each
- * with its own Gloo communicator, aborted once its files are durable. */
+ * with its own Gloo communicator, aborted once every writer's files are
+ * durable. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -26,6 +28,11 @@
 static char dir[256], save[512], rdv[512];
 static tu_model m;
 
+/* How many writers have their files on disk. */
+static pthread_mutex_t durable_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t durable_cv = PTHREAD_COND_INITIALIZER;
+static int ndurable;
+
 typedef struct writer {
   int k;
   mega_comm *comm;
@@ -34,13 +41,25 @@ typedef struct writer {
   mega_err err;
 } writer;
 
-/* The abort comes once this writer's shards are on disk, before the
- * writers gather their file lists: the temp directory is full then. */
+/* The abort comes once every writer's shards are on disk, before the
+ * writers gather their file lists: the temp directory is full then. A
+ * writer that aborted on its own durability alone would fail the others'
+ * writes (the committer removes the directory they still write into),
+ * which is another case. The wait is bounded so that a writer that never
+ * gets there fails the test instead of hanging it. */
 static void on_durable(void *arg, int64_t iteration, uint64_t bytes) {
   writer *w = arg;
   (void)iteration;
   (void)bytes;
   w->durable = true;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 20;
+  pthread_mutex_lock(&durable_mu);
+  if (++ndurable == W) pthread_cond_broadcast(&durable_cv);
+  while (ndurable < W && pthread_cond_timedwait(&durable_cv, &durable_mu, &until) == 0) {
+  }
+  pthread_mutex_unlock(&durable_mu);
   mega_comm_abort(w->comm);
 }
 
