@@ -122,6 +122,13 @@ mega_status mega_jobspec_check_batch(const mega_jobspec *s, int dp, mega_err *er
     return BAD("--train-iters and --train-samples exclude each other; train by iterations or "
                "by samples, as in Megatron");
   const mega_strlist *l = &s->rampup_batch_size;
+  /* Megatron trains train_samples // global_batch_size iterations: fewer
+   * samples than one batch train none, and the job would end "succeeded"
+   * with an untrained model (a ramp always starts one batch) */
+  if (samples && !l->n && s->global_batch_size > 0 && s->train_samples < s->global_batch_size)
+    return BAD("--train-samples %lld is fewer than one global batch (--global-batch-size %d): "
+               "the job would train no iteration; give at least %d samples, or --train-iters",
+               (long long)s->train_samples, s->global_batch_size, s->global_batch_size);
   if (!l->n) return MEGA_OK;
   long long v[3];
   if (l->n != 3 || !whole(l->v[0], &v[0]) || !whole(l->v[1], &v[1]) || !whole(l->v[2], &v[2]))

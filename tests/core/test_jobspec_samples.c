@@ -48,6 +48,17 @@ static void test_sample_flags(void **state) {
   mega_jobspec_free(&s);
   expect_check_error(ARGV("--train-samples", "80"), 1, -1,
                      "--train-iters and --train-samples exclude each other");
+  /* fewer samples than one batch (8) train no iteration: refused, not a
+   * job that ends "succeeded after 0 iterations" */
+  make_samples(&s, ARGV("--train-samples", "7"));
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_ERR_INVALID);
+  expect_msg(&err, "--train-samples 7 is fewer than one global batch (--global-batch-size 8): "
+                   "the job would train no iteration; give at least 8 samples, or --train-iters");
+  mega_jobspec_free(&s);
+  make_samples(&s, ARGV("--train-samples", "8"));
+  assert_int_equal(mega_jobspec_check(&s, 1, -1, &err), MEGA_OK);
+  assert_int_equal(mega_jobspec_train_iters(&s), 1);
+  mega_jobspec_free(&s);
   expect_check_error(ARGV("--lr-decay-samples", "80"), 1, -1,
                      "--lr-decay-samples is for sample-based training (--train-samples); with "
                      "--train-iters give --lr-decay-iters");
