@@ -225,6 +225,23 @@ static void test_killed_worker_fails_job(void **state) {
 }
 
 /* megad run --slots 2 --json: one well-formed object per iteration. */
+/* `megad run` of spec's flags on one slot; its stdout and stderr in out,
+ * its exit status returned (-1 if it did not exit). */
+static int megad_run(const Mega__V1__JobSpec *spec, char *out, size_t len) {
+  char cmd[4096];
+  int off = snprintf(cmd, sizeof cmd, "'%s' run --slots 1 --worker '%s'", getenv("MEGAD"),
+                     getenv("MEGAW"));
+  for (size_t i = 0; i < spec->n_args; i++)
+    off += snprintf(cmd + off, sizeof cmd - (size_t)off, " '%s'", spec->args[i]);
+  snprintf(cmd + off, sizeof cmd - (size_t)off, " 2>&1");
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t got = fread(out, 1, len - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 static void test_run_json(void **state) {
   (void)state;
   char dir[128];
@@ -314,18 +331,8 @@ static void test_run_json(void **state) {
   fclose(lf);
   const char *fails[] = {"--load", bad, NULL};
   hd_tiny_spec(&spec, dir, 3, fails);
-  off = snprintf(cmd, sizeof cmd, "'%s' run --slots 1 --worker '%s'", getenv("MEGAD"),
-                 getenv("MEGAW"));
-  for (size_t i = 0; i < spec.n_args; i++)
-    off += snprintf(cmd + off, sizeof cmd - (size_t)off, " '%s'", spec.args[i]);
-  snprintf(cmd + off, sizeof cmd - (size_t)off, " 2>&1");
-  p = popen(cmd, "r");
-  char all[8192] = "";
-  size_t got = fread(all, 1, sizeof all - 1, p);
-  all[got] = '\0';
-  st = pclose(p);
-  assert_true(WIFEXITED(st));
-  assert_int_equal(WEXITSTATUS(st), 1);
+  char all[8192];
+  assert_int_equal(megad_run(&spec, all, sizeof all), 1);
   const char *first = strstr(all, "one iteration number");
   if (!first) fprintf(stderr, "megad run said: %s\n", all);
   assert_non_null(first);
@@ -351,6 +358,28 @@ static void test_run_json(void **state) {
   hd_rmdir(dir);
 }
 
+/* A job whose --load is already at --train-iters trains nothing and ends
+ * well; its history says so, rather than a bare "after 0 iterations". */
+static void test_run_nothing_to_train_says_so(void **state) {
+  (void)state;
+  char dir[128], ckpt[256];
+  hd_tmpdir(dir, sizeof dir);
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
+  const char *extra[] = {"--save", ckpt, "--load", ckpt, NULL};
+  Mega__V1__JobSpec spec;
+  hd_tiny_spec(&spec, dir, 2, extra);
+  char out[8192];
+  assert_int_equal(megad_run(&spec, out, sizeof out), 0);
+  assert_null(strstr(out, "nothing to train"));
+  assert_int_equal(megad_run(&spec, out, sizeof out), 0);
+  char want[512];
+  snprintf(want, sizeof want, "already at iteration 2 of 2 in %s/iter_0000002: nothing to train",
+           ckpt);
+  if (!strstr(out, want)) fprintf(stderr, "megad run said:\n%s", out);
+  assert_non_null(strstr(out, want));
+  hd_rmdir(dir);
+}
+
 static int teardown(void **state) {
   (void)state;
   hd_cleanup_all();
@@ -364,6 +393,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_cancel_leaves_no_worker, teardown),
       cmocka_unit_test_teardown(test_killed_worker_fails_job, teardown),
       cmocka_unit_test_teardown(test_run_json, teardown),
+      cmocka_unit_test_teardown(test_run_nothing_to_train_says_so, teardown),
       cmocka_unit_test_teardown(test_crash_mid_call_says_so, teardown),
   };
   /* one test by name: test_megad NAME (meson runs each as its own test) */

@@ -582,6 +582,13 @@ mega_status mega_rank_run(mega_rank *r, mega_err *err) {
   if (st == MEGA_OK && r->job->save && r->job->save_initial && r->iteration == 0)
     st = mega_rank_save(r, err);
   int64_t iters = mega_jobspec_train_iters(r->job);
+  if (st == MEGA_OK && r->iteration >= iters) { /* the history says why no step came */
+    char note[600];
+    const char *from = mega_rank_loaded_path(r);
+    snprintf(note, sizeof note, "already at iteration %lld of %lld%s%s: nothing to train",
+             (long long)r->iteration, (long long)iters, from ? " in " : "", from ? from : "");
+    rank_note(r, note);
+  }
   while (st == MEGA_OK && r->iteration < iters) {
     st = check_abort(r, err);
     if (st != MEGA_OK) break;
