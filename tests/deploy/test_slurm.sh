@@ -73,6 +73,11 @@ job=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16
 cd "$T" || exit 1
 mkdir "$T/ck"
 port=$(slurm_fixture_port)
+# The batch shell's megactl watch runs (its trap is set): a command line that
+# starts with it. A grep for the text would find its own command line.
+watching() { ps -eo args= | awk -v p="$megactl watch " 'index($0, p) == 1 { f = 1 }
+                                                       END { exit !f }'; }
+watching && fail "a megactl watch of $megactl runs before the job is submitted"
 t_sbatch=$(now)
 lost_env=()
 [ "$mode" = lost ] && lost_env=(MEGA_WATCH_RECONNECT=1s MEGA_LOST_REQUEUES=1) &&
@@ -130,7 +135,6 @@ if [ "$mode" = lost ]; then
 else
   # Slurm's warning once both workers started, one held, and the batch shell
   # has its trap (it starts megactl watch right after setting it)
-  watching() { ps -eo args= | grep -qF -- "$megactl watch "; }
   t_first=
   for _ in $(seq 600); do
     [ "$(grep -c . "$T/workers" 2>/dev/null)" -ge 2 ] && [ -d "$T/held" ] && watching &&
