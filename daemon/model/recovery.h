@@ -59,7 +59,10 @@ const char *mega_end_kind_name(mega_end_kind k); /* "crash", "node lost", ... */
 typedef struct mega_recovery {
   mega_job_state next; /* SUCCEEDED, CANCELLED, FAILED, STOPPED or RESTARTING */
   bool counted;        /* the restart uses one of --max-restarts */
-  char why[320];       /* for FAILED: the cause and why no restart follows; STOPPED: why */
+  /* for FAILED: the cause and why no restart follows; STOPPED: why. Room
+   * for the longest cause (a rank's exit, coord_run.c: 1600 bytes) and
+   * the restarts note. */
+  char why[1700];
 } mega_recovery;
 
 /* The decision for job j (its restarts, --max-restarts and --nnodes range)

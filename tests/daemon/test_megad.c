@@ -214,7 +214,7 @@ static void test_killed_worker_fails_job(void **state) {
   fprintf(stderr, "failed in %.2f s: %s\n", took, w.final->error);
   assert_true(hd_text_ok("the job's error", w.final->error,
                          HD_ALL("rank ", "exited with signal 9 (Killed)", "out-of-memory killer",
-                                "journalctl -k"),
+                                "journalctl -k", "a smaller --micro-batch-size)"),
                          NULL));
   assert_true(took < 10);
   assert_false(hd_pid_alive(pids[0]));

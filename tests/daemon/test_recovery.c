@@ -59,6 +59,30 @@ static void crashes_count(void **state) {
   mega_job_free(j);
 }
 
+/* A cause as long as a rank's exit makes it (coord_run.c: up to 1600
+ * bytes, a signal's hint and the rank's last stderr line) is the job's
+ * error whole, with the restarts note after it: it was cut at 320 bytes,
+ * mid-hint, so the last words and the note never showed. */
+static void long_causes_stay_whole(void **state) {
+  (void)state;
+  char cause[1500];
+  memset(cause, 'x', sizeof cause - 1);
+  cause[sizeof cause - 1] = '\0';
+  memcpy(cause + sizeof cause - 13, "; last words", 12);
+  mega_job *j = job(1, 1, 0, NULL);
+  mega_recovery r = mega_recovery_decide(j, MEGA_END_CRASH, cause);
+  assert_int_equal(r.next, MEGA_JOB_FAILED);
+  assert_string_equal(r.why, cause);
+  r = mega_recovery_decide(j, MEGA_END_FATAL, cause);
+  assert_string_equal(r.why, cause);
+  j->max_restarts = j->restarts = 2;
+  r = mega_recovery_decide(j, MEGA_END_CRASH, cause);
+  assert_int_equal(r.next, MEGA_JOB_FAILED);
+  assert_int_equal(strncmp(r.why, cause, strlen(cause)), 0);
+  assert_string_equal(r.why + strlen(cause), " (all 2 restarts of --max-restarts used)");
+  mega_job_free(j);
+}
+
 /* Membership changes never use the budget, and need a job that can
  * recover; a launch a node refused, or megad's own restart, never fail. */
 static void membership_is_not_counted(void **state) {
@@ -160,6 +184,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(ends),
       cmocka_unit_test(crashes_count),
+      cmocka_unit_test(long_causes_stay_whole),
       cmocka_unit_test(membership_is_not_counted),
       cmocka_unit_test(node_ranges),
       cmocka_unit_test(replans),
