@@ -266,8 +266,8 @@ static const compat table[] = {
     {"--accumulate-allreduce-grads-in-fp32", false, yes,
      "mega accumulates and reduces gradients in fp32, so this restates what it does", ""},
     {"--no-overlap-p2p-communication", false, yes,
-     "mega overlaps pipeline sends and receives only under --overlap-p2p-comm, so this "
-     "restates its default", ""},
+     "mega overlaps pipeline sends and receives only under --overlap-p2p-comm, which this "
+     "turns off as in Megatron (the later of the two wins)", ""},
     {"--log-num-zeros-in-grad", false, NULL,
      "mega's log line has no count of zero gradients (its grad norm is Megatron's)",
      "drop it (megaw --json has every iteration's metrics)"},

@@ -193,6 +193,17 @@ static void test_megatron_test_configs(void **state) {
   accepted(ARGV("--optimizer=adam"));
   accepted(ARGV("--accumulate-allreduce-grads-in-fp32"));
   accepted(ARGV("--no-overlap-p2p-communication"));
+  /* it is not a no-op beside mega's --overlap-p2p-comm: the later one wins */
+  mega_jobspec o;
+  mega_jobspec_defaults(&o);
+  char *on_off[] = {"--overlap-p2p-comm", "--no-overlap-p2p-communication"};
+  char *off_on[] = {"--no-overlap-p2p-communication", "--overlap-p2p-comm"};
+  mega_err err = {0};
+  assert_int_equal(mega_jobspec_parse(&o, 2, on_off, &err), MEGA_OK);
+  assert_false(o.overlap_p2p_comm);
+  assert_int_equal(mega_jobspec_parse(&o, 2, off_on, &err), MEGA_OK);
+  assert_true(o.overlap_p2p_comm);
+  mega_jobspec_free(&o);
   refused(ARGV("--optimizer", "sgd"), "(it takes adam)", "drop it");
   refused(ARGV("--log-num-zeros-in-grad"), "no count of zero gradients", "megaw --json");
   refused(ARGV("--log-params-norm"), "no norm of the parameters", "megaw --json");
