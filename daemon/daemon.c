@@ -7,11 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <systemd/sd-daemon.h>
 
 #include "daemon/etcd/etcd.h"
+#include "daemon/model/stepring.h"
 #include "daemon/model/util.h"
 #include "worker/backend/cuda_devices.h"
 
@@ -383,6 +385,12 @@ mega_status megad_start(megad *d, uv_loop_t *loop, const megad_opts *o, mega_err
   if (s == MEGA_OK && o->advertise) s = check_advertise(o->advertise, err);
   if (s != MEGA_OK) return s;
   d->incarnation = megad_new_incarnation();
+  /* the web view's curves get epochs this megad's previous life did not
+   * hand out (at odds of 2^21 to 1): a page's cursor of then is reset */
+  uint32_t seed;
+  if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+    seed = (uint32_t)(d->incarnation ^ d->incarnation >> 29);
+  mega_stepring_seed(seed);
   if (o->worker_path) d->worker_path = realpath(o->worker_path, NULL);
   else d->worker_path = find_worker();
   if (!d->worker_path || access(d->worker_path, X_OK))

@@ -7,6 +7,12 @@
 
 #include "proto/step_bubble.h"
 
+/* The next curve's epoch, less one (megad runs one loop thread: the web
+ * view's curves are made on it only). */
+static uint32_t next_epoch;
+
+void mega_stepring_seed(uint32_t seed) { next_epoch = seed; }
+
 void mega_stepring_free(mega_stepring *r) {
   free(r->v);
   memset(r, 0, sizeof *r);
@@ -72,6 +78,7 @@ mega_status mega_stepring_push(mega_stepring *r, const Mega__V1__StepMetrics *st
     r->v = v;
     r->cap = cap;
   }
+  if (!r->base) r->seq = r->base = (uint64_t)(next_epoch++ % MEGA_STEPRING_EPOCHS + 1) << 32;
   mega_steppoint *p = &r->v[r->n];
   point_of(p, step);
   p->seq = ++r->seq;
@@ -97,4 +104,8 @@ size_t mega_stepring_after(const mega_stepring *r, uint64_t since) {
     else hi = mid;
   }
   return lo;
+}
+
+bool mega_stepring_knows(const mega_stepring *r, uint64_t cursor) {
+  return !cursor || (r->base && cursor >= r->base && cursor <= r->seq);
 }

@@ -406,7 +406,9 @@ function jobPage(id) {
     }, view.job && document.body.hasAttribute('data-first-render-ms') ? 200 : 0);
   };
   const addSteps = st => {
-    if (st.reset) { view.pts = []; view.marks = []; } // megad restarted: its curve anew
+    // our cursor was another curve's (megad restarted, the job's record was
+    // made anew): this is the whole new curve
+    if (st.reset) { view.pts = []; view.marks = []; view.thinned = false; view.skipped = 0; }
     view.pts = thin(view.pts.concat(st.points));
     view.marks = view.marks.concat(st.marks);
     view.thinned = view.thinned || st.thinned > 0 || st.skipped > 0;

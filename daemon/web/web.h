@@ -15,7 +15,8 @@
  *   GET /api/jobs/ID/steps?since=SEQ
  *                              the curve's points after cursor SEQ (0: all
  *                              kept), with restart/rescale marks, and "next",
- *                              the cursor for the next call
+ *                              the cursor for the next call; a cursor of
+ *                              another curve: all, with "reset"
  *   GET /api/jobs/ID/trace     the Chrome trace of --trace-iteration
  *   GET /api/jobs/ID/stream?since=SEQ
  *                              live updates as Server-Sent Events (opened by

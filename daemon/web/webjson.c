@@ -218,6 +218,10 @@ uint64_t megad_webjson_job_version(const mega_job *j) {
 
 json_t *megad_webjson_steps(const mega_job *j, uint64_t since, size_t max) {
   const mega_stepring *r = &j->hist.curve;
+  /* another curve's cursor (megad restarted, or the job's record was made
+   * anew): this whole curve, which replaces the reader's */
+  bool reset = !mega_stepring_knows(r, since);
+  if (reset) since = 0;
   json_t *o = json_object(), *pts = json_array(), *marks = json_array();
   size_t from = mega_stepring_after(r, since), skipped = 0;
   if (r->n - from > max) {
@@ -262,5 +266,6 @@ json_t *megad_webjson_steps(const mega_job *j, uint64_t since, size_t max) {
   json_object_set_new(o, "skipped", json_integer((json_int_t)skipped));
   json_object_set_new(o, "points", pts);
   json_object_set_new(o, "marks", marks);
+  if (reset) json_object_set_new(o, "reset", json_true());
   return o;
 }

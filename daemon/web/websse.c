@@ -35,14 +35,15 @@ char *megad_sse_compose(const mega_job *j, megad_sse_cursor *c, uint64_t now_ms,
     ok = event(f, "end", NULL, json_pack("{ss}", "state", "forgotten"));
     c->ended = true;
   } else {
-    /* a cursor past the curve is from before megad restarted (its curve
-     * starts afresh): the whole curve again, which replaces the reader's */
-    bool reset = !c->started && c->seq > j->hist.curve.seq;
-    if (reset) c->seq = 0;
-    if (j->hist.curve.seq > c->seq || !c->started) {
+    /* a cursor of another curve (megad restarted, or the job's record was
+     * made anew, while the reader was away or even while it listened):
+     * the whole curve again, with "reset", which replaces the reader's */
+    bool reset = !mega_stepring_knows(&j->hist.curve, c->seq);
+    if (j->hist.curve.seq > c->seq || !c->started || reset) {
       /* the first batch is the whole kept curve; later ones are bounded */
-      json_t *st = megad_webjson_steps(j, c->seq, c->started ? MEGAD_SSE_BATCH_MAX : SIZE_MAX);
-      if (reset) json_object_set_new(st, "reset", json_true());
+      json_t *st = megad_webjson_steps(j, c->seq, c->started && !reset ? MEGAD_SSE_BATCH_MAX
+                                                                        : SIZE_MAX);
+      if (reset) c->seq = 0;
       json_int_t skipped = json_integer_value(json_object_get(st, "skipped"));
       if (skipped > 0) {
         json_t *first = json_array_get(json_object_get(st, "points"), 0);

@@ -25,14 +25,15 @@ static void test_ring_thins_and_marks(void **state) {
   }
   assert_true(r.n <= MEGA_STEPRING_CAP);
   assert_true(r.n > MEGA_STEPRING_CAP / 2);
-  assert_int_equal(r.seq, 100000);
+  uint64_t b = r.base; /* points are numbered after the curve's epoch */
+  assert_int_equal(r.seq, b + 100000);
   assert_int_equal(r.thinned, 100000 - r.n);
-  assert_int_equal(r.v[0].seq, 1); /* the start stays */
-  assert_int_equal(r.v[r.n - 1].seq, 100000);
+  assert_int_equal(r.v[0].seq, b + 1); /* the start stays */
+  assert_int_equal(r.v[r.n - 1].seq, b + 100000);
   for (size_t i = 1; i < r.n; i++) assert_true(r.v[i].seq > r.v[i - 1].seq);
   /* recent points at full resolution, old ones sparser */
   assert_int_equal(r.v[r.n - 1].seq - r.v[r.n - 100].seq, 99);
-  assert_true(r.v[100].seq > 1000);
+  assert_true(r.v[100].seq > b + 1000);
   /* both attempts' starts were kept and marked */
   assert_int_equal(r.nmarks, 2);
   assert_int_equal(r.marks[0].iteration, 39001);
@@ -47,12 +48,49 @@ static void test_ring_thins_and_marks(void **state) {
   assert_true(found[0] && found[1]);
   /* the cursor */
   assert_int_equal(mega_stepring_after(&r, 0), 0);
-  assert_int_equal(mega_stepring_after(&r, 100000), r.n);
-  assert_int_equal(mega_stepring_after(&r, 99999), r.n - 1);
+  assert_int_equal(mega_stepring_after(&r, b + 100000), r.n);
+  assert_int_equal(mega_stepring_after(&r, b + 99999), r.n - 1);
   /* a point's figures: the bubble is the ranks' mean, grad sync the most */
   assert_true(r.v[r.n - 1].bubble > 0.199 && r.v[r.n - 1].bubble < 0.201);
   assert_true(r.v[r.n - 1].grad_sync_s > 0.00199 && r.v[r.n - 1].grad_sync_s < 0.00201);
   mega_stepring_free(&r);
+}
+
+/* A cursor is known only to the curve that numbered it: a curve made anew
+ * (megad restarted, the job's record was rebuilt) has another epoch, so an
+ * old cursor, even one below the new curve's length, is told apart. */
+static void test_ring_epochs(void **state) {
+  (void)state;
+  mega_stepring a = {0}, b = {0};
+  Mega__V1__StepMetrics s;
+  Mega__V1__RankMetrics rm[4];
+  Mega__V1__RankMetrics *rp[4];
+  assert_true(mega_stepring_knows(&a, 0));
+  assert_false(mega_stepring_knows(&a, 1)); /* no point yet */
+  mega_stepring_seed(MEGA_STEPRING_EPOCHS - 1); /* the last epoch, then it wraps to 1 */
+  for (uint64_t it = 1; it <= 5; it++) {
+    wf_step(&s, rm, rp, it, 0, 4);
+    assert_int_equal(mega_stepring_push(&a, &s, NULL), MEGA_OK);
+  }
+  for (uint64_t it = 1; it <= 9; it++) {
+    wf_step(&s, rm, rp, it, 0, 4);
+    assert_int_equal(mega_stepring_push(&b, &s, NULL), MEGA_OK);
+  }
+  assert_int_equal(a.base, (uint64_t)MEGA_STEPRING_EPOCHS << 32);
+  assert_int_equal(b.base, 1ull << 32);
+  assert_true(a.seq < 1ull << 53); /* exact in JavaScript */
+  assert_true(mega_stepring_knows(&a, a.base) && mega_stepring_knows(&a, a.seq));
+  assert_false(mega_stepring_knows(&a, a.seq + 1)); /* past it */
+  assert_false(mega_stepring_knows(&b, a.seq));    /* another curve's */
+  assert_false(mega_stepring_knows(&b, 3));         /* a plain number (an older megad's) */
+  /* freed, the ring starts a curve of a new epoch */
+  mega_stepring_free(&a);
+  wf_step(&s, rm, rp, 1, 0, 4);
+  assert_int_equal(mega_stepring_push(&a, &s, NULL), MEGA_OK);
+  assert_int_equal(a.base, 2ull << 32);
+  assert_false(mega_stepring_knows(&a, b.base + 1));
+  mega_stepring_free(&a);
+  mega_stepring_free(&b);
 }
 
 /* Eval loss on every iteration: pinning them all would leave no room, so
@@ -115,6 +153,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ring_thins_and_marks),
       cmocka_unit_test(test_ring_dense_evals),
+      cmocka_unit_test(test_ring_epochs),
       cmocka_unit_test(test_ring_from_journal),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 #include <regex.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -182,7 +183,10 @@ static void test_steps_since(void **state) {
   json_t *s = wf_get(f, "/api/jobs/j-1-n1/steps", NULL, 200);
   json_t *pts = json_object_get(s, "points");
   assert_int_equal(json_array_size(pts), 35); /* one per reported iteration */
-  assert_int_equal(json_integer_value(json_object_get(s, "next")), 35);
+  uint64_t b = f->t.v[0]->hist.curve.base; /* numbered after the curve's epoch */
+  assert_true(b > 0);
+  assert_int_equal(json_integer_value(json_object_get(s, "next")), b + 35);
+  assert_null(json_object_get(s, "reset"));
   json_t *p = json_array_get(pts, 9);
   assert_int_equal(json_integer_value(json_object_get(p, "it")), 10);
   assert_float_equal(json_real_value(json_object_get(p, "eval_loss")), 4.5, 0);
@@ -193,14 +197,25 @@ static void test_steps_since(void **state) {
   assert_int_equal(json_integer_value(json_object_get(m, "attempt")), 1);
   json_decref(s);
 
-  s = wf_get(f, "/api/jobs/j-1-n1/steps", "x=1&since=30", 200);
+  char q[64];
+  snprintf(q, sizeof q, "x=1&since=%llu", (unsigned long long)b + 30);
+  s = wf_get(f, "/api/jobs/j-1-n1/steps", q, 200);
   pts = json_object_get(s, "points");
   assert_int_equal(json_array_size(pts), 5);
-  assert_int_equal(json_integer_value(json_object_get(json_array_get(pts, 0), "seq")), 31);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(pts, 0), "seq")), b + 31);
   assert_int_equal(json_array_size(json_object_get(s, "marks")), 0); /* already seen */
   json_decref(s);
-  s = wf_get(f, "/api/jobs/j-1-n1/steps", "since=35", 200);
+  snprintf(q, sizeof q, "since=%llu", (unsigned long long)b + 35);
+  s = wf_get(f, "/api/jobs/j-1-n1/steps", q, 200);
   assert_int_equal(json_array_size(json_object_get(s, "points")), 0);
+  assert_null(json_object_get(s, "reset"));
+  json_decref(s);
+  /* a plain number (an older megad's cursor, or one made up) is another
+   * curve's: the whole curve, with reset */
+  s = wf_get(f, "/api/jobs/j-1-n1/steps", "since=30", 200);
+  assert_true(json_is_true(json_object_get(s, "reset")));
+  assert_int_equal(json_array_size(json_object_get(s, "points")), 35);
+  assert_int_equal(json_array_size(json_object_get(s, "marks")), 1);
   json_decref(s);
   wf_get(f, "/api/jobs/j-1-n1/steps", "since=abc", 400);
   wf_get(f, "/api/jobs/j-1-n1/steps", "since=-1", 400);

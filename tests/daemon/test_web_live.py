@@ -227,17 +227,25 @@ while True:
         end = data["state"]
 s.close()
 check(end == "succeeded" and last_state == "succeeded", "the end: %s %s" % (end, last_state))
-check(seqs == list(range(1, iters + 1)) and its == list(range(1, iters + 1)),
+base = seqs[0] - 1 if seqs else 0  # the curve's epoch: points are numbered after it
+check(seqs == list(range(base + 1, base + iters + 1)) and its == list(range(1, iters + 1)),
       "every point exactly once: %d points, %d distinct" % (len(seqs), len(set(seqs))))
 check("skipped" not in names, "a reader keeping up skips nothing")
 if first_state in ("pending", "running"):  # not when the stream came after the job's end
     check(names.count("steps") > 1, "the points came live, in %d events" % names.count("steps"))
 
 # a reconnect resumes from Last-Event-ID
+s = Stream("/api/jobs/%s/stream?since=0" % jid, dict(C, **{"Last-Event-ID": str(base + 150)}))
+ev = s.event()
+check(ev[0] == "steps" and "reset" not in ev[2] and
+      [p["seq"] for p in ev[2]["points"]] == list(range(base + 151, base + iters + 1)),
+      "Last-Event-ID base+150: %s" % (ev[0],))
+s.close()
+# one of another curve (a plain 150: an older megad's) gets the whole curve, reset
 s = Stream("/api/jobs/%s/stream?since=0" % jid, dict(C, **{"Last-Event-ID": "150"}))
 ev = s.event()
-check(ev[0] == "steps" and [p["seq"] for p in ev[2]["points"]] == list(range(151, iters + 1)),
-      "Last-Event-ID 150: %s" % (ev[0],))
+check(ev[0] == "steps" and ev[2].get("reset") is True and len(ev[2]["points"]) == iters,
+      "Last-Event-ID 150 of another curve: %s %s" % (ev[0], ev[2].get("reset")))
 s.close()
 for path in ["/jobs/" + jid, "/api/jobs/" + jid, "/api/jobs/%s/steps?since=0" % jid,
              "/api/jobs/%s/stream" % jid]:

@@ -1,6 +1,7 @@
 /* daemon/web's live streams: the router's /stream with its cursor, and
  * daemon/web/websse's events (the curve, the job, pings, a reader far
- * behind, the end, a reconnect past the curve, a forgotten job). */
+ * behind, the end, a reconnect past the curve or of another curve, a
+ * forgotten job). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -88,12 +89,15 @@ static void test_sse_compose(void **state) {
   mega_job *j = f->t.v[0];
   megad_sse_cursor c = {0};
   size_t len;
+  uint64_t b = j->hist.curve.base; /* the curve's points are numbered after it */
   /* first: the retry hint, the whole curve and the job */
   char *t = megad_sse_compose(j, &c, 10000, false, &len);
   assert_non_null(t);
   assert_int_equal(strlen(t), len);
   assert_int_equal(strncmp(t, "retry: 3000\n\n", 13), 0);
-  assert_non_null(strstr(t, "event: steps\nid: 35\ndata: "));
+  char want[64];
+  snprintf(want, sizeof want, "event: steps\nid: %llu\ndata: ", (unsigned long long)b + 35);
+  assert_non_null(strstr(t, want));
   json_t *st = sse_data(t, "steps");
   assert_int_equal(json_array_size(json_object_get(st, "points")), 35);
   assert_int_equal(json_array_size(json_object_get(st, "marks")), 1);
@@ -114,7 +118,7 @@ static void test_sse_compose(void **state) {
   t = megad_sse_compose(j, &c, 10100, false, &len);
   st = sse_data(t, "steps");
   assert_int_equal(json_array_size(json_object_get(st, "points")), 2);
-  assert_int_equal(json_integer_value(json_object_get(st, "next")), 37);
+  assert_int_equal(json_integer_value(json_object_get(st, "next")), b + 37);
   assert_int_equal(json_array_size(json_object_get(st, "marks")), 0);
   json_decref(st);
   assert_null(strstr(t, "event: job"));
@@ -129,12 +133,13 @@ static void test_sse_compose(void **state) {
   json_t *sk = sse_data(t, "skipped");
   assert_non_null(sk);
   assert_int_equal(json_integer_value(json_object_get(sk, "missed")), 100);
-  assert_int_equal(json_integer_value(json_object_get(sk, "from_seq")), 38);
-  assert_int_equal(json_integer_value(json_object_get(sk, "to_seq")), 137);
+  assert_int_equal(json_integer_value(json_object_get(sk, "from_seq")), b + 38);
+  assert_int_equal(json_integer_value(json_object_get(sk, "to_seq")), b + 137);
   json_decref(sk);
   st = sse_data(t, "steps");
   assert_int_equal(json_array_size(json_object_get(st, "points")), MEGAD_SSE_BATCH_MAX);
-  assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(st, "points"), 0), "seq")), 138);
+  json_t *p0 = json_array_get(json_object_get(st, "points"), 0);
+  assert_int_equal(json_integer_value(json_object_get(p0, "seq")), b + 138);
   json_decref(st);
   assert_true(strstr(t, "event: skipped") < strstr(t, "event: steps"));
   free(t);
@@ -151,17 +156,25 @@ static void test_sse_compose(void **state) {
   free(t);
   assert_null(megad_sse_compose(j, &c, 14000, true, &len));
   /* a reconnect whose cursor is past the curve (megad restarted) gets it all */
-  megad_sse_cursor c3 = {.seq = 100000};
+  megad_sse_cursor c3 = {.seq = b + 100000};
   t = megad_sse_compose(j, &c3, 0, false, &len);
   st = sse_data(t, "steps");
   assert_true(json_is_true(json_object_get(st, "reset")));
   assert_int_equal(json_array_size(json_object_get(st, "points")), j->hist.curve.n);
   json_decref(st);
   free(t);
-  megad_sse_cursor c4 = {.seq = 3};
+  megad_sse_cursor c4 = {.seq = b + 3};
   t = megad_sse_compose(j, &c4, 0, false, &len);
   st = sse_data(t, "steps");
   assert_null(json_object_get(st, "reset"));
+  json_decref(st);
+  free(t);
+  /* a plain number (an older megad's cursor) is reset, though it is short */
+  megad_sse_cursor c5 = {.seq = 3};
+  t = megad_sse_compose(j, &c5, 0, false, &len);
+  st = sse_data(t, "steps");
+  assert_true(json_is_true(json_object_get(st, "reset")));
+  assert_int_equal(json_array_size(json_object_get(st, "points")), j->hist.curve.n);
   json_decref(st);
   free(t);
   /* a job megad forgot ends its streams */
@@ -173,10 +186,69 @@ static void test_sse_compose(void **state) {
   free(t);
 }
 
+/* The points of the steps event in text, and whether it says reset. */
+static size_t steps_of(const char *text, bool *reset) {
+  json_t *st = sse_data(text, "steps");
+  assert_non_null(st);
+  *reset = json_is_true(json_object_get(st, "reset"));
+  size_t n = json_array_size(json_object_get(st, "points"));
+  json_decref(st);
+  return n;
+}
+
+/* The job's curve is made anew (megad restarted and the job's steps came
+ * again, or its record was rebuilt) and grows past a reader's cursor before
+ * the reader comes back: the cursor is another curve's, so the reader gets
+ * the whole new curve with reset, on a reconnect (Last-Event-ID), on the
+ * stream it held all along and from steps?since=, never the new curve's
+ * tail after the old one's points. */
+static void test_curve_made_anew(void **state) {
+  wf *f = *state;
+  mega_job *j = f->t.v[0];
+  megad_sse_cursor c = {0};
+  size_t len;
+  bool reset;
+  char *t = megad_sse_compose(j, &c, 10000, false, &len);
+  assert_int_equal(steps_of(t, &reset), 35);
+  free(t);
+  uint64_t old = c.seq;
+  mega_stepring_free(&j->hist.curve);
+  for (uint64_t it = 1; it <= 60; it++) wf_push_step(j, it, 2, 2);
+  /* the reconnect */
+  megad_sse_cursor back = {.seq = old};
+  t = megad_sse_compose(j, &back, 12000, false, &len);
+  assert_int_equal(steps_of(t, &reset), 60);
+  assert_true(reset);
+  free(t);
+  assert_int_equal(back.seq, j->hist.curve.seq);
+  /* the stream that stayed open */
+  t = megad_sse_compose(j, &c, 12000, false, &len);
+  assert_int_equal(steps_of(t, &reset), 60);
+  assert_true(reset);
+  free(t);
+  t = megad_sse_compose(j, &c, 12000, false, &len); /* then only what is new */
+  assert_true(!t || !strstr(t, "event: steps"));
+  free(t);
+  /* the fallback */
+  char q[64];
+  snprintf(q, sizeof q, "since=%llu", (unsigned long long)old);
+  json_t *st = wf_get(f, "/api/jobs/j-1-n1/steps", q, 200);
+  assert_true(json_is_true(json_object_get(st, "reset")));
+  assert_int_equal(json_array_size(json_object_get(st, "points")), 60);
+  assert_int_equal(json_integer_value(json_object_get(st, "next")), j->hist.curve.seq);
+  json_decref(st);
+  snprintf(q, sizeof q, "since=%llu", (unsigned long long)j->hist.curve.seq - 10);
+  st = wf_get(f, "/api/jobs/j-1-n1/steps", q, 200);
+  assert_null(json_object_get(st, "reset"));
+  assert_int_equal(json_array_size(json_object_get(st, "points")), 10);
+  json_decref(st);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stream_route, wf_setup, wf_teardown),
       cmocka_unit_test_setup_teardown(test_sse_compose, wf_setup, wf_teardown),
+      cmocka_unit_test_setup_teardown(test_curve_made_anew, wf_setup, wf_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
