@@ -356,6 +356,13 @@ static void test_grows_when_slots_free_up(void **state) {
   for (int i = 2; i >= 0; i--) hd_cleanup(&n[i]);
 }
 
+/* The tiny job runs an iteration in a few ms and the watch shows the 10th
+ * a few hundred ms late under load: 40 iterations were often over (every
+ * rank exited, nothing to hold) before a node the watch's 10th step kills
+ * died. Nothing a test can see comes sooner than the watch, so the jobs
+ * that lose a node mid-run outlast its lag instead. */
+#define KILL_ITERS 400
+
 /* ---- a node's megad stopped gracefully (SIGTERM, as systemd or Kubernetes
  * send) is a lost node, as its kill -9 is ---- */
 
@@ -387,7 +394,7 @@ static void test_stopped_node_is_a_lost_node(void **state) {
   assert_true(hd_wait_alive(&n[2], 3, 10000));
   const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6", NULL};
   Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, n[0].dir, 40, extra);
+  hd_tiny_spec(&spec, n[0].dir, KILL_ITERS, extra);
   spec.nproc_per_node = 1;
   spec.nnodes_min = 2;
   spec.nnodes_max = 3;
@@ -414,12 +421,6 @@ static void test_stopped_node_is_a_lost_node(void **state) {
 
 
 /* ---- a recovery whose launch is refused keeps the survivors' state ---- */
-
-/* The tiny job runs an iteration in a few ms and the watch shows the 10th
- * a few hundred ms late under load: 40 iterations were often over (every
- * rank exited, nothing to hold) before v3 died. Nothing a test can see
- * comes sooner than the watch, so the job outlasts its lag instead. */
-#define REFUSE_ITERS 400
 
 typedef struct refuser {
   hd *nodes;
@@ -458,7 +459,7 @@ static void test_refused_recovery_keeps_replicas(void **state) {
   assert_true(hd_wait_alive(&n[0], 4, 10000));
   const char *extra[] = {"--micro-batch-size", "1", "--global-batch-size", "6", NULL};
   Mega__V1__JobSpec spec;
-  hd_tiny_spec(&spec, n[0].dir, REFUSE_ITERS, extra);
+  hd_tiny_spec(&spec, n[0].dir, KILL_ITERS, extra);
   spec.nproc_per_node = 1;
   spec.nnodes_min = 2;
   spec.nnodes_max = 3;
@@ -496,9 +497,9 @@ static void test_refused_recovery_keeps_replicas(void **state) {
   unsigned long long at = 0;
   assert_non_null(rec);
   assert_int_equal(sscanf(rec, "recovered iteration %llu", &at), 1);
-  if (at < r.killed_at || at >= REFUSE_ITERS)
+  if (at < r.killed_at || at >= KILL_ITERS)
     fail_msg("recovered iteration %llu; v3 was killed after iteration %llu of %d", at,
-             (unsigned long long)r.killed_at, REFUSE_ITERS);
+             (unsigned long long)r.killed_at, KILL_ITERS);
   assert_int_equal(w.redone, 0);
   hd_watch_free(&w);
   for (int i = 3; i >= 0; i--) hd_cleanup(&n[i]);
