@@ -166,6 +166,7 @@ static void ask_node(ask *a) {
   Mega__V1__ListHeldRequest req = MEGA__V1__LIST_HELD_REQUEST__INIT;
   req.job_id = a->g->job_id;
   req.attempt = a->g->attempt;
+  req.node_id = c->b->node_id; /* kept steps come here, even from a restart on this node */
   if (megad_call(c->b, n->address, &mega_peer_list_held, &req.base, 2000, asked, a, NULL) !=
       MEGA_OK)
     take_answer(a, NULL);

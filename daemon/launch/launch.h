@@ -110,6 +110,10 @@ typedef struct megad_launcher {
   megad_orphan *orphans;
   struct megad_launch_moved {
     char job_id[128], node_id[MEGAD_NODE_NAME_MAX + 1], address[256];
+    /* node_id asked for the ranks of this attempt (ListHeld): it runs the
+     * job now, even as the node that coordinated the attempt (restarted) */
+    bool asked;
+    uint32_t attempt;
   } moved[16];
   size_t moved_next;
   uint64_t steps_lost; /* reports dropped before a coordinator acknowledged them */
@@ -173,6 +177,12 @@ void megad_launch_coord_moved(megad_launcher *L, const char *job_id, const char 
 /* The job's new coordinator asks about job_id's old attempt (ListHeld),
  * so it has adopted the job: steps kept for it go now, not at a retry. */
 void megad_launch_resend_now(megad_launcher *L, const char *job_id);
+/* As megad_launch_resend_now, from node_id (at address), which asked about
+ * attempt: the steps kept of that attempt go to it even if it is the node
+ * that coordinated the attempt (its megad restarted, no takeover), now or
+ * once its old incarnation's loss orphans them here. */
+void megad_launch_coord_asked(megad_launcher *L, const char *job_id, uint32_t attempt,
+                              const char *node_id, const char *address);
 /* A shutdown that saves first (megad got SIGTERM): asks the workers of every
  * launch whose job has --exit-signal-handler (of job_id; NULL: of any job)
  * to save a checkpoint at the next iteration boundary and stop (a Stop frame

@@ -246,7 +246,7 @@ void resend_tick(megad_launcher *L) {
     next = o->next;
     if (o->sending || now < o->next_ms) continue;
     const struct megad_launch_moved *m = moved_of(L, o->job_id);
-    if (m && strcmp(m->node_id, o->old_coord)) {
+    if (m && (strcmp(m->node_id, o->old_coord) || (m->asked && m->attempt == o->attempt))) {
       orphan_send(o, m); /* may free o */
     } else if (now >= o->expire_ms) {
       megad_warn(L->b, "job %s attempt %u: no new coordinator took the job over within %d s; "
@@ -258,21 +258,40 @@ void resend_tick(megad_launcher *L) {
   }
 }
 
-void megad_launch_coord_moved(megad_launcher *L, const char *job_id, const char *node_id,
-                              const char *address) {
-  bool ours = false; /* only jobs with ranks here, or steps kept for them */
+/* Where job_id's coordinator is now, for jobs with ranks here or steps
+ * kept for them (NULL: neither, or no room). */
+static struct megad_launch_moved *record_moved(megad_launcher *L, const char *job_id,
+                                               const char *node_id, const char *address) {
+  bool ours = false;
   for (megad_launch *l = L->launches; l && !ours; l = l->next)
     ours = !strcmp(l->req->job_id, job_id);
   for (megad_orphan *o = L->orphans; o && !ours; o = o->next) ours = !strcmp(o->job_id, job_id);
-  if (!ours || strlen(job_id) >= sizeof L->moved[0].job_id) return;
+  if (!ours || strlen(job_id) >= sizeof L->moved[0].job_id) return NULL;
   struct megad_launch_moved *m = (struct megad_launch_moved *)moved_of(L, job_id);
   if (!m) {
     m = &L->moved[L->moved_next];
     L->moved_next = (L->moved_next + 1) % (sizeof L->moved / sizeof L->moved[0]);
+    memset(m, 0, sizeof *m);
   }
+  if (strcmp(m->node_id, node_id)) m->asked = false; /* another node's ask */
   snprintf(m->job_id, sizeof m->job_id, "%s", job_id);
   snprintf(m->node_id, sizeof m->node_id, "%s", node_id);
   snprintf(m->address, sizeof m->address, "%s", address);
+  return m;
+}
+
+void megad_launch_coord_moved(megad_launcher *L, const char *job_id, const char *node_id,
+                              const char *address) {
+  if (record_moved(L, job_id, node_id, address)) megad_launch_resend_now(L, job_id);
+}
+
+void megad_launch_coord_asked(megad_launcher *L, const char *job_id, uint32_t attempt,
+                              const char *node_id, const char *address) {
+  struct megad_launch_moved *m = record_moved(L, job_id, node_id, address);
+  if (m) {
+    m->asked = true;
+    m->attempt = attempt;
+  }
   megad_launch_resend_now(L, job_id);
 }
 

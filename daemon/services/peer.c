@@ -75,12 +75,18 @@ static void on_abort_job(mega_rpc_call *call, const ProtobufCMessage *msg, void 
   mega_rpc_reply(call, &r.base);
 }
 
-/* A coordinator that took a job over asks what this node's ranks of the
- * old attempt hold. */
+/* A coordinator that took a job over, or restarted, asks what this node's
+ * ranks of the old attempt hold. */
 static void on_list_held(mega_rpc_call *call, const ProtobufCMessage *msg, void *data) {
   megad_services *s = data;
   const Mega__V1__ListHeldRequest *req = (const void *)msg;
-  megad_launch_resend_now(s->L, req->job_id); /* before it starts the next attempt */
+  megad_node *n = req->node_id && req->node_id[0] ? megad_members_find(s->members, req->node_id)
+                                                  : NULL;
+  /* the steps kept for it go before it starts the next attempt */
+  if (n && n->address)
+    megad_launch_coord_asked(s->L, req->job_id, req->attempt, n->id, n->address);
+  else
+    megad_launch_resend_now(s->L, req->job_id);
   Mega__V1__ListHeldResponse *r = megad_launch_held(s->L, req->job_id, req->attempt);
   if (!r) {
     mega_rpc_fail(call, MEGA_RPC_RESOURCE_EXHAUSTED, "node %s is out of memory", s->b->node_id);

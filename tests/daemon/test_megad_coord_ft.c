@@ -122,7 +122,7 @@ static void test_coordinator_restart_recovers_from_replicas(void **state) {
               w.final->checkpoint_iteration == REPLICA_ITERS);
   assert_true(w.redone <= 1);
   /* from the iteration the replicas held on, the uninterrupted run's
-   * losses (what came before went with the old megad's memory) */
+   * losses (what came before is merged from k2's ranks alone) */
   int from = 0;
   for (int it = REPLICA_ITERS; it >= 1 && w.seen[it] && w.attempt[it] == w.final->attempt; it--)
     from = it;
@@ -135,6 +135,12 @@ static void test_coordinator_restart_recovers_from_replicas(void **state) {
   int held = plan ? atoi(plan + strlen("restarting from the replicas' state at iteration ")) : -1;
   assert_true(held >= 12);
   assert_int_equal(from, held + 1);
+  /* and before it, attempt 0's steps the survivor kept (its last 256):
+   * megad's history died with it, so they come only from k2, sent again
+   * once the restarted megad asks what k2's ranks hold */
+  for (int it = held > 256 ? held - 255 : 1; it <= held; it++)
+    if (!w.seen[it] || w.attempt[it] != 0)
+      fail_msg("iteration %d of attempt 0 (k2 kept it) is missing from the history", it);
   for (int it = from; it <= REPLICA_ITERS; it++)
     if (fabs(w.loss[it] - ref.loss[it]) > 2e-5 * fabs(ref.loss[it]))
       fail_msg("iteration %d: loss %.9g after the restart, uninterrupted %.9g", it, w.loss[it],
