@@ -409,21 +409,17 @@ mega_status mega_jobspec_parse_flag(mega_jobspec *s, int argc, char *const *argv
   const char *eq = strchr(arg, '=');
   size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
   const flagdef *f = find_n(arg, n);
-  const char *alias = f ? NULL : mega_jf_compat_alias(arg, n);
+  bool off = false; /* a store_false alias */
+  const char *alias = f ? NULL : mega_jf_compat_alias(arg, n, &off);
   if (alias) f = find_n(alias, strlen(alias));
   if (!f) {
     mega_status st = mega_jf_compat_parse(argc, argv, i, n, err);
-    /* Megatron's store_false of the overlap mega's --overlap-p2p-comm turns
-     * on: one destination, so the later of the two wins, as in argparse */
-    static const char no_overlap[] = "--no-overlap-p2p-communication";
-    if (st == MEGA_OK && n == sizeof no_overlap - 1 && !memcmp(arg, no_overlap, n))
-      s->overlap_p2p_comm = false;
     return st == MEGA_ERR_NOT_FOUND ? unknown_flag(arg, n, err) : st;
   }
   if (f->info.type == MEGA_JOBFLAG_BOOL) {
     if (eq)
       return mega_fail(err, MEGA_ERR_INVALID, "%s takes no value (got '%s')", f->info.name, arg);
-    *FIELD(s, f, bool) = true;
+    *FIELD(s, f, bool) = !off;
     *i += 1;
     return MEGA_OK;
   }

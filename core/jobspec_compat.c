@@ -265,9 +265,6 @@ static const compat table[] = {
      "drop it (adam is accepted)"},
     {"--accumulate-allreduce-grads-in-fp32", false, yes,
      "mega accumulates and reduces gradients in fp32, so this restates what it does", ""},
-    {"--no-overlap-p2p-communication", false, yes,
-     "mega overlaps pipeline sends and receives only under --overlap-p2p-comm, which this "
-     "turns off as in Megatron (the later of the two wins)", ""},
     {"--log-num-zeros-in-grad", false, NULL,
      "mega's log line has no count of zero gradients (its grad norm is Megatron's)",
      "drop it (megaw --json has every iteration's metrics)"},
@@ -373,21 +370,26 @@ mega_status mega_jf_compat_parse(int argc, char *const *argv, int *i, size_t n, 
 }
 
 /* Megatron's spellings of mega's own flags: the same meaning under another
- * name (Megatron's argparse_meta arg_names and its ddp_ prefix). */
+ * name (Megatron's argparse_meta arg_names and its ddp_ prefix), or, off,
+ * its store_false of the same setting (the later of the two wins). */
 static const struct {
   const char *megatron, *mega;
+  bool off;
 } aliases[] = {
     {"--ddp-average-in-collective", "--average-in-collective"},
     {"--ddp-bucket-size", "--bucket-size"},
     {"--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size"},
     {"--microbatch-group-size-per-virtual-pipeline-stage", "--microbatch-group-size-per-vp-stage"},
     {"--overlap-p2p-communication-warmup-flush", "--overlap-p2p-comm-warmup-flush"},
+    {"--no-overlap-p2p-communication", "--overlap-p2p-comm", true},
 };
 
-const char *mega_jf_compat_alias(const char *arg, size_t n) {
+const char *mega_jf_compat_alias(const char *arg, size_t n, bool *off) {
   for (size_t k = 0; k < sizeof aliases / sizeof aliases[0]; k++)
-    if (strlen(aliases[k].megatron) == n && !memcmp(arg, aliases[k].megatron, n))
+    if (strlen(aliases[k].megatron) == n && !memcmp(arg, aliases[k].megatron, n)) {
+      *off = aliases[k].off;
       return aliases[k].mega;
+    }
   return NULL;
 }
 
@@ -451,8 +453,8 @@ char *mega_jf_compat_help(void) {
   cap += 2048;
   len += (size_t)snprintf(out + len, cap - len, "\nMegatron's spellings of mega's flags:");
   for (size_t k = 0; k < sizeof aliases / sizeof aliases[0]; k++)
-    len += (size_t)snprintf(out + len, cap - len, "\n  %s (%s)", aliases[k].megatron,
-                            aliases[k].mega);
+    len += (size_t)snprintf(out + len, cap - len, "\n  %s (%s%s)", aliases[k].megatron,
+                            aliases[k].mega, aliases[k].off ? " off" : "");
   snprintf(out + len, cap - len,
            "\nOther Megatron flags mega knows but does not take (--fp16, --use-flash-attn,\n"
            "--tensorboard-dir, ...) are refused with the reason and what to use instead.\n");

@@ -53,8 +53,9 @@ mega_status mega_jobspec_check_lr(const mega_jobspec *s, mega_err *err);
  * instead; MEGA_ERR_NOT_FOUND when Megatron's flag is not in the table. */
 mega_status mega_jf_compat_parse(int argc, char *const *argv, int *i, size_t n, mega_err *err);
 int mega_jf_compat_count(void);
-/* mega's name for Megatron's spelling arg[0..n) of one of mega's flags, or NULL */
-const char *mega_jf_compat_alias(const char *arg, size_t n);
+/* mega's name for Megatron's spelling arg[0..n) of one of mega's flags, or NULL;
+ * *off: Megatron's spelling sets that boolean flag false (store_false) */
+const char *mega_jf_compat_alias(const char *arg, size_t n, bool *off);
 /* Entry k's flag name, for suggestions; NULL for a prefix entry. */
 const char *mega_jf_compat_name(int k);
 /* The accepted flags as help text (malloc'd; NULL when out of memory). */
