@@ -48,8 +48,8 @@ static void print_text(const char *own, const Mega__V1__Node *self) {
          self->id, self->address && self->address[0] ? self->address : "address not known");
   if (strcmp(v, own))
     printf("megactl and megad are different builds: a flag one takes and the other does not is "
-           "refused, and a call one lacks is not implemented; use the megactl of megad's build, "
-           "or upgrade megad (README \"Upgrading\")\n");
+           "refused, and a call one lacks fails (\"does not implement\"); use the megactl of "
+           "megad's build, or upgrade megad (README \"Upgrading\")\n");
 }
 
 int megactl_version(int argc, char **argv) {
